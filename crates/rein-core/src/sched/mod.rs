@@ -1,0 +1,311 @@
+//! The scheduler interface shared by every algorithm: [`Mclock`] (and dmClock, its distributed form),
+//! [`Rbfq`], [`Sfq`] and [`Fifo`].
+//!
+//! # Shape (sans-IO)
+//! A scheduler is a state machine. The caller owns the requests' payloads and the device; the scheduler
+//! sees opaque `handle`s with a tenant, a size and an offset. Inputs:
+//! - [`Scheduler::enqueue`]`(now, request)`: a request arrived;
+//! - [`Scheduler::poll`]`(now, device_idle)`: the device can take one more request (the caller keeps at most
+//!   D outstanding: mClock's `Max_QueueDepth`, SFQ(D)'s D);
+//! - [`Scheduler::maintain`]`(now)`: housekeeping (forget or erase long-idle tenants), called when the caller
+//!   likes; nothing runs in the background.
+//!
+//! `poll` answers [`Poll::Dispatch`] (this request, and the phase it was served in), [`Poll::Wait`]`(t)`
+//! (nothing is eligible before `t`: limits hold everything back) or [`Poll::Empty`].
+//!
+//! # Time
+//! `now` is [`Nanos`] from the caller's monotonic origin. A `now` earlier than one seen before is treated as
+//! the latest seen (time never goes backwards inside a scheduler) and counted in
+//! [`Scheduler::time_regressions`]; it is not an error, because a caller with several clock sources can
+//! legitimately race by a few nanoseconds.
+//!
+//! # Bounds ([`Limits`])
+//! Tenants, requests queued per tenant and requests queued in all are bounded; `add_tenant` and `enqueue`
+//! beyond a bound return an error and change nothing.
+
+mod engine;
+mod slab;
+mod fifo;
+pub(crate) mod heap;
+mod sfq;
+
+pub mod dmclock;
+pub mod mclock;
+pub mod rbfq;
+
+pub use dmclock::ServiceTracker;
+pub use fifo::Fifo;
+pub use mclock::Mclock;
+pub use rbfq::Rbfq;
+pub use sfq::Sfq;
+
+use crate::cost::CostModel;
+use crate::spec::{QosSpec, SpecError};
+use crate::units::{Cost, Nanos};
+use std::fmt;
+
+/// A tenant's handle inside one scheduler: a slot and a generation, so a handle kept after the tenant was
+/// removed (or aged out) is reported as unknown rather than silently naming a newcomer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TenantId {
+    pub(crate) slot: u32,
+    pub(crate) gen: u32,
+}
+
+impl TenantId {
+    /// The dense slot number (0-based); stable while the tenant exists. Useful to index the caller's arrays.
+    pub fn index(&self) -> usize {
+        self.slot as usize
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tenant#{}.{}", self.slot, self.gen)
+    }
+}
+
+/// A request as the scheduler sees it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub tenant: TenantId,
+    /// Opaque to the scheduler; returned in [`Dispatch`].
+    pub handle: u64,
+    /// Bytes (for the cost model).
+    pub size: u64,
+    /// Byte offset (for locality batching).
+    pub offset: u64,
+    /// Distributed schedulers: service the tenant received at *other* servers since its previous request to
+    /// this one (dmClock's delta, RBFQ's Delta), from a [`ServiceTracker`]. Zero on a single server.
+    pub delta: Cost,
+    /// dmClock: the part of `delta` served in reservation phase (rho). Zero on a single server.
+    pub rho: Cost,
+}
+
+impl Request {
+    pub fn new(tenant: TenantId, handle: u64) -> Self {
+        Request { tenant, handle, size: 4096, offset: 0, delta: Cost(0), rho: Cost(0) }
+    }
+    pub fn size(mut self, size: u64) -> Self {
+        self.size = size;
+        self
+    }
+    pub fn offset(mut self, offset: u64) -> Self {
+        self.offset = offset;
+        self
+    }
+    pub fn distributed(mut self, delta: Cost, rho: Cost) -> Self {
+        self.delta = delta;
+        self.rho = rho;
+        self
+    }
+}
+
+/// The phase a request was served in.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    /// mClock's constraint-based phase / RBFQ's local phase: served to meet a reservation.
+    Reservation,
+    /// Weight-based (mClock) / global (RBFQ) phase; also every dispatch of SFQ and FIFO.
+    Weight,
+    /// Served above its limit because nothing else was eligible, the device was idle and the configuration
+    /// allows it ([`LimitMode::BreakWhenIdle`]).
+    OverLimit,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 3] = [Phase::Reservation, Phase::Weight, Phase::OverLimit];
+    pub fn index(self) -> usize {
+        self as usize
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Reservation => "reservation",
+            Phase::Weight => "weight",
+            Phase::OverLimit => "over_limit",
+        }
+    }
+}
+
+/// A dispatch decision.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    pub tenant: TenantId,
+    pub handle: u64,
+    pub phase: Phase,
+    pub cost: Cost,
+}
+
+/// What `poll` decided.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Poll {
+    Dispatch(Dispatch),
+    /// Requests are queued but none may go before this time (limits); poll again then, or on a new arrival.
+    Wait(Nanos),
+    /// Nothing queued.
+    Empty,
+}
+
+/// What to do when every queued request is held back by its tenant's limit.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum LimitMode {
+    /// Limits are hard: wait until a limit tag is due (non-work-conserving, the paper's default).
+    #[default]
+    Strict,
+    /// If the caller says the device is idle, serve the tenant whose limit tag is earliest (it is the least
+    /// over its limit) rather than leave the device idle. Algorithm 1's `OR Active_IOs == 0` clause.
+    BreakWhenIdle,
+}
+
+/// Explicit bounds on a scheduler's state.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_tenants: usize,
+    pub max_queued_per_tenant: usize,
+    pub max_queued: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_tenants: 1 << 20, max_queued_per_tenant: 1 << 16, max_queued: 1 << 24 }
+    }
+}
+
+/// Configuration shared by the schedulers (each uses the parts that apply to it).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct SchedConfig {
+    /// How a request's size becomes a cost for reservation, weight and (mClock) limit tags.
+    pub cost_model: CostModel,
+    pub limit_mode: LimitMode,
+    /// Locality batching (mClock §3.1): after a dispatch, up to `batch - 1` more requests of the same tenant
+    /// follow at once while each lies within `batch_distance` bytes of the previous one. 1 = off.
+    pub batch: u32,
+    pub batch_distance: u64,
+    /// `maintain` forgets the tag history of tenants idle at least this long (they return as new tenants:
+    /// no lead or lag carried over). `None`: never.
+    pub idle_age: Option<Nanos>,
+    /// `maintain` removes tenants idle at least this long. `None`: never.
+    pub erase_age: Option<Nanos>,
+    pub limits: Limits,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            cost_model: CostModel::PerIo,
+            limit_mode: LimitMode::Strict,
+            batch: 1,
+            batch_distance: 4 << 20,
+            idle_age: None,
+            erase_age: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Errors from scheduler calls. The scheduler's state is unchanged when one is returned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SchedError {
+    #[error("unknown tenant {0} (never added, removed, or aged out)")]
+    UnknownTenant(TenantId),
+    #[error("too many tenants (limit {max})")]
+    TooManyTenants { max: usize },
+    #[error("queue of {tenant} is full ({max} requests)")]
+    TenantQueueFull { tenant: TenantId, max: usize },
+    #[error("scheduler queue is full ({max} requests)")]
+    QueueFull { max: usize },
+    #[error("invalid spec: {0}")]
+    Spec(#[from] SpecError),
+}
+
+/// Per-tenant counters kept by every scheduler.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantStats {
+    /// Requests dispatched, by [`Phase::index`].
+    pub dispatched: [u64; 3],
+    /// Cost dispatched (fixed point, see [`Cost`]), by phase.
+    pub cost: [u128; 3],
+    pub enqueued: u64,
+    pub queued: usize,
+}
+
+impl TenantStats {
+    pub fn total_dispatched(&self) -> u64 {
+        self.dispatched.iter().sum()
+    }
+}
+
+/// The scheduler algorithms, by name (for configs and CLIs).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SchedulerKind {
+    Mclock,
+    Dmclock,
+    Rbfq,
+    Sfq,
+    Fifo,
+}
+
+impl SchedulerKind {
+    pub const ALL: [SchedulerKind; 5] =
+        [SchedulerKind::Mclock, SchedulerKind::Dmclock, SchedulerKind::Rbfq, SchedulerKind::Sfq, SchedulerKind::Fifo];
+    pub fn name(self) -> &'static str {
+        match self {
+            SchedulerKind::Mclock => "mclock",
+            SchedulerKind::Dmclock => "dmclock",
+            SchedulerKind::Rbfq => "rbfq",
+            SchedulerKind::Sfq => "sfq",
+            SchedulerKind::Fifo => "fifo",
+        }
+    }
+    /// Builds a boxed scheduler of this kind.
+    pub fn build(self, config: SchedConfig) -> Box<dyn Scheduler> {
+        match self {
+            SchedulerKind::Mclock => Box::new(Mclock::new(config)),
+            SchedulerKind::Dmclock => Box::new(Mclock::dmclock(config)),
+            SchedulerKind::Rbfq => Box::new(Rbfq::new(config)),
+            SchedulerKind::Sfq => Box::new(Sfq::new(config)),
+            SchedulerKind::Fifo => Box::new(Fifo::new(config)),
+        }
+    }
+}
+
+impl std::str::FromStr for SchedulerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        SchedulerKind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown scheduler {s:?} (expected one of mclock, dmclock, rbfq, sfq, fifo)"))
+    }
+}
+
+impl fmt::Display for SchedulerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The one interface every scheduler implements (object safe: `Box<dyn Scheduler>` works).
+pub trait Scheduler {
+    fn kind(&self) -> SchedulerKind;
+    /// Adds a tenant; returns its id.
+    fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError>;
+    /// Changes a tenant's spec; takes effect from its next request's tags.
+    fn set_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), SchedError>;
+    /// Removes a tenant and returns the handles it still had queued (in order) so the caller can fail them.
+    fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError>;
+    /// Queues a request.
+    fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError>;
+    /// Picks the next request to send to the device (see the module comment).
+    fn poll(&mut self, now: Nanos, device_idle: bool) -> Poll;
+    /// Housekeeping; returns how many tenants were erased.
+    fn maintain(&mut self, now: Nanos) -> usize;
+    /// Requests queued in all.
+    fn queued(&self) -> usize;
+    /// Live tenants.
+    fn tenant_count(&self) -> usize;
+    fn stats(&self, id: TenantId) -> Result<TenantStats, SchedError>;
+    fn spec(&self, id: TenantId) -> Result<QosSpec, SchedError>;
+    /// How many times `now` went backwards (and was clamped).
+    fn time_regressions(&self) -> u64;
+}

@@ -1,0 +1,142 @@
+//! SFQ(D): start-time fair queuing with depth D, the proportional-share baseline of both papers
+//! (Jin, Chase, Kaur, "Interposed proportional sharing for a storage service utility", SIGMETRICS 2004;
+//! mClock's Fig. 6-7 comparison).
+//!
+//! # Model
+//! Each request of tenant i gets a start tag `S = max(v, F')` and a finish tag `F = S + cost/w_i`, where F'
+//! is the finish tag of the tenant's previous request and v is the *virtual time*: the start tag of the
+//! request dispatched last. The request with the smallest start tag is dispatched; the caller keeps at
+//! most D outstanding. Reservations and limits are ignored (that is the point of the baseline); weights,
+//! the cost model and the bounds apply.
+//!
+//! Like the engine, start tags are computed when a request becomes its tenant's head (same values for
+//! backlogged tenants), so state is O(1) per tenant plus one heap over tenants.
+//!
+//! Invariants: a tenant is in `heap` iff it has queued requests (1); `v` never decreases (2).
+
+use super::heap::IndexedHeap;
+use super::slab::Slab;
+use super::{Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
+use crate::units::{step_for_rate, Cost, Nanos, Tag};
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone)]
+struct Tenant {
+    spec: QosSpec,
+    step: u128,
+    queue: VecDeque<(u64, Cost)>,
+    finish: Tag,
+    start: Tag,
+    stats: TenantStats,
+}
+
+/// SFQ(D); see the module comment.
+#[derive(Debug, Clone)]
+pub struct Sfq {
+    config: SchedConfig,
+    tenants: Slab<Tenant>,
+    heap: IndexedHeap,
+    v: Tag,
+    now: Nanos,
+    queued: usize,
+    regressions: u64,
+}
+
+impl Sfq {
+    pub fn new(config: SchedConfig) -> Self {
+        Sfq { config, tenants: Slab::default(), heap: IndexedHeap::new(), v: Tag::ZERO, now: Nanos::ZERO, queued: 0, regressions: 0 }
+    }
+
+    fn clock(&mut self, now: Nanos) {
+        if now < self.now {
+            self.regressions += 1;
+        } else {
+            self.now = now;
+        }
+    }
+}
+
+impl Scheduler for Sfq {
+    fn kind(&self) -> SchedulerKind {
+        SchedulerKind::Sfq
+    }
+    fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError> {
+        let t = Tenant { spec, step: step_for_rate(spec.weight()), queue: VecDeque::new(), finish: Tag::ZERO, start: Tag::ZERO, stats: TenantStats::default() };
+        let id = self.tenants.insert(self.config.limits.max_tenants, t)?;
+        self.heap.grow_slots(self.tenants.slots());
+        Ok(id)
+    }
+    fn set_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), SchedError> {
+        let t = self.tenants.get_mut(id)?;
+        t.spec = spec;
+        t.step = step_for_rate(spec.weight());
+        Ok(())
+    }
+    fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError> {
+        let t = self.tenants.remove(id)?;
+        self.heap.remove(id.slot);
+        self.queued -= t.queue.len();
+        Ok(t.queue.iter().map(|q| q.0).collect())
+    }
+    fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError> {
+        self.clock(now);
+        if self.queued >= self.config.limits.max_queued {
+            return Err(SchedError::QueueFull { max: self.config.limits.max_queued });
+        }
+        let max_t = self.config.limits.max_queued_per_tenant;
+        let cost = self.config.cost_model.cost(req.size).saturating_add(req.delta);
+        let v = self.v;
+        let t = self.tenants.get_mut(req.tenant)?;
+        if t.queue.len() >= max_t {
+            return Err(SchedError::TenantQueueFull { tenant: req.tenant, max: max_t });
+        }
+        t.queue.push_back((req.handle, cost));
+        t.stats.enqueued += 1;
+        self.queued += 1;
+        if t.queue.len() == 1 {
+            t.start = t.finish.max(v);
+            let s = t.start;
+            self.heap.set(req.tenant.slot, s);
+        }
+        Ok(())
+    }
+    fn poll(&mut self, now: Nanos, _device_idle: bool) -> Poll {
+        self.clock(now);
+        let Some((start, slot)) = self.heap.peek() else { return Poll::Empty };
+        self.v = self.v.max(start);
+        let t = self.tenants.at_mut(slot);
+        let (handle, cost) = t.queue.pop_front().expect("heap holds backlogged tenants");
+        t.finish = t.start.add(cost.times_step(t.step));
+        t.stats.dispatched[Phase::Weight.index()] += 1;
+        t.stats.cost[Phase::Weight.index()] += cost.0 as u128;
+        self.queued -= 1;
+        if t.queue.is_empty() {
+            self.heap.remove(slot);
+        } else {
+            t.start = t.finish;
+            let s = t.start;
+            self.heap.set(slot, s);
+        }
+        Poll::Dispatch(Dispatch { tenant: self.tenants.id_of(slot), handle, phase: Phase::Weight, cost })
+    }
+    fn maintain(&mut self, now: Nanos) -> usize {
+        self.clock(now);
+        0
+    }
+    fn queued(&self) -> usize {
+        self.queued
+    }
+    fn tenant_count(&self) -> usize {
+        self.tenants.len()
+    }
+    fn stats(&self, id: TenantId) -> Result<TenantStats, SchedError> {
+        let t = self.tenants.get(id)?;
+        Ok(TenantStats { queued: t.queue.len(), ..t.stats })
+    }
+    fn spec(&self, id: TenantId) -> Result<QosSpec, SchedError> {
+        Ok(self.tenants.get(id)?.spec)
+    }
+    fn time_regressions(&self) -> u64 {
+        self.regressions
+    }
+}

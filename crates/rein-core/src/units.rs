@@ -1,0 +1,239 @@
+//! Units: integer time, fixed-point tags and costs, and rate-to-step conversion.
+//!
+//! # Model
+//! Every scheduler in this crate is driven by time passed in from outside as [`Nanos`]: nanoseconds from
+//! an arbitrary monotonic origin chosen by the caller (the simulator starts at zero, the daemons use a
+//! monotonic clock). Nothing here reads a clock.
+//!
+//! Tags (mClock's R/L/P, RBFQ's local/global/upper-bound tags) are [`Tag`]s: nanoseconds in 96.32
+//! fixed point held in a `u128`. A tag step is `cost / rate` seconds; we precompute, per tenant and
+//! per clock, the step for one unit of cost, [`step_for_rate`], rounded to the nearest 2^-32 ns.
+//!
+//! # Precision (why 32 fractional bits)
+//! Tags of a backlogged tenant advance by exact integer additions, so they never drift; the only error
+//! is the rounding of the step, at most 2^-33 ns per IO. A tenant at r = 1,000,000 IOPS for one hour
+//! issues 3.6e9 IOs, so its tags are off by at most 3.6e9 * 2^-33 ns = 0.42 ns against a 1,000 ns
+//! spacing: well within one IO. (With whole-nanosecond steps, r = 999,999 IOPS would drift by 3,600 IOs
+//! over the same hour.) A `u128` holds 2^96 ns, about 2.5e12 years, so tags cannot overflow.
+//!
+//! Costs are [`Cost`]s: fixed point with 16 fractional bits, so one unit-cost IO is `Cost::ONE`
+//! and §3.1's fractional `1 + S/(Tm*Bpeak)` costs are represented to 1/65536 of an IO.
+//!
+//! # Bounds
+//! - Rates (reservation, limit) are 0 (none) or in [`MIN_RATE`, `MAX_RATE`] cost units per second.
+//! - Weights are in [`MIN_WEIGHT`, `MAX_WEIGHT`].
+//! - A cost is at most [`Cost::MAX_UNITS`] units; with these bounds `cost * step` fits in a `u128`.
+
+use std::fmt;
+
+/// Nanoseconds since an arbitrary monotonic origin chosen by the caller.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nanos(pub u64);
+
+impl Nanos {
+    pub const ZERO: Nanos = Nanos(0);
+    pub const MAX: Nanos = Nanos(u64::MAX);
+    pub const PER_SEC: u64 = 1_000_000_000;
+
+    pub const fn from_secs(s: u64) -> Nanos {
+        Nanos(s * Self::PER_SEC)
+    }
+    pub const fn from_millis(ms: u64) -> Nanos {
+        Nanos(ms * 1_000_000)
+    }
+    pub const fn from_micros(us: u64) -> Nanos {
+        Nanos(us * 1_000)
+    }
+    /// Seconds as `f64` (for reports only; never for tag arithmetic).
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 / 1e9
+    }
+    /// Rounds a non-negative finite number of seconds to the nearest nanosecond (saturating).
+    pub fn from_secs_f64(s: f64) -> Nanos {
+        if !(s > 0.0) {
+            return Nanos::ZERO;
+        }
+        let ns = s * 1e9;
+        if ns >= u64::MAX as f64 {
+            Nanos::MAX
+        } else {
+            Nanos(ns.round() as u64)
+        }
+    }
+    pub fn saturating_add(self, d: Nanos) -> Nanos {
+        Nanos(self.0.saturating_add(d.0))
+    }
+    pub fn saturating_sub(self, d: Nanos) -> Nanos {
+        Nanos(self.0.saturating_sub(d.0))
+    }
+}
+
+impl fmt::Display for Nanos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.9}s", self.as_secs_f64())
+    }
+}
+
+/// Number of fractional bits in a [`Tag`].
+pub const TAG_FRAC_BITS: u32 = 32;
+
+/// A scheduling tag: nanoseconds in 96.32 fixed point. See the module comment for precision.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tag(pub u128);
+
+impl Tag {
+    pub const ZERO: Tag = Tag(0);
+
+    pub const fn from_nanos(t: Nanos) -> Tag {
+        Tag((t.0 as u128) << TAG_FRAC_BITS)
+    }
+    /// The first whole nanosecond at or after this tag (saturating at `Nanos::MAX`).
+    pub fn ceil_nanos(self) -> Nanos {
+        let whole = self.0.saturating_add((1u128 << TAG_FRAC_BITS) - 1) >> TAG_FRAC_BITS;
+        Nanos(u64::try_from(whole).unwrap_or(u64::MAX))
+    }
+    /// Tag as seconds (for reports and tests only).
+    pub fn as_secs_f64(self) -> f64 {
+        (self.0 as f64) / ((1u128 << TAG_FRAC_BITS) as f64) / 1e9
+    }
+    pub fn saturating_sub(self, d: u128) -> Tag {
+        Tag(self.0.saturating_sub(d))
+    }
+    pub fn add(self, d: u128) -> Tag {
+        Tag(self.0.saturating_add(d))
+    }
+}
+
+/// Smallest non-zero rate (cost units per second) a spec may carry: one IO per ~17 minutes.
+pub const MIN_RATE: f64 = 1e-3;
+/// Largest rate (cost units per second): 1e12, i.e. 1 TB/s under the per-byte cost model.
+pub const MAX_RATE: f64 = 1e12;
+/// Smallest weight.
+pub const MIN_WEIGHT: f64 = 1e-3;
+/// Largest weight.
+pub const MAX_WEIGHT: f64 = 1e6;
+
+/// Tag advance, in tag units (2^-32 ns), for one unit of cost at `rate` units per second, rounded to
+/// the nearest unit. `rate` must be in `[MIN_RATE, MAX_RATE]` (or a weight in its range); callers
+/// validate through [`crate::QosSpec`].
+pub fn step_for_rate(rate: f64) -> u128 {
+    debug_assert!(rate.is_finite() && rate > 0.0, "step_for_rate({rate})");
+    // 2^32 * 1e9 / rate, computed in f64 then rounded: f64 has 53 bits of mantissa and the largest step
+    // (rate = 1e-3) is 4.3e24 < 2^82, so the relative rounding error is 2^-53, far below one tag unit
+    // for any step under 2^53 units (about 2 ms) and below 2^-53 of the step above that.
+    let s = (((1u128 << TAG_FRAC_BITS) as f64) * 1e9 / rate).round();
+    if s < 1.0 {
+        1
+    } else {
+        s as u128
+    }
+}
+
+/// The cost of a request in fixed point: `Cost::ONE` is one unit (one IO under the per-IO model, one byte
+/// under the per-byte model with unit 1).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cost(pub u64);
+
+impl Cost {
+    pub const FRAC_BITS: u32 = 16;
+    pub const ONE: Cost = Cost(1 << Self::FRAC_BITS);
+    /// The smallest cost a request is charged: 1/65536 of a unit. Zero-cost requests are charged this, so
+    /// that a stream of free requests still advances its tenant's tags and cannot monopolise a server.
+    pub const MIN: Cost = Cost(1);
+    /// Largest number of whole units one request may cost (2^40, e.g. a 1 TiB request per byte).
+    pub const MAX_UNITS: u64 = 1 << 40;
+    pub const MAX: Cost = Cost(Self::MAX_UNITS << Self::FRAC_BITS);
+
+    pub const fn units(n: u64) -> Cost {
+        Cost(n << Self::FRAC_BITS)
+    }
+    /// Converts a non-negative number of units, clamped to `[MIN, MAX]`.
+    pub fn from_f64(units: f64) -> Cost {
+        if !(units > 0.0) {
+            return Cost::MIN;
+        }
+        let v = units * (1u64 << Self::FRAC_BITS) as f64;
+        if v >= Self::MAX.0 as f64 {
+            Cost::MAX
+        } else {
+            Cost((v.round() as u64).max(1))
+        }
+    }
+    pub fn as_f64(self) -> f64 {
+        self.0 as f64 / (1u64 << Self::FRAC_BITS) as f64
+    }
+    /// Clamps into `[MIN, MAX]`.
+    pub fn clamped(self) -> Cost {
+        Cost(self.0.clamp(Self::MIN.0, Self::MAX.0))
+    }
+    /// Tag advance for this cost at a per-unit step (see [`step_for_rate`]).
+    #[inline]
+    pub fn times_step(self, step: u128) -> u128 {
+        if self == Cost::ONE {
+            step
+        } else {
+            // whole units <= 2^40 and step <= 2^82, so whole * step < 2^122 and frac * step < 2^98: both
+            // fit a u128 (saturating only as a guard).
+            let whole = (self.0 >> Self::FRAC_BITS) as u128;
+            let frac = (self.0 & ((1 << Self::FRAC_BITS) - 1)) as u128;
+            whole.saturating_mul(step).saturating_add((frac * step) >> Self::FRAC_BITS)
+        }
+    }
+    pub fn saturating_add(self, o: Cost) -> Cost {
+        Cost(self.0.saturating_add(o.0))
+    }
+}
+
+impl fmt::Display for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.as_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_million_iops_hour_is_exact() {
+        // 3.6e9 steps of the rounded step land within one IO spacing of one hour.
+        let step = step_for_rate(1e6);
+        let n: u128 = 3_600_000_000;
+        let hour = Tag::from_nanos(Nanos::from_secs(3600)).0;
+        let err = (n * step).abs_diff(hour);
+        assert!(err < step, "error {err} tag units vs step {step}");
+        // An awkward rate too.
+        let step = step_for_rate(999_999.0);
+        let n: u128 = 3_599_996_400; // 999,999 * 3600
+        let err = (n * step).abs_diff(hour);
+        assert!(err < step / 1000, "error {err} vs step {step}");
+    }
+
+    #[test]
+    fn cost_times_step_matches_whole_and_fraction() {
+        let step = step_for_rate(1000.0);
+        assert_eq!(Cost::ONE.times_step(step), step);
+        assert_eq!(Cost::units(3).times_step(step), 3 * step);
+        let half = Cost(Cost::ONE.0 / 2);
+        assert_eq!(half.times_step(step), step / 2);
+        // The largest cost at the largest step saturates instead of overflowing.
+        let big = Cost::MAX.times_step(step_for_rate(MIN_RATE));
+        assert!(big > 0);
+    }
+
+    #[test]
+    fn cost_from_f64_clamps() {
+        assert_eq!(Cost::from_f64(0.0), Cost::MIN);
+        assert_eq!(Cost::from_f64(-5.0), Cost::MIN);
+        assert_eq!(Cost::from_f64(f64::NAN), Cost::MIN);
+        assert_eq!(Cost::from_f64(1e30), Cost::MAX);
+        assert_eq!(Cost::from_f64(1.0), Cost::ONE);
+    }
+
+    #[test]
+    fn tag_ceil() {
+        assert_eq!(Tag::from_nanos(Nanos(5)).ceil_nanos(), Nanos(5));
+        assert_eq!(Tag(Tag::from_nanos(Nanos(5)).0 + 1).ceil_nanos(), Nanos(6));
+        assert_eq!(Tag(u128::MAX).ceil_nanos(), Nanos::MAX);
+    }
+}
