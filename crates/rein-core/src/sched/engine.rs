@@ -17,13 +17,13 @@
 //! exists yet. (ceph/dmclock walks the tenant's whole queue for this.)
 //!
 //! Three indexed heaps over tenant slots, each tenant with queued requests in:
-//! - `resv`: keyed by `head_r`, every backlogged tenant with a reservation;
+//! - `resv`: keyed by `head_r`, every backlogged tenant with a reservation not held back by its limit;
 //! - exactly one of `ready` (keyed by `head_p`; `head_l <= now` or no limit) and `limited` (keyed by
 //!   `head_l`; `head_l > now`).
 //!
-//! `poll(now)`: if `resv`'s minimum is due (`<= now`) serve it in the reservation phase; otherwise move every
-//! tenant whose limit tag has come due from `limited` to `ready`, and serve `ready`'s minimum P tag in the
-//! weight phase; otherwise wait for the earliest R or L tag. One dispatch changes one tenant's head, so it
+//! `poll(now)`: move every tenant whose limit tag has come due from `limited` to `ready` (and `resv`); if
+//! `resv`'s minimum is due (`<= now`) serve it in the reservation phase; otherwise serve `ready`'s minimum P
+//! tag in the weight phase; otherwise wait for the earliest R or L tag. One dispatch changes one tenant's head, so it
 //! costs O(log n) heap work: the 60 ns / 400 ns targets at 10 / 10,000 tenants come from this.
 //!
 //! # Virtual time for P tags (Tag Adjustment)
@@ -37,11 +37,26 @@
 //! history (`last_p + cost * step_p`), so going idle cannot erase a lead it earned.
 //!
 //! # Invariants (asserted in debug builds and by `check()` in tests)
-//! 1. A tenant is in `resv` iff it has queued requests and a reservation.
+//! 1. A tenant is in `resv` iff it has queued requests, a reservation, and is not in `limited`. Limits are
+//!    hard even against reservations (Algorithm 1's constraint phase does not look at L tags, which lets a
+//!    tenant served up to its limit in the weight phase go one IO over it when an R tag falls due); since
+//!    r <= l, holding R-phase service until the L tag is due still meets the reservation.
 //! 2. A tenant with queued requests is in exactly one of `ready`, `limited`; a tenant without is in none.
 //! 3. A tenant in `limited` has a limit and `head_l > now` at the time it was placed there.
 //! 4. `vnow` and `now` never decrease.
 //! 5. `queued` equals the sum of the tenants' queue lengths.
+//! 6. No tenant enters the weight race (`ready`) with a P tag below `vnow - its idle credit`: neither an
+//!    idle period nor a period held back by its limit banks weight-phase credit beyond sigma. (The paper
+//!    says this for idle VMs; for limited ones it is our addition: without it a tenant limit-clamped for
+//!    a minute would, once the capacity falls below its limit, take a minute of banked share from the
+//!    others. The property tests with halving capacity catch exactly this.)
+//! 7. R tags of a backlogged tenant are never moved forward to wall time; only a tenant becoming active is
+//!    (`max(., t)` of Algorithm 1 applies to requests arriving at an empty queue). Algorithm 1 clamps every
+//!    request to its arrival time; when capacity falls below the sum of reservations that forgives the lag
+//!    of tenants whose queued requests are young (the high-rate ones) first, and service stops being
+//!    proportional to reservations, which §2.1 promises. Kept lag means a backlogged tenant that was
+//!    under-served is paid back in the reservation phase once capacity returns. L tags keep the arrival
+//!    clamp: a limit must never bank credit.
 
 use super::heap::IndexedHeap;
 use super::slab::Slab;
@@ -143,7 +158,12 @@ impl Tenant {
         let q = self.queue[0];
         let arrival = Tag::from_nanos(q.arrival);
         if self.r_step != 0 {
-            self.head_r = if self.history { self.last_r.add(self.r_inc(&q, flavor)).max(arrival) } else { arrival };
+            // Only a tenant that was idle is clamped to its arrival time (invariant 7).
+            self.head_r = match (self.history, was_idle) {
+                (false, _) => arrival,
+                (true, true) => self.last_r.add(self.r_inc(&q, flavor)).max(arrival),
+                (true, false) => self.last_r.add(self.r_inc(&q, flavor)),
+            };
         }
         if self.l_step != 0 {
             let c = if flavor.delta_in_l { q.lcost.saturating_add(q.delta) } else { q.lcost };
@@ -238,16 +258,10 @@ impl Engine {
             t.head_l = now;
             t.last_l = now;
         }
-        let (r_on, head_r, head_p) = (t.r_step != 0, t.head_r, t.head_p);
-        if r_on {
-            self.resv.set(id.slot, head_r);
-        } else {
+        if self.tenants.at(id.slot).r_step == 0 {
             self.resv.remove(id.slot);
         }
-        if self.limited.contains(id.slot) && self.tenants.at(id.slot).l_step == 0 {
-            self.limited.remove(id.slot);
-            self.ready.set(id.slot, head_p);
-        }
+        self.place(id.slot, now);
         Ok(())
     }
 
@@ -306,16 +320,17 @@ impl Engine {
     #[inline]
     fn place(&mut self, slot: u32, now: Tag) {
         let t = self.tenants.at(slot);
-        if t.r_step != 0 {
-            self.resv.set(slot, t.head_r);
-        }
         if t.l_step == 0 || t.head_l <= now {
-            let p = t.head_p;
+            let (p, r, has_r) = (t.head_p, t.head_r, t.r_step != 0);
             self.limited.remove(slot);
             self.ready.set(slot, p);
+            if has_r {
+                self.resv.set(slot, r);
+            }
         } else {
             let l = t.head_l;
             self.ready.remove(slot);
+            self.resv.remove(slot);
             self.limited.set(slot, l);
         }
     }
@@ -330,6 +345,23 @@ impl Engine {
         if let Some(d) = self.continue_batch(now_tag) {
             return Poll::Dispatch(d);
         }
+        // Tenants whose limit tag has come due rejoin the reservation and weight races.
+        while let Some((l, slot)) = self.limited.peek() {
+            if l > now_tag {
+                break;
+            }
+            self.limited.pop();
+            // A tenant held back by its limit could not use its weight share, so like an idle tenant it
+            // must not bank it: it re-enters the weight race no earlier than vnow (invariant 6).
+            let vnow = self.vnow;
+            let t = self.tenants.at_mut(slot);
+            t.head_p = t.head_p.max(vnow);
+            let (p, r, has_r) = (t.head_p, t.head_r, t.r_step != 0);
+            self.ready.set(slot, p);
+            if has_r {
+                self.resv.set(slot, r);
+            }
+        }
         // Constraint-based (reservation / local) phase.
         if let Some((r, slot)) = self.resv.peek() {
             if r <= now_tag {
@@ -337,14 +369,6 @@ impl Engine {
             }
         }
         // Weight-based (global) phase among tenants under their limit.
-        while let Some((l, slot)) = self.limited.peek() {
-            if l > now_tag {
-                break;
-            }
-            self.limited.pop();
-            let p = self.tenants.at(slot).head_p;
-            self.ready.set(slot, p);
-        }
         if let Some((p, slot)) = self.ready.peek() {
             self.vnow = self.vnow.max(p);
             return Poll::Dispatch(self.dispatch(slot, Phase::Weight, now_tag));
@@ -386,8 +410,9 @@ impl Engine {
         if t.r_step != 0 {
             t.last_r = match phase {
                 Phase::Reservation => t.head_r,
-                // Weight-phase service must not count toward the reservation: undo this request's R step.
-                Phase::Weight | Phase::OverLimit => t.head_r.saturating_sub(t.r_inc(&q, &flavor)),
+                // Weight-phase service must not count toward the reservation: undo this request's own
+                // cost (not rho: that reservation service happened elsewhere and still counts).
+                Phase::Weight | Phase::OverLimit => t.head_r.saturating_sub(q.cost.times_step(t.r_step)),
             };
         }
         t.last_l = t.head_l;
@@ -483,7 +508,8 @@ impl Engine {
             let s = id.slot;
             total += t.queue.len();
             let active = !t.queue.is_empty();
-            assert_eq!(self.resv.contains(s), active && t.r_step != 0, "invariant 1 for {id}");
+            let limited = self.limited.contains(s);
+            assert_eq!(self.resv.contains(s), active && t.r_step != 0 && !limited, "invariant 1 for {id}");
             let n = self.ready.contains(s) as u8 + self.limited.contains(s) as u8;
             assert_eq!(n, active as u8, "invariant 2 for {id}");
             if self.limited.contains(s) {

@@ -50,7 +50,7 @@ impl IndexedHeap {
         }
     }
 
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn contains(&self, slot: u32) -> bool {
         self.pos.get(slot as usize).is_some_and(|&p| p != NONE)
     }

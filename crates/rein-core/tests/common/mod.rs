@@ -1,0 +1,53 @@
+//! Helpers shared by the core's integration tests.
+#![allow(dead_code)]
+
+use rein_core::oracle::{allocate, OracleTenant};
+use rein_core::vtime::{run_backlogged, BacklogRun};
+use rein_core::{Mclock, Nanos, QosSpec, Rbfq, SchedConfig, Scheduler, SchedulerKind, Sfq, TenantId};
+
+/// The QoS schedulers held to the oracle, with limits in IOPS.
+pub fn qos_schedulers() -> Vec<(SchedulerKind, Box<dyn Scheduler>)> {
+    vec![
+        (SchedulerKind::Mclock, Box::new(Mclock::new(SchedConfig::default()))),
+        (SchedulerKind::Dmclock, Box::new(Mclock::dmclock(SchedConfig::default()))),
+        (SchedulerKind::Rbfq, Box::new(Rbfq::with_limit_in_cost_units(SchedConfig::default()))),
+    ]
+}
+
+pub fn build(kind: SchedulerKind) -> Box<dyn Scheduler> {
+    match kind {
+        SchedulerKind::Rbfq => Box::new(Rbfq::with_limit_in_cost_units(SchedConfig::default())),
+        SchedulerKind::Sfq => Box::new(Sfq::new(SchedConfig::default())),
+        k => k.build(SchedConfig::default()),
+    }
+}
+
+pub fn add_all(s: &mut dyn Scheduler, specs: &[QosSpec]) -> Vec<TenantId> {
+    specs.iter().map(|sp| s.add_tenant(*sp).unwrap()).collect()
+}
+
+pub fn oracle_rates(specs: &[QosSpec], capacity: f64) -> Vec<f64> {
+    let ts: Vec<OracleTenant> = specs.iter().map(OracleTenant::from).collect();
+    allocate(&ts, capacity).rates
+}
+
+/// Runs backlogged tenants against a capacity schedule; returns the run and the oracle's expected service
+/// (IOs) per tenant over the whole run.
+pub fn run_vs_oracle(
+    s: &mut dyn Scheduler,
+    specs: &[QosSpec],
+    schedule: &[(Nanos, f64)],
+    duration: Nanos,
+) -> (BacklogRun, Vec<f64>) {
+    let ids = add_all(s, specs);
+    let run = run_backlogged(s, &ids, schedule, duration, 16).unwrap();
+    let mut expect = vec![0.0; specs.len()];
+    for (k, &(start, cap)) in schedule.iter().enumerate() {
+        let end = schedule.get(k + 1).map_or(duration, |n| n.0);
+        let secs = end.saturating_sub(start).as_secs_f64();
+        for (e, r) in expect.iter_mut().zip(oracle_rates(specs, cap)) {
+            *e += r * secs;
+        }
+    }
+    (run, expect)
+}

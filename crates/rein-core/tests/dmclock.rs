@@ -1,0 +1,116 @@
+//! dmClock across two servers (mclock-dmclock.txt §4.2, Fig. 10 situation), with a small virtual-time
+//! driver: a tenant sending only to one server still gets its global reservation and its weight share.
+use rein_core::{Mclock, Nanos, Phase, Poll, QosSpec, Request, SchedConfig, Scheduler, ServiceTracker, TenantId};
+
+/// Two servers at 1,000 IOPS each (1 ms per IO, depth 1). Tenant A (weight 3) keeps 16 requests queued at
+/// each server; tenant B keeps 16 queued at server 0 only. Returns (A, B) IOPS over `secs`.
+fn run(b_spec: QosSpec, distributed: bool, secs: u64) -> (f64, f64) {
+    let mut servers = [Mclock::dmclock(SchedConfig::default()), Mclock::dmclock(SchedConfig::default())];
+    let a_spec = QosSpec::weighted(3.0).unwrap();
+    let ids: Vec<[TenantId; 2]> = servers
+        .iter_mut()
+        .map(|s| [s.add_tenant(a_spec).unwrap(), s.add_tenant(b_spec).unwrap()])
+        .collect();
+    // One tracker per tenant (A uses both servers; B only server 0, so its delta is always 0).
+    let mut trackers = [ServiceTracker::new(2), ServiceTracker::new(2)];
+    let send = |servers: &mut [Mclock; 2], trackers: &mut [ServiceTracker; 2], now: Nanos, t: usize, j: usize, h: u64| {
+        let (delta, rho) = if distributed { trackers[t].prepare(j).unwrap() } else { Default::default() };
+        servers[j].enqueue(now, Request::new(ids[j][t], h).distributed(delta, rho)).unwrap();
+    };
+    let mut h = 0;
+    for _ in 0..16 {
+        for j in 0..2 {
+            send(&mut servers, &mut trackers, Nanos(0), 0, j, h);
+            h += 1;
+        }
+        send(&mut servers, &mut trackers, Nanos(0), 1, 0, h);
+        h += 1;
+    }
+    let mut served = [0u64; 2];
+    let end = secs * 1000;
+    for ms in 0..end {
+        let now = Nanos::from_millis(ms);
+        for j in 0..2 {
+            let Poll::Dispatch(d) = servers[j].poll(now, true) else { panic!("backlogged") };
+            let t = if d.tenant == ids[j][0] { 0 } else { 1 };
+            if ms >= 1000 {
+                served[t] += 1;
+            }
+            // Completion reported to the tenant's tracker, then the tenant sends its next request there.
+            trackers[t].complete(j, d.phase, d.cost).unwrap();
+            send(&mut servers, &mut trackers, now, t, j, h);
+            h += 1;
+        }
+    }
+    let t = (secs - 1) as f64;
+    (served[0] as f64 / t, served[1] as f64 / t)
+}
+
+#[test]
+fn hot_spotting_tenant_gets_its_global_weight_share() {
+    // Globally 3:1 over 2,000 IOPS: A 1,500, B 500. B can only use server 0, so server 0 must give B 500
+    // (not the 250 a locally fair 3:1 split would).
+    let (a, b) = run(QosSpec::weighted(1.0).unwrap(), true, 20);
+    assert!((b - 500.0).abs() <= 10.0, "dmClock B = {b}");
+    assert!((a - 1500.0).abs() <= 10.0, "dmClock A = {a}");
+    // Without delta (plain mClock per server) B gets the local share only: the violation dmClock fixes.
+    let (_, b_local) = run(QosSpec::weighted(1.0).unwrap(), false, 20);
+    assert!((b_local - 250.0).abs() <= 10.0, "local mClock B = {b_local}");
+}
+
+#[test]
+fn hot_spotting_tenant_keeps_its_global_reservation() {
+    // B reserves 600 (> its 500 weight share): it gets 600, A the remaining 1,400.
+    let (a, b) = run(QosSpec::new(600.0, None, 1.0, 0).unwrap(), true, 20);
+    assert!((b - 600.0).abs() <= 10.0, "B = {b}");
+    assert!((a - 1400.0).abs() <= 10.0, "A = {a}");
+}
+
+#[test]
+fn rho_counts_reservation_service_elsewhere() {
+    // A tenant with a reservation of 1,000 served on two servers: its reservation is global, so each
+    // server gives it about half in the reservation phase rather than 1,000 each.
+    let mut servers = [Mclock::dmclock(SchedConfig::default()), Mclock::dmclock(SchedConfig::default())];
+    let spec = QosSpec::new(1000.0, None, 1.0, 0).unwrap();
+    let other = QosSpec::weighted(1.0).unwrap();
+    let ids: Vec<[TenantId; 2]> = servers.iter_mut().map(|s| [s.add_tenant(spec).unwrap(), s.add_tenant(other).unwrap()]).collect();
+    let mut tr = ServiceTracker::new(2);
+    let mut h = 0;
+    for j in 0..2 {
+        for _ in 0..16 {
+            let (d, r) = tr.prepare(j).unwrap();
+            servers[j].enqueue(Nanos(0), Request::new(ids[j][0], h).distributed(d, r)).unwrap();
+            servers[j].enqueue(Nanos(0), Request::new(ids[j][1], h + 1).distributed(Default::default(), Default::default())).unwrap();
+            h += 2;
+        }
+    }
+    // Servers at 2,000 IOPS each (0.5 ms per IO).
+    let mut resv = 0u64;
+    let mut total = 0u64;
+    for step in 0..40_000u64 {
+        let now = Nanos(step * 500_000);
+        for j in 0..2 {
+            let Poll::Dispatch(d) = servers[j].poll(now, true) else { panic!() };
+            if d.tenant == ids[j][0] {
+                if step >= 4000 {
+                    total += 1;
+                    resv += (d.phase == Phase::Reservation) as u64;
+                }
+                tr.complete(j, d.phase, d.cost).unwrap();
+                let (dl, r) = tr.prepare(j).unwrap();
+                servers[j].enqueue(now, Request::new(ids[j][0], h).distributed(dl, r)).unwrap();
+            } else {
+                servers[j].enqueue(now, Request::new(ids[j][1], h)).unwrap();
+            }
+            h += 1;
+        }
+    }
+    let secs = 36_000.0 * 0.0005;
+    // Globally: capacity 4,000 shared by the reserved tenant (weight 1, counted across both servers through
+    // delta) and one weight-1 tenant per server: 4,000 / 3 = 1,333 each. That exceeds r, so the tenant is
+    // proportional, and its reservation-phase service must total r = 1,000/s across both servers (rho),
+    // not 1,000 per server.
+    let resv_rate = resv as f64 / secs;
+    assert!((resv_rate - 1000.0).abs() <= 30.0, "reservation-phase rate {resv_rate}");
+    assert!((total as f64 / secs - 4000.0 / 3.0).abs() <= 20.0, "total {}", total as f64 / secs);
+}
