@@ -1,0 +1,581 @@
+//! The discrete-event engine.
+//!
+//! # Model
+//! - **Servers**: a scheduler (from `rein-core`, unchanged) in front of a device. The scheduler releases a
+//!   request whenever fewer than `queue_depth` (D) are outstanding at the device; the device serves its
+//!   queue one request at a time (FIFO), so its latency grows with its queue. Service times come from the
+//!   server's [`ServiceModel`] with mean `1/capacity`, scaled when the capacity schedule changes it.
+//! - **Tenants**: each has a workload generator and, in front of the servers, a gateway: it routes each
+//!   request (by offset striping or by shares), and for distributed schedulers (dmclock, rbfq, dtfq) keeps a
+//!   [`ServiceTracker`] whose delta/rho ride on every request. Gateway and server are `net_delay` apart
+//!   each way.
+//! - **Time** is integer nanoseconds. Events are ordered by (time, sequence number), so equal times run in
+//!   the order they were scheduled: the run is a pure function of the scenario and its seed.
+//! - **Randomness**: one PCG stream per server and per tenant, seeded from the scenario seed and the
+//!   entity's index, so adding a tenant does not change the others' streams.
+//!
+//! # Invariants
+//! 1. A server's `outstanding` (dispatched, not completed) never exceeds its queue depth.
+//! 2. Every request issued completes exactly once, or is rejected at a full scheduler queue (counted).
+//! 3. Event times never decrease.
+
+use crate::metrics::{Metrics, RunTotals};
+use crate::scenario::{Routing, Scenario, ServiceModel, WorkloadKind};
+use rand::Rng;
+use rand_pcg::Pcg64Mcg;
+use rein_core::{
+    Cost, Limits, Nanos, Phase, Poll, Request, SchedConfig, Scheduler, SchedulerKind, ServiceTracker, TenantId,
+};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Complete,
+    Wake,
+    Deliver,
+    Notify,
+    Arrive,
+    Toggle,
+    Think,
+    Capacity,
+    Start,
+    Stop,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Event {
+    t: u64,
+    seq: u64,
+    kind: Kind,
+    a: u32,
+    b: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Req {
+    tenant: u32,
+    server: u32,
+    /// Index of `server` in the tenant's server list.
+    k: u32,
+    size: u64,
+    offset: u64,
+    issued: Nanos,
+    phase: Phase,
+    cost: Cost,
+}
+
+struct ServerState {
+    sched: Box<dyn Scheduler>,
+    /// Scheduler slot -> tenant index.
+    tenant_of_slot: Vec<u32>,
+    outstanding: u32,
+    device_q: VecDeque<u32>,
+    in_service: Option<u32>,
+    capacity: f64,
+    /// Service-time multiplier: initial capacity / current capacity (1 unless the schedule changed it).
+    slow: f64,
+    rng: Pcg64Mcg,
+    last_offset: u64,
+    wake_at: Option<u64>,
+    busy_since: Option<Nanos>,
+}
+
+struct TenantState {
+    rng: Pcg64Mcg,
+    /// TenantId on each of the tenant's servers (same order as `Tenant::servers`).
+    ids: Vec<TenantId>,
+    tracker: Option<ServiceTracker>,
+    in_flight: u32,
+    next_seq_offset: u64,
+    active: bool,
+    on: bool,
+    trace_pos: usize,
+    trace_base: Nanos,
+    /// Cumulative routing shares (for `Routing::Shares`).
+    cumulative: Vec<f64>,
+}
+
+/// A simulation in progress. Build with [`Sim::new`], run with [`Sim::run`].
+pub struct Sim<'a> {
+    sc: &'a Scenario,
+    now: Nanos,
+    seq: u64,
+    events: BinaryHeap<Reverse<Event>>,
+    servers: Vec<ServerState>,
+    tenants: Vec<TenantState>,
+    reqs: Vec<Req>,
+    free: Vec<u32>,
+    metrics: Metrics,
+    events_run: u64,
+}
+
+fn seed_for(seed: u64, stream: u64) -> u128 {
+    // splitmix64 of (seed, stream): independent, reproducible streams per entity.
+    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0xD1B5_4A32_D192_ED03);
+    let mut next = || {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = z;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    ((next() as u128) << 64) | next() as u128
+}
+
+/// Error building a simulation.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("scenario {0}: {1}")]
+    Setup(String, String),
+}
+
+impl<'a> Sim<'a> {
+    pub fn new(sc: &'a Scenario) -> Result<Sim<'a>, SimError> {
+        let err = |m: String| SimError::Setup(sc.name.clone(), m);
+        let mut servers = Vec::with_capacity(sc.servers.len());
+        for (i, s) in sc.servers.iter().enumerate() {
+            let config = SchedConfig {
+                cost_model: sc.cost_model,
+                limit_mode: s.limit_mode,
+                batch: s.batch,
+                batch_distance: s.batch_distance,
+                idle_age: None,
+                erase_age: None,
+                limits: Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() },
+            };
+            let sched: Box<dyn Scheduler> = match s.scheduler {
+                // In the simulator a spec's limit is in the scenario's cost units for every scheduler.
+                SchedulerKind::Rbfq => Box::new(rein_core::Rbfq::with_limit_in_cost_units(config)),
+                k => k.build(config),
+            };
+            servers.push(ServerState {
+                sched,
+                tenant_of_slot: Vec::new(),
+                outstanding: 0,
+                device_q: VecDeque::new(),
+                in_service: None,
+                capacity: s.capacity_schedule[0].1,
+                slow: s.capacity_iops / s.capacity_schedule[0].1,
+                rng: Pcg64Mcg::new(seed_for(sc.seed, 1 << 32 | i as u64)),
+                last_offset: 0,
+                wake_at: None,
+                busy_since: None,
+            });
+        }
+        let mut tenants = Vec::with_capacity(sc.tenants.len());
+        for (ti, t) in sc.tenants.iter().enumerate() {
+            let mut ids = Vec::with_capacity(t.servers.len());
+            for (k, &si) in t.servers.iter().enumerate() {
+                let srv = &mut servers[si];
+                let id = srv.sched.add_tenant(t.server_specs[k]).map_err(|e| err(format!("tenant {}: {e}", t.name)))?;
+                if srv.tenant_of_slot.len() <= id.index() {
+                    srv.tenant_of_slot.resize(id.index() + 1, u32::MAX);
+                }
+                srv.tenant_of_slot[id.index()] = ti as u32;
+                ids.push(id);
+            }
+            let distributed = t.servers.iter().any(|&s| sc.servers[s].distributed) && t.servers.len() > 1;
+            let cumulative = match &t.routing {
+                Routing::Shares(v) => {
+                    let total: f64 = v.iter().sum();
+                    let mut acc = 0.0;
+                    v.iter().map(|x| {
+                        acc += x / total;
+                        acc
+                    }).collect()
+                }
+                Routing::Stripe { .. } => Vec::new(),
+            };
+            tenants.push(TenantState {
+                rng: Pcg64Mcg::new(seed_for(sc.seed, ti as u64)),
+                ids,
+                tracker: distributed.then(|| ServiceTracker::new(t.servers.len())),
+                in_flight: 0,
+                next_seq_offset: 0,
+                active: false,
+                on: false,
+                trace_pos: 0,
+                trace_base: Nanos::ZERO,
+                cumulative,
+            });
+        }
+        let metrics = Metrics::new(sc).map_err(err)?;
+        let mut sim = Sim {
+            sc,
+            now: Nanos::ZERO,
+            seq: 0,
+            events: BinaryHeap::new(),
+            servers,
+            tenants,
+            reqs: Vec::new(),
+            free: Vec::new(),
+            metrics,
+            events_run: 0,
+        };
+        for (ti, t) in sc.tenants.iter().enumerate() {
+            sim.schedule(t.workload.start, Kind::Start, ti as u32, 0);
+            if t.workload.stop < sc.duration {
+                sim.schedule(t.workload.stop, Kind::Stop, ti as u32, 0);
+            }
+        }
+        for (si, s) in sc.servers.iter().enumerate() {
+            for (k, &(at, _)) in s.capacity_schedule.iter().enumerate().skip(1) {
+                sim.schedule(at, Kind::Capacity, si as u32, k as u32);
+            }
+        }
+        Ok(sim)
+    }
+
+    #[inline]
+    fn schedule(&mut self, t: Nanos, kind: Kind, a: u32, b: u32) {
+        debug_assert!(t >= self.now, "invariant 3");
+        self.seq += 1;
+        self.events.push(Reverse(Event { t: t.0, seq: self.seq, kind, a, b }));
+    }
+
+    /// Runs to the end; `progress` is called now and then with the simulated time reached.
+    pub fn run(mut self, progress: &mut dyn FnMut(Nanos)) -> RunTotals {
+        let end = self.sc.duration;
+        while let Some(&Reverse(ev)) = self.events.peek() {
+            if ev.t >= end.0 {
+                break;
+            }
+            self.events.pop();
+            self.now = Nanos(ev.t);
+            self.events_run += 1;
+            if self.events_run & 0xFFFF == 0 {
+                progress(self.now);
+            }
+            match ev.kind {
+                Kind::Complete => self.complete(ev.a as usize, ev.b),
+                Kind::Wake => {
+                    let s = ev.a as usize;
+                    if self.servers[s].wake_at == Some(ev.t) {
+                        self.servers[s].wake_at = None;
+                    }
+                    self.try_dispatch(s);
+                }
+                Kind::Deliver => self.deliver(ev.a),
+                Kind::Notify => self.notify(ev.a),
+                Kind::Arrive => self.arrive(ev.a as usize),
+                Kind::Toggle => self.toggle(ev.a as usize),
+                Kind::Think => {
+                    let t = ev.a as usize;
+                    if self.tenants[t].active && self.tenants[t].on {
+                        self.issue(t);
+                    }
+                }
+                Kind::Capacity => {
+                    let s = ev.a as usize;
+                    let iops = self.sc.servers[s].capacity_schedule[ev.b as usize].1;
+                    self.servers[s].capacity = iops;
+                    self.servers[s].slow = self.sc.servers[s].capacity_iops / iops;
+                }
+                Kind::Start => self.start(ev.a as usize),
+                Kind::Stop => {
+                    let t = ev.a as usize;
+                    self.tenants[t].active = false;
+                }
+            }
+        }
+        self.now = end;
+        progress(end);
+        // Close busy periods at the end for utilisation.
+        for (i, s) in self.servers.iter_mut().enumerate() {
+            if let Some(since) = s.busy_since.take() {
+                self.metrics.server_busy(i, since, end);
+            }
+        }
+        let mut totals = self.metrics.finish(self.sc);
+        totals.events = self.events_run;
+        totals.time_regressions = self.servers.iter().map(|s| s.sched.time_regressions()).sum();
+        totals
+    }
+
+    fn start(&mut self, t: usize) {
+        let ts = &mut self.tenants[t];
+        ts.active = true;
+        ts.on = true;
+        ts.trace_base = self.now;
+        let w = &self.sc.tenants[t].workload;
+        match &w.kind {
+            WorkloadKind::OnOff { on, .. } => {
+                let at = self.now.saturating_add(*on);
+                self.schedule(at, Kind::Toggle, t as u32, 0);
+                self.begin_inner(t);
+            }
+            _ => self.begin_inner(t),
+        }
+    }
+
+    /// Starts (or resumes, after an off period) the tenant's request generation.
+    fn begin_inner(&mut self, t: usize) {
+        let w = &self.sc.tenants[t].workload;
+        let kind = match &w.kind {
+            WorkloadKind::OnOff { inner, .. } => inner.as_ref(),
+            k => k,
+        };
+        match kind {
+            WorkloadKind::Closed { outstanding, .. } => {
+                let n = outstanding.saturating_sub(self.tenants[t].in_flight);
+                for _ in 0..n {
+                    self.issue(t);
+                }
+            }
+            WorkloadKind::Open { .. } | WorkloadKind::Burst { .. } => self.schedule(self.now, Kind::Arrive, t as u32, 0),
+            WorkloadKind::Trace { records, .. } => {
+                let first = records[0].t_ns;
+                let at = self.now.saturating_add(Nanos(first));
+                self.schedule(at, Kind::Arrive, t as u32, 0);
+            }
+            WorkloadKind::OnOff { .. } => unreachable!("nested on_off is rejected by validation"),
+        }
+    }
+
+    fn toggle(&mut self, t: usize) {
+        if !self.tenants[t].active {
+            return;
+        }
+        let WorkloadKind::OnOff { on, off, .. } = &self.sc.tenants[t].workload.kind else { return };
+        let (on, off) = (*on, *off);
+        let now_on = !self.tenants[t].on;
+        self.tenants[t].on = now_on;
+        let next = self.now.saturating_add(if now_on { on } else { off });
+        self.schedule(next, Kind::Toggle, t as u32, 0);
+        if now_on {
+            self.begin_inner(t);
+        }
+    }
+
+    fn arrive(&mut self, t: usize) {
+        let ts = &self.tenants[t];
+        if !ts.active || !ts.on {
+            return;
+        }
+        let w = &self.sc.tenants[t].workload;
+        let kind = match &w.kind {
+            WorkloadKind::OnOff { inner, .. } => inner.as_ref(),
+            k => k,
+        };
+        match kind {
+            WorkloadKind::Open { iops } => {
+                let iops = *iops;
+                self.issue(t);
+                let u: f64 = self.tenants[t].rng.gen();
+                let gap = Nanos::from_secs_f64(-(1.0 - u).ln() / iops).max(Nanos(1));
+                self.schedule(self.now.saturating_add(gap), Kind::Arrive, t as u32, 0);
+            }
+            WorkloadKind::Burst { count, period } => {
+                let (count, period) = (*count, *period);
+                for _ in 0..count {
+                    self.issue(t);
+                }
+                self.schedule(self.now.saturating_add(period), Kind::Arrive, t as u32, 0);
+            }
+            WorkloadKind::Trace { records, time_scale, repeat } => {
+                let (records, scale, repeat) = (records.clone(), *time_scale, *repeat);
+                let pos = self.tenants[t].trace_pos;
+                let r = records[pos];
+                self.issue_sized(t, r.size, Some(r.offset));
+                let mut next = pos + 1;
+                if next == records.len() {
+                    if !repeat {
+                        self.tenants[t].trace_pos = next;
+                        return;
+                    }
+                    next = 0;
+                    // The replay restarts one mean gap after the last record.
+                    let span = Nanos::from_secs_f64(records[records.len() - 1].t_ns as f64 * scale / 1e9);
+                    let gap = Nanos(span.0 / records.len().max(1) as u64);
+                    self.tenants[t].trace_base = self.tenants[t].trace_base.saturating_add(span).saturating_add(gap);
+                }
+                self.tenants[t].trace_pos = next;
+                let at = self.tenants[t].trace_base.saturating_add(Nanos::from_secs_f64(records[next].t_ns as f64 * scale / 1e9));
+                self.schedule(at.max(self.now), Kind::Arrive, t as u32, 0);
+            }
+            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => {}
+        }
+    }
+
+    fn issue(&mut self, t: usize) {
+        let size = self.sc.tenants[t].workload.size_bytes;
+        self.issue_sized(t, size, None);
+    }
+
+    /// Generates one request of tenant `t` and sends it to its server.
+    fn issue_sized(&mut self, t: usize, size: u64, offset: Option<u64>) {
+        let tenant = &self.sc.tenants[t];
+        let w = &tenant.workload;
+        let ts = &mut self.tenants[t];
+        let offset = offset.unwrap_or_else(|| {
+            let random = w.random_frac >= 1.0 || (w.random_frac > 0.0 && ts.rng.gen::<f64>() < w.random_frac);
+            let slots = (w.span_bytes / size.max(1)).max(1);
+            let off = if random { ts.rng.gen_range(0..slots) * size } else { ts.next_seq_offset % (slots * size) };
+            ts.next_seq_offset = off + size;
+            off
+        });
+        let k = match &tenant.routing {
+            _ if tenant.servers.len() == 1 => 0,
+            Routing::Stripe { stripe_bytes } => ((offset / stripe_bytes) % tenant.servers.len() as u64) as usize,
+            Routing::Shares(_) => {
+                let u: f64 = ts.rng.gen();
+                ts.cumulative.iter().position(|&c| u < c).unwrap_or(tenant.servers.len() - 1)
+            }
+        };
+        let server = tenant.servers[k];
+        ts.in_flight += 1;
+        let req = Req { tenant: t as u32, server: server as u32, k: k as u32, size, offset, issued: self.now, phase: Phase::Weight, cost: Cost(0) };
+        let id = match self.free.pop() {
+            Some(i) => {
+                self.reqs[i as usize] = req;
+                i
+            }
+            None => {
+                self.reqs.push(req);
+                (self.reqs.len() - 1) as u32
+            }
+        };
+        if self.sc.net_delay > Nanos::ZERO {
+            let at = self.now.saturating_add(self.sc.net_delay);
+            self.schedule(at, Kind::Deliver, id, 0);
+        } else {
+            self.deliver(id);
+        }
+    }
+
+    fn deliver(&mut self, id: u32) {
+        let r = &self.reqs[id as usize];
+        let (t, s, k) = (r.tenant as usize, r.server as usize, r.k as usize);
+        let ts = &mut self.tenants[t];
+        // The gateway's tracker fills delta/rho as the request leaves it; with a network delay, completions
+        // that reach the gateway meanwhile are counted in the next request (the paper's bounded staleness).
+        let (delta, rho) = match &mut ts.tracker {
+            Some(tr) if self.sc.servers[s].distributed => tr.prepare(k).expect("k < servers"),
+            _ => (Cost(0), Cost(0)),
+        };
+        let req = Request { tenant: ts.ids[k], handle: id as u64, size: r.size, offset: r.offset, delta, rho };
+        if self.servers[s].sched.enqueue(self.now, req).is_err() {
+            // A full scheduler queue rejects the request (counted); the client sees it fail at once.
+            self.metrics.rejected(t);
+            self.tenants[t].in_flight -= 1;
+            self.free.push(id);
+            return;
+        }
+        self.try_dispatch(s);
+    }
+
+    fn try_dispatch(&mut self, s: usize) {
+        let depth = self.sc.servers[s].queue_depth;
+        loop {
+            let srv = &mut self.servers[s];
+            if srv.outstanding >= depth {
+                return;
+            }
+            match srv.sched.poll(self.now, srv.outstanding == 0) {
+                Poll::Dispatch(d) => {
+                    let id = d.handle as u32;
+                    let r = &mut self.reqs[id as usize];
+                    r.phase = d.phase;
+                    r.cost = d.cost;
+                    srv.outstanding += 1;
+                    srv.device_q.push_back(id);
+                    if srv.in_service.is_none() {
+                        self.start_service(s);
+                    }
+                }
+                Poll::Wait(t) => {
+                    if srv.wake_at.is_none_or(|w| t.0 < w) {
+                        srv.wake_at = Some(t.0);
+                        self.schedule(t, Kind::Wake, s as u32, 0);
+                    }
+                    return;
+                }
+                Poll::Empty => return,
+            }
+        }
+    }
+
+    fn start_service(&mut self, s: usize) {
+        let spec = &self.sc.servers[s];
+        let srv = &mut self.servers[s];
+        let Some(id) = srv.device_q.pop_front() else { return };
+        let r = &self.reqs[id as usize];
+        let mean_ns = 1e9 / spec.capacity_iops;
+        let base = match spec.service {
+            ServiceModel::Exponential => -(1.0 - srv.rng.gen::<f64>()).ln() * mean_ns,
+            ServiceModel::Uniform { spread } => mean_ns * (1.0 - spread + 2.0 * spread * srv.rng.gen::<f64>()),
+            ServiceModel::Deterministic => mean_ns,
+            ServiceModel::Disk { seek_ns, rotation_ns, transfer_bytes_per_ns, sequential_bytes } => {
+                let dist = r.offset.abs_diff(srv.last_offset);
+                let position = if dist <= sequential_bytes {
+                    0.0
+                } else {
+                    // Seek time grows with the square root of the distance (normalised to 100 GiB), plus a
+                    // uniform rotational delay.
+                    let frac = (dist as f64 / (100u64 << 30) as f64).min(1.0);
+                    seek_ns * (0.3 + 0.7 * frac.sqrt()) * 1.5 + rotation_ns * srv.rng.gen::<f64>()
+                };
+                position + r.size as f64 / transfer_bytes_per_ns
+            }
+        };
+        srv.last_offset = r.offset + r.size;
+        let ns = ((base + r.size as f64 * spec.ns_per_byte) * srv.slow).max(1.0);
+        srv.in_service = Some(id);
+        if srv.busy_since.is_none() {
+            srv.busy_since = Some(self.now);
+        }
+        let at = self.now.saturating_add(Nanos(ns.round() as u64));
+        self.schedule(at, Kind::Complete, s as u32, id);
+    }
+
+    fn complete(&mut self, s: usize, id: u32) {
+        let srv = &mut self.servers[s];
+        debug_assert_eq!(srv.in_service, Some(id));
+        srv.in_service = None;
+        srv.outstanding -= 1;
+        self.metrics.server_completion(s, self.now);
+        if srv.device_q.is_empty() {
+            if let Some(since) = srv.busy_since.take() {
+                self.metrics.server_busy(s, since, self.now);
+            }
+        } else {
+            self.start_service(s);
+        }
+        if self.sc.net_delay > Nanos::ZERO {
+            let at = self.now.saturating_add(self.sc.net_delay);
+            self.schedule(at, Kind::Notify, id, 0);
+        } else {
+            self.notify(id);
+        }
+        self.try_dispatch(s);
+    }
+
+    /// The completion reaches the tenant's gateway/client.
+    fn notify(&mut self, id: u32) {
+        let r = self.reqs[id as usize].clone();
+        self.free.push(id);
+        let t = r.tenant as usize;
+        let ts = &mut self.tenants[t];
+        ts.in_flight -= 1;
+        if let Some(tr) = &mut ts.tracker {
+            tr.complete(r.k as usize, r.phase, r.cost).expect("k < servers");
+        }
+        self.metrics.completion(t, r.server as usize, r.issued, self.now, r.size, r.phase);
+        if !(ts.active && ts.on) {
+            return;
+        }
+        let kind = match &self.sc.tenants[t].workload.kind {
+            WorkloadKind::OnOff { inner, .. } => inner.as_ref(),
+            k => k,
+        };
+        if let WorkloadKind::Closed { think, .. } = kind {
+            if *think > Nanos::ZERO {
+                let at = self.now.saturating_add(*think);
+                self.schedule(at, Kind::Think, t as u32, 0);
+            } else {
+                self.issue(t);
+            }
+        }
+    }
+}

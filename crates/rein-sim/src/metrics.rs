@@ -1,0 +1,327 @@
+//! What a run measures, and the summary and timeseries built from it.
+//!
+//! Per tenant: a latency histogram (HdrHistogram, 3 significant digits, nanoseconds) of requests that
+//! complete after the warm-up, and per timeseries interval: completions, bytes, latency sum and maximum,
+//! and completions by scheduling phase. Per server: completions and busy time. Memory is bounded: the
+//! tenants x intervals product is limited to [`MAX_CELLS`].
+
+use crate::scenario::Scenario;
+use hdrhistogram::Histogram;
+use rein_core::oracle::{allocate, OracleTenant};
+use rein_core::{Nanos, Phase};
+use serde::Serialize;
+
+/// Largest tenants x intervals (timeseries cells) a run may keep.
+pub const MAX_CELLS: usize = 50_000_000;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cell {
+    pub ios: u32,
+    pub bytes: u64,
+    pub lat_sum_ns: u64,
+    pub lat_max_ns: u64,
+    pub phase: [u32; 3],
+}
+
+pub(crate) struct Metrics {
+    interval: u64,
+    warmup: Nanos,
+    cells: Vec<Cell>,
+    intervals: usize,
+    hist: Vec<Histogram<u64>>,
+    rejected: Vec<u64>,
+    server_done: Vec<u64>,
+    server_cells: Vec<u32>,
+    server_busy_ns: Vec<u64>,
+}
+
+impl Metrics {
+    pub(crate) fn new(sc: &Scenario) -> Result<Metrics, String> {
+        let intervals = sc.duration.0.div_ceil(sc.interval.0) as usize;
+        let cells = intervals.checked_mul(sc.tenants.len()).filter(|&c| c <= MAX_CELLS).ok_or_else(|| {
+            format!("{} tenants x {intervals} intervals exceeds {MAX_CELLS} timeseries cells: raise interval_s", sc.tenants.len())
+        })?;
+        Ok(Metrics {
+            interval: sc.interval.0,
+            warmup: sc.warmup,
+            cells: vec![Cell::default(); cells],
+            intervals,
+            hist: (0..sc.tenants.len()).map(|_| Histogram::new(3).expect("3 significant digits is valid")).collect(),
+            rejected: vec![0; sc.tenants.len()],
+            server_done: vec![0; sc.servers.len()],
+            server_cells: vec![0; intervals * sc.servers.len()],
+            server_busy_ns: vec![0; sc.servers.len()],
+        })
+    }
+
+    #[inline]
+    pub(crate) fn completion(&mut self, tenant: usize, _server: usize, issued: Nanos, now: Nanos, bytes: u64, phase: Phase) {
+        let i = ((now.0 / self.interval) as usize).min(self.intervals - 1);
+        let lat = now.0 - issued.0;
+        let c = &mut self.cells[tenant * self.intervals + i];
+        c.ios += 1;
+        c.bytes += bytes;
+        c.lat_sum_ns += lat;
+        c.lat_max_ns = c.lat_max_ns.max(lat);
+        c.phase[phase.index()] += 1;
+        if now >= self.warmup {
+            // Auto-resizing histogram: `record` grows it; it can only fail beyond u64 range.
+            let _ = self.hist[tenant].record(lat.max(1));
+        }
+    }
+
+    pub(crate) fn rejected(&mut self, tenant: usize) {
+        self.rejected[tenant] += 1;
+    }
+
+    #[inline]
+    pub(crate) fn server_completion(&mut self, server: usize, now: Nanos) {
+        if now >= self.warmup {
+            self.server_done[server] += 1;
+        }
+        let i = ((now.0 / self.interval) as usize).min(self.intervals - 1);
+        self.server_cells[server * self.intervals + i] += 1;
+    }
+
+    pub(crate) fn server_busy(&mut self, server: usize, from: Nanos, to: Nanos) {
+        let from = from.max(self.warmup);
+        if to > from {
+            self.server_busy_ns[server] += to.0 - from.0;
+        }
+    }
+
+    pub(crate) fn finish(self, sc: &Scenario) -> RunTotals {
+        let measured = sc.duration.saturating_sub(sc.warmup).as_secs_f64();
+        let first = (sc.warmup.0.div_ceil(self.interval)) as usize;
+        let mut tenants = Vec::with_capacity(sc.tenants.len());
+        for (ti, t) in sc.tenants.iter().enumerate() {
+            let row = &self.cells[ti * self.intervals..(ti + 1) * self.intervals];
+            // Completions after warm-up: whole intervals from the first one starting at or after it, plus
+            // the histogram count (which is exact) for the total.
+            let h = &self.hist[ti];
+            let completed = h.len();
+            let bytes: u64 = row[first.min(row.len())..].iter().map(|c| c.bytes).sum();
+            let mut phase = [0u64; 3];
+            for c in &row[first.min(row.len())..] {
+                for p in 0..3 {
+                    phase[p] += c.phase[p] as u64;
+                }
+            }
+            let ms = |v: u64| v as f64 / 1e6;
+            tenants.push(TenantSummary {
+                name: t.name.clone(),
+                reservation: t.spec.reservation(),
+                limit: t.spec.limit(),
+                weight: t.spec.weight(),
+                completed,
+                iops: completed as f64 / measured,
+                // Bytes are kept per interval: rate over the intervals that start after the warm-up.
+                mb_s: bytes as f64 / 1e6 / (sc.duration.as_secs_f64() - first as f64 * self.interval as f64 / 1e9).max(1e-9),
+                latency_ms: LatencySummary {
+                    mean: if completed > 0 { h.mean() / 1e6 } else { 0.0 },
+                    p50: ms(h.value_at_quantile(0.50)),
+                    p95: ms(h.value_at_quantile(0.95)),
+                    p99: ms(h.value_at_quantile(0.99)),
+                    max: ms(h.max()),
+                },
+                phase: PhaseCounts { reservation: phase[0], weight: phase[1], over_limit: phase[2] },
+                rejected: self.rejected[ti],
+            });
+        }
+        let servers = sc
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(si, s)| ServerSummary {
+                name: s.name.clone(),
+                scheduler: s.scheduler.name().to_string(),
+                distributed: s.distributed,
+                completed: self.server_done[si],
+                iops: self.server_done[si] as f64 / measured,
+                utilisation: self.server_busy_ns[si] as f64 / 1e9 / measured,
+            })
+            .collect();
+        RunTotals {
+            summary: Summary {
+                name: sc.name.clone(),
+                scheduler: sc.scheduler_name.clone(),
+                seed: sc.seed,
+                duration_s: sc.duration.as_secs_f64(),
+                warmup_s: sc.warmup.as_secs_f64(),
+                tenants,
+                servers,
+            },
+            timeseries: Timeseries {
+                interval_s: self.interval as f64 / 1e9,
+                intervals: self.intervals,
+                tenant_names: sc.tenants.iter().map(|t| t.name.clone()).collect(),
+                server_names: sc.servers.iter().map(|s| s.name.clone()).collect(),
+                cells: self.cells,
+                server_cells: self.server_cells,
+                capacity: sc
+                    .servers
+                    .iter()
+                    .map(|s| {
+                        (0..self.intervals)
+                            .map(|i| {
+                                let t = Nanos(i as u64 * self.interval);
+                                s.capacity_schedule.iter().rev().find(|c| c.0 <= t).map_or(s.capacity_iops, |c| c.1)
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            },
+            events: 0,
+            time_regressions: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LatencySummary {
+    pub mean: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PhaseCounts {
+    pub reservation: u64,
+    pub weight: u64,
+    pub over_limit: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TenantSummary {
+    pub name: String,
+    pub reservation: f64,
+    pub limit: Option<f64>,
+    pub weight: f64,
+    /// Completions after the warm-up.
+    pub completed: u64,
+    pub iops: f64,
+    pub mb_s: f64,
+    pub latency_ms: LatencySummary,
+    pub phase: PhaseCounts,
+    /// Requests refused at a full scheduler queue.
+    pub rejected: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ServerSummary {
+    pub name: String,
+    pub scheduler: String,
+    pub distributed: bool,
+    pub completed: u64,
+    pub iops: f64,
+    /// Fraction of the measured time the device was busy.
+    pub utilisation: f64,
+}
+
+/// The summary written as summary.json and printed by `--json`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Summary {
+    pub name: String,
+    pub scheduler: String,
+    pub seed: u64,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub tenants: Vec<TenantSummary>,
+    pub servers: Vec<ServerSummary>,
+}
+
+/// Per-interval measurements (for timeseries.csv, plots and windowed checks).
+#[derive(Clone, Debug)]
+pub struct Timeseries {
+    pub interval_s: f64,
+    pub intervals: usize,
+    pub tenant_names: Vec<String>,
+    pub server_names: Vec<String>,
+    /// `cells[tenant * intervals + i]`.
+    pub cells: Vec<Cell>,
+    /// `server_cells[server * intervals + i]`: completions.
+    pub server_cells: Vec<u32>,
+    /// Configured capacity (IOPS) per server per interval.
+    pub capacity: Vec<Vec<f64>>,
+}
+
+impl Timeseries {
+    pub fn cell(&self, tenant: usize, i: usize) -> &Cell {
+        &self.cells[tenant * self.intervals + i]
+    }
+
+    /// Interval indices fully inside [a, b] seconds.
+    pub fn window(&self, a: f64, b: f64) -> std::ops::Range<usize> {
+        let first = (a / self.interval_s - 1e-9).ceil().max(0.0) as usize;
+        let last = ((b / self.interval_s + 1e-9).floor() as usize).min(self.intervals);
+        first..last.max(first)
+    }
+
+    /// A tenant's IOPS over a window.
+    pub fn iops(&self, tenant: usize, a: f64, b: f64) -> f64 {
+        let w = self.window(a, b);
+        let n = w.len() as f64 * self.interval_s;
+        let ios: u64 = w.map(|i| self.cell(tenant, i).ios as u64).sum();
+        if n > 0.0 {
+            ios as f64 / n
+        } else {
+            0.0
+        }
+    }
+
+    /// The timeseries as CSV: one row per tenant per interval.
+    pub fn to_csv(&self) -> String {
+        let mut s = String::from("t_s,tenant,iops,mb_s,latency_mean_ms,latency_max_ms,reservation_ios,weight_ios,over_limit_ios\n");
+        for i in 0..self.intervals {
+            for (ti, name) in self.tenant_names.iter().enumerate() {
+                let c = self.cell(ti, i);
+                let mean = if c.ios > 0 { c.lat_sum_ns as f64 / c.ios as f64 / 1e6 } else { 0.0 };
+                s.push_str(&format!(
+                    "{:.3},{},{:.3},{:.4},{:.4},{:.4},{},{},{}\n",
+                    i as f64 * self.interval_s,
+                    name,
+                    c.ios as f64 / self.interval_s,
+                    c.bytes as f64 / 1e6 / self.interval_s,
+                    mean,
+                    c.lat_max_ns as f64 / 1e6,
+                    c.phase[0],
+                    c.phase[1],
+                    c.phase[2]
+                ));
+            }
+        }
+        s
+    }
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug)]
+pub struct RunTotals {
+    pub summary: Summary,
+    pub timeseries: Timeseries,
+    pub events: u64,
+    pub time_regressions: u64,
+}
+
+impl RunTotals {
+    /// Completions after warm-up, all tenants.
+    pub fn completions(&self) -> u64 {
+        self.summary.tenants.iter().map(|t| t.completed).sum()
+    }
+
+    /// The fluid oracle's IOPS for each tenant over a window, with T = the measured total throughput of the
+    /// tenants that completed anything in the window (mClock eq. (1)-(2); all tenants treated as backlogged).
+    pub fn oracle_iops(&self, sc: &Scenario, a: f64, b: f64) -> Vec<f64> {
+        let active: Vec<usize> = (0..sc.tenants.len()).filter(|&t| self.timeseries.iops(t, a, b) > 0.0).collect();
+        let total: f64 = active.iter().map(|&t| self.timeseries.iops(t, a, b)).sum();
+        let specs: Vec<OracleTenant> = active.iter().map(|&t| OracleTenant::from(&sc.tenants[t].spec)).collect();
+        let alloc = allocate(&specs, total);
+        let mut out = vec![0.0; sc.tenants.len()];
+        for (k, &t) in active.iter().enumerate() {
+            out[t] = alloc.rates[k];
+        }
+        out
+    }
+}
