@@ -10,6 +10,7 @@
 //! - [`check`]: expectations for `rein sim --check`;
 //! - [`trace`]: block-IO trace readers.
 
+pub mod bench;
 pub mod check;
 pub mod engine;
 pub mod metrics;
