@@ -311,16 +311,33 @@ impl RunTotals {
         self.summary.tenants.iter().map(|t| t.completed).sum()
     }
 
-    /// The fluid oracle's IOPS for each tenant over a window, with T = the measured total throughput of the
-    /// tenants that completed anything in the window (mClock eq. (1)-(2); all tenants treated as backlogged).
+    /// The fluid oracle's IOPS for each tenant over a window: for each interval in it, mClock eq. (1)-(2)
+    /// among the tenants that completed IOs in that interval (taken as backlogged) with T = their measured
+    /// total, averaged over the window. So tenants joining or leaving mid-run are judged against the
+    /// allocation of the intervals they were there.
     pub fn oracle_iops(&self, sc: &Scenario, a: f64, b: f64) -> Vec<f64> {
-        let active: Vec<usize> = (0..sc.tenants.len()).filter(|&t| self.timeseries.iops(t, a, b) > 0.0).collect();
-        let total: f64 = active.iter().map(|&t| self.timeseries.iops(t, a, b)).sum();
-        let specs: Vec<OracleTenant> = active.iter().map(|&t| OracleTenant::from(&sc.tenants[t].spec)).collect();
-        let alloc = allocate(&specs, total);
+        let ts = &self.timeseries;
+        let w = ts.window(a, b);
+        let n = w.len().max(1) as f64;
         let mut out = vec![0.0; sc.tenants.len()];
-        for (k, &t) in active.iter().enumerate() {
-            out[t] = alloc.rates[k];
+        let mut active = Vec::new();
+        let mut specs = Vec::new();
+        for i in w {
+            active.clear();
+            specs.clear();
+            let mut total = 0.0;
+            for t in 0..sc.tenants.len() {
+                let ios = ts.cell(t, i).ios;
+                if ios > 0 {
+                    active.push(t);
+                    specs.push(OracleTenant::from(&sc.tenants[t].spec));
+                    total += ios as f64 / ts.interval_s;
+                }
+            }
+            let alloc = allocate(&specs, total);
+            for (k, &t) in active.iter().enumerate() {
+                out[t] += alloc.rates[k] / n;
+            }
         }
         out
     }

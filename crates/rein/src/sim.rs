@@ -1,0 +1,198 @@
+//! `rein sim`: run a scenario file in the simulator, print a summary, write outputs, check expectations.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use rein_sim::check::{check, CheckResult};
+use rein_sim::{RunTotals, Scenario};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Scenario file (TOML); see docs/scenarios.md and scenarios/.
+    pub scenario: PathBuf,
+    /// Override the scenario's seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run every server on this scheduler instead (mclock, dmclock, rbfq, sfq, fifo, lfq, dtfq).
+    #[arg(long)]
+    pub scheduler: Option<String>,
+    /// Write summary.json, timeseries.csv and plots (PNG and SVG) here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the summary as JSON on stdout (and nothing else there).
+    #[arg(long)]
+    pub json: bool,
+    /// Check the scenario's expectations; exit 1 naming each miss.
+    #[arg(long)]
+    pub check: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Loads the scenario with the command line's overrides applied.
+pub fn load(args: &SimArgs) -> Result<Scenario> {
+    let mut sc = Scenario::load(&args.scenario)?;
+    if let Some(seed) = args.seed {
+        sc.seed = seed;
+    }
+    if let Some(s) = &args.scheduler {
+        let (kind, distributed) = rein_sim::scenario::parse_scheduler(s).map_err(anyhow::Error::msg)?;
+        sc = sc.with_scheduler(kind, distributed);
+        sc.scheduler_name = s.clone();
+    }
+    Ok(sc)
+}
+
+/// Runs a scenario with a progress bar on stderr (when it is a terminal and not quiet).
+pub fn run_with_progress(sc: &Scenario, quiet: bool) -> Result<RunTotals> {
+    let total = sc.duration.0;
+    let bar = if quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(total);
+        b.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:40}] {msg} simulated, {elapsed} elapsed, ETA {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        b.set_prefix(sc.name.clone());
+        b
+    };
+    let mut progress = |t: rein_core::Nanos| {
+        bar.set_position(t.0);
+        bar.set_message(format!("{:.1}/{:.1} s", t.as_secs_f64(), sc.duration.as_secs_f64()));
+    };
+    let r = rein_sim::run(sc, &mut progress).with_context(|| format!("running {}", sc.name))?;
+    bar.finish_and_clear();
+    Ok(r)
+}
+
+/// One-screen text summary.
+pub fn summary_text(sc: &Scenario, r: &RunTotals) -> String {
+    let s = &r.summary;
+    let mut out = format!(
+        "{}: {} s simulated ({} s warm-up excluded), scheduler {}, seed {}\n",
+        s.name, s.duration_s, s.warmup_s, s.scheduler, s.seed
+    );
+    let oracle = r.oracle_iops(sc, s.warmup_s, s.duration_s);
+    out.push_str(&format!(
+        "{:<14} {:>8} {:>8} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6}\n",
+        "tenant", "r", "l", "w", "IOPS", "oracle", "MB/s", "lat ms", "p99 ms", "max ms", "resv%"
+    ));
+    for (i, t) in s.tenants.iter().enumerate().take(40) {
+        let total = (t.phase.reservation + t.phase.weight + t.phase.over_limit).max(1) as f64;
+        out.push_str(&format!(
+            "{:<14} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>5.0}%\n",
+            truncate(&t.name, 14),
+            if t.reservation > 0.0 { format!("{}", t.reservation) } else { "-".into() },
+            t.limit.map_or("-".into(), |l| format!("{l}")),
+            t.weight,
+            t.iops,
+            oracle[i],
+            t.mb_s,
+            t.latency_ms.mean,
+            t.latency_ms.p99,
+            t.latency_ms.max,
+            100.0 * t.phase.reservation as f64 / total
+        ));
+    }
+    if s.tenants.len() > 40 {
+        out.push_str(&format!("... and {} more tenants (see summary.json)\n", s.tenants.len() - 40));
+    }
+    for sv in s.servers.iter().take(16) {
+        out.push_str(&format!(
+            "server {:<10} {:>9.1} IOPS, utilisation {:>5.1}%, {}{}\n",
+            truncate(&sv.name, 10),
+            sv.iops,
+            sv.utilisation * 100.0,
+            sv.scheduler,
+            if sv.distributed { " (distributed)" } else { "" }
+        ));
+    }
+    let rejected: u64 = s.tenants.iter().map(|t| t.rejected).sum();
+    if rejected > 0 {
+        out.push_str(&format!("warning: {rejected} requests were rejected at full scheduler queues\n"));
+    }
+    out
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).collect::<String>() + "~"
+    }
+}
+
+/// Writes summary.json, timeseries.csv and the plots into `dir`.
+pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let summary = serde_json::to_string_pretty(&r.summary)?;
+    std::fs::write(dir.join("summary.json"), summary + "\n").context("writing summary.json")?;
+    std::fs::write(dir.join("timeseries.csv"), r.timeseries.to_csv()).context("writing timeseries.csv")?;
+    if let Some(c) = checks {
+        std::fs::write(dir.join("check.json"), serde_json::to_string_pretty(c)? + "\n").context("writing check.json")?;
+    }
+    let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
+    let rows: Vec<(String, [f64; 3])> = r
+        .summary
+        .tenants
+        .iter()
+        .take(30)
+        .map(|t| {
+            (t.name.clone(), [t.phase.reservation as f64 / measured, t.phase.weight as f64 / measured, t.phase.over_limit as f64 / measured])
+        })
+        .collect();
+    match crate::plot::run_plots(dir, &format!("{} ({})", sc.name, r.summary.scheduler), &r.timeseries, &rows) {
+        Err(e) if e.is::<crate::plot::NoFont>() => {
+            eprintln!("warning: {e}; summary.json and timeseries.csv were written");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Prints check results; returns the number of misses.
+pub fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
+    let mut misses = 0;
+    for c in results {
+        let line = format!("{} {}{}", if c.ok { "ok  " } else { "MISS" }, c.description, c.note.as_ref().map_or(String::new(), |n| format!("  ({n})")));
+        if to_stderr {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+        misses += (!c.ok) as usize;
+    }
+    misses
+}
+
+pub fn run(args: SimArgs) -> Result<()> {
+    let sc = load(&args)?;
+    let r = run_with_progress(&sc, args.quiet || args.json)?;
+    let results = args.check.then(|| check(&sc, &r));
+    if let Some(dir) = &args.out {
+        write_outputs(dir, &sc, &r, results.as_deref())?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r.summary)?);
+    } else {
+        print!("{}", summary_text(&sc, &r));
+        if let Some(dir) = &args.out {
+            println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
+        }
+    }
+    if let Some(results) = results {
+        if results.is_empty() {
+            bail!("{} has no [[expect]] entries: nothing to check", args.scenario.display());
+        }
+        let misses = print_checks(&results, args.json);
+        if misses > 0 {
+            bail!("{misses} of {} expectations missed in {}", results.len(), sc.name);
+        }
+    }
+    Ok(())
+}
