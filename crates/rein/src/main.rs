@@ -1,6 +1,8 @@
 //! `rein`: the command-line face of Rein. Thin: parsing, formatting, files and exit codes; the algorithms
 //! live in rein-core and the simulator in rein-sim.
 
+mod bench;
+mod demo;
 mod plot;
 mod sim;
 
@@ -15,14 +17,21 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Rein's main job on a built-in default: the mClock §2.1 example, capacity halving half-way.
+    Demo(demo::DemoArgs),
     /// Run a scenario in the deterministic simulator.
     Sim(sim::SimArgs),
+    /// Speed measurements.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
+        Cmd::Demo(a) => demo::run(a),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Bench(c) => bench::run(c),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -1,0 +1,260 @@
+//! `rein bench`: speed measurements (never timed tests).
+//!
+//! - `rein bench sched`: steady-state cost of one enqueue plus one dispatch with N backlogged tenants
+//!   (16 queued each; half with reservations of half their fair share; weights 1-4; limits 1.5x the fair
+//!   share), against a plain FIFO queue (`VecDeque`) holding the same number of requests, in the same run.
+//! - `rein bench sim`: simulated completions per wall-clock second for an N-tenant, 8-server mClock
+//!   scenario.
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use rein_core::{Fifo, Mclock, Nanos, Poll, QosSpec, Rbfq, Request, SchedConfig, Scheduler, SchedulerKind, Sfq};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::time::Instant;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// Scheduler cost per request (enqueue + dispatch) vs a plain FIFO queue.
+    Sched(SchedArgs),
+    /// Simulator speed: completions per second.
+    Sim(SimBenchArgs),
+}
+
+fn parse_count(x: &str) -> Result<usize, String> {
+    let v: usize = x.trim().replace('_', "").parse().map_err(|_| format!("{x:?} is not a tenant count"))?;
+    if v == 0 || v > 1_000_000 {
+        return Err(format!("tenant count {v} out of range 1..=1000000"));
+    }
+    Ok(v)
+}
+
+#[derive(Debug, Args)]
+pub struct SchedArgs {
+    /// Comma-separated tenant counts.
+    #[arg(long, default_value = "10,100,1000,10000,100000", value_delimiter = ',', value_parser = parse_count)]
+    pub tenants: Vec<usize>,
+    /// mclock, dmclock, rbfq, sfq or fifo.
+    #[arg(long, default_value = "mclock")]
+    pub scheduler: SchedulerKind,
+    /// Requests timed per repetition (default: enough for about half a second).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Repetitions; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SchedRow {
+    pub scheduler: String,
+    pub tenants: usize,
+    pub ns_per_request: f64,
+    pub fifo_ns_per_request: f64,
+    /// ns_per_request / fifo_ns_per_request.
+    pub ratio: f64,
+    pub requests: u64,
+    /// Fraction of timed dispatches made in the reservation phase (a sanity check of the workload).
+    pub reservation_fraction: f64,
+}
+
+struct Setup<S> {
+    s: S,
+    now_ps: u128,
+    step_ps: u128,
+    handle: u64,
+}
+
+fn setup<S: Scheduler>(mut s: S, n: usize) -> Setup<S> {
+    // Capacity: 1,000 IOPS per tenant; fair share by weight.
+    let capacity = 1000.0 * n as f64;
+    let wsum: f64 = (0..n).map(|i| 1.0 + (i % 4) as f64).sum();
+    let mut handle = 0;
+    let ids: Vec<_> = (0..n)
+        .map(|i| {
+            let w = 1.0 + (i % 4) as f64;
+            let fair = capacity * w / wsum;
+            let r = if i % 2 == 0 { 0.5 * fair } else { 0.0 };
+            s.add_tenant(QosSpec::new(r, Some(1.5 * fair), w, 0).expect("valid bench spec")).expect("within bounds")
+        })
+        .collect();
+    for &id in &ids {
+        for _ in 0..16 {
+            s.enqueue(Nanos(0), Request::new(id, handle)).expect("within bounds");
+            handle += 1;
+        }
+    }
+    Setup { s, now_ps: 0, step_ps: (1e12 / capacity) as u128, handle }
+}
+
+/// One steady-state step: dispatch one request and enqueue a replacement for its tenant. Returns whether
+/// the dispatch was in the reservation phase.
+#[inline(always)]
+fn step<S: Scheduler>(b: &mut Setup<S>) -> bool {
+    let now = Nanos((b.now_ps / 1000) as u64);
+    match b.s.poll(now, true) {
+        Poll::Dispatch(d) => {
+            b.s.enqueue(now, Request::new(d.tenant, b.handle)).expect("queue bound holds");
+            b.handle += 1;
+            b.now_ps += b.step_ps;
+            d.phase == rein_core::Phase::Reservation
+        }
+        Poll::Wait(t) => {
+            b.now_ps = t.0 as u128 * 1000;
+            false
+        }
+        Poll::Empty => unreachable!("tenants stay backlogged"),
+    }
+}
+
+fn time_sched<S: Scheduler>(s: S, n: usize, requests: u64, repeat: usize) -> (f64, f64) {
+    let mut b = setup(s, n);
+    // Warm up: every tenant's queue turns over at least once.
+    for _ in 0..(n as u64 * 32).max(200_000) {
+        step(&mut b);
+    }
+    let mut times = Vec::new();
+    let mut resv = 0u64;
+    let mut done = 0u64;
+    for _ in 0..repeat {
+        let start_q = b.s.queued();
+        let t0 = Instant::now();
+        let mut k = 0;
+        let mut dispatched = 0;
+        while dispatched < requests {
+            let before = b.handle;
+            resv += step(&mut b) as u64;
+            dispatched += b.handle - before;
+            k += 1;
+        }
+        let el = t0.elapsed().as_secs_f64();
+        black_box(k);
+        assert_eq!(b.s.queued(), start_q, "steady state");
+        done += dispatched;
+        times.push(el * 1e9 / dispatched as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], resv as f64 / done.max(1) as f64)
+}
+
+fn time_fifo(n: usize, requests: u64, repeat: usize) -> f64 {
+    let mut q: VecDeque<(u32, u64)> = (0..n * 16).map(|i| ((i % n) as u32, i as u64)).collect();
+    let mut times = Vec::new();
+    let mut h = q.len() as u64;
+    for _ in 0..repeat {
+        let t0 = Instant::now();
+        for _ in 0..requests {
+            let (t, _) = q.pop_front().expect("non-empty");
+            q.push_back((t, h));
+            h += 1;
+            black_box(&q);
+        }
+        times.push(t0.elapsed().as_secs_f64() * 1e9 / requests as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let mut rows = Vec::new();
+    for &n in &args.tenants {
+        let requests = args.requests.unwrap_or(2_000_000).max(1);
+        let c = SchedConfig::default();
+        let (ns, resv) = match args.scheduler {
+            SchedulerKind::Mclock => time_sched(Mclock::new(c), n, requests, args.repeat),
+            SchedulerKind::Dmclock => time_sched(Mclock::dmclock(c), n, requests, args.repeat),
+            SchedulerKind::Rbfq => time_sched(Rbfq::with_limit_in_cost_units(c), n, requests, args.repeat),
+            SchedulerKind::Sfq => time_sched(Sfq::new(c), n, requests, args.repeat),
+            SchedulerKind::Fifo => time_sched(Fifo::new(c), n, requests, args.repeat),
+        };
+        let fifo = time_fifo(n, requests, args.repeat);
+        rows.push(SchedRow {
+            scheduler: args.scheduler.name().to_string(),
+            tenants: n,
+            ns_per_request: ns,
+            fifo_ns_per_request: fifo,
+            ratio: ns / fifo,
+            requests,
+            reservation_fraction: resv,
+        });
+        if !args.json {
+            let r = rows.last().expect("pushed");
+            eprintln!("{:>8} tenants: {:>8.1} ns/request  (FIFO {:>6.1} ns, x{:.1}; {:.0}% reservation phase)", n, r.ns_per_request, r.fifo_ns_per_request, r.ratio, r.reservation_fraction * 100.0);
+        }
+    }
+    Ok(rows)
+}
+
+#[derive(Debug, Args)]
+pub struct SimBenchArgs {
+    /// Comma-separated tenant counts.
+    #[arg(long, default_value = "1000,10000", value_delimiter = ',', value_parser = parse_count)]
+    pub tenants: Vec<usize>,
+    #[arg(long, default_value_t = 8)]
+    pub servers: usize,
+    /// Simulated seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SimRow {
+    pub tenants: usize,
+    pub servers: usize,
+    pub completions: u64,
+    pub events: u64,
+    pub wall_s: f64,
+    pub completions_per_s: f64,
+}
+
+pub fn run(cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Sched(a) => {
+            let rows = sched_rows(&a)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("| tenants | {} ns/request | FIFO ns/request | ratio |", a.scheduler);
+                println!("|---:|---:|---:|---:|");
+                for r in &rows {
+                    println!("| {} | {:.1} | {:.1} | {:.1} |", r.tenants, r.ns_per_request, r.fifo_ns_per_request, r.ratio);
+                }
+            }
+        }
+        BenchCmd::Sim(a) => {
+            if !(a.seconds > 0.0 && a.seconds <= 3600.0) || a.servers == 0 || a.servers > 1024 {
+                bail!("--seconds must be in (0, 3600] and --servers in 1..=1024");
+            }
+            let mut rows = Vec::new();
+            for &n in &a.tenants {
+                let sc = rein_sim::bench::scenario(n, a.servers, a.seconds, "mclock");
+                let t0 = Instant::now();
+                let r = rein_sim::run(&sc, &mut |_| {})?;
+                let el = t0.elapsed().as_secs_f64();
+                let row = SimRow { tenants: n, servers: a.servers, completions: r.completions(), events: r.events, wall_s: el, completions_per_s: r.completions() as f64 / el };
+                if !a.json {
+                    eprintln!("{n} tenants x {} servers: {} completions in {:.2} s", a.servers, row.completions, el);
+                }
+                rows.push(row);
+            }
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("| tenants | servers | completions/s (millions) |");
+                println!("|---:|---:|---:|");
+                for r in &rows {
+                    println!("| {} | {} | {:.2} |", r.tenants, r.servers, r.completions_per_s / 1e6);
+                }
+            }
+        }
+    }
+    Ok(())
+}

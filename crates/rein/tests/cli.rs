@@ -1,0 +1,100 @@
+//! The `rein` binary, driven as a user would.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn rein(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rein")).args(args).output().expect("runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn scenario(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name).display().to_string()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rein-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn demo_meets_the_paper_and_writes_plots() {
+    let out = tmp("demo");
+    let (ok, stdout, stderr) = rein(&["demo", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("reservations held: yes; limit held: yes"), "{stdout}");
+    for f in ["summary.json", "timeseries.csv", "check.json", "iops.png", "iops.svg", "latency.png", "phases.svg"] {
+        assert!(out.join(f).exists(), "missing {f}");
+    }
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["tenants"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn demo_with_fifo_shows_the_violation() {
+    let out = tmp("demo-fifo");
+    let (ok, stdout, _) = rein(&["demo", "--scheduler", "fifo", "--out", out.to_str().unwrap()]);
+    assert!(ok, "demo runs with fifo for comparison");
+    assert!(stdout.contains("reservations held: NO") || stdout.contains("limit held: NO"), "{stdout}");
+    assert!(stdout.contains("MISS"));
+}
+
+#[test]
+fn sim_json_and_check() {
+    let (ok, stdout, stderr) = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--check"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is only JSON");
+    let t = v["tenants"].as_array().unwrap();
+    assert_eq!(t[1]["name"], "vm2");
+    for k in ["completed", "iops", "mb_s", "latency_ms", "phase"] {
+        assert!(t[0].get(k).is_some(), "missing {k}");
+    }
+    assert!(stderr.contains("ok   tenant vm2"), "{stderr}");
+}
+
+#[test]
+fn sim_check_names_each_miss_and_fails() {
+    // Fig. 5 under SFQ: the limits are not enforced, so VM2 and VM3 miss.
+    let (ok, stdout, stderr) = rein(&["sim", &scenario("mclock-fig5.toml"), "--scheduler", "sfq", "--check", "-q"]);
+    assert!(!ok);
+    assert!(stdout.contains("MISS tenant vm2") && stdout.contains("MISS tenant vm3"), "{stdout}");
+    assert!(stderr.contains("expectations missed"), "{stderr}");
+}
+
+#[test]
+fn sim_seed_changes_output_and_same_seed_does_not() {
+    let a = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--seed", "5"]).1;
+    let b = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--seed", "5"]).1;
+    let c = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--seed", "6"]).1;
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn bench_sched_json_has_required_fields() {
+    let (ok, stdout, stderr) = rein(&["bench", "sched", "--tenants", "10,100", "--requests", "20000", "--repeat", "1", "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        for k in ["tenants", "ns_per_request", "fifo_ns_per_request", "ratio"] {
+            assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {r}");
+        }
+        // Half the tenants reserve half their fair share: about a quarter of dispatches are reservation phase.
+        let f = r["reservation_fraction"].as_f64().unwrap();
+        assert!(f > 0.1 && f < 0.5, "reservation fraction {f}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let (ok, _, e) = rein(&["bench", "sched", "--tenants", "abc"]);
+    assert!(!ok && e.contains("\"abc\" is not a tenant count"), "{e}");
+    let (ok, _, e) = rein(&["bench", "sched", "--scheduler", "nope"]);
+    assert!(!ok && e.contains("unknown scheduler"), "{e}");
+    let (ok, _, e) = rein(&["sim", "/nonexistent/x.toml"]);
+    assert!(!ok && e.contains("cannot read scenario /nonexistent/x.toml"), "{e}");
+    let (ok, _, e) = rein(&["demo", "--scheduler", "wfq"]);
+    assert!(!ok && e.contains("unknown scheduler"), "{e}");
+}
