@@ -2,8 +2,21 @@
 # Runs Rein's whole test suite on a fresh machine: installs what it needs, then builds and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+need_apt=()
+# Plots need a TrueType font (Debian: fonts-dejavu-core).
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "please install: ${need_apt[*]}" >&2
+  fi
+fi
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "cargo is required (install Rust with rustup)" >&2
+  echo "cargo is required: install Rust with rustup (https://rustup.rs)" >&2
   exit 1
 fi
 cargo build --workspace --all-targets --locked
