@@ -58,9 +58,12 @@ fn check(kind: SchedulerKind, c: &Case, halve: bool) -> Result<(), TestCaseError
         }
         // Per capacity step: min(r*T_h, oracle_h) where reservations are feasible (sum r <= C_h); where
         // they are not, the oracle shares C_h in proportion to r and discrete service may trail it by one
-        // more IO. Then one IO of slack over the run, as the issue states.
+        // more IO. Then one IO of slack over the run, as the issue states, plus r/C: the tags that fall due
+        // while the device serves its last, non-preemptible IO (1/C s) cannot be served before the end.
+        // (Shrunk counterexample to the bare -1: C = 500, r = 396: two tags due in the last 2.8 ms.)
         let sum_r: f64 = c.specs.iter().map(|s| s.reservation()).sum();
-        let mut floor = -1.0;
+        let c_min = schedule.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
+        let mut floor = -1.0 - sp.reservation() / c_min;
         for (k, &(start, cap)) in schedule.iter().enumerate() {
             let end = schedule.get(k + 1).map_or(duration, |n| n.0);
             let th = end.saturating_sub(start).as_secs_f64();

@@ -140,9 +140,8 @@ impl<'a> Sim<'a> {
                 limit_mode: s.limit_mode,
                 batch: s.batch,
                 batch_distance: s.batch_distance,
-                idle_age: None,
-                erase_age: None,
                 limits: Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() },
+                ..SchedConfig::default()
             };
             let sched: Box<dyn Scheduler> = match s.scheduler {
                 // In the simulator a spec's limit is in the scenario's cost units for every scheduler.

@@ -43,10 +43,11 @@
 //!   to wall time, which keeps weights exact when P tags run behind wall time (large weights).
 //! - With [`LimitMode::BreakWhenIdle`] the over-limit tenant served is the one with the earliest L tag.
 //!
-//! # Known property (not a bug): reservation lead
-//! A tenant held at its reservation (r_i above its weight share) advances its P tags faster than the others,
-//! exactly as in the paper. If capacity later rises so that its weight share exceeds r_i, it gets only r_i
-//! until the others' P tags catch up. `SchedConfig::idle_age` resets the lead of a tenant that goes idle.
+//! - Reservation lead is bounded: a tenant held at its reservation (r_i above its weight share) advances
+//!   its P tags faster than the others; in the paper without bound, so that when capacity later rises it
+//!   gets only r_i until the others' P tags catch up (minutes, after a long clamped period). We cap the
+//!   lead at [`SchedConfig::weight_lead_ios`] IOs (default 16; `None` restores the paper's behaviour).
+//!   See the engine's invariant 8 for why steady-state allocations are unchanged.
 
 use super::engine::{delegate_scheduler, Engine, Flavor};
 use super::{SchedConfig, SchedError, SchedulerKind, TenantId};

@@ -171,6 +171,12 @@ impl Default for Limits {
     }
 }
 
+/// Default limit burst ([`SchedConfig::limit_burst_ios`]).
+pub const DEFAULT_LIMIT_BURST_IOS: u32 = 8;
+
+/// Default bound on a tenant's reservation lead ([`SchedConfig::weight_lead_ios`]).
+pub const DEFAULT_WEIGHT_LEAD_IOS: u32 = 16;
+
 /// Configuration shared by the schedulers (each uses the parts that apply to it).
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct SchedConfig {
@@ -184,6 +190,15 @@ pub struct SchedConfig {
     /// `maintain` forgets the tag history of tenants idle at least this long (they return as new tenants:
     /// no lead or lag carried over). `None`: never.
     pub idle_age: Option<Nanos>,
+    /// How far (in IOs of its own cost) a tenant's P tag may run ahead of virtual time through
+    /// reservation-phase service. Bounds the "reservation lead" (see `mclock`): a tenant held at its
+    /// reservation cannot bank more than this many IOs of weight-phase debt, so when capacity rises it gets
+    /// its weight share within about this many of its IOs. `None`: unbounded, exactly as in the paper.
+    pub weight_lead_ios: Option<u32>,
+    /// Limit burst: how many IOs of unused limit a backlogged tenant may carry (a token bucket's depth). In
+    /// any window W a tenant gets at most l*W + limit_burst_ios + 1 IOs' cost. 0 is the strictest, but then
+    /// every late dispatch (the device asked for work after the L tag fell due) costs limit capacity.
+    pub limit_burst_ios: u32,
     /// `maintain` removes tenants idle at least this long. `None`: never.
     pub erase_age: Option<Nanos>,
     pub limits: Limits,
@@ -197,6 +212,8 @@ impl Default for SchedConfig {
             batch: 1,
             batch_distance: 4 << 20,
             idle_age: None,
+            weight_lead_ios: Some(DEFAULT_WEIGHT_LEAD_IOS),
+            limit_burst_ios: DEFAULT_LIMIT_BURST_IOS,
             erase_age: None,
             limits: Limits::default(),
         }

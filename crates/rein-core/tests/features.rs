@@ -1,0 +1,142 @@
+//! Scheduler features: locality batching, limit behaviour, RBFQ's upper bound in bytes, IO-size cost.
+use rein_core::{CostModel, LimitMode, Mclock, Nanos, Phase, Poll, QosSpec, Rbfq, Request, SchedConfig, Scheduler};
+
+fn drain_order(s: &mut dyn Scheduler, now: Nanos, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| match s.poll(now, true) {
+            Poll::Dispatch(d) => d.handle,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn locality_batching_serves_nearby_requests_together() {
+    // Two equal tenants. Without batching they alternate; with batch = 4 and 1 MiB distance, tenant A's
+    // nearby requests go four at a time, and a far request ends the batch.
+    let setup = |batch: u32| {
+        let mut s = Mclock::new(SchedConfig { batch, batch_distance: 1 << 20, ..Default::default() });
+        let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+        let b = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+        for i in 0..8u64 {
+            // A: offsets 0, 4K, 8K, ... except request 2 which is 1 GiB away.
+            let off = if i == 2 { 1 << 30 } else { i * 4096 };
+            s.enqueue(Nanos(0), Request::new(a, i).offset(off)).unwrap();
+            s.enqueue(Nanos(0), Request::new(b, 100 + i).offset(i * 4096)).unwrap();
+        }
+        s
+    };
+    let mut plain = setup(1);
+    assert_eq!(drain_order(&mut plain, Nanos(0), 6), vec![0, 100, 1, 101, 2, 102]);
+    let mut batched = setup(4);
+    // A0 leads, A1 is near: batch continues; A2 is far: batch ends, B takes its turn (and batches).
+    assert_eq!(drain_order(&mut batched, Nanos(0), 8), vec![0, 1, 100, 101, 102, 103, 2, 3]);
+}
+
+#[test]
+fn batching_never_breaks_a_limit() {
+    let mut s = Mclock::new(SchedConfig { batch: 8, ..Default::default() });
+    let a = s.add_tenant(QosSpec::new(0.0, Some(10.0), 1.0, 0).unwrap()).unwrap();
+    for i in 0..8 {
+        s.enqueue(Nanos(0), Request::new(a, i).offset(i * 512)).unwrap();
+    }
+    assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(_)));
+    assert!(matches!(s.poll(Nanos(0), true), Poll::Wait(t) if t == Nanos::from_millis(100)));
+}
+
+#[test]
+fn limit_mode_break_when_idle_serves_only_an_idle_device() {
+    let spec = QosSpec::new(0.0, Some(10.0), 1.0, 0).unwrap();
+    let mut strict = Mclock::new(SchedConfig::default());
+    let mut lenient = Mclock::new(SchedConfig { limit_mode: LimitMode::BreakWhenIdle, ..Default::default() });
+    for s in [&mut strict as &mut dyn Scheduler, &mut lenient] {
+        let a = s.add_tenant(spec).unwrap();
+        for i in 0..3 {
+            s.enqueue(Nanos(0), Request::new(a, i)).unwrap();
+        }
+        assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(_)));
+    }
+    assert!(matches!(strict.poll(Nanos(1), true), Poll::Wait(_)), "strict waits even when idle");
+    assert!(matches!(lenient.poll(Nanos(1), false), Poll::Wait(_)), "busy device: limits hold");
+    match lenient.poll(Nanos(1), true) {
+        Poll::Dispatch(d) => assert_eq!(d.phase, Phase::OverLimit),
+        other => panic!("idle device should get the over-limit request: {other:?}"),
+    }
+}
+
+#[test]
+fn rbfq_upper_bound_is_in_bytes_per_second() {
+    // §3.4: B = 1 MB/s. 64 KiB requests: at most ~15 per second.
+    let mut s = Rbfq::new(SchedConfig::default());
+    let a = s.add_tenant(QosSpec::new(0.0, Some(1e6), 1.0, 0).unwrap()).unwrap();
+    let mut now = Nanos(0);
+    let mut served_bytes = 0u64;
+    for i in 0..200 {
+        s.enqueue(Nanos(0), Request::new(a, i).size(65536)).unwrap();
+    }
+    while now < Nanos::from_secs(10) {
+        match s.poll(now, true) {
+            Poll::Dispatch(_) => served_bytes += 65536,
+            Poll::Wait(t) => now = t,
+            Poll::Empty => break,
+        }
+    }
+    let rate = served_bytes as f64 / 10.0;
+    assert!(rate <= 1e6 + 65536.0 / 10.0 && rate > 0.9e6, "{rate} B/s");
+}
+
+#[test]
+fn io_size_cost_makes_big_requests_count_more() {
+    // Two equal-weight tenants, one with 4 KB requests, one with 300 KB: with the paper's cost model
+    // (knee 300 KB) a 300 KB request costs ~2 IOs, so the small-IO tenant gets about twice the requests.
+    let mut s = Mclock::new(SchedConfig { cost_model: CostModel::paper_disk(), ..Default::default() });
+    let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+    let b = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+    let (mut na, mut nb) = (0u64, 0u64);
+    let mut h = 0;
+    for _ in 0..16 {
+        s.enqueue(Nanos(0), Request::new(a, h).size(4_000)).unwrap();
+        s.enqueue(Nanos(0), Request::new(b, h + 1).size(300_000)).unwrap();
+        h += 2;
+    }
+    for _ in 0..30_000 {
+        let Poll::Dispatch(d) = s.poll(Nanos(0), true) else { panic!() };
+        if d.tenant == a {
+            na += 1;
+            s.enqueue(Nanos(0), Request::new(a, h).size(4_000)).unwrap();
+        } else {
+            nb += 1;
+            s.enqueue(Nanos(0), Request::new(b, h).size(300_000)).unwrap();
+        }
+        h += 1;
+    }
+    let ratio = na as f64 / nb as f64;
+    let want = 2.0 / (1.0 + 4.0 / 300.0);
+    assert!((ratio - want).abs() < 0.02, "ratio {ratio}, want {want}");
+}
+
+/// mClock §2.1 with the capacity doubling from 1,200 to 2,400 IOPS after a minute: in the first second
+/// after the rise RD must already get its new weight share (467 of 2,400; DM is at its 1,000 limit), not
+/// stay at its 250 reservation while OLTP catches up (the unbounded reservation lead of the paper).
+#[test]
+fn capacity_rise_gives_the_reservation_clamped_tenant_its_share_at_once() {
+    use rein_core::vtime::run_backlogged;
+    let specs = [
+        QosSpec::new(250.0, None, 1.0, 0).unwrap(),
+        QosSpec::new(250.0, None, 2.0, 0).unwrap(),
+        QosSpec::new(0.0, Some(1000.0), 3.0, 0).unwrap(),
+    ];
+    let schedule = [(Nanos(0), 1200.0), (Nanos::from_secs(60), 2400.0), (Nanos::from_secs(61), 2400.0)];
+    let first_second = |config: SchedConfig| {
+        let mut s = Mclock::new(config);
+        let ids: Vec<_> = specs.iter().map(|sp| s.add_tenant(*sp).unwrap()).collect();
+        let run = run_backlogged(&mut s, &ids, &schedule, Nanos::from_secs(62), 16).unwrap();
+        (0..3).map(|i| run.served_at_change[1][i] - run.served_at_change[0][i]).collect::<Vec<u64>>()
+    };
+    let bounded = first_second(SchedConfig::default());
+    assert!(bounded[0].abs_diff(467) <= 15, "RD in the first second after the rise: {bounded:?}");
+    // DM: its limit in every window, to within the limit burst (8) + 1.
+    assert!(bounded[1].abs_diff(933) <= 15 && bounded[2] <= 1000 + 9 && bounded[2] >= 995, "{bounded:?}");
+    let paper = first_second(SchedConfig { weight_lead_ios: None, ..Default::default() });
+    assert!(paper[0] <= 260, "the paper's unbounded lead keeps RD at its reservation: {paper:?}");
+}
