@@ -20,4 +20,13 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 cargo build --workspace --all-targets --locked
-cargo test --workspace --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --locked 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary (cargo prints one "test result" line per binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
+     END { printf "Summary: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"
