@@ -302,8 +302,9 @@ impl fmt::Display for SchedulerKind {
     }
 }
 
-/// The one interface every scheduler implements (object safe: `Box<dyn Scheduler>` works).
-pub trait Scheduler {
+/// The one interface every scheduler implements (object safe: `Box<dyn Scheduler>` works; `Send`, since
+/// schedulers are plain data and runtimes move them between threads).
+pub trait Scheduler: Send {
     fn kind(&self) -> SchedulerKind;
     /// Adds a tenant; returns its id.
     fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError>;
