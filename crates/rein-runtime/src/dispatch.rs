@@ -73,8 +73,9 @@ impl Op {
     }
 }
 
-#[derive(Debug)]
 pub struct IoRequest {
+    /// The export's storage (several exports may share one dispatcher, i.e. one device).
+    pub storage: Arc<dyn Storage>,
     pub tenant: TenantId,
     pub offset: u64,
     pub op: Op,
@@ -183,7 +184,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Starts the dispatcher task on the current tokio runtime. It ends (after draining) when every handle
     /// is dropped; the returned join handle resolves then.
-    pub fn spawn(storage: Arc<dyn Storage>, device: Option<Arc<DeviceModel>>, config: DispatchConfig) -> (Dispatcher, tokio::task::JoinHandle<()>) {
+    pub fn spawn(device: Option<Arc<DeviceModel>>, config: DispatchConfig) -> (Dispatcher, tokio::task::JoinHandle<()>) {
         assert!(config.depth > 0, "depth must be positive");
         let (tx, rx) = mpsc::channel(config.channel.max(1));
         let sched = match config.scheduler {
@@ -192,7 +193,6 @@ impl Dispatcher {
         };
         let task = Task {
             sched,
-            storage,
             device: device.clone(),
             depth: config.depth,
             clock: Clock::new(),
@@ -249,7 +249,6 @@ struct Pending {
 
 struct Task {
     sched: Box<dyn Scheduler>,
-    storage: Arc<dyn Storage>,
     device: Option<Arc<DeviceModel>>,
     depth: usize,
     clock: Clock,
@@ -365,14 +364,13 @@ impl Task {
     }
 
     fn start(&self, p: Pending, phase: Phase, now: Nanos, done: mpsc::UnboundedSender<Done>) {
-        let storage = self.storage.clone();
         let deadline = self.device.as_ref().map(|d| self.clock.instant(d.admit(now, p.req.op.len())));
         let clock = self.clock;
         let slot = p.req.tenant.index();
         tokio::spawn(async move {
             let Pending { req, reply, arrived } = p;
             let bytes = req.op.len();
-            let res = tokio::task::spawn_blocking(move || execute(&*storage, req))
+            let res = tokio::task::spawn_blocking(move || execute(req))
                 .await
                 .unwrap_or_else(|e| Err(IoError::Storage(StorageError::Io { op: "task", source: std::io::Error::other(e.to_string()) })));
             if let Some(dl) = deadline {
@@ -403,8 +401,8 @@ impl Task {
     }
 }
 
-fn execute(storage: &dyn Storage, req: IoRequest) -> IoResult {
-    let IoRequest { offset, op, fua, .. } = req;
+fn execute(req: IoRequest) -> IoResult {
+    let IoRequest { storage, offset, op, fua, .. } = req;
     match op {
         Op::Read { len } => {
             let mut buf = vec![0u8; len as usize];

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 /// Three closed-loop tenants (32 outstanding each) for `secs` virtual seconds; returns IOPS per tenant.
 async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -> Vec<f64> {
-    let storage = Arc::new(MemStorage::new(1 << 30));
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
     let device = Arc::new(DeviceModel::new(capacity, ServiceDist::Exponential, None, 3).unwrap());
-    let (d, join) = Dispatcher::spawn(storage, Some(device), DispatchConfig { scheduler: kind, ..Default::default() });
+    let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, ..Default::default() });
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     let warm = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -18,11 +18,11 @@ async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -
     for (i, spec) in specs.iter().enumerate() {
         let id = d.add_tenant(*spec).await.unwrap();
         for k in 0..32u64 {
-            let (d, c) = (d.clone(), counts[i].clone());
+            let (d, c, st) = (d.clone(), counts[i].clone(), storage.clone());
             tasks.push(tokio::spawn(async move {
                 let mut off = k * 4096;
                 while tokio::time::Instant::now() < deadline {
-                    let r = d.io(IoRequest { tenant: id, offset: off % (1 << 30), op: Op::Read { len: 4096 }, fua: false }).await;
+                    let r = d.io(IoRequest { storage: st.clone(), tenant: id, offset: off % (1 << 30), op: Op::Read { len: 4096 }, fua: false }).await;
                     assert!(r.is_ok());
                     if tokio::time::Instant::now() > warm && tokio::time::Instant::now() <= deadline {
                         c.fetch_add(1, Ordering::Relaxed);
@@ -72,24 +72,24 @@ async fn fifo_over_the_same_device_misses_the_reservation() {
 
 #[tokio::test(start_paused = true)]
 async fn data_round_trips_and_errors_are_answered() {
-    let storage = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(storage, None, DispatchConfig::default());
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
+    let (d, join) = Dispatcher::spawn(None, DispatchConfig::default());
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
-    d.io(IoRequest { tenant: id, offset: 4096, op: Op::Write { data: data.clone() }, fua: true }).await.unwrap();
-    let back = d.io(IoRequest { tenant: id, offset: 4096, op: Op::Read { len: 8192 }, fua: false }).await.unwrap();
+    d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::Write { data: data.clone() }, fua: true }).await.unwrap();
+    let back = d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::Read { len: 8192 }, fua: false }).await.unwrap();
     assert_eq!(back, data);
-    let e = d.io(IoRequest { tenant: id, offset: 1 << 20, op: Op::Read { len: 1 }, fua: false }).await.unwrap_err();
+    let e = d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 1 << 20, op: Op::Read { len: 1 }, fua: false }).await.unwrap_err();
     assert_eq!(e.errno(), 22, "out of range is EINVAL: {e}");
     // The tenant still works after the error.
-    d.io(IoRequest { tenant: id, offset: 0, op: Op::Flush, fua: false }).await.unwrap();
+    d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 0, op: Op::Flush, fua: false }).await.unwrap();
     // A tenant id this dispatcher never issued (slot 1 of another dispatcher) is refused with EINVAL.
-    let (other, j2) = Dispatcher::spawn(Arc::new(MemStorage::new(1 << 20)), None, DispatchConfig::default());
+    let (other, j2) = Dispatcher::spawn(None, DispatchConfig::default());
     let _ = other.add_tenant(QosSpec::default()).await.unwrap();
     let foreign = other.add_tenant(QosSpec::default()).await.unwrap();
     drop(other);
     j2.await.unwrap();
-    let e = d.io(IoRequest { tenant: foreign, offset: 0, op: Op::Read { len: 1 }, fua: false }).await.unwrap_err();
+    let e = d.io(IoRequest { storage: storage.clone(), tenant: foreign, offset: 0, op: Op::Read { len: 1 }, fua: false }).await.unwrap_err();
     assert!(matches!(e, IoError::Refused(_)) && e.errno() == 22, "{e}");
     let snap = d.snapshot().await.unwrap();
     assert_eq!(snap.tenants.len(), 1);
