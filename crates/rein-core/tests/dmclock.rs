@@ -114,3 +114,16 @@ fn rho_counts_reservation_service_elsewhere() {
     assert!((resv_rate - 1000.0).abs() <= 30.0, "reservation-phase rate {resv_rate}");
     assert!((total as f64 / secs - 4000.0 / 3.0).abs() <= 20.0, "total {}", total as f64 / secs);
 }
+
+/// Regression (found by the RBFQ Fig. 13 DT-FQ reproduction): a dispatch reports the request's own cost,
+/// not cost + delta, for every scheduler, or a tracker fed with it compounds delta geometrically.
+#[test]
+fn dispatch_cost_excludes_delta() {
+    for kind in rein_core::SchedulerKind::ALL {
+        let mut s = kind.build(SchedConfig::default());
+        let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+        s.enqueue(Nanos(0), Request::new(a, 1).distributed(rein_core::Cost::units(7), rein_core::Cost::units(3))).unwrap();
+        let Poll::Dispatch(d) = s.poll(Nanos(0), true) else { panic!() };
+        assert_eq!(d.cost, rein_core::Cost::ONE, "{kind}");
+    }
+}

@@ -4,6 +4,8 @@
 //! device for repeatable experiments ([`devmodel`]), and the QoS dispatcher ([`dispatch`]) that drives a
 //! rein-core scheduler on a monotonic clock. The NBD server and the admin endpoint build on these.
 
+pub mod admin;
+pub mod config;
 pub mod devmodel;
 pub mod dispatch;
 pub mod storage;

@@ -24,7 +24,8 @@ use std::collections::VecDeque;
 struct Tenant {
     spec: QosSpec,
     step: u128,
-    queue: VecDeque<(u64, Cost)>,
+    /// (handle, own cost, tag cost = own cost + delta).
+    queue: VecDeque<(u64, Cost, Cost)>,
     finish: Tag,
     start: Tag,
     stats: TenantStats,
@@ -84,13 +85,16 @@ impl Scheduler for Sfq {
             return Err(SchedError::QueueFull { max: self.config.limits.max_queued });
         }
         let max_t = self.config.limits.max_queued_per_tenant;
-        let cost = self.config.cost_model.cost(req.size).saturating_add(req.delta);
+        let cost = self.config.cost_model.cost(req.size);
+        // DT-FQ: the tags also count service received elsewhere (delta); the dispatch reports only the
+        // request's own cost, which is what the tracker must count.
+        let tag_cost = cost.saturating_add(req.delta);
         let v = self.v;
         let t = self.tenants.get_mut(req.tenant)?;
         if t.queue.len() >= max_t {
             return Err(SchedError::TenantQueueFull { tenant: req.tenant, max: max_t });
         }
-        t.queue.push_back((req.handle, cost));
+        t.queue.push_back((req.handle, cost, tag_cost));
         t.stats.enqueued += 1;
         self.queued += 1;
         if t.queue.len() == 1 {
@@ -105,8 +109,8 @@ impl Scheduler for Sfq {
         let Some((start, slot)) = self.heap.peek() else { return Poll::Empty };
         self.v = self.v.max(start);
         let t = self.tenants.at_mut(slot);
-        let (handle, cost) = t.queue.pop_front().expect("heap holds backlogged tenants");
-        t.finish = t.start.add(cost.times_step(t.step));
+        let (handle, cost, tag_cost) = t.queue.pop_front().expect("heap holds backlogged tenants");
+        t.finish = t.start.add(tag_cost.times_step(t.step));
         t.stats.dispatched[Phase::Weight.index()] += 1;
         t.stats.cost[Phase::Weight.index()] += cost.0 as u128;
         self.queued -= 1;

@@ -1,0 +1,250 @@
+//! The admin HTTP endpoint (default 127.0.0.1:9180).
+//!
+//! - `GET /metrics`: Prometheus text format. Per tenant: completions by phase, bytes, errors, a latency
+//!   histogram, queued requests, and the spec; per backend: outstanding IOs, queue depth, modelled capacity.
+//! - `GET /api/tenants`: the tenants as JSON (spec and counters).
+//! - `PUT /api/tenants/{name}`: change a tenant's spec at run time. The body is
+//!   `{"reservation": 250, "limit": 1000, "weight": 2, "idle_credit": 0}` (omitted fields keep their value;
+//!   `"limit": null` removes the limit). Invalid values get 400 with the reason; reservations above the
+//!   reservable capacity get 409 (admission = refuse) or are applied with a warning (admission = warn).
+//! - `PUT /api/capacity`: `{"iops": 600}` changes the modelled device's capacity (404 without a model).
+
+use crate::config::Admission;
+use crate::dispatch::{Dispatcher, LATENCY_BUCKETS_S};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use rein_core::{Phase, QosSpec, TenantId};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+use std::sync::Arc;
+
+/// What the admin endpoint needs to know.
+#[derive(Clone)]
+pub struct AdminState {
+    pub dispatcher: Dispatcher,
+    /// Tenant names and ids, in configuration order.
+    pub tenants: Arc<Vec<(String, TenantId)>>,
+    pub admission: Admission,
+    pub capacity_iops: Option<f64>,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/tenants", get(list))
+        .route("/api/tenants/{name}", put(update).get(one))
+        .route("/api/capacity", put(capacity))
+        .with_state(state)
+}
+
+fn err(code: StatusCode, msg: impl Into<String>) -> Response {
+    (code, Json(serde_json::json!({ "error": msg.into() }))).into_response()
+}
+
+#[derive(Serialize)]
+struct TenantJson {
+    name: String,
+    reservation: f64,
+    limit: Option<f64>,
+    weight: f64,
+    idle_credit: u32,
+    completed: u64,
+    completed_reservation_phase: u64,
+    completed_weight_phase: u64,
+    bytes: u64,
+    errors: u64,
+    queued: usize,
+    latency_mean_ms: f64,
+}
+
+async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
+    let snap = s.dispatcher.snapshot().await.map_err(|e| err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let mut out = Vec::new();
+    for (name, id) in s.tenants.iter() {
+        let Some(t) = snap.tenants.iter().find(|t| t.id == *id) else { continue };
+        let done: u64 = t.counters.completed.iter().sum();
+        out.push(TenantJson {
+            name: name.clone(),
+            reservation: t.spec.reservation(),
+            limit: t.spec.limit(),
+            weight: t.spec.weight(),
+            idle_credit: t.spec.idle_credit(),
+            completed: done,
+            completed_reservation_phase: t.counters.completed[Phase::Reservation.index()],
+            completed_weight_phase: t.counters.completed[Phase::Weight.index()] + t.counters.completed[Phase::OverLimit.index()],
+            bytes: t.counters.bytes,
+            errors: t.counters.errors,
+            queued: t.sched.queued,
+            latency_mean_ms: if done > 0 { t.counters.latency_sum_ns as f64 / done as f64 / 1e6 } else { 0.0 },
+        });
+    }
+    Ok(out)
+}
+
+async fn list(State(s): State<AdminState>) -> Response {
+    match tenants_json(&s).await {
+        Ok(v) => Json(v).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn one(State(s): State<AdminState>, Path(name): Path<String>) -> Response {
+    match tenants_json(&s).await {
+        Ok(v) => match v.into_iter().find(|t| t.name == name) {
+            Some(t) => Json(t).into_response(),
+            None => err(StatusCode::NOT_FOUND, format!("no tenant named {name:?}")),
+        },
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecUpdate {
+    reservation: Option<f64>,
+    #[serde(default, with = "double_option")]
+    limit: Option<Option<f64>>,
+    weight: Option<f64>,
+    idle_credit: Option<u32>,
+}
+
+/// Distinguishes a missing `limit` (keep) from `"limit": null` (remove).
+mod double_option {
+    use serde::{Deserialize, Deserializer};
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
+        Ok(Some(Option::deserialize(d)?))
+    }
+}
+
+async fn update(State(s): State<AdminState>, Path(name): Path<String>, body: axum::body::Bytes) -> Response {
+    let Some(&(_, id)) = s.tenants.iter().find(|(n, _)| *n == name) else {
+        return err(StatusCode::NOT_FOUND, format!("no tenant named {name:?}"));
+    };
+    let upd: SpecUpdate = match serde_json::from_slice(&body) {
+        Ok(u) => u,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
+    };
+    let snap = match s.dispatcher.snapshot().await {
+        Ok(x) => x,
+        Err(e) => return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let Some(cur) = snap.tenants.iter().find(|t| t.id == id).map(|t| t.spec) else {
+        return err(StatusCode::NOT_FOUND, format!("tenant {name:?} is gone"));
+    };
+    let spec = match QosSpec::new(
+        upd.reservation.unwrap_or(cur.reservation()),
+        upd.limit.unwrap_or(cur.limit()),
+        upd.weight.unwrap_or(cur.weight()),
+        upd.idle_credit.unwrap_or(cur.idle_credit()),
+    ) {
+        Ok(sp) => sp,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid spec for {name}: {e}")),
+    };
+    let mut warning = None;
+    if let Some(cap) = s.capacity_iops.or(snap.capacity_iops) {
+        let others: f64 = snap.tenants.iter().filter(|t| t.id != id).map(|t| t.spec.reservation()).sum();
+        let total = others + spec.reservation();
+        if total > cap {
+            let msg = format!("reservations would total {total} IOPS, above the reservable capacity of {cap} IOPS");
+            match s.admission {
+                Admission::Refuse => return err(StatusCode::CONFLICT, msg),
+                Admission::Warn => {
+                    tracing::warn!(tenant = %name, "{msg}");
+                    warning = Some(msg);
+                }
+            }
+        }
+    }
+    if let Err(e) = s.dispatcher.set_spec(id, spec).await {
+        return err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    }
+    tracing::info!(tenant = %name, %spec, "spec changed");
+    Json(serde_json::json!({
+        "name": name, "reservation": spec.reservation(), "limit": spec.limit(), "weight": spec.weight(),
+        "idle_credit": spec.idle_credit(), "warning": warning,
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapacityBody {
+    iops: f64,
+}
+
+async fn capacity(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let b: CapacityBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
+    };
+    match s.dispatcher.snapshot().await {
+        Ok(snap) if snap.capacity_iops.is_none() => return err(StatusCode::NOT_FOUND, "no device model configured"),
+        Err(e) => return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        _ => {}
+    }
+    if s.dispatcher.set_capacity(b.iops) {
+        tracing::info!(iops = b.iops, "device model capacity changed");
+        Json(serde_json::json!({ "iops": b.iops })).into_response()
+    } else {
+        err(StatusCode::BAD_REQUEST, format!("capacity must be a positive IOPS figure below 1e9, got {}", b.iops))
+    }
+}
+
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    let snap = match s.dispatcher.snapshot().await {
+        Ok(x) => x,
+        Err(e) => return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let mut o = String::new();
+    let _ = writeln!(o, "# HELP rein_tenant_completed_total IOs completed, by scheduling phase.\n# TYPE rein_tenant_completed_total counter");
+    for (name, id) in s.tenants.iter() {
+        if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
+            for p in Phase::ALL {
+                let _ = writeln!(o, "rein_tenant_completed_total{{tenant=\"{}\",phase=\"{}\"}} {}", label(name), p.name(), t.counters.completed[p.index()]);
+            }
+        }
+    }
+    let mut gauge = |metric: &str, help: &str, kind: &str, f: &dyn Fn(&crate::dispatch::TenantSnapshot) -> f64| {
+        let _ = writeln!(o, "# HELP {metric} {help}\n# TYPE {metric} {kind}");
+        for (name, id) in s.tenants.iter() {
+            if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
+                let _ = writeln!(o, "{metric}{{tenant=\"{}\"}} {}", label(name), f(t));
+            }
+        }
+    };
+    gauge("rein_tenant_bytes_total", "Bytes transferred.", "counter", &|t| t.counters.bytes as f64);
+    gauge("rein_tenant_errors_total", "Requests answered with an error.", "counter", &|t| t.counters.errors as f64);
+    gauge("rein_tenant_queued", "Requests waiting in the scheduler.", "gauge", &|t| t.sched.queued as f64);
+    gauge("rein_tenant_reservation_iops", "Configured reservation.", "gauge", &|t| t.spec.reservation());
+    gauge("rein_tenant_limit_iops", "Configured limit (+Inf when unlimited).", "gauge", &|t| t.spec.limit_or_inf());
+    gauge("rein_tenant_weight", "Configured weight.", "gauge", &|t| t.spec.weight());
+    let _ = writeln!(o, "# HELP rein_tenant_latency_seconds Request latency from arrival at the scheduler to completion.\n# TYPE rein_tenant_latency_seconds histogram");
+    for (name, id) in s.tenants.iter() {
+        if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
+            let n = label(name);
+            let mut cum = 0u64;
+            for (i, b) in LATENCY_BUCKETS_S.iter().enumerate() {
+                cum += t.counters.latency_buckets.get(i).copied().unwrap_or(0);
+                let _ = writeln!(o, "rein_tenant_latency_seconds_bucket{{tenant=\"{n}\",le=\"{b}\"}} {cum}");
+            }
+            cum += t.counters.latency_buckets.last().copied().unwrap_or(0);
+            let _ = writeln!(o, "rein_tenant_latency_seconds_bucket{{tenant=\"{n}\",le=\"+Inf\"}} {cum}");
+            let _ = writeln!(o, "rein_tenant_latency_seconds_sum{{tenant=\"{n}\"}} {}", t.counters.latency_sum_ns as f64 / 1e9);
+            let _ = writeln!(o, "rein_tenant_latency_seconds_count{{tenant=\"{n}\"}} {cum}");
+        }
+    }
+    let _ = writeln!(o, "# HELP rein_backend_outstanding IOs outstanding at the backend.\n# TYPE rein_backend_outstanding gauge\nrein_backend_outstanding {}", snap.outstanding);
+    let _ = writeln!(o, "# HELP rein_backend_queue_depth Maximum IOs outstanding at the backend (D).\n# TYPE rein_backend_queue_depth gauge\nrein_backend_queue_depth {}", snap.depth);
+    if let Some(c) = snap.capacity_iops {
+        let _ = writeln!(o, "# HELP rein_device_capacity_iops Modelled device capacity.\n# TYPE rein_device_capacity_iops gauge\nrein_device_capacity_iops {c}");
+    }
+    let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\"}} 1", snap.scheduler);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
+}

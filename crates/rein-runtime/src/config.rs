@@ -1,0 +1,409 @@
+//! `rein serve` configuration (rein.toml), validated once into a [`ServerConfig`].
+//!
+//! ```toml
+//! listen = "127.0.0.1:10809"     # NBD
+//! admin = "127.0.0.1:9180"       # HTTP: /metrics, /api/tenants
+//! data_dir = "rein-data"         # created if missing; relative to the working directory
+//! scheduler = "mclock"           # mclock | dmclock | rbfq | sfq | fifo
+//! queue_depth = 32               # D: requests outstanding at the backend
+//! cost_model = "io"              # io | bytes
+//! admission = "refuse"           # refuse | warn: when reservations exceed the capacity
+//! capacity_iops = 5000           # reservable capacity for admission (default: the device model's)
+//! max_request_kb = 32768
+//!
+//! [device_model]                 # optional: model a device of this capacity on top of real storage
+//! capacity_iops = 1200
+//! service = "exponential"        # exponential | deterministic | uniform
+//! transfer_mb_s = 200            # optional: size-dependent service time
+//!
+//! [[exports]]
+//! name = "rd"
+//! backend = "file"               # file | memory
+//! path = "rd.img"                # file backend; relative to data_dir; created with size_mb if missing
+//! size_mb = 1024
+//! tenant = "rd"                  # which tenant's QoS the export's connections share (default: its name)
+//! read_only = false
+//!
+//! [[tenants]]
+//! name = "rd"
+//! reservation = 250              # IOPS (or bytes/s with cost_model = "bytes"); 0 = none
+//! limit = 1000                   # omitted = unlimited
+//! weight = 1
+//! idle_credit = 0
+//! ```
+//!
+//! Every error names the field. Without a file, [`ServerConfig::builtin`] is the default: one file-backed
+//! export per demo tenant in `rein-data/`, the mClock paper's RD / OLTP / DM.
+
+use crate::devmodel::ServiceDist;
+use rein_core::{CostModel, QosSpec, SchedulerKind};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+fn d_listen() -> String {
+    "127.0.0.1:10809".into()
+}
+fn d_admin() -> String {
+    "127.0.0.1:9180".into()
+}
+fn d_data() -> String {
+    "rein-data".into()
+}
+fn d_sched() -> String {
+    "mclock".into()
+}
+fn d_depth() -> u32 {
+    32
+}
+fn d_weight() -> f64 {
+    1.0
+}
+fn d_size() -> u64 {
+    1024
+}
+fn d_backend() -> String {
+    "file".into()
+}
+fn d_service() -> String {
+    "exponential".into()
+}
+fn d_max_kb() -> u64 {
+    32 * 1024
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default = "d_listen")]
+    listen: String,
+    #[serde(default = "d_admin")]
+    admin: String,
+    #[serde(default = "d_data")]
+    data_dir: String,
+    #[serde(default = "d_sched")]
+    scheduler: String,
+    #[serde(default = "d_depth")]
+    queue_depth: u32,
+    cost_model: Option<String>,
+    admission: Option<String>,
+    capacity_iops: Option<f64>,
+    #[serde(default = "d_max_kb")]
+    max_request_kb: u64,
+    device_model: Option<DeviceFile>,
+    #[serde(default)]
+    exports: Vec<ExportFile>,
+    #[serde(default)]
+    tenants: Vec<TenantFile>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceFile {
+    capacity_iops: f64,
+    #[serde(default = "d_service")]
+    service: String,
+    transfer_mb_s: Option<f64>,
+    #[serde(default)]
+    seed: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportFile {
+    name: String,
+    #[serde(default = "d_backend")]
+    backend: String,
+    path: Option<String>,
+    #[serde(default = "d_size")]
+    size_mb: u64,
+    tenant: Option<String>,
+    #[serde(default)]
+    read_only: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantFile {
+    name: String,
+    #[serde(default)]
+    reservation: f64,
+    limit: Option<f64>,
+    #[serde(default = "d_weight")]
+    weight: f64,
+    #[serde(default)]
+    idle_credit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendKind {
+    File { path: PathBuf },
+    Memory,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExportConfig {
+    pub name: String,
+    pub backend: BackendKind,
+    pub size: u64,
+    /// Index into `ServerConfig::tenants`.
+    pub tenant: usize,
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantConfig {
+    pub name: String,
+    pub spec: QosSpec,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceConfig {
+    pub capacity_iops: f64,
+    pub service: ServiceDist,
+    pub transfer_mb_s: Option<f64>,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Refuse,
+    Warn,
+}
+
+/// A validated server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub data_dir: PathBuf,
+    pub scheduler: SchedulerKind,
+    pub queue_depth: usize,
+    pub cost_model: CostModel,
+    pub admission: Admission,
+    /// Capacity used for admission control: configured, else the device model's.
+    pub capacity_iops: Option<f64>,
+    pub max_request: u64,
+    pub device: Option<DeviceConfig>,
+    pub exports: Vec<ExportConfig>,
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// Largest export (1 PiB) and number of exports/tenants.
+pub const MAX_EXPORT_BYTES: u64 = 1 << 50;
+pub const MAX_EXPORTS: usize = 4096;
+
+/// The built-in default: the mClock paper's §2.1 tenants, each with a 256 MiB file export.
+pub const BUILTIN: &str = r#"
+[[exports]]
+name = "rd"
+path = "rd.img"
+size_mb = 256
+
+[[exports]]
+name = "oltp"
+path = "oltp.img"
+size_mb = 256
+
+[[exports]]
+name = "dm"
+path = "dm.img"
+size_mb = 256
+
+[[tenants]]
+name = "rd"
+reservation = 250
+weight = 1
+
+[[tenants]]
+name = "oltp"
+reservation = 250
+weight = 2
+
+[[tenants]]
+name = "dm"
+limit = 1000
+weight = 3
+"#;
+
+impl ServerConfig {
+    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn builtin() -> ServerConfig {
+        Self::parse(BUILTIN, Path::new("<built-in>")).expect("the built-in config is valid")
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<ServerConfig, ConfigError> {
+        let f: File = toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        validate(f).map_err(ConfigError::Invalid)
+    }
+
+    pub fn tenant_index(&self, name: &str) -> Option<usize> {
+        self.tenants.iter().position(|t| t.name == name)
+    }
+
+    /// Checks reservations against the capacity; `Err` explains the shortfall.
+    pub fn admission_check(&self, specs: impl Iterator<Item = QosSpec>) -> Result<(), String> {
+        let Some(cap) = self.capacity_iops else { return Ok(()) };
+        let sum: f64 = specs.map(|s| s.reservation()).sum();
+        if sum > cap {
+            Err(format!("reservations total {sum} IOPS, above the reservable capacity of {cap} IOPS"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn validate(f: File) -> Result<ServerConfig, String> {
+    let listen: SocketAddr = f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
+    let admin: SocketAddr = f.admin.parse().map_err(|e| format!("admin {:?}: {e} (expected address:port)", f.admin))?;
+    let scheduler: SchedulerKind = f.scheduler.parse().map_err(|e: String| format!("scheduler: {e}"))?;
+    if f.queue_depth == 0 || f.queue_depth > 4096 {
+        return Err(format!("queue_depth must be in 1..=4096, got {}", f.queue_depth));
+    }
+    let cost_model = match f.cost_model.as_deref() {
+        None | Some("io") => CostModel::PerIo,
+        Some("bytes") => CostModel::BYTES,
+        Some(o) => return Err(format!("cost_model {o:?}: expected io or bytes")),
+    };
+    let admission = match f.admission.as_deref() {
+        None | Some("refuse") => Admission::Refuse,
+        Some("warn") => Admission::Warn,
+        Some(o) => return Err(format!("admission {o:?}: expected refuse or warn")),
+    };
+    if f.max_request_kb == 0 || f.max_request_kb > 128 * 1024 {
+        return Err(format!("max_request_kb must be in 1..=131072, got {}", f.max_request_kb));
+    }
+    let device = match f.device_model {
+        None => None,
+        Some(d) => {
+            if !(d.capacity_iops.is_finite() && d.capacity_iops > 0.0 && d.capacity_iops < 1e9) {
+                return Err(format!("device_model.capacity_iops must be a positive number, got {}", d.capacity_iops));
+            }
+            let service = match d.service.as_str() {
+                "exponential" => ServiceDist::Exponential,
+                "deterministic" => ServiceDist::Deterministic,
+                "uniform" => ServiceDist::Uniform { spread: 0.5 },
+                o => return Err(format!("device_model.service {o:?}: expected exponential, deterministic or uniform")),
+            };
+            if let Some(t) = d.transfer_mb_s {
+                if !(t.is_finite() && t > 0.0) {
+                    return Err(format!("device_model.transfer_mb_s must be positive, got {t}"));
+                }
+            }
+            Some(DeviceConfig { capacity_iops: d.capacity_iops, service, transfer_mb_s: d.transfer_mb_s, seed: d.seed })
+        }
+    };
+    if let Some(c) = f.capacity_iops {
+        if !(c.is_finite() && c > 0.0) {
+            return Err(format!("capacity_iops must be positive, got {c}"));
+        }
+    }
+    let capacity_iops = f.capacity_iops.or(device.as_ref().map(|d| d.capacity_iops));
+    let mut tenants = Vec::new();
+    for t in &f.tenants {
+        if t.name.is_empty() || tenants.iter().any(|x: &TenantConfig| x.name == t.name) {
+            return Err(format!("tenant name {:?} is empty or repeated", t.name));
+        }
+        let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit).map_err(|e| format!("tenant {}: {e}", t.name))?;
+        tenants.push(TenantConfig { name: t.name.clone(), spec });
+    }
+    if f.exports.is_empty() {
+        return Err("at least one [[exports]] is needed".into());
+    }
+    if f.exports.len() > MAX_EXPORTS {
+        return Err(format!("at most {MAX_EXPORTS} exports"));
+    }
+    let data_dir = PathBuf::from(&f.data_dir);
+    let mut exports: Vec<ExportConfig> = Vec::new();
+    for e in &f.exports {
+        if e.name.len() > 4096 || exports.iter().any(|x| x.name == e.name) {
+            return Err(format!("export name {:?} is too long or repeated", e.name));
+        }
+        let size = e.size_mb.checked_mul(1 << 20).filter(|&s| s > 0 && s <= MAX_EXPORT_BYTES).ok_or_else(|| format!("export {}: size_mb must be in 1..=2^30", e.name))?;
+        let backend = match e.backend.as_str() {
+            "file" => {
+                let p = PathBuf::from(e.path.clone().unwrap_or_else(|| format!("{}.img", e.name)));
+                BackendKind::File { path: if p.is_absolute() { p } else { data_dir.join(p) } }
+            }
+            "memory" => BackendKind::Memory,
+            o => return Err(format!("export {}: backend {o:?}: expected file or memory", e.name)),
+        };
+        let tname = e.tenant.clone().unwrap_or_else(|| e.name.clone());
+        let tenant = match tenants.iter().position(|t| t.name == tname) {
+            Some(i) => i,
+            None if e.tenant.is_none() => {
+                // An export without a tenant of its name gets a default-weight tenant of its own.
+                tenants.push(TenantConfig { name: tname.clone(), spec: QosSpec::default() });
+                tenants.len() - 1
+            }
+            None => return Err(format!("export {}: unknown tenant {tname:?}", e.name)),
+        };
+        exports.push(ExportConfig { name: e.name.clone(), backend, size, tenant, read_only: e.read_only });
+    }
+    let cfg = ServerConfig {
+        listen,
+        admin,
+        data_dir,
+        scheduler,
+        queue_depth: f.queue_depth as usize,
+        cost_model,
+        admission,
+        capacity_iops,
+        max_request: f.max_request_kb * 1024,
+        device,
+        exports,
+        tenants,
+    };
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_is_the_paper_example() {
+        let c = ServerConfig::builtin();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:10809");
+        assert_eq!(c.admin.to_string(), "127.0.0.1:9180");
+        assert_eq!(c.exports.len(), 3);
+        assert_eq!(c.tenants[c.exports[0].tenant].spec.reservation(), 250.0);
+        assert_eq!(c.tenants[2].spec.limit(), Some(1000.0));
+        assert_eq!(c.exports[0].backend, BackendKind::File { path: PathBuf::from("rein-data/rd.img") });
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = |t: &str| ServerConfig::parse(t, Path::new("x.toml")).unwrap_err().to_string();
+        assert!(e("listen = \"nowhere\"\n[[exports]]\nname = \"a\"").contains("listen \"nowhere\""));
+        assert!(e("queue_depth = 0\n[[exports]]\nname = \"a\"").contains("queue_depth"));
+        assert!(e("[[exports]]\nname = \"a\"\ntenant = \"zz\"").contains("unknown tenant \"zz\""));
+        assert!(e("[[exports]]\nname = \"a\"\n[[tenants]]\nname = \"a\"\nreservation = 10\nlimit = 5").contains("reservation 10 exceeds limit 5"));
+        assert!(e("colour = 1\n[[exports]]\nname = \"a\"").contains("unknown field `colour`"));
+        assert!(e("").contains("at least one [[exports]]"));
+        assert!(e("scheduler = \"wfq\"\n[[exports]]\nname = \"a\"").contains("unknown scheduler"));
+    }
+
+    #[test]
+    fn admission() {
+        let c = ServerConfig::parse("capacity_iops = 400\n[[exports]]\nname = \"a\"", Path::new("x")).unwrap();
+        let r = |x| QosSpec::new(x, None, 1.0, 0).unwrap();
+        assert!(c.admission_check([r(100.0), r(200.0)].into_iter()).is_ok());
+        let e = c.admission_check([r(300.0), r(200.0)].into_iter()).unwrap_err();
+        assert!(e.contains("500") && e.contains("400"), "{e}");
+    }
+}
