@@ -70,9 +70,9 @@
 //!    2,400: RD stayed at 250 for 12 s in our simulator). Steady state is unchanged: a tenant that keeps
 //!    hitting the bound either is reservation-clamped (and gets exactly r) or advances its P tag as fast
 //!    as vnow (and gets exactly its weight share); the bound only limits how much lead is banked.
-//!    Requests carrying a distributed delta are exempt: their P tags include service received at other
-//!    servers, so a lead over this server's vnow is legitimate global accounting, and bounding it skewed
-//!    the RBFQ Fig. 11 reproduction (a flow got 94 instead of 100 IOPS).
+//!    Tenants whose requests carry a distributed delta are exempt: their P tags include service received
+//!    at other servers, so a lead over this server's vnow is legitimate global accounting, and bounding
+//!    it skewed the RBFQ Fig. 11 reproduction (a flow got 94 instead of 100 IOPS).
 
 use super::heap::IndexedHeap;
 use super::slab::Slab;
@@ -127,6 +127,9 @@ struct Tenant {
     last_p: Tag,
     /// False for a new tenant or one whose history `maintain` forgot.
     history: bool,
+    /// Set once a request of this tenant carried a distributed delta: it is served by several servers, and
+    /// its P tags include service elsewhere (exempt from the lead bound, invariant 8).
+    distributed: bool,
     idle_since: Nanos,
     stats: TenantStats,
 }
@@ -147,6 +150,7 @@ impl Tenant {
             last_l: Tag::ZERO,
             last_p: Tag::ZERO,
             history: false,
+            distributed: false,
             idle_since: now,
             stats: TenantStats::default(),
         };
@@ -195,7 +199,7 @@ impl Tenant {
             let next = self.last_p.add(p_inc);
             match lead_cap {
                 // Invariant 8: no further than `cap` of its own IOs ahead of vnow (never moving back).
-                Some(cap) if q.delta == Cost(0) => next.min(vnow.add(p_inc.saturating_mul(cap as u128))).max(self.last_p),
+                Some(cap) if !self.distributed => next.min(vnow.add(p_inc.saturating_mul(cap as u128))).max(self.last_p),
                 _ => next,
             }
         } else {
@@ -328,6 +332,7 @@ impl Engine {
             rho: req.rho,
         });
         t.stats.enqueued += 1;
+        t.distributed |= req.delta != Cost(0);
         self.queued += 1;
         if self.tenants.at(req.tenant.slot).queue.len() == 1 {
             // Becoming active: Tag Adjustment through vnow (module comment).
