@@ -6,7 +6,7 @@
 //!   queue one request at a time (FIFO), so its latency grows with its queue. Service times come from the
 //!   server's [`ServiceModel`] with mean `1/capacity`, scaled when the capacity schedule changes it.
 //! - **Tenants**: each has a workload generator and, in front of the servers, a gateway: it routes each
-//!   request (by offset striping or by shares), and for distributed schedulers (dmclock, rbfq, dtfq) keeps a
+//!   request (by offset striping or by shares, or keeps a window per server), and for distributed schedulers (dmclock, rbfq, dtfq) keeps a
 //!   [`ServiceTracker`] whose delta/rho ride on every request. Gateway and server are `net_delay` apart
 //!   each way.
 //! - **Time** is integer nanoseconds. Events are ordered by (time, sequence number), so equal times run in
@@ -87,6 +87,8 @@ struct TenantState {
     ids: Vec<TenantId>,
     tracker: Option<ServiceTracker>,
     in_flight: u32,
+    /// In flight per server of the tenant's list.
+    in_flight_at: Vec<u32>,
     next_seq_offset: u64,
     active: bool,
     on: bool,
@@ -191,6 +193,7 @@ impl<'a> Sim<'a> {
                 ids,
                 tracker: distributed.then(|| ServiceTracker::new(t.servers.len())),
                 in_flight: 0,
+                in_flight_at: vec![0; t.servers.len()],
                 next_seq_offset: 0,
                 active: false,
                 on: false,
@@ -262,7 +265,7 @@ impl<'a> Sim<'a> {
                 Kind::Think => {
                     let t = ev.a as usize;
                     if self.tenants[t].active && self.tenants[t].on {
-                        self.issue(t);
+                        self.issue_to(t, (ev.b != u32::MAX).then_some(ev.b as usize));
                     }
                 }
                 Kind::Capacity => {
@@ -316,10 +319,19 @@ impl<'a> Sim<'a> {
             k => k,
         };
         match kind {
-            WorkloadKind::Closed { outstanding, .. } => {
+            WorkloadKind::Closed { outstanding, per_server: false, .. } => {
                 let n = outstanding.saturating_sub(self.tenants[t].in_flight);
                 for _ in 0..n {
                     self.issue(t);
+                }
+            }
+            WorkloadKind::Closed { outstanding, per_server: true, .. } => {
+                let servers = self.sc.tenants[t].servers.len();
+                for k in 0..servers {
+                    let n = outstanding.saturating_sub(self.tenants[t].in_flight_at[k]);
+                    for _ in 0..n {
+                        self.issue_to(t, Some(k));
+                    }
                 }
             }
             WorkloadKind::Open { .. } | WorkloadKind::Burst { .. } => self.schedule(self.now, Kind::Arrive, t as u32, 0),
@@ -398,12 +410,21 @@ impl<'a> Sim<'a> {
     }
 
     fn issue(&mut self, t: usize) {
-        let size = self.sc.tenants[t].workload.size_bytes;
-        self.issue_sized(t, size, None);
+        self.issue_to(t, None);
     }
 
-    /// Generates one request of tenant `t` and sends it to its server.
+    /// Issues a request of the workload's size, to server `k` of the tenant's list if given.
+    fn issue_to(&mut self, t: usize, k: Option<usize>) {
+        let size = self.sc.tenants[t].workload.size_bytes;
+        self.issue_sized_to(t, size, None, k);
+    }
+
     fn issue_sized(&mut self, t: usize, size: u64, offset: Option<u64>) {
+        self.issue_sized_to(t, size, offset, None);
+    }
+
+    /// Generates one request of tenant `t` and sends it to its server (chosen by routing unless `force_k`).
+    fn issue_sized_to(&mut self, t: usize, size: u64, offset: Option<u64>, force_k: Option<usize>) {
         let tenant = &self.sc.tenants[t];
         let w = &tenant.workload;
         let ts = &mut self.tenants[t];
@@ -415,6 +436,7 @@ impl<'a> Sim<'a> {
             off
         });
         let k = match &tenant.routing {
+            _ if force_k.is_some() => force_k.expect("guarded"),
             _ if tenant.servers.len() == 1 => 0,
             Routing::Stripe { stripe_bytes } => ((offset / stripe_bytes) % tenant.servers.len() as u64) as usize,
             Routing::Shares(_) => {
@@ -424,6 +446,7 @@ impl<'a> Sim<'a> {
         };
         let server = tenant.servers[k];
         ts.in_flight += 1;
+        ts.in_flight_at[k] += 1;
         let req = Req { tenant: t as u32, server: server as u32, k: k as u32, size, offset, issued: self.now, phase: Phase::Weight, cost: Cost(0) };
         let id = match self.free.pop() {
             Some(i) => {
@@ -458,6 +481,7 @@ impl<'a> Sim<'a> {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once.
             self.metrics.rejected(t);
             self.tenants[t].in_flight -= 1;
+            self.tenants[t].in_flight_at[k] -= 1;
             self.free.push(id);
             return;
         }
@@ -557,6 +581,7 @@ impl<'a> Sim<'a> {
         let t = r.tenant as usize;
         let ts = &mut self.tenants[t];
         ts.in_flight -= 1;
+        ts.in_flight_at[r.k as usize] -= 1;
         if let Some(tr) = &mut ts.tracker {
             tr.complete(r.k as usize, r.phase, r.cost).expect("k < servers");
         }
@@ -568,12 +593,14 @@ impl<'a> Sim<'a> {
             WorkloadKind::OnOff { inner, .. } => inner.as_ref(),
             k => k,
         };
-        if let WorkloadKind::Closed { think, .. } = kind {
+        if let WorkloadKind::Closed { think, per_server, .. } = kind {
+            // A per-server window replaces the request at the same server.
+            let k = if *per_server { r.k } else { u32::MAX };
             if *think > Nanos::ZERO {
                 let at = self.now.saturating_add(*think);
-                self.schedule(at, Kind::Think, t as u32, 0);
+                self.schedule(at, Kind::Think, t as u32, k);
             } else {
-                self.issue(t);
+                self.issue_to(t, (k != u32::MAX).then_some(k as usize));
             }
         }
     }

@@ -212,6 +212,10 @@ pub struct WorkloadFile {
     pub kind: String,
     #[serde(default = "default_outstanding")]
     pub outstanding: u32,
+    /// closed: keep this many requests outstanding at *each* of the tenant's servers instead of one pool of
+    /// `outstanding` shared by them (a gateway with a per-server window, as in the dmClock and RBFQ papers'
+    /// clients); a completion at a server is replaced by a new request to the same server.
+    pub outstanding_per_server: Option<u32>,
     /// open / on_off (open inside on periods): Poisson arrival rate.
     pub iops: Option<f64>,
     pub think_ms: Option<f64>,
@@ -297,7 +301,8 @@ pub enum Routing {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkloadKind {
-    Closed { outstanding: u32, think: Nanos },
+    /// `per_server`: the window is per server (see `WorkloadFile::outstanding_per_server`).
+    Closed { outstanding: u32, think: Nanos, per_server: bool },
     Open { iops: f64 },
     OnOff { on: Nanos, off: Nanos, inner: Box<WorkloadKind> },
     Burst { count: u32, period: Nanos },
@@ -648,7 +653,11 @@ fn validate_workload(n: &str, w: &WorkloadFile, base: Option<&Path>, duration: N
             return Err(format!("tenant {n}: outstanding must be in 1..={MAX_OUTSTANDING}"));
         }
         let think = secs(&format!("tenant {n}"), "think_ms", w.think_ms.unwrap_or(0.0) / 1e3)?;
-        Ok(WorkloadKind::Closed { outstanding: w.outstanding, think })
+        match w.outstanding_per_server {
+            None => Ok(WorkloadKind::Closed { outstanding: w.outstanding, think, per_server: false }),
+            Some(k) if k == 0 || k > MAX_OUTSTANDING => Err(format!("tenant {n}: outstanding_per_server must be in 1..={MAX_OUTSTANDING}")),
+            Some(k) => Ok(WorkloadKind::Closed { outstanding: k, think, per_server: true }),
+        }
     };
     let open = |w: &WorkloadFile| -> Result<WorkloadKind, String> {
         let iops = positive(&format!("tenant {n}: workload.iops"), w.iops.ok_or_else(|| format!("tenant {n}: open workload needs iops"))?)?;
