@@ -1,0 +1,8 @@
+//! # rein-proto: wire formats without IO
+//!
+//! Encoders and decoders for the protocols Rein's daemons speak, as pure functions and state machines over
+//! byte buffers: no sockets, no tokio. The daemons (rein-runtime) and the load generator move the bytes.
+//!
+//! - [`nbd`]: the Network Block Device protocol, server and client sides.
+
+pub mod nbd;

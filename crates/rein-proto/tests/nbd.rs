@@ -1,0 +1,222 @@
+//! NBD codec tests: byte layouts from the spec, client and server state machines talking to each other in
+//! memory (whole, byte by byte, random chunks), and malformed input.
+use proptest::prelude::*;
+use rein_proto::nbd::*;
+
+fn exports() -> Vec<ExportInfo> {
+    vec![
+        ExportInfo { name: "rd".into(), description: "remote desktop".into(), size: 1 << 30, read_only: false },
+        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true },
+    ]
+}
+
+/// Runs client and server handshakes against each other, moving `chunk(i)` bytes at a time.
+fn handshake(export: &str, structured: bool, mut chunk: impl FnMut() -> usize) -> (Result<ClientProgress, ProtoError>, Option<Result<ServerProgress, ProtoError>>) {
+    let mut to_client = Vec::new();
+    let mut server = ServerHandshake::new(exports(), &mut to_client);
+    let mut client = ClientHandshake::new(export, structured);
+    let (mut to_server, mut c_in, mut s_in) = (Vec::new(), Vec::new(), Vec::new());
+    let mut server_result = None;
+    for _ in 0..10_000 {
+        // Move some bytes each way.
+        let n = chunk().min(to_client.len());
+        c_in.extend(to_client.drain(..n));
+        let n = chunk().min(to_server.len());
+        s_in.extend(to_server.drain(..n));
+        if server_result.is_none() && !s_in.is_empty() {
+            match server.feed(&s_in, &mut to_client) {
+                Ok((used, p)) => {
+                    s_in.drain(..used);
+                    if p != ServerProgress::NeedMore {
+                        server_result = Some(Ok(p));
+                    }
+                }
+                Err(e) => server_result = Some(Err(e)),
+            }
+        }
+        match client.feed(&c_in, &mut to_server) {
+            Ok((used, ClientProgress::NeedMore)) => {
+                c_in.drain(..used);
+            }
+            Ok((_, p)) => return (Ok(p), server_result),
+            Err(e) => return (Err(e), server_result),
+        }
+    }
+    panic!("handshake did not finish");
+}
+
+#[test]
+fn greeting_is_byte_exact() {
+    let mut out = Vec::new();
+    let _ = ServerHandshake::new(exports(), &mut out);
+    assert_eq!(&out[..8], b"NBDMAGIC");
+    assert_eq!(&out[8..16], b"IHAVEOPT");
+    assert_eq!(&out[16..], &[0, 3], "FIXED_NEWSTYLE | NO_ZEROES");
+}
+
+#[test]
+fn go_round_trip_whole_and_byte_by_byte() {
+    for step in [usize::MAX, 1] {
+        let (c, s) = handshake("rd", false, || step);
+        assert_eq!(c.unwrap(), ClientProgress::Ready { size: 1 << 30, flags: exports()[0].transmission_flags(), structured: false });
+        assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 0, structured: false }));
+    }
+    let (c, s) = handshake("ro", true, || 3);
+    match c.unwrap() {
+        ClientProgress::Ready { size, flags, structured } => {
+            assert_eq!(size, 4096);
+            assert!(flags & TFLAG_READ_ONLY != 0 && structured);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 1, structured: true }));
+    // The default export ("") is the first.
+    let (c, _) = handshake("", false, || 7);
+    assert!(matches!(c.unwrap(), ClientProgress::Ready { size, .. } if size == 1 << 30));
+}
+
+#[test]
+fn unknown_export_is_refused_and_the_server_stays_in_options() {
+    let (c, s) = handshake("nope", false, || 5);
+    match c.unwrap_err() {
+        ProtoError::OptionRefused { reply, message, .. } => {
+            assert_eq!(reply, REP_ERR_UNKNOWN);
+            assert!(message.contains("nope"));
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(s.is_none(), "server still waits for another option");
+}
+
+fn server_with(input: &[u8]) -> (Result<(usize, ServerProgress), ProtoError>, Vec<u8>) {
+    let mut out = Vec::new();
+    let mut s = ServerHandshake::new(exports(), &mut out);
+    out.clear();
+    let r = s.feed(input, &mut out);
+    (r, out)
+}
+
+fn flags_and(opts: &[(u32, &[u8])]) -> Vec<u8> {
+    let mut v = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    for (o, d) in opts {
+        option_request(&mut v, *o, d);
+    }
+    v
+}
+
+#[test]
+fn list_export_name_abort_and_unsupported_options() {
+    // LIST: one NBD_REP_SERVER per export, then ACK.
+    let (r, out) = server_with(&flags_and(&[(OPT_LIST, &[])]));
+    assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
+    let mut rest = &out[..];
+    let mut names = vec![];
+    while let Some((opt, reply, data, n)) = decode_option_reply(rest).unwrap() {
+        assert_eq!(opt, OPT_LIST);
+        if reply == REP_SERVER {
+            let l = u32::from_be_bytes(data[..4].try_into().unwrap()) as usize;
+            names.push(String::from_utf8(data[4..4 + l].to_vec()).unwrap());
+        } else {
+            assert_eq!(reply, REP_ACK);
+        }
+        rest = &rest[n..];
+    }
+    assert_eq!(names, vec!["rd", "ro"]);
+    // EXPORT_NAME: size, flags and 124 zeroes (client did not ask for NO_ZEROES).
+    let (r, out) = server_with(&flags_and(&[(OPT_EXPORT_NAME, b"ro")]));
+    assert_eq!(r.unwrap().1, ServerProgress::Done(Negotiated { export: 1, structured: false }));
+    assert_eq!(out.len(), 8 + 2 + 124);
+    assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), 4096);
+    // ... and none with NO_ZEROES.
+    let mut v = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes().to_vec();
+    option_request(&mut v, OPT_EXPORT_NAME, b"rd");
+    assert_eq!(server_with(&v).1.len(), 10);
+    // Unknown EXPORT_NAME: the spec says close.
+    assert!(server_with(&flags_and(&[(OPT_EXPORT_NAME, b"zz")])).0.is_err());
+    // ABORT is acknowledged.
+    let (r, out) = server_with(&flags_and(&[(OPT_ABORT, &[])]));
+    assert_eq!(r.unwrap().1, ServerProgress::Aborted);
+    assert_eq!(decode_option_reply(&out).unwrap().unwrap().1, REP_ACK);
+    // Unknown option and STARTTLS: errors, and the handshake goes on.
+    let (r, out) = server_with(&flags_and(&[(99, b"x"), (OPT_STARTTLS, &[])]));
+    assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
+    let (_, reply, _, n) = decode_option_reply(&out).unwrap().unwrap();
+    assert_eq!(reply, REP_ERR_UNSUP);
+    assert_eq!(decode_option_reply(&out[n..]).unwrap().unwrap().1, REP_ERR_POLICY);
+}
+
+#[test]
+fn malformed_handshakes_are_errors() {
+    // Old-style client flags (no fixed newstyle) and unknown flags.
+    assert!(matches!(server_with(&0u32.to_be_bytes()).0, Err(ProtoError::ClientFlags(0))));
+    assert!(matches!(server_with(&0x81u32.to_be_bytes()).0, Err(ProtoError::ClientFlags(_))));
+    // Bad option magic.
+    let mut v = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    v.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+    assert!(matches!(server_with(&v).0, Err(ProtoError::BadMagic { .. })));
+    // Oversize option.
+    let mut v = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    v.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    v.extend_from_slice(&OPT_GO.to_be_bytes());
+    v.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    assert!(matches!(server_with(&v).0, Err(ProtoError::OptionTooLong { .. })));
+    // GO with a bad name length is answered (not fatal).
+    let mut d = 100u32.to_be_bytes().to_vec();
+    d.extend_from_slice(b"rd\0\0");
+    let (r, out) = server_with(&flags_and(&[(OPT_GO, &d)]));
+    assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
+    assert_eq!(decode_option_reply(&out).unwrap().unwrap().1, REP_ERR_INVALID);
+}
+
+#[test]
+fn requests_and_replies_round_trip() {
+    let h = RequestHeader { flags: CMD_FLAG_FUA, command: Command::Write, handle: 0xdead_beef, offset: 4096, length: 512 };
+    let mut b = Vec::new();
+    h.encode(&mut b);
+    assert_eq!(b.len(), REQUEST_LEN);
+    assert_eq!(&b[..4], &[0x25, 0x60, 0x95, 0x13]);
+    assert_eq!(RequestHeader::decode(&b[..27]).unwrap(), None);
+    let d = RequestHeader::decode(&b).unwrap().unwrap();
+    assert_eq!(d, h);
+    assert!(d.fua());
+    let mut bad = b.clone();
+    bad[0] = 0;
+    assert!(RequestHeader::decode(&bad).is_err());
+    let mut o = Vec::new();
+    b[7] = 42;
+    assert_eq!(RequestHeader::decode(&b).unwrap().unwrap().command, Command::Other(42));
+    simple_reply(&mut o, 7, EINVAL);
+    assert_eq!(ReplyHeader::decode(&o).unwrap().unwrap(), (ReplyHeader::Simple { error: EINVAL, handle: 7 }, 16));
+    o.clear();
+    structured_chunk(&mut o, 9, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, &[&8u64.to_be_bytes(), b"abcd"]);
+    assert_eq!(ReplyHeader::decode(&o).unwrap().unwrap().0, ReplyHeader::Chunk { flags: 1, kind: REPLY_TYPE_OFFSET_DATA, handle: 9, length: 12 });
+    o.clear();
+    structured_error(&mut o, 9, EIO, "disk on fire");
+    assert!(matches!(ReplyHeader::decode(&o).unwrap().unwrap().0, ReplyHeader::Chunk { kind: REPLY_TYPE_ERROR, length: 18, .. }));
+}
+
+proptest! {
+    #[test]
+    fn handshake_survives_any_chunking(sizes in proptest::collection::vec(1usize..40, 1..64), structured in any::<bool>()) {
+        let mut i = 0;
+        let (c, s) = handshake("rd", structured, || { i += 1; sizes[i % sizes.len()] });
+        let ready = matches!(c, Ok(ClientProgress::Ready { .. }));
+        prop_assert!(ready);
+        let done = matches!(s, Some(Ok(ServerProgress::Done(_))));
+        prop_assert!(done);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512), prefix in any::<bool>()) {
+        let mut input = if prefix { FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec() } else { vec![] };
+        input.extend_from_slice(&data);
+        let (r, _) = server_with(&input);
+        if let Ok((used, _)) = r { prop_assert!(used <= input.len()); }
+        let _ = RequestHeader::decode(&data);
+        let _ = ReplyHeader::decode(&data);
+        let _ = decode_option_reply(&data);
+        let mut c = ClientHandshake::new("x", true);
+        let mut out = Vec::new();
+        let _ = c.feed(&data, &mut out);
+    }
+}
