@@ -8,6 +8,8 @@ pub mod admin;
 pub mod config;
 pub mod devmodel;
 pub mod dispatch;
+pub mod nbd;
+pub mod server;
 pub mod storage;
 
 pub use devmodel::{DeviceModel, ServiceDist};

@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod plot;
+mod serve;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Run a scenario in the deterministic simulator.
     Sim(sim::SimArgs),
+    /// Serve NBD exports with per-tenant QoS (default 127.0.0.1:10809, admin on 127.0.0.1:9180).
+    Serve(serve::ServeArgs),
     /// Speed measurements.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -28,9 +31,14 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let res = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Serve(a) => serve::run(a),
         Cmd::Bench(c) => bench::run(c),
     };
     if let Err(e) = res {

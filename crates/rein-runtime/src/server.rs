@@ -1,0 +1,151 @@
+//! `rein serve`: build the exports, the dispatcher and the listeners from a [`ServerConfig`], serve until
+//! shutdown, then drain.
+//!
+//! Shutdown (SIGINT/SIGTERM in the binary, or the future passed to [`run`]): stop accepting; every
+//! connection stops reading new requests, answers the ones in flight and closes; the dispatcher finishes
+//! what it has queued; then `run` returns. Data written and acknowledged with FLUSH or FUA is on stable
+//! storage (fdatasync) before its reply.
+
+use crate::admin::{self, AdminState};
+use crate::config::{Admission, BackendKind, ServerConfig};
+use crate::devmodel::DeviceModel;
+use crate::dispatch::{DispatchConfig, Dispatcher};
+use crate::nbd::{serve_connection, Export, NbdContext};
+use crate::storage::{FileStorage, MemStorage, Storage};
+use rein_core::{SchedConfig, TenantId};
+use rein_proto::nbd::ExportInfo;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Largest number of simultaneous NBD connections; more are accepted and closed at once.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir { path: String, source: std::io::Error },
+    #[error("export {name}: {source}")]
+    Export { name: String, source: crate::storage::StorageError },
+    #[error("device model: {0}")]
+    Device(#[from] crate::devmodel::DeviceModelError),
+    #[error("admission control: {0} (set admission = \"warn\" to start anyway)")]
+    Admission(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("dispatcher: {0}")]
+    Dispatcher(#[from] crate::dispatch::IoError),
+}
+
+/// Addresses the server actually listens on (useful with port 0).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub nbd: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// Runs the server until `shutdown` resolves. `ready` gets the bound addresses once listening.
+pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: Option<tokio::sync::oneshot::Sender<Bound>>) -> Result<(), ServeError> {
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
+    let device = match &cfg.device {
+        Some(d) => Some(Arc::new(DeviceModel::new(d.capacity_iops, d.service, d.transfer_mb_s, d.seed)?)),
+        None => None,
+    };
+    let dcfg = DispatchConfig {
+        scheduler: cfg.scheduler,
+        sched: SchedConfig { cost_model: cfg.cost_model, ..SchedConfig::default() },
+        depth: cfg.queue_depth,
+        ..DispatchConfig::default()
+    };
+    let (dispatcher, dispatcher_done) = Dispatcher::spawn(device, dcfg);
+    if let Err(msg) = cfg.admission_check(cfg.tenants.iter().map(|t| t.spec)) {
+        match cfg.admission {
+            Admission::Refuse => return Err(ServeError::Admission(msg)),
+            Admission::Warn => tracing::warn!("admission control: {msg}"),
+        }
+    }
+    let mut tenant_ids: Vec<TenantId> = Vec::with_capacity(cfg.tenants.len());
+    for t in &cfg.tenants {
+        tenant_ids.push(dispatcher.add_tenant(t.spec).await?);
+    }
+    let mut exports = Vec::with_capacity(cfg.exports.len());
+    for e in &cfg.exports {
+        let storage: Arc<dyn Storage> = match &e.backend {
+            BackendKind::File { path } => Arc::new(
+                FileStorage::open(path, Some(e.size), e.read_only).map_err(|source| ServeError::Export { name: e.name.clone(), source })?,
+            ),
+            BackendKind::Memory => Arc::new(MemStorage::new(e.size)),
+        };
+        let size = storage.size();
+        exports.push(Export {
+            info: ExportInfo { name: e.name.clone(), description: format!("tenant {}", cfg.tenants[e.tenant].name), size, read_only: e.read_only },
+            storage,
+            tenant: tenant_ids[e.tenant],
+        });
+    }
+    let ctx = Arc::new(NbdContext { exports, dispatcher: dispatcher.clone(), max_payload: cfg.max_request.min(u32::MAX as u64) as u32 });
+    let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| ServeError::Bind { addr: cfg.listen, source })?;
+    let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
+    let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin: admin_l.local_addr().expect("bound") };
+    tracing::info!(nbd = %bound.nbd, admin = %bound.admin, scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    let admin_state = AdminState {
+        dispatcher: dispatcher.clone(),
+        tenants: Arc::new(cfg.tenants.iter().zip(&tenant_ids).map(|(t, id)| (t.name.clone(), *id)).collect()),
+        admission: cfg.admission,
+        capacity_iops: cfg.capacity_iops,
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut admin_stop = stop_rx.clone();
+    let admin_task = tokio::spawn(async move {
+        let _ = axum::serve(admin_l, admin::router(admin_state)).with_graceful_shutdown(async move {
+            let _ = admin_stop.wait_for(|s| *s).await;
+        })
+        .await;
+    });
+    if let Some(r) = ready {
+        let _ = r.send(bound);
+    }
+    let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut tasks = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            acc = nbd.accept() => {
+                let (stream, peer) = match acc {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = conns.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, "connection limit {MAX_CONNECTIONS} reached; closing");
+                    continue;
+                };
+                let (ctx, stop) = (ctx.clone(), stop_rx.clone());
+                tasks.spawn(async move {
+                    if let Err(e) = serve_connection(stream, ctx, stop).await {
+                        tracing::debug!(%peer, "connection ended: {e}");
+                    }
+                    drop(permit);
+                });
+                // Reap finished connection tasks so the set does not grow.
+                while tasks.try_join_next().is_some() {}
+            }
+        }
+    }
+    tracing::info!("shutting down: draining connections");
+    let _ = stop_tx.send(true);
+    drop(nbd);
+    while tasks.join_next().await.is_some() {}
+    let _ = admin_task.await;
+    drop(ctx);
+    drop(dispatcher);
+    let _ = dispatcher_done.await;
+    tracing::info!("stopped");
+    Ok(())
+}

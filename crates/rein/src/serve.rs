@@ -1,0 +1,69 @@
+//! `rein serve`: the NBD block server with per-tenant QoS.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rein_runtime::config::ServerConfig;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Configuration file (see docs/serve.md); without it, the built-in default: three file-backed
+    /// exports (rd, oltp, dm) in ./rein-data with the mClock paper's RD / OLTP / DM tenants.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override the NBD listen address.
+    #[arg(long)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Override the admin HTTP address.
+    #[arg(long)]
+    pub admin: Option<std::net::SocketAddr>,
+    /// Override the scheduler (mclock, sfq, fifo, ...).
+    #[arg(long)]
+    pub scheduler: Option<rein_core::SchedulerKind>,
+    /// Override the data directory.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+pub fn load(args: &ServeArgs) -> Result<ServerConfig> {
+    let mut cfg = match &args.config {
+        Some(p) => ServerConfig::load(p)?,
+        None => ServerConfig::builtin(),
+    };
+    if let Some(a) = args.listen {
+        cfg.listen = a;
+    }
+    if let Some(a) = args.admin {
+        cfg.admin = a;
+    }
+    if let Some(s) = args.scheduler {
+        cfg.scheduler = s;
+    }
+    if let Some(d) = &args.data_dir {
+        for e in &mut cfg.exports {
+            if let rein_runtime::config::BackendKind::File { path } = &mut e.backend {
+                if let Ok(rel) = path.strip_prefix(&cfg.data_dir) {
+                    *path = d.join(rel);
+                }
+            }
+        }
+        cfg.data_dir = d.clone();
+    }
+    Ok(cfg)
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let cfg = load(&args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+        };
+        rein_runtime::server::run(cfg, shutdown, None).await
+    })?;
+    Ok(())
+}
