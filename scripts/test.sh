@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 need_apt=()
 # Plots need a TrueType font (Debian: fonts-dejavu-core).
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+# The NBD server's integration tests drive real clients.
+command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
+command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
+command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
+command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -1,0 +1,360 @@
+//! `rein serve` driven by real clients (qemu-img, nbdinfo, nbdcopy, fio) and by a raw protocol peer that
+//! misbehaves. Each test starts its own server on its own 127.0.0.x address (port chosen by the OS) and
+//! kills it at the end. The client tools are installed by scripts/test.sh (qemu-utils, libnbd-bin, fio).
+#![cfg(unix)]
+
+use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Cmd, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    nbd: SocketAddr,
+    admin: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rein-serve-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`.
+fn start(dir: &Path, host: u8, config: &str) -> Server {
+    let cfg = format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}", dir.join("data").display());
+    let path = dir.join("rein.toml");
+    std::fs::write(&path, cfg).unwrap();
+    start_with(dir, &["serve", "--config", path.to_str().unwrap()])
+}
+
+fn start_with(dir: &Path, args: &[&str]) -> Server {
+    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(args)
+        .env("REIN_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start rein serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent && line.contains("rein serve listening") {
+                let field = |k: &str| line.split(&format!("{k}=")).nth(1).and_then(|r| r.split_whitespace().next()).map(|s| s.parse::<SocketAddr>().unwrap());
+                let _ = tx.send((field("nbd").unwrap(), field("admin").unwrap()));
+                sent = true;
+            }
+            if line.contains("ERROR") || line.contains("error:") {
+                eprintln!("server: {line}");
+            }
+        }
+    });
+    let (nbd, admin) = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
+    Server { child, nbd, admin, dir: dir.to_path_buf() }
+}
+
+const THREE: &str = r#"
+[[exports]]
+name = "rd"
+size_mb = 64
+[[exports]]
+name = "oltp"
+size_mb = 64
+[[exports]]
+name = "ro"
+backend = "memory"
+size_mb = 1
+read_only = true
+tenant = "rd"
+[[tenants]]
+name = "rd"
+reservation = 250
+[[tenants]]
+name = "oltp"
+weight = 2
+"#;
+
+fn tool(name: &str) -> Cmd {
+    assert!(
+        Cmd::new("sh").arg("-c").arg(format!("command -v {name}")).output().map(|o| o.status.success()).unwrap_or(false),
+        "{name} is not installed (scripts/test.sh installs qemu-utils, libnbd-bin and fio)"
+    );
+    Cmd::new(name)
+}
+
+fn run_ok(c: &mut Cmd) -> String {
+    let out = c.output().expect("runs");
+    assert!(out.status.success(), "{:?} failed: {}{}", c, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn random_file(path: &Path, len: usize, seed: u64) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+#[test]
+fn real_clients_work_against_rein_serve() {
+    let dir = tmpdir("clients");
+    let s = start(&dir, 21, THREE);
+    let uri = |e: &str| format!("nbd://{}/{e}", s.nbd);
+    // nbdinfo: the export and the list.
+    let info = run_ok(tool("nbdinfo").arg(uri("rd")));
+    assert!(info.contains("export-size: 67108864") && info.contains("can_flush: true"), "{info}");
+    let list = run_ok(tool("nbdinfo").arg("--list").arg(uri("")));
+    assert!(list.contains("export=\"rd\"") && list.contains("export=\"oltp\"") && list.contains("export=\"ro\""), "{list}");
+    // qemu-img info and convert (in and out, byte-identical).
+    let qi = run_ok(tool("qemu-img").args(["info", &uri("oltp")]));
+    assert!(qi.contains("virtual size: 64 MiB"), "{qi}");
+    let src = dir.join("src.bin");
+    random_file(&src, 8 << 20, 1);
+    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), &uri("oltp")]));
+    let back = dir.join("back.raw");
+    run_ok(tool("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &uri("oltp"), back.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&src).unwrap()[..], std::fs::read(&back).unwrap()[..8 << 20], "qemu-img round trip");
+    // nbdcopy round trip of random data.
+    let src2 = dir.join("src2.bin");
+    random_file(&src2, 16 << 20, 2);
+    run_ok(tool("nbdcopy").args([src2.to_str().unwrap(), &uri("rd")]));
+    let back2 = dir.join("back2.bin");
+    run_ok(tool("nbdcopy").args([&uri("rd"), back2.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&src2).unwrap()[..], std::fs::read(&back2).unwrap()[..16 << 20], "nbdcopy round trip");
+    // fio with ioengine=nbd and verification.
+    let fio = run_ok(tool("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={}", uri("oltp")),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=16m",
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--output-format=json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&fio[fio.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "fio verify failed: {fio}");
+    assert!(v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap() >= 16 << 20, "verify read everything back");
+    // The read-only export refuses writes.
+    let out = tool("nbdcopy").args([src2.to_str().unwrap(), &uri("ro")]).output().unwrap();
+    assert!(!out.status.success());
+    drop(s);
+}
+
+/// A raw NBD client over a blocking socket.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+    structured: bool,
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr, export: &str, structured: bool) -> Result<(Raw, u64), String> {
+        let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut hs = ClientHandshake::new(export, structured);
+        let mut buf = Vec::new();
+        loop {
+            let mut out = Vec::new();
+            match hs.feed(&buf, &mut out).map_err(|e| e.to_string())? {
+                (used, ClientProgress::NeedMore) => {
+                    buf.drain(..used);
+                    s.write_all(&out).unwrap();
+                    let mut chunk = [0u8; 4096];
+                    let n = s.read(&mut chunk).map_err(|e| e.to_string())?;
+                    if n == 0 {
+                        return Err("closed during handshake".into());
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                (used, ClientProgress::Ready { size, structured, .. }) => {
+                    s.write_all(&out).unwrap();
+                    buf.drain(..used);
+                    return Ok((Raw { s, buf, structured }, size));
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, command: Command, handle: u64, offset: u64, length: u32, payload: &[u8]) {
+        let mut out = Vec::new();
+        RequestHeader { flags: 0, command, handle, offset, length }.encode(&mut out);
+        out.extend_from_slice(payload);
+        self.s.write_all(&out).unwrap();
+    }
+
+    fn fill(&mut self, n: usize) {
+        while self.buf.len() < n {
+            let mut chunk = vec![0u8; 65536];
+            let k = self.s.read(&mut chunk).expect("read reply");
+            assert!(k > 0, "server closed the connection");
+            self.buf.extend_from_slice(&chunk[..k]);
+        }
+    }
+
+    /// Reads one reply: (handle, error, data).
+    fn reply(&mut self, read_len: usize) -> (u64, u32, Vec<u8>) {
+        self.fill(if self.structured { 20 } else { 16 });
+        let (h, n) = ReplyHeader::decode(&self.buf).unwrap().unwrap();
+        self.buf.drain(..n);
+        match h {
+            ReplyHeader::Simple { error, handle } => {
+                let len = if error == 0 { read_len } else { 0 };
+                self.fill(len);
+                (handle, error, self.buf.drain(..len).collect())
+            }
+            ReplyHeader::Chunk { kind, handle, length, .. } => {
+                self.fill(length as usize);
+                let payload: Vec<u8> = self.buf.drain(..length as usize).collect();
+                match kind {
+                    p::REPLY_TYPE_OFFSET_DATA => (handle, 0, payload[8..].to_vec()),
+                    p::REPLY_TYPE_ERROR => (handle, u32::from_be_bytes(payload[..4].try_into().unwrap()), vec![]),
+                    _ => (handle, 0, vec![]),
+                }
+            }
+        }
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn bad_input_never_takes_the_server_down() {
+    let dir = tmpdir("bad");
+    let s = start(&dir, 22, THREE);
+    for structured in [false, true] {
+        let (mut c, size) = Raw::connect(s.nbd, "rd", structured).unwrap();
+        // Out-of-range offset: EINVAL, connection still usable.
+        c.send(Command::Read, 1, size, 4096, &[]);
+        assert_eq!(c.reply(4096), (1, p::EINVAL, vec![]));
+        // Oversize request (64 MiB > 32 MiB): EINVAL, still usable.
+        c.send(Command::Read, 2, 0, 64 << 20, &[]);
+        assert_eq!(c.reply(0).1, p::EINVAL);
+        // Unknown command: EINVAL.
+        c.send(Command::Other(42), 3, 0, 0, &[]);
+        assert_eq!(c.reply(0).1, p::EINVAL);
+        // Write to the read-only export on another connection: EPERM.
+        let (mut ro, _) = Raw::connect(s.nbd, "ro", structured).unwrap();
+        ro.send(Command::Write, 4, 0, 4, b"abcd");
+        assert_eq!(ro.reply(0).1, p::EPERM);
+        // And normal IO works on the first connection afterwards.
+        c.send(Command::Write, 5, 4096, 8, b"rein-ok!");
+        assert_eq!(c.reply(0), (5, 0, vec![]));
+        c.send(Command::Read, 6, 4096, 8, &[]);
+        assert_eq!(c.reply(8), (6, 0, b"rein-ok!".to_vec()));
+        c.send(Command::Flush, 7, 0, 0, &[]);
+        assert_eq!(c.reply(0).1, 0);
+        c.send(Command::Disc, 8, 0, 0, &[]);
+    }
+    // Unknown export: refused in the handshake.
+    let e = Raw::connect(s.nbd, "nope", false).err().unwrap();
+    assert!(e.contains("refused"), "{e}");
+    // Malformed handshake: garbage is dropped, the server keeps serving.
+    let mut g = TcpStream::connect(s.nbd).unwrap();
+    g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut sink = Vec::new();
+    let _ = g.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = g.read_to_end(&mut sink);
+    // A client gone mid-request (WRITE header, half the payload, then close).
+    let (mut half, _) = Raw::connect(s.nbd, "rd", false).unwrap();
+    let mut out = Vec::new();
+    RequestHeader { flags: 0, command: Command::Write, handle: 9, offset: 0, length: 1 << 20 }.encode(&mut out);
+    out.extend_from_slice(&[7u8; 1000]);
+    half.s.write_all(&out).unwrap();
+    drop(half);
+    // 1,000 connections opened and dropped (half of them mid-handshake): no leak, still serving.
+    let pid = s.child.id();
+    let before = open_fds(pid);
+    for i in 0..1000 {
+        let mut t = TcpStream::connect(s.nbd).unwrap();
+        if i % 2 == 0 {
+            let _ = t.write_all(&p::FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while open_fds(pid) > before + 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(open_fds(pid) <= before + 4, "file descriptors leaked: {before} -> {}", open_fds(pid));
+    let (mut c, _) = Raw::connect(s.nbd, "rd", false).unwrap();
+    c.send(Command::Read, 10, 4096, 8, &[]);
+    assert_eq!(c.reply(8), (10, 0, b"rein-ok!".to_vec()));
+    assert!(s.child.try_wait_unchanged(), "server still running");
+}
+
+trait StillRunning {
+    fn try_wait_unchanged(&self) -> bool;
+}
+impl StillRunning for Child {
+    fn try_wait_unchanged(&self) -> bool {
+        std::path::Path::new(&format!("/proc/{}", self.id())).exists()
+    }
+}
+
+#[test]
+fn flushed_data_survives_kill_9() {
+    let dir = tmpdir("kill9");
+    let s = start(&dir, 23, THREE);
+    let (mut c, _) = Raw::connect(s.nbd, "oltp", false).unwrap();
+    let data: Vec<u8> = (0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    c.send(Command::Write, 1, 1 << 20, data.len() as u32, &data);
+    assert_eq!(c.reply(0).1, 0);
+    c.send(Command::Flush, 2, 0, 0, &[]);
+    assert_eq!(c.reply(0).1, 0);
+    let mut s = s;
+    s.child.kill().unwrap(); // SIGKILL
+    s.child.wait().unwrap();
+    let s2 = start(&s.dir.clone(), 24, THREE);
+    let (mut c2, _) = Raw::connect(s2.nbd, "oltp", false).unwrap();
+    c2.send(Command::Read, 3, 1 << 20, data.len() as u32, &[]);
+    assert_eq!(c2.reply(data.len()).2, data, "flushed data is there after a restart");
+}
+
+#[test]
+fn admin_endpoint_reports_and_changes_tenants() {
+    let dir = tmpdir("admin");
+    let s = start(&dir, 25, THREE);
+    let http = |method: &str, path: &str, body: &str| -> (u16, String) {
+        let mut t = TcpStream::connect(s.admin).unwrap();
+        write!(t, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = String::new();
+        t.read_to_string(&mut out).unwrap();
+        (out[9..12].parse().unwrap(), out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+    };
+    let (mut c, _) = Raw::connect(s.nbd, "rd", false).unwrap();
+    c.send(Command::Read, 1, 0, 4096, &[]);
+    assert_eq!(c.reply(4096).1, 0);
+    let (code, m) = http("GET", "/metrics", "");
+    assert_eq!(code, 200);
+    assert!(m.contains("rein_tenant_completed_total{tenant=\"rd\""), "{m}");
+    let (code, _) = http("PUT", "/api/tenants/oltp", r#"{"reservation": 100, "limit": 50}"#);
+    assert_eq!(code, 400);
+    let (code, body) = http("PUT", "/api/tenants/oltp", r#"{"limit": 500}"#);
+    assert_eq!(code, 200, "{body}");
+    let (_, t) = http("GET", "/api/tenants", "");
+    assert!(t.contains("\"limit\":500.0"), "{t}");
+}
