@@ -5,9 +5,11 @@
 //! rein-core scheduler on a monotonic clock. The NBD server and the admin endpoint build on these.
 
 pub mod admin;
+pub mod client;
 pub mod config;
 pub mod devmodel;
 pub mod dispatch;
+pub mod load;
 pub mod nbd;
 pub mod server;
 pub mod storage;

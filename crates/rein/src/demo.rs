@@ -1,15 +1,30 @@
-//! `rein demo`: Rein's main job on a built-in default. Runs the mClock paper's §2.1 example (RD, OLTP and
-//! DM sharing one device whose capacity halves half-way) in the simulator, prints each tenant's service
-//! next to the fluid oracle, writes the plots, and says whether reservations and limits held.
+//! `rein demo`: Rein's main job on a built-in default.
+//!
+//! Starts `rein serve` on its built-in default (three file-backed exports rd, oltp, dm in a data
+//! directory) in front of a modelled device of 2,400 IOPS, runs the mClock paper's RD / OLTP / DM tenants
+//! against it with `rein load` (16, 32 and 64 requests outstanding: DM is a bulk copy), halves the device's capacity half-way
+//! through the admin endpoint, and prints and plots whether reservations and limits held: at 2,400 IOPS DM
+//! is held at its 1,000 IOPS limit and RD and OLTP split the rest 1:2; at 1,200 IOPS RD keeps its 250 IOPS
+//! reservation (its weight share would be 200) and OLTP and DM split what is left 2:3 (380 / 570).
+//!
+//! `--simulated` runs the same example in the simulator instead (scenarios/demo.toml).
 
 use crate::sim;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use rein_core::oracle::{allocate, OracleTenant};
+use rein_core::SchedulerKind;
+use rein_runtime::config::{DeviceConfig, ServerConfig};
+use rein_runtime::load::{Job, LoadConfig};
+use rein_runtime::ServiceDist;
 use rein_sim::check::check;
 use rein_sim::Scenario;
-use std::path::{Path, PathBuf};
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// The built-in scenario (also at scenarios/demo.toml).
+/// The built-in simulated scenario (also at scenarios/demo.toml).
 pub const DEMO_TOML: &str = include_str!("../../../scenarios/demo.toml");
 
 #[derive(Debug, Args)]
@@ -17,15 +32,181 @@ pub struct DemoArgs {
     /// Scheduler to demonstrate (try fifo or sfq to see what goes wrong without mClock).
     #[arg(long, default_value = "mclock")]
     pub scheduler: String,
-    /// Where to write summary.json, timeseries.csv and the plots.
+    /// Where to write summary.json, timeseries.csv, the plots and the demo's data files.
     #[arg(long, default_value = "rein-demo")]
     pub out: PathBuf,
-    /// Print the summary as JSON instead of text.
+    /// Seconds of load (the capacity halves half-way).
+    #[arg(long, default_value_t = 30.0)]
+    pub seconds: f64,
+    /// Run the example in the simulator instead of on a live server.
+    #[arg(long)]
+    pub simulated: bool,
+    /// Print the result as JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
+#[derive(Debug, Serialize)]
+struct WindowRow {
+    name: String,
+    reservation: f64,
+    limit: Option<f64>,
+    weight: f64,
+    iops: f64,
+    oracle: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Window {
+    label: String,
+    from_s: f64,
+    to_s: f64,
+    capacity_iops: f64,
+    tenants: Vec<WindowRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct DemoResult {
+    scheduler: String,
+    windows: Vec<Window>,
+    reservations_held: bool,
+    limits_held: bool,
+}
+
 pub fn run(args: DemoArgs) -> Result<()> {
+    if args.simulated {
+        return run_simulated(args);
+    }
+    let kind: SchedulerKind = args.scheduler.parse().map_err(anyhow::Error::msg)?;
+    if !(args.seconds >= 6.0 && args.seconds <= 3600.0) {
+        bail!("--seconds must be between 6 and 3600");
+    }
+    let mut cfg = ServerConfig::builtin();
+    cfg.listen = "127.0.0.1:0".parse().expect("valid");
+    cfg.admin = "127.0.0.1:0".parse().expect("valid");
+    cfg.scheduler = kind;
+    let data = args.out.join("data");
+    for e in &mut cfg.exports {
+        if let rein_runtime::config::BackendKind::File { path } = &mut e.backend {
+            *path = data.join(path.file_name().expect("file name"));
+        }
+    }
+    cfg.data_dir = data;
+    cfg.device = Some(DeviceConfig { capacity_iops: 2400.0, service: ServiceDist::Exponential, transfer_mb_s: None, seed: 1 });
+    cfg.capacity_iops = Some(2400.0);
+    let specs: Vec<_> = cfg.tenants.iter().map(|t| (t.name.clone(), t.spec)).collect();
+    let total = Duration::from_secs_f64(args.seconds);
+    let half = total / 2;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let quiet = args.json;
+    let results = rt.block_on(async move {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(rein_runtime::server::run(cfg, async move { let _ = stop_rx.await; }, Some(ready_tx)));
+        let bound = match ready_rx.await {
+            Ok(b) => b,
+            Err(_) => return Err(server.await?.err().map(anyhow::Error::from).unwrap_or_else(|| anyhow::anyhow!("server did not start"))),
+        };
+        if !quiet {
+            eprintln!("rein serve on nbd://{} (admin http://{}), modelled device 2,400 IOPS; load for {:.0} s, capacity halves at {:.0} s", bound.nbd, bound.admin, total.as_secs_f64(), half.as_secs_f64());
+        }
+        let admin = bound.admin;
+        let halver = tokio::spawn(async move {
+            tokio::time::sleep(half).await;
+            tokio::task::spawn_blocking(move || put_capacity(admin, 1200.0)).await?
+        });
+        // RD is light (16 outstanding), OLTP busier (32), DM a bulk copy keeping 64 in flight.
+        let jobs = [("rd", 16), ("oltp", 32), ("dm", 64)]
+            .iter()
+            .map(|&(n, depth)| Job { name: n.to_string(), export: n.to_string(), connections: 1, depth, rate: None, size: 4096, read: 0.75, random: 1.0 })
+            .collect();
+        let lc = LoadConfig { addr: bound.nbd, jobs, duration: total, warmup: Duration::from_secs(1), interval: Duration::from_secs(1), seed: 1 };
+        let res = rein_runtime::load::run(lc, move |t, rows| {
+            if !quiet {
+                crate::load::print_live(t, rows)
+            }
+        })
+        .await;
+        halver.await??;
+        let _ = stop_tx.send(());
+        server.await??;
+        Ok::<_, anyhow::Error>(res?)
+    })?;
+    // Windows: skip a second after the start and after the capacity step.
+    let h = half.as_secs_f64();
+    let t = total.as_secs_f64();
+    let windows_def = [("capacity 2,400 IOPS", 1.0, h.floor(), 2400.0), ("capacity 1,200 IOPS", h.ceil() + 1.0, t.floor(), 1200.0)];
+    let mut windows = Vec::new();
+    let (mut resv_ok, mut limit_ok) = (true, true);
+    for (label, a, b, cap) in windows_def {
+        let iops: Vec<f64> = results
+            .iter()
+            .map(|r| {
+                let cells = &r.cells[a as usize..(b as usize).min(r.cells.len())];
+                cells.iter().map(|c| c.ios).sum::<u64>() as f64 / cells.len().max(1) as f64
+            })
+            .collect();
+        let oracle = allocate(&specs.iter().map(|(_, s)| OracleTenant::from(s)).collect::<Vec<_>>(), cap).rates;
+        let mut rows = Vec::new();
+        for (i, (name, spec)) in specs.iter().enumerate() {
+            if spec.reservation() > 0.0 && iops[i] < spec.reservation().min(oracle[i]) * 0.95 {
+                resv_ok = false;
+            }
+            if spec.limit().is_some_and(|l| iops[i] > l * 1.02) {
+                limit_ok = false;
+            }
+            rows.push(WindowRow { name: name.clone(), reservation: spec.reservation(), limit: spec.limit(), weight: spec.weight(), iops: iops[i], oracle: oracle[i] });
+        }
+        windows.push(Window { label: label.into(), from_s: a, to_s: b, capacity_iops: cap, tenants: rows });
+    }
+    let totals = crate::load::to_totals(&results, Duration::from_secs(1), total, Duration::from_secs(1), "rein demo");
+    crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, &totals, None)?;
+    let out = DemoResult { scheduler: kind.name().into(), windows, reservations_held: resv_ok, limits_held: limit_ok };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("\nThe mClock paper's §2.1 tenants on a live rein serve ({} scheduler), 75% reads of 4 KiB, 16 / 32 / 64 outstanding:", kind);
+    for w in &out.windows {
+        println!("{} ({:.0}-{:.0} s):", w.label, w.from_s, w.to_s);
+        println!("  {:<6} {:>6} {:>6} {:>3} {:>9} {:>9} {:>8}", "tenant", "r", "l", "w", "IOPS", "oracle", "diff");
+        for r in &w.tenants {
+            println!(
+                "  {:<6} {:>6} {:>6} {:>3} {:>9.1} {:>9.1} {:>+7.1}%",
+                r.name,
+                r.reservation,
+                r.limit.map_or("-".into(), |l| format!("{l}")),
+                r.weight,
+                r.iops,
+                r.oracle,
+                100.0 * (r.iops - r.oracle) / r.oracle.max(1e-9)
+            );
+        }
+    }
+    println!(
+        "\nwith {}: reservations held (within 5%): {}; limit held (within 2%): {}",
+        kind,
+        if resv_ok { "yes" } else { "NO" },
+        if limit_ok { "yes" } else { "NO" }
+    );
+    println!("plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv", args.out.display());
+    Ok(())
+}
+
+/// `PUT /api/capacity` on the admin endpoint.
+fn put_capacity(admin: std::net::SocketAddr, iops: f64) -> Result<()> {
+    let body = format!("{{\"iops\": {iops}}}");
+    let mut s = std::net::TcpStream::connect(admin).context("connecting to the admin endpoint")?;
+    write!(s, "PUT /api/capacity HTTP/1.1\r\nHost: rein\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    if !resp.starts_with("HTTP/1.1 200") {
+        bail!("capacity change refused: {}", resp.lines().next().unwrap_or(""));
+    }
+    Ok(())
+}
+
+fn run_simulated(args: DemoArgs) -> Result<()> {
     let mut sc = Scenario::from_toml(DEMO_TOML, None)?;
     let (kind, distributed) = rein_sim::scenario::parse_scheduler(&args.scheduler).map_err(anyhow::Error::msg)?;
     sc = sc.with_scheduler(kind, distributed);
@@ -51,18 +232,14 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let held = |word: &str| results.iter().zip(&sc.expect).filter(|(_, e)| e.note.as_deref().is_some_and(|n| n.contains(word))).all(|(c, _)| c.ok);
     let (resv_ok, limit_ok) = (held("reservation"), held("limit"));
     println!(
-        "\nwith {}: reservations held: {}; limit held: {}",
+        "\nwith {} (simulated): reservations held: {}; limit held: {}",
         args.scheduler,
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
-    println!("plots: {}", show(&args.out));
-    if misses > 0 && kind == rein_core::SchedulerKind::Mclock {
+    println!("plots: {0}/iops.png, {0}/latency.png, {0}/phases.png (and .svg)", args.out.display());
+    if misses > 0 && kind == SchedulerKind::Mclock {
         bail!("{misses} expectations missed");
     }
     Ok(())
-}
-
-fn show(p: &Path) -> String {
-    format!("{0}/iops.png, {0}/latency.png, {0}/phases.png (and .svg)", p.display())
 }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod load;
 mod plot;
 mod serve;
 mod sim;
@@ -24,6 +25,8 @@ enum Cmd {
     Sim(sim::SimArgs),
     /// Serve NBD exports with per-tenant QoS (default 127.0.0.1:10809, admin on 127.0.0.1:9180).
     Serve(serve::ServeArgs),
+    /// Multi-tenant load over NBD with a live table; writes the same outputs as `rein sim`.
+    Load(load::LoadArgs),
     /// Speed measurements.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -40,6 +43,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Sim(a) => sim::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Load(a) => load::run(a),
         Cmd::Bench(c) => bench::run(c),
     };
     if let Err(e) = res {

@@ -233,6 +233,8 @@ pub fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String
         .collect();
     line_chart(&dir.join("iops"), &format!("{title}: IOPS per tenant"), "time (s)", "IOPS", &iops, &cap)?;
     line_chart(&dir.join("latency"), &format!("{title}: mean latency per tenant"), "time (s)", "latency (ms)", &lat, &[])?;
-    phase_chart(&dir.join("phases"), &format!("{title}: IOs by scheduling phase"), phase_rows)?;
+    if phase_rows.iter().any(|r| r.1.iter().any(|&x| x > 0.0)) {
+        phase_chart(&dir.join("phases"), &format!("{title}: IOs by scheduling phase"), phase_rows)?;
+    }
     Ok(())
 }

@@ -129,6 +129,12 @@ fn truncate(s: &str, n: usize) -> String {
 
 /// Writes summary.json, timeseries.csv and the plots into `dir`.
 pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
+    let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
+    write_run(dir, &sc.name, measured, r, checks)
+}
+
+/// Writes a run's files (simulated or measured by `rein load`) into `dir`.
+pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let summary = serde_json::to_string_pretty(&r.summary)?;
     std::fs::write(dir.join("summary.json"), summary + "\n").context("writing summary.json")?;
@@ -136,7 +142,6 @@ pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[
     if let Some(c) = checks {
         std::fs::write(dir.join("check.json"), serde_json::to_string_pretty(c)? + "\n").context("writing check.json")?;
     }
-    let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
     let rows: Vec<(String, [f64; 3])> = r
         .summary
         .tenants
@@ -146,7 +151,7 @@ pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[
             (t.name.clone(), [t.phase.reservation as f64 / measured, t.phase.weight as f64 / measured, t.phase.over_limit as f64 / measured])
         })
         .collect();
-    match crate::plot::run_plots(dir, &format!("{} ({})", sc.name, r.summary.scheduler), &r.timeseries, &rows) {
+    match crate::plot::run_plots(dir, &format!("{} ({})", name, r.summary.scheduler), &r.timeseries, &rows) {
         Err(e) if e.is::<crate::plot::NoFont>() => {
             eprintln!("warning: {e}; summary.json and timeseries.csv were written");
             Ok(())

@@ -18,9 +18,9 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 #[test]
-fn demo_meets_the_paper_and_writes_plots() {
+fn simulated_demo_meets_the_paper_and_writes_plots() {
     let out = tmp("demo");
-    let (ok, stdout, stderr) = rein(&["demo", "--out", out.to_str().unwrap()]);
+    let (ok, stdout, stderr) = rein(&["demo", "--simulated", "--out", out.to_str().unwrap()]);
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("reservations held: yes; limit held: yes"), "{stdout}");
     for f in ["summary.json", "timeseries.csv", "check.json", "iops.png", "iops.svg", "latency.png", "phases.svg"] {
@@ -31,9 +31,9 @@ fn demo_meets_the_paper_and_writes_plots() {
 }
 
 #[test]
-fn demo_with_fifo_shows_the_violation() {
+fn simulated_demo_with_fifo_shows_the_violation() {
     let out = tmp("demo-fifo");
-    let (ok, stdout, _) = rein(&["demo", "--scheduler", "fifo", "--out", out.to_str().unwrap()]);
+    let (ok, stdout, _) = rein(&["demo", "--simulated", "--scheduler", "fifo", "--out", out.to_str().unwrap()]);
     assert!(ok, "demo runs with fifo for comparison");
     assert!(stdout.contains("reservations held: NO") || stdout.contains("limit held: NO"), "{stdout}");
     assert!(stdout.contains("MISS"));
@@ -97,4 +97,51 @@ fn bad_arguments_are_clear_errors() {
     assert!(!ok && e.contains("cannot read scenario /nonexistent/x.toml"), "{e}");
     let (ok, _, e) = rein(&["demo", "--scheduler", "wfq"]);
     assert!(!ok && e.contains("unknown scheduler"), "{e}");
+}
+
+/// The live demo: `rein serve` on its built-in default over a modelled 2,400 IOPS device, RD / OLTP / DM
+/// under `rein load`, capacity halved half-way. mClock: reservations within 5%, the limit within 2%, the
+/// weights (RD : OLTP = 1 : 2 while DM is limit-clamped) within 10%. FIFO on the same run shows the
+/// violations; both are printed side by side.
+#[test]
+fn live_demo_keeps_reservations_limits_and_weights_and_fifo_does_not() {
+    let mut res = vec![];
+    for sched in ["mclock", "fifo"] {
+        let out = tmp(&format!("live-{sched}"));
+        let (ok, stdout, stderr) = rein(&["demo", "--scheduler", sched, "--seconds", "12", "--json", "--out", out.to_str().unwrap()]);
+        assert!(ok, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert!(out.join("iops.png").exists() && out.join("summary.json").exists());
+        res.push(v);
+    }
+    let iops = |v: &serde_json::Value, w: usize, t: usize| v["windows"][w]["tenants"][t]["iops"].as_f64().unwrap();
+    eprintln!("{:<28} {:>10} {:>10} {:>10}", "window / tenant (oracle)", "mclock", "fifo", "oracle");
+    for w in 0..2 {
+        for t in 0..3 {
+            let row = &res[0]["windows"][w]["tenants"][t];
+            eprintln!(
+                "{:<28} {:>10.1} {:>10.1} {:>10.1}",
+                format!("{} {}", res[0]["windows"][w]["capacity_iops"], row["name"].as_str().unwrap()),
+                iops(&res[0], w, t),
+                iops(&res[1], w, t),
+                row["oracle"].as_f64().unwrap()
+            );
+        }
+    }
+    let m = &res[0];
+    assert_eq!(m["reservations_held"], true);
+    assert_eq!(m["limits_held"], true);
+    // Window 0 (2,400 IOPS): DM at its 1,000 limit (+2%), RD : OLTP = 1 : 2 (10%).
+    assert!(iops(m, 0, 2) <= 1020.0 && iops(m, 0, 2) >= 950.0, "DM {}", iops(m, 0, 2));
+    let ratio = iops(m, 0, 1) / iops(m, 0, 0);
+    assert!((ratio - 2.0).abs() <= 0.2, "OLTP/RD {ratio}");
+    // Window 1 (1,200 IOPS): RD keeps its 250 reservation (5%), OLTP : DM = 2 : 3 (10%).
+    assert!(iops(m, 1, 0) >= 237.5, "RD {}", iops(m, 1, 0));
+    let ratio = iops(m, 1, 2) / iops(m, 1, 1);
+    assert!((ratio - 1.5).abs() <= 0.15, "DM/OLTP {ratio}");
+    // FIFO: DM over its limit and RD under its reservation.
+    let f = &res[1];
+    assert_eq!(f["limits_held"], false);
+    assert_eq!(f["reservations_held"], false);
+    assert!(iops(f, 0, 2) > 1100.0 && iops(f, 1, 0) < 225.0);
 }
