@@ -10,6 +10,8 @@
 //! admission = "refuse"           # refuse | warn: when reservations exceed the capacity
 //! capacity_iops = 5000           # reservable capacity for admission (default: the device model's)
 //! max_request_kb = 32768
+//! io_mode = "threads"            # threads: IO on a thread pool | inline: small IOs on the dispatcher
+//!                                #   (fast for RAM or page-cached exports; a slow disk would stall it)
 //!
 //! [device_model]                 # optional: model a device of this capacity on top of real storage
 //! capacity_iops = 1200
@@ -100,6 +102,7 @@ struct File {
     capacity_iops: Option<f64>,
     #[serde(default = "d_max_kb")]
     max_request_kb: u64,
+    io_mode: Option<String>,
     device_model: Option<DeviceFile>,
     #[serde(default)]
     exports: Vec<ExportFile>,
@@ -194,6 +197,8 @@ pub struct ServerConfig {
     /// Capacity used for admission control: configured, else the device model's.
     pub capacity_iops: Option<f64>,
     pub max_request: u64,
+    /// Largest request run inline on the dispatcher (io_mode = "inline": 64 KiB; "threads": 0).
+    pub inline_max_bytes: u64,
     pub device: Option<DeviceConfig>,
     pub exports: Vec<ExportConfig>,
     pub tenants: Vec<TenantConfig>,
@@ -284,6 +289,11 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         Some("warn") => Admission::Warn,
         Some(o) => return Err(format!("admission {o:?}: expected refuse or warn")),
     };
+    let inline_max_bytes = match f.io_mode.as_deref() {
+        None | Some("threads") => 0,
+        Some("inline") => 64 * 1024,
+        Some(o) => return Err(format!("io_mode {o:?}: expected threads or inline")),
+    };
     if f.max_request_kb == 0 || f.max_request_kb > 128 * 1024 {
         return Err(format!("max_request_kb must be in 1..=131072, got {}", f.max_request_kb));
     }
@@ -364,6 +374,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         admission,
         capacity_iops,
         max_request: f.max_request_kb * 1024,
+        inline_max_bytes,
         device,
         exports,
         tenants,

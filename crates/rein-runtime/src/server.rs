@@ -57,6 +57,7 @@ pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: O
         scheduler: cfg.scheduler,
         sched: SchedConfig { cost_model: cfg.cost_model, ..SchedConfig::default() },
         depth: cfg.queue_depth,
+        inline_max_bytes: cfg.inline_max_bytes,
         ..DispatchConfig::default()
     };
     let (dispatcher, dispatcher_done) = Dispatcher::spawn(device, dcfg);
