@@ -9,6 +9,8 @@
 //! - [`cost`]: request cost models (per IO, per byte, mClock §3.1 seek/transfer).
 //! - [`sched`]: the [`Scheduler`] interface and mClock, dmClock, RBFQ, SFQ(D), FIFO.
 //! - [`oracle`]: the fluid allocation of mClock eq. (1)-(2) and RBFQ's critical capacities.
+//! - [`parda`]: PARDA host flow control (latency estimator, window controller, beta from VM shares, the
+//!   host with its local scheduler) and cluster latency aggregation; eq. (3) as the oracle.
 //! - [`vtime`]: a tiny virtual-time device for tests, demos and benchmarks.
 //!
 //! ```
@@ -26,6 +28,7 @@
 
 pub mod cost;
 pub mod oracle;
+pub mod parda;
 pub mod sched;
 pub mod spec;
 pub mod units;

@@ -1,0 +1,254 @@
+//! Cluster-wide latency aggregation (§4.2), sans-IO.
+//!
+//! Hosts publish a [`HostReport`] each period (their eq. (1) estimate and the period's IO count) through
+//! some transport: a shared file in which each host owns a block (§4.2 filesystem-based), or UDP
+//! datagrams to every peer (network-based); `rein-runtime` has both, the simulator a modelled one. An
+//! [`Aggregator`] takes whatever reports arrive and yields the cluster signal: the IO-count-weighted
+//! mean of the live hosts' estimates (`parda` module comment: by Little's law that is the array's mean
+//! latency, which makes eq. (3) exact).
+//!
+//! # Robustness (invariant 6 of `parda`)
+//! - **Stale and duplicate reports** are ignored: a report is accepted only if its `(epoch, seq)` is new
+//!   for its host (same epoch and a higher sequence, or a different epoch: the host restarted). Re-reading
+//!   a shared file returns every host's last block again; those are duplicates and do not count as signs
+//!   of life.
+//! - **Liveness uses the local clock**: a host is live while its last accepted report was *received*
+//!   (the `now` passed to [`Aggregator::accept`]) less than `timeout` ago. The peer's own timestamp is kept
+//!   for diagnostics only, so a peer whose clock jumps forward or back neither stays alive forever nor
+//!   drops out early; its sequence numbers keep ordering its reports.
+//! - **Hosts that stop reporting drop out** of the average after `timeout`, and return with their next
+//!   new report.
+//! - **Bounded**: host ids are below [`MAX_HOSTS`], so at most that many entries are kept.
+//! - Corrupt or torn records never get here: the wire format (rein-proto) checks a checksum first.
+
+use super::{PardaError, MAX_HOSTS};
+use crate::units::Nanos;
+use std::collections::BTreeMap;
+
+/// One host's report for one period (the record every transport carries).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HostReport {
+    /// Below [`MAX_HOSTS`].
+    pub host: u32,
+    /// The host's incarnation (changes when it restarts).
+    pub epoch: u64,
+    /// Increases with every report of one incarnation.
+    pub seq: u64,
+    /// The sender's clock when it made the report (diagnostics only).
+    pub timestamp: Nanos,
+    /// The host's eq. (1) latency estimate, nanoseconds (0 if it has none yet).
+    pub latency_ns: u64,
+    /// IOs the host completed in the period.
+    pub ios: u64,
+}
+
+/// What [`Aggregator::accept`] did with a report.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Accept {
+    /// A host seen for the first time.
+    First,
+    /// A newer report of a known host.
+    Newer,
+    /// A report from a new incarnation of a known host.
+    Restarted,
+    /// The same `(epoch, seq)` as the last accepted one: ignored.
+    Duplicate,
+    /// An older sequence number of the current incarnation: ignored.
+    Stale,
+}
+
+impl Accept {
+    pub fn accepted(self) -> bool {
+        matches!(self, Accept::First | Accept::Newer | Accept::Restarted)
+    }
+}
+
+/// What the aggregator knows about one peer.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct PeerState {
+    pub last: HostReport,
+    /// Local time the last accepted report was received.
+    pub received: Nanos,
+}
+
+/// The cluster signal.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct ClusterLatency {
+    /// IO-weighted mean latency over live hosts that completed IOs (ns).
+    pub latency_ns: f64,
+    /// IOs behind it.
+    pub ios: u64,
+    /// Live hosts that contributed (completed at least one IO).
+    pub hosts: usize,
+}
+
+/// Cluster-wide average latency from per-host reports; see the module comment.
+#[derive(Clone, Debug)]
+pub struct Aggregator {
+    timeout: Nanos,
+    peers: BTreeMap<u32, PeerState>,
+    now: Nanos,
+    regressions: u64,
+}
+
+impl Aggregator {
+    /// Hosts whose last new report is older than `timeout` are left out.
+    pub fn new(timeout: Nanos) -> Result<Self, PardaError> {
+        if timeout == Nanos::ZERO {
+            return Err(PardaError::Timeout);
+        }
+        Ok(Aggregator { timeout, peers: BTreeMap::new(), now: Nanos::ZERO, regressions: 0 })
+    }
+
+    pub fn timeout(&self) -> Nanos {
+        self.timeout
+    }
+
+    fn clock(&mut self, now: Nanos) -> Nanos {
+        if now < self.now {
+            self.regressions += 1;
+        } else {
+            self.now = now;
+        }
+        self.now
+    }
+
+    /// A report received at local time `now`.
+    pub fn accept(&mut self, now: Nanos, r: HostReport) -> Result<Accept, PardaError> {
+        let now = self.clock(now);
+        if r.host >= MAX_HOSTS {
+            return Err(PardaError::HostId { id: r.host, max: MAX_HOSTS });
+        }
+        let verdict = match self.peers.get(&r.host) {
+            None => Accept::First,
+            Some(p) if p.last.epoch != r.epoch => Accept::Restarted,
+            Some(p) if r.seq > p.last.seq => Accept::Newer,
+            Some(p) if r.seq == p.last.seq => Accept::Duplicate,
+            Some(_) => Accept::Stale,
+        };
+        if verdict.accepted() {
+            self.peers.insert(r.host, PeerState { last: r, received: now });
+        }
+        Ok(verdict)
+    }
+
+    fn live(&self, p: &PeerState) -> bool {
+        self.now.saturating_sub(p.received) < self.timeout
+    }
+
+    /// Whether `host` is live at `now`.
+    pub fn is_live(&mut self, now: Nanos, host: u32) -> bool {
+        self.clock(now);
+        self.peers.get(&host).is_some_and(|p| self.live(p))
+    }
+
+    /// Live hosts at `now`, by id.
+    pub fn live_hosts(&mut self, now: Nanos) -> Vec<u32> {
+        self.clock(now);
+        self.peers.iter().filter(|(_, p)| self.live(p)).map(|(h, _)| *h).collect()
+    }
+
+    /// Every peer ever accepted (live or not), by id.
+    pub fn peers(&self) -> impl Iterator<Item = (&u32, &PeerState)> {
+        self.peers.iter()
+    }
+
+    /// The cluster signal at `now`, or `None` when no live host completed an IO.
+    pub fn cluster(&mut self, now: Nanos) -> Option<ClusterLatency> {
+        self.clock(now);
+        let (mut ios, mut weighted, mut hosts) = (0u128, 0f64, 0usize);
+        for p in self.peers.values().filter(|p| self.live(p) && p.last.ios > 0) {
+            ios += p.last.ios as u128;
+            weighted += p.last.latency_ns as f64 * p.last.ios as f64;
+            hosts += 1;
+        }
+        (ios > 0).then(|| ClusterLatency { latency_ns: weighted / ios as f64, ios: ios.min(u64::MAX as u128) as u64, hosts })
+    }
+
+    /// How many times `now` went backwards (and was clamped).
+    pub fn time_regressions(&self) -> u64 {
+        self.regressions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rep(host: u32, seq: u64, lat_ms: u64, ios: u64) -> HostReport {
+        HostReport { host, epoch: 1, seq, timestamp: Nanos::from_secs(seq), latency_ns: lat_ms * 1_000_000, ios }
+    }
+
+    #[test]
+    fn io_weighted_average_of_live_hosts() {
+        let mut a = Aggregator::new(Nanos::from_secs(5)).unwrap();
+        assert_eq!(a.cluster(Nanos(0)), None);
+        assert_eq!(a.accept(Nanos(0), rep(1, 1, 40, 100)).unwrap(), Accept::First);
+        assert_eq!(a.accept(Nanos(0), rep(2, 1, 20, 300)).unwrap(), Accept::First);
+        assert_eq!(a.accept(Nanos(0), rep(3, 1, 1000, 0)).unwrap(), Accept::First);
+        let c = a.cluster(Nanos(1)).unwrap();
+        assert_eq!((c.latency_ns, c.ios, c.hosts), (25e6, 400, 2), "host 3 had no IOs: weight 0");
+    }
+
+    #[test]
+    fn duplicates_and_stale_reports_are_ignored_and_do_not_keep_a_host_alive() {
+        let mut a = Aggregator::new(Nanos::from_secs(5)).unwrap();
+        a.accept(Nanos::from_secs(0), rep(1, 7, 40, 100)).unwrap();
+        assert_eq!(a.accept(Nanos::from_secs(4), rep(1, 7, 40, 100)).unwrap(), Accept::Duplicate);
+        assert_eq!(a.accept(Nanos::from_secs(4), rep(1, 6, 99, 100)).unwrap(), Accept::Stale);
+        assert_eq!(a.cluster(Nanos::from_secs(4)).unwrap().latency_ns, 40e6);
+        // Liveness counts from the first receipt of seq 7: at 5 s it is gone.
+        assert_eq!(a.cluster(Nanos::from_secs(5)), None);
+        assert!(!a.is_live(Nanos::from_secs(5), 1));
+        // It comes back with a new report.
+        assert_eq!(a.accept(Nanos::from_secs(9), rep(1, 8, 30, 10)).unwrap(), Accept::Newer);
+        assert_eq!(a.live_hosts(Nanos::from_secs(9)), vec![1]);
+    }
+
+    #[test]
+    fn a_restarted_host_is_accepted_from_seq_1() {
+        let mut a = Aggregator::new(Nanos::from_secs(5)).unwrap();
+        a.accept(Nanos(0), rep(1, 500, 40, 100)).unwrap();
+        let r = HostReport { epoch: 2, ..rep(1, 1, 10, 100) };
+        assert_eq!(a.accept(Nanos(1), r).unwrap(), Accept::Restarted);
+        assert_eq!(a.cluster(Nanos(1)).unwrap().latency_ns, 10e6);
+    }
+
+    #[test]
+    fn a_peer_clock_jump_changes_nothing() {
+        // Host 2's timestamps leap an hour ahead, then a day back; its sequence numbers keep going.
+        let mut a = Aggregator::new(Nanos::from_secs(5)).unwrap();
+        let mut t = Nanos::from_secs(100);
+        for seq in 1..20u64 {
+            let ts = match seq {
+                1..=5 => Nanos::from_secs(1000 + seq),
+                6..=10 => Nanos::from_secs(1000 + 3600 + seq),
+                _ => Nanos::from_secs(seq),
+            };
+            a.accept(t, rep(1, seq, 30, 100)).unwrap();
+            assert!(a.accept(t, HostReport { timestamp: ts, ..rep(2, seq, 10, 100) }).unwrap().accepted());
+            assert_eq!(a.cluster(t).unwrap(), ClusterLatency { latency_ns: 20e6, ios: 200, hosts: 2 });
+            t = t.saturating_add(Nanos::from_secs(2));
+        }
+    }
+
+    #[test]
+    fn bounds_and_bad_input() {
+        assert_eq!(Aggregator::new(Nanos::ZERO).unwrap_err(), PardaError::Timeout);
+        let mut a = Aggregator::new(Nanos(1)).unwrap();
+        assert!(matches!(a.accept(Nanos(0), rep(MAX_HOSTS, 1, 1, 1)), Err(PardaError::HostId { .. })));
+        assert!(a.accept(Nanos(0), rep(MAX_HOSTS - 1, 1, 1, 1)).is_ok());
+        // Time going backwards is clamped and counted.
+        a.accept(Nanos(100), rep(1, 1, 1, 1)).unwrap();
+        a.accept(Nanos(50), rep(2, 1, 1, 1)).unwrap();
+        assert_eq!(a.time_regressions(), 1);
+        // Huge values do not overflow the average.
+        let mut a = Aggregator::new(Nanos::from_secs(1)).unwrap();
+        for h in 0..MAX_HOSTS {
+            a.accept(Nanos(0), HostReport { latency_ns: u64::MAX, ios: u64::MAX, ..rep(h, 1, 0, 0) }).unwrap();
+        }
+        let c = a.cluster(Nanos(0)).unwrap();
+        assert_eq!(c.hosts, MAX_HOSTS as usize);
+        assert!((c.latency_ns - u64::MAX as f64).abs() / (u64::MAX as f64) < 1e-9);
+    }
+}

@@ -1,0 +1,358 @@
+//! One PARDA host: the local scheduler that divides the window among VMs (§3.3), eq. (1)'s estimator,
+//! eq. (2)'s window, and eq. (4)'s beta, as one sans-IO state machine.
+//!
+//! The local scheduler is any [`Scheduler`] (PARDA uses SFQ with bounded batching of nearby requests,
+//! §3.3: [`SchedulerKind::Sfq`] with [`SchedConfig::batch`] / [`SchedConfig::batch_distance`]; with
+//! [`SchedulerKind::Mclock`] the VMs can also have reservations and limits inside the host's share).
+//! The VMs are its tenants and their [`QosSpec`] weights are their shares s_i.
+//!
+//! The host releases requests to the array while `outstanding < issue limit` (invariant 3 of `parda`);
+//! a completion frees a slot. Once per period ([`HostController::poll_timeout`]) the caller publishes
+//! [`HostController::report`], obtains the latency signal (its own estimate, or the cluster average from
+//! an [`super::Aggregator`]) and calls [`HostController::on_period`].
+
+use super::{
+    HostReport, LatencyEstimator, PardaConfig, PardaError, ShareTracker, VmUsage, WindowController, MAX_BETA, MAX_HOSTS,
+    MAX_VMS_PER_HOST, MAX_WINDOW,
+};
+use crate::sched::{Poll, Request, SchedConfig, Scheduler, SchedulerKind, TenantId};
+use crate::spec::QosSpec;
+use crate::units::Nanos;
+
+/// Per-host parameters.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct HostConfig {
+    /// The host's id in reports (below [`MAX_HOSTS`]).
+    pub id: u32,
+    /// Incarnation number carried in reports: a host that restarts picks a different one, so peers accept
+    /// its sequence numbers from the start again.
+    pub epoch: u64,
+    /// beta before eq. (4)'s scaling. `None`: `beta_per_share` times the sum of the VMs' shares.
+    pub beta: Option<f64>,
+    /// K of §3.4 (`beta = K * sum s_i`); used when `beta` is `None`.
+    pub beta_per_share: f64,
+    /// The local scheduler among the host's VMs.
+    pub scheduler: SchedulerKind,
+    pub sched: SchedConfig,
+    /// An uncontrolled host: a fixed issue queue of this many IOs, never updated.
+    pub fixed_window: Option<f64>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            id: 0,
+            epoch: 0,
+            beta: None,
+            beta_per_share: 1.0,
+            scheduler: SchedulerKind::Sfq,
+            sched: SchedConfig::default(),
+            fixed_window: None,
+        }
+    }
+}
+
+impl HostConfig {
+    pub fn validate(&self) -> Result<(), PardaError> {
+        if self.id >= MAX_HOSTS {
+            return Err(PardaError::HostId { id: self.id, max: MAX_HOSTS });
+        }
+        if let Some(b) = self.beta {
+            if !(b.is_finite() && b > 0.0 && b <= MAX_BETA) {
+                return Err(PardaError::Beta { value: b, max: MAX_BETA });
+            }
+        }
+        if !(self.beta_per_share.is_finite() && self.beta_per_share > 0.0) {
+            return Err(PardaError::BetaPerShare(self.beta_per_share));
+        }
+        if let Some(w) = self.fixed_window {
+            if !(w.is_finite() && (1.0..=MAX_WINDOW).contains(&w)) {
+                return Err(PardaError::FixedWindow { value: w, max: MAX_WINDOW });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one period's update decided.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct PeriodOutcome {
+    /// w(t+1).
+    pub window: f64,
+    /// beta used in the update (after eq. (4)).
+    pub beta: f64,
+    /// The latency signal used (ns), if any.
+    pub signal_ns: Option<f64>,
+    /// IOs completed in the period that ended.
+    pub ios: u64,
+}
+
+/// A snapshot of a host's state.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct HostStats {
+    pub window: f64,
+    pub issue_limit: u32,
+    pub beta: f64,
+    /// beta before eq. (4).
+    pub beta_base: f64,
+    /// IOs issued to the array and not completed.
+    pub outstanding: u32,
+    /// IOs waiting in the local scheduler.
+    pub queued: usize,
+    /// The host's own eq. (1) estimate (ns).
+    pub estimate_ns: Option<f64>,
+    pub periods: u64,
+    pub completed: u64,
+}
+
+/// One host; see the module comment.
+pub struct HostController {
+    config: PardaConfig,
+    host: HostConfig,
+    sched: Box<dyn Scheduler>,
+    estimator: LatencyEstimator,
+    window: WindowController,
+    shares: ShareTracker,
+    /// The VM id at each scheduler slot (so a completion of a removed VM is not charged to a newcomer).
+    vms: Vec<Option<TenantId>>,
+    vm_count: usize,
+    beta: f64,
+    outstanding: u32,
+    now: Nanos,
+    regressions: u64,
+    period_start: Nanos,
+    period_ios: u64,
+    periods: u64,
+    completed: u64,
+    seq: u64,
+    usage: Vec<(TenantId, VmUsage)>,
+}
+
+impl std::fmt::Debug for HostController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostController").field("host", &self.host).field("stats", &self.stats()).finish()
+    }
+}
+
+impl HostController {
+    /// A host starting its first period at `now`.
+    pub fn new(config: PardaConfig, host: HostConfig, now: Nanos) -> Result<Self, PardaError> {
+        config.validate()?;
+        host.validate()?;
+        let window = match host.fixed_window {
+            Some(w) => WindowController::fixed(w),
+            None => WindowController::new(&config),
+        };
+        let mut h = HostController {
+            config,
+            host,
+            sched: host.scheduler.build(host.sched),
+            estimator: LatencyEstimator::new(config.alpha, config.size_model),
+            window,
+            shares: ShareTracker::new(now),
+            vms: Vec::new(),
+            vm_count: 0,
+            beta: 0.0,
+            outstanding: 0,
+            now,
+            regressions: 0,
+            period_start: now,
+            period_ios: 0,
+            periods: 0,
+            completed: 0,
+            seq: 0,
+            usage: Vec::new(),
+        };
+        h.beta = h.beta_base();
+        Ok(h)
+    }
+
+    fn clock(&mut self, now: Nanos) -> Nanos {
+        // Invariant 5.
+        if now < self.now {
+            self.regressions += 1;
+        } else {
+            self.now = now;
+        }
+        self.now
+    }
+
+    /// beta before eq. (4): the configured beta, or K times the sum of the VMs' shares.
+    pub fn beta_base(&self) -> f64 {
+        self.host.beta.unwrap_or_else(|| self.host.beta_per_share * self.shares.total_share())
+    }
+
+    /// The beta in use (after eq. (4) at the last period's end).
+    pub fn beta(&self) -> f64 {
+        self.beta
+    }
+
+    pub fn config(&self) -> &PardaConfig {
+        &self.config
+    }
+
+    pub fn host_config(&self) -> &HostConfig {
+        &self.host
+    }
+
+    /// Adds a VM whose share is `spec.weight()` (and, with mClock, reservation and limit).
+    pub fn add_vm(&mut self, spec: QosSpec) -> Result<TenantId, PardaError> {
+        if self.vm_count >= MAX_VMS_PER_HOST {
+            return Err(PardaError::TooManyVms { max: MAX_VMS_PER_HOST });
+        }
+        let id = self.sched.add_tenant(spec)?;
+        if self.vms.len() <= id.index() {
+            self.vms.resize(id.index() + 1, None);
+        }
+        self.vms[id.index()] = Some(id);
+        self.vm_count += 1;
+        self.shares.add(self.now, id.index(), spec.weight());
+        if self.periods == 0 {
+            self.beta = self.beta_base();
+        }
+        Ok(id)
+    }
+
+    /// Changes a VM's spec (its share takes effect in beta from the next period).
+    pub fn set_vm_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), PardaError> {
+        self.sched.set_spec(id, spec)?;
+        self.shares.set_share(id.index(), spec.weight());
+        Ok(())
+    }
+
+    /// Removes a VM; returns the handles it still had queued at the host (its IOs at the array still
+    /// complete through [`HostController::on_complete`]).
+    pub fn remove_vm(&mut self, id: TenantId) -> Result<Vec<u64>, PardaError> {
+        let handles = self.sched.remove_tenant(id)?;
+        self.vms[id.index()] = None;
+        self.vm_count -= 1;
+        self.shares.remove(id.index());
+        Ok(handles)
+    }
+
+    /// A VM's IO arrives at the host.
+    pub fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), PardaError> {
+        let now = self.clock(now);
+        self.sched.enqueue(now, req)?;
+        self.shares.arrived(now, req.tenant.index());
+        Ok(())
+    }
+
+    /// The next IO to issue to the array, if the window allows one (invariant 3). [`Poll::Empty`] means
+    /// nothing may go now: the local queue is empty or the window is full; poll again after a completion
+    /// or an arrival. [`Poll::Wait`] comes from the local scheduler (mClock limits).
+    pub fn poll(&mut self, now: Nanos) -> Poll {
+        let now = self.clock(now);
+        if self.outstanding >= self.window.issue_limit() {
+            return Poll::Empty;
+        }
+        let p = self.sched.poll(now, self.outstanding == 0);
+        if let Poll::Dispatch(_) = p {
+            self.outstanding += 1;
+            debug_assert!(self.outstanding <= self.window.issue_limit(), "invariant 3");
+        }
+        p
+    }
+
+    /// Whether the window is what holds requests back now.
+    pub fn window_full(&self) -> bool {
+        self.outstanding >= self.window.issue_limit()
+    }
+
+    /// An IO of `vm` issued by this host completed after `latency` (issue to completion).
+    pub fn on_complete(&mut self, now: Nanos, vm: TenantId, latency: Nanos, size: u64) -> Result<(), PardaError> {
+        let now = self.clock(now);
+        if self.outstanding == 0 {
+            return Err(PardaError::UnexpectedCompletion);
+        }
+        self.outstanding -= 1;
+        if self.vms.get(vm.index()).copied().flatten() == Some(vm) {
+            self.shares.departed(now, vm.index());
+        }
+        self.estimator.observe(latency, size);
+        self.period_ios += 1;
+        self.completed += 1;
+        self.window.on_slot_freed();
+        Ok(())
+    }
+
+    /// An IO the host had queued was dropped before issue (e.g. the caller failed it): keeps eq. (4)'s
+    /// outstanding counts right.
+    pub fn on_dropped(&mut self, now: Nanos, vm: TenantId) {
+        let now = self.clock(now);
+        if self.vms.get(vm.index()).copied().flatten() == Some(vm) {
+            self.shares.departed(now, vm.index());
+        }
+    }
+
+    /// When the current period ends: call [`HostController::on_period`] at or after this time.
+    pub fn poll_timeout(&self) -> Nanos {
+        self.period_start.saturating_add(self.config.period)
+    }
+
+    /// The record to publish for the period in progress (each call has a new sequence number).
+    pub fn report(&mut self, now: Nanos) -> HostReport {
+        let now = self.clock(now);
+        self.seq += 1;
+        HostReport {
+            host: self.host.id,
+            epoch: self.host.epoch,
+            seq: self.seq,
+            timestamp: now,
+            latency_ns: self.estimator.estimate_ns().map_or(0, |l| l.round().min(u64::MAX as f64) as u64),
+            ios: self.period_ios,
+        }
+    }
+
+    /// The host's own eq. (1) estimate, the signal for local-only control (§4.1).
+    pub fn local_estimate_ns(&self) -> Option<f64> {
+        self.estimator.estimate_ns()
+    }
+
+    /// Ends the period: beta by eq. (4) from the period's usage, then the window by eq. (2) with the
+    /// latency signal `signal_ns` (the cluster average, or the host's own estimate; `None`: no IO
+    /// anywhere, the window is held).
+    pub fn on_period(&mut self, now: Nanos, signal_ns: Option<f64>) -> PeriodOutcome {
+        let now = self.clock(now);
+        let base = self.beta_base();
+        let (beta, usage) = self.shares.end_period(now, self.window.window(), base, self.config.adjust_beta);
+        self.usage.clear();
+        self.usage.extend(usage.into_iter().filter_map(|(slot, u)| self.vms.get(slot).copied().flatten().map(|id| (id, u))));
+        self.beta = beta;
+        let window = self.window.update(signal_ns, beta);
+        let ios = self.period_ios;
+        self.period_ios = 0;
+        self.period_start = now;
+        self.periods += 1;
+        PeriodOutcome { window, beta, signal_ns, ios }
+    }
+
+    /// Each VM's eq. (4) accounting for the last period.
+    pub fn vm_usage(&self) -> &[(TenantId, VmUsage)] {
+        &self.usage
+    }
+
+    /// The local scheduler (per-VM statistics and specs).
+    pub fn scheduler(&self) -> &dyn Scheduler {
+        self.sched.as_ref()
+    }
+
+    pub fn stats(&self) -> HostStats {
+        HostStats {
+            window: self.window.window(),
+            issue_limit: self.window.issue_limit(),
+            beta: self.beta,
+            beta_base: self.beta_base(),
+            outstanding: self.outstanding,
+            queued: self.sched.queued(),
+            estimate_ns: self.estimator.estimate_ns(),
+            periods: self.periods,
+            completed: self.completed,
+        }
+    }
+
+    /// How many times `now` went backwards (and was clamped).
+    pub fn time_regressions(&self) -> u64 {
+        self.regressions + self.sched.time_regressions()
+    }
+}
