@@ -1,0 +1,240 @@
+//! PARDA's latency-aggregation record (parda.txt §4.2) as a fixed-size block, encode/decode without IO.
+//!
+//! Every transport carries the same 64-byte record: a UDP datagram is exactly one record; in the shared
+//! file each host owns one [`SLOT_BYTES`]-byte slot (sector aligned, so one host's write can never tear
+//! another's) whose first 64 bytes are its record and the rest zero.
+//!
+//! # Layout (little endian)
+//! ```text
+//! offset size field
+//!      0    4 magic       "RPDA" (0x41445052 as u32 LE)
+//!      4    2 version     1
+//!      6    2 length      64 (the record's size: later versions may grow it)
+//!      8    4 host        host id, < rein_core::parda::MAX_HOSTS
+//!     12    4 reserved    0
+//!     16    8 epoch       the host's incarnation
+//!     24    8 seq         report sequence number (>= 1)
+//!     32    8 timestamp   sender's clock, ns (diagnostics only)
+//!     40    8 latency_ns  the host's eq. (1) estimate
+//!     48    8 ios         IOs completed in the period
+//!     56    4 reserved    0
+//!     60    4 crc32       CRC-32 (IEEE) of bytes 0..60
+//! ```
+//!
+//! # What decoding guarantees
+//! Every byte is covered: the CRC covers bytes 0..60 and reserved fields must be zero, so any single-bit
+//! flip anywhere in the record (checksum included) is reported as an error, and so is any burst of up to
+//! 32 flipped bits (CRC-32 detects those). A torn write (part old, part new record) fails the CRC. A
+//! never-written slot (all zero) decodes as [`Slot::Empty`], not an error. Input of the wrong size is an
+//! error naming the size. Decoding never panics (a proptest feeds it random bytes).
+
+use rein_core::parda::{HostReport, MAX_HOSTS};
+use rein_core::Nanos;
+
+/// Bytes in one record.
+pub const RECORD_BYTES: usize = 64;
+/// Bytes per host in the shared file (one sector).
+pub const SLOT_BYTES: usize = 512;
+pub const MAGIC: u32 = u32::from_le_bytes(*b"RPDA");
+pub const VERSION: u16 = 1;
+
+/// Why bytes are not a valid record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("record is {got} bytes, expected {want}")]
+    Size { got: usize, want: usize },
+    #[error("bad magic {0:#010x} (not a PARDA record)")]
+    Magic(u32),
+    #[error("unsupported record version {0} (this build reads version {VERSION})")]
+    Version(u16),
+    #[error("record length field {0}, expected {RECORD_BYTES}")]
+    Length(u16),
+    #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("reserved bytes are not zero")]
+    Reserved,
+    #[error("host id {0} out of range (at most {MAX_HOSTS} hosts)")]
+    Host(u32),
+    #[error("sequence number 0 is never sent")]
+    Seq,
+    #[error("slot padding after the record is not zero")]
+    Padding,
+}
+
+/// Encodes a report as a record.
+pub fn encode(r: &HostReport) -> [u8; RECORD_BYTES] {
+    assert!(r.host < MAX_HOSTS, "host ids are validated by rein-core (HostConfig::validate)");
+    let mut b = [0u8; RECORD_BYTES];
+    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    b[6..8].copy_from_slice(&(RECORD_BYTES as u16).to_le_bytes());
+    b[8..12].copy_from_slice(&r.host.to_le_bytes());
+    b[16..24].copy_from_slice(&r.epoch.to_le_bytes());
+    b[24..32].copy_from_slice(&r.seq.to_le_bytes());
+    b[32..40].copy_from_slice(&r.timestamp.0.to_le_bytes());
+    b[40..48].copy_from_slice(&r.latency_ns.to_le_bytes());
+    b[48..56].copy_from_slice(&r.ios.to_le_bytes());
+    let crc = crc32fast::hash(&b[..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+/// Decodes exactly one record (a datagram).
+pub fn decode(b: &[u8]) -> Result<HostReport, RecordError> {
+    if b.len() != RECORD_BYTES {
+        return Err(RecordError::Size { got: b.len(), want: RECORD_BYTES });
+    }
+    let magic = u32_at(b, 0);
+    if magic != MAGIC {
+        return Err(RecordError::Magic(magic));
+    }
+    // The checksum first: a flipped bit in the version or length is corruption, not a future format.
+    let stored = u32_at(b, 60);
+    let computed = crc32fast::hash(&b[..60]);
+    if stored != computed {
+        return Err(RecordError::Checksum { stored, computed });
+    }
+    let version = u16::from_le_bytes([b[4], b[5]]);
+    if version != VERSION {
+        return Err(RecordError::Version(version));
+    }
+    let len = u16::from_le_bytes([b[6], b[7]]);
+    if len as usize != RECORD_BYTES {
+        return Err(RecordError::Length(len));
+    }
+    if u32_at(b, 12) != 0 || u32_at(b, 56) != 0 {
+        return Err(RecordError::Reserved);
+    }
+    let host = u32_at(b, 8);
+    if host >= MAX_HOSTS {
+        return Err(RecordError::Host(host));
+    }
+    let seq = u64_at(b, 24);
+    if seq == 0 {
+        return Err(RecordError::Seq);
+    }
+    Ok(HostReport {
+        host,
+        epoch: u64_at(b, 16),
+        seq,
+        timestamp: Nanos(u64_at(b, 32)),
+        latency_ns: u64_at(b, 40),
+        ios: u64_at(b, 48),
+    })
+}
+
+/// A slot of the shared file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// Never written (all zero).
+    Empty,
+    Record(HostReport),
+}
+
+/// Encodes a report into a whole slot (record, then zero padding).
+pub fn encode_slot(r: &HostReport) -> [u8; SLOT_BYTES] {
+    let mut s = [0u8; SLOT_BYTES];
+    s[..RECORD_BYTES].copy_from_slice(&encode(r));
+    s
+}
+
+/// Decodes one slot of the shared file.
+pub fn decode_slot(s: &[u8]) -> Result<Slot, RecordError> {
+    if s.len() != SLOT_BYTES {
+        return Err(RecordError::Size { got: s.len(), want: SLOT_BYTES });
+    }
+    if s.iter().all(|&x| x == 0) {
+        return Ok(Slot::Empty);
+    }
+    let r = decode(&s[..RECORD_BYTES])?;
+    if s[RECORD_BYTES..].iter().any(|&x| x != 0) {
+        return Err(RecordError::Padding);
+    }
+    Ok(Slot::Record(r))
+}
+
+/// Byte offset of `host`'s slot in the shared file.
+pub fn slot_offset(host: u32) -> u64 {
+    host as u64 * SLOT_BYTES as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> HostReport {
+        HostReport { host: 3, epoch: 0xDEAD_BEEF, seq: 42, timestamp: Nanos(123_456_789), latency_ns: 31_000_000, ios: 6_700 }
+    }
+
+    #[test]
+    fn round_trip() {
+        let r = sample();
+        assert_eq!(decode(&encode(&r)).unwrap(), r);
+        assert_eq!(decode_slot(&encode_slot(&r)).unwrap(), Slot::Record(r));
+        assert_eq!(decode_slot(&[0u8; SLOT_BYTES]).unwrap(), Slot::Empty);
+        let max = HostReport { host: MAX_HOSTS - 1, epoch: u64::MAX, seq: u64::MAX, timestamp: Nanos::MAX, latency_ns: u64::MAX, ios: u64::MAX };
+        assert_eq!(decode(&encode(&max)).unwrap(), max);
+        assert_eq!(&encode(&r)[0..4], b"RPDA");
+        assert_eq!(slot_offset(3), 1536);
+    }
+
+    #[test]
+    fn clear_errors() {
+        let r = sample();
+        let e = decode(&encode(&r)[..63]).unwrap_err();
+        assert_eq!(e, RecordError::Size { got: 63, want: 64 });
+        assert!(e.to_string().contains("63 bytes, expected 64"));
+        let mut long = encode(&r).to_vec();
+        long.push(0);
+        assert!(matches!(decode(&long), Err(RecordError::Size { got: 65, .. })));
+        assert!(matches!(decode(&[0u8; 64]), Err(RecordError::Magic(0))));
+        let mut b = encode(&r);
+        b[45] ^= 0x10;
+        assert!(decode(&b).unwrap_err().to_string().contains("torn or corrupt"));
+        // Valid checksum over bad fields: still refused, naming the field.
+        let reseal = |mut b: [u8; 64]| {
+            let crc = crc32fast::hash(&b[..60]);
+            b[60..64].copy_from_slice(&crc.to_le_bytes());
+            b
+        };
+        let mut b = encode(&r);
+        b[4] = 9;
+        assert_eq!(decode(&reseal(b)), Err(RecordError::Version(9)));
+        let mut b = encode(&r);
+        b[6] = 128;
+        assert_eq!(decode(&reseal(b)), Err(RecordError::Length(128)));
+        let mut b = encode(&r);
+        b[13] = 1;
+        assert_eq!(decode(&reseal(b)), Err(RecordError::Reserved));
+        let mut b = encode(&r);
+        b[8..12].copy_from_slice(&MAX_HOSTS.to_le_bytes());
+        assert_eq!(decode(&reseal(b)), Err(RecordError::Host(MAX_HOSTS)));
+        let mut b = encode(&r);
+        b[24..32].fill(0);
+        assert_eq!(decode(&reseal(b)), Err(RecordError::Seq));
+        let mut s = encode_slot(&r);
+        s[300] = 1;
+        assert_eq!(decode_slot(&s), Err(RecordError::Padding));
+        assert!(matches!(decode_slot(&s[..511]), Err(RecordError::Size { got: 511, want: 512 })));
+    }
+
+    #[test]
+    fn a_torn_write_is_detected() {
+        // First half of a new record over the second half of an old one.
+        let old = encode(&sample());
+        let new = encode(&HostReport { seq: 43, latency_ns: 29_000_000, ios: 7_000, ..sample() });
+        let mut torn = old;
+        torn[..32].copy_from_slice(&new[..32]);
+        assert!(matches!(decode(&torn), Err(RecordError::Checksum { .. })));
+        let mut torn = new;
+        torn[..32].copy_from_slice(&old[..32]);
+        assert!(matches!(decode(&torn), Err(RecordError::Checksum { .. })));
+    }
+}
