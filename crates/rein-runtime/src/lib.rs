@@ -3,8 +3,10 @@
 //! The tokio layer between the sans-IO core and real storage: storage backends ([`storage`]), a modelled
 //! device for repeatable experiments ([`devmodel`]), and the QoS dispatcher ([`dispatch`]) that drives a
 //! rein-core scheduler on a monotonic clock. The NBD server and the admin endpoint build on these.
+//! [`aggregate`] carries PARDA's cluster latency between hosts (a shared file, or UDP).
 
 pub mod admin;
+pub mod aggregate;
 pub mod client;
 pub mod config;
 pub mod devmodel;

@@ -1,0 +1,227 @@
+//! PARDA latency aggregation over real transports (parda.txt §4.2), feeding the core's
+//! [`rein_core::parda::Aggregator`].
+//!
+//! Each host publishes its [`HostReport`] once per control period and collects everyone's; the core
+//! aggregator turns what arrived into the cluster signal (IO-weighted average of live hosts), ignoring
+//! duplicates and stale reports and dropping hosts silent for longer than its timeout (by the local
+//! clock, never the peers'). The record is rein-proto's 64-byte block with a CRC-32: corrupt or torn
+//! records are counted and skipped, never fed to the aggregator.
+//!
+//! - [`FileAggregation`] (§4.2 filesystem-based): a shared file on the shared storage; host `i` owns the
+//!   512-byte slot at offset `512 * i` and overwrites it each period with one positioned write
+//!   (`pwrite`); every host reads the whole file back with one positioned read. Sector-sized slots mean a
+//!   host's write never overlaps another's. Blocking calls: run them on a blocking thread (they are one
+//!   small IO each, once per period).
+//! - [`UdpAggregation`] (§4.2 network-based): each host sends its record as one datagram to every peer;
+//!   peers are configured as (host id, address) pairs and a datagram is accepted only from the address
+//!   configured for the host id it names (a misconfigured or spoofing sender is counted, not believed).
+//!
+//! Time (`now`) is passed in by the caller, as in the core: liveness is the caller's monotonic clock at
+//! collection time, so tests drive it explicitly and a daemon passes its clock.
+
+use rein_core::parda::{Accept, Aggregator, HostReport, MAX_HOSTS};
+use rein_core::Nanos;
+use rein_proto::parda::{decode, decode_slot, encode, encode_slot, slot_offset, RecordError, Slot, RECORD_BYTES, SLOT_BYTES};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Largest datagram read (anything longer than a record is refused as oversized).
+const MAX_DATAGRAM: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AggregationError {
+    #[error("host id {id} out of range for this aggregation file ({max} slots)")]
+    HostId { id: u32, max: u32 },
+    #[error("aggregation file must have between 1 and {MAX_HOSTS} slots, got {0}")]
+    Slots(u32),
+    #[error("{op} on the aggregation file failed: {source}")]
+    Io { op: &'static str, source: io::Error },
+    #[error("two peers have host id {0}")]
+    DuplicatePeer(u32),
+}
+
+/// What one collection saw.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CollectStats {
+    /// New reports fed to the aggregator.
+    pub accepted: usize,
+    /// Reports the aggregator had already seen (re-read blocks, repeated datagrams).
+    pub duplicate: usize,
+    /// Older than what the aggregator has for that host.
+    pub stale: usize,
+    /// Never-written slots.
+    pub empty: usize,
+    /// Records that failed to decode (checksum, size, magic, ...), with where they came from: the slot
+    /// index (file) or the sender (UDP).
+    pub corrupt: Vec<(String, RecordError)>,
+    /// Valid records that named the wrong host for where they were found (slot or sender address).
+    pub misplaced: usize,
+}
+
+impl CollectStats {
+    fn count(&mut self, a: Accept) {
+        match a {
+            Accept::First | Accept::Newer | Accept::Restarted => self.accepted += 1,
+            Accept::Duplicate => self.duplicate += 1,
+            Accept::Stale => self.stale += 1,
+        }
+    }
+}
+
+/// The filesystem-based transport; see the module comment.
+#[derive(Debug)]
+pub struct FileAggregation {
+    file: File,
+    slots: u32,
+    buf: Vec<u8>,
+}
+
+impl FileAggregation {
+    /// Opens (creating it if needed, never truncating) the shared file with room for `slots` hosts.
+    pub fn open(path: &Path, slots: u32) -> Result<FileAggregation, AggregationError> {
+        if slots == 0 || slots > MAX_HOSTS {
+            return Err(AggregationError::Slots(slots));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|source| AggregationError::Io { op: "open", source })?;
+        Ok(FileAggregation { file, slots, buf: vec![0; slots as usize * SLOT_BYTES] })
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Writes `report` into its host's slot (one `pwrite` of 512 bytes).
+    pub fn publish(&self, report: &HostReport) -> Result<(), AggregationError> {
+        if report.host >= self.slots {
+            return Err(AggregationError::HostId { id: report.host, max: self.slots });
+        }
+        self.file
+            .write_all_at(&encode_slot(report), slot_offset(report.host))
+            .map_err(|source| AggregationError::Io { op: "write", source })
+    }
+
+    /// Reads the whole file in one read and feeds every valid record to `agg` as received at `now`.
+    /// A file shorter than the slot table (hosts that never wrote) reads as empty slots.
+    pub fn collect(&mut self, now: Nanos, agg: &mut Aggregator) -> Result<CollectStats, AggregationError> {
+        self.buf.fill(0);
+        let mut got = 0;
+        // One positioned read; the loop only continues after a short read (signals, network filesystems).
+        while got < self.buf.len() {
+            let n = self.file.read_at(&mut self.buf[got..], got as u64).map_err(|source| AggregationError::Io { op: "read", source })?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let mut stats = CollectStats::default();
+        for (i, slot) in self.buf.chunks_exact(SLOT_BYTES).enumerate() {
+            match decode_slot(slot) {
+                Ok(Slot::Empty) => stats.empty += 1,
+                Ok(Slot::Record(r)) if r.host as usize != i => stats.misplaced += 1,
+                Ok(Slot::Record(r)) => {
+                    let a = agg.accept(now, r).expect("slot index is below MAX_HOSTS");
+                    stats.count(a);
+                }
+                Err(e) => stats.corrupt.push((format!("slot {i}"), e)),
+            }
+        }
+        Ok(stats)
+    }
+}
+
+/// The network-based transport; see the module comment.
+#[derive(Debug)]
+pub struct UdpAggregation {
+    socket: tokio::net::UdpSocket,
+    host: u32,
+    /// (host id, address) of every other host.
+    peers: Vec<(u32, SocketAddr)>,
+}
+
+impl UdpAggregation {
+    /// Binds `addr` for host `host` and sends to `peers` (host id, address); the host's own entry, if
+    /// present, is left out.
+    pub async fn bind(host: u32, addr: SocketAddr, peers: &[(u32, SocketAddr)]) -> Result<UdpAggregation, AggregationError> {
+        if host >= MAX_HOSTS {
+            return Err(AggregationError::HostId { id: host, max: MAX_HOSTS });
+        }
+        let mut v: Vec<(u32, SocketAddr)> = Vec::new();
+        for &(id, a) in peers {
+            if id >= MAX_HOSTS {
+                return Err(AggregationError::HostId { id, max: MAX_HOSTS });
+            }
+            if v.iter().any(|p| p.0 == id) {
+                return Err(AggregationError::DuplicatePeer(id));
+            }
+            if id != host {
+                v.push((id, a));
+            }
+        }
+        let socket = tokio::net::UdpSocket::bind(addr).await.map_err(|source| AggregationError::Io { op: "bind", source })?;
+        Ok(UdpAggregation { socket, host, peers: v })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// Sets the peers (e.g. once every host has bound and its port is known).
+    pub fn set_peers(&mut self, peers: &[(u32, SocketAddr)]) {
+        self.peers = peers.iter().copied().filter(|p| p.0 != self.host).collect();
+    }
+
+    /// Sends `report` to every peer (one datagram each); returns how many sends succeeded (a peer that is
+    /// down makes its send fail on some systems; that is not an error for the others).
+    pub async fn publish(&self, report: &HostReport) -> usize {
+        let rec = encode(report);
+        let mut ok = 0;
+        for &(_, a) in &self.peers {
+            if self.socket.send_to(&rec, a).await.is_ok() {
+                ok += 1;
+            }
+        }
+        ok
+    }
+
+    /// Waits until a datagram is ready to read, at most `timeout`; false on timeout.
+    pub async fn wait_readable(&self, timeout: std::time::Duration) -> bool {
+        tokio::time::timeout(timeout, self.socket.readable()).await.is_ok_and(|r| r.is_ok())
+    }
+
+    /// Reads every datagram already received (without waiting) and feeds the valid ones to `agg` as
+    /// received at `now`.
+    pub fn drain(&self, now: Nanos, agg: &mut Aggregator) -> CollectStats {
+        let mut stats = CollectStats::default();
+        let mut buf = [0u8; MAX_DATAGRAM];
+        loop {
+            let (n, from) = match self.socket.try_recv_from(&mut buf) {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // ICMP errors from earlier sends surface here on some systems; skip them.
+                Err(_) => continue,
+            };
+            if n > RECORD_BYTES {
+                stats.corrupt.push((from.to_string(), RecordError::Size { got: n, want: RECORD_BYTES }));
+                continue;
+            }
+            match decode(&buf[..n]) {
+                Err(e) => stats.corrupt.push((from.to_string(), e)),
+                Ok(r) if !self.peers.iter().any(|&(id, a)| id == r.host && a == from) => stats.misplaced += 1,
+                Ok(r) => {
+                    let a = agg.accept(now, r).expect("decoded host ids are below MAX_HOSTS");
+                    stats.count(a);
+                }
+            }
+        }
+        stats
+    }
+}

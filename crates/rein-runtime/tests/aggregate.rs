@@ -1,0 +1,275 @@
+//! PARDA latency aggregation over a real shared file and real UDP sockets on 127.0.0.x.
+//!
+//! Four hosts (threads for the file, tokio tasks for UDP, each UDP host on its own 127.0.0.x address)
+//! run twelve 2-second control periods. Time (`now`) is explicit; only the sockets and the file are real.
+//! Scripted faults, checked by every host every period:
+//! - host 3 stops reporting after period 4 (drops out once its last report is older than the 5 s
+//!   timeout: from period 7) and comes back at period 10 as a new incarnation (epoch 2, seq 1);
+//! - period 6: host 1's record is corrupted after it is written (a flipped byte in the file; a
+//!   bit-flipped datagram), and a valid record for host 1 arrives from the wrong place (another slot; an
+//!   unknown sender): counted and skipped; host 1 stays live on its previous report;
+//! - period 8: a torn write (half a new record over host 0's old one) in the file;
+//! - host 2's clock jumps an hour ahead at period 4 and a day back at period 8: its reports keep
+//!   counting (liveness and ordering use the receiver's clock and sequence numbers).
+use rein_core::parda::{Aggregator, HostReport};
+use rein_core::Nanos;
+use rein_proto::parda::{encode, encode_slot, SLOT_BYTES};
+use rein_runtime::aggregate::{CollectStats, FileAggregation, UdpAggregation};
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+const HOSTS: u32 = 4;
+const PERIODS: u64 = 12;
+const TIMEOUT: Nanos = Nanos::from_secs(5);
+
+fn now(k: u64) -> Nanos {
+    Nanos::from_secs(2 * k)
+}
+
+/// Whether host `h` reports in period `k`.
+fn reports(h: u32, k: u64) -> bool {
+    h != 3 || k <= 4 || k >= 10
+}
+
+/// Host `h`'s report for period `k`.
+fn report(h: u32, k: u64) -> HostReport {
+    let (epoch, seq) = if h == 3 && k >= 10 { (2, k - 9) } else { (1, k) };
+    let timestamp = match (h, k) {
+        (2, 4..=7) => Nanos::from_secs(3600 + 2 * k),
+        (2, 8..) => Nanos::from_secs(2 * k).saturating_sub(Nanos::from_secs(86_400)),
+        _ => now(k),
+    };
+    HostReport { host: h, epoch, seq, timestamp, latency_ns: (10 + 10 * h as u64 + k) * 1_000_000, ios: 100 * (h as u64 + 1) }
+}
+
+/// The report of host `h` the aggregators should use in period `k` (its latest valid one), if it is live.
+fn effective(h: u32, k: u64) -> Option<HostReport> {
+    let last = (1..=k).rev().find(|&j| reports(h, j))?;
+    // A report received at now(last) is live while now(k) - now(last) < 5 s.
+    if now(k).0 - now(last).0 >= TIMEOUT.0 {
+        return None;
+    }
+    // Corrupted in the file/network in period 6 (host 1) and torn in period 8 (host 0, file only):
+    // the previous one stands.
+    Some(report(h, last))
+}
+
+/// The expected signal in period `k`. `torn`: the file test's torn write to host 0 in period 8.
+/// `own1`: the viewer has host 1's period-6 report first-hand (UDP host 1 itself).
+fn expected(k: u64, torn: bool, own1: bool) -> (f64, usize) {
+    let (mut sum, mut ios, mut n) = (0.0, 0u64, 0);
+    for h in 0..HOSTS {
+        let Some(mut r) = effective(h, k) else { continue };
+        if (h == 1 && k == 6 && !own1) || (torn && h == 0 && k == 8) {
+            r = report(h, k - 1);
+        }
+        sum += r.latency_ns as f64 * r.ios as f64;
+        ios += r.ios;
+        n += 1;
+    }
+    (sum / ios as f64, n)
+}
+
+/// Checks a host's view in period `k`. Returns the problems found rather than panicking, so a failing
+/// host does not leave the others waiting at a barrier: the test asserts at the end.
+fn check(who: &str, k: u64, agg: &mut Aggregator, torn: bool, own1: bool) -> Vec<String> {
+    let mut errors = Vec::new();
+    let Some(c) = agg.cluster(now(k)) else { return vec![format!("{who}, period {k}: no live host")] };
+    let (want, hosts) = expected(k, torn, own1);
+    if c.hosts != hosts {
+        errors.push(format!("{who}, period {k}: {} live hosts, want {hosts} ({:?})", c.hosts, agg.live_hosts(now(k))));
+    }
+    if (c.latency_ns - want).abs() > 1e-6 {
+        errors.push(format!("{who}, period {k}: cluster latency {} vs {want}", c.latency_ns));
+    }
+    if agg.is_live(now(k), 3) != (k <= 6 || k >= 10) {
+        errors.push(format!("{who}, period {k}: host 3 liveness wrong"));
+    }
+    if !agg.is_live(now(k), 2) {
+        errors.push(format!("{who}, period {k}: host 2's clock jumps must not matter"));
+    }
+    errors
+}
+
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("rein-aggregate-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn shared_file_aggregation_with_faults() {
+    let path = temp_path("file");
+    let _ = std::fs::remove_file(&path);
+    let barrier = Arc::new(Barrier::new(HOSTS as usize + 1));
+    let mut threads = Vec::new();
+    for h in 0..HOSTS {
+        let (path, barrier) = (path.clone(), barrier.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut file = FileAggregation::open(&path, 8).unwrap();
+            let mut agg = Aggregator::new(TIMEOUT).unwrap();
+            let mut seen: Vec<CollectStats> = Vec::new();
+            let mut errors = Vec::new();
+            for k in 1..=PERIODS {
+                if reports(h, k) {
+                    file.publish(&report(h, k)).unwrap();
+                }
+                barrier.wait(); // everyone has written
+                barrier.wait(); // the gremlin has struck
+                let stats = file.collect(now(k), &mut agg).unwrap();
+                errors.extend(check(&format!("file host {h}"), k, &mut agg, true, false));
+                seen.push(stats);
+                barrier.wait(); // everyone has read
+            }
+            (seen, errors)
+        }));
+    }
+    let mut gremlin = None;
+    for k in 1..=PERIODS {
+        barrier.wait(); // everyone has written (so the file exists)
+        let gremlin = gremlin.get_or_insert_with(|| std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap());
+        match k {
+            6 => {
+                // Flip one byte of host 1's record; write a valid host-1 record into host 5's slot.
+                let mut b = [0u8; 1];
+                gremlin.read_exact_at(&mut b, SLOT_BYTES as u64 + 40).unwrap();
+                gremlin.write_all_at(&[b[0] ^ 0x04], SLOT_BYTES as u64 + 40).unwrap();
+                gremlin.write_all_at(&encode_slot(&report(1, 99)), 5 * SLOT_BYTES as u64).unwrap();
+            }
+            7 => gremlin.write_all_at(&[0u8; SLOT_BYTES], 5 * SLOT_BYTES as u64).unwrap(),
+            8 => {
+                // Torn write: the first half of host 0's next record over its current one.
+                let next = encode(&HostReport { seq: 100, latency_ns: 1, ..report(0, 8) });
+                gremlin.write_all_at(&next[..32], 0).unwrap();
+            }
+            _ => {}
+        }
+        barrier.wait(); // gremlin done
+        barrier.wait(); // everyone has read
+    }
+    for t in threads {
+        let (seen, errors) = t.join().unwrap();
+        assert!(errors.is_empty(), "{}", errors.join("\n"));
+        // Period 1: 4 records, 4 empty slots. Period 6: host 1 corrupt, slot 5 misplaced.
+        assert_eq!((seen[0].accepted, seen[0].empty), (4, 4));
+        assert_eq!(seen[5].corrupt.len(), 1, "{:?}", seen[5]);
+        assert_eq!(seen[5].corrupt[0].0, "slot 1");
+        assert!(seen[5].corrupt[0].1.to_string().contains("checksum"), "{}", seen[5].corrupt[0].1);
+        assert_eq!(seen[5].misplaced, 1);
+        assert_eq!(seen[7].corrupt.len(), 1, "torn write in period 8: {:?}", seen[7]);
+        // Host 3's last block stays in the file while it is away: re-read as a duplicate, not as life.
+        assert!(seen[7].duplicate >= 1);
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn shared_file_bounds_and_errors() {
+    let path = temp_path("bounds");
+    let _ = std::fs::remove_file(&path);
+    assert!(FileAggregation::open(&path, 0).unwrap_err().to_string().contains("between 1 and"));
+    assert!(FileAggregation::open(&path, rein_core::parda::MAX_HOSTS + 1).is_err());
+    let mut f = FileAggregation::open(&path, 2).unwrap();
+    let e = f.publish(&report(2, 1)).unwrap_err();
+    assert!(e.to_string().contains("host id 2 out of range"), "{e}");
+    // An empty (new) file reads as empty slots; a file longer than the table is read up to the table.
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    assert_eq!(f.collect(now(1), &mut agg).unwrap().empty, 2);
+    f.publish(&report(1, 1)).unwrap();
+    let st = f.collect(now(1), &mut agg).unwrap();
+    assert_eq!((st.accepted, st.empty), (1, 1));
+    // The largest table: one read of MAX_HOSTS slots.
+    let path2 = temp_path("max");
+    let _ = std::fs::remove_file(&path2);
+    let mut big = FileAggregation::open(&path2, rein_core::parda::MAX_HOSTS).unwrap();
+    big.publish(&HostReport { host: rein_core::parda::MAX_HOSTS - 1, ..report(0, 1) }).unwrap();
+    let st = big.collect(now(1), &mut Aggregator::new(TIMEOUT).unwrap()).unwrap();
+    assert_eq!((st.accepted, st.empty), (1, rein_core::parda::MAX_HOSTS as usize - 1));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&path2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_aggregation_with_faults() {
+    let addr = |i: u32| -> SocketAddr { format!("127.0.0.{}:0", i + 1).parse().unwrap() };
+    let mut socks = Vec::new();
+    for h in 0..HOSTS {
+        socks.push(UdpAggregation::bind(h, addr(h), &[]).await.unwrap());
+    }
+    let peers: Vec<(u32, SocketAddr)> = socks.iter().enumerate().map(|(h, s)| (h as u32, s.local_addr().unwrap())).collect();
+    for (h, s) in socks.iter_mut().enumerate() {
+        s.set_peers(&peers);
+        assert_eq!(s.local_addr().unwrap().ip().to_string(), format!("127.0.0.{}", h + 1), "each host has its own address");
+    }
+    // The gremlin sends from an address no host is configured with.
+    let gremlin = tokio::net::UdpSocket::bind("127.0.0.9:0").await.unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(HOSTS as usize + 1));
+    let mut tasks = Vec::new();
+    for (h, sock) in socks.into_iter().enumerate() {
+        let h = h as u32;
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut agg = Aggregator::new(TIMEOUT).unwrap();
+            let mut seen = Vec::new();
+            let mut errors = Vec::new();
+            for k in 1..=PERIODS {
+                if reports(h, k) {
+                    let own = report(h, k);
+                    // Host 1's period-6 datagrams are "damaged in the network": the gremlin sends them.
+                    if !(h == 1 && k == 6) {
+                        sock.publish(&own).await;
+                    }
+                    agg.accept(now(k), own).unwrap();
+                }
+                barrier.wait().await; // everyone (and the gremlin) has sent
+                // Datagrams this host should get this period: one per other reporting host, plus the
+                // gremlin's two in period 6.
+                let want = (0..HOSTS).filter(|&o| o != h && reports(o, k) && !(o == 1 && k == 6)).count()
+                    + if k == 6 && h != 1 { 2 } else { 0 };
+                let mut st = CollectStats::default();
+                while st.accepted + st.duplicate + st.stale + st.corrupt.len() + st.misplaced < want {
+                    if !sock.wait_readable(Duration::from_secs(10)).await {
+                        errors.push(format!("host {h}, period {k}: datagrams lost ({st:?})"));
+                        break;
+                    }
+                    let more = sock.drain(now(k), &mut agg);
+                    st.accepted += more.accepted;
+                    st.duplicate += more.duplicate;
+                    st.stale += more.stale;
+                    st.misplaced += more.misplaced;
+                    st.corrupt.extend(more.corrupt);
+                }
+                errors.extend(check(&format!("udp host {h}"), k, &mut agg, false, h == 1));
+                seen.push(st);
+                barrier.wait().await; // everyone has read
+            }
+            (seen, errors)
+        }));
+    }
+    for k in 1..=PERIODS {
+        if k == 6 {
+            // Host 1's record for this period with one flipped bit, and a valid one from the wrong sender,
+            // to every host but host 1.
+            let mut bad = encode(&report(1, 6));
+            bad[33] ^= 0x80;
+            for &(id, a) in &peers {
+                if id != 1 {
+                    gremlin.send_to(&bad, a).await.unwrap();
+                    gremlin.send_to(&encode(&report(1, 98)), a).await.unwrap();
+                }
+            }
+        }
+        barrier.wait().await;
+        barrier.wait().await;
+    }
+    for (h, t) in tasks.into_iter().enumerate() {
+        let (seen, errors) = t.await.unwrap();
+        assert!(errors.is_empty(), "{}", errors.join("\n"));
+        assert_eq!(seen[0].accepted, 3, "host {h}");
+        if h != 1 {
+            assert_eq!(seen[5].corrupt.len(), 1, "host {h}: {:?}", seen[5]);
+            assert!(seen[5].corrupt[0].0.starts_with("127.0.0.9:"));
+            assert_eq!(seen[5].misplaced, 1, "host {h}");
+        }
+    }
+}
