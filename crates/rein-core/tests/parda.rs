@@ -169,7 +169,7 @@ impl Cluster {
                 self.fill(h, backlog);
                 self.pump(h);
             } else {
-                let r = self.hosts[hp].report(self.now);
+                let r = self.hosts[hp].close_period(self.now);
                 self.agg.accept(self.now, r).unwrap();
                 let signal = if self.aggregated {
                     self.agg.cluster(self.now).map(|c| c.latency_ns)
@@ -409,12 +409,19 @@ fn period_cadence_and_reports() {
     h.enqueue(Nanos::from_secs(1), Request::new(vm, 1)).unwrap();
     let Poll::Dispatch(d) = h.poll(Nanos::from_secs(1)) else { panic!() };
     h.on_complete(Nanos::from_secs(2), d.tenant, Nanos::from_millis(40), 4096).unwrap();
-    let r = h.report(Nanos::from_secs(3));
+    assert_eq!(h.local_estimate_ns(), None, "the estimate changes at period ends");
+    let r = h.close_period(Nanos::from_secs(3));
     assert_eq!((r.host, r.epoch, r.seq, r.latency_ns, r.ios), (7, 3, 1, 40_000_000, 1));
-    assert_eq!(h.report(Nanos::from_secs(3)).seq, 2, "every report is new");
+    assert_eq!(h.close_period(Nanos::from_secs(3)), r, "closing twice gives the same report");
+    assert_eq!(h.local_estimate_ns(), Some(40e6));
     let out = h.on_period(Nanos::from_secs(3), Some(40e6));
     assert_eq!(out.ios, 1);
     assert_eq!(h.poll_timeout(), Nanos::from_secs(5));
-    assert_eq!(h.report(Nanos::from_secs(4)).ios, 0, "a new period counts from zero");
+    let r2 = h.close_period(Nanos::from_secs(5));
+    assert_eq!((r2.seq, r2.ios, r2.latency_ns), (2, 0, 40_000_000), "a new period counts from zero and keeps L");
+    // on_period without close_period closes it.
+    let out = h.on_period(Nanos::from_secs(5), None);
+    assert_eq!(out.ios, 0);
+    assert_eq!(h.close_period(Nanos::from_secs(7)).seq, 3);
 }
 

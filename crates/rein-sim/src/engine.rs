@@ -14,13 +14,20 @@
 //! - **Randomness**: one PCG stream per server and per tenant, seeded from the scenario seed and the
 //!   entity's index, so adding a tenant does not change the others' streams.
 //!
+//! - **PARDA hosts** (`hosts.rs`): a tenant that is a VM on a host sends its requests to the host's local
+//!   scheduler; the host releases them to its array within its window and sees their completions. Host
+//!   periods are events; a processor-sharing array (`array.rs`) completes requests by a rescheduled
+//!   next-completion event.
+//!
 //! # Invariants
 //! 1. A server's `outstanding` (dispatched, not completed) never exceeds its queue depth.
 //! 2. Every request issued completes exactly once, or is rejected at a full scheduler queue (counted).
 //! 3. Event times never decrease.
 
+use crate::array::Ps;
+use crate::hosts::HostLayer;
 use crate::metrics::{Metrics, RunTotals};
-use crate::scenario::{Routing, Scenario, ServiceModel, WorkloadKind};
+use crate::scenario::{Discipline, Routing, Scenario, ServiceModel, WorkloadKind};
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::{
@@ -41,6 +48,9 @@ enum Kind {
     Capacity,
     Start,
     Stop,
+    HostPeriod,
+    HostWake,
+    PsDone,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -63,6 +73,8 @@ struct Req {
     issued: Nanos,
     phase: Phase,
     cost: Cost,
+    /// When the tenant's host released it to the array (VMs on PARDA hosts).
+    host_issued: Nanos,
 }
 
 struct ServerState {
@@ -79,6 +91,8 @@ struct ServerState {
     last_offset: u64,
     wake_at: Option<u64>,
     busy_since: Option<Nanos>,
+    /// Processor-sharing device (`discipline = "ps"`) instead of the FIFO one.
+    ps: Option<Ps>,
 }
 
 struct TenantState {
@@ -110,6 +124,8 @@ pub struct Sim<'a> {
     free: Vec<u32>,
     metrics: Metrics,
     events_run: u64,
+    hosts: Option<HostLayer>,
+    done: Vec<u32>,
 }
 
 fn seed_for(seed: u64, stream: u64) -> u128 {
@@ -162,6 +178,7 @@ impl<'a> Sim<'a> {
                 last_offset: 0,
                 wake_at: None,
                 busy_since: None,
+                ps: (s.discipline == Discipline::Ps).then(Ps::default),
             });
         }
         let mut tenants = Vec::with_capacity(sc.tenants.len());
@@ -203,6 +220,7 @@ impl<'a> Sim<'a> {
             });
         }
         let metrics = Metrics::new(sc).map_err(err)?;
+        let hosts = HostLayer::new(sc).map_err(err)?;
         let mut sim = Sim {
             sc,
             now: Nanos::ZERO,
@@ -214,7 +232,13 @@ impl<'a> Sim<'a> {
             free: Vec::new(),
             metrics,
             events_run: 0,
+            hosts,
+            done: Vec::new(),
         };
+        for h in 0..sim.hosts.as_ref().map_or(0, |l| l.len()) {
+            let at = sim.hosts.as_ref().expect("hosts").first_period(h);
+            sim.schedule(at, Kind::HostPeriod, h as u32, 0);
+        }
         for (ti, t) in sc.tenants.iter().enumerate() {
             sim.schedule(t.workload.start, Kind::Start, ti as u32, 0);
             if t.workload.stop < sc.duration {
@@ -279,6 +303,21 @@ impl<'a> Sim<'a> {
                     let t = ev.a as usize;
                     self.tenants[t].active = false;
                 }
+                Kind::HostPeriod => {
+                    let h = ev.a as usize;
+                    let next = self.hosts.as_mut().expect("host events need hosts").period(h, self.now);
+                    self.schedule(next.max(self.now), Kind::HostPeriod, h as u32, 0);
+                    self.host_pump(h);
+                }
+                Kind::HostWake => {
+                    let h = ev.a as usize;
+                    let w = self.hosts.as_mut().expect("host events need hosts").wake_at(h);
+                    if *w == Some(ev.t) {
+                        *w = None;
+                    }
+                    self.host_pump(h);
+                }
+                Kind::PsDone => self.ps_done(ev.a as usize, ev.b),
             }
         }
         self.now = end;
@@ -290,6 +329,11 @@ impl<'a> Sim<'a> {
             }
         }
         let mut totals = self.metrics.finish(self.sc);
+        if let Some(layer) = self.hosts.take() {
+            let h = layer.finish(self.sc);
+            totals.summary.hosts = Some(h.summary.clone());
+            totals.hosts = Some(h);
+        }
         totals.events = self.events_run;
         totals.time_regressions = self.servers.iter().map(|s| s.sched.time_regressions()).sum();
         totals
@@ -447,7 +491,7 @@ impl<'a> Sim<'a> {
         let server = tenant.servers[k];
         ts.in_flight += 1;
         ts.in_flight_at[k] += 1;
-        let req = Req { tenant: t as u32, server: server as u32, k: k as u32, size, offset, issued: self.now, phase: Phase::Weight, cost: Cost(0) };
+        let req = Req { tenant: t as u32, server: server as u32, k: k as u32, size, offset, issued: self.now, phase: Phase::Weight, cost: Cost(0), host_issued: self.now };
         let id = match self.free.pop() {
             Some(i) => {
                 self.reqs[i as usize] = req;
@@ -458,12 +502,82 @@ impl<'a> Sim<'a> {
                 (self.reqs.len() - 1) as u32
             }
         };
+        if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {
+            // A VM: the request waits at its host for room in the window.
+            if !self.hosts.as_mut().expect("hosts").enqueue(self.now, t, id as u64, size, offset) {
+                self.metrics.rejected(t);
+                self.tenants[t].in_flight -= 1;
+                self.tenants[t].in_flight_at[k] -= 1;
+                self.free.push(id);
+                return;
+            }
+            self.host_pump(h);
+            return;
+        }
         if self.sc.net_delay > Nanos::ZERO {
             let at = self.now.saturating_add(self.sc.net_delay);
             self.schedule(at, Kind::Deliver, id, 0);
         } else {
             self.deliver(id);
         }
+    }
+
+    /// Releases what host `h`'s window allows to its array.
+    fn host_pump(&mut self, h: usize) {
+        loop {
+            let layer = self.hosts.as_mut().expect("host_pump needs hosts");
+            match layer.poll(h, self.now) {
+                Poll::Dispatch(d) => {
+                    let id = d.handle as u32;
+                    self.reqs[id as usize].host_issued = self.now;
+                    if self.sc.net_delay > Nanos::ZERO {
+                        let at = self.now.saturating_add(self.sc.net_delay);
+                        self.schedule(at, Kind::Deliver, id, 0);
+                    } else {
+                        self.deliver(id);
+                    }
+                }
+                Poll::Wait(t) => {
+                    let w = layer.wake_at(h);
+                    if w.is_none_or(|x| t.0 < x) {
+                        *w = Some(t.0);
+                        self.schedule(t, Kind::HostWake, h as u32, 0);
+                    }
+                    return;
+                }
+                Poll::Empty => return,
+            }
+        }
+    }
+
+    /// A processor-sharing device: requests admitted at `s` since the last event, next completion event.
+    fn ps_reschedule(&mut self, s: usize) {
+        let now = self.now;
+        let ps = self.servers[s].ps.as_mut().expect("ps server");
+        ps.gen = ps.gen.wrapping_add(1);
+        let gen = ps.gen;
+        if let Some(t) = ps.next_completion() {
+            self.schedule(t.max(now), Kind::PsDone, s as u32, gen);
+        }
+    }
+
+    fn ps_done(&mut self, s: usize, gen: u32) {
+        let now = self.now;
+        let mut done = std::mem::take(&mut self.done);
+        {
+            let ps = self.servers[s].ps.as_mut().expect("ps server");
+            if ps.gen != gen {
+                self.done = done;
+                return;
+            }
+            done.clear();
+            ps.pop_done(now, &mut done);
+        }
+        for &id in &done {
+            self.complete(s, id);
+        }
+        self.done = done;
+        self.ps_reschedule(s);
     }
 
     fn deliver(&mut self, id: u32) {
@@ -479,6 +593,10 @@ impl<'a> Sim<'a> {
         let req = Request { tenant: ts.ids[k], handle: id as u64, size: r.size, offset: r.offset, delta, rho };
         if self.servers[s].sched.enqueue(self.now, req).is_err() {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once.
+            if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {
+                self.hosts.as_mut().expect("hosts").failed(self.now, t);
+                self.host_pump(h);
+            }
             self.metrics.rejected(t);
             self.tenants[t].in_flight -= 1;
             self.tenants[t].in_flight_at[k] -= 1;
@@ -502,6 +620,16 @@ impl<'a> Sim<'a> {
                     r.phase = d.phase;
                     r.cost = d.cost;
                     srv.outstanding += 1;
+                    if srv.ps.is_some() {
+                        let ns = self.service_ns(s, id);
+                        let srv = &mut self.servers[s];
+                        if srv.busy_since.is_none() {
+                            srv.busy_since = Some(self.now);
+                        }
+                        srv.ps.as_mut().expect("ps").admit(self.now, id, ns);
+                        self.ps_reschedule(s);
+                        continue;
+                    }
                     srv.device_q.push_back(id);
                     if srv.in_service.is_none() {
                         self.start_service(s);
@@ -520,9 +648,21 @@ impl<'a> Sim<'a> {
     }
 
     fn start_service(&mut self, s: usize) {
+        let Some(id) = self.servers[s].device_q.pop_front() else { return };
+        let ns = self.service_ns(s, id);
+        let srv = &mut self.servers[s];
+        srv.in_service = Some(id);
+        if srv.busy_since.is_none() {
+            srv.busy_since = Some(self.now);
+        }
+        let at = self.now.saturating_add(Nanos(ns.round() as u64));
+        self.schedule(at, Kind::Complete, s as u32, id);
+    }
+
+    /// Draws request `id`'s service time at server `s` (ns).
+    fn service_ns(&mut self, s: usize, id: u32) -> f64 {
         let spec = &self.sc.servers[s];
         let srv = &mut self.servers[s];
-        let Some(id) = srv.device_q.pop_front() else { return };
         let r = &self.reqs[id as usize];
         let mean_ns = 1e9 / spec.capacity_iops;
         let base = match spec.service {
@@ -543,27 +683,32 @@ impl<'a> Sim<'a> {
             }
         };
         srv.last_offset = r.offset + r.size;
-        let ns = ((base + r.size as f64 * spec.ns_per_byte) * srv.slow).max(1.0);
-        srv.in_service = Some(id);
-        if srv.busy_since.is_none() {
-            srv.busy_since = Some(self.now);
-        }
-        let at = self.now.saturating_add(Nanos(ns.round() as u64));
-        self.schedule(at, Kind::Complete, s as u32, id);
+        // A VM's host may sit worse or better on the array (placement skew).
+        let scale = self.hosts.as_ref().map_or(1.0, |l| l.scale(r.tenant as usize));
+        ((base + r.size as f64 * spec.ns_per_byte) * srv.slow * scale).max(1.0)
     }
 
     fn complete(&mut self, s: usize, id: u32) {
         let srv = &mut self.servers[s];
-        debug_assert_eq!(srv.in_service, Some(id));
-        srv.in_service = None;
         srv.outstanding -= 1;
         self.metrics.server_completion(s, self.now);
-        if srv.device_q.is_empty() {
-            if let Some(since) = srv.busy_since.take() {
-                self.metrics.server_busy(s, since, self.now);
+        if let Some(ps) = &srv.ps {
+            // Processor sharing: the request already left the device (`ps_done`).
+            if ps.len() == 0 {
+                if let Some(since) = srv.busy_since.take() {
+                    self.metrics.server_busy(s, since, self.now);
+                }
             }
         } else {
-            self.start_service(s);
+            debug_assert_eq!(srv.in_service, Some(id));
+            srv.in_service = None;
+            if srv.device_q.is_empty() {
+                if let Some(since) = srv.busy_since.take() {
+                    self.metrics.server_busy(s, since, self.now);
+                }
+            } else {
+                self.start_service(s);
+            }
         }
         if self.sc.net_delay > Nanos::ZERO {
             let at = self.now.saturating_add(self.sc.net_delay);
@@ -579,6 +724,11 @@ impl<'a> Sim<'a> {
         let r = self.reqs[id as usize].clone();
         self.free.push(id);
         let t = r.tenant as usize;
+        if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {
+            // The host sees the completion first: a slot frees in its window.
+            self.hosts.as_mut().expect("hosts").complete(self.now, t, r.host_issued, r.size);
+            self.host_pump(h);
+        }
         let ts = &mut self.tenants[t];
         ts.in_flight -= 1;
         ts.in_flight_at[r.k as usize] -= 1;

@@ -8,11 +8,15 @@
 //! - [`engine`]: the event engine ([`Sim`]);
 //! - [`metrics`]: summary, timeseries, oracle comparison;
 //! - [`check`]: expectations for `rein sim --check`;
-//! - [`trace`]: block-IO trace readers.
+//! - [`trace`]: block-IO trace readers;
+//! - [`hosts`]: PARDA hosts (flow control in front of an array) and their results and checks;
+//!   `array`: the processor-sharing device.
 
+mod array;
 pub mod bench;
 pub mod check;
 pub mod engine;
+pub mod hosts;
 pub mod metrics;
 pub mod scenario;
 pub mod trace;

@@ -150,6 +150,7 @@ impl Metrics {
                 warmup_s: sc.warmup.as_secs_f64(),
                 tenants,
                 servers,
+                hosts: None,
             },
             timeseries: Timeseries {
                 interval_s: self.interval as f64 / 1e9,
@@ -173,6 +174,7 @@ impl Metrics {
             },
             events: 0,
             time_regressions: 0,
+            hosts: None,
         }
     }
 }
@@ -230,6 +232,9 @@ pub struct Summary {
     pub warmup_s: f64,
     pub tenants: Vec<TenantSummary>,
     pub servers: Vec<ServerSummary>,
+    /// PARDA hosts (scenarios with `[[hosts]]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<crate::hosts::HostsSummary>,
 }
 
 /// Per-interval measurements (for timeseries.csv, plots and windowed checks).
@@ -303,6 +308,8 @@ pub struct RunTotals {
     pub timeseries: Timeseries,
     pub events: u64,
     pub time_regressions: u64,
+    /// PARDA hosts' timeseries and summary (scenarios with `[[hosts]]`).
+    pub hosts: Option<crate::hosts::HostTotals>,
 }
 
 impl RunTotals {

@@ -81,6 +81,10 @@ pub struct ScenarioFile {
     pub tenants: Vec<TenantFile>,
     #[serde(default)]
     pub expect: Vec<ExpectFile>,
+    /// PARDA flow control for `[[hosts]]` (see `hosts.rs`).
+    pub parda: Option<crate::hosts::PardaFile>,
+    #[serde(default)]
+    pub hosts: Vec<crate::hosts::HostFile>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -157,6 +161,8 @@ pub struct ServerFile {
     /// Locality batching: batch size (1 = off) and distance (KiB).
     pub batch: Option<u32>,
     pub batch_distance_kb: Option<f64>,
+    /// The device: "fifo" (default; one request at a time) or "ps" (processor sharing, `array.rs`).
+    pub discipline: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -178,6 +184,8 @@ pub struct TenantFile {
     /// How requests pick a server: by offset striping (default) or by shares.
     pub routing: Option<RoutingFile>,
     pub workload: WorkloadFile,
+    /// A VM on this PARDA host (`[[hosts]]`): its requests go through the host's window to its array.
+    pub host: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -261,6 +269,22 @@ pub struct ExpectFile {
     pub above: Option<f64>,
     /// Free text shown with the result (what the paper says).
     pub note: Option<String>,
+    /// PARDA: a host (or "all") instead of a tenant or server; metrics in `hosts::HOST_METRICS`.
+    pub host: Option<String>,
+    /// Host target: eq. (3)'s equilibrium window, or latency `script_L + sum beta / C`.
+    #[serde(default)]
+    pub equilibrium: bool,
+    /// Host target: the latency threshold script-L.
+    #[serde(default)]
+    pub threshold: bool,
+    /// With `ratio_to`: the ratio is this host's beta over the other's (means over the window).
+    #[serde(default)]
+    pub beta_ratio: bool,
+    /// Host target: the same metric in the same scenario without PARDA (`[parda] enabled = false`).
+    #[serde(default)]
+    pub uncontrolled: bool,
+    /// convergence_s: the band around the settled window (percent, default 10).
+    pub band_pct: Option<f64>,
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -274,6 +298,16 @@ pub enum ServiceModel {
     Uniform { spread: f64 },
     Deterministic,
     Disk { seek_ns: f64, rotation_ns: f64, transfer_bytes_per_ns: f64, sequential_bytes: u64 },
+}
+
+/// How a device serves the requests at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Discipline {
+    /// One at a time, in arrival order.
+    #[default]
+    Fifo,
+    /// All at once, sharing the device equally (`array.rs`).
+    Ps,
 }
 
 #[derive(Debug, Clone)]
@@ -291,6 +325,7 @@ pub struct Server {
     pub limit_mode: LimitMode,
     pub batch: u32,
     pub batch_distance: u64,
+    pub discipline: Discipline,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -330,6 +365,8 @@ pub struct Tenant {
     pub server_specs: Vec<QosSpec>,
     pub routing: Routing,
     pub workload: Workload,
+    /// Index into `Scenario::hosts` for a VM on a PARDA host.
+    pub host: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -347,6 +384,9 @@ pub struct Scenario {
     pub expect: Vec<ExpectFile>,
     /// The default scheduler name as written (for reports).
     pub scheduler_name: String,
+    /// PARDA parameters, when the scenario has hosts.
+    pub parda: Option<crate::hosts::Parda>,
+    pub hosts: Vec<crate::hosts::Host>,
 }
 
 impl Scenario {
@@ -373,6 +413,15 @@ impl Scenario {
             srv.distributed = distributed;
         }
         s.scheduler_name = kind.name().to_string();
+        s
+    }
+
+    /// A copy with PARDA switched off: every host keeps a fixed issue queue (the uncontrolled baseline).
+    pub fn without_parda(&self) -> Scenario {
+        let mut s = self.clone();
+        if let Some(p) = &mut s.parda {
+            p.enabled = false;
+        }
         s
     }
 
@@ -465,8 +514,9 @@ impl ScenarioFile {
             tenants.push(validate_tenant(t, &servers, base, duration)?);
         }
         check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
+        let (parda, hosts) = crate::hosts::validate(self.parda.as_ref(), &self.hosts, &self.tenants, &mut tenants, &servers)?;
         for (i, e) in self.expect.iter().enumerate() {
-            validate_expect(i, e, &tenants, &servers)?;
+            validate_expect(i, e, &tenants, &servers, &hosts)?;
         }
         Ok(Scenario {
             name: self.name,
@@ -481,6 +531,8 @@ impl ScenarioFile {
             tenants,
             expect: self.expect,
             scheduler_name: default_sched,
+            parda,
+            hosts,
         })
     }
 }
@@ -578,6 +630,11 @@ fn validate_server(s: &ServerFile, default_sched: &str) -> Result<Server, String
     if !(bd.is_finite() && bd >= 0.0) {
         return Err(format!("server {n}: batch_distance_kb must be non-negative"));
     }
+    let discipline = match s.discipline.as_deref() {
+        None | Some("fifo") => Discipline::Fifo,
+        Some("ps") => Discipline::Ps,
+        Some(o) => return Err(format!("server {n}: discipline {o:?}: expected fifo or ps")),
+    };
     Ok(Server {
         name: n.clone(),
         capacity_iops,
@@ -590,6 +647,7 @@ fn validate_server(s: &ServerFile, default_sched: &str) -> Result<Server, String
         limit_mode,
         batch,
         batch_distance: (bd * 1024.0) as u64,
+        discipline,
     })
 }
 
@@ -644,7 +702,7 @@ fn validate_tenant(t: &TenantFile, servers: &[Server], base: Option<&Path>, dura
         }
     };
     let workload = validate_workload(n, &t.workload, base, duration)?;
-    Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload })
+    Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload, host: None })
 }
 
 fn validate_workload(n: &str, w: &WorkloadFile, base: Option<&Path>, duration: Nanos) -> Result<Workload, String> {
@@ -746,8 +804,14 @@ const METRICS: [&str; 9] = [
     "utilisation",
 ];
 
-fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Server]) -> Result<(), String> {
+fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Server], hosts: &[crate::hosts::Host]) -> Result<(), String> {
     let at = format!("expect[{i}]");
+    if e.host.is_some() {
+        return crate::hosts::validate_expect(&at, e, hosts);
+    }
+    if e.equilibrium || e.threshold || e.beta_ratio || e.uncontrolled || e.band_pct.is_some() {
+        return Err(format!("{at}: equilibrium, threshold, beta_ratio, uncontrolled and band_pct are for host expectations"));
+    }
     if !METRICS.contains(&e.metric.as_str()) {
         return Err(format!("{at}: metric {:?}: expected one of {}", e.metric, METRICS.join(", ")));
     }

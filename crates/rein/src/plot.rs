@@ -202,6 +202,40 @@ pub fn phase_chart(stem: &Path, title: &str, rows: &[(String, [f64; 3])]) -> Res
     Ok(())
 }
 
+/// PARDA host plots (PNG + SVG each) in `dir`: window, latency (each host's device latency and the
+/// signal, with script-L dashed), throughput and beta per host over time.
+pub fn host_plots(dir: &Path, title: &str, h: &rein_sim::hosts::HostTotals) -> Result<()> {
+    let dt = h.interval_s;
+    let x = |i: usize| (i as f64 + 0.5) * dt;
+    let mut window = Vec::new();
+    let mut lat = Vec::new();
+    let mut iops = Vec::new();
+    let mut beta = Vec::new();
+    for (k, name) in h.names.iter().enumerate().take(12) {
+        let cells = (0..h.intervals).map(|i| (i, h.cell(k, i)));
+        window.push(Series { name: name.clone(), points: cells.clone().map(|(i, c)| (x(i), c.window)).collect() });
+        lat.push(Series {
+            name: name.clone(),
+            points: cells.clone().filter(|(_, c)| c.ios > 0).map(|(i, c)| (x(i), c.lat_sum_ns as f64 / c.ios as f64 / 1e6)).collect(),
+        });
+        iops.push(Series { name: name.clone(), points: cells.clone().map(|(i, c)| (x(i), c.ios as f64 / dt)).collect() });
+        beta.push(Series { name: name.clone(), points: cells.map(|(i, c)| (x(i), c.beta)).collect() });
+    }
+    // The signal the first PARDA host used (cluster average or its own estimate) and script-L.
+    let mut dashed = vec![Series { name: "script-L".into(), points: vec![(0.0, h.threshold_ms), (h.intervals as f64 * dt, h.threshold_ms)] }];
+    if let Some(k) = h.controlled.iter().position(|&c| c) {
+        dashed.push(Series {
+            name: format!("signal ({})", h.names[k]),
+            points: (0..h.intervals).map(|i| (x(i), h.cell(k, i).signal_ns / 1e6)).filter(|p| p.1 > 0.0).collect(),
+        });
+    }
+    line_chart(&dir.join("host-window"), &format!("{title}: window per host"), "time (s)", "window (IOs)", &window, &[])?;
+    line_chart(&dir.join("host-latency"), &format!("{title}: device latency per host"), "time (s)", "latency (ms)", &lat, &dashed)?;
+    line_chart(&dir.join("host-iops"), &format!("{title}: throughput per host"), "time (s)", "IOPS", &iops, &[])?;
+    line_chart(&dir.join("host-beta"), &format!("{title}: beta per host"), "time (s)", "beta", &beta, &[])?;
+    Ok(())
+}
+
 /// The standard plots of a run: iops, latency, phases (PNG + SVG each) in `dir`.
 pub fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String, [f64; 3])]) -> Result<()> {
     let dt = ts.interval_s;

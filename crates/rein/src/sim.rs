@@ -112,10 +112,51 @@ pub fn summary_text(sc: &Scenario, r: &RunTotals) -> String {
             if sv.distributed { " (distributed)" } else { "" }
         ));
     }
+    if let Some(h) = &s.hosts {
+        out.push_str(&host_text(h));
+    }
     let rejected: u64 = s.tenants.iter().map(|t| t.rejected).sum();
     if rejected > 0 {
         out.push_str(&format!("warning: {rejected} requests were rejected at full scheduler queues\n"));
     }
+    out
+}
+
+/// PARDA hosts: one line each, then the cluster.
+fn host_text(h: &rein_sim::hosts::HostsSummary) -> String {
+    let mut out = format!(
+        "PARDA {} (script-L {} ms, {} aggregation)\n{:<14} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8}\n",
+        if h.enabled { "on" } else { "off (baseline)" },
+        h.latency_threshold_ms,
+        h.aggregation,
+        "host",
+        "ctl",
+        "beta",
+        "window",
+        "eq.(3)",
+        "IOPS",
+        "lat ms",
+        "signal ms",
+        "conv s"
+    );
+    for x in h.hosts.iter().take(40) {
+        out.push_str(&format!(
+            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>8.2} {:>9.2} {:>8}\n",
+            truncate(&x.name, 14),
+            if x.controlled { "parda" } else { "fixed" },
+            x.beta_mean,
+            x.window_mean,
+            x.equilibrium_window,
+            x.iops,
+            x.latency_mean_ms,
+            x.signal_mean_ms,
+            x.convergence_s.map_or("-".into(), |c| format!("{c:.0}"))
+        ));
+    }
+    out.push_str(&format!(
+        "cluster: {:.1} IOPS, mean latency {:.2} ms (eq. (3) equilibrium {:.2} ms)\n",
+        h.iops, h.latency_mean_ms, h.equilibrium_latency_ms
+    ));
     out
 }
 
@@ -141,6 +182,13 @@ pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: O
     std::fs::write(dir.join("timeseries.csv"), r.timeseries.to_csv()).context("writing timeseries.csv")?;
     if let Some(c) = checks {
         std::fs::write(dir.join("check.json"), serde_json::to_string_pretty(c)? + "\n").context("writing check.json")?;
+    }
+    if let Some(h) = &r.hosts {
+        std::fs::write(dir.join("hosts.csv"), h.to_csv()).context("writing hosts.csv")?;
+        match crate::plot::host_plots(dir, &format!("{} ({})", name, r.summary.scheduler), h) {
+            Err(e) if e.is::<crate::plot::NoFont>() => {}
+            other => other?,
+        }
     }
     let rows: Vec<(String, [f64; 3])> = r
         .summary
@@ -188,6 +236,9 @@ pub fn run(args: SimArgs) -> Result<()> {
         print!("{}", summary_text(&sc, &r));
         if let Some(dir) = &args.out {
             println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
+            if r.hosts.is_some() {
+                println!("wrote {}/{{hosts.csv, host-window, host-latency, host-iops, host-beta (.png, .svg)}}", dir.display());
+            }
         }
     }
     if let Some(results) = results {

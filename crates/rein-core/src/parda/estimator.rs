@@ -1,11 +1,17 @@
-//! eq. (1): the host's latency estimate, an EWMA over completed IOs, normalised per 8 KiB.
+//! eq. (1): the host's latency estimate, an EWMA over control periods, normalised per 8 KiB.
 //!
-//! `L(t) = (1 - alpha) * l + alpha * L(t-1)` for each completed IO with latency `l` (alpha is the weight
-//! of the past). Before the EWMA sees `l`, it is scaled to what an 8 KiB IO would have taken under a
-//! linear cost model `cost(size) = fixed + per_byte * size` (parda.txt §4 "IO Size";
-//! flow-control-position §3.1: "latency = m * size + C"): `l_8k = l * cost(8 KiB) / cost(size)`. With the
-//! default [`SizeModel::NONE`] the latency is used as measured (what the paper's experiments, all with
-//! one IO size per host, compare with script-L).
+//! `L(t) = (1 - alpha) * l + alpha * L(t-1)` where `l` is the mean latency of the IOs completed in the
+//! period that just ended and alpha is the weight of the past. The observation is a period's mean, not
+//! one IO's latency: the paper runs with alpha = 0.002 (§5), which would make a per-IO average follow the
+//! last IO alone (exponential service times vary by 100% IO to IO), whereas over 2 s periods it means
+//! "the period's average, lightly smoothed", the "average latency values" §4 compares with script-L.
+//! A period without completions leaves `L` unchanged.
+//!
+//! Before averaging, each IO's latency is scaled to what an 8 KiB IO would have taken under a linear
+//! cost model `cost(size) = fixed + per_byte * size` (parda.txt §4 "IO Size"; flow-control-position
+//! §3.1: "latency = m * size + C"): `l_8k = l * cost(8 KiB) / cost(size)`. With the default
+//! [`SizeModel::NONE`] the latency is used as measured (what the paper's experiments, all with one IO
+//! size per host, compare with script-L).
 
 use super::{PardaError, NORMALISED_IO_BYTES};
 use crate::units::Nanos;
@@ -60,27 +66,47 @@ pub struct LatencyEstimator {
     alpha: f64,
     size_model: SizeModel,
     latency_ns_ewma: Option<f64>,
+    /// The period in progress: normalised latencies summed, and how many.
+    period_sum_ns: f64,
+    period_ios: u64,
 }
 
 impl LatencyEstimator {
     /// `alpha` and `size_model` are assumed validated (by [`super::PardaConfig::validate`]).
     pub fn new(alpha: f64, size_model: SizeModel) -> Self {
         debug_assert!((0.0..=1.0).contains(&alpha));
-        LatencyEstimator { alpha, size_model, latency_ns_ewma: None }
+        LatencyEstimator { alpha, size_model, latency_ns_ewma: None, period_sum_ns: 0.0, period_ios: 0 }
     }
 
     /// One completed IO of `size` bytes that took `latency`.
     #[inline]
     pub fn observe(&mut self, latency: Nanos, size: u64) {
-        let l = latency.0 as f64 * self.size_model.factor(size);
-        self.latency_ns_ewma = Some(match self.latency_ns_ewma {
-            // The first observation starts the average (module comment of `parda`: deviations).
-            None => l,
-            Some(prev) => (1.0 - self.alpha) * l + self.alpha * prev,
-        });
+        self.period_sum_ns += latency.0 as f64 * self.size_model.factor(size);
+        self.period_ios += 1;
     }
 
-    /// L(t) in nanoseconds, or `None` before the first completion.
+    /// IOs observed in the period in progress.
+    pub fn period_ios(&self) -> u64 {
+        self.period_ios
+    }
+
+    /// Ends a period: folds its mean latency into L(t) by eq. (1) and returns L(t) (`None` before any
+    /// completion).
+    pub fn close_period(&mut self) -> Option<f64> {
+        if self.period_ios > 0 {
+            let l = self.period_sum_ns / self.period_ios as f64;
+            self.latency_ns_ewma = Some(match self.latency_ns_ewma {
+                // The first period starts the average (module comment of `parda`: deviations).
+                None => l,
+                Some(prev) => (1.0 - self.alpha) * l + self.alpha * prev,
+            });
+        }
+        self.period_sum_ns = 0.0;
+        self.period_ios = 0;
+        self.latency_ns_ewma
+    }
+
+    /// L(t) in nanoseconds as of the last period's end, or `None` before the first completion.
     pub fn estimate_ns(&self) -> Option<f64> {
         self.latency_ns_ewma
     }
@@ -91,19 +117,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ewma_follows_eq1() {
+    fn ewma_of_period_means_follows_eq1() {
         let mut e = LatencyEstimator::new(0.75, SizeModel::NONE);
-        assert_eq!(e.estimate_ns(), None);
+        assert_eq!(e.close_period(), None, "no IO yet: no estimate");
         e.observe(Nanos(1000), 4096);
-        assert_eq!(e.estimate_ns(), Some(1000.0));
-        e.observe(Nanos(2000), 4096);
-        assert_eq!(e.estimate_ns(), Some(0.25 * 2000.0 + 0.75 * 1000.0));
-        // alpha = 1: the past is everything; alpha = 0: only the last IO.
+        e.observe(Nanos(3000), 4096);
+        assert_eq!(e.period_ios(), 2);
+        assert_eq!(e.estimate_ns(), None, "the estimate changes at period ends");
+        assert_eq!(e.close_period(), Some(2000.0), "the first period's mean starts the average");
+        e.observe(Nanos(4000), 4096);
+        assert_eq!(e.close_period(), Some(0.25 * 4000.0 + 0.75 * 2000.0));
+        // A period without IOs keeps the estimate.
+        assert_eq!(e.close_period(), Some(2500.0));
+        // alpha = 1: the past is everything; alpha = 0: only the last period.
         let mut one = LatencyEstimator::new(1.0, SizeModel::NONE);
         let mut zero = LatencyEstimator::new(0.0, SizeModel::NONE);
         for l in [5, 7, 100] {
             one.observe(Nanos(l), 1);
             zero.observe(Nanos(l), 1);
+            one.close_period();
+            zero.close_period();
         }
         assert_eq!(one.estimate_ns(), Some(5.0));
         assert_eq!(zero.estimate_ns(), Some(100.0));
@@ -111,10 +144,12 @@ mod tests {
 
     #[test]
     fn converges_to_a_constant_input() {
-        let mut e = LatencyEstimator::new(0.002, SizeModel::NONE);
+        let mut e = LatencyEstimator::new(0.5, SizeModel::NONE);
         e.observe(Nanos(1_000_000), 8192);
-        for _ in 0..20_000 {
+        e.close_period();
+        for _ in 0..100 {
             e.observe(Nanos(30_000_000), 8192);
+            e.close_period();
         }
         assert!((e.estimate_ns().unwrap() - 30e6).abs() < 1.0);
     }
@@ -129,7 +164,8 @@ mod tests {
         assert!(m.factor(512) > 1.0, "small IOs count as slower per 8 KiB");
         let mut e = LatencyEstimator::new(0.0, m);
         e.observe(Nanos(10_000_000), 65536);
-        assert!((e.estimate_ns().unwrap() - 10e6 * f).abs() < 1e-3);
+        e.observe(Nanos(10_000_000), 8192);
+        assert!((e.close_period().unwrap() - 10e6 * (1.0 + f) / 2.0).abs() < 1e-3);
         // NONE leaves latencies as measured, whatever the size.
         assert_eq!(SizeModel::NONE.factor(1 << 20), 1.0);
         assert!(SizeModel::from_rate(Nanos::ZERO, 0.0).is_err());

@@ -7,9 +7,11 @@
 //! The VMs are its tenants and their [`QosSpec`] weights are their shares s_i.
 //!
 //! The host releases requests to the array while `outstanding < issue limit` (invariant 3 of `parda`);
-//! a completion frees a slot. Once per period ([`HostController::poll_timeout`]) the caller publishes
-//! [`HostController::report`], obtains the latency signal (its own estimate, or the cluster average from
-//! an [`super::Aggregator`]) and calls [`HostController::on_period`].
+//! a completion frees a slot. Once per period ([`HostController::poll_timeout`]) the caller calls
+//! [`HostController::close_period`] (eq. (1) folds in the period's latencies; the report to publish comes
+//! back), obtains the latency signal (the host's own [`HostController::local_estimate_ns`], or the cluster
+//! average from an [`super::Aggregator`] fed with everyone's reports) and calls
+//! [`HostController::on_period`] (eq. (4), then eq. (2)).
 
 use super::{
     HostReport, LatencyEstimator, PardaConfig, PardaError, ShareTracker, VmUsage, WindowController, MAX_BETA, MAX_HOSTS,
@@ -125,6 +127,8 @@ pub struct HostController {
     periods: u64,
     completed: u64,
     seq: u64,
+    /// The report of the period in progress once `close_period` made it.
+    closed: Option<HostReport>,
     usage: Vec<(TenantId, VmUsage)>,
 }
 
@@ -161,6 +165,7 @@ impl HostController {
             periods: 0,
             completed: 0,
             seq: 0,
+            closed: None,
             usage: Vec::new(),
         };
         h.beta = h.beta_base();
@@ -276,6 +281,21 @@ impl HostController {
         Ok(())
     }
 
+    /// An IO the host issued failed at the array without a latency to learn from (e.g. refused): frees
+    /// its slot without touching the estimate.
+    pub fn on_issue_failed(&mut self, now: Nanos, vm: TenantId) -> Result<(), PardaError> {
+        let now = self.clock(now);
+        if self.outstanding == 0 {
+            return Err(PardaError::UnexpectedCompletion);
+        }
+        self.outstanding -= 1;
+        if self.vms.get(vm.index()).copied().flatten() == Some(vm) {
+            self.shares.departed(now, vm.index());
+        }
+        self.window.on_slot_freed();
+        Ok(())
+    }
+
     /// An IO the host had queued was dropped before issue (e.g. the caller failed it): keeps eq. (4)'s
     /// outstanding counts right.
     pub fn on_dropped(&mut self, now: Nanos, vm: TenantId) {
@@ -290,29 +310,40 @@ impl HostController {
         self.period_start.saturating_add(self.config.period)
     }
 
-    /// The record to publish for the period in progress (each call has a new sequence number).
-    pub fn report(&mut self, now: Nanos) -> HostReport {
+    /// Ends the measurement part of the period: eq. (1) folds in the period's mean latency; returns the
+    /// report to publish (the new estimate, the period's IO count, a new sequence number). Calling it
+    /// again before [`HostController::on_period`] returns the same report.
+    pub fn close_period(&mut self, now: Nanos) -> HostReport {
         let now = self.clock(now);
+        if let Some(r) = self.closed {
+            return r;
+        }
+        let estimate = self.estimator.close_period();
         self.seq += 1;
-        HostReport {
+        let r = HostReport {
             host: self.host.id,
             epoch: self.host.epoch,
             seq: self.seq,
             timestamp: now,
-            latency_ns: self.estimator.estimate_ns().map_or(0, |l| l.round().min(u64::MAX as f64) as u64),
+            latency_ns: estimate.map_or(0, |l| l.round().min(u64::MAX as f64) as u64),
             ios: self.period_ios,
-        }
+        };
+        self.closed = Some(r);
+        r
     }
 
-    /// The host's own eq. (1) estimate, the signal for local-only control (§4.1).
+    /// The host's own eq. (1) estimate as of the last period's end: the signal for local-only control
+    /// (§4.1).
     pub fn local_estimate_ns(&self) -> Option<f64> {
         self.estimator.estimate_ns()
     }
 
-    /// Ends the period: beta by eq. (4) from the period's usage, then the window by eq. (2) with the
-    /// latency signal `signal_ns` (the cluster average, or the host's own estimate; `None`: no IO
-    /// anywhere, the window is held).
+    /// Ends the period (closing it first if [`HostController::close_period`] was not called): beta by
+    /// eq. (4) from the period's usage, then the window by eq. (2) with the latency signal `signal_ns`
+    /// (the cluster average, or the host's own estimate; `None`: no IO anywhere, the window is held).
     pub fn on_period(&mut self, now: Nanos, signal_ns: Option<f64>) -> PeriodOutcome {
+        self.close_period(now);
+        self.closed = None;
         let now = self.clock(now);
         let base = self.beta_base();
         let (beta, usage) = self.shares.end_period(now, self.window.window(), base, self.config.adjust_beta);

@@ -6,11 +6,12 @@
 //! from a latency signal, like FAST TCP adjusts its congestion window from round-trip times (§3.1):
 //!
 //! ```text
-//! L(t)   = (1 - alpha) * l + alpha * L(t-1)                                  eq. (1), per completed IO
+//! L(t)   = (1 - alpha) * l + alpha * L(t-1)                                  eq. (1), per period
 //! w(t+1) = (1 - gamma) * w(t) + gamma * (script_L / L(t) * w(t) + beta)       eq. (2), per period
 //! ```
 //!
-//! clamped to `[w_min, w_max]`. Above the threshold `script_L` the window shrinks, below it grows; `beta`
+//! with `w` clamped to `[w_min, w_max]` and `l` the mean latency of the IOs the host completed in the
+//! period. Above the threshold `script_L` the window shrinks, below it grows; `beta`
 //! is the host's share of the array, the sum of its VMs' shares (§3.2), lowered for VMs that do not use
 //! their part of the window (§3.4, eq. (4)). Inside the host, a local scheduler (SFQ with locality
 //! batching, §3.3, or mClock) divides the window among the VMs by their shares (and, with mClock, their
@@ -34,14 +35,14 @@
 //! while let Dispatch(d) = host.poll(now) -> send d.handle to the array
 //! IO completes           -> host.on_complete(now, vm, latency, size); poll again
 //! now >= host.poll_timeout() ->
-//!     report = host.report(now); publish it; feed the reports received into an Aggregator;
-//!     host.on_period(now, aggregator.cluster(now) or the host's own estimate)
+//!     report = host.close_period(now); publish it; feed the reports received into an Aggregator;
+//!     host.on_period(now, aggregator.cluster(now) or host.local_estimate_ns())
 //! ```
 //!
 //! # Paper symbols -> code
 //! | paper | code |
 //! |---|---|
-//! | l (one IO's latency) | `latency` argument of [`HostController::on_complete`] |
+//! | l (a latency observation) | the period's mean of the `latency` given to [`HostController::on_complete`] |
 //! | L(t) | [`LatencyEstimator::estimate_ns`] (host), [`ClusterLatency::latency_ns`] (aggregated) |
 //! | alpha (weight of the past in eq. (1)) | [`PardaConfig::alpha`] |
 //! | w(t), w_min, w_max | [`WindowController::window`], [`PardaConfig::w_min`], [`PardaConfig::w_max`] |
@@ -106,8 +107,11 @@
 //!   `ceil(w)` by error diffusion so its mean is `w`. Truncating would cost a host with `w = 4.3` 7% of
 //!   its share and skew the ratios eq. (3) promises for small windows (§3.3 mentions fractional windows
 //!   as an open problem for per-VM control).
-//! - **eq. (1) starts at the first observation** instead of 0 (with `alpha = 0.002` a zero start would
-//!   read as an idle array for hundreds of IOs).
+//! - **eq. (1)'s observation `l` is a period's mean latency**, not one IO's: with the paper's
+//!   `alpha = 0.002` (weight of the past) a per-IO average would be the last IO's latency alone, which
+//!   with random service times swings by 100% from IO to IO and made the windows in our first simulations
+//!   jump between w_min and w_max. The paper's "average latency ... measured over a fixed time period"
+//!   (§3.2) is this. eq. (1) starts at the first period's mean instead of 0.
 //! - **A period without any IO in the cluster holds the window** (no signal, nothing to react to).
 //! - **n_k of eq. (4) is time-averaged** over the period: the VM's IOs at the host (queued plus issued),
 //!   integrated over time and divided by the period length.
@@ -185,7 +189,7 @@ pub enum PardaError {
 pub struct PardaConfig {
     /// script-L: the cluster latency the control aims at.
     pub latency_threshold: Nanos,
-    /// eq. (1): weight of the past, per completed IO, in [0, 1] (1 = never update, 0 = last IO only).
+    /// eq. (1): weight of the past, per period, in [0, 1] (1 = never update, 0 = the last period only).
     pub alpha: f64,
     /// eq. (2): smoothing, in [0, 1] (0 = never move, 1 = jump to the target at once).
     pub gamma: f64,
