@@ -196,7 +196,7 @@ fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
 fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
     let at = |e: rein_core::parda::PardaError| format!("parda: {e}");
     if !(p.latency_threshold_ms.is_finite() && p.latency_threshold_ms > 0.0 && p.latency_threshold_ms <= 3.6e6) {
-        return Err(format!("parda: latency_threshold_ms (script-L) must be positive (at most an hour), got {}", p.latency_threshold_ms));
+        return Err(format!("parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {}", p.latency_threshold_ms));
     }
     let period = in_range("parda: period_s", p.period_s, 0.001, 3600.0)?;
     let size_model = match &p.size_model {
@@ -580,10 +580,11 @@ pub struct HostsSummary {
     /// false: the no-PARDA baseline (`[parda] enabled = false`).
     pub enabled: bool,
     /// All hosts after warm-up: completions per second, IO-weighted mean latency (issue at the host to
-    /// completion), and eq. (3)'s equilibrium latency for the PARDA hosts' mean betas and throughput.
+    /// completion), and eq. (3)'s equilibrium latency for the PARDA hosts' mean betas and throughput
+    /// (`None` without PARDA hosts).
     pub iops: f64,
     pub latency_mean_ms: f64,
-    pub equilibrium_latency_ms: f64,
+    pub equilibrium_latency_ms: Option<f64>,
     pub hosts: Vec<HostSummary>,
 }
 
@@ -594,8 +595,9 @@ pub struct HostSummary {
     /// After warm-up: means over intervals.
     pub beta_mean: f64,
     pub window_mean: f64,
-    /// eq. (3) for this host from the PARDA hosts' mean betas and measured throughput after warm-up.
-    pub equilibrium_window: f64,
+    /// eq. (3) for this host from the PARDA hosts' mean betas and measured throughput after warm-up
+    /// (`None` for an uncontrolled host).
+    pub equilibrium_window: Option<f64>,
     pub iops: f64,
     pub latency_mean_ms: f64,
     pub signal_mean_ms: f64,
@@ -740,7 +742,7 @@ impl HostTotals {
                 controlled: self.controlled[h],
                 beta_mean: self.metric(Who::Host(h), "beta", a, b, 10.0),
                 window_mean: self.metric(Who::Host(h), "window", a, b, 10.0),
-                equilibrium_window: self.equilibrium_window(h, a, b),
+                equilibrium_window: self.controlled[h].then(|| self.equilibrium_window(h, a, b)),
                 iops: self.metric(Who::Host(h), "iops", a, b, 10.0),
                 latency_mean_ms: self.metric(Who::Host(h), "latency_mean_ms", a, b, 10.0),
                 signal_mean_ms: self.mean_of(h, a, b, |c| c.signal_ns / 1e6),
@@ -756,7 +758,7 @@ impl HostTotals {
             enabled: p.enabled,
             iops: self.metric(Who::All, "iops", a, b, 10.0),
             latency_mean_ms: self.metric(Who::All, "latency_mean_ms", a, b, 10.0),
-            equilibrium_latency_ms: self.equilibrium_latency_ms(a, b),
+            equilibrium_latency_ms: Some(self.equilibrium_latency_ms(a, b)).filter(|l| l.is_finite()),
             hosts,
         }
     }

@@ -221,10 +221,10 @@ pub fn host_plots(dir: &Path, title: &str, h: &rein_sim::hosts::HostTotals) -> R
         iops.push(Series { name: name.clone(), points: cells.clone().map(|(i, c)| (x(i), c.ios as f64 / dt)).collect() });
         beta.push(Series { name: name.clone(), points: cells.map(|(i, c)| (x(i), c.beta)).collect() });
     }
-    // The signal the first PARDA host used (cluster average or its own estimate) and script-L.
-    let mut dashed = vec![Series { name: "script-L".into(), points: vec![(0.0, h.threshold_ms), (h.intervals as f64 * dt, h.threshold_ms)] }];
+    // The signal the first PARDA host used (cluster average or its own estimate) and script-L (dashed).
+    let dashed = vec![Series { name: "script-L".into(), points: vec![(0.0, h.threshold_ms), (h.intervals as f64 * dt, h.threshold_ms)] }];
     if let Some(k) = h.controlled.iter().position(|&c| c) {
-        dashed.push(Series {
+        lat.push(Series {
             name: format!("signal ({})", h.names[k]),
             points: (0..h.intervals).map(|i| (x(i), h.cell(k, i).signal_ns / 1e6)).filter(|p| p.1 > 0.0).collect(),
         });

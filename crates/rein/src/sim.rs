@@ -141,21 +141,23 @@ fn host_text(h: &rein_sim::hosts::HostsSummary) -> String {
     );
     for x in h.hosts.iter().take(40) {
         out.push_str(&format!(
-            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>8.2} {:>9.2} {:>8}\n",
+            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8} {:>9.1} {:>8.2} {:>9} {:>8}\n",
             truncate(&x.name, 14),
             if x.controlled { "parda" } else { "fixed" },
             x.beta_mean,
             x.window_mean,
-            x.equilibrium_window,
+            x.equilibrium_window.map_or("-".into(), |w| format!("{w:.2}")),
             x.iops,
             x.latency_mean_ms,
-            x.signal_mean_ms,
-            x.convergence_s.map_or("-".into(), |c| format!("{c:.0}"))
+            if x.controlled { format!("{:.2}", x.signal_mean_ms) } else { "-".into() },
+            if x.controlled { x.convergence_s.map_or("-".into(), |c| format!("{c:.0}")) } else { "-".into() }
         ));
     }
     out.push_str(&format!(
-        "cluster: {:.1} IOPS, mean latency {:.2} ms (eq. (3) equilibrium {:.2} ms)\n",
-        h.iops, h.latency_mean_ms, h.equilibrium_latency_ms
+        "cluster: {:.1} IOPS, mean latency {:.2} ms{}\n",
+        h.iops,
+        h.latency_mean_ms,
+        h.equilibrium_latency_ms.map_or(String::new(), |l| format!(" (eq. (3) equilibrium {l:.2} ms)"))
     ));
     out
 }

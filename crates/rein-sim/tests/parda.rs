@@ -1,0 +1,266 @@
+//! PARDA in the simulator: scenario validation (bad parameters get clear errors), determinism of the host
+//! outputs, and host-layer behaviour the paper scenarios do not isolate (a fixed window really bounds
+//! what reaches the array, mClock as the local scheduler, aggregation delay and the summary).
+use rein_sim::{check::check, run, Scenario};
+
+fn err(toml: &str) -> String {
+    Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
+}
+
+const BASE: &str = r#"
+name = "p"
+duration_s = 150
+warmup_s = 60
+scheduler = "fifo"
+
+[parda]
+latency_threshold_ms = 30
+
+[[servers]]
+name = "array"
+capacity_iops = 2000
+discipline = "ps"
+queue_depth = 4096
+
+[[hosts]]
+name = "h1"
+beta = 1
+
+[[hosts]]
+name = "h2"
+beta = 2
+
+[[tenants]]
+name = "vm1"
+host = "h1"
+[tenants.workload]
+kind = "closed"
+outstanding = 64
+
+[[tenants]]
+name = "vm2"
+host = "h2"
+[tenants.workload]
+kind = "closed"
+outstanding = 64
+"#;
+
+fn with_parda(extra: &str) -> String {
+    BASE.replace("latency_threshold_ms = 30\n", &format!("latency_threshold_ms = 30\n{extra}\n"))
+}
+
+#[test]
+fn bad_parda_parameters_are_rejected_with_clear_errors() {
+    let e = err(&with_parda("alpha = 1.5"));
+    assert!(e.contains("alpha") && e.contains("[0, 1]") && e.contains("1.5"), "{e}");
+    let e = err(&with_parda("alpha = -0.1"));
+    assert!(e.contains("alpha"), "{e}");
+    let e = err(&with_parda("gamma = 2"));
+    assert!(e.contains("gamma") && e.contains("[0, 1]"), "{e}");
+    let e = err(&with_parda("gamma = -0.5"));
+    assert!(e.contains("gamma"), "{e}");
+    let e = err(&with_parda("w_min = 40\nw_max = 20"));
+    assert!(e.contains("w_min (40) must not exceed w_max (20)"), "{e}");
+    let e = err(&with_parda("w_min = 0"));
+    assert!(e.contains("w_min must be positive"), "{e}");
+    let e = err(&BASE.replace("latency_threshold_ms = 30", "latency_threshold_ms = 0"));
+    assert!(e.contains("latency_threshold_ms (script-L) must be positive"), "{e}");
+    let e = err(&BASE.replace("latency_threshold_ms = 30", "latency_threshold_ms = -5"));
+    assert!(e.contains("latency_threshold_ms (script-L) must be positive") && e.contains("got -5"), "{e}");
+    let e = err(&with_parda("period_s = 0"));
+    assert!(e.contains("period_s"), "{e}");
+    let e = err(&with_parda("aggregation = \"gossip\""));
+    assert!(e.contains("aggregation \"gossip\""), "{e}");
+    let e = err(&with_parda("local_scheduler = \"dmclock\""));
+    assert!(e.contains("distributed"), "{e}");
+    let e = err(&with_parda("initial_window = 100"));
+    assert!(e.contains("initial window"), "{e}");
+    let e = err(&with_parda("size_model = { fixed_ms = 1, transfer_mb_s = 0 }"));
+    assert!(e.contains("transfer_mb_s"), "{e}");
+    let e = err(&with_parda("latency_treshold = 3"));
+    assert!(e.contains("unknown field `latency_treshold`"), "{e}");
+}
+
+#[test]
+fn bad_hosts_and_vms_are_rejected_with_clear_errors() {
+    assert!(err(&BASE.replace("beta = 2", "beta = 0")).contains("host h2: beta must be a positive number"));
+    assert!(err(&BASE.replace("beta = 2", "beta = -1")).contains("beta"));
+    assert!(err(&BASE.replace("host = \"h2\"", "host = \"h9\"")).contains("tenant vm2: unknown host \"h9\""));
+    assert!(err(&BASE.replace("host = \"h2\"", "host = \"h1\"")).contains("host h2: no tenants name it"));
+    assert!(err(&BASE.replace("name = \"h2\"", "name = \"h1\"")).contains("two hosts are named \"h1\""));
+    assert!(err(&BASE.replace("name = \"h2\"", "name = \"all\"")).contains("may not be named \"all\""));
+    assert!(err(&BASE.replace("beta = 2", "beta = 2\nwindow = 8")).contains("fixed issue queue of an uncontrolled host"));
+    assert!(err(&BASE.replace("beta = 2", "beta = 2\ncontrolled = false\nwindow = 0.5")).contains("fixed window"));
+    assert!(err(&BASE.replace("beta = 2", "beta = 2\nservice_scale = 0")).contains("service_scale"));
+    assert!(err(&BASE.replace("beta = 2", "beta = 2\nserver = \"nas\"")).contains("unknown server \"nas\""));
+    assert!(err(&BASE.replace("discipline = \"ps\"", "discipline = \"lifo\"")).contains("discipline \"lifo\""));
+    // Hosts need [parda]; [parda] needs hosts; VMs need hosts.
+    let no_parda = BASE.replace("[parda]\nlatency_threshold_ms = 30\n", "");
+    assert!(err(&no_parda).contains("need a [parda] table"));
+    let vm_only = BASE.replace("[[hosts]]\nname = \"h1\"\nbeta = 1\n\n[[hosts]]\nname = \"h2\"\nbeta = 2\n", "");
+    assert!(err(&vm_only).contains("no [[hosts]] are defined"), "{}", err(&vm_only));
+    // A VM sends only to its host's array.
+    let two = BASE.replacen("[[hosts]]", "[[servers]]\nname = \"other\"\ncapacity_iops = 10\n\n[[hosts]]", 1);
+    assert!(err(&two).contains("name its array with server"));
+    let two = two.replace("beta = 1\n", "beta = 1\nserver = \"array\"\n").replace("beta = 2\n", "beta = 2\nserver = \"array\"\n");
+    Scenario::from_toml(&two, None).unwrap();
+    let e = err(&two.replace("host = \"h1\"", "host = \"h1\"\nservers = [\"other\"]"));
+    assert!(e.contains("sends only to its host's array \"array\""), "{e}");
+}
+
+#[test]
+fn bad_host_expectations_are_rejected() {
+    let exp = |body: &str| format!("{BASE}\n[[expect]]\n{body}\n");
+    assert!(err(&exp("host = \"h7\"\nmetric = \"window\"\nabove = 1")).contains("unknown host \"h7\""));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"mb_s\"\nabove = 1")).contains("host metric \"mb_s\""));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"")).contains("says nothing to check"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nequilibrium = true")).contains("need within_pct"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"beta\"\nequilibrium = true\nwithin_pct = 5")).contains("equilibrium (eq. (3)) applies"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nthreshold = true\nwithin_pct = 5")).contains("threshold (script-L) applies"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nbeta_ratio = true\nwithin_pct = 5")).contains("beta_ratio needs ratio_to"));
+    assert!(err(&exp("host = \"all\"\nmetric = \"window\"\nratio_to = \"h1\"\nwithin_pct = 5")).contains("not \"all\""));
+    assert!(err(&exp("host = \"h1\"\ntenant = \"vm1\"\nmetric = \"window\"\nabove = 1")).contains("exactly one of tenant, server or host"));
+    assert!(err(&exp("tenant = \"vm1\"\nmetric = \"iops\"\nequilibrium = true\nwithin_pct = 5")).contains("are for host expectations"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"latency_mean_ms\"\nequilibrium = true\nthreshold = true\nwithin_pct = 5")).contains("use one of"));
+}
+
+#[test]
+fn host_outputs_are_deterministic_and_the_seed_matters() {
+    let sc = Scenario::from_toml(BASE, None).unwrap();
+    let a = run(&sc, &mut |_| {}).unwrap();
+    let b = run(&sc, &mut |_| {}).unwrap();
+    let (ha, hb) = (a.hosts.as_ref().unwrap(), b.hosts.as_ref().unwrap());
+    assert_eq!(ha.to_csv(), hb.to_csv());
+    assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap());
+    let mut sc2 = sc.clone();
+    sc2.seed += 1;
+    let c = run(&sc2, &mut |_| {}).unwrap();
+    assert_ne!(ha.to_csv(), c.hosts.as_ref().unwrap().to_csv());
+    // The summary carries the host section; hosts.csv has a row per host per interval.
+    let json = serde_json::to_value(&a.summary).unwrap();
+    assert_eq!(json["hosts"]["hosts"][1]["name"], "h2");
+    assert_eq!(ha.to_csv().lines().count(), 1 + 2 * 150);
+    // Windows in the 1:2 ratio of the betas, as eq. (3) says.
+    let s = &a.summary.hosts.as_ref().unwrap().hosts;
+    assert!((s[1].window_mean / s[0].window_mean - 2.0).abs() < 0.2, "{s:?}");
+}
+
+#[test]
+fn scenarios_without_hosts_have_no_host_section() {
+    let toml = "name = \"x\"\nduration_s = 5\n[[servers]]\nname = \"s\"\ncapacity_iops = 100\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n";
+    let r = run(&Scenario::from_toml(toml, None).unwrap(), &mut |_| {}).unwrap();
+    assert!(r.hosts.is_none());
+    assert!(!serde_json::to_string(&r.summary).unwrap().contains("\"hosts\""));
+}
+
+#[test]
+fn a_fixed_window_bounds_what_reaches_the_array() {
+    // Uncontrolled hosts with issue queues of 4 and 12 on a processor-sharing array: throughput is in
+    // proportion to the queue (Little), whatever the VMs' own 64 outstanding.
+    let toml = BASE
+        .replace("beta = 1\n", "controlled = false\nwindow = 4\n")
+        .replace("beta = 2\n", "controlled = false\nwindow = 12\n");
+    let sc = Scenario::from_toml(&toml, None).unwrap();
+    let r = run(&sc, &mut |_| {}).unwrap();
+    let t = &r.summary.tenants;
+    assert!((t[1].iops / t[0].iops - 3.0).abs() < 0.15, "{} {}", t[0].iops, t[1].iops);
+    let h = &r.summary.hosts.as_ref().unwrap().hosts;
+    assert_eq!((h[0].window_mean, h[1].window_mean), (4.0, 12.0));
+    // The VMs see the time queued at the host on top of the array's latency.
+    assert!(t[0].latency_ms.mean > 2.0 * h[0].latency_mean_ms, "{} vs {}", t[0].latency_ms.mean, h[0].latency_mean_ms);
+}
+
+#[test]
+fn mclock_inside_a_host_keeps_reservations_and_limits() {
+    // One PARDA host with three VMs under a local mClock: r = 300 for a, limit 100 for b, c the rest.
+    let toml = r#"
+name = "m"
+duration_s = 60
+warmup_s = 20
+scheduler = "fifo"
+[parda]
+latency_threshold_ms = 20
+local_scheduler = "mclock"
+[[servers]]
+name = "array"
+capacity_iops = 1000
+queue_depth = 4096
+[[hosts]]
+name = "h"
+beta = 2
+[[tenants]]
+name = "a"
+host = "h"
+reservation = 300
+[tenants.workload]
+kind = "closed"
+[[tenants]]
+name = "b"
+host = "h"
+limit = 100
+weight = 5
+[tenants.workload]
+kind = "closed"
+[[tenants]]
+name = "c"
+host = "h"
+[tenants.workload]
+kind = "closed"
+[[expect]]
+tenant = "a"
+metric = "iops"
+above = 290
+[[expect]]
+tenant = "b"
+metric = "iops"
+equals = 100
+within_pct = 3
+[[expect]]
+host = "h"
+metric = "latency_mean_ms"
+equilibrium = true
+within_pct = 5
+"#;
+    let sc = Scenario::from_toml(toml, None).unwrap();
+    let r = run(&sc, &mut |_| {}).unwrap();
+    for c in check(&sc, &r) {
+        assert!(c.ok, "{}", c.description);
+    }
+    // The host's window keeps the array's latency near script-L + beta / C = 22 ms.
+    let h = &r.summary.hosts.as_ref().unwrap();
+    assert!((h.latency_mean_ms - 22.0).abs() < 1.5, "{}", h.latency_mean_ms);
+}
+
+#[test]
+fn aggregation_delay_and_timeout_keep_the_equilibrium() {
+    // Reports visible to the others 1.5 s after they are written (less than the 2 s period): the
+    // signal is older, the equilibrium the same.
+    let toml = with_parda("aggregation_delay_ms = 1500\naggregation_timeout_s = 10");
+    let sc = Scenario::from_toml(&toml, None).unwrap();
+    let r = run(&sc, &mut |_| {}).unwrap();
+    let h = r.hosts.as_ref().unwrap();
+    for k in 0..2 {
+        let want = h.equilibrium_window(k, 60.0, 150.0);
+        let got = h.summary.hosts[k].window_mean;
+        assert!(want > 0.0 && (got - want).abs() < 0.15 * want, "host {k}: {got} vs eq. (3) {want}");
+    }
+    // A timeout shorter than the delay: every other host's report is dead on arrival, so each host
+    // controls on its own report alone (and the hosts still sit near script-L: they share the array).
+    let toml = with_parda("aggregation_delay_ms = 3000\naggregation_timeout_s = 1");
+    let r = run(&Scenario::from_toml(&toml, None).unwrap(), &mut |_| {}).unwrap();
+    let s = r.summary.hosts.as_ref().unwrap();
+    assert!((s.latency_mean_ms - 31.5).abs() < 3.0, "{}", s.latency_mean_ms);
+}
+
+#[test]
+fn the_uncontrolled_baseline_is_the_same_scenario_without_parda() {
+    let sc = Scenario::from_toml(BASE, None).unwrap();
+    let base = sc.without_parda();
+    assert!(!base.parda.as_ref().unwrap().enabled);
+    let r = run(&base, &mut |_| {}).unwrap();
+    let h = r.summary.hosts.as_ref().unwrap();
+    assert!(!h.enabled);
+    // Both hosts keep w_max = 64 = their VMs' demand: equal throughput, latency far above script-L.
+    assert!((h.hosts[0].iops / h.hosts[1].iops - 1.0).abs() < 0.05);
+    assert!(h.latency_mean_ms > 50.0, "{}", h.latency_mean_ms);
+}
