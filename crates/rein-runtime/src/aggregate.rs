@@ -18,6 +18,10 @@
 //!
 //! Time (`now`) is passed in by the caller, as in the core: liveness is the caller's monotonic clock at
 //! collection time, so tests drive it explicitly and a daemon passes its clock.
+//!
+//! [`Transport`] makes the two interchangeable for a host's control loop: once per period,
+//! `transport.exchange(now, &host.close_period(now), &mut aggregator)`, then
+//! `host.on_period(now, aggregator.cluster(now).map(|c| c.latency_ns))`.
 
 use rein_core::parda::{Accept, Aggregator, HostReport, MAX_HOSTS};
 use rein_core::Nanos;
@@ -27,6 +31,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Largest datagram read (anything longer than a record is refused as oversized).
 const MAX_DATAGRAM: usize = 1024;
@@ -74,7 +79,7 @@ impl CollectStats {
 /// The filesystem-based transport; see the module comment.
 #[derive(Debug)]
 pub struct FileAggregation {
-    file: File,
+    file: Arc<File>,
     slots: u32,
     buf: Vec<u8>,
 }
@@ -92,7 +97,7 @@ impl FileAggregation {
             .truncate(false)
             .open(path)
             .map_err(|source| AggregationError::Io { op: "open", source })?;
-        Ok(FileAggregation { file, slots, buf: vec![0; slots as usize * SLOT_BYTES] })
+        Ok(FileAggregation { file: Arc::new(file), slots, buf: vec![0; slots as usize * SLOT_BYTES] })
     }
 
     pub fn slots(&self) -> u32 {
@@ -112,30 +117,83 @@ impl FileAggregation {
     /// Reads the whole file in one read and feeds every valid record to `agg` as received at `now`.
     /// A file shorter than the slot table (hosts that never wrote) reads as empty slots.
     pub fn collect(&mut self, now: Nanos, agg: &mut Aggregator) -> Result<CollectStats, AggregationError> {
-        self.buf.fill(0);
-        let mut got = 0;
-        // One positioned read; the loop only continues after a short read (signals, network filesystems).
-        while got < self.buf.len() {
-            let n = self.file.read_at(&mut self.buf[got..], got as u64).map_err(|source| AggregationError::Io { op: "read", source })?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        let mut stats = CollectStats::default();
-        for (i, slot) in self.buf.chunks_exact(SLOT_BYTES).enumerate() {
-            match decode_slot(slot) {
-                Ok(Slot::Empty) => stats.empty += 1,
-                Ok(Slot::Record(r)) if r.host as usize != i => stats.misplaced += 1,
-                Ok(Slot::Record(r)) => {
-                    let a = agg.accept(now, r).expect("slot index is below MAX_HOSTS");
-                    stats.count(a);
-                }
-                Err(e) => stats.corrupt.push((format!("slot {i}"), e)),
-            }
-        }
-        Ok(stats)
+        read_table(&self.file, &mut self.buf)?;
+        Ok(feed_table(&self.buf, now, agg))
     }
+}
+
+/// Either transport, for a host's control loop (module comment).
+#[derive(Debug)]
+pub enum Transport {
+    File(FileAggregation),
+    Udp(UdpAggregation),
+}
+
+impl Transport {
+    /// One period's exchange: publishes this host's `report`, feeds it to `agg` (a host counts its own
+    /// latency), and feeds `agg` whatever the other hosts published that has arrived (the whole file, or
+    /// the datagrams received since the last exchange). File IO runs on tokio's blocking pool.
+    pub async fn exchange(&mut self, now: Nanos, report: &HostReport, agg: &mut Aggregator) -> Result<CollectStats, AggregationError> {
+        match self {
+            Transport::File(f) => {
+                if report.host >= f.slots {
+                    return Err(AggregationError::HostId { id: report.host, max: f.slots });
+                }
+                let file = f.file.clone();
+                let mut buf = std::mem::take(&mut f.buf);
+                let r = *report;
+                let (buf, res) = tokio::task::spawn_blocking(move || {
+                    let res = file
+                        .write_all_at(&encode_slot(&r), slot_offset(r.host))
+                        .map_err(|source| AggregationError::Io { op: "write", source })
+                        .and_then(|()| read_table(&file, &mut buf));
+                    (buf, res)
+                })
+                .await
+                .expect("the aggregation file task does not panic");
+                f.buf = buf;
+                res?;
+                Ok(feed_table(&f.buf, now, agg))
+            }
+            Transport::Udp(u) => {
+                u.publish(report).await;
+                agg.accept(now, *report).expect("host ids are validated at bind");
+                Ok(u.drain(now, agg))
+            }
+        }
+    }
+}
+
+/// Reads the slot table into `buf` (zeros past the end of the file).
+fn read_table(file: &File, buf: &mut [u8]) -> Result<(), AggregationError> {
+    buf.fill(0);
+    let mut got = 0;
+    // One positioned read; the loop only continues after a short read (signals, network filesystems).
+    while got < buf.len() {
+        let n = file.read_at(&mut buf[got..], got as u64).map_err(|source| AggregationError::Io { op: "read", source })?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// Decodes every slot of the table and feeds the valid records to `agg`.
+fn feed_table(buf: &[u8], now: Nanos, agg: &mut Aggregator) -> CollectStats {
+    let mut stats = CollectStats::default();
+    for (i, slot) in buf.chunks_exact(SLOT_BYTES).enumerate() {
+        match decode_slot(slot) {
+            Ok(Slot::Empty) => stats.empty += 1,
+            Ok(Slot::Record(r)) if r.host as usize != i => stats.misplaced += 1,
+            Ok(Slot::Record(r)) => {
+                let a = agg.accept(now, r).expect("slot index is below MAX_HOSTS");
+                stats.count(a);
+            }
+            Err(e) => stats.corrupt.push((format!("slot {i}"), e)),
+        }
+    }
+    stats
 }
 
 /// The network-based transport; see the module comment.

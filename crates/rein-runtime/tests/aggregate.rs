@@ -191,6 +191,11 @@ fn shared_file_bounds_and_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udp_aggregation_with_faults() {
+    // A failing host would leave the others at a barrier: bound the whole test instead of hanging.
+    tokio::time::timeout(Duration::from_secs(120), udp_faults()).await.expect("test timed out");
+}
+
+async fn udp_faults() {
     let addr = |i: u32| -> SocketAddr { format!("127.0.0.{}:0", i + 1).parse().unwrap() };
     let mut socks = Vec::new();
     for h in 0..HOSTS {
@@ -272,4 +277,98 @@ async fn udp_aggregation_with_faults() {
             assert_eq!(seen[5].misplaced, 1, "host {h}");
         }
     }
+}
+
+/// Three PARDA hosts (rein-core's `HostController`, one tokio task each) run their control loop through
+/// either transport: every period each completes IOs with its own latency (20, 30, 40 ms; 100, 200, 300
+/// IOs), closes the period, exchanges reports and updates its window from the cluster signal. Every
+/// host's signal is the IO-weighted mean, 33.3 ms.
+async fn control_loop_over(kind: &str) {
+    use rein_core::parda::{HostConfig, HostController, PardaConfig};
+    use rein_core::{Poll, QosSpec, Request};
+    use rein_runtime::aggregate::Transport;
+    const N: u32 = 3;
+    let path = temp_path(&format!("loop-{kind}"));
+    let _ = std::fs::remove_file(&path);
+    let mut transports = Vec::new();
+    for h in 0..N {
+        transports.push(match kind {
+            "file" => Transport::File(FileAggregation::open(&path, N).unwrap()),
+            _ => Transport::Udp(UdpAggregation::bind(h, format!("127.0.0.{}:0", h + 1).parse().unwrap(), &[]).await.unwrap()),
+        });
+    }
+    let peers: Vec<(u32, SocketAddr)> = transports
+        .iter()
+        .enumerate()
+        .filter_map(|(h, t)| match t {
+            Transport::Udp(u) => Some((h as u32, u.local_addr().unwrap())),
+            Transport::File(_) => None,
+        })
+        .collect();
+    for t in &mut transports {
+        if let Transport::Udp(u) = t {
+            u.set_peers(&peers);
+        }
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(N as usize));
+    let mut tasks = Vec::new();
+    for (h, mut transport) in transports.into_iter().enumerate() {
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = PardaConfig { latency_threshold: Nanos::from_millis(30), ..PardaConfig::default() };
+            let mut host = HostController::new(c, HostConfig { id: h as u32, beta: Some(1.0), ..HostConfig::default() }, Nanos::ZERO).unwrap();
+            let vm = host.add_vm(QosSpec::weighted(1.0).unwrap()).unwrap();
+            let mut agg = Aggregator::new(TIMEOUT).unwrap();
+            let mut signals = Vec::new();
+            for k in 1..=6u64 {
+                let t = now(k);
+                for n in 0..100 * (h as u64 + 1) {
+                    host.enqueue(t, Request::new(vm, n)).unwrap();
+                    let Poll::Dispatch(d) = host.poll(t) else { panic!("window has room") };
+                    host.on_complete(t, d.tenant, Nanos::from_millis(20 + 10 * h as u64), 16384).unwrap();
+                }
+                let report = host.close_period(t);
+                transport.exchange(t, &report, &mut agg).await.unwrap();
+                barrier.wait().await; // everyone has published
+                if let Transport::Udp(u) = &transport {
+                    // Datagrams of this period: wait (bounded) until every peer's has arrived.
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                    while agg.peers().filter(|(_, p)| p.last.seq == k).count() < N as usize && tokio::time::Instant::now() < deadline {
+                        u.wait_readable(Duration::from_millis(100)).await;
+                        u.drain(t, &mut agg);
+                    }
+                } else if let Transport::File(f) = &mut transport {
+                    f.collect(t, &mut agg).unwrap();
+                }
+                let signal = agg.cluster(t).map(|c| c.latency_ns);
+                host.on_period(t, signal);
+                signals.push(signal);
+                barrier.wait().await; // everyone has read
+            }
+            (signals, host.stats().window)
+        }));
+    }
+    let want = (20.0 * 100.0 + 30.0 * 200.0 + 40.0 * 300.0) / 600.0 * 1e6;
+    let mut windows = Vec::new();
+    for t in tasks {
+        let (signals, window) = t.await.unwrap();
+        for s in &signals {
+            assert!((s.unwrap() - want).abs() < 1.0, "{kind}: signal {s:?} vs {want}");
+        }
+        windows.push(window);
+    }
+    // Same beta, same signal every period: the same window everywhere, below w_max (33 ms > 30 ms).
+    assert!(windows.iter().all(|w| (w - windows[0]).abs() < 1e-9 && *w < 64.0), "{kind}: {windows:?}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pardas_control_loop_over_the_shared_file() {
+    // A failing host would leave the others at a barrier: bound the whole test instead of hanging.
+    tokio::time::timeout(Duration::from_secs(120), control_loop_over("file")).await.expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pardas_control_loop_over_udp() {
+    tokio::time::timeout(Duration::from_secs(120), control_loop_over("udp")).await.expect("test timed out");
 }
