@@ -425,3 +425,14 @@ fn period_cadence_and_reports() {
     assert_eq!(h.close_period(Nanos::from_secs(7)).seq, 3);
 }
 
+
+#[test]
+fn vms_per_host_are_bounded() {
+    use rein_core::parda::MAX_VMS_PER_HOST;
+    let mut h = HostController::new(PardaConfig::default(), HostConfig::default(), Nanos::ZERO).unwrap();
+    for _ in 0..MAX_VMS_PER_HOST {
+        h.add_vm(QosSpec::weighted(1.0).unwrap()).unwrap();
+    }
+    assert_eq!(h.add_vm(QosSpec::weighted(1.0).unwrap()), Err(PardaError::TooManyVms { max: MAX_VMS_PER_HOST }));
+    assert_eq!(h.beta_base(), MAX_VMS_PER_HOST as f64, "beta = K sum s over all of them");
+}

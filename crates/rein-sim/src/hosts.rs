@@ -281,6 +281,7 @@ pub(crate) fn validate(
         return Err(format!("at most {MAX_HOSTS} hosts"));
     }
     let mut hosts = Vec::with_capacity(files.len());
+    let mut by_name = std::collections::BTreeMap::new();
     for (i, f) in files.iter().enumerate() {
         let n = &f.name;
         if n.trim().is_empty() {
@@ -289,7 +290,7 @@ pub(crate) fn validate(
         if n == "all" {
             return Err("a host may not be named \"all\" (expectations use it for the whole cluster)".into());
         }
-        if files[..i].iter().any(|g| &g.name == n) {
+        if by_name.insert(n.as_str(), i).is_some() {
             return Err(format!("two hosts are named {n:?}"));
         }
         let server = match &f.server {
@@ -308,7 +309,7 @@ pub(crate) fn validate(
     debug_assert!(uses_host || !hosts.is_empty());
     for (ti, (tf, t)) in tenant_files.iter().zip(tenants.iter_mut()).enumerate() {
         let Some(hn) = &tf.host else { continue };
-        let h = hosts.iter().position(|h| &h.name == hn).ok_or_else(|| format!("tenant {}: unknown host {hn:?}", t.name))?;
+        let h = *by_name.get(hn.as_str()).ok_or_else(|| format!("tenant {}: unknown host {hn:?}", t.name))?;
         let server = hosts[h].server;
         if let Some(list) = &tf.servers {
             if list.len() != 1 || list[0] != servers[server].name {

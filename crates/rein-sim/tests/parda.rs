@@ -264,3 +264,18 @@ fn the_uncontrolled_baseline_is_the_same_scenario_without_parda() {
     assert!((h.hosts[0].iops / h.hosts[1].iops - 1.0).abs() < 0.05);
     assert!(h.latency_mean_ms > 50.0, "{}", h.latency_mean_ms);
 }
+
+#[test]
+fn hosts_per_scenario_are_bounded() {
+    let many = |n: usize| {
+        let mut s = String::from("name = \"n\"\nduration_s = 1\n[parda]\nlatency_threshold_ms = 30\n[[servers]]\nname = \"a\"\ncapacity_iops = 1000\n");
+        for i in 0..n {
+            s.push_str(&format!("[[hosts]]\nname = \"h{i}\"\n[[tenants]]\nname = \"v{i}\"\nhost = \"h{i}\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 1\n"));
+        }
+        s
+    };
+    let max = rein_sim::hosts::MAX_HOSTS;
+    let sc = Scenario::from_toml(&many(max), None).unwrap();
+    assert_eq!(sc.hosts.len(), max);
+    assert!(err(&many(max + 1)).contains(&format!("at most {max} hosts")));
+}
