@@ -571,7 +571,7 @@ pub struct HostTotals {
 }
 
 /// Convergence times judge the window averaged over this many control periods.
-pub const SMOOTH_PERIODS: f64 = 5.0;
+pub const SMOOTH_PERIODS: f64 = 2.0;
 
 /// The `hosts` section of summary.json.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
