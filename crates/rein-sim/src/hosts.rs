@@ -570,7 +570,8 @@ pub struct HostTotals {
     pub summary: HostsSummary,
 }
 
-/// Convergence times judge the window averaged over this many control periods.
+/// Convergence times judge the window averaged over this many control periods either side: enough to
+/// damp one period's noise, short enough not to hide a step (eq. (2) moves 80% of the way per period).
 pub const SMOOTH_PERIODS: f64 = 2.0;
 
 /// The `hosts` section of summary.json.
@@ -602,7 +603,7 @@ pub struct HostSummary {
     pub iops: f64,
     pub latency_mean_ms: f64,
     pub signal_mean_ms: f64,
-    /// Time from the start until the window (averaged over 5 control periods either side) stays within
+    /// Time from the start until the window (averaged over 2 control periods either side) stays within
     /// 10% of its final value (mean over the last tenth of the run); `None` if it never settles.
     pub convergence_s: Option<f64>,
 }
@@ -679,7 +680,7 @@ impl HostTotals {
 
     /// Convergence time: seconds from `a` until host `h`'s window, smoothed over `SMOOTH_PERIODS`
     /// control periods either side (one period's window moves with the noise of one period's
-    /// latencies: about 10% at windows of 4 with exponential service), stays within `band_pct` of its
+    /// latencies: about 15% at windows of 4 with exponential service), stays within `band_pct` of its
     /// settled value (the mean over the last `tail` fraction of [a, b]) up to `b`. `None` if it is
     /// outside the band at the end.
     pub fn convergence(&self, h: usize, a: f64, b: f64, band_pct: f64, tail: f64) -> Option<f64> {
