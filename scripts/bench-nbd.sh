@@ -35,6 +35,7 @@ listen = "127.0.0.33:10809"
 admin = "127.0.0.33:9180"
 data_dir = "$W/data"
 scheduler = "$1"
+io_engine = "${IO_ENGINE:-uring}"
 [[exports]]
 name = "bench"
 path = "$FILE"
