@@ -58,6 +58,8 @@ struct TenantJson {
     errors: u64,
     queued: usize,
     latency_mean_ms: f64,
+    iops_last_s: f64,
+    below_reservation_s: u64,
 }
 
 async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
@@ -79,6 +81,8 @@ async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
             errors: t.counters.errors,
             queued: t.sched.queued,
             latency_mean_ms: if done > 0 { t.counters.latency_sum_ns as f64 / done as f64 / 1e6 } else { 0.0 },
+            iops_last_s: t.counters.iops_last_s,
+            below_reservation_s: t.counters.below_reservation_s,
         });
     }
     Ok(out)
@@ -225,6 +229,13 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     gauge("rein_tenant_reservation_iops", "Configured reservation.", "gauge", &|t| t.spec.reservation());
     gauge("rein_tenant_limit_iops", "Configured limit (+Inf when unlimited).", "gauge", &|t| t.spec.limit_or_inf());
     gauge("rein_tenant_weight", "Configured weight.", "gauge", &|t| t.spec.weight());
+    gauge("rein_tenant_iops", "IOs completed in the last whole second.", "gauge", &|t| t.counters.iops_last_s);
+    gauge(
+        "rein_tenant_below_reservation_seconds_total",
+        "Seconds in which the tenant was backlogged yet served below its reservation.",
+        "counter",
+        &|t| t.counters.below_reservation_s as f64,
+    );
     let _ = writeln!(o, "# HELP rein_tenant_latency_seconds Request latency from arrival at the scheduler to completion.\n# TYPE rein_tenant_latency_seconds histogram");
     for (name, id) in s.tenants.iter() {
         if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
@@ -240,11 +251,21 @@ async fn metrics(State(s): State<AdminState>) -> Response {
             let _ = writeln!(o, "rein_tenant_latency_seconds_count{{tenant=\"{n}\"}} {cum}");
         }
     }
+    let _ = writeln!(o, "# HELP rein_backend_latency_seconds Backend latency, from dispatch to completion (all tenants).\n# TYPE rein_backend_latency_seconds histogram");
+    let mut cum = 0u64;
+    for (i, b) in LATENCY_BUCKETS_S.iter().enumerate() {
+        cum += snap.backend.latency_buckets.get(i).copied().unwrap_or(0);
+        let _ = writeln!(o, "rein_backend_latency_seconds_bucket{{le=\"{b}\"}} {cum}");
+    }
+    cum += snap.backend.latency_buckets.last().copied().unwrap_or(0);
+    let _ = writeln!(o, "rein_backend_latency_seconds_bucket{{le=\"+Inf\"}} {cum}");
+    let _ = writeln!(o, "rein_backend_latency_seconds_sum {}", snap.backend.latency_sum_ns as f64 / 1e9);
+    let _ = writeln!(o, "rein_backend_latency_seconds_count {cum}");
     let _ = writeln!(o, "# HELP rein_backend_outstanding IOs outstanding at the backend.\n# TYPE rein_backend_outstanding gauge\nrein_backend_outstanding {}", snap.outstanding);
     let _ = writeln!(o, "# HELP rein_backend_queue_depth Maximum IOs outstanding at the backend (D).\n# TYPE rein_backend_queue_depth gauge\nrein_backend_queue_depth {}", snap.depth);
     if let Some(c) = snap.capacity_iops {
         let _ = writeln!(o, "# HELP rein_device_capacity_iops Modelled device capacity.\n# TYPE rein_device_capacity_iops gauge\nrein_device_capacity_iops {c}");
     }
-    let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\"}} 1", snap.scheduler);
+    let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\",io_engine=\"{}\"}} 1", snap.scheduler, snap.io_engine.name());
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
 }

@@ -10,8 +10,11 @@
 //! admission = "refuse"           # refuse | warn: when reservations exceed the capacity
 //! capacity_iops = 5000           # reservable capacity for admission (default: the device model's)
 //! max_request_kb = 32768
-//! io_mode = "threads"            # threads: IO on a thread pool | inline: small IOs on the dispatcher
-//!                                #   (fast for RAM or page-cached exports; a slow disk would stall it)
+//! io_engine = "uring"            # uring (default; falls back to threads if the kernel refuses it)
+//!                                # | threads: IO on a thread pool | inline: small IOs on the dispatcher
+//! probe_capacity_s = 0           # > 0: measure the backend this long at start-up (random 4 KiB reads
+//!                                #   at queue_depth, through the same dispatcher) and use the result for
+//!                                #   admission when capacity_iops is not set
 //!
 //! [device_model]                 # optional: model a device of this capacity on top of real storage
 //! capacity_iops = 1200
@@ -25,6 +28,7 @@
 //! size_mb = 1024
 //! tenant = "rd"                  # which tenant's QoS the export's connections share (default: its name)
 //! read_only = false
+//! direct = false                 # O_DIRECT for 4 KiB-aligned IO (bypass the page cache)
 //!
 //! [[tenants]]
 //! name = "rd"
@@ -38,6 +42,7 @@
 //! export per demo tenant in `rein-data/`, the mClock paper's RD / OLTP / DM.
 
 use crate::devmodel::ServiceDist;
+use crate::dispatch::IoEngine;
 use rein_core::{CostModel, QosSpec, SchedulerKind};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -102,7 +107,9 @@ struct File {
     capacity_iops: Option<f64>,
     #[serde(default = "d_max_kb")]
     max_request_kb: u64,
-    io_mode: Option<String>,
+    io_engine: Option<String>,
+    #[serde(default)]
+    probe_capacity_s: f64,
     device_model: Option<DeviceFile>,
     #[serde(default)]
     exports: Vec<ExportFile>,
@@ -133,6 +140,8 @@ struct ExportFile {
     tenant: Option<String>,
     #[serde(default)]
     read_only: bool,
+    #[serde(default)]
+    direct: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -162,6 +171,8 @@ pub struct ExportConfig {
     /// Index into `ServerConfig::tenants`.
     pub tenant: usize,
     pub read_only: bool,
+    /// O_DIRECT for aligned IO (file backend).
+    pub direct: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -197,8 +208,9 @@ pub struct ServerConfig {
     /// Capacity used for admission control: configured, else the device model's.
     pub capacity_iops: Option<f64>,
     pub max_request: u64,
-    /// Largest request run inline on the dispatcher (io_mode = "inline": 64 KiB; "threads": 0).
-    pub inline_max_bytes: u64,
+    pub io_engine: IoEngine,
+    /// Seconds to measure the backend at start-up for admission (0: no probe).
+    pub probe_capacity_s: f64,
     pub device: Option<DeviceConfig>,
     pub exports: Vec<ExportConfig>,
     pub tenants: Vec<TenantConfig>,
@@ -289,11 +301,13 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         Some("warn") => Admission::Warn,
         Some(o) => return Err(format!("admission {o:?}: expected refuse or warn")),
     };
-    let inline_max_bytes = match f.io_mode.as_deref() {
-        None | Some("threads") => 0,
-        Some("inline") => 64 * 1024,
-        Some(o) => return Err(format!("io_mode {o:?}: expected threads or inline")),
+    let io_engine: IoEngine = match f.io_engine.as_deref() {
+        None => IoEngine::Uring,
+        Some(s) => s.parse()?,
     };
+    if !(f.probe_capacity_s.is_finite() && (0.0..=60.0).contains(&f.probe_capacity_s)) {
+        return Err(format!("probe_capacity_s must be in 0..=60 seconds, got {}", f.probe_capacity_s));
+    }
     if f.max_request_kb == 0 || f.max_request_kb > 128 * 1024 {
         return Err(format!("max_request_kb must be in 1..=131072, got {}", f.max_request_kb));
     }
@@ -349,6 +363,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
                 let p = PathBuf::from(e.path.clone().unwrap_or_else(|| format!("{}.img", e.name)));
                 BackendKind::File { path: if p.is_absolute() { p } else { data_dir.join(p) } }
             }
+            "memory" if e.direct => return Err(format!("export {}: direct = true needs backend = \"file\"", e.name)),
             "memory" => BackendKind::Memory,
             o => return Err(format!("export {}: backend {o:?}: expected file or memory", e.name)),
         };
@@ -362,7 +377,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
             }
             None => return Err(format!("export {}: unknown tenant {tname:?}", e.name)),
         };
-        exports.push(ExportConfig { name: e.name.clone(), backend, size, tenant, read_only: e.read_only });
+        exports.push(ExportConfig { name: e.name.clone(), backend, size, tenant, read_only: e.read_only, direct: e.direct });
     }
     let cfg = ServerConfig {
         listen,
@@ -374,7 +389,8 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         admission,
         capacity_iops,
         max_request: f.max_request_kb * 1024,
-        inline_max_bytes,
+        io_engine,
+        probe_capacity_s: f.probe_capacity_s,
         device,
         exports,
         tenants,
@@ -407,6 +423,9 @@ mod tests {
         assert!(e("colour = 1\n[[exports]]\nname = \"a\"").contains("unknown field `colour`"));
         assert!(e("").contains("at least one [[exports]]"));
         assert!(e("scheduler = \"wfq\"\n[[exports]]\nname = \"a\"").contains("unknown scheduler"));
+        assert!(e("io_engine = \"aio\"\n[[exports]]\nname = \"a\"").contains("io_engine \"aio\""));
+        assert!(e("probe_capacity_s = -1\n[[exports]]\nname = \"a\"").contains("probe_capacity_s"));
+        assert!(e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\ndirect = true").contains("direct = true needs"));
     }
 
     #[test]

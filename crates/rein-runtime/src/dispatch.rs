@@ -4,13 +4,28 @@
 //! One dispatcher task per backend owns a [`Scheduler`] (mClock by default; SFQ or FIFO for comparison),
 //! unchanged from the simulator's. Connections send it [`IoRequest`]s over a bounded channel; it queues
 //! them under their tenant, and whenever fewer than `depth` (D) requests are outstanding at the backend it
-//! asks the scheduler for the next one and starts it on tokio's blocking pool. A [`Poll::Wait`] arms a
-//! timer; a completion or a new request re-runs the loop. Time is [`Clock`]: nanoseconds since the
-//! dispatcher started, from tokio's monotonic `Instant`.
+//! asks the scheduler for the next one and starts it with its [`IoEngine`]:
+//! - **io_uring** (default, files): reads, writes (FUA as `RWF_DSYNC`) and flushes are submitted to a ring
+//!   owned by this task ([`crate::uring`]); page-cache hits complete during the submit call itself, the
+//!   rest signal an eventfd this loop awaits. Falls back to threads if the kernel refuses io_uring.
+//! - **threads**: every IO on tokio's blocking pool (`pread`/`pwrite`).
+//! - **inline**: small file IOs run synchronously on this task (only sensible for RAM-like storage).
+//! RAM exports always run requests up to [`MEMORY_INLINE_MAX`] inline: a memory copy is cheaper than any
+//! hand-off. Trim and write-zeroes of files always go to the blocking pool.
+//!
+//! A [`Poll::Wait`] arms a timer; a completion, a new request or a ring wake-up re-runs the loop. Time is
+//! [`Clock`]: nanoseconds since the dispatcher started, from tokio's monotonic `Instant`.
 //!
 //! With a [`DeviceModel`], each request also waits for its slot on a modelled device (FIFO, rate C,
 //! service-time distribution): the request completes at `max(real IO done, modelled completion)`. That
 //! gives repeatable capacity for QoS experiments on any machine, and a capacity that can change at run time.
+//!
+//! # Measurements
+//! Per tenant: completions by phase, bytes, errors, a latency histogram (arrival to completion), the IOPS
+//! of the last whole second, and *seconds below reservation*: seconds in which the tenant had requests
+//! in the server (queued or at the backend) both when the second began and when it ended, yet was served
+//! less than its reservation (minus one IO of rounding) during it. Per backend: outstanding IOs and a latency histogram
+//! from dispatch to completion.
 //!
 //! # Invariants
 //! 1. `outstanding <= depth` (asserted).
@@ -20,10 +35,14 @@
 
 use crate::devmodel::DeviceModel;
 use crate::storage::{Storage, StorageError};
+use crate::uring::{drain_eventfd, Completion, Uring, UringOp};
 use rein_core::{Nanos, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+
+/// RAM exports run requests up to this size on the dispatcher itself.
+pub const MEMORY_INLINE_MAX: u64 = 256 * 1024;
 
 /// Monotonic time since an origin, as the core wants it. Built on tokio's `Instant`, which is the OS
 /// monotonic clock in production and virtual time in tests that pause tokio's clock.
@@ -79,12 +98,30 @@ pub struct IoRequest {
     pub tenant: TenantId,
     pub offset: u64,
     pub op: Op,
-    /// Force unit access: flush after a write before answering.
+    /// Force unit access: the write is durable before it is answered.
     pub fua: bool,
 }
 
 /// A completed request: read data (for reads), or the error.
 pub type IoResult = Result<Vec<u8>, IoError>;
+
+/// Where a request's result goes: a oneshot channel ([`Dispatcher::io`]) or a callback run on the
+/// dispatcher task ([`Dispatcher::submit`]; it must be quick and must not block).
+pub enum Reply {
+    Channel(oneshot::Sender<IoResult>),
+    Callback(Box<dyn FnOnce(IoResult) + Send>),
+}
+
+impl Reply {
+    fn send(self, r: IoResult) {
+        match self {
+            Reply::Channel(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Callback(f) => f(r),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
@@ -117,10 +154,29 @@ pub struct TenantCounters {
     pub latency_sum_ns: u128,
     /// Latency histogram: counts in buckets with upper bounds [`LATENCY_BUCKETS_S`] (+Inf last).
     pub latency_buckets: Vec<u64>,
+    /// Completions in the last whole second.
+    pub iops_last_s: f64,
+    /// Seconds backlogged yet served below the reservation (module comment).
+    pub below_reservation_s: u64,
+    /// Requests received and not yet answered (queued at the scheduler or at the backend).
+    pub in_flight: u64,
 }
 
 /// Upper bounds (seconds) of the latency histogram buckets (Prometheus style).
 pub const LATENCY_BUCKETS_S: [f64; 14] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+fn bucket_of(latency: Nanos) -> usize {
+    let s = latency.as_secs_f64();
+    LATENCY_BUCKETS_S.iter().position(|&u| s <= u).unwrap_or(LATENCY_BUCKETS_S.len())
+}
+
+/// Backend latency (dispatch to completion), all tenants together.
+#[derive(Clone, Debug, Default)]
+pub struct BackendCounters {
+    pub completed: u64,
+    pub latency_sum_ns: u128,
+    pub latency_buckets: Vec<u64>,
+}
 
 /// A snapshot of one tenant.
 #[derive(Clone, Debug)]
@@ -140,21 +196,47 @@ pub struct Snapshot {
     pub depth: usize,
     pub tenants: Vec<TenantSnapshot>,
     pub capacity_iops: Option<f64>,
+    pub backend: BackendCounters,
+    /// The engine actually in use (after any fallback).
+    pub io_engine: IoEngine,
 }
 
 enum Cmd {
-    Io(IoRequest, oneshot::Sender<IoResult>),
+    Io(IoRequest, Reply),
     AddTenant(QosSpec, oneshot::Sender<Result<TenantId, SchedError>>),
     SetSpec(TenantId, QosSpec, oneshot::Sender<Result<(), SchedError>>),
     Snapshot(oneshot::Sender<Snapshot>),
 }
 
-struct Done {
-    slot: usize,
-    phase: Phase,
-    bytes: u64,
-    latency: Nanos,
-    ok: bool,
+/// How the dispatcher runs IO on file storage (module comment).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    #[default]
+    Uring,
+    Threads,
+    Inline,
+}
+
+impl IoEngine {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoEngine::Uring => "uring",
+            IoEngine::Threads => "threads",
+            IoEngine::Inline => "inline",
+        }
+    }
+}
+
+impl std::str::FromStr for IoEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uring" | "io_uring" => Ok(IoEngine::Uring),
+            "threads" => Ok(IoEngine::Threads),
+            "inline" => Ok(IoEngine::Inline),
+            o => Err(format!("io_engine {o:?}: expected uring, threads or inline")),
+        }
+    }
 }
 
 /// Dispatcher settings.
@@ -166,16 +248,22 @@ pub struct DispatchConfig {
     pub depth: usize,
     /// Bound of the request channel from connections.
     pub channel: usize,
-    /// Run requests of at most this many bytes directly on the dispatcher instead of the blocking pool.
-    /// A thread hand-off costs more than a page-cache or RAM access, so for memory-backed or cached
-    /// exports inline IO is several times cheaper; for slow disks keep it 0 (every IO on the pool), or a
-    /// slow read stalls the dispatcher. Requests with a device model always wait asynchronously.
+    pub io_engine: IoEngine,
+    /// With [`IoEngine::Inline`]: the largest file request run on the dispatcher (larger ones go to the
+    /// blocking pool).
     pub inline_max_bytes: u64,
 }
 
 impl Default for DispatchConfig {
     fn default() -> Self {
-        DispatchConfig { scheduler: SchedulerKind::Mclock, sched: SchedConfig::default(), depth: 32, channel: 4096, inline_max_bytes: 0 }
+        DispatchConfig {
+            scheduler: SchedulerKind::Mclock,
+            sched: SchedConfig::default(),
+            depth: 32,
+            channel: 4096,
+            io_engine: IoEngine::Uring,
+            inline_max_bytes: 64 * 1024,
+        }
     }
 }
 
@@ -196,6 +284,16 @@ impl Dispatcher {
             SchedulerKind::Rbfq => Box::new(rein_core::Rbfq::with_limit_in_cost_units(config.sched)) as Box<dyn Scheduler>,
             k => k.build(config.sched),
         };
+        let (uring, io_engine) = match config.io_engine {
+            IoEngine::Uring => match Uring::new(config.depth) {
+                Ok(u) => (Some(u), IoEngine::Uring),
+                Err(e) => {
+                    tracing::warn!("io_uring unavailable ({e}); running file IO on the thread pool");
+                    (None, IoEngine::Threads)
+                }
+            },
+            other => (None, other),
+        };
         let task = Task {
             sched,
             device: device.clone(),
@@ -205,9 +303,14 @@ impl Dispatcher {
             pending: Vec::new(),
             free: Vec::new(),
             counters: Vec::new(),
-            inline_max_bytes: config.inline_max_bytes,
+            backend: BackendCounters { latency_buckets: vec![0; LATENCY_BUCKETS_S.len() + 1], ..Default::default() },
+            io_engine,
+            inline_max_bytes: if io_engine == IoEngine::Inline { config.inline_max_bytes } else { 0 },
+            uring,
+            reaped: Vec::new(),
             ids: Vec::new(),
             kind: config.scheduler,
+            tick: TickState::default(),
         };
         let join = tokio::spawn(task.run(rx));
         (Dispatcher { tx, device }, join)
@@ -216,8 +319,18 @@ impl Dispatcher {
     /// Submits a request and waits for its completion.
     pub async fn io(&self, req: IoRequest) -> IoResult {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::Io(req, tx)).await.map_err(|_| IoError::Shutdown)?;
+        self.tx.send(Cmd::Io(req, Reply::Channel(tx))).await.map_err(|_| IoError::Shutdown)?;
         rx.await.map_err(|_| IoError::Shutdown)?
+    }
+
+    /// Submits a request whose result is handed to `done` on the dispatcher task (no task or channel per
+    /// request). `done` runs exactly once, with [`IoError::Shutdown`] if the dispatcher has stopped.
+    pub async fn submit(&self, req: IoRequest, done: Box<dyn FnOnce(IoResult) + Send>) {
+        if let Err(mpsc::error::SendError(cmd)) = self.tx.send(Cmd::Io(req, Reply::Callback(done))).await {
+            if let Cmd::Io(_, reply) = cmd {
+                reply.send(Err(IoError::Shutdown));
+            }
+        }
     }
 
     pub async fn add_tenant(&self, spec: QosSpec) -> Result<TenantId, IoError> {
@@ -249,8 +362,37 @@ impl Dispatcher {
 
 struct Pending {
     req: IoRequest,
-    reply: oneshot::Sender<IoResult>,
+    reply: Reply,
     arrived: Nanos,
+}
+
+/// What travels with a started request until it is answered.
+struct Token {
+    reply: Reply,
+    slot: usize,
+    phase: Phase,
+    bytes: u64,
+    arrived: Nanos,
+    dispatched: Nanos,
+    /// Modelled completion time, if a device model is in front.
+    deadline: Option<Instant>,
+}
+
+struct Done {
+    slot: usize,
+    phase: Phase,
+    bytes: u64,
+    latency: Nanos,
+    device_latency: Nanos,
+    ok: bool,
+}
+
+/// State of the once-a-second measurements.
+#[derive(Default)]
+struct TickState {
+    at: Nanos,
+    /// Per tenant slot: (completions, reservation-comparable cost served, backlogged at the tick).
+    last: Vec<(u64, u128, bool)>,
 }
 
 struct Task {
@@ -262,32 +404,57 @@ struct Task {
     pending: Vec<Option<Pending>>,
     free: Vec<usize>,
     counters: Vec<TenantCounters>,
+    backend: BackendCounters,
+    io_engine: IoEngine,
     inline_max_bytes: u64,
+    uring: Option<Uring<Token>>,
+    reaped: Vec<Completion<Token>>,
     /// Tenants added, in order (for snapshots).
     ids: Vec<TenantId>,
     kind: SchedulerKind,
+    tick: TickState,
 }
 
 impl Task {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let eventfd = self.uring.as_ref().map(|u| u.eventfd());
+        let mut ticker = tokio::time::interval(std::time::Duration::from_secs(1));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut wake: Option<Nanos> = None;
         let mut open = true;
         loop {
             if open || self.sched.queued() > 0 {
                 wake = self.pump(&done_tx);
             }
+            if self.reap_ring(&done_tx) > 0 {
+                continue; // slots freed: dispatch more before waiting
+            }
             if !open && self.outstanding == 0 && self.sched.queued() == 0 {
                 break;
             }
             let sleep_until = wake.map(|t| self.clock.instant(t));
+            let ring_busy = self.uring.as_ref().is_some_and(|u| u.inflight() > 0);
             tokio::select! {
                 cmd = rx.recv(), if open => match cmd {
-                    Some(c) => self.command(c),
+                    Some(c) => {
+                        self.command(c);
+                        // Take whatever else is already queued before dispatching (one pump per batch).
+                        while let Ok(c) = rx.try_recv() {
+                            self.command(c);
+                        }
+                    }
                     None => open = false,
                 },
                 Some(d) = done_rx.recv() => self.finish(d),
+                r = async { eventfd.as_ref().expect("guarded").readable().await }, if ring_busy => {
+                    if let Ok(mut g) = r {
+                        drain_eventfd(eventfd.as_ref().expect("guarded"));
+                        g.clear_ready();
+                    }
+                }
                 _ = async { tokio::time::sleep_until(sleep_until.expect("guarded")).await }, if sleep_until.is_some() => {}
+                _ = ticker.tick() => self.on_tick(),
             }
         }
         tracing::debug!("dispatcher drained and stopped");
@@ -308,13 +475,20 @@ impl Task {
                     }
                 };
                 self.pending[handle] = Some(Pending { req, reply, arrived: now });
-                if let Err(e) = self.sched.enqueue(now, Request::new(tenant, handle as u64).size(size).offset(offset)) {
-                    let p = self.pending[handle].take().expect("just stored");
-                    self.free.push(handle);
-                    if let Some(c) = self.counters.get_mut(tenant.index()) {
-                        c.errors += 1;
+                match self.sched.enqueue(now, Request::new(tenant, handle as u64).size(size).offset(offset)) {
+                    Ok(()) => {
+                        if let Some(c) = self.counters.get_mut(tenant.index()) {
+                            c.in_flight += 1;
+                        }
                     }
-                    let _ = p.reply.send(Err(e.into()));
+                    Err(e) => {
+                        let p = self.pending[handle].take().expect("just stored");
+                        self.free.push(handle);
+                        if let Some(c) = self.counters.get_mut(tenant.index()) {
+                            c.errors += 1;
+                        }
+                        p.reply.send(Err(e.into()));
+                    }
                 }
             }
             Cmd::AddTenant(spec, reply) => {
@@ -345,6 +519,8 @@ impl Task {
                     depth: self.depth,
                     tenants,
                     capacity_iops: self.device.as_ref().map(|d| d.capacity()),
+                    backend: self.backend.clone(),
+                    io_engine: self.io_engine,
                 });
             }
         }
@@ -352,6 +528,7 @@ impl Task {
 
     /// Dispatches while slots are free; returns when to wake for a limit, if any.
     fn pump(&mut self, done: &mpsc::UnboundedSender<Done>) -> Option<Nanos> {
+        let mut wake = None;
         while self.outstanding < self.depth {
             let now = self.clock.now();
             match self.sched.poll(now, self.outstanding == 0) {
@@ -360,62 +537,155 @@ impl Task {
                     let p = self.pending[handle].take().expect("dispatched handle is pending");
                     self.free.push(handle);
                     self.outstanding += 1;
-                    debug_assert!(self.outstanding <= self.depth, "invariant 1");
-                    self.start(p, d.phase, now, done.clone());
+                    assert!(self.outstanding <= self.depth, "invariant 1");
+                    self.start(p, d.phase, now, done);
                 }
-                Poll::Wait(t) => return Some(t),
-                Poll::Empty => return None,
+                Poll::Wait(t) => {
+                    wake = Some(t);
+                    break;
+                }
+                Poll::Empty => break,
             }
         }
-        None
+        if let Some(u) = &mut self.uring {
+            if let Err(e) = u.submit() {
+                tracing::warn!("io_uring submit deferred: {e}");
+            }
+        }
+        wake
     }
 
-    fn start(&mut self, p: Pending, phase: Phase, now: Nanos, done: mpsc::UnboundedSender<Done>) {
-        if self.device.is_none() && p.req.op.len() <= self.inline_max_bytes {
-            // Inline: no task, no thread hand-off; the completion is accounted at once.
-            let Pending { req, reply, arrived } = p;
-            let slot = req.tenant.index();
-            let bytes = req.op.len();
+    /// Collects ring completions and answers them; returns how many finished.
+    fn reap_ring(&mut self, done: &mpsc::UnboundedSender<Done>) -> usize {
+        let Some(u) = &mut self.uring else { return 0 };
+        if u.inflight() == 0 {
+            return 0;
+        }
+        let mut reaped = std::mem::take(&mut self.reaped);
+        let n = u.reap(&mut reaped);
+        for (token, res) in reaped.drain(..) {
+            self.answer(token, res.map_err(IoError::from), done);
+        }
+        self.reaped = reaped;
+        n
+    }
+
+    fn start(&mut self, p: Pending, phase: Phase, now: Nanos, done: &mpsc::UnboundedSender<Done>) {
+        let bytes = p.req.op.len();
+        let deadline = self.device.as_ref().map(|d| self.clock.instant(d.admit(now, bytes)));
+        let Pending { req, reply, arrived } = p;
+        let token = Token { reply, slot: req.tenant.index(), phase, bytes, arrived, dispatched: now, deadline };
+        let is_file = req.storage.as_file().is_some();
+        // 1. The ring, for file reads, writes and flushes.
+        if let Some(u) = &mut self.uring {
+            if is_file && matches!(req.op, Op::Read { .. } | Op::Write { .. } | Op::Flush) {
+                let IoRequest { storage, offset, op, fua, .. } = req;
+                let uop = match op {
+                    Op::Read { len } => UringOp::Read { len },
+                    Op::Write { data } => UringOp::Write { data, fua },
+                    _ => UringOp::Flush,
+                };
+                if let Err((token, e)) = u.push(storage, offset, uop, token) {
+                    self.answer(token, Err(e.into()), done);
+                }
+                return;
+            }
+        }
+        // 2. Inline: RAM, or small file IO when configured.
+        let inline = if req.storage.is_memory() { bytes <= MEMORY_INLINE_MAX } else { bytes <= self.inline_max_bytes && !matches!(req.op, Op::Flush) };
+        if inline {
             let res = execute(req);
-            let ok = res.is_ok();
-            let latency = self.clock.now().saturating_sub(arrived);
-            let _ = reply.send(res);
-            self.finish(Done { slot, phase, bytes, latency, ok });
+            self.answer(token, res, done);
             return;
         }
-        let deadline = self.device.as_ref().map(|d| self.clock.instant(d.admit(now, p.req.op.len())));
+        // 3. The blocking pool.
         let clock = self.clock;
-        let slot = p.req.tenant.index();
+        let done = done.clone();
         tokio::spawn(async move {
-            let Pending { req, reply, arrived } = p;
-            let bytes = req.op.len();
             let res = tokio::task::spawn_blocking(move || execute(req))
                 .await
                 .unwrap_or_else(|e| Err(IoError::Storage(StorageError::Io { op: "task", source: std::io::Error::other(e.to_string()) })));
-            if let Some(dl) = deadline {
-                tokio::time::sleep_until(dl).await;
-            }
-            let ok = res.is_ok();
-            let latency = clock.now().saturating_sub(arrived);
-            let _ = reply.send(res);
-            let _ = done.send(Done { slot, phase, bytes, latency, ok });
+            let d = Self::deliver(clock, token, res, None).await;
+            let _ = done.send(d);
         });
+    }
+
+    /// Answers a finished request: at once, or (device model) when its modelled completion is due.
+    fn answer(&mut self, token: Token, res: IoResult, done: &mpsc::UnboundedSender<Done>) {
+        let device_done = self.clock.now();
+        if token.deadline.is_some_and(|d| d > Instant::now()) {
+            let (clock, done) = (self.clock, done.clone());
+            tokio::spawn(async move {
+                let d = Self::deliver(clock, token, res, Some(device_done)).await;
+                let _ = done.send(d);
+            });
+            return;
+        }
+        let ok = res.is_ok();
+        let Token { reply, slot, phase, bytes, arrived, dispatched, .. } = token;
+        reply.send(res);
+        self.finish(Done { slot, phase, bytes, latency: device_done.saturating_sub(arrived), device_latency: device_done.saturating_sub(dispatched), ok });
+    }
+
+    /// Waits for a token's modelled deadline (if any), answers it, and reports the completion.
+    async fn deliver(clock: Clock, token: Token, res: IoResult, device_done: Option<Nanos>) -> Done {
+        if let Some(dl) = token.deadline {
+            tokio::time::sleep_until(dl).await;
+        }
+        let now = clock.now();
+        let ok = res.is_ok();
+        let Token { reply, slot, phase, bytes, arrived, dispatched, deadline } = token;
+        reply.send(res);
+        // With a device model the backend's latency is the modelled one (completion at the deadline).
+        let device_end = if deadline.is_some() { now } else { device_done.unwrap_or(now) };
+        Done { slot, phase, bytes, latency: now.saturating_sub(arrived), device_latency: device_end.saturating_sub(dispatched), ok }
     }
 
     fn finish(&mut self, d: Done) {
         assert!(self.outstanding > 0, "completion without a dispatch");
         self.outstanding -= 1;
+        self.backend.completed += 1;
+        self.backend.latency_sum_ns += d.device_latency.0 as u128;
+        self.backend.latency_buckets[bucket_of(d.device_latency)] += 1;
         if let Some(c) = self.counters.get_mut(d.slot) {
+            c.in_flight = c.in_flight.saturating_sub(1);
             if d.ok {
                 c.completed[d.phase.index()] += 1;
                 c.bytes += d.bytes;
                 c.latency_sum_ns += d.latency.0 as u128;
-                let s = d.latency.as_secs_f64();
-                let b = LATENCY_BUCKETS_S.iter().position(|&u| s <= u).unwrap_or(LATENCY_BUCKETS_S.len());
-                c.latency_buckets[b] += 1;
+                c.latency_buckets[bucket_of(d.latency)] += 1;
             } else {
                 c.errors += 1;
             }
+        }
+    }
+
+    /// Once a second: per-tenant IOPS and seconds below reservation (module comment).
+    fn on_tick(&mut self) {
+        let now = self.clock.now();
+        let dt = now.saturating_sub(self.tick.at).as_secs_f64();
+        let first = self.tick.at == Nanos::ZERO && self.tick.last.is_empty();
+        self.tick.at = now;
+        if self.tick.last.len() < self.counters.len() {
+            self.tick.last.resize(self.counters.len(), (0, 0, false));
+        }
+        for &id in &self.ids {
+            let (Ok(st), Ok(spec)) = (self.sched.stats(id), self.sched.spec(id)) else { continue };
+            let i = id.index();
+            let c = &mut self.counters[i];
+            let completed: u64 = c.completed.iter().sum();
+            let cost: u128 = st.cost.iter().sum();
+            let backlogged = c.in_flight > 0;
+            let (c0, cost0, backlogged0) = self.tick.last[i];
+            if !first && dt > 0.0 {
+                c.iops_last_s = (completed - c0.min(completed)) as f64 / dt;
+                let served = cost.saturating_sub(cost0) as f64 / rein_core::Cost::ONE.0 as f64;
+                let r = spec.reservation();
+                if r > 0.0 && backlogged0 && backlogged && served + 1.0 < r * dt {
+                    c.below_reservation_s += 1;
+                }
+            }
+            self.tick.last[i] = (completed, cost, backlogged);
         }
     }
 }

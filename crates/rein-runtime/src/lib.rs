@@ -1,6 +1,7 @@
 //! # rein-runtime: Rein's IO runtime
 //!
-//! The tokio layer between the sans-IO core and real storage: storage backends ([`storage`]), a modelled
+//! The tokio layer between the sans-IO core and real storage: storage backends ([`storage`]) and the
+//! io_uring engine ([`uring`]), a modelled
 //! device for repeatable experiments ([`devmodel`]), and the QoS dispatcher ([`dispatch`]) that drives a
 //! rein-core scheduler on a monotonic clock. The NBD server and the admin endpoint build on these.
 //! [`aggregate`] carries PARDA's cluster latency between hosts (a shared file, or UDP).
@@ -13,9 +14,11 @@ pub mod devmodel;
 pub mod dispatch;
 pub mod load;
 pub mod nbd;
+pub mod probe;
 pub mod server;
 pub mod storage;
+pub mod uring;
 
 pub use devmodel::{DeviceModel, ServiceDist};
-pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoError, IoRequest, IoResult, Op, Snapshot};
+pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoEngine, IoError, IoRequest, IoResult, Op, Reply, Snapshot};
 pub use storage::{FileStorage, MemStorage, Storage, StorageError};

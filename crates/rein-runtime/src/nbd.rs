@@ -2,9 +2,10 @@
 //! QoS dispatcher.
 //!
 //! Each connection runs the fixed newstyle handshake (bounded in time and bytes), then reads requests in a
-//! loop. Every request becomes a task that submits it to the dispatcher (so one connection can have many
-//! in flight, up to [`MAX_IN_FLIGHT_PER_CONN`]) and hands the encoded reply to the connection's writer
-//! task. All connections of an export share its tenant, hence its queue and QoS.
+//! loop. Every request goes to the dispatcher with a completion callback that encodes the reply and hands
+//! it to the connection's writer task (so one connection can have many in flight, up to
+//! [`MAX_IN_FLIGHT_PER_CONN`]); the writer coalesces ready replies into one socket write. All connections
+//! of an export share its tenant, hence its queue and QoS.
 //!
 //! Errors are per request where the spec allows: an out-of-range offset, an oversize request or an
 //! unknown command gets EINVAL and the connection stays usable; a write to a read-only export gets EPERM.
@@ -12,7 +13,7 @@
 //! (the stream cannot be resynchronised); other connections are unaffected. A client that disappears
 //! mid-request only loses its own replies.
 
-use crate::dispatch::{Dispatcher, IoRequest, Op};
+use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::storage::Storage;
 use rein_core::TenantId;
 use rein_proto::nbd::{self as p, Command, ExportInfo, RequestHeader, ServerHandshake, ServerProgress};
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 /// Requests one connection may have in flight before the server stops reading from it.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
@@ -87,38 +88,64 @@ pub async fn serve_connection(stream: TcpStream, ctx: Arc<NbdContext>, mut shutd
     let structured = neg.structured;
     tracing::debug!(export = %ctx.exports[export_idx].info.name, structured, "NBD connection ready");
 
-    // Writer task: replies in completion order.
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT_PER_CONN);
+    // Writer task: replies in completion order, coalesced into one write when several are ready. Every
+    // message holds one of the connection's permits until it is written, which bounds both requests in
+    // flight and replies waiting (MAX_IN_FLIGHT_PER_CONN).
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Vec<u8>, OwnedSemaphorePermit)>();
     let writer = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            if wr.write_all(&msg).await.is_err() {
-                // Client gone: drain the channel so request tasks are not blocked, then stop.
-                while rx.recv().await.is_some() {}
-                return;
+        let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+        let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
+        let mut broken = false;
+        while let Some((msg, permit)) = rx.recv().await {
+            if broken {
+                continue; // client gone: keep draining so permits are released
             }
+            batch.clear();
+            batch.extend_from_slice(&msg);
+            held.push(permit);
+            while batch.len() < WRITE_BATCH_BYTES {
+                match rx.try_recv() {
+                    Ok((m, p)) => {
+                        batch.extend_from_slice(&m);
+                        held.push(p);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if wr.write_all(&batch).await.is_err() {
+                broken = true;
+            }
+            held.clear();
         }
-        let _ = wr.shutdown().await;
+        if !broken {
+            let _ = wr.shutdown().await;
+        }
     });
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let result = transmission(&mut rd, buf, &ctx, export_idx, structured, &tx, &permits, &mut shutdown).await;
-    // Wait for in-flight requests to be answered, then let the writer finish.
+    // Wait for in-flight requests to be answered and written, then let the writer finish.
     let _ = permits.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32).await;
     drop(tx);
     let _ = writer.await;
     result
 }
 
+/// Replies coalesced into one socket write, at most (roughly) this many bytes.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
+/// Reads until `buf` holds at least `n` bytes; false if the peer closed first.
 async fn read_exact_buffered(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut Vec<u8>, n: usize) -> std::io::Result<bool> {
     while buf.len() < n {
-        let mut chunk = vec![0u8; (n - buf.len()).clamp(4096, 1 << 20)];
-        let k = rd.read(&mut chunk).await?;
-        if k == 0 {
+        // Read straight into the buffer's spare capacity: no allocation or copy per read.
+        buf.reserve((n - buf.len()).max(16 * 1024));
+        if rd.read_buf(buf).await? == 0 {
             return Ok(false);
         }
-        buf.extend_from_slice(&chunk[..k]);
     }
     Ok(true)
 }
+
+type ReplyTx = mpsc::UnboundedSender<(Vec<u8>, OwnedSemaphorePermit)>;
 
 #[allow(clippy::too_many_arguments)]
 async fn transmission(
@@ -127,21 +154,33 @@ async fn transmission(
     ctx: &Arc<NbdContext>,
     export_idx: usize,
     structured: bool,
-    tx: &mpsc::Sender<Vec<u8>>,
+    tx: &ReplyTx,
     permits: &Arc<Semaphore>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), ConnError> {
     let export = &ctx.exports[export_idx];
+    let mut consumed = 0usize;
     loop {
-        let more = tokio::select! {
-            r = read_exact_buffered(rd, &mut buf, p::REQUEST_LEN) => r?,
-            _ = shutdown.wait_for(|s| *s) => return Ok(()),
-        };
-        if !more {
-            return Ok(()); // client closed (with or without NBD_CMD_DISC)
+        // Drop what earlier requests consumed only when it is worth moving the rest.
+        if consumed > 0 && (consumed >= 64 * 1024 || consumed == buf.len()) {
+            buf.drain(..consumed);
+            consumed = 0;
         }
-        let hdr = RequestHeader::decode(&buf)?.expect("have a full header");
-        buf.drain(..p::REQUEST_LEN);
+        if buf.len() - consumed < p::REQUEST_LEN {
+            buf.drain(..consumed);
+            consumed = 0;
+            let more = tokio::select! {
+                r = read_exact_buffered(rd, &mut buf, p::REQUEST_LEN) => r?,
+                _ = shutdown.wait_for(|s| *s) => return Ok(()),
+            };
+            if !more {
+                return Ok(()); // client closed (with or without NBD_CMD_DISC)
+            }
+        }
+        let hdr = RequestHeader::decode(&buf[consumed..])?.expect("have a full header");
+        consumed += p::REQUEST_LEN;
+        // Every request, answered with data or an error, takes a permit until its reply is written.
+        let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
         let reply_err = |code: u32| encode_reply(hdr.handle, hdr.offset, code, hdr.command == Command::Read, structured, &[]);
         // WRITE payload comes first, whatever we decide about the request.
         let mut payload = Vec::new();
@@ -149,10 +188,12 @@ async fn transmission(
             if hdr.length > ctx.max_payload && hdr.length > p::MAX_DISCARD {
                 return Err(p::ProtoError::Unrecoverable(hdr.length).into());
             }
-            if !read_exact_buffered(rd, &mut buf, hdr.length as usize).await? {
+            let need = consumed + hdr.length as usize;
+            if !read_exact_buffered(rd, &mut buf, need).await? {
                 return Ok(());
             }
-            payload = buf.drain(..hdr.length as usize).collect();
+            payload = buf[consumed..need].to_vec();
+            consumed = need;
         }
         let op = match hdr.command {
             Command::Disc => return Ok(()),
@@ -166,19 +207,19 @@ async fn transmission(
             Command::Other(_) => None,
         };
         let Some(op) = op else {
-            let _ = tx.send(reply_err(p::EINVAL)).await;
+            let _ = tx.send((reply_err(p::EINVAL), permit));
             continue;
         };
         let writes = matches!(op, Op::Write { .. } | Op::Trim { .. } | Op::WriteZeroes { .. });
         if writes && export.info.read_only {
-            let _ = tx.send(reply_err(p::EPERM)).await;
+            let _ = tx.send((reply_err(p::EPERM), permit));
             continue;
         }
-        let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
-        let (ctx2, tx2) = (ctx.clone(), tx.clone());
         let req = IoRequest { storage: export.storage.clone(), tenant: export.tenant, offset: hdr.offset, op, fua: hdr.fua() };
-        tokio::spawn(async move {
-            let res = ctx2.dispatcher.io(req).await;
+        let tx2 = tx.clone();
+        // The reply is encoded where the result appears (on the dispatcher) and goes straight to the
+        // writer: no task or channel per request.
+        let done = Box::new(move |res: IoResult| {
             let msg = match res {
                 Ok(data) => encode_reply(hdr.handle, hdr.offset, 0, hdr.command == Command::Read, structured, &data),
                 Err(e) => {
@@ -186,9 +227,9 @@ async fn transmission(
                     encode_reply(hdr.handle, hdr.offset, e.errno(), hdr.command == Command::Read, structured, &[])
                 }
             };
-            let _ = tx2.send(msg).await;
-            drop(permit);
+            let _ = tx2.send((msg, permit));
         });
+        ctx.dispatcher.submit(req, done).await;
     }
 }
 

@@ -11,6 +11,7 @@ use crate::config::{Admission, BackendKind, ServerConfig};
 use crate::devmodel::DeviceModel;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::nbd::{serve_connection, Export, NbdContext};
+use crate::probe::{probe, ProbeConfig};
 use crate::storage::{FileStorage, MemStorage, Storage};
 use rein_core::{SchedConfig, TenantId};
 use rein_proto::nbd::ExportInfo;
@@ -37,6 +38,18 @@ pub enum ServeError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("dispatcher: {0}")]
     Dispatcher(#[from] crate::dispatch::IoError),
+    #[error("capacity probe failed: {0}")]
+    Probe(String),
+}
+
+/// Opens (creating file exports that do not exist yet) an export's storage.
+pub fn open_export(e: &crate::config::ExportConfig) -> Result<Arc<dyn Storage>, ServeError> {
+    Ok(match &e.backend {
+        BackendKind::File { path } => Arc::new(
+            FileStorage::open_with(path, Some(e.size), e.read_only, e.direct).map_err(|source| ServeError::Export { name: e.name.clone(), source })?,
+        ),
+        BackendKind::Memory => Arc::new(MemStorage::new(e.size)),
+    })
 }
 
 /// Addresses the server actually listens on (useful with port 0).
@@ -57,9 +70,22 @@ pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: O
         scheduler: cfg.scheduler,
         sched: SchedConfig { cost_model: cfg.cost_model, ..SchedConfig::default() },
         depth: cfg.queue_depth,
-        inline_max_bytes: cfg.inline_max_bytes,
+        io_engine: cfg.io_engine,
         ..DispatchConfig::default()
     };
+    let mut exports = Vec::with_capacity(cfg.exports.len());
+    for e in &cfg.exports {
+        exports.push(open_export(e)?);
+    }
+    let mut cfg = cfg;
+    if cfg.probe_capacity_s > 0.0 && cfg.capacity_iops.is_none() {
+        // Measure the largest export through a dispatcher like the server's own, before serving.
+        let biggest = exports.iter().max_by_key(|s| s.size()).expect("at least one export").clone();
+        let pc = ProbeConfig { seconds: cfg.probe_capacity_s, depth: cfg.queue_depth, io_engine: cfg.io_engine, ..ProbeConfig::default() };
+        let r = probe(biggest, device.clone(), &pc).await.map_err(|e| ServeError::Probe(e.to_string()))?;
+        tracing::info!(iops = r.iops.round(), p99_ms = r.latency_p99_ms, "capacity probe: using the measured capacity for admission control");
+        cfg.capacity_iops = Some(r.iops);
+    }
     let (dispatcher, dispatcher_done) = Dispatcher::spawn(device, dcfg);
     if let Err(msg) = cfg.admission_check(cfg.tenants.iter().map(|t| t.spec)) {
         match cfg.admission {
@@ -71,14 +97,9 @@ pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: O
     for t in &cfg.tenants {
         tenant_ids.push(dispatcher.add_tenant(t.spec).await?);
     }
+    let storages = exports;
     let mut exports = Vec::with_capacity(cfg.exports.len());
-    for e in &cfg.exports {
-        let storage: Arc<dyn Storage> = match &e.backend {
-            BackendKind::File { path } => Arc::new(
-                FileStorage::open(path, Some(e.size), e.read_only).map_err(|source| ServeError::Export { name: e.name.clone(), source })?,
-            ),
-            BackendKind::Memory => Arc::new(MemStorage::new(e.size)),
-        };
+    for (e, storage) in cfg.exports.iter().zip(storages) {
         let size = storage.size();
         exports.push(Export {
             info: ExportInfo { name: e.name.clone(), description: format!("tenant {}", cfg.tenants[e.tenant].name), size, read_only: e.read_only },

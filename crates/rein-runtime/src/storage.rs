@@ -3,8 +3,12 @@
 //! A [`Storage`] is synchronous and thread-safe; the dispatcher runs its calls on tokio's blocking pool so
 //! a slow disk never stalls the network tasks. Two implementations:
 //! - [`FileStorage`]: a regular file or block device through positioned reads and writes (`pread`/`pwrite`),
-//!   `fdatasync` on flush, hole punching (`fallocate`) for trim where the file system supports it, falling
-//!   back to writing zeroes;
+//!   `fdatasync` on flush, hole punching and zero ranges (`fallocate`) for trim and write-zeroes where the
+//!   file system supports them, falling back to writing zeroes. Optionally with `O_DIRECT` (bypassing the
+//!   page cache): requests aligned to [`DIRECT_ALIGN`] go through a second, direct descriptor with an
+//!   aligned bounce buffer; unaligned ones through the buffered descriptor (the kernel keeps the two
+//!   coherent: direct IO writes back and invalidates the cached range it touches). The dispatcher's
+//!   io_uring engine ([`crate::uring`]) uses the same descriptors ([`FileStorage::fd_for`]);
 //! - [`MemStorage`]: RAM, in 1 MiB pages allocated on first write (reads of untouched pages are zeroes).
 //!
 //! Every call checks `offset + len <= size` and returns [`StorageError::OutOfRange`] otherwise (the NBD
@@ -12,9 +16,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
+
+/// Offset, length and buffer alignment for `O_DIRECT` IO (4 KiB covers 512-byte and 4 KiB sectors).
+pub const DIRECT_ALIGN: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -52,6 +60,56 @@ pub trait Storage: Send + Sync + 'static {
     fn read_only(&self) -> bool {
         false
     }
+    /// The file behind this storage, if it is one (the io_uring engine submits to its descriptors).
+    fn as_file(&self) -> Option<&FileStorage> {
+        None
+    }
+    /// True for RAM storage: its IO is a memory copy, cheaper than handing it to another thread.
+    fn is_memory(&self) -> bool {
+        false
+    }
+}
+
+/// A `len`-byte buffer whose data starts at a [`DIRECT_ALIGN`]-aligned address (safe code: over-allocate
+/// and skip to the first aligned byte).
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + DIRECT_ALIGN];
+        let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+    pub fn from_slice(data: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::zeroed(data.len());
+        b.as_mut_slice().copy_from_slice(data);
+        b
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The data as a plain `Vec` (one copy).
+    pub fn into_vec(self) -> Vec<u8> {
+        self.as_slice().to_vec()
+    }
+}
+
+/// Whether `offset` and `len` suit `O_DIRECT`.
+pub fn direct_aligned(offset: u64, len: u64) -> bool {
+    len > 0 && offset % DIRECT_ALIGN as u64 == 0 && len % DIRECT_ALIGN as u64 == 0
 }
 
 fn check(size: u64, offset: u64, len: u64) -> Result<(), StorageError> {
@@ -64,6 +122,8 @@ fn check(size: u64, offset: u64, len: u64) -> Result<(), StorageError> {
 /// A file or block device.
 pub struct FileStorage {
     file: File,
+    /// The same file opened with `O_DIRECT`, when asked for.
+    direct: Option<File>,
     size: u64,
     read_only: bool,
 }
@@ -71,6 +131,12 @@ pub struct FileStorage {
 impl FileStorage {
     /// Opens (creating and sizing if `create_size` is given and the file does not exist) a file.
     pub fn open(path: &Path, create_size: Option<u64>, read_only: bool) -> Result<FileStorage, StorageError> {
+        Self::open_with(path, create_size, read_only, false)
+    }
+
+    /// As [`FileStorage::open`]; with `direct`, aligned IO bypasses the page cache (`O_DIRECT`). A file
+    /// system that refuses `O_DIRECT` (tmpfs, for one) is an error naming the cause.
+    pub fn open_with(path: &Path, create_size: Option<u64>, read_only: bool, direct: bool) -> Result<FileStorage, StorageError> {
         let io = |op, source| StorageError::Io { op, source };
         let exists = path.exists();
         let file = OpenOptions::new()
@@ -94,8 +160,68 @@ impl FileStorage {
             let mut f = &file;
             f.seek(io::SeekFrom::End(0)).map_err(|e| io("seek", e))?
         };
-        Ok(FileStorage { file, size, read_only })
+        let direct = if direct {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .map_err(|e| io("open with O_DIRECT (does the file system support direct IO?)", e))?;
+            Some(f)
+        } else {
+            None
+        };
+        Ok(FileStorage { file, direct, size, read_only })
     }
+
+    /// Whether aligned IO goes through `O_DIRECT`.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The descriptor an IO of `len` bytes at `offset` should use, and whether it is the direct one (then
+    /// its buffer must be [`AlignedBuf`]).
+    pub fn fd_for(&self, offset: u64, len: u64) -> (RawFd, bool) {
+        match &self.direct {
+            Some(d) if direct_aligned(offset, len) => (d.as_raw_fd(), true),
+            _ => (self.file.as_raw_fd(), false),
+        }
+    }
+
+    /// Checks a range (and, for writes, that the export is writable) before IO is submitted elsewhere.
+    pub fn check_io(&self, offset: u64, len: u64, write: bool) -> Result<(), StorageError> {
+        if write && self.read_only {
+            return Err(StorageError::ReadOnly);
+        }
+        check(self.size, offset, len)
+    }
+
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate on a descriptor we own, with plain integer arguments.
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    fn write_zero_bytes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
+        const CHUNK: usize = 1 << 20;
+        let zeroes = vec![0u8; CHUNK.min(len as usize)];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(CHUNK as u64) as usize;
+            self.file.write_all_at(&zeroes[..n], offset + done).map_err(|source| StorageError::Io { op: "write_zeroes", source })?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Errors after which a `fallocate` mode is simply not available here (fall back to writing zeroes).
+fn unsupported(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::ENODEV))
 }
 
 impl Storage for FileStorage {
@@ -107,14 +233,27 @@ impl Storage for FileStorage {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         check(self.size, offset, buf.len() as u64)?;
-        self.file.read_exact_at(buf, offset).map_err(|source| StorageError::Io { op: "read", source })
+        let err = |source| StorageError::Io { op: "read", source };
+        match &self.direct {
+            Some(d) if direct_aligned(offset, buf.len() as u64) => {
+                let mut a = AlignedBuf::zeroed(buf.len());
+                d.read_exact_at(a.as_mut_slice(), offset).map_err(err)?;
+                buf.copy_from_slice(a.as_slice());
+                Ok(())
+            }
+            _ => self.file.read_exact_at(buf, offset).map_err(err),
+        }
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), StorageError> {
-        if self.read_only {
-            return Err(StorageError::ReadOnly);
+        self.check_io(offset, buf.len() as u64, true)?;
+        let err = |source| StorageError::Io { op: "write", source };
+        match &self.direct {
+            Some(d) if direct_aligned(offset, buf.len() as u64) => d.write_all_at(AlignedBuf::from_slice(buf).as_slice(), offset).map_err(err),
+            _ => self.file.write_all_at(buf, offset).map_err(err),
         }
-        check(self.size, offset, buf.len() as u64)?;
-        self.file.write_all_at(buf, offset).map_err(|source| StorageError::Io { op: "write", source })
+    }
+    fn as_file(&self) -> Option<&FileStorage> {
+        Some(self)
     }
     fn flush(&self) -> Result<(), StorageError> {
         if self.read_only {
@@ -127,23 +266,30 @@ impl Storage for FileStorage {
             return Err(StorageError::ReadOnly);
         }
         check(self.size, offset, len)?;
-        // Trim is advisory in NBD: writing zeroes is a correct (if slower) implementation.
-        self.write_zeroes(offset, len)
+        if len == 0 {
+            return Ok(());
+        }
+        // Punch a hole (reads return zeroes, space is freed). Trim is advisory in NBD, but we promise
+        // zeroes afterwards either way, so the fallback writes them.
+        match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+            Ok(()) => Ok(()),
+            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
+            Err(source) => Err(StorageError::Io { op: "fallocate(punch hole)", source }),
+        }
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
         if self.read_only {
             return Err(StorageError::ReadOnly);
         }
         check(self.size, offset, len)?;
-        const CHUNK: usize = 1 << 20;
-        let zeroes = vec![0u8; CHUNK.min(len as usize)];
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(CHUNK as u64) as usize;
-            self.file.write_all_at(&zeroes[..n], offset + done).map_err(|source| StorageError::Io { op: "write_zeroes", source })?;
-            done += n as u64;
+        if len == 0 {
+            return Ok(());
         }
-        Ok(())
+        match self.fallocate(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+            Ok(()) => Ok(()),
+            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
+            Err(source) => Err(StorageError::Io { op: "fallocate(zero range)", source }),
+        }
     }
 }
 
@@ -178,6 +324,9 @@ impl MemStorage {
 impl Storage for MemStorage {
     fn size(&self) -> u64 {
         self.size
+    }
+    fn is_memory(&self) -> bool {
+        true
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         check(self.size, offset, buf.len() as u64)?;

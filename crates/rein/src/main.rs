@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod load;
 mod plot;
+mod probe;
 mod serve;
 mod sim;
 
@@ -27,6 +28,8 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Multi-tenant load over NBD with a live table; writes the same outputs as `rein sim`.
     Load(load::LoadArgs),
+    /// Measure an export's backend the way `rein serve` uses it (capacity for admission control).
+    Probe(probe::ProbeArgs),
     /// Speed measurements.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -44,6 +47,7 @@ fn main() {
         Cmd::Sim(a) => sim::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Load(a) => load::run(a),
+        Cmd::Probe(a) => probe::run(a),
         Cmd::Bench(c) => bench::run(c),
     };
     if let Err(e) = res {

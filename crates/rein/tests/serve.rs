@@ -116,8 +116,20 @@ fn random_file(path: &Path, len: usize, seed: u64) {
 
 #[test]
 fn real_clients_work_against_rein_serve() {
-    let dir = tmpdir("clients");
-    let s = start(&dir, 21, THREE);
+    clients_round_trip("clients", 21, THREE);
+}
+
+/// The same clients with the thread-pool engine and O_DIRECT file exports.
+#[test]
+fn real_clients_work_with_threads_and_o_direct() {
+    let cfg = format!("io_engine = \"threads\"\n{}", THREE.replace("size_mb = 64\n", "size_mb = 64\ndirect = true\n"));
+    assert_eq!(cfg.matches("direct = true").count(), 2);
+    clients_round_trip("clients-direct", 26, &cfg);
+}
+
+fn clients_round_trip(name: &str, host: u8, config: &str) {
+    let dir = tmpdir(name);
+    let s = start(&dir, host, config);
     let uri = |e: &str| format!("nbd://{}/{e}", s.nbd);
     // nbdinfo: the export and the list.
     let info = run_ok(tool("nbdinfo").arg(uri("rd")));
@@ -313,6 +325,89 @@ impl StillRunning for Child {
     fn try_wait_unchanged(&self) -> bool {
         std::path::Path::new(&format!("/proc/{}", self.id())).exists()
     }
+}
+
+/// TRIM and WRITE_ZEROES read back as zeroes, FUA writes are answered after they are durable, and a
+/// pipeline of requests sent before reading any reply is answered in full (replies coalesced by the
+/// writer), on both engines.
+#[test]
+fn trim_zeroes_fua_and_pipelining() {
+    for (host, engine) in [(27u8, "uring"), (28, "threads")] {
+        let dir = tmpdir(&format!("trim-{engine}"));
+        let s = start(&dir, host, &format!("io_engine = \"{engine}\"\n{THREE}"));
+        for structured in [false, true] {
+            let (mut c, _) = Raw::connect(s.nbd, "rd", structured).unwrap();
+            let data = vec![0xA5u8; 3 * 4096];
+            c.send(Command::Write, 1, 8192, data.len() as u32, &data);
+            assert_eq!(c.reply(0), (1, 0, vec![]));
+            c.send(Command::Trim, 2, 8192, 4096, &[]);
+            assert_eq!(c.reply(0).1, 0);
+            c.send(Command::WriteZeroes, 3, 8192 + 2 * 4096 + 100, 200, &[]);
+            assert_eq!(c.reply(0).1, 0);
+            c.send(Command::Read, 4, 8192, data.len() as u32, &[]);
+            let (_, e, back) = c.reply(data.len());
+            assert_eq!(e, 0);
+            assert!(back[..4096].iter().all(|&b| b == 0), "trimmed range reads zeroes");
+            assert!(back[4096..8192 + 100].iter().all(|&b| b == 0xA5));
+            assert!(back[8192 + 100..8192 + 300].iter().all(|&b| b == 0), "zeroed range");
+            assert!(back[8192 + 300..].iter().all(|&b| b == 0xA5));
+            // FUA write (flag 1).
+            let mut out = Vec::new();
+            RequestHeader { flags: 1, command: Command::Write, handle: 5, offset: 0, length: 4 }.encode(&mut out);
+            out.extend_from_slice(b"fua!");
+            c.s.write_all(&out).unwrap();
+            assert_eq!(c.reply(0), (5, 0, vec![]));
+            // 200 reads in one burst, then all the replies.
+            let mut burst = Vec::new();
+            for h in 0..200u64 {
+                RequestHeader { flags: 0, command: Command::Read, handle: 100 + h, offset: (h % 16) * 4096, length: 4096 }.encode(&mut burst);
+            }
+            c.s.write_all(&burst).unwrap();
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..200 {
+                let (h, e, d) = c.reply(4096);
+                assert_eq!((e, d.len()), (0, 4096));
+                seen.insert(h);
+            }
+            assert_eq!(seen.len(), 200);
+            assert_eq!(*seen.first().unwrap(), 100);
+        }
+    }
+}
+
+/// `rein probe` measures through the configured device model, and `probe_capacity_s` feeds the measured
+/// capacity to admission control.
+#[test]
+fn probe_measures_and_admission_uses_the_measurement() {
+    let dir = tmpdir("probe");
+    let cfg = format!(
+        "data_dir = \"{}\"\n[device_model]\ncapacity_iops = 800\n[[exports]]\nname = \"a\"\nsize_mb = 16\n",
+        dir.join("data").display()
+    );
+    let path = dir.join("rein.toml");
+    std::fs::write(&path, &cfg).unwrap();
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--seconds", "2", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let iops = v["iops"].as_f64().unwrap();
+    assert!((iops - 800.0).abs() < 80.0, "probe through an 800 IOPS device model: {iops}");
+    // Writes need --destructive; unknown exports are named.
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--read-pct", "70"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--destructive"));
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--export", "b"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no export \"b\""));
+    // A server that probes at start-up refuses reservations above what it measured (no capacity_iops).
+    let refuse = format!(
+        "listen = \"127.0.0.29:0\"\nadmin = \"127.0.0.29:0\"\nprobe_capacity_s = 1\n{}\n[[tenants]]\nname = \"a\"\nreservation = 2000\n",
+        cfg
+    );
+    // (capacity_iops inside [device_model] is the model; the top-level key is absent, so the probe decides.)
+    let path2 = dir.join("refuse.toml");
+    std::fs::write(&path2, refuse).unwrap();
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--config", path2.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "server started despite 2000 IOPS reserved on ~800: {err}");
+    assert!(err.contains("admission control") && err.contains("2000"), "{err}");
 }
 
 #[test]

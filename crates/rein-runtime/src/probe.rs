@@ -1,0 +1,184 @@
+//! The capacity probe: measures a backend the way `rein serve` will use it.
+//!
+//! Requests go through a [`Dispatcher`] with the server's IO engine, device model and queue depth D (FIFO
+//! order, one tenant), from `depth` closed-loop workers issuing random, size-aligned IOs over the whole
+//! export. The result (IOPS, MB/s, latency percentiles) is what admission control compares reservations
+//! with (`probe_capacity_s` in the server config, or `rein probe` to print a `capacity_iops` line).
+//! Reads only, unless writes are asked for explicitly (they overwrite the export with random bytes).
+
+use crate::devmodel::DeviceModel;
+use crate::dispatch::{DispatchConfig, Dispatcher, IoEngine, IoRequest, Op};
+use crate::storage::Storage;
+use rand::{Rng, SeedableRng};
+use rein_core::{QosSpec, SchedulerKind};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// Longest probe, and largest IO size.
+pub const MAX_PROBE_S: f64 = 600.0;
+pub const MAX_PROBE_IO: u32 = 16 << 20;
+
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    pub seconds: f64,
+    /// Bytes per IO (offsets are multiples of it).
+    pub io_size: u32,
+    /// Workers (requests outstanding); also the dispatcher's D.
+    pub depth: usize,
+    /// Share of reads, 0..=100. Below 100 the probe writes random data over the export.
+    pub read_pct: f64,
+    pub io_engine: IoEngine,
+    pub seed: u64,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig { seconds: 5.0, io_size: 4096, depth: 32, read_pct: 100.0, io_engine: IoEngine::Uring, seed: 1 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("probe: {0}")]
+    Invalid(String),
+    #[error("probe IO failed: {0}")]
+    Io(String),
+}
+
+/// What the probe measured.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProbeResult {
+    pub seconds: f64,
+    pub completed: u64,
+    pub iops: f64,
+    pub mb_s: f64,
+    pub latency_mean_ms: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub latency_max_ms: f64,
+    pub io_size: u32,
+    pub depth: usize,
+    pub read_pct: f64,
+    /// The engine that actually ran (uring falls back to threads where the kernel refuses it).
+    pub io_engine: &'static str,
+}
+
+impl ProbeConfig {
+    fn validate(&self, size: u64) -> Result<(), ProbeError> {
+        let bad = |m: String| Err(ProbeError::Invalid(m));
+        if !(self.seconds.is_finite() && self.seconds > 0.0 && self.seconds <= MAX_PROBE_S) {
+            return bad(format!("seconds must be in (0, {MAX_PROBE_S}], got {}", self.seconds));
+        }
+        if self.io_size == 0 || self.io_size > MAX_PROBE_IO {
+            return bad(format!("IO size must be in 1..={MAX_PROBE_IO} bytes, got {}", self.io_size));
+        }
+        if self.io_size as u64 > size {
+            return bad(format!("IO size {} is larger than the export ({size} bytes)", self.io_size));
+        }
+        if self.depth == 0 || self.depth > 4096 {
+            return bad(format!("depth must be in 1..=4096, got {}", self.depth));
+        }
+        if !(0.0..=100.0).contains(&self.read_pct) {
+            return bad(format!("read share must be in 0..=100 %, got {}", self.read_pct));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the probe on `storage` (see the module comment).
+pub async fn probe(storage: Arc<dyn Storage>, device: Option<Arc<DeviceModel>>, cfg: &ProbeConfig) -> Result<ProbeResult, ProbeError> {
+    cfg.validate(storage.size())?;
+    if cfg.read_pct < 100.0 && storage.read_only() {
+        return Err(ProbeError::Invalid("the export is read-only: probe with reads only".into()));
+    }
+    let dcfg = DispatchConfig { scheduler: SchedulerKind::Fifo, depth: cfg.depth, io_engine: cfg.io_engine, ..DispatchConfig::default() };
+    let (d, join) = Dispatcher::spawn(device, dcfg);
+    let tenant = d.add_tenant(QosSpec::default()).await.map_err(|e| ProbeError::Io(e.to_string()))?;
+    let engine = d.snapshot().await.map_err(|e| ProbeError::Io(e.to_string()))?.io_engine;
+    let hist = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3).expect("3 significant digits is valid")));
+    let slots = storage.size() / cfg.io_size as u64;
+    let start = tokio::time::Instant::now();
+    let end = start + Duration::from_secs_f64(cfg.seconds);
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..cfg.depth {
+        let (d, st, hist) = (d.clone(), storage.clone(), hist.clone());
+        let (size, read_pct, seed) = (cfg.io_size, cfg.read_pct, cfg.seed);
+        workers.spawn(async move {
+            let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(seed ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut local = hdrhistogram::Histogram::<u64>::new(3).expect("valid");
+            let mut n = 0u64;
+            while tokio::time::Instant::now() < end {
+                let offset = rng.gen_range(0..slots) * size as u64;
+                let op = if read_pct >= 100.0 || rng.gen::<f64>() * 100.0 < read_pct {
+                    Op::Read { len: size }
+                } else {
+                    Op::Write { data: (0..size).map(|_| rng.gen()).collect() }
+                };
+                let t0 = tokio::time::Instant::now();
+                d.io(IoRequest { storage: st.clone(), tenant, offset, op, fua: false }).await.map_err(|e| e.to_string())?;
+                let _ = local.record(t0.elapsed().as_nanos().max(1) as u64);
+                n += 1;
+            }
+            hist.lock().await.add(&local).map_err(|e| e.to_string())?;
+            Ok::<u64, String>(n)
+        });
+    }
+    let mut completed = 0;
+    while let Some(r) = workers.join_next().await {
+        completed += r.map_err(|e| ProbeError::Io(e.to_string()))?.map_err(ProbeError::Io)?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    drop(d);
+    let _ = join.await;
+    let h = hist.lock().await;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    Ok(ProbeResult {
+        seconds: elapsed,
+        completed,
+        iops: completed as f64 / elapsed,
+        mb_s: completed as f64 * cfg.io_size as f64 / elapsed / 1e6,
+        latency_mean_ms: h.mean() / 1e6,
+        latency_p50_ms: ms(h.value_at_quantile(0.5)),
+        latency_p99_ms: ms(h.value_at_quantile(0.99)),
+        latency_max_ms: ms(h.max()),
+        io_size: cfg.io_size,
+        depth: cfg.depth,
+        read_pct: cfg.read_pct,
+        io_engine: engine.name(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devmodel::ServiceDist;
+    use crate::storage::MemStorage;
+
+    #[tokio::test(start_paused = true)]
+    async fn measures_the_modelled_device() {
+        let st: Arc<dyn Storage> = Arc::new(MemStorage::new(64 << 20));
+        let dev = Arc::new(DeviceModel::new(2000.0, ServiceDist::Exponential, None, 7).unwrap());
+        let r = probe(st, Some(dev), &ProbeConfig { seconds: 10.0, ..Default::default() }).await.unwrap();
+        assert!((r.iops - 2000.0).abs() < 2000.0 * 0.05, "{r:?}");
+        assert!((r.mb_s - 2000.0 * 4096.0 / 1e6).abs() < 0.5, "{r:?}");
+        // 32 outstanding on a 2000 IOPS FIFO device: about 32 / 2000 s = 16 ms each (Little's law).
+        assert!((r.latency_mean_ms - 16.0).abs() < 1.6, "{r:?}");
+        assert!(r.latency_p99_ms >= r.latency_p50_ms && r.latency_max_ms >= r.latency_p99_ms);
+    }
+
+    #[tokio::test]
+    async fn bad_settings_are_clear_errors() {
+        let st: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 20));
+        for (cfg, needle) in [
+            (ProbeConfig { seconds: 0.0, ..Default::default() }, "seconds"),
+            (ProbeConfig { io_size: 0, ..Default::default() }, "IO size"),
+            (ProbeConfig { io_size: 2 << 20, ..Default::default() }, "larger than the export"),
+            (ProbeConfig { depth: 0, ..Default::default() }, "depth"),
+            (ProbeConfig { read_pct: 101.0, ..Default::default() }, "read share"),
+        ] {
+            let e = probe(st.clone(), None, &cfg).await.unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `rein probe`: measure an export's backend the way `rein serve` will use it, and print the
+//! `capacity_iops` line for admission control.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rein_runtime::probe::{probe, ProbeConfig};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Server configuration (the same file as `rein serve --config`); default: the built-in one.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Export to measure (default: the largest).
+    #[arg(long)]
+    pub export: Option<String>,
+    /// How long to measure.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// IO size in KiB.
+    #[arg(long, default_value_t = 4)]
+    pub size_kb: u32,
+    /// Requests outstanding (default: the config's queue_depth, as the server would keep).
+    #[arg(long)]
+    pub depth: Option<usize>,
+    /// Share of reads in percent. Below 100 the probe overwrites the export with random data, so it
+    /// also needs --destructive.
+    #[arg(long, default_value_t = 100.0)]
+    pub read_pct: f64,
+    /// Allow writes (they destroy the export's contents).
+    #[arg(long)]
+    pub destructive: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: ProbeArgs) -> Result<()> {
+    let cfg = match &args.config {
+        Some(p) => rein_runtime::config::ServerConfig::load(p)?,
+        None => rein_runtime::config::ServerConfig::builtin(),
+    };
+    if args.read_pct < 100.0 && !args.destructive {
+        bail!("--read-pct {} writes random data over the export; add --destructive if that is what you want", args.read_pct);
+    }
+    let export = match &args.export {
+        Some(n) => cfg.exports.iter().find(|e| &e.name == n).with_context(|| {
+            format!("no export {n:?} (the config has: {})", cfg.exports.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", "))
+        })?,
+        None => cfg.exports.iter().max_by_key(|e| e.size).expect("a valid config has exports"),
+    };
+    let size_kb = args.size_kb;
+    let io_size = size_kb.checked_mul(1024).filter(|_| size_kb > 0).with_context(|| format!("--size-kb {size_kb} is out of range"))?;
+    let pc = ProbeConfig {
+        seconds: args.seconds,
+        io_size,
+        depth: args.depth.unwrap_or(cfg.queue_depth),
+        read_pct: args.read_pct,
+        io_engine: cfg.io_engine,
+        ..ProbeConfig::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
+    let r = rt.block_on(async {
+        std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+        let storage = rein_runtime::server::open_export(export)?;
+        let device = match &cfg.device {
+            Some(d) => Some(Arc::new(rein_runtime::DeviceModel::new(d.capacity_iops, d.service, d.transfer_mb_s, d.seed)?)),
+            None => None,
+        };
+        if !args.json {
+            eprintln!(
+                "probing export {:?} for {} s: {} KiB {}, {} outstanding, io_engine {}{}",
+                export.name,
+                pc.seconds,
+                size_kb,
+                if pc.read_pct >= 100.0 { "random reads".to_string() } else { format!("random IO, {}% reads", pc.read_pct) },
+                pc.depth,
+                pc.io_engine.name(),
+                if device.is_some() { ", through the configured device model" } else { "" },
+            );
+        }
+        anyhow::Ok(probe(storage, device, &pc).await?)
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("IOPS          {:.0}", r.iops);
+    println!("MB/s          {:.1}", r.mb_s);
+    println!("latency (ms)  mean {:.3}  p50 {:.3}  p99 {:.3}  max {:.3}", r.latency_mean_ms, r.latency_p50_ms, r.latency_p99_ms, r.latency_max_ms);
+    println!("io_engine     {}", r.io_engine);
+    println!();
+    println!("For admission control, put in the server config (reservations above it are refused):");
+    println!("capacity_iops = {:.0}", r.iops.floor());
+    Ok(())
+}
