@@ -21,7 +21,7 @@
 //! The array is any server; for PARDA scenarios a `fifo` scheduler with a deep `queue_depth` so every
 //! issued IO is at the device and latency grows with the array's queue (Little's law). Each host may have
 //! a `service_scale`: a multiplier on its requests' service times at the array (placement skew, §4.1).
-//! With `discipline = "ps"` (processor sharing, [`crate::array`]) a host's latency follows its own
+//! With `discipline = "ps"` (processor sharing, `array.rs`) a host's latency follows its own
 //! service demand, which is how placement made the paper's hosts see different latencies.
 //!
 //! # Measured
@@ -29,7 +29,7 @@
 //! the device latency PARDA sees; the tenants' own latencies also include the time queued at the host),
 //! and at each period's end the window, beta, signal and own estimate (carried forward through
 //! intervals without a period end). [`HostTotals`] turns them into `hosts.csv`, the `hosts` section of
-//! summary.json, plots, and `--check` expectations (see [`check_one`]).
+//! summary.json, plots, and `--check` expectations (see `check_one`; metrics in [`HOST_METRICS`]).
 
 use crate::check::CheckResult;
 use crate::metrics::RunTotals;
