@@ -164,6 +164,7 @@ fn clients_round_trip(name: &str, host: u8, config: &str) {
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
+        "--verify_state_save=0", // no state file left in the working directory
         "--output-format=json",
     ]));
     let v: serde_json::Value = serde_json::from_str(&fio[fio.find('{').unwrap()..]).unwrap();
