@@ -9,6 +9,7 @@
 //! - [`cost`]: request cost models (per IO, per byte, mClock §3.1 seek/transfer).
 //! - [`sched`]: the [`Scheduler`] interface and mClock, dmClock, RBFQ, SFQ(D), FIFO.
 //! - [`oracle`]: the fluid allocation of mClock eq. (1)-(2) and RBFQ's critical capacities.
+//! - [`pshift`]: pShift token allocation (Algorithms 3-5), the token scheduler and the controller.
 //! - [`vtime`]: a tiny virtual-time device for tests, demos and benchmarks.
 //!
 //! ```
@@ -26,6 +27,7 @@
 
 pub mod cost;
 pub mod oracle;
+pub mod pshift;
 pub mod sched;
 pub mod spec;
 pub mod units;

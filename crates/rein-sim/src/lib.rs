@@ -8,12 +8,14 @@
 //! - [`engine`]: the event engine ([`Sim`]);
 //! - [`metrics`]: summary, timeseries, oracle comparison;
 //! - [`check`]: expectations for `rein sim --check`;
-//! - [`trace`]: block-IO trace readers.
+//! - [`trace`]: block-IO trace readers;
+//! - [`pshift`]: pShift clusters (token schedulers, controller) and the paper's synthetic instances.
 
 pub mod bench;
 pub mod check;
 pub mod engine;
 pub mod metrics;
+pub mod pshift;
 pub mod scenario;
 pub mod trace;
 
