@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod load;
 mod plot;
+mod pshift;
 mod serve;
 mod sim;
 
@@ -30,6 +31,9 @@ enum Cmd {
     /// Speed measurements.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// pShift token allocation: solve instance files, generate the paper's synthetic instances.
+    #[command(subcommand)]
+    Pshift(pshift::PshiftCmd),
 }
 
 fn main() {
@@ -45,6 +49,7 @@ fn main() {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Load(a) => load::run(a),
         Cmd::Bench(c) => bench::run(c),
+        Cmd::Pshift(c) => pshift::run(c),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
