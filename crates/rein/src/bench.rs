@@ -40,7 +40,7 @@ pub struct SchedArgs {
     /// Comma-separated tenant counts.
     #[arg(long, default_value = "10,100,1000,10000,100000", value_delimiter = ',', value_parser = parse_count)]
     pub tenants: Vec<usize>,
-    /// mclock, dmclock, rbfq, sfq or fifo.
+    /// mclock, dmclock, rbfq, sfq, token or fifo.
     #[arg(long, default_value = "mclock")]
     pub scheduler: SchedulerKind,
     /// Requests timed per repetition (default: enough for about half a second).
@@ -177,6 +177,7 @@ pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
             SchedulerKind::Rbfq => time_sched(Rbfq::with_limit_in_cost_units(c), n, requests, args.repeat),
             SchedulerKind::Sfq => time_sched(Sfq::new(c), n, requests, args.repeat),
             SchedulerKind::Fifo => time_sched(Fifo::new(c), n, requests, args.repeat),
+            SchedulerKind::Token => time_sched(rein_core::pshift::TokenScheduler::new(c), n, requests, args.repeat),
         };
         let fifo = time_fifo(n, requests, args.repeat);
         rows.push(SchedRow {

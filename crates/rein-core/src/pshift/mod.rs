@@ -1,5 +1,11 @@
 //! pShift: reservation and limit tokens for bucket QoS across servers (pshift.txt, MSST 2019).
 //!
+//! # Modules
+//! - [`instance`]: the validated problem (servers, buckets, sparse demand) and its bounds;
+//! - this module and [`alloc`]: the allocation (Algorithms 2-5) and its invariants;
+//! - [`tokens`]: the per-server Token Scheduler (Algorithm 1) and its weighted variant (§V);
+//! - [`controller`]: QoS periods, redistribution intervals, server reports, estimates (§III-D).
+//!
 //! # Model (§II, §III-A)
 //! A bucket's objects live on many servers and its requests go straight to them. QoS is per bucket and
 //! per *QoS period*: at least R_i and at most L_i IOs in total over all servers. A controller hands each
@@ -83,9 +89,13 @@
 //! - Tokens along an edge are taken from buckets in index order (the paper leaves the choice open).
 
 pub mod alloc;
+pub mod controller;
 pub mod instance;
+pub mod tokens;
 
 pub use alloc::ClassStats;
+pub use controller::{BucketQos, BucketReport, Controller, ControllerConfig, ControllerError, DemandEstimator, RoundSummary, ServerReport, TokenMessage};
+pub use tokens::{BucketInterval, IntervalCounters, TokenScheduler, Tokens};
 pub use instance::{
     Instance, InstanceBuilder, InstanceError, RawBucket, RawServer, MAX_BUCKETS, MAX_ENTRIES, MAX_NAME_LEN, MAX_SERVERS,
     MAX_TOKENS,
