@@ -25,5 +25,8 @@ pub use scenario::{Scenario, ScenarioError};
 
 /// Loads nothing, runs `sc` to the end and returns what it measured.
 pub fn run(sc: &Scenario, progress: &mut dyn FnMut(rein_core::Nanos)) -> Result<RunTotals, SimError> {
+    if sc.pshift.is_some() {
+        return Ok(pshift::engine::run(sc, progress)?.totals);
+    }
     Ok(Sim::new(sc)?.run(progress))
 }

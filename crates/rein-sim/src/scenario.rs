@@ -78,9 +78,12 @@ pub struct ScenarioFile {
     #[serde(default)]
     pub network: NetworkFile,
     pub servers: Vec<ServerFile>,
+    #[serde(default)]
     pub tenants: Vec<TenantFile>,
     #[serde(default)]
     pub expect: Vec<ExpectFile>,
+    /// A pShift cluster (token schedulers and a controller); see `crate::pshift::section`.
+    pub pshift: Option<crate::pshift::section::PshiftFile>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -261,6 +264,10 @@ pub struct ExpectFile {
     pub above: Option<f64>,
     /// Free text shown with the result (what the paper says).
     pub note: Option<String>,
+    /// pShift metrics: a bucket meets its reservation in a QoS period when it does at least this
+    /// percentage of it (`reservation_met_fraction`, default 100), and exceeds its limit when it does more
+    /// than the limit plus this percentage (`limit_exceeded_fraction`, default 0).
+    pub threshold_pct: Option<f64>,
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -347,6 +354,8 @@ pub struct Scenario {
     pub expect: Vec<ExpectFile>,
     /// The default scheduler name as written (for reports).
     pub scheduler_name: String,
+    /// A pShift cluster: the run uses `crate::pshift::engine` (tenants are its buckets).
+    pub pshift: Option<std::sync::Arc<crate::pshift::section::PshiftSection>>,
 }
 
 impl Scenario {
@@ -449,7 +458,7 @@ impl ScenarioFile {
         if self.servers.len() > MAX_SERVERS {
             return Err(format!("at most {MAX_SERVERS} servers"));
         }
-        if self.tenants.is_empty() {
+        if self.tenants.is_empty() && self.pshift.is_none() {
             return Err("at least one [[tenants]] is needed".into());
         }
         if self.tenants.len() > MAX_TENANTS {
@@ -464,9 +473,17 @@ impl ScenarioFile {
         for t in &self.tenants {
             tenants.push(validate_tenant(t, &servers, base, duration)?);
         }
+        let pshift = match &self.pshift {
+            None => None,
+            Some(p) => {
+                let (section, all) = crate::pshift::section::validate(p, &servers, tenants, self.seed, duration, interval)?;
+                tenants = all;
+                Some(std::sync::Arc::new(section))
+            }
+        };
         check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
         for (i, e) in self.expect.iter().enumerate() {
-            validate_expect(i, e, &tenants, &servers)?;
+            validate_expect(i, e, &tenants, &servers, pshift.is_some())?;
         }
         Ok(Scenario {
             name: self.name,
@@ -481,6 +498,7 @@ impl ScenarioFile {
             tenants,
             expect: self.expect,
             scheduler_name: default_sched,
+            pshift,
         })
     }
 }
@@ -734,7 +752,7 @@ fn validate_workload(n: &str, w: &WorkloadFile, base: Option<&Path>, duration: N
     })
 }
 
-const METRICS: [&str; 9] = [
+const METRICS: [&str; 11] = [
     "iops",
     "mb_s",
     "latency_mean_ms",
@@ -744,14 +762,29 @@ const METRICS: [&str; 9] = [
     "latency_max_ms",
     "reservation_fraction",
     "utilisation",
+    "reservation_met_fraction",
+    "limit_exceeded_fraction",
 ];
 
-fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Server]) -> Result<(), String> {
+/// Metrics over buckets and QoS periods (pShift scenarios); `tenant` is optional for them.
+pub const PERIOD_METRICS: [&str; 2] = ["reservation_met_fraction", "limit_exceeded_fraction"];
+
+fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Server], pshift: bool) -> Result<(), String> {
     let at = format!("expect[{i}]");
     if !METRICS.contains(&e.metric.as_str()) {
         return Err(format!("{at}: metric {:?}: expected one of {}", e.metric, METRICS.join(", ")));
     }
+    let per_period = PERIOD_METRICS.contains(&e.metric.as_str());
+    if per_period && !pshift {
+        return Err(format!("{at}: {} needs a [pshift] section (its QoS periods)", e.metric));
+    }
+    if let Some(t) = e.threshold_pct {
+        if !per_period || !(t.is_finite() && (0.0..=1000.0).contains(&t)) {
+            return Err(format!("{at}: threshold_pct applies to {} only, in [0, 1000]", PERIOD_METRICS.join(" and ")));
+        }
+    }
     match (&e.tenant, &e.server) {
+        (None, None) if per_period => {}
         (Some(t), None) => {
             if !tenants.iter().any(|x| &x.name == t) {
                 return Err(format!("{at}: unknown tenant {t:?}"));

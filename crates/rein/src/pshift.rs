@@ -26,6 +26,103 @@ pub enum PshiftCmd {
     /// Write one of the paper's synthetic instances as JSON (§IV: Zipf reservations, N_A active servers,
     /// r = reserved fraction, m = demand / reservation).
     Gen(GenArgs),
+    /// Experiment 2: run a scenario with [pshift.generate] for every N_A (active servers) x N_D (demand
+    /// changes) and several seeds; print the error (share of buckets missing 5% or more of their
+    /// reservation) as a table.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// A scenario with [pshift.generate] (e.g. scenarios/pshift-exp1.toml).
+    pub scenario: PathBuf,
+    /// Comma-separated N_A values.
+    #[arg(long, default_value = "2,4,8", value_delimiter = ',')]
+    pub active: Vec<usize>,
+    /// Comma-separated N_D values (demand changes per bucket over the run's periods).
+    #[arg(long, default_value = "0,1,2,5,10", value_delimiter = ',')]
+    pub changes: Vec<u32>,
+    /// Runs per cell (seeds: the scenario's, then +1, ...); the mean is reported.
+    #[arg(long, default_value_t = 5)]
+    pub runs: u64,
+    /// A bucket is in error when it does less than this percentage of its reservation in a period.
+    #[arg(long, default_value_t = 95.0)]
+    pub threshold_pct: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct SweepCell {
+    active: usize,
+    changes: u32,
+    /// Mean error (share of bucket-periods below the threshold), and its range over the runs.
+    error: f64,
+    error_min: f64,
+    error_max: f64,
+    runs: u64,
+}
+
+fn sweep(a: &SweepArgs) -> Result<()> {
+    if a.runs == 0 || a.runs > 100 {
+        bail!("--runs must be in 1..=100");
+    }
+    let text = std::fs::read_to_string(&a.scenario).with_context(|| format!("cannot read scenario {}", a.scenario.display()))?;
+    let file: rein_sim::scenario::ScenarioFile = toml::from_str(&text).with_context(|| format!("scenario {}", a.scenario.display()))?;
+    if file.pshift.as_ref().and_then(|p| p.generate.as_ref()).is_none() {
+        bail!("{}: the sweep needs a scenario with [pshift.generate]", a.scenario.display());
+    }
+    let mut cells = Vec::new();
+    for &na in &a.active {
+        for &nd in &a.changes {
+            let mut errs = Vec::new();
+            for r in 0..a.runs {
+                let mut f = file.clone();
+                let seed = file.seed + r;
+                f.seed = seed;
+                let g = f.pshift.as_mut().and_then(|p| p.generate.as_mut()).expect("checked");
+                g.active_servers = rein_sim::pshift::section::ActiveFile::One(na);
+                g.demand_changes = nd;
+                let sc = f.validate(a.scenario.parent()).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;
+                let t0 = Instant::now();
+                let run = rein_sim::run(&sc, &mut |_| {})?;
+                let ps = sc.pshift.as_deref().expect("pshift scenario");
+                let all: Vec<usize> = (0..sc.tenants.len()).collect();
+                let (_, met) = rein_sim::check::bucket_periods(&run, &sc, &all, true, a.threshold_pct, ps.start.as_secs_f64(), sc.duration.as_secs_f64());
+                errs.push(1.0 - met);
+                if !a.json {
+                    eprintln!("N_A = {na}, N_D = {nd}, seed {seed}: error {:.3}% ({:.1} s)", 100.0 * (1.0 - met), t0.elapsed().as_secs_f64());
+                }
+            }
+            let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+            cells.push(SweepCell {
+                active: na,
+                changes: nd,
+                error: mean,
+                error_min: errs.iter().cloned().fold(f64::INFINITY, f64::min),
+                error_max: errs.iter().cloned().fold(0.0, f64::max),
+                runs: a.runs,
+            });
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&cells)?);
+    } else {
+        print!("| N_A \\ N_D |");
+        for nd in &a.changes {
+            print!(" {nd} |");
+        }
+        println!();
+        println!("|---:|{}", "---:|".repeat(a.changes.len()));
+        for &na in &a.active {
+            print!("| {na} |");
+            for c in cells.iter().filter(|c| c.active == na) {
+                print!(" {:.2}% ({:.2}-{:.2}) |", 100.0 * c.error, 100.0 * c.error_min, 100.0 * c.error_max);
+            }
+            println!();
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -356,6 +453,7 @@ pub fn run(cmd: PshiftCmd) -> Result<()> {
             let out = solve_out(&inst, &alloc, &a, secs);
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
+        PshiftCmd::Sweep(a) => sweep(&a)?,
         PshiftCmd::Gen(a) => {
             let inst = generate(&a.params()).map_err(anyhow::Error::msg).context("rein pshift gen")?;
             let json = instance_json(&inst)?;

@@ -13,7 +13,8 @@
 //!   (nearly) never busy keeps its previous estimate, initially the nominal capacity;
 //! - **demand** d_i^j = queued + arrivals x (time left / tau) (§III-D: "from the size of its pending
 //!   queue and the number of its arrivals in the past interval"). With [`DemandEstimator::Backlog`] a
-//!   bucket whose queue at j never (less than 1% of the interval) ran empty is limited by service rather
+//!   bucket whose queue at j never ran empty (less than 1% of the interval) since its first request there
+//!   in the interval is limited by service rather
 //!   than by arrivals (a closed loop: it issues when served), so its demand is at least C^j: it could
 //!   use the whole server;
 //! - **targets**: every IO a bucket did in the period so far counts, whatever its token class (the
