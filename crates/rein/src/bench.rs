@@ -240,8 +240,8 @@ pub struct PshiftBenchArgs {
     /// Comma-separated thread counts.
     #[arg(long, default_value = "1,2", value_delimiter = ',')]
     pub threads: Vec<usize>,
-    /// Comma-separated M for the top-M approximation (one thread); empty for none.
-    #[arg(long, default_value = "100,500,2000", value_delimiter = ',')]
+    /// Comma-separated M for the top-M approximation (one thread); `--approx` alone for none.
+    #[arg(long, default_value = "100,500,2000", value_delimiter = ',', num_args = 0..)]
     pub approx: Vec<usize>,
     /// Repetitions of each measurement; the median is reported.
     #[arg(long, default_value_t = 7)]
@@ -259,8 +259,11 @@ pub struct PshiftRow {
     pub approx_top: Option<usize>,
     /// Median pShift time (instance in memory -> R- and L-tokens).
     pub ms: f64,
-    /// Median max-flow time on the same instance (graph construction + Dinic).
+    /// Fastest of the runs (less sensitive to other load on the machine).
+    pub min_ms: f64,
+    /// Median max-flow time on the same instance (graph construction + Dinic), and the fastest run.
     pub max_flow_ms: f64,
+    pub max_flow_min_ms: f64,
     /// ms / max_flow_ms.
     pub ratio: f64,
     pub phi: u64,
@@ -293,15 +296,15 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
         };
         let inst = rein_sim::pshift::gen::generate(&params).map_err(anyhow::Error::msg)?;
         let mut mf = 0;
-        let mf_ms = median(
-            (0..a.repeat)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    mf = black_box(rein_pshift_baseline::max_flow(black_box(&inst)));
-                    t0.elapsed().as_secs_f64() * 1e3
-                })
-                .collect(),
-        );
+        let mf_times: Vec<f64> = (0..a.repeat)
+            .map(|_| {
+                let t0 = Instant::now();
+                mf = black_box(rein_pshift_baseline::max_flow(black_box(&inst)));
+                t0.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        let mf_min = mf_times.iter().cloned().fold(f64::INFINITY, f64::min);
+        let mf_ms = median(mf_times);
         let mut runs: Vec<(usize, Option<usize>)> = a.threads.iter().map(|&t| (t, None)).collect();
         runs.extend(a.approx.iter().map(|&m| (1, Some(m))));
         for (threads, approx_top) in runs {
@@ -313,6 +316,7 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
                 last = Some(alloc);
             }
             let alloc = last.expect("repeat >= 1");
+            let min_ms = times.iter().cloned().fold(f64::INFINITY, f64::min);
             let ms = median(times);
             let st = alloc.r_stats;
             let removable = mf.saturating_sub(st.phi_initial);
@@ -321,7 +325,9 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
                 threads,
                 approx_top,
                 ms,
+                min_ms,
                 max_flow_ms: mf_ms,
+                max_flow_min_ms: mf_min,
                 ratio: ms / mf_ms,
                 phi: alloc.phi(),
                 max_flow: mf,
@@ -353,16 +359,18 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
-                println!("| buckets | threads | top M | pShift ms | max-flow ms | pShift / max flow | Phi | max flow | excess removed |");
+                println!("| buckets | threads | top M | pShift ms (median / min) | max-flow ms (median / min) | pShift / max flow | Phi | max flow | excess removed |");
                 println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
                 for r in &rows {
                     println!(
-                        "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {:.1}% |",
+                        "| {} | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1}% |",
                         r.buckets,
                         r.threads,
                         r.approx_top.map_or("exact".into(), |m| m.to_string()),
                         r.ms,
+                        r.min_ms,
                         r.max_flow_ms,
+                        r.max_flow_min_ms,
                         r.ratio,
                         r.phi,
                         r.max_flow,

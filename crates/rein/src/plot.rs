@@ -347,32 +347,97 @@ pub fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Times
     let step_note = if step > 1 { format!(", every {step}th bucket") } else { String::new() };
     interval_chart(&dir.join("intervals"), &format!("{title}: IOs per redistribution interval, first QoS period{step_note}"), &bars)?;
     if sc.tenants.len() <= 12 {
-        let mut lines = Vec::new();
-        let mut levels = Vec::new();
+        let mut buckets = Vec::new();
         for (t, name) in ts.tenant_names.iter().enumerate() {
-            let mut pts = vec![];
+            let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
             let mut acc = 0.0;
-            for i in 0..ts.intervals {
-                if i >= first && (i - first) % cells_per_period == 0 {
+            for i in first..ts.intervals {
+                if (i - first) % cells_per_period == 0 {
                     acc = 0.0;
-                    pts.push((i as f64 * dt, 0.0));
+                    segments.push(vec![(i as f64 * dt, 0.0)]);
                 }
                 acc += ts.cell(t, i).ios as f64;
-                if i >= first {
-                    pts.push(((i + 1) as f64 * dt, acc));
-                }
+                segments.last_mut().expect("pushed at the first cell").push(((i + 1) as f64 * dt, acc));
             }
-            lines.push(Series { name: name.clone(), points: pts });
+            buckets.push((name.clone(), segments));
         }
+        let mut levels = Vec::new();
         let spec = &sc.tenants[0].spec;
         if sc.tenants.iter().all(|t| t.spec.reservation() == spec.reservation()) {
-            let end = ts.intervals as f64 * dt;
-            levels.push(Series { name: "reservation".into(), points: vec![(start, spec.reservation() * period), (end, spec.reservation() * period)] });
+            levels.push(("reservation".to_string(), spec.reservation() * period));
             if let Some(l) = spec.limit().filter(|_| sc.tenants.iter().all(|t| t.spec.limit() == spec.limit())) {
-                levels.push(Series { name: "limit".into(), points: vec![(start, l * period), (end, l * period)] });
+                levels.push(("limit".to_string(), l * period));
             }
         }
-        line_chart(&dir.join("periods"), &format!("{title}: IOs completed in each QoS period"), "time (s)", "IOs since the period began", &lines, &levels)?;
+        need_font()?;
+        let stem = dir.join("periods");
+        let t = format!("{title}: IOs completed in each QoS period");
+        let svg = stem.with_extension("svg");
+        draw_periods(SVGBackend::new(&svg, (1000, 560)).into_drawing_area(), &t, &buckets, &levels).with_context(|| format!("writing {}", svg.display()))?;
+        let png = stem.with_extension("png");
+        draw_periods(BitMapBackend::new(&png, (1000, 560)).into_drawing_area(), &t, &buckets, &levels).with_context(|| format!("writing {}", png.display()))?;
     }
+    Ok(())
+}
+
+type PeriodLines = [(String, Vec<Vec<(f64, f64)>>)];
+
+/// Per bucket, one line per QoS period (IOs since the period began), and dashed levels.
+fn draw_periods<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, buckets: &PeriodLines, levels: &[(String, f64)]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let pts = buckets.iter().flat_map(|b| b.1.iter().flatten());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, 1e-9f64, 1e-9f64);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y1 = y1.max(y);
+    }
+    for l in levels {
+        y1 = y1.max(l.1);
+    }
+    let x0 = if x0.is_finite() { x0 } else { 0.0 };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x0..x1, 0f64..y1 * 1.08)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("IOs since the QoS period began")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for (i, (name, segs)) in buckets.iter().enumerate() {
+        let c = palette(i);
+        for (k, seg) in segs.iter().enumerate() {
+            let s = chart.draw_series(LineSeries::new(seg.iter().copied(), c.stroke_width(2))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            if k == 0 {
+                s.label(name.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            }
+        }
+    }
+    for (name, y) in levels {
+        let c = RGBColor(90, 90, 90);
+        chart
+            .draw_series(DashedLineSeries::new(vec![(x0, *y), (x1, *y)], 6, 4, c.stroke_width(1)))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     Ok(())
 }

@@ -131,3 +131,17 @@ fn bench_pshift_reports_against_the_max_flow_baseline() {
         }
     }
 }
+
+#[test]
+fn sim_runs_pshift_scenarios_with_checks_and_plots() {
+    let sc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits.toml");
+    let out = std::env::temp_dir().join(format!("rein-pshift-{}-sim", std::process::id()));
+    let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--check", "-q", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("ok   4 buckets: share of 16 bucket-periods with >= 99% of the reservation"), "{stdout}");
+    for f in ["summary.json", "timeseries.csv", "iops.png", "periods.png", "periods.svg", "intervals.png"] {
+        assert!(out.join(f).exists(), "missing {f}");
+    }
+    let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "--scheduler", "fifo"]);
+    assert!(!ok && stderr.contains("pShift scenarios run token schedulers"), "{stderr}");
+}

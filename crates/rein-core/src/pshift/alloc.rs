@@ -126,8 +126,9 @@ pub(crate) struct Shifter<'p> {
     tms: Vec<u64>,
     list_start: Vec<usize>,
     list: Vec<(u32, u32)>,
-    /// With at most 64 servers: per bucket, the bitmask of its servers (else empty).
-    masks: Vec<u64>,
+    /// With at most 64 servers: for each `list` entry, its bucket's server bitmask (else empty). Kept
+    /// beside the list so that finding the buckets of an edge is a sequential scan.
+    list_mask: Vec<u64>,
     pub stats: ClassStats,
     // BFS scratch.
     dist: Vec<u32>,
@@ -171,21 +172,23 @@ impl<'p> Shifter<'p> {
         let list_start = count.clone();
         let mut fill = count;
         let mut list = vec![(0u32, 0u32); list_start[s]];
+        let small = s <= 64;
+        let mut list_mask = if small { vec![0u64; list_start[s]] } else { Vec::new() };
         for i in 0..nb {
             if part[i] {
-                for e in inst.bucket_entries(i) {
+                let r = inst.bucket_entries(i);
+                let mask = if small { inst.entry_server[r.clone()].iter().fold(0u64, |m, &j| m | 1 << j) } else { 0 };
+                for e in r {
                     let j = inst.entry_server[e] as usize;
                     list[fill[j]] = (i as u32, e as u32);
+                    if small {
+                        list_mask[fill[j]] = mask;
+                    }
                     fill[j] += 1;
                 }
             }
         }
         let phi = phi_of(&p.cap, &load);
-        let masks = if s <= 64 {
-            (0..nb).map(|i| inst.entry_server[inst.bucket_entries(i)].iter().fold(0u64, |m, &j| m | 1 << j)).collect()
-        } else {
-            Vec::new()
-        };
         Shifter {
             s,
             #[cfg(test)]
@@ -201,7 +204,7 @@ impl<'p> Shifter<'p> {
             tms,
             list_start,
             list,
-            masks,
+            list_mask,
             stats: ClassStats { phi_initial: phi, phi, participating, ..ClassStats::default() },
             dist: vec![u32::MAX; s],
             parent: vec![u32::MAX; s],
@@ -265,6 +268,30 @@ impl<'p> Shifter<'p> {
         self.dist[p] = 0;
         self.queue.push(p as u32);
         let mut head = 0;
+        if s <= 64 {
+            // Up to 64 servers: a row's edges as a bitmask (a branch-free pass the compiler vectorises),
+            // then only the unvisited successors, in index order.
+            let mut seen: u64 = 1 << p;
+            while head < self.queue.len() {
+                let u = self.queue[head] as usize;
+                head += 1;
+                let du = self.dist[u];
+                let row = &self.tms[u * s..(u + 1) * s];
+                let mut out = row.iter().enumerate().fold(0u64, |m, (k, &w)| m | (((w > 0) as u64) << k)) & !seen;
+                seen |= out;
+                while out != 0 {
+                    let k = out.trailing_zeros() as usize;
+                    out &= out - 1;
+                    self.dist[k] = du + 1;
+                    self.parent[k] = u as u32;
+                    if self.load[k] < self.cap[k] {
+                        return self.found(p, k, du + 1, limit);
+                    }
+                    self.queue.push(k as u32);
+                }
+            }
+            return Search::Unreachable;
+        }
         while head < self.queue.len() {
             let u = self.queue[head] as usize;
             head += 1;
@@ -277,22 +304,27 @@ impl<'p> Shifter<'p> {
                 self.dist[k] = du + 1;
                 self.parent[k] = u as u32;
                 if self.load[k] < self.cap[k] {
-                    if du + 1 > limit {
-                        return Search::Farther(du + 1);
-                    }
-                    let mut path = vec![k as u32];
-                    let mut x = k;
-                    while x != p {
-                        x = self.parent[x] as usize;
-                        path.push(x as u32);
-                    }
-                    path.reverse();
-                    return Search::Found(path);
+                    return self.found(p, k, du + 1, limit);
                 }
                 self.queue.push(k as u32);
             }
         }
         Search::Unreachable
+    }
+
+    /// The path to the underloaded server k reached at distance d, or how far it is.
+    fn found(&self, p: usize, k: usize, d: u32, limit: u32) -> Search {
+        if d > limit {
+            return Search::Farther(d);
+        }
+        let mut path = vec![k as u32];
+        let mut x = k;
+        while x != p {
+            x = self.parent[x] as usize;
+            path.push(x as u32);
+        }
+        path.reverse();
+        Search::Found(path)
     }
 
     /// Moves Omega = min(gamma^P, delta^Q, min edge weight) tokens along `path` (Alg. 5's inner loop).
@@ -334,21 +366,22 @@ impl<'p> Shifter<'p> {
         for x in self.list_start[u]..self.list_start[u + 1] {
             let (i, eu) = self.list[x];
             let (i, eu) = (i as usize, eu as usize);
-            // Membership first (the masks fit in cache; the allocations do not).
-            let b0 = self.bucket_start[i];
-            let ev = if self.masks.is_empty() {
-                let b1 = self.bucket_start[i + 1];
+            // Membership first, from data read in order (the allocations are scattered).
+            let ev = if self.list_mask.is_empty() {
+                let (b0, b1) = (self.bucket_start[i], self.bucket_start[i + 1]);
                 match self.entry_server[b0..b1].iter().position(|&j| j as usize == v) {
                     Some(k) => b0 + k,
                     None => continue,
                 }
             } else {
-                let mask = self.masks[i];
+                let mask = self.list_mask[x];
                 if mask >> v & 1 == 0 {
                     continue;
                 }
-                // Entries are sorted by server: v's is after the bucket's servers below v.
-                b0 + (mask & ((1u64 << v) - 1)).count_ones() as usize
+                // Entries are sorted by server: an entry's rank in its bucket is the number of the
+                // bucket's servers below it, so v's entry is eu - rank(u) + rank(v).
+                let below = |j: usize| (mask & ((1u64 << j) - 1)).count_ones() as usize;
+                eu - below(u) + below(v)
             };
             let give = self.a[eu];
             let m = left.min(give).min(self.demand[ev] - self.a[ev]);
