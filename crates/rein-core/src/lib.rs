@@ -11,6 +11,7 @@
 //! - [`oracle`]: the fluid allocation of mClock eq. (1)-(2) and RBFQ's critical capacities.
 //! - [`parda`]: PARDA host flow control (latency estimator, window controller, beta from VM shares, the
 //!   host with its local scheduler) and cluster latency aggregation; eq. (3) as the oracle.
+//! - [`pshift`]: pShift token allocation (Algorithms 3-5), the token scheduler and the controller.
 //! - [`vtime`]: a tiny virtual-time device for tests, demos and benchmarks.
 //!
 //! ```
@@ -29,6 +30,7 @@
 pub mod cost;
 pub mod oracle;
 pub mod parda;
+pub mod pshift;
 pub mod sched;
 pub mod spec;
 pub mod units;

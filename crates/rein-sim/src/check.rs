@@ -84,9 +84,56 @@ pub fn check(sc: &Scenario, run: &RunTotals) -> Vec<CheckResult> {
         .collect()
 }
 
+/// pShift metrics: the fraction of (bucket, QoS period) pairs, over the periods inside [a, b], in which a
+/// bucket met its reservation (`reservation_met_fraction`: at least `threshold_pct`% of R x period,
+/// default 100) or exceeded its limit (`limit_exceeded_fraction`: more than (1 + `threshold_pct`/100) x L
+/// x period, default 0). Buckets without a reservation always meet it; without a limit never exceed it.
+fn period_metric(run: &RunTotals, sc: &Scenario, e: &ExpectFile, a: f64, b: f64) -> (String, f64) {
+    let tenants: Vec<usize> = match &e.tenant {
+        Some(t) => vec![sc.tenant_index(t).expect("validated")],
+        None => (0..sc.tenants.len()).collect(),
+    };
+    let met = e.metric == "reservation_met_fraction";
+    let thr = e.threshold_pct.unwrap_or(if met { 100.0 } else { 0.0 });
+    let (n, f) = bucket_periods(run, sc, &tenants, met, thr, a, b);
+    let who = match &e.tenant {
+        Some(t) => format!("tenant {t}"),
+        None => format!("{} buckets", tenants.len()),
+    };
+    let what = if met { format!(">= {thr}% of the reservation") } else { format!("> limit + {thr}%") };
+    (format!("{who}: share of {n} bucket-periods with {what}"), f)
+}
+
+/// Over the QoS periods inside [a, b] s and the given buckets: (number of bucket-periods, share of them
+/// in which the bucket did at least `threshold_pct`% of its reservation (`met`), or more than its limit
+/// plus `threshold_pct`% (`!met`)). A pShift scenario's periods; 0 when there are none.
+pub fn bucket_periods(run: &RunTotals, sc: &Scenario, tenants: &[usize], met: bool, thr: f64, a: f64, b: f64) -> (u64, f64) {
+    let ps = sc.pshift.as_ref().expect("validated: period metrics need [pshift]");
+    let ts = &run.timeseries;
+    let periods = ps.periods_in(a, b);
+    let (mut n, mut hit) = (0u64, 0u64);
+    for &(p0, p1) in &periods {
+        let w = ts.window(p0, p1);
+        for &t in tenants {
+            let ios: u64 = w.clone().map(|i| ts.cell(t, i).ios as u64).sum();
+            let spec = &sc.tenants[t].spec;
+            let secs = p1 - p0;
+            let yes = if met {
+                ios as f64 + 1e-9 >= spec.reservation() * secs * thr / 100.0
+            } else {
+                spec.limit().is_some_and(|l| ios as f64 > l * secs * (1.0 + thr / 100.0) + 1e-9)
+            };
+            n += 1;
+            hit += yes as u64;
+        }
+    }
+    (n, if n > 0 { hit as f64 / n as f64 } else { 0.0 })
+}
+
 fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile) -> CheckResult {
     let [a, b] = e.window.unwrap_or([sc.warmup.as_secs_f64(), sc.duration.as_secs_f64()]);
     let (who, measured) = match (&e.tenant, &e.server) {
+        _ if crate::scenario::PERIOD_METRICS.contains(&e.metric.as_str()) => period_metric(run, sc, e, a, b),
         (Some(t), _) => {
             let ti = sc.tenant_index(t).expect("validated");
             (format!("tenant {t}"), tenant_metric(run, sc, ti, &e.metric, a, b))

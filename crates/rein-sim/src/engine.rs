@@ -128,7 +128,7 @@ pub struct Sim<'a> {
     done: Vec<u32>,
 }
 
-fn seed_for(seed: u64, stream: u64) -> u128 {
+pub(crate) fn seed_for(seed: u64, stream: u64) -> u128 {
     // splitmix64 of (seed, stream): independent, reproducible streams per entity.
     let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0xD1B5_4A32_D192_ED03);
     let mut next = || {

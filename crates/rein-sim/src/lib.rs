@@ -11,6 +11,7 @@
 //! - [`trace`]: block-IO trace readers;
 //! - [`hosts`]: PARDA hosts (flow control in front of an array) and their results and checks;
 //!   `array`: the processor-sharing device.
+//! - [`pshift`]: pShift clusters (token schedulers, controller) and the paper's synthetic instances.
 
 mod array;
 pub mod bench;
@@ -18,6 +19,7 @@ pub mod check;
 pub mod engine;
 pub mod hosts;
 pub mod metrics;
+pub mod pshift;
 pub mod scenario;
 pub mod trace;
 
@@ -27,5 +29,8 @@ pub use scenario::{Scenario, ScenarioError};
 
 /// Loads nothing, runs `sc` to the end and returns what it measured.
 pub fn run(sc: &Scenario, progress: &mut dyn FnMut(rein_core::Nanos)) -> Result<RunTotals, SimError> {
+    if sc.pshift.is_some() {
+        return Ok(pshift::engine::run(sc, progress)?.totals);
+    }
     Ok(Sim::new(sc)?.run(progress))
 }

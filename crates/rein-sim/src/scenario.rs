@@ -78,6 +78,7 @@ pub struct ScenarioFile {
     #[serde(default)]
     pub network: NetworkFile,
     pub servers: Vec<ServerFile>,
+    #[serde(default)]
     pub tenants: Vec<TenantFile>,
     #[serde(default)]
     pub expect: Vec<ExpectFile>,
@@ -85,6 +86,8 @@ pub struct ScenarioFile {
     pub parda: Option<crate::hosts::PardaFile>,
     #[serde(default)]
     pub hosts: Vec<crate::hosts::HostFile>,
+    /// A pShift cluster (token schedulers and a controller); see `crate::pshift::section`.
+    pub pshift: Option<crate::pshift::section::PshiftFile>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -285,6 +288,10 @@ pub struct ExpectFile {
     pub uncontrolled: bool,
     /// convergence_s: the band around the settled window (percent, default 10).
     pub band_pct: Option<f64>,
+    /// pShift metrics: a bucket meets its reservation in a QoS period when it does at least this
+    /// percentage of it (`reservation_met_fraction`, default 100), and exceeds its limit when it does more
+    /// than the limit plus this percentage (`limit_exceeded_fraction`, default 0).
+    pub threshold_pct: Option<f64>,
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -387,6 +394,8 @@ pub struct Scenario {
     /// PARDA parameters, when the scenario has hosts.
     pub parda: Option<crate::hosts::Parda>,
     pub hosts: Vec<crate::hosts::Host>,
+    /// A pShift cluster: the run uses `crate::pshift::engine` (tenants are its buckets).
+    pub pshift: Option<std::sync::Arc<crate::pshift::section::PshiftSection>>,
 }
 
 impl Scenario {
@@ -498,7 +507,7 @@ impl ScenarioFile {
         if self.servers.len() > MAX_SERVERS {
             return Err(format!("at most {MAX_SERVERS} servers"));
         }
-        if self.tenants.is_empty() {
+        if self.tenants.is_empty() && self.pshift.is_none() {
             return Err("at least one [[tenants]] is needed".into());
         }
         if self.tenants.len() > MAX_TENANTS {
@@ -513,10 +522,21 @@ impl ScenarioFile {
         for t in &self.tenants {
             tenants.push(validate_tenant(t, &servers, base, duration)?);
         }
+        if self.pshift.is_some() && (self.parda.is_some() || !self.hosts.is_empty()) {
+            return Err("a scenario has either PARDA hosts ([parda], [[hosts]]) or a pShift cluster ([pshift]), not both".into());
+        }
+        let pshift = match &self.pshift {
+            None => None,
+            Some(p) => {
+                let (section, all) = crate::pshift::section::validate(p, &servers, tenants, self.seed, duration, interval)?;
+                tenants = all;
+                Some(std::sync::Arc::new(section))
+            }
+        };
         check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
         let (parda, hosts) = crate::hosts::validate(self.parda.as_ref(), &self.hosts, &self.tenants, &mut tenants, &servers)?;
         for (i, e) in self.expect.iter().enumerate() {
-            validate_expect(i, e, &tenants, &servers, &hosts)?;
+            validate_expect(i, e, &tenants, &servers, &hosts, pshift.is_some())?;
         }
         Ok(Scenario {
             name: self.name,
@@ -533,6 +553,7 @@ impl ScenarioFile {
             scheduler_name: default_sched,
             parda,
             hosts,
+            pshift,
         })
     }
 }
@@ -792,7 +813,7 @@ fn validate_workload(n: &str, w: &WorkloadFile, base: Option<&Path>, duration: N
     })
 }
 
-const METRICS: [&str; 9] = [
+const METRICS: [&str; 11] = [
     "iops",
     "mb_s",
     "latency_mean_ms",
@@ -802,9 +823,14 @@ const METRICS: [&str; 9] = [
     "latency_max_ms",
     "reservation_fraction",
     "utilisation",
+    "reservation_met_fraction",
+    "limit_exceeded_fraction",
 ];
 
-fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Server], hosts: &[crate::hosts::Host]) -> Result<(), String> {
+/// Metrics over buckets and QoS periods (pShift scenarios); `tenant` is optional for them.
+pub const PERIOD_METRICS: [&str; 2] = ["reservation_met_fraction", "limit_exceeded_fraction"];
+
+fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Server], hosts: &[crate::hosts::Host], pshift: bool) -> Result<(), String> {
     let at = format!("expect[{i}]");
     if e.host.is_some() {
         return crate::hosts::validate_expect(&at, e, hosts);
@@ -815,7 +841,17 @@ fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Serv
     if !METRICS.contains(&e.metric.as_str()) {
         return Err(format!("{at}: metric {:?}: expected one of {}", e.metric, METRICS.join(", ")));
     }
+    let per_period = PERIOD_METRICS.contains(&e.metric.as_str());
+    if per_period && !pshift {
+        return Err(format!("{at}: {} needs a [pshift] section (its QoS periods)", e.metric));
+    }
+    if let Some(t) = e.threshold_pct {
+        if !per_period || !(t.is_finite() && (0.0..=1000.0).contains(&t)) {
+            return Err(format!("{at}: threshold_pct applies to {} only, in [0, 1000]", PERIOD_METRICS.join(" and ")));
+        }
+    }
     match (&e.tenant, &e.server) {
+        (None, None) if per_period => {}
         (Some(t), None) => {
             if !tenants.iter().any(|x| &x.name == t) {
                 return Err(format!("{at}: unknown tenant {t:?}"));

@@ -5,6 +5,9 @@
 //!   share), against a plain FIFO queue (`VecDeque`) holding the same number of requests, in the same run.
 //! - `rein bench sim`: simulated completions per wall-clock second for an N-tenant, 8-server mClock
 //!   scenario.
+//! - `rein bench pshift`: pShift's allocation time on the paper's synthetic instances against the max-flow
+//!   baseline (ac-library-rs Dinic) on the same instance in the same run, by thread count, and the
+//!   top-M approximation's Phi against its time.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -20,6 +23,8 @@ pub enum BenchCmd {
     Sched(SchedArgs),
     /// Simulator speed: completions per second.
     Sim(SimBenchArgs),
+    /// pShift allocation time vs the max-flow baseline (and the top-M approximation).
+    Pshift(PshiftBenchArgs),
 }
 
 fn parse_count(x: &str) -> Result<usize, String> {
@@ -35,7 +40,7 @@ pub struct SchedArgs {
     /// Comma-separated tenant counts.
     #[arg(long, default_value = "10,100,1000,10000,100000", value_delimiter = ',', value_parser = parse_count)]
     pub tenants: Vec<usize>,
-    /// mclock, dmclock, rbfq, sfq or fifo.
+    /// mclock, dmclock, rbfq, sfq, token or fifo.
     #[arg(long, default_value = "mclock")]
     pub scheduler: SchedulerKind,
     /// Requests timed per repetition (default: enough for about half a second).
@@ -172,6 +177,7 @@ pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
             SchedulerKind::Rbfq => time_sched(Rbfq::with_limit_in_cost_units(c), n, requests, args.repeat),
             SchedulerKind::Sfq => time_sched(Sfq::new(c), n, requests, args.repeat),
             SchedulerKind::Fifo => time_sched(Fifo::new(c), n, requests, args.repeat),
+            SchedulerKind::Token => time_sched(rein_core::pshift::TokenScheduler::new(c), n, requests, args.repeat),
         };
         let fifo = time_fifo(n, requests, args.repeat);
         rows.push(SchedRow {
@@ -215,8 +221,164 @@ pub struct SimRow {
     pub completions_per_s: f64,
 }
 
+#[derive(Debug, Args)]
+pub struct PshiftBenchArgs {
+    /// Comma-separated bucket counts.
+    #[arg(long, default_value = "1000,10000,100000", value_delimiter = ',', value_parser = parse_count)]
+    pub buckets: Vec<usize>,
+    #[arg(long, default_value_t = 64)]
+    pub servers: usize,
+    /// N_A: active servers per bucket.
+    #[arg(long, default_value_t = 8)]
+    pub active: usize,
+    /// r: reserved fraction of the capacity.
+    #[arg(long, short = 'r', default_value_t = 1.0)]
+    pub reserved: f64,
+    /// m: demand / reservation.
+    #[arg(long, short = 'm', default_value_t = 1.1)]
+    pub demand_ratio: f64,
+    /// Comma-separated thread counts.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Comma-separated M for the top-M approximation (one thread); `--approx` alone for none.
+    #[arg(long, default_value = "100,500,2000", value_delimiter = ',', num_args = 0..)]
+    pub approx: Vec<usize>,
+    /// Repetitions of each measurement; the median is reported.
+    #[arg(long, default_value_t = 7)]
+    pub repeat: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PshiftRow {
+    pub buckets: usize,
+    pub threads: usize,
+    pub approx_top: Option<usize>,
+    /// Median pShift time (instance in memory -> R- and L-tokens).
+    pub ms: f64,
+    /// Fastest of the runs (less sensitive to other load on the machine).
+    pub min_ms: f64,
+    /// Median max-flow time on the same instance (graph construction + Dinic), and the fastest run.
+    pub max_flow_ms: f64,
+    pub max_flow_min_ms: f64,
+    /// ms / max_flow_ms.
+    pub ratio: f64,
+    pub phi: u64,
+    pub max_flow: u64,
+    pub phi_initial: u64,
+    /// Share of the removable weak excess tokens removed: (phi - phi_initial) / (max_flow - phi_initial).
+    pub excess_removed_pct: f64,
+    pub shifts: u64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
+    if a.repeat == 0 || a.repeat > 1000 {
+        bail!("--repeat must be in 1..=1000");
+    }
+    let mut rows = Vec::new();
+    for &n in &a.buckets {
+        let params = rein_sim::pshift::gen::GenParams {
+            servers: a.servers,
+            buckets: n,
+            active_servers: a.active,
+            reserved_fraction: a.reserved,
+            demand_ratio: a.demand_ratio,
+            seed: a.seed,
+            ..Default::default()
+        };
+        let inst = rein_sim::pshift::gen::generate(&params).map_err(anyhow::Error::msg)?;
+        let mut mf = 0;
+        let mf_times: Vec<f64> = (0..a.repeat)
+            .map(|_| {
+                let t0 = Instant::now();
+                mf = black_box(rein_pshift_baseline::max_flow(black_box(&inst)));
+                t0.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        let mf_min = mf_times.iter().cloned().fold(f64::INFINITY, f64::min);
+        let mf_ms = median(mf_times);
+        let mut runs: Vec<(usize, Option<usize>)> = a.threads.iter().map(|&t| (t, None)).collect();
+        runs.extend(a.approx.iter().map(|&m| (1, Some(m))));
+        for (threads, approx_top) in runs {
+            let mut last = None;
+            let mut times = Vec::new();
+            for _ in 0..a.repeat {
+                let (alloc, secs) = crate::pshift::timed_solve(black_box(&inst), threads, approx_top)?;
+                times.push(secs * 1e3);
+                last = Some(alloc);
+            }
+            let alloc = last.expect("repeat >= 1");
+            let min_ms = times.iter().cloned().fold(f64::INFINITY, f64::min);
+            let ms = median(times);
+            let st = alloc.r_stats;
+            let removable = mf.saturating_sub(st.phi_initial);
+            let row = PshiftRow {
+                buckets: n,
+                threads,
+                approx_top,
+                ms,
+                min_ms,
+                max_flow_ms: mf_ms,
+                max_flow_min_ms: mf_min,
+                ratio: ms / mf_ms,
+                phi: alloc.phi(),
+                max_flow: mf,
+                phi_initial: st.phi_initial,
+                excess_removed_pct: if removable == 0 { 100.0 } else { 100.0 * (st.phi - st.phi_initial) as f64 / removable as f64 },
+                shifts: st.shifts,
+            };
+            if approx_top.is_none() && row.phi != mf {
+                bail!("pShift's Phi {} differs from the max-flow value {mf} at {n} buckets", row.phi);
+            }
+            if !a.json {
+                eprintln!(
+                    "{n:>7} buckets, {threads} thread(s){}: pShift {ms:.2} ms, max flow {mf_ms:.2} ms (x{:.2}); Phi {} of {mf}",
+                    approx_top.map_or(String::new(), |m| format!(", top {m}")),
+                    row.ratio,
+                    row.phi
+                );
+            }
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Pshift(a) => {
+            let rows = pshift_rows(&a)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("| buckets | threads | top M | pShift ms (median / min) | max-flow ms (median / min) | pShift / max flow | Phi | max flow | excess removed |");
+                println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+                for r in &rows {
+                    println!(
+                        "| {} | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1}% |",
+                        r.buckets,
+                        r.threads,
+                        r.approx_top.map_or("exact".into(), |m| m.to_string()),
+                        r.ms,
+                        r.min_ms,
+                        r.max_flow_ms,
+                        r.max_flow_min_ms,
+                        r.ratio,
+                        r.phi,
+                        r.max_flow,
+                        r.excess_removed_pct
+                    );
+                }
+            }
+        }
         BenchCmd::Sched(a) => {
             let rows = sched_rows(&a)?;
             if a.json {

@@ -6,6 +6,7 @@ mod demo;
 mod load;
 mod plot;
 mod probe;
+mod pshift;
 mod serve;
 mod sim;
 
@@ -33,6 +34,9 @@ enum Cmd {
     /// Speed measurements.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// pShift token allocation: solve instance files, generate the paper's synthetic instances.
+    #[command(subcommand)]
+    Pshift(pshift::PshiftCmd),
 }
 
 fn main() {
@@ -49,6 +53,7 @@ fn main() {
         Cmd::Load(a) => load::run(a),
         Cmd::Probe(a) => probe::run(a),
         Cmd::Bench(c) => bench::run(c),
+        Cmd::Pshift(c) => pshift::run(c),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

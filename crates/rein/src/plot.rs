@@ -272,3 +272,206 @@ pub fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String
     }
     Ok(())
 }
+
+// ------------------------------------------------------------------------------------------------------
+// pShift: IOs per redistribution interval per bucket (Fig. 3(c)) and cumulative IOs per QoS period
+// (Figs. 8-9)
+// ------------------------------------------------------------------------------------------------------
+
+/// One bucket's bar: IOs in each redistribution interval of a QoS period, and its reservation for the
+/// period.
+pub struct IntervalBar {
+    pub name: String,
+    pub ios: Vec<f64>,
+    pub reservation: f64,
+}
+
+fn draw_interval_bars<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, bars: &[IntervalBar]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let n = bars.len().max(1);
+    let max = bars.iter().map(|b| b.ios.iter().sum::<f64>().max(b.reservation)).fold(1e-9, f64::max);
+    let k = bars.iter().map(|b| b.ios.len()).max().unwrap_or(0);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..n as f64, 0f64..max * 1.08)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let names: Vec<String> = bars.iter().map(|b| b.name.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_desc("bucket (sample, by reservation)")
+        .y_desc("IOs in the QoS period")
+        .x_labels(n.min(12))
+        .x_label_formatter(&|x: &f64| names.get(*x as usize).cloned().unwrap_or_default())
+        .label_style(("sans-serif", 13))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for p in 0..k {
+        let c = palette(p);
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, b)| {
+                let start: f64 = b.ios[..p.min(b.ios.len())].iter().sum();
+                let h = b.ios.get(p).copied().unwrap_or(0.0);
+                Rectangle::new([(i as f64 + 0.15, start), (i as f64 + 0.85, start + h)], c.mix(0.9).filled())
+            }))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .label(format!("interval {}", p + 1))
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+    }
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| PathElement::new(vec![(i as f64 + 0.05, b.reservation), (i as f64 + 0.95, b.reservation)], BLACK.stroke_width(2))))
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?
+        .label("reservation")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(2)));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+/// Stacked bars: per sampled bucket, IOs in each redistribution interval of one QoS period, with its
+/// reservation (pShift Fig. 3(c)).
+pub fn interval_chart(stem: &Path, title: &str, bars: &[IntervalBar]) -> Result<()> {
+    need_font()?;
+    let svg = stem.with_extension("svg");
+    draw_interval_bars(SVGBackend::new(&svg, (1200, 560)).into_drawing_area(), title, bars).with_context(|| format!("writing {}", svg.display()))?;
+    let png = stem.with_extension("png");
+    draw_interval_bars(BitMapBackend::new(&png, (1200, 560)).into_drawing_area(), title, bars).with_context(|| format!("writing {}", png.display()))?;
+    Ok(())
+}
+
+/// pShift plots of a run: `intervals` (IOs per redistribution interval in the first QoS period, a sample
+/// of up to 40 buckets by reservation) and, for up to 12 buckets, `periods` (IOs completed since the start
+/// of each QoS period, as in Figs. 8 and 9, with reservations and limits dashed).
+pub fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Timeseries) -> Result<()> {
+    let Some(ps) = sc.pshift.as_deref() else { return Ok(()) };
+    let dt = ts.interval_s;
+    let period = ps.period.as_secs_f64();
+    let start = ps.start.as_secs_f64();
+    let cells_per_period = (period / dt).round() as usize;
+    let first = (start / dt).round() as usize;
+    let per_interval = (cells_per_period / ps.intervals as usize).max(1);
+    // The sample: buckets by reservation, high to low, every k-th.
+    let mut order: Vec<usize> = (0..sc.tenants.len()).collect();
+    order.sort_by(|&a, &b| sc.tenants[b].spec.reservation().total_cmp(&sc.tenants[a].spec.reservation()).then(a.cmp(&b)));
+    let step = order.len().div_ceil(40).max(1);
+    let bars: Vec<IntervalBar> = order
+        .iter()
+        .step_by(step)
+        .map(|&t| IntervalBar {
+            name: ts.tenant_names[t].clone(),
+            ios: (0..ps.intervals as usize)
+                .map(|k| (0..per_interval).map(|c| first + k * per_interval + c).filter(|&i| i < ts.intervals).map(|i| ts.cell(t, i).ios as f64).sum())
+                .collect(),
+            reservation: sc.tenants[t].spec.reservation() * period,
+        })
+        .collect();
+    let step_note = if step > 1 { format!(", every {step}th bucket") } else { String::new() };
+    interval_chart(&dir.join("intervals"), &format!("{title}: IOs per redistribution interval, first QoS period{step_note}"), &bars)?;
+    if sc.tenants.len() <= 12 {
+        let mut buckets = Vec::new();
+        for (t, name) in ts.tenant_names.iter().enumerate() {
+            let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
+            let mut acc = 0.0;
+            for i in first..ts.intervals {
+                if (i - first) % cells_per_period == 0 {
+                    acc = 0.0;
+                    segments.push(vec![(i as f64 * dt, 0.0)]);
+                }
+                acc += ts.cell(t, i).ios as f64;
+                segments.last_mut().expect("pushed at the first cell").push(((i + 1) as f64 * dt, acc));
+            }
+            buckets.push((name.clone(), segments));
+        }
+        let mut levels = Vec::new();
+        let spec = &sc.tenants[0].spec;
+        if sc.tenants.iter().all(|t| t.spec.reservation() == spec.reservation()) {
+            levels.push(("reservation".to_string(), spec.reservation() * period));
+            if let Some(l) = spec.limit().filter(|_| sc.tenants.iter().all(|t| t.spec.limit() == spec.limit())) {
+                levels.push(("limit".to_string(), l * period));
+            }
+        }
+        need_font()?;
+        let stem = dir.join("periods");
+        let t = format!("{title}: IOs completed in each QoS period");
+        let svg = stem.with_extension("svg");
+        draw_periods(SVGBackend::new(&svg, (1000, 560)).into_drawing_area(), &t, &buckets, &levels).with_context(|| format!("writing {}", svg.display()))?;
+        let png = stem.with_extension("png");
+        draw_periods(BitMapBackend::new(&png, (1000, 560)).into_drawing_area(), &t, &buckets, &levels).with_context(|| format!("writing {}", png.display()))?;
+    }
+    Ok(())
+}
+
+type PeriodLines = [(String, Vec<Vec<(f64, f64)>>)];
+
+/// Per bucket, one line per QoS period (IOs since the period began), and dashed levels.
+fn draw_periods<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, buckets: &PeriodLines, levels: &[(String, f64)]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let pts = buckets.iter().flat_map(|b| b.1.iter().flatten());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, 1e-9f64, 1e-9f64);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y1 = y1.max(y);
+    }
+    for l in levels {
+        y1 = y1.max(l.1);
+    }
+    let x0 = if x0.is_finite() { x0 } else { 0.0 };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x0..x1, 0f64..y1 * 1.08)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("IOs since the QoS period began")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for (i, (name, segs)) in buckets.iter().enumerate() {
+        let c = palette(i);
+        for (k, seg) in segs.iter().enumerate() {
+            let s = chart.draw_series(LineSeries::new(seg.iter().copied(), c.stroke_width(2))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            if k == 0 {
+                s.label(name.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            }
+        }
+    }
+    for (name, y) in levels {
+        let c = RGBColor(90, 90, 90);
+        chart
+            .draw_series(DashedLineSeries::new(vec![(x0, *y), (x1, *y)], 6, 4, c.stroke_width(1)))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}

@@ -39,6 +39,9 @@ pub fn load(args: &SimArgs) -> Result<Scenario> {
         sc.seed = seed;
     }
     if let Some(s) = &args.scheduler {
+        if sc.pshift.is_some() {
+            bail!("{}: pShift scenarios run token schedulers; set controller = false in [pshift] for plain round robin", args.scenario.display());
+        }
         let (kind, distributed) = rein_sim::scenario::parse_scheduler(s).map_err(anyhow::Error::msg)?;
         sc = sc.with_scheduler(kind, distributed);
         sc.scheduler_name = s.clone();
@@ -173,7 +176,14 @@ fn truncate(s: &str, n: usize) -> String {
 /// Writes summary.json, timeseries.csv and the plots into `dir`.
 pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
     let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
-    write_run(dir, &sc.name, measured, r, checks)
+    write_run(dir, &sc.name, measured, r, checks)?;
+    if sc.pshift.is_some() {
+        match crate::plot::pshift_plots(dir, &format!("{} ({})", sc.name, r.summary.scheduler), sc, &r.timeseries) {
+            Err(e) if e.is::<crate::plot::NoFont>() => {}
+            other => other?,
+        }
+    }
+    Ok(())
 }
 
 /// Writes a run's files (simulated or measured by `rein load`) into `dir`.

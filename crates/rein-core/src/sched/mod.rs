@@ -1,5 +1,5 @@
 //! The scheduler interface shared by every algorithm: [`Mclock`] (and dmClock, its distributed form),
-//! [`Rbfq`], [`Sfq`] and [`Fifo`].
+//! [`Rbfq`], [`Sfq`], [`Fifo`] and pShift's [`crate::pshift::TokenScheduler`].
 //!
 //! # Shape (sans-IO)
 //! A scheduler is a state machine. The caller owns the requests' payloads and the device; the scheduler
@@ -24,7 +24,7 @@
 //! beyond a bound return an error and change nothing.
 
 mod engine;
-mod slab;
+pub(crate) mod slab;
 mod fifo;
 pub(crate) mod heap;
 mod sfq;
@@ -259,18 +259,27 @@ pub enum SchedulerKind {
     Dmclock,
     Rbfq,
     Sfq,
+    /// pShift's token scheduler ([`crate::pshift::TokenScheduler`]); without a controller, plain round robin.
+    Token,
     Fifo,
 }
 
 impl SchedulerKind {
-    pub const ALL: [SchedulerKind; 5] =
-        [SchedulerKind::Mclock, SchedulerKind::Dmclock, SchedulerKind::Rbfq, SchedulerKind::Sfq, SchedulerKind::Fifo];
+    pub const ALL: [SchedulerKind; 6] = [
+        SchedulerKind::Mclock,
+        SchedulerKind::Dmclock,
+        SchedulerKind::Rbfq,
+        SchedulerKind::Sfq,
+        SchedulerKind::Token,
+        SchedulerKind::Fifo,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             SchedulerKind::Mclock => "mclock",
             SchedulerKind::Dmclock => "dmclock",
             SchedulerKind::Rbfq => "rbfq",
             SchedulerKind::Sfq => "sfq",
+            SchedulerKind::Token => "token",
             SchedulerKind::Fifo => "fifo",
         }
     }
@@ -281,6 +290,7 @@ impl SchedulerKind {
             SchedulerKind::Dmclock => Box::new(Mclock::dmclock(config)),
             SchedulerKind::Rbfq => Box::new(Rbfq::new(config)),
             SchedulerKind::Sfq => Box::new(Sfq::new(config)),
+            SchedulerKind::Token => Box::new(crate::pshift::TokenScheduler::new(config)),
             SchedulerKind::Fifo => Box::new(Fifo::new(config)),
         }
     }
@@ -292,7 +302,7 @@ impl std::str::FromStr for SchedulerKind {
         SchedulerKind::ALL
             .into_iter()
             .find(|k| k.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown scheduler {s:?} (expected one of mclock, dmclock, rbfq, sfq, fifo)"))
+            .ok_or_else(|| format!("unknown scheduler {s:?} (expected one of mclock, dmclock, rbfq, sfq, token, fifo)"))
     }
 }
 

@@ -1,0 +1,434 @@
+//! The pShift controller (pshift.txt §III-D), sans-IO: reports in, token messages out.
+//!
+//! # Model
+//! Time is cut into QoS periods of length `period`, each split into `intervals` redistribution intervals
+//! of length tau = period / intervals; the first period starts at `start`. At every interval boundary b
+//! (`start + k tau`) each server reports what happened in the interval that just ended
+//! ([`ServerReport`]): per bucket its arrivals, the IOs it dispatched, its queue, how long its queue was
+//! empty; for the server the IOs it completed and how long its device was busy. When every server has
+//! reported boundary b (or a timeout passed), [`Controller::poll`] computes, for the rest of the period:
+//!
+//! - **capacity** C^j = (completed / busy time) x (time left in the period): the service rate while busy,
+//!   extrapolated (§III-D "extrapolating from its service rate in the past interval"); a server that was
+//!   (nearly) never busy keeps its previous estimate, initially the nominal capacity;
+//! - **demand** d_i^j = queued + arrivals x (time left / tau) (§III-D: "from the size of its pending
+//!   queue and the number of its arrivals in the past interval"). With [`DemandEstimator::Backlog`] a
+//!   bucket whose queue at j never ran empty (less than 1% of the interval) since its first request there
+//!   in the interval is limited by service rather
+//!   than by arrivals (a closed loop: it issues when served), so its demand is at least C^j: it could
+//!   use the whole server;
+//! - **targets**: every IO a bucket did in the period so far counts, whatever its token class (the
+//!   opportunistic IOs of §IV-B), so its remaining reservation is R_i - done_i and its remaining limit
+//!   L_i - done_i;
+//!
+//! and runs [`super::solve`] on that instance. The output is one [`TokenMessage`] per server: the R- and
+//! L-tokens of every bucket with demand there. A bucket a message does not list gets no R-tokens and, if
+//! it has a limit, no L-tokens (unlimited buckets never need L-tokens). Servers apply a message with
+//! [`super::TokenScheduler::grant`], which deducts the IOs served between the report and the message.
+//!
+//! # Paper symbols -> code
+//! | paper | code |
+//! |---|---|
+//! | QoS period, redistribution interval | [`ControllerConfig::period`], `period / intervals` |
+//! | R_i, L_i (per QoS period) | [`BucketQos::reservation`], [`BucketQos::limit`] (IOs per period) |
+//! | unconsumed tokens / opportunistic IOs | `done[i]`: IOs of bucket i in this period, from the reports |
+//! | estimated demand, remaining capacity | the instance built in `Controller::compute` |
+//!
+//! # Invariants
+//! 1. Boundaries are computed in order: round k is answered once, after round k - 1.
+//! 2. `done[i]` counts exactly the IOs reported for intervals inside the current period (reset when a
+//!    boundary starts a period, after the interval that ended there was added to the old one).
+//! 3. Targets satisfy R_rem <= L_rem, so every instance is valid.
+//!
+//! Bounds: servers and buckets as [`super::MAX_SERVERS`], [`super::MAX_BUCKETS`]; a report has at most
+//! one line per bucket; per-entry demand and capacity are clamped to [`super::MAX_TOKENS`].
+
+use super::instance::{InstanceBuilder, MAX_BUCKETS, MAX_SERVERS, MAX_TOKENS};
+use super::tokens::Tokens;
+use super::{solve, ClassStats, SolveOptions};
+use crate::units::Nanos;
+
+/// How the controller estimates a bucket's demand at a server (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DemandEstimator {
+    /// queued + arrivals x (time left / tau): open arrivals (the paper's simulator).
+    #[default]
+    Arrivals,
+    /// As `Arrivals`, but a bucket that stayed backlogged may use the whole server (closed loops: a
+    /// continuously backlogged client with a fixed number of outstanding requests).
+    Backlog,
+}
+
+/// Controller configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ControllerConfig {
+    /// QoS period.
+    pub period: Nanos,
+    /// Redistribution intervals per period (>= 1).
+    pub intervals: u32,
+    /// When the first period starts (the first reports are due then).
+    pub start: Nanos,
+    pub estimator: DemandEstimator,
+    pub solve: SolveOptions,
+    /// Compute without the missing reports this long after a boundary (their servers count as idle with
+    /// their last capacity estimate).
+    pub report_timeout: Nanos,
+}
+
+/// A bucket's QoS per period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketQos {
+    /// R_i: IOs per QoS period.
+    pub reservation: u64,
+    /// L_i: IOs per QoS period (`None`: unlimited).
+    pub limit: Option<u64>,
+}
+
+/// One bucket's line in a report (what it did at the server during the interval).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BucketReport {
+    pub bucket: u32,
+    pub arrivals: u64,
+    /// IOs dispatched (R- and L-tokens and unlimited).
+    pub dispatched: u64,
+    pub queued: u64,
+    /// Time the bucket's queue was empty during the interval.
+    pub idle_ns: u64,
+}
+
+/// A server's report for the interval ending at boundary `round`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServerReport {
+    pub server: u32,
+    pub round: u64,
+    /// Length of the interval covered (normally tau).
+    pub elapsed_ns: u64,
+    /// IOs the device completed in it, and how long it was busy.
+    pub completed: u64,
+    pub busy_ns: u64,
+    pub buckets: Vec<BucketReport>,
+}
+
+/// Tokens for one server for the rest of the period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenMessage {
+    pub server: u32,
+    pub round: u64,
+    /// (bucket, R-tokens, L-tokens) for every bucket with estimated demand at the server.
+    pub tokens: Vec<(u32, u64, Tokens)>,
+}
+
+/// What one round computed (for monitoring and tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundSummary {
+    pub round: u64,
+    pub period: u64,
+    /// Interval index inside the period (0 = the period's first).
+    pub interval: u32,
+    /// sum_i min(R_rem, D_i): the reservation IOs still wanted.
+    pub wanted: u64,
+    pub r_stats: ClassStats,
+    pub l_stats: ClassStats,
+    pub reports_missing: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ControllerError {
+    #[error("invalid controller configuration: {0}")]
+    Config(String),
+    #[error("report from unknown server {0}")]
+    UnknownServer(u32),
+    #[error("report from server {server} names unknown bucket {bucket}")]
+    UnknownBucket { server: u32, bucket: u32 },
+    #[error("report from server {server} for round {got}, expected round {want}")]
+    WrongRound { server: u32, got: u64, want: u64 },
+}
+
+/// The controller; see the module comment.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    config: ControllerConfig,
+    tau: u64,
+    buckets: Vec<BucketQos>,
+    /// Service rate estimate per server (IOs per second while busy).
+    rate: Vec<f64>,
+    /// IOs per bucket in the current period (invariant 2).
+    done: Vec<u64>,
+    round: u64,
+    reports: Vec<Option<ServerReport>>,
+}
+
+impl Controller {
+    /// `capacity_iops`: each server's nominal capacity (the estimate until it reports a busy interval).
+    pub fn new(config: ControllerConfig, capacity_iops: &[f64], buckets: Vec<BucketQos>) -> Result<Self, ControllerError> {
+        let bad = |m: &str| Err(ControllerError::Config(m.to_string()));
+        if config.intervals == 0 || config.period.0 < config.intervals as u64 {
+            return bad("the period must hold at least one nanosecond per interval, and intervals >= 1");
+        }
+        if capacity_iops.is_empty() || capacity_iops.len() > MAX_SERVERS {
+            return bad("between 1 and 1024 servers");
+        }
+        if buckets.len() > MAX_BUCKETS {
+            return bad("too many buckets");
+        }
+        if capacity_iops.iter().any(|c| !(c.is_finite() && *c >= 0.0)) {
+            return bad("capacities must be finite and non-negative");
+        }
+        for b in &buckets {
+            if b.reservation > MAX_TOKENS || b.limit.is_some_and(|l| l > MAX_TOKENS || l < b.reservation) {
+                return bad("each bucket needs reservation <= limit <= 10^12 IOs per period");
+            }
+        }
+        Ok(Controller {
+            tau: config.period.0 / config.intervals as u64,
+            rate: capacity_iops.to_vec(),
+            done: vec![0; buckets.len()],
+            buckets,
+            round: 0,
+            reports: vec![None; capacity_iops.len()],
+            config,
+        })
+    }
+
+    /// The boundary the controller waits for now: servers report at this time.
+    pub fn boundary(&self) -> Nanos {
+        self.boundary_of(self.round)
+    }
+
+    fn boundary_of(&self, round: u64) -> Nanos {
+        Nanos(self.config.start.0 + round * self.tau)
+    }
+
+    /// The round number of the next boundary.
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// IOs each bucket did in the current period so far (as reported).
+    pub fn done(&self) -> &[u64] {
+        &self.done
+    }
+
+    /// Files a server's report for the current round. A report for an older round is ignored (Ok).
+    pub fn handle_report(&mut self, report: ServerReport) -> Result<(), ControllerError> {
+        let s = report.server;
+        if s as usize >= self.reports.len() {
+            return Err(ControllerError::UnknownServer(s));
+        }
+        if report.round < self.round {
+            return Ok(());
+        }
+        if report.round > self.round {
+            return Err(ControllerError::WrongRound { server: s, got: report.round, want: self.round });
+        }
+        if let Some(b) = report.buckets.iter().find(|b| b.bucket as usize >= self.buckets.len()) {
+            return Err(ControllerError::UnknownBucket { server: s, bucket: b.bucket });
+        }
+        self.reports[s as usize] = Some(report);
+        Ok(())
+    }
+
+    /// When every server has reported the current round (or the timeout passed), computes the tokens for
+    /// the rest of the period: one message per server (invariant 1: once per round, in order).
+    pub fn poll(&mut self, now: Nanos) -> Option<(Vec<TokenMessage>, RoundSummary)> {
+        let missing = self.reports.iter().filter(|r| r.is_none()).count() as u32;
+        let deadline = self.boundary().saturating_add(self.config.report_timeout);
+        if missing > 0 && now < deadline {
+            return None;
+        }
+        let out = self.compute(missing);
+        self.round += 1;
+        Some(out)
+    }
+
+    fn compute(&mut self, missing: u32) -> (Vec<TokenMessage>, RoundSummary) {
+        let round = self.round;
+        let k = self.config.intervals as u64;
+        let interval = (round % k) as u32;
+        let period = round / k;
+        let reports: Vec<Option<ServerReport>> = std::mem::replace(&mut self.reports, vec![None; self.rate.len()]);
+        // Invariant 2: the interval that just ended belongs to the period before boundary `round` when that
+        // boundary starts a period (and to the warm-up before the first one: nothing to count then).
+        if interval == 0 {
+            self.done.fill(0);
+        } else {
+            for r in reports.iter().flatten() {
+                for b in &r.buckets {
+                    self.done[b.bucket as usize] += b.dispatched;
+                }
+            }
+        }
+        let left_s = (self.config.period.0 - interval as u64 * self.tau) as f64 / 1e9;
+        let mut caps = Vec::with_capacity(self.rate.len());
+        for (j, r) in reports.iter().enumerate() {
+            if let Some(r) = r {
+                // A device busy less than 1% of the interval says little about its rate.
+                if r.completed > 0 && r.busy_ns * 100 >= r.elapsed_ns.max(1) {
+                    self.rate[j] = r.completed as f64 / (r.busy_ns as f64 / 1e9);
+                }
+            }
+            caps.push(((self.rate[j] * left_s).floor() as u64).min(MAX_TOKENS));
+        }
+        // Per bucket, its demand per server (bucket-major for the builder).
+        let mut lines: Vec<(u32, usize, u64)> = Vec::new();
+        for (j, r) in reports.iter().enumerate() {
+            let Some(r) = r else { continue };
+            let scale = left_s / (r.elapsed_ns.max(1) as f64 / 1e9);
+            for b in &r.buckets {
+                let mut d = b.queued as f64 + b.arrivals as f64 * scale;
+                if self.config.estimator == DemandEstimator::Backlog && b.queued > 0 && b.idle_ns * 100 < r.elapsed_ns {
+                    d = d.max(caps[j] as f64);
+                }
+                let d = (d.round() as u64).min(MAX_TOKENS);
+                if d > 0 {
+                    lines.push((b.bucket, j, d));
+                }
+            }
+        }
+        lines.sort_unstable();
+        let mut builder = InstanceBuilder::new();
+        for &c in &caps {
+            builder.add_server(c).expect("bounded by construction");
+        }
+        let mut which = Vec::new();
+        let mut demand = Vec::new();
+        let mut x = 0;
+        while x < lines.len() {
+            let i = lines[x].0;
+            demand.clear();
+            while x < lines.len() && lines[x].0 == i {
+                demand.push((lines[x].1, lines[x].2));
+                x += 1;
+            }
+            let q = self.buckets[i as usize];
+            let done = self.done[i as usize];
+            let r = q.reservation.saturating_sub(done);
+            // Invariant 3: L_i >= R_i, so L_i - done >= R_i - done.
+            let l = q.limit.map(|l| l.saturating_sub(done));
+            builder.add_bucket(r, l, &demand).expect("bounded by construction");
+            which.push(i);
+        }
+        let inst = builder.build().expect("at least one server");
+        let sol = solve(&inst, &self.config.solve);
+        let mut msgs: Vec<TokenMessage> =
+            (0..self.rate.len() as u32).map(|server| TokenMessage { server, round, tokens: Vec::new() }).collect();
+        for (n, &i) in which.iter().enumerate() {
+            let limited = self.buckets[i as usize].limit.is_some();
+            for e in inst.bucket_entries(n) {
+                let l = if limited { Tokens::Count(sol.l[e]) } else { Tokens::Unlimited };
+                msgs[inst.entry_server(e)].tokens.push((i, sol.r[e], l));
+            }
+        }
+        let wanted = (0..inst.buckets()).map(|n| inst.reservation(n).min(inst.total_demand(n))).sum();
+        (msgs, RoundSummary { round, period, interval, wanted, r_stats: sol.r_stats, l_stats: sol.l_stats, reports_missing: missing })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(intervals: u32, estimator: DemandEstimator) -> ControllerConfig {
+        ControllerConfig {
+            period: Nanos::from_secs(1),
+            intervals,
+            start: Nanos::from_millis(200),
+            estimator,
+            solve: SolveOptions::default(),
+            report_timeout: Nanos::from_millis(100),
+        }
+    }
+
+    fn line(bucket: u32, arrivals: u64, dispatched: u64, queued: u64, idle_ns: u64) -> BucketReport {
+        BucketReport { bucket, arrivals, dispatched, queued, idle_ns }
+    }
+
+    fn report(server: u32, round: u64, completed: u64, buckets: Vec<BucketReport>) -> ServerReport {
+        ServerReport { server, round, elapsed_ns: 200_000_000, completed, busy_ns: 200_000_000, buckets }
+    }
+
+    #[test]
+    fn first_round_estimates_and_allocates_the_whole_period() {
+        // Two servers doing 1,000 IOPS; bucket 0 arrives at 500/s on each, bucket 1 at 250/s on server 1
+        // only; reservations 600 and 300 per period, bucket 1 limited to 400.
+        let mut c = Controller::new(
+            config(5, DemandEstimator::Arrivals),
+            &[1000.0, 1000.0],
+            vec![BucketQos { reservation: 600, limit: None }, BucketQos { reservation: 300, limit: Some(400) }],
+        )
+        .unwrap();
+        assert_eq!(c.boundary(), Nanos::from_millis(200));
+        c.handle_report(report(0, 0, 200, vec![line(0, 100, 100, 0, 0)])).unwrap();
+        assert!(c.poll(Nanos::from_millis(200)).is_none(), "waits for server 1");
+        c.handle_report(report(1, 0, 150, vec![line(0, 100, 100, 0, 0), line(1, 50, 50, 0, 0)])).unwrap();
+        let (msgs, sum) = c.poll(Nanos::from_millis(200)).unwrap();
+        assert_eq!((sum.round, sum.period, sum.interval, sum.reports_missing), (0, 0, 0, 0));
+        // Warm-up IOs do not count: the full reservations are wanted (demands 500 + 500 and 250 over 1 s).
+        assert_eq!(sum.wanted, 600 + 250);
+        assert_eq!(sum.r_stats.phi, 850);
+        assert_eq!(msgs[0].tokens, vec![(0, 300, Tokens::Unlimited)]);
+        assert_eq!(msgs[1].tokens, vec![(0, 300, Tokens::Unlimited), (1, 250, Tokens::Count(0))]);
+        assert_eq!(c.boundary(), Nanos::from_millis(400));
+    }
+
+    #[test]
+    fn done_ios_reduce_the_targets_and_reset_each_period() {
+        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0], vec![BucketQos { reservation: 500, limit: Some(700) }]).unwrap();
+        let rep = |round, dispatched| ServerReport { server: 0, round, elapsed_ns: 500_000_000, completed: 500, busy_ns: 500_000_000, buckets: vec![line(0, 400, dispatched, 0, 0)] };
+        c.handle_report(rep(0, 400)).unwrap();
+        let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
+        assert_eq!(m[0].tokens, vec![(0, 500, Tokens::Count(200))], "warm-up IOs are not counted");
+        // Half-way: 450 done (opportunistic ones included): 50 R-tokens and 200 L-tokens left.
+        c.handle_report(rep(1, 450)).unwrap();
+        let (m, s) = c.poll(Nanos::from_millis(700)).unwrap();
+        assert_eq!((s.period, s.interval), (0, 1));
+        assert_eq!(c.done(), &[450]);
+        assert_eq!(m[0].tokens, vec![(0, 50, Tokens::Count(200))]);
+        // A new period: everything again.
+        c.handle_report(rep(2, 300)).unwrap();
+        let (m, s) = c.poll(Nanos::from_millis(1200)).unwrap();
+        assert_eq!((s.period, s.interval), (1, 0));
+        assert_eq!(c.done(), &[0]);
+        assert_eq!(m[0].tokens, vec![(0, 500, Tokens::Count(200))]);
+    }
+
+    #[test]
+    fn backlog_estimator_lets_a_closed_loop_use_the_whole_server() {
+        // A bucket with 5 outstanding that was served 100 times: by arrivals its demand is 5 + 100 x 5 =
+        // 505; backlogged (never idle) it can take the whole server (1,000 for the second left).
+        for (est, want) in [(DemandEstimator::Arrivals, 505), (DemandEstimator::Backlog, 1000)] {
+            let mut c = Controller::new(config(5, est), &[1000.0], vec![BucketQos { reservation: 5000, limit: None }]).unwrap();
+            let mut r = report(0, 0, 200, vec![line(0, 100, 100, 5, 0)]);
+            r.completed = 200;
+            c.handle_report(r).unwrap();
+            let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
+            assert_eq!(m[0].tokens[0].1, want, "{est:?}");
+        }
+    }
+
+    #[test]
+    fn capacity_follows_the_measured_service_rate() {
+        // Busy half the interval for 150 completions: 1,500 IOPS while busy, 1,500 for the 1 s left.
+        let mut c = Controller::new(config(5, DemandEstimator::Arrivals), &[1000.0], vec![BucketQos { reservation: 5000, limit: None }]).unwrap();
+        let r = ServerReport { server: 0, round: 0, elapsed_ns: 200_000_000, completed: 150, busy_ns: 100_000_000, buckets: vec![line(0, 1000, 300, 0, 0)] };
+        c.handle_report(r).unwrap();
+        let (_, s) = c.poll(Nanos::from_millis(200)).unwrap();
+        assert_eq!(s.r_stats.phi, 1500);
+    }
+
+    #[test]
+    fn bad_reports_and_configs_are_errors() {
+        let mut c = Controller::new(config(5, DemandEstimator::Arrivals), &[1000.0], vec![BucketQos { reservation: 1, limit: None }]).unwrap();
+        assert_eq!(c.handle_report(report(3, 0, 0, vec![])), Err(ControllerError::UnknownServer(3)));
+        assert_eq!(c.handle_report(report(0, 0, 0, vec![line(7, 1, 1, 0, 0)])), Err(ControllerError::UnknownBucket { server: 0, bucket: 7 }));
+        assert!(matches!(c.handle_report(report(0, 4, 0, vec![])), Err(ControllerError::WrongRound { .. })));
+        // The timeout: nobody reported, the round is computed anyway.
+        assert!(c.poll(Nanos::from_millis(250)).is_none());
+        let (_, s) = c.poll(Nanos::from_millis(300)).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        assert_eq!(c.handle_report(report(0, 0, 0, vec![])), Ok(()), "late report for an old round: ignored");
+        assert!(Controller::new(config(0, DemandEstimator::Arrivals), &[1.0], vec![]).is_err());
+        assert!(Controller::new(config(5, DemandEstimator::Arrivals), &[], vec![]).is_err());
+        assert!(Controller::new(config(5, DemandEstimator::Arrivals), &[1.0], vec![BucketQos { reservation: 5, limit: Some(4) }]).is_err());
+    }
+}

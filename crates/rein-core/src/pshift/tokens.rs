@@ -1,0 +1,675 @@
+//! The Token Scheduler of one server (pshift.txt §II, Algorithm 1), and its weighted round-robin variant
+//! (§V "Local Priorities").
+//!
+//! # Model
+//! Each bucket has a FIFO of requests and two token counts from the controller: R-tokens (reservation)
+//! and L-tokens (limit). A dispatch:
+//! 1. searches the buckets in round-robin order from the cursor `next` for one with a queued request and
+//!    an R-token; serves it, spends one R-token ([`Phase::Reservation`]);
+//! 2. otherwise searches the same way for one with a queued request and an L-token; serves it, spends
+//!    one L-token ([`Phase::Weight`]);
+//! 3. otherwise nothing is eligible: [`Poll::Empty`] (Algorithm 1's "delay a small amount": nothing can
+//!    change until a request arrives or the controller sends tokens, and the caller polls again then).
+//!
+//! A bucket without L-tokens is never served, however idle the server. A token is one IO, whatever its
+//! size (the paper's unit; [`Dispatch::cost`] still reports the cost model's cost for the caller's
+//! accounting). L-tokens are [`Tokens::Unlimited`] for a bucket without a limit.
+//!
+//! Before the controller's first message a bucket has 0 R-tokens and unlimited L-tokens, so a server that
+//! has not heard from a controller is a plain round-robin scheduler: that is the paper's baseline ("simple
+//! round robin", Experiments 3-4) and what [`crate::SchedulerKind::Token`] builds.
+//!
+//! # Weighted variant
+//! With [`TokenScheduler::weighted`], a bucket found by a search keeps the server for a *turn* of up to
+//! `weight` IOs (deficit round robin: fractions carry to the next turn while the bucket stays backlogged,
+//! and weights below 1 count as 1) before the cursor moves on. R-token priority is unchanged: a turn in
+//! step 2 ends as soon as any bucket is eligible in step 1. Reservations are unaffected; heavier buckets
+//! see shorter queues.
+//!
+//! # Mapping to the [`Scheduler`] trait
+//! `add_tenant(spec)` adds a bucket (its weight matters in the weighted variant; reservation and limit are
+//! the controller's business: they become tokens); `enqueue`/`poll` as above; `set_spec` changes the
+//! weight; `maintain` erases buckets idle longer than `SchedConfig::erase_age`. The token API is inherent:
+//! [`TokenScheduler::set_tokens`], [`TokenScheduler::grant`] (tokens computed from a report, minus what
+//! was dispatched since), [`TokenScheduler::take_interval`] (the per-interval counters a server reports).
+//!
+//! # Invariants
+//! 1. A bucket is in `r_ring` iff it has queued requests and R-tokens > 0; in `l_ring` iff it has queued
+//!    requests and L-tokens (> 0 or unlimited).
+//! 2. `queued` is the sum of the buckets' queue lengths.
+//! 3. Tokens never go below zero: a dispatch spends a token the bucket holds.
+//! 4. `now` never decreases (regressions are clamped and counted).
+//!
+//! Bounds: [`crate::Limits`] (buckets, queued per bucket, queued in all), as for every scheduler.
+
+use crate::sched::slab::Slab;
+use crate::sched::{Dispatch, Phase, Poll, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
+use crate::spec::QosSpec;
+use crate::units::Nanos;
+use std::collections::VecDeque;
+
+/// An L-token count, or no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokens {
+    Count(u64),
+    Unlimited,
+}
+
+impl Tokens {
+    pub fn is_zero(self) -> bool {
+        self == Tokens::Count(0)
+    }
+    fn take_one(&mut self) {
+        if let Tokens::Count(n) = self {
+            assert!(*n > 0, "invariant 3");
+            *n -= 1;
+        }
+    }
+    /// Spends up to `n`, returning what could not be spent.
+    fn spend(&mut self, n: u64) -> u64 {
+        match self {
+            Tokens::Count(c) => {
+                let x = (*c).min(n);
+                *c -= x;
+                n - x
+            }
+            Tokens::Unlimited => 0,
+        }
+    }
+}
+
+/// What a bucket did at this server since the last [`TokenScheduler::take_interval`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IntervalCounters {
+    /// Requests that arrived.
+    pub arrivals: u64,
+    /// Dispatched with an R-token.
+    pub dispatched_r: u64,
+    /// Dispatched with an L-token (or none needed: unlimited).
+    pub dispatched_l: u64,
+    /// Time the bucket's queue was empty (ns) after it first held a request in the interval (so a bucket
+    /// that moved here mid-interval and stayed backlogged since has none).
+    pub idle_ns: u64,
+}
+
+/// One bucket's line in a server's report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketInterval {
+    pub id: TenantId,
+    pub counters: IntervalCounters,
+    /// Requests queued now.
+    pub queued: u64,
+    /// Tokens left now.
+    pub r_tokens: u64,
+    pub l_tokens: Tokens,
+}
+
+/// A set of slots with "next member at or after x, wrapping": a two-level bitset (a bit per slot, and a
+/// bit per non-empty word). Insert and remove are O(1); a search scans at most one word per 4,096 slots
+/// (a BTreeSet's pointer chasing cost more than the scheduling itself in the 10,000-bucket simulations).
+#[derive(Debug, Clone, Default)]
+struct RingSet {
+    words: Vec<u64>,
+    summary: Vec<u64>,
+    len: usize,
+}
+
+impl RingSet {
+    fn contains(&self, x: u32) -> bool {
+        let (w, b) = (x as usize / 64, x % 64);
+        self.words.get(w).is_some_and(|v| v >> b & 1 == 1)
+    }
+    fn insert(&mut self, x: u32) {
+        let (w, b) = (x as usize / 64, x % 64);
+        if w >= self.words.len() {
+            self.words.resize(w + 1, 0);
+            self.summary.resize(w / 64 + 1, 0);
+        }
+        if self.words[w] >> b & 1 == 0 {
+            self.words[w] |= 1 << b;
+            self.summary[w / 64] |= 1 << (w % 64);
+            self.len += 1;
+        }
+    }
+    fn remove(&mut self, x: u32) {
+        let (w, b) = (x as usize / 64, x % 64);
+        if self.words.get(w).is_some_and(|v| v >> b & 1 == 1) {
+            self.words[w] &= !(1 << b);
+            if self.words[w] == 0 {
+                self.summary[w / 64] &= !(1 << (w % 64));
+            }
+            self.len -= 1;
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The smallest member >= x, if any.
+    fn next_from(&self, x: u32) -> Option<u32> {
+        let w = x as usize / 64;
+        if w >= self.words.len() {
+            return None;
+        }
+        let here = self.words[w] & (u64::MAX << (x % 64));
+        if here != 0 {
+            return Some((w * 64) as u32 + here.trailing_zeros());
+        }
+        // The next non-empty word after w, through the summary.
+        let mut sw = (w + 1) / 64;
+        let mut mask = if (w + 1) % 64 == 0 { u64::MAX } else { u64::MAX << ((w + 1) % 64) };
+        while sw < self.summary.len() {
+            let m = self.summary[sw] & mask;
+            if m != 0 {
+                let word = sw * 64 + m.trailing_zeros() as usize;
+                return Some((word * 64) as u32 + self.words[word].trailing_zeros());
+            }
+            sw += 1;
+            mask = u64::MAX;
+        }
+        None
+    }
+}
+
+/// One IO of DRR credit, in 1/65536 IO.
+const ONE: u64 = 1 << 16;
+
+#[derive(Debug, Clone)]
+struct Bucket {
+    spec: QosSpec,
+    queue: VecDeque<(u64, u64)>,
+    r: u64,
+    l: Tokens,
+    stats: TenantStats,
+    interval: IntervalCounters,
+    /// Since when the queue is empty (None while it holds requests).
+    empty_since: Option<Nanos>,
+    /// Whether the queue held a request at some point of the current interval (idle time counts from then).
+    active: bool,
+    /// DRR: IO credit per turn and carried credit (1/65536 IO).
+    quantum: u64,
+    deficit: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    slot: u32,
+    phase: Phase,
+    credit: u64,
+}
+
+/// The Token Scheduler; see the module comment.
+#[derive(Debug, Clone)]
+pub struct TokenScheduler {
+    config: SchedConfig,
+    weighted: bool,
+    buckets: Slab<Bucket>,
+    r_ring: RingSet,
+    l_ring: RingSet,
+    next: u32,
+    turn: Option<Turn>,
+    queued: usize,
+    now: Nanos,
+    regressions: u64,
+}
+
+fn quantum(weighted: bool, spec: &QosSpec) -> u64 {
+    if weighted {
+        ((spec.weight() * ONE as f64).round() as u64).max(ONE)
+    } else {
+        ONE
+    }
+}
+
+impl TokenScheduler {
+    /// Algorithm 1: plain round robin within each token class.
+    pub fn new(config: SchedConfig) -> Self {
+        TokenScheduler {
+            config,
+            weighted: false,
+            buckets: Slab::default(),
+            r_ring: RingSet::default(),
+            l_ring: RingSet::default(),
+            next: 0,
+            turn: None,
+            queued: 0,
+            now: Nanos::ZERO,
+            regressions: 0,
+        }
+    }
+
+    /// The weighted round-robin variant (§V "Local Priorities").
+    pub fn weighted(config: SchedConfig) -> Self {
+        TokenScheduler { weighted: true, ..Self::new(config) }
+    }
+
+    fn tick(&mut self, now: Nanos) -> Nanos {
+        if now < self.now {
+            self.regressions += 1;
+        } else {
+            self.now = now;
+        }
+        self.now
+    }
+
+    /// Re-files a bucket in the rings after its queue or tokens changed (invariant 1).
+    fn refile(&mut self, slot: u32) {
+        let b = self.buckets.at(slot);
+        let busy = !b.queue.is_empty();
+        let (in_r, in_l) = (busy && b.r > 0, busy && !b.l.is_zero());
+        if in_r {
+            self.r_ring.insert(slot);
+        } else {
+            self.r_ring.remove(slot);
+        }
+        if in_l {
+            self.l_ring.insert(slot);
+        } else {
+            self.l_ring.remove(slot);
+        }
+    }
+
+    /// Sets a bucket's tokens (replacing what it had).
+    pub fn set_tokens(&mut self, id: TenantId, r: u64, l: Tokens) -> Result<(), SchedError> {
+        let b = self.buckets.get_mut(id)?;
+        b.r = r;
+        b.l = l;
+        self.refile(id.slot);
+        Ok(())
+    }
+
+    /// Sets tokens computed by a controller from this server's last report, minus the IOs the bucket was
+    /// served since that report (they were not known to the controller, and they count toward the
+    /// reservation first, then the limit). Returns the tokens set.
+    pub fn grant(&mut self, id: TenantId, r: u64, l: Tokens) -> Result<(u64, Tokens), SchedError> {
+        let b = self.buckets.get(id)?;
+        let mut since = b.interval.dispatched_r + b.interval.dispatched_l;
+        let r_left = r.saturating_sub(since);
+        since -= r - r_left;
+        let mut l = l;
+        l.spend(since);
+        self.set_tokens(id, r_left, l)?;
+        Ok((r_left, l))
+    }
+
+    /// The id of the live bucket in a slot (slots are dense: [`TenantId::index`]).
+    pub fn id_at_slot(&self, slot: usize) -> Option<TenantId> {
+        if slot >= self.buckets.slots() {
+            return None;
+        }
+        let id = self.buckets.id_of(slot as u32);
+        self.buckets.get(id).ok().map(|_| id)
+    }
+
+    /// A bucket's tokens now.
+    pub fn tokens(&self, id: TenantId) -> Result<(u64, Tokens), SchedError> {
+        let b = self.buckets.get(id)?;
+        Ok((b.r, b.l))
+    }
+
+    /// Every live bucket's counters since the last call (then reset), with its queue and tokens, in slot
+    /// order. What a server reports to the controller at the end of a redistribution interval.
+    pub fn take_interval(&mut self, now: Nanos) -> Vec<BucketInterval> {
+        let now = self.tick(now);
+        let ids: Vec<TenantId> = self.buckets.iter().map(|(id, _)| id).collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let b = self.buckets.get_mut(id).expect("live");
+            if let Some(t) = b.empty_since {
+                if b.active {
+                    b.interval.idle_ns += now.0 - t.0;
+                }
+                b.empty_since = Some(now);
+            }
+            out.push(BucketInterval { id, counters: b.interval, queued: b.queue.len() as u64, r_tokens: b.r, l_tokens: b.l });
+            b.interval = IntervalCounters::default();
+            b.active = !b.queue.is_empty();
+        }
+        out
+    }
+
+    /// The counters since the last [`TokenScheduler::take_interval`], without resetting them.
+    pub fn interval(&self, id: TenantId) -> Result<IntervalCounters, SchedError> {
+        Ok(self.buckets.get(id)?.interval)
+    }
+
+    /// The next bucket in `ring` at or after the cursor, wrapping around.
+    fn search(ring: &RingSet, next: u32) -> Option<u32> {
+        ring.next_from(next).or_else(|| ring.next_from(0))
+    }
+
+    fn serve(&mut self, slot: u32, phase: Phase) -> Poll {
+        let cost_model = self.config.cost_model;
+        let now = self.now;
+        let b = self.buckets.at_mut(slot);
+        let (handle, size) = b.queue.pop_front().expect("invariant 1: ringed buckets have requests");
+        match phase {
+            Phase::Reservation => {
+                assert!(b.r > 0, "invariant 3");
+                b.r -= 1;
+                b.interval.dispatched_r += 1;
+            }
+            _ => {
+                b.l.take_one();
+                b.interval.dispatched_l += 1;
+            }
+        }
+        if b.queue.is_empty() {
+            b.empty_since = Some(now);
+            b.deficit = 0;
+        }
+        let cost = cost_model.cost(size);
+        b.stats.queued -= 1;
+        b.stats.dispatched[phase.index()] += 1;
+        b.stats.cost[phase.index()] += cost.0 as u128;
+        self.queued -= 1;
+        self.refile(slot);
+        Poll::Dispatch(Dispatch { tenant: self.buckets.id_of(slot), handle, phase, cost })
+    }
+}
+
+impl Scheduler for TokenScheduler {
+    fn kind(&self) -> SchedulerKind {
+        SchedulerKind::Token
+    }
+
+    fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError> {
+        let now = self.now;
+        let q = quantum(self.weighted, &spec);
+        self.buckets.insert(
+            self.config.limits.max_tenants,
+            Bucket {
+                spec,
+                queue: VecDeque::new(),
+                r: 0,
+                l: Tokens::Unlimited,
+                stats: TenantStats::default(),
+                interval: IntervalCounters::default(),
+                empty_since: Some(now),
+                active: false,
+                quantum: q,
+                deficit: 0,
+            },
+        )
+    }
+
+    fn set_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), SchedError> {
+        let q = quantum(self.weighted, &spec);
+        let b = self.buckets.get_mut(id)?;
+        b.spec = spec;
+        b.quantum = q;
+        Ok(())
+    }
+
+    fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError> {
+        let b = self.buckets.remove(id)?;
+        self.r_ring.remove(id.slot);
+        self.l_ring.remove(id.slot);
+        if self.turn.is_some_and(|t| t.slot == id.slot) {
+            self.turn = None;
+        }
+        self.queued -= b.queue.len();
+        Ok(b.queue.into_iter().map(|(h, _)| h).collect())
+    }
+
+    fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError> {
+        let now = self.tick(now);
+        if self.queued >= self.config.limits.max_queued {
+            return Err(SchedError::QueueFull { max: self.config.limits.max_queued });
+        }
+        let max_t = self.config.limits.max_queued_per_tenant;
+        let b = self.buckets.get_mut(req.tenant)?;
+        if b.queue.len() >= max_t {
+            return Err(SchedError::TenantQueueFull { tenant: req.tenant, max: max_t });
+        }
+        if let Some(t) = b.empty_since.take() {
+            if b.active {
+                b.interval.idle_ns += now.0.saturating_sub(t.0);
+            }
+        }
+        b.active = true;
+        b.queue.push_back((req.handle, req.size));
+        b.stats.queued += 1;
+        b.stats.enqueued += 1;
+        b.interval.arrivals += 1;
+        self.queued += 1;
+        if b.queue.len() == 1 {
+            self.refile(req.tenant.slot);
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, now: Nanos, _device_idle: bool) -> Poll {
+        self.tick(now);
+        // A turn in progress (weighted variant) continues while its bucket is eligible, has credit and,
+        // in step 2, while no bucket holds R-tokens and requests.
+        if let Some(mut t) = self.turn.take() {
+            let eligible = match t.phase {
+                Phase::Reservation => self.r_ring.contains(t.slot),
+                _ => self.r_ring.is_empty() && self.l_ring.contains(t.slot),
+            };
+            if eligible && t.credit >= ONE {
+                t.credit -= ONE;
+                self.turn = Some(t);
+                return self.serve(t.slot, t.phase);
+            }
+            // The turn ends; a still-backlogged bucket keeps its fraction for the next one (DRR).
+            let b = self.buckets.at_mut(t.slot);
+            b.deficit = if b.queue.is_empty() { 0 } else { t.credit };
+        }
+        let found = match Self::search(&self.r_ring, self.next) {
+            Some(s) => Some((s, Phase::Reservation)),
+            None => Self::search(&self.l_ring, self.next).map(|s| (s, Phase::Weight)),
+        };
+        let Some((slot, phase)) = found else { return Poll::Empty };
+        self.next = slot + 1;
+        let b = self.buckets.at_mut(slot);
+        let credit = b.deficit + b.quantum;
+        b.deficit = 0;
+        // The first IO of a turn is always served (quantum >= one IO).
+        self.turn = Some(Turn { slot, phase, credit: credit - ONE });
+        self.serve(slot, phase)
+    }
+
+    fn maintain(&mut self, now: Nanos) -> usize {
+        let now = self.tick(now);
+        let Some(age) = self.config.erase_age else { return 0 };
+        let old: Vec<TenantId> = self
+            .buckets
+            .iter()
+            .filter(|(_, b)| b.queue.is_empty() && b.empty_since.is_some_and(|t| now.0.saturating_sub(t.0) >= age.0))
+            .map(|(id, _)| id)
+            .collect();
+        for id in &old {
+            self.remove_tenant(*id).expect("live");
+        }
+        old.len()
+    }
+
+    fn queued(&self) -> usize {
+        self.queued
+    }
+
+    fn tenant_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    fn stats(&self, id: TenantId) -> Result<TenantStats, SchedError> {
+        Ok(self.buckets.get(id)?.stats)
+    }
+
+    fn spec(&self, id: TenantId) -> Result<QosSpec, SchedError> {
+        Ok(self.buckets.get(id)?.spec)
+    }
+
+    fn time_regressions(&self) -> u64 {
+        self.regressions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sched(n: usize, weighted: bool, weights: &[f64]) -> (TokenScheduler, Vec<TenantId>) {
+        let mut s = if weighted { TokenScheduler::weighted(SchedConfig::default()) } else { TokenScheduler::new(SchedConfig::default()) };
+        let ids = (0..n).map(|i| s.add_tenant(QosSpec::weighted(*weights.get(i).unwrap_or(&1.0)).unwrap()).unwrap()).collect();
+        (s, ids)
+    }
+
+    fn fill(s: &mut TokenScheduler, id: TenantId, n: u64) {
+        for h in 0..n {
+            s.enqueue(Nanos(0), Request::new(id, id.index() as u64 * 1000 + h)).unwrap();
+        }
+    }
+
+    /// Dispatches until Empty; returns (bucket index, phase) in order.
+    fn drain(s: &mut TokenScheduler) -> Vec<(usize, Phase)> {
+        let mut v = vec![];
+        while let Poll::Dispatch(d) = s.poll(Nanos(0), true) {
+            v.push((d.tenant.index(), d.phase));
+            assert!(v.len() < 100_000);
+        }
+        v
+    }
+
+    #[test]
+    fn ring_set_finds_the_next_member_wrapping() {
+        let mut r = RingSet::default();
+        assert_eq!(r.next_from(0), None);
+        for x in [3u32, 64, 4095, 4096, 70_000] {
+            r.insert(x);
+        }
+        r.insert(3);
+        assert_eq!(r.len, 5);
+        assert_eq!(r.next_from(0), Some(3));
+        assert_eq!(r.next_from(4), Some(64));
+        assert_eq!(r.next_from(65), Some(4095));
+        assert_eq!(r.next_from(4096), Some(4096));
+        assert_eq!(r.next_from(4097), Some(70_000));
+        assert_eq!(r.next_from(70_001), None);
+        r.remove(4096);
+        r.remove(4096);
+        assert_eq!(r.next_from(4096), Some(70_000));
+        assert!(r.contains(70_000) && !r.contains(4096) && !r.contains(1 << 30));
+        // Against a BTreeSet on a pseudo-random workload.
+        let mut b = std::collections::BTreeSet::new();
+        let mut r = RingSet::default();
+        let mut x = 12345u64;
+        for _ in 0..20_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let v = (x >> 33) as u32 % 20_000;
+            if x & 1 == 0 {
+                r.insert(v);
+                b.insert(v);
+            } else {
+                r.remove(v);
+                b.remove(&v);
+            }
+            let q = (x >> 13) as u32 % 20_100;
+            assert_eq!(r.next_from(q), b.range(q..).next().copied());
+        }
+        assert_eq!(r.len, b.len());
+    }
+
+    #[test]
+    fn without_a_controller_it_is_plain_round_robin() {
+        let (mut s, ids) = sched(3, false, &[]);
+        for &id in &ids {
+            fill(&mut s, id, 3);
+        }
+        let order: Vec<usize> = drain(&mut s).into_iter().map(|x| x.0).collect();
+        assert_eq!(order, vec![0, 1, 2, 0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn r_tokens_first_then_l_tokens_and_never_without() {
+        let (mut s, ids) = sched(3, false, &[]);
+        for &id in &ids {
+            fill(&mut s, id, 10);
+        }
+        s.set_tokens(ids[0], 0, Tokens::Count(2)).unwrap();
+        s.set_tokens(ids[1], 3, Tokens::Count(0)).unwrap();
+        s.set_tokens(ids[2], 1, Tokens::Unlimited).unwrap();
+        let got = drain(&mut s);
+        // Step 1 round robin among 1 and 2 (R-tokens), then step 2 among 0 and 2 (L-tokens); bucket 1 has
+        // no L-tokens: after its 3 R-tokens it is never served, though it has 7 requests queued.
+        assert_eq!(&got[..4], &[(1, Phase::Reservation), (2, Phase::Reservation), (1, Phase::Reservation), (1, Phase::Reservation)]);
+        let rest: Vec<usize> = got[4..].iter().map(|x| x.0).collect();
+        assert_eq!(&rest[..4], &[2, 0, 2, 0], "the cursor is after bucket 1");
+        assert!(rest[4..].iter().all(|&b| b == 2), "bucket 0 spent its 2 L-tokens");
+        assert!(got[4..].iter().all(|x| x.1 == Phase::Weight));
+        assert_eq!(s.queued(), 7 + 8, "bucket 1 keeps 7, bucket 0 keeps 8");
+        assert_eq!(s.poll(Nanos(0), true), Poll::Empty, "held back for lack of tokens");
+        // New tokens release them.
+        s.set_tokens(ids[1], 0, Tokens::Count(1)).unwrap();
+        assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.tenant == ids[1] && d.phase == Phase::Weight));
+        let st = s.stats(ids[1]).unwrap();
+        assert_eq!((st.dispatched[0], st.dispatched[1]), (3, 1), "consumption by class");
+    }
+
+    #[test]
+    fn cursor_is_shared_between_the_steps() {
+        // Algorithm 1 keeps one `next`: after serving bucket 1 in step 1, step 2 resumes after bucket 1.
+        let (mut s, ids) = sched(4, false, &[]);
+        for &id in &ids {
+            fill(&mut s, id, 2);
+        }
+        s.set_tokens(ids[1], 1, Tokens::Unlimited).unwrap();
+        let order: Vec<usize> = drain(&mut s).into_iter().map(|x| x.0).collect();
+        assert_eq!(order, vec![1, 2, 3, 0, 1, 2, 3, 0]);
+    }
+
+    #[test]
+    fn weighted_turns_follow_weights_and_r_priority_holds() {
+        let (mut s, ids) = sched(2, true, &[1.0, 3.0]);
+        fill(&mut s, ids[0], 40);
+        fill(&mut s, ids[1], 40);
+        let got = drain(&mut s);
+        let first: Vec<usize> = got[..8].iter().map(|x| x.0).collect();
+        assert_eq!(first, vec![0, 1, 1, 1, 0, 1, 1, 1], "1 : 3 per round");
+        // Fractional weights carry: 1.5 alternates turns of 1 and 2.
+        let (mut s, ids) = sched(2, true, &[1.0, 1.5]);
+        fill(&mut s, ids[0], 20);
+        fill(&mut s, ids[1], 30);
+        let n1 = drain(&mut s)[..25].iter().filter(|x| x.0 == 1).count();
+        assert_eq!(n1, 15, "1.5 : 1");
+        // A step-2 turn ends when a bucket gets R-tokens.
+        let (mut s, ids) = sched(2, true, &[1.0, 5.0]);
+        fill(&mut s, ids[0], 5);
+        fill(&mut s, ids[1], 10);
+        s.set_tokens(ids[0], 0, Tokens::Count(0)).unwrap();
+        assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.tenant == ids[1]));
+        s.set_tokens(ids[0], 1, Tokens::Count(0)).unwrap();
+        assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.tenant == ids[0] && d.phase == Phase::Reservation));
+    }
+
+    #[test]
+    fn interval_counters_and_grant() {
+        let (mut s, ids) = sched(2, false, &[]);
+        fill(&mut s, ids[0], 5);
+        s.set_tokens(ids[0], 2, Tokens::Count(10)).unwrap();
+        for _ in 0..3 {
+            assert!(matches!(s.poll(Nanos(100), true), Poll::Dispatch(_)));
+        }
+        let rep = s.take_interval(Nanos(1000));
+        assert_eq!(rep[0].counters, IntervalCounters { arrivals: 5, dispatched_r: 2, dispatched_l: 1, idle_ns: 0 });
+        assert_eq!((rep[0].queued, rep[0].r_tokens, rep[0].l_tokens), (2, 0, Tokens::Count(9)));
+        assert_eq!(rep[1].counters.idle_ns, 0, "bucket 1 never had a request: idle time counts from the first");
+        // Two more IOs before the controller's answer arrives: they are taken off the new R-tokens first.
+        s.poll(Nanos(1100), true);
+        s.poll(Nanos(1200), true);
+        assert_eq!(s.grant(ids[0], 1, Tokens::Count(5)).unwrap(), (0, Tokens::Count(4)));
+        assert_eq!(s.take_interval(Nanos(2000))[0].counters.idle_ns, 800, "empty since 1,200");
+        // A bucket that first gets a request mid-interval and stays backlogged was never idle.
+        s.enqueue(Nanos(2500), Request::new(ids[1], 1)).unwrap();
+        s.enqueue(Nanos(2500), Request::new(ids[1], 2)).unwrap();
+        s.set_tokens(ids[1], 0, Tokens::Count(0)).unwrap();
+        let rep = s.take_interval(Nanos(3000));
+        assert_eq!((rep[1].counters.idle_ns, rep[1].queued), (0, 2));
+        // Had requests from the start of the next interval, then went empty: idle counts.
+        s.set_tokens(ids[1], 2, Tokens::Count(0)).unwrap();
+        s.poll(Nanos(3100), true);
+        s.poll(Nanos(3100), true);
+        assert_eq!(s.take_interval(Nanos(4000))[1].counters.idle_ns, 900);
+    }
+}

@@ -1,0 +1,102 @@
+//! pShift clusters in the simulator: the `[pshift]` section's validation, determinism, and the controller
+//! making a difference on a small cluster.
+use rein_sim::check::check;
+use rein_sim::{run, Scenario};
+
+const SMALL: &str = r#"
+name = "small"
+duration_s = 2.2
+interval_s = 0.2
+seed = 3
+[pshift]
+period_s = 1.0
+intervals = 5
+delay_ms = 0.2
+arrivals = "poisson"
+[pshift.generate]
+buckets = 40
+reserved_fraction = 0.9
+demand_ratio = 1.3
+active_servers = [1, 3]
+demand_changes = 3
+limit_ratio = 1.2
+[[servers]]
+name = "s1"
+capacity_iops = 4000
+queue_depth = 1
+[[servers]]
+name = "s2"
+capacity_iops = 4000
+queue_depth = 1
+[[servers]]
+name = "s3"
+capacity_iops = 4000
+queue_depth = 1
+[[expect]]
+metric = "reservation_met_fraction"
+threshold_pct = 95
+window = [0.2, 2.2]
+above = 0.0
+"#;
+
+fn err(toml: &str) -> String {
+    Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
+}
+
+#[test]
+fn bad_pshift_sections_are_named() {
+    assert!(err(&SMALL.replace("arrivals = \"poisson\"", "arrivals = \"bursty\"")).contains("pshift.arrivals \"bursty\""));
+    assert!(err(&SMALL.replace("delay_ms = 0.2", "estimator = \"magic\"")).contains("pshift.estimator \"magic\""));
+    assert!(err(&SMALL.replace("period_s = 1.0", "period_s = 1.1")).contains("multiples of interval_s"));
+    assert!(err(&SMALL.replace("active_servers = [1, 3]", "active_servers = 4")).contains("active_servers must be within 1..=3"));
+    assert!(err(&SMALL.replace("demand_ratio = 1.3", "")).contains("give demand_ratio"));
+    assert!(err(&SMALL.replace("intervals = 5", "intervals = 0")).contains("pshift.intervals must be in 1..=1000"));
+    assert!(err(&SMALL.replace("limit_ratio = 1.2", "limit_ratio = 0.5")).contains("limit_ratio must be at least 1"));
+    assert!(err(&SMALL.replace("perid", "").replace("period_s = 1.0", "period_s = 1.0\nperid = 2")).contains("unknown field `perid`"));
+    let with_tenant = format!("{SMALL}\n[[tenants]]\nname = \"x\"\n[tenants.workload]\nkind = \"open\"\niops = 10\n");
+    assert!(err(&with_tenant).contains("either [[tenants]] or [pshift.generate]"));
+    let no_gen = SMALL[..SMALL.find("[pshift.generate]").unwrap()].to_string() + "[[servers]]\nname = \"s1\"\ncapacity_iops = 1\n";
+    assert!(err(&no_gen).contains("at least one [[tenants]] (or [pshift.generate])"));
+    // Period metrics need [pshift]; threshold_pct belongs to them.
+    let plain = "name = \"p\"\nduration_s = 1\n[[servers]]\nname = \"s\"\ncapacity_iops = 10\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n";
+    assert!(err(&format!("{plain}[[expect]]\nmetric = \"reservation_met_fraction\"\nabove = 0.5\n")).contains("needs a [pshift] section"));
+    assert!(err(&SMALL.replace("metric = \"reservation_met_fraction\"", "tenant = \"b1\"\nmetric = \"iops\"")).contains("threshold_pct applies to"));
+    // A written bucket needs an open or per-server closed workload.
+    let written = SMALL[..SMALL.find("[pshift.generate]").unwrap()].to_string()
+        + "[[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 4\n";
+    assert!(err(&written).contains("pshift buckets need an open workload or a closed one with outstanding_per_server"));
+}
+
+#[test]
+fn runs_are_deterministic_and_use_the_seed() {
+    let sc = Scenario::from_toml(SMALL, None).unwrap();
+    assert_eq!(sc.tenants.len(), 40);
+    let a = run(&sc, &mut |_| {}).unwrap();
+    let b = run(&sc, &mut |_| {}).unwrap();
+    assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap());
+    assert_eq!(a.timeseries.to_csv(), b.timeseries.to_csv());
+    assert!(a.completions() > 15_000, "{}", a.completions());
+    let sc2 = Scenario::from_toml(&SMALL.replace("seed = 3", "seed = 4"), None).unwrap();
+    let c = run(&sc2, &mut |_| {}).unwrap();
+    assert_ne!(a.timeseries.to_csv(), c.timeseries.to_csv());
+    assert!(check(&sc, &a).iter().all(|c| c.ok));
+}
+
+/// On the same cluster, the controller lifts the share of buckets meeting their reservations and holds the
+/// limits that round robin lets buckets pass.
+#[test]
+fn the_controller_meets_reservations_round_robin_does_not() {
+    let with = Scenario::from_toml(SMALL, None).unwrap();
+    let without = Scenario::from_toml(&SMALL.replace("delay_ms = 0.2", "delay_ms = 0.2\ncontroller = false"), None).unwrap();
+    let all: Vec<usize> = (0..40).collect();
+    let (rw, rn) = (run(&with, &mut |_| {}).unwrap(), run(&without, &mut |_| {}).unwrap());
+    let met = |sc: &Scenario, r| rein_sim::check::bucket_periods(r, sc, &all, true, 95.0, 0.2, 2.2);
+    let over = |sc: &Scenario, r| rein_sim::check::bucket_periods(r, sc, &all, false, 1.0, 0.2, 2.2);
+    let (mw, mn) = (met(&with, &rw), met(&without, &rn));
+    let (ow, on) = (over(&with, &rw), over(&without, &rn));
+    eprintln!("met: pShift {mw:?}, round robin {mn:?}; over limit: pShift {ow:?}, round robin {on:?}");
+    assert_eq!(mw.0, 80, "40 buckets x 2 periods");
+    assert!(mw.1 >= 0.9 && mw.1 > mn.1 + 0.1, "pShift {} vs round robin {}", mw.1, mn.1);
+    assert!(ow.1 <= 0.0125 && on.1 > ow.1, "over limit: pShift {} vs round robin {}", ow.1, on.1);
+    assert_eq!(rw.summary.tenants.iter().map(|t| t.rejected).sum::<u64>(), 0);
+}

@@ -1,0 +1,467 @@
+//! `rein pshift`: pShift token allocation on instance files (solve), the paper's synthetic instances (gen).
+//!
+//! Thin: JSON in and out, threads and timing here; validation and the algorithm in `rein_core::pshift`,
+//! the generator in `rein_sim::pshift::gen`, the max-flow baseline in `rein-pshift-baseline`. The instance
+//! format is in docs/pshift.md.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use rein_core::pshift::{solve, Allocation, Instance, RawBucket, RawServer, SolveOptions};
+use rein_sim::pshift::gen::{generate, GenParams};
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Largest instance file `solve` reads (a 1,000,000-bucket instance on 8 servers each is about 150 MB).
+pub const MAX_INSTANCE_BYTES: u64 = 256 << 20;
+/// Most threads `--threads` accepts.
+pub const MAX_THREADS: usize = 256;
+
+#[derive(Debug, Subcommand)]
+pub enum PshiftCmd {
+    /// Allocate R- and L-tokens for an instance file; print JSON (Phi, max-flow value, tokens per bucket
+    /// and server).
+    Solve(SolveArgs),
+    /// Write one of the paper's synthetic instances as JSON (§IV: Zipf reservations, N_A active servers,
+    /// r = reserved fraction, m = demand / reservation).
+    Gen(GenArgs),
+    /// Experiment 2: run a scenario with [pshift.generate] for every N_A (active servers) x N_D (demand
+    /// changes) and several seeds; print the error (share of buckets missing 5% or more of their
+    /// reservation) as a table.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// A scenario with [pshift.generate] (e.g. scenarios/pshift-exp1.toml).
+    pub scenario: PathBuf,
+    /// Comma-separated N_A values.
+    #[arg(long, default_value = "2,4,8", value_delimiter = ',')]
+    pub active: Vec<usize>,
+    /// Comma-separated N_D values (demand changes per bucket over the run's periods).
+    #[arg(long, default_value = "0,1,2,5,10", value_delimiter = ',')]
+    pub changes: Vec<u32>,
+    /// Runs per cell (seeds: the scenario's, then +1, ...); the mean is reported.
+    #[arg(long, default_value_t = 5)]
+    pub runs: u64,
+    /// A bucket is in error when it does less than this percentage of its reservation in a period.
+    #[arg(long, default_value_t = 95.0)]
+    pub threshold_pct: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct SweepCell {
+    active: usize,
+    changes: u32,
+    /// Mean error (share of bucket-periods below the threshold), and its range over the runs.
+    error: f64,
+    error_min: f64,
+    error_max: f64,
+    runs: u64,
+}
+
+fn sweep(a: &SweepArgs) -> Result<()> {
+    if a.runs == 0 || a.runs > 100 {
+        bail!("--runs must be in 1..=100");
+    }
+    let text = std::fs::read_to_string(&a.scenario).with_context(|| format!("cannot read scenario {}", a.scenario.display()))?;
+    let file: rein_sim::scenario::ScenarioFile = toml::from_str(&text).with_context(|| format!("scenario {}", a.scenario.display()))?;
+    if file.pshift.as_ref().and_then(|p| p.generate.as_ref()).is_none() {
+        bail!("{}: the sweep needs a scenario with [pshift.generate]", a.scenario.display());
+    }
+    let mut cells = Vec::new();
+    for &na in &a.active {
+        for &nd in &a.changes {
+            let mut errs = Vec::new();
+            for r in 0..a.runs {
+                let mut f = file.clone();
+                let seed = file.seed + r;
+                f.seed = seed;
+                let g = f.pshift.as_mut().and_then(|p| p.generate.as_mut()).expect("checked");
+                g.active_servers = rein_sim::pshift::section::ActiveFile::One(na);
+                g.demand_changes = nd;
+                let sc = f.validate(a.scenario.parent()).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;
+                let t0 = Instant::now();
+                let run = rein_sim::run(&sc, &mut |_| {})?;
+                let ps = sc.pshift.as_deref().expect("pshift scenario");
+                let all: Vec<usize> = (0..sc.tenants.len()).collect();
+                let (_, met) = rein_sim::check::bucket_periods(&run, &sc, &all, true, a.threshold_pct, ps.start.as_secs_f64(), sc.duration.as_secs_f64());
+                errs.push(1.0 - met);
+                if !a.json {
+                    eprintln!("N_A = {na}, N_D = {nd}, seed {seed}: error {:.3}% ({:.1} s)", 100.0 * (1.0 - met), t0.elapsed().as_secs_f64());
+                }
+            }
+            let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+            cells.push(SweepCell {
+                active: na,
+                changes: nd,
+                error: mean,
+                error_min: errs.iter().cloned().fold(f64::INFINITY, f64::min),
+                error_max: errs.iter().cloned().fold(0.0, f64::max),
+                runs: a.runs,
+            });
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&cells)?);
+    } else {
+        print!("| N_A \\ N_D |");
+        for nd in &a.changes {
+            print!(" {nd} |");
+        }
+        println!();
+        println!("|---:|{}", "---:|".repeat(a.changes.len()));
+        for &na in &a.active {
+            print!("| {na} |");
+            for c in cells.iter().filter(|c| c.active == na) {
+                print!(" {:.2}% ({:.2}-{:.2}) |", 100.0 * c.error, 100.0 * c.error_min, 100.0 * c.error_max);
+            }
+            println!();
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct SolveArgs {
+    /// Instance file (JSON; see docs/pshift.md).
+    pub instance: PathBuf,
+    /// Threads for the parallel part (initial allocation and token movement sums).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// §III-C approximation: only the top M buckets by tokens and by spare demand shift.
+    #[arg(long)]
+    pub approx_top: Option<usize>,
+    /// Skip the max-flow baseline (it is computed by default, to print `max_flow` and `optimal`).
+    #[arg(long)]
+    pub no_max_flow: bool,
+    /// Only the totals (no per-bucket and per-server lists).
+    #[arg(long)]
+    pub summary: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GenArgs {
+    #[arg(long, default_value_t = 64)]
+    pub servers: usize,
+    /// C^j: IOs per server per QoS period.
+    #[arg(long, default_value_t = 100_000)]
+    pub capacity: u64,
+    #[arg(long, default_value_t = 10_000)]
+    pub buckets: usize,
+    /// Zipf exponent s of the reservations (0 = equal).
+    #[arg(long, default_value_t = 0.5)]
+    pub zipf_s: f64,
+    /// N_A: active servers per bucket.
+    #[arg(long, default_value_t = 8)]
+    pub active: usize,
+    /// r: reserved fraction of the total capacity.
+    #[arg(long, short = 'r', default_value_t = 1.0)]
+    pub reserved: f64,
+    /// m: demand / reservation.
+    #[arg(long, short = 'm', default_value_t = 1.1)]
+    pub demand_ratio: f64,
+    /// Zipf exponent of the demand split over a bucket's active servers.
+    #[arg(long, default_value_t = 0.5)]
+    pub demand_zipf_s: f64,
+    /// Give every bucket a limit of this many times its reservation.
+    #[arg(long)]
+    pub limit_ratio: Option<f64>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write here instead of stdout.
+    #[arg(long, short)]
+    pub out: Option<PathBuf>,
+}
+
+impl GenArgs {
+    fn params(&self) -> GenParams {
+        GenParams {
+            servers: self.servers,
+            capacity: self.capacity,
+            buckets: self.buckets,
+            reservation_zipf_s: self.zipf_s,
+            reserved_fraction: self.reserved,
+            demand_ratio: self.demand_ratio,
+            active_servers: self.active,
+            demand_zipf_s: self.demand_zipf_s,
+            limit_ratio: self.limit_ratio,
+            seed: self.seed,
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// The instance file
+// ------------------------------------------------------------------------------------------------------
+
+/// Numbers are read as `f64` so that the core can name a negative, fractional or oversized value in its
+/// error rather than serde reporting a type mismatch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InstanceFile {
+    servers: Vec<ServerFile>,
+    buckets: Vec<BucketFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerFile {
+    name: String,
+    capacity: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BucketFile {
+    name: String,
+    reservation: f64,
+    #[serde(default)]
+    limit: Option<f64>,
+    #[serde(default)]
+    demand: DemandMap,
+}
+
+/// What `gen` writes: the same format with whole numbers.
+#[derive(Debug, Serialize)]
+struct InstanceOut {
+    servers: Vec<ServerOutFile>,
+    buckets: Vec<BucketOutFile>,
+}
+
+#[derive(Debug, Serialize)]
+struct ServerOutFile {
+    name: String,
+    capacity: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct BucketOutFile {
+    name: String,
+    reservation: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    demand: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `{"s0": 150, "s1": 50}` kept in file order with duplicates, so a server named twice is reported
+/// rather than silently overwritten (serde's maps keep the last value).
+#[derive(Debug, Default)]
+struct DemandMap(Vec<(String, f64)>);
+
+impl<'de> Deserialize<'de> for DemandMap {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DemandMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object mapping server names to demands")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<DemandMap, A::Error> {
+                let mut v = Vec::new();
+                while let Some((k, x)) = m.next_entry::<String, f64>()? {
+                    v.push((k, x));
+                }
+                Ok(DemandMap(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Reads and validates an instance file (size bound, JSON, then the core's checks).
+pub fn load_instance(path: &Path) -> Result<Instance> {
+    let len = std::fs::metadata(path).with_context(|| format!("cannot read instance {}", path.display()))?.len();
+    if len > MAX_INSTANCE_BYTES {
+        bail!("instance {} is {len} bytes, larger than the {} MiB bound", path.display(), MAX_INSTANCE_BYTES >> 20);
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read instance {}", path.display()))?;
+    let f: InstanceFile = serde_json::from_str(&text).with_context(|| format!("instance {} is not a valid instance file", path.display()))?;
+    let servers: Vec<RawServer> = f.servers.into_iter().map(|s| RawServer { name: s.name, capacity: s.capacity }).collect();
+    let buckets: Vec<RawBucket> =
+        f.buckets.into_iter().map(|b| RawBucket { name: b.name, reservation: b.reservation, limit: b.limit, demand: b.demand.0 }).collect();
+    Instance::from_raw(&servers, &buckets).with_context(|| format!("instance {}", path.display()))
+}
+
+/// The instance as JSON (what `gen` writes and `solve` reads).
+pub fn instance_json(inst: &Instance) -> Result<String> {
+    let f = InstanceOut {
+        servers: (0..inst.servers()).map(|j| ServerOutFile { name: inst.server_name(j), capacity: inst.capacity(j) }).collect(),
+        buckets: (0..inst.buckets())
+            .map(|i| BucketOutFile {
+                name: inst.bucket_name(i),
+                reservation: inst.reservation(i),
+                limit: inst.limit(i),
+                demand: inst.bucket_entries(i).map(|e| (inst.server_name(inst.entry_server(e)), inst.entry_demand(e).into())).collect(),
+            })
+            .collect(),
+    };
+    Ok(serde_json::to_string(&f)? + "\n")
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Solving
+// ------------------------------------------------------------------------------------------------------
+
+/// Runs pShift on `threads` threads (a rayon pool of that size; 1 = sequential) and times it.
+pub fn timed_solve(inst: &Instance, threads: usize, approx_top: Option<usize>) -> Result<(Allocation, f64)> {
+    if threads == 0 || threads > MAX_THREADS {
+        bail!("--threads must be in 1..={MAX_THREADS}, got {threads}");
+    }
+    let opts = SolveOptions { approx_top, parallel: threads > 1, ..Default::default() };
+    if threads == 1 {
+        let t0 = Instant::now();
+        let a = solve(inst, &opts);
+        return Ok((a, t0.elapsed().as_secs_f64()));
+    }
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting the thread pool")?;
+    Ok(pool.install(|| {
+        let t0 = Instant::now();
+        let a = solve(inst, &opts);
+        (a, t0.elapsed().as_secs_f64())
+    }))
+}
+
+#[derive(Debug, Serialize)]
+struct TokensOut {
+    r: u64,
+    l: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct BucketOut {
+    name: String,
+    reservation: u64,
+    limit: Option<u64>,
+    demand: u64,
+    r_tokens: u64,
+    /// `null` for an unlimited bucket: it needs no L-tokens (servers serve it without).
+    l_tokens: Option<u64>,
+    allocation: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Serialize)]
+struct ServerOut {
+    name: String,
+    capacity: u64,
+    r_tokens: u64,
+    l_tokens: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct StatsOut {
+    shifts: u64,
+    tokens_shifted: u64,
+    longest_path: u32,
+    searches: u64,
+    participating_buckets: u32,
+}
+
+#[derive(Debug, Serialize)]
+struct SolveOut {
+    /// Effective capacity of the R-tokens: reservation IOs the servers can do.
+    phi: u64,
+    /// Phi of the initial proportional allocation (Alg. 3).
+    phi_initial: u64,
+    /// sum_i min(R_i, D_i): what Phi would be if every reservation could be met.
+    reservations: u64,
+    max_flow: Option<u64>,
+    optimal: Option<bool>,
+    /// Phi of the L-tokens on the residual capacity.
+    phi_l: u64,
+    threads: usize,
+    approx_top: Option<usize>,
+    time_ms: f64,
+    max_flow_time_ms: Option<f64>,
+    stats: StatsOut,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    servers: Option<Vec<ServerOut>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    buckets: Option<Vec<BucketOut>>,
+}
+
+fn solve_out(inst: &Instance, a: &Allocation, args: &SolveArgs, secs: f64) -> SolveOut {
+    let (max_flow, mf_ms) = if args.no_max_flow {
+        (None, None)
+    } else {
+        let t0 = Instant::now();
+        let v = rein_pshift_baseline::max_flow(inst);
+        (Some(v), Some(t0.elapsed().as_secs_f64() * 1e3))
+    };
+    let reservations = (0..inst.buckets()).map(|i| inst.reservation(i).min(inst.total_demand(i))).sum();
+    let st = &a.r_stats;
+    let mut out = SolveOut {
+        phi: a.phi(),
+        phi_initial: st.phi_initial,
+        reservations,
+        max_flow,
+        optimal: max_flow.map(|m| m == a.phi()),
+        phi_l: a.l_stats.phi,
+        threads: args.threads,
+        approx_top: args.approx_top,
+        time_ms: secs * 1e3,
+        max_flow_time_ms: mf_ms,
+        stats: StatsOut {
+            shifts: st.shifts + a.l_stats.shifts,
+            tokens_shifted: st.tokens_shifted + a.l_stats.tokens_shifted,
+            longest_path: st.longest_path.max(a.l_stats.longest_path),
+            searches: st.searches + a.l_stats.searches,
+            participating_buckets: st.participating,
+        },
+        servers: None,
+        buckets: None,
+    };
+    if !args.summary {
+        let mut srv: Vec<ServerOut> =
+            (0..inst.servers()).map(|j| ServerOut { name: inst.server_name(j), capacity: inst.capacity(j), r_tokens: 0, l_tokens: 0 }).collect();
+        let mut buckets = Vec::with_capacity(inst.buckets());
+        for i in 0..inst.buckets() {
+            let mut alloc = serde_json::Map::new();
+            let (mut r, mut l) = (0, 0);
+            for e in inst.bucket_entries(i) {
+                let j = inst.entry_server(e);
+                srv[j].r_tokens += a.r[e];
+                srv[j].l_tokens += a.l[e];
+                r += a.r[e];
+                l += a.l[e];
+                alloc.insert(inst.server_name(j), serde_json::to_value(TokensOut { r: a.r[e], l: a.l[e] }).expect("plain struct"));
+            }
+            buckets.push(BucketOut {
+                name: inst.bucket_name(i),
+                reservation: inst.reservation(i),
+                limit: inst.limit(i),
+                demand: inst.total_demand(i),
+                r_tokens: r,
+                l_tokens: inst.limit(i).map(|_| l),
+                allocation: alloc,
+            });
+        }
+        out.servers = Some(srv);
+        out.buckets = Some(buckets);
+    }
+    out
+}
+
+pub fn run(cmd: PshiftCmd) -> Result<()> {
+    match cmd {
+        PshiftCmd::Solve(a) => {
+            let inst = load_instance(&a.instance)?;
+            let (alloc, secs) = timed_solve(&inst, a.threads, a.approx_top)?;
+            let out = solve_out(&inst, &alloc, &a, secs);
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        PshiftCmd::Sweep(a) => sweep(&a)?,
+        PshiftCmd::Gen(a) => {
+            let inst = generate(&a.params()).map_err(anyhow::Error::msg).context("rein pshift gen")?;
+            let json = instance_json(&inst)?;
+            match &a.out {
+                Some(p) => std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?,
+                None => print!("{json}"),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `rein pshift solve` and `rein pshift gen`, driven as a user would: the paper's Example 1/2 file, a
+//! generated instance, thread counts and the approximation, and bad instances with clear errors.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn rein(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rein")).args(args).output().expect("runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn file(name: &str, text: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("rein-pshift-{}-{name}.json", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// Table I of the paper (Examples 1 and 2), in the issue's format, red with a limit.
+const TABLE_1: &str = r#"{"servers": [{"name": "s0", "capacity": 100}, {"name": "s1", "capacity": 100}],
+ "buckets": [{"name": "red", "reservation": 100, "limit": 150, "demand": {"s0": 150, "s1": 50}},
+             {"name": "blue", "reservation": 100, "demand": {"s0": 50, "s1": 50}}]}"#;
+
+#[test]
+fn solve_example_2_moves_25_red_tokens() {
+    let p = file("table1", TABLE_1);
+    let (ok, out, err) = rein(&["pshift", "solve", p.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!((v["phi_initial"].as_u64(), v["phi"].as_u64(), v["max_flow"].as_u64()), (Some(175), Some(200), Some(200)));
+    assert_eq!(v["optimal"], true);
+    let red = &v["buckets"][0];
+    assert_eq!(red["name"], "red");
+    assert_eq!((red["allocation"]["s0"]["r"].as_u64(), red["allocation"]["s1"]["r"].as_u64()), (Some(50), Some(50)));
+    // Servers are full after the R-tokens: red's 50 L-tokens stay where its residual demand is (s0).
+    assert_eq!(red["l_tokens"].as_u64(), Some(50));
+    assert_eq!(red["allocation"]["s0"]["l"].as_u64(), Some(50));
+    assert!(v["buckets"][1]["l_tokens"].is_null(), "unlimited: no L-tokens needed");
+    assert_eq!(v["servers"][1]["r_tokens"].as_u64(), Some(100));
+}
+
+#[test]
+fn gen_then_solve_is_optimal_for_any_thread_count() {
+    let p = std::env::temp_dir().join(format!("rein-pshift-{}-gen.json", std::process::id()));
+    let (ok, _, err) = rein(&["pshift", "gen", "--servers", "16", "--buckets", "400", "--active", "3", "--limit-ratio", "1.5", "--seed", "3", "-o", p.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let inst = json(&std::fs::read_to_string(&p).unwrap());
+    assert_eq!((inst["servers"].as_array().unwrap().len(), inst["buckets"].as_array().unwrap().len()), (16, 400));
+    let total: u64 = inst["buckets"].as_array().unwrap().iter().map(|b| b["reservation"].as_u64().unwrap()).sum();
+    assert_eq!(total, 1_600_000, "r = 1.0 of 16 x 100,000");
+    let mut outs = vec![];
+    for threads in ["1", "2"] {
+        let (ok, out, err) = rein(&["pshift", "solve", p.to_str().unwrap(), "--threads", threads]);
+        assert!(ok, "{err}");
+        let mut v = json(&out);
+        assert_eq!(v["optimal"], true, "{threads} threads");
+        for k in ["time_ms", "max_flow_time_ms", "threads"] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        outs.push(v);
+    }
+    assert_eq!(outs[0], outs[1], "same allocation on 1 and 2 threads");
+    let (ok, out, _) = rein(&["pshift", "solve", p.to_str().unwrap(), "--approx-top", "20", "--summary"]);
+    assert!(ok);
+    let v = json(&out);
+    assert!(v["phi"].as_u64() <= v["max_flow"].as_u64() && v["phi"].as_u64() >= v["phi_initial"].as_u64());
+    assert!(v.get("buckets").is_none(), "--summary omits the lists");
+}
+
+#[test]
+fn bad_instances_get_clear_errors() {
+    let bad = |name: &str, text: &str, want: &str| {
+        let p = file(name, text);
+        let (ok, out, err) = rein(&["pshift", "solve", p.to_str().unwrap()]);
+        assert!(!ok && out.is_empty(), "{name} should fail");
+        assert!(err.contains(want), "{name}: expected {want:?} in {err}");
+    };
+    bad("negative", &TABLE_1.replace("\"capacity\": 100}, {", "\"capacity\": -100}, {"), "server \"s0\": capacity must be a whole number of tokens between 0 and");
+    bad("fraction", &TABLE_1.replace("\"reservation\": 100, \"limit\"", "\"reservation\": 99.5, \"limit\""), "bucket \"red\": reservation must be a whole number");
+    bad("unknown-server", &TABLE_1.replace("\"s1\": 50}}]", "\"s9\": 50}}]"), "bucket \"blue\": demand names unknown server \"s9\"");
+    bad("dup-server", &TABLE_1.replace("\"name\": \"s1\"", "\"name\": \"s0\""), "two servers are named \"s0\"");
+    bad("dup-bucket", &TABLE_1.replace("\"blue\"", "\"red\""), "two buckets are named \"red\"");
+    bad("dup-demand", &TABLE_1.replace("{\"s0\": 50, \"s1\": 50}", "{\"s0\": 50, \"s0\": 60}"), "bucket \"blue\": demand names server \"s0\" twice");
+    bad("limit", &TABLE_1.replace("\"limit\": 150", "\"limit\": 50"), "bucket \"red\": limit 50 is below the reservation 100");
+    bad("no-servers", r#"{"servers": [], "buckets": [{"name": "b", "reservation": 1}]}"#, "the instance has no servers");
+    bad("no-buckets", r#"{"servers": [{"name": "s", "capacity": 1}], "buckets": []}"#, "the instance has no buckets");
+    bad("empty", "", "is not a valid instance file");
+    bad("not-json", "{servers: 1}", "is not a valid instance file");
+    bad("typo", &TABLE_1.replace("\"limit\"", "\"limt\""), "unknown field `limt`");
+    bad("string", &TABLE_1.replace("\"capacity\": 100}, {", "\"capacity\": \"100\"}, {"), "invalid type: string");
+    bad("huge", &TABLE_1.replace("\"reservation\": 100, \"limit\"", "\"reservation\": 1e13, \"limit\""), "reservation must be a whole number of tokens between 0 and 1000000000000");
+    let many: Vec<String> = (0..1025).map(|j| format!("{{\"name\": \"s{j}\", \"capacity\": 1}}")).collect();
+    bad("too-many-servers", &format!("{{\"servers\": [{}], \"buckets\": [{{\"name\": \"b\", \"reservation\": 1}}]}}", many.join(",")), "too many servers: 1025 (at most 1024)");
+    let (ok, _, err) = rein(&["pshift", "solve", "/nonexistent/i.json"]);
+    assert!(!ok && err.contains("cannot read instance /nonexistent/i.json"), "{err}");
+    let p = file("threads", TABLE_1);
+    let (ok, _, err) = rein(&["pshift", "solve", p.to_str().unwrap(), "--threads", "0"]);
+    assert!(!ok && err.contains("--threads must be in 1..=256"), "{err}");
+    let (ok, _, err) = rein(&["pshift", "gen", "--active", "65"]);
+    assert!(!ok && err.contains("active servers must be in 1..=64"), "{err}");
+}
+
+#[test]
+fn instance_files_above_the_size_bound_are_refused_unread() {
+    // A sparse file one byte over the 256 MiB bound: refused from its size, without reading it.
+    let p = std::env::temp_dir().join(format!("rein-pshift-{}-big.json", std::process::id()));
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len((256 << 20) + 1).unwrap();
+    let (ok, _, err) = rein(&["pshift", "solve", p.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&p);
+    assert!(!ok && err.contains("larger than the 256 MiB bound"), "{err}");
+}
+
+#[test]
+fn bench_pshift_reports_against_the_max_flow_baseline() {
+    let (ok, out, err) = rein(&["bench", "pshift", "--buckets", "1000", "--threads", "1,2", "--approx", "100", "--repeat", "1", "--json"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in rows {
+        for k in ["ms", "max_flow_ms", "ratio"] {
+            assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {r}");
+        }
+        if r["approx_top"].is_null() {
+            assert_eq!(r["phi"], r["max_flow"], "exact rows reach the max-flow value");
+        } else {
+            assert!(r["phi"].as_u64() < r["max_flow"].as_u64(), "top 100 of 1,000 buckets loses some Phi here");
+        }
+    }
+}
+
+#[test]
+fn sim_runs_pshift_scenarios_with_checks_and_plots() {
+    let sc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits.toml");
+    let out = std::env::temp_dir().join(format!("rein-pshift-{}-sim", std::process::id()));
+    let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--check", "-q", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("ok   4 buckets: share of 16 bucket-periods with >= 99% of the reservation"), "{stdout}");
+    for f in ["summary.json", "timeseries.csv", "iops.png", "periods.png", "periods.svg", "intervals.png"] {
+        assert!(out.join(f).exists(), "missing {f}");
+    }
+    let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "--scheduler", "fifo"]);
+    assert!(!ok && stderr.contains("pShift scenarios run token schedulers"), "{stderr}");
+}
