@@ -28,10 +28,11 @@ fio_one() { # uri -> IOPS (one job, iodepth 16)
   fio --name=b --ioengine=nbd --uri="$1" --rw=randread --bs=4k --iodepth=16 --time_based --runtime="$SECS" \
       --size=1g --output-format=json 2>/dev/null | iops_of
 }
-fio_many() { # base uri, n exports -> total IOPS (one job per export, iodepth 1 each)
+fio_many() { # base uri, n exports -> total IOPS (one job per export, iodepth 1 each; fio threads, not
+           # 100 processes, so the client's own scheduling noise stays small)
   local base=$1 n=$2 args=()
   for i in $(seq 0 $((n - 1))); do args+=(--name=t$i --uri="$base/t$i"); done
-  fio --ioengine=nbd --rw=randread --bs=4k --iodepth=1 --time_based --runtime="$SECS" --size=1g --group_reporting \
+  fio --thread --ioengine=nbd --rw=randread --bs=4k --iodepth=1 --time_based --runtime="$SECS" --size=1g --group_reporting \
       --output-format=json "${args[@]}" 2>/dev/null | iops_of
 }
 qemu_run() { # aio -> IOPS

@@ -8,6 +8,9 @@
 //! - `rein bench pshift`: pShift's allocation time on the paper's synthetic instances against the max-flow
 //!   baseline (ac-library-rs Dinic) on the same instance in the same run, by thread count, and the
 //!   top-M approximation's Phi against its time.
+//! - `rein bench dispatch`: the NBD server's dispatcher in-process (closed-loop 4 KiB reads from N tenants
+//!   on a page-cached file through io_uring, or RAM), mClock against FIFO in alternating runs: the
+//!   scheduling cost without the network and the client's noise.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -25,6 +28,115 @@ pub enum BenchCmd {
     Sim(SimBenchArgs),
     /// pShift allocation time vs the max-flow baseline (and the top-M approximation).
     Pshift(PshiftBenchArgs),
+    /// The server's dispatcher in-process (no network, no client): IOPS through mClock vs FIFO.
+    Dispatch(DispatchBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DispatchBenchArgs {
+    /// Comma-separated tenant counts.
+    #[arg(long, default_value = "1,100", value_delimiter = ',', value_parser = parse_count)]
+    pub tenants: Vec<usize>,
+    /// Requests outstanding in all (closed loop), spread over the tenants.
+    #[arg(long, default_value_t = 128)]
+    pub outstanding: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Runs per configuration (alternating schedulers); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Backend: memory (RAM, requests inline) or file (a page-cached 256 MiB file through io_uring).
+    #[arg(long, default_value = "file")]
+    pub backend: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct DispatchRow {
+    tenants: usize,
+    backend: String,
+    mclock_iops: f64,
+    fifo_iops: f64,
+    /// 1 - mclock / fifo, in percent (positive: mClock is slower).
+    mclock_cost_pct: f64,
+}
+
+/// One closed-loop run through a fresh dispatcher; returns IOPS.
+fn dispatch_run(kind: SchedulerKind, tenants: usize, outstanding: usize, seconds: f64, storage: std::sync::Arc<dyn rein_runtime::Storage>) -> Result<f64> {
+    use rein_runtime::{DispatchConfig, Dispatcher, IoRequest, Op};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let (d, join) = Dispatcher::spawn(None, DispatchConfig { scheduler: kind, ..DispatchConfig::default() });
+        let mut ids = Vec::with_capacity(tenants);
+        for _ in 0..tenants {
+            ids.push(d.add_tenant(QosSpec::default()).await?);
+        }
+        let end = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
+        let slots = storage.size() / 4096;
+        let mut set = tokio::task::JoinSet::new();
+        for w in 0..outstanding.max(tenants) {
+            let (d, st, id) = (d.clone(), storage.clone(), ids[w % tenants]);
+            set.spawn(async move {
+                let mut n = 0u64;
+                let mut off = (w as u64).wrapping_mul(7919) % slots;
+                while tokio::time::Instant::now() < end {
+                    d.io(IoRequest { storage: st.clone(), tenant: id, offset: off * 4096, op: Op::Read { len: 4096 }, fua: false }).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                    off = (off + 104_729) % slots;
+                    n += 1;
+                }
+                anyhow::Ok(n)
+            });
+        }
+        let t0 = Instant::now();
+        let mut total = 0;
+        while let Some(r) = set.join_next().await {
+            total += r??;
+        }
+        let el = t0.elapsed().as_secs_f64();
+        drop(d);
+        let _ = join.await;
+        Ok(total as f64 / el)
+    })
+}
+
+fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
+    if !(a.seconds > 0.0 && a.seconds <= 600.0) || a.repeat == 0 || a.outstanding == 0 || a.outstanding > 100_000 {
+        bail!("--seconds in (0, 600], --repeat >= 1, --outstanding in 1..=100000");
+    }
+    let dir = std::env::temp_dir().join(format!("rein-bench-dispatch-{}", std::process::id()));
+    let storage: std::sync::Arc<dyn rein_runtime::Storage> = match a.backend.as_str() {
+        "memory" => std::sync::Arc::new(rein_runtime::MemStorage::new(256 << 20)),
+        "file" => {
+            std::fs::create_dir_all(&dir)?;
+            let path = dir.join("bench.img");
+            let f = rein_runtime::FileStorage::open(&path, Some(256 << 20), false)?;
+            // Write it once so every read hits the page cache, as in the NBD benchmark.
+            let chunk = vec![0x5Au8; 1 << 20];
+            for i in 0..256u64 {
+                rein_runtime::Storage::write_at(&f, &chunk, i << 20)?;
+            }
+            std::sync::Arc::new(f)
+        }
+        o => bail!("--backend {o:?}: expected memory or file"),
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    let mut rows = Vec::new();
+    for &n in &a.tenants {
+        let (mut m, mut f) = (Vec::new(), Vec::new());
+        for _ in 0..a.repeat {
+            m.push(dispatch_run(SchedulerKind::Mclock, n, a.outstanding, a.seconds, storage.clone())?);
+            f.push(dispatch_run(SchedulerKind::Fifo, n, a.outstanding, a.seconds, storage.clone())?);
+        }
+        let (mi, fi) = (median(m), median(f));
+        rows.push(DispatchRow { tenants: n, backend: a.backend.clone(), mclock_iops: mi, fifo_iops: fi, mclock_cost_pct: 100.0 * (1.0 - mi / fi) });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(rows)
 }
 
 fn parse_count(x: &str) -> Result<usize, String> {
@@ -376,6 +488,18 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                         r.max_flow,
                         r.excess_removed_pct
                     );
+                }
+            }
+        }
+        BenchCmd::Dispatch(a) => {
+            let rows = dispatch_rows(&a)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("| tenants | backend | mClock IOPS | FIFO IOPS | mClock cost |");
+                println!("|---:|---|---:|---:|---:|");
+                for r in &rows {
+                    println!("| {} | {} | {:.0} | {:.0} | {:+.1}% |", r.tenants, r.backend, r.mclock_iops, r.fifo_iops, r.mclock_cost_pct);
                 }
             }
         }
