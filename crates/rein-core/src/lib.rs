@@ -42,4 +42,4 @@ pub use sched::{
     SchedulerKind, ServiceTracker, Sfq, TenantId, TenantStats,
 };
 pub use spec::{QosSpec, SpecError};
-pub use units::{Cost, Nanos, Tag};
+pub use units::{Cost, LatestTime, Nanos, Tag};

@@ -30,6 +30,39 @@ use std::fmt;
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Nanos(pub u64);
 
+/// The latest `now` a state machine has seen. Every input carries a `now`; one earlier than the latest
+/// (a caller with several clock sources can race by a few nanoseconds) is treated as the latest and
+/// counted, so time never goes backwards inside the machine and the caller can see that it happened.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LatestTime {
+    now: Nanos,
+    regressions: u64,
+}
+
+impl LatestTime {
+    pub const fn starting_at(now: Nanos) -> LatestTime {
+        LatestTime { now, regressions: 0 }
+    }
+    /// Takes the caller's `now` and returns the time to use: `now`, or the latest seen if `now` is earlier.
+    #[inline]
+    pub fn advance(&mut self, now: Nanos) -> Nanos {
+        if now < self.now {
+            self.regressions += 1;
+        } else {
+            self.now = now;
+        }
+        self.now
+    }
+    #[inline]
+    pub fn now(&self) -> Nanos {
+        self.now
+    }
+    /// How many times a `now` earlier than the latest was clamped.
+    pub fn regressions(&self) -> u64 {
+        self.regressions
+    }
+}
+
 impl Nanos {
     pub const ZERO: Nanos = Nanos(0);
     pub const MAX: Nanos = Nanos(u64::MAX);

@@ -22,7 +22,7 @@
 //! - Corrupt or torn records never get here: the wire format (rein-proto) checks a checksum first.
 
 use super::{PardaError, MAX_HOSTS};
-use crate::units::Nanos;
+use crate::units::{LatestTime, Nanos};
 use std::collections::BTreeMap;
 
 /// One host's report for one period (the record every transport carries).
@@ -87,8 +87,7 @@ pub struct ClusterLatency {
 pub struct Aggregator {
     timeout: Nanos,
     peers: BTreeMap<u32, PeerState>,
-    now: Nanos,
-    regressions: u64,
+    time: LatestTime,
 }
 
 impl Aggregator {
@@ -97,25 +96,16 @@ impl Aggregator {
         if timeout == Nanos::ZERO {
             return Err(PardaError::Timeout);
         }
-        Ok(Aggregator { timeout, peers: BTreeMap::new(), now: Nanos::ZERO, regressions: 0 })
+        Ok(Aggregator { timeout, peers: BTreeMap::new(), time: LatestTime::default() })
     }
 
     pub fn timeout(&self) -> Nanos {
         self.timeout
     }
 
-    fn clock(&mut self, now: Nanos) -> Nanos {
-        if now < self.now {
-            self.regressions += 1;
-        } else {
-            self.now = now;
-        }
-        self.now
-    }
-
     /// A report received at local time `now`.
     pub fn accept(&mut self, now: Nanos, r: HostReport) -> Result<Accept, PardaError> {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if r.host >= MAX_HOSTS {
             return Err(PardaError::HostId { id: r.host, max: MAX_HOSTS });
         }
@@ -133,18 +123,18 @@ impl Aggregator {
     }
 
     fn live(&self, p: &PeerState) -> bool {
-        self.now.saturating_sub(p.received) < self.timeout
+        self.time.now().saturating_sub(p.received) < self.timeout
     }
 
     /// Whether `host` is live at `now`.
     pub fn is_live(&mut self, now: Nanos, host: u32) -> bool {
-        self.clock(now);
+        self.time.advance(now);
         self.peers.get(&host).is_some_and(|p| self.live(p))
     }
 
     /// Live hosts at `now`, by id.
     pub fn live_hosts(&mut self, now: Nanos) -> Vec<u32> {
-        self.clock(now);
+        self.time.advance(now);
         self.peers.iter().filter(|(_, p)| self.live(p)).map(|(h, _)| *h).collect()
     }
 
@@ -155,7 +145,7 @@ impl Aggregator {
 
     /// The cluster signal at `now`, or `None` when no live host completed an IO.
     pub fn cluster(&mut self, now: Nanos) -> Option<ClusterLatency> {
-        self.clock(now);
+        self.time.advance(now);
         let (mut ios, mut weighted, mut hosts) = (0u128, 0f64, 0usize);
         for p in self.peers.values().filter(|p| self.live(p) && p.last.ios > 0) {
             ios += p.last.ios as u128;
@@ -167,7 +157,7 @@ impl Aggregator {
 
     /// How many times `now` went backwards (and was clamped).
     pub fn time_regressions(&self) -> u64 {
-        self.regressions
+        self.time.regressions()
     }
 }
 

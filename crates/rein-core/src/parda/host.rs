@@ -19,7 +19,7 @@ use super::{
 };
 use crate::sched::{Poll, Request, SchedConfig, Scheduler, SchedulerKind, TenantId};
 use crate::spec::QosSpec;
-use crate::units::Nanos;
+use crate::units::{LatestTime, Nanos};
 
 /// Per-host parameters.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -120,8 +120,8 @@ pub struct HostController {
     vm_count: usize,
     beta: f64,
     outstanding: u32,
-    now: Nanos,
-    regressions: u64,
+    /// Invariant 5: time never goes backwards.
+    time: LatestTime,
     period_start: Nanos,
     period_ios: u64,
     periods: u64,
@@ -158,8 +158,7 @@ impl HostController {
             vm_count: 0,
             beta: 0.0,
             outstanding: 0,
-            now,
-            regressions: 0,
+            time: LatestTime::starting_at(now),
             period_start: now,
             period_ios: 0,
             periods: 0,
@@ -170,16 +169,6 @@ impl HostController {
         };
         h.beta = h.beta_base();
         Ok(h)
-    }
-
-    fn clock(&mut self, now: Nanos) -> Nanos {
-        // Invariant 5.
-        if now < self.now {
-            self.regressions += 1;
-        } else {
-            self.now = now;
-        }
-        self.now
     }
 
     /// beta before eq. (4): the configured beta, or K times the sum of the VMs' shares.
@@ -211,7 +200,7 @@ impl HostController {
         }
         self.vms[id.index()] = Some(id);
         self.vm_count += 1;
-        self.shares.add(self.now, id.index(), spec.weight());
+        self.shares.add(self.time.now(), id.index(), spec.weight());
         if self.periods == 0 {
             self.beta = self.beta_base();
         }
@@ -237,7 +226,7 @@ impl HostController {
 
     /// A VM's IO arrives at the host.
     pub fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), PardaError> {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         self.sched.enqueue(now, req)?;
         self.shares.arrived(now, req.tenant.index());
         Ok(())
@@ -247,7 +236,7 @@ impl HostController {
     /// nothing may go now: the local queue is empty or the window is full; poll again after a completion
     /// or an arrival. [`Poll::Wait`] comes from the local scheduler (mClock limits).
     pub fn poll(&mut self, now: Nanos) -> Poll {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if self.outstanding >= self.window.issue_limit() {
             return Poll::Empty;
         }
@@ -266,7 +255,7 @@ impl HostController {
 
     /// An IO of `vm` issued by this host completed after `latency` (issue to completion).
     pub fn on_complete(&mut self, now: Nanos, vm: TenantId, latency: Nanos, size: u64) -> Result<(), PardaError> {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if self.outstanding == 0 {
             return Err(PardaError::UnexpectedCompletion);
         }
@@ -284,7 +273,7 @@ impl HostController {
     /// An IO the host issued failed at the array without a latency to learn from (e.g. refused): frees
     /// its slot without touching the estimate.
     pub fn on_issue_failed(&mut self, now: Nanos, vm: TenantId) -> Result<(), PardaError> {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if self.outstanding == 0 {
             return Err(PardaError::UnexpectedCompletion);
         }
@@ -299,7 +288,7 @@ impl HostController {
     /// An IO the host had queued was dropped before issue (e.g. the caller failed it): keeps eq. (4)'s
     /// outstanding counts right.
     pub fn on_dropped(&mut self, now: Nanos, vm: TenantId) {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if self.vms.get(vm.index()).copied().flatten() == Some(vm) {
             self.shares.departed(now, vm.index());
         }
@@ -314,7 +303,7 @@ impl HostController {
     /// report to publish (the new estimate, the period's IO count, a new sequence number). Calling it
     /// again before [`HostController::on_period`] returns the same report.
     pub fn close_period(&mut self, now: Nanos) -> HostReport {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if let Some(r) = self.closed {
             return r;
         }
@@ -344,7 +333,7 @@ impl HostController {
     pub fn on_period(&mut self, now: Nanos, signal_ns: Option<f64>) -> PeriodOutcome {
         self.close_period(now);
         self.closed = None;
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         let base = self.beta_base();
         let (beta, usage) = self.shares.end_period(now, self.window.window(), base, self.config.adjust_beta);
         self.usage.clear();
@@ -384,6 +373,6 @@ impl HostController {
 
     /// How many times `now` went backwards (and was clamped).
     pub fn time_regressions(&self) -> u64 {
-        self.regressions + self.sched.time_regressions()
+        self.time.regressions() + self.sched.time_regressions()
     }
 }

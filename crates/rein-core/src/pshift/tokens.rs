@@ -45,7 +45,7 @@
 use crate::sched::slab::Slab;
 use crate::sched::{Dispatch, Phase, Poll, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
 use crate::spec::QosSpec;
-use crate::units::Nanos;
+use crate::units::{LatestTime, Nanos};
 use std::collections::VecDeque;
 
 /// An L-token count, or no limit.
@@ -208,8 +208,7 @@ pub struct TokenScheduler {
     next: u32,
     turn: Option<Turn>,
     queued: usize,
-    now: Nanos,
-    regressions: u64,
+    time: LatestTime,
 }
 
 fn quantum(weighted: bool, spec: &QosSpec) -> u64 {
@@ -232,23 +231,13 @@ impl TokenScheduler {
             next: 0,
             turn: None,
             queued: 0,
-            now: Nanos::ZERO,
-            regressions: 0,
+            time: LatestTime::default(),
         }
     }
 
     /// The weighted round-robin variant (§V "Local Priorities").
     pub fn weighted(config: SchedConfig) -> Self {
         TokenScheduler { weighted: true, ..Self::new(config) }
-    }
-
-    fn tick(&mut self, now: Nanos) -> Nanos {
-        if now < self.now {
-            self.regressions += 1;
-        } else {
-            self.now = now;
-        }
-        self.now
     }
 
     /// Re-files a bucket in the rings after its queue or tokens changed (invariant 1).
@@ -309,7 +298,7 @@ impl TokenScheduler {
     /// Every live bucket's counters since the last call (then reset), with its queue and tokens, in slot
     /// order. What a server reports to the controller at the end of a redistribution interval.
     pub fn take_interval(&mut self, now: Nanos) -> Vec<BucketInterval> {
-        let now = self.tick(now);
+        let now = self.time.advance(now);
         let ids: Vec<TenantId> = self.buckets.iter().map(|(id, _)| id).collect();
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
@@ -339,7 +328,7 @@ impl TokenScheduler {
 
     fn serve(&mut self, slot: u32, phase: Phase) -> Poll {
         let cost_model = self.config.cost_model;
-        let now = self.now;
+        let now = self.time.now();
         let b = self.buckets.at_mut(slot);
         let (handle, size) = b.queue.pop_front().expect("invariant 1: ringed buckets have requests");
         match phase {
@@ -373,7 +362,7 @@ impl Scheduler for TokenScheduler {
     }
 
     fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError> {
-        let now = self.now;
+        let now = self.time.now();
         let q = quantum(self.weighted, &spec);
         self.buckets.insert(
             self.config.limits.max_tenants,
@@ -412,7 +401,7 @@ impl Scheduler for TokenScheduler {
     }
 
     fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError> {
-        let now = self.tick(now);
+        let now = self.time.advance(now);
         if self.queued >= self.config.limits.max_queued {
             return Err(SchedError::QueueFull { max: self.config.limits.max_queued });
         }
@@ -439,7 +428,7 @@ impl Scheduler for TokenScheduler {
     }
 
     fn poll(&mut self, now: Nanos, _device_idle: bool) -> Poll {
-        self.tick(now);
+        self.time.advance(now);
         // A turn in progress (weighted variant) continues while its bucket is eligible, has credit and,
         // in step 2, while no bucket holds R-tokens and requests.
         if let Some(mut t) = self.turn.take() {
@@ -471,7 +460,7 @@ impl Scheduler for TokenScheduler {
     }
 
     fn maintain(&mut self, now: Nanos) -> usize {
-        let now = self.tick(now);
+        let now = self.time.advance(now);
         let Some(age) = self.config.erase_age else { return 0 };
         let old: Vec<TenantId> = self
             .buckets
@@ -502,7 +491,7 @@ impl Scheduler for TokenScheduler {
     }
 
     fn time_regressions(&self) -> u64 {
-        self.regressions
+        self.time.regressions()
     }
 }
 

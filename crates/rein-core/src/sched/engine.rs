@@ -81,7 +81,7 @@ use super::{
     TenantStats,
 };
 use crate::cost::CostModel;
-use crate::units::{step_for_rate, Cost, Nanos, Tag};
+use crate::units::{step_for_rate, Cost, LatestTime, Nanos, Tag};
 use std::collections::VecDeque;
 
 /// Which inputs feed which clock.
@@ -222,10 +222,9 @@ pub(crate) struct Engine {
     resv: IndexedHeap,
     ready: IndexedHeap,
     limited: IndexedHeap,
-    now: Nanos,
+    time: LatestTime,
     vnow: Tag,
     queued: usize,
-    regressions: u64,
     /// Locality batch in progress: (slot, remaining, last offset, phase).
     batch: Option<(u32, u32, u64, Phase)>,
 }
@@ -239,10 +238,9 @@ impl Engine {
             resv: IndexedHeap::new(),
             ready: IndexedHeap::new(),
             limited: IndexedHeap::new(),
-            now: Nanos::ZERO,
+            time: LatestTime::default(),
             vnow: Tag::ZERO,
             queued: 0,
-            regressions: 0,
             batch: None,
         }
     }
@@ -251,18 +249,8 @@ impl Engine {
         self.flavor.kind
     }
 
-    #[inline]
-    fn clock(&mut self, now: Nanos) -> Nanos {
-        if now < self.now {
-            self.regressions += 1;
-        } else {
-            self.now = now;
-        }
-        self.now
-    }
-
     pub(crate) fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError> {
-        let id = self.tenants.insert(self.config.limits.max_tenants, Tenant::new(spec, self.now))?;
+        let id = self.tenants.insert(self.config.limits.max_tenants, Tenant::new(spec, self.time.now()))?;
         let n = self.tenants.slots();
         self.resv.grow_slots(n);
         self.ready.grow_slots(n);
@@ -271,7 +259,7 @@ impl Engine {
     }
 
     pub(crate) fn set_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), SchedError> {
-        let now = Tag::from_nanos(self.now);
+        let now = Tag::from_nanos(self.time.now());
         let t = self.tenants.get_mut(id)?;
         let had_r = t.r_step != 0;
         let had_l = t.l_step != 0;
@@ -308,7 +296,7 @@ impl Engine {
     }
 
     pub(crate) fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError> {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if self.queued >= self.config.limits.max_queued {
             return Err(SchedError::QueueFull { max: self.config.limits.max_queued });
         }
@@ -367,7 +355,7 @@ impl Engine {
     }
 
     pub(crate) fn poll(&mut self, now: Nanos, device_idle: bool) -> Poll {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         if self.queued == 0 {
             self.batch = None;
             return Poll::Empty;
@@ -457,7 +445,7 @@ impl Engine {
             let cap = if phase == Phase::Reservation { self.config.weight_lead_ios } else { None };
             t.compute_head(&flavor, false, vnow, cap, now, burst);
         } else {
-            t.idle_since = self.now;
+            t.idle_since = self.time.now();
         }
         self.queued -= 1;
         if more {
@@ -476,7 +464,7 @@ impl Engine {
     }
 
     pub(crate) fn maintain(&mut self, now: Nanos) -> usize {
-        let now = self.clock(now);
+        let now = self.time.advance(now);
         let (idle_age, erase_age) = (self.config.idle_age, self.config.erase_age);
         if idle_age.is_none() && erase_age.is_none() {
             return 0;
@@ -524,7 +512,7 @@ impl Engine {
         Ok(self.tenants.get(id)?.spec)
     }
     pub(crate) fn time_regressions(&self) -> u64 {
-        self.regressions
+        self.time.regressions()
     }
 
     /// Head tags of a tenant (R, L, P) if it has queued requests; for tests, tools and the paper examples.

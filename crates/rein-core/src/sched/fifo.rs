@@ -6,7 +6,7 @@
 
 use super::slab::Slab;
 use super::{Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
-use crate::units::Nanos;
+use crate::units::{LatestTime, Nanos};
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone)]
@@ -21,13 +21,12 @@ pub struct Fifo {
     config: SchedConfig,
     tenants: Slab<Tenant>,
     queue: VecDeque<(TenantId, u64, u64)>,
-    now: Nanos,
-    regressions: u64,
+    time: LatestTime,
 }
 
 impl Fifo {
     pub fn new(config: SchedConfig) -> Self {
-        Fifo { config, tenants: Slab::default(), queue: VecDeque::new(), now: Nanos::ZERO, regressions: 0 }
+        Fifo { config, tenants: Slab::default(), queue: VecDeque::new(), time: LatestTime::default() }
     }
 }
 
@@ -56,11 +55,7 @@ impl Scheduler for Fifo {
         Ok(out)
     }
     fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError> {
-        if now < self.now {
-            self.regressions += 1;
-        } else {
-            self.now = now;
-        }
+        self.time.advance(now);
         if self.queue.len() >= self.config.limits.max_queued {
             return Err(SchedError::QueueFull { max: self.config.limits.max_queued });
         }
@@ -75,11 +70,7 @@ impl Scheduler for Fifo {
         Ok(())
     }
     fn poll(&mut self, now: Nanos, _device_idle: bool) -> Poll {
-        if now < self.now {
-            self.regressions += 1;
-        } else {
-            self.now = now;
-        }
+        self.time.advance(now);
         let Some((tenant, handle, size)) = self.queue.pop_front() else { return Poll::Empty };
         let cost = self.config.cost_model.cost(size);
         let t = self.tenants.get_mut(tenant).expect("queue holds live tenants only");
@@ -104,6 +95,6 @@ impl Scheduler for Fifo {
         Ok(self.tenants.get(id)?.spec)
     }
     fn time_regressions(&self) -> u64 {
-        self.regressions
+        self.time.regressions()
     }
 }

@@ -26,7 +26,7 @@
 use super::heap::IndexedHeap;
 use super::slab::Slab;
 use super::{Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
-use crate::units::{step_for_rate, Cost, Nanos, Tag};
+use crate::units::{step_for_rate, Cost, LatestTime, Nanos, Tag};
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone)]
@@ -47,9 +47,8 @@ pub struct Sfq {
     tenants: Slab<Tenant>,
     heap: IndexedHeap,
     v: Tag,
-    now: Nanos,
+    time: LatestTime,
     queued: usize,
-    regressions: u64,
     /// Locality batch in progress: (slot, remaining, offset of the request dispatched last).
     batch: Option<(u32, u32, u64)>,
 }
@@ -61,18 +60,9 @@ impl Sfq {
             tenants: Slab::default(),
             heap: IndexedHeap::new(),
             v: Tag::ZERO,
-            now: Nanos::ZERO,
+            time: LatestTime::default(),
             queued: 0,
-            regressions: 0,
             batch: None,
-        }
-    }
-
-    fn clock(&mut self, now: Nanos) {
-        if now < self.now {
-            self.regressions += 1;
-        } else {
-            self.now = now;
         }
     }
 }
@@ -103,7 +93,7 @@ impl Scheduler for Sfq {
         Ok(t.queue.iter().map(|q| q.0).collect())
     }
     fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError> {
-        self.clock(now);
+        self.time.advance(now);
         if self.queued >= self.config.limits.max_queued {
             return Err(SchedError::QueueFull { max: self.config.limits.max_queued });
         }
@@ -128,7 +118,7 @@ impl Scheduler for Sfq {
         Ok(())
     }
     fn poll(&mut self, now: Nanos, _device_idle: bool) -> Poll {
-        self.clock(now);
+        self.time.advance(now);
         let distance = self.config.batch_distance;
         let batched = match self.batch {
             Some((slot, remaining, last))
@@ -170,7 +160,7 @@ impl Scheduler for Sfq {
         Poll::Dispatch(Dispatch { tenant: self.tenants.id_of(slot), handle, phase: Phase::Weight, cost })
     }
     fn maintain(&mut self, now: Nanos) -> usize {
-        self.clock(now);
+        self.time.advance(now);
         0
     }
     fn queued(&self) -> usize {
@@ -187,6 +177,6 @@ impl Scheduler for Sfq {
         Ok(self.tenants.get(id)?.spec)
     }
     fn time_regressions(&self) -> u64 {
-        self.regressions
+        self.time.regressions()
     }
 }
