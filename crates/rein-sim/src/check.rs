@@ -149,8 +149,6 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile) -> CheckResult {
     } else {
         format!("in [{a}, {b}] s")
     };
-    let mut ok = true;
-    let mut parts = Vec::new();
     let target = if let Some(v) = e.equals {
         Some((v, format!("{v}")))
     } else if e.oracle {
@@ -165,9 +163,22 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile) -> CheckResult {
     } else {
         None
     };
+    let (ok, expected) = judge(measured, target, e);
+    CheckResult {
+        ok,
+        description: format!("{who}: {} {window} = {measured:.3}, expected {expected}", e.metric),
+        measured,
+        note: e.note.clone(),
+    }
+}
+
+/// Judges a measurement against an expectation: within `within_pct` of the target (value, how to name
+/// it), below `below`, above `above`. Returns the verdict and what was expected, in words.
+pub(crate) fn judge(measured: f64, target: Option<(f64, String)>, e: &ExpectFile) -> (bool, String) {
+    let mut ok = true;
+    let mut parts = Vec::new();
     if let (Some((v, label)), Some(pct)) = (target, e.within_pct) {
-        let good = (measured - v).abs() <= v.abs() * pct / 100.0 + 1e-9;
-        ok &= good;
+        ok &= (measured - v).abs() <= v.abs() * pct / 100.0 + 1e-9;
         parts.push(format!("within {pct}% of {label}"));
     }
     if let Some(x) = e.below {
@@ -178,10 +189,5 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile) -> CheckResult {
         ok &= measured > x;
         parts.push(format!("above {x}"));
     }
-    CheckResult {
-        ok,
-        description: format!("{who}: {} {window} = {measured:.3}, expected {}", e.metric, parts.join(" and ")),
-        measured,
-        note: e.note.clone(),
-    }
+    (ok, parts.join(" and "))
 }

@@ -666,9 +666,6 @@ impl<'a> Sim<'a> {
         let r = &self.reqs[id as usize];
         let mean_ns = 1e9 / spec.capacity_iops;
         let base = match spec.service {
-            ServiceModel::Exponential => -(1.0 - srv.rng.gen::<f64>()).ln() * mean_ns,
-            ServiceModel::Uniform { spread } => mean_ns * (1.0 - spread + 2.0 * spread * srv.rng.gen::<f64>()),
-            ServiceModel::Deterministic => mean_ns,
             ServiceModel::Disk { seek_ns, rotation_ns, transfer_bytes_per_ns, sequential_bytes } => {
                 let dist = r.offset.abs_diff(srv.last_offset);
                 let position = if dist <= sequential_bytes {
@@ -681,6 +678,7 @@ impl<'a> Sim<'a> {
                 };
                 position + r.size as f64 / transfer_bytes_per_ns
             }
+            _ => spec.service.positionless_ns(mean_ns, &mut srv.rng),
         };
         srv.last_offset = r.offset + r.size;
         // A VM's host may sit worse or better on the array (placement skew).

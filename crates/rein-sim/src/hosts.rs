@@ -837,22 +837,17 @@ pub(crate) fn validate_expect(at: &str, e: &ExpectFile, hosts: &[Host]) -> Resul
     if e.metric == "convergence_s" && (e.equilibrium || e.threshold || e.uncontrolled) {
         return Err(format!("{at}: convergence_s is checked with below/above"));
     }
-    let kinds = e.equals.is_some() as u8 + e.ratio_to.is_some() as u8 + e.equilibrium as u8 + e.threshold as u8 + e.uncontrolled as u8;
-    if kinds > 1 {
-        return Err(format!("{at}: use one of equals, ratio_to, equilibrium, threshold, uncontrolled"));
-    }
-    if kinds == 1 && e.within_pct.is_none() {
-        return Err(format!("{at}: equals/ratio_to/equilibrium/threshold/uncontrolled need within_pct"));
-    }
-    if kinds == 0 && e.below.is_none() && e.above.is_none() {
-        return Err(format!("{at}: says nothing to check (give equals, ratio_to, equilibrium, threshold, uncontrolled, below or above)"));
-    }
-    if let Some([a, b]) = e.window {
-        if !(a.is_finite() && b.is_finite() && 0.0 <= a && a < b) {
-            return Err(format!("{at}: window must be [start, end] with 0 <= start < end"));
-        }
-    }
-    Ok(())
+    crate::scenario::validate_targets(
+        at,
+        e,
+        &[
+            ("equals", e.equals.is_some()),
+            ("ratio_to", e.ratio_to.is_some()),
+            ("equilibrium", e.equilibrium),
+            ("threshold", e.threshold),
+            ("uncontrolled", e.uncontrolled),
+        ],
+    )
 }
 
 /// Evaluates a host expectation. `baseline` caches the no-PARDA run for `uncontrolled` targets.
@@ -899,24 +894,12 @@ pub(crate) fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile, baseline
     } else {
         None
     };
-    let mut ok = measured.is_finite() || e.metric == "convergence_s";
-    let mut parts = Vec::new();
-    if let (Some((v, label)), Some(pct)) = (target, e.within_pct) {
-        ok &= (measured - v).abs() <= v.abs() * pct / 100.0 + 1e-9;
-        parts.push(format!("within {pct}% of {label}"));
-    }
-    if let Some(x) = e.below {
-        ok &= measured < x;
-        parts.push(format!("below {x}"));
-    }
-    if let Some(x) = e.above {
-        ok &= measured > x;
-        parts.push(format!("above {x}"));
-    }
+    let (ok, expected) = crate::check::judge(measured, target, e);
+    let ok = ok && (measured.is_finite() || e.metric == "convergence_s");
     let what = if e.metric == "convergence_s" { format!("convergence_s (to within {band}%)") } else { e.metric.clone() };
     CheckResult {
         ok,
-        description: format!("host {name}: {what} in [{a}, {b}] s = {measured:.3}, expected {}", parts.join(" and ")),
+        description: format!("host {name}: {what} in [{a}, {b}] s = {measured:.3}, expected {expected}"),
         measured,
         note: e.note.clone(),
     }

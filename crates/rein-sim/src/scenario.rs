@@ -307,6 +307,19 @@ pub enum ServiceModel {
     Disk { seek_ns: f64, rotation_ns: f64, transfer_bytes_per_ns: f64, sequential_bytes: u64 },
 }
 
+impl ServiceModel {
+    /// A service time (ns) with mean `mean_ns`, for a request whose position does not matter: drawn for
+    /// the exponential and uniform models, the mean itself for the deterministic model and for the disk
+    /// model (whose position-dependent time the main engine computes from request offsets).
+    pub(crate) fn positionless_ns(&self, mean_ns: f64, rng: &mut impl rand::Rng) -> f64 {
+        match *self {
+            ServiceModel::Exponential => -(1.0 - rng.gen::<f64>()).ln() * mean_ns,
+            ServiceModel::Uniform { spread } => mean_ns * (1.0 - spread + 2.0 * spread * rng.gen::<f64>()),
+            ServiceModel::Deterministic | ServiceModel::Disk { .. } => mean_ns,
+        }
+    }
+}
+
 /// How a device serves the requests at it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Discipline {
@@ -875,15 +888,22 @@ fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Serv
             return Err(format!("{at}: ratio_to names unknown tenant {r:?}"));
         }
     }
-    let kinds = e.equals.is_some() as u8 + e.oracle as u8 + e.ratio_to.is_some() as u8;
-    if kinds > 1 {
-        return Err(format!("{at}: use one of equals, oracle, ratio_to"));
+    validate_targets(&at, e, &[("equals", e.equals.is_some()), ("oracle", e.oracle), ("ratio_to", e.ratio_to.is_some())])
+}
+
+/// What every expectation shares: at most one of its target kinds (`kinds`: name, given) is given, a
+/// target comes with `within_pct`, there is something to check, and the window is sane.
+pub(crate) fn validate_targets(at: &str, e: &ExpectFile, kinds: &[(&str, bool)]) -> Result<(), String> {
+    let names: Vec<&str> = kinds.iter().map(|k| k.0).collect();
+    let given = kinds.iter().filter(|k| k.1).count();
+    if given > 1 {
+        return Err(format!("{at}: use one of {}", names.join(", ")));
     }
-    if kinds == 1 && e.within_pct.is_none() {
-        return Err(format!("{at}: equals/oracle/ratio_to need within_pct"));
+    if given == 1 && e.within_pct.is_none() {
+        return Err(format!("{at}: {} need within_pct", names.join("/")));
     }
-    if kinds == 0 && e.below.is_none() && e.above.is_none() {
-        return Err(format!("{at}: says nothing to check (give equals, oracle, ratio_to, below or above)"));
+    if given == 0 && e.below.is_none() && e.above.is_none() {
+        return Err(format!("{at}: says nothing to check (give {}, below or above)", names.join(", ")));
     }
     if let Some([a, b]) = e.window {
         if !(a.is_finite() && b.is_finite() && 0.0 <= a && a < b) {

@@ -26,7 +26,7 @@
 use super::section::{Arrivals, BucketLoad, BucketPlan, PshiftSection};
 use crate::engine::{seed_for, SimError};
 use crate::metrics::{Metrics, RunTotals};
-use crate::scenario::{Scenario, ServiceModel};
+use crate::scenario::Scenario;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{
@@ -448,11 +448,7 @@ impl<'a> Cluster<'a> {
         let s = &mut self.srv[j];
         let Some(id) = s.device.pop_front() else { return };
         let mean = 1e9 / spec.capacity_iops;
-        let ns = match spec.service {
-            ServiceModel::Exponential => -(1.0 - s.rng.gen::<f64>()).ln() * mean,
-            ServiceModel::Uniform { spread } => mean * (1.0 - spread + 2.0 * spread * s.rng.gen::<f64>()),
-            ServiceModel::Deterministic | ServiceModel::Disk { .. } => mean,
-        } + self.reqs[id as usize].size as f64 * spec.ns_per_byte;
+        let ns = spec.service.positionless_ns(mean, &mut s.rng) + self.reqs[id as usize].size as f64 * spec.ns_per_byte;
         s.in_service = Some(id);
         if s.busy_since.is_none() {
             s.busy_since = Some(self.now);
