@@ -54,6 +54,41 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// Draws one chart twice, into `<stem>.svg` and `<stem>.png` at `size` pixels: `draw(root, args...)`.
+macro_rules! svg_and_png {
+    ($stem:expr, $size:expr, $draw:ident($($arg:expr),* $(,)?)) => {{
+        need_font()?;
+        let svg = $stem.with_extension("svg");
+        $draw(SVGBackend::new(&svg, $size).into_drawing_area(), $($arg),*).with_context(|| format!("writing {}", svg.display()))?;
+        let png = $stem.with_extension("png");
+        $draw(BitMapBackend::new(&png, $size).into_drawing_area(), $($arg),*).with_context(|| format!("writing {}", png.display()))?;
+    }};
+}
+
+/// A legend sample for a line series: a short stroke of `color`.
+fn legend_line(color: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width))
+}
+
+/// Draws the legend box (every chart's style) at `position` and presents the drawing.
+fn finish<'a, DB, CT>(root: &DrawingArea<DB, plotters::coord::Shift>, chart: &mut ChartContext<'a, DB, CT>, position: SeriesLabelPosition, font: u32) -> Result<()>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", font))
+        .position(position)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}
+
 fn palette(i: usize) -> RGBColor {
     const C: [RGBColor; 10] = [
         RGBColor(31, 119, 180),
@@ -103,7 +138,7 @@ where
             .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
             .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            .legend(legend_line(c, 2));
     }
     for s in dashed {
         let c = RGBColor(90, 90, 90);
@@ -111,29 +146,14 @@ where
             .draw_series(DashedLineSeries::new(s.points.iter().copied(), 6, 4, c.stroke_width(1)))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
             .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+            .legend(legend_line(c, 1));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    Ok(())
+    finish(&root, &mut chart, SeriesLabelPosition::UpperRight, 14)
 }
 
 /// Writes `<stem>.svg` and (if a font is available) `<stem>.png`.
 pub fn line_chart(stem: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series], dashed: &[Series]) -> Result<()> {
-    let svg = stem.with_extension("svg");
-    need_font()?;
-    draw_lines(SVGBackend::new(&svg, (1000, 560)).into_drawing_area(), title, x_label, y_label, series, dashed)
-        .with_context(|| format!("writing {}", svg.display()))?;
-    let png = stem.with_extension("png");
-    draw_lines(BitMapBackend::new(&png, (1000, 560)).into_drawing_area(), title, x_label, y_label, series, dashed)
-        .with_context(|| format!("writing {}", png.display()))?;
+    svg_and_png!(stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed));
     Ok(())
 }
 
@@ -179,26 +199,13 @@ where
             .label(labels[p])
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    Ok(())
+    finish(&root, &mut chart, SeriesLabelPosition::LowerRight, 14)
 }
 
 /// Horizontal stacked bars: per tenant, IOPS by phase.
 pub fn phase_chart(stem: &Path, title: &str, rows: &[(String, [f64; 3])]) -> Result<()> {
     let h = (120 + 40 * rows.len()).clamp(240, 1400) as u32;
-    need_font()?;
-    let svg = stem.with_extension("svg");
-    draw_phases(SVGBackend::new(&svg, (1000, h)).into_drawing_area(), title, rows).with_context(|| format!("writing {}", svg.display()))?;
-    let png = stem.with_extension("png");
-    draw_phases(BitMapBackend::new(&png, (1000, h)).into_drawing_area(), title, rows).with_context(|| format!("writing {}", png.display()))?;
+    svg_and_png!(stem, (1000, h), draw_phases(title, rows));
     Ok(())
 }
 
@@ -328,27 +335,14 @@ where
         .draw_series(bars.iter().enumerate().map(|(i, b)| PathElement::new(vec![(i as f64 + 0.05, b.reservation), (i as f64 + 0.95, b.reservation)], BLACK.stroke_width(2))))
         .map_err(|e| anyhow::anyhow!("{e:?}"))?
         .label("reservation")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(2)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    Ok(())
+        .legend(legend_line(BLACK, 2));
+    finish(&root, &mut chart, SeriesLabelPosition::UpperRight, 13)
 }
 
 /// Stacked bars: per sampled bucket, IOs in each redistribution interval of one QoS period, with its
 /// reservation (pShift Fig. 3(c)).
 pub fn interval_chart(stem: &Path, title: &str, bars: &[IntervalBar]) -> Result<()> {
-    need_font()?;
-    let svg = stem.with_extension("svg");
-    draw_interval_bars(SVGBackend::new(&svg, (1200, 560)).into_drawing_area(), title, bars).with_context(|| format!("writing {}", svg.display()))?;
-    let png = stem.with_extension("png");
-    draw_interval_bars(BitMapBackend::new(&png, (1200, 560)).into_drawing_area(), title, bars).with_context(|| format!("writing {}", png.display()))?;
+    svg_and_png!(stem, (1200, 560), draw_interval_bars(title, bars));
     Ok(())
 }
 
@@ -403,13 +397,8 @@ pub fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Times
                 levels.push(("limit".to_string(), l * period));
             }
         }
-        need_font()?;
-        let stem = dir.join("periods");
         let t = format!("{title}: IOs completed in each QoS period");
-        let svg = stem.with_extension("svg");
-        draw_periods(SVGBackend::new(&svg, (1000, 560)).into_drawing_area(), &t, &buckets, &levels).with_context(|| format!("writing {}", svg.display()))?;
-        let png = stem.with_extension("png");
-        draw_periods(BitMapBackend::new(&png, (1000, 560)).into_drawing_area(), &t, &buckets, &levels).with_context(|| format!("writing {}", png.display()))?;
+        svg_and_png!(&dir.join("periods"), (1000, 560), draw_periods(&t, &buckets, &levels));
     }
     Ok(())
 }
@@ -452,7 +441,7 @@ where
         for (k, seg) in segs.iter().enumerate() {
             let s = chart.draw_series(LineSeries::new(seg.iter().copied(), c.stroke_width(2))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
             if k == 0 {
-                s.label(name.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                s.label(name.clone()).legend(legend_line(c, 2));
             }
         }
     }
@@ -462,16 +451,7 @@ where
             .draw_series(DashedLineSeries::new(vec![(x0, *y), (x1, *y)], 6, 4, c.stroke_width(1)))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
             .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+            .legend(legend_line(c, 1));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    Ok(())
+    finish(&root, &mut chart, SeriesLabelPosition::UpperLeft, 14)
 }
