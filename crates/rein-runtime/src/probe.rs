@@ -1,8 +1,9 @@
 //! The capacity probe: measures a backend the way `rein serve` will use it.
 //!
 //! Requests go through a [`Dispatcher`] with the server's IO engine, device model and queue depth D (FIFO
-//! order, one tenant), from `depth` closed-loop workers issuing random, size-aligned IOs over the whole
-//! export. The result (IOPS, MB/s, latency percentiles) is what admission control compares reservations
+//! order, one tenant, unless asked otherwise), from closed-loop workers (`depth` of them unless asked
+//! otherwise) issuing random, size-aligned IOs over the whole export. `rein bench dispatch` runs the same
+//! load with mClock and many tenants to measure the scheduler's cost. The result (IOPS, MB/s, latency percentiles) is what admission control compares reservations
 //! with (`probe_capacity_s` in the server config, or `rein probe` to print a `capacity_iops` line).
 //! Reads only, unless writes are asked for explicitly (they overwrite the export with random bytes).
 
@@ -30,11 +31,27 @@ pub struct ProbeConfig {
     pub read_pct: f64,
     pub io_engine: IoEngine,
     pub seed: u64,
+    /// The dispatcher's scheduler (the probe: FIFO).
+    pub scheduler: SchedulerKind,
+    /// Default-spec tenants the workers are spread over, round robin.
+    pub tenants: usize,
+    /// Closed-loop workers; `None`: `depth`.
+    pub workers: Option<usize>,
 }
 
 impl Default for ProbeConfig {
     fn default() -> Self {
-        ProbeConfig { seconds: 5.0, io_size: 4096, depth: 32, read_pct: 100.0, io_engine: IoEngine::Uring, seed: 1 }
+        ProbeConfig {
+            seconds: 5.0,
+            io_size: 4096,
+            depth: 32,
+            read_pct: 100.0,
+            io_engine: IoEngine::Uring,
+            seed: 1,
+            scheduler: SchedulerKind::Fifo,
+            tenants: 1,
+            workers: None,
+        }
     }
 }
 
@@ -79,6 +96,9 @@ impl ProbeConfig {
         if self.depth == 0 || self.depth > 4096 {
             return bad(format!("depth must be in 1..=4096, got {}", self.depth));
         }
+        if self.tenants == 0 || self.tenants > 1 << 20 || self.workers.is_some_and(|w| w == 0 || w > 1 << 20) {
+            return bad(format!("tenants and workers must be in 1..=2^20, got {} and {:?}", self.tenants, self.workers));
+        }
         if !(0.0..=100.0).contains(&self.read_pct) {
             return bad(format!("read share must be in 0..=100 %, got {}", self.read_pct));
         }
@@ -92,17 +112,20 @@ pub async fn probe(storage: Arc<dyn Storage>, device: Option<Arc<DeviceModel>>, 
     if cfg.read_pct < 100.0 && storage.read_only() {
         return Err(ProbeError::Invalid("the export is read-only: probe with reads only".into()));
     }
-    let dcfg = DispatchConfig { scheduler: SchedulerKind::Fifo, depth: cfg.depth, io_engine: cfg.io_engine, ..DispatchConfig::default() };
+    let dcfg = DispatchConfig { scheduler: cfg.scheduler, depth: cfg.depth, io_engine: cfg.io_engine, ..DispatchConfig::default() };
     let (d, join) = Dispatcher::spawn(device, dcfg);
-    let tenant = d.add_tenant(QosSpec::default()).await.map_err(|e| ProbeError::Io(e.to_string()))?;
+    let mut tenants = Vec::with_capacity(cfg.tenants);
+    for _ in 0..cfg.tenants {
+        tenants.push(d.add_tenant(QosSpec::default()).await.map_err(|e| ProbeError::Io(e.to_string()))?);
+    }
     let engine = d.snapshot().await.map_err(|e| ProbeError::Io(e.to_string()))?.io_engine;
     let hist = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3).expect("3 significant digits is valid")));
     let slots = storage.size() / cfg.io_size as u64;
     let start = tokio::time::Instant::now();
     let end = start + Duration::from_secs_f64(cfg.seconds);
     let mut workers = tokio::task::JoinSet::new();
-    for w in 0..cfg.depth {
-        let (d, st, hist) = (d.clone(), storage.clone(), hist.clone());
+    for w in 0..cfg.workers.unwrap_or(cfg.depth) {
+        let (d, st, hist, tenant) = (d.clone(), storage.clone(), hist.clone(), tenants[w % tenants.len()]);
         let (size, read_pct, seed) = (cfg.io_size, cfg.read_pct, cfg.seed);
         workers.spawn(async move {
             let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(seed ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));

@@ -8,9 +8,9 @@
 //! - `rein bench pshift`: pShift's allocation time on the paper's synthetic instances against the max-flow
 //!   baseline (ac-library-rs Dinic) on the same instance in the same run, by thread count, and the
 //!   top-M approximation's Phi against its time.
-//! - `rein bench dispatch`: the NBD server's dispatcher in-process (closed-loop 4 KiB reads from N tenants
-//!   on a page-cached file through io_uring, or RAM), mClock against FIFO in alternating runs: the
-//!   scheduling cost without the network and the client's noise.
+//! - `rein bench dispatch`: the NBD server's dispatcher in-process (the capacity probe's closed-loop 4 KiB
+//!   random reads, from N tenants, on a page-cached file through io_uring, or RAM), mClock against FIFO
+//!   in alternating runs: the scheduling cost without the network and the client's noise.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -63,42 +63,13 @@ struct DispatchRow {
     mclock_cost_pct: f64,
 }
 
-/// One closed-loop run through a fresh dispatcher; returns IOPS.
+/// One closed-loop run through a fresh dispatcher (the capacity probe's load, with `kind` and `tenants`);
+/// returns IOPS.
 fn dispatch_run(kind: SchedulerKind, tenants: usize, outstanding: usize, seconds: f64, storage: std::sync::Arc<dyn rein_runtime::Storage>) -> Result<f64> {
-    use rein_runtime::{DispatchConfig, Dispatcher, IoRequest, Op};
+    use rein_runtime::probe::{probe, ProbeConfig};
+    let cfg = ProbeConfig { seconds, scheduler: kind, tenants, workers: Some(outstanding.max(tenants)), ..ProbeConfig::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(async move {
-        let (d, join) = Dispatcher::spawn(None, DispatchConfig { scheduler: kind, ..DispatchConfig::default() });
-        let mut ids = Vec::with_capacity(tenants);
-        for _ in 0..tenants {
-            ids.push(d.add_tenant(QosSpec::default()).await?);
-        }
-        let end = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
-        let slots = storage.size() / 4096;
-        let mut set = tokio::task::JoinSet::new();
-        for w in 0..outstanding.max(tenants) {
-            let (d, st, id) = (d.clone(), storage.clone(), ids[w % tenants]);
-            set.spawn(async move {
-                let mut n = 0u64;
-                let mut off = (w as u64).wrapping_mul(7919) % slots;
-                while tokio::time::Instant::now() < end {
-                    d.io(IoRequest { storage: st.clone(), tenant: id, offset: off * 4096, op: Op::Read { len: 4096 }, fua: false }).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                    off = (off + 104_729) % slots;
-                    n += 1;
-                }
-                anyhow::Ok(n)
-            });
-        }
-        let t0 = Instant::now();
-        let mut total = 0;
-        while let Some(r) = set.join_next().await {
-            total += r??;
-        }
-        let el = t0.elapsed().as_secs_f64();
-        drop(d);
-        let _ = join.await;
-        Ok(total as f64 / el)
-    })
+    Ok(rt.block_on(probe(storage, None, &cfg))?.iops)
 }
 
 fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
@@ -120,10 +91,6 @@ fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
             std::sync::Arc::new(f)
         }
         o => bail!("--backend {o:?}: expected memory or file"),
-    };
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|x, y| x.total_cmp(y));
-        v[v.len() / 2]
     };
     let mut rows = Vec::new();
     for &n in &a.tenants {
@@ -253,8 +220,7 @@ fn time_sched<S: Scheduler>(s: S, n: usize, requests: u64, repeat: usize) -> (f6
         done += dispatched;
         times.push(el * 1e9 / dispatched as f64);
     }
-    times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], resv as f64 / done.max(1) as f64)
+    (median(times), resv as f64 / done.max(1) as f64)
 }
 
 fn time_fifo(n: usize, requests: u64, repeat: usize) -> f64 {
@@ -271,8 +237,7 @@ fn time_fifo(n: usize, requests: u64, repeat: usize) -> f64 {
         }
         times.push(t0.elapsed().as_secs_f64() * 1e9 / requests as f64);
     }
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    median(times)
 }
 
 pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
@@ -464,57 +429,51 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
     Ok(rows)
 }
 
+/// Prints `rows` as pretty JSON, or as a Markdown table: `head` (column titles), `align` (its alignment
+/// row) and one `row` line each.
+fn emit<T: Serialize>(rows: &[T], json: bool, head: &str, align: &str, row: impl Fn(&T) -> String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(rows)?);
+    } else {
+        println!("{head}");
+        println!("{align}");
+        for r in rows {
+            println!("{}", row(r));
+        }
+    }
+    Ok(())
+}
+
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Pshift(a) => {
-            let rows = pshift_rows(&a)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                println!("| buckets | threads | top M | pShift ms (median / min) | max-flow ms (median / min) | pShift / max flow | Phi | max flow | excess removed |");
-                println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-                for r in &rows {
-                    println!(
-                        "| {} | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1}% |",
-                        r.buckets,
-                        r.threads,
-                        r.approx_top.map_or("exact".into(), |m| m.to_string()),
-                        r.ms,
-                        r.min_ms,
-                        r.max_flow_ms,
-                        r.max_flow_min_ms,
-                        r.ratio,
-                        r.phi,
-                        r.max_flow,
-                        r.excess_removed_pct
-                    );
-                }
-            }
-        }
-        BenchCmd::Dispatch(a) => {
-            let rows = dispatch_rows(&a)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                println!("| tenants | backend | mClock IOPS | FIFO IOPS | mClock cost |");
-                println!("|---:|---|---:|---:|---:|");
-                for r in &rows {
-                    println!("| {} | {} | {:.0} | {:.0} | {:+.1}% |", r.tenants, r.backend, r.mclock_iops, r.fifo_iops, r.mclock_cost_pct);
-                }
-            }
-        }
-        BenchCmd::Sched(a) => {
-            let rows = sched_rows(&a)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                println!("| tenants | {} ns/request | FIFO ns/request | ratio |", a.scheduler);
-                println!("|---:|---:|---:|---:|");
-                for r in &rows {
-                    println!("| {} | {:.1} | {:.1} | {:.1} |", r.tenants, r.ns_per_request, r.fifo_ns_per_request, r.ratio);
-                }
-            }
-        }
+        BenchCmd::Pshift(a) => emit(
+            &pshift_rows(&a)?,
+            a.json,
+            "| buckets | threads | top M | pShift ms (median / min) | max-flow ms (median / min) | pShift / max flow | Phi | max flow | excess removed |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            |r| {
+                format!(
+                    "| {} | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1}% |",
+                    r.buckets,
+                    r.threads,
+                    r.approx_top.map_or("exact".into(), |m| m.to_string()),
+                    r.ms,
+                    r.min_ms,
+                    r.max_flow_ms,
+                    r.max_flow_min_ms,
+                    r.ratio,
+                    r.phi,
+                    r.max_flow,
+                    r.excess_removed_pct
+                )
+            },
+        ),
+        BenchCmd::Dispatch(a) => emit(&dispatch_rows(&a)?, a.json, "| tenants | backend | mClock IOPS | FIFO IOPS | mClock cost |", "|---:|---|---:|---:|---:|", |r| {
+            format!("| {} | {} | {:.0} | {:.0} | {:+.1}% |", r.tenants, r.backend, r.mclock_iops, r.fifo_iops, r.mclock_cost_pct)
+        }),
+        BenchCmd::Sched(a) => emit(&sched_rows(&a)?, a.json, &format!("| tenants | {} ns/request | FIFO ns/request | ratio |", a.scheduler), "|---:|---:|---:|---:|", |r| {
+            format!("| {} | {:.1} | {:.1} | {:.1} |", r.tenants, r.ns_per_request, r.fifo_ns_per_request, r.ratio)
+        }),
         BenchCmd::Sim(a) => {
             if !(a.seconds > 0.0 && a.seconds <= 3600.0) || a.servers == 0 || a.servers > 1024 {
                 bail!("--seconds must be in (0, 3600] and --servers in 1..=1024");
@@ -531,16 +490,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 }
                 rows.push(row);
             }
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                println!("| tenants | servers | completions/s (millions) |");
-                println!("|---:|---:|---:|");
-                for r in &rows {
-                    println!("| {} | {} | {:.2} |", r.tenants, r.servers, r.completions_per_s / 1e6);
-                }
-            }
+            emit(&rows, a.json, "| tenants | servers | completions/s (millions) |", "|---:|---:|---:|", |r| {
+                format!("| {} | {} | {:.2} |", r.tenants, r.servers, r.completions_per_s / 1e6)
+            })
         }
     }
-    Ok(())
 }
