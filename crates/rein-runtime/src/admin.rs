@@ -239,28 +239,11 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let _ = writeln!(o, "# HELP rein_tenant_latency_seconds Request latency from arrival at the scheduler to completion.\n# TYPE rein_tenant_latency_seconds histogram");
     for (name, id) in s.tenants.iter() {
         if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
-            let n = label(name);
-            let mut cum = 0u64;
-            for (i, b) in LATENCY_BUCKETS_S.iter().enumerate() {
-                cum += t.counters.latency_buckets.get(i).copied().unwrap_or(0);
-                let _ = writeln!(o, "rein_tenant_latency_seconds_bucket{{tenant=\"{n}\",le=\"{b}\"}} {cum}");
-            }
-            cum += t.counters.latency_buckets.last().copied().unwrap_or(0);
-            let _ = writeln!(o, "rein_tenant_latency_seconds_bucket{{tenant=\"{n}\",le=\"+Inf\"}} {cum}");
-            let _ = writeln!(o, "rein_tenant_latency_seconds_sum{{tenant=\"{n}\"}} {}", t.counters.latency_sum_ns as f64 / 1e9);
-            let _ = writeln!(o, "rein_tenant_latency_seconds_count{{tenant=\"{n}\"}} {cum}");
+            histogram(&mut o, "rein_tenant_latency_seconds", &format!("tenant=\"{}\"", label(name)), &t.counters.latency_buckets, t.counters.latency_sum_ns);
         }
     }
     let _ = writeln!(o, "# HELP rein_backend_latency_seconds Backend latency, from dispatch to completion (all tenants).\n# TYPE rein_backend_latency_seconds histogram");
-    let mut cum = 0u64;
-    for (i, b) in LATENCY_BUCKETS_S.iter().enumerate() {
-        cum += snap.backend.latency_buckets.get(i).copied().unwrap_or(0);
-        let _ = writeln!(o, "rein_backend_latency_seconds_bucket{{le=\"{b}\"}} {cum}");
-    }
-    cum += snap.backend.latency_buckets.last().copied().unwrap_or(0);
-    let _ = writeln!(o, "rein_backend_latency_seconds_bucket{{le=\"+Inf\"}} {cum}");
-    let _ = writeln!(o, "rein_backend_latency_seconds_sum {}", snap.backend.latency_sum_ns as f64 / 1e9);
-    let _ = writeln!(o, "rein_backend_latency_seconds_count {cum}");
+    histogram(&mut o, "rein_backend_latency_seconds", "", &snap.backend.latency_buckets, snap.backend.latency_sum_ns);
     let _ = writeln!(o, "# HELP rein_backend_outstanding IOs outstanding at the backend.\n# TYPE rein_backend_outstanding gauge\nrein_backend_outstanding {}", snap.outstanding);
     let _ = writeln!(o, "# HELP rein_backend_queue_depth Maximum IOs outstanding at the backend (D).\n# TYPE rein_backend_queue_depth gauge\nrein_backend_queue_depth {}", snap.depth);
     if let Some(c) = snap.capacity_iops {
@@ -268,4 +251,19 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     }
     let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\",io_engine=\"{}\"}} 1", snap.scheduler, snap.io_engine.name());
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
+}
+
+/// One Prometheus histogram series: cumulative `buckets` (counts per [`LATENCY_BUCKETS_S`] bucket, +Inf
+/// last), the sum and the count, with `labels` (`name="value"`, or empty).
+fn histogram(o: &mut String, metric: &str, labels: &str, buckets: &[u64], sum_ns: u128) {
+    let (sep, braces) = if labels.is_empty() { ("", String::new()) } else { (",", format!("{{{labels}}}")) };
+    let mut cum = 0u64;
+    for (i, b) in LATENCY_BUCKETS_S.iter().enumerate() {
+        cum += buckets.get(i).copied().unwrap_or(0);
+        let _ = writeln!(o, "{metric}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}");
+    }
+    cum += buckets.last().copied().unwrap_or(0);
+    let _ = writeln!(o, "{metric}_bucket{{{labels}{sep}le=\"+Inf\"}} {cum}");
+    let _ = writeln!(o, "{metric}_sum{braces} {}", sum_ns as f64 / 1e9);
+    let _ = writeln!(o, "{metric}_count{braces} {cum}");
 }

@@ -378,6 +378,16 @@ struct Token {
     deadline: Option<Instant>,
 }
 
+impl Token {
+    /// Sends the result to the requester and says what to count. `now` ends both latencies: with a device
+    /// model it is the modelled completion, so the backend's latency is the modelled one.
+    fn reply(self, res: IoResult, now: Nanos) -> Done {
+        let ok = res.is_ok();
+        self.reply.send(res);
+        Done { slot: self.slot, phase: self.phase, bytes: self.bytes, latency: now.saturating_sub(self.arrived), device_latency: now.saturating_sub(self.dispatched), ok }
+    }
+}
+
 struct Done {
     slot: usize,
     phase: Phase,
@@ -605,40 +615,29 @@ impl Task {
             let res = tokio::task::spawn_blocking(move || execute(req))
                 .await
                 .unwrap_or_else(|e| Err(IoError::Storage(StorageError::Io { op: "task", source: std::io::Error::other(e.to_string()) })));
-            let d = Self::deliver(clock, token, res, None).await;
-            let _ = done.send(d);
+            let _ = done.send(Self::deliver(clock, token, res).await);
         });
     }
 
     /// Answers a finished request: at once, or (device model) when its modelled completion is due.
     fn answer(&mut self, token: Token, res: IoResult, done: &mpsc::UnboundedSender<Done>) {
-        let device_done = self.clock.now();
         if token.deadline.is_some_and(|d| d > Instant::now()) {
             let (clock, done) = (self.clock, done.clone());
             tokio::spawn(async move {
-                let d = Self::deliver(clock, token, res, Some(device_done)).await;
-                let _ = done.send(d);
+                let _ = done.send(Self::deliver(clock, token, res).await);
             });
             return;
         }
-        let ok = res.is_ok();
-        let Token { reply, slot, phase, bytes, arrived, dispatched, .. } = token;
-        reply.send(res);
-        self.finish(Done { slot, phase, bytes, latency: device_done.saturating_sub(arrived), device_latency: device_done.saturating_sub(dispatched), ok });
+        let d = token.reply(res, self.clock.now());
+        self.finish(d);
     }
 
-    /// Waits for a token's modelled deadline (if any), answers it, and reports the completion.
-    async fn deliver(clock: Clock, token: Token, res: IoResult, device_done: Option<Nanos>) -> Done {
+    /// Waits for a token's modelled deadline (if any), then answers it.
+    async fn deliver(clock: Clock, token: Token, res: IoResult) -> Done {
         if let Some(dl) = token.deadline {
             tokio::time::sleep_until(dl).await;
         }
-        let now = clock.now();
-        let ok = res.is_ok();
-        let Token { reply, slot, phase, bytes, arrived, dispatched, deadline } = token;
-        reply.send(res);
-        // With a device model the backend's latency is the modelled one (completion at the deadline).
-        let device_end = if deadline.is_some() { now } else { device_done.unwrap_or(now) };
-        Done { slot, phase, bytes, latency: now.saturating_sub(arrived), device_latency: device_end.saturating_sub(dispatched), ok }
+        token.reply(res, clock.now())
     }
 
     fn finish(&mut self, d: Done) {

@@ -100,20 +100,28 @@ pub async fn serve_connection(stream: TcpStream, ctx: Arc<NbdContext>, mut shutd
             if broken {
                 continue; // client gone: keep draining so permits are released
             }
-            batch.clear();
-            batch.extend_from_slice(&msg);
             held.push(permit);
-            while batch.len() < WRITE_BATCH_BYTES {
-                match rx.try_recv() {
-                    Ok((m, p)) => {
+            // One reply ready: write it as it is. More: copy them into one buffer, one write.
+            let out = match rx.try_recv() {
+                Err(_) => msg,
+                Ok((m, p)) => {
+                    batch.clear();
+                    batch.extend_from_slice(&msg);
+                    batch.extend_from_slice(&m);
+                    held.push(p);
+                    while batch.len() < WRITE_BATCH_BYTES {
+                        let Ok((m, p)) = rx.try_recv() else { break };
                         batch.extend_from_slice(&m);
                         held.push(p);
                     }
-                    Err(_) => break,
+                    std::mem::take(&mut batch)
                 }
-            }
-            if wr.write_all(&batch).await.is_err() {
+            };
+            if wr.write_all(&out).await.is_err() {
                 broken = true;
+            }
+            if out.capacity() >= batch.capacity() {
+                batch = out; // keep the larger buffer for the next batch
             }
             held.clear();
         }

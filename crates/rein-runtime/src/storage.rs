@@ -174,11 +174,6 @@ impl FileStorage {
         Ok(FileStorage { file, direct, size, read_only })
     }
 
-    /// Whether aligned IO goes through `O_DIRECT`.
-    pub fn is_direct(&self) -> bool {
-        self.direct.is_some()
-    }
-
     /// The descriptor an IO of `len` bytes at `offset` should use, and whether it is the direct one (then
     /// its buffer must be [`AlignedBuf`]).
     pub fn fd_for(&self, offset: u64, len: u64) -> (RawFd, bool) {
@@ -196,13 +191,21 @@ impl FileStorage {
         check(self.size, offset, len)
     }
 
-    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+    /// Zeroes a range with `fallocate(mode | KEEP_SIZE)` (`op` names it in errors), or by writing zeroes
+    /// where the file system lacks that mode.
+    fn zero_range(&self, mode: libc::c_int, op: &'static str, offset: u64, len: u64) -> Result<(), StorageError> {
+        self.check_io(offset, len, true)?;
+        if len == 0 {
+            return Ok(());
+        }
         // SAFETY: fallocate on a descriptor we own, with plain integer arguments.
-        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode | libc::FALLOC_FL_KEEP_SIZE, offset as libc::off_t, len as libc::off_t) };
         if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+            return Ok(());
+        }
+        match io::Error::last_os_error() {
+            e if unsupported(&e) => self.write_zero_bytes(offset, len),
+            source => Err(StorageError::Io { op, source }),
         }
     }
 
@@ -262,34 +265,12 @@ impl Storage for FileStorage {
         self.file.sync_data().map_err(|source| StorageError::Io { op: "fdatasync", source })
     }
     fn trim(&self, offset: u64, len: u64) -> Result<(), StorageError> {
-        if self.read_only {
-            return Err(StorageError::ReadOnly);
-        }
-        check(self.size, offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
         // Punch a hole (reads return zeroes, space is freed). Trim is advisory in NBD, but we promise
         // zeroes afterwards either way, so the fallback writes them.
-        match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
-            Ok(()) => Ok(()),
-            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
-            Err(source) => Err(StorageError::Io { op: "fallocate(punch hole)", source }),
-        }
+        self.zero_range(libc::FALLOC_FL_PUNCH_HOLE, "fallocate(punch hole)", offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
-        if self.read_only {
-            return Err(StorageError::ReadOnly);
-        }
-        check(self.size, offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        match self.fallocate(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
-            Ok(()) => Ok(()),
-            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
-            Err(source) => Err(StorageError::Io { op: "fallocate(zero range)", source }),
-        }
+        self.zero_range(libc::FALLOC_FL_ZERO_RANGE, "fallocate(zero range)", offset, len)
     }
 }
 
