@@ -255,24 +255,21 @@ impl HostController {
 
     /// An IO of `vm` issued by this host completed after `latency` (issue to completion).
     pub fn on_complete(&mut self, now: Nanos, vm: TenantId, latency: Nanos, size: u64) -> Result<(), PardaError> {
-        let now = self.time.advance(now);
-        if self.outstanding == 0 {
-            return Err(PardaError::UnexpectedCompletion);
-        }
-        self.outstanding -= 1;
-        if self.vms.get(vm.index()).copied().flatten() == Some(vm) {
-            self.shares.departed(now, vm.index());
-        }
+        self.release_slot(now, vm)?;
         self.estimator.observe(latency, size);
         self.period_ios += 1;
         self.completed += 1;
-        self.window.on_slot_freed();
         Ok(())
     }
 
     /// An IO the host issued failed at the array without a latency to learn from (e.g. refused): frees
     /// its slot without touching the estimate.
     pub fn on_issue_failed(&mut self, now: Nanos, vm: TenantId) -> Result<(), PardaError> {
+        self.release_slot(now, vm)
+    }
+
+    /// An issued IO of `vm` left the array (completed or failed): frees its window slot.
+    fn release_slot(&mut self, now: Nanos, vm: TenantId) -> Result<(), PardaError> {
         let now = self.time.advance(now);
         if self.outstanding == 0 {
             return Err(PardaError::UnexpectedCompletion);
