@@ -98,7 +98,7 @@ pub(crate) struct Flavor {
     pub limit_cost: Option<CostModel>,
 }
 
-#[derive(Copy, Clone, Debug)]
+#[derive(Copy, Clone, Debug, Default)]
 struct Queued {
     handle: u64,
     arrival: Nanos,
@@ -109,53 +109,118 @@ struct Queued {
     rho: Cost,
 }
 
+/// Per-tenant state, laid out for the cache: a server with thousands of tenants touches a different
+/// tenant on nearly every request, so each touch is a cache miss per line. The fields are grouped into
+/// 64-byte lines by use (the struct is line-aligned), and the tenant's first queued request is stored
+/// inline: on a busy server most backlogged tenants have one request queued, and then enqueue and dispatch
+/// never touch a separately allocated queue buffer. Five lines are hot; the spec, read only by
+/// `set_spec` and queries, fills the rest (the layout is checked by a test).
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 struct Tenant {
-    spec: QosSpec,
+    // Line 0: the tags the heaps are keyed by.
+    head_r: Tag,
+    head_p: Tag,
+    head_l: Tag,
+    last_p: Tag,
+    // Line 1.
+    last_r: Tag,
+    last_l: Tag,
     /// Tag units per unit cost; 0 = clock not in use (no reservation / unlimited).
     r_step: u128,
     l_step: u128,
+    // Line 2: the rest of what every dispatch reads or writes.
     p_step: u128,
-    /// Idle credit in P-tag units: sigma * p_step.
-    credit: u128,
-    queue: VecDeque<Queued>,
-    head_r: Tag,
-    head_l: Tag,
-    head_p: Tag,
-    last_r: Tag,
-    last_l: Tag,
-    last_p: Tag,
+    /// Requests dispatched, by [`Phase::index`].
+    dispatched: [u64; 3],
+    /// Cost dispatched by phase (saturating; widened in [`TenantStats`]).
+    cost: [u64; 3],
+    // Line 3: the queue's head and length.
+    /// The first queued request (valid when `len > 0`).
+    first: Queued,
+    len: u32,
     /// False for a new tenant or one whose history `maintain` forgot.
     history: bool,
     /// Set once a request of this tenant carried a distributed delta: it is served by several servers, and
     /// its P tags include service elsewhere (exempt from the lead bound, invariant 8).
     distributed: bool,
+    // Line 4: touched when the tenant becomes active or idle, or has more than one request queued.
+    /// Queued requests after `first`, oldest first.
+    rest: VecDeque<Queued>,
+    /// Idle credit in P-tag units: sigma * p_step.
+    credit: u128,
     idle_since: Nanos,
-    stats: TenantStats,
+    // Cold.
+    spec: QosSpec,
 }
 
 impl Tenant {
     fn new(spec: QosSpec, now: Nanos) -> Self {
         let mut t = Tenant {
-            spec,
+            head_r: Tag::ZERO,
+            head_p: Tag::ZERO,
+            head_l: Tag::ZERO,
+            last_p: Tag::ZERO,
+            last_r: Tag::ZERO,
+            last_l: Tag::ZERO,
             r_step: 0,
             l_step: 0,
             p_step: 0,
-            credit: 0,
-            queue: VecDeque::new(),
-            head_r: Tag::ZERO,
-            head_l: Tag::ZERO,
-            head_p: Tag::ZERO,
-            last_r: Tag::ZERO,
-            last_l: Tag::ZERO,
-            last_p: Tag::ZERO,
+            dispatched: [0; 3],
+            cost: [0; 3],
+            first: Queued::default(),
+            len: 0,
             history: false,
             distributed: false,
+            rest: VecDeque::new(),
+            credit: 0,
             idle_since: now,
-            stats: TenantStats::default(),
+            spec,
         };
         t.apply_spec(spec);
         t
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    fn queue_len(&self) -> usize {
+        self.len as usize
+    }
+
+    #[inline]
+    fn push(&mut self, q: Queued) {
+        if self.len == 0 {
+            self.first = q;
+        } else {
+            self.rest.push_back(q);
+        }
+        self.len += 1;
+    }
+
+    /// Removes the head request; the queue must not be empty.
+    #[inline]
+    fn pop(&mut self) -> Queued {
+        debug_assert!(self.len > 0, "pop from an empty tenant queue");
+        let q = self.first;
+        self.len -= 1;
+        if self.len > 0 {
+            self.first = self.rest.pop_front().expect("len counts rest");
+        }
+        q
+    }
+
+    #[inline]
+    fn front(&self) -> Option<&Queued> {
+        (self.len > 0).then_some(&self.first)
+    }
+
+    /// Queued requests, oldest first.
+    fn queued_requests(&self) -> impl Iterator<Item = &Queued> {
+        self.front().into_iter().chain(self.rest.iter())
     }
 
     fn apply_spec(&mut self, spec: QosSpec) {
@@ -176,7 +241,7 @@ impl Tenant {
     /// the P lead after a reservation-phase dispatch (`lead_cap`: IOs, invariant 8).
     #[inline]
     fn compute_head(&mut self, flavor: &Flavor, was_idle: bool, vnow: Tag, lead_cap: Option<u32>, now: Tag, burst: u32) {
-        let q = self.queue[0];
+        let q = self.first;
         let arrival = Tag::from_nanos(q.arrival);
         if self.r_step != 0 {
             // Only a tenant that was idle is clamped to its arrival time (invariant 7).
@@ -264,7 +329,7 @@ impl Engine {
         let had_r = t.r_step != 0;
         let had_l = t.l_step != 0;
         t.apply_spec(spec);
-        if t.queue.is_empty() {
+        if t.is_empty() {
             return Ok(());
         }
         // Clocks switched on start at `now`; clocks switched off leave their heaps.
@@ -291,8 +356,8 @@ impl Engine {
         if self.batch.is_some_and(|b| b.0 == id.slot) {
             self.batch = None;
         }
-        self.queued -= t.queue.len();
-        Ok(t.queue.iter().map(|q| q.handle).collect())
+        self.queued -= t.queue_len();
+        Ok(t.queued_requests().map(|q| q.handle).collect())
     }
 
     pub(crate) fn enqueue(&mut self, now: Nanos, req: Request) -> Result<(), SchedError> {
@@ -307,10 +372,10 @@ impl Engine {
             None => cost,
         };
         let t = self.tenants.get_mut(req.tenant)?;
-        if t.queue.len() >= max_t {
+        if t.queue_len() >= max_t {
             return Err(SchedError::TenantQueueFull { tenant: req.tenant, max: max_t });
         }
-        t.queue.push_back(Queued {
+        t.push(Queued {
             handle: req.handle,
             arrival: now,
             cost,
@@ -319,10 +384,10 @@ impl Engine {
             delta: req.delta,
             rho: req.rho,
         });
-        t.stats.enqueued += 1;
         t.distributed |= req.delta != Cost(0);
+        let became_active = t.len == 1;
         self.queued += 1;
-        if self.tenants.at(req.tenant.slot).queue.len() == 1 {
+        if became_active {
             // Becoming active: Tag Adjustment through vnow (module comment).
             if let Some((p, _)) = self.ready.peek() {
                 self.vnow = self.vnow.max(p);
@@ -410,7 +475,7 @@ impl Engine {
         let (slot, remaining, last_off, phase) = self.batch?;
         let t = self.tenants.at(slot);
         let ok = remaining > 0
-            && t.queue.front().is_some_and(|q| q.offset.abs_diff(last_off) <= self.config.batch_distance)
+            && t.front().is_some_and(|q| q.offset.abs_diff(last_off) <= self.config.batch_distance)
             && (t.l_step == 0 || t.head_l <= now);
         if !ok {
             self.batch = None;
@@ -426,7 +491,7 @@ impl Engine {
         let vnow = self.vnow;
         let burst = self.config.limit_burst_ios;
         let t = self.tenants.at_mut(slot);
-        let q = t.queue.pop_front().expect("dispatching tenant has a queued request");
+        let q = t.pop();
         if t.r_step != 0 {
             t.last_r = match phase {
                 Phase::Reservation => t.head_r,
@@ -438,9 +503,9 @@ impl Engine {
         t.last_l = t.head_l;
         t.last_p = t.head_p;
         t.history = true;
-        t.stats.dispatched[phase.index()] += 1;
-        t.stats.cost[phase.index()] += q.cost.0 as u128;
-        let more = !t.queue.is_empty();
+        t.dispatched[phase.index()] += 1;
+        t.cost[phase.index()] = t.cost[phase.index()].saturating_add(q.cost.0);
+        let more = !t.is_empty();
         if more {
             let cap = if phase == Phase::Reservation { self.config.weight_lead_ios } else { None };
             t.compute_head(&flavor, false, vnow, cap, now, burst);
@@ -471,7 +536,7 @@ impl Engine {
         }
         let mut erase = Vec::new();
         for (id, t) in self.tenants.iter() {
-            if !t.queue.is_empty() {
+            if !t.is_empty() {
                 continue;
             }
             let idle = now.saturating_sub(t.idle_since);
@@ -486,7 +551,7 @@ impl Engine {
             let ids: Vec<TenantId> = self
                 .tenants
                 .iter()
-                .filter(|(_, t)| t.queue.is_empty() && t.history && now.saturating_sub(t.idle_since) >= a)
+                .filter(|(_, t)| t.is_empty() && t.history && now.saturating_sub(t.idle_since) >= a)
                 .map(|(id, _)| id)
                 .collect();
             for id in ids {
@@ -504,9 +569,14 @@ impl Engine {
     }
     pub(crate) fn stats(&self, id: TenantId) -> Result<TenantStats, SchedError> {
         let t = self.tenants.get(id)?;
-        let mut s = t.stats;
-        s.queued = t.queue.len();
-        Ok(s)
+        let dispatched = t.dispatched;
+        Ok(TenantStats {
+            dispatched,
+            cost: t.cost.map(u128::from),
+            // Requests leave a queue only by dispatch (or with the tenant).
+            enqueued: dispatched.iter().sum::<u64>() + t.len as u64,
+            queued: t.queue_len(),
+        })
     }
     pub(crate) fn spec(&self, id: TenantId) -> Result<QosSpec, SchedError> {
         Ok(self.tenants.get(id)?.spec)
@@ -518,7 +588,7 @@ impl Engine {
     /// Head tags of a tenant (R, L, P) if it has queued requests; for tests, tools and the paper examples.
     pub(crate) fn head_tags(&self, id: TenantId) -> Result<Option<(Tag, Tag, Tag)>, SchedError> {
         let t = self.tenants.get(id)?;
-        Ok((!t.queue.is_empty()).then_some((t.head_r, t.head_l, t.head_p)))
+        Ok((!t.is_empty()).then_some((t.head_r, t.head_l, t.head_p)))
     }
 
     /// Checks invariants 1, 2 and 5 (tests).
@@ -527,8 +597,9 @@ impl Engine {
         let mut total = 0;
         for (id, t) in self.tenants.iter() {
             let s = id.slot;
-            total += t.queue.len();
-            let active = !t.queue.is_empty();
+            total += t.queue_len();
+            assert_eq!(t.queue_len(), t.queued_requests().count(), "queue length for {id}");
+            let active = !t.is_empty();
             let limited = self.limited.contains(s);
             assert_eq!(self.resv.contains(s), active && t.r_step != 0 && !limited, "invariant 1 for {id}");
             let n = self.ready.contains(s) as u8 + self.limited.contains(s) as u8;
@@ -589,3 +660,17 @@ macro_rules! delegate_scheduler {
     };
 }
 pub(crate) use delegate_scheduler;
+
+#[cfg(test)]
+mod layout {
+    /// The hot lines of a tenant (see `Tenant`): five 64-byte lines, then the cold spec.
+    #[test]
+    fn tenant_is_line_aligned_and_six_lines() {
+        assert_eq!(std::mem::align_of::<super::Tenant>(), 64);
+        assert_eq!(std::mem::size_of::<super::Tenant>(), 6 * 64);
+        assert_eq!(std::mem::size_of::<Option<super::Tenant>>(), 6 * 64);
+        assert_eq!(std::mem::offset_of!(super::Tenant, first), 3 * 64);
+        assert_eq!(std::mem::offset_of!(super::Tenant, rest), 4 * 64);
+        assert!(std::mem::offset_of!(super::Tenant, idle_since) + 8 <= 5 * 64);
+    }
+}

@@ -1,26 +1,22 @@
 //! A generational slab of tenants: dense slots for the heaps, generations so stale ids are detected.
 //!
-//! Invariants: a slot is either free (on `free`, `val == None`) or live; `live` counts live slots; a slot's
-//! generation increases every time it is freed, so an id from before the free never matches again.
+//! Invariants: a slot is either free (on `free`, `vals[slot] == None`) or live; `live` counts live slots; a
+//! slot's generation increases every time it is freed, so an id from before the free never matches again.
+//! Generations are kept apart from the values so a cache-line-aligned value is not padded by them.
 
 use super::{SchedError, TenantId};
 
 #[derive(Debug, Clone)]
-struct Entry<T> {
-    gen: u32,
-    val: Option<T>,
-}
-
-#[derive(Debug, Clone)]
 pub(crate) struct Slab<T> {
-    entries: Vec<Entry<T>>,
+    vals: Vec<Option<T>>,
+    gens: Vec<u32>,
     free: Vec<u32>,
     live: usize,
 }
 
 impl<T> Default for Slab<T> {
     fn default() -> Self {
-        Slab { entries: Vec::new(), free: Vec::new(), live: 0 }
+        Slab { vals: Vec::new(), gens: Vec::new(), free: Vec::new(), live: 0 }
     }
 }
 
@@ -31,7 +27,7 @@ impl<T> Slab<T> {
 
     /// Number of slots ever allocated (the heaps size their index arrays by this).
     pub(crate) fn slots(&self) -> usize {
-        self.entries.len()
+        self.vals.len()
     }
 
     pub(crate) fn insert(&mut self, max: usize, val: T) -> Result<TenantId, SchedError> {
@@ -40,36 +36,43 @@ impl<T> Slab<T> {
         }
         self.live += 1;
         if let Some(slot) = self.free.pop() {
-            let e = &mut self.entries[slot as usize];
-            debug_assert!(e.val.is_none());
-            e.val = Some(val);
-            Ok(TenantId { slot, gen: e.gen })
+            let v = &mut self.vals[slot as usize];
+            debug_assert!(v.is_none());
+            *v = Some(val);
+            Ok(TenantId { slot, gen: self.gens[slot as usize] })
         } else {
-            let slot = u32::try_from(self.entries.len()).map_err(|_| SchedError::TooManyTenants { max })?;
-            self.entries.push(Entry { gen: 0, val: Some(val) });
+            let slot = match u32::try_from(self.vals.len()) {
+                Ok(s) => s,
+                Err(_) => {
+                    self.live -= 1;
+                    return Err(SchedError::TooManyTenants { max });
+                }
+            };
+            self.vals.push(Some(val));
+            self.gens.push(0);
             Ok(TenantId { slot, gen: 0 })
         }
     }
 
     pub(crate) fn get(&self, id: TenantId) -> Result<&T, SchedError> {
-        match self.entries.get(id.slot as usize) {
-            Some(Entry { gen, val: Some(v) }) if *gen == id.gen => Ok(v),
+        match self.vals.get(id.slot as usize) {
+            Some(Some(v)) if self.gens[id.slot as usize] == id.gen => Ok(v),
             _ => Err(SchedError::UnknownTenant(id)),
         }
     }
 
     pub(crate) fn get_mut(&mut self, id: TenantId) -> Result<&mut T, SchedError> {
-        match self.entries.get_mut(id.slot as usize) {
-            Some(Entry { gen, val: Some(v) }) if *gen == id.gen => Ok(v),
+        match self.vals.get_mut(id.slot as usize) {
+            Some(Some(v)) if self.gens[id.slot as usize] == id.gen => Ok(v),
             _ => Err(SchedError::UnknownTenant(id)),
         }
     }
 
     pub(crate) fn remove(&mut self, id: TenantId) -> Result<T, SchedError> {
         self.get(id)?;
-        let e = &mut self.entries[id.slot as usize];
-        let v = e.val.take().expect("checked live");
-        e.gen = e.gen.wrapping_add(1);
+        let v = self.vals[id.slot as usize].take().expect("checked live");
+        let g = &mut self.gens[id.slot as usize];
+        *g = g.wrapping_add(1);
         self.free.push(id.slot);
         self.live -= 1;
         Ok(v)
@@ -78,25 +81,26 @@ impl<T> Slab<T> {
     /// The live value in `slot` (internal: slots come from the heaps, which only hold live tenants).
     #[inline]
     pub(crate) fn at(&self, slot: u32) -> &T {
-        self.entries[slot as usize].val.as_ref().expect("heap slot is live")
+        self.vals[slot as usize].as_ref().expect("heap slot is live")
     }
 
     #[inline]
     pub(crate) fn at_mut(&mut self, slot: u32) -> &mut T {
-        self.entries[slot as usize].val.as_mut().expect("heap slot is live")
+        self.vals[slot as usize].as_mut().expect("heap slot is live")
     }
 
     #[inline]
     pub(crate) fn id_of(&self, slot: u32) -> TenantId {
-        TenantId { slot, gen: self.entries[slot as usize].gen }
+        TenantId { slot, gen: self.gens[slot as usize] }
     }
 
     /// Live (id, value) pairs in slot order (deterministic).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (TenantId, &T)> {
-        self.entries
+        self.vals
             .iter()
+            .zip(&self.gens)
             .enumerate()
-            .filter_map(|(i, e)| e.val.as_ref().map(|v| (TenantId { slot: i as u32, gen: e.gen }, v)))
+            .filter_map(|(i, (v, &gen))| v.as_ref().map(|v| (TenantId { slot: i as u32, gen }, v)))
     }
 }
 
