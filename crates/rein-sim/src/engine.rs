@@ -33,7 +33,6 @@ use rand_pcg::Pcg64Mcg;
 use rein_core::{
     Cost, Limits, Nanos, Phase, Poll, Request, SchedConfig, Scheduler, SchedulerKind, ServiceTracker, TenantId,
 };
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,13 +52,45 @@ enum Kind {
     PsDone,
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// A scheduled event. Events run in (time, sequence) order; `key` packs both into one integer, ordered
+/// in reverse so the standard max-heap pops the earliest first (sequence numbers are unique, so the
+/// payload never decides).
+#[derive(Copy, Clone, Debug)]
 struct Event {
-    t: u64,
-    seq: u64,
+    key: u128,
     kind: Kind,
     a: u32,
     b: u32,
+}
+
+impl Event {
+    #[inline]
+    fn new(t: u64, seq: u64, kind: Kind, a: u32, b: u32) -> Event {
+        Event { key: !((t as u128) << 64 | seq as u128), kind, a, b }
+    }
+
+    #[inline]
+    fn t(&self) -> u64 {
+        ((!self.key) >> 64) as u64
+    }
+}
+
+impl PartialEq for Event {
+    fn eq(&self, o: &Event) -> bool {
+        self.key == o.key
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, o: &Event) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Event {
+    #[inline]
+    fn cmp(&self, o: &Event) -> std::cmp::Ordering {
+        self.key.cmp(&o.key)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -117,7 +148,7 @@ pub struct Sim<'a> {
     sc: &'a Scenario,
     now: Nanos,
     seq: u64,
-    events: BinaryHeap<Reverse<Event>>,
+    events: BinaryHeap<Event>,
     servers: Vec<ServerState>,
     tenants: Vec<TenantState>,
     reqs: Vec<Req>,
@@ -126,6 +157,18 @@ pub struct Sim<'a> {
     events_run: u64,
     hosts: Option<HostLayer>,
     done: Vec<u32>,
+}
+
+/// `x.round() as u64` for a service time `x >= 1` ns, without the libm call `round` is on baseline x86-64:
+/// below 2^52, `x + 0.5` is exact or lands on the next power of two, so truncating it rounds half away
+/// from zero exactly as `round` does. (Larger values are integers already.)
+#[inline]
+fn round_ns(x: f64) -> u64 {
+    if (1.0..4_503_599_627_370_496.0).contains(&x) {
+        (x + 0.5) as u64
+    } else {
+        x.round() as u64
+    }
 }
 
 pub(crate) fn seed_for(seed: u64, stream: u64) -> u128 {
@@ -257,18 +300,19 @@ impl<'a> Sim<'a> {
     fn schedule(&mut self, t: Nanos, kind: Kind, a: u32, b: u32) {
         debug_assert!(t >= self.now, "invariant 3");
         self.seq += 1;
-        self.events.push(Reverse(Event { t: t.0, seq: self.seq, kind, a, b }));
+        self.events.push(Event::new(t.0, self.seq, kind, a, b));
     }
 
     /// Runs to the end; `progress` is called now and then with the simulated time reached.
     pub fn run(mut self, progress: &mut dyn FnMut(Nanos)) -> RunTotals {
         let end = self.sc.duration;
-        while let Some(&Reverse(ev)) = self.events.peek() {
-            if ev.t >= end.0 {
+        while let Some(&ev) = self.events.peek() {
+            let t = ev.t();
+            if t >= end.0 {
                 break;
             }
             self.events.pop();
-            self.now = Nanos(ev.t);
+            self.now = Nanos(t);
             self.events_run += 1;
             if self.events_run & 0xFFFF == 0 {
                 progress(self.now);
@@ -277,7 +321,7 @@ impl<'a> Sim<'a> {
                 Kind::Complete => self.complete(ev.a as usize, ev.b),
                 Kind::Wake => {
                     let s = ev.a as usize;
-                    if self.servers[s].wake_at == Some(ev.t) {
+                    if self.servers[s].wake_at == Some(t) {
                         self.servers[s].wake_at = None;
                     }
                     self.try_dispatch(s);
@@ -312,7 +356,7 @@ impl<'a> Sim<'a> {
                 Kind::HostWake => {
                     let h = ev.a as usize;
                     let w = self.hosts.as_mut().expect("host events need hosts").wake_at(h);
-                    if *w == Some(ev.t) {
+                    if *w == Some(t) {
                         *w = None;
                     }
                     self.host_pump(h);
@@ -482,7 +526,12 @@ impl<'a> Sim<'a> {
         let k = match &tenant.routing {
             _ if force_k.is_some() => force_k.expect("guarded"),
             _ if tenant.servers.len() == 1 => 0,
-            Routing::Stripe { stripe_bytes } => ((offset / stripe_bytes) % tenant.servers.len() as u64) as usize,
+            Routing::Stripe { stripe_bytes } => {
+                // Divisions are slow; stripes and server counts are usually powers of two.
+                let stripe = if stripe_bytes.is_power_of_two() { offset >> stripe_bytes.trailing_zeros() } else { offset / stripe_bytes };
+                let n = tenant.servers.len() as u64;
+                (if n.is_power_of_two() { stripe & (n - 1) } else { stripe % n }) as usize
+            }
             Routing::Shares(_) => {
                 let u: f64 = ts.rng.gen();
                 ts.cumulative.iter().position(|&c| u < c).unwrap_or(tenant.servers.len() - 1)
@@ -655,7 +704,7 @@ impl<'a> Sim<'a> {
         if srv.busy_since.is_none() {
             srv.busy_since = Some(self.now);
         }
-        let at = self.now.saturating_add(Nanos(ns.round() as u64));
+        let at = self.now.saturating_add(Nanos(round_ns(ns)));
         self.schedule(at, Kind::Complete, s as u32, id);
     }
 
@@ -750,6 +799,29 @@ impl<'a> Sim<'a> {
             } else {
                 self.issue_to(t, (k != u32::MAX).then_some(k as usize));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_ns;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn round_ns_is_round() {
+        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(1);
+        let edges = [1.0, 1.5, 2.5, 2.4999999999999996, 3.9999999999999996, 4.5, 1e15 + 0.5, 4503599627370495.5, 4503599627370497.0, 1e300];
+        for &x in &edges {
+            assert_eq!(round_ns(x), x.round() as u64, "{x}");
+        }
+        for _ in 0..1_000_000 {
+            let x = 1.0 + rng.gen::<f64>() * 10f64.powi(rng.gen_range(0..16));
+            assert_eq!(round_ns(x), x.round() as u64, "{x}");
+            let y = x.floor() + 0.5;
+            assert_eq!(round_ns(y), y.round() as u64, "{y}");
+            let z = f64::from_bits(y.to_bits() - 1);
+            assert_eq!(round_ns(z), z.round() as u64, "{z}");
         }
     }
 }
