@@ -171,15 +171,27 @@ impl IndexedHeap {
             let keys = &self.lines[i + 1].0;
             let slots = &self.slots[ARITY * (i + 1)..ARITY * (i + 2)];
             let count = (n - first).min(ARITY);
-            let mut b = 0;
-            let mut bk = (keys[0], slots[0]);
-            for c in 1..count {
-                let ck = (keys[c], slots[c]);
-                if Self::less(ck, bk) {
-                    b = c;
-                    bk = ck;
+            // Which child is smallest is unpredictable, so select without branches: a tournament for a
+            // full set of four, a scan otherwise.
+            #[inline(always)]
+            fn min2(a: (Tag, u32, usize), b: (Tag, u32, usize)) -> (Tag, u32, usize) {
+                if (b.0, b.1) < (a.0, a.1) {
+                    b
+                } else {
+                    a
                 }
             }
+            let child = |c: usize| (keys[c], slots[c], c);
+            let (bk0, bk1, b) = if count == ARITY {
+                min2(min2(child(0), child(1)), min2(child(2), child(3)))
+            } else {
+                let mut m = child(0);
+                for c in 1..count {
+                    m = min2(m, child(c));
+                }
+                m
+            };
+            let bk = (bk0, bk1);
             let best = first + b;
             if !Self::less(bk, (key, slot)) {
                 break;
