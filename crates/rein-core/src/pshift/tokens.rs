@@ -190,6 +190,24 @@ struct Bucket {
     deficit: u64,
 }
 
+/// The placeholder a free slab slot holds.
+impl Default for Bucket {
+    fn default() -> Self {
+        Bucket {
+            spec: QosSpec::default(),
+            queue: VecDeque::new(),
+            r: 0,
+            l: Tokens::Count(0),
+            stats: TenantStats::default(),
+            interval: IntervalCounters::default(),
+            empty_since: None,
+            active: false,
+            quantum: 0,
+            deficit: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Turn {
     slot: u32,

@@ -9,7 +9,7 @@ use super::{Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Sc
 use crate::units::{LatestTime, Nanos};
 use std::collections::VecDeque;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Tenant {
     spec: QosSpec,
     stats: TenantStats,

@@ -29,7 +29,7 @@ use super::{Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Sc
 use crate::units::{step_for_rate, Cost, LatestTime, Nanos, Tag};
 use std::collections::VecDeque;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Tenant {
     spec: QosSpec,
     step: u128,

@@ -1,14 +1,20 @@
 //! A generational slab of tenants: dense slots for the heaps, generations so stale ids are detected.
 //!
-//! Invariants: a slot is either free (on `free`, `vals[slot] == None`) or live; `live` counts live slots; a
-//! slot's generation increases every time it is freed, so an id from before the free never matches again.
-//! Generations are kept apart from the values so a cache-line-aligned value is not padded by them.
+//! Invariants: a slot is either free (on `free`, `FREE` set in its generation, its value a default
+//! placeholder) or live; `live` counts live slots; a slot's generation increases every time it is freed,
+//! so an id from before the free never matches again. Liveness lives in the generations, apart from the
+//! values, so reaching a live value by slot (`at`, `at_mut`) reads nothing but the value: an `Option`
+//! around a cache-line-aligned value would put its discriminant wherever the compiler finds a niche, a
+//! line the hot path otherwise never touches.
 
 use super::{SchedError, TenantId};
 
+/// Set in a slot's generation while the slot is free; generations count in the other 31 bits.
+const FREE: u32 = 1 << 31;
+
 #[derive(Debug, Clone)]
 pub(crate) struct Slab<T> {
-    vals: Vec<Option<T>>,
+    vals: Vec<T>,
     gens: Vec<u32>,
     free: Vec<u32>,
     live: usize,
@@ -20,7 +26,7 @@ impl<T> Default for Slab<T> {
     }
 }
 
-impl<T> Slab<T> {
+impl<T: Default> Slab<T> {
     pub(crate) fn len(&self) -> usize {
         self.live
     }
@@ -34,45 +40,54 @@ impl<T> Slab<T> {
         if self.live >= max {
             return Err(SchedError::TooManyTenants { max });
         }
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                let s = slot as usize;
+                debug_assert!(self.gens[s] & FREE != 0);
+                self.vals[s] = val;
+                self.gens[s] &= !FREE;
+                slot
+            }
+            None => {
+                let slot = u32::try_from(self.vals.len()).map_err(|_| SchedError::TooManyTenants { max })?;
+                self.vals.push(val);
+                self.gens.push(0);
+                slot
+            }
+        };
         self.live += 1;
-        if let Some(slot) = self.free.pop() {
-            let v = &mut self.vals[slot as usize];
-            debug_assert!(v.is_none());
-            *v = Some(val);
-            Ok(TenantId { slot, gen: self.gens[slot as usize] })
-        } else {
-            let slot = match u32::try_from(self.vals.len()) {
-                Ok(s) => s,
-                Err(_) => {
-                    self.live -= 1;
-                    return Err(SchedError::TooManyTenants { max });
-                }
-            };
-            self.vals.push(Some(val));
-            self.gens.push(0);
-            Ok(TenantId { slot, gen: 0 })
-        }
+        Ok(TenantId { slot, gen: self.gens[slot as usize] })
+    }
+
+    #[inline]
+    fn is_live(&self, id: TenantId) -> bool {
+        // A free slot's generation has FREE set, which no id we issue carries (a forged one is refused).
+        id.gen & FREE == 0 && self.gens.get(id.slot as usize) == Some(&id.gen)
     }
 
     pub(crate) fn get(&self, id: TenantId) -> Result<&T, SchedError> {
-        match self.vals.get(id.slot as usize) {
-            Some(Some(v)) if self.gens[id.slot as usize] == id.gen => Ok(v),
-            _ => Err(SchedError::UnknownTenant(id)),
+        if self.is_live(id) {
+            Ok(&self.vals[id.slot as usize])
+        } else {
+            Err(SchedError::UnknownTenant(id))
         }
     }
 
     pub(crate) fn get_mut(&mut self, id: TenantId) -> Result<&mut T, SchedError> {
-        match self.vals.get_mut(id.slot as usize) {
-            Some(Some(v)) if self.gens[id.slot as usize] == id.gen => Ok(v),
-            _ => Err(SchedError::UnknownTenant(id)),
+        if self.is_live(id) {
+            Ok(&mut self.vals[id.slot as usize])
+        } else {
+            Err(SchedError::UnknownTenant(id))
         }
     }
 
     pub(crate) fn remove(&mut self, id: TenantId) -> Result<T, SchedError> {
-        self.get(id)?;
-        let v = self.vals[id.slot as usize].take().expect("checked live");
-        let g = &mut self.gens[id.slot as usize];
-        *g = g.wrapping_add(1);
+        if !self.is_live(id) {
+            return Err(SchedError::UnknownTenant(id));
+        }
+        let s = id.slot as usize;
+        let v = std::mem::take(&mut self.vals[s]);
+        self.gens[s] = (self.gens[s].wrapping_add(1) & !FREE) | FREE;
         self.free.push(id.slot);
         self.live -= 1;
         Ok(v)
@@ -81,12 +96,14 @@ impl<T> Slab<T> {
     /// The live value in `slot` (internal: slots come from the heaps, which only hold live tenants).
     #[inline]
     pub(crate) fn at(&self, slot: u32) -> &T {
-        self.vals[slot as usize].as_ref().expect("heap slot is live")
+        debug_assert!(self.gens[slot as usize] & FREE == 0, "slot {slot} is live");
+        &self.vals[slot as usize]
     }
 
     #[inline]
     pub(crate) fn at_mut(&mut self, slot: u32) -> &mut T {
-        self.vals[slot as usize].as_mut().expect("heap slot is live")
+        debug_assert!(self.gens[slot as usize] & FREE == 0, "slot {slot} is live");
+        &mut self.vals[slot as usize]
     }
 
     #[inline]
@@ -100,7 +117,8 @@ impl<T> Slab<T> {
             .iter()
             .zip(&self.gens)
             .enumerate()
-            .filter_map(|(i, (v, &gen))| v.as_ref().map(|v| (TenantId { slot: i as u32, gen }, v)))
+            .filter(|(_, (_, &gen))| gen & FREE == 0)
+            .map(|(i, (v, &gen))| (TenantId { slot: i as u32, gen }, v))
     }
 }
 
@@ -123,5 +141,23 @@ mod tests {
         assert_eq!(*s.get(b).unwrap(), 2);
         assert_eq!(s.len(), 2);
         assert_eq!(s.iter().map(|(_, v)| *v).collect::<Vec<_>>(), vec![4, 2]);
+    }
+
+    #[test]
+    fn generations_wrap_and_free_slots_are_never_live() {
+        let mut s: Slab<u32> = Slab::default();
+        let a = s.insert(4, 7).unwrap();
+        s.gens[a.slot as usize] = FREE - 1;
+        let old = TenantId { slot: a.slot, gen: FREE - 1 };
+        assert_eq!(s.remove(old), Ok(7));
+        // A forged id naming the free slot's generation (with the FREE bit) is not live.
+        let forged = TenantId { slot: a.slot, gen: s.gens[a.slot as usize] };
+        assert_eq!(s.get(forged), Err(SchedError::UnknownTenant(forged)));
+        assert_eq!(s.remove(forged), Err(SchedError::UnknownTenant(forged)));
+        let b = s.insert(4, 8).unwrap();
+        assert_eq!((b.slot, b.gen), (a.slot, 0), "the generation wrapped to 0");
+        assert_eq!(s.get(old), Err(SchedError::UnknownTenant(old)));
+        assert_eq!(*s.get(b).unwrap(), 8);
+        assert_eq!(s.len(), 1);
     }
 }
