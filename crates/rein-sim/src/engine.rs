@@ -126,21 +126,44 @@ struct ServerState {
     ps: Option<Ps>,
 }
 
+/// A tenant's simulator state. With thousands of tenants every completion lands on a cold tenant, so what
+/// a closed-loop completion and its reissue need is on the first cache line (plus one [`Link`]), copied
+/// out of the scenario; the rest is touched by other workloads and distributed runs.
+#[repr(C, align(64))]
 struct TenantState {
+    // Line 0.
     rng: Pcg64Mcg,
-    /// TenantId on each of the tenant's servers (same order as `Tenant::servers`).
-    ids: Vec<TenantId>,
-    tracker: Option<ServiceTracker>,
-    in_flight: u32,
-    /// In flight per server of the tenant's list.
-    in_flight_at: Vec<u32>,
     next_seq_offset: u64,
+    /// The workload's request size, span and random fraction (as in `Workload`).
+    size_bytes: u64,
+    span_bytes: u64,
+    random_frac: f64,
+    /// The stripe for `Routing::Stripe`; 0 for `Routing::Shares`.
+    stripe_bytes: u64,
+    in_flight: u32,
+    /// The tenant's links: `links[first_link..first_link + n_links]`, in the order of `Tenant::servers`.
+    first_link: u32,
+    // Line 1 and on.
+    n_links: u32,
     active: bool,
     on: bool,
+    /// The workload (the inner one of on_off) is closed-loop: its think time and per-server window flag.
+    closed: Option<(Nanos, bool)>,
+    tracker: Option<ServiceTracker>,
     trace_pos: usize,
     trace_base: Nanos,
     /// Cumulative routing shares (for `Routing::Shares`).
     cumulative: Vec<f64>,
+}
+
+/// A tenant at one of its servers.
+#[derive(Copy, Clone, Debug)]
+struct Link {
+    /// The tenant's id at the server's scheduler.
+    id: TenantId,
+    server: u32,
+    /// Requests in flight there.
+    in_flight: u32,
 }
 
 /// A simulation in progress. Build with [`Sim::new`], run with [`Sim::run`].
@@ -151,6 +174,7 @@ pub struct Sim<'a> {
     events: BinaryHeap<Event>,
     servers: Vec<ServerState>,
     tenants: Vec<TenantState>,
+    links: Vec<Link>,
     reqs: Vec<Req>,
     free: Vec<u32>,
     metrics: Metrics,
@@ -225,8 +249,9 @@ impl<'a> Sim<'a> {
             });
         }
         let mut tenants = Vec::with_capacity(sc.tenants.len());
+        let mut links = Vec::new();
         for (ti, t) in sc.tenants.iter().enumerate() {
-            let mut ids = Vec::with_capacity(t.servers.len());
+            let first_link = u32::try_from(links.len()).map_err(|_| err("more than 2^32 tenant-server pairs".into()))?;
             for (k, &si) in t.servers.iter().enumerate() {
                 let srv = &mut servers[si];
                 let id = srv.sched.add_tenant(t.server_specs[k]).map_err(|e| err(format!("tenant {}: {e}", t.name)))?;
@@ -234,7 +259,7 @@ impl<'a> Sim<'a> {
                     srv.tenant_of_slot.resize(id.index() + 1, u32::MAX);
                 }
                 srv.tenant_of_slot[id.index()] = ti as u32;
-                ids.push(id);
+                links.push(Link { id, server: si as u32, in_flight: 0 });
             }
             let distributed = t.servers.iter().any(|&s| sc.servers[s].distributed) && t.servers.len() > 1;
             let cumulative = match &t.routing {
@@ -248,15 +273,31 @@ impl<'a> Sim<'a> {
                 }
                 Routing::Stripe { .. } => Vec::new(),
             };
+            let w = &t.workload;
+            let closed = match &w.kind {
+                WorkloadKind::OnOff { inner, .. } => inner.as_ref(),
+                k => k,
+            };
             tenants.push(TenantState {
                 rng: Pcg64Mcg::new(seed_for(sc.seed, ti as u64)),
-                ids,
-                tracker: distributed.then(|| ServiceTracker::new(t.servers.len())),
-                in_flight: 0,
-                in_flight_at: vec![0; t.servers.len()],
                 next_seq_offset: 0,
+                size_bytes: w.size_bytes,
+                span_bytes: w.span_bytes,
+                random_frac: w.random_frac,
+                stripe_bytes: match t.routing {
+                    Routing::Stripe { stripe_bytes } => stripe_bytes,
+                    Routing::Shares(_) => 0,
+                },
+                in_flight: 0,
+                first_link,
+                n_links: t.servers.len() as u32,
                 active: false,
                 on: false,
+                closed: match closed {
+                    WorkloadKind::Closed { think, per_server, .. } => Some((*think, *per_server)),
+                    _ => None,
+                },
+                tracker: distributed.then(|| ServiceTracker::new(t.servers.len())),
                 trace_pos: 0,
                 trace_base: Nanos::ZERO,
                 cumulative,
@@ -271,6 +312,7 @@ impl<'a> Sim<'a> {
             events: BinaryHeap::new(),
             servers,
             tenants,
+            links,
             reqs: Vec::new(),
             free: Vec::new(),
             metrics,
@@ -416,7 +458,7 @@ impl<'a> Sim<'a> {
             WorkloadKind::Closed { outstanding, per_server: true, .. } => {
                 let servers = self.sc.tenants[t].servers.len();
                 for k in 0..servers {
-                    let n = outstanding.saturating_sub(self.tenants[t].in_flight_at[k]);
+                    let n = outstanding.saturating_sub(self.links[self.tenants[t].first_link as usize + k].in_flight);
                     for _ in 0..n {
                         self.issue_to(t, Some(k));
                     }
@@ -503,7 +545,7 @@ impl<'a> Sim<'a> {
 
     /// Issues a request of the workload's size, to server `k` of the tenant's list if given.
     fn issue_to(&mut self, t: usize, k: Option<usize>) {
-        let size = self.sc.tenants[t].workload.size_bytes;
+        let size = self.tenants[t].size_bytes;
         self.issue_sized_to(t, size, None, k);
     }
 
@@ -513,33 +555,34 @@ impl<'a> Sim<'a> {
 
     /// Generates one request of tenant `t` and sends it to its server (chosen by routing unless `force_k`).
     fn issue_sized_to(&mut self, t: usize, size: u64, offset: Option<u64>, force_k: Option<usize>) {
-        let tenant = &self.sc.tenants[t];
-        let w = &tenant.workload;
         let ts = &mut self.tenants[t];
         let offset = offset.unwrap_or_else(|| {
-            let random = w.random_frac >= 1.0 || (w.random_frac > 0.0 && ts.rng.gen::<f64>() < w.random_frac);
-            let slots = (w.span_bytes / size.max(1)).max(1);
+            let random = ts.random_frac >= 1.0 || (ts.random_frac > 0.0 && ts.rng.gen::<f64>() < ts.random_frac);
+            let slots = (ts.span_bytes / size.max(1)).max(1);
             let off = if random { ts.rng.gen_range(0..slots) * size } else { ts.next_seq_offset % (slots * size) };
             ts.next_seq_offset = off + size;
             off
         });
-        let k = match &tenant.routing {
-            _ if force_k.is_some() => force_k.expect("guarded"),
-            _ if tenant.servers.len() == 1 => 0,
-            Routing::Stripe { stripe_bytes } => {
+        let n = ts.n_links as usize;
+        let stripe_bytes = ts.stripe_bytes;
+        let k = match force_k {
+            Some(k) => k,
+            None if n == 1 => 0,
+            None if stripe_bytes != 0 => {
                 // Divisions are slow; stripes and server counts are usually powers of two.
                 let stripe = if stripe_bytes.is_power_of_two() { offset >> stripe_bytes.trailing_zeros() } else { offset / stripe_bytes };
-                let n = tenant.servers.len() as u64;
+                let n = n as u64;
                 (if n.is_power_of_two() { stripe & (n - 1) } else { stripe % n }) as usize
             }
-            Routing::Shares(_) => {
+            None => {
                 let u: f64 = ts.rng.gen();
-                ts.cumulative.iter().position(|&c| u < c).unwrap_or(tenant.servers.len() - 1)
+                ts.cumulative.iter().position(|&c| u < c).unwrap_or(n - 1)
             }
         };
-        let server = tenant.servers[k];
         ts.in_flight += 1;
-        ts.in_flight_at[k] += 1;
+        let link = &mut self.links[ts.first_link as usize + k];
+        link.in_flight += 1;
+        let server = link.server as usize;
         let req = Req { tenant: t as u32, server: server as u32, k: k as u32, size, offset, issued: self.now, phase: Phase::Weight, cost: Cost(0), host_issued: self.now };
         let id = match self.free.pop() {
             Some(i) => {
@@ -556,7 +599,7 @@ impl<'a> Sim<'a> {
             if !self.hosts.as_mut().expect("hosts").enqueue(self.now, t, id as u64, size, offset) {
                 self.metrics.rejected(t);
                 self.tenants[t].in_flight -= 1;
-                self.tenants[t].in_flight_at[k] -= 1;
+                self.links[self.tenants[t].first_link as usize + k].in_flight -= 1;
                 self.free.push(id);
                 return;
             }
@@ -639,7 +682,7 @@ impl<'a> Sim<'a> {
             Some(tr) if self.sc.servers[s].distributed => tr.prepare(k).expect("k < servers"),
             _ => (Cost(0), Cost(0)),
         };
-        let req = Request { tenant: ts.ids[k], handle: id as u64, size: r.size, offset: r.offset, delta, rho };
+        let req = Request { tenant: self.links[ts.first_link as usize + k].id, handle: id as u64, size: r.size, offset: r.offset, delta, rho };
         if self.servers[s].sched.enqueue(self.now, req).is_err() {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once.
             if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {
@@ -648,7 +691,7 @@ impl<'a> Sim<'a> {
             }
             self.metrics.rejected(t);
             self.tenants[t].in_flight -= 1;
-            self.tenants[t].in_flight_at[k] -= 1;
+            self.links[self.tenants[t].first_link as usize + k].in_flight -= 1;
             self.free.push(id);
             return;
         }
@@ -778,7 +821,7 @@ impl<'a> Sim<'a> {
         }
         let ts = &mut self.tenants[t];
         ts.in_flight -= 1;
-        ts.in_flight_at[r.k as usize] -= 1;
+        self.links[ts.first_link as usize + r.k as usize].in_flight -= 1;
         if let Some(tr) = &mut ts.tracker {
             tr.complete(r.k as usize, r.phase, r.cost).expect("k < servers");
         }
@@ -786,15 +829,11 @@ impl<'a> Sim<'a> {
         if !(ts.active && ts.on) {
             return;
         }
-        let kind = match &self.sc.tenants[t].workload.kind {
-            WorkloadKind::OnOff { inner, .. } => inner.as_ref(),
-            k => k,
-        };
-        if let WorkloadKind::Closed { think, per_server, .. } = kind {
+        if let Some((think, per_server)) = ts.closed {
             // A per-server window replaces the request at the same server.
-            let k = if *per_server { r.k } else { u32::MAX };
-            if *think > Nanos::ZERO {
-                let at = self.now.saturating_add(*think);
+            let k = if per_server { r.k } else { u32::MAX };
+            if think > Nanos::ZERO {
+                let at = self.now.saturating_add(think);
                 self.schedule(at, Kind::Think, t as u32, k);
             } else {
                 self.issue_to(t, (k != u32::MAX).then_some(k as usize));

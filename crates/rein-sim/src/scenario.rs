@@ -717,7 +717,11 @@ fn validate_tenant(t: &TenantFile, servers: &[Server], base: Option<&Path>, dura
         Some(RoutingFile::Name(s)) if s == "stripe" => Routing::Stripe { stripe_bytes: 1 << 20 },
         Some(RoutingFile::Name(s)) => return Err(format!("tenant {n}: routing {s:?}: expected \"stripe\", {{ stripe_kb = .. }} or {{ shares = {{ .. }} }}")),
         Some(RoutingFile::Stripe { stripe_kb }) => {
-            Routing::Stripe { stripe_bytes: (positive(&format!("tenant {n}: stripe_kb"), *stripe_kb)? * 1024.0) as u64 }
+            let bytes = (positive(&format!("tenant {n}: stripe_kb"), *stripe_kb)? * 1024.0) as u64;
+            if bytes == 0 {
+                return Err(format!("tenant {n}: stripe_kb {stripe_kb} is less than one byte"));
+            }
+            Routing::Stripe { stripe_bytes: bytes }
         }
         Some(RoutingFile::Shares { shares }) => {
             let mut v = vec![0.0; idx.len()];

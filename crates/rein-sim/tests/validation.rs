@@ -44,4 +44,6 @@ fn rejects_bad_fields_with_clear_messages() {
     let tr = BASE.replace("kind = \"closed\"", "kind = \"trace\"\ntrace = { path = \"/nonexistent.trace\" }");
     assert!(err(&tr).contains("cannot read trace"));
     assert!(err("name = \"x\"").contains("missing field"));
+    let tiny = BASE.replace("name = \"a\"", "name = \"a\"\nrouting = { stripe_kb = 0.0001 }");
+    assert!(err(&tiny).contains("stripe_kb 0.0001 is less than one byte"), "{}", err(&tiny));
 }
