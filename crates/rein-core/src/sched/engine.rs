@@ -8,8 +8,8 @@
 //! the machine is built.
 //!
 //! # State
-//! Per tenant: a FIFO of queued requests (`queue`; requests of one tenant are never reordered, §3.1
-//! "Request Type"), the tags of its head request (`head_r`, `head_l`, `head_p`) and the tags of the request
+//! Per tenant: a FIFO of queued requests (`first`, then `rest`; requests of one tenant are never
+//! reordered, §3.1 "Request Type"), the tags of its head request (`head_r`, `head_l`, `head_p`) and the tags of the request
 //! it dispatched last (`last_r`, `last_l`, `last_p`). Tags are computed when a request becomes the head,
 //! from the last dispatched request's tags: `head_x = max(last_x + cost_x * step_x, arrival)`. For a
 //! backlogged tenant this equals Algorithm 1's tags assigned at arrival, and it makes "subtract 1/r from
