@@ -296,6 +296,10 @@ pub struct SimRow {
     pub events: u64,
     pub wall_s: f64,
     pub completions_per_s: f64,
+    /// The same scenario with every server running FIFO: the simulator without scheduling work.
+    pub fifo_completions_per_s: f64,
+    /// `completions_per_s / fifo_completions_per_s`.
+    pub ratio_to_fifo: f64,
 }
 
 #[derive(Debug, Args)]
@@ -480,18 +484,33 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             }
             let mut rows = Vec::new();
             for &n in &a.tenants {
-                let sc = rein_sim::bench::scenario(n, a.servers, a.seconds, "mclock");
-                let t0 = Instant::now();
-                let r = rein_sim::run(&sc, &mut |_| {})?;
-                let el = t0.elapsed().as_secs_f64();
-                let row = SimRow { tenants: n, servers: a.servers, completions: r.completions(), events: r.events, wall_s: el, completions_per_s: r.completions() as f64 / el };
+                let run = |scheduler: &str| -> Result<(u64, u64, f64)> {
+                    let sc = rein_sim::bench::scenario(n, a.servers, a.seconds, scheduler);
+                    let t0 = Instant::now();
+                    let r = rein_sim::run(&sc, &mut |_| {})?;
+                    Ok((r.completions(), r.events, t0.elapsed().as_secs_f64()))
+                };
+                let (completions, events, el) = run("mclock")?;
+                let (fifo_completions, _, fifo_el) = run("fifo")?;
+                let rate = completions as f64 / el;
+                let fifo_rate = fifo_completions as f64 / fifo_el;
+                let row = SimRow {
+                    tenants: n,
+                    servers: a.servers,
+                    completions,
+                    events,
+                    wall_s: el,
+                    completions_per_s: rate,
+                    fifo_completions_per_s: fifo_rate,
+                    ratio_to_fifo: rate / fifo_rate,
+                };
                 if !a.json {
-                    eprintln!("{n} tenants x {} servers: {} completions in {:.2} s", a.servers, row.completions, el);
+                    eprintln!("{n} tenants x {} servers: {completions} completions in {el:.2} s (FIFO: {fifo_completions} in {fifo_el:.2} s)", a.servers);
                 }
                 rows.push(row);
             }
-            emit(&rows, a.json, "| tenants | servers | completions/s (millions) |", "|---:|---:|---:|", |r| {
-                format!("| {} | {} | {:.2} |", r.tenants, r.servers, r.completions_per_s / 1e6)
+            emit(&rows, a.json, "| tenants | servers | mClock completions/s (millions) | FIFO completions/s (millions) | ratio |", "|---:|---:|---:|---:|---:|", |r| {
+                format!("| {} | {} | {:.2} | {:.2} | {:.2} |", r.tenants, r.servers, r.completions_per_s / 1e6, r.fifo_completions_per_s / 1e6, r.ratio_to_fifo)
             })
         }
     }

@@ -88,6 +88,22 @@ fn bench_sched_json_has_required_fields() {
 }
 
 #[test]
+fn bench_sim_reports_against_a_fifo_baseline() {
+    let (ok, stdout, stderr) = rein(&["bench", "sim", "--tenants", "40", "--servers", "2", "--seconds", "0.05", "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let r = &v.as_array().unwrap()[0];
+    assert_eq!(r["tenants"].as_u64(), Some(40));
+    // Two servers of 100,000 IOPS for 0.05 s: about 10,000 completions under either scheduler.
+    let done = r["completions"].as_u64().unwrap();
+    assert!((9_500..=10_500).contains(&done), "{done}");
+    let (rate, fifo, ratio) = (r["completions_per_s"].as_f64().unwrap(), r["fifo_completions_per_s"].as_f64().unwrap(), r["ratio_to_fifo"].as_f64().unwrap());
+    assert!(rate > 0.0 && fifo > 0.0 && (ratio - rate / fifo).abs() < 1e-9 * ratio, "{r}");
+    let (ok, _, e) = rein(&["bench", "sim", "--servers", "0"]);
+    assert!(!ok && e.contains("--servers in 1..=1024"), "{e}");
+}
+
+#[test]
 fn bad_arguments_are_clear_errors() {
     let (ok, _, e) = rein(&["bench", "sched", "--tenants", "abc"]);
     assert!(!ok && e.contains("\"abc\" is not a tenant count"), "{e}");
