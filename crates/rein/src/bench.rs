@@ -307,17 +307,8 @@ pub struct PshiftBenchArgs {
     /// Comma-separated bucket counts.
     #[arg(long, default_value = "1000,10000,100000", value_delimiter = ',', value_parser = parse_count)]
     pub buckets: Vec<usize>,
-    #[arg(long, default_value_t = 64)]
-    pub servers: usize,
-    /// N_A: active servers per bucket.
-    #[arg(long, default_value_t = 8)]
-    pub active: usize,
-    /// r: reserved fraction of the capacity.
-    #[arg(long, short = 'r', default_value_t = 1.0)]
-    pub reserved: f64,
-    /// m: demand / reservation.
-    #[arg(long, short = 'm', default_value_t = 1.1)]
-    pub demand_ratio: f64,
+    #[command(flatten)]
+    pub shape: crate::pshift::ShapeArgs,
     /// Comma-separated thread counts.
     #[arg(long, default_value = "1,2", value_delimiter = ',')]
     pub threads: Vec<usize>,
@@ -367,11 +358,11 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
     let mut rows = Vec::new();
     for &n in &a.buckets {
         let params = rein_sim::pshift::gen::GenParams {
-            servers: a.servers,
+            servers: a.shape.servers,
             buckets: n,
-            active_servers: a.active,
-            reserved_fraction: a.reserved,
-            demand_ratio: a.demand_ratio,
+            active_servers: a.shape.active,
+            reserved_fraction: a.shape.reserved,
+            demand_ratio: a.shape.demand_ratio,
             seed: a.seed,
             ..Default::default()
         };

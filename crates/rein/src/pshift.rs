@@ -143,18 +143,11 @@ pub struct SolveArgs {
     pub summary: bool,
 }
 
+/// The shape of a synthetic instance (§IV-C), shared by `rein pshift gen` and `rein bench pshift`.
 #[derive(Debug, Args)]
-pub struct GenArgs {
+pub struct ShapeArgs {
     #[arg(long, default_value_t = 64)]
     pub servers: usize,
-    /// C^j: IOs per server per QoS period.
-    #[arg(long, default_value_t = 100_000)]
-    pub capacity: u64,
-    #[arg(long, default_value_t = 10_000)]
-    pub buckets: usize,
-    /// Zipf exponent s of the reservations (0 = equal).
-    #[arg(long, default_value_t = 0.5)]
-    pub zipf_s: f64,
     /// N_A: active servers per bucket.
     #[arg(long, default_value_t = 8)]
     pub active: usize,
@@ -164,6 +157,20 @@ pub struct GenArgs {
     /// m: demand / reservation.
     #[arg(long, short = 'm', default_value_t = 1.1)]
     pub demand_ratio: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct GenArgs {
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// C^j: IOs per server per QoS period.
+    #[arg(long, default_value_t = 100_000)]
+    pub capacity: u64,
+    #[arg(long, default_value_t = 10_000)]
+    pub buckets: usize,
+    /// Zipf exponent s of the reservations (0 = equal).
+    #[arg(long, default_value_t = 0.5)]
+    pub zipf_s: f64,
     /// Zipf exponent of the demand split over a bucket's active servers.
     #[arg(long, default_value_t = 0.5)]
     pub demand_zipf_s: f64,
@@ -180,13 +187,13 @@ pub struct GenArgs {
 impl GenArgs {
     fn params(&self) -> GenParams {
         GenParams {
-            servers: self.servers,
+            servers: self.shape.servers,
             capacity: self.capacity,
             buckets: self.buckets,
             reservation_zipf_s: self.zipf_s,
-            reserved_fraction: self.reserved,
-            demand_ratio: self.demand_ratio,
-            active_servers: self.active,
+            reserved_fraction: self.shape.reserved,
+            demand_ratio: self.shape.demand_ratio,
+            active_servers: self.shape.active,
             demand_zipf_s: self.demand_zipf_s,
             limit_ratio: self.limit_ratio,
             seed: self.seed,
