@@ -82,11 +82,6 @@ impl IndexedHeap {
     }
 
     #[inline]
-    fn less(a: (Tag, u32), b: (Tag, u32)) -> bool {
-        a < b
-    }
-
-    #[inline]
     pub(crate) fn peek(&self) -> Option<(Tag, u32)> {
         (self.len > 0).then(|| (self.key(0), self.slot(0)))
     }
@@ -127,7 +122,7 @@ impl IndexedHeap {
         if i < last {
             let (key, moved) = (self.key(last), self.slot(last));
             // The moved item may need to go either way.
-            if i > 0 && Self::less((key, moved), (self.key((i - 1) / ARITY), self.slot((i - 1) / ARITY))) {
+            if i > 0 && (key, moved) < (self.key((i - 1) / ARITY), self.slot((i - 1) / ARITY)) {
                 self.sift_up(i, key, moved);
             } else {
                 self.sift_down(i, key, moved);
@@ -149,7 +144,7 @@ impl IndexedHeap {
         while i > 0 {
             let parent = (i - 1) / ARITY;
             let (pk, ps) = (self.key(parent), self.slot(parent));
-            if !Self::less((key, slot), (pk, ps)) {
+            if (key, slot) >= (pk, ps) {
                 break;
             }
             self.put(i, pk, ps);
@@ -193,7 +188,7 @@ impl IndexedHeap {
             };
             let bk = (bk0, bk1);
             let best = first + b;
-            if !Self::less(bk, (key, slot)) {
+            if bk >= (key, slot) {
                 break;
             }
             self.put(i, bk.0, bk.1);
@@ -210,7 +205,7 @@ impl IndexedHeap {
             if i > 0 {
                 let parent = (i - 1) / ARITY;
                 assert!(
-                    !Self::less((self.key(i), self.slot(i)), (self.key(parent), self.slot(parent))),
+                    (self.key(i), self.slot(i)) >= (self.key(parent), self.slot(parent)),
                     "invariant 1"
                 );
             }
