@@ -25,6 +25,7 @@
 //! 3. Event times never decrease.
 
 use crate::array::Ps;
+use crate::events::Events;
 use crate::hosts::HostLayer;
 use crate::metrics::{Metrics, RunTotals};
 use crate::scenario::{Discipline, Routing, Scenario, ServiceModel, WorkloadKind};
@@ -33,9 +34,9 @@ use rand_pcg::Pcg64Mcg;
 use rein_core::{
     Cost, Limits, Nanos, Phase, Poll, Request, SchedConfig, Scheduler, SchedulerKind, ServiceTracker, TenantId,
 };
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Copy, Clone, Debug)]
 enum Kind {
     Complete,
     Wake,
@@ -50,47 +51,6 @@ enum Kind {
     HostPeriod,
     HostWake,
     PsDone,
-}
-
-/// A scheduled event. Events run in (time, sequence) order; `key` packs both into one integer, ordered
-/// in reverse so the standard max-heap pops the earliest first (sequence numbers are unique, so the
-/// payload never decides).
-#[derive(Copy, Clone, Debug)]
-struct Event {
-    key: u128,
-    kind: Kind,
-    a: u32,
-    b: u32,
-}
-
-impl Event {
-    #[inline]
-    fn new(t: u64, seq: u64, kind: Kind, a: u32, b: u32) -> Event {
-        Event { key: !((t as u128) << 64 | seq as u128), kind, a, b }
-    }
-
-    #[inline]
-    fn t(&self) -> u64 {
-        ((!self.key) >> 64) as u64
-    }
-}
-
-impl PartialEq for Event {
-    fn eq(&self, o: &Event) -> bool {
-        self.key == o.key
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, o: &Event) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Event {
-    #[inline]
-    fn cmp(&self, o: &Event) -> std::cmp::Ordering {
-        self.key.cmp(&o.key)
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -170,8 +130,7 @@ struct Link {
 pub struct Sim<'a> {
     sc: &'a Scenario,
     now: Nanos,
-    seq: u64,
-    events: BinaryHeap<Event>,
+    events: Events<Kind>,
     servers: Vec<ServerState>,
     tenants: Vec<TenantState>,
     links: Vec<Link>,
@@ -308,8 +267,7 @@ impl<'a> Sim<'a> {
         let mut sim = Sim {
             sc,
             now: Nanos::ZERO,
-            seq: 0,
-            events: BinaryHeap::new(),
+            events: Events::new(),
             servers,
             tenants,
             links,
@@ -341,20 +299,15 @@ impl<'a> Sim<'a> {
     #[inline]
     fn schedule(&mut self, t: Nanos, kind: Kind, a: u32, b: u32) {
         debug_assert!(t >= self.now, "invariant 3");
-        self.seq += 1;
-        self.events.push(Event::new(t.0, self.seq, kind, a, b));
+        self.events.push(t, kind, a, b);
     }
 
     /// Runs to the end; `progress` is called now and then with the simulated time reached.
     pub fn run(mut self, progress: &mut dyn FnMut(Nanos)) -> RunTotals {
         let end = self.sc.duration;
-        while let Some(&ev) = self.events.peek() {
-            let t = ev.t();
-            if t >= end.0 {
-                break;
-            }
-            self.events.pop();
-            self.now = Nanos(t);
+        while let Some(ev) = self.events.pop_before(end) {
+            let t = ev.t.0;
+            self.now = ev.t;
             self.events_run += 1;
             if self.events_run & 0xFFFF == 0 {
                 progress(self.now);
@@ -458,7 +411,7 @@ impl<'a> Sim<'a> {
             WorkloadKind::Closed { outstanding, per_server: true, .. } => {
                 let servers = self.sc.tenants[t].servers.len();
                 for k in 0..servers {
-                    let n = outstanding.saturating_sub(self.links[self.tenants[t].first_link as usize + k].in_flight);
+                    let n = outstanding.saturating_sub(self.link(t, k).in_flight);
                     for _ in 0..n {
                         self.issue_to(t, Some(k));
                     }
@@ -597,10 +550,7 @@ impl<'a> Sim<'a> {
         if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {
             // A VM: the request waits at its host for room in the window.
             if !self.hosts.as_mut().expect("hosts").enqueue(self.now, t, id as u64, size, offset) {
-                self.metrics.rejected(t);
-                self.tenants[t].in_flight -= 1;
-                self.links[self.tenants[t].first_link as usize + k].in_flight -= 1;
-                self.free.push(id);
+                self.reject(t, k, id);
                 return;
             }
             self.host_pump(h);
@@ -682,20 +632,38 @@ impl<'a> Sim<'a> {
             Some(tr) if self.sc.servers[s].distributed => tr.prepare(k).expect("k < servers"),
             _ => (Cost(0), Cost(0)),
         };
-        let req = Request { tenant: self.links[ts.first_link as usize + k].id, handle: id as u64, size: r.size, offset: r.offset, delta, rho };
+        let req = Request { tenant: self.link(t, k).id, handle: id as u64, size: r.size, offset: r.offset, delta, rho };
         if self.servers[s].sched.enqueue(self.now, req).is_err() {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once.
             if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {
                 self.hosts.as_mut().expect("hosts").failed(self.now, t);
                 self.host_pump(h);
             }
-            self.metrics.rejected(t);
-            self.tenants[t].in_flight -= 1;
-            self.links[self.tenants[t].first_link as usize + k].in_flight -= 1;
-            self.free.push(id);
+            self.reject(t, k, id);
             return;
         }
         self.try_dispatch(s);
+    }
+
+    /// Tenant `t`'s link to server `k` of its list.
+    #[inline]
+    fn link(&self, t: usize, k: usize) -> &Link {
+        &self.links[self.tenants[t].first_link as usize + k]
+    }
+
+    #[inline]
+    fn link_mut(&mut self, t: usize, k: usize) -> &mut Link {
+        let i = self.tenants[t].first_link as usize + k;
+        &mut self.links[i]
+    }
+
+    /// A request of tenant `t` to server `k` of its list that never reached a device: counted as
+    /// rejected, its in-flight counts and its slot released.
+    fn reject(&mut self, t: usize, k: usize, id: u32) {
+        self.metrics.rejected(t);
+        self.tenants[t].in_flight -= 1;
+        self.link_mut(t, k).in_flight -= 1;
+        self.free.push(id);
     }
 
     fn try_dispatch(&mut self, s: usize) {
@@ -819,9 +787,9 @@ impl<'a> Sim<'a> {
             self.hosts.as_mut().expect("hosts").complete(self.now, t, r.host_issued, r.size);
             self.host_pump(h);
         }
+        self.link_mut(t, r.k as usize).in_flight -= 1;
         let ts = &mut self.tenants[t];
         ts.in_flight -= 1;
-        self.links[ts.first_link as usize + r.k as usize].in_flight -= 1;
         if let Some(tr) = &mut ts.tracker {
             tr.complete(r.k as usize, r.phase, r.cost).expect("k < servers");
         }

@@ -14,6 +14,7 @@
 //! - [`pshift`]: pShift clusters (token schedulers, controller) and the paper's synthetic instances.
 
 mod array;
+mod events;
 pub mod bench;
 pub mod check;
 pub mod engine;

@@ -27,6 +27,7 @@ use super::section::{Arrivals, BucketLoad, BucketPlan, PshiftSection};
 use crate::engine::{seed_for, SimError};
 use crate::metrics::{Metrics, RunTotals};
 use crate::scenario::Scenario;
+use crate::events::Events;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{
@@ -36,7 +37,7 @@ use rein_core::{Limits, Nanos, Phase, Poll, Request, SchedConfig, Scheduler, Ten
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Copy, Clone, Debug)]
 enum Kind {
     Complete,
     Deliver,
@@ -47,15 +48,6 @@ enum Kind {
     Change,
     /// Open arrivals due at server `a` (its own heap of streams holds the details).
     Arrive,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Event {
-    t: u64,
-    seq: u64,
-    kind: Kind,
-    a: u32,
-    b: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -115,8 +107,7 @@ struct Cluster<'a> {
     sc: &'a Scenario,
     ps: &'a PshiftSection,
     now: Nanos,
-    seq: u64,
-    events: BinaryHeap<Reverse<Event>>,
+    events: Events<Kind>,
     srv: Vec<Srv>,
     bkt: Vec<Bkt>,
     /// Per bucket, the generation of its demand phase (compact: read on every arrival).
@@ -198,8 +189,7 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<ClusterRun,
         sc,
         ps,
         now: Nanos::ZERO,
-        seq: 0,
-        events: BinaryHeap::new(),
+        events: Events::new(),
         srv,
         bkt,
         gen: vec![0; nb],
@@ -229,18 +219,13 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<ClusterRun,
 impl<'a> Cluster<'a> {
     fn schedule(&mut self, t: Nanos, kind: Kind, a: u32, b: u32) {
         debug_assert!(t >= self.now);
-        self.seq += 1;
-        self.events.push(Reverse(Event { t: t.0, seq: self.seq, kind, a, b }));
+        self.events.push(t, kind, a, b);
     }
 
     fn run(mut self, progress: &mut dyn FnMut(Nanos)) -> ClusterRun {
         let end = self.sc.duration;
-        while let Some(&Reverse(ev)) = self.events.peek() {
-            if ev.t >= end.0 {
-                break;
-            }
-            self.events.pop();
-            self.now = Nanos(ev.t);
+        while let Some(ev) = self.events.pop_before(end) {
+            self.now = ev.t;
             self.events_run += 1;
             if self.events_run & 0xFFFF == 0 {
                 progress(self.now);
