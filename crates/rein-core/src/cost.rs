@@ -27,9 +27,13 @@ pub enum CostModelError {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum CostModel {
     PerIo,
-    PerByte { unit_bytes: u64 },
+    PerByte {
+        unit_bytes: u64,
+    },
     /// `knee_bytes` = Tm * Bpeak, the size at which a request costs two IOs.
-    SeekTransfer { knee_bytes: f64 },
+    SeekTransfer {
+        knee_bytes: f64,
+    },
 }
 
 impl Default for CostModel {

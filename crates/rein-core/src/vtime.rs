@@ -38,7 +38,8 @@ pub fn run_backlogged(
     for (i, t) in tenants.iter().enumerate() {
         index[t.index()] = i;
     }
-    let mut run = BacklogRun { served: vec![0; tenants.len()], by_phase: vec![[0; 3]; tenants.len()], ..Default::default() };
+    let mut run =
+        BacklogRun { served: vec![0; tenants.len()], by_phase: vec![[0; 3]; tenants.len()], ..Default::default() };
     let mut handle = 0u64;
     for &t in tenants {
         for _ in 0..queue_len {

@@ -1,8 +1,6 @@
 //! Bad input has a defined result for every scheduler: an error or documented behaviour, never a panic or
 //! a hang.
-use rein_core::{
-    CostModel, Limits, Nanos, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind,
-};
+use rein_core::{CostModel, Limits, Nanos, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind};
 
 fn each(config: SchedConfig) -> Vec<Box<dyn Scheduler>> {
     SchedulerKind::ALL.iter().map(|k| k.build(config)).collect()
@@ -84,7 +82,10 @@ fn bounds_hold_and_leave_state_unchanged() {
         for h in 0..4 {
             s.enqueue(Nanos(0), Request::new(ids[0], h)).unwrap();
         }
-        assert_eq!(s.enqueue(Nanos(0), Request::new(ids[0], 9)), Err(SchedError::TenantQueueFull { tenant: ids[0], max: 4 }));
+        assert_eq!(
+            s.enqueue(Nanos(0), Request::new(ids[0], 9)),
+            Err(SchedError::TenantQueueFull { tenant: ids[0], max: 4 })
+        );
         for h in 0..4 {
             s.enqueue(Nanos(0), Request::new(ids[1], h)).unwrap();
         }
@@ -102,7 +103,11 @@ fn bounds_hold_and_leave_state_unchanged() {
 
 #[test]
 fn maintain_erases_long_idle_tenants() {
-    let config = SchedConfig { erase_age: Some(Nanos::from_secs(60)), idle_age: Some(Nanos::from_secs(10)), ..Default::default() };
+    let config = SchedConfig {
+        erase_age: Some(Nanos::from_secs(60)),
+        idle_age: Some(Nanos::from_secs(10)),
+        ..Default::default()
+    };
     for kind in [SchedulerKind::Mclock, SchedulerKind::Rbfq] {
         let mut s = kind.build(config);
         let a = s.add_tenant(QosSpec::default()).unwrap();

@@ -7,16 +7,15 @@ use rein_core::{Mclock, Nanos, Phase, Poll, QosSpec, Request, SchedConfig, Sched
 fn run(b_spec: QosSpec, distributed: bool, secs: u64) -> (f64, f64) {
     let mut servers = [Mclock::dmclock(SchedConfig::default()), Mclock::dmclock(SchedConfig::default())];
     let a_spec = QosSpec::weighted(3.0).unwrap();
-    let ids: Vec<[TenantId; 2]> = servers
-        .iter_mut()
-        .map(|s| [s.add_tenant(a_spec).unwrap(), s.add_tenant(b_spec).unwrap()])
-        .collect();
+    let ids: Vec<[TenantId; 2]> =
+        servers.iter_mut().map(|s| [s.add_tenant(a_spec).unwrap(), s.add_tenant(b_spec).unwrap()]).collect();
     // One tracker per tenant (A uses both servers; B only server 0, so its delta is always 0).
     let mut trackers = [ServiceTracker::new(2), ServiceTracker::new(2)];
-    let send = |servers: &mut [Mclock; 2], trackers: &mut [ServiceTracker; 2], now: Nanos, t: usize, j: usize, h: u64| {
-        let (delta, rho) = if distributed { trackers[t].prepare(j).unwrap() } else { Default::default() };
-        servers[j].enqueue(now, Request::new(ids[j][t], h).distributed(delta, rho)).unwrap();
-    };
+    let send =
+        |servers: &mut [Mclock; 2], trackers: &mut [ServiceTracker; 2], now: Nanos, t: usize, j: usize, h: u64| {
+            let (delta, rho) = if distributed { trackers[t].prepare(j).unwrap() } else { Default::default() };
+            servers[j].enqueue(now, Request::new(ids[j][t], h).distributed(delta, rho)).unwrap();
+        };
     let mut h = 0;
     for _ in 0..16 {
         for j in 0..2 {
@@ -73,14 +72,17 @@ fn rho_counts_reservation_service_elsewhere() {
     let mut servers = [Mclock::dmclock(SchedConfig::default()), Mclock::dmclock(SchedConfig::default())];
     let spec = QosSpec::new(1000.0, None, 1.0, 0).unwrap();
     let other = QosSpec::weighted(1.0).unwrap();
-    let ids: Vec<[TenantId; 2]> = servers.iter_mut().map(|s| [s.add_tenant(spec).unwrap(), s.add_tenant(other).unwrap()]).collect();
+    let ids: Vec<[TenantId; 2]> =
+        servers.iter_mut().map(|s| [s.add_tenant(spec).unwrap(), s.add_tenant(other).unwrap()]).collect();
     let mut tr = ServiceTracker::new(2);
     let mut h = 0;
     for j in 0..2 {
         for _ in 0..16 {
             let (d, r) = tr.prepare(j).unwrap();
             servers[j].enqueue(Nanos(0), Request::new(ids[j][0], h).distributed(d, r)).unwrap();
-            servers[j].enqueue(Nanos(0), Request::new(ids[j][1], h + 1).distributed(Default::default(), Default::default())).unwrap();
+            servers[j]
+                .enqueue(Nanos(0), Request::new(ids[j][1], h + 1).distributed(Default::default(), Default::default()))
+                .unwrap();
             h += 2;
         }
     }
@@ -122,7 +124,8 @@ fn dispatch_cost_excludes_delta() {
     for kind in rein_core::SchedulerKind::ALL {
         let mut s = kind.build(SchedConfig::default());
         let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
-        s.enqueue(Nanos(0), Request::new(a, 1).distributed(rein_core::Cost::units(7), rein_core::Cost::units(3))).unwrap();
+        s.enqueue(Nanos(0), Request::new(a, 1).distributed(rein_core::Cost::units(7), rein_core::Cost::units(3)))
+            .unwrap();
         let Poll::Dispatch(d) = s.poll(Nanos(0), true) else { panic!() };
         assert_eq!(d.cost, rein_core::Cost::ONE, "{kind}");
     }

@@ -32,7 +32,9 @@ fn rbfq_table_3_schedule_and_tags() {
     for _ in 0..100 {
         for i in 0..2 {
             let (l, _u, g) = s.head_tags(ids[i]).unwrap().unwrap();
-            if seen[i].last() != Some(&(l, g)) || seen[i].len() < (s.stats(ids[i]).unwrap().total_dispatched() + 1) as usize {
+            if seen[i].last() != Some(&(l, g))
+                || seen[i].len() < (s.stats(ids[i]).unwrap().total_dispatched() + 1) as usize
+            {
                 if seen[i].len() < (s.stats(ids[i]).unwrap().total_dispatched() + 1) as usize {
                     seen[i].push((l, g));
                     reductions_at_head[i].push(global_served[i]);
@@ -108,7 +110,11 @@ fn mclock_section_2_1_served() {
             for i in 0..3 {
                 assert!((expect[i] - want[i] * 100.0).abs() < 1e-6);
                 let got = run.served[i] as f64 / 100.0;
-                assert!((got - want[i]).abs() <= want[i] * 0.005 + 0.03, "{kind} T={t} tenant {i}: {got} IOPS, want {}", want[i]);
+                assert!(
+                    (got - want[i]).abs() <= want[i] * 0.005 + 0.03,
+                    "{kind} T={t} tenant {i}: {got} IOPS, want {}",
+                    want[i]
+                );
             }
         }
     }

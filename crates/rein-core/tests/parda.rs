@@ -152,7 +152,8 @@ impl Cluster {
             self.pump(h);
         }
         loop {
-            let (hp, tp) = (0..self.hosts.len()).map(|h| (h, self.hosts[h].poll_timeout())).min_by_key(|x| x.1).unwrap();
+            let (hp, tp) =
+                (0..self.hosts.len()).map(|h| (h, self.hosts[h].poll_timeout())).min_by_key(|x| x.1).unwrap();
             let tc = if self.array.is_empty() { Nanos::MAX } else { self.busy_until };
             let t = tc.min(tp);
             if t >= until {
@@ -224,7 +225,13 @@ proptest! {
 #[test]
 fn fig2_shape_on_a_virtual_array() {
     // §3.2 Fig. 2 in miniature: 1:2:3, script-L 200 ms, C = 400 then 100 req/s.
-    let c = PardaConfig { latency_threshold: Nanos::from_millis(200), period: Nanos::from_secs(1), w_max: 200.0, initial_window: None, ..PardaConfig::default() };
+    let c = PardaConfig {
+        latency_threshold: Nanos::from_millis(200),
+        period: Nanos::from_secs(1),
+        w_max: 200.0,
+        initial_window: None,
+        ..PardaConfig::default()
+    };
     let betas = [1.0, 2.0, 3.0];
     let mut cl = Cluster::new(c, &betas, 400.0, true);
     cl.run(Nanos::from_secs(150), 8);
@@ -335,7 +342,13 @@ fn local_sfq_batches_nearby_requests() {
     let mut order = Vec::new();
     for t in 1..=60u64 {
         let Poll::Dispatch(d) = h.poll(Nanos(t)) else { panic!("window 1 frees after each completion") };
-        order.push(if d.tenant == a { 'a' } else if d.tenant == b { 'b' } else { 'c' });
+        order.push(if d.tenant == a {
+            'a'
+        } else if d.tenant == b {
+            'b'
+        } else {
+            'c'
+        });
         h.on_complete(Nanos(t), d.tenant, Nanos(1), 4096).unwrap();
     }
     let s: String = order.into_iter().collect();
@@ -352,7 +365,12 @@ fn local_sfq_batches_nearby_requests() {
 fn an_idle_vm_lowers_its_hosts_beta_and_window() {
     // §5.5 in miniature: a host with VMs of shares 20 and 10 (K = 1/5: beta 6) next to a host with beta
     // 4. When the shares-10 VM idles, beta drops to 4 and the windows converge to equal.
-    let c = PardaConfig { latency_threshold: Nanos::from_millis(25), period: Nanos::from_secs(1), w_max: 200.0, ..PardaConfig::default() };
+    let c = PardaConfig {
+        latency_threshold: Nanos::from_millis(25),
+        period: Nanos::from_secs(1),
+        w_max: 200.0,
+        ..PardaConfig::default()
+    };
     let mut cl = Cluster::new(c, &[1.0, 4.0], 2000.0, true);
     let h1 = HostConfig { id: 0, beta: None, beta_per_share: 0.2, ..HostConfig::default() };
     cl.hosts[0] = HostController::new(c, h1, Nanos::ZERO).unwrap();
@@ -384,8 +402,13 @@ fn bad_calls_get_clear_errors() {
     assert!(bad(HostConfig { beta: Some(f64::NAN), ..HostConfig::default() }).to_string().contains("beta"));
     assert!(matches!(bad(HostConfig { id: 1 << 20, ..HostConfig::default() }), PardaError::HostId { .. }));
     assert!(matches!(bad(HostConfig { beta_per_share: -1.0, ..HostConfig::default() }), PardaError::BetaPerShare(_)));
-    assert!(matches!(bad(HostConfig { fixed_window: Some(0.5), ..HostConfig::default() }), PardaError::FixedWindow { .. }));
-    let e = HostController::new(PardaConfig { gamma: 2.0, ..PardaConfig::default() }, HostConfig::default(), Nanos::ZERO).unwrap_err();
+    assert!(matches!(
+        bad(HostConfig { fixed_window: Some(0.5), ..HostConfig::default() }),
+        PardaError::FixedWindow { .. }
+    ));
+    let e =
+        HostController::new(PardaConfig { gamma: 2.0, ..PardaConfig::default() }, HostConfig::default(), Nanos::ZERO)
+            .unwrap_err();
     assert_eq!(e, PardaError::Gamma(2.0));
     // Unknown VM: a scheduler error, state unchanged.
     let mut other = HostController::new(PardaConfig::default(), HostConfig::default(), Nanos::ZERO).unwrap();
@@ -424,7 +447,6 @@ fn period_cadence_and_reports() {
     assert_eq!(out.ios, 0);
     assert_eq!(h.close_period(Nanos::from_secs(7)).seq, 3);
 }
-
 
 #[test]
 fn vms_per_host_are_bounded() {

@@ -26,7 +26,11 @@ fn case() -> impl Strategy<Value = Case> {
                 .iter()
                 .map(|&(rr, w, kind, lf)| {
                     // kind 0-1: has a reservation; kind 1 and 3: has a limit.
-                    let r = if kind < 2 && total_raw > 0.0 { (rr / total_raw * resv_frac * capacity).max(0.0) } else { 0.0 };
+                    let r = if kind < 2 && total_raw > 0.0 {
+                        (rr / total_raw * resv_frac * capacity).max(0.0)
+                    } else {
+                        0.0
+                    };
                     let r = if r < 1e-3 { 0.0 } else { r };
                     let l = if kind % 2 == 1 { Some((r + lf * fair).max(1.0)) } else { None };
                     QosSpec::new(r, l, w, 0).unwrap()
@@ -42,7 +46,8 @@ fn check(kind: SchedulerKind, c: &Case, halve: bool) -> Result<(), TestCaseError
     let secs = 40_000.0 / c.capacity;
     let duration = Nanos::from_secs_f64(secs);
     let half = Nanos(duration.0 / 2);
-    let schedule = if halve { vec![(Nanos(0), c.capacity), (half, c.capacity / 2.0)] } else { vec![(Nanos(0), c.capacity)] };
+    let schedule =
+        if halve { vec![(Nanos(0), c.capacity), (half, c.capacity / 2.0)] } else { vec![(Nanos(0), c.capacity)] };
     let mut s = common::build(kind);
     let (run, expect) = common::run_vs_oracle(s.as_mut(), &c.specs, &schedule, duration);
     let t = duration.as_secs_f64();

@@ -146,7 +146,12 @@ pub struct ExportInfo {
 
 impl ExportInfo {
     pub fn transmission_flags(&self) -> u16 {
-        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_CAN_MULTI_CONN;
+        let mut f = TFLAG_HAS_FLAGS
+            | TFLAG_SEND_FLUSH
+            | TFLAG_SEND_FUA
+            | TFLAG_SEND_TRIM
+            | TFLAG_SEND_WRITE_ZEROES
+            | TFLAG_CAN_MULTI_CONN;
         if self.read_only {
             f |= TFLAG_READ_ONLY;
         }
@@ -477,7 +482,13 @@ pub fn structured_chunk(out: &mut Vec<u8>, handle: u64, flags: u16, kind: u16, p
 /// Appends a structured error chunk (with DONE).
 pub fn structured_error(out: &mut Vec<u8>, handle: u64, error: u32, message: &str) {
     let msg = &message.as_bytes()[..message.len().min(4096)];
-    structured_chunk(out, handle, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, &[&error.to_be_bytes(), &(msg.len() as u16).to_be_bytes(), msg]);
+    structured_chunk(
+        out,
+        handle,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_ERROR,
+        &[&error.to_be_bytes(), &(msg.len() as u16).to_be_bytes(), msg],
+    );
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -489,7 +500,11 @@ pub fn structured_error(out: &mut Vec<u8>, handle: u64, error: u32, message: &st
 pub enum ClientProgress {
     NeedMore,
     /// The export is open: size and transmission flags.
-    Ready { size: u64, flags: u16, structured: bool },
+    Ready {
+        size: u64,
+        flags: u16,
+        structured: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,7 +528,14 @@ pub struct ClientHandshake {
 
 impl ClientHandshake {
     pub fn new(export: &str, want_structured: bool) -> ClientHandshake {
-        ClientHandshake { export: export.to_string(), want_structured, structured: false, state: CState::Greeting, size: None, flags: 0 }
+        ClientHandshake {
+            export: export.to_string(),
+            want_structured,
+            structured: false,
+            state: CState::Greeting,
+            size: None,
+            flags: 0,
+        }
     }
 
     fn send_go(&self, out: &mut Vec<u8>) {
@@ -531,7 +553,16 @@ impl ClientHandshake {
         loop {
             let rest = &input[used..];
             match self.state {
-                CState::Ready => return Ok((used, ClientProgress::Ready { size: self.size.unwrap_or(0), flags: self.flags, structured: self.structured })),
+                CState::Ready => {
+                    return Ok((
+                        used,
+                        ClientProgress::Ready {
+                            size: self.size.unwrap_or(0),
+                            flags: self.flags,
+                            structured: self.structured,
+                        },
+                    ))
+                }
                 CState::Greeting => {
                     if rest.len() < 18 {
                         return Ok((used, ClientProgress::NeedMore));
@@ -586,7 +617,11 @@ impl ClientHandshake {
                             self.state = CState::Ready;
                         }
                         r => {
-                            return Err(ProtoError::OptionRefused { option: opt, reply: r, message: String::from_utf8_lossy(&data).into_owned() });
+                            return Err(ProtoError::OptionRefused {
+                                option: opt,
+                                reply: r,
+                                message: String::from_utf8_lossy(&data).into_owned(),
+                            });
                         }
                     }
                 }
@@ -648,7 +683,15 @@ impl ReplyHeader {
                 if buf.len() < 20 {
                     return Ok(None);
                 }
-                Ok(Some((ReplyHeader::Chunk { flags: u16_at(buf, 4), kind: u16_at(buf, 6), handle: u64_at(buf, 8), length: u32_at(buf, 16) }, 20)))
+                Ok(Some((
+                    ReplyHeader::Chunk {
+                        flags: u16_at(buf, 4),
+                        kind: u16_at(buf, 6),
+                        handle: u64_at(buf, 8),
+                        length: u32_at(buf, 16),
+                    },
+                    20,
+                )))
             }
             m => Err(ProtoError::BadMagic { expected: SIMPLE_REPLY_MAGIC as u64, found: m as u64 }),
         }

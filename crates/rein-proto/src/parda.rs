@@ -170,7 +170,14 @@ mod tests {
     use super::*;
 
     fn sample() -> HostReport {
-        HostReport { host: 3, epoch: 0xDEAD_BEEF, seq: 42, timestamp: Nanos(123_456_789), latency_ns: 31_000_000, ios: 6_700 }
+        HostReport {
+            host: 3,
+            epoch: 0xDEAD_BEEF,
+            seq: 42,
+            timestamp: Nanos(123_456_789),
+            latency_ns: 31_000_000,
+            ios: 6_700,
+        }
     }
 
     #[test]
@@ -179,7 +186,14 @@ mod tests {
         assert_eq!(decode(&encode(&r)).unwrap(), r);
         assert_eq!(decode_slot(&encode_slot(&r)).unwrap(), Slot::Record(r));
         assert_eq!(decode_slot(&[0u8; SLOT_BYTES]).unwrap(), Slot::Empty);
-        let max = HostReport { host: MAX_HOSTS - 1, epoch: u64::MAX, seq: u64::MAX, timestamp: Nanos::MAX, latency_ns: u64::MAX, ios: u64::MAX };
+        let max = HostReport {
+            host: MAX_HOSTS - 1,
+            epoch: u64::MAX,
+            seq: u64::MAX,
+            timestamp: Nanos::MAX,
+            latency_ns: u64::MAX,
+            ios: u64::MAX,
+        };
         assert_eq!(decode(&encode(&max)).unwrap(), max);
         assert_eq!(&encode(&r)[0..4], b"RPDA");
         assert_eq!(slot_offset(3), 1536);

@@ -11,7 +11,11 @@ fn exports() -> Vec<ExportInfo> {
 }
 
 /// Runs client and server handshakes against each other, moving `chunk(i)` bytes at a time.
-fn handshake(export: &str, structured: bool, mut chunk: impl FnMut() -> usize) -> (Result<ClientProgress, ProtoError>, Option<Result<ServerProgress, ProtoError>>) {
+fn handshake(
+    export: &str,
+    structured: bool,
+    mut chunk: impl FnMut() -> usize,
+) -> (Result<ClientProgress, ProtoError>, Option<Result<ServerProgress, ProtoError>>) {
     let mut to_client = Vec::new();
     let mut server = ServerHandshake::new(exports(), &mut to_client);
     let mut client = ClientHandshake::new(export, structured);
@@ -58,7 +62,10 @@ fn greeting_is_byte_exact() {
 fn go_round_trip_whole_and_byte_by_byte() {
     for step in [usize::MAX, 1] {
         let (c, s) = handshake("rd", false, || step);
-        assert_eq!(c.unwrap(), ClientProgress::Ready { size: 1 << 30, flags: exports()[0].transmission_flags(), structured: false });
+        assert_eq!(
+            c.unwrap(),
+            ClientProgress::Ready { size: 1 << 30, flags: exports()[0].transmission_flags(), structured: false }
+        );
         assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 0, structured: false }));
     }
     let (c, s) = handshake("ro", true, || 3);
@@ -170,7 +177,8 @@ fn malformed_handshakes_are_errors() {
 
 #[test]
 fn requests_and_replies_round_trip() {
-    let h = RequestHeader { flags: CMD_FLAG_FUA, command: Command::Write, handle: 0xdead_beef, offset: 4096, length: 512 };
+    let h =
+        RequestHeader { flags: CMD_FLAG_FUA, command: Command::Write, handle: 0xdead_beef, offset: 4096, length: 512 };
     let mut b = Vec::new();
     h.encode(&mut b);
     assert_eq!(b.len(), REQUEST_LEN);
@@ -189,10 +197,16 @@ fn requests_and_replies_round_trip() {
     assert_eq!(ReplyHeader::decode(&o).unwrap().unwrap(), (ReplyHeader::Simple { error: EINVAL, handle: 7 }, 16));
     o.clear();
     structured_chunk(&mut o, 9, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, &[&8u64.to_be_bytes(), b"abcd"]);
-    assert_eq!(ReplyHeader::decode(&o).unwrap().unwrap().0, ReplyHeader::Chunk { flags: 1, kind: REPLY_TYPE_OFFSET_DATA, handle: 9, length: 12 });
+    assert_eq!(
+        ReplyHeader::decode(&o).unwrap().unwrap().0,
+        ReplyHeader::Chunk { flags: 1, kind: REPLY_TYPE_OFFSET_DATA, handle: 9, length: 12 }
+    );
     o.clear();
     structured_error(&mut o, 9, EIO, "disk on fire");
-    assert!(matches!(ReplyHeader::decode(&o).unwrap().unwrap().0, ReplyHeader::Chunk { kind: REPLY_TYPE_ERROR, length: 18, .. }));
+    assert!(matches!(
+        ReplyHeader::decode(&o).unwrap().unwrap().0,
+        ReplyHeader::Chunk { kind: REPLY_TYPE_ERROR, length: 18, .. }
+    ));
 }
 
 proptest! {

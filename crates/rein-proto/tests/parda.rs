@@ -6,9 +6,9 @@ use rein_core::Nanos;
 use rein_proto::parda::{decode, decode_slot, encode, encode_slot, Slot, RECORD_BYTES, SLOT_BYTES};
 
 fn report() -> impl Strategy<Value = HostReport> {
-    (0..MAX_HOSTS, any::<u64>(), 1..u64::MAX, any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(host, epoch, seq, ts, lat, ios)| {
-        HostReport { host, epoch, seq, timestamp: Nanos(ts), latency_ns: lat, ios }
-    })
+    (0..MAX_HOSTS, any::<u64>(), 1..u64::MAX, any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(host, epoch, seq, ts, lat, ios)| HostReport { host, epoch, seq, timestamp: Nanos(ts), latency_ns: lat, ios },
+    )
 }
 
 proptest! {

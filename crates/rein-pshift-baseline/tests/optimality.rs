@@ -20,7 +20,8 @@ fn l_instance(inst: &Instance, sol: &Allocation) -> Instance {
         b.add_server(inst.capacity(j).saturating_sub(load[j])).unwrap();
     }
     for i in 0..inst.buckets() {
-        let d: Vec<(usize, u64)> = inst.bucket_entries(i).map(|e| (inst.entry_server(e), inst.entry_demand(e) - sol.r[e])).collect();
+        let d: Vec<(usize, u64)> =
+            inst.bucket_entries(i).map(|e| (inst.entry_server(e), inst.entry_demand(e) - sol.r[e])).collect();
         let a = inst.reservation(i).min(inst.total_demand(i));
         let t = inst.limit(i).map_or(0, |l| l.min(inst.total_demand(i)) - a);
         b.add_bucket(t, None, &d).unwrap();
@@ -49,26 +50,27 @@ fn check_exact(inst: &Instance) -> (u64, u64) {
 }
 
 fn arb_instance() -> impl Strategy<Value = Instance> {
-    (2usize..=10).prop_flat_map(|servers| {
-        let bucket = (
-            0u64..=400,
-            proptest::option::of(0u64..=200),
-            proptest::sample::subsequence((0..servers).collect::<Vec<_>>(), 2.min(servers)..=4.min(servers)),
-            proptest::collection::vec(0u64..=200, 4),
-        );
-        (proptest::collection::vec(0u64..=300, servers), proptest::collection::vec(bucket, 1..=40))
-    })
-    .prop_map(|(caps, buckets)| {
-        let mut b = InstanceBuilder::new();
-        for c in caps {
-            b.add_server(c).unwrap();
-        }
-        for (r, extra, servers, demand) in buckets {
-            let d: Vec<(usize, u64)> = servers.into_iter().zip(demand).collect();
-            b.add_bucket(r, extra.map(|x| r + x), &d).unwrap();
-        }
-        b.build().unwrap()
-    })
+    (2usize..=10)
+        .prop_flat_map(|servers| {
+            let bucket = (
+                0u64..=400,
+                proptest::option::of(0u64..=200),
+                proptest::sample::subsequence((0..servers).collect::<Vec<_>>(), 2.min(servers)..=4.min(servers)),
+                proptest::collection::vec(0u64..=200, 4),
+            );
+            (proptest::collection::vec(0u64..=300, servers), proptest::collection::vec(bucket, 1..=40))
+        })
+        .prop_map(|(caps, buckets)| {
+            let mut b = InstanceBuilder::new();
+            for c in caps {
+                b.add_server(c).unwrap();
+            }
+            for (r, extra, servers, demand) in buckets {
+                let d: Vec<(usize, u64)> = servers.into_iter().zip(demand).collect();
+                b.add_bucket(r, extra.map(|x| r + x), &d).unwrap();
+            }
+            b.build().unwrap()
+        })
 }
 
 proptest! {
@@ -111,7 +113,13 @@ fn phi_equals_max_flow_on_600_synthetic_instances() {
 fn phi_equals_max_flow_at_paper_scale() {
     for (k, na) in [2usize, 4, 8].into_iter().enumerate() {
         for r in [0.9, 1.0] {
-            let p = GenParams { buckets: 1000, active_servers: na, reserved_fraction: r, seed: 100 + k as u64, ..Default::default() };
+            let p = GenParams {
+                buckets: 1000,
+                active_servers: na,
+                reserved_fraction: r,
+                seed: 100 + k as u64,
+                ..Default::default()
+            };
             check_exact(&generate(&p).unwrap());
         }
     }
@@ -126,7 +134,14 @@ fn phi_equals_max_flow_at_paper_scale() {
 fn parallel_equals_sequential() {
     let insts = [
         generate(&GenParams { buckets: 3000, ..Default::default() }).unwrap(),
-        generate(&GenParams { buckets: 500, active_servers: 3, limit_ratio: Some(1.5), servers: 16, ..Default::default() }).unwrap(),
+        generate(&GenParams {
+            buckets: 500,
+            active_servers: 3,
+            limit_ratio: Some(1.5),
+            servers: 16,
+            ..Default::default()
+        })
+        .unwrap(),
     ];
     for inst in &insts {
         let seq = solve(inst, &SolveOptions::default());
@@ -135,7 +150,11 @@ fn parallel_equals_sequential() {
             for approx_top in [None, Some(100)] {
                 let opts = SolveOptions { parallel: true, approx_top, ..Default::default() };
                 let par = pool.install(|| solve(inst, &opts));
-                let want = if approx_top.is_none() { seq.clone() } else { solve(inst, &SolveOptions { approx_top, ..Default::default() }) };
+                let want = if approx_top.is_none() {
+                    seq.clone()
+                } else {
+                    solve(inst, &SolveOptions { approx_top, ..Default::default() })
+                };
                 assert_eq!(par, want, "{threads} threads, top {approx_top:?}");
             }
         }

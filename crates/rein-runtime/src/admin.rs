@@ -76,7 +76,8 @@ async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
             idle_credit: t.spec.idle_credit(),
             completed: done,
             completed_reservation_phase: t.counters.completed[Phase::Reservation.index()],
-            completed_weight_phase: t.counters.completed[Phase::Weight.index()] + t.counters.completed[Phase::OverLimit.index()],
+            completed_weight_phase: t.counters.completed[Phase::Weight.index()]
+                + t.counters.completed[Phase::OverLimit.index()],
             bytes: t.counters.bytes,
             errors: t.counters.errors,
             queued: t.sched.queued,
@@ -211,7 +212,13 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     for (name, id) in s.tenants.iter() {
         if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
             for p in Phase::ALL {
-                let _ = writeln!(o, "rein_tenant_completed_total{{tenant=\"{}\",phase=\"{}\"}} {}", label(name), p.name(), t.counters.completed[p.index()]);
+                let _ = writeln!(
+                    o,
+                    "rein_tenant_completed_total{{tenant=\"{}\",phase=\"{}\"}} {}",
+                    label(name),
+                    p.name(),
+                    t.counters.completed[p.index()]
+                );
             }
         }
     }
@@ -239,7 +246,13 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let _ = writeln!(o, "# HELP rein_tenant_latency_seconds Request latency from arrival at the scheduler to completion.\n# TYPE rein_tenant_latency_seconds histogram");
     for (name, id) in s.tenants.iter() {
         if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
-            histogram(&mut o, "rein_tenant_latency_seconds", &format!("tenant=\"{}\"", label(name)), &t.counters.latency_buckets, t.counters.latency_sum_ns);
+            histogram(
+                &mut o,
+                "rein_tenant_latency_seconds",
+                &format!("tenant=\"{}\"", label(name)),
+                &t.counters.latency_buckets,
+                t.counters.latency_sum_ns,
+            );
         }
     }
     let _ = writeln!(o, "# HELP rein_backend_latency_seconds Backend latency, from dispatch to completion (all tenants).\n# TYPE rein_backend_latency_seconds histogram");

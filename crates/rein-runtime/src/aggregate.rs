@@ -25,7 +25,9 @@
 
 use rein_core::parda::{Accept, Aggregator, HostReport, MAX_HOSTS};
 use rein_core::Nanos;
-use rein_proto::parda::{decode, decode_slot, encode, encode_slot, slot_offset, RecordError, Slot, RECORD_BYTES, SLOT_BYTES};
+use rein_proto::parda::{
+    decode, decode_slot, encode, encode_slot, slot_offset, RecordError, Slot, RECORD_BYTES, SLOT_BYTES,
+};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::SocketAddr;
@@ -133,7 +135,12 @@ impl Transport {
     /// One period's exchange: publishes this host's `report`, feeds it to `agg` (a host counts its own
     /// latency), and feeds `agg` whatever the other hosts published that has arrived (the whole file, or
     /// the datagrams received since the last exchange). File IO runs on tokio's blocking pool.
-    pub async fn exchange(&mut self, now: Nanos, report: &HostReport, agg: &mut Aggregator) -> Result<CollectStats, AggregationError> {
+    pub async fn exchange(
+        &mut self,
+        now: Nanos,
+        report: &HostReport,
+        agg: &mut Aggregator,
+    ) -> Result<CollectStats, AggregationError> {
         match self {
             Transport::File(f) => {
                 if report.host >= f.slots {
@@ -170,7 +177,8 @@ fn read_table(file: &File, buf: &mut [u8]) -> Result<(), AggregationError> {
     let mut got = 0;
     // One positioned read; the loop only continues after a short read (signals, network filesystems).
     while got < buf.len() {
-        let n = file.read_at(&mut buf[got..], got as u64).map_err(|source| AggregationError::Io { op: "read", source })?;
+        let n =
+            file.read_at(&mut buf[got..], got as u64).map_err(|source| AggregationError::Io { op: "read", source })?;
         if n == 0 {
             break;
         }
@@ -208,7 +216,11 @@ pub struct UdpAggregation {
 impl UdpAggregation {
     /// Binds `addr` for host `host` and sends to `peers` (host id, address); the host's own entry, if
     /// present, is left out.
-    pub async fn bind(host: u32, addr: SocketAddr, peers: &[(u32, SocketAddr)]) -> Result<UdpAggregation, AggregationError> {
+    pub async fn bind(
+        host: u32,
+        addr: SocketAddr,
+        peers: &[(u32, SocketAddr)],
+    ) -> Result<UdpAggregation, AggregationError> {
         if host >= MAX_HOSTS {
             return Err(AggregationError::HostId { id: host, max: MAX_HOSTS });
         }
@@ -224,7 +236,8 @@ impl UdpAggregation {
                 v.push((id, a));
             }
         }
-        let socket = tokio::net::UdpSocket::bind(addr).await.map_err(|source| AggregationError::Io { op: "bind", source })?;
+        let socket =
+            tokio::net::UdpSocket::bind(addr).await.map_err(|source| AggregationError::Io { op: "bind", source })?;
         Ok(UdpAggregation { socket, host, peers: v })
     }
 

@@ -85,14 +85,22 @@ impl NbdClient {
     }
 
     /// Sends one request and waits for its reply (read data for READ).
-    pub async fn request(&self, command: Command, offset: u64, length: u32, payload: &[u8], fua: bool) -> Result<Vec<u8>, ClientError> {
+    pub async fn request(
+        &self,
+        command: Command,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+        fua: bool,
+    ) -> Result<Vec<u8>, ClientError> {
         let _slot = self.slots.acquire().await.map_err(|_| ClientError::Closed)?;
         let handle = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let read_len = if command == Command::Read { length } else { 0 };
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, (tx, read_len));
         let mut msg = Vec::with_capacity(p::REQUEST_LEN + payload.len());
-        RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle, offset, length }.encode(&mut msg);
+        RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle, offset, length }
+            .encode(&mut msg);
         msg.extend_from_slice(payload);
         {
             let mut w = self.writer.lock().await;
@@ -122,7 +130,12 @@ async fn fill(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut Vec<u8>, n: usi
     Ok(())
 }
 
-async fn reader(rd: &mut tokio::net::tcp::OwnedReadHalf, mut buf: Vec<u8>, pending: &Pending, structured: bool) -> Result<(), ClientError> {
+async fn reader(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    mut buf: Vec<u8>,
+    pending: &Pending,
+    structured: bool,
+) -> Result<(), ClientError> {
     loop {
         fill(rd, &mut buf, if structured { 20 } else { 16 }).await?;
         let Some((hdr, n)) = ReplyHeader::decode(&buf)? else { continue };
@@ -145,7 +158,9 @@ async fn reader(rd: &mut tokio::net::tcp::OwnedReadHalf, mut buf: Vec<u8>, pendi
                 }
                 match kind {
                     p::REPLY_TYPE_OFFSET_DATA if payload.len() >= 8 => (handle, Ok(payload[8..].to_vec())),
-                    p::REPLY_TYPE_ERROR if payload.len() >= 4 => (handle, Err(ClientError::Errno(u32::from_be_bytes(payload[..4].try_into().expect("4"))))),
+                    p::REPLY_TYPE_ERROR if payload.len() >= 4 => {
+                        (handle, Err(ClientError::Errno(u32::from_be_bytes(payload[..4].try_into().expect("4")))))
+                    }
                     _ => (handle, Ok(Vec::new())),
                 }
             }

@@ -264,7 +264,8 @@ impl ServerConfig {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<ServerConfig, ConfigError> {
-        let f: File = toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        let f: File =
+            toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
         validate(f).map_err(ConfigError::Invalid)
     }
 
@@ -285,7 +286,8 @@ impl ServerConfig {
 }
 
 fn validate(f: File) -> Result<ServerConfig, String> {
-    let listen: SocketAddr = f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
+    let listen: SocketAddr =
+        f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
     let admin: SocketAddr = f.admin.parse().map_err(|e| format!("admin {:?}: {e} (expected address:port)", f.admin))?;
     let scheduler: SchedulerKind = f.scheduler.parse().map_err(|e: String| format!("scheduler: {e}"))?;
     if f.queue_depth == 0 || f.queue_depth > 4096 {
@@ -342,7 +344,8 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         if t.name.is_empty() || tenants.iter().any(|x: &TenantConfig| x.name == t.name) {
             return Err(format!("tenant name {:?} is empty or repeated", t.name));
         }
-        let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit).map_err(|e| format!("tenant {}: {e}", t.name))?;
+        let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
+            .map_err(|e| format!("tenant {}: {e}", t.name))?;
         tenants.push(TenantConfig { name: t.name.clone(), spec });
     }
     if f.exports.is_empty() {
@@ -357,7 +360,11 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         if e.name.len() > 4096 || exports.iter().any(|x| x.name == e.name) {
             return Err(format!("export name {:?} is too long or repeated", e.name));
         }
-        let size = e.size_mb.checked_mul(1 << 20).filter(|&s| s > 0 && s <= MAX_EXPORT_BYTES).ok_or_else(|| format!("export {}: size_mb must be in 1..=2^30", e.name))?;
+        let size = e
+            .size_mb
+            .checked_mul(1 << 20)
+            .filter(|&s| s > 0 && s <= MAX_EXPORT_BYTES)
+            .ok_or_else(|| format!("export {}: size_mb must be in 1..=2^30", e.name))?;
         let backend = match e.backend.as_str() {
             "file" => {
                 let p = PathBuf::from(e.path.clone().unwrap_or_else(|| format!("{}.img", e.name)));
@@ -377,7 +384,14 @@ fn validate(f: File) -> Result<ServerConfig, String> {
             }
             None => return Err(format!("export {}: unknown tenant {tname:?}", e.name)),
         };
-        exports.push(ExportConfig { name: e.name.clone(), backend, size, tenant, read_only: e.read_only, direct: e.direct });
+        exports.push(ExportConfig {
+            name: e.name.clone(),
+            backend,
+            size,
+            tenant,
+            read_only: e.read_only,
+            direct: e.direct,
+        });
     }
     let cfg = ServerConfig {
         listen,
@@ -419,7 +433,8 @@ mod tests {
         assert!(e("listen = \"nowhere\"\n[[exports]]\nname = \"a\"").contains("listen \"nowhere\""));
         assert!(e("queue_depth = 0\n[[exports]]\nname = \"a\"").contains("queue_depth"));
         assert!(e("[[exports]]\nname = \"a\"\ntenant = \"zz\"").contains("unknown tenant \"zz\""));
-        assert!(e("[[exports]]\nname = \"a\"\n[[tenants]]\nname = \"a\"\nreservation = 10\nlimit = 5").contains("reservation 10 exceeds limit 5"));
+        assert!(e("[[exports]]\nname = \"a\"\n[[tenants]]\nname = \"a\"\nreservation = 10\nlimit = 5")
+            .contains("reservation 10 exceeds limit 5"));
         assert!(e("colour = 1\n[[exports]]\nname = \"a\"").contains("unknown field `colour`"));
         assert!(e("").contains("at least one [[exports]]"));
         assert!(e("scheduler = \"wfq\"\n[[exports]]\nname = \"a\"").contains("unknown scheduler"));

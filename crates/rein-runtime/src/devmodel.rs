@@ -19,7 +19,9 @@ pub enum ServiceDist {
     Exponential,
     Deterministic,
     /// Uniform in [(1-spread)/C, (1+spread)/C].
-    Uniform { spread: f64 },
+    Uniform {
+        spread: f64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +55,12 @@ fn check_capacity(iops: f64) -> Result<f64, DeviceModelError> {
 }
 
 impl DeviceModel {
-    pub fn new(capacity_iops: f64, dist: ServiceDist, transfer_mb_s: Option<f64>, seed: u64) -> Result<DeviceModel, DeviceModelError> {
+    pub fn new(
+        capacity_iops: f64,
+        dist: ServiceDist,
+        transfer_mb_s: Option<f64>,
+        seed: u64,
+    ) -> Result<DeviceModel, DeviceModelError> {
         let capacity = check_capacity(capacity_iops)?;
         if let ServiceDist::Uniform { spread } = dist {
             if !(0.0..=1.0).contains(&spread) {
@@ -68,7 +75,11 @@ impl DeviceModel {
         Ok(DeviceModel {
             dist,
             ns_per_byte,
-            state: Mutex::new(State { capacity, next_free: Nanos::ZERO, rng: Pcg64Mcg::new(0xcafe_f00d_d15e_a5e5 ^ seed as u128) }),
+            state: Mutex::new(State {
+                capacity,
+                next_free: Nanos::ZERO,
+                rng: Pcg64Mcg::new(0xcafe_f00d_d15e_a5e5 ^ seed as u128),
+            }),
         })
     }
 

@@ -36,7 +36,9 @@
 use crate::devmodel::DeviceModel;
 use crate::storage::{Storage, StorageError};
 use crate::uring::{drain_eventfd, Completion, Uring, UringOp};
-use rein_core::{Nanos, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
+use rein_core::{
+    Nanos, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
+};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -163,7 +165,8 @@ pub struct TenantCounters {
 }
 
 /// Upper bounds (seconds) of the latency histogram buckets (Prometheus style).
-pub const LATENCY_BUCKETS_S: [f64; 14] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+pub const LATENCY_BUCKETS_S: [f64; 14] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
 fn bucket_of(latency: Nanos) -> usize {
     let s = latency.as_secs_f64();
@@ -277,11 +280,16 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Starts the dispatcher task on the current tokio runtime. It ends (after draining) when every handle
     /// is dropped; the returned join handle resolves then.
-    pub fn spawn(device: Option<Arc<DeviceModel>>, config: DispatchConfig) -> (Dispatcher, tokio::task::JoinHandle<()>) {
+    pub fn spawn(
+        device: Option<Arc<DeviceModel>>,
+        config: DispatchConfig,
+    ) -> (Dispatcher, tokio::task::JoinHandle<()>) {
         assert!(config.depth > 0, "depth must be positive");
         let (tx, rx) = mpsc::channel(config.channel.max(1));
         let sched = match config.scheduler {
-            SchedulerKind::Rbfq => Box::new(rein_core::Rbfq::with_limit_in_cost_units(config.sched)) as Box<dyn Scheduler>,
+            SchedulerKind::Rbfq => {
+                Box::new(rein_core::Rbfq::with_limit_in_cost_units(config.sched)) as Box<dyn Scheduler>
+            }
             k => k.build(config.sched),
         };
         let (uring, io_engine) = match config.io_engine {
@@ -384,7 +392,14 @@ impl Token {
     fn reply(self, res: IoResult, now: Nanos) -> Done {
         let ok = res.is_ok();
         self.reply.send(res);
-        Done { slot: self.slot, phase: self.phase, bytes: self.bytes, latency: now.saturating_sub(self.arrived), device_latency: now.saturating_sub(self.dispatched), ok }
+        Done {
+            slot: self.slot,
+            phase: self.phase,
+            bytes: self.bytes,
+            latency: now.saturating_sub(self.arrived),
+            device_latency: now.saturating_sub(self.dispatched),
+            ok,
+        }
     }
 }
 
@@ -508,7 +523,8 @@ impl Task {
                     if self.counters.len() <= id.index() {
                         self.counters.resize_with(id.index() + 1, TenantCounters::default);
                     }
-                    self.counters[id.index()] = TenantCounters { latency_buckets: vec![0; LATENCY_BUCKETS_S.len() + 1], ..Default::default() };
+                    self.counters[id.index()] =
+                        TenantCounters { latency_buckets: vec![0; LATENCY_BUCKETS_S.len() + 1], ..Default::default() };
                 }
                 let _ = reply.send(r);
             }
@@ -519,7 +535,12 @@ impl Task {
                 let mut tenants = Vec::new();
                 for &id in &self.ids {
                     if let (Ok(spec), Ok(st)) = (self.sched.spec(id), self.sched.stats(id)) {
-                        tenants.push(TenantSnapshot { id, spec, sched: st, counters: self.counters[id.index()].clone() });
+                        tenants.push(TenantSnapshot {
+                            id,
+                            spec,
+                            sched: st,
+                            counters: self.counters[id.index()].clone(),
+                        });
                     }
                 }
                 let _ = reply.send(Snapshot {
@@ -602,7 +623,11 @@ impl Task {
             }
         }
         // 2. Inline: RAM, or small file IO when configured.
-        let inline = if req.storage.is_memory() { bytes <= MEMORY_INLINE_MAX } else { bytes <= self.inline_max_bytes && !matches!(req.op, Op::Flush) };
+        let inline = if req.storage.is_memory() {
+            bytes <= MEMORY_INLINE_MAX
+        } else {
+            bytes <= self.inline_max_bytes && !matches!(req.op, Op::Flush)
+        };
         if inline {
             let res = execute(req);
             self.answer(token, res, done);
@@ -612,9 +637,9 @@ impl Task {
         let clock = self.clock;
         let done = done.clone();
         tokio::spawn(async move {
-            let res = tokio::task::spawn_blocking(move || execute(req))
-                .await
-                .unwrap_or_else(|e| Err(IoError::Storage(StorageError::Io { op: "task", source: std::io::Error::other(e.to_string()) })));
+            let res = tokio::task::spawn_blocking(move || execute(req)).await.unwrap_or_else(|e| {
+                Err(IoError::Storage(StorageError::Io { op: "task", source: std::io::Error::other(e.to_string()) }))
+            });
             let _ = done.send(Self::deliver(clock, token, res).await);
         });
     }

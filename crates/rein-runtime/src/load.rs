@@ -142,9 +142,12 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     for j in &cfg.jobs {
         let mut cs = Vec::new();
         for _ in 0..j.connections {
-            let c = NbdClient::connect(cfg.addr, &j.export)
-                .await
-                .map_err(|source| LoadError::Connect { job: j.name.clone(), export: j.export.clone(), addr: cfg.addr, source })?;
+            let c = NbdClient::connect(cfg.addr, &j.export).await.map_err(|source| LoadError::Connect {
+                job: j.name.clone(),
+                export: j.export.clone(),
+                addr: cfg.addr,
+                source,
+            })?;
             cs.push(c);
         }
         clients.push(cs);
@@ -245,10 +248,15 @@ async fn worker(client: Arc<NbdClient>, sh: Arc<Mutex<Shared>>, j: Job, seed: u6
             while next < end {
                 tokio::time::sleep_until(next).await;
                 let (off, read) = one(&mut rng, &mut seq);
-                let (c, s, size, pl) = (client.clone(), sh.clone(), j.size, if read { Vec::new() } else { payload.clone() });
+                let (c, s, size, pl) =
+                    (client.clone(), sh.clone(), j.size, if read { Vec::new() } else { payload.clone() });
                 inflight.spawn(async move {
                     let t0 = Instant::now();
-                    let r = if read { c.request(Command::Read, off, size, &[], false).await } else { c.request(Command::Write, off, size, &pl, false).await };
+                    let r = if read {
+                        c.request(Command::Read, off, size, &[], false).await
+                    } else {
+                        c.request(Command::Write, off, size, &pl, false).await
+                    };
                     let done = Instant::now();
                     s.lock().unwrap_or_else(|e| e.into_inner()).record(done, done - t0, size as u64, r.is_ok());
                 });

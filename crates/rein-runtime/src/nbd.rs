@@ -54,7 +54,11 @@ pub enum ConnError {
 
 /// Serves one connection until the client disconnects, errs, or `shutdown` turns true (then in-flight
 /// requests are answered before closing).
-pub async fn serve_connection(stream: TcpStream, ctx: Arc<NbdContext>, mut shutdown: watch::Receiver<bool>) -> Result<(), ConnError> {
+pub async fn serve_connection(
+    stream: TcpStream,
+    ctx: Arc<NbdContext>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
     let (mut rd, mut wr) = stream.into_split();
     let infos: Vec<ExportInfo> = ctx.exports.iter().map(|e| e.info.clone()).collect();
@@ -142,7 +146,11 @@ pub async fn serve_connection(stream: TcpStream, ctx: Arc<NbdContext>, mut shutd
 const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 /// Reads until `buf` holds at least `n` bytes; false if the peer closed first.
-async fn read_exact_buffered(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut Vec<u8>, n: usize) -> std::io::Result<bool> {
+async fn read_exact_buffered(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    buf: &mut Vec<u8>,
+    n: usize,
+) -> std::io::Result<bool> {
     while buf.len() < n {
         // Read straight into the buffer's spare capacity: no allocation or copy per read.
         buf.reserve((n - buf.len()).max(16 * 1024));
@@ -189,7 +197,8 @@ async fn transmission(
         consumed += p::REQUEST_LEN;
         // Every request, answered with data or an error, takes a permit until its reply is written.
         let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
-        let reply_err = |code: u32| encode_reply(hdr.handle, hdr.offset, code, hdr.command == Command::Read, structured, &[]);
+        let reply_err =
+            |code: u32| encode_reply(hdr.handle, hdr.offset, code, hdr.command == Command::Read, structured, &[]);
         // WRITE payload comes first, whatever we decide about the request.
         let mut payload = Vec::new();
         if hdr.command == Command::Write {
@@ -223,7 +232,13 @@ async fn transmission(
             let _ = tx.send((reply_err(p::EPERM), permit));
             continue;
         }
-        let req = IoRequest { storage: export.storage.clone(), tenant: export.tenant, offset: hdr.offset, op, fua: hdr.fua() };
+        let req = IoRequest {
+            storage: export.storage.clone(),
+            tenant: export.tenant,
+            offset: hdr.offset,
+            op,
+            fua: hdr.fua(),
+        };
         let tx2 = tx.clone();
         // The reply is encoded where the result appears (on the dispatcher) and goes straight to the
         // writer: no task or channel per request.
@@ -253,7 +268,13 @@ fn encode_reply(handle: u64, offset: u64, error: u32, is_read: bool, structured:
         p::structured_error(&mut out, handle, error, "");
     } else if is_read && !data.is_empty() {
         // One chunk covering the whole read, at the request's offset.
-        p::structured_chunk(&mut out, handle, p::REPLY_FLAG_DONE, p::REPLY_TYPE_OFFSET_DATA, &[&offset.to_be_bytes(), data]);
+        p::structured_chunk(
+            &mut out,
+            handle,
+            p::REPLY_FLAG_DONE,
+            p::REPLY_TYPE_OFFSET_DATA,
+            &[&offset.to_be_bytes(), data],
+        );
     } else {
         p::structured_chunk(&mut out, handle, p::REPLY_FLAG_DONE, p::REPLY_TYPE_NONE, &[]);
     }

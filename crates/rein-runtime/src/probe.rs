@@ -97,7 +97,10 @@ impl ProbeConfig {
             return bad(format!("depth must be in 1..=4096, got {}", self.depth));
         }
         if self.tenants == 0 || self.tenants > 1 << 20 || self.workers.is_some_and(|w| w == 0 || w > 1 << 20) {
-            return bad(format!("tenants and workers must be in 1..=2^20, got {} and {:?}", self.tenants, self.workers));
+            return bad(format!(
+                "tenants and workers must be in 1..=2^20, got {} and {:?}",
+                self.tenants, self.workers
+            ));
         }
         if !(0.0..=100.0).contains(&self.read_pct) {
             return bad(format!("read share must be in 0..=100 %, got {}", self.read_pct));
@@ -107,12 +110,21 @@ impl ProbeConfig {
 }
 
 /// Runs the probe on `storage` (see the module comment).
-pub async fn probe(storage: Arc<dyn Storage>, device: Option<Arc<DeviceModel>>, cfg: &ProbeConfig) -> Result<ProbeResult, ProbeError> {
+pub async fn probe(
+    storage: Arc<dyn Storage>,
+    device: Option<Arc<DeviceModel>>,
+    cfg: &ProbeConfig,
+) -> Result<ProbeResult, ProbeError> {
     cfg.validate(storage.size())?;
     if cfg.read_pct < 100.0 && storage.read_only() {
         return Err(ProbeError::Invalid("the export is read-only: probe with reads only".into()));
     }
-    let dcfg = DispatchConfig { scheduler: cfg.scheduler, depth: cfg.depth, io_engine: cfg.io_engine, ..DispatchConfig::default() };
+    let dcfg = DispatchConfig {
+        scheduler: cfg.scheduler,
+        depth: cfg.depth,
+        io_engine: cfg.io_engine,
+        ..DispatchConfig::default()
+    };
     let (d, join) = Dispatcher::spawn(device, dcfg);
     let mut tenants = Vec::with_capacity(cfg.tenants);
     for _ in 0..cfg.tenants {
@@ -139,7 +151,9 @@ pub async fn probe(storage: Arc<dyn Storage>, device: Option<Arc<DeviceModel>>, 
                     Op::Write { data: (0..size).map(|_| rng.gen()).collect() }
                 };
                 let t0 = tokio::time::Instant::now();
-                d.io(IoRequest { storage: st.clone(), tenant, offset, op, fua: false }).await.map_err(|e| e.to_string())?;
+                d.io(IoRequest { storage: st.clone(), tenant, offset, op, fua: false })
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let _ = local.record(t0.elapsed().as_nanos().max(1) as u64);
                 n += 1;
             }

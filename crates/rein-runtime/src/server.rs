@@ -46,7 +46,8 @@ pub enum ServeError {
 pub fn open_export(e: &crate::config::ExportConfig) -> Result<Arc<dyn Storage>, ServeError> {
     Ok(match &e.backend {
         BackendKind::File { path } => Arc::new(
-            FileStorage::open_with(path, Some(e.size), e.read_only, e.direct).map_err(|source| ServeError::Export { name: e.name.clone(), source })?,
+            FileStorage::open_with(path, Some(e.size), e.read_only, e.direct)
+                .map_err(|source| ServeError::Export { name: e.name.clone(), source })?,
         ),
         BackendKind::Memory => Arc::new(MemStorage::new(e.size)),
     })
@@ -60,8 +61,13 @@ pub struct Bound {
 }
 
 /// Runs the server until `shutdown` resolves. `ready` gets the bound addresses once listening.
-pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: Option<tokio::sync::oneshot::Sender<Bound>>) -> Result<(), ServeError> {
-    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
+pub async fn run(
+    cfg: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+    ready: Option<tokio::sync::oneshot::Sender<Bound>>,
+) -> Result<(), ServeError> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
     let device = match &cfg.device {
         Some(d) => Some(Arc::new(DeviceModel::new(d.capacity_iops, d.service, d.transfer_mb_s, d.seed)?)),
         None => None,
@@ -81,9 +87,18 @@ pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: O
     if cfg.probe_capacity_s > 0.0 && cfg.capacity_iops.is_none() {
         // Measure the largest export through a dispatcher like the server's own, before serving.
         let biggest = exports.iter().max_by_key(|s| s.size()).expect("at least one export").clone();
-        let pc = ProbeConfig { seconds: cfg.probe_capacity_s, depth: cfg.queue_depth, io_engine: cfg.io_engine, ..ProbeConfig::default() };
+        let pc = ProbeConfig {
+            seconds: cfg.probe_capacity_s,
+            depth: cfg.queue_depth,
+            io_engine: cfg.io_engine,
+            ..ProbeConfig::default()
+        };
         let r = probe(biggest, device.clone(), &pc).await.map_err(|e| ServeError::Probe(e.to_string()))?;
-        tracing::info!(iops = r.iops.round(), p99_ms = r.latency_p99_ms, "capacity probe: using the measured capacity for admission control");
+        tracing::info!(
+            iops = r.iops.round(),
+            p99_ms = r.latency_p99_ms,
+            "capacity probe: using the measured capacity for admission control"
+        );
         cfg.capacity_iops = Some(r.iops);
     }
     let (dispatcher, dispatcher_done) = Dispatcher::spawn(device, dcfg);
@@ -102,12 +117,21 @@ pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: O
     for (e, storage) in cfg.exports.iter().zip(storages) {
         let size = storage.size();
         exports.push(Export {
-            info: ExportInfo { name: e.name.clone(), description: format!("tenant {}", cfg.tenants[e.tenant].name), size, read_only: e.read_only },
+            info: ExportInfo {
+                name: e.name.clone(),
+                description: format!("tenant {}", cfg.tenants[e.tenant].name),
+                size,
+                read_only: e.read_only,
+            },
             storage,
             tenant: tenant_ids[e.tenant],
         });
     }
-    let ctx = Arc::new(NbdContext { exports, dispatcher: dispatcher.clone(), max_payload: cfg.max_request.min(u32::MAX as u64) as u32 });
+    let ctx = Arc::new(NbdContext {
+        exports,
+        dispatcher: dispatcher.clone(),
+        max_payload: cfg.max_request.min(u32::MAX as u64) as u32,
+    });
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| ServeError::Bind { addr: cfg.listen, source })?;
     let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
     let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin: admin_l.local_addr().expect("bound") };
@@ -121,10 +145,11 @@ pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>, ready: O
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(async move {
-        let _ = axum::serve(admin_l, admin::router(admin_state)).with_graceful_shutdown(async move {
-            let _ = admin_stop.wait_for(|s| *s).await;
-        })
-        .await;
+        let _ = axum::serve(admin_l, admin::router(admin_state))
+            .with_graceful_shutdown(async move {
+                let _ = admin_stop.wait_for(|s| *s).await;
+            })
+            .await;
     });
     if let Some(r) = ready {
         let _ = r.send(bound);

@@ -136,7 +136,12 @@ impl FileStorage {
 
     /// As [`FileStorage::open`]; with `direct`, aligned IO bypasses the page cache (`O_DIRECT`). A file
     /// system that refuses `O_DIRECT` (tmpfs, for one) is an error naming the cause.
-    pub fn open_with(path: &Path, create_size: Option<u64>, read_only: bool, direct: bool) -> Result<FileStorage, StorageError> {
+    pub fn open_with(
+        path: &Path,
+        create_size: Option<u64>,
+        read_only: bool,
+        direct: bool,
+    ) -> Result<FileStorage, StorageError> {
         let io = |op, source| StorageError::Io { op, source };
         let exists = path.exists();
         let file = OpenOptions::new()
@@ -199,7 +204,14 @@ impl FileStorage {
             return Ok(());
         }
         // SAFETY: fallocate on a descriptor we own, with plain integer arguments.
-        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode | libc::FALLOC_FL_KEEP_SIZE, offset as libc::off_t, len as libc::off_t) };
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
         if r == 0 {
             return Ok(());
         }
@@ -215,7 +227,9 @@ impl FileStorage {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(CHUNK as u64) as usize;
-            self.file.write_all_at(&zeroes[..n], offset + done).map_err(|source| StorageError::Io { op: "write_zeroes", source })?;
+            self.file
+                .write_all_at(&zeroes[..n], offset + done)
+                .map_err(|source| StorageError::Io { op: "write_zeroes", source })?;
             done += n as u64;
         }
         Ok(())
@@ -251,7 +265,9 @@ impl Storage for FileStorage {
         self.check_io(offset, buf.len() as u64, true)?;
         let err = |source| StorageError::Io { op: "write", source };
         match &self.direct {
-            Some(d) if direct_aligned(offset, buf.len() as u64) => d.write_all_at(AlignedBuf::from_slice(buf).as_slice(), offset).map_err(err),
+            Some(d) if direct_aligned(offset, buf.len() as u64) => {
+                d.write_all_at(AlignedBuf::from_slice(buf).as_slice(), offset).map_err(err)
+            }
             _ => self.file.write_all_at(buf, offset).map_err(err),
         }
     }

@@ -105,7 +105,8 @@ impl<T> Uring<T> {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         ring.submitter().register_eventfd(fd.as_raw_fd())?;
         // SAFETY: the AsyncFd owns `fd` (an OwnedFd), which stays open and the same until it is dropped.
-        let eventfd = Arc::new(unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)?);
+        let eventfd =
+            Arc::new(unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)?);
         Ok(Uring { ring, eventfd, slots: Vec::new(), free: Vec::new(), inflight: 0, queued: false, cqes: Vec::new() })
     }
 
@@ -121,7 +122,13 @@ impl<T> Uring<T> {
 
     /// Queues an operation on a file storage; [`Uring::submit`] hands it to the kernel. A request that
     /// fails its checks (range, read-only) comes back at once with its token.
-    pub fn push(&mut self, storage: Arc<dyn Storage>, offset: u64, op: UringOp, token: T) -> Result<(), (T, StorageError)> {
+    pub fn push(
+        &mut self,
+        storage: Arc<dyn Storage>,
+        offset: u64,
+        op: UringOp,
+        token: T,
+    ) -> Result<(), (T, StorageError)> {
         let Some(file): Option<&FileStorage> = storage.as_file() else {
             let e = StorageError::Io { op: "io_uring", source: io::Error::other("not a file storage") };
             return Err((token, e));
@@ -132,7 +139,11 @@ impl<T> Uring<T> {
                     return Err((token, e));
                 }
                 let (fd, direct) = file.fd_for(offset, len as u64);
-                let buf = if direct { Buf::Aligned(AlignedBuf::zeroed(len as usize)) } else { Buf::Plain(vec![0u8; len as usize]) };
+                let buf = if direct {
+                    Buf::Aligned(AlignedBuf::zeroed(len as usize))
+                } else {
+                    Buf::Plain(vec![0u8; len as usize])
+                };
                 (Kind::Read, fd, buf, len as usize, false)
             }
             UringOp::Write { data, fua } => {
@@ -158,7 +169,10 @@ impl<T> Uring<T> {
             }
         };
         self.inflight += 1;
-        assert!(self.inflight <= self.ring.params().sq_entries() as usize, "invariant 3: more in flight than the ring holds");
+        assert!(
+            self.inflight <= self.ring.params().sq_entries() as usize,
+            "invariant 3: more in flight than the ring holds"
+        );
         self.push_entry(idx);
         Ok(())
     }
@@ -170,7 +184,9 @@ impl<T> Uring<T> {
         // SAFETY (pointer arithmetic): `done < len` for reads and writes, so the pointer stays inside the
         // buffer; for fsync no buffer is used.
         let entry: squeue::Entry = match s.kind {
-            Kind::Read => opcode::Read::new(types::Fd(s.fd), unsafe { s.buf.ptr().add(s.done) }, remaining).offset(at).build(),
+            Kind::Read => {
+                opcode::Read::new(types::Fd(s.fd), unsafe { s.buf.ptr().add(s.done) }, remaining).offset(at).build()
+            }
             Kind::Write => opcode::Write::new(types::Fd(s.fd), unsafe { s.buf.ptr().add(s.done) }, remaining)
                 .offset(at)
                 .rw_flags(if s.dsync { libc::RWF_DSYNC } else { 0 })
@@ -232,8 +248,12 @@ impl<T> Uring<T> {
                 if s.done >= s.len {
                     Some(Ok(()))
                 } else if res == 0 {
-                    let kind = if s.kind == Kind::Read { io::ErrorKind::UnexpectedEof } else { io::ErrorKind::WriteZero };
-                    Some(Err(StorageError::Io { op, source: io::Error::new(kind, format!("{op} stopped after {} of {} bytes", s.done, s.len)) }))
+                    let kind =
+                        if s.kind == Kind::Read { io::ErrorKind::UnexpectedEof } else { io::ErrorKind::WriteZero };
+                    Some(Err(StorageError::Io {
+                        op,
+                        source: io::Error::new(kind, format!("{op} stopped after {} of {} bytes", s.done, s.len)),
+                    }))
                 } else {
                     None // short transfer: go on from where it stopped
                 }
@@ -335,7 +355,9 @@ mod tests {
         let a: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
         let b: Vec<u8> = (0..1000u32).map(|i| (i * 13 % 241) as u8).collect();
         u.push(storage.clone(), 4096, UringOp::Write { data: a.clone(), fua: true }, 1).map_err(|(_, e)| e).unwrap();
-        u.push(storage.clone(), 100_001, UringOp::Write { data: b.clone(), fua: false }, 2).map_err(|(_, e)| e).unwrap();
+        u.push(storage.clone(), 100_001, UringOp::Write { data: b.clone(), fua: false }, 2)
+            .map_err(|(_, e)| e)
+            .unwrap();
         let done = wait_all(&mut u, 2);
         assert!(done.iter().all(|(_, r)| r.is_ok()), "writes failed");
         u.push(storage.clone(), 0, UringOp::Flush, 3).map_err(|(_, e)| e).unwrap();
@@ -388,7 +410,9 @@ mod tests {
         let storage: Arc<dyn Storage> = Arc::new(FileStorage::open(&path, Some(1 << 20), false).unwrap());
         let Ok(mut u) = Uring::<u32>::new(8) else { return };
         for i in 0..8u32 {
-            u.push(storage.clone(), i as u64 * 4096, UringOp::Write { data: vec![i as u8; 4096], fua: false }, i).map_err(|(_, e)| e).unwrap();
+            u.push(storage.clone(), i as u64 * 4096, UringOp::Write { data: vec![i as u8; 4096], fua: false }, i)
+                .map_err(|(_, e)| e)
+                .unwrap();
         }
         assert_eq!(u.inflight(), 8);
         let done = wait_all(&mut u, 8);

@@ -39,7 +39,9 @@ async fn metrics_and_tenants() {
     let (addr, d, ids) = start(true, Admission::Refuse).await;
     let st: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 20));
     for _ in 0..5 {
-        d.io(IoRequest { storage: st.clone(), tenant: ids[0], offset: 0, op: Op::Read { len: 4096 }, fua: false }).await.unwrap();
+        d.io(IoRequest { storage: st.clone(), tenant: ids[0], offset: 0, op: Op::Read { len: 4096 }, fua: false })
+            .await
+            .unwrap();
     }
     let (code, m) = http(addr, "GET", "/metrics", "").await;
     assert_eq!(code, 200);
@@ -71,7 +73,8 @@ async fn metrics_and_tenants() {
 async fn spec_changes_are_validated_and_applied() {
     let (addr, d, ids) = start(true, Admission::Refuse).await;
     // Valid change (limit removed with null).
-    let (code, body) = http(addr, "PUT", "/api/tenants/rd", r#"{"reservation": 200, "weight": 3, "limit": null}"#).await;
+    let (code, body) =
+        http(addr, "PUT", "/api/tenants/rd", r#"{"reservation": 200, "weight": 3, "limit": null}"#).await;
     assert_eq!(code, 200, "{body}");
     let snap = d.snapshot().await.unwrap();
     let rd = snap.tenants.iter().find(|t| t.id == ids[0]).unwrap();

@@ -41,7 +41,14 @@ fn report(h: u32, k: u64) -> HostReport {
         (2, 8..) => Nanos::from_secs(2 * k).saturating_sub(Nanos::from_secs(86_400)),
         _ => now(k),
     };
-    HostReport { host: h, epoch, seq, timestamp, latency_ns: (10 + 10 * h as u64 + k) * 1_000_000, ios: 100 * (h as u64 + 1) }
+    HostReport {
+        host: h,
+        epoch,
+        seq,
+        timestamp,
+        latency_ns: (10 + 10 * h as u64 + k) * 1_000_000,
+        ios: 100 * (h as u64 + 1),
+    }
 }
 
 /// The report of host `h` the aggregators should use in period `k` (its latest valid one), if it is live.
@@ -127,7 +134,8 @@ fn shared_file_aggregation_with_faults() {
     let mut gremlin = None;
     for k in 1..=PERIODS {
         barrier.wait(); // everyone has written (so the file exists)
-        let gremlin = gremlin.get_or_insert_with(|| std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap());
+        let gremlin =
+            gremlin.get_or_insert_with(|| std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap());
         match k {
             6 => {
                 // Flip one byte of host 1's record; write a valid host-1 record into host 5's slot.
@@ -201,10 +209,15 @@ async fn udp_faults() {
     for h in 0..HOSTS {
         socks.push(UdpAggregation::bind(h, addr(h), &[]).await.unwrap());
     }
-    let peers: Vec<(u32, SocketAddr)> = socks.iter().enumerate().map(|(h, s)| (h as u32, s.local_addr().unwrap())).collect();
+    let peers: Vec<(u32, SocketAddr)> =
+        socks.iter().enumerate().map(|(h, s)| (h as u32, s.local_addr().unwrap())).collect();
     for (h, s) in socks.iter_mut().enumerate() {
         s.set_peers(&peers);
-        assert_eq!(s.local_addr().unwrap().ip().to_string(), format!("127.0.0.{}", h + 1), "each host has its own address");
+        assert_eq!(
+            s.local_addr().unwrap().ip().to_string(),
+            format!("127.0.0.{}", h + 1),
+            "each host has its own address"
+        );
     }
     // The gremlin sends from an address no host is configured with.
     let gremlin = tokio::net::UdpSocket::bind("127.0.0.9:0").await.unwrap();
@@ -227,8 +240,8 @@ async fn udp_faults() {
                     agg.accept(now(k), own).unwrap();
                 }
                 barrier.wait().await; // everyone (and the gremlin) has sent
-                // Datagrams this host should get this period: one per other reporting host, plus the
-                // gremlin's two in period 6.
+                                      // Datagrams this host should get this period: one per other reporting host, plus the
+                                      // gremlin's two in period 6.
                 let want = (0..HOSTS).filter(|&o| o != h && reports(o, k) && !(o == 1 && k == 6)).count()
                     + if k == 6 && h != 1 { 2 } else { 0 };
                 let mut st = CollectStats::default();
@@ -294,7 +307,9 @@ async fn control_loop_over(kind: &str) {
     for h in 0..N {
         transports.push(match kind {
             "file" => Transport::File(FileAggregation::open(&path, N).unwrap()),
-            _ => Transport::Udp(UdpAggregation::bind(h, format!("127.0.0.{}:0", h + 1).parse().unwrap(), &[]).await.unwrap()),
+            _ => Transport::Udp(
+                UdpAggregation::bind(h, format!("127.0.0.{}:0", h + 1).parse().unwrap(), &[]).await.unwrap(),
+            ),
         });
     }
     let peers: Vec<(u32, SocketAddr)> = transports
@@ -316,7 +331,12 @@ async fn control_loop_over(kind: &str) {
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             let c = PardaConfig { latency_threshold: Nanos::from_millis(30), ..PardaConfig::default() };
-            let mut host = HostController::new(c, HostConfig { id: h as u32, beta: Some(1.0), ..HostConfig::default() }, Nanos::ZERO).unwrap();
+            let mut host = HostController::new(
+                c,
+                HostConfig { id: h as u32, beta: Some(1.0), ..HostConfig::default() },
+                Nanos::ZERO,
+            )
+            .unwrap();
             let vm = host.add_vm(QosSpec::weighted(1.0).unwrap()).unwrap();
             let mut agg = Aggregator::new(TIMEOUT).unwrap();
             let mut signals = Vec::new();
@@ -333,7 +353,9 @@ async fn control_loop_over(kind: &str) {
                 if let Transport::Udp(u) = &transport {
                     // Datagrams of this period: wait (bounded) until every peer's has arrived.
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-                    while agg.peers().filter(|(_, p)| p.last.seq == k).count() < N as usize && tokio::time::Instant::now() < deadline {
+                    while agg.peers().filter(|(_, p)| p.last.seq == k).count() < N as usize
+                        && tokio::time::Instant::now() < deadline
+                    {
                         u.wait_readable(Duration::from_millis(100)).await;
                         u.drain(t, &mut agg);
                     }

@@ -22,7 +22,15 @@ async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -
             tasks.push(tokio::spawn(async move {
                 let mut off = k * 4096;
                 while tokio::time::Instant::now() < deadline {
-                    let r = d.io(IoRequest { storage: st.clone(), tenant: id, offset: off % (1 << 30), op: Op::Read { len: 4096 }, fua: false }).await;
+                    let r = d
+                        .io(IoRequest {
+                            storage: st.clone(),
+                            tenant: id,
+                            offset: off % (1 << 30),
+                            op: Op::Read { len: 4096 },
+                            fua: false,
+                        })
+                        .await;
                     assert!(r.is_ok());
                     if tokio::time::Instant::now() > warm && tokio::time::Instant::now() <= deadline {
                         c.fetch_add(1, Ordering::Relaxed);
@@ -76,10 +84,24 @@ async fn data_round_trips_and_errors_are_answered() {
     let (d, join) = Dispatcher::spawn(None, DispatchConfig::default());
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
-    d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::Write { data: data.clone() }, fua: true }).await.unwrap();
-    let back = d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::Read { len: 8192 }, fua: false }).await.unwrap();
+    d.io(IoRequest {
+        storage: storage.clone(),
+        tenant: id,
+        offset: 4096,
+        op: Op::Write { data: data.clone() },
+        fua: true,
+    })
+    .await
+    .unwrap();
+    let back = d
+        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::Read { len: 8192 }, fua: false })
+        .await
+        .unwrap();
     assert_eq!(back, data);
-    let e = d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 1 << 20, op: Op::Read { len: 1 }, fua: false }).await.unwrap_err();
+    let e = d
+        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 1 << 20, op: Op::Read { len: 1 }, fua: false })
+        .await
+        .unwrap_err();
     assert_eq!(e.errno(), 22, "out of range is EINVAL: {e}");
     // The tenant still works after the error.
     d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 0, op: Op::Flush, fua: false }).await.unwrap();
@@ -89,7 +111,10 @@ async fn data_round_trips_and_errors_are_answered() {
     let foreign = other.add_tenant(QosSpec::default()).await.unwrap();
     drop(other);
     j2.await.unwrap();
-    let e = d.io(IoRequest { storage: storage.clone(), tenant: foreign, offset: 0, op: Op::Read { len: 1 }, fua: false }).await.unwrap_err();
+    let e = d
+        .io(IoRequest { storage: storage.clone(), tenant: foreign, offset: 0, op: Op::Read { len: 1 }, fua: false })
+        .await
+        .unwrap_err();
     assert!(matches!(e, IoError::Refused(_)) && e.errno() == 22, "{e}");
     let snap = d.snapshot().await.unwrap();
     assert_eq!(snap.tenants.len(), 1);
@@ -119,7 +144,15 @@ async fn seconds_below_reservation_and_iops_are_measured() {
             let (d, st) = (d.clone(), storage.clone());
             tasks.push(tokio::spawn(async move {
                 while tokio::time::Instant::now() < deadline {
-                    let _ = d.io(IoRequest { storage: st.clone(), tenant: id, offset: k * 4096, op: Op::Read { len: 4096 }, fua: false }).await;
+                    let _ = d
+                        .io(IoRequest {
+                            storage: st.clone(),
+                            tenant: id,
+                            offset: k * 4096,
+                            op: Op::Read { len: 4096 },
+                            fua: false,
+                        })
+                        .await;
                 }
             }));
         }

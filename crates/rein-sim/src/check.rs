@@ -32,7 +32,8 @@ fn tenant_metric(run: &RunTotals, sc: &Scenario, t: usize, metric: &str, a: f64,
         }
         "latency_mean_ms" => {
             let w = ts.window(a, b);
-            let (n, sum) = w.fold((0u64, 0u64), |(n, s), i| (n + ts.cell(t, i).ios as u64, s + ts.cell(t, i).lat_sum_ns));
+            let (n, sum) =
+                w.fold((0u64, 0u64), |(n, s), i| (n + ts.cell(t, i).ios as u64, s + ts.cell(t, i).lat_sum_ns));
             if n > 0 {
                 sum as f64 / n as f64 / 1e6
             } else {
@@ -45,7 +46,8 @@ fn tenant_metric(run: &RunTotals, sc: &Scenario, t: usize, metric: &str, a: f64,
         "latency_max_ms" => s.latency_ms.max,
         "reservation_fraction" => {
             let w = ts.window(a, b);
-            let (r, n) = w.fold((0u64, 0u64), |(r, n), i| (r + ts.cell(t, i).phase[0] as u64, n + ts.cell(t, i).ios as u64));
+            let (r, n) =
+                w.fold((0u64, 0u64), |(r, n), i| (r + ts.cell(t, i).phase[0] as u64, n + ts.cell(t, i).ios as u64));
             if n > 0 {
                 r as f64 / n as f64
             } else {
@@ -80,7 +82,15 @@ pub fn check(sc: &Scenario, run: &RunTotals) -> Vec<CheckResult> {
     let mut baseline = None;
     sc.expect
         .iter()
-        .map(|e| if e.host.is_some() { crate::hosts::check_one(sc, run, e, &mut baseline) } else { check_one(sc, run, e) })
+        .map(
+            |e| {
+                if e.host.is_some() {
+                    crate::hosts::check_one(sc, run, e, &mut baseline)
+                } else {
+                    check_one(sc, run, e)
+                }
+            },
+        )
         .collect()
 }
 
@@ -107,7 +117,15 @@ fn period_metric(run: &RunTotals, sc: &Scenario, e: &ExpectFile, a: f64, b: f64)
 /// Over the QoS periods inside [a, b] s and the given buckets: (number of bucket-periods, share of them
 /// in which the bucket did at least `threshold_pct`% of its reservation (`met`), or more than its limit
 /// plus `threshold_pct`% (`!met`)). A pShift scenario's periods; 0 when there are none.
-pub fn bucket_periods(run: &RunTotals, sc: &Scenario, tenants: &[usize], met: bool, thr: f64, a: f64, b: f64) -> (u64, f64) {
+pub fn bucket_periods(
+    run: &RunTotals,
+    sc: &Scenario,
+    tenants: &[usize],
+    met: bool,
+    thr: f64,
+    a: f64,
+    b: f64,
+) -> (u64, f64) {
     let ps = sc.pshift.as_ref().expect("validated: period metrics need [pshift]");
     let ts = &run.timeseries;
     let periods = ps.periods_in(a, b);

@@ -210,7 +210,8 @@ impl<'a> Sim<'a> {
         let mut tenants = Vec::with_capacity(sc.tenants.len());
         let mut links = Vec::new();
         for (ti, t) in sc.tenants.iter().enumerate() {
-            let first_link = u32::try_from(links.len()).map_err(|_| err("more than 2^32 tenant-server pairs".into()))?;
+            let first_link =
+                u32::try_from(links.len()).map_err(|_| err("more than 2^32 tenant-server pairs".into()))?;
             for (k, &si) in t.servers.iter().enumerate() {
                 let srv = &mut servers[si];
                 let id = srv.sched.add_tenant(t.server_specs[k]).map_err(|e| err(format!("tenant {}: {e}", t.name)))?;
@@ -225,10 +226,12 @@ impl<'a> Sim<'a> {
                 Routing::Shares(v) => {
                     let total: f64 = v.iter().sum();
                     let mut acc = 0.0;
-                    v.iter().map(|x| {
-                        acc += x / total;
-                        acc
-                    }).collect()
+                    v.iter()
+                        .map(|x| {
+                            acc += x / total;
+                            acc
+                        })
+                        .collect()
                 }
                 Routing::Stripe { .. } => Vec::new(),
             };
@@ -417,7 +420,9 @@ impl<'a> Sim<'a> {
                     }
                 }
             }
-            WorkloadKind::Open { .. } | WorkloadKind::Burst { .. } => self.schedule(self.now, Kind::Arrive, t as u32, 0),
+            WorkloadKind::Open { .. } | WorkloadKind::Burst { .. } => {
+                self.schedule(self.now, Kind::Arrive, t as u32, 0)
+            }
             WorkloadKind::Trace { records, .. } => {
                 let first = records[0].t_ns;
                 let at = self.now.saturating_add(Nanos(first));
@@ -485,7 +490,9 @@ impl<'a> Sim<'a> {
                     self.tenants[t].trace_base = self.tenants[t].trace_base.saturating_add(span).saturating_add(gap);
                 }
                 self.tenants[t].trace_pos = next;
-                let at = self.tenants[t].trace_base.saturating_add(Nanos::from_secs_f64(records[next].t_ns as f64 * scale / 1e9));
+                let at = self.tenants[t]
+                    .trace_base
+                    .saturating_add(Nanos::from_secs_f64(records[next].t_ns as f64 * scale / 1e9));
                 self.schedule(at.max(self.now), Kind::Arrive, t as u32, 0);
             }
             WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => {}
@@ -523,7 +530,11 @@ impl<'a> Sim<'a> {
             None if n == 1 => 0,
             None if stripe_bytes != 0 => {
                 // Divisions are slow; stripes and server counts are usually powers of two.
-                let stripe = if stripe_bytes.is_power_of_two() { offset >> stripe_bytes.trailing_zeros() } else { offset / stripe_bytes };
+                let stripe = if stripe_bytes.is_power_of_two() {
+                    offset >> stripe_bytes.trailing_zeros()
+                } else {
+                    offset / stripe_bytes
+                };
                 let n = n as u64;
                 (if n.is_power_of_two() { stripe & (n - 1) } else { stripe % n }) as usize
             }
@@ -536,7 +547,17 @@ impl<'a> Sim<'a> {
         let link = &mut self.links[ts.first_link as usize + k];
         link.in_flight += 1;
         let server = link.server as usize;
-        let req = Req { tenant: t as u32, server: server as u32, k: k as u32, size, offset, issued: self.now, phase: Phase::Weight, cost: Cost(0), host_issued: self.now };
+        let req = Req {
+            tenant: t as u32,
+            server: server as u32,
+            k: k as u32,
+            size,
+            offset,
+            issued: self.now,
+            phase: Phase::Weight,
+            cost: Cost(0),
+            host_issued: self.now,
+        };
         let id = match self.free.pop() {
             Some(i) => {
                 self.reqs[i as usize] = req;
@@ -818,7 +839,18 @@ mod tests {
     #[test]
     fn round_ns_is_round() {
         let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(1);
-        let edges = [1.0, 1.5, 2.5, 2.4999999999999996, 3.9999999999999996, 4.5, 1e15 + 0.5, 4503599627370495.5, 4503599627370497.0, 1e300];
+        let edges = [
+            1.0,
+            1.5,
+            2.5,
+            2.4999999999999996,
+            3.9999999999999996,
+            4.5,
+            1e15 + 0.5,
+            4503599627370495.5,
+            4503599627370497.0,
+            1e300,
+        ];
         for &x in &edges {
             assert_eq!(round_ns(x), x.round() as u64, "{x}");
         }

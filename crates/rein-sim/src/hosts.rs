@@ -35,7 +35,8 @@ use crate::check::CheckResult;
 use crate::metrics::RunTotals;
 use crate::scenario::{parse_scheduler, ExpectFile, Scenario, Server, Tenant, TenantFile};
 use rein_core::parda::{
-    equilibrium_latency, equilibrium_windows, Aggregator, HostConfig, HostController, HostReport, PardaConfig, SizeModel,
+    equilibrium_latency, equilibrium_windows, Aggregator, HostConfig, HostController, HostReport, PardaConfig,
+    SizeModel,
 };
 use rein_core::{Nanos, Poll, Request, SchedConfig, SchedulerKind, TenantId};
 use serde::{Deserialize, Serialize};
@@ -196,7 +197,10 @@ fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
 fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
     let at = |e: rein_core::parda::PardaError| format!("parda: {e}");
     if !(p.latency_threshold_ms.is_finite() && p.latency_threshold_ms > 0.0 && p.latency_threshold_ms <= 3.6e6) {
-        return Err(format!("parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {}", p.latency_threshold_ms));
+        return Err(format!(
+            "parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {}",
+            p.latency_threshold_ms
+        ));
     }
     let period = in_range("parda: period_s", p.period_s, 0.001, 3600.0)?;
     let size_model = match &p.size_model {
@@ -227,13 +231,18 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
         o => return Err(format!("parda: aggregation {o:?}: expected \"cluster\" or \"local\"")),
     };
     let delay = in_range("parda: aggregation_delay_ms", p.aggregation_delay_ms, 0.0, 3.6e6)?;
-    let timeout = in_range("parda: aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
+    let timeout =
+        in_range("parda: aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
     if !(p.beta_per_share.is_finite() && p.beta_per_share > 0.0 && p.beta_per_share <= 1e6) {
         return Err(format!("parda: beta_per_share must be positive, got {}", p.beta_per_share));
     }
-    let (local_scheduler, distributed) = parse_scheduler(&p.local_scheduler).map_err(|e| format!("parda: local_scheduler: {e}"))?;
+    let (local_scheduler, distributed) =
+        parse_scheduler(&p.local_scheduler).map_err(|e| format!("parda: local_scheduler: {e}"))?;
     if distributed {
-        return Err(format!("parda: local_scheduler {:?} is a distributed scheduler; use sfq, mclock or fifo", p.local_scheduler));
+        return Err(format!(
+            "parda: local_scheduler {:?} is a distributed scheduler; use sfq, mclock or fifo",
+            p.local_scheduler
+        ));
     }
     let batch = p.batch.unwrap_or(1);
     if batch == 0 || batch > 1024 {
@@ -268,14 +277,20 @@ pub(crate) fn validate(
     let uses_host = tenant_files.iter().any(|t| t.host.is_some());
     if files.is_empty() {
         if let Some(t) = tenant_files.iter().find(|t| t.host.is_some()) {
-            return Err(format!("tenant {}: host {:?} but no [[hosts]] are defined", t.name, t.host.as_deref().unwrap_or_default()));
+            return Err(format!(
+                "tenant {}: host {:?} but no [[hosts]] are defined",
+                t.name,
+                t.host.as_deref().unwrap_or_default()
+            ));
         }
         if parda.is_some() {
             return Err("[parda] needs [[hosts]] to control".into());
         }
         return Ok((None, Vec::new()));
     }
-    let parda = parda.ok_or("[[hosts]] need a [parda] table (latency_threshold_ms at least; enabled = false for a baseline without PARDA)")?;
+    let parda = parda.ok_or(
+        "[[hosts]] need a [parda] table (latency_threshold_ms at least; enabled = false for a baseline without PARDA)",
+    )?;
     let parda = validate_parda(parda)?;
     if files.len() > MAX_HOSTS {
         return Err(format!("at most {MAX_HOSTS} hosts"));
@@ -294,17 +309,37 @@ pub(crate) fn validate(
             return Err(format!("two hosts are named {n:?}"));
         }
         let server = match &f.server {
-            Some(s) => servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("host {n}: unknown server {s:?}"))?,
+            Some(s) => {
+                servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("host {n}: unknown server {s:?}"))?
+            }
             None if servers.len() == 1 => 0,
-            None => return Err(format!("host {n}: name its array with server = \"...\" (the scenario has several servers)")),
+            None => {
+                return Err(format!(
+                    "host {n}: name its array with server = \"...\" (the scenario has several servers)"
+                ))
+            }
         };
-        let hc = HostConfig { id: i as u32, beta: f.beta, beta_per_share: parda.beta_per_share, fixed_window: f.window, ..HostConfig::default() };
+        let hc = HostConfig {
+            id: i as u32,
+            beta: f.beta,
+            beta_per_share: parda.beta_per_share,
+            fixed_window: f.window,
+            ..HostConfig::default()
+        };
         hc.validate().map_err(|e| format!("host {n}: {e}"))?;
         if f.window.is_some() && f.controlled && parda.enabled {
             return Err(format!("host {n}: window is the fixed issue queue of an uncontrolled host; a PARDA host's window is bounded by [parda] w_min / w_max"));
         }
         let scale = in_range(&format!("host {n}: service_scale"), f.service_scale, 1e-3, 1e3)?;
-        hosts.push(Host { name: n.clone(), beta: f.beta, controlled: f.controlled, window: f.window, service_scale: scale, server, vms: Vec::new() });
+        hosts.push(Host {
+            name: n.clone(),
+            beta: f.beta,
+            controlled: f.controlled,
+            window: f.window,
+            service_scale: scale,
+            server,
+            vms: Vec::new(),
+        });
     }
     debug_assert!(uses_host || !hosts.is_empty());
     for (ti, (tf, t)) in tenant_files.iter().zip(tenants.iter_mut()).enumerate() {
@@ -313,7 +348,10 @@ pub(crate) fn validate(
         let server = hosts[h].server;
         if let Some(list) = &tf.servers {
             if list.len() != 1 || list[0] != servers[server].name {
-                return Err(format!("tenant {}: a VM on host {hn} sends only to its host's array {:?}; drop servers", t.name, servers[server].name));
+                return Err(format!(
+                    "tenant {}: a VM on host {hn} sends only to its host's array {:?}; drop servers",
+                    t.name, servers[server].name
+                ));
             }
         }
         if !tf.server_reservations.is_empty() || tf.routing.is_some() {
@@ -378,7 +416,10 @@ impl HostLayer {
     pub(crate) fn new(sc: &Scenario) -> Result<Option<HostLayer>, String> {
         let Some(p) = &sc.parda else { return Ok(None) };
         let intervals = sc.duration.0.div_ceil(sc.interval.0) as usize;
-        let cells = intervals.checked_mul(sc.hosts.len()).filter(|&c| c <= crate::metrics::MAX_CELLS).ok_or("hosts x intervals exceeds the timeseries bound: raise interval_s")?;
+        let cells = intervals
+            .checked_mul(sc.hosts.len())
+            .filter(|&c| c <= crate::metrics::MAX_CELLS)
+            .ok_or("hosts x intervals exceeds the timeseries bound: raise interval_s")?;
         let mut layer = HostLayer {
             aggregation: p.aggregation,
             delay: p.delay,
@@ -393,7 +434,12 @@ impl HostLayer {
         let n = sc.hosts.len() as u64;
         for (i, h) in sc.hosts.iter().enumerate() {
             let runs = h.runs_parda(p);
-            let sched = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, cost_model: sc.cost_model, ..SchedConfig::default() };
+            let sched = SchedConfig {
+                batch: p.batch,
+                batch_distance: p.batch_distance,
+                cost_model: sc.cost_model,
+                ..SchedConfig::default()
+            };
             let hc = HostConfig {
                 id: i as u32,
                 epoch: 1,
@@ -407,7 +453,9 @@ impl HostLayer {
             let start = Nanos(p.config.period.0 * i as u64 / n);
             let mut ctl = HostController::new(p.config, hc, start).map_err(|e| format!("host {}: {e}", h.name))?;
             for &t in &h.vms {
-                let id = ctl.add_vm(sc.tenants[t].spec).map_err(|e| format!("host {}: VM {}: {e}", h.name, sc.tenants[t].name))?;
+                let id = ctl
+                    .add_vm(sc.tenants[t].spec)
+                    .map_err(|e| format!("host {}: VM {}: {e}", h.name, sc.tenants[t].name))?;
                 layer.vm[t] = Some((i as u32, id));
                 layer.scale[t] = h.service_scale;
             }
@@ -458,7 +506,10 @@ impl HostLayer {
     pub(crate) fn complete(&mut self, now: Nanos, t: usize, issued: Nanos, size: u64) {
         let (h, id) = self.vm[t].expect("tenant is a VM");
         let lat = now.saturating_sub(issued);
-        self.hosts[h as usize].ctl.on_complete(now, id, lat, size).expect("the engine completes only what the host issued");
+        self.hosts[h as usize]
+            .ctl
+            .on_complete(now, id, lat, size)
+            .expect("the engine completes only what the host issued");
         let i = ((now.0 / self.interval) as usize).min(self.intervals - 1);
         let c = &mut self.cells[h as usize * self.intervals + i];
         c.ios += 1;
@@ -650,7 +701,8 @@ impl HostTotals {
 
     /// PARDA hosts active (completing IOs) in [a, b], their mean betas, and their total throughput.
     fn active(&self, a: f64, b: f64) -> (Vec<usize>, Vec<f64>, f64) {
-        let hosts: Vec<usize> = (0..self.names.len()).filter(|&h| self.controlled[h] && self.ios(h, a, b).0 > 0).collect();
+        let hosts: Vec<usize> =
+            (0..self.names.len()).filter(|&h| self.controlled[h] && self.ios(h, a, b).0 > 0).collect();
         let betas = hosts.iter().map(|&h| self.mean_of(h, a, b, |c| c.beta)).collect();
         let c = hosts.iter().map(|&h| self.iops(h, a, b)).sum();
         (hosts, betas, c)
@@ -708,7 +760,11 @@ impl HostTotals {
             Who::All => &all,
         };
         match metric {
-            "window" => hs.iter().filter(|&&h| matches!(who, Who::Host(_)) || self.controlled[h]).map(|&h| self.mean_of(h, a, b, |c| c.window)).sum(),
+            "window" => hs
+                .iter()
+                .filter(|&&h| matches!(who, Who::Host(_)) || self.controlled[h])
+                .map(|&h| self.mean_of(h, a, b, |c| c.window))
+                .sum(),
             "beta" => hs.iter().map(|&h| self.mean_of(h, a, b, |c| c.beta)).sum(),
             "iops" => hs.iter().map(|&h| self.iops(h, a, b)).sum(),
             "latency_mean_ms" => {
@@ -723,7 +779,11 @@ impl HostTotals {
                 }
             }
             "signal_ms" => {
-                let v: Vec<f64> = hs.iter().filter(|&&h| self.controlled[h]).map(|&h| self.mean_of(h, a, b, |c| c.signal_ns / 1e6)).collect();
+                let v: Vec<f64> = hs
+                    .iter()
+                    .filter(|&&h| self.controlled[h])
+                    .map(|&h| self.mean_of(h, a, b, |c| c.signal_ns / 1e6))
+                    .collect();
                 v.iter().sum::<f64>() / v.len().max(1) as f64
             }
             "convergence_s" => hs
@@ -851,11 +911,21 @@ pub(crate) fn validate_expect(at: &str, e: &ExpectFile, hosts: &[Host]) -> Resul
 }
 
 /// Evaluates a host expectation. `baseline` caches the no-PARDA run for `uncontrolled` targets.
-pub(crate) fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile, baseline: &mut Option<RunTotals>) -> CheckResult {
+pub(crate) fn check_one(
+    sc: &Scenario,
+    run: &RunTotals,
+    e: &ExpectFile,
+    baseline: &mut Option<RunTotals>,
+) -> CheckResult {
     let [a, b] = e.window.unwrap_or([sc.warmup.as_secs_f64(), sc.duration.as_secs_f64()]);
     let name = e.host.as_deref().unwrap_or_default();
     let Some(ht) = &run.hosts else {
-        return CheckResult { ok: false, description: format!("host {name}: the run has no hosts"), measured: f64::NAN, note: e.note.clone() };
+        return CheckResult {
+            ok: false,
+            description: format!("host {name}: the run has no hosts"),
+            measured: f64::NAN,
+            note: e.note.clone(),
+        };
     };
     let who = match ht.names.iter().position(|n| n == name) {
         Some(h) => Who::Host(h),
@@ -888,7 +958,9 @@ pub(crate) fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile, baseline
     } else if e.threshold {
         Some((ht.threshold_ms, format!("script-L = {} ms", ht.threshold_ms)))
     } else if e.uncontrolled {
-        let base = baseline.get_or_insert_with(|| crate::run(&sc.without_parda(), &mut |_| {}).expect("the baseline of a valid scenario builds"));
+        let base = baseline.get_or_insert_with(|| {
+            crate::run(&sc.without_parda(), &mut |_| {}).expect("the baseline of a valid scenario builds")
+        });
         let v = base.hosts.as_ref().map_or(f64::NAN, |bh| bh.metric(who, &e.metric, a, b, band));
         Some((v, format!("the uncontrolled run's {v:.3}")))
     } else {
@@ -896,7 +968,8 @@ pub(crate) fn check_one(sc: &Scenario, run: &RunTotals, e: &ExpectFile, baseline
     };
     let (ok, expected) = crate::check::judge(measured, target, e);
     let ok = ok && (measured.is_finite() || e.metric == "convergence_s");
-    let what = if e.metric == "convergence_s" { format!("convergence_s (to within {band}%)") } else { e.metric.clone() };
+    let what =
+        if e.metric == "convergence_s" { format!("convergence_s (to within {band}%)") } else { e.metric.clone() };
     CheckResult {
         ok,
         description: format!("host {name}: {what} in [{a}, {b}] s = {measured:.3}, expected {expected}"),

@@ -14,10 +14,10 @@
 //! - [`pshift`]: pShift clusters (token schedulers, controller) and the paper's synthetic instances.
 
 mod array;
-mod events;
 pub mod bench;
 pub mod check;
 pub mod engine;
+mod events;
 pub mod hosts;
 pub mod metrics;
 pub mod pshift;

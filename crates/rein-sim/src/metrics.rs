@@ -70,7 +70,10 @@ impl Metrics {
     pub(crate) fn new(sc: &Scenario) -> Result<Metrics, String> {
         let intervals = sc.duration.0.div_ceil(sc.interval.0) as usize;
         let cells = intervals.checked_mul(sc.tenants.len()).filter(|&c| c <= MAX_CELLS).ok_or_else(|| {
-            format!("{} tenants x {intervals} intervals exceeds {MAX_CELLS} timeseries cells: raise interval_s", sc.tenants.len())
+            format!(
+                "{} tenants x {intervals} intervals exceeds {MAX_CELLS} timeseries cells: raise interval_s",
+                sc.tenants.len()
+            )
         })?;
         Ok(Metrics {
             pending: Pending { starts: vec![0; sc.tenants.len() + 1], ..Pending::default() },
@@ -87,7 +90,15 @@ impl Metrics {
     }
 
     #[inline]
-    pub(crate) fn completion(&mut self, tenant: usize, _server: usize, issued: Nanos, now: Nanos, bytes: u64, phase: Phase) {
+    pub(crate) fn completion(
+        &mut self,
+        tenant: usize,
+        _server: usize,
+        issued: Nanos,
+        now: Nanos,
+        bytes: u64,
+        phase: Phase,
+    ) {
         let i = ((now.0 / self.interval) as usize).min(self.intervals - 1);
         let lat = now.0 - issued.0;
         let measured = now >= self.warmup;
@@ -213,7 +224,9 @@ impl Metrics {
                 completed,
                 iops: completed as f64 / measured,
                 // Bytes are kept per interval: rate over the intervals that start after the warm-up.
-                mb_s: bytes as f64 / 1e6 / (sc.duration.as_secs_f64() - first as f64 * self.interval as f64 / 1e9).max(1e-9),
+                mb_s: bytes as f64
+                    / 1e6
+                    / (sc.duration.as_secs_f64() - first as f64 * self.interval as f64 / 1e9).max(1e-9),
                 latency_ms: LatencySummary {
                     mean: if completed > 0 { h.mean() / 1e6 } else { 0.0 },
                     p50: ms(h.value_at_quantile(0.50)),
@@ -375,7 +388,9 @@ impl Timeseries {
 
     /// The timeseries as CSV: one row per tenant per interval.
     pub fn to_csv(&self) -> String {
-        let mut s = String::from("t_s,tenant,iops,mb_s,latency_mean_ms,latency_max_ms,reservation_ios,weight_ios,over_limit_ios\n");
+        let mut s = String::from(
+            "t_s,tenant,iops,mb_s,latency_mean_ms,latency_max_ms,reservation_ios,weight_ios,over_limit_ios\n",
+        );
         for i in 0..self.intervals {
             for (ti, name) in self.tenant_names.iter().enumerate() {
                 let c = self.cell(ti, i);

@@ -357,11 +357,28 @@ pub enum Routing {
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkloadKind {
     /// `per_server`: the window is per server (see `WorkloadFile::outstanding_per_server`).
-    Closed { outstanding: u32, think: Nanos, per_server: bool },
-    Open { iops: f64 },
-    OnOff { on: Nanos, off: Nanos, inner: Box<WorkloadKind> },
-    Burst { count: u32, period: Nanos },
-    Trace { records: std::sync::Arc<Vec<crate::trace::TraceRecord>>, time_scale: f64, repeat: bool },
+    Closed {
+        outstanding: u32,
+        think: Nanos,
+        per_server: bool,
+    },
+    Open {
+        iops: f64,
+    },
+    OnOff {
+        on: Nanos,
+        off: Nanos,
+        inner: Box<WorkloadKind>,
+    },
+    Burst {
+        count: u32,
+        period: Nanos,
+    },
+    Trace {
+        records: std::sync::Arc<Vec<crate::trace::TraceRecord>>,
+        time_scale: f64,
+        repeat: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -414,16 +431,17 @@ pub struct Scenario {
 impl Scenario {
     /// Reads and validates a scenario file. Relative trace paths resolve against the file's directory.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read { path: path.to_path_buf(), source })?;
-        let file: ScenarioFile =
-            toml::from_str(&text).map_err(|e| ScenarioError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ScenarioError::Read { path: path.to_path_buf(), source })?;
+        let file: ScenarioFile = toml::from_str(&text)
+            .map_err(|e| ScenarioError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
         file.validate(path.parent())
     }
 
     /// Parses and validates scenario text (trace paths relative to `base`).
     pub fn from_toml(text: &str, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
-        let file: ScenarioFile =
-            toml::from_str(text).map_err(|e| ScenarioError::Parse { path: PathBuf::from("<text>"), message: e.to_string() })?;
+        let file: ScenarioFile = toml::from_str(text)
+            .map_err(|e| ScenarioError::Parse { path: PathBuf::from("<text>"), message: e.to_string() })?;
         file.validate(base)
     }
 
@@ -503,7 +521,9 @@ impl ScenarioFile {
             None => CostModel::PerIo,
             Some(CostFile::Name(n)) if n == "io" => CostModel::PerIo,
             Some(CostFile::Name(n)) if n == "bytes" => CostModel::BYTES,
-            Some(CostFile::Name(n)) => return Err(format!("cost_model {n:?}: expected \"io\", \"bytes\" or {{ tm_ms, bpeak_mb_s }}")),
+            Some(CostFile::Name(n)) => {
+                return Err(format!("cost_model {n:?}: expected \"io\", \"bytes\" or {{ tm_ms, bpeak_mb_s }}"))
+            }
             Some(CostFile::SeekTransfer { tm_ms, bpeak_mb_s }) => {
                 CostModel::seek_transfer((tm_ms * 1e6).max(0.0) as u64, bpeak_mb_s * 1e6).map_err(|e| e.to_string())?
             }
@@ -536,18 +556,23 @@ impl ScenarioFile {
             tenants.push(validate_tenant(t, &servers, base, duration)?);
         }
         if self.pshift.is_some() && (self.parda.is_some() || !self.hosts.is_empty()) {
-            return Err("a scenario has either PARDA hosts ([parda], [[hosts]]) or a pShift cluster ([pshift]), not both".into());
+            return Err(
+                "a scenario has either PARDA hosts ([parda], [[hosts]]) or a pShift cluster ([pshift]), not both"
+                    .into(),
+            );
         }
         let pshift = match &self.pshift {
             None => None,
             Some(p) => {
-                let (section, all) = crate::pshift::section::validate(p, &servers, tenants, self.seed, duration, interval)?;
+                let (section, all) =
+                    crate::pshift::section::validate(p, &servers, tenants, self.seed, duration, interval)?;
                 tenants = all;
                 Some(std::sync::Arc::new(section))
             }
         };
         check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
-        let (parda, hosts) = crate::hosts::validate(self.parda.as_ref(), &self.hosts, &self.tenants, &mut tenants, &servers)?;
+        let (parda, hosts) =
+            crate::hosts::validate(self.parda.as_ref(), &self.hosts, &self.tenants, &mut tenants, &servers)?;
         for (i, e) in self.expect.iter().enumerate() {
             validate_expect(i, e, &tenants, &servers, &hosts, pshift.is_some())?;
         }
@@ -626,7 +651,9 @@ fn validate_server(s: &ServerFile, default_sched: &str) -> Result<Server, String
                 sequential_bytes: (d.sequential_kb * 1024.0) as u64,
             }
         }
-        other => return Err(format!("server {n}: service {other:?}: expected exponential, uniform, deterministic or disk")),
+        other => {
+            return Err(format!("server {n}: service {other:?}: expected exponential, uniform, deterministic or disk"))
+        }
     };
     let ns_per_byte = match s.transfer_mb_s {
         None => 0.0,
@@ -635,7 +662,8 @@ fn validate_server(s: &ServerFile, default_sched: &str) -> Result<Server, String
     if s.queue_depth == 0 || s.queue_depth > MAX_QUEUE_DEPTH {
         return Err(format!("server {n}: queue_depth must be in 1..={MAX_QUEUE_DEPTH}, got {}", s.queue_depth));
     }
-    let (scheduler, distributed) = parse_scheduler(s.scheduler.as_deref().unwrap_or(default_sched)).map_err(|e| format!("server {n}: {e}"))?;
+    let (scheduler, distributed) =
+        parse_scheduler(s.scheduler.as_deref().unwrap_or(default_sched)).map_err(|e| format!("server {n}: {e}"))?;
     let mut schedule = vec![(Nanos::ZERO, capacity_iops)];
     let mut last = 0.0;
     for step in &s.capacity_schedule {
@@ -693,7 +721,10 @@ fn validate_tenant(t: &TenantFile, servers: &[Server], base: Option<&Path>, dura
         Some(names) => {
             let mut v = Vec::new();
             for s in names {
-                let i = servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("tenant {n}: unknown server {s:?}"))?;
+                let i = servers
+                    .iter()
+                    .position(|x| &x.name == s)
+                    .ok_or_else(|| format!("tenant {n}: unknown server {s:?}"))?;
                 if v.contains(&i) {
                     return Err(format!("tenant {n}: server {s:?} listed twice"));
                 }
@@ -707,15 +738,26 @@ fn validate_tenant(t: &TenantFile, servers: &[Server], base: Option<&Path>, dura
     };
     let mut server_specs = vec![spec; idx.len()];
     for (s, &r) in &t.server_reservations {
-        let i = servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("tenant {n}: server_reservations names unknown server {s:?}"))?;
-        let k = idx.iter().position(|&x| x == i).ok_or_else(|| format!("tenant {n}: server_reservations for {s:?}, which the tenant does not use"))?;
+        let i = servers
+            .iter()
+            .position(|x| &x.name == s)
+            .ok_or_else(|| format!("tenant {n}: server_reservations names unknown server {s:?}"))?;
+        let k = idx
+            .iter()
+            .position(|&x| x == i)
+            .ok_or_else(|| format!("tenant {n}: server_reservations for {s:?}, which the tenant does not use"))?;
         let lim = spec.limit().map(|l| l.max(r));
-        server_specs[k] = QosSpec::new(r, lim, spec.weight(), spec.idle_credit()).map_err(|e| format!("tenant {n} on {s}: {e}"))?;
+        server_specs[k] =
+            QosSpec::new(r, lim, spec.weight(), spec.idle_credit()).map_err(|e| format!("tenant {n} on {s}: {e}"))?;
     }
     let routing = match &t.routing {
         None => Routing::Stripe { stripe_bytes: 1 << 20 },
         Some(RoutingFile::Name(s)) if s == "stripe" => Routing::Stripe { stripe_bytes: 1 << 20 },
-        Some(RoutingFile::Name(s)) => return Err(format!("tenant {n}: routing {s:?}: expected \"stripe\", {{ stripe_kb = .. }} or {{ shares = {{ .. }} }}")),
+        Some(RoutingFile::Name(s)) => {
+            return Err(format!(
+                "tenant {n}: routing {s:?}: expected \"stripe\", {{ stripe_kb = .. }} or {{ shares = {{ .. }} }}"
+            ))
+        }
         Some(RoutingFile::Stripe { stripe_kb }) => {
             let bytes = (positive(&format!("tenant {n}: stripe_kb"), *stripe_kb)? * 1024.0) as u64;
             if bytes == 0 {
@@ -726,8 +768,14 @@ fn validate_tenant(t: &TenantFile, servers: &[Server], base: Option<&Path>, dura
         Some(RoutingFile::Shares { shares }) => {
             let mut v = vec![0.0; idx.len()];
             for (s, &w) in shares {
-                let i = servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("tenant {n}: routing share for unknown server {s:?}"))?;
-                let k = idx.iter().position(|&x| x == i).ok_or_else(|| format!("tenant {n}: routing share for {s:?}, which the tenant does not use"))?;
+                let i = servers
+                    .iter()
+                    .position(|x| &x.name == s)
+                    .ok_or_else(|| format!("tenant {n}: routing share for unknown server {s:?}"))?;
+                let k = idx
+                    .iter()
+                    .position(|&x| x == i)
+                    .ok_or_else(|| format!("tenant {n}: routing share for {s:?}, which the tenant does not use"))?;
                 if !(w.is_finite() && w >= 0.0) {
                     return Err(format!("tenant {n}: routing share for {s:?} must be non-negative"));
                 }
@@ -751,20 +799,30 @@ fn validate_workload(n: &str, w: &WorkloadFile, base: Option<&Path>, duration: N
         let think = secs(&format!("tenant {n}"), "think_ms", w.think_ms.unwrap_or(0.0) / 1e3)?;
         match w.outstanding_per_server {
             None => Ok(WorkloadKind::Closed { outstanding: w.outstanding, think, per_server: false }),
-            Some(k) if k == 0 || k > MAX_OUTSTANDING => Err(format!("tenant {n}: outstanding_per_server must be in 1..={MAX_OUTSTANDING}")),
+            Some(k) if k == 0 || k > MAX_OUTSTANDING => {
+                Err(format!("tenant {n}: outstanding_per_server must be in 1..={MAX_OUTSTANDING}"))
+            }
             Some(k) => Ok(WorkloadKind::Closed { outstanding: k, think, per_server: true }),
         }
     };
     let open = |w: &WorkloadFile| -> Result<WorkloadKind, String> {
-        let iops = positive(&format!("tenant {n}: workload.iops"), w.iops.ok_or_else(|| format!("tenant {n}: open workload needs iops"))?)?;
+        let iops = positive(
+            &format!("tenant {n}: workload.iops"),
+            w.iops.ok_or_else(|| format!("tenant {n}: open workload needs iops"))?,
+        )?;
         Ok(WorkloadKind::Open { iops })
     };
     let kind = match w.kind.as_str() {
         "closed" => closed(w)?,
         "open" => open(w)?,
         "on_off" => {
-            let on = secs(&format!("tenant {n}"), "on_s", w.on_s.ok_or_else(|| format!("tenant {n}: on_off needs on_s"))?)?;
-            let off = secs(&format!("tenant {n}"), "off_s", w.off_s.ok_or_else(|| format!("tenant {n}: on_off needs off_s"))?)?;
+            let on =
+                secs(&format!("tenant {n}"), "on_s", w.on_s.ok_or_else(|| format!("tenant {n}: on_off needs on_s"))?)?;
+            let off = secs(
+                &format!("tenant {n}"),
+                "off_s",
+                w.off_s.ok_or_else(|| format!("tenant {n}: on_off needs off_s"))?,
+            )?;
             if on == Nanos::ZERO {
                 return Err(format!("tenant {n}: on_s must be positive"));
             }
@@ -777,29 +835,41 @@ fn validate_workload(n: &str, w: &WorkloadFile, base: Option<&Path>, duration: N
                 return Err(format!("tenant {n}: burst_count must be in 1..={MAX_OUTSTANDING}"));
             }
             let p = w.burst_period_ms.ok_or_else(|| format!("tenant {n}: burst needs burst_period_ms"))?;
-            let period = secs(&format!("tenant {n}"), "burst_period_ms", positive(&format!("tenant {n}: burst_period_ms"), p)? / 1e3)?;
+            let period = secs(
+                &format!("tenant {n}"),
+                "burst_period_ms",
+                positive(&format!("tenant {n}: burst_period_ms"), p)? / 1e3,
+            )?;
             if period < Nanos::from_micros(1) {
                 return Err(format!("tenant {n}: burst_period_ms too small"));
             }
             WorkloadKind::Burst { count, period }
         }
         "trace" => {
-            let t = w.trace.as_ref().ok_or_else(|| format!("tenant {n}: trace workload needs [tenants.workload.trace]"))?;
+            let t =
+                w.trace.as_ref().ok_or_else(|| format!("tenant {n}: trace workload needs [tenants.workload.trace]"))?;
             let mut path = PathBuf::from(&t.path);
             if path.is_relative() {
                 if let Some(b) = base {
                     path = b.join(path);
                 }
             }
-            let fmt = crate::trace::TraceFormat::resolve(t.format.as_deref(), &path).map_err(|e| format!("tenant {n}: {e}"))?;
+            let fmt = crate::trace::TraceFormat::resolve(t.format.as_deref(), &path)
+                .map_err(|e| format!("tenant {n}: {e}"))?;
             let records = crate::trace::load(&path, fmt, t.device).map_err(|e| format!("tenant {n}: {e}"))?;
             if records.is_empty() {
-                return Err(format!("tenant {n}: trace {} has no records (device filter {:?})", path.display(), t.device));
+                return Err(format!(
+                    "tenant {n}: trace {} has no records (device filter {:?})",
+                    path.display(),
+                    t.device
+                ));
             }
             positive(&format!("tenant {n}: trace.time_scale"), t.time_scale)?;
             WorkloadKind::Trace { records: std::sync::Arc::new(records), time_scale: t.time_scale, repeat: t.repeat }
         }
-        other => return Err(format!("tenant {n}: workload kind {other:?}: expected closed, open, on_off, burst or trace")),
+        other => {
+            return Err(format!("tenant {n}: workload kind {other:?}: expected closed, open, on_off, burst or trace"))
+        }
     };
     let size = positive(&format!("tenant {n}: size_kb"), w.size_kb)?;
     if size > 1024.0 * 1024.0 {
@@ -847,13 +917,22 @@ const METRICS: [&str; 11] = [
 /// Metrics over buckets and QoS periods (pShift scenarios); `tenant` is optional for them.
 pub const PERIOD_METRICS: [&str; 2] = ["reservation_met_fraction", "limit_exceeded_fraction"];
 
-fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Server], hosts: &[crate::hosts::Host], pshift: bool) -> Result<(), String> {
+fn validate_expect(
+    i: usize,
+    e: &ExpectFile,
+    tenants: &[Tenant],
+    servers: &[Server],
+    hosts: &[crate::hosts::Host],
+    pshift: bool,
+) -> Result<(), String> {
     let at = format!("expect[{i}]");
     if e.host.is_some() {
         return crate::hosts::validate_expect(&at, e, hosts);
     }
     if e.equilibrium || e.threshold || e.beta_ratio || e.uncontrolled || e.band_pct.is_some() {
-        return Err(format!("{at}: equilibrium, threshold, beta_ratio, uncontrolled and band_pct are for host expectations"));
+        return Err(format!(
+            "{at}: equilibrium, threshold, beta_ratio, uncontrolled and band_pct are for host expectations"
+        ));
     }
     if !METRICS.contains(&e.metric.as_str()) {
         return Err(format!("{at}: metric {:?}: expected one of {}", e.metric, METRICS.join(", ")));
@@ -892,7 +971,11 @@ fn validate_expect(i: usize, e: &ExpectFile, tenants: &[Tenant], servers: &[Serv
             return Err(format!("{at}: ratio_to names unknown tenant {r:?}"));
         }
     }
-    validate_targets(&at, e, &[("equals", e.equals.is_some()), ("oracle", e.oracle), ("ratio_to", e.ratio_to.is_some())])
+    validate_targets(
+        &at,
+        e,
+        &[("equals", e.equals.is_some()), ("oracle", e.oracle), ("ratio_to", e.ratio_to.is_some())],
+    )
 }
 
 /// What every expectation shares: at most one of its target kinds (`kinds`: name, given) is given, a

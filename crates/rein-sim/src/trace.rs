@@ -94,7 +94,16 @@ pub fn parse(text: &str, format: TraceFormat, device: Option<u32>, name: &str) -
                 if !(t.is_finite() && t >= 0.0) {
                     return Err(bad("arrival time must be non-negative"));
                 }
-                (t as u64, TraceRecord { t_ns: 0, offset: lba.saturating_mul(512), size: sectors.saturating_mul(512), read: ty == 1, device: dev })
+                (
+                    t as u64,
+                    TraceRecord {
+                        t_ns: 0,
+                        offset: lba.saturating_mul(512),
+                        size: sectors.saturating_mul(512),
+                        read: ty == 1,
+                        device: dev,
+                    },
+                )
             }
             TraceFormat::Csv => {
                 if line.starts_with("version") {
@@ -109,7 +118,10 @@ pub fn parse(text: &str, format: TraceFormat, device: Option<u32>, name: &str) -
                 let size: u64 = f[3].trim().parse().map_err(|_| bad("size is not an integer"))?;
                 let lbn: u64 = f[4].trim().parse().map_err(|_| bad("lbn is not an integer"))?;
                 let read = matches!(op, 0x08 | 0x28 | 0x88 | 0xa8);
-                (t.saturating_mul(1_000_000_000), TraceRecord { t_ns: 0, offset: lbn.saturating_mul(512), size, read, device: 0 })
+                (
+                    t.saturating_mul(1_000_000_000),
+                    TraceRecord { t_ns: 0, offset: lbn.saturating_mul(512), size, read, device: 0 },
+                )
             }
             TraceFormat::Vscsi => {
                 if line.starts_with("ts_us") {
@@ -127,7 +139,10 @@ pub fn parse(text: &str, format: TraceFormat, device: Option<u32>, name: &str) -
                 };
                 let size: u64 = f[2].trim().parse().map_err(|_| bad("size is not an integer"))?;
                 let lbn: u64 = f[3].trim().parse().map_err(|_| bad("lbn is not an integer"))?;
-                (t.saturating_mul(1000), TraceRecord { t_ns: 0, offset: lbn.saturating_mul(512), size, read, device: 0 })
+                (
+                    t.saturating_mul(1000),
+                    TraceRecord { t_ns: 0, offset: lbn.saturating_mul(512), size, read, device: 0 },
+                )
             }
         };
         if device.is_some_and(|d| d != rec.1.device) {
@@ -158,9 +173,11 @@ mod tests {
     fn parses_each_format() {
         let d = parse("11413000 0 657728 16 1\n11565000 1 31244784 64 0\n", TraceFormat::DiskSim, None, "t").unwrap();
         assert_eq!(d[1], TraceRecord { t_ns: 152_000, offset: 31244784 * 512, size: 64 * 512, read: false, device: 1 });
-        let f = parse("11413000 0 657728 16 1\n11565000 1 31244784 64 0\n", TraceFormat::DiskSim, Some(1), "t").unwrap();
+        let f =
+            parse("11413000 0 657728 16 1\n11565000 1 31244784 64 0\n", TraceFormat::DiskSim, Some(1), "t").unwrap();
         assert_eq!(f.len(), 1);
-        let c = parse("version,time,op,size,lbn\n1,5,2a,512,42\n1,7,28,4096,43\n", TraceFormat::Csv, None, "t").unwrap();
+        let c =
+            parse("version,time,op,size,lbn\n1,5,2a,512,42\n1,7,28,4096,43\n", TraceFormat::Csv, None, "t").unwrap();
         assert_eq!(c[1], TraceRecord { t_ns: 2_000_000_000, offset: 43 * 512, size: 4096, read: true, device: 0 });
         assert!(!c[0].read);
         let v = parse("ts_us,op,size_bytes,lbn\n100,W,512,1\n250,R,1024,2\n", TraceFormat::Vscsi, None, "t").unwrap();

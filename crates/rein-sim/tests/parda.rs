@@ -89,7 +89,9 @@ fn bad_hosts_and_vms_are_rejected_with_clear_errors() {
     assert!(err(&BASE.replace("host = \"h2\"", "host = \"h1\"")).contains("host h2: no tenants name it"));
     assert!(err(&BASE.replace("name = \"h2\"", "name = \"h1\"")).contains("two hosts are named \"h1\""));
     assert!(err(&BASE.replace("name = \"h2\"", "name = \"all\"")).contains("may not be named \"all\""));
-    assert!(err(&BASE.replace("beta = 2", "beta = 2\nwindow = 8")).contains("fixed issue queue of an uncontrolled host"));
+    assert!(
+        err(&BASE.replace("beta = 2", "beta = 2\nwindow = 8")).contains("fixed issue queue of an uncontrolled host")
+    );
     assert!(err(&BASE.replace("beta = 2", "beta = 2\ncontrolled = false\nwindow = 0.5")).contains("fixed window"));
     assert!(err(&BASE.replace("beta = 2", "beta = 2\nservice_scale = 0")).contains("service_scale"));
     assert!(err(&BASE.replace("beta = 2", "beta = 2\nserver = \"nas\"")).contains("unknown server \"nas\""));
@@ -102,7 +104,9 @@ fn bad_hosts_and_vms_are_rejected_with_clear_errors() {
     // A VM sends only to its host's array.
     let two = BASE.replacen("[[hosts]]", "[[servers]]\nname = \"other\"\ncapacity_iops = 10\n\n[[hosts]]", 1);
     assert!(err(&two).contains("name its array with server"));
-    let two = two.replace("beta = 1\n", "beta = 1\nserver = \"array\"\n").replace("beta = 2\n", "beta = 2\nserver = \"array\"\n");
+    let two = two
+        .replace("beta = 1\n", "beta = 1\nserver = \"array\"\n")
+        .replace("beta = 2\n", "beta = 2\nserver = \"array\"\n");
     Scenario::from_toml(&two, None).unwrap();
     let e = err(&two.replace("host = \"h1\"", "host = \"h1\"\nservers = [\"other\"]"));
     assert!(e.contains("sends only to its host's array \"array\""), "{e}");
@@ -115,13 +119,21 @@ fn bad_host_expectations_are_rejected() {
     assert!(err(&exp("host = \"h1\"\nmetric = \"mb_s\"\nabove = 1")).contains("host metric \"mb_s\""));
     assert!(err(&exp("host = \"h1\"\nmetric = \"window\"")).contains("says nothing to check"));
     assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nequilibrium = true")).contains("need within_pct"));
-    assert!(err(&exp("host = \"h1\"\nmetric = \"beta\"\nequilibrium = true\nwithin_pct = 5")).contains("equilibrium (eq. (3)) applies"));
-    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nthreshold = true\nwithin_pct = 5")).contains("threshold (script-L) applies"));
-    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nbeta_ratio = true\nwithin_pct = 5")).contains("beta_ratio needs ratio_to"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"beta\"\nequilibrium = true\nwithin_pct = 5"))
+        .contains("equilibrium (eq. (3)) applies"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nthreshold = true\nwithin_pct = 5"))
+        .contains("threshold (script-L) applies"));
+    assert!(err(&exp("host = \"h1\"\nmetric = \"window\"\nbeta_ratio = true\nwithin_pct = 5"))
+        .contains("beta_ratio needs ratio_to"));
     assert!(err(&exp("host = \"all\"\nmetric = \"window\"\nratio_to = \"h1\"\nwithin_pct = 5")).contains("not \"all\""));
-    assert!(err(&exp("host = \"h1\"\ntenant = \"vm1\"\nmetric = \"window\"\nabove = 1")).contains("exactly one of tenant, server or host"));
-    assert!(err(&exp("tenant = \"vm1\"\nmetric = \"iops\"\nequilibrium = true\nwithin_pct = 5")).contains("are for host expectations"));
-    assert!(err(&exp("host = \"h1\"\nmetric = \"latency_mean_ms\"\nequilibrium = true\nthreshold = true\nwithin_pct = 5")).contains("use one of"));
+    assert!(err(&exp("host = \"h1\"\ntenant = \"vm1\"\nmetric = \"window\"\nabove = 1"))
+        .contains("exactly one of tenant, server or host"));
+    assert!(err(&exp("tenant = \"vm1\"\nmetric = \"iops\"\nequilibrium = true\nwithin_pct = 5"))
+        .contains("are for host expectations"));
+    assert!(err(&exp(
+        "host = \"h1\"\nmetric = \"latency_mean_ms\"\nequilibrium = true\nthreshold = true\nwithin_pct = 5"
+    ))
+    .contains("use one of"));
 }
 
 #[test]

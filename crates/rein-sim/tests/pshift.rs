@@ -45,22 +45,29 @@ fn err(toml: &str) -> String {
 
 #[test]
 fn bad_pshift_sections_are_named() {
-    assert!(err(&SMALL.replace("arrivals = \"poisson\"", "arrivals = \"bursty\"")).contains("pshift.arrivals \"bursty\""));
+    assert!(
+        err(&SMALL.replace("arrivals = \"poisson\"", "arrivals = \"bursty\"")).contains("pshift.arrivals \"bursty\"")
+    );
     assert!(err(&SMALL.replace("delay_ms = 0.2", "estimator = \"magic\"")).contains("pshift.estimator \"magic\""));
     assert!(err(&SMALL.replace("period_s = 1.0", "period_s = 1.1")).contains("multiples of interval_s"));
-    assert!(err(&SMALL.replace("active_servers = [1, 3]", "active_servers = 4")).contains("active_servers must be within 1..=3"));
+    assert!(err(&SMALL.replace("active_servers = [1, 3]", "active_servers = 4"))
+        .contains("active_servers must be within 1..=3"));
     assert!(err(&SMALL.replace("demand_ratio = 1.3", "")).contains("give demand_ratio"));
     assert!(err(&SMALL.replace("intervals = 5", "intervals = 0")).contains("pshift.intervals must be in 1..=1000"));
     assert!(err(&SMALL.replace("limit_ratio = 1.2", "limit_ratio = 0.5")).contains("limit_ratio must be at least 1"));
-    assert!(err(&SMALL.replace("perid", "").replace("period_s = 1.0", "period_s = 1.0\nperid = 2")).contains("unknown field `perid`"));
+    assert!(err(&SMALL.replace("perid", "").replace("period_s = 1.0", "period_s = 1.0\nperid = 2"))
+        .contains("unknown field `perid`"));
     let with_tenant = format!("{SMALL}\n[[tenants]]\nname = \"x\"\n[tenants.workload]\nkind = \"open\"\niops = 10\n");
     assert!(err(&with_tenant).contains("either [[tenants]] or [pshift.generate]"));
-    let no_gen = SMALL[..SMALL.find("[pshift.generate]").unwrap()].to_string() + "[[servers]]\nname = \"s1\"\ncapacity_iops = 1\n";
+    let no_gen = SMALL[..SMALL.find("[pshift.generate]").unwrap()].to_string()
+        + "[[servers]]\nname = \"s1\"\ncapacity_iops = 1\n";
     assert!(err(&no_gen).contains("at least one [[tenants]] (or [pshift.generate])"));
     // Period metrics need [pshift]; threshold_pct belongs to them.
     let plain = "name = \"p\"\nduration_s = 1\n[[servers]]\nname = \"s\"\ncapacity_iops = 10\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n";
-    assert!(err(&format!("{plain}[[expect]]\nmetric = \"reservation_met_fraction\"\nabove = 0.5\n")).contains("needs a [pshift] section"));
-    assert!(err(&SMALL.replace("metric = \"reservation_met_fraction\"", "tenant = \"b1\"\nmetric = \"iops\"")).contains("threshold_pct applies to"));
+    assert!(err(&format!("{plain}[[expect]]\nmetric = \"reservation_met_fraction\"\nabove = 0.5\n"))
+        .contains("needs a [pshift] section"));
+    assert!(err(&SMALL.replace("metric = \"reservation_met_fraction\"", "tenant = \"b1\"\nmetric = \"iops\""))
+        .contains("threshold_pct applies to"));
     // A written bucket needs an open or per-server closed workload.
     let written = SMALL[..SMALL.find("[pshift.generate]").unwrap()].to_string()
         + "[[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 4\n";
@@ -87,7 +94,8 @@ fn runs_are_deterministic_and_use_the_seed() {
 #[test]
 fn the_controller_meets_reservations_round_robin_does_not() {
     let with = Scenario::from_toml(SMALL, None).unwrap();
-    let without = Scenario::from_toml(&SMALL.replace("delay_ms = 0.2", "delay_ms = 0.2\ncontroller = false"), None).unwrap();
+    let without =
+        Scenario::from_toml(&SMALL.replace("delay_ms = 0.2", "delay_ms = 0.2\ncontroller = false"), None).unwrap();
     let all: Vec<usize> = (0..40).collect();
     let (rw, rn) = (run(&with, &mut |_| {}).unwrap(), run(&without, &mut |_| {}).unwrap());
     let met = |sc: &Scenario, r| rein_sim::check::bucket_periods(r, sc, &all, true, 95.0, 0.2, 2.2);

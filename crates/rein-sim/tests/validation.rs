@@ -26,15 +26,25 @@ fn accepts_the_minimal_scenario() {
 
 #[test]
 fn rejects_bad_fields_with_clear_messages() {
-    assert!(err(&BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\ncapcity = 3")).contains("unknown field `capcity`"));
-    assert!(err(&BASE.replace("capacity_iops = 1000", "capacity_iops = -5")).contains("capacity_iops must be a positive number"));
+    assert!(err(&BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\ncapcity = 3"))
+        .contains("unknown field `capcity`"));
+    assert!(err(&BASE.replace("capacity_iops = 1000", "capacity_iops = -5"))
+        .contains("capacity_iops must be a positive number"));
     assert!(err(&BASE.replace("duration_s = 10", "duration_s = 10\nwarmup_s = 20")).contains("warmup_s"));
     assert!(err(&BASE.replace("kind = \"closed\"", "kind = \"sometimes\"")).contains("workload kind \"sometimes\""));
     assert!(err(&BASE.replace("kind = \"closed\"", "kind = \"open\"")).contains("open workload needs iops"));
-    assert!(err(&BASE.replace("name = \"a\"", "name = \"a\"\nreservation = 500\nlimit = 100")).contains("reservation 500 exceeds limit 100"));
-    assert!(err(&BASE.replace("name = \"a\"", "name = \"a\"\nservers = [\"nope\"]")).contains("unknown server \"nope\""));
-    assert!(err(&format!("{BASE}\nscheduler = \"wfq\"")).contains("unknown field") || err(&BASE.replace("duration_s = 10", "duration_s = 10\nscheduler = \"wfq\"")).contains("unknown scheduler"));
-    assert!(err(&BASE.replace("duration_s = 10", "duration_s = 10\nscheduler = \"wfq\"")).contains("unknown scheduler \"wfq\""));
+    assert!(err(&BASE.replace("name = \"a\"", "name = \"a\"\nreservation = 500\nlimit = 100"))
+        .contains("reservation 500 exceeds limit 100"));
+    assert!(
+        err(&BASE.replace("name = \"a\"", "name = \"a\"\nservers = [\"nope\"]")).contains("unknown server \"nope\"")
+    );
+    assert!(
+        err(&format!("{BASE}\nscheduler = \"wfq\"")).contains("unknown field")
+            || err(&BASE.replace("duration_s = 10", "duration_s = 10\nscheduler = \"wfq\""))
+                .contains("unknown scheduler")
+    );
+    assert!(err(&BASE.replace("duration_s = 10", "duration_s = 10\nscheduler = \"wfq\""))
+        .contains("unknown scheduler \"wfq\""));
     let dup = format!("{BASE}\n[[tenants]]\nname = \"a\"\n[tenants.workload]\nkind = \"closed\"\n");
     assert!(err(&dup).contains("two tenants are named \"a\""));
     let exp = format!("{BASE}\n[[expect]]\ntenant = \"a\"\nmetric = \"iops\"\n");

@@ -65,9 +65,21 @@ struct DispatchRow {
 
 /// One closed-loop run through a fresh dispatcher (the capacity probe's load, with `kind` and `tenants`);
 /// returns IOPS.
-fn dispatch_run(kind: SchedulerKind, tenants: usize, outstanding: usize, seconds: f64, storage: std::sync::Arc<dyn rein_runtime::Storage>) -> Result<f64> {
+fn dispatch_run(
+    kind: SchedulerKind,
+    tenants: usize,
+    outstanding: usize,
+    seconds: f64,
+    storage: std::sync::Arc<dyn rein_runtime::Storage>,
+) -> Result<f64> {
     use rein_runtime::probe::{probe, ProbeConfig};
-    let cfg = ProbeConfig { seconds, scheduler: kind, tenants, workers: Some(outstanding.max(tenants)), ..ProbeConfig::default() };
+    let cfg = ProbeConfig {
+        seconds,
+        scheduler: kind,
+        tenants,
+        workers: Some(outstanding.max(tenants)),
+        ..ProbeConfig::default()
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     Ok(rt.block_on(probe(storage, None, &cfg))?.iops)
 }
@@ -100,7 +112,13 @@ fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
             f.push(dispatch_run(SchedulerKind::Fifo, n, a.outstanding, a.seconds, storage.clone())?);
         }
         let (mi, fi) = (median(m), median(f));
-        rows.push(DispatchRow { tenants: n, backend: a.backend.clone(), mclock_iops: mi, fifo_iops: fi, mclock_cost_pct: 100.0 * (1.0 - mi / fi) });
+        rows.push(DispatchRow {
+            tenants: n,
+            backend: a.backend.clone(),
+            mclock_iops: mi,
+            fifo_iops: fi,
+            mclock_cost_pct: 100.0 * (1.0 - mi / fi),
+        });
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(rows)
@@ -268,7 +286,14 @@ pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
         });
         if !args.json {
             let r = rows.last().expect("pushed");
-            eprintln!("{:>8} tenants: {:>8.1} ns/request  (FIFO {:>6.1} ns, x{:.1}; {:.0}% reservation phase)", n, r.ns_per_request, r.fifo_ns_per_request, r.ratio, r.reservation_fraction * 100.0);
+            eprintln!(
+                "{:>8} tenants: {:>8.1} ns/request  (FIFO {:>6.1} ns, x{:.1}; {:.0}% reservation phase)",
+                n,
+                r.ns_per_request,
+                r.fifo_ns_per_request,
+                r.ratio,
+                r.reservation_fraction * 100.0
+            );
         }
     }
     Ok(rows)
@@ -404,7 +429,11 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
                 phi: alloc.phi(),
                 max_flow: mf,
                 phi_initial: st.phi_initial,
-                excess_removed_pct: if removable == 0 { 100.0 } else { 100.0 * (st.phi - st.phi_initial) as f64 / removable as f64 },
+                excess_removed_pct: if removable == 0 {
+                    100.0
+                } else {
+                    100.0 * (st.phi - st.phi_initial) as f64 / removable as f64
+                },
                 shifts: st.shifts,
             };
             if approx_top.is_none() && row.phi != mf {

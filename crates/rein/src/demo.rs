@@ -92,7 +92,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
     }
     cfg.data_dir = data;
-    cfg.device = Some(DeviceConfig { capacity_iops: 2400.0, service: ServiceDist::Exponential, transfer_mb_s: None, seed: 1 });
+    cfg.device =
+        Some(DeviceConfig { capacity_iops: 2400.0, service: ServiceDist::Exponential, transfer_mb_s: None, seed: 1 });
     cfg.capacity_iops = Some(2400.0);
     let specs: Vec<_> = cfg.tenants.iter().map(|t| (t.name.clone(), t.spec)).collect();
     let total = Duration::from_secs_f64(args.seconds);
@@ -135,7 +136,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     // Windows: skip a second after the start and after the capacity step.
     let h = half.as_secs_f64();
     let t = total.as_secs_f64();
-    let windows_def = [("capacity 2,400 IOPS", 1.0, h.floor(), 2400.0), ("capacity 1,200 IOPS", h.ceil() + 1.0, t.floor(), 1200.0)];
+    let windows_def =
+        [("capacity 2,400 IOPS", 1.0, h.floor(), 2400.0), ("capacity 1,200 IOPS", h.ceil() + 1.0, t.floor(), 1200.0)];
     let mut windows = Vec::new();
     let (mut resv_ok, mut limit_ok) = (true, true);
     for (label, a, b, cap) in windows_def {
@@ -155,7 +157,14 @@ pub fn run(args: DemoArgs) -> Result<()> {
             if spec.limit().is_some_and(|l| iops[i] > l * 1.02) {
                 limit_ok = false;
             }
-            rows.push(WindowRow { name: name.clone(), reservation: spec.reservation(), limit: spec.limit(), weight: spec.weight(), iops: iops[i], oracle: oracle[i] });
+            rows.push(WindowRow {
+                name: name.clone(),
+                reservation: spec.reservation(),
+                limit: spec.limit(),
+                weight: spec.weight(),
+                iops: iops[i],
+                oracle: oracle[i],
+            });
         }
         windows.push(Window { label: label.into(), from_s: a, to_s: b, capacity_iops: cap, tenants: rows });
     }
@@ -189,7 +198,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
-    println!("plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv", args.out.display());
+    println!(
+        "plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv",
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -218,18 +230,31 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
         return Ok(());
     }
     println!("{}\n", sc.description.trim());
-    for (label, a, b) in [("capacity 2,400 IOPS (5-60 s)", 5.0, 60.0), ("capacity 1,200 IOPS (65-120 s)", 65.0, 120.0)] {
+    for (label, a, b) in [("capacity 2,400 IOPS (5-60 s)", 5.0, 60.0), ("capacity 1,200 IOPS (65-120 s)", 65.0, 120.0)]
+    {
         let oracle = r.oracle_iops(&sc, a, b);
         println!("{label}:");
         println!("  {:<6} {:>10} {:>10} {:>8}", "tenant", "IOPS", "oracle", "diff");
         for (i, t) in sc.tenants.iter().enumerate() {
             let got = r.timeseries.iops(i, a, b);
-            println!("  {:<6} {:>10.1} {:>10.1} {:>+7.1}%", t.name, got, oracle[i], 100.0 * (got - oracle[i]) / oracle[i].max(1e-9));
+            println!(
+                "  {:<6} {:>10.1} {:>10.1} {:>+7.1}%",
+                t.name,
+                got,
+                oracle[i],
+                100.0 * (got - oracle[i]) / oracle[i].max(1e-9)
+            );
         }
     }
     println!();
     let misses = sim::print_checks(&results, false);
-    let held = |word: &str| results.iter().zip(&sc.expect).filter(|(_, e)| e.note.as_deref().is_some_and(|n| n.contains(word))).all(|(c, _)| c.ok);
+    let held = |word: &str| {
+        results
+            .iter()
+            .zip(&sc.expect)
+            .filter(|(_, e)| e.note.as_deref().is_some_and(|n| n.contains(word)))
+            .all(|(c, _)| c.ok)
+    };
     let (resv_ok, limit_ok) = (held("reservation"), held("limit"));
     println!(
         "\nwith {} (simulated): reservations held: {}; limit held: {}",

@@ -51,7 +51,16 @@ fn parse_size(v: &str) -> Result<u32> {
 
 /// Parses one `--job` value.
 pub fn parse_job(spec: &str) -> Result<Job> {
-    let mut job = Job { name: String::new(), export: String::new(), connections: 1, depth: 16, rate: None, size: 4096, read: 1.0, random: 1.0 };
+    let mut job = Job {
+        name: String::new(),
+        export: String::new(),
+        connections: 1,
+        depth: 16,
+        rate: None,
+        size: 4096,
+        read: 1.0,
+        random: 1.0,
+    };
     for kv in spec.split(',') {
         let (k, v) = kv.split_once('=').with_context(|| format!("job {spec:?}: {kv:?} is not key=value"))?;
         let pct = |v: &str| -> Result<f64> {
@@ -70,7 +79,9 @@ pub fn parse_job(spec: &str) -> Result<Job> {
             "size" => job.size = parse_size(v)?,
             "read" => job.read = pct(v)?,
             "random" => job.random = pct(v)?,
-            other => bail!("job {spec:?}: unknown key {other:?} (name, export, depth, conns, rate, size, read, random)"),
+            other => {
+                bail!("job {spec:?}: unknown key {other:?} (name, export, depth, conns, rate, size, read, random)")
+            }
         }
     }
     if job.name.is_empty() {
@@ -83,7 +94,13 @@ pub fn parse_job(spec: &str) -> Result<Job> {
 }
 
 /// Converts load results into the simulator's output types.
-pub fn to_totals(results: &[JobResult], interval: Duration, duration: Duration, warmup: Duration, label: &str) -> RunTotals {
+pub fn to_totals(
+    results: &[JobResult],
+    interval: Duration,
+    duration: Duration,
+    warmup: Duration,
+    label: &str,
+) -> RunTotals {
     let intervals = results.first().map_or(0, |r| r.cells.len());
     let measured = (duration - warmup).as_secs_f64();
     let first = (warmup.as_nanos().div_ceil(interval.as_nanos())) as usize;
@@ -91,7 +108,13 @@ pub fn to_totals(results: &[JobResult], interval: Duration, duration: Duration, 
     let mut tenants = Vec::new();
     for r in results {
         for c in &r.cells {
-            cells.push(Cell { ios: c.ios.min(u32::MAX as u64) as u32, bytes: c.bytes, lat_sum_ns: c.lat_sum_ns, lat_max_ns: c.lat_max_ns, phase: [0; 3] });
+            cells.push(Cell {
+                ios: c.ios.min(u32::MAX as u64) as u32,
+                bytes: c.bytes,
+                lat_sum_ns: c.lat_sum_ns,
+                lat_max_ns: c.lat_max_ns,
+                phase: [0; 3],
+            });
         }
         let bytes: u64 = r.cells.iter().skip(first).map(|c| c.bytes).sum();
         let ms = |v: u64| v as f64 / 1e6;
@@ -124,7 +147,14 @@ pub fn to_totals(results: &[JobResult], interval: Duration, duration: Duration, 
             duration_s: duration.as_secs_f64(),
             warmup_s: warmup.as_secs_f64(),
             tenants,
-            servers: vec![ServerSummary { name: "nbd".into(), scheduler: "remote".into(), distributed: false, completed: total, iops: total as f64 / measured, utilisation: f64::NAN }],
+            servers: vec![ServerSummary {
+                name: "nbd".into(),
+                scheduler: "remote".into(),
+                distributed: false,
+                completed: total,
+                iops: total as f64 / measured,
+                utilisation: f64::NAN,
+            }],
             hosts: None,
         },
         hosts: None,
@@ -151,7 +181,10 @@ pub fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
 }
 
 pub fn print_summary(totals: &RunTotals) {
-    println!("{:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7}", "tenant", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "errors");
+    println!(
+        "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "tenant", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "errors"
+    );
     for t in &totals.summary.tenants {
         println!(
             "{:<12} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7}",

@@ -71,7 +71,12 @@ fn legend_line(color: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElemen
 }
 
 /// Draws the legend box (every chart's style) at `position` and presents the drawing.
-fn finish<'a, DB, CT>(root: &DrawingArea<DB, plotters::coord::Shift>, chart: &mut ChartContext<'a, DB, CT>, position: SeriesLabelPosition, font: u32) -> Result<()>
+fn finish<'a, DB, CT>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    font: u32,
+) -> Result<()>
 where
     DB: DrawingBackend + 'a,
     DB::ErrorType: 'static,
@@ -105,7 +110,14 @@ fn palette(i: usize) -> RGBColor {
     C[i % C.len()]
 }
 
-fn draw_lines<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, x_label: &str, y_label: &str, series: &[Series], dashed: &[Series]) -> Result<()>
+fn draw_lines<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    dashed: &[Series],
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
@@ -152,12 +164,23 @@ where
 }
 
 /// Writes `<stem>.svg` and (if a font is available) `<stem>.png`.
-pub fn line_chart(stem: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series], dashed: &[Series]) -> Result<()> {
+pub fn line_chart(
+    stem: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    dashed: &[Series],
+) -> Result<()> {
     svg_and_png!(stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed));
     Ok(())
 }
 
-fn draw_phases<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, rows: &[(String, [f64; 3])]) -> Result<()>
+fn draw_phases<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    rows: &[(String, [f64; 3])],
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
@@ -223,21 +246,45 @@ pub fn host_plots(dir: &Path, title: &str, h: &rein_sim::hosts::HostTotals) -> R
         window.push(Series { name: name.clone(), points: cells.clone().map(|(i, c)| (x(i), c.window)).collect() });
         lat.push(Series {
             name: name.clone(),
-            points: cells.clone().filter(|(_, c)| c.ios > 0).map(|(i, c)| (x(i), c.lat_sum_ns as f64 / c.ios as f64 / 1e6)).collect(),
+            points: cells
+                .clone()
+                .filter(|(_, c)| c.ios > 0)
+                .map(|(i, c)| (x(i), c.lat_sum_ns as f64 / c.ios as f64 / 1e6))
+                .collect(),
         });
-        iops.push(Series { name: name.clone(), points: cells.clone().map(|(i, c)| (x(i), c.ios as f64 / dt)).collect() });
+        iops.push(Series {
+            name: name.clone(),
+            points: cells.clone().map(|(i, c)| (x(i), c.ios as f64 / dt)).collect(),
+        });
         beta.push(Series { name: name.clone(), points: cells.map(|(i, c)| (x(i), c.beta)).collect() });
     }
     // The signal the first PARDA host used (cluster average or its own estimate) and script-L (dashed).
-    let dashed = vec![Series { name: "script-L".into(), points: vec![(0.0, h.threshold_ms), (h.intervals as f64 * dt, h.threshold_ms)] }];
+    let dashed = vec![Series {
+        name: "script-L".into(),
+        points: vec![(0.0, h.threshold_ms), (h.intervals as f64 * dt, h.threshold_ms)],
+    }];
     if let Some(k) = h.controlled.iter().position(|&c| c) {
         lat.push(Series {
             name: format!("signal ({})", h.names[k]),
             points: (0..h.intervals).map(|i| (x(i), h.cell(k, i).signal_ns / 1e6)).filter(|p| p.1 > 0.0).collect(),
         });
     }
-    line_chart(&dir.join("host-window"), &format!("{title}: window per host"), "time (s)", "window (IOs)", &window, &[])?;
-    line_chart(&dir.join("host-latency"), &format!("{title}: device latency per host"), "time (s)", "latency (ms)", &lat, &dashed)?;
+    line_chart(
+        &dir.join("host-window"),
+        &format!("{title}: window per host"),
+        "time (s)",
+        "window (IOs)",
+        &window,
+        &[],
+    )?;
+    line_chart(
+        &dir.join("host-latency"),
+        &format!("{title}: device latency per host"),
+        "time (s)",
+        "latency (ms)",
+        &lat,
+        &dashed,
+    )?;
     line_chart(&dir.join("host-iops"), &format!("{title}: throughput per host"), "time (s)", "IOPS", &iops, &[])?;
     line_chart(&dir.join("host-beta"), &format!("{title}: beta per host"), "time (s)", "beta", &beta, &[])?;
     Ok(())
@@ -270,10 +317,20 @@ pub fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String
         .iter()
         .zip(&ts.capacity)
         .take(4)
-        .map(|(n, c)| Series { name: format!("{n} capacity"), points: c.iter().enumerate().map(|(i, v)| ((i as f64 + 0.5) * dt, *v)).collect() })
+        .map(|(n, c)| Series {
+            name: format!("{n} capacity"),
+            points: c.iter().enumerate().map(|(i, v)| ((i as f64 + 0.5) * dt, *v)).collect(),
+        })
         .collect();
     line_chart(&dir.join("iops"), &format!("{title}: IOPS per tenant"), "time (s)", "IOPS", &iops, &cap)?;
-    line_chart(&dir.join("latency"), &format!("{title}: mean latency per tenant"), "time (s)", "latency (ms)", &lat, &[])?;
+    line_chart(
+        &dir.join("latency"),
+        &format!("{title}: mean latency per tenant"),
+        "time (s)",
+        "latency (ms)",
+        &lat,
+        &[],
+    )?;
     if phase_rows.iter().any(|r| r.1.iter().any(|&x| x > 0.0)) {
         phase_chart(&dir.join("phases"), &format!("{title}: IOs by scheduling phase"), phase_rows)?;
     }
@@ -293,7 +350,11 @@ pub struct IntervalBar {
     pub reservation: f64,
 }
 
-fn draw_interval_bars<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, bars: &[IntervalBar]) -> Result<()>
+fn draw_interval_bars<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    bars: &[IntervalBar],
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
@@ -332,7 +393,12 @@ where
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
     }
     chart
-        .draw_series(bars.iter().enumerate().map(|(i, b)| PathElement::new(vec![(i as f64 + 0.05, b.reservation), (i as f64 + 0.95, b.reservation)], BLACK.stroke_width(2))))
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            PathElement::new(
+                vec![(i as f64 + 0.05, b.reservation), (i as f64 + 0.95, b.reservation)],
+                BLACK.stroke_width(2),
+            )
+        }))
         .map_err(|e| anyhow::anyhow!("{e:?}"))?
         .label("reservation")
         .legend(legend_line(BLACK, 2));
@@ -359,7 +425,9 @@ pub fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Times
     let per_interval = (cells_per_period / ps.intervals as usize).max(1);
     // The sample: buckets by reservation, high to low, every k-th.
     let mut order: Vec<usize> = (0..sc.tenants.len()).collect();
-    order.sort_by(|&a, &b| sc.tenants[b].spec.reservation().total_cmp(&sc.tenants[a].spec.reservation()).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        sc.tenants[b].spec.reservation().total_cmp(&sc.tenants[a].spec.reservation()).then(a.cmp(&b))
+    });
     let step = order.len().div_ceil(40).max(1);
     let bars: Vec<IntervalBar> = order
         .iter()
@@ -367,13 +435,23 @@ pub fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Times
         .map(|&t| IntervalBar {
             name: ts.tenant_names[t].clone(),
             ios: (0..ps.intervals as usize)
-                .map(|k| (0..per_interval).map(|c| first + k * per_interval + c).filter(|&i| i < ts.intervals).map(|i| ts.cell(t, i).ios as f64).sum())
+                .map(|k| {
+                    (0..per_interval)
+                        .map(|c| first + k * per_interval + c)
+                        .filter(|&i| i < ts.intervals)
+                        .map(|i| ts.cell(t, i).ios as f64)
+                        .sum()
+                })
                 .collect(),
             reservation: sc.tenants[t].spec.reservation() * period,
         })
         .collect();
     let step_note = if step > 1 { format!(", every {step}th bucket") } else { String::new() };
-    interval_chart(&dir.join("intervals"), &format!("{title}: IOs per redistribution interval, first QoS period{step_note}"), &bars)?;
+    interval_chart(
+        &dir.join("intervals"),
+        &format!("{title}: IOs per redistribution interval, first QoS period{step_note}"),
+        &bars,
+    )?;
     if sc.tenants.len() <= 12 {
         let mut buckets = Vec::new();
         for (t, name) in ts.tenant_names.iter().enumerate() {
@@ -406,7 +484,12 @@ pub fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Times
 type PeriodLines = [(String, Vec<Vec<(f64, f64)>>)];
 
 /// Per bucket, one line per QoS period (IOs since the period began), and dashed levels.
-fn draw_periods<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, buckets: &PeriodLines, levels: &[(String, f64)]) -> Result<()>
+fn draw_periods<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    buckets: &PeriodLines,
+    levels: &[(String, f64)],
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
@@ -439,7 +522,9 @@ where
     for (i, (name, segs)) in buckets.iter().enumerate() {
         let c = palette(i);
         for (k, seg) in segs.iter().enumerate() {
-            let s = chart.draw_series(LineSeries::new(seg.iter().copied(), c.stroke_width(2))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let s = chart
+                .draw_series(LineSeries::new(seg.iter().copied(), c.stroke_width(2)))
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
             if k == 0 {
                 s.label(name.clone()).legend(legend_line(c, 2));
             }

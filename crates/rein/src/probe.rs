@@ -42,16 +42,25 @@ pub fn run(args: ProbeArgs) -> Result<()> {
         None => rein_runtime::config::ServerConfig::builtin(),
     };
     if args.read_pct < 100.0 && !args.destructive {
-        bail!("--read-pct {} writes random data over the export; add --destructive if that is what you want", args.read_pct);
+        bail!(
+            "--read-pct {} writes random data over the export; add --destructive if that is what you want",
+            args.read_pct
+        );
     }
     let export = match &args.export {
         Some(n) => cfg.exports.iter().find(|e| &e.name == n).with_context(|| {
-            format!("no export {n:?} (the config has: {})", cfg.exports.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", "))
+            format!(
+                "no export {n:?} (the config has: {})",
+                cfg.exports.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", ")
+            )
         })?,
         None => cfg.exports.iter().max_by_key(|e| e.size).expect("a valid config has exports"),
     };
     let size_kb = args.size_kb;
-    let io_size = size_kb.checked_mul(1024).filter(|_| size_kb > 0).with_context(|| format!("--size-kb {size_kb} is out of range"))?;
+    let io_size = size_kb
+        .checked_mul(1024)
+        .filter(|_| size_kb > 0)
+        .with_context(|| format!("--size-kb {size_kb} is out of range"))?;
     let pc = ProbeConfig {
         seconds: args.seconds,
         io_size,
@@ -65,7 +74,9 @@ pub fn run(args: ProbeArgs) -> Result<()> {
         std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
         let storage = rein_runtime::server::open_export(export)?;
         let device = match &cfg.device {
-            Some(d) => Some(Arc::new(rein_runtime::DeviceModel::new(d.capacity_iops, d.service, d.transfer_mb_s, d.seed)?)),
+            Some(d) => {
+                Some(Arc::new(rein_runtime::DeviceModel::new(d.capacity_iops, d.service, d.transfer_mb_s, d.seed)?))
+            }
             None => None,
         };
         if !args.json {
@@ -74,7 +85,11 @@ pub fn run(args: ProbeArgs) -> Result<()> {
                 export.name,
                 pc.seconds,
                 size_kb,
-                if pc.read_pct >= 100.0 { "random reads".to_string() } else { format!("random IO, {}% reads", pc.read_pct) },
+                if pc.read_pct >= 100.0 {
+                    "random reads".to_string()
+                } else {
+                    format!("random IO, {}% reads", pc.read_pct)
+                },
                 pc.depth,
                 pc.io_engine.name(),
                 if device.is_some() { ", through the configured device model" } else { "" },
@@ -88,7 +103,10 @@ pub fn run(args: ProbeArgs) -> Result<()> {
     }
     println!("IOPS          {:.0}", r.iops);
     println!("MB/s          {:.1}", r.mb_s);
-    println!("latency (ms)  mean {:.3}  p50 {:.3}  p99 {:.3}  max {:.3}", r.latency_mean_ms, r.latency_p50_ms, r.latency_p99_ms, r.latency_max_ms);
+    println!(
+        "latency (ms)  mean {:.3}  p50 {:.3}  p99 {:.3}  max {:.3}",
+        r.latency_mean_ms, r.latency_p50_ms, r.latency_p99_ms, r.latency_max_ms
+    );
     println!("io_engine     {}", r.io_engine);
     println!();
     println!("For admission control, put in the server config (reservations above it are refused):");

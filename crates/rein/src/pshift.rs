@@ -67,8 +67,10 @@ fn sweep(a: &SweepArgs) -> Result<()> {
     if a.runs == 0 || a.runs > 100 {
         bail!("--runs must be in 1..=100");
     }
-    let text = std::fs::read_to_string(&a.scenario).with_context(|| format!("cannot read scenario {}", a.scenario.display()))?;
-    let file: rein_sim::scenario::ScenarioFile = toml::from_str(&text).with_context(|| format!("scenario {}", a.scenario.display()))?;
+    let text = std::fs::read_to_string(&a.scenario)
+        .with_context(|| format!("cannot read scenario {}", a.scenario.display()))?;
+    let file: rein_sim::scenario::ScenarioFile =
+        toml::from_str(&text).with_context(|| format!("scenario {}", a.scenario.display()))?;
     if file.pshift.as_ref().and_then(|p| p.generate.as_ref()).is_none() {
         bail!("{}: the sweep needs a scenario with [pshift.generate]", a.scenario.display());
     }
@@ -88,10 +90,22 @@ fn sweep(a: &SweepArgs) -> Result<()> {
                 let run = rein_sim::run(&sc, &mut |_| {})?;
                 let ps = sc.pshift.as_deref().expect("pshift scenario");
                 let all: Vec<usize> = (0..sc.tenants.len()).collect();
-                let (_, met) = rein_sim::check::bucket_periods(&run, &sc, &all, true, a.threshold_pct, ps.start.as_secs_f64(), sc.duration.as_secs_f64());
+                let (_, met) = rein_sim::check::bucket_periods(
+                    &run,
+                    &sc,
+                    &all,
+                    true,
+                    a.threshold_pct,
+                    ps.start.as_secs_f64(),
+                    sc.duration.as_secs_f64(),
+                );
                 errs.push(1.0 - met);
                 if !a.json {
-                    eprintln!("N_A = {na}, N_D = {nd}, seed {seed}: error {:.3}% ({:.1} s)", 100.0 * (1.0 - met), t0.elapsed().as_secs_f64());
+                    eprintln!(
+                        "N_A = {na}, N_D = {nd}, seed {seed}: error {:.3}% ({:.1} s)",
+                        100.0 * (1.0 - met),
+                        t0.elapsed().as_secs_f64()
+                    );
                 }
             }
             let mean = errs.iter().sum::<f64>() / errs.len() as f64;
@@ -286,23 +300,33 @@ pub fn load_instance(path: &Path) -> Result<Instance> {
         bail!("instance {} is {len} bytes, larger than the {} MiB bound", path.display(), MAX_INSTANCE_BYTES >> 20);
     }
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read instance {}", path.display()))?;
-    let f: InstanceFile = serde_json::from_str(&text).with_context(|| format!("instance {} is not a valid instance file", path.display()))?;
-    let servers: Vec<RawServer> = f.servers.into_iter().map(|s| RawServer { name: s.name, capacity: s.capacity }).collect();
-    let buckets: Vec<RawBucket> =
-        f.buckets.into_iter().map(|b| RawBucket { name: b.name, reservation: b.reservation, limit: b.limit, demand: b.demand.0 }).collect();
+    let f: InstanceFile = serde_json::from_str(&text)
+        .with_context(|| format!("instance {} is not a valid instance file", path.display()))?;
+    let servers: Vec<RawServer> =
+        f.servers.into_iter().map(|s| RawServer { name: s.name, capacity: s.capacity }).collect();
+    let buckets: Vec<RawBucket> = f
+        .buckets
+        .into_iter()
+        .map(|b| RawBucket { name: b.name, reservation: b.reservation, limit: b.limit, demand: b.demand.0 })
+        .collect();
     Instance::from_raw(&servers, &buckets).with_context(|| format!("instance {}", path.display()))
 }
 
 /// The instance as JSON (what `gen` writes and `solve` reads).
 pub fn instance_json(inst: &Instance) -> Result<String> {
     let f = InstanceOut {
-        servers: (0..inst.servers()).map(|j| ServerOutFile { name: inst.server_name(j), capacity: inst.capacity(j) }).collect(),
+        servers: (0..inst.servers())
+            .map(|j| ServerOutFile { name: inst.server_name(j), capacity: inst.capacity(j) })
+            .collect(),
         buckets: (0..inst.buckets())
             .map(|i| BucketOutFile {
                 name: inst.bucket_name(i),
                 reservation: inst.reservation(i),
                 limit: inst.limit(i),
-                demand: inst.bucket_entries(i).map(|e| (inst.server_name(inst.entry_server(e)), inst.entry_demand(e).into())).collect(),
+                demand: inst
+                    .bucket_entries(i)
+                    .map(|e| (inst.server_name(inst.entry_server(e)), inst.entry_demand(e).into()))
+                    .collect(),
             })
             .collect(),
     };
@@ -422,8 +446,9 @@ fn solve_out(inst: &Instance, a: &Allocation, args: &SolveArgs, secs: f64) -> So
         buckets: None,
     };
     if !args.summary {
-        let mut srv: Vec<ServerOut> =
-            (0..inst.servers()).map(|j| ServerOut { name: inst.server_name(j), capacity: inst.capacity(j), r_tokens: 0, l_tokens: 0 }).collect();
+        let mut srv: Vec<ServerOut> = (0..inst.servers())
+            .map(|j| ServerOut { name: inst.server_name(j), capacity: inst.capacity(j), r_tokens: 0, l_tokens: 0 })
+            .collect();
         let mut buckets = Vec::with_capacity(inst.buckets());
         for i in 0..inst.buckets() {
             let mut alloc = serde_json::Map::new();
@@ -434,7 +459,10 @@ fn solve_out(inst: &Instance, a: &Allocation, args: &SolveArgs, secs: f64) -> So
                 srv[j].l_tokens += a.l[e];
                 r += a.r[e];
                 l += a.l[e];
-                alloc.insert(inst.server_name(j), serde_json::to_value(TokensOut { r: a.r[e], l: a.l[e] }).expect("plain struct"));
+                alloc.insert(
+                    inst.server_name(j),
+                    serde_json::to_value(TokensOut { r: a.r[e], l: a.l[e] }).expect("plain struct"),
+                );
             }
             buckets.push(BucketOut {
                 name: inst.bucket_name(i),

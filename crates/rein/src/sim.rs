@@ -40,7 +40,10 @@ pub fn load(args: &SimArgs) -> Result<Scenario> {
     }
     if let Some(s) = &args.scheduler {
         if sc.pshift.is_some() {
-            bail!("{}: pShift scenarios run token schedulers; set controller = false in [pshift] for plain round robin", args.scenario.display());
+            bail!(
+                "{}: pShift scenarios run token schedulers; set controller = false in [pshift] for plain round robin",
+                args.scenario.display()
+            );
         }
         let (kind, distributed) = rein_sim::scenario::parse_scheduler(s).map_err(anyhow::Error::msg)?;
         sc = sc.with_scheduler(kind, distributed);
@@ -193,7 +196,8 @@ pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: O
     std::fs::write(dir.join("summary.json"), summary + "\n").context("writing summary.json")?;
     std::fs::write(dir.join("timeseries.csv"), r.timeseries.to_csv()).context("writing timeseries.csv")?;
     if let Some(c) = checks {
-        std::fs::write(dir.join("check.json"), serde_json::to_string_pretty(c)? + "\n").context("writing check.json")?;
+        std::fs::write(dir.join("check.json"), serde_json::to_string_pretty(c)? + "\n")
+            .context("writing check.json")?;
     }
     if let Some(h) = &r.hosts {
         std::fs::write(dir.join("hosts.csv"), h.to_csv()).context("writing hosts.csv")?;
@@ -208,7 +212,14 @@ pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: O
         .iter()
         .take(30)
         .map(|t| {
-            (t.name.clone(), [t.phase.reservation as f64 / measured, t.phase.weight as f64 / measured, t.phase.over_limit as f64 / measured])
+            (
+                t.name.clone(),
+                [
+                    t.phase.reservation as f64 / measured,
+                    t.phase.weight as f64 / measured,
+                    t.phase.over_limit as f64 / measured,
+                ],
+            )
         })
         .collect();
     match crate::plot::run_plots(dir, &format!("{} ({})", name, r.summary.scheduler), &r.timeseries, &rows) {
@@ -224,7 +235,12 @@ pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: O
 pub fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
     let mut misses = 0;
     for c in results {
-        let line = format!("{} {}{}", if c.ok { "ok  " } else { "MISS" }, c.description, c.note.as_ref().map_or(String::new(), |n| format!("  ({n})")));
+        let line = format!(
+            "{} {}{}",
+            if c.ok { "ok  " } else { "MISS" },
+            c.description,
+            c.note.as_ref().map_or(String::new(), |n| format!("  ({n})"))
+        );
         if to_stderr {
             eprintln!("{line}");
         } else {
@@ -249,7 +265,10 @@ pub fn run(args: SimArgs) -> Result<()> {
         if let Some(dir) = &args.out {
             println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
             if r.hosts.is_some() {
-                println!("wrote {}/{{hosts.csv, host-window, host-latency, host-iops, host-beta (.png, .svg)}}", dir.display());
+                println!(
+                    "wrote {}/{{hosts.csv, host-window, host-latency, host-iops, host-beta (.png, .svg)}}",
+                    dir.display()
+                );
             }
         }
     }

@@ -26,7 +26,8 @@ fn simulated_demo_meets_the_paper_and_writes_plots() {
     for f in ["summary.json", "timeseries.csv", "check.json", "iops.png", "iops.svg", "latency.png", "phases.svg"] {
         assert!(out.join(f).exists(), "missing {f}");
     }
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["tenants"].as_array().unwrap().len(), 3);
 }
 
@@ -72,7 +73,8 @@ fn sim_seed_changes_output_and_same_seed_does_not() {
 
 #[test]
 fn bench_sched_json_has_required_fields() {
-    let (ok, stdout, stderr) = rein(&["bench", "sched", "--tenants", "10,100", "--requests", "20000", "--repeat", "1", "--json"]);
+    let (ok, stdout, stderr) =
+        rein(&["bench", "sched", "--tenants", "10,100", "--requests", "20000", "--repeat", "1", "--json"]);
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let rows = v.as_array().unwrap();
@@ -89,7 +91,8 @@ fn bench_sched_json_has_required_fields() {
 
 #[test]
 fn bench_sim_reports_against_a_fifo_baseline() {
-    let (ok, stdout, stderr) = rein(&["bench", "sim", "--tenants", "40", "--servers", "2", "--seconds", "0.05", "--json"]);
+    let (ok, stdout, stderr) =
+        rein(&["bench", "sim", "--tenants", "40", "--servers", "2", "--seconds", "0.05", "--json"]);
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let r = &v.as_array().unwrap()[0];
@@ -97,7 +100,11 @@ fn bench_sim_reports_against_a_fifo_baseline() {
     // Two servers of 100,000 IOPS for 0.05 s: about 10,000 completions under either scheduler.
     let done = r["completions"].as_u64().unwrap();
     assert!((9_500..=10_500).contains(&done), "{done}");
-    let (rate, fifo, ratio) = (r["completions_per_s"].as_f64().unwrap(), r["fifo_completions_per_s"].as_f64().unwrap(), r["ratio_to_fifo"].as_f64().unwrap());
+    let (rate, fifo, ratio) = (
+        r["completions_per_s"].as_f64().unwrap(),
+        r["fifo_completions_per_s"].as_f64().unwrap(),
+        r["ratio_to_fifo"].as_f64().unwrap(),
+    );
     assert!(rate > 0.0 && fifo > 0.0 && (ratio - rate / fifo).abs() < 1e-9 * ratio, "{r}");
     let (ok, _, e) = rein(&["bench", "sim", "--servers", "0"]);
     assert!(!ok && e.contains("--servers in 1..=1024"), "{e}");
@@ -124,7 +131,8 @@ fn live_demo_keeps_reservations_limits_and_weights_and_fifo_does_not() {
     let mut res = vec![];
     for sched in ["mclock", "fifo"] {
         let out = tmp(&format!("live-{sched}"));
-        let (ok, stdout, stderr) = rein(&["demo", "--scheduler", sched, "--seconds", "12", "--json", "--out", out.to_str().unwrap()]);
+        let (ok, stdout, stderr) =
+            rein(&["demo", "--scheduler", sched, "--seconds", "12", "--json", "--out", out.to_str().unwrap()]);
         assert!(ok, "{stderr}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         assert!(out.join("iops.png").exists() && out.join("summary.json").exists());

@@ -16,13 +16,22 @@ fn rein_sim_writes_host_outputs_for_parda_scenarios() {
     assert!(stdout.contains("PARDA on (script-L 30 ms, cluster aggregation)"), "{stdout}");
     assert!(stdout.contains("eq. (3) equilibrium"), "{stdout}");
     assert!(!stdout.contains("MISS"), "{stdout}");
-    for f in ["hosts.csv", "host-window.png", "host-window.svg", "host-latency.png", "host-iops.png", "host-beta.png", "check.json"] {
+    for f in [
+        "hosts.csv",
+        "host-window.png",
+        "host-window.svg",
+        "host-latency.png",
+        "host-iops.png",
+        "host-beta.png",
+        "check.json",
+    ] {
         assert!(out.join(f).exists(), "missing {f}");
     }
     let csv = std::fs::read_to_string(out.join("hosts.csv")).unwrap();
     assert!(csv.starts_with("t_s,host,window,beta,iops,latency_mean_ms,signal_ms,estimate_ms\n"));
     assert_eq!(csv.lines().count(), 1 + 4 * 200, "a row per host per second");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let hosts = s["hosts"]["hosts"].as_array().unwrap();
     assert_eq!(hosts.len(), 4);
     for h in hosts {
@@ -37,10 +46,15 @@ fn rein_sim_writes_host_outputs_for_parda_scenarios() {
 fn rein_sim_reports_bad_parda_parameters() {
     let dir = std::env::temp_dir().join(format!("rein-parda-cli-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let good = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/parda-table3.toml")).unwrap();
+    let good =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/parda-table3.toml"))
+            .unwrap();
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, good.replace("gamma = 0.8", "gamma = 1.8")).unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_rein")).args(["sim", bad.to_str().unwrap(), "--quiet"]).output().expect("runs");
+    let run = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["sim", bad.to_str().unwrap(), "--quiet"])
+        .output()
+        .expect("runs");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success());
     assert!(stderr.contains("gamma (eq. (2) smoothing) must be in [0, 1], got 1.8"), "{stderr}");

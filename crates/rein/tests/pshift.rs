@@ -29,7 +29,10 @@ fn solve_example_2_moves_25_red_tokens() {
     let (ok, out, err) = rein(&["pshift", "solve", p.to_str().unwrap()]);
     assert!(ok, "{err}");
     let v = json(&out);
-    assert_eq!((v["phi_initial"].as_u64(), v["phi"].as_u64(), v["max_flow"].as_u64()), (Some(175), Some(200), Some(200)));
+    assert_eq!(
+        (v["phi_initial"].as_u64(), v["phi"].as_u64(), v["max_flow"].as_u64()),
+        (Some(175), Some(200), Some(200))
+    );
     assert_eq!(v["optimal"], true);
     let red = &v["buckets"][0];
     assert_eq!(red["name"], "red");
@@ -44,7 +47,22 @@ fn solve_example_2_moves_25_red_tokens() {
 #[test]
 fn gen_then_solve_is_optimal_for_any_thread_count() {
     let p = std::env::temp_dir().join(format!("rein-pshift-{}-gen.json", std::process::id()));
-    let (ok, _, err) = rein(&["pshift", "gen", "--servers", "16", "--buckets", "400", "--active", "3", "--limit-ratio", "1.5", "--seed", "3", "-o", p.to_str().unwrap()]);
+    let (ok, _, err) = rein(&[
+        "pshift",
+        "gen",
+        "--servers",
+        "16",
+        "--buckets",
+        "400",
+        "--active",
+        "3",
+        "--limit-ratio",
+        "1.5",
+        "--seed",
+        "3",
+        "-o",
+        p.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     let inst = json(&std::fs::read_to_string(&p).unwrap());
     assert_eq!((inst["servers"].as_array().unwrap().len(), inst["buckets"].as_array().unwrap().len()), (16, 400));
@@ -77,22 +95,54 @@ fn bad_instances_get_clear_errors() {
         assert!(!ok && out.is_empty(), "{name} should fail");
         assert!(err.contains(want), "{name}: expected {want:?} in {err}");
     };
-    bad("negative", &TABLE_1.replace("\"capacity\": 100}, {", "\"capacity\": -100}, {"), "server \"s0\": capacity must be a whole number of tokens between 0 and");
-    bad("fraction", &TABLE_1.replace("\"reservation\": 100, \"limit\"", "\"reservation\": 99.5, \"limit\""), "bucket \"red\": reservation must be a whole number");
-    bad("unknown-server", &TABLE_1.replace("\"s1\": 50}}]", "\"s9\": 50}}]"), "bucket \"blue\": demand names unknown server \"s9\"");
+    bad(
+        "negative",
+        &TABLE_1.replace("\"capacity\": 100}, {", "\"capacity\": -100}, {"),
+        "server \"s0\": capacity must be a whole number of tokens between 0 and",
+    );
+    bad(
+        "fraction",
+        &TABLE_1.replace("\"reservation\": 100, \"limit\"", "\"reservation\": 99.5, \"limit\""),
+        "bucket \"red\": reservation must be a whole number",
+    );
+    bad(
+        "unknown-server",
+        &TABLE_1.replace("\"s1\": 50}}]", "\"s9\": 50}}]"),
+        "bucket \"blue\": demand names unknown server \"s9\"",
+    );
     bad("dup-server", &TABLE_1.replace("\"name\": \"s1\"", "\"name\": \"s0\""), "two servers are named \"s0\"");
     bad("dup-bucket", &TABLE_1.replace("\"blue\"", "\"red\""), "two buckets are named \"red\"");
-    bad("dup-demand", &TABLE_1.replace("{\"s0\": 50, \"s1\": 50}", "{\"s0\": 50, \"s0\": 60}"), "bucket \"blue\": demand names server \"s0\" twice");
-    bad("limit", &TABLE_1.replace("\"limit\": 150", "\"limit\": 50"), "bucket \"red\": limit 50 is below the reservation 100");
-    bad("no-servers", r#"{"servers": [], "buckets": [{"name": "b", "reservation": 1}]}"#, "the instance has no servers");
+    bad(
+        "dup-demand",
+        &TABLE_1.replace("{\"s0\": 50, \"s1\": 50}", "{\"s0\": 50, \"s0\": 60}"),
+        "bucket \"blue\": demand names server \"s0\" twice",
+    );
+    bad(
+        "limit",
+        &TABLE_1.replace("\"limit\": 150", "\"limit\": 50"),
+        "bucket \"red\": limit 50 is below the reservation 100",
+    );
+    bad(
+        "no-servers",
+        r#"{"servers": [], "buckets": [{"name": "b", "reservation": 1}]}"#,
+        "the instance has no servers",
+    );
     bad("no-buckets", r#"{"servers": [{"name": "s", "capacity": 1}], "buckets": []}"#, "the instance has no buckets");
     bad("empty", "", "is not a valid instance file");
     bad("not-json", "{servers: 1}", "is not a valid instance file");
     bad("typo", &TABLE_1.replace("\"limit\"", "\"limt\""), "unknown field `limt`");
     bad("string", &TABLE_1.replace("\"capacity\": 100}, {", "\"capacity\": \"100\"}, {"), "invalid type: string");
-    bad("huge", &TABLE_1.replace("\"reservation\": 100, \"limit\"", "\"reservation\": 1e13, \"limit\""), "reservation must be a whole number of tokens between 0 and 1000000000000");
+    bad(
+        "huge",
+        &TABLE_1.replace("\"reservation\": 100, \"limit\"", "\"reservation\": 1e13, \"limit\""),
+        "reservation must be a whole number of tokens between 0 and 1000000000000",
+    );
     let many: Vec<String> = (0..1025).map(|j| format!("{{\"name\": \"s{j}\", \"capacity\": 1}}")).collect();
-    bad("too-many-servers", &format!("{{\"servers\": [{}], \"buckets\": [{{\"name\": \"b\", \"reservation\": 1}}]}}", many.join(",")), "too many servers: 1025 (at most 1024)");
+    bad(
+        "too-many-servers",
+        &format!("{{\"servers\": [{}], \"buckets\": [{{\"name\": \"b\", \"reservation\": 1}}]}}", many.join(",")),
+        "too many servers: 1025 (at most 1024)",
+    );
     let (ok, _, err) = rein(&["pshift", "solve", "/nonexistent/i.json"]);
     assert!(!ok && err.contains("cannot read instance /nonexistent/i.json"), "{err}");
     let p = file("threads", TABLE_1);
@@ -115,7 +165,19 @@ fn instance_files_above_the_size_bound_are_refused_unread() {
 
 #[test]
 fn bench_pshift_reports_against_the_max_flow_baseline() {
-    let (ok, out, err) = rein(&["bench", "pshift", "--buckets", "1000", "--threads", "1,2", "--approx", "100", "--repeat", "1", "--json"]);
+    let (ok, out, err) = rein(&[
+        "bench",
+        "pshift",
+        "--buckets",
+        "1000",
+        "--threads",
+        "1,2",
+        "--approx",
+        "100",
+        "--repeat",
+        "1",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let v = json(&out);
     let rows = v.as_array().unwrap();

@@ -33,7 +33,10 @@ fn tmpdir(name: &str) -> PathBuf {
 
 /// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`.
 fn start(dir: &Path, host: u8, config: &str) -> Server {
-    let cfg = format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}", dir.join("data").display());
+    let cfg = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}",
+        dir.join("data").display()
+    );
     let path = dir.join("rein.toml");
     std::fs::write(&path, cfg).unwrap();
     start_with(dir, &["serve", "--config", path.to_str().unwrap()])
@@ -53,7 +56,12 @@ fn start_with(dir: &Path, args: &[&str]) -> Server {
         let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if !sent && line.contains("rein serve listening") {
-                let field = |k: &str| line.split(&format!("{k}=")).nth(1).and_then(|r| r.split_whitespace().next()).map(|s| s.parse::<SocketAddr>().unwrap());
+                let field = |k: &str| {
+                    line.split(&format!("{k}="))
+                        .nth(1)
+                        .and_then(|r| r.split_whitespace().next())
+                        .map(|s| s.parse::<SocketAddr>().unwrap())
+                };
                 let _ = tx.send((field("nbd").unwrap(), field("admin").unwrap()));
                 sent = true;
             }
@@ -89,7 +97,12 @@ weight = 2
 
 fn tool(name: &str) -> Cmd {
     assert!(
-        Cmd::new("sh").arg("-c").arg(format!("command -v {name}")).output().map(|o| o.status.success()).unwrap_or(false),
+        Cmd::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {name}"))
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false),
         "{name} is not installed (scripts/test.sh installs qemu-utils, libnbd-bin and fio)"
     );
     Cmd::new(name)
@@ -97,7 +110,13 @@ fn tool(name: &str) -> Cmd {
 
 fn run_ok(c: &mut Cmd) -> String {
     let out = c.output().expect("runs");
-    assert!(out.status.success(), "{:?} failed: {}{}", c, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}{}",
+        c,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -135,7 +154,10 @@ fn clients_round_trip(name: &str, host: u8, config: &str) {
     let info = run_ok(tool("nbdinfo").arg(uri("rd")));
     assert!(info.contains("export-size: 67108864") && info.contains("can_flush: true"), "{info}");
     let list = run_ok(tool("nbdinfo").arg("--list").arg(uri("")));
-    assert!(list.contains("export=\"rd\"") && list.contains("export=\"oltp\"") && list.contains("export=\"ro\""), "{list}");
+    assert!(
+        list.contains("export=\"rd\"") && list.contains("export=\"oltp\"") && list.contains("export=\"ro\""),
+        "{list}"
+    );
     // qemu-img info and convert (in and out, byte-identical).
     let qi = run_ok(tool("qemu-img").args(["info", &uri("oltp")]));
     assert!(qi.contains("virtual size: 64 MiB"), "{qi}");
@@ -361,7 +383,14 @@ fn trim_zeroes_fua_and_pipelining() {
             // 200 reads in one burst, then all the replies.
             let mut burst = Vec::new();
             for h in 0..200u64 {
-                RequestHeader { flags: 0, command: Command::Read, handle: 100 + h, offset: (h % 16) * 4096, length: 4096 }.encode(&mut burst);
+                RequestHeader {
+                    flags: 0,
+                    command: Command::Read,
+                    handle: 100 + h,
+                    offset: (h % 16) * 4096,
+                    length: 4096,
+                }
+                .encode(&mut burst);
             }
             c.s.write_all(&burst).unwrap();
             let mut seen = std::collections::BTreeSet::new();
@@ -387,15 +416,24 @@ fn probe_measures_and_admission_uses_the_measurement() {
     );
     let path = dir.join("rein.toml");
     std::fs::write(&path, &cfg).unwrap();
-    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--seconds", "2", "--json"]).output().unwrap();
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["probe", "--config", path.to_str().unwrap(), "--seconds", "2", "--json"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let iops = v["iops"].as_f64().unwrap();
     assert!((iops - 800.0).abs() < 80.0, "probe through an 800 IOPS device model: {iops}");
     // Writes need --destructive; unknown exports are named.
-    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--read-pct", "70"]).output().unwrap();
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["probe", "--config", path.to_str().unwrap(), "--read-pct", "70"])
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--destructive"));
-    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--export", "b"]).output().unwrap();
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["probe", "--config", path.to_str().unwrap(), "--export", "b"])
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no export \"b\""));
     // A server that probes at start-up refuses reservations above what it measured (no capacity_iops).
     let refuse = format!(
@@ -405,7 +443,8 @@ fn probe_measures_and_admission_uses_the_measurement() {
     // (capacity_iops inside [device_model] is the model; the top-level key is absent, so the probe decides.)
     let path2 = dir.join("refuse.toml");
     std::fs::write(&path2, refuse).unwrap();
-    let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--config", path2.to_str().unwrap()]).output().unwrap();
+    let out =
+        Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--config", path2.to_str().unwrap()]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "server started despite 2000 IOPS reserved on ~800: {err}");
     assert!(err.contains("admission control") && err.contains("2000"), "{err}");
@@ -436,7 +475,12 @@ fn admin_endpoint_reports_and_changes_tenants() {
     let s = start(&dir, 25, THREE);
     let http = |method: &str, path: &str, body: &str| -> (u16, String) {
         let mut t = TcpStream::connect(s.admin).unwrap();
-        write!(t, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write!(
+            t,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
         let mut out = String::new();
         t.read_to_string(&mut out).unwrap();
         (out[9..12].parse().unwrap(), out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())

@@ -152,7 +152,11 @@ impl Aggregator {
             weighted += p.last.latency_ns as f64 * p.last.ios as f64;
             hosts += 1;
         }
-        (ios > 0).then(|| ClusterLatency { latency_ns: weighted / ios as f64, ios: ios.min(u64::MAX as u128) as u64, hosts })
+        (ios > 0).then(|| ClusterLatency {
+            latency_ns: weighted / ios as f64,
+            ios: ios.min(u64::MAX as u128) as u64,
+            hosts,
+        })
     }
 
     /// How many times `now` went backwards (and was clamped).

@@ -14,8 +14,8 @@
 //! [`HostController::on_period`] (eq. (4), then eq. (2)).
 
 use super::{
-    HostReport, LatencyEstimator, PardaConfig, PardaError, ShareTracker, VmUsage, WindowController, MAX_BETA, MAX_HOSTS,
-    MAX_VMS_PER_HOST, MAX_WINDOW,
+    HostReport, LatencyEstimator, PardaConfig, PardaError, ShareTracker, VmUsage, WindowController, MAX_BETA,
+    MAX_HOSTS, MAX_VMS_PER_HOST, MAX_WINDOW,
 };
 use crate::sched::{Poll, Request, SchedConfig, Scheduler, SchedulerKind, TenantId};
 use crate::spec::QosSpec;
@@ -334,7 +334,8 @@ impl HostController {
         let base = self.beta_base();
         let (beta, usage) = self.shares.end_period(now, self.window.window(), base, self.config.adjust_beta);
         self.usage.clear();
-        self.usage.extend(usage.into_iter().filter_map(|(slot, u)| self.vms.get(slot).copied().flatten().map(|id| (id, u))));
+        self.usage
+            .extend(usage.into_iter().filter_map(|(slot, u)| self.vms.get(slot).copied().flatten().map(|id| (id, u))));
         self.beta = beta;
         let window = self.window.update(signal_ns, beta);
         let ios = self.period_ios;

@@ -104,7 +104,13 @@ impl ShareTracker {
 
     /// Ends the period at `now` with the host window `window` that was in effect during it; returns the
     /// scaled beta (eq. (4) when `adjust`, else `beta_base`) and each live VM's usage (by slot order).
-    pub fn end_period(&mut self, now: Nanos, window: f64, beta_base: f64, adjust: bool) -> (f64, Vec<(usize, VmUsage)>) {
+    pub fn end_period(
+        &mut self,
+        now: Nanos,
+        window: f64,
+        beta_base: f64,
+        adjust: bool,
+    ) -> (f64, Vec<(usize, VmUsage)>) {
         let len = now.0.saturating_sub(self.period_start.0);
         let total = self.total_share();
         let mut usage = Vec::new();

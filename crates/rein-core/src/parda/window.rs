@@ -71,7 +71,13 @@ impl WindowController {
 
     #[inline]
     fn check(&self) {
-        assert!(self.window >= self.w_min && self.window <= self.w_max, "invariant 1: window {} outside [{}, {}]", self.window, self.w_min, self.w_max);
+        assert!(
+            self.window >= self.w_min && self.window <= self.w_max,
+            "invariant 1: window {} outside [{}, {}]",
+            self.window,
+            self.w_min,
+            self.w_max
+        );
     }
 
     /// w(t).

@@ -82,7 +82,8 @@ pub(crate) fn apportion(target: u64, demand: &[u64], out: &mut [u64], scratch: &
         for n in 0..left {
             let mut best = n;
             for x in n + 1..scratch.len() {
-                if scratch[x].0 > scratch[best].0 || (scratch[x].0 == scratch[best].0 && scratch[x].1 < scratch[best].1) {
+                if scratch[x].0 > scratch[best].0 || (scratch[x].0 == scratch[best].0 && scratch[x].1 < scratch[best].1)
+                {
                     best = x;
                 }
             }
@@ -337,7 +338,11 @@ impl<'p> Shifter<'p> {
         }
         debug_assert!(omega > 0, "a shift path has positive edges and endpoints");
         let phi_before = if cfg!(debug_assertions) { phi_of(self.cap, &self.load) } else { 0 };
-        let middle: Vec<u64> = if cfg!(debug_assertions) { path[1..path.len() - 1].iter().map(|&u| self.load[u as usize]).collect() } else { Vec::new() };
+        let middle: Vec<u64> = if cfg!(debug_assertions) {
+            path[1..path.len() - 1].iter().map(|&u| self.load[u as usize]).collect()
+        } else {
+            Vec::new()
+        };
         for w in path.windows(2) {
             self.move_edge(w[0] as usize, w[1] as usize, omega);
         }
@@ -483,7 +488,8 @@ fn participants(p: &Problem<'_>, approx_top: Option<usize>) -> Vec<bool> {
     // A bucket without tokens has TM_{j,k}[i] = min(0, ..) = 0 everywhere: it never moves.
     let Some(m) = approx_top.filter(|&m| m < nb) else { return p.target.iter().map(|&t| t > 0).collect() };
     let mut part = vec![false; nb];
-    let spare: Vec<u64> = (0..nb).map(|i| p.demand[p.inst.bucket_entries(i)].iter().sum::<u64>() - p.target[i]).collect();
+    let spare: Vec<u64> =
+        (0..nb).map(|i| p.demand[p.inst.bucket_entries(i)].iter().sum::<u64>() - p.target[i]).collect();
     for key in [&p.target, &spare] {
         let mut idx: Vec<u32> = (0..nb as u32).collect();
         if m > 0 {

@@ -160,7 +160,11 @@ pub struct Controller {
 
 impl Controller {
     /// `capacity_iops`: each server's nominal capacity (the estimate until it reports a busy interval).
-    pub fn new(config: ControllerConfig, capacity_iops: &[f64], buckets: Vec<BucketQos>) -> Result<Self, ControllerError> {
+    pub fn new(
+        config: ControllerConfig,
+        capacity_iops: &[f64],
+        buckets: Vec<BucketQos>,
+    ) -> Result<Self, ControllerError> {
         let bad = |m: &str| Err(ControllerError::Config(m.to_string()));
         if config.intervals == 0 || config.period.0 < config.intervals as u64 {
             return bad("the period must hold at least one nanosecond per interval, and intervals >= 1");
@@ -320,7 +324,18 @@ impl Controller {
             }
         }
         let wanted = (0..inst.buckets()).map(|n| inst.reservation(n).min(inst.total_demand(n))).sum();
-        (msgs, RoundSummary { round, period, interval, wanted, r_stats: sol.r_stats, l_stats: sol.l_stats, reports_missing: missing })
+        (
+            msgs,
+            RoundSummary {
+                round,
+                period,
+                interval,
+                wanted,
+                r_stats: sol.r_stats,
+                l_stats: sol.l_stats,
+                reports_missing: missing,
+            },
+        )
     }
 }
 
@@ -373,8 +388,20 @@ mod tests {
 
     #[test]
     fn done_ios_reduce_the_targets_and_reset_each_period() {
-        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0], vec![BucketQos { reservation: 500, limit: Some(700) }]).unwrap();
-        let rep = |round, dispatched| ServerReport { server: 0, round, elapsed_ns: 500_000_000, completed: 500, busy_ns: 500_000_000, buckets: vec![line(0, 400, dispatched, 0, 0)] };
+        let mut c = Controller::new(
+            config(2, DemandEstimator::Arrivals),
+            &[1000.0],
+            vec![BucketQos { reservation: 500, limit: Some(700) }],
+        )
+        .unwrap();
+        let rep = |round, dispatched| ServerReport {
+            server: 0,
+            round,
+            elapsed_ns: 500_000_000,
+            completed: 500,
+            busy_ns: 500_000_000,
+            buckets: vec![line(0, 400, dispatched, 0, 0)],
+        };
         c.handle_report(rep(0, 400)).unwrap();
         let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
         assert_eq!(m[0].tokens, vec![(0, 500, Tokens::Count(200))], "warm-up IOs are not counted");
@@ -397,7 +424,8 @@ mod tests {
         // A bucket with 5 outstanding that was served 100 times: by arrivals its demand is 5 + 100 x 5 =
         // 505; backlogged (never idle) it can take the whole server (1,000 for the second left).
         for (est, want) in [(DemandEstimator::Arrivals, 505), (DemandEstimator::Backlog, 1000)] {
-            let mut c = Controller::new(config(5, est), &[1000.0], vec![BucketQos { reservation: 5000, limit: None }]).unwrap();
+            let mut c =
+                Controller::new(config(5, est), &[1000.0], vec![BucketQos { reservation: 5000, limit: None }]).unwrap();
             let mut r = report(0, 0, 200, vec![line(0, 100, 100, 5, 0)]);
             r.completed = 200;
             c.handle_report(r).unwrap();
@@ -409,8 +437,20 @@ mod tests {
     #[test]
     fn capacity_follows_the_measured_service_rate() {
         // Busy half the interval for 150 completions: 1,500 IOPS while busy, 1,500 for the 1 s left.
-        let mut c = Controller::new(config(5, DemandEstimator::Arrivals), &[1000.0], vec![BucketQos { reservation: 5000, limit: None }]).unwrap();
-        let r = ServerReport { server: 0, round: 0, elapsed_ns: 200_000_000, completed: 150, busy_ns: 100_000_000, buckets: vec![line(0, 1000, 300, 0, 0)] };
+        let mut c = Controller::new(
+            config(5, DemandEstimator::Arrivals),
+            &[1000.0],
+            vec![BucketQos { reservation: 5000, limit: None }],
+        )
+        .unwrap();
+        let r = ServerReport {
+            server: 0,
+            round: 0,
+            elapsed_ns: 200_000_000,
+            completed: 150,
+            busy_ns: 100_000_000,
+            buckets: vec![line(0, 1000, 300, 0, 0)],
+        };
         c.handle_report(r).unwrap();
         let (_, s) = c.poll(Nanos::from_millis(200)).unwrap();
         assert_eq!(s.r_stats.phi, 1500);
@@ -418,9 +458,17 @@ mod tests {
 
     #[test]
     fn bad_reports_and_configs_are_errors() {
-        let mut c = Controller::new(config(5, DemandEstimator::Arrivals), &[1000.0], vec![BucketQos { reservation: 1, limit: None }]).unwrap();
+        let mut c = Controller::new(
+            config(5, DemandEstimator::Arrivals),
+            &[1000.0],
+            vec![BucketQos { reservation: 1, limit: None }],
+        )
+        .unwrap();
         assert_eq!(c.handle_report(report(3, 0, 0, vec![])), Err(ControllerError::UnknownServer(3)));
-        assert_eq!(c.handle_report(report(0, 0, 0, vec![line(7, 1, 1, 0, 0)])), Err(ControllerError::UnknownBucket { server: 0, bucket: 7 }));
+        assert_eq!(
+            c.handle_report(report(0, 0, 0, vec![line(7, 1, 1, 0, 0)])),
+            Err(ControllerError::UnknownBucket { server: 0, bucket: 7 })
+        );
         assert!(matches!(c.handle_report(report(0, 4, 0, vec![])), Err(ControllerError::WrongRound { .. })));
         // The timeout: nobody reported, the round is computed anyway.
         assert!(c.poll(Nanos::from_millis(250)).is_none());
@@ -429,6 +477,11 @@ mod tests {
         assert_eq!(c.handle_report(report(0, 0, 0, vec![])), Ok(()), "late report for an old round: ignored");
         assert!(Controller::new(config(0, DemandEstimator::Arrivals), &[1.0], vec![]).is_err());
         assert!(Controller::new(config(5, DemandEstimator::Arrivals), &[], vec![]).is_err());
-        assert!(Controller::new(config(5, DemandEstimator::Arrivals), &[1.0], vec![BucketQos { reservation: 5, limit: Some(4) }]).is_err());
+        assert!(Controller::new(
+            config(5, DemandEstimator::Arrivals),
+            &[1.0],
+            vec![BucketQos { reservation: 5, limit: Some(4) }]
+        )
+        .is_err());
     }
 }

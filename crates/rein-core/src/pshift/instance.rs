@@ -212,7 +212,11 @@ fn check_name(what: &'static str, name: &str) -> Result<(), InstanceError> {
         return Err(InstanceError::EmptyName { what });
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(InstanceError::NameTooLong { what, name: name.chars().take(40).collect::<String>() + "...", max: MAX_NAME_LEN });
+        return Err(InstanceError::NameTooLong {
+            what,
+            name: name.chars().take(40).collect::<String>() + "...",
+            max: MAX_NAME_LEN,
+        });
     }
     Ok(())
 }
@@ -258,7 +262,12 @@ impl InstanceBuilder {
             return Err(InstanceError::TooManyServers { count: j + 1, max: MAX_SERVERS });
         }
         if capacity > MAX_TOKENS {
-            return Err(InstanceError::TooLarge { what: format!("server {j}"), field: "capacity", value: capacity, max: MAX_TOKENS });
+            return Err(InstanceError::TooLarge {
+                what: format!("server {j}"),
+                field: "capacity",
+                value: capacity,
+                max: MAX_TOKENS,
+            });
         }
         self.inst.capacity.push(capacity);
         Ok(j)
@@ -275,14 +284,25 @@ impl InstanceBuilder {
 
     /// Adds an unnamed bucket with demand `(server index, tokens)`; zero demands are dropped. Returns its
     /// index.
-    pub fn add_bucket(&mut self, reservation: u64, limit: Option<u64>, demand: &[(usize, u64)]) -> Result<usize, InstanceError> {
+    pub fn add_bucket(
+        &mut self,
+        reservation: u64,
+        limit: Option<u64>,
+        demand: &[(usize, u64)],
+    ) -> Result<usize, InstanceError> {
         let i = self.inst.reservation.len();
         let what = || format!("bucket {i}");
         self.push_bucket(what, reservation, limit, demand)
     }
 
     /// Adds a named bucket (see [`InstanceBuilder::add_named_server`] for names).
-    pub fn add_named_bucket(&mut self, name: impl Into<String>, reservation: u64, limit: Option<u64>, demand: &[(usize, u64)]) -> Result<usize, InstanceError> {
+    pub fn add_named_bucket(
+        &mut self,
+        name: impl Into<String>,
+        reservation: u64,
+        limit: Option<u64>,
+        demand: &[(usize, u64)],
+    ) -> Result<usize, InstanceError> {
         let name = name.into();
         check_name("bucket", &name)?;
         let n = name.clone();
@@ -291,7 +311,13 @@ impl InstanceBuilder {
         Ok(i)
     }
 
-    fn push_bucket(&mut self, what: impl Fn() -> String, reservation: u64, limit: Option<u64>, demand: &[(usize, u64)]) -> Result<usize, InstanceError> {
+    fn push_bucket(
+        &mut self,
+        what: impl Fn() -> String,
+        reservation: u64,
+        limit: Option<u64>,
+        demand: &[(usize, u64)],
+    ) -> Result<usize, InstanceError> {
         let i = self.inst.reservation.len();
         if i >= MAX_BUCKETS {
             return Err(InstanceError::TooManyBuckets { count: i + 1, max: MAX_BUCKETS });
@@ -313,7 +339,12 @@ impl InstanceBuilder {
                 return Err(InstanceError::ServerIndex { bucket: what(), server: j, servers });
             }
             if d > MAX_TOKENS {
-                return Err(InstanceError::TooLarge { what: format!("{} on server {j}", what()), field: "demand", value: d, max: MAX_TOKENS });
+                return Err(InstanceError::TooLarge {
+                    what: format!("{} on server {j}", what()),
+                    field: "demand",
+                    value: d,
+                    max: MAX_TOKENS,
+                });
             }
             if d > 0 {
                 self.scratch.push((j as u32, d));
@@ -347,7 +378,9 @@ impl InstanceBuilder {
             return Err(InstanceError::NoServers);
         }
         let p = self.inst;
-        for (what, names, n) in [("server", &p.server_names, p.capacity.len()), ("bucket", &p.bucket_names, p.reservation.len())] {
+        for (what, names, n) in
+            [("server", &p.server_names, p.capacity.len()), ("bucket", &p.bucket_names, p.reservation.len())]
+        {
             if !names.is_empty() && names.len() != n {
                 return Err(InstanceError::EmptyName { what });
             }
@@ -379,7 +412,12 @@ mod tests {
         RawServer { name: n.into(), capacity: c }
     }
     fn bkt(n: &str, r: f64, l: Option<f64>, d: &[(&str, f64)]) -> RawBucket {
-        RawBucket { name: n.into(), reservation: r, limit: l, demand: d.iter().map(|(s, v)| (s.to_string(), *v)).collect() }
+        RawBucket {
+            name: n.into(),
+            reservation: r,
+            limit: l,
+            demand: d.iter().map(|(s, v)| (s.to_string(), *v)).collect(),
+        }
     }
 
     #[test]
@@ -401,17 +439,22 @@ mod tests {
     #[test]
     fn bad_instances_name_the_problem() {
         let s = [srv("s0", 100.0)];
-        let e = |servers: &[RawServer], buckets: &[RawBucket]| Instance::from_raw(servers, buckets).unwrap_err().to_string();
+        let e = |servers: &[RawServer], buckets: &[RawBucket]| {
+            Instance::from_raw(servers, buckets).unwrap_err().to_string()
+        };
         assert_eq!(e(&[], &[bkt("b", 1.0, None, &[])]), "the instance has no servers");
         assert_eq!(e(&s, &[]), "the instance has no buckets");
-        assert!(e(&[srv("s0", -1.0)], &[bkt("b", 1.0, None, &[])]).contains("server \"s0\": capacity must be a whole number"));
+        assert!(e(&[srv("s0", -1.0)], &[bkt("b", 1.0, None, &[])])
+            .contains("server \"s0\": capacity must be a whole number"));
         assert!(e(&s, &[bkt("b", 1.5, None, &[])]).contains("bucket \"b\": reservation must be a whole number"));
         assert!(e(&s, &[bkt("b", f64::NAN, None, &[])]).contains("reservation"));
         assert!(e(&s, &[bkt("b", 1.0, None, &[("s9", 1.0)])]).contains("unknown server \"s9\""));
         assert!(e(&s, &[bkt("b", 1.0, None, &[("s0", 1.0), ("s0", 2.0)])]).contains("names server \"s0\" twice"));
         assert!(e(&s, &[bkt("b", 1.0, None, &[("s0", -3.0)])]).contains("bucket \"b\" on server \"s0\": demand"));
         assert!(e(&s, &[bkt("b", 5.0, Some(4.0), &[])]).contains("limit 4 is below the reservation 5"));
-        assert!(e(&[srv("s0", 1.0), srv("s0", 1.0)], &[bkt("b", 1.0, None, &[])]).contains("two servers are named \"s0\""));
+        assert!(
+            e(&[srv("s0", 1.0), srv("s0", 1.0)], &[bkt("b", 1.0, None, &[])]).contains("two servers are named \"s0\"")
+        );
         assert!(e(&s, &[bkt("b", 1.0, None, &[]), bkt("b", 1.0, None, &[])]).contains("two buckets are named \"b\""));
         assert!(e(&s, &[bkt(" ", 1.0, None, &[])]).contains("empty name"));
         assert!(e(&s, &[bkt(&"x".repeat(MAX_NAME_LEN + 1), 1.0, None, &[])]).contains("longer than 256"));

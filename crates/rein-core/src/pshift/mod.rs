@@ -94,12 +94,15 @@ pub mod instance;
 pub mod tokens;
 
 pub use alloc::ClassStats;
-pub use controller::{BucketQos, BucketReport, Controller, ControllerConfig, ControllerError, DemandEstimator, RoundSummary, ServerReport, TokenMessage};
-pub use tokens::{BucketInterval, IntervalCounters, TokenScheduler, Tokens};
-pub use instance::{
-    Instance, InstanceBuilder, InstanceError, RawBucket, RawServer, MAX_BUCKETS, MAX_ENTRIES, MAX_NAME_LEN, MAX_SERVERS,
-    MAX_TOKENS,
+pub use controller::{
+    BucketQos, BucketReport, Controller, ControllerConfig, ControllerError, DemandEstimator, RoundSummary,
+    ServerReport, TokenMessage,
 };
+pub use instance::{
+    Instance, InstanceBuilder, InstanceError, RawBucket, RawServer, MAX_BUCKETS, MAX_ENTRIES, MAX_NAME_LEN,
+    MAX_SERVERS, MAX_TOKENS,
+};
+pub use tokens::{BucketInterval, IntervalCounters, TokenScheduler, Tokens};
 
 use alloc::{apportion, phi_of, Problem, Shifter};
 

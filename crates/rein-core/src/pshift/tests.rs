@@ -28,7 +28,9 @@ fn table_2() -> Instance {
 
 /// Per bucket, tokens on each server (dense) for comparing with the tables.
 fn dense(inst: &Instance, a: &[u64]) -> Vec<Vec<u64>> {
-    (0..inst.buckets()).map(|i| (0..inst.servers()).map(|j| inst.find_entry(i, j).map_or(0, |e| a[e])).collect()).collect()
+    (0..inst.buckets())
+        .map(|i| (0..inst.servers()).map(|j| inst.find_entry(i, j).map_or(0, |e| a[e])).collect())
+        .collect()
 }
 
 fn r_problem(inst: &Instance) -> Problem<'_> {

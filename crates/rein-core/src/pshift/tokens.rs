@@ -43,7 +43,9 @@
 //! Bounds: [`crate::Limits`] (buckets, queued per bucket, queued in all), as for every scheduler.
 
 use crate::sched::slab::Slab;
-use crate::sched::{Dispatch, Phase, Poll, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
+use crate::sched::{
+    Dispatch, Phase, Poll, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
+};
 use crate::spec::QosSpec;
 use crate::units::{LatestTime, Nanos};
 use std::collections::VecDeque;
@@ -327,7 +329,13 @@ impl TokenScheduler {
                 }
                 b.empty_since = Some(now);
             }
-            out.push(BucketInterval { id, counters: b.interval, queued: b.queue.len() as u64, r_tokens: b.r, l_tokens: b.l });
+            out.push(BucketInterval {
+                id,
+                counters: b.interval,
+                queued: b.queue.len() as u64,
+                r_tokens: b.r,
+                l_tokens: b.l,
+            });
             b.interval = IntervalCounters::default();
             b.active = !b.queue.is_empty();
         }
@@ -518,8 +526,14 @@ mod tests {
     use super::*;
 
     fn sched(n: usize, weighted: bool, weights: &[f64]) -> (TokenScheduler, Vec<TenantId>) {
-        let mut s = if weighted { TokenScheduler::weighted(SchedConfig::default()) } else { TokenScheduler::new(SchedConfig::default()) };
-        let ids = (0..n).map(|i| s.add_tenant(QosSpec::weighted(*weights.get(i).unwrap_or(&1.0)).unwrap()).unwrap()).collect();
+        let mut s = if weighted {
+            TokenScheduler::weighted(SchedConfig::default())
+        } else {
+            TokenScheduler::new(SchedConfig::default())
+        };
+        let ids = (0..n)
+            .map(|i| s.add_tenant(QosSpec::weighted(*weights.get(i).unwrap_or(&1.0)).unwrap()).unwrap())
+            .collect();
         (s, ids)
     }
 
@@ -600,7 +614,10 @@ mod tests {
         let got = drain(&mut s);
         // Step 1 round robin among 1 and 2 (R-tokens), then step 2 among 0 and 2 (L-tokens); bucket 1 has
         // no L-tokens: after its 3 R-tokens it is never served, though it has 7 requests queued.
-        assert_eq!(&got[..4], &[(1, Phase::Reservation), (2, Phase::Reservation), (1, Phase::Reservation), (1, Phase::Reservation)]);
+        assert_eq!(
+            &got[..4],
+            &[(1, Phase::Reservation), (2, Phase::Reservation), (1, Phase::Reservation), (1, Phase::Reservation)]
+        );
         let rest: Vec<usize> = got[4..].iter().map(|x| x.0).collect();
         assert_eq!(&rest[..4], &[2, 0, 2, 0], "the cursor is after bucket 1");
         assert!(rest[4..].iter().all(|&b| b == 2), "bucket 0 spent its 2 L-tokens");
@@ -647,7 +664,9 @@ mod tests {
         s.set_tokens(ids[0], 0, Tokens::Count(0)).unwrap();
         assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.tenant == ids[1]));
         s.set_tokens(ids[0], 1, Tokens::Count(0)).unwrap();
-        assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.tenant == ids[0] && d.phase == Phase::Reservation));
+        assert!(
+            matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.tenant == ids[0] && d.phase == Phase::Reservation)
+        );
     }
 
     #[test]

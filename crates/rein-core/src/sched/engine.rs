@@ -77,8 +77,7 @@
 use super::heap::IndexedHeap;
 use super::slab::Slab;
 use super::{
-    Dispatch, LimitMode, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, SchedulerKind, TenantId,
-    TenantStats,
+    Dispatch, LimitMode, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, SchedulerKind, TenantId, TenantStats,
 };
 use crate::cost::CostModel;
 use crate::units::{step_for_rate, Cost, LatestTime, Nanos, Tag};
@@ -247,7 +246,15 @@ impl Tenant {
     /// Computes the head tags for `self.queue[0]`. `vnow` is used when the tenant was idle, and to bound
     /// the P lead after a reservation-phase dispatch (`lead_cap`: IOs, invariant 8).
     #[inline]
-    fn compute_head(&mut self, flavor: &Flavor, was_idle: bool, vnow: Tag, lead_cap: Option<u32>, now: Tag, burst: u32) {
+    fn compute_head(
+        &mut self,
+        flavor: &Flavor,
+        was_idle: bool,
+        vnow: Tag,
+        lead_cap: Option<u32>,
+        now: Tag,
+        burst: u32,
+    ) {
         let q = self.first;
         let arrival = Tag::from_nanos(q.arrival);
         if self.r_step != 0 {
@@ -271,7 +278,9 @@ impl Tenant {
             let next = self.last_p.add(p_inc);
             match lead_cap {
                 // Invariant 8: no further than `cap` of its own IOs ahead of vnow (never moving back).
-                Some(cap) if !self.distributed => next.min(vnow.add(p_inc.saturating_mul(cap as u128))).max(self.last_p),
+                Some(cap) if !self.distributed => {
+                    next.min(vnow.add(p_inc.saturating_mul(cap as u128))).max(self.last_p)
+                }
                 _ => next,
             }
         } else {
@@ -629,16 +638,27 @@ macro_rules! delegate_scheduler {
             fn kind(&self) -> $crate::sched::SchedulerKind {
                 self.0.kind()
             }
-            fn add_tenant(&mut self, spec: $crate::QosSpec) -> Result<$crate::sched::TenantId, $crate::sched::SchedError> {
+            fn add_tenant(
+                &mut self,
+                spec: $crate::QosSpec,
+            ) -> Result<$crate::sched::TenantId, $crate::sched::SchedError> {
                 self.0.add_tenant(spec)
             }
-            fn set_spec(&mut self, id: $crate::sched::TenantId, spec: $crate::QosSpec) -> Result<(), $crate::sched::SchedError> {
+            fn set_spec(
+                &mut self,
+                id: $crate::sched::TenantId,
+                spec: $crate::QosSpec,
+            ) -> Result<(), $crate::sched::SchedError> {
                 self.0.set_spec(id, spec)
             }
             fn remove_tenant(&mut self, id: $crate::sched::TenantId) -> Result<Vec<u64>, $crate::sched::SchedError> {
                 self.0.remove_tenant(id)
             }
-            fn enqueue(&mut self, now: $crate::Nanos, req: $crate::sched::Request) -> Result<(), $crate::sched::SchedError> {
+            fn enqueue(
+                &mut self,
+                now: $crate::Nanos,
+                req: $crate::sched::Request,
+            ) -> Result<(), $crate::sched::SchedError> {
                 self.0.enqueue(now, req)
             }
             #[inline]
@@ -654,7 +674,10 @@ macro_rules! delegate_scheduler {
             fn tenant_count(&self) -> usize {
                 self.0.tenant_count()
             }
-            fn stats(&self, id: $crate::sched::TenantId) -> Result<$crate::sched::TenantStats, $crate::sched::SchedError> {
+            fn stats(
+                &self,
+                id: $crate::sched::TenantId,
+            ) -> Result<$crate::sched::TenantStats, $crate::sched::SchedError> {
                 self.0.stats(id)
             }
             fn spec(&self, id: $crate::sched::TenantId) -> Result<$crate::QosSpec, $crate::sched::SchedError> {

@@ -5,7 +5,9 @@
 //! tenant's `queued` counts its entries.
 
 use super::slab::Slab;
-use super::{Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
+use super::{
+    Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
+};
 use crate::units::{LatestTime, Nanos};
 use std::collections::VecDeque;
 

@@ -204,10 +204,7 @@ impl IndexedHeap {
             assert_eq!(self.pos[self.slot(i) as usize] as usize, i, "invariant 2");
             if i > 0 {
                 let parent = (i - 1) / ARITY;
-                assert!(
-                    (self.key(i), self.slot(i)) >= (self.key(parent), self.slot(parent)),
-                    "invariant 1"
-                );
+                assert!((self.key(i), self.slot(i)) >= (self.key(parent), self.slot(parent)), "invariant 1");
             }
         }
         let present = self.pos.iter().filter(|&&p| p != NONE).count();

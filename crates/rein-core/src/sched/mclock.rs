@@ -50,10 +50,10 @@
 //!   See the engine's invariant 8 for why steady-state allocations are unchanged.
 
 use super::engine::{delegate_scheduler, Engine, Flavor};
-use super::{SchedConfig, SchedError, SchedulerKind, TenantId};
-use crate::units::Tag;
 #[allow(unused_imports)]
 use super::{LimitMode, Phase};
+use super::{SchedConfig, SchedError, SchedulerKind, TenantId};
+use crate::units::Tag;
 #[allow(unused_imports)]
 use crate::QosSpec;
 
@@ -110,10 +110,12 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0.0f64..50.0, proptest::option::of(50.0f64..200.0), 0.1f64..10.0, 0u32..8).prop_map(|(r, l, w, s)| Op::Add(r, l, w, s)),
+            (0.0f64..50.0, proptest::option::of(50.0f64..200.0), 0.1f64..10.0, 0u32..8)
+                .prop_map(|(r, l, w, s)| Op::Add(r, l, w, s)),
             (0usize..12, 0u64..1_000_000, 0u64..100_000).prop_map(|(t, sz, off)| Op::Enqueue(t, sz, off)),
             (0u64..20_000_000, any::<bool>()).prop_map(|(dt, idle)| Op::Poll(dt, idle)),
-            (0usize..12, 0.0f64..50.0, proptest::option::of(50.0f64..200.0), 0.1f64..10.0).prop_map(|(t, r, l, w)| Op::SetSpec(t, r, l, w)),
+            (0usize..12, 0.0f64..50.0, proptest::option::of(50.0f64..200.0), 0.1f64..10.0)
+                .prop_map(|(t, r, l, w)| Op::SetSpec(t, r, l, w)),
             (0usize..12).prop_map(Op::Remove),
             (0u64..2_000_000_000).prop_map(Op::Maintain),
         ]

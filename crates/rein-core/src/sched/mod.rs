@@ -24,10 +24,10 @@
 //! beyond a bound return an error and change nothing.
 
 mod engine;
-pub(crate) mod slab;
 mod fifo;
 pub(crate) mod heap;
 mod sfq;
+pub(crate) mod slab;
 
 pub mod dmclock;
 pub mod mclock;

@@ -46,7 +46,12 @@ impl Rbfq {
     /// RBFQ with §3.4's upper bound in bytes per second (a spec's `limit` is B_i in bytes/s).
     pub fn new(config: SchedConfig) -> Self {
         Rbfq(Engine::new(
-            Flavor { kind: SchedulerKind::Rbfq, rho_in_r: false, delta_in_l: false, limit_cost: Some(CostModel::BYTES) },
+            Flavor {
+                kind: SchedulerKind::Rbfq,
+                rho_in_r: false,
+                delta_in_l: false,
+                limit_cost: Some(CostModel::BYTES),
+            },
             config,
         ))
     }
@@ -54,7 +59,10 @@ impl Rbfq {
     /// RBFQ whose upper bound is in the configured cost units (IOPS with the per-IO model), so that specs
     /// mean the same as mClock's.
     pub fn with_limit_in_cost_units(config: SchedConfig) -> Self {
-        Rbfq(Engine::new(Flavor { kind: SchedulerKind::Rbfq, rho_in_r: false, delta_in_l: false, limit_cost: None }, config))
+        Rbfq(Engine::new(
+            Flavor { kind: SchedulerKind::Rbfq, rho_in_r: false, delta_in_l: false, limit_cost: None },
+            config,
+        ))
     }
 
     /// (local, upper-bound, global) tags of a client's head request, if any.

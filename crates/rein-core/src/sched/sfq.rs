@@ -25,7 +25,9 @@
 
 use super::heap::IndexedHeap;
 use super::slab::Slab;
-use super::{Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats};
+use super::{
+    Dispatch, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
+};
 use crate::units::{step_for_rate, Cost, LatestTime, Nanos, Tag};
 use std::collections::VecDeque;
 
@@ -72,7 +74,14 @@ impl Scheduler for Sfq {
         SchedulerKind::Sfq
     }
     fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError> {
-        let t = Tenant { spec, step: step_for_rate(spec.weight()), queue: VecDeque::new(), finish: Tag::ZERO, start: Tag::ZERO, stats: TenantStats::default() };
+        let t = Tenant {
+            spec,
+            step: step_for_rate(spec.weight()),
+            queue: VecDeque::new(),
+            finish: Tag::ZERO,
+            start: Tag::ZERO,
+            stats: TenantStats::default(),
+        };
         let id = self.tenants.insert(self.config.limits.max_tenants, t)?;
         self.heap.grow_slots(self.tenants.slots());
         Ok(id)
@@ -122,7 +131,8 @@ impl Scheduler for Sfq {
         let distance = self.config.batch_distance;
         let batched = match self.batch {
             Some((slot, remaining, last))
-                if remaining > 0 && self.tenants.at(slot).queue.front().is_some_and(|q| q.3.abs_diff(last) <= distance) =>
+                if remaining > 0
+                    && self.tenants.at(slot).queue.front().is_some_and(|q| q.3.abs_diff(last) <= distance) =>
             {
                 Some((slot, remaining - 1))
             }

@@ -25,13 +25,14 @@
 
 use super::section::{Arrivals, BucketLoad, BucketPlan, PshiftSection};
 use crate::engine::{seed_for, SimError};
+use crate::events::Events;
 use crate::metrics::{Metrics, RunTotals};
 use crate::scenario::Scenario;
-use crate::events::Events;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{
-    BucketQos, BucketReport, Controller, ControllerConfig, RoundSummary, ServerReport, SolveOptions, TokenMessage, TokenScheduler, Tokens,
+    BucketQos, BucketReport, Controller, ControllerConfig, RoundSummary, ServerReport, SolveOptions, TokenMessage,
+    TokenScheduler, Tokens,
 };
 use rein_core::{Limits, Nanos, Phase, Poll, Request, SchedConfig, Scheduler, TenantId};
 use std::cmp::Reverse;
@@ -129,7 +130,8 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<ClusterRun,
     let ps = sc.pshift.as_deref().ok_or_else(|| SimError::Setup(sc.name.clone(), "no [pshift] section".into()))?;
     let err = |m: String| SimError::Setup(sc.name.clone(), m);
     let nb = sc.tenants.len();
-    let config = SchedConfig { limits: Limits { max_tenants: nb.max(1), ..Limits::default() }, ..SchedConfig::default() };
+    let config =
+        SchedConfig { limits: Limits { max_tenants: nb.max(1), ..Limits::default() }, ..SchedConfig::default() };
     let srv = sc
         .servers
         .iter()
@@ -281,7 +283,13 @@ impl<'a> Cluster<'a> {
                     };
                     let j = plan.phases[k].servers[x].0;
                     let tid = self.id_at(j, i);
-                    let entry = (self.now.0.saturating_add(first as u64), i as u32, gen << 16 | x as u32, (gap.round() as u64).max(1), tid);
+                    let entry = (
+                        self.now.0.saturating_add(first as u64),
+                        i as u32,
+                        gen << 16 | x as u32,
+                        (gap.round() as u64).max(1),
+                        tid,
+                    );
                     self.push_arrival(j, entry);
                 }
             }
@@ -353,7 +361,8 @@ impl<'a> Cluster<'a> {
         if let Some(f) = self.bkt[i].in_flight.get_mut(j) {
             *f += 1;
         }
-        let req = Req { bucket: i as u32, server: j as u32, tid, size: self.size[i], issued: self.now, phase: Phase::Weight };
+        let req =
+            Req { bucket: i as u32, server: j as u32, tid, size: self.size[i], issued: self.now, phase: Phase::Weight };
         let id = match self.free.pop() {
             Some(id) => {
                 self.reqs[id as usize] = req;
@@ -502,7 +511,14 @@ impl<'a> Cluster<'a> {
                 }
             }
             lines.sort_unstable_by_key(|l| l.bucket);
-            reports.push(ServerReport { server: j as u32, round, elapsed_ns: now.0 - s.last_report.0, completed: s.completed, busy_ns: s.busy_ns, buckets: lines });
+            reports.push(ServerReport {
+                server: j as u32,
+                round,
+                elapsed_ns: now.0 - s.last_report.0,
+                completed: s.completed,
+                busy_ns: s.busy_ns,
+                buckets: lines,
+            });
             s.last_report = now;
             s.completed = 0;
             s.busy_ns = 0;
@@ -555,7 +571,11 @@ impl<'a> Cluster<'a> {
                     continue;
                 }
                 let id = s.sched.id_at_slot(slot).expect("mapped slots are live");
-                let l = if self.sc.tenants[i as usize].spec.limit().is_some() { Tokens::Count(0) } else { Tokens::Unlimited };
+                let l = if self.sc.tenants[i as usize].spec.limit().is_some() {
+                    Tokens::Count(0)
+                } else {
+                    Tokens::Unlimited
+                };
                 s.sched.set_tokens(id, 0, l).expect("live");
             }
             self.try_dispatch(j);

@@ -69,7 +69,10 @@ impl GenParams {
             return Err(format!("buckets must be in 1..={MAX_BUCKETS}, got {}", self.buckets));
         }
         if self.active_servers == 0 || self.active_servers > self.servers {
-            return Err(format!("active servers must be in 1..={} (the server count), got {}", self.servers, self.active_servers));
+            return Err(format!(
+                "active servers must be in 1..={} (the server count), got {}",
+                self.servers, self.active_servers
+            ));
         }
         if self.capacity > MAX_TOKENS {
             return Err(format!("capacity must be at most {MAX_TOKENS}, got {}", self.capacity));
@@ -89,9 +92,15 @@ impl GenParams {
                 return Err(format!("limit ratio must be in [1, 1000], got {l}"));
             }
         }
-        let total = self.capacity as f64 * self.servers as f64 * self.reserved_fraction * self.demand_ratio.max(1.0) * self.limit_ratio.unwrap_or(1.0);
+        let total = self.capacity as f64
+            * self.servers as f64
+            * self.reserved_fraction
+            * self.demand_ratio.max(1.0)
+            * self.limit_ratio.unwrap_or(1.0);
         if total > MAX_TOKENS as f64 {
-            return Err(format!("the totals ({total:.3e} tokens) exceed {MAX_TOKENS}: lower capacity, r, m or the limit ratio"));
+            return Err(format!(
+                "the totals ({total:.3e} tokens) exceed {MAX_TOKENS}: lower capacity, r, m or the limit ratio"
+            ));
         }
         Ok(())
     }

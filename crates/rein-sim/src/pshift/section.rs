@@ -266,7 +266,14 @@ fn positive(field: &str, v: f64) -> Result<f64, String> {
 }
 
 /// The paper's synthetic buckets (see `gen`), as tenants and plans.
-fn generate(g: &GenerateFile, servers: &[Server], seed: u64, duration: Nanos, period: Nanos, start: Nanos) -> Result<(Vec<Tenant>, Vec<BucketPlan>), String> {
+fn generate(
+    g: &GenerateFile,
+    servers: &[Server],
+    seed: u64,
+    duration: Nanos,
+    period: Nanos,
+    start: Nanos,
+) -> Result<(Vec<Tenant>, Vec<BucketPlan>), String> {
     let ns = servers.len();
     if g.buckets == 0 || g.buckets > crate::scenario::MAX_TENANTS {
         return Err(format!("pshift.generate.buckets must be in 1..={}", crate::scenario::MAX_TENANTS));
@@ -303,16 +310,25 @@ fn generate(g: &GenerateFile, servers: &[Server], seed: u64, duration: Nanos, pe
             let total: f64 = servers.iter().map(|s| s.capacity_iops).sum::<f64>() * period_s * r;
             zipf_reservations(&mut rng, g.buckets, s, total.floor() as u64)
         }
-        (Some(_), Some(_)) => return Err("pshift.generate: give reservation_iops or reserved_fraction, not both".into()),
-    };
-    let load_of = |r_iops: f64| -> Result<BucketLoad, String> {
-        match (g.demand_ratio, g.outstanding_per_server) {
-            (Some(m), None) => Ok(BucketLoad::Open { iops: (positive("demand_ratio", m)? * r_iops).max(1e-3) }),
-            (None, Some(k)) if (1..=crate::scenario::MAX_OUTSTANDING).contains(&k) => Ok(BucketLoad::Closed { per_server: k }),
-            (None, Some(_)) => Err(format!("pshift.generate.outstanding_per_server must be in 1..={}", crate::scenario::MAX_OUTSTANDING)),
-            _ => Err("pshift.generate: give demand_ratio (open arrivals) or outstanding_per_server (closed loops)".into()),
+        (Some(_), Some(_)) => {
+            return Err("pshift.generate: give reservation_iops or reserved_fraction, not both".into())
         }
     };
+    let load_of =
+        |r_iops: f64| -> Result<BucketLoad, String> {
+            match (g.demand_ratio, g.outstanding_per_server) {
+                (Some(m), None) => Ok(BucketLoad::Open { iops: (positive("demand_ratio", m)? * r_iops).max(1e-3) }),
+                (None, Some(k)) if (1..=crate::scenario::MAX_OUTSTANDING).contains(&k) => {
+                    Ok(BucketLoad::Closed { per_server: k })
+                }
+                (None, Some(_)) => Err(format!(
+                    "pshift.generate.outstanding_per_server must be in 1..={}",
+                    crate::scenario::MAX_OUTSTANDING
+                )),
+                _ => Err("pshift.generate: give demand_ratio (open arrivals) or outstanding_per_server (closed loops)"
+                    .into()),
+            }
+        };
     let mut tenants = Vec::with_capacity(g.buckets);
     let mut plans = Vec::with_capacity(g.buckets);
     let span = duration.saturating_sub(start).0.max(1);
@@ -335,7 +351,8 @@ fn generate(g: &GenerateFile, servers: &[Server], seed: u64, duration: Nanos, pe
             let set = pick_servers(&mut rng, ns, n);
             let w = zipf_weights(n, zs);
             let sum: f64 = w.iter().sum();
-            phases.push(DemandPhase { at: Nanos(at), servers: set.into_iter().zip(w.iter().map(|x| x / sum)).collect() });
+            phases
+                .push(DemandPhase { at: Nanos(at), servers: set.into_iter().zip(w.iter().map(|x| x / sum)).collect() });
         }
         let first = &phases[0].servers;
         tenants.push(Tenant {
@@ -347,7 +364,9 @@ fn generate(g: &GenerateFile, servers: &[Server], seed: u64, duration: Nanos, pe
             workload: Workload {
                 kind: match load {
                     BucketLoad::Open { iops } => WorkloadKind::Open { iops },
-                    BucketLoad::Closed { per_server } => WorkloadKind::Closed { outstanding: per_server, think: Nanos::ZERO, per_server: true },
+                    BucketLoad::Closed { per_server } => {
+                        WorkloadKind::Closed { outstanding: per_server, think: Nanos::ZERO, per_server: true }
+                    }
                 },
                 size_bytes: (size * 1024.0).round() as u64,
                 read_frac: 1.0,
