@@ -1,0 +1,713 @@
+//! The device model: a storage device of a given capacity, as the simulator runs it and as `rein serve`
+//! puts it in front of real storage for repeatable experiments.
+//!
+//! # Model
+//! A device completes requests at `capacity_iops` on average. Each request's *service time* is drawn from
+//! the device's [`ServiceModel`] with mean `1 / capacity_iops` (nominal capacity C0), plus `size / rate`
+//! when a transfer rate is given, times the request's own `scale` (a host's placement skew, 1 otherwise),
+//! times `C0 / C(t)` when the capacity schedule (or an operator) has changed the capacity to C(t). How the
+//! device serves the requests present is its [`Discipline`]:
+//! - **FIFO**: one request at a time in arrival order. A request's service time is drawn when its
+//!   service starts, so a capacity change applies to every request not yet started. Latency grows with
+//!   the queue and hardly depends on the request itself.
+//! - **Processor sharing** ([`Ps`]): all requests are served at once, each at `1/n` of the device's speed
+//!   with `n` present. A request's latency scales with its own service demand, as on an array with
+//!   internal parallelism (parda.txt §4.1, Table 3). The service time is drawn on arrival.
+//!
+//! The *disk* service model is position dependent: an access farther than `sequential_bytes` from where
+//! the previous one ended pays a seek (growing with the square root of the distance, normalised to
+//! 100 GiB) and a uniform rotational delay, then the transfer; closer accesses pay only the transfer.
+//!
+//! # Time and precision
+//! Times are integer nanoseconds. A drawn service time is an `f64` of nanoseconds, at least 1 ns; the one
+//! rounding rule ([`round_ns`]) turns it into [`Nanos`] for a FIFO device: round half away from zero.
+//! Processor sharing keeps finer precision (2^-20 ns, see [`Ps`]) since its completions are computed from
+//! the sum of many shares.
+//!
+//! # Randomness
+//! One PCG stream per device ([`crate::seed`]), consumed only by service-time draws (exponential,
+//! uniform, the disk's rotational delay), in the order services start (FIFO) or requests arrive (PS): the
+//! same requests in the same order give the same times.
+//!
+//! # Driving it (sans-IO)
+//! The device never reads a clock. A FIFO device is driven by [`Device::fifo_arrive`] (returns the
+//! completion time if the request starts at once) and [`Device::fifo_finish`] (called at that time:
+//! returns the finished request and when the next one completes). A PS device by [`Device::ps_admit`],
+//! [`Device::ps_rearm`] (the next completion, with a generation number; earlier ones are stale) and
+//! [`Device::ps_take_done`]. Daemons use the discipline-neutral [`Device::arrive`] / [`Device::wake`].
+//! Busy periods (for utilisation) are reported to the caller when they end.
+//!
+//! # Invariants
+//! 1. A FIFO device has a request in service iff it is busy; its queue is empty when it is idle.
+//! 2. Every admitted request finishes exactly once, in FIFO order for FIFO devices.
+//! 3. `busy_since` is set iff requests are present.
+
+use rand::Rng;
+use rand_pcg::Pcg64Mcg;
+use rein_core::Nanos;
+use std::collections::VecDeque;
+
+pub use crate::ps::Ps;
+
+/// Largest capacity a device may have (IOPS).
+pub const MAX_CAPACITY_IOPS: f64 = 1e9;
+/// Latest capacity change a schedule may name (seconds: a week).
+pub const MAX_SCHEDULE_S: f64 = 7.0 * 86_400.0;
+
+/// Service-time distribution of a device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ServiceModel {
+    /// Exponential with mean 1/C (a memoryless device).
+    Exponential,
+    /// Uniform in `[(1 - spread)/C, (1 + spread)/C]`.
+    Uniform {
+        /// Half-width relative to the mean, in [0, 1].
+        spread: f64,
+    },
+    /// Always 1/C.
+    Deterministic,
+    /// A disk: seek and rotation by position, then transfer (module comment).
+    Disk(DiskModel),
+}
+
+/// The position-dependent disk model's parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskModel {
+    /// Average seek of a random access (ns), scaled by the distance (module comment).
+    pub seek_ns: f64,
+    /// A full rotation (ns); a random access waits a uniform fraction of it.
+    pub rotation_ns: f64,
+    /// Media transfer rate, bytes per ns.
+    pub transfer_bytes_per_ns: f64,
+    /// Accesses closer than this to the previous one are sequential (no seek, no rotation).
+    pub sequential_bytes: u64,
+}
+
+impl ServiceModel {
+    /// A service time (ns) with mean `mean_ns` for a request whose position does not matter: drawn for
+    /// the exponential and uniform models, the mean itself for the deterministic model and for the disk
+    /// model (whose position-dependent time [`Device`] computes from request offsets).
+    pub fn positionless_ns(&self, mean_ns: f64, rng: &mut impl Rng) -> f64 {
+        match *self {
+            ServiceModel::Exponential => exponential(mean_ns, rng),
+            ServiceModel::Uniform { spread } => mean_ns * (1.0 - spread + 2.0 * spread * rng.gen::<f64>()),
+            ServiceModel::Deterministic | ServiceModel::Disk(_) => mean_ns,
+        }
+    }
+
+    /// The model's name as configuration files write it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ServiceModel::Exponential => "exponential",
+            ServiceModel::Uniform { .. } => "uniform",
+            ServiceModel::Deterministic => "deterministic",
+            ServiceModel::Disk(_) => "disk",
+        }
+    }
+}
+
+/// An exponential draw with mean `mean` (inverse transform; `1 - u` keeps the logarithm finite).
+#[inline]
+pub(crate) fn exponential(mean: f64, rng: &mut impl Rng) -> f64 {
+    -(1.0 - rng.gen::<f64>()).ln() * mean
+}
+
+/// How a device serves the requests at it (module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Discipline {
+    /// One at a time, in arrival order.
+    #[default]
+    Fifo,
+    /// All at once, sharing the device equally.
+    Ps,
+}
+
+/// A validated device: what it is, not its state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceSpec {
+    /// Nominal capacity C0 (IOPS): the mean service time is 1/C0 before any capacity change.
+    pub capacity_iops: f64,
+    /// The service-time distribution.
+    pub service: ServiceModel,
+    /// Extra service time per byte (ns), from a transfer rate; 0 without one.
+    pub ns_per_byte: f64,
+    /// FIFO or processor sharing.
+    pub discipline: Discipline,
+    /// Capacity over time: `(from, IOPS)`, sorted by time, the first at 0.
+    pub schedule: Vec<(Nanos, f64)>,
+}
+
+/// The disk model's parameters as configuration files write them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskParams {
+    /// Average seek of a random access (ms).
+    pub seek_ms: f64,
+    /// Full rotation (ms).
+    pub rotation_ms: f64,
+    /// Media transfer rate (MB/s).
+    pub transfer_mb_s: f64,
+    /// Sequential distance (KiB).
+    pub sequential_kb: f64,
+}
+
+impl Default for DiskParams {
+    /// A 7,200 rpm class disk: 4 ms seek, 4 ms rotation, 100 MB/s, 64 KiB sequential distance.
+    fn default() -> Self {
+        DiskParams { seek_ms: 4.0, rotation_ms: 4.0, transfer_mb_s: 100.0, sequential_kb: 64.0 }
+    }
+}
+
+/// A device as configuration files write it (the simulator's `[[servers]]`, `rein serve`'s
+/// `[device_model]`): validated once into a [`DeviceSpec`] by [`DeviceParams::validate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceParams<'a> {
+    /// `capacity_iops`.
+    pub capacity_iops: f64,
+    /// `service`: exponential, uniform, deterministic or disk.
+    pub service: &'a str,
+    /// `uniform_spread` (uniform only; default 0.5).
+    pub uniform_spread: Option<f64>,
+    /// `disk` (disk only; default [`DiskParams::default`]).
+    pub disk: Option<DiskParams>,
+    /// `transfer_mb_s`: adds size / rate to every service time.
+    pub transfer_mb_s: Option<f64>,
+    /// `discipline`: fifo (default) or ps.
+    pub discipline: Option<&'a str>,
+    /// `capacity_schedule`: `(at_s, iops)` steps, sorted by time.
+    pub capacity_schedule: Vec<(f64, f64)>,
+}
+
+/// What is wrong with a device's parameters (the message names the field).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeviceError {
+    /// A field that must be a positive number is not.
+    #[error("{field} must be a positive number, got {value}")]
+    NotPositive {
+        /// The field's name.
+        field: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// The capacity is above [`MAX_CAPACITY_IOPS`].
+    #[error("capacity_iops above {MAX_CAPACITY_IOPS}")]
+    CapacityTooLarge,
+    /// An unknown service model.
+    #[error("service {0:?}: expected exponential, uniform, deterministic or disk")]
+    Service(String),
+    /// `uniform_spread` outside [0, 1].
+    #[error("uniform_spread must be in [0, 1], got {0}")]
+    Spread(f64),
+    /// A negative disk time or distance.
+    #[error("disk times must be non-negative")]
+    DiskTimes,
+    /// A capacity step at a bad time.
+    #[error("capacity_schedule.at_s must be between 0 and {MAX_SCHEDULE_S} s, got {0}")]
+    ScheduleTime(f64),
+    /// Capacity steps out of order.
+    #[error("capacity_schedule must be sorted by at_s")]
+    ScheduleOrder,
+    /// An unknown discipline.
+    #[error("discipline {0:?}: expected fifo or ps")]
+    Discipline(String),
+}
+
+fn positive(field: &'static str, value: f64) -> Result<f64, DeviceError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        Err(DeviceError::NotPositive { field, value })
+    }
+}
+
+impl DeviceParams<'_> {
+    /// Validates the parameters into a [`DeviceSpec`].
+    pub fn validate(&self) -> Result<DeviceSpec, DeviceError> {
+        let capacity_iops = positive("capacity_iops", self.capacity_iops)?;
+        if capacity_iops > MAX_CAPACITY_IOPS {
+            return Err(DeviceError::CapacityTooLarge);
+        }
+        let service = match self.service {
+            "exponential" => ServiceModel::Exponential,
+            "deterministic" => ServiceModel::Deterministic,
+            "uniform" => {
+                let spread = self.uniform_spread.unwrap_or(0.5);
+                if !(0.0..=1.0).contains(&spread) {
+                    return Err(DeviceError::Spread(spread));
+                }
+                ServiceModel::Uniform { spread }
+            }
+            "disk" => {
+                let d = self.disk.unwrap_or_default();
+                if !(d.seek_ms >= 0.0 && d.rotation_ms >= 0.0 && d.sequential_kb >= 0.0) {
+                    return Err(DeviceError::DiskTimes);
+                }
+                positive("disk.transfer_mb_s", d.transfer_mb_s)?;
+                ServiceModel::Disk(DiskModel {
+                    seek_ns: d.seek_ms * 1e6,
+                    rotation_ns: d.rotation_ms * 1e6,
+                    transfer_bytes_per_ns: d.transfer_mb_s * 1e6 / 1e9,
+                    sequential_bytes: (d.sequential_kb * 1024.0) as u64,
+                })
+            }
+            other => return Err(DeviceError::Service(other.to_string())),
+        };
+        let ns_per_byte = match self.transfer_mb_s {
+            None => 0.0,
+            Some(t) => 1e9 / (positive("transfer_mb_s", t)? * 1e6),
+        };
+        let mut schedule = vec![(Nanos::ZERO, capacity_iops)];
+        let mut last = 0.0;
+        for &(at_s, iops) in &self.capacity_schedule {
+            if !(at_s.is_finite() && (0.0..=MAX_SCHEDULE_S).contains(&at_s)) {
+                return Err(DeviceError::ScheduleTime(at_s));
+            }
+            let at = Nanos::from_secs_f64(at_s);
+            positive("capacity_schedule.iops", iops)?;
+            if iops > MAX_CAPACITY_IOPS {
+                return Err(DeviceError::CapacityTooLarge);
+            }
+            if at_s < last {
+                return Err(DeviceError::ScheduleOrder);
+            }
+            last = at_s;
+            if at == Nanos::ZERO {
+                schedule[0].1 = iops;
+            } else {
+                schedule.push((at, iops));
+            }
+        }
+        let discipline = match self.discipline {
+            None | Some("fifo") => Discipline::Fifo,
+            Some("ps") => Discipline::Ps,
+            Some(o) => return Err(DeviceError::Discipline(o.to_string())),
+        };
+        Ok(DeviceSpec { capacity_iops, service, ns_per_byte, discipline, schedule })
+    }
+}
+
+impl DeviceSpec {
+    /// A device of `capacity_iops` with `service` times, FIFO, no transfer term, no schedule.
+    pub fn new(capacity_iops: f64, service: ServiceModel) -> Result<DeviceSpec, DeviceError> {
+        DeviceParams {
+            capacity_iops,
+            service: service.name(),
+            uniform_spread: match service {
+                ServiceModel::Uniform { spread } => Some(spread),
+                _ => None,
+            },
+            disk: None,
+            transfer_mb_s: None,
+            discipline: None,
+            capacity_schedule: Vec::new(),
+        }
+        .validate()
+        .map(|mut s| {
+            s.service = service;
+            s
+        })
+    }
+
+    /// The scheduled capacity (IOPS) at time `t`.
+    pub fn capacity_at(&self, t: Nanos) -> f64 {
+        self.schedule.iter().rev().find(|c| c.0 <= t).map_or(self.capacity_iops, |c| c.1)
+    }
+}
+
+/// `x.round() as u64` for a service time `x >= 1` ns: the one rounding rule of FIFO service times (round
+/// half away from zero). Below 2^52, `x + 0.5` is exact or lands on the next power of two, so truncating
+/// it rounds exactly as `round` does, without the libm call `round` is on baseline x86-64. (Larger values
+/// are integers already.)
+#[inline]
+pub fn round_ns(x: f64) -> u64 {
+    if (1.0..4_503_599_627_370_496.0).contains(&x) {
+        (x + 0.5) as u64
+    } else {
+        x.round() as u64
+    }
+}
+
+/// A request as the device sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Job {
+    /// The caller's handle, returned when the job finishes.
+    pub id: u32,
+    /// Bytes transferred (the transfer term and the disk's transfer).
+    pub size: u64,
+    /// Byte offset (the disk's position).
+    pub offset: u64,
+    /// Multiplier on this job's service time (placement skew; 1 for none).
+    pub scale: f64,
+}
+
+/// What [`Device::fifo_finish`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FifoDone {
+    /// The job that finished.
+    pub id: u32,
+    /// When the next job (now in service) completes, if one started.
+    pub next: Option<Nanos>,
+    /// The device went idle: its busy period began here and ended now.
+    pub busy_from: Option<Nanos>,
+}
+
+/// A device's next completion as the discipline-neutral API reports it: call [`Device::wake`] at `at`
+/// with `generation`; earlier wakes are stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wake {
+    /// When the next job completes.
+    pub at: Nanos,
+    /// Which arming this is (wakes with an older generation are ignored).
+    pub generation: u32,
+}
+
+/// A device in operation (module comment).
+#[derive(Debug)]
+pub struct Device {
+    service: ServiceModel,
+    /// Mean service time at the nominal capacity (ns).
+    mean_ns: f64,
+    nominal_iops: f64,
+    ns_per_byte: f64,
+    capacity: f64,
+    /// Service-time multiplier C0 / C(t).
+    slow: f64,
+    rng: Pcg64Mcg,
+    /// Where the last access ended (the disk's head).
+    last_offset: u64,
+    queue: VecDeque<Job>,
+    in_service: Option<u32>,
+    ps: Option<Ps>,
+    busy_since: Option<Nanos>,
+    /// FIFO: the armed completion's generation (the discipline-neutral API).
+    generation: u32,
+}
+
+impl Device {
+    /// A device per `spec` at its time-0 capacity, drawing from the PCG stream seeded by `seed` (see
+    /// [`crate::seed`]).
+    pub fn new(spec: &DeviceSpec, seed: u128) -> Device {
+        let capacity = spec.schedule.first().map_or(spec.capacity_iops, |c| c.1);
+        Device {
+            service: spec.service,
+            mean_ns: 1e9 / spec.capacity_iops,
+            nominal_iops: spec.capacity_iops,
+            ns_per_byte: spec.ns_per_byte,
+            capacity,
+            slow: spec.capacity_iops / capacity,
+            rng: Pcg64Mcg::new(seed),
+            last_offset: 0,
+            queue: VecDeque::new(),
+            in_service: None,
+            ps: (spec.discipline == Discipline::Ps).then(Ps::default),
+            busy_since: None,
+            generation: 0,
+        }
+    }
+
+    /// The current capacity (IOPS).
+    pub fn capacity(&self) -> f64 {
+        self.capacity
+    }
+
+    /// Changes the capacity; it applies to services that start from now on (FIFO) or to requests that
+    /// arrive from now on (PS). The caller validates `iops` (positive, at most [`MAX_CAPACITY_IOPS`]).
+    pub fn set_capacity(&mut self, iops: f64) {
+        debug_assert!(iops > 0.0 && iops <= MAX_CAPACITY_IOPS);
+        self.capacity = iops;
+        self.slow = self.nominal_iops / iops;
+    }
+
+    /// The discipline.
+    pub fn discipline(&self) -> Discipline {
+        if self.ps.is_some() {
+            Discipline::Ps
+        } else {
+            Discipline::Fifo
+        }
+    }
+
+    /// Requests at the device (in service or queued).
+    pub fn len(&self) -> usize {
+        match &self.ps {
+            Some(ps) => ps.len(),
+            None => self.queue.len() + self.in_service.is_some() as usize,
+        }
+    }
+
+    /// True when no request is at the device.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Since when the device has been busy (requests present), if it is.
+    pub fn busy_since(&self) -> Option<Nanos> {
+        self.busy_since
+    }
+
+    /// Draws a job's service time (ns, at least 1).
+    fn draw_ns(&mut self, job: &Job) -> f64 {
+        let base = match self.service {
+            ServiceModel::Disk(d) => {
+                let dist = job.offset.abs_diff(self.last_offset);
+                let position = if dist <= d.sequential_bytes {
+                    0.0
+                } else {
+                    // Seek time grows with the square root of the distance (normalised to 100 GiB), plus a
+                    // uniform rotational delay.
+                    let frac = (dist as f64 / (100u64 << 30) as f64).min(1.0);
+                    d.seek_ns * (0.3 + 0.7 * frac.sqrt()) * 1.5 + d.rotation_ns * self.rng.gen::<f64>()
+                };
+                position + job.size as f64 / d.transfer_bytes_per_ns
+            }
+            s => s.positionless_ns(self.mean_ns, &mut self.rng),
+        };
+        self.last_offset = job.offset.saturating_add(job.size);
+        ((base + job.size as f64 * self.ns_per_byte) * self.slow * job.scale).max(1.0)
+    }
+
+    fn start_busy(&mut self, now: Nanos) {
+        if self.busy_since.is_none() {
+            self.busy_since = Some(now);
+        }
+    }
+
+    // ---- FIFO --------------------------------------------------------------------------------------
+
+    /// A job reaches a FIFO device at `now`. If the device was idle it starts at once: returns when it
+    /// completes (call [`Device::fifo_finish`] then).
+    pub fn fifo_arrive(&mut self, now: Nanos, job: Job) -> Option<Nanos> {
+        debug_assert!(self.ps.is_none(), "a FIFO call on a processor-sharing device");
+        self.queue.push_back(job);
+        if self.in_service.is_none() {
+            self.fifo_start(now)
+        } else {
+            None
+        }
+    }
+
+    fn fifo_start(&mut self, now: Nanos) -> Option<Nanos> {
+        let job = self.queue.pop_front()?;
+        let ns = self.draw_ns(&job);
+        self.in_service = Some(job.id);
+        self.start_busy(now);
+        Some(now.saturating_add(Nanos(round_ns(ns))))
+    }
+
+    /// The job in service completes at `now` (the time [`Device::fifo_arrive`] or the previous
+    /// `fifo_finish` returned); the next one starts.
+    pub fn fifo_finish(&mut self, now: Nanos) -> FifoDone {
+        let id = self.in_service.take().expect("invariant 1: fifo_finish with a job in service");
+        let next = self.fifo_start(now);
+        let busy_from = if next.is_none() { self.busy_since.take() } else { None };
+        FifoDone { id, next, busy_from }
+    }
+
+    // ---- Processor sharing -------------------------------------------------------------------------
+
+    /// A job reaches a processor-sharing device at `now`; call [`Device::ps_rearm`] afterwards.
+    pub fn ps_admit(&mut self, now: Nanos, job: Job) {
+        let ns = self.draw_ns(&job);
+        self.start_busy(now);
+        self.ps.as_mut().expect("a PS call on a FIFO device").admit(now, job.id, ns);
+    }
+
+    /// The next completion after arrivals or departures: `(time, generation)`; completions armed
+    /// before are stale.
+    pub fn ps_rearm(&mut self) -> Option<(Nanos, u32)> {
+        let ps = self.ps.as_mut().expect("a PS call on a FIFO device");
+        ps.generation = ps.generation.wrapping_add(1);
+        ps.next_completion().map(|t| (t, ps.generation))
+    }
+
+    /// The completion armed as `generation` is due at `now`: appends the finished jobs to `out` in finish
+    /// order. False (and nothing done) if `generation` is stale.
+    pub fn ps_take_done(&mut self, now: Nanos, generation: u32, out: &mut Vec<u32>) -> bool {
+        let ps = self.ps.as_mut().expect("a PS call on a FIFO device");
+        if ps.generation != generation {
+            return false;
+        }
+        ps.pop_done(now, out);
+        true
+    }
+
+    /// If the device is empty, ends its busy period: returns when it began.
+    pub fn end_busy_if_idle(&mut self) -> Option<Nanos> {
+        if self.is_empty() {
+            self.busy_since.take()
+        } else {
+            None
+        }
+    }
+
+    // ---- Discipline-neutral (daemons) --------------------------------------------------------------
+
+    /// A job arrives at `now`. Returns the device's next wake if it changed (arm a timer for it).
+    pub fn arrive(&mut self, now: Nanos, job: Job) -> Option<Wake> {
+        if self.ps.is_some() {
+            self.ps_admit(now, job);
+            return self.ps_rearm().map(|(at, generation)| Wake { at, generation });
+        }
+        let at = self.fifo_arrive(now, job)?;
+        self.generation = self.generation.wrapping_add(1);
+        Some(Wake { at, generation: self.generation })
+    }
+
+    /// A wake armed as `generation` fires at `now`: appends the jobs finished by now to `done` and returns
+    /// the next wake, if any. A stale wake does nothing and returns `None` (a newer one is armed).
+    pub fn wake(&mut self, now: Nanos, generation: u32, done: &mut Vec<u32>) -> Option<Wake> {
+        if self.ps.is_some() {
+            if !self.ps_take_done(now, generation, done) {
+                return None;
+            }
+            self.end_busy_if_idle();
+            return self.ps_rearm().map(|(at, generation)| Wake { at, generation });
+        }
+        if generation != self.generation || self.in_service.is_none() {
+            return None;
+        }
+        let f = self.fifo_finish(now);
+        done.push(f.id);
+        let at = f.next?;
+        self.generation = self.generation.wrapping_add(1);
+        Some(Wake { at, generation: self.generation })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn job(id: u32) -> Job {
+        Job { id, size: 4096, offset: 0, scale: 1.0 }
+    }
+
+    #[test]
+    fn round_ns_is_round() {
+        let mut rng = Pcg64Mcg::seed_from_u64(1);
+        let edges = [
+            1.0,
+            1.5,
+            2.5,
+            2.4999999999999996,
+            3.9999999999999996,
+            4.5,
+            1e15 + 0.5,
+            4503599627370495.5,
+            4503599627370497.0,
+            1e300,
+        ];
+        for &x in &edges {
+            assert_eq!(round_ns(x), x.round() as u64, "{x}");
+        }
+        for _ in 0..1_000_000 {
+            let x = 1.0 + rng.gen::<f64>() * 10f64.powi(rng.gen_range(0..16));
+            assert_eq!(round_ns(x), x.round() as u64, "{x}");
+            let y = x.floor() + 0.5;
+            assert_eq!(round_ns(y), y.round() as u64, "{y}");
+            let z = f64::from_bits(y.to_bits() - 1);
+            assert_eq!(round_ns(z), z.round() as u64, "{z}");
+        }
+    }
+
+    #[test]
+    fn fifo_device_at_its_rate_and_capacity_changes_apply_to_later_starts() {
+        let spec = DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap();
+        let mut d = Device::new(&spec, 1);
+        // Ten jobs at t = 0 complete 1 ms apart.
+        assert_eq!(d.fifo_arrive(Nanos(0), job(0)), Some(Nanos::from_millis(1)));
+        for i in 1..10 {
+            assert_eq!(d.fifo_arrive(Nanos(0), job(i)), None);
+        }
+        let mut t = Nanos::from_millis(1);
+        for i in 0..9 {
+            let f = d.fifo_finish(t);
+            assert_eq!(f.id, i);
+            assert_eq!(f.busy_from, None);
+            t = f.next.unwrap();
+            if i == 4 {
+                // Halving the capacity doubles the service time of jobs that start from now on; the one in
+                // service (started at 5 ms) keeps its 1 ms.
+                d.set_capacity(500.0);
+            }
+        }
+        assert_eq!(t, Nanos::from_millis(5 + 1 + 2 * 4));
+        let f = d.fifo_finish(t);
+        assert_eq!((f.id, f.next, f.busy_from), (9, None, Some(Nanos(0))));
+        assert!(d.is_empty() && d.busy_since().is_none());
+    }
+
+    #[test]
+    fn exponential_mean_is_one_over_capacity() {
+        let spec = DeviceSpec::new(2000.0, ServiceModel::Exponential).unwrap();
+        let mut d = Device::new(&spec, 7);
+        let mut t = d.fifo_arrive(Nanos(0), job(0)).unwrap();
+        for i in 1..100_000 {
+            d.fifo_arrive(Nanos(0), job(i));
+        }
+        for _ in 1..100_000 {
+            t = d.fifo_finish(t).next.unwrap();
+        }
+        let per = t.0 as f64 / 100_000.0;
+        assert!((per - 500_000.0).abs() < 10_000.0, "{per} ns");
+    }
+
+    #[test]
+    fn the_neutral_api_drives_both_disciplines() {
+        for discipline in [Discipline::Fifo, Discipline::Ps] {
+            let mut spec = DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap();
+            spec.discipline = discipline;
+            let mut d = Device::new(&spec, 1);
+            let mut wake = None;
+            for i in 0..4 {
+                if let Some(w) = d.arrive(Nanos(0), job(i)) {
+                    wake = Some(w);
+                }
+            }
+            let mut done = Vec::new();
+            while let Some(w) = wake {
+                wake = d.wake(w.at, w.generation, &mut done);
+                if discipline == Discipline::Fifo {
+                    // A stale generation is ignored.
+                    assert_eq!(d.wake(w.at, w.generation.wrapping_sub(1), &mut Vec::new()), None);
+                }
+            }
+            assert_eq!(done, vec![0, 1, 2, 3], "{discipline:?}");
+            assert!(d.is_empty() && d.busy_since().is_none(), "{discipline:?}");
+        }
+    }
+
+    #[test]
+    fn bad_parameters_name_the_field() {
+        let p = |service: &'static str| DeviceParams {
+            capacity_iops: 100.0,
+            service,
+            uniform_spread: None,
+            disk: None,
+            transfer_mb_s: None,
+            discipline: None,
+            capacity_schedule: vec![],
+        };
+        assert!(p("exponential").validate().is_ok());
+        assert_eq!(
+            p("gamma").validate().unwrap_err().to_string(),
+            "service \"gamma\": expected exponential, uniform, deterministic or disk"
+        );
+        let e = DeviceParams { capacity_iops: -5.0, ..p("exponential") }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "capacity_iops must be a positive number, got -5");
+        let e = DeviceParams { uniform_spread: Some(2.0), ..p("uniform") }.validate().unwrap_err();
+        assert!(e.to_string().contains("uniform_spread"));
+        let e = DeviceParams { capacity_schedule: vec![(5.0, 10.0), (2.0, 10.0)], ..p("exponential") }
+            .validate()
+            .unwrap_err();
+        assert_eq!(e, DeviceError::ScheduleOrder);
+        let e = DeviceParams { discipline: Some("lifo"), ..p("exponential") }.validate().unwrap_err();
+        assert!(e.to_string().contains("lifo"));
+        let s =
+            DeviceParams { capacity_schedule: vec![(0.0, 50.0), (10.0, 20.0)], ..p("exponential") }.validate().unwrap();
+        assert_eq!(s.schedule, vec![(Nanos::ZERO, 50.0), (Nanos::from_secs(10), 20.0)]);
+        assert_eq!(s.capacity_at(Nanos::from_secs(11)), 20.0);
+        let d = Device::new(&s, 1);
+        assert_eq!(d.capacity(), 50.0);
+    }
+}

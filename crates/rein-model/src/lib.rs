@@ -1,0 +1,36 @@
+//! # rein-model: the models the simulator and the daemons share
+//!
+//! One copy of everything that describes a run rather than schedules it, below both `rein-sim` and
+//! `rein-runtime` (see ARCHITECTURE.md for why a crate of its own):
+//!
+//! - [`device`]: a storage device of a given capacity: service-time distributions, FIFO and
+//!   processor-sharing disciplines, capacity schedules, the one rounding rule;
+//! - [`workload`]: the workload generator (closed, open, on/off, burst, trace replay; offsets, sizes,
+//!   read mix) and [`trace`], the block-trace readers;
+//! - [`routing`]: how a gateway spreads a tenant's requests over servers (stripes or shares);
+//! - [`recorder`] and [`report`]: what a run measures and reports (summary.json, timeseries.csv,
+//!   hosts.csv), simulated or real;
+//! - [`meter`]: the reservation meter, for the simulator's checks and `rein serve`'s `/metrics`;
+//! - [`seed`]: one seeded random stream per entity.
+//!
+//! Like `rein-core`, everything here is sans-IO: no clock reads, no sleeping, no threads; time comes in as
+//! [`rein_core::Nanos`]. Unlike `rein-core`, it may use seeded randomness, HdrHistogram and serde.
+
+#![forbid(unsafe_code)]
+
+pub mod device;
+pub mod meter;
+mod ps;
+pub mod recorder;
+pub mod report;
+pub mod routing;
+pub mod seed;
+pub mod trace;
+pub mod workload;
+
+pub use device::{Device, DeviceSpec, Discipline, ServiceModel};
+pub use meter::ReservationMeter;
+pub use recorder::{Recorder, RunMeta, ServerMeta, TenantMeta};
+pub use report::{RunTotals, Summary, Timeseries};
+pub use routing::{Router, Routing};
+pub use workload::{Generator, WorkloadKind, WorkloadSpec};

@@ -1,0 +1,472 @@
+//! What a run reports, simulated (`rein sim`) or measured (`rein load`, `rein demo`): the same types, the
+//! same files.
+//!
+//! - [`Summary`] (summary.json): per tenant its spec, completions, IOPS, MB/s, latency percentiles and
+//!   completions by scheduling phase; per server its completions and utilisation; PARDA hosts.
+//! - [`Timeseries`] (timeseries.csv): per tenant per interval a [`Cell`].
+//! - [`hosts::HostTotals`] (hosts.csv): PARDA hosts per interval.
+//! - [`RunTotals`]: all of it, plus the metrics expectations are checked against ([`TenantMetric`],
+//!   [`ServerMetric`], [`PeriodMetric`], [`hosts::HostMetric`]: each subject's metrics named once).
+//!
+//! Fields a measured run cannot know are `null` in the JSON rather than made up: a tenant's spec when
+//! `rein load` has no admin endpoint to ask, a server's utilisation when its device is not observed.
+//! Simulated runs always know them.
+//!
+//! Windows: metrics over `[a, b]` seconds use the timeseries intervals lying fully inside it
+//! ([`Timeseries::window`]); latency percentiles and utilisation are over the whole run after warm-up.
+
+pub mod hosts;
+
+use crate::meter::ReservationMeter;
+use rein_core::oracle::{allocate, OracleTenant};
+use serde::Serialize;
+
+/// One tenant in one interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cell {
+    /// Completions.
+    pub ios: u32,
+    /// Bytes completed.
+    pub bytes: u64,
+    /// Sum of the completions' latencies (ns).
+    pub lat_sum_ns: u64,
+    /// Largest latency (ns).
+    pub lat_max_ns: u64,
+    /// Completions by scheduling phase ([`rein_core::Phase::index`]).
+    pub phase: [u32; 3],
+}
+
+/// Latency after the warm-up (ms).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LatencySummary {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// Completions by scheduling phase.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PhaseCounts {
+    /// Served by reservation (mClock's R tags, RBFQ's local tags, pShift's R-tokens).
+    pub reservation: u64,
+    /// Served by weight.
+    pub weight: u64,
+    /// Served above the limit (a limit mode that breaks limits when the device idles).
+    pub over_limit: u64,
+}
+
+/// One tenant over the run after the warm-up.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TenantSummary {
+    /// Its name.
+    pub name: String,
+    /// Reservation (IOPS, or the cost model's units); `null` when the spec is unknown.
+    pub reservation: Option<f64>,
+    /// Limit; `null` when unlimited or unknown.
+    pub limit: Option<f64>,
+    /// Weight; `null` when the spec is unknown.
+    pub weight: Option<f64>,
+    /// Completions after the warm-up.
+    pub completed: u64,
+    /// Completions per second after the warm-up.
+    pub iops: f64,
+    /// MB (10^6 bytes) per second, over the intervals after the warm-up.
+    pub mb_s: f64,
+    /// Latency (issue to completion) after the warm-up.
+    pub latency_ms: LatencySummary,
+    /// Completions by phase; `null` when the server's phases are unknown.
+    pub phase: Option<PhaseCounts>,
+    /// Requests refused (at a full scheduler queue, or answered with an error).
+    pub rejected: u64,
+}
+
+impl TenantSummary {
+    /// The spec as the fluid oracle wants it, if known.
+    pub fn oracle_tenant(&self) -> Option<OracleTenant> {
+        Some(OracleTenant {
+            reservation: self.reservation?,
+            limit: self.limit.unwrap_or(f64::INFINITY),
+            weight: self.weight?,
+        })
+    }
+}
+
+/// One server over the run after the warm-up.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ServerSummary {
+    /// Its name.
+    pub name: String,
+    /// Its scheduler.
+    pub scheduler: String,
+    /// Whether gateways piggyback delta/rho (dmClock, RBFQ, DTFQ).
+    pub distributed: bool,
+    /// Completions after the warm-up.
+    pub completed: u64,
+    /// Completions per second after the warm-up.
+    pub iops: f64,
+    /// Fraction of the measured time the device was busy; `null` when not observed.
+    pub utilisation: Option<f64>,
+}
+
+/// The summary written as summary.json and printed by `--json`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Summary {
+    /// The run's (scenario's) name.
+    pub name: String,
+    /// The default scheduler as written, or what a measured run saw.
+    pub scheduler: String,
+    /// The seed.
+    pub seed: u64,
+    /// Length of the run (s).
+    pub duration_s: f64,
+    /// Warm-up excluded from the totals (s).
+    pub warmup_s: f64,
+    /// Tenants, in scenario order.
+    pub tenants: Vec<TenantSummary>,
+    /// Servers, in scenario order.
+    pub servers: Vec<ServerSummary>,
+    /// PARDA hosts (scenarios with `[[hosts]]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<hosts::HostsSummary>,
+}
+
+impl Summary {
+    /// summary.json's text (pretty JSON and a newline).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a summary always serialises") + "\n"
+    }
+}
+
+/// Per-interval measurements (for timeseries.csv, plots and windowed checks).
+#[derive(Clone, Debug)]
+pub struct Timeseries {
+    /// Interval length (s).
+    pub interval_s: f64,
+    /// Number of intervals.
+    pub intervals: usize,
+    /// Tenant names, in order.
+    pub tenant_names: Vec<String>,
+    /// Server names, in order.
+    pub server_names: Vec<String>,
+    /// `cells[tenant * intervals + i]`.
+    pub cells: Vec<Cell>,
+    /// `server_cells[server * intervals + i]`: completions.
+    pub server_cells: Vec<u32>,
+    /// Configured capacity (IOPS) per server per interval; empty for a server whose capacity is unknown.
+    pub capacity: Vec<Vec<f64>>,
+}
+
+impl Timeseries {
+    /// Tenant `tenant`'s interval `i`.
+    pub fn cell(&self, tenant: usize, i: usize) -> &Cell {
+        &self.cells[tenant * self.intervals + i]
+    }
+
+    /// Interval indices fully inside [a, b] seconds.
+    pub fn window(&self, a: f64, b: f64) -> std::ops::Range<usize> {
+        interval_window(self.interval_s, self.intervals, a, b)
+    }
+
+    /// A tenant's IOPS over a window.
+    pub fn iops(&self, tenant: usize, a: f64, b: f64) -> f64 {
+        let w = self.window(a, b);
+        let n = w.len() as f64 * self.interval_s;
+        let ios: u64 = w.map(|i| self.cell(tenant, i).ios as u64).sum();
+        if n > 0.0 {
+            ios as f64 / n
+        } else {
+            0.0
+        }
+    }
+
+    /// The timeseries as CSV: one row per tenant per interval.
+    pub fn to_csv(&self) -> String {
+        let mut s = String::from(
+            "t_s,tenant,iops,mb_s,latency_mean_ms,latency_max_ms,reservation_ios,weight_ios,over_limit_ios\n",
+        );
+        for i in 0..self.intervals {
+            for (ti, name) in self.tenant_names.iter().enumerate() {
+                let c = self.cell(ti, i);
+                let mean = if c.ios > 0 { c.lat_sum_ns as f64 / c.ios as f64 / 1e6 } else { 0.0 };
+                s.push_str(&format!(
+                    "{:.3},{},{:.3},{:.4},{:.4},{:.4},{},{},{}\n",
+                    i as f64 * self.interval_s,
+                    name,
+                    c.ios as f64 / self.interval_s,
+                    c.bytes as f64 / 1e6 / self.interval_s,
+                    mean,
+                    c.lat_max_ns as f64 / 1e6,
+                    c.phase[0],
+                    c.phase[1],
+                    c.phase[2]
+                ));
+            }
+        }
+        s
+    }
+}
+
+/// Interval indices fully inside [a, b] seconds, for `intervals` intervals of `interval_s`.
+pub(crate) fn interval_window(interval_s: f64, intervals: usize, a: f64, b: f64) -> std::ops::Range<usize> {
+    let first = (a / interval_s - 1e-9).ceil().max(0.0) as usize;
+    let last = ((b / interval_s + 1e-9).floor() as usize).min(intervals);
+    first..last.max(first)
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug)]
+pub struct RunTotals {
+    /// summary.json.
+    pub summary: Summary,
+    /// timeseries.csv.
+    pub timeseries: Timeseries,
+    /// Events the simulator ran (0 for measured runs).
+    pub events: u64,
+    /// Times a scheduler was given a time earlier than one it had seen (clamped; 0 in a sound run).
+    pub time_regressions: u64,
+    /// PARDA hosts' timeseries and summary (scenarios with `[[hosts]]`).
+    pub hosts: Option<hosts::HostTotals>,
+}
+
+/// A tenant metric an expectation can name (over a window unless said otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantMetric {
+    /// Completions per second.
+    Iops,
+    /// MB per second.
+    MbS,
+    /// Mean latency (ms).
+    LatencyMeanMs,
+    /// Median latency after warm-up (ms).
+    LatencyP50Ms,
+    /// 95th percentile after warm-up (ms).
+    LatencyP95Ms,
+    /// 99th percentile after warm-up (ms).
+    LatencyP99Ms,
+    /// Largest latency after warm-up (ms).
+    LatencyMaxMs,
+    /// Share of completions served in the reservation phase.
+    ReservationFraction,
+}
+
+/// A server metric an expectation can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerMetric {
+    /// Completions per second over a window.
+    Iops,
+    /// Fraction of the time after warm-up the device was busy.
+    Utilisation,
+}
+
+/// A metric over tenants and QoS periods (pShift): the share of (tenant, period) pairs in which ...
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeriodMetric {
+    /// ... the tenant did at least a threshold percentage of its reservation.
+    ReservationMetFraction,
+    /// ... the tenant did more than its limit plus a threshold percentage.
+    LimitExceededFraction,
+}
+
+/// Names and parsing for a metric enum (one table per subject).
+macro_rules! metric_names {
+    ($t:ty, $what:literal, [$($v:ident = $n:literal),+ $(,)?]) => {
+        impl $t {
+            /// Every metric, in documentation order.
+            pub const ALL: &'static [$t] = &[$(<$t>::$v),+];
+            /// The metric's name in scenario files.
+            pub fn name(self) -> &'static str {
+                match self { $(<$t>::$v => $n),+ }
+            }
+            /// Every name, comma-separated (for error messages).
+            pub fn names() -> String {
+                Self::ALL.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
+            }
+        }
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                Self::ALL.iter().copied().find(|m| m.name() == s)
+                    .ok_or_else(|| format!("{} {s:?}: expected one of {}", $what, Self::names()))
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+pub(crate) use metric_names;
+
+metric_names!(
+    TenantMetric,
+    "metric",
+    [
+        Iops = "iops",
+        MbS = "mb_s",
+        LatencyMeanMs = "latency_mean_ms",
+        LatencyP50Ms = "latency_p50_ms",
+        LatencyP95Ms = "latency_p95_ms",
+        LatencyP99Ms = "latency_p99_ms",
+        LatencyMaxMs = "latency_max_ms",
+        ReservationFraction = "reservation_fraction",
+    ]
+);
+metric_names!(ServerMetric, "server metric", [Iops = "iops", Utilisation = "utilisation"]);
+metric_names!(
+    PeriodMetric,
+    "period metric",
+    [ReservationMetFraction = "reservation_met_fraction", LimitExceededFraction = "limit_exceeded_fraction",]
+);
+
+impl TenantMetric {
+    /// Whether the metric is over the whole run after warm-up rather than a window.
+    pub fn whole_run(self) -> bool {
+        matches!(
+            self,
+            TenantMetric::LatencyP50Ms
+                | TenantMetric::LatencyP95Ms
+                | TenantMetric::LatencyP99Ms
+                | TenantMetric::LatencyMaxMs
+        )
+    }
+}
+
+impl RunTotals {
+    /// Completions after warm-up, all tenants.
+    pub fn completions(&self) -> u64 {
+        self.summary.tenants.iter().map(|t| t.completed).sum()
+    }
+
+    /// Tenant `t`'s `metric` over [a, b] seconds.
+    pub fn tenant_metric(&self, t: usize, metric: TenantMetric, a: f64, b: f64) -> f64 {
+        let ts = &self.timeseries;
+        let s = &self.summary.tenants[t];
+        let ratio = |num: u64, den: u64, scale: f64| if den > 0 { num as f64 / den as f64 / scale } else { 0.0 };
+        match metric {
+            TenantMetric::Iops => ts.iops(t, a, b),
+            TenantMetric::MbS => {
+                let w = ts.window(a, b);
+                let secs = w.len() as f64 * ts.interval_s;
+                let bytes: u64 = w.map(|i| ts.cell(t, i).bytes).sum();
+                if secs > 0.0 {
+                    bytes as f64 / 1e6 / secs
+                } else {
+                    0.0
+                }
+            }
+            TenantMetric::LatencyMeanMs => {
+                let (n, sum) = ts
+                    .window(a, b)
+                    .fold((0u64, 0u64), |(n, s), i| (n + ts.cell(t, i).ios as u64, s + ts.cell(t, i).lat_sum_ns));
+                ratio(sum, n, 1e6)
+            }
+            TenantMetric::LatencyP50Ms => s.latency_ms.p50,
+            TenantMetric::LatencyP95Ms => s.latency_ms.p95,
+            TenantMetric::LatencyP99Ms => s.latency_ms.p99,
+            TenantMetric::LatencyMaxMs => s.latency_ms.max,
+            TenantMetric::ReservationFraction => {
+                let (r, n) = ts
+                    .window(a, b)
+                    .fold((0u64, 0u64), |(r, n), i| (r + ts.cell(t, i).phase[0] as u64, n + ts.cell(t, i).ios as u64));
+                ratio(r, n, 1.0)
+            }
+        }
+    }
+
+    /// Server `s`'s `metric` over [a, b] seconds (utilisation: after warm-up; NaN when not observed).
+    pub fn server_metric(&self, s: usize, metric: ServerMetric, a: f64, b: f64) -> f64 {
+        let ts = &self.timeseries;
+        match metric {
+            ServerMetric::Iops => {
+                let w = ts.window(a, b);
+                let secs = w.len() as f64 * ts.interval_s;
+                let n: u64 = w.map(|i| ts.server_cells[s * ts.intervals + i] as u64).sum();
+                if secs > 0.0 {
+                    n as f64 / secs
+                } else {
+                    0.0
+                }
+            }
+            ServerMetric::Utilisation => self.summary.servers[s].utilisation.unwrap_or(f64::NAN),
+        }
+    }
+
+    /// The fluid oracle's IOPS for each tenant over a window: for each interval in it, mClock eq. (1)-(2)
+    /// among the tenants that completed IOs in that interval (taken as backlogged) with T = their measured
+    /// total, averaged over the window. So tenants joining or leaving mid-run are judged against the
+    /// allocation of the intervals they were there. NaN for a tenant whose spec is unknown.
+    pub fn oracle_iops(&self, a: f64, b: f64) -> Vec<f64> {
+        let ts = &self.timeseries;
+        let tenants = &self.summary.tenants;
+        let w = ts.window(a, b);
+        let n = w.len().max(1) as f64;
+        let mut out: Vec<f64> =
+            tenants.iter().map(|t| if t.oracle_tenant().is_some() { 0.0 } else { f64::NAN }).collect();
+        let mut active = Vec::new();
+        let mut specs = Vec::new();
+        for i in w {
+            active.clear();
+            specs.clear();
+            let mut total = 0.0;
+            for (t, summary) in tenants.iter().enumerate() {
+                let ios = ts.cell(t, i).ios;
+                if ios > 0 {
+                    if let Some(spec) = summary.oracle_tenant() {
+                        active.push(t);
+                        specs.push(spec);
+                        total += ios as f64 / ts.interval_s;
+                    }
+                }
+            }
+            let alloc = allocate(&specs, total);
+            for (k, &t) in active.iter().enumerate() {
+                out[t] += alloc.rates[k] / n;
+            }
+        }
+        out
+    }
+
+    /// Over the given QoS periods (`(start, end)` seconds) and tenants: (number of tenant-periods, the
+    /// share of them in which the tenant met its reservation (`metric` ReservationMetFraction: at least
+    /// `threshold_pct`% of R x period, [`ReservationMeter`]) or exceeded its limit (more than
+    /// (1 + `threshold_pct`/100) x L x period)). Tenants without a reservation always meet it; without a
+    /// limit (or an unknown spec) never exceed it. Every tenant-period counts, whatever the tenant's
+    /// demand (pShift's measure).
+    pub fn tenant_periods(
+        &self,
+        tenants: &[usize],
+        periods: &[(f64, f64)],
+        metric: PeriodMetric,
+        threshold_pct: f64,
+    ) -> (u64, f64) {
+        let ts = &self.timeseries;
+        let (mut n, mut hit) = (0u64, 0u64);
+        for &(p0, p1) in periods {
+            let w = ts.window(p0, p1);
+            for &t in tenants {
+                let ios: u64 = w.clone().map(|i| ts.cell(t, i).ios as u64).sum();
+                let spec = &self.summary.tenants[t];
+                let secs = p1 - p0;
+                let yes = match metric {
+                    PeriodMetric::ReservationMetFraction => {
+                        ReservationMeter::periodic(spec.reservation.unwrap_or(0.0), threshold_pct).met(ios as f64, secs)
+                    }
+                    PeriodMetric::LimitExceededFraction => {
+                        spec.limit.is_some_and(|l| ios as f64 > l * secs * (1.0 + threshold_pct / 100.0) + 1e-9)
+                    }
+                };
+                n += 1;
+                hit += yes as u64;
+            }
+        }
+        (n, if n > 0 { hit as f64 / n as f64 } else { 0.0 })
+    }
+}

@@ -1,0 +1,104 @@
+//! Routing a tenant's requests over its servers: what a gateway in front of striped storage nodes does.
+//!
+//! - **Stripe** (default 1 MiB): the request's offset picks the server, `(offset / stripe) mod n`, as a
+//!   volume striped over the nodes (mclock-dmclock.txt §4.2: "one storage device was constructed by
+//!   striping across all the storage nodes").
+//! - **Shares**: each request goes to server k with probability `share_k / sum(shares)` (a skewed or
+//!   hot-spot placement, rbfq-repair.txt Fig. 11), drawn from the tenant's stream.
+//!
+//! Divisions are slow and stripes and server counts are usually powers of two: those take a shift and a
+//! mask.
+
+/// How requests pick a server of the tenant's list.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Routing {
+    /// By offset, in stripes of this many bytes.
+    Stripe {
+        /// Bytes per stripe (at least 1).
+        stripe_bytes: u64,
+    },
+    /// At random, in proportion to these shares (one per server of the list; not all zero).
+    Shares(Vec<f64>),
+}
+
+impl Default for Routing {
+    /// 1 MiB stripes.
+    fn default() -> Self {
+        Routing::Stripe { stripe_bytes: 1 << 20 }
+    }
+}
+
+/// A tenant's router over `n` servers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Router {
+    /// Stripe size; 0 for routing by shares.
+    stripe_bytes: u64,
+    n: u32,
+    /// Cumulative normalised shares (routing by shares).
+    cumulative: Vec<f64>,
+}
+
+impl Router {
+    /// A router for `routing` over `n` servers (`n >= 1`).
+    pub fn new(routing: &Routing, n: usize) -> Router {
+        assert!(n >= 1, "a tenant has at least one server");
+        match routing {
+            Routing::Stripe { stripe_bytes } => {
+                Router { stripe_bytes: (*stripe_bytes).max(1), n: n as u32, cumulative: Vec::new() }
+            }
+            Routing::Shares(v) => {
+                let total: f64 = v.iter().sum();
+                let mut acc = 0.0;
+                let cumulative = v
+                    .iter()
+                    .map(|x| {
+                        acc += x / total;
+                        acc
+                    })
+                    .collect();
+                Router { stripe_bytes: 0, n: n as u32, cumulative }
+            }
+        }
+    }
+
+    /// Number of servers.
+    pub fn servers(&self) -> usize {
+        self.n as usize
+    }
+
+    /// The server (index in the tenant's list) for a request at `offset`; `uniform` is called for a
+    /// draw in [0, 1) when routing by shares (and only then).
+    #[inline]
+    pub fn route(&self, offset: u64, uniform: impl FnOnce() -> f64) -> usize {
+        let n = self.n as u64;
+        if n == 1 {
+            return 0;
+        }
+        if self.stripe_bytes != 0 {
+            let s = self.stripe_bytes;
+            let stripe = if s.is_power_of_two() { offset >> s.trailing_zeros() } else { offset / s };
+            return (if n.is_power_of_two() { stripe & (n - 1) } else { stripe % n }) as usize;
+        }
+        let u = uniform();
+        self.cumulative.iter().position(|&c| u < c).unwrap_or(self.n as usize - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripes_rotate_and_shares_split() {
+        let r = Router::new(&Routing::Stripe { stripe_bytes: 1 << 20 }, 3);
+        let got: Vec<usize> = (0..6).map(|k| r.route(k << 20, || unreachable!())).collect();
+        assert_eq!(got, vec![0, 1, 2, 0, 1, 2]);
+        let r = Router::new(&Routing::Stripe { stripe_bytes: 3000 }, 4);
+        assert_eq!(r.route(9000, || unreachable!()), 3);
+        let r = Router::new(&Routing::Shares(vec![1.0, 3.0]), 2);
+        assert_eq!(r.route(0, || 0.2), 0);
+        assert_eq!(r.route(0, || 0.3), 1);
+        assert_eq!(r.route(0, || 0.999_999), 1);
+        assert_eq!(Router::new(&Routing::default(), 1).route(123, || unreachable!()), 0);
+    }
+}

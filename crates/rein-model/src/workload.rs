@@ -1,0 +1,780 @@
+//! The workload generator: when a tenant issues requests, and which (offset, size, read or write).
+//!
+//! # Model
+//! A tenant's [`WorkloadSpec`] names one of five kinds:
+//! - **closed**: keeps `outstanding` requests in flight, replacing each completion (after an optional
+//!   think time). With `per_server`, the window is per server (a gateway with a window per storage node,
+//!   as the dmClock and RBFQ papers' clients): a completion at a server is replaced at the same server.
+//! - **open**: Poisson arrivals at `iops`, whatever the completions.
+//! - **on_off**: an open or closed workload that runs for `on`, pauses for `off`, and so on.
+//! - **burst**: `count` requests every `period`.
+//! - **trace**: replays a block trace's arrival times, offsets, sizes and directions (optionally faster or
+//!   slower by `time_scale`, optionally repeated).
+//!
+//! Generated requests have the workload's size; their offset is random (uniform over `span / size`
+//! slots) with probability `random_frac`, else sequential (right after the previous request, wrapping
+//! at the span); they are reads with probability `read_frac`.
+//!
+//! # Driving it (sans-IO)
+//! A [`Generator`] holds one tenant's state and never reads a clock; the caller (the simulator's event
+//! engine, `rein load`'s tokio loop) owns the timers and the requests:
+//! - at `spec.start`: [`Generator::start`] (returns the first on/off toggle, if any), then
+//!   [`Generator::begin`] says whether to fill the window now ([`Generator::deficit`] requests, per
+//!   server or in one pool) or to wait for an arrival at a time;
+//! - at an arrival: [`Generator::arrival`] says what to issue (generated requests or a trace record);
+//!   after issuing them, [`Generator::next_arrival`] gives the next arrival time;
+//! - at a toggle: [`Generator::toggle`]; at `spec.stop`: [`Generator::stop`];
+//! - for every request issued, [`Generator::next_io`] draws its offset and direction (generated
+//!   requests) and [`Generator::issued`] counts it; on a completion [`Generator::completed`] says whether
+//!   and when to replace it; on a failure [`Generator::failed`] only counts it.
+//!
+//! The order of those calls is the order of the random draws, so a caller that keeps it gets the same
+//! requests from the same seed: the simulator's outputs depend on it.
+//!
+//! # Randomness
+//! One PCG stream per tenant ([`crate::seed`]) for offsets and Poisson gaps; the caller may draw from
+//! it too ([`Generator::uniform`], for routing by shares), in a fixed order. The read/write mix comes
+//! from a second, independent stream, so a workload's read percentage never shifts its offsets.
+//!
+//! # Invariants
+//! 1. `in_flight` counts requests issued and not yet completed or failed; per server as well with a
+//!    per-server window.
+//! 2. A stopped (or paused) generator asks for no new requests.
+
+use crate::trace::TraceRecord;
+use rand::Rng;
+use rand_pcg::Pcg64Mcg;
+use rein_core::Nanos;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Largest window (`outstanding`, per server or in all) and burst.
+pub const MAX_OUTSTANDING: u32 = 65_536;
+/// Longest time a workload parameter may name (seconds: a week).
+pub const MAX_SECONDS: f64 = 7.0 * 86_400.0;
+/// Largest request (bytes): 1 GiB.
+pub const MAX_SIZE_BYTES: u64 = 1 << 30;
+
+/// When requests are issued.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkloadKind {
+    /// A window of `outstanding` requests (per server with `per_server`), each replaced `think` after it
+    /// completes.
+    Closed {
+        /// Requests kept in flight.
+        outstanding: u32,
+        /// Pause between a completion and its replacement.
+        think: Nanos,
+        /// The window is per server instead of one pool.
+        per_server: bool,
+    },
+    /// Poisson arrivals.
+    Open {
+        /// Mean arrival rate (IOPS).
+        iops: f64,
+    },
+    /// An open or closed workload alternating `on` and `off` periods, starting on.
+    OnOff {
+        /// Length of an on period.
+        on: Nanos,
+        /// Length of an off period.
+        off: Nanos,
+        /// What runs during on periods (open or closed).
+        inner: Box<WorkloadKind>,
+    },
+    /// `count` requests at once every `period`.
+    Burst {
+        /// Requests per burst.
+        count: u32,
+        /// Time between bursts.
+        period: Nanos,
+    },
+    /// A block trace replayed.
+    Trace {
+        /// The records, sorted by time, the first at 0.
+        records: Arc<Vec<TraceRecord>>,
+        /// Multiplier on inter-arrival times (0.5 = twice as fast).
+        time_scale: f64,
+        /// Replay again from the start when the trace ends.
+        repeat: bool,
+    },
+}
+
+impl WorkloadKind {
+    /// The kind that issues requests (the inner one of on_off).
+    pub fn inner(&self) -> &WorkloadKind {
+        match self {
+            WorkloadKind::OnOff { inner, .. } => inner,
+            k => k,
+        }
+    }
+
+    /// The kind's name as configuration files write it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WorkloadKind::Closed { .. } => "closed",
+            WorkloadKind::Open { .. } => "open",
+            WorkloadKind::OnOff { .. } => "on_off",
+            WorkloadKind::Burst { .. } => "burst",
+            WorkloadKind::Trace { .. } => "trace",
+        }
+    }
+}
+
+/// A validated workload (module comment).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadSpec {
+    /// When requests are issued.
+    pub kind: WorkloadKind,
+    /// Size of generated requests (bytes).
+    pub size_bytes: u64,
+    /// Probability that a generated request is a read.
+    pub read_frac: f64,
+    /// Probability that a generated request's offset is random (else sequential).
+    pub random_frac: f64,
+    /// Bytes the offsets range over.
+    pub span_bytes: u64,
+    /// When the workload starts.
+    pub start: Nanos,
+    /// When it stops issuing.
+    pub stop: Nanos,
+}
+
+/// A trace as configuration files name it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceParams<'a> {
+    /// The file; a relative path resolves against the `base` given to [`WorkloadParams::validate`].
+    pub path: &'a str,
+    /// disksim, csv or vscsi; default from the extension.
+    pub format: Option<&'a str>,
+    /// Keep only this device number (disksim).
+    pub device: Option<u32>,
+    /// Multiplier on inter-arrival times.
+    pub time_scale: f64,
+    /// Replay again when the trace ends.
+    pub repeat: bool,
+}
+
+/// A workload as configuration files write it (the simulator's `[tenants.workload]`, `rein load`'s
+/// job), validated once into a [`WorkloadSpec`] by [`WorkloadParams::validate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadParams<'a> {
+    /// closed, open, on_off, burst or trace.
+    pub kind: &'a str,
+    /// Closed: requests in flight (in all).
+    pub outstanding: u32,
+    /// Closed: requests in flight at each server instead.
+    pub outstanding_per_server: Option<u32>,
+    /// Open (and on_off with arrivals): Poisson rate.
+    pub iops: Option<f64>,
+    /// Closed: think time (ms).
+    pub think_ms: Option<f64>,
+    /// On_off: on period (s).
+    pub on_s: Option<f64>,
+    /// On_off: off period (s).
+    pub off_s: Option<f64>,
+    /// Burst: requests per burst.
+    pub burst_count: Option<u32>,
+    /// Burst: time between bursts (ms).
+    pub burst_period_ms: Option<f64>,
+    /// Trace: the file and how to replay it.
+    pub trace: Option<TraceParams<'a>>,
+    /// Request size (KiB).
+    pub size_kb: f64,
+    /// Percentage of reads.
+    pub read_pct: f64,
+    /// Percentage of random offsets.
+    pub random_pct: f64,
+    /// Span of the offsets (GiB; at least 1 MiB is used).
+    pub span_gb: f64,
+    /// Start (s).
+    pub start_s: f64,
+    /// Stop (s); default the end of the run.
+    pub stop_s: Option<f64>,
+}
+
+impl Default for WorkloadParams<'_> {
+    /// A closed loop of 32 random 4 KiB reads over 10 GiB, from the start to the end.
+    fn default() -> Self {
+        WorkloadParams {
+            kind: "closed",
+            outstanding: 32,
+            outstanding_per_server: None,
+            iops: None,
+            think_ms: None,
+            on_s: None,
+            off_s: None,
+            burst_count: None,
+            burst_period_ms: None,
+            trace: None,
+            size_kb: 4.0,
+            read_pct: 100.0,
+            random_pct: 100.0,
+            span_gb: 10.0,
+            start_s: 0.0,
+            stop_s: None,
+        }
+    }
+}
+
+/// What is wrong with a workload's parameters (the message names the field).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// A message naming the field and the bound.
+    #[error("{0}")]
+    Invalid(String),
+    /// The trace could not be read or parsed.
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
+}
+
+fn invalid(m: impl Into<String>) -> WorkloadError {
+    WorkloadError::Invalid(m.into())
+}
+
+fn secs(field: &str, v: f64) -> Result<Nanos, WorkloadError> {
+    if !v.is_finite() || !(0.0..=MAX_SECONDS).contains(&v) {
+        return Err(invalid(format!("{field} must be between 0 and {MAX_SECONDS} s, got {v}")));
+    }
+    Ok(Nanos::from_secs_f64(v))
+}
+
+fn positive(field: &str, v: f64) -> Result<f64, WorkloadError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(invalid(format!("{field} must be a positive number, got {v}")))
+    }
+}
+
+impl WorkloadParams<'_> {
+    /// Validates into a [`WorkloadSpec`]; `duration` is the run's length (the default stop), `base` the
+    /// directory relative trace paths resolve against.
+    pub fn validate(&self, duration: Nanos, base: Option<&Path>) -> Result<WorkloadSpec, WorkloadError> {
+        let closed = || -> Result<WorkloadKind, WorkloadError> {
+            if self.outstanding == 0 || self.outstanding > MAX_OUTSTANDING {
+                return Err(invalid(format!("outstanding must be in 1..={MAX_OUTSTANDING}")));
+            }
+            let think = secs("think_ms", self.think_ms.unwrap_or(0.0) / 1e3)?;
+            match self.outstanding_per_server {
+                None => Ok(WorkloadKind::Closed { outstanding: self.outstanding, think, per_server: false }),
+                Some(k) if k == 0 || k > MAX_OUTSTANDING => {
+                    Err(invalid(format!("outstanding_per_server must be in 1..={MAX_OUTSTANDING}")))
+                }
+                Some(k) => Ok(WorkloadKind::Closed { outstanding: k, think, per_server: true }),
+            }
+        };
+        let open = || -> Result<WorkloadKind, WorkloadError> {
+            let iops = positive("workload.iops", self.iops.ok_or_else(|| invalid("open workload needs iops"))?)?;
+            Ok(WorkloadKind::Open { iops })
+        };
+        let kind = match self.kind {
+            "closed" => closed()?,
+            "open" => open()?,
+            "on_off" => {
+                let on = secs("on_s", self.on_s.ok_or_else(|| invalid("on_off needs on_s"))?)?;
+                let off = secs("off_s", self.off_s.ok_or_else(|| invalid("on_off needs off_s"))?)?;
+                if on == Nanos::ZERO {
+                    return Err(invalid("on_s must be positive"));
+                }
+                let inner = if self.iops.is_some() { open()? } else { closed()? };
+                WorkloadKind::OnOff { on, off, inner: Box::new(inner) }
+            }
+            "burst" => {
+                let count = self.burst_count.ok_or_else(|| invalid("burst needs burst_count"))?;
+                if count == 0 || count > MAX_OUTSTANDING {
+                    return Err(invalid(format!("burst_count must be in 1..={MAX_OUTSTANDING}")));
+                }
+                let p = self.burst_period_ms.ok_or_else(|| invalid("burst needs burst_period_ms"))?;
+                let period = secs("burst_period_ms", positive("burst_period_ms", p)? / 1e3)?;
+                if period < Nanos::from_micros(1) {
+                    return Err(invalid("burst_period_ms too small"));
+                }
+                WorkloadKind::Burst { count, period }
+            }
+            "trace" => {
+                let t = self.trace.as_ref().ok_or_else(|| invalid("trace workload needs [tenants.workload.trace]"))?;
+                let mut path = std::path::PathBuf::from(t.path);
+                if path.is_relative() {
+                    if let Some(b) = base {
+                        path = b.join(path);
+                    }
+                }
+                let fmt = crate::trace::TraceFormat::resolve(t.format, &path)?;
+                let records = crate::trace::load(&path, fmt, t.device)?;
+                if records.is_empty() {
+                    return Err(invalid(format!(
+                        "trace {} has no records (device filter {:?})",
+                        path.display(),
+                        t.device
+                    )));
+                }
+                positive("trace.time_scale", t.time_scale)?;
+                WorkloadKind::Trace { records: Arc::new(records), time_scale: t.time_scale, repeat: t.repeat }
+            }
+            other => {
+                return Err(invalid(format!("workload kind {other:?}: expected closed, open, on_off, burst or trace")))
+            }
+        };
+        let size = positive("size_kb", self.size_kb)?;
+        if size > (MAX_SIZE_BYTES / 1024) as f64 {
+            return Err(invalid("size_kb above 1 GiB"));
+        }
+        for (f, v) in [("read_pct", self.read_pct), ("random_pct", self.random_pct)] {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(invalid(format!("{f} must be in [0, 100], got {v}")));
+            }
+        }
+        let span = positive("span_gb", self.span_gb)?;
+        let start = secs("start_s", self.start_s)?;
+        let stop = match self.stop_s {
+            None => duration,
+            Some(s) => secs("stop_s", s)?,
+        };
+        if stop <= start {
+            return Err(invalid("stop_s must be after start_s"));
+        }
+        Ok(WorkloadSpec {
+            kind,
+            size_bytes: (size * 1024.0).round() as u64,
+            read_frac: self.read_pct / 100.0,
+            random_frac: self.random_pct / 100.0,
+            span_bytes: ((span * (1u64 << 30) as f64) as u64).max(1 << 20),
+            start,
+            stop,
+        })
+    }
+}
+
+/// What starting (or resuming after an off period) asks of the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// Issue [`Generator::deficit`]`(spec, None)` requests now, routed as the caller routes.
+    Fill,
+    /// For every server k, issue [`Generator::deficit`]`(spec, Some(k))` requests to server k now.
+    FillPerServer,
+    /// Call [`Generator::arrival`] at this time.
+    ArriveAt(Nanos),
+}
+
+/// What an arrival issues.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrival {
+    /// `n` generated requests (draw each with [`Generator::next_io`]).
+    Generated(u32),
+    /// One trace record.
+    Record(TraceRecord),
+}
+
+/// A generated request's offset and direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Io {
+    /// Byte offset.
+    pub offset: u64,
+    /// A read (else a write).
+    pub read: bool,
+}
+
+/// What a completion asks of the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reissue {
+    /// Nothing (not a closed loop, or stopped).
+    No,
+    /// Issue a replacement now, to this server of the tenant's list (per-server window) or routed.
+    Now(Option<usize>),
+    /// Issue a replacement at this time (think time), if the generator still runs then.
+    At(Nanos, Option<usize>),
+}
+
+/// Closed-loop mode, packed in a byte of the hot line.
+const OPEN: u8 = 0;
+const POOL: u8 = 1;
+const PER_SERVER: u8 = 2;
+
+/// One tenant's generator state (module comment). What a closed-loop completion and its replacement
+/// touch is in the first 64 bytes: with thousands of tenants every completion lands on a cold tenant.
+#[repr(C)]
+#[derive(Debug, Clone)]
+pub struct Generator {
+    // Hot line.
+    rng: Pcg64Mcg,
+    next_seq_offset: u64,
+    size_bytes: u64,
+    span_bytes: u64,
+    random_frac: f64,
+    think: Nanos,
+    in_flight: u32,
+    active: bool,
+    on: bool,
+    /// OPEN, POOL or PER_SERVER.
+    closed: u8,
+    mixed_reads: bool,
+    // Cold.
+    outstanding: u32,
+    all_reads: bool,
+    read_frac: f64,
+    read_state: u64,
+    /// Requests in flight per server (per-server windows only).
+    in_flight_at: Vec<u32>,
+    trace_pos: usize,
+    trace_base: Nanos,
+}
+
+impl Generator {
+    /// A stopped generator for `spec`, over `servers` servers, drawing from the PCG stream seeded by
+    /// `seed` (see [`crate::seed`]).
+    pub fn new(spec: &WorkloadSpec, servers: usize, seed: u128) -> Generator {
+        let (closed, outstanding, think) = match spec.kind.inner() {
+            WorkloadKind::Closed { outstanding, think, per_server } => {
+                (if *per_server { PER_SERVER } else { POOL }, *outstanding, *think)
+            }
+            _ => (OPEN, 0, Nanos::ZERO),
+        };
+        Generator {
+            rng: Pcg64Mcg::new(seed),
+            next_seq_offset: 0,
+            size_bytes: spec.size_bytes,
+            span_bytes: spec.span_bytes,
+            random_frac: spec.random_frac,
+            think,
+            in_flight: 0,
+            active: false,
+            on: false,
+            closed,
+            mixed_reads: spec.read_frac > 0.0 && spec.read_frac < 1.0,
+            outstanding,
+            all_reads: spec.read_frac >= 1.0,
+            read_frac: spec.read_frac,
+            // An independent stream for the read mix (module comment).
+            read_state: (seed as u64) ^ ((seed >> 64) as u64).rotate_left(17) ^ 0x5EED_0F_4EAD,
+            in_flight_at: if closed == PER_SERVER { vec![0; servers] } else { Vec::new() },
+            trace_pos: 0,
+            trace_base: Nanos::ZERO,
+        }
+    }
+
+    /// The size of generated requests (bytes).
+    #[inline]
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Requests issued and not yet completed or failed.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Whether the generator issues requests now (started, not stopped, in an on period).
+    #[inline]
+    pub fn is_running(&self) -> bool {
+        self.active && self.on
+    }
+
+    /// Starts at `now`; then call [`Generator::begin`]. Returns when an on_off workload first toggles.
+    pub fn start(&mut self, now: Nanos, spec: &WorkloadSpec) -> Option<Nanos> {
+        self.active = true;
+        self.on = true;
+        self.trace_base = now;
+        match &spec.kind {
+            WorkloadKind::OnOff { on, .. } => Some(now.saturating_add(*on)),
+            _ => None,
+        }
+    }
+
+    /// Stops issuing (requests in flight still complete).
+    pub fn stop(&mut self) {
+        self.active = false;
+    }
+
+    /// What to do on starting or resuming at `now`.
+    pub fn begin(&self, now: Nanos, spec: &WorkloadSpec) -> Begin {
+        match spec.kind.inner() {
+            WorkloadKind::Closed { per_server: false, .. } => Begin::Fill,
+            WorkloadKind::Closed { per_server: true, .. } => Begin::FillPerServer,
+            WorkloadKind::Open { .. } | WorkloadKind::Burst { .. } => Begin::ArriveAt(now),
+            WorkloadKind::Trace { records, .. } => Begin::ArriveAt(now.saturating_add(Nanos(records[0].t_ns))),
+            WorkloadKind::OnOff { .. } => unreachable!("validation rejects a nested on_off"),
+        }
+    }
+
+    /// Requests missing from a closed window: in the pool (`server` None) or at server `server`.
+    pub fn deficit(&self, server: Option<usize>) -> u32 {
+        match server {
+            None => self.outstanding.saturating_sub(self.in_flight),
+            Some(k) => self.outstanding.saturating_sub(self.in_flight_at.get(k).copied().unwrap_or(0)),
+        }
+    }
+
+    /// An on_off toggle fires at `now`: returns when the next one is due and whether the workload is now
+    /// on (then call [`Generator::begin`]). `None` if the generator was stopped (no more toggles).
+    pub fn toggle(&mut self, now: Nanos, spec: &WorkloadSpec) -> Option<(Nanos, bool)> {
+        if !self.active {
+            return None;
+        }
+        let WorkloadKind::OnOff { on, off, .. } = &spec.kind else { return None };
+        self.on = !self.on;
+        Some((now.saturating_add(if self.on { *on } else { *off }), self.on))
+    }
+
+    /// An arrival is due: what to issue, or `None` if the generator does not run now.
+    pub fn arrival(&self, spec: &WorkloadSpec) -> Option<Arrival> {
+        if !self.is_running() {
+            return None;
+        }
+        match spec.kind.inner() {
+            WorkloadKind::Open { .. } => Some(Arrival::Generated(1)),
+            WorkloadKind::Burst { count, .. } => Some(Arrival::Generated(*count)),
+            WorkloadKind::Trace { records, .. } => records.get(self.trace_pos).map(|r| Arrival::Record(*r)),
+            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => None,
+        }
+    }
+
+    /// After issuing what [`Generator::arrival`] asked at `now`: when the next arrival is due (`None`: the
+    /// trace has ended). Draws the Poisson gap of an open workload.
+    pub fn next_arrival(&mut self, now: Nanos, spec: &WorkloadSpec) -> Option<Nanos> {
+        match spec.kind.inner() {
+            WorkloadKind::Open { iops } => Some(now.saturating_add(poisson_gap(&mut self.rng, *iops))),
+            WorkloadKind::Burst { period, .. } => Some(now.saturating_add(*period)),
+            WorkloadKind::Trace { records, time_scale, repeat } => {
+                let scale = *time_scale;
+                let mut next = self.trace_pos + 1;
+                if next >= records.len() {
+                    if !repeat {
+                        self.trace_pos = next;
+                        return None;
+                    }
+                    next = 0;
+                    // The replay restarts one mean gap after the last record.
+                    let span = Nanos::from_secs_f64(records[records.len() - 1].t_ns as f64 * scale / 1e9);
+                    let gap = Nanos(span.0 / records.len().max(1) as u64);
+                    self.trace_base = self.trace_base.saturating_add(span).saturating_add(gap);
+                }
+                self.trace_pos = next;
+                let at = self.trace_base.saturating_add(Nanos::from_secs_f64(records[next].t_ns as f64 * scale / 1e9));
+                Some(at.max(now))
+            }
+            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => None,
+        }
+    }
+
+    /// Draws a generated request's offset and direction (`size` bytes).
+    #[inline]
+    pub fn next_io(&mut self, size: u64) -> Io {
+        let random = self.random_frac >= 1.0 || (self.random_frac > 0.0 && self.rng.gen::<f64>() < self.random_frac);
+        let slots = (self.span_bytes / size.max(1)).max(1);
+        let offset = if random { self.rng.gen_range(0..slots) * size } else { self.next_seq_offset % (slots * size) };
+        self.next_seq_offset = offset + size;
+        let read = if self.mixed_reads { self.draw_read() } else { self.all_reads };
+        Io { offset, read }
+    }
+
+    /// A read with probability `read_frac`, from the read-mix stream (splitmix64).
+    fn draw_read(&mut self) -> bool {
+        self.read_state = self.read_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = self.read_state;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        ((x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)) < self.read_frac
+    }
+
+    /// A uniform draw in [0, 1) from the tenant's stream (for the caller's routing by shares).
+    #[inline]
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.gen()
+    }
+
+    /// A request was issued to server `server` of the tenant's list.
+    #[inline]
+    pub fn issued(&mut self, server: usize) {
+        self.in_flight += 1;
+        if let Some(n) = self.in_flight_at.get_mut(server) {
+            *n += 1;
+        }
+    }
+
+    fn retire(&mut self, server: usize) {
+        debug_assert!(self.in_flight > 0, "invariant 1");
+        self.in_flight -= 1;
+        if let Some(n) = self.in_flight_at.get_mut(server) {
+            *n -= 1;
+        }
+    }
+
+    /// A request issued to server `server` completed at `now`: whether and when to replace it.
+    #[inline]
+    pub fn completed(&mut self, now: Nanos, server: usize) -> Reissue {
+        self.retire(server);
+        if !self.is_running() || self.closed == OPEN {
+            return Reissue::No;
+        }
+        let k = (self.closed == PER_SERVER).then_some(server);
+        if self.think > Nanos::ZERO {
+            Reissue::At(now.saturating_add(self.think), k)
+        } else {
+            Reissue::Now(k)
+        }
+    }
+
+    /// A request issued to server `server` failed (refused): counted, not replaced.
+    pub fn failed(&mut self, server: usize) {
+        self.retire(server);
+    }
+}
+
+/// An exponential inter-arrival gap at `rate` per second (at least 1 ns): Poisson arrivals.
+#[inline]
+pub fn poisson_gap(rng: &mut Pcg64Mcg, rate: f64) -> Nanos {
+    let u: f64 = rng.gen();
+    Nanos::from_secs_f64(-(1.0 - u).ln() / rate).max(Nanos(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: WorkloadKind) -> WorkloadSpec {
+        WorkloadSpec {
+            kind,
+            size_bytes: 4096,
+            read_frac: 1.0,
+            random_frac: 1.0,
+            span_bytes: 1 << 30,
+            start: Nanos::ZERO,
+            stop: Nanos::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn the_generator_stays_on_the_hot_line() {
+        // rng, seq offset, size, span, random fraction, think, in-flight count and flags: 64 bytes.
+        assert_eq!(std::mem::offset_of!(Generator, outstanding), 64);
+    }
+
+    #[test]
+    fn a_closed_pool_refills_and_replaces() {
+        let s = spec(WorkloadKind::Closed { outstanding: 3, think: Nanos::ZERO, per_server: false });
+        let mut g = Generator::new(&s, 2, 1);
+        assert_eq!(g.start(Nanos(0), &s), None);
+        assert_eq!(g.begin(Nanos(0), &s), Begin::Fill);
+        assert_eq!(g.deficit(None), 3);
+        for k in [0, 1, 0] {
+            g.next_io(4096);
+            g.issued(k);
+        }
+        assert_eq!(g.deficit(None), 0);
+        assert_eq!(g.completed(Nanos(5), 1), Reissue::Now(None));
+        g.issued(1);
+        g.failed(0);
+        assert_eq!(g.in_flight(), 2);
+        g.stop();
+        assert_eq!(g.completed(Nanos(6), 0), Reissue::No);
+    }
+
+    #[test]
+    fn per_server_windows_and_think_time() {
+        let s = spec(WorkloadKind::Closed { outstanding: 2, think: Nanos(100), per_server: true });
+        let mut g = Generator::new(&s, 3, 1);
+        g.start(Nanos(0), &s);
+        assert_eq!(g.begin(Nanos(0), &s), Begin::FillPerServer);
+        for k in 0..3 {
+            for _ in 0..g.deficit(Some(k)) {
+                g.issued(k);
+            }
+        }
+        assert_eq!(g.in_flight(), 6);
+        assert_eq!(g.deficit(Some(2)), 0);
+        assert_eq!(g.completed(Nanos(7), 2), Reissue::At(Nanos(107), Some(2)));
+        assert_eq!(g.deficit(Some(2)), 1);
+    }
+
+    #[test]
+    fn open_arrivals_average_their_rate_and_on_off_toggles() {
+        let s = spec(WorkloadKind::OnOff {
+            on: Nanos::from_secs(1),
+            off: Nanos::from_secs(2),
+            inner: Box::new(WorkloadKind::Open { iops: 1000.0 }),
+        });
+        let mut g = Generator::new(&s, 1, 9);
+        assert_eq!(g.start(Nanos(0), &s), Some(Nanos::from_secs(1)));
+        assert_eq!(g.begin(Nanos(0), &s), Begin::ArriveAt(Nanos(0)));
+        let mut t = Nanos(0);
+        let mut n = 0u64;
+        while t < Nanos::from_secs(1) {
+            assert_eq!(g.arrival(&s), Some(Arrival::Generated(1)));
+            n += 1;
+            t = g.next_arrival(t, &s).unwrap();
+        }
+        assert!((900..1100).contains(&n), "{n} arrivals in 1 s at 1000/s");
+        assert_eq!(g.toggle(Nanos::from_secs(1), &s), Some((Nanos::from_secs(3), false)));
+        assert_eq!(g.arrival(&s), None, "off");
+        assert_eq!(g.toggle(Nanos::from_secs(3), &s), Some((Nanos::from_secs(4), true)));
+        g.stop();
+        assert_eq!(g.toggle(Nanos::from_secs(4), &s), None);
+    }
+
+    #[test]
+    fn offsets_stay_in_the_span_and_sequential_ones_follow_each_other() {
+        let mut s = spec(WorkloadKind::Open { iops: 1.0 });
+        s.random_frac = 0.0;
+        s.span_bytes = 4096 * 4;
+        let mut g = Generator::new(&s, 1, 3);
+        let offs: Vec<u64> = (0..6).map(|_| g.next_io(4096).offset).collect();
+        assert_eq!(offs, vec![0, 4096, 8192, 12288, 0, 4096]);
+        s.random_frac = 0.5;
+        s.read_frac = 0.7;
+        let mut g = Generator::new(&s, 1, 3);
+        let mut reads = 0;
+        for _ in 0..10_000 {
+            let io = g.next_io(4096);
+            assert!(io.offset < s.span_bytes && io.offset % 4096 == 0);
+            reads += io.read as u32;
+        }
+        assert!((6700..7300).contains(&reads), "{reads} reads of 10,000 at 70%");
+    }
+
+    #[test]
+    fn the_read_mix_does_not_move_offsets() {
+        let mut a = spec(WorkloadKind::Open { iops: 1.0 });
+        a.random_frac = 0.5;
+        let mut b = a.clone();
+        b.read_frac = 0.3;
+        let (mut ga, mut gb) = (Generator::new(&a, 1, 5), Generator::new(&b, 1, 5));
+        for _ in 0..1000 {
+            assert_eq!(ga.next_io(4096).offset, gb.next_io(4096).offset);
+        }
+    }
+
+    #[test]
+    fn a_trace_replays_its_records_and_repeats() {
+        let rec = |t_ns, offset| TraceRecord { t_ns, offset, size: 512, read: true, device: 0 };
+        let s = spec(WorkloadKind::Trace {
+            records: Arc::new(vec![rec(0, 0), rec(1000, 512), rec(3000, 1024)]),
+            time_scale: 1.0,
+            repeat: true,
+        });
+        let mut g = Generator::new(&s, 1, 1);
+        g.start(Nanos(10), &s);
+        let Begin::ArriveAt(mut t) = g.begin(Nanos(10), &s) else { panic!() };
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let Some(Arrival::Record(r)) = g.arrival(&s) else { panic!() };
+            seen.push((t.0, r.offset));
+            t = g.next_arrival(t, &s).unwrap();
+        }
+        // The replay restarts one mean gap (3000 / 3 = 1000 ns) after the last record.
+        assert_eq!(seen, vec![(10, 0), (1010, 512), (3010, 1024), (4010, 0), (5010, 512)]);
+    }
+
+    #[test]
+    fn bad_parameters_name_the_field() {
+        let err = |p: WorkloadParams| p.validate(Nanos::from_secs(10), None).unwrap_err().to_string();
+        assert!(err(WorkloadParams { kind: "sometimes", ..Default::default() }).contains("workload kind \"sometimes\""));
+        assert!(err(WorkloadParams { kind: "open", ..Default::default() }).contains("open workload needs iops"));
+        assert!(err(WorkloadParams { outstanding: 0, ..Default::default() }).contains("outstanding must be in"));
+        assert!(err(WorkloadParams { read_pct: 120.0, ..Default::default() }).contains("read_pct"));
+        assert!(err(WorkloadParams { stop_s: Some(0.0), ..Default::default() }).contains("stop_s"));
+        let ok = WorkloadParams::default().validate(Nanos::from_secs(10), None).unwrap();
+        assert_eq!((ok.size_bytes, ok.stop), (4096, Nanos::from_secs(10)));
+    }
+}
