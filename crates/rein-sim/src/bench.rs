@@ -4,7 +4,7 @@
 //! reserve half of their fair share, weights are 1-4 and a quarter of the tenants are limited to 1.5x
 //! their fair share. Each server does 100,000 IOPS (exponential service) at queue depth 32.
 
-use crate::scenario::Scenario;
+use crate::model::Scenario;
 
 /// Builds the benchmark scenario.
 pub fn scenario(tenants: usize, servers: usize, duration_s: f64, scheduler: &str) -> Scenario {

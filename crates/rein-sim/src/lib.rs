@@ -1,37 +1,51 @@
 //! # rein-sim: a deterministic discrete-event simulator for Rein's schedulers
 //!
-//! Drives the schedulers of `rein-core` unchanged (no copies of their logic) against models of devices,
-//! workloads, gateways and networks, from TOML scenario files. A run is a pure function of its scenario
+//! Drives the schedulers of `rein-core` unchanged (no copies of their logic) against rein-model's
+//! devices, workloads and gateways, from TOML scenario files. A run is a pure function of its scenario
 //! and seed: same input, same bytes out (no wall clock, no threads, no hash-map iteration).
 //!
-//! - [`scenario`]: the TOML format and its validation;
-//! - [`engine`]: the event engine ([`Sim`]);
-//! - [`metrics`]: summary, timeseries, oracle comparison;
-//! - [`check`]: expectations for `rein sim --check`;
-//! - [`trace`]: block-IO trace readers;
-//! - [`hosts`]: PARDA hosts (flow control in front of an array) and their results and checks;
-//!   `array`: the processor-sharing device.
-//! - [`pshift`]: pShift clusters (token schedulers, controller) and the paper's synthetic instances.
+//! The crate is cut by layer, every import pointing down (a test in `crates/rein/tests/layers.rs`
+//! checks it):
+//!
+//! 1. [`file`]: the TOML structs, as written;
+//! 2. [`model`]: the scenario validated once into typed values ([`Scenario`]);
+//! 3. [`engine`]: the run: events, the one server model, PARDA hosts and pShift clusters as layers;
+//! 4. [`report`]: the run's recording as rein-model's [`RunTotals`];
+//! 5. [`check`]: a pure function of the scenario, the totals and an optional baseline run.
+//!
+//! Each feature keeps one file per layer: `file/parda.rs`, `model/parda.rs`, `engine/parda.rs`,
+//! `report/parda.rs`, `check/parda.rs` (and likewise `pshift`). [`bench`] builds the benchmark scenario.
 
-mod array;
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod check;
 pub mod engine;
-mod events;
-pub mod hosts;
-pub mod metrics;
-pub mod pshift;
-pub mod scenario;
-pub mod trace;
+pub mod file;
+pub mod model;
+pub mod report;
 
-pub use engine::{Sim, SimError};
-pub use metrics::{RunTotals, Summary, Timeseries};
-pub use scenario::{Scenario, ScenarioError};
+pub use engine::SimError;
+pub use model::{Scenario, ScenarioError};
+pub use rein_model::{RunTotals, Summary, Timeseries};
 
-/// Loads nothing, runs `sc` to the end and returns what it measured.
+/// Runs `sc` to the end and returns what it measured; `progress` is called now and then with the
+/// simulated time reached.
 pub fn run(sc: &Scenario, progress: &mut dyn FnMut(rein_core::Nanos)) -> Result<RunTotals, SimError> {
-    if sc.pshift.is_some() {
-        return Ok(pshift::engine::run(sc, progress)?.totals);
-    }
-    Ok(Sim::new(sc)?.run(progress))
+    Ok(report::build(sc, engine::run(sc, progress)?))
+}
+
+/// Runs `sc` and checks its expectations, running the baseline the checks ask for (the no-PARDA twin
+/// for `uncontrolled` targets) too.
+pub fn run_and_check(
+    sc: &Scenario,
+    progress: &mut dyn FnMut(rein_core::Nanos),
+) -> Result<(RunTotals, Vec<check::CheckResult>), SimError> {
+    let totals = run(sc, progress)?;
+    let baseline = match check::baseline_scenario(sc) {
+        Some(b) => Some(run(&b, &mut |_| {})?),
+        None => None,
+    };
+    let results = check::check(sc, &totals, baseline.as_ref());
+    Ok((totals, results))
 }

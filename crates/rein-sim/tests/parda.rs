@@ -1,7 +1,7 @@
 //! PARDA in the simulator: scenario validation (bad parameters get clear errors), determinism of the host
 //! outputs, and host-layer behaviour the paper scenarios do not isolate (a fixed window really bounds
 //! what reaches the array, mClock as the local scheduler, aggregation delay and the summary).
-use rein_sim::{check::check, run, Scenario};
+use rein_sim::{run, run_and_check, Scenario};
 
 fn err(toml: &str) -> String {
     Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
@@ -234,8 +234,8 @@ equilibrium = true
 within_pct = 5
 "#;
     let sc = Scenario::from_toml(toml, None).unwrap();
-    let r = run(&sc, &mut |_| {}).unwrap();
-    for c in check(&sc, &r) {
+    let (r, results) = run_and_check(&sc, &mut |_| {}).unwrap();
+    for c in results {
         assert!(c.ok, "{}", c.description);
     }
     // The host's window keeps the array's latency near script-L + beta / C = 22 ms.
@@ -286,7 +286,7 @@ fn hosts_per_scenario_are_bounded() {
         }
         s
     };
-    let max = rein_sim::hosts::MAX_HOSTS;
+    let max = rein_sim::model::parda::MAX_HOSTS;
     let sc = Scenario::from_toml(&many(max), None).unwrap();
     assert_eq!(sc.hosts.len(), max);
     assert!(err(&many(max + 1)).contains(&format!("at most {max} hosts")));

@@ -1,5 +1,6 @@
 //! pShift clusters in the simulator: the `[pshift]` section's validation, determinism, and the controller
 //! making a difference on a small cluster.
+use rein_model::report::PeriodMetric;
 use rein_sim::check::check;
 use rein_sim::{run, Scenario};
 
@@ -86,7 +87,7 @@ fn runs_are_deterministic_and_use_the_seed() {
     let sc2 = Scenario::from_toml(&SMALL.replace("seed = 3", "seed = 4"), None).unwrap();
     let c = run(&sc2, &mut |_| {}).unwrap();
     assert_ne!(a.timeseries.to_csv(), c.timeseries.to_csv());
-    assert!(check(&sc, &a).iter().all(|c| c.ok));
+    assert!(check(&sc, &a, None).iter().all(|c| c.ok));
 }
 
 /// On the same cluster, the controller lifts the share of buckets meeting their reservations and holds the
@@ -98,8 +99,13 @@ fn the_controller_meets_reservations_round_robin_does_not() {
         Scenario::from_toml(&SMALL.replace("delay_ms = 0.2", "delay_ms = 0.2\ncontroller = false"), None).unwrap();
     let all: Vec<usize> = (0..40).collect();
     let (rw, rn) = (run(&with, &mut |_| {}).unwrap(), run(&without, &mut |_| {}).unwrap());
-    let met = |sc: &Scenario, r| rein_sim::check::bucket_periods(r, sc, &all, true, 95.0, 0.2, 2.2);
-    let over = |sc: &Scenario, r| rein_sim::check::bucket_periods(r, sc, &all, false, 1.0, 0.2, 2.2);
+    let periods = |sc: &Scenario| sc.pshift.as_ref().unwrap().periods_in(0.2, 2.2);
+    let met = |sc: &Scenario, r: &rein_sim::RunTotals| {
+        r.tenant_periods(&all, &periods(sc), PeriodMetric::ReservationMetFraction, 95.0)
+    };
+    let over = |sc: &Scenario, r: &rein_sim::RunTotals| {
+        r.tenant_periods(&all, &periods(sc), PeriodMetric::LimitExceededFraction, 1.0)
+    };
     let (mw, mn) = (met(&with, &rw), met(&without, &rn));
     let (ow, on) = (over(&with, &rw), over(&without, &rn));
     eprintln!("met: pShift {mw:?}, round robin {mn:?}; over limit: pShift {ow:?}, round robin {on:?}");

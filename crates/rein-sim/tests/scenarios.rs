@@ -1,6 +1,6 @@
 //! Runs every scenario in `scenarios/` and requires each of its expectations to hold (what
 //! `rein sim --check` does), and checks that runs are deterministic.
-use rein_sim::{check::check, run, Scenario};
+use rein_sim::{run, run_and_check, Scenario};
 use std::path::{Path, PathBuf};
 
 fn scenario_files() -> Vec<PathBuf> {
@@ -23,8 +23,7 @@ fn every_scenario_meets_its_expectations() {
         let sc = Scenario::load(f).unwrap_or_else(|e| panic!("{e}"));
         assert!(!sc.expect.is_empty(), "{}: a scenario without expectations checks nothing", f.display());
         let t0 = std::time::Instant::now();
-        let r = run(&sc, &mut |_| {}).unwrap();
-        let results = check(&sc, &r);
+        let (r, results) = run_and_check(&sc, &mut |_| {}).unwrap();
         eprintln!("{} ({} completions, {:.2?})", sc.name, r.completions(), t0.elapsed());
         for c in results {
             eprintln!("  {} {}", if c.ok { "ok  " } else { "MISS" }, c.description);

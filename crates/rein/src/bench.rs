@@ -382,7 +382,7 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
     }
     let mut rows = Vec::new();
     for &n in &a.buckets {
-        let params = rein_sim::pshift::gen::GenParams {
+        let params = rein_sim::model::pshift::gen::GenParams {
             servers: a.shape.servers,
             buckets: n,
             active_servers: a.shape.active,
@@ -391,7 +391,7 @@ pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
             seed: a.seed,
             ..Default::default()
         };
-        let inst = rein_sim::pshift::gen::generate(&params).map_err(anyhow::Error::msg)?;
+        let inst = rein_sim::model::pshift::gen::generate(&params).map_err(anyhow::Error::msg)?;
         let mut mf = 0;
         let mf_times: Vec<f64> = (0..a.repeat)
             .map(|_| {

@@ -17,7 +17,6 @@ use rein_core::SchedulerKind;
 use rein_runtime::config::{DeviceConfig, ServerConfig};
 use rein_runtime::load::{Job, LoadConfig};
 use rein_runtime::ServiceDist;
-use rein_sim::check::check;
 use rein_sim::Scenario;
 use serde::Serialize;
 use std::io::{Read, Write};
@@ -220,10 +219,10 @@ fn put_capacity(admin: std::net::SocketAddr, iops: f64) -> Result<()> {
 
 fn run_simulated(args: DemoArgs) -> Result<()> {
     let mut sc = Scenario::from_toml(DEMO_TOML, None)?;
-    let (kind, distributed) = rein_sim::scenario::parse_scheduler(&args.scheduler).map_err(anyhow::Error::msg)?;
+    let (kind, distributed) = rein_sim::model::parse_scheduler(&args.scheduler).map_err(anyhow::Error::msg)?;
     sc = sc.with_scheduler(kind, distributed);
-    let r = sim::run_with_progress(&sc, args.json)?;
-    let results = check(&sc, &r);
+    let (r, results) = sim::run_with_progress(&sc, args.json, true)?;
+    let results = results.expect("asked to check");
     sim::write_outputs(&args.out, &sc, &r, Some(&results))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r.summary)?);
@@ -232,7 +231,7 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
     println!("{}\n", sc.description.trim());
     for (label, a, b) in [("capacity 2,400 IOPS (5-60 s)", 5.0, 60.0), ("capacity 1,200 IOPS (65-120 s)", 65.0, 120.0)]
     {
-        let oracle = r.oracle_iops(&sc, a, b);
+        let oracle = r.oracle_iops(a, b);
         println!("{label}:");
         println!("  {:<6} {:>10} {:>10} {:>8}", "tenant", "IOPS", "oracle", "diff");
         for (i, t) in sc.tenants.iter().enumerate() {

@@ -3,9 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use rein_model::report::{Cell, LatencySummary, RunTotals, ServerSummary, Summary, TenantSummary, Timeseries};
 use rein_runtime::load::{Job, JobResult, LoadConfig};
-use rein_sim::metrics::{Cell, LatencySummary, PhaseCounts, ServerSummary, Summary, TenantSummary, Timeseries};
-use rein_sim::RunTotals;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -121,9 +120,9 @@ pub fn to_totals(
         let n = r.hist.len();
         tenants.push(TenantSummary {
             name: r.name.clone(),
-            reservation: 0.0,
+            reservation: None,
             limit: None,
-            weight: 0.0,
+            weight: None,
             completed: n,
             iops: n as f64 / measured,
             mb_s: bytes as f64 / 1e6 / measured,
@@ -134,7 +133,7 @@ pub fn to_totals(
                 p99: ms(r.hist.value_at_quantile(0.99)),
                 max: ms(r.hist.max()),
             },
-            phase: PhaseCounts { reservation: 0, weight: 0, over_limit: 0 },
+            phase: None,
             rejected: r.errors,
         });
     }
@@ -153,7 +152,7 @@ pub fn to_totals(
                 distributed: false,
                 completed: total,
                 iops: total as f64 / measured,
-                utilisation: f64::NAN,
+                utilisation: None,
             }],
             hosts: None,
         },

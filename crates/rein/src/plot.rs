@@ -234,7 +234,7 @@ pub fn phase_chart(stem: &Path, title: &str, rows: &[(String, [f64; 3])]) -> Res
 
 /// PARDA host plots (PNG + SVG each) in `dir`: window, latency (each host's device latency and the
 /// signal, with script-L dashed), throughput and beta per host over time.
-pub fn host_plots(dir: &Path, title: &str, h: &rein_sim::hosts::HostTotals) -> Result<()> {
+pub fn host_plots(dir: &Path, title: &str, h: &rein_model::report::hosts::HostTotals) -> Result<()> {
     let dt = h.interval_s;
     let x = |i: usize| (i as f64 + 0.5) * dt;
     let mut window = Vec::new();

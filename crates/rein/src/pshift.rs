@@ -7,7 +7,8 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rein_core::pshift::{solve, Allocation, Instance, RawBucket, RawServer, SolveOptions};
-use rein_sim::pshift::gen::{generate, GenParams};
+use rein_model::report::PeriodMetric;
+use rein_sim::model::pshift::gen::{generate, GenParams};
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::path::{Path, PathBuf};
@@ -69,8 +70,8 @@ fn sweep(a: &SweepArgs) -> Result<()> {
     }
     let text = std::fs::read_to_string(&a.scenario)
         .with_context(|| format!("cannot read scenario {}", a.scenario.display()))?;
-    let file: rein_sim::scenario::ScenarioFile =
-        toml::from_str(&text).with_context(|| format!("scenario {}", a.scenario.display()))?;
+    let file =
+        rein_sim::file::ScenarioFile::parse(&text).with_context(|| format!("scenario {}", a.scenario.display()))?;
     if file.pshift.as_ref().and_then(|p| p.generate.as_ref()).is_none() {
         bail!("{}: the sweep needs a scenario with [pshift.generate]", a.scenario.display());
     }
@@ -83,22 +84,16 @@ fn sweep(a: &SweepArgs) -> Result<()> {
                 let seed = file.seed + r;
                 f.seed = seed;
                 let g = f.pshift.as_mut().and_then(|p| p.generate.as_mut()).expect("checked");
-                g.active_servers = rein_sim::pshift::section::ActiveFile::One(na);
+                g.active_servers = rein_sim::file::pshift::ActiveFile::One(na);
                 g.demand_changes = nd;
                 let sc = f.validate(a.scenario.parent()).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;
                 let t0 = Instant::now();
                 let run = rein_sim::run(&sc, &mut |_| {})?;
                 let ps = sc.pshift.as_deref().expect("pshift scenario");
                 let all: Vec<usize> = (0..sc.tenants.len()).collect();
-                let (_, met) = rein_sim::check::bucket_periods(
-                    &run,
-                    &sc,
-                    &all,
-                    true,
-                    a.threshold_pct,
-                    ps.start.as_secs_f64(),
-                    sc.duration.as_secs_f64(),
-                );
+                let periods = ps.periods_in(ps.start.as_secs_f64(), sc.duration.as_secs_f64());
+                let (_, met) =
+                    run.tenant_periods(&all, &periods, PeriodMetric::ReservationMetFraction, a.threshold_pct);
                 errs.push(1.0 - met);
                 if !a.json {
                     eprintln!(

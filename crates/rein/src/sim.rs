@@ -3,7 +3,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use rein_sim::check::{check, CheckResult};
+use rein_model::report::hosts::HostsSummary;
+use rein_sim::check::CheckResult;
 use rein_sim::{RunTotals, Scenario};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -45,15 +46,16 @@ pub fn load(args: &SimArgs) -> Result<Scenario> {
                 args.scenario.display()
             );
         }
-        let (kind, distributed) = rein_sim::scenario::parse_scheduler(s).map_err(anyhow::Error::msg)?;
+        let (kind, distributed) = rein_sim::model::parse_scheduler(s).map_err(anyhow::Error::msg)?;
         sc = sc.with_scheduler(kind, distributed);
         sc.scheduler_name = s.clone();
     }
     Ok(sc)
 }
 
-/// Runs a scenario with a progress bar on stderr (when it is a terminal and not quiet).
-pub fn run_with_progress(sc: &Scenario, quiet: bool) -> Result<RunTotals> {
+/// Runs a scenario with a progress bar on stderr (when it is a terminal and not quiet); with `check`,
+/// also checks its expectations (running the baseline they ask for).
+pub fn run_with_progress(sc: &Scenario, quiet: bool, check: bool) -> Result<(RunTotals, Option<Vec<CheckResult>>)> {
     let total = sc.duration.0;
     let bar = if quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
@@ -71,38 +73,50 @@ pub fn run_with_progress(sc: &Scenario, quiet: bool) -> Result<RunTotals> {
         bar.set_position(t.0);
         bar.set_message(format!("{:.1}/{:.1} s", t.as_secs_f64(), sc.duration.as_secs_f64()));
     };
-    let r = rein_sim::run(sc, &mut progress).with_context(|| format!("running {}", sc.name))?;
+    let r = if check {
+        let (r, results) = rein_sim::run_and_check(sc, &mut progress)?;
+        (r, Some(results))
+    } else {
+        (rein_sim::run(sc, &mut progress)?, None)
+    };
     bar.finish_and_clear();
     Ok(r)
 }
 
 /// One-screen text summary.
-pub fn summary_text(sc: &Scenario, r: &RunTotals) -> String {
+pub fn summary_text(r: &RunTotals) -> String {
     let s = &r.summary;
     let mut out = format!(
         "{}: {} s simulated ({} s warm-up excluded), scheduler {}, seed {}\n",
         s.name, s.duration_s, s.warmup_s, s.scheduler, s.seed
     );
-    let oracle = r.oracle_iops(sc, s.warmup_s, s.duration_s);
+    let oracle = r.oracle_iops(s.warmup_s, s.duration_s);
     out.push_str(&format!(
         "{:<14} {:>8} {:>8} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6}\n",
         "tenant", "r", "l", "w", "IOPS", "oracle", "MB/s", "lat ms", "p99 ms", "max ms", "resv%"
     ));
     for (i, t) in s.tenants.iter().enumerate().take(40) {
-        let total = (t.phase.reservation + t.phase.weight + t.phase.over_limit).max(1) as f64;
+        let resv = t.phase.as_ref().map(|p| {
+            let total = (p.reservation + p.weight + p.over_limit).max(1) as f64;
+            format!("{:>5.0}%", 100.0 * p.reservation as f64 / total)
+        });
         out.push_str(&format!(
-            "{:<14} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>5.0}%\n",
+            "{:<14} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
             truncate(&t.name, 14),
-            if t.reservation > 0.0 { format!("{}", t.reservation) } else { "-".into() },
+            match t.reservation {
+                Some(r) if r > 0.0 => format!("{r}"),
+                Some(_) => "-".into(),
+                None => "?".into(),
+            },
             t.limit.map_or("-".into(), |l| format!("{l}")),
-            t.weight,
+            t.weight.map_or("?".into(), |w| format!("{w}")),
             t.iops,
             oracle[i],
             t.mb_s,
             t.latency_ms.mean,
             t.latency_ms.p99,
             t.latency_ms.max,
-            100.0 * t.phase.reservation as f64 / total
+            resv.unwrap_or_else(|| "    ?".into())
         ));
     }
     if s.tenants.len() > 40 {
@@ -110,10 +124,10 @@ pub fn summary_text(sc: &Scenario, r: &RunTotals) -> String {
     }
     for sv in s.servers.iter().take(16) {
         out.push_str(&format!(
-            "server {:<10} {:>9.1} IOPS, utilisation {:>5.1}%, {}{}\n",
+            "server {:<10} {:>9.1} IOPS, utilisation {:>6}, {}{}\n",
             truncate(&sv.name, 10),
             sv.iops,
-            sv.utilisation * 100.0,
+            sv.utilisation.map_or("?".into(), |u| format!("{:.1}%", u * 100.0)),
             sv.scheduler,
             if sv.distributed { " (distributed)" } else { "" }
         ));
@@ -129,7 +143,7 @@ pub fn summary_text(sc: &Scenario, r: &RunTotals) -> String {
 }
 
 /// PARDA hosts: one line each, then the cluster.
-fn host_text(h: &rein_sim::hosts::HostsSummary) -> String {
+fn host_text(h: &HostsSummary) -> String {
     let mut out = format!(
         "PARDA {} (script-L {} ms, {} aggregation)\n{:<14} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8}\n",
         if h.enabled { "on" } else { "off (baseline)" },
@@ -192,8 +206,7 @@ pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[
 /// Writes a run's files (simulated or measured by `rein load`) into `dir`.
 pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let summary = serde_json::to_string_pretty(&r.summary)?;
-    std::fs::write(dir.join("summary.json"), summary + "\n").context("writing summary.json")?;
+    std::fs::write(dir.join("summary.json"), r.summary.to_json()).context("writing summary.json")?;
     std::fs::write(dir.join("timeseries.csv"), r.timeseries.to_csv()).context("writing timeseries.csv")?;
     if let Some(c) = checks {
         std::fs::write(dir.join("check.json"), serde_json::to_string_pretty(c)? + "\n")
@@ -215,9 +228,9 @@ pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: O
             (
                 t.name.clone(),
                 [
-                    t.phase.reservation as f64 / measured,
-                    t.phase.weight as f64 / measured,
-                    t.phase.over_limit as f64 / measured,
+                    t.phase.as_ref().map_or(0.0, |p| p.reservation as f64 / measured),
+                    t.phase.as_ref().map_or(0.0, |p| p.weight as f64 / measured),
+                    t.phase.as_ref().map_or(0.0, |p| p.over_limit as f64 / measured),
                 ],
             )
         })
@@ -253,15 +266,14 @@ pub fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
 
 pub fn run(args: SimArgs) -> Result<()> {
     let sc = load(&args)?;
-    let r = run_with_progress(&sc, args.quiet || args.json)?;
-    let results = args.check.then(|| check(&sc, &r));
+    let (r, results) = run_with_progress(&sc, args.quiet || args.json, args.check)?;
     if let Some(dir) = &args.out {
         write_outputs(dir, &sc, &r, results.as_deref())?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r.summary)?);
     } else {
-        print!("{}", summary_text(&sc, &r));
+        print!("{}", summary_text(&r));
         if let Some(dir) = &args.out {
             println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
             if r.hosts.is_some() {

@@ -1,5 +1,6 @@
-//! The `[pshift]` section of a scenario: a cluster of token-scheduled servers, a controller, and buckets
-//! whose demand moves between servers. See docs/scenarios.md ("pShift clusters") for every field.
+//! pShift's validated `[pshift]` section (pshift.txt §IV): a cluster of token-scheduled servers, a
+//! controller, and buckets whose demand moves between servers. See docs/scenarios.md ("pShift
+//! clusters") for every field; the run layer is [`crate::engine`]'s cluster layer.
 //!
 //! Buckets are the scenario's tenants: written as `[[tenants]]` (each with `servers` = the servers it is
 //! active on, `routing = { shares = .. }` = how its demand splits, and an `open` workload (total demand
@@ -8,93 +9,21 @@
 //! demand changes). Either way the result is the scenario's `tenants` (so summaries, timeseries, plots and
 //! checks work unchanged) plus a [`BucketPlan`] per tenant: its load and its demand phases.
 
-use crate::pshift::gen::{pick_servers, zipf_reservations, zipf_weights};
-use crate::scenario::{Routing, Server, Tenant, Workload, WorkloadKind};
+pub mod gen;
+
+use super::server::Server;
+use super::tenant::Tenant;
+use crate::file::pshift::{ActiveFile, GenerateFile, PshiftFile};
+use gen::{pick_servers, zipf_reservations, zipf_weights};
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::DemandEstimator;
 use rein_core::{Nanos, QosSpec};
-use serde::Deserialize;
+use rein_model::workload::{WorkloadKind, WorkloadSpec, MAX_OUTSTANDING};
+use rein_model::Routing;
 
 /// Most demand changes per bucket.
 pub const MAX_DEMAND_CHANGES: u32 = 1000;
-
-fn default_intervals() -> u32 {
-    5
-}
-fn default_true() -> bool {
-    true
-}
-
-/// `[pshift]` as written.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PshiftFile {
-    /// QoS period (s).
-    pub period_s: f64,
-    /// Redistribution intervals per period.
-    #[serde(default = "default_intervals")]
-    pub intervals: u32,
-    /// When the first QoS period starts (default: one redistribution interval, during which the servers
-    /// run plain round robin and collect the statistics of the first report).
-    pub start_s: Option<f64>,
-    /// false: no controller, the servers stay plain round robin (the paper's baseline).
-    #[serde(default = "default_true")]
-    pub controller: bool,
-    /// One-way delay between a server and the controller (ms).
-    #[serde(default)]
-    pub delay_ms: f64,
-    /// arrivals (default) | backlog
-    pub estimator: Option<String>,
-    /// §III-C: the controller solves with only the top M buckets shifting.
-    pub approx_top: Option<usize>,
-    /// Weighted round robin by tenant weight (§V "Local Priorities").
-    #[serde(default)]
-    pub weighted: bool,
-    /// uniform (default, the paper's "uniform rate") | poisson: open arrivals per server.
-    pub arrivals: Option<String>,
-    pub generate: Option<GenerateFile>,
-}
-
-/// `[pshift.generate]`: synthetic buckets (§IV-B).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GenerateFile {
-    pub buckets: usize,
-    /// Every bucket reserves this many IOPS ...
-    pub reservation_iops: Option<f64>,
-    /// ... or the servers' capacity times r is split by a Zipf law of exponent s (default 0.5).
-    pub reserved_fraction: Option<f64>,
-    pub reservation_zipf_s: Option<f64>,
-    /// Limit: a fixed rate, or a multiple of the reservation; none by default.
-    pub limit_iops: Option<f64>,
-    pub limit_ratio: Option<f64>,
-    /// Open arrivals at m x the reservation ...
-    pub demand_ratio: Option<f64>,
-    /// ... or closed loops keeping this many requests at each active server.
-    pub outstanding_per_server: Option<u32>,
-    /// N_A: a number, or [min, max] drawn uniformly at each demand phase.
-    pub active_servers: ActiveFile,
-    /// Zipf exponent of the demand split over the active servers (default 0.5; 0 = even).
-    pub demand_zipf_s: Option<f64>,
-    /// Demand changes per bucket over the QoS periods of the run, at uniformly random times; each draws
-    /// a fresh set of active servers and a fresh split.
-    #[serde(default)]
-    pub demand_changes: u32,
-    #[serde(default = "default_size_kb")]
-    pub size_kb: f64,
-}
-
-fn default_size_kb() -> f64 {
-    4.0
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum ActiveFile {
-    One(usize),
-    Range([usize; 2]),
-}
 
 /// How a bucket loads its servers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -205,7 +134,7 @@ pub fn validate(
         Some(o) => return Err(format!("pshift.arrivals {o:?}: expected uniform or poisson")),
     };
     for s in servers {
-        if s.capacity_schedule.len() > 1 {
+        if s.device.schedule.len() > 1 {
             return Err(format!("server {}: capacity_schedule is not supported in pshift scenarios", s.name));
         }
     }
@@ -275,8 +204,8 @@ fn generate(
     start: Nanos,
 ) -> Result<(Vec<Tenant>, Vec<BucketPlan>), String> {
     let ns = servers.len();
-    if g.buckets == 0 || g.buckets > crate::scenario::MAX_TENANTS {
-        return Err(format!("pshift.generate.buckets must be in 1..={}", crate::scenario::MAX_TENANTS));
+    if g.buckets == 0 || g.buckets > super::MAX_TENANTS {
+        return Err(format!("pshift.generate.buckets must be in 1..={}", super::MAX_TENANTS));
     }
     let (amin, amax) = match g.active_servers {
         ActiveFile::One(n) => (n, n),
@@ -294,7 +223,7 @@ fn generate(
     }
     let size = positive("size_kb", g.size_kb)?;
     let period_s = period.as_secs_f64();
-    let mut rng = Pcg64Mcg::new(crate::engine::seed_for(seed, 1 << 48));
+    let mut rng = Pcg64Mcg::new(rein_model::seed::stream_seed(seed, 1 << 48));
     // Reservations in IOs per period (whole), then as rates.
     let res_ios: Vec<u64> = match (g.reservation_iops, g.reserved_fraction) {
         (Some(r), None) => vec![(positive("reservation_iops", r)? * period_s).round() as u64; g.buckets],
@@ -307,7 +236,7 @@ fn generate(
             if !(s.is_finite() && (0.0..=10.0).contains(&s)) {
                 return Err("pshift.generate.reservation_zipf_s must be in [0, 10]".into());
             }
-            let total: f64 = servers.iter().map(|s| s.capacity_iops).sum::<f64>() * period_s * r;
+            let total: f64 = servers.iter().map(|s| s.device.capacity_iops).sum::<f64>() * period_s * r;
             zipf_reservations(&mut rng, g.buckets, s, total.floor() as u64)
         }
         (Some(_), Some(_)) => {
@@ -318,13 +247,10 @@ fn generate(
         |r_iops: f64| -> Result<BucketLoad, String> {
             match (g.demand_ratio, g.outstanding_per_server) {
                 (Some(m), None) => Ok(BucketLoad::Open { iops: (positive("demand_ratio", m)? * r_iops).max(1e-3) }),
-                (None, Some(k)) if (1..=crate::scenario::MAX_OUTSTANDING).contains(&k) => {
-                    Ok(BucketLoad::Closed { per_server: k })
+                (None, Some(k)) if (1..=MAX_OUTSTANDING).contains(&k) => Ok(BucketLoad::Closed { per_server: k }),
+                (None, Some(_)) => {
+                    Err(format!("pshift.generate.outstanding_per_server must be in 1..={}", MAX_OUTSTANDING))
                 }
-                (None, Some(_)) => Err(format!(
-                    "pshift.generate.outstanding_per_server must be in 1..={}",
-                    crate::scenario::MAX_OUTSTANDING
-                )),
                 _ => Err("pshift.generate: give demand_ratio (open arrivals) or outstanding_per_server (closed loops)"
                     .into()),
             }
@@ -361,7 +287,7 @@ fn generate(
             servers: first.iter().map(|x| x.0).collect(),
             server_specs: vec![spec; first.len()],
             routing: Routing::Shares(first.iter().map(|x| x.1).collect()),
-            workload: Workload {
+            workload: WorkloadSpec {
                 kind: match load {
                     BucketLoad::Open { iops } => WorkloadKind::Open { iops },
                     BucketLoad::Closed { per_server } => {

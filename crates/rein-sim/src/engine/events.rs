@@ -1,13 +1,54 @@
-//! The event queue both simulator engines run on.
+//! The event queue and the kinds of events the engine runs.
 //!
 //! Events run in (time, sequence) order: equal times run in the order they were scheduled, so a run is a
 //! pure function of its scenario and seed. The sequence number is unique, so the payload (`kind`, `a`,
-//! `b`, whose meaning each engine defines) never decides the order. The key packs time and sequence into
+//! `b`, see [`Kind`]) never decides the order. The key packs time and sequence into
 //! one integer, complemented so the standard max-heap pops the earliest first: one comparison per heap
 //! step instead of a field-by-field one.
 
 use rein_core::Nanos;
 use std::collections::BinaryHeap;
+
+/// What an event does; `a` and `b` are its payload.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// FIFO device of server `a` completes the request in service.
+    Complete,
+    /// Server `a`'s scheduler may release a request held by a limit.
+    Wake,
+    /// Request `a` reaches its server (after the network delay).
+    Deliver,
+    /// Request `a`'s completion reaches its tenant's gateway.
+    Notify,
+    /// Tenant `a`'s next open, burst or trace arrival.
+    Arrive,
+    /// Tenant `a`'s on/off workload toggles.
+    Toggle,
+    /// Tenant `a`'s think time ends: issue a request (to server `b` of its list, unless `b` is `u32::MAX`).
+    Think,
+    /// Server `a`'s capacity changes to step `b` of its schedule.
+    Capacity,
+    /// Tenant `a` starts.
+    Start,
+    /// Tenant `a` stops.
+    Stop,
+    /// PARDA host `a`'s control period ends.
+    HostPeriod,
+    /// PARDA host `a` may release a request held by its local scheduler's limits.
+    HostWake,
+    /// Processor-sharing device of server `a`: the completion armed as generation `b` is due.
+    PsDone,
+    /// pShift: token messages reach the servers.
+    Tokens,
+    /// pShift: the servers' reports reach the controller.
+    Reports,
+    /// pShift: redistribution boundary `a`.
+    Boundary,
+    /// pShift: bucket `a` enters demand phase `b`.
+    Change,
+    /// pShift: open arrival streams to server `a` are due.
+    StreamArrive,
+}
 
 /// An event taken from the queue.
 #[derive(Copy, Clone, Debug)]

@@ -1,0 +1,119 @@
+//! The check layer: a run judged against its scenario's expectations (`rein sim --check`).
+//!
+//! [`check`] is a pure function of the scenario, the run's totals and, for expectations that compare a
+//! PARDA scenario with its no-PARDA twin (`uncontrolled = true`), that twin's totals: the caller asks
+//! [`baseline_scenario`] whether one is needed and runs it. Each expectation yields one [`CheckResult`]
+//! with the measured and expected values and a one-line description; a run passes when every result
+//! does.
+
+mod parda;
+mod pshift;
+
+use crate::model::expect::{Expectation, Subject, Target};
+use crate::model::Scenario;
+use rein_model::RunTotals;
+use serde::Serialize;
+
+/// The verdict on one expectation.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CheckResult {
+    /// Whether it holds.
+    pub ok: bool,
+    /// What was measured and expected, in one line.
+    pub description: String,
+    /// The measured value.
+    pub measured: f64,
+    /// What the paper says (the expectation's note).
+    pub note: Option<String>,
+}
+
+/// The run an expectation needs besides the scenario's own: the scenario without PARDA, if any
+/// expectation compares with the uncontrolled run.
+pub fn baseline_scenario(sc: &Scenario) -> Option<Scenario> {
+    sc.expect.iter().any(|e| e.target == Some(Target::Uncontrolled)).then(|| sc.without_parda())
+}
+
+/// Evaluates every expectation of `sc` against `run`; `baseline` is the run of
+/// [`baseline_scenario`]`(sc)` when it asks for one (expectations that need it fail without it).
+pub fn check(sc: &Scenario, run: &RunTotals, baseline: Option<&RunTotals>) -> Vec<CheckResult> {
+    sc.expect
+        .iter()
+        .map(|e| match &e.subject {
+            Subject::Host { .. } => parda::check_one(sc, run, e, baseline),
+            _ => check_one(sc, run, e),
+        })
+        .collect()
+}
+
+/// The window an expectation is judged over: its own, or from the warm-up to the end.
+fn window(sc: &Scenario, e: &Expectation) -> [f64; 2] {
+    e.window.unwrap_or([sc.warmup.as_secs_f64(), sc.duration.as_secs_f64()])
+}
+
+fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation) -> CheckResult {
+    let [a, b] = window(sc, e);
+    let (who, metric, whole_run, measured) = match &e.subject {
+        Subject::Tenant { tenant, metric } => (
+            format!("tenant {}", sc.tenants[*tenant].name),
+            metric.name(),
+            metric.whole_run(),
+            run.tenant_metric(*tenant, *metric, a, b),
+        ),
+        Subject::Server { server, metric } => (
+            format!("server {}", sc.servers[*server].name),
+            metric.name(),
+            *metric == rein_model::report::ServerMetric::Utilisation,
+            run.server_metric(*server, *metric, a, b),
+        ),
+        Subject::Periods { tenant, metric, threshold_pct } => {
+            let (who, v) = pshift::period_metric(sc, run, *tenant, *metric, *threshold_pct, a, b);
+            (who, metric.name(), false, v)
+        }
+        Subject::Host { .. } => unreachable!("host expectations are checked by check::parda"),
+    };
+    let window = if whole_run { String::from("after warm-up") } else { format!("in [{a}, {b}] s") };
+    let target = match &e.target {
+        None => None,
+        Some(Target::Equals(v)) => Some((*v, format!("{v}"))),
+        Some(Target::Oracle) => {
+            let Subject::Tenant { tenant, .. } = &e.subject else {
+                unreachable!("validated: the oracle is a tenant's")
+            };
+            let v = run.oracle_iops(a, b)[*tenant];
+            Some((v, format!("the oracle's {v:.1}")))
+        }
+        Some(Target::TenantRatio { tenant, ratio }) => {
+            let Subject::Tenant { metric, .. } = &e.subject else { unreachable!("validated: ratio_to is a tenant's") };
+            let v = run.tenant_metric(*tenant, *metric, a, b) * ratio;
+            Some((v, format!("{ratio} x {}'s = {v:.2}", sc.tenants[*tenant].name)))
+        }
+        Some(_) => unreachable!("validated: host targets are for host expectations"),
+    };
+    let (ok, expected) = judge(measured, target, e);
+    CheckResult {
+        ok,
+        description: format!("{who}: {metric} {window} = {measured:.3}, expected {expected}"),
+        measured,
+        note: e.note.clone(),
+    }
+}
+
+/// Judges a measurement against an expectation: within `within_pct` of the target (value, how to name
+/// it), below `below`, above `above`. Returns the verdict and what was expected, in words.
+fn judge(measured: f64, target: Option<(f64, String)>, e: &Expectation) -> (bool, String) {
+    let mut ok = true;
+    let mut parts = Vec::new();
+    if let (Some((v, label)), Some(pct)) = (target, e.within_pct) {
+        ok &= (measured - v).abs() <= v.abs() * pct / 100.0 + 1e-9;
+        parts.push(format!("within {pct}% of {label}"));
+    }
+    if let Some(x) = e.below {
+        ok &= measured < x;
+        parts.push(format!("below {x}"));
+    }
+    if let Some(x) = e.above {
+        ok &= measured > x;
+        parts.push(format!("above {x}"));
+    }
+    (ok, parts.join(" and "))
+}

@@ -1,0 +1,75 @@
+//! PARDA host expectations: windows against eq. (3), latency against script-L, ratios of betas,
+//! convergence times, and comparisons with the uncontrolled (no-PARDA) run.
+
+use super::{judge, window, CheckResult};
+use crate::model::expect::{Expectation, HostRatio, Subject, Target};
+use crate::model::Scenario;
+use rein_model::report::hosts::{HostMetric, HostSubject};
+use rein_model::RunTotals;
+
+/// Evaluates a host expectation; `baseline` is the uncontrolled run, if the caller made it.
+pub(super) fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&RunTotals>) -> CheckResult {
+    let Subject::Host { who, metric, band_pct } = e.subject else { unreachable!("called for host expectations") };
+    let [a, b] = window(sc, e);
+    let name = match who {
+        HostSubject::Host(h) => sc.hosts[h].name.as_str(),
+        HostSubject::All => "all",
+    };
+    let Some(ht) = &run.hosts else {
+        return CheckResult {
+            ok: false,
+            description: format!("host {name}: the run has no hosts"),
+            measured: f64::NAN,
+            note: e.note.clone(),
+        };
+    };
+    let band = band_pct;
+    let measured = ht.metric(who, metric, a, b, band);
+    let target: Option<(f64, String)> = match &e.target {
+        None => None,
+        Some(Target::Equals(v)) => Some((*v, format!("{v}"))),
+        Some(Target::HostRatio { host: o, ratio }) => {
+            let (r, beta) = match ratio {
+                HostRatio::Fixed(r) => (*r, false),
+                HostRatio::Beta => {
+                    let HostSubject::Host(h) = who else { unreachable!("validated: ratio_to needs a host") };
+                    let r = ht.metric(HostSubject::Host(h), HostMetric::Beta, a, b, band)
+                        / ht.metric(HostSubject::Host(*o), HostMetric::Beta, a, b, band).max(1e-12);
+                    (r, true)
+                }
+            };
+            let v = ht.metric(HostSubject::Host(*o), metric, a, b, band) * r;
+            Some((v, format!("{r:.3}{} x {}'s = {v:.3}", if beta { " (beta ratio)" } else { "" }, sc.hosts[*o].name)))
+        }
+        Some(Target::Equilibrium) => {
+            let v = match (metric, who) {
+                (HostMetric::Window, HostSubject::Host(h)) => ht.equilibrium_window(h, a, b),
+                (HostMetric::Window, HostSubject::All) => {
+                    ht.active(a, b).0.iter().map(|&h| ht.equilibrium_window(h, a, b)).sum()
+                }
+                _ => ht.equilibrium_latency_ms(a, b),
+            };
+            Some((v, format!("eq. (3)'s {v:.3}")))
+        }
+        Some(Target::Threshold) => Some((ht.threshold_ms, format!("script-L = {} ms", ht.threshold_ms))),
+        Some(Target::Uncontrolled) => {
+            let v =
+                baseline.and_then(|base| base.hosts.as_ref()).map_or(f64::NAN, |bh| bh.metric(who, metric, a, b, band));
+            Some((v, format!("the uncontrolled run's {v:.3}")))
+        }
+        Some(Target::Oracle | Target::TenantRatio { .. }) => unreachable!("validated: tenant targets"),
+    };
+    let (ok, expected) = judge(measured, target, e);
+    let ok = ok && (measured.is_finite() || metric == HostMetric::ConvergenceS);
+    let what = if metric == HostMetric::ConvergenceS {
+        format!("convergence_s (to within {band}%)")
+    } else {
+        metric.name().to_string()
+    };
+    CheckResult {
+        ok,
+        description: format!("host {name}: {what} in [{a}, {b}] s = {measured:.3}, expected {expected}"),
+        measured,
+        note: e.note.clone(),
+    }
+}

@@ -1,0 +1,448 @@
+//! The run layer of a pShift cluster (pshift.txt §IV; the model is [`crate::model::pshift`]): buckets
+//! whose demand moves between token-scheduled servers, and a controller reached over a network delay.
+//!
+//! # Model
+//! - **Servers** are the engine's servers with rein-core's `TokenScheduler` (Algorithm 1, unchanged) as
+//!   the scheduler; use `queue_depth = 1` and the scheduler picks every request, as the paper's servers
+//!   do. Requests take the engine's one path: network, scheduler, device, completion.
+//! - **Buckets** (the scenario's tenants) follow a [`BucketPlan`]: a list of demand phases, each a set
+//!   of active servers with shares. Open buckets send requests to each active server at `iops x share`
+//!   per second (uniform spacing with a random phase, or Poisson); closed buckets keep a window of
+//!   `per_server` requests at each active server. At a demand change the new phase starts; requests
+//!   already at old servers complete, and old servers get no new ones.
+//! - **Controller**: `rein_core::pshift::Controller`, unchanged. At every redistribution boundary each
+//!   server snapshots its report (per-bucket arrivals, dispatches, queue, idle time; device completions
+//!   and busy time); the reports reach the controller `delay` later, the controller answers at once, and
+//!   the tokens reach the servers another `delay` later, where `TokenScheduler::grant` deducts what was
+//!   served meanwhile. A bucket the message does not list gets no R-tokens and, if limited, no L-tokens.
+//!   Before the first message (the warm-up interval before `start`) servers are plain round robin.
+//!   Without a controller (`controller = false`) they stay so: the paper's baseline.
+//!
+//! Determinism: one PCG stream per bucket (seeded from the scenario seed and the index); open streams
+//! sit in one heap per server, so the event queue holds a few events per server instead of one per
+//! stream (at 80,000 streams the global heap's cache misses dominated).
+
+use super::events::Kind;
+use super::Sim;
+use crate::model::pshift::{Arrivals, BucketLoad, BucketPlan, PshiftSection};
+use crate::model::Scenario;
+use rand::Rng;
+use rand_pcg::Pcg64Mcg;
+use rein_core::pshift::{
+    BucketQos, BucketReport, Controller, ControllerConfig, ServerReport, SolveOptions, TokenMessage, Tokens,
+};
+use rein_core::{Nanos, TenantId};
+use rein_model::seed::stream_seed;
+use rein_model::workload::poisson_gap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// An open stream's next arrival at a server: (due, bucket, generation << 16 | stream index, mean gap in
+/// ns, the bucket's id at the server). Everything an arrival needs rides in the entry, so it touches no
+/// per-bucket state but the generation.
+type Arrival = (u64, u32, u32, u64, TenantId);
+
+/// A server's pShift state besides its scheduler.
+struct ClusterServer {
+    /// Open arrival streams to this server: (due time, bucket, generation << 16 | stream).
+    arrivals: BinaryHeap<Reverse<Arrival>>,
+    /// The time of the `StreamArrive` event pending for this server, if any.
+    arrive_at: Option<u64>,
+    /// Device completions and busy time since the last report.
+    completed: u64,
+    busy_ns: u64,
+    last_report: Nanos,
+    /// Whether a token message has reached it.
+    heard: bool,
+}
+
+/// A bucket's state.
+struct Bucket {
+    rng: Pcg64Mcg,
+    phase: usize,
+    generation: u32,
+    /// (server, id in its scheduler) for every server the bucket has sent to (a few dozen at most).
+    ids: Vec<(u32, TenantId)>,
+    /// Closed loops: requests in flight per server.
+    in_flight: Vec<u32>,
+}
+
+/// The cluster layer's state.
+pub(super) struct Cluster<'a> {
+    ps: &'a PshiftSection,
+    servers: Vec<ClusterServer>,
+    buckets: Vec<Bucket>,
+    /// Per bucket, the generation of its demand phase (compact: read on every arrival).
+    generation: Vec<u32>,
+    /// Per bucket, its request size.
+    size: Vec<u64>,
+    controller: Option<Controller>,
+    pending_reports: Vec<ServerReport>,
+    pending_tokens: Vec<TokenMessage>,
+}
+
+impl<'a> Cluster<'a> {
+    pub(super) fn new(sc: &Scenario, ps: &'a PshiftSection) -> Result<Cluster<'a>, String> {
+        let buckets = ps
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Bucket {
+                rng: Pcg64Mcg::new(stream_seed(sc.seed, i as u64)),
+                phase: 0,
+                generation: 0,
+                ids: Vec::new(),
+                in_flight: if matches!(p.load, BucketLoad::Closed { .. }) {
+                    vec![0; sc.servers.len()]
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        let controller = if ps.controller {
+            let period_s = ps.period.as_secs_f64();
+            let qos = sc
+                .tenants
+                .iter()
+                .map(|t| BucketQos {
+                    reservation: (t.spec.reservation() * period_s).round() as u64,
+                    limit: t.spec.limit().map(|l| (l * period_s).round() as u64),
+                })
+                .collect();
+            let caps: Vec<f64> = sc.servers.iter().map(|s| s.device.capacity_iops).collect();
+            let cfg = ControllerConfig {
+                period: ps.period,
+                intervals: ps.intervals,
+                start: ps.start,
+                estimator: ps.estimator,
+                solve: SolveOptions { approx_top: ps.approx_top, ..SolveOptions::default() },
+                report_timeout: Nanos(ps.period.0 / ps.intervals as u64 / 2),
+            };
+            Some(Controller::new(cfg, &caps, qos).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        Ok(Cluster {
+            ps,
+            servers: (0..sc.servers.len())
+                .map(|_| ClusterServer {
+                    arrivals: BinaryHeap::new(),
+                    arrive_at: None,
+                    completed: 0,
+                    busy_ns: 0,
+                    last_report: Nanos::ZERO,
+                    heard: false,
+                })
+                .collect(),
+            buckets,
+            generation: vec![0; sc.tenants.len()],
+            size: sc.tenants.iter().map(|t| t.workload.size_bytes).collect(),
+            controller,
+            pending_reports: Vec::new(),
+            pending_tokens: Vec::new(),
+        })
+    }
+
+    /// A request of bucket `i` to server `j` was refused.
+    pub(super) fn failed(&mut self, i: usize, j: usize) {
+        if let Some(f) = self.buckets[i].in_flight.get_mut(j) {
+            *f -= 1;
+        }
+    }
+
+    /// Server `j`'s device completed a request.
+    pub(super) fn device_completed(&mut self, j: usize) {
+        self.servers[j].completed += 1;
+    }
+
+    /// Server `j`'s device went idle at `now`, busy since `from`.
+    pub(super) fn device_idle(&mut self, j: usize, from: Nanos, now: Nanos) {
+        let s = &mut self.servers[j];
+        s.busy_ns += now.0 - from.0.max(s.last_report.0);
+    }
+
+    fn plan(&self, i: usize) -> &'a BucketPlan {
+        &self.ps.buckets[i]
+    }
+}
+
+impl<'a> Sim<'a> {
+    fn cluster(&mut self) -> &mut Cluster<'a> {
+        self.cluster.as_mut().expect("pShift events need a cluster")
+    }
+
+    /// The first events: every bucket's demand phases, then the first redistribution boundary.
+    pub(super) fn cluster_start(&mut self) {
+        let ps = self.cluster().ps;
+        for (i, p) in ps.buckets.iter().enumerate() {
+            for (k, ph) in p.phases.iter().enumerate() {
+                if ph.at < self.sc.duration {
+                    self.schedule(ph.at, Kind::Change, i as u32, k as u32);
+                }
+            }
+        }
+        if self.cluster().controller.is_some() {
+            self.schedule(ps.start, Kind::Boundary, 0, 0);
+        }
+    }
+
+    /// A demand phase begins: new open streams (stale ones die by generation), or closed windows filled.
+    pub(super) fn change(&mut self, i: usize, k: usize) {
+        let now = self.now;
+        let c = self.cluster();
+        let plan = c.plan(i);
+        let b = &mut c.buckets[i];
+        b.phase = k;
+        b.generation += 1;
+        let generation = b.generation;
+        c.generation[i] = generation;
+        match plan.load {
+            BucketLoad::Open { iops } => {
+                for (x, &(j, share)) in plan.phases[k].servers.iter().enumerate() {
+                    let rate = iops * share;
+                    if rate <= 0.0 {
+                        continue;
+                    }
+                    let gap = 1e9 / rate;
+                    let c = self.cluster();
+                    let rng = &mut c.buckets[i].rng;
+                    // A uniform stream starts at a random phase of its spacing; a Poisson one a gap away.
+                    let first = match c.ps.arrivals {
+                        Arrivals::Uniform => rng.gen::<f64>() * gap,
+                        Arrivals::Poisson => poisson_gap(rng, rate).0 as f64,
+                    };
+                    let tid = self.id_at(j, i);
+                    let entry = (
+                        now.0.saturating_add(first as u64),
+                        i as u32,
+                        generation << 16 | x as u32,
+                        (gap.round() as u64).max(1),
+                        tid,
+                    );
+                    self.push_arrival(j, entry);
+                }
+            }
+            BucketLoad::Closed { per_server } => {
+                for &(j, _) in &plan.phases[k].servers {
+                    let have = self.cluster().buckets[i].in_flight[j];
+                    for _ in have..per_server {
+                        self.bucket_issue(i, j);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Files a stream's next arrival at server j, moving the server's pending event earlier if needed.
+    fn push_arrival(&mut self, j: usize, entry: Arrival) {
+        let t = entry.0;
+        let s = &mut self.cluster().servers[j];
+        s.arrivals.push(Reverse(entry));
+        if s.arrive_at.is_none_or(|x| t < x) {
+            s.arrive_at = Some(t);
+            self.schedule(Nanos(t), Kind::StreamArrive, j as u32, 0);
+        }
+    }
+
+    /// Every arrival due at server j: issue it and file the stream's next one (streams of an old
+    /// generation, after a demand change, are dropped).
+    pub(super) fn stream_arrive(&mut self, j: usize) {
+        let now = self.now.0;
+        if self.cluster().servers[j].arrive_at != Some(now) {
+            return; // superseded by an earlier event
+        }
+        self.cluster().servers[j].arrive_at = None;
+        loop {
+            let c = self.cluster.as_mut().expect("cluster");
+            let poisson = c.ps.arrivals == Arrivals::Poisson;
+            let Some(mut top) = c.servers[j].arrivals.peek_mut() else { break };
+            let Reverse((t, i, tag, gap, tid)) = *top;
+            if t > now {
+                break;
+            }
+            let i = i as usize;
+            if tag >> 16 != c.generation[i] {
+                // A stream of an earlier demand phase: it ends.
+                std::collections::binary_heap::PeekMut::pop(top);
+                continue;
+            }
+            let next = if poisson {
+                // One Poisson draw for every open workload (rein-model); `gap` is the mean in ns.
+                poisson_gap(&mut c.buckets[i].rng, 1e9 / gap as f64).0.max(1)
+            } else {
+                gap
+            };
+            // Replace the top in place (one sift-down instead of a pop and a push).
+            top.0 .0 = now.saturating_add(next);
+            drop(top);
+            self.bucket_issue_with(i, j, tid);
+        }
+        let s = &mut self.cluster().servers[j];
+        if let Some(&Reverse((t, ..))) = s.arrivals.peek() {
+            if s.arrive_at.is_none_or(|x| t < x) {
+                s.arrive_at = Some(t);
+                self.schedule(Nanos(t), Kind::StreamArrive, j as u32, 0);
+            }
+        }
+    }
+
+    fn bucket_issue(&mut self, i: usize, j: usize) {
+        let tid = self.id_at(j, i);
+        self.bucket_issue_with(i, j, tid);
+    }
+
+    fn bucket_issue_with(&mut self, i: usize, j: usize, tid: TenantId) {
+        let c = self.cluster();
+        if let Some(f) = c.buckets[i].in_flight.get_mut(j) {
+            *f += 1;
+        }
+        let size = c.size[i];
+        let req = super::Req {
+            tenant: i as u32,
+            server: j as u32,
+            k: j as u32,
+            tid,
+            size,
+            offset: 0,
+            issued: self.now,
+            phase: rein_core::Phase::Weight,
+            cost: rein_core::Cost(0),
+            host_issued: self.now,
+        };
+        let id = self.alloc(req);
+        self.transmit(id);
+    }
+
+    /// The bucket's id at a server, adding it on first contact (after the controller has spoken, with no
+    /// tokens: R = 0 and, if limited, L = 0, until a message gives it some).
+    fn id_at(&mut self, j: usize, i: usize) -> TenantId {
+        if let Some(&(_, id)) = self.cluster().buckets[i].ids.iter().find(|x| x.0 as usize == j) {
+            return id;
+        }
+        let spec = self.sc.tenants[i].spec;
+        let heard = self.cluster().servers[j].heard;
+        let s = &mut self.servers[j];
+        let ts = s.sched.token();
+        let id = rein_core::Scheduler::add_tenant(ts, spec).expect("bounded by the bucket count");
+        if heard {
+            let l = if spec.limit().is_some() { Tokens::Count(0) } else { Tokens::Unlimited };
+            ts.set_tokens(id, 0, l).expect("live");
+        }
+        s.map_slot(id, i as u32);
+        self.cluster().buckets[i].ids.push((j as u32, id));
+        id
+    }
+
+    /// A request of bucket `i` completed at server `j`: a closed bucket refills its window there if the
+    /// server is still one of its active ones.
+    pub(super) fn bucket_completed(&mut self, i: usize, j: usize) {
+        let c = self.cluster();
+        let plan = c.plan(i);
+        if let BucketLoad::Closed { per_server } = plan.load {
+            let b = &mut c.buckets[i];
+            b.in_flight[j] -= 1;
+            let active = plan.phases[b.phase].servers.iter().any(|x| x.0 == j);
+            if active && b.in_flight[j] < per_server {
+                self.bucket_issue(i, j);
+            }
+        }
+    }
+
+    /// A redistribution boundary: every server snapshots its report; they reach the controller later.
+    pub(super) fn boundary(&mut self, round: u64) {
+        let now = self.now;
+        let mut reports = Vec::with_capacity(self.servers.len());
+        let c = self.cluster.as_mut().expect("cluster");
+        for (j, (srv, s)) in self.servers.iter_mut().zip(&mut c.servers).enumerate() {
+            if let Some(since) = srv.device.busy_since() {
+                s.busy_ns += now.0 - since.0.max(s.last_report.0);
+            }
+            let mut lines = Vec::new();
+            for b in srv.sched.token().take_interval(now) {
+                let n = b.counters;
+                if n.arrivals + n.dispatched_r + n.dispatched_l + b.queued > 0 {
+                    lines.push(BucketReport {
+                        bucket: srv.tenant_of_slot[b.id.index()],
+                        arrivals: n.arrivals,
+                        dispatched: n.dispatched_r + n.dispatched_l,
+                        queued: b.queued,
+                        idle_ns: n.idle_ns,
+                    });
+                }
+            }
+            lines.sort_unstable_by_key(|l| l.bucket);
+            reports.push(ServerReport {
+                server: j as u32,
+                round,
+                elapsed_ns: now.0 - s.last_report.0,
+                completed: s.completed,
+                busy_ns: s.busy_ns,
+                buckets: lines,
+            });
+            s.last_report = now;
+            s.completed = 0;
+            s.busy_ns = 0;
+        }
+        c.pending_reports = reports;
+        let ps = c.ps;
+        if ps.delay > Nanos::ZERO {
+            self.schedule(now.saturating_add(ps.delay), Kind::Reports, 0, 0);
+        } else {
+            self.reports();
+        }
+        let next = ps.start.0 + (round + 1) * (ps.period.0 / ps.intervals as u64);
+        if next < self.sc.duration.0 {
+            self.schedule(Nanos(next), Kind::Boundary, (round + 1) as u32, 0);
+        }
+    }
+
+    /// The reports reach the controller, which answers at once.
+    pub(super) fn reports(&mut self) {
+        let now = self.now;
+        let c = self.cluster();
+        let ctl = c.controller.as_mut().expect("boundaries only with a controller");
+        for r in std::mem::take(&mut c.pending_reports) {
+            ctl.handle_report(r).expect("reports are well formed");
+        }
+        let (msgs, _round) = ctl.poll(now).expect("every server reported");
+        c.pending_tokens = msgs;
+        let delay = c.ps.delay;
+        if delay > Nanos::ZERO {
+            self.schedule(now.saturating_add(delay), Kind::Tokens, 0, 0);
+        } else {
+            self.tokens();
+        }
+    }
+
+    /// Token messages reach the servers.
+    pub(super) fn tokens(&mut self) {
+        for m in std::mem::take(&mut self.cluster().pending_tokens) {
+            let j = m.server as usize;
+            let mut listed = vec![false; self.servers[j].tenant_of_slot.len()];
+            for &(i, r, l) in &m.tokens {
+                let id = self.id_at(j, i as usize);
+                if listed.len() <= id.index() {
+                    listed.resize(id.index() + 1, false);
+                }
+                listed[id.index()] = true;
+                self.servers[j].sched.token().grant(id, r, l).expect("live");
+            }
+            self.cluster().servers[j].heard = true;
+            let s = &mut self.servers[j];
+            for (slot, &i) in s.tenant_of_slot.iter().enumerate() {
+                if i == u32::MAX || listed.get(slot).copied().unwrap_or(false) {
+                    continue;
+                }
+                let ts = s.sched.token();
+                let id = ts.id_at_slot(slot).expect("mapped slots are live");
+                let l = if self.sc.tenants[i as usize].spec.limit().is_some() {
+                    Tokens::Count(0)
+                } else {
+                    Tokens::Unlimited
+                };
+                ts.set_tokens(id, 0, l).expect("live");
+            }
+            self.try_dispatch(j);
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! The file layer: scenario files (TOML) exactly as written.
+//!
+//! Raw TOML is parsed into these `*File` structs with `deny_unknown_fields`, so a typo is an error naming
+//! the field. Nothing here checks values or resolves names: the model layer ([`crate::model`]) validates
+//! a [`ScenarioFile`] once into a [`crate::Scenario`]. See `docs/scenarios.md` for every field.
+
+pub mod parda;
+pub mod pshift;
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A scenario file could not be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file could not be read.
+    #[error("cannot read scenario {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The text is not a scenario (TOML syntax, an unknown field, a missing one, a wrong type).
+    #[error("scenario {path}: {message}")]
+    Parse {
+        /// The file (`<text>` for text given directly).
+        path: PathBuf,
+        /// The TOML parser's message, naming the line and the field.
+        message: String,
+    },
+}
+
+fn default_seed() -> u64 {
+    1
+}
+fn default_weight() -> f64 {
+    1.0
+}
+fn default_depth() -> u32 {
+    32
+}
+fn default_service() -> String {
+    "exponential".into()
+}
+fn default_outstanding() -> u32 {
+    32
+}
+fn default_size_kb() -> f64 {
+    4.0
+}
+fn default_pct() -> f64 {
+    100.0
+}
+fn default_span_gb() -> f64 {
+    10.0
+}
+fn default_one() -> f64 {
+    1.0
+}
+
+/// A whole scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// The scenario's name (reports and plots carry it).
+    pub name: String,
+    /// Free text: what the scenario reproduces and what the paper says.
+    #[serde(default)]
+    pub description: String,
+    /// Simulated time (s).
+    pub duration_s: f64,
+    /// Time excluded from totals (s).
+    #[serde(default)]
+    pub warmup_s: f64,
+    /// The run's seed.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Default scheduler for servers: mclock, dmclock, rbfq, sfq, fifo, lfq (= sfq per server), dtfq
+    /// (= sfq with distributed delta).
+    pub scheduler: Option<String>,
+    /// Timeseries bucket (default 1 s).
+    pub interval_s: Option<f64>,
+    /// Cost model for the schedulers: "io" (default), "bytes", or { tm_ms, bpeak_mb_s }.
+    pub cost_model: Option<CostFile>,
+    /// The network between gateways and servers.
+    #[serde(default)]
+    pub network: NetworkFile,
+    /// `[[servers]]`.
+    pub servers: Vec<ServerFile>,
+    /// `[[tenants]]`.
+    #[serde(default)]
+    pub tenants: Vec<TenantFile>,
+    /// `[[expect]]`: what `--check` verifies.
+    #[serde(default)]
+    pub expect: Vec<ExpectFile>,
+    /// PARDA flow control for `[[hosts]]`.
+    pub parda: Option<parda::PardaFile>,
+    /// `[[hosts]]`: PARDA hosts.
+    #[serde(default)]
+    pub hosts: Vec<parda::HostFile>,
+    /// A pShift cluster (token schedulers and a controller).
+    pub pshift: Option<pshift::PshiftFile>,
+}
+
+impl ScenarioFile {
+    /// Reads and parses a scenario file.
+    pub fn read(path: &Path) -> Result<ScenarioFile, FileError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| FileError::Read { path: path.to_path_buf(), source })?;
+        Self::parse_named(&text, path)
+    }
+
+    /// Parses scenario text.
+    pub fn parse(text: &str) -> Result<ScenarioFile, FileError> {
+        Self::parse_named(text, Path::new("<text>"))
+    }
+
+    fn parse_named(text: &str, path: &Path) -> Result<ScenarioFile, FileError> {
+        toml::from_str(text).map_err(|e| FileError::Parse { path: path.to_path_buf(), message: e.to_string() })
+    }
+}
+
+/// `cost_model`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CostFile {
+    /// "io" or "bytes".
+    Name(String),
+    /// mClock §3.1's seek-and-transfer cost.
+    SeekTransfer {
+        /// Mean positioning time (ms).
+        tm_ms: f64,
+        /// Peak transfer rate (MB/s).
+        bpeak_mb_s: f64,
+    },
+}
+
+/// `[network]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkFile {
+    /// One-way delay between a tenant's gateway and a server.
+    #[serde(default)]
+    pub delay_ms: f64,
+}
+
+/// A step of `capacity_schedule`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityStep {
+    /// From when (s).
+    pub at_s: f64,
+    /// The capacity from then on (IOPS).
+    pub iops: f64,
+}
+
+/// `disk = { .. }`: the position-dependent service model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskFile {
+    /// Average seek time for a random access (ms); scaled by sqrt(distance / span).
+    #[serde(default = "default_seek_ms")]
+    pub seek_ms: f64,
+    /// Full rotation time (ms); a random access waits a uniform fraction of it.
+    #[serde(default = "default_rotation_ms")]
+    pub rotation_ms: f64,
+    /// Media transfer rate (MB/s).
+    #[serde(default = "default_transfer")]
+    pub transfer_mb_s: f64,
+    /// Accesses closer than this to the previous one are sequential: no seek, no rotation (KiB).
+    #[serde(default = "default_seq_kb")]
+    pub sequential_kb: f64,
+}
+fn default_seek_ms() -> f64 {
+    4.0
+}
+fn default_rotation_ms() -> f64 {
+    4.0
+}
+fn default_transfer() -> f64 {
+    100.0
+}
+fn default_seq_kb() -> f64 {
+    64.0
+}
+
+/// `[[servers]]`: a scheduler in front of a device.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    /// Its name.
+    pub name: String,
+    /// Requests per second the device completes (mean service time 1/capacity for 4 KiB random IO).
+    pub capacity_iops: f64,
+    /// exponential | uniform | deterministic | disk
+    #[serde(default = "default_service")]
+    pub service: String,
+    /// uniform: service times in [(1-spread)/C, (1+spread)/C] (default 0.5).
+    pub uniform_spread: Option<f64>,
+    /// Optional transfer rate: adds size / rate to each service time (size-dependent cost).
+    pub transfer_mb_s: Option<f64>,
+    /// The disk model's parameters (service = "disk").
+    pub disk: Option<DiskFile>,
+    /// D: requests the scheduler keeps outstanding at the device.
+    #[serde(default = "default_depth")]
+    pub queue_depth: u32,
+    /// This server's scheduler (default: the scenario's).
+    pub scheduler: Option<String>,
+    /// Capacity changes over time.
+    #[serde(default)]
+    pub capacity_schedule: Vec<CapacityStep>,
+    /// strict (default) | break_when_idle
+    pub limit_mode: Option<String>,
+    /// Locality batching: batch size (1 = off).
+    pub batch: Option<u32>,
+    /// Locality batching: distance (KiB).
+    pub batch_distance_kb: Option<f64>,
+    /// The device: "fifo" (default; one request at a time) or "ps" (processor sharing).
+    pub discipline: Option<String>,
+}
+
+/// `[[tenants]]`: a QoS spec and a workload.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantFile {
+    /// Its name.
+    pub name: String,
+    /// Reservation (IOPS or cost units per second).
+    #[serde(default)]
+    pub reservation: f64,
+    /// Limit (none by default).
+    pub limit: Option<f64>,
+    /// Weight.
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// Idle credit (mClock's sigma, in requests).
+    #[serde(default)]
+    pub idle_credit: u32,
+    /// Servers this tenant sends to (default: all).
+    pub servers: Option<Vec<String>>,
+    /// Per-server reservation overrides (RBFQ's local minimum M_ij).
+    #[serde(default)]
+    pub server_reservations: BTreeMap<String, f64>,
+    /// How requests pick a server: by offset striping (default) or by shares.
+    pub routing: Option<RoutingFile>,
+    /// `[tenants.workload]`.
+    pub workload: WorkloadFile,
+    /// A VM on this PARDA host (`[[hosts]]`): its requests go through the host's window to its array.
+    pub host: Option<String>,
+}
+
+/// `routing`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RoutingFile {
+    /// "stripe".
+    Name(String),
+    /// `{ shares = { server = share, .. } }`.
+    Shares {
+        /// Share per server name.
+        shares: BTreeMap<String, f64>,
+    },
+    /// `{ stripe_kb = .. }`.
+    Stripe {
+        /// Stripe size (KiB).
+        stripe_kb: f64,
+    },
+}
+
+/// `[tenants.workload.trace]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceFile {
+    /// The trace file; relative to the scenario file's directory.
+    pub path: String,
+    /// disksim | csv (cloudPhysics `version,time,op,size,lbn`) | vscsi (`ts_us,op,size_bytes,lbn`);
+    /// default from the extension (.trace = disksim, *.vscsi-us.csv = vscsi, .csv = csv).
+    pub format: Option<String>,
+    /// Keep only this device number (disksim).
+    pub device: Option<u32>,
+    /// Multiply inter-arrival times by this (0.5 = twice as fast).
+    #[serde(default = "default_one")]
+    pub time_scale: f64,
+    /// Replay the trace again from the start when it ends.
+    #[serde(default)]
+    pub repeat: bool,
+}
+
+/// `[tenants.workload]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadFile {
+    /// closed | open | on_off | burst | trace
+    pub kind: String,
+    /// closed: requests in flight.
+    #[serde(default = "default_outstanding")]
+    pub outstanding: u32,
+    /// closed: keep this many requests outstanding at *each* of the tenant's servers instead of one pool of
+    /// `outstanding` shared by them (a gateway with a per-server window, as in the dmClock and RBFQ papers'
+    /// clients); a completion at a server is replaced by a new request to the same server.
+    pub outstanding_per_server: Option<u32>,
+    /// open / on_off (open inside on periods): Poisson arrival rate.
+    pub iops: Option<f64>,
+    /// closed: think time (ms).
+    pub think_ms: Option<f64>,
+    /// on_off: on period (s).
+    pub on_s: Option<f64>,
+    /// on_off: off period (s).
+    pub off_s: Option<f64>,
+    /// burst: requests per burst.
+    pub burst_count: Option<u32>,
+    /// burst: time between bursts (ms).
+    pub burst_period_ms: Option<f64>,
+    /// trace: the trace to replay.
+    pub trace: Option<TraceFile>,
+    /// Request size (KiB).
+    #[serde(default = "default_size_kb")]
+    pub size_kb: f64,
+    /// Percentage of reads.
+    #[serde(default = "default_pct")]
+    pub read_pct: f64,
+    /// Percentage of random offsets.
+    #[serde(default = "default_pct")]
+    pub random_pct: f64,
+    /// Span of the offsets (GiB).
+    #[serde(default = "default_span_gb")]
+    pub span_gb: f64,
+    /// Start (s).
+    #[serde(default)]
+    pub start_s: f64,
+    /// Stop (s; default the end).
+    pub stop_s: Option<f64>,
+}
+
+/// `[[expect]]`: one expectation `--check` verifies.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectFile {
+    /// Tenant the expectation is about ...
+    pub tenant: Option<String>,
+    /// ... or server ...
+    pub server: Option<String>,
+    /// iops | mb_s | latency_mean_ms | latency_p50_ms | latency_p95_ms | latency_p99_ms | latency_max_ms |
+    /// reservation_fraction (share of IOs served in the reservation phase) | utilisation
+    pub metric: String,
+    /// [start_s, end_s]; default: warmup to end. Latency metrics use the whole run after warmup.
+    pub window: Option<[f64; 2]>,
+    /// Compare with a number, within `within_pct` percent...
+    pub equals: Option<f64>,
+    /// ... or with the fluid oracle (mClock eq. (1)-(2)) for the window's measured total throughput.
+    #[serde(default)]
+    pub oracle: bool,
+    /// ... or with another tenant's value times `ratio`.
+    pub ratio_to: Option<String>,
+    /// The ratio for `ratio_to` (default 1).
+    pub ratio: Option<f64>,
+    /// Tolerance of a target (percent).
+    pub within_pct: Option<f64>,
+    /// The value must be below this.
+    pub below: Option<f64>,
+    /// The value must be above this.
+    pub above: Option<f64>,
+    /// Free text shown with the result (what the paper says).
+    pub note: Option<String>,
+    /// PARDA: a host (or "all") instead of a tenant or server.
+    pub host: Option<String>,
+    /// Host target: eq. (3)'s equilibrium window, or latency `script_L + sum beta / C`.
+    #[serde(default)]
+    pub equilibrium: bool,
+    /// Host target: the latency threshold script-L.
+    #[serde(default)]
+    pub threshold: bool,
+    /// With `ratio_to`: the ratio is this host's beta over the other's (means over the window).
+    #[serde(default)]
+    pub beta_ratio: bool,
+    /// Host target: the same metric in the same scenario without PARDA (`[parda] enabled = false`).
+    #[serde(default)]
+    pub uncontrolled: bool,
+    /// convergence_s: the band around the settled window (percent, default 10).
+    pub band_pct: Option<f64>,
+    /// pShift metrics: a bucket meets its reservation in a QoS period when it does at least this
+    /// percentage of it (`reservation_met_fraction`, default 100), and exceeds its limit when it does more
+    /// than the limit plus this percentage (`limit_exceeded_fraction`, default 0).
+    pub threshold_pct: Option<f64>,
+}

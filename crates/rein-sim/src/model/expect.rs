@@ -1,0 +1,315 @@
+//! Validated expectations: what `--check` verifies, as typed values (subject and metric resolved, the
+//! target one of a closed set), so the check layer never looks names up or matches strings again.
+
+use super::parda::Host;
+use super::server::Server;
+use super::tenant::Tenant;
+use crate::file::ExpectFile;
+use rein_model::report::hosts::{HostMetric, HostSubject};
+use rein_model::report::{PeriodMetric, ServerMetric, TenantMetric};
+
+/// What an expectation measures.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Subject {
+    /// A tenant's metric (index into `Scenario::tenants`).
+    Tenant {
+        /// The tenant.
+        tenant: usize,
+        /// The metric.
+        metric: TenantMetric,
+    },
+    /// A server's metric.
+    Server {
+        /// The server.
+        server: usize,
+        /// The metric.
+        metric: ServerMetric,
+    },
+    /// A share of (tenant, QoS period) pairs (pShift): one tenant's, or all tenants' (`None`).
+    Periods {
+        /// The tenant, or all.
+        tenant: Option<usize>,
+        /// The metric.
+        metric: PeriodMetric,
+        /// The threshold (percent): 100 by default for reservations, 0 for limits.
+        threshold_pct: f64,
+    },
+    /// A PARDA host's (or the cluster's) metric.
+    Host {
+        /// A host or all.
+        who: HostSubject,
+        /// The metric.
+        metric: HostMetric,
+        /// Convergence band (percent, default 10).
+        band_pct: f64,
+    },
+}
+
+/// What a host metric's ratio is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HostRatio {
+    /// A fixed ratio.
+    Fixed(f64),
+    /// This host's beta over the other's (means over the window).
+    Beta,
+}
+
+/// What an expectation compares with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// A number.
+    Equals(f64),
+    /// The fluid oracle's IOPS (mClock eq. (1)-(2)) for the window's measured total throughput.
+    Oracle,
+    /// Another tenant's value of the same metric, times `ratio`.
+    TenantRatio {
+        /// The other tenant.
+        tenant: usize,
+        /// The ratio.
+        ratio: f64,
+    },
+    /// Another host's value of the same metric, times a ratio.
+    HostRatio {
+        /// The other host.
+        host: usize,
+        /// The ratio.
+        ratio: HostRatio,
+    },
+    /// eq. (3)'s equilibrium window, or latency `script_L + sum beta / C`.
+    Equilibrium,
+    /// script-L.
+    Threshold,
+    /// The same metric in the same scenario without PARDA (the check asks for that run).
+    Uncontrolled,
+}
+
+/// One validated `[[expect]]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expectation {
+    /// What is measured.
+    pub subject: Subject,
+    /// `[a, b]` seconds; `None`: from the warm-up to the end.
+    pub window: Option<[f64; 2]>,
+    /// What to compare with (with `within_pct`).
+    pub target: Option<Target>,
+    /// Tolerance of the target (percent).
+    pub within_pct: Option<f64>,
+    /// The value must be below this.
+    pub below: Option<f64>,
+    /// The value must be above this.
+    pub above: Option<f64>,
+    /// What the paper says.
+    pub note: Option<String>,
+}
+
+/// Checks what every expectation shares: at most one of its target kinds (`kinds`: name, given) is
+/// given, a target comes with `within_pct`, there is something to check, and the window is sane.
+fn validate_targets(at: &str, e: &ExpectFile, kinds: &[(&str, bool)]) -> Result<(), String> {
+    let names: Vec<&str> = kinds.iter().map(|k| k.0).collect();
+    let given = kinds.iter().filter(|k| k.1).count();
+    if given > 1 {
+        return Err(format!("{at}: use one of {}", names.join(", ")));
+    }
+    if given == 1 && e.within_pct.is_none() {
+        return Err(format!("{at}: {} need within_pct", names.join("/")));
+    }
+    if given == 0 && e.below.is_none() && e.above.is_none() {
+        return Err(format!("{at}: says nothing to check (give {}, below or above)", names.join(", ")));
+    }
+    if let Some([a, b]) = e.window {
+        if !(a.is_finite() && b.is_finite() && 0.0 <= a && a < b) {
+            return Err(format!("{at}: window must be [start, end] with 0 <= start < end"));
+        }
+    }
+    Ok(())
+}
+
+/// Every tenant and server metric name, in documentation order (for the error message).
+fn metric_names() -> String {
+    let mut names: Vec<&str> = TenantMetric::ALL.iter().map(|m| m.name()).collect();
+    for m in ServerMetric::ALL.iter().map(|m| m.name()).chain(PeriodMetric::ALL.iter().map(|m| m.name())) {
+        if !names.contains(&m) {
+            names.push(m);
+        }
+    }
+    names.join(", ")
+}
+
+/// Validates `expect[i]`. `pshift`: the scenario has QoS periods.
+pub(crate) fn validate(
+    i: usize,
+    e: &ExpectFile,
+    tenants: &[Tenant],
+    servers: &[Server],
+    hosts: &[Host],
+    pshift: bool,
+) -> Result<Expectation, String> {
+    let at = format!("expect[{i}]");
+    let (subject, target) = if e.host.is_some() {
+        validate_host(&at, e, hosts)?
+    } else {
+        validate_tenant_or_server(&at, e, tenants, servers, pshift)?
+    };
+    Ok(Expectation {
+        subject,
+        window: e.window,
+        target,
+        within_pct: e.within_pct,
+        below: e.below,
+        above: e.above,
+        note: e.note.clone(),
+    })
+}
+
+fn validate_tenant_or_server(
+    at: &str,
+    e: &ExpectFile,
+    tenants: &[Tenant],
+    servers: &[Server],
+    pshift: bool,
+) -> Result<(Subject, Option<Target>), String> {
+    if e.equilibrium || e.threshold || e.beta_ratio || e.uncontrolled || e.band_pct.is_some() {
+        return Err(format!(
+            "{at}: equilibrium, threshold, beta_ratio, uncontrolled and band_pct are for host expectations"
+        ));
+    }
+    let name = e.metric.as_str();
+    let period: Option<PeriodMetric> = name.parse().ok();
+    let known = period.is_some() || name.parse::<TenantMetric>().is_ok() || name.parse::<ServerMetric>().is_ok();
+    if !known {
+        return Err(format!("{at}: metric {:?}: expected one of {}", e.metric, metric_names()));
+    }
+    if period.is_some() && !pshift {
+        return Err(format!("{at}: {} needs a [pshift] section (its QoS periods)", e.metric));
+    }
+    if let Some(t) = e.threshold_pct {
+        if period.is_none() || !(t.is_finite() && (0.0..=1000.0).contains(&t)) {
+            return Err(format!(
+                "{at}: threshold_pct applies to {} only, in [0, 1000]",
+                PeriodMetric::names().replace(", ", " and ")
+            ));
+        }
+    }
+    let tenant_index = |t: &str, what: &str| -> Result<usize, String> {
+        tenants.iter().position(|x| x.name == t).ok_or_else(|| format!("{at}: {what} {t:?}"))
+    };
+    let subject = match (&e.tenant, &e.server, period) {
+        (None, None, Some(metric)) => Subject::Periods { tenant: None, metric, threshold_pct: threshold(metric, e) },
+        (Some(t), None, _) => {
+            let tenant = tenant_index(t, "unknown tenant")?;
+            match period {
+                Some(metric) => Subject::Periods { tenant: Some(tenant), metric, threshold_pct: threshold(metric, e) },
+                None => match name.parse::<TenantMetric>() {
+                    Ok(metric) => Subject::Tenant { tenant, metric },
+                    Err(_) => return Err(format!("{at}: utilisation is a server metric")),
+                },
+            }
+        }
+        (None, Some(s), _) => {
+            let server =
+                servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("{at}: unknown server {s:?}"))?;
+            match name.parse::<ServerMetric>() {
+                Ok(metric) if period.is_none() => Subject::Server { server, metric },
+                _ => return Err(format!("{at}: servers have only iops and utilisation")),
+            }
+        }
+        _ => return Err(format!("{at}: name exactly one of tenant or server")),
+    };
+    let ratio_to = e.ratio_to.as_deref().map(|r| tenant_index(r, "ratio_to names unknown tenant")).transpose()?;
+    let a_tenant = matches!(subject, Subject::Tenant { .. });
+    if e.oracle && !a_tenant {
+        return Err(format!("{at}: oracle compares a tenant's metric with the fluid oracle; name a tenant"));
+    }
+    if ratio_to.is_some() && !a_tenant {
+        return Err(format!("{at}: ratio_to compares two tenants' {}; name a tenant", e.metric));
+    }
+    validate_targets(at, e, &[("equals", e.equals.is_some()), ("oracle", e.oracle), ("ratio_to", ratio_to.is_some())])?;
+    let target = if let Some(v) = e.equals {
+        Some(Target::Equals(v))
+    } else if e.oracle {
+        Some(Target::Oracle)
+    } else {
+        ratio_to.map(|tenant| Target::TenantRatio { tenant, ratio: e.ratio.unwrap_or(1.0) })
+    };
+    Ok((subject, target))
+}
+
+fn threshold(metric: PeriodMetric, e: &ExpectFile) -> f64 {
+    e.threshold_pct.unwrap_or(match metric {
+        PeriodMetric::ReservationMetFraction => 100.0,
+        PeriodMetric::LimitExceededFraction => 0.0,
+    })
+}
+
+fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<(Subject, Option<Target>), String> {
+    let h = e.host.as_deref().expect("called for host expectations");
+    if e.tenant.is_some() || e.server.is_some() {
+        return Err(format!("{at}: name exactly one of tenant, server or host"));
+    }
+    let who = if h == "all" {
+        HostSubject::All
+    } else {
+        HostSubject::Host(hosts.iter().position(|x| x.name == h).ok_or_else(|| format!("{at}: unknown host {h:?}"))?)
+    };
+    let metric: HostMetric = e.metric.parse().map_err(|m| format!("{at}: {m}"))?;
+    let ratio_to = match &e.ratio_to {
+        Some(r) => {
+            let o = hosts
+                .iter()
+                .position(|x| &x.name == r)
+                .ok_or_else(|| format!("{at}: ratio_to names unknown host {r:?}"))?;
+            if h == "all" {
+                return Err(format!("{at}: ratio_to compares two hosts, not \"all\""));
+            }
+            Some(o)
+        }
+        None => None,
+    };
+    if e.oracle {
+        return Err(format!("{at}: oracle is mClock's; for hosts use equilibrium (eq. (3))"));
+    }
+    if e.beta_ratio && e.ratio_to.is_none() {
+        return Err(format!("{at}: beta_ratio needs ratio_to"));
+    }
+    if e.beta_ratio && e.ratio.is_some() {
+        return Err(format!("{at}: give ratio or beta_ratio, not both"));
+    }
+    if e.equilibrium && !matches!(metric, HostMetric::Window | HostMetric::LatencyMeanMs | HostMetric::SignalMs) {
+        return Err(format!("{at}: equilibrium (eq. (3)) applies to window, latency_mean_ms and signal_ms"));
+    }
+    if e.threshold && !matches!(metric, HostMetric::LatencyMeanMs | HostMetric::SignalMs) {
+        return Err(format!("{at}: threshold (script-L) applies to latency_mean_ms and signal_ms"));
+    }
+    if e.band_pct.is_some() && metric != HostMetric::ConvergenceS {
+        return Err(format!("{at}: band_pct applies to convergence_s"));
+    }
+    if metric == HostMetric::ConvergenceS && (e.equilibrium || e.threshold || e.uncontrolled) {
+        return Err(format!("{at}: convergence_s is checked with below/above"));
+    }
+    validate_targets(
+        at,
+        e,
+        &[
+            ("equals", e.equals.is_some()),
+            ("ratio_to", e.ratio_to.is_some()),
+            ("equilibrium", e.equilibrium),
+            ("threshold", e.threshold),
+            ("uncontrolled", e.uncontrolled),
+        ],
+    )?;
+    let target = if let Some(v) = e.equals {
+        Some(Target::Equals(v))
+    } else if let Some(host) = ratio_to {
+        let ratio = if e.beta_ratio { HostRatio::Beta } else { HostRatio::Fixed(e.ratio.unwrap_or(1.0)) };
+        Some(Target::HostRatio { host, ratio })
+    } else if e.equilibrium {
+        Some(Target::Equilibrium)
+    } else if e.threshold {
+        Some(Target::Threshold)
+    } else if e.uncontrolled {
+        Some(Target::Uncontrolled)
+    } else {
+        None
+    };
+    Ok((Subject::Host { who, metric, band_pct: e.band_pct.unwrap_or(10.0) }, target))
+}

@@ -1,0 +1,249 @@
+//! The model layer: a scenario validated once into typed values.
+//!
+//! [`Scenario::load`] reads a file ([`crate::file`]) and validates it: values in range, names resolved to
+//! indices, devices and workloads built as rein-model's [`rein_model::DeviceSpec`] and
+//! [`rein_model::WorkloadSpec`], expectations typed ([`expect`]). Everything after this layer (the run,
+//! the report, the checks) works on these values and never sees the TOML again. One file per feature:
+//! [`server`], [`tenant`], [`expect`], [`parda`] (PARDA hosts), [`pshift`] (pShift clusters).
+
+pub mod expect;
+pub mod parda;
+pub mod pshift;
+pub mod server;
+pub mod tenant;
+
+pub use expect::Expectation;
+pub use server::{parse_scheduler, Server};
+pub use tenant::Tenant;
+
+use crate::file::{CostFile, FileError, ScenarioFile};
+use rein_core::{CostModel, Nanos, SchedulerKind};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Largest number of servers in a scenario.
+pub const MAX_SERVERS: usize = 1024;
+/// Largest number of tenants (or pShift buckets) in a scenario.
+pub const MAX_TENANTS: usize = 1_000_000;
+/// Longest run (s): a week.
+pub const MAX_DURATION_S: f64 = 7.0 * 86_400.0;
+/// Largest number of timeseries intervals (duration / interval).
+pub const MAX_INTERVALS: usize = 1_000_000;
+
+/// A scenario could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The file could not be read or parsed.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// A value is out of range or a name unknown (the message names it).
+    #[error("scenario {name:?}: {message}")]
+    Invalid {
+        /// The scenario's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A validated scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Its name.
+    pub name: String,
+    /// What it reproduces.
+    pub description: String,
+    /// Simulated time.
+    pub duration: Nanos,
+    /// Time excluded from totals.
+    pub warmup: Nanos,
+    /// The run's seed.
+    pub seed: u64,
+    /// Timeseries interval.
+    pub interval: Nanos,
+    /// The schedulers' cost model.
+    pub cost_model: CostModel,
+    /// One-way delay between gateways and servers.
+    pub net_delay: Nanos,
+    /// Servers, in file order.
+    pub servers: Vec<Server>,
+    /// Tenants (pShift buckets), in file order.
+    pub tenants: Vec<Tenant>,
+    /// What `--check` verifies.
+    pub expect: Vec<Expectation>,
+    /// The default scheduler name as written (for reports).
+    pub scheduler_name: String,
+    /// PARDA parameters, when the scenario has hosts.
+    pub parda: Option<parda::Parda>,
+    /// PARDA hosts.
+    pub hosts: Vec<parda::Host>,
+    /// A pShift cluster: tenants are its buckets.
+    pub pshift: Option<Arc<pshift::PshiftSection>>,
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file. Relative trace paths resolve against the file's directory.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        Ok(ScenarioFile::read(path)?.validate(path.parent())?)
+    }
+
+    /// Parses and validates scenario text (trace paths relative to `base`).
+    pub fn from_toml(text: &str, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
+        Ok(ScenarioFile::parse(text)?.validate(base)?)
+    }
+
+    /// A copy running every server on `kind` (for side-by-side comparisons).
+    pub fn with_scheduler(&self, kind: SchedulerKind, distributed: bool) -> Scenario {
+        let mut s = self.clone();
+        for srv in &mut s.servers {
+            srv.scheduler = kind;
+            srv.distributed = distributed;
+        }
+        s.scheduler_name = kind.name().to_string();
+        s
+    }
+
+    /// A copy with PARDA switched off: every host keeps a fixed issue queue (the uncontrolled baseline).
+    pub fn without_parda(&self) -> Scenario {
+        let mut s = self.clone();
+        if let Some(p) = &mut s.parda {
+            p.enabled = false;
+        }
+        s
+    }
+
+    /// The index of the tenant named `name`.
+    pub fn tenant_index(&self, name: &str) -> Option<usize> {
+        self.tenants.iter().position(|t| t.name == name)
+    }
+
+    /// The index of the server named `name`.
+    pub fn server_index(&self, name: &str) -> Option<usize> {
+        self.servers.iter().position(|t| t.name == name)
+    }
+}
+
+fn secs(name: &str, field: &str, v: f64) -> Result<Nanos, String> {
+    if !v.is_finite() || !(0.0..=MAX_DURATION_S).contains(&v) {
+        return Err(format!("{name}: {field} must be between 0 and {MAX_DURATION_S} s, got {v}"));
+    }
+    Ok(Nanos::from_secs_f64(v))
+}
+
+fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for n in names {
+        if n.trim().is_empty() {
+            return Err(format!("a {what} has an empty name"));
+        }
+        if !seen.insert(n) {
+            return Err(format!("two {what}s are named {n:?}"));
+        }
+    }
+    Ok(())
+}
+
+impl ScenarioFile {
+    /// Validates the file into a [`Scenario`] (trace paths relative to `base`).
+    pub fn validate(self, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
+        let name = self.name.clone();
+        validate(self, base).map_err(|message| ScenarioError::Invalid { name, message })
+    }
+}
+
+fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String> {
+    if file.name.trim().is_empty() {
+        return Err("name must not be empty".into());
+    }
+    let duration = secs("scenario", "duration_s", file.duration_s)?;
+    if duration == Nanos::ZERO {
+        return Err("duration_s must be positive".into());
+    }
+    let warmup = secs("scenario", "warmup_s", file.warmup_s)?;
+    if warmup >= duration {
+        return Err(format!("warmup_s ({}) must be less than duration_s ({})", file.warmup_s, file.duration_s));
+    }
+    let interval = secs("scenario", "interval_s", file.interval_s.unwrap_or(1.0))?;
+    if interval < Nanos::from_millis(1) {
+        return Err("interval_s must be at least 0.001".into());
+    }
+    if (duration.0 / interval.0) as usize > MAX_INTERVALS {
+        return Err(format!("duration_s / interval_s exceeds {MAX_INTERVALS} intervals"));
+    }
+    let cost_model = match &file.cost_model {
+        None => CostModel::PerIo,
+        Some(CostFile::Name(n)) if n == "io" => CostModel::PerIo,
+        Some(CostFile::Name(n)) if n == "bytes" => CostModel::BYTES,
+        Some(CostFile::Name(n)) => {
+            return Err(format!("cost_model {n:?}: expected \"io\", \"bytes\" or {{ tm_ms, bpeak_mb_s }}"))
+        }
+        Some(CostFile::SeekTransfer { tm_ms, bpeak_mb_s }) => {
+            CostModel::seek_transfer((tm_ms * 1e6).max(0.0) as u64, bpeak_mb_s * 1e6).map_err(|e| e.to_string())?
+        }
+    };
+    let net = file.network.delay_ms;
+    if !net.is_finite() || !(0.0..=10_000.0).contains(&net) {
+        return Err(format!("network.delay_ms must be between 0 and 10000, got {net}"));
+    }
+    let default_sched = file.scheduler.clone().unwrap_or_else(|| "mclock".into());
+    parse_scheduler(&default_sched)?;
+    if file.servers.is_empty() {
+        return Err("at least one [[servers]] is needed".into());
+    }
+    if file.servers.len() > MAX_SERVERS {
+        return Err(format!("at most {MAX_SERVERS} servers"));
+    }
+    if file.tenants.is_empty() && file.pshift.is_none() {
+        return Err("at least one [[tenants]] is needed".into());
+    }
+    if file.tenants.len() > MAX_TENANTS {
+        return Err(format!("at most {MAX_TENANTS} tenants"));
+    }
+    let mut servers = Vec::with_capacity(file.servers.len());
+    for s in &file.servers {
+        servers.push(server::validate_server(s, &default_sched)?);
+    }
+    check_unique(servers.iter().map(|s| s.name.as_str()), "server")?;
+    let mut tenants = Vec::with_capacity(file.tenants.len());
+    for t in &file.tenants {
+        tenants.push(tenant::validate_tenant(t, &servers, base, duration)?);
+    }
+    if file.pshift.is_some() && (file.parda.is_some() || !file.hosts.is_empty()) {
+        return Err(
+            "a scenario has either PARDA hosts ([parda], [[hosts]]) or a pShift cluster ([pshift]), not both".into()
+        );
+    }
+    let pshift = match &file.pshift {
+        None => None,
+        Some(p) => {
+            let (section, all) = pshift::validate(p, &servers, tenants, file.seed, duration, interval)?;
+            tenants = all;
+            Some(Arc::new(section))
+        }
+    };
+    check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
+    let (parda, hosts) = parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers)?;
+    let expect = file
+        .expect
+        .iter()
+        .enumerate()
+        .map(|(i, e)| expect::validate(i, e, &tenants, &servers, &hosts, pshift.is_some()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Scenario {
+        name: file.name,
+        description: file.description,
+        duration,
+        warmup,
+        seed: file.seed,
+        interval,
+        cost_model,
+        net_delay: Nanos::from_secs_f64(net / 1e3),
+        servers,
+        tenants,
+        expect,
+        scheduler_name: default_sched,
+        parda,
+        hosts,
+        pshift,
+    })
+}

@@ -1,0 +1,253 @@
+//! PARDA's validated `[parda]` and `[[hosts]]` (parda.txt §3-5; the run layer is
+//! [`crate::engine`]'s host layer).
+//!
+//! A *host* sits between its VMs (tenants with `host = "..."`) and one server, *the array*, and runs
+//! rein-core's `HostController`: VMs' requests queue in its local scheduler and the host releases them
+//! while fewer than its window are outstanding; PARDA hosts adjust the window each control period from
+//! the cluster's (or their own) latency. An *uncontrolled* host keeps a fixed issue queue.
+
+use super::server::{parse_scheduler, Server};
+use super::tenant::Tenant;
+use crate::file::parda::{HostFile, PardaFile};
+use crate::file::TenantFile;
+use rein_core::parda::{HostConfig, PardaConfig, SizeModel};
+use rein_core::{Nanos, SchedulerKind};
+
+/// Largest number of hosts in a scenario.
+pub const MAX_HOSTS: usize = rein_core::parda::MAX_HOSTS as usize;
+
+/// Which latency signal the hosts use.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Aggregation {
+    /// §4.2: the cluster's average latency.
+    Cluster,
+    /// §4.1: each host's own estimate.
+    Local,
+}
+
+impl Aggregation {
+    /// The name as scenario files write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Aggregation::Cluster => "cluster",
+            Aggregation::Local => "local",
+        }
+    }
+}
+
+/// The validated `[parda]` table.
+#[derive(Debug, Clone)]
+pub struct Parda {
+    pub config: PardaConfig,
+    pub aggregation: Aggregation,
+    pub delay: Nanos,
+    pub timeout: Nanos,
+    pub beta_per_share: f64,
+    pub local_scheduler: SchedulerKind,
+    pub batch: u32,
+    pub batch_distance: u64,
+    pub enabled: bool,
+}
+
+/// A validated host.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub name: String,
+    pub beta: Option<f64>,
+    pub controlled: bool,
+    pub window: Option<f64>,
+    pub service_scale: f64,
+    /// Index of the array in `Scenario::servers`.
+    pub server: usize,
+    /// Indices of its VMs in `Scenario::tenants`.
+    pub vms: Vec<usize>,
+}
+
+impl Host {
+    /// Whether this host runs PARDA in a scenario with `parda`.
+    pub fn runs_parda(&self, parda: &Parda) -> bool {
+        self.controlled && parda.enabled
+    }
+}
+
+fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
+    if v.is_finite() && v >= lo && v <= hi {
+        Ok(v)
+    } else {
+        Err(format!("{what} must be between {lo} and {hi}, got {v}"))
+    }
+}
+
+fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
+    let at = |e: rein_core::parda::PardaError| format!("parda: {e}");
+    if !(p.latency_threshold_ms.is_finite() && p.latency_threshold_ms > 0.0 && p.latency_threshold_ms <= 3.6e6) {
+        return Err(format!(
+            "parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {}",
+            p.latency_threshold_ms
+        ));
+    }
+    let period = in_range("parda: period_s", p.period_s, 0.001, 3600.0)?;
+    let size_model = match &p.size_model {
+        None => SizeModel::NONE,
+        Some(m) => {
+            if !(m.fixed_ms.is_finite() && m.fixed_ms >= 0.0) {
+                return Err(format!("parda: size_model.fixed_ms must be non-negative, got {}", m.fixed_ms));
+            }
+            SizeModel::from_rate(Nanos::from_secs_f64(m.fixed_ms / 1e3), m.transfer_mb_s)
+                .map_err(|_| format!("parda: size_model.transfer_mb_s must be positive, got {}", m.transfer_mb_s))?
+        }
+    };
+    let config = PardaConfig {
+        latency_threshold: Nanos::from_secs_f64(p.latency_threshold_ms / 1e3),
+        alpha: p.alpha,
+        gamma: p.gamma,
+        period: Nanos::from_secs_f64(period),
+        w_min: p.w_min,
+        w_max: p.w_max,
+        initial_window: p.initial_window,
+        size_model,
+        adjust_beta: p.adjust_beta,
+    };
+    config.validate().map_err(at)?;
+    let aggregation = match p.aggregation.as_str() {
+        "cluster" => Aggregation::Cluster,
+        "local" => Aggregation::Local,
+        o => return Err(format!("parda: aggregation {o:?}: expected \"cluster\" or \"local\"")),
+    };
+    let delay = in_range("parda: aggregation_delay_ms", p.aggregation_delay_ms, 0.0, 3.6e6)?;
+    let timeout =
+        in_range("parda: aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
+    if !(p.beta_per_share.is_finite() && p.beta_per_share > 0.0 && p.beta_per_share <= 1e6) {
+        return Err(format!("parda: beta_per_share must be positive, got {}", p.beta_per_share));
+    }
+    let (local_scheduler, distributed) =
+        parse_scheduler(&p.local_scheduler).map_err(|e| format!("parda: local_scheduler: {e}"))?;
+    if distributed {
+        return Err(format!(
+            "parda: local_scheduler {:?} is a distributed scheduler; use sfq, mclock or fifo",
+            p.local_scheduler
+        ));
+    }
+    let batch = p.batch.unwrap_or(1);
+    if batch == 0 || batch > 1024 {
+        return Err(format!("parda: batch must be in 1..=1024, got {batch}"));
+    }
+    let bd = p.batch_distance_kb.unwrap_or(4096.0);
+    if !(bd.is_finite() && bd >= 0.0) {
+        return Err("parda: batch_distance_kb must be non-negative".into());
+    }
+    Ok(Parda {
+        config,
+        aggregation,
+        delay: Nanos::from_secs_f64(delay / 1e3),
+        timeout: Nanos::from_secs_f64(timeout),
+        beta_per_share: p.beta_per_share,
+        local_scheduler,
+        batch,
+        batch_distance: (bd * 1024.0) as u64,
+        enabled: p.enabled,
+    })
+}
+
+/// Validates `[parda]` and `[[hosts]]` and attaches each VM (tenant with `host`) to its host: a VM sends
+/// only to its host's array.
+pub(crate) fn validate(
+    parda: Option<&PardaFile>,
+    files: &[HostFile],
+    tenant_files: &[TenantFile],
+    tenants: &mut [Tenant],
+    servers: &[Server],
+) -> Result<(Option<Parda>, Vec<Host>), String> {
+    let uses_host = tenant_files.iter().any(|t| t.host.is_some());
+    if files.is_empty() {
+        if let Some(t) = tenant_files.iter().find(|t| t.host.is_some()) {
+            return Err(format!(
+                "tenant {}: host {:?} but no [[hosts]] are defined",
+                t.name,
+                t.host.as_deref().unwrap_or_default()
+            ));
+        }
+        if parda.is_some() {
+            return Err("[parda] needs [[hosts]] to control".into());
+        }
+        return Ok((None, Vec::new()));
+    }
+    let parda = parda.ok_or(
+        "[[hosts]] need a [parda] table (latency_threshold_ms at least; enabled = false for a baseline without PARDA)",
+    )?;
+    let parda = validate_parda(parda)?;
+    if files.len() > MAX_HOSTS {
+        return Err(format!("at most {MAX_HOSTS} hosts"));
+    }
+    let mut hosts = Vec::with_capacity(files.len());
+    let mut by_name = std::collections::BTreeMap::new();
+    for (i, f) in files.iter().enumerate() {
+        let n = &f.name;
+        if n.trim().is_empty() {
+            return Err("a host has an empty name".into());
+        }
+        if n == "all" {
+            return Err("a host may not be named \"all\" (expectations use it for the whole cluster)".into());
+        }
+        if by_name.insert(n.as_str(), i).is_some() {
+            return Err(format!("two hosts are named {n:?}"));
+        }
+        let server = match &f.server {
+            Some(s) => {
+                servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("host {n}: unknown server {s:?}"))?
+            }
+            None if servers.len() == 1 => 0,
+            None => {
+                return Err(format!(
+                    "host {n}: name its array with server = \"...\" (the scenario has several servers)"
+                ))
+            }
+        };
+        let hc = HostConfig {
+            id: i as u32,
+            beta: f.beta,
+            beta_per_share: parda.beta_per_share,
+            fixed_window: f.window,
+            ..HostConfig::default()
+        };
+        hc.validate().map_err(|e| format!("host {n}: {e}"))?;
+        if f.window.is_some() && f.controlled && parda.enabled {
+            return Err(format!("host {n}: window is the fixed issue queue of an uncontrolled host; a PARDA host's window is bounded by [parda] w_min / w_max"));
+        }
+        let scale = in_range(&format!("host {n}: service_scale"), f.service_scale, 1e-3, 1e3)?;
+        hosts.push(Host {
+            name: n.clone(),
+            beta: f.beta,
+            controlled: f.controlled,
+            window: f.window,
+            service_scale: scale,
+            server,
+            vms: Vec::new(),
+        });
+    }
+    debug_assert!(uses_host || !hosts.is_empty());
+    for (ti, (tf, t)) in tenant_files.iter().zip(tenants.iter_mut()).enumerate() {
+        let Some(hn) = &tf.host else { continue };
+        let h = *by_name.get(hn.as_str()).ok_or_else(|| format!("tenant {}: unknown host {hn:?}", t.name))?;
+        let server = hosts[h].server;
+        if let Some(list) = &tf.servers {
+            if list.len() != 1 || list[0] != servers[server].name {
+                return Err(format!(
+                    "tenant {}: a VM on host {hn} sends only to its host's array {:?}; drop servers",
+                    t.name, servers[server].name
+                ));
+            }
+        }
+        if !tf.server_reservations.is_empty() || tf.routing.is_some() {
+            return Err(format!("tenant {}: server_reservations and routing do not apply to a VM on a host", t.name));
+        }
+        t.servers = vec![server];
+        t.server_specs = vec![t.spec];
+        t.host = Some(h);
+        hosts[h].vms.push(ti);
+    }
+    if let Some(h) = hosts.iter().find(|h| h.vms.is_empty()) {
+        return Err(format!("host {}: no tenants name it (give VMs host = {:?})", h.name, h.name));
+    }
+    Ok((Some(parda), hosts))
+}

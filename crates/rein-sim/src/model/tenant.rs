@@ -1,0 +1,142 @@
+//! A validated tenant: a QoS spec (per server where RBFQ's local minimum differs), routing over its
+//! servers, and a workload (from rein-model).
+
+use super::server::Server;
+use crate::file::{RoutingFile, TenantFile, WorkloadFile};
+use rein_core::{Nanos, QosSpec};
+use rein_model::workload::{TraceParams, WorkloadParams, WorkloadSpec};
+use rein_model::Routing;
+use std::path::Path;
+
+/// A tenant of the scenario.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Its name.
+    pub name: String,
+    /// Its QoS spec.
+    pub spec: QosSpec,
+    /// Indices into `Scenario::servers`.
+    pub servers: Vec<usize>,
+    /// Spec per entry of `servers` (differs from `spec` only where `server_reservations` says so).
+    pub server_specs: Vec<QosSpec>,
+    /// How requests pick a server of `servers`.
+    pub routing: Routing,
+    /// When and what it issues.
+    pub workload: WorkloadSpec,
+    /// Index into `Scenario::hosts` for a VM on a PARDA host.
+    pub host: Option<usize>,
+}
+
+fn positive(what: &str, v: f64) -> Result<f64, String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{what} must be a positive number, got {v}"))
+    }
+}
+
+/// Validates a `[[tenants]]` entry against the servers; trace paths resolve against `base`.
+pub(crate) fn validate_tenant(
+    t: &TenantFile,
+    servers: &[Server],
+    base: Option<&Path>,
+    duration: Nanos,
+) -> Result<Tenant, String> {
+    let n = &t.name;
+    let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit).map_err(|e| format!("tenant {n}: {e}"))?;
+    let find = |s: &str, what: &str| -> Result<usize, String> {
+        servers.iter().position(|x| x.name == s).ok_or_else(|| format!("tenant {n}: {what} {s:?}"))
+    };
+    let idx: Vec<usize> = match &t.servers {
+        None => (0..servers.len()).collect(),
+        Some(names) => {
+            let mut v = Vec::new();
+            for s in names {
+                let i = find(s, "unknown server")?;
+                if v.contains(&i) {
+                    return Err(format!("tenant {n}: server {s:?} listed twice"));
+                }
+                v.push(i);
+            }
+            if v.is_empty() {
+                return Err(format!("tenant {n}: servers must not be empty"));
+            }
+            v
+        }
+    };
+    let mut server_specs = vec![spec; idx.len()];
+    for (s, &r) in &t.server_reservations {
+        let i = find(s, "server_reservations names unknown server")?;
+        let k = idx
+            .iter()
+            .position(|&x| x == i)
+            .ok_or_else(|| format!("tenant {n}: server_reservations for {s:?}, which the tenant does not use"))?;
+        let lim = spec.limit().map(|l| l.max(r));
+        server_specs[k] =
+            QosSpec::new(r, lim, spec.weight(), spec.idle_credit()).map_err(|e| format!("tenant {n} on {s}: {e}"))?;
+    }
+    let routing = match &t.routing {
+        None => Routing::default(),
+        Some(RoutingFile::Name(s)) if s == "stripe" => Routing::default(),
+        Some(RoutingFile::Name(s)) => {
+            return Err(format!(
+                "tenant {n}: routing {s:?}: expected \"stripe\", {{ stripe_kb = .. }} or {{ shares = {{ .. }} }}"
+            ))
+        }
+        Some(RoutingFile::Stripe { stripe_kb }) => {
+            let bytes = (positive(&format!("tenant {n}: stripe_kb"), *stripe_kb)? * 1024.0) as u64;
+            if bytes == 0 {
+                return Err(format!("tenant {n}: stripe_kb {stripe_kb} is less than one byte"));
+            }
+            Routing::Stripe { stripe_bytes: bytes }
+        }
+        Some(RoutingFile::Shares { shares }) => {
+            let mut v = vec![0.0; idx.len()];
+            for (s, &w) in shares {
+                let i = find(s, "routing share for unknown server")?;
+                let k = idx
+                    .iter()
+                    .position(|&x| x == i)
+                    .ok_or_else(|| format!("tenant {n}: routing share for {s:?}, which the tenant does not use"))?;
+                if !(w.is_finite() && w >= 0.0) {
+                    return Err(format!("tenant {n}: routing share for {s:?} must be non-negative"));
+                }
+                v[k] = w;
+            }
+            if v.iter().sum::<f64>() <= 0.0 {
+                return Err(format!("tenant {n}: routing shares must not all be zero"));
+            }
+            Routing::Shares(v)
+        }
+    };
+    let workload = workload_params(&t.workload).validate(duration, base).map_err(|e| format!("tenant {n}: {e}"))?;
+    Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload, host: None })
+}
+
+/// A `[tenants.workload]` table as the model's workload parameters.
+fn workload_params(w: &WorkloadFile) -> WorkloadParams<'_> {
+    WorkloadParams {
+        kind: &w.kind,
+        outstanding: w.outstanding,
+        outstanding_per_server: w.outstanding_per_server,
+        iops: w.iops,
+        think_ms: w.think_ms,
+        on_s: w.on_s,
+        off_s: w.off_s,
+        burst_count: w.burst_count,
+        burst_period_ms: w.burst_period_ms,
+        trace: w.trace.as_ref().map(|t| TraceParams {
+            path: &t.path,
+            format: t.format.as_deref(),
+            device: t.device,
+            time_scale: t.time_scale,
+            repeat: t.repeat,
+        }),
+        size_kb: w.size_kb,
+        read_pct: w.read_pct,
+        random_pct: w.random_pct,
+        span_gb: w.span_gb,
+        start_s: w.start_s,
+        stop_s: w.stop_s,
+    }
+}

@@ -1,0 +1,44 @@
+//! The report layer: a run's recording and its scenario become [`RunTotals`] (rein-model's report
+//! types: summary.json, timeseries.csv, hosts.csv).
+
+mod parda;
+
+use crate::engine::Recording;
+use crate::model::Scenario;
+use rein_model::recorder::{RunMeta, ServerMeta, TenantMeta};
+use rein_model::RunTotals;
+
+/// What the report says about the scenario's tenants and servers.
+pub fn meta(sc: &Scenario) -> RunMeta {
+    RunMeta {
+        name: sc.name.clone(),
+        scheduler: sc.scheduler_name.clone(),
+        seed: sc.seed,
+        tenants: sc.tenants.iter().map(|t| TenantMeta { name: t.name.clone(), spec: Some(t.spec) }).collect(),
+        servers: sc
+            .servers
+            .iter()
+            .map(|s| ServerMeta {
+                name: s.name.clone(),
+                scheduler: s.scheduler.name().to_string(),
+                distributed: s.distributed,
+                capacity: s.device.schedule.clone(),
+                busy_observed: true,
+            })
+            .collect(),
+        phases_known: true,
+    }
+}
+
+/// The totals of a run of `sc`.
+pub fn build(sc: &Scenario, recording: Recording) -> RunTotals {
+    let mut totals = recording.recorder.finish(&meta(sc));
+    if let Some(h) = recording.hosts {
+        let hosts = h.finish(parda::hosts_meta(sc));
+        totals.summary.hosts = Some(hosts.summary.clone());
+        totals.hosts = Some(hosts);
+    }
+    totals.events = recording.events;
+    totals.time_regressions = recording.time_regressions;
+    totals
+}
