@@ -24,8 +24,9 @@ pub enum CostModelError {
 }
 
 /// How a request's size becomes a cost. Build the seek/transfer model with [`CostModel::seek_transfer`].
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum CostModel {
+    #[default]
     PerIo,
     PerByte {
         unit_bytes: u64,
@@ -34,12 +35,6 @@ pub enum CostModel {
     SeekTransfer {
         knee_bytes: f64,
     },
-}
-
-impl Default for CostModel {
-    fn default() -> Self {
-        CostModel::PerIo
-    }
 }
 
 impl CostModel {
@@ -56,7 +51,7 @@ impl CostModel {
     /// mClock eq. (4)-(5) with positioning time `tm_ns` and peak bandwidth `bpeak_bytes_per_s`.
     pub fn seek_transfer(tm_ns: u64, bpeak_bytes_per_s: f64) -> Result<Self, CostModelError> {
         let knee = tm_ns as f64 * 1e-9 * bpeak_bytes_per_s;
-        if tm_ns == 0 || !bpeak_bytes_per_s.is_finite() || !(knee > 0.0) || !knee.is_finite() {
+        if tm_ns == 0 || !bpeak_bytes_per_s.is_finite() || !knee.is_finite() || knee <= 0.0 {
             return Err(CostModelError::BadSeekTransfer { tm_ns, bpeak: bpeak_bytes_per_s });
         }
         Ok(CostModel::SeekTransfer { knee_bytes: knee })

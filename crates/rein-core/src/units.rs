@@ -83,7 +83,7 @@ impl Nanos {
     }
     /// Rounds a non-negative finite number of seconds to the nearest nanosecond (saturating).
     pub fn from_secs_f64(s: f64) -> Nanos {
-        if !(s > 0.0) {
+        if s.is_nan() || s <= 0.0 {
             return Nanos::ZERO;
         }
         let ns = s * 1e9;
@@ -132,7 +132,7 @@ impl Tag {
     pub fn saturating_sub(self, d: u128) -> Tag {
         Tag(self.0.saturating_sub(d))
     }
-    pub fn add(self, d: u128) -> Tag {
+    pub fn saturating_add(self, d: u128) -> Tag {
         Tag(self.0.saturating_add(d))
     }
 }
@@ -182,7 +182,7 @@ impl Cost {
     }
     /// Converts a non-negative number of units, clamped to `[MIN, MAX]`.
     pub fn from_f64(units: f64) -> Cost {
-        if !(units > 0.0) {
+        if units.is_nan() || units <= 0.0 {
             return Cost::MIN;
         }
         let v = units * (1u64 << Self::FRAC_BITS) as f64;

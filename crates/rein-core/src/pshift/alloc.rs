@@ -152,19 +152,16 @@ impl<'p> Shifter<'p> {
     pub fn new(p: &'p Problem<'p>, opts: &SolveOptions) -> Shifter<'p> {
         let inst = p.inst;
         let s = inst.servers();
-        let nb = inst.buckets();
         let part = participants(p, opts.approx_top);
         let mut a = vec![0u64; inst.entries()];
         let (load, tms) = init_chunks(p, &part, &mut a, opts.parallel);
         // Per-server lists of participating (bucket, entry), by bucket: a counting sort by server.
         let mut count = vec![0usize; s + 1];
         let mut participating = 0u32;
-        for i in 0..nb {
-            if part[i] {
-                participating += 1;
-                for e in inst.bucket_entries(i) {
-                    count[inst.entry_server[e] as usize + 1] += 1;
-                }
+        for (i, _) in part.iter().enumerate().filter(|&(_, &p)| p) {
+            participating += 1;
+            for e in inst.bucket_entries(i) {
+                count[inst.entry_server[e] as usize + 1] += 1;
             }
         }
         for j in 0..s {
@@ -175,18 +172,16 @@ impl<'p> Shifter<'p> {
         let mut list = vec![(0u32, 0u32); list_start[s]];
         let small = s <= 64;
         let mut list_mask = if small { vec![0u64; list_start[s]] } else { Vec::new() };
-        for i in 0..nb {
-            if part[i] {
-                let r = inst.bucket_entries(i);
-                let mask = if small { inst.entry_server[r.clone()].iter().fold(0u64, |m, &j| m | 1 << j) } else { 0 };
-                for e in r {
-                    let j = inst.entry_server[e] as usize;
-                    list[fill[j]] = (i as u32, e as u32);
-                    if small {
-                        list_mask[fill[j]] = mask;
-                    }
-                    fill[j] += 1;
+        for (i, _) in part.iter().enumerate().filter(|&(_, &p)| p) {
+            let r = inst.bucket_entries(i);
+            let mask = if small { inst.entry_server[r.clone()].iter().fold(0u64, |m, &j| m | 1 << j) } else { 0 };
+            for e in r {
+                let j = inst.entry_server[e] as usize;
+                list[fill[j]] = (i as u32, e as u32);
+                if small {
+                    list_mask[fill[j]] = mask;
                 }
+                fill[j] += 1;
             }
         }
         let phi = phi_of(&p.cap, &load);
@@ -233,8 +228,8 @@ impl<'p> Shifter<'p> {
         loop {
             let mut next_l = u32::MAX;
             let mut open = false;
-            for p in 0..s {
-                if stuck[p] {
+            for (p, stuck_p) in stuck.iter_mut().enumerate() {
+                if *stuck_p {
                     continue;
                 }
                 while self.load[p] > self.cap[p] {
@@ -246,7 +241,7 @@ impl<'p> Shifter<'p> {
                             break;
                         }
                         Search::Unreachable => {
-                            stuck[p] = true;
+                            *stuck_p = true;
                             break;
                         }
                     }
@@ -511,14 +506,14 @@ fn init_range(p: &Problem<'_>, part: &[bool], b0: usize, b1: usize, a: &mut [u64
     let mut tms = vec![0u64; s * s];
     let mut scratch = Vec::new();
     let mut spare = Vec::new();
-    for i in b0..b1 {
+    for (i, &participates) in (b0..b1).zip(&part[b0..b1]) {
         let r = inst.bucket_entries(i);
         let (lo, hi) = (r.start - base, r.end - base);
         apportion(p.target[i], &p.demand[r.clone()], &mut a[lo..hi], &mut scratch);
         for (k, e) in r.clone().enumerate() {
             load[inst.entry_server[e] as usize] += a[lo + k];
         }
-        if part[i] {
+        if participates {
             let srv = &inst.entry_server[r.clone()];
             let al = &a[lo..hi];
             spare.clear();

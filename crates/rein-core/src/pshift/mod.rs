@@ -156,15 +156,15 @@ impl Allocation {
         }
         let rt = r_targets(inst);
         let mut load = vec![0u64; inst.servers()];
-        for i in 0..inst.buckets() {
+        for (i, &r_target) in rt.iter().enumerate() {
             let e = inst.bucket_entries(i);
             let r: u64 = self.r[e.clone()].iter().sum();
-            if r != rt[i] {
-                return Err(format!("invariant 1: bucket {i} holds {r} R-tokens, A_i = {}", rt[i]));
+            if r != r_target {
+                return Err(format!("invariant 1: bucket {i} holds {r} R-tokens, A_i = {r_target}"));
             }
             let d = inst.total_demand(i);
             let lt = match inst.limit(i) {
-                Some(l) if self.l_solved => l.min(d) - rt[i],
+                Some(l) if self.l_solved => l.min(d) - r_target,
                 _ => 0,
             };
             let l: u64 = self.l[e.clone()].iter().sum();
@@ -202,9 +202,9 @@ pub fn initial_allocation(inst: &Instance) -> Vec<u64> {
     let target = r_targets(inst);
     let mut a = vec![0u64; inst.entries()];
     let mut scratch = Vec::new();
-    for i in 0..inst.buckets() {
+    for (i, &r_target) in target.iter().enumerate() {
         let e = inst.bucket_entries(i);
-        apportion(target[i], &inst.entry_demand[e.clone()], &mut a[e], &mut scratch);
+        apportion(r_target, &inst.entry_demand[e.clone()], &mut a[e], &mut scratch);
     }
     a
 }

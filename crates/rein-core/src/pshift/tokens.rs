@@ -158,7 +158,7 @@ impl RingSet {
         }
         // The next non-empty word after w, through the summary.
         let mut sw = (w + 1) / 64;
-        let mut mask = if (w + 1) % 64 == 0 { u64::MAX } else { u64::MAX << ((w + 1) % 64) };
+        let mut mask = u64::MAX << ((w + 1) % 64);
         while sw < self.summary.len() {
             let m = self.summary[sw] & mask;
             if m != 0 {

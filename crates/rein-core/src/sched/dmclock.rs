@@ -7,6 +7,7 @@
 //! s_j carries how much service the tenant received elsewhere since its previous request to s_j:
 //! - `delta`: completions at the other servers (dmClock's delta_i, RBFQ's Delta less the request itself);
 //! - `rho`: the part of `delta` served in reservation phase (dmClock's rho_i).
+//!
 //! The server then advances the tenant's tags by `(cost + delta)/w` etc. (see [`super::mclock`]).
 //!
 //! # State and invariants
@@ -17,6 +18,7 @@
 //! 1. `delta` and `rho` never count a completion at the server being addressed.
 //! 2. Every completion elsewhere is counted in exactly one later request to each server (none lost, none
 //!    counted twice), so over a long run each server sees the tenant's whole service.
+//!
 //! Servers are dense indices `0..max_servers`; an index beyond the bound is an error.
 
 use super::Phase;
