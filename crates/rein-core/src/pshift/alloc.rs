@@ -2,7 +2,7 @@
 //! comment of [`super`] gives the model, the symbol map and the invariants; this file says how it is
 //! built.
 //!
-//! # State ([`Shifter`])
+//! # State (`Shifter`)
 //! - `a[e]`: tokens a_i^j of entry e = (i, j) (CSR, aligned with the instance's entries);
 //! - `load[j]`: sum_i a_i^j, every bucket included (participating or not);
 //! - `tms[j * S + k]`: TMS_{j,k} = sum over participating buckets of min(a_i^j, d_i^k - a_i^k);
@@ -10,10 +10,11 @@
 //!   (`list[list_start[j]..list_start[j + 1]]`), so the buckets that can move tokens along an edge
 //!   (j, k) are the merge-intersection of two sorted lists.
 //!
-//! TM_{j,k}[i] is never stored: it is non-zero only for buckets active on both j and k, and it changes only
-//! for buckets whose allocation changed. A change of a_i^j changes TM_{j,k}[i] (a_i^j) and TM_{k,j}[i] (the
-//! spare demand d_i^j - a_i^j) for the bucket's other servers k, so [`Shifter::set`] updates exactly those
-//! 2(deg - 1) sums with before/after deltas: a shift that moves tokens of n buckets along a path of length
+//! `TM_{j,k}[i]` is never stored: it is non-zero only for buckets active on both j and k, and it changes
+//! only for buckets whose allocation changed. A change of a_i^j changes `TM_{j,k}[i]` (a_i^j) and
+//! `TM_{k,j}[i]` (the spare demand d_i^j - a_i^j) for the bucket's other servers k, so `Shifter::transfer`
+//! (tokens of one bucket from one of its entries to another) updates exactly those 2(deg - 1) sums per
+//! entry changed, with before/after deltas: a shift that moves tokens of n buckets along a path of length
 //! l costs O(l * (|list_j| + |list_k|) + n * deg) instead of the paper's O(l * |S| * |B|).
 
 use super::instance::Instance;
@@ -104,10 +105,10 @@ pub(crate) fn phi_of(cap: &[u64], load: &[u64]) -> u64 {
 
 /// One token class's problem: capacities, per-entry demand, per-bucket targets A_i, on the instance's CSR.
 pub(crate) struct Problem<'a> {
-    pub inst: &'a Instance,
-    pub cap: Vec<u64>,
-    pub demand: Vec<u64>,
-    pub target: Vec<u64>,
+    pub(crate) inst: &'a Instance,
+    pub(crate) cap: Vec<u64>,
+    pub(crate) demand: Vec<u64>,
+    pub(crate) target: Vec<u64>,
 }
 
 /// The allocation of one class, progressively shifted. See the module comment.
@@ -117,20 +118,20 @@ pub(crate) struct Shifter<'p> {
     problem: &'p Problem<'p>,
     /// Tests: recompute every sum after every shift.
     #[cfg(test)]
-    pub audit: bool,
+    pub(crate) audit: bool,
     bucket_start: &'p [usize],
     entry_server: &'p [u32],
     demand: &'p [u64],
     cap: &'p [u64],
-    pub a: Vec<u64>,
-    pub load: Vec<u64>,
+    pub(crate) a: Vec<u64>,
+    pub(crate) load: Vec<u64>,
     tms: Vec<u64>,
     list_start: Vec<usize>,
     list: Vec<(u32, u32)>,
     /// With at most 64 servers: for each `list` entry, its bucket's server bitmask (else empty). Kept
     /// beside the list so that finding the buckets of an edge is a sequential scan.
     list_mask: Vec<u64>,
-    pub stats: ClassStats,
+    pub(crate) stats: ClassStats,
     // BFS scratch.
     dist: Vec<u32>,
     parent: Vec<u32>,
@@ -149,7 +150,7 @@ enum Search {
 
 impl<'p> Shifter<'p> {
     /// Alg. 3 and Alg. 4: the initial prudent allocation, the loads and the token movement sums.
-    pub fn new(p: &'p Problem<'p>, opts: &SolveOptions) -> Shifter<'p> {
+    pub(crate) fn new(p: &'p Problem<'p>, opts: &SolveOptions) -> Shifter<'p> {
         let inst = p.inst;
         let s = inst.servers();
         let part = participants(p, opts.approx_top);
@@ -209,13 +210,13 @@ impl<'p> Shifter<'p> {
     }
 
     #[cfg(test)]
-    pub fn tms(&self, j: usize, k: usize) -> u64 {
+    pub(crate) fn tms(&self, j: usize, k: usize) -> u64 {
         self.tms[j * self.s + k]
     }
 
     /// Alg. 5: shift along breadth-first shift paths, shortest first, until no overloaded server has a
     /// path to an underloaded one.
-    pub fn progressive_shifting(&mut self) {
+    pub(crate) fn progressive_shifting(&mut self) {
         let s = self.s;
         if s < 2 {
             return;
@@ -433,7 +434,7 @@ impl<'p> Shifter<'p> {
 
     /// Recomputes every sum from scratch and compares (tests; O(entries * deg)).
     #[cfg(test)]
-    pub fn check(&self) {
+    pub(crate) fn check(&self) {
         let p = self.problem;
         let inst = p.inst;
         let mut load = vec![0u64; self.s];

@@ -29,7 +29,7 @@
 //!    underloaded server Q, shortest paths first (length 1, then 2, ...); move
 //!    `Omega = min(gamma^P, delta^Q, min edge weight)` tokens along it, which raises Phi by Omega and
 //!    leaves the brokers' loads unchanged. Stop when no overloaded server has such a path: the allocation
-//!    is then optimal (§III-B and [23]); our tests check Phi against the max-flow value on random
+//!    is then optimal (§III-B and \[23\]); our tests check Phi against the max-flow value on random
 //!    instances (crate `rein-pshift-baseline`).
 //! 4. *L-tokens* (§III-D, last paragraph): the same algorithm on what is left: demand
 //!    `d_i^j - r_i^j`, capacity `max(0, C^j - sum_i r_i^j)` and, for limited buckets, target
@@ -45,7 +45,7 @@
 //! | d_i^j, D_i | `entry_demand[e]` for entry e = (i, j) ([`Instance::demand`]); [`Instance::total_demand`] |
 //! | A_i = min(R_i, D_i) | the R-class target (`Problem::target`) |
 //! | a_i^j | [`Allocation::r`]`[e]` (R-tokens), [`Allocation::l`]`[e]` (L-tokens) |
-//! | TM_{j,k}[i], TMS_{j,k} | [`token_movement`]; inside the solver only the sums `tms[j * S + k]` |
+//! | `TM_{j,k}[i]`, `TMS_{j,k}` | [`token_movement`]; inside the solver only the sums `tms[j * S + k]` |
 //! | gamma^P, delta^Q | `load[P] - cap[P]`, `cap[Q] - load[Q]` |
 //! | Omega, w_min | `omega` in `Shifter::shift` |
 //! | phi^j, Phi | [`phi`], [`ClassStats::phi`] |
@@ -126,7 +126,9 @@ pub struct Allocation {
     pub r: Vec<u64>,
     /// L-tokens l_i^j per entry; always 0 for unlimited buckets (they are served without L-tokens).
     pub l: Vec<u64>,
+    /// The R-token solve's counters (its `phi` is the paper's objective).
     pub r_stats: ClassStats,
+    /// The L-token solve's counters (all zero when no L-tokens were computed).
     pub l_stats: ClassStats,
     /// Whether L-tokens were computed (false with [`SolveOptions::reservations_only`]).
     pub l_solved: bool,

@@ -27,8 +27,14 @@ use crate::units::Cost;
 /// Why a tracker call was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TrackerError {
+    /// A server index at or beyond the number of servers the tracker was built for.
     #[error("server index {index} out of range (tracker holds {max} servers)")]
-    ServerOutOfRange { index: usize, max: usize },
+    ServerOutOfRange {
+        /// The index given.
+        index: usize,
+        /// Servers the tracker holds; valid indices are below it.
+        max: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,6 +59,7 @@ impl ServiceTracker {
         ServiceTracker { total: 0, total_resv: 0, servers: vec![PerServer::default(); servers] }
     }
 
+    /// Servers tracked; valid indices are `0..servers()`.
     pub fn servers(&self) -> usize {
         self.servers.len()
     }

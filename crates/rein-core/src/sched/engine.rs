@@ -86,15 +86,15 @@ use std::collections::VecDeque;
 /// Which inputs feed which clock.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub(crate) struct Flavor {
-    pub kind: SchedulerKind,
+    pub(crate) kind: SchedulerKind,
     /// dmClock: R tags advance by `(cost + rho) / r`. RBFQ and mClock: `cost / r` (RBFQ's local tags use
     /// the per-server minimum M_ij, so service elsewhere does not count toward them).
-    pub rho_in_r: bool,
+    pub(crate) rho_in_r: bool,
     /// dmClock: L tags advance by `(cost + delta) / l`. RBFQ's upper bound is per server: `cost / l`.
-    pub delta_in_l: bool,
+    pub(crate) delta_in_l: bool,
     /// The cost model of the limit clock (RBFQ §3.4's upper bound is in bytes/s), or `None` to use the
     /// configuration's cost model.
-    pub limit_cost: Option<CostModel>,
+    pub(crate) limit_cost: Option<CostModel>,
 }
 
 #[derive(Copy, Clone, Debug, Default)]

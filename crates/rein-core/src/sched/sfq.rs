@@ -56,6 +56,7 @@ pub struct Sfq {
 }
 
 impl Sfq {
+    /// SFQ(D) with the config's cost model, batching and bounds; reservations and limits are ignored.
     pub fn new(config: SchedConfig) -> Self {
         Sfq {
             config,

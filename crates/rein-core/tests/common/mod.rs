@@ -1,4 +1,5 @@
 //! Helpers shared by the core's integration tests.
+// Each test binary compiles its own copy of this module and uses only some of the helpers.
 #![allow(dead_code)]
 
 use rein_core::oracle::{allocate, OracleTenant};
