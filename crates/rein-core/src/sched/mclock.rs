@@ -146,7 +146,7 @@ mod tests {
         fn invariants_hold_under_random_operations(ops in proptest::collection::vec(op(), 1..300), rbfq in any::<bool>(), cfg in 0usize..2) {
             let config = configs()[cfg];
             let mut m = Mclock::new(config);
-            let mut r = crate::Rbfq::new(config);
+            let mut r = crate::Rbfq::with_byte_limit(config);
             let mut ids = vec![];
             let mut now = 0u64;
             let mut handle = 0u64;

@@ -300,7 +300,7 @@ pub enum SchedulerKind {
     Mclock,
     /// The server side of dmClock ([`Mclock::dmclock`]); its clients use a [`ServiceTracker`].
     Dmclock,
-    /// RBFQ ([`Rbfq::new`]: §3.4's upper bound in bytes per second).
+    /// RBFQ ([`Rbfq::new`]: its upper bound in the configured cost units, like mClock's limit).
     Rbfq,
     /// SFQ(D), the proportional-share baseline ([`Sfq::new`]).
     Sfq,
@@ -331,7 +331,9 @@ impl SchedulerKind {
             SchedulerKind::Fifo => "fifo",
         }
     }
-    /// Builds a boxed scheduler of this kind.
+    /// Builds a boxed scheduler of this kind with its plain constructor, so that one spec means the same
+    /// under every kind: limits are in the configured cost units (for RBFQ too: [`Rbfq::new`]; §3.4's
+    /// bytes-per-second bound is [`Rbfq::with_byte_limit`]).
     pub fn build(self, config: SchedConfig) -> Box<dyn Scheduler> {
         match self {
             SchedulerKind::Mclock => Box::new(Mclock::new(config)),
