@@ -140,7 +140,7 @@ pub(crate) struct Shifter<'p> {
 
 /// What a breadth-first search from an overloaded server found.
 enum Search {
-    /// A shortest shift path P = path[0] -> ... -> path[l] = Q, Q underloaded.
+    /// A shortest shift path P = `path[0]` -> ... -> `path[l]` = Q, Q underloaded.
     Found(Vec<u32>),
     /// The nearest underloaded server is this many edges away, more than allowed now.
     Farther(u32),
