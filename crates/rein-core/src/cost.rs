@@ -17,35 +17,44 @@ use crate::units::Cost;
 /// Why a cost model was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CostModelError {
+    /// A per-byte model with a unit of 0 bytes (every cost would divide by zero).
     #[error("per-byte cost unit must be at least 1 byte")]
     ZeroUnit,
+    /// Tm is zero, or Bpeak (or the knee Tm * Bpeak) is not a positive finite number.
     #[error("seek/transfer cost model needs positive finite Tm and Bpeak (got Tm = {tm_ns} ns, Bpeak = {bpeak} B/s)")]
-    BadSeekTransfer { tm_ns: u64, bpeak: f64 },
+    BadSeekTransfer {
+        /// The positioning time Tm given, nanoseconds.
+        tm_ns: u64,
+        /// The peak transfer rate Bpeak given, bytes per second.
+        bpeak: f64,
+    },
 }
 
 /// How a request's size becomes a cost. Build the seek/transfer model with [`CostModel::seek_transfer`].
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum CostModel {
+    /// Every request costs one unit, whatever its size: rates are IOPS.
+    #[default]
     PerIo,
+    /// A request of `size` bytes costs `size / unit_bytes` units: rates are multiples of `unit_bytes` per
+    /// second (bytes per second with [`CostModel::BYTES`]).
     PerByte {
+        /// Bytes per unit of cost, at least 1 ([`CostModel::per_byte`] checks it; 0 is treated as 1).
         unit_bytes: u64,
     },
-    /// `knee_bytes` = Tm * Bpeak, the size at which a request costs two IOs.
+    /// mClock eq. (4)-(5): a request of `size` bytes costs `1 + size / knee_bytes` IOs.
     SeekTransfer {
+        /// Tm * Bpeak in bytes, the size at which a request costs two IOs; positive and finite.
         knee_bytes: f64,
     },
-}
-
-impl Default for CostModel {
-    fn default() -> Self {
-        CostModel::PerIo
-    }
 }
 
 impl CostModel {
     /// Rates in bytes per second.
     pub const BYTES: CostModel = CostModel::PerByte { unit_bytes: 1 };
 
+    /// The per-byte model with `unit_bytes` bytes per unit of cost; 0 is refused
+    /// ([`CostModelError::ZeroUnit`]).
     pub fn per_byte(unit_bytes: u64) -> Result<Self, CostModelError> {
         if unit_bytes == 0 {
             return Err(CostModelError::ZeroUnit);
@@ -56,7 +65,7 @@ impl CostModel {
     /// mClock eq. (4)-(5) with positioning time `tm_ns` and peak bandwidth `bpeak_bytes_per_s`.
     pub fn seek_transfer(tm_ns: u64, bpeak_bytes_per_s: f64) -> Result<Self, CostModelError> {
         let knee = tm_ns as f64 * 1e-9 * bpeak_bytes_per_s;
-        if tm_ns == 0 || !bpeak_bytes_per_s.is_finite() || !(knee > 0.0) || !knee.is_finite() {
+        if tm_ns == 0 || !bpeak_bytes_per_s.is_finite() || !knee.is_finite() || knee <= 0.0 {
             return Err(CostModelError::BadSeekTransfer { tm_ns, bpeak: bpeak_bytes_per_s });
         }
         Ok(CostModel::SeekTransfer { knee_bytes: knee })

@@ -20,8 +20,11 @@
 /// Which case of eq. (1) a tenant is in.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Clamp {
+    /// Held at its reservation r_i: its weight share `lambda * w_i` is below r_i.
     Reservation,
+    /// Held at its limit l_i: its weight share is above l_i.
     Limit,
+    /// Gets its weight share `lambda * w_i`, which lies between r_i and l_i.
     Proportional,
     /// Capacity below the sum of reservations: share of T in proportion to reservations.
     Underprovisioned,
@@ -30,8 +33,11 @@ pub enum Clamp {
 /// One tenant's parameters for the oracle (rates in cost units per second).
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct OracleTenant {
+    /// r_i, cost units per second; 0 for none.
     pub reservation: f64,
+    /// l_i, cost units per second; `f64::INFINITY` for unlimited.
     pub limit: f64,
+    /// w_i, positive.
     pub weight: f64,
 }
 
@@ -46,6 +52,7 @@ impl From<&crate::QosSpec> for OracleTenant {
 pub struct Allocation {
     /// gamma_i, in the order given.
     pub rates: Vec<f64>,
+    /// Which case of eq. (1) each tenant is in, in the order given.
     pub clamps: Vec<Clamp>,
     /// The proportional level lambda (service per unit weight); 0 when under-provisioned.
     pub level: f64,

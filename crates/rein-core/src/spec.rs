@@ -21,16 +21,52 @@ pub const MAX_IDLE_CREDIT: u32 = 256;
 /// Why a spec was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
+    /// A number is NaN or infinite (invariant 1; an unlimited limit is `None`, not infinity).
     #[error("{field} must be a finite number, got {value}")]
-    NotFinite { field: &'static str, value: f64 },
+    NotFinite {
+        /// Which number: `"reservation"`, `"limit"` or `"weight"`.
+        field: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// A reservation or limit outside `[MIN_RATE, MAX_RATE]` (invariants 2-3; a reservation may be 0).
     #[error("{field} must be 0 (none) or between {min} and {max}, got {value}")]
-    RateOutOfRange { field: &'static str, value: f64, min: f64, max: f64 },
+    RateOutOfRange {
+        /// Which rate: `"reservation"` or `"limit"`.
+        field: &'static str,
+        /// The rate given, cost units per second.
+        value: f64,
+        /// [`MIN_RATE`].
+        min: f64,
+        /// [`MAX_RATE`].
+        max: f64,
+    },
+    /// A weight outside `[MIN_WEIGHT, MAX_WEIGHT]` (invariant 4).
     #[error("weight must be between {min} and {max}, got {value}")]
-    WeightOutOfRange { value: f64, min: f64, max: f64 },
+    WeightOutOfRange {
+        /// The weight given.
+        value: f64,
+        /// [`MIN_WEIGHT`].
+        min: f64,
+        /// [`MAX_WEIGHT`].
+        max: f64,
+    },
+    /// The reservation is above the limit (invariant 3): no schedule can meet both.
     #[error("reservation {reservation} exceeds limit {limit}")]
-    ReservationAboveLimit { reservation: f64, limit: f64 },
+    ReservationAboveLimit {
+        /// The reservation given, cost units per second.
+        reservation: f64,
+        /// The limit given, cost units per second.
+        limit: f64,
+    },
+    /// An idle credit above [`MAX_IDLE_CREDIT`] (invariant 5).
     #[error("idle credit must be at most {max} IOs, got {value}")]
-    IdleCreditTooLarge { value: u32, max: u32 },
+    IdleCreditTooLarge {
+        /// The idle credit given, IOs.
+        value: u32,
+        /// [`MAX_IDLE_CREDIT`].
+        max: u32,
+    },
 }
 
 /// A validated QoS specification. Construct with [`QosSpec::new`] or the builder-style helpers.
@@ -69,15 +105,19 @@ impl QosSpec {
         Self::new(0.0, None, weight, 0)
     }
 
+    /// r: the minimum rate, cost units per second; 0 means none.
     pub fn reservation(&self) -> f64 {
         self.reservation
     }
+    /// l: the maximum rate, cost units per second; `None` means unlimited. At least the reservation.
     pub fn limit(&self) -> Option<f64> {
         self.limit
     }
+    /// w: the share of what is left after reservations, relative to the other tenants' weights.
     pub fn weight(&self) -> f64 {
         self.weight
     }
+    /// sigma: IOs of weight-phase credit the tenant may bank while idle, at most [`MAX_IDLE_CREDIT`].
     pub fn idle_credit(&self) -> u32 {
         self.idle_credit
     }

@@ -40,6 +40,7 @@ pub struct LatestTime {
 }
 
 impl LatestTime {
+    /// A clock whose latest time is `now`, with no regressions counted ([`Default`] starts at zero).
     pub const fn starting_at(now: Nanos) -> LatestTime {
         LatestTime { now, regressions: 0 }
     }
@@ -53,6 +54,7 @@ impl LatestTime {
         }
         self.now
     }
+    /// The latest time seen (what [`LatestTime::advance`] last returned).
     #[inline]
     pub fn now(&self) -> Nanos {
         self.now
@@ -64,16 +66,23 @@ impl LatestTime {
 }
 
 impl Nanos {
+    /// The caller's origin.
     pub const ZERO: Nanos = Nanos(0);
+    /// The latest representable time, about 584 years after the origin; saturating arithmetic stops here.
     pub const MAX: Nanos = Nanos(u64::MAX);
+    /// Nanoseconds per second.
     pub const PER_SEC: u64 = 1_000_000_000;
 
+    /// `s` whole seconds. The product must fit in a `u64` (up to about 584 years): overflow panics when
+    /// overflow checks are on.
     pub const fn from_secs(s: u64) -> Nanos {
         Nanos(s * Self::PER_SEC)
     }
+    /// `ms` whole milliseconds (the product must fit, as for [`Nanos::from_secs`]).
     pub const fn from_millis(ms: u64) -> Nanos {
         Nanos(ms * 1_000_000)
     }
+    /// `us` whole microseconds (the product must fit, as for [`Nanos::from_secs`]).
     pub const fn from_micros(us: u64) -> Nanos {
         Nanos(us * 1_000)
     }
@@ -83,7 +92,7 @@ impl Nanos {
     }
     /// Rounds a non-negative finite number of seconds to the nearest nanosecond (saturating).
     pub fn from_secs_f64(s: f64) -> Nanos {
-        if !(s > 0.0) {
+        if s.is_nan() || s <= 0.0 {
             return Nanos::ZERO;
         }
         let ns = s * 1e9;
@@ -93,9 +102,11 @@ impl Nanos {
             Nanos(ns.round() as u64)
         }
     }
+    /// `self + d`, at most [`Nanos::MAX`].
     pub fn saturating_add(self, d: Nanos) -> Nanos {
         Nanos(self.0.saturating_add(d.0))
     }
+    /// `self - d`, at least [`Nanos::ZERO`] (so an elapsed time, never negative).
     pub fn saturating_sub(self, d: Nanos) -> Nanos {
         Nanos(self.0.saturating_sub(d.0))
     }
@@ -115,8 +126,10 @@ pub const TAG_FRAC_BITS: u32 = 32;
 pub struct Tag(pub u128);
 
 impl Tag {
+    /// Tag 0: the origin, and the value of a clock a tenant does not use.
     pub const ZERO: Tag = Tag(0);
 
+    /// The tag at the whole nanosecond `t` (exact: every `Nanos` is a tag).
     pub const fn from_nanos(t: Nanos) -> Tag {
         Tag((t.0 as u128) << TAG_FRAC_BITS)
     }
@@ -129,10 +142,13 @@ impl Tag {
     pub fn as_secs_f64(self) -> f64 {
         (self.0 as f64) / ((1u128 << TAG_FRAC_BITS) as f64) / 1e9
     }
+    /// Earlier by `d` tag units (2^-32 ns), at least [`Tag::ZERO`].
     pub fn saturating_sub(self, d: u128) -> Tag {
         Tag(self.0.saturating_sub(d))
     }
-    pub fn add(self, d: u128) -> Tag {
+    /// Later by `d` tag units (2^-32 ns), saturating at `u128::MAX` (a guard only: the bounds in the
+    /// module comment keep tags far below it).
+    pub fn saturating_add(self, d: u128) -> Tag {
         Tag(self.0.saturating_add(d))
     }
 }
@@ -168,21 +184,25 @@ pub fn step_for_rate(rate: f64) -> u128 {
 pub struct Cost(pub u64);
 
 impl Cost {
+    /// Fractional bits: one unit is `1 << 16`.
     pub const FRAC_BITS: u32 = 16;
+    /// One unit of cost: one IO under the per-IO model, `unit_bytes` bytes under the per-byte model.
     pub const ONE: Cost = Cost(1 << Self::FRAC_BITS);
     /// The smallest cost a request is charged: 1/65536 of a unit. Zero-cost requests are charged this, so
     /// that a stream of free requests still advances its tenant's tags and cannot monopolise a server.
     pub const MIN: Cost = Cost(1);
     /// Largest number of whole units one request may cost (2^40, e.g. a 1 TiB request per byte).
     pub const MAX_UNITS: u64 = 1 << 40;
+    /// The largest cost a request is charged: [`Cost::MAX_UNITS`] units.
     pub const MAX: Cost = Cost(Self::MAX_UNITS << Self::FRAC_BITS);
 
+    /// `n` whole units, unclamped (`n` up to [`Cost::MAX_UNITS`] stays within [`Cost::MAX`]).
     pub const fn units(n: u64) -> Cost {
         Cost(n << Self::FRAC_BITS)
     }
     /// Converts a non-negative number of units, clamped to `[MIN, MAX]`.
     pub fn from_f64(units: f64) -> Cost {
-        if !(units > 0.0) {
+        if units.is_nan() || units <= 0.0 {
             return Cost::MIN;
         }
         let v = units * (1u64 << Self::FRAC_BITS) as f64;
@@ -192,6 +212,7 @@ impl Cost {
             Cost((v.round() as u64).max(1))
         }
     }
+    /// The cost in units, as `f64` (for reports; never for tag arithmetic).
     pub fn as_f64(self) -> f64 {
         self.0 as f64 / (1u64 << Self::FRAC_BITS) as f64
     }
@@ -212,6 +233,8 @@ impl Cost {
             whole.saturating_mul(step).saturating_add((frac * step) >> Self::FRAC_BITS)
         }
     }
+    /// The sum, saturating at `u64::MAX` fixed-point units (not clamped to [`Cost::MAX`]: a request's cost
+    /// plus a distributed delta may exceed it).
     pub fn saturating_add(self, o: Cost) -> Cost {
         Cost(self.0.saturating_add(o.0))
     }

@@ -66,10 +66,10 @@ pub fn run_backlogged(
                 run.by_phase[i][d.phase.index()] += 1;
                 sched.enqueue(now_ns, Request::new(d.tenant, handle))?;
                 handle += 1;
-                now = now.add(d.cost.times_step(step));
+                now = now.saturating_add(d.cost.times_step(step));
             }
             Poll::Wait(t) => {
-                let next = Tag::from_nanos(t).max(now.add(1)).min(end);
+                let next = Tag::from_nanos(t).max(now.saturating_add(1)).min(end);
                 run.idle = run.idle.saturating_add(Nanos(((next.0 - now.0) >> crate::units::TAG_FRAC_BITS) as u64));
                 now = next;
             }

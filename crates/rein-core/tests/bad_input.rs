@@ -128,12 +128,7 @@ fn maintain_erases_long_idle_tenants() {
 #[test]
 fn runtime_respecification_takes_effect() {
     for kind in [SchedulerKind::Mclock, SchedulerKind::Rbfq] {
-        let config = SchedConfig::default();
-        let mut s: Box<dyn Scheduler> = if kind == SchedulerKind::Rbfq {
-            Box::new(rein_core::Rbfq::with_limit_in_cost_units(config))
-        } else {
-            kind.build(config)
-        };
+        let mut s = kind.build(SchedConfig::default());
         let a = s.add_tenant(QosSpec::default()).unwrap();
         for h in 0..1000 {
             s.enqueue(Nanos(0), Request::new(a, h)).unwrap();

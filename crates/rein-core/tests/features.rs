@@ -1,5 +1,8 @@
-//! Scheduler features: locality batching, limit behaviour, RBFQ's upper bound in bytes, IO-size cost.
-use rein_core::{CostModel, LimitMode, Mclock, Nanos, Phase, Poll, QosSpec, Rbfq, Request, SchedConfig, Scheduler};
+//! Scheduler features: locality batching, limit behaviour, RBFQ's upper bound (in cost units, or in bytes),
+//! IO-size cost.
+use rein_core::{
+    CostModel, LimitMode, Mclock, Nanos, Phase, Poll, QosSpec, Rbfq, Request, SchedConfig, Scheduler, SchedulerKind,
+};
 
 fn drain_order(s: &mut dyn Scheduler, now: Nanos, n: usize) -> Vec<u64> {
     (0..n)
@@ -67,7 +70,7 @@ fn limit_mode_break_when_idle_serves_only_an_idle_device() {
 #[test]
 fn rbfq_upper_bound_is_in_bytes_per_second() {
     // §3.4: B = 1 MB/s. 64 KiB requests: at most ~15 per second.
-    let mut s = Rbfq::new(SchedConfig::default());
+    let mut s = Rbfq::with_byte_limit(SchedConfig::default());
     let a = s.add_tenant(QosSpec::new(0.0, Some(1e6), 1.0, 0).unwrap()).unwrap();
     let mut now = Nanos(0);
     let mut served_bytes = 0u64;
@@ -83,6 +86,32 @@ fn rbfq_upper_bound_is_in_bytes_per_second() {
     }
     let rate = served_bytes as f64 / 10.0;
     assert!(rate <= 1e6 + 65536.0 / 10.0 && rate > 0.9e6, "{rate} B/s");
+}
+
+#[test]
+fn rbfq_upper_bound_is_in_cost_units_by_default() {
+    // A limit of 10 under the per-IO model: what SchedulerKind::build gives counts IOs, like mClock, so
+    // 64 KiB requests go at 10 per second; the §3.4 variant reads the same 10 as bytes per second.
+    let served_in_10_s = |mut s: Box<dyn Scheduler>| {
+        let a = s.add_tenant(QosSpec::new(0.0, Some(10.0), 1.0, 0).unwrap()).unwrap();
+        for i in 0..200 {
+            s.enqueue(Nanos(0), Request::new(a, i).size(65536)).unwrap();
+        }
+        let (mut now, mut served) = (Nanos(0), 0u64);
+        while now < Nanos::from_secs(10) {
+            match s.poll(now, true) {
+                Poll::Dispatch(_) => served += 1,
+                Poll::Wait(t) => now = t,
+                Poll::Empty => break,
+            }
+        }
+        served
+    };
+    let built = served_in_10_s(SchedulerKind::Rbfq.build(SchedConfig::default()));
+    assert!((99..=101).contains(&built), "{built} requests in 10 s at 10 IOPS");
+    assert_eq!(served_in_10_s(Box::new(Rbfq::new(SchedConfig::default()))), built);
+    // 65,536 bytes at 10 B/s: the second request is due after 6,553.6 s.
+    assert_eq!(served_in_10_s(Box::new(Rbfq::with_byte_limit(SchedConfig::default()))), 1);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! No heap allocation per request in steady state: a counting allocator around 100,000 enqueue+dispatch
 //! cycles with 1,000 backlogged tenants.
-use rein_core::{Mclock, Nanos, Poll, QosSpec, Rbfq, Request, SchedConfig, Scheduler, Sfq};
+use rein_core::{Nanos, Poll, QosSpec, Request, SchedConfig, Scheduler, SchedulerKind};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -61,7 +61,7 @@ fn steady_state_allocs(mut s: Box<dyn Scheduler>) -> u64 {
 
 #[test]
 fn no_allocation_per_request_in_steady_state() {
-    assert_eq!(steady_state_allocs(Box::new(Mclock::new(SchedConfig::default()))), 0, "mclock");
-    assert_eq!(steady_state_allocs(Box::new(Rbfq::with_limit_in_cost_units(SchedConfig::default()))), 0, "rbfq");
-    assert_eq!(steady_state_allocs(Box::new(Sfq::new(SchedConfig::default()))), 0, "sfq");
+    for kind in [SchedulerKind::Mclock, SchedulerKind::Rbfq, SchedulerKind::Sfq] {
+        assert_eq!(steady_state_allocs(kind.build(SchedConfig::default())), 0, "{kind}");
+    }
 }

@@ -3,8 +3,9 @@
 //! Random tenant sets (2-50 tenants, random r/l/w, sum of r below capacity, all backlogged). Checked:
 //! 1. each tenant's service is within 2% (or 2 IOs) of the oracle;
 //! 2. never above l*T + 1;
-//! 3. never below min(r*T, oracle) - 1;
-//! the same when the capacity halves mid-run (oracle and bounds then per half).
+//! 3. never below min(r*T, oracle) - 1.
+//!
+//! All three also when the capacity halves mid-run (oracle and bounds then per half).
 mod common;
 
 use proptest::prelude::*;

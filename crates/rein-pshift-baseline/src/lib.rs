@@ -1,6 +1,6 @@
 //! # rein-pshift-baseline: pShift's exact baseline, token allocation as a maximum flow
 //!
-//! The bQueue formulation (pshift.txt §I, [22]) of the R-token problem: a flow network with a source, one
+//! The bQueue formulation (pshift.txt §I, \[22\]) of the R-token problem: a flow network with a source, one
 //! node per bucket, one per server and a sink; source -> bucket i with capacity A_i = min(R_i, D_i),
 //! bucket i -> server j with capacity d_i^j, server j -> sink with capacity C^j. A flow is a prudent
 //! allocation with every token consumed, and every prudent allocation's consumed tokens form a flow, so
@@ -13,6 +13,11 @@
 //! maintained Rust max-flow implementations it was the fastest on the paper's stress instance (64 servers
 //! x 10,000 buckets, 8 active servers each: about 25 ms, against about 330 ms for petgraph 0.8's `dinics`
 //! on the same machine); GPL-licensed `rs_graph` was not an option for this Apache-2.0 project.
+
+#![forbid(unsafe_code)]
+// Until the workspace's [lints] table carries these (issue 10).
+#![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 use ac_library::MfGraph;
 use rein_core::pshift::Instance;

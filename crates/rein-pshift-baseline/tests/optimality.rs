@@ -16,8 +16,8 @@ fn l_instance(inst: &Instance, sol: &Allocation) -> Instance {
         load[inst.entry_server(e)] += sol.r[e];
     }
     let mut b = InstanceBuilder::new();
-    for j in 0..inst.servers() {
-        b.add_server(inst.capacity(j).saturating_sub(load[j])).unwrap();
+    for (j, &r_load) in load.iter().enumerate() {
+        b.add_server(inst.capacity(j).saturating_sub(r_load)).unwrap();
     }
     for i in 0..inst.buckets() {
         let d: Vec<(usize, u64)> =

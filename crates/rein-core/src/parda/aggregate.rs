@@ -58,6 +58,8 @@ pub enum Accept {
 }
 
 impl Accept {
+    /// Whether the report was taken (`First`, `Newer`, `Restarted`); duplicates and stale reports are
+    /// not, and do not count as signs of life.
     pub fn accepted(self) -> bool {
         matches!(self, Accept::First | Accept::Newer | Accept::Restarted)
     }
@@ -66,6 +68,7 @@ impl Accept {
 /// What the aggregator knows about one peer.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct PeerState {
+    /// The peer's last accepted report.
     pub last: HostReport,
     /// Local time the last accepted report was received.
     pub received: Nanos,
@@ -99,6 +102,7 @@ impl Aggregator {
         Ok(Aggregator { timeout, peers: BTreeMap::new(), time: LatestTime::default() })
     }
 
+    /// How long after its last new report (by the local clock) a host stays live.
     pub fn timeout(&self) -> Nanos {
         self.timeout
     }

@@ -37,6 +37,7 @@ impl SizeModel {
         Ok(m)
     }
 
+    /// Checks that both costs are finite and non-negative and not both zero ([`PardaError::SizeModel`]).
     pub fn validate(&self) -> Result<(), PardaError> {
         let ok = self.fixed_ns.is_finite()
             && self.per_byte_ns.is_finite()

@@ -35,6 +35,7 @@ pub struct HostConfig {
     pub beta_per_share: f64,
     /// The local scheduler among the host's VMs.
     pub scheduler: SchedulerKind,
+    /// The local scheduler's configuration (cost model, batching, bounds).
     pub sched: SchedConfig,
     /// An uncontrolled host: a fixed issue queue of this many IOs, never updated.
     pub fixed_window: Option<f64>,
@@ -55,6 +56,7 @@ impl Default for HostConfig {
 }
 
 impl HostConfig {
+    /// Checks the id, beta, K and the fixed window; returns the first problem found.
     pub fn validate(&self) -> Result<(), PardaError> {
         if self.id >= MAX_HOSTS {
             return Err(PardaError::HostId { id: self.id, max: MAX_HOSTS });
@@ -92,8 +94,11 @@ pub struct PeriodOutcome {
 /// A snapshot of a host's state.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct HostStats {
+    /// w(t), IOs (fractional).
     pub window: f64,
+    /// IOs the host may have outstanding now: `floor(w)` or `floor(w) + 1` (invariant 2).
     pub issue_limit: u32,
+    /// beta in use (after eq. (4) at the last period's end).
     pub beta: f64,
     /// beta before eq. (4).
     pub beta_base: f64,
@@ -103,7 +108,9 @@ pub struct HostStats {
     pub queued: usize,
     /// The host's own eq. (1) estimate (ns).
     pub estimate_ns: Option<f64>,
+    /// Control periods ended ([`HostController::on_period`] calls).
     pub periods: u64,
+    /// IOs completed since the host started.
     pub completed: u64,
 }
 
@@ -181,10 +188,12 @@ impl HostController {
         self.beta
     }
 
+    /// The cluster-wide PARDA parameters the host runs with.
     pub fn config(&self) -> &PardaConfig {
         &self.config
     }
 
+    /// The host's own parameters.
     pub fn host_config(&self) -> &HostConfig {
         &self.host
     }
@@ -355,6 +364,7 @@ impl HostController {
         self.sched.as_ref()
     }
 
+    /// A snapshot of the window, beta, queues and counters.
     pub fn stats(&self) -> HostStats {
         HostStats {
             window: self.window.window(),

@@ -146,38 +146,101 @@ pub const NORMALISED_IO_BYTES: u64 = 8192;
 /// Why a PARDA parameter or call was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PardaError {
+    /// [`PardaConfig::alpha`] is outside [0, 1] or NaN (the value given).
     #[error("alpha (eq. (1) weight of past latency) must be in [0, 1], got {0}")]
     Alpha(f64),
+    /// [`PardaConfig::gamma`] is outside [0, 1] or NaN (the value given).
     #[error("gamma (eq. (2) smoothing) must be in [0, 1], got {0}")]
     Gamma(f64),
+    /// [`PardaConfig::latency_threshold`] is zero (the value given, ns).
     #[error("latency threshold (script-L) must be positive, got {0} ns")]
     LatencyThreshold(u64),
+    /// [`PardaConfig::period`] is zero.
     #[error("control period must be positive")]
     Period,
+    /// [`PardaConfig::w_min`] is not a positive finite number at most [`MAX_WINDOW`].
     #[error("w_min must be positive and at most {max}, got {value}")]
-    WMin { value: f64, max: f64 },
+    WMin {
+        /// The w_min given, IOs.
+        value: f64,
+        /// [`MAX_WINDOW`].
+        max: f64,
+    },
+    /// [`PardaConfig::w_max`] is not a finite number at most [`MAX_WINDOW`].
     #[error("w_max must be at most {max}, got {value}")]
-    WMax { value: f64, max: f64 },
+    WMax {
+        /// The w_max given, IOs.
+        value: f64,
+        /// [`MAX_WINDOW`].
+        max: f64,
+    },
+    /// w_min is above w_max.
     #[error("w_min ({w_min}) must not exceed w_max ({w_max})")]
-    WindowBounds { w_min: f64, w_max: f64 },
+    WindowBounds {
+        /// The w_min given, IOs.
+        w_min: f64,
+        /// The w_max given, IOs.
+        w_max: f64,
+    },
+    /// [`PardaConfig::initial_window`] lies outside the window bounds.
     #[error("initial window {value} must lie in [w_min, w_max] = [{w_min}, {w_max}]")]
-    InitialWindow { value: f64, w_min: f64, w_max: f64 },
+    InitialWindow {
+        /// The initial window given, IOs.
+        value: f64,
+        /// The configured w_min, IOs.
+        w_min: f64,
+        /// The configured w_max, IOs.
+        w_max: f64,
+    },
+    /// [`HostConfig::beta`] is not a positive finite number at most [`MAX_BETA`].
     #[error("beta must be a positive number at most {max}, got {value}")]
-    Beta { value: f64, max: f64 },
+    Beta {
+        /// The beta given.
+        value: f64,
+        /// [`MAX_BETA`].
+        max: f64,
+    },
+    /// [`HostConfig::beta_per_share`] is not a positive finite number (the value given).
     #[error("beta per share must be a positive number, got {0}")]
     BetaPerShare(f64),
+    /// A [`SizeModel`] with a negative or non-finite cost, or with both costs zero.
     #[error("size model: fixed and per-byte costs must be finite and non-negative, and not both zero (got {fixed_ns} ns + {per_byte_ns} ns/B)")]
-    SizeModel { fixed_ns: f64, per_byte_ns: f64 },
+    SizeModel {
+        /// The fixed cost given, nanoseconds per IO.
+        fixed_ns: f64,
+        /// The transfer cost given, nanoseconds per byte.
+        per_byte_ns: f64,
+    },
+    /// [`HostConfig::fixed_window`] is not a finite number in [1, [`MAX_WINDOW`]].
     #[error("fixed window must be in [1, {max}], got {value}")]
-    FixedWindow { value: f64, max: f64 },
+    FixedWindow {
+        /// The fixed window given, IOs.
+        value: f64,
+        /// [`MAX_WINDOW`].
+        max: f64,
+    },
+    /// An [`Aggregator`] timeout of zero (no host would ever be live).
     #[error("aggregation timeout must be positive")]
     Timeout,
+    /// A host id at or above [`MAX_HOSTS`], in a [`HostConfig`] or a [`HostReport`].
     #[error("host id {id} is out of range (at most {max} hosts)")]
-    HostId { id: u32, max: u32 },
+    HostId {
+        /// The host id given.
+        id: u32,
+        /// [`MAX_HOSTS`].
+        max: u32,
+    },
+    /// [`HostController::add_vm`] beyond [`MAX_VMS_PER_HOST`].
     #[error("too many VMs on one host (limit {max})")]
-    TooManyVms { max: usize },
+    TooManyVms {
+        /// [`MAX_VMS_PER_HOST`].
+        max: usize,
+    },
+    /// A completion or failure reported while the host had no IO outstanding: the caller reported more
+    /// completions than the host issued.
     #[error("completion for a host with no IO outstanding (the caller reported more completions than issues)")]
     UnexpectedCompletion,
+    /// The host's local scheduler refused the call.
     #[error("scheduler: {0}")]
     Sched(#[from] crate::sched::SchedError),
 }
@@ -195,8 +258,9 @@ pub struct PardaConfig {
     pub gamma: f64,
     /// Control period: the window is updated once per period.
     pub period: Nanos,
-    /// Window bounds (IOs): `0 < w_min <= w_max <= MAX_WINDOW`.
+    /// Smallest window (IOs): `0 < w_min <= w_max`.
     pub w_min: f64,
+    /// Largest window (IOs): `w_max <= MAX_WINDOW`; also the default initial window.
     pub w_max: f64,
     /// Window before the first update (default: `w_max`, an uncontrolled host's issue queue).
     pub initial_window: Option<f64>,

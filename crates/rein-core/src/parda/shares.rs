@@ -42,6 +42,7 @@ pub struct ShareTracker {
 }
 
 impl ShareTracker {
+    /// A tracker without VMs whose first period starts at `now`.
     pub fn new(now: Nanos) -> Self {
         ShareTracker { vms: Vec::new(), period_start: now }
     }
@@ -54,12 +55,14 @@ impl ShareTracker {
         self.vms[slot] = Vm { share, outstanding: 0, area: 0, since: now, live: true };
     }
 
+    /// Forgets VM `slot` (nothing happens for an unknown slot): its share and its IOs stop counting.
     pub fn remove(&mut self, slot: usize) {
         if let Some(v) = self.vms.get_mut(slot) {
             *v = Vm::default();
         }
     }
 
+    /// Changes VM `slot`'s share s_k (nothing happens for an unknown slot).
     pub fn set_share(&mut self, slot: usize, share: f64) {
         if let Some(v) = self.vms.get_mut(slot) {
             v.share = share;

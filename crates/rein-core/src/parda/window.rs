@@ -85,6 +85,7 @@ impl WindowController {
         self.window
     }
 
+    /// Whether this is an uncontrolled host's controller ([`WindowController::fixed`]), which never updates.
     pub fn is_fixed(&self) -> bool {
         self.fixed
     }

@@ -2,7 +2,7 @@
 //! comment of [`super`] gives the model, the symbol map and the invariants; this file says how it is
 //! built.
 //!
-//! # State ([`Shifter`])
+//! # State (`Shifter`)
 //! - `a[e]`: tokens a_i^j of entry e = (i, j) (CSR, aligned with the instance's entries);
 //! - `load[j]`: sum_i a_i^j, every bucket included (participating or not);
 //! - `tms[j * S + k]`: TMS_{j,k} = sum over participating buckets of min(a_i^j, d_i^k - a_i^k);
@@ -10,10 +10,11 @@
 //!   (`list[list_start[j]..list_start[j + 1]]`), so the buckets that can move tokens along an edge
 //!   (j, k) are the merge-intersection of two sorted lists.
 //!
-//! TM_{j,k}[i] is never stored: it is non-zero only for buckets active on both j and k, and it changes only
-//! for buckets whose allocation changed. A change of a_i^j changes TM_{j,k}[i] (a_i^j) and TM_{k,j}[i] (the
-//! spare demand d_i^j - a_i^j) for the bucket's other servers k, so [`Shifter::set`] updates exactly those
-//! 2(deg - 1) sums with before/after deltas: a shift that moves tokens of n buckets along a path of length
+//! `TM_{j,k}[i]` is never stored: it is non-zero only for buckets active on both j and k, and it changes
+//! only for buckets whose allocation changed. A change of a_i^j changes `TM_{j,k}[i]` (a_i^j) and
+//! `TM_{k,j}[i]` (the spare demand d_i^j - a_i^j) for the bucket's other servers k, so `Shifter::transfer`
+//! (tokens of one bucket from one of its entries to another) updates exactly those 2(deg - 1) sums per
+//! entry changed, with before/after deltas: a shift that moves tokens of n buckets along a path of length
 //! l costs O(l * (|list_j| + |list_k|) + n * deg) instead of the paper's O(l * |S| * |B|).
 
 use super::instance::Instance;
@@ -104,10 +105,10 @@ pub(crate) fn phi_of(cap: &[u64], load: &[u64]) -> u64 {
 
 /// One token class's problem: capacities, per-entry demand, per-bucket targets A_i, on the instance's CSR.
 pub(crate) struct Problem<'a> {
-    pub inst: &'a Instance,
-    pub cap: Vec<u64>,
-    pub demand: Vec<u64>,
-    pub target: Vec<u64>,
+    pub(crate) inst: &'a Instance,
+    pub(crate) cap: Vec<u64>,
+    pub(crate) demand: Vec<u64>,
+    pub(crate) target: Vec<u64>,
 }
 
 /// The allocation of one class, progressively shifted. See the module comment.
@@ -117,20 +118,20 @@ pub(crate) struct Shifter<'p> {
     problem: &'p Problem<'p>,
     /// Tests: recompute every sum after every shift.
     #[cfg(test)]
-    pub audit: bool,
+    pub(crate) audit: bool,
     bucket_start: &'p [usize],
     entry_server: &'p [u32],
     demand: &'p [u64],
     cap: &'p [u64],
-    pub a: Vec<u64>,
-    pub load: Vec<u64>,
+    pub(crate) a: Vec<u64>,
+    pub(crate) load: Vec<u64>,
     tms: Vec<u64>,
     list_start: Vec<usize>,
     list: Vec<(u32, u32)>,
     /// With at most 64 servers: for each `list` entry, its bucket's server bitmask (else empty). Kept
     /// beside the list so that finding the buckets of an edge is a sequential scan.
     list_mask: Vec<u64>,
-    pub stats: ClassStats,
+    pub(crate) stats: ClassStats,
     // BFS scratch.
     dist: Vec<u32>,
     parent: Vec<u32>,
@@ -139,7 +140,7 @@ pub(crate) struct Shifter<'p> {
 
 /// What a breadth-first search from an overloaded server found.
 enum Search {
-    /// A shortest shift path P = path[0] -> ... -> path[l] = Q, Q underloaded.
+    /// A shortest shift path P = `path[0]` -> ... -> `path[l]` = Q, Q underloaded.
     Found(Vec<u32>),
     /// The nearest underloaded server is this many edges away, more than allowed now.
     Farther(u32),
@@ -149,22 +150,19 @@ enum Search {
 
 impl<'p> Shifter<'p> {
     /// Alg. 3 and Alg. 4: the initial prudent allocation, the loads and the token movement sums.
-    pub fn new(p: &'p Problem<'p>, opts: &SolveOptions) -> Shifter<'p> {
+    pub(crate) fn new(p: &'p Problem<'p>, opts: &SolveOptions) -> Shifter<'p> {
         let inst = p.inst;
         let s = inst.servers();
-        let nb = inst.buckets();
         let part = participants(p, opts.approx_top);
         let mut a = vec![0u64; inst.entries()];
         let (load, tms) = init_chunks(p, &part, &mut a, opts.parallel);
         // Per-server lists of participating (bucket, entry), by bucket: a counting sort by server.
         let mut count = vec![0usize; s + 1];
         let mut participating = 0u32;
-        for i in 0..nb {
-            if part[i] {
-                participating += 1;
-                for e in inst.bucket_entries(i) {
-                    count[inst.entry_server[e] as usize + 1] += 1;
-                }
+        for (i, _) in part.iter().enumerate().filter(|&(_, &p)| p) {
+            participating += 1;
+            for e in inst.bucket_entries(i) {
+                count[inst.entry_server[e] as usize + 1] += 1;
             }
         }
         for j in 0..s {
@@ -175,18 +173,16 @@ impl<'p> Shifter<'p> {
         let mut list = vec![(0u32, 0u32); list_start[s]];
         let small = s <= 64;
         let mut list_mask = if small { vec![0u64; list_start[s]] } else { Vec::new() };
-        for i in 0..nb {
-            if part[i] {
-                let r = inst.bucket_entries(i);
-                let mask = if small { inst.entry_server[r.clone()].iter().fold(0u64, |m, &j| m | 1 << j) } else { 0 };
-                for e in r {
-                    let j = inst.entry_server[e] as usize;
-                    list[fill[j]] = (i as u32, e as u32);
-                    if small {
-                        list_mask[fill[j]] = mask;
-                    }
-                    fill[j] += 1;
+        for (i, _) in part.iter().enumerate().filter(|&(_, &p)| p) {
+            let r = inst.bucket_entries(i);
+            let mask = if small { inst.entry_server[r.clone()].iter().fold(0u64, |m, &j| m | 1 << j) } else { 0 };
+            for e in r {
+                let j = inst.entry_server[e] as usize;
+                list[fill[j]] = (i as u32, e as u32);
+                if small {
+                    list_mask[fill[j]] = mask;
                 }
+                fill[j] += 1;
             }
         }
         let phi = phi_of(&p.cap, &load);
@@ -214,13 +210,13 @@ impl<'p> Shifter<'p> {
     }
 
     #[cfg(test)]
-    pub fn tms(&self, j: usize, k: usize) -> u64 {
+    pub(crate) fn tms(&self, j: usize, k: usize) -> u64 {
         self.tms[j * self.s + k]
     }
 
     /// Alg. 5: shift along breadth-first shift paths, shortest first, until no overloaded server has a
     /// path to an underloaded one.
-    pub fn progressive_shifting(&mut self) {
+    pub(crate) fn progressive_shifting(&mut self) {
         let s = self.s;
         if s < 2 {
             return;
@@ -233,8 +229,8 @@ impl<'p> Shifter<'p> {
         loop {
             let mut next_l = u32::MAX;
             let mut open = false;
-            for p in 0..s {
-                if stuck[p] {
+            for (p, stuck_p) in stuck.iter_mut().enumerate() {
+                if *stuck_p {
                     continue;
                 }
                 while self.load[p] > self.cap[p] {
@@ -246,7 +242,7 @@ impl<'p> Shifter<'p> {
                             break;
                         }
                         Search::Unreachable => {
-                            stuck[p] = true;
+                            *stuck_p = true;
                             break;
                         }
                     }
@@ -438,7 +434,7 @@ impl<'p> Shifter<'p> {
 
     /// Recomputes every sum from scratch and compares (tests; O(entries * deg)).
     #[cfg(test)]
-    pub fn check(&self) {
+    pub(crate) fn check(&self) {
         let p = self.problem;
         let inst = p.inst;
         let mut load = vec![0u64; self.s];
@@ -511,14 +507,14 @@ fn init_range(p: &Problem<'_>, part: &[bool], b0: usize, b1: usize, a: &mut [u64
     let mut tms = vec![0u64; s * s];
     let mut scratch = Vec::new();
     let mut spare = Vec::new();
-    for i in b0..b1 {
+    for (i, &participates) in (b0..b1).zip(&part[b0..b1]) {
         let r = inst.bucket_entries(i);
         let (lo, hi) = (r.start - base, r.end - base);
         apportion(p.target[i], &p.demand[r.clone()], &mut a[lo..hi], &mut scratch);
         for (k, e) in r.clone().enumerate() {
             load[inst.entry_server[e] as usize] += a[lo + k];
         }
-        if part[i] {
+        if participates {
             let srv = &inst.entry_server[r.clone()];
             let al = &a[lo..hi];
             spare.clear();

@@ -68,7 +68,9 @@ pub struct ControllerConfig {
     pub intervals: u32,
     /// When the first period starts (the first reports are due then).
     pub start: Nanos,
+    /// How a bucket's demand at a server is estimated from the reports.
     pub estimator: DemandEstimator,
+    /// How each round's instance is solved (exact or §III-C's top M; on rayon's pool or not).
     pub solve: SolveOptions,
     /// Compute without the missing reports this long after a boundary (their servers count as idle with
     /// their last capacity estimate).
@@ -87,10 +89,13 @@ pub struct BucketQos {
 /// One bucket's line in a report (what it did at the server during the interval).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BucketReport {
+    /// The bucket's index in the controller's bucket list.
     pub bucket: u32,
+    /// Requests of the bucket that arrived at the server during the interval.
     pub arrivals: u64,
     /// IOs dispatched (R- and L-tokens and unlimited).
     pub dispatched: u64,
+    /// Requests of the bucket queued at the server at the interval's end.
     pub queued: u64,
     /// Time the bucket's queue was empty during the interval.
     pub idle_ns: u64,
@@ -99,20 +104,27 @@ pub struct BucketReport {
 /// A server's report for the interval ending at boundary `round`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServerReport {
+    /// The server's index, below the number of capacities the controller was built with.
     pub server: u32,
+    /// The boundary the interval ends at ([`Controller::round`] when the report is due).
     pub round: u64,
     /// Length of the interval covered (normally tau).
     pub elapsed_ns: u64,
-    /// IOs the device completed in it, and how long it was busy.
+    /// IOs the device completed in the interval.
     pub completed: u64,
+    /// Time the device was busy in the interval.
     pub busy_ns: u64,
+    /// Per bucket, what it did at the server: at most one line per bucket, and a bucket without a line
+    /// counts as having no demand there.
     pub buckets: Vec<BucketReport>,
 }
 
 /// Tokens for one server for the rest of the period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenMessage {
+    /// The server the tokens are for.
     pub server: u32,
+    /// The round that computed them (the report round it answers).
     pub round: u64,
     /// (bucket, R-tokens, L-tokens) for every bucket with estimated demand at the server.
     pub tokens: Vec<(u32, u64, Tokens)>,
@@ -121,27 +133,50 @@ pub struct TokenMessage {
 /// What one round computed (for monitoring and tests).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoundSummary {
+    /// The round computed (the boundary's number, counted from `start`).
     pub round: u64,
+    /// The QoS period the boundary falls in: `round / intervals`.
     pub period: u64,
     /// Interval index inside the period (0 = the period's first).
     pub interval: u32,
     /// sum_i min(R_rem, D_i): the reservation IOs still wanted.
     pub wanted: u64,
+    /// The R-token solve's counters.
     pub r_stats: ClassStats,
+    /// The L-token solve's counters.
     pub l_stats: ClassStats,
+    /// Servers whose report had not arrived by the timeout (counted as idle at their last capacity
+    /// estimate).
     pub reports_missing: u32,
 }
 
+/// Why the controller refused a configuration or a report. A refused report changes nothing.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ControllerError {
+    /// The configuration, capacities or bucket QoS are invalid; the message says which rule failed.
     #[error("invalid controller configuration: {0}")]
     Config(String),
+    /// A report names a server index beyond the configured servers.
     #[error("report from unknown server {0}")]
     UnknownServer(u32),
+    /// A report names a bucket index beyond the configured buckets.
     #[error("report from server {server} names unknown bucket {bucket}")]
-    UnknownBucket { server: u32, bucket: u32 },
+    UnknownBucket {
+        /// The reporting server.
+        server: u32,
+        /// The unknown bucket index.
+        bucket: u32,
+    },
+    /// A report for a round the controller has not reached yet (reports for past rounds are ignored).
     #[error("report from server {server} for round {got}, expected round {want}")]
-    WrongRound { server: u32, got: u64, want: u64 },
+    WrongRound {
+        /// The reporting server.
+        server: u32,
+        /// The round the report is for.
+        got: u64,
+        /// The round the controller waits for ([`Controller::round`]).
+        want: u64,
+    },
 }
 
 /// The controller; see the module comment.

@@ -32,49 +32,140 @@ pub const MAX_NAME_LEN: usize = 256;
 /// Why an instance was refused. Messages name the bucket or server and the field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum InstanceError {
+    /// An instance needs at least one server.
     #[error("the instance has no servers")]
     NoServers,
+    /// A file's instance needs at least one bucket ([`InstanceBuilder`] allows none).
     #[error("the instance has no buckets")]
     NoBuckets,
+    /// More than [`MAX_SERVERS`] servers.
     #[error("too many servers: {count} (at most {max})")]
-    TooManyServers { count: usize, max: usize },
+    TooManyServers {
+        /// Servers given (or the count the refused one would have made).
+        count: usize,
+        /// [`MAX_SERVERS`].
+        max: usize,
+    },
+    /// More than [`MAX_BUCKETS`] buckets.
     #[error("too many buckets: {count} (at most {max})")]
-    TooManyBuckets { count: usize, max: usize },
+    TooManyBuckets {
+        /// Buckets given (or the count the refused one would have made).
+        count: usize,
+        /// [`MAX_BUCKETS`].
+        max: usize,
+    },
+    /// More than [`MAX_ENTRIES`] (bucket, server) pairs with demand.
     #[error("too many demand entries: more than {max} (bucket, server) pairs with demand")]
-    TooManyEntries { max: usize },
+    TooManyEntries {
+        /// [`MAX_ENTRIES`].
+        max: usize,
+    },
+    /// A number read from a file is not a whole number of tokens in `[0, MAX_TOKENS]` (negative,
+    /// fractional, NaN, infinite or too large).
     #[error("{what}: {field} must be a whole number of tokens between 0 and {max}, got {value}")]
-    BadNumber { what: String, field: &'static str, value: f64, max: u64 },
+    BadNumber {
+        /// The server or bucket (and server) it belongs to, as named in the message.
+        what: String,
+        /// Which number: `"capacity"`, `"reservation"`, `"limit"` or `"demand"`.
+        field: &'static str,
+        /// The number given.
+        value: f64,
+        /// [`MAX_TOKENS`].
+        max: u64,
+    },
+    /// A number given to [`InstanceBuilder`] is above [`MAX_TOKENS`].
     #[error("{what}: {field} is {value}, above the bound of {max} tokens")]
-    TooLarge { what: String, field: &'static str, value: u64, max: u64 },
+    TooLarge {
+        /// The server or bucket (and server) it belongs to, as named in the message.
+        what: String,
+        /// Which number: `"capacity"`, `"reservation"`, `"limit"` or `"demand"`.
+        field: &'static str,
+        /// The number given, tokens.
+        value: u64,
+        /// [`MAX_TOKENS`].
+        max: u64,
+    },
+    /// A name that is empty or only whitespace; or names given for some servers (buckets) but not all.
     #[error("a {what} has an empty name")]
-    EmptyName { what: &'static str },
+    EmptyName {
+        /// `"server"` or `"bucket"`.
+        what: &'static str,
+    },
+    /// A name longer than [`MAX_NAME_LEN`] bytes.
     #[error("{what} name {name:?} is longer than {max} bytes")]
-    NameTooLong { what: &'static str, name: String, max: usize },
+    NameTooLong {
+        /// `"server"` or `"bucket"`.
+        what: &'static str,
+        /// The name's first 40 characters and "...".
+        name: String,
+        /// [`MAX_NAME_LEN`].
+        max: usize,
+    },
+    /// Two servers, or two buckets, with the same name.
     #[error("two {what}s are named {name:?}")]
-    DuplicateName { what: &'static str, name: String },
+    DuplicateName {
+        /// `"server"` or `"bucket"`.
+        what: &'static str,
+        /// The name used twice.
+        name: String,
+    },
+    /// A bucket's demand names a server the instance does not have.
     #[error("bucket {bucket:?}: demand names unknown server {server:?}")]
-    UnknownServer { bucket: String, server: String },
+    UnknownServer {
+        /// The bucket's name.
+        bucket: String,
+        /// The unknown server name.
+        server: String,
+    },
+    /// A bucket's demand names one server twice.
     #[error("bucket {bucket:?}: demand names server {server:?} twice")]
-    DuplicateDemand { bucket: String, server: String },
+    DuplicateDemand {
+        /// The bucket's name (or `bucket <index>`).
+        bucket: String,
+        /// The server's name (or index).
+        server: String,
+    },
+    /// A bucket whose limit is below its reservation.
     #[error("bucket {bucket:?}: limit {limit} is below the reservation {reservation}")]
-    LimitBelowReservation { bucket: String, reservation: u64, limit: u64 },
+    LimitBelowReservation {
+        /// The bucket's name (or `bucket <index>`).
+        bucket: String,
+        /// R_i, tokens.
+        reservation: u64,
+        /// L_i, tokens.
+        limit: u64,
+    },
+    /// A bucket's demand given to [`InstanceBuilder`] names a server index not added yet.
     #[error("bucket {bucket:?}: server index {server} out of range (there are {servers} servers)")]
-    ServerIndex { bucket: String, server: usize, servers: usize },
+    ServerIndex {
+        /// The bucket's name (or `bucket <index>`).
+        bucket: String,
+        /// The server index given.
+        server: usize,
+        /// Servers added so far.
+        servers: usize,
+    },
 }
 
 /// A server as read from a file: a name and a capacity that must be a whole number.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawServer {
+    /// Unique, non-empty, at most [`MAX_NAME_LEN`] bytes.
     pub name: String,
+    /// C^j: a whole number of tokens in `[0, MAX_TOKENS]`.
     pub capacity: f64,
 }
 
 /// A bucket as read from a file. `demand` lists (server name, demand) in file order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawBucket {
+    /// Unique, non-empty, at most [`MAX_NAME_LEN`] bytes.
     pub name: String,
+    /// R_i: a whole number of tokens in `[0, MAX_TOKENS]`.
     pub reservation: f64,
+    /// L_i: a whole number of tokens, at least the reservation; `None` for unlimited.
     pub limit: Option<f64>,
+    /// d_i^j per server name, whole numbers of tokens; each server at most once, zeros dropped.
     pub demand: Vec<(String, f64)>,
 }
 
@@ -94,9 +185,11 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// |S|: the number of servers; server indices are `0..servers()`.
     pub fn servers(&self) -> usize {
         self.capacity.len()
     }
+    /// |B|: the number of buckets; bucket indices are `0..buckets()`.
     pub fn buckets(&self) -> usize {
         self.reservation.len()
     }
@@ -104,12 +197,15 @@ impl Instance {
     pub fn entries(&self) -> usize {
         self.entry_server.len()
     }
+    /// C^j: the tokens server `server` can consume.
     pub fn capacity(&self, server: usize) -> u64 {
         self.capacity[server]
     }
+    /// R_i: bucket `bucket`'s reservation, tokens.
     pub fn reservation(&self, bucket: usize) -> u64 {
         self.reservation[bucket]
     }
+    /// L_i: bucket `bucket`'s limit, tokens (at least R_i); `None` for unlimited.
     pub fn limit(&self, bucket: usize) -> Option<u64> {
         self.limit[bucket]
     }
@@ -147,9 +243,11 @@ impl Instance {
     pub fn bucket_name(&self, bucket: usize) -> String {
         self.bucket_names.get(bucket).cloned().unwrap_or_else(|| format!("b{bucket}"))
     }
+    /// The index of the server named `name` (`None` for an unknown name or an unnamed instance).
     pub fn server_index(&self, name: &str) -> Option<usize> {
         self.server_names.iter().position(|n| n == name)
     }
+    /// The index of the bucket named `name` (`None` for an unknown name or an unnamed instance).
     pub fn bucket_index(&self, name: &str) -> Option<usize> {
         self.bucket_names.iter().position(|n| n == name)
     }
@@ -249,6 +347,7 @@ struct InstanceParts {
 }
 
 impl InstanceBuilder {
+    /// A builder without servers or buckets.
     pub fn new() -> Self {
         let mut b = InstanceBuilder::default();
         b.inst.bucket_start.push(0);
@@ -367,6 +466,7 @@ impl InstanceBuilder {
         Ok(i)
     }
 
+    /// Servers added so far (the next server's index).
     pub fn servers(&self) -> usize {
         self.inst.capacity.len()
     }

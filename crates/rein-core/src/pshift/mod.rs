@@ -29,7 +29,7 @@
 //!    underloaded server Q, shortest paths first (length 1, then 2, ...); move
 //!    `Omega = min(gamma^P, delta^Q, min edge weight)` tokens along it, which raises Phi by Omega and
 //!    leaves the brokers' loads unchanged. Stop when no overloaded server has such a path: the allocation
-//!    is then optimal (§III-B and [23]); our tests check Phi against the max-flow value on random
+//!    is then optimal (§III-B and \[23\]); our tests check Phi against the max-flow value on random
 //!    instances (crate `rein-pshift-baseline`).
 //! 4. *L-tokens* (§III-D, last paragraph): the same algorithm on what is left: demand
 //!    `d_i^j - r_i^j`, capacity `max(0, C^j - sum_i r_i^j)` and, for limited buckets, target
@@ -45,7 +45,7 @@
 //! | d_i^j, D_i | `entry_demand[e]` for entry e = (i, j) ([`Instance::demand`]); [`Instance::total_demand`] |
 //! | A_i = min(R_i, D_i) | the R-class target (`Problem::target`) |
 //! | a_i^j | [`Allocation::r`]`[e]` (R-tokens), [`Allocation::l`]`[e]` (L-tokens) |
-//! | TM_{j,k}[i], TMS_{j,k} | [`token_movement`]; inside the solver only the sums `tms[j * S + k]` |
+//! | `TM_{j,k}[i]`, `TMS_{j,k}` | [`token_movement`]; inside the solver only the sums `tms[j * S + k]` |
 //! | gamma^P, delta^Q | `load[P] - cap[P]`, `cap[Q] - load[Q]` |
 //! | Omega, w_min | `omega` in `Shifter::shift` |
 //! | phi^j, Phi | [`phi`], [`ClassStats::phi`] |
@@ -126,7 +126,9 @@ pub struct Allocation {
     pub r: Vec<u64>,
     /// L-tokens l_i^j per entry; always 0 for unlimited buckets (they are served without L-tokens).
     pub l: Vec<u64>,
+    /// The R-token solve's counters (its `phi` is the paper's objective).
     pub r_stats: ClassStats,
+    /// The L-token solve's counters (all zero when no L-tokens were computed).
     pub l_stats: ClassStats,
     /// Whether L-tokens were computed (false with [`SolveOptions::reservations_only`]).
     pub l_solved: bool,
@@ -156,15 +158,15 @@ impl Allocation {
         }
         let rt = r_targets(inst);
         let mut load = vec![0u64; inst.servers()];
-        for i in 0..inst.buckets() {
+        for (i, &r_target) in rt.iter().enumerate() {
             let e = inst.bucket_entries(i);
             let r: u64 = self.r[e.clone()].iter().sum();
-            if r != rt[i] {
-                return Err(format!("invariant 1: bucket {i} holds {r} R-tokens, A_i = {}", rt[i]));
+            if r != r_target {
+                return Err(format!("invariant 1: bucket {i} holds {r} R-tokens, A_i = {r_target}"));
             }
             let d = inst.total_demand(i);
             let lt = match inst.limit(i) {
-                Some(l) if self.l_solved => l.min(d) - rt[i],
+                Some(l) if self.l_solved => l.min(d) - r_target,
                 _ => 0,
             };
             let l: u64 = self.l[e.clone()].iter().sum();
@@ -202,9 +204,9 @@ pub fn initial_allocation(inst: &Instance) -> Vec<u64> {
     let target = r_targets(inst);
     let mut a = vec![0u64; inst.entries()];
     let mut scratch = Vec::new();
-    for i in 0..inst.buckets() {
+    for (i, &r_target) in target.iter().enumerate() {
         let e = inst.bucket_entries(i);
-        apportion(target[i], &inst.entry_demand[e.clone()], &mut a[e], &mut scratch);
+        apportion(r_target, &inst.entry_demand[e.clone()], &mut a[e], &mut scratch);
     }
     a
 }

@@ -53,11 +53,14 @@ use std::collections::VecDeque;
 /// An L-token count, or no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tokens {
+    /// This many L-tokens (IOs) left.
     Count(u64),
+    /// A bucket without a limit: served in the L class without spending tokens.
     Unlimited,
 }
 
 impl Tokens {
+    /// Whether no token is left (never for `Unlimited`): the bucket cannot be served in the L class.
     pub fn is_zero(self) -> bool {
         self == Tokens::Count(0)
     }
@@ -97,12 +100,15 @@ pub struct IntervalCounters {
 /// One bucket's line in a server's report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketInterval {
+    /// The bucket.
     pub id: TenantId,
+    /// What it did since the previous report.
     pub counters: IntervalCounters,
     /// Requests queued now.
     pub queued: u64,
     /// Tokens left now.
     pub r_tokens: u64,
+    /// L-tokens left now.
     pub l_tokens: Tokens,
 }
 
@@ -158,7 +164,7 @@ impl RingSet {
         }
         // The next non-empty word after w, through the summary.
         let mut sw = (w + 1) / 64;
-        let mut mask = if (w + 1) % 64 == 0 { u64::MAX } else { u64::MAX << ((w + 1) % 64) };
+        let mut mask = u64::MAX << ((w + 1) % 64);
         while sw < self.summary.len() {
             let m = self.summary[sw] & mask;
             if m != 0 {

@@ -7,6 +7,7 @@
 //! s_j carries how much service the tenant received elsewhere since its previous request to s_j:
 //! - `delta`: completions at the other servers (dmClock's delta_i, RBFQ's Delta less the request itself);
 //! - `rho`: the part of `delta` served in reservation phase (dmClock's rho_i).
+//!
 //! The server then advances the tenant's tags by `(cost + delta)/w` etc. (see [`super::mclock`]).
 //!
 //! # State and invariants
@@ -17,6 +18,7 @@
 //! 1. `delta` and `rho` never count a completion at the server being addressed.
 //! 2. Every completion elsewhere is counted in exactly one later request to each server (none lost, none
 //!    counted twice), so over a long run each server sees the tenant's whole service.
+//!
 //! Servers are dense indices `0..max_servers`; an index beyond the bound is an error.
 
 use super::Phase;
@@ -25,8 +27,14 @@ use crate::units::Cost;
 /// Why a tracker call was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TrackerError {
+    /// A server index at or beyond the number of servers the tracker was built for.
     #[error("server index {index} out of range (tracker holds {max} servers)")]
-    ServerOutOfRange { index: usize, max: usize },
+    ServerOutOfRange {
+        /// The index given.
+        index: usize,
+        /// Servers the tracker holds; valid indices are below it.
+        max: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,6 +59,7 @@ impl ServiceTracker {
         ServiceTracker { total: 0, total_resv: 0, servers: vec![PerServer::default(); servers] }
     }
 
+    /// Servers tracked; valid indices are `0..servers()`.
     pub fn servers(&self) -> usize {
         self.servers.len()
     }

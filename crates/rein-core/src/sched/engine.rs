@@ -86,15 +86,15 @@ use std::collections::VecDeque;
 /// Which inputs feed which clock.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub(crate) struct Flavor {
-    pub kind: SchedulerKind,
+    pub(crate) kind: SchedulerKind,
     /// dmClock: R tags advance by `(cost + rho) / r`. RBFQ and mClock: `cost / r` (RBFQ's local tags use
     /// the per-server minimum M_ij, so service elsewhere does not count toward them).
-    pub rho_in_r: bool,
+    pub(crate) rho_in_r: bool,
     /// dmClock: L tags advance by `(cost + delta) / l`. RBFQ's upper bound is per server: `cost / l`.
-    pub delta_in_l: bool,
+    pub(crate) delta_in_l: bool,
     /// The cost model of the limit clock (RBFQ §3.4's upper bound is in bytes/s), or `None` to use the
     /// configuration's cost model.
-    pub limit_cost: Option<CostModel>,
+    pub(crate) limit_cost: Option<CostModel>,
 }
 
 #[derive(Copy, Clone, Debug, Default)]
@@ -261,8 +261,8 @@ impl Tenant {
             // Only a tenant that was idle is clamped to its arrival time (invariant 7).
             self.head_r = match (self.history, was_idle) {
                 (false, _) => arrival,
-                (true, true) => self.last_r.add(self.r_inc(&q, flavor)).max(arrival),
-                (true, false) => self.last_r.add(self.r_inc(&q, flavor)),
+                (true, true) => self.last_r.saturating_add(self.r_inc(&q, flavor)).max(arrival),
+                (true, false) => self.last_r.saturating_add(self.r_inc(&q, flavor)),
             };
         }
         if self.l_step != 0 {
@@ -271,22 +271,22 @@ impl Tenant {
             // (invariant 7).
             let inc = c.times_step(self.l_step);
             let floor = now.saturating_sub(inc.saturating_mul(burst as u128));
-            self.head_l = if self.history { self.last_l.add(inc).max(floor) } else { now };
+            self.head_l = if self.history { self.last_l.saturating_add(inc).max(floor) } else { now };
         }
         let p_inc = q.cost.saturating_add(q.delta).times_step(self.p_step);
         self.head_p = if !was_idle {
-            let next = self.last_p.add(p_inc);
+            let next = self.last_p.saturating_add(p_inc);
             match lead_cap {
                 // Invariant 8: no further than `cap` of its own IOs ahead of vnow (never moving back).
                 Some(cap) if !self.distributed => {
-                    next.min(vnow.add(p_inc.saturating_mul(cap as u128))).max(self.last_p)
+                    next.min(vnow.saturating_add(p_inc.saturating_mul(cap as u128))).max(self.last_p)
                 }
                 _ => next,
             }
         } else {
             let floor = vnow.saturating_sub(self.credit);
             if self.history {
-                self.last_p.add(p_inc).max(floor)
+                self.last_p.saturating_add(p_inc).max(floor)
             } else {
                 floor
             }

@@ -27,6 +27,7 @@ pub struct Fifo {
 }
 
 impl Fifo {
+    /// A FIFO; of the config it uses only the cost model (for the reported cost) and the bounds.
     pub fn new(config: SchedConfig) -> Self {
         Fifo { config, tenants: Slab::default(), queue: VecDeque::new(), time: LatestTime::default() }
     }

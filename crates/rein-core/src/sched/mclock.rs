@@ -42,26 +42,28 @@
 //!   P tag (minus its idle credit) rather than at wall time. Backlogged tenants' P tags are never clamped
 //!   to wall time, which keeps weights exact when P tags run behind wall time (large weights).
 //! - With [`LimitMode::BreakWhenIdle`] the over-limit tenant served is the one with the earliest L tag.
-//!
 //! - Reservation lead is bounded: a tenant held at its reservation (r_i above its weight share) advances
 //!   its P tags faster than the others; in the paper without bound, so that when capacity later rises it
 //!   gets only r_i until the others' P tags catch up (minutes, after a long clamped period). We cap the
 //!   lead at [`SchedConfig::weight_lead_ios`] IOs (default 16; `None` restores the paper's behaviour).
 //!   See the engine's invariant 8 for why steady-state allocations are unchanged.
+//!
+//! [`Phase::Reservation`]: super::Phase::Reservation
+//! [`Phase::Weight`]: super::Phase::Weight
+//! [`QosSpec`]: crate::QosSpec
+//! [`LimitMode::BreakWhenIdle`]: super::LimitMode::BreakWhenIdle
 
 use super::engine::{delegate_scheduler, Engine, Flavor};
-#[allow(unused_imports)]
-use super::{LimitMode, Phase};
 use super::{SchedConfig, SchedError, SchedulerKind, TenantId};
 use crate::units::Tag;
-#[allow(unused_imports)]
-use crate::QosSpec;
 
 /// mClock (single server) or dmClock (per server of a cluster); see the module comment.
 #[derive(Debug, Clone)]
 pub struct Mclock(Engine);
 
 impl Mclock {
+    /// mClock on one server (Algorithm 1), reporting its kind as mclock. Requests that carry a
+    /// distributed delta are handled as dmClock's (§3.2.1).
     pub fn new(config: SchedConfig) -> Self {
         Mclock(Engine::new(
             Flavor { kind: SchedulerKind::Mclock, rho_in_r: true, delta_in_l: true, limit_cost: None },
@@ -94,7 +96,8 @@ delegate_scheduler!(Mclock);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sched::{Poll, Request, Scheduler};
+    use crate::sched::{LimitMode, Poll, Request, Scheduler};
+    use crate::spec::QosSpec;
     use crate::units::Nanos;
     use proptest::prelude::*;
 
@@ -143,7 +146,7 @@ mod tests {
         fn invariants_hold_under_random_operations(ops in proptest::collection::vec(op(), 1..300), rbfq in any::<bool>(), cfg in 0usize..2) {
             let config = configs()[cfg];
             let mut m = Mclock::new(config);
-            let mut r = crate::Rbfq::new(config);
+            let mut r = crate::Rbfq::with_byte_limit(config);
             let mut ids = vec![];
             let mut now = 0u64;
             let mut handle = 0u64;

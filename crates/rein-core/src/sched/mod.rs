@@ -68,6 +68,7 @@ impl fmt::Display for TenantId {
 /// A request as the scheduler sees it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// The tenant the request belongs to.
     pub tenant: TenantId,
     /// Opaque to the scheduler; returned in [`Dispatch`].
     pub handle: u64,
@@ -83,17 +84,21 @@ pub struct Request {
 }
 
 impl Request {
+    /// A 4 KiB request at offset 0 with no service elsewhere; the methods below change those.
     pub fn new(tenant: TenantId, handle: u64) -> Self {
         Request { tenant, handle, size: 4096, offset: 0, delta: Cost(0), rho: Cost(0) }
     }
+    /// With a size in bytes (what the cost model charges).
     pub fn size(mut self, size: u64) -> Self {
         self.size = size;
         self
     }
+    /// With a byte offset (what locality batching compares).
     pub fn offset(mut self, offset: u64) -> Self {
         self.offset = offset;
         self
     }
+    /// With the service received at other servers, `(delta, rho)` from [`ServiceTracker::prepare`].
     pub fn distributed(mut self, delta: Cost, rho: Cost) -> Self {
         self.delta = delta;
         self.rho = rho;
@@ -114,10 +119,13 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in [`Phase::index`] order.
     pub const ALL: [Phase; 3] = [Phase::Reservation, Phase::Weight, Phase::OverLimit];
+    /// The phase's position (0, 1, 2) in per-phase arrays such as [`TenantStats::dispatched`].
     pub fn index(self) -> usize {
         self as usize
     }
+    /// The snake_case name used in reports and output files.
     pub fn name(self) -> &'static str {
         match self {
             Phase::Reservation => "reservation",
@@ -130,15 +138,21 @@ impl Phase {
 /// A dispatch decision.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Dispatch {
+    /// The tenant the request belongs to.
     pub tenant: TenantId,
+    /// The request's handle as given to [`Scheduler::enqueue`].
     pub handle: u64,
+    /// The phase the request was served in.
     pub phase: Phase,
+    /// The request's own cost under the configured cost model (without any distributed delta): what a
+    /// [`ServiceTracker::complete`] should be told.
     pub cost: Cost,
 }
 
 /// What `poll` decided.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Poll {
+    /// Send this request to the device now.
     Dispatch(Dispatch),
     /// Requests are queued but none may go before this time (limits); poll again then, or on a new arrival.
     Wait(Nanos),
@@ -160,8 +174,11 @@ pub enum LimitMode {
 /// Explicit bounds on a scheduler's state.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
+    /// Most live tenants; beyond it `add_tenant` returns [`SchedError::TooManyTenants`].
     pub max_tenants: usize,
+    /// Most requests queued per tenant; beyond it `enqueue` returns [`SchedError::TenantQueueFull`].
     pub max_queued_per_tenant: usize,
+    /// Most requests queued in all; beyond it `enqueue` returns [`SchedError::QueueFull`].
     pub max_queued: usize,
 }
 
@@ -182,10 +199,12 @@ pub const DEFAULT_WEIGHT_LEAD_IOS: u32 = 16;
 pub struct SchedConfig {
     /// How a request's size becomes a cost for reservation, weight and (mClock) limit tags.
     pub cost_model: CostModel,
+    /// What to do when only tenants over their limit have requests queued.
     pub limit_mode: LimitMode,
     /// Locality batching (mClock §3.1): after a dispatch, up to `batch - 1` more requests of the same tenant
     /// follow at once while each lies within `batch_distance` bytes of the previous one. 1 = off.
     pub batch: u32,
+    /// Largest distance, in bytes, from one request of a locality batch to the next (default 4 MiB).
     pub batch_distance: u64,
     /// `maintain` forgets the tag history of tenants idle at least this long (they return as new tenants:
     /// no lead or lag carried over). `None`: never.
@@ -201,6 +220,7 @@ pub struct SchedConfig {
     pub limit_burst_ios: u32,
     /// `maintain` removes tenants idle at least this long. `None`: never.
     pub erase_age: Option<Nanos>,
+    /// Bounds on tenants and queued requests.
     pub limits: Limits,
 }
 
@@ -223,14 +243,32 @@ impl Default for SchedConfig {
 /// Errors from scheduler calls. The scheduler's state is unchanged when one is returned.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SchedError {
+    /// The id names no live tenant: it was never added here, or the tenant was removed or erased by
+    /// `maintain` (a reused slot has a new generation, so an old id never names the newcomer).
     #[error("unknown tenant {0} (never added, removed, or aged out)")]
     UnknownTenant(TenantId),
+    /// `add_tenant` beyond [`Limits::max_tenants`].
     #[error("too many tenants (limit {max})")]
-    TooManyTenants { max: usize },
+    TooManyTenants {
+        /// [`Limits::max_tenants`].
+        max: usize,
+    },
+    /// `enqueue` beyond [`Limits::max_queued_per_tenant`] for this tenant.
     #[error("queue of {tenant} is full ({max} requests)")]
-    TenantQueueFull { tenant: TenantId, max: usize },
+    TenantQueueFull {
+        /// The tenant whose queue is full.
+        tenant: TenantId,
+        /// [`Limits::max_queued_per_tenant`].
+        max: usize,
+    },
+    /// `enqueue` beyond [`Limits::max_queued`].
     #[error("scheduler queue is full ({max} requests)")]
-    QueueFull { max: usize },
+    QueueFull {
+        /// [`Limits::max_queued`].
+        max: usize,
+    },
+    /// A spec was refused. Schedulers take validated [`QosSpec`]s and never return this themselves; it lets
+    /// a caller build a spec and add a tenant in one `?` chain.
     #[error("invalid spec: {0}")]
     Spec(#[from] SpecError),
 }
@@ -242,11 +280,14 @@ pub struct TenantStats {
     pub dispatched: [u64; 3],
     /// Cost dispatched (fixed point, see [`Cost`]), by phase.
     pub cost: [u128; 3],
+    /// Requests accepted by `enqueue` (each since dispatched or still queued).
     pub enqueued: u64,
+    /// Requests queued now.
     pub queued: usize,
 }
 
 impl TenantStats {
+    /// Requests dispatched in all phases.
     pub fn total_dispatched(&self) -> u64 {
         self.dispatched.iter().sum()
     }
@@ -255,16 +296,22 @@ impl TenantStats {
 /// The scheduler algorithms, by name (for configs and CLIs).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum SchedulerKind {
+    /// mClock on one server ([`Mclock::new`]).
     Mclock,
+    /// The server side of dmClock ([`Mclock::dmclock`]); its clients use a [`ServiceTracker`].
     Dmclock,
+    /// RBFQ ([`Rbfq::new`]: its upper bound in the configured cost units, like mClock's limit).
     Rbfq,
+    /// SFQ(D), the proportional-share baseline ([`Sfq::new`]).
     Sfq,
     /// pShift's token scheduler ([`crate::pshift::TokenScheduler`]); without a controller, plain round robin.
     Token,
+    /// FIFO, the baseline without QoS ([`Fifo::new`]).
     Fifo,
 }
 
 impl SchedulerKind {
+    /// Every kind, in the order CLIs list them.
     pub const ALL: [SchedulerKind; 6] = [
         SchedulerKind::Mclock,
         SchedulerKind::Dmclock,
@@ -273,6 +320,7 @@ impl SchedulerKind {
         SchedulerKind::Token,
         SchedulerKind::Fifo,
     ];
+    /// The lower-case name used in configs and CLIs; `FromStr` parses it back, ignoring case.
     pub fn name(self) -> &'static str {
         match self {
             SchedulerKind::Mclock => "mclock",
@@ -283,7 +331,9 @@ impl SchedulerKind {
             SchedulerKind::Fifo => "fifo",
         }
     }
-    /// Builds a boxed scheduler of this kind.
+    /// Builds a boxed scheduler of this kind with its plain constructor, so that one spec means the same
+    /// under every kind: limits are in the configured cost units (for RBFQ too: [`Rbfq::new`]; §3.4's
+    /// bytes-per-second bound is [`Rbfq::with_byte_limit`]).
     pub fn build(self, config: SchedConfig) -> Box<dyn Scheduler> {
         match self {
             SchedulerKind::Mclock => Box::new(Mclock::new(config)),
@@ -315,6 +365,7 @@ impl fmt::Display for SchedulerKind {
 /// The one interface every scheduler implements (object safe: `Box<dyn Scheduler>` works; `Send`, since
 /// schedulers are plain data and runtimes move them between threads).
 pub trait Scheduler: Send {
+    /// Which algorithm this is.
     fn kind(&self) -> SchedulerKind;
     /// Adds a tenant; returns its id.
     fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError>;
@@ -332,7 +383,9 @@ pub trait Scheduler: Send {
     fn queued(&self) -> usize;
     /// Live tenants.
     fn tenant_count(&self) -> usize;
+    /// The tenant's counters.
     fn stats(&self, id: TenantId) -> Result<TenantStats, SchedError>;
+    /// The tenant's current spec.
     fn spec(&self, id: TenantId) -> Result<QosSpec, SchedError>;
     /// How many times `now` went backwards (and was clamped).
     fn time_regressions(&self) -> u64;

@@ -23,8 +23,15 @@
 //!   [`super::ServiceTracker`]); local tags use the per-server M_ij and ignore it.
 //! - **Idle credits** (§3.3): the global tag of a client returning from idle may lag t by sigma/w.
 //! - **Upper bound** (§3.4): tag u advances by iosize/B_i; a client with u > now is not served. It is the
-//!   engine's limit clock with a per-byte cost: the spec's `limit` is in bytes/s ([`Rbfq::new`]), or in
-//!   the configured cost units with [`Rbfq::with_limit_in_cost_units`].
+//!   engine's limit clock, counting the configured cost (see the deviations below) or bytes.
+//!
+//! # Deviations from the paper, and why
+//! - **The upper bound is in the configured cost units** ([`Rbfq::new`], and what
+//!   [`SchedulerKind::build`] gives), as mClock's limit is, not in bytes per second: a tenant's spec
+//!   then means the same under every scheduler of a deployment, which picks its cost model once
+//!   ([`SchedConfig::cost_model`]; with [`CostModel::BYTES`] the two agree). §3.4's B_i in bytes per
+//!   second, whatever the cost model, is [`Rbfq::with_byte_limit`].
+//! - The engine's deviations from the tag algorithm (module comment of [`super::mclock`]) hold here too.
 //!
 //! # Paper symbols -> code
 //! | paper | code |
@@ -43,26 +50,27 @@ use crate::units::Tag;
 pub struct Rbfq(Engine);
 
 impl Rbfq {
-    /// RBFQ with §3.4's upper bound in bytes per second (a spec's `limit` is B_i in bytes/s).
+    /// RBFQ whose upper bound, a spec's `limit`, is in the configured cost units (IOPS under the per-IO
+    /// model), like mClock's limit. What [`SchedulerKind::build`] gives.
     pub fn new(config: SchedConfig) -> Self {
-        Rbfq(Engine::new(
-            Flavor {
-                kind: SchedulerKind::Rbfq,
-                rho_in_r: false,
-                delta_in_l: false,
-                limit_cost: Some(CostModel::BYTES),
-            },
-            config,
-        ))
+        Self::with_limit_cost(config, None)
     }
 
-    /// RBFQ whose upper bound is in the configured cost units (IOPS with the per-IO model), so that specs
-    /// mean the same as mClock's.
+    /// RBFQ with §3.4's upper bound: a spec's `limit` is B_i in bytes per second, whatever the configured
+    /// cost model (which still prices the local and global tags).
+    pub fn with_byte_limit(config: SchedConfig) -> Self {
+        Self::with_limit_cost(config, Some(CostModel::BYTES))
+    }
+
+    /// The same as [`Rbfq::new`], under the name callers used before `new` became the cost-unit variant.
+    /// Kept only until the callers in rein-sim, rein-runtime and rein use [`SchedulerKind::build`] or
+    /// [`Rbfq::new`]; then delete it.
     pub fn with_limit_in_cost_units(config: SchedConfig) -> Self {
-        Rbfq(Engine::new(
-            Flavor { kind: SchedulerKind::Rbfq, rho_in_r: false, delta_in_l: false, limit_cost: None },
-            config,
-        ))
+        Self::new(config)
+    }
+
+    fn with_limit_cost(config: SchedConfig, limit_cost: Option<CostModel>) -> Self {
+        Rbfq(Engine::new(Flavor { kind: SchedulerKind::Rbfq, rho_in_r: false, delta_in_l: false, limit_cost }, config))
     }
 
     /// (local, upper-bound, global) tags of a client's head request, if any.

@@ -56,6 +56,7 @@ pub struct Sfq {
 }
 
 impl Sfq {
+    /// SFQ(D) with the config's cost model, batching and bounds; reservations and limits are ignored.
     pub fn new(config: SchedConfig) -> Self {
         Sfq {
             config,
@@ -151,7 +152,7 @@ impl Scheduler for Sfq {
         };
         let t = self.tenants.at_mut(slot);
         let (handle, cost, tag_cost, offset) = t.queue.pop_front().expect("heap holds backlogged tenants");
-        t.finish = t.start.add(tag_cost.times_step(t.step));
+        t.finish = t.start.saturating_add(tag_cost.times_step(t.step));
         t.stats.dispatched[Phase::Weight.index()] += 1;
         t.stats.cost[Phase::Weight.index()] += cost.0 as u128;
         self.queued -= 1;

@@ -1,25 +1,19 @@
 //! Helpers shared by the core's integration tests.
+// Each test binary compiles its own copy of this module and uses only some of the helpers.
 #![allow(dead_code)]
 
 use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::vtime::{run_backlogged, BacklogRun};
-use rein_core::{Mclock, Nanos, QosSpec, Rbfq, SchedConfig, Scheduler, SchedulerKind, Sfq, TenantId};
+use rein_core::{Nanos, QosSpec, SchedConfig, Scheduler, SchedulerKind, TenantId};
 
 /// The QoS schedulers held to the oracle, with limits in IOPS.
 pub fn qos_schedulers() -> Vec<(SchedulerKind, Box<dyn Scheduler>)> {
-    vec![
-        (SchedulerKind::Mclock, Box::new(Mclock::new(SchedConfig::default()))),
-        (SchedulerKind::Dmclock, Box::new(Mclock::dmclock(SchedConfig::default()))),
-        (SchedulerKind::Rbfq, Box::new(Rbfq::with_limit_in_cost_units(SchedConfig::default()))),
-    ]
+    [SchedulerKind::Mclock, SchedulerKind::Dmclock, SchedulerKind::Rbfq].into_iter().map(|k| (k, build(k))).collect()
 }
 
+/// A scheduler of `kind` with the default configuration (per-IO cost: limits in IOPS).
 pub fn build(kind: SchedulerKind) -> Box<dyn Scheduler> {
-    match kind {
-        SchedulerKind::Rbfq => Box::new(Rbfq::with_limit_in_cost_units(SchedConfig::default())),
-        SchedulerKind::Sfq => Box::new(Sfq::new(SchedConfig::default())),
-        k => k.build(SchedConfig::default()),
-    }
+    kind.build(SchedConfig::default())
 }
 
 pub fn add_all(s: &mut dyn Scheduler, specs: &[QosSpec]) -> Vec<TenantId> {
