@@ -269,7 +269,7 @@ pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
         let (ns, resv) = match args.scheduler {
             SchedulerKind::Mclock => time_sched(Mclock::new(c), n, requests, args.repeat),
             SchedulerKind::Dmclock => time_sched(Mclock::dmclock(c), n, requests, args.repeat),
-            SchedulerKind::Rbfq => time_sched(Rbfq::with_limit_in_cost_units(c), n, requests, args.repeat),
+            SchedulerKind::Rbfq => time_sched(Rbfq::new(c), n, requests, args.repeat),
             SchedulerKind::Sfq => time_sched(Sfq::new(c), n, requests, args.repeat),
             SchedulerKind::Fifo => time_sched(Fifo::new(c), n, requests, args.repeat),
             SchedulerKind::Token => time_sched(rein_core::pshift::TokenScheduler::new(c), n, requests, args.repeat),

@@ -38,7 +38,7 @@ use events::{Events, Kind};
 use parda::HostLayer;
 use pshift::Cluster;
 use rein_core::pshift::TokenScheduler;
-use rein_core::{Cost, Limits, Nanos, Phase, Poll, Request, SchedConfig, SchedulerKind, ServiceTracker, TenantId};
+use rein_core::{Cost, Limits, Nanos, Phase, Poll, Request, SchedConfig, ServiceTracker, TenantId};
 use rein_model::device::{Discipline, Job};
 use rein_model::report::hosts::HostRecorder;
 use rein_model::seed::{server_stream, stream_seed};
@@ -150,11 +150,8 @@ impl<'a> Sim<'a> {
                         limits: Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() },
                         ..SchedConfig::default()
                     };
-                    Sched::Plain(match s.scheduler {
-                        // In the simulator a spec's limit is in the scenario's cost units for every scheduler.
-                        SchedulerKind::Rbfq => Box::new(rein_core::Rbfq::with_limit_in_cost_units(config)),
-                        k => k.build(config),
-                    })
+                    // A spec's limit is in the scenario's cost units for every scheduler (RBFQ's too).
+                    Sched::Plain(s.scheduler.build(config))
                 }
             };
             let device = Device::new(&s.device, stream_seed(sc.seed, server_stream(i)));
