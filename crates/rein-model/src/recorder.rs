@@ -41,6 +41,8 @@ struct Pending {
 /// Entries per batch: 3 MiB of log, about 256 completions per tenant at 1,000 tenants.
 const BATCH: usize = 1 << 18;
 const LAT_BITS: u32 = 38;
+/// The packed phase of a completion whose phase is unknown (phases use 0..=2).
+const UNKNOWN_PHASE: usize = 3;
 const TENANT_BITS: u32 = 24;
 
 /// The recorder was asked for more than [`MAX_CELLS`] timeseries cells.
@@ -106,7 +108,9 @@ pub struct RunMeta {
     pub tenants: Vec<TenantMeta>,
     /// Servers, in recording order.
     pub servers: Vec<ServerMeta>,
-    /// Phases are known (the scheduler told the recorder each completion's phase).
+    /// Phases are known: the scheduler told the recorder each completion's phase, or the caller set
+    /// them per interval ([`Recorder::set_phases`]). Else they are `null` in summary.json and empty in
+    /// timeseries.csv.
     pub phases_known: bool,
 }
 
@@ -152,6 +156,17 @@ impl Recorder {
     /// A request of `tenant` issued at `issued` completed at `now`: `bytes`, served in `phase`.
     #[inline]
     pub fn completion(&mut self, tenant: usize, issued: Nanos, now: Nanos, bytes: u64, phase: Phase) {
+        self.log(tenant, issued, now, bytes, phase.index());
+    }
+
+    /// As [`Recorder::completion`], for a request whose scheduling phase the recorder cannot know (a
+    /// client of a remote server); see [`Recorder::set_phases`].
+    pub fn completion_phase_unknown(&mut self, tenant: usize, issued: Nanos, now: Nanos, bytes: u64) {
+        self.log(tenant, issued, now, bytes, UNKNOWN_PHASE);
+    }
+
+    #[inline]
+    fn log(&mut self, tenant: usize, issued: Nanos, now: Nanos, bytes: u64, phase: usize) {
         let i = self.interval_of(now);
         let lat = now.0 - issued.0;
         let measured = now >= self.warmup;
@@ -161,14 +176,14 @@ impl Recorder {
         }
         let p = &mut self.pending;
         if lat >> LAT_BITS != 0 || (tenant as u64) >> TENANT_BITS != 0 || bytes >> 32 != 0 {
-            self.record(tenant, i, measured, lat, bytes, phase.index());
+            self.record(tenant, i, measured, lat, bytes, phase);
             return;
         }
         if p.packed.is_empty() {
             p.interval = i;
             p.measured = measured;
         }
-        p.packed.push((tenant as u64) << (64 - TENANT_BITS) | (phase.index() as u64) << LAT_BITS | lat);
+        p.packed.push((tenant as u64) << (64 - TENANT_BITS) | (phase as u64) << LAT_BITS | lat);
         p.bytes.push(bytes as u32);
         if p.packed.len() >= BATCH {
             self.apply_pending();
@@ -183,7 +198,9 @@ impl Recorder {
         c.bytes += bytes;
         c.lat_sum_ns += lat;
         c.lat_max_ns = c.lat_max_ns.max(lat);
-        c.phase[phase] += 1;
+        if let Some(n) = c.phase.get_mut(phase) {
+            *n += 1;
+        }
         if measured {
             // Auto-resizing histogram: `record` grows it; it can only fail beyond u64 range.
             let _ = self.hist[tenant].record(lat.max(1));
@@ -338,6 +355,7 @@ impl Recorder {
                 server_names: meta.servers.iter().map(|s| s.name.clone()).collect(),
                 cells: self.cells,
                 server_cells: self.server_cells,
+                phases_known: meta.phases_known,
                 capacity: meta
                     .servers
                     .iter()

@@ -44,22 +44,47 @@ fn err(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(serde_json::json!({ "error": msg.into() }))).into_response()
 }
 
-#[derive(Serialize)]
-struct TenantJson {
-    name: String,
-    reservation: f64,
-    limit: Option<f64>,
-    weight: f64,
-    idle_credit: u32,
-    completed: u64,
-    completed_reservation_phase: u64,
-    completed_weight_phase: u64,
-    bytes: u64,
-    errors: u64,
-    queued: usize,
-    latency_mean_ms: f64,
-    iops_last_s: f64,
-    below_reservation_s: u64,
+/// A tenant as `GET /api/tenants` reports it (and `rein load` reads it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TenantJson {
+    /// Its name.
+    pub name: String,
+    /// Reservation (IOPS or cost units per second).
+    pub reservation: f64,
+    /// Limit; `null` when unlimited.
+    pub limit: Option<f64>,
+    /// Weight.
+    pub weight: f64,
+    /// Idle credit.
+    pub idle_credit: u32,
+    /// Completions.
+    pub completed: u64,
+    /// Completions served in the reservation phase.
+    pub completed_reservation_phase: u64,
+    /// Completions served in the weight phase, including any above the limit.
+    pub completed_weight_phase: u64,
+    /// Completions served above the limit (a limit mode that breaks limits when the device idles).
+    #[serde(default)]
+    pub completed_over_limit_phase: u64,
+    /// Bytes transferred.
+    pub bytes: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Requests waiting in the scheduler.
+    pub queued: usize,
+    /// Mean latency (ms).
+    pub latency_mean_ms: f64,
+    /// Completions in the last whole second.
+    pub iops_last_s: f64,
+    /// Seconds backlogged yet served below the reservation.
+    pub below_reservation_s: u64,
+}
+
+impl TenantJson {
+    /// The spec these fields describe.
+    pub fn spec(&self) -> Result<QosSpec, rein_core::SpecError> {
+        QosSpec::new(self.reservation, self.limit, self.weight, self.idle_credit)
+    }
 }
 
 async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
@@ -78,6 +103,7 @@ async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
             completed_reservation_phase: t.counters.completed[Phase::Reservation.index()],
             completed_weight_phase: t.counters.completed[Phase::Weight.index()]
                 + t.counters.completed[Phase::OverLimit.index()],
+            completed_over_limit_phase: t.counters.completed[Phase::OverLimit.index()],
             bytes: t.counters.bytes,
             errors: t.counters.errors,
             queued: t.sched.queued,

@@ -7,6 +7,7 @@
 //! [`aggregate`] carries PARDA's cluster latency between hosts (a shared file, or UDP).
 
 pub mod admin;
+pub mod admin_client;
 pub mod aggregate;
 pub mod client;
 pub mod config;

@@ -1,146 +1,187 @@
-//! The multi-tenant NBD load generator behind `rein load`.
+//! The multi-tenant NBD load generator behind `rein load` and `rein demo`.
 //!
-//! Each job is a tenant's workload against one export: `connections` NBD connections, and either a closed
-//! loop of `depth` requests outstanding per connection or an open loop of Poisson arrivals at `rate` IOPS.
-//! Requests are `size` bytes, reads with probability `read`, at random offsets with probability `random`
-//! (sequential otherwise), within the export. Measured per job: completions, bytes and latency per
-//! interval, and a latency histogram after the warm-up: the same quantities as the simulator reports.
+//! # Model
+//! Each job is a tenant's workload against one export, over `connections` NBD connections. *What* it
+//! issues and *when* is rein-model's workload generator, the simulator's own: closed loops (one pool of
+//! `outstanding` requests, replaced on completion after an optional think time), open Poisson arrivals,
+//! on/off periods, bursts, and trace replay; offsets, sizes and the read mix come from the same draws.
+//! This module only moves the generator's decisions onto the network: one tokio task holds every
+//! job's generator and timer, sends each request on the job's next connection (round robin) and feeds
+//! completions back. What it measures goes into rein-model's [`Recorder`], so the result is the same
+//! [`RunTotals`] (summary.json, timeseries.csv) the simulator writes.
+//!
+//! With the server's admin endpoint (`admin`), the report carries the tenants' real specs (read at the
+//! start from `GET /api/tenants`, the job's `tenant` naming which) and the completions by scheduling phase
+//! (the server's counters, read once per interval). Without it, they are unknown and reported as such.
+//!
+//! # Bounds
+//! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop arrivals beyond it are
+//! dropped and counted as rejected. Trace records are sent at their offset modulo the export's size
+//! (aligned to 512 bytes) and at most the export's size.
 
-use crate::client::NbdClient;
-use hdrhistogram::Histogram;
-use rand::{Rng, SeedableRng};
-use rand_pcg::Pcg64Mcg;
+use crate::admin::TenantJson;
+use crate::client::{ClientError, NbdClient};
+use rein_core::{Nanos, QosSpec};
+use rein_model::recorder::{RunMeta, ServerMeta, TenantMeta};
+use rein_model::seed::stream_seed;
+use rein_model::workload::{Arrival, Begin, Reissue, WorkloadSpec};
+use rein_model::{Generator, Recorder, RunTotals};
 use rein_proto::nbd::Command;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+/// Requests one job may have issued and unanswered, by default.
+pub const MAX_PENDING: usize = 65_536;
+/// Largest request `rein load` sends (the server's default limit).
+pub const MAX_REQUEST_BYTES: u64 = 32 << 20;
+
+/// One tenant's workload against one export.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// The job's name (the report's tenant name).
     pub name: String,
+    /// The export it opens.
     pub export: String,
+    /// The server's tenant behind the export (for its spec and phase counts from the admin endpoint).
+    pub tenant: String,
+    /// NBD connections; requests go to them in turn.
     pub connections: usize,
-    /// Closed loop: requests outstanding per connection.
-    pub depth: usize,
-    /// Open loop: Poisson arrivals at this rate (IOPS), instead of the closed loop.
-    pub rate: Option<f64>,
-    pub size: u32,
-    /// Fraction of reads (0-1).
-    pub read: f64,
-    /// Fraction of random offsets (0-1).
-    pub random: f64,
+    /// What and when it issues (validated).
+    pub workload: WorkloadSpec,
 }
 
+/// A load run.
 #[derive(Debug, Clone)]
 pub struct LoadConfig {
+    /// The NBD server.
     pub addr: SocketAddr,
+    /// Its admin endpoint, if known.
+    pub admin: Option<SocketAddr>,
+    /// The jobs.
     pub jobs: Vec<Job>,
+    /// How long to run.
     pub duration: Duration,
+    /// Time excluded from the totals.
     pub warmup: Duration,
+    /// Timeseries interval.
     pub interval: Duration,
+    /// The seed of the workload draws.
     pub seed: u64,
+    /// The report's name.
+    pub name: String,
+    /// Requests a job may have issued and unanswered ([`MAX_PENDING`] unless a test wants fewer).
+    pub max_pending: usize,
 }
 
+/// Why a load run could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// A job's export could not be opened.
     #[error("job {job}: cannot connect to export {export:?} at {addr}: {source}")]
-    Connect { job: String, export: String, addr: SocketAddr, source: crate::client::ClientError },
+    Connect {
+        /// The job.
+        job: String,
+        /// The export.
+        export: String,
+        /// The server.
+        addr: SocketAddr,
+        /// Why.
+        source: ClientError,
+    },
+    /// The admin endpoint could not be read.
+    #[error("{0}")]
+    Admin(#[from] crate::admin_client::AdminClientError),
+    /// The configuration is out of range (the message names what).
     #[error("{0}")]
     Invalid(String),
-}
-
-/// One interval of one job.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LoadCell {
-    pub ios: u64,
-    pub bytes: u64,
-    pub lat_sum_ns: u64,
-    pub lat_max_ns: u64,
-}
-
-/// Per-job measurements.
-#[derive(Debug, Clone)]
-pub struct JobResult {
-    pub name: String,
-    pub cells: Vec<LoadCell>,
-    /// Latencies (ns) of completions after the warm-up.
-    pub hist: Histogram<u64>,
-    pub errors: u64,
-}
-
-struct Shared {
-    start: Instant,
-    interval: Duration,
-    warmup: Duration,
-    cells: Vec<LoadCell>,
-    hist: Histogram<u64>,
-    errors: u64,
-}
-
-impl Shared {
-    fn record(&mut self, done: Instant, lat: Duration, bytes: u64, ok: bool) {
-        if !ok {
-            self.errors += 1;
-            return;
-        }
-        let since = done.saturating_duration_since(self.start);
-        let i = (since.as_nanos() / self.interval.as_nanos().max(1)) as usize;
-        let lat_ns = lat.as_nanos().min(u64::MAX as u128) as u64;
-        if let Some(c) = self.cells.get_mut(i) {
-            c.ios += 1;
-            c.bytes += bytes;
-            c.lat_sum_ns += lat_ns;
-            c.lat_max_ns = c.lat_max_ns.max(lat_ns);
-        }
-        if since >= self.warmup {
-            let _ = self.hist.record(lat_ns.max(1));
-        }
-    }
 }
 
 /// Live progress: per job, IOPS and mean latency (ms) over the last interval.
 pub type Live = Vec<(String, f64, f64)>;
 
-impl Job {
-    fn validate(&self) -> Result<(), String> {
-        if self.connections == 0 || self.connections > 1024 {
-            return Err(format!("job {}: connections must be in 1..=1024", self.name));
+impl LoadConfig {
+    fn validate(&self) -> Result<(), LoadError> {
+        let bad = |m: String| Err(LoadError::Invalid(m));
+        if self.jobs.is_empty() {
+            return bad("no jobs".into());
         }
-        if self.rate.is_none() && (self.depth == 0 || self.depth > 1024) {
-            return Err(format!("job {}: depth must be in 1..=1024", self.name));
-        }
-        if let Some(r) = self.rate {
-            if !(r.is_finite() && r > 0.0 && r <= 1e7) {
-                return Err(format!("job {}: rate must be in (0, 1e7] IOPS", self.name));
+        for j in &self.jobs {
+            if j.connections == 0 || j.connections > 1024 {
+                return bad(format!("job {}: connections must be in 1..=1024", j.name));
+            }
+            if self.max_pending == 0 {
+                return bad("max_pending must be positive".into());
+            }
+            if j.workload.size_bytes > MAX_REQUEST_BYTES {
+                return bad(format!("job {}: requests above {} MiB", j.name, MAX_REQUEST_BYTES >> 20));
             }
         }
-        if self.size == 0 || self.size > 32 << 20 {
-            return Err(format!("job {}: size must be in 1 B..=32 MiB", self.name));
-        }
-        if !(0.0..=1.0).contains(&self.read) || !(0.0..=1.0).contains(&self.random) {
-            return Err(format!("job {}: read and random must be percentages", self.name));
+        if self.interval.is_zero() || self.duration.is_zero() || self.warmup >= self.duration {
+            return bad("need duration > warm-up >= 0 and a positive interval".into());
         }
         Ok(())
     }
 }
 
-/// Runs the load; `live` is called once per interval.
-pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) -> Result<Vec<JobResult>, LoadError> {
-    if cfg.jobs.is_empty() {
-        return Err(LoadError::Invalid("no jobs".into()));
-    }
+/// A timer of one job's generator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Start,
+    Stop,
+    Toggle,
+    Arrive,
+    Think,
+}
+
+/// A request's outcome, back at the driver.
+struct Done {
+    job: usize,
+    issued: Nanos,
+    bytes: u64,
+    ok: bool,
+}
+
+struct JobState {
+    gen: Generator,
+    clients: Vec<Arc<NbdClient>>,
+    next_client: usize,
+    export_size: u64,
+    pending: usize,
+    max_pending: usize,
+    /// This interval, for the live table.
+    live_ios: u64,
+    live_lat_ns: u64,
+}
+
+/// Runs the load; `live` is called once per interval with the jobs' IOPS and latency.
+pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) -> Result<RunTotals, LoadError> {
+    cfg.validate()?;
+    // Specs from the admin endpoint, before any load.
+    let server_tenants: Option<Vec<TenantJson>> = match cfg.admin {
+        Some(a) => Some(crate::admin_client::get_json(a, "/api/tenants").await?),
+        None => None,
+    };
+    let mut specs: Vec<Option<QosSpec>> = Vec::new();
     for j in &cfg.jobs {
-        j.validate().map_err(LoadError::Invalid)?;
+        specs.push(match &server_tenants {
+            None => None,
+            Some(ts) => {
+                let t = ts.iter().find(|t| t.name == j.tenant).ok_or_else(|| {
+                    LoadError::Invalid(format!("job {}: the server has no tenant {:?} (set tenant=)", j.name, j.tenant))
+                })?;
+                Some(t.spec().map_err(|e| LoadError::Invalid(format!("tenant {}: {e}", t.name)))?)
+            }
+        });
     }
-    if cfg.interval.is_zero() || cfg.duration.is_zero() || cfg.warmup >= cfg.duration {
-        return Err(LoadError::Invalid("need duration > warm-up >= 0 and a positive interval".into()));
-    }
-    let intervals = (cfg.duration.as_nanos().div_ceil(cfg.interval.as_nanos())) as usize;
     // Connect everything first, so a bad export fails before any load starts.
-    let mut clients = Vec::new();
-    for j in &cfg.jobs {
-        let mut cs = Vec::new();
+    let mut jobs = Vec::with_capacity(cfg.jobs.len());
+    for (ji, j) in cfg.jobs.iter().enumerate() {
+        let mut clients = Vec::new();
         for _ in 0..j.connections {
             let c = NbdClient::connect(cfg.addr, &j.export).await.map_err(|source| LoadError::Connect {
                 job: j.name.clone(),
@@ -148,123 +189,271 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 addr: cfg.addr,
                 source,
             })?;
-            cs.push(c);
+            clients.push(c);
         }
-        clients.push(cs);
+        let export_size = clients[0].size;
+        let mut spec = j.workload.clone();
+        // Offsets stay inside the export.
+        spec.span_bytes = spec.span_bytes.min(export_size).max(1);
+        spec.size_bytes = spec.size_bytes.min(export_size.max(1));
+        let gen = Generator::new(&spec, 1, stream_seed(cfg.seed, ji as u64));
+        jobs.push((
+            spec,
+            JobState {
+                gen,
+                clients,
+                next_client: 0,
+                export_size,
+                pending: 0,
+                max_pending: cfg.max_pending,
+                live_ios: 0,
+                live_lat_ns: 0,
+            },
+        ));
     }
+    let (specs_w, mut states): (Vec<WorkloadSpec>, Vec<JobState>) = jobs.into_iter().unzip();
+    let to_nanos = |d: Duration| Nanos(d.as_nanos().min(u64::MAX as u128) as u64);
+    let duration = to_nanos(cfg.duration);
+    let interval = to_nanos(cfg.interval);
+    let mut rec = Recorder::new(cfg.jobs.len(), 1, duration, interval, to_nanos(cfg.warmup))
+        .map_err(|e| LoadError::Invalid(e.to_string()))?;
     let start = Instant::now();
-    let end = start + cfg.duration;
-    let shared: Vec<Arc<Mutex<Shared>>> = cfg
-        .jobs
-        .iter()
-        .map(|_| {
-            Arc::new(Mutex::new(Shared {
-                start,
-                interval: cfg.interval,
-                warmup: cfg.warmup,
-                cells: vec![LoadCell::default(); intervals],
-                hist: Histogram::new(3).expect("valid"),
-                errors: 0,
-            }))
-        })
-        .collect();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (ji, j) in cfg.jobs.iter().enumerate() {
-        for (ci, client) in clients[ji].iter().enumerate() {
-            let workers = if j.rate.is_some() { 1 } else { j.depth };
-            for w in 0..workers {
-                let (client, sh, j) = (client.clone(), shared[ji].clone(), j.clone());
-                let seed = cfg.seed ^ ((ji as u64) << 40) ^ ((ci as u64) << 20) ^ w as u64;
-                tasks.spawn(async move { worker(client, sh, j, seed, w, end).await });
-            }
+    let now = || to_nanos(start.elapsed());
+    let mut timers: BinaryHeap<Reverse<(Nanos, u64, usize, Timer, u32)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut arm = |timers: &mut BinaryHeap<_>, at: Nanos, job: usize, t: Timer, k: u32| {
+        seq += 1;
+        timers.push(Reverse((at, seq, job, t, k)));
+    };
+    for (ji, spec) in specs_w.iter().enumerate() {
+        arm(&mut timers, spec.start, ji, Timer::Start, 0);
+        if spec.stop < duration {
+            arm(&mut timers, spec.stop, ji, Timer::Stop, 0);
         }
     }
-    // Live table once per interval.
+    let mut inflight: JoinSet<Done> = JoinSet::new();
+    // The server's phase counters at the start: each interval's phases are differences from here on.
+    let mut phases_base: Option<Vec<[u64; 3]>> = match cfg.admin {
+        Some(a) => {
+            let ts: Vec<TenantJson> = crate::admin_client::get_json(a, "/api/tenants").await?;
+            Some(cfg.jobs.iter().map(|j| phase_counts(&ts, &j.tenant)).collect())
+        }
+        None => None,
+    };
     let mut tick = tokio::time::interval_at(start + cfg.interval, cfg.interval);
     let mut shown = 0usize;
-    while Instant::now() < end {
-        tokio::select! {
-            _ = tick.tick() => {
-                let i = shown;
-                shown += 1;
-                let rows: Live = cfg.jobs.iter().zip(&shared).map(|(j, s)| {
-                    let c = s.lock().unwrap_or_else(|e| e.into_inner()).cells.get(i).copied().unwrap_or_default();
-                    let iops = c.ios as f64 / cfg.interval.as_secs_f64();
-                    let lat = if c.ios > 0 { c.lat_sum_ns as f64 / c.ios as f64 / 1e6 } else { 0.0 };
-                    (j.name.clone(), iops, lat)
-                }).collect();
-                live(start.elapsed(), &rows);
+    loop {
+        let t = now();
+        if t >= duration {
+            break;
+        }
+        // Run every timer that is due.
+        while let Some(&Reverse((at, _, ji, timer, _))) = timers.peek() {
+            if at > t {
+                break;
             }
-            _ = tokio::time::sleep_until(end) => break,
-        }
-    }
-    while tasks.join_next().await.is_some() {}
-    for cs in &clients {
-        for c in cs {
-            c.disconnect().await;
-        }
-    }
-    Ok(cfg
-        .jobs
-        .iter()
-        .zip(shared)
-        .map(|(j, s)| {
-            let s = s.lock().unwrap_or_else(|e| e.into_inner());
-            JobResult { name: j.name.clone(), cells: s.cells.clone(), hist: s.hist.clone(), errors: s.errors }
-        })
-        .collect())
-}
-
-async fn worker(client: Arc<NbdClient>, sh: Arc<Mutex<Shared>>, j: Job, seed: u64, w: usize, end: Instant) {
-    let mut rng = Pcg64Mcg::seed_from_u64(seed);
-    let blocks = (client.size / j.size as u64).max(1);
-    let mut seq = (w as u64 * 1024) % blocks;
-    let payload = vec![0x5au8; j.size as usize];
-    let one = |rng: &mut Pcg64Mcg, seq: &mut u64| {
-        let off = if rng.gen::<f64>() < j.random { rng.gen_range(0..blocks) } else { *seq % blocks } * j.size as u64;
-        *seq += 1;
-        (off, rng.gen::<f64>() < j.read)
-    };
-    match j.rate {
-        None => {
-            while Instant::now() < end {
-                let (off, read) = one(&mut rng, &mut seq);
-                let t0 = Instant::now();
-                let r = if read {
-                    client.request(Command::Read, off, j.size, &[], false).await
-                } else {
-                    client.request(Command::Write, off, j.size, &payload, false).await
-                };
-                let done = Instant::now();
-                sh.lock().unwrap_or_else(|e| e.into_inner()).record(done, done - t0, j.size as u64, r.is_ok());
-                if matches!(r, Err(crate::client::ClientError::Closed)) {
-                    return;
+            timers.pop();
+            let spec = &specs_w[ji];
+            let st = &mut states[ji];
+            // The generator decides on the timer's own time (`at`), so a late wake-up does not shift the
+            // workload's schedule; requests are stamped with the real time they leave (`t`).
+            match timer {
+                Timer::Start => {
+                    if let Some(next) = st.gen.start(at, spec) {
+                        arm(&mut timers, next, ji, Timer::Toggle, 0);
+                    }
+                    begin(ji, spec, st, at, t, &mut inflight, &mut rec, &mut |a, k| arm(&mut timers, a, ji, k, 0));
+                }
+                Timer::Stop => st.gen.stop(),
+                Timer::Toggle => {
+                    if let Some((next, on)) = st.gen.toggle(at, spec) {
+                        arm(&mut timers, next, ji, Timer::Toggle, 0);
+                        if on {
+                            begin(ji, spec, st, at, t, &mut inflight, &mut rec, &mut |a, k| {
+                                arm(&mut timers, a, ji, k, 0)
+                            });
+                        }
+                    }
+                }
+                Timer::Arrive => {
+                    match st.gen.arrival(spec) {
+                        None => continue,
+                        Some(Arrival::Generated(n)) => {
+                            for _ in 0..n {
+                                issue(ji, st, None, t, &mut inflight, &mut rec);
+                            }
+                        }
+                        Some(Arrival::Record(r)) => {
+                            issue(ji, st, Some((r.offset, r.size, r.read)), t, &mut inflight, &mut rec)
+                        }
+                    }
+                    if let Some(next) = st.gen.next_arrival(at, spec) {
+                        arm(&mut timers, next, ji, Timer::Arrive, 0);
+                    }
+                }
+                Timer::Think => {
+                    if st.gen.is_running() {
+                        issue(ji, st, None, t, &mut inflight, &mut rec);
+                    }
                 }
             }
         }
-        Some(rate) => {
-            let mut next = Instant::now();
-            let mut inflight = tokio::task::JoinSet::new();
-            while next < end {
-                tokio::time::sleep_until(next).await;
-                let (off, read) = one(&mut rng, &mut seq);
-                let (c, s, size, pl) =
-                    (client.clone(), sh.clone(), j.size, if read { Vec::new() } else { payload.clone() });
-                inflight.spawn(async move {
-                    let t0 = Instant::now();
-                    let r = if read {
-                        c.request(Command::Read, off, size, &[], false).await
-                    } else {
-                        c.request(Command::Write, off, size, &pl, false).await
-                    };
-                    let done = Instant::now();
-                    s.lock().unwrap_or_else(|e| e.into_inner()).record(done, done - t0, size as u64, r.is_ok());
-                });
-                while inflight.try_join_next().is_some() {}
-                let u: f64 = rng.gen();
-                next += Duration::from_secs_f64(-(1.0 - u).ln() / rate);
+        let next_timer = timers.peek().map(|Reverse((at, ..))| start + Duration::from_nanos(at.0));
+        let end = start + cfg.duration;
+        tokio::select! {
+            Some(res) = inflight.join_next() => {
+                let Ok(d) = res else { continue };
+                let t = now();
+                let st = &mut states[d.job];
+                st.pending -= 1;
+                if d.ok {
+                    rec.completion_phase_unknown(d.job, d.issued, t, d.bytes);
+                    st.live_ios += 1;
+                    st.live_lat_ns += t.saturating_sub(d.issued).0;
+                } else {
+                    rec.rejected(d.job);
+                }
+                rec.server_completion(0, t);
+                let reissue = if d.ok { st.gen.completed(t, 0) } else { st.gen.failed(0); Reissue::No };
+                match reissue {
+                    Reissue::No => {}
+                    Reissue::Now(_) => issue(d.job, st, None, t, &mut inflight, &mut rec),
+                    Reissue::At(at, _) => arm(&mut timers, at, d.job, Timer::Think, 0),
+                }
             }
-            while inflight.join_next().await.is_some() {}
+            _ = tick.tick() => {
+                let i = shown;
+                shown += 1;
+                let rows: Live = cfg.jobs.iter().zip(states.iter_mut()).map(|(j, st)| {
+                    let iops = st.live_ios as f64 / cfg.interval.as_secs_f64();
+                    let lat = if st.live_ios > 0 { st.live_lat_ns as f64 / st.live_ios as f64 / 1e6 } else { 0.0 };
+                    st.live_ios = 0;
+                    st.live_lat_ns = 0;
+                    (j.name.clone(), iops, lat)
+                }).collect();
+                live(start.elapsed(), &rows);
+                if let Some(a) = cfg.admin {
+                    read_phases(a, &cfg.jobs, i, &mut phases_base, &mut rec).await;
+                }
+            }
+            _ = async { tokio::time::sleep_until(next_timer.expect("guarded")).await }, if next_timer.is_some() => {}
+            _ = tokio::time::sleep_until(end) => break,
         }
     }
+    if let Some(a) = cfg.admin {
+        // The last interval's phases (its tick falls at the end).
+        read_phases(a, &cfg.jobs, shown, &mut phases_base, &mut rec).await;
+    }
+    // Answers still due are awaited (a request in flight at the end completes), not recorded.
+    while inflight.join_next().await.is_some() {}
+    for st in &states {
+        for c in &st.clients {
+            c.disconnect().await;
+        }
+    }
+    let meta = RunMeta {
+        name: cfg.name.clone(),
+        scheduler: "measured".into(),
+        seed: cfg.seed,
+        tenants: cfg
+            .jobs
+            .iter()
+            .zip(&specs)
+            .map(|(j, spec)| TenantMeta { name: j.name.clone(), spec: *spec })
+            .collect(),
+        servers: vec![ServerMeta {
+            name: cfg.addr.to_string(),
+            scheduler: "remote".into(),
+            distributed: false,
+            capacity: Vec::new(),
+            busy_observed: false,
+        }],
+        phases_known: cfg.admin.is_some(),
+    };
+    Ok(rec.finish(&meta))
+}
+
+/// Records interval `i`'s completions by phase: the differences of the server's counters since `base`
+/// (then `base` moves on). A failed read leaves the interval's phases at zero.
+async fn read_phases(admin: SocketAddr, jobs: &[Job], i: usize, base: &mut Option<Vec<[u64; 3]>>, rec: &mut Recorder) {
+    let Ok(ts) = crate::admin_client::get_json::<Vec<TenantJson>>(admin, "/api/tenants").await else { return };
+    let counts: Vec<[u64; 3]> = jobs.iter().map(|j| phase_counts(&ts, &j.tenant)).collect();
+    if let Some(b) = base.as_ref() {
+        for (ji, (c, b)) in counts.iter().zip(b).enumerate() {
+            let d = [0, 1, 2].map(|p| c[p].saturating_sub(b[p]).min(u32::MAX as u64) as u32);
+            rec.set_phases(ji, i, d);
+        }
+    }
+    *base = Some(counts);
+}
+
+/// (reservation, weight, over-limit) completions of `tenant` in the server's counters.
+fn phase_counts(ts: &[TenantJson], tenant: &str) -> [u64; 3] {
+    ts.iter().find(|t| t.name == tenant).map_or([0; 3], |t| {
+        let over = t.completed_over_limit_phase;
+        [t.completed_reservation_phase, t.completed_weight_phase.saturating_sub(over), over]
+    })
+}
+
+/// Starts or resumes a job's generation at `now`.
+#[allow(clippy::too_many_arguments)]
+fn begin(
+    ji: usize,
+    spec: &WorkloadSpec,
+    st: &mut JobState,
+    at: Nanos,
+    now: Nanos,
+    inflight: &mut JoinSet<Done>,
+    rec: &mut Recorder,
+    arm: &mut dyn FnMut(Nanos, Timer),
+) {
+    match st.gen.begin(at, spec) {
+        Begin::Fill | Begin::FillPerServer => {
+            for _ in 0..st.gen.deficit(None) {
+                issue(ji, st, None, now, inflight, rec);
+            }
+        }
+        Begin::ArriveAt(at) => arm(at, Timer::Arrive),
+    }
+}
+
+/// Sends one request of job `ji`: generated, or a trace record `(offset, size, read)`.
+fn issue(
+    ji: usize,
+    st: &mut JobState,
+    record: Option<(u64, u64, bool)>,
+    now: Nanos,
+    inflight: &mut JoinSet<Done>,
+    rec: &mut Recorder,
+) {
+    let (offset, size, read) = match record {
+        Some((offset, size, read)) => {
+            let size = size.clamp(512, st.export_size.min(MAX_REQUEST_BYTES));
+            let room = (st.export_size - size) / 512 + 1;
+            ((offset / 512 % room) * 512, size, read)
+        }
+        None => {
+            let size = st.gen.size_bytes();
+            let io = st.gen.next_io(size);
+            (io.offset, size, io.read)
+        }
+    };
+    if st.pending >= st.max_pending {
+        // Over the bound: the arrival is dropped (counted).
+        rec.rejected(ji);
+        return;
+    }
+    st.gen.issued(0);
+    st.pending += 1;
+    let client = st.clients[st.next_client].clone();
+    st.next_client = (st.next_client + 1) % st.clients.len();
+    inflight.spawn(async move {
+        let r = if read {
+            client.request(Command::Read, offset, size as u32, &[], false).await
+        } else {
+            let payload = vec![0x5au8; size as usize];
+            client.request(Command::Write, offset, size as u32, &payload, false).await
+        };
+        Done { job: ji, issued: now, bytes: size, ok: r.is_ok() }
+    });
 }

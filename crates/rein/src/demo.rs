@@ -15,11 +15,10 @@ use clap::Args;
 use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::SchedulerKind;
 use rein_runtime::config::{DeviceConfig, ServerConfig};
-use rein_runtime::load::{Job, LoadConfig};
+use rein_runtime::load::LoadConfig;
 use rein_runtime::ServiceDist;
 use rein_sim::Scenario;
 use serde::Serialize;
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -99,7 +98,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let half = total / 2;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
-    let results = rt.block_on(async move {
+    let totals = rt.block_on(async move {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(rein_runtime::server::run(cfg, async move { let _ = stop_rx.await; }, Some(ready_tx)));
@@ -113,14 +112,26 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let admin = bound.admin;
         let halver = tokio::spawn(async move {
             tokio::time::sleep(half).await;
-            tokio::task::spawn_blocking(move || put_capacity(admin, 1200.0)).await?
+            rein_runtime::admin_client::put_json(admin, "/api/capacity", &serde_json::json!({ "iops": 1200.0 }))
+                .await
+                .context("halving the modelled capacity")
         });
         // RD is light (16 outstanding), OLTP busier (32), DM a bulk copy keeping 64 in flight.
         let jobs = [("rd", 16), ("oltp", 32), ("dm", 64)]
             .iter()
-            .map(|&(n, depth)| Job { name: n.to_string(), export: n.to_string(), connections: 1, depth, rate: None, size: 4096, read: 0.75, random: 1.0 })
-            .collect();
-        let lc = LoadConfig { addr: bound.nbd, jobs, duration: total, warmup: Duration::from_secs(1), interval: Duration::from_secs(1), seed: 1 };
+            .map(|&(n, depth)| crate::load::parse_job(&format!("name={n},depth={depth},read=75"), total))
+            .collect::<Result<Vec<_>>>()?;
+        let lc = LoadConfig {
+            addr: bound.nbd,
+            admin: Some(admin),
+            jobs,
+            duration: total,
+            warmup: Duration::from_secs(1),
+            interval: Duration::from_secs(1),
+            seed: 1,
+            name: format!("rein demo, live {kind}"),
+            max_pending: rein_runtime::load::MAX_PENDING,
+        };
         let res = rein_runtime::load::run(lc, move |t, rows| {
             if !quiet {
                 crate::load::print_live(t, rows)
@@ -140,13 +151,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let mut windows = Vec::new();
     let (mut resv_ok, mut limit_ok) = (true, true);
     for (label, a, b, cap) in windows_def {
-        let iops: Vec<f64> = results
-            .iter()
-            .map(|r| {
-                let cells = &r.cells[a as usize..(b as usize).min(r.cells.len())];
-                cells.iter().map(|c| c.ios).sum::<u64>() as f64 / cells.len().max(1) as f64
-            })
-            .collect();
+        let iops: Vec<f64> = (0..specs.len()).map(|i| totals.timeseries.iops(i, a, b)).collect();
         let oracle = allocate(&specs.iter().map(|(_, s)| OracleTenant::from(s)).collect::<Vec<_>>(), cap).rates;
         let mut rows = Vec::new();
         for (i, (name, spec)) in specs.iter().enumerate() {
@@ -167,7 +172,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
         windows.push(Window { label: label.into(), from_s: a, to_s: b, capacity_iops: cap, tenants: rows });
     }
-    let totals = crate::load::to_totals(&results, Duration::from_secs(1), total, Duration::from_secs(1), "rein demo");
     crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, &totals, None)?;
     let out = DemoResult { scheduler: kind.name().into(), windows, reservations_held: resv_ok, limits_held: limit_ok };
     if args.json {
@@ -201,19 +205,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
         "plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv",
         args.out.display()
     );
-    Ok(())
-}
-
-/// `PUT /api/capacity` on the admin endpoint.
-fn put_capacity(admin: std::net::SocketAddr, iops: f64) -> Result<()> {
-    let body = format!("{{\"iops\": {iops}}}");
-    let mut s = std::net::TcpStream::connect(admin).context("connecting to the admin endpoint")?;
-    write!(s, "PUT /api/capacity HTTP/1.1\r\nHost: rein\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)?;
-    if !resp.starts_with("HTTP/1.1 200") {
-        bail!("capacity change refused: {}", resp.lines().next().unwrap_or(""));
-    }
     Ok(())
 }
 

@@ -1,10 +1,13 @@
-//! `rein load`: multi-tenant load over NBD, with a live per-tenant table and the same summary.json,
-//! timeseries.csv and plots as `rein sim`, so simulated and real runs compare directly.
+//! `rein load`: multi-tenant load over NBD with a live per-tenant table, and the same summary.json,
+//! timeseries.csv and plots as `rein sim`, so simulated and real runs compare directly. The workloads are
+//! the simulator's (rein-model's generator); `--admin` adds the server's tenant specs and scheduling
+//! phases to the report.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rein_model::report::{Cell, LatencySummary, RunTotals, ServerSummary, Summary, TenantSummary, Timeseries};
-use rein_runtime::load::{Job, JobResult, LoadConfig};
+use rein_model::workload::{TraceParams, WorkloadParams};
+use rein_model::RunTotals;
+use rein_runtime::load::{Job, LoadConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,9 +17,16 @@ pub struct LoadArgs {
     /// NBD server address.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub addr: SocketAddr,
-    /// A tenant's workload, repeatable: name=NAME[,export=EXPORT][,depth=N][,conns=N][,rate=IOPS]
-    /// [,size=4k][,read=PCT][,random=PCT]. export defaults to the name; depth (closed loop, per
-    /// connection) to 16; rate switches to an open loop.
+    /// The server's admin endpoint (`rein serve`'s, default 127.0.0.1:9180): the report then carries the
+    /// tenants' specs and completions by scheduling phase. Without it they are unknown (null).
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+    /// A tenant's workload, repeatable: name=NAME[,export=E][,tenant=T][,conns=N]
+    /// [,kind=closed|open|on_off|burst|trace][,depth=N][,rate=IOPS][,think=MS][,on=S,off=S]
+    /// [,burst=N,period=MS][,trace=PATH[,time_scale=X][,repeat=1]][,size=4k][,read=PCT][,random=PCT]
+    /// [,start=S][,stop=S]. export and tenant default to the name; depth (closed loop, per connection)
+    /// to 16. Without kind=, trace= makes a replay, burst= bursts, on=/off= an on/off workload, rate= an
+    /// open loop (Poisson arrivals), else a closed loop. See docs/serve.md.
     #[arg(long = "job", required = true)]
     pub jobs: Vec<String>,
     /// Seconds to run.
@@ -35,7 +45,7 @@ pub struct LoadArgs {
     pub seed: u64,
 }
 
-fn parse_size(v: &str) -> Result<u32> {
+fn parse_size(v: &str) -> Result<u64> {
     let v = v.trim().to_ascii_lowercase();
     let (num, mul) = if let Some(n) = v.strip_suffix('k') {
         (n, 1024)
@@ -45,130 +55,91 @@ fn parse_size(v: &str) -> Result<u32> {
         (v.as_str(), 1)
     };
     let n: u64 = num.parse().with_context(|| format!("size {v:?}: expected bytes, or a number with k or m"))?;
-    u32::try_from(n * mul).context("size too large")
+    n.checked_mul(mul).context("size too large")
 }
 
-/// Parses one `--job` value.
-pub fn parse_job(spec: &str) -> Result<Job> {
-    let mut job = Job {
-        name: String::new(),
-        export: String::new(),
-        connections: 1,
-        depth: 16,
-        rate: None,
-        size: 4096,
-        read: 1.0,
-        random: 1.0,
-    };
+/// Parses one `--job` value into a job whose workload is validated by the simulator's rules; `duration`
+/// is the run's length (the default stop).
+pub fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
+    let (mut name, mut export, mut tenant) = (String::new(), String::new(), String::new());
+    let mut conns = 1usize;
+    let mut depth = 16u32;
+    let mut kind: Option<String> = None;
+    let mut size = 4096u64;
+    let mut p = WorkloadParams { span_gb: 1024.0, ..WorkloadParams::default() };
+    let (mut trace, mut trace_format, mut time_scale, mut repeat) = (None::<String>, None::<String>, 1.0, false);
     for kv in spec.split(',') {
         let (k, v) = kv.split_once('=').with_context(|| format!("job {spec:?}: {kv:?} is not key=value"))?;
-        let pct = |v: &str| -> Result<f64> {
-            let x: f64 = v.parse().with_context(|| format!("{k}={v}: not a number"))?;
-            if !(0.0..=100.0).contains(&x) {
-                bail!("{k}={v}: a percentage must be in [0, 100]");
-            }
-            Ok(x / 100.0)
-        };
+        let num = |v: &str| -> Result<f64> { v.parse::<f64>().with_context(|| format!("{k}={v}: not a number")) };
         match k.trim() {
-            "name" => job.name = v.to_string(),
-            "export" => job.export = v.to_string(),
-            "depth" => job.depth = v.parse().with_context(|| format!("depth={v}"))?,
-            "conns" => job.connections = v.parse().with_context(|| format!("conns={v}"))?,
-            "rate" => job.rate = Some(v.parse().with_context(|| format!("rate={v}"))?),
-            "size" => job.size = parse_size(v)?,
-            "read" => job.read = pct(v)?,
-            "random" => job.random = pct(v)?,
-            other => {
-                bail!("job {spec:?}: unknown key {other:?} (name, export, depth, conns, rate, size, read, random)")
-            }
+            "name" => name = v.to_string(),
+            "export" => export = v.to_string(),
+            "tenant" => tenant = v.to_string(),
+            "kind" => kind = Some(v.to_string()),
+            "depth" => depth = v.parse().with_context(|| format!("depth={v}: not a whole number"))?,
+            "conns" => conns = v.parse().with_context(|| format!("conns={v}: not a whole number"))?,
+            "rate" => p.iops = Some(num(v)?),
+            "think" => p.think_ms = Some(num(v)?),
+            "on" => p.on_s = Some(num(v)?),
+            "off" => p.off_s = Some(num(v)?),
+            "burst" => p.burst_count = Some(v.parse().with_context(|| format!("burst={v}: not a whole number"))?),
+            "period" => p.burst_period_ms = Some(num(v)?),
+            "trace" => trace = Some(v.to_string()),
+            "format" => trace_format = Some(v.to_string()),
+            "time_scale" => time_scale = num(v)?,
+            "repeat" => repeat = matches!(v, "1" | "true" | "yes"),
+            "size" => size = parse_size(v)?,
+            "read" => p.read_pct = num(v)?,
+            "random" => p.random_pct = num(v)?,
+            "span" => p.span_gb = num(v)?,
+            "start" => p.start_s = num(v)?,
+            "stop" => p.stop_s = Some(num(v)?),
+            other => bail!(
+                "job {spec:?}: unknown key {other:?} (name, export, tenant, conns, kind, depth, rate, think, on, off, \
+                 burst, period, trace, format, time_scale, repeat, size, read, random, span, start, stop)"
+            ),
         }
     }
-    if job.name.is_empty() {
+    if name.is_empty() {
         bail!("job {spec:?}: name= is required");
     }
-    if job.export.is_empty() {
-        job.export = job.name.clone();
+    if export.is_empty() {
+        export = name.clone();
     }
-    Ok(job)
-}
-
-/// Converts load results into the simulator's output types.
-pub fn to_totals(
-    results: &[JobResult],
-    interval: Duration,
-    duration: Duration,
-    warmup: Duration,
-    label: &str,
-) -> RunTotals {
-    let intervals = results.first().map_or(0, |r| r.cells.len());
-    let measured = (duration - warmup).as_secs_f64();
-    let first = (warmup.as_nanos().div_ceil(interval.as_nanos())) as usize;
-    let mut cells = Vec::with_capacity(intervals * results.len());
-    let mut tenants = Vec::new();
-    for r in results {
-        for c in &r.cells {
-            cells.push(Cell {
-                ios: c.ios.min(u32::MAX as u64) as u32,
-                bytes: c.bytes,
-                lat_sum_ns: c.lat_sum_ns,
-                lat_max_ns: c.lat_max_ns,
-                phase: [0; 3],
-            });
+    if tenant.is_empty() {
+        tenant = export.clone();
+    }
+    if !(1..=1024).contains(&conns) {
+        bail!("job {name}: conns must be in 1..=1024");
+    }
+    // The kind follows from the keys given unless named.
+    let kind = kind.unwrap_or_else(|| {
+        if trace.is_some() {
+            "trace".into()
+        } else if p.burst_count.is_some() {
+            "burst".into()
+        } else if p.on_s.is_some() || p.off_s.is_some() {
+            "on_off".into()
+        } else if p.iops.is_some() {
+            "open".into()
+        } else {
+            "closed".into()
         }
-        let bytes: u64 = r.cells.iter().skip(first).map(|c| c.bytes).sum();
-        let ms = |v: u64| v as f64 / 1e6;
-        let n = r.hist.len();
-        tenants.push(TenantSummary {
-            name: r.name.clone(),
-            reservation: None,
-            limit: None,
-            weight: None,
-            completed: n,
-            iops: n as f64 / measured,
-            mb_s: bytes as f64 / 1e6 / measured,
-            latency_ms: LatencySummary {
-                mean: if n > 0 { r.hist.mean() / 1e6 } else { 0.0 },
-                p50: ms(r.hist.value_at_quantile(0.5)),
-                p95: ms(r.hist.value_at_quantile(0.95)),
-                p99: ms(r.hist.value_at_quantile(0.99)),
-                max: ms(r.hist.max()),
-            },
-            phase: None,
-            rejected: r.errors,
-        });
-    }
-    let total: u64 = tenants.iter().map(|t| t.completed).sum();
-    RunTotals {
-        summary: Summary {
-            name: label.to_string(),
-            scheduler: "measured".into(),
-            seed: 0,
-            duration_s: duration.as_secs_f64(),
-            warmup_s: warmup.as_secs_f64(),
-            tenants,
-            servers: vec![ServerSummary {
-                name: "nbd".into(),
-                scheduler: "remote".into(),
-                distributed: false,
-                completed: total,
-                iops: total as f64 / measured,
-                utilisation: None,
-            }],
-            hosts: None,
-        },
-        hosts: None,
-        timeseries: Timeseries {
-            interval_s: interval.as_secs_f64(),
-            intervals,
-            tenant_names: results.iter().map(|r| r.name.clone()).collect(),
-            server_names: vec![],
-            cells,
-            server_cells: vec![],
-            capacity: vec![],
-        },
-        events: 0,
-        time_regressions: 0,
-    }
+    });
+    // A closed loop keeps `depth` requests outstanding per connection.
+    p.outstanding = depth.saturating_mul(conns as u32);
+    p.size_kb = size as f64 / 1024.0;
+    p.kind = &kind;
+    p.trace = trace.as_deref().map(|path| TraceParams {
+        path,
+        format: trace_format.as_deref(),
+        device: None,
+        time_scale,
+        repeat,
+    });
+    let to_nanos = |d: Duration| rein_core::Nanos(d.as_nanos().min(u64::MAX as u128) as u64);
+    let workload = p.validate(to_nanos(duration), None).with_context(|| format!("job {name}"))?;
+    Ok(Job { name, export, tenant, connections: conns, workload })
 }
 
 pub fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
@@ -181,39 +152,65 @@ pub fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
 
 pub fn print_summary(totals: &RunTotals) {
     println!(
-        "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7}",
-        "tenant", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "errors"
+        "{:<12} {:>7} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7}",
+        "tenant", "r", "l", "w", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "resv%", "errors"
     );
     for t in &totals.summary.tenants {
+        let opt = |v: Option<f64>, none: &str| v.map_or(none.to_string(), |x| format!("{x}"));
+        let resv = t.phase.as_ref().map_or("?".into(), |p| {
+            format!("{:.0}%", 100.0 * p.reservation as f64 / (p.reservation + p.weight + p.over_limit).max(1) as f64)
+        });
         println!(
-            "{:<12} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7}",
-            t.name, t.iops, t.mb_s, t.latency_ms.mean, t.latency_ms.p99, t.latency_ms.max, t.rejected
+            "{:<12} {:>7} {:>7} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7}",
+            t.name,
+            opt(t.reservation, "?"),
+            if t.weight.is_none() { "?".into() } else { opt(t.limit, "-") },
+            opt(t.weight, "?"),
+            t.iops,
+            t.mb_s,
+            t.latency_ms.mean,
+            t.latency_ms.p99,
+            t.latency_ms.max,
+            resv,
+            t.rejected
         );
+    }
+    if totals.summary.tenants.iter().any(|t| t.weight.is_none()) {
+        println!("(? = unknown: pass --admin to read the tenants' specs and phases from the server)");
     }
 }
 
 pub fn run(args: LoadArgs) -> Result<()> {
-    let jobs = args.jobs.iter().map(|j| parse_job(j)).collect::<Result<Vec<_>>>()?;
     if !(args.seconds > 0.0 && args.seconds <= 86_400.0) || !(args.warmup >= 0.0 && args.warmup < args.seconds) {
         bail!("need 0 <= --warmup < --seconds <= 86400");
     }
     let duration = Duration::from_secs_f64(args.seconds);
     let warmup = Duration::from_secs_f64(args.warmup);
+    let jobs = args.jobs.iter().map(|j| parse_job(j, duration)).collect::<Result<Vec<_>>>()?;
     let interval = Duration::from_secs(1);
-    let cfg = LoadConfig { addr: args.addr, jobs, duration, warmup, interval, seed: args.seed };
+    let cfg = LoadConfig {
+        addr: args.addr,
+        admin: args.admin,
+        jobs,
+        duration,
+        warmup,
+        interval,
+        seed: args.seed,
+        name: "rein-load".into(),
+        max_pending: rein_runtime::load::MAX_PENDING,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
-    let results = rt.block_on(rein_runtime::load::run(cfg, move |t, rows| {
+    let totals = rt.block_on(rein_runtime::load::run(cfg, move |t, rows| {
         if !quiet {
             print_live(t, rows)
         }
     }))?;
-    let totals = to_totals(&results, interval, duration, warmup, "rein-load");
     if let Some(dir) = &args.out {
         crate::sim::write_run(dir, "rein load", (duration - warmup).as_secs_f64(), &totals, None)?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&totals.summary)?);
+        println!("{}", totals.summary.to_json().trim_end());
     } else {
         print_summary(&totals);
     }

@@ -161,6 +161,8 @@ pub struct Timeseries {
     pub server_cells: Vec<u32>,
     /// Configured capacity (IOPS) per server per interval; empty for a server whose capacity is unknown.
     pub capacity: Vec<Vec<f64>>,
+    /// Whether the cells' phase counts are known (else timeseries.csv leaves them empty).
+    pub phases_known: bool,
 }
 
 impl Timeseries {
@@ -196,17 +198,19 @@ impl Timeseries {
                 let c = self.cell(ti, i);
                 let mean = if c.ios > 0 { c.lat_sum_ns as f64 / c.ios as f64 / 1e6 } else { 0.0 };
                 s.push_str(&format!(
-                    "{:.3},{},{:.3},{:.4},{:.4},{:.4},{},{},{}\n",
+                    "{:.3},{},{:.3},{:.4},{:.4},{:.4},",
                     i as f64 * self.interval_s,
                     name,
                     c.ios as f64 / self.interval_s,
                     c.bytes as f64 / 1e6 / self.interval_s,
                     mean,
                     c.lat_max_ns as f64 / 1e6,
-                    c.phase[0],
-                    c.phase[1],
-                    c.phase[2]
                 ));
+                if self.phases_known {
+                    s.push_str(&format!("{},{},{}\n", c.phase[0], c.phase[1], c.phase[2]));
+                } else {
+                    s.push_str(",,\n");
+                }
             }
         }
         s

@@ -1,0 +1,156 @@
+//! `rein load`'s engine against a real `rein serve` on loopback: the simulator's workload kinds on the
+//! wire, the tenants' real specs and phases from the admin endpoint, and the bound on pending requests.
+use rein_core::Nanos;
+use rein_model::workload::WorkloadParams;
+use rein_model::RunTotals;
+use rein_runtime::config::ServerConfig;
+use rein_runtime::load::{Job, LoadConfig};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+const CONFIG: &str = r#"
+listen = "127.0.0.71:0"
+admin = "127.0.0.71:0"
+data_dir = "unused"
+[device_model]
+capacity_iops = 2000
+service = "deterministic"
+[[exports]]
+name = "a"
+backend = "memory"
+size_mb = 16
+[[exports]]
+name = "b"
+backend = "memory"
+size_mb = 16
+[[tenants]]
+name = "a"
+reservation = 500
+[[tenants]]
+name = "b"
+limit = 600
+weight = 3
+"#;
+
+fn job(name: &str, p: WorkloadParams, seconds: f64) -> Job {
+    let workload = p.validate(Nanos::from_secs_f64(seconds), None).unwrap();
+    Job { name: name.into(), export: name.into(), tenant: name.into(), connections: 2, workload }
+}
+
+/// Runs `jobs` for `seconds` against a fresh server; `admin`: give load the admin endpoint.
+async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> RunTotals {
+    let cfg = ServerConfig::parse(CONFIG, Path::new("test.toml")).unwrap();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(rein_runtime::server::run(
+        cfg,
+        async move {
+            let _ = stop_rx.await;
+        },
+        Some(ready_tx),
+    ));
+    let bound = ready_rx.await.expect("server starts");
+    let lc = LoadConfig {
+        addr: bound.nbd,
+        admin: admin.then_some(bound.admin),
+        jobs,
+        duration: Duration::from_secs_f64(seconds),
+        warmup: Duration::from_secs(1),
+        interval: Duration::from_millis(500),
+        seed: 3,
+        name: "load-test".into(),
+        max_pending,
+    };
+    let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+    totals
+}
+
+fn within(got: f64, want: f64, pct: f64) -> bool {
+    (got - want).abs() <= want * pct / 100.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_kinds_on_the_wire_with_the_servers_specs_and_phases() {
+    let secs = 5.0;
+    let open = job("a", WorkloadParams { kind: "open", iops: Some(300.0), ..Default::default() }, secs);
+    let burst = job(
+        "b",
+        WorkloadParams { kind: "burst", burst_count: Some(20), burst_period_ms: Some(100.0), ..Default::default() },
+        secs,
+    );
+    let t = load(vec![open, burst], secs, true, rein_runtime::load::MAX_PENDING).await;
+    let (a, b) = (&t.summary.tenants[0], &t.summary.tenants[1]);
+    // Poisson arrivals at 300/s over 4 measured seconds: 1,200 expected, sd about 35.
+    assert!(within(a.iops, 300.0, 12.0), "open loop at 300 IOPS: {}", a.iops);
+    // 20 every 100 ms: exactly 200/s.
+    assert!(within(b.iops, 200.0, 5.0), "bursts of 20 per 100 ms: {}", b.iops);
+    // The specs are the server's, not made up.
+    assert_eq!((a.reservation, a.limit, a.weight), (Some(500.0), None, Some(1.0)));
+    assert_eq!((b.reservation, b.limit, b.weight), (Some(0.0), Some(600.0), Some(3.0)));
+    // Phases from the server's counters, covering the completions. a's requests arrive at 300/s with a
+    // reservation of 500: one arriving at least 1/500 s after the previous has a due R tag, which happens
+    // with probability e^(-300/500) = 0.55 for Poisson gaps; the others go by weight (the device is idle).
+    let pa = a.phase.as_ref().expect("phases with the admin endpoint");
+    let total = (pa.reservation + pa.weight + pa.over_limit) as f64;
+    assert!(within(total, a.completed as f64, 5.0), "{pa:?} against {} completions", a.completed);
+    assert!(pa.reservation as f64 > 0.35 * total, "{pa:?}");
+    let pb = b.phase.as_ref().unwrap();
+    assert_eq!(pb.reservation, 0, "b has no reservation");
+    assert!(t.timeseries.to_csv().lines().nth(1).is_some_and(|l| !l.ends_with(",,")));
+    assert_eq!(a.rejected + b.rejected, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_admin_endpoint_specs_and_phases_are_unknown_not_invented() {
+    let secs = 3.0;
+    let closed = job("a", WorkloadParams { outstanding: 4, ..Default::default() }, secs);
+    let on_off = job(
+        "b",
+        WorkloadParams { kind: "on_off", on_s: Some(0.5), off_s: Some(0.5), outstanding: 8, ..Default::default() },
+        secs,
+    );
+    let t = load(vec![closed, on_off], secs, false, rein_runtime::load::MAX_PENDING).await;
+    let (a, b) = (&t.summary.tenants[0], &t.summary.tenants[1]);
+    assert_eq!((a.reservation, a.weight, a.phase.clone()), (None, None, None));
+    assert!(t.summary.to_json().contains("\"weight\": null"));
+    assert!(t.timeseries.to_csv().lines().nth(1).unwrap().ends_with(",,"), "phase columns empty");
+    assert_eq!(t.summary.servers[0].utilisation, None);
+    // The device does 2,000 IOPS and b's limit holds it to 600 while on: half the time on.
+    assert!(a.iops > 500.0, "{}", a.iops);
+    assert!(b.iops > 150.0 && b.iops < 450.0, "on half the time at most 600: {}", b.iops);
+    let cells: Vec<u32> = (0..t.timeseries.intervals).map(|i| t.timeseries.cell(1, i).ios).collect();
+    // Off periods see only the 8 requests in flight when the workload paused.
+    assert!(cells.iter().any(|&n| n <= 8) && cells.iter().any(|&n| n > 100), "on and off periods: {cells:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_arrivals_beyond_the_pending_bound_are_dropped_and_counted() {
+    // 20,000 arrivals per second at a tenant limited to 600 IOPS: the queue grows until the bound (50 here)
+    // and arrivals beyond it are counted as rejected, not buffered.
+    let secs = 2.0;
+    let flood = job("b", WorkloadParams { kind: "open", iops: Some(20_000.0), ..Default::default() }, secs);
+    let t = load(vec![flood], secs, false, 50).await;
+    let b = &t.summary.tenants[0];
+    assert!(b.rejected > 10_000, "{} rejected", b.rejected);
+    assert!(within(b.iops, 600.0, 10.0), "the limit still holds: {}", b.iops);
+}
+
+#[tokio::test]
+async fn a_missing_tenant_is_a_clear_error() {
+    let cfg = LoadConfig {
+        addr: "127.0.0.1:9".parse::<SocketAddr>().unwrap(),
+        admin: None,
+        jobs: vec![],
+        duration: Duration::from_secs(1),
+        warmup: Duration::ZERO,
+        interval: Duration::from_secs(1),
+        seed: 1,
+        name: "x".into(),
+        max_pending: 1,
+    };
+    let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
+    assert_eq!(e.to_string(), "no jobs");
+}
