@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use rein_core::pshift::{solve, Allocation, Instance, InstanceBuilder, SolveOptions};
 use rein_pshift_baseline::max_flow;
-use rein_sim::pshift::gen::{generate, GenParams};
+use rein_sim::model::pshift::gen::{generate, GenParams};
 
 /// The L class as its own instance: residual capacity and demand after the R-tokens, target min(L, D) - A
 /// as the "reservation". Its max flow is the best Phi the L-tokens can reach.
