@@ -392,8 +392,9 @@ const POOL: u8 = 1;
 const PER_SERVER: u8 = 2;
 
 /// One tenant's generator state (module comment). What a closed-loop completion and its replacement
-/// touch is in the first 64 bytes: with thousands of tenants every completion lands on a cold tenant.
-#[repr(C)]
+/// touch is in the first 64 bytes (aligned): with thousands of tenants every completion lands on a cold
+/// tenant.
+#[repr(C, align(64))]
 #[derive(Debug, Clone)]
 pub struct Generator {
     // Hot line.

@@ -44,8 +44,8 @@
 //! one line per bucket; per-entry demand and capacity are clamped to [`super::MAX_TOKENS`].
 
 use super::instance::{InstanceBuilder, MAX_BUCKETS, MAX_SERVERS, MAX_TOKENS};
-use super::tokens::Tokens;
 use super::{solve, ClassStats, SolveOptions};
+use crate::sched::tokens::Tokens;
 use crate::units::Nanos;
 
 /// How the controller estimates a bucket's demand at a server (see the module comment).

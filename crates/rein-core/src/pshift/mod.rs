@@ -91,7 +91,8 @@
 pub mod alloc;
 pub mod controller;
 pub mod instance;
-pub mod tokens;
+/// pShift's token scheduler (Algorithm 1) lives with the other schedulers; this is its pShift name.
+pub use crate::sched::tokens;
 
 pub use alloc::ClassStats;
 pub use controller::{

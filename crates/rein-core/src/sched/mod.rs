@@ -32,6 +32,7 @@ pub(crate) mod slab;
 pub mod dmclock;
 pub mod mclock;
 pub mod rbfq;
+pub mod tokens;
 
 pub use dmclock::ServiceTracker;
 pub use fifo::Fifo;
@@ -340,7 +341,7 @@ impl SchedulerKind {
             SchedulerKind::Dmclock => Box::new(Mclock::dmclock(config)),
             SchedulerKind::Rbfq => Box::new(Rbfq::new(config)),
             SchedulerKind::Sfq => Box::new(Sfq::new(config)),
-            SchedulerKind::Token => Box::new(crate::pshift::TokenScheduler::new(config)),
+            SchedulerKind::Token => Box::new(tokens::TokenScheduler::new(config)),
             SchedulerKind::Fifo => Box::new(Fifo::new(config)),
         }
     }

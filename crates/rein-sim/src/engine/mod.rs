@@ -84,17 +84,20 @@ struct Req {
     host_issued: Nanos,
 }
 
-/// A tenant's simulator state. With thousands of tenants every completion lands on a cold tenant, so
-/// what a closed-loop completion and its reissue need is the generator's first cache line, the router
-/// and one [`Link`].
-#[repr(C, align(64))]
+/// A tenant's simulator state. With thousands of tenants every completion lands on a cold tenant. A
+/// closed-loop completion and its reissue read the gateway line (router, links, tracker) and the
+/// generator's hot line: two adjacent lines of one 128-byte block, which the hardware fetches as a pair.
+#[repr(C, align(128))]
 struct TenantState {
-    gen: Generator,
+    // Line 0: the gateway.
     router: Router,
     /// The tenant's links: `links[first_link..first_link + router.servers()]`, in the order of
     /// `Tenant::servers`.
     first_link: u32,
-    tracker: Option<ServiceTracker>,
+    /// dmClock/RBFQ's delta/rho tracker (distributed servers only; boxed to keep the line).
+    tracker: Option<Box<ServiceTracker>>,
+    // Line 1 (hot) and 2: the workload.
+    gen: Generator,
 }
 
 /// A tenant at one of its servers.
@@ -125,6 +128,17 @@ struct Sim<'a> {
 /// Runs `sc` to the end; `progress` is called now and then with the simulated time reached.
 pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<Recording, SimError> {
     Ok(Sim::new(sc)?.run(progress))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_tenants_hot_lines_share_a_128_byte_block() {
+        use std::mem::{align_of, offset_of};
+        assert_eq!(align_of::<super::TenantState>(), 128);
+        assert!(offset_of!(super::TenantState, tracker) + 8 <= 64, "the gateway fits line 0");
+        assert_eq!(offset_of!(super::TenantState, gen), 64, "the generator's hot line is line 1");
+    }
 }
 
 impl<'a> Sim<'a> {
@@ -177,10 +191,10 @@ impl<'a> Sim<'a> {
             }
             let distributed = t.servers.iter().any(|&s| sc.servers[s].distributed) && t.servers.len() > 1;
             tenants.push(TenantState {
-                gen: Generator::new(&t.workload, t.servers.len(), stream_seed(sc.seed, ti as u64)),
                 router: Router::new(&t.routing, t.servers.len()),
                 first_link,
-                tracker: distributed.then(|| ServiceTracker::new(t.servers.len())),
+                tracker: distributed.then(|| Box::new(ServiceTracker::new(t.servers.len()))),
+                gen: Generator::new(&t.workload, t.servers.len(), stream_seed(sc.seed, ti as u64)),
             });
         }
         let rec = Recorder::new(sc.tenants.len(), sc.servers.len(), sc.duration, sc.interval, sc.warmup)
