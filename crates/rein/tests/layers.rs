@@ -22,8 +22,12 @@ struct Module {
     code: String,
 }
 
+/// The workspace checked: this one, or another checkout named by `REIN_LAYERS_WORKSPACE` (to see what
+/// the checker says about an older tree).
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::env::var_os("REIN_LAYERS_WORKSPACE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 /// Removes comments, string and char literals (keeping line breaks, so line numbers hold).
