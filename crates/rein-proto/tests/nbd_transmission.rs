@@ -134,7 +134,8 @@ proptest! {
         for (op, outcome) in ops.iter().zip(&outcomes) {
             match (expected(&c, op), outcome) {
                 (Ok(kind), Outcome::Request(r, payload)) => {
-                    prop_assert_eq!((r.handle, r.kind, r.offset, r.length), (op.handle, kind, op.offset, op.length));
+                    let range = if kind == RequestKind::Flush { (0, 0) } else { (op.offset, op.length) };
+                    prop_assert_eq!((r.handle, r.kind, r.offset, r.length), (op.handle, kind, range.0, range.1));
                     prop_assert_eq!(r.fua, op.flags & CMD_FLAG_FUA != 0);
                     let want = if kind == RequestKind::Write { payload_of(op) } else { Vec::new() };
                     prop_assert_eq!(payload, &want);

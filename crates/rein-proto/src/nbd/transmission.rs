@@ -131,7 +131,7 @@ pub struct Request {
     pub handle: u64,
     /// What to do.
     pub kind: RequestKind,
-    /// Byte offset (`offset + length <= size`, except for FLUSH, which ignores both).
+    /// Byte offset (`offset + length <= size`; 0 for FLUSH, whose offset and length are reserved).
     pub offset: u64,
     /// Length in bytes (a READ's or WRITE's is at most the maximum payload).
     pub length: u32,
@@ -342,8 +342,9 @@ impl ServerTransmission {
             let rejection = Rejection { handle: header.handle, command: header.command, reason };
             return Ok((used + REQUEST_LEN, Event::Reject(rejection)));
         }
-        let request =
-            Request { handle: header.handle, kind, offset: header.offset, length: header.length, fua: header.fua() };
+        // FLUSH has no range: its (reserved) offset and length are reported as 0.
+        let (offset, length) = if kind == RequestKind::Flush { (0, 0) } else { (header.offset, header.length) };
+        let request = Request { handle: header.handle, kind, offset, length, fua: header.fua() };
         if kind != RequestKind::Write {
             return Ok((used + REQUEST_LEN, Event::Request { request, payload: &[] }));
         }
