@@ -272,3 +272,28 @@ proptest! {
         let _ = c.feed(&data, &mut out);
     }
 }
+
+#[test]
+fn block_size_information_advertises_the_payload_limit() {
+    for (limit, preferred) in [(DEFAULT_MAX_PAYLOAD, 4096), (1024, 1024)] {
+        let mut out = Vec::new();
+        let mut s = ServerHandshake::with_max_payload(exports(), limit, &mut out);
+        out.clear();
+        let mut info = 2u32.to_be_bytes().to_vec();
+        info.extend_from_slice(b"rd");
+        info.extend_from_slice(&1u16.to_be_bytes());
+        info.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+        let (_, progress) = s.feed(&flags_and(&[(OPT_INFO, &info)]), &mut out).unwrap();
+        assert_eq!(progress, ServerProgress::NeedMore);
+        let mut rest = &out[..];
+        let mut sizes = None;
+        while let Some((reply, n)) = decode_option_reply(rest).unwrap() {
+            if reply.reply == REP_INFO && reply.data[..2] == INFO_BLOCK_SIZE.to_be_bytes() {
+                let at = |i: usize| u32::from_be_bytes(reply.data[i..i + 4].try_into().unwrap());
+                sizes = Some((at(2), at(6), at(10)));
+            }
+            rest = &rest[n..];
+        }
+        assert_eq!(sizes, Some((1, preferred, limit)));
+    }
+}

@@ -219,8 +219,9 @@ impl ServerHandshake {
                         }
                         INFO_BLOCK_SIZE => {
                             d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+                            // Minimum 1, preferred 4 KiB (never above the maximum), maximum the payload limit.
                             d.extend_from_slice(&1u32.to_be_bytes());
-                            d.extend_from_slice(&4096u32.to_be_bytes());
+                            d.extend_from_slice(&4096u32.min(self.max_payload).to_be_bytes());
                             d.extend_from_slice(&self.max_payload.to_be_bytes());
                         }
                         _ => continue, // unknown information types are ignored (spec)
