@@ -278,8 +278,8 @@ fn check_decoded(reply: &[u8], handle: u64, error: u32, data_len: usize, structu
     }
 }
 
-/// Decodes `data` as a PARDA record and as a slot (whole, and its first record- and slot-sized windows);
-/// whatever decodes must re-encode to the same bytes.
+/// Decodes `data` as a PARDA record and as a slot (whole, and its first record- and slot-sized windows,
+/// the record also with its checksum made valid); whatever decodes must re-encode to the same bytes.
 pub fn parda(data: &[u8]) {
     if let Ok(r) = record::decode(data) {
         assert_eq!(record::encode(&r)[..], data[..], "an accepted record re-encodes to its bytes");
@@ -292,6 +292,14 @@ pub fn parda(data: &[u8]) {
     }
     if data.len() >= record::RECORD_BYTES {
         let _ = record::decode(&data[..record::RECORD_BYTES]);
+        // The same bytes with a valid checksum, so that the field checks behind it are reached too.
+        let mut sealed = [0u8; record::RECORD_BYTES];
+        sealed.copy_from_slice(&data[..record::RECORD_BYTES]);
+        let crc = crc32fast::hash(&sealed[..60]);
+        sealed[60..].copy_from_slice(&crc.to_le_bytes());
+        if let Ok(r) = record::decode(&sealed) {
+            assert_eq!(record::encode(&r), sealed, "an accepted record re-encodes to its bytes");
+        }
     }
     if data.len() >= record::SLOT_BYTES {
         let _ = record::decode_slot(&data[..record::SLOT_BYTES]);
