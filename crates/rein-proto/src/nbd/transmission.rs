@@ -225,7 +225,9 @@ pub enum Event<'a> {
         /// A WRITE's payload (`request.length` bytes of the input); empty for other requests.
         payload: &'a [u8],
     },
-    /// An invalid request, to be answered with its error; the connection goes on.
+    /// An invalid request, to be answered with its error; the connection goes on. A rejected WRITE's
+    /// payload has not been read yet: the next calls consume it as it arrives (asking for one byte at a
+    /// time at least), then go on with the next request.
     Reject(Rejection),
     /// The client sent NBD_CMD_DISC: answer the requests in flight, then close.
     Disconnect,
