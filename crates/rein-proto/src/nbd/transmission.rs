@@ -17,16 +17,20 @@
 //!
 //! # States
 //! ```text
-//!           +-----------------------------------------------------------------------------+
-//!           |  +------------------------------------------------------------+             |
-//!           v  v                                                            |             |
-//! new() --> Header --valid header (a WRITE: and its whole payload)--> Request    |             |
-//!           |  |  |--invalid header, no payload to skip ------------> Reject ---+             |
-//!           |  |  +--invalid WRITE, payload <= discard limit --> Reject, Discard{remaining} --+
-//!           |  |                                   (payload bytes consumed as they come; no buffering)
-//!           |  +--DISC ------------------------------------------> Disconnect, Closed
-//!           +-----bad magic; invalid WRITE, payload > discard limit --> Err, Closed
+//!            Request, Reject, NeedMore
+//!               +------+
+//!               v      |
+//! new() ---> Header ---+
+//!             |   ^
+//!             |   | last payload byte consumed
+//!             |   |
+//!             +---|-- Reject (invalid WRITE with a payload) --> Discard{remaining} --+
+//!             |   +------------------------------------------------------------------+
+//!             |
+//!             +-- Disconnect (DISC); Err (bad magic; invalid WRITE too long to skip) --> Closed
 //! ```
+//! In `Discard` every byte offered is consumed at once (`NeedMore { wanted: 1 }` until the payload is
+//! done), so a rejected WRITE's payload is never buffered. In `Closed` any input is an error.
 //!
 //! # Validation, in this order (the first failing check names the error)
 //! 1. The magic: anything else is a protocol error.
