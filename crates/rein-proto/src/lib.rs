@@ -1,10 +1,22 @@
 //! # rein-proto: wire formats without IO
 //!
 //! Encoders and decoders for the protocols Rein's daemons speak, as pure functions and state machines over
-//! byte buffers: no sockets, no tokio. The daemons (rein-runtime) and the load generator move the bytes.
+//! byte buffers: no sockets, no tokio, no clocks. The daemons (rein-runtime) and the load generator move
+//! the bytes.
 //!
-//! - [`nbd`]: the Network Block Device protocol, server and client sides.
+//! - [`nbd`]: the Network Block Device protocol: the handshake (server and client) and the server's
+//!   transmission phase as state machines, request and reply codecs.
 //! - [`parda`]: PARDA's latency-aggregation record (shared-file block or UDP datagram).
+//! - [`ErrorKind`]: why a request failed, protocol-neutral; each protocol maps it to its own numbers
+//!   ([`nbd::errno`]).
+//! - [`harness`]: the decoders' contracts as functions of arbitrary bytes, shared by the fuzz targets and
+//!   the property tests.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
+pub mod error;
+pub mod harness;
 pub mod nbd;
 pub mod parda;
+
+pub use error::ErrorKind;

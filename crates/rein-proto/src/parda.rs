@@ -35,28 +35,49 @@ use rein_core::Nanos;
 pub const RECORD_BYTES: usize = 64;
 /// Bytes per host in the shared file (one sector).
 pub const SLOT_BYTES: usize = 512;
+/// The record's magic, "RPDA" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RPDA");
+/// The record format this build writes and reads.
 pub const VERSION: u16 = 1;
 
 /// Why bytes are not a valid record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
+    /// The input is not one record (or one slot) long.
     #[error("record is {got} bytes, expected {want}")]
-    Size { got: usize, want: usize },
+    Size {
+        /// Bytes given.
+        got: usize,
+        /// Bytes expected.
+        want: usize,
+    },
+    /// The first four bytes are not [`MAGIC`].
     #[error("bad magic {0:#010x} (not a PARDA record)")]
     Magic(u32),
+    /// A version other than [`VERSION`] (with a valid checksum).
     #[error("unsupported record version {0} (this build reads version {VERSION})")]
     Version(u16),
+    /// A length field other than [`RECORD_BYTES`].
     #[error("record length field {0}, expected {RECORD_BYTES}")]
     Length(u16),
+    /// The CRC does not match: a torn write or corruption.
     #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record")]
-    Checksum { stored: u32, computed: u32 },
+    Checksum {
+        /// The CRC in the record.
+        stored: u32,
+        /// The CRC of its bytes.
+        computed: u32,
+    },
+    /// Reserved bytes are not zero.
     #[error("reserved bytes are not zero")]
     Reserved,
+    /// A host id at or above `MAX_HOSTS`.
     #[error("host id {0} out of range (at most {MAX_HOSTS} hosts)")]
     Host(u32),
+    /// Sequence number 0, which senders never use.
     #[error("sequence number 0 is never sent")]
     Seq,
+    /// Non-zero bytes after the record in a slot.
     #[error("slot padding after the record is not zero")]
     Padding,
 }
@@ -135,6 +156,7 @@ pub fn decode(b: &[u8]) -> Result<HostReport, RecordError> {
 pub enum Slot {
     /// Never written (all zero).
     Empty,
+    /// A host's latest report.
     Record(HostReport),
 }
 

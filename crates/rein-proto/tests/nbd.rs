@@ -118,7 +118,7 @@ fn list_export_name_abort_and_unsupported_options() {
     assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
     let mut rest = &out[..];
     let mut names = vec![];
-    while let Some((opt, reply, data, n)) = decode_option_reply(rest).unwrap() {
+    while let Some((OptionReply { option: opt, reply, data }, n)) = decode_option_reply(rest).unwrap() {
         assert_eq!(opt, OPT_LIST);
         if reply == REP_SERVER {
             let l = u32::from_be_bytes(data[..4].try_into().unwrap()) as usize;
@@ -143,13 +143,13 @@ fn list_export_name_abort_and_unsupported_options() {
     // ABORT is acknowledged.
     let (r, out) = server_with(&flags_and(&[(OPT_ABORT, &[])]));
     assert_eq!(r.unwrap().1, ServerProgress::Aborted);
-    assert_eq!(decode_option_reply(&out).unwrap().unwrap().1, REP_ACK);
+    assert_eq!(decode_option_reply(&out).unwrap().unwrap().0.reply, REP_ACK);
     // Unknown option and STARTTLS: errors, and the handshake goes on.
     let (r, out) = server_with(&flags_and(&[(99, b"x"), (OPT_STARTTLS, &[])]));
     assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
-    let (_, reply, _, n) = decode_option_reply(&out).unwrap().unwrap();
+    let (OptionReply { reply, .. }, n) = decode_option_reply(&out).unwrap().unwrap();
     assert_eq!(reply, REP_ERR_UNSUP);
-    assert_eq!(decode_option_reply(&out[n..]).unwrap().unwrap().1, REP_ERR_POLICY);
+    assert_eq!(decode_option_reply(&out[n..]).unwrap().unwrap().0.reply, REP_ERR_POLICY);
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn malformed_handshakes_are_errors() {
     d.extend_from_slice(b"rd\0\0");
     let (r, out) = server_with(&flags_and(&[(OPT_GO, &d)]));
     assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
-    assert_eq!(decode_option_reply(&out).unwrap().unwrap().1, REP_ERR_INVALID);
+    assert_eq!(decode_option_reply(&out).unwrap().unwrap().0.reply, REP_ERR_INVALID);
 }
 
 #[test]
@@ -209,6 +209,28 @@ fn requests_and_replies_round_trip() {
     ));
 }
 
+/// An option request: a known option with well-formed or random data, or an unknown one.
+fn option() -> impl Strategy<Value = (u32, Vec<u8>)> {
+    let name = prop_oneof![Just(b"a".to_vec()), Just(b"ro".to_vec()), Just(Vec::new()), Just(b"zz".to_vec())];
+    let info = (name.clone(), proptest::collection::vec(0u16..5, 0..4)).prop_map(|(n, reqs)| {
+        let mut d = (n.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(&n);
+        d.extend_from_slice(&(reqs.len() as u16).to_be_bytes());
+        for r in reqs {
+            d.extend_from_slice(&r.to_be_bytes());
+        }
+        d
+    });
+    prop_oneof![
+        3 => (prop_oneof![Just(OPT_INFO), Just(OPT_GO)], info),
+        2 => Just((OPT_LIST, Vec::new())),
+        2 => Just((OPT_STRUCTURED_REPLY, Vec::new())),
+        1 => name.prop_map(|n| (OPT_EXPORT_NAME, n)),
+        1 => Just((OPT_ABORT, Vec::new())),
+        1 => (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..32)),
+    ]
+}
+
 proptest! {
     #[test]
     fn handshake_survives_any_chunking(sizes in proptest::collection::vec(1usize..40, 1..64), structured in any::<bool>()) {
@@ -218,6 +240,22 @@ proptest! {
         prop_assert!(ready);
         let done = matches!(s, Some(Ok(ServerProgress::Done(_))));
         prop_assert!(done);
+    }
+
+    /// The fuzz target's entry point on random bytes (with and without valid client flags first).
+    #[test]
+    fn handshake_harness_on_random_bytes(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+        rein_proto::harness::handshake(&data);
+    }
+
+    /// ... and on streams of well-formed options (the path a fuzzer finds last), whole and in pieces.
+    #[test]
+    fn handshake_harness_on_option_streams(opts in proptest::collection::vec(option(), 0..12), seed in any::<u8>()) {
+        let mut data = vec![1, seed];
+        for (o, d) in &opts {
+            option_request(&mut data, *o, d);
+        }
+        rein_proto::harness::handshake(&data);
     }
 
     #[test]
@@ -232,5 +270,30 @@ proptest! {
         let mut c = ClientHandshake::new("x", true);
         let mut out = Vec::new();
         let _ = c.feed(&data, &mut out);
+    }
+}
+
+#[test]
+fn block_size_information_advertises_the_payload_limit() {
+    for (limit, preferred) in [(DEFAULT_MAX_PAYLOAD, 4096), (1024, 1024)] {
+        let mut out = Vec::new();
+        let mut s = ServerHandshake::with_max_payload(exports(), limit, &mut out);
+        out.clear();
+        let mut info = 2u32.to_be_bytes().to_vec();
+        info.extend_from_slice(b"rd");
+        info.extend_from_slice(&1u16.to_be_bytes());
+        info.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+        let (_, progress) = s.feed(&flags_and(&[(OPT_INFO, &info)]), &mut out).unwrap();
+        assert_eq!(progress, ServerProgress::NeedMore);
+        let mut rest = &out[..];
+        let mut sizes = None;
+        while let Some((reply, n)) = decode_option_reply(rest).unwrap() {
+            if reply.reply == REP_INFO && reply.data[..2] == INFO_BLOCK_SIZE.to_be_bytes() {
+                let at = |i: usize| u32::from_be_bytes(reply.data[i..i + 4].try_into().unwrap());
+                sizes = Some((at(2), at(6), at(10)));
+            }
+            rest = &rest[n..];
+        }
+        assert_eq!(sizes, Some((1, preferred, limit)));
     }
 }

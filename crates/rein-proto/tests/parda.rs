@@ -36,6 +36,18 @@ proptest! {
         prop_assert_eq!(decode_slot(&encode_slot(&r)).unwrap(), Slot::Record(r));
     }
 
+    /// The fuzz target's entry point, on random bytes and on valid records and slots with a byte changed.
+    #[test]
+    fn the_fuzz_harness_holds(bytes in proptest::collection::vec(any::<u8>(), 0..1100), r in report(), at in any::<prop::sample::Index>(), xor in any::<u8>()) {
+        rein_proto::harness::parda(&bytes);
+        for mut valid in [encode(&r).to_vec(), encode_slot(&r).to_vec()] {
+            rein_proto::harness::parda(&valid);
+            let i = at.index(valid.len());
+            valid[i] ^= xor;
+            rein_proto::harness::parda(&valid);
+        }
+    }
+
 }
 
 proptest! {

@@ -4,14 +4,29 @@
 //! One dispatcher task per backend owns a [`Scheduler`] (mClock by default; SFQ or FIFO for comparison),
 //! unchanged from the simulator's. Connections send it [`IoRequest`]s over a bounded channel; it queues
 //! them under their tenant, and whenever fewer than `depth` (D) requests are outstanding at the backend it
-//! asks the scheduler for the next one and starts it with its [`IoEngine`]:
-//! - **io_uring** (default, files): reads, writes (FUA as `RWF_DSYNC`) and flushes are submitted to a ring
-//!   owned by this task ([`crate::uring`]); page-cache hits complete during the submit call itself, the
-//!   rest signal an eventfd this loop awaits. Falls back to threads if the kernel refuses io_uring.
-//! - **threads**: every IO on tokio's blocking pool (`pread`/`pwrite`).
-//! - **inline**: small file IOs run synchronously on this task (only sensible for RAM-like storage).
-//! RAM exports always run requests up to [`MEMORY_INLINE_MAX`] inline: a memory copy is cheaper than any
-//! hand-off. Trim and write-zeroes of files always go to the blocking pool.
+//! asks the scheduler for the next one and starts it.
+//!
+//! # Where a request runs
+//! Each started request takes one of three routes, chosen from the configured [`IoEngine`] and from what
+//! its storage says it can do ([`Storage::kernel_io`], [`Storage::inline_max_bytes`]), never from what type
+//! the storage is (`offer_to_ring`, `runs_inline`):
+//! 1. **The ring** (engine `uring`, the default): reads, writes (FUA as `RWF_DSYNC`) and flushes of storage
+//!    that offers a descriptor are submitted to an io_uring owned by this task ([`crate::uring`]);
+//!    page-cache hits complete during the submit call itself, the rest signal an eventfd this loop awaits.
+//!    If the kernel refuses io_uring the engine falls back to `threads`.
+//! 2. **Inline**, on this task: IO the storage says never blocks (RAM: up to
+//!    [`crate::storage::MEMORY_INLINE_MAX`]; a memory copy is cheaper than any hand-off), and with engine
+//!    `inline` any IO up to `inline_max_bytes` other than a flush (only sensible for RAM-like storage).
+//! 3. **The blocking pool** (tokio's, `pread`/`pwrite`): everything else, e.g. trim and write-zeroes of
+//!    files, and every file IO with engine `threads`.
+//!
+//! Why capabilities rather than an engine object per export: the ring belongs to the dispatcher (one per
+//! device, shared by all the exports on it, so that D bounds the device's queue), while whether a request
+//! can use it depends on the storage and on the operation. Two narrow questions to the storage keep that
+//! split, and a new backend is driven safely (the pool) until it answers them.
+//!
+//! A read's buffer is allocated once, with `headroom` spare bytes in front ([`Op::Read`]) that the NBD
+//! server fills with the reply header: the data is not copied between the storage and the socket.
 //!
 //! A [`Poll::Wait`] arms a timer; a completion, a new request or a ring wake-up re-runs the loop. Time is
 //! [`Clock`]: nanoseconds since the dispatcher started, from tokio's monotonic `Instant`.
@@ -34,17 +49,15 @@
 //! 3. On shutdown, queued requests are still dispatched and in-flight ones drained before the task ends.
 
 use crate::devmodel::DeviceModel;
-use crate::storage::{Storage, StorageError};
+use crate::storage::{KernelIo, Storage, StorageError};
 use crate::uring::{drain_eventfd, Completion, Uring, UringOp};
 use rein_core::{
     Nanos, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
 };
+use rein_proto::ErrorKind;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-
-/// RAM exports run requests up to this size on the dispatcher itself.
-pub const MEMORY_INLINE_MAX: u64 = 256 * 1024;
 
 /// Monotonic time since an origin, as the core wants it. Built on tokio's `Instant`, which is the OS
 /// monotonic clock in production and virtual time in tests that pause tokio's clock.
@@ -74,17 +87,29 @@ impl Default for Clock {
 /// What a request asks of the backend.
 #[derive(Debug)]
 pub enum Op {
-    Read { len: u32 },
+    /// Read `len` bytes. The result is one buffer of `headroom + len` bytes: `headroom` zero bytes the
+    /// caller may fill later (a reply header), then the data.
+    Read { len: u32, headroom: usize },
+    /// Write `data`.
     Write { data: Vec<u8> },
+    /// Make completed writes durable.
     Flush,
+    /// Discard `len` bytes.
     Trim { len: u32 },
+    /// Write `len` zero bytes.
     WriteZeroes { len: u32 },
 }
 
 impl Op {
+    /// A read of `len` bytes without headroom.
+    pub fn read(len: u32) -> Op {
+        Op::Read { len, headroom: 0 }
+    }
+
+    /// Bytes the request moves or covers.
     pub fn len(&self) -> u64 {
         match self {
-            Op::Read { len } | Op::Trim { len } | Op::WriteZeroes { len } => *len as u64,
+            Op::Read { len, .. } | Op::Trim { len } | Op::WriteZeroes { len } => *len as u64,
             Op::Write { data } => data.len() as u64,
             Op::Flush => 0,
         }
@@ -104,7 +129,8 @@ pub struct IoRequest {
     pub fua: bool,
 }
 
-/// A completed request: read data (for reads), or the error.
+/// A completed request: a read's buffer (its headroom, then the data; empty for other requests), or the
+/// error.
 pub type IoResult = Result<Vec<u8>, IoError>;
 
 /// Where a request's result goes: a oneshot channel ([`Dispatcher::io`]) or a callback run on the
@@ -136,13 +162,14 @@ pub enum IoError {
 }
 
 impl IoError {
-    /// NBD errno for this error.
-    pub fn errno(&self) -> u32 {
+    /// What kind of failure this is for a client: the storage's kind; an unknown tenant is an invalid
+    /// request; any other refusal (a full queue) a lack of resources.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            IoError::Storage(e) => e.errno(),
-            IoError::Refused(SchedError::UnknownTenant(_)) => 22, // EINVAL
-            IoError::Refused(_) => 12,                            // ENOMEM: queue full
-            IoError::Shutdown => 108,                             // ESHUTDOWN
+            IoError::Storage(e) => e.kind(),
+            IoError::Refused(SchedError::UnknownTenant(_)) => ErrorKind::InvalidRequest,
+            IoError::Refused(_) => ErrorKind::Exhausted,
+            IoError::Shutdown => ErrorKind::Shutdown,
         }
     }
 }
@@ -334,10 +361,9 @@ impl Dispatcher {
     /// Submits a request whose result is handed to `done` on the dispatcher task (no task or channel per
     /// request). `done` runs exactly once, with [`IoError::Shutdown`] if the dispatcher has stopped.
     pub async fn submit(&self, req: IoRequest, done: Box<dyn FnOnce(IoResult) + Send>) {
-        if let Err(mpsc::error::SendError(cmd)) = self.tx.send(Cmd::Io(req, Reply::Callback(done))).await {
-            if let Cmd::Io(_, reply) = cmd {
-                reply.send(Err(IoError::Shutdown));
-            }
+        if let Err(mpsc::error::SendError(Cmd::Io(_, reply))) = self.tx.send(Cmd::Io(req, Reply::Callback(done))).await
+        {
+            reply.send(Err(IoError::Shutdown));
         }
     }
 
@@ -606,32 +632,19 @@ impl Task {
         let deadline = self.device.as_ref().map(|d| self.clock.instant(d.admit(now, bytes)));
         let Pending { req, reply, arrived } = p;
         let token = Token { reply, slot: req.tenant.index(), phase, bytes, arrived, dispatched: now, deadline };
-        let is_file = req.storage.as_file().is_some();
-        // 1. The ring, for file reads, writes and flushes.
-        if let Some(u) = &mut self.uring {
-            if is_file && matches!(req.op, Op::Read { .. } | Op::Write { .. } | Op::Flush) {
-                let IoRequest { storage, offset, op, fua, .. } = req;
-                let uop = match op {
-                    Op::Read { len } => UringOp::Read { len },
-                    Op::Write { data } => UringOp::Write { data, fua },
-                    _ => UringOp::Flush,
-                };
-                if let Err((token, e)) = u.push(storage, offset, uop, token) {
-                    self.answer(token, Err(e.into()), done);
-                }
-                return;
-            }
-        }
-        // 2. Inline: RAM, or small file IO when configured.
-        let inline = if req.storage.is_memory() {
-            bytes <= MEMORY_INLINE_MAX
-        } else {
-            bytes <= self.inline_max_bytes && !matches!(req.op, Op::Flush)
+        // 1. The ring, if the storage offers a descriptor for this operation.
+        let (req, token) = match &mut self.uring {
+            Some(ring) => match offer_to_ring(ring, req, token) {
+                RingOffer::Submitted => return,
+                RingOffer::Refused(token, e) => return self.answer(token, Err(e.into()), done),
+                RingOffer::Declined(req, token) => (req, token),
+            },
+            None => (req, token),
         };
-        if inline {
+        // 2. Inline, if the storage says this never blocks, or the inline engine takes it.
+        if runs_inline(&req, self.inline_max_bytes) {
             let res = execute(req);
-            self.answer(token, res, done);
-            return;
+            return self.answer(token, res, done);
         }
         // 3. The blocking pool.
         let clock = self.clock;
@@ -714,12 +727,54 @@ impl Task {
     }
 }
 
+/// What the ring made of a request.
+enum RingOffer {
+    Submitted,
+    /// The storage's checks failed (range, read-only): answer with the error.
+    Refused(Token, StorageError),
+    /// Not ring work (no descriptor, or trim / write-zeroes): route it elsewhere.
+    Declined(IoRequest, Token),
+}
+
+/// Route 1 of the module comment: submits `req` to `ring` if its storage offers a descriptor for it.
+fn offer_to_ring(ring: &mut Uring<Token>, req: IoRequest, token: Token) -> RingOffer {
+    let IoRequest { storage, tenant, offset, op, fua } = req;
+    let target = match &op {
+        Op::Read { len, .. } => storage.kernel_io(offset, *len as u64, false),
+        Op::Write { data } => storage.kernel_io(offset, data.len() as u64, true),
+        Op::Flush => storage.kernel_io(0, 0, false),
+        Op::Trim { .. } | Op::WriteZeroes { .. } => Ok(None),
+    };
+    let target: KernelIo = match target {
+        Ok(Some(t)) => t,
+        Ok(None) => return RingOffer::Declined(IoRequest { storage, tenant, offset, op, fua }, token),
+        Err(e) => return RingOffer::Refused(token, e),
+    };
+    let op = match op {
+        Op::Read { len, headroom } => UringOp::Read { len, headroom },
+        Op::Write { data } => UringOp::Write { data, fua },
+        Op::Flush => UringOp::Flush,
+        op @ (Op::Trim { .. } | Op::WriteZeroes { .. }) => {
+            return RingOffer::Declined(IoRequest { storage, tenant, offset, op, fua }, token);
+        }
+    };
+    ring.push(storage, target, offset, op, token);
+    RingOffer::Submitted
+}
+
+/// Route 2 of the module comment: IO the storage says never blocks at this size, or (engine `inline`)
+/// anything up to `inline_max_bytes` but a flush.
+fn runs_inline(req: &IoRequest, inline_max_bytes: u64) -> bool {
+    let bytes = req.op.len();
+    bytes <= req.storage.inline_max_bytes() || (bytes <= inline_max_bytes && !matches!(req.op, Op::Flush))
+}
+
 fn execute(req: IoRequest) -> IoResult {
     let IoRequest { storage, offset, op, fua, .. } = req;
     match op {
-        Op::Read { len } => {
-            let mut buf = vec![0u8; len as usize];
-            storage.read_at(&mut buf, offset)?;
+        Op::Read { len, headroom } => {
+            let mut buf = vec![0u8; headroom + len as usize];
+            storage.read_at(&mut buf[headroom..], offset)?;
             Ok(buf)
         }
         Op::Write { data } => {

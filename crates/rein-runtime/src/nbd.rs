@@ -1,25 +1,48 @@
-//! The NBD server: connections, handshake and transmission over rein-proto's codec, requests through the
-//! QoS dispatcher.
+//! The NBD server's connections: bytes between a socket and rein-proto's state machines, requests
+//! through the QoS dispatcher.
 //!
-//! Each connection runs the fixed newstyle handshake (bounded in time and bytes), then reads requests in a
-//! loop. Every request goes to the dispatcher with a completion callback that encodes the reply and hands
-//! it to the connection's writer task (so one connection can have many in flight, up to
-//! [`MAX_IN_FLIGHT_PER_CONN`]); the writer coalesces ready replies into one socket write. All connections
-//! of an export share its tenant, hence its queue and QoS.
+//! Each connection runs the fixed newstyle handshake ([`ServerHandshake`], bounded in time by
+//! [`HANDSHAKE_TIMEOUT`] and in bytes by its option limit), then the transmission phase
+//! ([`ServerTransmission`]): read into a buffer, feed the state machine, act on its event. A request goes
+//! to the dispatcher with a completion callback that encodes the reply ([`ReplyEncoder`]) and hands it to
+//! the connection's writer task (so one connection can have many in flight); a rejection is encoded and
+//! handed over at once; a disconnect ends the reading. Every protocol decision (validation, which error,
+//! reply formats) is rein-proto's: this module moves bytes, requests and replies. All connections of an
+//! export share its tenant, hence its queue and QoS.
 //!
-//! Errors are per request where the spec allows: an out-of-range offset, an oversize request or an
-//! unknown command gets EINVAL and the connection stays usable; a write to a read-only export gets EPERM.
-//! A malformed handshake, a bad request magic, or an oversize WRITE too large to skip closes the connection
-//! (the stream cannot be resynchronised); other connections are unaffected. A client that disappears
-//! mid-request only loses its own replies.
+//! Errors are per request where the spec allows (rein-proto's `transmission` module lists them): an
+//! out-of-range offset, an oversize request or an unknown command or flag gets an error reply and the
+//! connection stays usable. A malformed handshake, a bad request magic, or a rejected WRITE too large to
+//! skip closes the connection (the stream cannot be resynchronised); other connections are unaffected. A
+//! client that disappears mid-request only loses its own replies.
+//!
+//! # Bounds
+//! - Requests in flight per connection: [`MAX_IN_FLIGHT_PER_CONN`]. Every request, answered with data or
+//!   an error, holds a permit until its reply is written; with none left the connection stops reading.
+//! - The input buffer: the state machine never needs more than one request header and its WRITE payload
+//!   (28 bytes + the maximum payload) unconsumed; a rejected WRITE's payload is skipped as it arrives. A
+//!   buffer grown past [`INPUT_SHRINK_BYTES`] by a large write is released once it is consumed.
+//! - The writer takes the replies that are ready, up to [`WRITE_BATCH`] of them or about
+//!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write.
+//!
+//! # Copies per READ
+//! One: the storage (the kernel through io_uring or `pread`, or a memory copy for RAM) writes the data
+//! into the reply's own buffer, after headroom for the reply header ([`ReplyEncoder::headroom`]), and the
+//! socket write takes that buffer as one of its slices. (It used to be three: into a read buffer, into the
+//! reply, and into the writer's batch.) `O_DIRECT` reads add the copy out of their aligned buffer.
 
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::storage::Storage;
 use rein_core::TenantId;
-use rein_proto::nbd::{self as p, Command, ExportInfo, RequestHeader, ServerHandshake, ServerProgress};
+use rein_proto::nbd::{
+    self as p, Event, ExportInfo, Negotiated, Rejection, ReplyEncoder, Request, RequestKind, ServerHandshake,
+    ServerProgress, ServerTransmission, TransmissionConfig,
+};
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -27,27 +50,47 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
 /// Time allowed for the whole handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most replies in one socket write.
+pub const WRITE_BATCH: usize = 64;
+/// A batch stops growing once it holds this many bytes.
+pub const WRITE_BATCH_BYTES: usize = 256 * 1024;
+/// An input buffer larger than this is released when everything in it has been consumed.
+pub const INPUT_SHRINK_BYTES: usize = 4 << 20;
+/// Bytes asked of the socket per read at least.
+const READ_CHUNK: usize = 16 * 1024;
+/// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
+const COMPACT_BYTES: usize = 64 * 1024;
 
 /// An export as the server runs it.
 pub struct Export {
+    /// What the handshake advertises.
     pub info: ExportInfo,
+    /// Where its bytes live.
     pub storage: Arc<dyn Storage>,
+    /// Whose QoS its requests get.
     pub tenant: TenantId,
 }
 
 /// What every connection shares.
 pub struct NbdContext {
+    /// The exports, in the order the handshake lists them.
     pub exports: Vec<Export>,
+    /// The QoS dispatcher in front of the storage.
     pub dispatcher: Dispatcher,
+    /// Largest READ or WRITE accepted, in bytes.
     pub max_payload: u32,
 }
 
+/// Why a connection ended early.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
+    /// The socket failed.
     #[error("io: {0}")]
-    Io(#[from] std::io::Error),
+    Io(#[from] io::Error),
+    /// The client broke the protocol.
     #[error("protocol: {0}")]
     Proto(#[from] p::ProtoError),
+    /// The handshake took longer than [`HANDSHAKE_TIMEOUT`].
     #[error("handshake timed out")]
     Timeout,
 }
@@ -61,222 +104,244 @@ pub async fn serve_connection(
 ) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
     let (mut rd, mut wr) = stream.into_split();
-    let infos: Vec<ExportInfo> = ctx.exports.iter().map(|e| e.info.clone()).collect();
-    let mut out = Vec::new();
-    let mut hs = ServerHandshake::new(infos, &mut out);
-    wr.write_all(&out).await?;
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-        loop {
-            let mut chunk = [0u8; 4096];
-            let n = rd.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(None);
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            out.clear();
-            let (used, progress) = hs.feed(&buf, &mut out)?;
-            buf.drain(..used);
-            wr.write_all(&out).await?;
-            match progress {
-                ServerProgress::NeedMore => continue,
-                ServerProgress::Aborted => return Ok(None),
-                ServerProgress::Done(n) => return Ok::<_, ConnError>(Some(n)),
-            }
-        }
-    })
-    .await
-    .map_err(|_| ConnError::Timeout)??;
-    let Some(neg) = negotiated else { return Ok(()) };
-    let export_idx = neg.export;
-    let structured = neg.structured;
-    tracing::debug!(export = %ctx.exports[export_idx].info.name, structured, "NBD connection ready");
-
-    // Writer task: replies in completion order, coalesced into one write when several are ready. Every
-    // message holds one of the connection's permits until it is written, which bounds both requests in
-    // flight and replies waiting (MAX_IN_FLIGHT_PER_CONN).
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Vec<u8>, OwnedSemaphorePermit)>();
-    let writer = tokio::spawn(async move {
-        let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
-        let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
-        let mut broken = false;
-        while let Some((msg, permit)) = rx.recv().await {
-            if broken {
-                continue; // client gone: keep draining so permits are released
-            }
-            held.push(permit);
-            // One reply ready: write it as it is. More: copy them into one buffer, one write.
-            let out = match rx.try_recv() {
-                Err(_) => msg,
-                Ok((m, p)) => {
-                    batch.clear();
-                    batch.extend_from_slice(&msg);
-                    batch.extend_from_slice(&m);
-                    held.push(p);
-                    while batch.len() < WRITE_BATCH_BYTES {
-                        let Ok((m, p)) = rx.try_recv() else { break };
-                        batch.extend_from_slice(&m);
-                        held.push(p);
-                    }
-                    std::mem::take(&mut batch)
-                }
-            };
-            if wr.write_all(&out).await.is_err() {
-                broken = true;
-            }
-            if out.capacity() >= batch.capacity() {
-                batch = out; // keep the larger buffer for the next batch
-            }
-            held.clear();
-        }
-        if !broken {
-            let _ = wr.shutdown().await;
-        }
-    });
+    let mut input = Input::default();
+    let handshake = handshake(&mut rd, &mut wr, &ctx, &mut input);
+    let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await.map_err(|_| ConnError::Timeout)??;
+    let Some(negotiated) = negotiated else { return Ok(()) };
+    let export = &ctx.exports[negotiated.export];
+    tracing::debug!(export = %export.info.name, structured = negotiated.structured, "NBD connection ready");
+    let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
-    let result = transmission(&mut rd, buf, &ctx, export_idx, structured, &tx, &permits, &mut shutdown).await;
-    // Wait for in-flight requests to be answered and written, then let the writer finish.
+    let (replies, rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(write_replies(wr, rx));
+    let mut conn =
+        Connection { export, dispatcher: &ctx.dispatcher, machine, input, replies, permits: permits.clone() };
+    let result = conn.transmission(&mut rd, &mut shutdown).await;
+    drop(conn);
+    // Wait for in-flight requests to be answered and written (each holds a permit until then); their
+    // callbacks then hold no sender any more, so the writer ends once it has written everything.
     let _ = permits.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32).await;
-    drop(tx);
     let _ = writer.await;
     result
 }
 
-/// Replies coalesced into one socket write, at most (roughly) this many bytes.
-const WRITE_BATCH_BYTES: usize = 256 * 1024;
-
-/// Reads until `buf` holds at least `n` bytes; false if the peer closed first.
-async fn read_exact_buffered(
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    buf: &mut Vec<u8>,
-    n: usize,
-) -> std::io::Result<bool> {
-    while buf.len() < n {
-        // Read straight into the buffer's spare capacity: no allocation or copy per read.
-        buf.reserve((n - buf.len()).max(16 * 1024));
-        if rd.read_buf(buf).await? == 0 {
-            return Ok(false);
+/// Runs the handshake; `None` if the client aborted or left. Bytes after the handshake stay in `input`.
+async fn handshake(
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    ctx: &NbdContext,
+    input: &mut Input,
+) -> Result<Option<Negotiated>, ConnError> {
+    let infos: Vec<ExportInfo> = ctx.exports.iter().map(|e| e.info.clone()).collect();
+    let mut out = Vec::new();
+    let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
+    wr.write_all(&out).await?;
+    loop {
+        if !input.fill(rd, input.unconsumed().len() + 1).await? {
+            return Ok(None);
+        }
+        out.clear();
+        let (used, progress) = hs.feed(input.unconsumed(), &mut out)?;
+        input.consume(used);
+        wr.write_all(&out).await?;
+        match progress {
+            ServerProgress::NeedMore => continue,
+            ServerProgress::Aborted => return Ok(None),
+            ServerProgress::Done(n) => return Ok(Some(n)),
         }
     }
-    Ok(true)
 }
 
-type ReplyTx = mpsc::UnboundedSender<(Vec<u8>, OwnedSemaphorePermit)>;
+/// A reply and the permit its request holds until the reply is written.
+type Reply = (Vec<u8>, OwnedSemaphorePermit);
 
-#[allow(clippy::too_many_arguments)]
-async fn transmission(
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    mut buf: Vec<u8>,
-    ctx: &Arc<NbdContext>,
-    export_idx: usize,
-    structured: bool,
-    tx: &ReplyTx,
-    permits: &Arc<Semaphore>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<(), ConnError> {
-    let export = &ctx.exports[export_idx];
-    let mut consumed = 0usize;
-    loop {
-        // Drop what earlier requests consumed only when it is worth moving the rest.
-        if consumed > 0 && (consumed >= 64 * 1024 || consumed == buf.len()) {
-            buf.drain(..consumed);
-            consumed = 0;
-        }
-        if buf.len() - consumed < p::REQUEST_LEN {
-            buf.drain(..consumed);
-            consumed = 0;
-            let more = tokio::select! {
-                r = read_exact_buffered(rd, &mut buf, p::REQUEST_LEN) => r?,
-                _ = shutdown.wait_for(|s| *s) => return Ok(()),
-            };
-            if !more {
-                return Ok(()); // client closed (with or without NBD_CMD_DISC)
+/// One connection in the transmission phase.
+struct Connection<'a> {
+    export: &'a Export,
+    dispatcher: &'a Dispatcher,
+    machine: ServerTransmission,
+    input: Input,
+    replies: mpsc::UnboundedSender<Reply>,
+    permits: Arc<Semaphore>,
+}
+
+impl Connection<'_> {
+    /// Reads, feeds the state machine and acts on its events until the client disconnects or leaves, the
+    /// protocol breaks, or `shutdown` turns true.
+    async fn transmission(
+        &mut self,
+        rd: &mut OwnedReadHalf,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), ConnError> {
+        loop {
+            let (used, event) = self.machine.feed(self.input.unconsumed())?;
+            match event {
+                Event::NeedMore { wanted } => {
+                    self.input.consume(used);
+                    let more = tokio::select! {
+                        r = self.input.fill(rd, wanted) => r?,
+                        _ = shutdown.wait_for(|s| *s) => return Ok(()),
+                    };
+                    if !more {
+                        return Ok(()); // client closed (with or without NBD_CMD_DISC)
+                    }
+                }
+                Event::Request { request, payload } => {
+                    let encoder = self.machine.replies();
+                    let op = match request.kind {
+                        RequestKind::Read => Op::Read { len: request.length, headroom: encoder.headroom(&request) },
+                        RequestKind::Write => Op::Write { data: payload.to_vec() },
+                        RequestKind::Flush => Op::Flush,
+                        RequestKind::Trim => Op::Trim { len: request.length },
+                        RequestKind::WriteZeroes => Op::WriteZeroes { len: request.length },
+                    };
+                    self.input.consume(used);
+                    let permit = self.permit().await;
+                    self.submit(request, op, encoder, permit).await;
+                }
+                Event::Reject(rejection) => {
+                    self.input.consume(used);
+                    let permit = self.permit().await;
+                    self.reject(&rejection, permit);
+                }
+                Event::Disconnect => return Ok(()),
             }
         }
-        let hdr = RequestHeader::decode(&buf[consumed..])?.expect("have a full header");
-        consumed += p::REQUEST_LEN;
-        // Every request, answered with data or an error, takes a permit until its reply is written.
-        let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
-        let reply_err =
-            |code: u32| encode_reply(hdr.handle, hdr.offset, code, hdr.command == Command::Read, structured, &[]);
-        // WRITE payload comes first, whatever we decide about the request.
-        let mut payload = Vec::new();
-        if hdr.command == Command::Write {
-            if hdr.length > ctx.max_payload && hdr.length > p::MAX_DISCARD {
-                return Err(p::ProtoError::Unrecoverable(hdr.length).into());
-            }
-            let need = consumed + hdr.length as usize;
-            if !read_exact_buffered(rd, &mut buf, need).await? {
-                return Ok(());
-            }
-            payload = buf[consumed..need].to_vec();
-            consumed = need;
-        }
-        let op = match hdr.command {
-            Command::Disc => return Ok(()),
-            Command::Read if hdr.length > ctx.max_payload => None,
-            Command::Write if hdr.length > ctx.max_payload => None,
-            Command::Read => Some(Op::Read { len: hdr.length }),
-            Command::Write => Some(Op::Write { data: std::mem::take(&mut payload) }),
-            Command::Flush => Some(Op::Flush),
-            Command::Trim => Some(Op::Trim { len: hdr.length }),
-            Command::WriteZeroes => Some(Op::WriteZeroes { len: hdr.length }),
-            Command::Other(_) => None,
-        };
-        let Some(op) = op else {
-            let _ = tx.send((reply_err(p::EINVAL), permit));
-            continue;
-        };
-        let writes = matches!(op, Op::Write { .. } | Op::Trim { .. } | Op::WriteZeroes { .. });
-        if writes && export.info.read_only {
-            let _ = tx.send((reply_err(p::EPERM), permit));
-            continue;
-        }
-        let req = IoRequest {
-            storage: export.storage.clone(),
-            tenant: export.tenant,
-            offset: hdr.offset,
-            op,
-            fua: hdr.fua(),
-        };
-        let tx2 = tx.clone();
-        // The reply is encoded where the result appears (on the dispatcher) and goes straight to the
-        // writer: no task or channel per request.
+    }
+
+    async fn permit(&self) -> OwnedSemaphorePermit {
+        self.permits.clone().acquire_owned().await.expect("the semaphore is never closed")
+    }
+
+    /// Hands a request to the dispatcher; the reply is encoded where the result appears (on the dispatcher
+    /// task) and goes straight to the writer: no task or channel per request.
+    async fn submit(&self, request: Request, op: Op, encoder: ReplyEncoder, permit: OwnedSemaphorePermit) {
+        let replies = self.replies.clone();
         let done = Box::new(move |res: IoResult| {
-            let msg = match res {
-                Ok(data) => encode_reply(hdr.handle, hdr.offset, 0, hdr.command == Command::Read, structured, &data),
+            let reply = match res {
+                Ok(mut reply) => {
+                    encoder.success(&request, &mut reply);
+                    reply
+                }
                 Err(e) => {
-                    tracing::debug!(handle = hdr.handle, command = %hdr.command, error = %e, "request failed");
-                    encode_reply(hdr.handle, hdr.offset, e.errno(), hdr.command == Command::Read, structured, &[])
+                    tracing::debug!(handle = request.handle, command = %request.kind.command(), error = %e, "request failed");
+                    let mut reply = Vec::new();
+                    encoder.failure(&mut reply, request.handle, e.kind(), &e);
+                    reply
                 }
             };
-            let _ = tx2.send((msg, permit));
+            let _ = replies.send((reply, permit));
         });
-        ctx.dispatcher.submit(req, done).await;
+        let req = IoRequest {
+            storage: self.export.storage.clone(),
+            tenant: self.export.tenant,
+            offset: request.offset,
+            op,
+            fua: request.fua,
+        };
+        self.dispatcher.submit(req, done).await;
+    }
+
+    fn reject(&self, rejection: &Rejection, permit: OwnedSemaphorePermit) {
+        tracing::debug!(handle = rejection.handle, "request rejected: {rejection}");
+        let mut reply = Vec::new();
+        self.machine.replies().rejection(&mut reply, rejection);
+        let _ = self.replies.send((reply, permit));
     }
 }
 
-/// Encodes a reply: simple, or structured (one chunk with DONE) when negotiated.
-fn encode_reply(handle: u64, offset: u64, error: u32, is_read: bool, structured: bool, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + data.len());
-    if !structured {
-        p::simple_reply(&mut out, handle, error);
-        if error == 0 && is_read {
-            out.extend_from_slice(data);
-        }
-    } else if error != 0 {
-        p::structured_error(&mut out, handle, error, "");
-    } else if is_read && !data.is_empty() {
-        // One chunk covering the whole read, at the request's offset.
-        p::structured_chunk(
-            &mut out,
-            handle,
-            p::REPLY_FLAG_DONE,
-            p::REPLY_TYPE_OFFSET_DATA,
-            &[&offset.to_be_bytes(), data],
-        );
-    } else {
-        p::structured_chunk(&mut out, handle, p::REPLY_FLAG_DONE, p::REPLY_TYPE_NONE, &[]);
+/// Received bytes not yet consumed by a state machine: `buf[start..]`.
+#[derive(Default)]
+struct Input {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Input {
+    fn unconsumed(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
-    out
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        assert!(self.start <= self.buf.len(), "consumed more than was received");
+        if self.start == self.buf.len() {
+            self.start = 0;
+            if self.buf.capacity() > INPUT_SHRINK_BYTES {
+                self.buf = Vec::new();
+            } else {
+                self.buf.clear();
+            }
+        }
+    }
+
+    /// Reads (straight into the buffer's spare capacity) until at least `wanted` bytes are unconsumed;
+    /// false if the peer closed first.
+    async fn fill(&mut self, rd: &mut OwnedReadHalf, wanted: usize) -> io::Result<bool> {
+        if self.start >= COMPACT_BYTES || (self.start > 0 && self.buf.capacity() - self.start < wanted) {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        while self.buf.len() - self.start < wanted {
+            let missing = wanted - (self.buf.len() - self.start);
+            self.buf.reserve(missing.max(READ_CHUNK));
+            if rd.read_buf(&mut self.buf).await? == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
+/// dropped (releasing their permits) once written, or at once if the client is gone.
+async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Reply>) {
+    let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);
+    let mut broken = false;
+    while let Some(first) = rx.recv().await {
+        let mut bytes = first.0.len();
+        batch.push(first);
+        while batch.len() < WRITE_BATCH && bytes < WRITE_BATCH_BYTES {
+            let Ok(next) = rx.try_recv() else { break };
+            bytes += next.0.len();
+            batch.push(next);
+        }
+        if !broken && write_all_vectored(&mut wr, &batch).await.is_err() {
+            broken = true; // client gone: keep draining so permits are released
+        }
+        batch.clear();
+    }
+    if !broken {
+        let _ = wr.shutdown().await;
+    }
+}
+
+/// Writes every reply of `batch` (at most [`WRITE_BATCH`]) with vectored writes, resuming after short
+/// writes.
+async fn write_all_vectored(wr: &mut OwnedWriteHalf, batch: &[Reply]) -> io::Result<()> {
+    assert!(batch.len() <= WRITE_BATCH, "a batch fits the slice array");
+    // The first byte not yet written: `batch[i].0[at]`.
+    let (mut i, mut at) = (0, 0);
+    while i < batch.len() {
+        let mut slices = [IoSlice::new(&[]); WRITE_BATCH];
+        let pending = &batch[i..];
+        for (k, (reply, _)) in pending.iter().enumerate() {
+            slices[k] = IoSlice::new(if k == 0 { &reply[at..] } else { reply });
+        }
+        let mut written = wr.write_vectored(&slices[..pending.len()]).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while i < batch.len() {
+            let left = batch[i].0.len() - at;
+            if written < left {
+                at += written;
+                break;
+            }
+            written -= left;
+            i += 1;
+            at = 0;
+        }
+    }
+    Ok(())
 }

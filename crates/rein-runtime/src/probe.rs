@@ -146,7 +146,7 @@ pub async fn probe(
             while tokio::time::Instant::now() < end {
                 let offset = rng.gen_range(0..slots) * size as u64;
                 let op = if read_pct >= 100.0 || rng.gen::<f64>() * 100.0 < read_pct {
-                    Op::Read { len: size }
+                    Op::read(size)
                 } else {
                     Op::Write { data: (0..size).map(|_| rng.gen()).collect() }
                 };

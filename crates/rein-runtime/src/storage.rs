@@ -12,8 +12,26 @@
 //! - [`MemStorage`]: RAM, in 1 MiB pages allocated on first write (reads of untouched pages are zeroes).
 //!
 //! Every call checks `offset + len <= size` and returns [`StorageError::OutOfRange`] otherwise (the NBD
-//! server answers EINVAL and the connection stays usable).
+//! server has already rejected such requests; the check keeps every other caller honest).
+//!
+//! # What the dispatcher may do with a storage
+//! The dispatcher never asks what type a storage is; it asks what the storage can do, through two
+//! methods with conservative defaults, so a new backend is driven correctly (on the blocking pool) without
+//! the dispatcher knowing it exists:
+//! - [`Storage::kernel_io`]: a descriptor the kernel can read and write directly for a given range, after
+//!   the same checks as `read_at`/`write_at` (the io_uring engine submits to it). Files answer with their
+//!   buffered or `O_DIRECT` descriptor; RAM has none.
+//! - [`Storage::inline_max_bytes`]: IO up to this size is cheaper to run in place than to hand to another
+//!   thread (it never blocks and is a memory copy of microseconds). RAM answers [`MEMORY_INLINE_MAX`];
+//!   files 0, since any file IO may wait for a device.
+//!
+//! # Errors
+//! A [`StorageError`] says what failed; [`StorageError::kind`] says what kind of failure it is for a
+//! client (rein-proto's protocol-neutral [`ErrorKind`]): out of range is an invalid request, a write to a
+//! read-only export is read-only, ENOSPC / EDQUOT / EFBIG from the OS are no space, ENOMEM is a lack of
+//! resources, any other OS error is an IO error. The protocol maps kinds to its own numbers.
 
+use rein_proto::ErrorKind;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -24,49 +42,79 @@ use std::sync::Mutex;
 /// Offset, length and buffer alignment for `O_DIRECT` IO (4 KiB covers 512-byte and 4 KiB sectors).
 pub const DIRECT_ALIGN: usize = 4096;
 
+/// RAM storage runs requests up to this size on the dispatcher itself ([`Storage::inline_max_bytes`]):
+/// copying 256 KiB takes tens of microseconds, about what a hand-off to another thread costs.
+pub const MEMORY_INLINE_MAX: u64 = 256 * 1024;
+
+/// Why a storage call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
+    /// The range is not inside the storage.
     #[error("range {offset}+{len} is beyond the end of the export ({size} bytes)")]
     OutOfRange { offset: u64, len: u64, size: u64 },
+    /// A change to read-only storage.
     #[error("export is read-only")]
     ReadOnly,
+    /// The operating system failed the call.
     #[error("{op} failed: {source}")]
     Io { op: &'static str, source: io::Error },
 }
 
 impl StorageError {
-    /// The errno an NBD reply carries for this error.
-    pub fn errno(&self) -> u32 {
+    /// What kind of failure this is for a client (module comment).
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            StorageError::OutOfRange { .. } => 22, // EINVAL
-            StorageError::ReadOnly => 1,           // EPERM
+            StorageError::OutOfRange { .. } => ErrorKind::InvalidRequest,
+            StorageError::ReadOnly => ErrorKind::ReadOnly,
             StorageError::Io { source, .. } => match source.raw_os_error() {
-                Some(28) => 28, // ENOSPC
-                Some(12) => 12, // ENOMEM
-                _ => 5,         // EIO
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
+                Some(libc::ENOMEM) => ErrorKind::Exhausted,
+                _ => ErrorKind::Io,
             },
         }
     }
 }
 
+/// How the kernel can run one IO on a storage directly (io_uring): the descriptor, and whether it was
+/// opened with `O_DIRECT` (then the buffer must be an [`AlignedBuf`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelIo {
+    /// The descriptor to read or write at the IO's offset.
+    pub fd: RawFd,
+    /// Whether `fd` bypasses the page cache (aligned buffer required).
+    pub direct: bool,
+}
+
+/// Where the bytes of an export live. Synchronous and thread-safe; the dispatcher decides where each call
+/// runs from what the storage says it can do (module comment).
 pub trait Storage: Send + Sync + 'static {
+    /// Size in bytes.
     fn size(&self) -> u64;
+    /// Reads `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError>;
+    /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), StorageError>;
     /// Makes completed writes durable.
     fn flush(&self) -> Result<(), StorageError>;
+    /// Discards a range (it reads as zeroes afterwards).
     fn trim(&self, offset: u64, len: u64) -> Result<(), StorageError>;
+    /// Writes zeroes to a range.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError>;
+    /// Whether changes are refused.
     fn read_only(&self) -> bool {
         false
     }
-    /// The file behind this storage, if it is one (the io_uring engine submits to its descriptors).
-    fn as_file(&self) -> Option<&FileStorage> {
-        None
+    /// The descriptor through which the kernel can run a read (or, with `write`, a write) of `len` bytes
+    /// at `offset`, after the checks `read_at` / `write_at` make (a flush asks for a zero-length read at
+    /// 0). `Ok(None)`, the default: no descriptor; IO goes through the methods above.
+    fn kernel_io(&self, offset: u64, len: u64, write: bool) -> Result<Option<KernelIo>, StorageError> {
+        let _ = (offset, len, write);
+        Ok(None)
     }
-    /// True for RAM storage: its IO is a memory copy, cheaper than handing it to another thread.
-    fn is_memory(&self) -> bool {
-        false
+    /// IO of at most this many bytes never blocks and is cheaper to run in place than to hand to another
+    /// thread (a memory copy). 0, the default: any call may block.
+    fn inline_max_bytes(&self) -> u64 {
+        0
     }
 }
 
@@ -109,7 +157,7 @@ impl AlignedBuf {
 
 /// Whether `offset` and `len` suit `O_DIRECT`.
 pub fn direct_aligned(offset: u64, len: u64) -> bool {
-    len > 0 && offset % DIRECT_ALIGN as u64 == 0 && len % DIRECT_ALIGN as u64 == 0
+    len > 0 && offset.is_multiple_of(DIRECT_ALIGN as u64) && len.is_multiple_of(DIRECT_ALIGN as u64)
 }
 
 fn check(size: u64, offset: u64, len: u64) -> Result<(), StorageError> {
@@ -179,12 +227,12 @@ impl FileStorage {
         Ok(FileStorage { file, direct, size, read_only })
     }
 
-    /// The descriptor an IO of `len` bytes at `offset` should use, and whether it is the direct one (then
-    /// its buffer must be [`AlignedBuf`]).
-    pub fn fd_for(&self, offset: u64, len: u64) -> (RawFd, bool) {
+    /// The descriptor an IO of `len` bytes at `offset` should use: the direct one (then its buffer must be
+    /// an [`AlignedBuf`]) for aligned IO when `O_DIRECT` was asked for, else the buffered one.
+    pub fn fd_for(&self, offset: u64, len: u64) -> KernelIo {
         match &self.direct {
-            Some(d) if direct_aligned(offset, len) => (d.as_raw_fd(), true),
-            _ => (self.file.as_raw_fd(), false),
+            Some(d) if direct_aligned(offset, len) => KernelIo { fd: d.as_raw_fd(), direct: true },
+            _ => KernelIo { fd: self.file.as_raw_fd(), direct: false },
         }
     }
 
@@ -271,8 +319,9 @@ impl Storage for FileStorage {
             _ => self.file.write_all_at(buf, offset).map_err(err),
         }
     }
-    fn as_file(&self) -> Option<&FileStorage> {
-        Some(self)
+    fn kernel_io(&self, offset: u64, len: u64, write: bool) -> Result<Option<KernelIo>, StorageError> {
+        self.check_io(offset, len, write)?;
+        Ok(Some(self.fd_for(offset, len)))
     }
     fn flush(&self) -> Result<(), StorageError> {
         if self.read_only {
@@ -322,8 +371,8 @@ impl Storage for MemStorage {
     fn size(&self) -> u64 {
         self.size
     }
-    fn is_memory(&self) -> bool {
-        true
+    fn inline_max_bytes(&self) -> u64 {
+        MEMORY_INLINE_MAX
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         check(self.size, offset, buf.len() as u64)?;
@@ -380,12 +429,33 @@ mod tests {
         let mut one = [0u8; 1];
         assert!(matches!(s.read_at(&mut one, size), Err(StorageError::OutOfRange { .. })));
         assert!(matches!(s.write_at(&one, u64::MAX), Err(StorageError::OutOfRange { .. })));
-        assert_eq!(StorageError::OutOfRange { offset: 0, len: 0, size: 0 }.errno(), 22);
+        assert_eq!(StorageError::OutOfRange { offset: 0, len: 0, size: 0 }.kind(), ErrorKind::InvalidRequest);
+    }
+
+    #[test]
+    fn os_errors_map_to_kinds() {
+        let os = |code| StorageError::Io { op: "write", source: io::Error::from_raw_os_error(code) };
+        for (code, kind) in [
+            (libc::ENOSPC, ErrorKind::NoSpace),
+            (libc::EDQUOT, ErrorKind::NoSpace),
+            (libc::EFBIG, ErrorKind::NoSpace),
+            (libc::ENOMEM, ErrorKind::Exhausted),
+            (libc::EIO, ErrorKind::Io),
+            (libc::EBADF, ErrorKind::Io),
+        ] {
+            assert_eq!(os(code).kind(), kind, "os error {code}");
+        }
+        assert_eq!(StorageError::ReadOnly.kind(), ErrorKind::ReadOnly);
+        let other = StorageError::Io { op: "read", source: io::Error::other("no code") };
+        assert_eq!(other.kind(), ErrorKind::Io);
     }
 
     #[test]
     fn memory_storage_round_trips() {
-        exercise(&MemStorage::new(4 * PAGE));
+        let m = MemStorage::new(4 * PAGE);
+        exercise(&m);
+        assert!(m.kernel_io(0, 1, false).unwrap().is_none(), "RAM has no descriptor");
+        assert_eq!(m.inline_max_bytes(), MEMORY_INLINE_MAX);
     }
 
     #[test]
@@ -399,6 +469,9 @@ mod tests {
         drop(s);
         let ro = FileStorage::open(&path, None, true).unwrap();
         assert!(matches!(ro.write_at(&[1], 0), Err(StorageError::ReadOnly)));
+        assert_eq!(ro.kernel_io(0, 1, true).unwrap_err().kind(), ErrorKind::ReadOnly);
+        assert!(ro.kernel_io(0, 1, false).unwrap().is_some_and(|k| !k.direct));
+        assert!(matches!(ro.kernel_io(4 * PAGE, 1, false), Err(StorageError::OutOfRange { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -10,9 +10,13 @@
 //! the kernel's own workers, which signal an eventfd registered with the ring; the dispatcher's select loop
 //! awaits it ([`Uring::eventfd`]) next to its other inputs.
 //!
+//! The ring works on any storage that offers a descriptor ([`Storage::kernel_io`], which also checks the
+//! range and read-only-ness before anything is submitted); it never asks what type the storage is.
 //! FUA writes use `RWF_DSYNC` (the write and its data sync in one operation); FLUSH is `fsync` with
-//! `IORING_FSYNC_DATASYNC`. With `O_DIRECT` ([`FileStorage::fd_for`]), aligned requests use the direct
-//! descriptor and an [`AlignedBuf`]. Trim and write-zeroes are rare and stay on the blocking pool.
+//! `IORING_FSYNC_DATASYNC`. A read is done into a buffer with `headroom` spare bytes in front, which the
+//! caller fills later (the NBD reply header), so the data is never copied after the kernel wrote it; with
+//! `O_DIRECT` (`KernelIo::direct`) the kernel reads into an [`AlignedBuf`] instead and the data is copied
+//! once into such a buffer. Trim and write-zeroes are rare and stay on the blocking pool.
 //!
 //! If the kernel refuses io_uring (old kernel, seccomp, `io_uring_disabled`), [`Uring::new`] fails and the
 //! dispatcher falls back to its thread pool, saying so in the log.
@@ -25,7 +29,7 @@
 //!    before the end is an error (unexpected end of file), never a silent short reply.
 //! 3. `inflight` equals the number of occupied slots and never exceeds the ring's size.
 
-use crate::storage::{AlignedBuf, FileStorage, Storage, StorageError};
+use crate::storage::{AlignedBuf, KernelIo, Storage, StorageError};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -36,8 +40,11 @@ use tokio::io::Interest;
 /// What to do (the dispatcher's [`crate::dispatch::Op`], restricted to what the ring runs).
 #[derive(Debug)]
 pub enum UringOp {
-    Read { len: u32 },
+    /// Read `len` bytes into a new buffer after `headroom` zero bytes.
+    Read { len: u32, headroom: usize },
+    /// Write `data`; with `fua`, durably (`RWF_DSYNC`).
     Write { data: Vec<u8>, fua: bool },
+    /// Make completed writes durable (`fdatasync`).
     Flush,
 }
 
@@ -49,17 +56,39 @@ enum Kind {
 }
 
 enum Buf {
-    Plain(Vec<u8>),
-    Aligned(AlignedBuf),
+    /// The kernel's bytes start at `at` (a read's headroom comes first).
+    Plain {
+        vec: Vec<u8>,
+        at: usize,
+    },
+    /// `O_DIRECT`: a read's data is copied after `headroom` bytes when it completes.
+    Aligned {
+        buf: AlignedBuf,
+        headroom: usize,
+    },
     Empty,
 }
 
 impl Buf {
+    /// Where the kernel's bytes start.
     fn ptr(&mut self) -> *mut u8 {
         match self {
-            Buf::Plain(v) => v.as_mut_ptr(),
-            Buf::Aligned(a) => a.as_mut_slice().as_mut_ptr(),
+            Buf::Plain { vec, at } => vec[*at..].as_mut_ptr(),
+            Buf::Aligned { buf, .. } => buf.as_mut_slice().as_mut_ptr(),
             Buf::Empty => std::ptr::null_mut(),
+        }
+    }
+
+    /// What a completed read returns: the headroom, then the data.
+    fn into_read(self) -> Vec<u8> {
+        match self {
+            Buf::Plain { vec, .. } => vec,
+            Buf::Aligned { buf, headroom } => {
+                let mut v = vec![0u8; headroom + buf.len()];
+                v[headroom..].copy_from_slice(buf.as_slice());
+                v
+            }
+            Buf::Empty => Vec::new(),
         }
     }
 }
@@ -77,7 +106,8 @@ struct Slot<T> {
     token: T,
 }
 
-/// A completed operation: the caller's token and the read data (empty for writes and flushes) or error.
+/// A completed operation: the caller's token and the read's buffer (its headroom, then the data; empty
+/// for writes and flushes) or the error.
 pub type Completion<T> = (T, Result<Vec<u8>, StorageError>);
 
 /// The engine (see the module comment). `T` is the caller's token, handed back with the completion.
@@ -120,44 +150,32 @@ impl<T> Uring<T> {
         self.eventfd.clone()
     }
 
-    /// Queues an operation on a file storage; [`Uring::submit`] hands it to the kernel. A request that
-    /// fails its checks (range, read-only) comes back at once with its token.
-    pub fn push(
-        &mut self,
-        storage: Arc<dyn Storage>,
-        offset: u64,
-        op: UringOp,
-        token: T,
-    ) -> Result<(), (T, StorageError)> {
-        let Some(file): Option<&FileStorage> = storage.as_file() else {
-            let e = StorageError::Io { op: "io_uring", source: io::Error::other("not a file storage") };
-            return Err((token, e));
-        };
-        let (kind, fd, buf, len, dsync) = match op {
-            UringOp::Read { len } => {
-                if let Err(e) = file.check_io(offset, len as u64, false) {
-                    return Err((token, e));
-                }
-                let (fd, direct) = file.fd_for(offset, len as u64);
+    /// Queues an operation on `storage` through `target`, the descriptor its [`Storage::kernel_io`] gave
+    /// for this very range (which has checked it); [`Uring::submit`] hands it to the kernel.
+    pub fn push(&mut self, storage: Arc<dyn Storage>, target: KernelIo, offset: u64, op: UringOp, token: T) {
+        let KernelIo { fd, direct } = target;
+        let (kind, buf, len, dsync) = match op {
+            UringOp::Read { len, headroom } => {
+                let len = len as usize;
                 let buf = if direct {
-                    Buf::Aligned(AlignedBuf::zeroed(len as usize))
+                    Buf::Aligned { buf: AlignedBuf::zeroed(len), headroom }
                 } else {
-                    Buf::Plain(vec![0u8; len as usize])
+                    Buf::Plain { vec: vec![0u8; headroom + len], at: headroom }
                 };
-                (Kind::Read, fd, buf, len as usize, false)
+                (Kind::Read, buf, len, false)
             }
             UringOp::Write { data, fua } => {
-                if let Err(e) = file.check_io(offset, data.len() as u64, true) {
-                    return Err((token, e));
-                }
-                let (fd, direct) = file.fd_for(offset, data.len() as u64);
                 let len = data.len();
-                let buf = if direct { Buf::Aligned(AlignedBuf::from_slice(&data)) } else { Buf::Plain(data) };
-                (Kind::Write, fd, buf, len, fua)
+                let buf = if direct {
+                    Buf::Aligned { buf: AlignedBuf::from_slice(&data), headroom: 0 }
+                } else {
+                    Buf::Plain { vec: data, at: 0 }
+                };
+                (Kind::Write, buf, len, fua)
             }
-            UringOp::Flush => (Kind::Fsync, file.fd_for(0, 0).0, Buf::Empty, 0, false),
+            UringOp::Flush => (Kind::Fsync, Buf::Empty, 0, false),
         };
-        let slot = Slot { _storage: storage.clone(), fd, kind, buf, offset, len, done: 0, dsync, token };
+        let slot = Slot { _storage: storage, fd, kind, buf, offset, len, done: 0, dsync, token };
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slots[i] = Some(slot);
@@ -174,15 +192,14 @@ impl<T> Uring<T> {
             "invariant 3: more in flight than the ring holds"
         );
         self.push_entry(idx);
-        Ok(())
     }
 
     fn push_entry(&mut self, idx: usize) {
         let s = self.slots[idx].as_mut().expect("pushing an occupied slot");
         let remaining = (s.len - s.done) as u32;
         let at = s.offset + s.done as u64;
-        // SAFETY (pointer arithmetic): `done < len` for reads and writes, so the pointer stays inside the
-        // buffer; for fsync no buffer is used.
+        // SAFETY (pointer arithmetic): the kernel's part of the buffer is `len` bytes from `ptr()`, and
+        // `done < len` for reads and writes, so the pointer stays inside it; for fsync no buffer is used.
         let entry: squeue::Entry = match s.kind {
             Kind::Read => {
                 opcode::Read::new(types::Fd(s.fd), unsafe { s.buf.ptr().add(s.done) }, remaining).offset(at).build()
@@ -268,11 +285,10 @@ impl<T> Uring<T> {
                     self.free.push(idx);
                     self.inflight -= 1;
                     finished += 1;
-                    let data = match (r, s.kind, s.buf) {
-                        (Err(e), _, _) => Err(e),
-                        (Ok(()), Kind::Read, Buf::Plain(v)) => Ok(v),
-                        (Ok(()), Kind::Read, Buf::Aligned(a)) => Ok(a.into_vec()),
-                        (Ok(()), _, _) => Ok(Vec::new()),
+                    let data = match (r, s.kind) {
+                        (Err(e), _) => Err(e),
+                        (Ok(()), Kind::Read) => Ok(s.buf.into_read()),
+                        (Ok(()), _) => Ok(Vec::new()),
                     };
                     out.push((s.token, data));
                 }
@@ -323,6 +339,24 @@ mod tests {
         d
     }
 
+    /// Asks the storage for its descriptor (checking the range) and pushes, as the dispatcher does.
+    fn push(
+        u: &mut Uring<u32>,
+        storage: &Arc<dyn Storage>,
+        offset: u64,
+        op: UringOp,
+        token: u32,
+    ) -> Result<(), StorageError> {
+        let (len, write) = match &op {
+            UringOp::Read { len, .. } => (*len as u64, false),
+            UringOp::Write { data, .. } => (data.len() as u64, true),
+            UringOp::Flush => (0, false),
+        };
+        let target = storage.kernel_io(if len == 0 { 0 } else { offset }, len, write)?.expect("a file has descriptors");
+        u.push(storage.clone(), target, offset, op, token);
+        Ok(())
+    }
+
     fn wait_all(u: &mut Uring<u32>, want: usize) -> Vec<Completion<u32>> {
         let mut out = Vec::new();
         u.submit().unwrap();
@@ -354,24 +388,23 @@ mod tests {
         // Aligned (direct when enabled) and unaligned writes, one with FUA.
         let a: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
         let b: Vec<u8> = (0..1000u32).map(|i| (i * 13 % 241) as u8).collect();
-        u.push(storage.clone(), 4096, UringOp::Write { data: a.clone(), fua: true }, 1).map_err(|(_, e)| e).unwrap();
-        u.push(storage.clone(), 100_001, UringOp::Write { data: b.clone(), fua: false }, 2)
-            .map_err(|(_, e)| e)
-            .unwrap();
+        push(&mut u, &storage, 4096, UringOp::Write { data: a.clone(), fua: true }, 1).unwrap();
+        push(&mut u, &storage, 100_001, UringOp::Write { data: b.clone(), fua: false }, 2).unwrap();
         let done = wait_all(&mut u, 2);
         assert!(done.iter().all(|(_, r)| r.is_ok()), "writes failed");
-        u.push(storage.clone(), 0, UringOp::Flush, 3).map_err(|(_, e)| e).unwrap();
-        u.push(storage.clone(), 4096, UringOp::Read { len: 8192 }, 4).map_err(|(_, e)| e).unwrap();
-        u.push(storage.clone(), 100_001, UringOp::Read { len: 1000 }, 5).map_err(|(_, e)| e).unwrap();
+        push(&mut u, &storage, 0, UringOp::Flush, 3).unwrap();
+        push(&mut u, &storage, 4096, UringOp::Read { len: 8192, headroom: 0 }, 4).unwrap();
+        push(&mut u, &storage, 100_001, UringOp::Read { len: 1000, headroom: 16 }, 5).unwrap();
         let mut done = wait_all(&mut u, 3);
         done.sort_by_key(|(t, _)| *t);
         assert!(done[0].1.as_ref().is_ok_and(|d| d.is_empty()));
         assert_eq!(done[1].1.as_ref().unwrap(), &a);
-        assert_eq!(done[2].1.as_ref().unwrap(), &b);
-        // Out of range: refused before submission, with the token back.
-        let e = u.push(storage.clone(), (1 << 20) - 10, UringOp::Read { len: 4096 }, 9).unwrap_err();
-        assert_eq!(e.0, 9);
-        assert_eq!(e.1.errno(), 22);
+        // The headroom comes first, untouched; the data after it.
+        let with_room = done[2].1.as_ref().unwrap();
+        assert_eq!((&with_room[..16], &with_room[16..]), (&[0u8; 16][..], &b[..]));
+        // Out of range: refused by the storage before anything is submitted.
+        let e = push(&mut u, &storage, (1 << 20) - 10, UringOp::Read { len: 4096, headroom: 0 }, 9).unwrap_err();
+        assert_eq!(e.kind(), rein_proto::ErrorKind::InvalidRequest);
         assert_eq!(u.inflight(), 0);
         // The blocking path reads what the ring wrote.
         let mut back = vec![0u8; 8192];
@@ -398,8 +431,8 @@ mod tests {
         drop(FileStorage::open(&path, Some(65536), false).unwrap());
         let storage: Arc<dyn Storage> = Arc::new(FileStorage::open(&path, None, true).unwrap());
         let Ok(mut u) = Uring::<u32>::new(8) else { return };
-        let e = u.push(storage, 0, UringOp::Write { data: vec![1; 512], fua: false }, 7).unwrap_err();
-        assert_eq!(e.1.errno(), 1);
+        let e = push(&mut u, &storage, 0, UringOp::Write { data: vec![1; 512], fua: false }, 7).unwrap_err();
+        assert_eq!(e.kind(), rein_proto::ErrorKind::ReadOnly);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -410,15 +443,14 @@ mod tests {
         let storage: Arc<dyn Storage> = Arc::new(FileStorage::open(&path, Some(1 << 20), false).unwrap());
         let Ok(mut u) = Uring::<u32>::new(8) else { return };
         for i in 0..8u32 {
-            u.push(storage.clone(), i as u64 * 4096, UringOp::Write { data: vec![i as u8; 4096], fua: false }, i)
-                .map_err(|(_, e)| e)
+            push(&mut u, &storage, i as u64 * 4096, UringOp::Write { data: vec![i as u8; 4096], fua: false }, i)
                 .unwrap();
         }
         assert_eq!(u.inflight(), 8);
         let done = wait_all(&mut u, 8);
         assert_eq!(done.len(), 8);
         for i in 0..8u32 {
-            u.push(storage.clone(), i as u64 * 4096, UringOp::Read { len: 4096 }, i).map_err(|(_, e)| e).unwrap();
+            push(&mut u, &storage, i as u64 * 4096, UringOp::Read { len: 4096, headroom: 0 }, i).unwrap();
         }
         for (t, r) in wait_all(&mut u, 8) {
             assert_eq!(r.unwrap(), vec![t as u8; 4096]);

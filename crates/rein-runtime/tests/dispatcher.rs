@@ -1,7 +1,11 @@
 //! The dispatcher on tokio's paused (virtual) clock: QoS over the modelled device, data integrity, errors.
 use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::{QosSpec, SchedulerKind};
-use rein_runtime::{DeviceModel, DispatchConfig, Dispatcher, IoError, IoRequest, MemStorage, Op, ServiceDist};
+use rein_proto::ErrorKind;
+use rein_runtime::{
+    DeviceModel, DispatchConfig, Dispatcher, FileStorage, IoEngine, IoError, IoRequest, MemStorage, Op, ServiceDist,
+    Storage,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +31,7 @@ async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -
                             storage: st.clone(),
                             tenant: id,
                             offset: off % (1 << 30),
-                            op: Op::Read { len: 4096 },
+                            op: Op::read(4096),
                             fua: false,
                         })
                         .await;
@@ -94,15 +98,15 @@ async fn data_round_trips_and_errors_are_answered() {
     .await
     .unwrap();
     let back = d
-        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::Read { len: 8192 }, fua: false })
+        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::read(8192), fua: false })
         .await
         .unwrap();
     assert_eq!(back, data);
     let e = d
-        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 1 << 20, op: Op::Read { len: 1 }, fua: false })
+        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 1 << 20, op: Op::read(1), fua: false })
         .await
         .unwrap_err();
-    assert_eq!(e.errno(), 22, "out of range is EINVAL: {e}");
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "out of range is an invalid request: {e}");
     // The tenant still works after the error.
     d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 0, op: Op::Flush, fua: false }).await.unwrap();
     // A tenant id this dispatcher never issued (slot 1 of another dispatcher) is refused with EINVAL.
@@ -112,17 +116,17 @@ async fn data_round_trips_and_errors_are_answered() {
     drop(other);
     j2.await.unwrap();
     let e = d
-        .io(IoRequest { storage: storage.clone(), tenant: foreign, offset: 0, op: Op::Read { len: 1 }, fua: false })
+        .io(IoRequest { storage: storage.clone(), tenant: foreign, offset: 0, op: Op::read(1), fua: false })
         .await
         .unwrap_err();
-    assert!(matches!(e, IoError::Refused(_)) && e.errno() == 22, "{e}");
+    assert!(matches!(e, IoError::Refused(_)) && e.kind() == ErrorKind::InvalidRequest, "{e}");
     let snap = d.snapshot().await.unwrap();
     assert_eq!(snap.tenants.len(), 1);
     assert_eq!(snap.tenants[0].counters.completed.iter().sum::<u64>(), 3, "write, read, flush");
     assert_eq!(snap.tenants[0].counters.errors, 1, "the out-of-range read");
     drop(d);
     join.await.unwrap();
-    assert!(matches!(IoError::Shutdown.errno(), 108));
+    assert_eq!(IoError::Shutdown.kind(), ErrorKind::Shutdown);
 }
 
 /// The once-a-second measurements: IOPS of the last second, and seconds below reservation counted only for
@@ -149,7 +153,7 @@ async fn seconds_below_reservation_and_iops_are_measured() {
                             storage: st.clone(),
                             tenant: id,
                             offset: k * 4096,
-                            op: Op::Read { len: 4096 },
+                            op: Op::read(4096),
                             fua: false,
                         })
                         .await;
@@ -174,4 +178,47 @@ async fn seconds_below_reservation_and_iops_are_measured() {
     }
     drop(d);
     join.await.unwrap();
+}
+
+/// Every route (the ring, inline, the blocking pool; file and RAM storage) reads into one buffer with the
+/// asked-for headroom in front, writes what it is given, and refuses what the storage's checks refuse.
+#[tokio::test]
+async fn every_route_reads_after_the_headroom_and_checks_ranges() {
+    let dir = std::env::temp_dir().join(format!("rein-dispatch-routes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file: Arc<dyn Storage> = Arc::new(FileStorage::open(&dir.join("disk.img"), Some(1 << 20), false).unwrap());
+    let ram: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 20));
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+    for engine in [IoEngine::Uring, IoEngine::Threads, IoEngine::Inline] {
+        let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..Default::default() });
+        let id = d.add_tenant(QosSpec::default()).await.unwrap();
+        for storage in [&file, &ram] {
+            let io = |offset, op| IoRequest { storage: storage.clone(), tenant: id, offset, op, fua: false };
+            d.io(io(4096, Op::Write { data: data.clone() })).await.unwrap();
+            d.io(io(0, Op::Flush)).await.unwrap();
+            let back = d.io(io(4096, Op::Read { len: 8192, headroom: 28 })).await.unwrap();
+            assert_eq!(back.len(), 28 + 8192, "{engine:?}");
+            assert!(back[..28].iter().all(|&b| b == 0), "{engine:?}: the headroom is left alone");
+            assert_eq!(&back[28..], &data[..], "{engine:?}");
+            // A large read takes the pool or the ring, never the dispatcher itself: same bytes.
+            let big = d.io(io(0, Op::read(1 << 20))).await.unwrap();
+            assert_eq!(&big[4096..4096 + 8192], &data[..], "{engine:?}");
+            let e = d.io(io((1 << 20) - 10, Op::read(4096))).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{engine:?}: {e}");
+        }
+        drop(d);
+        join.await.unwrap();
+    }
+    // A read-only file refuses writes on every route.
+    let ro: Arc<dyn Storage> = Arc::new(FileStorage::open(&dir.join("disk.img"), None, true).unwrap());
+    for engine in [IoEngine::Uring, IoEngine::Threads] {
+        let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..Default::default() });
+        let id = d.add_tenant(QosSpec::default()).await.unwrap();
+        let w =
+            IoRequest { storage: ro.clone(), tenant: id, offset: 0, op: Op::Write { data: vec![1; 512] }, fua: true };
+        assert_eq!(d.io(w).await.unwrap_err().kind(), ErrorKind::ReadOnly, "{engine:?}");
+        drop(d);
+        join.await.unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,0 +1,307 @@
+//! The decoders' contracts as functions of arbitrary bytes.
+//!
+//! The fuzz targets (`fuzz/` at the repository root, run with cargo-fuzz on a nightly toolchain) are one
+//! line each: they call these functions. The property tests (`tests/nbd.rs`, `tests/nbd_transmission.rs`,
+//! `tests/parda.rs`) call them too, with random and with structured input, so CI checks the same entry
+//! points and the same contracts without nightly. Each function panics exactly when a contract is broken;
+//! none of them allocates more than a small multiple of its input.
+//!
+//! Contracts checked:
+//! - [`handshake`]: the server and client handshakes never panic, never consume more than they are
+//!   given, and give the same replies and the same outcome whether the input comes whole or in pieces.
+//! - [`transmission`] / [`transmission_with`]: the invariants of [`crate::nbd::transmission`]: one event
+//!   per request header, decoded from that very header; the same events however the input is split;
+//!   `NeedMore { wanted }` only when fewer than `wanted` bytes are unconsumed, and `wanted` within the
+//!   buffer bound; and every reply encodes to something a client decodes back to the request's handle,
+//!   error and length.
+//! - [`parda`]: the record and slot decoders never panic, and what they accept re-encodes to the same
+//!   bytes.
+
+use crate::nbd::{
+    self, ClientHandshake, ClientProgress, Command, Event, ExportInfo, ProtoError, Rejection, ReplyHeader, Request,
+    RequestHeader, RequestKind, ServerHandshake, ServerProgress, ServerTransmission, TransmissionConfig,
+    REPLY_FLAG_DONE, REPLY_TYPE_ERROR, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REQUEST_LEN,
+};
+use crate::parda as record;
+
+/// Chunk sizes (1..=97 bytes) derived from a seed, for splitting input into pieces.
+pub fn chunk_sizes(seed: u8) -> Vec<usize> {
+    (1..=8usize).map(|i| 1 + (seed as usize * i * 7919 + i * 31) % 97).collect()
+}
+
+/// Splits `input` into consecutive pieces whose sizes cycle through `sizes` (all at least 1).
+fn pieces<'a>(input: &'a [u8], sizes: &'a [usize]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    assert!(!sizes.is_empty() && sizes.iter().all(|&s| s > 0), "piece sizes are positive");
+    let mut at = 0;
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if at >= input.len() {
+            return None;
+        }
+        let n = sizes[i % sizes.len()].min(input.len() - at);
+        i += 1;
+        at += n;
+        Some(&input[at - n..at])
+    })
+}
+
+/// The exports the handshake harness serves.
+fn exports() -> Vec<ExportInfo> {
+    vec![
+        ExportInfo { name: "a".into(), description: "first".into(), size: 1 << 20, read_only: false },
+        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true },
+    ]
+}
+
+/// How a handshake run ended: the replies it wrote and its outcome.
+type ServerRun = (Vec<u8>, Result<ServerProgress, ProtoError>);
+
+fn server_run(input: &[u8], sizes: Option<&[usize]>) -> ServerRun {
+    let mut out = Vec::new();
+    let mut hs = ServerHandshake::new(exports(), &mut out);
+    let mut buf = Vec::new();
+    let whole = [input.len().max(1)];
+    for piece in pieces(input, sizes.unwrap_or(&whole)) {
+        buf.extend_from_slice(piece);
+        match hs.feed(&buf, &mut out) {
+            Ok((used, progress)) => {
+                assert!(used <= buf.len(), "the server handshake consumed more than its input");
+                buf.drain(..used);
+                if progress != ServerProgress::NeedMore {
+                    return (out, Ok(progress));
+                }
+            }
+            Err(e) => return (out, Err(e)),
+        }
+    }
+    (out, Ok(ServerProgress::NeedMore))
+}
+
+fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress, ProtoError>) {
+    let mut hs = ClientHandshake::new("a", input.first().is_some_and(|b| b & 1 == 1));
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let mut last = Ok(ClientProgress::NeedMore);
+    for piece in pieces(input, sizes) {
+        buf.extend_from_slice(piece);
+        match hs.feed(&buf, &mut out) {
+            Ok((used, progress)) => {
+                assert!(used <= buf.len(), "the client handshake consumed more than its input");
+                buf.drain(..used);
+                if progress != ClientProgress::NeedMore {
+                    return (out, Ok(progress));
+                }
+                last = Ok(progress);
+            }
+            Err(e) => return (out, Err(e)),
+        }
+    }
+    (out, last)
+}
+
+/// Feeds `data` to a server handshake (after valid client flags if `data[0]` is odd) and to a client
+/// handshake, whole and in pieces (sizes from `data[1]`); panics if a contract is broken (module comment).
+pub fn handshake(data: &[u8]) {
+    let (Some(&mode), Some(&seed)) = (data.first(), data.get(1)) else { return };
+    let sizes = chunk_sizes(seed);
+    let mut input = Vec::with_capacity(data.len() + 4);
+    if mode & 1 == 1 {
+        input.extend_from_slice(&nbd::FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
+    }
+    input.extend_from_slice(&data[2..]);
+    let whole = server_run(&input, None);
+    let split = server_run(&input, Some(&sizes));
+    assert_eq!(whole, split, "the server handshake depends on how its input is split");
+    let whole = client_run(&data[2..], &[data.len().max(1)]);
+    let split = client_run(&data[2..], &sizes);
+    assert_eq!(whole, split, "the client handshake depends on how its input is split");
+}
+
+/// One thing the transmission state machine produced, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A valid request and its payload.
+    Request(Request, Vec<u8>),
+    /// A rejected request.
+    Reject(Rejection),
+    /// NBD_CMD_DISC.
+    Disconnect,
+    /// A protocol error (the connection closes).
+    Error(ProtoError),
+}
+
+/// A transmission configuration and piece sizes from the first 6 bytes of `data` (flags, maximum
+/// payload, export size in 512-byte sectors, split seed), and the rest of `data` as the stream; then
+/// [`transmission_with`].
+pub fn transmission(data: &[u8]) {
+    if data.len() < 6 {
+        return;
+    }
+    let config = TransmissionConfig {
+        read_only: data[0] & 1 == 1,
+        structured: data[0] & 2 == 2,
+        max_payload: u16::from_be_bytes([data[1], data[2]]) as u32 + 1,
+        size: u16::from_be_bytes([data[3], data[4]]) as u64 * 512,
+    };
+    transmission_with(config, &data[6..], &chunk_sizes(data[5]));
+}
+
+/// Runs `stream` through [`ServerTransmission`] whole and in pieces of `sizes`, checks the contracts
+/// (module comment) and returns the outcomes.
+pub fn transmission_with(config: TransmissionConfig, stream: &[u8], sizes: &[usize]) -> Vec<Outcome> {
+    let whole = transmission_run(config, stream, &[stream.len().max(1)]);
+    let split = transmission_run(config, stream, sizes);
+    assert_eq!(whole, split, "transmission events depend on how the input is split (invariant 2)");
+    let encoder = ServerTransmission::new(config).replies();
+    for outcome in &whole {
+        check_reply(encoder, outcome);
+    }
+    whole
+}
+
+/// Feeds `stream` in pieces like a connection would: read a piece, feed until `NeedMore`.
+fn transmission_run(config: TransmissionConfig, stream: &[u8], sizes: &[usize]) -> Vec<Outcome> {
+    let mut machine = ServerTransmission::new(config);
+    let mut outcomes = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut start = 0; // consumed prefix of `buf`
+    let mut offered = 0; // stream bytes appended to `buf` so far
+    for piece in pieces(stream, sizes) {
+        buf.drain(..start);
+        start = 0;
+        buf.extend_from_slice(piece);
+        offered += piece.len();
+        loop {
+            let unconsumed = &buf[start..];
+            let (used, event) = match machine.feed(unconsumed) {
+                Ok(r) => r,
+                Err(e) => {
+                    outcomes.push(Outcome::Error(e));
+                    return outcomes;
+                }
+            };
+            assert!(used <= unconsumed.len(), "invariant 4");
+            // Where the stream position of the consumed end is: the event's header sits just before it.
+            let end = offered - (unconsumed.len() - used);
+            let outcome = match event {
+                Event::NeedMore { wanted } => {
+                    assert!(unconsumed.len() - used < wanted, "NeedMore while {wanted} bytes were there");
+                    assert!(wanted <= machine.max_wanted(), "invariant 3");
+                    start += used;
+                    break;
+                }
+                Event::Request { request, payload } => {
+                    let at = end - REQUEST_LEN - payload.len();
+                    let h = RequestHeader::decode(&stream[at..]).expect("a valid header").expect("whole");
+                    assert_eq!((h.handle, h.command), (request.handle, request.kind.command()), "invariant 1");
+                    let range = if request.kind == RequestKind::Flush { (0, 0) } else { (h.offset, h.length) };
+                    assert_eq!((request.offset, request.length), range);
+                    let want_payload = if request.kind == RequestKind::Write { request.length as usize } else { 0 };
+                    assert_eq!(payload.len(), want_payload, "a WRITE comes with its whole payload");
+                    assert_eq!(payload, &stream[at + REQUEST_LEN..end]);
+                    Outcome::Request(request, payload.to_vec())
+                }
+                Event::Reject(r) => {
+                    let h = RequestHeader::decode(&stream[end - REQUEST_LEN..]).expect("valid").expect("whole");
+                    assert_eq!((h.handle, h.command), (r.handle, r.command), "invariant 1");
+                    Outcome::Reject(r)
+                }
+                Event::Disconnect => {
+                    let h = RequestHeader::decode(&stream[end - REQUEST_LEN..]).expect("valid").expect("whole");
+                    assert_eq!(h.command, Command::Disc, "invariant 1");
+                    assert!(machine.is_closed(), "invariant 4");
+                    outcomes.push(Outcome::Disconnect);
+                    return outcomes;
+                }
+            };
+            outcomes.push(outcome);
+            start += used;
+        }
+    }
+    outcomes
+}
+
+/// Encodes the reply to `outcome` and decodes it as a client would.
+fn check_reply(encoder: nbd::ReplyEncoder, outcome: &Outcome) {
+    let (handle, error, data_len) = match outcome {
+        Outcome::Request(request, _) => {
+            let head = encoder.headroom(request);
+            let data_len = if request.kind == RequestKind::Read { request.length as usize } else { 0 };
+            let mut reply = vec![0xA5; head + data_len];
+            encoder.success(request, &mut reply);
+            if request.kind == RequestKind::Read {
+                assert!(reply[head..].iter().all(|&b| b == 0xA5), "the data is left in place");
+            }
+            check_decoded(&reply, request.handle, 0, data_len, encoder.structured(), request.offset);
+            return;
+        }
+        Outcome::Reject(r) => (r.handle, nbd::errno(r.kind()), 0),
+        Outcome::Disconnect | Outcome::Error(_) => return,
+    };
+    let mut reply = Vec::new();
+    if let Outcome::Reject(r) = outcome {
+        encoder.rejection(&mut reply, r);
+    }
+    check_decoded(&reply, handle, error, data_len, encoder.structured(), 0);
+}
+
+fn check_decoded(reply: &[u8], handle: u64, error: u32, data_len: usize, structured: bool, offset: u64) {
+    let (header, n) = ReplyHeader::decode(reply).expect("a reply magic").expect("a whole header");
+    match header {
+        ReplyHeader::Simple { error: e, handle: h } => {
+            assert!(!structured, "a simple reply after structured replies were negotiated");
+            assert_eq!((h, e), (handle, error));
+            assert_eq!(reply.len(), n + data_len);
+        }
+        ReplyHeader::Chunk { flags, kind, handle: h, length } => {
+            assert!(structured, "a structured reply that was not negotiated");
+            assert_eq!((h, flags & REPLY_FLAG_DONE), (handle, REPLY_FLAG_DONE));
+            assert_eq!(reply.len(), n + length as usize);
+            let payload = &reply[n..];
+            match kind {
+                REPLY_TYPE_NONE => assert_eq!((error, data_len, length), (0, 0, 0)),
+                REPLY_TYPE_OFFSET_DATA => {
+                    assert_eq!(error, 0);
+                    assert_eq!(length as usize, 8 + data_len);
+                    assert!(data_len > 0, "OFFSET_DATA carries at least one byte");
+                    assert_eq!(payload[..8], offset.to_be_bytes());
+                }
+                REPLY_TYPE_ERROR => {
+                    assert_eq!(payload[..4], error.to_be_bytes());
+                    let msg = u16::from_be_bytes([payload[4], payload[5]]) as usize;
+                    assert_eq!(6 + msg, payload.len());
+                    assert!(std::str::from_utf8(&payload[6..]).is_ok(), "error messages are UTF-8");
+                }
+                other => panic!("unexpected chunk type {other}"),
+            }
+        }
+    }
+}
+
+/// Decodes `data` as a PARDA record and as a slot (whole, and its first record- and slot-sized windows,
+/// the record also with its checksum made valid); whatever decodes must re-encode to the same bytes.
+pub fn parda(data: &[u8]) {
+    if let Ok(r) = record::decode(data) {
+        assert_eq!(record::encode(&r)[..], data[..], "an accepted record re-encodes to its bytes");
+    }
+    if let Ok(s) = record::decode_slot(data) {
+        match s {
+            record::Slot::Empty => assert!(data.iter().all(|&b| b == 0)),
+            record::Slot::Record(r) => assert_eq!(record::encode_slot(&r)[..], data[..]),
+        }
+    }
+    if data.len() >= record::RECORD_BYTES {
+        let _ = record::decode(&data[..record::RECORD_BYTES]);
+        // The same bytes with a valid checksum, so that the field checks behind it are reached too.
+        let mut sealed = [0u8; record::RECORD_BYTES];
+        sealed.copy_from_slice(&data[..record::RECORD_BYTES]);
+        let crc = crc32fast::hash(&sealed[..60]);
+        sealed[60..].copy_from_slice(&crc.to_le_bytes());
+        if let Ok(r) = record::decode(&sealed) {
+            assert_eq!(record::encode(&r), sealed, "an accepted record re-encodes to its bytes");
+        }
+    }
+    if data.len() >= record::SLOT_BYTES {
+        let _ = record::decode_slot(&data[..record::SLOT_BYTES]);
+    }
+}

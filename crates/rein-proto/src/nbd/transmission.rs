@@ -1,0 +1,675 @@
+//! The server side of the transmission phase as a sans-IO state machine: bytes in; requests, rejections
+//! and disconnects out; every reply encoded here.
+//!
+//! # Model
+//! The caller owns the socket and a buffer of received bytes. [`ServerTransmission::feed`] looks at the
+//! unconsumed bytes and returns how many it used and one [`Event`]:
+//! - [`Event::NeedMore`]`{ wanted }`: no progress until at least `wanted` unconsumed bytes are there;
+//! - [`Event::Request`]: a valid request to run; a WRITE comes with its whole payload, borrowed from the
+//!   input;
+//! - [`Event::Reject`]: a request to answer at once with an error ([`Rejection::kind`]); the connection
+//!   stays usable;
+//! - [`Event::Disconnect`]: NBD_CMD_DISC: answer what is in flight, then close (no reply to the DISC).
+//!
+//! An `Err(`[`ProtoError`]`)` (a bad request magic; a rejected WRITE whose payload is too long to skip)
+//! means close now: the stream cannot be resynchronised. Replies are encoded by a [`ReplyEncoder`] (a
+//! `Copy` value, so completions running elsewhere can encode without the state machine).
+//!
+//! # States
+//! ```text
+//!            Request, Reject, NeedMore
+//!               +------+
+//!               v      |
+//! new() ---> Header ---+
+//!             |   ^
+//!             |   | last payload byte consumed
+//!             |   |
+//!             +---|-- Reject (invalid WRITE with a payload) --> Discard{remaining} --+
+//!             |   +------------------------------------------------------------------+
+//!             |
+//!             +-- Disconnect (DISC); Err (bad magic; invalid WRITE too long to skip) --> Closed
+//! ```
+//! In `Discard` every byte offered is consumed at once (`NeedMore { wanted: 1 }` until the payload is
+//! done), so a rejected WRITE's payload is never buffered. In `Closed` any input is an error.
+//!
+//! # Validation, in this order (the first failing check names the error)
+//! 1. The magic: anything else is a protocol error.
+//! 2. The command: DISC disconnects (its offset, length and flags are ignored: refusing to disconnect
+//!    gains nothing); an unknown command gets EINVAL.
+//! 3. The flags: FUA on any command (as qemu-nbd accepts it), NO_HOLE on WRITE_ZEROES, DF on READ with
+//!    structured replies (a READ is always one chunk here); any other bit gets EINVAL (the spec's SHOULD).
+//! 4. A WRITE, TRIM or WRITE_ZEROES on a read-only export gets EPERM.
+//! 5. A READ or WRITE longer than the maximum payload gets EINVAL.
+//! 6. A range past the end of the export gets ENOSPC for WRITE and WRITE_ZEROES (the spec's SHOULD), EINVAL
+//!    for READ and TRIM; FLUSH ignores its offset and length.
+//!
+//! A zero-length READ or WRITE is valid (and answered with success and no data).
+//!
+//! # Invariants (checked by the property tests in `tests/nbd_transmission.rs` and by the fuzz target)
+//! 1. Every request header yields exactly one [`Event::Request`] or [`Event::Reject`], except DISC, which
+//!    yields [`Event::Disconnect`]; nothing else yields either.
+//! 2. The events do not depend on how the input is split: fed whole, byte by byte or in any chunks, a
+//!    stream gives the same requests, rejections, disconnect and error.
+//! 3. Bounded memory: `wanted` is at most [`REQUEST_LEN`] + the maximum payload, and a payload being
+//!    discarded is consumed as it arrives, so a caller's buffer never needs to be larger (asserted).
+//! 4. `consumed <= input.len()`; after a disconnect or an error the machine is closed and any further
+//!    input is an error.
+//!
+//! # Replies
+//! Simple replies unless structured replies were negotiated; then a successful READ is one OFFSET_DATA
+//! chunk with DONE (NONE for a zero-length READ), other successes a NONE chunk, and errors an ERROR chunk
+//! with a message (the spec lets servers answer non-READ requests either way; one style is simpler to
+//! check). A READ's reply header goes into headroom the caller leaves in front of the buffer the read
+//! fills ([`ReplyEncoder::headroom`], [`ReplyEncoder::success`]), so read data is never copied to put a
+//! header in front of it.
+
+use super::*;
+use std::io::Write as _;
+
+/// Largest maximum payload: a READ's data and its 8-byte offset must fit one structured chunk's 32-bit
+/// length. Larger configured maxima are clamped to it.
+pub const MAX_PAYLOAD_LIMIT: u32 = u32::MAX - 8;
+
+/// What the transmission phase needs to know about the connection: the negotiated export and the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransmissionConfig {
+    /// Export size in bytes.
+    pub size: u64,
+    /// Whether the export refuses writes.
+    pub read_only: bool,
+    /// Whether structured replies were negotiated.
+    pub structured: bool,
+    /// Largest READ or WRITE accepted, in bytes (clamped to 1..=[`MAX_PAYLOAD_LIMIT`]).
+    pub max_payload: u32,
+}
+
+impl TransmissionConfig {
+    /// The configuration for a finished handshake on `export`.
+    pub fn new(export: &ExportInfo, negotiated: &Negotiated, max_payload: u32) -> TransmissionConfig {
+        TransmissionConfig {
+            size: export.size,
+            read_only: export.read_only,
+            structured: negotiated.structured,
+            max_payload,
+        }
+    }
+}
+
+/// What a valid request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestKind {
+    /// Read `length` bytes.
+    Read,
+    /// Write the payload.
+    Write,
+    /// Make completed writes durable.
+    Flush,
+    /// Discard `length` bytes (they read as zeroes afterwards here).
+    Trim,
+    /// Write `length` zero bytes.
+    WriteZeroes,
+}
+
+impl RequestKind {
+    /// Whether the request changes the export (refused on read-only exports).
+    pub fn writes(self) -> bool {
+        matches!(self, RequestKind::Write | RequestKind::Trim | RequestKind::WriteZeroes)
+    }
+
+    /// The wire command.
+    pub fn command(self) -> Command {
+        match self {
+            RequestKind::Read => Command::Read,
+            RequestKind::Write => Command::Write,
+            RequestKind::Flush => Command::Flush,
+            RequestKind::Trim => Command::Trim,
+            RequestKind::WriteZeroes => Command::WriteZeroes,
+        }
+    }
+}
+
+/// A validated request: in range, within the limits, allowed on the export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// The client's handle, echoed in the reply.
+    pub handle: u64,
+    /// What to do.
+    pub kind: RequestKind,
+    /// Byte offset (`offset + length <= size`; 0 for FLUSH, whose offset and length are reserved).
+    pub offset: u64,
+    /// Length in bytes (a READ's or WRITE's is at most the maximum payload).
+    pub length: u32,
+    /// Force unit access: durable before the reply.
+    pub fua: bool,
+}
+
+/// Why a request is rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A command this server does not implement.
+    UnknownCommand(u16),
+    /// Flags unknown or not applicable to the command.
+    BadFlags(u16),
+    /// A change to a read-only export.
+    ReadOnly,
+    /// A READ or WRITE above the maximum payload.
+    TooLarge {
+        /// The request's length.
+        length: u32,
+        /// The maximum payload.
+        max: u32,
+    },
+    /// A range past the end of the export.
+    OutOfRange {
+        /// The request's offset.
+        offset: u64,
+        /// The request's length.
+        length: u32,
+        /// The export's size.
+        size: u64,
+    },
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Reason::UnknownCommand(c) => write!(f, "unknown command {c}"),
+            Reason::BadFlags(flags) => write!(f, "unsupported flags {flags:#x}"),
+            Reason::ReadOnly => f.write_str("the export is read-only"),
+            Reason::TooLarge { length, max } => write!(f, "{length} bytes is above the {max}-byte limit"),
+            Reason::OutOfRange { offset, length, size } => {
+                write!(f, "range {offset}+{length} is beyond the end of the export ({size} bytes)")
+            }
+        }
+    }
+}
+
+/// A request answered at once with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rejection {
+    /// The client's handle.
+    pub handle: u64,
+    /// The command as sent.
+    pub command: Command,
+    /// Why.
+    pub reason: Reason,
+}
+
+impl Rejection {
+    /// The error the reply carries.
+    pub fn kind(&self) -> ErrorKind {
+        match self.reason {
+            Reason::ReadOnly => ErrorKind::ReadOnly,
+            Reason::OutOfRange { .. } if matches!(self.command, Command::Write | Command::WriteZeroes) => {
+                ErrorKind::NoSpace
+            }
+            _ => ErrorKind::InvalidRequest,
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.command, self.reason)
+    }
+}
+
+/// What [`ServerTransmission::feed`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// No progress until at least `wanted` unconsumed bytes are available.
+    NeedMore {
+        /// Unconsumed bytes needed (a hint for the read buffer; at most [`REQUEST_LEN`] + max payload).
+        wanted: usize,
+    },
+    /// A valid request.
+    Request {
+        /// The request.
+        request: Request,
+        /// A WRITE's payload (`request.length` bytes of the input); empty for other requests.
+        payload: &'a [u8],
+    },
+    /// An invalid request, to be answered with its error; the connection goes on. A rejected WRITE's
+    /// payload has not been read yet: the next calls consume it as it arrives (asking for one byte at a
+    /// time at least), then go on with the next request.
+    Reject(Rejection),
+    /// The client sent NBD_CMD_DISC: answer the requests in flight, then close.
+    Disconnect,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Header,
+    /// Skipping a rejected WRITE's payload.
+    Discard {
+        remaining: u32,
+    },
+    Closed,
+}
+
+/// The server side of the transmission phase (module comment).
+#[derive(Debug, Clone)]
+pub struct ServerTransmission {
+    config: TransmissionConfig,
+    /// Longest rejected WRITE payload skipped rather than closing: max(MAX_DISCARD, max payload).
+    discard_limit: u32,
+    state: State,
+}
+
+impl ServerTransmission {
+    /// Starts the transmission phase (the maximum payload is clamped to 1..=[`MAX_PAYLOAD_LIMIT`]).
+    pub fn new(config: TransmissionConfig) -> ServerTransmission {
+        let max_payload = config.max_payload.clamp(1, MAX_PAYLOAD_LIMIT);
+        ServerTransmission {
+            config: TransmissionConfig { max_payload, ..config },
+            discard_limit: MAX_DISCARD.max(max_payload),
+            state: State::Header,
+        }
+    }
+
+    /// The configuration in force (after clamping).
+    pub fn config(&self) -> &TransmissionConfig {
+        &self.config
+    }
+
+    /// The encoder for this connection's replies.
+    pub fn replies(&self) -> ReplyEncoder {
+        ReplyEncoder::new(self.config.structured)
+    }
+
+    /// Whether the transmission has ended (after a disconnect or a protocol error).
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// The most unconsumed input [`ServerTransmission::feed`] ever needs at once (invariant 3).
+    pub fn max_wanted(&self) -> usize {
+        REQUEST_LEN + self.config.max_payload as usize
+    }
+
+    /// Consumes at most one request (and a rejected WRITE's payload before it) from `input`; returns the
+    /// bytes consumed and what they were (module comment).
+    pub fn feed<'a>(&mut self, input: &'a [u8]) -> Result<(usize, Event<'a>), ProtoError> {
+        let r = self.step(input);
+        match &r {
+            Ok((used, event)) => {
+                assert!(*used <= input.len(), "invariant 4: consumed more than the input");
+                if let Event::NeedMore { wanted } = event {
+                    assert!(*wanted <= self.max_wanted(), "invariant 3: buffer bound");
+                }
+            }
+            Err(_) => self.state = State::Closed,
+        }
+        r
+    }
+
+    fn step<'a>(&mut self, input: &'a [u8]) -> Result<(usize, Event<'a>), ProtoError> {
+        let mut used = 0;
+        if let State::Discard { remaining } = self.state {
+            let n = (remaining as usize).min(input.len());
+            used = n;
+            let left = remaining - n as u32;
+            if left > 0 {
+                self.state = State::Discard { remaining: left };
+                return Ok((used, Event::NeedMore { wanted: 1 }));
+            }
+            self.state = State::Header;
+        }
+        if self.state == State::Closed {
+            return Err(ProtoError::Malformed("input after the transmission ended"));
+        }
+        let rest = &input[used..];
+        let Some(header) = RequestHeader::decode(rest)? else {
+            return Ok((used, Event::NeedMore { wanted: REQUEST_LEN }));
+        };
+        let kind = match header.command {
+            Command::Disc => {
+                self.state = State::Closed;
+                return Ok((used + REQUEST_LEN, Event::Disconnect));
+            }
+            Command::Read => RequestKind::Read,
+            Command::Write => RequestKind::Write,
+            Command::Flush => RequestKind::Flush,
+            Command::Trim => RequestKind::Trim,
+            Command::WriteZeroes => RequestKind::WriteZeroes,
+            Command::Other(c) => {
+                let rejection =
+                    Rejection { handle: header.handle, command: header.command, reason: Reason::UnknownCommand(c) };
+                return Ok((used + REQUEST_LEN, Event::Reject(rejection)));
+            }
+        };
+        if let Some(reason) = self.check(&header, kind) {
+            if kind == RequestKind::Write && header.length > 0 {
+                if header.length > self.discard_limit {
+                    return Err(ProtoError::Unrecoverable(header.length));
+                }
+                self.state = State::Discard { remaining: header.length };
+            }
+            let rejection = Rejection { handle: header.handle, command: header.command, reason };
+            return Ok((used + REQUEST_LEN, Event::Reject(rejection)));
+        }
+        // FLUSH has no range: its (reserved) offset and length are reported as 0.
+        let (offset, length) = if kind == RequestKind::Flush { (0, 0) } else { (header.offset, header.length) };
+        let request = Request { handle: header.handle, kind, offset, length, fua: header.fua() };
+        if kind != RequestKind::Write {
+            return Ok((used + REQUEST_LEN, Event::Request { request, payload: &[] }));
+        }
+        let whole = REQUEST_LEN + header.length as usize;
+        if rest.len() < whole {
+            return Ok((used, Event::NeedMore { wanted: whole }));
+        }
+        Ok((used + whole, Event::Request { request, payload: &rest[REQUEST_LEN..whole] }))
+    }
+
+    /// Steps 3-6 of the validation (module comment).
+    fn check(&self, h: &RequestHeader, kind: RequestKind) -> Option<Reason> {
+        let c = &self.config;
+        let allowed = CMD_FLAG_FUA
+            | match kind {
+                RequestKind::WriteZeroes => CMD_FLAG_NO_HOLE,
+                RequestKind::Read if c.structured => CMD_FLAG_DF,
+                _ => 0,
+            };
+        if h.flags & !allowed != 0 {
+            return Some(Reason::BadFlags(h.flags & !allowed));
+        }
+        if kind.writes() && c.read_only {
+            return Some(Reason::ReadOnly);
+        }
+        if matches!(kind, RequestKind::Read | RequestKind::Write) && h.length > c.max_payload {
+            return Some(Reason::TooLarge { length: h.length, max: c.max_payload });
+        }
+        let in_range = h.offset.checked_add(h.length as u64).is_some_and(|end| end <= c.size);
+        if kind != RequestKind::Flush && !in_range {
+            return Some(Reason::OutOfRange { offset: h.offset, length: h.length, size: c.size });
+        }
+        None
+    }
+}
+
+/// Encodes the replies of one connection (simple, or structured when negotiated; module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyEncoder {
+    structured: bool,
+}
+
+impl ReplyEncoder {
+    /// An encoder for simple replies, or structured ones.
+    pub fn new(structured: bool) -> ReplyEncoder {
+        ReplyEncoder { structured }
+    }
+
+    /// Whether replies are structured.
+    pub fn structured(self) -> bool {
+        self.structured
+    }
+
+    /// Bytes a successful reply to `request` has in front of its data: the headroom to leave in the buffer
+    /// a READ fills (0 for other requests, whose replies carry no data).
+    pub fn headroom(self, request: &Request) -> usize {
+        match request.kind {
+            RequestKind::Read if !self.structured => SIMPLE_REPLY_LEN,
+            RequestKind::Read if request.length == 0 => CHUNK_HEADER_LEN,
+            RequestKind::Read => CHUNK_HEADER_LEN + 8,
+            _ => 0,
+        }
+    }
+
+    /// Completes the successful reply to `request` in `reply`. For a READ, `reply` must hold
+    /// [`ReplyEncoder::headroom`] bytes followed by exactly `request.length` bytes of data: the header is
+    /// written into the headroom and the data stays where it is. For other requests the reply is appended
+    /// to `reply` (usually empty).
+    pub fn success(self, request: &Request, reply: &mut Vec<u8>) {
+        let handle = request.handle;
+        match request.kind {
+            RequestKind::Read => {
+                let head = self.headroom(request);
+                assert_eq!(reply.len(), head + request.length as usize, "a READ reply is its headroom, then the data");
+                if !self.structured {
+                    let h: &mut [u8; SIMPLE_REPLY_LEN] = (&mut reply[..head]).try_into().expect("headroom");
+                    write_simple_reply(h, handle, 0);
+                } else if request.length == 0 {
+                    let h: &mut [u8; CHUNK_HEADER_LEN] = (&mut reply[..head]).try_into().expect("headroom");
+                    write_chunk_header(h, handle, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0);
+                } else {
+                    let (h, offset) = reply[..head].split_at_mut(CHUNK_HEADER_LEN);
+                    let h: &mut [u8; CHUNK_HEADER_LEN] = h.try_into().expect("chunk header");
+                    // `length <= MAX_PAYLOAD_LIMIT` (the state machine's check), so this cannot overflow.
+                    write_chunk_header(h, handle, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 8 + request.length);
+                    offset.copy_from_slice(&request.offset.to_be_bytes());
+                }
+            }
+            _ if !self.structured => simple_reply(reply, handle, 0),
+            _ => {
+                let mut h = [0u8; CHUNK_HEADER_LEN];
+                write_chunk_header(&mut h, handle, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0);
+                reply.extend_from_slice(&h);
+            }
+        }
+    }
+
+    /// Appends the error reply to request `handle`: the NBD error of `kind` ([`errno`]), and with
+    /// structured replies `message` (cut to [`MAX_ERROR_MESSAGE`] bytes at a character boundary).
+    pub fn failure(self, out: &mut Vec<u8>, handle: u64, kind: ErrorKind, message: impl fmt::Display) {
+        let error = errno(kind);
+        if !self.structured {
+            simple_reply(out, handle, error);
+            return;
+        }
+        // Format the message in place, then fill in the lengths: no temporary string.
+        let start = out.len();
+        let text = start + CHUNK_HEADER_LEN + 6;
+        out.resize(text, 0);
+        write!(out, "{message}").expect("writing to a Vec cannot fail");
+        let mut len = (out.len() - text).min(MAX_ERROR_MESSAGE);
+        // The message is UTF-8: cut before a continuation byte never splits a character.
+        while len > 0 && text + len < out.len() && out[text + len] & 0xC0 == 0x80 {
+            len -= 1;
+        }
+        out.truncate(text + len);
+        let h: &mut [u8; CHUNK_HEADER_LEN] =
+            (&mut out[start..start + CHUNK_HEADER_LEN]).try_into().expect("chunk header");
+        write_chunk_header(h, handle, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, 6 + len as u32);
+        out[start + CHUNK_HEADER_LEN..start + CHUNK_HEADER_LEN + 4].copy_from_slice(&error.to_be_bytes());
+        out[start + CHUNK_HEADER_LEN + 4..text].copy_from_slice(&(len as u16).to_be_bytes());
+    }
+
+    /// Appends the error reply to a rejected request (its reason as the message).
+    pub fn rejection(self, out: &mut Vec<u8>, rejection: &Rejection) {
+        self.failure(out, rejection.handle, rejection.kind(), rejection);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> TransmissionConfig {
+        TransmissionConfig { size: 1 << 20, read_only: false, structured: true, max_payload: 4096 }
+    }
+
+    fn header(command: Command, flags: u16, handle: u64, offset: u64, length: u32) -> Vec<u8> {
+        let mut v = Vec::new();
+        RequestHeader { flags, command, handle, offset, length }.encode(&mut v);
+        v
+    }
+
+    #[test]
+    fn a_write_waits_for_its_whole_payload() {
+        let mut m = ServerTransmission::new(config());
+        let mut input = header(Command::Write, CMD_FLAG_FUA, 7, 512, 8);
+        input.extend_from_slice(b"abcd");
+        assert_eq!(m.feed(&input).unwrap(), (0, Event::NeedMore { wanted: REQUEST_LEN + 8 }));
+        input.extend_from_slice(b"efgh");
+        let (used, e) = m.feed(&input).unwrap();
+        assert_eq!(used, REQUEST_LEN + 8);
+        let want = Request { handle: 7, kind: RequestKind::Write, offset: 512, length: 8, fua: true };
+        assert_eq!(e, Event::Request { request: want, payload: b"abcdefgh" });
+    }
+
+    #[test]
+    fn an_oversize_write_is_rejected_then_skipped_as_it_arrives() {
+        let mut m = ServerTransmission::new(config());
+        let input = header(Command::Write, 0, 1, 0, 10_000);
+        let (used, e) = m.feed(&input).unwrap();
+        assert_eq!(used, REQUEST_LEN);
+        let Event::Reject(r) = e else { panic!("{e:?}") };
+        assert_eq!(r.reason, Reason::TooLarge { length: 10_000, max: 4096 });
+        assert_eq!(r.kind(), ErrorKind::InvalidRequest);
+        // The payload is consumed as it comes, in pieces smaller than the payload.
+        for _ in 0..9 {
+            assert_eq!(m.feed(&[0u8; 1000]).unwrap(), (1000, Event::NeedMore { wanted: 1 }));
+        }
+        let mut tail = vec![0u8; 1000];
+        tail.extend(header(Command::Flush, 0, 2, 0, 0));
+        let (used, e) = m.feed(&tail).unwrap();
+        assert_eq!(used, tail.len());
+        assert!(matches!(e, Event::Request { request: Request { handle: 2, kind: RequestKind::Flush, .. }, .. }));
+    }
+
+    #[test]
+    fn a_write_too_long_to_skip_closes() {
+        let mut m = ServerTransmission::new(config());
+        let e = m.feed(&header(Command::Write, 0, 1, 0, MAX_DISCARD + 1)).unwrap_err();
+        assert_eq!(e, ProtoError::Unrecoverable(MAX_DISCARD + 1));
+        assert!(m.is_closed());
+        assert!(m.feed(&header(Command::Flush, 0, 2, 0, 0)).is_err());
+    }
+
+    #[test]
+    fn validation_order_and_errors() {
+        let ro = TransmissionConfig { read_only: true, ..config() };
+        let cases: [(TransmissionConfig, Vec<u8>, Reason, ErrorKind); 7] = [
+            (config(), header(Command::Other(42), 0, 1, 0, 0), Reason::UnknownCommand(42), ErrorKind::InvalidRequest),
+            (config(), header(Command::Read, 1 << 5, 1, 0, 1), Reason::BadFlags(1 << 5), ErrorKind::InvalidRequest),
+            (
+                config(),
+                header(Command::Read, CMD_FLAG_NO_HOLE, 1, 0, 1),
+                Reason::BadFlags(2),
+                ErrorKind::InvalidRequest,
+            ),
+            (ro, header(Command::Trim, 0, 1, 1 << 30, 1), Reason::ReadOnly, ErrorKind::ReadOnly),
+            (
+                config(),
+                header(Command::Read, 0, 1, u64::MAX, 1),
+                Reason::OutOfRange { offset: u64::MAX, length: 1, size: 1 << 20 },
+                ErrorKind::InvalidRequest,
+            ),
+            (
+                config(),
+                header(Command::WriteZeroes, 0, 1, 1 << 20, 1),
+                Reason::OutOfRange { offset: 1 << 20, length: 1, size: 1 << 20 },
+                ErrorKind::NoSpace,
+            ),
+            (
+                config(),
+                header(Command::Read, 0, 1, 0, 4097),
+                Reason::TooLarge { length: 4097, max: 4096 },
+                ErrorKind::InvalidRequest,
+            ),
+        ];
+        for (cfg, input, reason, kind) in cases {
+            let mut m = ServerTransmission::new(cfg);
+            match m.feed(&input).unwrap() {
+                (REQUEST_LEN, Event::Reject(r)) => {
+                    assert_eq!((r.reason, r.kind()), (reason, kind));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // FLUSH ignores its range; FUA is accepted everywhere, DF on structured READs, NO_HOLE on zeroing.
+        let mut m = ServerTransmission::new(config());
+        for input in [
+            header(Command::Flush, CMD_FLAG_FUA, 1, u64::MAX, u32::MAX),
+            header(Command::Read, CMD_FLAG_DF | CMD_FLAG_FUA, 2, 0, 4096),
+            header(Command::WriteZeroes, CMD_FLAG_NO_HOLE, 3, 0, 1 << 20),
+            header(Command::Trim, 0, 4, 0, 1 << 20),
+        ] {
+            assert!(matches!(m.feed(&input).unwrap(), (REQUEST_LEN, Event::Request { .. })));
+        }
+        let mut simple = ServerTransmission::new(TransmissionConfig { structured: false, ..config() });
+        assert!(matches!(
+            simple.feed(&header(Command::Read, CMD_FLAG_DF, 1, 0, 1)).unwrap().1,
+            Event::Reject(Rejection { reason: Reason::BadFlags(CMD_FLAG_DF), .. })
+        ));
+    }
+
+    #[test]
+    fn disconnect_ends_the_transmission() {
+        let mut m = ServerTransmission::new(config());
+        let mut input = header(Command::Disc, 0, 0, 0, 0);
+        input.extend(header(Command::Flush, 0, 1, 0, 0));
+        assert_eq!(m.feed(&input).unwrap(), (REQUEST_LEN, Event::Disconnect));
+        assert!(m.is_closed());
+        assert!(m.feed(&input[REQUEST_LEN..]).is_err());
+    }
+
+    #[test]
+    fn replies_are_byte_exact() {
+        let read = Request { handle: 9, kind: RequestKind::Read, offset: 4096, length: 4, fua: false };
+        // Simple: 16-byte header, then the data, which stays in place.
+        let enc = ReplyEncoder::new(false);
+        let mut r = vec![0u8; enc.headroom(&read)];
+        r.extend_from_slice(b"data");
+        enc.success(&read, &mut r);
+        assert_eq!(&r[..4], &SIMPLE_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&r[4..8], &[0; 4]);
+        assert_eq!(&r[8..16], &9u64.to_be_bytes());
+        assert_eq!(&r[16..], b"data");
+        // Structured: one OFFSET_DATA chunk with DONE: length 8 + 4, the offset, the data.
+        let enc = ReplyEncoder::new(true);
+        let mut r = vec![0u8; enc.headroom(&read)];
+        r.extend_from_slice(b"data");
+        enc.success(&read, &mut r);
+        let mut want = Vec::new();
+        structured_chunk(&mut want, 9, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, &[&4096u64.to_be_bytes(), b"data"]);
+        assert_eq!(r, want);
+        // A zero-length structured READ and any other success: a NONE chunk.
+        let empty = Request { length: 0, ..read };
+        let mut r = vec![0u8; enc.headroom(&empty)];
+        enc.success(&empty, &mut r);
+        let mut want = Vec::new();
+        structured_chunk(&mut want, 9, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[]);
+        assert_eq!(r, want);
+        let mut r = Vec::new();
+        enc.success(&Request { kind: RequestKind::Flush, ..read }, &mut r);
+        assert_eq!(r, want);
+        // Errors: the errno and the message, the same bytes as `structured_error`.
+        let mut r = Vec::new();
+        enc.failure(&mut r, 9, ErrorKind::NoSpace, "disk full");
+        let mut want = Vec::new();
+        structured_error(&mut want, 9, ENOSPC, "disk full");
+        assert_eq!(r, want);
+        let mut r = Vec::new();
+        ReplyEncoder::new(false).failure(&mut r, 9, ErrorKind::ReadOnly, "ignored");
+        let mut want = Vec::new();
+        simple_reply(&mut want, 9, EPERM);
+        assert_eq!(r, want);
+    }
+
+    #[test]
+    fn long_error_messages_are_cut_at_a_character_boundary() {
+        let enc = ReplyEncoder::new(true);
+        let msg = "é".repeat(MAX_ERROR_MESSAGE); // two bytes each
+        let mut r = b"before".to_vec();
+        enc.failure(&mut r, 1, ErrorKind::Io, &msg);
+        let (h, n) = ReplyHeader::decode(&r[6..]).unwrap().unwrap();
+        let ReplyHeader::Chunk { length, kind, .. } = h else { panic!("{h:?}") };
+        assert_eq!(kind, REPLY_TYPE_ERROR);
+        assert_eq!(r.len(), 6 + n + length as usize);
+        let len = u16::from_be_bytes([r[6 + n + 4], r[6 + n + 5]]) as usize;
+        assert_eq!(len, MAX_ERROR_MESSAGE);
+        assert!(std::str::from_utf8(&r[6 + n + 6..]).is_ok());
+        let odd = format!("x{msg}");
+        let mut r = Vec::new();
+        enc.failure(&mut r, 1, ErrorKind::Io, &odd);
+        assert_eq!(r.len(), CHUNK_HEADER_LEN + 6 + MAX_ERROR_MESSAGE - 1, "the split character is dropped");
+        assert!(std::str::from_utf8(&r[CHUNK_HEADER_LEN + 6..]).is_ok());
+    }
+
+    #[test]
+    fn every_error_kind_has_its_errno() {
+        let table: Vec<u32> = ErrorKind::ALL.iter().map(|&k| errno(k)).collect();
+        assert_eq!(table, vec![EINVAL, EPERM, ENOSPC, ENOMEM, EIO, ESHUTDOWN]);
+    }
+}

@@ -1,0 +1,259 @@
+//! The NBD transmission state machine: generated request streams against the documented validation rules
+//! (every request answered or rejected exactly once, in order), fed whole and in random pieces; random
+//! garbage; and the memory bound of a rejected WRITE's payload, at the discard limit and past it. The
+//! contracts themselves are `rein_proto::harness`'s, which the fuzz target checks too.
+use proptest::prelude::*;
+use rein_proto::harness::{self, Outcome};
+use rein_proto::nbd::*;
+use rein_proto::ErrorKind;
+
+/// A generated request.
+#[derive(Debug, Clone)]
+struct Op {
+    command: u16,
+    flags: u16,
+    handle: u64,
+    offset: u64,
+    length: u32,
+}
+
+/// What the module comment's rules say a request gets: the request's kind, or the rejection's error.
+fn expected(c: &TransmissionConfig, op: &Op) -> Result<RequestKind, ErrorKind> {
+    let kind = match op.command {
+        CMD_READ => RequestKind::Read,
+        CMD_WRITE => RequestKind::Write,
+        CMD_FLUSH => RequestKind::Flush,
+        CMD_TRIM => RequestKind::Trim,
+        CMD_WRITE_ZEROES => RequestKind::WriteZeroes,
+        _ => return Err(ErrorKind::InvalidRequest),
+    };
+    let mut allowed = CMD_FLAG_FUA;
+    if kind == RequestKind::WriteZeroes {
+        allowed |= CMD_FLAG_NO_HOLE;
+    }
+    if kind == RequestKind::Read && c.structured {
+        allowed |= CMD_FLAG_DF;
+    }
+    let writes = matches!(kind, RequestKind::Write | RequestKind::Trim | RequestKind::WriteZeroes);
+    if op.flags & !allowed != 0 {
+        Err(ErrorKind::InvalidRequest)
+    } else if writes && c.read_only {
+        Err(ErrorKind::ReadOnly)
+    } else if matches!(kind, RequestKind::Read | RequestKind::Write) && op.length > c.max_payload {
+        Err(ErrorKind::InvalidRequest)
+    } else if kind != RequestKind::Flush && op.offset.checked_add(op.length as u64).is_none_or(|e| e > c.size) {
+        Err(if matches!(kind, RequestKind::Write | RequestKind::WriteZeroes) {
+            ErrorKind::NoSpace
+        } else {
+            ErrorKind::InvalidRequest
+        })
+    } else {
+        Ok(kind)
+    }
+}
+
+fn payload_of(op: &Op) -> Vec<u8> {
+    (0..op.length).map(|i| (op.handle as u32).wrapping_mul(31).wrapping_add(i) as u8).collect()
+}
+
+fn encode(ops: &[Op], disc: bool) -> Vec<u8> {
+    let mut v = Vec::new();
+    for op in ops {
+        let command = Command::from_u16(op.command);
+        RequestHeader { flags: op.flags, command, handle: op.handle, offset: op.offset, length: op.length }
+            .encode(&mut v);
+        if op.command == CMD_WRITE {
+            v.extend(payload_of(op));
+        }
+    }
+    if disc {
+        RequestHeader { flags: 0, command: Command::Disc, handle: 0, offset: 0, length: 0 }.encode(&mut v);
+    }
+    v
+}
+
+fn config() -> impl Strategy<Value = TransmissionConfig> {
+    (any::<bool>(), any::<bool>(), 1u32..=8192, 0u64..=2048).prop_map(
+        |(read_only, structured, max_payload, sectors)| TransmissionConfig {
+            size: sectors * 512,
+            read_only,
+            structured,
+            max_payload,
+        },
+    )
+}
+
+fn op(c: TransmissionConfig) -> impl Strategy<Value = Op> {
+    let command = prop_oneof![
+        4 => Just(CMD_READ),
+        4 => Just(CMD_WRITE),
+        1 => Just(CMD_FLUSH),
+        1 => Just(CMD_TRIM),
+        1 => Just(CMD_WRITE_ZEROES),
+        1 => (5u16..64).prop_filter("not DISC", |c| *c != CMD_DISC && *c != CMD_WRITE_ZEROES),
+    ];
+    let flags = prop_oneof![
+        6 => Just(0u16),
+        2 => Just(CMD_FLAG_FUA),
+        1 => Just(CMD_FLAG_NO_HOLE),
+        1 => Just(CMD_FLAG_DF),
+        1 => any::<u16>(),
+    ];
+    let size = c.size;
+    let offset = prop_oneof![
+        4 => 0..=size,
+        2 => size.saturating_sub(4096)..=size + 4096,
+        1 => any::<u64>(),
+    ];
+    let max = c.max_payload;
+    let length = prop_oneof![4 => 0u32..=64, 2 => 0..=max + 16, 1 => Just(max), 1 => Just(max + 1), 1 => Just(2 * max)];
+    (command, flags, any::<u64>(), offset, length).prop_map(move |(command, flags, handle, offset, length)| Op {
+        command,
+        flags,
+        handle,
+        offset,
+        // Keep write payloads (part of the stream) small; other lengths may be anything.
+        length: if command == CMD_WRITE { length.min(3 * max) } else { length },
+    })
+}
+
+fn scenario() -> impl Strategy<Value = (TransmissionConfig, Vec<Op>, bool, u8)> {
+    config().prop_flat_map(|c| (Just(c), proptest::collection::vec(op(c), 0..40), any::<bool>(), any::<u8>()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Every request is answered (a request event) or rejected exactly once, in order, as the rules say,
+    /// whatever the split of the stream (the harness feeds it whole and in pieces, and checks the replies).
+    #[test]
+    fn every_request_is_answered_or_rejected_exactly_once((c, ops, disc, seed) in scenario()) {
+        let stream = encode(&ops, disc);
+        let outcomes = harness::transmission_with(c, &stream, &harness::chunk_sizes(seed));
+        prop_assert_eq!(outcomes.len(), ops.len() + disc as usize);
+        for (op, outcome) in ops.iter().zip(&outcomes) {
+            match (expected(&c, op), outcome) {
+                (Ok(kind), Outcome::Request(r, payload)) => {
+                    let range = if kind == RequestKind::Flush { (0, 0) } else { (op.offset, op.length) };
+                    prop_assert_eq!((r.handle, r.kind, r.offset, r.length), (op.handle, kind, range.0, range.1));
+                    prop_assert_eq!(r.fua, op.flags & CMD_FLAG_FUA != 0);
+                    let want = if kind == RequestKind::Write { payload_of(op) } else { Vec::new() };
+                    prop_assert_eq!(payload, &want);
+                }
+                (Err(kind), Outcome::Reject(r)) => {
+                    prop_assert_eq!((r.handle, r.kind()), (op.handle, kind), "{}", r);
+                }
+                (want, got) => prop_assert!(false, "{op:?}: expected {want:?}, got {got:?}"),
+            }
+        }
+        if disc {
+            prop_assert_eq!(outcomes.last(), Some(&Outcome::Disconnect));
+        }
+    }
+
+    /// A stream cut anywhere gives a prefix of the uncut stream's outcomes (no event needs bytes it was
+    /// not given, and none is lost to a split).
+    #[test]
+    fn a_truncated_stream_gives_a_prefix_of_the_events((c, ops, disc, seed) in scenario(), cut in any::<prop::sample::Index>()) {
+        let stream = encode(&ops, disc);
+        let all = harness::transmission_with(c, &stream, &[stream.len().max(1)]);
+        let part = harness::transmission_with(c, &stream[..cut.index(stream.len() + 1)], &harness::chunk_sizes(seed));
+        prop_assert!(part.len() <= all.len());
+        prop_assert_eq!(&all[..part.len()], &part[..]);
+    }
+
+    /// Random bytes (and random bytes after valid requests) never panic and keep every contract.
+    #[test]
+    fn random_garbage_never_breaks_a_contract(data in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        harness::transmission(&data);
+    }
+
+    #[test]
+    fn garbage_after_valid_requests((c, ops, _disc, seed) in scenario(), tail in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let mut stream = encode(&ops, false);
+        stream.extend_from_slice(&tail);
+        let outcomes = harness::transmission_with(c, &stream, &harness::chunk_sizes(seed));
+        prop_assert!(outcomes.len() >= ops.len());
+    }
+}
+
+/// Feeds a rejected WRITE's `length`-byte payload in 64 KiB reads without holding more than one read.
+fn skip_payload(m: &mut ServerTransmission, length: u32) {
+    let read = vec![0u8; 64 << 10];
+    let mut left = length as usize;
+    while left > 0 {
+        let n = left.min(read.len());
+        let (used, e) = m.feed(&read[..n]).unwrap();
+        assert_eq!(used, n, "a discarded payload is consumed as it comes");
+        left -= n;
+        if left > 0 {
+            assert_eq!(e, Event::NeedMore { wanted: 1 });
+        }
+    }
+}
+
+#[test]
+fn a_rejected_write_at_the_discard_limit_is_skipped_in_bounded_memory() {
+    let c = TransmissionConfig { size: 1 << 40, read_only: false, structured: false, max_payload: 4096 };
+    let mut m = ServerTransmission::new(c);
+    let mut input = Vec::new();
+    RequestHeader { flags: 0, command: Command::Write, handle: 1, offset: 0, length: MAX_DISCARD }.encode(&mut input);
+    let (used, e) = m.feed(&input).unwrap();
+    assert_eq!(used, REQUEST_LEN);
+    assert!(matches!(e, Event::Reject(r) if r.reason == Reason::TooLarge { length: MAX_DISCARD, max: 4096 }));
+    skip_payload(&mut m, MAX_DISCARD);
+    // In sync again: the next request is read normally.
+    let mut next = Vec::new();
+    RequestHeader { flags: 0, command: Command::Read, handle: 2, offset: 0, length: 4096 }.encode(&mut next);
+    assert!(matches!(m.feed(&next).unwrap(), (REQUEST_LEN, Event::Request { request: Request { handle: 2, .. }, .. })));
+    // One byte more than the limit: close at the header, without reading the payload.
+    let mut big = Vec::new();
+    RequestHeader { flags: 0, command: Command::Write, handle: 3, offset: 0, length: MAX_DISCARD + 1 }.encode(&mut big);
+    assert_eq!(m.feed(&big).unwrap_err(), ProtoError::Unrecoverable(MAX_DISCARD + 1));
+}
+
+#[test]
+fn the_discard_limit_grows_with_the_maximum_payload() {
+    // A read-only export with a 100 MiB maximum payload skips a 100 MiB write (EPERM), never closes.
+    let max = 100 << 20;
+    let c = TransmissionConfig { size: 1 << 40, read_only: true, structured: true, max_payload: max };
+    let mut m = ServerTransmission::new(c);
+    let mut input = Vec::new();
+    RequestHeader { flags: 0, command: Command::Write, handle: 1, offset: 0, length: max }.encode(&mut input);
+    let (_, e) = m.feed(&input).unwrap();
+    assert!(matches!(e, Event::Reject(r) if r.kind() == ErrorKind::ReadOnly));
+    skip_payload(&mut m, max);
+    assert!(!m.is_closed());
+}
+
+#[test]
+fn a_write_at_the_maximum_payload_is_accepted_and_one_byte_more_is_not() {
+    let c = TransmissionConfig { size: 1 << 20, read_only: false, structured: false, max_payload: 4096 };
+    let ops = [
+        Op { command: CMD_WRITE, flags: 0, handle: 1, offset: 0, length: 4096 },
+        Op { command: CMD_WRITE, flags: 0, handle: 2, offset: 0, length: 4097 },
+        Op { command: CMD_READ, flags: 0, handle: 3, offset: (1 << 20) - 4096, length: 4096 },
+        Op { command: CMD_READ, flags: 0, handle: 4, offset: (1 << 20) - 4095, length: 4096 },
+    ];
+    let out = harness::transmission_with(c, &encode(&ops, true), &[1]);
+    let kinds: Vec<_> = out
+        .iter()
+        .map(|o| match o {
+            Outcome::Request(r, _) => Ok(r.handle),
+            Outcome::Reject(r) => Err(r.kind()),
+            other => panic!("{other:?}"),
+        })
+        .take(4)
+        .collect();
+    assert_eq!(kinds, vec![Ok(1), Err(ErrorKind::InvalidRequest), Ok(3), Err(ErrorKind::InvalidRequest)]);
+    assert_eq!(out.last(), Some(&Outcome::Disconnect));
+}
+
+#[test]
+fn the_maximum_payload_is_clamped_so_a_read_fits_one_chunk() {
+    let c = TransmissionConfig { size: u64::MAX, read_only: false, structured: true, max_payload: u32::MAX };
+    let m = ServerTransmission::new(c);
+    assert_eq!(m.config().max_payload, transmission::MAX_PAYLOAD_LIMIT);
+    let zero = ServerTransmission::new(TransmissionConfig { max_payload: 0, ..c });
+    assert_eq!(zero.config().max_payload, 1);
+}
