@@ -10,7 +10,7 @@
 //! - `PUT /api/capacity`: `{"iops": 600}` changes the modelled device's capacity (404 without a model).
 
 use crate::config::Admission;
-use crate::dispatch::{Dispatcher, LATENCY_BUCKETS_S};
+use crate::dispatch::{CapacityError, Dispatcher, LATENCY_BUCKETS_S};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -211,16 +211,14 @@ async fn capacity(State(s): State<AdminState>, body: axum::body::Bytes) -> Respo
         Ok(b) => b,
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
     };
-    match s.dispatcher.snapshot().await {
-        Ok(snap) if snap.capacity_iops.is_none() => return err(StatusCode::NOT_FOUND, "no device model configured"),
-        Err(e) => return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        _ => {}
-    }
-    if s.dispatcher.set_capacity(b.iops) {
-        tracing::info!(iops = b.iops, "device model capacity changed");
-        Json(serde_json::json!({ "iops": b.iops })).into_response()
-    } else {
-        err(StatusCode::BAD_REQUEST, format!("capacity must be a positive IOPS figure below 1e9, got {}", b.iops))
+    match s.dispatcher.set_capacity(b.iops).await {
+        Ok(()) => {
+            tracing::info!(iops = b.iops, "device model capacity changed");
+            Json(serde_json::json!({ "iops": b.iops })).into_response()
+        }
+        Err(e @ CapacityError::NoModel) => err(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ CapacityError::Shutdown) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(CapacityError::Invalid(e)) => err(StatusCode::BAD_REQUEST, format!("capacity: {e}")),
     }
 }
 

@@ -16,10 +16,13 @@
 //!                                #   at queue_depth, through the same dispatcher) and use the result for
 //!                                #   admission when capacity_iops is not set
 //!
-//! [device_model]                 # optional: model a device of this capacity on top of real storage
+//! [device_model]                 # optional: the simulator's device model on top of real storage
 //! capacity_iops = 1200
-//! service = "exponential"        # exponential | deterministic | uniform
+//! service = "exponential"        # exponential | deterministic | uniform (uniform_spread) | disk (disk = {..})
 //! transfer_mb_s = 200            # optional: size-dependent service time
+//! discipline = "fifo"            # fifo | ps (processor sharing)
+//! capacity_schedule = [{ at_s = 60, iops = 600 }]   # optional: capacity changes, from server start
+//! seed = 0
 //!
 //! [[exports]]
 //! name = "rd"
@@ -41,9 +44,10 @@
 //! Every error names the field. Without a file, [`ServerConfig::builtin`] is the default: one file-backed
 //! export per demo tenant in `rein-data/`, the mClock paper's RD / OLTP / DM.
 
-use crate::devmodel::ServiceDist;
+use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
 use rein_core::{CostModel, QosSpec, SchedulerKind};
+use rein_model::device::{DeviceParams, DiskParams};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -123,9 +127,30 @@ struct DeviceFile {
     capacity_iops: f64,
     #[serde(default = "d_service")]
     service: String,
+    uniform_spread: Option<f64>,
+    disk: Option<DiskFile>,
     transfer_mb_s: Option<f64>,
+    discipline: Option<String>,
+    #[serde(default)]
+    capacity_schedule: Vec<StepFile>,
     #[serde(default)]
     seed: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiskFile {
+    seek_ms: Option<f64>,
+    rotation_ms: Option<f64>,
+    transfer_mb_s: Option<f64>,
+    sequential_kb: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepFile {
+    at_s: f64,
+    iops: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -179,14 +204,6 @@ pub struct ExportConfig {
 pub struct TenantConfig {
     pub name: String,
     pub spec: QosSpec,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceConfig {
-    pub capacity_iops: f64,
-    pub service: ServiceDist,
-    pub transfer_mb_s: Option<f64>,
-    pub seed: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,21 +333,25 @@ fn validate(f: File) -> Result<ServerConfig, String> {
     let device = match f.device_model {
         None => None,
         Some(d) => {
-            if !(d.capacity_iops.is_finite() && d.capacity_iops > 0.0 && d.capacity_iops < 1e9) {
-                return Err(format!("device_model.capacity_iops must be a positive number, got {}", d.capacity_iops));
+            // The simulator's device: the same fields, defaults and checks as a scenario's [[servers]].
+            let dd = DiskParams::default();
+            let spec = DeviceParams {
+                capacity_iops: d.capacity_iops,
+                service: &d.service,
+                uniform_spread: d.uniform_spread,
+                disk: d.disk.as_ref().map(|k| DiskParams {
+                    seek_ms: k.seek_ms.unwrap_or(dd.seek_ms),
+                    rotation_ms: k.rotation_ms.unwrap_or(dd.rotation_ms),
+                    transfer_mb_s: k.transfer_mb_s.unwrap_or(dd.transfer_mb_s),
+                    sequential_kb: k.sequential_kb.unwrap_or(dd.sequential_kb),
+                }),
+                transfer_mb_s: d.transfer_mb_s,
+                discipline: d.discipline.as_deref(),
+                capacity_schedule: d.capacity_schedule.iter().map(|c| (c.at_s, c.iops)).collect(),
             }
-            let service = match d.service.as_str() {
-                "exponential" => ServiceDist::Exponential,
-                "deterministic" => ServiceDist::Deterministic,
-                "uniform" => ServiceDist::Uniform { spread: 0.5 },
-                o => return Err(format!("device_model.service {o:?}: expected exponential, deterministic or uniform")),
-            };
-            if let Some(t) = d.transfer_mb_s {
-                if !(t.is_finite() && t > 0.0) {
-                    return Err(format!("device_model.transfer_mb_s must be positive, got {t}"));
-                }
-            }
-            Some(DeviceConfig { capacity_iops: d.capacity_iops, service, transfer_mb_s: d.transfer_mb_s, seed: d.seed })
+            .validate()
+            .map_err(|e| format!("device_model.{e}"))?;
+            Some(DeviceConfig { spec, seed: d.seed })
         }
     };
     if let Some(c) = f.capacity_iops {
@@ -338,7 +359,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
             return Err(format!("capacity_iops must be positive, got {c}"));
         }
     }
-    let capacity_iops = f.capacity_iops.or(device.as_ref().map(|d| d.capacity_iops));
+    let capacity_iops = f.capacity_iops.or(device.as_ref().map(|d| d.spec.capacity_at(rein_core::Nanos::ZERO)));
     let mut tenants = Vec::new();
     for t in &f.tenants {
         if t.name.is_empty() || tenants.iter().any(|x: &TenantConfig| x.name == t.name) {

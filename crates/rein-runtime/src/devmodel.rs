@@ -1,147 +1,226 @@
 //! A modelled device in front of real storage, for repeatable QoS experiments.
 //!
-//! The model is the simulator's device (rein-sim's engine): a single FIFO server of rate C whose service
-//! times follow a distribution with mean 1/C (plus, optionally, size / transfer rate). A request admitted
-//! at `now` completes at `max(now, next_free) + service`, and `next_free` moves there. The dispatcher makes
-//! each request wait until that time (in addition to the real IO), so a fast SSD can stand in for "a
-//! 1,200 IOPS array" and the capacity can be halved at run time ([`DeviceModel::set_capacity`]).
+//! # Model
+//! The device is rein-model's [`Device`], the simulator's own: its service-time distribution, FIFO or
+//! processor-sharing discipline, transfer term and capacity schedule mean the same here as in a
+//! scenario's `[[servers]]`. The dispatcher admits each request it starts to the model at that moment, and
+//! the request completes at the later of its real IO and its modelled completion. So a fast SSD can stand
+//! in for "a 1,200 IOPS array", the capacity can follow a schedule or be changed at run time
+//! ([`ModelledDevice::set_capacity`]), and the same seed gives the same service times as the simulator's
+//! server 0 ([`rein_model::seed`]).
 //!
-//! Randomness is a seeded PCG stream: the sequence of service times is repeatable run to run.
+//! # Driving it (sans-IO)
+//! [`ModelledDevice`] never reads a clock: the dispatcher passes its `now`, arms one timer for
+//! [`ModelledDevice::next_deadline`] and calls [`ModelledDevice::advance`] when it fires. The model runs on
+//! its own time: a completion due at `t` is processed at `t` even if the timer fired late, so a busy
+//! dispatcher delays answers but never shifts the modelled schedule.
+//!
+//! # Invariants
+//! 1. Every admitted job is answered exactly once: when both its real IO and its modelled service are done.
+//! 2. A job's slot is reused only after it is answered.
 
-use rand::Rng;
-use rand_pcg::Pcg64Mcg;
 use rein_core::Nanos;
-use std::sync::Mutex;
+use rein_model::device::{DeviceError, DeviceSpec, Job, Wake, MAX_CAPACITY_IOPS};
+use rein_model::seed::{server_stream, stream_seed};
+use rein_model::Device;
 
-/// Service-time distribution.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ServiceDist {
-    Exponential,
-    Deterministic,
-    /// Uniform in [(1-spread)/C, (1+spread)/C].
-    Uniform {
-        spread: f64,
-    },
+/// A device model as configured (`[device_model]` in rein.toml).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceConfig {
+    /// The device (capacity, service model, discipline, capacity schedule from server start).
+    pub spec: DeviceSpec,
+    /// The seed of its service-time stream.
+    pub seed: u64,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceModelError {
-    #[error("device model capacity must be a positive IOPS figure below 1e9, got {0}")]
-    Capacity(f64),
-    #[error("uniform spread must be in [0, 1], got {0}")]
-    Spread(f64),
-    #[error("transfer rate must be positive, got {0} MB/s")]
-    Transfer(f64),
+/// Where a job stands.
+enum Slot<T> {
+    Free,
+    /// Neither the real IO nor the model is done.
+    Running,
+    /// The model is done; the real IO is not.
+    ModelDone,
+    /// The real IO is done (its outcome parked here); the model is not.
+    RealDone(T),
 }
 
-struct State {
-    capacity: f64,
-    next_free: Nanos,
-    rng: Pcg64Mcg,
+/// The model driven on the dispatcher's clock; `T` is what waits for a job's answer.
+pub(crate) struct ModelledDevice<T> {
+    device: Device,
+    wake: Option<Wake>,
+    schedule: Vec<(Nanos, f64)>,
+    next_step: usize,
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    finished: Vec<u32>,
 }
 
-pub struct DeviceModel {
-    dist: ServiceDist,
-    ns_per_byte: f64,
-    state: Mutex<State>,
-}
-
-fn check_capacity(iops: f64) -> Result<f64, DeviceModelError> {
-    if iops.is_finite() && iops > 0.0 && iops < 1e9 {
-        Ok(iops)
-    } else {
-        Err(DeviceModelError::Capacity(iops))
-    }
-}
-
-impl DeviceModel {
-    pub fn new(
-        capacity_iops: f64,
-        dist: ServiceDist,
-        transfer_mb_s: Option<f64>,
-        seed: u64,
-    ) -> Result<DeviceModel, DeviceModelError> {
-        let capacity = check_capacity(capacity_iops)?;
-        if let ServiceDist::Uniform { spread } = dist {
-            if !(0.0..=1.0).contains(&spread) {
-                return Err(DeviceModelError::Spread(spread));
-            }
-        }
-        let ns_per_byte = match transfer_mb_s {
-            None => 0.0,
-            Some(t) if t.is_finite() && t > 0.0 => 1e9 / (t * 1e6),
-            Some(t) => return Err(DeviceModelError::Transfer(t)),
-        };
-        Ok(DeviceModel {
-            dist,
-            ns_per_byte,
-            state: Mutex::new(State {
-                capacity,
-                next_free: Nanos::ZERO,
-                rng: Pcg64Mcg::new(0xcafe_f00d_d15e_a5e5 ^ seed as u128),
-            }),
-        })
-    }
-
-    pub fn capacity(&self) -> f64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).capacity
-    }
-
-    /// Sets a new capacity (IOPS); returns false (and changes nothing) for an invalid value.
-    pub fn set_capacity(&self, iops: f64) -> bool {
-        match check_capacity(iops) {
-            Ok(c) => {
-                self.state.lock().unwrap_or_else(|p| p.into_inner()).capacity = c;
-                true
-            }
-            Err(_) => false,
+impl<T> ModelledDevice<T> {
+    pub(crate) fn new(cfg: &DeviceConfig) -> ModelledDevice<T> {
+        ModelledDevice {
+            device: Device::new(&cfg.spec, stream_seed(cfg.seed, server_stream(0))),
+            wake: None,
+            schedule: cfg.spec.schedule.clone(),
+            next_step: 1,
+            slots: Vec::new(),
+            free: Vec::new(),
+            finished: Vec::new(),
         }
     }
 
-    /// Admits a request of `bytes` at `now`; returns when the modelled device completes it.
-    pub fn admit(&self, now: Nanos, bytes: u64) -> Nanos {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mean = 1e9 / s.capacity;
-        let base = match self.dist {
-            ServiceDist::Exponential => -(1.0 - s.rng.gen::<f64>()).ln() * mean,
-            ServiceDist::Deterministic => mean,
-            ServiceDist::Uniform { spread } => mean * (1.0 - spread + 2.0 * spread * s.rng.gen::<f64>()),
+    /// The current capacity (IOPS).
+    pub(crate) fn capacity(&self) -> f64 {
+        self.device.capacity()
+    }
+
+    /// Changes the capacity until the schedule's next step (if any).
+    pub(crate) fn set_capacity(&mut self, iops: f64) -> Result<(), DeviceError> {
+        if !(iops.is_finite() && iops > 0.0) {
+            return Err(DeviceError::NotPositive { field: "iops", value: iops });
+        }
+        if iops > MAX_CAPACITY_IOPS {
+            return Err(DeviceError::CapacityTooLarge);
+        }
+        self.device.set_capacity(iops);
+        Ok(())
+    }
+
+    /// A request of `size` bytes at `offset` starts at `now`: returns its job id.
+    pub(crate) fn admit(&mut self, now: Nanos, size: u64, offset: u64) -> u32 {
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = Slot::Running;
+                id
+            }
+            None => {
+                self.slots.push(Slot::Running);
+                (self.slots.len() - 1) as u32
+            }
         };
-        let service = Nanos((base + bytes as f64 * self.ns_per_byte).max(1.0) as u64);
-        let start = now.max(s.next_free);
-        s.next_free = start.saturating_add(service);
-        s.next_free
+        if let Some(w) = self.device.arrive(now, Job { id, size, offset, scale: 1.0 }) {
+            self.wake = Some(w);
+        }
+        id
+    }
+
+    /// Job `id`'s real IO is done with `outcome`: returned if the model is done too (answer it now), else
+    /// kept until it is.
+    pub(crate) fn real_done(&mut self, id: u32, outcome: T) -> Option<T> {
+        let slot = &mut self.slots[id as usize];
+        match std::mem::replace(slot, Slot::Free) {
+            Slot::ModelDone => {
+                self.free.push(id);
+                Some(outcome)
+            }
+            Slot::Running => {
+                *slot = Slot::RealDone(outcome);
+                None
+            }
+            Slot::Free | Slot::RealDone(_) => unreachable!("invariant 1: a job's real IO finishes once"),
+        }
+    }
+
+    /// When [`ModelledDevice::advance`] has something to do: the next modelled completion or capacity step.
+    pub(crate) fn next_deadline(&self) -> Option<Nanos> {
+        let step = self.schedule.get(self.next_step).map(|s| s.0);
+        match (self.wake.map(|w| w.at), step) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs the model up to `now`: capacity steps that are due, then modelled completions; appends the
+    /// outcomes of jobs now done on both sides to `ready`, in completion order.
+    pub(crate) fn advance(&mut self, now: Nanos, ready: &mut Vec<T>) {
+        loop {
+            let step = self.schedule.get(self.next_step).copied().filter(|s| s.0 <= now);
+            let wake = self.wake.filter(|w| w.at <= now);
+            match (step, wake) {
+                // Whichever comes first, on the model's own time; a step at the same time as a completion
+                // applies to the service that completion starts.
+                (Some((at, iops)), w) if w.is_none_or(|w| at <= w.at) => {
+                    self.device.set_capacity(iops);
+                    self.next_step += 1;
+                }
+                (_, Some(w)) => {
+                    self.finished.clear();
+                    let mut finished = std::mem::take(&mut self.finished);
+                    self.wake = self.device.wake(w.at, w.generation, &mut finished);
+                    for &id in &finished {
+                        let slot = &mut self.slots[id as usize];
+                        match std::mem::replace(slot, Slot::Free) {
+                            Slot::Running => *slot = Slot::ModelDone,
+                            Slot::RealDone(outcome) => {
+                                self.free.push(id);
+                                ready.push(outcome);
+                            }
+                            Slot::Free | Slot::ModelDone => unreachable!("invariant 1: a modelled job finishes once"),
+                        }
+                    }
+                    self.finished = finished;
+                }
+                _ => return,
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rein_model::device::{DeviceParams, ServiceModel};
 
-    #[test]
-    fn fifo_device_at_its_rate() {
-        let d = DeviceModel::new(1000.0, ServiceDist::Deterministic, None, 1).unwrap();
-        // Ten requests at t = 0 complete 1 ms apart.
-        let done: Vec<Nanos> = (0..10).map(|_| d.admit(Nanos(0), 4096)).collect();
-        assert_eq!(done[0], Nanos::from_millis(1));
-        assert_eq!(done[9], Nanos::from_millis(10));
-        // Halving the capacity doubles the service time.
-        assert!(d.set_capacity(500.0));
-        assert_eq!(d.admit(Nanos(0), 0), Nanos::from_millis(12));
-        assert!(!d.set_capacity(-1.0) && !d.set_capacity(f64::NAN));
-        assert_eq!(d.capacity(), 500.0);
-        assert!(DeviceModel::new(0.0, ServiceDist::Exponential, None, 1).is_err());
-        assert!(DeviceModel::new(10.0, ServiceDist::Uniform { spread: 2.0 }, None, 1).is_err());
+    fn deterministic(iops: f64) -> DeviceConfig {
+        DeviceConfig { spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(), seed: 1 }
     }
 
     #[test]
-    fn exponential_mean_is_one_over_capacity() {
-        let d = DeviceModel::new(2000.0, ServiceDist::Exponential, None, 7).unwrap();
-        let mut last = Nanos(0);
-        for _ in 0..100_000 {
-            last = d.admit(Nanos(0), 0);
+    fn a_job_is_answered_when_both_sides_are_done() {
+        let mut d: ModelledDevice<&str> = ModelledDevice::new(&deterministic(1000.0));
+        let a = d.admit(Nanos(0), 4096, 0);
+        let b = d.admit(Nanos(0), 4096, 0);
+        assert_eq!(d.next_deadline(), Some(Nanos::from_millis(1)));
+        // a's real IO is fast: it waits for the model.
+        assert_eq!(d.real_done(a, "a"), None);
+        let mut ready = Vec::new();
+        d.advance(Nanos::from_micros(999), &mut ready);
+        assert!(ready.is_empty());
+        // The timer fires late (at 2.5 ms): both modelled completions (1 ms and 2 ms) are processed on the
+        // model's time; a is ready, b's real IO is still running.
+        d.advance(Nanos::from_micros(2500), &mut ready);
+        assert_eq!(ready, vec!["a"]);
+        assert_eq!(d.next_deadline(), None);
+        // b's real IO ends after its model: answered at once.
+        assert_eq!(d.real_done(b, "b"), Some("b"));
+        // Slots are reused.
+        assert_eq!(d.admit(Nanos::from_millis(3), 1, 0), b);
+    }
+
+    #[test]
+    fn the_capacity_follows_its_schedule_and_an_operator() {
+        let spec = DeviceParams {
+            capacity_iops: 1000.0,
+            service: "deterministic",
+            uniform_spread: None,
+            disk: None,
+            transfer_mb_s: None,
+            discipline: None,
+            capacity_schedule: vec![(0.010, 500.0)],
         }
-        let per = last.0 as f64 / 100_000.0;
-        assert!((per - 500_000.0).abs() < 10_000.0, "{per} ns");
+        .validate()
+        .unwrap();
+        let mut d: ModelledDevice<u32> = ModelledDevice::new(&DeviceConfig { spec, seed: 1 });
+        assert_eq!(d.next_deadline(), Some(Nanos::from_millis(10)), "the step");
+        let mut ready = Vec::new();
+        d.advance(Nanos::from_millis(10), &mut ready);
+        assert_eq!(d.capacity(), 500.0);
+        let j = d.admit(Nanos::from_millis(10), 1, 0);
+        assert_eq!(d.next_deadline(), Some(Nanos::from_millis(12)), "half the capacity, twice the time");
+        d.real_done(j, 7);
+        d.advance(Nanos::from_millis(12), &mut ready);
+        assert_eq!(ready, vec![7]);
+        assert!(d.set_capacity(-1.0).is_err() && d.set_capacity(f64::NAN).is_err());
+        d.set_capacity(2000.0).unwrap();
+        assert_eq!(d.capacity(), 2000.0);
     }
 }

@@ -31,15 +31,18 @@
 //! A [`Poll::Wait`] arms a timer; a completion, a new request or a ring wake-up re-runs the loop. Time is
 //! [`Clock`]: nanoseconds since the dispatcher started, from tokio's monotonic `Instant`.
 //!
-//! With a [`DeviceModel`], each request also waits for its slot on a modelled device (FIFO, rate C,
-//! service-time distribution): the request completes at `max(real IO done, modelled completion)`. That
-//! gives repeatable capacity for QoS experiments on any machine, and a capacity that can change at run time.
+//! With a device model ([`crate::devmodel`]: rein-model's device, the simulator's), each request is also
+//! admitted to the modelled device when it starts, and completes at `max(real IO done, modelled
+//! completion)`. The model's next completion or capacity step is one more timer of this loop (no task per
+//! request). That gives repeatable capacity for QoS experiments on any machine, a capacity schedule, and a
+//! capacity that can change at run time.
 //!
 //! # Measurements
 //! Per tenant: completions by phase, bytes, errors, a latency histogram (arrival to completion), the IOPS
-//! of the last whole second, and *seconds below reservation*: seconds in which the tenant had requests
-//! in the server (queued or at the backend) both when the second began and when it ended, yet was served
-//! less than its reservation (minus one IO of rounding) during it. Per backend: outstanding IOs and a latency histogram
+//! of the last whole second, and *seconds below reservation*, judged by rein-model's reservation meter
+//! (the simulator's checks use the same rule): seconds in which the tenant had requests in the server
+//! (queued or at the backend) both when the second began and when it ended, yet was served less than its
+//! reservation (minus one IO of rounding) during it. Per backend: outstanding IOs and a latency histogram
 //! from dispatch to completion.
 //!
 //! # Invariants
@@ -48,12 +51,14 @@
 //!    (unknown tenant, full queue, shutdown) with an error.
 //! 3. On shutdown, queued requests are still dispatched and in-flight ones drained before the task ends.
 
-use crate::devmodel::DeviceModel;
+use crate::devmodel::{DeviceConfig, ModelledDevice};
 use crate::storage::{KernelIo, Storage, StorageError};
 use crate::uring::{drain_eventfd, Completion, Uring, UringOp};
 use rein_core::{
     Nanos, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
 };
+use rein_model::device::DeviceError;
+use rein_model::meter::{Outcome, ReservationMeter};
 use rein_proto::ErrorKind;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -189,6 +194,10 @@ pub struct TenantCounters {
     pub below_reservation_s: u64,
     /// Requests received and not yet answered (queued at the scheduler or at the backend).
     pub in_flight: u64,
+    /// The reservation meter behind `below_reservation_s`.
+    meter: Option<ReservationMeter>,
+    /// Completions at the last tick (for `iops_last_s`).
+    completed_at_tick: u64,
 }
 
 /// Upper bounds (seconds) of the latency histogram buckets (Prometheus style).
@@ -236,6 +245,21 @@ enum Cmd {
     AddTenant(QosSpec, oneshot::Sender<Result<TenantId, SchedError>>),
     SetSpec(TenantId, QosSpec, oneshot::Sender<Result<(), SchedError>>),
     Snapshot(oneshot::Sender<Snapshot>),
+    SetCapacity(f64, oneshot::Sender<Result<(), CapacityError>>),
+}
+
+/// Why the modelled capacity could not be changed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CapacityError {
+    /// The server has no device model.
+    #[error("no device model configured")]
+    NoModel,
+    /// The value is out of range.
+    #[error(transparent)]
+    Invalid(#[from] DeviceError),
+    /// The dispatcher has stopped.
+    #[error("server is shutting down")]
+    Shutdown,
 }
 
 /// How the dispatcher runs IO on file storage (module comment).
@@ -301,24 +325,16 @@ impl Default for DispatchConfig {
 #[derive(Clone)]
 pub struct Dispatcher {
     tx: mpsc::Sender<Cmd>,
-    device: Option<Arc<DeviceModel>>,
 }
 
 impl Dispatcher {
     /// Starts the dispatcher task on the current tokio runtime. It ends (after draining) when every handle
     /// is dropped; the returned join handle resolves then.
-    pub fn spawn(
-        device: Option<Arc<DeviceModel>>,
-        config: DispatchConfig,
-    ) -> (Dispatcher, tokio::task::JoinHandle<()>) {
+    pub fn spawn(device: Option<DeviceConfig>, config: DispatchConfig) -> (Dispatcher, tokio::task::JoinHandle<()>) {
         assert!(config.depth > 0, "depth must be positive");
         let (tx, rx) = mpsc::channel(config.channel.max(1));
-        let sched = match config.scheduler {
-            SchedulerKind::Rbfq => {
-                Box::new(rein_core::Rbfq::with_limit_in_cost_units(config.sched)) as Box<dyn Scheduler>
-            }
-            k => k.build(config.sched),
-        };
+        // A spec's limit is in the cost model's units for every scheduler (RBFQ's too).
+        let sched = config.scheduler.build(config.sched);
         let (uring, io_engine) = match config.io_engine {
             IoEngine::Uring => match Uring::new(config.depth) {
                 Ok(u) => (Some(u), IoEngine::Uring),
@@ -331,7 +347,8 @@ impl Dispatcher {
         };
         let task = Task {
             sched,
-            device: device.clone(),
+            device: device.as_ref().map(ModelledDevice::new),
+            ready: Vec::new(),
             depth: config.depth,
             clock: Clock::new(),
             outstanding: 0,
@@ -348,7 +365,7 @@ impl Dispatcher {
             tick: TickState::default(),
         };
         let join = tokio::spawn(task.run(rx));
-        (Dispatcher { tx, device }, join)
+        (Dispatcher { tx }, join)
     }
 
     /// Submits a request and waits for its completion.
@@ -385,12 +402,11 @@ impl Dispatcher {
         rx.await.map_err(|_| IoError::Shutdown)
     }
 
-    /// Changes the modelled device's capacity (no-op without a device model).
-    pub fn set_capacity(&self, iops: f64) -> bool {
-        match &self.device {
-            Some(d) => d.set_capacity(iops),
-            None => false,
-        }
+    /// Changes the modelled device's capacity (until its schedule's next step, if any).
+    pub async fn set_capacity(&self, iops: f64) -> Result<(), CapacityError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Cmd::SetCapacity(iops, tx)).await.map_err(|_| CapacityError::Shutdown)?;
+        rx.await.map_err(|_| CapacityError::Shutdown)?
     }
 }
 
@@ -408,13 +424,13 @@ struct Token {
     bytes: u64,
     arrived: Nanos,
     dispatched: Nanos,
-    /// Modelled completion time, if a device model is in front.
-    deadline: Option<Instant>,
+    /// Its job on the modelled device, if a device model is in front.
+    job: Option<u32>,
 }
 
 impl Token {
     /// Sends the result to the requester and says what to count. `now` ends both latencies: with a device
-    /// model it is the modelled completion, so the backend's latency is the modelled one.
+    /// model it is the later of the real and the modelled completion.
     fn reply(self, res: IoResult, now: Nanos) -> Done {
         let ok = res.is_ok();
         self.reply.send(res);
@@ -438,17 +454,25 @@ struct Done {
     ok: bool,
 }
 
-/// State of the once-a-second measurements.
+/// What comes back to the dispatcher task from IO run elsewhere (the blocking pool).
+enum Back {
+    /// Answered already: count it.
+    Done(Done),
+    /// Real IO done, its job still on the modelled device: answer it when the model is done too.
+    Outcome(Token, IoResult),
+}
+
+/// When the once-a-second measurements last ran.
 #[derive(Default)]
 struct TickState {
     at: Nanos,
-    /// Per tenant slot: (completions, reservation-comparable cost served, backlogged at the tick).
-    last: Vec<(u64, u128, bool)>,
 }
 
 struct Task {
     sched: Box<dyn Scheduler>,
-    device: Option<Arc<DeviceModel>>,
+    device: Option<ModelledDevice<(Token, IoResult)>>,
+    /// Scratch: outcomes the model released.
+    ready: Vec<(Token, IoResult)>,
     depth: usize,
     clock: Clock,
     outstanding: usize,
@@ -468,13 +492,14 @@ struct Task {
 
 impl Task {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Back>();
         let eventfd = self.uring.as_ref().map(|u| u.eventfd());
         let mut ticker = tokio::time::interval(std::time::Duration::from_secs(1));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut wake: Option<Nanos> = None;
         let mut open = true;
         loop {
+            self.advance_device();
             if open || self.sched.queued() > 0 {
                 wake = self.pump(&done_tx);
             }
@@ -484,7 +509,13 @@ impl Task {
             if !open && self.outstanding == 0 && self.sched.queued() == 0 {
                 break;
             }
-            let sleep_until = wake.map(|t| self.clock.instant(t));
+            // The scheduler's limit wake-up or the device model's next event, whichever is first.
+            let model = self.device.as_ref().and_then(|d| d.next_deadline());
+            let sleep_until = match (wake, model) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+            .map(|t| self.clock.instant(t));
             let ring_busy = self.uring.as_ref().is_some_and(|u| u.inflight() > 0);
             tokio::select! {
                 cmd = rx.recv(), if open => match cmd {
@@ -497,7 +528,10 @@ impl Task {
                     }
                     None => open = false,
                 },
-                Some(d) = done_rx.recv() => self.finish(d),
+                Some(back) = done_rx.recv() => match back {
+                    Back::Done(d) => self.finish(d),
+                    Back::Outcome(token, res) => self.answer(token, res, &done_tx),
+                },
                 r = async { eventfd.as_ref().expect("guarded").readable().await }, if ring_busy => {
                     if let Ok(mut g) = r {
                         drain_eventfd(eventfd.as_ref().expect("guarded"));
@@ -557,6 +591,13 @@ impl Task {
             Cmd::SetSpec(id, spec, reply) => {
                 let _ = reply.send(self.sched.set_spec(id, spec));
             }
+            Cmd::SetCapacity(iops, reply) => {
+                let r = match &mut self.device {
+                    Some(d) => d.set_capacity(iops).map_err(CapacityError::from),
+                    None => Err(CapacityError::NoModel),
+                };
+                let _ = reply.send(r);
+            }
             Cmd::Snapshot(reply) => {
                 let mut tenants = Vec::new();
                 for &id in &self.ids {
@@ -584,7 +625,7 @@ impl Task {
     }
 
     /// Dispatches while slots are free; returns when to wake for a limit, if any.
-    fn pump(&mut self, done: &mpsc::UnboundedSender<Done>) -> Option<Nanos> {
+    fn pump(&mut self, done: &mpsc::UnboundedSender<Back>) -> Option<Nanos> {
         let mut wake = None;
         while self.outstanding < self.depth {
             let now = self.clock.now();
@@ -613,7 +654,7 @@ impl Task {
     }
 
     /// Collects ring completions and answers them; returns how many finished.
-    fn reap_ring(&mut self, done: &mpsc::UnboundedSender<Done>) -> usize {
+    fn reap_ring(&mut self, done: &mpsc::UnboundedSender<Back>) -> usize {
         let Some(u) = &mut self.uring else { return 0 };
         if u.inflight() == 0 {
             return 0;
@@ -627,11 +668,11 @@ impl Task {
         n
     }
 
-    fn start(&mut self, p: Pending, phase: Phase, now: Nanos, done: &mpsc::UnboundedSender<Done>) {
+    fn start(&mut self, p: Pending, phase: Phase, now: Nanos, done: &mpsc::UnboundedSender<Back>) {
         let bytes = p.req.op.len();
-        let deadline = self.device.as_ref().map(|d| self.clock.instant(d.admit(now, bytes)));
+        let job = self.device.as_mut().map(|d| d.admit(now, bytes, p.req.offset));
         let Pending { req, reply, arrived } = p;
-        let token = Token { reply, slot: req.tenant.index(), phase, bytes, arrived, dispatched: now, deadline };
+        let token = Token { reply, slot: req.tenant.index(), phase, bytes, arrived, dispatched: now, job };
         // 1. The ring, if the storage offers a descriptor for this operation.
         let (req, token) = match &mut self.uring {
             Some(ring) => match offer_to_ring(ring, req, token) {
@@ -646,36 +687,44 @@ impl Task {
             let res = execute(req);
             return self.answer(token, res, done);
         }
-        // 3. The blocking pool.
+        // 3. The blocking pool. Without a device model the answer goes out from there; with one, the
+        // outcome comes back here to wait for the model.
         let clock = self.clock;
         let done = done.clone();
         tokio::spawn(async move {
             let res = tokio::task::spawn_blocking(move || execute(req)).await.unwrap_or_else(|e| {
                 Err(IoError::Storage(StorageError::Io { op: "task", source: std::io::Error::other(e.to_string()) }))
             });
-            let _ = done.send(Self::deliver(clock, token, res).await);
+            let back =
+                if token.job.is_some() { Back::Outcome(token, res) } else { Back::Done(token.reply(res, clock.now())) };
+            let _ = done.send(back);
         });
     }
 
-    /// Answers a finished request: at once, or (device model) when its modelled completion is due.
-    fn answer(&mut self, token: Token, res: IoResult, done: &mpsc::UnboundedSender<Done>) {
-        if token.deadline.is_some_and(|d| d > Instant::now()) {
-            let (clock, done) = (self.clock, done.clone());
-            tokio::spawn(async move {
-                let _ = done.send(Self::deliver(clock, token, res).await);
-            });
-            return;
-        }
+    /// A request's real IO finished: answer it now, or (device model) when its modelled service is done.
+    fn answer(&mut self, token: Token, res: IoResult, _done: &mpsc::UnboundedSender<Back>) {
+        let (token, res) = match (token.job, &mut self.device) {
+            (Some(job), Some(d)) => match d.real_done(job, (token, res)) {
+                Some(both) => both,
+                None => return,
+            },
+            _ => (token, res),
+        };
         let d = token.reply(res, self.clock.now());
         self.finish(d);
     }
 
-    /// Waits for a token's modelled deadline (if any), then answers it.
-    async fn deliver(clock: Clock, token: Token, res: IoResult) -> Done {
-        if let Some(dl) = token.deadline {
-            tokio::time::sleep_until(dl).await;
+    /// Runs the device model to now and answers the requests it releases.
+    fn advance_device(&mut self) {
+        let Some(d) = &mut self.device else { return };
+        let now = self.clock.now();
+        let mut ready = std::mem::take(&mut self.ready);
+        d.advance(now, &mut ready);
+        for (token, res) in ready.drain(..) {
+            let done = token.reply(res, now);
+            self.finish(done);
         }
-        token.reply(res, clock.now())
+        self.ready = ready;
     }
 
     fn finish(&mut self, d: Done) {
@@ -697,32 +746,27 @@ impl Task {
         }
     }
 
-    /// Once a second: per-tenant IOPS and seconds below reservation (module comment).
+    /// Once a second: per-tenant IOPS, and the reservation meter's verdict on the second (module comment).
     fn on_tick(&mut self) {
         let now = self.clock.now();
         let dt = now.saturating_sub(self.tick.at).as_secs_f64();
-        let first = self.tick.at == Nanos::ZERO && self.tick.last.is_empty();
         self.tick.at = now;
-        if self.tick.last.len() < self.counters.len() {
-            self.tick.last.resize(self.counters.len(), (0, 0, false));
-        }
         for &id in &self.ids {
             let (Ok(st), Ok(spec)) = (self.sched.stats(id), self.sched.spec(id)) else { continue };
-            let i = id.index();
-            let c = &mut self.counters[i];
+            let c = &mut self.counters[id.index()];
             let completed: u64 = c.completed.iter().sum();
-            let cost: u128 = st.cost.iter().sum();
-            let backlogged = c.in_flight > 0;
-            let (c0, cost0, backlogged0) = self.tick.last[i];
+            let first = c.meter.is_none();
             if !first && dt > 0.0 {
-                c.iops_last_s = (completed - c0.min(completed)) as f64 / dt;
-                let served = cost.saturating_sub(cost0) as f64 / rein_core::Cost::ONE.0 as f64;
-                let r = spec.reservation();
-                if r > 0.0 && backlogged0 && backlogged && served + 1.0 < r * dt {
-                    c.below_reservation_s += 1;
-                }
+                c.iops_last_s = completed.saturating_sub(c.completed_at_tick) as f64 / dt;
             }
-            self.tick.last[i] = (completed, cost, backlogged);
+            c.completed_at_tick = completed;
+            // Served in the reservation's units (the cost model's).
+            let served = st.cost.iter().sum::<u128>() as f64 / rein_core::Cost::ONE.0 as f64;
+            let meter = c.meter.get_or_insert_with(|| ReservationMeter::per_second(spec.reservation()));
+            meter.set_reservation(spec.reservation());
+            if meter.observe(now, served, c.in_flight > 0) == Some(Outcome::Below) {
+                c.below_reservation_s += 1;
+            }
         }
     }
 }

@@ -20,6 +20,6 @@ pub mod server;
 pub mod storage;
 pub mod uring;
 
-pub use devmodel::{DeviceModel, ServiceDist};
+pub use devmodel::DeviceConfig;
 pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoEngine, IoError, IoRequest, IoResult, Op, Reply, Snapshot};
 pub use storage::{FileStorage, MemStorage, Storage, StorageError};

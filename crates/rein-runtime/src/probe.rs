@@ -7,7 +7,7 @@
 //! with (`probe_capacity_s` in the server config, or `rein probe` to print a `capacity_iops` line).
 //! Reads only, unless writes are asked for explicitly (they overwrite the export with random bytes).
 
-use crate::devmodel::DeviceModel;
+use crate::devmodel::DeviceConfig;
 use crate::dispatch::{DispatchConfig, Dispatcher, IoEngine, IoRequest, Op};
 use crate::storage::Storage;
 use rand::{Rng, SeedableRng};
@@ -112,7 +112,7 @@ impl ProbeConfig {
 /// Runs the probe on `storage` (see the module comment).
 pub async fn probe(
     storage: Arc<dyn Storage>,
-    device: Option<Arc<DeviceModel>>,
+    device: Option<DeviceConfig>,
     cfg: &ProbeConfig,
 ) -> Result<ProbeResult, ProbeError> {
     cfg.validate(storage.size())?;
@@ -189,13 +189,13 @@ pub async fn probe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devmodel::ServiceDist;
     use crate::storage::MemStorage;
+    use rein_model::device::{DeviceSpec, ServiceModel};
 
     #[tokio::test(start_paused = true)]
     async fn measures_the_modelled_device() {
         let st: Arc<dyn Storage> = Arc::new(MemStorage::new(64 << 20));
-        let dev = Arc::new(DeviceModel::new(2000.0, ServiceDist::Exponential, None, 7).unwrap());
+        let dev = DeviceConfig { spec: DeviceSpec::new(2000.0, ServiceModel::Exponential).unwrap(), seed: 7 };
         let r = probe(st, Some(dev), &ProbeConfig { seconds: 10.0, ..Default::default() }).await.unwrap();
         assert!((r.iops - 2000.0).abs() < 2000.0 * 0.05, "{r:?}");
         assert!((r.mb_s - 2000.0 * 4096.0 / 1e6).abs() < 0.5, "{r:?}");

@@ -8,7 +8,6 @@
 
 use crate::admin::{self, AdminState};
 use crate::config::{Admission, BackendKind, ServerConfig};
-use crate::devmodel::DeviceModel;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::nbd::{serve_connection, Export, NbdContext};
 use crate::probe::{probe, ProbeConfig};
@@ -30,8 +29,6 @@ pub enum ServeError {
     DataDir { path: String, source: std::io::Error },
     #[error("export {name}: {source}")]
     Export { name: String, source: crate::storage::StorageError },
-    #[error("device model: {0}")]
-    Device(#[from] crate::devmodel::DeviceModelError),
     #[error("admission control: {0} (set admission = \"warn\" to start anyway)")]
     Admission(String),
     #[error("cannot listen on {addr}: {source}")]
@@ -68,10 +65,7 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
-    let device = match &cfg.device {
-        Some(d) => Some(Arc::new(DeviceModel::new(d.capacity_iops, d.service, d.transfer_mb_s, d.seed)?)),
-        None => None,
-    };
+    let device = cfg.device.clone();
     let dcfg = DispatchConfig {
         scheduler: cfg.scheduler,
         sched: SchedConfig { cost_model: cfg.cost_model, ..SchedConfig::default() },

@@ -1,8 +1,9 @@
 //! The admin HTTP endpoint over a real loopback socket.
 use rein_core::QosSpec;
+use rein_model::device::{DeviceSpec, ServiceModel};
 use rein_runtime::admin::{router, AdminState};
 use rein_runtime::config::Admission;
-use rein_runtime::{DeviceModel, DispatchConfig, Dispatcher, IoRequest, MemStorage, Op, ServiceDist, Storage};
+use rein_runtime::{DeviceConfig, DispatchConfig, Dispatcher, IoRequest, MemStorage, Op, Storage};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -18,7 +19,8 @@ async fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) 
 }
 
 async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr, Dispatcher, Vec<rein_core::TenantId>) {
-    let device = with_model.then(|| Arc::new(DeviceModel::new(1000.0, ServiceDist::Deterministic, None, 1).unwrap()));
+    let device = with_model
+        .then(|| DeviceConfig { spec: DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap(), seed: 1 });
     let (d, _join) = Dispatcher::spawn(device, DispatchConfig::default());
     let a = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
     let b = d.add_tenant(QosSpec::new(0.0, Some(500.0), 2.0, 0).unwrap()).await.unwrap();

@@ -1,10 +1,10 @@
 //! The dispatcher on tokio's paused (virtual) clock: QoS over the modelled device, data integrity, errors.
 use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::{QosSpec, SchedulerKind};
+use rein_model::device::{DeviceSpec, ServiceModel};
 use rein_proto::ErrorKind;
 use rein_runtime::{
-    DeviceModel, DispatchConfig, Dispatcher, FileStorage, IoEngine, IoError, IoRequest, MemStorage, Op, ServiceDist,
-    Storage,
+    DeviceConfig, DispatchConfig, Dispatcher, FileStorage, IoEngine, IoError, IoRequest, MemStorage, Op, Storage,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::time::Duration;
 /// Three closed-loop tenants (32 outstanding each) for `secs` virtual seconds; returns IOPS per tenant.
 async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -> Vec<f64> {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-    let device = Arc::new(DeviceModel::new(capacity, ServiceDist::Exponential, None, 3).unwrap());
+    let device = DeviceConfig { spec: DeviceSpec::new(capacity, ServiceModel::Exponential).unwrap(), seed: 3 };
     let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, ..Default::default() });
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -134,7 +134,7 @@ async fn data_round_trips_and_errors_are_answered() {
 #[tokio::test(start_paused = true)]
 async fn seconds_below_reservation_and_iops_are_measured() {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-    let device = Arc::new(DeviceModel::new(200.0, ServiceDist::Deterministic, None, 3).unwrap());
+    let device = DeviceConfig { spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(), seed: 3 };
     let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig::default());
     // 300 IOPS reserved on a 200 IOPS device: backlogged and below reservation every second.
     let starved = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
@@ -221,4 +221,64 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
         join.await.unwrap();
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The device model's capacity schedule runs on the dispatcher's clock: a closed loop on a 1,000 IOPS
+/// deterministic device that drops to 250 IOPS at 2 s completes 1,000 per second, then 250, and an
+/// operator's change (to 500 at 4 s) holds until the next step (back to 1,000 at 6 s).
+#[tokio::test(start_paused = true)]
+async fn the_capacity_follows_the_schedule_and_the_operator() {
+    use rein_model::device::DeviceParams;
+    let spec = DeviceParams {
+        capacity_iops: 1000.0,
+        service: "deterministic",
+        uniform_spread: None,
+        disk: None,
+        transfer_mb_s: None,
+        discipline: None,
+        capacity_schedule: vec![(2.0, 250.0), (6.0, 1000.0)],
+    }
+    .validate()
+    .unwrap();
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
+    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1 }), DispatchConfig::default());
+    let id = d.add_tenant(QosSpec::default()).await.unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (d, st, done) = (d.clone(), storage.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while tokio::time::Instant::now() < deadline {
+                let r = d.io(IoRequest { storage: st.clone(), tenant: id, offset: 0, op: Op::read(512), fua: false });
+                r.await.unwrap();
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let mut per_second = Vec::new();
+    let mut last = 0;
+    for s in 1..=8u64 {
+        tokio::time::sleep_until(deadline - Duration::from_secs(8 - s)).await;
+        let n = done.load(Ordering::Relaxed);
+        per_second.push(n - last);
+        last = n;
+        if s == 4 {
+            d.set_capacity(500.0).await.unwrap();
+        }
+    }
+    let want = [1000, 1000, 250, 250, 500, 500, 1000, 1000];
+    for (got, want) in per_second.iter().zip(want) {
+        assert!(got.abs_diff(want) <= 2, "per second {per_second:?}, want {want:?}");
+    }
+    assert!(d.set_capacity(-3.0).await.is_err());
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(d);
+    join.await.unwrap();
+    let (none, j2) = Dispatcher::spawn(None, DispatchConfig::default());
+    assert!(matches!(none.set_capacity(100.0).await, Err(rein_runtime::dispatch::CapacityError::NoModel)));
+    drop(none);
+    j2.await.unwrap();
 }

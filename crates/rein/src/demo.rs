@@ -14,9 +14,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::SchedulerKind;
-use rein_runtime::config::{DeviceConfig, ServerConfig};
+use rein_model::device::{DeviceSpec, ServiceModel};
+use rein_runtime::config::ServerConfig;
 use rein_runtime::load::LoadConfig;
-use rein_runtime::ServiceDist;
+use rein_runtime::DeviceConfig;
 use rein_sim::Scenario;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -90,8 +91,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
     }
     cfg.data_dir = data;
-    cfg.device =
-        Some(DeviceConfig { capacity_iops: 2400.0, service: ServiceDist::Exponential, transfer_mb_s: None, seed: 1 });
+    cfg.device = Some(DeviceConfig { spec: DeviceSpec::new(2400.0, ServiceModel::Exponential)?, seed: 1 });
     cfg.capacity_iops = Some(2400.0);
     let specs: Vec<_> = cfg.tenants.iter().map(|t| (t.name.clone(), t.spec)).collect();
     let total = Duration::from_secs_f64(args.seconds);

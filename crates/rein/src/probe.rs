@@ -5,7 +5,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rein_runtime::probe::{probe, ProbeConfig};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
@@ -73,12 +72,7 @@ pub fn run(args: ProbeArgs) -> Result<()> {
     let r = rt.block_on(async {
         std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
         let storage = rein_runtime::server::open_export(export)?;
-        let device = match &cfg.device {
-            Some(d) => {
-                Some(Arc::new(rein_runtime::DeviceModel::new(d.capacity_iops, d.service, d.transfer_mb_s, d.seed)?))
-            }
-            None => None,
-        };
+        let device = cfg.device.clone();
         if !args.json {
             eprintln!(
                 "probing export {:?} for {} s: {} KiB {}, {} outstanding, io_engine {}{}",
