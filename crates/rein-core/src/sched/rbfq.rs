@@ -62,13 +62,6 @@ impl Rbfq {
         Self::with_limit_cost(config, Some(CostModel::BYTES))
     }
 
-    /// The same as [`Rbfq::new`], under the name callers used before `new` became the cost-unit variant.
-    /// Kept only until the callers in rein-sim, rein-runtime and rein use [`SchedulerKind::build`] or
-    /// [`Rbfq::new`]; then delete it.
-    pub fn with_limit_in_cost_units(config: SchedConfig) -> Self {
-        Self::new(config)
-    }
-
     fn with_limit_cost(config: SchedConfig, limit_cost: Option<CostModel>) -> Self {
         Rbfq(Engine::new(Flavor { kind: SchedulerKind::Rbfq, rho_in_r: false, delta_in_l: false, limit_cost }, config))
     }
