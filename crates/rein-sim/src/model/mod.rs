@@ -84,12 +84,12 @@ pub struct Scenario {
 impl Scenario {
     /// Reads and validates a scenario file. Relative trace paths resolve against the file's directory.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        Ok(ScenarioFile::read(path)?.validate(path.parent())?)
+        ScenarioFile::read(path)?.validate(path.parent())
     }
 
     /// Parses and validates scenario text (trace paths relative to `base`).
     pub fn from_toml(text: &str, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
-        Ok(ScenarioFile::parse(text)?.validate(base)?)
+        ScenarioFile::parse(text)?.validate(base)
     }
 
     /// A copy running every server on `kind` (for side-by-side comparisons).
