@@ -187,7 +187,7 @@ pub struct WorkloadParams<'a> {
     pub random_pct: f64,
     /// Span of the offsets (GiB; at least 1 MiB is used).
     pub span_gb: f64,
-    /// Start (s).
+    /// When the tenant starts issuing (s from the start of the run).
     pub start_s: f64,
     /// Stop (s); default the end of the run.
     pub stop_s: Option<f64>,

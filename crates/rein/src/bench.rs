@@ -258,6 +258,7 @@ fn time_fifo(n: usize, requests: u64, repeat: usize) -> f64 {
     median(times)
 }
 
+/// `rein bench sched`: one row per tenant count, the scheduler and FIFO measured in the same run.
 pub(crate) fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
     if args.repeat == 0 {
         bail!("--repeat must be at least 1");
@@ -376,6 +377,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `rein bench pshift`: one row per bucket count and thread count (and per M of the approximation).
 pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
     if a.repeat == 0 || a.repeat > 1000 {
         bail!("--repeat must be in 1..=1000");
@@ -468,6 +470,7 @@ fn emit<T: Serialize>(rows: &[T], json: bool, head: &str, align: &str, row: impl
     Ok(())
 }
 
+/// `rein bench`: runs the measurement and prints a Markdown table (or `--json`).
 pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Pshift(a) => emit(

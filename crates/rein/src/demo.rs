@@ -71,6 +71,7 @@ struct DemoResult {
     limits_held: bool,
 }
 
+/// `rein demo`: the module comment's run, live or `--simulated`.
 pub(crate) fn run(args: DemoArgs) -> Result<()> {
     if args.simulated {
         return run_simulated(args);

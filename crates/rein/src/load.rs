@@ -145,6 +145,7 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     Ok(Job { name, export, tenant, connections: conns, workload })
 }
 
+/// One line of the live table on stderr: elapsed time, then each tenant's IOPS and mean latency (ms).
 pub(crate) fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
     let mut line = format!("{:>6.1}s", t.as_secs_f64());
     for (name, iops, lat) in rows {
@@ -153,6 +154,7 @@ pub(crate) fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
     eprintln!("{line}");
 }
 
+/// The per-tenant summary table on stdout (`?` where the spec or phases are unknown).
 pub(crate) fn print_summary(totals: &RunTotals) {
     println!(
         "{:<12} {:>7} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7}",
@@ -183,6 +185,8 @@ pub(crate) fn print_summary(totals: &RunTotals) {
     }
 }
 
+/// `rein load`: runs the jobs against the server for `--seconds`, then prints the summary (or `--json`)
+/// and writes `--out`.
 pub(crate) fn run(args: LoadArgs) -> Result<()> {
     if !(args.seconds > 0.0 && args.seconds <= 86_400.0 && args.warmup >= 0.0 && args.warmup < args.seconds) {
         bail!("need 0 <= --warmup < --seconds <= 86400");

@@ -36,6 +36,8 @@ pub(crate) struct ProbeArgs {
     pub(crate) json: bool,
 }
 
+/// `rein probe`: measures the export and prints its IOPS, MB/s and latency (or `--json`), then the
+/// `capacity_iops` line for the server config. Writes need `--destructive`.
 pub(crate) fn run(args: ProbeArgs) -> Result<()> {
     let cfg = match &args.config {
         Some(p) => rein_runtime::config::ServerConfig::load(p)?,

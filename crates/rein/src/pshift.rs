@@ -475,6 +475,8 @@ fn solve_out(inst: &Instance, a: &Allocation, args: &SolveArgs, secs: f64) -> So
     out
 }
 
+/// `rein pshift`: solve an instance file (JSON on stdout), run the Experiment 2 sweep, or generate an
+/// instance.
 pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
     match cmd {
         PshiftCmd::Solve(a) => {

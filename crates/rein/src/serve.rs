@@ -25,6 +25,8 @@ pub(crate) struct ServeArgs {
     pub(crate) data_dir: Option<PathBuf>,
 }
 
+/// The server configuration: the file (or the built-in default) with the command line's overrides; a
+/// new data directory also moves the file-backed exports inside the old one.
 pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     let mut cfg = match &args.config {
         Some(p) => ServerConfig::load(p)?,
@@ -52,6 +54,7 @@ pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(cfg)
 }
 
+/// `rein serve`: serves until Ctrl-C or SIGTERM.
 pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;

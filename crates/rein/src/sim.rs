@@ -274,6 +274,8 @@ pub(crate) fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
     misses
 }
 
+/// `rein sim`: runs the scenario, prints its summary (or `--json`), writes `--out`, and with `--check`
+/// fails naming the missed expectations.
 pub(crate) fn run(args: SimArgs) -> Result<()> {
     let sc = load(&args)?;
     let (r, results) = run_with_progress(&sc, args.quiet || args.json, args.check)?;

@@ -328,7 +328,7 @@ pub struct WorkloadFile {
     /// Span of the offsets (GiB).
     #[serde(default = "default_span_gb")]
     pub span_gb: f64,
-    /// Start (s).
+    /// When the tenant starts issuing (s, default 0).
     #[serde(default)]
     pub start_s: f64,
     /// Stop (s; default the end).
