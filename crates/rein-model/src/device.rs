@@ -161,7 +161,7 @@ impl Default for DiskParams {
 /// `[device_model]`): validated once into a [`DeviceSpec`] by [`DeviceParams::validate`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceParams<'a> {
-    /// `capacity_iops`.
+    /// `capacity_iops`: the nominal capacity C0 (IOPS, positive, at most [`MAX_CAPACITY_IOPS`]).
     pub capacity_iops: f64,
     /// `service`: exponential, uniform, deterministic or disk.
     pub service: &'a str,

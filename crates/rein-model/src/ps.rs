@@ -73,6 +73,7 @@ impl Ps {
         }
     }
 
+    /// Requests at the device (all of them are in service).
     pub fn len(&self) -> usize {
         self.jobs.len()
     }

@@ -9,7 +9,7 @@
 //! # Deferred recording
 //! With thousands of tenants the histograms and cells do not fit in cache, and recording each completion
 //! where it belongs cost a cache miss per completion (17% of a 1,000-tenant simulation). So a completion
-//! is first appended to a log ([`Pending`], 12 bytes, sequential writes), and the log is applied in
+//! is first appended to a log (`Pending`, 12 bytes, sequential writes), and the log is applied in
 //! batches grouped by tenant (a counting sort), so each tenant's histogram and cell are fetched once per
 //! batch. Everything recorded is commutative (counts, sums, maxima), so the results are identical to
 //! recording at once. A batch never spans an interval boundary or the end of the warm-up; it is applied

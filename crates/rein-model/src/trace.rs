@@ -12,38 +12,72 @@
 
 use std::path::Path;
 
+/// Most records one trace may hold (counted after the `device` filter); ten million [`TraceRecord`]s
+/// take 320 MB.
 pub const MAX_RECORDS: usize = 10_000_000;
 
+/// One request of a trace, in common units whatever the format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceRecord {
     /// Nanoseconds since the first record.
     pub t_ns: u64,
+    /// Byte offset on the device (the format's 512 B block number times 512).
     pub offset: u64,
+    /// Bytes, at least 512 (smaller and zero sizes are raised to one sector).
     pub size: u64,
+    /// A read (else a write).
     pub read: bool,
+    /// The device number (disksim's `devno`; 0 for formats without one).
     pub device: u32,
 }
 
+/// A trace file's format (module comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceFormat {
+    /// disksim ASCII: `arrival_ns devno start_lba size_sectors type`, whitespace-separated.
     DiskSim,
+    /// cloudPhysics CSV as libCacheSim writes it: `version,time,op,size,lbn`, time in whole seconds.
     Csv,
+    /// vscsi CSV: `ts_us,op,size_bytes,lbn`, time in microseconds, op `R` or `W`.
     Vscsi,
 }
 
+/// A trace could not be loaded; every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// The file could not be read.
     #[error("cannot read trace {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A malformed line: too few fields, or a field that is not a number of the right kind.
     #[error("trace {path} line {line}: {message}")]
-    Line { path: String, line: usize, message: String },
+    Line {
+        /// The file.
+        path: String,
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A format name other than disksim, csv or vscsi.
     #[error("trace format {0:?}: expected disksim, csv or vscsi")]
     Format(String),
+    /// More than [`MAX_RECORDS`] records.
     #[error("trace {path} has more than {MAX_RECORDS} records")]
-    TooLarge { path: String },
+    TooLarge {
+        /// The file.
+        path: String,
+    },
 }
 
 impl TraceFormat {
+    /// The format named `name` (disksim, csv, vscsi) or, without a name, the one `path`'s extension
+    /// implies: `*.vscsi-us.csv` is vscsi, other `*.csv` csv, anything else disksim. An unknown name is
+    /// [`TraceError::Format`].
     pub fn resolve(name: Option<&str>, path: &Path) -> Result<TraceFormat, TraceError> {
         match name {
             Some("disksim") => Ok(TraceFormat::DiskSim),

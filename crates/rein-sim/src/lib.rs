@@ -7,16 +7,18 @@
 //! The crate is cut by layer, every import pointing down (a test in `crates/rein/tests/layers.rs`
 //! checks it):
 //!
-//! 1. [`file`]: the TOML structs, as written;
+//! 1. [`file`](mod@file): the TOML structs, as written;
 //! 2. [`model`]: the scenario validated once into typed values ([`Scenario`]);
 //! 3. [`engine`]: the run: events, the one server model, PARDA hosts and pShift clusters as layers;
 //! 4. [`report`]: the run's recording as rein-model's [`RunTotals`];
 //! 5. [`check`]: a pure function of the scenario, the totals and an optional baseline run.
 //!
 //! Each feature keeps one file per layer: `file/parda.rs`, `model/parda.rs`, `engine/parda.rs`,
-//! `report/parda.rs`, `check/parda.rs` (and likewise `pshift`). [`bench`] builds the benchmark scenario.
+//! `report/parda.rs`, `check/parda.rs` (and likewise `pshift`). [`bench`](mod@bench) builds the benchmark scenario.
 
 #![forbid(unsafe_code)]
+// Until the workspace's [lints] table carries these (issue 10).
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod bench;
 pub mod check;

@@ -21,7 +21,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 #[derive(Debug, Subcommand)]
-pub enum BenchCmd {
+pub(crate) enum BenchCmd {
     /// Scheduler cost per request (enqueue + dispatch) vs a plain FIFO queue.
     Sched(SchedArgs),
     /// Simulator speed: completions per second.
@@ -33,24 +33,24 @@ pub enum BenchCmd {
 }
 
 #[derive(Debug, Args)]
-pub struct DispatchBenchArgs {
+pub(crate) struct DispatchBenchArgs {
     /// Comma-separated tenant counts.
     #[arg(long, default_value = "1,100", value_delimiter = ',', value_parser = parse_count)]
-    pub tenants: Vec<usize>,
+    pub(crate) tenants: Vec<usize>,
     /// Requests outstanding in all (closed loop), spread over the tenants.
     #[arg(long, default_value_t = 128)]
-    pub outstanding: usize,
+    pub(crate) outstanding: usize,
     /// Seconds per run.
     #[arg(long, default_value_t = 3.0)]
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Runs per configuration (alternating schedulers); the median is reported.
     #[arg(long, default_value_t = 5)]
-    pub repeat: usize,
+    pub(crate) repeat: usize,
     /// Backend: memory (RAM, requests inline) or file (a page-cached 256 MiB file through io_uring).
     #[arg(long, default_value = "file")]
-    pub backend: String,
+    pub(crate) backend: String,
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -133,34 +133,34 @@ fn parse_count(x: &str) -> Result<usize, String> {
 }
 
 #[derive(Debug, Args)]
-pub struct SchedArgs {
+pub(crate) struct SchedArgs {
     /// Comma-separated tenant counts.
     #[arg(long, default_value = "10,100,1000,10000,100000", value_delimiter = ',', value_parser = parse_count)]
-    pub tenants: Vec<usize>,
+    pub(crate) tenants: Vec<usize>,
     /// mclock, dmclock, rbfq, sfq, token or fifo.
     #[arg(long, default_value = "mclock")]
-    pub scheduler: SchedulerKind,
+    pub(crate) scheduler: SchedulerKind,
     /// Requests timed per repetition (default: enough for about half a second).
     #[arg(long)]
-    pub requests: Option<u64>,
+    pub(crate) requests: Option<u64>,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
-    pub repeat: usize,
+    pub(crate) repeat: usize,
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Serialize)]
-pub struct SchedRow {
-    pub scheduler: String,
-    pub tenants: usize,
-    pub ns_per_request: f64,
-    pub fifo_ns_per_request: f64,
+pub(crate) struct SchedRow {
+    pub(crate) scheduler: String,
+    pub(crate) tenants: usize,
+    pub(crate) ns_per_request: f64,
+    pub(crate) fifo_ns_per_request: f64,
     /// ns_per_request / fifo_ns_per_request.
-    pub ratio: f64,
-    pub requests: u64,
+    pub(crate) ratio: f64,
+    pub(crate) requests: u64,
     /// Fraction of timed dispatches made in the reservation phase (a sanity check of the workload).
-    pub reservation_fraction: f64,
+    pub(crate) reservation_fraction: f64,
 }
 
 struct Setup<S> {
@@ -258,7 +258,8 @@ fn time_fifo(n: usize, requests: u64, repeat: usize) -> f64 {
     median(times)
 }
 
-pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
+/// `rein bench sched`: one row per tenant count, the scheduler and FIFO measured in the same run.
+pub(crate) fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
     if args.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
@@ -300,75 +301,75 @@ pub fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
 }
 
 #[derive(Debug, Args)]
-pub struct SimBenchArgs {
+pub(crate) struct SimBenchArgs {
     /// Comma-separated tenant counts.
     #[arg(long, default_value = "1000,10000", value_delimiter = ',', value_parser = parse_count)]
-    pub tenants: Vec<usize>,
+    pub(crate) tenants: Vec<usize>,
     #[arg(long, default_value_t = 8)]
-    pub servers: usize,
+    pub(crate) servers: usize,
     /// Simulated seconds per run.
     #[arg(long, default_value_t = 5.0)]
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Serialize)]
-pub struct SimRow {
-    pub tenants: usize,
-    pub servers: usize,
-    pub completions: u64,
-    pub events: u64,
-    pub wall_s: f64,
-    pub completions_per_s: f64,
+pub(crate) struct SimRow {
+    pub(crate) tenants: usize,
+    pub(crate) servers: usize,
+    pub(crate) completions: u64,
+    pub(crate) events: u64,
+    pub(crate) wall_s: f64,
+    pub(crate) completions_per_s: f64,
     /// The same scenario with every server running FIFO: the simulator without scheduling work.
-    pub fifo_completions_per_s: f64,
+    pub(crate) fifo_completions_per_s: f64,
     /// `completions_per_s / fifo_completions_per_s`.
-    pub ratio_to_fifo: f64,
+    pub(crate) ratio_to_fifo: f64,
 }
 
 #[derive(Debug, Args)]
-pub struct PshiftBenchArgs {
+pub(crate) struct PshiftBenchArgs {
     /// Comma-separated bucket counts.
     #[arg(long, default_value = "1000,10000,100000", value_delimiter = ',', value_parser = parse_count)]
-    pub buckets: Vec<usize>,
+    pub(crate) buckets: Vec<usize>,
     #[command(flatten)]
-    pub shape: crate::pshift::ShapeArgs,
+    pub(crate) shape: crate::pshift::ShapeArgs,
     /// Comma-separated thread counts.
     #[arg(long, default_value = "1,2", value_delimiter = ',')]
-    pub threads: Vec<usize>,
+    pub(crate) threads: Vec<usize>,
     /// Comma-separated M for the top-M approximation (one thread); `--approx` alone for none.
     #[arg(long, default_value = "100,500,2000", value_delimiter = ',', num_args = 0..)]
-    pub approx: Vec<usize>,
+    pub(crate) approx: Vec<usize>,
     /// Repetitions of each measurement; the median is reported.
     #[arg(long, default_value_t = 7)]
-    pub repeat: usize,
+    pub(crate) repeat: usize,
     #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Serialize)]
-pub struct PshiftRow {
-    pub buckets: usize,
-    pub threads: usize,
-    pub approx_top: Option<usize>,
+pub(crate) struct PshiftRow {
+    pub(crate) buckets: usize,
+    pub(crate) threads: usize,
+    pub(crate) approx_top: Option<usize>,
     /// Median pShift time (instance in memory -> R- and L-tokens).
-    pub ms: f64,
+    pub(crate) ms: f64,
     /// Fastest of the runs (less sensitive to other load on the machine).
-    pub min_ms: f64,
+    pub(crate) min_ms: f64,
     /// Median max-flow time on the same instance (graph construction + Dinic), and the fastest run.
-    pub max_flow_ms: f64,
-    pub max_flow_min_ms: f64,
+    pub(crate) max_flow_ms: f64,
+    pub(crate) max_flow_min_ms: f64,
     /// ms / max_flow_ms.
-    pub ratio: f64,
-    pub phi: u64,
-    pub max_flow: u64,
-    pub phi_initial: u64,
+    pub(crate) ratio: f64,
+    pub(crate) phi: u64,
+    pub(crate) max_flow: u64,
+    pub(crate) phi_initial: u64,
     /// Share of the removable weak excess tokens removed: (phi - phi_initial) / (max_flow - phi_initial).
-    pub excess_removed_pct: f64,
-    pub shifts: u64,
+    pub(crate) excess_removed_pct: f64,
+    pub(crate) shifts: u64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -376,7 +377,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
+/// `rein bench pshift`: one row per bucket count and thread count (and per M of the approximation).
+pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
     if a.repeat == 0 || a.repeat > 1000 {
         bail!("--repeat must be in 1..=1000");
     }
@@ -468,7 +470,8 @@ fn emit<T: Serialize>(rows: &[T], json: bool, head: &str, align: &str, row: impl
     Ok(())
 }
 
-pub fn run(cmd: BenchCmd) -> Result<()> {
+/// `rein bench`: runs the measurement and prints a Markdown table (or `--json`).
+pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Pshift(a) => emit(
             &pshift_rows(&a)?,

@@ -24,25 +24,25 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The built-in simulated scenario (also at scenarios/demo.toml).
-pub const DEMO_TOML: &str = include_str!("../../../scenarios/demo.toml");
+pub(crate) const DEMO_TOML: &str = include_str!("../../../scenarios/demo.toml");
 
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Scheduler to demonstrate (try fifo or sfq to see what goes wrong without mClock).
     #[arg(long, default_value = "mclock")]
-    pub scheduler: String,
+    pub(crate) scheduler: String,
     /// Where to write summary.json, timeseries.csv, the plots and the demo's data files.
     #[arg(long, default_value = "rein-demo")]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
     /// Seconds of load (the capacity halves half-way).
     #[arg(long, default_value_t = 30.0)]
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Run the example in the simulator instead of on a live server.
     #[arg(long)]
-    pub simulated: bool,
+    pub(crate) simulated: bool,
     /// Print the result as JSON instead of text.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -72,7 +72,8 @@ struct DemoResult {
     limits_held: bool,
 }
 
-pub fn run(args: DemoArgs) -> Result<()> {
+/// `rein demo`: the module comment's run, live or `--simulated`.
+pub(crate) fn run(args: DemoArgs) -> Result<()> {
     if args.simulated {
         return run_simulated(args);
     }

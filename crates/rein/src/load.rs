@@ -13,36 +13,39 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Args)]
-pub struct LoadArgs {
+pub(crate) struct LoadArgs {
     /// NBD server address.
     #[arg(long, default_value = "127.0.0.1:10809")]
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The server's admin endpoint (`rein serve`'s, default 127.0.0.1:9180): the report then carries the
     /// tenants' specs and completions by scheduling phase. Without it they are unknown (null).
     #[arg(long)]
-    pub admin: Option<SocketAddr>,
+    pub(crate) admin: Option<SocketAddr>,
     /// A tenant's workload, repeatable: name=NAME[,export=E][,tenant=T][,conns=N]
     /// [,kind=closed|open|on_off|burst|trace][,depth=N][,rate=IOPS][,think=MS][,on=S,off=S]
     /// [,burst=N,period=MS][,trace=PATH[,time_scale=X][,repeat=1]][,size=4k][,read=PCT][,random=PCT]
     /// [,start=S][,stop=S]. export and tenant default to the name; depth (closed loop, per connection)
     /// to 16. Without kind=, trace= makes a replay, burst= bursts, on=/off= an on/off workload, rate= an
     /// open loop (Poisson arrivals), else a closed loop. See docs/serve.md.
+    // This doc comment is `rein load --help` text, where `[,key=V]` means optional: clap prints it
+    // verbatim, so escaping the brackets for rustdoc would put backslashes in the help.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long = "job", required = true)]
-    pub jobs: Vec<String>,
+    pub(crate) jobs: Vec<String>,
     /// Seconds to run.
     #[arg(long, default_value_t = 30.0)]
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Seconds excluded from the summary.
     #[arg(long, default_value_t = 2.0)]
-    pub warmup: f64,
+    pub(crate) warmup: f64,
     /// Where to write summary.json, timeseries.csv and plots.
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Print the summary as JSON on stdout.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    pub(crate) seed: u64,
 }
 
 fn parse_size(v: &str) -> Result<u64> {
@@ -60,7 +63,7 @@ fn parse_size(v: &str) -> Result<u64> {
 
 /// Parses one `--job` value into a job whose workload is validated by the simulator's rules; `duration`
 /// is the run's length (the default stop).
-pub fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
+pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     let (mut name, mut export, mut tenant) = (String::new(), String::new(), String::new());
     let mut conns = 1usize;
     let mut depth = 16u32;
@@ -142,7 +145,8 @@ pub fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     Ok(Job { name, export, tenant, connections: conns, workload })
 }
 
-pub fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
+/// One line of the live table on stderr: elapsed time, then each tenant's IOPS and mean latency (ms).
+pub(crate) fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
     let mut line = format!("{:>6.1}s", t.as_secs_f64());
     for (name, iops, lat) in rows {
         line.push_str(&format!("  | {name:<8} {iops:>8.1} IOPS {lat:>7.2} ms"));
@@ -150,7 +154,8 @@ pub fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
     eprintln!("{line}");
 }
 
-pub fn print_summary(totals: &RunTotals) {
+/// The per-tenant summary table on stdout (`?` where the spec or phases are unknown).
+pub(crate) fn print_summary(totals: &RunTotals) {
     println!(
         "{:<12} {:>7} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7}",
         "tenant", "r", "l", "w", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "resv%", "errors"
@@ -180,8 +185,10 @@ pub fn print_summary(totals: &RunTotals) {
     }
 }
 
-pub fn run(args: LoadArgs) -> Result<()> {
-    if !(args.seconds > 0.0 && args.seconds <= 86_400.0) || !(args.warmup >= 0.0 && args.warmup < args.seconds) {
+/// `rein load`: runs the jobs against the server for `--seconds`, then prints the summary (or `--json`)
+/// and writes `--out`.
+pub(crate) fn run(args: LoadArgs) -> Result<()> {
+    if !(args.seconds > 0.0 && args.seconds <= 86_400.0 && args.warmup >= 0.0 && args.warmup < args.seconds) {
         bail!("need 0 <= --warmup < --seconds <= 86400");
     }
     let duration = Duration::from_secs_f64(args.seconds);

@@ -38,7 +38,7 @@ fn font_ready() -> bool {
 /// Why plots could not be drawn.
 #[derive(Debug, thiserror::Error)]
 #[error("no TrueType font found for plots (looked for {0}); install one, e.g. apt-get install fonts-dejavu-core")]
-pub struct NoFont(String);
+pub(crate) struct NoFont(String);
 
 fn need_font() -> Result<()> {
     if font_ready() {
@@ -49,9 +49,9 @@ fn need_font() -> Result<()> {
 }
 
 /// One line of a line chart.
-pub struct Series {
-    pub name: String,
-    pub points: Vec<(f64, f64)>,
+pub(crate) struct Series {
+    pub(crate) name: String,
+    pub(crate) points: Vec<(f64, f64)>,
 }
 
 /// Draws one chart twice, into `<stem>.svg` and `<stem>.png` at `size` pixels: `draw(root, args...)`.
@@ -164,7 +164,7 @@ where
 }
 
 /// Writes `<stem>.svg` and (if a font is available) `<stem>.png`.
-pub fn line_chart(
+pub(crate) fn line_chart(
     stem: &Path,
     title: &str,
     x_label: &str,
@@ -226,7 +226,7 @@ where
 }
 
 /// Horizontal stacked bars: per tenant, IOPS by phase.
-pub fn phase_chart(stem: &Path, title: &str, rows: &[(String, [f64; 3])]) -> Result<()> {
+pub(crate) fn phase_chart(stem: &Path, title: &str, rows: &[(String, [f64; 3])]) -> Result<()> {
     let h = (120 + 40 * rows.len()).clamp(240, 1400) as u32;
     svg_and_png!(stem, (1000, h), draw_phases(title, rows));
     Ok(())
@@ -234,7 +234,7 @@ pub fn phase_chart(stem: &Path, title: &str, rows: &[(String, [f64; 3])]) -> Res
 
 /// PARDA host plots (PNG + SVG each) in `dir`: window, latency (each host's device latency and the
 /// signal, with script-L dashed), throughput and beta per host over time.
-pub fn host_plots(dir: &Path, title: &str, h: &rein_model::report::hosts::HostTotals) -> Result<()> {
+pub(crate) fn host_plots(dir: &Path, title: &str, h: &rein_model::report::hosts::HostTotals) -> Result<()> {
     let dt = h.interval_s;
     let x = |i: usize| (i as f64 + 0.5) * dt;
     let mut window = Vec::new();
@@ -291,7 +291,7 @@ pub fn host_plots(dir: &Path, title: &str, h: &rein_model::report::hosts::HostTo
 }
 
 /// The standard plots of a run: iops, latency, phases (PNG + SVG each) in `dir`.
-pub fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String, [f64; 3])]) -> Result<()> {
+pub(crate) fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String, [f64; 3])]) -> Result<()> {
     let dt = ts.interval_s;
     let mut iops = Vec::new();
     let mut lat = Vec::new();
@@ -344,10 +344,10 @@ pub fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String
 
 /// One bucket's bar: IOs in each redistribution interval of a QoS period, and its reservation for the
 /// period.
-pub struct IntervalBar {
-    pub name: String,
-    pub ios: Vec<f64>,
-    pub reservation: f64,
+pub(crate) struct IntervalBar {
+    pub(crate) name: String,
+    pub(crate) ios: Vec<f64>,
+    pub(crate) reservation: f64,
 }
 
 fn draw_interval_bars<DB: DrawingBackend>(
@@ -407,7 +407,7 @@ where
 
 /// Stacked bars: per sampled bucket, IOs in each redistribution interval of one QoS period, with its
 /// reservation (pShift Fig. 3(c)).
-pub fn interval_chart(stem: &Path, title: &str, bars: &[IntervalBar]) -> Result<()> {
+pub(crate) fn interval_chart(stem: &Path, title: &str, bars: &[IntervalBar]) -> Result<()> {
     svg_and_png!(stem, (1200, 560), draw_interval_bars(title, bars));
     Ok(())
 }
@@ -415,7 +415,9 @@ pub fn interval_chart(stem: &Path, title: &str, bars: &[IntervalBar]) -> Result<
 /// pShift plots of a run: `intervals` (IOs per redistribution interval in the first QoS period, a sample
 /// of up to 40 buckets by reservation) and, for up to 12 buckets, `periods` (IOs completed since the start
 /// of each QoS period, as in Figs. 8 and 9, with reservations and limits dashed).
-pub fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Timeseries) -> Result<()> {
+// `%` rather than `usize::is_multiple_of`, which needs Rust 1.87 (the workspace declares 1.80).
+#[allow(clippy::manual_is_multiple_of)]
+pub(crate) fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Timeseries) -> Result<()> {
     let Some(ps) = sc.pshift.as_deref() else { return Ok(()) };
     let dt = ts.interval_s;
     let period = ps.period.as_secs_f64();

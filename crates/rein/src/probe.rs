@@ -7,35 +7,37 @@ use rein_runtime::probe::{probe, ProbeConfig};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
-pub struct ProbeArgs {
+pub(crate) struct ProbeArgs {
     /// Server configuration (the same file as `rein serve --config`); default: the built-in one.
     #[arg(long)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Export to measure (default: the largest).
     #[arg(long)]
-    pub export: Option<String>,
+    pub(crate) export: Option<String>,
     /// How long to measure.
     #[arg(long, default_value_t = 5.0)]
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// IO size in KiB.
     #[arg(long, default_value_t = 4)]
-    pub size_kb: u32,
+    pub(crate) size_kb: u32,
     /// Requests outstanding (default: the config's queue_depth, as the server would keep).
     #[arg(long)]
-    pub depth: Option<usize>,
+    pub(crate) depth: Option<usize>,
     /// Share of reads in percent. Below 100 the probe overwrites the export with random data, so it
     /// also needs --destructive.
     #[arg(long, default_value_t = 100.0)]
-    pub read_pct: f64,
+    pub(crate) read_pct: f64,
     /// Allow writes (they destroy the export's contents).
     #[arg(long)]
-    pub destructive: bool,
+    pub(crate) destructive: bool,
     /// Print the result as JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
-pub fn run(args: ProbeArgs) -> Result<()> {
+/// `rein probe`: measures the export and prints its IOPS, MB/s and latency (or `--json`), then the
+/// `capacity_iops` line for the server config. Writes need `--destructive`.
+pub(crate) fn run(args: ProbeArgs) -> Result<()> {
     let cfg = match &args.config {
         Some(p) => rein_runtime::config::ServerConfig::load(p)?,
         None => rein_runtime::config::ServerConfig::builtin(),

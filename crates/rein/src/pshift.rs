@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Largest instance file `solve` reads (a 1,000,000-bucket instance on 8 servers each is about 150 MB).
-pub const MAX_INSTANCE_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_INSTANCE_BYTES: u64 = 256 << 20;
 /// Most threads `--threads` accepts.
-pub const MAX_THREADS: usize = 256;
+pub(crate) const MAX_THREADS: usize = 256;
 
 #[derive(Debug, Subcommand)]
-pub enum PshiftCmd {
+pub(crate) enum PshiftCmd {
     /// Allocate R- and L-tokens for an instance file; print JSON (Phi, max-flow value, tokens per bucket
     /// and server).
     Solve(SolveArgs),
@@ -34,23 +34,23 @@ pub enum PshiftCmd {
 }
 
 #[derive(Debug, Args)]
-pub struct SweepArgs {
+pub(crate) struct SweepArgs {
     /// A scenario with [pshift.generate] (e.g. scenarios/pshift-exp1.toml).
-    pub scenario: PathBuf,
+    pub(crate) scenario: PathBuf,
     /// Comma-separated N_A values.
     #[arg(long, default_value = "2,4,8", value_delimiter = ',')]
-    pub active: Vec<usize>,
+    pub(crate) active: Vec<usize>,
     /// Comma-separated N_D values (demand changes per bucket over the run's periods).
     #[arg(long, default_value = "0,1,2,5,10", value_delimiter = ',')]
-    pub changes: Vec<u32>,
+    pub(crate) changes: Vec<u32>,
     /// Runs per cell (seeds: the scenario's, then +1, ...); the mean is reported.
     #[arg(long, default_value_t = 5)]
-    pub runs: u64,
+    pub(crate) runs: u64,
     /// A bucket is in error when it does less than this percentage of its reservation in a period.
     #[arg(long, default_value_t = 95.0)]
-    pub threshold_pct: f64,
+    pub(crate) threshold_pct: f64,
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -135,62 +135,62 @@ fn sweep(a: &SweepArgs) -> Result<()> {
 }
 
 #[derive(Debug, Args)]
-pub struct SolveArgs {
+pub(crate) struct SolveArgs {
     /// Instance file (JSON; see docs/pshift.md).
-    pub instance: PathBuf,
+    pub(crate) instance: PathBuf,
     /// Threads for the parallel part (initial allocation and token movement sums).
     #[arg(long, default_value_t = 1)]
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// §III-C approximation: only the top M buckets by tokens and by spare demand shift.
     #[arg(long)]
-    pub approx_top: Option<usize>,
+    pub(crate) approx_top: Option<usize>,
     /// Skip the max-flow baseline (it is computed by default, to print `max_flow` and `optimal`).
     #[arg(long)]
-    pub no_max_flow: bool,
+    pub(crate) no_max_flow: bool,
     /// Only the totals (no per-bucket and per-server lists).
     #[arg(long)]
-    pub summary: bool,
+    pub(crate) summary: bool,
 }
 
 /// The shape of a synthetic instance (§IV-C), shared by `rein pshift gen` and `rein bench pshift`.
 #[derive(Debug, Args)]
-pub struct ShapeArgs {
+pub(crate) struct ShapeArgs {
     #[arg(long, default_value_t = 64)]
-    pub servers: usize,
+    pub(crate) servers: usize,
     /// N_A: active servers per bucket.
     #[arg(long, default_value_t = 8)]
-    pub active: usize,
+    pub(crate) active: usize,
     /// r: reserved fraction of the total capacity.
     #[arg(long, short = 'r', default_value_t = 1.0)]
-    pub reserved: f64,
+    pub(crate) reserved: f64,
     /// m: demand / reservation.
     #[arg(long, short = 'm', default_value_t = 1.1)]
-    pub demand_ratio: f64,
+    pub(crate) demand_ratio: f64,
 }
 
 #[derive(Debug, Args)]
-pub struct GenArgs {
+pub(crate) struct GenArgs {
     #[command(flatten)]
-    pub shape: ShapeArgs,
+    pub(crate) shape: ShapeArgs,
     /// C^j: IOs per server per QoS period.
     #[arg(long, default_value_t = 100_000)]
-    pub capacity: u64,
+    pub(crate) capacity: u64,
     #[arg(long, default_value_t = 10_000)]
-    pub buckets: usize,
+    pub(crate) buckets: usize,
     /// Zipf exponent s of the reservations (0 = equal).
     #[arg(long, default_value_t = 0.5)]
-    pub zipf_s: f64,
+    pub(crate) zipf_s: f64,
     /// Zipf exponent of the demand split over a bucket's active servers.
     #[arg(long, default_value_t = 0.5)]
-    pub demand_zipf_s: f64,
+    pub(crate) demand_zipf_s: f64,
     /// Give every bucket a limit of this many times its reservation.
     #[arg(long)]
-    pub limit_ratio: Option<f64>,
+    pub(crate) limit_ratio: Option<f64>,
     #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Write here instead of stdout.
     #[arg(long, short)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
 impl GenArgs {
@@ -289,7 +289,7 @@ impl<'de> Deserialize<'de> for DemandMap {
 }
 
 /// Reads and validates an instance file (size bound, JSON, then the core's checks).
-pub fn load_instance(path: &Path) -> Result<Instance> {
+pub(crate) fn load_instance(path: &Path) -> Result<Instance> {
     let len = std::fs::metadata(path).with_context(|| format!("cannot read instance {}", path.display()))?.len();
     if len > MAX_INSTANCE_BYTES {
         bail!("instance {} is {len} bytes, larger than the {} MiB bound", path.display(), MAX_INSTANCE_BYTES >> 20);
@@ -308,7 +308,7 @@ pub fn load_instance(path: &Path) -> Result<Instance> {
 }
 
 /// The instance as JSON (what `gen` writes and `solve` reads).
-pub fn instance_json(inst: &Instance) -> Result<String> {
+pub(crate) fn instance_json(inst: &Instance) -> Result<String> {
     let f = InstanceOut {
         servers: (0..inst.servers())
             .map(|j| ServerOutFile { name: inst.server_name(j), capacity: inst.capacity(j) })
@@ -333,7 +333,7 @@ pub fn instance_json(inst: &Instance) -> Result<String> {
 // ------------------------------------------------------------------------------------------------------
 
 /// Runs pShift on `threads` threads (a rayon pool of that size; 1 = sequential) and times it.
-pub fn timed_solve(inst: &Instance, threads: usize, approx_top: Option<usize>) -> Result<(Allocation, f64)> {
+pub(crate) fn timed_solve(inst: &Instance, threads: usize, approx_top: Option<usize>) -> Result<(Allocation, f64)> {
     if threads == 0 || threads > MAX_THREADS {
         bail!("--threads must be in 1..={MAX_THREADS}, got {threads}");
     }
@@ -475,7 +475,9 @@ fn solve_out(inst: &Instance, a: &Allocation, args: &SolveArgs, secs: f64) -> So
     out
 }
 
-pub fn run(cmd: PshiftCmd) -> Result<()> {
+/// `rein pshift`: solve an instance file (JSON on stdout), run the Experiment 2 sweep, or generate an
+/// instance.
+pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
     match cmd {
         PshiftCmd::Solve(a) => {
             let inst = load_instance(&a.instance)?;

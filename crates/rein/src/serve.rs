@@ -6,26 +6,28 @@ use rein_runtime::config::ServerConfig;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Configuration file (see docs/serve.md); without it, the built-in default: three file-backed
     /// exports (rd, oltp, dm) in ./rein-data with the mClock paper's RD / OLTP / DM tenants.
     #[arg(long)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Override the NBD listen address.
     #[arg(long)]
-    pub listen: Option<std::net::SocketAddr>,
+    pub(crate) listen: Option<std::net::SocketAddr>,
     /// Override the admin HTTP address.
     #[arg(long)]
-    pub admin: Option<std::net::SocketAddr>,
+    pub(crate) admin: Option<std::net::SocketAddr>,
     /// Override the scheduler (mclock, sfq, fifo, ...).
     #[arg(long)]
-    pub scheduler: Option<rein_core::SchedulerKind>,
+    pub(crate) scheduler: Option<rein_core::SchedulerKind>,
     /// Override the data directory.
     #[arg(long)]
-    pub data_dir: Option<PathBuf>,
+    pub(crate) data_dir: Option<PathBuf>,
 }
 
-pub fn load(args: &ServeArgs) -> Result<ServerConfig> {
+/// The server configuration: the file (or the built-in default) with the command line's overrides; a
+/// new data directory also moves the file-backed exports inside the old one.
+pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     let mut cfg = match &args.config {
         Some(p) => ServerConfig::load(p)?,
         None => ServerConfig::builtin(),
@@ -52,7 +54,8 @@ pub fn load(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(cfg)
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+/// `rein serve`: serves until Ctrl-C or SIGTERM.
+pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {

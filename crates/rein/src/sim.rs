@@ -10,31 +10,31 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Scenario file (TOML); see docs/scenarios.md and scenarios/.
-    pub scenario: PathBuf,
+    pub(crate) scenario: PathBuf,
     /// Override the scenario's seed.
     #[arg(long)]
-    pub seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
     /// Run every server on this scheduler instead (mclock, dmclock, rbfq, sfq, fifo, lfq, dtfq).
     #[arg(long)]
-    pub scheduler: Option<String>,
+    pub(crate) scheduler: Option<String>,
     /// Write summary.json, timeseries.csv and plots (PNG and SVG) here.
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Print the summary as JSON on stdout (and nothing else there).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Check the scenario's expectations; exit 1 naming each miss.
     #[arg(long)]
-    pub check: bool,
+    pub(crate) check: bool,
     /// No progress bar.
     #[arg(long, short)]
-    pub quiet: bool,
+    pub(crate) quiet: bool,
 }
 
 /// Loads the scenario with the command line's overrides applied.
-pub fn load(args: &SimArgs) -> Result<Scenario> {
+pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
     let mut sc = Scenario::load(&args.scenario)?;
     if let Some(seed) = args.seed {
         sc.seed = seed;
@@ -55,7 +55,11 @@ pub fn load(args: &SimArgs) -> Result<Scenario> {
 
 /// Runs a scenario with a progress bar on stderr (when it is a terminal and not quiet); with `check`,
 /// also checks its expectations (running the baseline they ask for).
-pub fn run_with_progress(sc: &Scenario, quiet: bool, check: bool) -> Result<(RunTotals, Option<Vec<CheckResult>>)> {
+pub(crate) fn run_with_progress(
+    sc: &Scenario,
+    quiet: bool,
+    check: bool,
+) -> Result<(RunTotals, Option<Vec<CheckResult>>)> {
     let total = sc.duration.0;
     let bar = if quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
@@ -84,7 +88,7 @@ pub fn run_with_progress(sc: &Scenario, quiet: bool, check: bool) -> Result<(Run
 }
 
 /// One-screen text summary.
-pub fn summary_text(r: &RunTotals) -> String {
+pub(crate) fn summary_text(r: &RunTotals) -> String {
     let s = &r.summary;
     let mut out = format!(
         "{}: {} s simulated ({} s warm-up excluded), scheduler {}, seed {}\n",
@@ -191,7 +195,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 /// Writes summary.json, timeseries.csv and the plots into `dir`.
-pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
+pub(crate) fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
     let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
     write_run(dir, &sc.name, measured, r, checks)?;
     if sc.pshift.is_some() {
@@ -204,7 +208,13 @@ pub fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[
 }
 
 /// Writes a run's files (simulated or measured by `rein load`) into `dir`.
-pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
+pub(crate) fn write_run(
+    dir: &Path,
+    name: &str,
+    measured: f64,
+    r: &RunTotals,
+    checks: Option<&[CheckResult]>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("summary.json"), r.summary.to_json()).context("writing summary.json")?;
     std::fs::write(dir.join("timeseries.csv"), r.timeseries.to_csv()).context("writing timeseries.csv")?;
@@ -245,7 +255,7 @@ pub fn write_run(dir: &Path, name: &str, measured: f64, r: &RunTotals, checks: O
 }
 
 /// Prints check results; returns the number of misses.
-pub fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
+pub(crate) fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
     let mut misses = 0;
     for c in results {
         let line = format!(
@@ -264,7 +274,9 @@ pub fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
     misses
 }
 
-pub fn run(args: SimArgs) -> Result<()> {
+/// `rein sim`: runs the scenario, prints its summary (or `--json`), writes `--out`, and with `--check`
+/// fails naming the missed expectations.
+pub(crate) fn run(args: SimArgs) -> Result<()> {
     let sc = load(&args)?;
     let (r, results) = run_with_progress(&sc, args.quiet || args.json, args.check)?;
     if let Some(dir) = &args.out {

@@ -303,11 +303,16 @@ fn resolve(at: &[String], segs: &[String], known: &BTreeSet<Vec<String>>) -> Opt
     found.or_else(|| (segs[0] == "super").then(|| base.clone()).filter(|b| known.contains(b)))
 }
 
-/// Cycles among the siblings of every module of one crate: (description) for each.
-fn cycles(modules: &[Module]) -> (Vec<String>, BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>>) {
+/// Imports among siblings: parent module path -> (child A -> the children B of the same parent that A
+/// depends on).
+type SiblingGraph = BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>>;
+
+/// Cycles among the siblings of every module of one crate: (description) for each, and the graph they
+/// were found in.
+fn cycles(modules: &[Module]) -> (Vec<String>, SiblingGraph) {
     let known: BTreeSet<Vec<String>> = modules.iter().map(|m| m.path.clone()).collect();
     // parent -> (child A -> children B it depends on); with a sample reference per edge.
-    let mut graph: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    let mut graph: SiblingGraph = BTreeMap::new();
     let mut why: BTreeMap<(Vec<String>, String, String), String> = BTreeMap::new();
     for m in modules {
         for (segs, line) in paths(&m.code) {

@@ -160,13 +160,13 @@ pub struct HostsSummary {
     pub aggregation: String,
     /// false: the no-PARDA baseline (`[parda] enabled = false`).
     pub enabled: bool,
-    /// All hosts after warm-up: completions per second, IO-weighted mean latency (issue at the host to
-    /// completion), and eq. (3)'s equilibrium latency for the PARDA hosts' mean betas and throughput
-    /// (`None` without PARDA hosts).
+    /// All hosts' completions per second after the warm-up.
     pub iops: f64,
-    /// See above.
+    /// All hosts' IO-weighted mean latency after the warm-up, issue at the host to completion (ms).
     pub latency_mean_ms: f64,
-    /// See above.
+    /// eq. (3)'s equilibrium latency `script_L + sum beta / C` for the active PARDA hosts' mean betas and
+    /// their throughput C after the warm-up (ms); `None` when it is not finite (no PARDA host completed
+    /// an IO).
     pub equilibrium_latency_ms: Option<f64>,
     /// Per host.
     pub hosts: Vec<HostSummary>,
@@ -323,6 +323,10 @@ impl HostTotals {
         first.map(|i| (i as f64 * self.interval_s - a).max(0.0))
     }
 
+    /// `metric` over [a, b] seconds for one host or the cluster (see [`HostMetric`] for how the cluster
+    /// combines its hosts: sums, IO-weighted means, or the slowest to converge); `band_pct` is the
+    /// convergence band and matters only for [`HostMetric::ConvergenceS`], which is infinite for a host
+    /// whose window has not settled by `b`.
     pub fn metric(&self, who: HostSubject, metric: HostMetric, a: f64, b: f64, band_pct: f64) -> f64 {
         let all: Vec<usize> = (0..self.names.len()).collect();
         let hs: &[usize] = match who {

@@ -1,7 +1,7 @@
 //! The run layer: the discrete-event engine.
 //!
 //! # Model
-//! - **Servers** ([`server`]): a scheduler (from `rein-core`, unchanged) in front of a device (rein-model's
+//! - **Servers** (`engine/server.rs`): a scheduler (from `rein-core`, unchanged) in front of a device (rein-model's
 //!   [`Device`]). The scheduler releases a request whenever fewer than `queue_depth` (D) are outstanding
 //!   at the device; the device serves them FIFO (one at a time, its latency grows with its queue) or by
 //!   processor sharing, with service times from its model, scaled when the capacity schedule changes it.
@@ -9,9 +9,9 @@
 //!   a gateway: it routes each request (by offset striping or by shares, or keeps a window per server),
 //!   and for distributed schedulers (dmclock, rbfq, dtfq) keeps a [`ServiceTracker`] whose delta/rho ride
 //!   on every request. Gateway and server are `net_delay` apart each way.
-//! - **Layers**: PARDA hosts ([`parda`]): a tenant that is a VM on a host sends its requests to the host's
+//! - **Layers**: PARDA hosts (`engine/parda.rs`): a tenant that is a VM on a host sends its requests to the host's
 //!   local scheduler, which releases them to its array within its window and sees their completions;
-//!   host periods are events. A pShift cluster ([`pshift`]): buckets' demand phases and arrival streams,
+//!   host periods are events. A pShift cluster (`engine/pshift.rs`): buckets' demand phases and arrival streams,
 //!   the servers' token schedulers, reports and a controller across a modelled delay; its requests take
 //!   the same path through servers and devices as every other.
 //! - **Time** is integer nanoseconds. Events are ordered by (time, sequence number), so equal times run in
@@ -128,17 +128,6 @@ struct Sim<'a> {
 /// Runs `sc` to the end; `progress` is called now and then with the simulated time reached.
 pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<Recording, SimError> {
     Ok(Sim::new(sc)?.run(progress))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_tenants_hot_lines_share_a_128_byte_block() {
-        use std::mem::{align_of, offset_of};
-        assert_eq!(align_of::<super::TenantState>(), 128);
-        assert!(offset_of!(super::TenantState, tracker) + 8 <= 64, "the gateway fits line 0");
-        assert_eq!(offset_of!(super::TenantState, gen), 64, "the generator's hot line is line 1");
-    }
 }
 
 impl<'a> Sim<'a> {
@@ -633,5 +622,16 @@ impl<'a> Sim<'a> {
             Reissue::Now(k) => self.issue(t, k),
             Reissue::At(at, k) => self.schedule(at, Kind::Think, t as u32, k.map_or(u32::MAX, |k| k as u32)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_tenants_hot_lines_share_a_128_byte_block() {
+        use std::mem::{align_of, offset_of};
+        assert_eq!(align_of::<super::TenantState>(), 128);
+        assert!(offset_of!(super::TenantState, tracker) + 8 <= 64, "the gateway fits line 0");
+        assert_eq!(offset_of!(super::TenantState, gen), 64, "the generator's hot line is line 1");
     }
 }

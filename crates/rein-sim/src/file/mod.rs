@@ -80,16 +80,17 @@ pub struct ScenarioFile {
     /// Default scheduler for servers: mclock, dmclock, rbfq, sfq, fifo, lfq (= sfq per server), dtfq
     /// (= sfq with distributed delta).
     pub scheduler: Option<String>,
-    /// Timeseries bucket (default 1 s).
+    /// Timeseries interval (s, default 1, at least 0.001): the resolution of timeseries.csv, plots and
+    /// windowed expectations.
     pub interval_s: Option<f64>,
     /// Cost model for the schedulers: "io" (default), "bytes", or { tm_ms, bpeak_mb_s }.
     pub cost_model: Option<CostFile>,
     /// The network between gateways and servers.
     #[serde(default)]
     pub network: NetworkFile,
-    /// `[[servers]]`.
+    /// `[[servers]]`: at least one.
     pub servers: Vec<ServerFile>,
-    /// `[[tenants]]`.
+    /// `[[tenants]]`: at least one, unless `[pshift.generate]` makes them.
     #[serde(default)]
     pub tenants: Vec<TenantFile>,
     /// `[[expect]]`: what `--check` verifies.
@@ -203,7 +204,7 @@ pub struct ServerFile {
     pub transfer_mb_s: Option<f64>,
     /// The disk model's parameters (service = "disk").
     pub disk: Option<DiskFile>,
-    /// D: requests the scheduler keeps outstanding at the device.
+    /// D: requests the scheduler keeps outstanding at the device (default 32, at most 65,536).
     #[serde(default = "default_depth")]
     pub queue_depth: u32,
     /// This server's scheduler (default: the scenario's).
@@ -213,9 +214,9 @@ pub struct ServerFile {
     pub capacity_schedule: Vec<CapacityStep>,
     /// strict (default) | break_when_idle
     pub limit_mode: Option<String>,
-    /// Locality batching: batch size (1 = off).
+    /// Locality batching (mClock §3.1): batch size (default 1 = off, at most 1024).
     pub batch: Option<u32>,
-    /// Locality batching: distance (KiB).
+    /// Locality batching: largest distance from one request of a batch to the next (KiB, default 4096).
     pub batch_distance_kb: Option<f64>,
     /// The device: "fifo" (default; one request at a time) or "ps" (processor sharing).
     pub discipline: Option<String>,
@@ -227,12 +228,12 @@ pub struct ServerFile {
 pub struct TenantFile {
     /// Its name.
     pub name: String,
-    /// Reservation (IOPS or cost units per second).
+    /// Reservation (IOPS, or cost units per second under another cost model; default 0 = none).
     #[serde(default)]
     pub reservation: f64,
-    /// Limit (none by default).
+    /// Limit, in the reservation's units (none by default).
     pub limit: Option<f64>,
-    /// Weight.
+    /// Weight: the tenant's share of what is left after reservations (default 1).
     #[serde(default = "default_weight")]
     pub weight: f64,
     /// Idle credit (mClock's sigma, in requests).
@@ -327,7 +328,7 @@ pub struct WorkloadFile {
     /// Span of the offsets (GiB).
     #[serde(default = "default_span_gb")]
     pub span_gb: f64,
-    /// Start (s).
+    /// When the tenant starts issuing (s, default 0).
     #[serde(default)]
     pub start_s: f64,
     /// Stop (s; default the end).

@@ -34,29 +34,31 @@ fn d_sfq() -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PardaFile {
-    /// script-L.
+    /// script-L: the cluster latency the hosts' control aims at (ms; positive, at most an hour).
     pub latency_threshold_ms: f64,
-    /// eq. (1): weight of the past, per period.
+    /// eq. (1): weight of the past in the latency estimate, per period (default 0.002, in [0, 1]).
     #[serde(default = "d_alpha")]
     pub alpha: f64,
-    /// eq. (2): smoothing.
+    /// eq. (2): smoothing of the window's step towards its target (default 0.8, in [0, 1]).
     #[serde(default = "d_gamma")]
     pub gamma: f64,
-    /// The control period (s).
+    /// The control period (s, default 2, in [0.001, 3600]): each PARDA host updates its window once per
+    /// period.
     #[serde(default = "d_period")]
     pub period_s: f64,
-    /// Smallest window.
+    /// Smallest window (IOs, default 1).
     #[serde(default = "d_w_min")]
     pub w_min: f64,
-    /// Largest window.
+    /// Largest window (IOs, default 64): also the default fixed issue queue of uncontrolled hosts.
     #[serde(default = "d_w_max")]
     pub w_max: f64,
-    /// Window before the first update (default w_max).
+    /// Window before the first update (IOs; default w_max).
     pub initial_window: Option<f64>,
     /// "cluster" (§4.2) or "local" (§4.1).
     #[serde(default = "d_cluster")]
     pub aggregation: String,
-    /// Visibility delay of a published report (ms).
+    /// How long after a host publishes its report the others can read it (ms, default 0): the shared
+    /// board's write-then-read latency.
     #[serde(default)]
     pub aggregation_delay_ms: f64,
     /// Hosts silent this long drop out of the average (default 3 periods).
@@ -70,9 +72,10 @@ pub struct PardaFile {
     /// The hosts' local scheduler: sfq (default) or mclock (or fifo).
     #[serde(default = "d_sfq")]
     pub local_scheduler: String,
-    /// Local locality batching (§3.3): batch size (1 = off).
+    /// Local locality batching (§3.3): batch size (default 1 = off, at most 1024).
     pub batch: Option<u32>,
-    /// Local locality batching: distance (KiB).
+    /// Local locality batching: largest distance from one request of a batch to the next (KiB, default
+    /// 4096).
     pub batch_distance_kb: Option<f64>,
     /// Latency normalisation per 8 KiB: cost(size) = fixed_ms + size / transfer_mb_s.
     pub size_model: Option<SizeModelFile>,
@@ -95,16 +98,16 @@ pub struct SizeModelFile {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostFile {
-    /// Its name.
+    /// Its name (unique; `all` is reserved for expectations about the whole cluster).
     pub name: String,
     /// beta; default: `beta_per_share` times the sum of the host's VMs' weights.
     pub beta: Option<f64>,
     /// Runs PARDA (else a fixed issue queue).
     #[serde(default = "d_true")]
     pub controlled: bool,
-    /// Uncontrolled hosts: the fixed issue queue (default w_max).
+    /// Uncontrolled hosts only: the fixed issue queue (IOs, default w_max).
     pub window: Option<f64>,
-    /// Multiplier on this host's service times at the array (placement skew).
+    /// Multiplier on this host's service times at the array (placement skew; default 1, in [0.001, 1000]).
     #[serde(default = "d_one")]
     pub service_scale: f64,
     /// The array (default: the only server).

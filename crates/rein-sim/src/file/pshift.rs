@@ -13,29 +13,36 @@ fn default_true() -> bool {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PshiftFile {
-    /// QoS period (s).
+    /// QoS period (s): reservations and limits are per period (rate x `period_s` IOs). In [0.001, 86,400];
+    /// a multiple of the scenario's `interval_s`.
     pub period_s: f64,
-    /// Redistribution intervals per period.
+    /// Redistribution intervals per period (default 5): the controller reallocates tokens at each
+    /// interval's boundary. In 1..=1000; `period_s / intervals` must be a whole number of nanoseconds.
     #[serde(default = "default_intervals")]
     pub intervals: u32,
-    /// When the first QoS period starts (default: one redistribution interval, during which the servers
-    /// run plain round robin and collect the statistics of the first report).
+    /// When the first QoS period starts (s; default: one redistribution interval, during which the servers
+    /// run plain round robin and collect the statistics of the first report). A multiple of `interval_s`,
+    /// before the end of the run.
     pub start_s: Option<f64>,
     /// false: no controller, the servers stay plain round robin (the paper's baseline).
     #[serde(default = "default_true")]
     pub controller: bool,
-    /// One-way delay between a server and the controller (ms).
+    /// One-way delay between a server and the controller (ms, at most 10,000): reports take it to reach
+    /// the controller, tokens take it again to reach the servers.
     #[serde(default)]
     pub delay_ms: f64,
-    /// arrivals (default) | backlog
+    /// How the controller estimates a bucket's demand: arrivals (default: queued plus arrivals scaled to
+    /// the time left) | backlog (also: a bucket never idle since its first request in the interval can
+    /// use the whole server, as closed loops do).
     pub estimator: Option<String>,
-    /// §III-C: the controller solves with only the top M buckets shifting.
+    /// §III-C: the controller solves with only the top M buckets shifting (default: all of them).
     pub approx_top: Option<usize>,
     /// Weighted round robin by tenant weight (§V "Local Priorities").
     #[serde(default)]
     pub weighted: bool,
     /// uniform (default, the paper's "uniform rate") | poisson: open arrivals per server.
     pub arrivals: Option<String>,
+    /// `[pshift.generate]`: synthetic buckets, instead of writing them as `[[tenants]]`.
     pub generate: Option<GenerateFile>,
 }
 
@@ -43,14 +50,18 @@ pub struct PshiftFile {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateFile {
+    /// Number of buckets, named `b0`, `b1`, ... (1 to [`crate::model::MAX_TENANTS`]).
     pub buckets: usize,
     /// Every bucket reserves this many IOPS ...
     pub reservation_iops: Option<f64>,
-    /// ... or the servers' capacity times r is split by a Zipf law of exponent s (default 0.5).
+    /// ... or the servers' total capacity (IOs per QoS period) times r (default 1, in [0, 10]) is split
+    /// among the buckets by a Zipf law.
     pub reserved_fraction: Option<f64>,
+    /// The exponent s of that Zipf law (default 0.5, in [0, 10]; 0 gives every bucket the same).
     pub reservation_zipf_s: Option<f64>,
-    /// Limit: a fixed rate, or a multiple of the reservation; none by default.
+    /// Limit (IOPS), the same for every bucket and raised to a bucket's reservation if below it ...
     pub limit_iops: Option<f64>,
+    /// ... or a multiple (at least 1) of each bucket's reservation. Neither: unlimited.
     pub limit_ratio: Option<f64>,
     /// Open arrivals at m x the reservation ...
     pub demand_ratio: Option<f64>,
@@ -64,6 +75,7 @@ pub struct GenerateFile {
     /// a fresh set of active servers and a fresh split.
     #[serde(default)]
     pub demand_changes: u32,
+    /// Request size (KiB, default 4).
     #[serde(default = "default_size_kb")]
     pub size_kb: f64,
 }
@@ -72,9 +84,12 @@ fn default_size_kb() -> f64 {
     4.0
 }
 
+/// `active_servers`: how many servers a bucket is active on in each demand phase (N_A).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum ActiveFile {
+    /// Always this many.
     One(usize),
+    /// `[min, max]`: drawn uniformly (both ends included) at each demand phase.
     Range([usize; 2]),
 }

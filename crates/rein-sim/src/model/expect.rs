@@ -77,7 +77,7 @@ pub enum Target {
     },
     /// eq. (3)'s equilibrium window, or latency `script_L + sum beta / C`.
     Equilibrium,
-    /// script-L.
+    /// PARDA's latency threshold script-L (for latency metrics).
     Threshold,
     /// The same metric in the same scenario without PARDA (the check asks for that run).
     Uncontrolled,

@@ -53,13 +53,13 @@ pub struct Scenario {
     pub name: String,
     /// What it reproduces.
     pub description: String,
-    /// Simulated time.
+    /// Simulated time: the run ends here (positive, at most [`MAX_DURATION_S`]).
     pub duration: Nanos,
-    /// Time excluded from totals.
+    /// Time excluded from the totals (summary.json), less than `duration`; the timeseries covers it.
     pub warmup: Nanos,
     /// The run's seed.
     pub seed: u64,
-    /// Timeseries interval.
+    /// Timeseries interval (at least 1 ms, at most [`MAX_INTERVALS`] of them in `duration`).
     pub interval: Nanos,
     /// The schedulers' cost model.
     pub cost_model: CostModel,
@@ -67,7 +67,8 @@ pub struct Scenario {
     pub net_delay: Nanos,
     /// Servers, in file order.
     pub servers: Vec<Server>,
-    /// Tenants (pShift buckets), in file order.
+    /// Tenants in file order, names unique; in a pShift cluster its buckets (written, or generated as `b0`,
+    /// `b1`, ...).
     pub tenants: Vec<Tenant>,
     /// What `--check` verifies.
     pub expect: Vec<Expectation>,
@@ -75,7 +76,7 @@ pub struct Scenario {
     pub scheduler_name: String,
     /// PARDA parameters, when the scenario has hosts.
     pub parda: Option<parda::Parda>,
-    /// PARDA hosts.
+    /// PARDA hosts in file order (empty without `[[hosts]]`).
     pub hosts: Vec<parda::Host>,
     /// A pShift cluster: tenants are its buckets.
     pub pshift: Option<Arc<pshift::PshiftSection>>,
@@ -84,12 +85,12 @@ pub struct Scenario {
 impl Scenario {
     /// Reads and validates a scenario file. Relative trace paths resolve against the file's directory.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        Ok(ScenarioFile::read(path)?.validate(path.parent())?)
+        ScenarioFile::read(path)?.validate(path.parent())
     }
 
     /// Parses and validates scenario text (trace paths relative to `base`).
     pub fn from_toml(text: &str, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
-        Ok(ScenarioFile::parse(text)?.validate(base)?)
+        ScenarioFile::parse(text)?.validate(base)
     }
 
     /// A copy running every server on `kind` (for side-by-side comparisons).

@@ -38,24 +38,43 @@ impl Aggregation {
 /// The validated `[parda]` table.
 #[derive(Debug, Clone)]
 pub struct Parda {
+    /// The control law every PARDA host runs (script-L, alpha, gamma, the period, window bounds, the size
+    /// model), validated by rein-core.
     pub config: PardaConfig,
+    /// Which latency signal the hosts use.
     pub aggregation: Aggregation,
+    /// How long after a host publishes its report the others can read it (cluster aggregation; at most
+    /// an hour).
     pub delay: Nanos,
+    /// Hosts silent this long drop out of the cluster average (default 3 periods).
     pub timeout: Nanos,
+    /// K of §3.4: a host's beta is K times the sum of its VMs' weights unless the host sets its own.
     pub beta_per_share: f64,
+    /// The scheduler that divides a host's window among its VMs (sfq, mclock or fifo; never a
+    /// distributed one).
     pub local_scheduler: SchedulerKind,
+    /// Locality batching in the local scheduler (§3.3): batch size, 1..=1024 (1 = off).
     pub batch: u32,
+    /// Locality batching: largest distance (bytes) from one request of a batch to the next (default
+    /// 4 MiB).
     pub batch_distance: u64,
+    /// false: every host keeps a fixed issue queue (the no-PARDA baseline of the same scenario).
     pub enabled: bool,
 }
 
 /// A validated host.
 #[derive(Debug, Clone)]
 pub struct Host {
+    /// Its name (unique, not empty, not `all`).
     pub name: String,
+    /// Its beta as written; `None`: [`Parda::beta_per_share`] times the sum of its VMs' weights.
     pub beta: Option<f64>,
+    /// Runs PARDA when PARDA is enabled (see [`Host::runs_parda`]); else a fixed issue queue.
     pub controlled: bool,
+    /// The fixed issue queue (IOs) of a host that does not run PARDA (`None`: `w_max`). Only an
+    /// uncontrolled host, or any host with PARDA disabled, may set it.
     pub window: Option<f64>,
+    /// Multiplier on its requests' service times at the array (placement skew), in [0.001, 1000].
     pub service_scale: f64,
     /// Index of the array in `Scenario::servers`.
     pub server: usize,

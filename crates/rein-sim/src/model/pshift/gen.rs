@@ -21,9 +21,11 @@ use rein_core::pshift::{Instance, InstanceBuilder, MAX_BUCKETS, MAX_SERVERS, MAX
 /// Parameters of a synthetic instance (the paper's stress case is the default but for `buckets`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenParams {
+    /// Number of servers, named `s0`, `s1`, ... (1 to [`MAX_SERVERS`]).
     pub servers: usize,
     /// C^j: IOs per server per QoS period (the paper: 100,000).
     pub capacity: u64,
+    /// Number of buckets, named `b0`, `b1`, ... (1 to [`MAX_BUCKETS`]).
     pub buckets: usize,
     /// Zipf exponent of the reservations (0 = all equal).
     pub reservation_zipf_s: f64,
@@ -37,6 +39,8 @@ pub struct GenParams {
     pub demand_zipf_s: f64,
     /// L_i = limit_ratio * R_i when set.
     pub limit_ratio: Option<f64>,
+    /// The seed of the one PCG stream behind every random choice (reservation ranks, active servers): same
+    /// parameters and seed, same instance.
     pub seed: u64,
 }
 
@@ -198,9 +202,9 @@ mod tests {
         let (lo, hi) = (*r.iter().min().unwrap(), *r.iter().max().unwrap());
         // Fig. 3(a): "roughly in the range of (120, 13000)", a factor of 100.
         assert!((100..=160).contains(&lo) && (11_000..=15_000).contains(&hi), "{lo}..{hi}");
-        for i in 0..inst.buckets() {
+        for (i, &ri) in r.iter().enumerate() {
             let d = inst.total_demand(i) as f64;
-            assert!((d - 1.1 * r[i] as f64).abs() <= 0.5, "m = 1.1");
+            assert!((d - 1.1 * ri as f64).abs() <= 0.5, "m = 1.1");
         }
         assert_eq!(generate(&GenParams::default()).unwrap(), inst, "seeded: same instance");
         assert_ne!(generate(&GenParams { seed: 2, ..GenParams::default() }).unwrap(), inst);

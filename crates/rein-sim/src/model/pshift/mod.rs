@@ -29,20 +29,31 @@ pub const MAX_DEMAND_CHANGES: u32 = 1000;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum BucketLoad {
     /// Requests at a total rate, split over the active servers by share.
-    Open { iops: f64 },
+    Open {
+        /// The bucket's total demand (IOPS), over all its active servers.
+        iops: f64,
+    },
     /// A window of this many requests at each active server.
-    Closed { per_server: u32 },
+    Closed {
+        /// Requests kept in flight at each active server (1 to [`MAX_OUTSTANDING`]).
+        per_server: u32,
+    },
 }
 
 /// Where a bucket's demand is from `at` on: (server index, share), shares summing to 1.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DemandPhase {
+    /// When the phase begins (from the start of the run).
     pub at: Nanos,
+    /// The active servers: (index into `Scenario::servers`, share of the bucket's demand), every share
+    /// positive; an open bucket sends `iops x share` to each.
     pub servers: Vec<(usize, f64)>,
 }
 
+/// A bucket's load and where its demand goes over the run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketPlan {
+    /// Open arrivals or closed windows.
     pub load: BucketLoad,
     /// Sorted by time; the first at 0.
     pub phases: Vec<DemandPhase>,
@@ -51,21 +62,34 @@ pub struct BucketPlan {
 /// Open arrivals at a server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arrivals {
+    /// Evenly spaced at `1 / rate`, from a random phase (the paper's "uniform rate").
     Uniform,
+    /// A Poisson process at the rate (exponential gaps).
     Poisson,
 }
 
 /// The validated section.
 #[derive(Debug, Clone)]
 pub struct PshiftSection {
+    /// The QoS period: reservations and limits are per period (rate x period IOs), and the controller
+    /// redistributes tokens `intervals` times in each. A multiple of the scenario's interval.
     pub period: Nanos,
+    /// Redistribution intervals per period (1..=1000); an interval is `period / intervals`, exactly.
     pub intervals: u32,
+    /// When the first QoS period starts (a multiple of the scenario's interval, before the end); before
+    /// it the servers are plain round robin.
     pub start: Nanos,
+    /// Whether a controller allocates tokens (false: plain round robin all along, the paper's baseline).
     pub controller: bool,
+    /// One-way delay between a server and the controller (at most 10 s).
     pub delay: Nanos,
+    /// How the controller estimates a bucket's demand from the servers' reports.
     pub estimator: DemandEstimator,
+    /// §III-C: solve with only the top M buckets shifting (`None`: exactly).
     pub approx_top: Option<usize>,
+    /// Weighted round robin by tenant weight at the servers (§V "Local Priorities").
     pub weighted: bool,
+    /// How open buckets' arrivals are spaced.
     pub arrivals: Arrivals,
     /// Aligned with the scenario's tenants.
     pub buckets: Vec<BucketPlan>,
@@ -112,6 +136,8 @@ pub fn validate(
         None => tau,
     };
     // Checks count IOs per QoS period from the timeseries: its interval must tile the periods.
+    // `%` rather than `u64::is_multiple_of`, which needs Rust 1.87 (the workspace declares 1.80).
+    #[allow(clippy::manual_is_multiple_of)]
     let tiles = |x: Nanos| x.0 % interval.0 == 0;
     if !tiles(period) || !tiles(start) || period.0 % f.intervals as u64 != 0 {
         return Err(format!(
