@@ -390,15 +390,13 @@ mod tests {
 
     #[test]
     fn file_storage_round_trips() {
-        let dir = std::env::temp_dir().join(format!("rein-storage-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("disk.img");
-        let _ = std::fs::remove_file(&path);
+        // Removed with its files when dropped, also when an assertion fails.
+        let dir = tempfile::Builder::new().prefix("rein-storage-").tempdir().unwrap();
+        let path = dir.path().join("disk.img");
         let s = FileStorage::open(&path, Some(4 * PAGE), false).unwrap();
         exercise(&s);
         drop(s);
         let ro = FileStorage::open(&path, None, true).unwrap();
         assert!(matches!(ro.write_at(&[1], 0), Err(StorageError::ReadOnly)));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
