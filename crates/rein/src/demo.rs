@@ -39,7 +39,7 @@ pub struct DemoArgs {
     #[arg(long, default_value = "mclock")]
     pub scheduler: String,
     /// Where to write summary.json, timeseries.csv and the plots (the live run's scratch export images live
-    /// in DIR/data while it runs and are removed at the end).
+    /// in its data/ folder while the server runs and are removed at the end).
     #[arg(long, default_value = "out/rein-demo")]
     pub out: PathBuf,
     /// Seconds of load (the capacity halves half-way).
