@@ -9,11 +9,11 @@ files=("$@")
 fail=0
 for f in "${files[@]}"; do
   name=$(basename "$f" .toml)
-  if ./target/release/rein sim "$f" --check --quiet --out "out/$name" > "out-$name.log" 2>&1; then
+  mkdir -p "out/$name"
+  if ./target/release/rein sim "$f" --check --quiet --out "out/$name" > "out/$name/run.log" 2>&1; then
     echo "ok    $name"
   else
-    echo "MISS  $name (see out-$name.log)"; fail=1
+    echo "MISS  $name (see out/$name/run.log)"; fail=1
   fi
-  mv "out-$name.log" "out/$name/run.log" 2>/dev/null || true
 done
 exit $fail

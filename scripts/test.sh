@@ -26,12 +26,29 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 cargo build --workspace --all-targets --locked
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# The tests get a temp directory of their own, which must be empty again when they end: every test removes
+# what it creates. The repository must not gain untracked files either.
+tests_tmp=$(mktemp -d)
+trap 'rm -f "$log"; rm -rf "$tests_tmp"' EXIT
+untracked() { git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true; }
+untracked_before=$(untracked)
 set +e
-cargo test --workspace --locked 2>&1 | tee "$log"
+TMPDIR=$tests_tmp cargo test --workspace --locked 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over every test binary (cargo prints one "test result" line per binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "Summary: %d passed, %d failed\n", p, f }' "$log"
+left=$(find "$tests_tmp" -mindepth 1 -maxdepth 1)
+if [ -n "$left" ]; then
+  echo "The tests left files in the temp directory ($(du -sh "$tests_tmp" | cut -f1)):" >&2
+  echo "$left" | sed "s|^$tests_tmp/|  |" >&2
+  status=1
+fi
+new_files=$(comm -13 <(echo "$untracked_before" | sort) <(untracked | sort))
+if [ -n "$new_files" ]; then
+  echo "The tests left untracked files in the repository:" >&2
+  echo "$new_files" >&2
+  status=1
+fi
 exit "$status"

@@ -460,10 +460,9 @@ mod tests {
 
     #[test]
     fn file_storage_round_trips() {
-        let dir = std::env::temp_dir().join(format!("rein-storage-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("disk.img");
-        let _ = std::fs::remove_file(&path);
+        // Removed with its files when dropped, also when an assertion fails.
+        let dir = tempfile::Builder::new().prefix("rein-storage-").tempdir().unwrap();
+        let path = dir.path().join("disk.img");
         let s = FileStorage::open(&path, Some(4 * PAGE), false).unwrap();
         exercise(&s);
         drop(s);
@@ -472,6 +471,5 @@ mod tests {
         assert_eq!(ro.kernel_io(0, 1, true).unwrap_err().kind(), ErrorKind::ReadOnly);
         assert!(ro.kernel_io(0, 1, false).unwrap().is_some_and(|k| !k.direct));
         assert!(matches!(ro.kernel_io(4 * PAGE, 1, false), Err(StorageError::OutOfRange { .. })));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -333,10 +333,10 @@ mod tests {
     use super::*;
     use crate::storage::FileStorage;
 
-    fn tmp(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("rein-uring-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A fresh directory under the temp dir, removed with its files when dropped (also on a panic or an early
+    /// return).
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("rein-uring-{name}-")).tempdir().expect("temp dir")
     }
 
     /// Asks the storage for its descriptor (checking the range) and pushes, as the dispatcher does.
@@ -371,7 +371,7 @@ mod tests {
 
     fn round_trip(direct: bool) {
         let dir = tmp(if direct { "direct" } else { "buffered" });
-        let path = dir.join("disk.img");
+        let path = dir.path().join("disk.img");
         let storage: Arc<dyn Storage> = match FileStorage::open_with(&path, Some(1 << 20), false, direct) {
             Ok(s) => Arc::new(s),
             Err(e) if direct => {
@@ -411,7 +411,6 @@ mod tests {
         storage.read_at(&mut back, 4096).unwrap();
         assert_eq!(back, a);
         drop(u);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
@@ -427,19 +426,18 @@ mod tests {
     #[tokio::test]
     async fn read_only_exports_refuse_writes_on_the_ring() {
         let dir = tmp("ro");
-        let path = dir.join("disk.img");
+        let path = dir.path().join("disk.img");
         drop(FileStorage::open(&path, Some(65536), false).unwrap());
         let storage: Arc<dyn Storage> = Arc::new(FileStorage::open(&path, None, true).unwrap());
         let Ok(mut u) = Uring::<u32>::new(8) else { return };
         let e = push(&mut u, &storage, 0, UringOp::Write { data: vec![1; 512], fua: false }, 7).unwrap_err();
         assert_eq!(e.kind(), rein_proto::ErrorKind::ReadOnly);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
     async fn a_full_ring_of_operations_completes() {
         let dir = tmp("full");
-        let path = dir.join("disk.img");
+        let path = dir.path().join("disk.img");
         let storage: Arc<dyn Storage> = Arc::new(FileStorage::open(&path, Some(1 << 20), false).unwrap());
         let Ok(mut u) = Uring::<u32>::new(8) else { return };
         for i in 0..8u32 {
@@ -455,6 +453,5 @@ mod tests {
         for (t, r) in wait_all(&mut u, 8) {
             assert_eq!(r.unwrap(), vec![t as u8; 4096]);
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -100,14 +100,17 @@ fn check(who: &str, k: u64, agg: &mut Aggregator, torn: bool, own1: bool) -> Vec
     errors
 }
 
-fn temp_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("rein-aggregate-{}-{name}", std::process::id()))
+/// A path in a fresh directory under the temp dir; the guard removes the directory and what is in it when
+/// dropped (also on a panic).
+fn temp_path(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::Builder::new().prefix("rein-aggregate-").tempdir().expect("temp dir");
+    let path = dir.path().join(name);
+    (dir, path)
 }
 
 #[test]
 fn shared_file_aggregation_with_faults() {
-    let path = temp_path("file");
-    let _ = std::fs::remove_file(&path);
+    let (_dir, path) = temp_path("file");
     let barrier = Arc::new(Barrier::new(HOSTS as usize + 1));
     let mut threads = Vec::new();
     for h in 0..HOSTS {
@@ -168,13 +171,11 @@ fn shared_file_aggregation_with_faults() {
         // Host 3's last block stays in the file while it is away: re-read as a duplicate, not as life.
         assert!(seen[7].duplicate >= 1);
     }
-    let _ = std::fs::remove_file(&path);
 }
 
 #[test]
 fn shared_file_bounds_and_errors() {
-    let path = temp_path("bounds");
-    let _ = std::fs::remove_file(&path);
+    let (_dir, path) = temp_path("bounds");
     assert!(FileAggregation::open(&path, 0).unwrap_err().to_string().contains("between 1 and"));
     assert!(FileAggregation::open(&path, rein_core::parda::MAX_HOSTS + 1).is_err());
     let mut f = FileAggregation::open(&path, 2).unwrap();
@@ -187,14 +188,11 @@ fn shared_file_bounds_and_errors() {
     let st = f.collect(now(1), &mut agg).unwrap();
     assert_eq!((st.accepted, st.empty), (1, 1));
     // The largest table: one read of MAX_HOSTS slots.
-    let path2 = temp_path("max");
-    let _ = std::fs::remove_file(&path2);
+    let (_dir2, path2) = temp_path("max");
     let mut big = FileAggregation::open(&path2, rein_core::parda::MAX_HOSTS).unwrap();
     big.publish(&HostReport { host: rein_core::parda::MAX_HOSTS - 1, ..report(0, 1) }).unwrap();
     let st = big.collect(now(1), &mut Aggregator::new(TIMEOUT).unwrap()).unwrap();
     assert_eq!((st.accepted, st.empty), (1, rein_core::parda::MAX_HOSTS as usize - 1));
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_file(&path2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,8 +299,7 @@ async fn control_loop_over(kind: &str) {
     use rein_core::{Poll, QosSpec, Request};
     use rein_runtime::aggregate::Transport;
     const N: u32 = 3;
-    let path = temp_path(&format!("loop-{kind}"));
-    let _ = std::fs::remove_file(&path);
+    let (_dir, path) = temp_path(&format!("loop-{kind}"));
     let mut transports = Vec::new();
     for h in 0..N {
         transports.push(match kind {
@@ -381,7 +378,6 @@ async fn control_loop_over(kind: &str) {
     }
     // Same beta, same signal every period: the same window everywhere, below w_max (33 ms > 30 ms).
     assert!(windows.iter().all(|w| (w - windows[0]).abs() < 1e-9 && *w < 64.0), "{kind}: {windows:?}");
-    let _ = std::fs::remove_file(&path);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,12 @@
 //! reservation (its weight share would be 200) and OLTP and DM split what is left 2:3 (380 / 570).
 //!
 //! `--simulated` runs the same example in the simulator instead (scenarios/demo.toml).
+//!
+//! Outputs go to `--out` (default `out/rein-demo`, under the `out/` folder that git ignores; not `out/demo`,
+//! which `scripts/reproduce.sh` fills from scenarios/demo.toml). The live run's export images are scratch:
+//! sparse files of 256 MiB each, about 50 MB written in the default 30 s (a quarter of the 4 KiB requests are
+//! writes). They live in `<out>/data` while the server runs and are removed when the demo ends, so a run
+//! leaves only the summary, the time series and the plots.
 
 use crate::sim;
 use anyhow::{bail, Context, Result};
@@ -31,8 +37,9 @@ pub(crate) struct DemoArgs {
     /// Scheduler to demonstrate (try fifo or sfq to see what goes wrong without mClock).
     #[arg(long, default_value = "mclock")]
     pub(crate) scheduler: String,
-    /// Where to write summary.json, timeseries.csv, the plots and the demo's data files.
-    #[arg(long, default_value = "rein-demo")]
+    /// Where to write summary.json, timeseries.csv and the plots (the live run's scratch export images live
+    /// in its data/ folder while the server runs and are removed at the end).
+    #[arg(long, default_value = "out/rein-demo")]
     pub(crate) out: PathBuf,
     /// Seconds of load (the capacity halves half-way).
     #[arg(long, default_value_t = 30.0)]
@@ -97,6 +104,26 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     let specs: Vec<_> = cfg.tenants.iter().map(|t| (t.name.clone(), t.spec)).collect();
     let total = Duration::from_secs_f64(args.seconds);
     let half = total / 2;
+    let _scratch = Scratch::new(
+        &cfg.data_dir,
+        cfg.exports.iter().filter_map(|e| match &e.backend {
+            rein_runtime::config::BackendKind::File { path } => Some(path.clone()),
+            _ => None,
+        }),
+    );
+    if !args.json {
+        // The plan first, so that whoever started it knows what to expect and for how long.
+        let tenants: Vec<String> = specs.iter().map(|(n, s)| describe(n, s)).collect();
+        eprintln!(
+            "rein demo: the mClock paper's §2.1 tenants {} on a live rein serve ({kind} scheduler) over a \
+             modelled device of 2,400 IOPS, halved to 1,200 IOPS after {:.0} s; {:.0} s of load, then a summary; \
+             outputs in {}",
+            tenants.join(", "),
+            half.as_secs_f64(),
+            total.as_secs_f64(),
+            shown(&args.out)
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
     let totals = rt.block_on(async move {
@@ -204,9 +231,53 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     );
     println!(
         "plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv",
-        args.out.display()
+        shown(&args.out)
     );
     Ok(())
+}
+
+/// `rd (r 250, w 1)`: a tenant's name and spec for the plan line.
+fn describe(name: &str, spec: &rein_core::QosSpec) -> String {
+    let mut parts = Vec::new();
+    if spec.reservation() > 0.0 {
+        parts.push(format!("r {}", spec.reservation()));
+    }
+    if let Some(l) = spec.limit() {
+        parts.push(format!("l {l}"));
+    }
+    parts.push(format!("w {}", spec.weight()));
+    format!("{name} ({})", parts.join(", "))
+}
+
+/// The output directory as an absolute path when it can be made one: scripts/demo.sh runs from the
+/// repository root, which need not be the operator's working directory.
+fn shown(dir: &std::path::Path) -> String {
+    std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).display().to_string()
+}
+
+/// The live run's export images: created by the server in the data directory, removed when the demo
+/// ends, also on an error. Files and a directory that were there before the demo started are left alone.
+struct Scratch {
+    files: Vec<PathBuf>,
+    dir: Option<PathBuf>,
+}
+
+impl Scratch {
+    fn new(dir: &std::path::Path, files: impl Iterator<Item = PathBuf>) -> Scratch {
+        Scratch { files: files.filter(|f| !f.exists()).collect(), dir: (!dir.exists()).then(|| dir.to_path_buf()) }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+        if let Some(d) = &self.dir {
+            // Only if empty: anything else put there stays.
+            let _ = std::fs::remove_dir(d);
+        }
+    }
 }
 
 fn run_simulated(args: DemoArgs) -> Result<()> {
@@ -253,7 +324,7 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
-    println!("plots: {0}/iops.png, {0}/latency.png, {0}/phases.png (and .svg)", args.out.display());
+    println!("plots: {0}/iops.png, {0}/latency.png, {0}/phases.png (and .svg)", shown(&args.out));
     if misses > 0 && kind == SchedulerKind::Mclock {
         bail!("{misses} expectations missed");
     }

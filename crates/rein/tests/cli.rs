@@ -11,15 +11,15 @@ fn scenario(name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name).display().to_string()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rein-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory under the temp dir, removed with everything in it when dropped (also on a panic).
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("rein-cli-{name}-")).tempdir().expect("temp dir")
 }
 
 #[test]
 fn simulated_demo_meets_the_paper_and_writes_plots() {
-    let out = tmp("demo");
+    let dir = tmp("demo");
+    let out = dir.path();
     let (ok, stdout, stderr) = rein(&["demo", "--simulated", "--out", out.to_str().unwrap()]);
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("reservations held: yes; limit held: yes"), "{stdout}");
@@ -33,8 +33,8 @@ fn simulated_demo_meets_the_paper_and_writes_plots() {
 
 #[test]
 fn simulated_demo_with_fifo_shows_the_violation() {
-    let out = tmp("demo-fifo");
-    let (ok, stdout, _) = rein(&["demo", "--simulated", "--scheduler", "fifo", "--out", out.to_str().unwrap()]);
+    let dir = tmp("demo-fifo");
+    let (ok, stdout, _) = rein(&["demo", "--simulated", "--scheduler", "fifo", "--out", dir.path().to_str().unwrap()]);
     assert!(ok, "demo runs with fifo for comparison");
     assert!(stdout.contains("reservations held: NO") || stdout.contains("limit held: NO"), "{stdout}");
     assert!(stdout.contains("MISS"));
@@ -130,7 +130,8 @@ fn bad_arguments_are_clear_errors() {
 fn live_demo_keeps_reservations_limits_and_weights_and_fifo_does_not() {
     let mut res = vec![];
     for sched in ["mclock", "fifo"] {
-        let out = tmp(&format!("live-{sched}"));
+        let dir = tmp(&format!("live-{sched}"));
+        let out = dir.path();
         let (ok, stdout, stderr) =
             rein(&["demo", "--scheduler", sched, "--seconds", "12", "--json", "--out", out.to_str().unwrap()]);
         assert!(ok, "{stderr}");

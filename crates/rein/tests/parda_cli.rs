@@ -5,8 +5,8 @@ use std::process::Command;
 #[test]
 fn rein_sim_writes_host_outputs_for_parda_scenarios() {
     let scenario = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/parda-table3.toml");
-    let out = std::env::temp_dir().join(format!("rein-parda-cli-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    let dir = tempfile::Builder::new().prefix("rein-parda-cli-").tempdir().expect("temp dir");
+    let out = dir.path();
     let run = Command::new(env!("CARGO_BIN_EXE_rein"))
         .args(["sim", scenario.to_str().unwrap(), "--check", "--quiet", "--out", out.to_str().unwrap()])
         .output()
@@ -39,17 +39,15 @@ fn rein_sim_writes_host_outputs_for_parda_scenarios() {
         assert!((w - eq).abs() < 0.1 * eq, "{h}");
         assert!(h["convergence_s"].as_f64().unwrap() < 40.0, "{h}");
     }
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
 fn rein_sim_reports_bad_parda_parameters() {
-    let dir = std::env::temp_dir().join(format!("rein-parda-cli-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::Builder::new().prefix("rein-parda-cli-bad-").tempdir().expect("temp dir");
     let good =
         std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/parda-table3.toml"))
             .unwrap();
-    let bad = dir.join("bad.toml");
+    let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, good.replace("gamma = 0.8", "gamma = 1.8")).unwrap();
     let run = Command::new(env!("CARGO_BIN_EXE_rein"))
         .args(["sim", bad.to_str().unwrap(), "--quiet"])
@@ -58,5 +56,4 @@ fn rein_sim_reports_bad_parda_parameters() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success());
     assert!(stderr.contains("gamma (eq. (2) smoothing) must be in [0, 1], got 1.8"), "{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

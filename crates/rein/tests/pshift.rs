@@ -8,10 +8,16 @@ fn rein(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
-fn file(name: &str, text: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("rein-pshift-{}-{name}.json", std::process::id()));
-    std::fs::write(&p, text).unwrap();
-    p
+/// A temporary instance file holding `text`, removed when dropped (also on a panic).
+fn file(name: &str, text: &str) -> tempfile::TempPath {
+    let f = tempfile::Builder::new().prefix(&format!("rein-pshift-{name}-")).suffix(".json").tempfile().unwrap();
+    std::fs::write(f.path(), text).unwrap();
+    f.into_temp_path()
+}
+
+/// A fresh directory under the temp dir, removed with everything in it when dropped (also on a panic).
+fn tmpdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("rein-pshift-{name}-")).tempdir().unwrap()
 }
 
 fn json(s: &str) -> serde_json::Value {
@@ -46,7 +52,8 @@ fn solve_example_2_moves_25_red_tokens() {
 
 #[test]
 fn gen_then_solve_is_optimal_for_any_thread_count() {
-    let p = std::env::temp_dir().join(format!("rein-pshift-{}-gen.json", std::process::id()));
+    let dir = tmpdir("gen");
+    let p = dir.path().join("gen.json");
     let (ok, _, err) = rein(&[
         "pshift",
         "gen",
@@ -155,11 +162,9 @@ fn bad_instances_get_clear_errors() {
 #[test]
 fn instance_files_above_the_size_bound_are_refused_unread() {
     // A sparse file one byte over the 256 MiB bound: refused from its size, without reading it.
-    let p = std::env::temp_dir().join(format!("rein-pshift-{}-big.json", std::process::id()));
-    let f = std::fs::File::create(&p).unwrap();
-    f.set_len((256 << 20) + 1).unwrap();
-    let (ok, _, err) = rein(&["pshift", "solve", p.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&p);
+    let f = tempfile::Builder::new().prefix("rein-pshift-big-").suffix(".json").tempfile().unwrap();
+    f.as_file().set_len((256 << 20) + 1).unwrap();
+    let (ok, _, err) = rein(&["pshift", "solve", f.path().to_str().unwrap()]);
     assert!(!ok && err.contains("larger than the 256 MiB bound"), "{err}");
 }
 
@@ -197,7 +202,8 @@ fn bench_pshift_reports_against_the_max_flow_baseline() {
 #[test]
 fn sim_runs_pshift_scenarios_with_checks_and_plots() {
     let sc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits.toml");
-    let out = std::env::temp_dir().join(format!("rein-pshift-{}-sim", std::process::id()));
+    let dir = tmpdir("sim");
+    let out = dir.path();
     let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--check", "-q", "--out", out.to_str().unwrap()]);
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("ok   4 buckets: share of 16 bucket-periods with >= 99% of the reservation"), "{stdout}");

@@ -24,11 +24,10 @@ impl Drop for Server {
     }
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rein-serve-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory under the temp dir, removed with everything in it when dropped (also on a panic).
+/// Declare it before the [`Server`] that uses it, so that the server is killed before its files go.
+fn tmpdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("rein-serve-{name}-")).tempdir().expect("temp dir")
 }
 
 /// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`.
@@ -147,8 +146,9 @@ fn real_clients_work_with_threads_and_o_direct() {
 }
 
 fn clients_round_trip(name: &str, host: u8, config: &str) {
-    let dir = tmpdir(name);
-    let s = start(&dir, host, config);
+    let tmp = tmpdir(name);
+    let dir = tmp.path();
+    let s = start(dir, host, config);
     let uri = |e: &str| format!("nbd://{}/{e}", s.nbd);
     // nbdinfo: the export and the list.
     let info = run_ok(tool("nbdinfo").arg(uri("rd")));
@@ -279,8 +279,9 @@ fn open_fds(pid: u32) -> usize {
 
 #[test]
 fn bad_input_never_takes_the_server_down() {
-    let dir = tmpdir("bad");
-    let s = start(&dir, 22, THREE);
+    let tmp = tmpdir("bad");
+    let dir = tmp.path();
+    let s = start(dir, 22, THREE);
     for structured in [false, true] {
         let (mut c, size) = Raw::connect(s.nbd, "rd", structured).unwrap();
         // Out-of-range offset: EINVAL, connection still usable.
@@ -356,8 +357,9 @@ impl StillRunning for Child {
 #[test]
 fn trim_zeroes_fua_and_pipelining() {
     for (host, engine) in [(27u8, "uring"), (28, "threads")] {
-        let dir = tmpdir(&format!("trim-{engine}"));
-        let s = start(&dir, host, &format!("io_engine = \"{engine}\"\n{THREE}"));
+        let tmp = tmpdir(&format!("trim-{engine}"));
+        let dir = tmp.path();
+        let s = start(dir, host, &format!("io_engine = \"{engine}\"\n{THREE}"));
         for structured in [false, true] {
             let (mut c, _) = Raw::connect(s.nbd, "rd", structured).unwrap();
             let data = vec![0xA5u8; 3 * 4096];
@@ -409,7 +411,8 @@ fn trim_zeroes_fua_and_pipelining() {
 /// capacity to admission control.
 #[test]
 fn probe_measures_and_admission_uses_the_measurement() {
-    let dir = tmpdir("probe");
+    let tmp = tmpdir("probe");
+    let dir = tmp.path();
     let cfg = format!(
         "data_dir = \"{}\"\n[device_model]\ncapacity_iops = 800\n[[exports]]\nname = \"a\"\nsize_mb = 16\n",
         dir.join("data").display()
@@ -452,8 +455,9 @@ fn probe_measures_and_admission_uses_the_measurement() {
 
 #[test]
 fn flushed_data_survives_kill_9() {
-    let dir = tmpdir("kill9");
-    let s = start(&dir, 23, THREE);
+    let tmp = tmpdir("kill9");
+    let dir = tmp.path();
+    let s = start(dir, 23, THREE);
     let (mut c, _) = Raw::connect(s.nbd, "oltp", false).unwrap();
     let data: Vec<u8> = (0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     c.send(Command::Write, 1, 1 << 20, data.len() as u32, &data);
@@ -471,8 +475,9 @@ fn flushed_data_survives_kill_9() {
 
 #[test]
 fn admin_endpoint_reports_and_changes_tenants() {
-    let dir = tmpdir("admin");
-    let s = start(&dir, 25, THREE);
+    let tmp = tmpdir("admin");
+    let dir = tmp.path();
+    let s = start(dir, 25, THREE);
     let http = |method: &str, path: &str, body: &str| -> (u16, String) {
         let mut t = TcpStream::connect(s.admin).unwrap();
         write!(
