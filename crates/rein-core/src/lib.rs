@@ -26,9 +26,6 @@
 //! ```
 
 #![forbid(unsafe_code)]
-// Until the workspace's [lints] table carries these (issue 10).
-#![warn(missing_docs)]
-#![warn(unreachable_pub)]
 
 pub mod cost;
 pub mod oracle;

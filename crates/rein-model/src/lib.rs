@@ -17,8 +17,6 @@
 //! [`rein_core::Nanos`]. Unlike `rein-core`, it may use seeded randomness, HdrHistogram and serde.
 
 #![forbid(unsafe_code)]
-// Until the workspace's [lints] table carries these (issue 10).
-#![warn(missing_docs, unreachable_pub)]
 
 pub mod device;
 pub mod meter;

@@ -15,9 +15,6 @@
 //! on the same machine); GPL-licensed `rs_graph` was not an option for this Apache-2.0 project.
 
 #![forbid(unsafe_code)]
-// Until the workspace's [lints] table carries these (issue 10).
-#![warn(missing_docs)]
-#![warn(unreachable_pub)]
 
 use ac_library::MfGraph;
 use rein_core::pshift::Instance;

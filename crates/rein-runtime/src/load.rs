@@ -138,6 +138,9 @@ enum Timer {
     Think,
 }
 
+/// A pending timer: (when, sequence number for ties, job, what, server).
+type TimerEntry = (Nanos, u64, usize, Timer, u32);
+
 /// A request's outcome, back at the driver.
 struct Done {
     job: usize,
@@ -219,7 +222,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         .map_err(|e| LoadError::Invalid(e.to_string()))?;
     let start = Instant::now();
     let now = || to_nanos(start.elapsed());
-    let mut timers: BinaryHeap<Reverse<(Nanos, u64, usize, Timer, u32)>> = BinaryHeap::new();
+    let mut timers: BinaryHeap<Reverse<TimerEntry>> = BinaryHeap::new();
     let mut seq = 0u64;
     let mut arm = |timers: &mut BinaryHeap<_>, at: Nanos, job: usize, t: Timer, k: u32| {
         seq += 1;

@@ -246,6 +246,7 @@ impl FileStorage {
 
     /// Zeroes a range with `fallocate(mode | KEEP_SIZE)` (`op` names it in errors), or by writing zeroes
     /// where the file system lacks that mode.
+    #[allow(unsafe_code)] // fallocate(2) has no safe wrapper in std; see the SAFETY comment.
     fn zero_range(&self, mode: libc::c_int, op: &'static str, offset: u64, len: u64) -> Result<(), StorageError> {
         self.check_io(offset, len, true)?;
         if len == 0 {

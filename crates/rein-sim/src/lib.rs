@@ -17,8 +17,6 @@
 //! `report/parda.rs`, `check/parda.rs` (and likewise `pshift`). [`bench`](mod@bench) builds the benchmark scenario.
 
 #![forbid(unsafe_code)]
-// Until the workspace's [lints] table carries these (issue 10).
-#![warn(missing_docs, unreachable_pub)]
 
 pub mod bench;
 pub mod check;

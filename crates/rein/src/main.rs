@@ -2,9 +2,6 @@
 //! live in rein-core and the simulator in rein-sim.
 
 #![forbid(unsafe_code)]
-// Until the workspace's [lints] table carries these (issue 10). In a binary nothing is reachable from
-// outside, so `unreachable_pub` asks for `pub(crate)` on every item of a module.
-#![warn(missing_docs, unreachable_pub)]
 
 mod bench;
 mod demo;
