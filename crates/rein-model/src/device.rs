@@ -87,6 +87,7 @@ impl ServiceModel {
     /// A service time (ns) with mean `mean_ns` for a request whose position does not matter: drawn for
     /// the exponential and uniform models, the mean itself for the deterministic model and for the disk
     /// model (whose position-dependent time [`Device`] computes from request offsets).
+    #[inline]
     pub fn positionless_ns(&self, mean_ns: f64, rng: &mut impl Rng) -> f64 {
         match *self {
             ServiceModel::Exponential => exponential(mean_ns, rng),
@@ -418,6 +419,7 @@ impl Device {
     }
 
     /// The discipline.
+    #[inline]
     pub fn discipline(&self) -> Discipline {
         if self.ps.is_some() {
             Discipline::Ps
@@ -427,6 +429,7 @@ impl Device {
     }
 
     /// Requests at the device (in service or queued).
+    #[inline]
     pub fn len(&self) -> usize {
         match &self.ps {
             Some(ps) => ps.len(),
@@ -435,16 +438,19 @@ impl Device {
     }
 
     /// True when no request is at the device.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Since when the device has been busy (requests present), if it is.
+    #[inline]
     pub fn busy_since(&self) -> Option<Nanos> {
         self.busy_since
     }
 
     /// Draws a job's service time (ns, at least 1).
+    #[inline]
     fn draw_ns(&mut self, job: &Job) -> f64 {
         let base = match self.service {
             ServiceModel::Disk(d) => {
@@ -465,6 +471,7 @@ impl Device {
         ((base + job.size as f64 * self.ns_per_byte) * self.slow * job.scale).max(1.0)
     }
 
+    #[inline]
     fn start_busy(&mut self, now: Nanos) {
         if self.busy_since.is_none() {
             self.busy_since = Some(now);
@@ -475,6 +482,7 @@ impl Device {
 
     /// A job reaches a FIFO device at `now`. If the device was idle it starts at once: returns when it
     /// completes (call [`Device::fifo_finish`] then).
+    #[inline]
     pub fn fifo_arrive(&mut self, now: Nanos, job: Job) -> Option<Nanos> {
         debug_assert!(self.ps.is_none(), "a FIFO call on a processor-sharing device");
         self.queue.push_back(job);
@@ -485,6 +493,7 @@ impl Device {
         }
     }
 
+    #[inline]
     fn fifo_start(&mut self, now: Nanos) -> Option<Nanos> {
         let job = self.queue.pop_front()?;
         let ns = self.draw_ns(&job);
@@ -495,6 +504,7 @@ impl Device {
 
     /// The job in service completes at `now` (the time [`Device::fifo_arrive`] or the previous
     /// `fifo_finish` returned); the next one starts.
+    #[inline]
     pub fn fifo_finish(&mut self, now: Nanos) -> FifoDone {
         let id = self.in_service.take().expect("invariant 1: fifo_finish with a job in service");
         let next = self.fifo_start(now);
@@ -505,6 +515,7 @@ impl Device {
     // ---- Processor sharing -------------------------------------------------------------------------
 
     /// A job reaches a processor-sharing device at `now`; call [`Device::ps_rearm`] afterwards.
+    #[inline]
     pub fn ps_admit(&mut self, now: Nanos, job: Job) {
         let ns = self.draw_ns(&job);
         self.start_busy(now);
@@ -531,6 +542,7 @@ impl Device {
     }
 
     /// If the device is empty, ends its busy period: returns when it began.
+    #[inline]
     pub fn end_busy_if_idle(&mut self) -> Option<Nanos> {
         if self.is_empty() {
             self.busy_since.take()

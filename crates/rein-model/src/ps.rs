@@ -47,6 +47,7 @@ impl Ps {
     }
 
     /// A request `id` needing `work_ns` of service arrives at `now`.
+    #[inline]
     pub fn admit(&mut self, now: Nanos, id: u32, work_ns: f64) {
         self.advance(now);
         let work = ((work_ns.max(1.0)) * (1u64 << FRAC) as f64) as u128;

@@ -165,7 +165,7 @@ impl Recorder {
         self.log(tenant, issued, now, bytes, UNKNOWN_PHASE);
     }
 
-    #[inline]
+    #[inline(always)]
     fn log(&mut self, tenant: usize, issued: Nanos, now: Nanos, bytes: u64, phase: usize) {
         let i = self.interval_of(now);
         let lat = now.0 - issued.0;
@@ -248,6 +248,7 @@ impl Recorder {
     }
 
     /// A request of `tenant` was refused.
+    #[inline]
     pub fn rejected(&mut self, tenant: usize) {
         self.rejected[tenant] += 1;
     }

@@ -390,6 +390,10 @@ pub enum Reissue {
 const OPEN: u8 = 0;
 const POOL: u8 = 1;
 const PER_SERVER: u8 = 2;
+/// The read mix, packed in a byte of the hot line.
+const ALL_READS: u8 = 0;
+const NO_READS: u8 = 1;
+const MIXED: u8 = 2;
 
 /// One tenant's generator state (module comment). What a closed-loop completion and its replacement
 /// touch is in the first 64 bytes (aligned): with thousands of tenants every completion lands on a cold
@@ -409,10 +413,10 @@ pub struct Generator {
     on: bool,
     /// OPEN, POOL or PER_SERVER.
     closed: u8,
-    mixed_reads: bool,
-    // Cold.
+    /// ALL_READS, NO_READS or MIXED.
+    reads: u8,
+    // Cold (touched only by per-server windows, mixed reads, starts and arrivals).
     outstanding: u32,
-    all_reads: bool,
     read_frac: f64,
     read_state: u64,
     /// Requests in flight per server (per-server windows only).
@@ -442,9 +446,14 @@ impl Generator {
             active: false,
             on: false,
             closed,
-            mixed_reads: spec.read_frac > 0.0 && spec.read_frac < 1.0,
+            reads: if spec.read_frac >= 1.0 {
+                ALL_READS
+            } else if spec.read_frac <= 0.0 {
+                NO_READS
+            } else {
+                MIXED
+            },
             outstanding,
-            all_reads: spec.read_frac >= 1.0,
             read_frac: spec.read_frac,
             // An independent stream for the read mix (module comment).
             read_state: (seed as u64) ^ ((seed >> 64) as u64).rotate_left(17) ^ 0x5E_ED0F_4EAD,
@@ -565,7 +574,11 @@ impl Generator {
         let slots = (self.span_bytes / size.max(1)).max(1);
         let offset = if random { self.rng.gen_range(0..slots) * size } else { self.next_seq_offset % (slots * size) };
         self.next_seq_offset = offset + size;
-        let read = if self.mixed_reads { self.draw_read() } else { self.all_reads };
+        let read = match self.reads {
+            ALL_READS => true,
+            NO_READS => false,
+            _ => self.draw_read(),
+        };
         Io { offset, read }
     }
 
@@ -589,16 +602,17 @@ impl Generator {
     #[inline]
     pub fn issued(&mut self, server: usize) {
         self.in_flight += 1;
-        if let Some(n) = self.in_flight_at.get_mut(server) {
-            *n += 1;
+        if self.closed == PER_SERVER {
+            self.in_flight_at[server] += 1;
         }
     }
 
+    #[inline]
     fn retire(&mut self, server: usize) {
         debug_assert!(self.in_flight > 0, "invariant 1");
         self.in_flight -= 1;
-        if let Some(n) = self.in_flight_at.get_mut(server) {
-            *n -= 1;
+        if self.closed == PER_SERVER {
+            self.in_flight_at[server] -= 1;
         }
     }
 

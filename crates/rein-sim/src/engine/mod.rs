@@ -66,8 +66,9 @@ pub enum SimError {
     Setup(String, String),
 }
 
-/// A request in flight.
+/// A request in flight: one cache line, aligned, so reaching a request costs one miss at most.
 #[derive(Clone, Debug)]
+#[repr(align(64))]
 struct Req {
     tenant: u32,
     server: u32,
@@ -627,6 +628,12 @@ impl<'a> Sim<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_request_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<super::Req>(), 64);
+        assert_eq!(std::mem::align_of::<super::Req>(), 64);
+    }
+
     #[test]
     fn a_tenants_hot_lines_share_a_128_byte_block() {
         use std::mem::{align_of, offset_of};
