@@ -24,13 +24,18 @@ use std::sync::Arc;
 /// What the admin endpoint needs to know.
 #[derive(Clone)]
 pub struct AdminState {
+    /// The dispatcher whose tenants are reported and changed.
     pub dispatcher: Dispatcher,
     /// Tenant names and ids, in configuration order.
     pub tenants: Arc<Vec<(String, TenantId)>>,
+    /// Whether a spec change that takes the reservations above the capacity is refused or warned about.
     pub admission: Admission,
+    /// Reservable capacity for admission, in IOPS ([`crate::config::ServerConfig::capacity_iops`]);
+    /// `None`: the modelled device's capacity at the time of the change, or no check without a model.
     pub capacity_iops: Option<f64>,
 }
 
+/// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
@@ -145,7 +150,8 @@ struct SpecUpdate {
 /// Distinguishes a missing `limit` (keep) from `"limit": null` (remove).
 mod double_option {
     use serde::{Deserialize, Deserializer};
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
+    /// A present field, `null` or not: `Some(value)`; serde's `default` gives `None` when it is missing.
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
         Ok(Some(Option::deserialize(d)?))
     }
 }

@@ -38,14 +38,29 @@ use std::sync::Arc;
 /// Largest datagram read (anything longer than a record is refused as oversized).
 const MAX_DATAGRAM: usize = 1024;
 
+/// Why a transport could not be set up or an exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AggregationError {
+    /// A host id at or above the bound: the file's slot count, or [`MAX_HOSTS`] for UDP.
     #[error("host id {id} out of range for this aggregation file ({max} slots)")]
-    HostId { id: u32, max: u32 },
+    HostId {
+        /// The host id given.
+        id: u32,
+        /// The bound it must stay below.
+        max: u32,
+    },
+    /// The file's slot count is 0 or above [`MAX_HOSTS`].
     #[error("aggregation file must have between 1 and {MAX_HOSTS} slots, got {0}")]
     Slots(u32),
+    /// Opening, reading or writing the file, or binding the UDP socket, failed.
     #[error("{op} on the aggregation file failed: {source}")]
-    Io { op: &'static str, source: io::Error },
+    Io {
+        /// The call: `open`, `read`, `write` or `bind`.
+        op: &'static str,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// Two peers were configured with this host id.
     #[error("two peers have host id {0}")]
     DuplicatePeer(u32),
 }
@@ -102,6 +117,7 @@ impl FileAggregation {
         Ok(FileAggregation { file: Arc::new(file), slots, buf: vec![0; slots as usize * SLOT_BYTES] })
     }
 
+    /// Hosts the file has room for: host `i` owns the slot at byte `512 * i`, for `i < slots`.
     pub fn slots(&self) -> u32 {
         self.slots
     }
@@ -127,7 +143,9 @@ impl FileAggregation {
 /// Either transport, for a host's control loop (module comment).
 #[derive(Debug)]
 pub enum Transport {
+    /// Through a shared file on the shared storage.
     File(FileAggregation),
+    /// By datagrams to every peer.
     Udp(UdpAggregation),
 }
 
@@ -241,6 +259,7 @@ impl UdpAggregation {
         Ok(UdpAggregation { socket, host, peers: v })
     }
 
+    /// The address the socket is bound to (with the real port when bound to port 0).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.socket.local_addr()
     }

@@ -11,16 +11,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 
+/// Requests one connection has in flight at most; a caller beyond it waits for one to be answered.
 pub const MAX_IN_FLIGHT: usize = 1024;
 
+/// Why a connection or a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The socket failed: connecting, reading or writing.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The server broke the protocol, in the handshake (or refused the export there) or in a reply.
     #[error("protocol: {0}")]
     Proto(#[from] p::ProtoError),
+    /// The connection ended before the answer arrived.
     #[error("server closed the connection")]
     Closed,
+    /// The server answered the request with this NBD error number (`NBD_EINVAL`, `NBD_EPERM`,
+    /// `NBD_ENOSPC`, ...).
     #[error("server answered error {0}")]
     Errno(u32),
 }
@@ -33,11 +40,18 @@ pub struct NbdClient {
     pending: Pending,
     next: std::sync::atomic::AtomicU64,
     slots: Semaphore,
+    /// The export's size in bytes, as the handshake announced it.
     pub size: u64,
+    /// The export's transmission flags from the handshake (`NBD_FLAG_*`: read-only, flush, FUA, trim,
+    /// ...).
     pub flags: u16,
 }
 
 impl NbdClient {
+    /// Connects to `addr` and negotiates `export` (fixed newstyle, asking for structured replies), then
+    /// starts the task that reads replies. Errors: [`ClientError::Io`] from the socket,
+    /// [`ClientError::Proto`] from the handshake (an unknown export among them), [`ClientError::Closed`]
+    /// if the server hangs up during it.
     pub async fn connect(addr: SocketAddr, export: &str) -> Result<Arc<NbdClient>, ClientError> {
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
@@ -109,6 +123,9 @@ impl NbdClient {
         rx.await.map_err(|_| ClientError::Closed)?
     }
 
+    /// Sends `NBD_CMD_DISC` and closes the sending side; errors are ignored (the server may be gone).
+    /// Requests still in flight get their replies if the server sends them before closing, else
+    /// [`ClientError::Closed`].
     pub async fn disconnect(&self) {
         let mut msg = Vec::new();
         RequestHeader { flags: 0, command: Command::Disc, handle: 0, offset: 0, length: 0 }.encode(&mut msg);

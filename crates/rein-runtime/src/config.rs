@@ -52,12 +52,26 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+/// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file could not be read.
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The text is not TOML, or does not fit the schema (an unknown field, a wrong type).
     #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// Where the text came from (`<built-in>` for [`BUILTIN`]).
+        path: PathBuf,
+        /// The TOML parser's message, with the line and column.
+        message: String,
+    },
+    /// A value is out of range or inconsistent with another; the message names the field.
     #[error("config: {0}")]
     Invalid(String),
 }
@@ -182,59 +196,98 @@ struct TenantFile {
     idle_credit: u32,
 }
 
+/// Where an export's bytes live (`backend`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendKind {
-    File { path: PathBuf },
+    /// A regular file or block device ([`crate::storage::FileStorage`]); a missing file is created with
+    /// the export's size.
+    File {
+        /// The file: `path` (default `<name>.img`), under `data_dir` unless absolute.
+        path: PathBuf,
+    },
+    /// RAM ([`crate::storage::MemStorage`]): zeroes at start, gone at exit.
     Memory,
 }
 
+/// One `[[exports]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct ExportConfig {
+    /// The name NBD clients ask for: unique, at most 4096 bytes.
     pub name: String,
+    /// Where its bytes live (default a file).
     pub backend: BackendKind,
+    /// Size in bytes (`size_mb` MiB, default 1 GiB; at most [`MAX_EXPORT_BYTES`]) of a new file or of RAM
+    /// storage. An existing file keeps its own size.
     pub size: u64,
     /// Index into `ServerConfig::tenants`.
     pub tenant: usize,
+    /// Refuse writes, trims and write-zeroes, and advertise the export as read-only (default false).
     pub read_only: bool,
     /// O_DIRECT for aligned IO (file backend).
     pub direct: bool,
 }
 
+/// A tenant: a `[[tenants]]` entry, or the default-spec tenant made for an export with no tenant of its
+/// name.
 #[derive(Debug, Clone)]
 pub struct TenantConfig {
+    /// Its name: unique and not empty; exports and the admin endpoint refer to it by name.
     pub name: String,
+    /// Its validated spec: reservation and limit in IOPS (bytes/s with `cost_model = "bytes"`), weight,
+    /// idle credit.
     pub spec: QosSpec,
 }
 
+/// What happens when the reservations exceed the reservable capacity (`admission`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
+    /// The default: the server does not start, and a spec change through the admin endpoint that would
+    /// exceed the capacity is refused (HTTP 409).
     Refuse,
+    /// The server starts and the change is applied, with a warning in the log (and in the admin answer).
     Warn,
 }
 
 /// A validated server configuration.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
+    /// The NBD listening address (default 127.0.0.1:10809).
     pub listen: SocketAddr,
+    /// The admin HTTP endpoint's address (default 127.0.0.1:9180).
     pub admin: SocketAddr,
+    /// Where file exports with relative paths live (default `rein-data`, relative to the working
+    /// directory); created at start if missing.
     pub data_dir: PathBuf,
+    /// The scheduling algorithm (default mClock).
     pub scheduler: SchedulerKind,
+    /// D: requests outstanding at the backend, 1..=4096 (default 32).
     pub queue_depth: usize,
+    /// How a request's size becomes cost: one unit per IO (the default) or by bytes.
     pub cost_model: CostModel,
+    /// What happens when reservations exceed the capacity (default [`Admission::Refuse`]).
     pub admission: Admission,
-    /// Capacity used for admission control: configured, else the device model's.
+    /// Capacity used for admission control, in IOPS: configured, else the device model's at start (`None`:
+    /// no admission control, unless `probe_capacity_s` measures one).
     pub capacity_iops: Option<f64>,
+    /// Largest READ or WRITE accepted, in bytes (`max_request_kb` KiB: 1 KiB..=128 MiB, default 32 MiB).
     pub max_request: u64,
+    /// How the dispatcher runs file IO (default io_uring, falling back to threads).
     pub io_engine: IoEngine,
     /// Seconds to measure the backend at start-up for admission (0: no probe).
     pub probe_capacity_s: f64,
+    /// The simulator's device model in front of the storage (`[device_model]`); `None`: the storage's own
+    /// speed.
     pub device: Option<DeviceConfig>,
+    /// The exports, in file order: at least one, at most [`MAX_EXPORTS`].
     pub exports: Vec<ExportConfig>,
+    /// The tenants: the `[[tenants]]` in file order, then one default-spec tenant per export that names
+    /// none and has no tenant of its own name.
     pub tenants: Vec<TenantConfig>,
 }
 
-/// Largest export (1 PiB) and number of exports/tenants.
+/// Largest export, in bytes (1 PiB).
 pub const MAX_EXPORT_BYTES: u64 = 1 << 50;
+/// Most `[[exports]]` in one configuration.
 pub const MAX_EXPORTS: usize = 4096;
 
 /// The built-in default: the mClock paper's §2.1 tenants, each with a 256 MiB file export.
@@ -271,21 +324,29 @@ weight = 3
 "#;
 
 impl ServerConfig {
+    /// Reads and validates the file at `path`. Errors: [`ConfigError::Read`] if it cannot be read, else as
+    /// [`ServerConfig::parse`].
     pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
         Self::parse(&text, path)
     }
 
+    /// The built-in configuration, [`BUILTIN`]: what `rein serve` runs without a file. It is valid (a test
+    /// parses it), so this never fails.
     pub fn builtin() -> ServerConfig {
         Self::parse(BUILTIN, Path::new("<built-in>")).expect("the built-in config is valid")
     }
 
+    /// Parses and validates configuration text; `path` only names the source in errors. Errors:
+    /// [`ConfigError::Parse`] for text that is not TOML or fields that do not exist or have the wrong
+    /// type, [`ConfigError::Invalid`] (naming the field) for values out of range or inconsistent.
     pub fn parse(text: &str, path: &Path) -> Result<ServerConfig, ConfigError> {
         let f: File =
             toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
         validate(f).map_err(ConfigError::Invalid)
     }
 
+    /// The position in `tenants` of the tenant called `name`, if there is one.
     pub fn tenant_index(&self, name: &str) -> Option<usize> {
         self.tenants.iter().position(|t| t.name == name)
     }

@@ -6,12 +6,12 @@
 //! scenario's `[[servers]]`. The dispatcher admits each request it starts to the model at that moment, and
 //! the request completes at the later of its real IO and its modelled completion. So a fast SSD can stand
 //! in for "a 1,200 IOPS array", the capacity can follow a schedule or be changed at run time
-//! ([`ModelledDevice::set_capacity`]), and the same seed gives the same service times as the simulator's
-//! server 0 ([`rein_model::seed`]).
+//! (`ModelledDevice::set_capacity`, behind [`crate::Dispatcher::set_capacity`]), and the same seed gives
+//! the same service times as the simulator's server 0 ([`rein_model::seed`]).
 //!
 //! # Driving it (sans-IO)
-//! [`ModelledDevice`] never reads a clock: the dispatcher passes its `now`, arms one timer for
-//! [`ModelledDevice::next_deadline`] and calls [`ModelledDevice::advance`] when it fires. The model runs on
+//! `ModelledDevice` never reads a clock: the dispatcher passes its `now`, arms one timer for
+//! `ModelledDevice::next_deadline` and calls `ModelledDevice::advance` when it fires. The model runs on
 //! its own time: a completion due at `t` is processed at `t` even if the timer fired late, so a busy
 //! dispatcher delays answers but never shifts the modelled schedule.
 //!

@@ -72,12 +72,16 @@ pub struct Clock {
 }
 
 impl Clock {
+    /// A clock whose origin is the present instant: [`Clock::now`] reads `Nanos(0)` now.
     pub fn new() -> Clock {
         Clock { origin: Instant::now() }
     }
+    /// Nanoseconds since the origin; never decreases. Saturates at `u64::MAX` (about 584 years).
     pub fn now(&self) -> Nanos {
         Nanos(self.origin.elapsed().as_nanos().min(u64::MAX as u128) as u64)
     }
+    /// The tokio `Instant` at which [`Clock::now`] reads `t`: turns a core deadline (a [`Poll::Wait`]) into
+    /// a timer.
     pub fn instant(&self, t: Nanos) -> Instant {
         self.origin + std::time::Duration::from_nanos(t.0)
     }
@@ -94,15 +98,30 @@ impl Default for Clock {
 pub enum Op {
     /// Read `len` bytes. The result is one buffer of `headroom + len` bytes: `headroom` zero bytes the
     /// caller may fill later (a reply header), then the data.
-    Read { len: u32, headroom: usize },
+    Read {
+        /// Bytes to read from the request's offset.
+        len: u32,
+        /// Zero bytes placed in front of the data in the result buffer (not read from the storage); the
+        /// NBD server writes its reply header there. 0 for a plain read.
+        headroom: usize,
+    },
     /// Write `data`.
-    Write { data: Vec<u8> },
+    Write {
+        /// The bytes to write at the request's offset; their length is the request's size.
+        data: Vec<u8>,
+    },
     /// Make completed writes durable.
     Flush,
     /// Discard `len` bytes.
-    Trim { len: u32 },
+    Trim {
+        /// Bytes to discard from the request's offset; they read as zeroes afterwards.
+        len: u32,
+    },
     /// Write `len` zero bytes.
-    WriteZeroes { len: u32 },
+    WriteZeroes {
+        /// Bytes to set to zero from the request's offset.
+        len: u32,
+    },
 }
 
 impl Op {
@@ -119,16 +138,23 @@ impl Op {
             Op::Flush => 0,
         }
     }
+    /// Whether the request covers no bytes (a flush, or a zero-length request). The scheduler still gets
+    /// it with a size of 1 byte (sizes are at least 1).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
+/// One request for the dispatcher: an operation on an export's storage, scheduled under a tenant's QoS.
 pub struct IoRequest {
     /// The export's storage (several exports may share one dispatcher, i.e. one device).
     pub storage: Arc<dyn Storage>,
+    /// Whose queue and spec the request is scheduled under: an id from [`Dispatcher::add_tenant`]; any
+    /// other is refused with [`IoError::Refused`].
     pub tenant: TenantId,
+    /// Byte offset into the storage (unused by a flush). Also the scheduler's locality hint.
     pub offset: u64,
+    /// What to do, and on how many bytes.
     pub op: Op,
     /// Force unit access: the write is durable before it is answered.
     pub fua: bool,
@@ -141,7 +167,9 @@ pub type IoResult = Result<Vec<u8>, IoError>;
 /// Where a request's result goes: a oneshot channel ([`Dispatcher::io`]) or a callback run on the
 /// dispatcher task ([`Dispatcher::submit`]; it must be quick and must not block).
 pub enum Reply {
+    /// The result is sent on this channel; a receiver that is gone is ignored.
     Channel(oneshot::Sender<IoResult>),
+    /// The function is called once with the result, on the dispatcher task.
     Callback(Box<dyn FnOnce(IoResult) + Send>),
 }
 
@@ -156,12 +184,17 @@ impl Reply {
     }
 }
 
+/// Why a request (or a tenant change) was not served.
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
+    /// The storage refused the IO (out of range, read-only) or the operating system failed it.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The scheduler did not take the request or change: an unknown tenant, a full queue, too many
+    /// tenants.
     #[error("scheduler refused the request: {0}")]
     Refused(#[from] SchedError),
+    /// The dispatcher task ended (the runtime is shutting down, or the task panicked) before answering.
     #[error("server is shutting down")]
     Shutdown,
 }
@@ -182,13 +215,20 @@ impl IoError {
 /// Per-tenant measurements kept by the dispatcher.
 #[derive(Clone, Debug, Default)]
 pub struct TenantCounters {
+    /// Requests completed without error, by the [`Phase::index`] of the phase they were dispatched in.
     pub completed: [u64; 3],
+    /// Bytes moved or covered ([`Op::len`]) by the requests counted in `completed`.
     pub bytes: u64,
+    /// Requests answered with an error: refused by the scheduler on arrival, or failed by the storage.
     pub errors: u64,
+    /// Sum of the latencies (arrival at the dispatcher to completion, ns) of the requests counted in
+    /// `completed`; divided by their total, the mean latency.
     pub latency_sum_ns: u128,
-    /// Latency histogram: counts in buckets with upper bounds [`LATENCY_BUCKETS_S`] (+Inf last).
+    /// Latency histogram: counts in buckets with upper bounds [`LATENCY_BUCKETS_S`] (+Inf last), so
+    /// `LATENCY_BUCKETS_S.len() + 1` entries (empty in a `Default` value).
     pub latency_buckets: Vec<u64>,
-    /// Completions in the last whole second.
+    /// Completions per second over the last tick (about one second); 0 until a tick has passed since the
+    /// tenant was added.
     pub iops_last_s: f64,
     /// Seconds backlogged yet served below the reservation (module comment).
     pub below_reservation_s: u64,
@@ -212,29 +252,44 @@ fn bucket_of(latency: Nanos) -> usize {
 /// Backend latency (dispatch to completion), all tenants together.
 #[derive(Clone, Debug, Default)]
 pub struct BackendCounters {
+    /// Requests dispatched to the backend and finished there, successfully or not.
     pub completed: u64,
+    /// Sum of their backend latencies in ns: dispatch to completion (with a device model, to the later of
+    /// the real and the modelled completion).
     pub latency_sum_ns: u128,
+    /// Histogram of the backend latencies, laid out as [`TenantCounters::latency_buckets`].
     pub latency_buckets: Vec<u64>,
 }
 
 /// A snapshot of one tenant.
 #[derive(Clone, Debug)]
 pub struct TenantSnapshot {
+    /// The tenant's id, as [`Dispatcher::add_tenant`] returned it.
     pub id: TenantId,
+    /// Its spec now (after any [`Dispatcher::set_spec`]).
     pub spec: QosSpec,
+    /// The scheduler's counts for it: dispatched requests and cost by phase, requests queued now.
     pub sched: TenantStats,
+    /// The dispatcher's measurements for it.
     pub counters: TenantCounters,
 }
 
 /// A snapshot of the dispatcher.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
+    /// When it was taken, on the dispatcher's [`Clock`] (ns since the dispatcher started).
     pub now: Nanos,
+    /// The scheduling algorithm in use.
     pub scheduler: SchedulerKind,
+    /// Requests at the backend now (dispatched, not yet completed); at most `depth`.
     pub outstanding: usize,
+    /// D: the most requests outstanding at the backend at once ([`DispatchConfig::depth`]).
     pub depth: usize,
+    /// Every tenant added, in the order it was added.
     pub tenants: Vec<TenantSnapshot>,
+    /// The modelled device's capacity now, in IOPS; `None` without a device model.
     pub capacity_iops: Option<f64>,
+    /// Backend latency, all tenants together.
     pub backend: BackendCounters,
     /// The engine actually in use (after any fallback).
     pub io_engine: IoEngine,
@@ -265,13 +320,22 @@ pub enum CapacityError {
 /// How the dispatcher runs IO on file storage (module comment).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
 pub enum IoEngine {
+    /// Route 1: reads, writes and flushes of storage that offers a descriptor go to an io_uring owned by
+    /// the dispatcher; the rest as with `Threads`. Becomes `Threads` if the kernel refuses io_uring.
     #[default]
     Uring,
+    /// File IO runs on tokio's blocking pool (route 3); storage that says it never blocks (RAM, up to
+    /// [`crate::storage::MEMORY_INLINE_MAX`]) still runs inline.
     Threads,
+    /// IO up to [`DispatchConfig::inline_max_bytes`], other than a flush, runs on the dispatcher task
+    /// itself (route 2); larger IO on the blocking pool. Only sensible for RAM-like storage: a slow file
+    /// stalls every tenant.
     Inline,
 }
 
 impl IoEngine {
+    /// The name in configs (`io_engine`), metrics and probe reports: `uring`, `threads` or `inline`
+    /// (parsing also accepts `io_uring`).
     pub fn name(self) -> &'static str {
         match self {
             IoEngine::Uring => "uring",
@@ -296,15 +360,20 @@ impl std::str::FromStr for IoEngine {
 /// Dispatcher settings.
 #[derive(Clone, Debug)]
 pub struct DispatchConfig {
+    /// The scheduling algorithm (default mClock).
     pub scheduler: SchedulerKind,
+    /// The scheduler's settings: cost model, limit mode, queue bounds (default [`SchedConfig::default`]).
     pub sched: SchedConfig,
-    /// D: requests outstanding at the backend.
+    /// D: the most requests outstanding at the backend at once (default 32). Must be positive:
+    /// [`Dispatcher::spawn`] panics on 0.
     pub depth: usize,
-    /// Bound of the request channel from connections.
+    /// Bound of the request channel from connections, in commands (default 4096; 0 counts as 1). A sender
+    /// waits while it is full.
     pub channel: usize,
+    /// How file IO runs (default [`IoEngine::Uring`]).
     pub io_engine: IoEngine,
-    /// With [`IoEngine::Inline`]: the largest file request run on the dispatcher (larger ones go to the
-    /// blocking pool).
+    /// With [`IoEngine::Inline`]: the largest file request run on the dispatcher, in bytes (default 64 KiB;
+    /// larger ones go to the blocking pool). Ignored by the other engines.
     pub inline_max_bytes: u64,
 }
 
@@ -384,18 +453,25 @@ impl Dispatcher {
         }
     }
 
+    /// Adds a tenant with `spec`; its id goes in [`IoRequest::tenant`]. Errors: [`IoError::Refused`] when
+    /// the scheduler has its maximum of tenants, [`IoError::Shutdown`] when the dispatcher has stopped.
     pub async fn add_tenant(&self, spec: QosSpec) -> Result<TenantId, IoError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::AddTenant(spec, tx)).await.map_err(|_| IoError::Shutdown)?;
         Ok(rx.await.map_err(|_| IoError::Shutdown)??)
     }
 
+    /// Changes tenant `id`'s spec at run time; it takes effect from the tenant's next request's tags.
+    /// Errors: [`IoError::Refused`] for an unknown tenant, [`IoError::Shutdown`] when the dispatcher has
+    /// stopped.
     pub async fn set_spec(&self, id: TenantId, spec: QosSpec) -> Result<(), IoError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::SetSpec(id, spec, tx)).await.map_err(|_| IoError::Shutdown)?;
         Ok(rx.await.map_err(|_| IoError::Shutdown)??)
     }
 
+    /// A copy of the dispatcher's state and counters, taken between two commands of its loop. Fails only
+    /// with [`IoError::Shutdown`].
     pub async fn snapshot(&self) -> Result<Snapshot, IoError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::Snapshot(tx)).await.map_err(|_| IoError::Shutdown)?;

@@ -5,6 +5,10 @@
 //! device for repeatable experiments ([`devmodel`]), and the QoS dispatcher ([`dispatch`]) that drives a
 //! rein-core scheduler on a monotonic clock. The NBD server and the admin endpoint build on these.
 //! [`aggregate`] carries PARDA's cluster latency between hosts (a shared file, or UDP).
+//!
+//! `rein serve` is [`server`], configured by [`config`], with [`nbd`] for its connections and [`admin`]
+//! for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
+//! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
 
 pub mod admin;
 pub mod admin_client;

@@ -15,9 +15,9 @@
 //! (the server's counters, read once per interval). Without it, they are unknown and reported as such.
 //!
 //! # Bounds
-//! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop arrivals beyond it are
-//! dropped and counted as rejected. Trace records are sent at their offset modulo the export's size
-//! (aligned to 512 bytes) and at most the export's size.
+//! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop
+//! arrivals beyond it are dropped and counted as rejected. Trace records are sent at their offset modulo the
+//! export's size (aligned to 512 bytes) and at most the export's size.
 
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};

@@ -3,9 +3,10 @@
 //! Requests go through a [`Dispatcher`] with the server's IO engine, device model and queue depth D (FIFO
 //! order, one tenant, unless asked otherwise), from closed-loop workers (`depth` of them unless asked
 //! otherwise) issuing random, size-aligned IOs over the whole export. `rein bench dispatch` runs the same
-//! load with mClock and many tenants to measure the scheduler's cost. The result (IOPS, MB/s, latency percentiles) is what admission control compares reservations
-//! with (`probe_capacity_s` in the server config, or `rein probe` to print a `capacity_iops` line).
-//! Reads only, unless writes are asked for explicitly (they overwrite the export with random bytes).
+//! load with mClock and many tenants to measure the scheduler's cost. The result (IOPS, MB/s, latency
+//! percentiles) is what admission control compares reservations with (`probe_capacity_s` in the server
+//! config, or `rein probe` to print a `capacity_iops` line). Reads only, unless writes are asked for
+//! explicitly (they overwrite the export with random bytes).
 
 use crate::devmodel::DeviceConfig;
 use crate::dispatch::{DispatchConfig, Dispatcher, IoEngine, IoRequest, Op};
@@ -16,20 +17,28 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-/// Longest probe, and largest IO size.
+/// Longest probe, in seconds.
 pub const MAX_PROBE_S: f64 = 600.0;
+/// Largest probe IO, in bytes (16 MiB).
 pub const MAX_PROBE_IO: u32 = 16 << 20;
 
+/// What to measure and how. [`Default`]: 5 s of random 4 KiB reads at D = 32 through FIFO, one tenant; the
+/// server's start-up probe takes its seconds, D and IO engine from the server's configuration.
 #[derive(Clone, Debug)]
 pub struct ProbeConfig {
+    /// How long the workers issue requests, in seconds: in (0, [`MAX_PROBE_S`]] (default 5).
     pub seconds: f64,
-    /// Bytes per IO (offsets are multiples of it).
+    /// Bytes per IO (offsets are multiples of it): 1..=[`MAX_PROBE_IO`] and at most the export's size
+    /// (default 4096).
     pub io_size: u32,
     /// Workers (requests outstanding); also the dispatcher's D.
     pub depth: usize,
     /// Share of reads, 0..=100. Below 100 the probe writes random data over the export.
     pub read_pct: f64,
+    /// How the dispatcher runs the IO, as the server would (default io_uring).
     pub io_engine: IoEngine,
+    /// Seed of the workers' offsets, read/write draws and write data (each worker mixes in its index;
+    /// default 1).
     pub seed: u64,
     /// The dispatcher's scheduler (the probe: FIFO).
     pub scheduler: SchedulerKind,
@@ -55,10 +64,13 @@ impl Default for ProbeConfig {
     }
 }
 
+/// Why the probe could not run or finish.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
+    /// A setting is out of range, or writes were asked of a read-only export; the message names which.
     #[error("probe: {0}")]
     Invalid(String),
+    /// A request failed or the dispatcher stopped; the message is the error. One failed IO ends the probe.
     #[error("probe IO failed: {0}")]
     Io(String),
 }
@@ -66,16 +78,29 @@ pub enum ProbeError {
 /// What the probe measured.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ProbeResult {
+    /// Seconds from the start until every worker's last request was answered (a little more than
+    /// [`ProbeConfig::seconds`]).
     pub seconds: f64,
+    /// Requests answered, all successfully.
     pub completed: u64,
+    /// Throughput in IOPS: `completed / seconds`.
     pub iops: f64,
+    /// Throughput in MB/s (10^6 bytes): `completed * io_size / seconds`.
     pub mb_s: f64,
+    /// Mean latency in ms, from a worker's submission to its answer (queueing in the dispatcher, any
+    /// device model, and the IO).
     pub latency_mean_ms: f64,
+    /// Median latency in ms (histogram with 3 significant digits, as the other percentiles).
     pub latency_p50_ms: f64,
+    /// 99th-percentile latency in ms.
     pub latency_p99_ms: f64,
+    /// Largest latency in ms.
     pub latency_max_ms: f64,
+    /// Bytes per IO, as configured.
     pub io_size: u32,
+    /// The dispatcher's D, as configured.
     pub depth: usize,
+    /// Share of reads asked for, in percent.
     pub read_pct: f64,
     /// The engine that actually ran (uring falls back to threads where the kernel refuses it).
     pub io_engine: &'static str,

@@ -23,18 +23,41 @@ use tokio::sync::watch;
 /// Largest number of simultaneous NBD connections; more are accepted and closed at once.
 pub const MAX_CONNECTIONS: usize = 4096;
 
+/// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The data directory could not be created.
     #[error("cannot create data directory {path}: {source}")]
-    DataDir { path: String, source: std::io::Error },
+    DataDir {
+        /// The directory.
+        path: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// An export's storage could not be opened or created.
     #[error("export {name}: {source}")]
-    Export { name: String, source: crate::storage::StorageError },
+    Export {
+        /// The export.
+        name: String,
+        /// The storage's error.
+        source: crate::storage::StorageError,
+    },
+    /// The reservations exceed the reservable capacity and `admission = "refuse"`; the message gives the
+    /// total and the capacity.
     #[error("admission control: {0} (set admission = \"warn\" to start anyway)")]
     Admission(String),
+    /// A listening socket (NBD or admin) could not be bound.
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The dispatcher refused a configured tenant (too many tenants) or stopped.
     #[error("dispatcher: {0}")]
     Dispatcher(#[from] crate::dispatch::IoError),
+    /// The start-up capacity probe (`probe_capacity_s`) failed; the message is its error.
     #[error("capacity probe failed: {0}")]
     Probe(String),
 }
@@ -53,7 +76,9 @@ pub fn open_export(e: &crate::config::ExportConfig) -> Result<Arc<dyn Storage>, 
 /// Addresses the server actually listens on (useful with port 0).
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
+    /// The NBD listener's address.
     pub nbd: SocketAddr,
+    /// The admin endpoint's address.
     pub admin: SocketAddr,
 }
 

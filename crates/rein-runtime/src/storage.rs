@@ -51,13 +51,25 @@ pub const MEMORY_INLINE_MAX: u64 = 256 * 1024;
 pub enum StorageError {
     /// The range is not inside the storage.
     #[error("range {offset}+{len} is beyond the end of the export ({size} bytes)")]
-    OutOfRange { offset: u64, len: u64, size: u64 },
+    OutOfRange {
+        /// The range's first byte.
+        offset: u64,
+        /// The range's length in bytes.
+        len: u64,
+        /// The storage's size in bytes.
+        size: u64,
+    },
     /// A change to read-only storage.
     #[error("export is read-only")]
     ReadOnly,
     /// The operating system failed the call.
     #[error("{op} failed: {source}")]
-    Io { op: &'static str, source: io::Error },
+    Io {
+        /// The call that failed (`read`, `write`, `fdatasync`, `fallocate(punch hole)`, ...).
+        op: &'static str,
+        /// The operating system's error; its errno decides [`StorageError::kind`].
+        source: io::Error,
+    },
 }
 
 impl StorageError {
@@ -127,25 +139,31 @@ pub struct AlignedBuf {
 }
 
 impl AlignedBuf {
+    /// `len` zero bytes (allocates `len + DIRECT_ALIGN`).
     pub fn zeroed(len: usize) -> AlignedBuf {
         let raw = vec![0u8; len + DIRECT_ALIGN];
         let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
         AlignedBuf { raw, start, len }
     }
+    /// An aligned copy of `data`.
     pub fn from_slice(data: &[u8]) -> AlignedBuf {
         let mut b = AlignedBuf::zeroed(data.len());
         b.as_mut_slice().copy_from_slice(data);
         b
     }
+    /// The `len` data bytes; the first is at a [`DIRECT_ALIGN`]-aligned address.
     pub fn as_slice(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
     }
+    /// The `len` data bytes, writable; the first is at a [`DIRECT_ALIGN`]-aligned address.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.raw[self.start..self.start + self.len]
     }
+    /// Data bytes (the over-allocation for alignment not counted).
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether it holds no data bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -349,6 +367,7 @@ pub struct MemStorage {
 }
 
 impl MemStorage {
+    /// `size` bytes of zeroes. Pages are allocated on first write, so this costs one empty slot per MiB.
     pub fn new(size: u64) -> MemStorage {
         let n = size.div_ceil(PAGE) as usize;
         MemStorage { size, pages: (0..n).map(|_| Mutex::new(None)).collect() }

@@ -45,9 +45,19 @@ use tokio::io::Interest;
 #[derive(Debug)]
 pub enum UringOp {
     /// Read `len` bytes into a new buffer after `headroom` zero bytes.
-    Read { len: u32, headroom: usize },
+    Read {
+        /// Bytes to read from the operation's offset.
+        len: u32,
+        /// Zero bytes in front of the data in the completion's buffer, for the caller to fill.
+        headroom: usize,
+    },
     /// Write `data`; with `fua`, durably (`RWF_DSYNC`).
-    Write { data: Vec<u8>, fua: bool },
+    Write {
+        /// The bytes to write at the operation's offset (copied into an aligned buffer for `O_DIRECT`).
+        data: Vec<u8>,
+        /// Force unit access: the write completes only once its data is on stable storage.
+        fua: bool,
+    },
     /// Make completed writes durable (`fdatasync`).
     Flush,
 }
