@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs Rein's whole test suite on a fresh machine: installs what it needs, then builds and tests.
+# Runs Rein's whole test suite on a fresh machine: installs what it needs, checks formatting, lints and
+# docs, then builds and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,21 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo is required: install Rust with rustup (https://rustup.rs)" >&2
   exit 1
 fi
+# The house style first: formatting, clippy with warnings as errors (the [workspace.lints] table), and the
+# docs with rustdoc warnings as errors. rustfmt and clippy come with rustup's default profile; add them if
+# this toolchain lacks them.
+if command -v rustup >/dev/null 2>&1; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+  done
+fi
+echo "== cargo fmt --check" >&2
+cargo fmt --all --check
+echo "== cargo clippy (warnings are errors)" >&2
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc (warnings are errors)" >&2
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
+echo "== build and tests" >&2
 cargo build --workspace --all-targets --locked
 log=$(mktemp)
 # The tests get a temp directory of their own, which must be empty again when they end: every test removes

@@ -7,27 +7,27 @@ use rein_core::vtime::{run_backlogged, BacklogRun};
 use rein_core::{Nanos, QosSpec, SchedConfig, Scheduler, SchedulerKind, TenantId};
 
 /// The QoS schedulers held to the oracle, with limits in IOPS.
-pub fn qos_schedulers() -> Vec<(SchedulerKind, Box<dyn Scheduler>)> {
+pub(crate) fn qos_schedulers() -> Vec<(SchedulerKind, Box<dyn Scheduler>)> {
     [SchedulerKind::Mclock, SchedulerKind::Dmclock, SchedulerKind::Rbfq].into_iter().map(|k| (k, build(k))).collect()
 }
 
 /// A scheduler of `kind` with the default configuration (per-IO cost: limits in IOPS).
-pub fn build(kind: SchedulerKind) -> Box<dyn Scheduler> {
+pub(crate) fn build(kind: SchedulerKind) -> Box<dyn Scheduler> {
     kind.build(SchedConfig::default())
 }
 
-pub fn add_all(s: &mut dyn Scheduler, specs: &[QosSpec]) -> Vec<TenantId> {
+pub(crate) fn add_all(s: &mut dyn Scheduler, specs: &[QosSpec]) -> Vec<TenantId> {
     specs.iter().map(|sp| s.add_tenant(*sp).unwrap()).collect()
 }
 
-pub fn oracle_rates(specs: &[QosSpec], capacity: f64) -> Vec<f64> {
+pub(crate) fn oracle_rates(specs: &[QosSpec], capacity: f64) -> Vec<f64> {
     let ts: Vec<OracleTenant> = specs.iter().map(OracleTenant::from).collect();
     allocate(&ts, capacity).rates
 }
 
 /// Runs backlogged tenants against a capacity schedule; returns the run and the oracle's expected service
 /// (IOs) per tenant over the whole run.
-pub fn run_vs_oracle(
+pub(crate) fn run_vs_oracle(
     s: &mut dyn Scheduler,
     specs: &[QosSpec],
     schedule: &[(Nanos, f64)],
