@@ -4,7 +4,9 @@
 # plugin, and rein serve (mClock and FIFO, with 1 and with 100 tenants). Every configuration runs ROUNDS
 # times, interleaved, and the table gives the median (and the spread) so a busy machine skews all rows
 # alike. Servers listen on their own 127.0.0.x addresses and are stopped at the end.
-# Usage: bash scripts/bench-nbd.sh [SECONDS] [ROUNDS]
+# With BASE=path/to/an/older/rein, the rein rows also run with that binary, interleaved in the same rounds,
+# and the table ends with the ratios (this build over the base): the build before a change, in one sitting.
+# Usage: [BASE=rein-before] bash scripts/bench-nbd.sh [SECONDS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -47,7 +49,8 @@ nbdkit_run() {
   measure $pid fio_one nbd://127.0.0.32:10809/bench
   kill $pid; wait $pid 2>/dev/null || true
 }
-rein_one() { # scheduler -> IOPS with one unlimited tenant
+REIN=./target/release/rein
+rein_one() { # scheduler -> IOPS with one unlimited tenant (binary $REIN)
   cat > "$W/one-$1.toml" <<TOML
 listen = "127.0.0.33:10809"
 admin = "127.0.0.33:9180"
@@ -59,16 +62,16 @@ name = "bench"
 path = "$FILE"
 size_mb = 1024
 TOML
-  ./target/release/rein serve --config "$W/one-$1.toml" 2>/dev/null & local pid=$!
+  "$REIN" serve --config "$W/one-$1.toml" 2>/dev/null & local pid=$!
   wait_port 127.0.0.33 10809
   measure $pid fio_one nbd://127.0.0.33:10809/bench
   kill $pid; wait $pid 2>/dev/null || true
 }
-rein_many() { # scheduler -> total IOPS with 100 tenants (one export each, same file), one fio job per tenant
+rein_many() { # scheduler -> total IOPS with 100 tenants (one export each, same file), one fio job per tenant (binary $REIN)
   { echo "listen = \"127.0.0.34:10809\""; echo "admin = \"127.0.0.34:9180\""; echo "data_dir = \"$W/data\""; echo "scheduler = \"$1\""
     echo "io_engine = \"${IO_ENGINE:-uring}\""
     for i in $(seq 0 99); do printf '[[exports]]\nname = "t%d"\npath = "%s"\nsize_mb = 1024\n' $i "$FILE"; done; } > "$W/many-$1.toml"
-  ./target/release/rein serve --config "$W/many-$1.toml" 2>/dev/null & local pid=$!
+  "$REIN" serve --config "$W/many-$1.toml" 2>/dev/null & local pid=$!
   wait_port 127.0.0.34 10809
   measure $pid fio_many nbd://127.0.0.34:10809 100
   kill $pid; wait $pid 2>/dev/null || true
@@ -83,9 +86,18 @@ for r in $(seq "$ROUNDS"); do
   R[rein_fifo]+="$(rein_one fifo),"
   R[many_mclock]+="$(rein_many mclock),"
   R[many_fifo]+="$(rein_many fifo),"
+  if [ -n "${BASE:-}" ]; then
+    REIN=$BASE
+    R[base_mclock]+="$(rein_one mclock),"
+    R[base_fifo]+="$(rein_one fifo),"
+    R[base_many_mclock]+="$(rein_many mclock),"
+    R[base_many_fifo]+="$(rein_many fifo),"
+    REIN=./target/release/rein
+  fi
 done
 python3 - "$SECS" "$ROUNDS" "$(qemu-nbd --version | head -1 | awk '{print $2}')" "$(nbdkit --version | awk '{print $2}')" \
-  "${R[qemu_threads]}" "${R[qemu_uring]}" "${R[nbdkit]}" "${R[rein_mclock]}" "${R[rein_fifo]}" "${R[many_mclock]}" "${R[many_fifo]}" <<'PY'
+  "${R[qemu_threads]}" "${R[qemu_uring]}" "${R[nbdkit]}" "${R[rein_mclock]}" "${R[rein_fifo]}" "${R[many_mclock]}" "${R[many_fifo]}" \
+  ${BASE:+"${R[base_mclock]}" "${R[base_fifo]}" "${R[base_many_mclock]}" "${R[base_many_fifo]}"} <<'PY'
 import statistics, sys
 secs, rounds, qv, kv = sys.argv[1:5]
 pairs = [[tuple(map(float, x.split())) for x in a.strip(",").split(",")] for a in sys.argv[5:]]
@@ -104,4 +116,8 @@ best = max(med[0], med[1], med[2])
 print(f"\nrein (mclock, 1 tenant) vs the fastest of qemu-nbd and nbdkit: {med[3]/best:.2f}x")
 print(f"mClock cost vs fifo (median): 1 tenant {100*(1-med[3]/med[4]):+.1f}%, 100 tenants {100*(1-med[5]/med[6]):+.1f}% of throughput;")
 print(f"  server CPU per IO: 1 tenant {100*(cpu[3]/cpu[4]-1):+.1f}%, 100 tenants {100*(cpu[5]/cpu[6]-1):+.1f}%")
+if len(med) > 7:
+    print("\nthis build / the base build (median IOPS; server CPU per IO):")
+    for label, i, j in [("1 tenant, mclock", 3, 7), ("1 tenant, fifo", 4, 8), ("100 tenants, mclock", 5, 9), ("100 tenants, fifo", 6, 10)]:
+        print(f"  {label}: IOPS {med[i]/med[j]:.3f}x ({med[j]:,.0f} -> {med[i]:,.0f}); CPU/IO {cpu[i]/cpu[j]:.3f}x")
 PY

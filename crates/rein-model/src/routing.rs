@@ -35,7 +35,7 @@ pub struct Router {
     stripe_bytes: u64,
     n: u32,
     /// Cumulative normalised shares (routing by shares).
-    cumulative: Vec<f64>,
+    cumulative: Box<[f64]>,
 }
 
 impl Router {
@@ -44,7 +44,7 @@ impl Router {
         assert!(n >= 1, "a tenant has at least one server");
         match routing {
             Routing::Stripe { stripe_bytes } => {
-                Router { stripe_bytes: (*stripe_bytes).max(1), n: n as u32, cumulative: Vec::new() }
+                Router { stripe_bytes: (*stripe_bytes).max(1), n: n as u32, cumulative: Box::new([]) }
             }
             Routing::Shares(v) => {
                 let total: f64 = v.iter().sum();

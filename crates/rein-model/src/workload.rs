@@ -37,8 +37,8 @@
 //! from a second, independent stream, so a workload's read percentage never shifts its offsets.
 //!
 //! # Invariants
-//! 1. `in_flight` counts requests issued and not yet completed or failed; per server as well with a
-//!    per-server window.
+//! 1. `in_flight` counts requests issued and not yet completed or failed. Per server, the caller counts
+//!    (a gateway knows what it has at each server) and passes its count to [`Generator::deficit`].
 //! 2. A stopped (or paused) generator asks for no new requests.
 
 use crate::trace::TraceRecord;
@@ -390,62 +390,78 @@ pub enum Reissue {
 const OPEN: u8 = 0;
 const POOL: u8 = 1;
 const PER_SERVER: u8 = 2;
+/// Mask of the mode bits, and the bit saying completions wait `think`.
+const MODE: u8 = 3;
+const THINKS: u8 = 4;
 /// The read mix, packed in a byte of the hot line.
 const ALL_READS: u8 = 0;
 const NO_READS: u8 = 1;
 const MIXED: u8 = 2;
 
-/// One tenant's generator state (module comment). What a closed-loop completion and its replacement
-/// touch is in the first 64 bytes (aligned): with thousands of tenants every completion lands on a cold
-/// tenant.
+/// One tenant's generator state (module comment). Everything a closed-loop completion and its
+/// replacement touch is in one 64-byte line: with thousands of tenants every completion lands on a cold
+/// tenant, and a simulator keeps tens of thousands of these next to its own per-tenant state. The rest
+/// (think time, per-server windows, the read-mix stream, trace position) is behind one pointer, read only
+/// by workloads that use it.
 #[repr(C, align(64))]
 #[derive(Debug, Clone)]
 pub struct Generator {
-    // Hot line.
     rng: Pcg64Mcg,
     next_seq_offset: u64,
-    size_bytes: u64,
     span_bytes: u64,
     random_frac: f64,
-    think: Nanos,
+    cold: Box<Cold>,
+    /// At most [`MAX_SIZE_BYTES`].
+    size_bytes: u32,
     in_flight: u32,
     active: bool,
     on: bool,
-    /// OPEN, POOL or PER_SERVER.
+    /// OPEN, POOL or PER_SERVER; THINKS added when completions wait a think time.
     closed: u8,
     /// ALL_READS, NO_READS or MIXED.
     reads: u8,
-    // Cold (touched only by per-server windows, mixed reads, starts and arrivals).
+}
+
+/// The generator's state that the common path never reads.
+#[derive(Debug, Clone)]
+struct Cold {
+    think: Nanos,
     outstanding: u32,
     read_frac: f64,
     read_state: u64,
-    /// Requests in flight per server (per-server windows only).
-    in_flight_at: Vec<u32>,
     trace_pos: usize,
     trace_base: Nanos,
 }
 
 impl Generator {
-    /// A stopped generator for `spec`, over `servers` servers, drawing from the PCG stream seeded by
-    /// `seed` (see [`crate::seed`]).
-    pub fn new(spec: &WorkloadSpec, servers: usize, seed: u128) -> Generator {
+    /// A stopped generator for `spec`, drawing from the PCG stream seeded by `seed` (see [`crate::seed`]).
+    pub fn new(spec: &WorkloadSpec, seed: u128) -> Generator {
         let (closed, outstanding, think) = match spec.kind.inner() {
             WorkloadKind::Closed { outstanding, think, per_server } => {
                 (if *per_server { PER_SERVER } else { POOL }, *outstanding, *think)
             }
             _ => (OPEN, 0, Nanos::ZERO),
         };
+        assert!(spec.size_bytes <= MAX_SIZE_BYTES, "validated: sizes are at most 1 GiB");
         Generator {
             rng: Pcg64Mcg::new(seed),
             next_seq_offset: 0,
-            size_bytes: spec.size_bytes,
             span_bytes: spec.span_bytes,
             random_frac: spec.random_frac,
-            think,
+            cold: Box::new(Cold {
+                think,
+                outstanding,
+                read_frac: spec.read_frac,
+                // An independent stream for the read mix (module comment).
+                read_state: (seed as u64) ^ ((seed >> 64) as u64).rotate_left(17) ^ 0x5E_ED0F_4EAD,
+                trace_pos: 0,
+                trace_base: Nanos::ZERO,
+            }),
+            size_bytes: spec.size_bytes as u32,
             in_flight: 0,
             active: false,
             on: false,
-            closed,
+            closed: closed | if think > Nanos::ZERO { THINKS } else { 0 },
             reads: if spec.read_frac >= 1.0 {
                 ALL_READS
             } else if spec.read_frac <= 0.0 {
@@ -453,20 +469,13 @@ impl Generator {
             } else {
                 MIXED
             },
-            outstanding,
-            read_frac: spec.read_frac,
-            // An independent stream for the read mix (module comment).
-            read_state: (seed as u64) ^ ((seed >> 64) as u64).rotate_left(17) ^ 0x5E_ED0F_4EAD,
-            in_flight_at: if closed == PER_SERVER { vec![0; servers] } else { Vec::new() },
-            trace_pos: 0,
-            trace_base: Nanos::ZERO,
         }
     }
 
     /// The size of generated requests (bytes).
     #[inline]
     pub fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes as u64
     }
 
     /// Requests issued and not yet completed or failed.
@@ -484,7 +493,7 @@ impl Generator {
     pub fn start(&mut self, now: Nanos, spec: &WorkloadSpec) -> Option<Nanos> {
         self.active = true;
         self.on = true;
-        self.trace_base = now;
+        self.cold.trace_base = now;
         match &spec.kind {
             WorkloadKind::OnOff { on, .. } => Some(now.saturating_add(*on)),
             _ => None,
@@ -507,12 +516,11 @@ impl Generator {
         }
     }
 
-    /// Requests missing from a closed window: in the pool (`server` None) or at server `server`.
-    pub fn deficit(&self, server: Option<usize>) -> u32 {
-        match server {
-            None => self.outstanding.saturating_sub(self.in_flight),
-            Some(k) => self.outstanding.saturating_sub(self.in_flight_at.get(k).copied().unwrap_or(0)),
-        }
+    /// Requests missing from a closed window: in the pool (`at_server` None), or at a server where the
+    /// caller has `at_server` requests in flight (per-server windows: the gateway counts what it has at
+    /// each server, the workload says how many it wants there).
+    pub fn deficit(&self, at_server: Option<u32>) -> u32 {
+        self.cold.outstanding.saturating_sub(at_server.unwrap_or(self.in_flight))
     }
 
     /// An on_off toggle fires at `now`: returns when the next one is due and whether the workload is now
@@ -534,7 +542,7 @@ impl Generator {
         match spec.kind.inner() {
             WorkloadKind::Open { .. } => Some(Arrival::Generated(1)),
             WorkloadKind::Burst { count, .. } => Some(Arrival::Generated(*count)),
-            WorkloadKind::Trace { records, .. } => records.get(self.trace_pos).map(|r| Arrival::Record(*r)),
+            WorkloadKind::Trace { records, .. } => records.get(self.cold.trace_pos).map(|r| Arrival::Record(*r)),
             WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => None,
         }
     }
@@ -547,20 +555,21 @@ impl Generator {
             WorkloadKind::Burst { period, .. } => Some(now.saturating_add(*period)),
             WorkloadKind::Trace { records, time_scale, repeat } => {
                 let scale = *time_scale;
-                let mut next = self.trace_pos + 1;
+                let cold = &mut self.cold;
+                let mut next = cold.trace_pos + 1;
                 if next >= records.len() {
                     if !repeat {
-                        self.trace_pos = next;
+                        cold.trace_pos = next;
                         return None;
                     }
                     next = 0;
                     // The replay restarts one mean gap after the last record.
                     let span = Nanos::from_secs_f64(records[records.len() - 1].t_ns as f64 * scale / 1e9);
                     let gap = Nanos(span.0 / records.len().max(1) as u64);
-                    self.trace_base = self.trace_base.saturating_add(span).saturating_add(gap);
+                    cold.trace_base = cold.trace_base.saturating_add(span).saturating_add(gap);
                 }
-                self.trace_pos = next;
-                let at = self.trace_base.saturating_add(Nanos::from_secs_f64(records[next].t_ns as f64 * scale / 1e9));
+                cold.trace_pos = next;
+                let at = cold.trace_base.saturating_add(Nanos::from_secs_f64(records[next].t_ns as f64 * scale / 1e9));
                 Some(at.max(now))
             }
             WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => None,
@@ -584,12 +593,13 @@ impl Generator {
 
     /// A read with probability `read_frac`, from the read-mix stream (splitmix64).
     fn draw_read(&mut self) -> bool {
-        self.read_state = self.read_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = self.read_state;
+        let cold = &mut self.cold;
+        cold.read_state = cold.read_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = cold.read_state;
         x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         x ^= x >> 31;
-        ((x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)) < self.read_frac
+        ((x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)) < cold.read_frac
     }
 
     /// A uniform draw in [0, 1) from the tenant's stream (for the caller's routing by shares).
@@ -598,42 +608,36 @@ impl Generator {
         self.rng.gen()
     }
 
-    /// A request was issued to server `server` of the tenant's list.
+    /// A request was issued.
     #[inline]
-    pub fn issued(&mut self, server: usize) {
+    pub fn issued(&mut self) {
         self.in_flight += 1;
-        if self.closed == PER_SERVER {
-            self.in_flight_at[server] += 1;
-        }
     }
 
     #[inline]
-    fn retire(&mut self, server: usize) {
+    fn retire(&mut self) {
         debug_assert!(self.in_flight > 0, "invariant 1");
         self.in_flight -= 1;
-        if self.closed == PER_SERVER {
-            self.in_flight_at[server] -= 1;
-        }
     }
 
     /// A request issued to server `server` completed at `now`: whether and when to replace it.
     #[inline]
     pub fn completed(&mut self, now: Nanos, server: usize) -> Reissue {
-        self.retire(server);
-        if !self.is_running() || self.closed == OPEN {
+        self.retire();
+        if !self.is_running() || self.closed & MODE == OPEN {
             return Reissue::No;
         }
-        let k = (self.closed == PER_SERVER).then_some(server);
-        if self.think > Nanos::ZERO {
-            Reissue::At(now.saturating_add(self.think), k)
+        let k = (self.closed & MODE == PER_SERVER).then_some(server);
+        if self.closed & THINKS != 0 {
+            Reissue::At(now.saturating_add(self.cold.think), k)
         } else {
             Reissue::Now(k)
         }
     }
 
-    /// A request issued to server `server` failed (refused): counted, not replaced.
-    pub fn failed(&mut self, server: usize) {
-        self.retire(server);
+    /// A request failed (refused): counted, not replaced.
+    pub fn failed(&mut self) {
+        self.retire();
     }
 }
 
@@ -661,26 +665,27 @@ mod tests {
     }
 
     #[test]
-    fn the_generator_stays_on_the_hot_line() {
-        // rng, seq offset, size, span, random fraction, think, in-flight count and flags: 64 bytes.
-        assert_eq!(std::mem::offset_of!(Generator, outstanding), 64);
+    fn the_generator_is_one_cache_line() {
+        // rng, seq offset, span, random fraction, the cold pointer, size, in-flight count and flags.
+        assert_eq!(std::mem::size_of::<Generator>(), 64);
+        assert_eq!(std::mem::align_of::<Generator>(), 64);
     }
 
     #[test]
     fn a_closed_pool_refills_and_replaces() {
         let s = spec(WorkloadKind::Closed { outstanding: 3, think: Nanos::ZERO, per_server: false });
-        let mut g = Generator::new(&s, 2, 1);
+        let mut g = Generator::new(&s, 1);
         assert_eq!(g.start(Nanos(0), &s), None);
         assert_eq!(g.begin(Nanos(0), &s), Begin::Fill);
         assert_eq!(g.deficit(None), 3);
-        for k in [0, 1, 0] {
+        for _ in 0..3 {
             g.next_io(4096);
-            g.issued(k);
+            g.issued();
         }
         assert_eq!(g.deficit(None), 0);
         assert_eq!(g.completed(Nanos(5), 1), Reissue::Now(None));
-        g.issued(1);
-        g.failed(0);
+        g.issued();
+        g.failed();
         assert_eq!(g.in_flight(), 2);
         g.stop();
         assert_eq!(g.completed(Nanos(6), 0), Reissue::No);
@@ -689,18 +694,23 @@ mod tests {
     #[test]
     fn per_server_windows_and_think_time() {
         let s = spec(WorkloadKind::Closed { outstanding: 2, think: Nanos(100), per_server: true });
-        let mut g = Generator::new(&s, 3, 1);
+        let mut g = Generator::new(&s, 1);
         g.start(Nanos(0), &s);
         assert_eq!(g.begin(Nanos(0), &s), Begin::FillPerServer);
-        for k in 0..3 {
-            for _ in 0..g.deficit(Some(k)) {
-                g.issued(k);
+        // The caller counts per server.
+        let mut at = [0u32; 3];
+        for (k, n) in at.iter_mut().enumerate() {
+            for _ in 0..g.deficit(Some(*n)) {
+                g.issued();
+                *n += 1;
             }
+            assert_eq!(*n, 2, "server {k}");
         }
         assert_eq!(g.in_flight(), 6);
-        assert_eq!(g.deficit(Some(2)), 0);
+        assert_eq!(g.deficit(Some(at[2])), 0);
         assert_eq!(g.completed(Nanos(7), 2), Reissue::At(Nanos(107), Some(2)));
-        assert_eq!(g.deficit(Some(2)), 1);
+        at[2] -= 1;
+        assert_eq!(g.deficit(Some(at[2])), 1);
     }
 
     #[test]
@@ -710,7 +720,7 @@ mod tests {
             off: Nanos::from_secs(2),
             inner: Box::new(WorkloadKind::Open { iops: 1000.0 }),
         });
-        let mut g = Generator::new(&s, 1, 9);
+        let mut g = Generator::new(&s, 9);
         assert_eq!(g.start(Nanos(0), &s), Some(Nanos::from_secs(1)));
         assert_eq!(g.begin(Nanos(0), &s), Begin::ArriveAt(Nanos(0)));
         let mut t = Nanos(0);
@@ -735,12 +745,12 @@ mod tests {
         let mut s = spec(WorkloadKind::Open { iops: 1.0 });
         s.random_frac = 0.0;
         s.span_bytes = 4096 * 4;
-        let mut g = Generator::new(&s, 1, 3);
+        let mut g = Generator::new(&s, 3);
         let offs: Vec<u64> = (0..6).map(|_| g.next_io(4096).offset).collect();
         assert_eq!(offs, vec![0, 4096, 8192, 12288, 0, 4096]);
         s.random_frac = 0.5;
         s.read_frac = 0.7;
-        let mut g = Generator::new(&s, 1, 3);
+        let mut g = Generator::new(&s, 3);
         let mut reads = 0;
         for _ in 0..10_000 {
             let io = g.next_io(4096);
@@ -756,7 +766,7 @@ mod tests {
         a.random_frac = 0.5;
         let mut b = a.clone();
         b.read_frac = 0.3;
-        let (mut ga, mut gb) = (Generator::new(&a, 1, 5), Generator::new(&b, 1, 5));
+        let (mut ga, mut gb) = (Generator::new(&a, 5), Generator::new(&b, 5));
         for _ in 0..1000 {
             assert_eq!(ga.next_io(4096).offset, gb.next_io(4096).offset);
         }
@@ -770,7 +780,7 @@ mod tests {
             time_scale: 1.0,
             repeat: true,
         });
-        let mut g = Generator::new(&s, 1, 1);
+        let mut g = Generator::new(&s, 1);
         g.start(Nanos(10), &s);
         let Begin::ArriveAt(mut t) = g.begin(Nanos(10), &s) else { panic!() };
         let mut seen = Vec::new();

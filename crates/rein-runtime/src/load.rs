@@ -199,7 +199,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         // Offsets stay inside the export.
         spec.span_bytes = spec.span_bytes.min(export_size).max(1);
         spec.size_bytes = spec.size_bytes.min(export_size.max(1));
-        let gen = Generator::new(&spec, 1, stream_seed(cfg.seed, ji as u64));
+        let gen = Generator::new(&spec, stream_seed(cfg.seed, ji as u64));
         jobs.push((
             spec,
             JobState {
@@ -317,7 +317,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     rec.rejected(d.job);
                 }
                 rec.server_completion(0, t);
-                let reissue = if d.ok { st.gen.completed(t, 0) } else { st.gen.failed(0); Reissue::No };
+                let reissue = if d.ok { st.gen.completed(t, 0) } else { st.gen.failed(); Reissue::No };
                 match reissue {
                     Reissue::No => {}
                     Reissue::Now(_) => issue(d.job, st, None, t, &mut inflight, &mut rec),
@@ -446,7 +446,7 @@ fn issue(
         rec.rejected(ji);
         return;
     }
-    st.gen.issued(0);
+    st.gen.issued();
     st.pending += 1;
     let client = st.clients[st.next_client].clone();
     st.next_client = (st.next_client + 1) % st.clients.len();

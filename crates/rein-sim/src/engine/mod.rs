@@ -101,12 +101,14 @@ struct TenantState {
     gen: Generator,
 }
 
-/// A tenant at one of its servers.
+/// A tenant at one of its servers: the gateway's view of it.
 #[derive(Copy, Clone, Debug)]
 struct Link {
     /// The tenant's id at the server's scheduler.
     id: TenantId,
     server: u32,
+    /// Requests the gateway has in flight there (per-server windows ask for it).
+    in_flight: u32,
 }
 
 /// A simulation in progress.
@@ -176,7 +178,7 @@ impl<'a> Sim<'a> {
                         .add_tenant(t.server_specs[k])
                         .map_err(|e| err(format!("tenant {}: {e}", t.name)))?;
                     srv.map_slot(id, ti as u32);
-                    links.push(Link { id, server: si as u32 });
+                    links.push(Link { id, server: si as u32, in_flight: 0 });
                 }
             }
             let distributed = t.servers.iter().any(|&s| sc.servers[s].distributed) && t.servers.len() > 1;
@@ -184,7 +186,7 @@ impl<'a> Sim<'a> {
                 router: Router::new(&t.routing, t.servers.len()),
                 first_link,
                 tracker: distributed.then(|| Box::new(ServiceTracker::new(t.servers.len()))),
-                gen: Generator::new(&t.workload, t.servers.len(), stream_seed(sc.seed, ti as u64)),
+                gen: Generator::new(&t.workload, stream_seed(sc.seed, ti as u64)),
             });
         }
         let rec = Recorder::new(sc.tenants.len(), sc.servers.len(), sc.duration, sc.interval, sc.warmup)
@@ -332,7 +334,8 @@ impl<'a> Sim<'a> {
             }
             Begin::FillPerServer => {
                 for k in 0..sc.tenants[t].servers.len() {
-                    for _ in 0..self.tenants[t].gen.deficit(Some(k)) {
+                    let at_k = self.links[self.tenants[t].first_link as usize + k].in_flight;
+                    for _ in 0..self.tenants[t].gen.deficit(Some(at_k)) {
                         self.issue(t, Some(k));
                     }
                 }
@@ -383,8 +386,10 @@ impl<'a> Sim<'a> {
             Some(k) => k,
             None => router.route(offset, || gen.uniform()),
         };
-        gen.issued(k);
-        let link = self.links[*first_link as usize + k];
+        gen.issued();
+        let link = &mut self.links[*first_link as usize + k];
+        link.in_flight += 1;
+        let link = *link;
         let req = Req {
             tenant: t as u32,
             server: link.server,
@@ -441,7 +446,11 @@ impl<'a> Sim<'a> {
         self.rec.rejected(t);
         match &mut self.cluster {
             Some(c) => c.failed(t, s),
-            None => self.tenants[t].gen.failed(k),
+            None => {
+                let ts = &mut self.tenants[t];
+                ts.gen.failed();
+                self.links[ts.first_link as usize + k].in_flight -= 1;
+            }
         }
         self.free.push(id);
     }
@@ -613,6 +622,7 @@ impl<'a> Sim<'a> {
             self.host_pump(h);
         }
         let ts = &mut self.tenants[t];
+        self.links[ts.first_link as usize + r.k as usize].in_flight -= 1;
         if let Some(tr) = &mut ts.tracker {
             tr.complete(r.k as usize, r.phase, r.cost).expect("k < servers");
         }
