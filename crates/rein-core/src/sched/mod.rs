@@ -164,11 +164,13 @@ pub enum Poll {
 /// What to do when every queued request is held back by its tenant's limit.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
 pub enum LimitMode {
-    /// Limits are hard: wait until a limit tag is due (non-work-conserving, the paper's default).
+    /// Limits are hard: wait until a limit tag is due (non-work-conserving). This is the paper's rule:
+    /// mClock §3 serves the weight phase "only from VMs which have not reached their limit", and Algorithm 1
+    /// selects from E' (the requests whose L tag is due) even when `Active_IOs == 0`.
     #[default]
     Strict,
-    /// If the caller says the device is idle, serve the tenant whose limit tag is earliest (it is the least
-    /// over its limit) rather than leave the device idle. Algorithm 1's `OR Active_IOs == 0` clause.
+    /// Rein's work-conserving option, not the paper's: if the caller says the device is idle, serve the
+    /// tenant whose limit tag is earliest (it is the least over its limit) rather than leave the device idle.
     BreakWhenIdle,
 }
 
@@ -218,7 +220,15 @@ pub struct SchedConfig {
     /// Limit burst: how many IOs of unused limit a backlogged tenant may carry (a token bucket's depth). In
     /// any window W a tenant gets at most l*W + limit_burst_ios + 1 IOs' cost. 0 is the strictest, but then
     /// every late dispatch (the device asked for work after the L tag fell due) costs limit capacity.
-    pub limit_burst_ios: u32,
+    /// `None`: the paper's rule, an L tag is at least its request's arrival time (Algorithm 1), so a
+    /// backlogged tenant may bank up to a queue's worth of limit (engine invariant 7).
+    pub limit_burst_ios: Option<u32>,
+    /// How much reservation a backlogged tenant may be owed (engine invariant 7 and "Bounded repayment").
+    pub reservation_lag: ReservationLag,
+    /// A tenant held back by its limit re-enters the weight race no earlier than virtual time (engine
+    /// invariant 6), so it cannot bank weight share while limited. `false`: the paper's rule (its P tags
+    /// keep their spacing while it waits).
+    pub limited_reenter_at_vnow: bool,
     /// `maintain` removes tenants idle at least this long. `None`: never.
     pub erase_age: Option<Nanos>,
     /// Bounds on tenants and queued requests.
@@ -234,11 +244,54 @@ impl Default for SchedConfig {
             batch_distance: 4 << 20,
             idle_age: None,
             weight_lead_ios: Some(DEFAULT_WEIGHT_LEAD_IOS),
-            limit_burst_ios: DEFAULT_LIMIT_BURST_IOS,
+            limit_burst_ios: Some(DEFAULT_LIMIT_BURST_IOS),
+            reservation_lag: ReservationLag::Bounded(DEFAULT_RESERVATION_LAG),
+            limited_reenter_at_vnow: true,
             erase_age: None,
             limits: Limits::default(),
         }
     }
+}
+
+impl SchedConfig {
+    /// mClock's Algorithm 1 and §3 as written, in every rule where Rein's defaults deviate: no bound on the
+    /// reservation lead of P tags, L tags and R tags clamped to their request's arrival, limited tenants
+    /// keep their P tags, strict limits. The cost model, batching and bounds are left at their defaults
+    /// (per-IO cost and no batching, as the paper's experiments ran unless they say otherwise).
+    pub fn paper() -> Self {
+        SchedConfig {
+            weight_lead_ios: None,
+            limit_burst_ios: None,
+            reservation_lag: ReservationLag::Arrival,
+            limited_reenter_at_vnow: false,
+            limit_mode: LimitMode::Strict,
+            ..SchedConfig::default()
+        }
+    }
+}
+
+/// Default bound on the reservation a backlogged tenant may be owed ([`ReservationLag::Bounded`]).
+pub const DEFAULT_RESERVATION_LAG: Nanos = Nanos(100_000_000);
+
+/// How far the R tags of backlogged tenants may fall behind real time, that is, how much reservation the
+/// scheduler still owes them. They fall behind only when the capacity is below the sum of reservations
+/// (mClock §2.1: then every tenant gets service in proportion to its reservation); what is owed is repaid in
+/// the reservation phase when capacity returns, before any unreserved tenant is served.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ReservationLag {
+    /// The paper's rule (Algorithm 1, eq. (3)): a request's R tag is at least its arrival time. Under
+    /// overload this forgives first the lag of tenants whose queued requests are young (the high-rate
+    /// ones), so service stops being proportional to reservations: with backlogged tenants it tends to
+    /// equal shares (tests/recovery.rs).
+    Arrival,
+    /// Rein's default: the whole reservation clock slips when the most-owed tenant is owed more than this
+    /// much time (of its own reservation), so every tenant is forgiven the same time, service under overload
+    /// stays proportional to reservations, and after the overload each tenant is repaid at most about
+    /// `bound * r` IOs. Repayment takes about `bound * sum(r) / (C - sum(r))` after capacity C returns.
+    Bounded(Nanos),
+    /// Keep every tenant's lag, however long the overload: repaid in full afterwards, during which
+    /// unreserved tenants get nothing (the behaviour before the bound existed).
+    Unbounded,
 }
 
 /// Errors from scheduler calls. The scheduler's state is unchanged when one is returned.
