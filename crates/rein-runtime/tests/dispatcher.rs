@@ -282,3 +282,80 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
     drop(none);
     j2.await.unwrap();
 }
+
+/// After a capacity drop below the sum of reservations, a tenant without a reservation is served again
+/// within a second of the capacity's return (issue "Scheduler fidelity": before the bounded repayment it
+/// got 0 IOPS for 6 s after a 60 s overload). The issue's example: t1 r=300 w=1; t2 l=800 w=4; t3 r=200
+/// l=250 w=2; t4 r=100 w=1, closed loops of 32, capacity 2,000, then 300 for 60 s, then 2,500. Expected
+/// values: §2.1 under overload (300 shared 150/0/100/50), eq. (1) after it (725/800/250/725).
+#[tokio::test(start_paused = true)]
+async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload() {
+    use rein_model::device::DeviceParams;
+    let spec = DeviceParams {
+        capacity_iops: 2000.0,
+        service: "deterministic",
+        uniform_spread: None,
+        disk: None,
+        transfer_mb_s: None,
+        discipline: None,
+        capacity_schedule: vec![(5.0, 300.0), (65.0, 2500.0)],
+    }
+    .validate()
+    .unwrap();
+    let specs = [
+        QosSpec::new(300.0, None, 1.0, 0).unwrap(),
+        QosSpec::new(0.0, Some(800.0), 4.0, 0).unwrap(),
+        QosSpec::new(200.0, Some(250.0), 2.0, 0).unwrap(),
+        QosSpec::new(100.0, None, 1.0, 0).unwrap(),
+    ];
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
+    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1 }), DispatchConfig::default());
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(69);
+    let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let mut tasks = Vec::new();
+    for (i, sp) in specs.iter().enumerate() {
+        let id = d.add_tenant(*sp).await.unwrap();
+        for _ in 0..32 {
+            let (d, st, c) = (d.clone(), storage.clone(), counts[i].clone());
+            tasks.push(tokio::spawn(async move {
+                while tokio::time::Instant::now() < deadline {
+                    let r =
+                        d.io(IoRequest { storage: st.clone(), tenant: id, offset: 0, op: Op::read(512), fua: false });
+                    r.await.unwrap();
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    let snapshot = |at: u64| {
+        let counts = counts.clone();
+        async move {
+            tokio::time::sleep_until(start + Duration::from_secs(at)).await;
+            counts.iter().map(|c| c.load(Ordering::Relaxed) as f64).collect::<Vec<f64>>()
+        }
+    };
+    let s55 = snapshot(55).await;
+    let s65 = snapshot(65).await;
+    let s66 = snapshot(66).await;
+    let s69 = snapshot(69).await;
+    let rate = |a: &[f64], b: &[f64], secs: f64| a.iter().zip(b).map(|(x, y)| (y - x) / secs).collect::<Vec<_>>();
+    let over = rate(&s55, &s65, 10.0);
+    for (i, want) in [150.0, 0.0, 100.0, 50.0].into_iter().enumerate() {
+        assert!((over[i] - want).abs() <= 0.03 * want + 1.0, "under overload t{}: {over:?}", i + 1);
+    }
+    let first = rate(&s65, &s66, 1.0);
+    let want = [725.0, 800.0, 250.0, 725.0];
+    for i in 0..4 {
+        assert!(first[i] >= 0.5 * want[i], "first second after the overload, t{}: {first:?}", i + 1);
+    }
+    let after = rate(&s66, &s69, 3.0);
+    for i in 0..4 {
+        assert!((after[i] - want[i]).abs() <= 0.03 * want[i], "seconds 1-4 after the overload, t{}: {after:?}", i + 1);
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(d);
+    join.await.unwrap();
+}
