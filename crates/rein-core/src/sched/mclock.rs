@@ -36,12 +36,23 @@
 //! side is [`super::ServiceTracker`].
 //!
 //! # Deviations from the paper, and why
+//! Every deviation is a [`SchedConfig`] setting; [`SchedConfig::paper()`] switches all of them to the
+//! paper's rule at once.
 //! - Tags are computed when a request reaches the head of its tenant's queue (same values for a backlogged
-//!   tenant; makes the R-tag reduction O(1)). The `max(., t)` uses the request's arrival time.
+//!   tenant; makes the R-tag reduction O(1)). The `max(., t)` uses the request's arrival time. (Not a
+//!   setting: the tags are the same.)
+//! - R tags of a backlogged tenant are not clamped to its request's arrival; the reservation owed under an
+//!   overload is bounded for all tenants alike ([`SchedConfig::reservation_lag`], default 100 ms; engine
+//!   "Bounded repayment"). Paper: [`ReservationLag::Arrival`].
+//! - L tags are clamped to `limit_burst_ios` limit steps before the request became the head, not to its
+//!   arrival ([`SchedConfig::limit_burst_ios`], default 8; paper: `None`).
+//! - A tenant held back by its limit re-enters the weight race at virtual time
+//!   ([`SchedConfig::limited_reenter_at_vnow`], default on; paper: off).
 //! - P tags live in virtual time (engine comment): a newly active tenant starts at the smallest eligible
 //!   P tag (minus its idle credit) rather than at wall time. Backlogged tenants' P tags are never clamped
 //!   to wall time, which keeps weights exact when P tags run behind wall time (large weights).
-//! - With [`LimitMode::BreakWhenIdle`] the over-limit tenant served is the one with the earliest L tag.
+//! - Limits are strict by default, as in Algorithm 1. [`LimitMode::BreakWhenIdle`] is Rein's option: the
+//!   over-limit tenant served when the device idles is the one with the earliest L tag.
 //! - Reservation lead is bounded: a tenant held at its reservation (r_i above its weight share) advances
 //!   its P tags faster than the others; in the paper without bound, so that when capacity later rises it
 //!   gets only r_i until the others' P tags catch up (minutes, after a long clamped period). We cap the
@@ -52,6 +63,7 @@
 //! [`Phase::Weight`]: super::Phase::Weight
 //! [`QosSpec`]: crate::QosSpec
 //! [`LimitMode::BreakWhenIdle`]: super::LimitMode::BreakWhenIdle
+//! [`ReservationLag::Arrival`]: super::ReservationLag::Arrival
 
 use super::engine::{delegate_scheduler, Engine, Flavor};
 use super::{SchedConfig, SchedError, SchedulerKind, TenantId};
