@@ -80,8 +80,7 @@ impl HostLayer {
             let sched = SchedConfig {
                 batch: p.batch,
                 batch_distance: p.batch_distance,
-                cost_model: sc.cost_model,
-                ..SchedConfig::default()
+                ..sc.sched
             };
             let hc = HostConfig {
                 id: i as u32,
