@@ -93,13 +93,14 @@ impl CostModelFile {
             CostModelFile::SeekTransfer { tm_ms, bpeak_mb_s } => {
                 let value = format!("{{ tm_ms = {tm_ms}, bpeak_mb_s = {bpeak_mb_s} }}");
                 let expected = "tm_ms must be in (0, 10000] and bpeak_mb_s in (0, 10^6]";
-                if !(tm_ms.is_finite() && *tm_ms > 0.0 && *tm_ms <= 10_000.0)
-                    || !(bpeak_mb_s.is_finite() && *bpeak_mb_s > 0.0 && *bpeak_mb_s <= 1e6)
-                {
+                let tm_ok = tm_ms.is_finite() && *tm_ms > 0.0 && *tm_ms <= 10_000.0;
+                let bpeak_ok = bpeak_mb_s.is_finite() && *bpeak_mb_s > 0.0 && *bpeak_mb_s <= 1e6;
+                if !(tm_ok && bpeak_ok) {
                     return Err(SettingsError::new(field, value, expected));
                 }
                 let tm_ns = (tm_ms * 1e6).round() as u64;
-                CostModel::seek_transfer(tm_ns, bpeak_mb_s * 1e6).map_err(|_| SettingsError::new(field, value, expected))
+                CostModel::seek_transfer(tm_ns, bpeak_mb_s * 1e6)
+                    .map_err(|_| SettingsError::new(field, value, expected))
             }
         }
     }
@@ -173,13 +174,16 @@ impl SchedSettingsFile {
         let mut c = match self.preset.as_deref() {
             None | Some("rein") => SchedConfig::default(),
             Some("paper") => SchedConfig::paper(),
-            Some(o) => return Err(SettingsError::new("mclock.preset", format!("{o:?}"), "expected \"rein\" or \"paper\"")),
+            Some(o) => {
+                return Err(SettingsError::new("mclock.preset", format!("{o:?}"), "expected \"rein\" or \"paper\""))
+            }
         };
         if let Some(v) = &self.weight_lead_ios {
             c.weight_lead_ios = count_or_none("mclock.weight_lead_ios", v, "no bound on the lead, as in the paper")?;
         }
         if let Some(v) = &self.limit_burst_ios {
-            c.limit_burst_ios = count_or_none("mclock.limit_burst_ios", v, "L tags clamped at arrival, as in the paper")?;
+            c.limit_burst_ios =
+                count_or_none("mclock.limit_burst_ios", v, "L tags clamped at arrival, as in the paper")?;
         }
         if let Some(v) = &self.reservation_lag {
             c.reservation_lag = parse_reservation_lag(v)?;
@@ -339,7 +343,9 @@ mod tests {
              as in the paper)"
         );
         assert!(err("limit_burst_ios = \"never\"").starts_with("mclock.limit_burst_ios = \"never\": "));
-        assert!(err("reservation_lag = \"soon\"").starts_with("mclock.reservation_lag = \"soon\": expected \"arrival\""));
+        assert!(
+            err("reservation_lag = \"soon\"").starts_with("mclock.reservation_lag = \"soon\": expected \"arrival\"")
+        );
         assert!(err("limit_mode = \"loose\"").starts_with("mclock.limit_mode = \"loose\": expected \"strict\""));
         assert!(err("preset = \"1999\"").starts_with("mclock.preset = \"1999\""));
         assert!(err("batch = 0").starts_with("mclock.batch = 0: expected 1..=1024"));
