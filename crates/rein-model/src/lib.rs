@@ -11,7 +11,9 @@
 //! - [`recorder`] and [`report`]: what a run measures and reports (summary.json, timeseries.csv,
 //!   hosts.csv), simulated or real;
 //! - [`meter`]: the reservation meter, for the simulator's checks and `rein serve`'s `/metrics`;
-//! - [`seed`]: one seeded random stream per entity.
+//! - [`seed`]: one seeded random stream per entity;
+//! - [`sched_settings`]: the `[mclock]` table (scheduler settings) of scenarios and rein.toml, one parser
+//!   for both.
 //!
 //! Like `rein-core`, everything here is sans-IO: no clock reads, no sleeping, no threads; time comes in as
 //! [`rein_core::Nanos`]. Unlike `rein-core`, it may use seeded randomness, HdrHistogram and serde.
@@ -24,6 +26,7 @@ mod ps;
 pub mod recorder;
 pub mod report;
 pub mod routing;
+pub mod sched_settings;
 pub mod seed;
 pub mod trace;
 pub mod workload;
@@ -33,4 +36,5 @@ pub use meter::ReservationMeter;
 pub use recorder::{Recorder, RunMeta, ServerMeta, TenantMeta};
 pub use report::{RunTotals, Summary, Timeseries};
 pub use routing::{Router, Routing};
+pub use sched_settings::{SchedSettingsFile, SettingsError};
 pub use workload::{Generator, WorkloadKind, WorkloadSpec};

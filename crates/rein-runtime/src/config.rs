@@ -6,7 +6,7 @@
 //! data_dir = "rein-data"         # created if missing; relative to the working directory
 //! scheduler = "mclock"           # mclock | dmclock | rbfq | sfq | fifo
 //! queue_depth = 32               # D: requests outstanding at the backend
-//! cost_model = "io"              # io | bytes
+//! cost_model = "io"              # io | bytes | { tm_ms = 5, bpeak_mb_s = 60 }: shorthand for [mclock] cost_model
 //! admission = "refuse"           # refuse | warn: when reservations exceed the capacity
 //! capacity_iops = 5000           # reservable capacity for admission (default: the device model's)
 //! max_request_kb = 32768
@@ -15,6 +15,16 @@
 //! probe_capacity_s = 0           # > 0: measure the backend this long at start-up (random 4 KiB reads
 //!                                #   at queue_depth, through the same dispatcher) and use the result for
 //!                                #   admission when capacity_iops is not set
+//!
+//! [mclock]                       # optional: scheduler settings, the same table as a scenario's
+//! preset = "rein"                # rein (default) | paper: mClock's Algorithm 1 as written
+//! weight_lead_ios = 16           # integer | "none" (the paper)
+//! limit_burst_ios = 8            # integer | "none" (the paper: L tags clamped at arrival)
+//! reservation_lag = "100ms"      # "arrival" (the paper) | "unbounded" | a duration
+//! limited_reenter_at_vnow = true # false: the paper
+//! limit_mode = "strict"          # strict (Algorithm 1) | break_when_idle
+//! batch = 1                      # locality batching (the paper: 8)
+//! batch_distance_kb = 4096       # the paper: 4 MB
 //!
 //! [device_model]                 # optional: the simulator's device model on top of real storage
 //! capacity_iops = 1200
@@ -46,8 +56,9 @@
 
 use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
-use rein_core::{CostModel, QosSpec, SchedulerKind};
+use rein_core::{QosSpec, SchedConfig, SchedulerKind};
 use rein_model::device::{DeviceParams, DiskParams};
+use rein_model::sched_settings::{CostModelFile, SchedSettingsFile};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -120,7 +131,8 @@ struct File {
     scheduler: String,
     #[serde(default = "d_depth")]
     queue_depth: u32,
-    cost_model: Option<String>,
+    cost_model: Option<CostModelFile>,
+    mclock: Option<SchedSettingsFile>,
     admission: Option<String>,
     capacity_iops: Option<f64>,
     #[serde(default = "d_max_kb")]
@@ -262,8 +274,9 @@ pub struct ServerConfig {
     pub scheduler: SchedulerKind,
     /// D: requests outstanding at the backend, 1..=4096 (default 32).
     pub queue_depth: usize,
-    /// How a request's size becomes cost: one unit per IO (the default) or by bytes.
-    pub cost_model: CostModel,
+    /// The scheduler's settings (`[mclock]` and `cost_model`, rein-model's one parser for scenarios and
+    /// rein.toml): cost model, tag rules, limit mode, batching. [`SchedConfig::limits`] is the default.
+    pub sched: SchedConfig,
     /// What happens when reservations exceed the capacity (default [`Admission::Refuse`]).
     pub admission: Admission,
     /// Capacity used for admission control, in IOPS: configured, else the device model's at start (`None`:
@@ -371,11 +384,15 @@ fn validate(f: File) -> Result<ServerConfig, String> {
     if f.queue_depth == 0 || f.queue_depth > 4096 {
         return Err(format!("queue_depth must be in 1..=4096, got {}", f.queue_depth));
     }
-    let cost_model = match f.cost_model.as_deref() {
-        None | Some("io") => CostModel::PerIo,
-        Some("bytes") => CostModel::BYTES,
-        Some(o) => return Err(format!("cost_model {o:?}: expected io or bytes")),
-    };
+    // `cost_model` at the top is a shorthand for `[mclock] cost_model` (as in a scenario); one of the two.
+    let mut settings = f.mclock.clone().unwrap_or_default();
+    if let Some(c) = &f.cost_model {
+        if settings.cost_model.is_some() {
+            return Err("cost_model is given twice (as cost_model and as mclock.cost_model)".into());
+        }
+        settings.cost_model = Some(c.clone());
+    }
+    let sched = settings.resolve().map_err(|e| e.to_string())?;
     let admission = match f.admission.as_deref() {
         None | Some("refuse") => Admission::Refuse,
         Some("warn") => Admission::Warn,
@@ -481,7 +498,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         data_dir,
         scheduler,
         queue_depth: f.queue_depth as usize,
-        cost_model,
+        sched,
         admission,
         capacity_iops,
         max_request: f.max_request_kb * 1024,
@@ -523,6 +540,30 @@ mod tests {
         assert!(e("io_engine = \"aio\"\n[[exports]]\nname = \"a\"").contains("io_engine \"aio\""));
         assert!(e("probe_capacity_s = -1\n[[exports]]\nname = \"a\"").contains("probe_capacity_s"));
         assert!(e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\ndirect = true").contains("direct = true needs"));
+    }
+
+    #[test]
+    fn mclock_table_reaches_the_scheduler_config() {
+        let p = |t: &str| ServerConfig::parse(&format!("{t}\n[[exports]]\nname = \"a\""), Path::new("x.toml"));
+        assert_eq!(p("").unwrap().sched, SchedConfig::default());
+        assert_eq!(p("[mclock]\npreset = \"paper\"").unwrap().sched, SchedConfig::paper());
+        let c = p("cost_model = { tm_ms = 5, bpeak_mb_s = 60 }\n[mclock]\nreservation_lag = \"unbounded\"\nbatch = 8")
+            .unwrap()
+            .sched;
+        assert_eq!(c.cost_model, rein_core::CostModel::paper_disk());
+        assert_eq!(c.reservation_lag, rein_core::ReservationLag::Unbounded);
+        assert_eq!(c.batch, 8);
+        assert_eq!(p("cost_model = \"bytes\"").unwrap().sched.cost_model, rein_core::CostModel::BYTES);
+        let e = |t: &str| p(t).unwrap_err().to_string();
+        assert_eq!(
+            e("[mclock]\nlimit_burst_ios = -1"),
+            "config: mclock.limit_burst_ios = -1: expected an IO count in 0..=1048576, or \"none\" (L tags clamped \
+             at arrival, as in the paper)"
+        );
+        assert!(e("[mclock]\nreservation_lag = \"10\"").contains("mclock.reservation_lag = \"10\""));
+        assert!(e("cost_model = \"lots\"").contains("cost_model = \"lots\": expected"));
+        assert!(e("cost_model = \"io\"\n[mclock]\ncost_model = \"io\"").contains("cost_model is given twice"));
+        assert!(e("[mclock]\nbatchsize = 8").contains("unknown field `batchsize`"));
     }
 
     #[test]

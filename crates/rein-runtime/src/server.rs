@@ -12,7 +12,7 @@ use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::nbd::{serve_connection, Export, NbdContext};
 use crate::probe::{probe, ProbeConfig};
 use crate::storage::{FileStorage, MemStorage, Storage};
-use rein_core::{SchedConfig, TenantId};
+use rein_core::TenantId;
 use rein_proto::nbd::ExportInfo;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -93,7 +93,7 @@ pub async fn run(
     let device = cfg.device.clone();
     let dcfg = DispatchConfig {
         scheduler: cfg.scheduler,
-        sched: SchedConfig { cost_model: cfg.cost_model, ..SchedConfig::default() },
+        sched: cfg.sched,
         depth: cfg.queue_depth,
         io_engine: cfg.io_engine,
         ..DispatchConfig::default()

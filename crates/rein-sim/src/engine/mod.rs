@@ -148,13 +148,10 @@ impl<'a> Sim<'a> {
                     Sched::Token(Box::new(ts))
                 }
                 None => {
+                    // The server's `[mclock]` settings, with the scenario's tenant bound.
                     let config = SchedConfig {
-                        cost_model: sc.cost_model,
-                        limit_mode: s.limit_mode,
-                        batch: s.batch,
-                        batch_distance: s.batch_distance,
                         limits: Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() },
-                        ..SchedConfig::default()
+                        ..s.sched
                     };
                     // A spec's limit is in the scenario's cost units for every scheduler (RBFQ's too).
                     Sched::Plain(s.scheduler.build(config))

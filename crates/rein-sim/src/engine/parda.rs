@@ -77,12 +77,7 @@ impl HostLayer {
         let n = sc.hosts.len() as u64;
         for (i, h) in sc.hosts.iter().enumerate() {
             let runs = h.runs_parda(p);
-            let sched = SchedConfig {
-                batch: p.batch,
-                batch_distance: p.batch_distance,
-                cost_model: sc.cost_model,
-                ..SchedConfig::default()
-            };
+            let sched = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..sc.sched };
             let hc = HostConfig {
                 id: i as u32,
                 epoch: 1,

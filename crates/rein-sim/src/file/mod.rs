@@ -7,6 +7,7 @@
 pub mod parda;
 pub mod pshift;
 
+use rein_model::sched_settings::SchedSettingsFile;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -83,8 +84,12 @@ pub struct ScenarioFile {
     /// Timeseries interval (s, default 1, at least 0.001): the resolution of timeseries.csv, plots and
     /// windowed expectations.
     pub interval_s: Option<f64>,
-    /// Cost model for the schedulers: "io" (default), "bytes", or { tm_ms, bpeak_mb_s }.
+    /// Cost model for the schedulers: "io" (default), "bytes", or { tm_ms, bpeak_mb_s }; the same as
+    /// `[mclock] cost_model` (give one or the other).
     pub cost_model: Option<CostFile>,
+    /// `[mclock]`: scheduler settings for every server (rein-model's [`SchedSettingsFile`]); a server's own
+    /// `mclock` table overrides it field by field.
+    pub mclock: Option<SchedSettingsFile>,
     /// The network between gateways and servers.
     #[serde(default)]
     pub network: NetworkFile,
@@ -123,20 +128,8 @@ impl ScenarioFile {
     }
 }
 
-/// `cost_model`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum CostFile {
-    /// "io" or "bytes".
-    Name(String),
-    /// mClock §3.1's seek-and-transfer cost.
-    SeekTransfer {
-        /// Mean positioning time (ms).
-        tm_ms: f64,
-        /// Peak transfer rate (MB/s).
-        bpeak_mb_s: f64,
-    },
-}
+/// `cost_model`: the same type as `[mclock] cost_model` (rein-model's scheduler settings).
+pub use rein_model::sched_settings::CostModelFile as CostFile;
 
 /// `[network]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -212,11 +205,14 @@ pub struct ServerFile {
     /// Capacity changes over time.
     #[serde(default)]
     pub capacity_schedule: Vec<CapacityStep>,
-    /// strict (default) | break_when_idle
+    /// Scheduler settings for this server, over the scenario's `[mclock]` field by field (`mclock = { .. }`
+    /// or `[servers.mclock]`).
+    pub mclock: Option<SchedSettingsFile>,
+    /// Shorthand for `mclock.limit_mode`: strict (default) | break_when_idle.
     pub limit_mode: Option<String>,
-    /// Locality batching (mClock §3.1): batch size (default 1 = off, at most 1024).
-    pub batch: Option<u32>,
-    /// Locality batching: largest distance from one request of a batch to the next (KiB, default 4096).
+    /// Shorthand for `mclock.batch`: locality batching (mClock §3.1), batch size (default 1 = off).
+    pub batch: Option<i64>,
+    /// Shorthand for `mclock.batch_distance_kb` (KiB, default 4096).
     pub batch_distance_kb: Option<f64>,
     /// The device: "fifo" (default; one request at a time) or "ps" (processor sharing).
     pub discipline: Option<String>,

@@ -16,8 +16,8 @@ pub use expect::Expectation;
 pub use server::{parse_scheduler, Server};
 pub use tenant::Tenant;
 
-use crate::file::{CostFile, FileError, ScenarioFile};
-use rein_core::{CostModel, Nanos, SchedulerKind};
+use crate::file::{FileError, ScenarioFile};
+use rein_core::{Nanos, SchedConfig, SchedulerKind};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -61,8 +61,9 @@ pub struct Scenario {
     pub seed: u64,
     /// Timeseries interval (at least 1 ms, at most [`MAX_INTERVALS`] of them in `duration`).
     pub interval: Nanos,
-    /// The schedulers' cost model.
-    pub cost_model: CostModel,
+    /// The scenario-wide scheduler settings (`[mclock]`, with `cost_model`): what a PARDA host's local
+    /// scheduler uses; servers carry their own ([`Server::sched`]), with their table over this one.
+    pub sched: SchedConfig,
     /// One-way delay between gateways and servers.
     pub net_delay: Nanos,
     /// Servers, in file order.
@@ -171,17 +172,15 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     if (duration.0 / interval.0) as usize > MAX_INTERVALS {
         return Err(format!("duration_s / interval_s exceeds {MAX_INTERVALS} intervals"));
     }
-    let cost_model = match &file.cost_model {
-        None => CostModel::PerIo,
-        Some(CostFile::Name(n)) if n == "io" => CostModel::PerIo,
-        Some(CostFile::Name(n)) if n == "bytes" => CostModel::BYTES,
-        Some(CostFile::Name(n)) => {
-            return Err(format!("cost_model {n:?}: expected \"io\", \"bytes\" or {{ tm_ms, bpeak_mb_s }}"))
+    // `cost_model` at the top is a shorthand for `[mclock] cost_model`; one of the two.
+    let mut settings = file.mclock.clone().unwrap_or_default();
+    if let Some(c) = &file.cost_model {
+        if settings.cost_model.is_some() {
+            return Err("cost_model is given twice (as cost_model and as mclock.cost_model)".into());
         }
-        Some(CostFile::SeekTransfer { tm_ms, bpeak_mb_s }) => {
-            CostModel::seek_transfer((tm_ms * 1e6).max(0.0) as u64, bpeak_mb_s * 1e6).map_err(|e| e.to_string())?
-        }
-    };
+        settings.cost_model = Some(c.clone());
+    }
+    let sched = settings.resolve().map_err(|e| e.to_string())?;
     let net = file.network.delay_ms;
     if !net.is_finite() || !(0.0..=10_000.0).contains(&net) {
         return Err(format!("network.delay_ms must be between 0 and 10000, got {net}"));
@@ -202,7 +201,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     }
     let mut servers = Vec::with_capacity(file.servers.len());
     for s in &file.servers {
-        servers.push(server::validate_server(s, &default_sched)?);
+        servers.push(server::validate_server(s, &default_sched, &settings)?);
     }
     check_unique(servers.iter().map(|s| s.name.as_str()), "server")?;
     let mut tenants = Vec::with_capacity(file.tenants.len());
@@ -237,7 +236,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         warmup,
         seed: file.seed,
         interval,
-        cost_model,
+        sched,
         net_delay: Nanos::from_secs_f64(net / 1e3),
         servers,
         tenants,

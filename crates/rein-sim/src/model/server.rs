@@ -1,8 +1,9 @@
 //! A validated server: a scheduler (from rein-core) in front of a device (from rein-model).
 
 use crate::file::ServerFile;
-use rein_core::{LimitMode, SchedulerKind};
+use rein_core::{SchedConfig, SchedulerKind};
 use rein_model::device::{DeviceParams, DeviceSpec, DiskParams};
+use rein_model::sched_settings::SchedSettingsFile;
 
 /// Largest queue depth D.
 pub const MAX_QUEUE_DEPTH: u32 = 65_536;
@@ -20,12 +21,9 @@ pub struct Server {
     pub scheduler: SchedulerKind,
     /// Whether gateways piggyback delta/rho to this server (dmclock, rbfq, dtfq).
     pub distributed: bool,
-    /// How limits are enforced.
-    pub limit_mode: LimitMode,
-    /// Locality batching: batch size (1 = off).
-    pub batch: u32,
-    /// Locality batching: distance (bytes).
-    pub batch_distance: u64,
+    /// The scheduler's settings: the scenario's `[mclock]` with this server's own table over it
+    /// ([`SchedConfig::limits`] is set by the engine).
+    pub sched: SchedConfig,
 }
 
 /// Parses a scheduler name; returns the kind and whether it is distributed (piggybacks delta/rho).
@@ -40,8 +38,13 @@ pub fn parse_scheduler(s: &str) -> Result<(SchedulerKind, bool), String> {
     }
 }
 
-/// Validates a `[[servers]]` entry; `default_sched` is the scenario's scheduler.
-pub(crate) fn validate_server(s: &ServerFile, default_sched: &str) -> Result<Server, String> {
+/// Validates a `[[servers]]` entry; `default_sched` is the scenario's scheduler, `scenario_settings` its
+/// `[mclock]` table (with the top-level `cost_model` folded in).
+pub(crate) fn validate_server(
+    s: &ServerFile,
+    default_sched: &str,
+    scenario_settings: &SchedSettingsFile,
+) -> Result<Server, String> {
     let n = &s.name;
     let device = DeviceParams {
         capacity_iops: s.capacity_iops,
@@ -64,27 +67,29 @@ pub(crate) fn validate_server(s: &ServerFile, default_sched: &str) -> Result<Ser
     }
     let (scheduler, distributed) =
         parse_scheduler(s.scheduler.as_deref().unwrap_or(default_sched)).map_err(|e| format!("server {n}: {e}"))?;
-    let limit_mode = match s.limit_mode.as_deref() {
-        None | Some("strict") => LimitMode::Strict,
-        Some("break_when_idle") => LimitMode::BreakWhenIdle,
-        Some(o) => return Err(format!("server {n}: limit_mode {o:?}: expected strict or break_when_idle")),
-    };
-    let batch = s.batch.unwrap_or(1);
-    if batch == 0 || batch > 1024 {
-        return Err(format!("server {n}: batch must be in 1..=1024"));
+    // The server's own table, with the shorthands `limit_mode`, `batch` and `batch_distance_kb` folded in
+    // (each may be given once), over the scenario's.
+    let mut own = s.mclock.clone().unwrap_or_default();
+    fold(&mut own.limit_mode, &s.limit_mode, n, "limit_mode")?;
+    fold(&mut own.batch, &s.batch, n, "batch")?;
+    fold(&mut own.batch_distance_kb, &s.batch_distance_kb, n, "batch_distance_kb")?;
+    if own.cost_model.is_some() {
+        return Err(format!(
+            "server {n}: mclock.cost_model is scenario-wide (the units of every reservation and limit): set it \
+             in the scenario's [mclock] or cost_model"
+        ));
     }
-    let bd = s.batch_distance_kb.unwrap_or(4096.0);
-    if !(bd.is_finite() && bd >= 0.0) {
-        return Err(format!("server {n}: batch_distance_kb must be non-negative"));
+    let sched = scenario_settings.overlay(&own).resolve().map_err(|e| format!("server {n}: {e}"))?;
+    Ok(Server { name: n.clone(), device, queue_depth: s.queue_depth, scheduler, distributed, sched })
+}
+
+/// Moves a shorthand key's value into the server's table, refusing it when the table gives it too.
+fn fold<T: Clone>(table: &mut Option<T>, shorthand: &Option<T>, server: &str, field: &str) -> Result<(), String> {
+    if let Some(v) = shorthand {
+        if table.is_some() {
+            return Err(format!("server {server}: {field} is given twice (as {field} and as mclock.{field})"));
+        }
+        *table = Some(v.clone());
     }
-    Ok(Server {
-        name: n.clone(),
-        device,
-        queue_depth: s.queue_depth,
-        scheduler,
-        distributed,
-        limit_mode,
-        batch,
-        batch_distance: (bd * 1024.0) as u64,
-    })
+    Ok(())
 }

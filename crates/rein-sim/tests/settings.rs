@@ -1,0 +1,109 @@
+//! Scheduler settings (`[mclock]`) in scenarios: parsing, inheritance from the scenario to its servers,
+//! errors naming the field, and a setting that changes what a run does (issue 11, point 3).
+use rein_core::{CostModel, LimitMode, ReservationLag, SchedConfig};
+use rein_sim::{run, Scenario};
+use std::path::Path;
+
+fn err(toml: &str) -> String {
+    Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
+}
+
+const BASE: &str = r#"
+name = "t"
+duration_s = 10
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+[[servers]]
+name = "s2"
+capacity_iops = 1000
+[[tenants]]
+name = "a"
+[tenants.workload]
+kind = "closed"
+"#;
+
+/// `BASE` with `top` after `duration_s` and `s2` lines after its name.
+fn with(top: &str, s2: &str) -> String {
+    BASE.replace("duration_s = 10\n", &format!("duration_s = 10\n{top}\n"))
+        .replace("name = \"s2\"\n", &format!("name = \"s2\"\n{s2}\n"))
+}
+
+#[test]
+fn defaults_without_a_table() {
+    let sc = Scenario::from_toml(BASE, None).unwrap();
+    assert_eq!(sc.sched, SchedConfig::default());
+    assert!(sc.servers.iter().all(|s| s.sched == SchedConfig::default()));
+}
+
+#[test]
+fn servers_inherit_the_scenario_table_field_by_field() {
+    let top = "[mclock]\npreset = \"paper\"\nbatch = 8\ncost_model = { tm_ms = 5, bpeak_mb_s = 60 }\n";
+    // A top-level table ends at the next table header, so the server's table is written inline.
+    let text = with("", "mclock = { batch = 2, limit_mode = \"break_when_idle\" }")
+        .replace("[[servers]]\nname = \"s1\"", &format!("{top}\n[[servers]]\nname = \"s1\""));
+    let sc = Scenario::from_toml(&text, None).unwrap();
+    let paper = SchedConfig { batch: 8, cost_model: CostModel::paper_disk(), ..SchedConfig::paper() };
+    assert_eq!(sc.sched, paper);
+    assert_eq!(sc.servers[0].sched, paper);
+    let s2 = sc.servers[1].sched;
+    assert_eq!((s2.batch, s2.limit_mode), (2, LimitMode::BreakWhenIdle));
+    assert_eq!(s2.reservation_lag, ReservationLag::Arrival);
+    assert_eq!(s2.cost_model, CostModel::paper_disk());
+}
+
+#[test]
+fn shorthands_fold_into_the_table() {
+    let sc = Scenario::from_toml(&with("cost_model = \"bytes\"", "batch = 8\nlimit_mode = \"break_when_idle\""), None)
+        .unwrap();
+    assert_eq!(sc.servers[1].sched.cost_model, CostModel::BYTES);
+    assert_eq!((sc.servers[1].sched.batch, sc.servers[1].sched.limit_mode), (8, LimitMode::BreakWhenIdle));
+    assert_eq!(sc.servers[0].sched.batch, 1);
+}
+
+#[test]
+fn errors_name_the_field_and_the_value() {
+    let e = err(&with("", "mclock = { weight_lead_ios = -1 }"));
+    assert!(e.contains("server s2: mclock.weight_lead_ios = -1: expected an IO count"), "{e}");
+    let e = err(&with("[mclock]\nreservation_lag = \"later\"", ""));
+    assert!(e.contains("mclock.reservation_lag = \"later\": expected \"arrival\""), "{e}");
+    let e = err(&with("[mclock]\nlimit_mode = \"soft\"", ""));
+    assert!(e.contains("mclock.limit_mode = \"soft\""), "{e}");
+    let e = err(&with("", "batch = 0"));
+    assert!(e.contains("server s2: mclock.batch = 0: expected 1..=1024"), "{e}");
+    let e = err(&with("", "batch = 4\nmclock = { batch = 8 }"));
+    assert!(e.contains("server s2: batch is given twice"), "{e}");
+    let e = err(&with("", "mclock = { cost_model = \"bytes\" }"));
+    assert!(e.contains("mclock.cost_model is scenario-wide"), "{e}");
+    let e = err(&with("cost_model = \"io\"\n[mclock]\ncost_model = \"io\"", ""));
+    assert!(e.contains("cost_model is given twice"), "{e}");
+    let e = err(&with("[mclock]\npreset = \"paper2009\"", ""));
+    assert!(e.contains("mclock.preset = \"paper2009\""), "{e}");
+    let e = err(&with("[mclock]\nlag = \"1s\"", ""));
+    assert!(e.contains("unknown field `lag`"), "{e}");
+}
+
+/// The overload scenario (capacity at half the reservations for 60 s, then above them): with the default
+/// bound the unreserved t2 gets its eq. (1) rate (800) right after the overload; with
+/// `reservation_lag = "unbounded"` the whole debt (about 18,000 IOs) is repaid first and t2 is starved for
+/// seconds. Targets from eq. (1) and from the size of the debt, not from a run.
+#[test]
+fn reservation_lag_changes_recovery_after_overload() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/mclock-overload-recovery.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let t2_after = |text: &str| {
+        let sc = Scenario::from_toml(text, None).unwrap();
+        let t2 = sc.tenant_index("t2").unwrap();
+        let r = run(&sc, &mut |_| {}).unwrap();
+        (r.timeseries.iops(t2, 71.0, 73.0), r.timeseries.iops(t2, 90.0, 100.0))
+    };
+    let unbounded = text.replace("[[servers]]", "[mclock]\nreservation_lag = \"unbounded\"\n\n[[servers]]");
+    assert_ne!(unbounded, text);
+    let (bounded_early, bounded_late) = t2_after(&text);
+    let (unbounded_early, unbounded_late) = t2_after(&unbounded);
+    assert!((bounded_early - 800.0).abs() < 40.0, "default: t2 at {bounded_early} IOPS just after the overload");
+    // 18,000 IOs owed at 2,500 IOPS minus t3's 250: more than 7 s of repayment, t2 gets nothing meanwhile.
+    assert!(unbounded_early < 40.0, "unbounded: t2 at {unbounded_early} IOPS just after the overload");
+    // Both recover to eq. (1) once the debt is paid.
+    assert!((bounded_late - 800.0).abs() < 40.0 && (unbounded_late - 800.0).abs() < 40.0);
+}
