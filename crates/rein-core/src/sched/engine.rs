@@ -451,7 +451,9 @@ impl Engine {
             lcost,
             offset: req.offset,
             delta: req.delta,
-            rho: req.rho,
+            // A share below one is an estimated rho (dmclock module comment): the request charges the R
+            // clock `cost/share`, of which `cost` is its own and undone if it is served in the weight phase.
+            rho: req.rho.saturating_add(req.share.elsewhere(cost)),
         });
         t.distributed |= req.delta != Cost(0);
         let became_active = t.len == 1;
