@@ -185,7 +185,8 @@ impl<'a> Sim<'a> {
             tenants.push(TenantState {
                 router: Router::new(&t.routing, t.servers.len()),
                 first_link,
-                tracker: distributed.then(|| Box::new(ServiceTracker::with_split(t.servers.len(), t.reservation_split))),
+                tracker: distributed
+                    .then(|| Box::new(ServiceTracker::with_split(t.servers.len(), t.reservation_split))),
                 gen: Generator::new(&t.workload, stream_seed(sc.seed, ti as u64)),
             });
         }
