@@ -38,8 +38,8 @@ pub mod vtime;
 
 pub use cost::CostModel;
 pub use sched::{
-    Dispatch, Fifo, LimitMode, Limits, Mclock, Phase, Poll, Rbfq, Request, ReservationLag, SchedConfig, SchedError,
-    Scheduler, SchedulerKind, ServiceTracker, Sfq, TenantId, TenantStats,
+    Dispatch, Fifo, LimitMode, Limits, Mclock, Phase, Piggyback, Poll, Rbfq, Request, ReservationLag, ReservationShare,
+    ReservationSplit, SchedConfig, SchedError, Scheduler, SchedulerKind, ServiceTracker, Sfq, TenantId, TenantStats,
 };
 pub use spec::{QosSpec, SpecError};
 pub use units::{Cost, LatestTime, Nanos, Tag};

@@ -1,6 +1,8 @@
 //! dmClock across two servers (mclock-dmclock.txt §4.2, Fig. 10 situation), with a small virtual-time
 //! driver: a tenant sending only to one server still gets its global reservation and its weight share.
-use rein_core::{Mclock, Nanos, Phase, Poll, QosSpec, Request, SchedConfig, Scheduler, ServiceTracker, TenantId};
+use rein_core::{
+    Mclock, Nanos, Phase, Poll, QosSpec, Request, ReservationSplit, SchedConfig, Scheduler, ServiceTracker, TenantId,
+};
 
 /// Two servers at 1,000 IOPS each (1 ms per IO, depth 1). Tenant A (weight 3) keeps 16 requests queued at
 /// each server; tenant B keeps 16 queued at server 0 only. Returns (A, B) IOPS over `secs`.
@@ -13,8 +15,8 @@ fn run(b_spec: QosSpec, distributed: bool, secs: u64) -> (f64, f64) {
     let mut trackers = [ServiceTracker::new(2), ServiceTracker::new(2)];
     let send =
         |servers: &mut [Mclock; 2], trackers: &mut [ServiceTracker; 2], now: Nanos, t: usize, j: usize, h: u64| {
-            let (delta, rho) = if distributed { trackers[t].prepare(j).unwrap() } else { Default::default() };
-            servers[j].enqueue(now, Request::new(ids[j][t], h).distributed(delta, rho)).unwrap();
+            let p = if distributed { trackers[t].prepare(j).unwrap() } else { Default::default() };
+            servers[j].enqueue(now, Request::new(ids[j][t], h).piggyback(p)).unwrap();
         };
     let mut h = 0;
     for _ in 0..16 {
@@ -65,28 +67,26 @@ fn hot_spotting_tenant_keeps_its_global_reservation() {
     assert!((a - 1400.0).abs() <= 10.0, "A = {a}");
 }
 
-#[test]
-fn rho_counts_reservation_service_elsewhere() {
-    // A tenant with a reservation of 1,000 served on two servers: its reservation is global, so each
-    // server gives it about half in the reservation phase rather than 1,000 each.
+/// A tenant with a reservation of 1,000 served on two servers of 2,000 IOPS (0.5 ms per IO), each shared
+/// with one weight-1 tenant; the tenant keeps 16 requests queued at each server. Returns its
+/// (reservation-phase rate, total rate).
+fn reserved_on_two(split: ReservationSplit) -> (f64, f64) {
     let mut servers = [Mclock::dmclock(SchedConfig::default()), Mclock::dmclock(SchedConfig::default())];
     let spec = QosSpec::new(1000.0, None, 1.0, 0).unwrap();
     let other = QosSpec::weighted(1.0).unwrap();
     let ids: Vec<[TenantId; 2]> =
         servers.iter_mut().map(|s| [s.add_tenant(spec).unwrap(), s.add_tenant(other).unwrap()]).collect();
-    let mut tr = ServiceTracker::new(2);
+    let mut tr = ServiceTracker::with_split(2, split);
     let mut h = 0;
-    for j in 0..2 {
-        for _ in 0..16 {
-            let (d, r) = tr.prepare(j).unwrap();
-            servers[j].enqueue(Nanos(0), Request::new(ids[j][0], h).distributed(d, r)).unwrap();
-            servers[j]
-                .enqueue(Nanos(0), Request::new(ids[j][1], h + 1).distributed(Default::default(), Default::default()))
-                .unwrap();
+    // Interleaved, so that the measured spread is 1:1 from the start.
+    for _ in 0..16 {
+        for j in 0..2 {
+            let p = tr.prepare(j).unwrap();
+            servers[j].enqueue(Nanos(0), Request::new(ids[j][0], h).piggyback(p)).unwrap();
+            servers[j].enqueue(Nanos(0), Request::new(ids[j][1], h + 1)).unwrap();
             h += 2;
         }
     }
-    // Servers at 2,000 IOPS each (0.5 ms per IO).
     let mut resv = 0u64;
     let mut total = 0u64;
     for step in 0..40_000u64 {
@@ -99,8 +99,8 @@ fn rho_counts_reservation_service_elsewhere() {
                     resv += (d.phase == Phase::Reservation) as u64;
                 }
                 tr.complete(j, d.phase, d.cost).unwrap();
-                let (dl, r) = tr.prepare(j).unwrap();
-                servers[j].enqueue(now, Request::new(ids[j][0], h).distributed(dl, r)).unwrap();
+                let p = tr.prepare(j).unwrap();
+                servers[j].enqueue(now, Request::new(ids[j][0], h).piggyback(p)).unwrap();
             } else {
                 servers[j].enqueue(now, Request::new(ids[j][1], h)).unwrap();
             }
@@ -108,13 +108,29 @@ fn rho_counts_reservation_service_elsewhere() {
         }
     }
     let secs = 36_000.0 * 0.0005;
+    (resv as f64 / secs, total as f64 / secs)
+}
+
+#[test]
+fn rho_counts_reservation_service_elsewhere() {
     // Globally: capacity 4,000 shared by the reserved tenant (weight 1, counted across both servers through
     // delta) and one weight-1 tenant per server: 4,000 / 3 = 1,333 each. That exceeds r, so the tenant is
     // proportional, and its reservation-phase service must total r = 1,000/s across both servers (rho),
     // not 1,000 per server.
-    let resv_rate = resv as f64 / secs;
+    let (resv_rate, total) = reserved_on_two(ReservationSplit::Rho);
     assert!((resv_rate - 1000.0).abs() <= 30.0, "reservation-phase rate {resv_rate}");
-    assert!((total as f64 / secs - 4000.0 / 3.0).abs() <= 20.0, "total {}", total as f64 / secs);
+    assert!((total - 4000.0 / 3.0).abs() <= 20.0, "total {total}");
+}
+
+#[test]
+fn spread_charges_half_the_reservation_at_each_server() {
+    // The same under the spread (share 1/2 at each server): each server owes r/2 = 500. A weight-phase
+    // dispatch keeps its estimated rho (one IO elsewhere) in the R tag, so with w weight-phase and x
+    // reservation-phase IOs per second at a server, x + w = 667 and x + w/2 = 500: x = 333, so 667/s in
+    // the reservation phase over both servers. The total is the weight share, as under rho.
+    let (resv_rate, total) = reserved_on_two(ReservationSplit::default());
+    assert!((resv_rate - 2000.0 / 3.0).abs() <= 30.0, "reservation-phase rate {resv_rate}");
+    assert!((total - 4000.0 / 3.0).abs() <= 20.0, "total {total}");
 }
 
 /// Regression (found by the RBFQ Fig. 13 DT-FQ reproduction): a dispatch reports the request's own cost,

@@ -1,23 +1,95 @@
 //! The client side of dmClock (mclock-dmclock.txt §3.2.1) and of RBFQ's distributed Delta
-//! (rbfq-repair.txt §3.2): a per-tenant tracker of service received across servers.
+//! (rbfq-repair.txt §3.2): a per-tenant tracker of service received across servers, and of where the
+//! tenant's requests go.
 //!
 //! # Model
 //! A tenant's requests go to many servers, each running [`super::Mclock`] (or [`super::Rbfq`]) on its own.
 //! For the servers to give the tenant its *global* reservation, limit and weight, each request to server
-//! s_j carries how much service the tenant received elsewhere since its previous request to s_j:
-//! - `delta`: completions at the other servers (dmClock's delta_i, RBFQ's Delta less the request itself);
-//! - `rho`: the part of `delta` served in reservation phase (dmClock's rho_i).
+//! s_j carries a [`Piggyback`] (what the future wire protocol carries):
+//! - `delta`: completions at the other servers since the tenant's previous request to s_j (dmClock's
+//!   delta_i, RBFQ's Delta less the request itself). P and L tags advance by `(cost + delta)/w` and `/l`.
+//! - how the tenant's reservation is charged at s_j, which depends on the [`ReservationSplit`]:
+//!   - [`ReservationSplit::Rho`], the paper's rule: `rho`, the part of `delta` served in reservation
+//!     phase (dmClock's rho_i); R tags advance by `(cost + rho)/r` (see [`super::mclock`]).
+//!   - [`ReservationSplit::Spread`], Rein's default: `share`, the measured fraction s_j of the tenant's
+//!     recent requests that went to s_j; R tags advance by `cost/(r s_j)`, so s_j runs a local reservation
+//!     clock of rate `r s_j` for the tenant (RBFQ's local/global split, with the local minimum M_ij
+//!     derived from the spread instead of configured). `rho` is sent as 0.
 //!
-//! The server then advances the tenant's tags by `(cost + delta)/w` etc. (see [`super::mclock`]).
+//! # Why the spread, not rho (issue 11)
+//! dmClock's clients in §4.2 keep "64 concurrent IOs, uniformly distributed over the nodes": one pool of
+//! outstanding IOs, each new IO sent to the node its offset maps to. Such a client's rate is the same at
+//! each of its servers in the long run (1:1 issuance): the server where it is served slowest bounds its
+//! rate everywhere. The rho rule fails such a client twice:
+//! 1. *Where the reservation is charged.* rho tells s_j what the tenant got in reservation phase
+//!    elsewhere; where the tenant is alone (Fig. 10's S2 for c2) it is served in the weight phase, so the
+//!    rho arriving at the contended server stays near zero and the whole reservation is charged there.
+//!    Fig. 10 with one pool of 64: c2 takes ~900 of S1's 1,500 in reservation phase, c1 (r = 800 on S1
+//!    alone) falls to ~715.
+//! 2. *The pool follows the service.* Requests pile up where the tenant is served slowest, so the other
+//!    servers often hold no request of it and work conservation hands them to whoever is there (Fig. 9(b):
+//!    c1 ~1,290 instead of 800).
+//!
+//! With the spread, every server guarantees its part r s_j whatever happens elsewhere. If the tenant's
+//! requests really go to s_j in proportion s_j, its global rate X satisfies X s_j >= r s_j at every server
+//! where it is backlogged, so X >= r: the reservation holds without any server knowing about another.
+//! Worked example (Fig. 10): c2 (r = 1,000, shares 1:1) is owed 500 at each server; S1 (1,500 IOPS) gives
+//! c1 its 800 and c2 its 500 in reservation phase and splits the last 200 by P tags (which carry delta,
+//! so c2's service on S2 counts: c2 gets them), c2's rate on S1 is 700 and, with one pool, so is its rate
+//! on S2: c1 800, c2 1,400, the paper's numbers. Measured in the simulator (scenarios
+//! `dmclock-fig10-pool` and `-pool-rho`, `dmclock-fig9-resv-pool` and `-pool-rho`, seed 1): Fig. 10 c1
+//! 808 / c2 1,390 (rho: 717 / 1,573); Fig. 9(b) 817 / 1,766 / 2,625 (rho: 1,286 / 2,110 / 1,803). With a
+//! window per server (the other reading of the paper's clients) the spread changes nothing in Fig. 9 and
+//! brings Fig. 10's c1 from 880 to 801.
+//!
+//! The server turns the share into an estimated rho, `cost (1 - s_j)/s_j`, and treats it as it treats a
+//! measured one: it stays in the R tag when the request is served in the weight phase (see
+//! [`super::mclock`] for why s_j still gets at least `r s_j`). So weight-phase IOs a tenant gets where its
+//! pool leaves it alone count toward its reservation there, which is what keeps Fig. 9(b)'s c1 near 800;
+//! the cost is that the reservation-phase share of its IOs no longer means "IOs owed" (c1: 0.78, not 1).
+//! The one-pool drift itself (cause 2) remains where nothing is reserved: Fig. 9(a) with one pool gives c1
+//! about 5 % above its 1/11 (4.5 % with seed 1; above 5 % in 2 of seeds 1-16).
+//!
+//! What the spread gives up: the guarantee holds for the spread the tracker *measured*. A tenant whose
+//! spread shifts (a new hot spot) is under-reserved at the new hot server until the window has seen the
+//! shift (about one window of requests, [`ReservationSplit::Spread`] `window_ios`). A tenant that stops
+//! sending to s_j leaves its part of the reservation unclaimed there rather than moving it to where it
+//! now sends; the window moves it within `2 * window_ios` requests. And the servers' reservations
+//! must be admitted per server (sum of r_i s_ij <= C_j), while rho lets a tenant claim its whole
+//! reservation at one server if the others cannot serve it (rho's strength: it follows the service, the
+//! spread follows the demand).
+//!
+//! # Measuring the spread
+//! The tracker counts the requests it prepares per server in windows of `window_ios` requests; the
+//! share it sends with a request to s_j is `(sent_prev_j + sent_j) / (sent_prev + sent)`, this window and
+//! the previous one, the request itself included (so the share is never 0). Counting requests, not cost:
+//! the tracker does not know the server's cost model; with one size per tenant the two agree.
+//! The estimate is unbiased for i.i.d. routing with a relative error of about
+//! `sqrt((1 - s_j) / (s_j n))` for n between `window_ios` and `2 window_ios` requests (3 servers, 1,024:
+//! 3-4 %); the R charge, `1/share`, is convex in the share, so its mean is high by about the square of
+//! that (0.1-0.2 %), which costs the tenant that much of its reservation.
 //!
 //! # State and invariants
 //! Running totals of completed cost over all servers (`total`, `total_resv`), and per server: the cost
-//! completed there (`own`, `own_resv`) and the value of `total - own` when the tenant last sent a request
-//! there (`seen`, `seen_resv`). Then `delta = (total - own) - seen`. All counters are fixed-point cost
-//! units in wrapping `u64` arithmetic, so differences stay right across wrap-around.
+//! completed there (`own`, `own_resv`), the value of `total - own` when the tenant last sent a request
+//! there (`seen`, `seen_resv`), and the requests sent there in this window and the previous one (`sent`,
+//! `sent_prev`). Then `delta = (total - own) - seen`. All cost counters are fixed-point cost units in
+//! wrapping `u64` arithmetic, so differences stay right across wrap-around.
 //! 1. `delta` and `rho` never count a completion at the server being addressed.
 //! 2. Every completion elsewhere is counted in exactly one later request to each server (none lost, none
 //!    counted twice), so over a long run each server sees the tenant's whole service.
+//! 3. The shares sent are in `(0, 1]`, and `sum_j sent_j == window_sent < window_ios` (likewise for the
+//!    previous window), so the shares of one moment over all servers sum to 1.
+//!
+//! # Paper symbols -> code
+//! | paper | code |
+//! |---|---|
+//! | delta_i, rho_i (dmClock §3.2.1) | [`Piggyback::delta`], [`Piggyback::rho`] |
+//! | Delta (RBFQ §3.2) | [`Piggyback::delta`] plus the request's own cost |
+//! | M_ij, RBFQ's local minimum | `r_i s_ij`, with s_ij = [`Piggyback::share`] |
+//!
+//! # Deviations from the paper
+//! - [`ReservationSplit::Spread`] is the default; [`ReservationSplit::Rho`] is §3.2.1 as written.
 //!
 //! Servers are dense indices `0..max_servers`; an index beyond the bound is an error.
 
@@ -37,12 +109,116 @@ pub enum TrackerError {
     },
 }
 
+/// Default window of [`ReservationSplit::Spread`], in requests.
+pub const DEFAULT_SPREAD_WINDOW_IOS: u32 = 1024;
+
+/// Largest window of [`ReservationSplit::Spread`]: two windows of requests stay within the share's
+/// resolution (`2 * MAX_SPREAD_WINDOW_IOS <= 1 / ReservationShare::MIN`), so a share is never rounded to 0.
+pub const MAX_SPREAD_WINDOW_IOS: u32 = 1 << 15;
+
+/// How a tracker tells each server which part of the tenant's reservation it owes (module comment).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ReservationSplit {
+    /// dmClock §3.2.1 as written: each request carries rho, the reservation-phase service received at
+    /// the other servers, and R tags advance by `(cost + rho)/r`.
+    Rho,
+    /// Rein's default: each request carries the measured share s_j of the tenant's requests that go to
+    /// its server, and R tags there advance by `cost/(r s_j)` (a local reservation of `r s_j`).
+    /// `window_ios` (1..=[`MAX_SPREAD_WINDOW_IOS`]): requests per measuring window.
+    Spread {
+        /// Requests per measuring window; the share covers this window and the previous one.
+        window_ios: u32,
+    },
+}
+
+impl Default for ReservationSplit {
+    fn default() -> Self {
+        ReservationSplit::Spread { window_ios: DEFAULT_SPREAD_WINDOW_IOS }
+    }
+}
+
+impl ReservationSplit {
+    /// The name used in configs: `rho` or `spread`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReservationSplit::Rho => "rho",
+            ReservationSplit::Spread { .. } => "spread",
+        }
+    }
+}
+
+/// The part of a tenant's reservation one server owes it: a fraction in `(0, 1]` in fixed point with
+/// [`ReservationShare::FRAC_BITS`] fractional bits. [`ReservationShare::ONE`] (the whole reservation) is
+/// what a request to a single server, or under [`ReservationSplit::Rho`], carries.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReservationShare(u32);
+
+impl ReservationShare {
+    /// Fractional bits.
+    pub const FRAC_BITS: u32 = 16;
+    /// The whole reservation.
+    pub const ONE: ReservationShare = ReservationShare(1 << Self::FRAC_BITS);
+    /// The smallest share, 1/65536: a request charges at most 65536 times its cost to the R clock.
+    pub const MIN: ReservationShare = ReservationShare(1);
+
+    /// `part / whole`, rounded to nearest and clamped into `[MIN, ONE]`; `whole == 0` gives `ONE`.
+    pub fn from_ratio(part: u64, whole: u64) -> ReservationShare {
+        if whole == 0 {
+            return Self::ONE;
+        }
+        let v = ((part as u128) << Self::FRAC_BITS).saturating_add(whole as u128 / 2) / whole as u128;
+        ReservationShare(v.clamp(Self::MIN.0 as u128, Self::ONE.0 as u128) as u32)
+    }
+
+    /// The raw fixed-point value (`ONE` = 65536).
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// The share as `f64` (for reports).
+    pub fn as_f64(self) -> f64 {
+        self.0 as f64 / Self::ONE.0 as f64
+    }
+
+    /// The reservation service elsewhere that a request of cost `cost` to this server stands for:
+    /// `cost * (1 - s)/s`, so that `cost + elsewhere(cost) = cost/s` (rounded down, saturating).
+    pub fn elsewhere(self, cost: Cost) -> Cost {
+        debug_assert!(self >= Self::MIN && self <= Self::ONE, "share in (0, 1] (tracker invariant 3)");
+        if self == Self::ONE {
+            return Cost(0);
+        }
+        let v = cost.0 as u128 * (Self::ONE.0 - self.0) as u128 / self.0.max(1) as u128;
+        Cost(u64::try_from(v).unwrap_or(u64::MAX))
+    }
+}
+
+impl Default for ReservationShare {
+    fn default() -> Self {
+        Self::ONE
+    }
+}
+
+/// What a request to one server carries from its tenant's tracker ([`super::Request::piggyback`]).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Piggyback {
+    /// Completed cost at the other servers since the previous request to this one.
+    pub delta: Cost,
+    /// The part of `delta` served in reservation phase ([`ReservationSplit::Rho`]; 0 under `Spread`).
+    pub rho: Cost,
+    /// The part of the reservation this server owes ([`ReservationSplit::Spread`]; `ONE` under `Rho`).
+    pub share: ReservationShare,
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct PerServer {
     own: u64,
     own_resv: u64,
     seen: u64,
     seen_resv: u64,
+    /// Requests prepared for this server in the current window.
+    sent: u32,
+    /// Requests prepared for this server in the previous window.
+    sent_prev: u32,
 }
 
 /// A tenant's service tracker (one per tenant per client/gateway).
@@ -50,13 +226,36 @@ struct PerServer {
 pub struct ServiceTracker {
     total: u64,
     total_resv: u64,
+    split: ReservationSplit,
+    /// Requests prepared in the current window (sum of `sent`) and in the previous one.
+    window_sent: u32,
+    window_sent_prev: u32,
     servers: Vec<PerServer>,
 }
 
 impl ServiceTracker {
-    /// A tracker for servers `0..servers`.
+    /// A tracker for servers `0..servers` with the default [`ReservationSplit`].
     pub fn new(servers: usize) -> Self {
-        ServiceTracker { total: 0, total_resv: 0, servers: vec![PerServer::default(); servers] }
+        Self::with_split(servers, ReservationSplit::default())
+    }
+
+    /// A tracker for servers `0..servers` that splits the reservation by `split`. A `window_ios` outside
+    /// `1..=MAX_SPREAD_WINDOW_IOS` is clamped into it.
+    pub fn with_split(servers: usize, split: ReservationSplit) -> Self {
+        let split = match split {
+            ReservationSplit::Spread { window_ios } => {
+                ReservationSplit::Spread { window_ios: window_ios.clamp(1, MAX_SPREAD_WINDOW_IOS) }
+            }
+            ReservationSplit::Rho => ReservationSplit::Rho,
+        };
+        ServiceTracker {
+            total: 0,
+            total_resv: 0,
+            split,
+            window_sent: 0,
+            window_sent_prev: 0,
+            servers: vec![PerServer::default(); servers],
+        }
     }
 
     /// Servers tracked; valid indices are `0..servers()`.
@@ -64,22 +263,63 @@ impl ServiceTracker {
         self.servers.len()
     }
 
+    /// How this tracker splits the reservation.
+    pub fn split(&self) -> ReservationSplit {
+        self.split
+    }
+
     fn server(&mut self, index: usize) -> Result<&mut PerServer, TrackerError> {
         let max = self.servers.len();
         self.servers.get_mut(index).ok_or(TrackerError::ServerOutOfRange { index, max })
     }
 
-    /// Call when sending a request to `server`: returns `(delta, rho)` to piggyback on it.
-    pub fn prepare(&mut self, server: usize) -> Result<(Cost, Cost), TrackerError> {
-        let (total, total_resv) = (self.total, self.total_resv);
+    /// Call when sending a request to `server`: returns what to piggyback on it.
+    pub fn prepare(&mut self, server: usize) -> Result<Piggyback, TrackerError> {
+        let (total, total_resv, split) = (self.total, self.total_resv, self.split);
         let s = self.server(server)?;
         let elsewhere = total.wrapping_sub(s.own);
         let elsewhere_resv = total_resv.wrapping_sub(s.own_resv);
-        let delta = elsewhere.wrapping_sub(s.seen);
-        let rho = elsewhere_resv.wrapping_sub(s.seen_resv);
+        let delta = Cost(elsewhere.wrapping_sub(s.seen));
+        let rho = Cost(elsewhere_resv.wrapping_sub(s.seen_resv));
         s.seen = elsewhere;
         s.seen_resv = elsewhere_resv;
-        Ok((Cost(delta), Cost(rho)))
+        match split {
+            ReservationSplit::Rho => Ok(Piggyback { delta, rho, share: ReservationShare::ONE }),
+            ReservationSplit::Spread { window_ios } => {
+                s.sent += 1;
+                let part = u64::from(s.sent) + u64::from(s.sent_prev);
+                self.window_sent += 1;
+                let whole = u64::from(self.window_sent) + u64::from(self.window_sent_prev);
+                // Invariant 3: part >= 1 (this request) and part <= whole <= 2 * MAX_SPREAD_WINDOW_IOS.
+                debug_assert!(part >= 1 && part <= whole && whole <= 2 * u64::from(MAX_SPREAD_WINDOW_IOS));
+                let share = ReservationShare::from_ratio(part, whole);
+                if self.window_sent >= window_ios {
+                    for s in &mut self.servers {
+                        s.sent_prev = s.sent;
+                        s.sent = 0;
+                    }
+                    self.window_sent_prev = self.window_sent;
+                    self.window_sent = 0;
+                }
+                Ok(Piggyback { delta, rho: Cost(0), share })
+            }
+        }
+    }
+
+    /// The share a request to `server` would carry now, without sending one (for reports and tests);
+    /// `ONE` under [`ReservationSplit::Rho`] or before any request was prepared.
+    pub fn share(&self, server: usize) -> Result<ReservationShare, TrackerError> {
+        let s = self
+            .servers
+            .get(server)
+            .ok_or(TrackerError::ServerOutOfRange { index: server, max: self.servers.len() })?;
+        Ok(match self.split {
+            ReservationSplit::Rho => ReservationShare::ONE,
+            ReservationSplit::Spread { .. } => ReservationShare::from_ratio(
+                u64::from(s.sent) + u64::from(s.sent_prev),
+                u64::from(self.window_sent) + u64::from(self.window_sent_prev),
+            ),
+        })
     }
 
     /// Call when `server` reports a completion of cost `cost` served in `phase`.
@@ -101,39 +341,168 @@ impl ServiceTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn rho_tracker(servers: usize) -> ServiceTracker {
+        ServiceTracker::with_split(servers, ReservationSplit::Rho)
+    }
+
+    fn pair(p: Piggyback) -> (Cost, Cost) {
+        (p.delta, p.rho)
+    }
 
     #[test]
     fn counts_only_other_servers_once() {
-        let mut t = ServiceTracker::new(2);
-        assert_eq!(t.prepare(0).unwrap(), (Cost(0), Cost(0)));
+        let mut t = rho_tracker(2);
+        assert_eq!(pair(t.prepare(0).unwrap()), (Cost(0), Cost(0)));
         // Three completions at server 1 (one in reservation phase), one at server 0.
         t.complete(1, Phase::Weight, Cost::ONE).unwrap();
         t.complete(1, Phase::Reservation, Cost::ONE).unwrap();
         t.complete(1, Phase::Weight, Cost::ONE).unwrap();
         t.complete(0, Phase::Weight, Cost::ONE).unwrap();
-        assert_eq!(t.prepare(0).unwrap(), (Cost::units(3), Cost::units(1)));
-        assert_eq!(t.prepare(0).unwrap(), (Cost(0), Cost(0)), "nothing counted twice");
+        assert_eq!(pair(t.prepare(0).unwrap()), (Cost::units(3), Cost::units(1)));
+        assert_eq!(pair(t.prepare(0).unwrap()), (Cost(0), Cost(0)), "nothing counted twice");
         // Server 1 sees only server 0's completion.
-        assert_eq!(t.prepare(1).unwrap(), (Cost::units(1), Cost(0)));
+        assert_eq!(pair(t.prepare(1).unwrap()), (Cost::units(1), Cost(0)));
+        assert_eq!(t.prepare(1).unwrap().share, ReservationShare::ONE, "rho mode sends the whole reservation");
         assert!(matches!(t.prepare(2), Err(TrackerError::ServerOutOfRange { index: 2, max: 2 })));
         assert!(t.complete(5, Phase::Weight, Cost::ONE).is_err());
     }
 
     #[test]
     fn single_server_delta_is_zero() {
-        let mut t = ServiceTracker::new(1);
-        for _ in 0..100 {
-            assert_eq!(t.prepare(0).unwrap(), (Cost(0), Cost(0)));
-            t.complete(0, Phase::Reservation, Cost::ONE).unwrap();
+        for split in [ReservationSplit::Rho, ReservationSplit::default()] {
+            let mut t = ServiceTracker::with_split(1, split);
+            for _ in 0..100 {
+                let p = t.prepare(0).unwrap();
+                assert_eq!(p, Piggyback { delta: Cost(0), rho: Cost(0), share: ReservationShare::ONE });
+                t.complete(0, Phase::Reservation, Cost::ONE).unwrap();
+            }
         }
     }
 
     #[test]
     fn survives_counter_wrap() {
-        let mut t = ServiceTracker::new(2);
+        let mut t = rho_tracker(2);
         t.total = u64::MAX - 1;
         t.servers[0].seen = u64::MAX - 1;
         t.complete(1, Phase::Weight, Cost::units(2)).unwrap();
-        assert_eq!(t.prepare(0).unwrap().0, Cost::units(2));
+        assert_eq!(t.prepare(0).unwrap().delta, Cost::units(2));
+    }
+
+    #[test]
+    fn spread_sends_delta_but_no_rho() {
+        let mut t = ServiceTracker::new(2);
+        t.prepare(0).unwrap();
+        t.complete(1, Phase::Reservation, Cost::ONE).unwrap();
+        let p = t.prepare(0).unwrap();
+        assert_eq!((p.delta, p.rho), (Cost::ONE, Cost(0)));
+    }
+
+    #[test]
+    fn round_robin_over_three_gives_a_third_each() {
+        let mut t = ServiceTracker::with_split(3, ReservationSplit::Spread { window_ios: 30 });
+        let mut last = [ReservationShare::ONE; 3];
+        for i in 0..300 {
+            last[i % 3] = t.prepare(i % 3).unwrap().share;
+        }
+        // Within one request of a third, over the 30 to 60 requests measured.
+        for s in last {
+            assert!(s.raw().abs_diff(ReservationShare::from_ratio(1, 3).raw()) <= ReservationShare::ONE.raw() / 30);
+        }
+        // At a window's end each server has had exactly its third: a request stands for itself and two
+        // elsewhere.
+        let mut t = ServiceTracker::with_split(3, ReservationSplit::Spread { window_ios: 30 });
+        let shares: Vec<_> = (0..60).map(|i| t.prepare(i % 3).unwrap().share).collect();
+        assert_eq!(shares[59], ReservationShare::from_ratio(1, 3));
+        assert!(shares[59].elsewhere(Cost::ONE).0.abs_diff(Cost::units(2).0) <= 3);
+    }
+
+    #[test]
+    fn share_bounds_and_rounding() {
+        assert_eq!(ReservationShare::from_ratio(0, 10), ReservationShare::MIN);
+        assert_eq!(ReservationShare::from_ratio(10, 10), ReservationShare::ONE);
+        assert_eq!(ReservationShare::from_ratio(3, 0), ReservationShare::ONE);
+        assert_eq!(ReservationShare::from_ratio(1, 2).raw(), 1 << 15);
+        assert_eq!(ReservationShare::ONE.elsewhere(Cost::units(5)), Cost(0));
+        assert_eq!(ReservationShare::from_ratio(1, 4).elsewhere(Cost::ONE), Cost::units(3));
+        // The largest charge stays finite: 65535 units beyond the request's own at MIN.
+        assert_eq!(ReservationShare::MIN.elsewhere(Cost::ONE), Cost::units(65_535));
+        assert_eq!(ReservationShare::MIN.elsewhere(Cost(u64::MAX)), Cost(u64::MAX));
+    }
+
+    #[test]
+    fn window_is_clamped() {
+        let t = ServiceTracker::with_split(2, ReservationSplit::Spread { window_ios: 0 });
+        assert_eq!(t.split(), ReservationSplit::Spread { window_ios: 1 });
+        let t = ServiceTracker::with_split(2, ReservationSplit::Spread { window_ios: u32::MAX });
+        assert_eq!(t.split(), ReservationSplit::Spread { window_ios: MAX_SPREAD_WINDOW_IOS });
+    }
+
+    /// The reference: the share of a request is its server's count over this window and the previous one
+    /// (windows of `w` requests counted from the first), the request included.
+    fn reference_shares(route: &[usize], w: usize) -> Vec<ReservationShare> {
+        route
+            .iter()
+            .enumerate()
+            .map(|(i, &j)| {
+                let start = (i / w).saturating_sub(1) * w;
+                let part = route[start..=i].iter().filter(|&&x| x == j).count();
+                ReservationShare::from_ratio(part as u64, (i + 1 - start) as u64)
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Invariant 3 and the measuring rule, against a brute-force reference.
+        #[test]
+        fn shares_match_the_windowed_counts(
+            route in prop::collection::vec(0usize..4, 1..600),
+            w in 1u32..80,
+        ) {
+            let mut t = ServiceTracker::with_split(4, ReservationSplit::Spread { window_ios: w });
+            let got: Vec<_> = route.iter().map(|&j| t.prepare(j).unwrap().share).collect();
+            prop_assert_eq!(&got, &reference_shares(&route, w as usize));
+            // The shares of one moment sum to one (within rounding of each).
+            let sum: u64 = (0..4).map(|j| {
+                let s = t.share(j).unwrap();
+                if s == ReservationShare::MIN && !route.contains(&j) { 0 } else { u64::from(s.raw()) }
+            }).sum();
+            prop_assert!(sum.abs_diff(u64::from(ReservationShare::ONE.raw())) <= 4, "sum {}", sum);
+        }
+
+        /// The analytic expectation: with i.i.d. routing by probabilities p_j, the R charge a server
+        /// collects per request sent to it is about `1/p_j`, so over n requests each server's charges add
+        /// up to about n (each server runs a reservation clock of r p_j, and the parts sum to r), high by
+        /// the estimate's convexity bias.
+        #[test]
+        fn charges_add_up_to_the_whole(
+            weights in prop::collection::vec(1u32..10, 2..5),
+            seed in any::<u64>(),
+        ) {
+            let total_w: u32 = weights.iter().sum();
+            let n = 40_000usize;
+            let mut t = ServiceTracker::with_split(weights.len(), ReservationSplit::Spread { window_ios: 1024 });
+            let mut x = seed | 1;
+            let mut charge = vec![0u128; weights.len()];
+            for _ in 0..n {
+                // xorshift64*, drawn into the weights.
+                x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+                let mut d = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) % u64::from(total_w);
+                let mut j = 0;
+                while d >= u64::from(weights[j]) { d -= u64::from(weights[j]); j += 1; }
+                let p = t.prepare(j).unwrap();
+                charge[j] += u128::from(Cost::ONE.0 + p.share.elsewhere(Cost::ONE).0);
+            }
+            for (j, c) in charge.iter().enumerate() {
+                let ios = *c as f64 / Cost::ONE.0 as f64;
+                // Convexity bias (1 - p)/(p m) for m >= 1,024 requests measured, twice over, plus noise.
+                let p = f64::from(weights[j]) / f64::from(total_w);
+                let tol = 0.01 + 2.0 * (1.0 - p) / (p * 1024.0);
+                prop_assert!((ios / n as f64 - 1.0).abs() < tol, "server {}: charges {} for {} requests", j, ios, n);
+            }
+        }
     }
 }

@@ -116,7 +116,9 @@ use std::collections::VecDeque;
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub(crate) struct Flavor {
     pub(crate) kind: SchedulerKind,
-    /// dmClock: R tags advance by `(cost + rho) / r`. RBFQ and mClock: `cost / r` (RBFQ's local tags use
+    /// dmClock: R tags advance by `(cost + rho) / r`, where a request's rho includes the estimate
+    /// `cost (1 - share)/share` from its reservation share (see [`super::dmclock`]), so that with a share
+    /// the advance is `cost/(r share) + rho/r`. RBFQ and mClock: `cost / r` (RBFQ's local tags use
     /// the per-server minimum M_ij, so service elsewhere does not count toward them).
     pub(crate) rho_in_r: bool,
     /// dmClock: L tags advance by `(cost + delta) / l`. RBFQ's upper bound is per server: `cost / l`.
@@ -451,7 +453,9 @@ impl Engine {
             lcost,
             offset: req.offset,
             delta: req.delta,
-            rho: req.rho,
+            // A share below one is an estimated rho (dmclock module comment): the request charges the R
+            // clock `cost/share`, of which `cost` is its own and undone if it is served in the weight phase.
+            rho: req.rho.saturating_add(req.share.elsewhere(cost)),
         });
         t.distributed |= req.delta != Cost(0);
         let became_active = t.len == 1;

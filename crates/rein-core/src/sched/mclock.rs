@@ -25,6 +25,7 @@
 //! | IO size cost 1 + S/(Tm Bpeak) | [`crate::CostModel::SeekTransfer`] |
 //! | batch of 8 within 4 MB | [`SchedConfig::batch`], [`SchedConfig::batch_distance`] (off by default) |
 //! | dmClock delta_i, rho_i | [`super::Request::delta`], [`super::Request::rho`] |
+//! | (Rein) server s_j's part of r_i | [`super::Request::share`] ([`super::dmclock`]) |
 //!
 //! # dmClock (§3.2.1)
 //! Each server runs mClock with one change in tag assignment:
@@ -34,6 +35,16 @@
 //! counting completions at *other* servers), so on one server delta = rho = 0 and dmClock is exactly
 //! mClock; the paper's delta includes the previous request here, which is the same quantity. The client
 //! side is [`super::ServiceTracker`].
+//!
+//! By default the tracker does not send rho but the measured share s_j of the tenant's requests that go
+//! to this server ([`super::ReservationSplit::Spread`]); the server turns it into an estimated rho,
+//! `cost (1 - s_j)/s_j`, so `R = max(R' + cost/(r s_j), t)`: each server owes the tenant `r s_j`. The
+//! paper's rho fails clients that keep one pool of outstanding IOs (its §4.2 clients); the reasons and the
+//! numbers are in [`super::dmclock`]'s comment. [`super::ReservationSplit::Rho`] keeps §3.2.1 as written.
+//! Like a measured rho, the estimate stays in the R tag when the request is served in the weight phase
+//! (only the request's own cost is undone): the server still gives at least `r s_j`, since with x
+//! reservation-phase and w weight-phase IOs per second there, `x/s_j + w (1 - s_j)/s_j = r` when the R
+//! clock keeps pace, so `x + w = r s_j + w s_j`.
 //!
 //! # Deviations from the paper, and why
 //! Every deviation is a [`SchedConfig`] setting; [`SchedConfig::paper()`] switches all of them to the

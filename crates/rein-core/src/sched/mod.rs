@@ -34,7 +34,7 @@ pub mod mclock;
 pub mod rbfq;
 pub mod tokens;
 
-pub use dmclock::ServiceTracker;
+pub use dmclock::{Piggyback, ReservationShare, ReservationSplit, ServiceTracker};
 pub use fifo::Fifo;
 pub use mclock::Mclock;
 pub use rbfq::Rbfq;
@@ -82,12 +82,16 @@ pub struct Request {
     pub delta: Cost,
     /// dmClock: the part of `delta` served in reservation phase (rho). Zero on a single server.
     pub rho: Cost,
+    /// dmClock: the part of the tenant's reservation this server owes it (from a [`ServiceTracker`] with
+    /// [`ReservationSplit::Spread`]); R tags advance by `cost/(r * share)` plus `rho/r`. `ONE` on a single
+    /// server and under [`ReservationSplit::Rho`]. RBFQ ignores it (its local minimums are per server).
+    pub share: ReservationShare,
 }
 
 impl Request {
     /// A 4 KiB request at offset 0 with no service elsewhere; the methods below change those.
     pub fn new(tenant: TenantId, handle: u64) -> Self {
-        Request { tenant, handle, size: 4096, offset: 0, delta: Cost(0), rho: Cost(0) }
+        Request { tenant, handle, size: 4096, offset: 0, delta: Cost(0), rho: Cost(0), share: ReservationShare::ONE }
     }
     /// With a size in bytes (what the cost model charges).
     pub fn size(mut self, size: u64) -> Self {
@@ -99,10 +103,17 @@ impl Request {
         self.offset = offset;
         self
     }
-    /// With the service received at other servers, `(delta, rho)` from [`ServiceTracker::prepare`].
+    /// With the service received at other servers, `(delta, rho)`, the paper's piggyback (§3.2.1).
     pub fn distributed(mut self, delta: Cost, rho: Cost) -> Self {
         self.delta = delta;
         self.rho = rho;
+        self
+    }
+    /// With what a [`ServiceTracker::prepare`] returned for this request's server.
+    pub fn piggyback(mut self, p: Piggyback) -> Self {
+        self.delta = p.delta;
+        self.rho = p.rho;
+        self.share = p.share;
         self
     }
 }

@@ -38,7 +38,7 @@ use events::{Events, Kind};
 use parda::HostLayer;
 use pshift::Cluster;
 use rein_core::pshift::TokenScheduler;
-use rein_core::{Cost, Limits, Nanos, Phase, Poll, Request, SchedConfig, ServiceTracker, TenantId};
+use rein_core::{Cost, Limits, Nanos, Phase, Piggyback, Poll, Request, SchedConfig, ServiceTracker, TenantId};
 use rein_model::device::{Discipline, Job};
 use rein_model::report::hosts::HostRecorder;
 use rein_model::seed::{server_stream, stream_seed};
@@ -182,7 +182,8 @@ impl<'a> Sim<'a> {
             tenants.push(TenantState {
                 router: Router::new(&t.routing, t.servers.len()),
                 first_link,
-                tracker: distributed.then(|| Box::new(ServiceTracker::new(t.servers.len()))),
+                tracker: distributed
+                    .then(|| Box::new(ServiceTracker::with_split(t.servers.len(), t.reservation_split))),
                 gen: Generator::new(&t.workload, stream_seed(sc.seed, ti as u64)),
             });
         }
@@ -484,11 +485,11 @@ impl<'a> Sim<'a> {
         let (t, s, k) = (r.tenant as usize, r.server as usize, r.k as usize);
         // The gateway's tracker fills delta/rho as the request leaves it; with a network delay, completions
         // that reach the gateway meanwhile are counted in the next request (the paper's bounded staleness).
-        let (delta, rho) = match &mut self.tenants[t].tracker {
+        let piggyback = match &mut self.tenants[t].tracker {
             Some(tr) if self.sc.servers[s].distributed => tr.prepare(k).expect("k < servers"),
-            _ => (Cost(0), Cost(0)),
+            _ => Piggyback::default(),
         };
-        let req = Request { tenant: r.tid, handle: id as u64, size: r.size, offset: r.offset, delta, rho };
+        let req = Request::new(r.tid, id as u64).size(r.size).offset(r.offset).piggyback(piggyback);
         if self.servers[s].sched.get().enqueue(self.now, req).is_err() {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once.
             if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {

@@ -128,7 +128,7 @@ impl HostLayer {
     /// A VM's request reaches its host. False if the host's queue is full (the request is rejected).
     pub(crate) fn enqueue(&mut self, now: Nanos, t: usize, handle: u64, size: u64, offset: u64) -> bool {
         let (h, id) = self.vm[t].expect("tenant is a VM");
-        let req = Request { tenant: id, handle, size, offset, delta: rein_core::Cost(0), rho: rein_core::Cost(0) };
+        let req = Request::new(id, handle).size(size).offset(offset);
         self.hosts[h as usize].ctl.enqueue(now, req).is_ok()
     }
 

@@ -246,6 +246,11 @@ pub struct TenantFile {
     pub workload: WorkloadFile,
     /// A VM on this PARDA host (`[[hosts]]`): its requests go through the host's window to its array.
     pub host: Option<String>,
+    /// dmClock: how the tenant's gateway tells each server its part of the reservation: "spread"
+    /// (default: the measured share of its requests that go there) or "rho" (the paper's §3.2.1).
+    pub reservation_split: Option<String>,
+    /// With `reservation_split = "spread"`: requests per measuring window (default 1024).
+    pub spread_window_ios: Option<u32>,
 }
 
 /// `routing`.

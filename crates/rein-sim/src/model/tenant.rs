@@ -3,7 +3,8 @@
 
 use super::server::Server;
 use crate::file::{RoutingFile, TenantFile, WorkloadFile};
-use rein_core::{Nanos, QosSpec};
+use rein_core::sched::dmclock::{DEFAULT_SPREAD_WINDOW_IOS, MAX_SPREAD_WINDOW_IOS};
+use rein_core::{Nanos, QosSpec, ReservationSplit};
 use rein_model::workload::{TraceParams, WorkloadParams, WorkloadSpec};
 use rein_model::Routing;
 use std::path::Path;
@@ -25,6 +26,8 @@ pub struct Tenant {
     pub workload: WorkloadSpec,
     /// Index into `Scenario::hosts` for a VM on a PARDA host.
     pub host: Option<usize>,
+    /// How its gateway's tracker splits the reservation over its servers (distributed schedulers).
+    pub reservation_split: ReservationSplit,
 }
 
 fn positive(what: &str, v: f64) -> Result<f64, String> {
@@ -110,7 +113,22 @@ pub(crate) fn validate_tenant(
         }
     };
     let workload = workload_params(&t.workload).validate(duration, base).map_err(|e| format!("tenant {n}: {e}"))?;
-    Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload, host: None })
+    let reservation_split = reservation_split(t).map_err(|e| format!("tenant {n}: {e}"))?;
+    Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload, host: None, reservation_split })
+}
+
+/// `reservation_split` and `spread_window_ios`.
+fn reservation_split(t: &TenantFile) -> Result<ReservationSplit, String> {
+    let window = t.spread_window_ios.unwrap_or(DEFAULT_SPREAD_WINDOW_IOS);
+    if !(1..=MAX_SPREAD_WINDOW_IOS).contains(&window) {
+        return Err(format!("spread_window_ios must be in 1..={MAX_SPREAD_WINDOW_IOS}, got {window}"));
+    }
+    match t.reservation_split.as_deref() {
+        None | Some("spread") => Ok(ReservationSplit::Spread { window_ios: window }),
+        Some("rho") if t.spread_window_ios.is_none() => Ok(ReservationSplit::Rho),
+        Some("rho") => Err("spread_window_ios applies to reservation_split = \"spread\" only".into()),
+        Some(other) => Err(format!("reservation_split {other:?}: expected \"spread\" or \"rho\"")),
+    }
 }
 
 /// A `[tenants.workload]` table as the model's workload parameters.

@@ -328,6 +328,7 @@ fn generate(
                 stop: duration,
             },
             host: None,
+            reservation_split: rein_core::ReservationSplit::default(),
         });
         plans.push(BucketPlan { load, phases });
     }
