@@ -56,8 +56,9 @@ fn same_scenario_and_seed_give_identical_output() {
 
 /// Scenarios whose checks describe a baseline without QoS controls, so that no wrong scheduler can break
 /// them: pShift's plain round robin runs have no controller to remove (and their token schedulers are
-/// not swapped for FIFO); the PARDA tables without PARDA have one VM per host, so FIFO in place of the
-/// hosts' local SFQ changes nothing they check.
+/// not swapped for FIFO); the PARDA tables without PARDA are calibration records (their numbers are the
+/// capacity fit's targets, marked as inputs) with one VM per host, so FIFO in place of the hosts' local
+/// SFQ changes nothing they check.
 const BASELINES: [&str; 5] = [
     "parda-table3-uncontrolled",
     "parda-table4-uncontrolled",
