@@ -1,5 +1,7 @@
 //! Runs every scenario in `scenarios/` and requires each of its expectations to hold (what
-//! `rein sim --check` does), and checks that runs are deterministic.
+//! `rein sim --check` does), checks that a deliberately wrong scheduler makes some of them fail, and
+//! checks that runs are deterministic.
+use rein_sim::check::Sabotage;
 use rein_sim::{run, run_and_check, Scenario};
 use std::path::{Path, PathBuf};
 
@@ -50,4 +52,55 @@ fn same_scenario_and_seed_give_identical_output() {
         let c = run(&sc2, &mut |_| {}).unwrap();
         assert_ne!(a.timeseries.to_csv(), c.timeseries.to_csv(), "{}: seed has no effect", sc.name);
     }
+}
+
+/// Scenarios whose checks describe a baseline without QoS controls, so that no wrong scheduler can break
+/// them: pShift's plain round robin runs have no controller to remove (and their token schedulers are
+/// not swapped for FIFO); the PARDA tables without PARDA are calibration records (their numbers are the
+/// capacity fit's targets, marked as inputs) with one VM per host, so FIFO in place of the hosts' local
+/// SFQ changes nothing they check.
+const BASELINES: [&str; 5] = [
+    "parda-table3-uncontrolled",
+    "parda-table4-uncontrolled",
+    "pshift-exp3-rr",
+    "pshift-exp4-200-rr",
+    "pshift-exp4-rr",
+];
+
+/// Every scenario's checks, run with a deliberately wrong scheduler ([`Sabotage`]), must fail: a check
+/// that holds whatever the scheduler does checks nothing. For each scenario the sabotages that apply are
+/// tried in [`Sabotage::ALL`]'s order until one makes a check fail (one extra run per scenario in the
+/// usual case, so the test costs about as much as `every_scenario_meets_its_expectations`); the
+/// scenarios in [`BASELINES`] are the ones no sabotage applies to.
+#[test]
+fn checks_fail_under_a_wrong_scheduler() {
+    let mut uncaught = Vec::new();
+    for f in &scenario_files() {
+        let sc = Scenario::load(f).unwrap_or_else(|e| panic!("{e}"));
+        let t0 = std::time::Instant::now();
+        let mut applied = Vec::new();
+        let mut caught = None;
+        for sabotage in Sabotage::ALL {
+            let Some(wrong) = sabotage.apply(&sc) else { continue };
+            applied.push(sabotage.name());
+            let (_, results) = run_and_check(&wrong, &mut |_| {}).unwrap();
+            let failed: Vec<String> = results.into_iter().filter(|c| !c.ok).map(|c| c.description).collect();
+            if !failed.is_empty() {
+                caught = Some((sabotage, failed));
+                break;
+            }
+        }
+        match (&caught, BASELINES.contains(&sc.name.as_str())) {
+            (Some((sabotage, failed)), baseline) => {
+                eprintln!("{} under {} ({:.2?}): {} checks fail", sc.name, sabotage.name(), t0.elapsed(), failed.len());
+                for d in failed {
+                    eprintln!("  FAIL {d}");
+                }
+                assert!(!baseline, "{}: listed in BASELINES but {} makes a check fail", sc.name, sabotage.name());
+            }
+            (None, true) => eprintln!("{}: a baseline, no check fails under {applied:?}", sc.name),
+            (None, false) => uncaught.push(format!("{} (tried {applied:?})", sc.name)),
+        }
+    }
+    assert!(uncaught.is_empty(), "checks that no wrong scheduler makes fail:\n{}", uncaught.join("\n"));
 }

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use rein_model::report::hosts::HostsSummary;
-use rein_sim::check::CheckResult;
+use rein_sim::check::{CheckResult, Sabotage};
 use rein_sim::{RunTotals, Scenario};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,10 @@ pub(crate) struct SimArgs {
     /// Run every server on this scheduler instead (mclock, dmclock, rbfq, sfq, fifo, lfq, dtfq).
     #[arg(long)]
     pub(crate) scheduler: Option<String>,
+    /// Run with a deliberately wrong scheduler, to see the checks fail: fifo, no-delta-rho, fixed-window,
+    /// no-controller, no-shift (docs/scenarios.md).
+    #[arg(long)]
+    pub(crate) sabotage: Option<String>,
     /// Write summary.json, timeseries.csv and plots (PNG and SVG) here.
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
@@ -49,6 +53,16 @@ pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
         let (kind, distributed) = rein_sim::model::parse_scheduler(s).map_err(anyhow::Error::msg)?;
         sc = sc.with_scheduler(kind, distributed);
         sc.scheduler_name = s.clone();
+    }
+    if let Some(name) = &args.sabotage {
+        let Some(sabotage) = Sabotage::ALL.into_iter().find(|x| x.name() == name) else {
+            let names: Vec<&str> = Sabotage::ALL.iter().map(|x| x.name()).collect();
+            bail!("--sabotage {name:?}: expected one of {}", names.join(", "));
+        };
+        let Some(s) = sabotage.apply(&sc) else {
+            bail!("{}: --sabotage {name} changes nothing in this scenario", args.scenario.display());
+        };
+        sc = s;
     }
     Ok(sc)
 }

@@ -4,10 +4,13 @@
 //! PARDA scenario with its no-PARDA twin (`uncontrolled = true`), that twin's totals: the caller asks
 //! [`baseline_scenario`] whether one is needed and runs it. Each expectation yields one [`CheckResult`]
 //! with the measured and expected values and a one-line description; a run passes when every result
-//! does.
+//! does. [`Sabotage`] runs a scenario with a deliberately wrong scheduler, to show its checks can fail.
 
 mod parda;
 mod pshift;
+pub mod sabotage;
+
+pub use sabotage::Sabotage;
 
 use crate::model::expect::{Expectation, Subject, Target};
 use crate::model::Scenario;

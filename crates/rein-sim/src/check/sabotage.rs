@@ -1,0 +1,95 @@
+//! Deliberately wrong schedulers, to show that a scenario's checks can fail.
+//!
+//! A check that holds whatever the scheduler does (throughput equals the uncontrolled run on a FIFO
+//! array, utilisation of a backlogged server) proves nothing. [`Sabotage::apply`] turns a validated
+//! scenario into the same scenario run by a scheduler that is wrong in one documented way; the scenario
+//! test (`crates/rein-sim/tests/scenarios.rs`) runs every scenario's checks under each sabotage that
+//! applies to it and requires at least one check to fail. Nothing here touches rein-core: each sabotage
+//! is a setting the scenario files can already express (a scheduler, PARDA on or off, a pShift controller
+//! on or off, the §III-C approximation), applied after validation.
+
+use crate::model::Scenario;
+use rein_core::SchedulerKind;
+use std::sync::Arc;
+
+/// One way of running a scenario with the wrong scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sabotage {
+    /// FIFO in place of every server's scheduler (mClock, dmClock, RBFQ, SFQ, LFQ, DTFQ) and of PARDA
+    /// hosts' local scheduler: no reservations, limits, weights or shares anywhere.
+    Fifo,
+    /// dmClock, RBFQ and DTFQ with delta and rho dropped: the gateways send zeros, so every server
+    /// schedules as if each tenant used it alone (mClock, local RBFQ, LFQ).
+    NoDeltaRho,
+    /// PARDA hosts keep a fixed window (`[parda] enabled = false`): no latency control.
+    FixedWindow,
+    /// pShift without its controller: the servers run plain round robin (no tokens at all).
+    NoController,
+    /// pShift's controller without token shifting: each interval's allocation is Algorithm 3's initial
+    /// prudent one (the §III-C approximation with M = 0 buckets shifting), a naive split by demand.
+    NoShift,
+}
+
+impl Sabotage {
+    /// Every sabotage, in the order the scenario test tries them.
+    pub const ALL: [Sabotage; 5] =
+        [Sabotage::Fifo, Sabotage::NoDeltaRho, Sabotage::FixedWindow, Sabotage::NoController, Sabotage::NoShift];
+
+    /// Its name (for test output and reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            Sabotage::Fifo => "fifo",
+            Sabotage::NoDeltaRho => "no-delta-rho",
+            Sabotage::FixedWindow => "fixed-window",
+            Sabotage::NoController => "no-controller",
+            Sabotage::NoShift => "no-shift",
+        }
+    }
+
+    /// `sc` run by the wrong scheduler, or `None` when this sabotage changes nothing in `sc` (a FIFO
+    /// scenario run by FIFO, PARDA already off, no distributed server, no pShift controller).
+    pub fn apply(self, sc: &Scenario) -> Option<Scenario> {
+        let mut s = sc.clone();
+        match self {
+            Sabotage::Fifo => {
+                if s.pshift.is_some() {
+                    return None;
+                }
+                let mut changed = false;
+                for srv in &mut s.servers {
+                    changed |= srv.scheduler != SchedulerKind::Fifo;
+                    srv.scheduler = SchedulerKind::Fifo;
+                    srv.distributed = false;
+                }
+                if let Some(p) = &mut s.parda {
+                    changed |= p.local_scheduler != SchedulerKind::Fifo;
+                    p.local_scheduler = SchedulerKind::Fifo;
+                }
+                s.scheduler_name = SchedulerKind::Fifo.name().to_string();
+                changed.then_some(s)
+            }
+            Sabotage::NoDeltaRho => {
+                let mut changed = false;
+                for srv in &mut s.servers {
+                    changed |= srv.distributed;
+                    srv.distributed = false;
+                }
+                changed.then_some(s)
+            }
+            Sabotage::FixedWindow => {
+                let on = s.parda.as_ref().is_some_and(|p| p.enabled) && s.hosts.iter().any(|h| h.controlled);
+                on.then(|| s.without_parda())
+            }
+            Sabotage::NoController | Sabotage::NoShift => {
+                let ps = s.pshift.as_mut().filter(|p| p.controller)?;
+                let ps = Arc::make_mut(ps);
+                if self == Sabotage::NoController {
+                    ps.controller = false;
+                } else {
+                    ps.approx_top = Some(0);
+                }
+                Some(s)
+            }
+        }
+    }
+}
