@@ -468,7 +468,9 @@ fn an_uncontrolled_hosts_window_can_be_resized_and_a_parda_hosts_cannot() {
         let req = Request { tenant: vm, handle: i, size: 4096, offset: i << 20, delta: Cost(0), rho: Cost(0) };
         h.enqueue(Nanos::ZERO, req).unwrap();
     }
-    let issue = |h: &mut HostController, now| std::iter::from_fn(|| matches!(h.poll(now), Poll::Dispatch(_)).then_some(())).count();
+    let issue = |h: &mut HostController, now| {
+        std::iter::from_fn(|| matches!(h.poll(now), Poll::Dispatch(_)).then_some(())).count()
+    };
     assert_eq!(issue(&mut h, Nanos::ZERO), 8);
     // Shrinking holds the issued IOs and issues nothing until fewer than the new window are out.
     h.set_fixed_window(Nanos::from_millis(1), 4.0).unwrap();

@@ -173,7 +173,12 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
 
 /// A host's `window_schedule`: only for a host that keeps a fixed issue queue; steps strictly later than
 /// the one before, within the run; windows as for `window`.
-fn validate_window_schedule(n: &str, f: &HostFile, parda: &Parda, duration: Nanos) -> Result<Vec<(Nanos, f64)>, String> {
+fn validate_window_schedule(
+    n: &str,
+    f: &HostFile,
+    parda: &Parda,
+    duration: Nanos,
+) -> Result<Vec<(Nanos, f64)>, String> {
     if f.window_schedule.is_empty() {
         return Ok(Vec::new());
     }
