@@ -12,7 +12,7 @@ use rein_core::parda::{
     equilibrium_latency, equilibrium_windows, Aggregator, HostConfig, HostController, PardaConfig, PardaError,
     WindowController,
 };
-use rein_core::{Nanos, Poll, QosSpec, Request, SchedConfig, SchedulerKind, TenantId};
+use rein_core::{Cost, Nanos, Poll, QosSpec, Request, SchedConfig, SchedulerKind, TenantId};
 use std::collections::VecDeque;
 
 fn config(threshold_ms: f64, gamma: f64, w_max: f64) -> PardaConfig {
@@ -457,4 +457,32 @@ fn vms_per_host_are_bounded() {
     }
     assert_eq!(h.add_vm(QosSpec::weighted(1.0).unwrap()), Err(PardaError::TooManyVms { max: MAX_VMS_PER_HOST }));
     assert_eq!(h.beta_base(), MAX_VMS_PER_HOST as f64, "beta = K sum s over all of them");
+}
+
+#[test]
+fn an_uncontrolled_hosts_window_can_be_resized_and_a_parda_hosts_cannot() {
+    let hc = HostConfig { fixed_window: Some(8.0), ..HostConfig::default() };
+    let mut h = HostController::new(PardaConfig::default(), hc, Nanos::ZERO).unwrap();
+    let vm = h.add_vm(QosSpec::weighted(1.0).unwrap()).unwrap();
+    for i in 0..32u64 {
+        let req = Request { tenant: vm, handle: i, size: 4096, offset: i << 20, delta: Cost(0), rho: Cost(0) };
+        h.enqueue(Nanos::ZERO, req).unwrap();
+    }
+    let issue = |h: &mut HostController, now| {
+        std::iter::from_fn(|| matches!(h.poll(now), Poll::Dispatch(_)).then_some(())).count()
+    };
+    assert_eq!(issue(&mut h, Nanos::ZERO), 8);
+    // Shrinking holds the issued IOs and issues nothing until fewer than the new window are out.
+    h.set_fixed_window(Nanos::from_millis(1), 4.0).unwrap();
+    assert_eq!(issue(&mut h, Nanos::from_millis(1)), 0);
+    for _ in 0..5 {
+        h.on_complete(Nanos::from_millis(2), vm, Nanos::from_millis(1), 4096).unwrap();
+    }
+    assert_eq!(issue(&mut h, Nanos::from_millis(2)), 1, "3 out after 5 of 8 completed: one more fits in 4");
+    h.set_fixed_window(Nanos::from_millis(3), 16.0).unwrap();
+    assert_eq!(issue(&mut h, Nanos::from_millis(3)), 12);
+    assert_eq!(h.stats().window, 16.0);
+    assert!(matches!(h.set_fixed_window(Nanos::from_millis(3), 0.5), Err(PardaError::FixedWindow { .. })));
+    let mut p = HostController::new(PardaConfig::default(), HostConfig::default(), Nanos::ZERO).unwrap();
+    assert!(matches!(p.set_fixed_window(Nanos::ZERO, 8.0), Err(PardaError::NotFixed)));
 }

@@ -1,6 +1,7 @@
 //! PARDA in the simulator: scenario validation (bad parameters get clear errors), determinism of the host
 //! outputs, and host-layer behaviour the paper scenarios do not isolate (a fixed window really bounds
 //! what reaches the array, mClock as the local scheduler, aggregation delay and the summary).
+use rein_model::report::hosts::{HostMetric, HostSubject};
 use rein_sim::{run, run_and_check, Scenario};
 
 fn err(toml: &str) -> String {
@@ -180,6 +181,46 @@ fn a_fixed_window_bounds_what_reaches_the_array() {
     assert_eq!((h[0].window_mean, h[1].window_mean), (4.0, 12.0));
     // The VMs see the time queued at the host on top of the array's latency.
     assert!(t[0].latency_ms.mean > 2.0 * h[0].latency_mean_ms, "{} vs {}", t[0].latency_ms.mean, h[0].latency_mean_ms);
+}
+
+#[test]
+fn a_window_schedule_resizes_an_uncontrolled_hosts_queue() {
+    // h2's queue goes 12 -> 4 at 50 s and back to 12 at 100 s: its throughput follows, 3x then 1x then 3x
+    // h1's (4 throughout), the split a processor-sharing array gives queues in that ratio.
+    let toml = BASE.replace("beta = 1\n", "controlled = false\nwindow = 4\n").replace(
+        "beta = 2\n",
+        "controlled = false\nwindow = 12\nwindow_schedule = [{ at_s = 50, window = 4 }, { at_s = 100, window = 12 }]\n",
+    );
+    let sc = Scenario::from_toml(&toml, None).unwrap();
+    let r = run(&sc, &mut |_| {}).unwrap();
+    let ht = r.hosts.as_ref().unwrap();
+    let ratio = |a, b| {
+        let m = |h| ht.metric(HostSubject::Host(h), HostMetric::Iops, a, b, 10.0);
+        m(1) / m(0)
+    };
+    assert!((ratio(5.0, 50.0) - 3.0).abs() < 0.2, "{}", ratio(5.0, 50.0));
+    assert!((ratio(55.0, 100.0) - 1.0).abs() < 0.1, "{}", ratio(55.0, 100.0));
+    assert!((ratio(105.0, 150.0) - 3.0).abs() < 0.2, "{}", ratio(105.0, 150.0));
+    let w = |a, b| ht.metric(HostSubject::Host(1), HostMetric::Window, a, b, 10.0);
+    assert_eq!((w(10.0, 48.0), w(60.0, 98.0), w(110.0, 148.0)), (12.0, 4.0, 12.0));
+}
+
+#[test]
+fn bad_window_schedules_are_rejected_naming_the_field() {
+    let unc = BASE.replace("beta = 2\n", "controlled = false\nwindow = 12\n");
+    let e = err(&BASE.replace("beta = 2\n", "beta = 2\nwindow_schedule = [{ at_s = 50, window = 4 }]\n"));
+    assert!(e.contains("host h2: window_schedule changes the fixed issue queue of an uncontrolled host"), "{e}");
+    let e = err(&unc.replace("window = 12\n", "window = 12\nwindow_schedule = [{ at_s = 500, window = 4 }]\n"));
+    assert!(e.contains("host h2: window_schedule[0].at_s = 500: must be inside the run"), "{e}");
+    let e = err(&unc.replace(
+        "window = 12\n",
+        "window = 12\nwindow_schedule = [{ at_s = 50, window = 4 }, { at_s = 40, window = 8 }]\n",
+    ));
+    assert!(e.contains("host h2: window_schedule[1].at_s = 40: steps must be in increasing time order"), "{e}");
+    let e = err(&unc.replace("window = 12\n", "window = 12\nwindow_schedule = [{ at_s = 50, window = 0 }]\n"));
+    assert!(e.contains("host h2: window_schedule[0].window = 0: fixed window must be in [1,"), "{e}");
+    let e = err(&unc.replace("window = 12\n", "window = 12\nwindow_schedule = [{ at_s = 50, iops = 4 }]\n"));
+    assert!(e.contains("unknown field `iops`"), "{e}");
 }
 
 #[test]

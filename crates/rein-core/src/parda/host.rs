@@ -257,6 +257,23 @@ impl HostController {
         p
     }
 
+    /// An uncontrolled host's issue queue changes to `window` IOs at `now` (an administrator resizing
+    /// it, as in parda.txt §5.2's two-phase runs). IOs already issued stay outstanding; a smaller window
+    /// issues nothing until enough complete. Errors: the host runs PARDA ([`PardaError::NotFixed`]) or
+    /// `window` is outside [1, [`MAX_WINDOW`]] ([`PardaError::FixedWindow`]).
+    pub fn set_fixed_window(&mut self, now: Nanos, window: f64) -> Result<(), PardaError> {
+        self.time.advance(now);
+        if !self.window.is_fixed() {
+            return Err(PardaError::NotFixed);
+        }
+        if !(window.is_finite() && (1.0..=MAX_WINDOW).contains(&window)) {
+            return Err(PardaError::FixedWindow { value: window, max: MAX_WINDOW });
+        }
+        self.window = WindowController::fixed(window);
+        self.host.fixed_window = Some(window);
+        Ok(())
+    }
+
     /// Whether the window is what holds requests back now.
     pub fn window_full(&self) -> bool {
         self.outstanding >= self.window.issue_limit()

@@ -219,6 +219,9 @@ pub enum PardaError {
         /// [`MAX_WINDOW`].
         max: f64,
     },
+    /// [`HostController::set_fixed_window`] on a host that runs PARDA (its window is eq. (2)'s).
+    #[error("only an uncontrolled host's fixed window can be set; a PARDA host's window follows eq. (2)")]
+    NotFixed,
     /// An [`Aggregator`] timeout of zero (no host would ever be live).
     #[error("aggregation timeout must be positive")]
     Timeout,

@@ -36,6 +36,8 @@ pub(crate) enum Kind {
     HostPeriod,
     /// PARDA host `a` may release a request held by its local scheduler's limits.
     HostWake,
+    /// Uncontrolled host `a`'s fixed issue queue changes to step `b` of its `window_schedule`.
+    HostWindow,
     /// Processor-sharing device of server `a`: the completion armed as generation `b` is due.
     PsDone,
     /// pShift: token messages reach the servers.

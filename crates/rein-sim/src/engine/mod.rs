@@ -215,6 +215,9 @@ impl<'a> Sim<'a> {
             for h in 0..sim.hosts.as_ref().map_or(0, |l| l.len()) {
                 let at = sim.hosts.as_ref().expect("hosts").first_period(h);
                 sim.schedule(at, Kind::HostPeriod, h as u32, 0);
+                for (k, &(at, _)) in sc.hosts[h].window_schedule.iter().enumerate() {
+                    sim.schedule(at, Kind::HostWindow, h as u32, k as u32);
+                }
             }
             for (ti, t) in sc.tenants.iter().enumerate() {
                 sim.schedule(t.workload.start, Kind::Start, ti as u32, 0);
@@ -285,6 +288,12 @@ impl<'a> Sim<'a> {
                     if *w == Some(t) {
                         *w = None;
                     }
+                    self.host_pump(h);
+                }
+                Kind::HostWindow => {
+                    let h = ev.a as usize;
+                    let window = self.sc.hosts[h].window_schedule[ev.b as usize].1;
+                    self.hosts.as_mut().expect("host events need hosts").set_fixed_window(h, self.now, window);
                     self.host_pump(h);
                 }
                 Kind::PsDone => self.ps_done(ev.a as usize, ev.b),

@@ -15,8 +15,8 @@
 //!
 //! Periods are staggered (host i ticks first at `period * (1 + i / hosts)`), as independent hosts are.
 //! An *uncontrolled* host (`controlled = false`, or `[parda] enabled = false` for all) keeps a fixed
-//! issue queue (`window`, default `w_max`) and does not publish: an external host (§5.3.4) or the
-//! no-PARDA baseline.
+//! issue queue (`window`, default `w_max`; `window_schedule` resizes it during the run, as in §5.2's
+//! two-phase runs) and does not publish: an external host (§5.3.4) or the no-PARDA baseline.
 //!
 //! The array is any server; for PARDA scenarios a `fifo` scheduler with a deep `queue_depth` so every
 //! issued IO is at the device and latency grows with the array's queue (Little's law). Each host may have
@@ -123,6 +123,15 @@ impl HostLayer {
     #[inline]
     pub(crate) fn scale(&self, t: usize) -> f64 {
         self.scale[t]
+    }
+
+    /// Uncontrolled host `h`'s issue queue becomes `window` IOs (a `window_schedule` step).
+    pub(crate) fn set_fixed_window(&mut self, h: usize, now: Nanos, window: f64) {
+        self.hosts[h]
+            .ctl
+            .set_fixed_window(now, window)
+            .expect("model::parda allows window_schedule only on hosts with a fixed window in [1, MAX_WINDOW]");
+        self.record(h, now, None);
     }
 
     /// A VM's request reaches its host. False if the host's queue is full (the request is rejected).

@@ -112,4 +112,17 @@ pub struct HostFile {
     pub service_scale: f64,
     /// The array (default: the only server).
     pub server: Option<String>,
+    /// Hosts without PARDA only: changes of the fixed issue queue over the run (§5.2's phases).
+    #[serde(default)]
+    pub window_schedule: Vec<WindowStepFile>,
+}
+
+/// One step of `window_schedule = [{ at_s = 100, window = 16 }]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowStepFile {
+    /// When the issue queue changes (s from the start).
+    pub at_s: f64,
+    /// The new fixed issue queue (IOs).
+    pub window: f64,
 }

@@ -222,7 +222,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         }
     };
     check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
-    let (parda, hosts) = parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers)?;
+    let (parda, hosts) =
+        parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers, duration)?;
     let expect = file
         .expect
         .iter()

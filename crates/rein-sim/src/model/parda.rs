@@ -80,6 +80,9 @@ pub struct Host {
     pub server: usize,
     /// Indices of its VMs in `Scenario::tenants`.
     pub vms: Vec<usize>,
+    /// Changes of the fixed issue queue (a host without PARDA only): (when, IOs), times strictly
+    /// increasing and within the run.
+    pub window_schedule: Vec<(Nanos, f64)>,
 }
 
 impl Host {
@@ -168,6 +171,46 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
     })
 }
 
+/// A host's `window_schedule`: only for a host that keeps a fixed issue queue; steps strictly later than
+/// the one before, within the run; windows as for `window`.
+fn validate_window_schedule(
+    n: &str,
+    f: &HostFile,
+    parda: &Parda,
+    duration: Nanos,
+) -> Result<Vec<(Nanos, f64)>, String> {
+    if f.window_schedule.is_empty() {
+        return Ok(Vec::new());
+    }
+    if f.controlled && parda.enabled {
+        return Err(format!(
+            "host {n}: window_schedule changes the fixed issue queue of an uncontrolled host (controlled = false, or [parda] enabled = false); a PARDA host's window follows eq. (2)"
+        ));
+    }
+    let end = duration.as_secs_f64();
+    let mut steps: Vec<(Nanos, f64)> = Vec::with_capacity(f.window_schedule.len());
+    for (k, step) in f.window_schedule.iter().enumerate() {
+        let at = step.at_s;
+        if !(at.is_finite() && at > 0.0 && at < end) {
+            return Err(format!("host {n}: window_schedule[{k}].at_s = {at}: must be inside the run (0, {end}) s"));
+        }
+        let at = Nanos::from_secs_f64(at);
+        if let Some(&(prev, _)) = steps.last() {
+            if at <= prev {
+                return Err(format!(
+                    "host {n}: window_schedule[{k}].at_s = {}: steps must be in increasing time order (the one before is at {} s)",
+                    step.at_s,
+                    prev.as_secs_f64()
+                ));
+            }
+        }
+        let hc = HostConfig { fixed_window: Some(step.window), ..HostConfig::default() };
+        hc.validate().map_err(|e| format!("host {n}: window_schedule[{k}].window = {}: {e}", step.window))?;
+        steps.push((at, step.window));
+    }
+    Ok(steps)
+}
+
 /// Validates `[parda]` and `[[hosts]]` and attaches each VM (tenant with `host`) to its host: a VM sends
 /// only to its host's array.
 pub(crate) fn validate(
@@ -176,6 +219,7 @@ pub(crate) fn validate(
     tenant_files: &[TenantFile],
     tenants: &mut [Tenant],
     servers: &[Server],
+    duration: Nanos,
 ) -> Result<(Option<Parda>, Vec<Host>), String> {
     let uses_host = tenant_files.iter().any(|t| t.host.is_some());
     if files.is_empty() {
@@ -234,6 +278,7 @@ pub(crate) fn validate(
             return Err(format!("host {n}: window is the fixed issue queue of an uncontrolled host; a PARDA host's window is bounded by [parda] w_min / w_max"));
         }
         let scale = in_range(&format!("host {n}: service_scale"), f.service_scale, 1e-3, 1e3)?;
+        let window_schedule = validate_window_schedule(n, f, &parda, duration)?;
         hosts.push(Host {
             name: n.clone(),
             beta: f.beta,
@@ -242,6 +287,7 @@ pub(crate) fn validate(
             service_scale: scale,
             server,
             vms: Vec::new(),
+            window_schedule,
         });
     }
     debug_assert!(uses_host || !hosts.is_empty());
