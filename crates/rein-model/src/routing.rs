@@ -5,6 +5,10 @@
 //!   striping across all the storage nodes").
 //! - **Shares**: each request goes to server k with probability `share_k / sum(shares)` (a skewed or
 //!   hot-spot placement, rbfq-repair.txt Fig. 11), drawn from the tenant's stream.
+//! - **Device**: a trace record's device number picks the server, from a map of devices to servers
+//!   (rbfq-repair.txt §4.2 maps a trace's devices to storage servers: "Flow 1 consists of IOs on first two
+//!   devices mapped to (s_1, s_2) respectively"). Only trace records carry a device; the caller asks
+//!   [`Router::device_server`] for them and falls back to [`Router::route`] (server 0) otherwise.
 //!
 //! Divisions are slow and stripes and server counts are usually powers of two: those take a shift and a
 //! mask.
@@ -19,6 +23,8 @@ pub enum Routing {
     },
     /// At random, in proportion to these shares (one per server of the list; not all zero).
     Shares(Vec<f64>),
+    /// By a trace record's device number: `(device, server index in the list)` pairs, each device once.
+    Device(Vec<(u32, usize)>),
 }
 
 impl Default for Routing {
@@ -36,6 +42,8 @@ pub struct Router {
     n: u32,
     /// Cumulative normalised shares (routing by shares).
     cumulative: Box<[f64]>,
+    /// (device, server index) sorted by device (routing by device; empty otherwise).
+    devices: Box<[(u32, u32)]>,
 }
 
 impl Router {
@@ -43,9 +51,12 @@ impl Router {
     pub fn new(routing: &Routing, n: usize) -> Router {
         assert!(n >= 1, "a tenant has at least one server");
         match routing {
-            Routing::Stripe { stripe_bytes } => {
-                Router { stripe_bytes: (*stripe_bytes).max(1), n: n as u32, cumulative: Box::new([]) }
-            }
+            Routing::Stripe { stripe_bytes } => Router {
+                stripe_bytes: (*stripe_bytes).max(1),
+                n: n as u32,
+                cumulative: Box::new([]),
+                devices: Box::new([]),
+            },
             Routing::Shares(v) => {
                 let total: f64 = v.iter().sum();
                 let mut acc = 0.0;
@@ -56,7 +67,15 @@ impl Router {
                         acc
                     })
                     .collect();
-                Router { stripe_bytes: 0, n: n as u32, cumulative }
+                Router { stripe_bytes: 0, n: n as u32, cumulative, devices: Box::new([]) }
+            }
+            Routing::Device(map) => {
+                assert!(!map.is_empty() && map.iter().all(|&(_, k)| k < n), "routing by device: servers in the list");
+                let mut devices: Vec<(u32, u32)> = map.iter().map(|&(d, k)| (d, k as u32)).collect();
+                devices.sort_unstable();
+                assert!(devices.windows(2).all(|w| w[0].0 != w[1].0), "routing by device: each device once");
+                // Records of an unmapped device (none after validation) go to server 0.
+                Router { stripe_bytes: 1, n: n as u32, cumulative: Box::new([]), devices: devices.into() }
             }
         }
     }
@@ -66,12 +85,22 @@ impl Router {
         self.n as usize
     }
 
+    /// The server (index in the tenant's list) for a trace record of device `device` when routing by
+    /// device; `None` for the other routings (use [`Router::route`]) and for an unlisted device.
+    #[inline]
+    pub fn device_server(&self, device: u32) -> Option<usize> {
+        self.devices.binary_search_by_key(&device, |&(d, _)| d).ok().map(|i| self.devices[i].1 as usize)
+    }
+
     /// The server (index in the tenant's list) for a request at `offset`; `uniform` is called for a
     /// draw in [0, 1) when routing by shares (and only then).
     #[inline]
     pub fn route(&self, offset: u64, uniform: impl FnOnce() -> f64) -> usize {
         let n = self.n as u64;
         if n == 1 {
+            return 0;
+        }
+        if !self.devices.is_empty() {
             return 0;
         }
         if self.stripe_bytes != 0 {
@@ -100,5 +129,16 @@ mod tests {
         assert_eq!(r.route(0, || 0.3), 1);
         assert_eq!(r.route(0, || 0.999_999), 1);
         assert_eq!(Router::new(&Routing::default(), 1).route(123, || unreachable!()), 0);
+    }
+
+    #[test]
+    fn devices_pick_their_server() {
+        let r = Router::new(&Routing::Device(vec![(4, 1), (0, 0), (2, 1)]), 2);
+        assert_eq!(r.device_server(0), Some(0));
+        assert_eq!(r.device_server(2), Some(1));
+        assert_eq!(r.device_server(4), Some(1));
+        assert_eq!(r.device_server(1), None);
+        assert_eq!(r.route(5 << 20, || unreachable!()), 0);
+        assert_eq!(Router::new(&Routing::default(), 2).device_server(0), None);
     }
 }

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-/// Most records one trace may hold (counted after the `device` filter); ten million [`TraceRecord`]s
+/// Most records one trace may hold (counted after the device filter); ten million [`TraceRecord`]s
 /// take 320 MB.
 pub const MAX_RECORDS: usize = 10_000_000;
 
@@ -98,15 +98,16 @@ impl TraceFormat {
     }
 }
 
-/// Loads a trace; `device` keeps only that device number (disksim).
-pub fn load(path: &Path, format: TraceFormat, device: Option<u32>) -> Result<Vec<TraceRecord>, TraceError> {
+/// Loads a trace; a non-empty `devices` keeps only those device numbers (disksim's `devno`; the other
+/// formats have device 0).
+pub fn load(path: &Path, format: TraceFormat, devices: &[u32]) -> Result<Vec<TraceRecord>, TraceError> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read { path: p.clone(), source })?;
-    parse(&text, format, device, &p)
+    parse(&text, format, devices, &p)
 }
 
 /// Parses trace text (see [`load`]).
-pub fn parse(text: &str, format: TraceFormat, device: Option<u32>, name: &str) -> Result<Vec<TraceRecord>, TraceError> {
+pub fn parse(text: &str, format: TraceFormat, devices: &[u32], name: &str) -> Result<Vec<TraceRecord>, TraceError> {
     let mut out: Vec<(u64, TraceRecord)> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -179,7 +180,7 @@ pub fn parse(text: &str, format: TraceFormat, device: Option<u32>, name: &str) -
                 )
             }
         };
-        if device.is_some_and(|d| d != rec.1.device) {
+        if !devices.is_empty() && !devices.contains(&rec.1.device) {
             continue;
         }
         if out.len() >= MAX_RECORDS {
@@ -205,24 +206,26 @@ mod tests {
 
     #[test]
     fn parses_each_format() {
-        let d = parse("11413000 0 657728 16 1\n11565000 1 31244784 64 0\n", TraceFormat::DiskSim, None, "t").unwrap();
+        let d = parse("11413000 0 657728 16 1\n11565000 1 31244784 64 0\n", TraceFormat::DiskSim, &[], "t").unwrap();
         assert_eq!(d[1], TraceRecord { t_ns: 152_000, offset: 31244784 * 512, size: 64 * 512, read: false, device: 1 });
-        let f =
-            parse("11413000 0 657728 16 1\n11565000 1 31244784 64 0\n", TraceFormat::DiskSim, Some(1), "t").unwrap();
+        let f = parse("11413000 0 657728 16 1\n11565000 1 31244784 64 0\n", TraceFormat::DiskSim, &[1], "t").unwrap();
         assert_eq!(f.len(), 1);
-        let c =
-            parse("version,time,op,size,lbn\n1,5,2a,512,42\n1,7,28,4096,43\n", TraceFormat::Csv, None, "t").unwrap();
+        let two = "1 0 0 8 1\n2 1 0 8 1\n3 2 0 8 1\n4 1 0 8 1\n";
+        let f = parse(two, TraceFormat::DiskSim, &[2, 1], "t").unwrap();
+        assert_eq!(f.iter().map(|r| r.device).collect::<Vec<_>>(), vec![1, 2, 1]);
+        assert_eq!(f[0].t_ns, 0, "times are relative to the first record kept");
+        let c = parse("version,time,op,size,lbn\n1,5,2a,512,42\n1,7,28,4096,43\n", TraceFormat::Csv, &[], "t").unwrap();
         assert_eq!(c[1], TraceRecord { t_ns: 2_000_000_000, offset: 43 * 512, size: 4096, read: true, device: 0 });
         assert!(!c[0].read);
-        let v = parse("ts_us,op,size_bytes,lbn\n100,W,512,1\n250,R,1024,2\n", TraceFormat::Vscsi, None, "t").unwrap();
+        let v = parse("ts_us,op,size_bytes,lbn\n100,W,512,1\n250,R,1024,2\n", TraceFormat::Vscsi, &[], "t").unwrap();
         assert_eq!(v[1].t_ns, 150_000);
         assert!(v[1].read);
     }
 
     #[test]
     fn malformed_lines_name_the_line() {
-        let e = parse("1 0 0 8 1\nbad line\n", TraceFormat::DiskSim, None, "x.trace").unwrap_err();
+        let e = parse("1 0 0 8 1\nbad line\n", TraceFormat::DiskSim, &[], "x.trace").unwrap_err();
         assert!(e.to_string().contains("x.trace line 2"), "{e}");
-        assert!(parse("ts_us,op,size_bytes,lbn\n1,Q,5,5\n", TraceFormat::Vscsi, None, "t").is_err());
+        assert!(parse("ts_us,op,size_bytes,lbn\n1,Q,5,5\n", TraceFormat::Vscsi, &[], "t").is_err());
     }
 }

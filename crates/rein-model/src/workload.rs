@@ -147,8 +147,8 @@ pub struct TraceParams<'a> {
     pub path: &'a str,
     /// disksim, csv or vscsi; default from the extension.
     pub format: Option<&'a str>,
-    /// Keep only this device number (disksim).
-    pub device: Option<u32>,
+    /// Keep only these device numbers (disksim; empty = all).
+    pub devices: &'a [u32],
     /// Multiplier on inter-arrival times.
     pub time_scale: f64,
     /// Replay again when the trace ends.
@@ -301,13 +301,16 @@ impl WorkloadParams<'_> {
                     }
                 }
                 let fmt = crate::trace::TraceFormat::resolve(t.format, &path)?;
-                let records = crate::trace::load(&path, fmt, t.device)?;
+                let records = crate::trace::load(&path, fmt, t.devices)?;
                 if records.is_empty() {
                     return Err(invalid(format!(
                         "trace {} has no records (device filter {:?})",
                         path.display(),
-                        t.device
+                        t.devices
                     )));
+                }
+                if let Some(d) = t.devices.iter().find(|&&d| !records.iter().any(|r| r.device == d)) {
+                    return Err(invalid(format!("trace.devices: device {d} has no records in {}", path.display())));
                 }
                 positive("trace.time_scale", t.time_scale)?;
                 WorkloadKind::Trace { records: Arc::new(records), time_scale: t.time_scale, repeat: t.repeat }

@@ -77,8 +77,14 @@ fn same_scenario_and_seed_give_identical_output() {
 /// capacity fit's targets, marked as inputs) with one VM per host, so FIFO in place of the hosts' local
 /// SFQ changes nothing they check. The two `-pool-rho` dmClock files check that the paper's rho rule
 /// *misses* the reservations with one pool per client (the side-by-side of issue "Scheduler fidelity");
-/// a wrong scheduler misses them too, so no sabotage can make those checks fail.
-const BASELINES: [&str; 7] = [
+/// a wrong scheduler misses them too, so no sabotage can make those checks fail. PARDA §5.2's runs
+/// without flow control (`parda-fig7-static-windows`, `parda-table2-queue-lengths`) and the position
+/// paper's queue-limit steps (`flowcontrol-fig3cd-queue-limit`) reproduce what fixed host queues do, with
+/// PARDA off and one VM per host: nothing to sabotage.
+const BASELINES: [&str; 10] = [
+    "flowcontrol-fig3cd-queue-limit",
+    "parda-fig7-static-windows",
+    "parda-table2-queue-lengths",
     "dmclock-fig10-pool-rho",
     "dmclock-fig9-resv-pool-rho",
     "parda-table3-uncontrolled",

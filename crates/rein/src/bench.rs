@@ -410,7 +410,7 @@ pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
             let mut last = None;
             let mut times = Vec::new();
             for _ in 0..a.repeat {
-                let (alloc, secs) = crate::pshift::timed_solve(black_box(&inst), threads, approx_top)?;
+                let (alloc, secs) = crate::pshift::timed_solve(black_box(&inst), threads, approx_top, false)?;
                 times.push(secs * 1e3);
                 last = Some(alloc);
             }

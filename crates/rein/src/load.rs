@@ -136,7 +136,7 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     p.trace = trace.as_deref().map(|path| TraceParams {
         path,
         format: trace_format.as_deref(),
-        device: None,
+        devices: &[],
         time_scale,
         repeat,
     });

@@ -144,6 +144,10 @@ pub(crate) struct SolveArgs {
     /// §III-C approximation: only the top M buckets by tokens and by spare demand shift.
     #[arg(long)]
     pub(crate) approx_top: Option<usize>,
+    /// With --approx-top M: the top M entries of each server (by demand there) instead of the cluster's
+    /// top M buckets (the other reading of §III-C).
+    #[arg(long, requires = "approx_top")]
+    pub(crate) approx_per_server: bool,
     /// Skip the max-flow baseline (it is computed by default, to print `max_flow` and `optimal`).
     #[arg(long)]
     pub(crate) no_max_flow: bool,
@@ -333,11 +337,16 @@ pub(crate) fn instance_json(inst: &Instance) -> Result<String> {
 // ------------------------------------------------------------------------------------------------------
 
 /// Runs pShift on `threads` threads (a rayon pool of that size; 1 = sequential) and times it.
-pub(crate) fn timed_solve(inst: &Instance, threads: usize, approx_top: Option<usize>) -> Result<(Allocation, f64)> {
+pub(crate) fn timed_solve(
+    inst: &Instance,
+    threads: usize,
+    approx_top: Option<usize>,
+    approx_per_server: bool,
+) -> Result<(Allocation, f64)> {
     if threads == 0 || threads > MAX_THREADS {
         bail!("--threads must be in 1..={MAX_THREADS}, got {threads}");
     }
-    let opts = SolveOptions { approx_top, parallel: threads > 1, ..Default::default() };
+    let opts = SolveOptions { approx_top, approx_per_server, parallel: threads > 1, ..Default::default() };
     if threads == 1 {
         let t0 = Instant::now();
         let a = solve(inst, &opts);
@@ -400,6 +409,7 @@ struct SolveOut {
     phi_l: u64,
     threads: usize,
     approx_top: Option<usize>,
+    approx_per_server: bool,
     time_ms: f64,
     max_flow_time_ms: Option<f64>,
     stats: StatsOut,
@@ -428,6 +438,7 @@ fn solve_out(inst: &Instance, a: &Allocation, args: &SolveArgs, secs: f64) -> So
         phi_l: a.l_stats.phi,
         threads: args.threads,
         approx_top: args.approx_top,
+        approx_per_server: args.approx_per_server,
         time_ms: secs * 1e3,
         max_flow_time_ms: mf_ms,
         stats: StatsOut {
@@ -481,7 +492,7 @@ pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
     match cmd {
         PshiftCmd::Solve(a) => {
             let inst = load_instance(&a.instance)?;
-            let (alloc, secs) = timed_solve(&inst, a.threads, a.approx_top)?;
+            let (alloc, secs) = timed_solve(&inst, a.threads, a.approx_top, a.approx_per_server)?;
             let out = solve_out(&inst, &alloc, &a, secs);
             println!("{}", serde_json::to_string_pretty(&out)?);
         }

@@ -153,7 +153,7 @@ impl<'p> Shifter<'p> {
     pub(crate) fn new(p: &'p Problem<'p>, opts: &SolveOptions) -> Shifter<'p> {
         let inst = p.inst;
         let s = inst.servers();
-        let part = participants(p, opts.approx_top);
+        let part = participants(p, opts.approx_top, opts.approx_per_server);
         let mut a = vec![0u64; inst.entries()];
         let (load, tms) = init_chunks(p, &part, &mut a, opts.parallel);
         // Per-server lists of participating (bucket, entry), by bucket: a counting sort by server.
@@ -478,11 +478,19 @@ fn add_pairs(inst: &Instance, demand: &[u64], a: &[u64], i: usize, s: usize, tms
 }
 
 /// Which buckets take part in shifting: all, or (§III-C) the top M by tokens A_i together with the top M
-/// by spare demand D_i - A_i (ties broken by index, so the choice is deterministic).
-fn participants(p: &Problem<'_>, approx_top: Option<usize>) -> Vec<bool> {
+/// by spare demand D_i - A_i (ties broken by index, so the choice is deterministic); with `per_server`,
+/// the buckets of each server's top M entries by demand.
+fn participants(p: &Problem<'_>, approx_top: Option<usize>, per_server: bool) -> Vec<bool> {
     let nb = p.inst.buckets();
+    let all = || p.target.iter().map(|&t| t > 0).collect();
+    if per_server {
+        return match approx_top {
+            Some(m) => participants_per_server(p, m),
+            None => all(),
+        };
+    }
     // A bucket without tokens has TM_{j,k}[i] = min(0, ..) = 0 everywhere: it never moves.
-    let Some(m) = approx_top.filter(|&m| m < nb) else { return p.target.iter().map(|&t| t > 0).collect() };
+    let Some(m) = approx_top.filter(|&m| m < nb) else { return all() };
     let mut part = vec![false; nb];
     let spare: Vec<u64> =
         (0..nb).map(|i| p.demand[p.inst.bucket_entries(i)].iter().sum::<u64>() - p.target[i]).collect();
@@ -493,6 +501,34 @@ fn participants(p: &Problem<'_>, approx_top: Option<usize>) -> Vec<bool> {
             for &i in &idx[..m] {
                 part[i as usize] = p.target[i as usize] > 0;
             }
+        }
+    }
+    part
+}
+
+/// The per-server reading of §III-C: each server's top `m` entries by demand (ties by bucket index).
+fn participants_per_server(p: &Problem<'_>, m: usize) -> Vec<bool> {
+    let inst = p.inst;
+    let mut by_server: Vec<Vec<(u64, u32)>> = vec![Vec::new(); inst.servers()];
+    for i in 0..inst.buckets() {
+        if p.target[i] == 0 {
+            continue;
+        }
+        for e in inst.bucket_entries(i) {
+            by_server[inst.entry_server[e] as usize].push((p.demand[e], i as u32));
+        }
+    }
+    let mut part = vec![false; inst.buckets()];
+    for list in &mut by_server {
+        if m == 0 {
+            break;
+        }
+        if list.len() > m {
+            list.select_nth_unstable_by(m - 1, |x, y| y.0.cmp(&x.0).then(x.1.cmp(&y.1)));
+            list.truncate(m);
+        }
+        for &(_, i) in list.iter() {
+            part[i as usize] = true;
         }
     }
     part

@@ -204,7 +204,14 @@ fn invariants_hold_after_every_shift_on_random_instances() {
             let ap = solve(&inst, &SolveOptions { approx_top: Some(m), ..Default::default() });
             ap.verify(&inst).unwrap_or_else(|e| panic!("seed {seed} top {m}: {e}"));
             assert!(ap.phi() <= sol.phi() && ap.phi() >= ap.r_stats.phi_initial);
+            let per = SolveOptions { approx_top: Some(m), approx_per_server: true, ..Default::default() };
+            let ap = solve(&inst, &per);
+            ap.verify(&inst).unwrap_or_else(|e| panic!("seed {seed} top {m} per server: {e}"));
+            assert!(ap.phi() <= sol.phi() && ap.phi() >= ap.r_stats.phi_initial);
         }
+        // Per server, an M at least every server's bucket count lets every bucket take part: exact.
+        let all = SolveOptions { approx_top: Some(inst.buckets()), approx_per_server: true, ..Default::default() };
+        assert_eq!(solve(&inst, &all), sol, "seed {seed}: per-server top M with M >= buckets is exact");
     }
 }
 

@@ -370,7 +370,10 @@ impl<'a> Sim<'a> {
                     self.issue(t, None);
                 }
             }
-            Some(Arrival::Record(r)) => self.send(t, r.size, r.offset, None),
+            Some(Arrival::Record(r)) => {
+                let k = self.tenants[t].router.device_server(r.device);
+                self.send(t, r.size, r.offset, k)
+            }
         }
         if let Some(at) = self.tenants[t].gen.next_arrival(self.now, spec) {
             self.schedule(at, Kind::Arrive, t as u32, 0);

@@ -259,6 +259,11 @@ pub struct TenantFile {
 pub enum RoutingFile {
     /// "stripe".
     Name(String),
+    /// `{ devices = { server = [device, ..], .. } }`: a trace record's device picks the server.
+    Devices {
+        /// Trace device numbers per server name.
+        devices: BTreeMap<String, Vec<u32>>,
+    },
     /// `{ shares = { server = share, .. } }`.
     Shares {
         /// Share per server name.
@@ -282,6 +287,8 @@ pub struct TraceFile {
     pub format: Option<String>,
     /// Keep only this device number (disksim).
     pub device: Option<u32>,
+    /// Keep only these device numbers (disksim).
+    pub devices: Option<Vec<u32>>,
     /// Multiply inter-arrival times by this (0.5 = twice as fast).
     #[serde(default = "default_one")]
     pub time_scale: f64,

@@ -83,7 +83,7 @@ pub(crate) fn validate_tenant(
         Some(RoutingFile::Name(s)) if s == "stripe" => Routing::default(),
         Some(RoutingFile::Name(s)) => {
             return Err(format!(
-                "tenant {n}: routing {s:?}: expected \"stripe\", {{ stripe_kb = .. }} or {{ shares = {{ .. }} }}"
+                "tenant {n}: routing {s:?}: expected \"stripe\", {{ stripe_kb = .. }}, {{ shares = {{ .. }} }} or {{ devices = {{ .. }} }}"
             ))
         }
         Some(RoutingFile::Stripe { stripe_kb }) => {
@@ -111,8 +111,33 @@ pub(crate) fn validate_tenant(
             }
             Routing::Shares(v)
         }
+        Some(RoutingFile::Devices { devices }) => {
+            if t.workload.kind != "trace" {
+                return Err(format!("tenant {n}: routing.devices routes trace records; the workload is {:?}", t.workload.kind));
+            }
+            let mut map = Vec::new();
+            for (s, list) in devices {
+                let i = find(s, "routing.devices names unknown server")?;
+                let k = idx
+                    .iter()
+                    .position(|&x| x == i)
+                    .ok_or_else(|| format!("tenant {n}: routing.devices for {s:?}, which the tenant does not use"))?;
+                for &d in list {
+                    if map.iter().any(|&(x, _)| x == d) {
+                        return Err(format!("tenant {n}: routing.devices maps trace device {d} twice"));
+                    }
+                    map.push((d, k));
+                }
+            }
+            if map.is_empty() {
+                return Err(format!("tenant {n}: routing.devices maps no device"));
+            }
+            Routing::Device(map)
+        }
     };
-    let workload = workload_params(&t.workload).validate(duration, base).map_err(|e| format!("tenant {n}: {e}"))?;
+    let devices = trace_devices(t)?;
+    let workload =
+        workload_params(&t.workload, &devices).validate(duration, base).map_err(|e| format!("tenant {n}: {e}"))?;
     let reservation_split = reservation_split(t).map_err(|e| format!("tenant {n}: {e}"))?;
     Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload, host: None, reservation_split })
 }
@@ -131,8 +156,37 @@ fn reservation_split(t: &TenantFile) -> Result<ReservationSplit, String> {
     }
 }
 
+/// The trace's device filter: `device = d`, `devices = [..]` or the devices `routing.devices` maps (one
+/// of the three; no repeats).
+fn trace_devices(t: &TenantFile) -> Result<Vec<u32>, String> {
+    let n = &t.name;
+    let Some(tr) = &t.workload.trace else { return Ok(Vec::new()) };
+    if let Some(RoutingFile::Devices { devices }) = &t.routing {
+        if tr.device.is_some() || tr.devices.is_some() {
+            return Err(format!(
+                "tenant {n}: trace.device/trace.devices with routing.devices: the routing already says which devices to keep"
+            ));
+        }
+        return Ok(devices.values().flatten().copied().collect());
+    }
+    match (tr.device, &tr.devices) {
+        (Some(_), Some(_)) => Err(format!("tenant {n}: trace.device and trace.devices are exclusive; give one")),
+        (Some(d), None) => Ok(vec![d]),
+        (None, Some(v)) => {
+            if v.is_empty() {
+                return Err(format!("tenant {n}: trace.devices must not be empty"));
+            }
+            if let Some(d) = v.iter().enumerate().find_map(|(k, d)| v[..k].contains(d).then_some(d)) {
+                return Err(format!("tenant {n}: trace.devices lists device {d} twice"));
+            }
+            Ok(v.clone())
+        }
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
 /// A `[tenants.workload]` table as the model's workload parameters.
-fn workload_params(w: &WorkloadFile) -> WorkloadParams<'_> {
+fn workload_params<'a>(w: &'a WorkloadFile, devices: &'a [u32]) -> WorkloadParams<'a> {
     WorkloadParams {
         kind: &w.kind,
         outstanding: w.outstanding,
@@ -146,7 +200,7 @@ fn workload_params(w: &WorkloadFile) -> WorkloadParams<'_> {
         trace: w.trace.as_ref().map(|t| TraceParams {
             path: &t.path,
             format: t.format.as_deref(),
-            device: t.device,
+            devices,
             time_scale: t.time_scale,
             repeat: t.repeat,
         }),

@@ -206,6 +206,9 @@ fn plan_of(t: &Tenant) -> Result<BucketPlan, String> {
     let shares: Vec<f64> = match &t.routing {
         Routing::Shares(v) => v.clone(),
         Routing::Stripe { .. } => vec![1.0; t.servers.len()],
+        Routing::Device(_) => {
+            return Err(format!("tenant {}: routing = \"device\" is for trace workloads, not pshift buckets", t.name))
+        }
     };
     let sum: f64 = shares.iter().sum();
     let servers = t.servers.iter().zip(&shares).filter(|(_, &w)| w > 0.0).map(|(&j, &w)| (j, w / sum)).collect();
