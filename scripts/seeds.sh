@@ -10,6 +10,7 @@ cargo build --release -q -p rein
 bin=target/release/rein
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+touch "$out/misses"
 files=$(ls scenarios/*.toml | grep -E "${ONLY:-.}")
 for f in $files; do
   for seed in $(seq "$first" "$last"); do
