@@ -12,7 +12,7 @@ use rein_core::parda::{
     equilibrium_latency, equilibrium_windows, Aggregator, HostConfig, HostController, PardaConfig, PardaError,
     WindowController,
 };
-use rein_core::{Cost, Nanos, Poll, QosSpec, Request, SchedConfig, SchedulerKind, TenantId};
+use rein_core::{Nanos, Poll, QosSpec, Request, SchedConfig, SchedulerKind, TenantId};
 use std::collections::VecDeque;
 
 fn config(threshold_ms: f64, gamma: f64, w_max: f64) -> PardaConfig {
@@ -465,7 +465,7 @@ fn an_uncontrolled_hosts_window_can_be_resized_and_a_parda_hosts_cannot() {
     let mut h = HostController::new(PardaConfig::default(), hc, Nanos::ZERO).unwrap();
     let vm = h.add_vm(QosSpec::weighted(1.0).unwrap()).unwrap();
     for i in 0..32u64 {
-        let req = Request { tenant: vm, handle: i, size: 4096, offset: i << 20, delta: Cost(0), rho: Cost(0) };
+        let req = Request::new(vm, i).size(4096).offset(i << 20);
         h.enqueue(Nanos::ZERO, req).unwrap();
     }
     let issue = |h: &mut HostController, now| {
