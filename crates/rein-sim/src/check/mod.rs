@@ -107,7 +107,9 @@ fn judge(measured: f64, target: Option<(f64, String)>, e: &Expectation) -> (bool
     let mut ok = true;
     let mut parts = Vec::new();
     if let (Some((v, label)), Some(pct)) = (target, e.within_pct) {
-        ok &= (measured - v).abs() <= v.abs() * pct / 100.0 + 1e-9;
+        // A target or measurement that is not a number (an eq. (3) latency with no capacity left, a
+        // convergence that never came) is a miss: inf is "within any percent" of inf.
+        ok &= v.is_finite() && measured.is_finite() && (measured - v).abs() <= v.abs() * pct / 100.0 + 1e-9;
         parts.push(format!("within {pct}% of {label}"));
     }
     if let Some(x) = e.below {
@@ -119,4 +121,32 @@ fn judge(measured: f64, target: Option<(f64, String)>, e: &Expectation) -> (bool
         parts.push(format!("above {x}"));
     }
     (ok, parts.join(" and "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::expect::Subject;
+    use rein_model::report::TenantMetric;
+
+    fn within(pct: f64) -> Expectation {
+        Expectation {
+            subject: Subject::Tenant { tenant: 0, metric: TenantMetric::Iops },
+            window: None,
+            target: Some(Target::Equals(0.0)),
+            within_pct: Some(pct),
+            below: None,
+            above: None,
+            note: None,
+        }
+    }
+
+    #[test]
+    fn a_target_or_measurement_that_is_not_finite_is_a_miss() {
+        let e = within(3.0);
+        assert!(judge(100.0, Some((101.0, "x".into())), &e).0);
+        assert!(!judge(0.0, Some((f64::INFINITY, "x".into())), &e).0, "inf target, 0 measured");
+        assert!(!judge(f64::INFINITY, Some((f64::INFINITY, "x".into())), &e).0, "inf within 3% of inf");
+        assert!(!judge(f64::NAN, Some((1.0, "x".into())), &e).0);
+    }
 }
