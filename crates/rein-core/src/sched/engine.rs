@@ -358,6 +358,8 @@ pub(crate) struct Engine {
     /// grows only under [`ReservationLag::Bounded`], when the most-owed tenant would be owed more than the
     /// bound (see "Bounded repayment" in the module comment).
     r_slip: Tag,
+    /// [`ReservationLag::Bounded`]'s bound in tag units; `u128::MAX` for the other rules (never slips).
+    lag_bound: u128,
     queued: usize,
     /// Locality batch in progress: (slot, remaining, last offset, phase).
     batch: Option<(u32, u32, u64, Phase)>,
@@ -375,6 +377,10 @@ impl Engine {
             time: LatestTime::default(),
             vnow: Tag::ZERO,
             r_slip: Tag::ZERO,
+            lag_bound: match config.reservation_lag {
+                ReservationLag::Bounded(b) => Tag::from_nanos(b).0,
+                ReservationLag::Arrival | ReservationLag::Unbounded => u128::MAX,
+            },
             queued: 0,
             batch: None,
         }
@@ -534,22 +540,11 @@ impl Engine {
         }
         // Constraint-based (reservation / local) phase, on the reservation clock.
         if let Some((r, slot)) = self.resv.peek() {
-            let mut now_r = now_tag.saturating_sub(self.r_slip.0);
-            if let ReservationLag::Bounded(bound) = self.config.reservation_lag {
-                // Bounded repayment: the most-owed tenant is owed at most `bound` beyond one of its own
-                // reservation steps (a tenant held by a limit close to its reservation waits up to a step with
-                // its R tag due); the clock slips for all.
-                let floor = now_r.saturating_sub(Tag::from_nanos(bound).0);
-                if r < floor {
-                    let t = self.tenants.at(slot);
-                    let own = t.r_inc(&t.first, &self.flavor);
-                    if r.saturating_add(own) < floor {
-                        self.r_slip = Tag(self.r_slip.0 + (floor.0 - r.0 - own));
-                        now_r = r.saturating_add(own).saturating_add(Tag::from_nanos(bound).0);
-                    }
-                }
-            }
+            let now_r = now_tag.saturating_sub(self.r_slip.0);
             if r <= now_r {
+                if now_r.0 - r.0 > self.lag_bound {
+                    self.slip(r, slot, now_r);
+                }
                 return Poll::Dispatch(self.dispatch(slot, Phase::Reservation, now_tag));
             }
         }
@@ -569,6 +564,19 @@ impl Engine {
             (Some(a), Some(b)) => Poll::Wait(a.min(b).ceil_nanos()),
             (Some(a), None) | (None, Some(a)) => Poll::Wait(a.ceil_nanos()),
             (None, None) => unreachable!("queued requests but no tenant in any heap (invariant 2)"),
+        }
+    }
+
+    /// Bounded repayment: the most-owed tenant (`slot`, head tag `r`) is owed more than the bound; the
+    /// reservation clock slips for all until it is owed the bound beyond one of its own reservation steps
+    /// (a tenant held by a limit close to its reservation waits up to a step with its R tag due).
+    #[cold]
+    #[inline(never)]
+    fn slip(&mut self, r: Tag, slot: u32, now_r: Tag) {
+        let t = self.tenants.at(slot);
+        let owed = r.saturating_add(t.r_inc(&t.first, &self.flavor)).saturating_add(self.lag_bound);
+        if owed < now_r {
+            self.r_slip = Tag(self.r_slip.0 + (now_r.0 - owed.0));
         }
     }
 
