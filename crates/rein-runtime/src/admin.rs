@@ -8,6 +8,9 @@
 //!   `"limit": null` removes the limit). Invalid values get 400 with the reason; reservations above the
 //!   reservable capacity get 409 (admission = refuse) or are applied with a warning (admission = warn).
 //! - `PUT /api/capacity`: `{"iops": 600}` changes the modelled device's capacity (404 without a model).
+//!
+//! Changes are serialised (`AdminState::changes`): each reads the current specs, validates, admits and
+//! applies before the next one starts.
 
 use crate::config::Admission;
 use crate::dispatch::{CapacityError, Dispatcher, LATENCY_BUCKETS_S};
@@ -33,6 +36,11 @@ pub struct AdminState {
     /// Reservable capacity for admission, in IOPS ([`crate::config::ServerConfig::capacity_iops`]);
     /// `None`: the modelled device's capacity at the time of the change, or no check without a model.
     pub capacity_iops: Option<f64>,
+    /// Held by every change from its read of the current specs to its apply, so that validation, admission
+    /// and apply are one step: two PUTs that fit the capacity alone but not together are never both
+    /// accepted, and concurrent partial updates of a tenant never overwrite each other's fields. The admin
+    /// endpoint is the only writer of specs and capacity; the IO path never takes this lock.
+    pub changes: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
@@ -164,6 +172,8 @@ async fn update(State(s): State<AdminState>, Path(name): Path<String>, body: axu
         Ok(u) => u,
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
     };
+    // Read, validate, admit and apply under one lock (`AdminState::changes`).
+    let _change = s.changes.lock().await;
     let snap = match s.dispatcher.snapshot().await {
         Ok(x) => x,
         Err(e) => return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
@@ -217,6 +227,7 @@ async fn capacity(State(s): State<AdminState>, body: axum::body::Bytes) -> Respo
         Ok(b) => b,
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
     };
+    let _change = s.changes.lock().await;
     match s.dispatcher.set_capacity(b.iops).await {
         Ok(()) => {
             tracing::info!(iops = b.iops, "device model capacity changed");

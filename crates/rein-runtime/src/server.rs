@@ -160,6 +160,7 @@ pub async fn run(
         tenants: Arc::new(cfg.tenants.iter().zip(&tenant_ids).map(|(t, id)| (t.name.clone(), *id)).collect()),
         admission: cfg.admission,
         capacity_iops: cfg.capacity_iops,
+        changes: Default::default(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
