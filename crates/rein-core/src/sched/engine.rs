@@ -332,7 +332,8 @@ impl Tenant {
     }
 }
 
-/// The configured clamps of R and L tags, as `compute_head` needs them.
+/// The configured clamps of R and L tags and the reservation clock's slip, as `compute_head` needs them
+/// (kept in the engine, so a dispatch copies them instead of deriving them from the configuration).
 #[derive(Copy, Clone, Debug)]
 struct Rules {
     /// How far the reservation clock has slipped behind real time ([`ReservationLag::Bounded`]).
@@ -354,10 +355,10 @@ pub(crate) struct Engine {
     limited: IndexedHeap,
     time: LatestTime,
     vnow: Tag,
-    /// How far the reservation clock runs behind real time: R tags are compared with `now - r_slip`. It
-    /// grows only under [`ReservationLag::Bounded`], when the most-owed tenant would be owed more than the
-    /// bound (see "Bounded repayment" in the module comment).
-    r_slip: Tag,
+    /// The R and L clamps, and `rules.r_slip`: how far the reservation clock runs behind real time (R tags
+    /// are compared with `now - r_slip`). It grows only under [`ReservationLag::Bounded`], when the
+    /// most-owed tenant would be owed more than the bound (see "Bounded repayment" in the module comment).
+    rules: Rules,
     /// [`ReservationLag::Bounded`]'s bound in tag units; `u128::MAX` for the other rules (never slips).
     lag_bound: u128,
     queued: usize,
@@ -376,7 +377,11 @@ impl Engine {
             limited: IndexedHeap::new(),
             time: LatestTime::default(),
             vnow: Tag::ZERO,
-            r_slip: Tag::ZERO,
+            rules: Rules {
+                r_slip: Tag::ZERO,
+                r_at_arrival: config.reservation_lag == ReservationLag::Arrival,
+                limit_burst: config.limit_burst_ios,
+            },
             lag_bound: match config.reservation_lag {
                 ReservationLag::Bounded(b) => Tag::from_nanos(b).0,
                 ReservationLag::Arrival | ReservationLag::Unbounded => u128::MAX,
@@ -401,7 +406,7 @@ impl Engine {
 
     pub(crate) fn set_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), SchedError> {
         let now = Tag::from_nanos(self.time.now());
-        let r_slip = self.r_slip;
+        let r_slip = self.rules.r_slip;
         let t = self.tenants.get_mut(id)?;
         let had_r = t.r_step != 0;
         let had_l = t.l_step != 0;
@@ -473,20 +478,11 @@ impl Engine {
             }
             let vnow = self.vnow;
             let flavor = self.flavor;
-            let rules = self.rules();
+            let rules = self.rules;
             self.tenants.at_mut(req.tenant.slot).compute_head(&flavor, true, vnow, None, Tag::from_nanos(now), rules);
             self.place(req.tenant.slot, Tag::from_nanos(now));
         }
         Ok(())
-    }
-
-    #[inline]
-    fn rules(&self) -> Rules {
-        Rules {
-            r_slip: self.r_slip,
-            r_at_arrival: self.config.reservation_lag == ReservationLag::Arrival,
-            limit_burst: self.config.limit_burst_ios,
-        }
     }
 
     /// Puts a tenant whose head just changed into the right heaps (invariants 1-3).
@@ -540,7 +536,7 @@ impl Engine {
         }
         // Constraint-based (reservation / local) phase, on the reservation clock.
         if let Some((r, slot)) = self.resv.peek() {
-            let now_r = now_tag.saturating_sub(self.r_slip.0);
+            let now_r = now_tag.saturating_sub(self.rules.r_slip.0);
             if r <= now_r {
                 if now_r.0 - r.0 > self.lag_bound {
                     self.slip(r, slot, now_r);
@@ -558,7 +554,7 @@ impl Engine {
                 return Poll::Dispatch(self.dispatch(slot, Phase::OverLimit, now_tag));
             }
         }
-        let next_r = self.resv.peek().map(|(r, _)| r.saturating_add(self.r_slip.0));
+        let next_r = self.resv.peek().map(|(r, _)| r.saturating_add(self.rules.r_slip.0));
         let next_l = self.limited.peek().map(|(l, _)| l);
         match (next_r, next_l) {
             (Some(a), Some(b)) => Poll::Wait(a.min(b).ceil_nanos()),
@@ -576,7 +572,7 @@ impl Engine {
         let t = self.tenants.at(slot);
         let owed = r.saturating_add(t.r_inc(&t.first, &self.flavor)).saturating_add(self.lag_bound);
         if owed < now_r {
-            self.r_slip = Tag(self.r_slip.0 + (now_r.0 - owed.0));
+            self.rules.r_slip = Tag(self.rules.r_slip.0 + (now_r.0 - owed.0));
         }
     }
 
@@ -598,7 +594,7 @@ impl Engine {
     fn dispatch(&mut self, slot: u32, phase: Phase, now: Tag) -> Dispatch {
         let flavor = self.flavor;
         let vnow = self.vnow;
-        let rules = self.rules();
+        let rules = self.rules;
         let t = self.tenants.at_mut(slot);
         let q = t.pop();
         if t.r_step != 0 {
