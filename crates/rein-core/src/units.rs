@@ -102,6 +102,10 @@ impl Nanos {
             Nanos(ns.round() as u64)
         }
     }
+    /// A duration, saturating at [`Nanos::MAX`] (about 584 years).
+    pub fn from_duration(d: std::time::Duration) -> Nanos {
+        Nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
     /// `self + d`, at most [`Nanos::MAX`].
     pub fn saturating_add(self, d: Nanos) -> Nanos {
         Nanos(self.0.saturating_add(d.0))

@@ -78,7 +78,7 @@ impl Clock {
     }
     /// Nanoseconds since the origin; never decreases. Saturates at `u64::MAX` (about 584 years).
     pub fn now(&self) -> Nanos {
-        Nanos(self.origin.elapsed().as_nanos().min(u64::MAX as u128) as u64)
+        Nanos::from_duration(self.origin.elapsed())
     }
     /// The tokio `Instant` at which [`Clock::now`] reads `t`: turns a core deadline (a [`Poll::Wait`]) into
     /// a timer.

@@ -21,6 +21,7 @@
 
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
+use crate::dispatch::Clock;
 use rein_core::{Nanos, QosSpec};
 use rein_model::recorder::{RunMeta, ServerMeta, TenantMeta};
 use rein_model::seed::stream_seed;
@@ -33,7 +34,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 /// Requests one job may have issued and unanswered, by default.
 pub const MAX_PENDING: usize = 65_536;
@@ -110,12 +110,12 @@ impl LoadConfig {
         if self.jobs.is_empty() {
             return bad("no jobs".into());
         }
+        if self.max_pending == 0 {
+            return bad("max_pending must be positive".into());
+        }
         for j in &self.jobs {
             if j.connections == 0 || j.connections > 1024 {
                 return bad(format!("job {}: connections must be in 1..=1024", j.name));
-            }
-            if self.max_pending == 0 {
-                return bad("max_pending must be positive".into());
             }
             if j.workload.size_bytes > MAX_REQUEST_BYTES {
                 return bad(format!("job {}: requests above {} MiB", j.name, MAX_REQUEST_BYTES >> 20));
@@ -138,13 +138,15 @@ enum Timer {
     Think,
 }
 
-/// A pending timer: (when, sequence number for ties, job, what, server).
-type TimerEntry = (Nanos, u64, usize, Timer, u32);
+/// A pending timer: (when, sequence number for ties, job, what).
+type TimerEntry = (Nanos, u64, usize, Timer);
 
 /// A request's outcome, back at the driver.
 struct Done {
     job: usize,
     issued: Nanos,
+    /// When the answer arrived, stamped by the request's task (the driver may be busy when it learns).
+    done: Nanos,
     bytes: u64,
     ok: bool,
 }
@@ -154,7 +156,10 @@ struct JobState {
     clients: Vec<Arc<NbdClient>>,
     next_client: usize,
     export_size: u64,
-    pending: usize,
+    /// Write payload (0x5a bytes), shared by the job's writes of up to its length.
+    payload: Arc<[u8]>,
+    clock: Clock,
+    /// [`LoadConfig::max_pending`].
     max_pending: usize,
     /// This interval, for the live table.
     live_ios: u64,
@@ -181,7 +186,11 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             }
         });
     }
+    // The server's phase counters at the start: each interval's phases are differences from here on.
+    let mut phases_base: Option<Vec<[u64; 3]>> =
+        server_tenants.as_ref().map(|ts| cfg.jobs.iter().map(|j| phase_counts(ts, &j.tenant)).collect());
     // Connect everything first, so a bad export fails before any load starts.
+    let clock = Clock::new();
     let mut jobs = Vec::with_capacity(cfg.jobs.len());
     for (ji, j) in cfg.jobs.iter().enumerate() {
         let mut clients = Vec::new();
@@ -200,6 +209,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         spec.span_bytes = spec.span_bytes.min(export_size).max(1);
         spec.size_bytes = spec.size_bytes.min(export_size.max(1));
         let gen = Generator::new(&spec, stream_seed(cfg.seed, ji as u64));
+        let payload = vec![0x5au8; spec.size_bytes as usize].into();
         jobs.push((
             spec,
             JobState {
@@ -207,7 +217,8 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 clients,
                 next_client: 0,
                 export_size,
-                pending: 0,
+                payload,
+                clock,
                 max_pending: cfg.max_pending,
                 live_ios: 0,
                 live_lat_ns: 0,
@@ -215,35 +226,51 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         ));
     }
     let (specs_w, mut states): (Vec<WorkloadSpec>, Vec<JobState>) = jobs.into_iter().unzip();
-    let to_nanos = |d: Duration| Nanos(d.as_nanos().min(u64::MAX as u128) as u64);
-    let duration = to_nanos(cfg.duration);
-    let interval = to_nanos(cfg.interval);
-    let mut rec = Recorder::new(cfg.jobs.len(), 1, duration, interval, to_nanos(cfg.warmup))
+    let duration = Nanos::from_duration(cfg.duration);
+    let interval = Nanos::from_duration(cfg.interval);
+    let mut rec = Recorder::new(cfg.jobs.len(), 1, duration, interval, Nanos::from_duration(cfg.warmup))
         .map_err(|e| LoadError::Invalid(e.to_string()))?;
-    let start = Instant::now();
-    let now = || to_nanos(start.elapsed());
+    // The run's time starts here, not at `clock`'s origin (before connecting).
+    let start = clock.now();
+    let now = || clock.now().saturating_sub(start);
+    let at_instant = |t: Nanos| clock.instant(t.saturating_add(start));
     let mut timers: BinaryHeap<Reverse<TimerEntry>> = BinaryHeap::new();
     let mut seq = 0u64;
-    let mut arm = |timers: &mut BinaryHeap<_>, at: Nanos, job: usize, t: Timer, k: u32| {
+    let mut arm = |timers: &mut BinaryHeap<_>, at: Nanos, job: usize, t: Timer| {
         seq += 1;
-        timers.push(Reverse((at, seq, job, t, k)));
+        timers.push(Reverse((at, seq, job, t)));
     };
     for (ji, spec) in specs_w.iter().enumerate() {
-        arm(&mut timers, spec.start, ji, Timer::Start, 0);
+        arm(&mut timers, spec.start, ji, Timer::Start);
         if spec.stop < duration {
-            arm(&mut timers, spec.stop, ji, Timer::Stop, 0);
+            arm(&mut timers, spec.stop, ji, Timer::Stop);
         }
     }
     let mut inflight: JoinSet<Done> = JoinSet::new();
-    // The server's phase counters at the start: each interval's phases are differences from here on.
-    let mut phases_base: Option<Vec<[u64; 3]>> = match cfg.admin {
+    // Phase counters are read by one task, in interval order, so the driver never waits for the admin
+    // endpoint: it sends an interval's index and receives the counts later.
+    let (phase_ask, phase_read) = match cfg.admin {
         Some(a) => {
-            let ts: Vec<TenantJson> = crate::admin_client::get_json(a, "/api/tenants").await?;
-            Some(cfg.jobs.iter().map(|j| phase_counts(&ts, &j.tenant)).collect())
+            let (ask, mut asked) = tokio::sync::mpsc::unbounded_channel::<usize>();
+            let (answer, read) = tokio::sync::mpsc::unbounded_channel();
+            let jobs: Vec<String> = cfg.jobs.iter().map(|j| j.tenant.clone()).collect();
+            tokio::spawn(async move {
+                while let Some(i) = asked.recv().await {
+                    let counts = crate::admin_client::get_json::<Vec<TenantJson>>(a, "/api/tenants")
+                        .await
+                        .ok()
+                        .map(|ts| jobs.iter().map(|t| phase_counts(&ts, t)).collect::<Vec<_>>());
+                    if answer.send((i, counts)).is_err() {
+                        break;
+                    }
+                }
+            });
+            (Some(ask), Some(read))
         }
-        None => None,
+        None => (None, None),
     };
-    let mut tick = tokio::time::interval_at(start + cfg.interval, cfg.interval);
+    let mut phase_read = phase_read;
+    let mut tick = tokio::time::interval_at(at_instant(interval), cfg.interval);
     let mut shown = 0usize;
     loop {
         let t = now();
@@ -251,7 +278,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             break;
         }
         // Run every timer that is due.
-        while let Some(&Reverse((at, _, ji, timer, _))) = timers.peek() {
+        while let Some(&Reverse((at, _, ji, timer))) = timers.peek() {
             if at > t {
                 break;
             }
@@ -263,18 +290,16 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             match timer {
                 Timer::Start => {
                     if let Some(next) = st.gen.start(at, spec) {
-                        arm(&mut timers, next, ji, Timer::Toggle, 0);
+                        arm(&mut timers, next, ji, Timer::Toggle);
                     }
-                    begin(ji, spec, st, at, t, &mut inflight, &mut rec, &mut |a, k| arm(&mut timers, a, ji, k, 0));
+                    begin(ji, spec, st, at, t, &mut inflight, &mut rec, &mut |a, k| arm(&mut timers, a, ji, k));
                 }
                 Timer::Stop => st.gen.stop(),
                 Timer::Toggle => {
                     if let Some((next, on)) = st.gen.toggle(at, spec) {
-                        arm(&mut timers, next, ji, Timer::Toggle, 0);
+                        arm(&mut timers, next, ji, Timer::Toggle);
                         if on {
-                            begin(ji, spec, st, at, t, &mut inflight, &mut rec, &mut |a, k| {
-                                arm(&mut timers, a, ji, k, 0)
-                            });
+                            begin(ji, spec, st, at, t, &mut inflight, &mut rec, &mut |a, k| arm(&mut timers, a, ji, k));
                         }
                     }
                 }
@@ -291,7 +316,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                         }
                     }
                     if let Some(next) = st.gen.next_arrival(at, spec) {
-                        arm(&mut timers, next, ji, Timer::Arrive, 0);
+                        arm(&mut timers, next, ji, Timer::Arrive);
                     }
                 }
                 Timer::Think => {
@@ -301,14 +326,13 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 }
             }
         }
-        let next_timer = timers.peek().map(|Reverse((at, ..))| start + Duration::from_nanos(at.0));
-        let end = start + cfg.duration;
+        let next_timer = timers.peek().map(|Reverse((at, ..))| at_instant(*at));
+        let end = at_instant(duration);
         tokio::select! {
             Some(res) = inflight.join_next() => {
                 let Ok(d) = res else { continue };
-                let t = now();
+                let t = d.done.saturating_sub(start);
                 let st = &mut states[d.job];
-                st.pending -= 1;
                 if d.ok {
                     rec.completion_phase_unknown(d.job, d.issued, t, d.bytes);
                     st.live_ios += 1;
@@ -321,7 +345,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 match reissue {
                     Reissue::No => {}
                     Reissue::Now(_) => issue(d.job, st, None, t, &mut inflight, &mut rec),
-                    Reissue::At(at, _) => arm(&mut timers, at, d.job, Timer::Think, 0),
+                    Reissue::At(at, _) => arm(&mut timers, at, d.job, Timer::Think),
                 }
             }
             _ = tick.tick() => {
@@ -334,18 +358,25 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     st.live_lat_ns = 0;
                     (j.name.clone(), iops, lat)
                 }).collect();
-                live(start.elapsed(), &rows);
-                if let Some(a) = cfg.admin {
-                    read_phases(a, &cfg.jobs, i, &mut phases_base, &mut rec).await;
+                live(Duration::from_nanos(now().0), &rows);
+                if let Some(ask) = &phase_ask {
+                    let _ = ask.send(i);
                 }
+            }
+            Some((i, counts)) = async { phase_read.as_mut().expect("guarded").recv().await }, if phase_read.is_some() => {
+                set_phases(i, counts, &mut phases_base, &mut rec);
             }
             _ = async { tokio::time::sleep_until(next_timer.expect("guarded")).await }, if next_timer.is_some() => {}
             _ = tokio::time::sleep_until(end) => break,
         }
     }
-    if let Some(a) = cfg.admin {
-        // The last interval's phases (its tick falls at the end).
-        read_phases(a, &cfg.jobs, shown, &mut phases_base, &mut rec).await;
+    if let (Some(ask), Some(mut read)) = (phase_ask, phase_read) {
+        // The last interval's phases (its tick falls at the end), then every answer still due, in order.
+        let _ = ask.send(shown);
+        drop(ask);
+        while let Some((i, counts)) = read.recv().await {
+            set_phases(i, counts, &mut phases_base, &mut rec);
+        }
     }
     // Answers still due are awaited (a request in flight at the end completes), not recorded.
     while inflight.join_next().await.is_some() {}
@@ -376,11 +407,10 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     Ok(rec.finish(&meta))
 }
 
-/// Records interval `i`'s completions by phase: the differences of the server's counters since `base`
-/// (then `base` moves on). A failed read leaves the interval's phases at zero.
-async fn read_phases(admin: SocketAddr, jobs: &[Job], i: usize, base: &mut Option<Vec<[u64; 3]>>, rec: &mut Recorder) {
-    let Ok(ts) = crate::admin_client::get_json::<Vec<TenantJson>>(admin, "/api/tenants").await else { return };
-    let counts: Vec<[u64; 3]> = jobs.iter().map(|j| phase_counts(&ts, &j.tenant)).collect();
+/// Records interval `i`'s completions by phase: the differences of the server's counters (`counts`, per
+/// job) since `base` (then `base` moves on). A failed read (`None`) leaves the interval's phases at zero.
+fn set_phases(i: usize, counts: Option<Vec<[u64; 3]>>, base: &mut Option<Vec<[u64; 3]>>, rec: &mut Recorder) {
+    let Some(counts) = counts else { return };
     if let Some(b) = base.as_ref() {
         for (ji, (c, b)) in counts.iter().zip(b).enumerate() {
             let d = [0, 1, 2].map(|p| c[p].saturating_sub(b[p]).min(u32::MAX as u64) as u32);
@@ -441,22 +471,24 @@ fn issue(
             (io.offset, size, io.read)
         }
     };
-    if st.pending >= st.max_pending {
+    if st.gen.in_flight() as usize >= st.max_pending {
         // Over the bound: the arrival is dropped (counted).
         rec.rejected(ji);
         return;
     }
     st.gen.issued();
-    st.pending += 1;
     let client = st.clients[st.next_client].clone();
     st.next_client = (st.next_client + 1) % st.clients.len();
+    let (payload, clock) = (st.payload.clone(), st.clock);
     inflight.spawn(async move {
         let r = if read {
             client.request(Command::Read, offset, size as u32, &[], false).await
+        } else if let Some(p) = payload.get(..size as usize) {
+            client.request(Command::Write, offset, size as u32, p, false).await
         } else {
-            let payload = vec![0x5au8; size as usize];
-            client.request(Command::Write, offset, size as u32, &payload, false).await
+            // A trace record larger than the job's size.
+            client.request(Command::Write, offset, size as u32, &vec![0x5au8; size as usize], false).await
         };
-        Done { job: ji, issued: now, bytes: size, ok: r.is_ok() }
+        Done { job: ji, issued: now, done: clock.now(), bytes: size, ok: r.is_ok() }
     });
 }
