@@ -122,7 +122,7 @@ async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
             queued: t.sched.queued,
             latency_mean_ms: if done > 0 { t.counters.latency_sum_ns as f64 / done as f64 / 1e6 } else { 0.0 },
             iops_last_s: t.counters.iops_last_s,
-            below_reservation_s: t.counters.below_reservation_s,
+            below_reservation_s: t.counters.below_reservation_s(),
         });
     }
     Ok(out)
@@ -282,7 +282,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         "rein_tenant_below_reservation_seconds_total",
         "Seconds in which the tenant was backlogged yet served below its reservation.",
         "counter",
-        &|t| t.counters.below_reservation_s as f64,
+        &|t| t.counters.below_reservation_s() as f64,
     );
     let _ = writeln!(o, "# HELP rein_tenant_latency_seconds Request latency from arrival at the scheduler to completion.\n# TYPE rein_tenant_latency_seconds histogram");
     for (name, id) in s.tenants.iter() {

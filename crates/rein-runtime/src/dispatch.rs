@@ -58,7 +58,7 @@ use rein_core::{
     Nanos, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
 };
 use rein_model::device::DeviceError;
-use rein_model::meter::{Outcome, ReservationMeter};
+use rein_model::meter::ReservationMeter;
 use rein_proto::ErrorKind;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -230,14 +230,19 @@ pub struct TenantCounters {
     /// Completions per second over the last tick (about one second); 0 until a tick has passed since the
     /// tenant was added.
     pub iops_last_s: f64,
-    /// Seconds backlogged yet served below the reservation (module comment).
-    pub below_reservation_s: u64,
     /// Requests received and not yet answered (queued at the scheduler or at the backend).
     pub in_flight: u64,
-    /// The reservation meter behind `below_reservation_s`.
+    /// The reservation meter behind [`TenantCounters::below_reservation_s`].
     meter: Option<ReservationMeter>,
     /// Completions at the last tick (for `iops_last_s`).
     completed_at_tick: u64,
+}
+
+impl TenantCounters {
+    /// Seconds backlogged yet served below the reservation (module comment), as the meter counts them.
+    pub fn below_reservation_s(&self) -> u64 {
+        self.meter.as_ref().map_or(0, ReservationMeter::below_periods)
+    }
 }
 
 /// Upper bounds (seconds) of the latency histogram buckets (Prometheus style).
@@ -579,7 +584,7 @@ impl Task {
             if open || self.sched.queued() > 0 {
                 wake = self.pump(&done_tx);
             }
-            if self.reap_ring(&done_tx) > 0 {
+            if self.reap_ring() > 0 {
                 continue; // slots freed: dispatch more before waiting
             }
             if !open && self.outstanding == 0 && self.sched.queued() == 0 {
@@ -606,7 +611,7 @@ impl Task {
                 },
                 Some(back) = done_rx.recv() => match back {
                     Back::Done(d) => self.finish(d),
-                    Back::Outcome(token, res) => self.answer(token, res, &done_tx),
+                    Back::Outcome(token, res) => self.answer(token, res),
                 },
                 r = async { eventfd.as_ref().expect("guarded").readable().await }, if ring_busy => {
                     if let Ok(mut g) = r {
@@ -730,7 +735,7 @@ impl Task {
     }
 
     /// Collects ring completions and answers them; returns how many finished.
-    fn reap_ring(&mut self, done: &mpsc::UnboundedSender<Back>) -> usize {
+    fn reap_ring(&mut self) -> usize {
         let Some(u) = &mut self.uring else { return 0 };
         if u.inflight() == 0 {
             return 0;
@@ -738,7 +743,7 @@ impl Task {
         let mut reaped = std::mem::take(&mut self.reaped);
         let n = u.reap(&mut reaped);
         for (token, res) in reaped.drain(..) {
-            self.answer(token, res.map_err(IoError::from), done);
+            self.answer(token, res.map_err(IoError::from));
         }
         self.reaped = reaped;
         n
@@ -753,7 +758,7 @@ impl Task {
         let (req, token) = match &mut self.uring {
             Some(ring) => match offer_to_ring(ring, req, token) {
                 RingOffer::Submitted => return,
-                RingOffer::Refused(token, e) => return self.answer(token, Err(e.into()), done),
+                RingOffer::Refused(token, e) => return self.answer(token, Err(e.into())),
                 RingOffer::Declined(req, token) => (req, token),
             },
             None => (req, token),
@@ -761,7 +766,7 @@ impl Task {
         // 2. Inline, if the storage says this never blocks, or the inline engine takes it.
         if runs_inline(&req, self.inline_max_bytes) {
             let res = execute(req);
-            return self.answer(token, res, done);
+            return self.answer(token, res);
         }
         // 3. The blocking pool. Without a device model the answer goes out from there; with one, the
         // outcome comes back here to wait for the model.
@@ -778,7 +783,7 @@ impl Task {
     }
 
     /// A request's real IO finished: answer it now, or (device model) when its modelled service is done.
-    fn answer(&mut self, token: Token, res: IoResult, _done: &mpsc::UnboundedSender<Back>) {
+    fn answer(&mut self, token: Token, res: IoResult) {
         let (token, res) = match (token.job, &mut self.device) {
             (Some(job), Some(d)) => match d.real_done(job, (token, res)) {
                 Some(both) => both,
@@ -840,9 +845,7 @@ impl Task {
             let served = st.cost.iter().sum::<u128>() as f64 / rein_core::Cost::ONE.0 as f64;
             let meter = c.meter.get_or_insert_with(|| ReservationMeter::per_second(spec.reservation()));
             meter.set_reservation(spec.reservation());
-            if meter.observe(now, served, c.in_flight > 0) == Some(Outcome::Below) {
-                c.below_reservation_s += 1;
-            }
+            meter.observe(now, served, c.in_flight > 0);
         }
     }
 }

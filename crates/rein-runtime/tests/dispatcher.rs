@@ -165,8 +165,12 @@ async fn seconds_below_reservation_and_iops_are_measured() {
     let snap = d.snapshot().await.unwrap();
     let get = |id| snap.tenants.iter().find(|t| t.id == id).unwrap().counters.clone();
     let (s, b) = (get(starved), get(best_effort));
-    assert!((5..=6).contains(&s.below_reservation_s), "starved tenant: {} s below reservation", s.below_reservation_s);
-    assert_eq!(b.below_reservation_s, 0);
+    assert!(
+        (5..=6).contains(&s.below_reservation_s()),
+        "starved tenant: {} s below reservation",
+        s.below_reservation_s()
+    );
+    assert_eq!(b.below_reservation_s(), 0);
     assert!((s.iops_last_s + b.iops_last_s - 200.0).abs() <= 10.0, "IOPS {} + {}", s.iops_last_s, b.iops_last_s);
     assert!(s.iops_last_s >= 190.0, "all capacity goes to the reservation: {}", s.iops_last_s);
     // The backend histogram saw every completion, at the modelled latency (>= 5 ms per IO at 200 IOPS).
@@ -184,9 +188,9 @@ async fn seconds_below_reservation_and_iops_are_measured() {
 /// asked-for headroom in front, writes what it is given, and refuses what the storage's checks refuse.
 #[tokio::test]
 async fn every_route_reads_after_the_headroom_and_checks_ranges() {
-    let dir = std::env::temp_dir().join(format!("rein-dispatch-routes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file: Arc<dyn Storage> = Arc::new(FileStorage::open(&dir.join("disk.img"), Some(1 << 20), false).unwrap());
+    let dir = tempfile::Builder::new().prefix("rein-dispatch-routes-").tempdir().unwrap();
+    let file: Arc<dyn Storage> =
+        Arc::new(FileStorage::open(&dir.path().join("disk.img"), Some(1 << 20), false).unwrap());
     let ram: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 20));
     let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
     for engine in [IoEngine::Uring, IoEngine::Threads, IoEngine::Inline] {
@@ -210,7 +214,7 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
         join.await.unwrap();
     }
     // A read-only file refuses writes on every route.
-    let ro: Arc<dyn Storage> = Arc::new(FileStorage::open(&dir.join("disk.img"), None, true).unwrap());
+    let ro: Arc<dyn Storage> = Arc::new(FileStorage::open(&dir.path().join("disk.img"), None, true).unwrap());
     for engine in [IoEngine::Uring, IoEngine::Threads] {
         let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..Default::default() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
@@ -220,7 +224,7 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
         drop(d);
         join.await.unwrap();
     }
-    std::fs::remove_dir_all(&dir).unwrap();
+    dir.close().unwrap();
 }
 
 /// The device model's capacity schedule runs on the dispatcher's clock: a closed loop on a 1,000 IOPS
