@@ -1,7 +1,8 @@
 //! dmClock across two servers (mclock-dmclock.txt §4.2, Fig. 10 situation), with a small virtual-time
 //! driver: a tenant sending only to one server still gets its global reservation and its weight share.
 use rein_core::{
-    Mclock, Nanos, Phase, Poll, QosSpec, Request, ReservationSplit, SchedConfig, Scheduler, ServiceTracker, TenantId,
+    Mclock, Nanos, Phase, Piggyback, Poll, QosSpec, Request, ReservationSplit, SchedConfig, Scheduler, ServiceTracker,
+    TenantId,
 };
 
 /// Two servers at 1,000 IOPS each (1 ms per IO, depth 1). Tenant A (weight 3) keeps 16 requests queued at
@@ -140,8 +141,12 @@ fn dispatch_cost_excludes_delta() {
     for kind in rein_core::SchedulerKind::ALL {
         let mut s = kind.build(SchedConfig::default());
         let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
-        s.enqueue(Nanos(0), Request::new(a, 1).distributed(rein_core::Cost::units(7), rein_core::Cost::units(3)))
-            .unwrap();
+        let p = Piggyback {
+            delta: rein_core::Cost::units(7),
+            rho: rein_core::Cost::units(3),
+            share: rein_core::ReservationShare::ONE,
+        };
+        s.enqueue(Nanos(0), Request::new(a, 1).piggyback(p)).unwrap();
         let Poll::Dispatch(d) = s.poll(Nanos(0), true) else { panic!() };
         assert_eq!(d.cost, rein_core::Cost::ONE, "{kind}");
     }

@@ -14,7 +14,6 @@
 mod common;
 
 use proptest::prelude::*;
-use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::vtime::run_backlogged;
 use rein_core::{Nanos, QosSpec, ReservationLag, SchedConfig, Scheduler, SchedulerKind};
 
@@ -49,11 +48,6 @@ impl Windows {
     fn between(&self, from: f64, to: f64) -> &[f64] {
         &self.rates.iter().find(|w| (w.0 - from).abs() < 1e-9 && (w.1 - to).abs() < 1e-9).expect("a window").2
     }
-}
-
-fn oracle(specs: &[QosSpec], c: f64) -> Vec<f64> {
-    let ts: Vec<OracleTenant> = specs.iter().map(OracleTenant::from).collect();
-    allocate(&ts, c).rates
 }
 
 fn secs(s: f64) -> Nanos {
@@ -91,7 +85,7 @@ fn after_an_overload_every_tenant_is_back_at_its_share_within_one_second() {
             assert!((over[i] - want).abs() <= 0.02 * want + 0.5, "{kind} t{} under overload: {over:?}", i + 1);
         }
         // Eq. (1) at 2,500: 725/800/250/725, from the first second after the recovery on.
-        let want = oracle(&specs, 2500.0);
+        let want = common::oracle_rates(&specs, 2500.0);
         assert_eq!(want.iter().map(|x| x.round()).collect::<Vec<_>>(), [725.0, 800.0, 250.0, 725.0]);
         let first = w.between(70.0, 71.0);
         for i in 0..4 {
@@ -208,7 +202,7 @@ proptest! {
                         "{kind} tenant {i} ({sp}) under the dip to {:.0}: {:.1} IOPS, proportional share {want:.1}; all {got:?}", d.dip, got[i]);
                 }
             }
-            let want = oracle(&d.specs, d.after);
+            let want = common::oracle_rates(&d.specs, d.after);
             for k in 1..marks.len() - 1 {
                 let (from, to) = (marks[k], marks[k + 1]);
                 let got = w.between(from, to);

@@ -70,11 +70,18 @@ impl HostConfig {
             return Err(PardaError::BetaPerShare(self.beta_per_share));
         }
         if let Some(w) = self.fixed_window {
-            if !(w.is_finite() && (1.0..=MAX_WINDOW).contains(&w)) {
-                return Err(PardaError::FixedWindow { value: w, max: MAX_WINDOW });
-            }
+            check_fixed_window(w)?;
         }
         Ok(())
+    }
+}
+
+/// A fixed issue-queue window must be a finite number in `1..=MAX_WINDOW`.
+pub fn check_fixed_window(window: f64) -> Result<(), PardaError> {
+    if window.is_finite() && (1.0..=MAX_WINDOW).contains(&window) {
+        Ok(())
+    } else {
+        Err(PardaError::FixedWindow { value: window, max: MAX_WINDOW })
     }
 }
 
@@ -266,9 +273,7 @@ impl HostController {
         if !self.window.is_fixed() {
             return Err(PardaError::NotFixed);
         }
-        if !(window.is_finite() && (1.0..=MAX_WINDOW).contains(&window)) {
-            return Err(PardaError::FixedWindow { value: window, max: MAX_WINDOW });
-        }
+        check_fixed_window(window)?;
         self.window = WindowController::fixed(window);
         self.host.fixed_window = Some(window);
         Ok(())

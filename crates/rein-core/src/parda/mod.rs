@@ -126,7 +126,7 @@ mod window;
 
 pub use aggregate::{Accept, Aggregator, ClusterLatency, HostReport, PeerState};
 pub use estimator::{LatencyEstimator, SizeModel};
-pub use host::{HostConfig, HostController, HostStats, PeriodOutcome};
+pub use host::{check_fixed_window, HostConfig, HostController, HostStats, PeriodOutcome};
 pub use shares::{ShareTracker, VmUsage};
 pub use window::WindowController;
 

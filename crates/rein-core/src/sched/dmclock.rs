@@ -137,16 +137,6 @@ impl Default for ReservationSplit {
     }
 }
 
-impl ReservationSplit {
-    /// The name used in configs: `rho` or `spread`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReservationSplit::Rho => "rho",
-            ReservationSplit::Spread { .. } => "spread",
-        }
-    }
-}
-
 /// The part of a tenant's reservation one server owes it: a fraction in `(0, 1]` in fixed point with
 /// [`ReservationShare::FRAC_BITS`] fractional bits. [`ReservationShare::ONE`] (the whole reservation) is
 /// what a request to a single server, or under [`ReservationSplit::Rho`], carries.
@@ -287,12 +277,9 @@ impl ServiceTracker {
             ReservationSplit::Rho => Ok(Piggyback { delta, rho, share: ReservationShare::ONE }),
             ReservationSplit::Spread { window_ios } => {
                 s.sent += 1;
-                let part = u64::from(s.sent) + u64::from(s.sent_prev);
+                let s = *s;
                 self.window_sent += 1;
-                let whole = u64::from(self.window_sent) + u64::from(self.window_sent_prev);
-                // Invariant 3: part >= 1 (this request) and part <= whole <= 2 * MAX_SPREAD_WINDOW_IOS.
-                debug_assert!(part >= 1 && part <= whole && whole <= 2 * u64::from(MAX_SPREAD_WINDOW_IOS));
-                let share = ReservationShare::from_ratio(part, whole);
+                let share = self.spread_share(&s);
                 if self.window_sent >= window_ios {
                     for s in &mut self.servers {
                         s.sent_prev = s.sent;
@@ -315,11 +302,17 @@ impl ServiceTracker {
             .ok_or(TrackerError::ServerOutOfRange { index: server, max: self.servers.len() })?;
         Ok(match self.split {
             ReservationSplit::Rho => ReservationShare::ONE,
-            ReservationSplit::Spread { .. } => ReservationShare::from_ratio(
-                u64::from(s.sent) + u64::from(s.sent_prev),
-                u64::from(self.window_sent) + u64::from(self.window_sent_prev),
-            ),
+            ReservationSplit::Spread { .. } => self.spread_share(s),
         })
+    }
+
+    /// The share of `s`: its requests over the tenant's, in this window and the previous one.
+    fn spread_share(&self, s: &PerServer) -> ReservationShare {
+        let part = u64::from(s.sent) + u64::from(s.sent_prev);
+        let whole = u64::from(self.window_sent) + u64::from(self.window_sent_prev);
+        // Invariant 3: part <= whole <= 2 * MAX_SPREAD_WINDOW_IOS (and part >= 1 once a request was sent).
+        debug_assert!(part <= whole && whole <= 2 * u64::from(MAX_SPREAD_WINDOW_IOS));
+        ReservationShare::from_ratio(part, whole)
     }
 
     /// Call when `server` reports a completion of cost `cost` served in `phase`.

@@ -103,12 +103,6 @@ impl Request {
         self.offset = offset;
         self
     }
-    /// With the service received at other servers, `(delta, rho)`, the paper's piggyback (§3.2.1).
-    pub fn distributed(mut self, delta: Cost, rho: Cost) -> Self {
-        self.delta = delta;
-        self.rho = rho;
-        self
-    }
     /// With what a [`ServiceTracker::prepare`] returned for this request's server.
     pub fn piggyback(mut self, p: Piggyback) -> Self {
         self.delta = p.delta;

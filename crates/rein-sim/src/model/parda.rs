@@ -10,7 +10,7 @@ use super::server::{parse_scheduler, Server};
 use super::tenant::Tenant;
 use crate::file::parda::{HostFile, PardaFile};
 use crate::file::TenantFile;
-use rein_core::parda::{HostConfig, PardaConfig, SizeModel};
+use rein_core::parda::{check_fixed_window, HostConfig, PardaConfig, SizeModel};
 use rein_core::{Nanos, SchedulerKind};
 
 /// Largest number of hosts in a scenario.
@@ -204,8 +204,8 @@ fn validate_window_schedule(
                 ));
             }
         }
-        let hc = HostConfig { fixed_window: Some(step.window), ..HostConfig::default() };
-        hc.validate().map_err(|e| format!("host {n}: window_schedule[{k}].window = {}: {e}", step.window))?;
+        check_fixed_window(step.window)
+            .map_err(|e| format!("host {n}: window_schedule[{k}].window = {}: {e}", step.window))?;
         steps.push((at, step.window));
     }
     Ok(steps)
