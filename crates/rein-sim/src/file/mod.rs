@@ -8,6 +8,7 @@ pub mod parda;
 pub mod pshift;
 
 use rein_model::sched_settings::SchedSettingsFile;
+use rein_model::workload::WorkloadParams;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,21 +45,6 @@ fn default_depth() -> u32 {
 }
 fn default_service() -> String {
     "exponential".into()
-}
-fn default_outstanding() -> u32 {
-    32
-}
-fn default_size_kb() -> f64 {
-    4.0
-}
-fn default_pct() -> f64 {
-    100.0
-}
-fn default_span_gb() -> f64 {
-    10.0
-}
-fn default_one() -> f64 {
-    1.0
 }
 
 /// A whole scenario file.
@@ -242,8 +228,9 @@ pub struct TenantFile {
     pub server_reservations: BTreeMap<String, f64>,
     /// How requests pick a server: by offset striping (default) or by shares.
     pub routing: Option<RoutingFile>,
-    /// `[tenants.workload]`.
-    pub workload: WorkloadFile,
+    /// `[tenants.workload]`: rein-model's [`WorkloadParams`] (the same table as `rein load`'s jobs); its
+    /// `trace.device` / `trace.devices` are resolved with `routing.devices` by the model layer.
+    pub workload: WorkloadParams,
     /// A VM on this PARDA host (`[[hosts]]`): its requests go through the host's window to its array.
     pub host: Option<String>,
     /// dmClock: how the tenant's gateway tells each server its part of the reservation: "spread"
@@ -274,73 +261,6 @@ pub enum RoutingFile {
         /// Stripe size (KiB).
         stripe_kb: f64,
     },
-}
-
-/// `[tenants.workload.trace]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TraceFile {
-    /// The trace file; relative to the scenario file's directory.
-    pub path: String,
-    /// disksim | csv (cloudPhysics `version,time,op,size,lbn`) | vscsi (`ts_us,op,size_bytes,lbn`);
-    /// default from the extension (.trace = disksim, *.vscsi-us.csv = vscsi, .csv = csv).
-    pub format: Option<String>,
-    /// Keep only this device number (disksim).
-    pub device: Option<u32>,
-    /// Keep only these device numbers (disksim).
-    pub devices: Option<Vec<u32>>,
-    /// Multiply inter-arrival times by this (0.5 = twice as fast).
-    #[serde(default = "default_one")]
-    pub time_scale: f64,
-    /// Replay the trace again from the start when it ends.
-    #[serde(default)]
-    pub repeat: bool,
-}
-
-/// `[tenants.workload]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkloadFile {
-    /// closed | open | on_off | burst | trace
-    pub kind: String,
-    /// closed: requests in flight.
-    #[serde(default = "default_outstanding")]
-    pub outstanding: u32,
-    /// closed: keep this many requests outstanding at *each* of the tenant's servers instead of one pool of
-    /// `outstanding` shared by them (a gateway with a per-server window, as in the dmClock and RBFQ papers'
-    /// clients); a completion at a server is replaced by a new request to the same server.
-    pub outstanding_per_server: Option<u32>,
-    /// open / on_off (open inside on periods): Poisson arrival rate.
-    pub iops: Option<f64>,
-    /// closed: think time (ms).
-    pub think_ms: Option<f64>,
-    /// on_off: on period (s).
-    pub on_s: Option<f64>,
-    /// on_off: off period (s).
-    pub off_s: Option<f64>,
-    /// burst: requests per burst.
-    pub burst_count: Option<u32>,
-    /// burst: time between bursts (ms).
-    pub burst_period_ms: Option<f64>,
-    /// trace: the trace to replay.
-    pub trace: Option<TraceFile>,
-    /// Request size (KiB).
-    #[serde(default = "default_size_kb")]
-    pub size_kb: f64,
-    /// Percentage of reads.
-    #[serde(default = "default_pct")]
-    pub read_pct: f64,
-    /// Percentage of random offsets.
-    #[serde(default = "default_pct")]
-    pub random_pct: f64,
-    /// Span of the offsets (GiB).
-    #[serde(default = "default_span_gb")]
-    pub span_gb: f64,
-    /// When the tenant starts issuing (s, default 0).
-    #[serde(default)]
-    pub start_s: f64,
-    /// Stop (s; default the end).
-    pub stop_s: Option<f64>,
 }
 
 /// `[[expect]]`: one expectation `--check` verifies.
