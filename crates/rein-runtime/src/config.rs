@@ -57,7 +57,7 @@
 use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
 use rein_core::{QosSpec, SchedConfig, SchedulerKind};
-use rein_model::device::{DeviceParams, DiskParams};
+use rein_model::device::{CapacityStep, DeviceParams, DiskParams};
 use rein_model::sched_settings::{CostModelFile, SchedSettingsFile};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -154,29 +154,13 @@ struct DeviceFile {
     #[serde(default = "d_service")]
     service: String,
     uniform_spread: Option<f64>,
-    disk: Option<DiskFile>,
+    disk: Option<DiskParams>,
     transfer_mb_s: Option<f64>,
     discipline: Option<String>,
     #[serde(default)]
-    capacity_schedule: Vec<StepFile>,
+    capacity_schedule: Vec<CapacityStep>,
     #[serde(default)]
     seed: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DiskFile {
-    seek_ms: Option<f64>,
-    rotation_ms: Option<f64>,
-    transfer_mb_s: Option<f64>,
-    sequential_kb: Option<f64>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StepFile {
-    at_s: f64,
-    iops: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -412,20 +396,14 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         None => None,
         Some(d) => {
             // The simulator's device: the same fields, defaults and checks as a scenario's [[servers]].
-            let dd = DiskParams::default();
             let spec = DeviceParams {
                 capacity_iops: d.capacity_iops,
                 service: &d.service,
                 uniform_spread: d.uniform_spread,
-                disk: d.disk.as_ref().map(|k| DiskParams {
-                    seek_ms: k.seek_ms.unwrap_or(dd.seek_ms),
-                    rotation_ms: k.rotation_ms.unwrap_or(dd.rotation_ms),
-                    transfer_mb_s: k.transfer_mb_s.unwrap_or(dd.transfer_mb_s),
-                    sequential_kb: k.sequential_kb.unwrap_or(dd.sequential_kb),
-                }),
+                disk: d.disk,
                 transfer_mb_s: d.transfer_mb_s,
                 discipline: d.discipline.as_deref(),
-                capacity_schedule: d.capacity_schedule.iter().map(|c| (c.at_s, c.iops)).collect(),
+                capacity_schedule: d.capacity_schedule,
             }
             .validate()
             .map_err(|e| format!("device_model.{e}"))?;

@@ -168,7 +168,7 @@ impl<T> ModelledDevice<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_model::device::{DeviceParams, ServiceModel};
+    use rein_model::device::{CapacityStep, DeviceParams, ServiceModel};
 
     fn deterministic(iops: f64) -> DeviceConfig {
         DeviceConfig { spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(), seed: 1 }
@@ -205,7 +205,7 @@ mod tests {
             disk: None,
             transfer_mb_s: None,
             discipline: None,
-            capacity_schedule: vec![(0.010, 500.0)],
+            capacity_schedule: vec![CapacityStep { at_s: 0.010, iops: 500.0 }],
         }
         .validate()
         .unwrap();

@@ -7,6 +7,7 @@
 pub mod parda;
 pub mod pshift;
 
+use rein_model::device::{CapacityStep, DiskParams};
 use rein_model::sched_settings::SchedSettingsFile;
 use rein_model::workload::WorkloadParams;
 use serde::Deserialize;
@@ -126,46 +127,6 @@ pub struct NetworkFile {
     pub delay_ms: f64,
 }
 
-/// A step of `capacity_schedule`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CapacityStep {
-    /// From when (s).
-    pub at_s: f64,
-    /// The capacity from then on (IOPS).
-    pub iops: f64,
-}
-
-/// `disk = { .. }`: the position-dependent service model.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiskFile {
-    /// Average seek time for a random access (ms); scaled by sqrt(distance / span).
-    #[serde(default = "default_seek_ms")]
-    pub seek_ms: f64,
-    /// Full rotation time (ms); a random access waits a uniform fraction of it.
-    #[serde(default = "default_rotation_ms")]
-    pub rotation_ms: f64,
-    /// Media transfer rate (MB/s).
-    #[serde(default = "default_transfer")]
-    pub transfer_mb_s: f64,
-    /// Accesses closer than this to the previous one are sequential: no seek, no rotation (KiB).
-    #[serde(default = "default_seq_kb")]
-    pub sequential_kb: f64,
-}
-fn default_seek_ms() -> f64 {
-    4.0
-}
-fn default_rotation_ms() -> f64 {
-    4.0
-}
-fn default_transfer() -> f64 {
-    100.0
-}
-fn default_seq_kb() -> f64 {
-    64.0
-}
-
 /// `[[servers]]`: a scheduler in front of a device.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -181,14 +142,14 @@ pub struct ServerFile {
     pub uniform_spread: Option<f64>,
     /// Optional transfer rate: adds size / rate to each service time (size-dependent cost).
     pub transfer_mb_s: Option<f64>,
-    /// The disk model's parameters (service = "disk").
-    pub disk: Option<DiskFile>,
+    /// The disk model's parameters (service = "disk"): rein-model's [`DiskParams`].
+    pub disk: Option<DiskParams>,
     /// D: requests the scheduler keeps outstanding at the device (default 32, at most 65,536).
     #[serde(default = "default_depth")]
     pub queue_depth: u32,
     /// This server's scheduler (default: the scenario's).
     pub scheduler: Option<String>,
-    /// Capacity changes over time.
+    /// Capacity changes over time: rein-model's [`CapacityStep`]s.
     #[serde(default)]
     pub capacity_schedule: Vec<CapacityStep>,
     /// Scheduler settings for this server, over the scenario's `[mclock]` field by field (`mclock = { .. }`
