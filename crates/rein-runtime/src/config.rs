@@ -58,7 +58,7 @@ use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
 use rein_core::{QosSpec, SchedConfig, SchedulerKind};
 use rein_model::device::{CapacityStep, DeviceParams, DiskParams};
-use rein_model::sched_settings::{CostModelFile, SchedSettingsFile};
+use rein_model::sched_settings::{with_cost_model_shorthand, CostModelFile, SchedSettingsFile};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -369,13 +369,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         return Err(format!("queue_depth must be in 1..=4096, got {}", f.queue_depth));
     }
     // `cost_model` at the top is a shorthand for `[mclock] cost_model` (as in a scenario); one of the two.
-    let mut settings = f.mclock.clone().unwrap_or_default();
-    if let Some(c) = &f.cost_model {
-        if settings.cost_model.is_some() {
-            return Err("cost_model is given twice (as cost_model and as mclock.cost_model)".into());
-        }
-        settings.cost_model = Some(c.clone());
-    }
+    let settings = with_cost_model_shorthand(f.mclock.as_ref(), f.cost_model.as_ref()).map_err(|e| e.to_string())?;
     let sched = settings.resolve().map_err(|e| e.to_string())?;
     let admission = match f.admission.as_deref() {
         None | Some("refuse") => Admission::Refuse,
