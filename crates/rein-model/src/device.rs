@@ -234,13 +234,21 @@ fn positive(field: &'static str, value: f64) -> Result<f64, DeviceError> {
     }
 }
 
+/// Checks a capacity (IOPS) from outside: `capacity_iops`, a `capacity_schedule` step, an operator's
+/// change. It must be a positive number ([`DeviceError::NotPositive`] naming `field`) and at most
+/// [`MAX_CAPACITY_IOPS`] ([`DeviceError::CapacityTooLarge`]); [`Device::set_capacity`] asserts it.
+pub fn check_capacity(field: &'static str, iops: f64) -> Result<f64, DeviceError> {
+    positive(field, iops)?;
+    if iops > MAX_CAPACITY_IOPS {
+        return Err(DeviceError::CapacityTooLarge);
+    }
+    Ok(iops)
+}
+
 impl DeviceParams<'_> {
     /// Validates the parameters into a [`DeviceSpec`].
     pub fn validate(&self) -> Result<DeviceSpec, DeviceError> {
-        let capacity_iops = positive("capacity_iops", self.capacity_iops)?;
-        if capacity_iops > MAX_CAPACITY_IOPS {
-            return Err(DeviceError::CapacityTooLarge);
-        }
+        let capacity_iops = check_capacity("capacity_iops", self.capacity_iops)?;
         let service = match self.service {
             "exponential" => ServiceModel::Exponential,
             "deterministic" => ServiceModel::Deterministic,
@@ -277,10 +285,7 @@ impl DeviceParams<'_> {
                 return Err(DeviceError::ScheduleTime(at_s));
             }
             let at = Nanos::from_secs_f64(at_s);
-            positive("capacity_schedule.iops", iops)?;
-            if iops > MAX_CAPACITY_IOPS {
-                return Err(DeviceError::CapacityTooLarge);
-            }
+            check_capacity("capacity_schedule.iops", iops)?;
             if at_s < last {
                 return Err(DeviceError::ScheduleOrder);
             }
@@ -425,7 +430,7 @@ impl Device {
     }
 
     /// Changes the capacity; it applies to services that start from now on (FIFO) or to requests that
-    /// arrive from now on (PS). The caller validates `iops` (positive, at most [`MAX_CAPACITY_IOPS`]).
+    /// arrive from now on (PS). The caller validates `iops` with [`check_capacity`].
     pub fn set_capacity(&mut self, iops: f64) {
         debug_assert!(iops > 0.0 && iops <= MAX_CAPACITY_IOPS);
         self.capacity = iops;

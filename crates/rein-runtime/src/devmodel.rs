@@ -20,7 +20,7 @@
 //! 2. A job's slot is reused only after it is answered.
 
 use rein_core::Nanos;
-use rein_model::device::{DeviceError, DeviceSpec, Job, Wake, MAX_CAPACITY_IOPS};
+use rein_model::device::{check_capacity, DeviceError, DeviceSpec, Job, Wake};
 use rein_model::seed::{server_stream, stream_seed};
 use rein_model::Device;
 
@@ -75,13 +75,7 @@ impl<T> ModelledDevice<T> {
 
     /// Changes the capacity until the schedule's next step (if any).
     pub(crate) fn set_capacity(&mut self, iops: f64) -> Result<(), DeviceError> {
-        if !(iops.is_finite() && iops > 0.0) {
-            return Err(DeviceError::NotPositive { field: "iops", value: iops });
-        }
-        if iops > MAX_CAPACITY_IOPS {
-            return Err(DeviceError::CapacityTooLarge);
-        }
-        self.device.set_capacity(iops);
+        self.device.set_capacity(check_capacity("iops", iops)?);
         Ok(())
     }
 
