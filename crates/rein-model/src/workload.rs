@@ -456,7 +456,9 @@ const MIXED: u8 = 2;
 pub struct Generator {
     rng: Pcg64Mcg,
     next_seq_offset: u64,
-    span_bytes: u64,
+    /// Request-sized slots in the span (at least 1): where random offsets fall, and where sequential ones
+    /// wrap. Computed once; `next_io` would otherwise divide on every request.
+    slots: u64,
     random_frac: f64,
     cold: Box<Cold>,
     /// At most [`MAX_SIZE_BYTES`].
@@ -494,7 +496,7 @@ impl Generator {
         Generator {
             rng: Pcg64Mcg::new(seed),
             next_seq_offset: 0,
-            span_bytes: spec.span_bytes,
+            slots: (spec.span_bytes / spec.size_bytes.max(1)).max(1),
             random_frac: spec.random_frac,
             cold: Box::new(Cold {
                 think,
@@ -624,11 +626,11 @@ impl Generator {
         }
     }
 
-    /// Draws a generated request's offset and direction (`size` bytes).
+    /// Draws a generated request's offset and direction (its size is [`Generator::size_bytes`]).
     #[inline]
-    pub fn next_io(&mut self, size: u64) -> Io {
+    pub fn next_io(&mut self) -> Io {
         let random = self.random_frac >= 1.0 || (self.random_frac > 0.0 && self.rng.gen::<f64>() < self.random_frac);
-        let slots = (self.span_bytes / size.max(1)).max(1);
+        let (size, slots) = (self.size_bytes as u64, self.slots);
         let offset = if random { self.rng.gen_range(0..slots) * size } else { self.next_seq_offset % (slots * size) };
         self.next_seq_offset = offset + size;
         let read = match self.reads {
@@ -642,11 +644,7 @@ impl Generator {
     /// A read with probability `read_frac`, from the read-mix stream (splitmix64).
     fn draw_read(&mut self) -> bool {
         let cold = &mut self.cold;
-        cold.read_state = cold.read_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = cold.read_state;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 31;
+        let x = crate::seed::splitmix64(&mut cold.read_state);
         ((x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)) < cold.read_frac
     }
 
@@ -714,7 +712,7 @@ mod tests {
 
     #[test]
     fn the_generator_is_one_cache_line() {
-        // rng, seq offset, span, random fraction, the cold pointer, size, in-flight count and flags.
+        // rng, seq offset, slots, random fraction, the cold pointer, size, in-flight count and flags.
         assert_eq!(std::mem::size_of::<Generator>(), 64);
         assert_eq!(std::mem::align_of::<Generator>(), 64);
     }
@@ -727,7 +725,7 @@ mod tests {
         assert_eq!(g.begin(Nanos(0), &s), Begin::Fill);
         assert_eq!(g.deficit(None), 3);
         for _ in 0..3 {
-            g.next_io(4096);
+            g.next_io();
             g.issued();
         }
         assert_eq!(g.deficit(None), 0);
@@ -794,14 +792,14 @@ mod tests {
         s.random_frac = 0.0;
         s.span_bytes = 4096 * 4;
         let mut g = Generator::new(&s, 3);
-        let offs: Vec<u64> = (0..6).map(|_| g.next_io(4096).offset).collect();
+        let offs: Vec<u64> = (0..6).map(|_| g.next_io().offset).collect();
         assert_eq!(offs, vec![0, 4096, 8192, 12288, 0, 4096]);
         s.random_frac = 0.5;
         s.read_frac = 0.7;
         let mut g = Generator::new(&s, 3);
         let mut reads = 0;
         for _ in 0..10_000 {
-            let io = g.next_io(4096);
+            let io = g.next_io();
             assert!(io.offset < s.span_bytes && io.offset % 4096 == 0);
             reads += io.read as u32;
         }
@@ -816,7 +814,7 @@ mod tests {
         b.read_frac = 0.3;
         let (mut ga, mut gb) = (Generator::new(&a, 5), Generator::new(&b, 5));
         for _ in 0..1000 {
-            assert_eq!(ga.next_io(4096).offset, gb.next_io(4096).offset);
+            assert_eq!(ga.next_io().offset, gb.next_io().offset);
         }
     }
 
