@@ -329,8 +329,15 @@ impl DeviceSpec {
 
     /// The scheduled capacity (IOPS) at time `t`.
     pub fn capacity_at(&self, t: Nanos) -> f64 {
-        self.schedule.iter().rev().find(|c| c.0 <= t).map_or(self.capacity_iops, |c| c.1)
+        capacity_at(&self.schedule, t)
     }
+}
+
+/// The capacity (IOPS) of `schedule` at time `t`: that of the last step at or before `t` (the first step's
+/// before it). `schedule` is a [`DeviceSpec::schedule`] (or a report's copy of one): sorted by time, not
+/// empty, its first step at 0.
+pub fn capacity_at(schedule: &[(Nanos, f64)], t: Nanos) -> f64 {
+    schedule.iter().rev().find(|c| c.0 <= t).map_or(schedule[0].1, |c| c.1)
 }
 
 /// `x.round() as u64` for a service time `x >= 1` ns: the one rounding rule of FIFO service times (round
