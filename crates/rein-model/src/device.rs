@@ -308,6 +308,16 @@ impl DeviceParams<'_> {
 impl DeviceSpec {
     /// A device of `capacity_iops` with `service` times, FIFO, no transfer term, no schedule.
     pub fn new(capacity_iops: f64, service: ServiceModel) -> Result<DeviceSpec, DeviceError> {
+        Self::scheduled(capacity_iops, service, &[])
+    }
+
+    /// A device of nominal capacity `capacity_iops` with `service` times whose capacity changes at
+    /// `steps`; FIFO, no transfer term.
+    pub fn scheduled(
+        capacity_iops: f64,
+        service: ServiceModel,
+        steps: &[CapacityStep],
+    ) -> Result<DeviceSpec, DeviceError> {
         DeviceParams {
             capacity_iops,
             service: service.name(),
@@ -318,7 +328,7 @@ impl DeviceSpec {
             disk: None,
             transfer_mb_s: None,
             discipline: None,
-            capacity_schedule: Vec::new(),
+            capacity_schedule: steps.to_vec(),
         }
         .validate()
         .map(|mut s| {

@@ -162,7 +162,7 @@ impl<T> ModelledDevice<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_model::device::{CapacityStep, DeviceParams, ServiceModel};
+    use rein_model::device::{CapacityStep, ServiceModel};
 
     fn deterministic(iops: f64) -> DeviceConfig {
         DeviceConfig { spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(), seed: 1 }
@@ -192,17 +192,9 @@ mod tests {
 
     #[test]
     fn the_capacity_follows_its_schedule_and_an_operator() {
-        let spec = DeviceParams {
-            capacity_iops: 1000.0,
-            service: "deterministic",
-            uniform_spread: None,
-            disk: None,
-            transfer_mb_s: None,
-            discipline: None,
-            capacity_schedule: vec![CapacityStep { at_s: 0.010, iops: 500.0 }],
-        }
-        .validate()
-        .unwrap();
+        let spec =
+            DeviceSpec::scheduled(1000.0, ServiceModel::Deterministic, &[CapacityStep { at_s: 0.010, iops: 500.0 }])
+                .unwrap();
         let mut d: ModelledDevice<u32> = ModelledDevice::new(&DeviceConfig { spec, seed: 1 });
         assert_eq!(d.next_deadline(), Some(Nanos::from_millis(10)), "the step");
         let mut ready = Vec::new();
