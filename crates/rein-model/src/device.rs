@@ -45,6 +45,7 @@
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::Nanos;
+use serde::Deserialize;
 use std::collections::VecDeque;
 
 pub use crate::ps::Ps;
@@ -138,17 +139,30 @@ pub struct DeviceSpec {
     pub schedule: Vec<(Nanos, f64)>,
 }
 
-/// The disk model's parameters as configuration files write them.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `disk = { .. }`: the disk model's parameters as configuration files write them (a scenario's
+/// `[[servers]]`, rein.toml's `[device_model]`); every field optional, defaulting to
+/// [`DiskParams::default`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DiskParams {
-    /// Average seek of a random access (ms).
+    /// Average seek time for a random access (ms); scaled by sqrt(distance / span).
     pub seek_ms: f64,
-    /// Full rotation (ms).
+    /// Full rotation time (ms); a random access waits a uniform fraction of it.
     pub rotation_ms: f64,
     /// Media transfer rate (MB/s).
     pub transfer_mb_s: f64,
-    /// Sequential distance (KiB).
+    /// Accesses closer than this to the previous one are sequential: no seek, no rotation (KiB).
     pub sequential_kb: f64,
+}
+
+/// A step of `capacity_schedule` as configuration files write it: `{ at_s = 60, iops = 600 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityStep {
+    /// From when (s from the start).
+    pub at_s: f64,
+    /// The capacity from then on (IOPS).
+    pub iops: f64,
 }
 
 impl Default for DiskParams {
@@ -174,8 +188,8 @@ pub struct DeviceParams<'a> {
     pub transfer_mb_s: Option<f64>,
     /// `discipline`: fifo (default) or ps.
     pub discipline: Option<&'a str>,
-    /// `capacity_schedule`: `(at_s, iops)` steps, sorted by time.
-    pub capacity_schedule: Vec<(f64, f64)>,
+    /// `capacity_schedule`: capacity steps, sorted by time.
+    pub capacity_schedule: Vec<CapacityStep>,
 }
 
 /// What is wrong with a device's parameters (the message names the field).
@@ -220,13 +234,21 @@ fn positive(field: &'static str, value: f64) -> Result<f64, DeviceError> {
     }
 }
 
+/// Checks a capacity (IOPS) from outside: `capacity_iops`, a `capacity_schedule` step, an operator's
+/// change. It must be a positive number ([`DeviceError::NotPositive`] naming `field`) and at most
+/// [`MAX_CAPACITY_IOPS`] ([`DeviceError::CapacityTooLarge`]); [`Device::set_capacity`] asserts it.
+pub fn check_capacity(field: &'static str, iops: f64) -> Result<f64, DeviceError> {
+    positive(field, iops)?;
+    if iops > MAX_CAPACITY_IOPS {
+        return Err(DeviceError::CapacityTooLarge);
+    }
+    Ok(iops)
+}
+
 impl DeviceParams<'_> {
     /// Validates the parameters into a [`DeviceSpec`].
     pub fn validate(&self) -> Result<DeviceSpec, DeviceError> {
-        let capacity_iops = positive("capacity_iops", self.capacity_iops)?;
-        if capacity_iops > MAX_CAPACITY_IOPS {
-            return Err(DeviceError::CapacityTooLarge);
-        }
+        let capacity_iops = check_capacity("capacity_iops", self.capacity_iops)?;
         let service = match self.service {
             "exponential" => ServiceModel::Exponential,
             "deterministic" => ServiceModel::Deterministic,
@@ -258,15 +280,12 @@ impl DeviceParams<'_> {
         };
         let mut schedule = vec![(Nanos::ZERO, capacity_iops)];
         let mut last = 0.0;
-        for &(at_s, iops) in &self.capacity_schedule {
+        for &CapacityStep { at_s, iops } in &self.capacity_schedule {
             if !(at_s.is_finite() && (0.0..=MAX_SCHEDULE_S).contains(&at_s)) {
                 return Err(DeviceError::ScheduleTime(at_s));
             }
             let at = Nanos::from_secs_f64(at_s);
-            positive("capacity_schedule.iops", iops)?;
-            if iops > MAX_CAPACITY_IOPS {
-                return Err(DeviceError::CapacityTooLarge);
-            }
+            check_capacity("capacity_schedule.iops", iops)?;
             if at_s < last {
                 return Err(DeviceError::ScheduleOrder);
             }
@@ -289,6 +308,16 @@ impl DeviceParams<'_> {
 impl DeviceSpec {
     /// A device of `capacity_iops` with `service` times, FIFO, no transfer term, no schedule.
     pub fn new(capacity_iops: f64, service: ServiceModel) -> Result<DeviceSpec, DeviceError> {
+        Self::scheduled(capacity_iops, service, &[])
+    }
+
+    /// A device of nominal capacity `capacity_iops` with `service` times whose capacity changes at
+    /// `steps`; FIFO, no transfer term.
+    pub fn scheduled(
+        capacity_iops: f64,
+        service: ServiceModel,
+        steps: &[CapacityStep],
+    ) -> Result<DeviceSpec, DeviceError> {
         DeviceParams {
             capacity_iops,
             service: service.name(),
@@ -299,7 +328,7 @@ impl DeviceSpec {
             disk: None,
             transfer_mb_s: None,
             discipline: None,
-            capacity_schedule: Vec::new(),
+            capacity_schedule: steps.to_vec(),
         }
         .validate()
         .map(|mut s| {
@@ -310,8 +339,15 @@ impl DeviceSpec {
 
     /// The scheduled capacity (IOPS) at time `t`.
     pub fn capacity_at(&self, t: Nanos) -> f64 {
-        self.schedule.iter().rev().find(|c| c.0 <= t).map_or(self.capacity_iops, |c| c.1)
+        capacity_at(&self.schedule, t)
     }
+}
+
+/// The capacity (IOPS) of `schedule` at time `t`: that of the last step at or before `t` (the first step's
+/// before it). `schedule` is a [`DeviceSpec::schedule`] (or a report's copy of one): sorted by time, not
+/// empty, its first step at 0.
+pub fn capacity_at(schedule: &[(Nanos, f64)], t: Nanos) -> f64 {
+    schedule.iter().rev().find(|c| c.0 <= t).map_or(schedule[0].1, |c| c.1)
 }
 
 /// `x.round() as u64` for a service time `x >= 1` ns: the one rounding rule of FIFO service times (round
@@ -411,7 +447,7 @@ impl Device {
     }
 
     /// Changes the capacity; it applies to services that start from now on (FIFO) or to requests that
-    /// arrive from now on (PS). The caller validates `iops` (positive, at most [`MAX_CAPACITY_IOPS`]).
+    /// arrive from now on (PS). The caller validates `iops` with [`check_capacity`].
     pub fn set_capacity(&mut self, iops: f64) {
         debug_assert!(iops > 0.0 && iops <= MAX_CAPACITY_IOPS);
         self.capacity = iops;
@@ -690,6 +726,15 @@ mod tests {
     }
 
     #[test]
+    fn a_disk_table_defaults_each_field_it_omits() {
+        let d: DiskParams = toml::from_str("seek_ms = 8").unwrap();
+        assert_eq!(d, DiskParams { seek_ms: 8.0, ..DiskParams::default() });
+        assert!(toml::from_str::<DiskParams>("seek = 8").unwrap_err().to_string().contains("unknown field `seek`"));
+        let c: CapacityStep = toml::from_str("at_s = 60\niops = 600").unwrap();
+        assert_eq!(c, CapacityStep { at_s: 60.0, iops: 600.0 });
+    }
+
+    #[test]
     fn bad_parameters_name_the_field() {
         let p = |service: &'static str| DeviceParams {
             capacity_iops: 100.0,
@@ -709,14 +754,21 @@ mod tests {
         assert_eq!(e.to_string(), "capacity_iops must be a positive number, got -5");
         let e = DeviceParams { uniform_spread: Some(2.0), ..p("uniform") }.validate().unwrap_err();
         assert!(e.to_string().contains("uniform_spread"));
-        let e = DeviceParams { capacity_schedule: vec![(5.0, 10.0), (2.0, 10.0)], ..p("exponential") }
-            .validate()
-            .unwrap_err();
+        let e = DeviceParams {
+            capacity_schedule: vec![CapacityStep { at_s: 5.0, iops: 10.0 }, CapacityStep { at_s: 2.0, iops: 10.0 }],
+            ..p("exponential")
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e, DeviceError::ScheduleOrder);
         let e = DeviceParams { discipline: Some("lifo"), ..p("exponential") }.validate().unwrap_err();
         assert!(e.to_string().contains("lifo"));
-        let s =
-            DeviceParams { capacity_schedule: vec![(0.0, 50.0), (10.0, 20.0)], ..p("exponential") }.validate().unwrap();
+        let s = DeviceParams {
+            capacity_schedule: vec![CapacityStep { at_s: 0.0, iops: 50.0 }, CapacityStep { at_s: 10.0, iops: 20.0 }],
+            ..p("exponential")
+        }
+        .validate()
+        .unwrap();
         assert_eq!(s.schedule, vec![(Nanos::ZERO, 50.0), (Nanos::from_secs(10), 20.0)]);
         assert_eq!(s.capacity_at(Nanos::from_secs(11)), 20.0);
         let d = Device::new(&s, 1);

@@ -365,10 +365,7 @@ impl Recorder {
                             return Vec::new();
                         }
                         (0..self.intervals)
-                            .map(|i| {
-                                let t = Nanos(i as u64 * self.interval);
-                                s.capacity.iter().rev().find(|c| c.0 <= t).map_or(s.capacity[0].1, |c| c.1)
-                            })
+                            .map(|i| crate::device::capacity_at(&s.capacity, Nanos(i as u64 * self.interval)))
                             .collect()
                     })
                     .collect(),

@@ -231,6 +231,27 @@ impl SchedSettingsFile {
     }
 }
 
+/// Both `cost_model` and `mclock.cost_model` were given ([`with_cost_model_shorthand`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cost_model is given twice (as cost_model and as mclock.cost_model)")]
+pub struct CostModelTwice;
+
+/// The `[mclock]` table (`mclock`, none = empty) with a file's top-level `cost_model` shorthand folded in:
+/// scenarios and rein.toml accept `cost_model` at the top as `[mclock] cost_model`, one or the other.
+pub fn with_cost_model_shorthand(
+    mclock: Option<&SchedSettingsFile>,
+    cost_model: Option<&CostModelFile>,
+) -> Result<SchedSettingsFile, CostModelTwice> {
+    let mut settings = mclock.cloned().unwrap_or_default();
+    if let Some(c) = cost_model {
+        if settings.cost_model.is_some() {
+            return Err(CostModelTwice);
+        }
+        settings.cost_model = Some(c.clone());
+    }
+    Ok(settings)
+}
+
 fn count_or_none(field: &'static str, v: &CountOrNone, none_means: &str) -> Result<Option<u32>, SettingsError> {
     match v {
         CountOrNone::Count(n) if (0..=MAX_COUNT_IOS).contains(n) => Ok(Some(*n as u32)),

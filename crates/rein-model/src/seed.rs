@@ -16,14 +16,19 @@ pub fn server_stream(index: usize) -> u64 {
 pub fn stream_seed(seed: u64, stream: u64) -> u128 {
     // splitmix64 of (seed, stream): independent, reproducible streams per entity.
     let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0xD1B5_4A32_D192_ED03);
-    let mut next = || {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = z;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^ (x >> 31)
-    };
-    ((next() as u128) << 64) | next() as u128
+    let hi = splitmix64(&mut z);
+    ((hi as u128) << 64) | splitmix64(&mut z) as u128
+}
+
+/// The next output of the splitmix64 generator whose state is `state` (advanced): the mix of
+/// [`stream_seed`] and of the workload generator's read-mix stream.
+#[inline]
+pub(crate) fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut x = *state;
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
 }
 
 /// The PCG stream `stream` under the run's `seed`.

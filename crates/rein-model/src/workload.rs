@@ -45,6 +45,7 @@ use crate::trace::TraceRecord;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::Nanos;
+use serde::Deserialize;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -140,65 +141,103 @@ pub struct WorkloadSpec {
     pub stop: Nanos,
 }
 
-/// A trace as configuration files name it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TraceParams<'a> {
-    /// The file; a relative path resolves against the `base` given to [`WorkloadParams::validate`].
-    pub path: &'a str,
-    /// disksim, csv or vscsi; default from the extension.
-    pub format: Option<&'a str>,
-    /// Keep only these device numbers (disksim; empty = all).
-    pub devices: &'a [u32],
-    /// Multiplier on inter-arrival times.
+/// `[tenants.workload.trace]` (the simulator) or `trace=` (`rein load`): the trace to replay, as written.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceParams {
+    /// The trace file; a relative path resolves against the `base` given to [`WorkloadParams::validate`]
+    /// (a scenario's directory).
+    pub path: String,
+    /// disksim | csv (cloudPhysics `version,time,op,size,lbn`) | vscsi (`ts_us,op,size_bytes,lbn`);
+    /// default from the extension (.trace = disksim, *.vscsi-us.csv = vscsi, .csv = csv).
+    pub format: Option<String>,
+    /// Keep only this device number (disksim). The caller resolves `device`, `devices` (and the
+    /// simulator's `routing.devices`) into the list it passes to [`WorkloadParams::validate`].
+    pub device: Option<u32>,
+    /// Keep only these device numbers (disksim).
+    pub devices: Option<Vec<u32>>,
+    /// Multiply inter-arrival times by this (0.5 = twice as fast; default 1).
+    #[serde(default = "default_time_scale")]
     pub time_scale: f64,
-    /// Replay again when the trace ends.
+    /// Replay the trace again from the start when it ends.
+    #[serde(default)]
     pub repeat: bool,
 }
 
+fn default_time_scale() -> f64 {
+    1.0
+}
+fn default_kind() -> String {
+    "closed".into()
+}
+fn default_outstanding() -> u32 {
+    32
+}
+fn default_size_kb() -> f64 {
+    4.0
+}
+fn default_pct() -> f64 {
+    100.0
+}
+fn default_span_gb() -> f64 {
+    10.0
+}
+
 /// A workload as configuration files write it (the simulator's `[tenants.workload]`, `rein load`'s
-/// job), validated once into a [`WorkloadSpec`] by [`WorkloadParams::validate`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct WorkloadParams<'a> {
-    /// closed, open, on_off, burst or trace.
-    pub kind: &'a str,
-    /// Closed: requests in flight (in all).
+/// `--job`), validated once into a [`WorkloadSpec`] by [`WorkloadParams::validate`]. One struct for both,
+/// so the names, defaults and checks cannot drift apart. A file must name the `kind`; every other field
+/// has the default of [`WorkloadParams::default`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadParams {
+    /// closed | open | on_off | burst | trace
+    pub kind: String,
+    /// closed: requests in flight (in all; default 32).
+    #[serde(default = "default_outstanding")]
     pub outstanding: u32,
-    /// Closed: requests in flight at each server instead.
+    /// closed: keep this many requests outstanding at *each* of the tenant's servers instead of one pool of
+    /// `outstanding` shared by them (a gateway with a per-server window, as in the dmClock and RBFQ papers'
+    /// clients); a completion at a server is replaced by a new request to the same server.
     pub outstanding_per_server: Option<u32>,
-    /// Open (and on_off with arrivals): Poisson rate.
+    /// open / on_off (open inside on periods): Poisson arrival rate.
     pub iops: Option<f64>,
-    /// Closed: think time (ms).
+    /// closed: think time (ms).
     pub think_ms: Option<f64>,
-    /// On_off: on period (s).
+    /// on_off: on period (s).
     pub on_s: Option<f64>,
-    /// On_off: off period (s).
+    /// on_off: off period (s).
     pub off_s: Option<f64>,
-    /// Burst: requests per burst.
+    /// burst: requests per burst.
     pub burst_count: Option<u32>,
-    /// Burst: time between bursts (ms).
+    /// burst: time between bursts (ms).
     pub burst_period_ms: Option<f64>,
-    /// Trace: the file and how to replay it.
-    pub trace: Option<TraceParams<'a>>,
-    /// Request size (KiB).
+    /// trace: the trace to replay.
+    pub trace: Option<TraceParams>,
+    /// Request size (KiB; default 4).
+    #[serde(default = "default_size_kb")]
     pub size_kb: f64,
-    /// Percentage of reads.
+    /// Percentage of reads (default 100).
+    #[serde(default = "default_pct")]
     pub read_pct: f64,
-    /// Percentage of random offsets.
+    /// Percentage of random offsets (default 100).
+    #[serde(default = "default_pct")]
     pub random_pct: f64,
-    /// Span of the offsets (GiB; at least 1 MiB is used).
+    /// Span of the offsets (GiB, default 10; at least 1 MiB is used).
+    #[serde(default = "default_span_gb")]
     pub span_gb: f64,
-    /// When the tenant starts issuing (s from the start of the run).
+    /// When the tenant starts issuing (s from the start of the run, default 0).
+    #[serde(default)]
     pub start_s: f64,
     /// Stop (s); default the end of the run.
     pub stop_s: Option<f64>,
 }
 
-impl Default for WorkloadParams<'_> {
+impl Default for WorkloadParams {
     /// A closed loop of 32 random 4 KiB reads over 10 GiB, from the start to the end.
     fn default() -> Self {
         WorkloadParams {
-            kind: "closed",
-            outstanding: 32,
+            kind: default_kind(),
+            outstanding: default_outstanding(),
             outstanding_per_server: None,
             iops: None,
             think_ms: None,
@@ -207,10 +246,10 @@ impl Default for WorkloadParams<'_> {
             burst_count: None,
             burst_period_ms: None,
             trace: None,
-            size_kb: 4.0,
-            read_pct: 100.0,
-            random_pct: 100.0,
-            span_gb: 10.0,
+            size_kb: default_size_kb(),
+            read_pct: default_pct(),
+            random_pct: default_pct(),
+            span_gb: default_span_gb(),
             start_s: 0.0,
             stop_s: None,
         }
@@ -247,10 +286,16 @@ fn positive(field: &str, v: f64) -> Result<f64, WorkloadError> {
     }
 }
 
-impl WorkloadParams<'_> {
+impl WorkloadParams {
     /// Validates into a [`WorkloadSpec`]; `duration` is the run's length (the default stop), `base` the
-    /// directory relative trace paths resolve against.
-    pub fn validate(&self, duration: Nanos, base: Option<&Path>) -> Result<WorkloadSpec, WorkloadError> {
+    /// directory relative trace paths resolve against, `devices` the trace device numbers to keep (empty:
+    /// all), as the caller resolved them from `trace.device`, `trace.devices` or its routing.
+    pub fn validate(
+        &self,
+        duration: Nanos,
+        base: Option<&Path>,
+        devices: &[u32],
+    ) -> Result<WorkloadSpec, WorkloadError> {
         let closed = || -> Result<WorkloadKind, WorkloadError> {
             if self.outstanding == 0 || self.outstanding > MAX_OUTSTANDING {
                 return Err(invalid(format!("outstanding must be in 1..={MAX_OUTSTANDING}")));
@@ -268,7 +313,7 @@ impl WorkloadParams<'_> {
             let iops = positive("workload.iops", self.iops.ok_or_else(|| invalid("open workload needs iops"))?)?;
             Ok(WorkloadKind::Open { iops })
         };
-        let kind = match self.kind {
+        let kind = match self.kind.as_str() {
             "closed" => closed()?,
             "open" => open()?,
             "on_off" => {
@@ -294,22 +339,22 @@ impl WorkloadParams<'_> {
             }
             "trace" => {
                 let t = self.trace.as_ref().ok_or_else(|| invalid("trace workload needs [tenants.workload.trace]"))?;
-                let mut path = std::path::PathBuf::from(t.path);
+                let mut path = std::path::PathBuf::from(&t.path);
                 if path.is_relative() {
                     if let Some(b) = base {
                         path = b.join(path);
                     }
                 }
-                let fmt = crate::trace::TraceFormat::resolve(t.format, &path)?;
-                let records = crate::trace::load(&path, fmt, t.devices)?;
+                let fmt = crate::trace::TraceFormat::resolve(t.format.as_deref(), &path)?;
+                let records = crate::trace::load(&path, fmt, devices)?;
                 if records.is_empty() {
                     return Err(invalid(format!(
                         "trace {} has no records (device filter {:?})",
                         path.display(),
-                        t.devices
+                        devices
                     )));
                 }
-                if let Some(d) = t.devices.iter().find(|&&d| !records.iter().any(|r| r.device == d)) {
+                if let Some(d) = devices.iter().find(|&&d| !records.iter().any(|r| r.device == d)) {
                     return Err(invalid(format!("trace.devices: device {d} has no records in {}", path.display())));
                 }
                 positive("trace.time_scale", t.time_scale)?;
@@ -411,7 +456,9 @@ const MIXED: u8 = 2;
 pub struct Generator {
     rng: Pcg64Mcg,
     next_seq_offset: u64,
-    span_bytes: u64,
+    /// Request-sized slots in the span (at least 1): where random offsets fall, and where sequential ones
+    /// wrap. Computed once; `next_io` would otherwise divide on every request.
+    slots: u64,
     random_frac: f64,
     cold: Box<Cold>,
     /// At most [`MAX_SIZE_BYTES`].
@@ -449,7 +496,7 @@ impl Generator {
         Generator {
             rng: Pcg64Mcg::new(seed),
             next_seq_offset: 0,
-            span_bytes: spec.span_bytes,
+            slots: (spec.span_bytes / spec.size_bytes.max(1)).max(1),
             random_frac: spec.random_frac,
             cold: Box::new(Cold {
                 think,
@@ -579,11 +626,11 @@ impl Generator {
         }
     }
 
-    /// Draws a generated request's offset and direction (`size` bytes).
+    /// Draws a generated request's offset and direction (its size is [`Generator::size_bytes`]).
     #[inline]
-    pub fn next_io(&mut self, size: u64) -> Io {
+    pub fn next_io(&mut self) -> Io {
         let random = self.random_frac >= 1.0 || (self.random_frac > 0.0 && self.rng.gen::<f64>() < self.random_frac);
-        let slots = (self.span_bytes / size.max(1)).max(1);
+        let (size, slots) = (self.size_bytes as u64, self.slots);
         let offset = if random { self.rng.gen_range(0..slots) * size } else { self.next_seq_offset % (slots * size) };
         self.next_seq_offset = offset + size;
         let read = match self.reads {
@@ -597,11 +644,7 @@ impl Generator {
     /// A read with probability `read_frac`, from the read-mix stream (splitmix64).
     fn draw_read(&mut self) -> bool {
         let cold = &mut self.cold;
-        cold.read_state = cold.read_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = cold.read_state;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 31;
+        let x = crate::seed::splitmix64(&mut cold.read_state);
         ((x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)) < cold.read_frac
     }
 
@@ -669,7 +712,7 @@ mod tests {
 
     #[test]
     fn the_generator_is_one_cache_line() {
-        // rng, seq offset, span, random fraction, the cold pointer, size, in-flight count and flags.
+        // rng, seq offset, slots, random fraction, the cold pointer, size, in-flight count and flags.
         assert_eq!(std::mem::size_of::<Generator>(), 64);
         assert_eq!(std::mem::align_of::<Generator>(), 64);
     }
@@ -682,7 +725,7 @@ mod tests {
         assert_eq!(g.begin(Nanos(0), &s), Begin::Fill);
         assert_eq!(g.deficit(None), 3);
         for _ in 0..3 {
-            g.next_io(4096);
+            g.next_io();
             g.issued();
         }
         assert_eq!(g.deficit(None), 0);
@@ -749,14 +792,14 @@ mod tests {
         s.random_frac = 0.0;
         s.span_bytes = 4096 * 4;
         let mut g = Generator::new(&s, 3);
-        let offs: Vec<u64> = (0..6).map(|_| g.next_io(4096).offset).collect();
+        let offs: Vec<u64> = (0..6).map(|_| g.next_io().offset).collect();
         assert_eq!(offs, vec![0, 4096, 8192, 12288, 0, 4096]);
         s.random_frac = 0.5;
         s.read_frac = 0.7;
         let mut g = Generator::new(&s, 3);
         let mut reads = 0;
         for _ in 0..10_000 {
-            let io = g.next_io(4096);
+            let io = g.next_io();
             assert!(io.offset < s.span_bytes && io.offset % 4096 == 0);
             reads += io.read as u32;
         }
@@ -771,7 +814,7 @@ mod tests {
         b.read_frac = 0.3;
         let (mut ga, mut gb) = (Generator::new(&a, 5), Generator::new(&b, 5));
         for _ in 0..1000 {
-            assert_eq!(ga.next_io(4096).offset, gb.next_io(4096).offset);
+            assert_eq!(ga.next_io().offset, gb.next_io().offset);
         }
     }
 
@@ -797,14 +840,28 @@ mod tests {
     }
 
     #[test]
+    fn a_table_naming_only_the_kind_is_the_default() {
+        let p: WorkloadParams = toml::from_str("kind = \"closed\"").unwrap();
+        assert_eq!(p, WorkloadParams::default());
+        let t: TraceParams = toml::from_str("path = \"x.trace\"").unwrap();
+        assert_eq!((t.time_scale, t.repeat, t.device, t.devices), (1.0, false, None, None));
+        assert!(toml::from_str::<WorkloadParams>("outstanding = 4").unwrap_err().to_string().contains("missing field"));
+        assert!(toml::from_str::<WorkloadParams>("kind = \"open\"\nrate = 4")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field"));
+    }
+
+    #[test]
     fn bad_parameters_name_the_field() {
-        let err = |p: WorkloadParams| p.validate(Nanos::from_secs(10), None).unwrap_err().to_string();
-        assert!(err(WorkloadParams { kind: "sometimes", ..Default::default() }).contains("workload kind \"sometimes\""));
-        assert!(err(WorkloadParams { kind: "open", ..Default::default() }).contains("open workload needs iops"));
+        let err = |p: WorkloadParams| p.validate(Nanos::from_secs(10), None, &[]).unwrap_err().to_string();
+        let kind = |k: &str| WorkloadParams { kind: k.into(), ..Default::default() };
+        assert!(err(kind("sometimes")).contains("workload kind \"sometimes\""));
+        assert!(err(kind("open")).contains("open workload needs iops"));
         assert!(err(WorkloadParams { outstanding: 0, ..Default::default() }).contains("outstanding must be in"));
         assert!(err(WorkloadParams { read_pct: 120.0, ..Default::default() }).contains("read_pct"));
         assert!(err(WorkloadParams { stop_s: Some(0.0), ..Default::default() }).contains("stop_s"));
-        let ok = WorkloadParams::default().validate(Nanos::from_secs(10), None).unwrap();
+        let ok = WorkloadParams::default().validate(Nanos::from_secs(10), None, &[]).unwrap();
         assert_eq!((ok.size_bytes, ok.stop), (4096, Nanos::from_secs(10)));
     }
 }

@@ -57,8 +57,8 @@
 use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
 use rein_core::{QosSpec, SchedConfig, SchedulerKind};
-use rein_model::device::{DeviceParams, DiskParams};
-use rein_model::sched_settings::{CostModelFile, SchedSettingsFile};
+use rein_model::device::{CapacityStep, DeviceParams, DiskParams};
+use rein_model::sched_settings::{with_cost_model_shorthand, CostModelFile, SchedSettingsFile};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -154,29 +154,13 @@ struct DeviceFile {
     #[serde(default = "d_service")]
     service: String,
     uniform_spread: Option<f64>,
-    disk: Option<DiskFile>,
+    disk: Option<DiskParams>,
     transfer_mb_s: Option<f64>,
     discipline: Option<String>,
     #[serde(default)]
-    capacity_schedule: Vec<StepFile>,
+    capacity_schedule: Vec<CapacityStep>,
     #[serde(default)]
     seed: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DiskFile {
-    seek_ms: Option<f64>,
-    rotation_ms: Option<f64>,
-    transfer_mb_s: Option<f64>,
-    sequential_kb: Option<f64>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StepFile {
-    at_s: f64,
-    iops: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -385,13 +369,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         return Err(format!("queue_depth must be in 1..=4096, got {}", f.queue_depth));
     }
     // `cost_model` at the top is a shorthand for `[mclock] cost_model` (as in a scenario); one of the two.
-    let mut settings = f.mclock.clone().unwrap_or_default();
-    if let Some(c) = &f.cost_model {
-        if settings.cost_model.is_some() {
-            return Err("cost_model is given twice (as cost_model and as mclock.cost_model)".into());
-        }
-        settings.cost_model = Some(c.clone());
-    }
+    let settings = with_cost_model_shorthand(f.mclock.as_ref(), f.cost_model.as_ref()).map_err(|e| e.to_string())?;
     let sched = settings.resolve().map_err(|e| e.to_string())?;
     let admission = match f.admission.as_deref() {
         None | Some("refuse") => Admission::Refuse,
@@ -412,20 +390,14 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         None => None,
         Some(d) => {
             // The simulator's device: the same fields, defaults and checks as a scenario's [[servers]].
-            let dd = DiskParams::default();
             let spec = DeviceParams {
                 capacity_iops: d.capacity_iops,
                 service: &d.service,
                 uniform_spread: d.uniform_spread,
-                disk: d.disk.as_ref().map(|k| DiskParams {
-                    seek_ms: k.seek_ms.unwrap_or(dd.seek_ms),
-                    rotation_ms: k.rotation_ms.unwrap_or(dd.rotation_ms),
-                    transfer_mb_s: k.transfer_mb_s.unwrap_or(dd.transfer_mb_s),
-                    sequential_kb: k.sequential_kb.unwrap_or(dd.sequential_kb),
-                }),
+                disk: d.disk,
                 transfer_mb_s: d.transfer_mb_s,
                 discipline: d.discipline.as_deref(),
-                capacity_schedule: d.capacity_schedule.iter().map(|c| (c.at_s, c.iops)).collect(),
+                capacity_schedule: d.capacity_schedule,
             }
             .validate()
             .map_err(|e| format!("device_model.{e}"))?;

@@ -20,7 +20,7 @@
 //! 2. A job's slot is reused only after it is answered.
 
 use rein_core::Nanos;
-use rein_model::device::{DeviceError, DeviceSpec, Job, Wake, MAX_CAPACITY_IOPS};
+use rein_model::device::{check_capacity, DeviceError, DeviceSpec, Job, Wake};
 use rein_model::seed::{server_stream, stream_seed};
 use rein_model::Device;
 
@@ -75,13 +75,7 @@ impl<T> ModelledDevice<T> {
 
     /// Changes the capacity until the schedule's next step (if any).
     pub(crate) fn set_capacity(&mut self, iops: f64) -> Result<(), DeviceError> {
-        if !(iops.is_finite() && iops > 0.0) {
-            return Err(DeviceError::NotPositive { field: "iops", value: iops });
-        }
-        if iops > MAX_CAPACITY_IOPS {
-            return Err(DeviceError::CapacityTooLarge);
-        }
-        self.device.set_capacity(iops);
+        self.device.set_capacity(check_capacity("iops", iops)?);
         Ok(())
     }
 
@@ -168,7 +162,7 @@ impl<T> ModelledDevice<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_model::device::{DeviceParams, ServiceModel};
+    use rein_model::device::{CapacityStep, ServiceModel};
 
     fn deterministic(iops: f64) -> DeviceConfig {
         DeviceConfig { spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(), seed: 1 }
@@ -198,17 +192,9 @@ mod tests {
 
     #[test]
     fn the_capacity_follows_its_schedule_and_an_operator() {
-        let spec = DeviceParams {
-            capacity_iops: 1000.0,
-            service: "deterministic",
-            uniform_spread: None,
-            disk: None,
-            transfer_mb_s: None,
-            discipline: None,
-            capacity_schedule: vec![(0.010, 500.0)],
-        }
-        .validate()
-        .unwrap();
+        let spec =
+            DeviceSpec::scheduled(1000.0, ServiceModel::Deterministic, &[CapacityStep { at_s: 0.010, iops: 500.0 }])
+                .unwrap();
         let mut d: ModelledDevice<u32> = ModelledDevice::new(&DeviceConfig { spec, seed: 1 });
         assert_eq!(d.next_deadline(), Some(Nanos::from_millis(10)), "the step");
         let mut ready = Vec::new();

@@ -467,7 +467,7 @@ fn issue(
         }
         None => {
             let size = st.gen.size_bytes();
-            let io = st.gen.next_io(size);
+            let io = st.gen.next_io();
             (io.offset, size, io.read)
         }
     };

@@ -1,7 +1,7 @@
 //! The dispatcher on tokio's paused (virtual) clock: QoS over the modelled device, data integrity, errors.
 use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::{QosSpec, SchedulerKind};
-use rein_model::device::{DeviceSpec, ServiceModel};
+use rein_model::device::{CapacityStep, DeviceSpec, ServiceModel};
 use rein_proto::ErrorKind;
 use rein_runtime::{
     DeviceConfig, DispatchConfig, Dispatcher, FileStorage, IoEngine, IoError, IoRequest, MemStorage, Op, Storage,
@@ -232,17 +232,11 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
 /// operator's change (to 500 at 4 s) holds until the next step (back to 1,000 at 6 s).
 #[tokio::test(start_paused = true)]
 async fn the_capacity_follows_the_schedule_and_the_operator() {
-    use rein_model::device::DeviceParams;
-    let spec = DeviceParams {
-        capacity_iops: 1000.0,
-        service: "deterministic",
-        uniform_spread: None,
-        disk: None,
-        transfer_mb_s: None,
-        discipline: None,
-        capacity_schedule: vec![(2.0, 250.0), (6.0, 1000.0)],
-    }
-    .validate()
+    let spec = DeviceSpec::scheduled(
+        1000.0,
+        ServiceModel::Deterministic,
+        &[CapacityStep { at_s: 2.0, iops: 250.0 }, CapacityStep { at_s: 6.0, iops: 1000.0 }],
+    )
     .unwrap();
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
     let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1 }), DispatchConfig::default());
@@ -294,17 +288,11 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
 /// values: §2.1 under overload (300 shared 150/0/100/50), eq. (1) after it (725/800/250/725).
 #[tokio::test(start_paused = true)]
 async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload() {
-    use rein_model::device::DeviceParams;
-    let spec = DeviceParams {
-        capacity_iops: 2000.0,
-        service: "deterministic",
-        uniform_spread: None,
-        disk: None,
-        transfer_mb_s: None,
-        discipline: None,
-        capacity_schedule: vec![(5.0, 300.0), (65.0, 2500.0)],
-    }
-    .validate()
+    let spec = DeviceSpec::scheduled(
+        2000.0,
+        ServiceModel::Deterministic,
+        &[CapacityStep { at_s: 5.0, iops: 300.0 }, CapacityStep { at_s: 65.0, iops: 2500.0 }],
+    )
     .unwrap();
     let specs = [
         QosSpec::new(300.0, None, 1.0, 0).unwrap(),

@@ -34,7 +34,7 @@ weight = 3
 "#;
 
 fn job(name: &str, p: WorkloadParams, seconds: f64) -> Job {
-    let workload = p.validate(Nanos::from_secs_f64(seconds), None).unwrap();
+    let workload = p.validate(Nanos::from_secs_f64(seconds), None, &[]).unwrap();
     Job { name: name.into(), export: name.into(), tenant: name.into(), connections: 2, workload }
 }
 
@@ -75,10 +75,15 @@ fn within(got: f64, want: f64, pct: f64) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workload_kinds_on_the_wire_with_the_servers_specs_and_phases() {
     let secs = 5.0;
-    let open = job("a", WorkloadParams { kind: "open", iops: Some(300.0), ..Default::default() }, secs);
+    let open = job("a", WorkloadParams { kind: "open".into(), iops: Some(300.0), ..Default::default() }, secs);
     let burst = job(
         "b",
-        WorkloadParams { kind: "burst", burst_count: Some(20), burst_period_ms: Some(100.0), ..Default::default() },
+        WorkloadParams {
+            kind: "burst".into(),
+            burst_count: Some(20),
+            burst_period_ms: Some(100.0),
+            ..Default::default()
+        },
         secs,
     );
     let t = load(vec![open, burst], secs, true, rein_runtime::load::MAX_PENDING).await;
@@ -109,7 +114,13 @@ async fn without_the_admin_endpoint_specs_and_phases_are_unknown_not_invented() 
     let closed = job("a", WorkloadParams { outstanding: 4, ..Default::default() }, secs);
     let on_off = job(
         "b",
-        WorkloadParams { kind: "on_off", on_s: Some(0.5), off_s: Some(0.5), outstanding: 8, ..Default::default() },
+        WorkloadParams {
+            kind: "on_off".into(),
+            on_s: Some(0.5),
+            off_s: Some(0.5),
+            outstanding: 8,
+            ..Default::default()
+        },
         secs,
     );
     let t = load(vec![closed, on_off], secs, false, rein_runtime::load::MAX_PENDING).await;
@@ -131,7 +142,7 @@ async fn open_arrivals_beyond_the_pending_bound_are_dropped_and_counted() {
     // 20,000 arrivals per second at a tenant limited to 600 IOPS: the queue grows until the bound (50 here)
     // and arrivals beyond it are counted as rejected, not buffered.
     let secs = 2.0;
-    let flood = job("b", WorkloadParams { kind: "open", iops: Some(20_000.0), ..Default::default() }, secs);
+    let flood = job("b", WorkloadParams { kind: "open".into(), iops: Some(20_000.0), ..Default::default() }, secs);
     let t = load(vec![flood], secs, false, 50).await;
     let b = &t.summary.tenants[0];
     assert!(b.rejected > 10_000, "{} rejected", b.rejected);

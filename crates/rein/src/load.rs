@@ -132,16 +132,11 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     // A closed loop keeps `depth` requests outstanding per connection.
     p.outstanding = depth.saturating_mul(conns as u32);
     p.size_kb = size as f64 / 1024.0;
-    p.kind = &kind;
-    p.trace = trace.as_deref().map(|path| TraceParams {
-        path,
-        format: trace_format.as_deref(),
-        devices: &[],
-        time_scale,
-        repeat,
-    });
+    p.kind = kind;
+    p.trace =
+        trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
     let to_nanos = |d: Duration| rein_core::Nanos(d.as_nanos().min(u64::MAX as u128) as u64);
-    let workload = p.validate(to_nanos(duration), None).with_context(|| format!("job {name}"))?;
+    let workload = p.validate(to_nanos(duration), None, &[]).with_context(|| format!("job {name}"))?;
     Ok(Job { name, export, tenant, connections: conns, workload })
 }
 

@@ -385,7 +385,7 @@ impl<'a> Sim<'a> {
     fn issue(&mut self, t: usize, k: Option<usize>) {
         let gen = &mut self.tenants[t].gen;
         let size = gen.size_bytes();
-        let io = gen.next_io(size);
+        let io = gen.next_io();
         self.send(t, size, io.offset, k);
     }
 

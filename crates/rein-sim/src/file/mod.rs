@@ -7,7 +7,9 @@
 pub mod parda;
 pub mod pshift;
 
+use rein_model::device::{CapacityStep, DiskParams};
 use rein_model::sched_settings::SchedSettingsFile;
+use rein_model::workload::WorkloadParams;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,21 +46,6 @@ fn default_depth() -> u32 {
 }
 fn default_service() -> String {
     "exponential".into()
-}
-fn default_outstanding() -> u32 {
-    32
-}
-fn default_size_kb() -> f64 {
-    4.0
-}
-fn default_pct() -> f64 {
-    100.0
-}
-fn default_span_gb() -> f64 {
-    10.0
-}
-fn default_one() -> f64 {
-    1.0
 }
 
 /// A whole scenario file.
@@ -140,46 +127,6 @@ pub struct NetworkFile {
     pub delay_ms: f64,
 }
 
-/// A step of `capacity_schedule`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CapacityStep {
-    /// From when (s).
-    pub at_s: f64,
-    /// The capacity from then on (IOPS).
-    pub iops: f64,
-}
-
-/// `disk = { .. }`: the position-dependent service model.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiskFile {
-    /// Average seek time for a random access (ms); scaled by sqrt(distance / span).
-    #[serde(default = "default_seek_ms")]
-    pub seek_ms: f64,
-    /// Full rotation time (ms); a random access waits a uniform fraction of it.
-    #[serde(default = "default_rotation_ms")]
-    pub rotation_ms: f64,
-    /// Media transfer rate (MB/s).
-    #[serde(default = "default_transfer")]
-    pub transfer_mb_s: f64,
-    /// Accesses closer than this to the previous one are sequential: no seek, no rotation (KiB).
-    #[serde(default = "default_seq_kb")]
-    pub sequential_kb: f64,
-}
-fn default_seek_ms() -> f64 {
-    4.0
-}
-fn default_rotation_ms() -> f64 {
-    4.0
-}
-fn default_transfer() -> f64 {
-    100.0
-}
-fn default_seq_kb() -> f64 {
-    64.0
-}
-
 /// `[[servers]]`: a scheduler in front of a device.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -195,14 +142,14 @@ pub struct ServerFile {
     pub uniform_spread: Option<f64>,
     /// Optional transfer rate: adds size / rate to each service time (size-dependent cost).
     pub transfer_mb_s: Option<f64>,
-    /// The disk model's parameters (service = "disk").
-    pub disk: Option<DiskFile>,
+    /// The disk model's parameters (service = "disk"): rein-model's [`DiskParams`].
+    pub disk: Option<DiskParams>,
     /// D: requests the scheduler keeps outstanding at the device (default 32, at most 65,536).
     #[serde(default = "default_depth")]
     pub queue_depth: u32,
     /// This server's scheduler (default: the scenario's).
     pub scheduler: Option<String>,
-    /// Capacity changes over time.
+    /// Capacity changes over time: rein-model's [`CapacityStep`]s.
     #[serde(default)]
     pub capacity_schedule: Vec<CapacityStep>,
     /// Scheduler settings for this server, over the scenario's `[mclock]` field by field (`mclock = { .. }`
@@ -242,8 +189,9 @@ pub struct TenantFile {
     pub server_reservations: BTreeMap<String, f64>,
     /// How requests pick a server: by offset striping (default) or by shares.
     pub routing: Option<RoutingFile>,
-    /// `[tenants.workload]`.
-    pub workload: WorkloadFile,
+    /// `[tenants.workload]`: rein-model's [`WorkloadParams`] (the same table as `rein load`'s jobs); its
+    /// `trace.device` / `trace.devices` are resolved with `routing.devices` by the model layer.
+    pub workload: WorkloadParams,
     /// A VM on this PARDA host (`[[hosts]]`): its requests go through the host's window to its array.
     pub host: Option<String>,
     /// dmClock: how the tenant's gateway tells each server its part of the reservation: "spread"
@@ -274,73 +222,6 @@ pub enum RoutingFile {
         /// Stripe size (KiB).
         stripe_kb: f64,
     },
-}
-
-/// `[tenants.workload.trace]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TraceFile {
-    /// The trace file; relative to the scenario file's directory.
-    pub path: String,
-    /// disksim | csv (cloudPhysics `version,time,op,size,lbn`) | vscsi (`ts_us,op,size_bytes,lbn`);
-    /// default from the extension (.trace = disksim, *.vscsi-us.csv = vscsi, .csv = csv).
-    pub format: Option<String>,
-    /// Keep only this device number (disksim).
-    pub device: Option<u32>,
-    /// Keep only these device numbers (disksim).
-    pub devices: Option<Vec<u32>>,
-    /// Multiply inter-arrival times by this (0.5 = twice as fast).
-    #[serde(default = "default_one")]
-    pub time_scale: f64,
-    /// Replay the trace again from the start when it ends.
-    #[serde(default)]
-    pub repeat: bool,
-}
-
-/// `[tenants.workload]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkloadFile {
-    /// closed | open | on_off | burst | trace
-    pub kind: String,
-    /// closed: requests in flight.
-    #[serde(default = "default_outstanding")]
-    pub outstanding: u32,
-    /// closed: keep this many requests outstanding at *each* of the tenant's servers instead of one pool of
-    /// `outstanding` shared by them (a gateway with a per-server window, as in the dmClock and RBFQ papers'
-    /// clients); a completion at a server is replaced by a new request to the same server.
-    pub outstanding_per_server: Option<u32>,
-    /// open / on_off (open inside on periods): Poisson arrival rate.
-    pub iops: Option<f64>,
-    /// closed: think time (ms).
-    pub think_ms: Option<f64>,
-    /// on_off: on period (s).
-    pub on_s: Option<f64>,
-    /// on_off: off period (s).
-    pub off_s: Option<f64>,
-    /// burst: requests per burst.
-    pub burst_count: Option<u32>,
-    /// burst: time between bursts (ms).
-    pub burst_period_ms: Option<f64>,
-    /// trace: the trace to replay.
-    pub trace: Option<TraceFile>,
-    /// Request size (KiB).
-    #[serde(default = "default_size_kb")]
-    pub size_kb: f64,
-    /// Percentage of reads.
-    #[serde(default = "default_pct")]
-    pub read_pct: f64,
-    /// Percentage of random offsets.
-    #[serde(default = "default_pct")]
-    pub random_pct: f64,
-    /// Span of the offsets (GiB).
-    #[serde(default = "default_span_gb")]
-    pub span_gb: f64,
-    /// When the tenant starts issuing (s, default 0).
-    #[serde(default)]
-    pub start_s: f64,
-    /// Stop (s; default the end).
-    pub stop_s: Option<f64>,
 }
 
 /// `[[expect]]`: one expectation `--check` verifies.

@@ -18,6 +18,7 @@ pub use tenant::Tenant;
 
 use crate::file::{FileError, ScenarioFile};
 use rein_core::{Nanos, SchedConfig, SchedulerKind};
+use rein_model::sched_settings::with_cost_model_shorthand;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -173,13 +174,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         return Err(format!("duration_s / interval_s exceeds {MAX_INTERVALS} intervals"));
     }
     // `cost_model` at the top is a shorthand for `[mclock] cost_model`; one of the two.
-    let mut settings = file.mclock.clone().unwrap_or_default();
-    if let Some(c) = &file.cost_model {
-        if settings.cost_model.is_some() {
-            return Err("cost_model is given twice (as cost_model and as mclock.cost_model)".into());
-        }
-        settings.cost_model = Some(c.clone());
-    }
+    let settings =
+        with_cost_model_shorthand(file.mclock.as_ref(), file.cost_model.as_ref()).map_err(|e| e.to_string())?;
     let sched = settings.resolve().map_err(|e| e.to_string())?;
     let net = file.network.delay_ms;
     if !net.is_finite() || !(0.0..=10_000.0).contains(&net) {

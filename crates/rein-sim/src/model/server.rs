@@ -2,7 +2,7 @@
 
 use crate::file::ServerFile;
 use rein_core::{SchedConfig, SchedulerKind};
-use rein_model::device::{DeviceParams, DeviceSpec, DiskParams};
+use rein_model::device::{DeviceParams, DeviceSpec};
 use rein_model::sched_settings::SchedSettingsFile;
 
 /// Largest queue depth D.
@@ -50,15 +50,10 @@ pub(crate) fn validate_server(
         capacity_iops: s.capacity_iops,
         service: &s.service,
         uniform_spread: s.uniform_spread,
-        disk: s.disk.as_ref().map(|d| DiskParams {
-            seek_ms: d.seek_ms,
-            rotation_ms: d.rotation_ms,
-            transfer_mb_s: d.transfer_mb_s,
-            sequential_kb: d.sequential_kb,
-        }),
+        disk: s.disk,
         transfer_mb_s: s.transfer_mb_s,
         discipline: s.discipline.as_deref(),
-        capacity_schedule: s.capacity_schedule.iter().map(|c| (c.at_s, c.iops)).collect(),
+        capacity_schedule: s.capacity_schedule.clone(),
     }
     .validate()
     .map_err(|e| format!("server {n}: {e}"))?;

@@ -2,10 +2,10 @@
 //! servers, and a workload (from rein-model).
 
 use super::server::Server;
-use crate::file::{RoutingFile, TenantFile, WorkloadFile};
+use crate::file::{RoutingFile, TenantFile};
 use rein_core::sched::dmclock::{DEFAULT_SPREAD_WINDOW_IOS, MAX_SPREAD_WINDOW_IOS};
 use rein_core::{Nanos, QosSpec, ReservationSplit};
-use rein_model::workload::{TraceParams, WorkloadParams, WorkloadSpec};
+use rein_model::workload::WorkloadSpec;
 use rein_model::Routing;
 use std::path::Path;
 
@@ -136,8 +136,7 @@ pub(crate) fn validate_tenant(
         }
     };
     let devices = trace_devices(t)?;
-    let workload =
-        workload_params(&t.workload, &devices).validate(duration, base).map_err(|e| format!("tenant {n}: {e}"))?;
+    let workload = t.workload.validate(duration, base, &devices).map_err(|e| format!("tenant {n}: {e}"))?;
     let reservation_split = reservation_split(t).map_err(|e| format!("tenant {n}: {e}"))?;
     Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload, host: None, reservation_split })
 }
@@ -182,33 +181,5 @@ fn trace_devices(t: &TenantFile) -> Result<Vec<u32>, String> {
             Ok(v.clone())
         }
         (None, None) => Ok(Vec::new()),
-    }
-}
-
-/// A `[tenants.workload]` table as the model's workload parameters.
-fn workload_params<'a>(w: &'a WorkloadFile, devices: &'a [u32]) -> WorkloadParams<'a> {
-    WorkloadParams {
-        kind: &w.kind,
-        outstanding: w.outstanding,
-        outstanding_per_server: w.outstanding_per_server,
-        iops: w.iops,
-        think_ms: w.think_ms,
-        on_s: w.on_s,
-        off_s: w.off_s,
-        burst_count: w.burst_count,
-        burst_period_ms: w.burst_period_ms,
-        trace: w.trace.as_ref().map(|t| TraceParams {
-            path: &t.path,
-            format: t.format.as_deref(),
-            devices,
-            time_scale: t.time_scale,
-            repeat: t.repeat,
-        }),
-        size_kb: w.size_kb,
-        read_pct: w.read_pct,
-        random_pct: w.random_pct,
-        span_gb: w.span_gb,
-        start_s: w.start_s,
-        stop_s: w.stop_s,
     }
 }
