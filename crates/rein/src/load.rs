@@ -135,8 +135,8 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     p.kind = kind;
     p.trace =
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
-    let to_nanos = |d: Duration| rein_core::Nanos(d.as_nanos().min(u64::MAX as u128) as u64);
-    let workload = p.validate(to_nanos(duration), None, &[]).with_context(|| format!("job {name}"))?;
+    let workload =
+        p.validate(rein_core::Nanos::from_duration(duration), None, &[]).with_context(|| format!("job {name}"))?;
     Ok(Job { name, export, tenant, connections: conns, workload })
 }
 
@@ -157,9 +157,7 @@ pub(crate) fn print_summary(totals: &RunTotals) {
     );
     for t in &totals.summary.tenants {
         let opt = |v: Option<f64>, none: &str| v.map_or(none.to_string(), |x| format!("{x}"));
-        let resv = t.phase.as_ref().map_or("?".into(), |p| {
-            format!("{:.0}%", 100.0 * p.reservation as f64 / (p.reservation + p.weight + p.over_limit).max(1) as f64)
-        });
+        let resv = t.phase.as_ref().map_or("?".into(), |p| format!("{:.0}%", 100.0 * p.reservation_fraction()));
         println!(
             "{:<12} {:>7} {:>7} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7}",
             t.name,

@@ -114,10 +114,7 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
         "tenant", "r", "l", "w", "IOPS", "oracle", "MB/s", "lat ms", "p99 ms", "max ms", "resv%"
     ));
     for (i, t) in s.tenants.iter().enumerate().take(40) {
-        let resv = t.phase.as_ref().map(|p| {
-            let total = (p.reservation + p.weight + p.over_limit).max(1) as f64;
-            format!("{:>5.0}%", 100.0 * p.reservation as f64 / total)
-        });
+        let resv = t.phase.as_ref().map(|p| format!("{:>5.0}%", 100.0 * p.reservation_fraction()));
         out.push_str(&format!(
             "{:<14} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
             truncate(&t.name, 14),

@@ -62,6 +62,13 @@ pub struct PhaseCounts {
     pub over_limit: u64,
 }
 
+impl PhaseCounts {
+    /// The share of IOs served by reservation (0 when none was served).
+    pub fn reservation_fraction(&self) -> f64 {
+        self.reservation as f64 / (self.reservation + self.weight + self.over_limit).max(1) as f64
+    }
+}
+
 /// One tenant over the run after the warm-up.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct TenantSummary {
