@@ -36,16 +36,23 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(rein_core::Nanos)) -> Result<
 }
 
 /// Runs `sc` and checks its expectations, running the baseline the checks ask for (the no-PARDA twin
-/// for `uncontrolled` targets) too.
+/// for `uncontrolled` targets) too. With PARDA already off the twin is `sc` itself: its run is the
+/// baseline, not run again.
 pub fn run_and_check(
     sc: &Scenario,
     progress: &mut dyn FnMut(rein_core::Nanos),
 ) -> Result<(RunTotals, Vec<check::CheckResult>), SimError> {
     let totals = run(sc, progress)?;
+    let twin;
     let baseline = match check::baseline_scenario(sc) {
-        Some(b) => Some(run(&b, &mut |_| {})?),
         None => None,
+        // PARDA already off: the twin is `sc` itself, and `totals` its run.
+        Some(_) if !sc.parda.as_ref().is_some_and(|p| p.enabled) => Some(&totals),
+        Some(b) => {
+            twin = run(&b, &mut |_| {})?;
+            Some(&twin)
+        }
     };
-    let results = check::check(sc, &totals, baseline.as_ref());
+    let results = check::check(sc, &totals, baseline);
     Ok((totals, results))
 }

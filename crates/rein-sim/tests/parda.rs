@@ -1,12 +1,11 @@
 //! PARDA in the simulator: scenario validation (bad parameters get clear errors), determinism of the host
 //! outputs, and host-layer behaviour the paper scenarios do not isolate (a fixed window really bounds
 //! what reaches the array, mClock as the local scheduler, aggregation delay and the summary).
+mod common;
+
+use common::err;
 use rein_model::report::hosts::{HostMetric, HostSubject};
 use rein_sim::{run, run_and_check, Scenario};
-
-fn err(toml: &str) -> String {
-    Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
-}
 
 const BASE: &str = r#"
 name = "p"

@@ -1,5 +1,8 @@
 //! pShift clusters in the simulator: the `[pshift]` section's validation, determinism, and the controller
 //! making a difference on a small cluster.
+mod common;
+
+use common::err;
 use rein_model::report::PeriodMetric;
 use rein_sim::check::check;
 use rein_sim::{run, Scenario};
@@ -39,10 +42,6 @@ threshold_pct = 95
 window = [0.2, 2.2]
 above = 0.0
 "#;
-
-fn err(toml: &str) -> String {
-    Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
-}
 
 #[test]
 fn bad_pshift_sections_are_named() {

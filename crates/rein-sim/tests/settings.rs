@@ -1,12 +1,11 @@
 //! Scheduler settings (`[mclock]`) in scenarios: parsing, inheritance from the scenario to its servers,
 //! errors naming the field, and a setting that changes what a run does (issue 11, point 3).
+mod common;
+
+use common::err;
 use rein_core::{CostModel, LimitMode, ReservationLag, SchedConfig};
 use rein_sim::{run, Scenario};
 use std::path::Path;
-
-fn err(toml: &str) -> String {
-    Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
-}
 
 const BASE: &str = r#"
 name = "t"

@@ -1,9 +1,8 @@
 //! Bad scenarios get clear errors naming what is wrong.
-use rein_sim::Scenario;
+mod common;
 
-fn err(toml: &str) -> String {
-    Scenario::from_toml(toml, None).expect_err("should be rejected").to_string()
-}
+use common::err;
+use rein_sim::Scenario;
 
 const BASE: &str = r#"
 name = "t"

@@ -68,10 +68,7 @@ fn sweep(a: &SweepArgs) -> Result<()> {
     if a.runs == 0 || a.runs > 100 {
         bail!("--runs must be in 1..=100");
     }
-    let text = std::fs::read_to_string(&a.scenario)
-        .with_context(|| format!("cannot read scenario {}", a.scenario.display()))?;
-    let file =
-        rein_sim::file::ScenarioFile::parse(&text).with_context(|| format!("scenario {}", a.scenario.display()))?;
+    let file = rein_sim::file::ScenarioFile::read(&a.scenario)?;
     if file.pshift.as_ref().and_then(|p| p.generate.as_ref()).is_none() {
         bail!("{}: the sweep needs a scenario with [pshift.generate]", a.scenario.display());
     }

@@ -49,26 +49,21 @@ impl Sabotage {
     /// `sc` run by the wrong scheduler, or `None` when this sabotage changes nothing in `sc` (a FIFO
     /// scenario run by FIFO, PARDA already off, no distributed server, no pShift controller).
     pub fn apply(self, sc: &Scenario) -> Option<Scenario> {
-        let mut s = sc.clone();
         match self {
             Sabotage::Fifo => {
-                if s.pshift.is_some() {
+                if sc.pshift.is_some() {
                     return None;
                 }
-                let mut changed = false;
-                for srv in &mut s.servers {
-                    changed |= srv.scheduler != SchedulerKind::Fifo;
-                    srv.scheduler = SchedulerKind::Fifo;
-                    srv.distributed = false;
-                }
+                let changed = sc.servers.iter().any(|srv| srv.scheduler != SchedulerKind::Fifo)
+                    || sc.parda.as_ref().is_some_and(|p| p.local_scheduler != SchedulerKind::Fifo);
+                let mut s = sc.with_scheduler(SchedulerKind::Fifo, false);
                 if let Some(p) = &mut s.parda {
-                    changed |= p.local_scheduler != SchedulerKind::Fifo;
                     p.local_scheduler = SchedulerKind::Fifo;
                 }
-                s.scheduler_name = SchedulerKind::Fifo.name().to_string();
                 changed.then_some(s)
             }
             Sabotage::NoDeltaRho => {
+                let mut s = sc.clone();
                 let mut changed = false;
                 for srv in &mut s.servers {
                     changed |= srv.distributed;
@@ -77,10 +72,11 @@ impl Sabotage {
                 changed.then_some(s)
             }
             Sabotage::FixedWindow => {
-                let on = s.parda.as_ref().is_some_and(|p| p.enabled) && s.hosts.iter().any(|h| h.controlled);
-                on.then(|| s.without_parda())
+                let on = sc.parda.as_ref().is_some_and(|p| p.enabled) && sc.hosts.iter().any(|h| h.controlled);
+                on.then(|| sc.without_parda())
             }
             Sabotage::NoController | Sabotage::NoShift => {
+                let mut s = sc.clone();
                 let ps = s.pshift.as_mut().filter(|p| p.controller)?;
                 let ps = Arc::make_mut(ps);
                 if self == Sabotage::NoController {

@@ -8,7 +8,8 @@
 //! - **Tenants**: each has a workload generator (rein-model's [`Generator`]) and, in front of the servers,
 //!   a gateway: it routes each request (by offset striping or by shares, or keeps a window per server),
 //!   and for distributed schedulers (dmclock, rbfq, dtfq) keeps a [`ServiceTracker`] whose delta/rho ride
-//!   on every request. Gateway and server are `net_delay` apart each way.
+//!   on every request. Gateway and server are `net_delay` apart each way. pShift buckets have neither:
+//!   the cluster layer drives them.
 //! - **Layers**: PARDA hosts (`engine/parda.rs`): a tenant that is a VM on a host sends its requests to the host's
 //!   local scheduler, which releases them to its array within its window and sees their completions;
 //!   host periods are events. A pShift cluster (`engine/pshift.rs`): buckets' demand phases and arrival streams,
@@ -117,7 +118,9 @@ struct Sim<'a> {
     now: Nanos,
     events: Events<Kind>,
     servers: Vec<Server>,
+    /// Per tenant, its gateway and generator (empty in a pShift cluster, whose layer drives its buckets).
     tenants: Vec<TenantState>,
+    /// The tenants' links (empty in a pShift cluster).
     links: Vec<Link>,
     reqs: Vec<Req>,
     free: Vec<u32>,
@@ -136,23 +139,19 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<Recording, 
 impl<'a> Sim<'a> {
     fn new(sc: &'a Scenario) -> Result<Sim<'a>, SimError> {
         let err = |m: String| SimError::Setup(sc.name.clone(), m);
+        // Every server's scheduler holds up to the scenario's tenant (or bucket) count.
+        let limits = Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() };
         let mut servers = Vec::with_capacity(sc.servers.len());
         for (i, s) in sc.servers.iter().enumerate() {
             let sched = match &sc.pshift {
                 Some(ps) => {
-                    let config = SchedConfig {
-                        limits: Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() },
-                        ..SchedConfig::default()
-                    };
+                    let config = SchedConfig { limits, ..SchedConfig::default() };
                     let ts = if ps.weighted { TokenScheduler::weighted(config) } else { TokenScheduler::new(config) };
                     Sched::Token(Box::new(ts))
                 }
                 None => {
                     // The server's `[mclock]` settings, with the scenario's tenant bound.
-                    let config = SchedConfig {
-                        limits: Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() },
-                        ..s.sched
-                    };
+                    let config = SchedConfig { limits, ..s.sched };
                     // A spec's limit is in the scenario's cost units for every scheduler (RBFQ's too).
                     Sched::Plain(s.scheduler.build(config))
                 }
@@ -160,32 +159,32 @@ impl<'a> Sim<'a> {
             let device = Device::new(&s.device, stream_seed(sc.seed, server_stream(i)));
             servers.push(Server::new(sched, s.queue_depth, device));
         }
-        let mut tenants = Vec::with_capacity(sc.tenants.len());
+        // Gateways and generators; pShift buckets have none: the cluster layer drives them and adds them
+        // to servers as their demand moves.
+        let mut tenants = Vec::new();
         let mut links = Vec::new();
-        for (ti, t) in sc.tenants.iter().enumerate() {
-            let first_link =
-                u32::try_from(links.len()).map_err(|_| err("more than 2^32 tenant-server pairs".into()))?;
-            if sc.pshift.is_none() {
-                // pShift buckets reach servers as their demand moves (the cluster layer adds them).
+        if sc.pshift.is_none() {
+            tenants.reserve_exact(sc.tenants.len());
+            for (ti, t) in sc.tenants.iter().enumerate() {
+                let first_link =
+                    u32::try_from(links.len()).map_err(|_| err("more than 2^32 tenant-server pairs".into()))?;
                 for (k, &si) in t.servers.iter().enumerate() {
-                    let srv = &mut servers[si];
-                    let id = srv
+                    let id = servers[si]
                         .sched
                         .get()
                         .add_tenant(t.server_specs[k])
                         .map_err(|e| err(format!("tenant {}: {e}", t.name)))?;
-                    srv.map_slot(id, ti as u32);
                     links.push(Link { id, server: si as u32, in_flight: 0 });
                 }
+                let distributed = t.servers.iter().any(|&s| sc.servers[s].distributed) && t.servers.len() > 1;
+                tenants.push(TenantState {
+                    router: Router::new(&t.routing, t.servers.len()),
+                    first_link,
+                    tracker: distributed
+                        .then(|| Box::new(ServiceTracker::with_split(t.servers.len(), t.reservation_split))),
+                    gen: Generator::new(&t.workload, stream_seed(sc.seed, ti as u64)),
+                });
             }
-            let distributed = t.servers.iter().any(|&s| sc.servers[s].distributed) && t.servers.len() > 1;
-            tenants.push(TenantState {
-                router: Router::new(&t.routing, t.servers.len()),
-                first_link,
-                tracker: distributed
-                    .then(|| Box::new(ServiceTracker::with_split(t.servers.len(), t.reservation_split))),
-                gen: Generator::new(&t.workload, stream_seed(sc.seed, ti as u64)),
-            });
         }
         let rec = Recorder::new(sc.tenants.len(), sc.servers.len(), sc.duration, sc.interval, sc.warmup)
             .map_err(|e| err(e.to_string()))?;
@@ -497,7 +496,8 @@ impl<'a> Sim<'a> {
         let (t, s, k) = (r.tenant as usize, r.server as usize, r.k as usize);
         // The gateway's tracker fills delta/rho as the request leaves it; with a network delay, completions
         // that reach the gateway meanwhile are counted in the next request (the paper's bounded staleness).
-        let piggyback = match &mut self.tenants[t].tracker {
+        // pShift buckets have no gateway, hence no tracker.
+        let piggyback = match self.tenants.get_mut(t).and_then(|ts| ts.tracker.as_mut()) {
             Some(tr) if self.sc.servers[s].distributed => tr.prepare(k).expect("k < servers"),
             _ => Piggyback::default(),
         };

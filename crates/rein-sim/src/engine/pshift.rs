@@ -29,9 +29,10 @@ use crate::model::Scenario;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{
-    BucketQos, BucketReport, Controller, ControllerConfig, ServerReport, SolveOptions, TokenMessage, Tokens,
+    BucketQos, BucketReport, Controller, ControllerConfig, ServerReport, SolveOptions, TokenMessage, TokenScheduler,
+    Tokens,
 };
-use rein_core::{Nanos, TenantId};
+use rein_core::{Nanos, QosSpec, TenantId};
 use rein_model::seed::stream_seed;
 use rein_model::workload::poisson_gap;
 use std::cmp::Reverse;
@@ -54,13 +55,14 @@ struct ClusterServer {
     last_report: Nanos,
     /// Whether a token message has reached it.
     heard: bool,
+    /// Scheduler slot -> bucket index (`u32::MAX`: no bucket).
+    tenant_of_slot: Vec<u32>,
 }
 
 /// A bucket's state.
 struct Bucket {
     rng: Pcg64Mcg,
     phase: usize,
-    generation: u32,
     /// (server, id in its scheduler) for every server the bucket has sent to (a few dozen at most).
     ids: Vec<(u32, TenantId)>,
     /// Closed loops: requests in flight per server.
@@ -90,7 +92,6 @@ impl<'a> Cluster<'a> {
             .map(|(i, p)| Bucket {
                 rng: Pcg64Mcg::new(stream_seed(sc.seed, i as u64)),
                 phase: 0,
-                generation: 0,
                 ids: Vec::new(),
                 in_flight: if matches!(p.load, BucketLoad::Closed { .. }) {
                     vec![0; sc.servers.len()]
@@ -132,6 +133,7 @@ impl<'a> Cluster<'a> {
                     busy_ns: 0,
                     last_report: Nanos::ZERO,
                     heard: false,
+                    tenant_of_slot: Vec::new(),
                 })
                 .collect(),
             buckets,
@@ -164,6 +166,21 @@ impl<'a> Cluster<'a> {
     fn plan(&self, i: usize) -> &'a BucketPlan {
         &self.ps.buckets[i]
     }
+
+    /// Records that slot `id` of server `j`'s scheduler is bucket `i`.
+    fn map_slot(&mut self, j: usize, id: TenantId, i: u32) {
+        let slots = &mut self.servers[j].tenant_of_slot;
+        if slots.len() <= id.index() {
+            slots.resize(id.index() + 1, u32::MAX);
+        }
+        slots[id.index()] = i;
+    }
+}
+
+/// Leaves bucket `id` (QoS `spec`) with no tokens: R = 0 and, if it is limited, L = 0.
+fn no_tokens(ts: &mut TokenScheduler, id: TenantId, spec: &QosSpec) {
+    let l = if spec.limit().is_some() { Tokens::Count(0) } else { Tokens::Unlimited };
+    ts.set_tokens(id, 0, l).expect("live");
 }
 
 impl<'a> Sim<'a> {
@@ -191,11 +208,9 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let c = self.cluster();
         let plan = c.plan(i);
-        let b = &mut c.buckets[i];
-        b.phase = k;
-        b.generation += 1;
-        let generation = b.generation;
-        c.generation[i] = generation;
+        c.buckets[i].phase = k;
+        c.generation[i] += 1;
+        let generation = c.generation[i];
         match plan.load {
             BucketLoad::Open { iops } => {
                 for (x, &(j, share)) in plan.phases[k].servers.iter().enumerate() {
@@ -236,8 +251,13 @@ impl<'a> Sim<'a> {
     /// Files a stream's next arrival at server j, moving the server's pending event earlier if needed.
     fn push_arrival(&mut self, j: usize, entry: Arrival) {
         let t = entry.0;
+        self.cluster().servers[j].arrivals.push(Reverse(entry));
+        self.arrive_by(j, t);
+    }
+
+    /// Schedules server j's `StreamArrive` at `t`, unless one is pending no later.
+    fn arrive_by(&mut self, j: usize, t: u64) {
         let s = &mut self.cluster().servers[j];
-        s.arrivals.push(Reverse(entry));
         if s.arrive_at.is_none_or(|x| t < x) {
             s.arrive_at = Some(t);
             self.schedule(Nanos(t), Kind::StreamArrive, j as u32, 0);
@@ -277,12 +297,8 @@ impl<'a> Sim<'a> {
             drop(top);
             self.bucket_issue_with(i, j, tid);
         }
-        let s = &mut self.cluster().servers[j];
-        if let Some(&Reverse((t, ..))) = s.arrivals.peek() {
-            if s.arrive_at.is_none_or(|x| t < x) {
-                s.arrive_at = Some(t);
-                self.schedule(Nanos(t), Kind::StreamArrive, j as u32, 0);
-            }
+        if let Some(&Reverse((t, ..))) = self.cluster().servers[j].arrivals.peek() {
+            self.arrive_by(j, t);
         }
     }
 
@@ -321,15 +337,14 @@ impl<'a> Sim<'a> {
         }
         let spec = self.sc.tenants[i].spec;
         let heard = self.cluster().servers[j].heard;
-        let s = &mut self.servers[j];
-        let ts = s.sched.token();
+        let ts = self.servers[j].sched.token();
         let id = rein_core::Scheduler::add_tenant(ts, spec).expect("bounded by the bucket count");
         if heard {
-            let l = if spec.limit().is_some() { Tokens::Count(0) } else { Tokens::Unlimited };
-            ts.set_tokens(id, 0, l).expect("live");
+            no_tokens(ts, id, &spec);
         }
-        s.map_slot(id, i as u32);
-        self.cluster().buckets[i].ids.push((j as u32, id));
+        let c = self.cluster();
+        c.map_slot(j, id, i as u32);
+        c.buckets[i].ids.push((j as u32, id));
         id
     }
 
@@ -362,7 +377,7 @@ impl<'a> Sim<'a> {
                 let n = b.counters;
                 if n.arrivals + n.dispatched_r + n.dispatched_l + b.queued > 0 {
                     lines.push(BucketReport {
-                        bucket: srv.tenant_of_slot[b.id.index()],
+                        bucket: s.tenant_of_slot[b.id.index()],
                         arrivals: n.arrivals,
                         dispatched: n.dispatched_r + n.dispatched_l,
                         queued: b.queued,
@@ -418,7 +433,7 @@ impl<'a> Sim<'a> {
     pub(super) fn tokens(&mut self) {
         for m in std::mem::take(&mut self.cluster().pending_tokens) {
             let j = m.server as usize;
-            let mut listed = vec![false; self.servers[j].tenant_of_slot.len()];
+            let mut listed = vec![false; self.cluster().servers[j].tenant_of_slot.len()];
             for &(i, r, l) in &m.tokens {
                 let id = self.id_at(j, i as usize);
                 if listed.len() <= id.index() {
@@ -427,20 +442,15 @@ impl<'a> Sim<'a> {
                 listed[id.index()] = true;
                 self.servers[j].sched.token().grant(id, r, l).expect("live");
             }
-            self.cluster().servers[j].heard = true;
-            let s = &mut self.servers[j];
-            for (slot, &i) in s.tenant_of_slot.iter().enumerate() {
+            let cs = &mut self.cluster.as_mut().expect("cluster").servers[j];
+            cs.heard = true;
+            let ts = self.servers[j].sched.token();
+            for (slot, &i) in cs.tenant_of_slot.iter().enumerate() {
                 if i == u32::MAX || listed.get(slot).copied().unwrap_or(false) {
                     continue;
                 }
-                let ts = s.sched.token();
                 let id = ts.id_at_slot(slot).expect("mapped slots are live");
-                let l = if self.sc.tenants[i as usize].spec.limit().is_some() {
-                    Tokens::Count(0)
-                } else {
-                    Tokens::Unlimited
-                };
-                ts.set_tokens(id, 0, l).expect("live");
+                no_tokens(ts, id, &self.sc.tenants[i as usize].spec);
             }
             self.try_dispatch(j);
         }

@@ -7,7 +7,7 @@
 //! [`Sched::token`].
 
 use rein_core::pshift::TokenScheduler;
-use rein_core::{Scheduler, TenantId};
+use rein_core::Scheduler;
 use rein_model::Device;
 
 /// A server's scheduler.
@@ -48,8 +48,6 @@ impl Sched {
 /// A server in a running simulation.
 pub(crate) struct Server {
     pub(crate) sched: Sched,
-    /// Scheduler slot -> tenant index.
-    pub(crate) tenant_of_slot: Vec<u32>,
     /// Requests released to the device and not yet completed (invariant: at most `depth`).
     pub(crate) outstanding: u32,
     /// D.
@@ -61,14 +59,6 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn new(sched: Sched, depth: u32, device: Device) -> Server {
-        Server { sched, tenant_of_slot: Vec::new(), outstanding: 0, depth, device, wake_at: None }
-    }
-
-    /// Records that scheduler id `id` is tenant `tenant`.
-    pub(crate) fn map_slot(&mut self, id: TenantId, tenant: u32) {
-        if self.tenant_of_slot.len() <= id.index() {
-            self.tenant_of_slot.resize(id.index() + 1, u32::MAX);
-        }
-        self.tenant_of_slot[id.index()] = tenant;
+        Server { sched, outstanding: 0, depth, device, wake_at: None }
     }
 }

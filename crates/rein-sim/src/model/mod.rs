@@ -27,7 +27,7 @@ pub const MAX_SERVERS: usize = 1024;
 /// Largest number of tenants (or pShift buckets) in a scenario.
 pub const MAX_TENANTS: usize = 1_000_000;
 /// Longest run (s): a week.
-pub const MAX_DURATION_S: f64 = 7.0 * 86_400.0;
+pub const MAX_DURATION_S: f64 = rein_model::workload::MAX_SECONDS;
 /// Largest number of timeseries intervals (duration / interval).
 pub const MAX_INTERVALS: usize = 1_000_000;
 

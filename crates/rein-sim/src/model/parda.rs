@@ -221,7 +221,6 @@ pub(crate) fn validate(
     servers: &[Server],
     duration: Nanos,
 ) -> Result<(Option<Parda>, Vec<Host>), String> {
-    let uses_host = tenant_files.iter().any(|t| t.host.is_some());
     if files.is_empty() {
         if let Some(t) = tenant_files.iter().find(|t| t.host.is_some()) {
             return Err(format!(
@@ -242,19 +241,15 @@ pub(crate) fn validate(
     if files.len() > MAX_HOSTS {
         return Err(format!("at most {MAX_HOSTS} hosts"));
     }
+    super::check_unique(files.iter().map(|f| f.name.as_str()), "host")?;
     let mut hosts = Vec::with_capacity(files.len());
     let mut by_name = std::collections::BTreeMap::new();
     for (i, f) in files.iter().enumerate() {
         let n = &f.name;
-        if n.trim().is_empty() {
-            return Err("a host has an empty name".into());
-        }
         if n == "all" {
             return Err("a host may not be named \"all\" (expectations use it for the whole cluster)".into());
         }
-        if by_name.insert(n.as_str(), i).is_some() {
-            return Err(format!("two hosts are named {n:?}"));
-        }
+        by_name.insert(n.as_str(), i);
         let server = match &f.server {
             Some(s) => {
                 servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("host {n}: unknown server {s:?}"))?
@@ -290,7 +285,6 @@ pub(crate) fn validate(
             window_schedule,
         });
     }
-    debug_assert!(uses_host || !hosts.is_empty());
     for (ti, (tf, t)) in tenant_files.iter().zip(tenants.iter_mut()).enumerate() {
         let Some(hn) = &tf.host else { continue };
         let h = *by_name.get(hn.as_str()).ok_or_else(|| format!("tenant {}: unknown host {hn:?}", t.name))?;
