@@ -33,7 +33,7 @@ use rein_core::pshift::{
     Tokens,
 };
 use rein_core::{Nanos, QosSpec, TenantId};
-use rein_model::seed::stream_seed;
+use rein_model::seed::stream_rng;
 use rein_model::workload::poisson_gap;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -90,7 +90,7 @@ impl<'a> Cluster<'a> {
             .iter()
             .enumerate()
             .map(|(i, p)| Bucket {
-                rng: Pcg64Mcg::new(stream_seed(sc.seed, i as u64)),
+                rng: stream_rng(sc.seed, i as u64),
                 phase: 0,
                 ids: Vec::new(),
                 in_flight: if matches!(p.load, BucketLoad::Closed { .. }) {

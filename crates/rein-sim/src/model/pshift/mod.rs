@@ -16,7 +16,6 @@ use super::tenant::Tenant;
 use crate::file::pshift::{ActiveFile, GenerateFile, PshiftFile};
 use gen::{pick_servers, zipf_reservations, zipf_weights};
 use rand::Rng;
-use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::DemandEstimator;
 use rein_core::{Nanos, QosSpec};
 use rein_model::workload::{WorkloadKind, WorkloadSpec, MAX_OUTSTANDING};
@@ -252,7 +251,7 @@ fn generate(
     }
     let size = positive("size_kb", g.size_kb)?;
     let period_s = period.as_secs_f64();
-    let mut rng = Pcg64Mcg::new(rein_model::seed::stream_seed(seed, 1 << 48));
+    let mut rng = rein_model::seed::stream_rng(seed, 1 << 48);
     // Reservations in IOs per period (whole), then as rates.
     let res_ios: Vec<u64> = match (g.reservation_iops, g.reserved_fraction) {
         (Some(r), None) => vec![(positive("reservation_iops", r)? * period_s).round() as u64; g.buckets],
