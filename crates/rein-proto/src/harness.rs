@@ -48,8 +48,8 @@ fn pieces<'a>(input: &'a [u8], sizes: &'a [usize]) -> impl Iterator<Item = &'a [
 /// The exports the handshake harness serves.
 fn exports() -> Vec<ExportInfo> {
     vec![
-        ExportInfo { name: "a".into(), description: "first".into(), size: 1 << 20, read_only: false },
-        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true },
+        ExportInfo { name: "a".into(), description: "first".into(), size: 1 << 20, read_only: false, volatile: false },
+        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true, volatile: true },
     ]
 }
 
@@ -142,6 +142,7 @@ pub fn transmission(data: &[u8]) {
         structured: data[0] & 2 == 2,
         max_payload: u16::from_be_bytes([data[1], data[2]]) as u32 + 1,
         size: u16::from_be_bytes([data[3], data[4]]) as u64 * 512,
+        volatile: data[0] & 4 == 4,
     };
     transmission_with(config, &data[6..], &chunk_sizes(data[5]));
 }
@@ -194,8 +195,10 @@ fn transmission_run(config: TransmissionConfig, stream: &[u8], sizes: &[usize]) 
                     let at = end - REQUEST_LEN - payload.len();
                     let h = RequestHeader::decode(&stream[at..]).expect("a valid header").expect("whole");
                     assert_eq!((h.handle, h.command), (request.handle, request.kind.command()), "invariant 1");
-                    let range = if request.kind == RequestKind::Flush { (0, 0) } else { (h.offset, h.length) };
-                    assert_eq!((request.offset, request.length), range);
+                    assert_eq!((request.offset, request.length), (h.offset, h.length));
+                    if request.kind == RequestKind::Flush {
+                        assert_eq!((request.offset, request.length), (0, 0), "a FLUSH's reserved fields are zero");
+                    }
                     let want_payload = if request.kind == RequestKind::Write { request.length as usize } else { 0 };
                     assert_eq!(payload.len(), want_payload, "a WRITE comes with its whole payload");
                     assert_eq!(payload, &stream[at + REQUEST_LEN..end]);

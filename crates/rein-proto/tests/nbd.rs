@@ -5,8 +5,14 @@ use rein_proto::nbd::*;
 
 fn exports() -> Vec<ExportInfo> {
     vec![
-        ExportInfo { name: "rd".into(), description: "remote desktop".into(), size: 1 << 30, read_only: false },
-        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true },
+        ExportInfo {
+            name: "rd".into(),
+            description: "remote desktop".into(),
+            size: 1 << 30,
+            read_only: false,
+            volatile: false,
+        },
+        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true, volatile: false },
     ]
 }
 

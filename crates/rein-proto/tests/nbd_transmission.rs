@@ -27,7 +27,7 @@ fn expected(c: &TransmissionConfig, op: &Op) -> Result<RequestKind, ErrorKind> {
         CMD_WRITE_ZEROES => RequestKind::WriteZeroes,
         _ => return Err(ErrorKind::InvalidRequest),
     };
-    let mut allowed = CMD_FLAG_FUA;
+    let mut allowed = if c.volatile { 0 } else { CMD_FLAG_FUA };
     if kind == RequestKind::WriteZeroes {
         allowed |= CMD_FLAG_NO_HOLE;
     }
@@ -36,6 +36,8 @@ fn expected(c: &TransmissionConfig, op: &Op) -> Result<RequestKind, ErrorKind> {
     }
     let writes = matches!(kind, RequestKind::Write | RequestKind::Trim | RequestKind::WriteZeroes);
     if op.flags & !allowed != 0 {
+        Err(ErrorKind::InvalidRequest)
+    } else if kind == RequestKind::Flush && (c.volatile || op.offset != 0 || op.length != 0) {
         Err(ErrorKind::InvalidRequest)
     } else if writes && c.read_only {
         Err(ErrorKind::ReadOnly)
@@ -73,12 +75,13 @@ fn encode(ops: &[Op], disc: bool) -> Vec<u8> {
 }
 
 fn config() -> impl Strategy<Value = TransmissionConfig> {
-    (any::<bool>(), any::<bool>(), 1u32..=8192, 0u64..=2048).prop_map(
-        |(read_only, structured, max_payload, sectors)| TransmissionConfig {
+    (any::<bool>(), any::<bool>(), 1u32..=8192, 0u64..=2048, any::<bool>()).prop_map(
+        |(read_only, structured, max_payload, sectors, volatile)| TransmissionConfig {
             size: sectors * 512,
             read_only,
             structured,
             max_payload,
+            volatile,
         },
     )
 }
@@ -134,8 +137,7 @@ proptest! {
         for (op, outcome) in ops.iter().zip(&outcomes) {
             match (expected(&c, op), outcome) {
                 (Ok(kind), Outcome::Request(r, payload)) => {
-                    let range = if kind == RequestKind::Flush { (0, 0) } else { (op.offset, op.length) };
-                    prop_assert_eq!((r.handle, r.kind, r.offset, r.length), (op.handle, kind, range.0, range.1));
+                    prop_assert_eq!((r.handle, r.kind, r.offset, r.length), (op.handle, kind, op.offset, op.length));
                     prop_assert_eq!(r.fua, op.flags & CMD_FLAG_FUA != 0);
                     let want = if kind == RequestKind::Write { payload_of(op) } else { Vec::new() };
                     prop_assert_eq!(payload, &want);
@@ -194,7 +196,8 @@ fn skip_payload(m: &mut ServerTransmission, length: u32) {
 
 #[test]
 fn a_rejected_write_at_the_discard_limit_is_skipped_in_bounded_memory() {
-    let c = TransmissionConfig { size: 1 << 40, read_only: false, structured: false, max_payload: 4096 };
+    let c =
+        TransmissionConfig { size: 1 << 40, read_only: false, structured: false, max_payload: 4096, volatile: false };
     let mut m = ServerTransmission::new(c);
     let mut input = Vec::new();
     RequestHeader { flags: 0, command: Command::Write, handle: 1, offset: 0, length: MAX_DISCARD }.encode(&mut input);
@@ -216,7 +219,7 @@ fn a_rejected_write_at_the_discard_limit_is_skipped_in_bounded_memory() {
 fn the_discard_limit_grows_with_the_maximum_payload() {
     // A read-only export with a 100 MiB maximum payload skips a 100 MiB write (EPERM), never closes.
     let max = 100 << 20;
-    let c = TransmissionConfig { size: 1 << 40, read_only: true, structured: true, max_payload: max };
+    let c = TransmissionConfig { size: 1 << 40, read_only: true, structured: true, max_payload: max, volatile: false };
     let mut m = ServerTransmission::new(c);
     let mut input = Vec::new();
     RequestHeader { flags: 0, command: Command::Write, handle: 1, offset: 0, length: max }.encode(&mut input);
@@ -228,7 +231,8 @@ fn the_discard_limit_grows_with_the_maximum_payload() {
 
 #[test]
 fn a_write_at_the_maximum_payload_is_accepted_and_one_byte_more_is_not() {
-    let c = TransmissionConfig { size: 1 << 20, read_only: false, structured: false, max_payload: 4096 };
+    let c =
+        TransmissionConfig { size: 1 << 20, read_only: false, structured: false, max_payload: 4096, volatile: false };
     let ops = [
         Op { command: CMD_WRITE, flags: 0, handle: 1, offset: 0, length: 4096 },
         Op { command: CMD_WRITE, flags: 0, handle: 2, offset: 0, length: 4097 },
@@ -251,7 +255,13 @@ fn a_write_at_the_maximum_payload_is_accepted_and_one_byte_more_is_not() {
 
 #[test]
 fn the_maximum_payload_is_clamped_so_a_read_fits_one_chunk() {
-    let c = TransmissionConfig { size: u64::MAX, read_only: false, structured: true, max_payload: u32::MAX };
+    let c = TransmissionConfig {
+        size: u64::MAX,
+        read_only: false,
+        structured: true,
+        max_payload: u32::MAX,
+        volatile: false,
+    };
     let m = ServerTransmission::new(c);
     assert_eq!(m.config().max_payload, transmission::MAX_PAYLOAD_LIMIT);
     let zero = ServerTransmission::new(TransmissionConfig { max_payload: 0, ..c });

@@ -37,8 +37,8 @@
 //! [[exports]]
 //! name = "rd"
 //! backend = "file"               # file | memory
-//! path = "rd.img"                # file backend; relative to data_dir; created with size_mb if missing
-//! size_mb = 1024
+//! path = "rd.img"                # file backend; relative to data_dir; created only when size_mb is given
+//! size_mb = 1024                 # file: the new image's size (an existing one must have it); memory: default 1024
 //! tenant = "rd"                  # which tenant's QoS the export's connections share (default: its name)
 //! read_only = false
 //! direct = false                 # O_DIRECT for 4 KiB-aligned IO (bypass the page cache)
@@ -105,9 +105,8 @@ fn d_depth() -> u32 {
 fn d_weight() -> f64 {
     1.0
 }
-fn d_size() -> u64 {
-    1024
-}
+/// A memory export's size without `size_mb`, in MiB.
+const DEFAULT_MEMORY_MB: u64 = 1024;
 fn d_backend() -> String {
     "file".into()
 }
@@ -170,8 +169,7 @@ struct ExportFile {
     #[serde(default = "d_backend")]
     backend: String,
     path: Option<String>,
-    #[serde(default = "d_size")]
-    size_mb: u64,
+    size_mb: Option<u64>,
     tenant: Option<String>,
     #[serde(default)]
     read_only: bool,
@@ -196,7 +194,7 @@ struct TenantFile {
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendKind {
     /// A regular file or block device ([`crate::storage::FileStorage`]); a missing file is created with
-    /// the export's size.
+    /// the export's size, and only when one is configured.
     File {
         /// The file: `path` (default `<name>.img`), under `data_dir` unless absolute.
         path: PathBuf,
@@ -212,9 +210,10 @@ pub struct ExportConfig {
     pub name: String,
     /// Where its bytes live (default a file).
     pub backend: BackendKind,
-    /// Size in bytes (`size_mb` MiB, default 1 GiB; at most [`MAX_EXPORT_BYTES`]) of a new file or of RAM
-    /// storage. An existing file keeps its own size.
-    pub size: u64,
+    /// Size in bytes (`size_mb` MiB; at most [`MAX_EXPORT_BYTES`]). A file export without it must exist
+    /// (it is never created); with it, a missing file is created with this size and an existing one must
+    /// have it (an image is never resized). Always `Some` for a memory export (default 1 GiB).
+    pub size: Option<u64>,
     /// Index into `ServerConfig::tenants`.
     pub tenant: usize,
     /// Refuse writes, trims and write-zeroes, and advertise the export as read-only (default false).
@@ -412,8 +411,11 @@ fn validate(f: File) -> Result<ServerConfig, String> {
     let capacity_iops = f.capacity_iops.or(device.as_ref().map(|d| d.spec.capacity_at(rein_core::Nanos::ZERO)));
     let mut tenants = Vec::new();
     for t in &f.tenants {
-        if t.name.is_empty() || tenants.iter().any(|x: &TenantConfig| x.name == t.name) {
-            return Err(format!("tenant name {:?} is empty or repeated", t.name));
+        if t.name.is_empty() {
+            return Err("a [[tenants]] entry has an empty name".into());
+        }
+        if tenants.iter().any(|x: &TenantConfig| x.name == t.name) {
+            return Err(format!("tenant name {:?} is repeated", t.name));
         }
         let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
             .map_err(|e| format!("tenant {}: {e}", t.name))?;
@@ -428,14 +430,25 @@ fn validate(f: File) -> Result<ServerConfig, String> {
     let data_dir = PathBuf::from(&f.data_dir);
     let mut exports: Vec<ExportConfig> = Vec::new();
     for e in &f.exports {
+        if e.name.is_empty() {
+            return Err("an [[exports]] entry has an empty name".into());
+        }
         if e.name.len() > 4096 || exports.iter().any(|x| x.name == e.name) {
             return Err(format!("export name {:?} is too long or repeated", e.name));
         }
-        let size = e
-            .size_mb
-            .checked_mul(1 << 20)
-            .filter(|&s| s > 0 && s <= MAX_EXPORT_BYTES)
-            .ok_or_else(|| format!("export {}: size_mb must be in 1..=2^30", e.name))?;
+        let size_mb = match (e.size_mb, e.backend.as_str()) {
+            (Some(mb), _) => Some(mb),
+            (None, "memory") => Some(DEFAULT_MEMORY_MB),
+            (None, _) => None,
+        };
+        let size = match size_mb {
+            None => None,
+            Some(mb) => Some(
+                mb.checked_mul(1 << 20)
+                    .filter(|&s| s > 0 && s <= MAX_EXPORT_BYTES)
+                    .ok_or_else(|| format!("export {}: size_mb must be in 1..=2^30, got {mb}", e.name))?,
+            ),
+        };
         let backend = match e.backend.as_str() {
             "file" => {
                 let p = PathBuf::from(e.path.clone().unwrap_or_else(|| format!("{}.img", e.name)));
@@ -512,6 +525,21 @@ mod tests {
         assert!(e("io_engine = \"aio\"\n[[exports]]\nname = \"a\"").contains("io_engine \"aio\""));
         assert!(e("probe_capacity_s = -1\n[[exports]]\nname = \"a\"").contains("probe_capacity_s"));
         assert!(e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\ndirect = true").contains("direct = true needs"));
+        // Issue 12: empty names are refused, each with its own message.
+        assert_eq!(e("[[exports]]\nname = \"\""), "config: an [[exports]] entry has an empty name");
+        assert_eq!(
+            e("[[exports]]\nname = \"a\"\n[[tenants]]\nname = \"\""),
+            "config: a [[tenants]] entry has an empty name"
+        );
+        assert!(e("[[exports]]\nname = \"a\"\nsize_mb = 0").contains("size_mb must be in 1..=2^30, got 0"));
+    }
+
+    #[test]
+    fn size_mb_is_optional_for_files_and_defaults_for_memory() {
+        let p = |t: &str| ServerConfig::parse(t, Path::new("x.toml")).unwrap();
+        assert_eq!(p("[[exports]]\nname = \"a\"").exports[0].size, None, "a file export is never sized by default");
+        assert_eq!(p("[[exports]]\nname = \"a\"\nsize_mb = 2").exports[0].size, Some(2 << 20));
+        assert_eq!(p("[[exports]]\nname = \"a\"\nbackend = \"memory\"").exports[0].size, Some(1 << 30));
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod devmodel;
 pub mod dispatch;
 pub mod load;
 pub mod nbd;
+pub mod preflight;
 pub mod probe;
 pub mod server;
 pub mod storage;

@@ -35,13 +35,18 @@ pub enum ServeError {
         source: std::io::Error,
     },
     /// An export's storage could not be opened or created.
-    #[error("export {name}: {source}")]
+    #[error("export {name}: {}: {source}", path.display())]
     Export {
         /// The export.
         name: String,
+        /// Its file (`memory` for a memory export).
+        path: std::path::PathBuf,
         /// The storage's error.
         source: crate::storage::StorageError,
     },
+    /// The exports cannot be served together (too much RAM, one file in two exports).
+    #[error(transparent)]
+    Preflight(#[from] crate::preflight::PreflightError),
     /// The reservations exceed the reservable capacity and `admission = "refuse"`; the message gives the
     /// total and the capacity.
     #[error("admission control: {0} (set admission = \"warn\" to start anyway)")]
@@ -62,14 +67,18 @@ pub enum ServeError {
     Probe(String),
 }
 
-/// Opens (creating file exports that do not exist yet) an export's storage.
+/// Opens an export's storage (creating a missing file only when the export has a size; see
+/// [`FileStorage::open_with`]). Errors name the export and its path.
 pub fn open_export(e: &crate::config::ExportConfig) -> Result<Arc<dyn Storage>, ServeError> {
     Ok(match &e.backend {
         BackendKind::File { path } => Arc::new(
-            FileStorage::open_with(path, Some(e.size), e.read_only, e.direct)
-                .map_err(|source| ServeError::Export { name: e.name.clone(), source })?,
+            FileStorage::open_with(path, e.size, e.read_only, e.direct).map_err(|source| ServeError::Export {
+                name: e.name.clone(),
+                path: path.clone(),
+                source,
+            })?,
         ),
-        BackendKind::Memory => Arc::new(MemStorage::new(e.size)),
+        BackendKind::Memory => Arc::new(MemStorage::new(e.size.expect("a memory export has a size"))),
     })
 }
 
@@ -98,9 +107,17 @@ pub async fn run(
         io_engine: cfg.io_engine,
         ..DispatchConfig::default()
     };
+    crate::preflight::check_exports(&cfg.exports)?;
     let mut exports = Vec::with_capacity(cfg.exports.len());
     for e in &cfg.exports {
         exports.push(open_export(e)?);
+        if e.backend == BackendKind::Memory {
+            tracing::warn!(
+                export = %e.name,
+                "export {} is in RAM: its data is lost when the server stops; FLUSH and FUA are not offered",
+                e.name
+            );
+        }
     }
     let mut cfg = cfg;
     if cfg.probe_capacity_s > 0.0 && cfg.capacity_iops.is_none() {
@@ -141,6 +158,7 @@ pub async fn run(
                 description: format!("tenant {}", cfg.tenants[e.tenant].name),
                 size,
                 read_only: e.read_only,
+                volatile: e.backend == BackendKind::Memory,
             },
             storage,
             tenant: tenant_ids[e.tenant],

@@ -62,6 +62,21 @@ pub enum StorageError {
     /// A change to read-only storage.
     #[error("export is read-only")]
     ReadOnly,
+    /// The path is neither a regular file nor a block device (a directory, a FIFO, a character device or a
+    /// socket): nothing with a fixed size to serve.
+    #[error("is {0}, not a regular file or a block device")]
+    NotAFile(&'static str),
+    /// The file does not exist and no size to create it with was given.
+    #[error("does not exist (add size_mb to the export to create it)")]
+    Missing,
+    /// An existing image's size differs from the configured one (an image is never resized).
+    #[error("is {actual} bytes, but size_mb asks for {configured} bytes (an existing image is never resized: set size_mb to its size or remove size_mb)")]
+    SizeMismatch {
+        /// The file's or device's size.
+        actual: u64,
+        /// The configured size.
+        configured: u64,
+    },
     /// The operating system failed the call.
     #[error("{op} failed: {source}")]
     Io {
@@ -78,6 +93,7 @@ impl StorageError {
         match self {
             StorageError::OutOfRange { .. } => ErrorKind::InvalidRequest,
             StorageError::ReadOnly => ErrorKind::ReadOnly,
+            StorageError::NotAFile(_) | StorageError::Missing | StorageError::SizeMismatch { .. } => ErrorKind::Io,
             StorageError::Io { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
                 Some(libc::ENOMEM) => ErrorKind::Exhausted,
@@ -194,36 +210,68 @@ pub struct FileStorage {
     read_only: bool,
 }
 
+/// What kind of file `meta` describes, when it is one that cannot be served (a directory, a FIFO, a
+/// character device, a socket); `None` for regular files and block devices.
+fn unservable(meta: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_file() || t.is_block_device() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a file")
+    }
+}
+
 impl FileStorage {
-    /// Opens (creating and sizing if `create_size` is given and the file does not exist) a file.
-    pub fn open(path: &Path, create_size: Option<u64>, read_only: bool) -> Result<FileStorage, StorageError> {
-        Self::open_with(path, create_size, read_only, false)
+    /// Opens a file or block device. A missing file is created with `size` if given, else an error
+    /// ([`StorageError::Missing`]); an existing one must have `size` if given
+    /// ([`StorageError::SizeMismatch`]); directories, FIFOs, character devices and sockets are refused
+    /// before they are opened ([`StorageError::NotAFile`]; opening a FIFO would block).
+    pub fn open(path: &Path, size: Option<u64>, read_only: bool) -> Result<FileStorage, StorageError> {
+        Self::open_with(path, size, read_only, false)
     }
 
     /// As [`FileStorage::open`]; with `direct`, aligned IO bypasses the page cache (`O_DIRECT`). A file
     /// system that refuses `O_DIRECT` (tmpfs, for one) is an error naming the cause.
     pub fn open_with(
         path: &Path,
-        create_size: Option<u64>,
+        size: Option<u64>,
         read_only: bool,
         direct: bool,
     ) -> Result<FileStorage, StorageError> {
         let io = |op, source| StorageError::Io { op, source };
-        let exists = path.exists();
+        let exists = match std::fs::metadata(path) {
+            Ok(meta) => match unservable(&meta) {
+                Some(kind) => return Err(StorageError::NotAFile(kind)),
+                None => true,
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io("stat", e)),
+        };
+        if !exists && size.is_none() {
+            return Err(StorageError::Missing);
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
-            .create(!read_only && create_size.is_some())
-            .truncate(false)
+            .create_new(!exists && !read_only)
             .open(path)
             .map_err(|e| io("open", e))?;
         if !exists {
-            if let Some(sz) = create_size {
+            if let Some(sz) = size {
                 file.set_len(sz).map_err(|e| io("set_len", e))?;
             }
         }
         let meta = file.metadata().map_err(|e| io("stat", e))?;
-        let size = if meta.file_type().is_file() {
+        let actual = if meta.file_type().is_file() {
             meta.len()
         } else {
             // Block device: seek to the end.
@@ -231,6 +279,9 @@ impl FileStorage {
             let mut f = &file;
             f.seek(io::SeekFrom::End(0)).map_err(|e| io("seek", e))?
         };
+        if let Some(configured) = size.filter(|&c| c != actual) {
+            return Err(StorageError::SizeMismatch { actual, configured });
+        }
         let direct = if direct {
             let f = OpenOptions::new()
                 .read(true)
@@ -242,7 +293,7 @@ impl FileStorage {
         } else {
             None
         };
-        Ok(FileStorage { file, direct, size, read_only })
+        Ok(FileStorage { file, direct, size: actual, read_only })
     }
 
     /// The descriptor an IO of `len` bytes at `offset` should use: the direct one (then its buffer must be
@@ -478,6 +529,29 @@ mod tests {
         assert_eq!(m.inline_max_bytes(), MEMORY_INLINE_MAX);
     }
 
+    /// Issue 12: a missing file without a size is not created; a directory, a FIFO or a character device
+    /// is refused before it is opened (a FIFO's open would block); a block device would be served.
+    #[test]
+    fn only_regular_files_and_block_devices_are_served() {
+        let dir = tempfile::Builder::new().prefix("rein-storage-").tempdir().unwrap();
+        let missing = dir.path().join("typo.img");
+        assert!(matches!(FileStorage::open(&missing, None, false), Err(StorageError::Missing)));
+        assert!(!missing.exists(), "nothing created without a size");
+        assert!(matches!(FileStorage::open(dir.path(), None, false), Err(StorageError::NotAFile("a directory"))));
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success(), "mkfifo");
+        assert!(matches!(FileStorage::open(&fifo, Some(PAGE), false), Err(StorageError::NotAFile("a FIFO"))));
+        let sock = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert!(matches!(FileStorage::open(&sock, None, false), Err(StorageError::NotAFile("a socket"))));
+        assert!(matches!(
+            FileStorage::open(Path::new("/dev/null"), None, false),
+            Err(StorageError::NotAFile("a character device"))
+        ));
+        let e = StorageError::NotAFile("a directory").to_string();
+        assert_eq!(e, "is a directory, not a regular file or a block device");
+    }
+
     #[test]
     fn file_storage_round_trips() {
         // Removed with its files when dropped, also when an assertion fails.
@@ -486,6 +560,10 @@ mod tests {
         let s = FileStorage::open(&path, Some(4 * PAGE), false).unwrap();
         exercise(&s);
         drop(s);
+        assert!(matches!(
+            FileStorage::open(&path, Some(2 * PAGE), false),
+            Err(StorageError::SizeMismatch { actual, configured }) if actual == 4 * PAGE && configured == 2 * PAGE
+        ));
         let ro = FileStorage::open(&path, None, true).unwrap();
         assert!(matches!(ro.write_at(&[1], 0), Err(StorageError::ReadOnly)));
         assert_eq!(ro.kernel_io(0, 1, true).unwrap_err().kind(), ErrorKind::ReadOnly);

@@ -19,7 +19,7 @@ async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bo
     let (dispatcher, _join) = Dispatcher::spawn(None, DispatchConfig::default());
     let tenant = dispatcher.add_tenant(QosSpec::default()).await.unwrap();
     let export = |name: &str, read_only| Export {
-        info: ExportInfo { name: name.into(), description: String::new(), size: SIZE, read_only },
+        info: ExportInfo { name: name.into(), description: String::new(), size: SIZE, read_only, volatile: false },
         storage: Arc::new(MemStorage::new(SIZE)),
         tenant,
     };

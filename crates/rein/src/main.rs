@@ -58,7 +58,24 @@ fn main() {
         Cmd::Pshift(c) => pshift::run(c),
     };
     if let Err(e) = res {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", report(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, each said once: a cause whose text the message already holds
+/// is left out. (The library errors put their cause in their own message, so that a log line of one
+/// error is complete; printed as a chain, as `{:#}` would, each cause would appear twice or three times.)
+fn report(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
 }

@@ -266,17 +266,19 @@ pub struct ExportInfo {
     pub size: u64,
     /// Whether writes are refused.
     pub read_only: bool,
+    /// Whether the data is lost when the server stops (RAM): such an export has no stable storage, so
+    /// it advertises neither FLUSH nor FUA (a client then sends neither; the transmission phase rejects
+    /// both if one comes anyway).
+    pub volatile: bool,
 }
 
 impl ExportInfo {
-    /// The transmission flags advertised for this export.
+    /// The transmission flags advertised for this export: FLUSH and FUA only when it is not volatile.
     pub fn transmission_flags(&self) -> u16 {
-        let mut f = TFLAG_HAS_FLAGS
-            | TFLAG_SEND_FLUSH
-            | TFLAG_SEND_FUA
-            | TFLAG_SEND_TRIM
-            | TFLAG_SEND_WRITE_ZEROES
-            | TFLAG_CAN_MULTI_CONN;
+        let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_CAN_MULTI_CONN;
+        if !self.volatile {
+            f |= TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
+        }
         if self.read_only {
             f |= TFLAG_READ_ONLY;
         }

@@ -36,12 +36,20 @@
 //! 1. The magic: anything else is a protocol error.
 //! 2. The command: DISC disconnects (its offset, length and flags are ignored: refusing to disconnect
 //!    gains nothing); an unknown command gets EINVAL.
-//! 3. The flags: FUA on any command (as qemu-nbd accepts it), NO_HOLE on WRITE_ZEROES, DF on READ with
-//!    structured replies (a READ is always one chunk here); any other bit gets EINVAL (the spec's SHOULD).
-//! 4. A WRITE, TRIM or WRITE_ZEROES on a read-only export gets EPERM.
-//! 5. A READ or WRITE longer than the maximum payload gets EINVAL.
-//! 6. A range past the end of the export gets ENOSPC for WRITE and WRITE_ZEROES (the spec's SHOULD), EINVAL
-//!    for READ and TRIM; FLUSH ignores its offset and length.
+//! 3. The flags: FUA on any command (as qemu-nbd accepts it) unless the export is volatile, NO_HOLE on
+//!    WRITE_ZEROES, DF on READ with structured replies (a READ is always one chunk here); any other bit
+//!    gets EINVAL. The spec: "The server SHOULD return `NBD_EINVAL` if it receives an unknown command
+//!    flag. It also SHOULD return `NBD_EINVAL` if it receives a request with a flag not explicitly
+//!    documented as applicable to the given request", and FUA "is valid for all commands, provided
+//!    `NBD_FLAG_SEND_FUA` has been negotiated", which a volatile export does not advertise.
+//! 4. FLUSH: on a volatile export (FLUSH not advertised: "A client MUST NOT send a flush request unless
+//!    `NBD_FLAG_SEND_FLUSH` was set") EINVAL, since a success would claim stable storage there is not;
+//!    with a non-zero offset or length EINVAL ("*length* and *offset* are reserved, and MUST be set to
+//!    all-zero"; the spec leaves the error to the server, and EINVAL is what nbdkit answers).
+//! 5. A WRITE, TRIM or WRITE_ZEROES on a read-only export gets EPERM.
+//! 6. A READ or WRITE longer than the maximum payload gets EINVAL.
+//! 7. A range past the end of the export gets ENOSPC for WRITE and WRITE_ZEROES (the spec's SHOULD), EINVAL
+//!    for READ and TRIM (FLUSH has no range).
 //!
 //! A zero-length READ or WRITE is valid (and answered with success and no data).
 //!
@@ -81,6 +89,8 @@ pub struct TransmissionConfig {
     pub structured: bool,
     /// Largest READ or WRITE accepted, in bytes (clamped to 1..=[`MAX_PAYLOAD_LIMIT`]).
     pub max_payload: u32,
+    /// Whether the export is volatile ([`ExportInfo::volatile`]): FLUSH and FUA are then rejected.
+    pub volatile: bool,
 }
 
 impl TransmissionConfig {
@@ -91,6 +101,7 @@ impl TransmissionConfig {
             read_only: export.read_only,
             structured: negotiated.structured,
             max_payload,
+            volatile: export.volatile,
         }
     }
 }
@@ -135,7 +146,7 @@ pub struct Request {
     pub handle: u64,
     /// What to do.
     pub kind: RequestKind,
-    /// Byte offset (`offset + length <= size`; 0 for FLUSH, whose offset and length are reserved).
+    /// Byte offset (`offset + length <= size`; 0 for FLUSH, whose offset and length are reserved and zero).
     pub offset: u64,
     /// Length in bytes (a READ's or WRITE's is at most the maximum payload).
     pub length: u32,
@@ -152,6 +163,15 @@ pub enum Reason {
     BadFlags(u16),
     /// A change to a read-only export.
     ReadOnly,
+    /// A FLUSH on a volatile export, which does not advertise FLUSH.
+    FlushNotOffered,
+    /// A FLUSH whose reserved offset or length is not zero.
+    FlushNotZero {
+        /// The request's offset.
+        offset: u64,
+        /// The request's length.
+        length: u32,
+    },
     /// A READ or WRITE above the maximum payload.
     TooLarge {
         /// The request's length.
@@ -176,6 +196,10 @@ impl fmt::Display for Reason {
             Reason::UnknownCommand(c) => write!(f, "unknown command {c}"),
             Reason::BadFlags(flags) => write!(f, "unsupported flags {flags:#x}"),
             Reason::ReadOnly => f.write_str("the export is read-only"),
+            Reason::FlushNotOffered => f.write_str("FLUSH is not offered: the export is volatile (RAM)"),
+            Reason::FlushNotZero { offset, length } => {
+                write!(f, "offset {offset} and length {length} are reserved and must be zero")
+            }
             Reason::TooLarge { length, max } => write!(f, "{length} bytes is above the {max}-byte limit"),
             Reason::OutOfRange { offset, length, size } => {
                 write!(f, "range {offset}+{length} is beyond the end of the export ({size} bytes)")
@@ -348,9 +372,9 @@ impl ServerTransmission {
             let rejection = Rejection { handle: header.handle, command: header.command, reason };
             return Ok((used + REQUEST_LEN, Event::Reject(rejection)));
         }
-        // FLUSH has no range: its (reserved) offset and length are reported as 0.
-        let (offset, length) = if kind == RequestKind::Flush { (0, 0) } else { (header.offset, header.length) };
-        let request = Request { handle: header.handle, kind, offset, length, fua: header.fua() };
+        // A FLUSH's reserved offset and length are zero (checked).
+        let request =
+            Request { handle: header.handle, kind, offset: header.offset, length: header.length, fua: header.fua() };
         if kind != RequestKind::Write {
             return Ok((used + REQUEST_LEN, Event::Request { request, payload: &[] }));
         }
@@ -361,10 +385,11 @@ impl ServerTransmission {
         Ok((used + whole, Event::Request { request, payload: &rest[REQUEST_LEN..whole] }))
     }
 
-    /// Steps 3-6 of the validation (module comment).
+    /// Steps 3-7 of the validation (module comment).
     fn check(&self, h: &RequestHeader, kind: RequestKind) -> Option<Reason> {
         let c = &self.config;
-        let allowed = CMD_FLAG_FUA
+        let fua = if c.volatile { 0 } else { CMD_FLAG_FUA };
+        let allowed = fua
             | match kind {
                 RequestKind::WriteZeroes => CMD_FLAG_NO_HOLE,
                 RequestKind::Read if c.structured => CMD_FLAG_DF,
@@ -372,6 +397,14 @@ impl ServerTransmission {
             };
         if h.flags & !allowed != 0 {
             return Some(Reason::BadFlags(h.flags & !allowed));
+        }
+        if kind == RequestKind::Flush {
+            if c.volatile {
+                return Some(Reason::FlushNotOffered);
+            }
+            if h.offset != 0 || h.length != 0 {
+                return Some(Reason::FlushNotZero { offset: h.offset, length: h.length });
+            }
         }
         if kind.writes() && c.read_only {
             return Some(Reason::ReadOnly);
@@ -485,7 +518,7 @@ mod tests {
     use super::*;
 
     fn config() -> TransmissionConfig {
-        TransmissionConfig { size: 1 << 20, read_only: false, structured: true, max_payload: 4096 }
+        TransmissionConfig { size: 1 << 20, read_only: false, structured: true, max_payload: 4096, volatile: false }
     }
 
     fn header(command: Command, flags: u16, handle: u64, offset: u64, length: u32) -> Vec<u8> {
@@ -577,10 +610,10 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        // FLUSH ignores its range; FUA is accepted everywhere, DF on structured READs, NO_HOLE on zeroing.
+        // FUA is accepted everywhere, DF on structured READs, NO_HOLE on zeroing.
         let mut m = ServerTransmission::new(config());
         for input in [
-            header(Command::Flush, CMD_FLAG_FUA, 1, u64::MAX, u32::MAX),
+            header(Command::Flush, CMD_FLAG_FUA, 1, 0, 0),
             header(Command::Read, CMD_FLAG_DF | CMD_FLAG_FUA, 2, 0, 4096),
             header(Command::WriteZeroes, CMD_FLAG_NO_HOLE, 3, 0, 1 << 20),
             header(Command::Trim, 0, 4, 0, 1 << 20),
@@ -592,6 +625,45 @@ mod tests {
             simple.feed(&header(Command::Read, CMD_FLAG_DF, 1, 0, 1)).unwrap().1,
             Event::Reject(Rejection { reason: Reason::BadFlags(CMD_FLAG_DF), .. })
         ));
+    }
+
+    /// Issue 12: a FLUSH's reserved fields must be zero, and a volatile export (no FLUSH or FUA advertised)
+    /// rejects both rather than claim durability.
+    #[test]
+    fn flush_fields_and_volatile_exports() {
+        let mut m = ServerTransmission::new(config());
+        for (offset, length) in [(1, 0), (0, 1), (u64::MAX, u32::MAX)] {
+            let input = header(Command::Flush, 0, 1, offset, length);
+            let (used, e) = m.feed(&input).unwrap();
+            assert_eq!(used, REQUEST_LEN);
+            let Event::Reject(r) = e else { panic!("{e:?}") };
+            assert_eq!((r.reason, r.kind()), (Reason::FlushNotZero { offset, length }, ErrorKind::InvalidRequest));
+        }
+        let volatile = TransmissionConfig { volatile: true, ..config() };
+        let mut m = ServerTransmission::new(volatile);
+        let cases = [
+            (header(Command::Flush, 0, 1, 0, 0), Reason::FlushNotOffered),
+            (header(Command::Write, CMD_FLAG_FUA, 2, 0, 0), Reason::BadFlags(CMD_FLAG_FUA)),
+            (header(Command::Trim, CMD_FLAG_FUA, 3, 0, 512), Reason::BadFlags(CMD_FLAG_FUA)),
+        ];
+        for (input, reason) in cases {
+            match m.feed(&input).unwrap() {
+                (REQUEST_LEN, Event::Reject(r)) => {
+                    assert_eq!((r.reason, r.kind()), (reason, ErrorKind::InvalidRequest))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let trim = header(Command::Trim, 0, 4, 0, 512);
+        let (_, e) = m.feed(&trim).unwrap();
+        assert!(matches!(e, Event::Request { .. }), "{e:?}");
+        let info =
+            |volatile| ExportInfo { name: "m".into(), description: String::new(), size: 1, read_only: false, volatile };
+        assert_eq!(info(true).transmission_flags() & (TFLAG_SEND_FLUSH | TFLAG_SEND_FUA), 0);
+        assert_eq!(
+            info(false).transmission_flags() & (TFLAG_SEND_FLUSH | TFLAG_SEND_FUA),
+            TFLAG_SEND_FLUSH | TFLAG_SEND_FUA
+        );
     }
 
     #[test]

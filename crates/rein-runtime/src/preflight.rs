@@ -1,0 +1,171 @@
+//! Checks of the exports as a whole, before any of them is opened or allocated (issue 12): what one
+//! export's storage cannot see by itself.
+//!
+//! - **RAM**: the memory exports together must fit the machine's RAM (`MemTotal` in `/proc/meminfo`).
+//!   Their pages are allocated on first write, so a larger export starts fine and is OOM-killed later,
+//!   with every other tenant's connections; and at 1 PiB even its page table (one slot per MiB, 16 GiB)
+//!   aborts the start. MemTotal rather than MemAvailable: what is free changes from minute to minute, what
+//!   can never fit does not. Without `/proc/meminfo` (not Linux) the check is skipped with a warning.
+//! - **One file, one export**: two exports backed by the same file (the same device and inode, or for
+//!   files still to be created the same canonical path) would let two tenants read and overwrite each
+//!   other's disk, each under its own QoS. Refused, naming both exports.
+//!
+//! Per-file checks (a missing file without `size_mb`, a directory, a FIFO, a socket, a character device,
+//! a size that differs from `size_mb`) are [`crate::storage::FileStorage::open_with`]'s, so that every
+//! caller of the storage gets them.
+
+use crate::config::{BackendKind, ExportConfig};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Where the machine's RAM is read from.
+pub const MEMINFO: &str = "/proc/meminfo";
+
+/// Why the exports cannot be served together.
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    /// The memory exports add up to more than the machine's RAM.
+    #[error(
+        "memory exports ({exports}) need {need_mib} MiB, more than this machine's {total_mib} MiB of RAM \
+         (MemTotal in {MEMINFO}): make them smaller or use backend = \"file\""
+    )]
+    MemoryAboveRam {
+        /// The memory exports with their sizes (`name = N MiB`, comma-separated).
+        exports: String,
+        /// Their total, in MiB.
+        need_mib: u64,
+        /// The machine's RAM, in MiB.
+        total_mib: u64,
+    },
+    /// Two exports are backed by one file.
+    #[error("exports {first:?} and {second:?} are backed by the same file {}; each export needs its own", path.display())]
+    SharedFile {
+        /// The first export (in file order).
+        first: String,
+        /// The second export.
+        second: String,
+        /// The second export's path.
+        path: PathBuf,
+    },
+}
+
+/// Runs every check on `exports` (module comment), with the machine's RAM read from [`MEMINFO`].
+pub fn check_exports(exports: &[ExportConfig]) -> Result<(), PreflightError> {
+    match mem_total_bytes(Path::new(MEMINFO)) {
+        Some(total) => check_memory(exports, total)?,
+        None => tracing::warn!("cannot read MemTotal from {MEMINFO}: memory exports are not checked against RAM"),
+    }
+    check_shared_files(exports)
+}
+
+/// `MemTotal` from a `/proc/meminfo`-style file, in bytes.
+pub fn mem_total_bytes(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses memory exports whose sizes add up to more than `ram_bytes`.
+pub fn check_memory(exports: &[ExportConfig], ram_bytes: u64) -> Result<(), PreflightError> {
+    let memory: Vec<(&str, u64)> = exports
+        .iter()
+        .filter(|e| e.backend == BackendKind::Memory)
+        .map(|e| (e.name.as_str(), e.size.unwrap_or(0)))
+        .collect();
+    // Each size is at most 2^50 and there are at most 4096 exports: the sum fits a u64.
+    let need: u64 = memory.iter().map(|(_, s)| s).sum();
+    if need <= ram_bytes {
+        return Ok(());
+    }
+    let exports = memory.iter().map(|(n, s)| format!("{n} = {} MiB", s >> 20)).collect::<Vec<_>>().join(", ");
+    Err(PreflightError::MemoryAboveRam { exports, need_mib: need >> 20, total_mib: ram_bytes >> 20 })
+}
+
+/// What identifies a file: its device and inode once it exists, else the canonical path it will have.
+#[derive(Debug, PartialEq, Eq)]
+enum FileKey {
+    Inode(u64, u64),
+    Path(PathBuf),
+}
+
+fn file_key(path: &Path) -> Option<FileKey> {
+    if let Ok(m) = std::fs::metadata(path) {
+        return Some(FileKey::Inode(m.dev(), m.ino()));
+    }
+    // Not there yet: the canonical directory and the name (the directory may not exist either, when the
+    // data directory is still to be created; then the path as written).
+    let name = path.file_name()?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    Some(FileKey::Path(dir.join(name)))
+}
+
+/// Refuses two file exports on one file.
+pub fn check_shared_files(exports: &[ExportConfig]) -> Result<(), PreflightError> {
+    let mut seen: Vec<(FileKey, &str)> = Vec::new();
+    for e in exports {
+        let BackendKind::File { path } = &e.backend else { continue };
+        let Some(key) = file_key(path) else { continue };
+        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+            return Err(PreflightError::SharedFile {
+                first: first.to_string(),
+                second: e.name.clone(),
+                path: path.clone(),
+            });
+        }
+        seen.push((key, &e.name));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn exports(toml: &str) -> Vec<ExportConfig> {
+        ServerConfig::parse(toml, Path::new("x.toml")).unwrap().exports
+    }
+
+    #[test]
+    fn memory_exports_must_fit_ram_together() {
+        let two = exports(
+            "[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 600\n\
+             [[exports]]\nname = \"b\"\nbackend = \"memory\"\nsize_mb = 500\n",
+        );
+        assert!(check_memory(&two, 1100 << 20).is_ok(), "at the bound");
+        let e = check_memory(&two, 1000 << 20).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "memory exports (a = 600 MiB, b = 500 MiB) need 1100 MiB, more than this machine's 1000 MiB of RAM \
+             (MemTotal in /proc/meminfo): make them smaller or use backend = \"file\""
+        );
+        let huge = exports("[[exports]]\nname = \"p\"\nbackend = \"memory\"\nsize_mb = 1073741824\n");
+        assert!(check_memory(&huge, 64 << 30).is_err(), "1 PiB");
+        assert!(mem_total_bytes(Path::new(MEMINFO)).is_some_and(|b| b > 0));
+    }
+
+    #[test]
+    fn two_exports_on_one_file_are_refused() {
+        let dir = tempfile::Builder::new().prefix("rein-preflight-").tempdir().unwrap();
+        let d = dir.path().display();
+        std::fs::write(dir.path().join("a.img"), b"x").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("a.img"), dir.path().join("link.img")).unwrap();
+        // An existing file through a symlink, and a new file through `..`.
+        for (first, second) in [("a.img", "link.img"), ("new.img", "sub/../new.img")] {
+            std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+            let ex = exports(&format!(
+                "data_dir = \"{d}\"\n[[exports]]\nname = \"x\"\npath = \"{first}\"\nsize_mb = 1\n\
+                 [[exports]]\nname = \"y\"\npath = \"{second}\"\nsize_mb = 1\n"
+            ));
+            let e = check_shared_files(&ex).unwrap_err().to_string();
+            assert!(e.starts_with("exports \"x\" and \"y\" are backed by the same file"), "{e}");
+            assert!(e.contains(second), "{e}");
+        }
+        let ok = exports(&format!(
+            "data_dir = \"{d}\"\n[[exports]]\nname = \"x\"\npath = \"a.img\"\n[[exports]]\nname = \"y\"\npath = \"b.img\"\nsize_mb = 1\n"
+        ));
+        assert!(check_shared_files(&ok).is_ok());
+    }
+}
