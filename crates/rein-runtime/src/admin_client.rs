@@ -1,8 +1,10 @@
 //! A small client for `rein serve`'s admin endpoint (what `rein load` and `rein demo` ask it): GET and
-//! PUT of JSON over HTTP/1.1 on a fresh connection each (`Connection: close`).
+//! PUT of JSON over HTTP/1.1 on a fresh connection each (`Connection: close`), with the bearer token
+//! (`Authorization: Bearer`) when one is given ([`crate::admin_guard`]).
 //!
 //! Bounds: a response larger than [`MAX_RESPONSE`] is an error; every call gives up after [`TIMEOUT`].
 
+use crate::admin_guard::AdminToken;
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,30 +52,42 @@ pub enum AdminClientError {
     },
 }
 
-/// `GET path`, the body parsed as JSON.
-pub async fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> Result<T, AdminClientError> {
-    let body = call(addr, "GET", path, None).await?;
+/// `GET path`, the body parsed as JSON; with `token`, authenticated.
+pub async fn get_json<T: DeserializeOwned>(
+    addr: SocketAddr,
+    token: Option<&AdminToken>,
+    path: &str,
+) -> Result<T, AdminClientError> {
+    let body = call(addr, token, "GET", path, None).await?;
     serde_json::from_slice(&body).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
 }
 
-/// `PUT path` with a JSON body; returns the answer's JSON.
+/// `PUT path` with a JSON body; returns the answer's JSON. With `token`, authenticated.
 pub async fn put_json(
     addr: SocketAddr,
+    token: Option<&AdminToken>,
     path: &str,
     body: &serde_json::Value,
 ) -> Result<serde_json::Value, AdminClientError> {
-    let answer = call(addr, "PUT", path, Some(body.to_string())).await?;
+    let answer = call(addr, token, "PUT", path, Some(body.to_string())).await?;
     serde_json::from_slice(&answer).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
 }
 
-async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<String>) -> Result<Vec<u8>, AdminClientError> {
+async fn call(
+    addr: SocketAddr,
+    token: Option<&AdminToken>,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> Result<Vec<u8>, AdminClientError> {
+    let auth = token.map(|t| format!("Authorization: Bearer {}\r\n", t.as_str())).unwrap_or_default();
     let io = |source| AdminClientError::Io { addr, source };
     let exchange = async {
         let mut s = TcpStream::connect(addr).await.map_err(io)?;
         let body = body.unwrap_or_default();
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
+             {auth}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(req.as_bytes()).await.map_err(io)?;

@@ -2,7 +2,11 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10809"     # NBD
-//! admin = "127.0.0.1:9180"       # HTTP: /metrics, /api/tenants
+//! admin = "127.0.0.1:9180"       # HTTP: /metrics, /api/tenants, /healthz
+//! admin_token_file = "admin.token" # optional: bearer token for every admin request but /healthz
+//! admin_insecure = false         # true: allow a non-loopback admin address without a token (warned)
+//! max_admin_connections = 64     # admin connections open at once (1..=4096)
+//! admin_idle_timeout_s = 60      # an admin connection idle this long is closed
 //! data_dir = "rein-data"         # created if missing; relative to the working directory
 //! scheduler = "mclock"           # mclock | dmclock | rbfq | sfq | fifo
 //! queue_depth = 32               # D: requests outstanding at the backend
@@ -93,6 +97,12 @@ fn d_listen() -> String {
 fn d_admin() -> String {
     "127.0.0.1:9180".into()
 }
+fn d_admin_conns() -> usize {
+    crate::admin_guard::DEFAULT_MAX_CONNECTIONS
+}
+fn d_admin_idle() -> f64 {
+    crate::admin_guard::DEFAULT_IDLE_TIMEOUT.as_secs_f64()
+}
 fn d_data() -> String {
     "rein-data".into()
 }
@@ -124,6 +134,13 @@ struct File {
     listen: String,
     #[serde(default = "d_admin")]
     admin: String,
+    admin_token_file: Option<String>,
+    #[serde(default)]
+    admin_insecure: bool,
+    #[serde(default = "d_admin_conns")]
+    max_admin_connections: usize,
+    #[serde(default = "d_admin_idle")]
+    admin_idle_timeout_s: f64,
     #[serde(default = "d_data")]
     data_dir: String,
     #[serde(default = "d_sched")]
@@ -250,6 +267,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// The admin HTTP endpoint's address (default 127.0.0.1:9180).
     pub admin: SocketAddr,
+    /// Who may use the admin endpoint and how many connections it holds (`admin_token_file`,
+    /// `admin_insecure`, `max_admin_connections`, `admin_idle_timeout_s`; [`crate::admin_guard`]).
+    pub admin_access: crate::admin_guard::AdminAccess,
     /// Where file exports with relative paths live (default `rein-data`, relative to the working
     /// directory); created at start if missing.
     pub data_dir: PathBuf,
@@ -363,6 +383,12 @@ fn validate(f: File) -> Result<ServerConfig, String> {
     let listen: SocketAddr =
         f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
     let admin: SocketAddr = f.admin.parse().map_err(|e| format!("admin {:?}: {e} (expected address:port)", f.admin))?;
+    let admin_access = crate::admin_guard::AdminAccess::new(
+        f.admin_token_file.as_ref().map(PathBuf::from),
+        f.admin_insecure,
+        f.max_admin_connections,
+        f.admin_idle_timeout_s,
+    )?;
     let scheduler: SchedulerKind = f.scheduler.parse().map_err(|e: String| format!("scheduler: {e}"))?;
     if f.queue_depth == 0 || f.queue_depth > 4096 {
         return Err(format!("queue_depth must be in 1..=4096, got {}", f.queue_depth));
@@ -480,6 +506,7 @@ fn validate(f: File) -> Result<ServerConfig, String> {
     let cfg = ServerConfig {
         listen,
         admin,
+        admin_access,
         data_dir,
         scheduler,
         queue_depth: f.queue_depth as usize,

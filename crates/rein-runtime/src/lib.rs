@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod admin_client;
+pub mod admin_guard;
 pub mod aggregate;
 pub mod client;
 pub mod config;

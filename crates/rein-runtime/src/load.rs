@@ -62,6 +62,8 @@ pub struct LoadConfig {
     pub addr: SocketAddr,
     /// Its admin endpoint, if known.
     pub admin: Option<SocketAddr>,
+    /// The admin endpoint's bearer token, if it needs one.
+    pub admin_token: Option<crate::admin_guard::AdminToken>,
     /// The jobs.
     pub jobs: Vec<Job>,
     /// How long to run.
@@ -171,7 +173,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     cfg.validate()?;
     // Specs from the admin endpoint, before any load.
     let server_tenants: Option<Vec<TenantJson>> = match cfg.admin {
-        Some(a) => Some(crate::admin_client::get_json(a, "/api/tenants").await?),
+        Some(a) => Some(crate::admin_client::get_json(a, cfg.admin_token.as_ref(), "/api/tenants").await?),
         None => None,
     };
     let mut specs: Vec<Option<QosSpec>> = Vec::new();
@@ -254,9 +256,10 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             let (ask, mut asked) = tokio::sync::mpsc::unbounded_channel::<usize>();
             let (answer, read) = tokio::sync::mpsc::unbounded_channel();
             let jobs: Vec<String> = cfg.jobs.iter().map(|j| j.tenant.clone()).collect();
+            let token = cfg.admin_token.clone();
             tokio::spawn(async move {
                 while let Some(i) = asked.recv().await {
-                    let counts = crate::admin_client::get_json::<Vec<TenantJson>>(a, "/api/tenants")
+                    let counts = crate::admin_client::get_json::<Vec<TenantJson>>(a, token.as_ref(), "/api/tenants")
                         .await
                         .ok()
                         .map(|ts| jobs.iter().map(|t| phase_counts(&ts, t)).collect::<Vec<_>>());

@@ -44,6 +44,9 @@ pub enum ServeError {
         /// The storage's error.
         source: crate::storage::StorageError,
     },
+    /// The admin endpoint cannot be served as configured (token file, exposed address).
+    #[error(transparent)]
+    Admin(#[from] crate::admin_guard::AdminGuardError),
     /// The exports cannot be served together (too much RAM, one file in two exports).
     #[error(transparent)]
     Preflight(#[from] crate::preflight::PreflightError),
@@ -97,6 +100,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
+    let admin_token = crate::admin_guard::prepare(cfg.admin, &cfg.admin_access)?;
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
     let device = cfg.device.clone();
@@ -182,8 +186,10 @@ pub async fn run(
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
+    let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access);
+    let admin_router = crate::admin_guard::protect(admin::router(admin_state), admin_token);
     let admin_task = tokio::spawn(async move {
-        let _ = axum::serve(admin_l, admin::router(admin_state))
+        let _ = axum::serve(admin_l, admin_router)
             .with_graceful_shutdown(async move {
                 let _ = admin_stop.wait_for(|s| *s).await;
             })

@@ -54,6 +54,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
     let lc = LoadConfig {
         addr: bound.nbd,
         admin: admin.then_some(bound.admin),
+        admin_token: None,
         jobs,
         duration: Duration::from_secs_f64(seconds),
         warmup: Duration::from_secs(1),
@@ -154,6 +155,7 @@ async fn a_missing_tenant_is_a_clear_error() {
     let cfg = LoadConfig {
         addr: "127.0.0.1:9".parse::<SocketAddr>().unwrap(),
         admin: None,
+        admin_token: None,
         jobs: vec![],
         duration: Duration::from_secs(1),
         warmup: Duration::ZERO,

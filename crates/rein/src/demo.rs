@@ -140,7 +140,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         let admin = bound.admin;
         let halver = tokio::spawn(async move {
             tokio::time::sleep(half).await;
-            rein_runtime::admin_client::put_json(admin, "/api/capacity", &serde_json::json!({ "iops": 1200.0 }))
+            rein_runtime::admin_client::put_json(admin, None, "/api/capacity", &serde_json::json!({ "iops": 1200.0 }))
                 .await
                 .context("halving the modelled capacity")
         });
@@ -152,6 +152,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         let lc = LoadConfig {
             addr: bound.nbd,
             admin: Some(admin),
+            admin_token: None,
             jobs,
             duration: total,
             warmup: Duration::from_secs(1),

@@ -21,6 +21,10 @@ pub(crate) struct LoadArgs {
     /// tenants' specs and completions by scheduling phase. Without it they are unknown (null).
     #[arg(long)]
     pub(crate) admin: Option<SocketAddr>,
+    /// The admin endpoint's bearer token file (`rein serve`'s `admin_token_file`), sent with every admin
+    /// request.
+    #[arg(long, requires = "admin")]
+    pub(crate) admin_token_file: Option<PathBuf>,
     /// A tenant's workload, repeatable: name=NAME[,export=E][,tenant=T][,conns=N]
     /// [,kind=closed|open|on_off|burst|trace][,depth=N][,rate=IOPS][,think=MS][,on=S,off=S]
     /// [,burst=N,period=MS][,trace=PATH[,time_scale=X][,repeat=1]][,size=4k][,read=PCT][,random=PCT]
@@ -191,6 +195,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     let cfg = LoadConfig {
         addr: args.addr,
         admin: args.admin,
+        admin_token: args.admin_token_file.as_deref().map(rein_runtime::admin_guard::AdminToken::load).transpose()?,
         jobs,
         duration,
         warmup,

@@ -1,0 +1,451 @@
+//! Who may use the admin endpoint, and how much of the server its connections may hold (issue 12,
+//! point 2). The routes are [`crate::admin::router`]'s; this module wraps them, so routes added there are
+//! covered without being listed here.
+//!
+//! # Access
+//! - **Loopback by default** (`admin = "127.0.0.1:9180"`).
+//! - **A bearer token** (`admin_token_file`): a file holding one token (surrounding whitespace and the
+//!   final newline ignored; 1..=[`MAX_TOKEN_BYTES`] visible ASCII characters). Once configured, every
+//!   request but `GET /healthz` needs `Authorization: Bearer <token>`; without it, or with another token,
+//!   the answer is 401 with `WWW-Authenticate: Bearer realm="rein"` (RFC 6750), unknown paths included
+//!   (so that an unauthenticated client cannot map the routes). The comparison takes the same time
+//!   whatever the presented token holds ([`AdminToken::matches`]).
+//! - **A token file others can read is refused** (any of the mode's "other" bits: readable or writable by
+//!   every local user). A warning would leave every local user with the admin's power (set a tenant's limit
+//!   to 0.001 IOPS) while the operator believes the endpoint is protected; `chmod 600` is a one-line fix,
+//!   and the error says so. Group access is allowed (an operators' group).
+//! - **No exposure by accident**: an `admin` address that is not loopback without a token refuses to
+//!   start, unless `admin_insecure = true`, which starts with a warning naming the address.
+//!
+//! # Connections
+//! - At most `max_admin_connections` (default [`DEFAULT_MAX_CONNECTIONS`]) at once: the listener takes a
+//!   permit before it accepts, and the connection holds it until it closes. At the cap, new connections
+//!   wait in the kernel's accept queue, holding no descriptor of the server's, so an attacker's idle
+//!   connections can never take the descriptors the NBD listener needs (issue 12 saw 20,000 of them stop
+//!   NBD accepts).
+//! - A connection with no byte read or written for `admin_idle_timeout_s` (default
+//!   [`DEFAULT_IDLE_TIMEOUT`]) is closed, so held connections free their permits: a slow or idle client
+//!   (mid-request or between keep-alive requests, or not reading its answer) cannot keep a slot.
+//!
+//! # HTTPS (later)
+//! TLS for this endpoint goes in [`CappedListener`]: accept the TCP connection, run the TLS handshake
+//! (bounded by the idle timeout), and make [`AdminStream`] wrap the TLS stream instead of the
+//! `TcpStream`. The token check and the caps do not change.
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// Default `max_admin_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Largest `max_admin_connections`.
+pub const MAX_CONNECTIONS_LIMIT: usize = 4096;
+/// Default `admin_idle_timeout_s`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest `admin_idle_timeout_s`, in seconds.
+pub const MAX_IDLE_TIMEOUT_S: f64 = 3600.0;
+/// Longest token, in bytes.
+pub const MAX_TOKEN_BYTES: usize = 4096;
+/// The path that answers without a token.
+pub const HEALTHZ: &str = "/healthz";
+
+/// How the admin endpoint is guarded (the `admin_*` keys; module comment).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminAccess {
+    /// `admin_token_file`: the bearer token's file (`None`: no token; then the endpoint must be on
+    /// loopback or `insecure`).
+    pub token_file: Option<PathBuf>,
+    /// `admin_insecure`: serve a non-loopback address without a token (with a warning).
+    pub insecure: bool,
+    /// `max_admin_connections`: 1..=[`MAX_CONNECTIONS_LIMIT`].
+    pub max_connections: usize,
+    /// `admin_idle_timeout_s`: a connection idle this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for AdminAccess {
+    fn default() -> AdminAccess {
+        AdminAccess {
+            token_file: None,
+            insecure: false,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+impl AdminAccess {
+    /// Validates the raw config values; errors name the key.
+    pub fn new(
+        token_file: Option<PathBuf>,
+        insecure: bool,
+        max_connections: usize,
+        idle_timeout_s: f64,
+    ) -> Result<AdminAccess, String> {
+        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&max_connections) {
+            return Err(format!("max_admin_connections must be in 1..={MAX_CONNECTIONS_LIMIT}, got {max_connections}"));
+        }
+        if !(idle_timeout_s.is_finite() && idle_timeout_s > 0.0 && idle_timeout_s <= MAX_IDLE_TIMEOUT_S) {
+            return Err(format!(
+                "admin_idle_timeout_s must be in (0, {MAX_IDLE_TIMEOUT_S}] seconds, got {idle_timeout_s}"
+            ));
+        }
+        if token_file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err("admin_token_file is empty".into());
+        }
+        Ok(AdminAccess { token_file, insecure, max_connections, idle_timeout: Duration::from_secs_f64(idle_timeout_s) })
+    }
+}
+
+/// Why the admin endpoint cannot be served as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminGuardError {
+    /// The token file cannot be read.
+    #[error("admin token file {}: {error}", path.display())]
+    TokenRead {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        error: io::Error,
+    },
+    /// The token file's content or permissions are not acceptable (the message says what and how to fix
+    /// it).
+    #[error("admin token file {}: {message}", path.display())]
+    TokenInvalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A non-loopback admin address without a token (and without `admin_insecure`).
+    #[error(
+        "admin = \"{0}\" is not a loopback address and no admin_token_file is set: anyone who reaches it could \
+         change every tenant's QoS; set admin_token_file, bind 127.0.0.1, or set admin_insecure = true"
+    )]
+    Exposed(SocketAddr),
+}
+
+/// A bearer token, from [`AdminToken::load`]. Its `Debug` never shows it.
+#[derive(Clone)]
+pub struct AdminToken(Arc<[u8]>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
+}
+
+impl AdminToken {
+    /// Reads and checks a token file (module comment): readable, not accessible to others, one token of
+    /// 1..=[`MAX_TOKEN_BYTES`] visible ASCII characters.
+    pub fn load(path: &Path) -> Result<AdminToken, AdminGuardError> {
+        use std::os::unix::fs::PermissionsExt;
+        let read_err = |error| AdminGuardError::TokenRead { path: path.to_path_buf(), error };
+        let invalid = |message: String| AdminGuardError::TokenInvalid { path: path.to_path_buf(), message };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        if !meta.is_file() {
+            return Err(invalid("is not a regular file".into()));
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o007 != 0 {
+            return Err(invalid(format!(
+                "is accessible to every user (mode {:o}); make it private: chmod 600 {}",
+                mode & 0o777,
+                path.display()
+            )));
+        }
+        if meta.len() > 2 * MAX_TOKEN_BYTES as u64 {
+            return Err(invalid(format!("is {} bytes; a token is at most {MAX_TOKEN_BYTES}", meta.len())));
+        }
+        let text = std::fs::read(path).map_err(read_err)?;
+        Self::parse(&text).map_err(invalid)
+    }
+
+    /// A token from a file's bytes: surrounding whitespace dropped, then 1..=[`MAX_TOKEN_BYTES`] visible
+    /// ASCII characters (no space or line break inside).
+    pub fn parse(text: &[u8]) -> Result<AdminToken, String> {
+        let token = text.trim_ascii();
+        if token.is_empty() {
+            return Err("is empty; it must hold one token".into());
+        }
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(format!("holds {} bytes; a token is at most {MAX_TOKEN_BYTES}", token.len()));
+        }
+        if !token.iter().all(|b| b.is_ascii_graphic()) {
+            return Err("must hold one token of visible ASCII characters (no spaces or line breaks inside)".into());
+        }
+        Ok(AdminToken(token.into()))
+    }
+
+    /// The token's text (for a client's `Authorization` header).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("checked ASCII")
+    }
+
+    /// Whether `presented` is this token. The loop runs over the token's length and touches every byte
+    /// whatever `presented` holds, so its time says nothing about how much of a guess was right (only the
+    /// token's length, which is no secret worth keeping).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let mut diff = (self.0.len() != presented.len()) as u8;
+        for (i, &b) in self.0.iter().enumerate() {
+            diff |= b ^ presented.get(i).copied().unwrap_or(0);
+        }
+        std::hint::black_box(diff) == 0
+    }
+}
+
+/// Loads the token (if configured) and refuses an exposed address without one (module comment).
+pub fn prepare(addr: SocketAddr, access: &AdminAccess) -> Result<Option<AdminToken>, AdminGuardError> {
+    let token = access.token_file.as_deref().map(AdminToken::load).transpose()?;
+    if token.is_none() && !addr.ip().is_loopback() {
+        if !access.insecure {
+            return Err(AdminGuardError::Exposed(addr));
+        }
+        tracing::warn!(
+            admin = %addr,
+            "admin endpoint on {addr} without a token (admin_insecure = true): anyone who reaches it can change every tenant's QoS"
+        );
+    }
+    Ok(token)
+}
+
+/// `router` with `GET /healthz` added and, with a token, every other request checked (module comment).
+pub fn protect(router: Router, token: Option<AdminToken>) -> Router {
+    router.route(HEALTHZ, get(healthz)).layer(axum::middleware::from_fn_with_state(token, require_token))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn require_token(State(token): State<Option<AdminToken>>, req: Request, next: Next) -> Response {
+    let Some(token) = token else { return next.run(req).await };
+    if req.uri().path() == HEALTHZ {
+        return next.run(req).await;
+    }
+    let presented = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let bearer = presented.and_then(|v| {
+        let (scheme, rest) = v.split_at_checked(7)?;
+        scheme.eq_ignore_ascii_case(b"bearer ").then_some(rest.trim_ascii())
+    });
+    match bearer {
+        Some(t) if token.matches(t) => next.run(req).await,
+        _ => {
+            let (challenge, msg) = match presented {
+                None => ("Bearer realm=\"rein\"", "this endpoint needs Authorization: Bearer <token>"),
+                Some(_) => ("Bearer realm=\"rein\", error=\"invalid_token\"", "the bearer token is not valid"),
+            };
+            let body = Json(serde_json::json!({ "error": msg }));
+            (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, challenge)], body).into_response()
+        }
+    }
+}
+
+/// The admin listener: at most `max_connections` accepted connections open at once, each closed after
+/// `idle_timeout` without a byte in or out (module comment). For `axum::serve`.
+pub struct CappedListener {
+    inner: TcpListener,
+    permits: Arc<Semaphore>,
+    idle_timeout: Duration,
+}
+
+impl CappedListener {
+    /// Wraps a bound listener.
+    pub fn new(inner: TcpListener, access: &AdminAccess) -> CappedListener {
+        CappedListener {
+            inner,
+            permits: Arc::new(Semaphore::new(access.max_connections)),
+            idle_timeout: access.idle_timeout,
+        }
+    }
+}
+
+impl axum::serve::Listener for CappedListener {
+    type Io = AdminStream;
+    type Addr = SocketAddr;
+
+    fn accept(&mut self) -> impl Future<Output = (AdminStream, SocketAddr)> + Send {
+        async move {
+            // The permit first: at the cap, connections wait in the kernel's queue, not in our descriptors.
+            let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+            loop {
+                match self.inner.accept().await {
+                    Ok((stream, peer)) => return (AdminStream::new(stream, permit, self.idle_timeout), peer),
+                    Err(e) if is_connection_error(&e) => continue,
+                    Err(e) => {
+                        // Out of descriptors (EMFILE) or memory: wait for some to be freed.
+                        tracing::warn!("admin endpoint: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// An admin connection: holds its [`CappedListener`] permit until dropped, and fails its reads and writes
+/// with `TimedOut` once nothing has moved for the idle timeout (hyper then closes it).
+pub struct AdminStream {
+    inner: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    idle_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+}
+
+impl AdminStream {
+    fn new(inner: TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> AdminStream {
+        AdminStream { inner, _permit: permit, idle_timeout, idle: Box::pin(tokio::time::sleep(idle_timeout)) }
+    }
+
+    fn moved(&mut self) {
+        let at = Instant::now() + self.idle_timeout;
+        self.idle.as_mut().reset(at);
+    }
+
+    /// After a `Pending` from the socket: `TimedOut` if the idle deadline has passed (else the timer
+    /// wakes this task when it does).
+    fn check_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        match self.idle.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, "admin connection idle")),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for AdminStream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.check_idle(cx).map(Err),
+        }
+    }
+}
+
+impl AsyncWrite for AdminStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, data) {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.check_idle(cx).map(Err),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.check_idle(cx).map(Err),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_checked_and_compared_exactly() {
+        let t = AdminToken::parse(b"  s3cret-token\n").unwrap();
+        assert_eq!(t.as_str(), "s3cret-token");
+        assert!(t.matches(b"s3cret-token"));
+        for wrong in [&b""[..], b"s3cret-toke", b"s3cret-token!", b"S3cret-token", b"s3cret-token\0"] {
+            assert!(!t.matches(wrong), "{wrong:?}");
+        }
+        assert!(format!("{t:?}").contains(".."), "Debug hides the token");
+        assert_eq!(AdminToken::parse(b" \n").unwrap_err(), "is empty; it must hold one token");
+        assert!(AdminToken::parse(b"two tokens").unwrap_err().contains("visible ASCII"));
+        assert!(AdminToken::parse(&[b'a'; MAX_TOKEN_BYTES]).is_ok(), "at the bound");
+        assert!(AdminToken::parse(&[b'a'; MAX_TOKEN_BYTES + 1]).unwrap_err().contains("at most 4096"));
+    }
+
+    #[test]
+    fn token_files_others_can_read_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new().prefix("rein-token-").tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "abc\n").unwrap();
+        for (mode, ok) in [(0o600, true), (0o640, true), (0o644, false), (0o602, false)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let r = AdminToken::load(&path);
+            assert_eq!(r.is_ok(), ok, "mode {mode:o}: {r:?}");
+            if !ok {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("is accessible to every user") && e.contains("chmod 600"), "{e}");
+            }
+        }
+        let e = AdminToken::load(&dir.path().join("none")).unwrap_err().to_string();
+        assert!(e.starts_with("admin token file ") && e.ends_with("No such file or directory (os error 2)"), "{e}");
+    }
+
+    #[test]
+    fn an_exposed_address_needs_a_token_or_insecure() {
+        let open: SocketAddr = "0.0.0.0:9180".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:9180".parse().unwrap();
+        let mut access = AdminAccess::default();
+        assert!(prepare(lo, &access).unwrap().is_none());
+        let e = prepare(open, &access).unwrap_err().to_string();
+        assert!(e.starts_with("admin = \"0.0.0.0:9180\" is not a loopback address"), "{e}");
+        access.insecure = true;
+        assert!(prepare(open, &access).is_ok());
+        assert!(AdminAccess::new(None, false, 0, 60.0).unwrap_err().contains("max_admin_connections"));
+        assert!(AdminAccess::new(None, false, 4097, 60.0).is_err());
+        assert!(AdminAccess::new(None, false, 4096, 3600.0).is_ok());
+        assert!(AdminAccess::new(None, false, 64, 0.0).unwrap_err().contains("admin_idle_timeout_s"));
+    }
+}
