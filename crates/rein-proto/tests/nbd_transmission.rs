@@ -35,9 +35,9 @@ fn expected(c: &TransmissionConfig, op: &Op) -> Result<RequestKind, ErrorKind> {
         allowed |= CMD_FLAG_DF;
     }
     let writes = matches!(kind, RequestKind::Write | RequestKind::Trim | RequestKind::WriteZeroes);
-    if op.flags & !allowed != 0 {
-        Err(ErrorKind::InvalidRequest)
-    } else if kind == RequestKind::Flush && (c.volatile || op.offset != 0 || op.length != 0) {
+    // Steps 3 and 4: flags that do not apply; a FLUSH on a volatile export or with non-zero reserved fields.
+    let bad_flush = kind == RequestKind::Flush && (c.volatile || op.offset != 0 || op.length != 0);
+    if op.flags & !allowed != 0 || bad_flush {
         Err(ErrorKind::InvalidRequest)
     } else if writes && c.read_only {
         Err(ErrorKind::ReadOnly)

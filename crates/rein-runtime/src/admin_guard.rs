@@ -279,19 +279,17 @@ impl axum::serve::Listener for CappedListener {
     type Io = AdminStream;
     type Addr = SocketAddr;
 
-    fn accept(&mut self) -> impl Future<Output = (AdminStream, SocketAddr)> + Send {
-        async move {
-            // The permit first: at the cap, connections wait in the kernel's queue, not in our descriptors.
-            let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
-            loop {
-                match self.inner.accept().await {
-                    Ok((stream, peer)) => return (AdminStream::new(stream, permit, self.idle_timeout), peer),
-                    Err(e) if is_connection_error(&e) => continue,
-                    Err(e) => {
-                        // Out of descriptors (EMFILE) or memory: wait for some to be freed.
-                        tracing::warn!("admin endpoint: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
+    async fn accept(&mut self) -> (AdminStream, SocketAddr) {
+        // The permit first: at the cap, connections wait in the kernel's queue, not in our descriptors.
+        let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, peer)) => return (AdminStream::new(stream, permit, self.idle_timeout), peer),
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) or memory: wait for some to be freed.
+                    tracing::warn!("admin endpoint: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
         }
