@@ -375,3 +375,37 @@ fn errors_say_their_cause_once_and_name_the_path() {
     );
     assert_eq!(err.matches("os error 2").count(), 1, "the cause once: {err}");
 }
+
+/// A block device is served at the device's size, and `size_mb` must match it as for a file. Needs a loop
+/// device (root); elsewhere the test says so and checks nothing.
+#[test]
+fn a_block_device_is_served_at_its_size() {
+    let tmp = tmpdir("blockdev");
+    let dir = tmp.path();
+    let back = dir.join("back.img");
+    std::fs::write(&back, vec![0u8; 8 << 20]).unwrap();
+    let out = Cmd::new("losetup").args(["-f", "--show"]).arg(&back).output();
+    let Some(dev) =
+        out.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
+        eprintln!("skipped: no loop device can be attached here (needs root)");
+        return;
+    };
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _detach = Detach(dev.clone());
+    let s = start(dir, 51, &format!("[[exports]]\nname = \"blk\"\npath = \"{dev}\"\n"));
+    let info = run_ok(tool("nbdinfo").arg(format!("nbd://{}/blk", s.nbd)));
+    assert!(info.contains("export-size: 8388608"), "{info}");
+    drop(s);
+    let err = start_fails(dir, 51, &format!("[[exports]]\nname = \"blk\"\npath = \"{dev}\"\nsize_mb = 16\n"));
+    assert!(
+        error_line(&err)
+            .starts_with(&format!("error: export blk: {dev}: is 8388608 bytes, but size_mb asks for 16777216 bytes")),
+        "{err}"
+    );
+}
