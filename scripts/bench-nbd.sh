@@ -67,10 +67,10 @@ TOML
   measure $pid fio_one nbd://127.0.0.33:10809/bench
   kill $pid; wait $pid 2>/dev/null || true
 }
-rein_many() { # scheduler -> total IOPS with 100 tenants (one export each, same file), one fio job per tenant (binary $REIN)
+rein_many() { # scheduler -> total IOPS with 100 tenants (one read-only export each, same file), one fio job per tenant (binary $REIN)
   { echo "listen = \"127.0.0.34:10809\""; echo "admin = \"127.0.0.34:9180\""; echo "data_dir = \"$W/data\""; echo "scheduler = \"$1\""
     echo "io_engine = \"${IO_ENGINE:-uring}\""
-    for i in $(seq 0 99); do printf '[[exports]]\nname = "t%d"\npath = "%s"\nsize_mb = 1024\n' $i "$FILE"; done; } > "$W/many-$1.toml"
+    for i in $(seq 0 99); do printf '[[exports]]\nname = "t%d"\npath = "%s"\nsize_mb = 1024\nread_only = true\n' $i "$FILE"; done; } > "$W/many-$1.toml"
   "$REIN" serve --config "$W/many-$1.toml" 2>/dev/null & local pid=$!
   wait_port 127.0.0.34 10809
   measure $pid fio_many nbd://127.0.0.34:10809 100

@@ -8,7 +8,8 @@
 //!   can never fit does not. Without `/proc/meminfo` (not Linux) the check is skipped with a warning.
 //! - **One file, one export**: two exports backed by the same file (the same device and inode, or for
 //!   files still to be created the same canonical path) would let two tenants read and overwrite each
-//!   other's disk, each under its own QoS. Refused, naming both exports.
+//!   other's disk, each under its own QoS. Refused, naming both exports, unless both are `read_only`
+//!   (a golden image served to many tenants: nobody can change it, and sharing it is the point).
 //!
 //! Per-file checks (a missing file without `size_mb`, a directory, a FIFO, a socket, a character device,
 //! a size that differs from `size_mb`) are [`crate::storage::FileStorage::open_with`]'s, so that every
@@ -38,7 +39,11 @@ pub enum PreflightError {
         total_mib: u64,
     },
     /// Two exports are backed by one file.
-    #[error("exports {first:?} and {second:?} are backed by the same file {}; each export needs its own", path.display())]
+    #[error(
+        "exports {first:?} and {second:?} are backed by the same file {}; each export needs its own (or both \
+         read_only = true)",
+        path.display()
+    )]
     SharedFile {
         /// The first export (in file order).
         first: String,
@@ -101,20 +106,21 @@ fn file_key(path: &Path) -> Option<FileKey> {
     Some(FileKey::Path(dir.join(name)))
 }
 
-/// Refuses two file exports on one file.
+/// Refuses two file exports on one file, unless both are read-only.
 pub fn check_shared_files(exports: &[ExportConfig]) -> Result<(), PreflightError> {
-    let mut seen: Vec<(FileKey, &str)> = Vec::new();
+    let mut seen: Vec<(FileKey, &ExportConfig)> = Vec::new();
     for e in exports {
         let BackendKind::File { path } = &e.backend else { continue };
         let Some(key) = file_key(path) else { continue };
-        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+        let clash = seen.iter().find(|(k, other)| *k == key && !(e.read_only && other.read_only));
+        if let Some((_, first)) = clash {
             return Err(PreflightError::SharedFile {
-                first: first.to_string(),
+                first: first.name.clone(),
                 second: e.name.clone(),
                 path: path.clone(),
             });
         }
-        seen.push((key, &e.name));
+        seen.push((key, e));
     }
     Ok(())
 }
@@ -163,6 +169,16 @@ mod tests {
             assert!(e.starts_with("exports \"x\" and \"y\" are backed by the same file"), "{e}");
             assert!(e.contains(second), "{e}");
         }
+        // Read-only exports may share an image (and only they).
+        let shared = |ro_x: bool, ro_y: bool| {
+            exports(&format!(
+                "data_dir = \"{d}\"\n[[exports]]\nname = \"x\"\npath = \"a.img\"\nread_only = {ro_x}\n\
+                 [[exports]]\nname = \"y\"\npath = \"a.img\"\nread_only = {ro_y}\n"
+            ))
+        };
+        assert!(check_shared_files(&shared(true, true)).is_ok());
+        assert!(check_shared_files(&shared(true, false)).is_err());
+        assert!(check_shared_files(&shared(false, true)).is_err());
         let ok = exports(&format!(
             "data_dir = \"{d}\"\n[[exports]]\nname = \"x\"\npath = \"a.img\"\n[[exports]]\nname = \"y\"\npath = \"b.img\"\nsize_mb = 1\n"
         ));

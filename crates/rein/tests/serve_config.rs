@@ -204,7 +204,8 @@ fn directories_special_files_and_shared_files_are_refused() {
     assert_eq!(
         error_line(&err),
         format!(
-            "error: exports \"a\" and \"b\" are backed by the same file {}; each export needs its own",
+            "error: exports \"a\" and \"b\" are backed by the same file {}; each export needs its own (or both \
+             read_only = true)",
             data.join("./one.img").display()
         )
     );
