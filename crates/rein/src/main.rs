@@ -79,3 +79,22 @@ fn report(e: &anyhow::Error) -> String {
     }
     line
 }
+
+#[cfg(test)]
+mod tests {
+    /// Issue 12: a library error whose message holds its cause, printed with its chain, says the cause
+    /// once (before: `export rd: open failed: X: open failed: X: X`).
+    #[test]
+    fn each_cause_is_reported_once() {
+        let os = std::io::Error::from_raw_os_error(2);
+        let storage = rein_runtime::storage::StorageError::Io { op: "open", source: os };
+        let e =
+            rein_runtime::server::ServeError::Export { name: "rd".into(), path: "d/rd.img".into(), source: storage };
+        let e = anyhow::Error::from(e);
+        assert_eq!(format!("{e:#}").matches("os error 2").count(), 3, "the chain as anyhow prints it");
+        assert_eq!(super::report(&e), "export rd: d/rd.img: open failed: No such file or directory (os error 2)");
+        // A context without the cause keeps it once, after the context.
+        let ctx = anyhow::Error::from(std::io::Error::from_raw_os_error(2)).context("reading x");
+        assert_eq!(super::report(&ctx), "reading x: No such file or directory (os error 2)");
+    }
+}
