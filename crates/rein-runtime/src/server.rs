@@ -39,7 +39,7 @@ pub enum ServeError {
     Export {
         /// The export.
         name: String,
-        /// Its file (`memory` for a memory export).
+        /// Its file.
         path: std::path::PathBuf,
         /// The storage's error.
         source: crate::storage::StorageError,
@@ -71,8 +71,13 @@ pub enum ServeError {
 }
 
 /// Opens an export's storage (creating a missing file only when the export has a size; see
-/// [`FileStorage::open_with`]). Errors name the export and its path.
+/// [`FileStorage::open_with`]; a memory export only if it fits the machine's RAM). Errors name the export
+/// and its path.
 pub fn open_export(e: &crate::config::ExportConfig) -> Result<Arc<dyn Storage>, ServeError> {
+    use crate::preflight::{check_memory, mem_total_bytes, MEMINFO};
+    if let Some(ram) = mem_total_bytes(std::path::Path::new(MEMINFO)) {
+        check_memory(std::slice::from_ref(e), ram)?;
+    }
     Ok(match &e.backend {
         BackendKind::File { path } => Arc::new(
             FileStorage::open_with(path, e.size, e.read_only, e.direct).map_err(|source| ServeError::Export {

@@ -235,6 +235,9 @@ fn memory_exports_larger_than_ram_are_refused() {
              of RAM (MemTotal in /proc/meminfo): make them smaller or use backend = \"file\""
         )
     );
+    // `rein probe` opens the export the same way, and refuses it the same way (before: an abort).
+    let probe = serve_fails(&["probe", "--config", dir.join("rein.toml").to_str().unwrap(), "--seconds", "1"]);
+    assert_eq!(error_line(&probe), error_line(&err));
     // Two that fit alone but not together.
     let half = total * 6 / 10;
     let err = start_fails(
