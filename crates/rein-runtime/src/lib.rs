@@ -17,10 +17,12 @@ pub mod client;
 pub mod config;
 pub mod devmodel;
 pub mod dispatch;
+pub mod live;
 pub mod load;
 pub mod nbd;
 pub mod probe;
 pub mod server;
+pub mod state;
 pub mod storage;
 pub mod uring;
 
