@@ -77,9 +77,20 @@ pub(crate) fn run(args: ServeArgs) -> Result<()> {
                 let _ = tx.try_send(());
             }
         });
+        // Errors that do not name the file (a value out of range) get its path in front.
+        let file = args.config.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "<built-in>".into());
         let reload = rein_runtime::server::Reload {
             requests,
-            load: Box::new(move || load(&args).map_err(|e| format!("{e:#}"))),
+            load: Box::new(move || {
+                load(&args).map_err(|e| {
+                    let msg = format!("{e:#}");
+                    if msg.contains(&file) {
+                        msg
+                    } else {
+                        format!("{file}: {msg}")
+                    }
+                })
+            }),
         };
         rein_runtime::server::run_with(cfg, shutdown, None, Some(reload)).await.map_err(anyhow::Error::from)
     })?;
