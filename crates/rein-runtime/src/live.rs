@@ -23,7 +23,7 @@
 //! storage is released with the last one. A tenant cannot be deleted (409) while an export uses it, nor
 //! while connections to a deleted export of it are still open.
 
-use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig};
+use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig, MAX_EXPORTS};
 use crate::dispatch::{CapacityError, Dispatcher};
 use crate::nbd::Export;
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, SpecJson};
@@ -389,6 +389,9 @@ impl Registry {
         let mut inner = self.changes.lock().await;
         if inner.effective.exports.iter().any(|e| e.name == j.name) {
             return Err(ChangeError::Conflict(format!("export {:?} exists", j.name)));
+        }
+        if inner.effective.exports.len() >= MAX_EXPORTS {
+            return Err(ChangeError::Conflict(format!("at most {MAX_EXPORTS} exports")));
         }
         let eff0 = &inner.effective;
         let cfg = j.to_config(&eff0.data_dir, &eff0.tenants, true).map_err(ChangeError::Invalid)?;

@@ -173,7 +173,8 @@ impl ExportJson {
 
     /// Validates this export for a server whose data directory is `data_dir` and whose tenants are
     /// `tenants`; a file path is made absolute under `data_dir`. With `strict_path` (exports created
-    /// through the admin API) the path must be relative and stay inside `data_dir` (no `..`).
+    /// through the admin API) the path must be relative and stay inside `data_dir` (no `..`), and a memory
+    /// export may not be larger than the machine's RAM.
     pub fn to_config(
         &self,
         data_dir: &Path,
@@ -211,7 +212,17 @@ impl ExportJson {
             }
             "memory" if self.direct => return Err(format!("export {name}: direct = true needs backend \"file\"")),
             "memory" if size == 0 => return Err(format!("export {name}: a memory export needs size_mb")),
-            "memory" => BackendKind::Memory,
+            "memory" => {
+                // An admin-created memory export cannot take the server down: its size is bounded by the
+                // machine's RAM (MemTotal).
+                if let Some(ram) = strict_path.then(mem_total_bytes).flatten().filter(|&ram| size > ram) {
+                    return Err(format!(
+                        "export {name}: a memory export of {size_mb} MiB is larger than this machine's RAM ({} MiB)",
+                        ram >> 20
+                    ));
+                }
+                BackendKind::Memory
+            }
             o => return Err(format!("export {name}: backend {o:?}: expected file or memory")),
         };
         if size == 0 && self.size_mb.is_some() {
@@ -223,6 +234,14 @@ impl ExportJson {
             .ok_or_else(|| format!("export {name}: unknown tenant {:?}", self.tenant))?;
         Ok(ExportConfig { name: name.clone(), backend, size, tenant, read_only: self.read_only, direct: self.direct })
     }
+}
+
+/// The machine's RAM (`MemTotal` in /proc/meminfo), if it can be read.
+fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
 }
 
 /// A tenant's run-time change.
@@ -674,5 +693,9 @@ mod tests {
         }
         let e = ExportJson { size_mb: None, ..j("nope.img") }.to_config(&base.data_dir, &base.tenants, true);
         assert!(e.unwrap_err().contains("give size_mb to create it"));
+        // A memory export larger than the machine: refused, not an abort (1 PiB is the largest size).
+        let huge = ExportJson { backend: "memory".into(), path: None, size_mb: Some(1 << 30), ..j("x") };
+        let e = huge.to_config(&base.data_dir, &base.tenants, true).unwrap_err();
+        assert!(e.contains("larger than this machine's RAM"), "{e}");
     }
 }

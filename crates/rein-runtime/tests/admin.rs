@@ -234,3 +234,32 @@ async fn concurrent_puts_never_exceed_the_capacity_or_lose_an_update() {
     let rd = snap.tenants.iter().find(|t| t.id == ids[0]).unwrap().spec;
     assert_eq!((rd.weight(), rd.idle_credit()), (50.0, 50), "an update was lost: {rd}");
 }
+
+/// The export table's bound: `POST /api/exports` stops at `MAX_EXPORTS` with a 409.
+#[tokio::test]
+async fn exports_stop_at_their_bound() {
+    use rein_runtime::config::MAX_EXPORTS;
+    use rein_runtime::live::ChangeError;
+    use rein_runtime::state::ExportJson;
+    let (d, _join) = Dispatcher::spawn(None, DispatchConfig::default());
+    let spec = QosSpec::default();
+    let id = d.add_tenant(spec).await.unwrap();
+    let r = Registry::for_tenants(d, vec![("t".into(), spec, id)], Admission::Refuse, None);
+    let export = |i: usize| ExportJson {
+        name: format!("e{i}"),
+        backend: "memory".into(),
+        path: None,
+        size_mb: Some(1),
+        tenant: "t".into(),
+        read_only: false,
+        direct: false,
+    };
+    for i in 0..MAX_EXPORTS {
+        r.add_export(export(i)).await.unwrap();
+    }
+    assert_eq!(r.exports().snapshot().len(), MAX_EXPORTS);
+    match r.add_export(export(MAX_EXPORTS)).await {
+        Err(ChangeError::Conflict(m)) => assert!(m.contains("at most 4096 exports"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
