@@ -7,50 +7,71 @@
 //!   `{"reservation": 250, "limit": 1000, "weight": 2, "idle_credit": 0}` (omitted fields keep their value;
 //!   `"limit": null` removes the limit). Invalid values get 400 with the reason; reservations above the
 //!   reservable capacity get 409 (admission = refuse) or are applied with a warning (admission = warn).
-//! - `PUT /api/capacity`: `{"iops": 600}` changes the modelled device's capacity (404 without a model).
+//! - `POST /api/tenants`: add a tenant: `{"name": "new", "reservation": 100, "limit": null, "weight": 1,
+//!   "idle_credit": 0}` (omitted: reservation 0, no limit, weight 1). 201; 400 for an invalid spec or a
+//!   name that is empty or longer than 256 bytes; 409 when the name exists or admission refuses.
+//! - `DELETE /api/tenants/{name}`: 204; 404 unknown; 409 while an export (or an open connection to a
+//!   deleted export) uses it.
+//! - `GET /api/exports`: the exports as JSON (name, tenant, size, read_only).
+//! - `POST /api/exports`: add an export, visible to new connections at once: `{"name": "x", "backend":
+//!   "file", "path": "x.img", "size_mb": 64, "tenant": "rd", "read_only": false, "direct": false}`
+//!   (backend file by default; path relative to the data directory, default `<name>.img`, no `..`; the file
+//!   is created only when `size_mb` is given; tenant defaults to the export's name and must exist). 201; 400
+//!   for bad fields; 404 for an unknown tenant; 409 when the name exists; 500 when the storage cannot be
+//!   opened.
+//! - `DELETE /api/exports/{name}`: 204: new connections no longer list or open it; open ones continue.
+//! - `GET /api/capacity`: `{"iops": 5000, "source": "config", "reserved_iops": 500, "admission": "refuse",
+//!   "device_model_iops": null}`: the capacity admission uses and where it came from (config,
+//!   device_model, probe, admin or none).
+//! - `PUT /api/capacity`: `{"iops": 600}` sets the capacity admission uses (and a device model's
+//!   capacity, until its schedule's next step). 400 when not positive and finite; below the reservations'
+//!   sum: 409 (refuse) or applied with a warning (warn).
 //!
-//! Changes are serialised (`AdminState::changes`): each reads the current specs, validates, admits and
-//! applies before the next one starts.
+//! Every change is serialised, persisted in the state file and then applied ([`crate::live`]); a change
+//! that cannot be persisted gets 500 and is not applied.
 
-use crate::config::Admission;
-use crate::dispatch::{CapacityError, Dispatcher, LATENCY_BUCKETS_S};
+use crate::dispatch::LATENCY_BUCKETS_S;
+use crate::live::{ChangeError, Registry};
+use crate::state::ExportJson;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{delete, get, put};
 use axum::{Json, Router};
-use rein_core::{Phase, QosSpec, TenantId};
+use rein_core::{Phase, QosSpec};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use std::sync::Arc;
 
-/// What the admin endpoint needs to know.
+/// What the admin endpoint needs to know: the server's live state ([`Registry`]), which also serialises
+/// every change (validation, admission, persistence and apply as one step, [`crate::live`]).
 #[derive(Clone)]
 pub struct AdminState {
-    /// The dispatcher whose tenants are reported and changed.
-    pub dispatcher: Dispatcher,
-    /// Tenant names and ids, in configuration order.
-    pub tenants: Arc<Vec<(String, TenantId)>>,
-    /// Whether a spec change that takes the reservations above the capacity is refused or warned about.
-    pub admission: Admission,
-    /// Reservable capacity for admission, in IOPS ([`crate::config::ServerConfig::capacity_iops`]);
-    /// `None`: the modelled device's capacity at the time of the change, or no check without a model.
-    pub capacity_iops: Option<f64>,
-    /// Held by every change from its read of the current specs to its apply, so that validation, admission
-    /// and apply are one step: two PUTs that fit the capacity alone but not together are never both
-    /// accepted, and concurrent partial updates of a tenant never overwrite each other's fields. The admin
-    /// endpoint is the only writer of specs and capacity; the IO path never takes this lock.
-    pub changes: Arc<tokio::sync::Mutex<()>>,
+    /// Tenants, exports and capacity, and their change lock.
+    pub registry: Arc<Registry>,
 }
 
 /// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/api/tenants", get(list))
-        .route("/api/tenants/{name}", put(update).get(one))
-        .route("/api/capacity", put(capacity))
+        .route("/api/tenants", get(list).post(create_tenant))
+        .route("/api/tenants/{name}", put(update).get(one).delete(delete_tenant))
+        .route("/api/capacity", put(capacity).get(get_capacity))
+        .route("/api/exports", get(list_exports).post(create_export))
+        .route("/api/exports/{name}", delete(delete_export))
         .with_state(state)
+}
+
+fn change_err(e: ChangeError) -> Response {
+    let code = match &e {
+        ChangeError::NotFound(_) => StatusCode::NOT_FOUND,
+        ChangeError::Invalid(_) => StatusCode::BAD_REQUEST,
+        ChangeError::Conflict(_) => StatusCode::CONFLICT,
+        ChangeError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ChangeError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    err(code, e.to_string())
 }
 
 fn err(code: StatusCode, msg: impl Into<String>) -> Response {
@@ -101,9 +122,10 @@ impl TenantJson {
 }
 
 async fn tenants_json(s: &AdminState) -> Result<Vec<TenantJson>, Response> {
-    let snap = s.dispatcher.snapshot().await.map_err(|e| err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let snap =
+        s.registry.dispatcher().snapshot().await.map_err(|e| err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     let mut out = Vec::new();
-    for (name, id) in s.tenants.iter() {
+    for (name, id) in s.registry.tenants().iter() {
         let Some(t) = snap.tenants.iter().find(|t| t.id == *id) else { continue };
         let done: u64 = t.counters.completed.iter().sum();
         out.push(TenantJson {
@@ -165,55 +187,145 @@ mod double_option {
 }
 
 async fn update(State(s): State<AdminState>, Path(name): Path<String>, body: axum::body::Bytes) -> Response {
-    let Some(&(_, id)) = s.tenants.iter().find(|(n, _)| *n == name) else {
-        return err(StatusCode::NOT_FOUND, format!("no tenant named {name:?}"));
-    };
     let upd: SpecUpdate = match serde_json::from_slice(&body) {
         Ok(u) => u,
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
     };
-    // Read, validate, admit and apply under one lock (`AdminState::changes`).
-    let _change = s.changes.lock().await;
-    let snap = match s.dispatcher.snapshot().await {
-        Ok(x) => x,
-        Err(e) => return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
-    let Some(cur) = snap.tenants.iter().find(|t| t.id == id).map(|t| t.spec) else {
-        return err(StatusCode::NOT_FOUND, format!("tenant {name:?} is gone"));
-    };
-    let spec = match QosSpec::new(
-        upd.reservation.unwrap_or(cur.reservation()),
-        upd.limit.unwrap_or(cur.limit()),
-        upd.weight.unwrap_or(cur.weight()),
-        upd.idle_credit.unwrap_or(cur.idle_credit()),
-    ) {
-        Ok(sp) => sp,
-        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid spec for {name}: {e}")),
-    };
-    let mut warning = None;
-    if let Some(cap) = s.capacity_iops.or(snap.capacity_iops) {
-        let others: f64 = snap.tenants.iter().filter(|t| t.id != id).map(|t| t.spec.reservation()).sum();
-        let total = others + spec.reservation();
-        if total > cap {
-            let msg = format!("reservations would total {total} IOPS, above the reservable capacity of {cap} IOPS");
-            match s.admission {
-                Admission::Refuse => return err(StatusCode::CONFLICT, msg),
-                Admission::Warn => {
-                    tracing::warn!(tenant = %name, "{msg}");
-                    warning = Some(msg);
-                }
-            }
-        }
+    // Read, validate, admit, persist and apply under one lock (`Registry`).
+    let r = s
+        .registry
+        .update_spec(&name, |cur| {
+            QosSpec::new(
+                upd.reservation.unwrap_or(cur.reservation()),
+                upd.limit.unwrap_or(cur.limit()),
+                upd.weight.unwrap_or(cur.weight()),
+                upd.idle_credit.unwrap_or(cur.idle_credit()),
+            )
+            .map_err(|e| e.to_string())
+        })
+        .await;
+    match r {
+        Ok((spec, warning)) => spec_answer(&name, spec, warning),
+        Err(e) => change_err(e),
     }
-    if let Err(e) = s.dispatcher.set_spec(id, spec).await {
-        return err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
-    }
-    tracing::info!(tenant = %name, %spec, "spec changed");
+}
+
+fn spec_answer(name: &str, spec: QosSpec, warning: Option<String>) -> Response {
     Json(serde_json::json!({
         "name": name, "reservation": spec.reservation(), "limit": spec.limit(), "weight": spec.weight(),
         "idle_credit": spec.idle_credit(), "warning": warning,
     }))
     .into_response()
+}
+
+/// `POST /api/tenants`: a name and a spec (omitted fields: reservation 0, no limit, weight 1, idle credit 0).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTenant {
+    name: String,
+    #[serde(default)]
+    reservation: f64,
+    limit: Option<f64>,
+    #[serde(default = "weight_one")]
+    weight: f64,
+    #[serde(default)]
+    idle_credit: u32,
+}
+
+fn weight_one() -> f64 {
+    1.0
+}
+
+async fn create_tenant(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let t: NewTenant = match serde_json::from_slice(&body) {
+        Ok(t) => t,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
+    };
+    let spec = match QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit) {
+        Ok(sp) => sp,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid spec for {}: {e}", t.name)),
+    };
+    match s.registry.add_tenant(&t.name, spec).await {
+        Ok(warning) => (StatusCode::CREATED, spec_answer(&t.name, spec, warning)).into_response(),
+        Err(e) => change_err(e),
+    }
+}
+
+async fn delete_tenant(State(s): State<AdminState>, Path(name): Path<String>) -> Response {
+    match s.registry.remove_tenant(&name).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => change_err(e),
+    }
+}
+
+/// An export as `GET /api/exports` reports it.
+#[derive(Serialize)]
+struct ExportListed {
+    name: String,
+    tenant: String,
+    size: u64,
+    read_only: bool,
+}
+
+async fn list_exports(State(s): State<AdminState>) -> Response {
+    let tenants = s.registry.tenants();
+    let v: Vec<ExportListed> = s
+        .registry
+        .exports()
+        .snapshot()
+        .iter()
+        .map(|e| ExportListed {
+            name: e.info.name.clone(),
+            tenant: tenants.iter().find(|t| t.1 == e.tenant).map(|t| t.0.clone()).unwrap_or_default(),
+            size: e.info.size,
+            read_only: e.info.read_only,
+        })
+        .collect();
+    Json(v).into_response()
+}
+
+async fn create_export(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NewExport {
+        name: String,
+        #[serde(default = "file")]
+        backend: String,
+        path: Option<std::path::PathBuf>,
+        size_mb: Option<u64>,
+        tenant: Option<String>,
+        #[serde(default)]
+        read_only: bool,
+        #[serde(default)]
+        direct: bool,
+    }
+    fn file() -> String {
+        "file".into()
+    }
+    let n: NewExport = match serde_json::from_slice(&body) {
+        Ok(n) => n,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
+    };
+    let j = ExportJson {
+        tenant: n.tenant.unwrap_or_else(|| n.name.clone()),
+        name: n.name,
+        backend: n.backend,
+        path: n.path,
+        size_mb: n.size_mb,
+        read_only: n.read_only,
+        direct: n.direct,
+    };
+    match s.registry.add_export(j).await {
+        Ok(()) => (StatusCode::CREATED, Json(serde_json::json!({ "created": true }))).into_response(),
+        Err(e) => change_err(e),
+    }
+}
+
+async fn delete_export(State(s): State<AdminState>, Path(name): Path<String>) -> Response {
+    match s.registry.remove_export(&name).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => change_err(e),
+    }
 }
 
 #[derive(Deserialize)]
@@ -227,15 +339,16 @@ async fn capacity(State(s): State<AdminState>, body: axum::body::Bytes) -> Respo
         Ok(b) => b,
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
     };
-    let _change = s.changes.lock().await;
-    match s.dispatcher.set_capacity(b.iops).await {
-        Ok(()) => {
-            tracing::info!(iops = b.iops, "device model capacity changed");
-            Json(serde_json::json!({ "iops": b.iops })).into_response()
-        }
-        Err(e @ CapacityError::NoModel) => err(StatusCode::NOT_FOUND, e.to_string()),
-        Err(e @ CapacityError::Shutdown) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        Err(CapacityError::Invalid(e)) => err(StatusCode::BAD_REQUEST, format!("capacity: {e}")),
+    match s.registry.set_capacity(b.iops).await {
+        Ok(warning) => Json(serde_json::json!({ "iops": b.iops, "warning": warning })).into_response(),
+        Err(e) => change_err(e),
+    }
+}
+
+async fn get_capacity(State(s): State<AdminState>) -> Response {
+    match s.registry.capacity().await {
+        Ok(c) => Json(c).into_response(),
+        Err(e) => change_err(e),
     }
 }
 
@@ -244,13 +357,14 @@ fn label(s: &str) -> String {
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    let snap = match s.dispatcher.snapshot().await {
+    let snap = match s.registry.dispatcher().snapshot().await {
         Ok(x) => x,
         Err(e) => return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
+    let tenants = s.registry.tenants();
     let mut o = String::new();
     let _ = writeln!(o, "# HELP rein_tenant_completed_total IOs completed, by scheduling phase.\n# TYPE rein_tenant_completed_total counter");
-    for (name, id) in s.tenants.iter() {
+    for (name, id) in tenants.iter() {
         if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
             for p in Phase::ALL {
                 let _ = writeln!(
@@ -265,7 +379,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     }
     let mut gauge = |metric: &str, help: &str, kind: &str, f: &dyn Fn(&crate::dispatch::TenantSnapshot) -> f64| {
         let _ = writeln!(o, "# HELP {metric} {help}\n# TYPE {metric} {kind}");
-        for (name, id) in s.tenants.iter() {
+        for (name, id) in tenants.iter() {
             if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
                 let _ = writeln!(o, "{metric}{{tenant=\"{}\"}} {}", label(name), f(t));
             }
@@ -285,7 +399,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         &|t| t.counters.below_reservation_s() as f64,
     );
     let _ = writeln!(o, "# HELP rein_tenant_latency_seconds Request latency from arrival at the scheduler to completion.\n# TYPE rein_tenant_latency_seconds histogram");
-    for (name, id) in s.tenants.iter() {
+    for (name, id) in tenants.iter() {
         if let Some(t) = snap.tenants.iter().find(|t| t.id == *id) {
             histogram(
                 &mut o,

@@ -306,8 +306,12 @@ pub const MAX_EXPORT_BYTES: u64 = 1 << 50;
 /// Most `[[exports]]` in one configuration.
 pub const MAX_EXPORTS: usize = 4096;
 
-/// The built-in default: the mClock paper's §2.1 tenants, each with a 256 MiB file export.
+/// The built-in default: the mClock paper's §2.1 tenants, each with a 256 MiB file export. Their
+/// reservations need a capacity (admission fails closed without one): the first start measures it (three
+/// 1 s probe runs, the median) and keeps it in the state file, so later starts reuse it.
 pub const BUILTIN: &str = r#"
+probe_capacity_s = 1
+
 [[exports]]
 name = "rd"
 path = "rd.img"

@@ -304,6 +304,7 @@ enum Cmd {
     Io(IoRequest, Reply),
     AddTenant(QosSpec, oneshot::Sender<Result<TenantId, SchedError>>),
     SetSpec(TenantId, QosSpec, oneshot::Sender<Result<(), SchedError>>),
+    RemoveTenant(TenantId, oneshot::Sender<Result<(), SchedError>>),
     Snapshot(oneshot::Sender<Snapshot>),
     SetCapacity(f64, oneshot::Sender<Result<(), CapacityError>>),
 }
@@ -472,6 +473,15 @@ impl Dispatcher {
     pub async fn set_spec(&self, id: TenantId, spec: QosSpec) -> Result<(), IoError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::SetSpec(id, spec, tx)).await.map_err(|_| IoError::Shutdown)?;
+        Ok(rx.await.map_err(|_| IoError::Shutdown)??)
+    }
+
+    /// Removes tenant `id`: its queued requests are answered with [`IoError::Refused`] (unknown tenant), and
+    /// later requests naming it too; requests already at the backend complete. Errors:
+    /// [`IoError::Refused`] for an unknown tenant, [`IoError::Shutdown`] when the dispatcher has stopped.
+    pub async fn remove_tenant(&self, id: TenantId) -> Result<(), IoError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Cmd::RemoveTenant(id, tx)).await.map_err(|_| IoError::Shutdown)?;
         Ok(rx.await.map_err(|_| IoError::Shutdown)??)
     }
 
@@ -671,6 +681,18 @@ impl Task {
             }
             Cmd::SetSpec(id, spec, reply) => {
                 let _ = reply.send(self.sched.set_spec(id, spec));
+            }
+            Cmd::RemoveTenant(id, reply) => {
+                let r = self.sched.remove_tenant(id).map(|handles| {
+                    for h in handles {
+                        if let Some(p) = self.pending.get_mut(h as usize).and_then(Option::take) {
+                            self.free.push(h as usize);
+                            p.reply.send(Err(IoError::Refused(SchedError::UnknownTenant(id))));
+                        }
+                    }
+                    self.ids.retain(|x| *x != id);
+                });
+                let _ = reply.send(r);
             }
             Cmd::SetCapacity(iops, reply) => {
                 let r = match &mut self.device {

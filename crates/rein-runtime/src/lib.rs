@@ -18,11 +18,13 @@ pub mod client;
 pub mod config;
 pub mod devmodel;
 pub mod dispatch;
+pub mod live;
 pub mod load;
 pub mod nbd;
 pub mod preflight;
 pub mod probe;
 pub mod server;
+pub mod state;
 pub mod storage;
 pub mod uring;
 

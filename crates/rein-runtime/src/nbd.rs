@@ -73,8 +73,9 @@ pub struct Export {
 
 /// What every connection shares.
 pub struct NbdContext {
-    /// The exports, in the order the handshake lists them.
-    pub exports: Vec<Export>,
+    /// The exports, in the order the handshake lists them; changed at run time by the admin API and
+    /// reloads. Each handshake reads one snapshot, and a connection keeps the export it opened.
+    pub exports: Arc<crate::live::ExportTable>,
     /// The QoS dispatcher in front of the storage.
     pub dispatcher: Dispatcher,
     /// Largest READ or WRITE accepted, in bytes.
@@ -107,8 +108,8 @@ pub async fn serve_connection(
     let mut input = Input::default();
     let handshake = handshake(&mut rd, &mut wr, &ctx, &mut input);
     let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await.map_err(|_| ConnError::Timeout)??;
-    let Some(negotiated) = negotiated else { return Ok(()) };
-    let export = &ctx.exports[negotiated.export];
+    let Some((negotiated, export)) = negotiated else { return Ok(()) };
+    let export = &*export;
     tracing::debug!(export = %export.info.name, structured = negotiated.structured, "NBD connection ready");
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
@@ -131,8 +132,9 @@ async fn handshake(
     wr: &mut OwnedWriteHalf,
     ctx: &NbdContext,
     input: &mut Input,
-) -> Result<Option<Negotiated>, ConnError> {
-    let infos: Vec<ExportInfo> = ctx.exports.iter().map(|e| e.info.clone()).collect();
+) -> Result<Option<(Negotiated, Arc<Export>)>, ConnError> {
+    let exports = ctx.exports.snapshot();
+    let infos: Vec<ExportInfo> = exports.iter().map(|e| e.info.clone()).collect();
     let mut out = Vec::new();
     let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
     wr.write_all(&out).await?;
@@ -147,7 +149,10 @@ async fn handshake(
         match progress {
             ServerProgress::NeedMore => continue,
             ServerProgress::Aborted => return Ok(None),
-            ServerProgress::Done(n) => return Ok(Some(n)),
+            ServerProgress::Done(n) => {
+                let export = exports[n.export].clone();
+                return Ok(Some((n, export)));
+            }
         }
     }
 }

@@ -215,6 +215,33 @@ pub async fn probe(
 mod tests {
     use super::*;
     use crate::storage::MemStorage;
+
+    #[test]
+    fn median_and_spread() {
+        assert_eq!(median(&[157.0, 120.0, 130.0]), Some(130.0));
+        assert_eq!(median(&[]), None);
+        let p = StartupProbe { iops: 100.0, runs: vec![90.0, 100.0, 120.0], direct: true };
+        assert!((p.spread_pct() - 30.0).abs() < 1e-9);
+    }
+
+    #[tokio::test]
+    async fn the_startup_probe_reads_a_file_with_o_direct_where_it_can() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "data_dir = \"{}\"\nprobe_capacity_s = 0.2\n[[exports]]\nname = \"a\"\nsize_mb = 4\n",
+            dir.path().display()
+        );
+        let cfg = crate::config::ServerConfig::parse(&text, std::path::Path::new("t")).unwrap();
+        let st = crate::server::open_export(&cfg.exports[0]).unwrap();
+        let r = probe_export(&cfg.exports[0], st, None, &cfg).await.unwrap();
+        assert_eq!(r.runs.len(), STARTUP_RUNS);
+        assert!(r.iops > 0.0 && r.runs.contains(&r.iops));
+        // tmpfs refuses O_DIRECT; a disk file system takes it.
+        let fs_direct =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(dir.path().join("a.img")).is_ok();
+        assert_eq!(r.direct, fs_direct);
+    }
     use rein_model::device::{DeviceSpec, ServiceModel};
 
     #[tokio::test(start_paused = true)]
@@ -243,4 +270,92 @@ mod tests {
             assert!(e.contains(needle), "{e}");
         }
     }
+}
+
+/// Runs of the server's start-up probe; their median is the capacity.
+pub const STARTUP_RUNS: usize = 3;
+
+/// What the start-up probe found: the median of [`STARTUP_RUNS`] runs.
+#[derive(Clone, Debug)]
+pub struct StartupProbe {
+    /// The median run's IOPS.
+    pub iops: f64,
+    /// Each run's IOPS, in the order run.
+    pub runs: Vec<f64>,
+    /// Whether the reads bypassed the page cache (O_DIRECT).
+    pub direct: bool,
+}
+
+impl StartupProbe {
+    /// `(max - min) / median` of the runs, in percent.
+    pub fn spread_pct(&self) -> f64 {
+        let max = self.runs.iter().cloned().fold(f64::MIN, f64::max);
+        let min = self.runs.iter().cloned().fold(f64::MAX, f64::min);
+        if self.iops > 0.0 {
+            (max - min) / self.iops * 100.0
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The median of `v` (the lower middle for an even count); `None` when empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get((s.len().max(1) - 1) / 2).copied()
+}
+
+/// The server's start-up probe (`probe_capacity_s`) of export `e` (opened as `storage`): random 4 KiB reads
+/// at the server's D and IO engine, [`STARTUP_RUNS`] runs of `probe_capacity_s` seconds each, the median
+/// kept and logged with every run and the spread. A file export is read with O_DIRECT where the file
+/// system allows, so that the page cache does not inflate the result; where it does not (tmpfs, some
+/// network file systems), the probe says so in the log and measures through the cache.
+pub async fn probe_export(
+    e: &crate::config::ExportConfig,
+    storage: Arc<dyn Storage>,
+    device: Option<DeviceConfig>,
+    cfg: &crate::config::ServerConfig,
+) -> Result<StartupProbe, ProbeError> {
+    let (storage, direct) = match &e.backend {
+        crate::config::BackendKind::File { path } => {
+            match crate::storage::FileStorage::open_with(path, None, true, true) {
+                Ok(f) => (Arc::new(f) as Arc<dyn Storage>, true),
+                Err(err) => {
+                    tracing::warn!(
+                        export = %e.name,
+                        "capacity probe: O_DIRECT is not available on {} ({err}); the result includes the page cache",
+                        path.display()
+                    );
+                    (storage, false)
+                }
+            }
+        }
+        crate::config::BackendKind::Memory => (storage, false),
+    };
+    let pc = ProbeConfig {
+        seconds: cfg.probe_capacity_s,
+        depth: cfg.queue_depth,
+        io_engine: cfg.io_engine,
+        ..ProbeConfig::default()
+    };
+    let mut runs = Vec::with_capacity(STARTUP_RUNS);
+    let mut p99 = Vec::with_capacity(STARTUP_RUNS);
+    for i in 0..STARTUP_RUNS {
+        let r = probe(storage.clone(), device.clone(), &ProbeConfig { seed: pc.seed + i as u64, ..pc.clone() }).await?;
+        runs.push(r.iops);
+        p99.push(r.latency_p99_ms);
+    }
+    let iops = median(&runs).expect("STARTUP_RUNS > 0");
+    let out = StartupProbe { iops, runs, direct };
+    tracing::info!(
+        export = %e.name,
+        iops = iops.round(),
+        runs = ?out.runs.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        spread_pct = (out.spread_pct() * 10.0).round() / 10.0,
+        p99_ms = median(&p99).unwrap_or(0.0),
+        o_direct = direct,
+        "capacity probe: the median of {STARTUP_RUNS} runs is the capacity for admission control"
+    );
+    Ok(out)
 }

@@ -9,11 +9,11 @@
 use crate::admin::{self, AdminState};
 use crate::config::{Admission, BackendKind, ServerConfig};
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::nbd::{serve_connection, Export, NbdContext};
-use crate::probe::{probe, ProbeConfig};
+use crate::live::{make_export, ExportTable, Registry};
+use crate::nbd::{serve_connection, NbdContext};
+use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, DirLock, StateFile};
 use crate::storage::{FileStorage, MemStorage, Storage};
 use rein_core::TenantId;
-use rein_proto::nbd::ExportInfo;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,6 +68,32 @@ pub enum ServeError {
     /// The start-up capacity probe (`probe_capacity_s`) failed; the message is its error.
     #[error("capacity probe failed: {0}")]
     Probe(String),
+    /// The data directory is locked by another server, or the state file cannot be read or written.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+}
+
+/// One reload: read the file, apply the difference, log what changed, or the error once.
+async fn reload_config(registry: &Registry, load: &mut ConfigLoader) {
+    let cfg = match load() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("reload: {e}; the running configuration is unchanged");
+            return;
+        }
+    };
+    match registry.reload(cfg).await {
+        Ok(r) => {
+            for line in &r.applied {
+                tracing::info!("reload: {line}");
+            }
+            for line in &r.needs_restart {
+                tracing::warn!("reload: {line}");
+            }
+            tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
+        }
+        Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+    }
 }
 
 /// Opens an export's storage (creating a missing file only when the export has a size; see
@@ -99,15 +125,60 @@ pub struct Bound {
     pub admin: SocketAddr,
 }
 
+/// Reads the configuration file again (with the command line's overrides), for a reload.
+pub type ConfigLoader = Box<dyn FnMut() -> Result<ServerConfig, String> + Send>;
+
+/// Reloads on demand: each message on `requests` (SIGHUP in the binary, or a test) reads the
+/// configuration with `load` and applies the difference ([`crate::live::Registry::reload`]). A file that
+/// does not load or validate, or a change that cannot apply as a whole, leaves everything as it was and is
+/// logged once.
+pub struct Reload {
+    /// One message per reload.
+    pub requests: tokio::sync::mpsc::Receiver<()>,
+    /// Reads and validates the configuration.
+    pub load: ConfigLoader,
+}
+
 /// Runs the server until `shutdown` resolves. `ready` gets the bound addresses once listening.
 pub async fn run(
     cfg: ServerConfig,
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
+    run_with(cfg, shutdown, ready, None).await
+}
+
+/// [`run`], reloading the configuration when `reload` asks.
+///
+/// At start: the data directory is created and locked ([`DirLock`]; a second server on it fails naming it
+/// and the holder's pid); the state file is read and applied over `cfg` ([`crate::state`]), each entry
+/// logged. A state file that cannot be read or parsed stops the start with an error naming it, rather than
+/// being moved aside: starting without it would silently revert every change the operator made at run time
+/// (the very failure it exists to prevent), and moving it aside would make the next start revert them for
+/// good; the error says how to recover.
+pub async fn run_with(
+    cfg: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+    ready: Option<tokio::sync::oneshot::Sender<Bound>>,
+    reload: Option<Reload>,
+) -> Result<(), ServeError> {
     let admin_token = crate::admin_guard::prepare(cfg.admin, &cfg.admin_access)?;
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
+    let _lock = DirLock::acquire(&cfg.data_dir)?;
+    let base = cfg;
+    let saved = state::load(&base.data_dir)?;
+    let over = state::overlay(&base, saved.as_ref().unwrap_or(&StateFile::default()));
+    if saved.is_some() {
+        let path = base.data_dir.join(state::STATE_FILE);
+        for n in &over.notes {
+            tracing::info!(state_file = %path.display(), "{n}");
+        }
+        tracing::info!(state_file = %path.display(), entries = over.notes.len(), "applied the run-time changes kept in the state file");
+    }
+    let cfg = over.config;
+    let mut capacity = over.capacity;
+    let mut rewrite = over.pruned;
     let device = cfg.device.clone();
     let dcfg = DispatchConfig {
         scheduler: cfg.scheduler,
@@ -128,30 +199,41 @@ pub async fn run(
             );
         }
     }
-    let mut cfg = cfg;
-    if cfg.probe_capacity_s > 0.0 && cfg.capacity_iops.is_none() {
-        // Measure the largest export through a dispatcher like the server's own, before serving.
-        let biggest = exports.iter().max_by_key(|s| s.size()).expect("at least one export").clone();
-        let pc = ProbeConfig {
-            seconds: cfg.probe_capacity_s,
-            depth: cfg.queue_depth,
-            io_engine: cfg.io_engine,
-            ..ProbeConfig::default()
-        };
-        let r = probe(biggest, device.clone(), &pc).await.map_err(|e| ServeError::Probe(e.to_string()))?;
-        tracing::info!(
-            iops = r.iops.round(),
-            p99_ms = r.latency_p99_ms,
-            "capacity probe: using the measured capacity for admission control"
-        );
-        cfg.capacity_iops = Some(r.iops);
+    if cfg.probe_capacity_s > 0.0 && cfg.capacity_iops.is_none() && capacity.is_none() {
+        let biggest = cfg.exports.iter().zip(&exports).max_by_key(|(_, s)| s.size()).expect("at least one export");
+        let r = crate::probe::probe_export(biggest.0, biggest.1.clone(), device.clone(), &cfg)
+            .await
+            .map_err(|e| ServeError::Probe(e.to_string()))?;
+        capacity = Some(CapacityEntry { iops: r.iops, source: CapacitySource::Probe, config: CapacityBase::of(&base) });
+        rewrite = true;
     }
-    let (dispatcher, dispatcher_done) = Dispatcher::spawn(device, dcfg);
-    if let Err(msg) = cfg.admission_check(cfg.tenants.iter().map(|t| t.spec)) {
+    let (cap, source) = match capacity {
+        Some(c) => (Some(c.iops), c.source),
+        None => crate::live::config_capacity(&cfg),
+    };
+    let sum: f64 = cfg.tenants.iter().map(|t| t.spec.reservation()).sum();
+    let shortfall = match cap {
+        Some(c) if sum > c => Some(format!(
+            "reservations total {sum} IOPS, above the reservable capacity of {c} IOPS ({})",
+            source.name()
+        )),
+        None if sum > 0.0 => Some(format!(
+            "reservations total {sum} IOPS but no capacity is known: set capacity_iops, probe_capacity_s or [device_model] (or start with admission = \"warn\" and PUT /api/capacity)"
+        )),
+        _ => None,
+    };
+    if let Some(msg) = shortfall {
         match cfg.admission {
             Admission::Refuse => return Err(ServeError::Admission(msg)),
             Admission::Warn => tracing::warn!("admission control: {msg}"),
         }
+    }
+    if rewrite {
+        state::save(&cfg.data_dir, &state::diff(&base, &cfg, capacity))?;
+    }
+    let (dispatcher, dispatcher_done) = Dispatcher::spawn(device, dcfg);
+    if let Some(c) = capacity.filter(|_| cfg.device.is_some()) {
+        let _ = dispatcher.set_capacity(c.iops).await;
     }
     let mut tenant_ids: Vec<TenantId> = Vec::with_capacity(cfg.tenants.len());
     for t in &cfg.tenants {
@@ -160,21 +242,11 @@ pub async fn run(
     let storages = exports;
     let mut exports = Vec::with_capacity(cfg.exports.len());
     for (e, storage) in cfg.exports.iter().zip(storages) {
-        let size = storage.size();
-        exports.push(Export {
-            info: ExportInfo {
-                name: e.name.clone(),
-                description: format!("tenant {}", cfg.tenants[e.tenant].name),
-                size,
-                read_only: e.read_only,
-                volatile: e.backend == BackendKind::Memory,
-            },
-            storage,
-            tenant: tenant_ids[e.tenant],
-        });
+        exports.push(Arc::new(make_export(e, &cfg.tenants[e.tenant].name, tenant_ids[e.tenant], storage)));
     }
+    let table = Arc::new(ExportTable::new(exports));
     let ctx = Arc::new(NbdContext {
-        exports,
+        exports: table.clone(),
         dispatcher: dispatcher.clone(),
         max_payload: cfg.max_request.min(u32::MAX as u64) as u32,
     });
@@ -182,13 +254,8 @@ pub async fn run(
     let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
     let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin: admin_l.local_addr().expect("bound") };
     tracing::info!(nbd = %bound.nbd, admin = %bound.admin, scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
-    let admin_state = AdminState {
-        dispatcher: dispatcher.clone(),
-        tenants: Arc::new(cfg.tenants.iter().zip(&tenant_ids).map(|(t, id)| (t.name.clone(), *id)).collect()),
-        admission: cfg.admission,
-        capacity_iops: cfg.capacity_iops,
-        changes: Default::default(),
-    };
+    let registry = Arc::new(Registry::new(dispatcher.clone(), base, cfg.clone(), tenant_ids, table, capacity, true));
+    let admin_state = AdminState { registry: registry.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
     let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access);
@@ -206,9 +273,17 @@ pub async fn run(
     let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
+    let (mut reload_rx, mut load) = match reload {
+        Some(r) => (Some(r.requests), Some(r.load)),
+        None => (None, None),
+    };
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() => {
+                let load = load.as_mut().expect("with reload_rx");
+                reload_config(&registry, load).await;
+            }
             acc = nbd.accept() => {
                 let (stream, peer) = match acc {
                     Ok(x) => x,
@@ -240,6 +315,7 @@ pub async fn run(
     while tasks.join_next().await.is_some() {}
     let _ = admin_task.await;
     drop(ctx);
+    drop(registry);
     drop(dispatcher);
     let _ = dispatcher_done.await;
     tracing::info!("stopped");

@@ -3,6 +3,7 @@ use rein_core::QosSpec;
 use rein_model::device::{DeviceSpec, ServiceModel};
 use rein_runtime::admin::{router, AdminState};
 use rein_runtime::config::Admission;
+use rein_runtime::live::Registry;
 use rein_runtime::{DeviceConfig, DispatchConfig, Dispatcher, IoRequest, MemStorage, Op, Storage};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,15 +23,12 @@ async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr,
     let device = with_model
         .then(|| DeviceConfig { spec: DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap(), seed: 1 });
     let (d, _join) = Dispatcher::spawn(device, DispatchConfig::default());
-    let a = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
-    let b = d.add_tenant(QosSpec::new(0.0, Some(500.0), 2.0, 0).unwrap()).await.unwrap();
-    let state = AdminState {
-        dispatcher: d.clone(),
-        tenants: Arc::new(vec![("rd".into(), a), ("dm \"x\"".into(), b)]),
-        admission,
-        capacity_iops: None,
-        changes: Default::default(),
-    };
+    let (sa, sb) = (QosSpec::new(300.0, None, 1.0, 0).unwrap(), QosSpec::new(0.0, Some(500.0), 2.0, 0).unwrap());
+    let a = d.add_tenant(sa).await.unwrap();
+    let b = d.add_tenant(sb).await.unwrap();
+    let capacity = with_model.then_some(1000.0);
+    let tenants = vec![("rd".into(), sa, a), ("dm \"x\"".into(), sb, b)];
+    let state = AdminState { registry: Arc::new(Registry::for_tenants(d.clone(), tenants, admission, capacity)) };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
@@ -107,13 +105,89 @@ async fn spec_changes_are_validated_and_applied() {
 }
 
 #[tokio::test]
-async fn admission_warn_applies_with_a_warning_and_capacity_needs_a_model() {
+async fn admission_warn_applies_with_a_warning() {
     let (addr, _d, _) = start(true, Admission::Warn).await;
     let (code, body) = http(addr, "PUT", "/api/tenants/rd", r#"{"reservation": 1200}"#).await;
     assert_eq!(code, 200);
     assert!(body.contains("warning") && body.contains("above the reservable capacity"), "{body}");
-    let (addr, _d, _) = start(false, Admission::Refuse).await;
-    assert_eq!(http(addr, "PUT", "/api/capacity", r#"{"iops": 500}"#).await.0, 404);
+    // A capacity below the reservations: applied, with a warning.
+    let (code, body) = http(addr, "PUT", "/api/capacity", r#"{"iops": 500}"#).await;
+    assert!(code == 200 && body.contains("above the new capacity of 500"), "{code} {body}");
+}
+
+/// Issue 12, point 5: with no capacity known, admission fails closed and says how to set one; the capacity
+/// can be set without a device model; a capacity below the reservations is refused; `GET /api/capacity`
+/// says what is in use and where it came from. Before: a reservation raised with no capacity was accepted
+/// unchecked, `PUT /api/capacity` was 404 without a model and accepted any value with one (an unreserved
+/// tenant then got 2 IOPS), and `GET /api/capacity` was 405.
+#[tokio::test]
+async fn capacity_is_reported_checked_and_needed() {
+    let (addr, d, _) = start(false, Admission::Refuse).await;
+    let (code, body) = http(addr, "GET", "/api/capacity", "").await;
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["iops"].clone(), v["source"].as_str(), v["reserved_iops"].as_f64()),
+        (serde_json::Value::Null, Some("none"), Some(300.0))
+    );
+    let (code, body) = http(addr, "PUT", "/api/tenants/rd", r#"{"reservation": 400}"#).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("no capacity is known") && body.contains("PUT /api/capacity"), "{body}");
+    // A change that does not raise the reservations is never refused.
+    assert_eq!(http(addr, "PUT", "/api/tenants/rd", r#"{"reservation": 250}"#).await.0, 200);
+    let (code, body) = http(addr, "PUT", "/api/capacity", r#"{"iops": 200}"#).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("250") && body.contains("200"), "{body}");
+    assert_eq!(http(addr, "PUT", "/api/capacity", r#"{"iops": 1000}"#).await.0, 200);
+    let v: serde_json::Value = serde_json::from_str(&http(addr, "GET", "/api/capacity", "").await.1).unwrap();
+    assert_eq!((v["iops"].as_f64(), v["source"].as_str()), (Some(1000.0), Some("admin")));
+    assert_eq!(d.snapshot().await.unwrap().capacity_iops, None, "no device model to change");
+    assert_eq!(http(addr, "PUT", "/api/tenants/rd", r#"{"reservation": 400}"#).await.0, 200);
+    for bad in [r#"{"iops": 0}"#, r#"{"iops": -5}"#, r#"{"iops": "x"}"#, r#"{}"#] {
+        assert_eq!(http(addr, "PUT", "/api/capacity", bad).await.0, 400, "{bad}");
+    }
+}
+
+/// Issue 12, point 5: tenants and exports added and deleted at run time, with the documented refusals.
+#[tokio::test]
+async fn tenants_and_exports_are_added_and_deleted_live() {
+    let (addr, d, _) = start(true, Admission::Refuse).await;
+    let post = |path: &'static str, body: &'static str| http(addr, "POST", path, body);
+    let (code, body) = post("/api/tenants", r#"{"name": "new", "reservation": 100, "weight": 2}"#).await;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = http(addr, "GET", "/api/tenants/new", "").await;
+    assert!(code == 200 && body.contains("\"reservation\":100.0"), "{body}");
+    assert_eq!(post("/api/tenants", r#"{"name": "new"}"#).await.0, 409);
+    let (code, body) = post("/api/tenants", r#"{"name": "big", "reservation": 700}"#).await;
+    assert!(code == 409 && body.contains("above the reservable capacity"), "{body}");
+    assert_eq!(post("/api/tenants", r#"{"name": ""}"#).await.0, 400);
+    assert_eq!(post("/api/tenants", r#"{"name": "x", "weight": 0}"#).await.0, 400);
+    let long = format!(r#"{{"name": "{}"}}"#, "n".repeat(257));
+    assert_eq!(http(addr, "POST", "/api/tenants", &long).await.0, 400);
+    let (code, body) =
+        post("/api/exports", r#"{"name": "e", "backend": "memory", "size_mb": 1, "tenant": "new"}"#).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(
+        post("/api/exports", r#"{"name": "e", "backend": "memory", "size_mb": 1, "tenant": "new"}"#).await.0,
+        409
+    );
+    assert_eq!(
+        post("/api/exports", r#"{"name": "f", "backend": "memory", "size_mb": 1, "tenant": "nobody"}"#).await.0,
+        400
+    );
+    let (code, body) =
+        post("/api/exports", r#"{"name": "f", "path": "../f.img", "size_mb": 1, "tenant": "new"}"#).await;
+    assert!(code == 400 && body.contains("must be relative"), "{body}");
+    let (code, body) = http(addr, "GET", "/api/exports", "").await;
+    assert!(code == 200 && body.contains("\"name\":\"e\"") && body.contains("\"tenant\":\"new\""), "{body}");
+    let (code, body) = http(addr, "DELETE", "/api/tenants/new", "").await;
+    assert!(code == 409 && body.contains("used by export"), "{body}");
+    assert_eq!(http(addr, "DELETE", "/api/exports/e", "").await.0, 204);
+    assert_eq!(http(addr, "DELETE", "/api/exports/e", "").await.0, 404);
+    assert_eq!(http(addr, "DELETE", "/api/tenants/new", "").await.0, 204);
+    assert_eq!(http(addr, "GET", "/api/tenants/new", "").await.0, 404);
+    assert_eq!(http(addr, "DELETE", "/api/tenants/new", "").await.0, 404);
+    assert_eq!(d.snapshot().await.unwrap().tenants.len(), 2);
 }
 
 /// Validation, admission and apply are one step (issue "A server you can expose", point 4): two PUTs that
@@ -159,4 +233,33 @@ async fn concurrent_puts_never_exceed_the_capacity_or_lose_an_update() {
     let snap = d.snapshot().await.unwrap();
     let rd = snap.tenants.iter().find(|t| t.id == ids[0]).unwrap().spec;
     assert_eq!((rd.weight(), rd.idle_credit()), (50.0, 50), "an update was lost: {rd}");
+}
+
+/// The export table's bound: `POST /api/exports` stops at `MAX_EXPORTS` with a 409.
+#[tokio::test]
+async fn exports_stop_at_their_bound() {
+    use rein_runtime::config::MAX_EXPORTS;
+    use rein_runtime::live::ChangeError;
+    use rein_runtime::state::ExportJson;
+    let (d, _join) = Dispatcher::spawn(None, DispatchConfig::default());
+    let spec = QosSpec::default();
+    let id = d.add_tenant(spec).await.unwrap();
+    let r = Registry::for_tenants(d, vec![("t".into(), spec, id)], Admission::Refuse, None);
+    let export = |i: usize| ExportJson {
+        name: format!("e{i}"),
+        backend: "memory".into(),
+        path: None,
+        size_mb: Some(1),
+        tenant: "t".into(),
+        read_only: false,
+        direct: false,
+    };
+    for i in 0..MAX_EXPORTS {
+        r.add_export(export(i)).await.unwrap();
+    }
+    assert_eq!(r.exports().snapshot().len(), MAX_EXPORTS);
+    match r.add_export(export(MAX_EXPORTS)).await {
+        Err(ChangeError::Conflict(m)) => assert!(m.contains("at most 4096 exports"), "{m}"),
+        other => panic!("{other:?}"),
+    }
 }

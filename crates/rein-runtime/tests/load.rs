@@ -12,7 +12,6 @@ use std::time::Duration;
 const CONFIG: &str = r#"
 listen = "127.0.0.71:0"
 admin = "127.0.0.71:0"
-data_dir = "unused"
 [device_model]
 capacity_iops = 2000
 service = "deterministic"
@@ -40,7 +39,10 @@ fn job(name: &str, p: WorkloadParams, seconds: f64) -> Job {
 
 /// Runs `jobs` for `seconds` against a fresh server; `admin`: give load the admin endpoint.
 async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> RunTotals {
-    let cfg = ServerConfig::parse(CONFIG, Path::new("test.toml")).unwrap();
+    // Each server its own data directory: the server locks it.
+    let data = tempfile::tempdir().unwrap();
+    let text = format!("data_dir = \"{}\"\n{CONFIG}", data.path().display());
+    let cfg = ServerConfig::parse(&text, Path::new("test.toml")).unwrap();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(rein_runtime::server::run(

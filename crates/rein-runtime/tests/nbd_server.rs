@@ -4,6 +4,7 @@
 use rein_core::QosSpec;
 use rein_proto::nbd::{Command, ExportInfo, EINVAL, ENOSPC, EPERM};
 use rein_runtime::client::{ClientError, NbdClient};
+use rein_runtime::live::ExportTable;
 use rein_runtime::nbd::{serve_connection, Export, NbdContext, MAX_IN_FLIGHT_PER_CONN};
 use rein_runtime::{DispatchConfig, Dispatcher, MemStorage};
 use std::net::SocketAddr;
@@ -24,7 +25,7 @@ async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bo
         tenant,
     };
     let ctx = Arc::new(NbdContext {
-        exports: vec![export("rw", false), export("ro", true)],
+        exports: Arc::new(ExportTable::new(vec![Arc::new(export("rw", false)), Arc::new(export("ro", true))])),
         dispatcher,
         max_payload: MAX_PAYLOAD,
     });

@@ -104,12 +104,18 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     let specs: Vec<_> = cfg.tenants.iter().map(|t| (t.name.clone(), t.spec)).collect();
     let total = Duration::from_secs_f64(args.seconds);
     let half = total / 2;
+    // The demo starts from its own configuration: the capacity a previous run set through the admin API
+    // (kept in the state file) must not carry over.
+    let _ = std::fs::remove_file(cfg.data_dir.join(rein_runtime::state::STATE_FILE));
     let _scratch = Scratch::new(
         &cfg.data_dir,
-        cfg.exports.iter().filter_map(|e| match &e.backend {
-            rein_runtime::config::BackendKind::File { path } => Some(path.clone()),
-            _ => None,
-        }),
+        cfg.exports
+            .iter()
+            .filter_map(|e| match &e.backend {
+                rein_runtime::config::BackendKind::File { path } => Some(path.clone()),
+                _ => None,
+            })
+            .chain([rein_runtime::state::STATE_FILE, rein_runtime::state::LOCK_FILE].map(|f| cfg.data_dir.join(f))),
     );
     if !args.json {
         // The plan first, so that whoever started it knows what to expect and for how long.

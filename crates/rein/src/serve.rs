@@ -54,7 +54,8 @@ pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(cfg)
 }
 
-/// `rein serve`: serves until Ctrl-C or SIGTERM.
+/// `rein serve`: serves until Ctrl-C or SIGTERM; SIGHUP reloads the configuration file (with the same
+/// command-line overrides).
 pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
@@ -67,7 +68,31 @@ pub(crate) fn run(args: ServeArgs) -> Result<()> {
                 _ = term.recv() => {},
             }
         };
-        rein_runtime::server::run(cfg, shutdown, None).await
+        let mut hup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
+        let (tx, requests) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                // A reload already waiting covers this signal too.
+                let _ = tx.try_send(());
+            }
+        });
+        // Errors that do not name the file (a value out of range) get its path in front.
+        let file = args.config.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "<built-in>".into());
+        let reload = rein_runtime::server::Reload {
+            requests,
+            load: Box::new(move || {
+                load(&args).map_err(|e| {
+                    let msg = format!("{e:#}");
+                    if msg.contains(&file) {
+                        msg
+                    } else {
+                        format!("{file}: {msg}")
+                    }
+                })
+            }),
+        };
+        rein_runtime::server::run_with(cfg, shutdown, None, Some(reload)).await.map_err(anyhow::Error::from)
     })?;
     Ok(())
 }

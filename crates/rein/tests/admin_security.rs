@@ -32,7 +32,7 @@ fn tmpdir(name: &str) -> tempfile::TempDir {
 }
 
 const MEMORY: &str =
-    "[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n[[tenants]]\nname = \"m\"\nreservation = 10\n";
+    "capacity_iops = 1000\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n[[tenants]]\nname = \"m\"\nreservation = 10\n";
 
 /// Writes `rein.toml`: `head` (listen/admin lines), data_dir inside `dir`, then `config`.
 fn config_file(dir: &Path, head: &str, config: &str) -> String {

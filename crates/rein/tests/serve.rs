@@ -73,7 +73,9 @@ fn start_with(dir: &Path, args: &[&str]) -> Server {
     Server { child, nbd, admin, dir: dir.to_path_buf() }
 }
 
+// rd reserves 250: admission needs a capacity (it fails closed without one).
 const THREE: &str = r#"
+capacity_iops = 5000
 [[exports]]
 name = "rd"
 size_mb = 64

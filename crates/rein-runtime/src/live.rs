@@ -1,0 +1,665 @@
+//! The server's live, changeable state: tenants, exports and the admission capacity, and every change to
+//! them (the admin API's PUT/POST/DELETE, a reload of the configuration file).
+//!
+//! # Changes
+//! Every change takes [`Registry`]'s change lock (`changes`) from its read of the current state to its
+//! apply, so that validation, admission, persistence and apply are one step (issue 12, point 4): two
+//! changes that fit the capacity alone but not together are never both accepted, and no change overwrites
+//! another's fields. A change is validated, admitted against the capacity, written to the state file
+//! ([`crate::state`]; not applied if that fails), then applied to the dispatcher and the tables. The IO
+//! path never takes the change lock: connections read the [`ExportTable`] (one snapshot per handshake)
+//! and the admin's reads take short `std` read locks.
+//!
+//! # Admission
+//! The reservations' sum is checked against the capacity in use: the admin's (`PUT /api/capacity`), else
+//! the probe's, else `capacity_iops`, else the device model's. A change that raises the sum above it, or a
+//! capacity below the sum, is refused (409) under `admission = "refuse"` and applied with a warning under
+//! `"warn"`. With no capacity known, `refuse` refuses any change that raises a positive sum (fails closed)
+//! and says how to set one. A change that does not raise the sum is never refused.
+//!
+//! # Deleting
+//! A deleted export is removed from the table at once: new connections cannot list or open it. Open
+//! connections to it keep working until their clients disconnect (as an unlinked file stays open); its
+//! storage is released with the last one. A tenant cannot be deleted (409) while an export uses it, nor
+//! while connections to a deleted export of it are still open.
+
+use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig, MAX_EXPORTS};
+use crate::dispatch::{CapacityError, Dispatcher};
+use crate::nbd::Export;
+use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, SpecJson};
+use rein_core::{QosSpec, TenantId};
+use rein_proto::nbd::ExportInfo;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock, Weak};
+
+/// Longest tenant name accepted by `POST /api/tenants`, in bytes.
+pub const MAX_TENANT_NAME: usize = 256;
+
+/// The exports new connections see: an immutable list swapped whole on each change. A connection takes one
+/// snapshot for its handshake and keeps the `Arc<Export>` it opened.
+#[derive(Default)]
+pub struct ExportTable {
+    current: RwLock<Arc<Vec<Arc<Export>>>>,
+}
+
+impl ExportTable {
+    /// A table holding `exports`, in listing order.
+    pub fn new(exports: Vec<Arc<Export>>) -> ExportTable {
+        ExportTable { current: RwLock::new(Arc::new(exports)) }
+    }
+
+    /// The exports now, in listing order.
+    pub fn snapshot(&self) -> Arc<Vec<Arc<Export>>> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, exports: Vec<Arc<Export>>) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(exports);
+    }
+}
+
+/// The running export for configured export `e` of tenant `tenant` (named `tenant_name`) over `storage`.
+pub fn make_export(
+    e: &ExportConfig,
+    tenant_name: &str,
+    tenant: TenantId,
+    storage: Arc<dyn crate::storage::Storage>,
+) -> Export {
+    Export {
+        info: ExportInfo {
+            name: e.name.clone(),
+            description: format!("tenant {tenant_name}"),
+            size: storage.size(),
+            read_only: e.read_only,
+            volatile: e.backend == crate::config::BackendKind::Memory,
+        },
+        storage,
+        tenant,
+    }
+}
+
+/// Why a change was not applied; the admin API maps each to a status code.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// No such tenant or export (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The request is malformed or a value out of range (400).
+    #[error("{0}")]
+    Invalid(String),
+    /// The change conflicts with the state: admission refused, a name taken, a tenant in use (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The server is shutting down (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The state file could not be written, or the storage not opened (500); nothing was applied.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The capacity in use, as `GET /api/capacity` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CapacityInfo {
+    /// Capacity for admission control, IOPS; `null`: none known.
+    pub iops: Option<f64>,
+    /// Where it came from: config, device_model, probe, admin or none.
+    pub source: &'static str,
+    /// The sum of the tenants' reservations.
+    pub reserved_iops: f64,
+    /// refuse or warn.
+    pub admission: &'static str,
+    /// The device model's capacity now, if there is a model.
+    pub device_model_iops: Option<f64>,
+}
+
+/// The result of a reload: what changed and what needs a restart.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadReport {
+    /// One line per change applied.
+    pub applied: Vec<String>,
+    /// Settings that changed in the file but only take effect at the next start.
+    pub needs_restart: Vec<String>,
+}
+
+struct Inner {
+    /// The configuration file as last loaded (the state file's base).
+    base: ServerConfig,
+    /// What runs: `base` with the run-time changes.
+    effective: ServerConfig,
+    /// A capacity set at run time or measured, if any.
+    capacity: Option<CapacityEntry>,
+    /// Exports deleted while connections still held them.
+    retired: Vec<(Weak<Export>, String, String)>,
+}
+
+/// Tenants, exports and capacity, and the one lock that serialises changes to them (module comment).
+pub struct Registry {
+    dispatcher: Dispatcher,
+    tenants: RwLock<Arc<Vec<(String, TenantId)>>>,
+    exports: Arc<ExportTable>,
+    capacity: RwLock<(Option<f64>, CapacitySource)>,
+    admission: RwLock<Admission>,
+    /// Where the state file lives; `None`: changes are not persisted.
+    data_dir: Option<PathBuf>,
+    changes: tokio::sync::Mutex<Inner>,
+}
+
+fn read<T: Clone>(l: &RwLock<T>) -> T {
+    l.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+fn write<T>(l: &RwLock<T>, v: T) {
+    *l.write().unwrap_or_else(|e| e.into_inner()) = v;
+}
+
+/// The capacity `cfg` states and its source (`capacity_iops` equal to the device model's: the model).
+pub fn config_capacity(cfg: &ServerConfig) -> (Option<f64>, CapacitySource) {
+    let model = cfg.device.as_ref().map(|d| d.spec.capacity_at(rein_core::Nanos::ZERO));
+    match cfg.capacity_iops {
+        None => (None, CapacitySource::None),
+        Some(c) if model == Some(c) => (Some(c), CapacitySource::DeviceModel),
+        Some(c) => (Some(c), CapacitySource::Config),
+    }
+}
+
+fn reserved(cfg: &ServerConfig) -> f64 {
+    cfg.tenants.iter().map(|t| t.spec.reservation()).sum()
+}
+
+impl Registry {
+    /// A registry over a running dispatcher. `base` is the configuration file, `effective` what runs
+    /// (`base` with the state file applied), `tenants` the dispatcher's ids of `effective.tenants` (same
+    /// order), `exports` the table of `effective.exports`; `capacity` a run-time capacity entry. With
+    /// `persist`, every change rewrites the state file in `effective.data_dir`.
+    pub fn new(
+        dispatcher: Dispatcher,
+        base: ServerConfig,
+        effective: ServerConfig,
+        tenants: Vec<TenantId>,
+        exports: Arc<ExportTable>,
+        capacity: Option<CapacityEntry>,
+        persist: bool,
+    ) -> Registry {
+        assert_eq!(tenants.len(), effective.tenants.len(), "one id per tenant");
+        let names = effective.tenants.iter().map(|t| t.name.clone()).zip(tenants).collect();
+        let cap = match capacity {
+            Some(c) => (Some(c.iops), c.source),
+            None => config_capacity(&effective),
+        };
+        Registry {
+            dispatcher,
+            tenants: RwLock::new(Arc::new(names)),
+            exports,
+            capacity: RwLock::new(cap),
+            admission: RwLock::new(effective.admission),
+            data_dir: persist.then(|| effective.data_dir.clone()),
+            changes: tokio::sync::Mutex::new(Inner { base, effective, capacity, retired: Vec::new() }),
+        }
+    }
+
+    /// A registry for tenants already added to `dispatcher` and no exports, that persists nothing (tests
+    /// of the admin endpoint).
+    pub fn for_tenants(
+        dispatcher: Dispatcher,
+        tenants: Vec<(String, QosSpec, TenantId)>,
+        admission: Admission,
+        capacity_iops: Option<f64>,
+    ) -> Registry {
+        let mut cfg = ServerConfig::builtin();
+        cfg.exports.clear();
+        cfg.tenants = tenants.iter().map(|(n, s, _)| TenantConfig { name: n.clone(), spec: *s }).collect();
+        cfg.admission = admission;
+        cfg.capacity_iops = capacity_iops;
+        cfg.device = None;
+        let ids = tenants.iter().map(|t| t.2).collect();
+        Registry::new(dispatcher, cfg.clone(), cfg, ids, Arc::default(), None, false)
+    }
+
+    /// The dispatcher.
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// Tenant names and ids, in order.
+    pub fn tenants(&self) -> Arc<Vec<(String, TenantId)>> {
+        read(&self.tenants)
+    }
+
+    /// The export table.
+    pub fn exports(&self) -> &Arc<ExportTable> {
+        &self.exports
+    }
+
+    /// The admission policy in force.
+    pub fn admission(&self) -> Admission {
+        read(&self.admission)
+    }
+
+    /// The capacity in use for admission: the registry's, else the device model's now.
+    fn capacity_now(&self, model: Option<f64>) -> (Option<f64>, CapacitySource) {
+        match read(&self.capacity) {
+            (Some(c), s) => (Some(c), s),
+            (None, _) => (model, if model.is_some() { CapacitySource::DeviceModel } else { CapacitySource::None }),
+        }
+    }
+
+    /// Checks a change that takes the reservations from `before` to `after` against `capacity`; `Ok(Some)`
+    /// is a warning (admission = warn).
+    fn admit(&self, before: f64, after: f64, capacity: Option<f64>) -> Result<Option<String>, ChangeError> {
+        if after <= before || after <= 0.0 {
+            return Ok(None);
+        }
+        let msg = match capacity {
+            Some(cap) if after > cap => {
+                format!("reservations would total {after} IOPS, above the reservable capacity of {cap} IOPS")
+            }
+            Some(_) => return Ok(None),
+            None => format!(
+                "reservations would total {after} IOPS but no capacity is known: PUT /api/capacity, or set \
+                 capacity_iops or probe_capacity_s in the configuration"
+            ),
+        };
+        match self.admission() {
+            Admission::Refuse => Err(ChangeError::Conflict(msg)),
+            Admission::Warn => {
+                tracing::warn!("admission control: {msg}");
+                Ok(Some(msg))
+            }
+        }
+    }
+
+    /// Writes the state for `effective` (and `capacity`) over `inner.base`; nothing is written without a
+    /// data directory.
+    fn persist(
+        &self,
+        base: &ServerConfig,
+        effective: &ServerConfig,
+        capacity: Option<CapacityEntry>,
+    ) -> Result<(), ChangeError> {
+        let Some(dir) = &self.data_dir else { return Ok(()) };
+        state::save(dir, &state::diff(base, effective, capacity)).map_err(|e| ChangeError::Failed(e.to_string()))
+    }
+
+    async fn snapshot(&self) -> Result<crate::dispatch::Snapshot, ChangeError> {
+        self.dispatcher.snapshot().await.map_err(|e| ChangeError::Unavailable(e.to_string()))
+    }
+
+    /// Changes tenant `name`'s spec to `f(current)` (an `Err` from `f` is a 400). Returns the new spec and
+    /// any admission warning.
+    pub async fn update_spec(
+        &self,
+        name: &str,
+        f: impl FnOnce(QosSpec) -> Result<QosSpec, String>,
+    ) -> Result<(QosSpec, Option<String>), ChangeError> {
+        let mut inner = self.changes.lock().await;
+        let id = self.id(name)?;
+        let snap = self.snapshot().await?;
+        let cur = snap
+            .tenants
+            .iter()
+            .find(|t| t.id == id)
+            .map(|t| t.spec)
+            .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
+        let spec = f(cur).map_err(|e| ChangeError::Invalid(format!("invalid spec for {name}: {e}")))?;
+        let before = reserved(&inner.effective);
+        let mut eff = inner.effective.clone();
+        eff.tenants.iter_mut().filter(|t| t.name == name).for_each(|t| t.spec = spec);
+        let warning = self.admit(before, reserved(&eff), self.capacity_now(snap.capacity_iops).0)?;
+        self.persist(&inner.base, &eff, inner.capacity)?;
+        self.dispatcher.set_spec(id, spec).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
+        inner.effective = eff;
+        tracing::info!(tenant = %name, %spec, "spec changed");
+        Ok((spec, warning))
+    }
+
+    fn id(&self, name: &str) -> Result<TenantId, ChangeError> {
+        self.tenants()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|t| t.1)
+            .ok_or_else(|| ChangeError::NotFound(format!("no tenant named {name:?}")))
+    }
+
+    /// Adds tenant `name` with `spec`.
+    pub async fn add_tenant(&self, name: &str, spec: QosSpec) -> Result<Option<String>, ChangeError> {
+        let mut inner = self.changes.lock().await;
+        if name.is_empty() || name.len() > MAX_TENANT_NAME {
+            return Err(ChangeError::Invalid(format!("tenant name must be 1..={MAX_TENANT_NAME} bytes")));
+        }
+        if self.id(name).is_ok() {
+            return Err(ChangeError::Conflict(format!("tenant {name:?} exists (PUT /api/tenants/{name} changes it)")));
+        }
+        let snap = self.snapshot().await?;
+        let before = reserved(&inner.effective);
+        let mut eff = inner.effective.clone();
+        eff.tenants.push(TenantConfig { name: name.into(), spec });
+        let warning = self.admit(before, reserved(&eff), self.capacity_now(snap.capacity_iops).0)?;
+        let id = self.dispatcher.add_tenant(spec).await.map_err(|e| match e {
+            crate::dispatch::IoError::Shutdown => ChangeError::Unavailable(e.to_string()),
+            e => ChangeError::Conflict(e.to_string()),
+        })?;
+        if let Err(e) = self.persist(&inner.base, &eff, inner.capacity) {
+            let _ = self.dispatcher.remove_tenant(id).await;
+            return Err(e);
+        }
+        inner.effective = eff;
+        let mut names = (*self.tenants()).clone();
+        names.push((name.into(), id));
+        write(&self.tenants, Arc::new(names));
+        tracing::info!(tenant = %name, %spec, "tenant added");
+        Ok(warning)
+    }
+
+    /// Deletes tenant `name` (409 while an export, or an open connection to a deleted export, uses it).
+    pub async fn remove_tenant(&self, name: &str) -> Result<(), ChangeError> {
+        let mut inner = self.changes.lock().await;
+        let id = self.id(name)?;
+        let eff = &inner.effective;
+        if let Some(e) = eff.exports.iter().find(|e| eff.tenants[e.tenant].name == name) {
+            return Err(ChangeError::Conflict(format!(
+                "tenant {name:?} is used by export {:?}; delete the export first",
+                e.name
+            )));
+        }
+        inner.retired.retain(|(w, _, _)| w.strong_count() > 0);
+        if let Some((w, export, _)) = inner.retired.iter().find(|(_, _, t)| t == name) {
+            return Err(ChangeError::Conflict(format!(
+                "tenant {name:?} is used by {} open connection(s) to the deleted export {export:?}",
+                w.strong_count()
+            )));
+        }
+        let mut eff = inner.effective.clone();
+        let pos = eff.tenants.iter().position(|t| t.name == name).expect("listed");
+        eff.tenants.remove(pos);
+        for e in &mut eff.exports {
+            if e.tenant > pos {
+                e.tenant -= 1;
+            }
+        }
+        self.persist(&inner.base, &eff, inner.capacity)?;
+        self.dispatcher.remove_tenant(id).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
+        inner.effective = eff;
+        let names = self.tenants().iter().filter(|(n, _)| n != name).cloned().collect();
+        write(&self.tenants, Arc::new(names));
+        tracing::info!(tenant = %name, "tenant deleted");
+        Ok(())
+    }
+
+    /// Adds export `j` (its file, if any, inside the data directory; created only with `size_mb`).
+    pub async fn add_export(&self, j: ExportJson) -> Result<(), ChangeError> {
+        let mut inner = self.changes.lock().await;
+        if inner.effective.exports.iter().any(|e| e.name == j.name) {
+            return Err(ChangeError::Conflict(format!("export {:?} exists", j.name)));
+        }
+        if inner.effective.exports.len() >= MAX_EXPORTS {
+            return Err(ChangeError::Conflict(format!("at most {MAX_EXPORTS} exports")));
+        }
+        let eff0 = &inner.effective;
+        let cfg = j.to_config(&eff0.data_dir, &eff0.tenants, true).map_err(ChangeError::Invalid)?;
+        let id = self.id(&j.tenant)?;
+        // The start-up checks (RAM, one file per export) over the list as it would be.
+        let mut all = inner.effective.exports.clone();
+        all.push(cfg.clone());
+        crate::preflight::check_exports(&all).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        let c2 = cfg.clone();
+        let storage = tokio::task::spawn_blocking(move || crate::server::open_export(&c2))
+            .await
+            .map_err(|e| ChangeError::Failed(e.to_string()))?
+            .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        let mut eff = inner.effective.clone();
+        eff.exports.push(cfg.clone());
+        self.persist(&inner.base, &eff, inner.capacity)?;
+        let mut list = (*self.exports.snapshot()).clone();
+        list.push(Arc::new(make_export(&cfg, &j.tenant, id, storage)));
+        self.exports.set(list);
+        inner.effective = eff;
+        tracing::info!(export = %j.name, tenant = %j.tenant, "export added");
+        Ok(())
+    }
+
+    /// Deletes export `name`: new connections no longer see it; open ones keep it (module comment).
+    pub async fn remove_export(&self, name: &str) -> Result<(), ChangeError> {
+        let mut inner = self.changes.lock().await;
+        let Some(pos) = inner.effective.exports.iter().position(|e| e.name == name) else {
+            return Err(ChangeError::NotFound(format!("no export named {name:?}")));
+        };
+        let mut eff = inner.effective.clone();
+        let gone = eff.exports.remove(pos);
+        let tenant = eff.tenants[gone.tenant].name.clone();
+        self.persist(&inner.base, &eff, inner.capacity)?;
+        let mut list = (*self.exports.snapshot()).clone();
+        if let Some(i) = list.iter().position(|e| e.info.name == name) {
+            let e = list.remove(i);
+            inner.retired.push((Arc::downgrade(&e), name.into(), tenant));
+        }
+        self.exports.set(list);
+        inner.effective = eff;
+        tracing::info!(export = %name, "export deleted; open connections to it continue until they close");
+        Ok(())
+    }
+
+    /// Sets the admission capacity (and a device model's capacity) to `iops`; returns any warning.
+    pub async fn set_capacity(&self, iops: f64) -> Result<Option<String>, ChangeError> {
+        let mut inner = self.changes.lock().await;
+        if !(iops.is_finite() && iops > 0.0) {
+            return Err(ChangeError::Invalid(format!("capacity: iops must be positive and finite, got {iops}")));
+        }
+        let sum = reserved(&inner.effective);
+        let mut warning = None;
+        if sum > iops {
+            let msg = format!("the reservations total {sum} IOPS, above the new capacity of {iops} IOPS");
+            match self.admission() {
+                Admission::Refuse => return Err(ChangeError::Conflict(msg)),
+                Admission::Warn => {
+                    tracing::warn!("admission control: {msg}");
+                    warning = Some(msg);
+                }
+            }
+        }
+        let old_model = self.snapshot().await?.capacity_iops;
+        match self.dispatcher.set_capacity(iops).await {
+            Ok(()) | Err(CapacityError::NoModel) => {}
+            Err(e @ CapacityError::Shutdown) => return Err(ChangeError::Unavailable(e.to_string())),
+            Err(CapacityError::Invalid(e)) => return Err(ChangeError::Invalid(format!("capacity: {e}"))),
+        }
+        let entry = CapacityEntry { iops, source: CapacitySource::Admin, config: CapacityBase::of(&inner.base) };
+        if let Err(e) = self.persist(&inner.base, &inner.effective, Some(entry)) {
+            if let Some(m) = old_model {
+                let _ = self.dispatcher.set_capacity(m).await;
+            }
+            return Err(e);
+        }
+        inner.capacity = Some(entry);
+        write(&self.capacity, (Some(iops), CapacitySource::Admin));
+        tracing::info!(iops, device_model = old_model.is_some(), "capacity changed");
+        Ok(warning)
+    }
+
+    /// The capacity in use, its source and the reservations' sum.
+    pub async fn capacity(&self) -> Result<CapacityInfo, ChangeError> {
+        let inner = self.changes.lock().await;
+        let model = self.snapshot().await?.capacity_iops;
+        let (iops, source) = self.capacity_now(model);
+        Ok(CapacityInfo {
+            iops,
+            source: source.name(),
+            reserved_iops: reserved(&inner.effective),
+            admission: match self.admission() {
+                Admission::Refuse => "refuse",
+                Admission::Warn => "warn",
+            },
+            device_model_iops: model,
+        })
+    }
+
+    /// Applies a new configuration file `new_base` (already validated): the state file's entries are
+    /// applied over it as at start, and the difference from what runs is applied as one change. Settings
+    /// that cannot change live are reported in [`ReloadReport::needs_restart`] and keep their running
+    /// values. On an error nothing has changed.
+    pub async fn reload(&self, new_base: ServerConfig) -> Result<ReloadReport, ChangeError> {
+        let mut inner = self.changes.lock().await;
+        let mut report = ReloadReport::default();
+        let old = inner.base.clone();
+        let mut base = new_base;
+        macro_rules! restart_only {
+            ($($field:ident),*) => {$(
+                if base.$field != old.$field {
+                    report.needs_restart.push(format!("{} (needs a restart)", stringify!($field)));
+                    base.$field = old.$field.clone();
+                }
+            )*};
+        }
+        restart_only!(
+            listen,
+            admin,
+            data_dir,
+            scheduler,
+            queue_depth,
+            sched,
+            max_request,
+            io_engine,
+            device,
+            probe_capacity_s
+        );
+        let st = state::diff(&old, &inner.effective, inner.capacity);
+        let o = state::overlay(&base, &st);
+        report.applied.extend(o.notes.into_iter().filter(|n| n.contains("changed it since") || n.contains("dropped")));
+        let new = o.config;
+        let cur = inner.effective.clone();
+        let cur = &cur;
+        // Capacity and admission of the new whole.
+        let (cap, source) = match o.capacity {
+            Some(c) => (Some(c.iops), c.source),
+            None => config_capacity(&new),
+        };
+        let snap = self.snapshot().await?;
+        let cap_now = cap.or(snap.capacity_iops);
+        let sum = reserved(&new);
+        let shortfall = match cap_now {
+            Some(c) if sum > c => {
+                Some(format!("reservations total {sum} IOPS, above the reservable capacity of {c} IOPS"))
+            }
+            None if sum > 0.0 => Some(format!("reservations total {sum} IOPS but no capacity is known")),
+            _ => None,
+        };
+        if let Some(msg) = shortfall {
+            match new.admission {
+                Admission::Refuse => return Err(ChangeError::Conflict(format!("admission control: {msg}"))),
+                Admission::Warn => report.applied.push(format!("warning: {msg}")),
+            }
+        }
+        crate::preflight::check_exports(&new.exports).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        // Open new or changed exports first: a failure leaves everything as it was.
+        let json = |c: &ServerConfig, e: &ExportConfig| ExportJson::from_config(e, &c.tenants[e.tenant].name);
+        let mut opened = Vec::new();
+        for e in &new.exports {
+            if cur.exports.iter().any(|x| json(cur, x) == json(&new, e)) {
+                continue;
+            }
+            let c2 = e.clone();
+            let storage = tokio::task::spawn_blocking(move || crate::server::open_export(&c2))
+                .await
+                .map_err(|x| ChangeError::Failed(x.to_string()))?
+                .map_err(|x| ChangeError::Failed(x.to_string()))?;
+            opened.push((e.name.clone(), storage));
+        }
+        let cur_tenants = self.tenants();
+        let mut ids: Vec<(String, TenantId)> = Vec::new();
+        let mut added = Vec::new();
+        for t in &new.tenants {
+            match cur_tenants.iter().find(|(n, _)| *n == t.name) {
+                Some(&(_, id)) => ids.push((t.name.clone(), id)),
+                None => match self.dispatcher.add_tenant(t.spec).await {
+                    Ok(id) => {
+                        added.push(id);
+                        ids.push((t.name.clone(), id));
+                    }
+                    Err(e) => {
+                        for id in added {
+                            let _ = self.dispatcher.remove_tenant(id).await;
+                        }
+                        return Err(ChangeError::Conflict(format!("tenant {}: {e}", t.name)));
+                    }
+                },
+            }
+        }
+        let capacity_entry = o.capacity;
+        if let Err(e) = self.persist(&base, &new, capacity_entry) {
+            for id in added {
+                let _ = self.dispatcher.remove_tenant(id).await;
+            }
+            return Err(e);
+        }
+        // Apply: specs, exports, removed tenants, capacity and admission.
+        for t in &new.tenants {
+            match cur.tenants.iter().find(|x| x.name == t.name) {
+                None => report.applied.push(format!("tenant {} added ({})", t.name, t.spec)),
+                Some(x) if x.spec != t.spec => {
+                    let id = ids.iter().find(|(n, _)| *n == t.name).expect("listed").1;
+                    let _ = self.dispatcher.set_spec(id, t.spec).await;
+                    report.applied.push(format!("tenant {}: {} -> {}", t.name, x.spec, t.spec));
+                }
+                Some(_) => {}
+            }
+        }
+        let old_list = self.exports.snapshot();
+        let mut list = Vec::with_capacity(new.exports.len());
+        for e in &new.exports {
+            let tname = &new.tenants[e.tenant].name;
+            let id = ids.iter().find(|(n, _)| n == tname).expect("every tenant has an id").1;
+            match opened.iter().position(|(n, _)| *n == e.name) {
+                Some(i) => {
+                    let storage = opened[i].1.clone();
+                    let verb = if cur.exports.iter().any(|x| x.name == e.name) { "changed" } else { "added" };
+                    report.applied.push(format!("export {} {verb}", e.name));
+                    list.push(Arc::new(make_export(e, tname, id, storage)));
+                }
+                None => {
+                    list.push(old_list.iter().find(|x| x.info.name == e.name).expect("unchanged export runs").clone())
+                }
+            }
+        }
+        for x in old_list.iter() {
+            if !list.iter().any(|y| Arc::ptr_eq(x, y)) {
+                let tenant =
+                    cur_tenants.iter().find(|(_, id)| *id == x.tenant).map(|t| t.0.clone()).unwrap_or_default();
+                inner.retired.push((Arc::downgrade(x), x.info.name.clone(), tenant));
+                if !new.exports.iter().any(|e| e.name == x.info.name) {
+                    report.applied.push(format!("export {} removed", x.info.name));
+                }
+            }
+        }
+        self.exports.set(list);
+        for (name, id) in cur_tenants.iter() {
+            if !ids.iter().any(|(n, _)| n == name) {
+                let _ = self.dispatcher.remove_tenant(*id).await;
+                report.applied.push(format!("tenant {name} removed"));
+            }
+        }
+        write(&self.tenants, Arc::new(ids));
+        if read(&self.capacity) != (cap, source) {
+            if let Some(c) = cap {
+                let _ = self.dispatcher.set_capacity(c).await;
+            }
+            report.applied.push(format!(
+                "capacity {} ({})",
+                cap.map_or("none".to_string(), |c| format!("{c} IOPS")),
+                source.name()
+            ));
+            write(&self.capacity, (cap, source));
+        }
+        if new.admission != cur.admission {
+            report.applied.push(format!("admission {:?}", new.admission));
+            write(&self.admission, new.admission);
+        }
+        inner.capacity = capacity_entry;
+        inner.effective = new;
+        inner.base = base;
+        Ok(report)
+    }
+}
+
+/// A spec's JSON form (for answers).
+pub fn spec_json(s: QosSpec) -> SpecJson {
+    SpecJson::from(s)
+}

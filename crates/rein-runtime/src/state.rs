@@ -1,0 +1,702 @@
+//! Durable runtime state: what the admin API changed, kept in `data_dir/rein-state.json` and applied again
+//! at start; and the lock that keeps a second server off the same data directory.
+//!
+//! # Model
+//! The configuration file is the *base*; the state file is an *overlay* of the changes made at run time
+//! (tenant specs changed, tenants and exports added or deleted, the capacity set through the admin API or
+//! measured by the probe). The effective configuration is `overlay(base, state)` ([`overlay`]); after
+//! every change the server writes `diff(base, effective)` ([`diff`]) as the new state file, so the file
+//! holds exactly what differs from the configuration file, nothing else.
+//!
+//! # Precedence
+//! Each entry records the configuration file's value of the same item *when the change was made* (its
+//! `config` field: the tenant's spec, the export, the capacity settings; `null` when the file did not have
+//! it). At start and on reload an entry applies only while the file still has that value: a run-time change
+//! wins over the file until the operator edits the same item in the file, and then the file wins (the
+//! entry is dropped, with a log line naming it). Items the file does not mention keep their run-time value
+//! indefinitely. So an operator never loses a run-time change by restarting, and never has an edit of the
+//! file silently overridden by an older run-time change.
+//!
+//! # Format (version 1)
+//! ```json
+//! { "version": 1,
+//!   "tenants": { "rd": { "spec": {"reservation": 300, "limit": null, "weight": 1, "idle_credit": 0},
+//!                        "config": {"reservation": 250, "limit": null, "weight": 1, "idle_credit": 0} },
+//!                "gone": { "spec": null, "config": {...} } },
+//!   "exports": { "new": { "export": {"name": "new", "backend": "memory", "size_mb": 16, "tenant": "rd",
+//!                                    "read_only": false, "direct": false},
+//!                         "config": null } },
+//!   "capacity": { "iops": 5000, "source": "admin", "config": {"capacity_iops": null, "probe_capacity_s": 0} } }
+//! ```
+//! `spec`/`export` `null`: deleted at run time. A file with another `version`, or that does not parse, stops
+//! the server at start with an error naming the file (module [`crate::server`] argues why it is not moved
+//! aside).
+//!
+//! # Durability
+//! [`save`] writes `rein-state.json.tmp`, fsyncs it, renames it over `rein-state.json` and fsyncs the
+//! directory: after a crash the file is the old state or the new one, never a mix. Every change is
+//! written before it is applied; a change that cannot be written is not applied.
+
+use crate::config::{BackendKind, ExportConfig, ServerConfig, TenantConfig};
+use rein_core::QosSpec;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The state file's name inside the data directory.
+pub const STATE_FILE: &str = "rein-state.json";
+/// The lock file's name inside the data directory (holds the server's pid).
+pub const LOCK_FILE: &str = "rein.lock";
+/// The state file format this server reads and writes.
+pub const STATE_VERSION: u32 = 1;
+/// Largest state file read, in bytes (16 MiB: thousands of tenants and exports).
+pub const MAX_STATE_BYTES: u64 = 16 << 20;
+
+/// Why the state file or the lock could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The state file exists but could not be read.
+    #[error("cannot read the state file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The state file is not a state file this server understands.
+    #[error(
+        "state file {path} is unusable: {message} (it holds the changes made through the admin API; fix it, or \
+         move it away to start from the configuration file alone)"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The state file could not be written.
+    #[error("cannot write the state file {path}: {source}")]
+    Write {
+        /// The file being written.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Another process holds the data directory's lock.
+    #[error("data directory {dir} is in use by another rein serve{}", holder.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+        /// The holder's pid, as it wrote it into the lock file.
+        holder: Option<u32>,
+    },
+    /// The lock file could not be opened or locked.
+    #[error("cannot lock {path}: {source}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+}
+
+/// A tenant's spec as the state file and the admin API write it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecJson {
+    /// Reservation (IOPS or cost units per second).
+    pub reservation: f64,
+    /// Limit; `null`: none.
+    pub limit: Option<f64>,
+    /// Weight.
+    pub weight: f64,
+    /// Idle credit.
+    pub idle_credit: u32,
+}
+
+impl From<QosSpec> for SpecJson {
+    fn from(s: QosSpec) -> SpecJson {
+        SpecJson { reservation: s.reservation(), limit: s.limit(), weight: s.weight(), idle_credit: s.idle_credit() }
+    }
+}
+
+impl SpecJson {
+    /// The validated spec.
+    pub fn spec(&self) -> Result<QosSpec, rein_core::SpecError> {
+        QosSpec::new(self.reservation, self.limit, self.weight, self.idle_credit)
+    }
+}
+
+/// An export as the state file and `POST /api/exports` write it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportJson {
+    /// The name NBD clients ask for.
+    pub name: String,
+    /// `file` or `memory`.
+    pub backend: String,
+    /// The file (file backend): relative to the data directory, or absolute for exports of the
+    /// configuration file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Size in MiB of a memory export or of a file created for it; `None`: the file must exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_mb: Option<u64>,
+    /// Its tenant's name.
+    pub tenant: String,
+    /// Read-only.
+    #[serde(default)]
+    pub read_only: bool,
+    /// O_DIRECT (file backend).
+    #[serde(default)]
+    pub direct: bool,
+}
+
+impl ExportJson {
+    /// The JSON form of a configured export whose tenant is `tenant`.
+    pub fn from_config(e: &ExportConfig, tenant: &str) -> ExportJson {
+        let (backend, path) = match &e.backend {
+            BackendKind::File { path } => ("file", Some(path.clone())),
+            BackendKind::Memory => ("memory", None),
+        };
+        ExportJson {
+            name: e.name.clone(),
+            backend: backend.into(),
+            path,
+            size_mb: e.size.map(|s| s >> 20),
+            tenant: tenant.into(),
+            read_only: e.read_only,
+            direct: e.direct,
+        }
+    }
+
+    /// Validates this export for a server whose data directory is `data_dir` and whose tenants are
+    /// `tenants`; a file path is made absolute under `data_dir`. With `strict_path` (exports created
+    /// through the admin API) the path must be relative and stay inside `data_dir` (no `..`), and a memory
+    /// export may not be larger than the machine's RAM.
+    pub fn to_config(
+        &self,
+        data_dir: &Path,
+        tenants: &[TenantConfig],
+        strict_path: bool,
+    ) -> Result<ExportConfig, String> {
+        let name = &self.name;
+        if name.is_empty() || name.len() > 4096 {
+            return Err(format!("export name {name:?} is empty or longer than 4096 bytes"));
+        }
+        let size_mb = self.size_mb.unwrap_or(0);
+        let size = size_mb
+            .checked_mul(1 << 20)
+            .filter(|&s| s <= crate::config::MAX_EXPORT_BYTES)
+            .ok_or_else(|| format!("export {name}: size_mb must be in 1..=2^30"))?;
+        let backend = match self.backend.as_str() {
+            "file" => {
+                let p = self.path.clone().unwrap_or_else(|| PathBuf::from(format!("{name}.img")));
+                if strict_path
+                    && (p.is_absolute() || p.components().any(|c| !matches!(c, std::path::Component::Normal(_))))
+                {
+                    return Err(format!(
+                        "export {name}: path {} must be relative to the data directory, without ..",
+                        p.display()
+                    ));
+                }
+                let path = if p.is_absolute() { p } else { data_dir.join(p) };
+                if self.size_mb.is_none() && !path.exists() {
+                    return Err(format!(
+                        "export {name}: {} does not exist (give size_mb to create it)",
+                        path.display()
+                    ));
+                }
+                BackendKind::File { path }
+            }
+            "memory" if self.direct => return Err(format!("export {name}: direct = true needs backend \"file\"")),
+            "memory" if size == 0 => return Err(format!("export {name}: a memory export needs size_mb")),
+            "memory" => {
+                // An admin-created memory export cannot take the server down: its size is bounded by the
+                // machine's RAM (MemTotal).
+                if let Some(ram) = strict_path.then(mem_total_bytes).flatten().filter(|&ram| size > ram) {
+                    return Err(format!(
+                        "export {name}: a memory export of {size_mb} MiB is larger than this machine's RAM ({} MiB)",
+                        ram >> 20
+                    ));
+                }
+                BackendKind::Memory
+            }
+            o => return Err(format!("export {name}: backend {o:?}: expected file or memory")),
+        };
+        if size == 0 && self.size_mb.is_some() {
+            return Err(format!("export {name}: size_mb must be in 1..=2^30"));
+        }
+        let tenant = tenants
+            .iter()
+            .position(|t| t.name == self.tenant)
+            .ok_or_else(|| format!("export {name}: unknown tenant {:?}", self.tenant))?;
+        let size = (size > 0).then_some(size);
+        Ok(ExportConfig { name: name.clone(), backend, size, tenant, read_only: self.read_only, direct: self.direct })
+    }
+}
+
+/// The machine's RAM (`MemTotal` in /proc/meminfo), if it can be read.
+fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// A tenant's run-time change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantEntry {
+    /// The spec in force; `null`: deleted at run time.
+    pub spec: Option<SpecJson>,
+    /// The configuration file's spec when the change was made; `null`: the file had no such tenant.
+    pub config: Option<SpecJson>,
+}
+
+/// An export's run-time change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportEntry {
+    /// The export in force; `null`: deleted at run time.
+    pub export: Option<ExportJson>,
+    /// The configuration file's export when the change was made; `null`: the file had none of that name.
+    pub config: Option<ExportJson>,
+}
+
+/// Where the capacity used for admission control came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapacitySource {
+    /// `capacity_iops` in the configuration file.
+    Config,
+    /// The `[device_model]`'s capacity.
+    DeviceModel,
+    /// The start-up probe (`probe_capacity_s`).
+    Probe,
+    /// `PUT /api/capacity`.
+    Admin,
+    /// None is known.
+    None,
+}
+
+impl CapacitySource {
+    /// Its name in logs and in `GET /api/capacity`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CapacitySource::Config => "config",
+            CapacitySource::DeviceModel => "device_model",
+            CapacitySource::Probe => "probe",
+            CapacitySource::Admin => "admin",
+            CapacitySource::None => "none",
+        }
+    }
+}
+
+/// The configuration file's capacity settings, recorded with a run-time capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityBase {
+    /// `capacity_iops` (or the device model's) from the file.
+    pub capacity_iops: Option<f64>,
+    /// `probe_capacity_s` from the file.
+    pub probe_capacity_s: f64,
+}
+
+impl CapacityBase {
+    /// The capacity settings of `cfg`.
+    pub fn of(cfg: &ServerConfig) -> CapacityBase {
+        CapacityBase { capacity_iops: cfg.capacity_iops, probe_capacity_s: cfg.probe_capacity_s }
+    }
+}
+
+/// A capacity set at run time (admin) or measured (probe).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityEntry {
+    /// The capacity, IOPS.
+    pub iops: f64,
+    /// `admin` or `probe`.
+    pub source: CapacitySource,
+    /// The file's capacity settings then.
+    pub config: CapacityBase,
+}
+
+/// The state file's contents (module comment).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    /// [`STATE_VERSION`].
+    pub version: u32,
+    /// Run-time tenant changes by name.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantEntry>,
+    /// Run-time export changes by name.
+    #[serde(default)]
+    pub exports: BTreeMap<String, ExportEntry>,
+    /// A capacity set at run time or measured.
+    #[serde(default)]
+    pub capacity: Option<CapacityEntry>,
+}
+
+impl Default for StateFile {
+    fn default() -> Self {
+        StateFile { version: STATE_VERSION, tenants: BTreeMap::new(), exports: BTreeMap::new(), capacity: None }
+    }
+}
+
+impl StateFile {
+    /// Nothing changed at run time.
+    pub fn is_empty(&self) -> bool {
+        self.tenants.is_empty() && self.exports.is_empty() && self.capacity.is_none()
+    }
+}
+
+/// Reads `dir`'s state file; `Ok(None)` if there is none.
+pub fn load(dir: &Path) -> Result<Option<StateFile>, StateError> {
+    let path = dir.join(STATE_FILE);
+    let bytes = match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(StateError::Read { path, source }),
+        Ok(m) if m.len() > MAX_STATE_BYTES => {
+            return Err(StateError::Corrupt { path, message: format!("larger than {MAX_STATE_BYTES} bytes") })
+        }
+        Ok(_) => std::fs::read(&path).map_err(|source| StateError::Read { path: path.clone(), source })?,
+    };
+    parse(&bytes).map(Some).map_err(|message| StateError::Corrupt { path, message })
+}
+
+/// Parses state file text, checking the version.
+pub fn parse(bytes: &[u8]) -> Result<StateFile, String> {
+    #[derive(Deserialize)]
+    struct Version {
+        version: u32,
+    }
+    let v: Version = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if v.version != STATE_VERSION {
+        return Err(format!("version {} (this server reads version {STATE_VERSION})", v.version));
+    }
+    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+}
+
+/// Writes `state` as `dir`'s state file atomically (module comment); an empty state removes the file.
+pub fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
+    let path = dir.join(STATE_FILE);
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    let werr = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| StateError::Write { path: p, source }
+    };
+    if state.is_empty() {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(werr(&path)(e)),
+            _ => {}
+        }
+    } else {
+        let text = serde_json::to_vec_pretty(state).expect("a state serialises");
+        let mut f = std::fs::File::create(&tmp).map_err(werr(&tmp))?;
+        f.write_all(&text).map_err(werr(&tmp))?;
+        f.sync_all().map_err(werr(&tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, &path).map_err(werr(&path))?;
+    }
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(werr(dir))
+}
+
+/// The effective configuration: `base` with the entries of `state` that still apply (module comment).
+#[derive(Debug, Clone)]
+pub struct Overlaid {
+    /// The configuration to run.
+    pub config: ServerConfig,
+    /// The capacity from the state, if one applies.
+    pub capacity: Option<CapacityEntry>,
+    /// One line per entry applied or dropped, for the log.
+    pub notes: Vec<String>,
+    /// Whether an entry was dropped (the state file should be rewritten).
+    pub pruned: bool,
+}
+
+/// Applies `state` over `base` (module comment). Entries that no longer apply (the file changed the item)
+/// are dropped with a note; entries that cannot apply (an export whose tenant is gone, an invalid spec)
+/// are dropped with a note saying why.
+pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
+    let mut cfg = base.clone();
+    let mut notes = Vec::new();
+    let mut pruned = false;
+    // Exports by name with their tenant's name, so that tenant indices can be rebuilt at the end.
+    let mut exports: Vec<(ExportConfig, String)> =
+        cfg.exports.iter().map(|e| (e.clone(), cfg.tenants[e.tenant].name.clone())).collect();
+    for (name, entry) in &state.tenants {
+        let now = cfg.tenants.iter().find(|t| &t.name == name).map(|t| SpecJson::from(t.spec));
+        if now != entry.config {
+            notes.push(format!(
+                "tenant {name}: the configuration file changed it since the run-time change; using the file"
+            ));
+            pruned = true;
+            continue;
+        }
+        match &entry.spec {
+            None => {
+                if exports.iter().any(|(_, t)| t == name) {
+                    notes.push(format!(
+                        "tenant {name}: deleted at run time but an export of the file uses it; keeping it"
+                    ));
+                    pruned = true;
+                    continue;
+                }
+                cfg.tenants.retain(|t| &t.name != name);
+                notes.push(format!("tenant {name}: deleted (state file)"));
+            }
+            Some(s) => match s.spec() {
+                Ok(spec) => {
+                    match cfg.tenants.iter_mut().find(|t| &t.name == name) {
+                        Some(t) => t.spec = spec,
+                        None => cfg.tenants.push(TenantConfig { name: name.clone(), spec }),
+                    }
+                    notes.push(format!("tenant {name}: {spec} (state file)"));
+                }
+                Err(e) => {
+                    notes.push(format!("tenant {name}: dropped the state file's spec: {e}"));
+                    pruned = true;
+                }
+            },
+        }
+    }
+    for (name, entry) in &state.exports {
+        let now = exports.iter().find(|(e, _)| &e.name == name).map(|(e, t)| ExportJson::from_config(e, t));
+        if now != entry.config {
+            notes.push(format!(
+                "export {name}: the configuration file changed it since the run-time change; using the file"
+            ));
+            pruned = true;
+            continue;
+        }
+        exports.retain(|(e, _)| &e.name != name);
+        match &entry.export {
+            None => notes.push(format!("export {name}: deleted (state file)")),
+            Some(j) => match j.to_config(&cfg.data_dir, &cfg.tenants, false) {
+                Ok(e) => {
+                    notes.push(format!("export {name}: added (state file)"));
+                    exports.push((e, j.tenant.clone()));
+                }
+                Err(e) => {
+                    notes.push(format!("dropped the state file's export: {e}"));
+                    pruned = true;
+                }
+            },
+        }
+    }
+    // A tenant deleted through the file while a run-time export used it.
+    exports.retain(|(e, t)| {
+        let keep = cfg.tenants.iter().any(|x| &x.name == t);
+        if !keep {
+            notes.push(format!("export {}: its tenant {t} is gone; dropped", e.name));
+            pruned = true;
+        }
+        keep
+    });
+    cfg.exports = exports
+        .into_iter()
+        .map(|(mut e, t)| {
+            e.tenant = cfg.tenants.iter().position(|x| x.name == t).expect("checked above");
+            e
+        })
+        .collect();
+    let capacity = match state.capacity {
+        Some(c) if c.config == CapacityBase::of(base) => {
+            notes.push(format!("capacity {} IOPS ({}, state file)", c.iops, c.source.name()));
+            Some(c)
+        }
+        Some(c) => {
+            notes.push(format!(
+                "capacity {} IOPS ({}): the configuration file changed its capacity settings since; using the file",
+                c.iops,
+                c.source.name()
+            ));
+            pruned = true;
+            None
+        }
+        None => None,
+    };
+    Overlaid { config: cfg, capacity, notes, pruned }
+}
+
+/// The state file that turns `base` into `effective` with `capacity` (module comment).
+pub fn diff(base: &ServerConfig, effective: &ServerConfig, capacity: Option<CapacityEntry>) -> StateFile {
+    let mut st = StateFile { capacity, ..StateFile::default() };
+    let spec_of = |c: &ServerConfig, n: &str| c.tenants.iter().find(|t| t.name == n).map(|t| SpecJson::from(t.spec));
+    for name in base.tenants.iter().chain(&effective.tenants).map(|t| &t.name) {
+        let (b, e) = (spec_of(base, name), spec_of(effective, name));
+        if b != e {
+            st.tenants.insert(name.clone(), TenantEntry { spec: e, config: b });
+        }
+    }
+    let export_of = |c: &ServerConfig, n: &str| {
+        c.exports.iter().find(|e| e.name == n).map(|e| ExportJson::from_config(e, &c.tenants[e.tenant].name))
+    };
+    for name in base.exports.iter().chain(&effective.exports).map(|e| &e.name) {
+        let (b, e) = (export_of(base, name), export_of(effective, name));
+        if b != e {
+            st.exports.insert(name.clone(), ExportEntry { export: e, config: b });
+        }
+    }
+    st
+}
+
+/// An exclusive `flock` on `data_dir/rein.lock`, held for the server's life (released when dropped, or by
+/// the kernel when the process dies, so a crash never leaves a stale lock).
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    /// Takes the lock and writes this process's pid into the file. Errors: [`StateError::Locked`] naming
+    /// the directory and the holder's pid when another process holds it, [`StateError::Lock`] otherwise.
+    pub fn acquire(dir: &Path) -> Result<DirLock, StateError> {
+        use std::os::fd::AsRawFd;
+        let path = dir.join(LOCK_FILE);
+        let lerr = |source| StateError::Lock { path: path.clone(), source };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(lerr)?;
+        // SAFETY: flock(2) on a descriptor this function owns and keeps open; no memory is passed.
+        #[allow(unsafe_code)] // flock(2) has no safe wrapper in std.
+        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let holder = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+                return Err(StateError::Locked { dir: dir.to_path_buf(), holder });
+            }
+            return Err(lerr(e));
+        }
+        file.set_len(0).map_err(lerr)?;
+        writeln!(file, "{}", std::process::id()).map_err(lerr)?;
+        Ok(DirLock { _file: file })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> ServerConfig {
+        ServerConfig::parse(text, Path::new("t.toml")).unwrap()
+    }
+
+    const BASE: &str = "data_dir = \"/d\"\n[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 1\n\
+                        [[tenants]]\nname = \"a\"\nreservation = 10\n[[tenants]]\nname = \"b\"\n";
+
+    #[test]
+    fn diff_then_overlay_is_the_effective_config() {
+        let base = cfg(BASE);
+        let mut eff = base.clone();
+        eff.tenants[0].spec = QosSpec::new(20.0, None, 1.0, 0).unwrap();
+        eff.tenants.retain(|t| t.name != "b");
+        eff.tenants.push(TenantConfig { name: "c".into(), spec: QosSpec::new(5.0, Some(9.0), 2.0, 0).unwrap() });
+        let c = eff.tenants.len() - 1;
+        eff.exports.push(ExportConfig {
+            name: "m".into(),
+            backend: BackendKind::Memory,
+            size: Some(2 << 20),
+            tenant: c,
+            read_only: false,
+            direct: false,
+        });
+        let st = diff(&base, &eff, None);
+        assert_eq!(st.tenants.len(), 3);
+        assert_eq!(st.exports.len(), 1);
+        let back = parse(&serde_json::to_vec(&st).unwrap()).unwrap();
+        assert_eq!(back, st);
+        let o = overlay(&base, &st);
+        assert!(!o.pruned, "{:?}", o.notes);
+        assert_eq!(diff(&base, &o.config, None), st);
+        let names: Vec<_> = o.config.tenants.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a", "c"]);
+        assert_eq!(o.config.tenants[0].spec.reservation(), 20.0);
+        assert_eq!(o.config.tenants[o.config.exports[1].tenant].name, "c");
+    }
+
+    #[test]
+    fn the_file_wins_once_it_changes_the_item() {
+        let base = cfg(BASE);
+        let mut eff = base.clone();
+        eff.tenants[0].spec = QosSpec::new(20.0, None, 1.0, 0).unwrap();
+        eff.tenants[1].spec = QosSpec::new(0.0, None, 7.0, 0).unwrap();
+        let st = diff(&base, &eff, None);
+        // The operator edits tenant a in the file: a follows the file, b keeps its run-time spec.
+        let edited = cfg(&BASE.replace("reservation = 10", "reservation = 30"));
+        let o = overlay(&edited, &st);
+        assert!(o.pruned);
+        assert_eq!(o.config.tenants[0].spec.reservation(), 30.0);
+        assert_eq!(o.config.tenants[1].spec.weight(), 7.0);
+        assert!(o.notes.iter().any(|n| n.contains("tenant a: the configuration file changed it")), "{:?}", o.notes);
+        assert_eq!(diff(&edited, &o.config, None).tenants.len(), 1);
+    }
+
+    #[test]
+    fn bad_files_are_named_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load(dir.path()).unwrap().is_none());
+        std::fs::write(dir.path().join(STATE_FILE), "{\"version\": 1, \"tenants\": 3}").unwrap();
+        let e = load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(STATE_FILE) && e.contains("invalid type"), "{e}");
+        std::fs::write(dir.path().join(STATE_FILE), "{\"version\": 2}").unwrap();
+        let e = load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("version 2"), "{e}");
+        let st = StateFile {
+            capacity: Some(CapacityEntry {
+                iops: 5.0,
+                source: CapacitySource::Admin,
+                config: CapacityBase { capacity_iops: None, probe_capacity_s: 0.0 },
+            }),
+            ..StateFile::default()
+        };
+        save(dir.path(), &st).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Some(st));
+        assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists());
+        save(dir.path(), &StateFile::default()).unwrap();
+        assert!(load(dir.path()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_second_lock_names_the_directory_and_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = DirLock::acquire(dir.path()).unwrap();
+        let e = DirLock::acquire(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(&dir.path().display().to_string()), "{e}");
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+        drop(held);
+        DirLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn admin_exports_stay_in_the_data_directory() {
+        let base = cfg(BASE);
+        let j = |p: &str| ExportJson {
+            name: "x".into(),
+            backend: "file".into(),
+            path: Some(p.into()),
+            size_mb: Some(1),
+            tenant: "a".into(),
+            read_only: false,
+            direct: false,
+        };
+        for p in ["/etc/passwd", "../x.img", "a/../../x.img"] {
+            let e = j(p).to_config(&base.data_dir, &base.tenants, true).unwrap_err();
+            assert!(e.contains("must be relative"), "{e}");
+        }
+        let e = ExportJson { size_mb: None, ..j("nope.img") }.to_config(&base.data_dir, &base.tenants, true);
+        assert!(e.unwrap_err().contains("give size_mb to create it"));
+        // A memory export larger than the machine: refused, not an abort (1 PiB is the largest size).
+        let huge = ExportJson { backend: "memory".into(), path: None, size_mb: Some(1 << 30), ..j("x") };
+        let e = huge.to_config(&base.data_dir, &base.tenants, true).unwrap_err();
+        assert!(e.contains("larger than this machine's RAM"), "{e}");
+    }
+}
