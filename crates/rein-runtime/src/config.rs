@@ -16,9 +16,10 @@
 //! max_request_kb = 32768
 //! io_engine = "uring"            # uring (default; falls back to threads if the kernel refuses it)
 //!                                # | threads: IO on a thread pool | inline: small IOs on the dispatcher
-//! probe_capacity_s = 0           # > 0: measure the backend this long at start-up (random 4 KiB reads
-//!                                #   at queue_depth, through the same dispatcher) and use the result for
-//!                                #   admission when capacity_iops is not set
+//! probe_capacity_s = 0           # > 0: measure the backend at start-up (three runs this long of random
+//!                                #   4 KiB reads at queue_depth, O_DIRECT where possible, through the same
+//!                                #   dispatcher) and use the median for admission when capacity_iops is not
+//!                                #   set; kept in the state file and reused at later starts
 //!
 //! [mclock]                       # optional: scheduler settings, the same table as a scenario's
 //! preset = "rein"                # rein (default) | paper: mClock's Algorithm 1 as written
@@ -283,7 +284,8 @@ pub struct ServerConfig {
     /// What happens when reservations exceed the capacity (default [`Admission::Refuse`]).
     pub admission: Admission,
     /// Capacity used for admission control, in IOPS: configured, else the device model's at start (`None`:
-    /// no admission control, unless `probe_capacity_s` measures one).
+    /// none known, unless `probe_capacity_s` measures one or the state file holds one; then
+    /// `admission = "refuse"` with reservations does not start, [`crate::server::run_with`]).
     pub capacity_iops: Option<f64>,
     /// Largest READ or WRITE accepted, in bytes (`max_request_kb` KiB: 1 KiB..=128 MiB, default 32 MiB).
     pub max_request: u64,

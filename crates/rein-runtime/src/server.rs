@@ -1,6 +1,11 @@
 //! `rein serve`: build the exports, the dispatcher and the listeners from a [`ServerConfig`], serve until
 //! shutdown, then drain.
 //!
+//! The data directory is locked for the server's life, and the run-time changes kept in its state file
+//! ([`crate::state`]) are applied over the configuration at start; tenants, exports and capacity then live
+//! in a [`Registry`] ([`crate::live`]) that the admin endpoint and reloads ([`Reload`], SIGHUP in the
+//! binary) change.
+//!
 //! Shutdown (SIGINT/SIGTERM in the binary, or the future passed to [`run`]): stop accepting; every
 //! connection stops reading new requests, answers the ones in flight and closes; the dispatcher finishes
 //! what it has queued; then `run` returns. Data written and acknowledged with FLUSH or FUA is on stable
