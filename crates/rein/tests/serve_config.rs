@@ -370,6 +370,8 @@ fn errors_say_their_cause_once_and_name_the_path() {
     std::fs::write(&path, cfg).unwrap();
     let err = serve_fails(&["serve", "--config", path.to_str().unwrap()]);
     assert_eq!(error_line(&err), format!("error: cannot listen on {}: Address already in use (os error 98)", s.nbd));
+    // The first server holds the data directory's lock: stop it.
+    drop(s);
     // A missing image in a directory that cannot hold it (read-only export: nothing created).
     let img = dir.join("data").join("gone.img");
     let err = start_fails(dir, 46, "[[exports]]\nname = \"g\"\npath = \"gone.img\"\nsize_mb = 1\nread_only = true\n");
