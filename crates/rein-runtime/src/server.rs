@@ -6,10 +6,11 @@
 //! what it has queued; then `run` returns. Data written and acknowledged with FLUSH or FUA is on stable
 //! storage (fdatasync) before its reply.
 
+use crate::access::{Admit, ConnLimits};
 use crate::admin::{self, AdminState};
 use crate::config::{Admission, BackendKind, ServerConfig};
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::nbd::{serve_connection, Export, NbdContext};
+use crate::nbd::{serve_client, Entry, Export, NbdContext, Policy};
 use crate::probe::{probe, ProbeConfig};
 use crate::storage::{FileStorage, MemStorage, Storage};
 use rein_core::TenantId;
@@ -20,7 +21,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// Largest number of simultaneous NBD connections; more are accepted and closed at once.
+/// The default of `max_connections`, simultaneous NBD connections; a client over it (or over
+/// `max_connections_per_client`) is greeted and refused ([`crate::access`]).
 pub const MAX_CONNECTIONS: usize = 4096;
 
 /// Why the server could not start.
@@ -146,6 +148,14 @@ pub async fn run(
             tenant: tenant_ids[e.tenant],
         });
     }
+    let limits = ConnLimits::new(cfg.caps);
+    let policy = Arc::new(Policy {
+        tls: cfg.tls.clone(),
+        default_export: cfg.default_export,
+        access: cfg.exports.iter().map(|e| e.access.clone()).collect(),
+        tenants: cfg.exports.iter().map(|e| (e.tenant, cfg.tenants[e.tenant].name.clone())).collect(),
+        limits: limits.clone(),
+    });
     let ctx = Arc::new(NbdContext {
         exports,
         dispatcher: dispatcher.clone(),
@@ -174,7 +184,6 @@ pub async fn run(
     if let Some(r) = ready {
         let _ = r.send(bound);
     }
-    let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -189,16 +198,22 @@ pub async fn run(
                         continue;
                     }
                 };
-                let Ok(permit) = conns.clone().try_acquire_owned() else {
-                    tracing::warn!(%peer, "connection limit {MAX_CONNECTIONS} reached; closing");
-                    continue;
+                let entry = match limits.admit(peer.ip()) {
+                    Admit::Serve(slot) => Entry::Serve(slot),
+                    Admit::Refuse(why, permit) => {
+                        tracing::warn!(%peer, "refusing connection: {why}");
+                        Entry::Refuse(why, permit)
+                    }
+                    Admit::Close(why) => {
+                        tracing::warn!(%peer, "closing connection: {why} (too many refusals in progress)");
+                        continue;
+                    }
                 };
-                let (ctx, stop) = (ctx.clone(), stop_rx.clone());
+                let (ctx, policy, stop) = (ctx.clone(), policy.clone(), stop_rx.clone());
                 tasks.spawn(async move {
-                    if let Err(e) = serve_connection(stream, ctx, stop).await {
+                    if let Err(e) = serve_client(stream, peer, entry, ctx, policy, stop).await {
                         tracing::debug!(%peer, "connection ended: {e}");
                     }
-                    drop(permit);
                 });
                 // Reap finished connection tasks so the set does not grow.
                 while tasks.try_join_next().is_some() {}
