@@ -185,10 +185,14 @@ impl TlsConfig {
                 }
                 let pkey = PKey::private_key_from_pem(&read("key", key)?)
                     .map_err(|e| format!("tls.key {}: not a PEM private key: {e}", key.display()))?;
-                b.set_private_key(&pkey).map_err(|e| format!("tls.key {}: {e}", key.display()))?;
-                b.check_private_key().map_err(|_| {
+                let mismatch = || {
                     format!("tls.key {} does not match the certificate in tls.cert {}", key.display(), cert.display())
-                })?;
+                };
+                if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
+                    return Err(mismatch());
+                }
+                b.set_private_key(&pkey).map_err(|e| format!("tls.key {}: {e}", key.display()))?;
+                b.check_private_key().map_err(|_| mismatch())?;
             }
             (Some(_), None) => return Err("tls.cert needs tls.key".into()),
             (None, Some(_)) => return Err("tls.key needs tls.cert".into()),
