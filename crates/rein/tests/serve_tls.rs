@@ -234,6 +234,19 @@ fn random_file(path: &Path, len: usize, seed: u64) {
     std::fs::write(path, data).unwrap();
 }
 
+/// Two exports with nothing but the keys that existed before issue 12, so the attack tests run on the old
+/// code as they are.
+const PLAIN: &str = r#"
+[[exports]]
+name = "rd"
+backend = "memory"
+size_mb = 8
+[[exports]]
+name = "oltp"
+backend = "memory"
+size_mb = 1
+"#;
+
 const EXPORTS: &str = r#"
 [[exports]]
 name = "rd"
@@ -361,11 +374,11 @@ fn tls_on_serves_plain_and_tls_clients_and_hides_identity_exports_from_plain_one
 fn the_empty_name_opens_only_the_default_export() {
     let tmp = tmpdir("default");
     let dir = tmp.path();
-    let s = start(dir, 44, EXPORTS);
+    let s = start(dir, 44, PLAIN);
     let e = run_fails(tool("nbdinfo").arg(format!("nbd://{}", s.nbd)));
     assert!(e.contains("server error message: no export named \"\""), "{e}");
     drop(s);
-    let s = start(dir, 44, &format!("default_export = \"rd\"\n{EXPORTS}"));
+    let s = start(dir, 44, &format!("default_export = \"rd\"\n{PLAIN}"));
     let info = run_ok(tool("nbdinfo").arg(format!("nbd://{}", s.nbd)));
     assert!(info.contains("export-size: 8388608"), "{info}");
 }
@@ -373,8 +386,8 @@ fn the_empty_name_opens_only_the_default_export() {
 /// Opens a plain NBD connection from `source` to `server` and completes the handshake on `export`
 /// (or only connects, if `export` is `None`); returns the open socket, or the server's refusal.
 async fn raw_client(source: IpAddr, server: SocketAddr, export: Option<&str>) -> Result<TcpStream, String> {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::new(source, 0)).unwrap();
+    let socket = TcpSocket::new_v4().map_err(|e| e.to_string())?;
+    socket.bind(SocketAddr::new(source, 0)).map_err(|e| e.to_string())?;
     let mut stream = socket.connect(server).await.map_err(|e| e.to_string())?;
     let Some(export) = export else { return Ok(stream) };
     let mut hs = ClientHandshake::new(export, false);
@@ -399,12 +412,14 @@ async fn raw_client(source: IpAddr, server: SocketAddr, export: Option<&str>) ->
 /// Issue 12: 4,096 connections held by one client locked every other client out (one global limit),
 /// and the refused got their socket closed with no NBD-level error. Now one address holds at most
 /// `max_connections_per_client` (default 64): with the defaults, an attacker on 127.0.0.2 opening 4,200
-/// connections leaves a client on 127.0.0.3 served.
+/// connections leaves a client on 127.0.0.3 served. (The old code fails this when the test may open more
+/// than 4,096 sockets, `ulimit -n` of about 8,500 for the test and the server; with fewer the attacker
+/// simply holds fewer, and the new code passes either way.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_holding_connections_does_not_lock_out_others() {
     let tmp = tmpdir("caps");
     let dir = tmp.path();
-    let s = start(dir, 45, EXPORTS);
+    let s = start(dir, 45, PLAIN);
     let attacker: IpAddr = "127.0.0.2".parse().unwrap();
     let mut held = Vec::new();
     for _ in 0..4200 {
