@@ -74,8 +74,11 @@ pub struct ConnCaps {
 }
 
 impl Default for ConnCaps {
+    /// 4,096 in all, 128 per client address (the project's 100-tenant benchmark, `scripts/bench-nbd.sh`,
+    /// opens 100 connections from one address; qemu's multi-conn uses up to 16), 256 per tenant: one
+    /// address holds at most 1/32 of the server.
     fn default() -> ConnCaps {
-        ConnCaps { total: 4096, per_client: 64, per_tenant: 256 }
+        ConnCaps { total: 4096, per_client: 128, per_tenant: 256 }
     }
 }
 

@@ -17,7 +17,7 @@
 //!                                #   admission when capacity_iops is not set
 //! default_export = "rd"          # what the empty export name opens (default: nothing)
 //! max_connections = 4096         # NBD connections in all
-//! max_connections_per_client = 64    # from one peer address
+//! max_connections_per_client = 128   # from one peer address
 //! max_connections_per_tenant = 256   # open on one tenant's exports
 //!
 //! [tls]                          # optional: STARTTLS; paths relative to this file's directory
@@ -320,7 +320,7 @@ pub struct ServerConfig {
     /// The export the empty name opens (`default_export`, an index into `exports`); `None`: the empty
     /// name opens nothing.
     pub default_export: Option<usize>,
-    /// The connection caps (`max_connections` 4096, `max_connections_per_client` 64,
+    /// The connection caps (`max_connections` 4096, `max_connections_per_client` 128,
     /// `max_connections_per_tenant` 256; each 1..=[`MAX_CONNECTIONS_LIMIT`]).
     pub caps: ConnCaps,
 }

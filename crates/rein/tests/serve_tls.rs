@@ -411,7 +411,7 @@ async fn raw_client(source: IpAddr, server: SocketAddr, export: Option<&str>) ->
 
 /// Issue 12: 4,096 connections held by one client locked every other client out (one global limit),
 /// and the refused got their socket closed with no NBD-level error. Now one address holds at most
-/// `max_connections_per_client` (default 64): with the defaults, an attacker on 127.0.0.2 opening 4,200
+/// `max_connections_per_client` (default 128): with the defaults, an attacker on 127.0.0.2 opening 4,200
 /// connections leaves a client on 127.0.0.3 served. (The old code fails this when the test may open more
 /// than 4,096 sockets, `ulimit -n` of about 8,500 for the test and the server; with fewer the attacker
 /// simply holds fewer, and the new code passes either way.)
