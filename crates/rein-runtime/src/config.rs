@@ -678,6 +678,41 @@ mod tests {
     }
 
     #[test]
+    fn access_lists_caps_and_the_default_export() {
+        let p = |t: &str| ServerConfig::parse(t, Path::new("x.toml"));
+        let list =
+            |n: usize| (0..n).map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256)).collect::<Vec<_>>().join(",");
+        let c = p(&format!(
+            "[[exports]]\nname = \"a\"\nallow_networks = [{}]\nallow_identities = [\"x\"]",
+            list(MAX_ALLOW_ENTRIES)
+        ))
+        .unwrap();
+        assert_eq!(c.exports[0].access.networks.as_ref().unwrap().len(), MAX_ALLOW_ENTRIES);
+        assert_eq!(c.exports[0].access.identities, Some(vec!["x".to_string()]));
+        let e = p(&format!("[[exports]]\nname = \"a\"\nallow_networks = [{}]", list(MAX_ALLOW_ENTRIES + 1)))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "config: export a: allow_networks has 1025 entries, above the limit of 1024");
+        let e = p("[[exports]]\nname = \"a\"\nallow_identities = [\"\"]").unwrap_err().to_string();
+        assert!(e.contains("allow_identities has an empty entry"), "{e}");
+        // A bare address is a network of one.
+        let c = p("[[exports]]\nname = \"a\"\nallow_networks = [\"192.0.2.7\"]").unwrap();
+        assert_eq!(c.exports[0].access.networks.as_ref().unwrap()[0].to_string(), "192.0.2.7/32");
+        // Caps: defaults, bounds, and per-client/per-tenant defaults never above the total.
+        let c = p("[[exports]]\nname = \"a\"").unwrap();
+        assert_eq!(c.caps, ConnCaps { total: 4096, per_client: 128, per_tenant: 256 });
+        assert_eq!(c.default_export, None);
+        let c = p("max_connections = 65536\nmax_connections_per_client = 65536\n[[exports]]\nname = \"a\"").unwrap();
+        assert_eq!(c.caps.per_client, MAX_CONNECTIONS_LIMIT);
+        let c = p("max_connections = 10\n[[exports]]\nname = \"a\"").unwrap();
+        assert_eq!(c.caps, ConnCaps { total: 10, per_client: 10, per_tenant: 10 });
+        let e = p("max_connections = 65537\n[[exports]]\nname = \"a\"").unwrap_err().to_string();
+        assert_eq!(e, "config: max_connections must be in 1..=65536, got 65537");
+        let c = p("default_export = \"b\"\n[[exports]]\nname = \"a\"\n[[exports]]\nname = \"b\"").unwrap();
+        assert_eq!(c.default_export, Some(1));
+    }
+
+    #[test]
     fn admission() {
         let c = ServerConfig::parse("capacity_iops = 400\n[[exports]]\nname = \"a\"", Path::new("x")).unwrap();
         let r = |x| QosSpec::new(x, None, 1.0, 0).unwrap();

@@ -19,7 +19,7 @@
 //! through OpenSSL's PSK callback: the key it returns is bound to SHA-256, so the server must choose a
 //! SHA-256 suite. GnuTLS clients list TLS_AES_256_GCM_SHA384 first; with the client's order OpenSSL chose
 //! it, dropped the PSK as incompatible and sent a certificate, and the clients failed with "Insufficient
-//! credentials". The TLS 1.3 suites are therefore ordered SHA-256 first ([`SUITES_1_3`]) and the
+//! credentials". The TLS 1.3 suites are therefore ordered SHA-256 first (`SUITES_1_3`) and the
 //! server's order wins (`CIPHER_SERVER_PREFERENCE`); GnuTLS clients
 //! (libnbd's nbdinfo and nbdcopy, qemu-img) then agree on TLS_AES_128_GCM_SHA256 with the PSK (and
 //! ECDHE). For TLS 1.2 PSK clients the cipher list adds the (EC)DHE-PSK and PSK AEAD suites (checked by
@@ -255,3 +255,50 @@ impl TlsConfig {
 #[derive(Debug, thiserror::Error)]
 #[error("TLS handshake failed: {0}")]
 pub struct TlsError(pub String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<HashMap<String, Vec<u8>>, String> {
+        parse_psk_file(text, Path::new("keys.psk"))
+    }
+
+    #[test]
+    fn psk_lines_at_their_bounds() {
+        let id = |n: usize| "i".repeat(n);
+        let key = |n: usize| "ab".repeat(n);
+        let ok = parse(&format!("{}:{}\n\nbob:00ff\r\n", id(MAX_IDENTITY_BYTES), key(MAX_PSK_BYTES))).unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok["bob"], [0, 255]);
+        let e = parse(&format!("{}:00", id(MAX_IDENTITY_BYTES + 1))).unwrap_err();
+        assert_eq!(e, "tls.psk_file keys.psk line 1: the identity must have 1..=128 bytes");
+        let e = parse(&format!("a:00\nb:{}", key(MAX_PSK_BYTES + 1))).unwrap_err();
+        assert_eq!(e, "tls.psk_file keys.psk line 2: the key must have 1..=512 bytes");
+        assert!(parse("a:0").unwrap_err().ends_with("line 1: the key is not hexadecimal"));
+        assert!(parse("a:").unwrap_err().ends_with("line 1: the key must have 1..=512 bytes"));
+        assert!(parse(":00").unwrap_err().contains("the identity must have"));
+        assert!(parse("nokey").unwrap_err().ends_with("line 1: expected identity:hexkey"));
+        assert!(parse("a:00\na:01").unwrap_err().ends_with("line 2: identity \"a\" is repeated"));
+        assert_eq!(parse("\n\n").unwrap_err(), "tls.psk_file keys.psk: no identity in it");
+        // The identity may contain ':' (the key is after the last one).
+        assert_eq!(parse("a:b:0102").unwrap()["a:b"], [1, 2]);
+    }
+
+    #[test]
+    fn psk_identities_at_their_bound() {
+        let lines = |n: usize| (0..n).map(|i| format!("u{i}:00\n")).collect::<String>();
+        assert_eq!(parse(&lines(MAX_PSK_IDENTITIES)).unwrap().len(), MAX_PSK_IDENTITIES);
+        let e = parse(&lines(MAX_PSK_IDENTITIES + 1)).unwrap_err();
+        assert_eq!(e, format!("tls.psk_file keys.psk line {}: more than 65536 identities", MAX_PSK_IDENTITIES + 1));
+    }
+
+    #[test]
+    fn modes_need_credentials() {
+        let e = TlsConfig::build(TlsMode::Require, TlsFiles::default()).unwrap_err();
+        assert!(e.contains("needs tls.cert and tls.key, or tls.psk_file"), "{e}");
+        assert!(TlsConfig::build(TlsMode::Off, TlsFiles::default()).is_ok());
+        let files = TlsFiles { cert: Some("c.pem".into()), ..TlsFiles::default() };
+        assert_eq!(TlsConfig::build(TlsMode::On, files).unwrap_err(), "tls.cert needs tls.key");
+    }
+}
