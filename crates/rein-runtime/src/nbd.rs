@@ -243,6 +243,9 @@ pub async fn serve_client(
         }
         Transport::Tls(stream) => {
             let (rd, wr) = tokio::io::split(*stream);
+            // OpenSSL writes one slice per call, so a reply's header would be a TLS record of its own:
+            // a buffer gathers a batch's small replies into full records (large ones pass straight through).
+            let wr = tokio::io::BufWriter::with_capacity(WRITE_BATCH_BYTES, wr);
             transmission(rd, wr, &ctx, export, machine, input, &mut shutdown).await
         }
     }
@@ -485,7 +488,8 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Unbounded
             bytes += next.0.len();
             batch.push(next);
         }
-        if !broken && write_all_vectored(&mut wr, &batch).await.is_err() {
+        // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
+        if !broken && (write_all_vectored(&mut wr, &batch).await.is_err() || wr.flush().await.is_err()) {
             broken = true; // client gone: keep draining so permits are released
         }
         batch.clear();
