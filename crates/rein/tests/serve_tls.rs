@@ -524,3 +524,29 @@ fn bad_tls_configs_are_refused_naming_the_key_and_file() {
     let e = start_fails(dir, &format!("max_connections_per_client = 0\n{ex}"));
     assert!(e.contains("max_connections_per_client must be in 1..=65536, got 0"), "{e}");
 }
+
+/// Plaintext injection (the STARTTLS flaw of SMTP servers, CVE-2011-0411, and of NBD servers): options
+/// sent after NBD_OPT_STARTTLS but before the TLS handshake must not be answered or carried over into the
+/// TLS session. The server acknowledges STARTTLS, sees the extra bytes, and closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_injected_after_starttls_close_the_connection() {
+    let tmp = tmpdir("inject");
+    let dir = tmp.path();
+    psk_file(dir, "keys.psk", "alice");
+    let s = start(dir, 48, &format!("[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n{PLAIN}"));
+    let mut c = raw_client("127.0.0.1".parse().unwrap(), s.nbd, None).await.unwrap();
+    let mut greeting = [0u8; 18];
+    c.read_exact(&mut greeting).await.unwrap();
+    let mut out = p::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    p::option_request(&mut out, p::OPT_STARTTLS, &[]);
+    p::option_request(&mut out, p::OPT_LIST, &[]); // injected before the TLS handshake
+    c.write_all(&out).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut answer))
+        .await
+        .expect("the server closes")
+        .unwrap();
+    let (reply, n) = p::decode_option_reply(&answer).unwrap().expect("the STARTTLS reply");
+    assert_eq!((reply.option, reply.reply), (p::OPT_STARTTLS, p::REP_ACK));
+    assert_eq!(n, answer.len(), "nothing but the STARTTLS acknowledgement, then the close");
+}
