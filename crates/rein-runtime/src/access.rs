@@ -29,13 +29,16 @@ use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Connections being refused (answered with NBD_REP_ERR_POLICY) at once; more are closed at once.
 pub const MAX_REFUSING: usize = 256;
 /// How long a refused connection may take to read its refusal before it is closed.
 pub const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Refusals are logged at most once per this interval (with the number left unlogged), so a flood of
+/// connections cannot flood the log.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One export's access list (`allow_networks`, `allow_identities`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -95,6 +98,8 @@ pub struct ConnLimits {
     caps: ConnCaps,
     counts: Mutex<Counts>,
     refusing: Arc<Semaphore>,
+    /// When a refusal was last logged, and how many have not been logged since.
+    refusal_log: Mutex<(Option<Instant>, u64)>,
 }
 
 /// What to do with a new connection.
@@ -148,7 +153,12 @@ impl Drop for TenantSlot {
 impl ConnLimits {
     /// Counters for `caps`, all zero.
     pub fn new(caps: ConnCaps) -> Arc<ConnLimits> {
-        Arc::new(ConnLimits { caps, counts: Mutex::default(), refusing: Arc::new(Semaphore::new(MAX_REFUSING)) })
+        Arc::new(ConnLimits {
+            caps,
+            counts: Mutex::default(),
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            refusal_log: Mutex::new((None, 0)),
+        })
     }
 
     /// The caps.
@@ -197,6 +207,22 @@ impl ConnLimits {
         }
         *n += 1;
         Ok(TenantSlot { limits: self.clone(), tenant })
+    }
+
+    /// Logs a refused connection (a warning), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line
+    /// says how many were not logged. Returns whether it logged.
+    pub fn log_refusal(&self, peer: std::net::SocketAddr, why: &str, closed: bool) -> bool {
+        let now = Instant::now();
+        let mut log = self.refusal_log.lock().expect("the log lock is not poisoned");
+        if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
+            log.1 += 1;
+            return false;
+        }
+        let unlogged = std::mem::take(&mut log.1);
+        log.0 = Some(now);
+        let action = if closed { "closing (too many refusals in progress)" } else { "refusing" };
+        tracing::warn!(%peer, unlogged, "{action} connection: {why}");
+        true
     }
 
     /// Connections counted now: all, and from `ip`.
@@ -264,5 +290,10 @@ mod tests {
         assert!(matches!(limits.admit(ip), Admit::Close(_)));
         drop(held);
         assert!(matches!(limits.admit(ip), Admit::Refuse(..)));
+        // One log line per interval.
+        let peer = "127.0.0.2:1".parse().unwrap();
+        assert!(limits.log_refusal(peer, "cap", false));
+        assert!(!limits.log_refusal(peer, "cap", false));
+        assert_eq!(limits.refusal_log.lock().unwrap().1, 1);
     }
 }

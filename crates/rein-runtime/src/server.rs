@@ -201,11 +201,11 @@ pub async fn run(
                 let entry = match limits.admit(peer.ip()) {
                     Admit::Serve(slot) => Entry::Serve(slot),
                     Admit::Refuse(why, permit) => {
-                        tracing::warn!(%peer, "refusing connection: {why}");
+                        limits.log_refusal(peer, &why, false);
                         Entry::Refuse(why, permit)
                     }
                     Admit::Close(why) => {
-                        tracing::warn!(%peer, "closing connection: {why} (too many refusals in progress)");
+                        limits.log_refusal(peer, &why, true);
                         continue;
                     }
                 };
