@@ -16,6 +16,17 @@ if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     say "no DejaVu font and no apt-get: install a TrueType sans font (DejaVu, Liberation or FreeSans) for the plots"
   fi
 fi
+# The build links OpenSSL (TLS on NBD): its headers and pkg-config (Debian: libssl-dev, pkg-config).
+if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl 2>/dev/null; }; then
+  if command -v apt-get >/dev/null 2>&1; then
+    say "installing OpenSSL's headers for the build (apt-get install libssl-dev pkg-config) ..."
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libssl-dev pkg-config >/dev/null
+  else
+    say "the build needs OpenSSL's headers and pkg-config: install them (Debian: libssl-dev pkg-config)"
+    exit 1
+  fi
+fi
 if ! command -v cargo >/dev/null 2>&1; then
   say "cargo is required: install Rust with rustup (https://rustup.rs)"
   exit 1

@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 need_apt=()
 # Plots need a TrueType font (Debian: fonts-dejavu-core).
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+# OpenSSL headers for TLS on NBD (the openssl crate), and the openssl tool the TLS tests make certificates with.
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # The NBD server's integration tests drive real clients.
 command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)

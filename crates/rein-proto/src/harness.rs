@@ -8,7 +8,9 @@
 //!
 //! Contracts checked:
 //! - [`handshake`]: the server and client handshakes never panic, never consume more than they are
-//!   given, and give the same replies and the same outcome whether the input comes whole or in pieces.
+//!   given, and give the same replies and the same outcome whether the input comes whole or in pieces;
+//!   also with TLS offered or required (the state machine before and after a simulated TLS switch), a
+//!   hidden export, opening confirmed by the caller, and a refused connection.
 //! - [`transmission`] / [`transmission_with`]: the invariants of [`crate::nbd::transmission`]: one event
 //!   per request header, decoded from that very header; the same events however the input is split;
 //!   `NeedMore { wanted }` only when fewer than `wanted` bytes are unconsumed, and `wanted` within the
@@ -19,7 +21,7 @@
 
 use crate::nbd::{
     self, ClientHandshake, ClientProgress, Command, Event, ExportInfo, ProtoError, Rejection, ReplyHeader, Request,
-    RequestHeader, RequestKind, ServerHandshake, ServerProgress, ServerTransmission, TransmissionConfig,
+    RequestHeader, RequestKind, ServerHandshake, ServerProgress, ServerTransmission, TlsMode, TransmissionConfig,
     REPLY_FLAG_DONE, REPLY_TYPE_ERROR, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REQUEST_LEN,
 };
 use crate::parda as record;
@@ -56,22 +58,63 @@ fn exports() -> Vec<ExportInfo> {
 /// How a handshake run ended: the replies it wrote and its outcome.
 type ServerRun = (Vec<u8>, Result<ServerProgress, ProtoError>);
 
-fn server_run(input: &[u8], sizes: Option<&[usize]>) -> ServerRun {
+/// The server setups the handshake harness runs (bits 1-2 of the input's first byte pick one): the
+/// states a connection can be in, TLS and access control included.
+fn server_setup(setup: u8, out: &mut Vec<u8>) -> ServerHandshake {
+    let mut hs = ServerHandshake::new(exports(), out);
+    match setup & 3 {
+        0 => {}
+        1 => {
+            // TLS offered; opening asks the caller; "a" is the default export.
+            hs.set_tls(TlsMode::On);
+            hs.set_confirm_open(true);
+            hs.set_default_export(Some(0));
+        }
+        2 => {
+            // TLS required; "ro" hidden (until TLS, see `server_run`); "ro" is the default export.
+            hs.set_tls(TlsMode::Require);
+            hs.set_visible(vec![true, false]);
+            hs.set_default_export(Some(1));
+        }
+        _ => hs.refuse_all("connection cap".into()),
+    }
+    hs
+}
+
+/// Feeds `input` to a server handshake set up by `setup`, as a connection would: after `StartTls` the
+/// TLS handshake "succeeds" (every export becomes visible) and the rest of the input is what came over
+/// TLS; `Opening` is accepted for the first export and refused for the others.
+fn server_run(input: &[u8], sizes: Option<&[usize]>, setup: u8) -> ServerRun {
     let mut out = Vec::new();
-    let mut hs = ServerHandshake::new(exports(), &mut out);
+    let mut hs = server_setup(setup, &mut out);
     let mut buf = Vec::new();
     let whole = [input.len().max(1)];
     for piece in pieces(input, sizes.unwrap_or(&whole)) {
         buf.extend_from_slice(piece);
-        match hs.feed(&buf, &mut out) {
-            Ok((used, progress)) => {
-                assert!(used <= buf.len(), "the server handshake consumed more than its input");
-                buf.drain(..used);
-                if progress != ServerProgress::NeedMore {
-                    return (out, Ok(progress));
-                }
+        loop {
+            let (used, mut progress) = match hs.feed(&buf, &mut out) {
+                Ok(r) => r,
+                Err(e) => return (out, Err(e)),
+            };
+            assert!(used <= buf.len(), "the server handshake consumed more than its input");
+            buf.drain(..used);
+            if let ServerProgress::Opening(export) = progress {
+                let verdict = if export == 0 { Ok(()) } else { Err("tenant cap".to_string()) };
+                progress = match hs.open(verdict, &mut out) {
+                    Ok(ServerProgress::NeedMore) => continue, // refused: the next option may be there
+                    Ok(p) => p,
+                    Err(e) => return (out, Err(e)),
+                };
             }
-            Err(e) => return (out, Err(e)),
+            match progress {
+                ServerProgress::NeedMore => break,
+                ServerProgress::StartTls => {
+                    assert!(!hs.tls_active(), "STARTTLS is acknowledged once");
+                    hs.tls_established();
+                    hs.set_visible(vec![true; 2]);
+                }
+                p => return (out, Ok(p)),
+            }
         }
     }
     (out, Ok(ServerProgress::NeedMore))
@@ -99,7 +142,8 @@ fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress,
     (out, last)
 }
 
-/// Feeds `data` to a server handshake (after valid client flags if `data[0]` is odd) and to a client
+/// Feeds `data` to a server handshake (after valid client flags if `data[0]` is odd; set up by bits 1-2
+/// of `data[0]`: plain, TLS offered, TLS required with a hidden export, refused) and to a client
 /// handshake, whole and in pieces (sizes from `data[1]`); panics if a contract is broken (module comment).
 pub fn handshake(data: &[u8]) {
     let (Some(&mode), Some(&seed)) = (data.first(), data.get(1)) else { return };
@@ -109,8 +153,9 @@ pub fn handshake(data: &[u8]) {
         input.extend_from_slice(&nbd::FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
     }
     input.extend_from_slice(&data[2..]);
-    let whole = server_run(&input, None);
-    let split = server_run(&input, Some(&sizes));
+    let setup = mode >> 1;
+    let whole = server_run(&input, None, setup);
+    let split = server_run(&input, Some(&sizes), setup);
     assert_eq!(whole, split, "the server handshake depends on how its input is split");
     let whole = client_run(&data[2..], &[data.len().max(1)]);
     let split = client_run(&data[2..], &sizes);

@@ -298,6 +298,8 @@ async fn create_export(State(s): State<AdminState>, body: axum::body::Bytes) -> 
         read_only: bool,
         #[serde(default)]
         direct: bool,
+        allow_networks: Option<Vec<String>>,
+        allow_identities: Option<Vec<String>>,
     }
     fn file() -> String {
         "file".into()
@@ -314,6 +316,8 @@ async fn create_export(State(s): State<AdminState>, body: axum::body::Bytes) -> 
         size_mb: n.size_mb,
         read_only: n.read_only,
         direct: n.direct,
+        allow_networks: n.allow_networks,
+        allow_identities: n.allow_identities,
     };
     match s.registry.add_export(j).await {
         Ok(()) => (StatusCode::CREATED, Json(serde_json::json!({ "created": true }))).into_response(),

@@ -20,6 +20,17 @@
 //!                                #   4 KiB reads at queue_depth, O_DIRECT where possible, through the same
 //!                                #   dispatcher) and use the median for admission when capacity_iops is not
 //!                                #   set; kept in the state file and reused at later starts
+//! default_export = "rd"          # what the empty export name opens (default: nothing)
+//! max_connections = 4096         # NBD connections in all
+//! max_connections_per_client = 128   # from one peer address
+//! max_connections_per_tenant = 256   # open on one tenant's exports
+//!
+//! [tls]                          # optional: STARTTLS; paths relative to this file's directory
+//! mode = "require"               # off (default) | on (offer STARTTLS) | require (refuse plain)
+//! cert = "server-cert.pem"       # x509 server certificate (PEM); with key
+//! key = "server-key.pem"
+//! ca = "ca-cert.pem"             # optional: require and verify client certificates
+//! psk_file = "keys.psk"          # optional: "identity:hexkey" per line (psktool's format)
 //!
 //! [mclock]                       # optional: scheduler settings, the same table as a scenario's
 //! preset = "rein"                # rein (default) | paper: mClock's Algorithm 1 as written
@@ -47,6 +58,8 @@
 //! tenant = "rd"                  # which tenant's QoS the export's connections share (default: its name)
 //! read_only = false
 //! direct = false                 # O_DIRECT for 4 KiB-aligned IO (bypass the page cache)
+//! allow_networks = ["10.0.0.0/8"]    # optional: who may see and open it (CIDR); absent = any address
+//! allow_identities = ["alice"]       # optional: PSK identity or client certificate CN; absent = anyone
 //!
 //! [[tenants]]
 //! name = "rd"
@@ -59,11 +72,14 @@
 //! Every error names the field. Without a file, [`ServerConfig::builtin`] is the default: one file-backed
 //! export per demo tenant in `rein-data/`, the mClock paper's RD / OLTP / DM.
 
+use crate::access::{ConnCaps, ExportAccess};
 use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
+use crate::tls::{TlsConfig, TlsFiles};
 use rein_core::{QosSpec, SchedConfig, SchedulerKind};
 use rein_model::device::{CapacityStep, DeviceParams, DiskParams};
 use rein_model::sched_settings::{with_cost_model_shorthand, CostModelFile, SchedSettingsFile};
+use rein_proto::nbd::TlsMode;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -162,6 +178,21 @@ struct File {
     exports: Vec<ExportFile>,
     #[serde(default)]
     tenants: Vec<TenantFile>,
+    tls: Option<TlsFile>,
+    default_export: Option<String>,
+    max_connections: Option<usize>,
+    max_connections_per_client: Option<usize>,
+    max_connections_per_tenant: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFile {
+    mode: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    ca: Option<String>,
+    psk_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -193,6 +224,8 @@ struct ExportFile {
     read_only: bool,
     #[serde(default)]
     direct: bool,
+    allow_identities: Option<Vec<String>>,
+    allow_networks: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -238,6 +271,8 @@ pub struct ExportConfig {
     pub read_only: bool,
     /// O_DIRECT for aligned IO (file backend).
     pub direct: bool,
+    /// Who may see and open it (`allow_networks`, `allow_identities`; absent: anyone).
+    pub access: ExportAccess,
 }
 
 /// A tenant: a `[[tenants]]` entry, or the default-spec tenant made for an export with no tenant of its
@@ -301,7 +336,20 @@ pub struct ServerConfig {
     /// The tenants: the `[[tenants]]` in file order, then one default-spec tenant per export that names
     /// none and has no tenant of its own name.
     pub tenants: Vec<TenantConfig>,
+    /// TLS (`[tls]`), its credentials read and checked; `None`: off.
+    pub tls: Option<TlsConfig>,
+    /// The export the empty name opens (`default_export`, an index into `exports`); `None`: the empty
+    /// name opens nothing.
+    pub default_export: Option<usize>,
+    /// The connection caps (`max_connections` 4096, `max_connections_per_client` 128,
+    /// `max_connections_per_tenant` 256; each 1..=[`MAX_CONNECTIONS_LIMIT`]).
+    pub caps: ConnCaps,
 }
+
+/// Largest value of `max_connections` and the per-client and per-tenant caps.
+pub const MAX_CONNECTIONS_LIMIT: usize = 65_536;
+/// Most entries in one export's `allow_networks` or `allow_identities`.
+pub const MAX_ALLOW_ENTRIES: usize = 1024;
 
 /// Largest export, in bytes (1 PiB).
 pub const MAX_EXPORT_BYTES: u64 = 1 << 50;
@@ -365,7 +413,9 @@ impl ServerConfig {
     pub fn parse(text: &str, path: &Path) -> Result<ServerConfig, ConfigError> {
         let f: File =
             toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
-        validate(f).map_err(ConfigError::Invalid)
+        // Files named in [tls] are relative to the config file's directory.
+        let base = path.parent().unwrap_or(Path::new(""));
+        validate(f, base).map_err(ConfigError::Invalid)
     }
 
     /// The position in `tenants` of the tenant called `name`, if there is one.
@@ -385,7 +435,88 @@ impl ServerConfig {
     }
 }
 
-fn validate(f: File) -> Result<ServerConfig, String> {
+/// An access list entry count within [`MAX_ALLOW_ENTRIES`].
+fn allow_list(export: &str, key: &str, list: &Option<Vec<String>>) -> Result<(), String> {
+    match list {
+        Some(l) if l.len() > MAX_ALLOW_ENTRIES => {
+            Err(format!("export {export}: {key} has {} entries, above the limit of {MAX_ALLOW_ENTRIES}", l.len()))
+        }
+        Some(l) if l.iter().any(|x| x.is_empty()) => Err(format!("export {export}: {key} has an empty entry")),
+        _ => Ok(()),
+    }
+}
+
+fn export_access(e: &ExportFile) -> Result<ExportAccess, String> {
+    parse_access(&e.name, &e.allow_networks, &e.allow_identities)
+}
+
+/// An export's access list from its `allow_networks` and `allow_identities` as written (in rein.toml, the
+/// state file or `POST /api/exports`); errors name the export and the key.
+pub fn parse_access(
+    export: &str,
+    allow_networks: &Option<Vec<String>>,
+    allow_identities: &Option<Vec<String>>,
+) -> Result<ExportAccess, String> {
+    allow_list(export, "allow_networks", allow_networks)?;
+    allow_list(export, "allow_identities", allow_identities)?;
+    let networks = match allow_networks {
+        None => None,
+        Some(list) => Some(
+            list.iter()
+                .map(|n| {
+                    // A bare address is a network of one.
+                    n.parse::<ipnet::IpNet>()
+                        .or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                        .map_err(|_| {
+                            format!(
+                                "export {export}: allow_networks entry {n:?} is not a CIDR network (e.g. 10.0.0.0/8)"
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    Ok(ExportAccess { networks, identities: allow_identities.clone() })
+}
+
+fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, String> {
+    let mode = match t.mode.as_deref() {
+        None | Some("off") => TlsMode::Off,
+        Some("on") => TlsMode::On,
+        Some("require") => TlsMode::Require,
+        Some(o) => return Err(format!("tls.mode {o:?}: expected off, on or require")),
+    };
+    let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+    let files = TlsFiles { cert: path(&t.cert), key: path(&t.key), ca: path(&t.ca), psk_file: path(&t.psk_file) };
+    TlsConfig::build(mode, files)
+}
+
+fn caps(f: &File) -> Result<ConnCaps, String> {
+    let d = ConnCaps::default();
+    let total = f.max_connections.unwrap_or(d.total);
+    let check = |key: &str, v: usize| {
+        if v == 0 || v > MAX_CONNECTIONS_LIMIT {
+            Err(format!("{key} must be in 1..={MAX_CONNECTIONS_LIMIT}, got {v}"))
+        } else {
+            Ok(v)
+        }
+    };
+    Ok(ConnCaps {
+        total: check("max_connections", total)?,
+        // Defaults never above the total.
+        per_client: check(
+            "max_connections_per_client",
+            f.max_connections_per_client.unwrap_or(d.per_client.min(total)),
+        )?,
+        per_tenant: check(
+            "max_connections_per_tenant",
+            f.max_connections_per_tenant.unwrap_or(d.per_tenant.min(total)),
+        )?,
+    })
+}
+
+fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
+    let caps = caps(&f)?;
     let listen: SocketAddr =
         f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
     let admin: SocketAddr = f.admin.parse().map_err(|e| format!("admin {:?}: {e} (expected address:port)", f.admin))?;
@@ -507,8 +638,22 @@ fn validate(f: File) -> Result<ServerConfig, String> {
             tenant,
             read_only: e.read_only,
             direct: e.direct,
+            access: export_access(e)?,
         });
     }
+    let default_export = match &f.default_export {
+        None => None,
+        Some(name) => Some(
+            exports
+                .iter()
+                .position(|e| &e.name == name)
+                .ok_or_else(|| format!("default_export {name:?}: no export of that name"))?,
+        ),
+    };
+    let tls = match &f.tls {
+        None => None,
+        Some(t) => Some(tls_config(t, base)?),
+    };
     let cfg = ServerConfig {
         listen,
         admin,
@@ -525,6 +670,9 @@ fn validate(f: File) -> Result<ServerConfig, String> {
         device,
         exports,
         tenants,
+        tls,
+        default_export,
+        caps,
     };
     Ok(cfg)
 }
@@ -597,6 +745,41 @@ mod tests {
         assert!(e("cost_model = \"lots\"").contains("cost_model = \"lots\": expected"));
         assert!(e("cost_model = \"io\"\n[mclock]\ncost_model = \"io\"").contains("cost_model is given twice"));
         assert!(e("[mclock]\nbatchsize = 8").contains("unknown field `batchsize`"));
+    }
+
+    #[test]
+    fn access_lists_caps_and_the_default_export() {
+        let p = |t: &str| ServerConfig::parse(t, Path::new("x.toml"));
+        let list =
+            |n: usize| (0..n).map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256)).collect::<Vec<_>>().join(",");
+        let c = p(&format!(
+            "[[exports]]\nname = \"a\"\nallow_networks = [{}]\nallow_identities = [\"x\"]",
+            list(MAX_ALLOW_ENTRIES)
+        ))
+        .unwrap();
+        assert_eq!(c.exports[0].access.networks.as_ref().unwrap().len(), MAX_ALLOW_ENTRIES);
+        assert_eq!(c.exports[0].access.identities, Some(vec!["x".to_string()]));
+        let e = p(&format!("[[exports]]\nname = \"a\"\nallow_networks = [{}]", list(MAX_ALLOW_ENTRIES + 1)))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "config: export a: allow_networks has 1025 entries, above the limit of 1024");
+        let e = p("[[exports]]\nname = \"a\"\nallow_identities = [\"\"]").unwrap_err().to_string();
+        assert!(e.contains("allow_identities has an empty entry"), "{e}");
+        // A bare address is a network of one.
+        let c = p("[[exports]]\nname = \"a\"\nallow_networks = [\"192.0.2.7\"]").unwrap();
+        assert_eq!(c.exports[0].access.networks.as_ref().unwrap()[0].to_string(), "192.0.2.7/32");
+        // Caps: defaults, bounds, and per-client/per-tenant defaults never above the total.
+        let c = p("[[exports]]\nname = \"a\"").unwrap();
+        assert_eq!(c.caps, ConnCaps { total: 4096, per_client: 128, per_tenant: 256 });
+        assert_eq!(c.default_export, None);
+        let c = p("max_connections = 65536\nmax_connections_per_client = 65536\n[[exports]]\nname = \"a\"").unwrap();
+        assert_eq!(c.caps.per_client, MAX_CONNECTIONS_LIMIT);
+        let c = p("max_connections = 10\n[[exports]]\nname = \"a\"").unwrap();
+        assert_eq!(c.caps, ConnCaps { total: 10, per_client: 10, per_tenant: 10 });
+        let e = p("max_connections = 65537\n[[exports]]\nname = \"a\"").unwrap_err().to_string();
+        assert_eq!(e, "config: max_connections must be in 1..=65536, got 65537");
+        let c = p("default_export = \"b\"\n[[exports]]\nname = \"a\"\n[[exports]]\nname = \"b\"").unwrap();
+        assert_eq!(c.default_export, Some(1));
     }
 
     #[test]

@@ -6,10 +6,11 @@
 //! rein-core scheduler on a monotonic clock. The NBD server and the admin endpoint build on these.
 //! [`aggregate`] carries PARDA's cluster latency between hosts (a shared file, or UDP).
 //!
-//! `rein serve` is [`server`], configured by [`config`], with [`nbd`] for its connections and [`admin`]
-//! for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
+//! `rein serve` is [`server`], configured by [`config`], with [`nbd`] for its connections ([`tls`] for
+//! STARTTLS, [`access`] for access lists and connection caps) and [`admin`] for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
 
+pub mod access;
 pub mod admin;
 pub mod admin_client;
 pub mod admin_guard;
@@ -26,6 +27,7 @@ pub mod probe;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod tls;
 pub mod uring;
 
 pub use devmodel::DeviceConfig;

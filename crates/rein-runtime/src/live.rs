@@ -25,7 +25,7 @@
 
 use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig, MAX_EXPORTS};
 use crate::dispatch::{CapacityError, Dispatcher};
-use crate::nbd::Export;
+use crate::nbd::{Export, ExportTable};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, SpecJson};
 use rein_core::{QosSpec, TenantId};
 use rein_proto::nbd::ExportInfo;
@@ -34,29 +34,6 @@ use std::sync::{Arc, RwLock, Weak};
 
 /// Longest tenant name accepted by `POST /api/tenants`, in bytes.
 pub const MAX_TENANT_NAME: usize = 256;
-
-/// The exports new connections see: an immutable list swapped whole on each change. A connection takes one
-/// snapshot for its handshake and keeps the `Arc<Export>` it opened.
-#[derive(Default)]
-pub struct ExportTable {
-    current: RwLock<Arc<Vec<Arc<Export>>>>,
-}
-
-impl ExportTable {
-    /// A table holding `exports`, in listing order.
-    pub fn new(exports: Vec<Arc<Export>>) -> ExportTable {
-        ExportTable { current: RwLock::new(Arc::new(exports)) }
-    }
-
-    /// The exports now, in listing order.
-    pub fn snapshot(&self) -> Arc<Vec<Arc<Export>>> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn set(&self, exports: Vec<Arc<Export>>) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(exports);
-    }
-}
 
 /// The running export for configured export `e` of tenant `tenant` (named `tenant_name`) over `storage`.
 pub fn make_export(
@@ -75,6 +52,8 @@ pub fn make_export(
         },
         storage,
         tenant,
+        tenant_name: tenant_name.to_string(),
+        access: e.access.clone(),
     }
 }
 
@@ -402,7 +381,7 @@ impl Registry {
         all.push(cfg.clone());
         crate::preflight::check_exports(&all).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         let c2 = cfg.clone();
-        let storage = tokio::task::spawn_blocking(move || crate::server::open_export(&c2))
+        let storage = tokio::task::spawn_blocking(move || crate::preflight::open_export(&c2))
             .await
             .map_err(|e| ChangeError::Failed(e.to_string()))?
             .map_err(|e| ChangeError::Failed(e.to_string()))?;
@@ -519,8 +498,18 @@ impl Registry {
             max_request,
             io_engine,
             device,
-            probe_capacity_s
+            probe_capacity_s,
+            caps,
+            admin_access
         );
+        // TLS credentials and the default export are read at start only (compared as written).
+        if format!("{:?}", base.tls) != format!("{:?}", old.tls) {
+            report.needs_restart.push("tls (needs a restart)".into());
+        }
+        let default_name = |c: &ServerConfig| c.default_export.map(|i| c.exports[i].name.clone());
+        if default_name(&base) != default_name(&old) {
+            report.needs_restart.push("default_export (needs a restart)".into());
+        }
         let st = state::diff(&old, &inner.effective, inner.capacity);
         let o = state::overlay(&base, &st);
         report.applied.extend(o.notes.into_iter().filter(|n| n.contains("changed it since") || n.contains("dropped")));
@@ -557,7 +546,7 @@ impl Registry {
                 continue;
             }
             let c2 = e.clone();
-            let storage = tokio::task::spawn_blocking(move || crate::server::open_export(&c2))
+            let storage = tokio::task::spawn_blocking(move || crate::preflight::open_export(&c2))
                 .await
                 .map_err(|x| ChangeError::Failed(x.to_string()))?
                 .map_err(|x| ChangeError::Failed(x.to_string()))?;

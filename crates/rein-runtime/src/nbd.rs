@@ -2,7 +2,9 @@
 //! through the QoS dispatcher.
 //!
 //! Each connection runs the fixed newstyle handshake ([`ServerHandshake`], bounded in time by
-//! [`HANDSHAKE_TIMEOUT`] and in bytes by its option limit), then the transmission phase
+//! [`HANDSHAKE_TIMEOUT`] and in bytes by its option limit; told by the [`Policy`] which exports the client
+//! may see, whether TLS is offered, and whether the connection is refused), switching to TLS on the same
+//! socket when the handshake says so ([`crate::tls`]), then the transmission phase
 //! ([`ServerTransmission`]): read into a buffer, feed the state machine, act on its event. A request goes
 //! to the dispatcher with a completion callback that encodes the reply ([`ReplyEncoder`]) and hands it to
 //! the connection's writer task (so one connection can have many in flight); a rejection is encoded and
@@ -25,26 +27,34 @@
 //! - The writer takes the replies that are ready, up to [`WRITE_BATCH`] of them or about
 //!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write.
 //!
+//! # Transports
+//! The code is generic over the stream. A plain connection splits its `TcpStream` into owned halves (no
+//! lock between reader and writer, as before TLS existed); a TLS connection splits its `SslStream` with
+//! `tokio::io::split` (a lock shared by the two halves, since one TLS session reads and writes).
+//!
 //! # Copies per READ
 //! One: the storage (the kernel through io_uring or `pread`, or a memory copy for RAM) writes the data
 //! into the reply's own buffer, after headroom for the reply header ([`ReplyEncoder::headroom`]), and the
 //! socket write takes that buffer as one of its slices. (It used to be three: into a read buffer, into the
 //! reply, and into the writer's batch.) `O_DIRECT` reads add the copy out of their aligned buffer.
 
+use crate::access::{Admit, ClientSlot, ConnCaps, ConnLimits, ExportAccess, TenantSlot, REFUSAL_TIMEOUT};
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::storage::Storage;
+use crate::tls::{TlsConfig, TlsError};
 use rein_core::TenantId;
 use rein_proto::nbd::{
     self as p, Event, ExportInfo, Negotiated, Rejection, ReplyEncoder, Request, RequestKind, ServerHandshake,
-    ServerProgress, ServerTransmission, TransmissionConfig,
+    ServerProgress, ServerTransmission, TlsMode, TransmissionConfig,
 };
 use std::io::{self, IoSlice};
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio_openssl::SslStream;
 
 /// Requests one connection may have in flight before the server stops reading from it.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
@@ -69,13 +79,41 @@ pub struct Export {
     pub storage: Arc<dyn Storage>,
     /// Whose QoS its requests get.
     pub tenant: TenantId,
+    /// The tenant's name (logs, the per-tenant connection cap's message).
+    pub tenant_name: String,
+    /// Who may see and open it (`allow_networks`, `allow_identities`).
+    pub access: ExportAccess,
+}
+
+/// The exports new connections see: an immutable list swapped whole on each change. A connection takes one
+/// snapshot for its handshake and keeps the `Arc<Export>` it opened.
+#[derive(Default)]
+pub struct ExportTable {
+    current: RwLock<Arc<Vec<Arc<Export>>>>,
+}
+
+impl ExportTable {
+    /// A table holding `exports`, in listing order.
+    pub fn new(exports: Vec<Arc<Export>>) -> ExportTable {
+        ExportTable { current: RwLock::new(Arc::new(exports)) }
+    }
+
+    /// The exports now, in listing order.
+    pub fn snapshot(&self) -> Arc<Vec<Arc<Export>>> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the list (the admin API and reloads, through [`crate::live::Registry`]).
+    pub(crate) fn set(&self, exports: Vec<Arc<Export>>) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(exports);
+    }
 }
 
 /// What every connection shares.
 pub struct NbdContext {
     /// The exports, in the order the handshake lists them; changed at run time by the admin API and
     /// reloads. Each handshake reads one snapshot, and a connection keeps the export it opened.
-    pub exports: Arc<crate::live::ExportTable>,
+    pub exports: Arc<ExportTable>,
     /// The QoS dispatcher in front of the storage.
     pub dispatcher: Dispatcher,
     /// Largest READ or WRITE accepted, in bytes.
@@ -88,36 +126,176 @@ pub enum ConnError {
     /// The socket failed.
     #[error("io: {0}")]
     Io(#[from] io::Error),
-    /// The client broke the protocol.
+    /// The client broke the protocol, or was refused where the protocol has no error reply.
     #[error("protocol: {0}")]
     Proto(#[from] p::ProtoError),
-    /// The handshake took longer than [`HANDSHAKE_TIMEOUT`].
+    /// The handshake took longer than [`HANDSHAKE_TIMEOUT`] (or a refused client longer than
+    /// [`REFUSAL_TIMEOUT`]).
     #[error("handshake timed out")]
     Timeout,
+    /// The TLS handshake after NBD_OPT_STARTTLS failed.
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
-/// Serves one connection until the client disconnects, errs, or `shutdown` turns true (then in-flight
-/// requests are answered before closing).
+/// What decides, per connection, what a client may see and open: TLS, the default export and the
+/// per-tenant connection cap ([`crate::access`]); each export carries its own access list
+/// ([`Export::access`]). The server builds one from its config; [`Policy::open`] is the policy of a
+/// server without any of these.
+#[derive(Debug)]
+pub struct Policy {
+    /// TLS (`[tls]`); `None`: off.
+    pub tls: Option<TlsConfig>,
+    /// The name of the export the empty name opens (`default_export`).
+    pub default_export: Option<String>,
+    /// Whether connections are counted per tenant (`max_connections_per_tenant`).
+    pub cap_tenants: bool,
+    /// The connection counters.
+    pub limits: Arc<ConnLimits>,
+}
+
+impl Policy {
+    /// No TLS, no default export, no per-tenant cap, and the counters' default caps.
+    pub fn open() -> Policy {
+        Policy { tls: None, default_export: None, cap_tenants: false, limits: ConnLimits::new(ConnCaps::default()) }
+    }
+
+    fn visible(exports: &[Arc<Export>], ip: IpAddr, identity: Option<&str>) -> Vec<bool> {
+        exports.iter().map(|e| e.access.allows(ip, identity)).collect()
+    }
+}
+
+/// How a connection is admitted ([`ConnLimits::admit`]): served, or greeted and refused.
+#[derive(Debug)]
+pub enum Entry {
+    /// Served; the slot counts it until it ends.
+    Serve(ClientSlot),
+    /// Every option refused with this message (over a connection cap).
+    Refuse(String, OwnedSemaphorePermit),
+}
+
+/// Serves one connection with [`Policy::open`] until the client disconnects, errs, or `shutdown` turns
+/// true (then in-flight requests are answered before closing).
 pub async fn serve_connection(
     stream: TcpStream,
     ctx: Arc<NbdContext>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnError> {
+    let policy = Policy::open();
+    let peer = stream.peer_addr()?;
+    let Admit::Serve(slot) = policy.limits.admit(peer.ip()) else {
+        unreachable!("the first connection of a new counter is under every default cap")
+    };
+    serve_client(stream, peer, Entry::Serve(slot), ctx, Arc::new(policy), shutdown).await
+}
+
+/// The transport after the handshake.
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<SslStream<TcpStream>>),
+}
+
+/// What a finished handshake leaves: the transport, what was agreed, the client's identity and its
+/// tenant slot.
+type Opened = (Transport, Negotiated, Option<String>, Option<TenantSlot>);
+
+/// Serves one connection from `peer` under `policy` until the client disconnects, errs, or `shutdown`
+/// turns true (then in-flight requests are answered before closing).
+pub async fn serve_client(
+    stream: TcpStream,
+    peer: SocketAddr,
+    entry: Entry,
+    ctx: Arc<NbdContext>,
+    policy: Arc<Policy>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
-    let (mut rd, mut wr) = stream.into_split();
     let mut input = Input::default();
-    let handshake = handshake(&mut rd, &mut wr, &ctx, &mut input);
-    let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await.map_err(|_| ConnError::Timeout)??;
-    let Some((negotiated, export)) = negotiated else { return Ok(()) };
+    // One snapshot of the exports for the whole handshake; the connection keeps the export it opens.
+    let exports = ctx.exports.snapshot();
+    let infos: Vec<ExportInfo> = exports.iter().map(|e| e.info.clone()).collect();
+    let mut out = Vec::new();
+    let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
+    hs.set_tls(policy.tls.as_ref().map_or(TlsMode::Off, |t| t.mode));
+    hs.set_default_export(policy.default_export.as_ref().and_then(|d| exports.iter().position(|e| e.info.name == *d)));
+    hs.set_visible(Policy::visible(&exports, peer.ip(), None));
+    hs.set_confirm_open(policy.cap_tenants);
+    let (deadline, _slot) = match entry {
+        Entry::Serve(slot) => (HANDSHAKE_TIMEOUT, Some(slot)),
+        Entry::Refuse(message, _permit) => {
+            hs.refuse_all(message);
+            let refused = async {
+                let mut stream = stream;
+                stream.write_all(&out).await?;
+                let _ = handshake(&mut stream, &mut hs, &mut input, &policy, &exports).await?;
+                Ok(())
+            };
+            return tokio::time::timeout(REFUSAL_TIMEOUT, refused).await.map_err(|_| ConnError::Timeout)?;
+        }
+    };
+    let opened = async {
+        let mut stream = stream;
+        stream.write_all(&out).await?;
+        match handshake(&mut stream, &mut hs, &mut input, &policy, &exports).await? {
+            HsEnd::Left => Ok(None),
+            HsEnd::Open(n, slot) => Ok(Some((Transport::Plain(stream), n, None, slot))),
+            HsEnd::StartTls => {
+                let tls = policy.tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
+                let (mut stream, identity) = tls.accept(stream).await?;
+                hs.tls_established();
+                hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));
+                match handshake(&mut stream, &mut hs, &mut input, &policy, &exports).await? {
+                    HsEnd::Left => Ok(None),
+                    HsEnd::Open(n, slot) => Ok(Some((Transport::Tls(Box::new(stream)), n, identity, slot))),
+                    HsEnd::StartTls => Err(ConnError::Proto(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS"))),
+                }
+            }
+        }
+    };
+    let opened: Option<Opened> = tokio::time::timeout(deadline, opened).await.map_err(|_| ConnError::Timeout)??;
+    let Some((transport, negotiated, identity, _tenant_slot)) = opened else { return Ok(()) };
+    let export = exports[negotiated.export].clone();
+    drop(exports);
     let export = &*export;
-    tracing::debug!(export = %export.info.name, structured = negotiated.structured, "NBD connection ready");
+    tracing::debug!(%peer, export = %export.info.name, structured = negotiated.structured, identity = identity.as_deref().unwrap_or(""), tls = hs.tls_active(), "NBD connection ready");
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
+    match transport {
+        Transport::Plain(stream) => {
+            // The plain path keeps the socket's own halves (no lock between reader and writer).
+            let (rd, wr) = stream.into_split();
+            transmission(rd, wr, &ctx, export, machine, input, &mut shutdown).await
+        }
+        Transport::Tls(stream) => {
+            let (rd, wr) = tokio::io::split(*stream);
+            // OpenSSL writes one slice per call, so a reply's header would be a TLS record of its own:
+            // a buffer gathers a batch's small replies into full records (large ones pass straight through).
+            let wr = tokio::io::BufWriter::with_capacity(WRITE_BATCH_BYTES, wr);
+            transmission(rd, wr, &ctx, export, machine, input, &mut shutdown).await
+        }
+    }
+}
+
+/// The transmission phase on a split transport: a reader here, the writer task, and the wait for
+/// in-flight replies.
+async fn transmission<R, W>(
+    mut rd: R,
+    wr: W,
+    ctx: &NbdContext,
+    export: &Export,
+    machine: ServerTransmission,
+    input: Input,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let (replies, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_replies(wr, rx));
     let mut conn =
         Connection { export, dispatcher: &ctx.dispatcher, machine, input, replies, permits: permits.clone() };
-    let result = conn.transmission(&mut rd, &mut shutdown).await;
+    let result = conn.transmission(&mut rd, shutdown).await;
     drop(conn);
     // Wait for in-flight requests to be answered and written (each holds a permit until then); their
     // callbacks then hold no sender any more, so the writer ends once it has written everything.
@@ -126,32 +304,58 @@ pub async fn serve_connection(
     result
 }
 
-/// Runs the handshake; `None` if the client aborted or left. Bytes after the handshake stay in `input`.
-async fn handshake(
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
-    ctx: &NbdContext,
+/// How a handshake on one transport ended.
+enum HsEnd {
+    /// The client aborted or left.
+    Left,
+    /// STARTTLS was acknowledged: run TLS, then go on.
+    StartTls,
+    /// An export is open (with the client's tenant slot, if tenants are capped).
+    Open(Negotiated, Option<TenantSlot>),
+}
+
+/// Runs the handshake on `stream` until it ends, needs TLS, or the client leaves. Bytes after the
+/// handshake stay in `input`.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    hs: &mut ServerHandshake,
     input: &mut Input,
-) -> Result<Option<(Negotiated, Arc<Export>)>, ConnError> {
-    let exports = ctx.exports.snapshot();
-    let infos: Vec<ExportInfo> = exports.iter().map(|e| e.info.clone()).collect();
+    policy: &Policy,
+    exports: &[Arc<Export>],
+) -> Result<HsEnd, ConnError> {
     let mut out = Vec::new();
-    let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
-    wr.write_all(&out).await?;
     loop {
-        if !input.fill(rd, input.unconsumed().len() + 1).await? {
-            return Ok(None);
+        if !input.fill(stream, input.unconsumed().len() + 1).await? {
+            return Ok(HsEnd::Left);
         }
-        out.clear();
-        let (used, progress) = hs.feed(input.unconsumed(), &mut out)?;
-        input.consume(used);
-        wr.write_all(&out).await?;
-        match progress {
-            ServerProgress::NeedMore => continue,
-            ServerProgress::Aborted => return Ok(None),
-            ServerProgress::Done(n) => {
-                let export = exports[n.export].clone();
-                return Ok(Some((n, export)));
+        loop {
+            out.clear();
+            let (used, mut progress) = hs.feed(input.unconsumed(), &mut out)?;
+            input.consume(used);
+            let mut slot = None;
+            if let ServerProgress::Opening(export) = progress {
+                // The per-tenant cap, counted when the export opens; a refusal goes back to the client.
+                let verdict = match exports.get(export) {
+                    Some(e) if policy.cap_tenants => {
+                        policy.limits.open_tenant(e.tenant.index(), &e.tenant_name).map(|s| slot = Some(s))
+                    }
+                    _ => Ok(()),
+                };
+                progress = hs.open(verdict, &mut out)?;
+                if progress == ServerProgress::NeedMore && !input.unconsumed().is_empty() {
+                    stream.write_all(&out).await?;
+                    continue; // refused: the client may have sent more options already
+                }
+            }
+            stream.write_all(&out).await?;
+            match progress {
+                ServerProgress::NeedMore | ServerProgress::Opening(_) => break,
+                ServerProgress::Aborted => return Ok(HsEnd::Left),
+                ServerProgress::Done(n) => return Ok(HsEnd::Open(n, slot)),
+                ServerProgress::StartTls if input.unconsumed().is_empty() => return Ok(HsEnd::StartTls),
+                ServerProgress::StartTls => {
+                    return Err(p::ProtoError::Malformed("data after NBD_OPT_STARTTLS before the TLS handshake").into())
+                }
             }
         }
     }
@@ -173,9 +377,9 @@ struct Connection<'a> {
 impl Connection<'_> {
     /// Reads, feeds the state machine and acts on its events until the client disconnects or leaves, the
     /// protocol breaks, or `shutdown` turns true.
-    async fn transmission(
+    async fn transmission<R: AsyncRead + Unpin>(
         &mut self,
-        rd: &mut OwnedReadHalf,
+        rd: &mut R,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), ConnError> {
         loop {
@@ -282,7 +486,7 @@ impl Input {
 
     /// Reads (straight into the buffer's spare capacity) until at least `wanted` bytes are unconsumed;
     /// false if the peer closed first.
-    async fn fill(&mut self, rd: &mut OwnedReadHalf, wanted: usize) -> io::Result<bool> {
+    async fn fill<R: AsyncRead + Unpin>(&mut self, rd: &mut R, wanted: usize) -> io::Result<bool> {
         if self.start >= COMPACT_BYTES || (self.start > 0 && self.buf.capacity() - self.start < wanted) {
             self.buf.drain(..self.start);
             self.start = 0;
@@ -300,7 +504,7 @@ impl Input {
 
 /// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
 /// dropped (releasing their permits) once written, or at once if the client is gone.
-async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Reply>) {
+async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::UnboundedReceiver<Reply>) {
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);
     let mut broken = false;
     while let Some(first) = rx.recv().await {
@@ -311,7 +515,8 @@ async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<R
             bytes += next.0.len();
             batch.push(next);
         }
-        if !broken && write_all_vectored(&mut wr, &batch).await.is_err() {
+        // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
+        if !broken && (write_all_vectored(&mut wr, &batch).await.is_err() || wr.flush().await.is_err()) {
             broken = true; // client gone: keep draining so permits are released
         }
         batch.clear();
@@ -323,7 +528,7 @@ async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<R
 
 /// Writes every reply of `batch` (at most [`WRITE_BATCH`]) with vectored writes, resuming after short
 /// writes.
-async fn write_all_vectored(wr: &mut OwnedWriteHalf, batch: &[Reply]) -> io::Result<()> {
+async fn write_all_vectored<W: AsyncWrite + Unpin>(wr: &mut W, batch: &[Reply]) -> io::Result<()> {
     assert!(batch.len() <= WRITE_BATCH, "a batch fits the slice array");
     // The first byte not yet written: `batch[i].0[at]`.
     let (mut i, mut at) = (0, 0);

@@ -185,3 +185,39 @@ mod tests {
         assert!(check_shared_files(&ok).is_ok());
     }
 }
+
+/// Why an export's storage could not be opened ([`open_export`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The export does not fit the machine's RAM.
+    #[error(transparent)]
+    Preflight(#[from] PreflightError),
+    /// The storage could not be opened or created.
+    #[error("export {name}: {}: {source}", path.display())]
+    Export {
+        /// The export.
+        name: String,
+        /// Its file.
+        path: std::path::PathBuf,
+        /// The storage's error.
+        source: crate::storage::StorageError,
+    },
+}
+
+/// Opens an export's storage (creating a missing file only when the export has a size; see
+/// [`crate::storage::FileStorage::open_with`]; a memory export only if it fits the machine's RAM). Errors name the export
+/// and its path.
+pub fn open_export(e: &crate::config::ExportConfig) -> Result<std::sync::Arc<dyn crate::storage::Storage>, OpenError> {
+    if let Some(ram) = mem_total_bytes(std::path::Path::new(MEMINFO)) {
+        check_memory(std::slice::from_ref(e), ram)?;
+    }
+    Ok(match &e.backend {
+        crate::config::BackendKind::File { path } => std::sync::Arc::new(
+            crate::storage::FileStorage::open_with(path, e.size, e.read_only, e.direct)
+                .map_err(|source| OpenError::Export { name: e.name.clone(), path: path.clone(), source })?,
+        ),
+        crate::config::BackendKind::Memory => {
+            std::sync::Arc::new(crate::storage::MemStorage::new(e.size.expect("a memory export has a size")))
+        }
+    })
+}

@@ -233,7 +233,7 @@ mod tests {
             dir.path().display()
         );
         let cfg = crate::config::ServerConfig::parse(&text, std::path::Path::new("t")).unwrap();
-        let st = crate::server::open_export(&cfg.exports[0]).unwrap();
+        let st = crate::preflight::open_export(&cfg.exports[0]).unwrap();
         let r = probe_export(&cfg.exports[0], st, None, &cfg).await.unwrap();
         assert_eq!(r.runs.len(), STARTUP_RUNS);
         assert!(r.iops > 0.0 && r.runs.contains(&r.iops));

@@ -11,13 +11,13 @@
 //! what it has queued; then `run` returns. Data written and acknowledged with FLUSH or FUA is on stable
 //! storage (fdatasync) before its reply.
 
+use crate::access::{Admit, ConnLimits};
 use crate::admin::{self, AdminState};
 use crate::config::{Admission, BackendKind, ServerConfig};
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::live::{make_export, ExportTable, Registry};
-use crate::nbd::{serve_connection, NbdContext};
+use crate::live::{make_export, Registry};
+use crate::nbd::{serve_client, Entry, ExportTable, NbdContext, Policy};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, DirLock, StateFile};
-use crate::storage::{FileStorage, MemStorage, Storage};
 use rein_core::TenantId;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,7 +25,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// Largest number of simultaneous NBD connections; more are accepted and closed at once.
+/// The default of `max_connections`, simultaneous NBD connections; a client over it (or over
+/// `max_connections_per_client`) is greeted and refused ([`crate::access`]).
 pub const MAX_CONNECTIONS: usize = 4096;
 
 /// Why the server could not start.
@@ -39,16 +40,9 @@ pub enum ServeError {
         /// The operating system's error.
         source: std::io::Error,
     },
-    /// An export's storage could not be opened or created.
-    #[error("export {name}: {}: {source}", path.display())]
-    Export {
-        /// The export.
-        name: String,
-        /// Its file.
-        path: std::path::PathBuf,
-        /// The storage's error.
-        source: crate::storage::StorageError,
-    },
+    /// An export's storage could not be opened or created (or does not fit the machine's RAM).
+    #[error(transparent)]
+    Open(#[from] crate::preflight::OpenError),
     /// The admin endpoint cannot be served as configured (token file, exposed address).
     #[error(transparent)]
     Admin(#[from] crate::admin_guard::AdminGuardError),
@@ -99,26 +93,6 @@ async fn reload_config(registry: &Registry, load: &mut ConfigLoader) {
         }
         Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
     }
-}
-
-/// Opens an export's storage (creating a missing file only when the export has a size; see
-/// [`FileStorage::open_with`]; a memory export only if it fits the machine's RAM). Errors name the export
-/// and its path.
-pub fn open_export(e: &crate::config::ExportConfig) -> Result<Arc<dyn Storage>, ServeError> {
-    use crate::preflight::{check_memory, mem_total_bytes, MEMINFO};
-    if let Some(ram) = mem_total_bytes(std::path::Path::new(MEMINFO)) {
-        check_memory(std::slice::from_ref(e), ram)?;
-    }
-    Ok(match &e.backend {
-        BackendKind::File { path } => Arc::new(
-            FileStorage::open_with(path, e.size, e.read_only, e.direct).map_err(|source| ServeError::Export {
-                name: e.name.clone(),
-                path: path.clone(),
-                source,
-            })?,
-        ),
-        BackendKind::Memory => Arc::new(MemStorage::new(e.size.expect("a memory export has a size"))),
-    })
 }
 
 /// Addresses the server actually listens on (useful with port 0).
@@ -195,7 +169,7 @@ pub async fn run_with(
     crate::preflight::check_exports(&cfg.exports)?;
     let mut exports = Vec::with_capacity(cfg.exports.len());
     for e in &cfg.exports {
-        exports.push(open_export(e)?);
+        exports.push(crate::preflight::open_export(e)?);
         if e.backend == BackendKind::Memory {
             tracing::warn!(
                 export = %e.name,
@@ -250,6 +224,13 @@ pub async fn run_with(
         exports.push(Arc::new(make_export(e, &cfg.tenants[e.tenant].name, tenant_ids[e.tenant], storage)));
     }
     let table = Arc::new(ExportTable::new(exports));
+    let limits = ConnLimits::new(cfg.caps);
+    let policy = Arc::new(Policy {
+        tls: cfg.tls.clone(),
+        default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
+        cap_tenants: true,
+        limits: limits.clone(),
+    });
     let ctx = Arc::new(NbdContext {
         exports: table.clone(),
         dispatcher: dispatcher.clone(),
@@ -275,7 +256,6 @@ pub async fn run_with(
     if let Some(r) = ready {
         let _ = r.send(bound);
     }
-    let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     let (mut reload_rx, mut load) = match reload {
@@ -298,16 +278,22 @@ pub async fn run_with(
                         continue;
                     }
                 };
-                let Ok(permit) = conns.clone().try_acquire_owned() else {
-                    tracing::warn!(%peer, "connection limit {MAX_CONNECTIONS} reached; closing");
-                    continue;
+                let entry = match limits.admit(peer.ip()) {
+                    Admit::Serve(slot) => Entry::Serve(slot),
+                    Admit::Refuse(why, permit) => {
+                        limits.log_refusal(peer, &why, false);
+                        Entry::Refuse(why, permit)
+                    }
+                    Admit::Close(why) => {
+                        limits.log_refusal(peer, &why, true);
+                        continue;
+                    }
                 };
-                let (ctx, stop) = (ctx.clone(), stop_rx.clone());
+                let (ctx, policy, stop) = (ctx.clone(), policy.clone(), stop_rx.clone());
                 tasks.spawn(async move {
-                    if let Err(e) = serve_connection(stream, ctx, stop).await {
+                    if let Err(e) = serve_client(stream, peer, entry, ctx, policy, stop).await {
                         tracing::debug!(%peer, "connection ended: {e}");
                     }
-                    drop(permit);
                 });
                 // Reap finished connection tasks so the set does not grow.
                 while tasks.try_join_next().is_some() {}

@@ -148,6 +148,12 @@ pub struct ExportJson {
     /// Read-only.
     #[serde(default)]
     pub read_only: bool,
+    /// Networks whose clients may see and open it (CIDR); `None`: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_networks: Option<Vec<String>>,
+    /// Identities (PSK identity or client certificate CN) that may see and open it; `None`: anyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_identities: Option<Vec<String>>,
     /// O_DIRECT (file backend).
     #[serde(default)]
     pub direct: bool,
@@ -167,6 +173,8 @@ impl ExportJson {
             size_mb: e.size.map(|s| s >> 20),
             tenant: tenant.into(),
             read_only: e.read_only,
+            allow_networks: e.access.networks.as_ref().map(|n| n.iter().map(|n| n.to_string()).collect()),
+            allow_identities: e.access.identities.clone(),
             direct: e.direct,
         }
     }
@@ -233,7 +241,16 @@ impl ExportJson {
             .position(|t| t.name == self.tenant)
             .ok_or_else(|| format!("export {name}: unknown tenant {:?}", self.tenant))?;
         let size = (size > 0).then_some(size);
-        Ok(ExportConfig { name: name.clone(), backend, size, tenant, read_only: self.read_only, direct: self.direct })
+        let access = crate::config::parse_access(name, &self.allow_networks, &self.allow_identities)?;
+        Ok(ExportConfig {
+            name: name.clone(),
+            backend,
+            size,
+            tenant,
+            read_only: self.read_only,
+            direct: self.direct,
+            access,
+        })
     }
 }
 
@@ -608,6 +625,7 @@ mod tests {
             tenant: c,
             read_only: false,
             direct: false,
+            access: Default::default(),
         });
         let st = diff(&base, &eff, None);
         assert_eq!(st.tenants.len(), 3);
@@ -687,6 +705,8 @@ mod tests {
             tenant: "a".into(),
             read_only: false,
             direct: false,
+            allow_networks: None,
+            allow_identities: None,
         };
         for p in ["/etc/passwd", "../x.img", "a/../../x.img"] {
             let e = j(p).to_config(&base.data_dir, &base.tenants, true).unwrap_err();

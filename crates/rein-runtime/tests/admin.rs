@@ -253,6 +253,8 @@ async fn exports_stop_at_their_bound() {
         tenant: "t".into(),
         read_only: false,
         direct: false,
+        allow_networks: None,
+        allow_identities: None,
     };
     for i in 0..MAX_EXPORTS {
         r.add_export(export(i)).await.unwrap();

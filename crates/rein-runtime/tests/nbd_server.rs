@@ -4,7 +4,7 @@
 use rein_core::QosSpec;
 use rein_proto::nbd::{Command, ExportInfo, EINVAL, ENOSPC, EPERM};
 use rein_runtime::client::{ClientError, NbdClient};
-use rein_runtime::live::ExportTable;
+use rein_runtime::nbd::ExportTable;
 use rein_runtime::nbd::{serve_connection, Export, NbdContext, MAX_IN_FLIGHT_PER_CONN};
 use rein_runtime::{DispatchConfig, Dispatcher, MemStorage};
 use std::net::SocketAddr;
@@ -23,6 +23,8 @@ async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bo
         info: ExportInfo { name: name.into(), description: String::new(), size: SIZE, read_only, volatile: false },
         storage: Arc::new(MemStorage::new(SIZE)),
         tenant,
+        tenant_name: "t".into(),
+        access: Default::default(),
     };
     let ctx = Arc::new(NbdContext {
         exports: Arc::new(ExportTable::new(vec![Arc::new(export("rw", false)), Arc::new(export("ro", true))])),

@@ -88,8 +88,11 @@ mod tests {
     fn each_cause_is_reported_once() {
         let os = std::io::Error::from_raw_os_error(2);
         let storage = rein_runtime::storage::StorageError::Io { op: "open", source: os };
-        let e =
-            rein_runtime::server::ServeError::Export { name: "rd".into(), path: "d/rd.img".into(), source: storage };
+        let e = rein_runtime::server::ServeError::Open(rein_runtime::preflight::OpenError::Export {
+            name: "rd".into(),
+            path: "d/rd.img".into(),
+            source: storage,
+        });
         let e = anyhow::Error::from(e);
         assert_eq!(format!("{e:#}").matches("os error 2").count(), 3, "the chain as anyhow prints it");
         assert_eq!(super::report(&e), "export rd: d/rd.img: open failed: No such file or directory (os error 2)");

@@ -73,7 +73,7 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     let r = rt.block_on(async {
         std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
-        let storage = rein_runtime::server::open_export(export)?;
+        let storage = rein_runtime::preflight::open_export(export)?;
         let device = cfg.device.clone();
         if !args.json {
             eprintln!(

@@ -2,14 +2,40 @@
 //!
 //! # Server states
 //! ```text
-//! new() --greeting--> ClientFlags --flags ok--> Options --+-- EXPORT_NAME (known) --> Finished: Done
-//!                                                         +-- GO (known) ----------> Finished: Done
-//!                                                         +-- ABORT --------------> Finished: Aborted
-//!                                                         +-- LIST / INFO / STRUCTURED_REPLY / other -> Options
+//! new() --greeting--> ClientFlags --flags ok--> Options --+-- EXPORT_NAME (visible) --> [Opening] --> Finished: Done
+//!                                                  ^      +-- GO (visible) ----------> [Opening] --> Finished: Done
+//!                                                  |      +-- ABORT --------------> Finished: Aborted
+//!                                                  |      +-- STARTTLS (offered) ---> AwaitTls: StartTls
+//!                                                  |      +-- LIST / INFO / STRUCTURED_REPLY / other -> Options
+//!                                                  +------ tls_established() <-- AwaitTls
 //! ```
 //! [`ServerHandshake::feed`] consumes whole messages from `input` (returning how many bytes it used, so
 //! partial reads work) and appends replies to `out`. A bad magic, unsupported client flags, an option
 //! longer than [`MAX_OPTION_LEN`] or an unknown export in EXPORT_NAME is a [`ProtoError`]: close.
+//!
+//! # What the caller decides, and what the handshake decides with it
+//! The handshake makes every protocol decision; the caller only supplies facts about the connection:
+//! - **TLS** ([`TlsMode`], [`ServerHandshake::set_tls`]). `Off`: STARTTLS gets NBD_REP_ERR_POLICY. `On`
+//!   and `Require`: STARTTLS (with no data) is acknowledged and `feed` returns
+//!   [`ServerProgress::StartTls`]; the caller runs the TLS handshake on the socket (the client sends
+//!   nothing else before it), calls [`ServerHandshake::tls_established`] and feeds the bytes that arrive
+//!   over TLS. Options negotiated before TLS (structured replies) are forgotten, as the spec requires.
+//!   `Require`: before TLS, every option but STARTTLS and ABORT gets NBD_REP_ERR_TLS_REQD, and
+//!   EXPORT_NAME (which has no error reply) closes. STARTTLS once TLS is up gets NBD_REP_ERR_INVALID.
+//! - **Visibility** ([`ServerHandshake::set_visible`], one flag per export; all visible by default): a
+//!   hidden export is left out of LIST, and INFO, GO and EXPORT_NAME answer it exactly as an export that
+//!   does not exist (NBD_REP_ERR_UNKNOWN with the same message; EXPORT_NAME closes), so its existence does
+//!   not leak. The caller sets it again when TLS reveals the client's identity.
+//! - **The default export** ([`ServerHandshake::set_default_export`]): the empty name opens it, if it is
+//!   set and visible; without one the empty name is an unknown export (it used to open the first export).
+//! - **Refusal** ([`ServerHandshake::refuse_all`]): a connection over a cap gets the greeting, then every
+//!   option but ABORT is answered NBD_REP_ERR_POLICY with the caller's message (so clients print it), and
+//!   EXPORT_NAME closes.
+//! - **Opening** ([`ServerHandshake::set_confirm_open`]): if asked, a GO or EXPORT_NAME of a visible export
+//!   returns [`ServerProgress::Opening`] before anything is written; the caller takes what the connection
+//!   needs (a per-tenant connection slot) and answers with [`ServerHandshake::open`]: accepted, the
+//!   export's information and ACK (then `Done`); refused, NBD_REP_ERR_POLICY with the message (GO: the
+//!   client may try again) or a close (EXPORT_NAME).
 //!
 //! # Client states
 //! ```text
@@ -38,13 +64,45 @@ pub enum ServerProgress {
     Done(Negotiated),
     /// The client sent NBD_OPT_ABORT (already acknowledged in `out`): close the connection.
     Aborted,
+    /// NBD_OPT_STARTTLS was acknowledged (in `out`): write `out`, run the TLS handshake as the server,
+    /// then call [`ServerHandshake::tls_established`] and go on feeding what arrives over TLS. Bytes
+    /// received before the TLS handshake and not consumed are a protocol violation (close).
+    StartTls,
+    /// With [`ServerHandshake::set_confirm_open`]: the client asks to open this visible export (an index
+    /// into the exports); nothing is written yet. Answer with [`ServerHandshake::open`].
+    Opening(usize),
+}
+
+/// Whether the server offers TLS (NBD_OPT_STARTTLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// No TLS: STARTTLS gets NBD_REP_ERR_POLICY (the default).
+    #[default]
+    Off,
+    /// STARTTLS is offered; clients may also go on without it.
+    On,
+    /// STARTTLS is required before any option but ABORT (the spec's "forced TLS").
+    Require,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SState {
     ClientFlags,
     Options,
+    /// STARTTLS acknowledged; waiting for [`ServerHandshake::tls_established`].
+    AwaitTls,
+    /// [`ServerProgress::Opening`] returned; waiting for [`ServerHandshake::open`].
+    AwaitOpen,
     Finished,
+}
+
+/// A GO or EXPORT_NAME waiting for the caller's verdict.
+#[derive(Debug, Clone)]
+struct PendingOpen {
+    option: u32,
+    export: usize,
+    /// The information types a GO asked for.
+    wanted: Vec<u16>,
 }
 
 /// The server side of the fixed newstyle handshake.
@@ -55,6 +113,14 @@ pub struct ServerHandshake {
     state: SState,
     no_zeroes: bool,
     structured: bool,
+    tls: TlsMode,
+    tls_active: bool,
+    /// One flag per export: whether this client may see it.
+    visible: Vec<bool>,
+    default_export: Option<usize>,
+    refusal: Option<String>,
+    confirm_open: bool,
+    pending: Option<PendingOpen>,
 }
 
 impl ServerHandshake {
@@ -65,25 +131,112 @@ impl ServerHandshake {
 
     /// Starts a handshake whose block-size information advertises `max_payload` (the limit the
     /// transmission phase enforces, [`TransmissionConfig::max_payload`]); appends the greeting to `out`.
+    /// TLS off, every export visible, no default export, nothing refused (module comment).
     pub fn with_max_payload(exports: Vec<ExportInfo>, max_payload: u32, out: &mut Vec<u8>) -> ServerHandshake {
         out.extend_from_slice(&NBDMAGIC.to_be_bytes());
         out.extend_from_slice(&IHAVEOPT.to_be_bytes());
         out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        let visible = vec![true; exports.len()];
         ServerHandshake {
             exports,
             max_payload: max_payload.clamp(1, MAX_PAYLOAD_LIMIT),
             state: SState::ClientFlags,
             no_zeroes: false,
             structured: false,
+            tls: TlsMode::Off,
+            tls_active: false,
+            visible,
+            default_export: None,
+            refusal: None,
+            confirm_open: false,
+            pending: None,
         }
     }
 
-    fn find(&self, name: &str) -> Option<usize> {
-        // The empty name is the default export: the first one.
-        if name.is_empty() {
-            return (!self.exports.is_empty()).then_some(0);
+    /// Sets whether STARTTLS is offered or required (module comment). Set it before the first `feed`.
+    pub fn set_tls(&mut self, mode: TlsMode) {
+        self.tls = mode;
+    }
+
+    /// Whether TLS has been established ([`ServerHandshake::tls_established`] called).
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
+    }
+
+    /// Sets which exports this client may see, one flag per export in order (module comment).
+    ///
+    /// # Panics
+    /// If `visible` does not have one flag per export (a programmer error).
+    pub fn set_visible(&mut self, visible: Vec<bool>) {
+        assert_eq!(visible.len(), self.exports.len(), "one visibility flag per export");
+        self.visible = visible;
+    }
+
+    /// Sets the export the empty name opens (an index into the exports), or none.
+    ///
+    /// # Panics
+    /// If the index is not an export's (a programmer error).
+    pub fn set_default_export(&mut self, export: Option<usize>) {
+        assert!(export.is_none_or(|i| i < self.exports.len()), "the default export is one of the exports");
+        self.default_export = export;
+    }
+
+    /// Refuses the whole connection: every option but ABORT gets NBD_REP_ERR_POLICY with `message`, and
+    /// EXPORT_NAME closes with [`ProtoError::Refused`].
+    pub fn refuse_all(&mut self, message: String) {
+        self.refusal = Some(message);
+    }
+
+    /// Asks `feed` to return [`ServerProgress::Opening`] before it opens an export, so the caller can
+    /// refuse it ([`ServerHandshake::open`]).
+    pub fn set_confirm_open(&mut self, confirm: bool) {
+        self.confirm_open = confirm;
+    }
+
+    /// The TLS handshake that [`ServerProgress::StartTls`] asked for succeeded: option negotiation goes on
+    /// over TLS, with what was negotiated before forgotten.
+    ///
+    /// # Panics
+    /// If `feed` did not just return `StartTls` (a programmer error).
+    pub fn tls_established(&mut self) {
+        assert_eq!(self.state, SState::AwaitTls, "tls_established follows ServerProgress::StartTls");
+        self.state = SState::Options;
+        self.tls_active = true;
+        self.structured = false;
+    }
+
+    /// Answers the [`ServerProgress::Opening`] that `feed` returned: `Ok` opens the export (its
+    /// information and ACK, or EXPORT_NAME's reply, go to `out`; then `Done`); `Err(message)` refuses it
+    /// with NBD_REP_ERR_POLICY and `message` (GO and INFO-like: negotiation goes on, `NeedMore`), or, for
+    /// EXPORT_NAME, with [`ProtoError::Refused`] (close).
+    ///
+    /// # Panics
+    /// If `feed` did not just return `Opening` (a programmer error).
+    pub fn open(&mut self, verdict: Result<(), String>, out: &mut Vec<u8>) -> Result<ServerProgress, ProtoError> {
+        assert_eq!(self.state, SState::AwaitOpen, "open follows ServerProgress::Opening");
+        let pending = self.pending.take().expect("a pending open in AwaitOpen");
+        self.state = SState::Options;
+        match verdict {
+            Ok(()) => {
+                self.state = SState::Finished;
+                Ok(self.send_open(&pending, out))
+            }
+            Err(message) if pending.option == OPT_EXPORT_NAME => {
+                self.state = SState::Finished;
+                Err(ProtoError::Refused(message))
+            }
+            Err(message) => {
+                option_reply(out, pending.option, REP_ERR_POLICY, message.as_bytes());
+                Ok(ServerProgress::NeedMore)
+            }
         }
-        self.exports.iter().position(|e| e.name == name)
+    }
+
+    /// The export `name` stands for, if it exists and this client may see it.
+    fn find(&self, name: &str) -> Option<usize> {
+        let i =
+            if name.is_empty() { self.default_export? } else { self.exports.iter().position(|e| e.name == name)? };
+        self.visible[i].then_some(i)
     }
 
     /// Consumes complete messages from `input`; returns (bytes consumed, progress). Replies go to `out`.
@@ -93,6 +246,8 @@ impl ServerHandshake {
             let rest = &input[used..];
             match self.state {
                 SState::Finished => return Err(ProtoError::Malformed("data after the handshake finished")),
+                SState::AwaitTls => return Err(ProtoError::Malformed("data after NBD_OPT_STARTTLS before TLS")),
+                SState::AwaitOpen => return Err(ProtoError::Malformed("data before the export was opened")),
                 SState::ClientFlags => {
                     if rest.len() < 4 {
                         return Ok((used, ServerProgress::NeedMore));
@@ -123,43 +278,139 @@ impl ServerHandshake {
                     }
                     let data = &rest[16..16 + len as usize];
                     used += 16 + len as usize;
-                    if let Some(p) = self.option(option, data, out)? {
-                        self.state = SState::Finished;
-                        return Ok((used, p));
+                    let progress = self.gate(option, data, out)?;
+                    if progress != ServerProgress::NeedMore {
+                        return Ok((used, progress));
                     }
                 }
             }
         }
     }
 
-    fn option(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> Result<Option<ServerProgress>, ProtoError> {
+    /// The connection-wide rules (refusal, TLS required) before an option's own handling.
+    fn gate(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> Result<ServerProgress, ProtoError> {
+        if option == OPT_ABORT {
+            option_reply(out, option, REP_ACK, &[]);
+            self.state = SState::Finished;
+            return Ok(ServerProgress::Aborted);
+        }
+        if let Some(message) = &self.refusal {
+            if option == OPT_EXPORT_NAME {
+                self.state = SState::Finished;
+                return Err(ProtoError::Refused(message.clone()));
+            }
+            option_reply(out, option, REP_ERR_POLICY, message.as_bytes());
+            return Ok(ServerProgress::NeedMore);
+        }
+        if option == OPT_STARTTLS {
+            return Ok(self.starttls(data, out));
+        }
+        if self.tls == TlsMode::Require && !self.tls_active {
+            if option == OPT_EXPORT_NAME {
+                self.state = SState::Finished;
+                return Err(ProtoError::Refused(
+                    "TLS is required (NBD_OPT_STARTTLS) before NBD_OPT_EXPORT_NAME".into(),
+                ));
+            }
+            option_reply(out, option, REP_ERR_TLS_REQD, b"TLS is required: use NBD_OPT_STARTTLS first");
+            return Ok(ServerProgress::NeedMore);
+        }
+        self.option(option, data, out)
+    }
+
+    fn starttls(&mut self, data: &[u8], out: &mut Vec<u8>) -> ServerProgress {
+        if self.tls == TlsMode::Off {
+            option_reply(out, OPT_STARTTLS, REP_ERR_POLICY, b"TLS is not offered");
+        } else if self.tls_active {
+            option_reply(out, OPT_STARTTLS, REP_ERR_INVALID, b"TLS is already established");
+        } else if !data.is_empty() {
+            option_reply(out, OPT_STARTTLS, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data");
+        } else {
+            option_reply(out, OPT_STARTTLS, REP_ACK, &[]);
+            self.state = SState::AwaitTls;
+            return ServerProgress::StartTls;
+        }
+        ServerProgress::NeedMore
+    }
+
+    /// Opens `export` for a GO or EXPORT_NAME now, or (with `confirm_open`) asks the caller first.
+    fn opening(&mut self, pending: PendingOpen, out: &mut Vec<u8>) -> ServerProgress {
+        if self.confirm_open {
+            let export = pending.export;
+            self.pending = Some(pending);
+            self.state = SState::AwaitOpen;
+            return ServerProgress::Opening(export);
+        }
+        self.state = SState::Finished;
+        self.send_open(&pending, out)
+    }
+
+    /// Writes the replies that open an export and returns `Done`.
+    fn send_open(&self, pending: &PendingOpen, out: &mut Vec<u8>) -> ServerProgress {
+        let e = &self.exports[pending.export];
+        if pending.option == OPT_EXPORT_NAME {
+            out.extend_from_slice(&e.size.to_be_bytes());
+            out.extend_from_slice(&e.transmission_flags().to_be_bytes());
+            if !self.no_zeroes {
+                out.extend_from_slice(&[0u8; 124]);
+            }
+        } else {
+            self.send_info(OPT_GO, pending.export, &pending.wanted, out);
+        }
+        ServerProgress::Done(Negotiated { export: pending.export, structured: self.structured })
+    }
+
+    /// The INFO replies for `export` (NBD_INFO_EXPORT and those in `wanted` that the server knows), then
+    /// ACK.
+    fn send_info(&self, option: u32, export: usize, wanted: &[u16], out: &mut Vec<u8>) {
+        let e = &self.exports[export];
+        let mut d = Vec::with_capacity(12);
+        d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+        d.extend_from_slice(&e.size.to_be_bytes());
+        d.extend_from_slice(&e.transmission_flags().to_be_bytes());
+        option_reply(out, option, REP_INFO, &d);
+        for &w in wanted {
+            let mut d = Vec::new();
+            match w {
+                INFO_NAME => {
+                    d.extend_from_slice(&INFO_NAME.to_be_bytes());
+                    d.extend_from_slice(e.name.as_bytes());
+                }
+                INFO_DESCRIPTION => {
+                    d.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
+                    d.extend_from_slice(e.description.as_bytes());
+                }
+                INFO_BLOCK_SIZE => {
+                    d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+                    // Minimum 1, preferred 4 KiB (never above the maximum), maximum the payload limit.
+                    d.extend_from_slice(&1u32.to_be_bytes());
+                    d.extend_from_slice(&4096u32.min(self.max_payload).to_be_bytes());
+                    d.extend_from_slice(&self.max_payload.to_be_bytes());
+                }
+                _ => continue, // unknown information types are ignored (spec)
+            }
+            option_reply(out, option, REP_INFO, &d);
+        }
+        option_reply(out, option, REP_ACK, &[]);
+    }
+
+    fn option(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> Result<ServerProgress, ProtoError> {
         match option {
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(data);
                 match self.find(&name) {
-                    Some(i) => {
-                        let e = &self.exports[i];
-                        out.extend_from_slice(&e.size.to_be_bytes());
-                        out.extend_from_slice(&e.transmission_flags().to_be_bytes());
-                        if !self.no_zeroes {
-                            out.extend_from_slice(&[0u8; 124]);
-                        }
-                        Ok(Some(ServerProgress::Done(Negotiated { export: i, structured: self.structured })))
-                    }
-                    // The spec: on an unknown EXPORT_NAME the server must close the connection.
+                    Some(export) => Ok(self.opening(PendingOpen { option, export, wanted: Vec::new() }, out)),
+                    // The spec: on an unknown EXPORT_NAME the server must close the connection. A hidden
+                    // export is answered the same way.
                     None => Err(ProtoError::Malformed("unknown export in NBD_OPT_EXPORT_NAME")),
                 }
-            }
-            OPT_ABORT => {
-                option_reply(out, option, REP_ACK, &[]);
-                Ok(Some(ServerProgress::Aborted))
             }
             OPT_LIST => {
                 if !data.is_empty() {
                     option_reply(out, option, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data");
-                    return Ok(None);
+                    return Ok(ServerProgress::NeedMore);
                 }
-                for e in &self.exports {
+                for (e, _) in self.exports.iter().zip(&self.visible).filter(|(_, &v)| v) {
                     let mut d = Vec::with_capacity(4 + e.name.len());
                     d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
                     d.extend_from_slice(e.name.as_bytes());
@@ -167,7 +418,7 @@ impl ServerHandshake {
                     option_reply(out, option, REP_SERVER, &d);
                 }
                 option_reply(out, option, REP_ACK, &[]);
-                Ok(None)
+                Ok(ServerProgress::NeedMore)
             }
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
@@ -176,71 +427,39 @@ impl ServerHandshake {
                     self.structured = true;
                     option_reply(out, option, REP_ACK, &[]);
                 }
-                Ok(None)
+                Ok(ServerProgress::NeedMore)
             }
             OPT_INFO | OPT_GO => {
                 // u32 name length, name, u16 number of info requests, u16 each.
                 if data.len() < 6 {
                     option_reply(out, option, REP_ERR_INVALID, b"short NBD_OPT_INFO/GO");
-                    return Ok(None);
+                    return Ok(ServerProgress::NeedMore);
                 }
                 let nlen = u32_at(data, 0) as usize;
                 if nlen > MAX_NAME_LEN || data.len() < 4 + nlen + 2 {
                     option_reply(out, option, REP_ERR_INVALID, b"bad name length");
-                    return Ok(None);
+                    return Ok(ServerProgress::NeedMore);
                 }
                 let name = String::from_utf8_lossy(&data[4..4 + nlen]).into_owned();
                 let nreq = u16_at(data, 4 + nlen) as usize;
                 if data.len() != 4 + nlen + 2 + 2 * nreq {
                     option_reply(out, option, REP_ERR_INVALID, b"bad information request count");
-                    return Ok(None);
+                    return Ok(ServerProgress::NeedMore);
                 }
                 let wanted: Vec<u16> = (0..nreq).map(|k| u16_at(data, 4 + nlen + 2 + 2 * k)).collect();
-                let Some(i) = self.find(&name) else {
+                let Some(export) = self.find(&name) else {
                     option_reply(out, option, REP_ERR_UNKNOWN, format!("no export named {name:?}").as_bytes());
-                    return Ok(None);
+                    return Ok(ServerProgress::NeedMore);
                 };
-                let e = self.exports[i].clone();
-                let mut d = Vec::with_capacity(12);
-                d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
-                d.extend_from_slice(&e.size.to_be_bytes());
-                d.extend_from_slice(&e.transmission_flags().to_be_bytes());
-                option_reply(out, option, REP_INFO, &d);
-                for w in wanted {
-                    let mut d = Vec::new();
-                    match w {
-                        INFO_NAME => {
-                            d.extend_from_slice(&INFO_NAME.to_be_bytes());
-                            d.extend_from_slice(e.name.as_bytes());
-                        }
-                        INFO_DESCRIPTION => {
-                            d.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
-                            d.extend_from_slice(e.description.as_bytes());
-                        }
-                        INFO_BLOCK_SIZE => {
-                            d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-                            // Minimum 1, preferred 4 KiB (never above the maximum), maximum the payload limit.
-                            d.extend_from_slice(&1u32.to_be_bytes());
-                            d.extend_from_slice(&4096u32.min(self.max_payload).to_be_bytes());
-                            d.extend_from_slice(&self.max_payload.to_be_bytes());
-                        }
-                        _ => continue, // unknown information types are ignored (spec)
-                    }
-                    option_reply(out, option, REP_INFO, &d);
-                }
-                option_reply(out, option, REP_ACK, &[]);
                 if option == OPT_GO {
-                    return Ok(Some(ServerProgress::Done(Negotiated { export: i, structured: self.structured })));
+                    return Ok(self.opening(PendingOpen { option, export, wanted }, out));
                 }
-                Ok(None)
-            }
-            OPT_STARTTLS => {
-                option_reply(out, option, REP_ERR_POLICY, b"TLS is not offered");
-                Ok(None)
+                self.send_info(option, export, &wanted, out);
+                Ok(ServerProgress::NeedMore)
             }
             _ => {
                 option_reply(out, option, REP_ERR_UNSUP, b"option not supported");
-                Ok(None)
+                Ok(ServerProgress::NeedMore)
             }
         }
     }

@@ -4,8 +4,11 @@
 //! - Handshake ([`handshake`]): fixed newstyle only (the oldstyle and plain newstyle handshakes are
 //!   obsolete and refused). Server flags FIXED_NEWSTYLE | NO_ZEROES. Options: EXPORT_NAME, ABORT, LIST,
 //!   INFO, GO, STRUCTURED_REPLY (acknowledged; reads are then answered with structured OFFSET_DATA
-//!   chunks); anything else (STARTTLS, meta contexts, extended headers) gets NBD_REP_ERR_UNSUP or
-//!   NBD_REP_ERR_POLICY, which the spec lets clients handle by carrying on without it.
+//!   chunks), STARTTLS (when the server's [`TlsMode`] offers it; the caller runs TLS); anything else (meta
+//!   contexts, extended headers) gets NBD_REP_ERR_UNSUP, which the spec lets clients handle by carrying on
+//!   without it. Per connection, the caller tells the handshake which exports the client may see
+//!   ([`ServerHandshake::set_visible`]), the default export for the empty name, and whether the whole
+//!   connection is refused ([`ServerHandshake::refuse_all`]).
 //! - Transmission ([`transmission`]): READ, WRITE, DISC, FLUSH, TRIM, WRITE_ZEROES with the FUA, NO_HOLE
 //!   and DF flags; simple replies, and structured replies (OFFSET_DATA, NONE, ERROR) when negotiated. The
 //!   server side is a state machine ([`ServerTransmission`]) that turns bytes into requests, rejections
@@ -33,7 +36,7 @@ pub mod transmission;
 
 pub use handshake::{
     decode_option_reply, option_reply, option_request, ClientHandshake, ClientProgress, Negotiated, OptionReply,
-    ServerHandshake, ServerProgress,
+    ServerHandshake, ServerProgress, TlsMode,
 };
 pub use transmission::{
     Event, Reason, Rejection, ReplyEncoder, Request, RequestKind, ServerTransmission, TransmissionConfig,
@@ -67,7 +70,7 @@ pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 /// Option: list the exports.
 pub const OPT_LIST: u32 = 3;
-/// Option: start TLS (not offered here).
+/// Option: start TLS (offered when the server's [`TlsMode`] is not `Off`).
 pub const OPT_STARTTLS: u32 = 5;
 /// Option: describe an export.
 pub const OPT_INFO: u32 = 6;
@@ -88,6 +91,8 @@ pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 /// Option error: malformed option.
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+/// Option error: TLS is required before this option.
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 /// Option error: no such export.
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 /// Option error: request too big.
@@ -237,6 +242,10 @@ pub enum ProtoError {
     /// A message that breaks the protocol's rules.
     #[error("malformed {0}")]
     Malformed(&'static str),
+    /// The server refused the client where the protocol has no error reply (NBD_OPT_EXPORT_NAME): the
+    /// connection closes; the message says why (TLS required, a connection cap).
+    #[error("refused: {0}")]
+    Refused(String),
     /// A rejected WRITE whose payload is too long to read and discard.
     #[error("write payload of {0} bytes is too large to skip; closing")]
     Unrecoverable(u32),

@@ -1,0 +1,271 @@
+//! The server handshake's TLS modes, per-export visibility, default export, refusal and confirmed
+//! opening (issue 12): byte-level answers, and a property test that a hidden export is answered exactly
+//! like a missing one.
+use proptest::prelude::*;
+use rein_proto::nbd::*;
+
+fn exports() -> Vec<ExportInfo> {
+    vec![
+        ExportInfo {
+            name: "rd".into(),
+            description: "tenant rd".into(),
+            size: 1 << 30,
+            read_only: false,
+            volatile: false,
+        },
+        ExportInfo {
+            name: "secret".into(),
+            description: "tenant s".into(),
+            size: 4096,
+            read_only: true,
+            volatile: false,
+        },
+    ]
+}
+
+fn flags_and(opts: &[(u32, &[u8])]) -> Vec<u8> {
+    let mut v = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    for (o, d) in opts {
+        option_request(&mut v, *o, d);
+    }
+    v
+}
+
+fn go(name: &str) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&0u16.to_be_bytes());
+    d
+}
+
+/// All option replies in `out`: (option, reply type, data).
+fn replies(mut out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+    let mut v = Vec::new();
+    while let Some((r, n)) = decode_option_reply(out).unwrap() {
+        v.push((r.option, r.reply, r.data.to_vec()));
+        out = &out[n..];
+    }
+    assert!(out.is_empty(), "trailing bytes after the option replies");
+    v
+}
+
+fn server(setup: impl FnOnce(&mut ServerHandshake)) -> ServerHandshake {
+    let mut greeting = Vec::new();
+    let mut s = ServerHandshake::new(exports(), &mut greeting);
+    setup(&mut s);
+    s
+}
+
+fn listed(out: &[u8]) -> Vec<String> {
+    replies(out)
+        .into_iter()
+        .filter(|r| r.1 == REP_SERVER)
+        .map(|(_, _, d)| {
+            let l = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
+            String::from_utf8(d[4..4 + l].to_vec()).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn starttls_on_is_acknowledged_and_negotiation_goes_on_over_tls() {
+    let mut s = server(|s| s.set_tls(TlsMode::On));
+    let mut out = Vec::new();
+    // Structured replies asked before TLS are forgotten after it.
+    let input = flags_and(&[(OPT_STRUCTURED_REPLY, &[]), (OPT_STARTTLS, &[])]);
+    let (used, p) = s.feed(&input, &mut out).unwrap();
+    assert_eq!((used, p), (input.len(), ServerProgress::StartTls));
+    assert_eq!(replies(&out).last().unwrap(), &(OPT_STARTTLS, REP_ACK, vec![]));
+    // Nothing may be fed before the TLS handshake.
+    assert!(s.clone().feed(&[0], &mut out).is_err());
+    s.tls_established();
+    assert!(s.tls_active());
+    out.clear();
+    // A second STARTTLS is invalid; then GO opens the export without structured replies.
+    let mut input = Vec::new();
+    option_request(&mut input, OPT_STARTTLS, &[]);
+    option_request(&mut input, OPT_GO, &go("rd"));
+    let (_, p) = s.feed(&input, &mut out).unwrap();
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false }));
+    assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
+}
+
+#[test]
+fn starttls_with_data_is_invalid_and_off_is_policy() {
+    let mut out = Vec::new();
+    let (_, p) = server(|s| s.set_tls(TlsMode::On)).feed(&flags_and(&[(OPT_STARTTLS, b"x")]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::NeedMore);
+    assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
+    out.clear();
+    let (_, p) = server(|_| {}).feed(&flags_and(&[(OPT_STARTTLS, &[])]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::NeedMore);
+    assert_eq!(replies(&out)[0].1, REP_ERR_POLICY);
+}
+
+#[test]
+fn tls_on_serves_plain_clients_too() {
+    let mut out = Vec::new();
+    let (_, p) = server(|s| s.set_tls(TlsMode::On)).feed(&flags_and(&[(OPT_GO, &go("rd"))]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false }));
+}
+
+#[test]
+fn tls_require_refuses_every_option_but_starttls_and_abort() {
+    let mut s = server(|s| s.set_tls(TlsMode::Require));
+    let mut out = Vec::new();
+    let input = flags_and(&[
+        (OPT_LIST, &[]),
+        (OPT_STRUCTURED_REPLY, &[]),
+        (OPT_INFO, &go("rd")),
+        (OPT_GO, &go("rd")),
+        (99, &[]),
+    ]);
+    let (_, p) = s.feed(&input, &mut out).unwrap();
+    assert_eq!(p, ServerProgress::NeedMore);
+    let r = replies(&out);
+    assert_eq!(r.len(), 5);
+    for (_, reply, message) in &r {
+        assert_eq!(*reply, REP_ERR_TLS_REQD);
+        assert!(String::from_utf8_lossy(message).contains("TLS is required"));
+    }
+    // EXPORT_NAME has no error reply: close, saying why.
+    let e =
+        s.clone().feed(&flags_and(&[])[4..].iter().copied().chain(go_export_name("rd")).collect::<Vec<_>>(), &mut out);
+    assert!(matches!(e, Err(ProtoError::Refused(m)) if m.contains("TLS is required")));
+    // ABORT is acknowledged.
+    out.clear();
+    assert_eq!(s.clone().feed(&opt(OPT_ABORT, &[]), &mut out).unwrap().1, ServerProgress::Aborted);
+    // After TLS, all is allowed.
+    out.clear();
+    assert_eq!(s.feed(&opt(OPT_STARTTLS, &[]), &mut out).unwrap().1, ServerProgress::StartTls);
+    s.tls_established();
+    out.clear();
+    let (_, p) = s.feed(&opt(OPT_GO, &go("rd")), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false }));
+}
+
+fn opt(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    option_request(&mut v, option, data);
+    v
+}
+
+fn go_export_name(name: &str) -> Vec<u8> {
+    opt(OPT_EXPORT_NAME, name.as_bytes())
+}
+
+#[test]
+fn hidden_exports_are_not_listed_and_not_opened() {
+    let hide = |s: &mut ServerHandshake| s.set_visible(vec![true, false]);
+    let mut out = Vec::new();
+    server(hide).feed(&flags_and(&[(OPT_LIST, &[])]), &mut out).unwrap();
+    assert_eq!(listed(&out), ["rd"]);
+    for option in [OPT_INFO, OPT_GO] {
+        out.clear();
+        let (_, p) = server(hide).feed(&flags_and(&[(option, &go("secret"))]), &mut out).unwrap();
+        assert_eq!(p, ServerProgress::NeedMore);
+        assert_eq!(replies(&out)[0].1, REP_ERR_UNKNOWN);
+    }
+    let e = server(hide).feed(&flags_and(&[(OPT_EXPORT_NAME, b"secret")]), &mut out);
+    assert_eq!(e.unwrap_err(), ProtoError::Malformed("unknown export in NBD_OPT_EXPORT_NAME"));
+}
+
+#[test]
+fn the_empty_name_opens_only_a_visible_default_export() {
+    let mut out = Vec::new();
+    // No default: unknown, and EXPORT_NAME "" closes (issue 12: "" opened the first export).
+    let (_, p) = server(|_| {}).feed(&flags_and(&[(OPT_GO, &go(""))]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::NeedMore);
+    assert_eq!(replies(&out)[0].1, REP_ERR_UNKNOWN);
+    assert!(server(|_| {}).feed(&flags_and(&[(OPT_EXPORT_NAME, b"")]), &mut out).is_err());
+    // A default export opens.
+    out.clear();
+    let (_, p) = server(|s| s.set_default_export(Some(1))).feed(&flags_and(&[(OPT_GO, &go(""))]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 1, structured: false }));
+    // A hidden default export does not.
+    out.clear();
+    let both = |s: &mut ServerHandshake| {
+        s.set_default_export(Some(1));
+        s.set_visible(vec![true, false]);
+    };
+    let (_, p) = server(both).feed(&flags_and(&[(OPT_GO, &go(""))]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::NeedMore);
+    assert_eq!(replies(&out)[0].1, REP_ERR_UNKNOWN);
+}
+
+#[test]
+fn a_refused_connection_gets_policy_errors_with_the_message() {
+    let refuse = |s: &mut ServerHandshake| s.refuse_all("too many connections from 127.0.0.2".into());
+    let mut out = Vec::new();
+    let (_, p) = server(refuse)
+        .feed(
+            &flags_and(&[(OPT_STRUCTURED_REPLY, &[]), (OPT_LIST, &[]), (OPT_GO, &go("rd")), (OPT_STARTTLS, &[])]),
+            &mut out,
+        )
+        .unwrap();
+    assert_eq!(p, ServerProgress::NeedMore);
+    let r = replies(&out);
+    assert_eq!(r.len(), 4);
+    for (_, reply, message) in r {
+        assert_eq!(reply, REP_ERR_POLICY);
+        assert_eq!(message, b"too many connections from 127.0.0.2");
+    }
+    let e = server(refuse).feed(&flags_and(&[(OPT_EXPORT_NAME, b"rd")]), &mut out);
+    assert!(matches!(e, Err(ProtoError::Refused(m)) if m.contains("too many")));
+    out.clear();
+    assert_eq!(server(refuse).feed(&flags_and(&[(OPT_ABORT, &[])]), &mut out).unwrap().1, ServerProgress::Aborted);
+}
+
+#[test]
+fn confirmed_opening_can_be_refused_and_retried() {
+    let mut s = server(|s| s.set_confirm_open(true));
+    let mut out = Vec::new();
+    let (_, p) = s.feed(&flags_and(&[(OPT_GO, &go("rd"))]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::Opening(0));
+    assert!(out.is_empty(), "nothing is written before the verdict");
+    assert_eq!(s.open(Err("tenant rd is at its cap".into()), &mut out).unwrap(), ServerProgress::NeedMore);
+    assert_eq!(replies(&out), [(OPT_GO, REP_ERR_POLICY, b"tenant rd is at its cap".to_vec())]);
+    out.clear();
+    let (_, p) = s.feed(&opt(OPT_GO, &go("rd")), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::Opening(0));
+    assert_eq!(s.open(Ok(()), &mut out).unwrap(), ServerProgress::Done(Negotiated { export: 0, structured: false }));
+    assert_eq!(replies(&out).last().unwrap().1, REP_ACK);
+    // EXPORT_NAME refused: close.
+    let mut s = server(|s| s.set_confirm_open(true));
+    let (_, p) = s.feed(&flags_and(&[(OPT_EXPORT_NAME, b"rd")]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::Opening(0));
+    assert!(matches!(s.open(Err("cap".into()), &mut out), Err(ProtoError::Refused(_))));
+}
+
+proptest! {
+    /// Whatever options come, a hidden export gets byte for byte the answers a server without it would
+    /// give to the name of an export that does not exist.
+    #[test]
+    fn a_hidden_export_answers_like_a_missing_one(ops in proptest::collection::vec((0usize..4, any::<bool>()), 0..8)) {
+        let mut hidden = Vec::new();
+        let mut missing = Vec::new();
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for (op, secret) in ops {
+            let option = [OPT_INFO, OPT_GO, OPT_LIST, OPT_STRUCTURED_REPLY][op];
+            let data = if option == OPT_LIST || option == OPT_STRUCTURED_REPLY { vec![] } else if secret { go("secret") } else { go("absent") };
+            option_request(&mut hidden, option, &data);
+            // The same stream with the hidden name where the missing one stands: answers must match.
+            let data_b = if option == OPT_LIST || option == OPT_STRUCTURED_REPLY { vec![] } else { go("absent") };
+            option_request(&mut missing, option, &data_b);
+        }
+        let mut s1 = server(|s| s.set_visible(vec![true, false]));
+        let mut with_flags = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        with_flags.extend_from_slice(&hidden);
+        let r1 = s1.feed(&with_flags, &mut a);
+        let mut s2 = ServerHandshake::new(vec![exports()[0].clone()], &mut Vec::new());
+        let mut with_flags = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        with_flags.extend_from_slice(&missing);
+        let r2 = s2.feed(&with_flags, &mut b);
+        prop_assert_eq!(r1, r2);
+        // The messages name what the client asked for ("absent" is as long as "secret"); apart from the
+        // name, the bytes are the same.
+        let a = String::from_utf8_lossy(&a).replace("\"secret\"", "\"absent\"");
+        prop_assert_eq!(a, String::from_utf8_lossy(&b).into_owned());
+    }
+}

@@ -1,0 +1,299 @@
+//! Who may reach what: per-export access lists and connection caps, as facts for rein-proto's handshake.
+//!
+//! The handshake ([`ServerHandshake`](rein_proto::nbd::ServerHandshake)) decides what to answer; this
+//! module computes what it needs from the connection: which exports the client may see (from its address
+//! and, after TLS, its identity), and whether a connection or an export opening is over a cap.
+//!
+//! # Access lists (`allow_networks`, `allow_identities` per export)
+//! An export is visible to a client when its address is in one of `allow_networks` (CIDR; absent: any
+//! address) and its identity ([`crate::tls`]: PSK identity or certificate CN) is one of
+//! `allow_identities` (absent: anyone, with or without TLS). A client without an identity (no TLS, or
+//! TLS without a PSK or a client certificate) never matches `allow_identities`. IPv4-mapped IPv6
+//! addresses are compared as IPv4.
+//!
+//! # Connection caps
+//! Three counters, each checked where it can be answered at the NBD level:
+//! - `max_connections` (all clients) and `max_connections_per_client` (one peer address): at accept. A
+//!   client over either cap still gets the greeting, and every option is answered NBD_REP_ERR_POLICY with
+//!   a message naming the cap (so nbdinfo prints it); such refusals are themselves bounded:
+//!   [`MAX_REFUSING`] at once, each for at most [`REFUSAL_TIMEOUT`]; beyond that the socket is closed.
+//! - `max_connections_per_tenant`: when the client opens an export (GO or EXPORT_NAME), counted over all
+//!   exports of the tenant; over it, GO gets NBD_REP_ERR_POLICY (EXPORT_NAME, which has no error reply,
+//!   closes).
+//!
+//! Each counter is held by a guard ([`ClientSlot`], [`TenantSlot`]) for the life of the connection. The
+//! per-client map holds only addresses with a live connection, so it has at most `max_connections`
+//! entries.
+
+use ipnet::IpNet;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Connections being refused (answered with NBD_REP_ERR_POLICY) at once; more are closed at once.
+pub const MAX_REFUSING: usize = 256;
+/// How long a refused connection may take to read its refusal before it is closed.
+pub const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Refusals are logged at most once per this interval (with the number left unlogged), so a flood of
+/// connections cannot flood the log.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One export's access list (`allow_networks`, `allow_identities`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExportAccess {
+    /// Networks whose clients may see the export; `None`: any.
+    pub networks: Option<Vec<IpNet>>,
+    /// Identities that may see the export; `None`: anyone.
+    pub identities: Option<Vec<String>>,
+}
+
+/// An address as access lists compare it (IPv4-mapped IPv6 as IPv4).
+fn canonical(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
+}
+
+impl ExportAccess {
+    /// Whether a client at `ip` with `identity` may see the export.
+    pub fn allows(&self, ip: IpAddr, identity: Option<&str>) -> bool {
+        let ip = canonical(ip);
+        let network_ok = self.networks.as_ref().is_none_or(|nets| nets.iter().any(|n| n.contains(&ip)));
+        let identity_ok =
+            self.identities.as_ref().is_none_or(|ids| identity.is_some_and(|i| ids.iter().any(|x| x == i)));
+        network_ok && identity_ok
+    }
+}
+
+/// The connection caps (module comment), from the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnCaps {
+    /// All NBD connections (`max_connections`).
+    pub total: usize,
+    /// Connections from one peer address (`max_connections_per_client`).
+    pub per_client: usize,
+    /// Connections that opened an export of one tenant (`max_connections_per_tenant`).
+    pub per_tenant: usize,
+}
+
+impl Default for ConnCaps {
+    /// 4,096 in all, 128 per client address (the project's 100-tenant benchmark, `scripts/bench-nbd.sh`,
+    /// opens 100 connections from one address; qemu's multi-conn uses up to 16), 256 per tenant: one
+    /// address holds at most 1/32 of the server.
+    fn default() -> ConnCaps {
+        ConnCaps { total: 4096, per_client: 128, per_tenant: 256 }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    per_client: HashMap<IpAddr, usize>,
+    per_tenant: HashMap<usize, usize>,
+}
+
+/// The live connection counts against [`ConnCaps`].
+#[derive(Debug)]
+pub struct ConnLimits {
+    caps: ConnCaps,
+    counts: Mutex<Counts>,
+    refusing: Arc<Semaphore>,
+    /// When a refusal was last logged, and how many have not been logged since.
+    refusal_log: Mutex<(Option<Instant>, u64)>,
+}
+
+/// What to do with a new connection.
+#[derive(Debug)]
+pub enum Admit {
+    /// Serve it; the slot is held until it ends.
+    Serve(ClientSlot),
+    /// Greet it and refuse every option with this message (the permit bounds refusals in progress).
+    Refuse(String, OwnedSemaphorePermit),
+    /// Over a cap with too many refusals in progress: close it now (the message is for the log).
+    Close(String),
+}
+
+/// A connection counted against `max_connections` and `max_connections_per_client`.
+#[derive(Debug)]
+pub struct ClientSlot {
+    limits: Arc<ConnLimits>,
+    ip: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut c = self.limits.counts.lock().expect("the counts lock is not poisoned");
+        c.total -= 1;
+        let n = c.per_client.get_mut(&self.ip).expect("a slot's address is counted");
+        *n -= 1;
+        if *n == 0 {
+            c.per_client.remove(&self.ip);
+        }
+    }
+}
+
+/// A connection counted against its tenant's `max_connections_per_tenant`.
+#[derive(Debug)]
+pub struct TenantSlot {
+    limits: Arc<ConnLimits>,
+    tenant: usize,
+}
+
+impl Drop for TenantSlot {
+    fn drop(&mut self) {
+        let mut c = self.limits.counts.lock().expect("the counts lock is not poisoned");
+        let n = c.per_tenant.get_mut(&self.tenant).expect("a slot's tenant is counted");
+        *n -= 1;
+        if *n == 0 {
+            c.per_tenant.remove(&self.tenant);
+        }
+    }
+}
+
+impl ConnLimits {
+    /// Counters for `caps`, all zero.
+    pub fn new(caps: ConnCaps) -> Arc<ConnLimits> {
+        Arc::new(ConnLimits {
+            caps,
+            counts: Mutex::default(),
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            refusal_log: Mutex::new((None, 0)),
+        })
+    }
+
+    /// The caps.
+    pub fn caps(&self) -> ConnCaps {
+        self.caps
+    }
+
+    /// Counts a new connection from `ip`, or says why it is refused.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Admit {
+        let ip = canonical(ip);
+        let refusal = {
+            let mut c = self.counts.lock().expect("the counts lock is not poisoned");
+            let from_ip = c.per_client.get(&ip).copied().unwrap_or(0);
+            if c.total >= self.caps.total {
+                format!(
+                    "server has reached its maximum of {} connections (max_connections); try later",
+                    self.caps.total
+                )
+            } else if from_ip >= self.caps.per_client {
+                format!(
+                    "client {ip} has reached its maximum of {} connections (max_connections_per_client)",
+                    self.caps.per_client
+                )
+            } else {
+                c.total += 1;
+                *c.per_client.entry(ip).or_insert(0) += 1;
+                return Admit::Serve(ClientSlot { limits: self.clone(), ip });
+            }
+        };
+        match self.refusing.clone().try_acquire_owned() {
+            Ok(permit) => Admit::Refuse(refusal, permit),
+            Err(_) => Admit::Close(refusal),
+        }
+    }
+
+    /// Counts a connection opening an export of tenant `tenant` (the dispatcher's slot,
+    /// [`rein_core::TenantId::index`], named `name`), or says why not.
+    pub fn open_tenant(self: &Arc<Self>, tenant: usize, name: &str) -> Result<TenantSlot, String> {
+        let mut c = self.counts.lock().expect("the counts lock is not poisoned");
+        let n = c.per_tenant.entry(tenant).or_insert(0);
+        if *n >= self.caps.per_tenant {
+            return Err(format!(
+                "tenant {name} has reached its maximum of {} connections (max_connections_per_tenant)",
+                self.caps.per_tenant
+            ));
+        }
+        *n += 1;
+        Ok(TenantSlot { limits: self.clone(), tenant })
+    }
+
+    /// Logs a refused connection (a warning), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line
+    /// says how many were not logged. Returns whether it logged.
+    pub fn log_refusal(&self, peer: std::net::SocketAddr, why: &str, closed: bool) -> bool {
+        let now = Instant::now();
+        let mut log = self.refusal_log.lock().expect("the log lock is not poisoned");
+        if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
+            log.1 += 1;
+            return false;
+        }
+        let unlogged = std::mem::take(&mut log.1);
+        log.0 = Some(now);
+        let action = if closed { "closing (too many refusals in progress)" } else { "refusing" };
+        tracing::warn!(%peer, unlogged, "{action} connection: {why}");
+        true
+    }
+
+    /// Connections counted now: all, and from `ip`.
+    pub fn counted(&self, ip: IpAddr) -> (usize, usize) {
+        let c = self.counts.lock().expect("the counts lock is not poisoned");
+        (c.total, c.per_client.get(&canonical(ip)).copied().unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks_and_identities() {
+        let a = ExportAccess {
+            networks: Some(vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]),
+            identities: Some(vec!["alice".into()]),
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(a.allows(ip("10.1.2.3"), Some("alice")));
+        assert!(a.allows(ip("::ffff:10.1.2.3"), Some("alice")), "IPv4-mapped addresses compare as IPv4");
+        assert!(!a.allows(ip("10.1.2.3"), Some("bob")));
+        assert!(!a.allows(ip("10.1.2.3"), None));
+        assert!(!a.allows(ip("11.0.0.1"), Some("alice")));
+        assert!(ExportAccess::default().allows(ip("192.0.2.1"), None));
+    }
+
+    #[test]
+    fn caps_at_their_bounds() {
+        let limits = ConnLimits::new(ConnCaps { total: 3, per_client: 2, per_tenant: 1 });
+        let a: IpAddr = "127.0.0.2".parse().unwrap();
+        let b: IpAddr = "127.0.0.3".parse().unwrap();
+        let s1 = limits.admit(a);
+        let s2 = limits.admit(a);
+        assert!(matches!((&s1, &s2), (Admit::Serve(_), Admit::Serve(_))));
+        match limits.admit(a) {
+            Admit::Refuse(m, _) => assert!(m.contains("client 127.0.0.2") && m.contains("max_connections_per_client")),
+            o => panic!("{o:?}"),
+        }
+        let s3 = limits.admit(b);
+        assert!(matches!(s3, Admit::Serve(_)));
+        match limits.admit(b) {
+            Admit::Refuse(m, _) => assert!(m.contains("max_connections)")),
+            o => panic!("{o:?}"),
+        }
+        drop(s1);
+        assert_eq!(limits.counted(a), (2, 1));
+        assert!(matches!(limits.admit(a), Admit::Serve(_)));
+        drop((s2, s3));
+        let t = limits.open_tenant(0, "rd").unwrap();
+        assert!(limits.open_tenant(0, "rd").unwrap_err().contains("tenant rd"));
+        assert!(limits.open_tenant(1, "oltp").is_ok());
+        drop(t);
+        assert!(limits.open_tenant(0, "rd").is_ok());
+        assert_eq!(limits.counts.lock().unwrap().per_tenant.len(), 0, "empty entries are removed");
+    }
+
+    #[test]
+    fn refusals_are_bounded() {
+        let limits = ConnLimits::new(ConnCaps { total: 0, per_client: 1, per_tenant: 1 });
+        let ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let held: Vec<Admit> = (0..MAX_REFUSING).map(|_| limits.admit(ip)).collect();
+        assert!(held.iter().all(|a| matches!(a, Admit::Refuse(..))));
+        assert!(matches!(limits.admit(ip), Admit::Close(_)));
+        drop(held);
+        assert!(matches!(limits.admit(ip), Admit::Refuse(..)));
+        // One log line per interval.
+        let peer = "127.0.0.2:1".parse().unwrap();
+        assert!(limits.log_refusal(peer, "cap", false));
+        assert!(!limits.log_refusal(peer, "cap", false));
+        assert_eq!(limits.refusal_log.lock().unwrap().1, 1);
+    }
+}

@@ -1,0 +1,304 @@
+//! TLS for NBD (`[tls]` in rein.toml): the server's OpenSSL context, built and checked once from the
+//! config, and the TLS handshake a connection runs after NBD_OPT_STARTTLS.
+//!
+//! The protocol side (when STARTTLS is offered, acknowledged or required) is rein-proto's
+//! [`ServerHandshake`](rein_proto::nbd::ServerHandshake); this module only turns a socket into a TLS
+//! stream and says who the client is.
+//!
+//! # Credentials
+//! - **x509**: `cert` (PEM, the server's certificate followed by any intermediates) and `key` (PEM).
+//!   With `ca` (PEM, one or more certificates) every client must present a certificate that chains to
+//!   one of them (the handshake fails otherwise); without it no client certificate is asked for.
+//! - **PSK** (`psk_file`): `identity:hexkey` per line, the format of GnuTLS's `psktool` that nbdkit,
+//!   qemu-nbd and libnbd read. Keys of 1..=[`MAX_PSK_BYTES`] bytes, identities of 1..=[`MAX_IDENTITY_BYTES`]
+//!   bytes, at most [`MAX_PSK_IDENTITIES`] lines; blank lines are skipped. A PSK client needs no
+//!   certificate, also when `ca` is set.
+//!
+//! # Protocol versions and suites
+//! TLS 1.2 and 1.3 (Mozilla's "intermediate" profile, OpenSSL's defaults otherwise). For PSK, TLS 1.3
+//! through OpenSSL's PSK callback: the key it returns is bound to SHA-256, so the server must choose a
+//! SHA-256 suite. GnuTLS clients list TLS_AES_256_GCM_SHA384 first; with the client's order OpenSSL chose
+//! it, dropped the PSK as incompatible and sent a certificate, and the clients failed with "Insufficient
+//! credentials". The TLS 1.3 suites are therefore ordered SHA-256 first (`SUITES_1_3`) and the
+//! server's order wins (`CIPHER_SERVER_PREFERENCE`); GnuTLS clients
+//! (libnbd's nbdinfo and nbdcopy, qemu-img) then agree on TLS_AES_128_GCM_SHA256 with the PSK (and
+//! ECDHE). For TLS 1.2 PSK clients the cipher list adds the (EC)DHE-PSK and PSK AEAD suites (checked by
+//! hand with a server capped at TLS 1.2).
+//!
+//! # Identity
+//! What access control matches (`allow_identities`): the PSK identity as written in `psk_file` (e.g.
+//! `alice`), or the common name (CN) of a verified client certificate (e.g. `client.example.com`). A
+//! client with neither has no identity.
+
+use openssl::ex_data::Index;
+use openssl::nid::Nid;
+use openssl::pkey::PKey;
+use openssl::ssl::{Ssl, SslAcceptor, SslMethod, SslOptions, SslRef, SslVerifyMode};
+use openssl::x509::X509;
+use rein_proto::nbd::TlsMode;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_openssl::SslStream;
+
+/// Longest PSK key, in bytes (OpenSSL's `PSK_MAX_PSK_LEN`).
+pub const MAX_PSK_BYTES: usize = 512;
+/// Longest PSK identity, in bytes (OpenSSL's `PSK_MAX_IDENTITY_LEN`).
+pub const MAX_IDENTITY_BYTES: usize = 128;
+/// Most identities in a `psk_file`.
+pub const MAX_PSK_IDENTITIES: usize = 65_536;
+/// Largest certificate, key, CA or PSK file read, in bytes.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The cipher list for TLS 1.2: OpenSSL's defaults plus the PSK suites GnuTLS clients offer.
+const CIPHERS_1_2: &str = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:\
+ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:DHE-RSA-AES128-GCM-SHA256:\
+DHE-RSA-AES256-GCM-SHA384:ECDHE-PSK-CHACHA20-POLY1305:ECDHE-PSK-AES128-CBC-SHA256:DHE-PSK-AES128-GCM-SHA256:\
+DHE-PSK-AES256-GCM-SHA384:DHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384:PSK-CHACHA20-POLY1305";
+
+/// The TLS 1.3 suites, in the server's order of preference: those with SHA-256 first (module comment).
+const SUITES_1_3: &str = "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384";
+
+/// The `[tls]` table, validated: the mode, where the credentials came from, and the OpenSSL context
+/// built from them (so a bad file stops the server at start, naming the key and the file).
+#[derive(Clone)]
+pub struct TlsConfig {
+    /// Off, offered, or required.
+    pub mode: TlsMode,
+    /// `cert`, resolved.
+    pub cert: Option<PathBuf>,
+    /// `ca`, resolved: client certificates are required and verified against it.
+    pub ca: Option<PathBuf>,
+    /// `psk_file`, resolved, and how many identities it holds.
+    pub psk: Option<(PathBuf, usize)>,
+    acceptor: Arc<SslAcceptor>,
+}
+
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("mode", &self.mode)
+            .field("cert", &self.cert)
+            .field("ca", &self.ca)
+            .field("psk", &self.psk)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `[tls]` table's file names, resolved against the config file's directory.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles {
+    /// `cert`.
+    pub cert: Option<PathBuf>,
+    /// `key`.
+    pub key: Option<PathBuf>,
+    /// `ca`.
+    pub ca: Option<PathBuf>,
+    /// `psk_file`.
+    pub psk_file: Option<PathBuf>,
+}
+
+fn read(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("tls.{key} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("tls.{key} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("tls.{key} {}: larger than {MAX_FILE_BYTES} bytes", path.display()));
+    }
+    Ok(bytes)
+}
+
+/// Parses a `psk_file` (`identity:hexkey` per line); errors give the line number.
+pub fn parse_psk_file(text: &str, path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
+    let mut keys = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let at = || format!("tls.psk_file {} line {}", path.display(), n + 1);
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((identity, hex)) = line.rsplit_once(':') else {
+            return Err(format!("{}: expected identity:hexkey", at()));
+        };
+        if identity.is_empty() || identity.len() > MAX_IDENTITY_BYTES {
+            return Err(format!("{}: the identity must have 1..={MAX_IDENTITY_BYTES} bytes", at()));
+        }
+        let key = decode_hex(hex.trim()).ok_or_else(|| format!("{}: the key is not hexadecimal", at()))?;
+        if key.is_empty() || key.len() > MAX_PSK_BYTES {
+            return Err(format!("{}: the key must have 1..={MAX_PSK_BYTES} bytes", at()));
+        }
+        if keys.insert(identity.to_string(), key).is_some() {
+            return Err(format!("{}: identity {identity:?} is repeated", at()));
+        }
+        if keys.len() > MAX_PSK_IDENTITIES {
+            return Err(format!("{}: more than {MAX_PSK_IDENTITIES} identities", at()));
+        }
+    }
+    if keys.is_empty() {
+        return Err(format!("tls.psk_file {}: no identity in it", path.display()));
+    }
+    Ok(keys)
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Where a connection's PSK identity is kept between the PSK callback and [`TlsConfig::accept`].
+fn psk_identity_index() -> Index<Ssl, String> {
+    static INDEX: OnceLock<Index<Ssl, String>> = OnceLock::new();
+    *INDEX.get_or_init(|| Ssl::new_ex_index().expect("OpenSSL allocates an ex_data index"))
+}
+
+impl TlsConfig {
+    /// Reads and checks the credentials and builds the server context. Errors name the key and the file:
+    /// an unreadable or unparsable file, a key that does not match the certificate, a bad PSK line (with
+    /// its number), `cert` without `key` or the reverse, and a mode other than off with neither `cert`
+    /// nor `psk_file`.
+    pub fn build(mode: TlsMode, files: TlsFiles) -> Result<TlsConfig, String> {
+        if mode != TlsMode::Off && files.cert.is_none() && files.psk_file.is_none() {
+            return Err("tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file".into());
+        }
+        let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
+            .map_err(|e| format!("tls: cannot create the TLS context: {e}"))?;
+        b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("tls: cipher list: {e}"))?;
+        // SHA-256 suites first: a PSK from the callback is bound to SHA-256, and a server that prefers
+        // TLS_AES_256_GCM_SHA384 would drop the client's PSK and ask a PSK-only client for a certificate.
+        b.set_ciphersuites(SUITES_1_3).map_err(|e| format!("tls: TLS 1.3 suites: {e}"))?;
+        b.set_options(SslOptions::CIPHER_SERVER_PREFERENCE);
+        match (&files.cert, &files.key) {
+            (Some(cert), Some(key)) => {
+                let chain = X509::stack_from_pem(&read("cert", cert)?)
+                    .map_err(|e| format!("tls.cert {}: not a PEM certificate: {e}", cert.display()))?;
+                let mut chain = chain.into_iter();
+                let leaf = chain.next().ok_or_else(|| format!("tls.cert {}: no certificate in it", cert.display()))?;
+                b.set_certificate(&leaf).map_err(|e| format!("tls.cert {}: {e}", cert.display()))?;
+                for c in chain {
+                    b.add_extra_chain_cert(c).map_err(|e| format!("tls.cert {}: {e}", cert.display()))?;
+                }
+                let pkey = PKey::private_key_from_pem(&read("key", key)?)
+                    .map_err(|e| format!("tls.key {}: not a PEM private key: {e}", key.display()))?;
+                let mismatch = || {
+                    format!("tls.key {} does not match the certificate in tls.cert {}", key.display(), cert.display())
+                };
+                if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
+                    return Err(mismatch());
+                }
+                b.set_private_key(&pkey).map_err(|e| format!("tls.key {}: {e}", key.display()))?;
+                b.check_private_key().map_err(|_| mismatch())?;
+            }
+            (Some(_), None) => return Err("tls.cert needs tls.key".into()),
+            (None, Some(_)) => return Err("tls.key needs tls.cert".into()),
+            (None, None) => {}
+        }
+        if let Some(ca) = &files.ca {
+            let certs = X509::stack_from_pem(&read("ca", ca)?)
+                .map_err(|e| format!("tls.ca {}: not a PEM certificate: {e}", ca.display()))?;
+            if certs.is_empty() {
+                return Err(format!("tls.ca {}: no certificate in it", ca.display()));
+            }
+            for c in certs {
+                b.add_client_ca(&c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
+                b.cert_store_mut().add_cert(c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
+            }
+            b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+        }
+        let mut psk = None;
+        if let Some(path) = &files.psk_file {
+            let text = String::from_utf8(read("psk_file", path)?)
+                .map_err(|_| format!("tls.psk_file {}: not UTF-8 text", path.display()))?;
+            let keys = parse_psk_file(&text, path)?;
+            psk = Some((path.clone(), keys.len()));
+            b.set_psk_server_callback(move |ssl: &mut SslRef, identity: Option<&[u8]>, out: &mut [u8]| {
+                let known = identity.and_then(|i| std::str::from_utf8(i).ok()).and_then(|i| keys.get_key_value(i));
+                match known {
+                    Some((identity, key)) if key.len() <= out.len() => {
+                        out[..key.len()].copy_from_slice(key);
+                        ssl.set_ex_data(psk_identity_index(), identity.clone());
+                        Ok(key.len())
+                    }
+                    _ => Ok(0), // unknown identity: the handshake fails
+                }
+            });
+        }
+        Ok(TlsConfig { mode, cert: files.cert, ca: files.ca, psk, acceptor: Arc::new(b.build()) })
+    }
+
+    /// Runs the TLS handshake as the server on `stream`; returns the TLS stream and the client's identity
+    /// (module comment), if it has one.
+    pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: S,
+    ) -> Result<(SslStream<S>, Option<String>), TlsError> {
+        let ssl = Ssl::new(self.acceptor.context()).map_err(|e| TlsError(e.to_string()))?;
+        let mut tls = SslStream::new(ssl, stream).map_err(|e| TlsError(e.to_string()))?;
+        Pin::new(&mut tls).accept().await.map_err(|e| TlsError(e.to_string()))?;
+        let ssl = tls.ssl();
+        let identity = ssl.ex_data(psk_identity_index()).cloned().or_else(|| {
+            let cert = ssl.peer_certificate()?;
+            let cn = cert.subject_name().entries_by_nid(Nid::COMMONNAME).next()?;
+            cn.data().to_string().ok()
+        });
+        Ok((tls, identity))
+    }
+}
+
+/// A failed TLS handshake: OpenSSL's reason (an unknown CA, a missing client certificate, an unknown
+/// PSK identity, a client that speaks no TLS).
+#[derive(Debug, thiserror::Error)]
+#[error("TLS handshake failed: {0}")]
+pub struct TlsError(pub String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<HashMap<String, Vec<u8>>, String> {
+        parse_psk_file(text, Path::new("keys.psk"))
+    }
+
+    #[test]
+    fn psk_lines_at_their_bounds() {
+        let id = |n: usize| "i".repeat(n);
+        let key = |n: usize| "ab".repeat(n);
+        let ok = parse(&format!("{}:{}\n\nbob:00ff\r\n", id(MAX_IDENTITY_BYTES), key(MAX_PSK_BYTES))).unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok["bob"], [0, 255]);
+        let e = parse(&format!("{}:00", id(MAX_IDENTITY_BYTES + 1))).unwrap_err();
+        assert_eq!(e, "tls.psk_file keys.psk line 1: the identity must have 1..=128 bytes");
+        let e = parse(&format!("a:00\nb:{}", key(MAX_PSK_BYTES + 1))).unwrap_err();
+        assert_eq!(e, "tls.psk_file keys.psk line 2: the key must have 1..=512 bytes");
+        assert!(parse("a:0").unwrap_err().ends_with("line 1: the key is not hexadecimal"));
+        assert!(parse("a:").unwrap_err().ends_with("line 1: the key must have 1..=512 bytes"));
+        assert!(parse(":00").unwrap_err().contains("the identity must have"));
+        assert!(parse("nokey").unwrap_err().ends_with("line 1: expected identity:hexkey"));
+        assert!(parse("a:00\na:01").unwrap_err().ends_with("line 2: identity \"a\" is repeated"));
+        assert_eq!(parse("\n\n").unwrap_err(), "tls.psk_file keys.psk: no identity in it");
+        // The identity may contain ':' (the key is after the last one).
+        assert_eq!(parse("a:b:0102").unwrap()["a:b"], [1, 2]);
+    }
+
+    #[test]
+    fn psk_identities_at_their_bound() {
+        let lines = |n: usize| (0..n).map(|i| format!("u{i}:00\n")).collect::<String>();
+        assert_eq!(parse(&lines(MAX_PSK_IDENTITIES)).unwrap().len(), MAX_PSK_IDENTITIES);
+        let e = parse(&lines(MAX_PSK_IDENTITIES + 1)).unwrap_err();
+        assert_eq!(e, format!("tls.psk_file keys.psk line {}: more than 65536 identities", MAX_PSK_IDENTITIES + 1));
+    }
+
+    #[test]
+    fn modes_need_credentials() {
+        let e = TlsConfig::build(TlsMode::Require, TlsFiles::default()).unwrap_err();
+        assert!(e.contains("needs tls.cert and tls.key, or tls.psk_file"), "{e}");
+        assert!(TlsConfig::build(TlsMode::Off, TlsFiles::default()).is_ok());
+        let files = TlsFiles { cert: Some("c.pem".into()), ..TlsFiles::default() };
+        assert_eq!(TlsConfig::build(TlsMode::On, files).unwrap_err(), "tls.cert needs tls.key");
+    }
+}
