@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod admin_client;
 pub mod aggregate;
+pub mod budget;
 pub mod client;
 pub mod config;
 pub mod devmodel;

@@ -31,6 +31,7 @@
 //! socket write takes that buffer as one of its slices. (It used to be three: into a read buffer, into the
 //! reply, and into the writer's batch.) `O_DIRECT` reads add the copy out of their aligned buffer.
 
+use crate::budget::{Budget, Charge, TenantBudget};
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::storage::Storage;
 use rein_core::TenantId;
@@ -54,10 +55,15 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const WRITE_BATCH: usize = 64;
 /// A batch stops growing once it holds this many bytes.
 pub const WRITE_BATCH_BYTES: usize = 256 * 1024;
-/// An input buffer larger than this is released when everything in it has been consumed.
-pub const INPUT_SHRINK_BYTES: usize = 4 << 20;
-/// Bytes asked of the socket per read at least.
-const READ_CHUNK: usize = 16 * 1024;
+/// The part of a connection's input buffer that is not charged to the byte budget ([`crate::budget`]); a
+/// buffer grown past it (by a large WRITE) is charged in full before it grows, and released (or handed to
+/// the WRITE with its charge) once consumed.
+pub const INPUT_FREE_BYTES: usize = 128 * 1024;
+/// After the shutdown deadline, how long a connection's writer may still take to write the replies that
+/// are ready (the errors of the requests the deadline failed) before the connection is cut.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(500);
+/// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
+const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
 const COMPACT_BYTES: usize = 64 * 1024;
 
@@ -79,6 +85,27 @@ pub struct NbdContext {
     pub dispatcher: Dispatcher,
     /// Largest READ or WRITE accepted, in bytes.
     pub max_payload: u32,
+    /// Memory and time bounds of the connections.
+    pub limits: Limits,
+}
+
+/// The bounds a connection keeps beyond the protocol's: its bytes in flight, its idle time, and the
+/// shutdown deadline.
+pub struct Limits {
+    /// The byte budget the connections charge their payloads and replies to.
+    pub budget: Budget,
+    /// Close a connection with nothing in flight that receives nothing for this long (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// Set to true at the shutdown deadline: connections stop waiting for the budget or for their replies
+    /// to be written (after [`CLOSE_GRACE`]) and close.
+    pub close: watch::Sender<bool>,
+}
+
+impl Default for Limits {
+    /// The default budget ([`Budget::default_sizes`]), no idle timeout.
+    fn default() -> Self {
+        Limits { budget: Budget::default_sizes(), idle_timeout: None, close: watch::channel(false).0 }
+    }
 }
 
 /// Why a connection ended early.
@@ -95,34 +122,107 @@ pub enum ConnError {
     Timeout,
 }
 
-/// Serves one connection until the client disconnects, errs, or `shutdown` turns true (then in-flight
-/// requests are answered before closing).
+/// How a connection in the transmission phase ended, when not with an error (for its log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The client closed its side.
+    ClientClosed,
+    /// The client sent NBD_CMD_DISC.
+    Disconnect,
+    /// No request in flight and no byte received for the idle timeout.
+    Idle,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+impl End {
+    fn reason(self) -> &'static str {
+        match self {
+            End::ClientClosed => "client closed the connection",
+            End::Disconnect => "client disconnected (NBD_CMD_DISC)",
+            End::Idle => "idle timeout",
+            End::Shutdown => "server shutting down",
+        }
+    }
+}
+
+/// Serves one connection until the client disconnects, errs, stays idle too long, or `shutdown` turns
+/// true (then in-flight requests are answered before closing, until [`Limits::close`]). Logs the
+/// connection's opening and closing at INFO; an error is logged there (once) and also returned.
 pub async fn serve_connection(
     stream: TcpStream,
     ctx: Arc<NbdContext>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnError> {
+    let peer = stream.peer_addr().map_or_else(|_| "unknown".to_string(), |a| a.to_string());
     stream.set_nodelay(true)?;
     let (mut rd, mut wr) = stream.into_split();
     let mut input = Input::default();
     let handshake = handshake(&mut rd, &mut wr, &ctx, &mut input);
-    let negotiated = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await.map_err(|_| ConnError::Timeout)??;
-    let Some(negotiated) = negotiated else { return Ok(()) };
+    let negotiated = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(Some(n))) => n,
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Err(e)) => {
+            tracing::info!(%peer, "NBD handshake failed: {e}");
+            return Err(e);
+        }
+        Err(_) => {
+            tracing::info!(%peer, "NBD handshake failed: {}", ConnError::Timeout);
+            return Err(ConnError::Timeout);
+        }
+    };
     let export = &ctx.exports[negotiated.export];
-    tracing::debug!(export = %export.info.name, structured = negotiated.structured, "NBD connection ready");
+    let opened = tokio::time::Instant::now();
+    tracing::info!(%peer, export = %export.info.name, tenant = %export.info.description, tls = false, structured = negotiated.structured, "NBD connection opened");
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let (replies, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_replies(wr, rx));
-    let mut conn =
-        Connection { export, dispatcher: &ctx.dispatcher, machine, input, replies, permits: permits.clone() };
-    let result = conn.transmission(&mut rd, &mut shutdown).await;
+    let mut close = ctx.limits.close.subscribe();
+    let mut conn = Connection {
+        export,
+        dispatcher: &ctx.dispatcher,
+        machine,
+        input,
+        replies,
+        permits: permits.clone(),
+        budget: ctx.limits.budget.tenant(export.tenant),
+        idle_timeout: ctx.limits.idle_timeout,
+        requests: 0,
+    };
+    let result = conn.transmission(&mut rd, &mut shutdown, &mut close).await;
+    let requests = conn.requests;
     drop(conn);
     // Wait for in-flight requests to be answered and written (each holds a permit until then); their
-    // callbacks then hold no sender any more, so the writer ends once it has written everything.
-    let _ = permits.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32).await;
-    let _ = writer.await;
-    result
+    // callbacks then hold no sender any more, so the writer ends once it has written everything. At the
+    // shutdown deadline, the writer gets CLOSE_GRACE for what is ready, then the connection is cut.
+    let all = MAX_IN_FLIGHT_PER_CONN as u32;
+    let drained = tokio::select! {
+        _ = permits.acquire_many(all) => true,
+        _ = closing(&mut close) => tokio::time::timeout(CLOSE_GRACE, permits.acquire_many(all)).await.is_ok(),
+    };
+    if drained {
+        let _ = writer.await;
+    } else {
+        writer.abort();
+    }
+    let duration_s = (opened.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    let unanswered = MAX_IN_FLIGHT_PER_CONN - permits.available_permits();
+    match &result {
+        Ok(end) if drained => {
+            tracing::info!(%peer, export = %export.info.name, duration_s, requests, reason = end.reason(), "NBD connection closed")
+        }
+        Ok(end) => {
+            tracing::info!(%peer, export = %export.info.name, duration_s, requests, reason = end.reason(), unanswered, "NBD connection closed at the shutdown deadline, replies unwritten")
+        }
+        Err(e) => tracing::info!(%peer, export = %export.info.name, duration_s, requests, "NBD connection closed: {e}"),
+    }
+    result.map(|_| ())
+}
+
+/// Resolves once `close` is true (or its sender is gone).
+async fn closing(close: &mut watch::Receiver<bool>) {
+    let _ = close.wait_for(|c| *c).await;
 }
 
 /// Runs the handshake; `None` if the client aborted or left. Bytes after the handshake stay in `input`.
@@ -152,8 +252,15 @@ async fn handshake(
     }
 }
 
-/// A reply and the permit its request holds until the reply is written.
-type Reply = (Vec<u8>, OwnedSemaphorePermit);
+/// What a request holds until its reply is written (or the connection is gone): its slot among the
+/// connection's [`MAX_IN_FLIGHT_PER_CONN`], and its bytes' charge to the budget.
+struct Held {
+    _slot: OwnedSemaphorePermit,
+    _bytes: Charge,
+}
+
+/// A reply and what its request holds until the reply is written.
+type Reply = (Vec<u8>, Held);
 
 /// One connection in the transmission phase.
 struct Connection<'a> {
@@ -163,59 +270,99 @@ struct Connection<'a> {
     input: Input,
     replies: mpsc::UnboundedSender<Reply>,
     permits: Arc<Semaphore>,
+    budget: TenantBudget,
+    idle_timeout: Option<Duration>,
+    /// Requests received (answered or not), for the closing log line.
+    requests: u64,
 }
 
 impl Connection<'_> {
     /// Reads, feeds the state machine and acts on its events until the client disconnects or leaves, the
-    /// protocol breaks, or `shutdown` turns true.
+    /// protocol breaks, the connection is idle too long, `shutdown` turns true (then it stops reading), or
+    /// `close` does (then it stops waiting for the budget too).
     async fn transmission(
         &mut self,
         rd: &mut OwnedReadHalf,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), ConnError> {
+        close: &mut watch::Receiver<bool>,
+    ) -> Result<End, ConnError> {
         loop {
             let (used, event) = self.machine.feed(self.input.unconsumed())?;
             match event {
                 Event::NeedMore { wanted } => {
                     self.input.consume(used);
-                    let more = tokio::select! {
-                        r = self.input.fill(rd, wanted) => r?,
-                        _ = shutdown.wait_for(|s| *s) => return Ok(()),
+                    let idle = self.idle_timeout.map(|after| (after, &*self.permits));
+                    let filled = tokio::select! {
+                        r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
+                        _ = shutdown.wait_for(|s| *s) => return Ok(End::Shutdown),
                     };
-                    if !more {
-                        return Ok(()); // client closed (with or without NBD_CMD_DISC)
+                    match filled {
+                        Filled::Yes => {}
+                        Filled::Eof => return Ok(End::ClientClosed), // with or without NBD_CMD_DISC
+                        Filled::Idle => return Ok(End::Idle),
                     }
                 }
                 Event::Request { request, payload } => {
+                    self.requests += 1;
                     let encoder = self.machine.replies();
-                    let op = match request.kind {
-                        RequestKind::Read => Op::Read { len: request.length, headroom: encoder.headroom(&request) },
-                        RequestKind::Write => Op::Write { data: payload.to_vec() },
-                        RequestKind::Flush => Op::Flush,
-                        RequestKind::Trim => Op::Trim { len: request.length },
-                        RequestKind::WriteZeroes => Op::WriteZeroes { len: request.length },
+                    // Bytes to charge now; a large WRITE's payload comes with the charge of the buffer it
+                    // was received into.
+                    let (op, charged, to_charge) = match request.kind {
+                        RequestKind::Read => {
+                            let headroom = encoder.headroom(&request);
+                            (Op::Read { len: request.length, headroom }, None, request.length as usize + headroom)
+                        }
+                        RequestKind::Write => {
+                            let len = payload.len();
+                            if self.input.can_take(used) {
+                                let (data, charge) = self.input.take_payload(used, len);
+                                (Op::Write { data }, Some(charge), 0)
+                            } else {
+                                let data = payload.to_vec();
+                                self.input.consume(used);
+                                (Op::Write { data }, None, len)
+                            }
+                        }
+                        RequestKind::Flush => (Op::Flush, None, 0),
+                        RequestKind::Trim => (Op::Trim { len: request.length }, None, 0),
+                        RequestKind::WriteZeroes => (Op::WriteZeroes { len: request.length }, None, 0),
                     };
-                    self.input.consume(used);
-                    let permit = self.permit().await;
-                    self.submit(request, op, encoder, permit).await;
+                    if !matches!(op, Op::Write { .. }) {
+                        self.input.consume(used);
+                    }
+                    let held = tokio::select! {
+                        h = self.hold(charged, to_charge) => h,
+                        _ = closing(close) => return Ok(End::Shutdown),
+                    };
+                    self.submit(request, op, encoder, held).await;
                 }
                 Event::Reject(rejection) => {
                     self.input.consume(used);
-                    let permit = self.permit().await;
-                    self.reject(&rejection, permit);
+                    let held = tokio::select! {
+                        h = self.hold(None, 0) => h,
+                        _ = closing(close) => return Ok(End::Shutdown),
+                    };
+                    self.reject(&rejection, held);
                 }
-                Event::Disconnect => return Ok(()),
+                Event::Disconnect => return Ok(End::Disconnect),
             }
         }
     }
 
-    async fn permit(&self) -> OwnedSemaphorePermit {
-        self.permits.clone().acquire_owned().await.expect("the semaphore is never closed")
+    /// A slot among the connection's requests in flight, and the charge of `bytes` more (added to
+    /// `charged`, if the request brings one): waits for both, without reading meanwhile (backpressure).
+    async fn hold(&self, charged: Option<Charge>, bytes: usize) -> Held {
+        let slot = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let charge = match charged {
+            Some(c) => c,
+            None => self.budget.charge(bytes).await,
+        };
+        Held { _slot: slot, _bytes: charge }
     }
 
     /// Hands a request to the dispatcher; the reply is encoded where the result appears (on the dispatcher
     /// task) and goes straight to the writer: no task or channel per request.
-    async fn submit(&self, request: Request, op: Op, encoder: ReplyEncoder, permit: OwnedSemaphorePermit) {
+    async fn submit(&self, request: Request, op: Op, encoder: ReplyEncoder, held: Held) {
         let replies = self.replies.clone();
         let done = Box::new(move |res: IoResult| {
             let reply = match res {
@@ -230,7 +377,7 @@ impl Connection<'_> {
                     reply
                 }
             };
-            let _ = replies.send((reply, permit));
+            let _ = replies.send((reply, held));
         });
         let req = IoRequest {
             storage: self.export.storage.clone(),
@@ -242,19 +389,31 @@ impl Connection<'_> {
         self.dispatcher.submit(req, done).await;
     }
 
-    fn reject(&self, rejection: &Rejection, permit: OwnedSemaphorePermit) {
+    fn reject(&self, rejection: &Rejection, held: Held) {
         tracing::debug!(handle = rejection.handle, "request rejected: {rejection}");
         let mut reply = Vec::new();
         self.machine.replies().rejection(&mut reply, rejection);
-        let _ = self.replies.send((reply, permit));
+        let _ = self.replies.send((reply, held));
     }
 }
 
-/// Received bytes not yet consumed by a state machine: `buf[start..]`.
+/// What [`Input::fill_charged`] got.
+enum Filled {
+    /// The bytes wanted are there.
+    Yes,
+    /// The peer closed first.
+    Eof,
+    /// Nothing in flight and no byte received for the idle timeout.
+    Idle,
+}
+
+/// Received bytes not yet consumed by a state machine: `buf[start..]`. A buffer whose capacity exceeds
+/// [`INPUT_FREE_BYTES`] holds `charge` for all of it.
 #[derive(Default)]
 struct Input {
     buf: Vec<u8>,
     start: usize,
+    charge: Charge,
 }
 
 impl Input {
@@ -267,29 +426,134 @@ impl Input {
         assert!(self.start <= self.buf.len(), "consumed more than was received");
         if self.start == self.buf.len() {
             self.start = 0;
-            if self.buf.capacity() > INPUT_SHRINK_BYTES {
+            if self.buf.capacity() > INPUT_FREE_BYTES {
                 self.buf = Vec::new();
+                self.charge = Charge::default();
             } else {
                 self.buf.clear();
             }
         }
     }
 
-    /// Reads (straight into the buffer's spare capacity) until at least `wanted` bytes are unconsumed;
-    /// false if the peer closed first.
-    async fn fill(&mut self, rd: &mut OwnedReadHalf, wanted: usize) -> io::Result<bool> {
+    /// Moves the consumed prefix out when it is long, or when the buffer lacks room for `wanted` more.
+    fn compact(&mut self, wanted: usize) {
         if self.start >= COMPACT_BYTES || (self.start > 0 && self.buf.capacity() - self.start < wanted) {
             self.buf.drain(..self.start);
             self.start = 0;
         }
+    }
+
+    /// The handshake's read (uncharged: the handshake's own limits bound it): reads until at least
+    /// `wanted` bytes are unconsumed; false if the peer closed first.
+    async fn fill(&mut self, rd: &mut OwnedReadHalf, wanted: usize) -> io::Result<bool> {
+        self.compact(wanted);
         while self.buf.len() - self.start < wanted {
             let missing = wanted - (self.buf.len() - self.start);
-            self.buf.reserve(missing.max(READ_CHUNK));
+            self.buf.reserve(missing.max(READ_AHEAD));
             if rd.read_buf(&mut self.buf).await? == 0 {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    /// The transmission phase's read: makes room for `wanted` unconsumed bytes (charging a buffer that
+    /// grows past [`INPUT_FREE_BYTES`] in full first, and waiting for that charge), then reads straight
+    /// into the buffer's spare capacity, at most [`READ_AHEAD`] past `wanted`. With `idle` = (timeout,
+    /// the connection's request slots): gives up when no byte came for the timeout while nothing was in
+    /// flight.
+    async fn fill_charged(
+        &mut self,
+        rd: &mut OwnedReadHalf,
+        wanted: usize,
+        budget: &TenantBudget,
+        idle: Option<(Duration, &Semaphore)>,
+    ) -> io::Result<Filled> {
+        self.compact(wanted);
+        let needed = self.start + wanted;
+        if self.buf.capacity() < needed {
+            let target = needed.max((self.buf.len() + READ_AHEAD).min(INPUT_FREE_BYTES));
+            if target > INPUT_FREE_BYTES {
+                // Budget invariant 2: hold nothing of the input's while waiting.
+                self.charge = Charge::default();
+                self.charge = budget.charge(target).await;
+            }
+            self.buf.reserve_exact(target - self.buf.len());
+        }
+        while self.buf.len() - self.start < wanted {
+            let missing = wanted - (self.buf.len() - self.start);
+            let limit = missing.max(READ_AHEAD) as u64;
+            let n = match idle {
+                None => read_some(rd, &mut self.buf, limit).await?,
+                Some((after, slots)) => match read_or_idle(rd, &mut self.buf, limit, after, slots).await? {
+                    Some(n) => n,
+                    None => return Ok(Filled::Idle),
+                },
+            };
+            if n == 0 {
+                return Ok(Filled::Eof);
+            }
+        }
+        Ok(Filled::Yes)
+    }
+
+    /// A WRITE's payload (`len` bytes ending `used` bytes into the unconsumed input) taken out of a
+    /// charged buffer together with the buffer and its charge: the payload moves to the front (no new
+    /// allocation) and the few bytes after it (at most [`READ_AHEAD`]) to a fresh, uncharged buffer.
+    /// Only when [`Input::can_take`] says so.
+    fn take_payload(&mut self, used: usize, len: usize) -> (Vec<u8>, Charge) {
+        assert!(self.can_take(used), "only a charged buffer is taken");
+        let end = self.start + used;
+        let mut rest = Vec::with_capacity(READ_AHEAD);
+        rest.extend_from_slice(&self.buf[end..]);
+        let mut data = std::mem::replace(&mut self.buf, rest);
+        data.copy_within(end - len..end, 0);
+        data.truncate(len);
+        self.start = 0;
+        (data, std::mem::take(&mut self.charge))
+    }
+
+    /// Whether a WRITE whose request ends `used` bytes into the unconsumed input should take the buffer
+    /// ([`Input::take_payload`]): the buffer is charged, and little was read past the request. Else its
+    /// payload is copied out (and charged as a copy).
+    fn can_take(&self, used: usize) -> bool {
+        self.buf.capacity() > INPUT_FREE_BYTES && self.buf.len() - (self.start + used) <= READ_AHEAD
+    }
+}
+
+/// One read of at most `limit` bytes into `buf`'s spare capacity (cancel-safe, as `read_buf` is).
+async fn read_some(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, limit: u64) -> io::Result<usize> {
+    AsyncReadExt::take(&mut *rd, limit).read_buf(buf).await
+}
+
+/// One read of at most `limit` bytes into `buf`, or `None` once no byte has come for `after` while no
+/// request was in flight (all of `slots` free). Requests in flight when the time runs out restart it
+/// when they have all been answered. The timer is only armed if the read does not complete at once.
+async fn read_or_idle(
+    rd: &mut OwnedReadHalf,
+    buf: &mut Vec<u8>,
+    limit: u64,
+    after: Duration,
+    slots: &Semaphore,
+) -> io::Result<Option<usize>> {
+    let mut deadline = tokio::time::Instant::now() + after;
+    loop {
+        tokio::select! {
+            biased;
+            r = read_some(rd, buf, limit) => return r.map(Some),
+            _ = tokio::time::sleep_until(deadline) => {
+                if slots.available_permits() == MAX_IN_FLIGHT_PER_CONN {
+                    return Ok(None);
+                }
+                tokio::select! {
+                    biased;
+                    r = read_some(rd, buf, limit) => return r.map(Some),
+                    _ = slots.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32) => {
+                        deadline = tokio::time::Instant::now() + after;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -27,6 +27,7 @@ async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bo
         exports: vec![export("rw", false), export("ro", true)],
         dispatcher,
         max_payload: MAX_PAYLOAD,
+        limits: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
