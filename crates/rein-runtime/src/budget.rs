@@ -167,7 +167,7 @@ impl std::fmt::Debug for Charge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_core::{QosSpec, Scheduler, SchedulerKind};
+    use rein_core::{QosSpec, SchedulerKind};
 
     fn two_tenants() -> (TenantId, TenantId) {
         let mut s = SchedulerKind::Fifo.build(Default::default());

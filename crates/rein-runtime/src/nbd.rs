@@ -19,11 +19,26 @@
 //! # Bounds
 //! - Requests in flight per connection: [`MAX_IN_FLIGHT_PER_CONN`]. Every request, answered with data or
 //!   an error, holds a permit until its reply is written; with none left the connection stops reading.
+//! - Bytes in flight: the byte budget ([`crate::budget`]), per tenant and global. A READ's length and a
+//!   WRITE's payload are charged before the request goes on, and held until its reply is written; a
+//!   connection waiting for its charge stops reading (backpressure).
 //! - The input buffer: the state machine never needs more than one request header and its WRITE payload
-//!   (28 bytes + the maximum payload) unconsumed; a rejected WRITE's payload is skipped as it arrives. A
-//!   buffer grown past [`INPUT_SHRINK_BYTES`] by a large write is released once it is consumed.
+//!   (28 bytes + the maximum payload) unconsumed, and a read asks for at most `READ_AHEAD` more; a
+//!   rejected WRITE's payload is skipped as it arrives. Up to [`INPUT_FREE_BYTES`] the buffer is free;
+//!   past that it is charged to the budget in full before it grows, and released once consumed, or handed
+//!   (with its charge) to the WRITE whose payload it holds, which saves the copy.
+//! - Time: the handshake [`HANDSHAKE_TIMEOUT`]; in the transmission phase, with `idle_timeout` set, a
+//!   connection that has nothing in flight and receives nothing for that long is closed.
+//! - Shutdown: the connection stops reading and answers what is in flight; once [`Limits::close`] is set
+//!   (the server's shutdown deadline) it stops waiting for the budget, gives its writer [`CLOSE_GRACE`],
+//!   and closes.
 //! - The writer takes the replies that are ready, up to [`WRITE_BATCH`] of them or about
 //!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write.
+//!
+//! # Logs
+//! At INFO, once each: `NBD connection opened` (peer, export, tenant, TLS, structured replies) and `NBD
+//! connection closed` (peer, export, duration, requests, and the reason: the client closed or sent
+//! NBD_CMD_DISC, idle timeout, shutdown, or the error), and `NBD handshake failed` with its cause.
 //!
 //! # Copies per READ
 //! One: the storage (the kernel through io_uring or `pread`, or a memory copy for RAM) writes the data
