@@ -55,12 +55,15 @@ use rein_proto::nbd::{
     ServerProgress, ServerTransmission, TransmissionConfig,
 };
 use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 
 /// Requests one connection may have in flight before the server stops reading from it.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
@@ -174,7 +177,12 @@ pub async fn serve_connection(
     let (mut rd, mut wr) = stream.into_split();
     let mut input = Input::default();
     let handshake = handshake(&mut rd, &mut wr, &ctx, &mut input);
-    let negotiated = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+    // A shutdown ends a handshake at once: nothing is in flight yet.
+    let handshake = tokio::select! {
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
+        _ = shutdown.wait_for(|s| *s) => return Ok(()),
+    };
+    let negotiated = match handshake {
         Ok(Ok(Some(n))) => n,
         Ok(Ok(None)) => return Ok(()),
         Ok(Err(e)) => {
@@ -187,12 +195,13 @@ pub async fn serve_connection(
         }
     };
     let export = &ctx.exports[negotiated.export];
-    let opened = tokio::time::Instant::now();
+    let opened = Instant::now();
     tracing::info!(%peer, export = %export.info.name, tenant = %export.info.description, tls = false, structured = negotiated.structured, "NBD connection opened");
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let (replies, rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(write_replies(wr, rx));
+    let last_reply_ms = Arc::new(AtomicU64::new(0));
+    let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone()));
     let mut close = ctx.limits.close.subscribe();
     let mut conn = Connection {
         export,
@@ -202,7 +211,13 @@ pub async fn serve_connection(
         replies,
         permits: permits.clone(),
         budget: ctx.limits.budget.tenant(export.tenant),
-        idle_timeout: ctx.limits.idle_timeout,
+        idle: ctx.limits.idle_timeout.map(|after| Idle {
+            after,
+            sleep: Box::pin(tokio::time::sleep(after)),
+            last_rx: opened,
+            opened,
+            last_reply_ms,
+        }),
         requests: 0,
     };
     let result = conn.transmission(&mut rd, &mut shutdown, &mut close).await;
@@ -286,7 +301,7 @@ struct Connection<'a> {
     replies: mpsc::UnboundedSender<Reply>,
     permits: Arc<Semaphore>,
     budget: TenantBudget,
-    idle_timeout: Option<Duration>,
+    idle: Option<Idle>,
     /// Requests received (answered or not), for the closing log line.
     requests: u64,
 }
@@ -306,7 +321,7 @@ impl Connection<'_> {
             match event {
                 Event::NeedMore { wanted } => {
                     self.input.consume(used);
-                    let idle = self.idle_timeout.map(|after| (after, &*self.permits));
+                    let idle = self.idle.as_mut().map(|idle| (idle, &*self.permits));
                     let filled = tokio::select! {
                         r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
                         _ = shutdown.wait_for(|s| *s) => return Ok(End::Shutdown),
@@ -482,7 +497,7 @@ impl Input {
         rd: &mut OwnedReadHalf,
         wanted: usize,
         budget: &TenantBudget,
-        idle: Option<(Duration, &Semaphore)>,
+        mut idle: Option<(&mut Idle, &Semaphore)>,
     ) -> io::Result<Filled> {
         self.compact(wanted);
         let needed = self.start + wanted;
@@ -498,9 +513,9 @@ impl Input {
         while self.buf.len() - self.start < wanted {
             let missing = wanted - (self.buf.len() - self.start);
             let limit = missing.max(READ_AHEAD) as u64;
-            let n = match idle {
+            let n = match &mut idle {
                 None => read_some(rd, &mut self.buf, limit).await?,
-                Some((after, slots)) => match read_or_idle(rd, &mut self.buf, limit, after, slots).await? {
+                Some((idle, slots)) => match read_or_idle(rd, &mut self.buf, limit, idle, slots).await? {
                     Some(n) => n,
                     None => return Ok(Filled::Idle),
                 },
@@ -541,32 +556,66 @@ async fn read_some(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, limit: u64) -> io:
     AsyncReadExt::take(&mut *rd, limit).read_buf(buf).await
 }
 
-/// One read of at most `limit` bytes into `buf`, or `None` once no byte has come for `after` while no
-/// request was in flight (all of `slots` free). Requests in flight when the time runs out restart it
-/// when they have all been answered. The timer is only armed if the read does not complete at once.
+/// A connection's idle clock (`idle_timeout`): one timer per connection, re-armed only when it fires
+/// early (so a busy connection pays no timer per read).
+struct Idle {
+    after: Duration,
+    sleep: Pin<Box<Sleep>>,
+    /// When the last byte was received.
+    last_rx: Instant,
+    opened: Instant,
+    /// When the writer last wrote replies, in ms since `opened` (it stamps each batch).
+    last_reply_ms: Arc<AtomicU64>,
+}
+
+impl Idle {
+    /// When the connection turns idle if nothing happens meanwhile: the idle timeout after the last byte
+    /// received or the last reply written, whichever is later.
+    fn due(&self) -> Instant {
+        let replied = self.opened + Duration::from_millis(self.last_reply_ms.load(Ordering::Relaxed));
+        self.last_rx.max(replied) + self.after
+    }
+}
+
+/// One read of at most `limit` bytes into `buf`, or `None` once the connection is idle: nothing in
+/// flight (all of `slots` free) and no byte received or reply written for the idle timeout. Requests in
+/// flight when the time runs out restart it when they have all been answered.
 async fn read_or_idle(
     rd: &mut OwnedReadHalf,
     buf: &mut Vec<u8>,
     limit: u64,
-    after: Duration,
+    idle: &mut Idle,
     slots: &Semaphore,
 ) -> io::Result<Option<usize>> {
-    let mut deadline = tokio::time::Instant::now() + after;
     loop {
         tokio::select! {
             biased;
-            r = read_some(rd, buf, limit) => return r.map(Some),
-            _ = tokio::time::sleep_until(deadline) => {
-                if slots.available_permits() == MAX_IN_FLIGHT_PER_CONN {
-                    return Ok(None);
+            r = read_some(rd, buf, limit) => {
+                idle.last_rx = Instant::now();
+                return r.map(Some);
+            }
+            _ = idle.sleep.as_mut() => {
+                let due = idle.due();
+                if Instant::now() < due {
+                    idle.sleep.as_mut().reset(due);
+                    continue;
                 }
-                tokio::select! {
-                    biased;
-                    r = read_some(rd, buf, limit) => return r.map(Some),
-                    _ = slots.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32) => {
-                        deadline = tokio::time::Instant::now() + after;
+                if slots.available_permits() < MAX_IN_FLIGHT_PER_CONN {
+                    // Not idle: wait until everything in flight is answered (or a byte comes), then the
+                    // clock runs from the last reply.
+                    tokio::select! {
+                        biased;
+                        r = read_some(rd, buf, limit) => {
+                            idle.last_rx = Instant::now();
+                            return r.map(Some);
+                        }
+                        _ = slots.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32) => {}
                     }
+                    let due = idle.due();
+                    idle.sleep.as_mut().reset(due);
+                    continue;
                 }
+                return Ok(None);
             }
         }
     }
@@ -574,7 +623,12 @@ async fn read_or_idle(
 
 /// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
 /// dropped (releasing their permits) once written, or at once if the client is gone.
-async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Reply>) {
+async fn write_replies(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+    opened: Instant,
+    last_reply_ms: Arc<AtomicU64>,
+) {
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);
     let mut broken = false;
     while let Some(first) = rx.recv().await {
@@ -588,6 +642,8 @@ async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<R
         if !broken && write_all_vectored(&mut wr, &batch).await.is_err() {
             broken = true; // client gone: keep draining so permits are released
         }
+        // Before the permits go with the batch: whoever sees them free sees the stamp (idle clock).
+        last_reply_ms.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
         batch.clear();
     }
     if !broken {

@@ -233,7 +233,11 @@ pub async fn run(
         ctx.limits.close.send_replace(true);
         while tasks.join_next().await.is_some() {}
     }
-    let _ = admin_task.await;
+    // The admin endpoint closed its listener at once; its open connections get a moment, not more.
+    let admin_abort = admin_task.abort_handle();
+    if tokio::time::timeout(crate::nbd::CLOSE_GRACE, admin_task).await.is_err() {
+        admin_abort.abort();
+    }
     drop(ctx);
     drop(dispatcher);
     let _ = dispatcher_done.await;
