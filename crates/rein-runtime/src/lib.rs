@@ -7,7 +7,7 @@
 //! [`aggregate`] carries PARDA's cluster latency between hosts (a shared file, or UDP).
 //!
 //! `rein serve` is [`server`], configured by [`config`], with [`nbd`] for its connections and [`admin`]
-//! for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
+//! for its HTTP endpoint, and [`budget`] bounding the bytes its connections hold; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
 
 pub mod admin;
