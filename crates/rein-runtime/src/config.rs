@@ -24,6 +24,10 @@
 //! max_connections = 4096         # NBD connections in all
 //! max_connections_per_client = 128   # from one peer address
 //! max_connections_per_tenant = 256   # open on one tenant's exports
+//! max_inflight_mb = 1024         # byte budget of payloads and replies in flight, all connections
+//! max_inflight_mb_per_tenant = 256  # the same, per tenant (at most max_inflight_mb)
+//! idle_timeout_s = 300           # close a connection idle this long (nothing in flight, no byte in); 0 = never
+//! shutdown_timeout_s = 10        # after SIGTERM: answer what is in flight this long, then fail the rest
 //!
 //! [tls]                          # optional: STARTTLS; paths relative to this file's directory
 //! mode = "require"               # off (default) | on (offer STARTTLS) | require (refuse plain)
@@ -143,6 +147,18 @@ fn d_service() -> String {
 fn d_max_kb() -> u64 {
     32 * 1024
 }
+fn d_inflight_mb() -> u64 {
+    crate::budget::DEFAULT_INFLIGHT_MB
+}
+fn d_inflight_mb_per_tenant() -> u64 {
+    crate::budget::DEFAULT_INFLIGHT_MB_PER_TENANT
+}
+fn d_idle_timeout_s() -> u64 {
+    300
+}
+fn d_shutdown_timeout_s() -> f64 {
+    10.0
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -173,6 +189,14 @@ struct File {
     io_engine: Option<String>,
     #[serde(default)]
     probe_capacity_s: f64,
+    #[serde(default = "d_inflight_mb")]
+    max_inflight_mb: u64,
+    #[serde(default = "d_inflight_mb_per_tenant")]
+    max_inflight_mb_per_tenant: u64,
+    #[serde(default = "d_idle_timeout_s")]
+    idle_timeout_s: u64,
+    #[serde(default = "d_shutdown_timeout_s")]
+    shutdown_timeout_s: f64,
     device_model: Option<DeviceFile>,
     #[serde(default)]
     exports: Vec<ExportFile>,
@@ -328,6 +352,18 @@ pub struct ServerConfig {
     pub io_engine: IoEngine,
     /// Seconds to measure the backend at start-up for admission (0: no probe).
     pub probe_capacity_s: f64,
+    /// Byte budget of request payloads and replies in flight, all connections together, in bytes
+    /// (`max_inflight_mb` MiB: 1..=[`crate::budget::MAX_INFLIGHT_MB`], default 1024); see [`crate::budget`].
+    pub max_inflight: u64,
+    /// The same per tenant (`max_inflight_mb_per_tenant`, default 256 MiB; a share above `max_inflight`
+    /// acts as `max_inflight`).
+    pub max_inflight_per_tenant: u64,
+    /// A connection with nothing in flight that receives no byte for this long is closed
+    /// (`idle_timeout_s`, default 300 s; 0 = `None`, never).
+    pub idle_timeout: Option<std::time::Duration>,
+    /// After a shutdown begins, how long in-flight and queued requests may still be answered before the
+    /// queued ones get errors and connections are closed (`shutdown_timeout_s`, 0..=3600, default 10 s).
+    pub shutdown_timeout: std::time::Duration,
     /// The simulator's device model in front of the storage (`[device_model]`); `None`: the storage's own
     /// speed.
     pub device: Option<DeviceConfig>,
@@ -545,6 +581,19 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     if !(f.probe_capacity_s.is_finite() && (0.0..=60.0).contains(&f.probe_capacity_s)) {
         return Err(format!("probe_capacity_s must be in 0..=60 seconds, got {}", f.probe_capacity_s));
     }
+    for (key, mb) in
+        [("max_inflight_mb", f.max_inflight_mb), ("max_inflight_mb_per_tenant", f.max_inflight_mb_per_tenant)]
+    {
+        if mb == 0 || mb > crate::budget::MAX_INFLIGHT_MB {
+            return Err(format!("{key} must be in 1..={}, got {mb}", crate::budget::MAX_INFLIGHT_MB));
+        }
+    }
+    if f.idle_timeout_s > 7 * 24 * 3600 {
+        return Err(format!("idle_timeout_s must be in 0..=604800 (0: never), got {}", f.idle_timeout_s));
+    }
+    if !(f.shutdown_timeout_s.is_finite() && (0.0..=3600.0).contains(&f.shutdown_timeout_s)) {
+        return Err(format!("shutdown_timeout_s must be in 0..=3600 seconds, got {}", f.shutdown_timeout_s));
+    }
     if f.max_request_kb == 0 || f.max_request_kb > 128 * 1024 {
         return Err(format!("max_request_kb must be in 1..=131072, got {}", f.max_request_kb));
     }
@@ -667,6 +716,10 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         max_request: f.max_request_kb * 1024,
         io_engine,
         probe_capacity_s: f.probe_capacity_s,
+        max_inflight: f.max_inflight_mb << 20,
+        max_inflight_per_tenant: f.max_inflight_mb_per_tenant << 20,
+        idle_timeout: (f.idle_timeout_s > 0).then(|| std::time::Duration::from_secs(f.idle_timeout_s)),
+        shutdown_timeout: std::time::Duration::from_secs_f64(f.shutdown_timeout_s),
         device,
         exports,
         tenants,
@@ -690,6 +743,9 @@ mod tests {
         assert_eq!(c.tenants[c.exports[0].tenant].spec.reservation(), 250.0);
         assert_eq!(c.tenants[2].spec.limit(), Some(1000.0));
         assert_eq!(c.exports[0].backend, BackendKind::File { path: PathBuf::from("rein-data/rd.img") });
+        assert_eq!((c.max_inflight, c.max_inflight_per_tenant), (1 << 30, 256 << 20));
+        assert_eq!(c.idle_timeout, Some(std::time::Duration::from_secs(300)));
+        assert_eq!(c.shutdown_timeout, std::time::Duration::from_secs(10));
     }
 
     #[test]
@@ -713,6 +769,11 @@ mod tests {
             "config: a [[tenants]] entry has an empty name"
         );
         assert!(e("[[exports]]\nname = \"a\"\nsize_mb = 0").contains("size_mb must be in 1..=2^30, got 0"));
+        assert!(e("max_inflight_mb = 0\n[[exports]]\nname = \"a\"").contains("max_inflight_mb must be in 1..="));
+        assert!(e("max_inflight_mb_per_tenant = 1048577\n[[exports]]\nname = \"a\"")
+            .contains("max_inflight_mb_per_tenant must be in 1..=1048576, got 1048577"));
+        assert!(e("idle_timeout_s = 604801\n[[exports]]\nname = \"a\"").contains("idle_timeout_s"));
+        assert!(e("shutdown_timeout_s = -1\n[[exports]]\nname = \"a\"").contains("shutdown_timeout_s"));
     }
 
     #[test]

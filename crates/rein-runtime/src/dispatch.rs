@@ -307,6 +307,7 @@ enum Cmd {
     RemoveTenant(TenantId, oneshot::Sender<Result<(), SchedError>>),
     Snapshot(oneshot::Sender<Snapshot>),
     SetCapacity(f64, oneshot::Sender<Result<(), CapacityError>>),
+    Abort(oneshot::Sender<usize>),
 }
 
 /// Why the modelled capacity could not be changed.
@@ -438,6 +439,7 @@ impl Dispatcher {
             ids: Vec::new(),
             kind: config.scheduler,
             tick: TickState::default(),
+            aborted: false,
         };
         let join = tokio::spawn(task.run(rx));
         (Dispatcher { tx }, join)
@@ -491,6 +493,17 @@ impl Dispatcher {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::Snapshot(tx)).await.map_err(|_| IoError::Shutdown)?;
         rx.await.map_err(|_| IoError::Shutdown)
+    }
+
+    /// The shutdown deadline: answers every queued request with [`IoError::Shutdown`] (an NBD client gets
+    /// ESHUTDOWN), and every request submitted from now on too; requests already at the backend still
+    /// complete. Returns how many queued requests were failed (0 if the dispatcher has stopped).
+    pub async fn abort_queued(&self) -> usize {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Abort(tx)).await.is_err() {
+            return 0;
+        }
+        rx.await.unwrap_or(0)
     }
 
     /// Changes the modelled device's capacity (until its schedule's next step, if any).
@@ -579,6 +592,8 @@ struct Task {
     ids: Vec<TenantId>,
     kind: SchedulerKind,
     tick: TickState,
+    /// Set by [`Dispatcher::abort_queued`]: requests are failed, not queued.
+    aborted: bool,
 }
 
 impl Task {
@@ -638,6 +653,15 @@ impl Task {
 
     fn command(&mut self, c: Cmd) {
         match c {
+            Cmd::Io(req, reply) if self.aborted => {
+                if let Some(c) = self.counters.get_mut(req.tenant.index()) {
+                    c.errors += 1;
+                }
+                reply.send(Err(IoError::Shutdown));
+            }
+            Cmd::Abort(reply) => {
+                let _ = reply.send(self.abort());
+            }
             Cmd::Io(req, reply) => {
                 let now = self.clock.now();
                 let size = req.op.len().max(1);
@@ -725,6 +749,28 @@ impl Task {
                 });
             }
         }
+    }
+
+    /// The shutdown deadline (invariant 3's exception): every queued request is answered with
+    /// [`IoError::Shutdown`], and so is every request that arrives from now on. Requests already at the
+    /// backend finish as usual. Returns how many were failed here.
+    fn abort(&mut self) -> usize {
+        self.aborted = true;
+        let mut failed = 0;
+        for &id in &self.ids {
+            let Ok(handles) = self.sched.remove_tenant(id) else { continue };
+            for h in handles {
+                let p = self.pending[h as usize].take().expect("a queued handle is pending");
+                self.free.push(h as usize);
+                if let Some(c) = self.counters.get_mut(id.index()) {
+                    c.in_flight = c.in_flight.saturating_sub(1);
+                    c.errors += 1;
+                }
+                p.reply.send(Err(IoError::Shutdown));
+                failed += 1;
+            }
+        }
+        failed
     }
 
     /// Dispatches while slots are free; returns when to wake for a limit, if any.

@@ -7,7 +7,8 @@
 //! [`aggregate`] carries PARDA's cluster latency between hosts (a shared file, or UDP).
 //!
 //! `rein serve` is [`server`], configured by [`config`], with [`nbd`] for its connections ([`tls`] for
-//! STARTTLS, [`access`] for access lists and connection caps) and [`admin`] for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
+//! STARTTLS, [`access`] for access lists and connection caps, [`budget`] bounding the bytes they hold) and
+//! [`admin`] for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
 
 pub mod access;
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod admin_client;
 pub mod admin_guard;
 pub mod aggregate;
+pub mod budget;
 pub mod client;
 pub mod config;
 pub mod devmodel;

@@ -21,9 +21,19 @@
 //! # Bounds
 //! - Requests in flight per connection: [`MAX_IN_FLIGHT_PER_CONN`]. Every request, answered with data or
 //!   an error, holds a permit until its reply is written; with none left the connection stops reading.
+//! - Bytes in flight: the byte budget ([`crate::budget`]), per tenant and global. A READ's length and a
+//!   WRITE's payload are charged before the request goes on, and held until its reply is written; a
+//!   connection waiting for its charge stops reading (backpressure).
 //! - The input buffer: the state machine never needs more than one request header and its WRITE payload
-//!   (28 bytes + the maximum payload) unconsumed; a rejected WRITE's payload is skipped as it arrives. A
-//!   buffer grown past [`INPUT_SHRINK_BYTES`] by a large write is released once it is consumed.
+//!   (28 bytes + the maximum payload) unconsumed, and a read asks for at most `READ_AHEAD` more; a
+//!   rejected WRITE's payload is skipped as it arrives. Up to [`INPUT_FREE_BYTES`] the buffer is free;
+//!   past that it is charged to the budget in full before it grows, and released once consumed, or handed
+//!   (with its charge) to the WRITE whose payload it holds, which saves the copy.
+//! - Time: the handshake [`HANDSHAKE_TIMEOUT`]; in the transmission phase, with `idle_timeout` set, a
+//!   connection that has nothing in flight and receives nothing for that long is closed.
+//! - Shutdown: the connection stops reading and answers what is in flight; once [`Limits::close`] is set
+//!   (the server's shutdown deadline) it stops waiting for the budget, gives its writer [`CLOSE_GRACE`],
+//!   and closes.
 //! - The writer takes the replies that are ready, up to [`WRITE_BATCH`] of them or about
 //!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write.
 //!
@@ -32,6 +42,11 @@
 //! lock between reader and writer, as before TLS existed); a TLS connection splits its `SslStream` with
 //! `tokio::io::split` (a lock shared by the two halves, since one TLS session reads and writes).
 //!
+//! # Logs
+//! At INFO, once each: `NBD connection opened` (peer, export, tenant, TLS, structured replies) and `NBD
+//! connection closed` (peer, export, duration, requests, and the reason: the client closed or sent
+//! NBD_CMD_DISC, idle timeout, shutdown, or the error), and `NBD handshake failed` with its cause.
+//!
 //! # Copies per READ
 //! One: the storage (the kernel through io_uring or `pread`, or a memory copy for RAM) writes the data
 //! into the reply's own buffer, after headroom for the reply header ([`ReplyEncoder::headroom`]), and the
@@ -39,6 +54,7 @@
 //! reply, and into the writer's batch.) `O_DIRECT` reads add the copy out of their aligned buffer.
 
 use crate::access::{Admit, ClientSlot, ConnCaps, ConnLimits, ExportAccess, TenantSlot, REFUSAL_TIMEOUT};
+use crate::budget::{Budget, Charge, TenantBudget};
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::storage::Storage;
 use crate::tls::{TlsConfig, TlsError};
@@ -49,11 +65,14 @@ use rein_proto::nbd::{
 };
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 use tokio_openssl::SslStream;
 
 /// Requests one connection may have in flight before the server stops reading from it.
@@ -64,10 +83,15 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const WRITE_BATCH: usize = 64;
 /// A batch stops growing once it holds this many bytes.
 pub const WRITE_BATCH_BYTES: usize = 256 * 1024;
-/// An input buffer larger than this is released when everything in it has been consumed.
-pub const INPUT_SHRINK_BYTES: usize = 4 << 20;
-/// Bytes asked of the socket per read at least.
-const READ_CHUNK: usize = 16 * 1024;
+/// The part of a connection's input buffer that is not charged to the byte budget ([`crate::budget`]); a
+/// buffer grown past it (by a large WRITE) is charged in full before it grows, and released (or handed to
+/// the WRITE with its charge) once consumed.
+pub const INPUT_FREE_BYTES: usize = 128 * 1024;
+/// After the shutdown deadline, how long a connection's writer may still take to write the replies that
+/// are ready (the errors of the requests the deadline failed) before the connection is cut.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(500);
+/// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
+const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
 const COMPACT_BYTES: usize = 64 * 1024;
 
@@ -118,6 +142,27 @@ pub struct NbdContext {
     pub dispatcher: Dispatcher,
     /// Largest READ or WRITE accepted, in bytes.
     pub max_payload: u32,
+    /// Memory and time bounds of the connections.
+    pub limits: Limits,
+}
+
+/// The bounds a connection keeps beyond the protocol's: its bytes in flight, its idle time, and the
+/// shutdown deadline.
+pub struct Limits {
+    /// The byte budget the connections charge their payloads and replies to.
+    pub budget: Budget,
+    /// Close a connection with nothing in flight that receives nothing for this long (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// Set to true at the shutdown deadline: connections stop waiting for the budget or for their replies
+    /// to be written (after [`CLOSE_GRACE`]) and close.
+    pub close: watch::Sender<bool>,
+}
+
+impl Default for Limits {
+    /// The default budget ([`Budget::default_sizes`]), no idle timeout.
+    fn default() -> Self {
+        Limits { budget: Budget::default_sizes(), idle_timeout: None, close: watch::channel(false).0 }
+    }
 }
 
 /// Why a connection ended early.
@@ -162,6 +207,30 @@ impl Policy {
 
     fn visible(exports: &[Arc<Export>], ip: IpAddr, identity: Option<&str>) -> Vec<bool> {
         exports.iter().map(|e| e.access.allows(ip, identity)).collect()
+    }
+}
+
+/// How a connection in the transmission phase ended, when not with an error (for its log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The client closed its side.
+    ClientClosed,
+    /// The client sent NBD_CMD_DISC.
+    Disconnect,
+    /// No request in flight and no byte received for the idle timeout.
+    Idle,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+impl End {
+    fn reason(self) -> &'static str {
+        match self {
+            End::ClientClosed => "client closed the connection",
+            End::Disconnect => "client disconnected (NBD_CMD_DISC)",
+            End::Idle => "idle timeout",
+            End::Shutdown => "server shutting down",
+        }
     }
 }
 
@@ -252,36 +321,60 @@ pub async fn serve_client(
             }
         }
     };
-    let opened: Option<Opened> = tokio::time::timeout(deadline, opened).await.map_err(|_| ConnError::Timeout)??;
+    // A shutdown ends a handshake at once: nothing is in flight yet.
+    let opened = tokio::select! {
+        r = tokio::time::timeout(deadline, opened) => r,
+        _ = shutdown.wait_for(|s| *s) => return Ok(()),
+    };
+    let opened: Option<Opened> = match opened {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            tracing::info!(%peer, "NBD handshake failed: {e}");
+            return Err(e);
+        }
+        Err(_) => {
+            tracing::info!(%peer, "NBD handshake failed: {}", ConnError::Timeout);
+            return Err(ConnError::Timeout);
+        }
+    };
     let Some((transport, negotiated, identity, _tenant_slot)) = opened else { return Ok(()) };
     let export = exports[negotiated.export].clone();
     drop(exports);
     let export = &*export;
-    tracing::debug!(%peer, export = %export.info.name, structured = negotiated.structured, identity = identity.as_deref().unwrap_or(""), tls = hs.tls_active(), "NBD connection ready");
+    let opened = Instant::now();
+    tracing::info!(%peer, export = %export.info.name, tenant = %export.tenant_name, tls = hs.tls_active(), identity = identity.as_deref().unwrap_or(""), structured = negotiated.structured, "NBD connection opened");
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
+    let conn = Conn { ctx: &ctx, export, peer, opened };
     match transport {
         Transport::Plain(stream) => {
             // The plain path keeps the socket's own halves (no lock between reader and writer).
             let (rd, wr) = stream.into_split();
-            transmission(rd, wr, &ctx, export, machine, input, &mut shutdown).await
+            transmission(rd, wr, conn, machine, input, &mut shutdown).await
         }
         Transport::Tls(stream) => {
             let (rd, wr) = tokio::io::split(*stream);
             // OpenSSL writes one slice per call, so a reply's header would be a TLS record of its own:
             // a buffer gathers a batch's small replies into full records (large ones pass straight through).
             let wr = tokio::io::BufWriter::with_capacity(WRITE_BATCH_BYTES, wr);
-            transmission(rd, wr, &ctx, export, machine, input, &mut shutdown).await
+            transmission(rd, wr, conn, machine, input, &mut shutdown).await
         }
     }
 }
 
-/// The transmission phase on a split transport: a reader here, the writer task, and the wait for
-/// in-flight replies.
+/// What the transmission phase knows of its connection.
+struct Conn<'a> {
+    ctx: &'a NbdContext,
+    export: &'a Export,
+    peer: SocketAddr,
+    opened: Instant,
+}
+
+/// The transmission phase on a split transport: a reader here, the writer task, the wait for in-flight
+/// replies (bounded by the shutdown deadline), and the connection's closing log line.
 async fn transmission<R, W>(
     mut rd: R,
     wr: W,
-    ctx: &NbdContext,
-    export: &Export,
+    conn: Conn<'_>,
     machine: ServerTransmission,
     input: Input,
     shutdown: &mut watch::Receiver<bool>,
@@ -292,16 +385,60 @@ where
 {
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let (replies, rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(write_replies(wr, rx));
-    let mut conn =
-        Connection { export, dispatcher: &ctx.dispatcher, machine, input, replies, permits: permits.clone() };
-    let result = conn.transmission(&mut rd, shutdown).await;
+    let last_reply_ms = Arc::new(AtomicU64::new(0));
+    let Conn { ctx, export, peer, opened } = conn;
+    let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone()));
+    let mut close = ctx.limits.close.subscribe();
+    let mut conn = Connection {
+        export,
+        dispatcher: &ctx.dispatcher,
+        machine,
+        input,
+        replies,
+        permits: permits.clone(),
+        budget: ctx.limits.budget.tenant(export.tenant),
+        idle: ctx.limits.idle_timeout.map(|after| Idle {
+            after,
+            sleep: Box::pin(tokio::time::sleep(after)),
+            last_rx: opened,
+            opened,
+            last_reply_ms,
+        }),
+        requests: 0,
+    };
+    let result = conn.transmission(&mut rd, shutdown, &mut close).await;
+    let requests = conn.requests;
     drop(conn);
     // Wait for in-flight requests to be answered and written (each holds a permit until then); their
-    // callbacks then hold no sender any more, so the writer ends once it has written everything.
-    let _ = permits.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32).await;
-    let _ = writer.await;
-    result
+    // callbacks then hold no sender any more, so the writer ends once it has written everything. At the
+    // shutdown deadline, the writer gets CLOSE_GRACE for what is ready, then the connection is cut.
+    let all = MAX_IN_FLIGHT_PER_CONN as u32;
+    let drained = tokio::select! {
+        _ = permits.acquire_many(all) => true,
+        _ = closing(&mut close) => tokio::time::timeout(CLOSE_GRACE, permits.acquire_many(all)).await.is_ok(),
+    };
+    if drained {
+        let _ = writer.await;
+    } else {
+        writer.abort();
+    }
+    let duration_s = (opened.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    let unanswered = MAX_IN_FLIGHT_PER_CONN - permits.available_permits();
+    match &result {
+        Ok(end) if drained => {
+            tracing::info!(%peer, export = %export.info.name, duration_s, requests, reason = end.reason(), "NBD connection closed")
+        }
+        Ok(end) => {
+            tracing::info!(%peer, export = %export.info.name, duration_s, requests, reason = end.reason(), unanswered, "NBD connection closed at the shutdown deadline, replies unwritten")
+        }
+        Err(e) => tracing::info!(%peer, export = %export.info.name, duration_s, requests, "NBD connection closed: {e}"),
+    }
+    result.map(|_| ())
+}
+
+/// Resolves once `close` is true (or its sender is gone).
+async fn closing(close: &mut watch::Receiver<bool>) {
+    let _ = close.wait_for(|c| *c).await;
 }
 
 /// How a handshake on one transport ended.
@@ -361,8 +498,15 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// A reply and the permit its request holds until the reply is written.
-type Reply = (Vec<u8>, OwnedSemaphorePermit);
+/// What a request holds until its reply is written (or the connection is gone): its slot among the
+/// connection's [`MAX_IN_FLIGHT_PER_CONN`], and its bytes' charge to the budget.
+struct Held {
+    _slot: OwnedSemaphorePermit,
+    _bytes: Charge,
+}
+
+/// A reply and what its request holds until the reply is written.
+type Reply = (Vec<u8>, Held);
 
 /// One connection in the transmission phase.
 struct Connection<'a> {
@@ -372,59 +516,99 @@ struct Connection<'a> {
     input: Input,
     replies: mpsc::UnboundedSender<Reply>,
     permits: Arc<Semaphore>,
+    budget: TenantBudget,
+    idle: Option<Idle>,
+    /// Requests received (answered or not), for the closing log line.
+    requests: u64,
 }
 
 impl Connection<'_> {
     /// Reads, feeds the state machine and acts on its events until the client disconnects or leaves, the
-    /// protocol breaks, or `shutdown` turns true.
+    /// protocol breaks, the connection is idle too long, `shutdown` turns true (then it stops reading), or
+    /// `close` does (then it stops waiting for the budget too).
     async fn transmission<R: AsyncRead + Unpin>(
         &mut self,
         rd: &mut R,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), ConnError> {
+        close: &mut watch::Receiver<bool>,
+    ) -> Result<End, ConnError> {
         loop {
             let (used, event) = self.machine.feed(self.input.unconsumed())?;
             match event {
                 Event::NeedMore { wanted } => {
                     self.input.consume(used);
-                    let more = tokio::select! {
-                        r = self.input.fill(rd, wanted) => r?,
-                        _ = shutdown.wait_for(|s| *s) => return Ok(()),
+                    let idle = self.idle.as_mut().map(|idle| (idle, &*self.permits));
+                    let filled = tokio::select! {
+                        r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
+                        _ = shutdown.wait_for(|s| *s) => return Ok(End::Shutdown),
                     };
-                    if !more {
-                        return Ok(()); // client closed (with or without NBD_CMD_DISC)
+                    match filled {
+                        Filled::Yes => {}
+                        Filled::Eof => return Ok(End::ClientClosed), // with or without NBD_CMD_DISC
+                        Filled::Idle => return Ok(End::Idle),
                     }
                 }
                 Event::Request { request, payload } => {
+                    self.requests += 1;
                     let encoder = self.machine.replies();
-                    let op = match request.kind {
-                        RequestKind::Read => Op::Read { len: request.length, headroom: encoder.headroom(&request) },
-                        RequestKind::Write => Op::Write { data: payload.to_vec() },
-                        RequestKind::Flush => Op::Flush,
-                        RequestKind::Trim => Op::Trim { len: request.length },
-                        RequestKind::WriteZeroes => Op::WriteZeroes { len: request.length },
+                    // Bytes to charge now; a large WRITE's payload comes with the charge of the buffer it
+                    // was received into.
+                    let (op, charged, to_charge) = match request.kind {
+                        RequestKind::Read => {
+                            let headroom = encoder.headroom(&request);
+                            (Op::Read { len: request.length, headroom }, None, request.length as usize + headroom)
+                        }
+                        RequestKind::Write => {
+                            let len = payload.len();
+                            if self.input.can_take(used) {
+                                let (data, charge) = self.input.take_payload(used, len);
+                                (Op::Write { data }, Some(charge), 0)
+                            } else {
+                                let data = payload.to_vec();
+                                self.input.consume(used);
+                                (Op::Write { data }, None, len)
+                            }
+                        }
+                        RequestKind::Flush => (Op::Flush, None, 0),
+                        RequestKind::Trim => (Op::Trim { len: request.length }, None, 0),
+                        RequestKind::WriteZeroes => (Op::WriteZeroes { len: request.length }, None, 0),
                     };
-                    self.input.consume(used);
-                    let permit = self.permit().await;
-                    self.submit(request, op, encoder, permit).await;
+                    if !matches!(op, Op::Write { .. }) {
+                        self.input.consume(used);
+                    }
+                    let held = tokio::select! {
+                        h = self.hold(charged, to_charge) => h,
+                        _ = closing(close) => return Ok(End::Shutdown),
+                    };
+                    self.submit(request, op, encoder, held).await;
                 }
                 Event::Reject(rejection) => {
                     self.input.consume(used);
-                    let permit = self.permit().await;
-                    self.reject(&rejection, permit);
+                    let held = tokio::select! {
+                        h = self.hold(None, 0) => h,
+                        _ = closing(close) => return Ok(End::Shutdown),
+                    };
+                    self.reject(&rejection, held);
                 }
-                Event::Disconnect => return Ok(()),
+                Event::Disconnect => return Ok(End::Disconnect),
             }
         }
     }
 
-    async fn permit(&self) -> OwnedSemaphorePermit {
-        self.permits.clone().acquire_owned().await.expect("the semaphore is never closed")
+    /// A slot among the connection's requests in flight, and the charge of `bytes` more (added to
+    /// `charged`, if the request brings one): waits for both, without reading meanwhile (backpressure).
+    async fn hold(&self, charged: Option<Charge>, bytes: usize) -> Held {
+        let slot = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let charge = match charged {
+            Some(c) => c,
+            None => self.budget.charge(bytes).await,
+        };
+        Held { _slot: slot, _bytes: charge }
     }
 
     /// Hands a request to the dispatcher; the reply is encoded where the result appears (on the dispatcher
     /// task) and goes straight to the writer: no task or channel per request.
-    async fn submit(&self, request: Request, op: Op, encoder: ReplyEncoder, permit: OwnedSemaphorePermit) {
+    async fn submit(&self, request: Request, op: Op, encoder: ReplyEncoder, held: Held) {
         let replies = self.replies.clone();
         let done = Box::new(move |res: IoResult| {
             let reply = match res {
@@ -439,7 +623,7 @@ impl Connection<'_> {
                     reply
                 }
             };
-            let _ = replies.send((reply, permit));
+            let _ = replies.send((reply, held));
         });
         let req = IoRequest {
             storage: self.export.storage.clone(),
@@ -451,19 +635,31 @@ impl Connection<'_> {
         self.dispatcher.submit(req, done).await;
     }
 
-    fn reject(&self, rejection: &Rejection, permit: OwnedSemaphorePermit) {
+    fn reject(&self, rejection: &Rejection, held: Held) {
         tracing::debug!(handle = rejection.handle, "request rejected: {rejection}");
         let mut reply = Vec::new();
         self.machine.replies().rejection(&mut reply, rejection);
-        let _ = self.replies.send((reply, permit));
+        let _ = self.replies.send((reply, held));
     }
 }
 
-/// Received bytes not yet consumed by a state machine: `buf[start..]`.
+/// What [`Input::fill_charged`] got.
+enum Filled {
+    /// The bytes wanted are there.
+    Yes,
+    /// The peer closed first.
+    Eof,
+    /// Nothing in flight and no byte received for the idle timeout.
+    Idle,
+}
+
+/// Received bytes not yet consumed by a state machine: `buf[start..]`. A buffer whose capacity exceeds
+/// [`INPUT_FREE_BYTES`] holds `charge` for all of it.
 #[derive(Default)]
 struct Input {
     buf: Vec<u8>,
     start: usize,
+    charge: Charge,
 }
 
 impl Input {
@@ -476,35 +672,179 @@ impl Input {
         assert!(self.start <= self.buf.len(), "consumed more than was received");
         if self.start == self.buf.len() {
             self.start = 0;
-            if self.buf.capacity() > INPUT_SHRINK_BYTES {
+            if self.buf.capacity() > INPUT_FREE_BYTES {
                 self.buf = Vec::new();
+                self.charge = Charge::default();
             } else {
                 self.buf.clear();
             }
         }
     }
 
-    /// Reads (straight into the buffer's spare capacity) until at least `wanted` bytes are unconsumed;
-    /// false if the peer closed first.
-    async fn fill<R: AsyncRead + Unpin>(&mut self, rd: &mut R, wanted: usize) -> io::Result<bool> {
+    /// Moves the consumed prefix out when it is long, or when the buffer lacks room for `wanted` more.
+    fn compact(&mut self, wanted: usize) {
         if self.start >= COMPACT_BYTES || (self.start > 0 && self.buf.capacity() - self.start < wanted) {
             self.buf.drain(..self.start);
             self.start = 0;
         }
+    }
+
+    /// The handshake's read (uncharged: the handshake's own limits bound it): reads until at least
+    /// `wanted` bytes are unconsumed; false if the peer closed first.
+    async fn fill<R: AsyncRead + Unpin>(&mut self, rd: &mut R, wanted: usize) -> io::Result<bool> {
+        self.compact(wanted);
         while self.buf.len() - self.start < wanted {
             let missing = wanted - (self.buf.len() - self.start);
-            self.buf.reserve(missing.max(READ_CHUNK));
+            self.buf.reserve(missing.max(READ_AHEAD));
             if rd.read_buf(&mut self.buf).await? == 0 {
                 return Ok(false);
             }
         }
         Ok(true)
     }
+
+    /// The transmission phase's read: makes room for `wanted` unconsumed bytes (charging a buffer that
+    /// grows past [`INPUT_FREE_BYTES`] in full first, and waiting for that charge), then reads straight
+    /// into the buffer's spare capacity, at most [`READ_AHEAD`] past `wanted`. With `idle` = (timeout,
+    /// the connection's request slots): gives up when no byte came for the timeout while nothing was in
+    /// flight.
+    async fn fill_charged<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        wanted: usize,
+        budget: &TenantBudget,
+        mut idle: Option<(&mut Idle, &Semaphore)>,
+    ) -> io::Result<Filled> {
+        self.compact(wanted);
+        let needed = self.start + wanted;
+        if self.buf.capacity() < needed {
+            let target = needed.max((self.buf.len() + READ_AHEAD).min(INPUT_FREE_BYTES));
+            if target > INPUT_FREE_BYTES {
+                // Budget invariant 2: hold nothing of the input's while waiting.
+                self.charge = Charge::default();
+                self.charge = budget.charge(target).await;
+            }
+            self.buf.reserve_exact(target - self.buf.len());
+        }
+        while self.buf.len() - self.start < wanted {
+            let missing = wanted - (self.buf.len() - self.start);
+            let limit = missing.max(READ_AHEAD) as u64;
+            let n = match &mut idle {
+                None => read_some(rd, &mut self.buf, limit).await?,
+                Some((idle, slots)) => match read_or_idle(rd, &mut self.buf, limit, idle, slots).await? {
+                    Some(n) => n,
+                    None => return Ok(Filled::Idle),
+                },
+            };
+            if n == 0 {
+                return Ok(Filled::Eof);
+            }
+        }
+        Ok(Filled::Yes)
+    }
+
+    /// A WRITE's payload (`len` bytes ending `used` bytes into the unconsumed input) taken out of a
+    /// charged buffer together with the buffer and its charge: the payload moves to the front (no new
+    /// allocation) and the few bytes after it (at most [`READ_AHEAD`]) to a fresh, uncharged buffer.
+    /// Only when [`Input::can_take`] says so.
+    fn take_payload(&mut self, used: usize, len: usize) -> (Vec<u8>, Charge) {
+        assert!(self.can_take(used), "only a charged buffer is taken");
+        let end = self.start + used;
+        let mut rest = Vec::with_capacity(READ_AHEAD);
+        rest.extend_from_slice(&self.buf[end..]);
+        let mut data = std::mem::replace(&mut self.buf, rest);
+        data.copy_within(end - len..end, 0);
+        data.truncate(len);
+        self.start = 0;
+        (data, std::mem::take(&mut self.charge))
+    }
+
+    /// Whether a WRITE whose request ends `used` bytes into the unconsumed input should take the buffer
+    /// ([`Input::take_payload`]): the buffer is charged, and little was read past the request. Else its
+    /// payload is copied out (and charged as a copy).
+    fn can_take(&self, used: usize) -> bool {
+        self.buf.capacity() > INPUT_FREE_BYTES && self.buf.len() - (self.start + used) <= READ_AHEAD
+    }
+}
+
+/// One read of at most `limit` bytes into `buf`'s spare capacity (cancel-safe, as `read_buf` is).
+async fn read_some<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>, limit: u64) -> io::Result<usize> {
+    AsyncReadExt::take(&mut *rd, limit).read_buf(buf).await
+}
+
+/// A connection's idle clock (`idle_timeout`): one timer per connection, re-armed only when it fires
+/// early (so a busy connection pays no timer per read).
+struct Idle {
+    after: Duration,
+    sleep: Pin<Box<Sleep>>,
+    /// When the last byte was received.
+    last_rx: Instant,
+    opened: Instant,
+    /// When the writer last wrote replies, in ms since `opened` (it stamps each batch).
+    last_reply_ms: Arc<AtomicU64>,
+}
+
+impl Idle {
+    /// When the connection turns idle if nothing happens meanwhile: the idle timeout after the last byte
+    /// received or the last reply written, whichever is later.
+    fn due(&self) -> Instant {
+        let replied = self.opened + Duration::from_millis(self.last_reply_ms.load(Ordering::Relaxed));
+        self.last_rx.max(replied) + self.after
+    }
+}
+
+/// One read of at most `limit` bytes into `buf`, or `None` once the connection is idle: nothing in
+/// flight (all of `slots` free) and no byte received or reply written for the idle timeout. Requests in
+/// flight when the time runs out restart it when they have all been answered.
+async fn read_or_idle<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut Vec<u8>,
+    limit: u64,
+    idle: &mut Idle,
+    slots: &Semaphore,
+) -> io::Result<Option<usize>> {
+    loop {
+        tokio::select! {
+            biased;
+            r = read_some(rd, buf, limit) => {
+                idle.last_rx = Instant::now();
+                return r.map(Some);
+            }
+            _ = idle.sleep.as_mut() => {
+                let due = idle.due();
+                if Instant::now() < due {
+                    idle.sleep.as_mut().reset(due);
+                    continue;
+                }
+                if slots.available_permits() < MAX_IN_FLIGHT_PER_CONN {
+                    // Not idle: wait until everything in flight is answered (or a byte comes), then the
+                    // clock runs from the last reply.
+                    tokio::select! {
+                        biased;
+                        r = read_some(rd, buf, limit) => {
+                            idle.last_rx = Instant::now();
+                            return r.map(Some);
+                        }
+                        _ = slots.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32) => {}
+                    }
+                    let due = idle.due();
+                    idle.sleep.as_mut().reset(due);
+                    continue;
+                }
+                return Ok(None);
+            }
+        }
+    }
 }
 
 /// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
 /// dropped (releasing their permits) once written, or at once if the client is gone.
-async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::UnboundedReceiver<Reply>) {
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut wr: W,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+    opened: Instant,
+    last_reply_ms: Arc<AtomicU64>,
+) {
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);
     let mut broken = false;
     while let Some(first) = rx.recv().await {
@@ -519,6 +859,8 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Unbounded
         if !broken && (write_all_vectored(&mut wr, &batch).await.is_err() || wr.flush().await.is_err()) {
             broken = true; // client gone: keep draining so permits are released
         }
+        // Before the permits go with the batch: whoever sees them free sees the stamp (idle clock).
+        last_reply_ms.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
         batch.clear();
     }
     if !broken {

@@ -9,14 +9,19 @@
 //! Shutdown (SIGINT/SIGTERM in the binary, or the future passed to [`run`]): stop accepting; every
 //! connection stops reading new requests, answers the ones in flight and closes; the dispatcher finishes
 //! what it has queued; then `run` returns. Data written and acknowledged with FLUSH or FUA is on stable
-//! storage (fdatasync) before its reply.
+//! storage (fdatasync) before its reply. All that has a deadline, `shutdown_timeout`: once it has passed,
+//! the requests still queued are answered with ESHUTDOWN ([`crate::Dispatcher::abort_queued`]), each
+//! connection gets [`crate::nbd::CLOSE_GRACE`] to write the replies that are ready and is then cut (a
+//! client that does not read its replies, or sends half a WRITE, holds nothing up), and `run` returns once
+//! the requests already at the backend have completed.
 
 use crate::access::{Admit, ConnLimits};
 use crate::admin::{self, AdminState};
+use crate::budget::Budget;
 use crate::config::{Admission, BackendKind, ServerConfig};
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::live::{make_export, Registry};
-use crate::nbd::{serve_client, Entry, ExportTable, NbdContext, Policy};
+use crate::nbd::{serve_client, Entry, ExportTable, Limits, NbdContext, Policy};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, DirLock, StateFile};
 use rein_core::TenantId;
 use std::future::Future;
@@ -235,6 +240,11 @@ pub async fn run_with(
         exports: table.clone(),
         dispatcher: dispatcher.clone(),
         max_payload: cfg.max_request.min(u32::MAX as u64) as u32,
+        limits: Limits {
+            budget: Budget::new(cfg.max_inflight, cfg.max_inflight_per_tenant),
+            idle_timeout: cfg.idle_timeout,
+            close: watch::channel(false).0,
+        },
     });
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| ServeError::Bind { addr: cfg.listen, source })?;
     let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
@@ -291,20 +301,38 @@ pub async fn run_with(
                 };
                 let (ctx, policy, stop) = (ctx.clone(), policy.clone(), stop_rx.clone());
                 tasks.spawn(async move {
-                    if let Err(e) = serve_client(stream, peer, entry, ctx, policy, stop).await {
-                        tracing::debug!(%peer, "connection ended: {e}");
-                    }
+                    // serve_client logs how the connection ended, error included.
+                    let _ = serve_client(stream, peer, entry, ctx, policy, stop).await;
                 });
                 // Reap finished connection tasks so the set does not grow.
                 while tasks.try_join_next().is_some() {}
             }
         }
     }
-    tracing::info!("shutting down: draining connections");
+    tracing::info!(
+        connections = tasks.len(),
+        deadline_s = cfg.shutdown_timeout.as_secs_f64(),
+        "shutting down: answering the requests in flight"
+    );
     let _ = stop_tx.send(true);
     drop(nbd);
-    while tasks.join_next().await.is_some() {}
-    let _ = admin_task.await;
+    let drained =
+        tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        let failed = dispatcher.abort_queued().await;
+        tracing::warn!(
+            connections = tasks.len(),
+            failed_requests = failed,
+            "shutdown deadline passed: queued requests answered with ESHUTDOWN, closing connections"
+        );
+        ctx.limits.close.send_replace(true);
+        while tasks.join_next().await.is_some() {}
+    }
+    // The admin endpoint closed its listener at once; its open connections get a moment, not more.
+    let admin_abort = admin_task.abort_handle();
+    if tokio::time::timeout(crate::nbd::CLOSE_GRACE, admin_task).await.is_err() {
+        admin_abort.abort();
+    }
     drop(ctx);
     drop(registry);
     drop(dispatcher);

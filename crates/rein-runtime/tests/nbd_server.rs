@@ -3,9 +3,9 @@
 //! per-request errors that keep the connection usable, and a clean disconnect.
 use rein_core::QosSpec;
 use rein_proto::nbd::{Command, ExportInfo, EINVAL, ENOSPC, EPERM};
+use rein_runtime::budget::Budget;
 use rein_runtime::client::{ClientError, NbdClient};
-use rein_runtime::nbd::ExportTable;
-use rein_runtime::nbd::{serve_connection, Export, NbdContext, MAX_IN_FLIGHT_PER_CONN};
+use rein_runtime::nbd::{serve_connection, Export, ExportTable, Limits, NbdContext, MAX_IN_FLIGHT_PER_CONN};
 use rein_runtime::{DispatchConfig, Dispatcher, MemStorage};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +17,14 @@ const MAX_PAYLOAD: u32 = 4 << 20;
 /// A server with a writable export "rw" and a read-only one "ro" (RAM); every connection's result goes to
 /// the returned channel.
 async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bool>) {
+    let (addr, ended, stop, _) = start_with(Limits::default()).await;
+    (addr, ended, stop)
+}
+
+/// [`start`] with `limits`; also returns the shared context (to read the budget).
+async fn start_with(
+    limits: Limits,
+) -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bool>, Arc<NbdContext>) {
     let (dispatcher, _join) = Dispatcher::spawn(None, DispatchConfig::default());
     let tenant = dispatcher.add_tenant(QosSpec::default()).await.unwrap();
     let export = |name: &str, read_only| Export {
@@ -30,7 +38,9 @@ async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bo
         exports: Arc::new(ExportTable::new(vec![Arc::new(export("rw", false)), Arc::new(export("ro", true))])),
         dispatcher,
         max_payload: MAX_PAYLOAD,
+        limits,
     });
+    let shared = ctx.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stop_rx) = watch::channel(false);
@@ -45,7 +55,7 @@ async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bo
             });
         }
     });
-    (addr, ended_rx, stop)
+    (addr, ended_rx, stop, shared)
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -127,6 +137,39 @@ async fn per_request_errors_keep_the_connection_usable() {
     assert_eq!(ro.request(Command::Read, 0, 4, &[], false).await.unwrap(), vec![0; 4]);
     for client in [c, ro] {
         client.disconnect().await;
+        assert!(ended.recv().await.unwrap());
+    }
+}
+
+/// The byte budget at its bound: with 1 MiB for everything, requests four times larger are still served
+/// (alone, one at a time), many of them pipelined from two connections come back whole, and once they
+/// are answered nothing is charged any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_larger_than_the_budget_are_served_alone() {
+    let limits = Limits { budget: Budget::new(1 << 20, 1 << 20), ..Limits::default() };
+    let (addr, mut ended, _stop, ctx) = start_with(limits).await;
+    let (a, b) = (NbdClient::connect(addr, "rw").await.unwrap(), NbdClient::connect(addr, "rw").await.unwrap());
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..16u64 {
+        let c = if k % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.spawn(async move {
+            let data = pattern(k, MAX_PAYLOAD as usize);
+            let offset = k * MAX_PAYLOAD as u64;
+            c.request(Command::Write, offset, MAX_PAYLOAD, &data, false).await.unwrap();
+            assert!(c.request(Command::Read, offset, MAX_PAYLOAD, &[], false).await.unwrap() == data);
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    // The writer releases a charge right after the write that carried its reply: poll (bounded).
+    let t0 = std::time::Instant::now();
+    while ctx.limits.budget.in_use() != 0 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "charges are released once replies are written");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    for c in [a, b] {
+        c.disconnect().await;
         assert!(ended.recv().await.unwrap());
     }
 }

@@ -1,0 +1,389 @@
+//! `rein serve` under the attacks of issue 12's points 3, 6 and 8: pipelined 32 MiB requests that would
+//! make the server buffer gigabytes (its peak RSS, read from /proc, must stay under its byte budget plus a
+//! margin while another tenant is served), idle connections, a shutdown that clients try to hold up, and
+//! the connection log lines. Each test starts its own server on its own 127.0.0.x address (port chosen by
+//! the OS) and kills it at the end; no test sleeps to assert timing (bounded polls only).
+#![cfg(target_os = "linux")]
+
+use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command as Cmd, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+struct Server {
+    child: Child,
+    nbd: SocketAddr,
+    /// Every line the server wrote to stderr so far.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// A field of /proc/PID/status in bytes (VmRSS: resident now; VmHWM: the peak so far).
+    fn mem(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("server alive");
+        let line = status.lines().find(|l| l.starts_with(field)).expect("field in /proc/PID/status");
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    }
+
+    /// Waits (bounded) for a log line containing every one of `parts`; returns it.
+    fn wait_log(&self, parts: &[&str], within: Duration) -> String {
+        let t0 = Instant::now();
+        loop {
+            if let Some(l) = self.log.lock().unwrap().iter().find(|l| parts.iter().all(|p| l.contains(p))) {
+                return l.clone();
+            }
+            assert!(t0.elapsed() < within, "no log line with {parts:?}: {:#?}", self.log.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends SIGTERM and waits (bounded by `within`) for the process to exit; returns how long it took.
+    fn terminate(&mut self, within: Duration) -> Duration {
+        let t0 = Instant::now();
+        let ok = Cmd::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill -TERM");
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "rein serve exited with {status}");
+                return t0.elapsed();
+            }
+            assert!(t0.elapsed() < within, "rein serve still running {within:?} after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn tmpdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("rein-bounds-{name}-")).tempdir().expect("temp dir")
+}
+
+/// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`.
+fn start(dir: &Path, host: u8, config: &str) -> Server {
+    let cfg = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}",
+        dir.join("data").display()
+    );
+    let path = dir.join("rein.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .env("REIN_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start rein serve");
+    let stderr = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lines = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("rein serve listening") {
+                let nbd = line.split("nbd=").nth(1).and_then(|r| r.split_whitespace().next()).map(|s| s.parse());
+                let _ = tx.send(nbd.unwrap().unwrap());
+            }
+            lines.lock().unwrap().push(line);
+        }
+    });
+    let nbd: SocketAddr = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
+    Server { child, nbd, log }
+}
+
+/// A raw NBD peer (simple replies): sends what it likes, reads replies when it likes.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr, export: &str) -> Raw {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut hs = ClientHandshake::new(export, false);
+        let mut buf = Vec::new();
+        loop {
+            let mut out = Vec::new();
+            match hs.feed(&buf, &mut out).unwrap() {
+                (used, ClientProgress::NeedMore) => {
+                    buf.drain(..used);
+                    s.write_all(&out).unwrap();
+                    let mut chunk = [0u8; 4096];
+                    let n = s.read(&mut chunk).unwrap();
+                    assert!(n > 0, "closed during handshake");
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                (used, ClientProgress::Ready { .. }) => {
+                    s.write_all(&out).unwrap();
+                    buf.drain(..used);
+                    return Raw { s, buf };
+                }
+            }
+        }
+    }
+
+    fn header(command: Command, handle: u64, offset: u64, length: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        RequestHeader { flags: 0, command, handle, offset, length }.encode(&mut out);
+        out
+    }
+
+    fn send(&mut self, command: Command, handle: u64, offset: u64, length: u32, payload: &[u8]) {
+        let mut out = Self::header(command, handle, offset, length);
+        out.extend_from_slice(payload);
+        self.s.write_all(&out).unwrap();
+    }
+
+    /// Reads until `n` bytes are buffered; false if the server closed first.
+    fn fill(&mut self, n: usize) -> bool {
+        while self.buf.len() < n {
+            let mut chunk = vec![0u8; 1 << 16];
+            let k = self.s.read(&mut chunk).expect("read reply");
+            if k == 0 {
+                return false;
+            }
+            self.buf.extend_from_slice(&chunk[..k]);
+        }
+        true
+    }
+
+    /// One simple reply: (handle, error, data); `read_len` bytes of data follow a successful READ.
+    fn reply(&mut self, read_len: usize) -> (u64, u32, Vec<u8>) {
+        assert!(self.fill(16), "server closed the connection");
+        let (h, n) = ReplyHeader::decode(&self.buf).unwrap().unwrap();
+        self.buf.drain(..n);
+        let ReplyHeader::Simple { error, handle } = h else { panic!("simple replies only") };
+        let len = if error == 0 { read_len } else { 0 };
+        assert!(self.fill(len), "server closed mid-reply");
+        (handle, error, self.buf.drain(..len).collect())
+    }
+
+    /// Whether the server closes the connection (EOF) with nothing more to read, within the read timeout.
+    fn closed_by_server(&mut self) -> bool {
+        self.buf.is_empty() && !self.fill(1)
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) as u8).collect()
+}
+
+/// The honest client of another tenant: writes and reads back `mib` MiB in 1 MiB requests, checking
+/// the data; returns its throughput in MiB/s.
+fn honest_round_trip(addr: SocketAddr, export: &str, mib: u64) -> f64 {
+    let t0 = Instant::now();
+    let mut c = Raw::connect(addr, export);
+    for i in 0..mib {
+        let data = pattern(i, MIB as usize);
+        c.send(Command::Write, i, i * MIB, MIB as u32, &data);
+        assert_eq!(c.reply(0), (i, 0, vec![]), "honest write {i}");
+        c.send(Command::Read, 1000 + i, i * MIB, MIB as u32, &[]);
+        let (h, e, back) = c.reply(MIB as usize);
+        assert!(h == 1000 + i && e == 0 && back == data, "honest read {i} came back wrong");
+    }
+    (2 * mib) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// Budgets of the attack tests: the attacker's tenant may hold 64 MiB, the server 128 MiB.
+const BUDGET: &str = "max_inflight_mb = 128\nmax_inflight_mb_per_tenant = 64\n";
+/// What the server may hold above its RSS before the attack: the attacker's tenant budget, its input
+/// buffer (one request), the honest client's few MiB, and the allocator's slack.
+const ALLOWED_GROWTH: u64 = (64 + 64) * MIB;
+
+/// Waits until the server's RSS has grown by `grown` over `base` (the attack has reached it), failing
+/// as soon as it grows past `base + ALLOWED_GROWTH` (the old code did, towards gigabytes: stop it early).
+fn wait_for_growth(s: &Server, base: u64, grown: u64) {
+    let t0 = Instant::now();
+    loop {
+        let rss = s.mem("VmRSS:");
+        assert!(
+            rss <= base + ALLOWED_GROWTH,
+            "server RSS {} MiB: more than {} MiB over its {} MiB at start",
+            rss / MIB,
+            ALLOWED_GROWTH / MIB,
+            base / MIB
+        );
+        if rss >= base + grown {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the attack never reached the server ({} MiB)", rss / MIB);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const TWO_TENANTS: &str = r#"
+[[exports]]
+name = "att"
+size_mb = 64
+[[exports]]
+name = "good"
+size_mb = 64
+"#;
+
+/// Issue 12: one connection pipelining 256 READs of 32 MiB without reading the replies grew the server
+/// to 3 GiB. Now it holds the tenant's budget, and another tenant is served meanwhile.
+#[test]
+fn pipelined_32mib_reads_stay_under_the_budget() {
+    let tmp = tmpdir("reads");
+    let s = start(tmp.path(), 41, &format!("{BUDGET}{TWO_TENANTS}"));
+    let base = s.mem("VmRSS:");
+    let mut attacker = Raw::connect(s.nbd, "att");
+    let mut burst = Vec::new();
+    for h in 0..256u64 {
+        burst.extend(Raw::header(Command::Read, h, (h % 2) * 32 * MIB, 32 << 20));
+    }
+    attacker.s.write_all(&burst).unwrap();
+    wait_for_growth(&s, base, 32 * MIB);
+    let mib_s = honest_round_trip(s.nbd, "good", 16);
+    wait_for_growth(&s, base, 32 * MIB);
+    let peak = s.mem("VmHWM:");
+    eprintln!("reads attack: RSS {} MiB at start, peak {} MiB; honest client {mib_s:.0} MiB/s", base / MIB, peak / MIB);
+    assert!(peak <= base + ALLOWED_GROWTH, "peak RSS {} MiB", peak / MIB);
+    // The attacker's replies are intact when it reads them at last.
+    let (h, e, data) = attacker.reply(32 << 20);
+    assert_eq!((h, e, data.len()), (0, 0, 32 << 20));
+}
+
+/// Issue 12: 103 pipelined 32 MiB WRITEs to a rate-limited tenant did the same (the per-tenant queue
+/// bound counts requests, not bytes). Now the connection stops being read at the tenant's budget.
+#[test]
+fn pipelined_32mib_writes_to_a_throttled_tenant_stay_under_the_budget() {
+    let tmp = tmpdir("writes");
+    let config = format!("{BUDGET}{TWO_TENANTS}[[tenants]]\nname = \"att\"\nlimit = 1\n");
+    let s = start(tmp.path(), 42, &config);
+    let base = s.mem("VmRSS:");
+    let attacker = Raw::connect(s.nbd, "att");
+    let mut sock = attacker.s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let payload = vec![0x5Au8; 32 << 20];
+        for h in 0..103u64 {
+            let mut req = Raw::header(Command::Write, h, (h % 2) * 32 * MIB, 32 << 20);
+            req.extend_from_slice(&payload);
+            if sock.write_all(&req).is_err() {
+                return h; // the test is over and shut the socket
+            }
+        }
+        103
+    });
+    wait_for_growth(&s, base, 32 * MIB);
+    let mib_s = honest_round_trip(s.nbd, "good", 16);
+    wait_for_growth(&s, base, 32 * MIB);
+    let peak = s.mem("VmHWM:");
+    eprintln!(
+        "writes attack: RSS {} MiB at start, peak {} MiB; honest client {mib_s:.0} MiB/s",
+        base / MIB,
+        peak / MIB
+    );
+    assert!(peak <= base + ALLOWED_GROWTH, "peak RSS {} MiB", peak / MIB);
+    attacker.s.shutdown(Shutdown::Both).unwrap();
+    let sent = sender.join().unwrap();
+    assert!(sent < 103, "the server stopped reading: the attacker could not send all its writes");
+}
+
+/// `idle_timeout_s`: a connection with nothing in flight and no byte received is closed (and says so in
+/// the log), but not while a request is in flight (here held by a 1 IOPS limit), however long it takes.
+/// Also the connection log lines: opened and closed, once each, with peer, export and tenant.
+#[test]
+fn idle_connections_are_closed_and_logged() {
+    let tmp = tmpdir("idle");
+    let config = "idle_timeout_s = 1\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 1\n";
+    let s = start(tmp.path(), 43, config);
+    let mut c = Raw::connect(s.nbd, "slow");
+    let peer = c.s.local_addr().unwrap().to_string();
+    // Four reads at 1 IOPS: about 3 s in flight, longer than the idle timeout; all are answered.
+    for h in 0..4 {
+        c.send(Command::Read, h, 0, 4096, &[]);
+    }
+    for _ in 0..4 {
+        assert_eq!(c.reply(4096).1, 0);
+    }
+    // Then nothing in flight and nothing sent: the server closes the connection.
+    let t0 = Instant::now();
+    assert!(c.closed_by_server(), "an idle connection is closed");
+    assert!(t0.elapsed() >= Duration::from_millis(900), "not before the idle timeout");
+    let opened = s.wait_log(&["NBD connection opened", &peer], Duration::from_secs(10));
+    assert!(opened.contains("export=slow") && opened.contains("tenant=slow"), "{opened}");
+    let closed = s.wait_log(&["NBD connection closed", &peer], Duration::from_secs(10));
+    assert!(
+        closed.contains("idle timeout") && closed.contains("requests=4") && closed.contains("export=slow"),
+        "{closed}"
+    );
+    let log = s.log.lock().unwrap();
+    assert_eq!(log.iter().filter(|l| l.contains(&peer)).count(), 2, "one line opened, one closed: {log:#?}");
+}
+
+/// Issue 12: SIGTERM waited as long as a stalled client wanted (replies unread, a WRITE half sent). Now
+/// the shutdown ends within its deadline plus a small margin.
+#[test]
+fn shutdown_is_not_held_up_by_stalled_clients() {
+    let tmp = tmpdir("stalled");
+    let s = start(tmp.path(), 44, &format!("shutdown_timeout_s = 1\n{TWO_TENANTS}"));
+    let mut s = s;
+    // Replies unread: 64 reads of 32 MiB, far more than the socket buffers take.
+    let mut reader = Raw::connect(s.nbd, "att");
+    let mut burst = Vec::new();
+    for h in 0..64u64 {
+        burst.extend(Raw::header(Command::Read, h, 0, 32 << 20));
+    }
+    reader.s.write_all(&burst).unwrap();
+    // Half a WRITE: the header and 1 of its 4 MiB (after a request answered: the connection is ready).
+    let mut writer = Raw::connect(s.nbd, "good");
+    writer.send(Command::Read, 0, 0, 4096, &[]);
+    assert_eq!(writer.reply(4096).1, 0);
+    writer.send(Command::Write, 1, 0, 4 << 20, &vec![1u8; 1 << 20]);
+    // A well-behaved client with a reply to collect.
+    let mut good = Raw::connect(s.nbd, "good");
+    good.send(Command::Read, 7, 0, 4096, &[]);
+    assert_eq!(good.reply(4096).1, 0);
+    let took = s.terminate(Duration::from_secs(5));
+    eprintln!("shutdown with stalled clients took {took:?}");
+    assert!(took >= Duration::from_millis(900), "the deadline was waited for ({took:?})");
+    s.wait_log(&["shutdown deadline passed"], Duration::from_secs(1));
+    assert!(good.closed_by_server(), "the idle client's connection is closed cleanly");
+}
+
+/// Issue 12: a throttled queue (1 IOPS, many requests queued) held the shutdown for as long as it took
+/// to drain. Now what can be answered before the deadline is, the rest gets ESHUTDOWN, and the server
+/// exits within the deadline plus a small margin.
+#[test]
+fn shutdown_fails_a_throttled_queue_at_the_deadline() {
+    let tmp = tmpdir("throttled");
+    let config = "shutdown_timeout_s = 1\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 1\n";
+    let mut s = start(tmp.path(), 45, config);
+    let mut c = Raw::connect(s.nbd, "slow");
+    // One write, so that the server has them all once it answers the first (it stops reading at the
+    // shutdown: requests still unread then are not answered).
+    let burst: Vec<u8> = (0..40u64).flat_map(|h| Raw::header(Command::Read, h, 0, 4096)).collect();
+    c.s.write_all(&burst).unwrap();
+    // The first one is answered at once (a limit lets a request through when the tenant is idle).
+    assert_eq!(c.reply(4096), (0, 0, vec![0u8; 4096]));
+    let t0 = Instant::now();
+    let took = s.terminate(Duration::from_secs(5));
+    eprintln!("shutdown with a throttled queue took {took:?}");
+    assert!(took >= Duration::from_millis(900), "the deadline was waited for ({took:?})");
+    // Every request was answered: some successfully before the deadline (about one a second), the rest
+    // with ESHUTDOWN; then the server closed the connection.
+    let (mut ok, mut shut) = (1, 0);
+    for _ in 1..40 {
+        match c.reply(4096).1 {
+            0 => ok += 1,
+            p::ESHUTDOWN => shut += 1,
+            e => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(ok >= 2 && shut >= 30, "{ok} answered, {shut} failed with ESHUTDOWN");
+    assert!(c.closed_by_server());
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
