@@ -145,14 +145,27 @@ async fn one(State(s): State<AdminState>, Path(name): Path<String>) -> Response 
     }
 }
 
+/// The body of `PUT /api/tenants/{name}` (module comment); [`crate::harness::admin_bodies`] fuzzes it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SpecUpdate {
+pub(crate) struct SpecUpdate {
     reservation: Option<f64>,
     #[serde(default, with = "double_option")]
     limit: Option<Option<f64>>,
     weight: Option<f64>,
     idle_credit: Option<u32>,
+}
+
+impl SpecUpdate {
+    /// The spec this update makes of `current`: omitted fields keep their value.
+    pub(crate) fn apply(&self, current: QosSpec) -> Result<QosSpec, rein_core::SpecError> {
+        QosSpec::new(
+            self.reservation.unwrap_or(current.reservation()),
+            self.limit.unwrap_or(current.limit()),
+            self.weight.unwrap_or(current.weight()),
+            self.idle_credit.unwrap_or(current.idle_credit()),
+        )
+    }
 }
 
 /// Distinguishes a missing `limit` (keep) from `"limit": null` (remove).
@@ -181,12 +194,7 @@ async fn update(State(s): State<AdminState>, Path(name): Path<String>, body: axu
     let Some(cur) = snap.tenants.iter().find(|t| t.id == id).map(|t| t.spec) else {
         return err(StatusCode::NOT_FOUND, format!("tenant {name:?} is gone"));
     };
-    let spec = match QosSpec::new(
-        upd.reservation.unwrap_or(cur.reservation()),
-        upd.limit.unwrap_or(cur.limit()),
-        upd.weight.unwrap_or(cur.weight()),
-        upd.idle_credit.unwrap_or(cur.idle_credit()),
-    ) {
+    let spec = match upd.apply(cur) {
         Ok(sp) => sp,
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid spec for {name}: {e}")),
     };
@@ -216,10 +224,11 @@ async fn update(State(s): State<AdminState>, Path(name): Path<String>, body: axu
     .into_response()
 }
 
+/// The body of `PUT /api/capacity`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CapacityBody {
-    iops: f64,
+pub(crate) struct CapacityBody {
+    pub(crate) iops: f64,
 }
 
 async fn capacity(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {

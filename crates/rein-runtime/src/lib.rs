@@ -9,6 +9,7 @@
 //! `rein serve` is [`server`], configured by [`config`], with [`nbd`] for its connections and [`admin`]
 //! for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
+//! [`harness`]: the contracts of this crate's decoders of outside input, for the fuzz targets.
 
 pub mod admin;
 pub mod admin_client;
@@ -17,6 +18,7 @@ pub mod client;
 pub mod config;
 pub mod devmodel;
 pub mod dispatch;
+pub mod harness;
 pub mod load;
 pub mod nbd;
 pub mod probe;
