@@ -2,8 +2,9 @@
 //!
 //! The fuzz targets (`fuzz/` at the repository root, run with cargo-fuzz on a nightly toolchain) are one
 //! line each: they call these functions. The property tests (`tests/nbd.rs`, `tests/nbd_transmission.rs`,
-//! `tests/parda.rs`) call them too, with random and with structured input, so CI checks the same entry
-//! points and the same contracts without nightly. Each function panics exactly when a contract is broken;
+//! `tests/parda.rs`) call them too, with random and with structured input, and `tests/corpus.rs` replays
+//! the committed fuzz corpus through them, so CI checks the same entry points and the same contracts
+//! without nightly. Each function panics exactly when a contract is broken;
 //! none of them allocates more than a small multiple of its input.
 //!
 //! Contracts checked:
