@@ -428,6 +428,9 @@ fn validate(f: File) -> Result<ServerConfig, String> {
     let data_dir = PathBuf::from(&f.data_dir);
     let mut exports: Vec<ExportConfig> = Vec::new();
     for e in &f.exports {
+        if e.name.is_empty() {
+            return Err("an [[exports]] entry has an empty name".into());
+        }
         if e.name.len() > 4096 || exports.iter().any(|x| x.name == e.name) {
             return Err(format!("export name {:?} is too long or repeated", e.name));
         }
