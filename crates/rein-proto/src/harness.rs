@@ -2,8 +2,9 @@
 //!
 //! The fuzz targets (`fuzz/` at the repository root, run with cargo-fuzz on a nightly toolchain) are one
 //! line each: they call these functions. The property tests (`tests/nbd.rs`, `tests/nbd_transmission.rs`,
-//! `tests/parda.rs`) call them too, with random and with structured input, so CI checks the same entry
-//! points and the same contracts without nightly. Each function panics exactly when a contract is broken;
+//! `tests/parda.rs`) call them too, with random and with structured input, and `tests/corpus.rs` replays
+//! the committed fuzz corpus through them, so CI checks the same entry points and the same contracts
+//! without nightly. Each function panics exactly when a contract is broken;
 //! none of them allocates more than a small multiple of its input.
 //!
 //! Contracts checked:
@@ -18,11 +19,16 @@
 //!   error and length.
 //! - [`parda`]: the record and slot decoders never panic, and what they accept re-encodes to the same
 //!   bytes.
+//! - [`replies`]: the client's decoders of what a server sends ([`ReplyHeader::decode`] in transmission,
+//!   [`nbd::decode_option_reply`] in the handshake) never panic, never report more bytes than they were
+//!   given, ask for more only when the header (or the option reply's data) is incomplete, and what they
+//!   accept re-encodes to the same bytes.
 
 use crate::nbd::{
     self, ClientHandshake, ClientProgress, Command, Event, ExportInfo, ProtoError, Rejection, ReplyHeader, Request,
     RequestHeader, RequestKind, ServerHandshake, ServerProgress, ServerTransmission, TlsMode, TransmissionConfig,
-    REPLY_FLAG_DONE, REPLY_TYPE_ERROR, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REQUEST_LEN,
+    CHUNK_HEADER_LEN, REPLY_FLAG_DONE, REPLY_MAGIC_OPT, REPLY_TYPE_ERROR, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA,
+    REQUEST_LEN, SIMPLE_REPLY_LEN, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
 };
 use crate::parda as record;
 
@@ -351,5 +357,80 @@ pub fn parda(data: &[u8]) {
     }
     if data.len() >= record::SLOT_BYTES {
         let _ = record::decode_slot(&data[..record::SLOT_BYTES]);
+    }
+}
+
+/// Decodes `data` as a stream of transmission replies (each header, then a chunk's payload skipped) and as
+/// a stream of option replies, as a client reads them; panics if a contract is broken (module comment).
+pub fn replies(data: &[u8]) {
+    let mut rest = data;
+    loop {
+        let magic = (rest.len() >= 4).then(|| u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]));
+        match ReplyHeader::decode(rest) {
+            Ok(None) => {
+                let need = match magic {
+                    None => 4,
+                    Some(SIMPLE_REPLY_MAGIC) => SIMPLE_REPLY_LEN,
+                    Some(m) => {
+                        assert_eq!(m, STRUCTURED_REPLY_MAGIC, "NeedMore on a bad reply magic");
+                        CHUNK_HEADER_LEN
+                    }
+                };
+                assert!(rest.len() < need, "NeedMore with a whole reply header there");
+                break;
+            }
+            Err(ProtoError::BadMagic { found, .. }) => {
+                assert!(
+                    magic.is_some_and(|m| m as u64 == found && m != SIMPLE_REPLY_MAGIC && m != STRUCTURED_REPLY_MAGIC)
+                );
+                break;
+            }
+            Err(e) => panic!("unexpected reply error {e}"),
+            Ok(Some((header, n))) => {
+                assert!(n <= rest.len(), "a reply header longer than its input");
+                let mut again = Vec::new();
+                let skip = match header {
+                    ReplyHeader::Simple { error, handle } => {
+                        nbd::simple_reply(&mut again, handle, error);
+                        0
+                    }
+                    ReplyHeader::Chunk { flags, kind, handle, length } => {
+                        let mut h = [0u8; CHUNK_HEADER_LEN];
+                        nbd::write_chunk_header(&mut h, handle, flags, kind, length);
+                        again.extend_from_slice(&h);
+                        length as usize
+                    }
+                };
+                assert_eq!(again[..], rest[..n], "a reply header re-encodes to its bytes");
+                rest = &rest[n..];
+                rest = &rest[skip.min(rest.len())..];
+            }
+        }
+    }
+    let mut rest = data;
+    loop {
+        match nbd::decode_option_reply(rest) {
+            Ok(None) => {
+                let declared = rest.get(16..20).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
+                assert!(declared.is_none_or(|len| rest.len() < 20 + len), "NeedMore with a whole option reply there");
+                break;
+            }
+            Err(ProtoError::BadMagic { found, .. }) => {
+                assert_ne!(found, REPLY_MAGIC_OPT);
+                break;
+            }
+            Err(ProtoError::OptionTooLong { len, max, .. }) => {
+                assert!(len > max, "a reply within the bound refused as too long");
+                break;
+            }
+            Err(e) => panic!("unexpected option reply error {e}"),
+            Ok(Some((reply, n))) => {
+                assert!(n <= rest.len(), "an option reply longer than its input");
+                let mut again = Vec::new();
+                nbd::option_reply(&mut again, reply.option, reply.reply, reply.data);
+                assert_eq!(again[..], rest[..n], "an option reply re-encodes to its bytes");
+                rest = &rest[n..];
+            }
+        }
     }
 }

@@ -268,6 +268,31 @@ proptest! {
         rein_proto::harness::handshake(&data);
     }
 
+    /// The `nbd_reply` fuzz target's entry point on streams of well-formed server replies (simple, chunks
+    /// with their payload, option replies), cut short anywhere and with one byte changed.
+    #[test]
+    fn replies_harness_on_reply_streams(
+        replies in proptest::collection::vec((any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..64)), 0..8),
+        cut in any::<prop::sample::Index>(), at in any::<prop::sample::Index>(), xor in any::<u8>(),
+    ) {
+        let mut stream = Vec::new();
+        let mut options = Vec::new();
+        for (handle, error, data) in &replies {
+            simple_reply(&mut stream, *handle, *error);
+            structured_chunk(&mut stream, *handle, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, &[data]);
+            option_reply(&mut options, *error, REP_INFO, data);
+        }
+        for mut bytes in [stream, options] {
+            rein_proto::harness::replies(&bytes);
+            rein_proto::harness::replies(&bytes[..cut.index(bytes.len() + 1)]);
+            if !bytes.is_empty() {
+                let i = at.index(bytes.len());
+                bytes[i] ^= xor;
+                rein_proto::harness::replies(&bytes);
+            }
+        }
+    }
+
     #[test]
     fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512), prefix in any::<bool>()) {
         let mut input = if prefix { FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec() } else { vec![] };

@@ -167,14 +167,27 @@ async fn one(State(s): State<AdminState>, Path(name): Path<String>) -> Response 
     }
 }
 
+/// The body of `PUT /api/tenants/{name}` (module comment); [`crate::harness::admin_bodies`] fuzzes it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SpecUpdate {
+pub(crate) struct SpecUpdate {
     reservation: Option<f64>,
     #[serde(default, with = "double_option")]
     limit: Option<Option<f64>>,
     weight: Option<f64>,
     idle_credit: Option<u32>,
+}
+
+impl SpecUpdate {
+    /// The spec this update makes of `current`: omitted fields keep their value.
+    pub(crate) fn apply(&self, current: QosSpec) -> Result<QosSpec, rein_core::SpecError> {
+        QosSpec::new(
+            self.reservation.unwrap_or(current.reservation()),
+            self.limit.unwrap_or(current.limit()),
+            self.weight.unwrap_or(current.weight()),
+            self.idle_credit.unwrap_or(current.idle_credit()),
+        )
+    }
 }
 
 /// Distinguishes a missing `limit` (keep) from `"limit": null` (remove).
@@ -192,18 +205,7 @@ async fn update(State(s): State<AdminState>, Path(name): Path<String>, body: axu
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
     };
     // Read, validate, admit, persist and apply under one lock (`Registry`).
-    let r = s
-        .registry
-        .update_spec(&name, |cur| {
-            QosSpec::new(
-                upd.reservation.unwrap_or(cur.reservation()),
-                upd.limit.unwrap_or(cur.limit()),
-                upd.weight.unwrap_or(cur.weight()),
-                upd.idle_credit.unwrap_or(cur.idle_credit()),
-            )
-            .map_err(|e| e.to_string())
-        })
-        .await;
+    let r = s.registry.update_spec(&name, |cur| upd.apply(cur).map_err(|e| e.to_string())).await;
     match r {
         Ok((spec, warning)) => spec_answer(&name, spec, warning),
         Err(e) => change_err(e),
@@ -332,10 +334,11 @@ async fn delete_export(State(s): State<AdminState>, Path(name): Path<String>) ->
     }
 }
 
+/// The body of `PUT /api/capacity`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CapacityBody {
-    iops: f64,
+pub(crate) struct CapacityBody {
+    pub(crate) iops: f64,
 }
 
 async fn capacity(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {

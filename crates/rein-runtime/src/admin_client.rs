@@ -106,7 +106,18 @@ async fn call(
         Ok(resp)
     };
     let resp = tokio::time::timeout(TIMEOUT, exchange).await.map_err(|_| AdminClientError::Timeout(addr))??;
-    let bad = |m: &str| AdminClientError::Bad { addr, message: m.to_string() };
+    let (status, body) = parse_response(&resp).map_err(|m| AdminClientError::Bad { addr, message: m.into() })?;
+    if status != 200 {
+        let text = String::from_utf8_lossy(&body).trim().to_string();
+        return Err(AdminClientError::Status { addr, path: path.to_string(), status, body: text });
+    }
+    Ok(body)
+}
+
+/// A whole HTTP response's status and body (de-chunked); `Err` says what is malformed.
+/// [`crate::harness::admin_response`] fuzzes it.
+pub(crate) fn parse_response(resp: &[u8]) -> Result<(u16, Vec<u8>), &'static str> {
+    let bad = |m: &'static str| m;
     let split = resp.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("not an HTTP response"))?;
     let head = std::str::from_utf8(&resp[..split]).map_err(|_| bad("response headers are not UTF-8"))?;
     let status: u16 =
@@ -119,11 +130,7 @@ async fn call(
     if chunked {
         body = dechunk(&body).ok_or_else(|| bad("malformed chunked body"))?;
     }
-    if status != 200 {
-        let text = String::from_utf8_lossy(&body).trim().to_string();
-        return Err(AdminClientError::Status { addr, path: path.to_string(), status, body: text });
-    }
-    Ok(body)
+    Ok((status, body))
 }
 
 /// Decodes a chunked transfer encoding.

@@ -10,6 +10,7 @@
 //! STARTTLS, [`access`] for access lists and connection caps, [`budget`] bounding the bytes they hold) and
 //! [`admin`] for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
+//! [`harness`]: the contracts of this crate's decoders of outside input, for the fuzz targets.
 
 pub mod access;
 pub mod admin;
@@ -21,6 +22,7 @@ pub mod client;
 pub mod config;
 pub mod devmodel;
 pub mod dispatch;
+pub mod harness;
 pub mod live;
 pub mod load;
 pub mod nbd;
