@@ -363,8 +363,9 @@ fn errors_say_their_cause_once_and_name_the_path() {
     // A port in use (the first server holds it).
     let s = start(dir, 45, "[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\n");
     let cfg = format!(
-        "listen = \"{}\"\nadmin = \"127.0.0.45:0\"\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\n",
-        s.nbd
+        "listen = \"{}\"\nadmin = \"127.0.0.45:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\n",
+        s.nbd,
+        dir.join("busy-data").display()
     );
     let path = dir.join("busy.toml");
     std::fs::write(&path, cfg).unwrap();
