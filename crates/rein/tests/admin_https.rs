@@ -15,6 +15,7 @@ use std::time::Duration;
 
 struct Server {
     child: Child,
+    nbd: SocketAddr,
     admin: SocketAddr,
 }
 
@@ -128,13 +129,15 @@ fn start(dir: &Path, host: u8, config: &str) -> Server {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if line.contains("rein serve listening") {
                 assert!(line.contains("admin_https=true"), "{line}");
-                let admin = line.split("admin=").nth(1).unwrap().split_whitespace().next().unwrap();
-                let _ = tx.send(admin.parse::<SocketAddr>().unwrap());
+                let field = |k: &str| -> SocketAddr {
+                    line.split(&format!(" {k}=")).nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap()
+                };
+                let _ = tx.send((field("nbd"), field("admin")));
             }
         }
     });
-    let admin = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, admin }
+    let (nbd, admin) = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
+    Server { child, nbd, admin }
 }
 
 /// `rein serve` must refuse `config` (on 127.0.0.1, or on `head` when given); returns its stderr.
@@ -282,6 +285,39 @@ fn with_a_ca_admin_clients_need_a_certificate() {
     let cert = ["--cert", "client-cert.pem", "--key", "client-key.pem"];
     assert_eq!(curl_ok(dir, &cert, &url).0, 401, "the certificate does not replace the token");
     assert_eq!(curl_ok(dir, &[&cert[..], &["-H", &auth]].concat(), &url).0, 200);
+}
+
+/// `rein load --admin https://ADDR --admin-ca CA` reads the tenants' specs over HTTPS (the report
+/// carries the server's reservation); without the CA the server's certificate is not trusted, and a plain
+/// `--admin ADDR` gets the server's "use https://" answer.
+#[test]
+fn rein_load_reads_the_specs_over_https() {
+    let tmp = credentials("load");
+    let dir = tmp.path();
+    let s = start(dir, 62, HTTPS);
+    let load = |admin: &str, ca: Option<&str>| {
+        let mut c = Cmd::new(env!("CARGO_BIN_EXE_rein"));
+        c.current_dir(dir).args(["load", "--addr", &s.nbd.to_string(), "--admin", admin]);
+        c.args(["--admin-token-file", dir.join("admin.token").to_str().unwrap()]);
+        if let Some(ca) = ca {
+            c.args(["--admin-ca", ca]);
+        }
+        c.args(["--job", "name=m,depth=1", "--seconds", "1", "--warmup", "0", "--json"]).output().unwrap()
+    };
+    let https = format!("https://{}", s.admin);
+    let out = load(&https, Some("ca-cert.pem"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.to_string().contains("\"reservation\":10"), "the report carries the server's spec: {v}");
+    let out = load(&https, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("certificate verify failed"), "{err}");
+    let out = load(&s.admin.to_string(), None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("HTTP 400: this admin endpoint serves HTTPS only"), "{err}");
+    let out = load(&s.admin.to_string(), Some("ca-cert.pem"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--admin-ca ca-cert.pem is for an https:// admin endpoint"), "{err}");
 }
 
 /// Configurations that cannot serve HTTPS stop the server at start, naming the keys.
