@@ -333,7 +333,7 @@ impl axum::serve::Listener for CappedListener {
                 None => Conn::Plain(stream),
                 // No IO here: the handshake runs in the connection's task (module comment). No Nagle:
                 // the server's handshake flight and session tickets are several small writes, and with
-                // Nagle against the client's delayed ACK a fresh HTTPS request took 47 ms instead of
+                // Nagle against the client's delayed ACK a fresh HTTPS request took 48 ms instead of
                 // a few (module comment, "Cost").
                 Some(tls) => match stream
                     .set_nodelay(true)
