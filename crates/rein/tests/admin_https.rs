@@ -17,6 +17,21 @@ struct Server {
     child: Child,
     nbd: SocketAddr,
     admin: SocketAddr,
+    /// The server's log lines after the start-up line.
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Waits (at most 30 s) for a log line containing `text`.
+    fn wait_log(&self, text: &str) -> String {
+        loop {
+            match self.log.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(_) => continue,
+                Err(e) => panic!("no log line with {text:?}: {e}"),
+            }
+        }
+    }
 }
 
 impl Drop for Server {
@@ -125,8 +140,10 @@ fn start(dir: &Path, host: u8, config: &str) -> Server {
         .expect("start rein serve");
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let (log_tx, log) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = log_tx.send(line.clone());
             if line.contains("rein serve listening") {
                 assert!(line.contains("admin_https=true"), "{line}");
                 let field = |k: &str| -> SocketAddr {
@@ -137,7 +154,7 @@ fn start(dir: &Path, host: u8, config: &str) -> Server {
         }
     });
     let (nbd, admin) = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, nbd, admin }
+    Server { child, nbd, admin, log }
 }
 
 /// `rein serve` must refuse `config` (on 127.0.0.1, or on `head` when given); returns its stderr.
@@ -318,6 +335,22 @@ fn rein_load_reads_the_specs_over_https() {
     let out = load(&s.admin.to_string(), Some("ca-cert.pem"));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--admin-ca ca-cert.pem is for an https:// admin endpoint"), "{err}");
+}
+
+/// `admin_tls` is read at start only: a reload (SIGHUP) that turns it off reports that it needs a restart
+/// and the endpoint stays HTTPS.
+#[test]
+fn a_reload_does_not_change_admin_tls() {
+    let tmp = credentials("reload");
+    let dir = tmp.path();
+    let s = start(dir, 64, HTTPS);
+    let path = dir.join("rein.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replace("admin_tls = true\n", "");
+    std::fs::write(&path, text).unwrap();
+    let hup = Cmd::new("kill").args(["-HUP", &s.child.id().to_string()]).status().unwrap();
+    assert!(hup.success());
+    s.wait_log("admin_tls (needs a restart)");
+    assert_eq!(curl_ok(dir, &[], &format!("https://{}/healthz", s.admin)), (200, "ok\n".to_string()));
 }
 
 /// Configurations that cannot serve HTTPS stop the server at start, naming the keys.
