@@ -16,6 +16,8 @@ command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v fio >/dev/null 2>&1 || need_apt+=(fio)
+# The admin endpoint's HTTPS tests (crates/rein/tests/admin_https.rs) drive curl.
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -6,6 +6,8 @@
 //!
 //! - [`nbd`]: the Network Block Device protocol: the handshake (server and client) and the server's
 //!   transmission phase as state machines, request and reply codecs.
+//! - [`https`]: the admin endpoint's HTTPS port: a TLS client told from a plain HTTP one by its first
+//!   byte, and the answer the plain one gets.
 //! - [`parda`]: PARDA's latency-aggregation record (shared-file block or UDP datagram).
 //! - [`ErrorKind`]: why a request failed, protocol-neutral; each protocol maps it to its own numbers
 //!   ([`nbd::errno`]).
@@ -15,6 +17,7 @@
 
 pub mod error;
 pub mod harness;
+pub mod https;
 pub mod nbd;
 pub mod parda;
 

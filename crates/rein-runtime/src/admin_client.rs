@@ -1,15 +1,81 @@
 //! A small client for `rein serve`'s admin endpoint (what `rein load` and `rein demo` ask it): GET and
 //! PUT of JSON over HTTP/1.1 on a fresh connection each (`Connection: close`), with the bearer token
-//! (`Authorization: Bearer`) when one is given ([`crate::admin_guard`]).
+//! (`Authorization: Bearer`) when one is given ([`crate::admin_guard`]), over plain TCP or, for an
+//! endpoint served with `admin_tls`, over TLS ([`AdminEndpoint`]: `https://ADDR`, the server's
+//! certificate checked against a CA file or the system's roots, and its IP address against the
+//! certificate's names).
 //!
 //! Bounds: a response larger than [`MAX_RESPONSE`] is an error; every call gives up after [`TIMEOUT`].
 
 use crate::admin_guard::AdminToken;
+use openssl::ssl::{SslConnector, SslMethod};
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_openssl::SslStream;
+
+/// Where the admin endpoint is, and whether it speaks HTTPS (with the TLS client context that checks
+/// the server's certificate).
+#[derive(Clone)]
+pub struct AdminEndpoint {
+    /// The endpoint's address.
+    pub addr: SocketAddr,
+    tls: Option<SslConnector>,
+}
+
+impl std::fmt::Debug for AdminEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}", if self.tls.is_some() { "https" } else { "http" }, self.addr)
+    }
+}
+
+impl From<SocketAddr> for AdminEndpoint {
+    /// Plain HTTP.
+    fn from(addr: SocketAddr) -> AdminEndpoint {
+        AdminEndpoint { addr, tls: None }
+    }
+}
+
+impl AdminEndpoint {
+    /// `ADDR` or `http://ADDR` (plain HTTP), or `https://ADDR` (an address, not a host name: the
+    /// server's certificate must name that IP). `ca`: the CA certificates (PEM) that the server's
+    /// certificate must chain to, for `https://` only; without it, the system's roots. Errors name the
+    /// flag (`--admin`, `--admin-ca`).
+    pub fn parse(text: &str, ca: Option<&Path>) -> Result<AdminEndpoint, String> {
+        let (https, rest) = match text.split_once("://") {
+            None => (false, text),
+            Some(("http", rest)) => (false, rest),
+            Some(("https", rest)) => (true, rest),
+            Some((scheme, _)) => {
+                return Err(format!("--admin {text:?}: unknown scheme {scheme:?}, expected http or https"))
+            }
+        };
+        let addr: SocketAddr = rest
+            .strip_suffix('/')
+            .unwrap_or(rest)
+            .parse()
+            .map_err(|e| format!("--admin {text:?}: {e} (expected [http[s]://]address:port)"))?;
+        if !https {
+            if let Some(ca) = ca {
+                return Err(format!(
+                    "--admin-ca {} is for an https:// admin endpoint; --admin is {text:?}",
+                    ca.display()
+                ));
+            }
+            return Ok(addr.into());
+        }
+        let tls_err = |e: openssl::error::ErrorStack| format!("--admin {text:?}: cannot create the TLS context: {e}");
+        let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(tls_err)?;
+        if let Some(ca) = ca {
+            b.set_ca_file(ca).map_err(|e| format!("--admin-ca {}: not a readable PEM CA file: {e}", ca.display()))?;
+        }
+        Ok(AdminEndpoint { addr, tls: Some(b.build()) })
+    }
+}
 
 /// Largest response read.
 pub const MAX_RESPONSE: usize = 16 << 20;
@@ -26,6 +92,15 @@ pub enum AdminClientError {
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
+    },
+    /// The TLS handshake failed (the server's certificate not trusted or not for this address, or the
+    /// endpoint does not speak TLS).
+    #[error("admin endpoint https://{addr}: {message}")]
+    Tls {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// OpenSSL's reason.
+        message: String,
     },
     /// No answer in time.
     #[error("admin endpoint {0}: no answer within {TIMEOUT:?}")]
@@ -54,64 +129,83 @@ pub enum AdminClientError {
 
 /// `GET path`, the body parsed as JSON; with `token`, authenticated.
 pub async fn get_json<T: DeserializeOwned>(
-    addr: SocketAddr,
+    endpoint: &AdminEndpoint,
     token: Option<&AdminToken>,
     path: &str,
 ) -> Result<T, AdminClientError> {
-    let body = call(addr, token, "GET", path, None).await?;
+    let addr = endpoint.addr;
+    let body = call(endpoint, token, "GET", path, None).await?;
     serde_json::from_slice(&body).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
 }
 
 /// `PUT path` with a JSON body; returns the answer's JSON. With `token`, authenticated.
 pub async fn put_json(
-    addr: SocketAddr,
+    endpoint: &AdminEndpoint,
     token: Option<&AdminToken>,
     path: &str,
     body: &serde_json::Value,
 ) -> Result<serde_json::Value, AdminClientError> {
-    let answer = call(addr, token, "PUT", path, Some(body.to_string())).await?;
+    let addr = endpoint.addr;
+    let answer = call(endpoint, token, "PUT", path, Some(body.to_string())).await?;
     serde_json::from_slice(&answer).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
 }
 
 async fn call(
-    addr: SocketAddr,
+    endpoint: &AdminEndpoint,
     token: Option<&AdminToken>,
     method: &str,
     path: &str,
     body: Option<String>,
 ) -> Result<Vec<u8>, AdminClientError> {
+    let addr = endpoint.addr;
     let auth = token.map(|t| format!("Authorization: Bearer {}\r\n", t.as_str())).unwrap_or_default();
+    let body = body.unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         {auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     let io = |source| AdminClientError::Io { addr, source };
-    let exchange = async {
-        let mut s = TcpStream::connect(addr).await.map_err(io)?;
-        let body = body.unwrap_or_default();
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
-             {auth}Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.map_err(io)?;
-        let mut resp = Vec::new();
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            let n = s.read(&mut chunk).await.map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            if resp.len() + n > MAX_RESPONSE {
-                return Err(AdminClientError::Bad { addr, message: format!("response above {MAX_RESPONSE} bytes") });
-            }
-            resp.extend_from_slice(&chunk[..n]);
-        }
-        Ok(resp)
+    let tls_err = |e: &dyn std::fmt::Display| AdminClientError::Tls { addr, message: e.to_string() };
+    let connect = async {
+        let tcp = TcpStream::connect(addr).await.map_err(io)?;
+        let Some(connector) = &endpoint.tls else { return exchange(addr, tcp, &req).await };
+        // The certificate must name the address connected to (an IP SAN).
+        let ssl = connector.configure().and_then(|c| c.into_ssl(&addr.ip().to_string())).map_err(|e| tls_err(&e))?;
+        let mut tls = SslStream::new(ssl, tcp).map_err(|e| tls_err(&e))?;
+        Pin::new(&mut tls).connect().await.map_err(|e| tls_err(&e))?;
+        exchange(addr, tls, &req).await
     };
-    let resp = tokio::time::timeout(TIMEOUT, exchange).await.map_err(|_| AdminClientError::Timeout(addr))??;
+    let resp = tokio::time::timeout(TIMEOUT, connect).await.map_err(|_| AdminClientError::Timeout(addr))??;
     let (status, body) = parse_response(&resp).map_err(|m| AdminClientError::Bad { addr, message: m.into() })?;
     if status != 200 {
         let text = String::from_utf8_lossy(&body).trim().to_string();
         return Err(AdminClientError::Status { addr, path: path.to_string(), status, body: text });
     }
     Ok(body)
+}
+
+/// Sends `req` and reads the whole response (until the server closes), at most [`MAX_RESPONSE`] bytes.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    addr: SocketAddr,
+    mut s: S,
+    req: &str,
+) -> Result<Vec<u8>, AdminClientError> {
+    let io = |source| AdminClientError::Io { addr, source };
+    s.write_all(req.as_bytes()).await.map_err(io)?;
+    let mut resp = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let n = s.read(&mut chunk).await.map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        if resp.len() + n > MAX_RESPONSE {
+            return Err(AdminClientError::Bad { addr, message: format!("response above {MAX_RESPONSE} bytes") });
+        }
+        resp.extend_from_slice(&chunk[..n]);
+    }
+    Ok(resp)
 }
 
 /// A whole HTTP response's status and body (de-chunked); `Err` says what is malformed.
@@ -150,6 +244,31 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use super::AdminEndpoint;
+
+    #[test]
+    fn endpoints_parse_with_their_scheme() {
+        let plain = AdminEndpoint::parse("127.0.0.1:9180", None).unwrap();
+        assert_eq!(format!("{plain:?}"), "http://127.0.0.1:9180");
+        assert_eq!(
+            format!("{:?}", AdminEndpoint::parse("http://127.0.0.1:9180/", None).unwrap()),
+            "http://127.0.0.1:9180"
+        );
+        assert_eq!(format!("{:?}", AdminEndpoint::parse("https://[::1]:9180", None).unwrap()), "https://[::1]:9180");
+        let e = AdminEndpoint::parse("ftp://127.0.0.1:1", None).unwrap_err();
+        assert!(e.contains("unknown scheme \"ftp\", expected http or https"), "{e}");
+        assert!(AdminEndpoint::parse("https://localhost:9180", None)
+            .unwrap_err()
+            .contains("expected [http[s]://]address:port"));
+        let ca = std::path::Path::new("ca.pem");
+        assert!(AdminEndpoint::parse("127.0.0.1:9180", Some(ca))
+            .unwrap_err()
+            .contains("--admin-ca ca.pem is for an https://"));
+        let e = AdminEndpoint::parse("https://127.0.0.1:9180", Some(std::path::Path::new("/nonexistent/ca.pem")))
+            .unwrap_err();
+        assert!(e.starts_with("--admin-ca /nonexistent/ca.pem: not a readable PEM CA file"), "{e}");
+    }
+
     #[test]
     fn dechunks() {
         assert_eq!(super::dechunk(b"3\r\nabc\r\n2;x=1\r\nde\r\n0\r\n\r\n").unwrap(), b"abcde");

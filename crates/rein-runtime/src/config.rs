@@ -7,6 +7,7 @@
 //! admin_insecure = false         # true: allow a non-loopback admin address without a token (warned)
 //! max_admin_connections = 64     # admin connections open at once (1..=4096)
 //! admin_idle_timeout_s = 60      # an admin connection idle this long is closed
+//! admin_tls = false              # true: HTTPS only, with [tls]'s cert/key (and its ca: client certificates)
 //! data_dir = "rein-data"         # created if missing; relative to the working directory
 //! scheduler = "mclock"           # mclock | dmclock | rbfq | sfq | fifo
 //! queue_depth = 32               # D: requests outstanding at the backend
@@ -174,6 +175,8 @@ struct File {
     max_admin_connections: usize,
     #[serde(default = "d_admin_idle")]
     admin_idle_timeout_s: f64,
+    #[serde(default)]
+    admin_tls: bool,
     #[serde(default = "d_data")]
     data_dir: String,
     #[serde(default = "d_sched")]
@@ -330,6 +333,9 @@ pub struct ServerConfig {
     /// Who may use the admin endpoint and how many connections it holds (`admin_token_file`,
     /// `admin_insecure`, `max_admin_connections`, `admin_idle_timeout_s`; [`crate::admin_guard`]).
     pub admin_access: crate::admin_guard::AdminAccess,
+    /// `admin_tls = true`: the admin endpoint serves HTTPS only, with this context (the `[tls]` table's,
+    /// which has a certificate); `None`: plain HTTP ([`crate::admin_guard`]).
+    pub admin_tls: Option<TlsConfig>,
     /// Where file exports with relative paths live (default `rein-data`, relative to the working
     /// directory); created at start if missing.
     pub data_dir: PathBuf,
@@ -527,6 +533,20 @@ fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, String> {
     TlsConfig::build(mode, files)
 }
 
+/// `admin_tls`: the `[tls]` context if it has a certificate. An HTTPS client (curl, a browser, a
+/// Prometheus scraper) authenticates the server by its certificate; none of them speaks TLS-PSK, so a
+/// PSK-only `[tls]` is refused rather than served to no one.
+fn admin_tls(on: bool, tls: Option<&TlsConfig>) -> Result<Option<TlsConfig>, String> {
+    match tls {
+        _ if !on => Ok(None),
+        Some(t) if t.has_certificate() => Ok(Some(t.clone())),
+        Some(t) if t.psk.is_some() => Err("admin_tls = true needs tls.cert and tls.key: [tls] has only a psk_file, \
+             and HTTPS clients (curl, browsers) check a server certificate, not a PSK"
+            .into()),
+        _ => Err("admin_tls = true needs tls.cert and tls.key (the admin endpoint's certificate) in [tls]".into()),
+    }
+}
+
 fn caps(f: &File) -> Result<ConnCaps, String> {
     let d = ConnCaps::default();
     let total = f.max_connections.unwrap_or(d.total);
@@ -703,10 +723,12 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         None => None,
         Some(t) => Some(tls_config(t, base)?),
     };
+    let admin_tls = admin_tls(f.admin_tls, tls.as_ref())?;
     let cfg = ServerConfig {
         listen,
         admin,
         admin_access,
+        admin_tls,
         data_dir,
         scheduler,
         queue_depth: f.queue_depth as usize,

@@ -506,6 +506,10 @@ impl Registry {
         if format!("{:?}", base.tls) != format!("{:?}", old.tls) {
             report.needs_restart.push("tls (needs a restart)".into());
         }
+        if base.admin_tls.is_some() != old.admin_tls.is_some() {
+            report.needs_restart.push("admin_tls (needs a restart)".into());
+            base.admin_tls = old.admin_tls.clone();
+        }
         let default_name = |c: &ServerConfig| c.default_export.map(|i| c.exports[i].name.clone());
         if default_name(&base) != default_name(&old) {
             report.needs_restart.push("default_export (needs a restart)".into());

@@ -61,7 +61,7 @@ pub struct LoadConfig {
     /// The NBD server.
     pub addr: SocketAddr,
     /// Its admin endpoint, if known.
-    pub admin: Option<SocketAddr>,
+    pub admin: Option<crate::admin_client::AdminEndpoint>,
     /// The admin endpoint's bearer token, if it needs one.
     pub admin_token: Option<crate::admin_guard::AdminToken>,
     /// The jobs.
@@ -172,7 +172,7 @@ struct JobState {
 pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) -> Result<RunTotals, LoadError> {
     cfg.validate()?;
     // Specs from the admin endpoint, before any load.
-    let server_tenants: Option<Vec<TenantJson>> = match cfg.admin {
+    let server_tenants: Option<Vec<TenantJson>> = match &cfg.admin {
         Some(a) => Some(crate::admin_client::get_json(a, cfg.admin_token.as_ref(), "/api/tenants").await?),
         None => None,
     };
@@ -251,7 +251,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let mut inflight: JoinSet<Done> = JoinSet::new();
     // Phase counters are read by one task, in interval order, so the driver never waits for the admin
     // endpoint: it sends an interval's index and receives the counts later.
-    let (phase_ask, phase_read) = match cfg.admin {
+    let (phase_ask, phase_read) = match cfg.admin.clone() {
         Some(a) => {
             let (ask, mut asked) = tokio::sync::mpsc::unbounded_channel::<usize>();
             let (answer, read) = tokio::sync::mpsc::unbounded_channel();
@@ -259,7 +259,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             let token = cfg.admin_token.clone();
             tokio::spawn(async move {
                 while let Some(i) = asked.recv().await {
-                    let counts = crate::admin_client::get_json::<Vec<TenantJson>>(a, token.as_ref(), "/api/tenants")
+                    let counts = crate::admin_client::get_json::<Vec<TenantJson>>(&a, token.as_ref(), "/api/tenants")
                         .await
                         .ok()
                         .map(|ts| jobs.iter().map(|t| phase_counts(&ts, t)).collect::<Vec<_>>());

@@ -249,12 +249,12 @@ pub async fn run_with(
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| ServeError::Bind { addr: cfg.listen, source })?;
     let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
     let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin: admin_l.local_addr().expect("bound") };
-    tracing::info!(nbd = %bound.nbd, admin = %bound.admin, scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    tracing::info!(nbd = %bound.nbd, admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
     let registry = Arc::new(Registry::new(dispatcher.clone(), base, cfg.clone(), tenant_ids, table, capacity, true));
     let admin_state = AdminState { registry: registry.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
-    let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access);
+    let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access, cfg.admin_tls.clone());
     let admin_router = crate::admin_guard::protect(admin::router(admin_state), admin_token);
     let admin_task = tokio::spawn(async move {
         let _ = axum::serve(admin_l, admin_router)

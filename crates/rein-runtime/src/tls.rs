@@ -231,14 +231,26 @@ impl TlsConfig {
         Ok(TlsConfig { mode, cert: files.cert, ca: files.ca, psk, acceptor: Arc::new(b.build()) })
     }
 
+    /// Whether the server has a certificate (`cert`/`key`), which HTTPS clients need (a PSK-only
+    /// context cannot serve them).
+    pub fn has_certificate(&self) -> bool {
+        self.cert.is_some()
+    }
+
+    /// `stream` wrapped for a TLS server, the handshake not yet run (no IO here): the caller drives it
+    /// with [`SslStream::poll_accept`] (the admin endpoint does, inside its connection's first poll).
+    pub fn server_stream<S: AsyncRead + AsyncWrite>(&self, stream: S) -> Result<SslStream<S>, TlsError> {
+        let ssl = Ssl::new(self.acceptor.context()).map_err(|e| TlsError(e.to_string()))?;
+        SslStream::new(ssl, stream).map_err(|e| TlsError(e.to_string()))
+    }
+
     /// Runs the TLS handshake as the server on `stream`; returns the TLS stream and the client's identity
     /// (module comment), if it has one.
     pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: S,
     ) -> Result<(SslStream<S>, Option<String>), TlsError> {
-        let ssl = Ssl::new(self.acceptor.context()).map_err(|e| TlsError(e.to_string()))?;
-        let mut tls = SslStream::new(ssl, stream).map_err(|e| TlsError(e.to_string()))?;
+        let mut tls = self.server_stream(stream)?;
         Pin::new(&mut tls).accept().await.map_err(|e| TlsError(e.to_string()))?;
         let ssl = tls.ssl();
         let identity = ssl.ex_data(psk_identity_index()).cloned().or_else(|| {

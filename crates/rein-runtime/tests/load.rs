@@ -55,7 +55,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
     let bound = ready_rx.await.expect("server starts");
     let lc = LoadConfig {
         addr: bound.nbd,
-        admin: admin.then_some(bound.admin),
+        admin: admin.then_some(bound.admin.into()),
         admin_token: None,
         jobs,
         duration: Duration::from_secs_f64(seconds),

@@ -146,7 +146,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         let admin = bound.admin;
         let halver = tokio::spawn(async move {
             tokio::time::sleep(half).await;
-            rein_runtime::admin_client::put_json(admin, None, "/api/capacity", &serde_json::json!({ "iops": 1200.0 }))
+            rein_runtime::admin_client::put_json(&admin.into(), None, "/api/capacity", &serde_json::json!({ "iops": 1200.0 }))
                 .await
                 .context("halving the modelled capacity")
         });
@@ -157,7 +157,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         let lc = LoadConfig {
             addr: bound.nbd,
-            admin: Some(admin),
+            admin: Some(admin.into()),
             admin_token: None,
             jobs,
             duration: total,

@@ -17,10 +17,15 @@ pub(crate) struct LoadArgs {
     /// NBD server address.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub(crate) addr: SocketAddr,
-    /// The server's admin endpoint (`rein serve`'s, default 127.0.0.1:9180): the report then carries the
-    /// tenants' specs and completions by scheduling phase. Without it they are unknown (null).
+    /// The server's admin endpoint (`rein serve`'s, default 127.0.0.1:9180), as ADDR or http://ADDR, or
+    /// https://ADDR when it is served with admin_tls: the report then carries the tenants' specs and
+    /// completions by scheduling phase. Without it they are unknown (null).
     #[arg(long)]
-    pub(crate) admin: Option<SocketAddr>,
+    pub(crate) admin: Option<String>,
+    /// For an https:// admin endpoint: the CA certificates (PEM) its certificate must chain to (default:
+    /// the system's).
+    #[arg(long, requires = "admin")]
+    pub(crate) admin_ca: Option<PathBuf>,
     /// The admin endpoint's bearer token file (`rein serve`'s `admin_token_file`), sent with every admin
     /// request.
     #[arg(long, requires = "admin")]
@@ -194,7 +199,12 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     let interval = Duration::from_secs(1);
     let cfg = LoadConfig {
         addr: args.addr,
-        admin: args.admin,
+        admin: args
+            .admin
+            .as_deref()
+            .map(|a| rein_runtime::admin_client::AdminEndpoint::parse(a, args.admin_ca.as_deref()))
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
         admin_token: args.admin_token_file.as_deref().map(rein_runtime::admin_guard::AdminToken::load).transpose()?,
         jobs,
         duration,
