@@ -62,13 +62,17 @@ fn nbd_reply_corpus() {
 #[test]
 fn every_fuzz_target_is_replayed() {
     let replayed = [
+        "access_list",
         "admin_body",
+        "admin_create",
         "admin_response",
         "nbd_handshake",
         "nbd_reply",
         "nbd_transmission",
         "parda_record",
+        "psk_file",
         "server_config",
+        "state_file",
     ];
     let mut targets: Vec<String> = std::fs::read_dir(fuzz_dir().join("fuzz_targets"))
         .expect("fuzz/fuzz_targets")

@@ -9,7 +9,7 @@
 //! address) and its identity ([`crate::tls`]: PSK identity or certificate CN) is one of
 //! `allow_identities` (absent: anyone, with or without TLS). A client without an identity (no TLS, or
 //! TLS without a PSK or a client certificate) never matches `allow_identities`. IPv4-mapped IPv6
-//! addresses are compared as IPv4.
+//! addresses are compared as IPv4, and a mapped network in `allow_networks` is kept as IPv4.
 //!
 //! # Connection caps
 //! Three counters, each checked where it can be answered at the NBD level:
@@ -52,6 +52,19 @@ pub struct ExportAccess {
 /// An address as access lists compare it (IPv4-mapped IPv6 as IPv4).
 fn canonical(ip: IpAddr) -> IpAddr {
     ip.to_canonical()
+}
+
+/// A network as access lists keep it: an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`, or the bare
+/// address `::ffff:10.0.0.1`) as the IPv4 network it maps, since clients are compared as IPv4 when
+/// mapped ([`ExportAccess::allows`]); otherwise no client could ever match it.
+pub fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => IpNet::V4(ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).expect("a prefix of at most 32")),
+            None => net,
+        },
+        _ => net,
+    }
 }
 
 impl ExportAccess {

@@ -238,17 +238,23 @@ fn weight_one() -> f64 {
     1.0
 }
 
+/// The body of `POST /api/tenants` decoded and its spec validated, as the endpoint does before
+/// [`Registry::add_tenant`] (which checks the name); the error is the 400 answer's message.
+/// [`crate::harness::admin_create`] fuzzes it.
+pub(crate) fn new_tenant(body: &[u8]) -> Result<(String, QosSpec), String> {
+    let t: NewTenant = serde_json::from_slice(body).map_err(|e| format!("bad JSON body: {e}"))?;
+    let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
+        .map_err(|e| format!("invalid spec for {}: {e}", t.name))?;
+    Ok((t.name, spec))
+}
+
 async fn create_tenant(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
-    let t: NewTenant = match serde_json::from_slice(&body) {
+    let (name, spec) = match new_tenant(&body) {
         Ok(t) => t,
-        Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
+        Err(e) => return err(StatusCode::BAD_REQUEST, e),
     };
-    let spec = match QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit) {
-        Ok(sp) => sp,
-        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid spec for {}: {e}", t.name)),
-    };
-    match s.registry.add_tenant(&t.name, spec).await {
-        Ok(warning) => (StatusCode::CREATED, spec_answer(&t.name, spec, warning)).into_response(),
+    match s.registry.add_tenant(&name, spec).await {
+        Ok(warning) => (StatusCode::CREATED, spec_answer(&name, spec, warning)).into_response(),
         Err(e) => change_err(e),
     }
 }
@@ -286,31 +292,34 @@ async fn list_exports(State(s): State<AdminState>) -> Response {
     Json(v).into_response()
 }
 
-async fn create_export(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct NewExport {
-        name: String,
-        #[serde(default = "file")]
-        backend: String,
-        path: Option<std::path::PathBuf>,
-        size_mb: Option<u64>,
-        tenant: Option<String>,
-        #[serde(default)]
-        read_only: bool,
-        #[serde(default)]
-        direct: bool,
-        allow_networks: Option<Vec<String>>,
-        allow_identities: Option<Vec<String>>,
-    }
-    fn file() -> String {
-        "file".into()
-    }
-    let n: NewExport = match serde_json::from_slice(&body) {
-        Ok(n) => n,
-        Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
-    };
-    let j = ExportJson {
+/// The body of `POST /api/exports` (module comment).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewExport {
+    name: String,
+    #[serde(default = "file")]
+    backend: String,
+    path: Option<std::path::PathBuf>,
+    size_mb: Option<u64>,
+    tenant: Option<String>,
+    #[serde(default)]
+    read_only: bool,
+    #[serde(default)]
+    direct: bool,
+    allow_networks: Option<Vec<String>>,
+    allow_identities: Option<Vec<String>>,
+}
+
+fn file() -> String {
+    "file".into()
+}
+
+/// The body of `POST /api/exports` decoded, as the endpoint does before [`Registry::add_export`] (which
+/// validates it with [`ExportJson::to_config`]); the error is the 400 answer's message.
+/// [`crate::harness::admin_create`] fuzzes it.
+pub(crate) fn new_export(body: &[u8]) -> Result<ExportJson, String> {
+    let n: NewExport = serde_json::from_slice(body).map_err(|e| format!("bad JSON body: {e}"))?;
+    Ok(ExportJson {
         tenant: n.tenant.unwrap_or_else(|| n.name.clone()),
         name: n.name,
         backend: n.backend,
@@ -320,6 +329,13 @@ async fn create_export(State(s): State<AdminState>, body: axum::body::Bytes) -> 
         direct: n.direct,
         allow_networks: n.allow_networks,
         allow_identities: n.allow_identities,
+    })
+}
+
+async fn create_export(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let j = match new_export(&body) {
+        Ok(j) => j,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e),
     };
     match s.registry.add_export(j).await {
         Ok(()) => (StatusCode::CREATED, Json(serde_json::json!({ "created": true }))).into_response(),

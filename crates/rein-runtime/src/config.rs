@@ -509,6 +509,7 @@ pub fn parse_access(
                     // A bare address is a network of one.
                     n.parse::<ipnet::IpNet>()
                         .or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                        .map(crate::access::canonical_net)
                         .map_err(|_| {
                             format!(
                                 "export {export}: allow_networks entry {n:?} is not a CIDR network (e.g. 10.0.0.0/8)"

@@ -1,7 +1,8 @@
 //! rein-runtime's decoders of outside input as functions of arbitrary bytes, with their contracts.
 //!
-//! The fuzz targets `server_config`, `admin_body` and `admin_response` (`fuzz/` at the repository root,
-//! cargo-fuzz on a nightly toolchain) are one line each: they call these functions; `tests/corpus.rs`
+//! The fuzz targets `server_config`, `admin_body`, `admin_response`, `state_file`, `psk_file`,
+//! `admin_create` and `access_list` (`fuzz/` at the repository root, cargo-fuzz on a nightly toolchain)
+//! are one line each: they call these functions; `tests/corpus.rs`
 //! replays the committed corpus through them on stable. Each function panics exactly when a contract is
 //! broken. rein-proto's `harness` covers the wire decoders (NBD, the PARDA record and slot that
 //! [`crate::aggregate`] reads from its shared file and datagrams).
@@ -15,14 +16,36 @@
 //!   body gave and the current values of the others; an accepted capacity is positive and finite.
 //! - [`admin_response`]: the admin client's parse of an HTTP response (status, chunked body) never
 //!   panics and never returns a body longer than its input.
+//! - [`state_file`]: [`state::parse`] (`data_dir/rein-state.json`, read at every start) never panics; a
+//!   state it accepts has this server's version, serialises and parses back to the same value, and
+//!   [`state::overlay`] of it over a configuration (two tenants, two exports, a default export) never
+//!   panics and gives a configuration that keeps the bounds [`server_config`] checks.
+//! - [`psk_file`]: [`tls::parse_psk_file`] (`tls.psk_file`, `identity:hexkey` lines) never panics; what it
+//!   accepts has 1..=[`MAX_PSK_IDENTITIES`] identities of 1..=[`MAX_IDENTITY_BYTES`] bytes, keys of
+//!   1..=[`MAX_PSK_BYTES`] bytes, and each key is exactly the hexadecimal digits written on its line; a
+//!   refusal names the file.
+//! - [`admin_create`]: the bodies of `POST /api/tenants` and `POST /api/exports`, decoded and validated as
+//!   the endpoint does, never panic; an accepted tenant's spec is finite and survives the state file's
+//!   form; an accepted export keeps the bounds (name, size, a file inside the data directory, its tenant,
+//!   access lists) and reads back from the state file's form as the same export.
+//! - [`access_list`]: [`config::parse_access`] (`allow_networks`, `allow_identities` of rein.toml, the state
+//!   file and `POST /api/exports`) never panics; an accepted list keeps [`MAX_ALLOW_ENTRIES`] and has no
+//!   empty entry, each network written back (as the state file does) parses to the same network, and a
+//!   client at an address an entry names (a bare address, or a network's first address) is allowed; a
+//!   refusal names the export and the key.
 
 use crate::admin::{CapacityBody, SpecUpdate};
 use crate::admin_client::parse_response;
-use crate::config::{ServerConfig, MAX_EXPORTS, MAX_EXPORT_BYTES};
+use crate::config::{self, BackendKind, ServerConfig, MAX_ALLOW_ENTRIES, MAX_EXPORTS, MAX_EXPORT_BYTES};
+use crate::live::MAX_TENANT_NAME;
+use crate::state::{self, ExportJson, SpecJson};
+use crate::tls::{self, MAX_IDENTITY_BYTES, MAX_PSK_BYTES, MAX_PSK_IDENTITIES};
 use rein_core::spec::MAX_IDLE_CREDIT;
 use rein_core::units::{MAX_WEIGHT, MIN_RATE};
 use rein_core::QosSpec;
-use std::path::Path;
+use std::net::IpAddr;
+use std::path::{Component, Path};
+use std::sync::OnceLock;
 
 /// Parses `data` (if UTF-8: a file that is not is refused before parsing) as a server configuration;
 /// panics if a contract is broken (module comment).
@@ -35,7 +58,13 @@ pub fn server_config(data: &[u8]) {
             return;
         }
     };
-    assert!((1..=MAX_EXPORTS).contains(&cfg.exports.len()), "export count out of bounds");
+    check_config(&cfg, 1);
+}
+
+/// The bounds every configuration the server runs keeps (module comment: [`server_config`]), with at
+/// least `min_exports` exports (a file needs one; the admin API may delete them all at run time).
+fn check_config(cfg: &ServerConfig, min_exports: usize) {
+    assert!((min_exports..=MAX_EXPORTS).contains(&cfg.exports.len()), "export count out of bounds");
     assert!((1..=4096).contains(&cfg.queue_depth), "queue_depth out of bounds");
     assert!((1024..=128 << 20).contains(&cfg.max_request), "max_request out of bounds");
     assert!(cfg.probe_capacity_s.is_finite() && (0.0..=60.0).contains(&cfg.probe_capacity_s));
@@ -99,5 +128,153 @@ pub fn admin_bodies(data: &[u8]) {
 pub fn admin_response(data: &[u8]) {
     if let Ok((_, body)) = parse_response(data) {
         assert!(body.len() <= data.len(), "a body longer than the response");
+    }
+}
+
+/// The configuration a fuzzed state file is applied to: two tenants, two exports (the second the default
+/// export), a capacity.
+const STATE_BASE: &str = "data_dir = \"/nonexistent/rein-fuzz\"\ncapacity_iops = 1000\ndefault_export = \"b\"\n\
+[[tenants]]\nname = \"t\"\nreservation = 10\n[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 1\n\
+[[exports]]\nname = \"b\"\nbackend = \"memory\"\nsize_mb = 2\ntenant = \"t\"\n";
+
+fn state_base() -> &'static ServerConfig {
+    static BASE: OnceLock<ServerConfig> = OnceLock::new();
+    BASE.get_or_init(|| ServerConfig::parse(STATE_BASE, Path::new("fuzz.toml")).expect("the base parses"))
+}
+
+/// Parses `data` as a state file and applies it over a configuration; panics if a contract is broken
+/// (module comment).
+pub fn state_file(data: &[u8]) {
+    let Ok(st) = state::parse(data) else { return };
+    assert_eq!(st.version, state::STATE_VERSION, "another version accepted");
+    let text = serde_json::to_vec_pretty(&st).expect("a state serialises");
+    let again = state::parse(&text).unwrap_or_else(|e| panic!("a state written back does not parse: {e}"));
+    assert_eq!(again, st, "a state written back parses to another value");
+    let base = state_base();
+    let over = state::overlay(base, &st);
+    check_config(&over.config, 0);
+    for t in over.config.tenants.iter().filter(|t| base.tenants.iter().all(|b| b.name != t.name)) {
+        // Only `POST /api/tenants` adds a tenant the file does not have.
+        assert!((1..=MAX_TENANT_NAME).contains(&t.name.len()), "a state file's tenant {:?} applied", t.name);
+    }
+    if let Some(c) = over.capacity {
+        assert!(c.iops.is_finite() && c.iops > 0.0, "a state file's capacity {} applied", c.iops);
+    }
+}
+
+/// Parses `data` (if UTF-8) as a PSK file; panics if a contract is broken (module comment).
+pub fn psk_file(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let keys = match tls::parse_psk_file(text, Path::new("fuzz.psk")) {
+        Ok(keys) => keys,
+        Err(e) => {
+            assert!(e.contains("fuzz.psk"), "a refusal that does not name the file: {e}");
+            return;
+        }
+    };
+    assert!((1..=MAX_PSK_IDENTITIES).contains(&keys.len()), "{} identities accepted", keys.len());
+    for (identity, key) in &keys {
+        assert!((1..=MAX_IDENTITY_BYTES).contains(&identity.len()), "an identity of {} bytes", identity.len());
+        assert!((1..=MAX_PSK_BYTES).contains(&key.len()), "a key of {} bytes", key.len());
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        let written = text.lines().any(|line| {
+            line.trim_end_matches('\r')
+                .rsplit_once(':')
+                .is_some_and(|(i, h)| i == identity && h.trim().eq_ignore_ascii_case(&hex))
+        });
+        assert!(written, "identity {identity:?}: key {hex} is not the hexadecimal written on its line");
+    }
+}
+
+/// Decodes `data` as the body of `POST /api/tenants` and of `POST /api/exports` as the endpoint does;
+/// panics if a contract is broken (module comment).
+pub fn admin_create(data: &[u8]) {
+    if let Ok((_, spec)) = crate::admin::new_tenant(data) {
+        assert!(spec.reservation().is_finite() && spec.weight().is_finite());
+        assert!(spec.limit().is_none_or(f64::is_finite));
+        let json = serde_json::to_vec(&SpecJson::from(spec)).expect("a spec serialises");
+        let back: SpecJson = serde_json::from_slice(&json).expect("a spec written back parses");
+        assert_eq!(back.spec().ok(), Some(spec), "a spec does not survive the state file");
+    }
+    let Ok(j) = crate::admin::new_export(data) else { return };
+    let base = state_base();
+    let data_dir = &base.data_dir;
+    let Ok(e) = j.to_config(data_dir, &base.tenants, true) else { return };
+    assert!((1..=4096).contains(&e.name.len()), "an export name of {} bytes accepted", e.name.len());
+    assert!(e.tenant < base.tenants.len(), "an export's tenant index out of range");
+    if let Some(size) = e.size {
+        assert!((1..=MAX_EXPORT_BYTES).contains(&size), "export size {size} accepted");
+    }
+    match &e.backend {
+        BackendKind::File { path } => {
+            let inside = path.strip_prefix(data_dir).expect("a file inside the data directory");
+            assert!(inside.components().all(|c| matches!(c, Component::Normal(_))), "{} accepted", path.display());
+        }
+        BackendKind::Memory => assert!(e.size.is_some() && !e.direct, "a memory export without a size or direct"),
+    }
+    check_access(&e.access.networks.as_ref().map(|n| n.len()), &e.access.identities);
+    // What the state file keeps of it reads back, at the next start, as the same export.
+    let kept = ExportJson::from_config(&e, &base.tenants[e.tenant].name);
+    let text = serde_json::to_vec(&kept).expect("an export serialises");
+    let read: ExportJson = serde_json::from_slice(&text).expect("an export written back parses");
+    let again = read.to_config(data_dir, &base.tenants, false).expect("an export written back is valid");
+    assert_eq!(format!("{again:?}"), format!("{e:?}"), "an export does not survive the state file");
+}
+
+/// The bounds of an accepted access list: at most [`MAX_ALLOW_ENTRIES`] networks and identities, no
+/// empty identity.
+fn check_access(networks: &Option<usize>, identities: &Option<Vec<String>>) {
+    assert!(networks.is_none_or(|n| n <= MAX_ALLOW_ENTRIES), "more than {MAX_ALLOW_ENTRIES} networks");
+    if let Some(ids) = identities {
+        assert!(ids.len() <= MAX_ALLOW_ENTRIES, "more than {MAX_ALLOW_ENTRIES} identities");
+        assert!(ids.iter().all(|i| !i.is_empty()), "an empty identity accepted");
+    }
+}
+
+/// Reads `data` (if UTF-8) as access-list lines and parses them as an export's `allow_networks` and
+/// `allow_identities`; panics if a contract is broken (module comment). Lines: `n` or `i` alone makes the
+/// list present (empty); `n:ENTRY` adds ENTRY to `allow_networks`, `i:ENTRY` to `allow_identities`;
+/// other lines are ignored.
+pub fn access_list(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let (mut networks, mut identities): (Option<Vec<String>>, Option<Vec<String>>) = (None, None);
+    for line in text.split('\n') {
+        let (list, entry) = match line.split_at_checked(1) {
+            Some(("n", rest)) => (&mut networks, rest),
+            Some(("i", rest)) => (&mut identities, rest),
+            _ => continue,
+        };
+        let list = list.get_or_insert_with(Vec::new);
+        if let Some(entry) = entry.strip_prefix(':') {
+            list.push(entry.to_string());
+        }
+    }
+    let access = match config::parse_access("x", &networks, &identities) {
+        Ok(access) => access,
+        Err(e) => {
+            let named = e.contains("allow_networks") || e.contains("allow_identities");
+            assert!(e.starts_with("export x: ") && named, "a refusal that does not name the export and key: {e}");
+            return;
+        }
+    };
+    check_access(&access.networks.as_ref().map(|n| n.len()), &access.identities);
+    assert_eq!(access.identities, identities, "identities changed");
+    let written = networks.unwrap_or_default();
+    let nets = access.networks.clone().unwrap_or_default();
+    assert_eq!(nets.len(), written.len(), "a network entry lost or added");
+    for (net, entry) in nets.iter().zip(&written) {
+        assert!(!entry.is_empty(), "an empty network entry accepted");
+        // The state file writes a network with `to_string` and parses it at the next start.
+        let kept = config::parse_access("x", &Some(vec![net.to_string()]), &None).expect("a network written back");
+        assert_eq!(kept.networks.as_deref(), Some(&[*net][..]), "{entry:?} does not survive the state file");
+        // A client at the address an entry names (or at a network's first address) is allowed.
+        let ip = entry.parse::<IpAddr>().unwrap_or(net.network());
+        // (An empty `allow_identities` admits nobody.)
+        let identity = access.identities.as_ref().map(|ids| ids.first().map(String::as_str));
+        if let Some(identity) = identity.unwrap_or(Some("anyone")) {
+            assert!(access.allows(ip, Some(identity)), "{entry:?}: a client at {ip} refused");
+        } else {
+            assert!(!access.allows(ip, Some("anyone")), "an empty allow_identities admitted a client");
+        }
     }
 }

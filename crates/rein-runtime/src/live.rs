@@ -32,8 +32,9 @@ use rein_proto::nbd::ExportInfo;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock, Weak};
 
-/// Longest tenant name accepted by `POST /api/tenants`, in bytes.
-pub const MAX_TENANT_NAME: usize = 256;
+/// Longest tenant name accepted by `POST /api/tenants`, in bytes (defined with the state file, which
+/// keeps such tenants).
+pub use crate::state::MAX_TENANT_NAME;
 
 /// The running export for configured export `e` of tenant `tenant` (named `tenant_name`) over `storage`.
 pub fn make_export(

@@ -52,6 +52,9 @@ pub const LOCK_FILE: &str = "rein.lock";
 pub const STATE_VERSION: u32 = 1;
 /// Largest state file read, in bytes (16 MiB: thousands of tenants and exports).
 pub const MAX_STATE_BYTES: u64 = 16 << 20;
+/// Longest tenant name accepted by `POST /api/tenants`, in bytes; a state file's tenant that the
+/// configuration file does not have and whose name is longer (or empty) is dropped.
+pub const MAX_TENANT_NAME: usize = 256;
 
 /// Why the state file or the lock could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -441,6 +444,8 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
     let mut cfg = base.clone();
     let mut notes = Vec::new();
     let mut pruned = false;
+    // The default export by name: entries delete and re-add exports, so its index is rebuilt at the end.
+    let default_export = cfg.default_export.map(|i| cfg.exports[i].name.clone());
     // Exports by name with their tenant's name, so that tenant indices can be rebuilt at the end.
     let mut exports: Vec<(ExportConfig, String)> =
         cfg.exports.iter().map(|e| (e.clone(), cfg.tenants[e.tenant].name.clone())).collect();
@@ -464,6 +469,12 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
                 }
                 cfg.tenants.retain(|t| &t.name != name);
                 notes.push(format!("tenant {name}: deleted (state file)"));
+            }
+            Some(_) if !(1..=MAX_TENANT_NAME).contains(&name.len()) && !cfg.tenants.iter().any(|t| &t.name == name) => {
+                notes.push(format!(
+                    "dropped the state file's tenant {name:?}: a new tenant's name must have 1..={MAX_TENANT_NAME} bytes"
+                ));
+                pruned = true;
             }
             Some(s) => match s.spec() {
                 Ok(spec) => {
@@ -492,6 +503,10 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
         exports.retain(|(e, _)| &e.name != name);
         match &entry.export {
             None => notes.push(format!("export {name}: deleted (state file)")),
+            Some(j) if j.name != *name => {
+                notes.push(format!("dropped the state file's export {name}: it is named {:?} inside", j.name));
+                pruned = true;
+            }
             Some(j) => match j.to_config(&cfg.data_dir, &cfg.tenants, false) {
                 Ok(e) => {
                     notes.push(format!("export {name}: added (state file)"));
@@ -520,6 +535,13 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
             e
         })
         .collect();
+    cfg.default_export = default_export.and_then(|name| {
+        let at = cfg.exports.iter().position(|e| e.name == name);
+        if at.is_none() {
+            notes.push(format!("default_export {name}: the export is deleted; the empty name opens nothing"));
+        }
+        at
+    });
     let capacity = match state.capacity {
         Some(c) if c.config == CapacityBase::of(base) => {
             notes.push(format!("capacity {} IOPS ({}, state file)", c.iops, c.source.name()));

@@ -145,7 +145,8 @@ pub fn parse_psk_file(text: &str, path: &Path) -> Result<HashMap<String, Vec<u8>
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
+    // Digits only: `from_str_radix` alone also takes a sign (`+f` would read as 0x0f).
+    if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect()
