@@ -63,8 +63,8 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(
      END { printf "Summary: %d passed, %d failed\n", p, f }' "$log"
 # A short coverage-guided fuzz run of every decoder from the committed corpus (fuzz/README.md); it needs a
 # nightly toolchain and says so when there is none (the corpus tests above replay the corpus on stable).
-echo "== fuzz (20 s per target)" >&2
-bash scripts/fuzz.sh 20 || status=1
+echo "== fuzz (10 s per target)" >&2
+bash scripts/fuzz.sh 10 || status=1
 left=$(find "$tests_tmp" -mindepth 1 -maxdepth 1)
 if [ -n "$left" ]; then
   echo "The tests left files in the temp directory ($(du -sh "$tests_tmp" | cut -f1)):" >&2

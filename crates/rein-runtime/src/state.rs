@@ -204,6 +204,9 @@ impl ExportJson {
         let backend = match self.backend.as_str() {
             "file" => {
                 let p = self.path.clone().unwrap_or_else(|| PathBuf::from(format!("{name}.img")));
+                if p.as_os_str().is_empty() {
+                    return Err(format!("export {name}: path is empty (omit it for {name}.img)"));
+                }
                 if strict_path
                     && (p.is_absolute() || p.components().any(|c| !matches!(c, std::path::Component::Normal(_))))
                 {
@@ -730,6 +733,8 @@ mod tests {
             allow_networks: None,
             allow_identities: None,
         };
+        let e = j("").to_config(&base.data_dir, &base.tenants, true).unwrap_err();
+        assert!(e.contains("path is empty"), "{e}");
         for p in ["/etc/passwd", "../x.img", "a/../../x.img"] {
             let e = j(p).to_config(&base.data_dir, &base.tenants, true).unwrap_err();
             assert!(e.contains("must be relative"), "{e}");
