@@ -276,7 +276,6 @@ struct ExportListed {
 }
 
 async fn list_exports(State(s): State<AdminState>) -> Response {
-    let tenants = s.registry.tenants();
     let v: Vec<ExportListed> = s
         .registry
         .exports()
@@ -284,7 +283,7 @@ async fn list_exports(State(s): State<AdminState>) -> Response {
         .iter()
         .map(|e| ExportListed {
             name: e.info.name.clone(),
-            tenant: tenants.iter().find(|t| t.1 == e.tenant).map(|t| t.0.clone()).unwrap_or_default(),
+            tenant: e.tenant_name.clone(),
             size: e.info.size,
             read_only: e.info.read_only,
         })

@@ -465,14 +465,58 @@ impl ServerConfig {
         self.tenants.iter().position(|t| t.name == name)
     }
 
-    /// Checks reservations against the capacity; `Err` explains the shortfall.
+    /// Checks reservations against the configured capacity (none configured: no check); `Err` explains
+    /// the shortfall.
     pub fn admission_check(&self, specs: impl Iterator<Item = QosSpec>) -> Result<(), String> {
-        let Some(cap) = self.capacity_iops else { return Ok(()) };
         let sum: f64 = specs.map(|s| s.reservation()).sum();
-        if sum > cap {
-            Err(format!("reservations total {sum} IOPS, above the reservable capacity of {cap} IOPS"))
-        } else {
-            Ok(())
+        match Shortfall::of(sum, self.capacity_iops) {
+            Some(s @ Shortfall::Above { .. }) => Err(s.to_string()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The sum of the tenants' reservations.
+    pub fn reserved(&self) -> f64 {
+        self.tenants.iter().map(|t| t.spec.reservation()).sum()
+    }
+}
+
+/// Reservations that the reservable capacity cannot hold: the one rule (and wording) of admission at
+/// start, at a reload and in [`ServerConfig::admission_check`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Shortfall {
+    /// The reservations total more than the capacity.
+    Above {
+        /// The reservations' total.
+        sum: f64,
+        /// The capacity.
+        capacity: f64,
+    },
+    /// There are reservations and no capacity is known.
+    Unknown {
+        /// The reservations' total.
+        sum: f64,
+    },
+}
+
+impl Shortfall {
+    /// The shortfall of reservations totalling `sum` against `capacity` (`None`: not known), if any.
+    pub fn of(sum: f64, capacity: Option<f64>) -> Option<Shortfall> {
+        match capacity {
+            Some(capacity) if sum > capacity => Some(Shortfall::Above { sum, capacity }),
+            None if sum > 0.0 => Some(Shortfall::Unknown { sum }),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shortfall::Above { sum, capacity } => {
+                write!(f, "reservations total {sum} IOPS, above the reservable capacity of {capacity} IOPS")
+            }
+            Shortfall::Unknown { sum } => write!(f, "reservations total {sum} IOPS but no capacity is known"),
         }
     }
 }

@@ -707,13 +707,7 @@ impl Task {
                 let _ = reply.send(self.sched.set_spec(id, spec));
             }
             Cmd::RemoveTenant(id, reply) => {
-                let r = self.sched.remove_tenant(id).map(|handles| {
-                    for h in handles {
-                        if let Some(p) = self.pending.get_mut(h as usize).and_then(Option::take) {
-                            self.free.push(h as usize);
-                            p.reply.send(Err(IoError::Refused(SchedError::UnknownTenant(id))));
-                        }
-                    }
+                let r = self.fail_queued(id, || IoError::Refused(SchedError::UnknownTenant(id))).map(|_| {
                     self.ids.retain(|x| *x != id);
                 });
                 let _ = reply.send(r);
@@ -756,21 +750,28 @@ impl Task {
     /// backend finish as usual. Returns how many were failed here.
     fn abort(&mut self) -> usize {
         self.aborted = true;
-        let mut failed = 0;
-        for &id in &self.ids {
-            let Ok(handles) = self.sched.remove_tenant(id) else { continue };
-            for h in handles {
-                let p = self.pending[h as usize].take().expect("a queued handle is pending");
-                self.free.push(h as usize);
-                if let Some(c) = self.counters.get_mut(id.index()) {
-                    c.in_flight = c.in_flight.saturating_sub(1);
-                    c.errors += 1;
-                }
-                p.reply.send(Err(IoError::Shutdown));
-                failed += 1;
-            }
-        }
+        let ids = std::mem::take(&mut self.ids);
+        let failed = ids.iter().map(|&id| self.fail_queued(id, || IoError::Shutdown).unwrap_or(0)).sum();
+        self.ids = ids;
         failed
+    }
+
+    /// Takes tenant `id` out of the scheduler and answers each of its queued requests with `error()`
+    /// (counted as an error, no longer in flight); returns how many. Requests at the backend are not
+    /// touched. Errors: the scheduler's, for an unknown tenant.
+    fn fail_queued(&mut self, id: TenantId, error: impl Fn() -> IoError) -> Result<usize, SchedError> {
+        let handles = self.sched.remove_tenant(id)?;
+        let failed = handles.len();
+        for h in handles {
+            let p = self.pending[h as usize].take().expect("a queued handle is pending");
+            self.free.push(h as usize);
+            if let Some(c) = self.counters.get_mut(id.index()) {
+                c.in_flight = c.in_flight.saturating_sub(1);
+                c.errors += 1;
+            }
+            p.reply.send(Err(error()));
+        }
+        Ok(failed)
     }
 
     /// Dispatches while slots are free; returns when to wake for a limit, if any.

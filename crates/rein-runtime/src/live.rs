@@ -142,10 +142,6 @@ pub fn config_capacity(cfg: &ServerConfig) -> (Option<f64>, CapacitySource) {
     }
 }
 
-fn reserved(cfg: &ServerConfig) -> f64 {
-    cfg.tenants.iter().map(|t| t.spec.reservation()).sum()
-}
-
 impl Registry {
     /// A registry over a running dispatcher. `base` is the configuration file, `effective` what runs
     /// (`base` with the state file applied), `tenants` the dispatcher's ids of `effective.tenants` (same
@@ -281,10 +277,10 @@ impl Registry {
             .map(|t| t.spec)
             .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
         let spec = f(cur).map_err(|e| ChangeError::Invalid(format!("invalid spec for {name}: {e}")))?;
-        let before = reserved(&inner.effective);
+        let before = inner.effective.reserved();
         let mut eff = inner.effective.clone();
         eff.tenants.iter_mut().filter(|t| t.name == name).for_each(|t| t.spec = spec);
-        let warning = self.admit(before, reserved(&eff), self.capacity_now(snap.capacity_iops).0)?;
+        let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
         self.persist(&inner.base, &eff, inner.capacity)?;
         self.dispatcher.set_spec(id, spec).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
         inner.effective = eff;
@@ -310,10 +306,10 @@ impl Registry {
             return Err(ChangeError::Conflict(format!("tenant {name:?} exists (PUT /api/tenants/{name} changes it)")));
         }
         let snap = self.snapshot().await?;
-        let before = reserved(&inner.effective);
+        let before = inner.effective.reserved();
         let mut eff = inner.effective.clone();
         eff.tenants.push(TenantConfig { name: name.into(), spec });
-        let warning = self.admit(before, reserved(&eff), self.capacity_now(snap.capacity_iops).0)?;
+        let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
         let id = self.dispatcher.add_tenant(spec).await.map_err(|e| match e {
             crate::dispatch::IoError::Shutdown => ChangeError::Unavailable(e.to_string()),
             e => ChangeError::Conflict(e.to_string()),
@@ -424,7 +420,7 @@ impl Registry {
         if !(iops.is_finite() && iops > 0.0) {
             return Err(ChangeError::Invalid(format!("capacity: iops must be positive and finite, got {iops}")));
         }
-        let sum = reserved(&inner.effective);
+        let sum = inner.effective.reserved();
         let mut warning = None;
         if sum > iops {
             let msg = format!("the reservations total {sum} IOPS, above the new capacity of {iops} IOPS");
@@ -463,7 +459,7 @@ impl Registry {
         Ok(CapacityInfo {
             iops,
             source: source.name(),
-            reserved_iops: reserved(&inner.effective),
+            reserved_iops: inner.effective.reserved(),
             admission: match self.admission() {
                 Admission::Refuse => "refuse",
                 Admission::Warn => "warn",
@@ -528,14 +524,7 @@ impl Registry {
         };
         let snap = self.snapshot().await?;
         let cap_now = cap.or(snap.capacity_iops);
-        let sum = reserved(&new);
-        let shortfall = match cap_now {
-            Some(c) if sum > c => {
-                Some(format!("reservations total {sum} IOPS, above the reservable capacity of {c} IOPS"))
-            }
-            None if sum > 0.0 => Some(format!("reservations total {sum} IOPS but no capacity is known")),
-            _ => None,
-        };
+        let shortfall = crate::config::Shortfall::of(new.reserved(), cap_now).map(|s| s.to_string());
         if let Some(msg) = shortfall {
             match new.admission {
                 Admission::Refuse => return Err(ChangeError::Conflict(format!("admission control: {msg}"))),

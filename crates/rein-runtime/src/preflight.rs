@@ -208,8 +208,11 @@ pub enum OpenError {
 /// [`crate::storage::FileStorage::open_with`]; a memory export only if it fits the machine's RAM). Errors name the export
 /// and its path.
 pub fn open_export(e: &crate::config::ExportConfig) -> Result<std::sync::Arc<dyn crate::storage::Storage>, OpenError> {
-    if let Some(ram) = mem_total_bytes(std::path::Path::new(MEMINFO)) {
-        check_memory(std::slice::from_ref(e), ram)?;
+    // Only a memory export needs the machine's RAM (one read of /proc/meminfo, not one per file export).
+    if e.backend == crate::config::BackendKind::Memory {
+        if let Some(ram) = mem_total_bytes(std::path::Path::new(MEMINFO)) {
+            check_memory(std::slice::from_ref(e), ram)?;
+        }
     }
     Ok(match &e.backend {
         crate::config::BackendKind::File { path } => std::sync::Arc::new(

@@ -18,7 +18,7 @@
 use crate::access::{Admit, ConnLimits};
 use crate::admin::{self, AdminState};
 use crate::budget::Budget;
-use crate::config::{Admission, BackendKind, ServerConfig};
+use crate::config::{Admission, BackendKind, ServerConfig, Shortfall};
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::live::{make_export, Registry};
 use crate::nbd::{serve_client, Entry, ExportTable, Limits, NbdContext, Policy};
@@ -195,17 +195,12 @@ pub async fn run_with(
         Some(c) => (Some(c.iops), c.source),
         None => crate::live::config_capacity(&cfg),
     };
-    let sum: f64 = cfg.tenants.iter().map(|t| t.spec.reservation()).sum();
-    let shortfall = match cap {
-        Some(c) if sum > c => Some(format!(
-            "reservations total {sum} IOPS, above the reservable capacity of {c} IOPS ({})",
-            source.name()
-        )),
-        None if sum > 0.0 => Some(format!(
-            "reservations total {sum} IOPS but no capacity is known: set capacity_iops, probe_capacity_s or [device_model] (or start with admission = \"warn\" and PUT /api/capacity)"
-        )),
-        _ => None,
-    };
+    let shortfall = Shortfall::of(cfg.reserved(), cap).map(|s| match s {
+        Shortfall::Above { .. } => format!("{s} ({})", source.name()),
+        Shortfall::Unknown { .. } => format!(
+            "{s}: set capacity_iops, probe_capacity_s or [device_model] (or start with admission = \"warn\" and PUT /api/capacity)"
+        ),
+    });
     if let Some(msg) = shortfall {
         match cfg.admission {
             Admission::Refuse => return Err(ServeError::Admission(msg)),

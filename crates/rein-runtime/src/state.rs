@@ -229,7 +229,11 @@ impl ExportJson {
             "memory" => {
                 // An admin-created memory export cannot take the server down: its size is bounded by the
                 // machine's RAM (MemTotal).
-                if let Some(ram) = strict_path.then(mem_total_bytes).flatten().filter(|&ram| size > ram) {
+                if let Some(ram) = strict_path
+                    .then(|| crate::preflight::mem_total_bytes(Path::new(crate::preflight::MEMINFO)))
+                    .flatten()
+                    .filter(|&ram| size > ram)
+                {
                     return Err(format!(
                         "export {name}: a memory export of {size_mb} MiB is larger than this machine's RAM ({} MiB)",
                         ram >> 20
@@ -258,14 +262,6 @@ impl ExportJson {
             access,
         })
     }
-}
-
-/// The machine's RAM (`MemTotal` in /proc/meminfo), if it can be read.
-fn mem_total_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
 }
 
 /// A tenant's run-time change.
