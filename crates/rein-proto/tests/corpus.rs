@@ -1,42 +1,9 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/` and `fuzz/seeds/<target>/` at the repository
 //! root) through the same `rein_proto::harness` functions the fuzz targets call, so CI checks every input
 //! the fuzzer kept without a nightly toolchain. A crash the fuzzer finds is also a named test below.
-use std::path::{Path, PathBuf};
-
-/// The repository's `fuzz/` directory.
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
-}
-
-/// Every file of `fuzz/corpus/<target>` and `fuzz/seeds/<target>`, with its path.
-fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    for dir in ["corpus", "seeds"] {
-        let d = fuzz_dir().join(dir).join(target);
-        let entries = std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-        for entry in entries {
-            let path = entry.expect("a directory entry").path();
-            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            out.push((path, bytes));
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Runs `check` on every input of `target`, naming the input that breaks a contract.
-fn replay(target: &str, check: fn(&[u8])) {
-    let all = inputs(target);
-    assert!(all.len() > 1, "fuzz/corpus/{target} is empty: run `scripts/fuzz.sh` and commit the corpus");
-    for (path, bytes) in &all {
-        if std::panic::catch_unwind(|| check(bytes)).is_err() {
-            panic!(
-                "{target}: {} breaks a contract (reproduce: cargo +nightly fuzz run {target} <that file>)",
-                path.display()
-            );
-        }
-    }
-}
+#[path = "../../../fuzz/replay.rs"]
+mod replay;
+use replay::{fuzz_dir, replay};
 
 #[test]
 fn nbd_handshake_corpus() {
