@@ -20,8 +20,8 @@
 //!   `used`; giving bytes back is one `fetch_sub` and one load of `queued`. Per request: two
 //!   read-modify-writes per level and one reference count (the charge's handle on its tenant's pools),
 //!   no lock, no waker. The tokio semaphore it replaces took its waiters' mutex on every release, on both
-//!   levels, and counted two references; `tests::fast_path_cost` measures the fast path (figures for
-//!   both in docs/serve.md).
+//!   levels, and counted two references; [`fast_path_cost_ns`] (`rein bench budget`) measures the fast
+//!   path (figures for both in docs/serve.md).
 //! - Slow path (the charge does not fit, or others already wait): count itself in `queued` (which turns
 //!   the fast path off for newcomers, so a large charge is not starved by a stream of small ones), queue
 //!   on the mutex (tokio's mutex is FIFO), and as the queue's head retry until the bytes fit, sleeping on
@@ -282,6 +282,33 @@ impl std::fmt::Debug for Charge {
     }
 }
 
+/// What the fast path costs, for `rein bench budget`: nanoseconds per charge that fits (`bytes`) and its
+/// release, as every request takes them, `charges` times on one thread, then on two threads charging two
+/// tenants at once (sharing the global level). Returns (one thread, first of two, second of two).
+pub fn fast_path_cost_ns(charges: u32, bytes: usize) -> (f64, f64, f64) {
+    let mut sched = rein_core::SchedulerKind::Fifo.build(Default::default());
+    let mut tenant = || sched.add_tenant(rein_core::QosSpec::default()).expect("two tenants fit");
+    let (a, b) = (tenant(), tenant());
+    let budget = Arc::new(Budget::default_sizes());
+    let run = |tenant: TenantId, budget: Arc<Budget>| {
+        move || {
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("a current-thread runtime");
+            let tb = budget.tenant(tenant);
+            rt.block_on(async {
+                let start = std::time::Instant::now();
+                for _ in 0..charges {
+                    let charge = tb.charge(std::hint::black_box(bytes)).await;
+                    drop(std::hint::black_box(charge));
+                }
+                start.elapsed().as_nanos() as f64 / f64::from(charges.max(1))
+            })
+        }
+    };
+    let alone = run(a, budget.clone())();
+    let (one, two) = (std::thread::spawn(run(a, budget.clone())), std::thread::spawn(run(b, budget)));
+    (alone, one.join().expect("the first thread"), two.join().expect("the second thread"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,37 +467,6 @@ mod tests {
             assert_eq!((tb.in_use(), tb.pools.tenant.queued.load(SeqCst)), (0, 0));
         }
         assert_eq!(budget.global.queued.load(SeqCst), 0, "nobody is left in line");
-    }
-
-    /// What the fast path costs: a charge that fits and its release, as every request takes them, on one
-    /// thread and on two threads charging two tenants (sharing the global level). Prints; asserts
-    /// nothing. `cargo test --release -p rein-runtime --lib fast_path_cost -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn fast_path_cost() {
-        const CHARGES: u32 = 2_000_000;
-        let (a, b) = two_tenants();
-        let budget = Arc::new(Budget::default_sizes());
-        let run = |tenant: TenantId, budget: Arc<Budget>| {
-            move || {
-                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-                let tb = budget.tenant(tenant);
-                rt.block_on(async {
-                    let start = std::time::Instant::now();
-                    for _ in 0..CHARGES {
-                        let charge = tb.charge(std::hint::black_box(4096 + 16)).await;
-                        drop(std::hint::black_box(charge));
-                    }
-                    start.elapsed().as_nanos() as f64 / f64::from(CHARGES)
-                })
-            }
-        };
-        let alone = run(a, budget.clone())();
-        let (one, two) = (std::thread::spawn(run(a, budget.clone())), std::thread::spawn(run(b, budget.clone())));
-        let (one, two) = (one.join().unwrap(), two.join().unwrap());
-        eprintln!(
-            "charge + release: {alone:.1} ns on one thread; {one:.1} and {two:.1} ns on two threads (two tenants)"
-        );
     }
 
     /// Polls a future once, with a no-op waker.

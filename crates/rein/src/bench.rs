@@ -30,6 +30,29 @@ pub(crate) enum BenchCmd {
     Pshift(PshiftBenchArgs),
     /// The server's dispatcher in-process (no network, no client): IOPS through mClock vs FIFO.
     Dispatch(DispatchBenchArgs),
+    /// The byte budget's fast path: ns per charge and release of a request that fits.
+    Budget(BudgetBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BudgetBenchArgs {
+    /// Charges per run.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub(crate) charges: u32,
+    /// Bytes per charge (a 4 KiB read and its reply header).
+    #[arg(long, default_value_t = 4096 + 16)]
+    pub(crate) bytes: usize,
+    /// Runs; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeat: usize,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct BudgetRow {
+    one_thread_ns: f64,
+    two_threads_ns: [f64; 2],
 }
 
 #[derive(Debug, Args)]
@@ -495,6 +518,22 @@ pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
                 )
             },
         ),
+        BenchCmd::Budget(a) => {
+            if a.repeat == 0 || a.charges == 0 {
+                bail!("--repeat and --charges must be at least 1");
+            }
+            let runs: Vec<_> =
+                (0..a.repeat).map(|_| rein_runtime::budget::fast_path_cost_ns(a.charges, a.bytes)).collect();
+            let med = |f: fn(&(f64, f64, f64)) -> f64| {
+                let mut v: Vec<f64> = runs.iter().map(f).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let row = BudgetRow { one_thread_ns: med(|r| r.0), two_threads_ns: [med(|r| r.1), med(|r| r.2)] };
+            emit(&[row], a.json, "| one thread ns | two threads (two tenants) ns |", "|---:|---:|", |r| {
+                format!("| {:.1} | {:.1} / {:.1} |", r.one_thread_ns, r.two_threads_ns[0], r.two_threads_ns[1])
+            })
+        }
         BenchCmd::Dispatch(a) => emit(&dispatch_rows(&a)?, a.json, "| tenants | backend | mClock IOPS | FIFO IOPS | mClock cost |", "|---:|---|---:|---:|---:|", |r| {
             format!("| {} | {} | {:.0} | {:.0} | {:+.1}% |", r.tenants, r.backend, r.mclock_iops, r.fifo_iops, r.mclock_cost_pct)
         }),
