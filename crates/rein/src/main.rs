@@ -66,7 +66,7 @@ fn main() {
 /// The error and its causes on one line, each said once: a cause whose text the message already holds
 /// is left out. (The library errors put their cause in their own message, so that a log line of one
 /// error is complete; printed as a chain, as `{:#}` would, each cause would appear twice or three times.)
-fn report(e: &anyhow::Error) -> String {
+pub(crate) fn report(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();

@@ -83,7 +83,8 @@ pub(crate) fn run(args: ServeArgs) -> Result<()> {
             requests,
             load: Box::new(move || {
                 load(&args).map_err(|e| {
-                    let msg = format!("{e:#}");
+                    // Each cause once, as the binary prints a fatal error.
+                    let msg = crate::report(&e);
                     if msg.contains(&file) {
                         msg
                     } else {
