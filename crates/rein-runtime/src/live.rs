@@ -109,8 +109,8 @@ struct Inner {
     effective: ServerConfig,
     /// A capacity set at run time or measured, if any.
     capacity: Option<CapacityEntry>,
-    /// Exports deleted while connections still held them.
-    retired: Vec<(Weak<Export>, String, String)>,
+    /// Exports deleted while connections still held them (each knows its name and its tenant's).
+    retired: Vec<Weak<Export>>,
 }
 
 /// Tenants, exports and capacity, and the one lock that serialises changes to them (module comment).
@@ -337,11 +337,14 @@ impl Registry {
                 e.name
             )));
         }
-        inner.retired.retain(|(w, _, _)| w.strong_count() > 0);
-        if let Some((w, export, _)) = inner.retired.iter().find(|(_, _, t)| t == name) {
+        inner.retired.retain(|w| w.strong_count() > 0);
+        let held = inner.retired.iter().find_map(|w| {
+            let connections = w.strong_count();
+            w.upgrade().filter(|e| e.tenant_name == name).map(|e| (connections, e.info.name.clone()))
+        });
+        if let Some((connections, export)) = held {
             return Err(ChangeError::Conflict(format!(
-                "tenant {name:?} is used by {} open connection(s) to the deleted export {export:?}",
-                w.strong_count()
+                "tenant {name:?} is used by {connections} open connection(s) to the deleted export {export:?}"
             )));
         }
         let mut eff = inner.effective.clone();
@@ -400,13 +403,12 @@ impl Registry {
             return Err(ChangeError::NotFound(format!("no export named {name:?}")));
         };
         let mut eff = inner.effective.clone();
-        let gone = eff.exports.remove(pos);
-        let tenant = eff.tenants[gone.tenant].name.clone();
+        eff.exports.remove(pos);
         self.persist(&inner.base, &eff, inner.capacity)?;
         let mut list = (*self.exports.snapshot()).clone();
         if let Some(i) = list.iter().position(|e| e.info.name == name) {
             let e = list.remove(i);
-            inner.retired.push((Arc::downgrade(&e), name.into(), tenant));
+            inner.retired.push(Arc::downgrade(&e));
         }
         self.exports.set(list);
         inner.effective = eff;
@@ -534,9 +536,12 @@ impl Registry {
         crate::preflight::check_exports(&new.exports).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         // Open new or changed exports first: a failure leaves everything as it was.
         let json = |c: &ServerConfig, e: &ExportConfig| ExportJson::from_config(e, &c.tenants[e.tenant].name);
+        // The running exports as written, by name (names are unique): one lookup per new export.
+        let running: std::collections::HashMap<&str, ExportJson> =
+            cur.exports.iter().map(|x| (x.name.as_str(), json(cur, x))).collect();
         let mut opened = Vec::new();
         for e in &new.exports {
-            if cur.exports.iter().any(|x| json(cur, x) == json(&new, e)) {
+            if running.get(e.name.as_str()) == Some(&json(&new, e)) {
                 continue;
             }
             let c2 = e.clone();
@@ -586,6 +591,8 @@ impl Registry {
             }
         }
         let old_list = self.exports.snapshot();
+        let old_by_name: std::collections::HashMap<&str, &Arc<Export>> =
+            old_list.iter().map(|x| (x.info.name.as_str(), x)).collect();
         let mut list = Vec::with_capacity(new.exports.len());
         for e in &new.exports {
             let tname = &new.tenants[e.tenant].name;
@@ -593,20 +600,16 @@ impl Registry {
             match opened.iter().position(|(n, _)| *n == e.name) {
                 Some(i) => {
                     let storage = opened[i].1.clone();
-                    let verb = if cur.exports.iter().any(|x| x.name == e.name) { "changed" } else { "added" };
+                    let verb = if running.contains_key(e.name.as_str()) { "changed" } else { "added" };
                     report.applied.push(format!("export {} {verb}", e.name));
                     list.push(Arc::new(make_export(e, tname, id, storage)));
                 }
-                None => {
-                    list.push(old_list.iter().find(|x| x.info.name == e.name).expect("unchanged export runs").clone())
-                }
+                None => list.push(Arc::clone(old_by_name.get(e.name.as_str()).expect("unchanged export runs"))),
             }
         }
         for x in old_list.iter() {
             if !list.iter().any(|y| Arc::ptr_eq(x, y)) {
-                let tenant =
-                    cur_tenants.iter().find(|(_, id)| *id == x.tenant).map(|t| t.0.clone()).unwrap_or_default();
-                inner.retired.push((Arc::downgrade(x), x.info.name.clone(), tenant));
+                inner.retired.push(Arc::downgrade(x));
                 if !new.exports.iter().any(|e| e.name == x.info.name) {
                     report.applied.push(format!("export {} removed", x.info.name));
                 }
