@@ -11,13 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 for t in nbdcopy openssl python3; do command -v $t >/dev/null || { echo "needs $t (apt-get install libnbd-bin openssl python3)" >&2; exit 1; }; done
-cargo build --release --locked -p rein -q
-W=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$W"; }
-trap cleanup EXIT
-FILE=$W/disk.img
-head -c $((1 << 30)) /dev/urandom > "$FILE"
+source scripts/bench-common.sh
 # A CA, a server certificate for 127.0.0.35 and a PSK, in libnbd's directory layout for the client.
 mkdir -p "$W/client"
 ( cd "$W"
@@ -27,7 +21,6 @@ mkdir -p "$W/client"
   openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -out server-cert.pem -days 1 -extfile server.ext
   cp ca-cert.pem client/
   echo "bench:$(openssl rand -hex 32)" > keys.psk ) 2>/dev/null
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0; sleep 0.1; done; echo "no server on $1:$2" >&2; exit 1; }
 copy_rate() { # uri, request size -> requests per second and MB/s reading the whole export
   local t0 t1
   t0=$(date +%s.%N)

@@ -12,14 +12,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-10}
 ROUNDS=${2:-3}
 for t in qemu-nbd nbdkit fio python3; do command -v $t >/dev/null || { echo "needs $t (apt-get install qemu-utils nbdkit fio python3)" >&2; exit 1; }; done
-cargo build --release --locked -p rein -q
-W=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$W"; }
-trap cleanup EXIT
-FILE=$W/disk.img
-head -c $((1 << 30)) /dev/urandom > "$FILE"   # 1 GiB, in the page cache after this
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0; sleep 0.1; done; echo "no server on $1:$2" >&2; exit 1; }
+source scripts/bench-common.sh
 # CPU seconds (user + system) a process has used so far.
 cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"; }
 # Runs a client command against server $1 (pid) and prints "IOPS CPU-us-per-IO" (server CPU during the run).
