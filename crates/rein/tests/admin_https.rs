@@ -6,98 +6,29 @@
 //! address (port 0).
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+mod common;
+
+use common::tls::{self, make_ca, make_cert};
+use common::{config_file, config_text, local, tmpdir, tool, write_file, Rein, Server, MEMORY};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command as Cmd, Output, Stdio};
+use std::process::{Command as Cmd, Output};
 use std::time::Duration;
 
-struct Server {
-    child: Child,
-    nbd: SocketAddr,
-    admin: SocketAddr,
-    /// The server's log lines after the start-up line.
-    log: std::sync::mpsc::Receiver<String>,
-}
-
-impl Server {
-    /// Waits (at most 30 s) for a log line containing `text`.
-    fn wait_log(&self, text: &str) -> String {
-        loop {
-            match self.log.recv_timeout(Duration::from_secs(30)) {
-                Ok(line) if line.contains(text) => return line,
-                Ok(_) => continue,
-                Err(e) => panic!("no log line with {text:?}: {e}"),
-            }
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 const TOKEN: &str = "https-t0ken";
-
-const MEMORY: &str =
-    "capacity_iops = 1000\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n[[tenants]]\nname = \"m\"\nreservation = 10\n";
-
-fn tool(name: &str) -> Cmd {
-    let found = Cmd::new("sh").arg("-c").arg(format!("command -v {name}")).output().unwrap().status.success();
-    assert!(found, "{name} is not installed (scripts/test.sh installs curl and openssl)");
-    Cmd::new(name)
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = tool("openssl").current_dir(dir).args(args).output().unwrap();
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// A temporary directory holding a CA (`ca-cert.pem`), a server certificate for 127.0.0.61..=64
 /// (`server-cert.pem`, `server-key.pem`), a client certificate (`client-cert.pem`, `client-key.pem`, CN
 /// alice) and the token file `admin.token` (mode 600).
 fn credentials(name: &str) -> tempfile::TempDir {
-    let tmp = tempfile::Builder::new().prefix(&format!("rein-https-{name}-")).tempdir().unwrap();
+    let tmp = tmpdir(&format!("https-{name}"));
     let dir = tmp.path();
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-    let ca = ["-keyout", "ca-key.pem", "-out", "ca-cert.pem", "-subj", "/CN=rein-test-ca", "-days", "2"];
-    openssl(dir, &[&["req", "-x509"][..], &ec, &ca].concat());
-    for (who, cn, ext) in [
-        (
-            "server",
-            "server",
-            "subjectAltName=IP:127.0.0.61,IP:127.0.0.62,IP:127.0.0.63,IP:127.0.0.64\nextendedKeyUsage=serverAuth\n",
-        ),
-        ("client", "alice", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        std::fs::write(dir.join(format!("{who}.ext")), ext).unwrap();
-        let (key, csr, cert) = (format!("{who}-key.pem"), format!("{who}.csr"), format!("{who}-cert.pem"));
-        openssl(dir, &[&["req"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", &format!("/CN={cn}")]].concat());
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca-cert.pem",
-                "-CAkey",
-                "ca-key.pem",
-                "-CAcreateserial",
-                "-out",
-                &cert,
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{who}.ext"),
-            ],
-        );
-    }
+    make_ca(dir, "ca", "rein-test-ca");
+    let server = tls::server("IP:127.0.0.61,IP:127.0.0.62,IP:127.0.0.63,IP:127.0.0.64");
+    make_cert(dir, "ca", "server", "server", &server);
+    make_cert(dir, "ca", "client", "alice", tls::CLIENT);
     let token = dir.join("admin.token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -116,61 +47,20 @@ fn absolute_token(dir: &Path, config: &str) -> String {
     config.replace("\"admin.token\"", &format!("{:?}", dir.join("admin.token")))
 }
 
-/// `rein.toml` in `dir`: NBD and admin on 127.0.0.`host`, data_dir inside `dir`, then `config`.
-fn config_file(dir: &Path, host: u8, config: &str) -> String {
-    let cfg = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{}",
-        dir.join("data").display(),
-        absolute_token(dir, &with_memory(config))
-    );
-    let path = dir.join("rein.toml");
-    std::fs::write(&path, cfg).unwrap();
-    path.to_str().unwrap().to_string()
-}
-
+/// Starts `rein serve` on 127.0.0.`host` with `config` (the memory export added, the token file made
+/// absolute); its admin endpoint must be HTTPS.
 fn start(dir: &Path, host: u8, config: &str) -> Server {
-    let path = config_file(dir, host, config);
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["serve", "--config", &path])
-        .env("REIN_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (log_tx, log) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = log_tx.send(line.clone());
-            if line.contains("rein serve listening") {
-                assert!(line.contains("admin_https=true"), "{line}");
-                let field = |k: &str| -> SocketAddr {
-                    line.split(&format!(" {k}=")).nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap()
-                };
-                let _ = tx.send((field("nbd"), field("admin")));
-            }
-        }
-    });
-    let (nbd, admin) = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, nbd, admin, log }
+    let s = Rein::serve(&config_file(dir, host, &absolute_token(dir, &with_memory(config)))).start();
+    let line = s.wait_line("rein serve listening");
+    assert!(line.contains("admin_https=true"), "{line}");
+    s
 }
 
 /// `rein serve` must refuse `config` (on 127.0.0.1, or on `head` when given); returns its stderr.
 fn start_fails(dir: &Path, head: Option<&str>, config: &str) -> String {
-    let head = head.unwrap_or("listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"");
-    let path = dir.join("bad.toml");
+    let head = head.map_or_else(|| local(1), str::to_string);
     let config = absolute_token(dir, &with_memory(config));
-    std::fs::write(&path, format!("{head}\ndata_dir = \"{}\"\n{config}", dir.join("data").display())).unwrap();
-    let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "rein serve started on a bad config");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    Rein::serve(&write_file(dir, "bad.toml", &config_text(dir, &head, &config))).fails()
 }
 
 /// curl with the test CA, giving up after 20 s; `extra` before the URL. Returns the output with the
@@ -347,9 +237,8 @@ fn a_reload_does_not_change_admin_tls() {
     let path = dir.join("rein.toml");
     let text = std::fs::read_to_string(&path).unwrap().replace("admin_tls = true\n", "");
     std::fs::write(&path, text).unwrap();
-    let hup = Cmd::new("kill").args(["-HUP", &s.child.id().to_string()]).status().unwrap();
-    assert!(hup.success());
-    s.wait_log("admin_tls (needs a restart)");
+    s.signal("-HUP");
+    s.wait_line("admin_tls (needs a restart)");
     assert_eq!(curl_ok(dir, &[], &format!("https://{}/healthz", s.admin)), (200, "ok\n".to_string()));
 }
 

@@ -4,129 +4,37 @@
 //! (port 0) in a temporary directory removed at the end.
 #![cfg(unix)]
 
-use rein_proto::nbd::{ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::{config_at, local, tmpdir, Rein, Server, MEMORY};
+use rein_proto::nbd::{Command, ReplyHeader, RequestHeader};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command as Cmd, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command as Cmd;
 use std::time::{Duration, Instant};
 
-struct Server {
-    child: Child,
-    nbd: SocketAddr,
-    admin: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tmpdir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("rein-admin-{name}-")).tempdir().expect("temp dir")
-}
-
-const MEMORY: &str =
-    "capacity_iops = 1000\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n[[tenants]]\nname = \"m\"\nreservation = 10\n";
-
-/// Writes `rein.toml`: `head` (listen/admin lines), data_dir inside `dir`, then `config`.
-fn config_file(dir: &Path, head: &str, config: &str) -> String {
-    let cfg = format!("{head}\ndata_dir = \"{}\"\n{config}", dir.join("data").display());
-    let path = dir.join("rein.toml");
-    std::fs::write(&path, cfg).unwrap();
-    path.to_str().unwrap().to_string()
-}
-
-fn local(host: u8) -> String {
-    format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"")
-}
-
-/// Starts `rein serve` on the config, through `sh -c "ulimit -n N; exec rein ..."` when `nofile` is given.
+/// Starts `rein serve` on the config (`head`: the listen/admin lines), with at most `nofile` open
+/// descriptors when given.
 fn start(dir: &Path, head: &str, config: &str, nofile: Option<u32>) -> Server {
-    let path = config_file(dir, head, config);
-    let bin = env!("CARGO_BIN_EXE_rein");
-    let mut cmd = match nofile {
-        Some(n) => {
-            let mut c = Cmd::new("sh");
-            c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" serve --config \"$1\""), bin, &path]);
-            c
-        }
-        None => {
-            let mut c = Cmd::new(bin);
-            c.args(["serve", "--config", &path]);
-            c
-        }
-    };
-    let mut child = cmd
-        .env("REIN_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let lines = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("rein serve listening") {
-                let field = |k: &str| -> SocketAddr {
-                    line.split(&format!("{k}=")).nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap()
-                };
-                let _ = tx.send((field("nbd"), field("admin")));
-            }
-            lines.lock().unwrap().push(line);
-        }
-    });
-    let (nbd, admin) = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, nbd, admin, log }
+    let rein = Rein::serve(&config_at(dir, head, config));
+    match nofile {
+        Some(n) => rein.nofile(n),
+        None => rein,
+    }
+    .start()
 }
 
 /// Runs `rein serve` and expects it to refuse to start (within 30 s); returns its stderr.
 fn start_fails(dir: &Path, head: &str, config: &str) -> String {
-    let path = config_file(dir, head, config);
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["serve", "--config", &path])
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("rein serve started instead of refusing the config");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    err
+    Rein::serve(&config_at(dir, head, config)).fails()
 }
 
-/// One HTTP/1.1 request on a fresh connection: (status, headers, body).
+/// One HTTP/1.1 request on a fresh connection, with the bearer `token` if given: (status, headers, body).
 fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String, String) {
-    let mut t = TcpStream::connect(addr).unwrap();
-    t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(
-        t,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    t.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (head[9..12].parse().unwrap(), head.to_string(), body.to_string())
+    common::http(addr, method, path, &auth, body)
 }
 
 fn token_file(dir: &Path, token: &str, mode: u32) -> std::path::PathBuf {
@@ -140,7 +48,7 @@ fn token_file(dir: &Path, token: &str, mode: u32) -> std::path::PathBuf {
 /// `WWW-Authenticate` otherwise, unknown paths included), and `rein load --admin-token-file` sends it.
 #[test]
 fn the_admin_token_is_required_for_everything_but_healthz() {
-    let tmp = tmpdir("token");
+    let tmp = tmpdir("admin-token");
     let dir = tmp.path();
     let tok = token_file(dir, "s3cret-Token_1", 0o600);
     let s = start(dir, &local(47), &format!("admin_token_file = \"{}\"\n{MEMORY}", tok.display()), None);
@@ -186,7 +94,7 @@ fn the_admin_token_is_required_for_everything_but_healthz() {
 /// warning); a token file every user can read is refused.
 #[test]
 fn an_exposed_admin_endpoint_needs_a_token() {
-    let tmp = tmpdir("exposed");
+    let tmp = tmpdir("admin-exposed");
     let dir = tmp.path();
     let head = "listen = \"127.0.0.48:0\"\nadmin = \"0.0.0.0:0\"";
     let err = start_fails(dir, head, MEMORY);
@@ -220,30 +128,8 @@ fn an_exposed_admin_endpoint_needs_a_token() {
 
 /// Opens an NBD connection to export `m` and reads 4 KiB; `Err` if the server does not answer in time.
 fn nbd_read(addr: SocketAddr) -> Result<(), String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut hs = ClientHandshake::new("m", false);
-    let mut buf = Vec::new();
-    loop {
-        let mut out = Vec::new();
-        match hs.feed(&buf, &mut out).map_err(|e| e.to_string())? {
-            (used, ClientProgress::NeedMore) => {
-                buf.drain(..used);
-                s.write_all(&out).map_err(|e| e.to_string())?;
-                let mut chunk = [0u8; 4096];
-                let n = s.read(&mut chunk).map_err(|e| format!("handshake: {e}"))?;
-                if n == 0 {
-                    return Err("closed during the handshake".into());
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            (used, ClientProgress::Ready { .. }) => {
-                s.write_all(&out).unwrap();
-                buf.drain(..used);
-                break;
-            }
-        }
-    }
+    let open = common::nbd_open(addr, "m", false, Duration::from_secs(10))?;
+    let (mut s, mut buf) = (open.stream, open.buf);
     let mut req = Vec::new();
     RequestHeader { flags: 0, command: Command::Read, handle: 1, offset: 0, length: 4096 }.encode(&mut req);
     s.write_all(&req).map_err(|e| e.to_string())?;
@@ -267,10 +153,10 @@ fn nbd_read(addr: SocketAddr) -> Result<(), String> {
 /// are not even connected, their SYNs retried by the kernel), and NBD is still served.
 #[test]
 fn idle_admin_connections_cannot_starve_nbd() {
-    let tmp = tmpdir("fds");
+    let tmp = tmpdir("admin-fds");
     let dir = tmp.path();
     let s = start(dir, &local(49), MEMORY, Some(128));
-    let pid = s.child.id();
+    let pid = s.pid();
     let mut held = Vec::new();
     for i in 0..180 {
         held.push(
@@ -299,7 +185,7 @@ fn idle_admin_connections_cannot_starve_nbd() {
 /// `max_admin_connections = 2` and two idle connections, a third client is served once they time out.
 #[test]
 fn idle_admin_connections_time_out_and_free_their_slots() {
-    let tmp = tmpdir("idle");
+    let tmp = tmpdir("admin-idle");
     let dir = tmp.path();
     let s = start(dir, &local(50), &format!("max_admin_connections = 2\nadmin_idle_timeout_s = 0.5\n{MEMORY}"), None);
     let mut idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(s.admin).unwrap()).collect();

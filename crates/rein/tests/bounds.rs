@@ -5,101 +5,27 @@
 //! the OS) and kills it at the end; no test sleeps to assert timing (bounded polls only).
 #![cfg(target_os = "linux")]
 
-use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::{config_file, tmpdir, Rein, Server};
+use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command as Cmd, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-struct Server {
-    child: Child,
-    nbd: SocketAddr,
-    /// Every line the server wrote to stderr so far.
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    /// A field of /proc/PID/status in bytes (VmRSS: resident now; VmHWM: the peak so far).
-    fn mem(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("server alive");
-        let line = status.lines().find(|l| l.starts_with(field)).expect("field in /proc/PID/status");
-        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-    }
-
-    /// Waits (bounded) for a log line containing every one of `parts`; returns it.
-    fn wait_log(&self, parts: &[&str], within: Duration) -> String {
-        let t0 = Instant::now();
-        loop {
-            if let Some(l) = self.log.lock().unwrap().iter().find(|l| parts.iter().all(|p| l.contains(p))) {
-                return l.clone();
-            }
-            assert!(t0.elapsed() < within, "no log line with {parts:?}: {:#?}", self.log.lock().unwrap());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Sends SIGTERM and waits (bounded by `within`) for the process to exit; returns how long it took.
-    fn terminate(&mut self, within: Duration) -> Duration {
-        let t0 = Instant::now();
-        let ok = Cmd::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success();
-        assert!(ok, "kill -TERM");
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "rein serve exited with {status}");
-                return t0.elapsed();
-            }
-            assert!(t0.elapsed() < within, "rein serve still running {within:?} after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn tmpdir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("rein-bounds-{name}-")).tempdir().expect("temp dir")
+/// A field of the server's /proc/PID/status in bytes (VmRSS: resident now; VmHWM: the peak so far).
+fn mem(s: &Server, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).expect("server alive");
+    let line = status.lines().find(|l| l.starts_with(field)).expect("field in /proc/PID/status");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
 /// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`.
 fn start(dir: &Path, host: u8, config: &str) -> Server {
-    let cfg = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}",
-        dir.join("data").display()
-    );
-    let path = dir.join("rein.toml");
-    std::fs::write(&path, cfg).unwrap();
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .env("REIN_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let lines = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("rein serve listening") {
-                let nbd = line.split("nbd=").nth(1).and_then(|r| r.split_whitespace().next()).map(|s| s.parse());
-                let _ = tx.send(nbd.unwrap().unwrap());
-            }
-            lines.lock().unwrap().push(line);
-        }
-    });
-    let nbd: SocketAddr = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, nbd, log }
+    Rein::serve(&config_file(dir, host, config)).start()
 }
 
 /// A raw NBD peer (simple replies): sends what it likes, reads replies when it likes.
@@ -110,28 +36,8 @@ struct Raw {
 
 impl Raw {
     fn connect(addr: SocketAddr, export: &str) -> Raw {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut hs = ClientHandshake::new(export, false);
-        let mut buf = Vec::new();
-        loop {
-            let mut out = Vec::new();
-            match hs.feed(&buf, &mut out).unwrap() {
-                (used, ClientProgress::NeedMore) => {
-                    buf.drain(..used);
-                    s.write_all(&out).unwrap();
-                    let mut chunk = [0u8; 4096];
-                    let n = s.read(&mut chunk).unwrap();
-                    assert!(n > 0, "closed during handshake");
-                    buf.extend_from_slice(&chunk[..n]);
-                }
-                (used, ClientProgress::Ready { .. }) => {
-                    s.write_all(&out).unwrap();
-                    buf.drain(..used);
-                    return Raw { s, buf };
-                }
-            }
-        }
+        let open = common::nbd_open(addr, export, false, Duration::from_secs(20)).unwrap();
+        Raw { s: open.stream, buf: open.buf }
     }
 
     fn header(command: Command, handle: u64, offset: u64, length: u32) -> Vec<u8> {
@@ -207,7 +113,7 @@ const ALLOWED_GROWTH: u64 = (64 + 64) * MIB;
 fn wait_for_growth(s: &Server, base: u64, grown: u64) {
     let t0 = Instant::now();
     loop {
-        let rss = s.mem("VmRSS:");
+        let rss = mem(s, "VmRSS:");
         assert!(
             rss <= base + ALLOWED_GROWTH,
             "server RSS {} MiB: more than {} MiB over its {} MiB at start",
@@ -236,9 +142,9 @@ size_mb = 64
 /// to 3 GiB. Now it holds the tenant's budget, and another tenant is served meanwhile.
 #[test]
 fn pipelined_32mib_reads_stay_under_the_budget() {
-    let tmp = tmpdir("reads");
+    let tmp = tmpdir("bounds-reads");
     let s = start(tmp.path(), 41, &format!("{BUDGET}{TWO_TENANTS}"));
-    let base = s.mem("VmRSS:");
+    let base = mem(&s, "VmRSS:");
     let mut attacker = Raw::connect(s.nbd, "att");
     let mut burst = Vec::new();
     for h in 0..256u64 {
@@ -248,7 +154,7 @@ fn pipelined_32mib_reads_stay_under_the_budget() {
     wait_for_growth(&s, base, 32 * MIB);
     let mib_s = honest_round_trip(s.nbd, "good", 16);
     wait_for_growth(&s, base, 32 * MIB);
-    let peak = s.mem("VmHWM:");
+    let peak = mem(&s, "VmHWM:");
     eprintln!("reads attack: RSS {} MiB at start, peak {} MiB; honest client {mib_s:.0} MiB/s", base / MIB, peak / MIB);
     assert!(peak <= base + ALLOWED_GROWTH, "peak RSS {} MiB", peak / MIB);
     // The attacker's replies are intact when it reads them at last.
@@ -260,10 +166,10 @@ fn pipelined_32mib_reads_stay_under_the_budget() {
 /// bound counts requests, not bytes). Now the connection stops being read at the tenant's budget.
 #[test]
 fn pipelined_32mib_writes_to_a_throttled_tenant_stay_under_the_budget() {
-    let tmp = tmpdir("writes");
+    let tmp = tmpdir("bounds-writes");
     let config = format!("{BUDGET}{TWO_TENANTS}[[tenants]]\nname = \"att\"\nlimit = 1\n");
     let s = start(tmp.path(), 42, &config);
-    let base = s.mem("VmRSS:");
+    let base = mem(&s, "VmRSS:");
     let attacker = Raw::connect(s.nbd, "att");
     let mut sock = attacker.s.try_clone().unwrap();
     let sender = std::thread::spawn(move || {
@@ -280,7 +186,7 @@ fn pipelined_32mib_writes_to_a_throttled_tenant_stay_under_the_budget() {
     wait_for_growth(&s, base, 32 * MIB);
     let mib_s = honest_round_trip(s.nbd, "good", 16);
     wait_for_growth(&s, base, 32 * MIB);
-    let peak = s.mem("VmHWM:");
+    let peak = mem(&s, "VmHWM:");
     eprintln!(
         "writes attack: RSS {} MiB at start, peak {} MiB; honest client {mib_s:.0} MiB/s",
         base / MIB,
@@ -297,7 +203,7 @@ fn pipelined_32mib_writes_to_a_throttled_tenant_stay_under_the_budget() {
 /// Also the connection log lines: opened and closed, once each, with peer, export and tenant.
 #[test]
 fn idle_connections_are_closed_and_logged() {
-    let tmp = tmpdir("idle");
+    let tmp = tmpdir("bounds-idle");
     let config = "idle_timeout_s = 1\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 1\n";
     let s = start(tmp.path(), 43, config);
     let mut c = Raw::connect(s.nbd, "slow");
@@ -328,7 +234,7 @@ fn idle_connections_are_closed_and_logged() {
 /// the shutdown ends within its deadline plus a small margin.
 #[test]
 fn shutdown_is_not_held_up_by_stalled_clients() {
-    let tmp = tmpdir("stalled");
+    let tmp = tmpdir("bounds-stalled");
     let s = start(tmp.path(), 44, &format!("shutdown_timeout_s = 1\n{TWO_TENANTS}"));
     let mut s = s;
     // Replies unread: 64 reads of 32 MiB, far more than the socket buffers take.
@@ -359,7 +265,7 @@ fn shutdown_is_not_held_up_by_stalled_clients() {
 /// exits within the deadline plus a small margin.
 #[test]
 fn shutdown_fails_a_throttled_queue_at_the_deadline() {
-    let tmp = tmpdir("throttled");
+    let tmp = tmpdir("bounds-throttled");
     let config = "shutdown_timeout_s = 1\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 1\n";
     let mut s = start(tmp.path(), 45, config);
     let mut c = Raw::connect(s.nbd, "slow");

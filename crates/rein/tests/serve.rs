@@ -3,74 +3,19 @@
 //! kills it at the end. The client tools are installed by scripts/test.sh (qemu-utils, libnbd-bin, fio).
 #![cfg(unix)]
 
-use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::{config_file, random_file, run_ok, tmpdir, tool, Rein, Server};
+use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command as Cmd, Stdio};
+use std::path::Path;
+use std::process::{Child, Command as Cmd};
 use std::time::{Duration, Instant};
-
-struct Server {
-    child: Child,
-    nbd: SocketAddr,
-    admin: SocketAddr,
-    dir: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A fresh directory under the temp dir, removed with everything in it when dropped (also on a panic).
-/// Declare it before the [`Server`] that uses it, so that the server is killed before its files go.
-fn tmpdir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("rein-serve-{name}-")).tempdir().expect("temp dir")
-}
 
 /// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`.
 fn start(dir: &Path, host: u8, config: &str) -> Server {
-    let cfg = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}",
-        dir.join("data").display()
-    );
-    let path = dir.join("rein.toml");
-    std::fs::write(&path, cfg).unwrap();
-    start_with(dir, &["serve", "--config", path.to_str().unwrap()])
-}
-
-fn start_with(dir: &Path, args: &[&str]) -> Server {
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(args)
-        .env("REIN_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent && line.contains("rein serve listening") {
-                let field = |k: &str| {
-                    line.split(&format!("{k}="))
-                        .nth(1)
-                        .and_then(|r| r.split_whitespace().next())
-                        .map(|s| s.parse::<SocketAddr>().unwrap())
-                };
-                let _ = tx.send((field("nbd").unwrap(), field("admin").unwrap()));
-                sent = true;
-            }
-            if line.contains("ERROR") || line.contains("error:") {
-                eprintln!("server: {line}");
-            }
-        }
-    });
-    let (nbd, admin) = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, nbd, admin, dir: dir.to_path_buf() }
+    Rein::serve(&config_file(dir, host, config)).start()
 }
 
 // rd reserves 250: admission needs a capacity (it fails closed without one).
@@ -96,44 +41,6 @@ name = "oltp"
 weight = 2
 "#;
 
-fn tool(name: &str) -> Cmd {
-    assert!(
-        Cmd::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {name}"))
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false),
-        "{name} is not installed (scripts/test.sh installs qemu-utils, libnbd-bin and fio)"
-    );
-    Cmd::new(name)
-}
-
-fn run_ok(c: &mut Cmd) -> String {
-    let out = c.output().expect("runs");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}{}",
-        c,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn random_file(path: &Path, len: usize, seed: u64) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(path, data).unwrap();
-}
-
 #[test]
 fn real_clients_work_against_rein_serve() {
     clients_round_trip("clients", 21, THREE);
@@ -148,7 +55,7 @@ fn real_clients_work_with_threads_and_o_direct() {
 }
 
 fn clients_round_trip(name: &str, host: u8, config: &str) {
-    let tmp = tmpdir(name);
+    let tmp = tmpdir(&format!("serve-{name}"));
     let dir = tmp.path();
     let s = start(dir, host, config);
     let uri = |e: &str| format!("nbd://{}/{e}", s.nbd);
@@ -209,30 +116,8 @@ struct Raw {
 
 impl Raw {
     fn connect(addr: SocketAddr, export: &str, structured: bool) -> Result<(Raw, u64), String> {
-        let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut hs = ClientHandshake::new(export, structured);
-        let mut buf = Vec::new();
-        loop {
-            let mut out = Vec::new();
-            match hs.feed(&buf, &mut out).map_err(|e| e.to_string())? {
-                (used, ClientProgress::NeedMore) => {
-                    buf.drain(..used);
-                    s.write_all(&out).unwrap();
-                    let mut chunk = [0u8; 4096];
-                    let n = s.read(&mut chunk).map_err(|e| e.to_string())?;
-                    if n == 0 {
-                        return Err("closed during handshake".into());
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                }
-                (used, ClientProgress::Ready { size, structured, .. }) => {
-                    s.write_all(&out).unwrap();
-                    buf.drain(..used);
-                    return Ok((Raw { s, buf, structured }, size));
-                }
-            }
-        }
+        let open = common::nbd_open(addr, export, structured, Duration::from_secs(20))?;
+        Ok((Raw { s: open.stream, buf: open.buf, structured: open.structured }, open.size))
     }
 
     fn send(&mut self, command: Command, handle: u64, offset: u64, length: u32, payload: &[u8]) {
@@ -281,7 +166,7 @@ fn open_fds(pid: u32) -> usize {
 
 #[test]
 fn bad_input_never_takes_the_server_down() {
-    let tmp = tmpdir("bad");
+    let tmp = tmpdir("serve-bad");
     let dir = tmp.path();
     let s = start(dir, 22, THREE);
     for structured in [false, true] {
@@ -359,7 +244,7 @@ impl StillRunning for Child {
 #[test]
 fn trim_zeroes_fua_and_pipelining() {
     for (host, engine) in [(27u8, "uring"), (28, "threads")] {
-        let tmp = tmpdir(&format!("trim-{engine}"));
+        let tmp = tmpdir(&format!("serve-trim-{engine}"));
         let dir = tmp.path();
         let s = start(dir, host, &format!("io_engine = \"{engine}\"\n{THREE}"));
         for structured in [false, true] {
@@ -413,7 +298,7 @@ fn trim_zeroes_fua_and_pipelining() {
 /// capacity to admission control.
 #[test]
 fn probe_measures_and_admission_uses_the_measurement() {
-    let tmp = tmpdir("probe");
+    let tmp = tmpdir("serve-probe");
     let dir = tmp.path();
     let cfg = format!(
         "data_dir = \"{}\"\n[device_model]\ncapacity_iops = 800\n[[exports]]\nname = \"a\"\nsize_mb = 16\n",
@@ -457,7 +342,7 @@ fn probe_measures_and_admission_uses_the_measurement() {
 
 #[test]
 fn flushed_data_survives_kill_9() {
-    let tmp = tmpdir("kill9");
+    let tmp = tmpdir("serve-kill9");
     let dir = tmp.path();
     let s = start(dir, 23, THREE);
     let (mut c, _) = Raw::connect(s.nbd, "oltp", false).unwrap();
@@ -469,7 +354,7 @@ fn flushed_data_survives_kill_9() {
     let mut s = s;
     s.child.kill().unwrap(); // SIGKILL
     s.child.wait().unwrap();
-    let s2 = start(&s.dir.clone(), 24, THREE);
+    let s2 = start(dir, 24, THREE);
     let (mut c2, _) = Raw::connect(s2.nbd, "oltp", false).unwrap();
     c2.send(Command::Read, 3, 1 << 20, data.len() as u32, &[]);
     assert_eq!(c2.reply(data.len()).2, data, "flushed data is there after a restart");
@@ -477,20 +362,12 @@ fn flushed_data_survives_kill_9() {
 
 #[test]
 fn admin_endpoint_reports_and_changes_tenants() {
-    let tmp = tmpdir("admin");
+    let tmp = tmpdir("serve-admin");
     let dir = tmp.path();
     let s = start(dir, 25, THREE);
     let http = |method: &str, path: &str, body: &str| -> (u16, String) {
-        let mut t = TcpStream::connect(s.admin).unwrap();
-        write!(
-            t,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        t.read_to_string(&mut out).unwrap();
-        (out[9..12].parse().unwrap(), out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+        let (code, _, body) = common::http(s.admin, method, path, "", body);
+        (code, body)
     };
     let (mut c, _) = Raw::connect(s.nbd, "rd", false).unwrap();
     c.send(Command::Read, 1, 0, 4096, &[]);

@@ -6,103 +6,28 @@
 //! directory removed at the end.
 #![cfg(unix)]
 
-use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::{config_file, run_ok_with_stderr, tmpdir, tool, Rein, Server};
+use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command as Cmd, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-/// A running `rein serve`, killed when dropped; `log` collects its stderr lines.
-struct Server {
-    child: Child,
-    nbd: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tmpdir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("rein-serve-{name}-")).tempdir().expect("temp dir")
-}
-
-/// Writes `rein.toml` (listen/admin on 127.0.0.`host`, data_dir inside `dir`, then `config`).
-fn config_file(dir: &Path, host: u8, config: &str) -> String {
-    let cfg = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}",
-        dir.join("data").display()
-    );
-    let path = dir.join("rein.toml");
-    std::fs::write(&path, cfg).unwrap();
-    path.to_str().unwrap().to_string()
-}
+use std::process::Command as Cmd;
+use std::time::Duration;
 
 fn start(dir: &Path, host: u8, config: &str) -> Server {
-    let path = config_file(dir, host, config);
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["serve", "--config", &path])
-        .env("REIN_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let lines = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("rein serve listening") {
-                let nbd = line.split("nbd=").nth(1).and_then(|r| r.split_whitespace().next()).map(|s| s.parse());
-                let _ = tx.send(nbd.unwrap().unwrap());
-            }
-            lines.lock().unwrap().push(line);
-        }
-    });
-    let nbd: SocketAddr = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, nbd, log }
+    Rein::serve(&config_file(dir, host, config)).start()
 }
 
 /// Runs `rein serve` on `config` and expects it to fail at start (within 30 s; a server that serves
 /// instead is killed and the test fails). Returns its stderr.
 fn start_fails(dir: &Path, host: u8, config: &str) -> String {
-    let path = config_file(dir, host, config);
-    serve_fails(&["serve", "--config", &path])
+    Rein::serve(&config_file(dir, host, config)).env("REIN_LOG", "info").fails()
 }
 
 fn serve_fails(args: &[&str]) -> String {
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(args)
-        .env("REIN_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-            assert!(!status.success(), "rein serve exited successfully: {err}");
-            return err;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let mut err = String::new();
-            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-            panic!("rein serve {args:?} started instead of refusing the config: {err}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    Rein::new(args).env("REIN_LOG", "info").fails()
 }
 
 /// The last line of stderr: `error: ...`.
@@ -110,42 +35,35 @@ fn error_line(stderr: &str) -> &str {
     stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
 }
 
-fn tool(name: &str) -> Cmd {
-    assert!(
-        Cmd::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success()),
-        "{name} is not installed (scripts/test.sh installs qemu-utils and libnbd-bin)"
-    );
-    Cmd::new(name)
-}
-
-fn run_ok(c: &mut Cmd) -> String {
-    let out = c.output().expect("runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{c:?} failed: {text}");
-    text
-}
-
 /// Issue 12: `NBD_INFO_BLOCK_SIZE` advertises `max_request_kb` as the maximum block size, so qemu-io
 /// splits larger IO (the issue saw 32 MiB advertised whatever the limit, and a 1 MiB read fail with
 /// EINVAL; issue 10's handshake already passes the limit through, so this test is the proof).
 #[test]
 fn block_size_follows_max_request_kb() {
-    let tmp = tmpdir("blocksize");
+    let tmp = tmpdir("serve-blocksize");
     let dir = tmp.path();
     let s = start(dir, 40, "max_request_kb = 64\n[[exports]]\nname = \"rd\"\nsize_mb = 8\n");
     let uri = format!("nbd://{}/rd", s.nbd);
-    let info = run_ok(tool("nbdinfo").arg(&uri));
+    let info = run_ok_with_stderr(tool("nbdinfo").arg(&uri));
     assert!(info.contains("block_size_maximum: 65536"), "{info}");
-    let io = run_ok(tool("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 1M", "-c", "read -P 0x5a 0 1M", &uri]));
+    let io = run_ok_with_stderr(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x5a 0 1M",
+        "-c",
+        "read -P 0x5a 0 1M",
+        &uri,
+    ]));
     assert!(io.contains("read 1048576/1048576 bytes"), "{io}");
     let src = dir.join("src.bin");
     let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
     std::fs::write(&src, &data).unwrap();
     // nbdcopy 1.14 (Debian 12) does not read the advertised maximum: its requests (256 KiB by default)
     // are capped to it by hand.
-    run_ok(tool("nbdcopy").args(["--request-size=65536", src.to_str().unwrap(), &uri]));
+    run_ok_with_stderr(tool("nbdcopy").args(["--request-size=65536", src.to_str().unwrap(), &uri]));
     let back = dir.join("back.bin");
-    run_ok(tool("nbdcopy").args(["--request-size=65536", &uri, back.to_str().unwrap()]));
+    run_ok_with_stderr(tool("nbdcopy").args(["--request-size=65536", &uri, back.to_str().unwrap()]));
     assert_eq!(std::fs::read(&back).unwrap()[..4 << 20], data[..], "nbdcopy round trip at a 64 KiB limit");
 }
 
@@ -153,7 +71,7 @@ fn block_size_follows_max_request_kb() {
 /// 1 GiB image), and an existing image is never resized.
 #[test]
 fn an_image_is_never_created_without_size_mb() {
-    let tmp = tmpdir("nocreate");
+    let tmp = tmpdir("serve-nocreate");
     let dir = tmp.path();
     let img = dir.join("data").join("typo.img");
     let err = start_fails(dir, 41, "[[exports]]\nname = \"rd\"\npath = \"typo.img\"\n");
@@ -181,7 +99,7 @@ fn an_image_is_never_created_without_size_mb() {
 /// refused at start naming the export and the path; two exports on one file are refused naming both.
 #[test]
 fn directories_special_files_and_shared_files_are_refused() {
-    let tmp = tmpdir("special");
+    let tmp = tmpdir("serve-special");
     let dir = tmp.path();
     let data = dir.join("data");
     std::fs::create_dir_all(data.join("adir")).unwrap();
@@ -224,7 +142,7 @@ fn mem_total_mib() -> u64 {
 /// are refused at start, alone and together.
 #[test]
 fn memory_exports_larger_than_ram_are_refused() {
-    let tmp = tmpdir("ram");
+    let tmp = tmpdir("serve-ram");
     let dir = tmp.path();
     let total = mem_total_mib();
     let err = start_fails(dir, 43, "[[exports]]\nname = \"huge\"\nbackend = \"memory\"\nsize_mb = 1073741824\n");
@@ -253,28 +171,8 @@ fn memory_exports_larger_than_ram_are_refused() {
 
 /// A raw NBD connection (blocking), simple replies.
 fn connect(addr: SocketAddr, export: &str) -> (TcpStream, Vec<u8>, u16) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut hs = ClientHandshake::new(export, false);
-    let mut buf = Vec::new();
-    loop {
-        let mut out = Vec::new();
-        match hs.feed(&buf, &mut out).unwrap() {
-            (used, ClientProgress::NeedMore) => {
-                buf.drain(..used);
-                s.write_all(&out).unwrap();
-                let mut chunk = [0u8; 4096];
-                let n = s.read(&mut chunk).unwrap();
-                assert!(n > 0, "closed during handshake");
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            (used, ClientProgress::Ready { flags, .. }) => {
-                s.write_all(&out).unwrap();
-                buf.drain(..used);
-                return (s, buf, flags);
-            }
-        }
-    }
+    let open = common::nbd_open(addr, export, false, Duration::from_secs(20)).unwrap();
+    (open.stream, open.buf, open.flags)
 }
 
 /// Sends one request and reads its simple reply's error.
@@ -308,7 +206,7 @@ fn request(
 /// non-zero reserved fields is rejected (EINVAL).
 #[test]
 fn memory_exports_are_volatile_and_flush_fields_are_checked() {
-    let tmp = tmpdir("volatile");
+    let tmp = tmpdir("serve-volatile");
     let dir = tmp.path();
     let s = start(
         dir,
@@ -323,9 +221,9 @@ fn memory_exports_are_volatile_and_flush_fields_are_checked() {
             )),
         "{log}"
     );
-    let info = run_ok(tool("nbdinfo").arg(format!("nbd://{}/ram", s.nbd)));
+    let info = run_ok_with_stderr(tool("nbdinfo").arg(format!("nbd://{}/ram", s.nbd)));
     assert!(info.contains("can_flush: false") && info.contains("can_fua: false"), "{info}");
-    let info = run_ok(tool("nbdinfo").arg(format!("nbd://{}/disk", s.nbd)));
+    let info = run_ok_with_stderr(tool("nbdinfo").arg(format!("nbd://{}/disk", s.nbd)));
     assert!(info.contains("can_flush: true") && info.contains("can_fua: true"), "{info}");
     let (mut ram, mut buf, flags) = connect(s.nbd, "ram");
     assert_eq!(flags & (p::TFLAG_SEND_FLUSH | p::TFLAG_SEND_FUA), 0);
@@ -351,7 +249,7 @@ fn memory_exports_are_volatile_and_flush_fields_are_checked() {
 /// three times, one of them without the path).
 #[test]
 fn errors_say_their_cause_once_and_name_the_path() {
-    let tmp = tmpdir("errors");
+    let tmp = tmpdir("serve-errors");
     let dir = tmp.path();
     // An unreadable config file.
     let missing = dir.join("nope.toml");
@@ -387,7 +285,7 @@ fn errors_say_their_cause_once_and_name_the_path() {
 /// device (root); elsewhere the test says so and checks nothing.
 #[test]
 fn a_block_device_is_served_at_its_size() {
-    let tmp = tmpdir("blockdev");
+    let tmp = tmpdir("serve-blockdev");
     let dir = tmp.path();
     let back = dir.join("back.img");
     std::fs::write(&back, vec![0u8; 8 << 20]).unwrap();
@@ -406,7 +304,7 @@ fn a_block_device_is_served_at_its_size() {
     }
     let _detach = Detach(dev.clone());
     let s = start(dir, 51, &format!("[[exports]]\nname = \"blk\"\npath = \"{dev}\"\n"));
-    let info = run_ok(tool("nbdinfo").arg(format!("nbd://{}/blk", s.nbd)));
+    let info = run_ok_with_stderr(tool("nbdinfo").arg(format!("nbd://{}/blk", s.nbd)));
     assert!(info.contains("export-size: 8388608"), "{info}");
     drop(s);
     let err = start_fails(dir, 51, &format!("[[exports]]\nname = \"blk\"\npath = \"{dev}\"\nsize_mb = 16\n"));

@@ -3,103 +3,31 @@
 //! Certificates and PSK keys are made at test time with the `openssl` command in a temporary directory.
 #![cfg(unix)]
 
+mod common;
+
+use common::tls::{self, cert_dir, make_ca, make_cert};
+use common::{config_file, local, random_file, run_ok, tmpdir, tool, write_file, Rein, Server};
 use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress};
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command as Cmd, Output, Stdio};
+use std::process::{Command as Cmd, Output};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-struct Server {
-    child: Child,
-    nbd: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tmpdir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("rein-tls-{name}-")).tempdir().expect("temp dir")
-}
-
 /// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`; the config file
 /// is in `dir`, so TLS file names are relative to it.
 fn start(dir: &Path, host: u8, config: &str) -> Server {
-    let cfg = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{config}",
-        dir.join("data").display()
-    );
-    let path = dir.join("rein.toml");
-    std::fs::write(&path, cfg).unwrap();
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .env("REIN_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent && line.contains("rein serve listening") {
-                let nbd = line.split("nbd=").nth(1).and_then(|r| r.split_whitespace().next()).unwrap();
-                let _ = tx.send(Ok(nbd.parse::<SocketAddr>().unwrap()));
-                sent = true;
-            } else if !sent && line.contains("rror") {
-                let _ = tx.send(Err(line.clone()));
-                sent = true;
-            }
-        }
-    });
-    let nbd = rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening");
-    Server { child, nbd: nbd.unwrap_or_else(|e| panic!("server did not start: {e}")) }
+    Rein::serve(&config_file(dir, host, config)).start()
 }
 
 /// `rein serve` on `config` must fail to start; returns what it printed.
 fn start_fails(dir: &Path, config: &str) -> String {
-    let path = dir.join("bad.toml");
-    std::fs::write(&path, format!("listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{config}")).unwrap();
-    let out =
-        Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--config", path.to_str().unwrap()]).output().unwrap();
-    assert!(!out.status.success(), "rein serve started on a bad config");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn tool(name: &str) -> Cmd {
-    assert!(
-        Cmd::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {name}"))
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false),
-        "{name} is not installed (scripts/test.sh installs qemu-utils, libnbd-bin and openssl)"
-    );
-    Cmd::new(name)
+    Rein::serve(&write_file(dir, "bad.toml", &format!("{}\n{config}", local(1)))).fails()
 }
 
 fn run(c: &mut Cmd) -> Output {
     c.env("LIBNBD_DEBUG", "1").output().expect("runs")
-}
-
-fn run_ok(c: &mut Cmd) -> String {
-    let out = c.output().expect("runs");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}{}",
-        c,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Runs `c` (with libnbd's debug output, where the server's error messages appear) and expects it to
@@ -108,99 +36,6 @@ fn run_fails(c: &mut Cmd) -> String {
     let out = run(c);
     assert!(!out.status.success(), "{c:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    run_ok(tool("openssl").current_dir(dir).args(args).stderr(Stdio::null()));
-}
-
-/// A CA (`<ca>-cert.pem`, `<ca>-key.pem`) in `dir`.
-fn make_ca(dir: &Path, ca: &str) {
-    let (key, cert) = (format!("{ca}-key.pem"), format!("{ca}-cert.pem"));
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &cert,
-            "-subj",
-            &format!("/CN={ca}"),
-            "-days",
-            "2",
-        ],
-    );
-}
-
-/// A certificate `<name>-cert.pem` with key `<name>-key.pem`, common name `cn`, signed by `ca`.
-fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, server: bool) {
-    let (key, csr, cert, ext) =
-        (format!("{name}-key.pem"), format!("{name}.csr"), format!("{name}-cert.pem"), format!("{name}.ext"));
-    let extensions = if server {
-        "subjectAltName=IP:127.0.0.1,IP:127.0.0.41,IP:127.0.0.42,IP:127.0.0.43,DNS:localhost\nextendedKeyUsage=serverAuth\n"
-    } else {
-        "extendedKeyUsage=clientAuth\n"
-    };
-    std::fs::write(dir.join(&ext), extensions).unwrap();
-    let subj = format!("/CN={cn}");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &subj,
-        ],
-    );
-    let (ca_cert, ca_key) = (format!("{ca}-cert.pem"), format!("{ca}-key.pem"));
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca_cert,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-out",
-            &cert,
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-        ],
-    );
-}
-
-/// A libnbd / qemu certificate directory: `ca-cert.pem` and, if `client` names a certificate,
-/// `client-cert.pem` and `client-key.pem`.
-fn cert_dir(dir: &Path, name: &str, ca: &str, client: Option<&str>) -> PathBuf {
-    let d = dir.join(name);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::copy(dir.join(format!("{ca}-cert.pem")), d.join("ca-cert.pem")).unwrap();
-    if let Some(c) = client {
-        std::fs::copy(dir.join(format!("{c}-cert.pem")), d.join("client-cert.pem")).unwrap();
-        std::fs::copy(dir.join(format!("{c}-key.pem")), d.join("client-key.pem")).unwrap();
-    }
-    d
 }
 
 /// A PSK file with one identity and a random 32-byte key; returns the file.
@@ -221,17 +56,9 @@ fn rand_byte() -> u8 {
     (x >> 29) as u8
 }
 
-fn random_file(path: &Path, len: usize, seed: u64) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(path, data).unwrap();
+/// The server certificate's extensions: the addresses the tests connect to.
+fn server_extensions() -> String {
+    tls::server("IP:127.0.0.1,IP:127.0.0.41,IP:127.0.0.42,IP:127.0.0.43,DNS:localhost")
 }
 
 /// Two exports with nothing but the keys that existed before issue 12, so the attack tests run on the old
@@ -275,14 +102,14 @@ fn nbdcopy_round_trip(dir: &Path, uri: &str, tag: &str) {
 
 #[test]
 fn x509_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
-    let tmp = tmpdir("x509");
+    let tmp = tmpdir("tls-x509");
     let dir = tmp.path();
-    make_ca(dir, "ca");
-    make_ca(dir, "other-ca");
-    make_cert(dir, "ca", "server", "127.0.0.1", true);
-    make_cert(dir, "ca", "alice", "alice", false);
-    make_cert(dir, "ca", "bob", "bob", false);
-    make_cert(dir, "other-ca", "mallory", "alice", false);
+    make_ca(dir, "ca", "ca");
+    make_ca(dir, "other-ca", "other-ca");
+    make_cert(dir, "ca", "server", "127.0.0.1", &server_extensions());
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
+    make_cert(dir, "other-ca", "mallory", "alice", tls::CLIENT);
     let s = start(
         dir,
         41,
@@ -326,7 +153,7 @@ fn x509_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
 
 #[test]
 fn psk_nbdinfo_nbdcopy_qemu_img_and_wrong_keys() {
-    let tmp = tmpdir("psk");
+    let tmp = tmpdir("tls-psk");
     let dir = tmp.path();
     let keys = psk_file(dir, "keys.psk", "alice");
     let s = start(dir, 42, &format!("[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n{EXPORTS}"));
@@ -354,7 +181,7 @@ fn psk_nbdinfo_nbdcopy_qemu_img_and_wrong_keys() {
 
 #[test]
 fn tls_on_serves_plain_and_tls_clients_and_hides_identity_exports_from_plain_ones() {
-    let tmp = tmpdir("on");
+    let tmp = tmpdir("tls-on");
     let dir = tmp.path();
     let keys = psk_file(dir, "keys.psk", "alice");
     let s = start(dir, 43, &format!("[tls]\nmode = \"on\"\npsk_file = \"keys.psk\"\n{EXPORTS}"));
@@ -372,7 +199,7 @@ fn tls_on_serves_plain_and_tls_clients_and_hides_identity_exports_from_plain_one
 /// The empty export name opened the first export (issue 12); now only a configured default export.
 #[test]
 fn the_empty_name_opens_only_the_default_export() {
-    let tmp = tmpdir("default");
+    let tmp = tmpdir("tls-default");
     let dir = tmp.path();
     let s = start(dir, 44, PLAIN);
     let e = run_fails(tool("nbdinfo").arg(format!("nbd://{}", s.nbd)));
@@ -417,7 +244,7 @@ async fn raw_client(source: IpAddr, server: SocketAddr, export: Option<&str>) ->
 /// simply holds fewer, and the new code passes either way.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_holding_connections_does_not_lock_out_others() {
-    let tmp = tmpdir("caps");
+    let tmp = tmpdir("tls-caps");
     let dir = tmp.path();
     let s = start(dir, 45, PLAIN);
     let attacker: IpAddr = "127.0.0.2".parse().unwrap();
@@ -438,7 +265,7 @@ async fn one_client_holding_connections_does_not_lock_out_others() {
 /// accept), per tenant (checked when the export opens); other addresses and tenants are still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_cap_clients_get_an_nbd_error_naming_the_cap() {
-    let tmp = tmpdir("capmsg");
+    let tmp = tmpdir("tls-capmsg");
     let dir = tmp.path();
     let config = format!(
         "max_connections_per_client = 3\nmax_connections_per_tenant = 2\n{EXPORTS}[[exports]]\nname = \"oltp\"\nbackend = \
@@ -472,7 +299,7 @@ async fn over_cap_clients_get_an_nbd_error_naming_the_cap() {
 /// Exports restricted to a network are hidden from clients outside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn networks_restrict_exports() {
-    let tmp = tmpdir("nets");
+    let tmp = tmpdir("tls-nets");
     let dir = tmp.path();
     let config =
         "[[exports]]\nname = \"rd\"\nbackend = \"memory\"\nsize_mb = 1\n[[exports]]\nname = \"lab\"\nbackend = \
@@ -490,11 +317,11 @@ async fn networks_restrict_exports() {
 
 #[test]
 fn bad_tls_configs_are_refused_naming_the_key_and_file() {
-    let tmp = tmpdir("badcfg");
+    let tmp = tmpdir("tls-badcfg");
     let dir = tmp.path();
-    make_ca(dir, "ca");
-    make_cert(dir, "ca", "server", "127.0.0.1", true);
-    make_cert(dir, "ca", "other", "other", false);
+    make_ca(dir, "ca", "ca");
+    make_cert(dir, "ca", "server", "127.0.0.1", &server_extensions());
+    make_cert(dir, "ca", "other", "other", tls::CLIENT);
     let d = dir.display();
     let ex = "[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 1\n";
     let e = start_fails(dir, &format!("[tls]\nmode = \"require\"\n{ex}"));
@@ -530,7 +357,7 @@ fn bad_tls_configs_are_refused_naming_the_key_and_file() {
 /// TLS session. The server acknowledges STARTTLS, sees the extra bytes, and closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_injected_after_starttls_close_the_connection() {
-    let tmp = tmpdir("inject");
+    let tmp = tmpdir("tls-inject");
     let dir = tmp.path();
     psk_file(dir, "keys.psk", "alice");
     let s = start(dir, 48, &format!("[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n{PLAIN}"));

@@ -5,110 +5,22 @@
 //! (port 0) and temporary directory.
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+mod common;
+
+use common::{config_file, config_text, local, Rein, Server};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-struct Server {
-    child: Child,
-    nbd: SocketAddr,
-    admin: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    /// Waits (bounded) for a log line containing `needle`.
-    fn wait_log(&self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(l) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
-                return l.clone();
-            }
-            assert!(Instant::now() < deadline, "no log line with {needle:?}: {:#?}", self.log.lock().unwrap());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success();
-        assert!(ok);
-    }
-
-    /// Stops the server with SIGTERM and waits for it to exit.
-    fn stop(mut self) {
-        self.signal("-TERM");
-        let _ = self.child.wait();
-    }
-}
-
-fn write_config(dir: &Path, host: u8, body: &str) -> std::path::PathBuf {
-    let cfg = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{body}",
-        dir.join("data").display()
-    );
-    let path = dir.join("rein.toml");
-    std::fs::write(&path, cfg).unwrap();
-    path
-}
-
-/// Starts `rein serve --config <path>`; `Err(stderr)` if it exits before listening.
+/// Starts `rein serve --config <path>`; `Err(its log)` if it exits before listening.
 fn start(path: &Path) -> Result<Server, String> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .env("REIN_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start rein serve");
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let l2 = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("rein serve listening") {
-                let field = |k: &str| {
-                    line.split(&format!("{k}="))
-                        .nth(1)
-                        .and_then(|r| r.split_whitespace().next())
-                        .map(|s| s.parse::<SocketAddr>().unwrap())
-                };
-                let _ = tx.send(Ok((field("nbd").unwrap(), field("admin").unwrap())));
-            }
-            l2.lock().unwrap().push(line);
-        }
-        let _ = tx.send(Err(()));
-    });
-    match rx.recv_timeout(Duration::from_secs(60)).expect("server neither listened nor exited") {
-        Ok((nbd, admin)) => Ok(Server { child, nbd, admin, log }),
-        Err(()) => {
-            let _ = child.wait();
-            Err(log.lock().unwrap().join("\n"))
-        }
-    }
+    Rein::serve(path).try_start(Duration::from_secs(60))
 }
 
 fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    (out[9..12].parse().unwrap(), out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+    let (code, _, body) = common::http(addr, method, path, "Content-Type: application/json\r\n", body);
+    (code, body)
 }
 
 fn tenant(admin: SocketAddr, name: &str) -> serde_json::Value {
@@ -146,7 +58,7 @@ reservation = 100
 #[test]
 fn runtime_changes_survive_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
-    let path = write_config(tmp.path(), 41, BASE);
+    let path = config_file(tmp.path(), 41, BASE);
     let s = start(&path).unwrap();
     assert_eq!(http(s.admin, "PUT", "/api/tenants/a", r#"{"reservation": 300, "weight": 5}"#).0, 200);
     assert_eq!(http(s.admin, "PUT", "/api/capacity", r#"{"iops": 2000}"#).0, 200);
@@ -166,8 +78,8 @@ fn runtime_changes_survive_a_restart() {
     let (_, cap) = http(s.admin, "GET", "/api/capacity", "");
     assert!(cap.contains("\"iops\":2000.0") && cap.contains("\"source\":\"admin\""), "{cap}");
     assert_eq!(nbdinfo_size(s.nbd, "b"), Ok(2 << 20));
-    s.wait_log("applied the run-time changes kept in the state file");
-    s.wait_log("tenant a: r=300");
+    s.wait_line("applied the run-time changes kept in the state file");
+    s.wait_line("tenant a: r=300");
     // Deleting: the export first (409 before), then the tenant; both stay deleted after a restart.
     assert_eq!(http(s.admin, "DELETE", "/api/tenants/b", "").0, 409);
     assert_eq!(http(s.admin, "DELETE", "/api/exports/b", "").0, 204);
@@ -183,7 +95,7 @@ fn runtime_changes_survive_a_restart() {
         .unwrap();
     let s = start(&path).unwrap();
     assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(150.0));
-    s.wait_log("tenant a: the configuration file changed it");
+    s.wait_line("tenant a: the configuration file changed it");
 }
 
 /// Before: SIGHUP killed the server. Now it reloads the file: tenants and exports added, removed and
@@ -191,42 +103,35 @@ fn runtime_changes_survive_a_restart() {
 #[test]
 fn sighup_reloads_the_config_file() {
     let tmp = tempfile::tempdir().unwrap();
-    let path = write_config(tmp.path(), 42, BASE);
+    let path = config_file(tmp.path(), 42, BASE);
     let s = start(&path).unwrap();
     let added = format!(
         "queue_depth = 8\n{}\n[[exports]]\nname = \"c\"\nbackend = \"memory\"\nsize_mb = 3\ntenant = \"c\"\n\
          [[tenants]]\nname = \"c\"\nreservation = 20\n",
         BASE.replace("reservation = 100", "reservation = 200")
     );
-    std::fs::write(&path, write_config_text(tmp.path(), 42, &added)).unwrap();
+    std::fs::write(&path, config_text(tmp.path(), &local(42), &added)).unwrap();
     s.signal("-HUP");
-    s.wait_log("configuration reloaded");
+    s.wait_line("configuration reloaded");
     assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(200.0));
     assert_eq!(tenant(s.admin, "c")["reservation"].as_f64(), Some(20.0));
     assert_eq!(nbdinfo_size(s.nbd, "c"), Ok(3 << 20));
-    s.wait_log("queue_depth (needs a restart)");
+    s.wait_line("queue_depth (needs a restart)");
     // A bad file: logged once, nothing changes, the server keeps serving.
     std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replace("reservation = 20\n", "reservation = -1\n"))
         .unwrap();
     s.signal("-HUP");
-    let line = s.wait_log("the running configuration is unchanged");
+    let line = s.wait_line("the running configuration is unchanged");
     assert!(line.contains("tenant c") && line.contains("rein.toml"), "{line}");
     assert_eq!(tenant(s.admin, "c")["reservation"].as_f64(), Some(20.0));
     // Removing the export and its tenant.
-    std::fs::write(&path, write_config_text(tmp.path(), 42, BASE)).unwrap();
+    std::fs::write(&path, config_text(tmp.path(), &local(42), BASE)).unwrap();
     s.signal("-HUP");
-    s.wait_log("tenant c removed");
+    s.wait_line("tenant c removed");
     assert!(nbdinfo_size(s.nbd, "c").is_err());
     assert_eq!(nbdinfo_size(s.nbd, "a"), Ok(1 << 20));
     let n = s.log.lock().unwrap().iter().filter(|l| l.contains("the running configuration is unchanged")).count();
     assert_eq!(n, 1, "the bad file is logged once");
-}
-
-fn write_config_text(dir: &Path, host: u8, body: &str) -> String {
-    format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{body}",
-        dir.join("data").display()
-    )
 }
 
 /// Before: two servers on one data directory both started. Now the second fails naming the directory and
@@ -234,10 +139,10 @@ fn write_config_text(dir: &Path, host: u8, body: &str) -> String {
 #[test]
 fn a_second_server_on_the_data_directory_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let path = write_config(tmp.path(), 43, BASE);
+    let path = config_file(tmp.path(), 43, BASE);
     let s = start(&path).unwrap();
     let err = start(&path).err().expect("the second server must not start");
-    assert!(err.contains("is in use by another rein serve") && err.contains(&format!("pid {}", s.child.id())), "{err}");
+    assert!(err.contains("is in use by another rein serve") && err.contains(&format!("pid {}", s.pid())), "{err}");
     assert!(err.contains(&tmp.path().join("data").display().to_string()), "{err}");
 }
 
@@ -245,7 +150,7 @@ fn a_second_server_on_the_data_directory_is_refused() {
 #[test]
 fn a_corrupt_state_file_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let path = write_config(tmp.path(), 44, BASE);
+    let path = config_file(tmp.path(), 44, BASE);
     std::fs::create_dir_all(tmp.path().join("data")).unwrap();
     std::fs::write(tmp.path().join("data/rein-state.json"), "{\"version\": 1, \"tenants\": {\"a\": 3}}").unwrap();
     let err = start(&path).err().expect("must not start");
@@ -258,13 +163,13 @@ fn a_corrupt_state_file_is_a_clear_error() {
 #[test]
 fn admission_fails_closed_without_a_capacity() {
     let tmp = tempfile::tempdir().unwrap();
-    let path = write_config(tmp.path(), 45, &BASE.replace("capacity_iops = 1000\n", ""));
+    let path = config_file(tmp.path(), 45, &BASE.replace("capacity_iops = 1000\n", ""));
     let err = start(&path).err().expect("must not start");
     assert!(
         err.contains("no capacity is known") && err.contains("capacity_iops") && err.contains("probe_capacity_s"),
         "{err}"
     );
-    let path = write_config(tmp.path(), 45, &BASE.replace("capacity_iops = 1000\n", "admission = \"warn\"\n"));
+    let path = config_file(tmp.path(), 45, &BASE.replace("capacity_iops = 1000\n", "admission = \"warn\"\n"));
     let s = start(&path).unwrap();
-    s.wait_log("no capacity is known");
+    s.wait_line("no capacity is known");
 }

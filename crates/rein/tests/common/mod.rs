@@ -1,0 +1,345 @@
+//! The harness shared by the integration tests that run `rein serve` as a child process: one server per
+//! test on its own 127.0.0.x address (port 0, chosen by the OS) in a temporary directory, killed when its
+//! [`Server`] is dropped. Each test binary uses a part of it (hence `dead_code`); the openssl certificate
+//! helpers are in [`tls`].
+#![allow(dead_code)]
+
+pub(crate) mod tls;
+
+use rein_proto::nbd::{ClientHandshake, ClientProgress};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Cmd, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to print its "rein serve listening" line, and a refused config to exit.
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One memory export `m` (4 MiB) and its tenant, reserving 10 of 1,000 IOPS.
+pub(crate) const MEMORY: &str =
+    "capacity_iops = 1000\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n[[tenants]]\nname = \"m\"\nreservation = 10\n";
+
+/// A fresh directory `rein-<name>-*` under the temp dir, removed with everything in it when dropped (also
+/// on a panic). Declare it before the [`Server`] that uses it, so that the server is killed before its
+/// files go.
+pub(crate) fn tmpdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("rein-{name}-")).tempdir().expect("temp dir")
+}
+
+/// The `listen` and `admin` lines for 127.0.0.`host`, port 0 (no newline after the last).
+pub(crate) fn local(host: u8) -> String {
+    format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"")
+}
+
+/// A config: `head` (the listen/admin lines), `data_dir` inside `dir`, then `body`.
+pub(crate) fn config_text(dir: &Path, head: &str, body: &str) -> String {
+    format!("{head}\ndata_dir = \"{}\"\n{body}", dir.join("data").display())
+}
+
+/// Writes `text` to `dir/name`; returns the path.
+pub(crate) fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Writes `dir/rein.toml` from [`config_text`]; returns its path.
+pub(crate) fn config_at(dir: &Path, head: &str, body: &str) -> PathBuf {
+    write_file(dir, "rein.toml", &config_text(dir, head, body))
+}
+
+/// Writes `dir/rein.toml`: listen/admin on 127.0.0.`host`, data_dir inside `dir`, then `body`.
+pub(crate) fn config_file(dir: &Path, host: u8, body: &str) -> PathBuf {
+    config_at(dir, &local(host), body)
+}
+
+/// A `rein` command line to start as a server ([`Rein::start`]) or to see fail ([`Rein::fails`]); stdout
+/// goes nowhere, stderr is read, `NO_COLOR=1` is set.
+pub(crate) struct Rein {
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+    nofile: Option<u32>,
+}
+
+impl Rein {
+    pub(crate) fn new(args: &[&str]) -> Rein {
+        Rein {
+            args: args.iter().map(|a| a.to_string()).collect(),
+            envs: vec![("NO_COLOR".into(), "1".into())],
+            nofile: None,
+        }
+    }
+
+    /// `rein serve --config <config>`.
+    pub(crate) fn serve(config: &Path) -> Rein {
+        Rein::new(&["serve", "--config", config.to_str().unwrap()])
+    }
+
+    pub(crate) fn env(mut self, key: &str, value: &str) -> Rein {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Runs through `sh -c "ulimit -n N && exec rein ..."`: at most `n` open descriptors.
+    pub(crate) fn nofile(mut self, n: u32) -> Rein {
+        self.nofile = Some(n);
+        self
+    }
+
+    fn command(&self) -> Cmd {
+        let bin = env!("CARGO_BIN_EXE_rein");
+        let mut cmd = match self.nofile {
+            Some(n) => {
+                let mut c = Cmd::new("sh");
+                c.arg("-c").arg(format!("ulimit -n {n} && exec \"$0\" \"$@\"")).arg(bin).args(&self.args);
+                c
+            }
+            None => {
+                let mut c = Cmd::new(bin);
+                c.args(&self.args);
+                c
+            }
+        };
+        cmd.envs(self.envs.iter().map(|(k, v)| (k, v))).stderr(Stdio::piped()).stdout(Stdio::null());
+        cmd
+    }
+
+    /// Starts the server with `REIN_LOG=info`; panics unless it listens within [`START_TIMEOUT`].
+    pub(crate) fn start(self) -> Server {
+        self.try_start(START_TIMEOUT).unwrap_or_else(|log| panic!("server did not start: {log}"))
+    }
+
+    /// Starts the server with `REIN_LOG=info`: `Err(its log)` if it exits before listening; panics if it
+    /// does neither `within`.
+    pub(crate) fn try_start(self, within: Duration) -> Result<Server, String> {
+        let mut child = self.env("REIN_LOG", "info").command().spawn().expect("start rein serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("ERROR") || line.contains("error:") {
+                    eprintln!("server: {line}");
+                }
+                let listening = !sent && line.contains("rein serve listening");
+                let addresses = listening.then(|| (address(&line, "nbd"), address(&line, "admin")));
+                lines.lock().unwrap().push(line);
+                if let Some(addresses) = addresses {
+                    let _ = tx.send(Ok(addresses));
+                    sent = true;
+                }
+            }
+            let _ = tx.send(Err(()));
+        });
+        match rx.recv_timeout(within).expect("server neither listened nor exited") {
+            Ok((nbd, admin)) => Ok(Server { child, nbd, admin, log }),
+            Err(()) => {
+                let _ = child.wait();
+                Err(log.lock().unwrap().join("\n"))
+            }
+        }
+    }
+
+    /// Runs the command and expects it to fail (within [`START_TIMEOUT`]; one that is still running then
+    /// is killed and the test fails). Returns its stderr.
+    pub(crate) fn fails(self) -> String {
+        let mut child = self.command().spawn().expect("start rein");
+        let mut stderr = child.stderr.take().unwrap();
+        // Read on a thread, so that a chatty process never blocks on a full pipe.
+        let reader = std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = stderr.read_to_string(&mut err);
+            err
+        });
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let err = reader.join().unwrap();
+                assert!(!status.success(), "rein exited successfully: {err}");
+                return err;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = reader.join().unwrap();
+                panic!("rein {:?} started instead of refusing the config: {err}", self.args);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The address after ` <key>=` in the "rein serve listening" line.
+fn address(line: &str, key: &str) -> SocketAddr {
+    let value = line.split(&format!(" {key}=")).nth(1).and_then(|r| r.split_whitespace().next());
+    value.unwrap_or_else(|| panic!("no {key}= in {line:?}")).parse().unwrap()
+}
+
+/// A running `rein serve`, killed (and waited for) when dropped.
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) nbd: SocketAddr,
+    pub(crate) admin: SocketAddr,
+    /// Every line the server wrote to stderr so far.
+    pub(crate) log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits (bounded) for a log line containing every one of `parts`; returns it.
+    pub(crate) fn wait_log(&self, parts: &[&str], within: Duration) -> String {
+        let t0 = Instant::now();
+        loop {
+            if let Some(l) = self.log.lock().unwrap().iter().find(|l| parts.iter().all(|p| l.contains(p))) {
+                return l.clone();
+            }
+            assert!(t0.elapsed() < within, "no log line with {parts:?}: {:#?}", self.log.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits (at most 30 s) for a log line containing `needle`; returns it.
+    pub(crate) fn wait_line(&self, needle: &str) -> String {
+        self.wait_log(&[needle], Duration::from_secs(30))
+    }
+
+    /// Sends `sig` (`-TERM`, `-HUP`) with `kill`.
+    pub(crate) fn signal(&self, sig: &str) {
+        let ok = Cmd::new("kill").args([sig, &self.pid().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig}");
+    }
+
+    /// Sends SIGTERM and waits (bounded by `within`) for a successful exit; returns how long it took.
+    pub(crate) fn terminate(&mut self, within: Duration) -> Duration {
+        let t0 = Instant::now();
+        self.signal("-TERM");
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "rein serve exited with {status}");
+                return t0.elapsed();
+            }
+            assert!(t0.elapsed() < within, "rein serve still running {within:?} after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the server with SIGTERM and waits for it to exit.
+    pub(crate) fn stop(mut self) {
+        self.signal("-TERM");
+        let _ = self.child.wait();
+    }
+}
+
+/// A client tool, which must be installed.
+pub(crate) fn tool(name: &str) -> Cmd {
+    assert!(
+        Cmd::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success()),
+        "{name} is not installed (scripts/test.sh installs qemu-utils, libnbd-bin, fio, curl and openssl)"
+    );
+    Cmd::new(name)
+}
+
+fn output_ok(c: &mut Cmd) -> std::process::Output {
+    let out = c.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `c`, which must succeed; returns its stdout.
+pub(crate) fn run_ok(c: &mut Cmd) -> String {
+    String::from_utf8_lossy(&output_ok(c).stdout).into_owned()
+}
+
+/// Runs `c`, which must succeed; returns its stdout and then its stderr.
+pub(crate) fn run_ok_with_stderr(c: &mut Cmd) -> String {
+    let out = output_ok(c);
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// A file of `len` pseudo-random bytes (xorshift from `seed`).
+pub(crate) fn random_file(path: &Path, len: usize, seed: u64) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+/// One HTTP/1.1 request on a fresh connection, `headers` (each ending in CRLF) after `Connection: close`:
+/// (status, head, body).
+pub(crate) fn http(addr: SocketAddr, method: &str, path: &str, headers: &str, body: &str) -> (u16, String, String) {
+    let mut t = TcpStream::connect(addr).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        t,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    t.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head[9..12].parse().unwrap(), head.to_string(), body.to_string())
+}
+
+/// An NBD connection after a completed handshake: the socket, the bytes read past the handshake, and what
+/// the server said about the export.
+pub(crate) struct NbdOpen {
+    pub(crate) stream: TcpStream,
+    pub(crate) buf: Vec<u8>,
+    pub(crate) size: u64,
+    pub(crate) flags: u16,
+    pub(crate) structured: bool,
+}
+
+/// Connects to `addr` (blocking, `timeout` for the connect and every read) and opens `export`, asking for
+/// structured replies if `structured`; `Err` if the server refuses or closes.
+pub(crate) fn nbd_open(addr: SocketAddr, export: &str, structured: bool, timeout: Duration) -> Result<NbdOpen, String> {
+    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(timeout)).unwrap();
+    let mut hs = ClientHandshake::new(export, structured);
+    let mut buf = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        let (used, progress) = hs.feed(&buf, &mut out).map_err(|e| e.to_string())?;
+        buf.drain(..used);
+        stream.write_all(&out).map_err(|e| e.to_string())?;
+        match progress {
+            ClientProgress::NeedMore => {
+                let mut chunk = [0u8; 4096];
+                let n = stream.read(&mut chunk).map_err(|e| format!("handshake: {e}"))?;
+                if n == 0 {
+                    return Err("closed during handshake".into());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            ClientProgress::Ready { size, flags, structured } => {
+                return Ok(NbdOpen { stream, buf, size, flags, structured });
+            }
+        }
+    }
+}

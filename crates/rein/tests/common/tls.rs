@@ -1,0 +1,71 @@
+//! Test certificates made with the `openssl` command in a test's directory.
+
+use super::tool;
+use std::path::{Path, PathBuf};
+
+/// Runs `openssl args` in `dir`; it must succeed.
+pub(crate) fn openssl(dir: &Path, args: &[&str]) {
+    let out = tool("openssl").current_dir(dir).args(args).output().unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+const EC: [&str; 5] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+
+/// A self-signed CA (`<ca>-cert.pem`, `<ca>-key.pem`) in `dir`, common name `cn`, valid for 2 days.
+pub(crate) fn make_ca(dir: &Path, ca: &str, cn: &str) {
+    let (key, cert, subj) = (format!("{ca}-key.pem"), format!("{ca}-cert.pem"), format!("/CN={cn}"));
+    let rest = ["-keyout", &key, "-out", &cert, "-subj", &subj, "-days", "2"];
+    openssl(dir, &[&["req", "-x509"][..], &EC, &rest].concat());
+}
+
+/// The extensions of a client certificate.
+pub(crate) const CLIENT: &str = "extendedKeyUsage=clientAuth\n";
+
+/// The extensions of a server certificate for `alt_names` (`IP:127.0.0.1,DNS:localhost`).
+pub(crate) fn server(alt_names: &str) -> String {
+    format!("subjectAltName={alt_names}\nextendedKeyUsage=serverAuth\n")
+}
+
+/// A certificate `<name>-cert.pem` with key `<name>-key.pem`, common name `cn` and `extensions`
+/// ([`CLIENT`], [`server`]), signed by the CA `ca` (see [`make_ca`]).
+pub(crate) fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, extensions: &str) {
+    let (key, csr, cert, ext) =
+        (format!("{name}-key.pem"), format!("{name}.csr"), format!("{name}-cert.pem"), format!("{name}.ext"));
+    std::fs::write(dir.join(&ext), extensions).unwrap();
+    let subj = format!("/CN={cn}");
+    openssl(dir, &[&["req"][..], &EC, &["-keyout", &key, "-out", &csr, "-subj", &subj]].concat());
+    let (ca_cert, ca_key) = (format!("{ca}-cert.pem"), format!("{ca}-key.pem"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_cert,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    );
+}
+
+/// A libnbd / qemu certificate directory `dir/name`: `ca-cert.pem` and, if `client` names a certificate,
+/// `client-cert.pem` and `client-key.pem`.
+pub(crate) fn cert_dir(dir: &Path, name: &str, ca: &str, client: Option<&str>) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(dir.join(format!("{ca}-cert.pem")), d.join("ca-cert.pem")).unwrap();
+    if let Some(c) = client {
+        std::fs::copy(dir.join(format!("{c}-cert.pem")), d.join("client-cert.pem")).unwrap();
+        std::fs::copy(dir.join(format!("{c}-key.pem")), d.join("client-key.pem")).unwrap();
+    }
+    d
+}
