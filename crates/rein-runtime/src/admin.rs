@@ -291,38 +291,17 @@ async fn list_exports(State(s): State<AdminState>) -> Response {
     Json(v).into_response()
 }
 
-/// The body of `POST /api/exports` (module comment).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewExport {
-    name: String,
-    #[serde(default = "file")]
-    backend: String,
-    path: Option<std::path::PathBuf>,
-    size_mb: Option<u64>,
-    tenant: Option<String>,
-    #[serde(default)]
-    read_only: bool,
-    #[serde(default)]
-    direct: bool,
-    allow_networks: Option<Vec<String>>,
-    allow_identities: Option<Vec<String>>,
-}
-
-fn file() -> String {
-    "file".into()
-}
-
 /// The body of `POST /api/exports` decoded, as the endpoint does before [`Registry::add_export`] (which
 /// validates it with [`ExportJson::to_config`]); the error is the 400 answer's message.
 /// [`crate::harness::admin_create`] fuzzes it.
 pub(crate) fn new_export(body: &[u8]) -> Result<ExportJson, String> {
-    let n: NewExport = serde_json::from_slice(body).map_err(|e| format!("bad JSON body: {e}"))?;
+    // The same fields and defaults as an `[[exports]]` entry of rein.toml.
+    let n: crate::config::ExportFile = serde_json::from_slice(body).map_err(|e| format!("bad JSON body: {e}"))?;
     Ok(ExportJson {
         tenant: n.tenant.unwrap_or_else(|| n.name.clone()),
         name: n.name,
         backend: n.backend,
-        path: n.path,
+        path: n.path.map(std::path::PathBuf::from),
         size_mb: n.size_mb,
         read_only: n.read_only,
         direct: n.direct,

@@ -238,21 +238,22 @@ struct DeviceFile {
     seed: u64,
 }
 
+/// An `[[exports]]` entry as written (in rein.toml, or as the body of `POST /api/exports`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ExportFile {
-    name: String,
+pub(crate) struct ExportFile {
+    pub(crate) name: String,
     #[serde(default = "d_backend")]
-    backend: String,
-    path: Option<String>,
-    size_mb: Option<u64>,
-    tenant: Option<String>,
+    pub(crate) backend: String,
+    pub(crate) path: Option<String>,
+    pub(crate) size_mb: Option<u64>,
+    pub(crate) tenant: Option<String>,
     #[serde(default)]
-    read_only: bool,
+    pub(crate) read_only: bool,
     #[serde(default)]
-    direct: bool,
-    allow_identities: Option<Vec<String>>,
-    allow_networks: Option<Vec<String>>,
+    pub(crate) direct: bool,
+    pub(crate) allow_identities: Option<Vec<String>>,
+    pub(crate) allow_networks: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
