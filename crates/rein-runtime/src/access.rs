@@ -126,6 +126,16 @@ pub enum Admit {
     Close(String),
 }
 
+/// Takes one connection off `key`'s count; a count that reaches 0 leaves the map (so the maps hold only
+/// keys with connections).
+fn uncount<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
+    let n = counts.get_mut(key).expect("a slot's key is counted");
+    *n -= 1;
+    if *n == 0 {
+        counts.remove(key);
+    }
+}
+
 /// A connection counted against `max_connections` and `max_connections_per_client`.
 #[derive(Debug)]
 pub struct ClientSlot {
@@ -137,11 +147,7 @@ impl Drop for ClientSlot {
     fn drop(&mut self) {
         let mut c = self.limits.counts.lock().expect("the counts lock is not poisoned");
         c.total -= 1;
-        let n = c.per_client.get_mut(&self.ip).expect("a slot's address is counted");
-        *n -= 1;
-        if *n == 0 {
-            c.per_client.remove(&self.ip);
-        }
+        uncount(&mut c.per_client, &self.ip);
     }
 }
 
@@ -155,11 +161,7 @@ pub struct TenantSlot {
 impl Drop for TenantSlot {
     fn drop(&mut self) {
         let mut c = self.limits.counts.lock().expect("the counts lock is not poisoned");
-        let n = c.per_tenant.get_mut(&self.tenant).expect("a slot's tenant is counted");
-        *n -= 1;
-        if *n == 0 {
-            c.per_tenant.remove(&self.tenant);
-        }
+        uncount(&mut c.per_tenant, &self.tenant);
     }
 }
 

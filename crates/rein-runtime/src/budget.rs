@@ -282,13 +282,18 @@ impl std::fmt::Debug for Charge {
     }
 }
 
+/// Two tenant ids (of a throw-away scheduler) for the budget's measurement and tests.
+fn two_tenants() -> (TenantId, TenantId) {
+    let mut s = rein_core::SchedulerKind::Fifo.build(Default::default());
+    let mut add = || s.add_tenant(rein_core::QosSpec::default()).expect("two tenants fit");
+    (add(), add())
+}
+
 /// What the fast path costs, for `rein bench budget`: nanoseconds per charge that fits (`bytes`) and its
 /// release, as every request takes them, `charges` times on one thread, then on two threads charging two
 /// tenants at once (sharing the global level). Returns (one thread, first of two, second of two).
 pub fn fast_path_cost_ns(charges: u32, bytes: usize) -> (f64, f64, f64) {
-    let mut sched = rein_core::SchedulerKind::Fifo.build(Default::default());
-    let mut tenant = || sched.add_tenant(rein_core::QosSpec::default()).expect("two tenants fit");
-    let (a, b) = (tenant(), tenant());
+    let (a, b) = two_tenants();
     let budget = Arc::new(Budget::default_sizes());
     let run = |tenant: TenantId, budget: Arc<Budget>| {
         move || {
@@ -313,11 +318,6 @@ pub fn fast_path_cost_ns(charges: u32, bytes: usize) -> (f64, f64, f64) {
 mod tests {
     use super::*;
     use rein_core::{QosSpec, SchedulerKind};
-
-    fn two_tenants() -> (TenantId, TenantId) {
-        let mut s = SchedulerKind::Fifo.build(Default::default());
-        (s.add_tenant(QosSpec::default()).unwrap(), s.add_tenant(QosSpec::default()).unwrap())
-    }
 
     #[tokio::test]
     async fn a_tenant_at_its_budget_waits_and_others_do_not() {
