@@ -167,6 +167,7 @@ fn a_large_delta_gets_proportionally_less() {
     }
     let share_a = counts[0] as f64 / measured as f64;
     let want = 1.0 / (1.0 + 4.0); // ratio 1 : (1 + 3)
+    eprintln!("tenant a (delta 3 units) got {share_a:.3} of the node, counts {counts:?}; the tag equations: {want}");
     assert!(
         (share_a - want).abs() < 0.03,
         "tenant a (delta 3) got {share_a:.3} of the node, want {want} (counts {counts:?})"
