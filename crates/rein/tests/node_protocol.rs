@@ -154,7 +154,6 @@ fn a_large_delta_gets_proportionally_less() {
     }
     let (warmup, measured) = (400, 2000);
     let mut counts = [0u64; 2];
-    let mut phases = [[0u64; 3]; 2];
     for i in 0..warmup + measured {
         let (r, t, _) = recv(&mut c, 512);
         assert_eq!(r.error, 0);
