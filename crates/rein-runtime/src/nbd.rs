@@ -525,6 +525,9 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             if let ServerProgress::NodeHello(hello) = progress {
                 let gate = policy.node.as_ref().expect("the option is offered only with a gate");
                 let verdict = gate.hello(who.0, who.1, hello).await.map(|session| {
+                    // A tenant per slot: the transmission phase indexes this table with a tag's slot,
+                    // which it checks against the welcome's count.
+                    assert_eq!(session.tenants.len(), session.welcome.tenants.len(), "one tenant per slot");
                     node_tenants = session.tenants;
                     session.welcome
                 });
