@@ -190,7 +190,78 @@ impl NodeGate for NodeService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::ExportAccess;
+    use crate::config::Admission;
+    use crate::dispatch::{DispatchConfig, Dispatcher};
     use rein_proto::nbd::NodeSplit;
+
+    /// A node service over a registry with tenant "t" (reservation 100 of a capacity of 1,000).
+    async fn service(specs: NodeSpecs, networks: &[&str], identities: Option<&[&str]>) -> NodeService {
+        let (d, _join) = Dispatcher::spawn(None, DispatchConfig::default());
+        let spec = QosSpec::new(100.0, None, 1.0, 0).unwrap();
+        let id = d.add_tenant(spec).await.unwrap();
+        let registry = Registry::for_tenants(d, vec![("t".into(), spec, id)], Admission::Refuse, Some(1000.0));
+        let access = ExportAccess {
+            networks: Some(networks.iter().map(|n| n.parse().unwrap()).collect()),
+            identities: identities.map(|ids| ids.iter().map(|i| i.to_string()).collect()),
+        };
+        NodeService::new(NodeConfig { enabled: true, specs, access }, Arc::new(registry))
+    }
+
+    fn peer(ip: &str) -> SocketAddr {
+        SocketAddr::new(ip.parse().unwrap(), 40000)
+    }
+
+    fn named(name: &str, reservation: f64) -> NodeTenant {
+        NodeTenant { name: name.into(), ..tenant(reservation, None, 0.0) }
+    }
+
+    /// `allow_networks` and `allow_identities` together: the identity (known after STARTTLS) must be
+    /// listed and the address in a listed network; anything else is refused by policy, naming the peer.
+    #[tokio::test]
+    async fn only_allowed_peers_and_identities_may_speak_it() {
+        let node = service(NodeSpecs::Node, &["10.0.0.0/8"], Some(&["gw"])).await;
+        let hello = || NodeHello::new(vec![named("t", 100.0)]);
+        assert!(node.hello(peer("10.1.2.3"), Some("gw"), hello()).await.is_ok());
+        for (ip, identity) in [("10.1.2.3", None), ("10.1.2.3", Some("mallory")), ("192.168.0.1", Some("gw"))] {
+            let (code, msg) = node.hello(peer(ip), identity, hello()).await.unwrap_err();
+            assert_eq!(code, REP_ERR_POLICY);
+            assert!(
+                msg.starts_with(&format!("{ip}")) && msg.contains("may not use the storage-node protocol"),
+                "{msg}"
+            );
+        }
+    }
+
+    /// `specs = "node"`: the node's spec wins and is reported with source 0; an unknown tenant refuses.
+    #[tokio::test]
+    async fn specs_node_keeps_the_nodes_spec() {
+        let node = service(NodeSpecs::Node, &["127.0.0.0/8"], None).await;
+        let s = node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("t", 900.0)])).await.unwrap();
+        let g = &s.welcome.tenants[0];
+        assert_eq!((g.slot, g.source, g.reservation), (0, SpecSource::Node, 100.0));
+        let (code, msg) = node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("u", 1.0)])).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        assert!(msg.contains("tenant \"u\" is not known"), "{msg}");
+    }
+
+    /// `specs = "gateway"`: adopted through the registry, admission included (100 + 950 > 1,000 refused;
+    /// changing t to 50 and adding u at 950 fits).
+    #[tokio::test]
+    async fn specs_gateway_adopts_with_admission() {
+        let node = service(NodeSpecs::Gateway, &["127.0.0.0/8"], None).await;
+        let (code, msg) =
+            node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("u", 950.0)])).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        assert!(msg.contains("tenant \"u\"") && msg.contains("capacity"), "{msg}");
+        let hello = NodeHello::new(vec![named("t", 50.0), named("u", 950.0)]);
+        let s = node.hello(peer("127.0.0.1"), None, hello).await.unwrap();
+        assert!(s.welcome.tenants.iter().all(|g| g.source == SpecSource::Gateway));
+        assert_eq!(s.tenants.len(), 2);
+        let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
+        assert_eq!(names, ["t", "u"]);
+        assert_eq!(node.spec_of(s.tenants[0]).await.unwrap().reservation(), 50.0);
+    }
 
     fn tenant(reservation: f64, limit: Option<f64>, local_reservation: f64) -> NodeTenant {
         NodeTenant {
