@@ -226,10 +226,7 @@ mod tests {
         for (ip, identity) in [("10.1.2.3", None), ("10.1.2.3", Some("mallory")), ("192.168.0.1", Some("gw"))] {
             let (code, msg) = node.hello(peer(ip), identity, hello()).await.unwrap_err();
             assert_eq!(code, REP_ERR_POLICY);
-            assert!(
-                msg.starts_with(&format!("{ip}")) && msg.contains("may not use the storage-node protocol"),
-                "{msg}"
-            );
+            assert!(msg.starts_with(ip) && msg.contains("may not use the storage-node protocol"), "{msg}");
         }
     }
 
