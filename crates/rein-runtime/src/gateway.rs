@@ -378,10 +378,12 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         let protocol = match n.protocol.as_deref() {
             None | Some("auto") => NodeProtocol::Auto,
             Some("nbd") => NodeProtocol::Nbd,
-            Some("rein") => return Err(format!(
+            Some("rein") => {
+                return Err(format!(
                 "node {}: protocol \"rein\" needs the storage-node protocol, not in this build yet (use nbd or auto)",
                 n.name
-            )),
+            ))
+            }
             Some(o) => return Err(format!("node {}: protocol {o:?}: expected rein, nbd or auto", n.name)),
         };
         nodes.push(NodeSpec { name: n.name.clone(), address, protocol });
