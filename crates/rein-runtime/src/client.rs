@@ -65,6 +65,9 @@ impl NbdClient {
             wr.write_all(&out).await?;
             match prog {
                 ClientProgress::Ready { size, flags, structured } => break (size, flags, structured),
+                ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) => {
+                    unreachable!("this client does not send the storage-node option")
+                }
                 ClientProgress::NeedMore => {
                     let mut chunk = [0u8; 4096];
                     let n = rd.read(&mut chunk).await?;

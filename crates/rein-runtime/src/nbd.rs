@@ -480,6 +480,11 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             let (used, mut progress) = hs.feed(input.unconsumed(), &mut out)?;
             input.consume(used);
             let mut slot = None;
+            if let ServerProgress::NodeHello(_) = progress {
+                // The storage-node option is not offered yet (`set_node` is never called).
+                let refusal = (p::REP_ERR_UNSUP, "option not supported".to_string());
+                progress = hs.node_verdict(Err(refusal), &mut out);
+            }
             if let ServerProgress::Opening(export) = progress {
                 // The per-tenant cap, counted when the export opens; a refusal goes back to the client.
                 let verdict = match exports.get(export) {
@@ -496,7 +501,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             }
             stream.write_all(&out).await?;
             match progress {
-                ServerProgress::NeedMore | ServerProgress::Opening(_) => break,
+                ServerProgress::NeedMore | ServerProgress::Opening(_) | ServerProgress::NodeHello(_) => break,
                 ServerProgress::Aborted => return Ok(HsEnd::Left),
                 ServerProgress::Done(n) => return Ok(HsEnd::Open(n, slot)),
                 ServerProgress::StartTls if input.unconsumed().is_empty() => return Ok(HsEnd::StartTls),

@@ -315,14 +315,22 @@ pub(crate) struct NbdOpen {
     pub(crate) size: u64,
     pub(crate) flags: u16,
     pub(crate) structured: bool,
+    /// On a storage-node session, what the node answered.
+    #[allow(dead_code)] // used by the node-protocol tests only
+    pub(crate) welcome: Option<rein_proto::nbd::NodeWelcome>,
 }
 
 /// Connects to `addr` (blocking, `timeout` for the connect and every read) and opens `export`, asking for
 /// structured replies if `structured`; `Err` if the server refuses or closes.
 pub(crate) fn nbd_open(addr: SocketAddr, export: &str, structured: bool, timeout: Duration) -> Result<NbdOpen, String> {
+    nbd_open_with(addr, ClientHandshake::new(export, structured), timeout)
+}
+
+/// [`nbd_open`] with a handshake of the caller's (e.g. a storage-node one); a refused node option is an
+/// `Err` naming the reply and the node's message.
+pub(crate) fn nbd_open_with(addr: SocketAddr, mut hs: ClientHandshake, timeout: Duration) -> Result<NbdOpen, String> {
     let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(timeout)).unwrap();
-    let mut hs = ClientHandshake::new(export, structured);
     let mut buf = Vec::new();
     loop {
         let mut out = Vec::new();
@@ -339,7 +347,13 @@ pub(crate) fn nbd_open(addr: SocketAddr, export: &str, structured: bool, timeout
                 buf.extend_from_slice(&chunk[..n]);
             }
             ClientProgress::Ready { size, flags, structured } => {
-                return Ok(NbdOpen { stream, buf, size, flags, structured });
+                return Ok(NbdOpen { stream, buf, size, flags, structured, welcome: None });
+            }
+            ClientProgress::NodeReady { size, flags, welcome } => {
+                return Ok(NbdOpen { stream, buf, size, flags, structured: false, welcome: Some(welcome) });
+            }
+            ClientProgress::NodeRefused(reply, message) => {
+                return Err(format!("node option refused ({reply:#x}): {message}"));
             }
         }
     }
