@@ -57,17 +57,18 @@ use crate::access::{Admit, ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
 use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
 use crate::nbd::{serve_client, Backend, Entry, Export, ExportTable, Limits, NbdContext, Policy};
-use crate::remote::{LinkConfig, NodeProtocol, NodeSpec, OpenError, RemoteVolume, MAX_CONNECTIONS_PER_NODE};
+use crate::remote::{LinkConfig, NodeProtocol, NodeSpec, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE};
 use crate::tls::TlsConfig;
-use rein_core::QosSpec;
+use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
+use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
 use rein_proto::nbd::ExportInfo;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -378,12 +379,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         let protocol = match n.protocol.as_deref() {
             None | Some("auto") => NodeProtocol::Auto,
             Some("nbd") => NodeProtocol::Nbd,
-            Some("rein") => {
-                return Err(format!(
-                "node {}: protocol \"rein\" needs the storage-node protocol, not in this build yet (use nbd or auto)",
-                n.name
-            ))
-            }
+            Some("rein") => NodeProtocol::Rein,
             Some(o) => return Err(format!("node {}: protocol {o:?}: expected rein, nbd or auto", n.name)),
         };
         nodes.push(NodeSpec { name: n.name.clone(), address, protocol });
@@ -399,6 +395,12 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         }
         if tenants.iter().any(|x| x.name == t.name) {
             return Err(format!("tenant name {:?} is repeated", t.name));
+        }
+        if t.name.len() > MAX_NODE_NAME_LEN || t.name.contains('\0') {
+            return Err(format!(
+                "tenant {:?}: name must be at most {MAX_NODE_NAME_LEN} bytes without NUL (the storage-node protocol's limit)",
+                t.name
+            ));
         }
         let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
             .map_err(|e| format!("tenant {}: {e}", t.name))?;
@@ -473,6 +475,12 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             .collect();
         let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
+    }
+    if let Some(t) = tenants.iter().find(|t| t.name.len() > MAX_NODE_NAME_LEN) {
+        return Err(format!(
+            "tenant {:?} (an export's own): name must be at most {MAX_NODE_NAME_LEN} bytes (the storage-node protocol's limit)",
+            t.name
+        ));
     }
     let default_export = match &f.default_export {
         None => None,
@@ -552,12 +560,39 @@ pub async fn run(
         .iter()
         .map(|t| ids.add_tenant(t.spec).expect("the scheduler takes every configured tenant"))
         .collect();
+    // One tracker per tenant over every node, shared by the tenant's volumes.
+    let trackers: Vec<Arc<Mutex<ServiceTracker>>> = cfg
+        .tenants
+        .iter()
+        .map(|t| {
+            let split = if t.rho { ReservationSplit::Rho } else { ReservationSplit::default() };
+            Arc::new(Mutex::new(ServiceTracker::with_split(cfg.nodes.len(), split)))
+        })
+        .collect();
     let mut volumes = Vec::with_capacity(cfg.exports.len());
     let mut exports = Vec::with_capacity(cfg.exports.len());
     for v in &cfg.exports {
-        let volume = RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &cfg.nodes, &v.node_exports, cfg.link)
-            .await
-            .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
+        let t = &cfg.tenants[v.tenant];
+        let qos = VolumeQos {
+            tenants: t
+                .server_reservations
+                .iter()
+                .map(|&local_reservation| NodeTenant {
+                    name: t.name.clone(),
+                    reservation: t.spec.reservation(),
+                    limit: t.spec.limit(),
+                    weight: t.spec.weight(),
+                    local_reservation,
+                    idle_credit: t.spec.idle_credit(),
+                    split: if t.rho { NodeSplit::Rho } else { NodeSplit::Spread },
+                })
+                .collect(),
+            tracker: trackers[v.tenant].clone(),
+        };
+        let volume =
+            RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &cfg.nodes, &v.node_exports, Some(qos), cfg.link)
+                .await
+                .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
         let tenant = &cfg.tenants[v.tenant];
         exports.push(Arc::new(Export {
             info: ExportInfo {

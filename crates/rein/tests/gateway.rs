@@ -315,6 +315,8 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
             "server_reservations",
         ),
         (good_node.clone(), "[[exports]]"),
+        // A node without the storage-node protocol under protocol = "rein": refused at start, naming it.
+        (format!("{good_node}protocol = \"rein\"\n{export}"), "node s1"),
         // Start-time errors name the node: an export too small for the layout, an unreachable node.
         (format!("{good_node}[[exports]]\nname = \"v\"\nsize_mb = 64\n"), "node s1: export \"v\" is 33554432 bytes"),
         (
