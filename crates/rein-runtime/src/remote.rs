@@ -639,7 +639,19 @@ async fn run_link(
             }
         }
         backoff = (backoff * 2).min(target.cfg.max_backoff.max(BACKOFF_MIN));
-        match target.connect().await {
+        // The attempt may take up to connect_timeout: pieces that come meanwhile fail at once too.
+        let attempt = target.connect();
+        tokio::pin!(attempt);
+        let attempt = loop {
+            tokio::select! {
+                r = &mut attempt => break r,
+                w = rx.recv() => match w {
+                    None => return,
+                    Some(w) => w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into())),
+                },
+            }
+        };
+        match attempt {
             Ok(s) => session = Some(s),
             Err(e) => {
                 if !was_down {
