@@ -725,3 +725,60 @@ fn admin_router(volumes: Vec<Arc<RemoteVolume>>) -> axum::Router {
         }),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(top: &str) -> Result<GatewayConfig, GatewayConfigError> {
+        let text = format!(
+            "{top}\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
+        );
+        GatewayConfig::parse(&text, Path::new("gw.toml"))
+    }
+
+    /// Every documented bound, at the bound and one step past it.
+    #[test]
+    fn bounds_at_the_limit() {
+        for (ok, bad, key) in [
+            ("connections_per_node = 64", "connections_per_node = 65", "connections_per_node"),
+            ("connections_per_node = 1", "connections_per_node = 0", "connections_per_node"),
+            ("request_timeout_s = 0.1", "request_timeout_s = 0.09", "request_timeout_s"),
+            ("request_timeout_s = 3600", "request_timeout_s = 3600.5", "request_timeout_s"),
+            ("connect_timeout_s = 0.1", "connect_timeout_s = 0.05", "connect_timeout_s"),
+            ("reconnect_max_backoff_ms = 50", "reconnect_max_backoff_ms = 49", "reconnect_max_backoff_ms"),
+            ("reconnect_max_backoff_ms = 600000", "reconnect_max_backoff_ms = 600001", "reconnect_max_backoff_ms"),
+        ] {
+            assert!(parse(ok).is_ok(), "{ok}");
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
+        let c = parse("request_timeout_s = 0.1").unwrap();
+        assert_eq!(c.link.request_timeout, Duration::from_millis(100));
+        assert_eq!(c.exports[0].stripe.unit(), 64 << 10, "stripe_kb defaults to 64");
+    }
+
+    #[test]
+    fn node_and_volume_counts_at_the_limit() {
+        let nodes = |n: usize| {
+            (0..n)
+                .map(|i| format!("[[nodes]]\nname = \"s{i}\"\naddress = \"127.0.0.1:{}\"\n", i + 1))
+                .collect::<String>()
+        };
+        let volume = "[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        assert!(GatewayConfig::parse(&format!("{}{volume}", nodes(MAX_NODES)), Path::new("g")).is_ok());
+        let err = GatewayConfig::parse(&format!("{}{volume}", nodes(MAX_NODES + 1)), Path::new("g")).unwrap_err();
+        assert!(err.to_string().contains("at most 256 [[nodes]]"), "{err}");
+        let volumes =
+            |n: usize| (0..n).map(|i| format!("[[exports]]\nname = \"v{i}\"\nsize_mb = 1\n")).collect::<String>();
+        assert!(GatewayConfig::parse(&format!("{}{}", nodes(1), volumes(MAX_VOLUMES)), Path::new("g")).is_ok());
+        let err =
+            GatewayConfig::parse(&format!("{}{}", nodes(1), volumes(MAX_VOLUMES + 1)), Path::new("g")).unwrap_err();
+        assert!(err.to_string().contains("at most 1024 [[exports]]"), "{err}");
+        let long = "t".repeat(MAX_NODE_NAME_LEN);
+        let tenant = |name: &str| format!("{}[[tenants]]\nname = \"{name}\"\n{volume}", nodes(1));
+        assert!(GatewayConfig::parse(&tenant(&long), Path::new("g")).is_ok());
+        let err = GatewayConfig::parse(&tenant(&format!("{long}t")), Path::new("g")).unwrap_err();
+        assert!(err.to_string().contains("at most 255 bytes"), "{err}");
+    }
+}

@@ -909,8 +909,8 @@ mod tests {
     }
 
     /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request with phase
-    /// reservation and cost `cost` (raw), and records the tags it received.
-    async fn fake_node(cost: u64) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
+    /// reservation and cost `cost` (raw) if `answer` (else never), and records the tags it received.
+    async fn fake_node(cost: u64, answer: bool) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
         use rein_core::Phase;
         use rein_proto::nbd::node::{NodeGranted, NodeReplyTrailer, NodeWelcome, SpecSource};
         use rein_proto::nbd::{Event, ExportInfo, ServerHandshake, ServerProgress, ServerTransmission};
@@ -982,6 +982,10 @@ mod tests {
                     }
                     Event::Request { request, .. } => {
                         seen.lock().unwrap().push(request.tag.expect("a node session's request has a tag"));
+                        if !answer {
+                            buf.drain(..used);
+                            continue;
+                        }
                         let encoder = machine.replies();
                         let mut reply = match request.kind {
                             RequestKind::Read => vec![0; encoder.headroom(&request) + request.length as usize],
@@ -1008,8 +1012,8 @@ mod tests {
         use rein_core::ReservationSplit;
         use rein_proto::nbd::node::NodeSplit;
         let (cost_a, cost_b) = (3 << 16, 5 << 16); // Cost 3.0 and 5.0
-        let (a, tags_a) = fake_node(cost_a).await;
-        let (b, tags_b) = fake_node(cost_b).await;
+        let (a, tags_a) = fake_node(cost_a, true).await;
+        let (b, tags_b) = fake_node(cost_b, true).await;
         let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
             .into_iter()
             .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein })
@@ -1054,6 +1058,65 @@ mod tests {
         assert_eq!(pairs(&ta), vec![(0, 0), (cost_b, cost_b), (0, 0)]);
         assert_eq!(pairs(&tb), vec![(cost_a, cost_a)]);
         assert!(ta.iter().chain(&tb).all(|t| t.slot == 0 && t.share == 1 << 16), "{ta:?} {tb:?}");
+    }
+
+    fn qos(nodes: usize) -> VolumeQos {
+        let tenant = NodeTenant {
+            name: "t".into(),
+            reservation: 0.0,
+            limit: None,
+            weight: 1.0,
+            local_reservation: 0.0,
+            idle_credit: 0,
+            split: rein_proto::nbd::node::NodeSplit::Spread,
+        };
+        VolumeQos {
+            tenants: vec![tenant; nodes],
+            tracker: Arc::new(Mutex::new(ServiceTracker::with_split(nodes, rein_core::ReservationSplit::default()))),
+        }
+    }
+
+    /// A node connection holds at most MAX_PENDING_PER_CONN pieces: one more waits for a slot (the front
+    /// stops reading meanwhile); a node that answers nothing fails them all with EIO within
+    /// request_timeout, which frees the slots, and the one that waited then fails too (the node is gone).
+    #[tokio::test]
+    async fn a_node_connection_holds_at_most_max_pending_pieces() {
+        let (a, tags) = fake_node(0, false).await;
+        let nodes = vec![NodeSpec { name: "a".into(), address: a, protocol: NodeProtocol::Rein }];
+        let cfg = LinkConfig {
+            request_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(10),
+            max_backoff: Duration::from_millis(100),
+            connections: 1,
+        };
+        let stripe = Stripe::new(4096, &[1]).unwrap();
+        let volume =
+            RemoteVolume::open("v", 4096, stripe, &nodes, &["v".to_string()], Some(qos(1)), cfg).await.unwrap();
+        let (tx, mut results) = mpsc::unbounded_channel();
+        let read = |volume: Arc<RemoteVolume>, tx: mpsc::UnboundedSender<IoResult>| async move {
+            let done: Done = Box::new(move |r| {
+                let _ = tx.send(r);
+            });
+            volume.submit(0, Op::Read { len: 512, headroom: 0 }, false, done).await;
+        };
+        for _ in 0..MAX_PENDING_PER_CONN {
+            read(volume.clone(), tx.clone()).await;
+        }
+        let slots = &volume.links[0].as_ref().unwrap().conns[0].slots;
+        assert_eq!(slots.available_permits(), 0, "every slot taken");
+        let extra = tokio::spawn(read(volume.clone(), tx.clone()));
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!extra.is_finished(), "the piece past the bound waits for a slot");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        for i in 0..=MAX_PENDING_PER_CONN {
+            let r = tokio::time::timeout_at(deadline, results.recv()).await.expect("answered in time").unwrap();
+            let e = r.expect_err("the node never answers");
+            assert_eq!(e.kind(), ErrorKind::Io, "piece {i}: {e}");
+        }
+        extra.await.unwrap();
+        assert!(tags.lock().unwrap().len() <= MAX_PENDING_PER_CONN, "never more than the bound on the wire");
     }
 
     #[test]

@@ -74,9 +74,11 @@ fn uri(gw: &Server) -> String {
     format!("nbd://{}/v", gw.nbd)
 }
 
+/// qemu-io, killed after 60 s (a hang fails the test instead of holding it).
 fn qemu_io(uri: &str, commands: &[&str]) -> std::process::Output {
-    let mut c = tool("qemu-io");
-    c.args(["-f", "raw"]);
+    tool("qemu-io");
+    let mut c = Cmd::new("timeout");
+    c.args(["60", "qemu-io", "-f", "raw"]);
     for cmd in commands {
         c.args(["-c", cmd]);
     }
