@@ -65,8 +65,9 @@ impl NbdClient {
             wr.write_all(&out).await?;
             match prog {
                 ClientProgress::Ready { size, flags, structured } => break (size, flags, structured),
+                // Only a handshake made with `ClientHandshake::with_node` reports these; this one is plain.
                 ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) => {
-                    unreachable!("this client does not send the storage-node option")
+                    return Err(p::ProtoError::Malformed("a storage-node answer to a plain handshake").into())
                 }
                 ClientProgress::NeedMore => {
                     let mut chunk = [0u8; 4096];

@@ -615,6 +615,8 @@ pub async fn run(
         default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
         cap_tenants: true,
         limits: limits.clone(),
+        // A gateway is not a storage node: NBD_OPT_REIN_NODE from a VM is an unknown option.
+        node: None,
     });
     let ctx = Arc::new(NbdContext {
         exports: Arc::new(ExportTable::new(exports)),

@@ -47,10 +47,11 @@
 //! -> [`rein_model::stripe::Piece`].
 //!
 //! # Deviations
-//! `forget_server` is emulated by one discarded `prepare` until rein-core has the method (see
-//! `forget_server` below).
+//! `forget_server` is called on every new session of a pooled connection, not only when the node
+//! restarted: the gateway cannot tell a node restart from a lost connection, and a spurious call only
+//! drops the service elsewhere since the node's last request (which slightly favours the tenant there).
 
-use crate::dispatch::{IoError, IoResult, Op};
+use crate::dispatch::{IoError, Op, Served};
 use rein_core::{Cost, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION};
@@ -78,8 +79,9 @@ const WRITE_BATCH: usize = 64;
 /// Bytes asked of the socket per read beyond what is wanted.
 const READ_AHEAD: usize = 256 * 1024;
 
-/// The function that takes a request's result (run on a connection task; quick, never blocking).
-pub type Done = Box<dyn FnOnce(IoResult) + Send>;
+/// The function that takes a request's result (run on a connection task; quick, never blocking); the
+/// [`Served`] it gets is the default (the front's reply to a VM carries no trailer).
+pub use crate::dispatch::Done;
 
 /// How the gateway speaks to a node (`protocol`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -452,7 +454,7 @@ impl Gather {
             };
             (done, result)
         };
-        (done.0)(done.1);
+        (done.0)(done.1, Served::default());
     }
 }
 
@@ -690,7 +692,8 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     if let Some((_, tracker)) = qos {
         // A fresh session (the node may have restarted with a fresh scheduler): what was completed
         // elsewhere meanwhile is not owed to it at once.
-        forget_server(&mut tracker.lock().unwrap_or_else(|e| e.into_inner()), node);
+        let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
+        tracker.forget_server(node).expect("the tracker covers every node");
     }
     let (mut rd, mut wr) = stream.split();
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
@@ -828,15 +831,6 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     end
 }
 
-/// Starts `node`'s account afresh in `tracker`: the cost completed elsewhere so far is taken as seen, so
-/// the next request to the node carries only what completes from now on. Until rein-core's
-/// `ServiceTracker::forget_server` lands (the node engineer's), this is one `prepare` whose piggyback is
-/// dropped: the same effect on delta and rho; under the spread split it also counts one request to the
-/// node in the current window (a share off by at most one request in `window_ios`, for one window).
-fn forget_server(tracker: &mut ServiceTracker, node: usize) {
-    let _ = tracker.prepare(node);
-}
-
 /// The kind of a node's NBD error number, for the front's reply.
 fn kind_of(errno: u32) -> ErrorKind {
     match errno {
@@ -885,12 +879,13 @@ async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dispatch::IoResult;
 
     /// A request's result comes once every piece is in, with the first error if any (invariant 1).
     #[test]
     fn gather_waits_for_every_piece() {
         let (tx, rx) = std::sync::mpsc::channel();
-        let g = Gather::new(vec![0; 4], Box::new(move |r| tx.send(r).unwrap()));
+        let g = Gather::new(vec![0; 4], Box::new(move |r, _| tx.send(r).unwrap()));
         g.expect(2);
         g.piece(Ok(&[1, 2]), 0);
         g.release();
@@ -899,7 +894,7 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().unwrap(), vec![1, 2, 3, 4]);
 
         let (tx, rx) = std::sync::mpsc::channel();
-        let g = Gather::new(Vec::new(), Box::new(move |r| tx.send(r).unwrap()));
+        let g = Gather::new(Vec::new(), Box::new(move |r, _| tx.send(r).unwrap()));
         g.expect(2);
         let s = Sink { gather: Some(g.clone()), at: 0 };
         drop(s); // dropped unsent: fails
@@ -1042,7 +1037,7 @@ mod tests {
             let volume = volume.clone();
             async move {
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                let done: Done = Box::new(move |r| {
+                let done: Done = Box::new(move |r, _| {
                     let _ = tx.send(r);
                 });
                 volume.submit(offset, Op::Read { len: 4096, headroom: 0 }, false, done).await;
@@ -1094,7 +1089,7 @@ mod tests {
             RemoteVolume::open("v", 4096, stripe, &nodes, &["v".to_string()], Some(qos(1)), cfg).await.unwrap();
         let (tx, mut results) = mpsc::unbounded_channel();
         let read = |volume: Arc<RemoteVolume>, tx: mpsc::UnboundedSender<IoResult>| async move {
-            let done: Done = Box::new(move |r| {
+            let done: Done = Box::new(move |r, _| {
                 let _ = tx.send(r);
             });
             volume.submit(0, Op::Read { len: 512, headroom: 0 }, false, done).await;
