@@ -334,3 +334,50 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
         assert!(lines[0].contains(key), "case {i}: the error names {key:?}: {err}");
     }
 }
+
+/// IOs the node behind `admin` completed for `tenant` (all phases), from its /metrics.
+fn completed(admin: SocketAddr, tenant: &str) -> u64 {
+    let (status, _, body) = common::http(admin, "GET", "/metrics", "", "");
+    assert_eq!(status, 200);
+    let prefix = format!("rein_tenant_completed_total{{tenant=\"{tenant}\",");
+    body.lines().filter(|l| l.starts_with(&prefix)).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum()
+}
+
+#[test]
+fn storage_node_sessions_schedule_the_gateways_tenant_at_each_node() {
+    let dir = tmpdir("gw-rein");
+    let node_cfg = |host: u8| {
+        let d = dir.path().join(format!("node{host}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let text = format!(
+            "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
+             scheduler = \"dmclock\"\n[node]\nenabled = true\nspecs = \"gateway\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
+            d.join("data").display()
+        );
+        Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    };
+    let nodes = [node_cfg(81), node_cfg(82), node_cfg(83)];
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
+    let mut body = String::new();
+    for n in 1..=3 {
+        body.push_str(&format!("[[nodes]]\nname = \"s{n}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", list[n - 1].1));
+    }
+    let text = format!(
+        "listen = \"127.0.0.84:0\"\nadmin = \"127.0.0.84:0\"\n{TIMES}{body}[[tenants]]\nname = \"c2\"\nreservation = 100\n\
+         weight = 2\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 64\nstripe_kb = 64\n\
+         widths = {{ s1 = 1, s2 = 2, s3 = 1 }}\n"
+    );
+    let gw = gateway(&write_file(dir.path(), "gw.toml", &text));
+    for n in &nodes {
+        n.wait_line("storage-node session granted");
+    }
+    let before: Vec<u64> = nodes.iter().map(|n| completed(n.admin, "c2")).collect();
+    // One 256 KiB write and read of units 0..4: s1 holds unit 0, s2 units 1 and 2, s3 unit 3 (layout
+    // equation), so s2 serves two pieces of each request for s3's one.
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x22 0 256k", "read -P 0x22 0 256k", "flush"]);
+    assert!(ok, "{out}");
+    let after: Vec<u64> = nodes.iter().map(|n| completed(n.admin, "c2")).collect();
+    let served: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(served.iter().all(|&c| c > 0), "every node scheduled c2's pieces as c2: {served:?}");
+    assert_eq!(served[1] - served[2], 2, "s2 served 2 pieces more than s3 (2 per request vs 1): {served:?}");
+}
