@@ -27,7 +27,8 @@ fio_one() {
 measure() { local uri=$1; shift; local c0 c1 iops; c0=$(cpu_sum "$@"); iops=$(fio_one "$uri"); c1=$(cpu_sum "$@")
   python3 -c "import sys; i,a,b,s=map(float,sys.argv[1:]); print(f'{i:.0f} {1e6*(b-a)/max(i*s,1):.2f}')" "$iops" "$c0" "$c1" "$SECS"; }
 REIN=./target/release/rein
-node_config() { # host -> config path: one read-only export "bench" over $FILE
+node_config() { # host [node] -> config path: one read-only export "bench" over $FILE (with "node" and a
+               # PROTOCOL other than nbd: a storage node, [node] enabled)
   cat > "$W/node-$1.toml" <<TOML
 listen = "127.0.0.$1:10809"
 admin = "127.0.0.$1:9180"
@@ -39,17 +40,22 @@ path = "$FILE"
 size_mb = 1024
 read_only = true
 TOML
+  if [ "$2" = node ] && [ "$PROTOCOL" != nbd ]; then
+    # The storage-node protocol: dmClock at the node, the gateway's tenant adopted.
+    { echo 'scheduler = "dmclock"'; cat "$W/node-$1.toml"; printf '[node]\nenabled = true\nspecs = "gateway"\n'; } > "$W/node-$1.tmp"
+    mv "$W/node-$1.tmp" "$W/node-$1.toml"
+  fi
   echo "$W/node-$1.toml"
 }
 direct_run() {
-  "$REIN" serve --config "$(node_config 41)" 2>/dev/null & local pid=$!
+  "$REIN" serve --config "$(node_config 41 direct)" 2>/dev/null & local pid=$!
   wait_port 127.0.0.41 10809
   measure nbd://127.0.0.41:10809/bench $pid
   kill $pid; wait $pid 2>/dev/null || true
 }
 gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   local pids=() h
-  for h in 42 43 44; do "$REIN" serve --config "$(node_config $h)" 2>/dev/null & pids+=($!); done
+  for h in 42 43 44; do "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
   { echo 'listen = "127.0.0.45:10809"'; echo 'connections_per_node = 2'
     for h in 42 43 44; do printf '[[nodes]]\nname = "s%d"\naddress = "127.0.0.%d:10809"\nprotocol = "%s"\nexport = "bench"\n' $h $h "$PROTOCOL"; done
@@ -61,7 +67,8 @@ gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   fi
   measure nbd://127.0.0.45:10809/vol $gw "${pids[@]}"
   if [ "${1:-}" = perf ]; then wait $perf || true; fi
-  kill $gw "${pids[@]}"; wait $gw "${pids[@]}" 2>/dev/null || true
+  # SIGKILL: the nodes only read, and a node with [node] enabled does not yet exit on SIGTERM (see the report).
+  kill $gw; kill -KILL "${pids[@]}"; wait $gw "${pids[@]}" 2>/dev/null || true
 }
 declare -A R
 for r in $(seq "$ROUNDS"); do
