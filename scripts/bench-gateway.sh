@@ -67,8 +67,7 @@ gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   fi
   measure nbd://127.0.0.45:10809/vol $gw "${pids[@]}"
   if [ "${1:-}" = perf ]; then wait $perf || true; fi
-  # SIGKILL: the nodes only read, and a node with [node] enabled does not yet exit on SIGTERM (see the report).
-  kill $gw; kill -KILL "${pids[@]}"; wait $gw "${pids[@]}" 2>/dev/null || true
+  kill $gw "${pids[@]}"; wait $gw "${pids[@]}" 2>/dev/null || true
 }
 declare -A R
 for r in $(seq "$ROUNDS"); do

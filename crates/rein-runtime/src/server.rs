@@ -334,6 +334,9 @@ pub async fn run_with(
         admin_abort.abort();
     }
     drop(ctx);
+    // The policy's [node] service holds the registry, hence a dispatcher handle: dropped too, or the
+    // dispatcher never ends and a storage node never exits.
+    drop(policy);
     drop(registry);
     drop(dispatcher);
     let _ = dispatcher_done.await;

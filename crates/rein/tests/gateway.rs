@@ -380,4 +380,9 @@ fn storage_node_sessions_schedule_the_gateways_tenant_at_each_node() {
     let served: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     assert!(served.iter().all(|&c| c > 0), "every node scheduled c2's pieces as c2: {served:?}");
     assert_eq!(served[1] - served[2], 2, "s2 served 2 pieces more than s3 (2 per request vs 1): {served:?}");
+    // A storage node stops on SIGTERM like any rein serve (its [node] service held the dispatcher alive).
+    drop(gw);
+    for mut n in nodes {
+        n.terminate(Duration::from_secs(20));
+    }
 }
