@@ -386,3 +386,29 @@ fn storage_node_sessions_schedule_the_gateways_tenant_at_each_node() {
         n.terminate(Duration::from_secs(20));
     }
 }
+
+/// The front is rein serve's connection code: STARTTLS with PSK (required), and an export's
+/// `allow_identities`.
+#[test]
+fn the_front_requires_tls_and_checks_identities() {
+    let dir = tmpdir("gw-tls");
+    let nodes = [node(dir.path(), 91, 0), node(dir.path(), 92, 0)];
+    let key =
+        |seed: u8| (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(37).wrapping_add(seed))).collect::<String>();
+    let keys = write_file(dir.path(), "keys.psk", &format!("alice:{}\nbob:{}\n", key(1), key(2)));
+    let mut text = format!(
+        "listen = \"127.0.0.93:0\"\nadmin = \"127.0.0.93:0\"\n{TIMES}[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n"
+    );
+    for (i, n) in nodes.iter().enumerate() {
+        text.push_str(&format!("[[nodes]]\nname = \"s{i}\"\naddress = \"{}\"\n", n.nbd));
+    }
+    text.push_str("[[exports]]\nname = \"v\"\nsize_mb = 16\nallow_identities = [\"alice\"]\n");
+    let gw = gateway(&write_file(dir.path(), "gw.toml", &text));
+    let as_user = |user: &str| format!("nbds://{user}@{}/v?tls-psk-file={}", gw.nbd, keys.display());
+    let info = run_ok(tool("nbdinfo").arg(as_user("alice")));
+    assert!(info.contains("with TLS") && info.contains("export-size: 16777216"), "{info}");
+    let plain = tool("nbdinfo").arg(format!("nbd://{}/v", gw.nbd)).output().unwrap();
+    assert!(!plain.status.success(), "plain NBD is refused under mode = require");
+    let bob = tool("nbdinfo").arg(as_user("bob")).output().unwrap();
+    assert!(!bob.status.success(), "bob is not in allow_identities");
+}
