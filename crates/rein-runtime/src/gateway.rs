@@ -14,7 +14,7 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10810"
-//! admin = "127.0.0.1:9190"          # optional: /healthz, /api/nodes
+//! admin = "127.0.0.1:9190"          # optional: /healthz, /metrics, /api/nodes
 //! request_timeout_s = 30            # 0.1..=3600
 //! connect_timeout_s = 5             # 0.1..=3600
 //! reconnect_max_backoff_ms = 2000   # 50..=600000
@@ -700,32 +700,60 @@ pub async fn run(
     Ok(())
 }
 
-/// `/healthz` (200 "ok") and `/api/nodes` (per volume and node: connections up).
+/// The Prometheus text of `/metrics`: per volume and node, the pooled connections and how many are up.
+fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "# HELP rein_gateway_node_connections Pooled connections to a node for a volume.");
+    let _ = writeln!(o, "# TYPE rein_gateway_node_connections gauge");
+    let _ = writeln!(o, "# HELP rein_gateway_node_connections_up Of those, the ones with a session up.");
+    let _ = writeln!(o, "# TYPE rein_gateway_node_connections_up gauge");
+    for v in volumes {
+        for (node, up) in v.node_states() {
+            let labels = format!("export=\"{}\",node=\"{node}\"", v.name());
+            let _ = writeln!(o, "rein_gateway_node_connections{{{labels}}} {}", up.len());
+            let _ = writeln!(o, "rein_gateway_node_connections_up{{{labels}}} {}", up.iter().filter(|&&u| u).count());
+        }
+    }
+    o
+}
+
+/// `/healthz` (200 "ok"), `/metrics` and `/api/nodes` (per volume and node: connections up).
 fn admin_router(volumes: Vec<Arc<RemoteVolume>>) -> axum::Router {
     let volumes = Arc::new(volumes);
-    axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
-        "/api/nodes",
-        axum::routing::get(move || {
-            let volumes = volumes.clone();
-            async move {
-                let list: Vec<serde_json::Value> = volumes
-                    .iter()
-                    .map(|v| {
-                        let nodes: Vec<serde_json::Value> = v
-                            .node_states()
-                            .into_iter()
-                            .map(|(name, up)| {
-                                let connected = up.iter().filter(|&&u| u).count();
-                                serde_json::json!({ "node": name, "connections": up.len(), "connected": connected })
-                            })
-                            .collect();
-                        serde_json::json!({ "export": v.name(), "nodes": nodes })
-                    })
-                    .collect();
-                axum::Json(serde_json::Value::Array(list))
-            }
-        }),
-    )
+    let for_metrics = volumes.clone();
+    axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let volumes = for_metrics.clone();
+                async move { metrics_text(&volumes) }
+            }),
+        )
+        .route(
+            "/api/nodes",
+            axum::routing::get(move || {
+                let volumes = volumes.clone();
+                async move {
+                    let list: Vec<serde_json::Value> = volumes
+                        .iter()
+                        .map(|v| {
+                            let nodes: Vec<serde_json::Value> = v
+                                .node_states()
+                                .into_iter()
+                                .map(|(name, up)| {
+                                    let connected = up.iter().filter(|&&u| u).count();
+                                    serde_json::json!({ "node": name, "connections": up.len(), "connected": connected })
+                                })
+                                .collect();
+                            serde_json::json!({ "export": v.name(), "nodes": nodes })
+                        })
+                        .collect();
+                    axum::Json(serde_json::Value::Array(list))
+                }
+            }),
+        )
 }
 
 #[cfg(test)]

@@ -164,6 +164,9 @@ fn real_clients_round_trip_through_three_nodes() {
     for n in nodes_json[0]["nodes"].as_array().unwrap() {
         assert_eq!(n["connected"], n["connections"], "{body}");
     }
+    let (status, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("rein_gateway_node_connections_up{export=\"v\",node=\"s2\"} 2"), "{metrics}");
 }
 
 /// Polls `f` until it returns true or `within` passes.
