@@ -239,7 +239,7 @@ pub async fn run_with(
     });
     let ctx = Arc::new(NbdContext {
         exports: table.clone(),
-        dispatcher: dispatcher.clone(),
+        dispatcher: Some(dispatcher.clone()),
         max_payload: cfg.max_request.min(u32::MAX as u64) as u32,
         limits: Limits {
             budget: Budget::new(cfg.max_inflight, cfg.max_inflight_per_tenant),
@@ -334,6 +334,9 @@ pub async fn run_with(
         admin_abort.abort();
     }
     drop(ctx);
+    // The policy's [node] service holds the registry, hence a dispatcher handle: dropped too, or the
+    // dispatcher never ends and a storage node never exits.
+    drop(policy);
     drop(registry);
     drop(dispatcher);
     let _ = dispatcher_done.await;
