@@ -34,7 +34,7 @@ weight = 3
 
 fn job(name: &str, p: WorkloadParams, seconds: f64) -> Job {
     let workload = p.validate(Nanos::from_secs_f64(seconds), None, &[]).unwrap();
-    Job { name: name.into(), export: name.into(), tenant: name.into(), connections: 2, workload }
+    Job { name: name.into(), export: name.into(), tenant: name.into(), connections: 2, workload, route: None }
 }
 
 /// Runs `jobs` for `seconds` against a fresh server; `admin`: give load the admin endpoint.
@@ -64,6 +64,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         seed: 3,
         name: "load-test".into(),
         max_pending,
+        servers: Vec::new(),
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -165,6 +166,7 @@ async fn a_missing_tenant_is_a_clear_error() {
         seed: 1,
         name: "x".into(),
         max_pending: 1,
+        servers: Vec::new(),
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");

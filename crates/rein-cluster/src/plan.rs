@@ -1,0 +1,633 @@
+//! A validated scenario turned into the processes that run it: one `rein serve` node per server, one
+//! `rein gateway` per tenant that stripes over several nodes, and the endpoint each tenant's load opens.
+//!
+//! # Model
+//! The input is rein-sim's [`Scenario`], the value `rein sim` runs: nothing here reads the TOML again, so a
+//! scenario means one thing to both. Server i becomes node `127.0.0.(10+i)`; each tenant that uses one
+//! server opens its export on that node directly; a tenant over several servers opens a gateway at
+//! `127.0.0.(10+n+j)` whose stripe widths are its routing shares as small integers ([`widths`]). A node
+//! gets the server's scheduler, queue depth, `[mclock]` settings and device model, and one sparse file
+//! export per tenant that uses it, sized to the tenant's span.
+//!
+//! # Invariants
+//! 1. What a node is told equals what the simulator runs: the `[mclock]` table and the `[device_model]`
+//!    written for a server are read back by the same validators (`SchedSettingsFile::resolve`,
+//!    `DeviceParams::validate`) and must give the server's own values, or planning fails naming it.
+//! 2. Every process has its own 127.0.0.x address: at most [`MAX_PROCESSES`] in a plan.
+//! 3. A feature a real cluster cannot run is refused by name ([`PlanError::Unsupported`]), never skipped.
+//!
+//! # Symbol map
+//! | scenario | plan |
+//! |---|---|
+//! | `[[servers]]` i | [`NodePlan`] i: `rein serve` config text |
+//! | tenant's `servers`, routing shares | [`Endpoint::servers`], gateway stripe `widths` |
+//! | `server_reservations` | the node tenant's reservation (one server), RBFQ local reservations (gateway) |
+//!
+//! # Deviations
+//! The simulator routes each request by a draw over the shares; a gateway stripes by offset, so a tenant's
+//! requests follow its shares only as far as its offsets are spread over the stripes (uniform random
+//! offsets: exactly in expectation). Device seeds are the scenario's seed plus the server's index, not the
+//! simulator's per-server streams: the same distribution, not the same draws.
+
+use rein_core::{CostModel, LimitMode, Nanos, QosSpec, ReservationLag, SchedConfig};
+use rein_model::device::{DeviceParams, DeviceSpec, Discipline, DiskParams, ServiceModel};
+use rein_model::sched_settings::SchedSettingsFile;
+use rein_model::workload::WorkloadKind;
+use rein_model::Routing;
+use rein_sim::model::{Server, Tenant};
+use rein_sim::Scenario;
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+
+/// Processes in a plan at most: 127.0.0.10 to 127.0.0.254.
+pub const MAX_PROCESSES: usize = 245;
+/// The first node's address is 127.0.0.`FIRST_HOST`.
+pub const FIRST_HOST: u8 = 10;
+/// A gateway's stripe unit (KiB) under routing shares.
+pub const SHARES_STRIPE_KB: u64 = 64;
+/// Largest sum of stripe widths of a gateway export.
+pub const MAX_WIDTH_SUM: u64 = 1024;
+/// Largest export a plan makes (MiB; sparse files).
+pub const MAX_EXPORT_MB: u64 = 1 << 20;
+/// Whether this build has `rein gateway`: tenants over several servers need it.
+pub const HAVE_GATEWAY: bool = false;
+
+/// Why a scenario cannot run on real daemons.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The scenario uses something a real cluster cannot run; the message names the feature.
+    #[error("scenario {scenario:?}: {feature} cannot run on a real cluster{why}")]
+    Unsupported {
+        /// The scenario's name.
+        scenario: String,
+        /// The feature, as the scenario file names it.
+        feature: String,
+        /// More on why (empty or starting with ": ").
+        why: String,
+    },
+    /// A value cannot be carried over (the message names the server or tenant and the value).
+    #[error("scenario {scenario:?}: {message}")]
+    Invalid {
+        /// The scenario's name.
+        scenario: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// One `rein serve` node.
+#[derive(Debug, Clone)]
+pub struct NodePlan {
+    /// The server's name.
+    pub name: String,
+    /// NBD address.
+    pub nbd: SocketAddr,
+    /// Admin (HTTP) address.
+    pub admin: SocketAddr,
+    /// Its rein.toml.
+    pub config: String,
+}
+
+/// One `rein gateway`.
+#[derive(Debug, Clone)]
+pub struct GatewayPlan {
+    /// The tenant it serves.
+    pub tenant: String,
+    /// NBD address.
+    pub nbd: SocketAddr,
+    /// Admin (HTTP) address.
+    pub admin: SocketAddr,
+    /// Its gw.toml.
+    pub config: String,
+}
+
+/// Where a tenant's load goes.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The tenant (and export) name.
+    pub tenant: String,
+    /// The NBD server it opens: its node, or its gateway.
+    pub nbd: SocketAddr,
+    /// The export name.
+    pub export: String,
+    /// Indices of the scenario's servers it uses, in its order (per-server window k is at `servers[k]`).
+    pub servers: Vec<usize>,
+    /// The nodes' admin addresses (phase counters), in the order of `servers`.
+    pub node_admins: Vec<SocketAddr>,
+    /// Whether it goes through a gateway.
+    pub gateway: bool,
+}
+
+impl Endpoint {
+    /// `nbd://ADDR:PORT/EXPORT`.
+    pub fn uri(&self) -> String {
+        format!("nbd://{}/{}", self.nbd, self.export)
+    }
+}
+
+/// The processes of a scenario, in start order (nodes, then gateways).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The scenario's name.
+    pub name: String,
+    /// One per server.
+    pub nodes: Vec<NodePlan>,
+    /// One per tenant over several servers.
+    pub gateways: Vec<GatewayPlan>,
+    /// One per tenant, in scenario order.
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// The address of process `i` (nodes first, then gateways).
+pub fn host(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, FIRST_HOST + i as u8)
+}
+
+impl Plan {
+    /// Plans `sc`. `port(addr, k)` gives port k (0 = NBD, 1 = admin) of the process at `addr` (fixed ports
+    /// from a base, or free ones). Nodes keep their data in `node-NAME`, relative to the directory the
+    /// supervisor starts them in.
+    pub fn new(sc: &Scenario, mut port: impl FnMut(Ipv4Addr, u16) -> std::io::Result<u16>) -> Result<Plan, PlanError> {
+        let unsupported = |feature: &str, why: &str| PlanError::Unsupported {
+            scenario: sc.name.clone(),
+            feature: feature.into(),
+            why: if why.is_empty() { String::new() } else { format!(": {why}") },
+        };
+        let invalid = |message: String| PlanError::Invalid { scenario: sc.name.clone(), message };
+        if sc.parda.is_some() || !sc.hosts.is_empty() {
+            return Err(unsupported("PARDA hosts ([parda], [[hosts]])", "rein has no PARDA host daemon yet"));
+        }
+        if sc.pshift.is_some() {
+            return Err(unsupported("a pShift cluster ([pshift])", "rein has no pShift controller daemon yet"));
+        }
+        if sc.net_delay > Nanos::ZERO {
+            return Err(unsupported("network.delay_ms", "the nodes are on loopback; there is no delay to add"));
+        }
+        let multi: Vec<usize> = (0..sc.tenants.len()).filter(|&j| sc.tenants[j].servers.len() > 1).collect();
+        let processes = sc.servers.len() + multi.len();
+        if processes > MAX_PROCESSES {
+            return Err(invalid(format!(
+                "{} servers and {} tenants over several servers need {processes} processes, each on its own \
+                 127.0.0.x address; at most {MAX_PROCESSES}",
+                sc.servers.len(),
+                multi.len()
+            )));
+        }
+        let mut addr = |i: usize| -> Result<(SocketAddr, SocketAddr), PlanError> {
+            let h = host(i);
+            let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
+            Ok((SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?))))
+        };
+        for t in &sc.tenants {
+            check_tenant(sc, t).map_err(|(f, why)| unsupported(&f, &why))?;
+        }
+        let mut nodes = Vec::with_capacity(sc.servers.len());
+        for (i, s) in sc.servers.iter().enumerate() {
+            let (nbd, admin) = addr(i)?;
+            let users: Vec<(&Tenant, usize)> =
+                sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
+            let text = node_config(sc, i, s, nbd, admin, &format!("node-{}", s.name), &users, !multi.is_empty())
+                .map_err(invalid)?;
+            nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
+        }
+        let mut gateways = Vec::new();
+        let mut endpoints = Vec::with_capacity(sc.tenants.len());
+        for t in &sc.tenants {
+            let node_admins = t.servers.iter().map(|&i| nodes[i].admin).collect();
+            if t.servers.len() == 1 {
+                endpoints.push(Endpoint {
+                    tenant: t.name.clone(),
+                    nbd: nodes[t.servers[0]].nbd,
+                    export: t.name.clone(),
+                    servers: t.servers.clone(),
+                    node_admins,
+                    gateway: false,
+                });
+                continue;
+            }
+            if !HAVE_GATEWAY {
+                let names: Vec<&str> = t.servers.iter().map(|&i| sc.servers[i].name.as_str()).collect();
+                return Err(unsupported(
+                    &format!("tenant {} over several servers ({})", t.name, names.join(", ")),
+                    "striping over nodes needs `rein gateway`, which this build does not have yet",
+                ));
+            }
+            let (nbd, admin) = addr(sc.servers.len() + gateways.len())?;
+            let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
+            gateways.push(GatewayPlan { tenant: t.name.clone(), nbd, admin, config: text });
+            endpoints.push(Endpoint {
+                tenant: t.name.clone(),
+                nbd,
+                export: t.name.clone(),
+                servers: t.servers.clone(),
+                node_admins,
+                gateway: true,
+            });
+        }
+        Ok(Plan { name: sc.name.clone(), nodes, gateways, endpoints })
+    }
+}
+
+/// A tenant feature a real cluster cannot run: `(feature, why)`.
+fn check_tenant(sc: &Scenario, t: &Tenant) -> Result<(), (String, String)> {
+    if matches!(t.routing, Routing::Device(_)) {
+        return Err((format!("tenant {}: routing.devices", t.name), "a gateway stripes by offset".into()));
+    }
+    if t.host.is_some() {
+        return Err((format!("tenant {}: a VM on a PARDA host", t.name), String::new()));
+    }
+    let _ = sc;
+    Ok(())
+}
+
+/// The export size (MiB) a tenant's workload needs: its span (at least its request size), at least 1 MiB.
+pub fn export_mb(t: &Tenant) -> u64 {
+    let bytes = t.workload.span_bytes.max(t.workload.size_bytes).max(1);
+    bytes.div_ceil(1 << 20).clamp(1, MAX_EXPORT_MB)
+}
+
+/// Routing shares as stripe widths: small integers in the same ratios. Integer shares are reduced by
+/// their gcd; others are scaled to the smallest integers within 1% of the ratios. A zero share is a
+/// zero width (the node is not used). Errors name the shares.
+pub fn widths(shares: &[f64]) -> Result<Vec<u64>, String> {
+    let min = shares.iter().copied().filter(|&s| s > 0.0).fold(f64::INFINITY, f64::min);
+    if !min.is_finite() || shares.iter().any(|s| !(s.is_finite() && *s >= 0.0)) {
+        return Err(format!("routing shares {shares:?}: need finite non-negative shares, not all zero"));
+    }
+    let ratios: Vec<f64> = shares.iter().map(|s| s / min).collect();
+    for m in 1..=1000u64 {
+        let w: Vec<u64> = ratios.iter().map(|r| (r * m as f64).round() as u64).collect();
+        let close = ratios.iter().zip(&w).all(|(r, &w)| (w as f64 - r * m as f64).abs() <= 0.01 * r * m as f64);
+        if close && w.iter().zip(shares).all(|(&w, &s)| (w > 0) == (s > 0.0)) {
+            let g = w.iter().copied().fold(0, gcd);
+            let w: Vec<u64> = w.iter().map(|x| x / g).collect();
+            if w.iter().sum::<u64>() > MAX_WIDTH_SUM {
+                break;
+            }
+            return Ok(w);
+        }
+    }
+    Err(format!(
+        "routing shares {shares:?}: no stripe widths summing to at most {MAX_WIDTH_SUM} within 1% of their ratios"
+    ))
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// A TOML string literal.
+fn q(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A float as TOML writes it (always with a point or exponent; `inf` for infinity).
+fn f(x: f64) -> String {
+    if x.is_infinite() {
+        "inf".into()
+    } else if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// The `[mclock]` table for `c`, checked to read back as `c` (invariant 1).
+pub fn mclock_table(c: &SchedConfig) -> Result<String, String> {
+    let count = |v: Option<u32>| v.map_or("\"none\"".to_string(), |n| n.to_string());
+    let lag = match c.reservation_lag {
+        ReservationLag::Arrival => "arrival".to_string(),
+        ReservationLag::Unbounded => "unbounded".to_string(),
+        ReservationLag::Bounded(n) => format!("{}ns", n.0),
+    };
+    let cost = match c.cost_model {
+        CostModel::PerIo => "\"io\"".to_string(),
+        CostModel::PerByte { unit_bytes: 1 } => "\"bytes\"".to_string(),
+        // knee = Tm * Bpeak: Tm = 1 ms, Bpeak = knee / 1 ms (checked below).
+        CostModel::SeekTransfer { knee_bytes } => format!("{{ tm_ms = 1.0, bpeak_mb_s = {} }}", f(knee_bytes / 1e3)),
+        other => return Err(format!("cost model {other:?} has no rein.toml form")),
+    };
+    let text = format!(
+        "[mclock]\npreset = \"rein\"\nweight_lead_ios = {}\nlimit_burst_ios = {}\nreservation_lag = {}\n\
+         limited_reenter_at_vnow = {}\nlimit_mode = {}\ncost_model = {cost}\nbatch = {}\nbatch_distance_kb = {}\n",
+        count(c.weight_lead_ios),
+        count(c.limit_burst_ios),
+        q(&lag),
+        c.limited_reenter_at_vnow,
+        q(match c.limit_mode {
+            LimitMode::Strict => "strict",
+            LimitMode::BreakWhenIdle => "break_when_idle",
+        }),
+        c.batch,
+        f(c.batch_distance as f64 / 1024.0),
+    );
+    #[derive(serde::Deserialize)]
+    struct Table {
+        mclock: SchedSettingsFile,
+    }
+    let back: Table = toml::from_str(&text).map_err(|e| format!("[mclock] as written: {e}"))?;
+    let back = back.mclock.resolve().map_err(|e| format!("[mclock] as written: {e}"))?;
+    if back != *c {
+        return Err(format!("the scheduler settings {c:?} read back as {back:?}"));
+    }
+    Ok(text)
+}
+
+/// The `[device_model]` table for `d`, checked to read back as `d` (invariant 1).
+pub fn device_table(d: &DeviceSpec, seed: u64) -> Result<String, String> {
+    let mut t = format!("[device_model]\ncapacity_iops = {}\n", f(d.capacity_iops));
+    let mut disk = None;
+    match d.service {
+        ServiceModel::Exponential => t.push_str("service = \"exponential\"\n"),
+        ServiceModel::Deterministic => t.push_str("service = \"deterministic\"\n"),
+        ServiceModel::Uniform { spread } => {
+            let _ = writeln!(t, "service = \"uniform\"\nuniform_spread = {}", f(spread));
+        }
+        ServiceModel::Disk(m) => {
+            let p = DiskParams {
+                seek_ms: m.seek_ns / 1e6,
+                rotation_ms: m.rotation_ns / 1e6,
+                transfer_mb_s: m.transfer_bytes_per_ns * 1e3,
+                sequential_kb: m.sequential_bytes as f64 / 1024.0,
+            };
+            let _ = writeln!(
+                t,
+                "service = \"disk\"\ndisk = {{ seek_ms = {}, rotation_ms = {}, transfer_mb_s = {}, sequential_kb = {} }}",
+                f(p.seek_ms),
+                f(p.rotation_ms),
+                f(p.transfer_mb_s),
+                f(p.sequential_kb)
+            );
+            disk = Some(p);
+        }
+    }
+    let transfer = (d.ns_per_byte > 0.0).then(|| 1e3 / d.ns_per_byte);
+    if let Some(x) = transfer {
+        let _ = writeln!(t, "transfer_mb_s = {}", f(x));
+    }
+    let discipline = match d.discipline {
+        Discipline::Fifo => "fifo",
+        Discipline::Ps => "ps",
+    };
+    let _ = writeln!(t, "discipline = \"{discipline}\"");
+    let steps: Vec<rein_model::device::CapacityStep> = d
+        .schedule
+        .iter()
+        .skip(1)
+        .map(|&(at, iops)| rein_model::device::CapacityStep { at_s: at.as_secs_f64(), iops })
+        .collect();
+    if !steps.is_empty() {
+        let list: Vec<String> =
+            steps.iter().map(|s| format!("{{ at_s = {}, iops = {} }}", f(s.at_s), f(s.iops))).collect();
+        let _ = writeln!(t, "capacity_schedule = [{}]", list.join(", "));
+    }
+    let _ = writeln!(t, "seed = {seed}");
+    let service = match d.service {
+        ServiceModel::Exponential => "exponential",
+        ServiceModel::Deterministic => "deterministic",
+        ServiceModel::Uniform { .. } => "uniform",
+        ServiceModel::Disk(_) => "disk",
+    };
+    let back = DeviceParams {
+        capacity_iops: d.capacity_iops,
+        service,
+        uniform_spread: match d.service {
+            ServiceModel::Uniform { spread } => Some(spread),
+            _ => None,
+        },
+        disk,
+        transfer_mb_s: transfer,
+        discipline: Some(discipline),
+        capacity_schedule: steps,
+    }
+    .validate()
+    .map_err(|e| format!("[device_model] as written: {e}"))?;
+    if !same_device(&back, d) {
+        return Err(format!("the device {d:?} reads back as {back:?}"));
+    }
+    Ok(t)
+}
+
+/// Equal up to the last bits of a float written in decimal and read back (a relative 1e-12).
+fn same_device(a: &DeviceSpec, b: &DeviceSpec) -> bool {
+    let eq = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
+    let service = match (a.service, b.service) {
+        (ServiceModel::Disk(x), ServiceModel::Disk(y)) => {
+            eq(x.seek_ns, y.seek_ns)
+                && eq(x.rotation_ns, y.rotation_ns)
+                && eq(x.transfer_bytes_per_ns, y.transfer_bytes_per_ns)
+                && x.sequential_bytes == y.sequential_bytes
+        }
+        (x, y) => x == y,
+    };
+    service
+        && eq(a.capacity_iops, b.capacity_iops)
+        && eq(a.ns_per_byte, b.ns_per_byte)
+        && a.discipline == b.discipline
+        && a.schedule.len() == b.schedule.len()
+        && a.schedule.iter().zip(&b.schedule).all(|(x, y)| x.0 == y.0 && eq(x.1, y.1))
+}
+
+/// A `[[tenants]]` entry of rein.toml.
+fn tenant_entry(name: &str, spec: &QosSpec) -> String {
+    let mut t = format!("[[tenants]]\nname = {}\nreservation = {}\n", q(name), f(spec.reservation()));
+    if let Some(l) = spec.limit() {
+        let _ = writeln!(t, "limit = {}", f(l));
+    }
+    let _ = writeln!(t, "weight = {}\nidle_credit = {}", f(spec.weight()), spec.idle_credit());
+    t
+}
+
+/// Node `i`'s rein.toml: `users` are the tenants on it with their index into their own server list;
+/// `node` switches the storage-node protocol on (for gateways).
+#[allow(clippy::too_many_arguments)]
+fn node_config(
+    sc: &Scenario,
+    i: usize,
+    s: &Server,
+    nbd: SocketAddr,
+    admin: SocketAddr,
+    data: &str,
+    users: &[(&Tenant, usize)],
+    node: bool,
+) -> Result<String, String> {
+    let mut t = format!(
+        "# rein cluster: server {} of scenario {}\nlisten = {}\nadmin = {}\ndata_dir = {}\nscheduler = {}\n\
+         queue_depth = {}\n# The simulator never refuses a scenario's reservations.\nadmission = \"warn\"\n\
+         shutdown_timeout_s = 2\n",
+        s.name,
+        sc.name,
+        q(&nbd.to_string()),
+        q(&admin.to_string()),
+        q(data),
+        q(s.scheduler.name()),
+        s.queue_depth
+    );
+    if node {
+        t.push_str("\n[node]\nenabled = true\n");
+    }
+    t.push('\n');
+    t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
+    t.push('\n');
+    t.push_str(
+        &device_table(&s.device, sc.seed.wrapping_add(i as u64)).map_err(|e| format!("server {}: {e}", s.name))?,
+    );
+    for (tenant, k) in users {
+        let size = if tenant.servers.len() == 1 { export_mb(tenant) } else { piece_mb(tenant, k_width(tenant, *k)?)? };
+        let _ = write!(
+            t,
+            "\n[[exports]]\nname = {0}\npath = {1}\nsize_mb = {size}\ntenant = {0}\n\n",
+            q(&tenant.name),
+            q(&format!("{}.img", tenant.name))
+        );
+        t.push_str(&tenant_entry(&tenant.name, &tenant.server_specs[*k]));
+    }
+    Ok(t)
+}
+
+/// A tenant's stripe unit (KiB) and widths over its servers.
+fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
+    match &t.routing {
+        Routing::Stripe { stripe_bytes } => {
+            if stripe_bytes % 1024 != 0 {
+                return Err(format!("tenant {}: stripe_kb must be whole KiB for a gateway", t.name));
+            }
+            Ok((stripe_bytes / 1024, vec![1; t.servers.len()]))
+        }
+        Routing::Shares(s) => Ok((SHARES_STRIPE_KB, widths(s).map_err(|e| format!("tenant {}: {e}", t.name))?)),
+        Routing::Device(_) => Err(format!("tenant {}: routing.devices", t.name)),
+    }
+}
+
+fn k_width(t: &Tenant, k: usize) -> Result<u64, String> {
+    Ok(stripe(t)?.1[k])
+}
+
+/// The size (MiB) of a node's piece of width `w` of a tenant's striped export (node-spec.md's bound:
+/// ceil(size / (W U)) * w * U bytes, rounded up to MiB).
+fn piece_mb(t: &Tenant, w: u64) -> Result<u64, String> {
+    let (unit_kb, widths) = stripe(t)?;
+    let unit = unit_kb * 1024;
+    let total: u64 = widths.iter().sum();
+    let rounds = (export_mb(t) << 20).div_ceil(total * unit);
+    Ok((rounds * w * unit).div_ceil(1 << 20).max(1))
+}
+
+/// A gateway's gw.toml for tenant `t` (node-spec.md's gateway config).
+fn gateway_config(
+    sc: &Scenario,
+    t: &Tenant,
+    nodes: &[NodePlan],
+    nbd: SocketAddr,
+    admin: SocketAddr,
+) -> Result<String, String> {
+    let (unit_kb, widths) = stripe(t)?;
+    let mut g = format!(
+        "# rein cluster: tenant {} of scenario {}\nlisten = {}\nadmin = {}\nshutdown_timeout_s = 2\n",
+        t.name,
+        sc.name,
+        q(&nbd.to_string()),
+        q(&admin.to_string())
+    );
+    if matches!(t.workload.kind.inner(), WorkloadKind::Closed { .. }) {
+        // One connection per outstanding request at most is plenty; the default pool is small.
+        g.push_str("connections_per_node = 4\n");
+    }
+    for &i in &t.servers {
+        let _ = write!(
+            g,
+            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"rein\"\n",
+            q(&nodes[i].name),
+            q(&nodes[i].nbd.to_string())
+        );
+    }
+    let spec = &t.spec;
+    let _ = write!(g, "\n[[tenants]]\nname = {}\nreservation = {}\n", q(&t.name), f(spec.reservation()));
+    if let Some(l) = spec.limit() {
+        let _ = writeln!(g, "limit = {}", f(l));
+    }
+    let split = match t.reservation_split {
+        rein_core::ReservationSplit::Rho => "rho",
+        _ => "spread",
+    };
+    let _ = writeln!(
+        g,
+        "weight = {}\nidle_credit = {}\nreservation_split = \"{split}\"",
+        f(spec.weight()),
+        spec.idle_credit()
+    );
+    let locals: Vec<String> = t
+        .servers
+        .iter()
+        .zip(&t.server_specs)
+        .filter(|(_, s)| *s != spec)
+        .map(|(&i, s)| format!("{} = {}", q(&sc.servers[i].name), f(s.reservation())))
+        .collect();
+    if !locals.is_empty() {
+        let _ = writeln!(g, "server_reservations = {{ {} }}", locals.join(", "));
+    }
+    let ws: Vec<String> = t
+        .servers
+        .iter()
+        .zip(&widths)
+        .filter(|(_, &w)| w > 0)
+        .map(|(&i, w)| format!("{} = {w}", q(&sc.servers[i].name)))
+        .collect();
+    let _ = write!(
+        g,
+        "\n[[exports]]\nname = {0}\ntenant = {0}\nsize_mb = {1}\nstripe_kb = {unit_kb}\nwidths = {{ {2} }}\n",
+        q(&t.name),
+        export_mb(t),
+        ws.join(", ")
+    );
+    Ok(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_shares_reduce_by_their_gcd() {
+        assert_eq!(widths(&[1.0, 1.0, 1.0]).unwrap(), vec![1, 1, 1]);
+        assert_eq!(widths(&[2.0, 4.0, 6.0]).unwrap(), vec![1, 2, 3]);
+        assert_eq!(widths(&[3.0, 0.0, 6.0]).unwrap(), vec![1, 0, 2]);
+    }
+
+    #[test]
+    fn fractional_shares_scale_within_one_percent() {
+        assert_eq!(widths(&[0.5, 0.25, 0.25]).unwrap(), vec![2, 1, 1]);
+        // 1/3 : 2/3 -> 1 : 2 (exact ratios, whatever the rounding of 1/3).
+        assert_eq!(widths(&[1.0 / 3.0, 2.0 / 3.0]).unwrap(), vec![1, 2]);
+        // 1 : 1.005 is within 1% of 1 : 1.
+        assert_eq!(widths(&[1.0, 1.005]).unwrap(), vec![1, 1]);
+        // 1 : 1.5 is not 1 : 1 or 1 : 2; it is 2 : 3.
+        assert_eq!(widths(&[1.0, 1.5]).unwrap(), vec![2, 3]);
+    }
+
+    #[test]
+    fn shares_that_need_wide_stripes_are_refused_by_name() {
+        // 1 : pi: 6 : 19 is the first within 1% (19/6 is 0.8% above pi).
+        assert_eq!(widths(&[1.0, std::f64::consts::PI]).unwrap(), vec![6, 19]);
+        // 1 : 2000 is exact, but wider than MAX_WIDTH_SUM units a round.
+        let e = widths(&[1.0, 2000.0]).unwrap_err();
+        assert!(e.contains("routing shares [1.0, 2000.0]") && e.contains("1024"), "{e}");
+        assert!(widths(&[0.0, 0.0]).unwrap_err().contains("not all zero"));
+    }
+}
