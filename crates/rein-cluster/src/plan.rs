@@ -602,6 +602,7 @@ fn gateway_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn integer_shares_reduce_by_their_gcd() {
@@ -629,5 +630,169 @@ mod tests {
         let e = widths(&[1.0, 2000.0]).unwrap_err();
         assert!(e.contains("routing shares [1.0, 2000.0]") && e.contains("1024"), "{e}");
         assert!(widths(&[0.0, 0.0]).unwrap_err().contains("not all zero"));
+    }
+
+    const RICH: &str = r#"
+name = "rich"
+duration_s = 10.0
+seed = 7
+scheduler = "mclock"
+cost_model = { tm_ms = 5, bpeak_mb_s = 60 }
+[mclock]
+preset = "paper"
+reservation_lag = "250us"
+
+[[servers]]
+name = "disk"
+capacity_iops = 300
+service = "disk"
+disk = { seek_ms = 3.5, rotation_ms = 4, transfer_mb_s = 120, sequential_kb = 32 }
+transfer_mb_s = 250
+discipline = "ps"
+queue_depth = 4
+capacity_schedule = [{ at_s = 3, iops = 150 }, { at_s = 6.5, iops = 450 }]
+batch = 8
+batch_distance_kb = 1024
+
+[[servers]]
+name = "flash"
+capacity_iops = 5000
+service = "uniform"
+uniform_spread = 0.3
+queue_depth = 32
+scheduler = "sfq"
+
+[[tenants]]
+name = "a"
+reservation = 100
+limit = 400
+weight = 2
+idle_credit = 3
+servers = ["disk"]
+[tenants.workload]
+kind = "closed"
+outstanding = 4
+span_gb = 2
+
+[[tenants]]
+name = "b"
+weight = 1
+servers = ["disk"]
+server_reservations = { disk = 50 }
+[tenants.workload]
+kind = "open"
+iops = 100
+
+[[tenants]]
+name = "c"
+servers = ["flash"]
+[tenants.workload]
+kind = "closed"
+outstanding = 1
+size_kb = 64
+span_gb = 0.0001
+"#;
+
+    fn fixed_ports(_: Ipv4Addr, k: u16) -> std::io::Result<u16> {
+        Ok(20_000 + k)
+    }
+
+    /// Each node's rein.toml, read by `rein serve`'s own parser, holds the scenario's server: scheduler,
+    /// queue depth, every scheduler setting, the device model, and its tenants' specs on that server.
+    #[test]
+    fn a_node_config_means_what_the_scenario_says() {
+        let sc = Scenario::from_toml(RICH, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert_eq!(plan.nodes.len(), 2);
+        assert!(plan.gateways.is_empty());
+        for (i, (node, server)) in plan.nodes.iter().zip(&sc.servers).enumerate() {
+            let cfg = rein_runtime::config::ServerConfig::parse(&node.config, Path::new("node.toml"))
+                .unwrap_or_else(|e| panic!("{e}\n{}", node.config));
+            assert_eq!(cfg.listen, SocketAddr::from(([127, 0, 0, 10 + i as u8], 20_000)));
+            assert_eq!(cfg.admin, SocketAddr::from(([127, 0, 0, 10 + i as u8], 20_001)));
+            assert_eq!(cfg.scheduler, server.scheduler);
+            assert_eq!(cfg.queue_depth, server.queue_depth as usize);
+            let mut want = server.sched;
+            want.limits = cfg.sched.limits;
+            assert_eq!(cfg.sched, want, "server {}", server.name);
+            let dev = cfg.device.expect("a device model");
+            assert!(same_device(&dev.spec, &server.device), "{:?} vs {:?}", dev.spec, server.device);
+            let users: Vec<(usize, usize)> = sc
+                .tenants
+                .iter()
+                .enumerate()
+                .filter_map(|(j, t)| t.servers.iter().position(|&x| x == i).map(|k| (j, k)))
+                .collect();
+            assert_eq!(cfg.tenants.len(), users.len());
+            for (tc, &(j, k)) in cfg.tenants.iter().zip(&users) {
+                assert_eq!(tc.name, sc.tenants[j].name);
+                assert_eq!(tc.spec, sc.tenants[j].server_specs[k]);
+            }
+        }
+        // The paper's preset, the lag, the cost model and the batching made it through (not defaults).
+        let disk = &sc.servers[0].sched;
+        assert_eq!(disk.batch, 8);
+        assert_eq!(disk.reservation_lag, ReservationLag::Bounded(Nanos(250_000)));
+        assert!(matches!(disk.cost_model, CostModel::SeekTransfer { .. }));
+        assert_eq!(sc.servers[0].device.schedule.len(), 3);
+        // Tenant b's local reservation on its one server is its reservation there.
+        assert_eq!(sc.tenants[1].server_specs[0].reservation(), 50.0);
+        // Exports: the span (2 GiB), the default span, and at least 1 MiB.
+        assert_eq!(export_mb(&sc.tenants[0]), 2048);
+        assert_eq!(export_mb(&sc.tenants[2]), 1);
+        let e = &plan.endpoints[2];
+        assert_eq!(e.uri(), "nbd://127.0.0.11:20000/c");
+        assert_eq!(e.node_admins, vec![SocketAddr::from(([127, 0, 0, 11], 20_001))]);
+    }
+
+    fn refused(text: &str) -> String {
+        let sc = Scenario::from_toml(text, None).unwrap();
+        Plan::new(&sc, fixed_ports).unwrap_err().to_string()
+    }
+
+    const ONE: &str =
+        "name = \"x\"\nduration_s = 2.0\n[[servers]]\nname = \"s1\"\ncapacity_iops = 100\nqueue_depth = 1\n";
+
+    #[test]
+    fn what_a_real_cluster_cannot_run_is_refused_by_name() {
+        let e = refused(&format!(
+            "{ONE}[network]\ndelay_ms = 1\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"
+        ));
+        assert!(e.contains("network.delay_ms cannot run on a real cluster"), "{e}");
+        let two = format!("{ONE}[[servers]]\nname = \"s2\"\ncapacity_iops = 100\nqueue_depth = 1\n");
+        let e = refused(&format!("{two}[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"));
+        if !HAVE_GATEWAY {
+            assert!(
+                e.contains("tenant t over several servers (s1, s2) cannot run") && e.contains("rein gateway"),
+                "{e}"
+            );
+        }
+        let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let parda = Scenario::load(&base.join("parda-fig2.toml")).unwrap();
+        let e = Plan::new(&parda, fixed_ports).unwrap_err().to_string();
+        assert!(e.contains("PARDA hosts ([parda], [[hosts]]) cannot run on a real cluster"), "{e}");
+        let pshift = Scenario::load(&base.join("pshift-exp1.toml")).unwrap();
+        let e = Plan::new(&pshift, fixed_ports).unwrap_err().to_string();
+        assert!(e.contains("a pShift cluster ([pshift]) cannot run on a real cluster"), "{e}");
+    }
+
+    #[test]
+    fn more_processes_than_loopback_addresses_are_refused() {
+        let mut text = String::from("name = \"many\"\nduration_s = 1.0\n");
+        for i in 0..=MAX_PROCESSES {
+            text.push_str(&format!("[[servers]]\nname = \"s{i}\"\ncapacity_iops = 100\nqueue_depth = 1\n"));
+        }
+        text.push_str("[[tenants]]\nname = \"t\"\nservers = [\"s0\"]\n[tenants.workload]\nkind = \"closed\"\n");
+        let e = refused(&text);
+        assert!(e.contains("246 processes") && e.contains("at most 245"), "{e}");
+        // At the bound it plans.
+        let at = text.replacen(
+            &format!("[[servers]]\nname = \"s{MAX_PROCESSES}\"\ncapacity_iops = 100\nqueue_depth = 1\n"),
+            "",
+            1,
+        );
+        let sc = Scenario::from_toml(&at, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert_eq!(plan.nodes.last().unwrap().nbd.ip(), std::net::IpAddr::from([127, 0, 0, 254]));
     }
 }
