@@ -8,6 +8,7 @@
 //! - [`workload`]: the workload generator (closed, open, on/off, burst, trace replay; offsets, sizes,
 //!   read mix) and [`trace`], the block-trace readers;
 //! - [`routing`]: how a gateway spreads a tenant's requests over servers (stripes or shares);
+//! - [`stripe`]: the stripe layout of a `rein gateway` volume over its storage nodes;
 //! - [`recorder`] and [`report`]: what a run measures and reports (summary.json, timeseries.csv,
 //!   hosts.csv), simulated or real;
 //! - [`meter`]: the reservation meter, for the simulator's checks and `rein serve`'s `/metrics`;
@@ -28,6 +29,7 @@ pub mod report;
 pub mod routing;
 pub mod sched_settings;
 pub mod seed;
+pub mod stripe;
 pub mod trace;
 pub mod workload;
 

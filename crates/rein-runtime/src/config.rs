@@ -214,7 +214,7 @@ struct File {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TlsFile {
+pub(crate) struct TlsFile {
     mode: Option<String>,
     cert: Option<String>,
     key: Option<String>,
@@ -567,7 +567,7 @@ pub fn parse_access(
     Ok(ExportAccess { networks, identities: allow_identities.clone() })
 }
 
-fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, String> {
+pub(crate) fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, String> {
     let mode = match t.mode.as_deref() {
         None | Some("off") => TlsMode::Off,
         Some("on") => TlsMode::On,

@@ -197,6 +197,17 @@ pub enum IoError {
     /// The dispatcher task ended (the runtime is shutting down, or the task panicked) before answering.
     #[error("server is shutting down")]
     Shutdown,
+    /// A storage node behind a gateway failed the request, or could not be reached in time
+    /// ([`crate::remote`]); `kind` is what the front answers.
+    #[error("node {node}: {message}")]
+    Node {
+        /// The node's name.
+        node: String,
+        /// What the front answers.
+        kind: ErrorKind,
+        /// What happened.
+        message: String,
+    },
 }
 
 impl IoError {
@@ -208,6 +219,7 @@ impl IoError {
             IoError::Refused(SchedError::UnknownTenant(_)) => ErrorKind::InvalidRequest,
             IoError::Refused(_) => ErrorKind::Exhausted,
             IoError::Shutdown => ErrorKind::Shutdown,
+            IoError::Node { kind, .. } => *kind,
         }
     }
 }

@@ -51,7 +51,7 @@ pub fn make_export(
             read_only: e.read_only,
             volatile: e.backend == crate::config::BackendKind::Memory,
         },
-        storage,
+        backend: crate::nbd::Backend::Local(storage),
         tenant,
         tenant_name: tenant_name.to_string(),
         access: e.access.clone(),

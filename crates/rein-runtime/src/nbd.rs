@@ -56,6 +56,7 @@
 use crate::access::{Admit, ClientSlot, ConnCaps, ConnLimits, ExportAccess, TenantSlot, REFUSAL_TIMEOUT};
 use crate::budget::{Budget, Charge, TenantBudget};
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
+use crate::remote::RemoteVolume;
 use crate::storage::Storage;
 use crate::tls::{TlsConfig, TlsError};
 use rein_core::TenantId;
@@ -99,14 +100,22 @@ const COMPACT_BYTES: usize = 64 * 1024;
 pub struct Export {
     /// What the handshake advertises.
     pub info: ExportInfo,
-    /// Where its bytes live.
-    pub storage: Arc<dyn Storage>,
+    /// Where its bytes live: local storage behind the dispatcher, or a volume on storage nodes.
+    pub backend: Backend,
     /// Whose QoS its requests get.
     pub tenant: TenantId,
     /// The tenant's name (logs, the per-tenant connection cap's message).
     pub tenant_name: String,
     /// Who may see and open it (`allow_networks`, `allow_identities`).
     pub access: ExportAccess,
+}
+
+/// Where an export's requests go.
+pub enum Backend {
+    /// Local storage, through [`NbdContext::dispatcher`] (`rein serve`).
+    Local(Arc<dyn Storage>),
+    /// A volume striped over storage nodes (`rein gateway`, [`crate::remote`]).
+    Remote(Arc<RemoteVolume>),
 }
 
 /// The exports new connections see: an immutable list swapped whole on each change. A connection takes one
@@ -138,8 +147,9 @@ pub struct NbdContext {
     /// The exports, in the order the handshake lists them; changed at run time by the admin API and
     /// reloads. Each handshake reads one snapshot, and a connection keeps the export it opened.
     pub exports: Arc<ExportTable>,
-    /// The QoS dispatcher in front of the storage.
-    pub dispatcher: Dispatcher,
+    /// The QoS dispatcher in front of the local storage (`None` in a gateway: every export is
+    /// [`Backend::Remote`]).
+    pub dispatcher: Option<Dispatcher>,
     /// Largest READ or WRITE accepted, in bytes.
     pub max_payload: u32,
     /// Memory and time bounds of the connections.
@@ -391,7 +401,7 @@ where
     let mut close = ctx.limits.close.subscribe();
     let mut conn = Connection {
         export,
-        dispatcher: &ctx.dispatcher,
+        dispatcher: ctx.dispatcher.as_ref(),
         machine,
         input,
         replies,
@@ -511,7 +521,7 @@ type Reply = (Vec<u8>, Held);
 /// One connection in the transmission phase.
 struct Connection<'a> {
     export: &'a Export,
-    dispatcher: &'a Dispatcher,
+    dispatcher: Option<&'a Dispatcher>,
     machine: ServerTransmission,
     input: Input,
     replies: mpsc::UnboundedSender<Reply>,
@@ -606,7 +616,7 @@ impl Connection<'_> {
         Held { _slot: slot, _bytes: charge }
     }
 
-    /// Hands a request to the dispatcher; the reply is encoded where the result appears (on the dispatcher
+    /// Hands a request to the dispatcher (or the remote volume); the reply is encoded where the result appears (on the dispatcher
     /// task) and goes straight to the writer: no task or channel per request.
     async fn submit(&self, request: Request, op: Op, encoder: ReplyEncoder, held: Held) {
         let replies = self.replies.clone();
@@ -625,14 +635,20 @@ impl Connection<'_> {
             };
             let _ = replies.send((reply, held));
         });
-        let req = IoRequest {
-            storage: self.export.storage.clone(),
-            tenant: self.export.tenant,
-            offset: request.offset,
-            op,
-            fua: request.fua,
-        };
-        self.dispatcher.submit(req, done).await;
+        match &self.export.backend {
+            Backend::Local(storage) => {
+                let req = IoRequest {
+                    storage: storage.clone(),
+                    tenant: self.export.tenant,
+                    offset: request.offset,
+                    op,
+                    fua: request.fua,
+                };
+                let dispatcher = self.dispatcher.expect("a server with local exports has a dispatcher");
+                dispatcher.submit(req, done).await;
+            }
+            Backend::Remote(volume) => volume.submit(request.offset, op, request.fua, done).await,
+        }
     }
 
     fn reject(&self, rejection: &Rejection, held: Held) {

@@ -233,7 +233,7 @@ pub async fn run_with(
     });
     let ctx = Arc::new(NbdContext {
         exports: table.clone(),
-        dispatcher: dispatcher.clone(),
+        dispatcher: Some(dispatcher.clone()),
         max_payload: cfg.max_request.min(u32::MAX as u64) as u32,
         limits: Limits {
             budget: Budget::new(cfg.max_inflight, cfg.max_inflight_per_tenant),

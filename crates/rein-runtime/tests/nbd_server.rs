@@ -5,7 +5,7 @@ use rein_core::QosSpec;
 use rein_proto::nbd::{Command, ExportInfo, EINVAL, ENOSPC, EPERM};
 use rein_runtime::budget::Budget;
 use rein_runtime::client::{ClientError, NbdClient};
-use rein_runtime::nbd::{serve_connection, Export, ExportTable, Limits, NbdContext, MAX_IN_FLIGHT_PER_CONN};
+use rein_runtime::nbd::{serve_connection, Backend, Export, ExportTable, Limits, NbdContext, MAX_IN_FLIGHT_PER_CONN};
 use rein_runtime::{DispatchConfig, Dispatcher, MemStorage};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,14 +29,14 @@ async fn start_with(
     let tenant = dispatcher.add_tenant(QosSpec::default()).await.unwrap();
     let export = |name: &str, read_only| Export {
         info: ExportInfo { name: name.into(), description: String::new(), size: SIZE, read_only, volatile: false },
-        storage: Arc::new(MemStorage::new(SIZE)),
+        backend: Backend::Local(Arc::new(MemStorage::new(SIZE))),
         tenant,
         tenant_name: "t".into(),
         access: Default::default(),
     };
     let ctx = Arc::new(NbdContext {
         exports: Arc::new(ExportTable::new(vec![Arc::new(export("rw", false)), Arc::new(export("ro", true))])),
-        dispatcher,
+        dispatcher: Some(dispatcher),
         max_payload: MAX_PAYLOAD,
         limits,
     });

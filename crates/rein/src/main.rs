@@ -6,6 +6,7 @@
 mod bench;
 mod cluster;
 mod demo;
+mod gateway;
 mod load;
 mod plot;
 mod probe;
@@ -30,6 +31,8 @@ enum Cmd {
     Sim(sim::SimArgs),
     /// Serve NBD exports with per-tenant QoS (default 127.0.0.1:10809, admin on 127.0.0.1:9180).
     Serve(serve::ServeArgs),
+    /// Serve NBD volumes striped over storage nodes (rein serve instances or plain NBD servers).
+    Gateway(gateway::GatewayArgs),
     /// Multi-tenant load over NBD with a live table; writes the same outputs as `rein sim`.
     Load(load::LoadArgs),
     /// Measure an export's backend the way `rein serve` uses it (capacity for admission control).
@@ -56,6 +59,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Sim(a) => sim::run(a),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Gateway(a) => gateway::run(a),
         Cmd::Load(a) => load::run(a),
         Cmd::Probe(a) => probe::run(a),
         Cmd::Bench(c) => bench::run(c),

@@ -125,7 +125,8 @@ impl Rein {
                 if line.contains("ERROR") || line.contains("error:") {
                     eprintln!("server: {line}");
                 }
-                let listening = !sent && line.contains("rein serve listening");
+                let listening =
+                    !sent && (line.contains("rein serve listening") || line.contains("rein gateway listening"));
                 let addresses = listening.then(|| (address(&line, "nbd"), address(&line, "admin")));
                 lines.lock().unwrap().push(line);
                 if let Some(addresses) = addresses {

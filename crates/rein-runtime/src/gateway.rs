@@ -1,0 +1,692 @@
+//! `rein gateway`: NBD volumes striped over storage nodes, served with `rein serve`'s own connection code.
+//!
+//! # Model
+//! A VM opens a volume (`[[exports]]` here) on the gateway as it would an export of `rein serve`: the same
+//! handshake, STARTTLS, access lists, connection caps, byte budget, idle timeout and shutdown deadline
+//! ([`crate::nbd`]). Its requests do not go to a local dispatcher but to a [`RemoteVolume`]
+//! ([`crate::remote`]): cut at stripe units ([`rein_model::stripe::Stripe`]) and sent at once, each piece
+//! to its node. The gateway keeps no queue or window of its own: a VM's outstanding requests are one pool
+//! that the nodes schedule.
+//!
+//! # Configuration
+//! `gw.toml`, validated once by [`GatewayConfig::parse`] into typed values; every error is one line naming
+//! the key (docs/gateway.md has the reference):
+//!
+//! ```toml
+//! listen = "127.0.0.1:10810"
+//! admin = "127.0.0.1:9190"          # optional: /healthz, /api/nodes
+//! request_timeout_s = 30            # 0.1..=3600
+//! connect_timeout_s = 5             # 0.1..=3600
+//! reconnect_max_backoff_ms = 2000   # 50..=600000
+//! connections_per_node = 2          # 1..=64
+//! # and, as in rein serve: [tls], max_connections*, max_inflight_mb*, idle_timeout_s,
+//! # shutdown_timeout_s, max_request_kb, default_export
+//! [[nodes]]
+//! name = "s1"
+//! address = "127.0.0.11:10809"
+//! protocol = "auto"                 # rein | nbd | auto
+//! export = "c2"                     # optional: the export on this node for every volume
+//! [[tenants]]
+//! name = "c2"
+//! reservation = 1000
+//! limit = 2000
+//! weight = 4
+//! idle_credit = 0
+//! reservation_split = "spread"      # spread | rho
+//! server_reservations = { s1 = 50 }
+//! [[exports]]
+//! name = "c2"
+//! tenant = "c2"                     # default: the export's name
+//! size_mb = 1024
+//! stripe_kb = 64
+//! widths = { s1 = 1, s2 = 1 }       # default: width 1 on every node
+//! node_export = "c2"                # default: the node's `export`, else this export's name
+//! allow_networks = ["10.0.0.0/8"]; allow_identities = ["alice"]
+//! ```
+//!
+//! # Invariants
+//! 1. Every node named in a tenant's `server_reservations` or an export's `widths` is a configured node.
+//! 2. A volume starts only if every node it uses answered the handshake with an export at least as large
+//!    as its piece ([`rein_model::stripe::Stripe::node_bytes`]).
+//!
+//! # Deviations
+//! Tenants' specs, splits and `server_reservations` are validated and kept for the storage-node protocol
+//! (docs/node-protocol.md); over plain NBD the nodes schedule by their own configuration.
+
+use crate::access::{Admit, ConnCaps, ConnLimits, ExportAccess};
+use crate::budget::Budget;
+use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
+use crate::nbd::{serve_client, Backend, Entry, Export, ExportTable, Limits, NbdContext, Policy};
+use crate::remote::{LinkConfig, NodeProtocol, NodeSpec, OpenError, RemoteVolume, MAX_CONNECTIONS_PER_NODE};
+use crate::tls::TlsConfig;
+use rein_core::QosSpec;
+use rein_model::stripe::Stripe;
+use rein_proto::nbd::ExportInfo;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Most nodes in one gateway.
+pub const MAX_NODES: usize = 256;
+/// Most volumes in one gateway.
+pub const MAX_VOLUMES: usize = 1024;
+
+/// A tenant as the gateway keeps it (one dmClock/RBFQ tracker each, with the storage-node protocol).
+#[derive(Debug, Clone)]
+pub struct GatewayTenant {
+    /// Its name.
+    pub name: String,
+    /// Reservation, limit, weight and idle credit.
+    pub spec: QosSpec,
+    /// `reservation_split = "rho"` (the paper); false: spread (Rein's default).
+    pub rho: bool,
+    /// RBFQ's local minimum per node (index = node), 0 where none.
+    pub server_reservations: Vec<f64>,
+}
+
+/// A volume as configured.
+#[derive(Debug, Clone)]
+pub struct GatewayVolume {
+    /// The export name VMs open.
+    pub name: String,
+    /// Index into [`GatewayConfig::tenants`].
+    pub tenant: usize,
+    /// Bytes.
+    pub size: u64,
+    /// The layout over [`GatewayConfig::nodes`].
+    pub stripe: Stripe,
+    /// The export to open on each node (index = node).
+    pub node_exports: Vec<String>,
+    /// Who may see and open it.
+    pub access: ExportAccess,
+}
+
+/// `rein gateway`'s configuration, validated.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The NBD front's address.
+    pub listen: SocketAddr,
+    /// The HTTP endpoint's address (`/healthz`, `/api/nodes`), if any.
+    pub admin: Option<SocketAddr>,
+    /// STARTTLS on the front.
+    pub tls: Option<TlsConfig>,
+    /// Connection caps of the front.
+    pub caps: ConnCaps,
+    /// Byte budget, all connections (bytes).
+    pub max_inflight: u64,
+    /// Byte budget per tenant (bytes).
+    pub max_inflight_per_tenant: u64,
+    /// Close a front connection idle this long.
+    pub idle_timeout: Option<Duration>,
+    /// After shutdown is asked, answer what is in flight this long.
+    pub shutdown_timeout: Duration,
+    /// Largest READ or WRITE from a VM (bytes).
+    pub max_request: u32,
+    /// Index of the volume the empty name opens.
+    pub default_export: Option<usize>,
+    /// Node timeouts and pool size.
+    pub link: LinkConfig,
+    /// The nodes, in config order.
+    pub nodes: Vec<NodeSpec>,
+    /// The tenants.
+    pub tenants: Vec<GatewayTenant>,
+    /// The volumes.
+    pub exports: Vec<GatewayVolume>,
+}
+
+/// Why the configuration could not be loaded (one line, naming the key).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Not TOML, or not the schema (an unknown key, a wrong type).
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A value is out of range or inconsistent; the message names the key.
+    #[error("gateway config: {0}")]
+    Invalid(String),
+}
+
+fn d_listen() -> String {
+    "127.0.0.1:10810".into()
+}
+fn d_request_timeout() -> f64 {
+    30.0
+}
+fn d_connect_timeout() -> f64 {
+    5.0
+}
+fn d_backoff() -> u64 {
+    2000
+}
+fn d_conns() -> usize {
+    2
+}
+fn d_weight() -> f64 {
+    1.0
+}
+fn d_stripe_kb() -> u64 {
+    64
+}
+fn d_max_kb() -> u64 {
+    32 * 1024
+}
+fn d_inflight_mb() -> u64 {
+    crate::budget::DEFAULT_INFLIGHT_MB
+}
+fn d_inflight_mb_per_tenant() -> u64 {
+    crate::budget::DEFAULT_INFLIGHT_MB_PER_TENANT
+}
+fn d_idle() -> u64 {
+    300
+}
+fn d_shutdown() -> f64 {
+    10.0
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default = "d_listen")]
+    listen: String,
+    admin: Option<String>,
+    #[serde(default = "d_request_timeout")]
+    request_timeout_s: f64,
+    #[serde(default = "d_connect_timeout")]
+    connect_timeout_s: f64,
+    #[serde(default = "d_backoff")]
+    reconnect_max_backoff_ms: u64,
+    #[serde(default = "d_conns")]
+    connections_per_node: usize,
+    tls: Option<TlsFile>,
+    max_connections: Option<usize>,
+    max_connections_per_client: Option<usize>,
+    max_connections_per_tenant: Option<usize>,
+    #[serde(default = "d_inflight_mb")]
+    max_inflight_mb: u64,
+    #[serde(default = "d_inflight_mb_per_tenant")]
+    max_inflight_mb_per_tenant: u64,
+    #[serde(default = "d_idle")]
+    idle_timeout_s: u64,
+    #[serde(default = "d_shutdown")]
+    shutdown_timeout_s: f64,
+    #[serde(default = "d_max_kb")]
+    max_request_kb: u64,
+    default_export: Option<String>,
+    #[serde(default)]
+    nodes: Vec<NodeFile>,
+    #[serde(default)]
+    tenants: Vec<TenantFile>,
+    #[serde(default)]
+    exports: Vec<ExportFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeFile {
+    name: String,
+    address: String,
+    protocol: Option<String>,
+    export: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantFile {
+    name: String,
+    #[serde(default)]
+    reservation: f64,
+    limit: Option<f64>,
+    #[serde(default = "d_weight")]
+    weight: f64,
+    #[serde(default)]
+    idle_credit: u32,
+    reservation_split: Option<String>,
+    #[serde(default)]
+    server_reservations: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportFile {
+    name: String,
+    tenant: Option<String>,
+    size_mb: u64,
+    #[serde(default = "d_stripe_kb")]
+    stripe_kb: u64,
+    widths: Option<BTreeMap<String, u32>>,
+    node_export: Option<String>,
+    allow_networks: Option<Vec<String>>,
+    allow_identities: Option<Vec<String>>,
+}
+
+fn seconds(key: &str, v: f64, lo: f64, hi: f64) -> Result<Duration, String> {
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(format!("{key} must be in {lo}..={hi} seconds, got {v}"))
+    }
+}
+
+impl GatewayConfig {
+    /// Reads and validates `path` (relative TLS paths are relative to its directory).
+    pub fn load(path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| GatewayConfigError::Read { path: path.display().to_string(), source })?;
+        GatewayConfig::parse(&text, path)
+    }
+
+    /// Validates `text` (read from `path`).
+    pub fn parse(text: &str, path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
+        let file: File = toml::from_str(text).map_err(|e| GatewayConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string().replace('\n', " ").trim().to_string(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        validate(file, base).map_err(GatewayConfigError::Invalid)
+    }
+}
+
+fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
+    let listen: SocketAddr =
+        f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
+    let admin = match &f.admin {
+        None => None,
+        Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| format!("admin {a:?}: {e} (expected address:port)"))?),
+    };
+    let request_timeout = seconds("request_timeout_s", f.request_timeout_s, 0.1, 3600.0)?;
+    let connect_timeout = seconds("connect_timeout_s", f.connect_timeout_s, 0.1, 3600.0)?;
+    if !(50..=600_000).contains(&f.reconnect_max_backoff_ms) {
+        return Err(format!("reconnect_max_backoff_ms must be in 50..=600000, got {}", f.reconnect_max_backoff_ms));
+    }
+    if !(1..=MAX_CONNECTIONS_PER_NODE).contains(&f.connections_per_node) {
+        return Err(format!(
+            "connections_per_node must be in 1..={MAX_CONNECTIONS_PER_NODE}, got {}",
+            f.connections_per_node
+        ));
+    }
+    let tls =
+        f.tls.as_ref().map(|t| tls_config(t, base)).transpose()?.filter(|t| t.mode != rein_proto::nbd::TlsMode::Off);
+    let d = ConnCaps::default();
+    let total = f.max_connections.unwrap_or(d.total);
+    let cap = |key: &str, v: usize| {
+        if v == 0 || v > MAX_CONNECTIONS_LIMIT {
+            Err(format!("{key} must be in 1..={MAX_CONNECTIONS_LIMIT}, got {v}"))
+        } else {
+            Ok(v)
+        }
+    };
+    let caps = ConnCaps {
+        total: cap("max_connections", total)?,
+        per_client: cap("max_connections_per_client", f.max_connections_per_client.unwrap_or(d.per_client.min(total)))?,
+        per_tenant: cap("max_connections_per_tenant", f.max_connections_per_tenant.unwrap_or(d.per_tenant.min(total)))?,
+    };
+    for (key, mb) in
+        [("max_inflight_mb", f.max_inflight_mb), ("max_inflight_mb_per_tenant", f.max_inflight_mb_per_tenant)]
+    {
+        if mb == 0 || mb > crate::budget::MAX_INFLIGHT_MB {
+            return Err(format!("{key} must be in 1..={}, got {mb}", crate::budget::MAX_INFLIGHT_MB));
+        }
+    }
+    if f.idle_timeout_s > 7 * 24 * 3600 {
+        return Err(format!("idle_timeout_s must be in 0..=604800 (0: never), got {}", f.idle_timeout_s));
+    }
+    let shutdown_timeout = if f.shutdown_timeout_s == 0.0 {
+        Duration::ZERO
+    } else {
+        seconds("shutdown_timeout_s", f.shutdown_timeout_s, 0.0, 3600.0)?
+    };
+    if f.max_request_kb == 0 || f.max_request_kb > 128 * 1024 {
+        return Err(format!("max_request_kb must be in 1..=131072, got {}", f.max_request_kb));
+    }
+    // Nodes.
+    if f.nodes.is_empty() {
+        return Err("at least one [[nodes]] is needed".into());
+    }
+    if f.nodes.len() > MAX_NODES {
+        return Err(format!("at most {MAX_NODES} [[nodes]], got {}", f.nodes.len()));
+    }
+    let mut nodes: Vec<NodeSpec> = Vec::new();
+    for n in &f.nodes {
+        if n.name.is_empty() {
+            return Err("a [[nodes]] entry has an empty name".into());
+        }
+        if nodes.iter().any(|x| x.name == n.name) {
+            return Err(format!("node name {:?} is repeated", n.name));
+        }
+        let address: SocketAddr = n
+            .address
+            .parse()
+            .map_err(|e| format!("node {}: address {:?}: {e} (expected address:port)", n.name, n.address))?;
+        let protocol = match n.protocol.as_deref() {
+            None | Some("auto") => NodeProtocol::Auto,
+            Some("nbd") => NodeProtocol::Nbd,
+            Some("rein") => {
+                return Err(format!(
+                "node {}: protocol \"rein\" needs the storage-node protocol, not in this build yet (use nbd or auto)",
+                n.name
+            ))
+            }
+            Some(o) => return Err(format!("node {}: protocol {o:?}: expected rein, nbd or auto", n.name)),
+        };
+        nodes.push(NodeSpec { name: n.name.clone(), address, protocol });
+    }
+    let node_index = |owner: &str, key: &str, name: &str| {
+        nodes.iter().position(|n| n.name == name).ok_or_else(|| format!("{owner}: {key} names unknown node {name:?}"))
+    };
+    // Tenants.
+    let mut tenants: Vec<GatewayTenant> = Vec::new();
+    for t in &f.tenants {
+        if t.name.is_empty() {
+            return Err("a [[tenants]] entry has an empty name".into());
+        }
+        if tenants.iter().any(|x| x.name == t.name) {
+            return Err(format!("tenant name {:?} is repeated", t.name));
+        }
+        let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
+            .map_err(|e| format!("tenant {}: {e}", t.name))?;
+        let rho = match t.reservation_split.as_deref() {
+            None | Some("spread") => false,
+            Some("rho") => true,
+            Some(o) => return Err(format!("tenant {}: reservation_split {o:?}: expected spread or rho", t.name)),
+        };
+        let mut server_reservations = vec![0.0; nodes.len()];
+        for (node, &r) in &t.server_reservations {
+            let j = node_index(&format!("tenant {}", t.name), "server_reservations", node)?;
+            if !(r.is_finite() && r >= 0.0) {
+                return Err(format!("tenant {}: server_reservations.{node} must be finite and >= 0, got {r}", t.name));
+            }
+            server_reservations[j] = r;
+        }
+        tenants.push(GatewayTenant { name: t.name.clone(), spec, rho, server_reservations });
+    }
+    // Volumes.
+    if f.exports.is_empty() {
+        return Err("at least one [[exports]] is needed".into());
+    }
+    if f.exports.len() > MAX_VOLUMES {
+        return Err(format!("at most {MAX_VOLUMES} [[exports]], got {}", f.exports.len()));
+    }
+    let mut exports: Vec<GatewayVolume> = Vec::new();
+    for e in &f.exports {
+        if e.name.is_empty() || e.name.len() > 4096 {
+            return Err("an [[exports]] entry has an empty or too long name".into());
+        }
+        if exports.iter().any(|x| x.name == e.name) {
+            return Err(format!("export name {:?} is repeated", e.name));
+        }
+        let owner = format!("export {}", e.name);
+        let size = e
+            .size_mb
+            .checked_mul(1 << 20)
+            .filter(|&s| s > 0 && s <= crate::config::MAX_EXPORT_BYTES)
+            .ok_or_else(|| format!("{owner}: size_mb must be in 1..=2^30, got {}", e.size_mb))?;
+        if e.stripe_kb == 0 || e.stripe_kb > 1 << 20 {
+            return Err(format!("{owner}: stripe_kb must be in 1..=1048576, got {}", e.stripe_kb));
+        }
+        let widths = match &e.widths {
+            None => vec![1; nodes.len()],
+            Some(map) => {
+                let mut w = vec![0; nodes.len()];
+                for (node, &width) in map {
+                    w[node_index(&owner, "widths", node)?] = width;
+                }
+                w
+            }
+        };
+        let stripe = Stripe::new(e.stripe_kb << 10, &widths).map_err(|err| format!("{owner}: widths: {err}"))?;
+        let tname = e.tenant.clone().unwrap_or_else(|| e.name.clone());
+        let tenant = match tenants.iter().position(|t| t.name == tname) {
+            Some(i) => i,
+            None if e.tenant.is_none() => {
+                tenants.push(GatewayTenant {
+                    name: tname,
+                    spec: QosSpec::default(),
+                    rho: false,
+                    server_reservations: vec![0.0; nodes.len()],
+                });
+                tenants.len() - 1
+            }
+            None => return Err(format!("{owner}: tenant names unknown tenant {tname:?}")),
+        };
+        let node_exports = f
+            .nodes
+            .iter()
+            .map(|n| e.node_export.clone().or_else(|| n.export.clone()).unwrap_or_else(|| e.name.clone()))
+            .collect();
+        let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
+        exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
+    }
+    let default_export = match &f.default_export {
+        None => None,
+        Some(d) => Some(
+            exports
+                .iter()
+                .position(|e| e.name == *d)
+                .ok_or_else(|| format!("default_export names unknown export {d:?}"))?,
+        ),
+    };
+    Ok(GatewayConfig {
+        listen,
+        admin,
+        tls,
+        caps,
+        max_inflight: f.max_inflight_mb << 20,
+        max_inflight_per_tenant: f.max_inflight_mb_per_tenant.min(f.max_inflight_mb) << 20,
+        idle_timeout: (f.idle_timeout_s > 0).then(|| Duration::from_secs(f.idle_timeout_s)),
+        shutdown_timeout,
+        max_request: (f.max_request_kb << 10) as u32,
+        default_export,
+        link: LinkConfig {
+            request_timeout,
+            connect_timeout,
+            max_backoff: Duration::from_millis(f.reconnect_max_backoff_ms),
+            connections: f.connections_per_node,
+        },
+        nodes,
+        tenants,
+        exports,
+    })
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// A node could not be opened for a volume (unreachable, refused, too small); names the node.
+    #[error("export {volume}: {source}")]
+    Node {
+        /// The volume.
+        volume: String,
+        /// What failed.
+        source: OpenError,
+    },
+    /// A listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+}
+
+/// Addresses the gateway listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The NBD front.
+    pub nbd: SocketAddr,
+    /// The HTTP endpoint, if configured.
+    pub admin: Option<SocketAddr>,
+}
+
+/// Runs the gateway until `shutdown` resolves; `ready` gets the bound addresses once it listens. At start
+/// every volume opens its node connections (invariant 2); a node that cannot be opened is an error naming
+/// it. Shutdown as `rein serve`'s: stop accepting, answer what is in flight within `shutdown_timeout`.
+pub async fn run(
+    cfg: GatewayConfig,
+    shutdown: impl Future<Output = ()>,
+    ready: Option<tokio::sync::oneshot::Sender<Bound>>,
+) -> Result<(), GatewayError> {
+    // The budget and the per-tenant cap key on tenant ids; the gateway schedules nothing itself, so a
+    // throw-away scheduler's table hands them out.
+    let mut ids = rein_core::SchedulerKind::Fifo.build(Default::default());
+    let tenant_ids: Vec<_> = cfg
+        .tenants
+        .iter()
+        .map(|t| ids.add_tenant(t.spec).expect("the scheduler takes every configured tenant"))
+        .collect();
+    let mut volumes = Vec::with_capacity(cfg.exports.len());
+    let mut exports = Vec::with_capacity(cfg.exports.len());
+    for v in &cfg.exports {
+        let volume = RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &cfg.nodes, &v.node_exports, cfg.link)
+            .await
+            .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
+        let tenant = &cfg.tenants[v.tenant];
+        exports.push(Arc::new(Export {
+            info: ExportInfo {
+                name: v.name.clone(),
+                description: format!("tenant {} via rein gateway", tenant.name),
+                size: v.size,
+                read_only: false,
+                volatile: false,
+            },
+            backend: Backend::Remote(volume.clone()),
+            tenant: tenant_ids[v.tenant],
+            tenant_name: tenant.name.clone(),
+            access: v.access.clone(),
+        }));
+        volumes.push(volume);
+    }
+    let limits = ConnLimits::new(cfg.caps);
+    let policy = Arc::new(Policy {
+        tls: cfg.tls.clone(),
+        default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
+        cap_tenants: true,
+        limits: limits.clone(),
+    });
+    let ctx = Arc::new(NbdContext {
+        exports: Arc::new(ExportTable::new(exports)),
+        dispatcher: None,
+        max_payload: cfg.max_request,
+        limits: Limits {
+            budget: Budget::new(cfg.max_inflight, cfg.max_inflight_per_tenant),
+            idle_timeout: cfg.idle_timeout,
+            close: watch::channel(false).0,
+        },
+    });
+    let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let admin = match cfg.admin {
+        None => None,
+        Some(addr) => {
+            let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
+            let bound = l.local_addr().expect("bound");
+            let router = admin_router(volumes.clone());
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                let _ = axum::serve(l, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+            });
+            Some(bound)
+        }
+    };
+    let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin };
+    let admin_addr = bound.admin.map_or_else(|| "none".to_string(), |a| a.to_string());
+    tracing::info!(nbd = %bound.nbd, admin = %admin_addr, nodes = cfg.nodes.len(), exports = cfg.exports.len(), "rein gateway listening");
+    if let Some(r) = ready {
+        let _ = r.send(bound);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            acc = nbd.accept() => {
+                let (stream, peer) = match acc {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let entry = match limits.admit(peer.ip()) {
+                    Admit::Serve(slot) => Entry::Serve(slot),
+                    Admit::Refuse(why, permit) => {
+                        limits.log_refusal(peer, &why, false);
+                        Entry::Refuse(why, permit)
+                    }
+                    Admit::Close(why) => {
+                        limits.log_refusal(peer, &why, true);
+                        continue;
+                    }
+                };
+                let (ctx, policy, stop) = (ctx.clone(), policy.clone(), stop_rx.clone());
+                tasks.spawn(async move {
+                    let _ = serve_client(stream, peer, entry, ctx, policy, stop).await;
+                });
+                while tasks.try_join_next().is_some() {}
+            }
+        }
+    }
+    tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");
+    let _ = stop_tx.send(true);
+    drop(nbd);
+    let drained =
+        tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(connections = tasks.len(), "shutdown deadline passed: closing connections");
+        ctx.limits.close.send_replace(true);
+        while tasks.join_next().await.is_some() {}
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `/healthz` (200 "ok") and `/api/nodes` (per volume and node: connections up).
+fn admin_router(volumes: Vec<Arc<RemoteVolume>>) -> axum::Router {
+    let volumes = Arc::new(volumes);
+    axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
+        "/api/nodes",
+        axum::routing::get(move || {
+            let volumes = volumes.clone();
+            async move {
+                let list: Vec<serde_json::Value> = volumes
+                    .iter()
+                    .map(|v| {
+                        let nodes: Vec<serde_json::Value> = v
+                            .node_states()
+                            .into_iter()
+                            .map(|(name, up)| {
+                                let connected = up.iter().filter(|&&u| u).count();
+                                serde_json::json!({ "node": name, "connections": up.len(), "connected": connected })
+                            })
+                            .collect();
+                        serde_json::json!({ "export": v.name(), "nodes": nodes })
+                    })
+                    .collect();
+                axum::Json(serde_json::Value::Array(list))
+            }
+        }),
+    )
+}

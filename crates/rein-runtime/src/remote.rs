@@ -1,0 +1,784 @@
+//! A gateway volume over storage nodes: the stripe layout, pooled NBD connections to each node, and the
+//! gathering of a request's pieces into one reply (`rein gateway`, [`crate::gateway`]).
+//!
+//! # Model
+//! A volume ([`RemoteVolume`]) is striped over nodes by [`rein_model::stripe::Stripe`]. A front request
+//! (from [`crate::nbd`]) is cut into pieces at unit boundaries; each piece goes at once to a pooled
+//! connection of its node (round robin over the node's `connections_per_node`); the request's result
+//! (`Gather`) is complete when every piece has been answered, and fails if any piece failed. A READ's
+//! pieces are copied into the one reply buffer (after the reply header's headroom); a WRITE's payload is
+//! copied into each piece's message. FLUSH goes to every node the volume uses (to one connection of a node
+//! that advertises NBD_FLAG_CAN_MULTI_CONN, to each of its connections otherwise) and succeeds only if all
+//! do; FUA passes to the pieces (dropped for a node that does not take FUA: a volatile node has no stable
+//! storage to force).
+//!
+//! Each pooled connection is a task (`run_link`): connect, handshake, then a session in which a writer
+//! (requests, in arrival order) and a reader (replies, completing pieces by handle) run side by side,
+//! until the socket fails, the node breaks the protocol, or a piece stays unanswered for
+//! `request_timeout`; then every piece in flight on it fails with EIO, and the task reconnects with
+//! exponential backoff from [`BACKOFF_MIN`] to `reconnect_max_backoff`. While a connection is down, pieces
+//! sent to it fail at once (EIO) rather than wait.
+//!
+//! # Invariants
+//! 1. Every piece is answered exactly once: by its node's reply, by the timeout, by the session's end, or
+//!    (if its message is dropped unsent) by `Sink`'s `Drop`; a request is answered once all its pieces
+//!    are (`Gather`), so a WRITE is reported done only when every piece was acknowledged by its node.
+//! 2. No piece waits longer than `request_timeout` (plus one scan period, `scan_period`) for its answer.
+//!
+//! # Bounds
+//! - Pieces in flight per node connection: [`MAX_PENDING_PER_CONN`] (a permit per piece; a front
+//!   connection whose piece waits for one stops reading, as for the byte budget).
+//! - Connections per node and volume: `connections_per_node`, at most [`MAX_CONNECTIONS_PER_NODE`].
+//! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
+//!
+//! # Symbol map
+//! Piece -> [`rein_model::stripe::Piece`]; the dmClock tracker's `prepare`/`complete` per piece come with
+//! the storage-node protocol (docs/node-protocol.md); plain NBD nodes carry no tags.
+//!
+//! # Deviations
+//! Protocol `rein` (the storage-node option with per-request tags) is not in this build yet: a node is
+//! spoken to in plain NBD (`nbd`, or `auto`, which falls back to it).
+
+use crate::dispatch::{IoError, IoResult, Op};
+use rein_model::stripe::{Piece, Stripe};
+use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
+use rein_proto::ErrorKind;
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Pieces one node connection has in flight at most.
+pub const MAX_PENDING_PER_CONN: usize = 1024;
+/// Most pooled connections to one node per volume (`connections_per_node`).
+pub const MAX_CONNECTIONS_PER_NODE: usize = 64;
+/// The first reconnect delay; each failed attempt doubles it up to `reconnect_max_backoff`.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Messages one socket write takes at most.
+const WRITE_BATCH: usize = 64;
+/// Bytes asked of the socket per read beyond what is wanted.
+const READ_AHEAD: usize = 256 * 1024;
+
+/// The function that takes a request's result (run on a connection task; quick, never blocking).
+pub type Done = Box<dyn FnOnce(IoResult) + Send>;
+
+/// How the gateway speaks to a node (`protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeProtocol {
+    /// The storage-node option; a node without it is refused.
+    Rein,
+    /// Plain NBD.
+    Nbd,
+    /// The storage-node option if the node has it, else plain NBD.
+    Auto,
+}
+
+/// A node as configured.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// Its name in logs and errors.
+    pub name: String,
+    /// Its NBD address.
+    pub address: SocketAddr,
+    /// How to speak to it.
+    pub protocol: NodeProtocol,
+}
+
+/// The times and pool size of every node link.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkConfig {
+    /// A piece unanswered this long fails with EIO (and its connection is reset).
+    pub request_timeout: Duration,
+    /// A connection attempt (TCP and the NBD handshake) that takes longer fails.
+    pub connect_timeout: Duration,
+    /// The longest wait between reconnect attempts.
+    pub max_backoff: Duration,
+    /// Pooled connections per node and volume.
+    pub connections: usize,
+}
+
+/// Why a node could not be opened at start (each names the node).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The node could not be reached or its handshake failed.
+    #[error("node {node} ({address}): {message}")]
+    Connect {
+        /// The node's name.
+        node: String,
+        /// Its address.
+        address: SocketAddr,
+        /// What failed.
+        message: String,
+    },
+    /// The node's export is smaller than the volume's piece on it.
+    #[error(
+        "node {node}: export {export:?} is {size} bytes, the volume {volume:?} needs at least {needed} bytes there"
+    )]
+    TooSmall {
+        /// The node's name.
+        node: String,
+        /// The export on the node.
+        export: String,
+        /// The volume.
+        volume: String,
+        /// The export's size.
+        size: u64,
+        /// The layout's piece size ([`Stripe::node_bytes`]).
+        needed: u64,
+    },
+}
+
+/// A volume striped over nodes.
+pub struct RemoteVolume {
+    name: String,
+    stripe: Stripe,
+    /// One link per node of the layout; `None` for a node of width 0.
+    links: Vec<Option<NodeLink>>,
+}
+
+/// Connections to one node for one volume.
+struct NodeLink {
+    name: Arc<str>,
+    conns: Vec<LinkHandle>,
+    next: AtomicUsize,
+}
+
+/// The sending side of one pooled connection.
+struct LinkHandle {
+    tx: mpsc::UnboundedSender<Work>,
+    slots: Arc<Semaphore>,
+    state: Arc<LinkState>,
+}
+
+/// What a connection's task shares with the senders.
+#[derive(Default)]
+struct LinkState {
+    /// The node advertised NBD_FLAG_CAN_MULTI_CONN (a FLUSH on one connection covers all).
+    multi_conn: AtomicBool,
+    /// The node takes FLUSH and FUA (not volatile).
+    flush: AtomicBool,
+    /// A session is established.
+    up: AtomicBool,
+}
+
+impl RemoteVolume {
+    /// Opens `volume` (of `size` bytes, laid out by `stripe` over `nodes`, export `exports[j]` on node
+    /// `j`): connects every pooled connection once (within `connect_timeout`), checks each node's export
+    /// is large enough, then hands the connections to their tasks. Errors name the node.
+    pub async fn open(
+        volume: &str,
+        size: u64,
+        stripe: Stripe,
+        nodes: &[NodeSpec],
+        exports: &[String],
+        cfg: LinkConfig,
+    ) -> Result<Arc<RemoteVolume>, OpenError> {
+        assert_eq!(nodes.len(), stripe.nodes(), "one node spec per node of the layout");
+        assert!((1..=MAX_CONNECTIONS_PER_NODE).contains(&cfg.connections), "validated pool size");
+        let mut links = Vec::with_capacity(nodes.len());
+        for (j, node) in nodes.iter().enumerate() {
+            if !stripe.uses(j) {
+                links.push(None);
+                continue;
+            }
+            let target = Arc::new(Target {
+                node: node.clone(),
+                export: exports[j].clone(),
+                needed: stripe.node_bytes(j, size),
+                volume: volume.to_string(),
+                cfg,
+            });
+            let mut conns = Vec::with_capacity(cfg.connections);
+            for _ in 0..cfg.connections {
+                let session = target.connect().await.map_err(|e| e.into_open(&target))?;
+                let (tx, rx) = mpsc::unbounded_channel();
+                let state = Arc::new(LinkState::default());
+                session.publish(&state);
+                tokio::spawn(run_link(target.clone(), Some(session), rx, state.clone()));
+                conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
+            }
+            links.push(Some(NodeLink { name: node.name.as_str().into(), conns, next: AtomicUsize::new(0) }));
+        }
+        Ok(Arc::new(RemoteVolume { name: volume.to_string(), stripe, links }))
+    }
+
+    /// The volume's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sends the request `op` at `offset` to the nodes; `done` gets the result once every piece is
+    /// answered. Waits (backpressure) while a node connection has [`MAX_PENDING_PER_CONN`] pieces out.
+    pub async fn submit(&self, offset: u64, op: Op, fua: bool, done: Done) {
+        match op {
+            Op::Read { len, headroom } => {
+                let gather = Gather::new(vec![0; headroom + len as usize], done);
+                let pieces = self.stripe.map(offset, len);
+                gather.expect(pieces.len());
+                for piece in pieces {
+                    let msg = header(Command::Read, piece.node_offset, piece.len, false);
+                    let sink = Sink { gather: Some(gather.clone()), at: headroom + piece.request_offset as usize };
+                    self.send(piece.node, msg, piece.len, sink).await;
+                }
+                gather.release();
+            }
+            Op::Write { data } => {
+                let gather = Gather::new(Vec::new(), done);
+                let pieces = self.stripe.map(offset, data.len() as u32);
+                gather.expect(pieces.len());
+                for Piece { node, node_offset, request_offset, len } in pieces {
+                    let fua = fua && self.takes_flush(node);
+                    let mut msg = Vec::with_capacity(p::REQUEST_LEN + len as usize);
+                    header_into(&mut msg, Command::Write, node_offset, len, fua);
+                    let at = request_offset as usize;
+                    msg.extend_from_slice(&data[at..at + len as usize]);
+                    self.send(node, msg, 0, Sink { gather: Some(gather.clone()), at: 0 }).await;
+                }
+                gather.release();
+            }
+            Op::Trim { len } | Op::WriteZeroes { len } => {
+                let command = if matches!(op, Op::Trim { .. }) { Command::Trim } else { Command::WriteZeroes };
+                let gather = Gather::new(Vec::new(), done);
+                let pieces = self.stripe.map(offset, len);
+                gather.expect(pieces.len());
+                for piece in pieces {
+                    let fua = fua && self.takes_flush(piece.node);
+                    let msg = header(command, piece.node_offset, piece.len, fua);
+                    self.send(piece.node, msg, 0, Sink { gather: Some(gather.clone()), at: 0 }).await;
+                }
+                gather.release();
+            }
+            Op::Flush => {
+                let gather = Gather::new(Vec::new(), done);
+                let mut targets = Vec::new();
+                for (j, link) in self.links.iter().enumerate() {
+                    let Some(link) = link else { continue };
+                    if !link.conns[0].state.flush.load(Ordering::Relaxed) {
+                        continue; // a volatile node: nothing to make durable
+                    }
+                    if link.conns[0].state.multi_conn.load(Ordering::Relaxed) {
+                        targets.push((j, None));
+                    } else {
+                        targets.extend((0..link.conns.len()).map(|c| (j, Some(c))));
+                    }
+                }
+                gather.expect(targets.len());
+                for (node, conn) in targets {
+                    let msg = header(Command::Flush, 0, 0, false);
+                    let sink = Sink { gather: Some(gather.clone()), at: 0 };
+                    self.send_on(node, conn, msg, 0, sink).await;
+                }
+                gather.release();
+            }
+        }
+    }
+
+    fn takes_flush(&self, node: usize) -> bool {
+        self.links[node].as_ref().is_some_and(|l| l.conns[0].state.flush.load(Ordering::Relaxed))
+    }
+
+    async fn send(&self, node: usize, msg: Vec<u8>, read_len: u32, sink: Sink) {
+        self.send_on(node, None, msg, read_len, sink).await
+    }
+
+    /// Sends one piece to `node` on connection `conn` (or the next one round robin).
+    async fn send_on(&self, node: usize, conn: Option<usize>, msg: Vec<u8>, read_len: u32, sink: Sink) {
+        let link = self.links[node].as_ref().expect("the layout sends only to nodes it uses");
+        let c = conn.unwrap_or_else(|| link.next.fetch_add(1, Ordering::Relaxed) % link.conns.len());
+        let handle = &link.conns[c];
+        let permit = handle.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+        // A task that has ended (runtime shutdown) drops the work: the sink fails it (invariant 1).
+        let _ = handle.tx.send(Work { msg, read_len, sink, _permit: permit });
+    }
+
+    /// Per node: its name and whether a session is up on each of its connections (`/api/nodes`, logs).
+    pub fn node_states(&self) -> Vec<(String, Vec<bool>)> {
+        self.links
+            .iter()
+            .flatten()
+            .map(|l| (l.name.to_string(), l.conns.iter().map(|c| c.state.up.load(Ordering::Relaxed)).collect()))
+            .collect()
+    }
+}
+
+fn header(command: Command, offset: u64, length: u32, fua: bool) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(p::REQUEST_LEN);
+    header_into(&mut msg, command, offset, length, fua);
+    msg
+}
+
+/// A request header with handle 0 (the connection's task writes the handle before sending).
+fn header_into(out: &mut Vec<u8>, command: Command, offset: u64, length: u32, fua: bool) {
+    RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle: 0, offset, length }.encode(out);
+}
+
+/// Where the handle sits in an encoded request header.
+const HANDLE_AT: std::ops::Range<usize> = 8..16;
+
+/// One piece on its way to a node.
+struct Work {
+    /// The request header (handle to fill in) and, for a WRITE, the payload.
+    msg: Vec<u8>,
+    /// Bytes of data the reply brings (a READ's length; 0 otherwise).
+    read_len: u32,
+    sink: Sink,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Where a piece's answer goes: its request's [`Gather`], and (READ) where its data lands in the result.
+/// Dropped unanswered, it fails the piece with EIO (invariant 1).
+struct Sink {
+    gather: Option<Arc<Gather>>,
+    at: usize,
+}
+
+impl Sink {
+    fn ok(mut self, data: &[u8]) {
+        if let Some(g) = self.gather.take() {
+            g.piece(Ok(data), self.at);
+        }
+    }
+
+    fn fail(mut self, error: IoError) {
+        if let Some(g) = self.gather.take() {
+            g.piece(Err(error), self.at);
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        if let Some(g) = self.gather.take() {
+            g.piece(Err(node_error("?", ErrorKind::Io, "the piece was dropped unsent".into())), 0);
+        }
+    }
+}
+
+fn node_error(node: &str, kind: ErrorKind, message: String) -> IoError {
+    IoError::Node { node: node.to_string(), kind, message }
+}
+
+/// A request's pieces coming together: the result buffer, the first error, and the pieces still out.
+struct Gather {
+    inner: Mutex<GatherState>,
+}
+
+struct GatherState {
+    /// Pieces not yet answered, plus one held by the sender until it has sent them all.
+    remaining: usize,
+    buf: Vec<u8>,
+    error: Option<IoError>,
+    done: Option<Done>,
+}
+
+impl Gather {
+    fn new(buf: Vec<u8>, done: Done) -> Arc<Gather> {
+        Arc::new(Gather { inner: Mutex::new(GatherState { remaining: 1, buf, error: None, done: Some(done) }) })
+    }
+
+    /// `pieces` more answers are to come.
+    fn expect(&self, pieces: usize) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).remaining += pieces;
+    }
+
+    /// The sender has sent every piece (a request of no pieces completes here).
+    fn release(self: &Arc<Self>) {
+        self.finish_one(|_| {});
+    }
+
+    fn piece(self: &Arc<Self>, result: Result<&[u8], IoError>, at: usize) {
+        self.finish_one(|s| match result {
+            Ok(data) if !data.is_empty() => s.buf[at..at + data.len()].copy_from_slice(data),
+            Ok(_) => {}
+            Err(e) => {
+                if s.error.is_none() {
+                    s.error = Some(e);
+                }
+            }
+        });
+    }
+
+    fn finish_one(&self, f: impl FnOnce(&mut GatherState)) {
+        let done = {
+            let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut s);
+            assert!(s.remaining > 0, "a piece answered twice (invariant 1)");
+            s.remaining -= 1;
+            if s.remaining > 0 {
+                return;
+            }
+            let done = s.done.take().expect("completed once");
+            let result = match s.error.take() {
+                Some(e) => Err(e),
+                None => Ok(std::mem::take(&mut s.buf)),
+            };
+            (done, result)
+        };
+        (done.0)(done.1);
+    }
+}
+
+/// A node connection's fixed parameters.
+struct Target {
+    node: NodeSpec,
+    export: String,
+    /// The volume's piece on this node ([`Stripe::node_bytes`]).
+    needed: u64,
+    volume: String,
+    cfg: LinkConfig,
+}
+
+/// Why a connection attempt failed.
+enum ConnectError {
+    Io(String),
+    TooSmall(u64),
+}
+
+impl ConnectError {
+    fn into_open(self, t: &Target) -> OpenError {
+        match self {
+            ConnectError::Io(message) => {
+                OpenError::Connect { node: t.node.name.clone(), address: t.node.address, message }
+            }
+            ConnectError::TooSmall(size) => OpenError::TooSmall {
+                node: t.node.name.clone(),
+                export: t.export.clone(),
+                volume: t.volume.clone(),
+                size,
+                needed: t.needed,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Io(m) => f.write_str(m),
+            ConnectError::TooSmall(size) => write!(f, "export is {size} bytes, smaller than the volume needs"),
+        }
+    }
+}
+
+/// An established connection: the socket, bytes read past the handshake, and the export's flags.
+struct Session {
+    stream: TcpStream,
+    input: Vec<u8>,
+    flags: u16,
+}
+
+impl Session {
+    fn publish(&self, state: &LinkState) {
+        state.multi_conn.store(self.flags & p::TFLAG_CAN_MULTI_CONN != 0, Ordering::Relaxed);
+        state.flush.store(self.flags & p::TFLAG_SEND_FLUSH != 0, Ordering::Relaxed);
+        state.up.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Target {
+    /// Connects and negotiates the export (plain NBD, simple replies), within `connect_timeout`.
+    async fn connect(&self) -> Result<Session, ConnectError> {
+        let attempt = async {
+            let stream =
+                TcpStream::connect(self.node.address).await.map_err(|e| ConnectError::Io(format!("connect: {e}")))?;
+            stream.set_nodelay(true).map_err(|e| ConnectError::Io(e.to_string()))?;
+            let mut stream = stream;
+            let mut hs = ClientHandshake::new(&self.export, false);
+            let mut input = Vec::new();
+            let mut out = Vec::new();
+            loop {
+                out.clear();
+                let (used, progress) =
+                    hs.feed(&input, &mut out).map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
+                input.drain(..used);
+                stream.write_all(&out).await.map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
+                match progress {
+                    ClientProgress::Ready { size, flags, .. } => {
+                        if size < self.needed {
+                            return Err(ConnectError::TooSmall(size));
+                        }
+                        return Ok(Session { stream, input, flags });
+                    }
+                    ClientProgress::NeedMore => {
+                        let n = stream
+                            .read_buf(&mut input)
+                            .await
+                            .map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
+                        if n == 0 {
+                            return Err(ConnectError::Io("handshake: the node closed the connection".into()));
+                        }
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(ConnectError::Io(format!(
+                "no connection within connect_timeout_s ({} s)",
+                self.cfg.connect_timeout.as_secs_f64()
+            ))),
+        }
+    }
+}
+
+/// How often a session looks for pieces past their deadline.
+fn scan_period(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(5), Duration::from_secs(1))
+}
+
+/// One pooled connection's life: sessions, and between them backoff during which pieces fail at once.
+/// Ends when every sender is gone (the volume was dropped).
+async fn run_link(
+    target: Arc<Target>,
+    mut session: Option<Session>,
+    mut rx: mpsc::UnboundedReceiver<Work>,
+    state: Arc<LinkState>,
+) {
+    let name = target.node.name.as_str();
+    let mut backoff = BACKOFF_MIN;
+    let mut was_down = false;
+    loop {
+        if let Some(s) = session.take() {
+            s.publish(&state);
+            if was_down {
+                tracing::info!(node = name, volume = %target.volume, "node connection restored");
+            }
+            backoff = BACKOFF_MIN;
+            let end = run_session(&target, s, &mut rx).await;
+            state.up.store(false, Ordering::Relaxed);
+            match end {
+                SessionEnd::Closed => return,
+                SessionEnd::Failed(why) => {
+                    tracing::warn!(node = name, volume = %target.volume, "node connection lost: {why}; reconnecting");
+                    was_down = true;
+                }
+            }
+        }
+        // Back off, failing what comes meanwhile.
+        let until = Instant::now() + backoff;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => break,
+                w = rx.recv() => match w {
+                    None => return,
+                    Some(w) => w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into())),
+                },
+            }
+        }
+        backoff = (backoff * 2).min(target.cfg.max_backoff.max(BACKOFF_MIN));
+        match target.connect().await {
+            Ok(s) => session = Some(s),
+            Err(e) => {
+                if !was_down {
+                    tracing::warn!(node = name, volume = %target.volume, "node connection failed: {e}");
+                }
+                was_down = true;
+            }
+        }
+    }
+}
+
+enum SessionEnd {
+    /// The volume is gone.
+    Closed,
+    /// The connection failed; the reason.
+    Failed(String),
+}
+
+/// A piece sent and not yet answered.
+struct Pending {
+    sink: Sink,
+    read_len: u32,
+    deadline: Instant,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Runs one session: a writer and a reader side by side on the task, until either ends; then every piece
+/// still pending fails (invariant 1).
+async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
+    let Session { mut stream, input, .. } = session;
+    let (mut rd, mut wr) = stream.split();
+    let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
+    let name = target.node.name.as_str();
+    let timeout = target.cfg.request_timeout;
+    let writer = async {
+        let mut next: u64 = 1;
+        let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_BATCH);
+        loop {
+            let Some(first) = rx.recv().await else { return SessionEnd::Closed };
+            let mut work = Some(first);
+            while let Some(w) = work.take() {
+                let mut msg = w.msg;
+                msg[HANDLE_AT].copy_from_slice(&next.to_be_bytes());
+                let deadline = Instant::now() + timeout;
+                pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(next, Pending { sink: w.sink, read_len: w.read_len, deadline, _permit: w._permit });
+                next += 1;
+                batch.push(msg);
+                if batch.len() < WRITE_BATCH {
+                    work = rx.try_recv().ok();
+                }
+            }
+            if let Err(e) = write_all_vectored(&mut wr, &batch).await {
+                return SessionEnd::Failed(format!("write: {e}"));
+            }
+            batch.clear();
+        }
+    };
+    let reader = async {
+        let mut buf = input;
+        let mut start = 0usize;
+        let mut scan = tokio::time::interval(scan_period(timeout));
+        scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Complete every whole reply in the buffer.
+            loop {
+                let avail = &buf[start..];
+                let (hdr, n) = match ReplyHeader::decode(avail) {
+                    Ok(Some(x)) => x,
+                    Ok(None) => break,
+                    Err(e) => return SessionEnd::Failed(format!("reply: {e}")),
+                };
+                let ReplyHeader::Simple { error, handle } = hdr else {
+                    return SessionEnd::Failed("a structured reply, which was not negotiated".into());
+                };
+                let len = {
+                    let g = pending.lock().unwrap_or_else(|e| e.into_inner());
+                    match g.get(&handle) {
+                        Some(p) if error == 0 => p.read_len as usize,
+                        Some(_) => 0,
+                        None => return SessionEnd::Failed(format!("a reply for unknown handle {handle}")),
+                    }
+                };
+                if avail.len() < n + len {
+                    // Wait for the data; make room for all of it.
+                    buf.reserve(n + len);
+                    break;
+                }
+                let p = pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle).expect("looked up above");
+                if error == 0 {
+                    p.sink.ok(&avail[n..n + len]);
+                } else {
+                    let kind = kind_of(error);
+                    p.sink.fail(node_error(name, kind, format!("node answered NBD error {error}")));
+                }
+                start += n + len;
+            }
+            if start == buf.len() {
+                buf.clear();
+                start = 0;
+            } else if start > READ_AHEAD {
+                buf.drain(..start);
+                start = 0;
+            }
+            buf.reserve(READ_AHEAD);
+            tokio::select! {
+                r = rd.read_buf(&mut buf) => match r {
+                    Ok(0) => return SessionEnd::Failed("the node closed the connection".into()),
+                    Ok(_) => {}
+                    Err(e) => return SessionEnd::Failed(format!("read: {e}")),
+                },
+                _ = scan.tick() => {
+                    let now = Instant::now();
+                    let late = pending.lock().unwrap_or_else(|e| e.into_inner()).values().any(|p| p.deadline <= now);
+                    if late {
+                        return SessionEnd::Failed(format!(
+                            "a request unanswered for request_timeout_s ({} s)",
+                            timeout.as_secs_f64()
+                        ));
+                    }
+                }
+            }
+        }
+    };
+    let end = tokio::select! {
+        e = writer => e,
+        e = reader => e,
+    };
+    // Invariant 1: what is still pending fails now.
+    let why = match &end {
+        SessionEnd::Closed => "the gateway is shutting down".to_string(),
+        SessionEnd::Failed(w) => w.clone(),
+    };
+    for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        p.sink.fail(node_error(name, ErrorKind::Io, why.clone()));
+    }
+    end
+}
+
+/// The kind of a node's NBD error number, for the front's reply.
+fn kind_of(errno: u32) -> ErrorKind {
+    match errno {
+        p::EPERM => ErrorKind::ReadOnly,
+        p::ENOSPC => ErrorKind::NoSpace,
+        p::EINVAL | p::EOVERFLOW | p::ENOTSUP => ErrorKind::InvalidRequest,
+        p::ENOMEM => ErrorKind::Exhausted,
+        _ => ErrorKind::Io,
+    }
+}
+
+/// Writes every message of `batch` with vectored writes, resuming after short writes.
+async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(wr: &mut W, batch: &[Vec<u8>]) -> std::io::Result<()> {
+    let (mut i, mut at) = (0, 0);
+    while i < batch.len() {
+        let slices: Vec<IoSlice<'_>> =
+            batch[i..].iter().enumerate().map(|(k, m)| IoSlice::new(if k == 0 { &m[at..] } else { m })).collect();
+        let mut written = wr.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while i < batch.len() {
+            let left = batch[i].len() - at;
+            if written < left {
+                at += written;
+                break;
+            }
+            written -= left;
+            i += 1;
+            at = 0;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request's result comes once every piece is in, with the first error if any (invariant 1).
+    #[test]
+    fn gather_waits_for_every_piece() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = Gather::new(vec![0; 4], Box::new(move |r| tx.send(r).unwrap()));
+        g.expect(2);
+        g.piece(Ok(&[1, 2]), 0);
+        g.release();
+        assert!(rx.try_recv().is_err(), "one piece still out");
+        g.piece(Ok(&[3, 4]), 2);
+        assert_eq!(rx.try_recv().unwrap().unwrap(), vec![1, 2, 3, 4]);
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = Gather::new(Vec::new(), Box::new(move |r| tx.send(r).unwrap()));
+        g.expect(2);
+        let s = Sink { gather: Some(g.clone()), at: 0 };
+        drop(s); // dropped unsent: fails
+        g.release();
+        g.piece(Ok(&[]), 0);
+        assert!(rx.try_recv().unwrap().is_err(), "a dropped piece fails the request");
+    }
+
+    #[test]
+    fn scan_period_bounds() {
+        assert_eq!(scan_period(Duration::from_millis(100)), Duration::from_millis(25));
+        assert_eq!(scan_period(Duration::from_secs(3600)), Duration::from_secs(1));
+        assert_eq!(scan_period(Duration::from_millis(1)), Duration::from_millis(5));
+    }
+}

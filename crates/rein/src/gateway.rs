@@ -1,0 +1,37 @@
+//! `rein gateway`: NBD volumes striped over storage nodes (docs/gateway.md). Parses arguments only; the
+//! daemon is `rein_runtime::gateway`.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rein_runtime::gateway::GatewayConfig;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub(crate) struct GatewayArgs {
+    /// Configuration file (see docs/gateway.md).
+    #[arg(long)]
+    pub(crate) config: PathBuf,
+    /// Override the NBD listen address.
+    #[arg(long)]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+}
+
+/// `rein gateway`: serves until Ctrl-C or SIGTERM.
+pub(crate) fn run(args: GatewayArgs) -> Result<()> {
+    let mut cfg = GatewayConfig::load(&args.config)?;
+    if let Some(a) = args.listen {
+        cfg.listen = a;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+        };
+        rein_runtime::gateway::run(cfg, shutdown, None).await.map_err(anyhow::Error::from)
+    })
+}

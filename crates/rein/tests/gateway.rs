@@ -1,0 +1,332 @@
+//! `rein gateway` over real storage nodes, driven by real clients: three `rein serve` nodes (or plain NBD
+//! servers), each on its own 127.0.0.x address (port chosen by the OS), and one gateway, all child
+//! processes in a temporary directory, killed at the end. Expected layouts come from the stripe equation
+//! of docs/gateway.md, computed here independently of `rein_model::stripe`.
+#![cfg(unix)]
+
+mod common;
+
+use common::{random_file, run_ok, tmpdir, tool, write_file, Rein, Server};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command as Cmd;
+use std::time::{Duration, Instant};
+
+/// Bytes of each node's file export.
+const NODE_MB: u64 = 32;
+/// The stripe unit of the test volumes.
+const UNIT: u64 = 64 << 10;
+
+/// A `rein serve` node with one file export `v` of [`NODE_MB`] on 127.0.0.`host`, port `port` (0: any).
+fn node(dir: &Path, host: u8, port: u16) -> Server {
+    let d = dir.join(format!("node{host}"));
+    std::fs::create_dir_all(&d).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.{host}:{port}\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
+         [[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
+        d.join("data").display()
+    );
+    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+}
+
+/// The file behind node `host`'s export.
+fn node_file(dir: &Path, host: u8) -> PathBuf {
+    dir.join(format!("node{host}")).join("data").join("v.img")
+}
+
+/// A gateway config on 127.0.0.`host`: the top-level keys of [`TIMES`], `nodes` (name, address), then
+/// `body`.
+fn gateway_config(dir: &Path, host: u8, nodes: &[(&str, SocketAddr)], body: &str) -> PathBuf {
+    let mut text = format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n{TIMES}");
+    for (name, addr) in nodes {
+        text.push_str(&format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\n"));
+    }
+    text.push_str(body);
+    write_file(dir, "gw.toml", &text)
+}
+
+fn gateway(config: &Path) -> Server {
+    Rein::new(&["gateway", "--config", config.to_str().unwrap()]).start()
+}
+
+/// The node timeouts of the tests.
+const TIMES: &str = "request_timeout_s = 2\nconnect_timeout_s = 2\nreconnect_max_backoff_ms = 200\n";
+
+/// Widths 1, 2, 1 over s1, s2, s3 (W = 4), 64 KiB units, a 64 MiB volume.
+const VOLUME: &str = "[[exports]]\nname = \"v\"\nsize_mb = 64\nstripe_kb = 64\nwidths = { s1 = 1, s2 = 2, s3 = 1 }\n";
+
+/// Where volume byte `o` lives under widths 1, 2, 1 (docs/gateway.md): (node index, node offset).
+fn expected_location(o: u64) -> (usize, u64) {
+    let (widths, starts) = ([1u64, 2, 1], [0u64, 1, 3]);
+    let u = o / UNIT;
+    let (r, p) = (u / 4, u % 4);
+    let j = if p < 1 {
+        0
+    } else if p < 3 {
+        1
+    } else {
+        2
+    };
+    (j, (r * widths[j] + (p - starts[j])) * UNIT + o % UNIT)
+}
+
+fn uri(gw: &Server) -> String {
+    format!("nbd://{}/v", gw.nbd)
+}
+
+fn qemu_io(uri: &str, commands: &[&str]) -> std::process::Output {
+    let mut c = tool("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in commands {
+        c.args(["-c", cmd]);
+    }
+    c.arg(uri).output().unwrap()
+}
+
+/// Runs qemu-io; true if every command succeeded (qemu-io exits 0 even after a failed command, so the
+/// output is checked for "failed").
+fn qemu_io_ok(uri: &str, commands: &[&str]) -> (bool, String) {
+    let out = qemu_io(uri, commands);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success() && !text.contains("failed") && !text.contains("Pattern verification"), text)
+}
+
+#[test]
+fn real_clients_round_trip_through_three_nodes() {
+    let dir = tmpdir("gw-clients");
+    let nodes = [node(dir.path(), 31, 0), node(dir.path(), 32, 0), node(dir.path(), 33, 0)];
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
+    let gw = gateway(&gateway_config(dir.path(), 34, &list, VOLUME));
+    let uri = uri(&gw);
+    // nbdinfo: the volume's size and flags.
+    let info = run_ok(tool("nbdinfo").arg(&uri));
+    assert!(info.contains("export-size: 67108864"), "{info}");
+    assert!(info.contains("can_flush: true") && info.contains("can_fua: true"), "{info}");
+    // qemu-img convert in and out: byte-identical.
+    let src = dir.path().join("src.bin");
+    random_file(&src, 8 << 20, 7);
+    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), &uri]));
+    let back = dir.path().join("back.bin");
+    run_ok(tool("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &uri, back.to_str().unwrap()]));
+    let written = std::fs::read(&src).unwrap();
+    assert_eq!(written[..], std::fs::read(&back).unwrap()[..8 << 20], "qemu-img round trip");
+    // The bytes are where the stripe equation puts them on the nodes' own files.
+    let files: Vec<Vec<u8>> = (31..=33).map(|h| std::fs::read(node_file(dir.path(), h)).unwrap()).collect();
+    for o in (0..written.len() as u64).step_by(4093) {
+        let (j, at) = expected_location(o);
+        assert_eq!(files[j][at as usize], written[o as usize], "volume byte {o} on node {j} at {at}");
+    }
+    // nbdcopy round trip at an offset that is not unit-aligned (through qemu-io: nbdcopy copies whole).
+    let src2 = dir.path().join("src2.bin");
+    random_file(&src2, 16 << 20, 9);
+    run_ok(tool("nbdcopy").args([src2.to_str().unwrap(), &uri]));
+    let back2 = dir.path().join("back2.bin");
+    run_ok(tool("nbdcopy").args([&uri, back2.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&src2).unwrap()[..], std::fs::read(&back2).unwrap()[..16 << 20], "nbdcopy round trip");
+    // qemu-io patterns across stripe boundaries (a write spanning 3 units and 3 nodes, a read of its edges).
+    let (ok, out) = qemu_io_ok(
+        &uri,
+        &[
+            "write -P 0x5a 60k 200k",
+            "read -P 0x5a 60k 200k",
+            "read -P 0x5a 63k 2k",
+            "write -z 100k 10k",
+            "read -P 0 100k 10k",
+            "read -P 0x5a 110k 150k",
+            "flush",
+        ],
+    );
+    assert!(ok, "qemu-io patterns: {out}");
+    // fio with verification.
+    let fio = run_ok(tool("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=16m",
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        "--output-format=json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&fio[fio.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "fio verify failed: {fio}");
+    assert!(v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap() >= 16 << 20, "verify read everything back");
+    // /api/nodes: every node connected.
+    let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+    assert_eq!(status, 200);
+    let nodes_json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for n in nodes_json[0]["nodes"].as_array().unwrap() {
+        assert_eq!(n["connected"], n["connections"], "{body}");
+    }
+}
+
+/// Polls `f` until it returns true or `within` passes.
+fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+#[test]
+fn a_dead_or_stalled_node_fails_its_pieces_with_eio_and_a_returning_one_serves_again() {
+    let dir = tmpdir("gw-fail");
+    let mut nodes = vec![node(dir.path(), 41, 0), node(dir.path(), 42, 0), node(dir.path(), 43, 0)];
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
+    let gw = gateway(&gateway_config(dir.path(), 44, &list, VOLUME));
+    let uri = uri(&gw);
+    let (ok, out) = qemu_io_ok(&uri, &["write -P 0x11 0 256k", "flush"]);
+    assert!(ok, "{out}");
+    // s2 holds units 1 and 2 (64k..192k); s1 unit 0.
+    let s2 = nodes[1].nbd;
+    drop(nodes.remove(1)); // killed
+    let t0 = Instant::now();
+    let (ok, out) = qemu_io_ok(&uri, &["read -P 0x11 64k 4k"]);
+    assert!(!ok && out.contains("Input/output error"), "a read on the dead node fails with EIO: {out}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "within request_timeout_s (2 s) and qemu-io's start-up");
+    let (ok, out) = qemu_io_ok(&uri, &["read -P 0x11 0 4k"]);
+    assert!(ok, "the other nodes still serve: {out}");
+    // A stalled node (SIGSTOP): its pieces fail within request_timeout_s, no hang.
+    let s1_pid = nodes[0].pid().to_string();
+    assert!(Cmd::new("kill").args(["-STOP", &s1_pid]).status().unwrap().success());
+    let t0 = Instant::now();
+    let (ok, out) = qemu_io_ok(&uri, &["read 0 4k"]);
+    let took = t0.elapsed();
+    assert!(Cmd::new("kill").args(["-CONT", &s1_pid]).status().unwrap().success());
+    assert!(!ok && out.contains("Input/output error"), "a stalled node's piece fails: {out}");
+    assert!(took >= Duration::from_secs(2), "not before request_timeout_s: {took:?}");
+    assert!(took < Duration::from_secs(10), "within request_timeout_s and a scan: {took:?}");
+    // s2 returns on its address (same data file): the gateway reconnects and serves again.
+    nodes.insert(1, node(dir.path(), 42, s2.port()));
+    assert!(
+        eventually(Duration::from_secs(20), || qemu_io_ok(&uri, &["read -P 0x11 0 256k"]).0),
+        "the gateway serves again after the node returned: {:?}",
+        gw.log.lock().unwrap()
+    );
+    gw.wait_line("node connection restored");
+}
+
+#[test]
+fn a_flushed_write_survives_the_gateway_killed_9() {
+    let dir = tmpdir("gw-kill9");
+    let nodes = [node(dir.path(), 51, 0), node(dir.path(), 52, 0), node(dir.path(), 53, 0)];
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
+    let gw = gateway(&gateway_config(dir.path(), 54, &list, VOLUME));
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x77 0 512k", "flush"]);
+    assert!(ok, "{out}");
+    assert!(Cmd::new("kill").args(["-9", &gw.pid().to_string()]).status().unwrap().success());
+    drop(gw);
+    drop(nodes); // the nodes stop too: what the flush made durable is in their files
+    let files: Vec<Vec<u8>> = (51..=53).map(|h| std::fs::read(node_file(dir.path(), h)).unwrap()).collect();
+    for o in (0..512u64 << 10).step_by(1021) {
+        let (j, at) = expected_location(o);
+        assert_eq!(files[j][at as usize], 0x77, "volume byte {o} on node {j} at {at}");
+    }
+}
+
+/// A free port on `ip` (bound and released; the server started next takes it).
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
+}
+
+/// A child process killed when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_gateway_fronts_plain_nbd_servers() {
+    let Some(server) = ["nbdkit", "qemu-nbd"]
+        .into_iter()
+        .find(|t| Cmd::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success()))
+    else {
+        eprintln!("skipped: neither nbdkit nor qemu-nbd is installed");
+        return;
+    };
+    let dir = tmpdir("gw-plain");
+    let mut children = Vec::new();
+    let mut list = Vec::new();
+    for (i, host) in [61u8, 62].into_iter().enumerate() {
+        let ip = format!("127.0.0.{host}");
+        let port = free_port(&ip);
+        let child = if server == "nbdkit" {
+            Cmd::new("nbdkit")
+                .args(["-f", "-i", &ip, "-p", &port.to_string(), "-e", "v", "memory", "64M"])
+                .spawn()
+                .unwrap()
+        } else {
+            let img = dir.path().join(format!("plain{i}.img"));
+            std::fs::write(&img, vec![0u8; 64 << 20]).unwrap();
+            Cmd::new("qemu-nbd")
+                .args(["-f", "raw", "-b", &ip, "-p", &port.to_string(), "-x", "v", "-t", img.to_str().unwrap()])
+                .spawn()
+                .unwrap()
+        };
+        children.push(Child(child));
+        let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+        assert!(
+            eventually(Duration::from_secs(20), || std::net::TcpStream::connect(addr).is_ok()),
+            "{server} did not listen"
+        );
+        list.push((["p1", "p2"][i], addr));
+    }
+    let mut text = "listen = \"127.0.0.64:0\"\nadmin = \"127.0.0.64:0\"\n".to_string();
+    for (name, addr) in &list {
+        text.push_str(&format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\nprotocol = \"nbd\"\n"));
+    }
+    text.push_str("[[exports]]\nname = \"v\"\nsize_mb = 64\nstripe_kb = 64\n");
+    let cfg = write_file(dir.path(), "gw.toml", &text);
+    let gw = gateway(&cfg);
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x3c 100k 300k", "read -P 0x3c 100k 300k", "flush"]);
+    assert!(ok, "through {server}: {out}");
+}
+
+#[test]
+fn bad_configs_are_one_line_errors_naming_the_key() {
+    let dir = tmpdir("gw-bad");
+    let n = node(dir.path(), 71, 0);
+    let good_node = format!("[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n", n.nbd);
+    let export = "[[exports]]\nname = \"v\"\nsize_mb = 8\n";
+    let cases: Vec<(String, &str)> = vec![
+        (format!("connections_per_node = 0\n{good_node}{export}"), "connections_per_node"),
+        (format!("request_timeout_s = 0\n{good_node}{export}"), "request_timeout_s"),
+        (format!("reconnect_max_backoff_ms = 1\n{good_node}{export}"), "reconnect_max_backoff_ms"),
+        (format!("bogus = 1\n{good_node}{export}"), "bogus"),
+        (format!("{good_node}protocol = \"smtp\"\n{export}"), "protocol"),
+        (format!("[[nodes]]\nname = \"s1\"\naddress = \"nowhere\"\n{export}"), "address"),
+        (format!("{good_node}{export}widths = {{ s9 = 1 }}\n"), "widths names unknown node \"s9\""),
+        (format!("{good_node}{export}stripe_kb = 0\n"), "stripe_kb"),
+        (format!("{good_node}[[tenants]]\nname = \"v\"\nreservation_split = \"x\"\n{export}"), "reservation_split"),
+        (
+            format!("{good_node}[[tenants]]\nname = \"v\"\nserver_reservations = {{ s7 = 5 }}\n{export}"),
+            "server_reservations",
+        ),
+        (good_node.clone(), "[[exports]]"),
+        // Start-time errors name the node: an export too small for the layout, an unreachable node.
+        (format!("{good_node}[[exports]]\nname = \"v\"\nsize_mb = 64\n"), "node s1: export \"v\" is 33554432 bytes"),
+        (
+            format!("connect_timeout_s = 1\n[[nodes]]\nname = \"gone\"\naddress = \"127.0.0.72:9\"\n{export}"),
+            "node gone",
+        ),
+    ];
+    for (i, (text, key)) in cases.iter().enumerate() {
+        let cfg = write_file(dir.path(), &format!("bad{i}.toml"), &format!("listen = \"127.0.0.73:0\"\n{text}"));
+        let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "case {i}: one line: {err}");
+        assert!(lines[0].contains(key), "case {i}: the error names {key:?}: {err}");
+    }
+}
