@@ -75,8 +75,10 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
                 spec: Some(t.spec),
                 admins: e.node_admins.iter().map(|&a| a.into()).collect(),
                 servers: e.servers.clone(),
-                // Tenants on one node need no aiming; a gateway's would use its stripe layout.
-                aim: None,
+                // Per-server windows through a gateway: window k's offsets in node k's stripes.
+                aim: e.stripe.clone().map(|(layout, size)| {
+                    rein_runtime::load::Aim(Arc::new(move |k, offset, len| plan::aim(&layout, k, offset, len, size)))
+                }),
             }),
         })
         .collect()

@@ -24,6 +24,13 @@
 //! | `server_reservations` | the node tenant's reservation (one server), RBFQ local reservations (gateway) |
 //!
 //! # Deviations
+//! Until `rein serve` speaks the storage-node protocol ([`HAVE_NODE_PROTOCOL`]), a gateway cannot carry
+//! dmClock's delta and rho or RBFQ's Delta to the nodes: each node schedules a striped tenant locally with
+//! a static share of its spec ([`node_spec`]): reservation and limit times the node's stripe share
+//! w_j / W, the weight unchanged, and RBFQ's local minimum (`server_reservations`) as the node's
+//! reservation where given. Under uniform access this is what dmClock converges to; where a tenant's
+//! demand at a node differs from its stripe share (a hot spot), it is not.
+//!
 //! The simulator routes each request by a draw over the shares; a gateway stripes by offset, so a tenant's
 //! requests follow its shares only as far as its offsets are spread over the stripes (uniform random
 //! offsets: exactly in expectation). Device seeds are the scenario's seed plus the server's index, not the
@@ -32,6 +39,7 @@
 use rein_core::{CostModel, LimitMode, Nanos, QosSpec, ReservationLag, SchedConfig};
 use rein_model::device::{DeviceParams, DeviceSpec, Discipline, DiskParams, ServiceModel};
 use rein_model::sched_settings::SchedSettingsFile;
+use rein_model::stripe::Stripe;
 use rein_model::workload::WorkloadKind;
 use rein_model::Routing;
 use rein_sim::model::{Server, Tenant};
@@ -50,7 +58,10 @@ pub const MAX_WIDTH_SUM: u64 = 1024;
 /// Largest export a plan makes (MiB; sparse files).
 pub const MAX_EXPORT_MB: u64 = 1 << 20;
 /// Whether this build has `rein gateway`: tenants over several servers need it.
-pub const HAVE_GATEWAY: bool = false;
+pub const HAVE_GATEWAY: bool = true;
+/// Whether `rein serve` speaks the storage-node protocol (`[node]`): without it, gateways speak plain NBD
+/// to the nodes and each node schedules a striped tenant by a static share of its spec ([`node_spec`]).
+pub const HAVE_NODE_PROTOCOL: bool = false;
 
 /// Why a scenario cannot run on real daemons.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +127,8 @@ pub struct Endpoint {
     pub node_admins: Vec<SocketAddr>,
     /// Whether it goes through a gateway.
     pub gateway: bool,
+    /// The volume's layout over `servers` and its size (bytes), through a gateway.
+    pub stripe: Option<(Stripe, u64)>,
 }
 
 impl Endpoint {
@@ -186,8 +199,8 @@ impl Plan {
             let (nbd, admin) = addr(i)?;
             let users: Vec<(&Tenant, usize)> =
                 sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
-            let text = node_config(sc, i, s, nbd, admin, &format!("node-{}", s.name), &users, !multi.is_empty())
-                .map_err(invalid)?;
+            let node = HAVE_NODE_PROTOCOL && !multi.is_empty();
+            let text = node_config(sc, i, s, nbd, admin, &format!("node-{}", s.name), &users, node).map_err(invalid)?;
             nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
         }
         let mut gateways = Vec::new();
@@ -202,6 +215,7 @@ impl Plan {
                     servers: t.servers.clone(),
                     node_admins,
                     gateway: false,
+                    stripe: None,
                 });
                 continue;
             }
@@ -214,6 +228,9 @@ impl Plan {
             }
             let (nbd, admin) = addr(sc.servers.len() + gateways.len())?;
             let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
+            let (unit_kb, w) = stripe(t).map_err(invalid)?;
+            let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
+            let layout = Stripe::new(unit_kb * 1024, &w).map_err(|e| invalid(format!("tenant {}: {e}", t.name)))?;
             gateways.push(GatewayPlan { tenant: t.name.clone(), nbd, admin, config: text });
             endpoints.push(Endpoint {
                 tenant: t.name.clone(),
@@ -222,6 +239,7 @@ impl Plan {
                 servers: t.servers.clone(),
                 node_admins,
                 gateway: true,
+                stripe: Some((layout, export_mb(t) << 20)),
             });
         }
         Ok(Plan { name: sc.name.clone(), nodes, gateways, endpoints })
@@ -244,6 +262,28 @@ fn check_tenant(sc: &Scenario, t: &Tenant) -> Result<(), (String, String)> {
 pub fn export_mb(t: &Tenant) -> u64 {
     let bytes = t.workload.span_bytes.max(t.workload.size_bytes).max(1);
     bytes.div_ceil(1 << 20).clamp(1, MAX_EXPORT_MB)
+}
+
+/// Moves a volume `offset` (of a `len`-byte request) into node `k`'s units: the same round and place in
+/// the unit, in node k's unit `(u mod W) mod w_k` of that round (u the unit's index), so that offsets
+/// drawn uniformly over the volume land uniformly over node k's part; the round before when the request
+/// would pass the volume's end. An offset is returned unchanged when node k has no units. A request
+/// that crosses a unit boundary (longer than the unit, or not aligned to its size) still spans nodes.
+pub fn aim(stripe: &Stripe, k: usize, offset: u64, len: u64, volume: u64) -> u64 {
+    let unit = stripe.unit();
+    let widths: Vec<u64> = (0..stripe.nodes()).map(|j| stripe.node_bytes(j, 1) / unit).collect();
+    let (w, round): (u64, u64) = (widths[k], widths.iter().sum());
+    if w == 0 {
+        return offset;
+    }
+    let start: u64 = widths[..k].iter().sum();
+    let u = offset / unit;
+    let mut r = u / round;
+    let at = |r: u64| (r * round + start + (u % round) % w) * unit + offset % unit;
+    while r > 0 && at(r) + len > volume {
+        r -= 1;
+    }
+    at(r)
 }
 
 /// Routing shares as stripe widths: small integers in the same ratios. Integer shares are reduced by
@@ -488,21 +528,39 @@ fn node_config(
     t.push_str(
         &device_table(&s.device, sc.seed.wrapping_add(i as u64)).map_err(|e| format!("server {}: {e}", s.name))?,
     );
-    for (tenant, k) in users {
-        let size = if tenant.servers.len() == 1 { export_mb(tenant) } else { piece_mb(tenant, k_width(tenant, *k)?)? };
+    for &(tenant, k) in users {
+        let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
+        if widths[k] == 0 {
+            // A zero share: the tenant's volume has no stripe here.
+            continue;
+        }
+        let size = if tenant.servers.len() == 1 { export_mb(tenant) } else { piece_mb(tenant, widths[k])? };
         let _ = write!(
             t,
             "\n[[exports]]\nname = {0}\npath = {1}\nsize_mb = {size}\ntenant = {0}\n\n",
             q(&tenant.name),
             q(&format!("{}.img", tenant.name))
         );
-        t.push_str(&tenant_entry(&tenant.name, &tenant.server_specs[*k]));
+        t.push_str(&tenant_entry(&tenant.name, &node_spec(tenant, k, &widths)?));
     }
     Ok(t)
 }
 
+/// Tenant `t`'s spec at its `k`-th server, whose stripe width is `widths[k]` (module Deviations): its
+/// spec there as the scenario gives it for a tenant on one server, with the storage-node protocol, or
+/// under an RBFQ local minimum; else its reservation and limit times `widths[k] / sum(widths)`.
+pub fn node_spec(t: &Tenant, k: usize, widths: &[u64]) -> Result<QosSpec, String> {
+    let own = t.server_specs[k];
+    if t.servers.len() == 1 || HAVE_NODE_PROTOCOL || own != t.spec {
+        return Ok(own);
+    }
+    let share = widths[k] as f64 / widths.iter().sum::<u64>() as f64;
+    QosSpec::new(t.spec.reservation() * share, t.spec.limit().map(|l| l * share), t.spec.weight(), t.spec.idle_credit())
+        .map_err(|e| format!("tenant {} on its server {k}: {e}", t.name))
+}
+
 /// A tenant's stripe unit (KiB) and widths over its servers.
-fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
+pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
     match &t.routing {
         Routing::Stripe { stripe_bytes } => {
             if stripe_bytes % 1024 != 0 {
@@ -513,10 +571,6 @@ fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
         Routing::Shares(s) => Ok((SHARES_STRIPE_KB, widths(s).map_err(|e| format!("tenant {}: {e}", t.name))?)),
         Routing::Device(_) => Err(format!("tenant {}: routing.devices", t.name)),
     }
-}
-
-fn k_width(t: &Tenant, k: usize) -> Result<u64, String> {
-    Ok(stripe(t)?.1[k])
 }
 
 /// The size (MiB) of a node's piece of width `w` of a tenant's striped export (node-spec.md's bound:
@@ -552,9 +606,10 @@ fn gateway_config(
     for &i in &t.servers {
         let _ = write!(
             g,
-            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"rein\"\n",
+            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"{}\"\n",
             q(&nodes[i].name),
-            q(&nodes[i].nbd.to_string())
+            q(&nodes[i].nbd.to_string()),
+            if HAVE_NODE_PROTOCOL { "rein" } else { "nbd" }
         );
     }
     let spec = &t.spec;
@@ -760,8 +815,8 @@ span_gb = 0.0001
         ));
         assert!(e.contains("network.delay_ms cannot run on a real cluster"), "{e}");
         let two = format!("{ONE}[[servers]]\nname = \"s2\"\ncapacity_iops = 100\nqueue_depth = 1\n");
-        let e = refused(&format!("{two}[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"));
         if !HAVE_GATEWAY {
+            let e = refused(&format!("{two}[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"));
             assert!(
                 e.contains("tenant t over several servers (s1, s2) cannot run") && e.contains("rein gateway"),
                 "{e}"
@@ -794,5 +849,113 @@ span_gb = 0.0001
         let sc = Scenario::from_toml(&at, None).unwrap();
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         assert_eq!(plan.nodes.last().unwrap().nbd.ip(), std::net::IpAddr::from([127, 0, 0, 254]));
+    }
+
+    const STRIPED: &str = r#"
+name = "striped"
+duration_s = 10.0
+scheduler = "dmclock"
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+queue_depth = 8
+[[servers]]
+name = "s2"
+capacity_iops = 1000
+queue_depth = 8
+[[servers]]
+name = "s3"
+capacity_iops = 1000
+queue_depth = 8
+[[tenants]]
+name = "c1"
+reservation = 600
+limit = 1200
+weight = 2
+reservation_split = "rho"
+routing = { shares = { s1 = 2, s2 = 4, s3 = 0 } }
+[tenants.workload]
+kind = "closed"
+outstanding_per_server = 4
+span_gb = 1
+[[tenants]]
+name = "f1"
+weight = 3
+server_reservations = { s2 = 50 }
+servers = ["s2", "s3"]
+[tenants.workload]
+kind = "open"
+iops = 100
+"#;
+
+    /// A tenant over several servers gets a gateway whose config, read by `rein gateway`'s own parser,
+    /// has the tenant's spec, split, local reservations and the shares as stripe widths; each node's
+    /// piece is large enough for the layout; without the storage-node protocol each node holds the
+    /// tenant's static share of its spec.
+    #[test]
+    fn a_striped_tenant_gets_a_gateway_with_its_shares_as_widths() {
+        let sc = Scenario::from_toml(STRIPED, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert_eq!(plan.gateways.len(), 2);
+        let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[0].config, Path::new("gw.toml"))
+            .unwrap_or_else(|e| panic!("{e}\n{}", plan.gateways[0].config));
+        assert_eq!(g.listen, SocketAddr::from(([127, 0, 0, 13], 20_000)));
+        assert_eq!(
+            g.nodes.iter().map(|n| n.address).collect::<Vec<_>>(),
+            plan.nodes.iter().map(|n| n.nbd).collect::<Vec<_>>()
+        );
+        assert_eq!(g.tenants[0].spec, sc.tenants[0].spec);
+        assert!(g.tenants[0].rho);
+        let v = &g.exports[0];
+        assert_eq!(v.size, 1 << 30);
+        // Shares 2 : 4 : 0 are widths 1 : 2 : 0 of 64 KiB units: s2 holds units 1 and 2 of each round.
+        assert_eq!(v.stripe, Stripe::new(64 << 10, &[1, 2, 0]).unwrap());
+        for (j, node) in plan.nodes.iter().enumerate() {
+            let cfg = rein_runtime::config::ServerConfig::parse(&node.config, Path::new("n.toml")).unwrap();
+            let e = cfg.exports.iter().find(|e| e.name == "c1");
+            if j == 2 {
+                assert!(e.is_none(), "s3 has no stripe of c1");
+                continue;
+            }
+            assert!(e.unwrap().size.unwrap() >= v.stripe.node_bytes(j, v.size), "node {j}'s piece");
+            let t = cfg.tenants.iter().find(|t| t.name == "c1").unwrap();
+            if !HAVE_NODE_PROTOCOL {
+                // s1 has 1 of 3 units a round, s2 2 of 3.
+                let share = [1.0 / 3.0, 2.0 / 3.0][j];
+                assert!((t.spec.reservation() - 600.0 * share).abs() < 1e-9, "{:?}", t.spec);
+                assert!((t.spec.limit().unwrap() - 1200.0 * share).abs() < 1e-9, "{:?}", t.spec);
+                assert_eq!(t.spec.weight(), 2.0);
+            }
+        }
+        // f1: its RBFQ local minimum on s2 is its reservation there; default stripes of 1 MiB, width 1.
+        let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[1].config, Path::new("gw.toml")).unwrap();
+        assert_eq!(g.tenants[0].server_reservations, vec![50.0, 0.0]);
+        assert_eq!(g.exports[0].stripe, Stripe::new(1 << 20, &[1, 1]).unwrap());
+        let s2 = rein_runtime::config::ServerConfig::parse(&plan.nodes[1].config, Path::new("n.toml")).unwrap();
+        assert_eq!(s2.tenants.iter().find(|t| t.name == "f1").unwrap().spec.reservation(), 50.0);
+    }
+
+    /// Aimed offsets land on the node asked for (by the gateway's own layout), stay inside the volume,
+    /// and cover each of the node's units of a round.
+    #[test]
+    fn aimed_offsets_land_on_the_node_asked_for() {
+        let stripe = Stripe::new(64 << 10, &[1, 2, 3]).unwrap();
+        let volume = 6 * (64 << 10) * 10 + (64 << 10);
+        for k in 0..3 {
+            let mut units = std::collections::BTreeSet::new();
+            for i in 0..2000u64 {
+                // The generator's offsets are multiples of the request size (8 KiB, a divisor of the unit).
+                let offset = (i * 7919 * 8192) % (volume - 8192);
+                let a = aim(&stripe, k, offset, 8192, volume);
+                assert_eq!(stripe.locate(a).0, k, "offset {offset} aimed at {k}: {a}");
+                assert_eq!(stripe.locate(a + 8191).0, k);
+                assert!(a + 8192 <= volume);
+                units.insert(stripe.locate(a).1 / (64 << 10) % (k as u64 + 1));
+            }
+            assert_eq!(units.len(), k + 1, "node {k}'s units of a round are all used");
+        }
+        // A node of width 0 is not aimed at.
+        let stripe = Stripe::new(4096, &[1, 0]).unwrap();
+        assert_eq!(aim(&stripe, 1, 12_288, 4096, 1 << 20), 12_288);
     }
 }

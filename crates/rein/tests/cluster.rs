@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 /// How long a cluster may take to print `ready` (the nodes' start-up), and to exit after a signal.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// Two servers: `s1` with tenants a and b, `s2` with tenant c; 64 MiB spans.
+/// Two servers: `s1` with tenants a and b, `s2` with tenant c, and d striped over both (a gateway);
+/// 64 MiB spans.
 const TWO_NODES: &str = r#"
 name = "two-nodes"
 duration_s = 3.0
@@ -40,6 +41,12 @@ span_gb = 0.0625
 [[tenants]]
 name = "c"
 servers = ["s2"]
+[tenants.workload]
+kind = "closed"
+span_gb = 0.0625
+[[tenants]]
+name = "d"
+routing = { shares = { s1 = 1, s2 = 2 } }
 [tenants.workload]
 kind = "closed"
 span_gb = 0.0625
@@ -155,9 +162,9 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
     let sc = scenario(tmp.path(), TWO_NODES);
     let mut up = Up::start(&run_tmp, &sc);
     let lines = up.ready();
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
     let mut uris = Vec::new();
-    for (line, name) in lines.iter().zip(["a", "b", "c"]) {
+    for (line, name) in lines.iter().zip(["a", "b", "c", "d"]) {
         let f: Vec<&str> = line.split(' ').collect();
         assert_eq!((f.len(), f[0], f[1]), (3, "tenant", name), "{line}");
         assert!(f[2].starts_with("nbd://127.0.0.") && f[2].ends_with(&format!("/{name}")), "{line}");
@@ -166,12 +173,17 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
     // a and b share node s1 (127.0.0.10); c is on s2 (127.0.0.11).
     assert!(uris[0].starts_with("nbd://127.0.0.10:") && uris[2].starts_with("nbd://127.0.0.11:"), "{uris:?}");
     assert_eq!(uris[0].rsplit_once('/').unwrap().0, uris[1].rsplit_once('/').unwrap().0);
-    // A client no one here wrote sees the export: 64 MiB, the scenario's span.
-    let out = Command::new("nbdinfo").args(["--size", &uris[2]]).output().expect("nbdinfo is installed");
-    assert!(out.status.success(), "nbdinfo: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (64u64 << 20).to_string());
+    // d goes through its own gateway, after the nodes' addresses.
+    assert!(uris[3].starts_with("nbd://127.0.0.12:"), "{uris:?}");
+    // A client no one here wrote sees the exports, on a node and through the gateway: 64 MiB, the
+    // scenario's span.
+    for uri in [&uris[2], &uris[3]] {
+        let out = Command::new("nbdinfo").args(["--size", uri]).output().expect("nbdinfo is installed");
+        assert!(out.status.success(), "nbdinfo {uri}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (64u64 << 20).to_string(), "{uri}");
+    }
     let kids = children(up.child.id());
-    assert_eq!(kids.len(), 2, "one rein serve per server: {kids:?}");
+    assert_eq!(kids.len(), 3, "one rein serve per server and one rein gateway: {kids:?}");
     signal(up.child.id(), "-TERM");
     let (ok, err) = up.wait();
     assert!(ok, "exit after SIGTERM: {err}");
