@@ -82,6 +82,14 @@ fn start(a: &UpArgs) -> Result<(Scenario, Plan, Supervisor)> {
     Ok((sc, plan, sup))
 }
 
+/// SIGTERM and SIGINT handlers, installed before the children start: a signal during start-up is then
+/// seen once they are up (and they are stopped), not fatal to this process with its children left running.
+fn signals(rt: &tokio::runtime::Runtime) -> Result<(Signal, Signal)> {
+    let _rt = rt.enter();
+    use tokio::signal::unix::{signal, SignalKind};
+    Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
+}
+
 /// Waits for SIGINT or SIGTERM, or a child's exit (an error naming it).
 async fn serve_until_signal(sup: &Mutex<Supervisor>, signals: (Signal, Signal)) -> Result<()> {
     let (mut term, mut int) = signals;
@@ -124,13 +132,7 @@ fn finish<T>(sup: Arc<Mutex<Supervisor>>, res: Result<T>) -> Result<T> {
 /// `rein cluster up`.
 fn up(a: UpArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    // Signal handlers before the children start: a SIGTERM during start-up is then seen once they are up
-    // (and they are stopped), not fatal to this process with its children left running.
-    let signals = {
-        let _rt = rt.enter();
-        use tokio::signal::unix::{signal, SignalKind};
-        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?)
-    };
+    let signals = signals(&rt)?;
     let (_sc, plan, sup) = start(&a)?;
     for e in &plan.endpoints {
         println!("tenant {} {}", e.tenant, e.uri());
@@ -144,6 +146,7 @@ fn up(a: UpArgs) -> Result<()> {
 /// `rein cluster run`.
 fn run_scenario(a: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (mut term, mut int) = signals(&rt)?;
     let (sc, plan, sup) = start(&a.up)?;
     let sup = Arc::new(Mutex::new(sup));
     let quiet = a.quiet || a.json;
@@ -161,12 +164,20 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     };
     let total = sc.duration.as_secs_f64();
     let b = bar.clone();
-    let res = rt.block_on(rein_cluster::drive(&sc, &plan, sup.clone(), move |t, _| {
+    let drive = rein_cluster::drive(&sc, &plan, sup.clone(), move |t, _| {
         b.set_position(t.as_nanos().min(u64::MAX as u128) as u64);
         b.set_message(format!("{:.0}/{total:.0} s", t.as_secs_f64()));
-    }));
+    });
+    // A signal ends the run early: everything is stopped, and the run fails (its totals are incomplete).
+    let res = rt.block_on(async {
+        tokio::select! {
+            r = drive => r.map_err(anyhow::Error::from),
+            _ = term.recv() => Err(anyhow::anyhow!("interrupted by SIGTERM: the cluster was stopped")),
+            _ = int.recv() => Err(anyhow::anyhow!("interrupted by SIGINT: the cluster was stopped")),
+        }
+    });
     bar.finish_and_clear();
-    let totals = finish(sup, res.map_err(anyhow::Error::from))?;
+    let totals = finish(sup, res)?;
     let results = a.check.then(|| rein_sim::check::check(&sc, &totals, None));
     if let Some(dir) = &a.out {
         crate::sim::write_outputs(dir, &sc, &totals, results.as_deref())?;

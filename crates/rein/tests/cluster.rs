@@ -327,3 +327,43 @@ fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
     }
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing was made");
 }
+
+#[test]
+fn sigterm_during_run_stops_every_child_and_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    let sc = scenario(tmp.path(), &TWO_NODES.replace("duration_s = 3.0", "duration_s = 600.0"));
+    let mut run = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until all three children run and the run directory exists, then interrupt.
+    let deadline = Instant::now() + DEADLINE;
+    let kids = loop {
+        let k = children(run.id());
+        if k.len() == 3 {
+            break k;
+        }
+        assert!(Instant::now() < deadline && run.try_wait().unwrap().is_none(), "children did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    signal(run.id(), "-TERM");
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(s) = run.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "rein cluster run did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    run.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("interrupted by SIGTERM: the cluster was stopped"), "{err}");
+    for k in kids {
+        assert!(!alive(k), "child {k} outlived rein cluster run");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
