@@ -23,6 +23,7 @@ if [ ${#SCENARIOS[@]} -eq 0 ]; then
 fi
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
+trap 'exit 1' INT TERM
 cat > "$W/table.py" <<'PY'
 import json, os, sys, tomllib
 scenario, sim, real, name = sys.argv[1:]
@@ -46,10 +47,12 @@ for t in S["tenants"]:
 cs, cr = load(sim, "check.json"), load(real, "check.json")
 if cs:
     print("  expectations, measured by sim | real (ok = met):")
+    num = lambda x: f"{x:9.3f}" if isinstance(x, (int, float)) else f"{'-':>9}"
     for a, b in zip(cs, cr):
         d = a["description"].split(" = ")[0]
-        print(f"    {d:<50} {a['measured']:9.3f} {'ok' if a['ok'] else 'MISS':<4} | "
-              f"{b['measured']:9.3f} {'ok' if b['ok'] else 'MISS'}")
+        want = a["description"].split(", expected ")[-1]
+        print(f"    {d:<40} {want[:40]:<40} {num(a['measured'])} {'ok' if a['ok'] else 'MISS':<4} | "
+              f"{num(b['measured'])} {'ok' if b['ok'] else 'MISS'}")
 PY
 for s in "${SCENARIOS[@]}"; do
   f=scenarios/$s.toml
@@ -62,5 +65,5 @@ for s in "${SCENARIOS[@]}"; do
     cat "$W/real.err" >&2
     continue
   fi
-  python3 "$W/table.py" "$f" "$W/sim" "$W/real" "$s"
+  python3 "$W/table.py" "$f" "$W/sim" "$W/real" "$s" || echo "$s: could not read the outputs" >&2
 done

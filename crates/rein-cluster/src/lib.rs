@@ -47,6 +47,23 @@ use std::time::Duration;
 /// NBD connections a tenant's load opens to its endpoint.
 pub const CONNECTIONS_PER_TENANT: usize = 4;
 
+/// A gateway volume's layout, as the load driver uses it.
+#[derive(Debug)]
+struct Volume {
+    stripe: rein_model::stripe::Stripe,
+    size: u64,
+}
+
+impl rein_runtime::load::Layout for Volume {
+    fn aim(&self, k: usize, offset: u64, len: u64) -> u64 {
+        plan::aim(&self.stripe, k, offset, len, self.size)
+    }
+
+    fn window_of(&self, offset: u64) -> usize {
+        self.stripe.locate(offset).0
+    }
+}
+
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -75,10 +92,11 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
                 spec: Some(t.spec),
                 admins: e.node_admins.iter().map(|&a| a.into()).collect(),
                 servers: e.servers.clone(),
-                // Per-server windows through a gateway: window k's offsets in node k's stripes.
-                aim: e.stripe.clone().map(|(layout, size)| {
-                    rein_runtime::load::Aim(Arc::new(move |k, offset, len| plan::aim(&layout, k, offset, len, size)))
-                }),
+                // Through a gateway: window k's offsets in node k's stripes; completions at their node.
+                layout: e
+                    .stripe
+                    .clone()
+                    .map(|(stripe, size)| Arc::new(Volume { stripe, size }) as Arc<dyn rein_runtime::load::Layout>),
             }),
         })
         .collect()
@@ -116,5 +134,26 @@ pub async fn drive(
     tokio::select! {
         r = rein_runtime::load::run(cfg, live) => Ok(r?),
         d = watch => Err(RunError::Died(d)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rein_runtime::load::Layout;
+
+    /// The driver's layout aims with [`plan::aim`] and counts a completion at the node the gateway's
+    /// own layout (`Stripe::locate`) puts its offset on.
+    #[test]
+    fn a_volume_counts_each_offset_at_its_node() {
+        let stripe = rein_model::stripe::Stripe::new(64 << 10, &[1, 2]).unwrap();
+        let v = Volume { stripe: stripe.clone(), size: 3 << 20 };
+        // Units of 64 KiB: 0 on node 0, 1 and 2 on node 1, 3 on node 0, ...
+        for (offset, node) in [(0, 0), (64 << 10, 1), ((128 << 10) + 8192, 1), (192 << 10, 0)] {
+            assert_eq!(v.window_of(offset), node, "offset {offset}");
+        }
+        for k in 0..2 {
+            assert_eq!(v.window_of(v.aim(k, 4096 * 1000, 4096)), k);
+        }
     }
 }

@@ -520,7 +520,9 @@ fn node_config(
         s.queue_depth
     );
     if node {
-        t.push_str("\n[node]\nenabled = true\n");
+        // The node's own specs win ("node"): they are the scenario's for this server (RBFQ's local minimum
+        // included), as the simulator's server sees them; the gateway's hello states the same.
+        t.push_str("\n[node]\nenabled = true\nspecs = \"node\"\n");
     }
     t.push('\n');
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);

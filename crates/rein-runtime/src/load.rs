@@ -17,15 +17,16 @@
 //! A job may have its own server ([`JobRoute`]: `rein cluster` gives each tenant its own endpoint, a
 //! gateway or a node): then its spec comes from the route, and its phases are the sums of the counters
 //! of the route's admin endpoints (the nodes behind its gateway). A closed loop with per-server windows
-//! (`outstanding_per_server`) keeps one window per server of the route; the route's `aim` moves a
+//! (`outstanding_per_server`) keeps one window per server of the route; the route's `layout` moves a
 //! generated offset into server k's part of the export (without it, window k's offsets are left as
 //! drawn: right for a job on one server). Completions count at the route's server k in the report; a
-//! pooled job's completions count at its first server.
+//! pooled job's at the server its layout says holds the offset (its first server without a layout).
 //!
 //! # Bounds
 //! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop
 //! arrivals beyond it are dropped and counted as rejected. Trace records are sent at their offset modulo the
-//! export's size (aligned to 512 bytes) and at most the export's size.
+//! export's size (aligned to 512 bytes) and at most the export's size. At the end, the answers still due
+//! are awaited for at most [`DRAIN_TIMEOUT`] (not recorded), then abandoned with their connections.
 
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
@@ -45,6 +46,8 @@ use tokio::task::JoinSet;
 
 /// Requests one job may have issued and unanswered, by default.
 pub const MAX_PENDING: usize = 65_536;
+/// How long the end of a run waits for the answers still due, and then for each disconnect.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request `rein load` sends (the server's default limit).
 pub const MAX_REQUEST_BYTES: u64 = 32 << 20;
 
@@ -65,14 +68,12 @@ pub struct Job {
     pub route: Option<JobRoute>,
 }
 
-/// Moves a generated offset into window k's server: `(k, offset, size) -> offset`.
-#[derive(Clone)]
-pub struct Aim(pub Arc<dyn Fn(usize, u64, u64) -> u64 + Send + Sync>);
-
-impl std::fmt::Debug for Aim {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Aim(..)")
-    }
+/// How a job's export is laid out over its route's servers (a gateway's stripes).
+pub trait Layout: Send + Sync + std::fmt::Debug {
+    /// Moves a generated `offset` (of a `len`-byte request) into window k's server's part of the export.
+    fn aim(&self, k: usize, offset: u64, len: u64) -> u64;
+    /// The window (index into [`JobRoute::servers`]) whose server holds `offset`.
+    fn window_of(&self, offset: u64) -> usize;
 }
 
 /// A job's own server (module comment).
@@ -86,8 +87,9 @@ pub struct JobRoute {
     pub admins: Vec<crate::admin_client::AdminEndpoint>,
     /// Indices into [`LoadConfig::servers`]: per-server window k is at `servers[k]` (at least one).
     pub servers: Vec<usize>,
-    /// Moves window k's offsets into its server's part of the export.
-    pub aim: Option<Aim>,
+    /// The export's layout over `servers`: per-server windows aim with it, and other requests count at
+    /// the server it says holds them (without it: as drawn, and at the first server).
+    pub layout: Option<Arc<dyn Layout>>,
 }
 
 /// A load run.
@@ -213,7 +215,7 @@ struct JobState {
     at_window: Vec<u32>,
     /// The report's server index of each window.
     windows: Vec<usize>,
-    aim: Option<Aim>,
+    layout: Option<Arc<dyn Layout>>,
     /// This interval, for the live table.
     live_ios: u64,
     live_lat_ns: u64,
@@ -306,7 +308,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 max_pending: cfg.max_pending,
                 at_window: vec![0; windows.len()],
                 windows,
-                aim: j.route.as_ref().and_then(|r| r.aim.clone()),
+                layout: j.route.as_ref().and_then(|r| r.layout.clone()),
                 live_ios: 0,
                 live_lat_ns: 0,
             },
@@ -464,11 +466,15 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             set_phases(i, counts, &mut phases_base, &mut rec);
         }
     }
-    // Answers still due are awaited (a request in flight at the end completes), not recorded.
-    while inflight.join_next().await.is_some() {}
+    // Answers still due are awaited (a request in flight at the end completes), not recorded, for at most
+    // DRAIN_TIMEOUT; the rest are abandoned (an overloaded open loop can leave more queued at the server
+    // than it answers in minutes).
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while inflight.join_next().await.is_some() {} }).await;
+    inflight.abort_all();
     for st in &states {
         for c in &st.clients {
-            c.disconnect().await;
+            // A server that no longer reads (its queues full) must not hold the end up either.
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, c.disconnect()).await;
         }
     }
     let meta = RunMeta {
@@ -592,13 +598,13 @@ fn issue(
         None => {
             let size = st.gen.size_bytes();
             let io = st.gen.next_io();
-            match (k, &st.aim) {
-                (Some(k), Some(aim)) => ((aim.0)(k, io.offset, size), size, io.read),
+            match (k, &st.layout) {
+                (Some(k), Some(layout)) => (layout.aim(k, io.offset, size), size, io.read),
                 _ => (io.offset, size, io.read),
             }
         }
     };
-    let k = k.unwrap_or(0).min(st.windows.len() - 1);
+    let k = k.or_else(|| st.layout.as_ref().map(|l| l.window_of(offset))).unwrap_or(0).min(st.windows.len() - 1);
     if st.gen.in_flight() as usize >= st.max_pending {
         // Over the bound: the arrival is dropped (counted).
         rec.rejected(ji);
