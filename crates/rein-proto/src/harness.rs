@@ -17,6 +17,10 @@
 //!   `NeedMore { wanted }` only when fewer than `wanted` bytes are unconsumed, and `wanted` within the
 //!   buffer bound; and every reply encodes to something a client decodes back to the request's handle,
 //!   error and length.
+//! - [`node_hello`]: the storage-node decoders ([`crate::nbd::node`]: hello, welcome, tag, reply trailer,
+//!   node reply) never panic, and what they accept passes the same checks as the encoders' side and
+//!   re-encodes to the same bytes. [`handshake`] and [`transmission`] also run node sessions (a bit of
+//!   their first byte turns the option on).
 //! - [`parda`]: the record and slot decoders never panic, and what they accept re-encodes to the same
 //!   bytes.
 //! - [`replies`]: the client's decoders of what a server sends ([`ReplyHeader::decode`] in transmission,
@@ -24,6 +28,10 @@
 //!   given, ask for more only when the header (or the option reply's data) is incomplete, and what they
 //!   accept re-encodes to the same bytes.
 
+use crate::nbd::node::{
+    decode_node_reply, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag, NodeTenant, NodeWelcome,
+    SpecSource, NODE_REPLY_TRAILER_LEN, NODE_TAG_LEN,
+};
 use crate::nbd::{
     self, ClientHandshake, ClientProgress, Command, Event, ExportInfo, ProtoError, Rejection, ReplyHeader, Request,
     RequestHeader, RequestKind, ServerHandshake, ServerProgress, ServerTransmission, TlsMode, TransmissionConfig,
@@ -65,9 +73,10 @@ fn exports() -> Vec<ExportInfo> {
 type ServerRun = (Vec<u8>, Result<ServerProgress, ProtoError>);
 
 /// The server setups the handshake harness runs (bits 1-2 of the input's first byte pick one): the
-/// states a connection can be in, TLS and access control included.
+/// states a connection can be in, TLS and access control included; bit 3 offers the storage-node option.
 fn server_setup(setup: u8, out: &mut Vec<u8>) -> ServerHandshake {
     let mut hs = ServerHandshake::new(exports(), out);
+    hs.set_node(setup & 4 != 0);
     match setup & 3 {
         0 => {}
         1 => {
@@ -104,6 +113,18 @@ fn server_run(input: &[u8], sizes: Option<&[usize]>, setup: u8) -> ServerRun {
             };
             assert!(used <= buf.len(), "the server handshake consumed more than its input");
             buf.drain(..used);
+            if let ServerProgress::NodeHello(hello) = &progress {
+                // A valid hello (the handshake decoded it); accepted if its first tenant's name starts
+                // with 'a' (the gateway's specs adopted), refused by policy otherwise.
+                assert!(hello.check().is_ok(), "the server handshake passed on a hello the encoder refuses");
+                let verdict = if hello.tenants[0].name.starts_with('a') {
+                    Ok(welcome_for(hello))
+                } else {
+                    Err((nbd::REP_ERR_POLICY, format!("tenant {:?} unknown", hello.tenants[0].name)))
+                };
+                assert_eq!(hs.node_verdict(verdict, &mut out), ServerProgress::NeedMore);
+                continue;
+            }
             if let ServerProgress::Opening(export) = progress {
                 let verdict = if export == 0 { Ok(()) } else { Err("tenant cap".to_string()) };
                 progress = match hs.open(verdict, &mut out) {
@@ -126,8 +147,54 @@ fn server_run(input: &[u8], sizes: Option<&[usize]>, setup: u8) -> ServerRun {
     (out, Ok(ServerProgress::NeedMore))
 }
 
+/// The welcome a node that adopts every spec of `hello` answers.
+pub fn welcome_for(hello: &NodeHello) -> NodeWelcome {
+    let tenants = hello
+        .tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| NodeGranted {
+            slot: i as u32,
+            source: SpecSource::Gateway,
+            reservation: t.reservation,
+            limit: t.limit,
+            weight: t.weight,
+            local_reservation: t.local_reservation,
+        })
+        .collect();
+    NodeWelcome { version: hello.version.min(nbd::NODE_VERSION), tenants }
+}
+
+/// The hello the client side of the handshake harness sends on a node session.
+pub fn sample_hello() -> NodeHello {
+    NodeHello::new(vec![
+        NodeTenant {
+            name: "a1".into(),
+            reservation: 100.0,
+            limit: None,
+            weight: 1.0,
+            local_reservation: 0.0,
+            idle_credit: 0,
+            split: NodeSplit::Spread,
+        },
+        NodeTenant {
+            name: "b2".into(),
+            reservation: 0.0,
+            limit: Some(50.0),
+            weight: 3.0,
+            local_reservation: 5.0,
+            idle_credit: 2,
+            split: NodeSplit::Rho,
+        },
+    ])
+}
+
 fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress, ProtoError>) {
-    let mut hs = ClientHandshake::new("a", input.first().is_some_and(|b| b & 1 == 1));
+    let mut hs = if input.first().is_some_and(|b| b & 2 == 2) {
+        ClientHandshake::with_node("a", sample_hello()).expect("a valid hello")
+    } else {
+        ClientHandshake::new("a", input.first().is_some_and(|b| b & 1 == 1))
+    };
     let mut out = Vec::new();
     let mut buf = Vec::new();
     let mut last = Ok(ClientProgress::NeedMore);
@@ -149,8 +216,9 @@ fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress,
 }
 
 /// Feeds `data` to a server handshake (after valid client flags if `data[0]` is odd; set up by bits 1-2
-/// of `data[0]`: plain, TLS offered, TLS required with a hidden export, refused) and to a client
-/// handshake, whole and in pieces (sizes from `data[1]`); panics if a contract is broken (module comment).
+/// of `data[0]`: plain, TLS offered, TLS required with a hidden export, refused; the storage-node option
+/// offered if bit 3 is set) and to a client handshake (a node client if bit 1 of `data[2]` is set),
+/// whole and in pieces (sizes from `data[1]`); panics if a contract is broken (module comment).
 pub fn handshake(data: &[u8]) {
     let (Some(&mode), Some(&seed)) = (data.first(), data.get(1)) else { return };
     let sizes = chunk_sizes(seed);
@@ -181,8 +249,9 @@ pub enum Outcome {
     Error(ProtoError),
 }
 
-/// A transmission configuration and piece sizes from the first 6 bytes of `data` (flags, maximum
-/// payload, export size in 512-byte sectors, split seed), and the rest of `data` as the stream; then
+/// A transmission configuration and piece sizes from the first 6 bytes of `data` (flags: bit 0 read-only,
+/// 1 structured, 2 volatile, 3 a storage-node session with `data[0] >> 4` slots; maximum payload, export
+/// size in 512-byte sectors, split seed), and the rest of `data` as the stream; then
 /// [`transmission_with`].
 pub fn transmission(data: &[u8]) {
     if data.len() < 6 {
@@ -194,6 +263,8 @@ pub fn transmission(data: &[u8]) {
         max_payload: u16::from_be_bytes([data[1], data[2]]) as u32 + 1,
         size: u16::from_be_bytes([data[3], data[4]]) as u64 * 512,
         volatile: data[0] & 4 == 4,
+        node: data[0] & 8 == 8,
+        node_slots: (data[0] >> 4) as u32,
     };
     transmission_with(config, &data[6..], &chunk_sizes(data[5]));
 }
@@ -214,6 +285,7 @@ pub fn transmission_with(config: TransmissionConfig, stream: &[u8], sizes: &[usi
 /// Feeds `stream` in pieces like a connection would: read a piece, feed until `NeedMore`.
 fn transmission_run(config: TransmissionConfig, stream: &[u8], sizes: &[usize]) -> Vec<Outcome> {
     let mut machine = ServerTransmission::new(config);
+    let head = machine.config().request_head_len();
     let mut outcomes = Vec::new();
     let mut buf: Vec<u8> = Vec::new();
     let mut start = 0; // consumed prefix of `buf`
@@ -243,25 +315,37 @@ fn transmission_run(config: TransmissionConfig, stream: &[u8], sizes: &[usize]) 
                     break;
                 }
                 Event::Request { request, payload } => {
-                    let at = end - REQUEST_LEN - payload.len();
+                    let at = end - head - payload.len();
                     let h = RequestHeader::decode(&stream[at..]).expect("a valid header").expect("whole");
                     assert_eq!((h.handle, h.command), (request.handle, request.kind.command()), "invariant 1");
+                    match request.tag {
+                        Some(tag) => {
+                            assert!(config.node, "a tag on a plain session");
+                            let wire = NodeTag::decode(&stream[at + REQUEST_LEN..]).expect("an accepted tag");
+                            assert_eq!(wire, tag, "the tag is the one after the header");
+                            assert!(tag.slot < config.node_slots, "a tag's slot is the session's");
+                        }
+                        None => assert!(!config.node, "a request without its tag on a node session"),
+                    }
                     assert_eq!((request.offset, request.length), (h.offset, h.length));
                     if request.kind == RequestKind::Flush {
                         assert_eq!((request.offset, request.length), (0, 0), "a FLUSH's reserved fields are zero");
                     }
                     let want_payload = if request.kind == RequestKind::Write { request.length as usize } else { 0 };
                     assert_eq!(payload.len(), want_payload, "a WRITE comes with its whole payload");
-                    assert_eq!(payload, &stream[at + REQUEST_LEN..end]);
+                    assert_eq!(payload, &stream[at + head..end]);
                     Outcome::Request(request, payload.to_vec())
                 }
                 Event::Reject(r) => {
-                    let h = RequestHeader::decode(&stream[end - REQUEST_LEN..]).expect("valid").expect("whole");
+                    let h = RequestHeader::decode(&stream[end - head..]).expect("valid").expect("whole");
                     assert_eq!((h.handle, h.command), (r.handle, r.command), "invariant 1");
+                    if let nbd::Reason::Tag(_) = r.reason {
+                        assert!(config.node, "a tag fault on a plain session");
+                    }
                     Outcome::Reject(r)
                 }
                 Event::Disconnect => {
-                    let h = RequestHeader::decode(&stream[end - REQUEST_LEN..]).expect("valid").expect("whole");
+                    let h = RequestHeader::decode(&stream[end - head..]).expect("valid").expect("whole");
                     assert_eq!(h.command, Command::Disc, "invariant 1");
                     assert!(machine.is_closed(), "invariant 4");
                     outcomes.push(Outcome::Disconnect);
@@ -282,11 +366,19 @@ fn check_reply(encoder: nbd::ReplyEncoder, outcome: &Outcome) {
             let head = encoder.headroom(request);
             let data_len = if request.kind == RequestKind::Read { request.length as usize } else { 0 };
             let mut reply = vec![0xA5; head + data_len];
-            encoder.success(request, &mut reply);
+            let trailer = NodeReplyTrailer {
+                phase: Some(rein_core::Phase::ALL[(request.handle % 3) as usize]),
+                cost: request.length as u64 + 1,
+            };
+            encoder.success_node(request, trailer, &mut reply);
             if request.kind == RequestKind::Read {
                 assert!(reply[head..].iter().all(|&b| b == 0xA5), "the data is left in place");
             }
-            check_decoded(&reply, request.handle, 0, data_len, encoder.structured(), request.offset);
+            if encoder.is_node() {
+                check_node_decoded(&reply, request.handle, 0, data_len, trailer);
+            } else {
+                check_decoded(&reply, request.handle, 0, data_len, encoder.structured(), request.offset);
+            }
             return;
         }
         Outcome::Reject(r) => (r.handle, nbd::errno(r.kind()), 0),
@@ -296,7 +388,59 @@ fn check_reply(encoder: nbd::ReplyEncoder, outcome: &Outcome) {
     if let Outcome::Reject(r) = outcome {
         encoder.rejection(&mut reply, r);
     }
-    check_decoded(&reply, handle, error, data_len, encoder.structured(), 0);
+    if encoder.is_node() {
+        check_node_decoded(&reply, handle, error, data_len, NodeReplyTrailer::default());
+    } else {
+        check_decoded(&reply, handle, error, data_len, encoder.structured(), 0);
+    }
+}
+
+fn check_node_decoded(reply: &[u8], handle: u64, error: u32, data_len: usize, trailer: NodeReplyTrailer) {
+    let (r, t, n) = decode_node_reply(reply).expect("a node reply").expect("a whole node reply");
+    assert_eq!((r.handle, r.error), (handle, error));
+    assert_eq!(t, trailer, "the trailer decodes to what was encoded");
+    assert_eq!(reply.len(), n + data_len);
+}
+
+/// Decodes `data` as each storage-node message (hello, welcome, tag, reply trailer, node reply); panics if
+/// a contract is broken (module comment).
+pub fn node_hello(data: &[u8]) {
+    if let Ok(hello) = NodeHello::decode(data) {
+        assert!(hello.check().is_ok(), "a decoded hello fails the encoder's checks: {:?}", hello.check());
+        let mut again = Vec::new();
+        hello.encode(&mut again);
+        assert_eq!(again.len(), hello.encoded_len());
+        // A version above 1 may carry fields after the last tenant, which a v1 node ignores.
+        assert_eq!(again[..], data[..again.len()], "an accepted hello re-encodes to its bytes");
+        assert!(hello.version > 1 || again.len() == data.len(), "trailing bytes accepted in a v1 hello");
+        let welcome = welcome_for(&hello);
+        let mut w = Vec::new();
+        welcome.encode(&mut w);
+        assert_eq!(NodeWelcome::decode(&w).as_ref(), Ok(&welcome), "a welcome round-trips");
+    }
+    if let Ok(welcome) = NodeWelcome::decode(data) {
+        let mut again = Vec::new();
+        welcome.encode(&mut again);
+        assert_eq!(again[..], data[..], "an accepted welcome re-encodes to its bytes");
+    }
+    if let Ok(tag) = NodeTag::decode(data) {
+        assert!(tag.check_values().is_ok());
+        let mut again = Vec::new();
+        tag.encode(&mut again);
+        assert_eq!(again[..], data[..NODE_TAG_LEN], "an accepted tag re-encodes to its bytes");
+        let p = tag.piggyback();
+        assert_eq!((p.delta.0, p.rho.0, p.share.raw()), (tag.delta, tag.rho, tag.share), "the piggyback is exact");
+    }
+    if let Ok(trailer) = NodeReplyTrailer::decode(data) {
+        let mut again = Vec::new();
+        trailer.encode(&mut again);
+        assert_eq!(again[..], data[..NODE_REPLY_TRAILER_LEN], "an accepted trailer re-encodes to its bytes");
+    }
+    match decode_node_reply(data) {
+        Ok(Some((_, _, n))) => assert!(n <= data.len(), "a node reply longer than its input"),
+        Ok(None) => assert!(data.len() < SIMPLE_REPLY_LEN + NODE_REPLY_TRAILER_LEN, "NeedMore with a whole reply"),
+        Err(_) => {}
+    }
 }
 
 fn check_decoded(reply: &[u8], handle: u64, error: u32, data_len: usize, structured: bool, offset: u64) {

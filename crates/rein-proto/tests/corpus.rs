@@ -25,7 +25,12 @@ fn nbd_reply_corpus() {
     replay("nbd_reply", rein_proto::harness::replies);
 }
 
-/// Every fuzz target has a corpus test: these four here, the rest in rein-runtime's `tests/corpus.rs`.
+#[test]
+fn node_hello_corpus() {
+    replay("node_hello", rein_proto::harness::node_hello);
+}
+
+/// Every fuzz target has a corpus test: these five here, the rest in rein-runtime's `tests/corpus.rs`.
 #[test]
 fn every_fuzz_target_is_replayed() {
     let replayed = [
@@ -36,6 +41,7 @@ fn every_fuzz_target_is_replayed() {
         "nbd_handshake",
         "nbd_reply",
         "nbd_transmission",
+        "node_hello",
         "parda_record",
         "psk_file",
         "server_config",

@@ -72,7 +72,7 @@ fn go_round_trip_whole_and_byte_by_byte() {
             c.unwrap(),
             ClientProgress::Ready { size: 1 << 30, flags: exports()[0].transmission_flags(), structured: false }
         );
-        assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 0, structured: false }));
+        assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
     }
     let (c, s) = handshake("ro", true, || 3);
     match c.unwrap() {
@@ -82,7 +82,7 @@ fn go_round_trip_whole_and_byte_by_byte() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 1, structured: true }));
+    assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 1, structured: true, node: None }));
     // The empty name opens nothing unless a default export is set (issue 12: it used to open the first
     // export); tests/nbd_access.rs opens the default one.
     let (c, _) = handshake("", false, || 7);
@@ -138,7 +138,7 @@ fn list_export_name_abort_and_unsupported_options() {
     assert_eq!(names, vec!["rd", "ro"]);
     // EXPORT_NAME: size, flags and 124 zeroes (client did not ask for NO_ZEROES).
     let (r, out) = server_with(&flags_and(&[(OPT_EXPORT_NAME, b"ro")]));
-    assert_eq!(r.unwrap().1, ServerProgress::Done(Negotiated { export: 1, structured: false }));
+    assert_eq!(r.unwrap().1, ServerProgress::Done(Negotiated { export: 1, structured: false, node: None }));
     assert_eq!(out.len(), 8 + 2 + 124);
     assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), 4096);
     // ... and none with NO_ZEROES.

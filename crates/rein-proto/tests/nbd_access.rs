@@ -86,7 +86,7 @@ fn starttls_on_is_acknowledged_and_negotiation_goes_on_over_tls() {
     option_request(&mut input, OPT_STARTTLS, &[]);
     option_request(&mut input, OPT_GO, &go("rd"));
     let (_, p) = s.feed(&input, &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false }));
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
     assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
 }
 
@@ -106,7 +106,7 @@ fn starttls_with_data_is_invalid_and_off_is_policy() {
 fn tls_on_serves_plain_clients_too() {
     let mut out = Vec::new();
     let (_, p) = server(|s| s.set_tls(TlsMode::On)).feed(&flags_and(&[(OPT_GO, &go("rd"))]), &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false }));
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
 }
 
 #[test]
@@ -141,7 +141,7 @@ fn tls_require_refuses_every_option_but_starttls_and_abort() {
     s.tls_established();
     out.clear();
     let (_, p) = s.feed(&opt(OPT_GO, &go("rd")), &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false }));
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
 }
 
 fn opt(option: u32, data: &[u8]) -> Vec<u8> {
@@ -181,7 +181,7 @@ fn the_empty_name_opens_only_a_visible_default_export() {
     // A default export opens.
     out.clear();
     let (_, p) = server(|s| s.set_default_export(Some(1))).feed(&flags_and(&[(OPT_GO, &go(""))]), &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 1, structured: false }));
+    assert_eq!(p, ServerProgress::Done(Negotiated { export: 1, structured: false, node: None }));
     // A hidden default export does not.
     out.clear();
     let both = |s: &mut ServerHandshake| {
@@ -228,7 +228,10 @@ fn confirmed_opening_can_be_refused_and_retried() {
     out.clear();
     let (_, p) = s.feed(&opt(OPT_GO, &go("rd")), &mut out).unwrap();
     assert_eq!(p, ServerProgress::Opening(0));
-    assert_eq!(s.open(Ok(()), &mut out).unwrap(), ServerProgress::Done(Negotiated { export: 0, structured: false }));
+    assert_eq!(
+        s.open(Ok(()), &mut out).unwrap(),
+        ServerProgress::Done(Negotiated { export: 0, structured: false, node: None })
+    );
     assert_eq!(replies(&out).last().unwrap().1, REP_ACK);
     // EXPORT_NAME refused: close.
     let mut s = server(|s| s.set_confirm_open(true));

@@ -82,6 +82,8 @@ fn config() -> impl Strategy<Value = TransmissionConfig> {
             structured,
             max_payload,
             volatile,
+            node: false,
+            node_slots: 0,
         },
     )
 }
@@ -196,8 +198,15 @@ fn skip_payload(m: &mut ServerTransmission, length: u32) {
 
 #[test]
 fn a_rejected_write_at_the_discard_limit_is_skipped_in_bounded_memory() {
-    let c =
-        TransmissionConfig { size: 1 << 40, read_only: false, structured: false, max_payload: 4096, volatile: false };
+    let c = TransmissionConfig {
+        size: 1 << 40,
+        read_only: false,
+        structured: false,
+        max_payload: 4096,
+        volatile: false,
+        node: false,
+        node_slots: 0,
+    };
     let mut m = ServerTransmission::new(c);
     let mut input = Vec::new();
     RequestHeader { flags: 0, command: Command::Write, handle: 1, offset: 0, length: MAX_DISCARD }.encode(&mut input);
@@ -219,7 +228,15 @@ fn a_rejected_write_at_the_discard_limit_is_skipped_in_bounded_memory() {
 fn the_discard_limit_grows_with_the_maximum_payload() {
     // A read-only export with a 100 MiB maximum payload skips a 100 MiB write (EPERM), never closes.
     let max = 100 << 20;
-    let c = TransmissionConfig { size: 1 << 40, read_only: true, structured: true, max_payload: max, volatile: false };
+    let c = TransmissionConfig {
+        size: 1 << 40,
+        read_only: true,
+        structured: true,
+        max_payload: max,
+        volatile: false,
+        node: false,
+        node_slots: 0,
+    };
     let mut m = ServerTransmission::new(c);
     let mut input = Vec::new();
     RequestHeader { flags: 0, command: Command::Write, handle: 1, offset: 0, length: max }.encode(&mut input);
@@ -231,8 +248,15 @@ fn the_discard_limit_grows_with_the_maximum_payload() {
 
 #[test]
 fn a_write_at_the_maximum_payload_is_accepted_and_one_byte_more_is_not() {
-    let c =
-        TransmissionConfig { size: 1 << 20, read_only: false, structured: false, max_payload: 4096, volatile: false };
+    let c = TransmissionConfig {
+        size: 1 << 20,
+        read_only: false,
+        structured: false,
+        max_payload: 4096,
+        volatile: false,
+        node: false,
+        node_slots: 0,
+    };
     let ops = [
         Op { command: CMD_WRITE, flags: 0, handle: 1, offset: 0, length: 4096 },
         Op { command: CMD_WRITE, flags: 0, handle: 2, offset: 0, length: 4097 },
@@ -261,6 +285,8 @@ fn the_maximum_payload_is_clamped_so_a_read_fits_one_chunk() {
         structured: true,
         max_payload: u32::MAX,
         volatile: false,
+        node: false,
+        node_slots: 0,
     };
     let m = ServerTransmission::new(c);
     assert_eq!(m.config().max_payload, transmission::MAX_PAYLOAD_LIMIT);

@@ -65,6 +65,10 @@ impl NbdClient {
             wr.write_all(&out).await?;
             match prog {
                 ClientProgress::Ready { size, flags, structured } => break (size, flags, structured),
+                // Only a handshake made with `ClientHandshake::with_node` reports these; this one is plain.
+                ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) => {
+                    return Err(p::ProtoError::Malformed("a storage-node answer to a plain handshake").into())
+                }
                 ClientProgress::NeedMore => {
                     let mut chunk = [0u8; 4096];
                     let n = rd.read(&mut chunk).await?;

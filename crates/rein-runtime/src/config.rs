@@ -37,6 +37,13 @@
 //! ca = "ca-cert.pem"             # optional: require and verify client certificates
 //! psk_file = "keys.psk"          # optional: "identity:hexkey" per line (psktool's format)
 //!
+//! [node]                         # optional: the storage-node protocol for `rein gateway` (docs/node-protocol.md)
+//! enabled = false                # true: answer NBD_OPT_REIN_NODE (else it is an unknown option)
+//! specs = "node"                 # node: this file's [[tenants]] win, an unknown tenant is refused |
+//!                                # gateway: adopt the gateway's specs (as PUT/POST /api/tenants would)
+//! allow_networks = ["127.0.0.0/8", "::1/128"]  # who may speak it (the default: loopback only)
+//! allow_identities = ["gw"]      # optional: PSK identity or client certificate CN (after STARTTLS)
+//!
 //! [mclock]                       # optional: scheduler settings, the same table as a scenario's
 //! preset = "rein"                # rein (default) | paper: mClock's Algorithm 1 as written
 //! weight_lead_ios = 16           # integer | "none" (the paper)
@@ -210,6 +217,67 @@ struct File {
     max_connections: Option<usize>,
     max_connections_per_client: Option<usize>,
     max_connections_per_tenant: Option<usize>,
+    node: Option<NodeFile>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeFile {
+    #[serde(default)]
+    enabled: bool,
+    specs: Option<String>,
+    allow_networks: Option<Vec<String>>,
+    allow_identities: Option<Vec<String>>,
+}
+
+/// What a storage node does with a gateway's spec that disagrees with its own (`[node] specs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeSpecs {
+    /// The node's own `[[tenants]]` win; a tenant it does not know is refused (the default).
+    #[default]
+    Node,
+    /// The gateway's spec is adopted (added or changed as the admin API would, admission included).
+    Gateway,
+}
+
+/// The storage-node protocol's settings (`[node]`; docs/node-protocol.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeConfig {
+    /// Whether NBD_OPT_REIN_NODE is answered (default false: it is an unknown option).
+    pub enabled: bool,
+    /// Whose spec wins (default [`NodeSpecs::Node`]).
+    pub specs: NodeSpecs,
+    /// Who may speak it (`allow_networks`, default loopback only; `allow_identities`, default anyone).
+    pub access: ExportAccess,
+}
+
+/// Networks allowed to speak the storage-node protocol when `[node] allow_networks` is absent.
+pub const NODE_DEFAULT_NETWORKS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+
+impl Default for NodeConfig {
+    fn default() -> NodeConfig {
+        let networks = NODE_DEFAULT_NETWORKS.iter().map(|n| n.parse().expect("a valid network")).collect();
+        NodeConfig {
+            enabled: false,
+            specs: NodeSpecs::Node,
+            access: ExportAccess { networks: Some(networks), identities: None },
+        }
+    }
+}
+
+fn node_config(f: Option<&NodeFile>) -> Result<NodeConfig, String> {
+    let Some(f) = f else { return Ok(NodeConfig::default()) };
+    let specs = match f.specs.as_deref() {
+        None | Some("node") => NodeSpecs::Node,
+        Some("gateway") => NodeSpecs::Gateway,
+        Some(o) => return Err(format!("node.specs {o:?}: expected node or gateway")),
+    };
+    let mut access = parse_access("[node]", &f.allow_networks, &f.allow_identities)
+        .map_err(|e| e.replacen("export [node]: ", "node.", 1))?;
+    if access.networks.is_none() {
+        access.networks = NodeConfig::default().access.networks;
+    }
+    Ok(NodeConfig { enabled: f.enabled, specs, access })
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -387,6 +455,8 @@ pub struct ServerConfig {
     /// The connection caps (`max_connections` 4096, `max_connections_per_client` 128,
     /// `max_connections_per_tenant` 256; each 1..=[`MAX_CONNECTIONS_LIMIT`]).
     pub caps: ConnCaps,
+    /// The storage-node protocol (`[node]`); off by default.
+    pub node: NodeConfig,
 }
 
 /// Largest value of `max_connections` and the per-client and per-tenant caps.
@@ -770,6 +840,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         Some(t) => Some(tls_config(t, base)?),
     };
     let admin_tls = admin_tls(f.admin_tls, tls.as_ref())?;
+    let node = node_config(f.node.as_ref())?;
     let cfg = ServerConfig {
         listen,
         admin,
@@ -794,6 +865,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         tls,
         default_export,
         caps,
+        node,
     };
     Ok(cfg)
 }
@@ -842,6 +914,36 @@ mod tests {
             .contains("max_inflight_mb_per_tenant must be in 1..=1048576, got 1048577"));
         assert!(e("idle_timeout_s = 604801\n[[exports]]\nname = \"a\"").contains("idle_timeout_s"));
         assert!(e("shutdown_timeout_s = -1\n[[exports]]\nname = \"a\"").contains("shutdown_timeout_s"));
+    }
+
+    #[test]
+    fn node_table_defaults_and_errors() {
+        let p = |t: &str| ServerConfig::parse(&format!("{t}\n[[exports]]\nname = \"a\""), Path::new("x.toml"));
+        let off = p("").unwrap().node;
+        assert_eq!(off, NodeConfig::default());
+        assert!(!off.enabled);
+        assert_eq!(off.specs, NodeSpecs::Node);
+        let lo: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let v6: std::net::IpAddr = "::1".parse().unwrap();
+        let other: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(off.access.allows(lo, None) && off.access.allows(v6, None) && !off.access.allows(other, None));
+        let on = p("[node]\nenabled = true\nspecs = \"gateway\"\nallow_networks = [\"10.0.0.0/8\"]\nallow_identities = [\"gw\"]")
+            .unwrap()
+            .node;
+        assert!(on.enabled);
+        assert_eq!(on.specs, NodeSpecs::Gateway);
+        assert!(
+            on.access.allows(other, Some("gw")) && !on.access.allows(other, None) && !on.access.allows(lo, Some("gw"))
+        );
+        let e = |t: &str| p(t).unwrap_err().to_string();
+        assert!(e("[node]\nspecs = \"both\"").contains("node.specs \"both\": expected node or gateway"));
+        assert!(
+            e("[node]\nallow_networks = [\"x\"]").contains("node.allow_networks entry \"x\""),
+            "{}",
+            e("[node]\nallow_networks = [\"x\"]")
+        );
+        assert!(e("[node]\nallow_identities = [\"\"]").contains("node.allow_identities has an empty entry"));
+        assert!(e("[node]\ncolour = 1").contains("unknown field `colour`"));
     }
 
     #[test]

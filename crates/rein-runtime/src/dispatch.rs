@@ -55,7 +55,8 @@ use crate::devmodel::{DeviceConfig, ModelledDevice};
 use crate::storage::{KernelIo, Storage, StorageError};
 use crate::uring::{drain_eventfd, Completion, Uring, UringOp};
 use rein_core::{
-    Nanos, Phase, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId, TenantStats,
+    Cost, Nanos, Phase, Piggyback, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId,
+    TenantStats,
 };
 use rein_model::device::DeviceError;
 use rein_model::meter::ReservationMeter;
@@ -158,28 +159,46 @@ pub struct IoRequest {
     pub op: Op,
     /// Force unit access: the write is durable before it is answered.
     pub fua: bool,
+    /// What the tenant's tracker at a gateway says it received elsewhere (dmClock's delta and rho, the
+    /// spread's share; `rein_core::Request::piggyback`): set on storage-node sessions, `None` (nothing
+    /// elsewhere) on plain ones.
+    pub piggyback: Option<Piggyback>,
 }
 
 /// A completed request: a read's buffer (its headroom, then the data; empty for other requests), or the
 /// error.
 pub type IoResult = Result<Vec<u8>, IoError>;
 
+/// How the scheduler served a request: the phase of its dispatch and the cost it was charged (without any
+/// delta: `rein_core::Dispatch::cost`), or nothing for a request answered without a dispatch (refused
+/// on arrival, failed at shutdown). A storage node's reply trailer carries it to the gateway.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    /// The phase; `None`: not dispatched.
+    pub phase: Option<Phase>,
+    /// The cost charged; `Cost(0)` when not dispatched.
+    pub cost: Cost,
+}
+
+/// The callback of [`Dispatcher::submit`].
+pub type Done = Box<dyn FnOnce(IoResult, Served) + Send>;
+
 /// Where a request's result goes: a oneshot channel ([`Dispatcher::io`]) or a callback run on the
 /// dispatcher task ([`Dispatcher::submit`]; it must be quick and must not block).
 pub enum Reply {
     /// The result is sent on this channel; a receiver that is gone is ignored.
     Channel(oneshot::Sender<IoResult>),
-    /// The function is called once with the result, on the dispatcher task.
-    Callback(Box<dyn FnOnce(IoResult) + Send>),
+    /// The function is called once with the result and how it was served, on the dispatcher task.
+    Callback(Done),
 }
 
 impl Reply {
-    fn send(self, r: IoResult) {
+    fn send(self, r: IoResult, served: Served) {
         match self {
             Reply::Channel(tx) => {
                 let _ = tx.send(r);
             }
-            Reply::Callback(f) => f(r),
+            Reply::Callback(f) => f(r, served),
         }
     }
 }
@@ -466,10 +485,10 @@ impl Dispatcher {
 
     /// Submits a request whose result is handed to `done` on the dispatcher task (no task or channel per
     /// request). `done` runs exactly once, with [`IoError::Shutdown`] if the dispatcher has stopped.
-    pub async fn submit(&self, req: IoRequest, done: Box<dyn FnOnce(IoResult) + Send>) {
+    pub async fn submit(&self, req: IoRequest, done: Done) {
         if let Err(mpsc::error::SendError(Cmd::Io(_, reply))) = self.tx.send(Cmd::Io(req, Reply::Callback(done))).await
         {
-            reply.send(Err(IoError::Shutdown));
+            reply.send(Err(IoError::Shutdown), Served::default());
         }
     }
 
@@ -537,6 +556,8 @@ struct Token {
     reply: Reply,
     slot: usize,
     phase: Phase,
+    /// The cost the scheduler charged (for [`Served`]).
+    cost: Cost,
     bytes: u64,
     arrived: Nanos,
     dispatched: Nanos,
@@ -547,10 +568,10 @@ struct Token {
 impl Token {
     /// Sends the result to the requester and says what to count. `now` ends both latencies: with a device
     /// model it is the later of the real and the modelled completion.
-    fn reply(self, res: IoResult, now: Nanos) -> Done {
+    fn reply(self, res: IoResult, now: Nanos) -> Finished {
         let ok = res.is_ok();
-        self.reply.send(res);
-        Done {
+        self.reply.send(res, Served { phase: Some(self.phase), cost: self.cost });
+        Finished {
             slot: self.slot,
             phase: self.phase,
             bytes: self.bytes,
@@ -561,7 +582,7 @@ impl Token {
     }
 }
 
-struct Done {
+struct Finished {
     slot: usize,
     phase: Phase,
     bytes: u64,
@@ -573,7 +594,7 @@ struct Done {
 /// What comes back to the dispatcher task from IO run elsewhere (the blocking pool).
 enum Back {
     /// Answered already: count it.
-    Done(Done),
+    Done(Finished),
     /// Real IO done, its job still on the modelled device: answer it when the model is done too.
     Outcome(Token, IoResult),
 }
@@ -669,7 +690,7 @@ impl Task {
                 if let Some(c) = self.counters.get_mut(req.tenant.index()) {
                     c.errors += 1;
                 }
-                reply.send(Err(IoError::Shutdown));
+                reply.send(Err(IoError::Shutdown), Served::default());
             }
             Cmd::Abort(reply) => {
                 let _ = reply.send(self.abort());
@@ -679,6 +700,7 @@ impl Task {
                 let size = req.op.len().max(1);
                 let offset = req.offset;
                 let tenant = req.tenant;
+                let piggyback = req.piggyback;
                 let handle = match self.free.pop() {
                     Some(h) => h,
                     None => {
@@ -687,7 +709,11 @@ impl Task {
                     }
                 };
                 self.pending[handle] = Some(Pending { req, reply, arrived: now });
-                match self.sched.enqueue(now, Request::new(tenant, handle as u64).size(size).offset(offset)) {
+                let mut request = Request::new(tenant, handle as u64).size(size).offset(offset);
+                if let Some(p) = piggyback {
+                    request = request.piggyback(p);
+                }
+                match self.sched.enqueue(now, request) {
                     Ok(()) => {
                         if let Some(c) = self.counters.get_mut(tenant.index()) {
                             c.in_flight += 1;
@@ -699,7 +725,7 @@ impl Task {
                         if let Some(c) = self.counters.get_mut(tenant.index()) {
                             c.errors += 1;
                         }
-                        p.reply.send(Err(e.into()));
+                        p.reply.send(Err(e.into()), Served::default());
                     }
                 }
             }
@@ -781,7 +807,7 @@ impl Task {
                 c.in_flight = c.in_flight.saturating_sub(1);
                 c.errors += 1;
             }
-            p.reply.send(Err(error()));
+            p.reply.send(Err(error()), Served::default());
         }
         Ok(failed)
     }
@@ -798,7 +824,7 @@ impl Task {
                     self.free.push(handle);
                     self.outstanding += 1;
                     assert!(self.outstanding <= self.depth, "invariant 1");
-                    self.start(p, d.phase, now, done);
+                    self.start(p, d.phase, d.cost, now, done);
                 }
                 Poll::Wait(t) => {
                     wake = Some(t);
@@ -830,11 +856,11 @@ impl Task {
         n
     }
 
-    fn start(&mut self, p: Pending, phase: Phase, now: Nanos, done: &mpsc::UnboundedSender<Back>) {
+    fn start(&mut self, p: Pending, phase: Phase, cost: Cost, now: Nanos, done: &mpsc::UnboundedSender<Back>) {
         let bytes = p.req.op.len();
         let job = self.device.as_mut().map(|d| d.admit(now, bytes, p.req.offset));
         let Pending { req, reply, arrived } = p;
-        let token = Token { reply, slot: req.tenant.index(), phase, bytes, arrived, dispatched: now, job };
+        let token = Token { reply, slot: req.tenant.index(), phase, cost, bytes, arrived, dispatched: now, job };
         // 1. The ring, if the storage offers a descriptor for this operation.
         let (req, token) = match &mut self.uring {
             Some(ring) => match offer_to_ring(ring, req, token) {
@@ -889,7 +915,7 @@ impl Task {
         self.ready = ready;
     }
 
-    fn finish(&mut self, d: Done) {
+    fn finish(&mut self, d: Finished) {
         assert!(self.outstanding > 0, "completion without a dispatch");
         self.outstanding -= 1;
         self.backend.completed += 1;
@@ -942,7 +968,7 @@ enum RingOffer {
 
 /// Route 1 of the module comment: submits `req` to `ring` if its storage offers a descriptor for it.
 fn offer_to_ring(ring: &mut Uring<Token>, req: IoRequest, token: Token) -> RingOffer {
-    let IoRequest { storage, tenant, offset, op, fua } = req;
+    let IoRequest { storage, tenant, offset, op, fua, piggyback } = req;
     let target = match &op {
         Op::Read { len, .. } => storage.kernel_io(offset, *len as u64, false),
         Op::Write { data } => storage.kernel_io(offset, data.len() as u64, true),
@@ -951,7 +977,7 @@ fn offer_to_ring(ring: &mut Uring<Token>, req: IoRequest, token: Token) -> RingO
     };
     let target: KernelIo = match target {
         Ok(Some(t)) => t,
-        Ok(None) => return RingOffer::Declined(IoRequest { storage, tenant, offset, op, fua }, token),
+        Ok(None) => return RingOffer::Declined(IoRequest { storage, tenant, offset, op, fua, piggyback }, token),
         Err(e) => return RingOffer::Refused(token, e),
     };
     let op = match op {
@@ -959,7 +985,7 @@ fn offer_to_ring(ring: &mut Uring<Token>, req: IoRequest, token: Token) -> RingO
         Op::Write { data } => UringOp::Write { data, fua },
         Op::Flush => UringOp::Flush,
         op @ (Op::Trim { .. } | Op::WriteZeroes { .. }) => {
-            return RingOffer::Declined(IoRequest { storage, tenant, offset, op, fua }, token);
+            return RingOffer::Declined(IoRequest { storage, tenant, offset, op, fua, piggyback }, token);
         }
     };
     ring.push(storage, target, offset, op, token);

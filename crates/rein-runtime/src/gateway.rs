@@ -14,7 +14,7 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10810"
-//! admin = "127.0.0.1:9190"          # optional: /healthz, /api/nodes
+//! admin = "127.0.0.1:9190"          # optional: /healthz, /metrics, /api/nodes
 //! request_timeout_s = 30            # 0.1..=3600
 //! connect_timeout_s = 5             # 0.1..=3600
 //! reconnect_max_backoff_ms = 2000   # 50..=600000
@@ -57,17 +57,18 @@ use crate::access::{Admit, ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
 use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
 use crate::nbd::{serve_client, Backend, Entry, Export, ExportTable, Limits, NbdContext, Policy};
-use crate::remote::{LinkConfig, NodeProtocol, NodeSpec, OpenError, RemoteVolume, MAX_CONNECTIONS_PER_NODE};
+use crate::remote::{LinkConfig, NodeProtocol, NodeSpec, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE};
 use crate::tls::TlsConfig;
-use rein_core::QosSpec;
+use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
+use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
 use rein_proto::nbd::ExportInfo;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -378,12 +379,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         let protocol = match n.protocol.as_deref() {
             None | Some("auto") => NodeProtocol::Auto,
             Some("nbd") => NodeProtocol::Nbd,
-            Some("rein") => {
-                return Err(format!(
-                "node {}: protocol \"rein\" needs the storage-node protocol, not in this build yet (use nbd or auto)",
-                n.name
-            ))
-            }
+            Some("rein") => NodeProtocol::Rein,
             Some(o) => return Err(format!("node {}: protocol {o:?}: expected rein, nbd or auto", n.name)),
         };
         nodes.push(NodeSpec { name: n.name.clone(), address, protocol });
@@ -399,6 +395,12 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         }
         if tenants.iter().any(|x| x.name == t.name) {
             return Err(format!("tenant name {:?} is repeated", t.name));
+        }
+        if t.name.len() > MAX_NODE_NAME_LEN || t.name.contains('\0') {
+            return Err(format!(
+                "tenant {:?}: name must be at most {MAX_NODE_NAME_LEN} bytes without NUL (the storage-node protocol's limit)",
+                t.name
+            ));
         }
         let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
             .map_err(|e| format!("tenant {}: {e}", t.name))?;
@@ -473,6 +475,12 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             .collect();
         let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
+    }
+    if let Some(t) = tenants.iter().find(|t| t.name.len() > MAX_NODE_NAME_LEN) {
+        return Err(format!(
+            "tenant {:?} (an export's own): name must be at most {MAX_NODE_NAME_LEN} bytes (the storage-node protocol's limit)",
+            t.name
+        ));
     }
     let default_export = match &f.default_export {
         None => None,
@@ -552,12 +560,39 @@ pub async fn run(
         .iter()
         .map(|t| ids.add_tenant(t.spec).expect("the scheduler takes every configured tenant"))
         .collect();
+    // One tracker per tenant over every node, shared by the tenant's volumes.
+    let trackers: Vec<Arc<Mutex<ServiceTracker>>> = cfg
+        .tenants
+        .iter()
+        .map(|t| {
+            let split = if t.rho { ReservationSplit::Rho } else { ReservationSplit::default() };
+            Arc::new(Mutex::new(ServiceTracker::with_split(cfg.nodes.len(), split)))
+        })
+        .collect();
     let mut volumes = Vec::with_capacity(cfg.exports.len());
     let mut exports = Vec::with_capacity(cfg.exports.len());
     for v in &cfg.exports {
-        let volume = RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &cfg.nodes, &v.node_exports, cfg.link)
-            .await
-            .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
+        let t = &cfg.tenants[v.tenant];
+        let qos = VolumeQos {
+            tenants: t
+                .server_reservations
+                .iter()
+                .map(|&local_reservation| NodeTenant {
+                    name: t.name.clone(),
+                    reservation: t.spec.reservation(),
+                    limit: t.spec.limit(),
+                    weight: t.spec.weight(),
+                    local_reservation,
+                    idle_credit: t.spec.idle_credit(),
+                    split: if t.rho { NodeSplit::Rho } else { NodeSplit::Spread },
+                })
+                .collect(),
+            tracker: trackers[v.tenant].clone(),
+        };
+        let volume =
+            RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &cfg.nodes, &v.node_exports, Some(qos), cfg.link)
+                .await
+                .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
         let tenant = &cfg.tenants[v.tenant];
         exports.push(Arc::new(Export {
             info: ExportInfo {
@@ -580,6 +615,8 @@ pub async fn run(
         default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
         cap_tenants: true,
         limits: limits.clone(),
+        // A gateway is not a storage node: NBD_OPT_REIN_NODE from a VM is an unknown option.
+        node: None,
     });
     let ctx = Arc::new(NbdContext {
         exports: Arc::new(ExportTable::new(exports)),
@@ -663,30 +700,115 @@ pub async fn run(
     Ok(())
 }
 
-/// `/healthz` (200 "ok") and `/api/nodes` (per volume and node: connections up).
+/// The Prometheus text of `/metrics`: per volume and node, the pooled connections and how many are up.
+fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "# HELP rein_gateway_node_connections Pooled connections to a node for a volume.");
+    let _ = writeln!(o, "# TYPE rein_gateway_node_connections gauge");
+    let _ = writeln!(o, "# HELP rein_gateway_node_connections_up Of those, the ones with a session up.");
+    let _ = writeln!(o, "# TYPE rein_gateway_node_connections_up gauge");
+    for v in volumes {
+        for (node, up) in v.node_states() {
+            let labels = format!("export=\"{}\",node=\"{node}\"", v.name());
+            let _ = writeln!(o, "rein_gateway_node_connections{{{labels}}} {}", up.len());
+            let _ = writeln!(o, "rein_gateway_node_connections_up{{{labels}}} {}", up.iter().filter(|&&u| u).count());
+        }
+    }
+    o
+}
+
+/// `/healthz` (200 "ok"), `/metrics` and `/api/nodes` (per volume and node: connections up).
 fn admin_router(volumes: Vec<Arc<RemoteVolume>>) -> axum::Router {
     let volumes = Arc::new(volumes);
-    axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
-        "/api/nodes",
-        axum::routing::get(move || {
-            let volumes = volumes.clone();
-            async move {
-                let list: Vec<serde_json::Value> = volumes
-                    .iter()
-                    .map(|v| {
-                        let nodes: Vec<serde_json::Value> = v
-                            .node_states()
-                            .into_iter()
-                            .map(|(name, up)| {
-                                let connected = up.iter().filter(|&&u| u).count();
-                                serde_json::json!({ "node": name, "connections": up.len(), "connected": connected })
-                            })
-                            .collect();
-                        serde_json::json!({ "export": v.name(), "nodes": nodes })
-                    })
-                    .collect();
-                axum::Json(serde_json::Value::Array(list))
-            }
-        }),
-    )
+    let for_metrics = volumes.clone();
+    axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let volumes = for_metrics.clone();
+                async move { metrics_text(&volumes) }
+            }),
+        )
+        .route(
+            "/api/nodes",
+            axum::routing::get(move || {
+                let volumes = volumes.clone();
+                async move {
+                    let list: Vec<serde_json::Value> = volumes
+                        .iter()
+                        .map(|v| {
+                            let nodes: Vec<serde_json::Value> = v
+                                .node_states()
+                                .into_iter()
+                                .map(|(name, up)| {
+                                    let connected = up.iter().filter(|&&u| u).count();
+                                    serde_json::json!({ "node": name, "connections": up.len(), "connected": connected })
+                                })
+                                .collect();
+                            serde_json::json!({ "export": v.name(), "nodes": nodes })
+                        })
+                        .collect();
+                    axum::Json(serde_json::Value::Array(list))
+                }
+            }),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(top: &str) -> Result<GatewayConfig, GatewayConfigError> {
+        let text = format!(
+            "{top}\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
+        );
+        GatewayConfig::parse(&text, Path::new("gw.toml"))
+    }
+
+    /// Every documented bound, at the bound and one step past it.
+    #[test]
+    fn bounds_at_the_limit() {
+        for (ok, bad, key) in [
+            ("connections_per_node = 64", "connections_per_node = 65", "connections_per_node"),
+            ("connections_per_node = 1", "connections_per_node = 0", "connections_per_node"),
+            ("request_timeout_s = 0.1", "request_timeout_s = 0.09", "request_timeout_s"),
+            ("request_timeout_s = 3600", "request_timeout_s = 3600.5", "request_timeout_s"),
+            ("connect_timeout_s = 0.1", "connect_timeout_s = 0.05", "connect_timeout_s"),
+            ("reconnect_max_backoff_ms = 50", "reconnect_max_backoff_ms = 49", "reconnect_max_backoff_ms"),
+            ("reconnect_max_backoff_ms = 600000", "reconnect_max_backoff_ms = 600001", "reconnect_max_backoff_ms"),
+        ] {
+            assert!(parse(ok).is_ok(), "{ok}");
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
+        let c = parse("request_timeout_s = 0.1").unwrap();
+        assert_eq!(c.link.request_timeout, Duration::from_millis(100));
+        assert_eq!(c.exports[0].stripe.unit(), 64 << 10, "stripe_kb defaults to 64");
+    }
+
+    #[test]
+    fn node_and_volume_counts_at_the_limit() {
+        let nodes = |n: usize| {
+            (0..n)
+                .map(|i| format!("[[nodes]]\nname = \"s{i}\"\naddress = \"127.0.0.1:{}\"\n", i + 1))
+                .collect::<String>()
+        };
+        let volume = "[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        assert!(GatewayConfig::parse(&format!("{}{volume}", nodes(MAX_NODES)), Path::new("g")).is_ok());
+        let err = GatewayConfig::parse(&format!("{}{volume}", nodes(MAX_NODES + 1)), Path::new("g")).unwrap_err();
+        assert!(err.to_string().contains("at most 256 [[nodes]]"), "{err}");
+        let volumes =
+            |n: usize| (0..n).map(|i| format!("[[exports]]\nname = \"v{i}\"\nsize_mb = 1\n")).collect::<String>();
+        assert!(GatewayConfig::parse(&format!("{}{}", nodes(1), volumes(MAX_VOLUMES)), Path::new("g")).is_ok());
+        let err =
+            GatewayConfig::parse(&format!("{}{}", nodes(1), volumes(MAX_VOLUMES + 1)), Path::new("g")).unwrap_err();
+        assert!(err.to_string().contains("at most 1024 [[exports]]"), "{err}");
+        let long = "t".repeat(MAX_NODE_NAME_LEN);
+        let tenant = |name: &str| format!("{}[[tenants]]\nname = \"{name}\"\n{volume}", nodes(1));
+        assert!(GatewayConfig::parse(&tenant(&long), Path::new("g")).is_ok());
+        let err = GatewayConfig::parse(&tenant(&format!("{long}t")), Path::new("g")).unwrap_err();
+        assert!(err.to_string().contains("at most 255 bytes"), "{err}");
+    }
 }

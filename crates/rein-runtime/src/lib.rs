@@ -8,7 +8,7 @@
 //!
 //! `rein serve` is [`server`], configured by [`config`], with [`nbd`] for its connections ([`tls`] for
 //! STARTTLS, [`access`] for access lists and connection caps, [`budget`] bounding the bytes they hold) and
-//! [`admin`] for its HTTP endpoint; [`probe`] measures a backend's capacity through a dispatcher. The other side,
+//! [`admin`] for its HTTP endpoint, and [`node`] for the storage-node protocol a `rein gateway` speaks; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
 //! [`harness`]: the contracts of this crate's decoders of outside input, for the fuzz targets.
 
@@ -27,6 +27,7 @@ pub mod harness;
 pub mod live;
 pub mod load;
 pub mod nbd;
+pub mod node;
 pub mod preflight;
 pub mod probe;
 pub mod remote;

@@ -37,6 +37,14 @@
 //! - The writer takes the replies that are ready, up to [`WRITE_BATCH`] of them or about
 //!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write.
 //!
+//! # Storage-node sessions (docs/node-protocol.md)
+//! With a [`NodeGate`] in the [`Policy`] (`[node] enabled = true`), the handshake offers
+//! NBD_OPT_REIN_NODE: a gateway's hello goes to the gate, which decides (who may speak it, whose specs
+//! apply; [`crate::node`]) and gives one tenant per slot. On such a session each request is scheduled
+//! under the tenant of its tag's slot, with the tag's piggyback (dmClock's delta and rho, the share), and
+//! its reply carries the phase and cost of its dispatch ([`crate::dispatch::Served`]). The connection's
+//! byte budget stays the export's tenant's. Without a gate the option is an unknown one (UNSUP).
+//!
 //! # Transports
 //! The code is generic over the stream. A plain connection splits its `TcpStream` into owned halves (no
 //! lock between reader and writer, as before TLS existed); a TLS connection splits its `SslStream` with
@@ -55,15 +63,17 @@
 
 use crate::access::{Admit, ClientSlot, ConnCaps, ConnLimits, ExportAccess, TenantSlot, REFUSAL_TIMEOUT};
 use crate::budget::{Budget, Charge, TenantBudget};
+use crate::dispatch::Served;
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::remote::RemoteVolume;
 use crate::storage::Storage;
 use crate::tls::{TlsConfig, TlsError};
 use rein_core::TenantId;
 use rein_proto::nbd::{
-    self as p, Event, ExportInfo, Negotiated, Rejection, ReplyEncoder, Request, RequestKind, ServerHandshake,
-    ServerProgress, ServerTransmission, TlsMode, TransmissionConfig,
+    self as p, Event, ExportInfo, Negotiated, NodeHello, NodeReplyTrailer, NodeWelcome, Rejection, ReplyEncoder,
+    Request, RequestKind, ServerHandshake, ServerProgress, ServerTransmission, TlsMode, TransmissionConfig,
 };
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -207,12 +217,45 @@ pub struct Policy {
     pub cap_tenants: bool,
     /// The connection counters.
     pub limits: Arc<ConnLimits>,
+    /// The storage-node protocol (`[node] enabled`); `None`: NBD_OPT_REIN_NODE is an unknown option.
+    pub node: Option<Arc<dyn NodeGate>>,
+}
+
+/// A storage-node session as the gate grants it: the answer to the hello, and the dispatcher's tenant of
+/// each slot (the welcome's order).
+#[derive(Debug, Clone)]
+pub struct NodeSession {
+    /// What the handshake sends back.
+    pub welcome: NodeWelcome,
+    /// The tenant of each slot.
+    pub tenants: Vec<TenantId>,
+}
+
+/// The gate's answer: a session, or a refusal (an `NBD_REP_ERR_*` and a message naming what is wrong).
+pub type NodeVerdict = Result<NodeSession, (u32, String)>;
+
+/// Decides storage-node hellos ([`crate::node::NodeService`] in `rein serve`).
+pub trait NodeGate: Send + Sync + std::fmt::Debug {
+    /// Answers `hello` from `peer` (with its TLS `identity`, if any).
+    fn hello<'a>(
+        &'a self,
+        peer: SocketAddr,
+        identity: Option<&'a str>,
+        hello: NodeHello,
+    ) -> Pin<Box<dyn Future<Output = NodeVerdict> + Send + 'a>>;
 }
 
 impl Policy {
-    /// No TLS, no default export, no per-tenant cap, and the counters' default caps.
+    /// No TLS, no default export, no per-tenant cap, no storage-node protocol, and the counters' default
+    /// caps.
     pub fn open() -> Policy {
-        Policy { tls: None, default_export: None, cap_tenants: false, limits: ConnLimits::new(ConnCaps::default()) }
+        Policy {
+            tls: None,
+            default_export: None,
+            cap_tenants: false,
+            limits: ConnLimits::new(ConnCaps::default()),
+            node: None,
+        }
     }
 
     fn visible(exports: &[Arc<Export>], ip: IpAddr, identity: Option<&str>) -> Vec<bool> {
@@ -274,9 +317,9 @@ enum Transport {
     Tls(Box<SslStream<TcpStream>>),
 }
 
-/// What a finished handshake leaves: the transport, what was agreed, the client's identity and its
-/// tenant slot.
-type Opened = (Transport, Negotiated, Option<String>, Option<TenantSlot>);
+/// What a finished handshake leaves: the transport, what was agreed, the client's identity, its tenant
+/// slot, and the tenants of a storage-node session's slots (empty otherwise).
+type Opened = (Transport, Negotiated, Option<String>, Option<TenantSlot>, Vec<TenantId>);
 
 /// Serves one connection from `peer` under `policy` until the client disconnects, errs, or `shutdown`
 /// turns true (then in-flight requests are answered before closing).
@@ -299,6 +342,7 @@ pub async fn serve_client(
     hs.set_default_export(policy.default_export.as_ref().and_then(|d| exports.iter().position(|e| e.info.name == *d)));
     hs.set_visible(Policy::visible(&exports, peer.ip(), None));
     hs.set_confirm_open(policy.cap_tenants);
+    hs.set_node(policy.node.is_some());
     let (deadline, _slot) = match entry {
         Entry::Serve(slot) => (HANDSHAKE_TIMEOUT, Some(slot)),
         Entry::Refuse(message, _permit) => {
@@ -306,7 +350,7 @@ pub async fn serve_client(
             let refused = async {
                 let mut stream = stream;
                 stream.write_all(&out).await?;
-                let _ = handshake(&mut stream, &mut hs, &mut input, &policy, &exports).await?;
+                let _ = handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None)).await?;
                 Ok(())
             };
             return tokio::time::timeout(REFUSAL_TIMEOUT, refused).await.map_err(|_| ConnError::Timeout)?;
@@ -315,17 +359,18 @@ pub async fn serve_client(
     let opened = async {
         let mut stream = stream;
         stream.write_all(&out).await?;
-        match handshake(&mut stream, &mut hs, &mut input, &policy, &exports).await? {
+        match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None)).await? {
             HsEnd::Left => Ok(None),
-            HsEnd::Open(n, slot) => Ok(Some((Transport::Plain(stream), n, None, slot))),
+            HsEnd::Open(n, slot, node) => Ok(Some((Transport::Plain(stream), n, None, slot, node))),
             HsEnd::StartTls => {
                 let tls = policy.tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
                 let (mut stream, identity) = tls.accept(stream).await?;
                 hs.tls_established();
                 hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));
-                match handshake(&mut stream, &mut hs, &mut input, &policy, &exports).await? {
+                let who = (peer, identity.as_deref());
+                match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, who).await? {
                     HsEnd::Left => Ok(None),
-                    HsEnd::Open(n, slot) => Ok(Some((Transport::Tls(Box::new(stream)), n, identity, slot))),
+                    HsEnd::Open(n, slot, node) => Ok(Some((Transport::Tls(Box::new(stream)), n, identity, slot, node))),
                     HsEnd::StartTls => Err(ConnError::Proto(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS"))),
                 }
             }
@@ -347,14 +392,14 @@ pub async fn serve_client(
             return Err(ConnError::Timeout);
         }
     };
-    let Some((transport, negotiated, identity, _tenant_slot)) = opened else { return Ok(()) };
+    let Some((transport, negotiated, identity, _tenant_slot, node_tenants)) = opened else { return Ok(()) };
     let export = exports[negotiated.export].clone();
     drop(exports);
     let export = &*export;
     let opened = Instant::now();
-    tracing::info!(%peer, export = %export.info.name, tenant = %export.tenant_name, tls = hs.tls_active(), identity = identity.as_deref().unwrap_or(""), structured = negotiated.structured, "NBD connection opened");
+    tracing::info!(%peer, export = %export.info.name, tenant = %export.tenant_name, tls = hs.tls_active(), identity = identity.as_deref().unwrap_or(""), structured = negotiated.structured, node = negotiated.node.is_some(), "NBD connection opened");
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
-    let conn = Conn { ctx: &ctx, export, peer, opened };
+    let conn = Conn { ctx: &ctx, export, peer, opened, node_tenants };
     match transport {
         Transport::Plain(stream) => {
             // The plain path keeps the socket's own halves (no lock between reader and writer).
@@ -377,6 +422,8 @@ struct Conn<'a> {
     export: &'a Export,
     peer: SocketAddr,
     opened: Instant,
+    /// The tenant of each slot of a storage-node session (empty otherwise).
+    node_tenants: Vec<TenantId>,
 }
 
 /// The transmission phase on a split transport: a reader here, the writer task, the wait for in-flight
@@ -396,7 +443,7 @@ where
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let (replies, rx) = mpsc::unbounded_channel();
     let last_reply_ms = Arc::new(AtomicU64::new(0));
-    let Conn { ctx, export, peer, opened } = conn;
+    let Conn { ctx, export, peer, opened, node_tenants } = conn;
     let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone()));
     let mut close = ctx.limits.close.subscribe();
     let mut conn = Connection {
@@ -415,6 +462,7 @@ where
             last_reply_ms,
         }),
         requests: 0,
+        node_tenants,
     };
     let result = conn.transmission(&mut rd, shutdown, &mut close).await;
     let requests = conn.requests;
@@ -457,20 +505,24 @@ enum HsEnd {
     Left,
     /// STARTTLS was acknowledged: run TLS, then go on.
     StartTls,
-    /// An export is open (with the client's tenant slot, if tenants are capped).
-    Open(Negotiated, Option<TenantSlot>),
+    /// An export is open (with the client's tenant slot, if tenants are capped, and the tenants of a
+    /// storage-node session's slots).
+    Open(Negotiated, Option<TenantSlot>, Vec<TenantId>),
 }
 
 /// Runs the handshake on `stream` until it ends, needs TLS, or the client leaves. Bytes after the
-/// handshake stay in `input`.
+/// handshake stay in `input`. `who`: the peer and its TLS identity (for the storage-node gate).
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     hs: &mut ServerHandshake,
     input: &mut Input,
     policy: &Policy,
     exports: &[Arc<Export>],
+    who: (SocketAddr, Option<&str>),
 ) -> Result<HsEnd, ConnError> {
     let mut out = Vec::new();
+    // The tenants of the storage-node session the last hello was granted (a later hello replaces it).
+    let mut node_tenants = Vec::new();
     loop {
         if !input.fill(stream, input.unconsumed().len() + 1).await? {
             return Ok(HsEnd::Left);
@@ -480,6 +532,22 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             let (used, mut progress) = hs.feed(input.unconsumed(), &mut out)?;
             input.consume(used);
             let mut slot = None;
+            if let ServerProgress::NodeHello(hello) = progress {
+                let gate = policy.node.as_ref().expect("the option is offered only with a gate");
+                let verdict = gate.hello(who.0, who.1, hello).await.map(|session| {
+                    // A tenant per slot: the transmission phase indexes this table with a tag's slot,
+                    // which it checks against the welcome's count.
+                    assert_eq!(session.tenants.len(), session.welcome.tenants.len(), "one tenant per slot");
+                    node_tenants = session.tenants;
+                    session.welcome
+                });
+                if verdict.is_err() {
+                    node_tenants = Vec::new();
+                }
+                hs.node_verdict(verdict, &mut out);
+                stream.write_all(&out).await?;
+                continue; // the client may have sent more options already
+            }
             if let ServerProgress::Opening(export) = progress {
                 // The per-tenant cap, counted when the export opens; a refusal goes back to the client.
                 let verdict = match exports.get(export) {
@@ -496,9 +564,12 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             }
             stream.write_all(&out).await?;
             match progress {
-                ServerProgress::NeedMore | ServerProgress::Opening(_) => break,
+                ServerProgress::NeedMore | ServerProgress::Opening(_) | ServerProgress::NodeHello(_) => break,
                 ServerProgress::Aborted => return Ok(HsEnd::Left),
-                ServerProgress::Done(n) => return Ok(HsEnd::Open(n, slot)),
+                ServerProgress::Done(n) => {
+                    let node = if n.node.is_some() { std::mem::take(&mut node_tenants) } else { Vec::new() };
+                    return Ok(HsEnd::Open(n, slot, node));
+                }
                 ServerProgress::StartTls if input.unconsumed().is_empty() => return Ok(HsEnd::StartTls),
                 ServerProgress::StartTls => {
                     return Err(p::ProtoError::Malformed("data after NBD_OPT_STARTTLS before the TLS handshake").into())
@@ -530,6 +601,8 @@ struct Connection<'a> {
     idle: Option<Idle>,
     /// Requests received (answered or not), for the closing log line.
     requests: u64,
+    /// The tenant of each slot of a storage-node session (empty otherwise).
+    node_tenants: Vec<TenantId>,
 }
 
 impl Connection<'_> {
@@ -620,10 +693,17 @@ impl Connection<'_> {
     /// task) and goes straight to the writer: no task or channel per request.
     async fn submit(&self, request: Request, op: Op, encoder: ReplyEncoder, held: Held) {
         let replies = self.replies.clone();
-        let done = Box::new(move |res: IoResult| {
+        // A tagged request (storage-node session) runs under its slot's tenant, with its piggyback; the
+        // state machine checked the slot against the session's count, which is this table's length.
+        let (tenant, piggyback) = match request.tag {
+            Some(tag) => (self.node_tenants[tag.slot as usize], Some(tag.piggyback())),
+            None => (self.export.tenant, None),
+        };
+        let done = Box::new(move |res: IoResult, served: Served| {
             let reply = match res {
                 Ok(mut reply) => {
-                    encoder.success(&request, &mut reply);
+                    let trailer = NodeReplyTrailer { phase: served.phase, cost: served.cost.0 };
+                    encoder.success_node(&request, trailer, &mut reply);
                     reply
                 }
                 Err(e) => {
@@ -639,10 +719,11 @@ impl Connection<'_> {
             Backend::Local(storage) => {
                 let req = IoRequest {
                     storage: storage.clone(),
-                    tenant: self.export.tenant,
+                    tenant,
                     offset: request.offset,
                     op,
                     fua: request.fua,
+                    piggyback,
                 };
                 let dispatcher = self.dispatcher.expect("a server with local exports has a dispatcher");
                 dispatcher.submit(req, done).await;

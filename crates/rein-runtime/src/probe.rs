@@ -176,7 +176,7 @@ pub async fn probe(
                     Op::Write { data: (0..size).map(|_| rng.gen()).collect() }
                 };
                 let t0 = tokio::time::Instant::now();
-                d.io(IoRequest { storage: st.clone(), tenant, offset, op, fua: false })
+                d.io(IoRequest { storage: st.clone(), tenant, offset, op, fua: false, piggyback: None })
                     .await
                     .map_err(|e| e.to_string())?;
                 let _ = local.record(t0.elapsed().as_nanos().max(1) as u64);

@@ -31,16 +31,30 @@
 //! - Connections per node and volume: `connections_per_node`, at most [`MAX_CONNECTIONS_PER_NODE`].
 //! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
 //!
+//! # Storage-node sessions (docs/node-protocol.md)
+//! With `protocol = "rein"` (or `"auto"` on a node that has it) the handshake states the volume's tenant
+//! (NBD_OPT_REIN_NODE) and each piece carries a tag: the slot from the node's welcome and what the
+//! tenant's [`ServiceTracker`] prepared for that node as the piece left (`prepare(node)`, on the
+//! connection's writer); each reply's trailer (phase, cost) goes back into the tracker
+//! (`complete(node, phase, cost)`). The tracker is the tenant's, shared by its volumes, one server per
+//! node. A new session starts the node's account afresh (`forget_server`): a node that was away (and may
+//! have restarted with a fresh scheduler) is not told the whole outage's service elsewhere at once.
+//! `"auto"` on a node that answers NBD_REP_ERR_UNSUP goes on in plain NBD (no tags, no tracker);
+//! `"rein"` refuses such a node.
+//!
 //! # Symbol map
-//! Piece -> [`rein_model::stripe::Piece`]; the dmClock tracker's `prepare`/`complete` per piece come with
-//! the storage-node protocol (docs/node-protocol.md); plain NBD nodes carry no tags.
+//! dmClock's delta_i / rho_i -> [`NodeTag`]'s `delta` / `rho` from [`ServiceTracker::prepare`]; a piece
+//! -> [`rein_model::stripe::Piece`].
 //!
 //! # Deviations
-//! Protocol `rein` (the storage-node option with per-request tags) is not in this build yet: a node is
-//! spoken to in plain NBD (`nbd`, or `auto`, which falls back to it).
+//! `forget_server` is called on every new session of a pooled connection, not only when the node
+//! restarted: the gateway cannot tell a node restart from a lost connection, and a spurious call only
+//! drops the service elsewhere since the node's last request (which slightly favours the tenant there).
 
-use crate::dispatch::{IoError, IoResult, Op};
+use crate::dispatch::{IoError, Op, Served};
+use rein_core::{Cost, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
+use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION};
 use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use rein_proto::ErrorKind;
 use std::collections::HashMap;
@@ -65,8 +79,9 @@ const WRITE_BATCH: usize = 64;
 /// Bytes asked of the socket per read beyond what is wanted.
 const READ_AHEAD: usize = 256 * 1024;
 
-/// The function that takes a request's result (run on a connection task; quick, never blocking).
-pub type Done = Box<dyn FnOnce(IoResult) + Send>;
+/// The function that takes a request's result (run on a connection task; quick, never blocking); the
+/// [`Served`] it gets is the default (the front's reply to a VM carries no trailer).
+pub use crate::dispatch::Done;
 
 /// How the gateway speaks to a node (`protocol`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +149,16 @@ pub enum OpenError {
     },
 }
 
+/// The QoS a volume's requests carry on storage-node sessions: its tenant as stated to each node (index =
+/// node) and the tenant's tracker (shared by the tenant's volumes; one server per node).
+#[derive(Clone)]
+pub struct VolumeQos {
+    /// The tenant per node (the hello's entry; `local_reservation` differs per node).
+    pub tenants: Vec<NodeTenant>,
+    /// The tenant's dmClock/RBFQ service tracker over every node of the gateway.
+    pub tracker: Arc<Mutex<ServiceTracker>>,
+}
+
 /// A volume striped over nodes.
 pub struct RemoteVolume {
     name: String,
@@ -177,6 +202,7 @@ impl RemoteVolume {
         stripe: Stripe,
         nodes: &[NodeSpec],
         exports: &[String],
+        qos: Option<VolumeQos>,
         cfg: LinkConfig,
     ) -> Result<Arc<RemoteVolume>, OpenError> {
         assert_eq!(nodes.len(), stripe.nodes(), "one node spec per node of the layout");
@@ -187,8 +213,11 @@ impl RemoteVolume {
                 links.push(None);
                 continue;
             }
+            let qos = qos.as_ref().map(|q| (q.tenants[j].clone(), q.tracker.clone()));
             let target = Arc::new(Target {
                 node: node.clone(),
+                index: j,
+                qos,
                 export: exports[j].clone(),
                 needed: stripe.node_bytes(j, size),
                 volume: volume.to_string(),
@@ -234,7 +263,7 @@ impl RemoteVolume {
                 gather.expect(pieces.len());
                 for Piece { node, node_offset, request_offset, len } in pieces {
                     let fua = fua && self.takes_flush(node);
-                    let mut msg = Vec::with_capacity(p::REQUEST_LEN + len as usize);
+                    let mut msg = Vec::with_capacity(MSG_HEAD + len as usize);
                     header_into(&mut msg, Command::Write, node_offset, len, fua);
                     let at = request_offset as usize;
                     msg.extend_from_slice(&data[at..at + len as usize]);
@@ -308,22 +337,27 @@ impl RemoteVolume {
 }
 
 fn header(command: Command, offset: u64, length: u32, fua: bool) -> Vec<u8> {
-    let mut msg = Vec::with_capacity(p::REQUEST_LEN);
+    let mut msg = Vec::with_capacity(MSG_HEAD);
     header_into(&mut msg, command, offset, length, fua);
     msg
 }
 
-/// A request header with handle 0 (the connection's task writes the handle before sending).
+/// A request header with handle 0 (the connection's task writes the handle before sending), then room for
+/// a node tag ([`NODE_TAG_LEN`] zero bytes; written and sent only on a storage-node session).
 fn header_into(out: &mut Vec<u8>, command: Command, offset: u64, length: u32, fua: bool) {
     RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle: 0, offset, length }.encode(out);
+    out.extend_from_slice(&[0; NODE_TAG_LEN]);
 }
+
+/// A piece's message up to its payload: the request header and the tag's room.
+const MSG_HEAD: usize = p::REQUEST_LEN + NODE_TAG_LEN;
 
 /// Where the handle sits in an encoded request header.
 const HANDLE_AT: std::ops::Range<usize> = 8..16;
 
 /// One piece on its way to a node.
 struct Work {
-    /// The request header (handle to fill in) and, for a WRITE, the payload.
+    /// The request header (handle to fill in), the tag's room, and, for a WRITE, the payload.
     msg: Vec<u8>,
     /// Bytes of data the reply brings (a READ's length; 0 otherwise).
     read_len: u32,
@@ -420,13 +454,17 @@ impl Gather {
             };
             (done, result)
         };
-        (done.0)(done.1);
+        (done.0)(done.1, Served::default());
     }
 }
 
 /// A node connection's fixed parameters.
 struct Target {
     node: NodeSpec,
+    /// The node's index in the layout (and in the tenant's tracker).
+    index: usize,
+    /// The tenant as the hello states it to this node, and its tracker (`None`: plain NBD only).
+    qos: Option<(NodeTenant, Arc<Mutex<ServiceTracker>>)>,
     export: String,
     /// The volume's piece on this node ([`Stripe::node_bytes`]).
     needed: u64,
@@ -471,6 +509,8 @@ struct Session {
     stream: TcpStream,
     input: Vec<u8>,
     flags: u16,
+    /// On a storage-node session: the tenant's slot from the node's welcome.
+    slot: Option<u32>,
 }
 
 impl Session {
@@ -489,7 +529,20 @@ impl Target {
                 TcpStream::connect(self.node.address).await.map_err(|e| ConnectError::Io(format!("connect: {e}")))?;
             stream.set_nodelay(true).map_err(|e| ConnectError::Io(e.to_string()))?;
             let mut stream = stream;
-            let mut hs = ClientHandshake::new(&self.export, false);
+            let hello = match (&self.qos, self.node.protocol) {
+                (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
+                    Some(NodeHello { version: NODE_VERSION, tenants: vec![tenant.clone()] })
+                }
+                (None, NodeProtocol::Rein) => {
+                    return Err(ConnectError::Io("protocol rein needs a tenant for the volume".into()))
+                }
+                _ => None,
+            };
+            let mut hs = match hello {
+                Some(h) => ClientHandshake::with_node(&self.export, h)
+                    .map_err(|e| ConnectError::Io(format!("the storage-node hello: {e}")))?,
+                None => ClientHandshake::new(&self.export, false),
+            };
             let mut input = Vec::new();
             let mut out = Vec::new();
             loop {
@@ -503,7 +556,23 @@ impl Target {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
-                        return Ok(Session { stream, input, flags });
+                        return Ok(Session { stream, input, flags, slot: None });
+                    }
+                    ClientProgress::NodeReady { size, flags, welcome } => {
+                        if size < self.needed {
+                            return Err(ConnectError::TooSmall(size));
+                        }
+                        let slot = welcome.tenants.first().map(|g| g.slot);
+                        return Ok(Session { stream, input, flags, slot });
+                    }
+                    ClientProgress::NodeRefused(reply, message) => {
+                        if self.node.protocol == NodeProtocol::Rein {
+                            return Err(ConnectError::Io(format!(
+                                "the node refused the storage-node protocol (reply {reply:#x}): {message}"
+                            )));
+                        }
+                        // auto: GO is already sent; carry on in plain NBD.
+                        tracing::debug!(node = %self.node.name, "storage-node protocol refused ({message}); plain NBD");
                     }
                     ClientProgress::NeedMore => {
                         let n = stream
@@ -572,7 +641,19 @@ async fn run_link(
             }
         }
         backoff = (backoff * 2).min(target.cfg.max_backoff.max(BACKOFF_MIN));
-        match target.connect().await {
+        // The attempt may take up to connect_timeout: pieces that come meanwhile fail at once too.
+        let attempt = target.connect();
+        tokio::pin!(attempt);
+        let attempt = loop {
+            tokio::select! {
+                r = &mut attempt => break r,
+                w = rx.recv() => match w {
+                    None => return,
+                    Some(w) => w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into())),
+                },
+            }
+        };
+        match attempt {
             Ok(s) => session = Some(s),
             Err(e) => {
                 if !was_down {
@@ -602,7 +683,18 @@ struct Pending {
 /// Runs one session: a writer and a reader side by side on the task, until either ends; then every piece
 /// still pending fails (invariant 1).
 async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
-    let Session { mut stream, input, .. } = session;
+    let Session { mut stream, input, slot, .. } = session;
+    let node = target.index;
+    let qos = match (slot, &target.qos) {
+        (Some(slot), Some((_, tracker))) => Some((slot, tracker.as_ref())),
+        _ => None,
+    };
+    if let Some((_, tracker)) = qos {
+        // A fresh session (the node may have restarted with a fresh scheduler): what was completed
+        // elsewhere meanwhile is not owed to it at once.
+        let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
+        tracker.forget_server(node).expect("the tracker covers every node");
+    }
     let (mut rd, mut wr) = stream.split();
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
     let name = target.node.name.as_str();
@@ -616,6 +708,17 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
             while let Some(w) = work.take() {
                 let mut msg = w.msg;
                 msg[HANDLE_AT].copy_from_slice(&next.to_be_bytes());
+                if let Some((slot, tracker)) = qos {
+                    // dmClock: what this node is told is prepared as the piece leaves.
+                    let piggyback = tracker
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .prepare(node)
+                        .expect("the tracker covers every node");
+                    let mut tag = Vec::with_capacity(NODE_TAG_LEN);
+                    NodeTag::new(slot, piggyback).encode(&mut tag);
+                    msg[p::REQUEST_LEN..MSG_HEAD].copy_from_slice(&tag);
+                }
                 let deadline = Instant::now() + timeout;
                 pending
                     .lock()
@@ -627,7 +730,7 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
                     work = rx.try_recv().ok();
                 }
             }
-            if let Err(e) = write_all_vectored(&mut wr, &batch).await {
+            if let Err(e) = write_all_vectored(&mut wr, &batch, qos.is_some()).await {
                 return SessionEnd::Failed(format!("write: {e}"));
             }
             batch.clear();
@@ -642,13 +745,21 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
             // Complete every whole reply in the buffer.
             loop {
                 let avail = &buf[start..];
-                let (hdr, n) = match ReplyHeader::decode(avail) {
-                    Ok(Some(x)) => x,
-                    Ok(None) => break,
-                    Err(e) => return SessionEnd::Failed(format!("reply: {e}")),
-                };
-                let ReplyHeader::Simple { error, handle } = hdr else {
-                    return SessionEnd::Failed("a structured reply, which was not negotiated".into());
+                let (error, handle, trailer, n) = if qos.is_some() {
+                    match decode_node_reply(avail) {
+                        Ok(Some((r, trailer, n))) => (r.error, r.handle, Some(trailer), n),
+                        Ok(None) => break,
+                        Err(e) => return SessionEnd::Failed(format!("reply: {e}")),
+                    }
+                } else {
+                    match ReplyHeader::decode(avail) {
+                        Ok(Some((ReplyHeader::Simple { error, handle }, n))) => (error, handle, None, n),
+                        Ok(Some(_)) => {
+                            return SessionEnd::Failed("a structured reply, which was not negotiated".into())
+                        }
+                        Ok(None) => break,
+                        Err(e) => return SessionEnd::Failed(format!("reply: {e}")),
+                    }
                 };
                 let len = {
                     let g = pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -664,6 +775,12 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
                     break;
                 }
                 let p = pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle).expect("looked up above");
+                if let (Some((_, tracker)), Some(t)) = (qos, trailer) {
+                    if let Some(phase) = t.phase {
+                        let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
+                        tracker.complete(node, phase, Cost(t.cost)).expect("the tracker covers every node");
+                    }
+                }
                 if error == 0 {
                     p.sink.ok(&avail[n..n + len]);
                 } else {
@@ -725,18 +842,28 @@ fn kind_of(errno: u32) -> ErrorKind {
     }
 }
 
-/// Writes every message of `batch` with vectored writes, resuming after short writes.
-async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(wr: &mut W, batch: &[Vec<u8>]) -> std::io::Result<()> {
+/// Writes every message of `batch` with vectored writes, resuming after short writes; with `tags` false
+/// each message's tag room is left out (plain NBD).
+async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
+    wr: &mut W,
+    batch: &[Vec<u8>],
+    tags: bool,
+) -> std::io::Result<()> {
+    let parts: Vec<&[u8]> = if tags {
+        batch.iter().map(|m| &m[..]).collect()
+    } else {
+        batch.iter().flat_map(|m| [&m[..p::REQUEST_LEN], &m[MSG_HEAD..]]).filter(|s| !s.is_empty()).collect()
+    };
     let (mut i, mut at) = (0, 0);
-    while i < batch.len() {
+    while i < parts.len() {
         let slices: Vec<IoSlice<'_>> =
-            batch[i..].iter().enumerate().map(|(k, m)| IoSlice::new(if k == 0 { &m[at..] } else { m })).collect();
+            parts[i..].iter().enumerate().map(|(k, m)| IoSlice::new(if k == 0 { &m[at..] } else { m })).collect();
         let mut written = wr.write_vectored(&slices).await?;
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        while i < batch.len() {
-            let left = batch[i].len() - at;
+        while i < parts.len() {
+            let left = parts[i].len() - at;
             if written < left {
                 at += written;
                 break;
@@ -752,12 +879,13 @@ async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(wr: &mut W, batch:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dispatch::IoResult;
 
     /// A request's result comes once every piece is in, with the first error if any (invariant 1).
     #[test]
     fn gather_waits_for_every_piece() {
         let (tx, rx) = std::sync::mpsc::channel();
-        let g = Gather::new(vec![0; 4], Box::new(move |r| tx.send(r).unwrap()));
+        let g = Gather::new(vec![0; 4], Box::new(move |r, _| tx.send(r).unwrap()));
         g.expect(2);
         g.piece(Ok(&[1, 2]), 0);
         g.release();
@@ -766,13 +894,224 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().unwrap(), vec![1, 2, 3, 4]);
 
         let (tx, rx) = std::sync::mpsc::channel();
-        let g = Gather::new(Vec::new(), Box::new(move |r| tx.send(r).unwrap()));
+        let g = Gather::new(Vec::new(), Box::new(move |r, _| tx.send(r).unwrap()));
         g.expect(2);
         let s = Sink { gather: Some(g.clone()), at: 0 };
         drop(s); // dropped unsent: fails
         g.release();
         g.piece(Ok(&[]), 0);
         assert!(rx.try_recv().unwrap().is_err(), "a dropped piece fails the request");
+    }
+
+    /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request with phase
+    /// reservation and cost `cost` (raw) if `answer` (else never), and records the tags it received.
+    async fn fake_node(cost: u64, answer: bool) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
+        use rein_core::Phase;
+        use rein_proto::nbd::node::{NodeGranted, NodeReplyTrailer, NodeWelcome, SpecSource};
+        use rein_proto::nbd::{Event, ExportInfo, ServerHandshake, ServerProgress, ServerTransmission};
+        use rein_proto::nbd::{RequestKind, TransmissionConfig};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tags = Arc::new(Mutex::new(Vec::new()));
+        let seen = tags.clone();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let info = ExportInfo {
+                name: "v".into(),
+                description: String::new(),
+                size: 1 << 20,
+                read_only: false,
+                volatile: false,
+            };
+            let mut out = Vec::new();
+            let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
+            hs.set_node(true);
+            s.write_all(&out).await.unwrap();
+            let mut buf = Vec::new();
+            let negotiated = 'hs: loop {
+                if s.read_buf(&mut buf).await.unwrap() == 0 {
+                    return;
+                }
+                loop {
+                    out.clear();
+                    let (used, progress) = hs.feed(&buf, &mut out).unwrap();
+                    buf.drain(..used);
+                    let progress = match progress {
+                        ServerProgress::NodeHello(h) => {
+                            let granted = h
+                                .tenants
+                                .iter()
+                                .enumerate()
+                                .map(|(i, t)| NodeGranted {
+                                    slot: i as u32,
+                                    source: SpecSource::Gateway,
+                                    reservation: t.reservation,
+                                    limit: t.limit,
+                                    weight: t.weight,
+                                    local_reservation: t.local_reservation,
+                                })
+                                .collect();
+                            hs.node_verdict(Ok(NodeWelcome { version: 1, tenants: granted }), &mut out)
+                        }
+                        other => other,
+                    };
+                    s.write_all(&out).await.unwrap();
+                    match progress {
+                        ServerProgress::Done(n) => break 'hs n,
+                        // More options already received: go on; else (nothing, or a partial one) read.
+                        ServerProgress::NeedMore if used > 0 && !buf.is_empty() => continue,
+                        ServerProgress::NeedMore => break,
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            };
+            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
+            loop {
+                let (used, event) = machine.feed(&buf).unwrap();
+                match event {
+                    Event::NeedMore { .. } => {
+                        buf.drain(..used);
+                        if s.read_buf(&mut buf).await.unwrap() == 0 {
+                            return;
+                        }
+                    }
+                    Event::Request { request, .. } => {
+                        seen.lock().unwrap().push(request.tag.expect("a node session's request has a tag"));
+                        if !answer {
+                            buf.drain(..used);
+                            continue;
+                        }
+                        let encoder = machine.replies();
+                        let mut reply = match request.kind {
+                            RequestKind::Read => vec![0; encoder.headroom(&request) + request.length as usize],
+                            _ => Vec::new(),
+                        };
+                        let trailer = NodeReplyTrailer { phase: Some(Phase::Reservation), cost };
+                        encoder.success_node(&request, trailer, &mut reply);
+                        buf.drain(..used);
+                        s.write_all(&reply).await.unwrap();
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        });
+        (addr, tags)
+    }
+
+    /// On storage-node sessions each piece carries the tenant's slot and the dmClock piggyback: delta (and,
+    /// split by rho, rho) is the cost the other nodes reported completed since the previous request to
+    /// this one (dmClock §3.2: delta_i counts the service at the other servers between two requests to
+    /// server i), fed by the nodes' reply trailers.
+    #[tokio::test]
+    async fn node_sessions_carry_the_trackers_delta_and_rho() {
+        use rein_core::ReservationSplit;
+        use rein_proto::nbd::node::NodeSplit;
+        let (cost_a, cost_b) = (3 << 16, 5 << 16); // Cost 3.0 and 5.0
+        let (a, tags_a) = fake_node(cost_a, true).await;
+        let (b, tags_b) = fake_node(cost_b, true).await;
+        let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
+            .into_iter()
+            .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein })
+            .collect();
+        let tenant = NodeTenant {
+            name: "t".into(),
+            reservation: 100.0,
+            limit: None,
+            weight: 1.0,
+            local_reservation: 0.0,
+            idle_credit: 0,
+            split: NodeSplit::Rho,
+        };
+        let tracker = Arc::new(Mutex::new(ServiceTracker::with_split(2, ReservationSplit::Rho)));
+        let qos = VolumeQos { tenants: vec![tenant.clone(), tenant], tracker };
+        let cfg = LinkConfig {
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            max_backoff: Duration::from_millis(100),
+            connections: 1,
+        };
+        let stripe = Stripe::new(4096, &[1, 1]).unwrap();
+        let exports = vec!["v".to_string(), "v".to_string()];
+        let volume = RemoteVolume::open("v", 8192, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap();
+        let read = |offset: u64| {
+            let volume = volume.clone();
+            async move {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let done: Done = Box::new(move |r, _| {
+                    let _ = tx.send(r);
+                });
+                volume.submit(offset, Op::Read { len: 4096, headroom: 0 }, false, done).await;
+                rx.await.unwrap().unwrap()
+            }
+        };
+        read(0).await; // a: nothing completed elsewhere yet
+        read(4096).await; // b: a completed 3.0 in reservation phase
+        read(0).await; // a: b completed 5.0
+        read(0).await; // a: nothing new elsewhere
+        let (ta, tb) = (tags_a.lock().unwrap().clone(), tags_b.lock().unwrap().clone());
+        let pairs = |tags: &[NodeTag]| tags.iter().map(|t| (t.delta, t.rho)).collect::<Vec<_>>();
+        assert_eq!(pairs(&ta), vec![(0, 0), (cost_b, cost_b), (0, 0)]);
+        assert_eq!(pairs(&tb), vec![(cost_a, cost_a)]);
+        assert!(ta.iter().chain(&tb).all(|t| t.slot == 0 && t.share == 1 << 16), "{ta:?} {tb:?}");
+    }
+
+    fn qos(nodes: usize) -> VolumeQos {
+        let tenant = NodeTenant {
+            name: "t".into(),
+            reservation: 0.0,
+            limit: None,
+            weight: 1.0,
+            local_reservation: 0.0,
+            idle_credit: 0,
+            split: rein_proto::nbd::node::NodeSplit::Spread,
+        };
+        VolumeQos {
+            tenants: vec![tenant; nodes],
+            tracker: Arc::new(Mutex::new(ServiceTracker::with_split(nodes, rein_core::ReservationSplit::default()))),
+        }
+    }
+
+    /// A node connection holds at most MAX_PENDING_PER_CONN pieces: one more waits for a slot (the front
+    /// stops reading meanwhile); a node that answers nothing fails them all with EIO within
+    /// request_timeout, which frees the slots, and the one that waited then fails too (the node is gone).
+    #[tokio::test]
+    async fn a_node_connection_holds_at_most_max_pending_pieces() {
+        let (a, tags) = fake_node(0, false).await;
+        let nodes = vec![NodeSpec { name: "a".into(), address: a, protocol: NodeProtocol::Rein }];
+        let cfg = LinkConfig {
+            request_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(10),
+            max_backoff: Duration::from_millis(100),
+            connections: 1,
+        };
+        let stripe = Stripe::new(4096, &[1]).unwrap();
+        let volume =
+            RemoteVolume::open("v", 4096, stripe, &nodes, &["v".to_string()], Some(qos(1)), cfg).await.unwrap();
+        let (tx, mut results) = mpsc::unbounded_channel();
+        let read = |volume: Arc<RemoteVolume>, tx: mpsc::UnboundedSender<IoResult>| async move {
+            let done: Done = Box::new(move |r, _| {
+                let _ = tx.send(r);
+            });
+            volume.submit(0, Op::Read { len: 512, headroom: 0 }, false, done).await;
+        };
+        for _ in 0..MAX_PENDING_PER_CONN {
+            read(volume.clone(), tx.clone()).await;
+        }
+        let slots = &volume.links[0].as_ref().unwrap().conns[0].slots;
+        assert_eq!(slots.available_permits(), 0, "every slot taken");
+        let extra = tokio::spawn(read(volume.clone(), tx.clone()));
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!extra.is_finished(), "the piece past the bound waits for a slot");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        for i in 0..=MAX_PENDING_PER_CONN {
+            let r = tokio::time::timeout_at(deadline, results.recv()).await.expect("answered in time").unwrap();
+            let e = r.expect_err("the node never answers");
+            assert_eq!(e.kind(), ErrorKind::Io, "piece {i}: {e}");
+        }
+        extra.await.unwrap();
+        assert!(tags.lock().unwrap().len() <= MAX_PENDING_PER_CONN, "never more than the bound on the wire");
     }
 
     #[test]

@@ -225,11 +225,17 @@ pub async fn run_with(
     }
     let table = Arc::new(ExportTable::new(exports));
     let limits = ConnLimits::new(cfg.caps);
+    let registry =
+        Arc::new(Registry::new(dispatcher.clone(), base, cfg.clone(), tenant_ids, table.clone(), capacity, true));
+    let node: Option<Arc<dyn crate::nbd::NodeGate>> = cfg.node.enabled.then(|| {
+        Arc::new(crate::node::NodeService::new(cfg.node.clone(), registry.clone())) as Arc<dyn crate::nbd::NodeGate>
+    });
     let policy = Arc::new(Policy {
         tls: cfg.tls.clone(),
         default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
         cap_tenants: true,
         limits: limits.clone(),
+        node,
     });
     let ctx = Arc::new(NbdContext {
         exports: table.clone(),
@@ -245,7 +251,6 @@ pub async fn run_with(
     let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
     let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin: admin_l.local_addr().expect("bound") };
     tracing::info!(nbd = %bound.nbd, admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
-    let registry = Arc::new(Registry::new(dispatcher.clone(), base, cfg.clone(), tenant_ids, table, capacity, true));
     let admin_state = AdminState { registry: registry.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
@@ -329,6 +334,9 @@ pub async fn run_with(
         admin_abort.abort();
     }
     drop(ctx);
+    // The policy's [node] service holds the registry, hence a dispatcher handle: dropped too, or the
+    // dispatcher never ends and a storage node never exits.
+    drop(policy);
     drop(registry);
     drop(dispatcher);
     let _ = dispatcher_done.await;

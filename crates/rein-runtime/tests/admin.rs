@@ -40,9 +40,16 @@ async fn metrics_and_tenants() {
     let (addr, d, ids) = start(true, Admission::Refuse).await;
     let st: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 20));
     for _ in 0..5 {
-        d.io(IoRequest { storage: st.clone(), tenant: ids[0], offset: 0, op: Op::read(4096), fua: false })
-            .await
-            .unwrap();
+        d.io(IoRequest {
+            storage: st.clone(),
+            tenant: ids[0],
+            offset: 0,
+            op: Op::read(4096),
+            fua: false,
+            piggyback: None,
+        })
+        .await
+        .unwrap();
     }
     let (code, m) = http(addr, "GET", "/metrics", "").await;
     assert_eq!(code, 200);

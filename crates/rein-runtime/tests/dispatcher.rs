@@ -33,6 +33,7 @@ async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -
                             offset: off % (1 << 30),
                             op: Op::read(4096),
                             fua: false,
+                            piggyback: None,
                         })
                         .await;
                     assert!(r.is_ok());
@@ -94,21 +95,38 @@ async fn data_round_trips_and_errors_are_answered() {
         offset: 4096,
         op: Op::Write { data: data.clone() },
         fua: true,
+        piggyback: None,
     })
     .await
     .unwrap();
     let back = d
-        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 4096, op: Op::read(8192), fua: false })
+        .io(IoRequest {
+            storage: storage.clone(),
+            tenant: id,
+            offset: 4096,
+            op: Op::read(8192),
+            fua: false,
+            piggyback: None,
+        })
         .await
         .unwrap();
     assert_eq!(back, data);
     let e = d
-        .io(IoRequest { storage: storage.clone(), tenant: id, offset: 1 << 20, op: Op::read(1), fua: false })
+        .io(IoRequest {
+            storage: storage.clone(),
+            tenant: id,
+            offset: 1 << 20,
+            op: Op::read(1),
+            fua: false,
+            piggyback: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "out of range is an invalid request: {e}");
     // The tenant still works after the error.
-    d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 0, op: Op::Flush, fua: false }).await.unwrap();
+    d.io(IoRequest { storage: storage.clone(), tenant: id, offset: 0, op: Op::Flush, fua: false, piggyback: None })
+        .await
+        .unwrap();
     // A tenant id this dispatcher never issued (slot 1 of another dispatcher) is refused with EINVAL.
     let (other, j2) = Dispatcher::spawn(None, DispatchConfig::default());
     let _ = other.add_tenant(QosSpec::default()).await.unwrap();
@@ -116,7 +134,14 @@ async fn data_round_trips_and_errors_are_answered() {
     drop(other);
     j2.await.unwrap();
     let e = d
-        .io(IoRequest { storage: storage.clone(), tenant: foreign, offset: 0, op: Op::read(1), fua: false })
+        .io(IoRequest {
+            storage: storage.clone(),
+            tenant: foreign,
+            offset: 0,
+            op: Op::read(1),
+            fua: false,
+            piggyback: None,
+        })
         .await
         .unwrap_err();
     assert!(matches!(e, IoError::Refused(_)) && e.kind() == ErrorKind::InvalidRequest, "{e}");
@@ -155,6 +180,7 @@ async fn seconds_below_reservation_and_iops_are_measured() {
                             offset: k * 4096,
                             op: Op::read(4096),
                             fua: false,
+                            piggyback: None,
                         })
                         .await;
                 }
@@ -197,7 +223,14 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
         let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..Default::default() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
         for storage in [&file, &ram] {
-            let io = |offset, op| IoRequest { storage: storage.clone(), tenant: id, offset, op, fua: false };
+            let io = |offset, op| IoRequest {
+                storage: storage.clone(),
+                tenant: id,
+                offset,
+                op,
+                fua: false,
+                piggyback: None,
+            };
             d.io(io(4096, Op::Write { data: data.clone() })).await.unwrap();
             d.io(io(0, Op::Flush)).await.unwrap();
             let back = d.io(io(4096, Op::Read { len: 8192, headroom: 28 })).await.unwrap();
@@ -218,8 +251,14 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
     for engine in [IoEngine::Uring, IoEngine::Threads] {
         let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..Default::default() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
-        let w =
-            IoRequest { storage: ro.clone(), tenant: id, offset: 0, op: Op::Write { data: vec![1; 512] }, fua: true };
+        let w = IoRequest {
+            storage: ro.clone(),
+            tenant: id,
+            offset: 0,
+            op: Op::Write { data: vec![1; 512] },
+            fua: true,
+            piggyback: None,
+        };
         assert_eq!(d.io(w).await.unwrap_err().kind(), ErrorKind::ReadOnly, "{engine:?}");
         drop(d);
         join.await.unwrap();
@@ -248,7 +287,14 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
         let (d, st, done) = (d.clone(), storage.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             while tokio::time::Instant::now() < deadline {
-                let r = d.io(IoRequest { storage: st.clone(), tenant: id, offset: 0, op: Op::read(512), fua: false });
+                let r = d.io(IoRequest {
+                    storage: st.clone(),
+                    tenant: id,
+                    offset: 0,
+                    op: Op::read(512),
+                    fua: false,
+                    piggyback: None,
+                });
                 r.await.unwrap();
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -312,8 +358,14 @@ async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload(
             let (d, st, c) = (d.clone(), storage.clone(), counts[i].clone());
             tasks.push(tokio::spawn(async move {
                 while tokio::time::Instant::now() < deadline {
-                    let r =
-                        d.io(IoRequest { storage: st.clone(), tenant: id, offset: 0, op: Op::read(512), fua: false });
+                    let r = d.io(IoRequest {
+                        storage: st.clone(),
+                        tenant: id,
+                        offset: 0,
+                        op: Op::read(512),
+                        fua: false,
+                        piggyback: None,
+                    });
                     r.await.unwrap();
                     c.fetch_add(1, Ordering::Relaxed);
                 }

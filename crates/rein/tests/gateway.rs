@@ -74,9 +74,11 @@ fn uri(gw: &Server) -> String {
     format!("nbd://{}/v", gw.nbd)
 }
 
+/// qemu-io, killed after 60 s (a hang fails the test instead of holding it).
 fn qemu_io(uri: &str, commands: &[&str]) -> std::process::Output {
-    let mut c = tool("qemu-io");
-    c.args(["-f", "raw"]);
+    tool("qemu-io");
+    let mut c = Cmd::new("timeout");
+    c.args(["60", "qemu-io", "-f", "raw"]);
     for cmd in commands {
         c.args(["-c", cmd]);
     }
@@ -162,6 +164,9 @@ fn real_clients_round_trip_through_three_nodes() {
     for n in nodes_json[0]["nodes"].as_array().unwrap() {
         assert_eq!(n["connected"], n["connections"], "{body}");
     }
+    let (status, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("rein_gateway_node_connections_up{export=\"v\",node=\"s2\"} 2"), "{metrics}");
 }
 
 /// Polls `f` until it returns true or `within` passes.
@@ -315,6 +320,8 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
             "server_reservations",
         ),
         (good_node.clone(), "[[exports]]"),
+        // A node without the storage-node protocol under protocol = "rein": refused at start, naming it.
+        (format!("{good_node}protocol = \"rein\"\n{export}"), "node s1"),
         // Start-time errors name the node: an export too small for the layout, an unreachable node.
         (format!("{good_node}[[exports]]\nname = \"v\"\nsize_mb = 64\n"), "node s1: export \"v\" is 33554432 bytes"),
         (
@@ -329,4 +336,82 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
         assert_eq!(lines.len(), 1, "case {i}: one line: {err}");
         assert!(lines[0].contains(key), "case {i}: the error names {key:?}: {err}");
     }
+}
+
+/// IOs the node behind `admin` completed for `tenant` (all phases), from its /metrics.
+fn completed(admin: SocketAddr, tenant: &str) -> u64 {
+    let (status, _, body) = common::http(admin, "GET", "/metrics", "", "");
+    assert_eq!(status, 200);
+    let prefix = format!("rein_tenant_completed_total{{tenant=\"{tenant}\",");
+    body.lines().filter(|l| l.starts_with(&prefix)).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum()
+}
+
+#[test]
+fn storage_node_sessions_schedule_the_gateways_tenant_at_each_node() {
+    let dir = tmpdir("gw-rein");
+    let node_cfg = |host: u8| {
+        let d = dir.path().join(format!("node{host}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let text = format!(
+            "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
+             scheduler = \"dmclock\"\n[node]\nenabled = true\nspecs = \"gateway\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
+            d.join("data").display()
+        );
+        Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    };
+    let nodes = [node_cfg(81), node_cfg(82), node_cfg(83)];
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
+    let mut body = String::new();
+    for n in 1..=3 {
+        body.push_str(&format!("[[nodes]]\nname = \"s{n}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", list[n - 1].1));
+    }
+    let text = format!(
+        "listen = \"127.0.0.84:0\"\nadmin = \"127.0.0.84:0\"\n{TIMES}{body}[[tenants]]\nname = \"c2\"\nreservation = 100\n\
+         weight = 2\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 64\nstripe_kb = 64\n\
+         widths = {{ s1 = 1, s2 = 2, s3 = 1 }}\n"
+    );
+    let gw = gateway(&write_file(dir.path(), "gw.toml", &text));
+    for n in &nodes {
+        n.wait_line("storage-node session granted");
+    }
+    let before: Vec<u64> = nodes.iter().map(|n| completed(n.admin, "c2")).collect();
+    // One 256 KiB write and read of units 0..4: s1 holds unit 0, s2 units 1 and 2, s3 unit 3 (layout
+    // equation), so s2 serves two pieces of each request for s3's one.
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x22 0 256k", "read -P 0x22 0 256k", "flush"]);
+    assert!(ok, "{out}");
+    let after: Vec<u64> = nodes.iter().map(|n| completed(n.admin, "c2")).collect();
+    let served: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(served.iter().all(|&c| c > 0), "every node scheduled c2's pieces as c2: {served:?}");
+    assert_eq!(served[1] - served[2], 2, "s2 served 2 pieces more than s3 (2 per request vs 1): {served:?}");
+    // A storage node stops on SIGTERM like any rein serve (its [node] service held the dispatcher alive).
+    drop(gw);
+    for mut n in nodes {
+        n.terminate(Duration::from_secs(20));
+    }
+}
+
+/// The front is rein serve's connection code: STARTTLS with PSK (required), and an export's
+/// `allow_identities`.
+#[test]
+fn the_front_requires_tls_and_checks_identities() {
+    let dir = tmpdir("gw-tls");
+    let nodes = [node(dir.path(), 91, 0), node(dir.path(), 92, 0)];
+    let key =
+        |seed: u8| (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(37).wrapping_add(seed))).collect::<String>();
+    let keys = write_file(dir.path(), "keys.psk", &format!("alice:{}\nbob:{}\n", key(1), key(2)));
+    let mut text = format!(
+        "listen = \"127.0.0.93:0\"\nadmin = \"127.0.0.93:0\"\n{TIMES}[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n"
+    );
+    for (i, n) in nodes.iter().enumerate() {
+        text.push_str(&format!("[[nodes]]\nname = \"s{i}\"\naddress = \"{}\"\n", n.nbd));
+    }
+    text.push_str("[[exports]]\nname = \"v\"\nsize_mb = 16\nallow_identities = [\"alice\"]\n");
+    let gw = gateway(&write_file(dir.path(), "gw.toml", &text));
+    let as_user = |user: &str| format!("nbds://{user}@{}/v?tls-psk-file={}", gw.nbd, keys.display());
+    let info = run_ok(tool("nbdinfo").arg(as_user("alice")));
+    assert!(info.contains("with TLS") && info.contains("export-size: 16777216"), "{info}");
+    let plain = tool("nbdinfo").arg(format!("nbd://{}/v", gw.nbd)).output().unwrap();
+    assert!(!plain.status.success(), "plain NBD is refused under mode = require");
+    let bob = tool("nbdinfo").arg(as_user("bob")).output().unwrap();
+    assert!(!bob.status.success(), "bob is not in allow_identities");
 }

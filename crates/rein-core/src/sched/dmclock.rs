@@ -77,7 +77,10 @@
 //! wrapping `u64` arithmetic, so differences stay right across wrap-around.
 //! 1. `delta` and `rho` never count a completion at the server being addressed.
 //! 2. Every completion elsewhere is counted in exactly one later request to each server (none lost, none
-//!    counted twice), so over a long run each server sees the tenant's whole service.
+//!    counted twice), so over a long run each server sees the tenant's whole service. The one exception
+//!    is [`ServiceTracker::forget_server`]: a server that restarted (a gateway's reconnect) has lost its
+//!    tags, so the service elsewhere since its last request is dropped for it rather than charged in one
+//!    request (which would push the tenant's P tag there far into the future).
 //! 3. The shares sent are in `(0, 1]`, and `sum_j sent_j == window_sent < window_ios` (likewise for the
 //!    previous window), so the shares of one moment over all servers sum to 1.
 //!
@@ -90,6 +93,8 @@
 //!
 //! # Deviations from the paper
 //! - [`ReservationSplit::Spread`] is the default; [`ReservationSplit::Rho`] is §3.2.1 as written.
+//! - [`ServiceTracker::forget_server`] (not in the paper, whose servers never restart): a reconnected
+//!   server starts from the present totals and an empty spread window.
 //!
 //! Servers are dense indices `0..max_servers`; an index beyond the bound is an error.
 
@@ -315,6 +320,25 @@ impl ServiceTracker {
         ReservationShare::from_ratio(part, whole)
     }
 
+    /// Call when `server` restarted or its connection was replaced (a gateway's reconnect): the server has
+    /// forgotten the tenant, so the backlog of service elsewhere since its last request must not arrive as
+    /// one huge delta in its first request. Sets the server's `seen` counters to the present totals (its
+    /// next delta and rho count only what completes elsewhere from now on) and drops its requests from
+    /// the spread's windows (taken out of the window totals too, so invariant 3 holds). Its own completed
+    /// cost stays counted in the totals the other servers see.
+    pub fn forget_server(&mut self, server: usize) -> Result<(), TrackerError> {
+        let (total, total_resv) = (self.total, self.total_resv);
+        let s = self.server(server)?;
+        s.seen = total.wrapping_sub(s.own);
+        s.seen_resv = total_resv.wrapping_sub(s.own_resv);
+        let (sent, sent_prev) = (s.sent, s.sent_prev);
+        s.sent = 0;
+        s.sent_prev = 0;
+        self.window_sent -= sent;
+        self.window_sent_prev -= sent_prev;
+        Ok(())
+    }
+
     /// Call when `server` reports a completion of cost `cost` served in `phase`.
     pub fn complete(&mut self, server: usize, phase: Phase, cost: Cost) -> Result<(), TrackerError> {
         let resv = phase == Phase::Reservation;
@@ -360,6 +384,33 @@ mod tests {
         assert_eq!(t.prepare(1).unwrap().share, ReservationShare::ONE, "rho mode sends the whole reservation");
         assert!(matches!(t.prepare(2), Err(TrackerError::ServerOutOfRange { index: 2, max: 2 })));
         assert!(t.complete(5, Phase::Weight, Cost::ONE).is_err());
+    }
+
+    /// A reconnected server gets no backlog: its next delta counts only completions elsewhere after the
+    /// reconnect, and its share restarts from its new requests.
+    #[test]
+    fn forget_server_drops_the_backlog() {
+        for split in [ReservationSplit::Rho, ReservationSplit::Spread { window_ios: 100 }] {
+            let mut t = ServiceTracker::with_split(2, split);
+            t.prepare(0).unwrap();
+            for _ in 0..10 {
+                t.prepare(1).unwrap();
+                t.complete(1, Phase::Reservation, Cost::ONE).unwrap();
+            }
+            let mut before = t.clone();
+            assert_eq!(before.prepare(0).unwrap().delta, Cost::units(10), "without forgetting: the whole backlog");
+            t.forget_server(0).unwrap();
+            t.complete(1, Phase::Reservation, Cost::units(2)).unwrap();
+            let p = t.prepare(0).unwrap();
+            assert_eq!(p.delta, Cost::units(2), "only what completed elsewhere after the reconnect");
+            if split == ReservationSplit::Rho {
+                assert_eq!(p.rho, Cost::units(2));
+            } else {
+                // 10 requests to server 1 and, since forgetting, 1 to server 0: 1/11.
+                assert_eq!(p.share, ReservationShare::from_ratio(1, 11));
+            }
+            assert!(matches!(t.forget_server(2), Err(TrackerError::ServerOutOfRange { index: 2, max: 2 })));
+        }
     }
 
     #[test]

@@ -37,26 +37,45 @@
 //!   export's information and ACK (then `Done`); refused, NBD_REP_ERR_POLICY with the message (GO: the
 //!   client may try again) or a close (EXPORT_NAME).
 //!
+//! - **The storage-node protocol** ([`ServerHandshake::set_node`], off by default: then
+//!   [`OPT_REIN_NODE`] is answered exactly like any unknown option, NBD_REP_ERR_UNSUP). On, a valid
+//!   [`NodeHello`] makes `feed` return [`ServerProgress::NodeHello`] before anything is written; the caller
+//!   decides (its `[node]` configuration, the peer, the tenants) and answers with
+//!   [`ServerHandshake::node_verdict`]: the [`NodeWelcome`] (REP_REIN_NODE) or a refusal (its error reply
+//!   and message). A malformed hello gets NBD_REP_ERR_INVALID naming the field, without asking the caller.
+//!   The node protocol and STRUCTURED_REPLY exclude each other: whichever comes second gets
+//!   NBD_REP_ERR_INVALID. A second REIN_NODE replaces the first (a refused one leaves none); STARTTLS
+//!   forgets it, like structured replies.
+//!
 //! # Client states
+
 //! ```text
 //! new() --greeting--> [STRUCTURED_REPLY sent --reply-->] GO sent --INFO*, ACK--> Ready
+//! with_node() --greeting--> REIN_NODE sent --REP_REIN_NODE--> GO sent --INFO*, ACK--> NodeReady
+//!                                           --error reply--> GO sent (NodeRefused) --INFO*, ACK--> Ready
 //! ```
-//! [`ClientHandshake`] asks for structured replies if wanted, then for the export with NBD_OPT_GO.
+//! [`ClientHandshake`] asks for structured replies if wanted, then for the export with NBD_OPT_GO. With
+//! [`ClientHandshake::with_node`] it sends [`OPT_REIN_NODE`] first; a refusal is reported
+//! ([`ClientProgress::NodeRefused`]) with GO already sent, so a caller that can do without the node
+//! protocol goes on feeding (plain NBD) and one that cannot closes.
 
 use super::*;
+use crate::nbd::node::{NodeError, NodeHello, NodeWelcome, OPT_REIN_NODE, REP_REIN_NODE};
 use crate::nbd::transmission::MAX_PAYLOAD_LIMIT;
 
 /// What a finished handshake agreed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Negotiated {
     /// Index into the exports given to the server handshake.
     pub export: usize,
     /// Whether the client asked for structured replies.
     pub structured: bool,
+    /// The storage-node session, if one was agreed (what the node answered).
+    pub node: Option<NodeWelcome>,
 }
 
 /// Result of feeding the server handshake.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ServerProgress {
     /// Needs more input.
     NeedMore,
@@ -71,6 +90,9 @@ pub enum ServerProgress {
     /// With [`ServerHandshake::set_confirm_open`]: the client asks to open this visible export (an index
     /// into the exports); nothing is written yet. Answer with [`ServerHandshake::open`].
     Opening(usize),
+    /// With [`ServerHandshake::set_node`]: a valid storage-node hello; nothing is written yet. Answer with
+    /// [`ServerHandshake::node_verdict`].
+    NodeHello(NodeHello),
 }
 
 /// Whether the server offers TLS (NBD_OPT_STARTTLS).
@@ -93,6 +115,8 @@ enum SState {
     AwaitTls,
     /// [`ServerProgress::Opening`] returned; waiting for [`ServerHandshake::open`].
     AwaitOpen,
+    /// [`ServerProgress::NodeHello`] returned; waiting for [`ServerHandshake::node_verdict`].
+    AwaitNode,
     Finished,
 }
 
@@ -121,6 +145,12 @@ pub struct ServerHandshake {
     refusal: Option<String>,
     confirm_open: bool,
     pending: Option<PendingOpen>,
+    /// Whether the storage-node option is offered.
+    node_enabled: bool,
+    /// The storage-node session agreed so far.
+    node: Option<NodeWelcome>,
+    /// Tenants of the hello waiting for its verdict.
+    node_pending: Option<usize>,
 }
 
 impl ServerHandshake {
@@ -150,6 +180,9 @@ impl ServerHandshake {
             refusal: None,
             confirm_open: false,
             pending: None,
+            node_enabled: false,
+            node: None,
+            node_pending: None,
         }
     }
 
@@ -193,6 +226,40 @@ impl ServerHandshake {
         self.confirm_open = confirm;
     }
 
+    /// Offers the storage-node option ([`OPT_REIN_NODE`]; module comment). Off by default.
+    pub fn set_node(&mut self, enabled: bool) {
+        self.node_enabled = enabled;
+    }
+
+    /// Answers the [`ServerProgress::NodeHello`] that `feed` returned: `Ok` sends the welcome
+    /// (REP_REIN_NODE) and the session is a node session from GO on; `Err((reply, message))` sends that
+    /// error reply (an `NBD_REP_ERR_*`) and the message, and no node session remains. Negotiation goes on
+    /// either way (`NeedMore`).
+    ///
+    /// # Panics
+    /// If `feed` did not just return `NodeHello`, if `reply` is not an error reply, or if the welcome does
+    /// not answer every tenant of the hello (programmer errors).
+    pub fn node_verdict(&mut self, verdict: Result<NodeWelcome, (u32, String)>, out: &mut Vec<u8>) -> ServerProgress {
+        assert_eq!(self.state, SState::AwaitNode, "node_verdict follows ServerProgress::NodeHello");
+        let asked = self.node_pending.take().expect("a pending hello in AwaitNode");
+        self.state = SState::Options;
+        match verdict {
+            Ok(welcome) => {
+                assert_eq!(welcome.tenants.len(), asked, "the welcome answers every tenant of the hello");
+                let mut d = Vec::new();
+                welcome.encode(&mut d);
+                option_reply(out, OPT_REIN_NODE, REP_REIN_NODE, &d);
+                self.node = Some(welcome);
+            }
+            Err((reply, message)) => {
+                assert!(reply & (1 << 31) != 0, "a refusal is an error reply");
+                option_reply(out, OPT_REIN_NODE, reply, message.as_bytes());
+                self.node = None;
+            }
+        }
+        ServerProgress::NeedMore
+    }
+
     /// The TLS handshake that [`ServerProgress::StartTls`] asked for succeeded: option negotiation goes on
     /// over TLS, with what was negotiated before forgotten.
     ///
@@ -203,6 +270,7 @@ impl ServerHandshake {
         self.state = SState::Options;
         self.tls_active = true;
         self.structured = false;
+        self.node = None;
     }
 
     /// Answers the [`ServerProgress::Opening`] that `feed` returned: `Ok` opens the export (its
@@ -248,6 +316,7 @@ impl ServerHandshake {
                 SState::Finished => return Err(ProtoError::Malformed("data after the handshake finished")),
                 SState::AwaitTls => return Err(ProtoError::Malformed("data after NBD_OPT_STARTTLS before TLS")),
                 SState::AwaitOpen => return Err(ProtoError::Malformed("data before the export was opened")),
+                SState::AwaitNode => return Err(ProtoError::Malformed("data before the node hello was answered")),
                 SState::ClientFlags => {
                     if rest.len() < 4 {
                         return Ok((used, ServerProgress::NeedMore));
@@ -357,7 +426,11 @@ impl ServerHandshake {
         } else {
             self.send_info(OPT_GO, pending.export, &pending.wanted, out);
         }
-        ServerProgress::Done(Negotiated { export: pending.export, structured: self.structured })
+        ServerProgress::Done(Negotiated {
+            export: pending.export,
+            structured: self.structured,
+            node: self.node.clone(),
+        })
     }
 
     /// The INFO replies for `export` (NBD_INFO_EXPORT and those in `wanted` that the server knows), then
@@ -423,6 +496,13 @@ impl ServerHandshake {
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
                     option_reply(out, option, REP_ERR_INVALID, b"NBD_OPT_STRUCTURED_REPLY takes no data");
+                } else if self.node.is_some() {
+                    option_reply(
+                        out,
+                        option,
+                        REP_ERR_INVALID,
+                        b"structured replies and the storage-node protocol exclude each other",
+                    );
                 } else {
                     self.structured = true;
                     option_reply(out, option, REP_ACK, &[]);
@@ -457,6 +537,26 @@ impl ServerHandshake {
                 self.send_info(option, export, &wanted, out);
                 Ok(ServerProgress::NeedMore)
             }
+            OPT_REIN_NODE if self.node_enabled => {
+                // A second hello replaces the first: whatever comes of it, the first is gone.
+                self.node = None;
+                if self.structured {
+                    let msg = b"the storage-node protocol and structured replies exclude each other";
+                    option_reply(out, option, REP_ERR_INVALID, msg);
+                    return Ok(ServerProgress::NeedMore);
+                }
+                match NodeHello::decode(data) {
+                    Ok(hello) => {
+                        self.node_pending = Some(hello.tenants.len());
+                        self.state = SState::AwaitNode;
+                        Ok(ServerProgress::NodeHello(hello))
+                    }
+                    Err(e) => {
+                        option_reply(out, option, REP_ERR_INVALID, format!("bad node hello: {e}").as_bytes());
+                        Ok(ServerProgress::NeedMore)
+                    }
+                }
+            }
             _ => {
                 option_reply(out, option, REP_ERR_UNSUP, b"option not supported");
                 Ok(ServerProgress::NeedMore)
@@ -475,7 +575,7 @@ pub fn option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
 }
 
 /// Result of feeding the client handshake.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ClientProgress {
     /// Needs more input.
     NeedMore,
@@ -488,11 +588,25 @@ pub enum ClientProgress {
         /// Whether the server agreed to structured replies.
         structured: bool,
     },
+    /// With [`ClientHandshake::with_node`]: the export is open on a storage-node session.
+    NodeReady {
+        /// Export size in bytes.
+        size: u64,
+        /// Transmission flags (`TFLAG_*`).
+        flags: u16,
+        /// What the node answered to the hello.
+        welcome: NodeWelcome,
+    },
+    /// With [`ClientHandshake::with_node`]: the server refused the storage-node option with this error
+    /// reply and message (NBD_REP_ERR_UNSUP: a plain NBD server). GO is already in `out`: feed on for a
+    /// plain session ([`ClientProgress::Ready`]), or close.
+    NodeRefused(u32, String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CState {
     Greeting,
+    NodeReply,
     StructuredReply,
     GoReplies,
     Ready,
@@ -507,9 +621,25 @@ pub struct ClientHandshake {
     state: CState,
     size: Option<u64>,
     flags: u16,
+    node_hello: Option<NodeHello>,
+    welcome: Option<NodeWelcome>,
 }
 
 impl ClientHandshake {
+    /// A client for `export` on a storage-node session: it sends `hello` ([`OPT_REIN_NODE`]) before GO,
+    /// and no structured replies. A hello a node would refuse as malformed is an error here.
+    pub fn with_node(export: &str, hello: NodeHello) -> Result<ClientHandshake, NodeError> {
+        hello.check()?;
+        let mut hs = ClientHandshake::new(export, false);
+        hs.node_hello = Some(hello);
+        Ok(hs)
+    }
+
+    /// What the node answered, once it did.
+    pub fn node_welcome(&self) -> Option<&NodeWelcome> {
+        self.welcome.as_ref()
+    }
+
     /// A client for `export`, asking for structured replies if `want_structured`.
     pub fn new(export: &str, want_structured: bool) -> ClientHandshake {
         ClientHandshake {
@@ -519,6 +649,8 @@ impl ClientHandshake {
             state: CState::Greeting,
             size: None,
             flags: 0,
+            node_hello: None,
+            welcome: None,
         }
     }
 
@@ -539,14 +671,42 @@ impl ClientHandshake {
             let rest = &input[used..];
             match self.state {
                 CState::Ready => {
-                    return Ok((
-                        used,
-                        ClientProgress::Ready {
-                            size: self.size.unwrap_or(0),
-                            flags: self.flags,
-                            structured: self.structured,
-                        },
-                    ))
+                    let size = self.size.unwrap_or(0);
+                    let progress = match &self.welcome {
+                        Some(welcome) => {
+                            ClientProgress::NodeReady { size, flags: self.flags, welcome: welcome.clone() }
+                        }
+                        None => ClientProgress::Ready { size, flags: self.flags, structured: self.structured },
+                    };
+                    return Ok((used, progress));
+                }
+                CState::NodeReply => {
+                    let Some((OptionReply { option, reply, data }, n)) = decode_option_reply(rest)? else {
+                        return Ok((used, ClientProgress::NeedMore));
+                    };
+                    used += n;
+                    if option != OPT_REIN_NODE {
+                        return Err(ProtoError::Malformed("a reply to another option than NBD_OPT_REIN_NODE"));
+                    }
+                    self.send_go(out);
+                    self.state = CState::GoReplies;
+                    if reply != REP_REIN_NODE {
+                        if reply & (1 << 31) == 0 {
+                            return Err(ProtoError::Malformed("a non-error reply to NBD_OPT_REIN_NODE"));
+                        }
+                        let message = String::from_utf8_lossy(data).into_owned();
+                        return Ok((used, ClientProgress::NodeRefused(reply, message)));
+                    }
+                    let hello = self.node_hello.as_ref().expect("a hello was sent");
+                    let welcome = NodeWelcome::decode(data)?;
+                    if welcome.version > hello.version {
+                        return Err(NodeError::Version(welcome.version).into());
+                    }
+                    if welcome.tenants.len() != hello.tenants.len() {
+                        let count = welcome.tenants.len();
+                        return Err(NodeError::TenantCount { count, max: hello.tenants.len() }.into());
+                    }
+                    self.welcome = Some(welcome);
                 }
                 CState::Greeting => {
                     if rest.len() < 18 {
@@ -570,7 +730,12 @@ impl ClientHandshake {
                         cflags |= FLAG_C_NO_ZEROES;
                     }
                     out.extend_from_slice(&cflags.to_be_bytes());
-                    if self.want_structured {
+                    if let Some(hello) = &self.node_hello {
+                        let mut d = Vec::with_capacity(hello.encoded_len());
+                        hello.encode(&mut d);
+                        option_request(out, OPT_REIN_NODE, &d);
+                        self.state = CState::NodeReply;
+                    } else if self.want_structured {
                         option_request(out, OPT_STRUCTURED_REPLY, &[]);
                         self.state = CState::StructuredReply;
                     } else {

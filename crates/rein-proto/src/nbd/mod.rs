@@ -6,7 +6,7 @@
 //!   INFO, GO, STRUCTURED_REPLY (acknowledged; reads are then answered with structured OFFSET_DATA
 //!   chunks), STARTTLS (when the server's [`TlsMode`] offers it; the caller runs TLS); anything else (meta
 //!   contexts, extended headers) gets NBD_REP_ERR_UNSUP, which the spec lets clients handle by carrying on
-//!   without it. Per connection, the caller tells the handshake which exports the client may see
+//!   without it. REIN_NODE ([`node`]), Rein's storage-node protocol, when the server enables it. Per connection, the caller tells the handshake which exports the client may see
 //!   ([`ServerHandshake::set_visible`]), the default export for the empty name, and whether the whole
 //!   connection is refused ([`ServerHandshake::refuse_all`]).
 //! - Transmission ([`transmission`]): READ, WRITE, DISC, FLUSH, TRIM, WRITE_ZEROES with the FUA, NO_HOLE
@@ -32,11 +32,17 @@ use crate::ErrorKind;
 use std::fmt;
 
 pub mod handshake;
+pub mod node;
 pub mod transmission;
 
 pub use handshake::{
     decode_option_reply, option_reply, option_request, ClientHandshake, ClientProgress, Negotiated, OptionReply,
     ServerHandshake, ServerProgress, TlsMode,
+};
+pub use node::{
+    decode_node_reply, encode_node_request, NodeError, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag,
+    NodeTenant, NodeWelcome, SimpleReply, SpecSource, TagFault, MAX_NODE_NAME_LEN, MAX_NODE_TENANTS,
+    NODE_REPLY_TRAILER_LEN, NODE_TAG_LEN, NODE_VERSION, OPT_REIN_NODE, REP_REIN_NODE,
 };
 pub use transmission::{
     Event, Reason, Rejection, ReplyEncoder, Request, RequestKind, ServerTransmission, TransmissionConfig,
@@ -252,6 +258,15 @@ pub enum ProtoError {
     /// The client aborted the handshake.
     #[error("client aborted the handshake")]
     Aborted,
+    /// A storage-node message that breaks its rules ([`node`]); boxed to keep this error small.
+    #[error("storage-node protocol: {0}")]
+    Node(Box<NodeError>),
+}
+
+impl From<NodeError> for ProtoError {
+    fn from(e: NodeError) -> ProtoError {
+        ProtoError::Node(Box::new(e))
+    }
 }
 
 pub(crate) fn u16_at(b: &[u8], i: usize) -> u16 {

@@ -53,12 +53,22 @@
 //!
 //! A zero-length READ or WRITE is valid (and answered with success and no data).
 //!
+//! # Storage-node sessions ([`super::node`])
+//! With [`TransmissionConfig::node`], every request header (DISC's too) is followed by a
+//! [`NODE_TAG_LEN`]-byte [`NodeTag`]: a request is consumed only once header and tag are there, and the
+//! tag is consumed with its header whatever happens to the request. The tag is checked right after the
+//! command (step 2): a slot at or above [`TransmissionConfig::node_slots`], a share outside 1..=65536 or
+//! rho above delta gets EINVAL ([`Reason::Tag`]); DISC's tag is ignored. A valid request carries its tag
+//! ([`Request::tag`]). Replies are simple, each followed by a [`NodeReplyTrailer`] (phase and cost of the
+//! dispatch, [`ReplyEncoder::success_node`]; none on errors).
+//!
 //! # Invariants (checked by the property tests in `tests/nbd_transmission.rs` and by the fuzz target)
 //! 1. Every request header yields exactly one [`Event::Request`] or [`Event::Reject`], except DISC, which
 //!    yields [`Event::Disconnect`]; nothing else yields either.
 //! 2. The events do not depend on how the input is split: fed whole, byte by byte or in any chunks, a
 //!    stream gives the same requests, rejections, disconnect and error.
-//! 3. Bounded memory: `wanted` is at most [`REQUEST_LEN`] + the maximum payload, and a payload being
+//! 3. Bounded memory: `wanted` is at most [`REQUEST_LEN`] (+ [`NODE_TAG_LEN`] on a node session) + the
+//!    maximum payload, and a payload being
 //!    discarded is consumed as it arrives, so a caller's buffer never needs to be larger (asserted).
 //! 4. `consumed <= input.len()`; after a disconnect or an error the machine is closed and any further
 //!    input is an error.
@@ -91,6 +101,10 @@ pub struct TransmissionConfig {
     pub max_payload: u32,
     /// Whether the export is volatile ([`ExportInfo::volatile`]): FLUSH and FUA are then rejected.
     pub volatile: bool,
+    /// Whether this is a storage-node session (a tag after each header, a trailer after each reply).
+    pub node: bool,
+    /// Slots of the node session (the welcome's tenants); a tag's slot must be below it.
+    pub node_slots: u32,
 }
 
 impl TransmissionConfig {
@@ -102,6 +116,17 @@ impl TransmissionConfig {
             structured: negotiated.structured,
             max_payload,
             volatile: export.volatile,
+            node: negotiated.node.is_some(),
+            node_slots: negotiated.node.as_ref().map_or(0, |w| w.tenants.len() as u32),
+        }
+    }
+
+    /// Bytes of a request before its payload: the header, and the tag on a node session.
+    pub fn request_head_len(&self) -> usize {
+        if self.node {
+            REQUEST_LEN + NODE_TAG_LEN
+        } else {
+            REQUEST_LEN
         }
     }
 }
@@ -152,6 +177,8 @@ pub struct Request {
     pub length: u32,
     /// Force unit access: durable before the reply.
     pub fua: bool,
+    /// On a storage-node session, the request's validated tag.
+    pub tag: Option<NodeTag>,
 }
 
 /// Why a request is rejected.
@@ -179,6 +206,8 @@ pub enum Reason {
         /// The maximum payload.
         max: u32,
     },
+    /// A storage-node tag the session refuses.
+    Tag(TagFault),
     /// A range past the end of the export.
     OutOfRange {
         /// The request's offset.
@@ -201,6 +230,7 @@ impl fmt::Display for Reason {
                 write!(f, "offset {offset} and length {length} are reserved and must be zero")
             }
             Reason::TooLarge { length, max } => write!(f, "{length} bytes is above the {max}-byte limit"),
+            Reason::Tag(fault) => write!(f, "{fault}"),
             Reason::OutOfRange { offset, length, size } => {
                 write!(f, "range {offset}+{length} is beyond the end of the export ({size} bytes)")
             }
@@ -298,7 +328,11 @@ impl ServerTransmission {
 
     /// The encoder for this connection's replies.
     pub fn replies(&self) -> ReplyEncoder {
-        ReplyEncoder::new(self.config.structured)
+        if self.config.node {
+            ReplyEncoder::node()
+        } else {
+            ReplyEncoder::new(self.config.structured)
+        }
     }
 
     /// Whether the transmission has ended (after a disconnect or a protocol error).
@@ -308,7 +342,7 @@ impl ServerTransmission {
 
     /// The most unconsumed input [`ServerTransmission::feed`] ever needs at once (invariant 3).
     pub fn max_wanted(&self) -> usize {
-        REQUEST_LEN + self.config.max_payload as usize
+        self.config.request_head_len() + self.config.max_payload as usize
     }
 
     /// Consumes at most one request (and a rejected WRITE's payload before it) from `input`; returns the
@@ -343,13 +377,23 @@ impl ServerTransmission {
             return Err(ProtoError::Malformed("input after the transmission ended"));
         }
         let rest = &input[used..];
+        let head = self.config.request_head_len();
         let Some(header) = RequestHeader::decode(rest)? else {
-            return Ok((used, Event::NeedMore { wanted: REQUEST_LEN }));
+            return Ok((used, Event::NeedMore { wanted: head }));
         };
+        if rest.len() < head {
+            return Ok((used, Event::NeedMore { wanted: head }));
+        }
+        let tag = self.config.node.then(|| NodeTag {
+            slot: u32_at(rest, REQUEST_LEN),
+            share: u32_at(rest, REQUEST_LEN + 4),
+            delta: u64_at(rest, REQUEST_LEN + 8),
+            rho: u64_at(rest, REQUEST_LEN + 16),
+        });
         let kind = match header.command {
             Command::Disc => {
                 self.state = State::Closed;
-                return Ok((used + REQUEST_LEN, Event::Disconnect));
+                return Ok((used + head, Event::Disconnect));
             }
             Command::Read => RequestKind::Read,
             Command::Write => RequestKind::Write,
@@ -359,10 +403,11 @@ impl ServerTransmission {
             Command::Other(c) => {
                 let rejection =
                     Rejection { handle: header.handle, command: header.command, reason: Reason::UnknownCommand(c) };
-                return Ok((used + REQUEST_LEN, Event::Reject(rejection)));
+                return Ok((used + head, Event::Reject(rejection)));
             }
         };
-        if let Some(reason) = self.check(&header, kind) {
+        let tag_fault = tag.and_then(|t| t.check_slot(self.config.node_slots).and(t.check_values()).err());
+        if let Some(reason) = tag_fault.map(Reason::Tag).or_else(|| self.check(&header, kind)) {
             if kind == RequestKind::Write && header.length > 0 {
                 if header.length > self.discard_limit {
                     return Err(ProtoError::Unrecoverable(header.length));
@@ -370,19 +415,25 @@ impl ServerTransmission {
                 self.state = State::Discard { remaining: header.length };
             }
             let rejection = Rejection { handle: header.handle, command: header.command, reason };
-            return Ok((used + REQUEST_LEN, Event::Reject(rejection)));
+            return Ok((used + head, Event::Reject(rejection)));
         }
         // A FLUSH's reserved offset and length are zero (checked).
-        let request =
-            Request { handle: header.handle, kind, offset: header.offset, length: header.length, fua: header.fua() };
+        let request = Request {
+            handle: header.handle,
+            kind,
+            offset: header.offset,
+            length: header.length,
+            fua: header.fua(),
+            tag,
+        };
         if kind != RequestKind::Write {
-            return Ok((used + REQUEST_LEN, Event::Request { request, payload: &[] }));
+            return Ok((used + head, Event::Request { request, payload: &[] }));
         }
-        let whole = REQUEST_LEN + header.length as usize;
+        let whole = head + header.length as usize;
         if rest.len() < whole {
             return Ok((used, Event::NeedMore { wanted: whole }));
         }
-        Ok((used + whole, Event::Request { request, payload: &rest[REQUEST_LEN..whole] }))
+        Ok((used + whole, Event::Request { request, payload: &rest[head..whole] }))
     }
 
     /// Steps 3-7 of the validation (module comment).
@@ -420,16 +471,28 @@ impl ServerTransmission {
     }
 }
 
-/// Encodes the replies of one connection (simple, or structured when negotiated; module comment).
+/// Encodes the replies of one connection (simple, or structured when negotiated, or simple with a
+/// trailer on a storage-node session; module comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyEncoder {
     structured: bool,
+    node: bool,
 }
 
 impl ReplyEncoder {
     /// An encoder for simple replies, or structured ones.
     pub fn new(structured: bool) -> ReplyEncoder {
-        ReplyEncoder { structured }
+        ReplyEncoder { structured, node: false }
+    }
+
+    /// An encoder for a storage-node session: simple replies, each followed by a [`NodeReplyTrailer`].
+    pub fn node() -> ReplyEncoder {
+        ReplyEncoder { structured: false, node: true }
+    }
+
+    /// Whether replies carry the storage-node trailer.
+    pub fn is_node(self) -> bool {
+        self.node
     }
 
     /// Whether replies are structured.
@@ -441,6 +504,7 @@ impl ReplyEncoder {
     /// a READ fills (0 for other requests, whose replies carry no data).
     pub fn headroom(self, request: &Request) -> usize {
         match request.kind {
+            RequestKind::Read if self.node => SIMPLE_REPLY_LEN + NODE_REPLY_TRAILER_LEN,
             RequestKind::Read if !self.structured => SIMPLE_REPLY_LEN,
             RequestKind::Read if request.length == 0 => CHUNK_HEADER_LEN,
             RequestKind::Read => CHUNK_HEADER_LEN + 8,
@@ -451,9 +515,32 @@ impl ReplyEncoder {
     /// Completes the successful reply to `request` in `reply`. For a READ, `reply` must hold
     /// [`ReplyEncoder::headroom`] bytes followed by exactly `request.length` bytes of data: the header is
     /// written into the headroom and the data stays where it is. For other requests the reply is appended
-    /// to `reply` (usually empty).
+    /// to `reply` (usually empty). On a node session the trailer says "not charged" (phase 0): use
+    /// [`ReplyEncoder::success_node`] for what the scheduler dispatched.
     pub fn success(self, request: &Request, reply: &mut Vec<u8>) {
+        self.success_node(request, NodeReplyTrailer::default(), reply)
+    }
+
+    /// [`ReplyEncoder::success`] with the trailer a node session's reply carries (ignored on other
+    /// sessions): the phase and cost of the request's dispatch.
+    pub fn success_node(self, request: &Request, trailer: NodeReplyTrailer, reply: &mut Vec<u8>) {
         let handle = request.handle;
+        if self.node {
+            let mut h = [0u8; SIMPLE_REPLY_LEN];
+            write_simple_reply(&mut h, handle, 0);
+            let mut t = [0u8; NODE_REPLY_TRAILER_LEN];
+            trailer.write(&mut t);
+            if request.kind == RequestKind::Read {
+                let head = self.headroom(request);
+                assert_eq!(reply.len(), head + request.length as usize, "a READ reply is its headroom, then the data");
+                reply[..SIMPLE_REPLY_LEN].copy_from_slice(&h);
+                reply[SIMPLE_REPLY_LEN..head].copy_from_slice(&t);
+            } else {
+                reply.extend_from_slice(&h);
+                reply.extend_from_slice(&t);
+            }
+            return;
+        }
         match request.kind {
             RequestKind::Read => {
                 let head = self.headroom(request);
@@ -487,6 +574,9 @@ impl ReplyEncoder {
         let error = errno(kind);
         if !self.structured {
             simple_reply(out, handle, error);
+            if self.node {
+                NodeReplyTrailer::default().encode(out);
+            }
             return;
         }
         // Format the message in place, then fill in the lengths: no temporary string.
@@ -518,7 +608,15 @@ mod tests {
     use super::*;
 
     fn config() -> TransmissionConfig {
-        TransmissionConfig { size: 1 << 20, read_only: false, structured: true, max_payload: 4096, volatile: false }
+        TransmissionConfig {
+            size: 1 << 20,
+            read_only: false,
+            structured: true,
+            max_payload: 4096,
+            volatile: false,
+            node: false,
+            node_slots: 0,
+        }
     }
 
     fn header(command: Command, flags: u16, handle: u64, offset: u64, length: u32) -> Vec<u8> {
@@ -536,7 +634,7 @@ mod tests {
         input.extend_from_slice(b"efgh");
         let (used, e) = m.feed(&input).unwrap();
         assert_eq!(used, REQUEST_LEN + 8);
-        let want = Request { handle: 7, kind: RequestKind::Write, offset: 512, length: 8, fua: true };
+        let want = Request { handle: 7, kind: RequestKind::Write, offset: 512, length: 8, fua: true, tag: None };
         assert_eq!(e, Event::Request { request: want, payload: b"abcdefgh" });
     }
 
@@ -678,7 +776,7 @@ mod tests {
 
     #[test]
     fn replies_are_byte_exact() {
-        let read = Request { handle: 9, kind: RequestKind::Read, offset: 4096, length: 4, fua: false };
+        let read = Request { handle: 9, kind: RequestKind::Read, offset: 4096, length: 4, fua: false, tag: None };
         // Simple: 16-byte header, then the data, which stays in place.
         let enc = ReplyEncoder::new(false);
         let mut r = vec![0u8; enc.headroom(&read)];

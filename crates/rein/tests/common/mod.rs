@@ -315,15 +315,25 @@ pub(crate) struct NbdOpen {
     pub(crate) size: u64,
     pub(crate) flags: u16,
     pub(crate) structured: bool,
+    /// On a storage-node session, what the node answered.
+    pub(crate) welcome: Option<rein_proto::nbd::NodeWelcome>,
+    /// A refused storage-node option: the error reply and its message (the session went on plain).
+    pub(crate) node_refused: Option<(u32, String)>,
 }
 
 /// Connects to `addr` (blocking, `timeout` for the connect and every read) and opens `export`, asking for
 /// structured replies if `structured`; `Err` if the server refuses or closes.
 pub(crate) fn nbd_open(addr: SocketAddr, export: &str, structured: bool, timeout: Duration) -> Result<NbdOpen, String> {
+    nbd_open_with(addr, ClientHandshake::new(export, structured), timeout)
+}
+
+/// [`nbd_open`] with a handshake of the caller's (e.g. a storage-node one); a refused node option is
+/// recorded ([`NbdOpen::node_refused`]) and the handshake goes on plain, as a gateway in "auto" mode does.
+pub(crate) fn nbd_open_with(addr: SocketAddr, mut hs: ClientHandshake, timeout: Duration) -> Result<NbdOpen, String> {
     let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(timeout)).unwrap();
-    let mut hs = ClientHandshake::new(export, structured);
     let mut buf = Vec::new();
+    let mut node_refused = None;
     loop {
         let mut out = Vec::new();
         let (used, progress) = hs.feed(&buf, &mut out).map_err(|e| e.to_string())?;
@@ -339,8 +349,13 @@ pub(crate) fn nbd_open(addr: SocketAddr, export: &str, structured: bool, timeout
                 buf.extend_from_slice(&chunk[..n]);
             }
             ClientProgress::Ready { size, flags, structured } => {
-                return Ok(NbdOpen { stream, buf, size, flags, structured });
+                return Ok(NbdOpen { stream, buf, size, flags, structured, welcome: None, node_refused });
             }
+            ClientProgress::NodeReady { size, flags, welcome } => {
+                let welcome = Some(welcome);
+                return Ok(NbdOpen { stream, buf, size, flags, structured: false, welcome, node_refused });
+            }
+            ClientProgress::NodeRefused(reply, message) => node_refused = Some((reply, message)),
         }
     }
 }

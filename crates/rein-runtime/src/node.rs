@@ -1,0 +1,290 @@
+//! The node side of the storage-node protocol (docs/node-protocol.md): what `rein serve` answers to a
+//! gateway's hello.
+//!
+//! # Model
+//! A gateway (`rein gateway`) runs one dmClock/RBFQ tracker per tenant and spreads each tenant's IO over
+//! storage nodes; each node runs its own scheduler (mclock-dmclock.txt §3.2.1, rbfq-repair.txt §3.2). The
+//! hello ([`NodeHello`]) names the gateway's tenants and their specs; this module decides, per tenant,
+//! which spec the node's scheduler applies and which dispatcher tenant serves the slot:
+//! - `[node] specs = "node"`: the node's own `[[tenants]]` (and admin changes) win. A tenant the node
+//!   does not know refuses the whole hello with NBD_REP_ERR_POLICY naming it; a spec that differs from
+//!   the gateway's is kept, reported (source 0, the node's spec in the welcome) and logged.
+//! - `[node] specs = "gateway"`: the gateway's spec is adopted through [`Registry`] as `PUT` (a known
+//!   tenant whose spec differs) or `POST /api/tenants` (a new one) would: validated, admitted against the
+//!   capacity, persisted. A refusal (admission) refuses the hello with NBD_REP_ERR_POLICY and the
+//!   registry's message.
+//!
+//! # RBFQ's local reservation
+//! As rein-sim builds a server's spec from `server_reservations` (rein-sim `model::tenant`), a tenant
+//! whose hello carries `local_reservation` M_ij > 0 gets, at this node, the spec (M_ij, max(limit, M_ij),
+//! weight, idle credit): the node guarantees M_ij locally, whatever the scheduler. Otherwise the node's
+//! spec is the global one, and dmClock's share (spread) or rho splits the reservation per request.
+//!
+//! # Invariants
+//! 1. A granted session has one slot per hello tenant, in the hello's order, slot `i` = index `i`, and
+//!    one dispatcher tenant per slot (what the NBD layer indexes with the tag's slot).
+//! 2. Only peers that `[node] allow_networks` / `allow_identities` admit get past the first check; the
+//!    others change nothing.
+//!
+//! # Logs
+//! INFO once per granted hello: the peer, each tenant with the source of its spec, and the tenants whose
+//! specs disagree (named). INFO for a refused hello with its reason.
+//!
+//! # Symbol map
+//! | paper | here |
+//! |---|---|
+//! | M_ij, RBFQ's local minimum | [`NodeTenant::local_reservation`] -> the node spec's reservation |
+//! | r_i, l_i, w_i (mClock) | [`NodeTenant::reservation`], `limit`, `weight` |
+//!
+//! # Deviations
+//! - The hello adopts specs before the gateway opens an export: a gateway that leaves after its hello has
+//!   still changed the specs under `specs = "gateway"` (as an admin PUT would have).
+
+use crate::config::{NodeConfig, NodeSpecs};
+use crate::live::{ChangeError, Registry};
+use crate::nbd::{NodeGate, NodeSession, NodeVerdict};
+use rein_core::{QosSpec, TenantId};
+use rein_proto::nbd::{
+    NodeGranted, NodeHello, NodeTenant, NodeWelcome, SpecSource, NODE_VERSION, REP_ERR_INVALID, REP_ERR_POLICY,
+};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// `rein serve`'s [`NodeGate`]: the `[node]` settings over the server's registry.
+pub struct NodeService {
+    config: NodeConfig,
+    registry: Arc<Registry>,
+}
+
+impl std::fmt::Debug for NodeService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeService").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// The spec a hello tenant asks of this node (module comment: the local reservation replaces the global
+/// one when set). Errors name the tenant.
+pub fn asked_spec(t: &NodeTenant) -> Result<QosSpec, String> {
+    let (reservation, limit) = if t.local_reservation > 0.0 {
+        (t.local_reservation, t.limit.map(|l| l.max(t.local_reservation)))
+    } else {
+        (t.reservation, t.limit)
+    };
+    QosSpec::new(reservation, limit, t.weight, t.idle_credit).map_err(|e| format!("tenant {:?}: {e}", t.name))
+}
+
+fn granted(slot: usize, source: SpecSource, spec: QosSpec, local_reservation: f64) -> NodeGranted {
+    NodeGranted {
+        slot: slot as u32,
+        source,
+        reservation: spec.reservation(),
+        limit: spec.limit(),
+        weight: spec.weight(),
+        local_reservation,
+    }
+}
+
+impl NodeService {
+    /// The gate for `config` (which must be enabled) over `registry`.
+    pub fn new(config: NodeConfig, registry: Arc<Registry>) -> NodeService {
+        assert!(config.enabled, "a node service only for [node] enabled = true");
+        NodeService { config, registry }
+    }
+
+    /// The spec tenant `id` has now.
+    async fn spec_of(&self, id: TenantId) -> Result<QosSpec, (u32, String)> {
+        let snap = self.registry.dispatcher().snapshot().await.map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
+        snap.tenants
+            .iter()
+            .find(|t| t.id == id)
+            .map(|t| t.spec)
+            .ok_or_else(|| (REP_ERR_POLICY, format!("tenant {id:?} is gone")))
+    }
+
+    fn id_of(&self, name: &str) -> Option<TenantId> {
+        self.registry.tenants().iter().find(|(n, _)| n == name).map(|t| t.1)
+    }
+
+    /// Adopts `spec` for tenant `name` (`specs = "gateway"`): added if new, changed if it differs.
+    async fn adopt(&self, name: &str, spec: QosSpec) -> Result<TenantId, (u32, String)> {
+        let refuse = |e: ChangeError| (REP_ERR_POLICY, format!("tenant {name:?}: {e}"));
+        if self.id_of(name).is_none() {
+            match self.registry.add_tenant(name, spec).await {
+                Ok(_) => {}
+                // Another session added it meanwhile: change it below.
+                Err(ChangeError::Conflict(_)) if self.id_of(name).is_some() => {}
+                Err(e) => return Err(refuse(e)),
+            }
+        }
+        let id = self.id_of(name).ok_or_else(|| (REP_ERR_POLICY, format!("tenant {name:?} is gone")))?;
+        if self.spec_of(id).await? != spec {
+            self.registry.update_spec(name, |_| Ok(spec)).await.map_err(refuse)?;
+        }
+        Ok(id)
+    }
+
+    async fn decide(&self, peer: SocketAddr, identity: Option<&str>, hello: NodeHello) -> NodeVerdict {
+        if !self.config.access.allows(peer.ip(), identity) {
+            let who = identity.map_or(String::new(), |i| format!(" (identity {i:?})"));
+            let msg = format!(
+                "{}{who} may not use the storage-node protocol ([node] allow_networks/allow_identities)",
+                peer.ip()
+            );
+            return Err((REP_ERR_POLICY, msg));
+        }
+        let mut tenants = Vec::with_capacity(hello.tenants.len());
+        let mut answer = Vec::with_capacity(hello.tenants.len());
+        let mut disagree = Vec::new();
+        for (slot, t) in hello.tenants.iter().enumerate() {
+            let asked = asked_spec(t).map_err(|e| (REP_ERR_INVALID, e))?;
+            match self.config.specs {
+                NodeSpecs::Node => {
+                    let Some(id) = self.id_of(&t.name) else {
+                        let msg = format!("tenant {:?} is not known to this node ([node] specs = \"node\")", t.name);
+                        return Err((REP_ERR_POLICY, msg));
+                    };
+                    let spec = self.spec_of(id).await?;
+                    if spec != asked {
+                        disagree.push(format!("{} (node {spec}, gateway {asked})", t.name));
+                    }
+                    tenants.push(id);
+                    answer.push(granted(slot, SpecSource::Node, spec, 0.0));
+                }
+                NodeSpecs::Gateway => {
+                    tenants.push(self.adopt(&t.name, asked).await?);
+                    answer.push(granted(slot, SpecSource::Gateway, asked, t.local_reservation));
+                }
+            }
+        }
+        let names: Vec<&str> = hello.tenants.iter().map(|t| t.name.as_str()).collect();
+        let source = match self.config.specs {
+            NodeSpecs::Node => "node",
+            NodeSpecs::Gateway => "gateway",
+        };
+        tracing::info!(%peer, tenants = ?names, specs = source, disagree = ?disagree, "storage-node session granted");
+        debug_assert_eq!(tenants.len(), hello.tenants.len(), "invariant 1");
+        let welcome = NodeWelcome { version: hello.version.min(NODE_VERSION), tenants: answer };
+        Ok(NodeSession { welcome, tenants })
+    }
+}
+
+impl NodeGate for NodeService {
+    fn hello<'a>(
+        &'a self,
+        peer: SocketAddr,
+        identity: Option<&'a str>,
+        hello: NodeHello,
+    ) -> Pin<Box<dyn Future<Output = NodeVerdict> + Send + 'a>> {
+        Box::pin(async move {
+            let verdict = self.decide(peer, identity, hello).await;
+            if let Err((_, msg)) = &verdict {
+                tracing::info!(%peer, "storage-node hello refused: {msg}");
+            }
+            verdict
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::ExportAccess;
+    use crate::config::Admission;
+    use crate::dispatch::{DispatchConfig, Dispatcher};
+    use rein_proto::nbd::NodeSplit;
+
+    /// A node service over a registry with tenant "t" (reservation 100 of a capacity of 1,000).
+    async fn service(specs: NodeSpecs, networks: &[&str], identities: Option<&[&str]>) -> NodeService {
+        let (d, _join) = Dispatcher::spawn(None, DispatchConfig::default());
+        let spec = QosSpec::new(100.0, None, 1.0, 0).unwrap();
+        let id = d.add_tenant(spec).await.unwrap();
+        let registry = Registry::for_tenants(d, vec![("t".into(), spec, id)], Admission::Refuse, Some(1000.0));
+        let access = ExportAccess {
+            networks: Some(networks.iter().map(|n| n.parse().unwrap()).collect()),
+            identities: identities.map(|ids| ids.iter().map(|i| i.to_string()).collect()),
+        };
+        NodeService::new(NodeConfig { enabled: true, specs, access }, Arc::new(registry))
+    }
+
+    fn peer(ip: &str) -> SocketAddr {
+        SocketAddr::new(ip.parse().unwrap(), 40000)
+    }
+
+    fn named(name: &str, reservation: f64) -> NodeTenant {
+        NodeTenant { name: name.into(), ..tenant(reservation, None, 0.0) }
+    }
+
+    /// `allow_networks` and `allow_identities` together: the identity (known after STARTTLS) must be
+    /// listed and the address in a listed network; anything else is refused by policy, naming the peer.
+    #[tokio::test]
+    async fn only_allowed_peers_and_identities_may_speak_it() {
+        let node = service(NodeSpecs::Node, &["10.0.0.0/8"], Some(&["gw"])).await;
+        let hello = || NodeHello::new(vec![named("t", 100.0)]);
+        assert!(node.hello(peer("10.1.2.3"), Some("gw"), hello()).await.is_ok());
+        for (ip, identity) in [("10.1.2.3", None), ("10.1.2.3", Some("mallory")), ("192.168.0.1", Some("gw"))] {
+            let (code, msg) = node.hello(peer(ip), identity, hello()).await.unwrap_err();
+            assert_eq!(code, REP_ERR_POLICY);
+            assert!(msg.starts_with(ip) && msg.contains("may not use the storage-node protocol"), "{msg}");
+        }
+    }
+
+    /// `specs = "node"`: the node's spec wins and is reported with source 0; an unknown tenant refuses.
+    #[tokio::test]
+    async fn specs_node_keeps_the_nodes_spec() {
+        let node = service(NodeSpecs::Node, &["127.0.0.0/8"], None).await;
+        let s = node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("t", 900.0)])).await.unwrap();
+        let g = &s.welcome.tenants[0];
+        assert_eq!((g.slot, g.source, g.reservation), (0, SpecSource::Node, 100.0));
+        let (code, msg) = node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("u", 1.0)])).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        assert!(msg.contains("tenant \"u\" is not known"), "{msg}");
+    }
+
+    /// `specs = "gateway"`: adopted through the registry, admission included (100 + 950 > 1,000 refused;
+    /// changing t to 50 and adding u at 950 fits).
+    #[tokio::test]
+    async fn specs_gateway_adopts_with_admission() {
+        let node = service(NodeSpecs::Gateway, &["127.0.0.0/8"], None).await;
+        let (code, msg) =
+            node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("u", 950.0)])).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        assert!(msg.contains("tenant \"u\"") && msg.contains("capacity"), "{msg}");
+        let hello = NodeHello::new(vec![named("t", 50.0), named("u", 950.0)]);
+        let s = node.hello(peer("127.0.0.1"), None, hello).await.unwrap();
+        assert!(s.welcome.tenants.iter().all(|g| g.source == SpecSource::Gateway));
+        assert_eq!(s.tenants.len(), 2);
+        let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
+        assert_eq!(names, ["t", "u"]);
+        assert_eq!(node.spec_of(s.tenants[0]).await.unwrap().reservation(), 50.0);
+    }
+
+    fn tenant(reservation: f64, limit: Option<f64>, local_reservation: f64) -> NodeTenant {
+        NodeTenant {
+            name: "c".into(),
+            reservation,
+            limit,
+            weight: 2.0,
+            local_reservation,
+            idle_credit: 1,
+            split: NodeSplit::Spread,
+        }
+    }
+
+    /// As rein-sim's `server_reservations`: M_ij replaces r, and the limit rises to at least M_ij.
+    #[test]
+    fn the_local_reservation_replaces_the_global_one() {
+        assert_eq!(
+            asked_spec(&tenant(100.0, Some(300.0), 0.0)).unwrap(),
+            QosSpec::new(100.0, Some(300.0), 2.0, 1).unwrap()
+        );
+        assert_eq!(
+            asked_spec(&tenant(100.0, Some(30.0), 50.0)).unwrap(),
+            QosSpec::new(50.0, Some(50.0), 2.0, 1).unwrap()
+        );
+        assert_eq!(asked_spec(&tenant(100.0, None, 50.0)).unwrap(), QosSpec::new(50.0, None, 2.0, 1).unwrap());
+        let e = asked_spec(&tenant(100.0, Some(30.0), 0.0)).unwrap_err();
+        assert!(e.contains("tenant \"c\""), "{e}");
+    }
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Gateway benchmark: fio's nbd engine, 4 KiB random reads at iodepth 16 for SECONDS s, against one rein serve
+# directly and against rein gateway striping a 1 GiB volume (64 KiB units) over three rein serve nodes, in the
+# same sitting, ROUNDS times interleaved (medians, and the spread). Every server reads the same page-cached
+# file (no device model), so the rows differ only by the gateway's hop. CPU per IO: the server's CPU for the
+# direct row; the gateway's plus the three nodes' for the gateway row (from /proc/PID/stat). Servers listen
+# on their own 127.0.0.x addresses and are stopped at the end.
+# With PERF=1, the last gateway run is profiled with `perf record -g` (gateway process only) and the top
+# symbols are printed.
+# GW_THREADS sets the gateway's tokio worker threads (default: the number of CPUs).
+# Usage: [PERF=1] [GW_THREADS=n] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-10}
+ROUNDS=${2:-3}
+PROTOCOL=${3:-nbd}
+for t in fio python3; do command -v $t >/dev/null || { echo "needs $t (apt-get install fio python3)" >&2; exit 1; }; done
+source scripts/bench-common.sh
+cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"; }
+cpu_sum() { local s=0 p; for p in "$@"; do s=$(python3 -c "print($s + $(cpu_of "$p"))"); done; echo "$s"; }
+iops_of() { python3 -c 'import json,sys; t=sys.stdin.read(); print(round(json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"]))'; }
+fio_one() {
+  fio --name=b --ioengine=nbd --uri="$1" --rw=randread --bs=4k --iodepth=16 --time_based --runtime="$SECS" \
+      --size=1g --output-format=json 2>/dev/null | iops_of
+}
+# Runs fio against uri $1 while the processes $2.. serve it: prints "IOPS CPU-us-per-IO".
+measure() { local uri=$1; shift; local c0 c1 iops; c0=$(cpu_sum "$@"); iops=$(fio_one "$uri"); c1=$(cpu_sum "$@")
+  python3 -c "import sys; i,a,b,s=map(float,sys.argv[1:]); print(f'{i:.0f} {1e6*(b-a)/max(i*s,1):.2f}')" "$iops" "$c0" "$c1" "$SECS"; }
+REIN=./target/release/rein
+node_config() { # host [node] -> config path: one read-only export "bench" over $FILE (with "node" and a
+               # PROTOCOL other than nbd: a storage node, [node] enabled)
+  cat > "$W/node-$1.toml" <<TOML
+listen = "127.0.0.$1:10809"
+admin = "127.0.0.$1:9180"
+data_dir = "$W/data-$1"
+io_engine = "${IO_ENGINE:-uring}"
+[[exports]]
+name = "bench"
+path = "$FILE"
+size_mb = 1024
+read_only = true
+TOML
+  if [ "$2" = node ] && [ "$PROTOCOL" != nbd ]; then
+    # The storage-node protocol: dmClock at the node, the gateway's tenant adopted.
+    { echo 'scheduler = "dmclock"'; cat "$W/node-$1.toml"; printf '[node]\nenabled = true\nspecs = "gateway"\n'; } > "$W/node-$1.tmp"
+    mv "$W/node-$1.tmp" "$W/node-$1.toml"
+  fi
+  echo "$W/node-$1.toml"
+}
+direct_run() {
+  "$REIN" serve --config "$(node_config 41 direct)" 2>/dev/null & local pid=$!
+  wait_port 127.0.0.41 10809
+  measure nbd://127.0.0.41:10809/bench $pid
+  kill $pid; wait $pid 2>/dev/null || true
+}
+gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
+  local pids=() h
+  for h in 42 43 44; do "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
+  for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
+  { echo 'listen = "127.0.0.45:10809"'; echo 'connections_per_node = 2'
+    for h in 42 43 44; do printf '[[nodes]]\nname = "s%d"\naddress = "127.0.0.%d:10809"\nprotocol = "%s"\nexport = "bench"\n' $h $h "$PROTOCOL"; done
+    printf '[[exports]]\nname = "vol"\nsize_mb = 1024\nstripe_kb = 64\n'; } > "$W/gw.toml"
+  TOKIO_WORKER_THREADS=${GW_THREADS:-$(nproc)} "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!
+  wait_port 127.0.0.45 10809
+  if [ "${1:-}" = perf ]; then
+    perf record -g -o "$W/perf.data" -p $gw -- sleep "$SECS" >/dev/null 2>&1 & local perf=$!
+  fi
+  measure nbd://127.0.0.45:10809/vol $gw "${pids[@]}"
+  if [ "${1:-}" = perf ]; then wait $perf || true; fi
+  kill $gw "${pids[@]}"; wait $gw "${pids[@]}" 2>/dev/null || true
+}
+declare -A R
+for r in $(seq "$ROUNDS"); do
+  echo "round $r/$ROUNDS ..." >&2
+  R[direct]+="$(direct_run),"
+  if [ "${PERF:-0}" = 1 ] && [ "$r" = "$ROUNDS" ]; then R[gateway]+="$(gateway_run perf),"; else R[gateway]+="$(gateway_run),"; fi
+done
+python3 - "$SECS" "$ROUNDS" "$PROTOCOL" "${R[direct]}" "${R[gateway]}" <<'PY'
+import statistics, sys
+secs, rounds, protocol = sys.argv[1:4]
+pairs = [[tuple(map(float, x.split())) for x in a.strip(",").split(",")] for a in sys.argv[4:]]
+runs = [[p[0] for p in ps] for ps in pairs]
+cpus = [[p[1] for p in ps] for ps in pairs]
+med = [statistics.median(r) for r in runs]
+cpu = [statistics.median(c) for c in cpus]
+names = ["rein serve directly", f"rein gateway over 3 rein serve nodes (protocol {protocol}, 64 KiB stripes)"]
+print(f"| path (fio nbd, 4 KiB random reads, iodepth 16, {secs} s x {rounds} rounds) | median IOPS | min-max | CPU us/IO (all servers) |")
+print("|---|---:|---:|---:|")
+for n, m, r, c in zip(names, med, runs, cpu):
+    print(f"| {n} | {m:,.0f} | {min(r):,.0f}-{max(r):,.0f} | {c:.1f} |")
+print(f"\ngateway / direct: IOPS {med[1]/med[0]:.2f}x (target >= 0.60); CPU per IO {cpu[1]/cpu[0]:.2f}x")
+PY
+if [ "${PERF:-0}" = 1 ] && [ -f "$W/perf.data" ]; then
+  echo; echo "gateway profile (perf report --no-children, top 25):"
+  perf report -i "$W/perf.data" --no-children --stdio --sort symbol 2>/dev/null | grep -E '^ +[0-9]' | head -25 || true
+fi
