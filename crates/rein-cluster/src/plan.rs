@@ -23,13 +23,16 @@
 //! | tenant's `servers`, routing shares | [`Endpoint::servers`], gateway stripe `widths` |
 //! | `server_reservations` | the node tenant's reservation (one server), RBFQ local reservations (gateway) |
 //!
+//! A node that serves a striped tenant has `[node] enabled = true, specs = "node"`: its gateway speaks the
+//! storage-node protocol to it (`protocol = "rein"`), tagging every request with the tenant's dmClock/RBFQ
+//! delta and rho, and the node's own spec for the tenant (the scenario's for that server) wins, as the
+//! simulator's server sees it.
+//!
 //! # Deviations
-//! Until `rein serve` speaks the storage-node protocol ([`HAVE_NODE_PROTOCOL`]), a gateway cannot carry
-//! dmClock's delta and rho or RBFQ's Delta to the nodes: each node schedules a striped tenant locally with
-//! a static share of its spec ([`node_spec`]): reservation and limit times the node's stripe share
-//! w_j / W, the weight unchanged, and RBFQ's local minimum (`server_reservations`) as the node's
-//! reservation where given. Under uniform access this is what dmClock converges to; where a tenant's
-//! demand at a node differs from its stripe share (a hot spot), it is not.
+//! A build without the storage-node protocol ([`HAVE_NODE_PROTOCOL`] false) cannot carry delta and rho:
+//! its gateways speak plain NBD and each node schedules a striped tenant locally with a static share of
+//! its spec ([`node_spec`]): reservation and limit times the node's stripe share w_j / W, the weight
+//! unchanged, and RBFQ's local minimum (`server_reservations`) as the node's reservation where given.
 //!
 //! The simulator routes each request by a draw over the shares; a gateway stripes by offset, so a tenant's
 //! requests follow its shares only as far as its offsets are spread over the stripes (uniform random
@@ -61,7 +64,7 @@ pub const MAX_EXPORT_MB: u64 = 1 << 20;
 pub const HAVE_GATEWAY: bool = true;
 /// Whether `rein serve` speaks the storage-node protocol (`[node]`): without it, gateways speak plain NBD
 /// to the nodes and each node schedules a striped tenant by a static share of its spec ([`node_spec`]).
-pub const HAVE_NODE_PROTOCOL: bool = false;
+pub const HAVE_NODE_PROTOCOL: bool = true;
 
 /// Why a scenario cannot run on real daemons.
 #[derive(Debug, thiserror::Error)]
@@ -921,7 +924,12 @@ iops = 100
             }
             assert!(e.unwrap().size.unwrap() >= v.stripe.node_bytes(j, v.size), "node {j}'s piece");
             let t = cfg.tenants.iter().find(|t| t.name == "c1").unwrap();
-            if !HAVE_NODE_PROTOCOL {
+            if HAVE_NODE_PROTOCOL {
+                // The node's own spec is the scenario's for this server; the gateway tags requests.
+                assert_eq!(t.spec, sc.tenants[0].server_specs[j]);
+                assert_eq!(g.nodes[j].protocol, rein_runtime::remote::NodeProtocol::Rein);
+                assert!(node.config.contains("[node]\nenabled = true\nspecs = \"node\"\n"), "{}", node.config);
+            } else {
                 // s1 has 1 of 3 units a round, s2 2 of 3.
                 let share = [1.0 / 3.0, 2.0 / 3.0][j];
                 assert!((t.spec.reservation() - 600.0 * share).abs() < 1e-9, "{:?}", t.spec);
