@@ -14,10 +14,19 @@
 //! start from `GET /api/tenants`, the job's `tenant` naming which) and the completions by scheduling phase
 //! (the server's counters, read once per interval). Without it, they are unknown and reported as such.
 //!
+//! A job may have its own server ([`JobRoute`]: `rein cluster` gives each tenant its own endpoint, a
+//! gateway or a node): then its spec comes from the route, and its phases are the sums of the counters
+//! of the route's admin endpoints (the nodes behind its gateway). A closed loop with per-server windows
+//! (`outstanding_per_server`) keeps one window per server of the route; the route's `layout` moves a
+//! generated offset into server k's part of the export (without it, window k's offsets are left as
+//! drawn: right for a job on one server). Completions count at the route's server k in the report; a
+//! pooled job's at the server its layout says holds the offset (its first server without a layout).
+//!
 //! # Bounds
 //! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop
 //! arrivals beyond it are dropped and counted as rejected. Trace records are sent at their offset modulo the
-//! export's size (aligned to 512 bytes) and at most the export's size.
+//! export's size (aligned to 512 bytes) and at most the export's size. At the end, the answers still due
+//! are awaited for at most [`DRAIN_TIMEOUT`] (not recorded), then abandoned with their connections.
 
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
@@ -37,6 +46,8 @@ use tokio::task::JoinSet;
 
 /// Requests one job may have issued and unanswered, by default.
 pub const MAX_PENDING: usize = 65_536;
+/// How long the end of a run waits for the answers still due, and then for each disconnect.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request `rein load` sends (the server's default limit).
 pub const MAX_REQUEST_BYTES: u64 = 32 << 20;
 
@@ -53,6 +64,32 @@ pub struct Job {
     pub connections: usize,
     /// What and when it issues (validated).
     pub workload: WorkloadSpec,
+    /// Its own server, spec and phase sources, instead of the run's (`None`: the run's).
+    pub route: Option<JobRoute>,
+}
+
+/// How a job's export is laid out over its route's servers (a gateway's stripes).
+pub trait Layout: Send + Sync + std::fmt::Debug {
+    /// Moves a generated `offset` (of a `len`-byte request) into window k's server's part of the export.
+    fn aim(&self, k: usize, offset: u64, len: u64) -> u64;
+    /// The window (index into [`JobRoute::servers`]) whose server holds `offset`.
+    fn window_of(&self, offset: u64) -> usize;
+}
+
+/// A job's own server (module comment).
+#[derive(Debug, Clone)]
+pub struct JobRoute {
+    /// The NBD server it opens its export on.
+    pub addr: SocketAddr,
+    /// Its spec, for the report (`None`: unknown).
+    pub spec: Option<QosSpec>,
+    /// Admin endpoints whose phase counters for the job's tenant are summed (empty: phases unknown).
+    pub admins: Vec<crate::admin_client::AdminEndpoint>,
+    /// Indices into [`LoadConfig::servers`]: per-server window k is at `servers[k]` (at least one).
+    pub servers: Vec<usize>,
+    /// The export's layout over `servers`: per-server windows aim with it, and other requests count at
+    /// the server it says holds them (without it: as drawn, and at the first server).
+    pub layout: Option<Arc<dyn Layout>>,
 }
 
 /// A load run.
@@ -78,6 +115,8 @@ pub struct LoadConfig {
     pub name: String,
     /// Requests a job may have issued and unanswered ([`MAX_PENDING`] unless a test wants fewer).
     pub max_pending: usize,
+    /// The servers' names in the report (empty: one, named by `addr`); [`JobRoute::servers`] index them.
+    pub servers: Vec<String>,
 }
 
 /// Why a load run could not run.
@@ -122,6 +161,12 @@ impl LoadConfig {
             if j.workload.size_bytes > MAX_REQUEST_BYTES {
                 return bad(format!("job {}: requests above {} MiB", j.name, MAX_REQUEST_BYTES >> 20));
             }
+            if let Some(r) = &j.route {
+                let n = self.servers.len().max(1);
+                if r.servers.is_empty() || r.servers.iter().any(|&s| s >= n) {
+                    return bad(format!("job {}: route servers must be 1 or more of the run's {n}", j.name));
+                }
+            }
         }
         if self.interval.is_zero() || self.duration.is_zero() || self.warmup >= self.duration {
             return bad("need duration > warm-up >= 0 and a positive interval".into());
@@ -137,7 +182,8 @@ enum Timer {
     Stop,
     Toggle,
     Arrive,
-    Think,
+    /// A think time ends: reissue (to this window, for per-server windows).
+    Think(Option<usize>),
 }
 
 /// A pending timer: (when, sequence number for ties, job, what).
@@ -146,6 +192,8 @@ type TimerEntry = (Nanos, u64, usize, Timer);
 /// A request's outcome, back at the driver.
 struct Done {
     job: usize,
+    /// The window it was issued in (0 for a pooled job).
+    k: usize,
     issued: Nanos,
     /// When the answer arrived, stamped by the request's task (the driver may be busy when it learns).
     done: Nanos,
@@ -163,6 +211,11 @@ struct JobState {
     clock: Clock,
     /// [`LoadConfig::max_pending`].
     max_pending: usize,
+    /// Requests in flight per window.
+    at_window: Vec<u32>,
+    /// The report's server index of each window.
+    windows: Vec<usize>,
+    layout: Option<Arc<dyn Layout>>,
     /// This interval, for the live table.
     live_ios: u64,
     live_lat_ns: u64,
@@ -178,9 +231,10 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     };
     let mut specs: Vec<Option<QosSpec>> = Vec::new();
     for j in &cfg.jobs {
-        specs.push(match &server_tenants {
-            None => None,
-            Some(ts) => {
+        specs.push(match (&j.route, &server_tenants) {
+            (Some(r), _) => r.spec,
+            (None, None) => None,
+            (None, Some(ts)) => {
                 let t = ts.iter().find(|t| t.name == j.tenant).ok_or_else(|| {
                     LoadError::Invalid(format!("job {}: the server has no tenant {:?} (set tenant=)", j.name, j.tenant))
                 })?;
@@ -188,24 +242,54 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             }
         });
     }
-    // The server's phase counters at the start: each interval's phases are differences from here on.
-    let mut phases_base: Option<Vec<[u64; 3]>> =
-        server_tenants.as_ref().map(|ts| cfg.jobs.iter().map(|j| phase_counts(ts, &j.tenant)).collect());
+    // Where each job's phase counters are read: its route's admin endpoints, or the run's.
+    let mut endpoints: Vec<crate::admin_client::AdminEndpoint> = Vec::new();
+    let mut sources: Vec<Vec<usize>> = Vec::new();
+    for j in &cfg.jobs {
+        let eps: Vec<crate::admin_client::AdminEndpoint> = match &j.route {
+            Some(r) => r.admins.clone(),
+            None => cfg.admin.iter().cloned().collect(),
+        };
+        let mut ix = Vec::new();
+        for e in eps {
+            let i = match endpoints.iter().position(|x| format!("{x:?}") == format!("{e:?}")) {
+                Some(i) => i,
+                None => {
+                    endpoints.push(e);
+                    endpoints.len() - 1
+                }
+            };
+            ix.push(i);
+        }
+        sources.push(ix);
+    }
+    let phases_known = sources.iter().all(|s| !s.is_empty());
+    let tenants: Vec<String> = cfg.jobs.iter().map(|j| j.tenant.clone()).collect();
+    // The servers' phase counters at the start: each interval's phases are differences from here on.
+    let mut phases_base: Option<Vec<[u64; 3]>> = if !phases_known {
+        None
+    } else if let (Some(ts), true) = (&server_tenants, cfg.jobs.iter().all(|j| j.route.is_none())) {
+        Some(tenants.iter().map(|t| phase_counts(ts, t)).collect())
+    } else {
+        read_phases(&endpoints, cfg.admin_token.as_ref(), &sources, &tenants).await
+    };
     // Connect everything first, so a bad export fails before any load starts.
     let clock = Clock::new();
     let mut jobs = Vec::with_capacity(cfg.jobs.len());
     for (ji, j) in cfg.jobs.iter().enumerate() {
         let mut clients = Vec::new();
         for _ in 0..j.connections {
-            let c = NbdClient::connect(cfg.addr, &j.export).await.map_err(|source| LoadError::Connect {
+            let addr = j.route.as_ref().map_or(cfg.addr, |r| r.addr);
+            let c = NbdClient::connect(addr, &j.export).await.map_err(|source| LoadError::Connect {
                 job: j.name.clone(),
                 export: j.export.clone(),
-                addr: cfg.addr,
+                addr,
                 source,
             })?;
             clients.push(c);
         }
         let export_size = clients[0].size;
+        let windows = j.route.as_ref().map_or(vec![0], |r| r.servers.clone());
         let mut spec = j.workload.clone();
         // Offsets stay inside the export.
         spec.span_bytes = spec.span_bytes.min(export_size).max(1);
@@ -222,6 +306,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 payload,
                 clock,
                 max_pending: cfg.max_pending,
+                at_window: vec![0; windows.len()],
+                windows,
+                layout: j.route.as_ref().and_then(|r| r.layout.clone()),
                 live_ios: 0,
                 live_lat_ns: 0,
             },
@@ -230,7 +317,8 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let (specs_w, mut states): (Vec<WorkloadSpec>, Vec<JobState>) = jobs.into_iter().unzip();
     let duration = Nanos::from_duration(cfg.duration);
     let interval = Nanos::from_duration(cfg.interval);
-    let mut rec = Recorder::new(cfg.jobs.len(), 1, duration, interval, Nanos::from_duration(cfg.warmup))
+    let servers: Vec<String> = if cfg.servers.is_empty() { vec![cfg.addr.to_string()] } else { cfg.servers.clone() };
+    let mut rec = Recorder::new(cfg.jobs.len(), servers.len(), duration, interval, Nanos::from_duration(cfg.warmup))
         .map_err(|e| LoadError::Invalid(e.to_string()))?;
     // The run's time starts here, not at `clock`'s origin (before connecting).
     let start = clock.now();
@@ -251,26 +339,22 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let mut inflight: JoinSet<Done> = JoinSet::new();
     // Phase counters are read by one task, in interval order, so the driver never waits for the admin
     // endpoint: it sends an interval's index and receives the counts later.
-    let (phase_ask, phase_read) = match cfg.admin.clone() {
-        Some(a) => {
-            let (ask, mut asked) = tokio::sync::mpsc::unbounded_channel::<usize>();
-            let (answer, read) = tokio::sync::mpsc::unbounded_channel();
-            let jobs: Vec<String> = cfg.jobs.iter().map(|j| j.tenant.clone()).collect();
-            let token = cfg.admin_token.clone();
-            tokio::spawn(async move {
-                while let Some(i) = asked.recv().await {
-                    let counts = crate::admin_client::get_json::<Vec<TenantJson>>(&a, token.as_ref(), "/api/tenants")
-                        .await
-                        .ok()
-                        .map(|ts| jobs.iter().map(|t| phase_counts(&ts, t)).collect::<Vec<_>>());
-                    if answer.send((i, counts)).is_err() {
-                        break;
-                    }
+    let (phase_ask, phase_read) = if phases_known {
+        let (ask, mut asked) = tokio::sync::mpsc::unbounded_channel::<usize>();
+        let (answer, read) = tokio::sync::mpsc::unbounded_channel();
+        let token = cfg.admin_token.clone();
+        let (endpoints, sources) = (endpoints.clone(), sources.clone());
+        tokio::spawn(async move {
+            while let Some(i) = asked.recv().await {
+                let counts = read_phases(&endpoints, token.as_ref(), &sources, &tenants).await;
+                if answer.send((i, counts)).is_err() {
+                    break;
                 }
-            });
-            (Some(ask), Some(read))
-        }
-        None => (None, None),
+            }
+        });
+        (Some(ask), Some(read))
+    } else {
+        (None, None)
     };
     let mut phase_read = phase_read;
     let mut tick = tokio::time::interval_at(at_instant(interval), cfg.interval);
@@ -311,20 +395,20 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                         None => continue,
                         Some(Arrival::Generated(n)) => {
                             for _ in 0..n {
-                                issue(ji, st, None, t, &mut inflight, &mut rec);
+                                issue(ji, st, None, None, t, &mut inflight, &mut rec);
                             }
                         }
                         Some(Arrival::Record(r)) => {
-                            issue(ji, st, Some((r.offset, r.size, r.read)), t, &mut inflight, &mut rec)
+                            issue(ji, st, Some((r.offset, r.size, r.read)), None, t, &mut inflight, &mut rec)
                         }
                     }
                     if let Some(next) = st.gen.next_arrival(at, spec) {
                         arm(&mut timers, next, ji, Timer::Arrive);
                     }
                 }
-                Timer::Think => {
+                Timer::Think(k) => {
                     if st.gen.is_running() {
-                        issue(ji, st, None, t, &mut inflight, &mut rec);
+                        issue(ji, st, None, k, t, &mut inflight, &mut rec);
                     }
                 }
             }
@@ -343,12 +427,13 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 } else {
                     rec.rejected(d.job);
                 }
-                rec.server_completion(0, t);
-                let reissue = if d.ok { st.gen.completed(t, 0) } else { st.gen.failed(); Reissue::No };
+                st.at_window[d.k] -= 1;
+                rec.server_completion(st.windows[d.k], t);
+                let reissue = if d.ok { st.gen.completed(t, d.k) } else { st.gen.failed(); Reissue::No };
                 match reissue {
                     Reissue::No => {}
-                    Reissue::Now(_) => issue(d.job, st, None, t, &mut inflight, &mut rec),
-                    Reissue::At(at, _) => arm(&mut timers, at, d.job, Timer::Think),
+                    Reissue::Now(k) => issue(d.job, st, None, k, t, &mut inflight, &mut rec),
+                    Reissue::At(at, k) => arm(&mut timers, at, d.job, Timer::Think(k)),
                 }
             }
             _ = tick.tick() => {
@@ -381,11 +466,15 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             set_phases(i, counts, &mut phases_base, &mut rec);
         }
     }
-    // Answers still due are awaited (a request in flight at the end completes), not recorded.
-    while inflight.join_next().await.is_some() {}
+    // Answers still due are awaited (a request in flight at the end completes), not recorded, for at most
+    // DRAIN_TIMEOUT; the rest are abandoned (an overloaded open loop can leave more queued at the server
+    // than it answers in minutes).
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while inflight.join_next().await.is_some() {} }).await;
+    inflight.abort_all();
     for st in &states {
         for c in &st.clients {
-            c.disconnect().await;
+            // A server that no longer reads (its queues full) must not hold the end up either.
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, c.disconnect()).await;
         }
     }
     let meta = RunMeta {
@@ -398,14 +487,17 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             .zip(&specs)
             .map(|(j, spec)| TenantMeta { name: j.name.clone(), spec: *spec })
             .collect(),
-        servers: vec![ServerMeta {
-            name: cfg.addr.to_string(),
-            scheduler: "remote".into(),
-            distributed: false,
-            capacity: Vec::new(),
-            busy_observed: false,
-        }],
-        phases_known: cfg.admin.is_some(),
+        servers: servers
+            .into_iter()
+            .map(|name| ServerMeta {
+                name,
+                scheduler: "remote".into(),
+                distributed: false,
+                capacity: Vec::new(),
+                busy_observed: false,
+            })
+            .collect(),
+        phases_known,
     };
     Ok(rec.finish(&meta))
 }
@@ -421,6 +513,32 @@ fn set_phases(i: usize, counts: Option<Vec<[u64; 3]>>, base: &mut Option<Vec<[u6
         }
     }
     *base = Some(counts);
+}
+
+/// Each job's (reservation, weight, over-limit) counts summed over its sources (indices into `endpoints`);
+/// `None` if an endpoint could not be read.
+async fn read_phases(
+    endpoints: &[crate::admin_client::AdminEndpoint],
+    token: Option<&crate::admin_guard::AdminToken>,
+    sources: &[Vec<usize>],
+    tenants: &[String],
+) -> Option<Vec<[u64; 3]>> {
+    let mut read = Vec::with_capacity(endpoints.len());
+    for e in endpoints {
+        read.push(crate::admin_client::get_json::<Vec<TenantJson>>(e, token, "/api/tenants").await.ok()?);
+    }
+    Some(
+        sources
+            .iter()
+            .zip(tenants)
+            .map(|(src, t)| {
+                src.iter().fold([0u64; 3], |acc, &e| {
+                    let c = phase_counts(&read[e], t);
+                    [acc[0] + c[0], acc[1] + c[1], acc[2] + c[2]]
+                })
+            })
+            .collect(),
+    )
 }
 
 /// (reservation, weight, over-limit) completions of `tenant` in the server's counters.
@@ -444,20 +562,29 @@ fn begin(
     arm: &mut dyn FnMut(Nanos, Timer),
 ) {
     match st.gen.begin(at, spec) {
-        Begin::Fill | Begin::FillPerServer => {
+        Begin::Fill => {
             for _ in 0..st.gen.deficit(None) {
-                issue(ji, st, None, now, inflight, rec);
+                issue(ji, st, None, None, now, inflight, rec);
+            }
+        }
+        Begin::FillPerServer => {
+            for k in 0..st.windows.len() {
+                for _ in 0..st.gen.deficit(Some(st.at_window[k])) {
+                    issue(ji, st, None, Some(k), now, inflight, rec);
+                }
             }
         }
         Begin::ArriveAt(at) => arm(at, Timer::Arrive),
     }
 }
 
-/// Sends one request of job `ji`: generated, or a trace record `(offset, size, read)`.
+/// Sends one request of job `ji`: generated (to window `k` of per-server windows), or a trace record
+/// `(offset, size, read)`.
 fn issue(
     ji: usize,
     st: &mut JobState,
     record: Option<(u64, u64, bool)>,
+    k: Option<usize>,
     now: Nanos,
     inflight: &mut JoinSet<Done>,
     rec: &mut Recorder,
@@ -471,15 +598,20 @@ fn issue(
         None => {
             let size = st.gen.size_bytes();
             let io = st.gen.next_io();
-            (io.offset, size, io.read)
+            match (k, &st.layout) {
+                (Some(k), Some(layout)) => (layout.aim(k, io.offset, size), size, io.read),
+                _ => (io.offset, size, io.read),
+            }
         }
     };
+    let k = k.or_else(|| st.layout.as_ref().map(|l| l.window_of(offset))).unwrap_or(0).min(st.windows.len() - 1);
     if st.gen.in_flight() as usize >= st.max_pending {
         // Over the bound: the arrival is dropped (counted).
         rec.rejected(ji);
         return;
     }
     st.gen.issued();
+    st.at_window[k] += 1;
     let client = st.clients[st.next_client].clone();
     st.next_client = (st.next_client + 1) % st.clients.len();
     let (payload, clock) = (st.payload.clone(), st.clock);
@@ -492,6 +624,6 @@ fn issue(
             // A trace record larger than the job's size.
             client.request(Command::Write, offset, size as u32, &vec![0x5au8; size as usize], false).await
         };
-        Done { job: ji, issued: now, done: clock.now(), bytes: size, ok: r.is_ok() }
+        Done { job: ji, k, issued: now, done: clock.now(), bytes: size, ok: r.is_ok() }
     });
 }

@@ -34,7 +34,7 @@ weight = 3
 
 fn job(name: &str, p: WorkloadParams, seconds: f64) -> Job {
     let workload = p.validate(Nanos::from_secs_f64(seconds), None, &[]).unwrap();
-    Job { name: name.into(), export: name.into(), tenant: name.into(), connections: 2, workload }
+    Job { name: name.into(), export: name.into(), tenant: name.into(), connections: 2, workload, route: None }
 }
 
 /// Runs `jobs` for `seconds` against a fresh server; `admin`: give load the admin endpoint.
@@ -64,6 +64,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         seed: 3,
         name: "load-test".into(),
         max_pending,
+        servers: Vec::new(),
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -152,6 +153,22 @@ async fn open_arrivals_beyond_the_pending_bound_are_dropped_and_counted() {
     assert!(within(b.iops, 600.0, 10.0), "the limit still holds: {}", b.iops);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_waits_for_answers_at_most_the_drain_timeout() {
+    // 20,000 arrivals per second for 3 s at a tenant limited to 600 IOPS, with room for 40,000 pending: at
+    // the end about 40,000 are queued at the server, a minute of its work at the limit. The run ends
+    // within DRAIN_TIMEOUT of its duration (plus one DRAIN_TIMEOUT per connection's disconnect), not when
+    // the queue has drained: the deadline below is half the drain.
+    let secs = 3.0;
+    let flood = job("b", WorkloadParams { kind: "open".into(), iops: Some(20_000.0), ..Default::default() }, secs);
+    let bound = Duration::from_secs_f64(secs) + rein_runtime::load::DRAIN_TIMEOUT * 3 + Duration::from_secs(10);
+    assert!(bound < Duration::from_secs(40_000 / 600 / 2));
+    let t = tokio::time::timeout(bound, load(vec![flood], secs, false, 40_000))
+        .await
+        .expect("the run ends without draining the server's queue");
+    assert!(within(t.summary.tenants[0].iops, 600.0, 10.0), "{}", t.summary.tenants[0].iops);
+}
+
 #[tokio::test]
 async fn a_missing_tenant_is_a_clear_error() {
     let cfg = LoadConfig {
@@ -165,6 +182,7 @@ async fn a_missing_tenant_is_a_clear_error() {
         seed: 1,
         name: "x".into(),
         max_pending: 1,
+        servers: Vec::new(),
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");

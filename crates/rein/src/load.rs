@@ -146,7 +146,7 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
     let workload =
         p.validate(rein_core::Nanos::from_duration(duration), None, &[]).with_context(|| format!("job {name}"))?;
-    Ok(Job { name, export, tenant, connections: conns, workload })
+    Ok(Job { name, export, tenant, connections: conns, workload, route: None })
 }
 
 /// One line of the live table on stderr: elapsed time, then each tenant's IOPS and mean latency (ms).
@@ -213,6 +213,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         seed: args.seed,
         name: "rein-load".into(),
         max_pending: rein_runtime::load::MAX_PENDING,
+        servers: Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;

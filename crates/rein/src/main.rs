@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod cluster;
 mod demo;
 mod gateway;
 mod load;
@@ -39,6 +40,9 @@ enum Cmd {
     /// Speed measurements.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// A scenario on real daemons: `up` starts its nodes and gateways, `run` also drives its workloads.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
     /// pShift token allocation: solve instance files, generate the paper's synthetic instances.
     #[command(subcommand)]
     Pshift(pshift::PshiftCmd),
@@ -60,6 +64,7 @@ fn main() {
         Cmd::Probe(a) => probe::run(a),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Pshift(c) => pshift::run(c),
+        Cmd::Cluster(c) => cluster::run(c),
     };
     if let Err(e) = res {
         eprintln!("error: {}", report(&e));

@@ -1,0 +1,159 @@
+//! # rein-cluster: a simulator scenario on real daemons
+//!
+//! `rein cluster up` and `rein cluster run` start the processes a scenario describes and drive its
+//! workloads through them, so the same file runs in the simulator and on real daemons and the two compare.
+//!
+//! # Model
+//! One code path decides what a scenario means for both: the file is read and validated by rein-sim's
+//! own loader into the [`Scenario`] `rein sim` runs; [`plan`] derives each process's configuration from
+//! that value (never from the TOML); [`supervisor`] starts, watches and stops the processes; [`drive`]
+//! runs every tenant's workload (rein-model's generator, the simulator's own) through its endpoint with
+//! rein-runtime's load driver, for the scenario's duration in real time, into the same
+//! [`rein_model::RunTotals`] the simulator produces, so rein-sim's check layer applies to it unchanged.
+//!
+//! # Invariants
+//! 1. A scenario feature a real cluster cannot run is refused before anything starts, by name.
+//! 2. Every child is stopped and reaped, also when a child dies, the run fails or the caller panics
+//!    ([`supervisor`]'s invariants).
+//! 3. The driver's tenants are the scenario's, in its order and with its specs, so `[[expect]]` entries
+//!    index them as in the simulator.
+//!
+//! # Symbol map
+//! | simulator | cluster |
+//! |---|---|
+//! | `[[servers]]` entry | a `rein serve` node ([`plan::NodePlan`]) |
+//! | gateway of a tenant over several servers (dmClock tracker) | a `rein gateway` ([`plan::GatewayPlan`]) |
+//! | tenant's generator | [`drive`]: rein-runtime's load driver, one job per tenant |
+//! | completion phases | the nodes' `/api/tenants` counters, summed over the tenant's nodes |
+//!
+//! # Deviations
+//! Time is real: results vary from run to run (service-time draws, scheduling of the processes on a
+//! shared machine), where the simulator's are a function of the seed. See [`plan`] for routing.
+
+#![forbid(unsafe_code)]
+
+pub mod plan;
+pub mod supervisor;
+
+pub use plan::{Endpoint, Plan, PlanError};
+pub use supervisor::{ChildDied, ClusterError, Supervisor};
+
+use rein_model::RunTotals;
+use rein_runtime::load::{Job, JobRoute, Live, LoadConfig, LoadError};
+use rein_sim::Scenario;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// NBD connections a tenant's load opens to its endpoint.
+pub const CONNECTIONS_PER_TENANT: usize = 4;
+
+/// A gateway volume's layout, as the load driver uses it.
+#[derive(Debug)]
+struct Volume {
+    stripe: rein_model::stripe::Stripe,
+    size: u64,
+}
+
+impl rein_runtime::load::Layout for Volume {
+    fn aim(&self, k: usize, offset: u64, len: u64) -> u64 {
+        plan::aim(&self.stripe, k, offset, len, self.size)
+    }
+
+    fn window_of(&self, offset: u64) -> usize {
+        self.stripe.locate(offset).0
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The load could not run.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A child exited during the run.
+    #[error(transparent)]
+    Died(#[from] ChildDied),
+}
+
+/// The load jobs for `sc` on `plan`: one per tenant, in scenario order, with the tenant's spec and its
+/// nodes' admin endpoints (phases).
+pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
+    sc.tenants
+        .iter()
+        .zip(&plan.endpoints)
+        .map(|(t, e)| Job {
+            name: t.name.clone(),
+            export: e.export.clone(),
+            tenant: t.name.clone(),
+            connections: CONNECTIONS_PER_TENANT,
+            workload: t.workload.clone(),
+            route: Some(JobRoute {
+                addr: e.nbd,
+                spec: Some(t.spec),
+                admins: e.node_admins.iter().map(|&a| a.into()).collect(),
+                servers: e.servers.clone(),
+                // Through a gateway: window k's offsets in node k's stripes; completions at their node.
+                layout: e
+                    .stripe
+                    .clone()
+                    .map(|(stripe, size)| Arc::new(Volume { stripe, size }) as Arc<dyn rein_runtime::load::Layout>),
+            }),
+        })
+        .collect()
+}
+
+/// Runs `sc`'s workloads through `plan`'s endpoints for the scenario's duration, watching `sup`'s
+/// children: a child that exits ends the run with [`RunError::Died`]. `live` gets each interval's rows.
+pub async fn drive(
+    sc: &Scenario,
+    plan: &Plan,
+    sup: Arc<Mutex<Supervisor>>,
+    live: impl FnMut(Duration, &Live) + Send,
+) -> Result<RunTotals, RunError> {
+    let cfg = LoadConfig {
+        addr: plan.endpoints.first().map(|e| e.nbd).unwrap_or_else(|| ([127, 0, 0, 1], 0).into()),
+        admin: None,
+        admin_token: None,
+        jobs: jobs(sc, plan),
+        duration: Duration::from_nanos(sc.duration.0),
+        warmup: Duration::from_nanos(sc.warmup.0),
+        interval: Duration::from_nanos(sc.interval.0),
+        seed: sc.seed,
+        name: sc.name.clone(),
+        max_pending: rein_runtime::load::MAX_PENDING,
+        servers: sc.servers.iter().map(|s| s.name.clone()).collect(),
+    };
+    let watch = async {
+        loop {
+            if let Some(d) = sup.lock().expect("supervisor lock").poll() {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        r = rein_runtime::load::run(cfg, live) => Ok(r?),
+        d = watch => Err(RunError::Died(d)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rein_runtime::load::Layout;
+
+    /// The driver's layout aims with [`plan::aim`] and counts a completion at the node the gateway's
+    /// own layout (`Stripe::locate`) puts its offset on.
+    #[test]
+    fn a_volume_counts_each_offset_at_its_node() {
+        let stripe = rein_model::stripe::Stripe::new(64 << 10, &[1, 2]).unwrap();
+        let v = Volume { stripe: stripe.clone(), size: 3 << 20 };
+        // Units of 64 KiB: 0 on node 0, 1 and 2 on node 1, 3 on node 0, ...
+        for (offset, node) in [(0, 0), (64 << 10, 1), ((128 << 10) + 8192, 1), (192 << 10, 0)] {
+            assert_eq!(v.window_of(offset), node, "offset {offset}");
+        }
+        for k in 0..2 {
+            assert_eq!(v.window_of(v.aim(k, 4096 * 1000, 4096)), k);
+        }
+    }
+}

@@ -1,0 +1,971 @@
+//! A validated scenario turned into the processes that run it: one `rein serve` node per server, one
+//! `rein gateway` per tenant that stripes over several nodes, and the endpoint each tenant's load opens.
+//!
+//! # Model
+//! The input is rein-sim's [`Scenario`], the value `rein sim` runs: nothing here reads the TOML again, so a
+//! scenario means one thing to both. Server i becomes node `127.0.0.(10+i)`; each tenant that uses one
+//! server opens its export on that node directly; a tenant over several servers opens a gateway at
+//! `127.0.0.(10+n+j)` whose stripe widths are its routing shares as small integers ([`widths`]). A node
+//! gets the server's scheduler, queue depth, `[mclock]` settings and device model, and one sparse file
+//! export per tenant that uses it, sized to the tenant's span.
+//!
+//! # Invariants
+//! 1. What a node is told equals what the simulator runs: the `[mclock]` table and the `[device_model]`
+//!    written for a server are read back by the same validators (`SchedSettingsFile::resolve`,
+//!    `DeviceParams::validate`) and must give the server's own values, or planning fails naming it.
+//! 2. Every process has its own 127.0.0.x address: at most [`MAX_PROCESSES`] in a plan.
+//! 3. A feature a real cluster cannot run is refused by name ([`PlanError::Unsupported`]), never skipped.
+//!
+//! # Symbol map
+//! | scenario | plan |
+//! |---|---|
+//! | `[[servers]]` i | [`NodePlan`] i: `rein serve` config text |
+//! | tenant's `servers`, routing shares | [`Endpoint::servers`], gateway stripe `widths` |
+//! | `server_reservations` | the node tenant's reservation (one server), RBFQ local reservations (gateway) |
+//!
+//! A node that serves a striped tenant has `[node] enabled = true, specs = "node"`: its gateway speaks the
+//! storage-node protocol to it (`protocol = "rein"`), tagging every request with the tenant's dmClock/RBFQ
+//! delta and rho, and the node's own spec for the tenant (the scenario's for that server) wins, as the
+//! simulator's server sees it.
+//!
+//! # Deviations
+//! A build without the storage-node protocol ([`HAVE_NODE_PROTOCOL`] false) cannot carry delta and rho:
+//! its gateways speak plain NBD and each node schedules a striped tenant locally with a static share of
+//! its spec ([`node_spec`]): reservation and limit times the node's stripe share w_j / W, the weight
+//! unchanged, and RBFQ's local minimum (`server_reservations`) as the node's reservation where given.
+//!
+//! The simulator routes each request by a draw over the shares; a gateway stripes by offset, so a tenant's
+//! requests follow its shares only as far as its offsets are spread over the stripes (uniform random
+//! offsets: exactly in expectation). Device seeds are the scenario's seed plus the server's index, not the
+//! simulator's per-server streams: the same distribution, not the same draws.
+
+use rein_core::{CostModel, LimitMode, Nanos, QosSpec, ReservationLag, SchedConfig};
+use rein_model::device::{DeviceParams, DeviceSpec, Discipline, DiskParams, ServiceModel};
+use rein_model::sched_settings::SchedSettingsFile;
+use rein_model::stripe::Stripe;
+use rein_model::workload::WorkloadKind;
+use rein_model::Routing;
+use rein_sim::model::{Server, Tenant};
+use rein_sim::Scenario;
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+
+/// Processes in a plan at most: 127.0.0.10 to 127.0.0.254.
+pub const MAX_PROCESSES: usize = 245;
+/// The first node's address is 127.0.0.`FIRST_HOST`.
+pub const FIRST_HOST: u8 = 10;
+/// A gateway's stripe unit (KiB) under routing shares.
+pub const SHARES_STRIPE_KB: u64 = 64;
+/// Largest sum of stripe widths of a gateway export.
+pub const MAX_WIDTH_SUM: u64 = 1024;
+/// Largest export a plan makes (MiB; sparse files).
+pub const MAX_EXPORT_MB: u64 = 1 << 20;
+/// Whether this build has `rein gateway`: tenants over several servers need it.
+pub const HAVE_GATEWAY: bool = true;
+/// Whether `rein serve` speaks the storage-node protocol (`[node]`): without it, gateways speak plain NBD
+/// to the nodes and each node schedules a striped tenant by a static share of its spec ([`node_spec`]).
+pub const HAVE_NODE_PROTOCOL: bool = true;
+
+/// Why a scenario cannot run on real daemons.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The scenario uses something a real cluster cannot run; the message names the feature.
+    #[error("scenario {scenario:?}: {feature} cannot run on a real cluster{why}")]
+    Unsupported {
+        /// The scenario's name.
+        scenario: String,
+        /// The feature, as the scenario file names it.
+        feature: String,
+        /// More on why (empty or starting with ": ").
+        why: String,
+    },
+    /// A value cannot be carried over (the message names the server or tenant and the value).
+    #[error("scenario {scenario:?}: {message}")]
+    Invalid {
+        /// The scenario's name.
+        scenario: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// One `rein serve` node.
+#[derive(Debug, Clone)]
+pub struct NodePlan {
+    /// The server's name.
+    pub name: String,
+    /// NBD address.
+    pub nbd: SocketAddr,
+    /// Admin (HTTP) address.
+    pub admin: SocketAddr,
+    /// Its rein.toml.
+    pub config: String,
+}
+
+/// One `rein gateway`.
+#[derive(Debug, Clone)]
+pub struct GatewayPlan {
+    /// The tenant it serves.
+    pub tenant: String,
+    /// NBD address.
+    pub nbd: SocketAddr,
+    /// Admin (HTTP) address.
+    pub admin: SocketAddr,
+    /// Its gw.toml.
+    pub config: String,
+}
+
+/// Where a tenant's load goes.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The tenant (and export) name.
+    pub tenant: String,
+    /// The NBD server it opens: its node, or its gateway.
+    pub nbd: SocketAddr,
+    /// The export name.
+    pub export: String,
+    /// Indices of the scenario's servers it uses, in its order (per-server window k is at `servers[k]`).
+    pub servers: Vec<usize>,
+    /// The nodes' admin addresses (phase counters), in the order of `servers`.
+    pub node_admins: Vec<SocketAddr>,
+    /// Whether it goes through a gateway.
+    pub gateway: bool,
+    /// The volume's layout over `servers` and its size (bytes), through a gateway.
+    pub stripe: Option<(Stripe, u64)>,
+}
+
+impl Endpoint {
+    /// `nbd://ADDR:PORT/EXPORT`.
+    pub fn uri(&self) -> String {
+        format!("nbd://{}/{}", self.nbd, self.export)
+    }
+}
+
+/// The processes of a scenario, in start order (nodes, then gateways).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The scenario's name.
+    pub name: String,
+    /// One per server.
+    pub nodes: Vec<NodePlan>,
+    /// One per tenant over several servers.
+    pub gateways: Vec<GatewayPlan>,
+    /// One per tenant, in scenario order.
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// The address of process `i` (nodes first, then gateways).
+pub fn host(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, FIRST_HOST + i as u8)
+}
+
+impl Plan {
+    /// Plans `sc`. `port(addr, k)` gives port k (0 = NBD, 1 = admin) of the process at `addr` (fixed ports
+    /// from a base, or free ones). Nodes keep their data in `node-NAME`, relative to the directory the
+    /// supervisor starts them in.
+    pub fn new(sc: &Scenario, mut port: impl FnMut(Ipv4Addr, u16) -> std::io::Result<u16>) -> Result<Plan, PlanError> {
+        let unsupported = |feature: &str, why: &str| PlanError::Unsupported {
+            scenario: sc.name.clone(),
+            feature: feature.into(),
+            why: if why.is_empty() { String::new() } else { format!(": {why}") },
+        };
+        let invalid = |message: String| PlanError::Invalid { scenario: sc.name.clone(), message };
+        if sc.parda.is_some() || !sc.hosts.is_empty() {
+            return Err(unsupported("PARDA hosts ([parda], [[hosts]])", "rein has no PARDA host daemon yet"));
+        }
+        if sc.pshift.is_some() {
+            return Err(unsupported("a pShift cluster ([pshift])", "rein has no pShift controller daemon yet"));
+        }
+        if sc.net_delay > Nanos::ZERO {
+            return Err(unsupported("network.delay_ms", "the nodes are on loopback; there is no delay to add"));
+        }
+        let multi: Vec<usize> = (0..sc.tenants.len()).filter(|&j| sc.tenants[j].servers.len() > 1).collect();
+        let processes = sc.servers.len() + multi.len();
+        if processes > MAX_PROCESSES {
+            return Err(invalid(format!(
+                "{} servers and {} tenants over several servers need {processes} processes, each on its own \
+                 127.0.0.x address; at most {MAX_PROCESSES}",
+                sc.servers.len(),
+                multi.len()
+            )));
+        }
+        let mut addr = |i: usize| -> Result<(SocketAddr, SocketAddr), PlanError> {
+            let h = host(i);
+            let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
+            Ok((SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?))))
+        };
+        for t in &sc.tenants {
+            check_tenant(sc, t).map_err(|(f, why)| unsupported(&f, &why))?;
+        }
+        let mut nodes = Vec::with_capacity(sc.servers.len());
+        for (i, s) in sc.servers.iter().enumerate() {
+            let (nbd, admin) = addr(i)?;
+            let users: Vec<(&Tenant, usize)> =
+                sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
+            let node = HAVE_NODE_PROTOCOL && !multi.is_empty();
+            let text = node_config(sc, i, s, nbd, admin, &format!("node-{}", s.name), &users, node).map_err(invalid)?;
+            nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
+        }
+        let mut gateways = Vec::new();
+        let mut endpoints = Vec::with_capacity(sc.tenants.len());
+        for t in &sc.tenants {
+            let node_admins = t.servers.iter().map(|&i| nodes[i].admin).collect();
+            if t.servers.len() == 1 {
+                endpoints.push(Endpoint {
+                    tenant: t.name.clone(),
+                    nbd: nodes[t.servers[0]].nbd,
+                    export: t.name.clone(),
+                    servers: t.servers.clone(),
+                    node_admins,
+                    gateway: false,
+                    stripe: None,
+                });
+                continue;
+            }
+            if !HAVE_GATEWAY {
+                let names: Vec<&str> = t.servers.iter().map(|&i| sc.servers[i].name.as_str()).collect();
+                return Err(unsupported(
+                    &format!("tenant {} over several servers ({})", t.name, names.join(", ")),
+                    "striping over nodes needs `rein gateway`, which this build does not have yet",
+                ));
+            }
+            let (nbd, admin) = addr(sc.servers.len() + gateways.len())?;
+            let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
+            let (unit_kb, w) = stripe(t).map_err(invalid)?;
+            let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
+            let layout = Stripe::new(unit_kb * 1024, &w).map_err(|e| invalid(format!("tenant {}: {e}", t.name)))?;
+            gateways.push(GatewayPlan { tenant: t.name.clone(), nbd, admin, config: text });
+            endpoints.push(Endpoint {
+                tenant: t.name.clone(),
+                nbd,
+                export: t.name.clone(),
+                servers: t.servers.clone(),
+                node_admins,
+                gateway: true,
+                stripe: Some((layout, export_mb(t) << 20)),
+            });
+        }
+        Ok(Plan { name: sc.name.clone(), nodes, gateways, endpoints })
+    }
+}
+
+/// A tenant feature a real cluster cannot run: `(feature, why)`.
+fn check_tenant(sc: &Scenario, t: &Tenant) -> Result<(), (String, String)> {
+    if matches!(t.routing, Routing::Device(_)) {
+        return Err((format!("tenant {}: routing.devices", t.name), "a gateway stripes by offset".into()));
+    }
+    if t.host.is_some() {
+        return Err((format!("tenant {}: a VM on a PARDA host", t.name), String::new()));
+    }
+    let _ = sc;
+    Ok(())
+}
+
+/// The export size (MiB) a tenant's workload needs: its span (at least its request size), at least 1 MiB.
+pub fn export_mb(t: &Tenant) -> u64 {
+    let bytes = t.workload.span_bytes.max(t.workload.size_bytes).max(1);
+    bytes.div_ceil(1 << 20).clamp(1, MAX_EXPORT_MB)
+}
+
+/// Moves a volume `offset` (of a `len`-byte request) into node `k`'s units: the same round and place in
+/// the unit, in node k's unit `(u mod W) mod w_k` of that round (u the unit's index), so that offsets
+/// drawn uniformly over the volume land uniformly over node k's part; the round before when the request
+/// would pass the volume's end. An offset is returned unchanged when node k has no units. A request
+/// that crosses a unit boundary (longer than the unit, or not aligned to its size) still spans nodes.
+pub fn aim(stripe: &Stripe, k: usize, offset: u64, len: u64, volume: u64) -> u64 {
+    let unit = stripe.unit();
+    let widths: Vec<u64> = (0..stripe.nodes()).map(|j| stripe.node_bytes(j, 1) / unit).collect();
+    let (w, round): (u64, u64) = (widths[k], widths.iter().sum());
+    if w == 0 {
+        return offset;
+    }
+    let start: u64 = widths[..k].iter().sum();
+    let u = offset / unit;
+    let mut r = u / round;
+    let at = |r: u64| (r * round + start + (u % round) % w) * unit + offset % unit;
+    while r > 0 && at(r) + len > volume {
+        r -= 1;
+    }
+    at(r)
+}
+
+/// Routing shares as stripe widths: small integers in the same ratios. Integer shares are reduced by
+/// their gcd; others are scaled to the smallest integers within 1% of the ratios. A zero share is a
+/// zero width (the node is not used). Errors name the shares.
+pub fn widths(shares: &[f64]) -> Result<Vec<u64>, String> {
+    let min = shares.iter().copied().filter(|&s| s > 0.0).fold(f64::INFINITY, f64::min);
+    if !min.is_finite() || shares.iter().any(|s| !(s.is_finite() && *s >= 0.0)) {
+        return Err(format!("routing shares {shares:?}: need finite non-negative shares, not all zero"));
+    }
+    let ratios: Vec<f64> = shares.iter().map(|s| s / min).collect();
+    for m in 1..=1000u64 {
+        let w: Vec<u64> = ratios.iter().map(|r| (r * m as f64).round() as u64).collect();
+        let close = ratios.iter().zip(&w).all(|(r, &w)| (w as f64 - r * m as f64).abs() <= 0.01 * r * m as f64);
+        if close && w.iter().zip(shares).all(|(&w, &s)| (w > 0) == (s > 0.0)) {
+            let g = w.iter().copied().fold(0, gcd);
+            let w: Vec<u64> = w.iter().map(|x| x / g).collect();
+            if w.iter().sum::<u64>() > MAX_WIDTH_SUM {
+                break;
+            }
+            return Ok(w);
+        }
+    }
+    Err(format!(
+        "routing shares {shares:?}: no stripe widths summing to at most {MAX_WIDTH_SUM} within 1% of their ratios"
+    ))
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// A TOML string literal.
+fn q(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A float as TOML writes it (always with a point or exponent; `inf` for infinity).
+fn f(x: f64) -> String {
+    if x.is_infinite() {
+        "inf".into()
+    } else if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// The `[mclock]` table for `c`, checked to read back as `c` (invariant 1).
+pub fn mclock_table(c: &SchedConfig) -> Result<String, String> {
+    let count = |v: Option<u32>| v.map_or("\"none\"".to_string(), |n| n.to_string());
+    let lag = match c.reservation_lag {
+        ReservationLag::Arrival => "arrival".to_string(),
+        ReservationLag::Unbounded => "unbounded".to_string(),
+        ReservationLag::Bounded(n) => format!("{}ns", n.0),
+    };
+    let cost = match c.cost_model {
+        CostModel::PerIo => "\"io\"".to_string(),
+        CostModel::PerByte { unit_bytes: 1 } => "\"bytes\"".to_string(),
+        // knee = Tm * Bpeak: Tm = 1 ms, Bpeak = knee / 1 ms (checked below).
+        CostModel::SeekTransfer { knee_bytes } => format!("{{ tm_ms = 1.0, bpeak_mb_s = {} }}", f(knee_bytes / 1e3)),
+        other => return Err(format!("cost model {other:?} has no rein.toml form")),
+    };
+    let text = format!(
+        "[mclock]\npreset = \"rein\"\nweight_lead_ios = {}\nlimit_burst_ios = {}\nreservation_lag = {}\n\
+         limited_reenter_at_vnow = {}\nlimit_mode = {}\ncost_model = {cost}\nbatch = {}\nbatch_distance_kb = {}\n",
+        count(c.weight_lead_ios),
+        count(c.limit_burst_ios),
+        q(&lag),
+        c.limited_reenter_at_vnow,
+        q(match c.limit_mode {
+            LimitMode::Strict => "strict",
+            LimitMode::BreakWhenIdle => "break_when_idle",
+        }),
+        c.batch,
+        f(c.batch_distance as f64 / 1024.0),
+    );
+    #[derive(serde::Deserialize)]
+    struct Table {
+        mclock: SchedSettingsFile,
+    }
+    let back: Table = toml::from_str(&text).map_err(|e| format!("[mclock] as written: {e}"))?;
+    let back = back.mclock.resolve().map_err(|e| format!("[mclock] as written: {e}"))?;
+    if back != *c {
+        return Err(format!("the scheduler settings {c:?} read back as {back:?}"));
+    }
+    Ok(text)
+}
+
+/// The `[device_model]` table for `d`, checked to read back as `d` (invariant 1).
+pub fn device_table(d: &DeviceSpec, seed: u64) -> Result<String, String> {
+    let mut t = format!("[device_model]\ncapacity_iops = {}\n", f(d.capacity_iops));
+    let mut disk = None;
+    match d.service {
+        ServiceModel::Exponential => t.push_str("service = \"exponential\"\n"),
+        ServiceModel::Deterministic => t.push_str("service = \"deterministic\"\n"),
+        ServiceModel::Uniform { spread } => {
+            let _ = writeln!(t, "service = \"uniform\"\nuniform_spread = {}", f(spread));
+        }
+        ServiceModel::Disk(m) => {
+            let p = DiskParams {
+                seek_ms: m.seek_ns / 1e6,
+                rotation_ms: m.rotation_ns / 1e6,
+                transfer_mb_s: m.transfer_bytes_per_ns * 1e3,
+                sequential_kb: m.sequential_bytes as f64 / 1024.0,
+            };
+            let _ = writeln!(
+                t,
+                "service = \"disk\"\ndisk = {{ seek_ms = {}, rotation_ms = {}, transfer_mb_s = {}, sequential_kb = {} }}",
+                f(p.seek_ms),
+                f(p.rotation_ms),
+                f(p.transfer_mb_s),
+                f(p.sequential_kb)
+            );
+            disk = Some(p);
+        }
+    }
+    let transfer = (d.ns_per_byte > 0.0).then(|| 1e3 / d.ns_per_byte);
+    if let Some(x) = transfer {
+        let _ = writeln!(t, "transfer_mb_s = {}", f(x));
+    }
+    let discipline = match d.discipline {
+        Discipline::Fifo => "fifo",
+        Discipline::Ps => "ps",
+    };
+    let _ = writeln!(t, "discipline = \"{discipline}\"");
+    let steps: Vec<rein_model::device::CapacityStep> = d
+        .schedule
+        .iter()
+        .skip(1)
+        .map(|&(at, iops)| rein_model::device::CapacityStep { at_s: at.as_secs_f64(), iops })
+        .collect();
+    if !steps.is_empty() {
+        let list: Vec<String> =
+            steps.iter().map(|s| format!("{{ at_s = {}, iops = {} }}", f(s.at_s), f(s.iops))).collect();
+        let _ = writeln!(t, "capacity_schedule = [{}]", list.join(", "));
+    }
+    let _ = writeln!(t, "seed = {seed}");
+    let service = match d.service {
+        ServiceModel::Exponential => "exponential",
+        ServiceModel::Deterministic => "deterministic",
+        ServiceModel::Uniform { .. } => "uniform",
+        ServiceModel::Disk(_) => "disk",
+    };
+    let back = DeviceParams {
+        capacity_iops: d.capacity_iops,
+        service,
+        uniform_spread: match d.service {
+            ServiceModel::Uniform { spread } => Some(spread),
+            _ => None,
+        },
+        disk,
+        transfer_mb_s: transfer,
+        discipline: Some(discipline),
+        capacity_schedule: steps,
+    }
+    .validate()
+    .map_err(|e| format!("[device_model] as written: {e}"))?;
+    if !same_device(&back, d) {
+        return Err(format!("the device {d:?} reads back as {back:?}"));
+    }
+    Ok(t)
+}
+
+/// Equal up to the last bits of a float written in decimal and read back (a relative 1e-12).
+fn same_device(a: &DeviceSpec, b: &DeviceSpec) -> bool {
+    let eq = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
+    let service = match (a.service, b.service) {
+        (ServiceModel::Disk(x), ServiceModel::Disk(y)) => {
+            eq(x.seek_ns, y.seek_ns)
+                && eq(x.rotation_ns, y.rotation_ns)
+                && eq(x.transfer_bytes_per_ns, y.transfer_bytes_per_ns)
+                && x.sequential_bytes == y.sequential_bytes
+        }
+        (x, y) => x == y,
+    };
+    service
+        && eq(a.capacity_iops, b.capacity_iops)
+        && eq(a.ns_per_byte, b.ns_per_byte)
+        && a.discipline == b.discipline
+        && a.schedule.len() == b.schedule.len()
+        && a.schedule.iter().zip(&b.schedule).all(|(x, y)| x.0 == y.0 && eq(x.1, y.1))
+}
+
+/// A `[[tenants]]` entry of rein.toml.
+fn tenant_entry(name: &str, spec: &QosSpec) -> String {
+    let mut t = format!("[[tenants]]\nname = {}\nreservation = {}\n", q(name), f(spec.reservation()));
+    if let Some(l) = spec.limit() {
+        let _ = writeln!(t, "limit = {}", f(l));
+    }
+    let _ = writeln!(t, "weight = {}\nidle_credit = {}", f(spec.weight()), spec.idle_credit());
+    t
+}
+
+/// Node `i`'s rein.toml: `users` are the tenants on it with their index into their own server list;
+/// `node` switches the storage-node protocol on (for gateways).
+#[allow(clippy::too_many_arguments)]
+fn node_config(
+    sc: &Scenario,
+    i: usize,
+    s: &Server,
+    nbd: SocketAddr,
+    admin: SocketAddr,
+    data: &str,
+    users: &[(&Tenant, usize)],
+    node: bool,
+) -> Result<String, String> {
+    let mut t = format!(
+        "# rein cluster: server {} of scenario {}\nlisten = {}\nadmin = {}\ndata_dir = {}\nscheduler = {}\n\
+         queue_depth = {}\n# The simulator never refuses a scenario's reservations.\nadmission = \"warn\"\n\
+         shutdown_timeout_s = 2\n",
+        s.name,
+        sc.name,
+        q(&nbd.to_string()),
+        q(&admin.to_string()),
+        q(data),
+        q(s.scheduler.name()),
+        s.queue_depth
+    );
+    if node {
+        // The node's own specs win ("node"): they are the scenario's for this server (RBFQ's local minimum
+        // included), as the simulator's server sees them; the gateway's hello states the same.
+        t.push_str("\n[node]\nenabled = true\nspecs = \"node\"\n");
+    }
+    t.push('\n');
+    t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
+    t.push('\n');
+    t.push_str(
+        &device_table(&s.device, sc.seed.wrapping_add(i as u64)).map_err(|e| format!("server {}: {e}", s.name))?,
+    );
+    for &(tenant, k) in users {
+        let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
+        if widths[k] == 0 {
+            // A zero share: the tenant's volume has no stripe here.
+            continue;
+        }
+        let size = if tenant.servers.len() == 1 { export_mb(tenant) } else { piece_mb(tenant, widths[k])? };
+        let _ = write!(
+            t,
+            "\n[[exports]]\nname = {0}\npath = {1}\nsize_mb = {size}\ntenant = {0}\n\n",
+            q(&tenant.name),
+            q(&format!("{}.img", tenant.name))
+        );
+        t.push_str(&tenant_entry(&tenant.name, &node_spec(tenant, k, &widths)?));
+    }
+    Ok(t)
+}
+
+/// Tenant `t`'s spec at its `k`-th server, whose stripe width is `widths[k]` (module Deviations): its
+/// spec there as the scenario gives it for a tenant on one server, with the storage-node protocol, or
+/// under an RBFQ local minimum; else its reservation and limit times `widths[k] / sum(widths)`.
+pub fn node_spec(t: &Tenant, k: usize, widths: &[u64]) -> Result<QosSpec, String> {
+    let own = t.server_specs[k];
+    if t.servers.len() == 1 || HAVE_NODE_PROTOCOL || own != t.spec {
+        return Ok(own);
+    }
+    let share = widths[k] as f64 / widths.iter().sum::<u64>() as f64;
+    QosSpec::new(t.spec.reservation() * share, t.spec.limit().map(|l| l * share), t.spec.weight(), t.spec.idle_credit())
+        .map_err(|e| format!("tenant {} on its server {k}: {e}", t.name))
+}
+
+/// A tenant's stripe unit (KiB) and widths over its servers.
+pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
+    match &t.routing {
+        Routing::Stripe { stripe_bytes } => {
+            if stripe_bytes % 1024 != 0 {
+                return Err(format!("tenant {}: stripe_kb must be whole KiB for a gateway", t.name));
+            }
+            Ok((stripe_bytes / 1024, vec![1; t.servers.len()]))
+        }
+        Routing::Shares(s) => Ok((SHARES_STRIPE_KB, widths(s).map_err(|e| format!("tenant {}: {e}", t.name))?)),
+        Routing::Device(_) => Err(format!("tenant {}: routing.devices", t.name)),
+    }
+}
+
+/// The size (MiB) of a node's piece of width `w` of a tenant's striped export (node-spec.md's bound:
+/// ceil(size / (W U)) * w * U bytes, rounded up to MiB).
+fn piece_mb(t: &Tenant, w: u64) -> Result<u64, String> {
+    let (unit_kb, widths) = stripe(t)?;
+    let unit = unit_kb * 1024;
+    let total: u64 = widths.iter().sum();
+    let rounds = (export_mb(t) << 20).div_ceil(total * unit);
+    Ok((rounds * w * unit).div_ceil(1 << 20).max(1))
+}
+
+/// A gateway's gw.toml for tenant `t` (node-spec.md's gateway config).
+fn gateway_config(
+    sc: &Scenario,
+    t: &Tenant,
+    nodes: &[NodePlan],
+    nbd: SocketAddr,
+    admin: SocketAddr,
+) -> Result<String, String> {
+    let (unit_kb, widths) = stripe(t)?;
+    let mut g = format!(
+        "# rein cluster: tenant {} of scenario {}\nlisten = {}\nadmin = {}\nshutdown_timeout_s = 2\n",
+        t.name,
+        sc.name,
+        q(&nbd.to_string()),
+        q(&admin.to_string())
+    );
+    if matches!(t.workload.kind.inner(), WorkloadKind::Closed { .. }) {
+        // One connection per outstanding request at most is plenty; the default pool is small.
+        g.push_str("connections_per_node = 4\n");
+    }
+    for &i in &t.servers {
+        let _ = write!(
+            g,
+            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"{}\"\n",
+            q(&nodes[i].name),
+            q(&nodes[i].nbd.to_string()),
+            if HAVE_NODE_PROTOCOL { "rein" } else { "nbd" }
+        );
+    }
+    let spec = &t.spec;
+    let _ = write!(g, "\n[[tenants]]\nname = {}\nreservation = {}\n", q(&t.name), f(spec.reservation()));
+    if let Some(l) = spec.limit() {
+        let _ = writeln!(g, "limit = {}", f(l));
+    }
+    let split = match t.reservation_split {
+        rein_core::ReservationSplit::Rho => "rho",
+        _ => "spread",
+    };
+    let _ = writeln!(
+        g,
+        "weight = {}\nidle_credit = {}\nreservation_split = \"{split}\"",
+        f(spec.weight()),
+        spec.idle_credit()
+    );
+    let locals: Vec<String> = t
+        .servers
+        .iter()
+        .zip(&t.server_specs)
+        .filter(|(_, s)| *s != spec)
+        .map(|(&i, s)| format!("{} = {}", q(&sc.servers[i].name), f(s.reservation())))
+        .collect();
+    if !locals.is_empty() {
+        let _ = writeln!(g, "server_reservations = {{ {} }}", locals.join(", "));
+    }
+    let ws: Vec<String> = t
+        .servers
+        .iter()
+        .zip(&widths)
+        .filter(|(_, &w)| w > 0)
+        .map(|(&i, w)| format!("{} = {w}", q(&sc.servers[i].name)))
+        .collect();
+    let _ = write!(
+        g,
+        "\n[[exports]]\nname = {0}\ntenant = {0}\nsize_mb = {1}\nstripe_kb = {unit_kb}\nwidths = {{ {2} }}\n",
+        q(&t.name),
+        export_mb(t),
+        ws.join(", ")
+    );
+    Ok(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn integer_shares_reduce_by_their_gcd() {
+        assert_eq!(widths(&[1.0, 1.0, 1.0]).unwrap(), vec![1, 1, 1]);
+        assert_eq!(widths(&[2.0, 4.0, 6.0]).unwrap(), vec![1, 2, 3]);
+        assert_eq!(widths(&[3.0, 0.0, 6.0]).unwrap(), vec![1, 0, 2]);
+    }
+
+    #[test]
+    fn fractional_shares_scale_within_one_percent() {
+        assert_eq!(widths(&[0.5, 0.25, 0.25]).unwrap(), vec![2, 1, 1]);
+        // 1/3 : 2/3 -> 1 : 2 (exact ratios, whatever the rounding of 1/3).
+        assert_eq!(widths(&[1.0 / 3.0, 2.0 / 3.0]).unwrap(), vec![1, 2]);
+        // 1 : 1.005 is within 1% of 1 : 1.
+        assert_eq!(widths(&[1.0, 1.005]).unwrap(), vec![1, 1]);
+        // 1 : 1.5 is not 1 : 1 or 1 : 2; it is 2 : 3.
+        assert_eq!(widths(&[1.0, 1.5]).unwrap(), vec![2, 3]);
+    }
+
+    #[test]
+    fn shares_that_need_wide_stripes_are_refused_by_name() {
+        // 1 : pi: 6 : 19 is the first within 1% (19/6 is 0.8% above pi).
+        assert_eq!(widths(&[1.0, std::f64::consts::PI]).unwrap(), vec![6, 19]);
+        // 1 : 2000 is exact, but wider than MAX_WIDTH_SUM units a round.
+        let e = widths(&[1.0, 2000.0]).unwrap_err();
+        assert!(e.contains("routing shares [1.0, 2000.0]") && e.contains("1024"), "{e}");
+        assert!(widths(&[0.0, 0.0]).unwrap_err().contains("not all zero"));
+    }
+
+    const RICH: &str = r#"
+name = "rich"
+duration_s = 10.0
+seed = 7
+scheduler = "mclock"
+cost_model = { tm_ms = 5, bpeak_mb_s = 60 }
+[mclock]
+preset = "paper"
+reservation_lag = "250us"
+
+[[servers]]
+name = "disk"
+capacity_iops = 300
+service = "disk"
+disk = { seek_ms = 3.5, rotation_ms = 4, transfer_mb_s = 120, sequential_kb = 32 }
+transfer_mb_s = 250
+discipline = "ps"
+queue_depth = 4
+capacity_schedule = [{ at_s = 3, iops = 150 }, { at_s = 6.5, iops = 450 }]
+batch = 8
+batch_distance_kb = 1024
+
+[[servers]]
+name = "flash"
+capacity_iops = 5000
+service = "uniform"
+uniform_spread = 0.3
+queue_depth = 32
+scheduler = "sfq"
+
+[[tenants]]
+name = "a"
+reservation = 100
+limit = 400
+weight = 2
+idle_credit = 3
+servers = ["disk"]
+[tenants.workload]
+kind = "closed"
+outstanding = 4
+span_gb = 2
+
+[[tenants]]
+name = "b"
+weight = 1
+servers = ["disk"]
+server_reservations = { disk = 50 }
+[tenants.workload]
+kind = "open"
+iops = 100
+
+[[tenants]]
+name = "c"
+servers = ["flash"]
+[tenants.workload]
+kind = "closed"
+outstanding = 1
+size_kb = 64
+span_gb = 0.0001
+"#;
+
+    fn fixed_ports(_: Ipv4Addr, k: u16) -> std::io::Result<u16> {
+        Ok(20_000 + k)
+    }
+
+    /// Each node's rein.toml, read by `rein serve`'s own parser, holds the scenario's server: scheduler,
+    /// queue depth, every scheduler setting, the device model, and its tenants' specs on that server.
+    #[test]
+    fn a_node_config_means_what_the_scenario_says() {
+        let sc = Scenario::from_toml(RICH, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert_eq!(plan.nodes.len(), 2);
+        assert!(plan.gateways.is_empty());
+        for (i, (node, server)) in plan.nodes.iter().zip(&sc.servers).enumerate() {
+            let cfg = rein_runtime::config::ServerConfig::parse(&node.config, Path::new("node.toml"))
+                .unwrap_or_else(|e| panic!("{e}\n{}", node.config));
+            assert_eq!(cfg.listen, SocketAddr::from(([127, 0, 0, 10 + i as u8], 20_000)));
+            assert_eq!(cfg.admin, SocketAddr::from(([127, 0, 0, 10 + i as u8], 20_001)));
+            assert_eq!(cfg.scheduler, server.scheduler);
+            assert_eq!(cfg.queue_depth, server.queue_depth as usize);
+            let mut want = server.sched;
+            want.limits = cfg.sched.limits;
+            assert_eq!(cfg.sched, want, "server {}", server.name);
+            let dev = cfg.device.expect("a device model");
+            assert!(same_device(&dev.spec, &server.device), "{:?} vs {:?}", dev.spec, server.device);
+            let users: Vec<(usize, usize)> = sc
+                .tenants
+                .iter()
+                .enumerate()
+                .filter_map(|(j, t)| t.servers.iter().position(|&x| x == i).map(|k| (j, k)))
+                .collect();
+            assert_eq!(cfg.tenants.len(), users.len());
+            for (tc, &(j, k)) in cfg.tenants.iter().zip(&users) {
+                assert_eq!(tc.name, sc.tenants[j].name);
+                assert_eq!(tc.spec, sc.tenants[j].server_specs[k]);
+            }
+        }
+        // The paper's preset, the lag, the cost model and the batching made it through (not defaults).
+        let disk = &sc.servers[0].sched;
+        assert_eq!(disk.batch, 8);
+        assert_eq!(disk.reservation_lag, ReservationLag::Bounded(Nanos(250_000)));
+        assert!(matches!(disk.cost_model, CostModel::SeekTransfer { .. }));
+        assert_eq!(sc.servers[0].device.schedule.len(), 3);
+        // Tenant b's local reservation on its one server is its reservation there.
+        assert_eq!(sc.tenants[1].server_specs[0].reservation(), 50.0);
+        // Exports: the span (2 GiB), the default span, and at least 1 MiB.
+        assert_eq!(export_mb(&sc.tenants[0]), 2048);
+        assert_eq!(export_mb(&sc.tenants[2]), 1);
+        let e = &plan.endpoints[2];
+        assert_eq!(e.uri(), "nbd://127.0.0.11:20000/c");
+        assert_eq!(e.node_admins, vec![SocketAddr::from(([127, 0, 0, 11], 20_001))]);
+    }
+
+    fn refused(text: &str) -> String {
+        let sc = Scenario::from_toml(text, None).unwrap();
+        Plan::new(&sc, fixed_ports).unwrap_err().to_string()
+    }
+
+    const ONE: &str =
+        "name = \"x\"\nduration_s = 2.0\n[[servers]]\nname = \"s1\"\ncapacity_iops = 100\nqueue_depth = 1\n";
+
+    #[test]
+    fn what_a_real_cluster_cannot_run_is_refused_by_name() {
+        let e = refused(&format!(
+            "{ONE}[network]\ndelay_ms = 1\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"
+        ));
+        assert!(e.contains("network.delay_ms cannot run on a real cluster"), "{e}");
+        let two = format!("{ONE}[[servers]]\nname = \"s2\"\ncapacity_iops = 100\nqueue_depth = 1\n");
+        if !HAVE_GATEWAY {
+            let e = refused(&format!("{two}[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"));
+            assert!(
+                e.contains("tenant t over several servers (s1, s2) cannot run") && e.contains("rein gateway"),
+                "{e}"
+            );
+        }
+        let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let parda = Scenario::load(&base.join("parda-fig2.toml")).unwrap();
+        let e = Plan::new(&parda, fixed_ports).unwrap_err().to_string();
+        assert!(e.contains("PARDA hosts ([parda], [[hosts]]) cannot run on a real cluster"), "{e}");
+        let pshift = Scenario::load(&base.join("pshift-exp1.toml")).unwrap();
+        let e = Plan::new(&pshift, fixed_ports).unwrap_err().to_string();
+        assert!(e.contains("a pShift cluster ([pshift]) cannot run on a real cluster"), "{e}");
+    }
+
+    #[test]
+    fn more_processes_than_loopback_addresses_are_refused() {
+        let mut text = String::from("name = \"many\"\nduration_s = 1.0\n");
+        for i in 0..=MAX_PROCESSES {
+            text.push_str(&format!("[[servers]]\nname = \"s{i}\"\ncapacity_iops = 100\nqueue_depth = 1\n"));
+        }
+        text.push_str("[[tenants]]\nname = \"t\"\nservers = [\"s0\"]\n[tenants.workload]\nkind = \"closed\"\n");
+        let e = refused(&text);
+        assert!(e.contains("246 processes") && e.contains("at most 245"), "{e}");
+        // At the bound it plans.
+        let at = text.replacen(
+            &format!("[[servers]]\nname = \"s{MAX_PROCESSES}\"\ncapacity_iops = 100\nqueue_depth = 1\n"),
+            "",
+            1,
+        );
+        let sc = Scenario::from_toml(&at, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert_eq!(plan.nodes.last().unwrap().nbd.ip(), std::net::IpAddr::from([127, 0, 0, 254]));
+    }
+
+    const STRIPED: &str = r#"
+name = "striped"
+duration_s = 10.0
+scheduler = "dmclock"
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+queue_depth = 8
+[[servers]]
+name = "s2"
+capacity_iops = 1000
+queue_depth = 8
+[[servers]]
+name = "s3"
+capacity_iops = 1000
+queue_depth = 8
+[[tenants]]
+name = "c1"
+reservation = 600
+limit = 1200
+weight = 2
+reservation_split = "rho"
+routing = { shares = { s1 = 2, s2 = 4, s3 = 0 } }
+[tenants.workload]
+kind = "closed"
+outstanding_per_server = 4
+span_gb = 1
+[[tenants]]
+name = "f1"
+weight = 3
+server_reservations = { s2 = 50 }
+servers = ["s2", "s3"]
+[tenants.workload]
+kind = "open"
+iops = 100
+"#;
+
+    /// A tenant over several servers gets a gateway whose config, read by `rein gateway`'s own parser,
+    /// has the tenant's spec, split, local reservations and the shares as stripe widths; each node's
+    /// piece is large enough for the layout; without the storage-node protocol each node holds the
+    /// tenant's static share of its spec.
+    #[test]
+    fn a_striped_tenant_gets_a_gateway_with_its_shares_as_widths() {
+        let sc = Scenario::from_toml(STRIPED, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert_eq!(plan.gateways.len(), 2);
+        let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[0].config, Path::new("gw.toml"))
+            .unwrap_or_else(|e| panic!("{e}\n{}", plan.gateways[0].config));
+        assert_eq!(g.listen, SocketAddr::from(([127, 0, 0, 13], 20_000)));
+        assert_eq!(
+            g.nodes.iter().map(|n| n.address).collect::<Vec<_>>(),
+            plan.nodes.iter().map(|n| n.nbd).collect::<Vec<_>>()
+        );
+        assert_eq!(g.tenants[0].spec, sc.tenants[0].spec);
+        assert!(g.tenants[0].rho);
+        let v = &g.exports[0];
+        assert_eq!(v.size, 1 << 30);
+        // Shares 2 : 4 : 0 are widths 1 : 2 : 0 of 64 KiB units: s2 holds units 1 and 2 of each round.
+        assert_eq!(v.stripe, Stripe::new(64 << 10, &[1, 2, 0]).unwrap());
+        for (j, node) in plan.nodes.iter().enumerate() {
+            let cfg = rein_runtime::config::ServerConfig::parse(&node.config, Path::new("n.toml")).unwrap();
+            let e = cfg.exports.iter().find(|e| e.name == "c1");
+            if j == 2 {
+                assert!(e.is_none(), "s3 has no stripe of c1");
+                continue;
+            }
+            assert!(e.unwrap().size.unwrap() >= v.stripe.node_bytes(j, v.size), "node {j}'s piece");
+            let t = cfg.tenants.iter().find(|t| t.name == "c1").unwrap();
+            if HAVE_NODE_PROTOCOL {
+                // The node's own spec is the scenario's for this server; the gateway tags requests.
+                assert_eq!(t.spec, sc.tenants[0].server_specs[j]);
+                assert_eq!(g.nodes[j].protocol, rein_runtime::remote::NodeProtocol::Rein);
+                assert!(node.config.contains("[node]\nenabled = true\nspecs = \"node\"\n"), "{}", node.config);
+            } else {
+                // s1 has 1 of 3 units a round, s2 2 of 3.
+                let share = [1.0 / 3.0, 2.0 / 3.0][j];
+                assert!((t.spec.reservation() - 600.0 * share).abs() < 1e-9, "{:?}", t.spec);
+                assert!((t.spec.limit().unwrap() - 1200.0 * share).abs() < 1e-9, "{:?}", t.spec);
+                assert_eq!(t.spec.weight(), 2.0);
+            }
+        }
+        // f1: its RBFQ local minimum on s2 is its reservation there; default stripes of 1 MiB, width 1.
+        let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[1].config, Path::new("gw.toml")).unwrap();
+        assert_eq!(g.tenants[0].server_reservations, vec![50.0, 0.0]);
+        assert_eq!(g.exports[0].stripe, Stripe::new(1 << 20, &[1, 1]).unwrap());
+        let s2 = rein_runtime::config::ServerConfig::parse(&plan.nodes[1].config, Path::new("n.toml")).unwrap();
+        assert_eq!(s2.tenants.iter().find(|t| t.name == "f1").unwrap().spec.reservation(), 50.0);
+    }
+
+    /// Aimed offsets land on the node asked for (by the gateway's own layout), stay inside the volume,
+    /// and cover each of the node's units of a round.
+    #[test]
+    fn aimed_offsets_land_on_the_node_asked_for() {
+        let stripe = Stripe::new(64 << 10, &[1, 2, 3]).unwrap();
+        let volume = 6 * (64 << 10) * 10 + (64 << 10);
+        for k in 0..3 {
+            let mut units = std::collections::BTreeSet::new();
+            for i in 0..2000u64 {
+                // The generator's offsets are multiples of the request size (8 KiB, a divisor of the unit).
+                let offset = (i * 7919 * 8192) % (volume - 8192);
+                let a = aim(&stripe, k, offset, 8192, volume);
+                assert_eq!(stripe.locate(a).0, k, "offset {offset} aimed at {k}: {a}");
+                assert_eq!(stripe.locate(a + 8191).0, k);
+                assert!(a + 8192 <= volume);
+                units.insert(stripe.locate(a).1 / (64 << 10) % (k as u64 + 1));
+            }
+            assert_eq!(units.len(), k + 1, "node {k}'s units of a round are all used");
+        }
+        // A node of width 0 is not aimed at.
+        let stripe = Stripe::new(4096, &[1, 0]).unwrap();
+        assert_eq!(aim(&stripe, 1, 12_288, 4096, 1 << 20), 12_288);
+    }
+}

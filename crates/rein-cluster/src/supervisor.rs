@@ -1,0 +1,356 @@
+//! Starts a [`Plan`]'s processes, waits until each is ready, watches them, and stops them.
+//!
+//! # Model
+//! Each child is the current executable (`rein serve --config ..`, `rein gateway --config ..`), started in
+//! the run's directory (where relative data paths resolve), with its config and log (stdout and stderr)
+//! there: a fresh temporary one, removed at the end,
+//! or one the caller names (kept). A child is ready when its NBD port accepts a connection and its admin
+//! endpoint answers `GET /healthz` with 200. Nodes start first (a gateway connects to them), then
+//! gateways.
+//!
+//! # Invariants
+//! 1. Every child started is stopped by [`Supervisor::stop`] (SIGTERM, then SIGKILL after
+//!    [`STOP_TIMEOUT`]) and waited for; dropping a supervisor without stopping it kills and reaps every
+//!    child (SIGKILL) and removes a temporary directory, so a panic leaves no process behind.
+//! 2. A child that exits before `stop` is reported by name, exit status and the last lines of its log
+//!    ([`ChildDied`]), never ignored.
+//! 3. Waiting is bounded: readiness by the caller's deadline, stopping by [`STOP_TIMEOUT`] plus the
+//!    SIGKILL's reaping.
+//!
+//! # Deviations
+//! A supervisor killed with SIGKILL cannot stop its children; they keep serving until killed (their pids
+//! are in the run directory's `pids` file).
+
+use crate::plan::Plan;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long children get to exit after SIGTERM before SIGKILL.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Log lines quoted when a child dies.
+pub const LOG_TAIL_LINES: usize = 20;
+/// How often readiness and exits are polled.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A child exited while it should be serving.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what} {name} (pid {pid}) exited: {status}; the last lines of its log {}:\n{tail}", log.display())]
+pub struct ChildDied {
+    /// "node" or "gateway".
+    pub what: &'static str,
+    /// The server's or tenant's name.
+    pub name: String,
+    /// Its process id.
+    pub pid: u32,
+    /// How it exited.
+    pub status: String,
+    /// Its log file.
+    pub log: PathBuf,
+    /// The last [`LOG_TAIL_LINES`] lines of the log.
+    pub tail: String,
+}
+
+/// Why a cluster could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A child exited.
+    #[error(transparent)]
+    Died(Box<ChildDied>),
+    /// A child was not ready in time.
+    #[error(transparent)]
+    NotReady(Box<NotReady>),
+}
+
+impl From<ChildDied> for ClusterError {
+    fn from(d: ChildDied) -> ClusterError {
+        ClusterError::Died(Box::new(d))
+    }
+}
+
+/// A child was not ready in time.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what} {name} was not ready within {secs} s (NBD {nbd}, admin {admin}); the last lines of its log {}:\n{tail}", log.display())]
+pub struct NotReady {
+    /// "node" or "gateway".
+    pub what: &'static str,
+    /// Its name.
+    pub name: String,
+    /// The deadline.
+    pub secs: f64,
+    /// Its NBD address.
+    pub nbd: SocketAddr,
+    /// Its admin address.
+    pub admin: SocketAddr,
+    /// Its log file.
+    pub log: PathBuf,
+    /// The last lines of its log.
+    pub tail: String,
+}
+
+struct Proc {
+    what: &'static str,
+    name: String,
+    nbd: SocketAddr,
+    admin: SocketAddr,
+    log: PathBuf,
+    child: Child,
+    /// Reaped already (its status), so it is neither signalled nor waited for again.
+    exited: Option<ExitStatus>,
+}
+
+/// The running children of a plan.
+pub struct Supervisor {
+    procs: Vec<Proc>,
+    dir: PathBuf,
+    /// Remove `dir` at the end (a temporary directory).
+    remove: bool,
+    stopped: bool,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Io { what, source }
+}
+
+/// The last `n` lines of the file at `path` (or why it cannot be read).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("(cannot read it: {e})"),
+    }
+}
+
+/// Whether `addr` answers `GET /healthz` with 200 within `timeout`.
+fn healthy(addr: SocketAddr, timeout: Duration) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else { return false };
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
+    if s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
+
+impl Supervisor {
+    /// Writes the plan's configs into `dir` (a new temporary directory when `None`), starts every process
+    /// with `exe`, and waits until each is ready (at most `ready_timeout` for each stage). On any failure
+    /// every child started so far is stopped before the error returns.
+    pub fn start(
+        plan: &Plan,
+        exe: &Path,
+        dir: Option<&Path>,
+        ready_timeout: Duration,
+    ) -> Result<Supervisor, ClusterError> {
+        let (dir, remove) = match dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).map_err(io(format!("creating {}", d.display())))?;
+                (d.to_path_buf(), false)
+            }
+            None => (temp_dir()?, true),
+        };
+        let mut sup = Supervisor { procs: Vec::new(), dir, remove, stopped: false };
+        // On an error, `sup` is dropped: every child is killed and a temporary directory removed.
+        for n in &plan.nodes {
+            sup.spawn(exe, "node", "serve", &n.name, &n.config, n.nbd, n.admin)?;
+        }
+        sup.wait_ready(ready_timeout)?;
+        for g in &plan.gateways {
+            sup.spawn(exe, "gateway", "gateway", &g.tenant, &g.config, g.nbd, g.admin)?;
+        }
+        sup.wait_ready(ready_timeout)?;
+        Ok(sup)
+    }
+
+    /// The run's directory (configs, logs, node data).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The children's process ids, in start order.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(|p| p.child.id()).collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn(
+        &mut self,
+        exe: &Path,
+        what: &'static str,
+        sub: &str,
+        name: &str,
+        config: &str,
+        nbd: SocketAddr,
+        admin: SocketAddr,
+    ) -> Result<(), ClusterError> {
+        let cfg = self.dir.join(format!("{what}-{name}.toml"));
+        std::fs::write(&cfg, config).map_err(io(format!("writing {}", cfg.display())))?;
+        let log = self.dir.join(format!("{what}-{name}.log"));
+        let out = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+        let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
+        let child = Command::new(exe)
+            .current_dir(&self.dir)
+            .args([sub, "--config"])
+            .arg(&cfg)
+            .env("NO_COLOR", "1")
+            .env("REIN_LOG", std::env::var("REIN_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io(format!("starting {what} {name} ({} {sub})", exe.display())))?;
+        self.procs.push(Proc { what, name: name.into(), nbd, admin, log, child, exited: None });
+        let pids: Vec<String> = self.procs.iter().map(|p| format!("{} {} {}", p.child.id(), p.what, p.name)).collect();
+        std::fs::write(self.dir.join("pids"), pids.join("\n") + "\n").map_err(io("writing the pids file"))?;
+        Ok(())
+    }
+
+    /// Waits until every child is ready, or one exits, or `timeout` passes.
+    fn wait_ready(&mut self, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + timeout;
+        let mut ready = vec![false; self.procs.len()];
+        loop {
+            if let Some(d) = self.poll() {
+                return Err(d.into());
+            }
+            for (i, p) in self.procs.iter().enumerate() {
+                if !ready[i] {
+                    ready[i] =
+                        TcpStream::connect_timeout(&p.nbd, POLL).is_ok() && healthy(p.admin, Duration::from_secs(1));
+                }
+            }
+            if ready.iter().all(|&r| r) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let p = &self.procs[ready.iter().position(|r| !r).expect("one is not ready")];
+                return Err(ClusterError::NotReady(Box::new(NotReady {
+                    what: p.what,
+                    name: p.name.clone(),
+                    secs: timeout.as_secs_f64(),
+                    nbd: p.nbd,
+                    admin: p.admin,
+                    log: p.log.clone(),
+                    tail: log_tail(&p.log, LOG_TAIL_LINES),
+                })));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The first child found to have exited since the last call (`None`: all are running).
+    pub fn poll(&mut self) -> Option<ChildDied> {
+        for p in &mut self.procs {
+            if p.exited.is_some() {
+                continue;
+            }
+            if let Ok(Some(status)) = p.child.try_wait() {
+                p.exited = Some(status);
+                return Some(ChildDied {
+                    what: p.what,
+                    name: p.name.clone(),
+                    pid: p.child.id(),
+                    status: status.to_string(),
+                    log: p.log.clone(),
+                    tail: log_tail(&p.log, LOG_TAIL_LINES),
+                });
+            }
+        }
+        None
+    }
+
+    /// Stops every child: SIGTERM, then SIGKILL to those still running after [`STOP_TIMEOUT`]; waits for
+    /// all; removes a temporary directory. Returns the children that had to be killed.
+    pub fn stop(mut self) -> Result<Vec<String>, ClusterError> {
+        let killed = self.stop_all(STOP_TIMEOUT);
+        self.stopped = true;
+        if self.remove {
+            std::fs::remove_dir_all(&self.dir).map_err(io(format!("removing {}", self.dir.display())))?;
+        }
+        Ok(killed)
+    }
+
+    fn stop_all(&mut self, grace: Duration) -> Vec<String> {
+        // Gateways first (they hold connections to the nodes), then nodes; all signalled at once.
+        for p in self.procs.iter_mut().rev() {
+            if p.exited.is_none() {
+                if let Some(pid) = rustix::process::Pid::from_raw(p.child.id() as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                }
+            }
+        }
+        let deadline = Instant::now() + grace;
+        let mut killed = Vec::new();
+        for p in &mut self.procs {
+            while p.exited.is_none() {
+                match p.child.try_wait() {
+                    Ok(Some(s)) => p.exited = Some(s),
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
+                    _ => {
+                        let _ = p.child.kill();
+                        p.exited = p.child.wait().ok();
+                        killed.push(format!("{} {}", p.what, p.name));
+                        break;
+                    }
+                }
+            }
+        }
+        killed
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        for p in &mut self.procs {
+            if p.exited.is_none() {
+                let _ = p.child.kill();
+                p.exited = p.child.wait().ok();
+            }
+        }
+        if self.remove {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A new directory `rein-cluster-<pid>-<n>` under the system's temporary directory.
+pub fn temp_dir() -> Result<PathBuf, ClusterError> {
+    let base = std::env::temp_dir();
+    for n in 0..1000u32 {
+        let d = base.join(format!("rein-cluster-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(format!("creating {}", d.display()))(e)),
+        }
+    }
+    Err(io("creating a temporary directory")(std::io::Error::other("1000 names taken")))
+}
+
+/// Port `k` of a process at `host` from `base` (`base + k`), or a free one when `base` is 0 (the OS's
+/// choice for a socket bound and closed at once: free now, so a child binding it next gets it unless
+/// another process takes it first).
+pub fn port(base: u16, host: std::net::Ipv4Addr, k: u16) -> std::io::Result<u16> {
+    if base != 0 {
+        return base.checked_add(k).ok_or_else(|| std::io::Error::other(format!("port {base} + {k} is above 65535")));
+    }
+    Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+}

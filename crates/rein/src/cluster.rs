@@ -1,0 +1,203 @@
+//! `rein cluster up` and `rein cluster run`: a scenario on real daemons (rein-cluster does the work; this
+//! parses arguments and prints).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use rein_cluster::{Plan, Supervisor};
+use rein_sim::Scenario;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::signal::unix::Signal;
+
+/// How long each stage of children (nodes, then gateways) may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCmd {
+    /// Start the scenario's servers as `rein serve` nodes (and a `rein gateway` per tenant over several
+    /// servers), print `tenant NAME nbd://ADDR:PORT/EXPORT` per tenant and `ready`, serve until SIGINT or
+    /// SIGTERM, then stop them all.
+    Up(UpArgs),
+    /// Start the cluster, drive the scenario's workloads through it for its duration, report as `rein sim`
+    /// does, stop it all.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    /// Scenario file (TOML; see docs/scenarios.md and docs/cluster.md).
+    pub(crate) scenario: PathBuf,
+    /// NBD port of every process (each on its own 127.0.0.x address; admin on the next port); 0: free
+    /// ports chosen at start.
+    #[arg(long, default_value_t = 10809)]
+    pub(crate) base_port: u16,
+    /// Keep configs, logs and node data here (default: a temporary directory, removed at the end).
+    #[arg(long)]
+    pub(crate) dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) up: UpArgs,
+    /// Write summary.json, timeseries.csv and plots (PNG and SVG) here.
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// Print the summary as JSON on stdout (and nothing else there).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Check the scenario's expectations; exit 1 naming each miss.
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
+}
+
+pub(crate) fn run(cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Up(a) => up(a),
+        ClusterCmd::Run(a) => run_scenario(a),
+    }
+}
+
+/// Loads and plans the scenario, and starts its processes.
+fn start(a: &UpArgs) -> Result<(Scenario, Plan, Supervisor)> {
+    let sc = Scenario::load(&a.scenario)?;
+    let exe = std::env::current_exe().context("finding the rein executable")?;
+    // Node data lives in the run's directory: plan against it once it exists.
+    let dir = match &a.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            Some(std::fs::canonicalize(d).with_context(|| format!("resolving {}", d.display()))?)
+        }
+        None => None,
+    };
+    let base = a.base_port;
+    let plan = Plan::new(&sc, |h, k| rein_cluster::supervisor::port(base, h, k))?;
+    let sup = Supervisor::start(&plan, &exe, dir.as_deref(), READY_TIMEOUT)?;
+    Ok((sc, plan, sup))
+}
+
+/// SIGTERM and SIGINT handlers, installed before the children start: a signal during start-up is then
+/// seen once they are up (and they are stopped), not fatal to this process with its children left running.
+fn signals(rt: &tokio::runtime::Runtime) -> Result<(Signal, Signal)> {
+    let _rt = rt.enter();
+    use tokio::signal::unix::{signal, SignalKind};
+    Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
+}
+
+/// Waits for SIGINT or SIGTERM, or a child's exit (an error naming it).
+async fn serve_until_signal(sup: &Mutex<Supervisor>, signals: (Signal, Signal)) -> Result<()> {
+    let (mut term, mut int) = signals;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+            _ = tick.tick() => {
+                if let Some(d) = sup.lock().expect("supervisor lock").poll() {
+                    return Err(d.into());
+                }
+            }
+        }
+    }
+}
+
+/// Stops the cluster; `res` is the outcome so far, which a stop error does not hide.
+fn finish<T>(sup: Arc<Mutex<Supervisor>>, res: Result<T>) -> Result<T> {
+    let sup = Arc::try_unwrap(sup)
+        .map_err(|_| anyhow::anyhow!("the supervisor is still shared"))
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
+    let stopped = sup.and_then(|s| s.stop().map_err(anyhow::Error::from));
+    match (res, stopped) {
+        (Ok(v), Ok(killed)) => {
+            if !killed.is_empty() {
+                eprintln!(
+                    "warning: killed after {} s: {}",
+                    rein_cluster::supervisor::STOP_TIMEOUT.as_secs(),
+                    killed.join(", ")
+                );
+            }
+            Ok(v)
+        }
+        (Ok(_), Err(e)) => Err(e),
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// `rein cluster up`.
+fn up(a: UpArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let signals = signals(&rt)?;
+    let (_sc, plan, sup) = start(&a)?;
+    for e in &plan.endpoints {
+        println!("tenant {} {}", e.tenant, e.uri());
+    }
+    println!("ready");
+    let sup = Arc::new(Mutex::new(sup));
+    let res = rt.block_on(serve_until_signal(&sup, signals));
+    finish(sup, res)
+}
+
+/// `rein cluster run`.
+fn run_scenario(a: RunArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (mut term, mut int) = signals(&rt)?;
+    let (sc, plan, sup) = start(&a.up)?;
+    let sup = Arc::new(Mutex::new(sup));
+    let quiet = a.quiet || a.json;
+    let bar = if quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(sc.duration.0);
+        b.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:40}] {msg}, ETA {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        b.set_prefix(sc.name.clone());
+        b
+    };
+    let total = sc.duration.as_secs_f64();
+    let b = bar.clone();
+    let drive = rein_cluster::drive(&sc, &plan, sup.clone(), move |t, _| {
+        b.set_position(t.as_nanos().min(u64::MAX as u128) as u64);
+        b.set_message(format!("{:.0}/{total:.0} s", t.as_secs_f64()));
+    });
+    // A signal ends the run early: everything is stopped, and the run fails (its totals are incomplete).
+    let res = rt.block_on(async {
+        tokio::select! {
+            r = drive => r.map_err(anyhow::Error::from),
+            _ = term.recv() => Err(anyhow::anyhow!("interrupted by SIGTERM: the cluster was stopped")),
+            _ = int.recv() => Err(anyhow::anyhow!("interrupted by SIGINT: the cluster was stopped")),
+        }
+    });
+    bar.finish_and_clear();
+    let totals = finish(sup, res)?;
+    let results = a.check.then(|| rein_sim::check::check(&sc, &totals, None));
+    if let Some(dir) = &a.out {
+        crate::sim::write_outputs(dir, &sc, &totals, results.as_deref())?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&totals.summary)?);
+    } else {
+        crate::load::print_summary(&totals);
+        if let Some(dir) = &a.out {
+            println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
+        }
+    }
+    if let Some(results) = results {
+        if results.is_empty() {
+            bail!("{} has no [[expect]] entries: nothing to check", a.up.scenario.display());
+        }
+        let misses = crate::sim::print_checks(&results, a.json);
+        if misses > 0 {
+            bail!("{misses} of {} expectations missed in {}", results.len(), sc.name);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! `rein cluster up` and `rein cluster run` as a user runs them: real `rein serve` children on 127.0.0.x
+//! (free ports), a real NBD client (nbdinfo) on a printed endpoint, signals, a child killed, the checks of
+//! a scenario whose expectations come from mClock's eq. (1). Every test gives the command its own TMPDIR
+//! (a tempdir) and checks that it is empty at the end: the run directory was removed.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a cluster may take to print `ready` (the nodes' start-up), and to exit after a signal.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Two servers: `s1` with tenants a and b, `s2` with tenant c, and d striped over both (a gateway);
+/// 64 MiB spans.
+const TWO_NODES: &str = r#"
+name = "two-nodes"
+duration_s = 3.0
+warmup_s = 1.0
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+queue_depth = 4
+[[servers]]
+name = "s2"
+capacity_iops = 1000
+queue_depth = 4
+[[tenants]]
+name = "a"
+servers = ["s1"]
+[tenants.workload]
+kind = "closed"
+span_gb = 0.0625
+[[tenants]]
+name = "b"
+servers = ["s1"]
+[tenants.workload]
+kind = "closed"
+span_gb = 0.0625
+[[tenants]]
+name = "c"
+servers = ["s2"]
+[tenants.workload]
+kind = "closed"
+span_gb = 0.0625
+[[tenants]]
+name = "d"
+routing = { shares = { s1 = 1, s2 = 2 } }
+[tenants.workload]
+kind = "closed"
+span_gb = 0.0625
+"#;
+
+fn rein(tmp: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rein"));
+    c.args(args).env("TMPDIR", tmp).env("NO_COLOR", "1");
+    c
+}
+
+fn scenario(dir: &Path, text: &str) -> String {
+    let p = dir.join("scenario.toml");
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// The pids whose parent is `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after its closing parenthesis.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        if rest.split(' ').nth(1).and_then(|x| x.parse::<u32>().ok()) == Some(pid) {
+            v.push(p);
+        }
+    }
+    v
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// A running `rein cluster up`: its stdout lines arrive on `lines`, its stderr is collected.
+struct Up {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Up {
+    fn start(tmp: &Path, scenario: &str) -> Up {
+        let mut child = rein(tmp, &["cluster", "up", scenario, "--base-port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Up { child, lines, stderr }
+    }
+
+    /// The lines up to and including `ready`.
+    fn ready(&mut self) -> Vec<String> {
+        let deadline = Instant::now() + DEADLINE;
+        let mut v = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l == "ready" => return v,
+                Ok(l) => v.push(l),
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("no `ready` line; got {v:?}");
+                }
+            }
+        }
+    }
+
+    /// Waits (bounded) for the exit; returns its success and stderr.
+    fn wait(mut self) -> (bool, String) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return (s.success(), self.stderr.join().unwrap());
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("rein cluster up did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+}
+
+fn empty(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+#[test]
+fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    let sc = scenario(tmp.path(), TWO_NODES);
+    let mut up = Up::start(&run_tmp, &sc);
+    let lines = up.ready();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let mut uris = Vec::new();
+    for (line, name) in lines.iter().zip(["a", "b", "c", "d"]) {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!((f.len(), f[0], f[1]), (3, "tenant", name), "{line}");
+        assert!(f[2].starts_with("nbd://127.0.0.") && f[2].ends_with(&format!("/{name}")), "{line}");
+        uris.push(f[2].to_string());
+    }
+    // a and b share node s1 (127.0.0.10); c is on s2 (127.0.0.11).
+    assert!(uris[0].starts_with("nbd://127.0.0.10:") && uris[2].starts_with("nbd://127.0.0.11:"), "{uris:?}");
+    assert_eq!(uris[0].rsplit_once('/').unwrap().0, uris[1].rsplit_once('/').unwrap().0);
+    // d goes through its own gateway, after the nodes' addresses.
+    assert!(uris[3].starts_with("nbd://127.0.0.12:"), "{uris:?}");
+    // A client no one here wrote sees the exports, on a node and through the gateway: 64 MiB, the
+    // scenario's span.
+    for uri in [&uris[2], &uris[3]] {
+        let out = Command::new("nbdinfo").args(["--size", uri]).output().expect("nbdinfo is installed");
+        assert!(out.status.success(), "nbdinfo {uri}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (64u64 << 20).to_string(), "{uri}");
+    }
+    let kids = children(up.child.id());
+    assert_eq!(kids.len(), 3, "one rein serve per server and one rein gateway: {kids:?}");
+    signal(up.child.id(), "-TERM");
+    let (ok, err) = up.wait();
+    assert!(ok, "exit after SIGTERM: {err}");
+    for k in kids {
+        assert!(!alive(k), "child {k} outlived rein cluster up");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
+
+#[test]
+fn a_killed_child_makes_up_exit_non_zero_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    let sc = scenario(tmp.path(), TWO_NODES);
+    let mut up = Up::start(&run_tmp, &sc);
+    up.ready();
+    let kids = children(up.child.id());
+    let s2 = *kids
+        .iter()
+        .find(|&&k| std::fs::read_to_string(format!("/proc/{k}/cmdline")).unwrap().contains("node-s2.toml"))
+        .expect("node s2's process");
+    signal(s2, "-KILL");
+    let (ok, err) = up.wait();
+    assert!(!ok, "a dead child is a failure");
+    assert!(err.contains("node s2 (pid ") && err.contains("signal: 9"), "names the child and how it ended: {err}");
+    assert!(err.contains("rein serve listening"), "quotes its log: {err}");
+    for k in kids {
+        assert!(!alive(k), "child {k} outlived rein cluster up");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
+
+/// One server of 1,000 IOPS (deterministic service), three backlogged tenants: a reserves 500 with
+/// weight 1, b and c have weights 1 and 2 and no reservation. mClock's eq. (1): a's weight share
+/// (C/4 = 250) is below its reservation, so a gets r_a = 500 and b and c split the rest 1 : 2, whatever C
+/// is on this machine (as long as it exceeds 500 and a's share stays below).
+fn equation_one(c_to_b: f64, pct: f64) -> String {
+    format!(
+        r#"
+name = "eq1"
+duration_s = 4.0
+warmup_s = 1.0
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+service = "deterministic"
+queue_depth = 4
+[[tenants]]
+name = "a"
+reservation = 500
+weight = 1
+[tenants.workload]
+kind = "closed"
+outstanding = 8
+span_gb = 0.0625
+[[tenants]]
+name = "b"
+weight = 1
+[tenants.workload]
+kind = "closed"
+outstanding = 8
+span_gb = 0.0625
+[[tenants]]
+name = "c"
+weight = 2
+[tenants.workload]
+kind = "closed"
+outstanding = 8
+span_gb = 0.0625
+[[expect]]
+tenant = "a"
+metric = "iops"
+equals = 500
+within_pct = 10
+[[expect]]
+tenant = "c"
+metric = "iops"
+ratio_to = "b"
+ratio = {c_to_b}
+within_pct = {pct}
+"#
+    )
+}
+
+#[test]
+fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    let out_dir = tmp.path().join("out");
+    let sc = scenario(tmp.path(), &equation_one(2.0, 10.0));
+    let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--json", "--out"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON summary");
+    let names: Vec<&str> = doc["tenants"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert!(stderr.contains("ok   tenant a: iops"), "{stderr}");
+    // The phases come from the node: a is served mostly in the reservation phase.
+    let a = &doc["tenants"][0];
+    let resv = a["phase"]["reservation"].as_f64().unwrap();
+    let all = resv + a["phase"]["weight"].as_f64().unwrap();
+    assert!(resv / all > 0.8, "a's reservation phase: {a}");
+    for f in ["summary.json", "timeseries.csv", "check.json"] {
+        assert!(out_dir.join(f).exists(), "{f} written");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+
+    // The same run, expecting c and b equal: eq. (1) says 2 : 1, so the check fails, naming it.
+    let sc = scenario(tmp.path(), &equation_one(1.0, 5.0));
+    let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--quiet"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("MISS tenant c: iops"), "{stdout}");
+    assert!(stderr.contains("1 of 2 expectations missed in eq1"), "{stderr}");
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
+
+#[test]
+fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    let text = TWO_NODES.replace("[[servers]]\nname = \"s1\"", "[network]\ndelay_ms = 2\n[[servers]]\nname = \"s1\"");
+    let sc = scenario(tmp.path(), &text);
+    for cmd in ["up", "run"] {
+        let out = rein(&run_tmp, &["cluster", cmd, &sc, "--base-port", "0"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(
+            stderr.trim(),
+            "error: scenario \"two-nodes\": network.delay_ms cannot run on a real cluster: the nodes are on \
+             loopback; there is no delay to add"
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).is_empty());
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing was made");
+}
+
+#[test]
+fn sigterm_during_run_stops_every_child_and_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    let sc = scenario(tmp.path(), &TWO_NODES.replace("duration_s = 3.0", "duration_s = 600.0"));
+    let mut run = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until all three children run and the run directory exists, then interrupt.
+    let deadline = Instant::now() + DEADLINE;
+    let kids = loop {
+        let k = children(run.id());
+        if k.len() == 3 {
+            break k;
+        }
+        assert!(Instant::now() < deadline && run.try_wait().unwrap().is_none(), "children did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    signal(run.id(), "-TERM");
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(s) = run.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "rein cluster run did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    run.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("interrupted by SIGTERM: the cluster was stopped"), "{err}");
+    for k in kids {
+        assert!(!alive(k), "child {k} outlived rein cluster run");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
