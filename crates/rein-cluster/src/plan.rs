@@ -36,8 +36,9 @@
 //!
 //! The simulator routes each request by a draw over the shares; a gateway stripes by offset, so a tenant's
 //! requests follow its shares only as far as its offsets are spread over the stripes (uniform random
-//! offsets: exactly in expectation). Device seeds are the scenario's seed plus the server's index, not the
-//! simulator's per-server streams: the same distribution, not the same draws.
+//! offsets: exactly in expectation). Each node's device model draws from the simulator's stream for its
+//! server (the scenario's seed, `stream` = the server's index), so node i's service times are the
+//! simulator's server i's, in the order the node admits requests.
 
 use rein_core::{CostModel, LimitMode, Nanos, QosSpec, ReservationLag, SchedConfig};
 use rein_model::device::{DeviceParams, DeviceSpec, Discipline, DiskParams, ServiceModel};
@@ -393,7 +394,7 @@ pub fn mclock_table(c: &SchedConfig) -> Result<String, String> {
 }
 
 /// The `[device_model]` table for `d`, checked to read back as `d` (invariant 1).
-pub fn device_table(d: &DeviceSpec, seed: u64) -> Result<String, String> {
+pub fn device_table(d: &DeviceSpec, seed: u64, stream: u64) -> Result<String, String> {
     let mut t = format!("[device_model]\ncapacity_iops = {}\n", f(d.capacity_iops));
     let mut disk = None;
     match d.service {
@@ -440,7 +441,7 @@ pub fn device_table(d: &DeviceSpec, seed: u64) -> Result<String, String> {
             steps.iter().map(|s| format!("{{ at_s = {}, iops = {} }}", f(s.at_s), f(s.iops))).collect();
         let _ = writeln!(t, "capacity_schedule = [{}]", list.join(", "));
     }
-    let _ = writeln!(t, "seed = {seed}");
+    let _ = writeln!(t, "seed = {seed}\nstream = {stream}");
     let service = match d.service {
         ServiceModel::Exponential => "exponential",
         ServiceModel::Deterministic => "deterministic",
@@ -530,9 +531,7 @@ fn node_config(
     t.push('\n');
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
     t.push('\n');
-    t.push_str(
-        &device_table(&s.device, sc.seed.wrapping_add(i as u64)).map_err(|e| format!("server {}: {e}", s.name))?,
-    );
+    t.push_str(&device_table(&s.device, sc.seed, i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
     for &(tenant, k) in users {
         let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
         if widths[k] == 0 {

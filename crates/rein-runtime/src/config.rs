@@ -61,6 +61,7 @@
 //! discipline = "fifo"            # fifo | ps (processor sharing)
 //! capacity_schedule = [{ at_s = 60, iops = 600 }]   # optional: capacity changes, from server start
 //! seed = 0
+//! stream = 0
 //!
 //! [[exports]]
 //! name = "rd"
@@ -304,6 +305,8 @@ struct DeviceFile {
     capacity_schedule: Vec<CapacityStep>,
     #[serde(default)]
     seed: u64,
+    #[serde(default)]
+    stream: usize,
 }
 
 /// An `[[exports]]` entry as written (in rein.toml, or as the body of `POST /api/exports`).
@@ -748,7 +751,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
             }
             .validate()
             .map_err(|e| format!("device_model.{e}"))?;
-            Some(DeviceConfig { spec, seed: d.seed })
+            Some(DeviceConfig { spec, seed: d.seed, stream: d.stream })
         }
     };
     if let Some(c) = f.capacity_iops {

@@ -7,7 +7,7 @@
 //! the request completes at the later of its real IO and its modelled completion. So a fast SSD can stand
 //! in for "a 1,200 IOPS array", the capacity can follow a schedule or be changed at run time
 //! (`ModelledDevice::set_capacity`, behind [`crate::Dispatcher::set_capacity`]), and the same seed gives
-//! the same service times as the simulator's server 0 ([`rein_model::seed`]).
+//! the same service times as the simulator's server `stream` (default 0; [`rein_model::seed`]).
 //!
 //! # Driving it (sans-IO)
 //! `ModelledDevice` never reads a clock: the dispatcher passes its `now`, arms one timer for
@@ -45,6 +45,9 @@ pub struct DeviceConfig {
     pub spec: DeviceSpec,
     /// The seed of its service-time stream.
     pub seed: u64,
+    /// Which of the simulator's per-server streams it draws from (`server_stream(stream)`): a scenario's
+    /// server index, so that node i of `rein cluster` draws the service times of the simulator's server i.
+    pub stream: usize,
 }
 
 /// Where a job stands.
@@ -75,7 +78,7 @@ pub(crate) struct ModelledDevice<T> {
 impl<T> ModelledDevice<T> {
     pub(crate) fn new(cfg: &DeviceConfig) -> ModelledDevice<T> {
         ModelledDevice {
-            device: Device::new(&cfg.spec, stream_seed(cfg.seed, server_stream(0))),
+            device: Device::new(&cfg.spec, stream_seed(cfg.seed, server_stream(cfg.stream))),
             wake: None,
             schedule: cfg.spec.schedule.clone(),
             next_step: 1,
@@ -188,7 +191,7 @@ mod tests {
     use rein_model::device::{CapacityStep, ServiceModel};
 
     fn deterministic(iops: f64) -> DeviceConfig {
-        DeviceConfig { spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(), seed: 1 }
+        DeviceConfig { spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(), seed: 1, stream: 0 }
     }
 
     #[test]
@@ -218,7 +221,7 @@ mod tests {
         let spec =
             DeviceSpec::scheduled(1000.0, ServiceModel::Deterministic, &[CapacityStep { at_s: 0.010, iops: 500.0 }])
                 .unwrap();
-        let mut d: ModelledDevice<u32> = ModelledDevice::new(&DeviceConfig { spec, seed: 1 });
+        let mut d: ModelledDevice<u32> = ModelledDevice::new(&DeviceConfig { spec, seed: 1, stream: 0 });
         assert_eq!(d.next_deadline(), Some(Nanos::from_millis(10)), "the step");
         let mut ready = Vec::new();
         d.advance(Nanos::from_millis(10), &mut ready);

@@ -13,7 +13,8 @@ use std::time::Duration;
 /// Three closed-loop tenants (32 outstanding each) for `secs` virtual seconds; returns IOPS per tenant.
 async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -> Vec<f64> {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-    let device = DeviceConfig { spec: DeviceSpec::new(capacity, ServiceModel::Exponential).unwrap(), seed: 3 };
+    let device =
+        DeviceConfig { spec: DeviceSpec::new(capacity, ServiceModel::Exponential).unwrap(), seed: 3, stream: 0 };
     let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, ..Default::default() });
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -159,7 +160,8 @@ async fn data_round_trips_and_errors_are_answered() {
 #[tokio::test(start_paused = true)]
 async fn seconds_below_reservation_and_iops_are_measured() {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-    let device = DeviceConfig { spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(), seed: 3 };
+    let device =
+        DeviceConfig { spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(), seed: 3, stream: 0 };
     let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig::default());
     // 300 IOPS reserved on a 200 IOPS device: backlogged and below reservation every second.
     let starved = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
@@ -278,7 +280,7 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
     )
     .unwrap();
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1 }), DispatchConfig::default());
+    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1, stream: 0 }), DispatchConfig::default());
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let done = Arc::new(AtomicU64::new(0));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
@@ -347,7 +349,7 @@ async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload(
         QosSpec::new(100.0, None, 1.0, 0).unwrap(),
     ];
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1 }), DispatchConfig::default());
+    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1, stream: 0 }), DispatchConfig::default());
     let start = tokio::time::Instant::now();
     let deadline = start + Duration::from_secs(69);
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
