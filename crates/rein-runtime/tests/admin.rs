@@ -20,8 +20,11 @@ async fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) 
 }
 
 async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr, Dispatcher, Vec<rein_core::TenantId>) {
-    let device = with_model
-        .then(|| DeviceConfig { spec: DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap(), seed: 1 });
+    let device = with_model.then(|| DeviceConfig {
+        spec: DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap(),
+        seed: 1,
+        stream: 0,
+    });
     let (d, _join) = Dispatcher::spawn(device, DispatchConfig::default());
     let (sa, sb) = (QosSpec::new(300.0, None, 1.0, 0).unwrap(), QosSpec::new(0.0, Some(500.0), 2.0, 0).unwrap());
     let a = d.add_tenant(sa).await.unwrap();
