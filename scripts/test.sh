@@ -16,6 +16,7 @@ command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v fio >/dev/null 2>&1 || need_apt+=(fio)
+command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
 # The admin endpoint's HTTPS tests (crates/rein/tests/admin_https.rs) drive curl.
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
