@@ -22,7 +22,7 @@
 //! 250 IOPS device (4 ms per IO) lost about a fifth of its capacity to ~1 ms of lateness per IO. So a job
 //! is admitted at the model time it would have started had the dispatcher been punctual: the later of
 //! its arrival at the dispatcher and the model's last event (a completion, a capacity step or an
-//! admission), but never earlier than [`MAX_BACKDATE`] before the real `now` (so a long stall of the
+//! admission), but never earlier than `MAX_BACKDATE` (5 ms) before the real `now` (so a long stall of the
 //! process is not replayed as a burst) and never after `now`. Admission times stay non-decreasing, which
 //! the device model requires.
 //!
