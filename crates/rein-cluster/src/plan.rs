@@ -29,11 +29,6 @@
 //! simulator's server sees it.
 //!
 //! # Deviations
-//! A build without the storage-node protocol ([`HAVE_NODE_PROTOCOL`] false) cannot carry delta and rho:
-//! its gateways speak plain NBD and each node schedules a striped tenant locally with a static share of
-//! its spec ([`node_spec`]): reservation and limit times the node's stripe share w_j / W, the weight
-//! unchanged, and RBFQ's local minimum (`server_reservations`) as the node's reservation where given.
-//!
 //! The simulator routes each request by a draw over the shares; a gateway stripes by offset, so a tenant's
 //! requests follow its shares only as far as its offsets are spread over the stripes (uniform random
 //! offsets: exactly in expectation). Each node's device model draws from the simulator's stream for its
@@ -61,11 +56,6 @@ pub const SHARES_STRIPE_KB: u64 = 64;
 pub const MAX_WIDTH_SUM: u64 = 1024;
 /// Largest export a plan makes (MiB; sparse files).
 pub const MAX_EXPORT_MB: u64 = 1 << 20;
-/// Whether this build has `rein gateway`: tenants over several servers need it.
-pub const HAVE_GATEWAY: bool = true;
-/// Whether `rein serve` speaks the storage-node protocol (`[node]`): without it, gateways speak plain NBD
-/// to the nodes and each node schedules a striped tenant by a static share of its spec ([`node_spec`]).
-pub const HAVE_NODE_PROTOCOL: bool = true;
 
 /// Why a scenario cannot run on real daemons.
 #[derive(Debug, thiserror::Error)]
@@ -203,7 +193,7 @@ impl Plan {
             let (nbd, admin) = addr(i)?;
             let users: Vec<(&Tenant, usize)> =
                 sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
-            let node = HAVE_NODE_PROTOCOL && !multi.is_empty();
+            let node = !multi.is_empty();
             let text = node_config(sc, i, s, nbd, admin, &format!("node-{}", s.name), &users, node).map_err(invalid)?;
             nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
         }
@@ -222,13 +212,6 @@ impl Plan {
                     stripe: None,
                 });
                 continue;
-            }
-            if !HAVE_GATEWAY {
-                let names: Vec<&str> = t.servers.iter().map(|&i| sc.servers[i].name.as_str()).collect();
-                return Err(unsupported(
-                    &format!("tenant {} over several servers ({})", t.name, names.join(", ")),
-                    "striping over nodes needs `rein gateway`, which this build does not have yet",
-                ));
             }
             let (nbd, admin) = addr(sc.servers.len() + gateways.len())?;
             let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
@@ -545,22 +528,9 @@ fn node_config(
             q(&tenant.name),
             q(&format!("{}.img", tenant.name))
         );
-        t.push_str(&tenant_entry(&tenant.name, &node_spec(tenant, k, &widths)?));
+        t.push_str(&tenant_entry(&tenant.name, &tenant.server_specs[k]));
     }
     Ok(t)
-}
-
-/// Tenant `t`'s spec at its `k`-th server, whose stripe width is `widths[k]` (module Deviations): its
-/// spec there as the scenario gives it for a tenant on one server, with the storage-node protocol, or
-/// under an RBFQ local minimum; else its reservation and limit times `widths[k] / sum(widths)`.
-pub fn node_spec(t: &Tenant, k: usize, widths: &[u64]) -> Result<QosSpec, String> {
-    let own = t.server_specs[k];
-    if t.servers.len() == 1 || HAVE_NODE_PROTOCOL || own != t.spec {
-        return Ok(own);
-    }
-    let share = widths[k] as f64 / widths.iter().sum::<u64>() as f64;
-    QosSpec::new(t.spec.reservation() * share, t.spec.limit().map(|l| l * share), t.spec.weight(), t.spec.idle_credit())
-        .map_err(|e| format!("tenant {} on its server {k}: {e}", t.name))
 }
 
 /// A tenant's stripe unit (KiB) and widths over its servers.
@@ -610,10 +580,9 @@ fn gateway_config(
     for &i in &t.servers {
         let _ = write!(
             g,
-            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"{}\"\n",
+            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"rein\"\n",
             q(&nodes[i].name),
             q(&nodes[i].nbd.to_string()),
-            if HAVE_NODE_PROTOCOL { "rein" } else { "nbd" }
         );
     }
     let spec = &t.spec;
@@ -818,14 +787,6 @@ span_gb = 0.0001
             "{ONE}[network]\ndelay_ms = 1\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"
         ));
         assert!(e.contains("network.delay_ms cannot run on a real cluster"), "{e}");
-        let two = format!("{ONE}[[servers]]\nname = \"s2\"\ncapacity_iops = 100\nqueue_depth = 1\n");
-        if !HAVE_GATEWAY {
-            let e = refused(&format!("{two}[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n"));
-            assert!(
-                e.contains("tenant t over several servers (s1, s2) cannot run") && e.contains("rein gateway"),
-                "{e}"
-            );
-        }
         let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
         let parda = Scenario::load(&base.join("parda-fig2.toml")).unwrap();
         let e = Plan::new(&parda, fixed_ports).unwrap_err().to_string();
@@ -894,8 +855,8 @@ iops = 100
 
     /// A tenant over several servers gets a gateway whose config, read by `rein gateway`'s own parser,
     /// has the tenant's spec, split, local reservations and the shares as stripe widths; each node's
-    /// piece is large enough for the layout; without the storage-node protocol each node holds the
-    /// tenant's static share of its spec.
+    /// piece is large enough for the layout; each node holds the scenario's spec for its server and
+    /// speaks the storage-node protocol.
     #[test]
     fn a_striped_tenant_gets_a_gateway_with_its_shares_as_widths() {
         let sc = Scenario::from_toml(STRIPED, None).unwrap();
@@ -923,18 +884,10 @@ iops = 100
             }
             assert!(e.unwrap().size.unwrap() >= v.stripe.node_bytes(j, v.size), "node {j}'s piece");
             let t = cfg.tenants.iter().find(|t| t.name == "c1").unwrap();
-            if HAVE_NODE_PROTOCOL {
-                // The node's own spec is the scenario's for this server; the gateway tags requests.
-                assert_eq!(t.spec, sc.tenants[0].server_specs[j]);
-                assert_eq!(g.nodes[j].protocol, rein_runtime::remote::NodeProtocol::Rein);
-                assert!(node.config.contains("[node]\nenabled = true\nspecs = \"node\"\n"), "{}", node.config);
-            } else {
-                // s1 has 1 of 3 units a round, s2 2 of 3.
-                let share = [1.0 / 3.0, 2.0 / 3.0][j];
-                assert!((t.spec.reservation() - 600.0 * share).abs() < 1e-9, "{:?}", t.spec);
-                assert!((t.spec.limit().unwrap() - 1200.0 * share).abs() < 1e-9, "{:?}", t.spec);
-                assert_eq!(t.spec.weight(), 2.0);
-            }
+            // The node's own spec is the scenario's for this server; the gateway tags requests.
+            assert_eq!(t.spec, sc.tenants[0].server_specs[j]);
+            assert_eq!(g.nodes[j].protocol, rein_runtime::remote::NodeProtocol::Rein);
+            assert!(node.config.contains("[node]\nenabled = true\nspecs = \"node\"\n"), "{}", node.config);
         }
         // f1: its RBFQ local minimum on s2 is its reservation there; default stripes of 1 MiB, width 1.
         let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[1].config, Path::new("gw.toml")).unwrap();
