@@ -153,19 +153,24 @@ fn d_backend() -> String {
 fn d_service() -> String {
     "exponential".into()
 }
-fn d_max_kb() -> u64 {
+/// The default shared by rein.toml and gw.toml.
+pub(crate) fn d_max_kb() -> u64 {
     32 * 1024
 }
-fn d_inflight_mb() -> u64 {
+/// The default shared by rein.toml and gw.toml.
+pub(crate) fn d_inflight_mb() -> u64 {
     crate::budget::DEFAULT_INFLIGHT_MB
 }
-fn d_inflight_mb_per_tenant() -> u64 {
+/// The default shared by rein.toml and gw.toml.
+pub(crate) fn d_inflight_mb_per_tenant() -> u64 {
     crate::budget::DEFAULT_INFLIGHT_MB_PER_TENANT
 }
-fn d_idle_timeout_s() -> u64 {
+/// The default shared by rein.toml and gw.toml.
+pub(crate) fn d_idle_timeout_s() -> u64 {
     300
 }
-fn d_shutdown_timeout_s() -> f64 {
+/// The default shared by rein.toml and gw.toml.
+pub(crate) fn d_shutdown_timeout_s() -> f64 {
     10.0
 }
 

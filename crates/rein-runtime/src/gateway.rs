@@ -53,10 +53,10 @@
 //! Tenants' specs, splits and `server_reservations` are validated and kept for the storage-node protocol
 //! (docs/node-protocol.md); over plain NBD the nodes schedule by their own configuration.
 
-use crate::access::{Admit, ConnCaps, ConnLimits, ExportAccess};
+use crate::access::{ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
 use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
-use crate::nbd::{serve_client, Backend, Entry, Export, ExportTable, Limits, NbdContext, Policy};
+use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContext, Policy};
 use crate::remote::{LinkConfig, NodeProtocol, NodeSpec, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE};
 use crate::tls::TlsConfig;
 use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
@@ -186,21 +186,6 @@ fn d_weight() -> f64 {
 fn d_stripe_kb() -> u64 {
     64
 }
-fn d_max_kb() -> u64 {
-    32 * 1024
-}
-fn d_inflight_mb() -> u64 {
-    crate::budget::DEFAULT_INFLIGHT_MB
-}
-fn d_inflight_mb_per_tenant() -> u64 {
-    crate::budget::DEFAULT_INFLIGHT_MB_PER_TENANT
-}
-fn d_idle() -> u64 {
-    300
-}
-fn d_shutdown() -> f64 {
-    10.0
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -220,15 +205,15 @@ struct File {
     max_connections: Option<usize>,
     max_connections_per_client: Option<usize>,
     max_connections_per_tenant: Option<usize>,
-    #[serde(default = "d_inflight_mb")]
+    #[serde(default = "crate::config::d_inflight_mb")]
     max_inflight_mb: u64,
-    #[serde(default = "d_inflight_mb_per_tenant")]
+    #[serde(default = "crate::config::d_inflight_mb_per_tenant")]
     max_inflight_mb_per_tenant: u64,
-    #[serde(default = "d_idle")]
+    #[serde(default = "crate::config::d_idle_timeout_s")]
     idle_timeout_s: u64,
-    #[serde(default = "d_shutdown")]
+    #[serde(default = "crate::config::d_shutdown_timeout_s")]
     shutdown_timeout_s: f64,
-    #[serde(default = "d_max_kb")]
+    #[serde(default = "crate::config::d_max_kb")]
     max_request_kb: u64,
     default_export: Option<String>,
     #[serde(default)]
@@ -658,32 +643,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            acc = nbd.accept() => {
-                let (stream, peer) = match acc {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let entry = match limits.admit(peer.ip()) {
-                    Admit::Serve(slot) => Entry::Serve(slot),
-                    Admit::Refuse(why, permit) => {
-                        limits.log_refusal(peer, &why, false);
-                        Entry::Refuse(why, permit)
-                    }
-                    Admit::Close(why) => {
-                        limits.log_refusal(peer, &why, true);
-                        continue;
-                    }
-                };
-                let (ctx, policy, stop) = (ctx.clone(), policy.clone(), stop_rx.clone());
-                tasks.spawn(async move {
-                    let _ = serve_client(stream, peer, entry, ctx, policy, stop).await;
-                });
-                while tasks.try_join_next().is_some() {}
-            }
+            acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
     }
     tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");

@@ -321,6 +321,45 @@ enum Transport {
 /// slot, and the tenants of a storage-node session's slots (empty otherwise).
 type Opened = (Transport, Negotiated, Option<String>, Option<TenantSlot>, Vec<TenantId>);
 
+/// What a server's accept loop does with one `accept` result (rein serve's and rein gateway's): admits the
+/// connection under the policy's caps and spawns its task on `tasks` (a refused client is answered
+/// there; one beyond even the refusal bound is closed at once), then reaps finished tasks so the set
+/// does not grow. An accept error is logged and paced by 10 ms.
+pub async fn spawn_accepted(
+    acc: io::Result<(TcpStream, SocketAddr)>,
+    tasks: &mut tokio::task::JoinSet<()>,
+    ctx: &Arc<NbdContext>,
+    policy: &Arc<Policy>,
+    stop: &watch::Receiver<bool>,
+) {
+    let (stream, peer) = match acc {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!("accept failed: {e}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            return;
+        }
+    };
+    let limits = &policy.limits;
+    let entry = match limits.admit(peer.ip()) {
+        Admit::Serve(slot) => Entry::Serve(slot),
+        Admit::Refuse(why, permit) => {
+            limits.log_refusal(peer, &why, false);
+            Entry::Refuse(why, permit)
+        }
+        Admit::Close(why) => {
+            limits.log_refusal(peer, &why, true);
+            return;
+        }
+    };
+    let (ctx, policy, stop) = (ctx.clone(), policy.clone(), stop.clone());
+    tasks.spawn(async move {
+        // serve_client logs how the connection ended, error included.
+        let _ = serve_client(stream, peer, entry, ctx, policy, stop).await;
+    });
+    while tasks.try_join_next().is_some() {}
+}
+
 /// Serves one connection from `peer` under `policy` until the client disconnects, errs, or `shutdown`
 /// turns true (then in-flight requests are answered before closing).
 pub async fn serve_client(

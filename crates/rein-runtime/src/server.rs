@@ -15,13 +15,13 @@
 //! client that does not read its replies, or sends half a WRITE, holds nothing up), and `run` returns once
 //! the requests already at the backend have completed.
 
-use crate::access::{Admit, ConnLimits};
+use crate::access::ConnLimits;
 use crate::admin::{self, AdminState};
 use crate::budget::Budget;
 use crate::config::{Admission, BackendKind, ServerConfig, Shortfall};
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::live::{make_export, Registry};
-use crate::nbd::{serve_client, Entry, ExportTable, Limits, NbdContext, Policy};
+use crate::nbd::{spawn_accepted, ExportTable, Limits, NbdContext, Policy};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, DirLock, StateFile};
 use rein_core::TenantId;
 use std::future::Future;
@@ -279,34 +279,7 @@ pub async fn run_with(
                 let load = load.as_mut().expect("with reload_rx");
                 reload_config(&registry, load).await;
             }
-            acc = nbd.accept() => {
-                let (stream, peer) = match acc {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let entry = match limits.admit(peer.ip()) {
-                    Admit::Serve(slot) => Entry::Serve(slot),
-                    Admit::Refuse(why, permit) => {
-                        limits.log_refusal(peer, &why, false);
-                        Entry::Refuse(why, permit)
-                    }
-                    Admit::Close(why) => {
-                        limits.log_refusal(peer, &why, true);
-                        continue;
-                    }
-                };
-                let (ctx, policy, stop) = (ctx.clone(), policy.clone(), stop_rx.clone());
-                tasks.spawn(async move {
-                    // serve_client logs how the connection ended, error included.
-                    let _ = serve_client(stream, peer, entry, ctx, policy, stop).await;
-                });
-                // Reap finished connection tasks so the set does not grow.
-                while tasks.try_join_next().is_some() {}
-            }
+            acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
     }
     tracing::info!(
