@@ -1,7 +1,7 @@
 //! `rein cluster up` and `rein cluster run`: a scenario on real daemons (rein-cluster does the work; this
 //! parses arguments and prints).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rein_cluster::{Plan, Supervisor};
@@ -43,18 +43,8 @@ pub(crate) struct UpArgs {
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) up: UpArgs,
-    /// Write summary.json, timeseries.csv and plots (PNG and SVG) here.
-    #[arg(long)]
-    pub(crate) out: Option<PathBuf>,
-    /// Print the summary as JSON on stdout (and nothing else there).
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Check the scenario's expectations; exit 1 naming each miss.
-    #[arg(long)]
-    pub(crate) check: bool,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub(crate) quiet: bool,
+    #[command(flatten)]
+    pub(crate) report: crate::sim::ReportArgs,
 }
 
 pub(crate) fn run(cmd: ClusterCmd) -> Result<()> {
@@ -149,7 +139,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     let (mut term, mut int) = signals(&rt)?;
     let (sc, plan, sup) = start(&a.up)?;
     let sup = Arc::new(Mutex::new(sup));
-    let quiet = a.quiet || a.json;
+    let quiet = a.report.quiet || a.report.json;
     let bar = if quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
@@ -178,26 +168,6 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     });
     bar.finish_and_clear();
     let totals = finish(sup, res)?;
-    let results = a.check.then(|| rein_sim::check::check(&sc, &totals, None));
-    if let Some(dir) = &a.out {
-        crate::sim::write_outputs(dir, &sc, &totals, results.as_deref())?;
-    }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&totals.summary)?);
-    } else {
-        crate::load::print_summary(&totals);
-        if let Some(dir) = &a.out {
-            println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
-        }
-    }
-    if let Some(results) = results {
-        if results.is_empty() {
-            bail!("{} has no [[expect]] entries: nothing to check", a.up.scenario.display());
-        }
-        let misses = crate::sim::print_checks(&results, a.json);
-        if misses > 0 {
-            bail!("{misses} of {} expectations missed in {}", results.len(), sc.name);
-        }
-    }
-    Ok(())
+    let results = a.report.check.then(|| rein_sim::check::check(&sc, &totals, None));
+    crate::sim::report(&a.report, &a.up.scenario, &sc, &totals, results, crate::load::print_summary)
 }

@@ -23,6 +23,13 @@ pub(crate) struct SimArgs {
     /// no-controller, no-shift (docs/scenarios.md).
     #[arg(long)]
     pub(crate) sabotage: Option<String>,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+}
+
+/// What to do with a run's totals, for `rein sim` and `rein cluster run` alike ([`report`]).
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
     /// Write summary.json, timeseries.csv and plots (PNG and SVG) here.
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
@@ -289,15 +296,29 @@ pub(crate) fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
 /// fails naming the missed expectations.
 pub(crate) fn run(args: SimArgs) -> Result<()> {
     let sc = load(&args)?;
-    let (r, results) = run_with_progress(&sc, args.quiet || args.json, args.check)?;
-    if let Some(dir) = &args.out {
-        write_outputs(dir, &sc, &r, results.as_deref())?;
+    let a = &args.report;
+    let (r, results) = run_with_progress(&sc, a.quiet || a.json, a.check)?;
+    report(a, &args.scenario, &sc, &r, results, |r| print!("{}", summary_text(r)))
+}
+
+/// A run's report, for `rein sim` and `rein cluster run`: writes `--out`, prints `--json` or the summary
+/// (`summary`) and what was written, and with `--check` fails naming the missed expectations.
+pub(crate) fn report(
+    a: &ReportArgs,
+    scenario: &Path,
+    sc: &Scenario,
+    r: &RunTotals,
+    results: Option<Vec<CheckResult>>,
+    summary: impl FnOnce(&RunTotals),
+) -> Result<()> {
+    if let Some(dir) = &a.out {
+        write_outputs(dir, sc, r, results.as_deref())?;
     }
-    if args.json {
+    if a.json {
         println!("{}", serde_json::to_string_pretty(&r.summary)?);
     } else {
-        print!("{}", summary_text(&r));
-        if let Some(dir) = &args.out {
+        summary(r);
+        if let Some(dir) = &a.out {
             println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
             if r.hosts.is_some() {
                 println!(
@@ -309,9 +330,9 @@ pub(crate) fn run(args: SimArgs) -> Result<()> {
     }
     if let Some(results) = results {
         if results.is_empty() {
-            bail!("{} has no [[expect]] entries: nothing to check", args.scenario.display());
+            bail!("{} has no [[expect]] entries: nothing to check", scenario.display());
         }
-        let misses = print_checks(&results, args.json);
+        let misses = print_checks(&results, a.json);
         if misses > 0 {
             bail!("{misses} of {} expectations missed in {}", results.len(), sc.name);
         }
