@@ -24,14 +24,6 @@ pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
-        };
-        rein_runtime::gateway::run(cfg, shutdown, None).await.map_err(anyhow::Error::from)
+        rein_runtime::gateway::run(cfg, crate::serve::interrupted(), None).await.map_err(anyhow::Error::from)
     })
 }

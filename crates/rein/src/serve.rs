@@ -54,20 +54,22 @@ pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(cfg)
 }
 
+/// Resolves at the first Ctrl-C (SIGINT) or SIGTERM: when a daemon (`rein serve`, `rein gateway`) stops.
+pub(crate) async fn interrupted() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
 /// `rein serve`: serves until Ctrl-C or SIGTERM; SIGHUP reloads the configuration file (with the same
 /// command-line overrides).
 pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
-        };
+        let shutdown = interrupted();
         let mut hup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
         let (tx, requests) = tokio::sync::mpsc::channel(1);
