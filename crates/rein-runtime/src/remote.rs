@@ -907,7 +907,7 @@ mod tests {
     /// reservation and cost `cost` (raw) if `answer` (else never), and records the tags it received.
     async fn fake_node(cost: u64, answer: bool) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
         use rein_core::Phase;
-        use rein_proto::nbd::node::{NodeGranted, NodeReplyTrailer, NodeWelcome, SpecSource};
+        use rein_proto::nbd::node::NodeReplyTrailer;
         use rein_proto::nbd::{Event, ExportInfo, ServerHandshake, ServerProgress, ServerTransmission};
         use rein_proto::nbd::{RequestKind, TransmissionConfig};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -938,20 +938,7 @@ mod tests {
                     buf.drain(..used);
                     let progress = match progress {
                         ServerProgress::NodeHello(h) => {
-                            let granted = h
-                                .tenants
-                                .iter()
-                                .enumerate()
-                                .map(|(i, t)| NodeGranted {
-                                    slot: i as u32,
-                                    source: SpecSource::Gateway,
-                                    reservation: t.reservation,
-                                    limit: t.limit,
-                                    weight: t.weight,
-                                    local_reservation: t.local_reservation,
-                                })
-                                .collect();
-                            hs.node_verdict(Ok(NodeWelcome { version: 1, tenants: granted }), &mut out)
+                            hs.node_verdict(Ok(rein_proto::harness::welcome_for(&h)), &mut out)
                         }
                         other => other,
                     };
