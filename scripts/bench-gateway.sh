@@ -57,7 +57,7 @@ gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   local pids=() h
   for h in 42 43 44; do "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
-  { echo 'listen = "127.0.0.45:10809"'; echo 'connections_per_node = 2'
+  { echo 'listen = "127.0.0.45:10809"'; echo "connections_per_node = ${GW_CONNS:-2}"
     for h in 42 43 44; do printf '[[nodes]]\nname = "s%d"\naddress = "127.0.0.%d:10809"\nprotocol = "%s"\nexport = "bench"\n' $h $h "$PROTOCOL"; done
     printf '[[exports]]\nname = "vol"\nsize_mb = 1024\nstripe_kb = 64\n'; } > "$W/gw.toml"
   TOKIO_WORKER_THREADS=${GW_THREADS:-$(nproc)} "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!

@@ -44,7 +44,8 @@ use rein_sim::Scenario;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// NBD connections a tenant's load opens to its endpoint.
+/// NBD connections a tenant's load opens to its endpoint at least (more where the tenant can have more
+/// requests outstanding than they hold: [`plan::load_connections`]).
 pub const CONNECTIONS_PER_TENANT: usize = 4;
 
 /// A gateway volume's layout, as the load driver uses it.
@@ -85,7 +86,7 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
             name: t.name.clone(),
             export: e.export.clone(),
             tenant: t.name.clone(),
-            connections: CONNECTIONS_PER_TENANT,
+            connections: plan::load_connections(t, sc.duration, CONNECTIONS_PER_TENANT),
             workload: t.workload.clone(),
             route: Some(JobRoute {
                 addr: e.nbd,

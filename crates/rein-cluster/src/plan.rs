@@ -57,6 +57,96 @@ pub const MAX_WIDTH_SUM: u64 = 1024;
 /// Largest export a plan makes (MiB; sparse files).
 pub const MAX_EXPORT_MB: u64 = 1 << 20;
 
+/// Requests one NBD connection may have in flight at a `rein serve` node or a gateway's front.
+const PER_CONN: u64 = rein_runtime::nbd::MAX_IN_FLIGHT_PER_CONN as u64;
+/// Most NBD connections a tenant's load opens (each holds [`PER_CONN`] requests in flight).
+pub const MAX_LOAD_CONNECTIONS: u64 = 256;
+/// Connection caps per client and per tenant written into every node's and gateway's config: above what a
+/// plan opens (a load's connections, a gateway's pool), within the servers' own bound.
+const CONN_CAP: u64 = 4096;
+/// The daemons' default byte budgets (MiB, all tenants and per tenant): a plan raises them, never lowers.
+const BUDGET_MB: (u64, u64) = (1024, 256);
+/// The longest `request_timeout_s` a gateway takes.
+const MAX_REQUEST_TIMEOUT_S: f64 = 3600.0;
+
+/// Requests tenant `t` can have outstanding at once in the simulator over a run of `duration`: a closed
+/// loop's window (per server times its servers, where it is one), and for the other kinds every request the
+/// run issues (an open loop into an overloaded server queues there without bound), at most the scheduler's
+/// `max_queued_per_tenant` per server. It sizes the real run's room ([`load_connections`],
+/// [`pool_per_node`], [`budget_mb`]): with less, the requests a tenant has queued at a hot node fill its
+/// connections, its load stops sending, and its queues at the other nodes run dry: the open loop turns into
+/// one closed pool (head-of-line blocking the simulator does not have; RBFQ Figs. 11(b)(c)).
+pub fn in_flight_bound(t: &Tenant, duration: Nanos) -> u64 {
+    let secs = duration.as_secs_f64();
+    let servers = t.servers.len().max(1) as u64;
+    let cap = rein_core::Limits::default().max_queued_per_tenant as u64 * servers;
+    fn kind_bound(k: &WorkloadKind, secs: f64, servers: u64) -> u64 {
+        match k {
+            WorkloadKind::Closed { outstanding, per_server, .. } => {
+                u64::from(*outstanding) * if *per_server { servers } else { 1 }
+            }
+            WorkloadKind::Open { iops } => (iops * secs).ceil() as u64,
+            WorkloadKind::OnOff { inner, .. } => kind_bound(inner, secs, servers),
+            WorkloadKind::Burst { count, period } => {
+                u64::from(*count) * ((secs / period.as_secs_f64().max(1e-9)).ceil() as u64 + 1)
+            }
+            WorkloadKind::Trace { records, repeat, .. } => {
+                if *repeat {
+                    u64::MAX
+                } else {
+                    records.len() as u64
+                }
+            }
+        }
+    }
+    kind_bound(&t.workload.kind, secs, servers).clamp(1, cap)
+}
+
+/// NBD connections tenant `t`'s load opens: room for [`in_flight_bound`] requests, at least `min`, at
+/// most [`MAX_LOAD_CONNECTIONS`].
+pub fn load_connections(t: &Tenant, duration: Nanos, min: usize) -> usize {
+    in_flight_bound(t, duration).div_ceil(PER_CONN).clamp(min as u64, MAX_LOAD_CONNECTIONS) as usize
+}
+
+/// A gateway's pooled connections per node for tenant `t`: room at each node for all of
+/// [`in_flight_bound`] (all of it may queue at one hot node), 4..=[`rein_runtime::remote::MAX_CONNECTIONS_PER_NODE`].
+pub fn pool_per_node(t: &Tenant, duration: Nanos) -> u64 {
+    in_flight_bound(t, duration).div_ceil(PER_CONN).clamp(4, rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64)
+}
+
+/// The byte budget (MiB) for tenant `t`'s requests in flight at one daemon: [`in_flight_bound`] requests of
+/// its largest size, a quarter more for input buffers, at least the daemons' default (256).
+pub fn budget_mb(t: &Tenant, duration: Nanos) -> u64 {
+    let size = match &t.workload.kind {
+        WorkloadKind::Trace { records, .. } => records.iter().map(|r| r.size).max().unwrap_or(0),
+        _ => 0,
+    }
+    .max(t.workload.size_bytes)
+    .max(512);
+    let bytes = in_flight_bound(t, duration).saturating_mul(size).saturating_mul(5) / 4;
+    bytes.div_ceil(1 << 20).clamp(BUDGET_MB.1, rein_runtime::budget::MAX_INFLIGHT_MB)
+}
+
+/// The budget lines of a daemon that serves `tenants`: per tenant the largest of theirs, in all their sum
+/// (each at least the default), within [`rein_runtime::budget::MAX_INFLIGHT_MB`].
+fn budget_lines(tenants: &[&Tenant], duration: Nanos) -> String {
+    let each: Vec<u64> = tenants.iter().map(|t| budget_mb(t, duration)).collect();
+    let max = rein_runtime::budget::MAX_INFLIGHT_MB;
+    let per = each.iter().copied().max().unwrap_or(BUDGET_MB.1);
+    let all = each.iter().fold(0u64, |a, &b| a.saturating_add(b)).clamp(BUDGET_MB.0, max).max(per);
+    format!(
+        "max_inflight_mb = {all}\nmax_inflight_mb_per_tenant = {per}\n\
+         max_connections_per_client = {CONN_CAP}\nmax_connections_per_tenant = {CONN_CAP}\n"
+    )
+}
+
+/// A gateway's `request_timeout_s` for a run of `duration`: longer than the run (the simulator fails no
+/// request however long it queues, and a cluster's nodes are its own children, watched by the supervisor),
+/// at least the default 30 s, at most [`MAX_REQUEST_TIMEOUT_S`].
+pub fn request_timeout_s(duration: Nanos) -> f64 {
+    (duration.as_secs_f64() + 60.0).ceil().clamp(30.0, MAX_REQUEST_TIMEOUT_S)
+}
+
 /// Why a scenario cannot run on real daemons.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -497,14 +587,15 @@ fn node_config(
     let mut t = format!(
         "# rein cluster: server {} of scenario {}\nlisten = {}\nadmin = {}\ndata_dir = {}\nscheduler = {}\n\
          queue_depth = {}\n# The simulator never refuses a scenario's reservations.\nadmission = \"warn\"\n\
-         shutdown_timeout_s = 2\n",
+         shutdown_timeout_s = 2\n{}",
         s.name,
         sc.name,
         q(&nbd.to_string()),
         q(&admin.to_string()),
         q(data),
         q(s.scheduler.name()),
-        s.queue_depth
+        s.queue_depth,
+        budget_lines(&users.iter().map(|&(t, _)| t).collect::<Vec<_>>(), sc.duration)
     );
     if node {
         // The node's own specs win ("node"): they are the scenario's for this server (RBFQ's local minimum
@@ -573,10 +664,15 @@ fn gateway_config(
         q(&nbd.to_string()),
         q(&admin.to_string())
     );
-    if matches!(t.workload.kind.inner(), WorkloadKind::Closed { .. }) {
-        // One connection per outstanding request at most is plenty; the default pool is small.
-        g.push_str("connections_per_node = 4\n");
-    }
+    // Room at each node and at the front for everything the tenant can have outstanding (in_flight_bound),
+    // and no timeout within the run.
+    let _ = write!(
+        g,
+        "connections_per_node = {}\nrequest_timeout_s = {}\n{}",
+        pool_per_node(t, sc.duration),
+        request_timeout_s(sc.duration),
+        budget_lines(&[t], sc.duration)
+    );
     for &i in &t.servers {
         let _ = write!(
             g,
@@ -631,6 +727,7 @@ fn gateway_config(
 mod tests {
     use super::*;
     use std::path::Path;
+    use std::time::Duration;
 
     #[test]
     fn integer_shares_reduce_by_their_gcd() {
@@ -919,5 +1016,44 @@ iops = 100
         // A node of width 0 is not aimed at.
         let stripe = Stripe::new(4096, &[1, 0]).unwrap();
         assert_eq!(aim(&stripe, 1, 12_288, 4096, 1 << 20), 12_288);
+    }
+
+    /// An open loop into an overloaded server (RBFQ Fig. 11(b): f1 900 IOPS over two servers, f2 600 over
+    /// three, for 80 s) can have its whole run outstanding, and a request can queue for most of the run:
+    /// the real run gets room for all of it and no timeout within it. Without that room, the load's and
+    /// the gateway's bounded connections turn the open loop into one closed pool and f2, f3 fell to 0.60-0.78
+    /// of the simulator; with the gateway's default 30 s timeout, f1's pieces queued at its hot nodes failed
+    /// and f1 fell to 0.45 (scripts/cluster-vs-sim.sh; docs/reproductions.md Part 4).
+    #[test]
+    fn open_loops_get_room_for_their_backlog_and_no_timeout_within_the_run() {
+        let sc = Scenario::from_toml(include_str!("../../../scenarios/rbfq-fig11b-hotspot2.toml"), None).unwrap();
+        let (f1, f2) = (&sc.tenants[0], &sc.tenants[1]);
+        assert_eq!(in_flight_bound(f2, sc.duration), 600 * 80);
+        assert_eq!(in_flight_bound(f1, sc.duration), 900 * 80);
+        assert_eq!(load_connections(f2, sc.duration, 4), 48_000usize.div_ceil(256));
+        assert_eq!(load_connections(f1, sc.duration, 4), 256, "at most MAX_LOAD_CONNECTIONS");
+        assert_eq!(pool_per_node(f2, sc.duration), rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64);
+        // 72,000 requests of 4 KiB, a quarter more: 352 MiB.
+        assert_eq!(budget_mb(f1, sc.duration), (72_000u64 * 4096 * 5 / 4).div_ceil(1 << 20));
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[0].config, Path::new("gw.toml")).unwrap();
+        assert_eq!(g.link.connections, 64);
+        assert_eq!(g.link.request_timeout, Duration::from_secs(80 + 60));
+        assert_eq!(g.max_inflight_per_tenant, budget_mb(f1, sc.duration) << 20);
+        assert!(g.caps.per_tenant >= 256 && g.caps.per_client >= 256, "the load's connections are let in");
+        // Each node takes every tenant's budget at once (at least the default 1,024 MiB).
+        let n = rein_runtime::config::ServerConfig::parse(&plan.nodes[0].config, Path::new("n.toml")).unwrap();
+        let want: u64 = sc.tenants.iter().map(|t| budget_mb(t, sc.duration)).sum();
+        assert_eq!(n.max_inflight, want.max(1024) << 20);
+        assert_eq!(n.max_inflight_per_tenant, budget_mb(f1, sc.duration) << 20);
+        // A closed loop's window, per server where it is one: the small defaults stay.
+        let sc = Scenario::from_toml(include_str!("../../../scenarios/rbfq-fig13-rbfq.toml"), None).unwrap();
+        assert_eq!(in_flight_bound(&sc.tenants[1], sc.duration), 4 * 2);
+        assert_eq!(load_connections(&sc.tenants[1], sc.duration, 4), 4);
+        assert_eq!(pool_per_node(&sc.tenants[1], sc.duration), 4);
+        assert_eq!(budget_mb(&sc.tenants[1], sc.duration), 256);
+        // A run longer than an hour keeps the gateway's largest timeout.
+        assert_eq!(request_timeout_s(Nanos::from_secs(7200)), 3600.0);
+        assert_eq!(request_timeout_s(Nanos::from_secs(1)), 61.0);
     }
 }
