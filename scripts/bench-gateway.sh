@@ -7,8 +7,9 @@
 # on their own 127.0.0.x addresses and are stopped at the end.
 # With PERF=1, the last gateway run is profiled with `perf record -g` (gateway process only) and the top
 # symbols are printed.
-# GW_THREADS sets the gateway's tokio worker threads (default: the number of CPUs).
-# Usage: [PERF=1] [GW_THREADS=n] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+# GW_THREADS sets the gateway's tokio worker threads (default: the number of CPUs); GW_CONNS its
+# connections_per_node (default 2, the gateway's own default).
+# Usage: [PERF=1] [GW_THREADS=n] [GW_CONNS=n] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}

@@ -19,6 +19,7 @@
 //! connect_timeout_s = 5             # 0.1..=3600
 //! reconnect_max_backoff_ms = 2000   # 50..=600000
 //! connections_per_node = 2          # 1..=64
+//! worker_threads = 4                # 1..=1024; default: the number of CPUs
 //! # and, as in rein serve: [tls], max_connections*, max_inflight_mb*, idle_timeout_s,
 //! # shutdown_timeout_s, max_request_kb, default_export
 //! [[nodes]]
@@ -133,6 +134,9 @@ pub struct GatewayConfig {
     pub default_export: Option<usize>,
     /// Node timeouts and pool size.
     pub link: LinkConfig,
+    /// The runtime's worker threads (`worker_threads`; `None`: one per CPU). The binary builds its runtime
+    /// with it; [`run`] does not read it.
+    pub worker_threads: Option<usize>,
     /// The nodes, in config order.
     pub nodes: Vec<NodeSpec>,
     /// The tenants.
@@ -187,6 +191,9 @@ fn d_stripe_kb() -> u64 {
     64
 }
 
+/// Most runtime worker threads (`worker_threads`).
+pub const MAX_WORKER_THREADS: usize = 1024;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -201,6 +208,7 @@ struct File {
     reconnect_max_backoff_ms: u64,
     #[serde(default = "d_conns")]
     connections_per_node: usize,
+    worker_threads: Option<usize>,
     tls: Option<TlsFile>,
     max_connections: Option<usize>,
     max_connections_per_client: Option<usize>,
@@ -307,6 +315,9 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             "connections_per_node must be in 1..={MAX_CONNECTIONS_PER_NODE}, got {}",
             f.connections_per_node
         ));
+    }
+    if let Some(n) = f.worker_threads.filter(|n| !(1..=MAX_WORKER_THREADS).contains(n)) {
+        return Err(format!("worker_threads must be in 1..={MAX_WORKER_THREADS}, got {n}"));
     }
     let tls =
         f.tls.as_ref().map(|t| tls_config(t, base)).transpose()?.filter(|t| t.mode != rein_proto::nbd::TlsMode::Off);
@@ -493,6 +504,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             max_backoff: Duration::from_millis(f.reconnect_max_backoff_ms),
             connections: f.connections_per_node,
         },
+        worker_threads: f.worker_threads,
         nodes,
         tenants,
         exports,
@@ -733,6 +745,8 @@ mod tests {
         for (ok, bad, key) in [
             ("connections_per_node = 64", "connections_per_node = 65", "connections_per_node"),
             ("connections_per_node = 1", "connections_per_node = 0", "connections_per_node"),
+            ("worker_threads = 1", "worker_threads = 0", "worker_threads"),
+            ("worker_threads = 1024", "worker_threads = 1025", "worker_threads"),
             ("request_timeout_s = 0.1", "request_timeout_s = 0.09", "request_timeout_s"),
             ("request_timeout_s = 3600", "request_timeout_s = 3600.5", "request_timeout_s"),
             ("connect_timeout_s = 0.1", "connect_timeout_s = 0.05", "connect_timeout_s"),

@@ -35,7 +35,12 @@
 //!   (the server's shutdown deadline) it stops waiting for the budget, gives its writer [`CLOSE_GRACE`],
 //!   and closes.
 //! - The writer takes the replies that are ready, up to [`WRITE_BATCH`] of them or about
-//!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write.
+//!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write. On a gateway's volume
+//!   ([`Backend::Remote`]) it first yields one scheduler turn, so that the replies the node connections
+//!   have ready (several nodes answer one round of requests) join the same write: with fio at iodepth 16
+//!   over three nodes, about 5 % more IOPS on the 2-core machine (`scripts/bench-gateway.sh`). A local
+//!   export's writer does not wait: its replies come from the dispatcher's thread, and the same turn cost
+//!   rein serve about 10 % as a storage node.
 //!
 //! # Storage-node sessions (docs/node-protocol.md)
 //! With a [`NodeGate`] in the [`Policy`] (`[node] enabled = true`), the handshake offers
@@ -483,7 +488,8 @@ where
     let (replies, rx) = mpsc::unbounded_channel();
     let last_reply_ms = Arc::new(AtomicU64::new(0));
     let Conn { ctx, export, peer, opened, node_tenants } = conn;
-    let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone()));
+    let coalesce = matches!(export.backend, Backend::Remote(_));
+    let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone(), coalesce));
     let mut close = ctx.limits.close.subscribe();
     let mut conn = Connection {
         export,
@@ -980,10 +986,16 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     mut rx: mpsc::UnboundedReceiver<Reply>,
     opened: Instant,
     last_reply_ms: Arc<AtomicU64>,
+    coalesce: bool,
 ) {
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);
     let mut broken = false;
     while let Some(first) = rx.recv().await {
+        if coalesce {
+            // One scheduler turn first: the node connections whose replies are ready complete theirs too,
+            // and they all go in this write (module comment).
+            tokio::task::yield_now().await;
+        }
         let mut bytes = first.0.len();
         batch.push(first);
         while batch.len() < WRITE_BATCH && bytes < WRITE_BATCH_BYTES {

@@ -22,7 +22,11 @@ pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     if let Some(a) = args.listen {
         cfg.listen = a;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cfg.worker_threads {
+        rt.worker_threads(n);
+    }
+    let rt = rt.enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
         rein_runtime::gateway::run(cfg, crate::serve::interrupted(), None).await.map_err(anyhow::Error::from)
     })
