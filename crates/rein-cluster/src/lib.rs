@@ -123,6 +123,8 @@ pub async fn drive(
         name: sc.name.clone(),
         max_pending: rein_runtime::load::MAX_PENDING,
         servers: sc.servers.iter().map(|s| s.name.clone()).collect(),
+        // Node i is server i: its device's busy time gives the server's utilisation.
+        server_admins: plan.nodes.iter().map(|n| n.admin.into()).collect(),
     };
     let watch = async {
         loop {

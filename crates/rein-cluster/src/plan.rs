@@ -59,7 +59,8 @@ pub const MAX_EXPORT_MB: u64 = 1 << 20;
 
 /// Requests one NBD connection may have in flight at a `rein serve` node or a gateway's front.
 const PER_CONN: u64 = rein_runtime::nbd::MAX_IN_FLIGHT_PER_CONN as u64;
-/// Most NBD connections a tenant's load opens (each holds [`PER_CONN`] requests in flight).
+/// Most NBD connections a tenant's load opens (each holds `rein_runtime::nbd::MAX_IN_FLIGHT_PER_CONN` requests
+/// in flight).
 pub const MAX_LOAD_CONNECTIONS: u64 = 256;
 /// Connection caps per client and per tenant written into every node's and gateway's config: above what a
 /// plan opens (a load's connections, a gateway's pool), within the servers' own bound.
@@ -67,7 +68,7 @@ const CONN_CAP: u64 = 4096;
 /// The daemons' default byte budgets (MiB, all tenants and per tenant): a plan raises them, never lowers.
 const BUDGET_MB: (u64, u64) = (1024, 256);
 /// The longest `request_timeout_s` a gateway takes.
-const MAX_REQUEST_TIMEOUT_S: f64 = 3600.0;
+pub const MAX_REQUEST_TIMEOUT_S: f64 = 3600.0;
 
 /// Requests tenant `t` can have outstanding at once in the simulator over a run of `duration`: a closed
 /// loop's window (per server times its servers, where it is one), and for the other kinds every request the

@@ -1,7 +1,8 @@
 //! The admin HTTP endpoint (default 127.0.0.1:9180).
 //!
 //! - `GET /metrics`: Prometheus text format. Per tenant: completions by phase, bytes, errors, a latency
-//!   histogram, queued requests, and the spec; per backend: outstanding IOs, queue depth, modelled capacity.
+//!   histogram, queued requests, and the spec; per backend: outstanding IOs, queue depth, busy seconds,
+//!   modelled capacity.
 //! - `GET /api/tenants`: the tenants as JSON (spec and counters).
 //! - `PUT /api/tenants/{name}`: change a tenant's spec at run time. The body is
 //!   `{"reservation": 250, "limit": 1000, "weight": 2, "idle_credit": 0}` (omitted fields keep their value;
@@ -23,6 +24,11 @@
 //! - `GET /api/capacity`: `{"iops": 5000, "source": "config", "reserved_iops": 500, "admission": "refuse",
 //!   "device_model_iops": null}`: the capacity admission uses and where it came from (config,
 //!   device_model, probe, admin or none).
+//! - `GET /api/device`: `{"busy_s": 12.5, "outstanding": 3, "depth": 32, "capacity_iops": 1200.0}`: the
+//!   time the device has been busy since the server started (a device model's busy periods, on its own
+//!   time, as the simulator's utilisation; without one, the time with an IO outstanding at the backend),
+//!   the IOs outstanding and the queue depth now, and the modelled capacity (`null` without a model).
+//!   `rein load` and `rein cluster run` read it each interval for each server's utilisation.
 //! - `PUT /api/capacity`: `{"iops": 600}` sets the capacity admission uses (and a device model's
 //!   capacity, until its schedule's next step). 400 when not positive and finite; below the reservations'
 //!   sum: 409 (refuse) or applied with a warning (warn).
@@ -58,6 +64,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/tenants", get(list).post(create_tenant))
         .route("/api/tenants/{name}", put(update).get(one).delete(delete_tenant))
         .route("/api/capacity", put(capacity).get(get_capacity))
+        .route("/api/device", get(device))
         .route("/api/exports", get(list_exports).post(create_export))
         .route("/api/exports/{name}", delete(delete_export))
         .with_state(state)
@@ -76,6 +83,19 @@ fn change_err(e: ChangeError) -> Response {
 
 fn err(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(serde_json::json!({ "error": msg.into() }))).into_response()
+}
+
+/// The device as `GET /api/device` reports it (and `rein load` reads it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeviceJson {
+    /// Seconds the device has been busy since the server started ([`crate::dispatch::Snapshot::busy_ns`]).
+    pub busy_s: f64,
+    /// IOs outstanding at the backend now.
+    pub outstanding: usize,
+    /// The most IOs outstanding at once (`queue_depth`).
+    pub depth: usize,
+    /// The modelled device's capacity (IOPS); `null` without a device model.
+    pub capacity_iops: Option<f64>,
 }
 
 /// A tenant as `GET /api/tenants` reports it (and `rein load` reads it).
@@ -346,6 +366,19 @@ async fn capacity(State(s): State<AdminState>, body: axum::body::Bytes) -> Respo
     }
 }
 
+async fn device(State(s): State<AdminState>) -> Response {
+    match s.registry.dispatcher().snapshot().await {
+        Ok(x) => Json(DeviceJson {
+            busy_s: x.busy_ns as f64 / 1e9,
+            outstanding: x.outstanding,
+            depth: x.depth,
+            capacity_iops: x.capacity_iops,
+        })
+        .into_response(),
+        Err(e) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
 async fn get_capacity(State(s): State<AdminState>) -> Response {
     match s.registry.capacity().await {
         Ok(c) => Json(c).into_response(),
@@ -415,6 +448,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     histogram(&mut o, "rein_backend_latency_seconds", "", &snap.backend.latency_buckets, snap.backend.latency_sum_ns);
     let _ = writeln!(o, "# HELP rein_backend_outstanding IOs outstanding at the backend.\n# TYPE rein_backend_outstanding gauge\nrein_backend_outstanding {}", snap.outstanding);
     let _ = writeln!(o, "# HELP rein_backend_queue_depth Maximum IOs outstanding at the backend (D).\n# TYPE rein_backend_queue_depth gauge\nrein_backend_queue_depth {}", snap.depth);
+    let _ = writeln!(o, "# HELP rein_device_busy_seconds_total Time the device was busy (a device model's busy periods; else an IO outstanding at the backend).\n# TYPE rein_device_busy_seconds_total counter\nrein_device_busy_seconds_total {}", snap.busy_ns as f64 / 1e9);
     if let Some(c) = snap.capacity_iops {
         let _ = writeln!(o, "# HELP rein_device_capacity_iops Modelled device capacity.\n# TYPE rein_device_capacity_iops gauge\nrein_device_capacity_iops {c}");
     }

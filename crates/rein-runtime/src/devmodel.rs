@@ -26,6 +26,11 @@
 //! process is not replayed as a burst) and never after `now`. Admission times stay non-decreasing, which
 //! the device model requires.
 //!
+//! # Busy time
+//! The model counts the time it holds requests (its busy periods, on its own time), as the simulator's
+//! server does for utilisation: `ModelledDevice::busy_ns`, read by the dispatcher's snapshot
+//! (`GET /api/device`, `rein_device_busy_seconds_total`).
+//!
 //! # Invariants
 //! 1. Every admitted job is answered exactly once: when both its real IO and its modelled service are done.
 //! 2. A job's slot is reused only after it is answered.
@@ -73,6 +78,8 @@ pub(crate) struct ModelledDevice<T> {
     /// The model time of its last event (completion, capacity step, admission): admissions never go
     /// before it.
     last_event: Nanos,
+    /// Busy periods that have ended, summed (ns of model time).
+    busy_ended_ns: u64,
 }
 
 impl<T> ModelledDevice<T> {
@@ -86,7 +93,14 @@ impl<T> ModelledDevice<T> {
             free: Vec::new(),
             finished: Vec::new(),
             last_event: Nanos::ZERO,
+            busy_ended_ns: 0,
         }
+    }
+
+    /// The time the model has held requests since it started, up to `now` (a busy period still open counts
+    /// up to `now`).
+    pub(crate) fn busy_ns(&self, now: Nanos) -> u64 {
+        self.busy_ended_ns + self.device.busy_since().map_or(0, |since| now.0.saturating_sub(since.0))
     }
 
     /// The current capacity (IOPS).
@@ -164,7 +178,11 @@ impl<T> ModelledDevice<T> {
                 (_, Some(w)) => {
                     self.finished.clear();
                     let mut finished = std::mem::take(&mut self.finished);
+                    let since = self.device.busy_since();
                     self.wake = self.device.wake(w.at, w.generation, &mut finished);
+                    if let (Some(since), None) = (since, self.device.busy_since()) {
+                        self.busy_ended_ns += w.at.0.saturating_sub(since.0);
+                    }
                     self.last_event = self.last_event.max(w.at);
                     for &id in &finished {
                         let slot = &mut self.slots[id as usize];
@@ -214,6 +232,26 @@ mod tests {
         assert_eq!(d.real_done(b, "b"), Some("b"));
         // Slots are reused.
         assert_eq!(d.admit(Nanos::from_millis(3), Nanos::from_millis(3), 1, 0), b);
+    }
+
+    /// Busy time is the model's: from the first admission to the last modelled completion of a busy period,
+    /// however late the timer fires; idle gaps do not count.
+    #[test]
+    fn busy_time_counts_the_models_busy_periods() {
+        let mut d: ModelledDevice<&str> = ModelledDevice::new(&deterministic(1000.0));
+        assert_eq!(d.busy_ns(Nanos::from_millis(5)), 0);
+        let a = d.admit(Nanos(0), Nanos(0), 4096, 0);
+        let b = d.admit(Nanos(0), Nanos(0), 4096, 0);
+        d.real_done(a, "a");
+        d.real_done(b, "b");
+        assert_eq!(d.busy_ns(Nanos::from_micros(1500)), 1_500_000, "an open period counts up to now");
+        let mut ready = Vec::new();
+        d.advance(Nanos::from_millis(7), &mut ready); // late: the period ended at the model's 2 ms
+        assert_eq!(d.busy_ns(Nanos::from_millis(7)), 2_000_000);
+        let c = d.admit(Nanos::from_millis(10), Nanos::from_millis(10), 4096, 0);
+        d.real_done(c, "c");
+        d.advance(Nanos::from_millis(11), &mut ready);
+        assert_eq!(d.busy_ns(Nanos::from_millis(20)), 3_000_000, "the 2-10 ms gap is idle");
     }
 
     #[test]

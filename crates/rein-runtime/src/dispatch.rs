@@ -325,6 +325,10 @@ pub struct Snapshot {
     pub tenants: Vec<TenantSnapshot>,
     /// The modelled device's capacity now, in IOPS; `None` without a device model.
     pub capacity_iops: Option<f64>,
+    /// Time the device was busy since the dispatcher started (ns): with a device model, the model's busy
+    /// periods (requests present, on the model's time, as the simulator's utilisation); otherwise the time
+    /// with at least one IO outstanding at the backend.
+    pub busy_ns: u64,
     /// Backend latency, all tenants together.
     pub backend: BackendCounters,
     /// The engine actually in use (after any fallback).
@@ -470,6 +474,8 @@ impl Dispatcher {
             ids: Vec::new(),
             kind: config.scheduler,
             tick: TickState::default(),
+            busy_ended_ns: 0,
+            busy_since: None,
             aborted: false,
         };
         let join = tokio::spawn(task.run(rx));
@@ -625,6 +631,9 @@ struct Task {
     ids: Vec<TenantId>,
     kind: SchedulerKind,
     tick: TickState,
+    /// The backend's busy time: periods with an IO outstanding (ended ones summed, the open one's start).
+    busy_ended_ns: u64,
+    busy_since: Option<Nanos>,
     /// Set by [`Dispatcher::abort_queued`]: requests are failed, not queued.
     aborted: bool,
 }
@@ -769,8 +778,14 @@ impl Task {
                         });
                     }
                 }
+                let now = self.clock.now();
+                let busy_ns = match &self.device {
+                    Some(d) => d.busy_ns(now),
+                    None => self.busy_ended_ns + self.busy_since.map_or(0, |s| now.0.saturating_sub(s.0)),
+                };
                 let _ = reply.send(Snapshot {
-                    now: self.clock.now(),
+                    now,
+                    busy_ns,
                     scheduler: self.kind,
                     outstanding: self.outstanding,
                     depth: self.depth,
@@ -824,6 +839,9 @@ impl Task {
                     self.free.push(handle);
                     self.outstanding += 1;
                     assert!(self.outstanding <= self.depth, "invariant 1");
+                    if self.busy_since.is_none() {
+                        self.busy_since = Some(now);
+                    }
                     self.start(p, d.phase, d.cost, now, done);
                 }
                 Poll::Wait(t) => {
@@ -918,6 +936,11 @@ impl Task {
     fn finish(&mut self, d: Finished) {
         assert!(self.outstanding > 0, "completion without a dispatch");
         self.outstanding -= 1;
+        if self.outstanding == 0 {
+            if let Some(since) = self.busy_since.take() {
+                self.busy_ended_ns += self.clock.now().0.saturating_sub(since.0);
+            }
+        }
         self.backend.completed += 1;
         self.backend.latency_sum_ns += d.device_latency.0 as u128;
         self.backend.latency_buckets[bucket_of(d.device_latency)] += 1;

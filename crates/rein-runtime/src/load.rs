@@ -117,6 +117,9 @@ pub struct LoadConfig {
     pub max_pending: usize,
     /// The servers' names in the report (empty: one, named by `addr`); [`JobRoute::servers`] index them.
     pub servers: Vec<String>,
+    /// The admin endpoint of each of `servers` (same order), whose device busy time (`GET /api/device`)
+    /// gives the report's utilisation; empty: the run's `admin` for a run of one server, else unknown.
+    pub server_admins: Vec<crate::admin_client::AdminEndpoint>,
 }
 
 /// Why a load run could not run.
@@ -167,6 +170,13 @@ impl LoadConfig {
                     return bad(format!("job {}: route servers must be 1 or more of the run's {n}", j.name));
                 }
             }
+        }
+        if !self.server_admins.is_empty() && self.server_admins.len() != self.servers.len().max(1) {
+            return bad(format!(
+                "{} server admin endpoints for {} servers",
+                self.server_admins.len(),
+                self.servers.len().max(1)
+            ));
         }
         if self.interval.is_zero() || self.duration.is_zero() || self.warmup >= self.duration {
             return bad("need duration > warm-up >= 0 and a positive interval".into());
@@ -318,6 +328,22 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let duration = Nanos::from_duration(cfg.duration);
     let interval = Nanos::from_duration(cfg.interval);
     let servers: Vec<String> = if cfg.servers.is_empty() { vec![cfg.addr.to_string()] } else { cfg.servers.clone() };
+    // Each server's busy time at the start: each interval's busy time is a difference from here on.
+    let busy_endpoints: Vec<Option<crate::admin_client::AdminEndpoint>> = if !cfg.server_admins.is_empty() {
+        cfg.server_admins.iter().cloned().map(Some).collect()
+    } else if servers.len() == 1 {
+        vec![cfg.admin.clone()]
+    } else {
+        vec![None; servers.len()]
+    };
+    let busy_base = read_busy(&busy_endpoints, cfg.admin_token.as_ref()).await;
+    let mut busy = BusyReads {
+        ok: busy_endpoints.iter().zip(&busy_base).map(|(e, b)| e.is_none() || b.is_some()).collect(),
+        base: busy_base,
+        endpoints: busy_endpoints,
+        interval: Nanos::from_duration(cfg.interval),
+        duration,
+    };
     let mut rec = Recorder::new(cfg.jobs.len(), servers.len(), duration, interval, Nanos::from_duration(cfg.warmup))
         .map_err(|e| LoadError::Invalid(e.to_string()))?;
     // The run's time starts here, not at `clock`'s origin (before connecting).
@@ -337,17 +363,20 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         }
     }
     let mut inflight: JoinSet<Done> = JoinSet::new();
-    // Phase counters are read by one task, in interval order, so the driver never waits for the admin
-    // endpoint: it sends an interval's index and receives the counts later.
-    let (phase_ask, phase_read) = if phases_known {
+    // Phase counters and busy times are read by one task, in interval order, so the driver never waits for
+    // the admin endpoints: it sends an interval's index and receives the counts later.
+    let (phase_ask, phase_read) = if phases_known || busy.known() {
         let (ask, mut asked) = tokio::sync::mpsc::unbounded_channel::<usize>();
         let (answer, read) = tokio::sync::mpsc::unbounded_channel();
         let token = cfg.admin_token.clone();
         let (endpoints, sources) = (endpoints.clone(), sources.clone());
+        let busy_eps = busy.endpoints.clone();
         tokio::spawn(async move {
             while let Some(i) = asked.recv().await {
-                let counts = read_phases(&endpoints, token.as_ref(), &sources, &tenants).await;
-                if answer.send((i, counts)).is_err() {
+                let counts =
+                    if phases_known { read_phases(&endpoints, token.as_ref(), &sources, &tenants).await } else { None };
+                let busy_ns = read_busy(&busy_eps, token.as_ref()).await;
+                if answer.send((i, counts, busy_ns)).is_err() {
                     break;
                 }
             }
@@ -451,8 +480,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     let _ = ask.send(i);
                 }
             }
-            Some((i, counts)) = async { phase_read.as_mut().expect("guarded").recv().await }, if phase_read.is_some() => {
+            Some((i, counts, busy_ns)) = async { phase_read.as_mut().expect("guarded").recv().await }, if phase_read.is_some() => {
                 set_phases(i, counts, &mut phases_base, &mut rec);
+                busy.record(i, busy_ns, &mut rec);
             }
             _ = async { tokio::time::sleep_until(next_timer.expect("guarded")).await }, if next_timer.is_some() => {}
             _ = tokio::time::sleep_until(end) => break,
@@ -462,8 +492,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         // The last interval's phases (its tick falls at the end), then every answer still due, in order.
         let _ = ask.send(shown);
         drop(ask);
-        while let Some((i, counts)) = read.recv().await {
+        while let Some((i, counts, busy_ns)) = read.recv().await {
             set_phases(i, counts, &mut phases_base, &mut rec);
+            busy.record(i, busy_ns, &mut rec);
         }
     }
     // Answers still due are awaited (a request in flight at the end completes), not recorded, for at most
@@ -489,17 +520,75 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             .collect(),
         servers: servers
             .into_iter()
-            .map(|name| ServerMeta {
+            .enumerate()
+            .map(|(k, name)| ServerMeta {
                 name,
                 scheduler: "remote".into(),
                 distributed: false,
                 capacity: Vec::new(),
-                busy_observed: false,
+                busy_observed: busy.observed(k),
             })
             .collect(),
         phases_known,
     };
     Ok(rec.finish(&meta))
+}
+
+/// The servers' device busy times, read from their admin endpoints each interval (`GET /api/device`).
+struct BusyReads {
+    /// Per report server: where its busy time is read (`None`: unknown).
+    endpoints: Vec<Option<crate::admin_client::AdminEndpoint>>,
+    /// Per server: the last busy time read (ns), the base of the next interval's difference.
+    base: Vec<Option<u64>>,
+    /// Per server: every read so far succeeded (a failed one makes its utilisation unknown, not low).
+    ok: Vec<bool>,
+    interval: Nanos,
+    duration: Nanos,
+}
+
+impl BusyReads {
+    fn known(&self) -> bool {
+        self.endpoints.iter().any(Option::is_some)
+    }
+
+    /// Whether server `k`'s busy time was read throughout the run.
+    fn observed(&self, k: usize) -> bool {
+        self.endpoints.get(k).is_some_and(Option::is_some) && self.ok[k]
+    }
+
+    /// Interval `i`'s busy time per server: the difference from the last read, recorded as busy up to the
+    /// interval's end (the recorder counts what falls after the warm-up).
+    fn record(&mut self, i: usize, read: Vec<Option<u64>>, rec: &mut Recorder) {
+        let end = Nanos(self.interval.0.saturating_mul(i as u64 + 1).min(self.duration.0));
+        for (k, now) in read.into_iter().enumerate() {
+            if self.endpoints[k].is_none() {
+                continue;
+            }
+            match (self.base[k], now) {
+                (Some(b), Some(n)) => rec.server_busy(k, Nanos(end.0.saturating_sub(n.saturating_sub(b))), end),
+                _ => self.ok[k] = false,
+            }
+            self.base[k] = now;
+        }
+    }
+}
+
+/// Each server's device busy time (ns) from its admin endpoint; `None` where there is none or it failed.
+async fn read_busy(
+    endpoints: &[Option<crate::admin_client::AdminEndpoint>],
+    token: Option<&crate::admin_guard::AdminToken>,
+) -> Vec<Option<u64>> {
+    let mut out = Vec::with_capacity(endpoints.len());
+    for e in endpoints {
+        out.push(match e {
+            Some(e) => crate::admin_client::get_json::<crate::admin::DeviceJson>(e, token, "/api/device")
+                .await
+                .ok()
+                .map(|d| (d.busy_s * 1e9).round() as u64),
+            None => None,
+        });
+    }
+    out
 }
 
 /// Records interval `i`'s completions by phase: the differences of the server's counters (`counts`, per

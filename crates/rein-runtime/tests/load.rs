@@ -65,6 +65,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         name: "load-test".into(),
         max_pending,
         servers: Vec::new(),
+        server_admins: Vec::new(),
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -110,6 +111,12 @@ async fn workload_kinds_on_the_wire_with_the_servers_specs_and_phases() {
     assert_eq!(pb.reservation, 0, "b has no reservation");
     assert!(t.timeseries.to_csv().lines().nth(1).is_some_and(|l| !l.ends_with(",,")));
     assert_eq!(a.rejected + b.rejected, 0);
+    // The device's busy time from the admin endpoint (GET /api/device): a FIFO device of 0.5 ms
+    // deterministic service that takes 300 + 200 IOs a second is busy 500 x 0.5 ms = 25 % of the time.
+    let u = t.summary.servers[0].utilisation.expect("utilisation with the admin endpoint");
+    assert!(within(u, 0.25, 12.0), "utilisation {u}, the equation's 0.25");
+    let completed = (a.completed + b.completed) as f64 / 4.0;
+    assert!(within(u, completed * 0.0005, 5.0), "utilisation {u} against the measured {completed} IOPS");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,6 +190,7 @@ async fn a_missing_tenant_is_a_clear_error() {
         name: "x".into(),
         max_pending: 1,
         servers: Vec::new(),
+        server_admins: Vec::new(),
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");

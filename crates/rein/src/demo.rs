@@ -167,6 +167,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             name: format!("rein demo, live {kind}"),
             max_pending: rein_runtime::load::MAX_PENDING,
             servers: Vec::new(),
+            server_admins: Vec::new(),
         };
         let res = rein_runtime::load::run(lc, move |t, rows| {
             if !quiet {

@@ -214,6 +214,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         name: "rein-load".into(),
         max_pending: rein_runtime::load::MAX_PENDING,
         servers: Vec::new(),
+        server_admins: Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;

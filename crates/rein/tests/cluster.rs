@@ -265,6 +265,10 @@ metric = "iops"
 ratio_to = "b"
 ratio = {c_to_b}
 within_pct = {pct}
+[[expect]]
+server = "s1"
+metric = "utilisation"
+above = 0.9
 "#
     )
 }
@@ -291,6 +295,10 @@ fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
     let resv = a["phase"]["reservation"].as_f64().unwrap();
     let all = resv + a["phase"]["weight"].as_f64().unwrap();
     assert!(resv / all > 0.8, "a's reservation phase: {a}");
+    // The node's device busy time (GET /api/device): backlogged all run, so busy all the time.
+    let u = doc["servers"][0]["utilisation"].as_f64().expect("the node reports its busy time");
+    assert!(u > 0.9 && u <= 1.0 + 1e-9, "utilisation {u}");
+    assert!(stderr.contains("ok   server s1: utilisation"), "{stderr}");
     for f in ["summary.json", "timeseries.csv", "check.json"] {
         assert!(out_dir.join(f).exists(), "{f} written");
     }
@@ -303,7 +311,7 @@ fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stdout.contains("MISS tenant c: iops"), "{stdout}");
-    assert!(stderr.contains("1 of 2 expectations missed in eq1"), "{stderr}");
+    assert!(stderr.contains("1 of 3 expectations missed in eq1"), "{stderr}");
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 
