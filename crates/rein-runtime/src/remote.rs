@@ -19,6 +19,17 @@
 //! exponential backoff from [`BACKOFF_MIN`] to `reconnect_max_backoff`. While a connection is down, pieces
 //! sent to it fail at once (EIO) rather than wait.
 //!
+//! # FLUSH after a lost session
+//! A node acknowledges a write when it has it, not when it is on stable storage; a FLUSH makes what was
+//! acknowledged before it durable. If a session ends (the node crashed, restarted, or the connection
+//! broke) after writes the node acknowledged and before a FLUSH covered them, they may be gone, and a
+//! FLUSH on the new session would succeed without them. So each node of a volume counts the writes it
+//! acknowledged without FUA and the count the last successful FLUSH covered (`Durability`); a session
+//! that ends with writes uncovered marks the node `lost`, and the volume's next FLUSH fails with EIO
+//! naming the node (once, as Linux reports a writeback error once), as a disk that lost its cache would.
+//! It cannot tell a broken connection to a live node (whose cache still holds the writes) from a crash,
+//! so it reports both. A node without FLUSH (volatile) promises no durability and is not tracked.
+//!
 //! # Invariants
 //! 1. Every piece is answered exactly once: by its node's reply, by the timeout, by the session's end, or
 //!    (if its message is dropped unsent) by `Sink`'s `Drop`; a request is answered once all its pieces
@@ -60,7 +71,7 @@ use rein_proto::ErrorKind;
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -172,6 +183,40 @@ struct NodeLink {
     name: Arc<str>,
     conns: Vec<LinkHandle>,
     next: AtomicUsize,
+    durability: Arc<Durability>,
+}
+
+/// Writes a node acknowledged and whether a FLUSH covered them (module comment, "FLUSH after a lost
+/// session"); shared by the node's connections of one volume.
+#[derive(Default)]
+struct Durability {
+    /// Write pieces (WRITE, TRIM, WRITE_ZEROES without FUA) the node acknowledged.
+    written: AtomicU64,
+    /// The `written` count the latest successful FLUSH covered (its value when the FLUSH was sent).
+    flushed: AtomicU64,
+    /// A session ended with writes not covered: the next FLUSH reports it (and clears it).
+    lost: AtomicBool,
+}
+
+impl Durability {
+    /// A session ended: writes acknowledged and not flushed may be lost.
+    fn session_ended(&self) -> bool {
+        let written = self.written.load(Ordering::Acquire);
+        if self.flushed.fetch_max(written, Ordering::AcqRel) < written {
+            self.lost.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
+}
+
+/// What a piece's success means for its node's [`Durability`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    /// A write without FUA: acknowledged, not yet durable.
+    Written,
+    /// A FLUSH sent when the node's `written` count was this.
+    Flushed(u64),
 }
 
 /// The sending side of one pooled connection.
@@ -214,7 +259,9 @@ impl RemoteVolume {
                 continue;
             }
             let qos = qos.as_ref().map(|q| (q.tenants[j].clone(), q.tracker.clone()));
+            let durability = Arc::new(Durability::default());
             let target = Arc::new(Target {
+                durability: durability.clone(),
                 node: node.clone(),
                 index: j,
                 qos,
@@ -232,7 +279,12 @@ impl RemoteVolume {
                 tokio::spawn(run_link(target.clone(), Some(session), rx, state.clone()));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
             }
-            links.push(Some(NodeLink { name: node.name.as_str().into(), conns, next: AtomicUsize::new(0) }));
+            links.push(Some(NodeLink {
+                name: node.name.as_str().into(),
+                conns,
+                next: AtomicUsize::new(0),
+                durability,
+            }));
         }
         Ok(Arc::new(RemoteVolume { name: volume.to_string(), stripe, links }))
     }
@@ -252,7 +304,8 @@ impl RemoteVolume {
                 gather.expect(pieces.len());
                 for piece in pieces {
                     let msg = header(Command::Read, piece.node_offset, piece.len, false);
-                    let sink = Sink { gather: Some(gather.clone()), at: headroom + piece.request_offset as usize };
+                    let sink =
+                        Sink { gather: Some(gather.clone()), at: headroom + piece.request_offset as usize, mark: None };
                     self.send(piece.node, msg, piece.len, sink).await;
                 }
                 gather.release();
@@ -267,7 +320,8 @@ impl RemoteVolume {
                     header_into(&mut msg, Command::Write, node_offset, len, fua);
                     let at = request_offset as usize;
                     msg.extend_from_slice(&data[at..at + len as usize]);
-                    self.send(node, msg, 0, Sink { gather: Some(gather.clone()), at: 0 }).await;
+                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
+                    self.send(node, msg, 0, sink).await;
                 }
                 gather.release();
             }
@@ -279,33 +333,59 @@ impl RemoteVolume {
                 for piece in pieces {
                     let fua = fua && self.takes_flush(piece.node);
                     let msg = header(command, piece.node_offset, piece.len, fua);
-                    self.send(piece.node, msg, 0, Sink { gather: Some(gather.clone()), at: 0 }).await;
+                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(piece.node, fua) };
+                    self.send(piece.node, msg, 0, sink).await;
                 }
                 gather.release();
             }
             Op::Flush => {
                 let gather = Gather::new(Vec::new(), done);
                 let mut targets = Vec::new();
+                let mut lost = Vec::new();
                 for (j, link) in self.links.iter().enumerate() {
                     let Some(link) = link else { continue };
                     if !link.conns[0].state.flush.load(Ordering::Relaxed) {
                         continue; // a volatile node: nothing to make durable
                     }
+                    if link.durability.lost.swap(false, Ordering::AcqRel) {
+                        lost.push(link.name.clone());
+                    }
+                    // What this FLUSH covers: the writes the node acknowledged before it is sent.
+                    let covers = Mark::Flushed(link.durability.written.load(Ordering::Acquire));
                     if link.conns[0].state.multi_conn.load(Ordering::Relaxed) {
-                        targets.push((j, None));
+                        targets.push((j, None, covers));
                     } else {
-                        targets.extend((0..link.conns.len()).map(|c| (j, Some(c))));
+                        targets.extend((0..link.conns.len()).map(|c| (j, Some(c), covers)));
                     }
                 }
-                gather.expect(targets.len());
-                for (node, conn) in targets {
+                gather.expect(targets.len() + lost.len());
+                for (node, conn, covers) in targets {
                     let msg = header(Command::Flush, 0, 0, false);
-                    let sink = Sink { gather: Some(gather.clone()), at: 0 };
+                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.durability(node, covers) };
                     self.send_on(node, conn, msg, 0, sink).await;
+                }
+                for name in lost {
+                    tracing::warn!(node = %name, volume = %self.name, "FLUSH fails: a node connection was lost with writes not yet flushed");
+                    let why = "a connection to the node was lost with writes not yet flushed; they may not be on \
+                               stable storage";
+                    gather.piece(Err(node_error(&name, ErrorKind::Io, why.into())), 0);
                 }
                 gather.release();
             }
         }
+    }
+
+    /// The mark of a write piece to `node`: tracked unless it has FUA (durable when acknowledged) or the
+    /// node takes no FLUSH.
+    fn written(&self, node: usize, fua: bool) -> Option<(Arc<Durability>, Mark)> {
+        if fua || !self.takes_flush(node) {
+            return None;
+        }
+        self.durability(node, Mark::Written)
+    }
+
+    fn durability(&self, node: usize, mark: Mark) -> Option<(Arc<Durability>, Mark)> {
+        self.links[node].as_ref().map(|l| (l.durability.clone(), mark))
     }
 
     fn takes_flush(&self, node: usize) -> bool {
@@ -365,15 +445,27 @@ struct Work {
     _permit: OwnedSemaphorePermit,
 }
 
-/// Where a piece's answer goes: its request's [`Gather`], and (READ) where its data lands in the result.
-/// Dropped unanswered, it fails the piece with EIO (invariant 1).
+/// Where a piece's answer goes: its request's [`Gather`], (READ) where its data lands in the result, and
+/// what its success means for its node's [`Durability`]. Dropped unanswered, it fails the piece with EIO
+/// (invariant 1).
 struct Sink {
     gather: Option<Arc<Gather>>,
     at: usize,
+    mark: Option<(Arc<Durability>, Mark)>,
 }
 
 impl Sink {
     fn ok(mut self, data: &[u8]) {
+        // Counted before the request can complete, so a FLUSH sent after it covers it.
+        match self.mark.take() {
+            Some((d, Mark::Written)) => {
+                d.written.fetch_add(1, Ordering::AcqRel);
+            }
+            Some((d, Mark::Flushed(covers))) => {
+                d.flushed.fetch_max(covers, Ordering::AcqRel);
+            }
+            None => {}
+        }
         if let Some(g) = self.gather.take() {
             g.piece(Ok(data), self.at);
         }
@@ -460,6 +552,8 @@ impl Gather {
 
 /// A node connection's fixed parameters.
 struct Target {
+    /// The node's write accounting for FLUSH (shared with the volume's [`NodeLink`]).
+    durability: Arc<Durability>,
     node: NodeSpec,
     /// The node's index in the layout (and in the tenant's tracker).
     index: usize,
@@ -828,6 +922,9 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
         p.sink.fail(node_error(name, ErrorKind::Io, why.clone()));
     }
+    if matches!(end, SessionEnd::Failed(_)) && target.durability.session_ended() {
+        tracing::warn!(node = name, volume = %target.volume, "a node session ended with writes not yet flushed; the next FLUSH fails");
+    }
     end
 }
 
@@ -896,11 +993,35 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let g = Gather::new(Vec::new(), Box::new(move |r, _| tx.send(r).unwrap()));
         g.expect(2);
-        let s = Sink { gather: Some(g.clone()), at: 0 };
+        let s = Sink { gather: Some(g.clone()), at: 0, mark: None };
         drop(s); // dropped unsent: fails
         g.release();
         g.piece(Ok(&[]), 0);
         assert!(rx.try_recv().unwrap().is_err(), "a dropped piece fails the request");
+    }
+
+    /// A session that ends with acknowledged writes no FLUSH covered marks the node lost, once; writes a
+    /// FLUSH covered (by the count when it was sent) do not; a late FLUSH reply never moves the mark back.
+    #[test]
+    fn a_session_that_ends_with_unflushed_writes_marks_its_node_lost() {
+        let d = Arc::new(Durability::default());
+        let sink = |mark| Sink { gather: None, at: 0, mark: Some((d.clone(), mark)) };
+        sink(Mark::Written).ok(&[]);
+        let covers = d.written.load(Ordering::Acquire);
+        sink(Mark::Written).ok(&[]); // acknowledged after the FLUSH was sent: not covered by it
+        sink(Mark::Flushed(covers)).ok(&[]);
+        assert!(d.session_ended(), "the second write was not flushed");
+        assert!(d.lost.load(Ordering::Acquire));
+        d.lost.store(false, Ordering::Release); // reported by a FLUSH
+        assert!(!d.session_ended(), "reported once: nothing new since");
+        sink(Mark::Flushed(1)).ok(&[]); // a late reply of an older FLUSH
+        assert_eq!(d.flushed.load(Ordering::Acquire), 2);
+        sink(Mark::Written).ok(&[]);
+        sink(Mark::Flushed(3)).ok(&[]);
+        assert!(!d.session_ended(), "every write flushed");
+        // A failed piece counts nothing.
+        sink(Mark::Written).fail(IoError::Shutdown);
+        assert_eq!(d.written.load(Ordering::Acquire), 3);
     }
 
     /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request with phase

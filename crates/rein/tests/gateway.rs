@@ -237,6 +237,55 @@ fn a_flushed_write_survives_the_gateway_killed_9() {
     }
 }
 
+/// A node killed -9 (and back) between a write it acknowledged and the FLUSH that would have made it
+/// durable: the gateway cannot know the write survived, so that FLUSH fails with EIO (once); a FLUSH with
+/// nothing lost succeeds (remote.rs, "FLUSH after a lost session").
+#[test]
+fn a_flush_after_a_node_lost_unflushed_writes_fails_once() {
+    let dir = tmpdir("gw-lost");
+    let mut nodes = vec![node(dir.path(), 61, 0), node(dir.path(), 62, 0), node(dir.path(), 63, 0)];
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
+    let gw = gateway(&gateway_config(dir.path(), 64, &list, VOLUME));
+    let uri = uri(&gw);
+    // Writes flushed, then a node restarts: nothing was at risk, the next FLUSH succeeds.
+    let (ok, out) = qemu_io_ok(&uri, &["write -P 0x21 0 256k", "flush"]);
+    assert!(ok, "{out}");
+    let s2 = nodes[1].nbd;
+    drop(nodes.remove(1));
+    nodes.insert(1, node(dir.path(), 62, s2.port()));
+    assert!(eventually(Duration::from_secs(20), || qemu_io_ok(&uri, &["read -P 0x21 0 256k"]).0), "s2 is back");
+    let (ok, out) = qemu_io_ok(&uri, &["flush"]);
+    assert!(ok, "no write was at risk: {out}");
+    // Now a write s2 acknowledges, s2 killed -9 and back before the FLUSH (qemu-io sleeps meanwhile;
+    // writeback: its writes carry no FUA).
+    tool("qemu-io");
+    let client = Cmd::new("timeout")
+        .args(["60", "qemu-io", "-f", "raw", "-t", "writeback", "-c", "write -P 0x22 0 256k", "-c", "sleep 8000"])
+        .args(["-c", "flush", &uri])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || std::fs::read(node_file(dir.path(), 62))
+            .is_ok_and(|f| f[..64 << 10].iter().all(|&b| b == 0x22))),
+        "s2 has the write (in its page cache)"
+    );
+    assert!(Cmd::new("kill").args(["-9", &nodes[1].pid().to_string()]).status().unwrap().success());
+    drop(nodes.remove(1));
+    nodes.insert(1, node(dir.path(), 62, s2.port()));
+    let out = client.wait_with_output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // qemu-io prints nothing for a failed flush; it exits 1 after any failed command, and the write and
+    // the sleep succeeded.
+    assert!(text.contains("wrote 262144/262144"), "{text}");
+    assert_eq!(out.status.code(), Some(1), "the FLUSH fails: {text} {:?}", gw.log.lock().unwrap());
+    gw.wait_line("the next FLUSH fails");
+    // Reported once: the next FLUSH succeeds.
+    let (ok, out) = qemu_io_ok(&uri, &["flush"]);
+    assert!(ok, "{out}");
+}
+
 /// A free port on `ip` (bound and released; the server started next takes it).
 fn free_port(ip: &str) -> u16 {
     std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
