@@ -208,6 +208,8 @@ impl Supervisor {
             .args([sub, "--config"])
             .arg(&cfg)
             .env("NO_COLOR", "1")
+            // Killed with SIGKILL, `rein cluster` cannot stop its children: they stop by themselves.
+            .env(rein_runtime::server::EXIT_WITH_PARENT_ENV, "1")
             .env("REIN_LOG", std::env::var("REIN_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
             .stdout(out)

@@ -30,6 +30,30 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// The environment variable by which a supervisor (`rein cluster`) asks a daemon it starts to stop when
+/// the supervisor itself is gone, even if it was killed with SIGKILL and could not stop it
+/// ([`parent_gone`]).
+pub const EXIT_WITH_PARENT_ENV: &str = "REIN_EXIT_WITH_PARENT";
+
+/// How often [`parent_gone`] looks at the parent.
+const PARENT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// With [`EXIT_WITH_PARENT_ENV`] set (to anything), resolves once the process that started this one has
+/// exited (this process is re-parented: its parent pid changes), within [`PARENT_POLL`]; without it, never.
+pub async fn parent_gone() {
+    if std::env::var_os(EXIT_WITH_PARENT_ENV).is_none() {
+        return std::future::pending().await;
+    }
+    let parent = std::os::unix::process::parent_id();
+    loop {
+        tokio::time::sleep(PARENT_POLL).await;
+        if std::os::unix::process::parent_id() != parent {
+            tracing::warn!(parent, "the process that started this one is gone: stopping");
+            return;
+        }
+    }
+}
+
 /// The default of `max_connections`, simultaneous NBD connections; a client over it (or over
 /// `max_connections_per_client`) is greeted and refused ([`crate::access`]).
 pub const MAX_CONNECTIONS: usize = 4096;

@@ -54,12 +54,14 @@ pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(cfg)
 }
 
-/// Resolves at the first Ctrl-C (SIGINT) or SIGTERM: when a daemon (`rein serve`, `rein gateway`) stops.
+/// Resolves at the first Ctrl-C (SIGINT) or SIGTERM, or when a supervisor that asked for it is gone
+/// (`rein_runtime::server::parent_gone`): when a daemon (`rein serve`, `rein gateway`) stops.
 pub(crate) async fn interrupted() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
+        _ = rein_runtime::server::parent_gone() => {},
     }
 }
 

@@ -217,6 +217,31 @@ fn a_killed_child_makes_up_exit_non_zero_naming_it() {
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 
+/// `rein cluster up` killed with SIGKILL cannot stop its children; they notice their parent is gone
+/// (`REIN_EXIT_WITH_PARENT`, set by the supervisor) and stop by themselves.
+#[test]
+fn children_stop_by_themselves_when_up_is_killed_9() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    let sc = scenario(tmp.path(), TWO_NODES);
+    let mut up = Up::start(&run_tmp, &sc);
+    up.ready();
+    let kids = children(up.child.id());
+    assert_eq!(kids.len(), 3, "{kids:?}");
+    up.child.kill().unwrap(); // SIGKILL
+    up.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while kids.iter().any(|&k| alive(k)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<u32> = kids.iter().copied().filter(|&k| alive(k)).collect();
+    for &k in &left {
+        let _ = Command::new("kill").args(["-9", &k.to_string()]).status();
+    }
+    assert!(left.is_empty(), "children {left:?} outlived a killed rein cluster up by 15 s");
+}
+
 /// One server of 1,000 IOPS (deterministic service), three backlogged tenants: a reserves 500 with
 /// weight 1, b and c have weights 1 and 2 and no reservation. mClock's eq. (1): a's weight share
 /// (C/4 = 250) is below its reservation, so a gets r_a = 500 and b and c split the rest 1 : 2, whatever C
