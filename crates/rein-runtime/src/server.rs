@@ -39,7 +39,7 @@ pub const EXIT_WITH_PARENT_ENV: &str = "REIN_EXIT_WITH_PARENT";
 const PARENT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// With [`EXIT_WITH_PARENT_ENV`] set (to anything), resolves once the process that started this one has
-/// exited (this process is re-parented: its parent pid changes), within [`PARENT_POLL`]; without it, never.
+/// exited (this process is re-parented: its parent pid changes), within 200 ms; without it, never.
 pub async fn parent_gone() {
     if std::env::var_os(EXIT_WITH_PARENT_ENV).is_none() {
         return std::future::pending().await;
