@@ -514,7 +514,8 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    /// A node could not be opened for a volume (unreachable, refused, too small); names the node.
+    /// A node answered but could not be opened for a volume (export or protocol refused, too small); names
+    /// the node. A node that cannot be reached does not stop the start ([`RemoteVolume::open`]).
     #[error("export {volume}: {source}")]
     Node {
         /// The volume.

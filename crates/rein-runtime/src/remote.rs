@@ -186,6 +186,14 @@ struct NodeLink {
     durability: Arc<Durability>,
 }
 
+impl NodeLink {
+    /// The node takes FLUSH and FUA, as any of its connections that has been up says (the export's
+    /// flags are the node's; a node never reached says nothing, and has acknowledged nothing).
+    fn takes_flush(&self) -> bool {
+        self.conns.iter().any(|c| c.state.flush.load(Ordering::Relaxed))
+    }
+}
+
 /// Writes a node acknowledged and whether a FLUSH covered them (module comment, "FLUSH after a lost
 /// session"); shared by the node's connections of one volume.
 #[derive(Default)]
@@ -240,7 +248,9 @@ struct LinkState {
 impl RemoteVolume {
     /// Opens `volume` (of `size` bytes, laid out by `stripe` over `nodes`, export `exports[j]` on node
     /// `j`): connects every pooled connection once (within `connect_timeout`), checks each node's export
-    /// is large enough, then hands the connections to their tasks. Errors name the node.
+    /// is large enough, then hands the connections to their tasks. Errors name the node. A node that
+    /// cannot be reached is no error: it is logged, its pieces fail with EIO, and its connections keep
+    /// trying (with the reconnect backoff) until it is up; a node that answers wrongly is.
     pub async fn open(
         volume: &str,
         size: u64,
@@ -271,12 +281,29 @@ impl RemoteVolume {
                 cfg,
             });
             let mut conns = Vec::with_capacity(cfg.connections);
+            let mut down = false;
             for _ in 0..cfg.connections {
-                let session = target.connect().await.map_err(|e| e.into_open(&target))?;
+                // A node that is down does not stop the start (its pieces fail with EIO until a connection
+                // comes up); one that answers wrongly (refused export or protocol, too small) does.
+                let session = if down {
+                    None
+                } else {
+                    match target.connect().await {
+                        Ok(s) => Some(s),
+                        Err(ConnectError::Unreachable(why)) => {
+                            tracing::warn!(node = %node.name, address = %node.address, volume, "node unreachable at start ({why}); its pieces fail with EIO until it is reached");
+                            down = true;
+                            None
+                        }
+                        Err(e) => return Err(e.into_open(&target)),
+                    }
+                };
                 let (tx, rx) = mpsc::unbounded_channel();
                 let state = Arc::new(LinkState::default());
-                session.publish(&state);
-                tokio::spawn(run_link(target.clone(), Some(session), rx, state.clone()));
+                if let Some(s) = &session {
+                    s.publish(&state);
+                }
+                tokio::spawn(run_link(target.clone(), session, rx, state.clone()));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
             }
             links.push(Some(NodeLink {
@@ -344,15 +371,15 @@ impl RemoteVolume {
                 let mut lost = Vec::new();
                 for (j, link) in self.links.iter().enumerate() {
                     let Some(link) = link else { continue };
-                    if !link.conns[0].state.flush.load(Ordering::Relaxed) {
-                        continue; // a volatile node: nothing to make durable
+                    if !link.takes_flush() {
+                        continue; // a volatile node (or one never reached: it acknowledged nothing)
                     }
                     if link.durability.lost.swap(false, Ordering::AcqRel) {
                         lost.push(link.name.clone());
                     }
                     // What this FLUSH covers: the writes the node acknowledged before it is sent.
                     let covers = Mark::Flushed(link.durability.written.load(Ordering::Acquire));
-                    if link.conns[0].state.multi_conn.load(Ordering::Relaxed) {
+                    if link.conns.iter().any(|c| c.state.multi_conn.load(Ordering::Relaxed)) {
                         targets.push((j, None, covers));
                     } else {
                         targets.extend((0..link.conns.len()).map(|c| (j, Some(c), covers)));
@@ -389,7 +416,7 @@ impl RemoteVolume {
     }
 
     fn takes_flush(&self, node: usize) -> bool {
-        self.links[node].as_ref().is_some_and(|l| l.conns[0].state.flush.load(Ordering::Relaxed))
+        self.links[node].as_ref().is_some_and(NodeLink::takes_flush)
     }
 
     async fn send(&self, node: usize, msg: Vec<u8>, read_len: u32, sink: Sink) {
@@ -568,6 +595,9 @@ struct Target {
 
 /// Why a connection attempt failed.
 enum ConnectError {
+    /// No connection (refused, unreachable) or no answer within `connect_timeout`: the node is down.
+    Unreachable(String),
+    /// The node answered, but the connection or the handshake failed.
     Io(String),
     TooSmall(u64),
 }
@@ -575,7 +605,7 @@ enum ConnectError {
 impl ConnectError {
     fn into_open(self, t: &Target) -> OpenError {
         match self {
-            ConnectError::Io(message) => {
+            ConnectError::Io(message) | ConnectError::Unreachable(message) => {
                 OpenError::Connect { node: t.node.name.clone(), address: t.node.address, message }
             }
             ConnectError::TooSmall(size) => OpenError::TooSmall {
@@ -592,7 +622,7 @@ impl ConnectError {
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConnectError::Io(m) => f.write_str(m),
+            ConnectError::Io(m) | ConnectError::Unreachable(m) => f.write_str(m),
             ConnectError::TooSmall(size) => write!(f, "export is {size} bytes, smaller than the volume needs"),
         }
     }
@@ -619,8 +649,9 @@ impl Target {
     /// Connects and negotiates the export (plain NBD, simple replies), within `connect_timeout`.
     async fn connect(&self) -> Result<Session, ConnectError> {
         let attempt = async {
-            let stream =
-                TcpStream::connect(self.node.address).await.map_err(|e| ConnectError::Io(format!("connect: {e}")))?;
+            let stream = TcpStream::connect(self.node.address)
+                .await
+                .map_err(|e| ConnectError::Unreachable(format!("connect: {e}")))?;
             stream.set_nodelay(true).map_err(|e| ConnectError::Io(e.to_string()))?;
             let mut stream = stream;
             let hello = match (&self.qos, self.node.protocol) {
@@ -682,7 +713,7 @@ impl Target {
         };
         match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
             Ok(r) => r,
-            Err(_) => Err(ConnectError::Io(format!(
+            Err(_) => Err(ConnectError::Unreachable(format!(
                 "no connection within connect_timeout_s ({} s)",
                 self.cfg.connect_timeout.as_secs_f64()
             ))),
@@ -705,7 +736,8 @@ async fn run_link(
 ) {
     let name = target.node.name.as_str();
     let mut backoff = BACKOFF_MIN;
-    let mut was_down = false;
+    // Without a first session the node was unreachable at start (logged there).
+    let mut was_down = session.is_none();
     loop {
         if let Some(s) = session.take() {
             s.publish(&state);
