@@ -458,7 +458,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 
 /// One Prometheus histogram series: cumulative `buckets` (counts per [`LATENCY_BUCKETS_S`] bucket, +Inf
 /// last), the sum and the count, with `labels` (`name="value"`, or empty).
-fn histogram(o: &mut String, metric: &str, labels: &str, buckets: &[u64], sum_ns: u128) {
+pub(crate) fn histogram(o: &mut String, metric: &str, labels: &str, buckets: &[u64], sum_ns: u128) {
     let (sep, braces) = if labels.is_empty() { ("", String::new()) } else { (",", format!("{{{labels}}}")) };
     let mut cum = 0u64;
     for (i, b) in LATENCY_BUCKETS_S.iter().enumerate() {

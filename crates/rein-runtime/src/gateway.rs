@@ -673,19 +673,90 @@ pub async fn run(
     Ok(())
 }
 
-/// The Prometheus text of `/metrics`: per volume and node, the pooled connections and how many are up.
+/// A volume counter `/metrics` shows.
+type VolumeCounter = fn(&crate::remote::VolumeStats) -> u64;
+/// A node series `/metrics` shows.
+type NodeValue = fn(&crate::remote::NodeReport<'_>) -> u64;
+
+/// The Prometheus text of `/metrics`: per volume its requests (by kind), errors, bytes and latency
+/// histogram; per volume and node the pooled connections, how many are up, pieces in flight, sent and
+/// failed, sessions lost and FLUSHes failed for lost writes.
 fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
+    use crate::remote::REQUEST_KINDS;
     use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
     let mut o = String::new();
-    let _ = writeln!(o, "# HELP rein_gateway_node_connections Pooled connections to a node for a volume.");
-    let _ = writeln!(o, "# TYPE rein_gateway_node_connections gauge");
-    let _ = writeln!(o, "# HELP rein_gateway_node_connections_up Of those, the ones with a session up.");
-    let _ = writeln!(o, "# TYPE rein_gateway_node_connections_up gauge");
+    let head = |o: &mut String, metric: &str, kind: &str, help: &str| {
+        let _ = writeln!(o, "# HELP {metric} {help}\n# TYPE {metric} {kind}");
+    };
+    head(&mut o, "rein_gateway_requests_total", "counter", "Requests from VMs answered, by kind.");
     for v in volumes {
-        for (node, up) in v.node_states() {
-            let labels = format!("export=\"{}\",node=\"{node}\"", v.name());
-            let _ = writeln!(o, "rein_gateway_node_connections{{{labels}}} {}", up.len());
-            let _ = writeln!(o, "rein_gateway_node_connections_up{{{labels}}} {}", up.iter().filter(|&&u| u).count());
+        for (k, name) in REQUEST_KINDS.iter().enumerate() {
+            let n = v.stats().requests[k].load(Relaxed);
+            let _ = writeln!(o, "rein_gateway_requests_total{{export=\"{}\",kind=\"{name}\"}} {n}", v.name());
+        }
+    }
+    let volume_counters: [(&str, &str, VolumeCounter); 3] = [
+        ("rein_gateway_request_errors_total", "Requests answered with an error.", |s| s.errors.load(Relaxed)),
+        ("rein_gateway_read_bytes_total", "Bytes of successful READs.", |s| s.read_bytes.load(Relaxed)),
+        ("rein_gateway_write_bytes_total", "Bytes of successful WRITEs.", |s| s.write_bytes.load(Relaxed)),
+    ];
+    for (metric, help, f) in volume_counters {
+        head(&mut o, metric, "counter", help);
+        for v in volumes {
+            let _ = writeln!(o, "{metric}{{export=\"{}\"}} {}", v.name(), f(v.stats()));
+        }
+    }
+    head(
+        &mut o,
+        "rein_gateway_request_latency_seconds",
+        "histogram",
+        "Request latency through the gateway, from submit to answer.",
+    );
+    for v in volumes {
+        let s = v.stats();
+        let buckets: Vec<u64> = s.latency_buckets.iter().map(|b| b.load(Relaxed)).collect();
+        crate::admin::histogram(
+            &mut o,
+            "rein_gateway_request_latency_seconds",
+            &format!("export=\"{}\"", v.name()),
+            &buckets,
+            u128::from(s.latency_sum_ns.load(Relaxed)),
+        );
+    }
+    let node_series: [(&str, &str, &str, NodeValue); 7] = [
+        ("rein_gateway_node_connections", "gauge", "Pooled connections to a node for a volume.", |r| {
+            r.connections as u64
+        }),
+        ("rein_gateway_node_connections_up", "gauge", "Of those, the ones with a session up.", |r| r.up as u64),
+        ("rein_gateway_node_pieces_in_flight", "gauge", "Pieces sent to the node and not yet answered.", |r| {
+            r.in_flight as u64
+        }),
+        ("rein_gateway_node_pieces_total", "counter", "Pieces sent to the node.", |r| r.stats.pieces.load(Relaxed)),
+        (
+            "rein_gateway_node_piece_errors_total",
+            "counter",
+            "Pieces failed: node errors, timeouts, lost sessions, node down.",
+            |r| r.stats.piece_errors.load(Relaxed),
+        ),
+        ("rein_gateway_node_sessions_lost_total", "counter", "Node sessions that ended in failure.", |r| {
+            r.stats.sessions_lost.load(Relaxed)
+        }),
+        (
+            "rein_gateway_node_flush_lost_total",
+            "counter",
+            "FLUSHes failed because a session was lost with writes not yet flushed.",
+            |r| r.stats.flush_lost.load(Relaxed),
+        ),
+    ];
+    let reports: Vec<(&str, Vec<crate::remote::NodeReport<'_>>)> =
+        volumes.iter().map(|v| (v.name(), v.node_report())).collect();
+    for (metric, kind, help, f) in node_series {
+        head(&mut o, metric, kind, help);
+        for (export, nodes) in &reports {
+            for r in nodes {
+                let _ = writeln!(o, "{metric}{{export=\"{export}\",node=\"{}\"}} {}", r.name, f(r));
+            }
         }
     }
     o
@@ -709,15 +780,24 @@ fn admin_router(volumes: Vec<Arc<RemoteVolume>>) -> axum::Router {
             axum::routing::get(move || {
                 let volumes = volumes.clone();
                 async move {
+                    use std::sync::atomic::Ordering::Relaxed;
                     let list: Vec<serde_json::Value> = volumes
                         .iter()
                         .map(|v| {
                             let nodes: Vec<serde_json::Value> = v
-                                .node_states()
+                                .node_report()
                                 .into_iter()
-                                .map(|(name, up)| {
-                                    let connected = up.iter().filter(|&&u| u).count();
-                                    serde_json::json!({ "node": name, "connections": up.len(), "connected": connected })
+                                .map(|r| {
+                                    serde_json::json!({
+                                        "node": r.name,
+                                        "connections": r.connections,
+                                        "connected": r.up,
+                                        "in_flight": r.in_flight,
+                                        "pieces": r.stats.pieces.load(Relaxed),
+                                        "piece_errors": r.stats.piece_errors.load(Relaxed),
+                                        "sessions_lost": r.stats.sessions_lost.load(Relaxed),
+                                        "flush_lost": r.stats.flush_lost.load(Relaxed),
+                                    })
                                 })
                                 .collect();
                             serde_json::json!({ "export": v.name(), "nodes": nodes })

@@ -30,6 +30,13 @@
 //! It cannot tell a broken connection to a live node (whose cache still holds the writes) from a crash,
 //! so it reports both. A node without FLUSH (volatile) promises no durability and is not tracked.
 //!
+//! # Metrics
+//! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
+//! [`VolumeStats`], and each node of it the pieces sent, the pieces failed (node errors, timeouts, lost
+//! sessions, node down), the sessions lost and the FLUSHes failed for lost writes in [`NodeStats`];
+//! [`RemoteVolume::node_report`] adds connections up and pieces in flight. `rein gateway`'s `/metrics`
+//! and `/api/nodes` show them.
+//!
 //! # Invariants
 //! 1. Every piece is answered exactly once: by its node's reply, by the timeout, by the session's end, or
 //!    (if its message is dropped unsent) by `Sink`'s `Drop`; a request is answered once all its pieces
@@ -62,7 +69,7 @@
 //! restarted: the gateway cannot tell a node restart from a lost connection, and a spurious call only
 //! drops the service elsewhere since the node's last request (which slightly favours the tenant there).
 
-use crate::dispatch::{IoError, Op, Served};
+use crate::dispatch::{IoError, Op, Served, LATENCY_BUCKETS_S};
 use rein_core::{Cost, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION};
@@ -170,10 +177,76 @@ pub struct VolumeQos {
     pub tracker: Arc<Mutex<ServiceTracker>>,
 }
 
+/// The request kinds a volume counts, in [`VolumeStats::requests`] order.
+pub const REQUEST_KINDS: [&str; 5] = ["read", "write", "flush", "trim", "write_zeroes"];
+
+/// A volume's requests as the VMs see them (module comment, "Metrics").
+#[derive(Default)]
+pub struct VolumeStats {
+    /// Requests answered, by kind ([`REQUEST_KINDS`]).
+    pub requests: [AtomicU64; 5],
+    /// Requests answered with an error.
+    pub errors: AtomicU64,
+    /// Bytes of successful READs.
+    pub read_bytes: AtomicU64,
+    /// Bytes of successful WRITEs.
+    pub write_bytes: AtomicU64,
+    /// Latency from submit to answer: counts per [`LATENCY_BUCKETS_S`] bucket, +Inf last.
+    pub latency_buckets: [AtomicU64; LATENCY_BUCKETS_S.len() + 1],
+    /// The latencies' sum (ns).
+    pub latency_sum_ns: AtomicU64,
+}
+
+impl VolumeStats {
+    fn record(&self, kind: usize, bytes: u64, latency: Duration, ok: bool) {
+        self.requests[kind].fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        } else if kind == 0 {
+            self.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else if kind == 1 {
+            self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        let s = latency.as_secs_f64();
+        let b = LATENCY_BUCKETS_S.iter().position(|&u| s <= u).unwrap_or(LATENCY_BUCKETS_S.len());
+        self.latency_buckets[b].fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_ns.fetch_add(latency.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+}
+
+/// One node's pieces for one volume (module comment, "Metrics").
+#[derive(Default)]
+pub struct NodeStats {
+    /// Pieces sent on a session.
+    pub pieces: AtomicU64,
+    /// Pieces failed: answered with an error, timed out, lost with their session, or refused while the
+    /// node was down.
+    pub piece_errors: AtomicU64,
+    /// Sessions that ended in failure (the node died, stalled past the timeout, or broke the protocol).
+    pub sessions_lost: AtomicU64,
+    /// FLUSHes failed because a session was lost with writes not yet flushed.
+    pub flush_lost: AtomicU64,
+}
+
+/// A node of a volume as `/metrics` and `/api/nodes` show it.
+pub struct NodeReport<'a> {
+    /// The node's name.
+    pub name: &'a str,
+    /// Pooled connections, and how many have a session up.
+    pub connections: usize,
+    /// Of those, the ones with a session up.
+    pub up: usize,
+    /// Pieces sent and not yet answered.
+    pub in_flight: usize,
+    /// Its counters.
+    pub stats: &'a NodeStats,
+}
+
 /// A volume striped over nodes.
 pub struct RemoteVolume {
     name: String,
     stripe: Stripe,
+    stats: Arc<VolumeStats>,
     /// One link per node of the layout; `None` for a node of width 0.
     links: Vec<Option<NodeLink>>,
 }
@@ -184,6 +257,7 @@ struct NodeLink {
     conns: Vec<LinkHandle>,
     next: AtomicUsize,
     durability: Arc<Durability>,
+    stats: Arc<NodeStats>,
 }
 
 impl NodeLink {
@@ -270,8 +344,10 @@ impl RemoteVolume {
             }
             let qos = qos.as_ref().map(|q| (q.tenants[j].clone(), q.tracker.clone()));
             let durability = Arc::new(Durability::default());
+            let stats = Arc::new(NodeStats::default());
             let target = Arc::new(Target {
                 durability: durability.clone(),
+                stats: stats.clone(),
                 node: node.clone(),
                 index: j,
                 qos,
@@ -311,9 +387,10 @@ impl RemoteVolume {
                 conns,
                 next: AtomicUsize::new(0),
                 durability,
+                stats,
             }));
         }
-        Ok(Arc::new(RemoteVolume { name: volume.to_string(), stripe, links }))
+        Ok(Arc::new(RemoteVolume { name: volume.to_string(), stripe, stats: Arc::default(), links }))
     }
 
     /// The volume's name.
@@ -326,7 +403,7 @@ impl RemoteVolume {
     pub async fn submit(&self, offset: u64, op: Op, fua: bool, done: Done) {
         match op {
             Op::Read { len, headroom } => {
-                let gather = Gather::new(vec![0; headroom + len as usize], done);
+                let gather = Gather::new(vec![0; headroom + len as usize], done, self.stat(0, len.into()));
                 let pieces = self.stripe.map(offset, len);
                 gather.expect(pieces.len());
                 for piece in pieces {
@@ -338,7 +415,7 @@ impl RemoteVolume {
                 gather.release();
             }
             Op::Write { data } => {
-                let gather = Gather::new(Vec::new(), done);
+                let gather = Gather::new(Vec::new(), done, self.stat(1, data.len() as u64));
                 let pieces = self.stripe.map(offset, data.len() as u32);
                 gather.expect(pieces.len());
                 for Piece { node, node_offset, request_offset, len } in pieces {
@@ -354,7 +431,8 @@ impl RemoteVolume {
             }
             Op::Trim { len } | Op::WriteZeroes { len } => {
                 let command = if matches!(op, Op::Trim { .. }) { Command::Trim } else { Command::WriteZeroes };
-                let gather = Gather::new(Vec::new(), done);
+                let kind = if command == Command::Trim { 3 } else { 4 };
+                let gather = Gather::new(Vec::new(), done, self.stat(kind, len.into()));
                 let pieces = self.stripe.map(offset, len);
                 gather.expect(pieces.len());
                 for piece in pieces {
@@ -366,7 +444,7 @@ impl RemoteVolume {
                 gather.release();
             }
             Op::Flush => {
-                let gather = Gather::new(Vec::new(), done);
+                let gather = Gather::new(Vec::new(), done, self.stat(2, 0));
                 let mut targets = Vec::new();
                 let mut lost = Vec::new();
                 for (j, link) in self.links.iter().enumerate() {
@@ -392,6 +470,9 @@ impl RemoteVolume {
                     self.send_on(node, conn, msg, 0, sink).await;
                 }
                 for name in lost {
+                    if let Some(l) = self.links.iter().flatten().find(|l| l.name == name) {
+                        l.stats.flush_lost.fetch_add(1, Ordering::Relaxed);
+                    }
                     tracing::warn!(node = %name, volume = %self.name, "FLUSH fails: a node connection was lost with writes not yet flushed");
                     let why = "a connection to the node was lost with writes not yet flushed; they may not be on \
                                stable storage";
@@ -431,6 +512,31 @@ impl RemoteVolume {
         let permit = handle.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
         // A task that has ended (runtime shutdown) drops the work: the sink fails it (invariant 1).
         let _ = handle.tx.send(Work { msg, read_len, sink, _permit: permit });
+    }
+
+    /// What a request's [`Gather`] records when it is answered.
+    fn stat(&self, kind: usize, bytes: u64) -> Option<GatherStat> {
+        Some(GatherStat { stats: self.stats.clone(), kind, bytes, start: Instant::now() })
+    }
+
+    /// The volume's request counters.
+    pub fn stats(&self) -> &VolumeStats {
+        &self.stats
+    }
+
+    /// Per node of the layout: connections, sessions up, pieces in flight and counters.
+    pub fn node_report(&self) -> Vec<NodeReport<'_>> {
+        self.links
+            .iter()
+            .flatten()
+            .map(|l| NodeReport {
+                name: &l.name,
+                connections: l.conns.len(),
+                up: l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed)).count(),
+                in_flight: l.conns.iter().map(|c| MAX_PENDING_PER_CONN - c.slots.available_permits()).sum(),
+                stats: &l.stats,
+            })
+            .collect()
     }
 
     /// Per node: its name and whether a session is up on each of its connections (`/api/nodes`, logs).
@@ -528,11 +634,21 @@ struct GatherState {
     buf: Vec<u8>,
     error: Option<IoError>,
     done: Option<Done>,
+    stat: Option<GatherStat>,
+}
+
+/// What a request records in its volume's [`VolumeStats`] when answered.
+struct GatherStat {
+    stats: Arc<VolumeStats>,
+    /// Index into [`REQUEST_KINDS`].
+    kind: usize,
+    bytes: u64,
+    start: Instant,
 }
 
 impl Gather {
-    fn new(buf: Vec<u8>, done: Done) -> Arc<Gather> {
-        Arc::new(Gather { inner: Mutex::new(GatherState { remaining: 1, buf, error: None, done: Some(done) }) })
+    fn new(buf: Vec<u8>, done: Done, stat: Option<GatherStat>) -> Arc<Gather> {
+        Arc::new(Gather { inner: Mutex::new(GatherState { remaining: 1, buf, error: None, done: Some(done), stat }) })
     }
 
     /// `pieces` more answers are to come.
@@ -571,6 +687,9 @@ impl Gather {
                 Some(e) => Err(e),
                 None => Ok(std::mem::take(&mut s.buf)),
             };
+            if let Some(st) = s.stat.take() {
+                st.stats.record(st.kind, st.bytes, st.start.elapsed(), result.is_ok());
+            }
             (done, result)
         };
         (done.0)(done.1, Served::default());
@@ -581,6 +700,8 @@ impl Gather {
 struct Target {
     /// The node's write accounting for FLUSH (shared with the volume's [`NodeLink`]).
     durability: Arc<Durability>,
+    /// The node's counters (shared with the volume's [`NodeLink`]).
+    stats: Arc<NodeStats>,
     node: NodeSpec,
     /// The node's index in the layout (and in the tenant's tracker).
     index: usize,
@@ -750,6 +871,7 @@ async fn run_link(
             match end {
                 SessionEnd::Closed => return,
                 SessionEnd::Failed(why) => {
+                    target.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(node = name, volume = %target.volume, "node connection lost: {why}; reconnecting");
                     was_down = true;
                 }
@@ -762,7 +884,10 @@ async fn run_link(
                 _ = tokio::time::sleep_until(until) => break,
                 w = rx.recv() => match w {
                     None => return,
-                    Some(w) => w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into())),
+                    Some(w) => {
+                        target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
+                        w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into()))
+                    }
                 },
             }
         }
@@ -775,7 +900,10 @@ async fn run_link(
                 r = &mut attempt => break r,
                 w = rx.recv() => match w {
                     None => return,
-                    Some(w) => w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into())),
+                    Some(w) => {
+                        target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
+                        w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into()))
+                    }
                 },
             }
         };
@@ -851,6 +979,7 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(next, Pending { sink: w.sink, read_len: w.read_len, deadline, _permit: w._permit });
                 next += 1;
+                target.stats.pieces.fetch_add(1, Ordering::Relaxed);
                 batch.push(msg);
                 if batch.len() < WRITE_BATCH {
                     work = rx.try_recv().ok();
@@ -911,6 +1040,7 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
                     p.sink.ok(&avail[n..n + len]);
                 } else {
                     let kind = kind_of(error);
+                    target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
                     p.sink.fail(node_error(name, kind, format!("node answered NBD error {error}")));
                 }
                 start += n + len;
@@ -952,6 +1082,7 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         SessionEnd::Failed(w) => w.clone(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
         p.sink.fail(node_error(name, ErrorKind::Io, why.clone()));
     }
     if matches!(end, SessionEnd::Failed(_)) && target.durability.session_ended() {
@@ -1014,7 +1145,7 @@ mod tests {
     #[test]
     fn gather_waits_for_every_piece() {
         let (tx, rx) = std::sync::mpsc::channel();
-        let g = Gather::new(vec![0; 4], Box::new(move |r, _| tx.send(r).unwrap()));
+        let g = Gather::new(vec![0; 4], Box::new(move |r, _| tx.send(r).unwrap()), None);
         g.expect(2);
         g.piece(Ok(&[1, 2]), 0);
         g.release();
@@ -1023,7 +1154,7 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().unwrap(), vec![1, 2, 3, 4]);
 
         let (tx, rx) = std::sync::mpsc::channel();
-        let g = Gather::new(Vec::new(), Box::new(move |r, _| tx.send(r).unwrap()));
+        let g = Gather::new(Vec::new(), Box::new(move |r, _| tx.send(r).unwrap()), None);
         g.expect(2);
         let s = Sink { gather: Some(g.clone()), at: 0, mark: None };
         drop(s); // dropped unsent: fails

@@ -167,6 +167,29 @@ fn real_clients_round_trip_through_three_nodes() {
     let (status, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
     assert_eq!(status, 200);
     assert!(metrics.contains("rein_gateway_node_connections_up{export=\"v\",node=\"s2\"} 2"), "{metrics}");
+    // The requests the clients made, counted per volume and node, none failed.
+    let value = |series: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("{series}: {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let reads = value("rein_gateway_requests_total{export=\"v\",kind=\"read\"}");
+    let writes = value("rein_gateway_requests_total{export=\"v\",kind=\"write\"}");
+    assert!(reads > 100.0 && writes > 100.0, "{metrics}");
+    assert!(
+        value("rein_gateway_read_bytes_total{export=\"v\"}") >= (16u64 << 20) as f64,
+        "fio verify read 16 MiB back"
+    );
+    assert_eq!(value("rein_gateway_request_errors_total{export=\"v\"}"), 0.0);
+    let all = value("rein_gateway_request_latency_seconds_count{export=\"v\"}");
+    let kinds: f64 = ["read", "write", "flush", "trim", "write_zeroes"]
+        .iter()
+        .map(|k| value(&format!("rein_gateway_requests_total{{export=\"v\",kind=\"{k}\"}}")))
+        .sum();
+    assert_eq!(all, kinds, "every request has a latency");
+    for node in ["s1", "s2", "s3"] {
+        assert!(value(&format!("rein_gateway_node_pieces_total{{export=\"v\",node=\"{node}\"}}")) > 0.0);
+        assert_eq!(value(&format!("rein_gateway_node_piece_errors_total{{export=\"v\",node=\"{node}\"}}")), 0.0);
+    }
 }
 
 /// Polls `f` until it returns true or `within` passes.
@@ -199,6 +222,15 @@ fn a_dead_or_stalled_node_fails_its_pieces_with_eio_and_a_returning_one_serves_a
     assert!(t0.elapsed() < Duration::from_secs(10), "within request_timeout_s (2 s) and qemu-io's start-up");
     let (ok, out) = qemu_io_ok(&uri, &["read -P 0x11 0 4k"]);
     assert!(ok, "the other nodes still serve: {out}");
+    let (_, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
+    let errors = |node: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with(&format!("rein_gateway_node_piece_errors_total{{export=\"v\",node=\"{node}\"}} "))
+                && !l.ends_with(" 0")
+        })
+    };
+    assert!(errors("s2") && !errors("s1"), "the dead node's failed pieces are counted: {metrics}");
+    assert!(!metrics.contains("rein_gateway_node_sessions_lost_total{export=\"v\",node=\"s2\"} 0"), "{metrics}");
     // A stalled node (SIGSTOP): its pieces fail within request_timeout_s, no hang.
     let s1_pid = nodes[0].pid().to_string();
     assert!(Cmd::new("kill").args(["-STOP", &s1_pid]).status().unwrap().success());
@@ -284,6 +316,8 @@ fn a_flush_after_a_node_lost_unflushed_writes_fails_once() {
     // Reported once: the next FLUSH succeeds.
     let (ok, out) = qemu_io_ok(&uri, &["flush"]);
     assert!(ok, "{out}");
+    let (_, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
+    assert!(metrics.contains("rein_gateway_node_flush_lost_total{export=\"v\",node=\"s2\"} 1\n"), "{metrics}");
 }
 
 /// A node down when the gateway starts does not stop it: the gateway starts (the log names the node),
