@@ -339,6 +339,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let busy_base = read_busy(&busy_endpoints, cfg.admin_token.as_ref()).await;
     let mut busy = BusyReads {
         ok: busy_endpoints.iter().zip(&busy_base).map(|(e, b)| e.is_none() || b.is_some()).collect(),
+        carry: vec![0; busy_base.len()],
         base: busy_base,
         endpoints: busy_endpoints,
         interval: Nanos::from_duration(cfg.interval),
@@ -542,6 +543,10 @@ struct BusyReads {
     base: Vec<Option<u64>>,
     /// Per server: every read so far succeeded (a failed one makes its utilisation unknown, not low).
     ok: Vec<bool>,
+    /// Per server: busy time read but not yet recorded (ns), because it exceeded its interval: a read
+    /// comes a little after the interval's end, so an interval's difference can exceed its length while
+    /// the next one's falls short.
+    carry: Vec<u64>,
     interval: Nanos,
     duration: Nanos,
 }
@@ -556,16 +561,23 @@ impl BusyReads {
         self.endpoints.get(k).is_some_and(Option::is_some) && self.ok[k]
     }
 
-    /// Interval `i`'s busy time per server: the difference from the last read, recorded as busy up to the
-    /// interval's end (the recorder counts what falls after the warm-up).
+    /// Interval `i`'s busy time per server: the difference from the last read (plus what an earlier
+    /// interval could not hold), at most the interval's length, recorded as busy up to the interval's end
+    /// (the recorder counts what falls after the warm-up). So no interval is more than fully busy.
     fn record(&mut self, i: usize, read: Vec<Option<u64>>, rec: &mut Recorder) {
-        let end = Nanos(self.interval.0.saturating_mul(i as u64 + 1).min(self.duration.0));
+        let start = self.interval.0.saturating_mul(i as u64).min(self.duration.0);
+        let end = self.interval.0.saturating_mul(i as u64 + 1).min(self.duration.0);
         for (k, now) in read.into_iter().enumerate() {
             if self.endpoints[k].is_none() {
                 continue;
             }
             match (self.base[k], now) {
-                (Some(b), Some(n)) => rec.server_busy(k, Nanos(end.0.saturating_sub(n.saturating_sub(b))), end),
+                (Some(b), Some(n)) => {
+                    let busy = n.saturating_sub(b) + self.carry[k];
+                    let held = busy.min(end - start);
+                    self.carry[k] = busy - held;
+                    rec.server_busy(k, Nanos(end - held), Nanos(end));
+                }
                 _ => self.ok[k] = false,
             }
             self.base[k] = now;
@@ -715,4 +727,52 @@ fn issue(
         };
         Done { job: ji, k, issued: now, done: clock.now(), bytes: size, ok: r.is_ok() }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Busy time read a little late is carried into the next interval, never recorded as more than an
+    /// interval holds; a failed read makes the server's utilisation unknown.
+    #[test]
+    fn busy_reads_carry_the_excess_and_never_exceed_an_interval() {
+        let sec = 1_000_000_000u64;
+        let endpoint: crate::admin_client::AdminEndpoint = SocketAddr::from(([127, 0, 0, 1], 9)).into();
+        let mut busy = BusyReads {
+            endpoints: vec![Some(endpoint.clone()), Some(endpoint)],
+            base: vec![Some(0), Some(0)],
+            ok: vec![true, true],
+            carry: vec![0, 0],
+            interval: Nanos(sec),
+            duration: Nanos(3 * sec),
+        };
+        let mut rec = Recorder::new(0, 2, Nanos(3 * sec), Nanos(sec), Nanos::ZERO).unwrap();
+        // Server 0: 1.2 s by the first read (0.2 s of it belongs to the next interval), 1.8 s, then 3.0 s.
+        busy.record(0, vec![Some(sec * 12 / 10), Some(sec / 2)], &mut rec);
+        busy.record(1, vec![Some(sec * 18 / 10), None], &mut rec);
+        busy.record(2, vec![Some(3 * sec), Some(sec)], &mut rec);
+        assert!(busy.observed(0) && !busy.observed(1), "server 1 missed a read");
+        let meta = RunMeta {
+            name: "t".into(),
+            scheduler: "measured".into(),
+            seed: 1,
+            tenants: Vec::new(),
+            servers: (0..2)
+                .map(|k| ServerMeta {
+                    name: format!("s{k}"),
+                    scheduler: "remote".into(),
+                    distributed: false,
+                    capacity: Vec::new(),
+                    busy_observed: busy.observed(k),
+                })
+                .collect(),
+            phases_known: false,
+        };
+        let totals = rec.finish(&meta);
+        // 1.0 + (0.6 + 0.2) + 1.0 (1.2 read, the 0.2 beyond the run dropped) over 3 s.
+        let u = totals.summary.servers[0].utilisation.unwrap();
+        assert!((u - 2.8 / 3.0).abs() < 1e-9, "{u}");
+        assert_eq!(totals.summary.servers[1].utilisation, None);
+    }
 }

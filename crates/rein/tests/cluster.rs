@@ -64,6 +64,14 @@ fn scenario(dir: &Path, text: &str) -> String {
     p.to_str().unwrap().to_string()
 }
 
+/// A temporary directory, and in it the directory a run's own files go to (`TMPDIR` of `rein`).
+fn run_dirs() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&run_tmp).unwrap();
+    (tmp, run_tmp)
+}
+
 /// The pids whose parent is `pid` (from /proc).
 fn children(pid: u32) -> Vec<u32> {
     let mut v = Vec::new();
@@ -156,11 +164,8 @@ fn empty(dir: &Path) -> Vec<String> {
 
 #[test]
 fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
-    let tmp = tempfile::tempdir().unwrap();
-    let run_tmp = tmp.path().join("tmp");
-    std::fs::create_dir(&run_tmp).unwrap();
-    let sc = scenario(tmp.path(), TWO_NODES);
-    let mut up = Up::start(&run_tmp, &sc);
+    let (tmp, run_tmp) = run_dirs();
+    let mut up = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
     let lines = up.ready();
     assert_eq!(lines.len(), 4, "{lines:?}");
     let mut uris = Vec::new();
@@ -195,11 +200,8 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
 
 #[test]
 fn a_killed_child_makes_up_exit_non_zero_naming_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let run_tmp = tmp.path().join("tmp");
-    std::fs::create_dir(&run_tmp).unwrap();
-    let sc = scenario(tmp.path(), TWO_NODES);
-    let mut up = Up::start(&run_tmp, &sc);
+    let (tmp, run_tmp) = run_dirs();
+    let mut up = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
     up.ready();
     let kids = children(up.child.id());
     let s2 = *kids
@@ -221,11 +223,8 @@ fn a_killed_child_makes_up_exit_non_zero_naming_it() {
 /// (`REIN_EXIT_WITH_PARENT`, set by the supervisor) and stop by themselves.
 #[test]
 fn children_stop_by_themselves_when_up_is_killed_9() {
-    let tmp = tempfile::tempdir().unwrap();
-    let run_tmp = tmp.path().join("tmp");
-    std::fs::create_dir(&run_tmp).unwrap();
-    let sc = scenario(tmp.path(), TWO_NODES);
-    let mut up = Up::start(&run_tmp, &sc);
+    let (tmp, run_tmp) = run_dirs();
+    let mut up = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
     up.ready();
     let kids = children(up.child.id());
     assert_eq!(kids.len(), 3, "{kids:?}");
@@ -300,9 +299,7 @@ above = 0.9
 
 #[test]
 fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
-    let tmp = tempfile::tempdir().unwrap();
-    let run_tmp = tmp.path().join("tmp");
-    std::fs::create_dir(&run_tmp).unwrap();
+    let (tmp, run_tmp) = run_dirs();
     let out_dir = tmp.path().join("out");
     let sc = scenario(tmp.path(), &equation_one(2.0, 10.0));
     let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--json", "--out"])
@@ -342,9 +339,7 @@ fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
 
 #[test]
 fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
-    let tmp = tempfile::tempdir().unwrap();
-    let run_tmp = tmp.path().join("tmp");
-    std::fs::create_dir(&run_tmp).unwrap();
+    let (tmp, run_tmp) = run_dirs();
     let text = TWO_NODES.replace("[[servers]]\nname = \"s1\"", "[network]\ndelay_ms = 2\n[[servers]]\nname = \"s1\"");
     let sc = scenario(tmp.path(), &text);
     for cmd in ["up", "run"] {
@@ -363,9 +358,7 @@ fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
 
 #[test]
 fn sigterm_during_run_stops_every_child_and_fails() {
-    let tmp = tempfile::tempdir().unwrap();
-    let run_tmp = tmp.path().join("tmp");
-    std::fs::create_dir(&run_tmp).unwrap();
+    let (tmp, run_tmp) = run_dirs();
     let sc = scenario(tmp.path(), &TWO_NODES.replace("duration_s = 3.0", "duration_s = 600.0"));
     let mut run = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet"])
         .stdout(Stdio::null())
