@@ -67,6 +67,10 @@ pub const MAX_LOAD_CONNECTIONS: u64 = 256;
 const CONN_CAP: u64 = 4096;
 /// The daemons' default byte budgets (MiB, all tenants and per tenant): a plan raises them, never lowers.
 const BUDGET_MB: (u64, u64) = (1024, 256);
+/// The most a plan raises them to (MiB, all tenants and per tenant): the room is memory (a gateway holds
+/// a READ's reply buffer while the READ waits at a node), so a scenario whose backlog would need more runs
+/// into the daemons' backpressure instead of the machine's memory.
+pub const MAX_BUDGET_MB: (u64, u64) = (8192, 4096);
 /// The longest `request_timeout_s` a gateway takes.
 pub const MAX_REQUEST_TIMEOUT_S: f64 = 3600.0;
 
@@ -116,7 +120,8 @@ pub fn pool_per_node(t: &Tenant, duration: Nanos) -> u64 {
 }
 
 /// The byte budget (MiB) for tenant `t`'s requests in flight at one daemon: [`in_flight_bound`] requests of
-/// its largest size, a quarter more for input buffers, at least the daemons' default (256).
+/// its largest size, a quarter more for input buffers, at least the daemons' default (256), at most
+/// [`MAX_BUDGET_MB`]'s 4,096.
 pub fn budget_mb(t: &Tenant, duration: Nanos) -> u64 {
     let size = match &t.workload.kind {
         WorkloadKind::Trace { records, .. } => records.iter().map(|r| r.size).max().unwrap_or(0),
@@ -125,16 +130,15 @@ pub fn budget_mb(t: &Tenant, duration: Nanos) -> u64 {
     .max(t.workload.size_bytes)
     .max(512);
     let bytes = in_flight_bound(t, duration).saturating_mul(size).saturating_mul(5) / 4;
-    bytes.div_ceil(1 << 20).clamp(BUDGET_MB.1, rein_runtime::budget::MAX_INFLIGHT_MB)
+    bytes.div_ceil(1 << 20).clamp(BUDGET_MB.1, MAX_BUDGET_MB.1)
 }
 
 /// The budget lines of a daemon that serves `tenants`: per tenant the largest of theirs, in all their sum
-/// (each at least the default), within [`rein_runtime::budget::MAX_INFLIGHT_MB`].
+/// (each at least the default), at most [`MAX_BUDGET_MB`]'s 8,192.
 fn budget_lines(tenants: &[&Tenant], duration: Nanos) -> String {
     let each: Vec<u64> = tenants.iter().map(|t| budget_mb(t, duration)).collect();
-    let max = rein_runtime::budget::MAX_INFLIGHT_MB;
     let per = each.iter().copied().max().unwrap_or(BUDGET_MB.1);
-    let all = each.iter().fold(0u64, |a, &b| a.saturating_add(b)).clamp(BUDGET_MB.0, max).max(per);
+    let all = each.iter().fold(0u64, |a, &b| a.saturating_add(b)).clamp(BUDGET_MB.0, MAX_BUDGET_MB.0).max(per);
     format!(
         "max_inflight_mb = {all}\nmax_inflight_mb_per_tenant = {per}\n\
          max_connections_per_client = {CONN_CAP}\nmax_connections_per_tenant = {CONN_CAP}\n"
@@ -1053,6 +1057,13 @@ iops = 100
         assert_eq!(load_connections(&sc.tenants[1], sc.duration, 4), 4);
         assert_eq!(pool_per_node(&sc.tenants[1], sc.duration), 4);
         assert_eq!(budget_mb(&sc.tenants[1], sc.duration), 256);
+        // An open loop of 64 KiB requests at 10,000 IOPS for 10 minutes: its backlog would need 12 GiB at
+        // a daemon; the room stops at 4 GiB (memory), where the daemons' backpressure takes over.
+        let text = include_str!("../../../scenarios/rbfq-fig11b-hotspot2.toml")
+            .replace("duration_s = 80.0", "duration_s = 600.0")
+            .replace("iops = 900", "iops = 10000\nsize_kb = 64");
+        let sc = Scenario::from_toml(&text, None).unwrap();
+        assert_eq!(budget_mb(&sc.tenants[0], sc.duration), MAX_BUDGET_MB.1);
         // A run longer than an hour keeps the gateway's largest timeout.
         assert_eq!(request_timeout_s(Nanos::from_secs(7200)), 3600.0);
         assert_eq!(request_timeout_s(Nanos::from_secs(1)), 61.0);
