@@ -280,7 +280,8 @@ impl TenantCounters {
 pub const LATENCY_BUCKETS_S: [f64; 14] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
-fn bucket_of(latency: Nanos) -> usize {
+/// The [`LATENCY_BUCKETS_S`] bucket of `latency` (the last, +Inf, past them all).
+pub(crate) fn bucket_of(latency: Nanos) -> usize {
     let s = latency.as_secs_f64();
     LATENCY_BUCKETS_S.iter().position(|&u| s <= u).unwrap_or(LATENCY_BUCKETS_S.len())
 }

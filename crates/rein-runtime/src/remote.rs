@@ -69,8 +69,8 @@
 //! restarted: the gateway cannot tell a node restart from a lost connection, and a spurious call only
 //! drops the service elsewhere since the node's last request (which slightly favours the tenant there).
 
-use crate::dispatch::{IoError, Op, Served, LATENCY_BUCKETS_S};
-use rein_core::{Cost, ServiceTracker};
+use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
+use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION};
 use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
@@ -207,9 +207,7 @@ impl VolumeStats {
         } else if kind == 1 {
             self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        let s = latency.as_secs_f64();
-        let b = LATENCY_BUCKETS_S.iter().position(|&u| s <= u).unwrap_or(LATENCY_BUCKETS_S.len());
-        self.latency_buckets[b].fetch_add(1, Ordering::Relaxed);
+        self.latency_buckets[bucket_of(Nanos::from_duration(latency))].fetch_add(1, Ordering::Relaxed);
         self.latency_sum_ns.fetch_add(latency.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 }
@@ -453,6 +451,7 @@ impl RemoteVolume {
                         continue; // a volatile node (or one never reached: it acknowledged nothing)
                     }
                     if link.durability.lost.swap(false, Ordering::AcqRel) {
+                        link.stats.flush_lost.fetch_add(1, Ordering::Relaxed);
                         lost.push(link.name.clone());
                     }
                     // What this FLUSH covers: the writes the node acknowledged before it is sent.
@@ -470,9 +469,6 @@ impl RemoteVolume {
                     self.send_on(node, conn, msg, 0, sink).await;
                 }
                 for name in lost {
-                    if let Some(l) = self.links.iter().flatten().find(|l| l.name == name) {
-                        l.stats.flush_lost.fetch_add(1, Ordering::Relaxed);
-                    }
                     tracing::warn!(node = %name, volume = %self.name, "FLUSH fails: a node connection was lost with writes not yet flushed");
                     let why = "a connection to the node was lost with writes not yet flushed; they may not be on \
                                stable storage";
@@ -536,15 +532,6 @@ impl RemoteVolume {
                 in_flight: l.conns.iter().map(|c| MAX_PENDING_PER_CONN - c.slots.available_permits()).sum(),
                 stats: &l.stats,
             })
-            .collect()
-    }
-
-    /// Per node: its name and whether a session is up on each of its connections (`/api/nodes`, logs).
-    pub fn node_states(&self) -> Vec<(String, Vec<bool>)> {
-        self.links
-            .iter()
-            .flatten()
-            .map(|l| (l.name.to_string(), l.conns.iter().map(|c| c.state.up.load(Ordering::Relaxed)).collect()))
             .collect()
     }
 }
@@ -767,6 +754,12 @@ impl Session {
 }
 
 impl Target {
+    /// Fails a piece sent (or meant) for this node with `kind` and `message`, counted in its stats.
+    fn fail(&self, sink: Sink, kind: ErrorKind, message: String) {
+        self.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
+        sink.fail(node_error(&self.node.name, kind, message));
+    }
+
     /// Connects and negotiates the export (plain NBD, simple replies), within `connect_timeout`.
     async fn connect(&self) -> Result<Session, ConnectError> {
         let attempt = async {
@@ -884,10 +877,7 @@ async fn run_link(
                 _ = tokio::time::sleep_until(until) => break,
                 w = rx.recv() => match w {
                     None => return,
-                    Some(w) => {
-                        target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
-                        w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into()))
-                    }
+                    Some(w) => target.fail(w.sink, ErrorKind::Io, "node is not connected".into()),
                 },
             }
         }
@@ -900,10 +890,7 @@ async fn run_link(
                 r = &mut attempt => break r,
                 w = rx.recv() => match w {
                     None => return,
-                    Some(w) => {
-                        target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
-                        w.sink.fail(node_error(name, ErrorKind::Io, "node is not connected".into()))
-                    }
+                    Some(w) => target.fail(w.sink, ErrorKind::Io, "node is not connected".into()),
                 },
             }
         };
@@ -1040,8 +1027,7 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
                     p.sink.ok(&avail[n..n + len]);
                 } else {
                     let kind = kind_of(error);
-                    target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
-                    p.sink.fail(node_error(name, kind, format!("node answered NBD error {error}")));
+                    target.fail(p.sink, kind, format!("node answered NBD error {error}"));
                 }
                 start += n + len;
             }
@@ -1082,8 +1068,7 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         SessionEnd::Failed(w) => w.clone(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        target.stats.piece_errors.fetch_add(1, Ordering::Relaxed);
-        p.sink.fail(node_error(name, ErrorKind::Io, why.clone()));
+        target.fail(p.sink, ErrorKind::Io, why.clone());
     }
     if matches!(end, SessionEnd::Failed(_)) && target.durability.session_ended() {
         tracing::warn!(node = name, volume = %target.volume, "a node session ended with writes not yet flushed; the next FLUSH fails");
