@@ -62,17 +62,17 @@ const PER_CONN: u64 = rein_runtime::nbd::MAX_IN_FLIGHT_PER_CONN as u64;
 /// Most NBD connections a tenant's load opens (each holds `rein_runtime::nbd::MAX_IN_FLIGHT_PER_CONN` requests
 /// in flight).
 pub const MAX_LOAD_CONNECTIONS: u64 = 256;
-/// Connection caps per client and per tenant written into every node's and gateway's config: above what a
-/// plan opens (a load's connections, a gateway's pool), within the servers' own bound.
-const CONN_CAP: u64 = 4096;
+/// Connection caps per client and per tenant written into every node's and gateway's config: the
+/// daemons' total (`max_connections`' default), above what a plan opens (a load's connections, a
+/// gateway's pool).
+const CONN_CAP: usize = rein_runtime::server::MAX_CONNECTIONS;
 /// The daemons' default byte budgets (MiB, all tenants and per tenant): a plan raises them, never lowers.
-const BUDGET_MB: (u64, u64) = (1024, 256);
+const BUDGET_MB: (u64, u64) =
+    (rein_runtime::budget::DEFAULT_INFLIGHT_MB, rein_runtime::budget::DEFAULT_INFLIGHT_MB_PER_TENANT);
 /// The most a plan raises them to (MiB, all tenants and per tenant): the room is memory (a gateway holds
 /// a READ's reply buffer while the READ waits at a node), so a scenario whose backlog would need more runs
 /// into the daemons' backpressure instead of the machine's memory.
 pub const MAX_BUDGET_MB: (u64, u64) = (8192, 4096);
-/// The longest `request_timeout_s` a gateway takes.
-pub const MAX_REQUEST_TIMEOUT_S: f64 = 3600.0;
 
 /// Requests tenant `t` can have outstanding at once in the simulator over a run of `duration`: a closed
 /// loop's window (per server times its servers, where it is one), and for the other kinds every request the
@@ -147,9 +147,10 @@ fn budget_lines(tenants: &[&Tenant], duration: Nanos) -> String {
 
 /// A gateway's `request_timeout_s` for a run of `duration`: longer than the run (the simulator fails no
 /// request however long it queues, and a cluster's nodes are its own children, watched by the supervisor),
-/// at least the default 30 s, at most [`MAX_REQUEST_TIMEOUT_S`].
+/// at least the gateway's default (30 s), at most its largest (3,600 s).
 pub fn request_timeout_s(duration: Nanos) -> f64 {
-    (duration.as_secs_f64() + 60.0).ceil().clamp(30.0, MAX_REQUEST_TIMEOUT_S)
+    use rein_runtime::gateway::{DEFAULT_REQUEST_TIMEOUT_S, MAX_TIMEOUT_S};
+    (duration.as_secs_f64() + 60.0).ceil().clamp(DEFAULT_REQUEST_TIMEOUT_S, MAX_TIMEOUT_S)
 }
 
 /// Why a scenario cannot run on real daemons.

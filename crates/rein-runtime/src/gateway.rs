@@ -172,8 +172,13 @@ pub enum GatewayConfigError {
 fn d_listen() -> String {
     "127.0.0.1:10810".into()
 }
+/// The default `request_timeout_s`.
+pub const DEFAULT_REQUEST_TIMEOUT_S: f64 = 30.0;
+/// The longest `request_timeout_s` and `connect_timeout_s`.
+pub const MAX_TIMEOUT_S: f64 = 3600.0;
+
 fn d_request_timeout() -> f64 {
-    30.0
+    DEFAULT_REQUEST_TIMEOUT_S
 }
 fn d_connect_timeout() -> f64 {
     5.0
@@ -305,8 +310,8 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         None => None,
         Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| format!("admin {a:?}: {e} (expected address:port)"))?),
     };
-    let request_timeout = seconds("request_timeout_s", f.request_timeout_s, 0.1, 3600.0)?;
-    let connect_timeout = seconds("connect_timeout_s", f.connect_timeout_s, 0.1, 3600.0)?;
+    let request_timeout = seconds("request_timeout_s", f.request_timeout_s, 0.1, MAX_TIMEOUT_S)?;
+    let connect_timeout = seconds("connect_timeout_s", f.connect_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     if !(50..=600_000).contains(&f.reconnect_max_backoff_ms) {
         return Err(format!("reconnect_max_backoff_ms must be in 50..=600000, got {}", f.reconnect_max_backoff_ms));
     }
