@@ -342,7 +342,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         carry: vec![0; busy_base.len()],
         base: busy_base,
         endpoints: busy_endpoints,
-        interval: Nanos::from_duration(cfg.interval),
+        interval,
         duration,
     };
     let mut rec = Recorder::new(cfg.jobs.len(), servers.len(), duration, interval, Nanos::from_duration(cfg.warmup))
