@@ -72,6 +72,15 @@ fn run_dirs() -> (tempfile::TempDir, std::path::PathBuf) {
     (tmp, run_tmp)
 }
 
+/// `rein cluster up` on [`TWO_NODES`] in fresh [`run_dirs`], once ready: the directories (kept while they
+/// live), the process and the lines it printed before `ready`.
+fn up_two_nodes() -> (tempfile::TempDir, std::path::PathBuf, Up, Vec<String>) {
+    let (tmp, run_tmp) = run_dirs();
+    let mut up = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
+    let lines = up.ready();
+    (tmp, run_tmp, up, lines)
+}
+
 /// The pids whose parent is `pid` (from /proc).
 fn children(pid: u32) -> Vec<u32> {
     let mut v = Vec::new();
@@ -164,9 +173,7 @@ fn empty(dir: &Path) -> Vec<String> {
 
 #[test]
 fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
-    let (tmp, run_tmp) = run_dirs();
-    let mut up = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
-    let lines = up.ready();
+    let (_tmp, run_tmp, up, lines) = up_two_nodes();
     assert_eq!(lines.len(), 4, "{lines:?}");
     let mut uris = Vec::new();
     for (line, name) in lines.iter().zip(["a", "b", "c", "d"]) {
@@ -200,9 +207,7 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
 
 #[test]
 fn a_killed_child_makes_up_exit_non_zero_naming_it() {
-    let (tmp, run_tmp) = run_dirs();
-    let mut up = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
-    up.ready();
+    let (_tmp, run_tmp, up, _) = up_two_nodes();
     let kids = children(up.child.id());
     let s2 = *kids
         .iter()
@@ -223,9 +228,7 @@ fn a_killed_child_makes_up_exit_non_zero_naming_it() {
 /// (`REIN_EXIT_WITH_PARENT`, set by the supervisor) and stop by themselves.
 #[test]
 fn children_stop_by_themselves_when_up_is_killed_9() {
-    let (tmp, run_tmp) = run_dirs();
-    let mut up = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
-    up.ready();
+    let (_tmp, _run_tmp, mut up, _) = up_two_nodes();
     let kids = children(up.child.id());
     assert_eq!(kids.len(), 3, "{kids:?}");
     up.child.kill().unwrap(); // SIGKILL

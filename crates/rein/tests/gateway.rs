@@ -70,6 +70,14 @@ fn expected_location(o: u64) -> (usize, u64) {
     (j, (r * widths[j] + (p - starts[j])) * UNIT + o % UNIT)
 }
 
+/// Three nodes on 127.0.0.`first`, +1, +2 and a gateway on +3 striping [`VOLUME`] over them (s1, s2, s3).
+fn three_nodes_and_gateway(dir: &Path, first: u8) -> (Vec<Server>, Server) {
+    let nodes: Vec<Server> = (first..first + 3).map(|h| node(dir, h, 0)).collect();
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
+    let gw = gateway(&gateway_config(dir, first + 3, &list, VOLUME));
+    (nodes, gw)
+}
+
 fn uri(gw: &Server) -> String {
     format!("nbd://{}/v", gw.nbd)
 }
@@ -96,9 +104,7 @@ fn qemu_io_ok(uri: &str, commands: &[&str]) -> (bool, String) {
 #[test]
 fn real_clients_round_trip_through_three_nodes() {
     let dir = tmpdir("gw-clients");
-    let nodes = [node(dir.path(), 31, 0), node(dir.path(), 32, 0), node(dir.path(), 33, 0)];
-    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
-    let gw = gateway(&gateway_config(dir.path(), 34, &list, VOLUME));
+    let (_nodes, gw) = three_nodes_and_gateway(dir.path(), 31);
     let uri = uri(&gw);
     // nbdinfo: the volume's size and flags.
     let info = run_ok(tool("nbdinfo").arg(&uri));
@@ -207,9 +213,7 @@ fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
 #[test]
 fn a_dead_or_stalled_node_fails_its_pieces_with_eio_and_a_returning_one_serves_again() {
     let dir = tmpdir("gw-fail");
-    let mut nodes = vec![node(dir.path(), 41, 0), node(dir.path(), 42, 0), node(dir.path(), 43, 0)];
-    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
-    let gw = gateway(&gateway_config(dir.path(), 44, &list, VOLUME));
+    let (mut nodes, gw) = three_nodes_and_gateway(dir.path(), 41);
     let uri = uri(&gw);
     let (ok, out) = qemu_io_ok(&uri, &["write -P 0x11 0 256k", "flush"]);
     assert!(ok, "{out}");
@@ -254,9 +258,7 @@ fn a_dead_or_stalled_node_fails_its_pieces_with_eio_and_a_returning_one_serves_a
 #[test]
 fn a_flushed_write_survives_the_gateway_killed_9() {
     let dir = tmpdir("gw-kill9");
-    let nodes = [node(dir.path(), 51, 0), node(dir.path(), 52, 0), node(dir.path(), 53, 0)];
-    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
-    let gw = gateway(&gateway_config(dir.path(), 54, &list, VOLUME));
+    let (nodes, gw) = three_nodes_and_gateway(dir.path(), 51);
     let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x77 0 512k", "flush"]);
     assert!(ok, "{out}");
     assert!(Cmd::new("kill").args(["-9", &gw.pid().to_string()]).status().unwrap().success());
@@ -275,9 +277,7 @@ fn a_flushed_write_survives_the_gateway_killed_9() {
 #[test]
 fn a_flush_after_a_node_lost_unflushed_writes_fails_once() {
     let dir = tmpdir("gw-lost");
-    let mut nodes = vec![node(dir.path(), 61, 0), node(dir.path(), 62, 0), node(dir.path(), 63, 0)];
-    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
-    let gw = gateway(&gateway_config(dir.path(), 64, &list, VOLUME));
+    let (mut nodes, gw) = three_nodes_and_gateway(dir.path(), 61);
     let uri = uri(&gw);
     // Writes flushed, then a node restarts: nothing was at risk, the next FLUSH succeeds.
     let (ok, out) = qemu_io_ok(&uri, &["write -P 0x21 0 256k", "flush"]);
