@@ -162,7 +162,8 @@ pub fn welcome_for(hello: &NodeHello) -> NodeWelcome {
             local_reservation: t.local_reservation,
         })
         .collect();
-    NodeWelcome { version: hello.version.min(nbd::NODE_VERSION), tenants }
+    let version = hello.version.min(nbd::NODE_VERSION);
+    NodeWelcome { version, tenants, boot: (version >= 2).then_some(0x5245_494e_b007) }
 }
 
 /// The hello the client side of the handshake harness sends on a node session.

@@ -63,7 +63,7 @@ fn disabled_node_option_is_an_unknown_option() {
 fn hello_and_welcome_layouts_are_byte_exact() {
     let h = NodeHello::new(vec![NodeTenant { split: NodeSplit::Rho, limit: None, ..tenant("c") }]);
     let bytes = hello_bytes(&h);
-    assert_eq!(&bytes[..8], &[0, 1, 0, 0, 0, 1, 0, 1]);
+    assert_eq!(&bytes[..8], &[0, 2, 0, 0, 0, 1, 0, 1]);
     assert_eq!(bytes[8], b'c');
     assert_eq!(&bytes[9..17], &250f64.to_be_bytes());
     assert_eq!(&bytes[17..25], &f64::INFINITY.to_be_bytes());
@@ -73,8 +73,10 @@ fn hello_and_welcome_layouts_are_byte_exact() {
     let w = harness::welcome_for(&h);
     let mut wb = Vec::new();
     w.encode(&mut wb);
-    assert_eq!(wb.len(), 6 + 40);
+    assert_eq!(wb.len(), 6 + 40 + 8, "v2: the entry, then the boot identity");
+    assert_eq!(&wb[..2], &[0, 2]);
     assert_eq!(&wb[6..14], &[0, 0, 0, 0, 1, 0, 0, 0], "slot 0, source 1 (gateway), reserved");
+    assert_eq!(&wb[46..], &w.boot.expect("a v2 welcome states its boot").to_be_bytes());
     assert_eq!(NodeWelcome::decode(&wb).unwrap(), w);
     let tag = NodeTag { slot: 3, share: 65536, delta: 0x10_0000, rho: 7 };
     let mut tb = Vec::new();
@@ -200,7 +202,8 @@ fn every_malformed_hello_field_is_named() {
         (set(47, &[1]), "reserved bytes"),
         (good[..good.len() - 1].to_vec(), "ends inside reserved"),
         (good[..20].to_vec(), "ends inside limit"),
-        ([&good[..], &[0]].concat(), "1 trailing bytes"),
+        // Trailing bytes are refused in a v1 hello (a v2 hello's are later versions' fields).
+        ([&set(0, &[0, 1])[..], &[0]].concat(), "1 trailing bytes"),
         (dup, "duplicate name \"ab\""),
     ];
     for (data, named) in cases {

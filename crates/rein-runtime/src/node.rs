@@ -36,6 +36,11 @@
 //! | M_ij, RBFQ's local minimum | [`NodeTenant::local_reservation`] -> the node spec's reservation |
 //! | r_i, l_i, w_i (mClock) | [`NodeTenant::reservation`], `limit`, `weight` |
 //!
+//! # Boot identity
+//! From protocol version 2 the welcome carries the node's boot identity, drawn once when the service
+//! starts: a gateway that reconnects learns whether it reached the same scheduler (keep the tenant's
+//! account: the service elsewhere meanwhile is its delta) or a restarted one (start the account afresh).
+//!
 //! # Deviations
 //! - The hello adopts specs before the gateway opens an export: a gateway that leaves after its hello has
 //!   still changed the specs under `specs = "gateway"` (as an admin PUT would have).
@@ -56,6 +61,8 @@ use std::sync::Arc;
 pub struct NodeService {
     config: NodeConfig,
     registry: Arc<Registry>,
+    /// This node's boot identity (a v2 welcome's `boot`): drawn once, when the service starts.
+    boot: u64,
 }
 
 impl std::fmt::Debug for NodeService {
@@ -75,6 +82,15 @@ pub fn asked_spec(t: &NodeTenant) -> Result<QosSpec, String> {
     QosSpec::new(reservation, limit, t.weight, t.idle_credit).map_err(|e| format!("tenant {:?}: {e}", t.name))
 }
 
+/// A boot identity: random (std's per-process hash keys, with the time and the process id), never 0.
+fn boot_identity() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish() | 1
+}
+
 fn granted(slot: usize, source: SpecSource, spec: QosSpec, local_reservation: f64) -> NodeGranted {
     NodeGranted {
         slot: slot as u32,
@@ -90,7 +106,12 @@ impl NodeService {
     /// The gate for `config` (which must be enabled) over `registry`.
     pub fn new(config: NodeConfig, registry: Arc<Registry>) -> NodeService {
         assert!(config.enabled, "a node service only for [node] enabled = true");
-        NodeService { config, registry }
+        NodeService { config, registry, boot: boot_identity() }
+    }
+
+    /// The boot identity this node states in v2 welcomes.
+    pub fn boot(&self) -> u64 {
+        self.boot
     }
 
     /// The spec tenant `id` has now.
@@ -165,7 +186,8 @@ impl NodeService {
         };
         tracing::info!(%peer, tenants = ?names, specs = source, disagree = ?disagree, "storage-node session granted");
         debug_assert_eq!(tenants.len(), hello.tenants.len(), "invariant 1");
-        let welcome = NodeWelcome { version: hello.version.min(NODE_VERSION), tenants: answer };
+        let version = hello.version.min(NODE_VERSION);
+        let welcome = NodeWelcome { version, tenants: answer, boot: (version >= 2).then_some(self.boot) };
         Ok(NodeSession { welcome, tenants })
     }
 }

@@ -55,8 +55,11 @@
 //! tenant's [`ServiceTracker`] prepared for that node as the piece left (`prepare(node)`, on the
 //! connection's writer); each reply's trailer (phase, cost) goes back into the tracker
 //! (`complete(node, phase, cost)`). The tracker is the tenant's, shared by its volumes, one server per
-//! node. A new session starts the node's account afresh (`forget_server`): a node that was away (and may
-//! have restarted with a fresh scheduler) is not told the whole outage's service elsewhere at once.
+//! node. A new session tells the tracker the node's boot identity (`ServiceTracker::session`, from the
+//! v2 welcome): a node that restarted (another identity, or a v1 node that states none) gets its account
+//! started afresh, so its fresh scheduler is not told the whole outage's service elsewhere at once; a
+//! session to the same boot (a broken connection, another pooled connection) keeps it, and the service
+//! elsewhere meanwhile is its next delta, as dmClock's rule says.
 //! `"auto"` on a node that answers NBD_REP_ERR_UNSUP goes on in plain NBD (no tags, no tracker);
 //! `"rein"` refuses such a node.
 //!
@@ -65,9 +68,9 @@
 //! -> [`rein_model::stripe::Piece`].
 //!
 //! # Deviations
-//! `forget_server` is called on every new session of a pooled connection, not only when the node
-//! restarted: the gateway cannot tell a node restart from a lost connection, and a spurious call only
-//! drops the service elsewhere since the node's last request (which slightly favours the tenant there).
+//! A node that speaks protocol v1 states no boot identity; every new session to it starts its account
+//! afresh (a spurious start only drops the service elsewhere since the node's last request, which
+//! slightly favours the tenant there).
 
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
 use rein_core::{Cost, Nanos, ServiceTracker};
@@ -743,6 +746,8 @@ struct Session {
     flags: u16,
     /// On a storage-node session: the tenant's slot from the node's welcome.
     slot: Option<u32>,
+    /// On a storage-node session: the node's boot identity from its welcome (protocol v2), if stated.
+    boot: Option<u64>,
 }
 
 impl Session {
@@ -795,14 +800,14 @@ impl Target {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
-                        return Ok(Session { stream, input, flags, slot: None });
+                        return Ok(Session { stream, input, flags, slot: None, boot: None });
                     }
                     ClientProgress::NodeReady { size, flags, welcome } => {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
                         let slot = welcome.tenants.first().map(|g| g.slot);
-                        return Ok(Session { stream, input, flags, slot });
+                        return Ok(Session { stream, input, flags, slot, boot: welcome.boot });
                     }
                     ClientProgress::NodeRefused(reply, message) => {
                         if self.node.protocol == NodeProtocol::Rein {
@@ -924,17 +929,18 @@ struct Pending {
 /// Runs one session: a writer and a reader side by side on the task, until either ends; then every piece
 /// still pending fails (invariant 1).
 async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
-    let Session { mut stream, input, slot, .. } = session;
+    let Session { mut stream, input, slot, boot, .. } = session;
     let node = target.index;
     let qos = match (slot, &target.qos) {
         (Some(slot), Some((_, tracker))) => Some((slot, tracker.as_ref())),
         _ => None,
     };
     if let Some((_, tracker)) = qos {
-        // A fresh session (the node may have restarted with a fresh scheduler): what was completed
-        // elsewhere meanwhile is not owed to it at once.
+        // A node that restarted (another boot identity, or none stated) has a fresh scheduler: what was
+        // completed elsewhere meanwhile is not owed to it at once. The same boot keeps the account.
         let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
-        tracker.forget_server(node).expect("the tracker covers every node");
+        let fresh = tracker.session(node, boot).expect("the tracker covers every node");
+        tracing::debug!(node = target.node.name.as_str(), volume = %target.volume, ?boot, fresh, "node session");
     }
     let (mut rd, mut wr) = stream.split();
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
@@ -1175,6 +1181,17 @@ mod tests {
     /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request with phase
     /// reservation and cost `cost` (raw) if `answer` (else never), and records the tags it received.
     async fn fake_node(cost: u64, answer: bool) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
+        fake_node_sessions(cost, answer, vec![Some(0x5245_494e_b007)], usize::MAX).await
+    }
+
+    /// [`fake_node`] for one session per entry of `boots` (the boot identity its welcome states; `None`:
+    /// a v1 welcome), each closed by the node after it answered `per_session` requests.
+    async fn fake_node_sessions(
+        cost: u64,
+        answer: bool,
+        boots: Vec<Option<u64>>,
+        per_session: usize,
+    ) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
         use rein_core::Phase;
         use rein_proto::nbd::node::NodeReplyTrailer;
         use rein_proto::nbd::{Event, ExportInfo, ServerHandshake, ServerProgress, ServerTransmission};
@@ -1184,70 +1201,80 @@ mod tests {
         let tags = Arc::new(Mutex::new(Vec::new()));
         let seen = tags.clone();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let info = ExportInfo {
-                name: "v".into(),
-                description: String::new(),
-                size: 1 << 20,
-                read_only: false,
-                volatile: false,
-            };
-            let mut out = Vec::new();
-            let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
-            hs.set_node(true);
-            s.write_all(&out).await.unwrap();
-            let mut buf = Vec::new();
-            let negotiated = 'hs: loop {
-                if s.read_buf(&mut buf).await.unwrap() == 0 {
-                    return;
-                }
-                loop {
-                    out.clear();
-                    let (used, progress) = hs.feed(&buf, &mut out).unwrap();
-                    buf.drain(..used);
-                    let progress = match progress {
-                        ServerProgress::NodeHello(h) => {
-                            hs.node_verdict(Ok(rein_proto::harness::welcome_for(&h)), &mut out)
+            for boot in boots {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut answered = 0;
+                let info = ExportInfo {
+                    name: "v".into(),
+                    description: String::new(),
+                    size: 1 << 20,
+                    read_only: false,
+                    volatile: false,
+                };
+                let mut out = Vec::new();
+                let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
+                hs.set_node(true);
+                s.write_all(&out).await.unwrap();
+                let mut buf = Vec::new();
+                let negotiated = 'hs: loop {
+                    if s.read_buf(&mut buf).await.unwrap() == 0 {
+                        return;
+                    }
+                    loop {
+                        out.clear();
+                        let (used, progress) = hs.feed(&buf, &mut out).unwrap();
+                        buf.drain(..used);
+                        let progress = match progress {
+                            ServerProgress::NodeHello(h) => {
+                                let mut w = rein_proto::harness::welcome_for(&h);
+                                w.version = if boot.is_some() { w.version } else { 1 };
+                                w.boot = boot;
+                                hs.node_verdict(Ok(w), &mut out)
+                            }
+                            other => other,
+                        };
+                        s.write_all(&out).await.unwrap();
+                        match progress {
+                            ServerProgress::Done(n) => break 'hs n,
+                            // More options already received: go on; else (nothing, or a partial one) read.
+                            ServerProgress::NeedMore if used > 0 && !buf.is_empty() => continue,
+                            ServerProgress::NeedMore => break,
+                            other => panic!("unexpected {other:?}"),
                         }
-                        other => other,
-                    };
-                    s.write_all(&out).await.unwrap();
-                    match progress {
-                        ServerProgress::Done(n) => break 'hs n,
-                        // More options already received: go on; else (nothing, or a partial one) read.
-                        ServerProgress::NeedMore if used > 0 && !buf.is_empty() => continue,
-                        ServerProgress::NeedMore => break,
+                    }
+                };
+                let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
+                loop {
+                    let (used, event) = machine.feed(&buf).unwrap();
+                    match event {
+                        Event::NeedMore { .. } => {
+                            buf.drain(..used);
+                            if s.read_buf(&mut buf).await.unwrap() == 0 {
+                                return;
+                            }
+                        }
+                        Event::Request { request, .. } => {
+                            seen.lock().unwrap().push(request.tag.expect("a node session's request has a tag"));
+                            if !answer {
+                                buf.drain(..used);
+                                continue;
+                            }
+                            let encoder = machine.replies();
+                            let mut reply = match request.kind {
+                                RequestKind::Read => vec![0; encoder.headroom(&request) + request.length as usize],
+                                _ => Vec::new(),
+                            };
+                            let trailer = NodeReplyTrailer { phase: Some(Phase::Reservation), cost };
+                            encoder.success_node(&request, trailer, &mut reply);
+                            buf.drain(..used);
+                            s.write_all(&reply).await.unwrap();
+                            answered += 1;
+                            if answered == per_session {
+                                break;
+                            }
+                        }
                         other => panic!("unexpected {other:?}"),
                     }
-                }
-            };
-            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
-            loop {
-                let (used, event) = machine.feed(&buf).unwrap();
-                match event {
-                    Event::NeedMore { .. } => {
-                        buf.drain(..used);
-                        if s.read_buf(&mut buf).await.unwrap() == 0 {
-                            return;
-                        }
-                    }
-                    Event::Request { request, .. } => {
-                        seen.lock().unwrap().push(request.tag.expect("a node session's request has a tag"));
-                        if !answer {
-                            buf.drain(..used);
-                            continue;
-                        }
-                        let encoder = machine.replies();
-                        let mut reply = match request.kind {
-                            RequestKind::Read => vec![0; encoder.headroom(&request) + request.length as usize],
-                            _ => Vec::new(),
-                        };
-                        let trailer = NodeReplyTrailer { phase: Some(Phase::Reservation), cost };
-                        encoder.success_node(&request, trailer, &mut reply);
-                        buf.drain(..used);
-                        s.write_all(&reply).await.unwrap();
-                    }
-                    other => panic!("unexpected {other:?}"),
                 }
             }
         });
@@ -1309,6 +1336,73 @@ mod tests {
         assert_eq!(pairs(&ta), vec![(0, 0), (cost_b, cost_b), (0, 0)]);
         assert_eq!(pairs(&tb), vec![(cost_a, cost_a)]);
         assert!(ta.iter().chain(&tb).all(|t| t.slot == 0 && t.share == 1 << 16), "{ta:?} {tb:?}");
+    }
+
+    /// A reconnect to the same boot keeps the tenant's account at the node (the outage's service
+    /// elsewhere arrives as its delta); a node that restarted (another boot identity) or states none (v1)
+    /// starts afresh.
+    #[tokio::test]
+    async fn a_reconnect_keeps_the_account_unless_the_node_restarted() {
+        use rein_core::ReservationSplit;
+        use rein_proto::nbd::node::NodeSplit;
+        let cost_b = 5 << 16;
+        // Node a closes each session after one answer; its sessions state boots 1, 1, 2, then none.
+        let (a, tags_a) = fake_node_sessions(3 << 16, true, vec![Some(1), Some(1), Some(2), None, None], 1).await;
+        let (b, _) = fake_node(cost_b, true).await;
+        let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
+            .into_iter()
+            .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein })
+            .collect();
+        let tenant = NodeTenant {
+            name: "t".into(),
+            reservation: 100.0,
+            limit: None,
+            weight: 1.0,
+            local_reservation: 0.0,
+            idle_credit: 0,
+            split: NodeSplit::Rho,
+        };
+        let tracker = Arc::new(Mutex::new(ServiceTracker::with_split(2, ReservationSplit::Rho)));
+        let qos = VolumeQos { tenants: vec![tenant.clone(), tenant], tracker };
+        let cfg = LinkConfig {
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            max_backoff: Duration::from_millis(100),
+            connections: 1,
+        };
+        let stripe = Stripe::new(4096, &[1, 1]).unwrap();
+        let exports = vec!["v".to_string(), "v".to_string()];
+        let volume = RemoteVolume::open("v", 8192, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap();
+        let read = |offset: u64| {
+            let volume = volume.clone();
+            async move {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let done: Done = Box::new(move |r, _| {
+                    let _ = tx.send(r);
+                });
+                volume.submit(offset, Op::Read { len: 4096, headroom: 0 }, false, done).await;
+                rx.await.unwrap()
+            }
+        };
+        // Node a is down between its sessions: retry until its next session answers.
+        let read_a = || async {
+            for _ in 0..400 {
+                if read(0).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("node a did not come back");
+        };
+        read_a().await; // boot 1: the first session
+        read(4096).await.unwrap(); // b completes 5.0 while a's connection is down
+        read_a().await; // boot 1 again: kept, so b's 5.0 is a's delta
+        read(4096).await.unwrap();
+        read_a().await; // boot 2: restarted, nothing owed
+        read(4096).await.unwrap();
+        read_a().await; // a v1 welcome: cannot tell, so afresh
+        let deltas: Vec<u64> = tags_a.lock().unwrap().iter().map(|t| t.delta).collect();
+        assert_eq!(deltas, vec![0, cost_b, 0, 0]);
     }
 
     fn qos(nodes: usize) -> VolumeQos {

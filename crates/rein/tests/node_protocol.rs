@@ -258,6 +258,25 @@ fn hello_bytes(h: &NodeHello) -> Vec<u8> {
     d
 }
 
+/// The welcome's boot identity (protocol v2): the same in every session of one node process, another
+/// after the node restarts; a v1 hello (an older gateway) gets a v1 welcome without one.
+#[test]
+fn the_boot_identity_changes_only_when_the_node_restarts() {
+    let tmp = tmpdir("node-boot");
+    let config = config_file(tmp.path(), 133, &node_config("node", ""));
+    let hello = || NodeHello::new(vec![tenant("a", 0.0, 1.0)]);
+    let boot_of = |nbd| open(nbd, hello()).welcome.expect("a node session").boot.expect("a v2 welcome");
+    let s = Rein::serve(&config).start();
+    let first = boot_of(s.nbd);
+    assert_ne!(first, 0);
+    assert_eq!(boot_of(s.nbd), first, "a second session to the same node process");
+    let v1 = open(s.nbd, NodeHello { version: 1, ..hello() }).welcome.expect("a node session");
+    assert_eq!((v1.version, v1.boot), (1, None), "an older gateway gets a v1 welcome");
+    s.stop();
+    let s = Rein::serve(&config).start();
+    assert_ne!(boot_of(s.nbd), first, "a restarted node states another boot");
+}
+
 #[test]
 fn refusals_name_what_is_wrong() {
     let tmp = tmpdir("node-refusals");
@@ -283,7 +302,8 @@ fn refusals_name_what_is_wrong() {
         (set(17, &0f64.to_be_bytes()), "limit 0"),
         (set(33, &(-1f64).to_be_bytes()), "local_reservation -1"),
         (set(45, &[7]), "split 7"),
-        ([&good[..], &[1, 2]].concat(), "2 trailing bytes"),
+        // Trailing bytes are refused in a v1 hello (a v2 hello's are later versions' fields).
+        ([&set(0, &[0, 1])[..], &[1, 2]].concat(), "2 trailing bytes"),
     ];
     let opts: Vec<(u32, Vec<u8>)> = cases.iter().map(|(d, _)| (OPT_REIN_NODE, d.clone())).collect();
     let replies = raw_options(s.nbd, &opts);

@@ -214,6 +214,8 @@ struct PerServer {
     sent: u32,
     /// Requests prepared for this server in the previous window.
     sent_prev: u32,
+    /// The boot identity of the server's last session, if it stated one ([`ServiceTracker::session`]).
+    boot: Option<u64>,
 }
 
 /// A tenant's service tracker (one per tenant per client/gateway).
@@ -339,6 +341,24 @@ impl ServiceTracker {
         Ok(())
     }
 
+    /// Call when a new session with `server` starts (a gateway's first connection or a reconnect), with the
+    /// boot identity the server stated, if any (a storage node's welcome from protocol version 2). The
+    /// server restarted, and has forgotten the tenant, exactly when `boot` is `None` (it cannot say, so
+    /// assume it did) or differs from the last one seen: then its account starts afresh
+    /// ([`ServiceTracker::forget_server`]). A session to the same boot (a connection that broke while the
+    /// server ran on, another pooled connection) keeps it: the server still holds the tenant's tags, so
+    /// what completed elsewhere meanwhile is its delta, as dmClock's rule says. Returns whether the
+    /// account was started afresh.
+    pub fn session(&mut self, server: usize, boot: Option<u64>) -> Result<bool, TrackerError> {
+        let s = self.server(server)?;
+        let same = boot.is_some() && s.boot == boot;
+        s.boot = boot;
+        if !same {
+            self.forget_server(server)?;
+        }
+        Ok(!same)
+    }
+
     /// Call when `server` reports a completion of cost `cost` served in `phase`.
     pub fn complete(&mut self, server: usize, phase: Phase, cost: Cost) -> Result<(), TrackerError> {
         let resv = phase == Phase::Reservation;
@@ -411,6 +431,32 @@ mod tests {
             }
             assert!(matches!(t.forget_server(2), Err(TrackerError::ServerOutOfRange { index: 2, max: 2 })));
         }
+    }
+
+    /// A new session to the same boot keeps the account (the delta of the outage arrives); a new boot, or
+    /// a server that states none, starts it afresh.
+    #[test]
+    fn a_session_forgets_only_a_restarted_server() {
+        let backlog = |t: &mut ServiceTracker| {
+            for _ in 0..5 {
+                t.prepare(1).unwrap();
+                t.complete(1, Phase::Weight, Cost::ONE).unwrap();
+            }
+        };
+        let mut t = ServiceTracker::with_split(2, ReservationSplit::Rho);
+        assert!(t.session(0, Some(7)).unwrap(), "the first session starts the account");
+        t.prepare(0).unwrap();
+        backlog(&mut t);
+        assert!(!t.session(0, Some(7)).unwrap(), "same boot: kept");
+        assert_eq!(t.prepare(0).unwrap().delta, Cost::units(5), "the outage's service elsewhere is the delta");
+        backlog(&mut t);
+        assert!(t.session(0, Some(8)).unwrap(), "another boot: the server restarted");
+        assert_eq!(t.prepare(0).unwrap().delta, Cost(0));
+        backlog(&mut t);
+        assert!(t.session(0, None).unwrap(), "no boot stated: assume a restart");
+        assert_eq!(t.prepare(0).unwrap().delta, Cost(0));
+        assert!(t.session(0, None).unwrap(), "and again");
+        assert!(t.session(3, Some(1)).is_err());
     }
 
     #[test]

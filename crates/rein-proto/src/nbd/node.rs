@@ -1,4 +1,4 @@
-//! The storage-node protocol (v1): an NBD option of Rein's own by which a gateway tells a storage node its
+//! The storage-node protocol (v2): an NBD option of Rein's own by which a gateway tells a storage node its
 //! tenants' QoS specs, then tags every request with the tenant and what the gateway's dmClock/RBFQ tracker
 //! computed, and gets back the phase and cost of each dispatch (docs/node-protocol.md is the public form).
 //!
@@ -27,9 +27,14 @@
 //!
 //! # Versioning
 //! The hello carries the highest version the gateway speaks; the node answers the highest version it
-//! speaks that is not above it (v1 only today: [`NODE_VERSION`]). Version 0 is invalid. The layout of a
-//! version N > 1 begins with v1's; fields it adds come after the last tenant, and a v1 node ignores them
-//! when the hello's version is above 1 (with version 1, trailing bytes are invalid).
+//! speaks that is not above it ([`NODE_VERSION`]). Version 0 is invalid. The layout of a version N > 1
+//! begins with v1's; fields it adds come after the last tenant, and a v1 node ignores them when the
+//! hello's version is above 1 (with version 1, trailing bytes are invalid).
+//! - v2 adds, after the welcome's last entry, the node's boot identity ([`NodeWelcome::boot`]: 8 bytes,
+//!   not 0, drawn once per node process): a gateway whose session to a node ends and starts again can
+//!   tell a node that restarted (a fresh scheduler, which must not be handed the outage's service
+//!   elsewhere at once) from a connection that broke (the node still holds the tenant's tags, so that
+//!   service is its delta, as dmClock's rule says). The hello is v1's.
 //!
 //! # Symbol map
 //! | paper | here |
@@ -53,7 +58,7 @@ pub const OPT_REIN_NODE: u32 = 0x5245_494E;
 /// The success reply to [`OPT_REIN_NODE`] (bit 31 clear: not an error).
 pub const REP_REIN_NODE: u32 = 0x5245_494E;
 /// The highest protocol version this code speaks.
-pub const NODE_VERSION: u16 = 1;
+pub const NODE_VERSION: u16 = 2;
 /// Most tenants in one hello.
 pub const MAX_NODE_TENANTS: usize = 64;
 /// Longest tenant name in a hello, in bytes.
@@ -151,6 +156,9 @@ pub enum NodeError {
     /// Reserved bytes not zero.
     #[error("reserved bytes of {0} must be 0")]
     Reserved(&'static str),
+    /// A v2 welcome's boot identity is 0.
+    #[error("the welcome's boot identity is 0 (from version 2 it must not be)")]
+    BootZero,
     /// A welcome's slot outside the session's table or given twice.
     #[error("tenant {tenant}: slot {slot} is not a distinct index below {count}")]
     Slot {
@@ -271,6 +279,9 @@ pub struct NodeWelcome {
     pub version: u16,
     /// One entry per tenant of the hello, same order.
     pub tenants: Vec<NodeGranted>,
+    /// The node's boot identity (from version 2; `None` exactly when `version` is 1): not 0, the same for
+    /// every session of one node process, another after a restart.
+    pub boot: Option<u64>,
 }
 
 /// What follows each request header on a node session.
@@ -527,11 +538,14 @@ impl NodeWelcome {
             out.extend_from_slice(&g.weight.to_bits().to_be_bytes());
             out.extend_from_slice(&g.local_reservation.to_bits().to_be_bytes());
         }
+        if self.version >= 2 {
+            out.extend_from_slice(&self.boot.unwrap_or(0).to_be_bytes());
+        }
     }
 
     /// Decodes and validates reply data: version 1..=[`NODE_VERSION`], flags 0, 1..=[`MAX_NODE_TENANTS`]
     /// entries with distinct slots below their count, known sources, zero reserved bytes, valid numbers,
-    /// nothing trailing.
+    /// from version 2 a boot identity other than 0, nothing trailing.
     pub fn decode(buf: &[u8]) -> Result<NodeWelcome, NodeError> {
         let mut r = Reader { buf, at: 0, message: "welcome" };
         let version = r.u16("version")?;
@@ -575,10 +589,18 @@ impl NodeWelcome {
                 local_reservation,
             });
         }
+        let boot = if version >= 2 {
+            match r.u64("boot")? {
+                0 => return Err(NodeError::BootZero),
+                b => Some(b),
+            }
+        } else {
+            None
+        };
         if r.rest() > 0 {
             return Err(NodeError::Trailing { message: "welcome", bytes: r.rest() });
         }
-        Ok(NodeWelcome { version, tenants })
+        Ok(NodeWelcome { version, tenants, boot })
     }
 }
 
@@ -732,13 +754,45 @@ mod tests {
     fn hello_is_byte_exact() {
         let mut out = Vec::new();
         NodeHello::new(vec![NodeTenant { limit: None, ..tenant("ab") }]).encode(&mut out);
-        let mut want = vec![0, 1, 0, 0, 0, 1, 0, 2, b'a', b'b'];
+        let mut want = vec![0, 2, 0, 0, 0, 1, 0, 2, b'a', b'b'];
         for v in [100.0f64, f64::INFINITY, 2.0, 10.0] {
             want.extend_from_slice(&v.to_bits().to_be_bytes());
         }
         want.extend_from_slice(&[0, 0, 0, 3, 1, 0]);
         assert_eq!(out, want);
         assert_eq!(out.len(), NodeHello::new(vec![tenant("ab")]).encoded_len());
+    }
+
+    /// v2 appends the boot identity after the last entry; v1 has none and refuses trailing bytes; a v2
+    /// welcome without one (or with 0) is refused.
+    #[test]
+    fn welcome_v2_carries_the_boot_identity() {
+        let entry = NodeGranted {
+            slot: 0,
+            source: SpecSource::Gateway,
+            reservation: 1.0,
+            limit: None,
+            weight: 1.0,
+            local_reservation: 0.0,
+        };
+        let v1 = NodeWelcome { version: 1, tenants: vec![entry.clone()], boot: None };
+        let v2 = NodeWelcome { version: 2, tenants: vec![entry], boot: Some(0x0102_0304_0506_0708) };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        v1.encode(&mut a);
+        v2.encode(&mut b);
+        assert_eq!(b.len(), a.len() + 8);
+        assert_eq!(b[a.len()..], [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(b[2..a.len()], a[2..], "v2 begins with v1's layout");
+        assert_eq!(NodeWelcome::decode(&a), Ok(v1));
+        assert_eq!(NodeWelcome::decode(&b), Ok(v2));
+        let mut v1_trailing = a.clone();
+        v1_trailing.extend_from_slice(&[1; 8]);
+        assert!(matches!(NodeWelcome::decode(&v1_trailing), Err(NodeError::Trailing { .. })));
+        assert!(NodeWelcome::decode(&b[..b.len() - 1]).is_err(), "a v2 welcome cut short");
+        let mut zero = b.clone();
+        let n = zero.len();
+        zero[n - 8..].fill(0);
+        assert_eq!(NodeWelcome::decode(&zero), Err(NodeError::BootZero));
     }
 
     #[test]
