@@ -47,8 +47,10 @@
 //! NBD_OPT_REIN_NODE: a gateway's hello goes to the gate, which decides (who may speak it, whose specs
 //! apply; [`crate::node`]) and gives one tenant per slot. On such a session each request is scheduled
 //! under the tenant of its tag's slot, with the tag's piggyback (dmClock's delta and rho, the share), and
-//! its reply carries the phase and cost of its dispatch ([`crate::dispatch::Served`]). The connection's
-//! byte budget stays the export's tenant's. Without a gate the option is an unknown one (UNSUP).
+//! its reply carries the phase and cost of its dispatch ([`crate::dispatch::Served`]), and its bytes are
+//! charged to that tenant's byte budget, so one tenant's backlog on a gateway's session cannot use up
+//! another's. The input buffer's own charge (a large WRITE received before its tag is read) stays the
+//! export's tenant's. Without a gate the option is an unknown one (UNSUP).
 //!
 //! # Transports
 //! The code is generic over the stream. A plain connection splits its `TcpStream` into owned halves (no
@@ -499,6 +501,7 @@ where
         replies,
         permits: permits.clone(),
         budget: ctx.limits.budget.tenant(export.tenant),
+        slot_budgets: node_tenants.iter().map(|&t| ctx.limits.budget.tenant(t)).collect(),
         idle: ctx.limits.idle_timeout.map(|after| Idle {
             after,
             sleep: Box::pin(tokio::time::sleep(after)),
@@ -643,6 +646,8 @@ struct Connection<'a> {
     replies: mpsc::UnboundedSender<Reply>,
     permits: Arc<Semaphore>,
     budget: TenantBudget,
+    /// On a storage-node session, each slot's tenant's budget (same order as `node_tenants`).
+    slot_budgets: Vec<TenantBudget>,
     idle: Option<Idle>,
     /// Requests received (answered or not), for the closing log line.
     requests: u64,
@@ -704,8 +709,10 @@ impl Connection<'_> {
                     if !matches!(op, Op::Write { .. }) {
                         self.input.consume(used);
                     }
+                    // A node session's request is charged to its slot's tenant.
+                    let budget = request.tag.and_then(|t| self.slot_budgets.get(t.slot as usize));
                     let held = tokio::select! {
-                        h = self.hold(charged, to_charge) => h,
+                        h = self.hold(charged, to_charge, budget) => h,
                         _ = closing(close) => return Ok(End::Shutdown),
                     };
                     self.submit(request, op, encoder, held).await;
@@ -713,7 +720,7 @@ impl Connection<'_> {
                 Event::Reject(rejection) => {
                     self.input.consume(used);
                     let held = tokio::select! {
-                        h = self.hold(None, 0) => h,
+                        h = self.hold(None, 0, None) => h,
                         _ = closing(close) => return Ok(End::Shutdown),
                     };
                     self.reject(&rejection, held);
@@ -723,13 +730,14 @@ impl Connection<'_> {
         }
     }
 
-    /// A slot among the connection's requests in flight, and the charge of `bytes` more (added to
-    /// `charged`, if the request brings one): waits for both, without reading meanwhile (backpressure).
-    async fn hold(&self, charged: Option<Charge>, bytes: usize) -> Held {
+    /// A slot among the connection's requests in flight, and the charge of `bytes` more to `budget` (the
+    /// connection's when `None`; the request brings `charged` instead, if it has one): waits for both,
+    /// without reading meanwhile (backpressure).
+    async fn hold(&self, charged: Option<Charge>, bytes: usize, budget: Option<&TenantBudget>) -> Held {
         let slot = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
         let charge = match charged {
             Some(c) => c,
-            None => self.budget.charge(bytes).await,
+            None => budget.unwrap_or(&self.budget).charge(bytes).await,
         };
         Held { _slot: slot, _bytes: charge }
     }

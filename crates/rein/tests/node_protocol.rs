@@ -258,6 +258,32 @@ fn hello_bytes(h: &NodeHello) -> Vec<u8> {
     d
 }
 
+/// A node session's bytes are charged to each slot's tenant, not to the export's: a gateway session of
+/// tenant a that leaves 32 MiB of READ replies unread holds a's budget (1 MiB here) full, and a session
+/// of tenant b on the same export is still served (before, both charged the export's tenant, so b waited
+/// for a's client).
+#[test]
+fn a_tenant_holding_its_budget_does_not_stall_another_on_the_same_export() {
+    let tmp = tmpdir("node-budget");
+    let s = start(tmp.path(), 134, &node_config("gateway", "max_inflight_mb_per_tenant = 1"));
+    let mut a = open(s.nbd, NodeHello::new(vec![tenant("a", 0.0, 1.0)]));
+    let mut out = Vec::new();
+    for handle in 0..64u64 {
+        let header = RequestHeader { flags: 0, command: Command::Read, handle, offset: 0, length: 512 << 10 };
+        encode_node_request(&header, &tag(0), &mut out);
+    }
+    a.stream.write_all(&out).unwrap(); // and never read the replies
+    std::thread::sleep(Duration::from_millis(500));
+    let mut b = open(s.nbd, NodeHello::new(vec![tenant("b", 0.0, 1.0)]));
+    b.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = std::time::Instant::now();
+    send(&mut b.stream, Command::Read, 1, 0, 4096, tag(0), &[]);
+    let (r, _, data) = recv(&mut b, 4096);
+    assert_eq!((r.handle, r.error, data.len()), (1, 0, 4096));
+    assert!(t0.elapsed() < Duration::from_secs(5), "b waited {:?}", t0.elapsed());
+    drop(a);
+}
+
 /// The welcome's boot identity (protocol v2): the same in every session of one node process, another
 /// after the node restarts; a v1 hello (an older gateway) gets a v1 welcome without one.
 #[test]
