@@ -18,8 +18,10 @@
 //!    SIGKILL's reaping.
 //!
 //! # Deviations
-//! A supervisor killed with SIGKILL cannot stop its children; they keep serving until killed (their pids
-//! are in the run directory's `pids` file).
+//! A supervisor killed with SIGKILL cannot stop its children itself: it starts them with
+//! `REIN_EXIT_WITH_PARENT=1`, so they stop once they see it gone, and its temporary run directory (with
+//! the logs) stays until the next supervisor's [`sweep_stale_runs`] finds its owner and every child in
+//! its `pids` file gone and removes it.
 
 use crate::plan::Plan;
 use std::io::{Read, Write};
@@ -333,6 +335,56 @@ impl Drop for Supervisor {
     }
 }
 
+/// Removes the temporary run directories (`rein-cluster-<pid>-<n>` under the system's temporary directory)
+/// left by supervisors killed with SIGKILL: those whose supervisor (the pid in the name) and every child in
+/// their `pids` file are gone. A directory whose owner or a child still runs, or whose `pids` file cannot
+/// be read while its owner is gone for less than a minute (a start cut short), is kept. Returns what it
+/// removed.
+pub fn sweep_stale_runs() -> Vec<PathBuf> {
+    sweep_stale_runs_in(&std::env::temp_dir())
+}
+
+fn alive(pid: u32) -> bool {
+    // Signal 0 checks that the process exists (EPERM: it does, under another user).
+    rustix::process::Pid::from_raw(pid as i32)
+        .is_some_and(|p| !matches!(rustix::process::test_kill_process(p), Err(e) if e == rustix::io::Errno::SRCH))
+}
+
+fn sweep_stale_runs_in(base: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(base) else { return removed };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("rein-cluster-")) else { continue };
+        let Some(owner) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if owner == std::process::id() || alive(owner) {
+            continue;
+        }
+        let dir = entry.path();
+        let children = match std::fs::read_to_string(dir.join("pids")) {
+            Ok(text) => text.lines().filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok()).collect(),
+            Err(_) => {
+                // No pids file: a start cut short, or not ours; only once it is old enough to be stale.
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > Duration::from_secs(60)));
+                if !old {
+                    continue;
+                }
+                Vec::new()
+            }
+        };
+        if children.iter().any(|&p| alive(p)) {
+            continue;
+        }
+        if std::fs::remove_dir_all(&dir).is_ok() {
+            removed.push(dir);
+        }
+    }
+    removed
+}
+
 /// A new directory `rein-cluster-<pid>-<n>` under the system's temporary directory.
 pub fn temp_dir() -> Result<PathBuf, ClusterError> {
     let base = std::env::temp_dir();
@@ -355,4 +407,40 @@ pub fn port(base: u16, host: std::net::Ipv4Addr, k: u16) -> std::io::Result<u16>
         return base.checked_add(k).ok_or_else(|| std::io::Error::other(format!("port {base} + {k} is above 65535")));
     }
     Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run directory whose supervisor and children are gone is removed; one whose supervisor or a child
+    /// still runs, and other directories, are kept.
+    #[test]
+    fn stale_run_directories_are_swept() {
+        let base = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        // A pid that is surely gone: a child that has exited and been reaped.
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let gone = c.id();
+        c.wait().unwrap();
+        let mk = |name: &str, pids: Option<String>| {
+            let d = base.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("node-s1.log"), "log").unwrap();
+            if let Some(p) = pids {
+                std::fs::write(d.join("pids"), p).unwrap();
+            }
+            d
+        };
+        let stale = mk(&format!("rein-cluster-{gone}-0"), Some(format!("{gone} node s1\n")));
+        let child_alive = mk(&format!("rein-cluster-{gone}-1"), Some(format!("{me} node s1\n")));
+        let owner_alive = mk(&format!("rein-cluster-{me}-0"), Some(format!("{gone} node s1\n")));
+        let fresh_no_pids = mk(&format!("rein-cluster-{gone}-2"), None);
+        let other = mk("rein-clusterx", None);
+        assert_eq!(sweep_stale_runs_in(base.path()), vec![stale.clone()]);
+        assert!(!stale.exists());
+        for d in [child_alive, owner_alive, fresh_no_pids, other] {
+            assert!(d.exists(), "{} removed", d.display());
+        }
+    }
 }

@@ -58,6 +58,9 @@ pub(crate) fn run(cmd: ClusterCmd) -> Result<()> {
 fn start(a: &UpArgs) -> Result<(Scenario, Plan, Supervisor)> {
     let sc = Scenario::load(&a.scenario)?;
     let exe = std::env::current_exe().context("finding the rein executable")?;
+    for d in rein_cluster::supervisor::sweep_stale_runs() {
+        eprintln!("removed the run directory {} of a rein cluster that was killed", d.display());
+    }
     // Node data lives in the run's directory: plan against it once it exists.
     let dir = match &a.dir {
         Some(d) => {

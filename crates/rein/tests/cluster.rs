@@ -228,7 +228,7 @@ fn a_killed_child_makes_up_exit_non_zero_naming_it() {
 /// (`REIN_EXIT_WITH_PARENT`, set by the supervisor) and stop by themselves.
 #[test]
 fn children_stop_by_themselves_when_up_is_killed_9() {
-    let (_tmp, _run_tmp, mut up, _) = up_two_nodes();
+    let (tmp, run_tmp, mut up, _) = up_two_nodes();
     let kids = children(up.child.id());
     assert_eq!(kids.len(), 3, "{kids:?}");
     up.child.kill().unwrap(); // SIGKILL
@@ -242,6 +242,16 @@ fn children_stop_by_themselves_when_up_is_killed_9() {
         let _ = Command::new("kill").args(["-9", &k.to_string()]).status();
     }
     assert!(left.is_empty(), "children {left:?} outlived a killed rein cluster up by 15 s");
+    // Its run directory stays, with the logs, until the next rein cluster finds it stale.
+    let stale = empty(&run_tmp);
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    let mut next = Up::start(&run_tmp, &scenario(tmp.path(), TWO_NODES));
+    next.ready();
+    assert!(!run_tmp.join(&stale[0]).exists(), "the stale run directory {} is still there", stale[0]);
+    signal(next.child.id(), "-TERM");
+    let (ok, err) = next.wait();
+    assert!(ok, "{err}");
+    assert!(err.contains("removed the run directory") && err.contains(&stale[0]), "{err}");
 }
 
 /// One server of 1,000 IOPS (deterministic service), three backlogged tenants: a reserves 500 with
