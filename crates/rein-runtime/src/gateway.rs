@@ -45,6 +45,24 @@
 //! allow_networks = ["10.0.0.0/8"]; allow_identities = ["alice"]
 //! ```
 //!
+//! # Reload
+//! SIGHUP (the binary; [`GatewayReload`] in [`run_with`]) reads gw.toml again, validated as a whole (a
+//! file that does not load changes nothing, logged once), and applies the difference to the tenants and
+//! volumes; each change is logged:
+//! - a tenant's spec or `server_reservations` changed: its volumes state the new entry to their nodes
+//!   ([`RemoteVolume::respec`]): each node session ends once its pieces are answered and says hello
+//!   again at once (pieces sent meanwhile wait); a node applies it as its `[node] specs` says, and the
+//!   tracker keeps its account (the same node boot);
+//! - a volume added: opened (its node connections); one that cannot be opened (a node answers wrongly)
+//!   fails the reload, which then changes nothing;
+//! - a volume removed: gone from the list for new connections; connections that opened it keep it until
+//!   they close;
+//! - a volume's access lists changed: new connections see the new lists;
+//! - what needs a restart is named and left as it runs: the nodes, the front's settings (listen, admin,
+//!   TLS, caps, budgets, timeouts, request size, default export), the links' timeouts and pool size,
+//!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
+//!   or tenant (its data is laid out by them).
+//!
 //! # Invariants
 //! 1. Every node named in a tenant's `server_reservations` or an export's `widths` is a configured node.
 //! 2. A volume starts only if every node it uses answered the handshake with an export at least as large
@@ -469,11 +487,19 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             }
             None => return Err(format!("{owner}: tenant names unknown tenant {tname:?}")),
         };
-        let node_exports = f
+        let node_exports: Vec<String> = f
             .nodes
             .iter()
             .map(|n| e.node_export.clone().or_else(|| n.export.clone()).unwrap_or_else(|| e.name.clone()))
             .collect();
+        if let Some(long) = node_exports.iter().find(|x| x.len() > rein_proto::nbd::MAX_NAME_LEN) {
+            return Err(format!(
+                "{owner}: the node export name {:?}... has {} bytes; NBD allows at most {}",
+                long.chars().take(16).collect::<String>(),
+                long.len(),
+                rein_proto::nbd::MAX_NAME_LEN
+            ));
+        }
         let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
     }
@@ -555,62 +581,288 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), GatewayError> {
-    // The budget and the per-tenant cap key on tenant ids; the gateway schedules nothing itself, so a
-    // throw-away scheduler's table hands them out.
-    let mut ids = rein_core::SchedulerKind::Fifo.build(Default::default());
-    let tenant_ids: Vec<_> = cfg
-        .tenants
+    run_with(cfg, shutdown, ready, None).await
+}
+
+/// Reads gw.toml again (with the command line's overrides), for a reload.
+pub type GatewayLoader = Box<dyn FnMut() -> Result<GatewayConfig, String> + Send>;
+
+/// Reloads on demand (module comment, "Reload"): each message on `requests` (SIGHUP in the binary, or a
+/// test) reads the configuration with `load` and applies the difference.
+pub struct GatewayReload {
+    /// One message per reload.
+    pub requests: tokio::sync::mpsc::Receiver<()>,
+    /// Reads and validates the configuration.
+    pub load: GatewayLoader,
+}
+
+/// The NodeTenant entries a tenant's hello states, one per node (RBFQ's local reservation differs).
+fn node_tenants(t: &GatewayTenant) -> Vec<NodeTenant> {
+    t.server_reservations
         .iter()
-        .map(|t| ids.add_tenant(t.spec).expect("the scheduler takes every configured tenant"))
-        .collect();
-    // One tracker per tenant over every node, shared by the tenant's volumes.
-    let trackers: Vec<Arc<Mutex<ServiceTracker>>> = cfg
-        .tenants
-        .iter()
-        .map(|t| {
-            let split = if t.rho { ReservationSplit::Rho } else { ReservationSplit::default() };
-            Arc::new(Mutex::new(ServiceTracker::with_split(cfg.nodes.len(), split)))
+        .map(|&local_reservation| NodeTenant {
+            name: t.name.clone(),
+            reservation: t.spec.reservation(),
+            limit: t.spec.limit(),
+            weight: t.spec.weight(),
+            local_reservation,
+            idle_credit: t.spec.idle_credit(),
+            split: if t.rho { NodeSplit::Rho } else { NodeSplit::Spread },
         })
-        .collect();
-    let mut volumes = Vec::with_capacity(cfg.exports.len());
-    let mut exports = Vec::with_capacity(cfg.exports.len());
-    for v in &cfg.exports {
-        let t = &cfg.tenants[v.tenant];
-        let qos = VolumeQos {
-            tenants: t
-                .server_reservations
-                .iter()
-                .map(|&local_reservation| NodeTenant {
-                    name: t.name.clone(),
-                    reservation: t.spec.reservation(),
-                    limit: t.spec.limit(),
-                    weight: t.spec.weight(),
-                    local_reservation,
-                    idle_credit: t.spec.idle_credit(),
-                    split: if t.rho { NodeSplit::Rho } else { NodeSplit::Spread },
-                })
-                .collect(),
-            tracker: trackers[v.tenant].clone(),
-        };
+        .collect()
+}
+
+/// A volume as it runs: its configuration (its tenant by name), the volume, and the export VMs open.
+struct LiveVolume {
+    cfg: GatewayVolume,
+    tenant: String,
+    volume: Arc<RemoteVolume>,
+    export: Arc<Export>,
+}
+
+/// What the gateway runs now: the settings it started with (nodes, front, links: a reload does not change
+/// them), its tenants and volumes as last applied, and the per-tenant state they share.
+struct Live {
+    base: GatewayConfig,
+    tenants: Vec<GatewayTenant>,
+    volumes: Vec<LiveVolume>,
+    /// Tenant ids for the budget and the caps, handed out by a throw-away scheduler's table (the gateway
+    /// schedules nothing itself).
+    ids: Box<dyn rein_core::Scheduler>,
+    tenant_ids: BTreeMap<String, rein_core::TenantId>,
+    /// One tracker per tenant over every node, shared by the tenant's volumes.
+    trackers: BTreeMap<String, Arc<Mutex<ServiceTracker>>>,
+}
+
+impl Live {
+    fn new(cfg: &GatewayConfig) -> Live {
+        Live {
+            base: cfg.clone(),
+            tenants: Vec::new(),
+            volumes: Vec::new(),
+            ids: rein_core::SchedulerKind::Fifo.build(Default::default()),
+            tenant_ids: BTreeMap::new(),
+            trackers: BTreeMap::new(),
+        }
+    }
+
+    /// The id and tracker of tenant `t`, made on first use.
+    fn tenant_state(&mut self, t: &GatewayTenant) -> (rein_core::TenantId, Arc<Mutex<ServiceTracker>>) {
+        let nodes = self.base.nodes.len();
+        let id = *self
+            .tenant_ids
+            .entry(t.name.clone())
+            .or_insert_with(|| self.ids.add_tenant(t.spec).expect("the table takes every configured tenant"));
+        let tracker = self
+            .trackers
+            .entry(t.name.clone())
+            .or_insert_with(|| {
+                let split = if t.rho { ReservationSplit::Rho } else { ReservationSplit::default() };
+                Arc::new(Mutex::new(ServiceTracker::with_split(nodes, split)))
+            })
+            .clone();
+        (id, tracker)
+    }
+
+    /// Opens volume `v` of tenant `t` (its node connections) and makes its export.
+    async fn open(&mut self, v: &GatewayVolume, t: &GatewayTenant) -> Result<LiveVolume, GatewayError> {
+        let (id, tracker) = self.tenant_state(t);
+        let qos = VolumeQos { tenants: node_tenants(t), tracker };
+        let base = &self.base;
         let volume =
-            RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &cfg.nodes, &v.node_exports, Some(qos), cfg.link)
+            RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &base.nodes, &v.node_exports, Some(qos), base.link)
                 .await
                 .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
-        let tenant = &cfg.tenants[v.tenant];
-        exports.push(Arc::new(Export {
+        let export = Arc::new(Export {
             info: ExportInfo {
                 name: v.name.clone(),
-                description: format!("tenant {} via rein gateway", tenant.name),
+                description: format!("tenant {} via rein gateway", t.name),
                 size: v.size,
                 read_only: false,
                 volatile: false,
             },
             backend: Backend::Remote(volume.clone()),
-            tenant: tenant_ids[v.tenant],
-            tenant_name: tenant.name.clone(),
+            tenant: id,
+            tenant_name: t.name.clone(),
             access: v.access.clone(),
-        }));
-        volumes.push(volume);
+        });
+        Ok(LiveVolume { cfg: v.clone(), tenant: t.name.clone(), volume, export })
+    }
+
+    fn exports(&self) -> Vec<Arc<Export>> {
+        self.volumes.iter().map(|v| v.export.clone()).collect()
+    }
+
+    fn remote_volumes(&self) -> Vec<Arc<RemoteVolume>> {
+        self.volumes.iter().map(|v| v.volume.clone()).collect()
+    }
+}
+
+/// What a reload did: lines applied, and lines naming what needs a restart.
+#[derive(Debug, Default)]
+struct Reloaded {
+    applied: Vec<String>,
+    needs_restart: Vec<String>,
+}
+
+/// Applies `new` over `live` (module comment, "Reload"): volumes added, removed, re-listed with new access
+/// lists; tenants' specs restated to their nodes; the rest named as needing a restart. Opening a new
+/// volume can fail (a node answers wrongly): then nothing changes and the error is returned.
+async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, String> {
+    let mut r = Reloaded::default();
+    let base = &live.base;
+    let restart = |r: &mut Reloaded, key: &str| r.needs_restart.push(format!("{key} changed: needs a restart"));
+    let dbg = |x: &dyn std::fmt::Debug| format!("{x:?}");
+    for (key, same) in [
+        ("listen", base.listen == new.listen),
+        ("admin", base.admin == new.admin),
+        ("[tls]", dbg(&base.tls) == dbg(&new.tls)),
+        ("max_connections*", base.caps == new.caps),
+        (
+            "max_inflight_mb*",
+            (base.max_inflight, base.max_inflight_per_tenant) == (new.max_inflight, new.max_inflight_per_tenant),
+        ),
+        ("idle_timeout_s", base.idle_timeout == new.idle_timeout),
+        ("shutdown_timeout_s", base.shutdown_timeout == new.shutdown_timeout),
+        ("max_request_kb", base.max_request == new.max_request),
+        (
+            "request_timeout_s, connect_timeout_s, reconnect_max_backoff_ms or connections_per_node",
+            dbg(&base.link) == dbg(&new.link),
+        ),
+        ("worker_threads", base.worker_threads == new.worker_threads),
+        ("[[nodes]]", dbg(&base.nodes) == dbg(&new.nodes)),
+        (
+            "default_export",
+            base.default_export.map(|i| &base.exports[i].name) == new.default_export.map(|i| &new.exports[i].name),
+        ),
+    ] {
+        if !same {
+            restart(&mut r, key);
+        }
+    }
+    // Tenants: the spec and the local reservations apply live; the split needs a restart (the tracker's).
+    let mut tenants: Vec<GatewayTenant> = Vec::new();
+    let mut respec: Vec<String> = Vec::new();
+    for t in &new.tenants {
+        match live.tenants.iter().find(|o| o.name == t.name) {
+            Some(old) if old.rho != t.rho => {
+                restart(&mut r, &format!("tenant {}: reservation_split", t.name));
+                tenants.push(old.clone());
+            }
+            Some(old) if old.spec != t.spec || old.server_reservations != t.server_reservations => {
+                r.applied.push(format!(
+                    "tenant {}: {} -> {} (stated to its nodes in a new hello)",
+                    t.name, old.spec, t.spec
+                ));
+                respec.push(t.name.clone());
+                tenants.push(t.clone());
+            }
+            _ => tenants.push(t.clone()),
+        }
+    }
+    let tenant_of = |name: &str| tenants.iter().find(|t| t.name == name).expect("a volume's tenant is configured");
+    // Volumes: in the new file's order; a kept volume whose layout changed stays as it runs.
+    let mut volumes: Vec<LiveVolume> = Vec::new();
+    let mut opened: Vec<String> = Vec::new();
+    for v in &new.exports {
+        let tname = &new.tenants[v.tenant].name;
+        match live.volumes.iter().position(|o| o.cfg.name == v.name) {
+            Some(i) => {
+                let old = &live.volumes[i];
+                if old.cfg.size != v.size
+                    || old.cfg.stripe != v.stripe
+                    || old.cfg.node_exports != v.node_exports
+                    || &old.tenant != tname
+                {
+                    restart(&mut r, &format!("export {}: size_mb, stripe_kb, widths, node_export or tenant", v.name));
+                    volumes.push(LiveVolume {
+                        cfg: old.cfg.clone(),
+                        tenant: old.tenant.clone(),
+                        volume: old.volume.clone(),
+                        export: old.export.clone(),
+                    });
+                } else if old.cfg.access != v.access {
+                    r.applied
+                        .push(format!("export {}: access lists changed (for connections opened from now on)", v.name));
+                    let export = Arc::new(Export { access: v.access.clone(), ..clone_export(&old.export) });
+                    volumes.push(LiveVolume {
+                        cfg: v.clone(),
+                        tenant: old.tenant.clone(),
+                        volume: old.volume.clone(),
+                        export,
+                    });
+                } else {
+                    volumes.push(LiveVolume {
+                        cfg: old.cfg.clone(),
+                        tenant: old.tenant.clone(),
+                        volume: old.volume.clone(),
+                        export: old.export.clone(),
+                    });
+                }
+            }
+            None => {
+                let t = tenant_of(tname).clone();
+                match live.open(v, &t).await {
+                    Ok(lv) => {
+                        opened.push(v.name.clone());
+                        volumes.push(lv);
+                    }
+                    // What was opened is dropped with `volumes`: its connections close.
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        }
+    }
+    for name in &opened {
+        r.applied.push(format!("export {name} added"));
+    }
+    for old in &live.volumes {
+        if !volumes.iter().any(|v| v.cfg.name == old.cfg.name) {
+            r.applied
+                .push(format!("export {} removed (connections open on it keep it until they close)", old.cfg.name));
+        }
+    }
+    // Restate changed specs to the nodes of every volume of those tenants (new volumes already have them).
+    for name in &respec {
+        let t = tenant_of(name);
+        for v in volumes.iter().filter(|v| &v.tenant == name) {
+            v.volume.respec(&node_tenants(t));
+        }
+    }
+    live.tenants = tenants;
+    live.volumes = volumes;
+    Ok(r)
+}
+
+/// A copy of `e`'s fields (an export is shared by the connections that opened it, so a change is a new
+/// one).
+fn clone_export(e: &Export) -> Export {
+    let backend = match &e.backend {
+        Backend::Remote(v) => Backend::Remote(v.clone()),
+        Backend::Local(s) => Backend::Local(s.clone()),
+    };
+    Export {
+        info: e.info.clone(),
+        backend,
+        tenant: e.tenant,
+        tenant_name: e.tenant_name.clone(),
+        access: e.access.clone(),
+    }
+}
+
+/// [`run`], reloading the volumes and tenants when `reload` asks (module comment, "Reload").
+pub async fn run_with(
+    cfg: GatewayConfig,
+    shutdown: impl Future<Output = ()>,
+    ready: Option<tokio::sync::oneshot::Sender<Bound>>,
+    reload: Option<GatewayReload>,
+) -> Result<(), GatewayError> {
+    let mut live = Live::new(&cfg);
+    live.tenants = cfg.tenants.clone();
+    for v in &cfg.exports {
+        let t = cfg.tenants[v.tenant].clone();
+        let lv = live.open(v, &t).await?;
+        live.volumes.push(lv);
     }
     let limits = ConnLimits::new(cfg.caps);
     let policy = Arc::new(Policy {
@@ -622,7 +874,7 @@ pub async fn run(
         node: None,
     });
     let ctx = Arc::new(NbdContext {
-        exports: Arc::new(ExportTable::new(exports)),
+        exports: Arc::new(ExportTable::new(live.exports())),
         dispatcher: None,
         max_payload: cfg.max_request,
         limits: Limits {
@@ -631,6 +883,7 @@ pub async fn run(
             close: watch::channel(false).0,
         },
     });
+    let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = match cfg.admin {
@@ -638,7 +891,7 @@ pub async fn run(
         Some(addr) => {
             let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
             let bound = l.local_addr().expect("bound");
-            let router = admin_router(volumes.clone());
+            let router = admin_router(shown.clone());
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -656,12 +909,36 @@ pub async fn run(
     if let Some(r) = ready {
         let _ = r.send(bound);
     }
+    let (mut reload_rx, mut load) = match reload {
+        Some(GatewayReload { requests, load }) => (Some(requests), Some(load)),
+        None => (None, None),
+    };
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
+            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() => {
+                let load = load.as_mut().expect("with reload_rx");
+                match load() {
+                    Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+                    Ok(new) => match apply_reload(&mut live, &new).await {
+                        Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+                        Ok(r) => {
+                            ctx.exports.set(live.exports());
+                            *shown.write().unwrap_or_else(|e| e.into_inner()) = live.remote_volumes();
+                            for line in &r.applied {
+                                tracing::info!("reload: {line}");
+                            }
+                            for line in &r.needs_restart {
+                                tracing::warn!("reload: {line}");
+                            }
+                            tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
+                        }
+                    },
+                }
+            }
         }
     }
     tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");
@@ -677,6 +954,9 @@ pub async fn run(
     tracing::info!("stopped");
     Ok(())
 }
+
+/// The volumes `/metrics` and `/api/nodes` show (replaced whole by a reload).
+type Shown = Arc<std::sync::RwLock<Vec<Arc<RemoteVolume>>>>;
 
 /// A volume counter `/metrics` shows.
 type VolumeCounter = fn(&crate::remote::VolumeStats) -> u64;
@@ -768,22 +1048,22 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
 }
 
 /// `/healthz` (200 "ok"), `/metrics` and `/api/nodes` (per volume and node: connections up).
-fn admin_router(volumes: Vec<Arc<RemoteVolume>>) -> axum::Router {
-    let volumes = Arc::new(volumes);
-    let for_metrics = volumes.clone();
+fn admin_router(shown: Shown) -> axum::Router {
+    let for_metrics = shown.clone();
+    let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
     axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let volumes = for_metrics.clone();
+                let volumes = snapshot(&for_metrics);
                 async move { metrics_text(&volumes) }
             }),
         )
         .route(
             "/api/nodes",
             axum::routing::get(move || {
-                let volumes = volumes.clone();
+                let volumes = snapshot(&shown);
                 async move {
                     use std::sync::atomic::Ordering::Relaxed;
                     let list: Vec<serde_json::Value> = volumes

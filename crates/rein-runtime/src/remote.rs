@@ -86,7 +86,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// Pieces one node connection has in flight at most.
@@ -255,6 +255,8 @@ pub struct RemoteVolume {
 /// Connections to one node for one volume.
 struct NodeLink {
     name: Arc<str>,
+    /// What the link's connection tasks share (the tenant the hello states, among others).
+    target: Arc<Target>,
     conns: Vec<LinkHandle>,
     next: AtomicUsize,
     durability: Arc<Durability>,
@@ -343,7 +345,7 @@ impl RemoteVolume {
                 links.push(None);
                 continue;
             }
-            let qos = qos.as_ref().map(|q| (q.tenants[j].clone(), q.tracker.clone()));
+            let qos = qos.as_ref().map(|q| (Mutex::new(q.tenants[j].clone()), q.tracker.clone()));
             let durability = Arc::new(Durability::default());
             let stats = Arc::new(NodeStats::default());
             let target = Arc::new(Target {
@@ -356,6 +358,7 @@ impl RemoteVolume {
                 needed: stripe.node_bytes(j, size),
                 volume: volume.to_string(),
                 cfg,
+                respec: watch::channel(0).0,
             });
             let mut conns = Vec::with_capacity(cfg.connections);
             let mut down = false;
@@ -385,6 +388,7 @@ impl RemoteVolume {
             }
             links.push(Some(NodeLink {
                 name: node.name.as_str().into(),
+                target: target.clone(),
                 conns,
                 next: AtomicUsize::new(0),
                 durability,
@@ -397,6 +401,26 @@ impl RemoteVolume {
     /// The volume's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// States `tenants` (one per node, as [`VolumeQos::tenants`]) to the nodes from now on: each node
+    /// whose entry changed gets it in a new hello; its sessions end once their pieces are answered and
+    /// connect again at once (pieces sent meanwhile wait), and the node applies the spec as its `[node]
+    /// specs` says. The tracker keeps its account (the same node boot). Returns the nodes whose entry
+    /// changed. A volume over plain NBD states nothing.
+    pub fn respec(&self, tenants: &[NodeTenant]) -> Vec<String> {
+        let mut changed = Vec::new();
+        for (j, link) in self.links.iter().enumerate() {
+            let (Some(link), Some(new)) = (link, tenants.get(j)) else { continue };
+            let Some((tenant, _)) = &link.target.qos else { continue };
+            let mut t = tenant.lock().unwrap_or_else(|e| e.into_inner());
+            if *t != *new {
+                *t = new.clone();
+                link.target.respec.send_modify(|g| *g += 1);
+                changed.push(link.name.to_string());
+            }
+        }
+        changed
     }
 
     /// Sends the request `op` at `offset` to the nodes; `done` gets the result once every piece is
@@ -696,7 +720,10 @@ struct Target {
     /// The node's index in the layout (and in the tenant's tracker).
     index: usize,
     /// The tenant as the hello states it to this node, and its tracker (`None`: plain NBD only).
-    qos: Option<(NodeTenant, Arc<Mutex<ServiceTracker>>)>,
+    qos: Option<(Mutex<NodeTenant>, Arc<Mutex<ServiceTracker>>)>,
+    /// Bumped when the tenant's spec changes ([`RemoteVolume::respec`]): each session then ends once its
+    /// pieces are answered, and the connection says hello again with the new spec.
+    respec: watch::Sender<u64>,
     export: String,
     /// The volume's piece on this node ([`Stripe::node_bytes`]).
     needed: u64,
@@ -775,7 +802,8 @@ impl Target {
             let mut stream = stream;
             let hello = match (&self.qos, self.node.protocol) {
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
-                    Some(NodeHello { version: NODE_VERSION, tenants: vec![tenant.clone()] })
+                    let tenant = tenant.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    Some(NodeHello { version: NODE_VERSION, tenants: vec![tenant] })
                 }
                 (None, NodeProtocol::Rein) => {
                     return Err(ConnectError::Io("protocol rein needs a tenant for the volume".into()))
@@ -868,6 +896,20 @@ async fn run_link(
             state.up.store(false, Ordering::Relaxed);
             match end {
                 SessionEnd::Closed => return,
+                SessionEnd::Recycle => {
+                    // At once, with the new spec; pieces meanwhile wait in the channel.
+                    match target.connect().await {
+                        Ok(s) => {
+                            tracing::info!(node = name, volume = %target.volume, "node session renewed with the tenant's new spec");
+                            session = Some(s);
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(node = name, volume = %target.volume, "node connection failed: {e}");
+                            was_down = true;
+                        }
+                    }
+                }
                 SessionEnd::Failed(why) => {
                     target.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(node = name, volume = %target.volume, "node connection lost: {why}; reconnecting");
@@ -916,6 +958,8 @@ enum SessionEnd {
     Closed,
     /// The connection failed; the reason.
     Failed(String),
+    /// The tenant's spec changed and the session's pieces are answered: say hello again.
+    Recycle,
 }
 
 /// A piece sent and not yet answered.
@@ -946,11 +990,17 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
     let name = target.node.name.as_str();
     let timeout = target.cfg.request_timeout;
+    let mut respec = target.respec.subscribe();
     let writer = async {
         let mut next: u64 = 1;
         let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_BATCH);
         loop {
-            let Some(first) = rx.recv().await else { return SessionEnd::Closed };
+            let first = tokio::select! {
+                w = rx.recv() => w,
+                // The tenant's spec changed: send nothing more on this session (module comment).
+                _ = respec.changed() => return SessionEnd::Recycle,
+            };
+            let Some(first) = first else { return SessionEnd::Closed };
             let mut work = Some(first);
             while let Some(w) = work.take() {
                 let mut msg = w.msg;
@@ -1064,14 +1114,33 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
             }
         }
     };
-    let end = tokio::select! {
-        e = writer => e,
-        e = reader => e,
+    let end = {
+        tokio::pin!(writer, reader);
+        let end = tokio::select! {
+            e = &mut writer => e,
+            e = &mut reader => e,
+        };
+        if matches!(end, SessionEnd::Recycle) {
+            // The pieces in flight are answered on this session (each within request_timeout) before the
+            // connection says hello again; new pieces wait in the channel.
+            loop {
+                if pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                    break SessionEnd::Recycle;
+                }
+                tokio::select! {
+                    e = &mut reader => break e,
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+            }
+        } else {
+            end
+        }
     };
     // Invariant 1: what is still pending fails now.
     let why = match &end {
         SessionEnd::Closed => "the gateway is shutting down".to_string(),
         SessionEnd::Failed(w) => w.clone(),
+        SessionEnd::Recycle => "the session ended for a new spec".to_string(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
         target.fail(p.sink, ErrorKind::Io, why.clone());

@@ -28,6 +28,25 @@ pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     }
     let rt = rt.enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
-        rein_runtime::gateway::run(cfg, crate::serve::interrupted(), None).await.map_err(anyhow::Error::from)
+        let mut hup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
+        let (tx, requests) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                // A reload already waiting covers this signal too.
+                let _ = tx.try_send(());
+            }
+        });
+        let load = move || {
+            let mut cfg = GatewayConfig::load(&args.config).map_err(|e| crate::report(&anyhow::Error::from(e)))?;
+            if let Some(a) = args.listen {
+                cfg.listen = a;
+            }
+            Ok(cfg)
+        };
+        let reload = rein_runtime::gateway::GatewayReload { requests, load: Box::new(load) };
+        rein_runtime::gateway::run_with(cfg, crate::serve::interrupted(), None, Some(reload))
+            .await
+            .map_err(anyhow::Error::from)
     })
 }

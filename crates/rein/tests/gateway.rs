@@ -455,20 +455,24 @@ fn completed(admin: SocketAddr, tenant: &str) -> u64 {
     body.lines().filter(|l| l.starts_with(&prefix)).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum()
 }
 
+/// A `rein serve` storage node on 127.0.0.`host` (dmClock, `[node] specs = "gateway"`) with file exports
+/// `v` and `w` of [`NODE_MB`] each.
+fn storage_node(dir: &Path, host: u8) -> Server {
+    let d = dir.join(format!("node{host}"));
+    std::fs::create_dir_all(&d).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
+         scheduler = \"dmclock\"\n[node]\nenabled = true\nspecs = \"gateway\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n\
+         [[exports]]\nname = \"w\"\nsize_mb = {NODE_MB}\n",
+        d.join("data").display()
+    );
+    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+}
+
 #[test]
 fn storage_node_sessions_schedule_the_gateways_tenant_at_each_node() {
     let dir = tmpdir("gw-rein");
-    let node_cfg = |host: u8| {
-        let d = dir.path().join(format!("node{host}"));
-        std::fs::create_dir_all(&d).unwrap();
-        let text = format!(
-            "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
-             scheduler = \"dmclock\"\n[node]\nenabled = true\nspecs = \"gateway\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
-            d.join("data").display()
-        );
-        Rein::serve(&write_file(&d, "rein.toml", &text)).start()
-    };
-    let nodes = [node_cfg(81), node_cfg(82), node_cfg(83)];
+    let nodes = [storage_node(dir.path(), 81), storage_node(dir.path(), 82), storage_node(dir.path(), 83)];
     let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
     let mut body = String::new();
     for n in 1..=3 {
@@ -523,4 +527,72 @@ fn the_front_requires_tls_and_checks_identities() {
     assert!(!plain.status.success(), "plain NBD is refused under mode = require");
     let bob = tool("nbdinfo").arg(as_user("bob")).output().unwrap();
     assert!(!bob.status.success(), "bob is not in allow_identities");
+}
+
+/// The spec node `admin` applies to `tenant` (GET /api/tenants/NAME): reservation and weight.
+fn node_spec(admin: SocketAddr, tenant: &str) -> (f64, f64) {
+    let (status, _, body) = common::http(admin, "GET", &format!("/api/tenants/{tenant}"), "", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    (v["reservation"].as_f64().unwrap(), v["weight"].as_f64().unwrap())
+}
+
+/// SIGHUP reloads gw.toml: a tenant's new spec reaches its storage nodes in a new hello (the data and the
+/// sessions carry on), a volume is added and then removed, a change that needs a restart is named, and a
+/// bad file changes nothing.
+#[test]
+fn sighup_restates_specs_and_adds_and_removes_volumes() {
+    let dir = tmpdir("gw-reload");
+    let nodes = [storage_node(dir.path(), 91), storage_node(dir.path(), 92)];
+    let mut head = format!("listen = \"127.0.0.93:0\"\nadmin = \"127.0.0.93:0\"\n{TIMES}");
+    for (n, node) in nodes.iter().enumerate() {
+        head.push_str(&format!("[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", n + 1, node.nbd));
+    }
+    let tenant = |r: u32, w: u32| format!("[[tenants]]\nname = \"c2\"\nreservation = {r}\nweight = {w}\n");
+    let v = "[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\nstripe_kb = 64\n";
+    let w = "[[exports]]\nname = \"w\"\ntenant = \"c2\"\nsize_mb = 8\nstripe_kb = 64\n";
+    let cfg = write_file(dir.path(), "gw.toml", &format!("{head}{}{v}", tenant(100, 2)));
+    let gw = gateway(&cfg);
+    for n in &nodes {
+        n.wait_line("storage-node session granted");
+        assert_eq!(node_spec(n.admin, "c2"), (100.0, 2.0));
+    }
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x5e 0 256k", "flush"]);
+    assert!(ok, "{out}");
+    // A new spec: v's sessions say hello again with it.
+    write_file(dir.path(), "gw.toml", &format!("{head}{}{v}", tenant(300, 3)));
+    gw.signal("-HUP");
+    gw.wait_line("configuration reloaded");
+    for n in &nodes {
+        let t0 = Instant::now();
+        while node_spec(n.admin, "c2") != (300.0, 3.0) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the node still applies {:?}", node_spec(n.admin, "c2"));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x5e 0 256k", "write -P 0x5f 256k 64k", "flush"]);
+    assert!(ok, "after the new hello: {out}");
+    gw.wait_line("node session renewed with the tenant's new spec");
+    // A second volume.
+    write_file(dir.path(), "gw.toml", &format!("{head}{}{v}{w}", tenant(300, 3)));
+    gw.signal("-HUP");
+    gw.wait_line("export w added");
+    let info = run_ok(tool("nbdinfo").arg(format!("nbd://{}/w", gw.nbd)));
+    assert!(info.contains("export-size: 8388608"), "{info}");
+    // A change that needs a restart is named and changes nothing; w removed.
+    let moved = format!("{head}{}{v}", tenant(300, 3)).replace("stripe_kb = 64", "stripe_kb = 128");
+    write_file(dir.path(), "gw.toml", &moved);
+    gw.signal("-HUP");
+    gw.wait_line("export v: size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart");
+    gw.wait_line("export w removed");
+    let out = Cmd::new("nbdinfo").arg(format!("nbd://{}/w", gw.nbd)).output().unwrap();
+    assert!(!out.status.success(), "w is still served");
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x5e 0 256k", "read -P 0x5f 256k 64k"]);
+    assert!(ok, "v kept its layout: {out}");
+    // A bad file changes nothing.
+    write_file(dir.path(), "gw.toml", "this is not toml");
+    gw.signal("-HUP");
+    gw.wait_line("the running configuration is unchanged");
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x5e 0 256k"]);
+    assert!(ok, "{out}");
 }
