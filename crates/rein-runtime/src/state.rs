@@ -37,7 +37,7 @@
 //! directory: after a crash the file is the old state or the new one, never a mix. Every change is
 //! written before it is applied; a change that cannot be written is not applied.
 
-use crate::config::{BackendKind, ExportConfig, ServerConfig, TenantConfig};
+use crate::config::{BackendKind, ExportConfig, ServerConfig, TenantConfig, MAX_EXPORTS};
 use rein_core::QosSpec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -506,6 +506,10 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
                 notes.push(format!("dropped the state file's export {name}: it is named {:?} inside", j.name));
                 pruned = true;
             }
+            Some(_) if exports.len() >= MAX_EXPORTS => {
+                notes.push(format!("dropped the state file's export {name}: at most {MAX_EXPORTS} exports"));
+                pruned = true;
+            }
             Some(j) => match j.to_config(&cfg.data_dir, &cfg.tenants, false) {
                 Ok(e) => {
                     notes.push(format!("export {name}: added (state file)"));
@@ -660,6 +664,29 @@ mod tests {
         assert_eq!(names, ["a", "c"]);
         assert_eq!(o.config.tenants[0].spec.reservation(), 20.0);
         assert_eq!(o.config.tenants[o.config.exports[1].tenant].name, "c");
+    }
+
+    /// A state file adding more exports than the bound: those beyond it are dropped, each named.
+    #[test]
+    fn a_state_file_adds_no_export_beyond_the_bound() {
+        let base = cfg(BASE);
+        let mut eff = base.clone();
+        for i in 0..MAX_EXPORTS + 2 {
+            eff.exports.push(ExportConfig {
+                name: format!("m{i}"),
+                backend: BackendKind::Memory,
+                size: Some(1 << 20),
+                tenant: 0,
+                read_only: false,
+                direct: false,
+                access: Default::default(),
+            });
+        }
+        let st = diff(&base, &eff, None);
+        let o = overlay(&base, &st);
+        assert_eq!(o.config.exports.len(), MAX_EXPORTS);
+        assert!(o.pruned);
+        assert_eq!(o.notes.iter().filter(|n| n.contains("at most 4096 exports")).count(), 3, "{:?}", &o.notes[..3]);
     }
 
     #[test]
