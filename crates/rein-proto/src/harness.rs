@@ -27,7 +27,12 @@
 //!   [`nbd::decode_option_reply`] in the handshake) never panic, never report more bytes than they were
 //!   given, ask for more only when the header (or the option reply's data) is incomplete, and what they
 //!   accept re-encodes to the same bytes.
+//! - [`client_replies`]: the client's side of transmission ([`ClientTransmission`]) never panics, never
+//!   consumes more than it is given, asks for more only beyond what it has, completes only requests that
+//!   were sent and each at most once, answers a READ with exactly its length of data and other commands
+//!   with none, and gives the same replies and the same end however the server's bytes are split.
 
+use crate::nbd::client::{ClientEvent, ClientReply, ClientTransmission};
 use crate::nbd::node::{
     decode_node_reply, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag, NodeTenant, NodeWelcome,
     SpecSource, NODE_REPLY_TRAILER_LEN, NODE_TAG_LEN,
@@ -578,4 +583,88 @@ pub fn replies(data: &[u8]) {
             }
         }
     }
+}
+
+/// One request of the [`client_replies`] harness: a READ of `length` bytes or a WRITE of `length` bytes,
+/// at `offset`.
+#[derive(Debug, Clone, Copy)]
+pub struct SentRequest {
+    /// READ (else WRITE).
+    pub read: bool,
+    /// The request's offset.
+    pub offset: u64,
+    /// Its length.
+    pub length: u32,
+}
+
+/// Feeds `stream` to a client that sent `requests` (handles 1, 2, ...), in pieces of `sizes`: the replies
+/// in order, and the protocol error that ended it, if any; panics if a contract is broken (module comment).
+pub fn replies_run(
+    structured: bool,
+    requests: &[SentRequest],
+    stream: &[u8],
+    sizes: &[usize],
+) -> (Vec<(u64, ClientReply)>, Option<String>) {
+    let mut c = ClientTransmission::new(structured, requests.len().max(1));
+    for (i, r) in requests.iter().enumerate() {
+        let command = if r.read { Command::Read } else { Command::Write };
+        c.sent(&RequestHeader { flags: 0, command, handle: i as u64 + 1, offset: r.offset, length: r.length })
+            .expect("distinct handles within the bound");
+    }
+    let mut replies = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut start = 0;
+    let mut input = pieces(stream, sizes);
+    loop {
+        match c.decode(&buf[start..]) {
+            Err(e) => return (replies, Some(e.to_string())),
+            Ok(ClientEvent::NeedMore { wanted }) => {
+                assert!(wanted > buf.len() - start, "NeedMore for {wanted} with {} bytes there", buf.len() - start);
+                match input.next() {
+                    Some(p) => buf.extend_from_slice(p),
+                    None => return (replies, None),
+                }
+            }
+            Ok(ClientEvent::Chunk { used }) => {
+                assert!(used > 0 && used <= buf.len() - start, "a chunk of {used} bytes");
+                start += used;
+            }
+            Ok(ClientEvent::Reply { used, handle, reply }) => {
+                assert!(used > 0 && used <= buf.len() - start, "a reply of {used} bytes");
+                start += used;
+                let r =
+                    handle.checked_sub(1).and_then(|i| requests.get(i as usize)).expect("a reply to a request sent");
+                assert!(replies.iter().all(|(h, _)| *h != handle), "request {handle} answered twice");
+                if let Ok(data) = &reply {
+                    assert_eq!(data.len(), if r.read { r.length as usize } else { 0 }, "reply length of {handle}");
+                }
+                replies.push((handle, reply));
+            }
+        }
+    }
+}
+
+/// Decodes `data` as this harness lays it out: byte 0 (bit 0 structured replies, bits
+/// 1-3 one to eight requests, bits 4-7 how to split), three bytes per request (bit 0 of the first: a
+/// READ; then its length, big-endian u16; request i is at offset i * 65,536), then what the server sends.
+/// Panics if a contract is broken (module comment).
+pub fn client_replies(data: &[u8]) {
+    let Some((&head, rest)) = data.split_first() else { return };
+    let n = 1 + ((head >> 1) & 7) as usize;
+    if rest.len() < 3 * n {
+        return;
+    }
+    let requests: Vec<SentRequest> = rest[..3 * n]
+        .chunks(3)
+        .enumerate()
+        .map(|(i, b)| SentRequest {
+            read: b[0] & 1 == 1,
+            offset: i as u64 * 65_536,
+            length: u16::from_be_bytes([b[1], b[2]]) as u32,
+        })
+        .collect();
+    let stream = &rest[3 * n..];
+    let whole = replies_run(head & 1 == 1, &requests, stream, &[stream.len().max(1)]);
+    let split = replies_run(head & 1 == 1, &requests, stream, &chunk_sizes(head >> 4));
+    assert_eq!(whole, split, "the same replies whole and split");
 }

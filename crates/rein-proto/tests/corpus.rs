@@ -26,11 +26,16 @@ fn nbd_reply_corpus() {
 }
 
 #[test]
+fn nbd_client_corpus() {
+    replay("nbd_client", rein_proto::harness::client_replies);
+}
+
+#[test]
 fn node_hello_corpus() {
     replay("node_hello", rein_proto::harness::node_hello);
 }
 
-/// Every fuzz target has a corpus test: these five here, the rest in rein-runtime's `tests/corpus.rs`.
+/// Every fuzz target has a corpus test: these six here, `scenario` and `trace` in rein-sim's `tests/corpus.rs`, the rest in rein-runtime's.
 #[test]
 fn every_fuzz_target_is_replayed() {
     let replayed = [
@@ -38,14 +43,18 @@ fn every_fuzz_target_is_replayed() {
         "admin_body",
         "admin_create",
         "admin_response",
+        "gateway_config",
+        "nbd_client",
         "nbd_handshake",
         "nbd_reply",
         "nbd_transmission",
         "node_hello",
         "parda_record",
         "psk_file",
+        "scenario",
         "server_config",
         "state_file",
+        "trace",
     ];
     let mut targets: Vec<String> = std::fs::read_dir(fuzz_dir().join("fuzz_targets"))
         .expect("fuzz/fuzz_targets")

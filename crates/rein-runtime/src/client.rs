@@ -1,9 +1,13 @@
 //! An async NBD client (for `rein load` and tests): one connection, many requests in flight.
 //!
-//! A reader task decodes replies and completes the matching request by handle; callers await their own
-//! request. Bounds: at most [`MAX_IN_FLIGHT`] requests per connection (callers beyond it wait).
+//! A reader task decodes replies with rein-proto's [`ClientTransmission`] (structured replies in several
+//! chunks included, each chunk's length checked against its request before it is awaited) and completes
+//! the matching request by handle; callers await their own request. Bounds: at most [`MAX_IN_FLIGHT`]
+//! requests per connection (callers beyond it wait); what a reply buffers is bounded by its request.
 
-use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
+use rein_proto::nbd::{
+    self as p, ClientEvent, ClientHandshake, ClientProgress, ClientTransmission, Command, RequestHeader,
+};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -30,9 +34,21 @@ pub enum ClientError {
     /// `NBD_ENOSPC`, ...).
     #[error("server answered error {0}")]
     Errno(u32),
+    /// The connection broke (the server broke the protocol in a reply, or the socket failed) before the
+    /// answer arrived; the reason is the connection's.
+    #[error("connection broke: {0}")]
+    Broken(String),
 }
 
-type Pending = Arc<Mutex<HashMap<u64, (oneshot::Sender<Result<Vec<u8>, ClientError>>, u32)>>>;
+type Waiter = oneshot::Sender<Result<Vec<u8>, ClientError>>;
+
+/// What the request side and the reader task share: the protocol state and who waits for which handle.
+struct Shared {
+    proto: ClientTransmission,
+    waiters: HashMap<u64, Waiter>,
+}
+
+type Pending = Arc<Mutex<Shared>>;
 
 /// A connected, negotiated NBD client.
 pub struct NbdClient {
@@ -79,16 +95,19 @@ impl NbdClient {
                 }
             }
         };
-        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let pending: Pending = Arc::new(Mutex::new(Shared {
+            proto: ClientTransmission::new(structured, MAX_IN_FLIGHT),
+            waiters: HashMap::new(),
+        }));
         let pend = pending.clone();
         tokio::spawn(async move {
-            let err = reader(&mut rd, buf, &pend, structured).await;
-            // Fail everything still waiting.
+            let end = reader(&mut rd, buf, &pend).await;
+            // Fail everything still waiting, with the reason the connection ended.
             let mut g = pend.lock().unwrap_or_else(|e| e.into_inner());
-            for (_, (tx, _)) in g.drain() {
-                let _ = tx.send(Err(match &err {
-                    Err(ClientError::Errno(e)) => ClientError::Errno(*e),
-                    _ => ClientError::Closed,
+            for (_, tx) in g.waiters.drain() {
+                let _ = tx.send(Err(match &end {
+                    ClientError::Closed => ClientError::Closed,
+                    e => ClientError::Broken(e.to_string()),
                 }));
             }
         });
@@ -114,15 +133,25 @@ impl NbdClient {
         let _slot = self.slots.acquire().await.map_err(|_| ClientError::Closed)?;
         let handle = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let read_len = if command == Command::Read { length } else { 0 };
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, (tx, read_len));
-        let mut msg = Vec::with_capacity(p::REQUEST_LEN + payload.len());
-        RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle, offset, length }
-            .encode(&mut msg);
-        msg.extend_from_slice(payload);
+        let header = RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle, offset, length };
         {
+            let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            g.proto.sent(&header)?;
+            g.waiters.insert(handle, tx);
+        }
+        let mut msg = Vec::with_capacity(p::REQUEST_LEN + payload.len());
+        header.encode(&mut msg);
+        msg.extend_from_slice(payload);
+        let written = {
             let mut w = self.writer.lock().await;
-            w.write_all(&msg).await?;
+            w.write_all(&msg).await
+        };
+        if let Err(e) = written {
+            // Not sent whole: nobody waits for it, and a reply naming it is the server's error.
+            let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            g.proto.forget(handle);
+            g.waiters.remove(&handle);
+            return Err(e.into());
         }
         rx.await.map_err(|_| ClientError::Closed)?
     }
@@ -139,55 +168,35 @@ impl NbdClient {
     }
 }
 
-async fn fill(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut Vec<u8>, n: usize) -> Result<(), ClientError> {
-    while buf.len() < n {
-        let mut chunk = vec![0u8; (n - buf.len()).clamp(4096, 1 << 20)];
-        let k = rd.read(&mut chunk).await?;
-        if k == 0 {
-            return Err(ClientError::Closed);
-        }
-        buf.extend_from_slice(&chunk[..k]);
-    }
-    Ok(())
-}
-
-async fn reader(
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    mut buf: Vec<u8>,
-    pending: &Pending,
-    structured: bool,
-) -> Result<(), ClientError> {
+/// Reads replies until the connection ends: its reason ([`ClientError::Closed`] when the server closed
+/// it between replies).
+async fn reader(rd: &mut tokio::net::tcp::OwnedReadHalf, mut buf: Vec<u8>, pending: &Pending) -> ClientError {
+    let mut start = 0;
     loop {
-        fill(rd, &mut buf, if structured { 20 } else { 16 }).await?;
-        let Some((hdr, n)) = ReplyHeader::decode(&buf)? else { continue };
-        buf.drain(..n);
-        let (handle, result) = match hdr {
-            ReplyHeader::Simple { error, handle } => {
-                let len = pending.lock().unwrap_or_else(|e| e.into_inner()).get(&handle).map_or(0, |x| x.1) as usize;
-                if error != 0 {
-                    (handle, Err(ClientError::Errno(error)))
-                } else {
-                    fill(rd, &mut buf, len).await?;
-                    (handle, Ok(buf.drain(..len).collect()))
+        let event = pending.lock().unwrap_or_else(|e| e.into_inner()).proto.decode(&buf[start..]);
+        match event {
+            Err(e) => return e.into(),
+            Ok(ClientEvent::Chunk { used }) => start += used,
+            Ok(ClientEvent::Reply { used, handle, reply }) => {
+                start += used;
+                let tx = pending.lock().unwrap_or_else(|e| e.into_inner()).waiters.remove(&handle);
+                if let Some(tx) = tx {
+                    let _ = tx.send(reply.map_err(ClientError::Errno));
                 }
             }
-            ReplyHeader::Chunk { flags, kind, handle, length } => {
-                fill(rd, &mut buf, length as usize).await?;
-                let payload: Vec<u8> = buf.drain(..length as usize).collect();
-                if flags & p::REPLY_FLAG_DONE == 0 {
-                    continue; // multi-chunk replies are not produced by rein serve; ignore partials
-                }
-                match kind {
-                    p::REPLY_TYPE_OFFSET_DATA if payload.len() >= 8 => (handle, Ok(payload[8..].to_vec())),
-                    p::REPLY_TYPE_ERROR if payload.len() >= 4 => {
-                        (handle, Err(ClientError::Errno(u32::from_be_bytes(payload[..4].try_into().expect("4")))))
-                    }
-                    _ => (handle, Ok(Vec::new())),
+            Ok(ClientEvent::NeedMore { wanted }) => {
+                buf.drain(..start);
+                start = 0;
+                // `wanted` is bounded by the request the reply answers (rein-proto's invariant 2).
+                let need = wanted.saturating_sub(buf.len()).max(4096);
+                buf.reserve(need.min(1 << 20));
+                match rd.read_buf(&mut buf).await {
+                    Ok(0) if buf.is_empty() => return ClientError::Closed,
+                    Ok(0) => return ClientError::Broken("the server closed the connection within a reply".into()),
+                    Ok(_) => {}
+                    Err(e) => return e.into(),
                 }
             }
-        };
-        if let Some((tx, _)) = pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle) {
-            let _ = tx.send(result);
         }
     }
 }

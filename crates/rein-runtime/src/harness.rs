@@ -28,6 +28,12 @@
 //!   the endpoint does, never panic; an accepted tenant's spec is finite and survives the state file's
 //!   form; an accepted export keeps the bounds (name, size, a file inside the data directory, its tenant,
 //!   access lists) and reads back from the state file's form as the same export.
+//! - [`gateway_config`]: [`GatewayConfig::parse`] (`rein gateway`'s gw.toml) never panics; a refusal has
+//!   a message; a configuration it accepts keeps the gateway's bounds: 1..=[`MAX_NODES`] nodes and
+//!   1..=[`MAX_VOLUMES`] volumes with distinct non-empty names, tenants with distinct names the
+//!   storage-node protocol can carry, every index (a volume's tenant, the default export) in range, one
+//!   stripe width, node export and local reservation per node, node export names within NBD's limit,
+//!   timeouts, pool size and request size within their ranges, the tenant budget within the total.
 //! - [`access_list`]: [`config::parse_access`] (`allow_networks`, `allow_identities` of rein.toml, the state
 //!   file and `POST /api/exports`) never panics; an accepted list keeps [`MAX_ALLOW_ENTRIES`] and has no
 //!   empty entry, each network written back (as the state file does) parses to the same network, and a
@@ -37,6 +43,7 @@
 use crate::admin::{CapacityBody, SpecUpdate};
 use crate::admin_client::parse_response;
 use crate::config::{self, BackendKind, ServerConfig, MAX_ALLOW_ENTRIES, MAX_EXPORTS, MAX_EXPORT_BYTES};
+use crate::gateway::{GatewayConfig, MAX_NODES, MAX_VOLUMES};
 use crate::live::MAX_TENANT_NAME;
 use crate::state::{self, ExportJson, SpecJson};
 use crate::tls::{self, MAX_IDENTITY_BYTES, MAX_PSK_BYTES, MAX_PSK_IDENTITIES};
@@ -90,6 +97,59 @@ fn check_config(cfg: &ServerConfig, min_exports: usize) {
     if let Some(d) = cfg.default_export {
         assert!(d < cfg.exports.len(), "default_export index out of range");
     }
+    let caps = cfg.caps;
+    assert!(caps.total >= 1 && caps.per_client >= 1 && caps.per_tenant >= 1, "a connection cap of 0 accepted");
+}
+
+/// Parses `data` (if UTF-8) as a gateway configuration; panics if a contract is broken (module comment).
+pub fn gateway_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let cfg = match GatewayConfig::parse(text, Path::new("gw.toml")) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "a refusal without a message");
+            return;
+        }
+    };
+    let n = cfg.nodes.len();
+    assert!((1..=MAX_NODES).contains(&n), "node count out of bounds");
+    for (i, node) in cfg.nodes.iter().enumerate() {
+        assert!(!node.name.is_empty(), "an empty node name accepted");
+        assert!(cfg.nodes[..i].iter().all(|o| o.name != node.name), "a repeated node name accepted");
+    }
+    for (i, t) in cfg.tenants.iter().enumerate() {
+        assert!(
+            (1..=rein_proto::nbd::MAX_NODE_NAME_LEN).contains(&t.name.len()) && !t.name.contains('\0'),
+            "a tenant name the storage-node protocol cannot carry accepted"
+        );
+        assert!(cfg.tenants[..i].iter().all(|o| o.name != t.name), "a repeated tenant name accepted");
+        assert_eq!(t.server_reservations.len(), n, "one local reservation per node");
+        assert!(t.server_reservations.iter().all(|r| r.is_finite() && *r >= 0.0), "a bad local reservation");
+        assert!(t.spec.reservation().is_finite() && t.spec.weight().is_finite() && t.spec.weight() > 0.0);
+    }
+    assert!((1..=MAX_VOLUMES).contains(&cfg.exports.len()), "volume count out of bounds");
+    for (i, v) in cfg.exports.iter().enumerate() {
+        assert!((1..=4096).contains(&v.name.len()), "a volume name out of bounds accepted");
+        assert!(cfg.exports[..i].iter().all(|o| o.name != v.name), "a repeated volume name accepted");
+        assert!(v.tenant < cfg.tenants.len(), "a volume's tenant index out of range");
+        assert!((1..=MAX_EXPORT_BYTES).contains(&v.size), "volume size {} accepted", v.size);
+        assert_eq!(v.stripe.nodes(), n, "one stripe width per node");
+        assert_eq!(v.node_exports.len(), n, "one node export per node");
+        for (j, e) in v.node_exports.iter().enumerate() {
+            assert!(e.len() <= rein_proto::nbd::MAX_NAME_LEN, "a node export name above NBD's limit accepted");
+            // Every piece of the volume fits the layout's arithmetic.
+            let _ = v.stripe.node_bytes(j, v.size);
+        }
+    }
+    if let Some(d) = cfg.default_export {
+        assert!(d < cfg.exports.len(), "default_export index out of range");
+    }
+    let link = &cfg.link;
+    assert!(link.request_timeout >= std::time::Duration::from_millis(100), "request_timeout below its range");
+    assert!(link.connect_timeout >= std::time::Duration::from_millis(100), "connect_timeout below its range");
+    assert!((1..=crate::remote::MAX_CONNECTIONS_PER_NODE).contains(&link.connections), "pool size out of range");
+    assert!((1024..=128 << 20).contains(&cfg.max_request), "max_request out of bounds");
+    assert!(cfg.max_inflight_per_tenant <= cfg.max_inflight && cfg.max_inflight_per_tenant > 0);
     let caps = cfg.caps;
     assert!(caps.total >= 1 && caps.per_client >= 1 && caps.per_tenant >= 1, "a connection cap of 0 accepted");
 }

@@ -13,6 +13,11 @@ fn server_config_corpus() {
 }
 
 #[test]
+fn gateway_config_corpus() {
+    replay("gateway_config", rein_runtime::harness::gateway_config);
+}
+
+#[test]
 fn admin_body_corpus() {
     replay("admin_body", rein_runtime::harness::admin_bodies);
 }

@@ -14,7 +14,8 @@
 //! 5. [`check`]: a pure function of the scenario, the totals and an optional baseline run.
 //!
 //! Each feature keeps one file per layer: `file/parda.rs`, `model/parda.rs`, `engine/parda.rs`,
-//! `report/parda.rs`, `check/parda.rs` (and likewise `pshift`). [`bench`](mod@bench) builds the benchmark scenario.
+//! `report/parda.rs`, `check/parda.rs` (and likewise `pshift`). [`bench`](mod@bench) builds the benchmark scenario;
+//! [`harness`] holds the file decoders' contracts that the fuzz targets and the corpus test check.
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod bench;
 pub mod check;
 pub mod engine;
 pub mod file;
+pub mod harness;
 pub mod model;
 pub mod report;
 

@@ -12,7 +12,9 @@
 //! - Transmission ([`transmission`]): READ, WRITE, DISC, FLUSH, TRIM, WRITE_ZEROES with the FUA, NO_HOLE
 //!   and DF flags; simple replies, and structured replies (OFFSET_DATA, NONE, ERROR) when negotiated. The
 //!   server side is a state machine ([`ServerTransmission`]) that turns bytes into requests, rejections
-//!   and disconnects, and encodes every reply ([`ReplyEncoder`]).
+//!   and disconnects, and encodes every reply ([`ReplyEncoder`]). The client side ([`client`]) tracks the
+//!   requests sent and assembles their replies, structured ones from OFFSET_DATA, OFFSET_HOLE, ERROR,
+//!   ERROR_OFFSET and NONE chunks ([`ClientTransmission`]).
 //!
 //! # Errors
 //! Failures travel through Rein as a protocol-neutral [`ErrorKind`]; [`errno`] is the one place a kind
@@ -31,10 +33,12 @@
 use crate::ErrorKind;
 use std::fmt;
 
+pub mod client;
 pub mod handshake;
 pub mod node;
 pub mod transmission;
 
+pub use client::{ClientEvent, ClientReply, ClientTransmission, MAX_READ_PIECES};
 pub use handshake::{
     decode_option_reply, option_reply, option_request, ClientHandshake, ClientProgress, Negotiated, OptionReply,
     ServerHandshake, ServerProgress, TlsMode,
@@ -159,6 +163,10 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 /// Structured reply chunk: an error with a message.
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
+/// Structured reply chunk: a hole (zeroes) at an offset of a read.
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+/// Structured reply chunk: an error at an offset, with a message.
+pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
 
 /// NBD error: operation not permitted.
 pub const EPERM: u32 = 1;

@@ -1,0 +1,273 @@
+//! The client's side of transmission (`rein_proto::nbd::client`): replies as rein serve, qemu-nbd and
+//! nbdkit send them (simple; one OFFSET_DATA chunk; data and holes in any order then NONE; errors), the
+//! bounds a hostile server runs into (a chunk longer than its request, judged from its header alone; an
+//! error message past the limit; overlap; a reply that does not cover its read; unknown handles), and
+//! generated structured replies split at random, against the data they were cut from. The contracts are
+//! `rein_proto::harness::client_replies`', which the fuzz target checks too.
+use proptest::prelude::*;
+use rein_proto::harness::{self, SentRequest};
+use rein_proto::nbd::*;
+
+fn chunk(out: &mut Vec<u8>, handle: u64, flags: u16, kind: u16, payload: &[u8]) {
+    out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&handle.to_be_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+fn data(out: &mut Vec<u8>, handle: u64, done: bool, offset: u64, bytes: &[u8]) {
+    let mut p = offset.to_be_bytes().to_vec();
+    p.extend_from_slice(bytes);
+    chunk(out, handle, if done { REPLY_FLAG_DONE } else { 0 }, REPLY_TYPE_OFFSET_DATA, &p);
+}
+
+fn hole(out: &mut Vec<u8>, handle: u64, done: bool, offset: u64, len: u32) {
+    let mut p = offset.to_be_bytes().to_vec();
+    p.extend_from_slice(&len.to_be_bytes());
+    chunk(out, handle, if done { REPLY_FLAG_DONE } else { 0 }, REPLY_TYPE_OFFSET_HOLE, &p);
+}
+
+fn error(out: &mut Vec<u8>, handle: u64, errno: u32, msg: &str) {
+    let mut p = errno.to_be_bytes().to_vec();
+    p.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    p.extend_from_slice(msg.as_bytes());
+    chunk(out, handle, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, &p);
+}
+
+fn read(offset: u64, length: u32) -> SentRequest {
+    SentRequest { read: true, offset, length }
+}
+
+fn write(length: u32) -> SentRequest {
+    SentRequest { read: false, offset: 0, length }
+}
+
+/// Runs the stream whole and byte by byte (the harness checks they agree with other splits too).
+fn run(structured: bool, reqs: &[SentRequest], stream: &[u8]) -> (Vec<(u64, ClientReply)>, Option<String>) {
+    let whole = harness::replies_run(structured, reqs, stream, &[stream.len().max(1)]);
+    let bytes = harness::replies_run(structured, reqs, stream, &[1]);
+    assert_eq!(whole, bytes, "whole and byte by byte");
+    whole
+}
+
+#[test]
+fn simple_replies_answer_reads_with_their_data_and_writes_with_none() {
+    let mut s = Vec::new();
+    simple_reply(&mut s, 2, 0);
+    simple_reply(&mut s, 1, 0);
+    s.extend_from_slice(&[7; 5]);
+    simple_reply(&mut s, 3, EIO);
+    let (replies, end) = run(false, &[read(0, 5), write(9), read(0, 100)], &s);
+    assert_eq!(replies, vec![(2, Ok(vec![])), (1, Ok(vec![7; 5])), (3, Err(EIO))]);
+    assert_eq!(end, None);
+}
+
+#[test]
+fn a_read_assembles_from_data_and_holes_in_any_order_then_none() {
+    // qemu-nbd and nbdkit send data chunks, holes, then a NONE chunk with DONE.
+    let mut s = Vec::new();
+    data(&mut s, 1, false, 4096 + 6, b"world");
+    hole(&mut s, 1, false, 4096 + 11, 4);
+    data(&mut s, 1, false, 4096, b"hello ");
+    chunk(&mut s, 1, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[]);
+    let (replies, end) = run(true, &[read(4096, 15)], &s);
+    assert_eq!(replies, vec![(1, Ok(b"hello world\0\0\0\0".to_vec()))]);
+    assert_eq!(end, None);
+    // A single data chunk with DONE, as rein serve sends it.
+    let mut s = Vec::new();
+    data(&mut s, 1, true, 0, b"abc");
+    assert_eq!(run(true, &[read(0, 3)], &s).0, vec![(1, Ok(b"abc".to_vec()))]);
+    // A write answered with NONE, and a read that is all hole.
+    let mut s = Vec::new();
+    chunk(&mut s, 1, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[]);
+    hole(&mut s, 2, true, 0, 8);
+    assert_eq!(run(true, &[write(1), read(0, 8)], &s).0, vec![(1, Ok(vec![])), (2, Ok(vec![0; 8]))]);
+}
+
+#[test]
+fn an_error_chunk_fails_the_request_and_the_stream_goes_on() {
+    let mut s = Vec::new();
+    data(&mut s, 1, false, 0, b"ab");
+    error(&mut s, 1, EIO, "disk on fire");
+    error(&mut s, 2, ENOSPC, "");
+    data(&mut s, 3, true, 0, b"z");
+    let (replies, end) = run(true, &[read(0, 4), write(1), read(0, 1)], &s);
+    assert_eq!(replies, vec![(1, Err(EIO)), (2, Err(ENOSPC)), (3, Ok(b"z".to_vec()))]);
+    assert_eq!(end, None);
+}
+
+/// A chunk is judged by its header: the decoder neither waits for nor buffers a payload its request
+/// does not allow.
+#[test]
+fn a_chunk_longer_than_its_request_is_refused_from_its_header() {
+    let mut c = ClientTransmission::new(true, 4);
+    c.sent(&RequestHeader { flags: 0, command: Command::Read, handle: 9, offset: 0, length: 4096 }).unwrap();
+    // 4 GiB - 1 of "data" announced; only the header is there.
+    let mut h = Vec::new();
+    h.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    h.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
+    h.extend_from_slice(&REPLY_TYPE_OFFSET_DATA.to_be_bytes());
+    h.extend_from_slice(&9u64.to_be_bytes());
+    h.extend_from_slice(&u32::MAX.to_be_bytes());
+    let e = c.decode(&h).unwrap_err();
+    assert!(e.to_string().contains("length"), "{e}");
+    // One byte more than the request, too.
+    let mut c = ClientTransmission::new(true, 4);
+    c.sent(&RequestHeader { flags: 0, command: Command::Read, handle: 9, offset: 0, length: 4096 }).unwrap();
+    h[16..20].copy_from_slice(&(8 + 4097u32).to_be_bytes());
+    assert!(c.decode(&h).is_err());
+    h[16..20].copy_from_slice(&(8 + 4096u32).to_be_bytes());
+    assert_eq!(c.decode(&h).unwrap(), ClientEvent::NeedMore { wanted: 20 + 8 + 4096 });
+}
+
+/// What a case is, what the error must say, structured replies, the requests sent, the server's bytes.
+type Case = (&'static str, &'static str, bool, Vec<SentRequest>, Vec<u8>);
+
+#[test]
+fn what_a_hostile_server_sends_is_a_protocol_error() {
+    let cases: Vec<Case> = vec![
+        ("simple reply for a handle not sent", "handle not sent", false, vec![write(1)], {
+            let mut s = Vec::new();
+            simple_reply(&mut s, 7, 0);
+            s
+        }),
+        ("chunk without structured replies", "without structured", false, vec![read(0, 1)], {
+            let mut s = Vec::new();
+            data(&mut s, 1, true, 0, b"x");
+            s
+        }),
+        ("data before the request's offset", "before the request", true, vec![read(100, 4)], {
+            let mut s = Vec::new();
+            data(&mut s, 1, true, 99, b"xxxx");
+            s
+        }),
+        ("data past the request's end", "beyond the request", true, vec![read(0, 4)], {
+            let mut s = Vec::new();
+            data(&mut s, 1, true, 2, b"xxx");
+            s
+        }),
+        ("overlapping chunks", "overlap", true, vec![read(0, 4)], {
+            let mut s = Vec::new();
+            // They add up to the request's length: only the overlap is wrong.
+            data(&mut s, 1, false, 0, b"xx");
+            data(&mut s, 1, true, 1, b"yy");
+            s
+        }),
+        ("a read not covered", "does not cover", true, vec![read(0, 4)], {
+            let mut s = Vec::new();
+            data(&mut s, 1, true, 0, b"xxx");
+            s
+        }),
+        ("data for a write", "do not allow", true, vec![write(4)], {
+            let mut s = Vec::new();
+            data(&mut s, 1, true, 0, b"xxxx");
+            s
+        }),
+        ("an error message past the limit", "do not allow", true, vec![write(1)], {
+            let mut s = Vec::new();
+            error(&mut s, 1, EIO, &"x".repeat(MAX_ERROR_MESSAGE + 1));
+            s
+        }),
+        ("an error chunk with errno 0", "error number 0", true, vec![write(1)], {
+            let mut s = Vec::new();
+            error(&mut s, 1, 0, "fine");
+            s
+        }),
+        ("a NONE chunk with a payload", "do not allow", true, vec![write(1)], {
+            let mut s = Vec::new();
+            chunk(&mut s, 1, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[0]);
+            s
+        }),
+        ("an unknown chunk type", "unknown type", true, vec![write(1)], {
+            let mut s = Vec::new();
+            chunk(&mut s, 1, REPLY_FLAG_DONE, 77, &[]);
+            s
+        }),
+        ("a second reply to one request", "handle not sent", false, vec![write(1)], {
+            let mut s = Vec::new();
+            simple_reply(&mut s, 1, 0);
+            simple_reply(&mut s, 1, 0);
+            s
+        }),
+    ];
+    for (what, says, structured, reqs, stream) in cases {
+        let (_, end) = run(structured, &reqs, &stream);
+        let end = end.unwrap_or_else(|| panic!("{what}: accepted"));
+        assert!(end.contains(says), "{what}: {end}");
+    }
+}
+
+#[test]
+fn sent_requests_are_bounded_and_distinct() {
+    let mut c = ClientTransmission::new(false, 2);
+    let h = |handle| RequestHeader { flags: 0, command: Command::Flush, handle, offset: 0, length: 0 };
+    c.sent(&h(1)).unwrap();
+    assert!(c.sent(&h(1)).is_err(), "a handle twice");
+    c.sent(&h(2)).unwrap();
+    assert!(c.sent(&h(3)).is_err(), "beyond the bound");
+    c.forget(2);
+    c.sent(&h(3)).unwrap();
+    assert_eq!(c.outstanding(), 2);
+    let mut s = Vec::new();
+    simple_reply(&mut s, 2, 0);
+    assert!(c.decode(&s).is_err(), "a reply for a forgotten request");
+}
+
+/// A read cut into pieces at random points, each piece sent as data or (if it is all zero) as a hole,
+/// in a random order, the last one with DONE or followed by NONE.
+fn cut_read() -> impl Strategy<Value = (Vec<u8>, Vec<usize>, Vec<bool>, u64, bool)> {
+    (1usize..600, any::<u64>(), any::<bool>()).prop_flat_map(|(len, seed, trailing_none)| {
+        (
+            proptest::collection::vec(prop_oneof![Just(0u8), any::<u8>()], len),
+            proptest::collection::vec(1usize..len.max(2), 0..6),
+            proptest::collection::vec(any::<bool>(), 8),
+            Just(seed),
+            Just(trailing_none),
+        )
+    })
+}
+
+proptest! {
+    #[test]
+    fn generated_structured_reads_come_back_whole_however_split(
+        (bytes, cuts, holes, seed, trailing_none) in cut_read(),
+        sizes in proptest::collection::vec(1usize..64, 1..6),
+    ) {
+        let mut cuts: Vec<usize> = cuts.into_iter().filter(|&c| c < bytes.len()).collect();
+        cuts.push(0);
+        cuts.push(bytes.len());
+        cuts.sort();
+        cuts.dedup();
+        let mut pieces: Vec<(usize, usize)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
+        // A seeded shuffle.
+        let mut x = seed | 1;
+        for i in (1..pieces.len()).rev() {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            pieces.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let base = 1 << 20;
+        let mut s = Vec::new();
+        for (k, &(a, b)) in pieces.iter().enumerate() {
+            let done = !trailing_none && k + 1 == pieces.len();
+            if holes[k % holes.len()] && bytes[a..b].iter().all(|&v| v == 0) {
+                hole(&mut s, 1, done, base + a as u64, (b - a) as u32);
+            } else {
+                data(&mut s, 1, done, base + a as u64, &bytes[a..b]);
+            }
+        }
+        if trailing_none {
+            chunk(&mut s, 1, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[]);
+        }
+        let reqs = [read(base, bytes.len() as u32)];
+        let (replies, end) = harness::replies_run(true, &reqs, &s, &sizes);
+        prop_assert_eq!(end, None);
+        prop_assert_eq!(replies, vec![(1, Ok(bytes))]);
+    }
+
+    #[test]
+    fn random_input_keeps_the_contracts(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+        harness::client_replies(&data);
+    }
+}
