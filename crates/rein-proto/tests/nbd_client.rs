@@ -271,3 +271,44 @@ proptest! {
         harness::client_replies(&data);
     }
 }
+
+/// Disjoint pieces are bounded over all outstanding reads: a server that answers every other byte of
+/// many reads runs into the bound (a protocol error), in-order chunks merge and never do.
+#[test]
+fn the_pieces_of_scattered_chunks_are_bounded() {
+    let len = 4096u32;
+    let reads = MAX_READ_PIECES / (len as usize / 2) + 1;
+    let mut c = ClientTransmission::new(true, reads);
+    let mut s = Vec::new();
+    for h in 0..reads as u64 {
+        c.sent(&RequestHeader { flags: 0, command: Command::Read, handle: h, offset: 0, length: len }).unwrap();
+        for at in (0..len as u64).step_by(2) {
+            data(&mut s, h, false, at, b"x");
+        }
+    }
+    let mut at = 0;
+    let end = loop {
+        match c.decode(&s[at..]) {
+            Ok(ClientEvent::Chunk { used }) => at += used,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(end.contains("too many separate pieces"), "{end}");
+    // In order, one piece per read however many chunks: 4,096 one-byte chunks complete the read.
+    let mut c = ClientTransmission::new(true, 1);
+    c.sent(&RequestHeader { flags: 0, command: Command::Read, handle: 1, offset: 0, length: len }).unwrap();
+    let mut s = Vec::new();
+    for at in 0..len as u64 {
+        data(&mut s, 1, at + 1 == len as u64, at, b"y");
+    }
+    let (mut at, mut done) = (0, None);
+    while done.is_none() {
+        match c.decode(&s[at..]).unwrap() {
+            ClientEvent::Chunk { used } => at += used,
+            ClientEvent::Reply { reply, .. } => done = Some(reply),
+            ClientEvent::NeedMore { .. } => panic!("all there"),
+        }
+    }
+    assert_eq!(done, Some(Ok(vec![b'y'; len as usize])));
+}

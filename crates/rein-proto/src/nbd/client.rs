@@ -16,7 +16,8 @@
 //! 2. What a reply makes the decoder hold is bounded by the request: a READ's buffer is its length; a
 //!    chunk longer than the request allows (data beyond the request's range, an error message beyond
 //!    [`MAX_ERROR_MESSAGE`]) is a protocol error, found from its header before its payload is awaited, so
-//!    a hostile server cannot make a client wait for or buffer 4 GiB.
+//!    a hostile server cannot make a client wait for or buffer 4 GiB; the pieces the reads' chunks leave
+//!    apart are at most [`MAX_READ_PIECES`] in all.
 //! 3. A successful structured READ covers the request exactly: chunks inside its range, not overlapping
 //!    (the spec's MUST NOT), adding up to its length.
 //! 4. The same replies come out however the bytes are split (the decoder is resumable: it consumes
@@ -34,8 +35,8 @@ use super::{
 };
 use std::collections::{BTreeMap, HashMap};
 
-/// Disjoint pieces one READ's structured reply may leave at once (adjacent chunks merge into one piece,
-/// so a server sending its chunks in order never nears it).
+/// Disjoint pieces the structured replies of all outstanding READs may leave at once (adjacent chunks
+/// merge into one piece, so a server sending its chunks in order never nears it).
 pub const MAX_READ_PIECES: usize = 65_536;
 
 /// A request's answer: a READ's data (empty for other commands), or the NBD error number the server
@@ -53,7 +54,7 @@ struct Outstanding {
     /// Data bytes the structured chunks covered so far.
     covered: u64,
     /// The ranges they covered (start -> end, relative to `offset`), adjacent ones merged: to refuse
-    /// overlap in O(log n), in at most [`MAX_READ_PIECES`] entries.
+    /// overlap in O(log n) (all requests' together at most [`MAX_READ_PIECES`] entries).
     ranges: BTreeMap<u64, u64>,
     /// The first error a chunk reported.
     error: Option<u32>,
@@ -65,6 +66,8 @@ pub struct ClientTransmission {
     structured: bool,
     max_outstanding: usize,
     outstanding: HashMap<u64, Outstanding>,
+    /// Entries of every outstanding request's `ranges` together (invariant 2).
+    pieces: usize,
 }
 
 /// What [`ClientTransmission::decode`] found.
@@ -96,7 +99,12 @@ impl ClientTransmission {
     /// A client that negotiated structured replies (`structured`) or not, with at most `max_outstanding`
     /// requests sent and not yet answered.
     pub fn new(structured: bool, max_outstanding: usize) -> ClientTransmission {
-        ClientTransmission { structured, max_outstanding: max_outstanding.max(1), outstanding: HashMap::new() }
+        ClientTransmission {
+            structured,
+            max_outstanding: max_outstanding.max(1),
+            outstanding: HashMap::new(),
+            pieces: 0,
+        }
     }
 
     /// Requests sent and not yet answered.
@@ -131,7 +139,9 @@ impl ClientTransmission {
     /// Forgets a request that was never sent whole (its write failed); a reply naming it later is a
     /// protocol error.
     pub fn forget(&mut self, handle: u64) {
-        self.outstanding.remove(&handle);
+        if let Some(o) = self.outstanding.remove(&handle) {
+            self.pieces -= o.ranges.len();
+        }
     }
 
     /// Decodes the next reply or chunk from `buf` (module comment). Errors break the stream: the caller
@@ -168,12 +178,19 @@ impl ClientTransmission {
                 if buf.len() < n + length {
                     return Ok(ClientEvent::NeedMore { wanted: n + length });
                 }
+                let before = o.ranges.len();
                 apply_chunk(o, kind, &buf[n..n + length])?;
+                // A chunk adds at most one piece, and merging may remove up to two: `pieces` counts `before`.
+                self.pieces = self.pieces + o.ranges.len() - before;
+                if self.pieces > MAX_READ_PIECES {
+                    return Err(ProtoError::Malformed("read replies in too many separate pieces"));
+                }
                 let used = n + length;
                 if flags & REPLY_FLAG_DONE == 0 {
                     return Ok(ClientEvent::Chunk { used });
                 }
                 let o = self.outstanding.remove(&handle).expect("looked up above");
+                self.pieces -= o.ranges.len();
                 let reply = match o.error {
                     Some(e) => Err(e),
                     None if o.covered != o.read_len as u64 => {
@@ -229,9 +246,6 @@ fn apply_chunk(o: &mut Outstanding, kind: u16, payload: &[u8]) -> Result<(), Pro
         if let Some((s, e)) = after.filter(|&(s, _)| s == end) {
             o.ranges.remove(&s);
             piece.1 = e;
-        }
-        if o.ranges.len() >= MAX_READ_PIECES {
-            return Err(ProtoError::Malformed("read reply in too many separate pieces"));
         }
         o.ranges.insert(piece.0, piece.1);
         o.covered += len;
