@@ -162,7 +162,7 @@ impl ClientTransmission {
                 if buf.len() < n + len {
                     return Ok(ClientEvent::NeedMore { wanted: n + len });
                 }
-                self.outstanding.remove(&handle);
+                self.forget(handle);
                 let reply = if error == 0 { Ok(buf[n..n + len].to_vec()) } else { Err(error) };
                 Ok(ClientEvent::Reply { used: n + len, handle, reply })
             }
