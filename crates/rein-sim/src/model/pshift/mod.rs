@@ -23,6 +23,9 @@ use rein_model::Routing;
 
 /// Most demand changes per bucket.
 pub const MAX_DEMAND_CHANGES: u32 = 1000;
+/// Most (bucket, demand phase, active server) entries a generated cluster holds (about 16 bytes each):
+/// the paper's largest experiment (10,000 buckets, 3 phases, 8 servers) has 240,000.
+pub const MAX_GENERATED_DEMANDS: u64 = 10_000_000;
 
 /// How a bucket loads its servers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -244,6 +247,14 @@ fn generate(
     }
     if g.demand_changes > MAX_DEMAND_CHANGES {
         return Err(format!("pshift.generate.demand_changes must be at most {MAX_DEMAND_CHANGES}"));
+    }
+    // What the generator holds: per bucket, per demand phase, one entry per active server.
+    let entries = g.buckets as u64 * (u64::from(g.demand_changes) + 1) * amax as u64;
+    if entries > MAX_GENERATED_DEMANDS {
+        return Err(format!(
+            "pshift.generate: buckets x (demand_changes + 1) x the most active servers is {entries}, above \
+             {MAX_GENERATED_DEMANDS} (the generated demands are held in memory): lower one of them"
+        ));
     }
     let zs = g.demand_zipf_s.unwrap_or(0.5);
     if !(zs.is_finite() && (0.0..=10.0).contains(&zs)) {
