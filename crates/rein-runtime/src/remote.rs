@@ -1350,17 +1350,11 @@ mod tests {
         (addr, tags)
     }
 
-    /// On storage-node sessions each piece carries the tenant's slot and the dmClock piggyback: delta (and,
-    /// split by rho, rho) is the cost the other nodes reported completed since the previous request to
-    /// this one (dmClock §3.2: delta_i counts the service at the other servers between two requests to
-    /// server i), fed by the nodes' reply trailers.
-    #[tokio::test]
-    async fn node_sessions_carry_the_trackers_delta_and_rho() {
+    /// A volume of two 4 KiB units over nodes a and b (protocol rein, one connection each) whose tenant
+    /// reserves 100 IOPS, split by rho.
+    async fn rho_volume(a: SocketAddr, b: SocketAddr) -> Arc<RemoteVolume> {
         use rein_core::ReservationSplit;
         use rein_proto::nbd::node::NodeSplit;
-        let (cost_a, cost_b) = (3 << 16, 5 << 16); // Cost 3.0 and 5.0
-        let (a, tags_a) = fake_node(cost_a, true).await;
-        let (b, tags_b) = fake_node(cost_b, true).await;
         let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
             .into_iter()
             .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein })
@@ -1384,17 +1378,32 @@ mod tests {
         };
         let stripe = Stripe::new(4096, &[1, 1]).unwrap();
         let exports = vec!["v".to_string(), "v".to_string()];
-        let volume = RemoteVolume::open("v", 8192, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap();
+        RemoteVolume::open("v", 8192, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap()
+    }
+
+    /// A 4 KiB READ of `volume` at `offset`, awaited.
+    async fn read_at(volume: &RemoteVolume, offset: u64) -> IoResult {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let done: Done = Box::new(move |r, _| {
+            let _ = tx.send(r);
+        });
+        volume.submit(offset, Op::Read { len: 4096, headroom: 0 }, false, done).await;
+        rx.await.unwrap()
+    }
+
+    /// On storage-node sessions each piece carries the tenant's slot and the dmClock piggyback: delta (and,
+    /// split by rho, rho) is the cost the other nodes reported completed since the previous request to
+    /// this one (dmClock §3.2: delta_i counts the service at the other servers between two requests to
+    /// server i), fed by the nodes' reply trailers.
+    #[tokio::test]
+    async fn node_sessions_carry_the_trackers_delta_and_rho() {
+        let (cost_a, cost_b) = (3 << 16, 5 << 16); // Cost 3.0 and 5.0
+        let (a, tags_a) = fake_node(cost_a, true).await;
+        let (b, tags_b) = fake_node(cost_b, true).await;
+        let volume = rho_volume(a, b).await;
         let read = |offset: u64| {
             let volume = volume.clone();
-            async move {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                let done: Done = Box::new(move |r, _| {
-                    let _ = tx.send(r);
-                });
-                volume.submit(offset, Op::Read { len: 4096, headroom: 0 }, false, done).await;
-                rx.await.unwrap().unwrap()
-            }
+            async move { read_at(&volume, offset).await.unwrap() }
         };
         read(0).await; // a: nothing completed elsewhere yet
         read(4096).await; // b: a completed 3.0 in reservation phase
@@ -1412,46 +1421,14 @@ mod tests {
     /// starts afresh.
     #[tokio::test]
     async fn a_reconnect_keeps_the_account_unless_the_node_restarted() {
-        use rein_core::ReservationSplit;
-        use rein_proto::nbd::node::NodeSplit;
         let cost_b = 5 << 16;
         // Node a closes each session after one answer; its sessions state boots 1, 1, 2, then none.
         let (a, tags_a) = fake_node_sessions(3 << 16, true, vec![Some(1), Some(1), Some(2), None, None], 1).await;
         let (b, _) = fake_node(cost_b, true).await;
-        let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
-            .into_iter()
-            .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein })
-            .collect();
-        let tenant = NodeTenant {
-            name: "t".into(),
-            reservation: 100.0,
-            limit: None,
-            weight: 1.0,
-            local_reservation: 0.0,
-            idle_credit: 0,
-            split: NodeSplit::Rho,
-        };
-        let tracker = Arc::new(Mutex::new(ServiceTracker::with_split(2, ReservationSplit::Rho)));
-        let qos = VolumeQos { tenants: vec![tenant.clone(), tenant], tracker };
-        let cfg = LinkConfig {
-            request_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(10),
-            max_backoff: Duration::from_millis(100),
-            connections: 1,
-        };
-        let stripe = Stripe::new(4096, &[1, 1]).unwrap();
-        let exports = vec!["v".to_string(), "v".to_string()];
-        let volume = RemoteVolume::open("v", 8192, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap();
+        let volume = rho_volume(a, b).await;
         let read = |offset: u64| {
             let volume = volume.clone();
-            async move {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                let done: Done = Box::new(move |r, _| {
-                    let _ = tx.send(r);
-                });
-                volume.submit(offset, Op::Read { len: 4096, headroom: 0 }, false, done).await;
-                rx.await.unwrap()
-            }
+            async move { read_at(&volume, offset).await }
         };
         // Node a is down between its sessions: retry until its next session answers.
         let read_a = || async {
