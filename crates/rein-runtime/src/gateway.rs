@@ -613,6 +613,7 @@ fn node_tenants(t: &GatewayTenant) -> Vec<NodeTenant> {
 }
 
 /// A volume as it runs: its configuration (its tenant by name), the volume, and the export VMs open.
+#[derive(Clone)]
 struct LiveVolume {
     cfg: GatewayVolume,
     tenant: String,
@@ -775,29 +776,15 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
                     || &old.tenant != tname
                 {
                     restart(&mut r, &format!("export {}: size_mb, stripe_kb, widths, node_export or tenant", v.name));
-                    volumes.push(LiveVolume {
-                        cfg: old.cfg.clone(),
-                        tenant: old.tenant.clone(),
-                        volume: old.volume.clone(),
-                        export: old.export.clone(),
-                    });
+                    volumes.push(old.clone());
                 } else if old.cfg.access != v.access {
                     r.applied
                         .push(format!("export {}: access lists changed (for connections opened from now on)", v.name));
-                    let export = Arc::new(Export { access: v.access.clone(), ..clone_export(&old.export) });
-                    volumes.push(LiveVolume {
-                        cfg: v.clone(),
-                        tenant: old.tenant.clone(),
-                        volume: old.volume.clone(),
-                        export,
-                    });
+                    // An export is shared by the connections that opened it: a change is a new one.
+                    let export = Arc::new(Export { access: v.access.clone(), ..(*old.export).clone() });
+                    volumes.push(LiveVolume { cfg: v.clone(), export, ..old.clone() });
                 } else {
-                    volumes.push(LiveVolume {
-                        cfg: old.cfg.clone(),
-                        tenant: old.tenant.clone(),
-                        volume: old.volume.clone(),
-                        export: old.export.clone(),
-                    });
+                    volumes.push(old.clone());
                 }
             }
             None => {
@@ -832,22 +819,6 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
     live.tenants = tenants;
     live.volumes = volumes;
     Ok(r)
-}
-
-/// A copy of `e`'s fields (an export is shared by the connections that opened it, so a change is a new
-/// one).
-fn clone_export(e: &Export) -> Export {
-    let backend = match &e.backend {
-        Backend::Remote(v) => Backend::Remote(v.clone()),
-        Backend::Local(s) => Backend::Local(s.clone()),
-    };
-    Export {
-        info: e.info.clone(),
-        backend,
-        tenant: e.tenant,
-        tenant_name: e.tenant_name.clone(),
-        access: e.access.clone(),
-    }
 }
 
 /// [`run`], reloading the volumes and tenants when `reload` asks (module comment, "Reload").

@@ -114,6 +114,7 @@ const READ_AHEAD: usize = 64 * 1024;
 const COMPACT_BYTES: usize = 64 * 1024;
 
 /// An export as the server runs it.
+#[derive(Clone)]
 pub struct Export {
     /// What the handshake advertises.
     pub info: ExportInfo,
@@ -128,6 +129,7 @@ pub struct Export {
 }
 
 /// Where an export's requests go.
+#[derive(Clone)]
 pub enum Backend {
     /// Local storage, through [`NbdContext::dispatcher`] (`rein serve`).
     Local(Arc<dyn Storage>),

@@ -16,34 +16,26 @@ pub(crate) struct GatewayArgs {
     pub(crate) listen: Option<std::net::SocketAddr>,
 }
 
-/// `rein gateway`: serves until Ctrl-C or SIGTERM.
-pub(crate) fn run(args: GatewayArgs) -> Result<()> {
+/// gw.toml with the command line's overrides (at start and at each reload).
+fn load(args: &GatewayArgs) -> Result<GatewayConfig> {
     let mut cfg = GatewayConfig::load(&args.config)?;
     if let Some(a) = args.listen {
         cfg.listen = a;
     }
+    Ok(cfg)
+}
+
+/// `rein gateway`: serves until Ctrl-C or SIGTERM; SIGHUP reloads gw.toml.
+pub(crate) fn run(args: GatewayArgs) -> Result<()> {
+    let cfg = load(&args)?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = cfg.worker_threads {
         rt.worker_threads(n);
     }
     let rt = rt.enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
-        let mut hup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
-        let (tx, requests) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                // A reload already waiting covers this signal too.
-                let _ = tx.try_send(());
-            }
-        });
-        let load = move || {
-            let mut cfg = GatewayConfig::load(&args.config).map_err(|e| crate::report(&anyhow::Error::from(e)))?;
-            if let Some(a) = args.listen {
-                cfg.listen = a;
-            }
-            Ok(cfg)
-        };
+        let requests = crate::serve::hangups()?;
+        let load = move || load(&args).map_err(|e| crate::report(&e));
         let reload = rein_runtime::gateway::GatewayReload { requests, load: Box::new(load) };
         rein_runtime::gateway::run_with(cfg, crate::serve::interrupted(), None, Some(reload))
             .await

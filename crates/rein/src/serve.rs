@@ -65,6 +65,19 @@ pub(crate) async fn interrupted() {
     }
 }
 
+/// One message per SIGHUP (a reload request), for both daemons; a reload already waiting covers a signal
+/// that comes meanwhile. Must be called inside the runtime.
+pub(crate) fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
+    let (tx, requests) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let _ = tx.try_send(());
+        }
+    });
+    Ok(requests)
+}
+
 /// `rein serve`: serves until Ctrl-C or SIGTERM; SIGHUP reloads the configuration file (with the same
 /// command-line overrides).
 pub(crate) fn run(args: ServeArgs) -> Result<()> {
@@ -72,15 +85,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
         let shutdown = interrupted();
-        let mut hup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
-        let (tx, requests) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                // A reload already waiting covers this signal too.
-                let _ = tx.try_send(());
-            }
-        });
+        let requests = hangups()?;
         // Errors that do not name the file (a value out of range) get its path in front.
         let file = args.config.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "<built-in>".into());
         let reload = rein_runtime::server::Reload {
