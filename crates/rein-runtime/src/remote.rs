@@ -254,13 +254,11 @@ pub struct RemoteVolume {
 
 /// Connections to one node for one volume.
 struct NodeLink {
-    name: Arc<str>,
-    /// What the link's connection tasks share (the tenant the hello states, among others).
+    /// What the link's connection tasks share: the node, its write accounting and counters, the tenant
+    /// the hello states.
     target: Arc<Target>,
     conns: Vec<LinkHandle>,
     next: AtomicUsize,
-    durability: Arc<Durability>,
-    stats: Arc<NodeStats>,
 }
 
 impl NodeLink {
@@ -346,11 +344,9 @@ impl RemoteVolume {
                 continue;
             }
             let qos = qos.as_ref().map(|q| (Mutex::new(q.tenants[j].clone()), q.tracker.clone()));
-            let durability = Arc::new(Durability::default());
-            let stats = Arc::new(NodeStats::default());
             let target = Arc::new(Target {
-                durability: durability.clone(),
-                stats: stats.clone(),
+                durability: Arc::default(),
+                stats: Arc::default(),
                 node: node.clone(),
                 index: j,
                 qos,
@@ -386,14 +382,7 @@ impl RemoteVolume {
                 tokio::spawn(run_link(target.clone(), session, rx, state.clone()));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
             }
-            links.push(Some(NodeLink {
-                name: node.name.as_str().into(),
-                target: target.clone(),
-                conns,
-                next: AtomicUsize::new(0),
-                durability,
-                stats,
-            }));
+            links.push(Some(NodeLink { target: target.clone(), conns, next: AtomicUsize::new(0) }));
         }
         Ok(Arc::new(RemoteVolume { name: volume.to_string(), stripe, stats: Arc::default(), links }))
     }
@@ -417,7 +406,7 @@ impl RemoteVolume {
             if *t != *new {
                 *t = new.clone();
                 link.target.respec.send_modify(|g| *g += 1);
-                changed.push(link.name.to_string());
+                changed.push(link.target.node.name.clone());
             }
         }
         changed
@@ -477,12 +466,13 @@ impl RemoteVolume {
                     if !link.takes_flush() {
                         continue; // a volatile node (or one never reached: it acknowledged nothing)
                     }
-                    if link.durability.lost.swap(false, Ordering::AcqRel) {
-                        link.stats.flush_lost.fetch_add(1, Ordering::Relaxed);
-                        lost.push(link.name.clone());
+                    let t = &link.target;
+                    if t.durability.lost.swap(false, Ordering::AcqRel) {
+                        t.stats.flush_lost.fetch_add(1, Ordering::Relaxed);
+                        lost.push(t.node.name.as_str());
                     }
                     // What this FLUSH covers: the writes the node acknowledged before it is sent.
-                    let covers = Mark::Flushed(link.durability.written.load(Ordering::Acquire));
+                    let covers = Mark::Flushed(t.durability.written.load(Ordering::Acquire));
                     if link.conns.iter().any(|c| c.state.multi_conn.load(Ordering::Relaxed)) {
                         targets.push((j, None, covers));
                     } else {
@@ -499,7 +489,7 @@ impl RemoteVolume {
                     tracing::warn!(node = %name, volume = %self.name, "FLUSH fails: a node connection was lost with writes not yet flushed");
                     let why = "a connection to the node was lost with writes not yet flushed; they may not be on \
                                stable storage";
-                    gather.piece(Err(node_error(&name, ErrorKind::Io, why.into())), 0);
+                    gather.piece(Err(node_error(name, ErrorKind::Io, why.into())), 0);
                 }
                 gather.release();
             }
@@ -516,7 +506,7 @@ impl RemoteVolume {
     }
 
     fn durability(&self, node: usize, mark: Mark) -> Option<(Arc<Durability>, Mark)> {
-        self.links[node].as_ref().map(|l| (l.durability.clone(), mark))
+        self.links[node].as_ref().map(|l| (l.target.durability.clone(), mark))
     }
 
     fn takes_flush(&self, node: usize) -> bool {
@@ -553,11 +543,11 @@ impl RemoteVolume {
             .iter()
             .flatten()
             .map(|l| NodeReport {
-                name: &l.name,
+                name: &l.target.node.name,
                 connections: l.conns.len(),
                 up: l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed)).count(),
                 in_flight: l.conns.iter().map(|c| MAX_PENDING_PER_CONN - c.slots.available_permits()).sum(),
-                stats: &l.stats,
+                stats: &l.target.stats,
             })
             .collect()
     }
