@@ -173,14 +173,22 @@ impl NbdClient {
 async fn reader(rd: &mut tokio::net::tcp::OwnedReadHalf, mut buf: Vec<u8>, pending: &Pending) -> ClientError {
     let mut start = 0;
     loop {
-        let event = pending.lock().unwrap_or_else(|e| e.into_inner()).proto.decode(&buf[start..]);
+        // One lock per event: the decode, and for a reply its waiter.
+        let (event, waiter) = {
+            let mut g = pending.lock().unwrap_or_else(|e| e.into_inner());
+            let event = g.proto.decode(&buf[start..]);
+            let waiter = match &event {
+                Ok(ClientEvent::Reply { handle, .. }) => g.waiters.remove(handle),
+                _ => None,
+            };
+            (event, waiter)
+        };
         match event {
             Err(e) => return e.into(),
             Ok(ClientEvent::Chunk { used }) => start += used,
-            Ok(ClientEvent::Reply { used, handle, reply }) => {
+            Ok(ClientEvent::Reply { used, reply, .. }) => {
                 start += used;
-                let tx = pending.lock().unwrap_or_else(|e| e.into_inner()).waiters.remove(&handle);
-                if let Some(tx) = tx {
+                if let Some(tx) = waiter {
                     let _ = tx.send(reply.map_err(ClientError::Errno));
                 }
             }
