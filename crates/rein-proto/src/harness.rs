@@ -201,15 +201,34 @@ fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress,
     } else {
         ClientHandshake::new("a", input.first().is_some_and(|b| b & 1 == 1))
     };
+    let tls = input.first().is_some_and(|b| b & 4 == 4);
+    if tls {
+        hs = hs.require_tls();
+    }
+    // With TLS, the stream up to the end of the first option reply (the STARTTLS answer after the 18-byte
+    // greeting) arrives in the clear and the rest over TLS: each part is split into pieces on its own, as
+    // a server cannot send the two in one segment (a client must refuse bytes after the ACK in the clear).
+    let cut = tls
+        .then(|| input.get(18..).and_then(|r| nbd::decode_option_reply(r).ok().flatten()).map(|(_, n)| 18 + n))
+        .flatten();
+    let parts = match cut {
+        Some(c) => [&input[..c], &input[c..]],
+        None => [input, &[][..]],
+    };
     let mut out = Vec::new();
     let mut buf = Vec::new();
     let mut last = Ok(ClientProgress::NeedMore);
-    for piece in pieces(input, sizes) {
+    for piece in parts.into_iter().flat_map(|part| pieces(part, sizes)) {
         buf.extend_from_slice(piece);
         match hs.feed(&buf, &mut out) {
             Ok((used, progress)) => {
                 assert!(used <= buf.len(), "the client handshake consumed more than its input");
                 buf.drain(..used);
+                if progress == ClientProgress::StartTls {
+                    // TLS "comes up" here; what follows is read as if it arrived over TLS.
+                    hs.tls_established().expect("StartTls is followed by tls_established");
+                    continue;
+                }
                 if progress != ClientProgress::NeedMore {
                     return (out, Ok(progress));
                 }
@@ -223,7 +242,7 @@ fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress,
 
 /// Feeds `data` to a server handshake (after valid client flags if `data[0]` is odd; set up by bits 1-2
 /// of `data[0]`: plain, TLS offered, TLS required with a hidden export, refused; the storage-node option
-/// offered if bit 3 is set) and to a client handshake (a node client if bit 1 of `data[2]` is set),
+/// offered if bit 3 is set) and to a client handshake (a node client if bit 1 of `data[2]` is set, one that requires TLS if bit 2 is),
 /// whole and in pieces (sizes from `data[1]`); panics if a contract is broken (module comment).
 pub fn handshake(data: &[u8]) {
     let (Some(&mode), Some(&seed)) = (data.first(), data.get(1)) else { return };

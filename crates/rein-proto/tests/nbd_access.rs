@@ -272,3 +272,136 @@ proptest! {
         prop_assert_eq!(a, String::from_utf8_lossy(&b).into_owned());
     }
 }
+
+/// Runs a TLS-requiring client against `server` in memory, moving `step` bytes at a time each way; at
+/// StartTls both sides are told TLS is up (the bytes go on unencrypted: only the NBD side is under test).
+/// Returns the client's end and whether the server saw STARTTLS.
+fn client_against(
+    mut server: ServerHandshake,
+    mut greeting: Vec<u8>,
+    mut client: ClientHandshake,
+    step: usize,
+) -> (Result<ClientProgress, ProtoError>, bool) {
+    let (mut to_server, mut c_in, mut s_in) = (Vec::new(), Vec::new(), Vec::new());
+    let mut to_client = std::mem::take(&mut greeting);
+    let (mut server_tls, mut client_tls, mut server_done) = (false, false, false);
+    for _ in 0..100_000 {
+        let n = step.min(to_client.len());
+        c_in.extend(to_client.drain(..n));
+        let n = step.min(to_server.len());
+        s_in.extend(to_server.drain(..n));
+        if !server_done && !s_in.is_empty() {
+            match server.feed(&s_in, &mut to_client) {
+                Ok((used, p)) => {
+                    s_in.drain(..used);
+                    match p {
+                        ServerProgress::NeedMore => {}
+                        ServerProgress::StartTls => server_tls = true,
+                        _ => server_done = true,
+                    }
+                }
+                Err(_) => server_done = true,
+            }
+        }
+        // TLS comes up when the client has read the acknowledgement and the server has answered it.
+        if server_tls && client_tls {
+            server.tls_established();
+            client.tls_established().unwrap();
+            (server_tls, client_tls) = (false, false);
+        }
+        match client.feed(&c_in, &mut to_server) {
+            Ok((used, ClientProgress::NeedMore)) => {
+                c_in.drain(..used);
+            }
+            Ok((used, ClientProgress::StartTls)) => {
+                c_in.drain(..used);
+                client_tls = true;
+            }
+            Ok((_, p)) => return (Ok(p), server_tls),
+            Err(e) => return (Err(e), server_tls),
+        }
+    }
+    panic!("the handshake did not finish");
+}
+
+#[test]
+fn a_client_that_requires_tls_starts_it_first_and_then_opens_the_export() {
+    for mode in [TlsMode::On, TlsMode::Require] {
+        for step in [usize::MAX, 1, 7] {
+            let mut greeting = Vec::new();
+            let mut s = ServerHandshake::new(exports(), &mut greeting);
+            s.set_tls(mode);
+            let c = ClientHandshake::new("rd", true).require_tls();
+            let (end, _) = client_against(s, greeting, c, step);
+            match end.unwrap() {
+                ClientProgress::Ready { size, structured, .. } => {
+                    assert_eq!(size, 1 << 30);
+                    // Structured replies are asked for after TLS, so they hold.
+                    assert!(structured, "mode {mode:?}, step {step}");
+                }
+                p => panic!("{p:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_client_that_requires_tls_never_falls_back_to_plain() {
+    let mut greeting = Vec::new();
+    let s = ServerHandshake::new(exports(), &mut greeting); // TLS off: STARTTLS gets NBD_REP_ERR_POLICY
+    let (end, _) = client_against(s, greeting, ClientHandshake::new("rd", false).require_tls(), usize::MAX);
+    match end.unwrap_err() {
+        ProtoError::OptionRefused { option, reply, message } => {
+            assert_eq!((option, reply), (OPT_STARTTLS, REP_ERR_POLICY));
+            assert_eq!(message, "TLS is not offered");
+        }
+        e => panic!("{e}"),
+    }
+    // Without require_tls the same server is fine.
+    let mut greeting = Vec::new();
+    let s = ServerHandshake::new(exports(), &mut greeting);
+    let (end, _) = client_against(s, greeting, ClientHandshake::new("rd", false), usize::MAX);
+    assert!(matches!(end.unwrap(), ClientProgress::Ready { .. }));
+}
+
+#[test]
+fn the_client_sends_starttls_before_anything_and_refuses_bytes_after_its_ack() {
+    let mut greeting = Vec::new();
+    let _ = ServerHandshake::new(exports(), &mut greeting);
+    let mut c = ClientHandshake::new("rd", true).require_tls();
+    let mut out = Vec::new();
+    let (used, p) = c.feed(&greeting, &mut out).unwrap();
+    assert_eq!((used, p), (greeting.len(), ClientProgress::NeedMore));
+    // Client flags, then STARTTLS with no data, and nothing else (not STRUCTURED_REPLY, not GO).
+    let mut want = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes().to_vec();
+    option_request(&mut want, OPT_STARTTLS, &[]);
+    assert_eq!(out, want);
+    let mut ack = Vec::new();
+    option_reply(&mut ack, OPT_STARTTLS, REP_ACK, &[]);
+    // An injected reply after the ACK, in the clear: refused.
+    let mut injected = ack.clone();
+    option_reply(&mut injected, OPT_GO, REP_ACK, &[]);
+    let e = c.clone().feed(&injected, &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("data after the NBD_OPT_STARTTLS reply before TLS"), "{e}");
+    // An ACK with data, or a reply to another option: refused.
+    let mut bad = Vec::new();
+    option_reply(&mut bad, OPT_STARTTLS, REP_ACK, b"x");
+    assert!(c.clone().feed(&bad, &mut Vec::new()).is_err());
+    let mut other = Vec::new();
+    option_reply(&mut other, OPT_GO, REP_ACK, &[]);
+    assert!(c.clone().feed(&other, &mut Vec::new()).is_err());
+    // The ACK alone: StartTls; feeding before tls_established with data is an error, with none StartTls.
+    let mut out = Vec::new();
+    assert_eq!(c.feed(&ack, &mut out).unwrap(), (ack.len(), ClientProgress::StartTls));
+    assert!(out.is_empty());
+    assert_eq!(c.feed(&[], &mut out).unwrap(), (0, ClientProgress::StartTls));
+    assert!(c.clone().feed(&[0], &mut out).is_err());
+    // After TLS: STRUCTURED_REPLY is the next thing sent.
+    c.tls_established().unwrap();
+    assert!(c.clone().tls_established().is_err(), "TLS comes up once");
+    let (used, p) = c.feed(&[], &mut out).unwrap();
+    assert_eq!((used, p), (0, ClientProgress::NeedMore));
+    let mut want = Vec::new();
+    option_request(&mut want, OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(out, want);
+}

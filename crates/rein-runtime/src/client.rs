@@ -81,8 +81,9 @@ impl NbdClient {
             wr.write_all(&out).await?;
             match prog {
                 ClientProgress::Ready { size, flags, structured } => break (size, flags, structured),
-                // Only a handshake made with `ClientHandshake::with_node` reports these; this one is plain.
-                ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) => {
+                // Only a handshake made with `ClientHandshake::with_node` or `require_tls` reports these;
+                // this one is plain.
+                ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) | ClientProgress::StartTls => {
                     return Err(p::ProtoError::Malformed("a storage-node answer to a plain handshake").into())
                 }
                 ClientProgress::NeedMore => {

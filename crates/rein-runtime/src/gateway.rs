@@ -22,11 +22,14 @@
 //! worker_threads = 4                # 1..=1024; default: the number of CPUs
 //! # and, as in rein serve: [tls], max_connections*, max_inflight_mb*, idle_timeout_s,
 //! # shutdown_timeout_s, max_request_kb, default_export
+//! [node_tls]                        # optional: STARTTLS on every node link, never plain
+//! ca = "ca-cert.pem"                # x509 (with cert/key to present), or psk_file (+ psk_identity)
 //! [[nodes]]
 //! name = "s1"
 //! address = "127.0.0.11:10809"
 //! protocol = "auto"                 # rein | nbd | auto
 //! export = "c2"                     # optional: the export on this node for every volume
+//! tls = true                        # default: whether [node_tls] is given; tls_name = "s1.example"
 //! [[tenants]]
 //! name = "c2"
 //! reservation = 1000
@@ -76,8 +79,10 @@ use crate::access::{ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
 use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
 use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContext, Policy};
-use crate::remote::{LinkConfig, NodeProtocol, NodeSpec, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE};
-use crate::tls::TlsConfig;
+use crate::remote::{
+    LinkConfig, NodeProtocol, NodeSpec, NodeTls, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE,
+};
+use crate::tls::{TlsClient, TlsClientFiles, TlsConfig};
 use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
 use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
@@ -233,6 +238,7 @@ struct File {
     connections_per_node: usize,
     worker_threads: Option<usize>,
     tls: Option<TlsFile>,
+    node_tls: Option<NodeTlsFile>,
     max_connections: Option<usize>,
     max_connections_per_client: Option<usize>,
     max_connections_per_tenant: Option<usize>,
@@ -262,7 +268,22 @@ struct NodeFile {
     address: String,
     protocol: Option<String>,
     export: Option<String>,
+    tls: Option<bool>,
+    tls_name: Option<String>,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeTlsFile {
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    psk_file: Option<String>,
+    psk_identity: Option<String>,
+}
+
+/// Longest `tls_name` (a DNS name's limit).
+const MAX_TLS_NAME: usize = 253;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -383,6 +404,20 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     if f.nodes.len() > MAX_NODES {
         return Err(format!("at most {MAX_NODES} [[nodes]], got {}", f.nodes.len()));
     }
+    let node_tls = match &f.node_tls {
+        None => None,
+        Some(t) => {
+            let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+            let files = TlsClientFiles {
+                ca: path(&t.ca),
+                cert: path(&t.cert),
+                key: path(&t.key),
+                psk_file: path(&t.psk_file),
+                psk_identity: t.psk_identity.clone(),
+            };
+            Some(TlsClient::build("node_tls", files)?)
+        }
+    };
     let mut nodes: Vec<NodeSpec> = Vec::new();
     for n in &f.nodes {
         if n.name.is_empty() {
@@ -401,7 +436,26 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             Some("rein") => NodeProtocol::Rein,
             Some(o) => return Err(format!("node {}: protocol {o:?}: expected rein, nbd or auto", n.name)),
         };
-        nodes.push(NodeSpec { name: n.name.clone(), address, protocol });
+        let tls = match (n.tls.unwrap_or(node_tls.is_some()), &node_tls) {
+            (false, _) => {
+                if n.tls_name.is_some() {
+                    return Err(format!("node {}: tls_name needs TLS on the link ([node_tls], tls = true)", n.name));
+                }
+                None
+            }
+            (true, None) => return Err(format!("node {}: tls = true needs a [node_tls] table", n.name)),
+            (true, Some(client)) => {
+                let name = match &n.tls_name {
+                    None => address.ip().to_string(),
+                    Some(t) if t.is_empty() || t.len() > MAX_TLS_NAME || t.contains('\0') => {
+                        return Err(format!("node {}: tls_name must have 1..={MAX_TLS_NAME} bytes without NUL", n.name))
+                    }
+                    Some(t) => t.clone(),
+                };
+                Some(NodeTls { client: client.clone(), name })
+            }
+        };
+        nodes.push(NodeSpec { name: n.name.clone(), address, protocol, tls });
     }
     let node_index = |owner: &str, key: &str, name: &str| {
         nodes.iter().position(|n| n.name == name).ok_or_else(|| format!("{owner}: {key} names unknown node {name:?}"))
@@ -731,7 +785,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             dbg(&base.link) == dbg(&new.link),
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
-        ("[[nodes]]", dbg(&base.nodes) == dbg(&new.nodes)),
+        ("[[nodes]] or [node_tls]", dbg(&base.nodes) == dbg(&new.nodes)),
         (
             "default_export",
             base.default_export.map(|i| &base.exports[i].name) == new.default_export.map(|i| &new.exports[i].name),

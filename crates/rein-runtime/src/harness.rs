@@ -116,6 +116,9 @@ pub fn gateway_config(data: &[u8]) {
     for (i, node) in cfg.nodes.iter().enumerate() {
         assert!(!node.name.is_empty(), "an empty node name accepted");
         assert!(cfg.nodes[..i].iter().all(|o| o.name != node.name), "a repeated node name accepted");
+        if let Some(tls) = &node.tls {
+            assert!((1..=253).contains(&tls.name.len()) && !tls.name.contains('\0'), "a bad tls_name accepted");
+        }
     }
     for (i, t) in cfg.tenants.iter().enumerate() {
         assert!(

@@ -73,6 +73,7 @@
 //! slightly favours the tenant there).
 
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
+use crate::tls::TlsClient;
 use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION};
@@ -84,7 +85,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -124,6 +125,17 @@ pub struct NodeSpec {
     pub address: SocketAddr,
     /// How to speak to it.
     pub protocol: NodeProtocol,
+    /// TLS on the link (STARTTLS before anything else; never plain), if configured.
+    pub tls: Option<NodeTls>,
+}
+
+/// TLS to one node: the gateway's client context and the name the node's certificate must carry.
+#[derive(Debug, Clone)]
+pub struct NodeTls {
+    /// The context (`[node_tls]`).
+    pub client: TlsClient,
+    /// A DNS name or IP address (`tls_name`; default: the node address's IP).
+    pub name: String,
 }
 
 /// The times and pool size of every node link.
@@ -756,9 +768,30 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
+/// A node connection's socket: plain, or TLS after STARTTLS.
+enum NodeStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_openssl::SslStream<TcpStream>>),
+}
+
+impl NodeStream {
+    async fn read_buf(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        match self {
+            NodeStream::Plain(s) => s.read_buf(buf).await,
+            NodeStream::Tls(s) => s.read_buf(buf).await,
+        }
+    }
+    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            NodeStream::Plain(s) => s.write_all(data).await,
+            NodeStream::Tls(s) => s.write_all(data).await,
+        }
+    }
+}
+
 /// An established connection: the socket, bytes read past the handshake, and the export's flags.
 struct Session {
-    stream: TcpStream,
+    stream: NodeStream,
     input: Vec<u8>,
     flags: u16,
     /// On a storage-node session: the tenant's slot from the node's welcome.
@@ -789,7 +822,7 @@ impl Target {
                 .await
                 .map_err(|e| ConnectError::Unreachable(format!("connect: {e}")))?;
             stream.set_nodelay(true).map_err(|e| ConnectError::Io(e.to_string()))?;
-            let mut stream = stream;
+            let mut stream = NodeStream::Plain(stream);
             let hello = match (&self.qos, self.node.protocol) {
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
                     let tenant = tenant.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -805,12 +838,22 @@ impl Target {
                     .map_err(|e| ConnectError::Io(format!("the storage-node hello: {e}")))?,
                 None => ClientHandshake::new(&self.export, false),
             };
+            if self.node.tls.is_some() {
+                hs = hs.require_tls();
+            }
             let mut input = Vec::new();
             let mut out = Vec::new();
             loop {
                 out.clear();
-                let (used, progress) =
-                    hs.feed(&input, &mut out).map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
+                let (used, progress) = hs.feed(&input, &mut out).map_err(|e| match e {
+                    p::ProtoError::OptionRefused { reply: p::REP_ERR_TLS_REQD, .. } => {
+                        ConnectError::Io(format!("handshake: {e} ({TLS_HINT})"))
+                    }
+                    p::ProtoError::OptionRefused { option: p::OPT_STARTTLS, message, .. } => ConnectError::Io(format!(
+                        "the node does not offer TLS, which [node_tls] requires (NBD_OPT_STARTTLS refused: {message})"
+                    )),
+                    e => ConnectError::Io(format!("handshake: {e}")),
+                })?;
                 input.drain(..used);
                 stream.write_all(&out).await.map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
                 match progress {
@@ -828,6 +871,9 @@ impl Target {
                         return Ok(Session { stream, input, flags, slot, boot: welcome.boot });
                     }
                     ClientProgress::NodeRefused(reply, message) => {
+                        if reply == p::REP_ERR_TLS_REQD {
+                            return Err(ConnectError::Io(format!("{message} ({TLS_HINT})")));
+                        }
                         if self.node.protocol == NodeProtocol::Rein {
                             return Err(ConnectError::Io(format!(
                                 "the node refused the storage-node protocol (reply {reply:#x}): {message}"
@@ -835,6 +881,18 @@ impl Target {
                         }
                         // auto: GO is already sent; carry on in plain NBD.
                         tracing::debug!(node = %self.node.name, "storage-node protocol refused ({message}); plain NBD");
+                    }
+                    ClientProgress::StartTls => {
+                        let (NodeStream::Plain(tcp), Some(tls)) = (stream, &self.node.tls) else {
+                            return Err(ConnectError::Io("handshake: a second STARTTLS".into()));
+                        };
+                        let tls = tls
+                            .client
+                            .connect(&tls.name, tcp)
+                            .await
+                            .map_err(|e| ConnectError::Io(format!("TLS to {}: {e}", tls.name)))?;
+                        stream = NodeStream::Tls(Box::new(tls));
+                        hs.tls_established().map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
                     }
                     ClientProgress::NeedMore => {
                         let n = stream
@@ -857,6 +915,9 @@ impl Target {
         }
     }
 }
+
+/// What a node that requires TLS needs from the gateway's configuration.
+const TLS_HINT: &str = "the node requires TLS: give the gateway a [node_tls] table";
 
 /// How often a session looks for pieces past their deadline.
 fn scan_period(timeout: Duration) -> Duration {
@@ -976,7 +1037,28 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         let fresh = tracker.session(node, boot).expect("the tracker covers every node");
         tracing::debug!(node = target.node.name.as_str(), volume = %target.volume, ?boot, fresh, "node session");
     }
-    let (mut rd, mut wr) = stream.split();
+    match &mut stream {
+        NodeStream::Plain(tcp) => {
+            let (rd, wr) = tcp.split();
+            run_session_on(target, rd, wr, input, qos, rx).await
+        }
+        NodeStream::Tls(tls) => {
+            let (rd, wr) = tokio::io::split(tls);
+            run_session_on(target, rd, wr, input, qos, rx).await
+        }
+    }
+}
+
+/// [`run_session`] on the socket's halves.
+async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    target: &Target,
+    mut rd: R,
+    mut wr: W,
+    input: Vec<u8>,
+    qos: Option<(u32, &Mutex<ServiceTracker>)>,
+    rx: &mut mpsc::UnboundedReceiver<Work>,
+) -> SessionEnd {
+    let node = target.index;
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
     let name = target.node.name.as_str();
     let timeout = target.cfg.request_timeout;
@@ -1164,6 +1246,11 @@ async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     } else {
         batch.iter().flat_map(|m| [&m[..p::REQUEST_LEN], &m[MSG_HEAD..]]).filter(|s| !s.is_empty()).collect()
     };
+    if !wr.is_write_vectored() {
+        // TLS: one buffer, so the batch goes out in as few records (and writes) as its size allows, not
+        // a record per message.
+        return wr.write_all(&parts.concat()).await;
+    }
     let (mut i, mut at) = (0, 0);
     while i < parts.len() {
         let slices: Vec<IoSlice<'_>> =
@@ -1347,7 +1434,7 @@ mod tests {
         use rein_proto::nbd::node::NodeSplit;
         let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
             .into_iter()
-            .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein })
+            .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein, tls: None })
             .collect();
         let tenant = NodeTenant {
             name: "t".into(),
@@ -1463,7 +1550,7 @@ mod tests {
     #[tokio::test]
     async fn a_node_connection_holds_at_most_max_pending_pieces() {
         let (a, tags) = fake_node(0, false).await;
-        let nodes = vec![NodeSpec { name: "a".into(), address: a, protocol: NodeProtocol::Rein }];
+        let nodes = vec![NodeSpec { name: "a".into(), address: a, protocol: NodeProtocol::Rein, tls: None }];
         let cfg = LinkConfig {
             request_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(10),

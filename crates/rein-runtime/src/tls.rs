@@ -33,7 +33,8 @@
 use openssl::ex_data::Index;
 use openssl::nid::Nid;
 use openssl::pkey::PKey;
-use openssl::ssl::{Ssl, SslAcceptor, SslMethod, SslOptions, SslRef, SslVerifyMode};
+use openssl::ssl::{Ssl, SslAcceptor, SslConnector, SslContextBuilder, SslMethod, SslOptions, SslRef, SslVerifyMode};
+use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::X509;
 use rein_proto::nbd::TlsMode;
 use std::collections::HashMap;
@@ -101,22 +102,29 @@ pub struct TlsFiles {
     pub psk_file: Option<PathBuf>,
 }
 
+/// Reads a credential file named by the key `key` (`tls.cert`, `node_tls.ca`, ...), at most
+/// [`MAX_FILE_BYTES`]; errors name the key and the file.
 fn read(key: &str, path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("tls.{key} {}: {e}", path.display()))?;
+    let file = std::fs::File::open(path).map_err(|e| format!("{key} {}: {e}", path.display()))?;
     let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("tls.{key} {}: {e}", path.display()))?;
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{key} {}: {e}", path.display()))?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("tls.{key} {}: larger than {MAX_FILE_BYTES} bytes", path.display()));
+        return Err(format!("{key} {}: larger than {MAX_FILE_BYTES} bytes", path.display()));
     }
     Ok(bytes)
 }
 
 /// Parses a `psk_file` (`identity:hexkey` per line); errors give the line number.
 pub fn parse_psk_file(text: &str, path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
+    parse_psk_lines(text, "tls.psk_file", path)
+}
+
+/// [`parse_psk_file`] for the file named by the key `key`.
+fn parse_psk_lines(text: &str, key: &str, path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
     let mut keys = HashMap::new();
     for (n, line) in text.lines().enumerate() {
-        let at = || format!("tls.psk_file {} line {}", path.display(), n + 1);
+        let at = || format!("{key} {} line {}", path.display(), n + 1);
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
             continue;
@@ -139,7 +147,7 @@ pub fn parse_psk_file(text: &str, path: &Path) -> Result<HashMap<String, Vec<u8>
         }
     }
     if keys.is_empty() {
-        return Err(format!("tls.psk_file {}: no identity in it", path.display()));
+        return Err(format!("{key} {}: no identity in it", path.display()));
     }
     Ok(keys)
 }
@@ -150,6 +158,38 @@ fn decode_hex(hex: &str) -> Option<Vec<u8>> {
         return None;
     }
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Loads `cert` (PEM: the leaf, then any intermediates) and its private `key` into `b`; errors name the
+/// keys of `table` (`tls`, `node_tls`) and the files, and a key that does not match the certificate.
+fn set_identity(b: &mut SslContextBuilder, table: &str, cert: &Path, key: &Path) -> Result<(), String> {
+    let chain = X509::stack_from_pem(&read(&format!("{table}.cert"), cert)?)
+        .map_err(|e| format!("{table}.cert {}: not a PEM certificate: {e}", cert.display()))?;
+    let mut chain = chain.into_iter();
+    let leaf = chain.next().ok_or_else(|| format!("{table}.cert {}: no certificate in it", cert.display()))?;
+    b.set_certificate(&leaf).map_err(|e| format!("{table}.cert {}: {e}", cert.display()))?;
+    for c in chain {
+        b.add_extra_chain_cert(c).map_err(|e| format!("{table}.cert {}: {e}", cert.display()))?;
+    }
+    let pkey = PKey::private_key_from_pem(&read(&format!("{table}.key"), key)?)
+        .map_err(|e| format!("{table}.key {}: not a PEM private key: {e}", key.display()))?;
+    let mismatch =
+        || format!("{table}.key {} does not match the certificate in {table}.cert {}", key.display(), cert.display());
+    if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
+        return Err(mismatch());
+    }
+    b.set_private_key(&pkey).map_err(|e| format!("{table}.key {}: {e}", key.display()))?;
+    b.check_private_key().map_err(|_| mismatch())
+}
+
+/// Reads the PEM certificates of a `ca` file (at least one).
+fn read_ca(key: &str, ca: &Path) -> Result<Vec<X509>, String> {
+    let certs = X509::stack_from_pem(&read(key, ca)?)
+        .map_err(|e| format!("{key} {}: not a PEM certificate: {e}", ca.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{key} {}: no certificate in it", ca.display()));
+    }
+    Ok(certs)
 }
 
 /// Where a connection's PSK identity is kept between the PSK callback and [`TlsConfig::accept`].
@@ -174,38 +214,19 @@ impl TlsConfig {
         // TLS_AES_256_GCM_SHA384 would drop the client's PSK and ask a PSK-only client for a certificate.
         b.set_ciphersuites(SUITES_1_3).map_err(|e| format!("tls: TLS 1.3 suites: {e}"))?;
         b.set_options(SslOptions::CIPHER_SERVER_PREFERENCE);
+        // OpenSSL takes a TLS 1.3 PSK from the callback as a session to resume, and refuses to resume
+        // one without a session id context when client certificates are verified (`ca`): without this,
+        // every PSK client of a server with both `ca` and `psk_file` failed ("session id context
+        // uninitialized").
+        b.set_session_id_context(b"rein-nbd").map_err(|e| format!("tls: session id context: {e}"))?;
         match (&files.cert, &files.key) {
-            (Some(cert), Some(key)) => {
-                let chain = X509::stack_from_pem(&read("cert", cert)?)
-                    .map_err(|e| format!("tls.cert {}: not a PEM certificate: {e}", cert.display()))?;
-                let mut chain = chain.into_iter();
-                let leaf = chain.next().ok_or_else(|| format!("tls.cert {}: no certificate in it", cert.display()))?;
-                b.set_certificate(&leaf).map_err(|e| format!("tls.cert {}: {e}", cert.display()))?;
-                for c in chain {
-                    b.add_extra_chain_cert(c).map_err(|e| format!("tls.cert {}: {e}", cert.display()))?;
-                }
-                let pkey = PKey::private_key_from_pem(&read("key", key)?)
-                    .map_err(|e| format!("tls.key {}: not a PEM private key: {e}", key.display()))?;
-                let mismatch = || {
-                    format!("tls.key {} does not match the certificate in tls.cert {}", key.display(), cert.display())
-                };
-                if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
-                    return Err(mismatch());
-                }
-                b.set_private_key(&pkey).map_err(|e| format!("tls.key {}: {e}", key.display()))?;
-                b.check_private_key().map_err(|_| mismatch())?;
-            }
+            (Some(cert), Some(key)) => set_identity(&mut b, "tls", cert, key)?,
             (Some(_), None) => return Err("tls.cert needs tls.key".into()),
             (None, Some(_)) => return Err("tls.key needs tls.cert".into()),
             (None, None) => {}
         }
         if let Some(ca) = &files.ca {
-            let certs = X509::stack_from_pem(&read("ca", ca)?)
-                .map_err(|e| format!("tls.ca {}: not a PEM certificate: {e}", ca.display()))?;
-            if certs.is_empty() {
-                return Err(format!("tls.ca {}: no certificate in it", ca.display()));
-            }
-            for c in certs {
+            for c in read_ca("tls.ca", ca)? {
                 b.add_client_ca(&c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
                 b.cert_store_mut().add_cert(c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
             }
@@ -213,7 +234,7 @@ impl TlsConfig {
         }
         let mut psk = None;
         if let Some(path) = &files.psk_file {
-            let text = String::from_utf8(read("psk_file", path)?)
+            let text = String::from_utf8(read("tls.psk_file", path)?)
                 .map_err(|_| format!("tls.psk_file {}: not UTF-8 text", path.display()))?;
             let keys = parse_psk_file(&text, path)?;
             psk = Some((path.clone(), keys.len()));
@@ -260,6 +281,153 @@ impl TlsConfig {
             cn.data().to_string().ok()
         });
         Ok((tls, identity))
+    }
+}
+
+/// The files of a client TLS table (`[node_tls]` in gw.toml), resolved against the config file's
+/// directory.
+#[derive(Debug, Clone, Default)]
+pub struct TlsClientFiles {
+    /// `ca`: the servers' certificates must chain to one of these (x509).
+    pub ca: Option<PathBuf>,
+    /// `cert`: the client's certificate, presented when the server asks (with `key`).
+    pub cert: Option<PathBuf>,
+    /// `key`.
+    pub key: Option<PathBuf>,
+    /// `psk_file`: `identity:hexkey` lines (PSK instead of x509).
+    pub psk_file: Option<PathBuf>,
+    /// `psk_identity`: which line of `psk_file` (default: its only one).
+    pub psk_identity: Option<String>,
+}
+
+/// A client's TLS context (the gateway's links to its storage nodes), built and checked once.
+///
+/// - **x509** (`ca`): the server's certificate must chain to `ca` (only to it: the system's roots are
+///   not trusted) and name the server (`connect`'s `name`: a DNS name, or an IP address matched against
+///   the certificate's IP subjectAltName). With `cert` and `key` the client presents its certificate
+///   when the server asks (a node with `[tls] ca`); its CN is then the client's identity there.
+/// - **PSK** (`psk_file`, and `psk_identity` when the file has more than one line): the identity and key
+///   are offered; a server that does not know them fails the handshake. No certificate is trusted, so a
+///   server that answers with a certificate instead of the PSK fails it too.
+///
+/// Exactly one of `ca` and `psk_file`. TLS 1.2 and 1.3, the server's suites as in [`TlsConfig`].
+#[derive(Clone)]
+pub struct TlsClient {
+    connector: Arc<SslConnector>,
+    /// The PSK identity, if PSK.
+    psk_identity: Option<String>,
+    /// Where the credentials came from (for `Debug`, which a reload compares).
+    files: TlsClientFiles,
+}
+
+impl fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsClient")
+            .field("files", &self.files)
+            .field("psk_identity", &self.psk_identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsClient {
+    /// Reads and checks the credentials of the table `table` (`node_tls`) and builds the context; errors
+    /// name the key and the file.
+    pub fn build(table: &str, files: TlsClientFiles) -> Result<TlsClient, String> {
+        let mut b = SslConnector::builder(SslMethod::tls_client())
+            .map_err(|e| format!("{table}: cannot create the TLS context: {e}"))?;
+        b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("{table}: cipher list: {e}"))?;
+        b.set_ciphersuites(SUITES_1_3).map_err(|e| format!("{table}: TLS 1.3 suites: {e}"))?;
+        // Only the configured CA: a node's certificate signed by any public root must not pass.
+        let mut store = X509StoreBuilder::new().map_err(|e| format!("{table}: {e}"))?;
+        let mut psk_identity = None;
+        match (&files.ca, &files.psk_file) {
+            (Some(ca), None) => {
+                for c in read_ca(&format!("{table}.ca"), ca)? {
+                    store.add_cert(c).map_err(|e| format!("{table}.ca {}: {e}", ca.display()))?;
+                }
+                match (&files.cert, &files.key) {
+                    (Some(cert), Some(key)) => set_identity(&mut b, table, cert, key)?,
+                    (Some(_), None) => return Err(format!("{table}.cert needs {table}.key")),
+                    (None, Some(_)) => return Err(format!("{table}.key needs {table}.cert")),
+                    (None, None) => {}
+                }
+                if files.psk_identity.is_some() {
+                    return Err(format!("{table}.psk_identity needs {table}.psk_file"));
+                }
+            }
+            (None, Some(path)) => {
+                if files.cert.is_some() || files.key.is_some() {
+                    return Err(format!("{table}.cert and {table}.key go with {table}.ca (x509), not with psk_file"));
+                }
+                let key_name = format!("{table}.psk_file");
+                let text = String::from_utf8(read(&key_name, path)?)
+                    .map_err(|_| format!("{key_name} {}: not UTF-8 text", path.display()))?;
+                let keys = parse_psk_lines(&text, &key_name, path)?;
+                let (identity, key) = match &files.psk_identity {
+                    Some(id) => keys.get_key_value(id).ok_or_else(|| {
+                        format!("{table}.psk_identity {id:?} is not in {key_name} {}", path.display())
+                    })?,
+                    None if keys.len() == 1 => keys.iter().next().expect("one"),
+                    None => {
+                        return Err(format!(
+                            "{key_name} {} has {} identities: name one with {table}.psk_identity",
+                            path.display(),
+                            keys.len()
+                        ))
+                    }
+                };
+                let (identity, key) = (identity.clone(), key.clone());
+                psk_identity = Some(identity.clone());
+                b.set_psk_client_callback(move |_ssl, _hint, id_out: &mut [u8], key_out: &mut [u8]| {
+                    // The identity is written NUL-terminated; both fit (OpenSSL's buffers are its maxima).
+                    let id = identity.as_bytes();
+                    if id.len() >= id_out.len() || key.len() > key_out.len() {
+                        return Ok(0);
+                    }
+                    id_out[..id.len()].copy_from_slice(id);
+                    id_out[id.len()] = 0;
+                    key_out[..key.len()].copy_from_slice(&key);
+                    Ok(key.len())
+                });
+            }
+            (Some(_), Some(_)) => {
+                return Err(format!("{table}: give ca (x509) or psk_file (PSK), not both"));
+            }
+            (None, None) => {
+                return Err(format!("{table} needs ca (x509: the CA of the servers' certificates) or psk_file"))
+            }
+        }
+        b.set_cert_store(store.build());
+        b.set_verify(SslVerifyMode::PEER);
+        Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files })
+    }
+
+    /// The PSK identity offered, if PSK.
+    pub fn psk_identity(&self) -> Option<&str> {
+        self.psk_identity.as_deref()
+    }
+
+    /// Runs the TLS handshake as the client on `stream` to the server `name` (a DNS name or an IP
+    /// address its certificate must carry; unused with PSK).
+    pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        name: &str,
+        stream: S,
+    ) -> Result<SslStream<S>, TlsError> {
+        let mut config = self.connector.configure().map_err(|e| TlsError(e.to_string()))?;
+        if self.psk_identity.is_some() {
+            config.set_verify_hostname(false);
+        }
+        let ssl = config.into_ssl(name).map_err(|e| TlsError(e.to_string()))?;
+        let mut tls = SslStream::new(ssl, stream).map_err(|e| TlsError(e.to_string()))?;
+        Pin::new(&mut tls).connect().await.map_err(|e| {
+            let verify = tls.ssl().verify_result();
+            match verify {
+                openssl::x509::X509VerifyResult::OK => TlsError(e.to_string()),
+                v => TlsError(format!("{e} ({})", v.error_string())),
+            }
+        })?;
+        Ok(tls)
     }
 }
 

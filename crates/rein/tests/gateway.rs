@@ -437,7 +437,16 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
         // Start-time errors name the node: an export too small for the layout (an unreachable node does not
         // stop the start: a_node_down_at_start_does_not_stop_the_gateway).
         (format!("{good_node}[[exports]]\nname = \"v\"\nsize_mb = 64\n"), "node s1: export \"v\" is 33554432 bytes"),
+        // TLS to the nodes.
+        (format!("[node_tls]\n{good_node}{export}"), "node_tls needs ca"),
+        (format!("[node_tls]\nca = \"c.pem\"\npsk_file = \"k.psk\"\n{good_node}{export}"), "not both"),
+        (format!("[node_tls]\nca = \"missing.pem\"\n{good_node}{export}"), "node_tls.ca"),
+        (format!("[node_tls]\npsk_file = \"two.psk\"\n{good_node}{export}"), "name one with node_tls.psk_identity"),
+        (format!("[node_tls]\npsk_file = \"two.psk\"\npsk_identity = \"c\"\n{good_node}{export}"), "\"c\" is not in"),
+        (format!("{good_node}tls = true\n{export}"), "tls = true needs a [node_tls] table"),
+        (format!("{good_node}tls_name = \"n.example\"\n{export}"), "tls_name needs TLS"),
     ];
+    write_file(dir.path(), "two.psk", "a:00ff\nb:ff00\n");
     for (i, (text, key)) in cases.iter().enumerate() {
         let cfg = write_file(dir.path(), &format!("bad{i}.toml"), &format!("listen = \"127.0.0.73:0\"\n{text}"));
         let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
@@ -595,4 +604,112 @@ fn sighup_restates_specs_and_adds_and_removes_volumes() {
     gw.wait_line("the running configuration is unchanged");
     let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x5e 0 256k"]);
     assert!(ok, "{out}");
+}
+
+/// A storage node on 127.0.0.`host` like [`storage_node`], that requires TLS (its certificate
+/// `<host>-cert.pem` for IP 127.0.0.`host`, client certificates checked against `ca-cert.pem`, and PSK
+/// identities from `nodes.psk`) and lets only the identities `gw-a` and `gw-p` use the storage-node
+/// protocol.
+fn tls_storage_node(dir: &Path, host: u8) -> Server {
+    let d = dir.join(format!("node{host}"));
+    std::fs::create_dir_all(&d).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{data}\"\ncapacity_iops = 100000\n\
+         scheduler = \"dmclock\"\n[tls]\nmode = \"require\"\ncert = \"{dir}/n{host}-cert.pem\"\nkey = \"{dir}/n{host}-key.pem\"\n\
+         ca = \"{dir}/ca-cert.pem\"\npsk_file = \"{dir}/nodes.psk\"\n\
+         [node]\nenabled = true\nspecs = \"gateway\"\nallow_identities = [\"gw-a\", \"gw-p\"]\n\
+         [[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
+        data = d.join("data").display(),
+        dir = dir.display(),
+    );
+    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+}
+
+/// Links to storage nodes that require TLS: the gateway runs STARTTLS with a client certificate or a
+/// PSK, checks each node's certificate against `[node_tls] ca` and the node's address, and a node admits
+/// only the identities its `[node] allow_identities` names. Every way of getting it wrong stops the
+/// gateway at start with one line naming the node and the cause; nothing falls back to plain NBD.
+#[test]
+fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
+    use common::tls::{make_ca, make_cert, server, CLIENT};
+    let tmp = tmpdir("gw-node-tls");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "Rein test CA");
+    make_ca(dir, "other", "Another CA");
+    for h in [131, 132] {
+        make_cert(dir, "ca", &format!("n{h}"), &format!("node{h}"), &server(&format!("IP:127.0.0.{h}")));
+    }
+    make_cert(dir, "ca", "gwa", "gw-a", CLIENT);
+    make_cert(dir, "ca", "gwb", "gw-b", CLIENT);
+    let key =
+        |seed: u8| (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(29).wrapping_add(seed))).collect::<String>();
+    write_file(dir, "nodes.psk", &format!("gw-p:{}\ngw-q:{}\n", key(3), key(4)));
+    write_file(dir, "gw.psk", &format!("gw-p:{}\n", key(3)));
+    write_file(dir, "wrong.psk", &format!("gw-p:{}\n", key(5)));
+    write_file(dir, "q.psk", &format!("gw-q:{}\n", key(4)));
+    let nodes = [tls_storage_node(dir, 131), tls_storage_node(dir, 132)];
+    let config = |name: &str, node_tls: &str, extra: &str| {
+        let mut text = format!("listen = \"127.0.0.133:0\"\nadmin = \"127.0.0.133:0\"\n{TIMES}{node_tls}");
+        for (i, n) in nodes.iter().enumerate() {
+            text.push_str(&format!(
+                "[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n{extra}",
+                i + 1,
+                n.nbd
+            ));
+        }
+        text.push_str(
+            "[[tenants]]\nname = \"c2\"\nreservation = 100\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
+        );
+        write_file(dir, name, &text)
+    };
+    let x509 = |cert: &str| {
+        format!("[node_tls]\nca = \"ca-cert.pem\"\ncert = \"{cert}-cert.pem\"\nkey = \"{cert}-key.pem\"\n")
+    };
+    let psk = |file: &str| format!("[node_tls]\npsk_file = \"{file}\"\n");
+    // x509 with gw-a's certificate: data goes through both nodes.
+    let gw = gateway(&config("a.toml", &x509("gwa"), ""));
+    for n in &nodes {
+        n.wait_line("storage-node session granted");
+    }
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x6b 0 512k", "read -P 0x6b 0 512k", "flush"]);
+    assert!(ok, "{out}");
+    drop(gw);
+    // PSK (gw-p): reads what gw-a wrote.
+    let gw = gateway(&config("p.toml", &psk("gw.psk"), ""));
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x6b 0 512k"]);
+    assert!(ok, "{out}");
+    drop(gw);
+    // Plain NBD (no storage-node option) runs over TLS too.
+    let cfg = config("nbd.toml", &x509("gwa"), "");
+    std::fs::write(&cfg, std::fs::read_to_string(&cfg).unwrap().replace("\"rein\"", "\"nbd\"")).unwrap();
+    let gw = gateway(&cfg);
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x6b 0 512k", "write -P 0x6c 64k 64k", "flush"]);
+    assert!(ok, "{out}");
+    drop(gw);
+    // What must stop the start, and the words that say why.
+    let cases = [
+        ("plain.toml", String::new(), "", "the node requires TLS: give the gateway a [node_tls] table"),
+        ("b.toml", x509("gwb"), "", "(identity \"gw-b\") may not use the storage-node protocol"),
+        ("q.toml", psk("q.psk"), "", "(identity \"gw-q\") may not use the storage-node protocol"),
+        ("wrongkey.toml", psk("wrong.psk"), "", "TLS to 127.0.0.131"),
+        ("name.toml", x509("gwa"), "tls_name = \"s1.example\"\n", "hostname mismatch"),
+        ("ca.toml", x509("gwa").replace("ca-cert.pem", "other-cert.pem"), "", "certificate verify failed"),
+    ];
+    for (file, node_tls, extra, want) in cases {
+        let cfg = config(file, &node_tls, extra);
+        let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{file}: one line: {err}");
+        assert!(lines[0].contains("node s1") && lines[0].contains(want), "{file}: wants {want:?}: {err}");
+    }
+    // A node that does not offer TLS: refused, not used in plain.
+    let plain = node(dir, 134, 0);
+    let text = format!(
+        "listen = \"127.0.0.133:0\"\n{TIMES}{}[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n[[exports]]\nname = \"v\"\nsize_mb = 16\n",
+        x509("gwa"),
+        plain.nbd
+    );
+    let cfg = write_file(dir, "tlsless.toml", &text);
+    let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+    assert!(err.contains("node s1") && err.contains("the node does not offer TLS, which [node_tls] requires"), "{err}");
 }

@@ -58,6 +58,16 @@
 //! [`ClientHandshake::with_node`] it sends [`OPT_REIN_NODE`] first; a refusal is reported
 //! ([`ClientProgress::NodeRefused`]) with GO already sent, so a caller that can do without the node
 //! protocol goes on feeding (plain NBD) and one that cannot closes.
+//!
+//! With [`ClientHandshake::require_tls`] the client sends NBD_OPT_STARTTLS right after the greeting,
+//! before any other option (the spec's "forced TLS" from the client's side):
+//! ```text
+//! --greeting--> STARTTLS sent --ACK--> StartTls: caller runs TLS, tls_established() --> (as above)
+//!                             --error reply--> ProtoError::OptionRefused (never plain)
+//! ```
+//! The ACK must be the last byte before TLS: bytes after it in the same input are a protocol error (a
+//! server must send nothing more in the clear, and a man in the middle could otherwise inject replies
+//! that the client would take as coming over TLS). A refusal is an error, never a fall-back to plain NBD.
 
 use super::*;
 use crate::nbd::node::{NodeError, NodeHello, NodeWelcome, OPT_REIN_NODE, REP_REIN_NODE};
@@ -601,11 +611,18 @@ pub enum ClientProgress {
     /// reply and message (NBD_REP_ERR_UNSUP: a plain NBD server). GO is already in `out`: feed on for a
     /// plain session ([`ClientProgress::Ready`]), or close.
     NodeRefused(u32, String),
+    /// With [`ClientHandshake::require_tls`]: the server acknowledged NBD_OPT_STARTTLS. Write `out`, run
+    /// the TLS handshake as the client on the socket, call [`ClientHandshake::tls_established`], and go
+    /// on feeding what arrives over TLS.
+    StartTls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CState {
     Greeting,
+    StartTlsReply,
+    AwaitTls,
+    TlsUp,
     NodeReply,
     StructuredReply,
     GoReplies,
@@ -623,6 +640,7 @@ pub struct ClientHandshake {
     flags: u16,
     node_hello: Option<NodeHello>,
     welcome: Option<NodeWelcome>,
+    tls: bool,
 }
 
 impl ClientHandshake {
@@ -651,6 +669,41 @@ impl ClientHandshake {
             flags: 0,
             node_hello: None,
             welcome: None,
+            tls: false,
+        }
+    }
+
+    /// Asks for TLS (NBD_OPT_STARTTLS) before any other option, and refuses to go on without it (module
+    /// comment). Set it before the first `feed`.
+    pub fn require_tls(mut self) -> ClientHandshake {
+        self.tls = true;
+        self
+    }
+
+    /// The caller's TLS handshake succeeded after [`ClientProgress::StartTls`]: the next `feed` (with
+    /// what arrives over TLS, or nothing) sends the options that follow.
+    pub fn tls_established(&mut self) -> Result<(), ProtoError> {
+        if self.state != CState::AwaitTls {
+            return Err(ProtoError::Malformed("tls_established without an acknowledged NBD_OPT_STARTTLS"));
+        }
+        self.state = CState::TlsUp;
+        Ok(())
+    }
+
+    /// The first options after the greeting (and after TLS, if asked): the node hello, structured replies
+    /// or GO.
+    fn send_options(&mut self, out: &mut Vec<u8>) {
+        if let Some(hello) = &self.node_hello {
+            let mut d = Vec::with_capacity(hello.encoded_len());
+            hello.encode(&mut d);
+            option_request(out, OPT_REIN_NODE, &d);
+            self.state = CState::NodeReply;
+        } else if self.want_structured {
+            option_request(out, OPT_STRUCTURED_REPLY, &[]);
+            self.state = CState::StructuredReply;
+        } else {
+            self.send_go(out);
+            self.state = CState::GoReplies;
         }
     }
 
@@ -730,18 +783,43 @@ impl ClientHandshake {
                         cflags |= FLAG_C_NO_ZEROES;
                     }
                     out.extend_from_slice(&cflags.to_be_bytes());
-                    if let Some(hello) = &self.node_hello {
-                        let mut d = Vec::with_capacity(hello.encoded_len());
-                        hello.encode(&mut d);
-                        option_request(out, OPT_REIN_NODE, &d);
-                        self.state = CState::NodeReply;
-                    } else if self.want_structured {
-                        option_request(out, OPT_STRUCTURED_REPLY, &[]);
-                        self.state = CState::StructuredReply;
+                    if self.tls {
+                        option_request(out, OPT_STARTTLS, &[]);
+                        self.state = CState::StartTlsReply;
                     } else {
-                        self.send_go(out);
-                        self.state = CState::GoReplies;
+                        self.send_options(out);
                     }
+                }
+                CState::StartTlsReply => {
+                    let Some((OptionReply { option, reply, data }, n)) = decode_option_reply(rest)? else {
+                        return Ok((used, ClientProgress::NeedMore));
+                    };
+                    used += n;
+                    if option != OPT_STARTTLS {
+                        return Err(ProtoError::Malformed("a reply to another option than NBD_OPT_STARTTLS"));
+                    }
+                    if reply != REP_ACK {
+                        return Err(ProtoError::OptionRefused {
+                            option,
+                            reply,
+                            message: String::from_utf8_lossy(data).into_owned(),
+                        });
+                    }
+                    if !data.is_empty() {
+                        return Err(ProtoError::Malformed("NBD_OPT_STARTTLS acknowledged with data"));
+                    }
+                    if input.len() > used {
+                        return Err(ProtoError::Malformed("data after the NBD_OPT_STARTTLS reply before TLS"));
+                    }
+                    self.state = CState::AwaitTls;
+                    return Ok((used, ClientProgress::StartTls));
+                }
+                CState::TlsUp => self.send_options(out),
+                CState::AwaitTls => {
+                    if rest.is_empty() {
+                        return Ok((used, ClientProgress::StartTls));
+                    }
+                    return Err(ProtoError::Malformed("data after the NBD_OPT_STARTTLS reply before TLS"));
                 }
                 CState::StructuredReply | CState::GoReplies => {
                     let Some((OptionReply { option: opt, reply, data }, n)) = decode_option_reply(rest)? else {

@@ -356,6 +356,7 @@ pub(crate) fn nbd_open_with(addr: SocketAddr, mut hs: ClientHandshake, timeout: 
                 return Ok(NbdOpen { stream, buf, size, flags, structured: false, welcome, node_refused });
             }
             ClientProgress::NodeRefused(reply, message) => node_refused = Some((reply, message)),
+            ClientProgress::StartTls => return Err("STARTTLS: this test client speaks no TLS".into()),
         }
     }
 }
