@@ -8,8 +8,11 @@
 # With PERF=1, the last gateway run is profiled with `perf record -g` (gateway process only) and the top
 # symbols are printed.
 # GW_THREADS sets the gateway's tokio worker threads (default: the number of CPUs); GW_CONNS its
-# connections_per_node (default 2, the gateway's own default).
-# Usage: [PERF=1] [GW_THREADS=n] [GW_CONNS=n] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+# connections_per_node (default 2, the gateway's own default). NODE_TLS=psk runs the gateway's links to
+# the nodes over TLS (the nodes require it, `[tls] psk_file`; the gateway's `[node_tls] psk_file`); VMs
+# still reach the gateway, and the direct server, in plain NBD.
+# REIN names the binary (default ./target/release/rein).
+# Usage: [PERF=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_TLS=psk] [REIN=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -27,7 +30,10 @@ fio_one() {
 # Runs fio against uri $1 while the processes $2.. serve it: prints "IOPS CPU-us-per-IO".
 measure() { local uri=$1; shift; local c0 c1 iops; c0=$(cpu_sum "$@"); iops=$(fio_one "$uri"); c1=$(cpu_sum "$@")
   python3 -c "import sys; i,a,b,s=map(float,sys.argv[1:]); print(f'{i:.0f} {1e6*(b-a)/max(i*s,1):.2f}')" "$iops" "$c0" "$c1" "$SECS"; }
-REIN=./target/release/rein
+REIN=${REIN:-./target/release/rein}
+if [ "${NODE_TLS:-}" = psk ]; then
+  printf 'gw:%s\n' "$(python3 -c 'import os; print(os.urandom(32).hex())')" > "$W/gw.psk"
+fi
 node_config() { # host [node] -> config path: one read-only export "bench" over $FILE (with "node" and a
                # PROTOCOL other than nbd: a storage node, [node] enabled)
   cat > "$W/node-$1.toml" <<TOML
@@ -41,6 +47,9 @@ path = "$FILE"
 size_mb = 1024
 read_only = true
 TOML
+  if [ "$2" = node ] && [ "${NODE_TLS:-}" = psk ]; then
+    printf '[tls]\nmode = "require"\npsk_file = "%s"\n' "$W/gw.psk" >> "$W/node-$1.toml"
+  fi
   if [ "$2" = node ] && [ "$PROTOCOL" != nbd ]; then
     # The storage-node protocol: dmClock at the node, the gateway's tenant adopted.
     { echo 'scheduler = "dmclock"'; cat "$W/node-$1.toml"; printf '[node]\nenabled = true\nspecs = "gateway"\n'; } > "$W/node-$1.tmp"
@@ -59,6 +68,7 @@ gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   for h in 42 43 44; do "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
   { echo 'listen = "127.0.0.45:10809"'; echo "connections_per_node = ${GW_CONNS:-2}"
+    if [ "${NODE_TLS:-}" = psk ]; then printf '[node_tls]\npsk_file = "%s"\n' "$W/gw.psk"; fi
     for h in 42 43 44; do printf '[[nodes]]\nname = "s%d"\naddress = "127.0.0.%d:10809"\nprotocol = "%s"\nexport = "bench"\n' $h $h "$PROTOCOL"; done
     printf '[[exports]]\nname = "vol"\nsize_mb = 1024\nstripe_kb = 64\n'; } > "$W/gw.toml"
   TOKIO_WORKER_THREADS=${GW_THREADS:-$(nproc)} "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!
