@@ -16,7 +16,8 @@
 //!   per request header, decoded from that very header; the same events however the input is split;
 //!   `NeedMore { wanted }` only when fewer than `wanted` bytes are unconsumed, and `wanted` within the
 //!   buffer bound; and every reply encodes to something a client decodes back to the request's handle,
-//!   error and length.
+//!   error and length. [`transmission_shutdown`]: the same, the server shutting down after some events;
+//!   after that no request runs (NBD_ESHUTDOWN).
 //! - [`node_hello`]: the storage-node decoders ([`crate::nbd::node`]: hello, welcome, tag, reply trailer,
 //!   node reply) never panic, and what they accept passes the same checks as the encoders' side and
 //!   re-encodes to the same bytes. [`handshake`] and [`transmission`] also run node sessions (a bit of
@@ -292,6 +293,29 @@ pub fn transmission(data: &[u8]) {
         node_slots: (data[0] >> 4) as u32,
     };
     transmission_with(config, &data[6..], &chunk_sizes(data[5]));
+    transmission_shutdown(config, &data[6..], &chunk_sizes(data[5]), (data[5] % 8) as usize);
+}
+
+/// [`transmission_with`] with the server shutting down after `after` events
+/// ([`ServerTransmission::shut_down`]): the same events however the input is split, and after the
+/// shutdown no request runs: each is rejected with NBD_ESHUTDOWN (an unknown command with its own
+/// EINVAL), DISC still disconnects, and a WRITE's payload is skipped.
+pub fn transmission_shutdown(config: TransmissionConfig, stream: &[u8], sizes: &[usize], after: usize) -> Vec<Outcome> {
+    let whole = transmission_run_with(config, stream, &[stream.len().max(1)], Some(after));
+    let split = transmission_run_with(config, stream, sizes, Some(after));
+    assert_eq!(whole, split, "transmission events depend on how the input is split (invariant 2)");
+    for outcome in whole.iter().skip(after) {
+        match outcome {
+            Outcome::Request(r, _) => panic!("request {} ran after the shutdown", r.handle),
+            Outcome::Reject(r) => assert!(
+                matches!(r.reason, nbd::Reason::ShuttingDown | nbd::Reason::UnknownCommand(_)),
+                "a request after the shutdown rejected for {}, not ESHUTDOWN",
+                r.reason
+            ),
+            Outcome::Disconnect | Outcome::Error(_) => {}
+        }
+    }
+    whole
 }
 
 /// Runs `stream` through [`ServerTransmission`] whole and in pieces of `sizes`, checks the contracts
@@ -309,6 +333,16 @@ pub fn transmission_with(config: TransmissionConfig, stream: &[u8], sizes: &[usi
 
 /// Feeds `stream` in pieces like a connection would: read a piece, feed until `NeedMore`.
 fn transmission_run(config: TransmissionConfig, stream: &[u8], sizes: &[usize]) -> Vec<Outcome> {
+    transmission_run_with(config, stream, sizes, None)
+}
+
+/// [`transmission_run`], the server shutting down once `shutdown_after` events were produced.
+fn transmission_run_with(
+    config: TransmissionConfig,
+    stream: &[u8],
+    sizes: &[usize],
+    shutdown_after: Option<usize>,
+) -> Vec<Outcome> {
     let mut machine = ServerTransmission::new(config);
     let head = machine.config().request_head_len();
     let mut outcomes = Vec::new();
@@ -321,6 +355,9 @@ fn transmission_run(config: TransmissionConfig, stream: &[u8], sizes: &[usize]) 
         buf.extend_from_slice(piece);
         offered += piece.len();
         loop {
+            if shutdown_after == Some(outcomes.len()) {
+                machine.shut_down();
+            }
             let unconsumed = &buf[start..];
             let (used, event) = match machine.feed(unconsumed) {
                 Ok(r) => r,

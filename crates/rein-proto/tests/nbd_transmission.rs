@@ -129,6 +129,34 @@ fn scenario() -> impl Strategy<Value = (TransmissionConfig, Vec<Op>, bool, u8)> 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
+    /// A server shutting down after `k` requests: the first `k` get what the rules say, every later one
+    /// ESHUTDOWN (an unknown command EINVAL), each exactly once and in order, whatever the split; the
+    /// stream stays in sync across skipped WRITE payloads, and DISC still ends it.
+    #[test]
+    fn after_a_shutdown_every_request_gets_eshutdown((c, ops, disc, seed) in scenario(), k in 0usize..45) {
+        let stream = encode(&ops, disc);
+        let outcomes = harness::transmission_shutdown(c, &stream, &harness::chunk_sizes(seed), k);
+        prop_assert_eq!(outcomes.len(), ops.len() + disc as usize);
+        for (i, (op, outcome)) in ops.iter().zip(&outcomes).enumerate() {
+            let known = matches!(op.command, CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_WRITE_ZEROES);
+            let want = if i < k {
+                expected(&c, op)
+            } else if known {
+                Err(ErrorKind::Shutdown)
+            } else {
+                Err(ErrorKind::InvalidRequest)
+            };
+            match (want, outcome) {
+                (Ok(kind), Outcome::Request(r, _)) => prop_assert_eq!((r.handle, r.kind), (op.handle, kind)),
+                (Err(kind), Outcome::Reject(r)) => prop_assert_eq!((r.handle, r.kind()), (op.handle, kind), "{}", r),
+                (want, got) => prop_assert!(false, "request {i} {op:?}: expected {want:?}, got {got:?}"),
+            }
+        }
+        if disc {
+            prop_assert_eq!(outcomes.last(), Some(&Outcome::Disconnect));
+        }
+    }
+
     /// Every request is answered (a request event) or rejected exactly once, in order, as the rules say,
     /// whatever the split of the stream (the harness feeds it whole and in pieces, and checks the replies).
     #[test]
@@ -292,4 +320,47 @@ fn the_maximum_payload_is_clamped_so_a_read_fits_one_chunk() {
     assert_eq!(m.config().max_payload, transmission::MAX_PAYLOAD_LIMIT);
     let zero = ServerTransmission::new(TransmissionConfig { max_payload: 0, ..c });
     assert_eq!(zero.config().max_payload, 1);
+}
+
+/// Server shutdown: requests after `shut_down` are answered with NBD_ESHUTDOWN and not run (a WRITE's
+/// payload skipped, the stream in sync), a request decoded before it runs, and DISC still disconnects.
+#[test]
+fn after_shut_down_requests_get_eshutdown_and_disc_still_disconnects() {
+    let c = TransmissionConfig {
+        size: 1 << 20,
+        read_only: false,
+        structured: true,
+        max_payload: 65536,
+        volatile: false,
+        node: false,
+        node_slots: 0,
+    };
+    let mut m = ServerTransmission::new(c);
+    let head = |command: Command, handle: u64, length: u32| {
+        let mut v = Vec::new();
+        RequestHeader { flags: 0, command, handle, offset: 0, length }.encode(&mut v);
+        v
+    };
+    assert!(matches!(m.feed(&head(Command::Read, 1, 4096)).unwrap(), (REQUEST_LEN, Event::Request { .. })));
+    m.shut_down();
+    for (command, handle, length) in [(Command::Read, 2, 4096), (Command::Flush, 3, 0), (Command::Trim, 4, 512)] {
+        let bytes = head(command, handle, length);
+        let (used, e) = m.feed(&bytes).unwrap();
+        assert_eq!(used, REQUEST_LEN);
+        let Event::Reject(r) = e else { panic!("{command}: {e:?}") };
+        assert_eq!((r.handle, r.reason, r.kind()), (handle, Reason::ShuttingDown, ErrorKind::Shutdown));
+    }
+    // A WRITE with its payload: rejected at the header, its payload skipped, the next header read.
+    let mut w = head(Command::Write, 5, 8192);
+    w.extend(std::iter::repeat_n(0xab, 8192));
+    w.extend(head(Command::Disc, 6, 0));
+    let (used, e) = m.feed(&w).unwrap();
+    assert_eq!(used, REQUEST_LEN);
+    assert!(matches!(e, Event::Reject(Rejection { handle: 5, reason: Reason::ShuttingDown, .. })));
+    assert_eq!(m.feed(&w[used..]).unwrap(), (8192 + REQUEST_LEN, Event::Disconnect));
+    // The reply carries NBD_ESHUTDOWN (108).
+    let mut out = Vec::new();
+    let r = Rejection { handle: 2, command: Command::Read, reason: Reason::ShuttingDown };
+    ReplyEncoder::new(false).rejection(&mut out, &r);
+    assert_eq!(u32::from_be_bytes(out[4..8].try_into().unwrap()), ESHUTDOWN);
 }

@@ -966,8 +966,8 @@ pub async fn run_with(
             }
         }
     }
-    tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");
     let _ = stop_tx.send(true);
+    tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");
     drop(nbd);
     let drained =
         tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;

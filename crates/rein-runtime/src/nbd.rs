@@ -31,9 +31,12 @@
 //!   (with its charge) to the WRITE whose payload it holds, which saves the copy.
 //! - Time: the handshake [`HANDSHAKE_TIMEOUT`]; in the transmission phase, with `idle_timeout` set, a
 //!   connection that has nothing in flight and receives nothing for that long is closed.
-//! - Shutdown: the connection stops reading and answers what is in flight; once [`Limits::close`] is set
-//!   (the server's shutdown deadline) it stops waiting for the budget, gives its writer [`CLOSE_GRACE`],
-//!   and closes.
+//! - Shutdown: the connection answers what is in flight and goes on reading, answering every new
+//!   request with NBD_ESHUTDOWN without running it (the spec's SHOULD; rein-proto's
+//!   `ServerTransmission::shut_down`); it ends at the client's NBD_CMD_DISC (which the spec makes a client
+//!   send after an ESHUTDOWN), or once every reply is written and nothing came for [`DRAIN_GRACE`]. Once
+//!   [`Limits::close`] is set (the server's shutdown deadline) it stops waiting for the budget, gives its
+//!   writer [`CLOSE_GRACE`], and closes.
 //! - The writer takes the replies that are ready, up to [`WRITE_BATCH`] of them or about
 //!   [`WRITE_BATCH_BYTES`], and hands them to one vectored write. On a gateway's volume
 //!   ([`Backend::Remote`]) it first yields one scheduler turn, so that the replies the node connections
@@ -108,6 +111,10 @@ pub const INPUT_FREE_BYTES: usize = 128 * 1024;
 /// After the shutdown deadline, how long a connection's writer may still take to write the replies that
 /// are ready (the errors of the requests the deadline failed) before the connection is cut.
 pub const CLOSE_GRACE: Duration = Duration::from_millis(500);
+/// While shutting down, how long a connection with every request answered still reads: requests in
+/// transit get NBD_ESHUTDOWN instead of a closed socket, and a client that got one has time for the soft
+/// disconnect (NBD_CMD_DISC) the spec asks of it.
+pub const DRAIN_GRACE: Duration = Duration::from_millis(100);
 /// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
 const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
@@ -549,6 +556,13 @@ async fn closing(close: &mut watch::Receiver<bool>) {
     let _ = close.wait_for(|c| *c).await;
 }
 
+/// Returns once every request of the connection is answered (all its [`MAX_IN_FLIGHT_PER_CONN`] permits
+/// free: a request holds one until its reply is written) and then [`DRAIN_GRACE`] has passed.
+async fn drained(permits: &Semaphore) {
+    let _all = permits.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32).await;
+    tokio::time::sleep(DRAIN_GRACE).await;
+}
+
 /// How a handshake on one transport ended.
 enum HsEnd {
     /// The client aborted or left.
@@ -672,10 +686,28 @@ impl Connection<'_> {
             match event {
                 Event::NeedMore { wanted } => {
                     self.input.consume(used);
-                    let idle = self.idle.as_mut().map(|idle| (idle, &*self.permits));
-                    let filled = tokio::select! {
-                        r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
-                        _ = shutdown.wait_for(|s| *s) => return Ok(End::Shutdown),
+                    let draining = *shutdown.borrow();
+                    let idle = if draining { None } else { self.idle.as_mut().map(|idle| (idle, &*self.permits)) };
+                    let filled = if draining {
+                        // Shutting down: what arrives is answered with ESHUTDOWN (the state machine
+                        // rejects it); the connection ends once every reply is written and nothing more
+                        // came for DRAIN_GRACE, at the client's DISC, or at the deadline.
+                        let permits = &self.permits;
+                        tokio::select! {
+                            r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
+                            _ = drained(permits) => return Ok(End::Shutdown),
+                            _ = closing(close) => return Ok(End::Shutdown),
+                        }
+                    } else {
+                        tokio::select! {
+                            // Shutdown first: bytes that arrive after it are refused, not run.
+                            biased;
+                            _ = shutdown.wait_for(|s| *s) => {
+                                self.machine.shut_down();
+                                continue;
+                            }
+                            r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
+                        }
                     };
                     match filled {
                         Filled::Yes => {}
@@ -720,6 +752,7 @@ impl Connection<'_> {
                     self.submit(request, op, encoder, held).await;
                 }
                 Event::Reject(rejection) => {
+                    self.requests += 1;
                     self.input.consume(used);
                     let held = tokio::select! {
                         h = self.hold(None, 0, None) => h,

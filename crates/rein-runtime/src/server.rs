@@ -306,12 +306,13 @@ pub async fn run_with(
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
     }
+    // Told first, logged after: a request a client sends once it sees the line is refused (ESHUTDOWN).
+    let _ = stop_tx.send(true);
     tracing::info!(
         connections = tasks.len(),
         deadline_s = cfg.shutdown_timeout.as_secs_f64(),
         "shutting down: answering the requests in flight"
     );
-    let _ = stop_tx.send(true);
     drop(nbd);
     let drained =
         tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;

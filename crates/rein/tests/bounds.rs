@@ -269,8 +269,8 @@ fn shutdown_fails_a_throttled_queue_at_the_deadline() {
     let config = "shutdown_timeout_s = 1\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 1\n";
     let mut s = start(tmp.path(), 45, config);
     let mut c = Raw::connect(s.nbd, "slow");
-    // One write, so that the server has them all once it answers the first (it stops reading at the
-    // shutdown: requests still unread then are not answered).
+    // One write, so that the server has them all once it answers the first (requests still unread at the
+    // shutdown would be refused with ESHUTDOWN, not queued).
     let burst: Vec<u8> = (0..40u64).flat_map(|h| Raw::header(Command::Read, h, 0, 4096)).collect();
     c.s.write_all(&burst).unwrap();
     // The first one is answered at once (a limit lets a request through when the tenant is idle).
@@ -292,4 +292,45 @@ fn shutdown_fails_a_throttled_queue_at_the_deadline() {
     assert!(ok >= 2 && shut >= 30, "{ok} answered, {shut} failed with ESHUTDOWN");
     assert!(c.closed_by_server());
     assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+/// The NBD spec on a server shutdown: "The error value issued in respect of these requests and any
+/// subsequently received requests SHOULD be `NBD_ESHUTDOWN`. If the client receives an `NBD_ESHUTDOWN`
+/// error it MUST initiate a soft disconnect." Requests sent after SIGTERM used to get no answer at all
+/// (the server stopped reading, then closed): a WRITE's client could not tell whether it was written. Now
+/// they are answered with ESHUTDOWN and not run, the requests in flight before it are served, and the
+/// client's DISC ends the connection and lets the server exit long before its deadline.
+#[test]
+fn requests_sent_during_shutdown_get_eshutdown_and_are_not_run() {
+    let tmp = tmpdir("bounds-eshutdown");
+    let config = "shutdown_timeout_s = 20\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 2\n";
+    let mut s = start(tmp.path(), 46, config);
+    let mut c = Raw::connect(s.nbd, "slow");
+    // Three READs: the first answered at once, two held by the 2 IOPS limit (about 0.5 s and 1 s).
+    for h in 0..3u64 {
+        c.send(Command::Read, h, 0, 4096, &[]);
+    }
+    assert_eq!(c.reply(4096).0, 0);
+    s.signal("-TERM");
+    s.wait_log(&["shutting down"], Duration::from_secs(5));
+    // After the shutdown began: a READ and a WRITE of 0xee over the first 4 KiB.
+    c.send(Command::Read, 10, 0, 4096, &[]);
+    c.send(Command::Write, 11, 0, 4096, &[0xee; 4096]);
+    let mut got = std::collections::BTreeMap::new();
+    for _ in 0..4 {
+        let (h, e, _) = c.reply(4096);
+        got.insert(h, e);
+    }
+    let want: std::collections::BTreeMap<u64, u32> = [(1, 0), (2, 0), (10, p::ESHUTDOWN), (11, p::ESHUTDOWN)].into();
+    assert_eq!(got, want, "the queued reads served, the later requests refused with ESHUTDOWN");
+    // The soft disconnect the spec asks of the client: the server closes and exits, well before 20 s.
+    let t0 = Instant::now();
+    c.send(Command::Disc, 12, 0, 0, &[]);
+    assert!(c.closed_by_server());
+    let took = s.terminate(Duration::from_secs(10));
+    assert!(t0.elapsed() < Duration::from_secs(10), "exit took {took:?} after the DISC");
+    s.wait_log(&["NBD connection closed", "requests=5", "(NBD_CMD_DISC)"], Duration::from_secs(1));
+    // The WRITE was not run.
+    let image = std::fs::read(tmp.path().join("data").join("slow.img")).unwrap();
+    assert!(image[..4096].iter().all(|&b| b == 0), "the refused WRITE changed the export");
 }

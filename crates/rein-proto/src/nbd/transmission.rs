@@ -53,6 +53,16 @@
 //!
 //! A zero-length READ or WRITE is valid (and answered with success and no data).
 //!
+//! # Server shutdown
+//! After [`ServerTransmission::shut_down`], every request but DISC is rejected with NBD_ESHUTDOWN
+//! ([`Reason::ShuttingDown`], before the other checks once the command is known: an unknown command still
+//! gets EINVAL; a WRITE's payload is skipped as for any rejection).
+//! The spec: "On a server shutdown, the server SHOULD wait for inflight requests to be serviced prior to
+//! initiating a hard disconnect. [...] The error value issued in respect of these requests and any
+//! subsequently received requests SHOULD be `NBD_ESHUTDOWN`. If the client receives an `NBD_ESHUTDOWN`
+//! error it MUST initiate a soft disconnect." So a caller that shuts down keeps reading: requests sent
+//! meanwhile are answered (not run), and the client's DISC ends the connection cleanly.
+//!
 //! # Storage-node sessions ([`super::node`])
 //! With [`TransmissionConfig::node`], every request header (DISC's too) is followed by a
 //! [`NODE_TAG_LEN`]-byte [`NodeTag`]: a request is consumed only once header and tag are there, and the
@@ -217,6 +227,8 @@ pub enum Reason {
         /// The export's size.
         size: u64,
     },
+    /// The server is shutting down ([`ServerTransmission::shut_down`]): not run.
+    ShuttingDown,
 }
 
 impl fmt::Display for Reason {
@@ -234,6 +246,7 @@ impl fmt::Display for Reason {
             Reason::OutOfRange { offset, length, size } => {
                 write!(f, "range {offset}+{length} is beyond the end of the export ({size} bytes)")
             }
+            Reason::ShuttingDown => f.write_str("the server is shutting down"),
         }
     }
 }
@@ -257,6 +270,7 @@ impl Rejection {
             Reason::OutOfRange { .. } if matches!(self.command, Command::Write | Command::WriteZeroes) => {
                 ErrorKind::NoSpace
             }
+            Reason::ShuttingDown => ErrorKind::Shutdown,
             _ => ErrorKind::InvalidRequest,
         }
     }
@@ -308,6 +322,8 @@ pub struct ServerTransmission {
     /// Longest rejected WRITE payload skipped rather than closing: max(MAX_DISCARD, max payload).
     discard_limit: u32,
     state: State,
+    /// Set by [`ServerTransmission::shut_down`].
+    shutting_down: bool,
 }
 
 impl ServerTransmission {
@@ -318,7 +334,14 @@ impl ServerTransmission {
             config: TransmissionConfig { max_payload, ..config },
             discard_limit: MAX_DISCARD.max(max_payload),
             state: State::Header,
+            shutting_down: false,
         }
+    }
+
+    /// The server is shutting down: from now on every request but DISC is rejected with NBD_ESHUTDOWN
+    /// (module comment, "Server shutdown").
+    pub fn shut_down(&mut self) {
+        self.shutting_down = true;
     }
 
     /// The configuration in force (after clamping).
@@ -407,7 +430,8 @@ impl ServerTransmission {
             }
         };
         let tag_fault = tag.and_then(|t| t.check_slot(self.config.node_slots).and(t.check_values()).err());
-        if let Some(reason) = tag_fault.map(Reason::Tag).or_else(|| self.check(&header, kind)) {
+        let shutdown = self.shutting_down.then_some(Reason::ShuttingDown);
+        if let Some(reason) = shutdown.or(tag_fault.map(Reason::Tag)).or_else(|| self.check(&header, kind)) {
             if kind == RequestKind::Write && header.length > 0 {
                 if header.length > self.discard_limit {
                     return Err(ProtoError::Unrecoverable(header.length));
