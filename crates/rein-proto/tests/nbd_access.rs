@@ -405,3 +405,27 @@ fn the_client_sends_starttls_before_anything_and_refuses_bytes_after_its_ack() {
     option_request(&mut want, OPT_STRUCTURED_REPLY, &[]);
     assert_eq!(out, want);
 }
+
+#[test]
+fn after_shut_down_options_get_err_shutdown_and_abort_still_ends() {
+    let mut s = server(|_| {});
+    let mut out = Vec::new();
+    let (_, p) = s.feed(&flags_and(&[(OPT_LIST, &[])]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::NeedMore);
+    assert!(replies(&out).iter().any(|r| r.1 == REP_SERVER), "listed before the shutdown");
+    s.shut_down();
+    for option in [OPT_LIST, OPT_GO, OPT_INFO, OPT_STRUCTURED_REPLY, OPT_STARTTLS] {
+        let data = if option == OPT_GO || option == OPT_INFO { go("rd") } else { Vec::new() };
+        let mut out = Vec::new();
+        let (_, p) = s.feed(&opt(option, &data), &mut out).unwrap();
+        assert_eq!(p, ServerProgress::NeedMore, "option {option}");
+        assert_eq!(replies(&out), vec![(option, REP_ERR_SHUTDOWN, b"the server is shutting down".to_vec())]);
+    }
+    // EXPORT_NAME has no error reply: the handshake ends.
+    let e = s.clone().feed(&go_export_name("rd"), &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("the server is shutting down"), "{e}");
+    // ABORT, the client's soft disconnect, is still acknowledged.
+    let mut out = Vec::new();
+    assert_eq!(s.feed(&opt(OPT_ABORT, &[]), &mut out).unwrap().1, ServerProgress::Aborted);
+    assert_eq!(replies(&out), vec![(OPT_ABORT, REP_ACK, vec![])]);
+}

@@ -114,7 +114,7 @@ pub const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// While shutting down, how long a connection with every request answered still reads: requests in
 /// transit get NBD_ESHUTDOWN instead of a closed socket, and a client that got one has time for the soft
 /// disconnect (NBD_CMD_DISC) the spec asks of it.
-pub const DRAIN_GRACE: Duration = Duration::from_millis(100);
+pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
 const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
@@ -405,16 +405,20 @@ pub async fn serve_client(
             let refused = async {
                 let mut stream = stream;
                 stream.write_all(&out).await?;
-                let _ = handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None)).await?;
+                let mut shutdown = shutdown.clone();
+                let _ =
+                    handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None), &mut shutdown).await?;
                 Ok(())
             };
             return tokio::time::timeout(REFUSAL_TIMEOUT, refused).await.map_err(|_| ConnError::Timeout)?;
         }
     };
+    let mut hs_shutdown = shutdown.clone();
     let opened = async {
         let mut stream = stream;
         stream.write_all(&out).await?;
-        match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None)).await? {
+        let shutdown = &mut hs_shutdown;
+        match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None), shutdown).await? {
             HsEnd::Left => Ok(None),
             HsEnd::Open(n, slot, node) => Ok(Some((Transport::Plain(stream), n, None, slot, node))),
             HsEnd::StartTls => {
@@ -423,7 +427,7 @@ pub async fn serve_client(
                 hs.tls_established();
                 hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));
                 let who = (peer, identity.as_deref());
-                match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, who).await? {
+                match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, who, shutdown).await? {
                     HsEnd::Left => Ok(None),
                     HsEnd::Open(n, slot, node) => Ok(Some((Transport::Tls(Box::new(stream)), n, identity, slot, node))),
                     HsEnd::StartTls => Err(ConnError::Proto(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS"))),
@@ -431,10 +435,12 @@ pub async fn serve_client(
             }
         }
     };
-    // A shutdown ends a handshake at once: nothing is in flight yet.
+    // A shutdown is answered inside the handshake (NBD_REP_ERR_SHUTDOWN); its deadline ends one at once
+    // (a TLS handshake in progress, a client that keeps sending options).
+    let mut close = ctx.limits.close.subscribe();
     let opened = tokio::select! {
         r = tokio::time::timeout(deadline, opened) => r,
-        _ = shutdown.wait_for(|s| *s) => return Ok(()),
+        _ = closing(&mut close) => return Ok(()),
     };
     let opened: Option<Opened> = match opened {
         Ok(Ok(o)) => o,
@@ -583,12 +589,28 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     policy: &Policy,
     exports: &[Arc<Export>],
     who: (SocketAddr, Option<&str>),
+    shutdown: &mut watch::Receiver<bool>,
 ) -> Result<HsEnd, ConnError> {
     let mut out = Vec::new();
     // The tenants of the storage-node session the last hello was granted (a later hello replaces it).
     let mut node_tenants = Vec::new();
     loop {
-        if !input.fill(stream, input.unconsumed().len() + 1).await? {
+        let wanted = input.unconsumed().len() + 1;
+        let more = if *shutdown.borrow() {
+            // Shutting down: options get NBD_REP_ERR_SHUTDOWN; a client silent for DRAIN_GRACE is left.
+            hs.shut_down();
+            match tokio::time::timeout(DRAIN_GRACE, input.fill(stream, wanted)).await {
+                Ok(more) => more?,
+                Err(_) => return Ok(HsEnd::Left),
+            }
+        } else {
+            tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|s| *s) => continue,
+                more = input.fill(stream, wanted) => more?,
+            }
+        };
+        if !more {
             return Ok(HsEnd::Left);
         }
         loop {

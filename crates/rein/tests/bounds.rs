@@ -334,3 +334,54 @@ fn requests_sent_during_shutdown_get_eshutdown_and_are_not_run() {
     let image = std::fs::read(tmp.path().join("data").join("slow.img")).unwrap();
     assert!(image[..4096].iter().all(|&b| b == 0), "the refused WRITE changed the export");
 }
+
+/// The spec, for a handshake in progress: a server shutting down "SHOULD error further options received
+/// (other than an `NBD_OPT_ABORT`) with `NBD_REP_ERR_SHUTDOWN`", and the client then disconnects softly.
+/// The handshake used to be cut at once (the client's next option met a closed socket).
+#[test]
+fn a_handshake_during_shutdown_gets_err_shutdown_then_its_abort_is_acknowledged() {
+    let tmp = tmpdir("bounds-hs-shutdown");
+    let config = "shutdown_timeout_s = 20\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 2\n";
+    let mut s = start(tmp.path(), 47, config);
+    // A connection in the handshake: greeting read, client flags sent, no option yet.
+    let mut hs = TcpStream::connect(s.nbd).unwrap();
+    hs.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; 18];
+    hs.read_exact(&mut greeting).unwrap();
+    hs.write_all(&p::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+    // Another client's queued READs keep the server shutting down for about a second.
+    let mut c = Raw::connect(s.nbd, "slow");
+    for h in 0..3u64 {
+        c.send(Command::Read, h, 0, 4096, &[]);
+    }
+    assert_eq!(c.reply(4096).0, 0);
+    s.signal("-TERM");
+    s.wait_log(&["shutting down"], Duration::from_secs(5));
+    let read_reply = |hs: &mut TcpStream| {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        loop {
+            if let Some((r, _)) = p::decode_option_reply(&buf).unwrap() {
+                return (r.option, r.reply, String::from_utf8_lossy(r.data).into_owned());
+            }
+            let n = hs.read(&mut chunk).expect("an option reply, not a closed socket");
+            assert!(n > 0, "the server closed the handshake instead of answering");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let mut list = Vec::new();
+    p::option_request(&mut list, p::OPT_LIST, &[]);
+    hs.write_all(&list).unwrap();
+    let want = (p::OPT_LIST, p::REP_ERR_SHUTDOWN, "the server is shutting down".to_string());
+    assert_eq!(read_reply(&mut hs), want);
+    let mut abort = Vec::new();
+    p::option_request(&mut abort, p::OPT_ABORT, &[]);
+    hs.write_all(&abort).unwrap();
+    assert_eq!(read_reply(&mut hs), (p::OPT_ABORT, p::REP_ACK, String::new()));
+    // The queued READs are still served; the server then exits.
+    assert_eq!(c.reply(4096).1, 0);
+    assert_eq!(c.reply(4096).1, 0);
+    c.send(Command::Disc, 9, 0, 0, &[]);
+    assert!(c.closed_by_server());
+    s.terminate(Duration::from_secs(10));
+}

@@ -31,6 +31,11 @@
 //! - **Refusal** ([`ServerHandshake::refuse_all`]): a connection over a cap gets the greeting, then every
 //!   option but ABORT is answered NBD_REP_ERR_POLICY with the caller's message (so clients print it), and
 //!   EXPORT_NAME closes.
+//! - **Shutdown** ([`ServerHandshake::shut_down`]): from then on every option but ABORT is answered
+//!   NBD_REP_ERR_SHUTDOWN (EXPORT_NAME, which has no error reply, closes), as the spec asks: "If the server
+//!   is in the process of being shut down it [...] SHOULD error further options received (other than an
+//!   `NBD_OPT_ABORT`) with `NBD_REP_ERR_SHUTDOWN`. If the client receives `NBD_REP_ERR_SHUTDOWN` it MUST
+//!   initiate a soft disconnect."
 //! - **Opening** ([`ServerHandshake::set_confirm_open`]): if asked, a GO or EXPORT_NAME of a visible export
 //!   returns [`ServerProgress::Opening`] before anything is written; the caller takes what the connection
 //!   needs (a per-tenant connection slot) and answers with [`ServerHandshake::open`]: accepted, the
@@ -161,6 +166,8 @@ pub struct ServerHandshake {
     node: Option<NodeWelcome>,
     /// Tenants of the hello waiting for its verdict.
     node_pending: Option<usize>,
+    /// Set by [`ServerHandshake::shut_down`].
+    shutting_down: bool,
 }
 
 impl ServerHandshake {
@@ -193,7 +200,14 @@ impl ServerHandshake {
             node_enabled: false,
             node: None,
             node_pending: None,
+            shutting_down: false,
         }
+    }
+
+    /// The server is shutting down: every further option but ABORT gets NBD_REP_ERR_SHUTDOWN (module
+    /// comment).
+    pub fn shut_down(&mut self) {
+        self.shutting_down = true;
     }
 
     /// Sets whether STARTTLS is offered or required (module comment). Set it before the first `feed`.
@@ -372,6 +386,14 @@ impl ServerHandshake {
             option_reply(out, option, REP_ACK, &[]);
             self.state = SState::Finished;
             return Ok(ServerProgress::Aborted);
+        }
+        if self.shutting_down {
+            if option == OPT_EXPORT_NAME {
+                self.state = SState::Finished;
+                return Err(ProtoError::Refused("the server is shutting down".into()));
+            }
+            option_reply(out, option, REP_ERR_SHUTDOWN, b"the server is shutting down");
+            return Ok(ServerProgress::NeedMore);
         }
         if let Some(message) = &self.refusal {
             if option == OPT_EXPORT_NAME {

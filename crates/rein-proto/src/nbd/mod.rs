@@ -105,6 +105,8 @@ pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 /// Option error: no such export.
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
+/// Option error: the server is shutting down (the client must disconnect).
+pub const REP_ERR_SHUTDOWN: u32 = (1 << 31) + 7;
 /// Option error: request too big.
 pub const REP_ERR_TOO_BIG: u32 = (1 << 31) + 9;
 
