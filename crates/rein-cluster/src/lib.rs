@@ -125,6 +125,7 @@ pub async fn drive(
         servers: sc.servers.iter().map(|s| s.name.clone()).collect(),
         // Node i is server i: its device's busy time gives the server's utilisation.
         server_admins: plan.nodes.iter().map(|n| n.admin.into()).collect(),
+        tls: None,
     };
     let watch = async {
         loop {

@@ -46,6 +46,13 @@ impl AdminEndpoint {
     /// certificate must chain to, for `https://` only; without it, the system's roots. Errors name the
     /// flag (`--admin`, `--admin-ca`).
     pub fn parse(text: &str, ca: Option<&Path>) -> Result<AdminEndpoint, String> {
+        AdminEndpoint::parse_with(text, ca, None)
+    }
+
+    /// [`AdminEndpoint::parse`], presenting the client certificate `cert` (PEM, the leaf then any
+    /// intermediates) with its `key` when the server asks (an endpoint whose `[tls]` has `ca`). Errors name
+    /// `--admin-cert` and `--admin-key`.
+    pub fn parse_with(text: &str, ca: Option<&Path>, cert: Option<(&Path, &Path)>) -> Result<AdminEndpoint, String> {
         let (https, rest) = match text.split_once("://") {
             None => (false, text),
             Some(("http", rest)) => (false, rest),
@@ -66,12 +73,39 @@ impl AdminEndpoint {
                     ca.display()
                 ));
             }
+            if let Some((cert, _)) = cert {
+                return Err(format!(
+                    "--admin-cert {} is for an https:// admin endpoint; --admin is {text:?}",
+                    cert.display()
+                ));
+            }
             return Ok(addr.into());
         }
         let tls_err = |e: openssl::error::ErrorStack| format!("--admin {text:?}: cannot create the TLS context: {e}");
         let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(tls_err)?;
         if let Some(ca) = ca {
             b.set_ca_file(ca).map_err(|e| format!("--admin-ca {}: not a readable PEM CA file: {e}", ca.display()))?;
+        }
+        if let Some((cert, key)) = cert {
+            let not_cert = |e: &dyn std::fmt::Display| {
+                format!("--admin-cert {}: not a readable PEM certificate: {e}", cert.display())
+            };
+            b.set_certificate_chain_file(cert).map_err(|e| not_cert(&e))?;
+            let leaf = std::fs::read(cert)
+                .map_err(|e| not_cert(&e))
+                .and_then(|pem| openssl::x509::X509::from_pem(&pem).map_err(|e| not_cert(&e)))?;
+            let pkey = std::fs::read(key)
+                .map_err(|e| e.to_string())
+                .and_then(|pem| openssl::pkey::PKey::private_key_from_pem(&pem).map_err(|e| e.to_string()))
+                .map_err(|e| format!("--admin-key {}: not a readable PEM private key: {e}", key.display()))?;
+            if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
+                return Err(format!(
+                    "--admin-key {} does not match the certificate in --admin-cert {}",
+                    key.display(),
+                    cert.display()
+                ));
+            }
+            b.set_private_key(&pkey).map_err(|e| format!("--admin-key {}: {e}", key.display()))?;
         }
         Ok(AdminEndpoint { addr, tls: Some(b.build()) })
     }

@@ -5,13 +5,14 @@
 //! the matching request by handle; callers await their own request. Bounds: at most [`MAX_IN_FLIGHT`]
 //! requests per connection (callers beyond it wait); what a reply buffers is bounded by its request.
 
+use crate::tls::TlsClient;
 use rein_proto::nbd::{
     self as p, ClientEvent, ClientHandshake, ClientProgress, ClientTransmission, Command, RequestHeader,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 
@@ -38,6 +39,9 @@ pub enum ClientError {
     /// answer arrived; the reason is the connection's.
     #[error("connection broke: {0}")]
     Broken(String),
+    /// The TLS handshake failed (OpenSSL's reason: an untrusted certificate, an unknown PSK identity).
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 type Waiter = oneshot::Sender<Result<Vec<u8>, ClientError>>;
@@ -50,9 +54,53 @@ struct Shared {
 
 type Pending = Arc<Mutex<Shared>>;
 
+/// The sending half of the socket: TCP's own, or TLS's.
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// How a handshake round on one transport ended.
+enum Negotiated {
+    /// The export is open: size, flags, structured replies.
+    Ready((u64, u16, bool)),
+    /// STARTTLS was acknowledged: run TLS, then negotiate on.
+    StartTls,
+}
+
+/// Drives `hs` over `stream` until the export is open or TLS must start; `buf` keeps what was read past
+/// the handshake.
+async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    hs: &mut ClientHandshake,
+    buf: &mut Vec<u8>,
+) -> Result<Negotiated, ClientError> {
+    loop {
+        let mut out = Vec::new();
+        let (used, prog) = hs.feed(buf, &mut out)?;
+        buf.drain(..used);
+        stream.write_all(&out).await?;
+        match prog {
+            ClientProgress::Ready { size, flags, structured } => {
+                return Ok(Negotiated::Ready((size, flags, structured)))
+            }
+            ClientProgress::StartTls => return Ok(Negotiated::StartTls),
+            // Only a handshake made with `ClientHandshake::with_node` reports these; this one is not.
+            ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) => {
+                return Err(p::ProtoError::Malformed("a storage-node answer to a plain handshake").into())
+            }
+            ClientProgress::NeedMore => {
+                let mut chunk = [0u8; 4096];
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    return Err(ClientError::Closed);
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+}
+
 /// A connected, negotiated NBD client.
 pub struct NbdClient {
-    writer: tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<Writer>,
     pending: Pending,
     next: std::sync::atomic::AtomicU64,
     slots: Semaphore,
@@ -69,33 +117,42 @@ impl NbdClient {
     /// [`ClientError::Proto`] from the handshake (an unknown export among them), [`ClientError::Closed`]
     /// if the server hangs up during it.
     pub async fn connect(addr: SocketAddr, export: &str) -> Result<Arc<NbdClient>, ClientError> {
-        let s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        let (mut rd, mut wr) = s.into_split();
+        NbdClient::connect_with(addr, export, None).await
+    }
+
+    /// [`NbdClient::connect`], over TLS when `tls` gives a client context and the name the server's
+    /// certificate must carry: NBD_OPT_STARTTLS first, and no plain session if the server refuses it
+    /// ([`ClientError::Proto`]) or the TLS handshake fails ([`ClientError::Tls`]).
+    pub async fn connect_with(
+        addr: SocketAddr,
+        export: &str,
+        tls: Option<(&TlsClient, &str)>,
+    ) -> Result<Arc<NbdClient>, ClientError> {
+        let mut tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
         let mut hs = ClientHandshake::new(export, true);
+        if tls.is_some() {
+            hs = hs.require_tls();
+        }
         let mut buf = Vec::new();
-        let (size, flags, structured) = loop {
-            let mut out = Vec::new();
-            let (used, prog) = hs.feed(&buf, &mut out)?;
-            buf.drain(..used);
-            wr.write_all(&out).await?;
-            match prog {
-                ClientProgress::Ready { size, flags, structured } => break (size, flags, structured),
-                // Only a handshake made with `ClientHandshake::with_node` or `require_tls` reports these;
-                // this one is plain.
-                ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) | ClientProgress::StartTls => {
-                    return Err(p::ProtoError::Malformed("a storage-node answer to a plain handshake").into())
+        let (rd, wr, (size, flags, structured)): (Box<dyn AsyncRead + Send + Unpin>, Writer, _) =
+            match negotiate(&mut tcp, &mut hs, &mut buf).await? {
+                Negotiated::Ready(n) => {
+                    let (rd, wr) = tcp.into_split();
+                    (Box::new(rd), Box::new(wr), n)
                 }
-                ClientProgress::NeedMore => {
-                    let mut chunk = [0u8; 4096];
-                    let n = rd.read(&mut chunk).await?;
-                    if n == 0 {
-                        return Err(ClientError::Closed);
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
+                Negotiated::StartTls => {
+                    let (client, name) = tls.expect("STARTTLS is asked for only with TLS");
+                    let mut stream = client.connect(name, tcp).await.map_err(|e| ClientError::Tls(e.to_string()))?;
+                    hs.tls_established()?;
+                    let Negotiated::Ready(n) = negotiate(&mut stream, &mut hs, &mut buf).await? else {
+                        return Err(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS").into());
+                    };
+                    let (rd, wr) = tokio::io::split(stream);
+                    (Box::new(rd), Box::new(wr), n)
                 }
-            }
-        };
+            };
+        let mut rd = rd;
         let pending: Pending = Arc::new(Mutex::new(Shared {
             proto: ClientTransmission::new(structured, MAX_IN_FLIGHT),
             waiters: HashMap::new(),
@@ -171,7 +228,7 @@ impl NbdClient {
 
 /// Reads replies until the connection ends: its reason ([`ClientError::Closed`] when the server closed
 /// it between replies).
-async fn reader(rd: &mut tokio::net::tcp::OwnedReadHalf, mut buf: Vec<u8>, pending: &Pending) -> ClientError {
+async fn reader(rd: &mut (dyn AsyncRead + Send + Unpin), mut buf: Vec<u8>, pending: &Pending) -> ClientError {
     let mut start = 0;
     loop {
         // One lock per event: the decode, and for a reply its waiter.

@@ -82,7 +82,7 @@ use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContex
 use crate::remote::{
     LinkConfig, NodeProtocol, NodeSpec, NodeTls, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE,
 };
-use crate::tls::{TlsClient, TlsClientFiles, TlsConfig};
+use crate::tls::{Naming, TlsClient, TlsClientFiles, TlsConfig};
 use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
 use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
@@ -415,7 +415,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
                 psk_file: path(&t.psk_file),
                 psk_identity: t.psk_identity.clone(),
             };
-            Some(TlsClient::build("node_tls", files)?)
+            Some(TlsClient::build(Naming::Table("node_tls"), files)?)
         }
     };
     let mut nodes: Vec<NodeSpec> = Vec::new();

@@ -120,6 +120,17 @@ pub struct LoadConfig {
     /// The admin endpoint of each of `servers` (same order), whose device busy time (`GET /api/device`)
     /// gives the report's utilisation; empty: the run's `admin` for a run of one server, else unknown.
     pub server_admins: Vec<crate::admin_client::AdminEndpoint>,
+    /// TLS to the NBD servers (every connection starts with NBD_OPT_STARTTLS), if set.
+    pub tls: Option<LoadTls>,
+}
+
+/// TLS for a load run's NBD connections.
+#[derive(Debug, Clone)]
+pub struct LoadTls {
+    /// The client context (x509 or PSK).
+    pub client: crate::tls::TlsClient,
+    /// The name the servers' certificates must carry; `None`: each server's IP address.
+    pub name: Option<String>,
 }
 
 /// Why a load run could not run.
@@ -290,7 +301,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         let mut clients = Vec::new();
         for _ in 0..j.connections {
             let addr = j.route.as_ref().map_or(cfg.addr, |r| r.addr);
-            let c = NbdClient::connect(addr, &j.export).await.map_err(|source| LoadError::Connect {
+            let name = cfg.tls.as_ref().map(|t| t.name.clone().unwrap_or_else(|| addr.ip().to_string()));
+            let tls = cfg.tls.as_ref().zip(name.as_deref()).map(|(t, n)| (&t.client, n));
+            let c = NbdClient::connect_with(addr, &j.export, tls).await.map_err(|source| LoadError::Connect {
                 job: j.name.clone(),
                 export: j.export.clone(),
                 addr,

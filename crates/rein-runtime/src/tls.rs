@@ -160,25 +160,52 @@ fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect()
 }
 
-/// Loads `cert` (PEM: the leaf, then any intermediates) and its private `key` into `b`; errors name the
-/// keys of `table` (`tls`, `node_tls`) and the files, and a key that does not match the certificate.
-fn set_identity(b: &mut SslContextBuilder, table: &str, cert: &Path, key: &Path) -> Result<(), String> {
-    let chain = X509::stack_from_pem(&read(&format!("{table}.cert"), cert)?)
-        .map_err(|e| format!("{table}.cert {}: not a PEM certificate: {e}", cert.display()))?;
-    let mut chain = chain.into_iter();
-    let leaf = chain.next().ok_or_else(|| format!("{table}.cert {}: no certificate in it", cert.display()))?;
-    b.set_certificate(&leaf).map_err(|e| format!("{table}.cert {}: {e}", cert.display()))?;
-    for c in chain {
-        b.add_extra_chain_cert(c).map_err(|e| format!("{table}.cert {}: {e}", cert.display()))?;
+/// How errors name a TLS setting: a config table's key (`tls.cert`, `node_tls.ca`) or a command-line flag
+/// (`--tls-ca`, `--admin-cert`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    /// Keys of this table.
+    Table(&'static str),
+    /// Flags with this prefix (`tls` gives `--tls-ca`).
+    Flags(&'static str),
+}
+
+impl Naming {
+    /// The name of setting `k` (`ca`, `psk_file`, ...).
+    pub fn key(self, k: &str) -> String {
+        match self {
+            Naming::Table(t) => format!("{t}.{k}"),
+            Naming::Flags(p) => format!("--{p}-{}", k.replace('_', "-")),
+        }
     }
-    let pkey = PKey::private_key_from_pem(&read(&format!("{table}.key"), key)?)
-        .map_err(|e| format!("{table}.key {}: not a PEM private key: {e}", key.display()))?;
-    let mismatch =
-        || format!("{table}.key {} does not match the certificate in {table}.cert {}", key.display(), cert.display());
+    /// The settings as a group, for errors about their combination.
+    fn group(self) -> String {
+        match self {
+            Naming::Table(t) => t.to_string(),
+            Naming::Flags(p) => format!("--{p}-*"),
+        }
+    }
+}
+
+/// Loads `cert` (PEM: the leaf, then any intermediates) and its private `key` into `b`; errors name the
+/// settings (`names`) and the files, and a key that does not match the certificate.
+fn set_identity(b: &mut SslContextBuilder, names: Naming, cert: &Path, key: &Path) -> Result<(), String> {
+    let (kc, kk) = (names.key("cert"), names.key("key"));
+    let chain = X509::stack_from_pem(&read(&kc, cert)?)
+        .map_err(|e| format!("{kc} {}: not a PEM certificate: {e}", cert.display()))?;
+    let mut chain = chain.into_iter();
+    let leaf = chain.next().ok_or_else(|| format!("{kc} {}: no certificate in it", cert.display()))?;
+    b.set_certificate(&leaf).map_err(|e| format!("{kc} {}: {e}", cert.display()))?;
+    for c in chain {
+        b.add_extra_chain_cert(c).map_err(|e| format!("{kc} {}: {e}", cert.display()))?;
+    }
+    let pkey = PKey::private_key_from_pem(&read(&kk, key)?)
+        .map_err(|e| format!("{kk} {}: not a PEM private key: {e}", key.display()))?;
+    let mismatch = || format!("{kk} {} does not match the certificate in {kc} {}", key.display(), cert.display());
     if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
         return Err(mismatch());
     }
-    b.set_private_key(&pkey).map_err(|e| format!("{table}.key {}: {e}", key.display()))?;
+    b.set_private_key(&pkey).map_err(|e| format!("{kk} {}: {e}", key.display()))?;
     b.check_private_key().map_err(|_| mismatch())
 }
 
@@ -220,7 +247,7 @@ impl TlsConfig {
         // uninitialized").
         b.set_session_id_context(b"rein-nbd").map_err(|e| format!("tls: session id context: {e}"))?;
         match (&files.cert, &files.key) {
-            (Some(cert), Some(key)) => set_identity(&mut b, "tls", cert, key)?,
+            (Some(cert), Some(key)) => set_identity(&mut b, Naming::Table("tls"), cert, key)?,
             (Some(_), None) => return Err("tls.cert needs tls.key".into()),
             (None, Some(_)) => return Err("tls.key needs tls.cert".into()),
             (None, None) => {}
@@ -330,9 +357,11 @@ impl fmt::Debug for TlsClient {
 }
 
 impl TlsClient {
-    /// Reads and checks the credentials of the table `table` (`node_tls`) and builds the context; errors
-    /// name the key and the file.
-    pub fn build(table: &str, files: TlsClientFiles) -> Result<TlsClient, String> {
+    /// Reads and checks the credentials and builds the context; errors name the settings as `names` says
+    /// (`node_tls.ca`, `--tls-ca`) and the file.
+    pub fn build(names: Naming, files: TlsClientFiles) -> Result<TlsClient, String> {
+        let table = names.group();
+        let k = |s: &str| names.key(s);
         let mut b = SslConnector::builder(SslMethod::tls_client())
             .map_err(|e| format!("{table}: cannot create the TLS context: {e}"))?;
         b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("{table}: cipher list: {e}"))?;
@@ -342,37 +371,44 @@ impl TlsClient {
         let mut psk_identity = None;
         match (&files.ca, &files.psk_file) {
             (Some(ca), None) => {
-                for c in read_ca(&format!("{table}.ca"), ca)? {
-                    store.add_cert(c).map_err(|e| format!("{table}.ca {}: {e}", ca.display()))?;
+                for c in read_ca(&k("ca"), ca)? {
+                    store.add_cert(c).map_err(|e| format!("{} {}: {e}", k("ca"), ca.display()))?;
                 }
                 match (&files.cert, &files.key) {
-                    (Some(cert), Some(key)) => set_identity(&mut b, table, cert, key)?,
-                    (Some(_), None) => return Err(format!("{table}.cert needs {table}.key")),
-                    (None, Some(_)) => return Err(format!("{table}.key needs {table}.cert")),
+                    (Some(cert), Some(key)) => set_identity(&mut b, names, cert, key)?,
+                    (Some(_), None) => return Err(format!("{} needs {}", k("cert"), k("key"))),
+                    (None, Some(_)) => return Err(format!("{} needs {}", k("key"), k("cert"))),
                     (None, None) => {}
                 }
                 if files.psk_identity.is_some() {
-                    return Err(format!("{table}.psk_identity needs {table}.psk_file"));
+                    return Err(format!("{} needs {}", k("psk_identity"), k("psk_file")));
                 }
             }
             (None, Some(path)) => {
                 if files.cert.is_some() || files.key.is_some() {
-                    return Err(format!("{table}.cert and {table}.key go with {table}.ca (x509), not with psk_file"));
+                    return Err(format!(
+                        "{} and {} go with {} (x509), not with {}",
+                        k("cert"),
+                        k("key"),
+                        k("ca"),
+                        k("psk_file")
+                    ));
                 }
-                let key_name = format!("{table}.psk_file");
+                let key_name = k("psk_file");
                 let text = String::from_utf8(read(&key_name, path)?)
                     .map_err(|_| format!("{key_name} {}: not UTF-8 text", path.display()))?;
                 let keys = parse_psk_lines(&text, &key_name, path)?;
                 let (identity, key) = match &files.psk_identity {
                     Some(id) => keys.get_key_value(id).ok_or_else(|| {
-                        format!("{table}.psk_identity {id:?} is not in {key_name} {}", path.display())
+                        format!("{} {id:?} is not in {key_name} {}", k("psk_identity"), path.display())
                     })?,
                     None if keys.len() == 1 => keys.iter().next().expect("one"),
                     None => {
                         return Err(format!(
-                            "{key_name} {} has {} identities: name one with {table}.psk_identity",
+                            "{key_name} {} has {} identities: name one with {}",
                             path.display(),
-                            keys.len()
+                            keys.len(),
+                            k("psk_identity")
                         ))
                     }
                 };
@@ -391,10 +427,14 @@ impl TlsClient {
                 });
             }
             (Some(_), Some(_)) => {
-                return Err(format!("{table}: give ca (x509) or psk_file (PSK), not both"));
+                return Err(format!("{table}: give {} (x509) or {} (PSK), not both", k("ca"), k("psk_file")));
             }
             (None, None) => {
-                return Err(format!("{table} needs ca (x509: the CA of the servers' certificates) or psk_file"))
+                return Err(format!(
+                    "{table} needs {} (x509: the CA of the servers' certificates) or {}",
+                    k("ca"),
+                    k("psk_file")
+                ))
             }
         }
         b.set_cert_store(store.build());

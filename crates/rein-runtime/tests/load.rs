@@ -66,6 +66,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         max_pending,
         servers: Vec::new(),
         server_admins: Vec::new(),
+        tls: None,
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -191,6 +192,7 @@ async fn a_missing_tenant_is_a_clear_error() {
         max_pending: 1,
         servers: Vec::new(),
         server_admins: Vec::new(),
+        tls: None,
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");

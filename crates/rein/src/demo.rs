@@ -168,6 +168,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             max_pending: rein_runtime::load::MAX_PENDING,
             servers: Vec::new(),
             server_admins: Vec::new(),
+            tls: None,
         };
         let res = rein_runtime::load::run(lc, move |t, rows| {
             if !quiet {

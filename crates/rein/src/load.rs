@@ -26,10 +26,37 @@ pub(crate) struct LoadArgs {
     /// the system's).
     #[arg(long, requires = "admin")]
     pub(crate) admin_ca: Option<PathBuf>,
+    /// For an https:// admin endpoint that asks for client certificates (`[tls] ca`): this certificate
+    /// (PEM), with --admin-key.
+    #[arg(long, requires_all = ["admin", "admin_key"])]
+    pub(crate) admin_cert: Option<PathBuf>,
+    /// The private key (PEM) of --admin-cert.
+    #[arg(long, requires = "admin_cert")]
+    pub(crate) admin_key: Option<PathBuf>,
     /// The admin endpoint's bearer token file (`rein serve`'s `admin_token_file`), sent with every admin
     /// request.
     #[arg(long, requires = "admin")]
     pub(crate) admin_token_file: Option<PathBuf>,
+    /// TLS to the NBD server (STARTTLS, never plain), x509: the CA certificates (PEM) the server's
+    /// certificate must chain to (only these); it must name --tls-name, or the --addr IP.
+    #[arg(long, conflicts_with = "tls_psk_file")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// With --tls-ca: a client certificate (PEM) for servers that ask for one (their `[tls] ca`), with
+    /// --tls-key.
+    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// TLS to the NBD server with a pre-shared key: a psktool file (`identity:hexkey` lines).
+    #[arg(long)]
+    pub(crate) tls_psk_file: Option<PathBuf>,
+    /// Which identity of --tls-psk-file (default: its only one).
+    #[arg(long, requires = "tls_psk_file")]
+    pub(crate) tls_psk_identity: Option<String>,
+    /// The name the server's certificate must carry, when it is not the --addr IP.
+    #[arg(long, requires = "tls_ca")]
+    pub(crate) tls_name: Option<String>,
     /// A tenant's workload, repeatable: name=NAME[,export=E][,tenant=T][,conns=N]
     /// [,kind=closed|open|on_off|burst|trace][,depth=N][,rate=IOPS][,think=MS][,on=S,off=S]
     /// [,burst=N,period=MS][,trace=PATH[,time_scale=X][,repeat=1]][,size=4k][,read=PCT][,random=PCT]
@@ -187,6 +214,23 @@ pub(crate) fn print_summary(totals: &RunTotals) {
     }
 }
 
+/// The `--tls-*` flags: a client context if any is given (errors name the flag and the file).
+fn load_tls(args: &LoadArgs) -> Result<Option<rein_runtime::load::LoadTls>> {
+    use rein_runtime::tls::{Naming, TlsClient, TlsClientFiles};
+    if args.tls_ca.is_none() && args.tls_psk_file.is_none() {
+        return Ok(None);
+    }
+    let files = TlsClientFiles {
+        ca: args.tls_ca.clone(),
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        psk_file: args.tls_psk_file.clone(),
+        psk_identity: args.tls_psk_identity.clone(),
+    };
+    let client = TlsClient::build(Naming::Flags("tls"), files).map_err(anyhow::Error::msg)?;
+    Ok(Some(rein_runtime::load::LoadTls { client, name: args.tls_name.clone() }))
+}
+
 /// `rein load`: runs the jobs against the server for `--seconds`, then prints the summary (or `--json`)
 /// and writes `--out`.
 pub(crate) fn run(args: LoadArgs) -> Result<()> {
@@ -202,7 +246,10 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         admin: args
             .admin
             .as_deref()
-            .map(|a| rein_runtime::admin_client::AdminEndpoint::parse(a, args.admin_ca.as_deref()))
+            .map(|a| {
+                let cert = args.admin_cert.as_deref().zip(args.admin_key.as_deref());
+                rein_runtime::admin_client::AdminEndpoint::parse_with(a, args.admin_ca.as_deref(), cert)
+            })
             .transpose()
             .map_err(anyhow::Error::msg)?,
         admin_token: args.admin_token_file.as_deref().map(rein_runtime::admin_guard::AdminToken::load).transpose()?,
@@ -215,6 +262,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         max_pending: rein_runtime::load::MAX_PENDING,
         servers: Vec::new(),
         server_admins: Vec::new(),
+        tls: load_tls(&args)?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;

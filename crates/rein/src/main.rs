@@ -34,7 +34,7 @@ enum Cmd {
     /// Serve NBD volumes striped over storage nodes (rein serve instances or plain NBD servers).
     Gateway(gateway::GatewayArgs),
     /// Multi-tenant load over NBD with a live table; writes the same outputs as `rein sim`.
-    Load(load::LoadArgs),
+    Load(Box<load::LoadArgs>),
     /// Measure an export's backend the way `rein serve` uses it (capacity for admission control).
     Probe(probe::ProbeArgs),
     /// Speed measurements.
@@ -60,7 +60,7 @@ fn main() {
         Cmd::Sim(a) => sim::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Gateway(a) => gateway::run(a),
-        Cmd::Load(a) => load::run(a),
+        Cmd::Load(a) => load::run(*a),
         Cmd::Probe(a) => probe::run(a),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Pshift(c) => pshift::run(c),

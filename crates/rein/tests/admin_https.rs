@@ -192,6 +192,25 @@ fn with_a_ca_admin_clients_need_a_certificate() {
     let cert = ["--cert", "client-cert.pem", "--key", "client-key.pem"];
     assert_eq!(curl_ok(dir, &cert, &url).0, 401, "the certificate does not replace the token");
     assert_eq!(curl_ok(dir, &[&cert[..], &["-H", &auth]].concat(), &url).0, 200);
+    // rein load presents one with --admin-cert/--admin-key (it could not before).
+    let load = |cert: &[&str]| {
+        let mut c = Cmd::new(env!("CARGO_BIN_EXE_rein"));
+        c.current_dir(dir).args(["load", "--addr", &s.nbd.to_string(), "--admin", &format!("https://{}", s.admin)]);
+        c.args(["--admin-ca", "ca-cert.pem", "--admin-token-file", dir.join("admin.token").to_str().unwrap()]);
+        c.args(cert).args(["--job", "name=m,depth=1", "--seconds", "1", "--warmup", "0", "--json"]).output().unwrap()
+    };
+    let out = load(&["--admin-cert", "client-cert.pem", "--admin-key", "client-key.pem"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.to_string().contains("\"reservation\":10"), "the report carries the server's spec: {v}");
+    let out = load(&[]);
+    assert!(!out.status.success(), "rein load without a client certificate was served");
+    let out = load(&["--admin-cert", "client-cert.pem", "--admin-key", "server-key.pem"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--admin-key server-key.pem does not match the certificate in --admin-cert client-cert.pem"),
+        "{err}"
+    );
 }
 
 /// `rein load --admin https://ADDR --admin-ca CA` reads the tenants' specs over HTTPS (the report

@@ -438,7 +438,7 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
         // stop the start: a_node_down_at_start_does_not_stop_the_gateway).
         (format!("{good_node}[[exports]]\nname = \"v\"\nsize_mb = 64\n"), "node s1: export \"v\" is 33554432 bytes"),
         // TLS to the nodes.
-        (format!("[node_tls]\n{good_node}{export}"), "node_tls needs ca"),
+        (format!("[node_tls]\n{good_node}{export}"), "node_tls needs node_tls.ca"),
         (format!("[node_tls]\nca = \"c.pem\"\npsk_file = \"k.psk\"\n{good_node}{export}"), "not both"),
         (format!("[node_tls]\nca = \"missing.pem\"\n{good_node}{export}"), "node_tls.ca"),
         (format!("[node_tls]\npsk_file = \"two.psk\"\n{good_node}{export}"), "name one with node_tls.psk_identity"),

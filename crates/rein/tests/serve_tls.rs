@@ -205,6 +205,61 @@ fn a_server_with_ca_and_psk_file_serves_psk_and_certificate_clients() {
     assert!(cert.contains("with TLS") && cert.contains("export-size: 1048576"), "{cert}");
 }
 
+/// `rein load` over TLS: x509 with a client certificate, and PSK, against a server that requires TLS;
+/// without TLS flags, or trusting another CA, it fails with the reason.
+#[test]
+fn rein_load_runs_over_tls_with_x509_and_psk() {
+    let tmp = tmpdir("tls-load");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "ca");
+    make_ca(dir, "other-ca", "other-ca");
+    make_cert(dir, "ca", "server", "127.0.0.1", &server_extensions());
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    psk_file(dir, "keys.psk", "alice");
+    let s = start(
+        dir,
+        43,
+        &format!(
+            "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
+             psk_file = \"keys.psk\"\n{EXPORTS}"
+        ),
+    );
+    let load = |tls: &[&str]| {
+        let mut c = Cmd::new(env!("CARGO_BIN_EXE_rein"));
+        c.current_dir(dir).args(["load", "--addr", &s.nbd.to_string()]).args(tls);
+        c.args(["--job", "name=rd,depth=4", "--seconds", "1", "--warmup", "0", "--json"]).output().unwrap()
+    };
+    let completed = |out: &Output| {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tenants"][0]["completed"].as_u64().unwrap()
+    };
+    let x509 = load(&["--tls-ca", "ca-cert.pem", "--tls-cert", "alice-cert.pem", "--tls-key", "alice-key.pem"]);
+    assert!(completed(&x509) > 100, "x509");
+    assert!(completed(&load(&["--tls-psk-file", "keys.psk"])) > 100, "psk");
+    let err = |out: Output| {
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(load(&[]));
+    assert!(e.contains("TLS is required"), "{e}");
+    let e = err(load(&["--tls-ca", "other-ca-cert.pem", "--tls-cert", "alice-cert.pem", "--tls-key", "alice-key.pem"]));
+    assert!(e.contains("certificate verify failed"), "{e}");
+    let e = err(load(&[
+        "--tls-ca",
+        "ca-cert.pem",
+        "--tls-name",
+        "nbd.example",
+        "--tls-cert",
+        "alice-cert.pem",
+        "--tls-key",
+        "alice-key.pem",
+    ]));
+    assert!(e.contains("hostname mismatch"), "{e}");
+    let e = err(load(&["--tls-ca", "missing.pem"]));
+    assert!(e.contains("--tls-ca missing.pem"), "{e}");
+}
+
 #[test]
 fn tls_on_serves_plain_and_tls_clients_and_hides_identity_exports_from_plain_ones() {
     let tmp = tmpdir("tls-on");
