@@ -55,7 +55,47 @@ struct Shared {
 type Pending = Arc<Mutex<Shared>>;
 
 /// The sending half of the socket: TCP's own, or TLS's.
-type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+enum Writer {
+    Plain(tokio::net::tcp::OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<tokio_openssl::SslStream<TcpStream>>),
+}
+
+impl Writer {
+    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Writer::Plain(w) => w.write_all(data).await,
+            Writer::Tls(w) => w.write_all(data).await,
+        }
+    }
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        match self {
+            Writer::Plain(w) => w.shutdown().await,
+            Writer::Tls(w) => w.shutdown().await,
+        }
+    }
+}
+
+/// Starts the task that reads replies from `rd` (`buf`: what the handshake read past its end), and
+/// fails every waiter with the connection's end when it stops.
+fn spawn_reader<R: AsyncRead + Send + Unpin + 'static>(mut rd: R, buf: Vec<u8>, structured: bool) -> Pending {
+    let pending: Pending = Arc::new(Mutex::new(Shared {
+        proto: ClientTransmission::new(structured, MAX_IN_FLIGHT),
+        waiters: HashMap::new(),
+    }));
+    let pend = pending.clone();
+    tokio::spawn(async move {
+        let end = reader(&mut rd, buf, &pend).await;
+        // Fail everything still waiting, with the reason the connection ended.
+        let mut g = pend.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, tx) in g.waiters.drain() {
+            let _ = tx.send(Err(match &end {
+                ClientError::Closed => ClientError::Closed,
+                e => ClientError::Broken(e.to_string()),
+            }));
+        }
+    });
+    pending
+}
 
 /// How a handshake round on one transport ended.
 enum Negotiated {
@@ -135,40 +175,23 @@ impl NbdClient {
             hs = hs.require_tls();
         }
         let mut buf = Vec::new();
-        let (rd, wr, (size, flags, structured)): (Box<dyn AsyncRead + Send + Unpin>, Writer, _) =
-            match negotiate(&mut tcp, &mut hs, &mut buf).await? {
-                Negotiated::Ready(n) => {
-                    let (rd, wr) = tcp.into_split();
-                    (Box::new(rd), Box::new(wr), n)
-                }
-                Negotiated::StartTls => {
-                    let (client, name) = tls.expect("STARTTLS is asked for only with TLS");
-                    let mut stream = client.connect(name, tcp).await.map_err(|e| ClientError::Tls(e.to_string()))?;
-                    hs.tls_established()?;
-                    let Negotiated::Ready(n) = negotiate(&mut stream, &mut hs, &mut buf).await? else {
-                        return Err(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS").into());
-                    };
-                    let (rd, wr) = tokio::io::split(stream);
-                    (Box::new(rd), Box::new(wr), n)
-                }
-            };
-        let mut rd = rd;
-        let pending: Pending = Arc::new(Mutex::new(Shared {
-            proto: ClientTransmission::new(structured, MAX_IN_FLIGHT),
-            waiters: HashMap::new(),
-        }));
-        let pend = pending.clone();
-        tokio::spawn(async move {
-            let end = reader(&mut rd, buf, &pend).await;
-            // Fail everything still waiting, with the reason the connection ended.
-            let mut g = pend.lock().unwrap_or_else(|e| e.into_inner());
-            for (_, tx) in g.waiters.drain() {
-                let _ = tx.send(Err(match &end {
-                    ClientError::Closed => ClientError::Closed,
-                    e => ClientError::Broken(e.to_string()),
-                }));
+        let (wr, (size, flags, _), pending) = match negotiate(&mut tcp, &mut hs, &mut buf).await? {
+            Negotiated::Ready(n) => {
+                // The plain path keeps the socket's own halves (no lock, no indirection).
+                let (rd, wr) = tcp.into_split();
+                (Writer::Plain(wr), n, spawn_reader(rd, buf, n.2))
             }
-        });
+            Negotiated::StartTls => {
+                let (client, name) = tls.expect("STARTTLS is asked for only with TLS");
+                let mut stream = client.connect(name, tcp).await.map_err(|e| ClientError::Tls(e.to_string()))?;
+                hs.tls_established()?;
+                let Negotiated::Ready(n) = negotiate(&mut stream, &mut hs, &mut buf).await? else {
+                    return Err(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS").into());
+                };
+                let (rd, wr) = tokio::io::split(stream);
+                (Writer::Tls(wr), n, spawn_reader(rd, buf, n.2))
+            }
+        };
         Ok(Arc::new(NbdClient {
             writer: tokio::sync::Mutex::new(wr),
             pending,
@@ -228,7 +251,7 @@ impl NbdClient {
 
 /// Reads replies until the connection ends: its reason ([`ClientError::Closed`] when the server closed
 /// it between replies).
-async fn reader(rd: &mut (dyn AsyncRead + Send + Unpin), mut buf: Vec<u8>, pending: &Pending) -> ClientError {
+async fn reader<R: AsyncRead + Unpin>(rd: &mut R, mut buf: Vec<u8>, pending: &Pending) -> ClientError {
     let mut start = 0;
     loop {
         // One lock per event: the decode, and for a reply its waiter.
