@@ -1102,6 +1102,7 @@ fn admin_router(shown: Shown) -> axum::Router {
                                         "node": r.name,
                                         "connections": r.connections,
                                         "connected": r.up,
+                                        "tls": r.tls,
                                         "in_flight": r.in_flight,
                                         "pieces": r.stats.pieces.load(Relaxed),
                                         "piece_errors": r.stats.piece_errors.load(Relaxed),

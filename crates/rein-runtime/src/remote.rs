@@ -251,6 +251,8 @@ pub struct NodeReport<'a> {
     pub up: usize,
     /// Pieces sent and not yet answered.
     pub in_flight: usize,
+    /// Whether the link runs TLS (`[node_tls]`; a session is never plain then).
+    pub tls: bool,
     /// Its counters.
     pub stats: &'a NodeStats,
 }
@@ -559,6 +561,7 @@ impl RemoteVolume {
                 connections: l.conns.len(),
                 up: l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed)).count(),
                 in_flight: l.conns.iter().map(|c| MAX_PENDING_PER_CONN - c.slots.available_permits()).sum(),
+                tls: l.target.node.tls.is_some(),
                 stats: &l.target.stats,
             })
             .collect()

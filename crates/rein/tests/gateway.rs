@@ -673,6 +673,11 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     }
     let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x6b 0 512k", "read -P 0x6b 0 512k", "flush"]);
     assert!(ok, "{out}");
+    let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+    assert_eq!(status, 200);
+    let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let links = nodes[0]["nodes"].as_array().unwrap();
+    assert!(links.len() == 2 && links.iter().all(|n| n["tls"] == true && n["connected"] == 2), "{body}");
     drop(gw);
     // PSK (gw-p): reads what gw-a wrote.
     let gw = gateway(&config("p.toml", &psk("gw.psk"), ""));
