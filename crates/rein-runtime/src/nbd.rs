@@ -115,6 +115,11 @@ pub const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// transit get NBD_ESHUTDOWN instead of a closed socket, and a client that got one has time for the soft
 /// disconnect (NBD_CMD_DISC) the spec asks of it.
 pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
+/// While shutting down, how long a connection still in its handshake may stay silent before it is
+/// closed (its options meanwhile get NBD_REP_ERR_SHUTDOWN). Longer than [`DRAIN_GRACE`]: a client that
+/// is negotiating is about to send its next option, and an idle one costs only this wait (the shutdown
+/// deadline bounds it).
+pub const HANDSHAKE_DRAIN: Duration = Duration::from_secs(2);
 /// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
 const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
@@ -597,9 +602,9 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     loop {
         let wanted = input.unconsumed().len() + 1;
         let more = if *shutdown.borrow() {
-            // Shutting down: options get NBD_REP_ERR_SHUTDOWN; a client silent for DRAIN_GRACE is left.
+            // Shutting down: options get NBD_REP_ERR_SHUTDOWN; a client silent for HANDSHAKE_DRAIN is left.
             hs.shut_down();
-            match tokio::time::timeout(DRAIN_GRACE, input.fill(stream, wanted)).await {
+            match tokio::time::timeout(HANDSHAKE_DRAIN, input.fill(stream, wanted)).await {
                 Ok(more) => more?,
                 Err(_) => return Ok(HsEnd::Left),
             }
