@@ -11,6 +11,8 @@ use rein_proto::nbd::{
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -144,6 +146,10 @@ pub struct NbdClient {
     pending: Pending,
     next: std::sync::atomic::AtomicU64,
     slots: Semaphore,
+    /// The server answered NBD_ESHUTDOWN: nothing more is sent but the soft disconnect.
+    server_shutdown: AtomicBool,
+    /// The soft disconnect was sent.
+    disc_sent: AtomicBool,
     /// The export's size in bytes, as the handshake announced it.
     pub size: u64,
     /// The export's transmission flags from the handshake (`NBD_FLAG_*`: read-only, flush, FUA, trim,
@@ -197,6 +203,8 @@ impl NbdClient {
             pending,
             next: std::sync::atomic::AtomicU64::new(1),
             slots: Semaphore::new(MAX_IN_FLIGHT),
+            server_shutdown: AtomicBool::new(false),
+            disc_sent: AtomicBool::new(false),
             size,
             flags,
         }))
@@ -216,6 +224,10 @@ impl NbdClient {
         let (tx, rx) = oneshot::channel();
         let header = RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle, offset, length };
         {
+            if self.server_shutdown.load(Relaxed) {
+                // The spec: after NBD_ESHUTDOWN a client sends only its soft disconnect.
+                return Err(ClientError::Errno(p::ESHUTDOWN));
+            }
             let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             g.proto.sent(&header)?;
             g.waiters.insert(handle, tx);
@@ -234,13 +246,28 @@ impl NbdClient {
             g.waiters.remove(&handle);
             return Err(e.into());
         }
-        rx.await.map_err(|_| ClientError::Closed)?
+        let result = rx.await.map_err(|_| ClientError::Closed)?;
+        if matches!(result, Err(ClientError::Errno(p::ESHUTDOWN))) {
+            self.server_shutdown.store(true, Relaxed);
+        }
+        if self.server_shutdown.load(Relaxed) {
+            // The server is shutting down: once nothing is in flight, disconnect softly (once), as the
+            // spec asks of a client that received NBD_ESHUTDOWN.
+            let idle = self.pending.lock().unwrap_or_else(|e| e.into_inner()).proto.outstanding() == 0;
+            if idle {
+                self.disconnect().await;
+            }
+        }
+        result
     }
 
-    /// Sends `NBD_CMD_DISC` and closes the sending side; errors are ignored (the server may be gone).
+    /// Sends `NBD_CMD_DISC` (once) and closes the sending side; errors are ignored (the server may be gone).
     /// Requests still in flight get their replies if the server sends them before closing, else
     /// [`ClientError::Closed`].
     pub async fn disconnect(&self) {
+        if self.disc_sent.swap(true, Relaxed) {
+            return; // once (also after a server's NBD_ESHUTDOWN)
+        }
         let mut msg = Vec::new();
         RequestHeader { flags: 0, command: Command::Disc, handle: 0, offset: 0, length: 0 }.encode(&mut msg);
         let mut w = self.writer.lock().await;
@@ -287,5 +314,91 @@ async fn reader<R: AsyncRead + Unpin>(rd: &mut R, mut buf: Vec<u8>, pending: &Pe
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rein_proto::nbd::{Event, ExportInfo, Rejection, ServerHandshake, ServerProgress, ServerTransmission};
+    use rein_proto::nbd::{Reason, TransmissionConfig};
+
+    /// After a reply with NBD_ESHUTDOWN the client sends nothing but its soft disconnect (the spec: "If
+    /// the client receives an `NBD_ESHUTDOWN` error it MUST initiate a soft disconnect"), once its other
+    /// requests are answered; later requests fail at once without being sent.
+    #[tokio::test]
+    async fn after_eshutdown_the_client_sends_only_its_disconnect() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let info = ExportInfo {
+                name: "v".into(),
+                description: String::new(),
+                size: 1 << 20,
+                read_only: false,
+                volatile: false,
+            };
+            let mut out = Vec::new();
+            let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
+            s.write_all(&out).await.unwrap();
+            let mut buf = Vec::new();
+            let negotiated = 'hs: loop {
+                assert!(s.read_buf(&mut buf).await.unwrap() > 0);
+                loop {
+                    out.clear();
+                    let (used, progress) = hs.feed(&buf, &mut out).unwrap();
+                    buf.drain(..used);
+                    s.write_all(&out).await.unwrap();
+                    match progress {
+                        ServerProgress::Done(n) => break 'hs n,
+                        ServerProgress::NeedMore if used > 0 && !buf.is_empty() => continue,
+                        _ => break,
+                    }
+                }
+            };
+            // Every request gets ESHUTDOWN; what the client sends is recorded until it closes.
+            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
+            machine.shut_down();
+            let mut events = Vec::new();
+            loop {
+                let (used, event) = machine.feed(&buf).unwrap();
+                // (reply to send, whether the client disconnected); None: more input needed.
+                let step = match event {
+                    Event::NeedMore { .. } => None,
+                    Event::Reject(r @ Rejection { reason: Reason::ShuttingDown, .. }) => {
+                        let mut reply = Vec::new();
+                        machine.replies().rejection(&mut reply, &r);
+                        Some((reply, false))
+                    }
+                    Event::Disconnect => Some((Vec::new(), true)),
+                    other => panic!("unexpected {other:?}"),
+                };
+                buf.drain(..used);
+                match step {
+                    None => {
+                        if s.read_buf(&mut buf).await.unwrap() == 0 {
+                            return events;
+                        }
+                    }
+                    Some((_, true)) => {
+                        events.push("disc");
+                        return events;
+                    }
+                    Some((reply, false)) => {
+                        s.write_all(&reply).await.unwrap();
+                        events.push("rejected");
+                    }
+                }
+            }
+        });
+        let c = NbdClient::connect(addr, "v").await.unwrap();
+        let first = c.request(Command::Read, 0, 4096, &[], false).await;
+        assert!(matches!(first, Err(ClientError::Errno(p::ESHUTDOWN))), "{first:?}");
+        let second = c.request(Command::Read, 0, 4096, &[], false).await;
+        assert!(matches!(second, Err(ClientError::Errno(p::ESHUTDOWN))), "not sent: {second:?}");
+        c.disconnect().await; // a second DISC is not sent
+        let events = tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap();
+        assert_eq!(events, vec!["rejected", "disc"], "one request, then the soft disconnect");
     }
 }

@@ -98,6 +98,8 @@ pub const MAX_CONNECTIONS_PER_NODE: usize = 64;
 pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Messages one socket write takes at most.
 const WRITE_BATCH: usize = 64;
+/// How long a soft disconnect (NBD_CMD_DISC) may take to write before the connection is simply closed.
+const DISC_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bytes asked of the socket per read beyond what is wanted.
 const READ_AHEAD: usize = 256 * 1024;
 
@@ -1063,6 +1065,9 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> SessionEnd {
     let node = target.index;
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
+    // Set when the node answers NBD_ESHUTDOWN; the writer is told to stop.
+    let node_shutdown = AtomicBool::new(false);
+    let shutdown_seen = tokio::sync::Notify::new();
     let name = target.node.name.as_str();
     let timeout = target.cfg.request_timeout;
     let mut respec = target.respec.subscribe();
@@ -1074,6 +1079,9 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 w = rx.recv() => w,
                 // The tenant's spec changed: send nothing more on this session (module comment).
                 _ = respec.changed() => return SessionEnd::Recycle,
+                _ = shutdown_seen.notified() => {
+                    return SessionEnd::Failed("the node is shutting down (NBD_ESHUTDOWN)".into())
+                }
             };
             let Some(first) = first else { return SessionEnd::Closed };
             let mut work = Some(first);
@@ -1156,6 +1164,13 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 }
                 if error == 0 {
                     p.sink.ok(&avail[n..n + len]);
+                } else if error == p::ESHUTDOWN {
+                    // The spec: a client that receives NBD_ESHUTDOWN MUST initiate a soft disconnect (and
+                    // SHOULD first wait for its requests in flight): nothing more is sent on this session.
+                    target.fail(p.sink, ErrorKind::Io, "the node is shutting down".into());
+                    if !node_shutdown.swap(true, Ordering::Relaxed) {
+                        shutdown_seen.notify_one();
+                    }
                 } else {
                     let kind = kind_of(error);
                     target.fail(p.sink, kind, format!("node answered NBD error {error}"));
@@ -1195,12 +1210,13 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             e = &mut writer => e,
             e = &mut reader => e,
         };
-        if matches!(end, SessionEnd::Recycle) {
+        if matches!(end, SessionEnd::Recycle) || node_shutdown.load(Ordering::Relaxed) {
             // The pieces in flight are answered on this session (each within request_timeout) before the
-            // connection says hello again; new pieces wait in the channel.
+            // connection says hello again, or, the node shutting down, before it is left; new pieces wait
+            // in the channel.
             loop {
                 if pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
-                    break SessionEnd::Recycle;
+                    break end;
                 }
                 tokio::select! {
                     e = &mut reader => break e,
@@ -1211,6 +1227,12 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             end
         }
     };
+    // A session the gateway ends (its shutdown, a new spec) or the node asked to end (ESHUTDOWN) ends
+    // softly, with NBD_CMD_DISC, as the spec asks of a client; a broken one just closes.
+    if matches!(end, SessionEnd::Closed | SessionEnd::Recycle) || node_shutdown.load(Ordering::Relaxed) {
+        let disc = header(Command::Disc, 0, 0, false);
+        let _ = tokio::time::timeout(DISC_TIMEOUT, write_all_vectored(&mut wr, &[disc], qos.is_some())).await;
+    }
     // Invariant 1: what is still pending fails now.
     let why = match &end {
         SessionEnd::Closed => "the gateway is shutting down".to_string(),

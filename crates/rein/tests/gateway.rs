@@ -718,3 +718,76 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
     assert!(err.contains("node s1") && err.contains("the node does not offer TLS, which [node_tls] requires"), "{err}");
 }
+
+/// A storage node shutting down answers late pieces with NBD_ESHUTDOWN. The spec: "If the client receives
+/// an `NBD_ESHUTDOWN` error it MUST initiate a soft disconnect", and it SHOULD first wait for its requests
+/// in flight. The gateway does so: the late piece fails (EIO to the VM), the pieces queued at the node are
+/// still answered, and the session ends with NBD_CMD_DISC (the node's log names it), not by the node
+/// timing out or closing on the gateway.
+#[test]
+fn a_node_shutting_down_gets_the_gateways_soft_disconnect() {
+    use rein_proto::nbd::{Command, ReplyHeader, RequestHeader};
+    use std::io::{Read, Write};
+    let tmp = tmpdir("gw-eshutdown");
+    let dir = tmp.path();
+    let d = dir.join("node141");
+    std::fs::create_dir_all(&d).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.141:0\"\nadmin = \"127.0.0.141:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
+         scheduler = \"dmclock\"\nshutdown_timeout_s = 20\n[mclock]\nlimit_burst_ios = 0\n[node]\nenabled = true\n\
+         specs = \"gateway\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
+        d.join("data").display()
+    );
+    let mut node = Rein::serve(&write_file(&d, "rein.toml", &text)).start();
+    let body = format!(
+        "connections_per_node = 1\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n\
+         [[tenants]]\nname = \"c2\"\nlimit = 2\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 8\n",
+        node.nbd
+    );
+    let mut text = format!("listen = \"127.0.0.142:0\"\nadmin = \"127.0.0.142:0\"\n{TIMES}");
+    text = text.replace("request_timeout_s = 2", "request_timeout_s = 20");
+    text.push_str(&body);
+    let gw = gateway(&write_file(dir, "gw.toml", &text));
+    node.wait_line("storage-node session granted");
+    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
+    let (mut s, mut buf) = (open.stream, open.buf);
+    let mut w = s.try_clone().unwrap();
+    let header = |command: Command, handle: u64| {
+        let mut v = Vec::new();
+        RequestHeader { flags: 0, command, handle, offset: 0, length: if command == Command::Read { 4096 } else { 0 } }
+            .encode(&mut v);
+        v
+    };
+    // (handle, error) of the next simple reply; a READ's 4 KiB follow a success.
+    let mut reply = || loop {
+        if let Some((ReplyHeader::Simple { error, handle }, n)) = ReplyHeader::decode(&buf).unwrap() {
+            let len = if error == 0 { 4096 } else { 0 };
+            if buf.len() >= n + len {
+                buf.drain(..n + len);
+                return (handle, error);
+            }
+        }
+        let mut chunk = [0u8; 65536];
+        let k = s.read(&mut chunk).unwrap();
+        assert!(k > 0, "the gateway closed the connection");
+        buf.extend_from_slice(&chunk[..k]);
+    };
+    // Three READs at 2 IOPS: one at once, two queued at the node (about 0.5 s and 1 s).
+    let three: Vec<u8> = (0..3u64).flat_map(|h| header(Command::Read, h)).collect();
+    w.write_all(&three).unwrap();
+    assert_eq!(reply(), (0, 0));
+    node.signal("-TERM");
+    node.wait_log(&["shutting down"], Duration::from_secs(5));
+    w.write_all(&header(Command::Read, 10)).unwrap();
+    let mut got = std::collections::BTreeMap::new();
+    for _ in 0..3 {
+        let (h, e) = reply();
+        got.insert(h, e);
+    }
+    let eio = 5;
+    assert_eq!(got, [(1, 0), (2, 0), (10, eio)].into(), "queued pieces answered, the late one failed");
+    node.wait_log(&["NBD connection closed", "(NBD_CMD_DISC)"], Duration::from_secs(10));
+    gw.wait_log(&["node connection lost", "the node is shutting down (NBD_ESHUTDOWN)"], Duration::from_secs(10));
+    let _ = w.write_all(&header(Command::Disc, 11));
+    node.terminate(Duration::from_secs(20));
+}
