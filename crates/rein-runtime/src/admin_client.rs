@@ -87,25 +87,7 @@ impl AdminEndpoint {
             b.set_ca_file(ca).map_err(|e| format!("--admin-ca {}: not a readable PEM CA file: {e}", ca.display()))?;
         }
         if let Some((cert, key)) = cert {
-            let not_cert = |e: &dyn std::fmt::Display| {
-                format!("--admin-cert {}: not a readable PEM certificate: {e}", cert.display())
-            };
-            b.set_certificate_chain_file(cert).map_err(|e| not_cert(&e))?;
-            let leaf = std::fs::read(cert)
-                .map_err(|e| not_cert(&e))
-                .and_then(|pem| openssl::x509::X509::from_pem(&pem).map_err(|e| not_cert(&e)))?;
-            let pkey = std::fs::read(key)
-                .map_err(|e| e.to_string())
-                .and_then(|pem| openssl::pkey::PKey::private_key_from_pem(&pem).map_err(|e| e.to_string()))
-                .map_err(|e| format!("--admin-key {}: not a readable PEM private key: {e}", key.display()))?;
-            if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
-                return Err(format!(
-                    "--admin-key {} does not match the certificate in --admin-cert {}",
-                    key.display(),
-                    cert.display()
-                ));
-            }
-            b.set_private_key(&pkey).map_err(|e| format!("--admin-key {}: {e}", key.display()))?;
+            crate::tls::set_identity(&mut b, crate::tls::Naming::Flags("admin"), cert, key)?;
         }
         Ok(AdminEndpoint { addr, tls: Some(b.build()) })
     }

@@ -189,7 +189,7 @@ impl Naming {
 
 /// Loads `cert` (PEM: the leaf, then any intermediates) and its private `key` into `b`; errors name the
 /// settings (`names`) and the files, and a key that does not match the certificate.
-fn set_identity(b: &mut SslContextBuilder, names: Naming, cert: &Path, key: &Path) -> Result<(), String> {
+pub(crate) fn set_identity(b: &mut SslContextBuilder, names: Naming, cert: &Path, key: &Path) -> Result<(), String> {
     let (kc, kk) = (names.key("cert"), names.key("key"));
     let chain = X509::stack_from_pem(&read(&kc, cert)?)
         .map_err(|e| format!("{kc} {}: not a PEM certificate: {e}", cert.display()))?;
