@@ -966,7 +966,7 @@ async fn run_link(
                         }
                     }
                 }
-                SessionEnd::Failed(why) => {
+                SessionEnd::Failed(why) | SessionEnd::Left(why) => {
                     target.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(node = name, volume = %target.volume, "node connection lost: {why}; reconnecting");
                     was_down = true;
@@ -1016,6 +1016,9 @@ enum SessionEnd {
     Failed(String),
     /// The tenant's spec changed and the session's pieces are answered: say hello again.
     Recycle,
+    /// The node answered NBD_ESHUTDOWN and the session's pieces are answered: the session was left with a
+    /// soft disconnect, as the spec asks of a client; reconnect as after a failure. The reason.
+    Left(String),
 }
 
 /// A piece sent and not yet answered.
@@ -1065,8 +1068,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> SessionEnd {
     let node = target.index;
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
-    // Set when the node answers NBD_ESHUTDOWN; the writer is told to stop.
-    let node_shutdown = AtomicBool::new(false);
+    // Notified when the node answers NBD_ESHUTDOWN: the writer stops.
     let shutdown_seen = tokio::sync::Notify::new();
     let name = target.node.name.as_str();
     let timeout = target.cfg.request_timeout;
@@ -1080,7 +1082,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 // The tenant's spec changed: send nothing more on this session (module comment).
                 _ = respec.changed() => return SessionEnd::Recycle,
                 _ = shutdown_seen.notified() => {
-                    return SessionEnd::Failed("the node is shutting down (NBD_ESHUTDOWN)".into())
+                    return SessionEnd::Left("the node is shutting down (NBD_ESHUTDOWN)".into())
                 }
             };
             let Some(first) = first else { return SessionEnd::Closed };
@@ -1168,9 +1170,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     // The spec: a client that receives NBD_ESHUTDOWN MUST initiate a soft disconnect (and
                     // SHOULD first wait for its requests in flight): nothing more is sent on this session.
                     target.fail(p.sink, ErrorKind::Io, "the node is shutting down".into());
-                    if !node_shutdown.swap(true, Ordering::Relaxed) {
-                        shutdown_seen.notify_one();
-                    }
+                    shutdown_seen.notify_one();
                 } else {
                     let kind = kind_of(error);
                     target.fail(p.sink, kind, format!("node answered NBD error {error}"));
@@ -1210,10 +1210,10 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             e = &mut writer => e,
             e = &mut reader => e,
         };
-        if matches!(end, SessionEnd::Recycle) || node_shutdown.load(Ordering::Relaxed) {
-            // The pieces in flight are answered on this session (each within request_timeout) before the
-            // connection says hello again, or, the node shutting down, before it is left; new pieces wait
-            // in the channel.
+        if matches!(end, SessionEnd::Recycle | SessionEnd::Left(_)) {
+            // The writer stopped (the reader runs on): the pieces in flight are answered on this session
+            // (each within request_timeout) before the connection says hello again, or, the node shutting
+            // down, before it is left; new pieces wait in the channel.
             loop {
                 if pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
                     break end;
@@ -1229,20 +1229,20 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     };
     // A session the gateway ends (its shutdown, a new spec) or the node asked to end (ESHUTDOWN) ends
     // softly, with NBD_CMD_DISC, as the spec asks of a client; a broken one just closes.
-    if matches!(end, SessionEnd::Closed | SessionEnd::Recycle) || node_shutdown.load(Ordering::Relaxed) {
+    if matches!(end, SessionEnd::Closed | SessionEnd::Recycle | SessionEnd::Left(_)) {
         let disc = header(Command::Disc, 0, 0, false);
         let _ = tokio::time::timeout(DISC_TIMEOUT, write_all_vectored(&mut wr, &[disc], qos.is_some())).await;
     }
     // Invariant 1: what is still pending fails now.
     let why = match &end {
         SessionEnd::Closed => "the gateway is shutting down".to_string(),
-        SessionEnd::Failed(w) => w.clone(),
+        SessionEnd::Failed(w) | SessionEnd::Left(w) => w.clone(),
         SessionEnd::Recycle => "the session ended for a new spec".to_string(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
         target.fail(p.sink, ErrorKind::Io, why.clone());
     }
-    if matches!(end, SessionEnd::Failed(_)) && target.durability.session_ended() {
+    if matches!(end, SessionEnd::Failed(_) | SessionEnd::Left(_)) && target.durability.session_ended() {
         tracing::warn!(node = name, volume = %target.volume, "a node session ended with writes not yet flushed; the next FLUSH fails");
     }
     end
