@@ -77,7 +77,7 @@ use crate::dispatch::Served;
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::remote::RemoteVolume;
 use crate::storage::Storage;
-use crate::tls::{TlsConfig, TlsError};
+use crate::tls::{NbdStream, TlsConfig, TlsError};
 use rein_core::TenantId;
 use rein_proto::nbd::{
     self as p, Event, ExportInfo, Negotiated, NodeHello, NodeReplyTrailer, NodeWelcome, Rejection, ReplyEncoder,
@@ -94,7 +94,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
-use tokio_openssl::SslStream;
 
 /// Requests one connection may have in flight before the server stops reading from it.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
@@ -332,15 +331,9 @@ pub async fn serve_connection(
     serve_client(stream, peer, Entry::Serve(slot), ctx, Arc::new(policy), shutdown).await
 }
 
-/// The transport after the handshake.
-enum Transport {
-    Plain(TcpStream),
-    Tls(Box<SslStream<TcpStream>>),
-}
-
 /// What a finished handshake leaves: the transport, what was agreed, the client's identity, its tenant
 /// slot, and the tenants of a storage-node session's slots (empty otherwise).
-type Opened = (Transport, Negotiated, Option<String>, Option<TenantSlot>, Vec<TenantId>);
+type Opened = (NbdStream, Negotiated, Option<String>, Option<TenantSlot>, Vec<TenantId>);
 
 /// What a server's accept loop does with one `accept` result (rein serve's and rein gateway's): admits the
 /// connection under the policy's caps and spawns its task on `tasks` (a refused client is answered
@@ -425,7 +418,7 @@ pub async fn serve_client(
         let shutdown = &mut hs_shutdown;
         match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None), shutdown).await? {
             HsEnd::Left => Ok(None),
-            HsEnd::Open(n, slot, node) => Ok(Some((Transport::Plain(stream), n, None, slot, node))),
+            HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Plain(stream), n, None, slot, node))),
             HsEnd::StartTls => {
                 let tls = policy.tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
                 let (mut stream, identity) = tls.accept(stream).await?;
@@ -434,7 +427,7 @@ pub async fn serve_client(
                 let who = (peer, identity.as_deref());
                 match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, who, shutdown).await? {
                     HsEnd::Left => Ok(None),
-                    HsEnd::Open(n, slot, node) => Ok(Some((Transport::Tls(Box::new(stream)), n, identity, slot, node))),
+                    HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Tls(Box::new(stream)), n, identity, slot, node))),
                     HsEnd::StartTls => Err(ConnError::Proto(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS"))),
                 }
             }
@@ -467,12 +460,12 @@ pub async fn serve_client(
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
     let conn = Conn { ctx: &ctx, export, peer, opened, node_tenants };
     match transport {
-        Transport::Plain(stream) => {
+        NbdStream::Plain(stream) => {
             // The plain path keeps the socket's own halves (no lock between reader and writer).
             let (rd, wr) = stream.into_split();
             transmission(rd, wr, conn, machine, input, &mut shutdown).await
         }
-        Transport::Tls(stream) => {
+        NbdStream::Tls(stream) => {
             let (rd, wr) = tokio::io::split(*stream);
             // OpenSSL writes one slice per call, so a reply's header would be a TLS record of its own:
             // a buffer gathers a batch's small replies into full records (large ones pass straight through).

@@ -73,7 +73,7 @@
 //! slightly favours the tenant there).
 
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
-use crate::tls::TlsClient;
+use crate::tls::{NbdStream, TlsClient};
 use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION};
@@ -773,30 +773,9 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
-/// A node connection's socket: plain, or TLS after STARTTLS.
-enum NodeStream {
-    Plain(TcpStream),
-    Tls(Box<tokio_openssl::SslStream<TcpStream>>),
-}
-
-impl NodeStream {
-    async fn read_buf(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
-        match self {
-            NodeStream::Plain(s) => s.read_buf(buf).await,
-            NodeStream::Tls(s) => s.read_buf(buf).await,
-        }
-    }
-    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
-        match self {
-            NodeStream::Plain(s) => s.write_all(data).await,
-            NodeStream::Tls(s) => s.write_all(data).await,
-        }
-    }
-}
-
 /// An established connection: the socket, bytes read past the handshake, and the export's flags.
 struct Session {
-    stream: NodeStream,
+    stream: NbdStream,
     input: Vec<u8>,
     flags: u16,
     /// On a storage-node session: the tenant's slot from the node's welcome.
@@ -827,7 +806,7 @@ impl Target {
                 .await
                 .map_err(|e| ConnectError::Unreachable(format!("connect: {e}")))?;
             stream.set_nodelay(true).map_err(|e| ConnectError::Io(e.to_string()))?;
-            let mut stream = NodeStream::Plain(stream);
+            let mut stream = NbdStream::Plain(stream);
             let hello = match (&self.qos, self.node.protocol) {
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
                     let tenant = tenant.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -888,7 +867,7 @@ impl Target {
                         tracing::debug!(node = %self.node.name, "storage-node protocol refused ({message}); plain NBD");
                     }
                     ClientProgress::StartTls => {
-                        let (NodeStream::Plain(tcp), Some(tls)) = (stream, &self.node.tls) else {
+                        let (NbdStream::Plain(tcp), Some(tls)) = (stream, &self.node.tls) else {
                             return Err(ConnectError::Io("handshake: a second STARTTLS".into()));
                         };
                         let tls = tls
@@ -896,7 +875,7 @@ impl Target {
                             .connect(&tls.name, tcp)
                             .await
                             .map_err(|e| ConnectError::Io(format!("TLS to {}: {e}", tls.name)))?;
-                        stream = NodeStream::Tls(Box::new(tls));
+                        stream = NbdStream::Tls(Box::new(tls));
                         hs.tls_established().map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
                     }
                     ClientProgress::NeedMore => {
@@ -1046,11 +1025,11 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         tracing::debug!(node = target.node.name.as_str(), volume = %target.volume, ?boot, fresh, "node session");
     }
     match &mut stream {
-        NodeStream::Plain(tcp) => {
+        NbdStream::Plain(tcp) => {
             let (rd, wr) = tcp.split();
             run_session_on(target, rd, wr, input, qos, rx).await
         }
-        NodeStream::Tls(tls) => {
+        NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
             run_session_on(target, rd, wr, input, qos, rx).await
         }

@@ -471,6 +471,33 @@ impl TlsClient {
     }
 }
 
+/// A TCP connection in the clear or after STARTTLS: what an NBD server's handshake leaves
+/// ([`crate::nbd`]) and a gateway's link to a node ([`crate::remote`]).
+pub(crate) enum NbdStream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<SslStream<tokio::net::TcpStream>>),
+}
+
+impl NbdStream {
+    /// Reads into `buf`'s spare capacity, as [`tokio::io::AsyncReadExt::read_buf`].
+    pub(crate) async fn read_buf(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        use tokio::io::AsyncReadExt;
+        match self {
+            NbdStream::Plain(s) => s.read_buf(buf).await,
+            NbdStream::Tls(s) => s.read_buf(buf).await,
+        }
+    }
+
+    /// Writes all of `data`, as [`tokio::io::AsyncWriteExt::write_all`].
+    pub(crate) async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            NbdStream::Plain(s) => s.write_all(data).await,
+            NbdStream::Tls(s) => s.write_all(data).await,
+        }
+    }
+}
+
 /// A failed TLS handshake: OpenSSL's reason (an unknown CA, a missing client certificate, an unknown
 /// PSK identity, a client that speaks no TLS).
 #[derive(Debug, thiserror::Error)]
