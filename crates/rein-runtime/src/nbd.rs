@@ -594,9 +594,8 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     let mut node_tenants = Vec::new();
     loop {
         let wanted = input.unconsumed().len() + 1;
-        let more = if *shutdown.borrow() {
+        let more = if hs.is_shut_down() {
             // Shutting down: options get NBD_REP_ERR_SHUTDOWN; a client silent for HANDSHAKE_DRAIN is left.
-            hs.shut_down();
             match tokio::time::timeout(HANDSHAKE_DRAIN, input.fill(stream, wanted)).await {
                 Ok(more) => more?,
                 Err(_) => return Ok(HsEnd::Left),
@@ -604,7 +603,10 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         } else {
             tokio::select! {
                 biased;
-                _ = shutdown.wait_for(|s| *s) => continue,
+                _ = shutdown.wait_for(|s| *s) => {
+                    hs.shut_down();
+                    continue;
+                }
                 more = input.fill(stream, wanted) => more?,
             }
         };
@@ -706,7 +708,8 @@ impl Connection<'_> {
             match event {
                 Event::NeedMore { wanted } => {
                     self.input.consume(used);
-                    let draining = *shutdown.borrow();
+                    // The state machine knows the shutdown once it was seen (no watch read per request).
+                    let draining = self.machine.is_shut_down();
                     let idle = if draining { None } else { self.idle.as_mut().map(|idle| (idle, &*self.permits)) };
                     let filled = if draining {
                         // Shutting down: what arrives is answered with ESHUTDOWN (the state machine

@@ -157,7 +157,9 @@ pub struct ServerHandshake {
     /// One flag per export: whether this client may see it.
     visible: Vec<bool>,
     default_export: Option<usize>,
-    refusal: Option<String>,
+    /// Every option but ABORT refused with this error reply and message ([`ServerHandshake::refuse_all`],
+    /// [`ServerHandshake::shut_down`]).
+    refusal: Option<(u32, String)>,
     confirm_open: bool,
     pending: Option<PendingOpen>,
     /// Whether the storage-node option is offered.
@@ -166,8 +168,6 @@ pub struct ServerHandshake {
     node: Option<NodeWelcome>,
     /// Tenants of the hello waiting for its verdict.
     node_pending: Option<usize>,
-    /// Set by [`ServerHandshake::shut_down`].
-    shutting_down: bool,
 }
 
 impl ServerHandshake {
@@ -200,14 +200,18 @@ impl ServerHandshake {
             node_enabled: false,
             node: None,
             node_pending: None,
-            shutting_down: false,
         }
     }
 
     /// The server is shutting down: every further option but ABORT gets NBD_REP_ERR_SHUTDOWN (module
     /// comment).
     pub fn shut_down(&mut self) {
-        self.shutting_down = true;
+        self.refusal = Some((REP_ERR_SHUTDOWN, "the server is shutting down".into()));
+    }
+
+    /// Whether [`ServerHandshake::shut_down`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        matches!(self.refusal, Some((REP_ERR_SHUTDOWN, _)))
     }
 
     /// Sets whether STARTTLS is offered or required (module comment). Set it before the first `feed`.
@@ -241,7 +245,9 @@ impl ServerHandshake {
     /// Refuses the whole connection: every option but ABORT gets NBD_REP_ERR_POLICY with `message`, and
     /// EXPORT_NAME closes with [`ProtoError::Refused`].
     pub fn refuse_all(&mut self, message: String) {
-        self.refusal = Some(message);
+        if !self.is_shut_down() {
+            self.refusal = Some((REP_ERR_POLICY, message));
+        }
     }
 
     /// Asks `feed` to return [`ServerProgress::Opening`] before it opens an export, so the caller can
@@ -380,27 +386,19 @@ impl ServerHandshake {
         }
     }
 
-    /// The connection-wide rules (refusal, TLS required) before an option's own handling.
+    /// The connection-wide rules (refusal or shutdown, TLS required) before an option's own handling.
     fn gate(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> Result<ServerProgress, ProtoError> {
         if option == OPT_ABORT {
             option_reply(out, option, REP_ACK, &[]);
             self.state = SState::Finished;
             return Ok(ServerProgress::Aborted);
         }
-        if self.shutting_down {
-            if option == OPT_EXPORT_NAME {
-                self.state = SState::Finished;
-                return Err(ProtoError::Refused("the server is shutting down".into()));
-            }
-            option_reply(out, option, REP_ERR_SHUTDOWN, b"the server is shutting down");
-            return Ok(ServerProgress::NeedMore);
-        }
-        if let Some(message) = &self.refusal {
+        if let Some((reply, message)) = &self.refusal {
             if option == OPT_EXPORT_NAME {
                 self.state = SState::Finished;
                 return Err(ProtoError::Refused(message.clone()));
             }
-            option_reply(out, option, REP_ERR_POLICY, message.as_bytes());
+            option_reply(out, option, *reply, message.as_bytes());
             return Ok(ServerProgress::NeedMore);
         }
         if option == OPT_STARTTLS {

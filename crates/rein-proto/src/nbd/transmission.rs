@@ -344,6 +344,11 @@ impl ServerTransmission {
         self.shutting_down = true;
     }
 
+    /// Whether [`ServerTransmission::shut_down`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shutting_down
+    }
+
     /// The configuration in force (after clamping).
     pub fn config(&self) -> &TransmissionConfig {
         &self.config
