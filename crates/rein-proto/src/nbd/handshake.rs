@@ -819,11 +819,7 @@ impl ClientHandshake {
                         return Err(ProtoError::Malformed("a reply to another option than NBD_OPT_STARTTLS"));
                     }
                     if reply != REP_ACK {
-                        return Err(ProtoError::OptionRefused {
-                            option,
-                            reply,
-                            message: String::from_utf8_lossy(data).into_owned(),
-                        });
+                        return Err(refused(option, reply, data));
                     }
                     if !data.is_empty() {
                         return Err(ProtoError::Malformed("NBD_OPT_STARTTLS acknowledged with data"));
@@ -865,17 +861,18 @@ impl ClientHandshake {
                             self.state = CState::Ready;
                         }
                         r => {
-                            return Err(ProtoError::OptionRefused {
-                                option: opt,
-                                reply: r,
-                                message: String::from_utf8_lossy(data).into_owned(),
-                            });
+                            return Err(refused(opt, r, data));
                         }
                     }
                 }
             }
         }
     }
+}
+
+/// The client's error for a server's refusal of `option` with the error `reply` and its message `data`.
+fn refused(option: u32, reply: u32, data: &[u8]) -> ProtoError {
+    ProtoError::OptionRefused { option, reply, message: String::from_utf8_lossy(data).into_owned() }
 }
 
 /// Appends an option request.
