@@ -320,7 +320,7 @@ async fn reader<R: AsyncRead + Unpin>(rd: &mut R, mut buf: Vec<u8>, pending: &Pe
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_proto::nbd::{Event, ExportInfo, Rejection, ServerHandshake, ServerProgress, ServerTransmission};
+    use rein_proto::nbd::{Event, Rejection, ServerTransmission};
     use rein_proto::nbd::{Reason, TransmissionConfig};
 
     /// After a reply with NBD_ESHUTDOWN the client sends nothing but its soft disconnect (the spec: "If
@@ -332,31 +332,9 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();
-            let info = ExportInfo {
-                name: "v".into(),
-                description: String::new(),
-                size: 1 << 20,
-                read_only: false,
-                volatile: false,
-            };
-            let mut out = Vec::new();
-            let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
-            s.write_all(&out).await.unwrap();
-            let mut buf = Vec::new();
-            let negotiated = 'hs: loop {
-                assert!(s.read_buf(&mut buf).await.unwrap() > 0);
-                loop {
-                    out.clear();
-                    let (used, progress) = hs.feed(&buf, &mut out).unwrap();
-                    buf.drain(..used);
-                    s.write_all(&out).await.unwrap();
-                    match progress {
-                        ServerProgress::Done(n) => break 'hs n,
-                        ServerProgress::NeedMore if used > 0 && !buf.is_empty() => continue,
-                        _ => break,
-                    }
-                }
-            };
+            let info = crate::testkit::export_v();
+            let (negotiated, mut buf) =
+                crate::testkit::serve_handshake(&mut s, &info, None).await.expect("a handshake");
             // Every request gets ESHUTDOWN; what the client sends is recorded until it closes.
             let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
             machine.shut_down();

@@ -34,6 +34,8 @@ pub mod remote;
 pub mod server;
 pub mod state;
 pub mod storage;
+#[cfg(test)]
+mod testkit;
 pub mod tls;
 pub mod uring;
 

@@ -1344,7 +1344,7 @@ mod tests {
     ) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
         use rein_core::Phase;
         use rein_proto::nbd::node::NodeReplyTrailer;
-        use rein_proto::nbd::{Event, ExportInfo, ServerHandshake, ServerProgress, ServerTransmission};
+        use rein_proto::nbd::{Event, ServerTransmission};
         use rein_proto::nbd::{RequestKind, TransmissionConfig};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -1354,44 +1354,16 @@ mod tests {
             for boot in boots {
                 let (mut s, _) = listener.accept().await.unwrap();
                 let mut answered = 0;
-                let info = ExportInfo {
-                    name: "v".into(),
-                    description: String::new(),
-                    size: 1 << 20,
-                    read_only: false,
-                    volatile: false,
+                let info = crate::testkit::export_v();
+                let welcome = |h: &NodeHello| {
+                    let mut w = rein_proto::harness::welcome_for(h);
+                    w.version = if boot.is_some() { w.version } else { 1 };
+                    w.boot = boot;
+                    w
                 };
-                let mut out = Vec::new();
-                let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
-                hs.set_node(true);
-                s.write_all(&out).await.unwrap();
-                let mut buf = Vec::new();
-                let negotiated = 'hs: loop {
-                    if s.read_buf(&mut buf).await.unwrap() == 0 {
-                        return;
-                    }
-                    loop {
-                        out.clear();
-                        let (used, progress) = hs.feed(&buf, &mut out).unwrap();
-                        buf.drain(..used);
-                        let progress = match progress {
-                            ServerProgress::NodeHello(h) => {
-                                let mut w = rein_proto::harness::welcome_for(&h);
-                                w.version = if boot.is_some() { w.version } else { 1 };
-                                w.boot = boot;
-                                hs.node_verdict(Ok(w), &mut out)
-                            }
-                            other => other,
-                        };
-                        s.write_all(&out).await.unwrap();
-                        match progress {
-                            ServerProgress::Done(n) => break 'hs n,
-                            // More options already received: go on; else (nothing, or a partial one) read.
-                            ServerProgress::NeedMore if used > 0 && !buf.is_empty() => continue,
-                            ServerProgress::NeedMore => break,
-                            other => panic!("unexpected {other:?}"),
-                        }
-                    }
+                let Some((negotiated, mut buf)) = crate::testkit::serve_handshake(&mut s, &info, Some(&welcome)).await
+                else {
+                    return;
                 };
                 let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
                 loop {
