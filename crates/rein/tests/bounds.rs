@@ -204,7 +204,7 @@ fn pipelined_32mib_writes_to_a_throttled_tenant_stay_under_the_budget() {
 #[test]
 fn idle_connections_are_closed_and_logged() {
     let tmp = tmpdir("bounds-idle");
-    let config = "idle_timeout_s = 1\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 1\n";
+    let config = &slow("idle_timeout_s = 1", 1);
     let s = start(tmp.path(), 43, config);
     let mut c = Raw::connect(s.nbd, "slow");
     let peer = c.s.local_addr().unwrap().to_string();
@@ -266,7 +266,7 @@ fn shutdown_is_not_held_up_by_stalled_clients() {
 #[test]
 fn shutdown_fails_a_throttled_queue_at_the_deadline() {
     let tmp = tmpdir("bounds-throttled");
-    let config = "shutdown_timeout_s = 1\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 1\n";
+    let config = &slow("shutdown_timeout_s = 1", 1);
     let mut s = start(tmp.path(), 45, config);
     let mut c = Raw::connect(s.nbd, "slow");
     // One write, so that the server has them all once it answers the first (requests still unread at the
@@ -294,6 +294,24 @@ fn shutdown_fails_a_throttled_queue_at_the_deadline() {
     assert!(t0.elapsed() < Duration::from_secs(5));
 }
 
+/// A config with an export and tenant "slow" limited to `limit` IOPS (no burst), after the top-level line
+/// `top`.
+fn slow(top: &str, limit: u32) -> String {
+    format!("{top}\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = {limit}\n")
+}
+
+/// Sends three READs on `c` (export "slow" at 2 IOPS: the first answered at once, two queued for about
+/// 0.5 s and 1 s), reads the first answer, sends SIGTERM to `s` and waits until it is shutting down. The
+/// READs go in one write, so that the server reads all three before the shutdown (requests it had not
+/// read when the shutdown began would rightly get ESHUTDOWN).
+fn shut_down_with_two_queued(s: &Server, c: &mut Raw) {
+    let three: Vec<u8> = (0..3u64).flat_map(|h| Raw::header(Command::Read, h, 0, 4096)).collect();
+    c.s.write_all(&three).unwrap();
+    assert_eq!(c.reply(4096).0, 0);
+    s.signal("-TERM");
+    s.wait_log(&["shutting down"], Duration::from_secs(5));
+}
+
 /// The NBD spec on a server shutdown: "The error value issued in respect of these requests and any
 /// subsequently received requests SHOULD be `NBD_ESHUTDOWN`. If the client receives an `NBD_ESHUTDOWN`
 /// error it MUST initiate a soft disconnect." Requests sent after SIGTERM used to get no answer at all
@@ -303,17 +321,10 @@ fn shutdown_fails_a_throttled_queue_at_the_deadline() {
 #[test]
 fn requests_sent_during_shutdown_get_eshutdown_and_are_not_run() {
     let tmp = tmpdir("bounds-eshutdown");
-    let config = "shutdown_timeout_s = 20\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 2\n";
+    let config = &slow("shutdown_timeout_s = 20", 2);
     let mut s = start(tmp.path(), 46, config);
     let mut c = Raw::connect(s.nbd, "slow");
-    // Three READs: the first answered at once, two held by the 2 IOPS limit (about 0.5 s and 1 s).
-    // In one write, so that the server reads all three before the shutdown (requests it had not read
-    // when the shutdown began would rightly get ESHUTDOWN).
-    let three: Vec<u8> = (0..3u64).flat_map(|h| Raw::header(Command::Read, h, 0, 4096)).collect();
-    c.s.write_all(&three).unwrap();
-    assert_eq!(c.reply(4096).0, 0);
-    s.signal("-TERM");
-    s.wait_log(&["shutting down"], Duration::from_secs(5));
+    shut_down_with_two_queued(&s, &mut c);
     // After the shutdown began: a READ and a WRITE of 0xee over the first 4 KiB.
     c.send(Command::Read, 10, 0, 4096, &[]);
     c.send(Command::Write, 11, 0, 4096, &[0xee; 4096]);
@@ -343,7 +354,7 @@ fn requests_sent_during_shutdown_get_eshutdown_and_are_not_run() {
 #[test]
 fn a_handshake_during_shutdown_gets_err_shutdown_then_its_abort_is_acknowledged() {
     let tmp = tmpdir("bounds-hs-shutdown");
-    let config = "shutdown_timeout_s = 20\n[mclock]\nlimit_burst_ios = 0\n[[exports]]\nname = \"slow\"\nsize_mb = 1\n[[tenants]]\nname = \"slow\"\nlimit = 2\n";
+    let config = &slow("shutdown_timeout_s = 20", 2);
     let mut s = start(tmp.path(), 47, config);
     // A connection in the handshake: greeting read, client flags sent, no option yet.
     let mut hs = TcpStream::connect(s.nbd).unwrap();
@@ -353,13 +364,7 @@ fn a_handshake_during_shutdown_gets_err_shutdown_then_its_abort_is_acknowledged(
     hs.write_all(&p::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
     // Another client's queued READs keep the server shutting down for about a second.
     let mut c = Raw::connect(s.nbd, "slow");
-    // In one write, so that the server reads all three before the shutdown (requests it had not read
-    // when the shutdown began would rightly get ESHUTDOWN).
-    let three: Vec<u8> = (0..3u64).flat_map(|h| Raw::header(Command::Read, h, 0, 4096)).collect();
-    c.s.write_all(&three).unwrap();
-    assert_eq!(c.reply(4096).0, 0);
-    s.signal("-TERM");
-    s.wait_log(&["shutting down"], Duration::from_secs(5));
+    shut_down_with_two_queued(&s, &mut c);
     let read_reply = |hs: &mut TcpStream| {
         let mut buf = Vec::new();
         let mut chunk = [0u8; 1024];
