@@ -467,12 +467,18 @@ fn completed(admin: SocketAddr, tenant: &str) -> u64 {
 /// A `rein serve` storage node on 127.0.0.`host` (dmClock, `[node] specs = "gateway"`) with file exports
 /// `v` and `w` of [`NODE_MB`] each.
 fn storage_node(dir: &Path, host: u8) -> Server {
+    storage_node_with(dir, host, "", "", "")
+}
+
+/// [`storage_node`] with the top-level keys `top`, the `[node]` keys `node_keys` and the tables `tables`
+/// added.
+fn storage_node_with(dir: &Path, host: u8, top: &str, node_keys: &str, tables: &str) -> Server {
     let d = dir.join(format!("node{host}"));
     std::fs::create_dir_all(&d).unwrap();
     let text = format!(
         "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
-         scheduler = \"dmclock\"\n[node]\nenabled = true\nspecs = \"gateway\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n\
-         [[exports]]\nname = \"w\"\nsize_mb = {NODE_MB}\n",
+         scheduler = \"dmclock\"\n{top}{tables}[node]\nenabled = true\nspecs = \"gateway\"\n{node_keys}\
+         [[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n[[exports]]\nname = \"w\"\nsize_mb = {NODE_MB}\n",
         d.join("data").display()
     );
     Rein::serve(&write_file(&d, "rein.toml", &text)).start()
@@ -611,18 +617,12 @@ fn sighup_restates_specs_and_adds_and_removes_volumes() {
 /// identities from `nodes.psk`) and lets only the identities `gw-a` and `gw-p` use the storage-node
 /// protocol.
 fn tls_storage_node(dir: &Path, host: u8) -> Server {
-    let d = dir.join(format!("node{host}"));
-    std::fs::create_dir_all(&d).unwrap();
-    let text = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{data}\"\ncapacity_iops = 100000\n\
-         scheduler = \"dmclock\"\n[tls]\nmode = \"require\"\ncert = \"{dir}/n{host}-cert.pem\"\nkey = \"{dir}/n{host}-key.pem\"\n\
-         ca = \"{dir}/ca-cert.pem\"\npsk_file = \"{dir}/nodes.psk\"\n\
-         [node]\nenabled = true\nspecs = \"gateway\"\nallow_identities = [\"gw-a\", \"gw-p\"]\n\
-         [[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
-        data = d.join("data").display(),
-        dir = dir.display(),
+    let tls = format!(
+        "[tls]\nmode = \"require\"\ncert = \"{d}/n{host}-cert.pem\"\nkey = \"{d}/n{host}-key.pem\"\n\
+         ca = \"{d}/ca-cert.pem\"\npsk_file = \"{d}/nodes.psk\"\n",
+        d = dir.display()
     );
-    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    storage_node_with(dir, host, "", "allow_identities = [\"gw-a\", \"gw-p\"]\n", &tls)
 }
 
 /// Links to storage nodes that require TLS: the gateway runs STARTTLS with a client certificate or a
@@ -730,15 +730,7 @@ fn a_node_shutting_down_gets_the_gateways_soft_disconnect() {
     use std::io::{Read, Write};
     let tmp = tmpdir("gw-eshutdown");
     let dir = tmp.path();
-    let d = dir.join("node141");
-    std::fs::create_dir_all(&d).unwrap();
-    let text = format!(
-        "listen = \"127.0.0.141:0\"\nadmin = \"127.0.0.141:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
-         scheduler = \"dmclock\"\nshutdown_timeout_s = 20\n[mclock]\nlimit_burst_ios = 0\n[node]\nenabled = true\n\
-         specs = \"gateway\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
-        d.join("data").display()
-    );
-    let mut node = Rein::serve(&write_file(&d, "rein.toml", &text)).start();
+    let mut node = storage_node_with(dir, 141, "shutdown_timeout_s = 20\n", "", "[mclock]\nlimit_burst_ios = 0\n");
     let body = format!(
         "connections_per_node = 1\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n\
          [[tenants]]\nname = \"c2\"\nlimit = 2\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 8\n",
