@@ -179,6 +179,21 @@ fn psk_nbdinfo_nbdcopy_qemu_img_and_wrong_keys() {
     assert!(e.contains("gnutls_handshake"), "{e}");
 }
 
+/// A server on 127.0.0.`host` that requires TLS and takes both kinds of client: a CA (`ca-cert.pem`), its
+/// certificate (`server-cert.pem`), client certificates checked against the CA (alice's made:
+/// `alice-cert.pem`), and a PSK file with alice's key; returns it and the PSK file.
+fn x509_and_psk_server(dir: &Path, host: u8) -> (Server, PathBuf) {
+    make_ca(dir, "ca", "ca");
+    make_cert(dir, "ca", "server", "127.0.0.1", &server_extensions());
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    let keys = psk_file(dir, "keys.psk", "alice");
+    let config = format!(
+        "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
+         psk_file = \"keys.psk\"\n{EXPORTS}"
+    );
+    (start(dir, host, &config), keys)
+}
+
 /// A server with both `ca` (client certificates verified) and `psk_file` serves either kind of client, as
 /// docs/serve.md says. It did not: OpenSSL takes a TLS 1.3 PSK as a session to resume and refused it
 /// without a session id context ("session id context uninitialized"), so every PSK client failed.
@@ -186,18 +201,7 @@ fn psk_nbdinfo_nbdcopy_qemu_img_and_wrong_keys() {
 fn a_server_with_ca_and_psk_file_serves_psk_and_certificate_clients() {
     let tmp = tmpdir("tls-both");
     let dir = tmp.path();
-    make_ca(dir, "ca", "ca");
-    make_cert(dir, "ca", "server", "127.0.0.1", &server_extensions());
-    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
-    let keys = psk_file(dir, "keys.psk", "alice");
-    let s = start(
-        dir,
-        42,
-        &format!(
-            "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
-             psk_file = \"keys.psk\"\n{EXPORTS}"
-        ),
-    );
+    let (s, keys) = x509_and_psk_server(dir, 42);
     let psk = run_ok(tool("nbdinfo").arg(format!("nbds://alice@{}/secret?tls-psk-file={}", s.nbd, keys.display())));
     assert!(psk.contains("with TLS") && psk.contains("export-size: 1048576"), "{psk}");
     let alice = cert_dir(dir, "alice-dir", "ca", Some("alice"));
@@ -211,19 +215,8 @@ fn a_server_with_ca_and_psk_file_serves_psk_and_certificate_clients() {
 fn rein_load_runs_over_tls_with_x509_and_psk() {
     let tmp = tmpdir("tls-load");
     let dir = tmp.path();
-    make_ca(dir, "ca", "ca");
     make_ca(dir, "other-ca", "other-ca");
-    make_cert(dir, "ca", "server", "127.0.0.1", &server_extensions());
-    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
-    psk_file(dir, "keys.psk", "alice");
-    let s = start(
-        dir,
-        43,
-        &format!(
-            "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
-             psk_file = \"keys.psk\"\n{EXPORTS}"
-        ),
-    );
+    let (s, _) = x509_and_psk_server(dir, 43);
     let load = |tls: &[&str]| {
         let mut c = Cmd::new(env!("CARGO_BIN_EXE_rein"));
         c.current_dir(dir).args(["load", "--addr", &s.nbd.to_string()]).args(tls);
