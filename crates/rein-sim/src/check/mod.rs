@@ -12,7 +12,7 @@ pub mod sabotage;
 
 pub use sabotage::Sabotage;
 
-use crate::model::expect::{Expectation, Subject, Target};
+use crate::model::expect::{Expectation, Subject, TenantTarget};
 use crate::model::Scenario;
 use rein_model::RunTotals;
 use serde::Serialize;
@@ -33,19 +33,13 @@ pub struct CheckResult {
 /// The run an expectation needs besides the scenario's own: the scenario without PARDA, if any
 /// expectation compares with the uncontrolled run.
 pub fn baseline_scenario(sc: &Scenario) -> Option<Scenario> {
-    sc.expect.iter().any(|e| e.target == Some(Target::Uncontrolled)).then(|| sc.without_parda())
+    sc.expect.iter().any(Expectation::needs_uncontrolled).then(|| sc.without_parda())
 }
 
 /// Evaluates every expectation of `sc` against `run`; `baseline` is the run of
 /// [`baseline_scenario`]`(sc)` when it asks for one (expectations that need it fail without it).
 pub fn check(sc: &Scenario, run: &RunTotals, baseline: Option<&RunTotals>) -> Vec<CheckResult> {
-    sc.expect
-        .iter()
-        .map(|e| match &e.subject {
-            Subject::Host { .. } => parda::check_one(sc, run, e, baseline),
-            _ => check_one(sc, run, e),
-        })
-        .collect()
+    sc.expect.iter().map(|e| check_one(sc, run, e, baseline)).collect()
 }
 
 /// The window an expectation is judged over: its own, or from the warm-up to the end.
@@ -53,45 +47,42 @@ fn window(sc: &Scenario, e: &Expectation) -> [f64; 2] {
     e.window.unwrap_or([sc.warmup.as_secs_f64(), sc.duration.as_secs_f64()])
 }
 
-fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation) -> CheckResult {
+fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&RunTotals>) -> CheckResult {
     let [a, b] = window(sc, e);
-    let (who, metric, whole_run, measured) = match &e.subject {
-        Subject::Tenant { tenant, metric } => (
-            format!("tenant {}", sc.tenants[*tenant].name),
-            metric.name(),
-            metric.whole_run(),
-            run.tenant_metric(*tenant, *metric, a, b),
-        ),
-        Subject::Server { server, metric } => (
-            format!("server {}", sc.servers[*server].name),
-            metric.name(),
-            *metric == rein_model::report::ServerMetric::Utilisation,
-            run.server_metric(*server, *metric, a, b),
-        ),
-        Subject::Periods { tenant, metric, threshold_pct } => {
-            let (who, v) = pshift::period_metric(sc, run, *tenant, *metric, *threshold_pct, a, b);
-            (who, metric.name(), false, v)
+    let equals = |v: Option<f64>| v.map(|v| (v, format!("{v}")));
+    let (who, metric, whole_run, measured, target) = match e.subject {
+        Subject::Tenant { tenant, metric, target } => {
+            let target = match target {
+                None => None,
+                Some(TenantTarget::Equals(v)) => equals(Some(v)),
+                Some(TenantTarget::Oracle) => {
+                    let v = run.oracle_iops(a, b)[tenant];
+                    Some((v, format!("the oracle's {v:.1}")))
+                }
+                Some(TenantTarget::Ratio { tenant: other, ratio }) => {
+                    let v = run.tenant_metric(other, metric, a, b) * ratio;
+                    Some((v, format!("{ratio} x {}'s = {v:.2}", sc.tenants[other].name)))
+                }
+            };
+            let who = format!("tenant {}", sc.tenants[tenant].name);
+            (who, metric.name(), metric.whole_run(), run.tenant_metric(tenant, metric, a, b), target)
         }
-        Subject::Host { .. } => unreachable!("host expectations are checked by check::parda"),
+        Subject::Server { server, metric, equals: v } => (
+            format!("server {}", sc.servers[server].name),
+            metric.name(),
+            metric == rein_model::report::ServerMetric::Utilisation,
+            run.server_metric(server, metric, a, b),
+            equals(v),
+        ),
+        Subject::Periods { tenant, metric, threshold_pct, equals: v } => {
+            let (who, m) = pshift::period_metric(sc, run, tenant, metric, threshold_pct, a, b);
+            (who, metric.name(), false, m, equals(v))
+        }
+        Subject::Host { who, metric, band_pct, target } => {
+            return parda::check_one(sc, run, e, parda::HostCheck { who, metric, band_pct, target }, baseline)
+        }
     };
     let window = if whole_run { String::from("after warm-up") } else { format!("in [{a}, {b}] s") };
-    let target = match &e.target {
-        None => None,
-        Some(Target::Equals(v)) => Some((*v, format!("{v}"))),
-        Some(Target::Oracle) => {
-            let Subject::Tenant { tenant, .. } = &e.subject else {
-                unreachable!("validated: the oracle is a tenant's")
-            };
-            let v = run.oracle_iops(a, b)[*tenant];
-            Some((v, format!("the oracle's {v:.1}")))
-        }
-        Some(Target::TenantRatio { tenant, ratio }) => {
-            let Subject::Tenant { metric, .. } = &e.subject else { unreachable!("validated: ratio_to is a tenant's") };
-            let v = run.tenant_metric(*tenant, *metric, a, b) * ratio;
-            Some((v, format!("{ratio} x {}'s = {v:.2}", sc.tenants[*tenant].name)))
-        }
-        Some(_) => unreachable!("validated: host targets are for host expectations"),
-    };
     let (ok, expected) = judge(measured, target, e);
     CheckResult {
         ok,
@@ -131,9 +122,8 @@ mod tests {
 
     fn within(pct: f64) -> Expectation {
         Expectation {
-            subject: Subject::Tenant { tenant: 0, metric: TenantMetric::Iops },
+            subject: Subject::Tenant { tenant: 0, metric: TenantMetric::Iops, target: Some(TenantTarget::Equals(0.0)) },
             window: None,
-            target: Some(Target::Equals(0.0)),
             within_pct: Some(pct),
             below: None,
             above: None,

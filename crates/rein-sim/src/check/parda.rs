@@ -2,14 +2,29 @@
 //! convergence times, and comparisons with the uncontrolled (no-PARDA) run.
 
 use super::{judge, window, CheckResult};
-use crate::model::expect::{Expectation, HostRatio, Subject, Target};
+use crate::model::expect::{Expectation, HostTarget};
 use crate::model::Scenario;
 use rein_model::report::hosts::{HostMetric, HostSubject};
 use rein_model::RunTotals;
 
-/// Evaluates a host expectation; `baseline` is the uncontrolled run, if the caller made it.
-pub(super) fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&RunTotals>) -> CheckResult {
-    let Subject::Host { who, metric, band_pct } = e.subject else { unreachable!("called for host expectations") };
+/// A host expectation's subject and target (the fields of [`crate::model::expect::Subject::Host`]).
+pub(super) struct HostCheck {
+    pub(super) who: HostSubject,
+    pub(super) metric: HostMetric,
+    pub(super) band_pct: f64,
+    pub(super) target: Option<HostTarget>,
+}
+
+/// Evaluates a host expectation `e` (subject and target `h`); `baseline` is the uncontrolled run, if the
+/// caller made it.
+pub(super) fn check_one(
+    sc: &Scenario,
+    run: &RunTotals,
+    e: &Expectation,
+    h: HostCheck,
+    baseline: Option<&RunTotals>,
+) -> CheckResult {
+    let HostCheck { who, metric, band_pct, target } = h;
     let [a, b] = window(sc, e);
     let name = match who {
         HostSubject::Host(h) => sc.hosts[h].name.as_str(),
@@ -25,23 +40,20 @@ pub(super) fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baselin
     };
     let band = band_pct;
     let measured = ht.metric(who, metric, a, b, band);
-    let target: Option<(f64, String)> = match &e.target {
+    let other = |o: usize, r: f64, how: &str| {
+        let v = ht.metric(HostSubject::Host(o), metric, a, b, band) * r;
+        (v, format!("{r:.3}{how} x {}'s = {v:.3}", sc.hosts[o].name))
+    };
+    let target: Option<(f64, String)> = match target {
         None => None,
-        Some(Target::Equals(v)) => Some((*v, format!("{v}"))),
-        Some(Target::HostRatio { host: o, ratio }) => {
-            let (r, beta) = match ratio {
-                HostRatio::Fixed(r) => (*r, false),
-                HostRatio::Beta => {
-                    let HostSubject::Host(h) = who else { unreachable!("validated: ratio_to needs a host") };
-                    let r = ht.metric(HostSubject::Host(h), HostMetric::Beta, a, b, band)
-                        / ht.metric(HostSubject::Host(*o), HostMetric::Beta, a, b, band).max(1e-12);
-                    (r, true)
-                }
-            };
-            let v = ht.metric(HostSubject::Host(*o), metric, a, b, band) * r;
-            Some((v, format!("{r:.3}{} x {}'s = {v:.3}", if beta { " (beta ratio)" } else { "" }, sc.hosts[*o].name)))
+        Some(HostTarget::Equals(v)) => Some((v, format!("{v}"))),
+        Some(HostTarget::Ratio { host: o, ratio }) => Some(other(o, ratio, "")),
+        Some(HostTarget::BetaRatio { host: h, other: o }) => {
+            let r = ht.metric(HostSubject::Host(h), HostMetric::Beta, a, b, band)
+                / ht.metric(HostSubject::Host(o), HostMetric::Beta, a, b, band).max(1e-12);
+            Some(other(o, r, " (beta ratio)"))
         }
-        Some(Target::Equilibrium) => {
+        Some(HostTarget::Equilibrium) => {
             let v = match (metric, who) {
                 (HostMetric::Window, HostSubject::Host(h)) => ht.equilibrium_window(h, a, b),
                 (HostMetric::Window, HostSubject::All) => {
@@ -51,13 +63,12 @@ pub(super) fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baselin
             };
             Some((v, format!("eq. (3)'s {v:.3}")))
         }
-        Some(Target::Threshold) => Some((ht.threshold_ms, format!("script-L = {} ms", ht.threshold_ms))),
-        Some(Target::Uncontrolled) => {
+        Some(HostTarget::Threshold) => Some((ht.threshold_ms, format!("script-L = {} ms", ht.threshold_ms))),
+        Some(HostTarget::Uncontrolled) => {
             let v =
                 baseline.and_then(|base| base.hosts.as_ref()).map_or(f64::NAN, |bh| bh.metric(who, metric, a, b, band));
             Some((v, format!("the uncontrolled run's {v:.3}")))
         }
-        Some(Target::Oracle | Target::TenantRatio { .. }) => unreachable!("validated: tenant targets"),
     };
     let (ok, expected) = judge(measured, target, e);
     let ok = ok && (measured.is_finite() || metric == HostMetric::ConvergenceS);

@@ -8,7 +8,8 @@ use crate::file::ExpectFile;
 use rein_model::report::hosts::{HostMetric, HostSubject};
 use rein_model::report::{PeriodMetric, ServerMetric, TenantMetric};
 
-/// What an expectation measures.
+/// What an expectation measures, and what it compares with (with `within_pct`): each subject has its
+/// own closed set of targets, so a target that does not fit its subject cannot be built.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Subject {
     /// A tenant's metric (index into `Scenario::tenants`).
@@ -17,6 +18,8 @@ pub enum Subject {
         tenant: usize,
         /// The metric.
         metric: TenantMetric,
+        /// What it compares with.
+        target: Option<TenantTarget>,
     },
     /// A server's metric.
     Server {
@@ -24,6 +27,8 @@ pub enum Subject {
         server: usize,
         /// The metric.
         metric: ServerMetric,
+        /// A number it compares with.
+        equals: Option<f64>,
     },
     /// A share of (tenant, QoS period) pairs (pShift): one tenant's, or all tenants' (`None`).
     Periods {
@@ -33,6 +38,8 @@ pub enum Subject {
         metric: PeriodMetric,
         /// The threshold (percent): 100 by default for reservations, 0 for limits.
         threshold_pct: f64,
+        /// A number it compares with.
+        equals: Option<f64>,
     },
     /// A PARDA host's (or the cluster's) metric.
     Host {
@@ -42,38 +49,46 @@ pub enum Subject {
         metric: HostMetric,
         /// Convergence band (percent, default 10).
         band_pct: f64,
+        /// What it compares with.
+        target: Option<HostTarget>,
     },
 }
 
-/// What a host metric's ratio is.
+/// What a tenant's metric compares with.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum HostRatio {
-    /// A fixed ratio.
-    Fixed(f64),
-    /// This host's beta over the other's (means over the window).
-    Beta,
-}
-
-/// What an expectation compares with.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Target {
+pub enum TenantTarget {
     /// A number.
     Equals(f64),
     /// The fluid oracle's IOPS (mClock eq. (1)-(2)) for the window's measured total throughput.
     Oracle,
     /// Another tenant's value of the same metric, times `ratio`.
-    TenantRatio {
+    Ratio {
         /// The other tenant.
         tenant: usize,
         /// The ratio.
         ratio: f64,
     },
-    /// Another host's value of the same metric, times a ratio.
-    HostRatio {
+}
+
+/// What a host's (or the cluster's) metric compares with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HostTarget {
+    /// A number.
+    Equals(f64),
+    /// Another host's value of the same metric, times a fixed ratio (the subject is a host, not "all").
+    Ratio {
         /// The other host.
         host: usize,
         /// The ratio.
-        ratio: HostRatio,
+        ratio: f64,
+    },
+    /// Another host's value of the same metric, times the ratio of the two hosts' betas (means over the
+    /// window).
+    BetaRatio {
+        /// The subject's host (the numerator's beta).
+        host: usize,
+        /// The other host (the denominator's beta, and the value scaled).
+        other: usize,
     },
     /// eq. (3)'s equilibrium window, or latency `script_L + sum beta / C`.
     Equilibrium,
@@ -86,12 +101,10 @@ pub enum Target {
 /// One validated `[[expect]]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Expectation {
-    /// What is measured.
+    /// What is measured, and its target.
     pub subject: Subject,
     /// `[a, b]` seconds; `None`: from the warm-up to the end.
     pub window: Option<[f64; 2]>,
-    /// What to compare with (with `within_pct`).
-    pub target: Option<Target>,
     /// Tolerance of the target (percent).
     pub within_pct: Option<f64>,
     /// The value must be below this.
@@ -100,6 +113,13 @@ pub struct Expectation {
     pub above: Option<f64>,
     /// What the paper says.
     pub note: Option<String>,
+}
+
+impl Expectation {
+    /// Whether the check compares with the scenario's run without PARDA.
+    pub fn needs_uncontrolled(&self) -> bool {
+        matches!(self.subject, Subject::Host { target: Some(HostTarget::Uncontrolled), .. })
+    }
 }
 
 /// Checks what every expectation shares: at most one of its target kinds (`kinds`: name, given) is
@@ -145,7 +165,7 @@ pub(crate) fn validate(
     pshift: bool,
 ) -> Result<Expectation, String> {
     let at = format!("expect[{i}]");
-    let (subject, target) = if e.host.is_some() {
+    let subject = if e.host.is_some() {
         validate_host(&at, e, hosts)?
     } else {
         validate_tenant_or_server(&at, e, tenants, servers, pshift)?
@@ -153,7 +173,6 @@ pub(crate) fn validate(
     Ok(Expectation {
         subject,
         window: e.window,
-        target,
         within_pct: e.within_pct,
         below: e.below,
         above: e.above,
@@ -167,7 +186,7 @@ fn validate_tenant_or_server(
     tenants: &[Tenant],
     servers: &[Server],
     pshift: bool,
-) -> Result<(Subject, Option<Target>), String> {
+) -> Result<Subject, String> {
     if e.equilibrium || e.threshold || e.beta_ratio || e.uncontrolled || e.band_pct.is_some() {
         return Err(format!(
             "{at}: equilibrium, threshold, beta_ratio, uncontrolled and band_pct are for host expectations"
@@ -193,15 +212,47 @@ fn validate_tenant_or_server(
     let tenant_index = |t: &str, what: &str| -> Result<usize, String> {
         tenants.iter().position(|x| x.name == t).ok_or_else(|| format!("{at}: {what} {t:?}"))
     };
-    let subject = match (&e.tenant, &e.server, period) {
-        (None, None, Some(metric)) => Subject::Periods { tenant: None, metric, threshold_pct: threshold(metric, e) },
+    // Named by the target, so resolved after the subject (whose errors come first).
+    let ratio_to = || e.ratio_to.as_deref().map(|r| tenant_index(r, "ratio_to names unknown tenant")).transpose();
+    let tenant_target = || -> Result<Option<TenantTarget>, String> {
+        let ratio_to = ratio_to()?;
+        validate_targets(
+            at,
+            e,
+            &[("equals", e.equals.is_some()), ("oracle", e.oracle), ("ratio_to", ratio_to.is_some())],
+        )?;
+        Ok(if let Some(v) = e.equals {
+            Some(TenantTarget::Equals(v))
+        } else if e.oracle {
+            Some(TenantTarget::Oracle)
+        } else {
+            ratio_to.map(|tenant| TenantTarget::Ratio { tenant, ratio: e.ratio.unwrap_or(1.0) })
+        })
+    };
+    // Subjects other than a tenant's metric take a number only.
+    let equals = || -> Result<Option<f64>, String> {
+        let ratio_to = ratio_to()?;
+        if e.oracle {
+            return Err(format!("{at}: oracle compares a tenant's metric with the fluid oracle; name a tenant"));
+        }
+        if ratio_to.is_some() {
+            return Err(format!("{at}: ratio_to compares two tenants' {}; name a tenant", e.metric));
+        }
+        validate_targets(at, e, &[("equals", e.equals.is_some()), ("oracle", false), ("ratio_to", false)])?;
+        Ok(e.equals)
+    };
+    let periods = |tenant: Option<usize>, metric: PeriodMetric| -> Result<Subject, String> {
+        Ok(Subject::Periods { tenant, metric, threshold_pct: threshold(metric, e), equals: equals()? })
+    };
+    match (&e.tenant, &e.server, period) {
+        (None, None, Some(metric)) => periods(None, metric),
         (Some(t), None, _) => {
             let tenant = tenant_index(t, "unknown tenant")?;
             match period {
-                Some(metric) => Subject::Periods { tenant: Some(tenant), metric, threshold_pct: threshold(metric, e) },
+                Some(metric) => periods(Some(tenant), metric),
                 None => match name.parse::<TenantMetric>() {
-                    Ok(metric) => Subject::Tenant { tenant, metric },
-                    Err(_) => return Err(format!("{at}: utilisation is a server metric")),
+                    Ok(metric) => Ok(Subject::Tenant { tenant, metric, target: tenant_target()? }),
+                    Err(_) => Err(format!("{at}: utilisation is a server metric")),
                 },
             }
         }
@@ -209,29 +260,12 @@ fn validate_tenant_or_server(
             let server =
                 servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("{at}: unknown server {s:?}"))?;
             match name.parse::<ServerMetric>() {
-                Ok(metric) if period.is_none() => Subject::Server { server, metric },
-                _ => return Err(format!("{at}: servers have only iops and utilisation")),
+                Ok(metric) if period.is_none() => Ok(Subject::Server { server, metric, equals: equals()? }),
+                _ => Err(format!("{at}: servers have only iops and utilisation")),
             }
         }
-        _ => return Err(format!("{at}: name exactly one of tenant or server")),
-    };
-    let ratio_to = e.ratio_to.as_deref().map(|r| tenant_index(r, "ratio_to names unknown tenant")).transpose()?;
-    let a_tenant = matches!(subject, Subject::Tenant { .. });
-    if e.oracle && !a_tenant {
-        return Err(format!("{at}: oracle compares a tenant's metric with the fluid oracle; name a tenant"));
+        _ => Err(format!("{at}: name exactly one of tenant or server")),
     }
-    if ratio_to.is_some() && !a_tenant {
-        return Err(format!("{at}: ratio_to compares two tenants' {}; name a tenant", e.metric));
-    }
-    validate_targets(at, e, &[("equals", e.equals.is_some()), ("oracle", e.oracle), ("ratio_to", ratio_to.is_some())])?;
-    let target = if let Some(v) = e.equals {
-        Some(Target::Equals(v))
-    } else if e.oracle {
-        Some(Target::Oracle)
-    } else {
-        ratio_to.map(|tenant| Target::TenantRatio { tenant, ratio: e.ratio.unwrap_or(1.0) })
-    };
-    Ok((subject, target))
 }
 
 fn threshold(metric: PeriodMetric, e: &ExpectFile) -> f64 {
@@ -241,7 +275,7 @@ fn threshold(metric: PeriodMetric, e: &ExpectFile) -> f64 {
     })
 }
 
-fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<(Subject, Option<Target>), String> {
+fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<Subject, String> {
     let h = e.host.as_deref().expect("called for host expectations");
     if e.tenant.is_some() || e.server.is_some() {
         return Err(format!("{at}: name exactly one of tenant, server or host"));
@@ -298,18 +332,21 @@ fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<(Subject, O
         ],
     )?;
     let target = if let Some(v) = e.equals {
-        Some(Target::Equals(v))
-    } else if let Some(host) = ratio_to {
-        let ratio = if e.beta_ratio { HostRatio::Beta } else { HostRatio::Fixed(e.ratio.unwrap_or(1.0)) };
-        Some(Target::HostRatio { host, ratio })
+        Some(HostTarget::Equals(v))
+    } else if let Some(other) = ratio_to {
+        Some(match (e.beta_ratio, who) {
+            (true, HostSubject::Host(host)) => HostTarget::BetaRatio { host, other },
+            (true, HostSubject::All) => return Err(format!("{at}: ratio_to compares two hosts, not \"all\"")),
+            (false, _) => HostTarget::Ratio { host: other, ratio: e.ratio.unwrap_or(1.0) },
+        })
     } else if e.equilibrium {
-        Some(Target::Equilibrium)
+        Some(HostTarget::Equilibrium)
     } else if e.threshold {
-        Some(Target::Threshold)
+        Some(HostTarget::Threshold)
     } else if e.uncontrolled {
-        Some(Target::Uncontrolled)
+        Some(HostTarget::Uncontrolled)
     } else {
         None
     };
-    Ok((Subject::Host { who, metric, band_pct: e.band_pct.unwrap_or(10.0) }, target))
+    Ok(Subject::Host { who, metric, band_pct: e.band_pct.unwrap_or(10.0), target })
 }
