@@ -13,7 +13,8 @@
 //! queue_depth = 32               # D: requests outstanding at the backend
 //! cost_model = "io"              # io | bytes | { tm_ms = 5, bpeak_mb_s = 60 }: shorthand for [mclock] cost_model
 //! admission = "refuse"           # refuse | warn: when reservations exceed the capacity
-//! capacity_iops = 5000           # reservable capacity for admission (default: the device model's)
+//! capacity_iops = 5000           # reservable capacity for admission (default: the device model's), in 4 KiB
+//!                                #   IOPS (a reservation under another cost_model counts as r / cost(4 KiB))
 //! max_request_kb = 32768
 //! io_engine = "uring"            # uring (default; falls back to threads if the kernel refuses it)
 //!                                # | threads: IO on a thread pool | inline: small IOs on the dispatcher
@@ -476,6 +477,9 @@ pub const MAX_ALLOW_ENTRIES: usize = 1024;
 pub const MAX_EXPORT_BYTES: u64 = 1 << 50;
 /// Most `[[exports]]` in one configuration.
 pub const MAX_EXPORTS: usize = 4096;
+/// The IO size, in bytes, of the capacity admission uses: the start-up probe's reads, and the size a
+/// reservation under a cost model other than `io` is counted in ([`ServerConfig::reservation_iops`]).
+pub const ADMISSION_IO_SIZE: u64 = 4096;
 
 /// The built-in default: the mClock paper's §2.1 tenants, each with a 256 MiB file export. Their
 /// reservations need a capacity (admission fails closed without one): the first start measures it (three
@@ -547,16 +551,23 @@ impl ServerConfig {
     /// Checks reservations against the configured capacity (none configured: no check); `Err` explains
     /// the shortfall.
     pub fn admission_check(&self, specs: impl Iterator<Item = QosSpec>) -> Result<(), String> {
-        let sum: f64 = specs.map(|s| s.reservation()).sum();
+        let sum: f64 = specs.map(|s| self.reservation_iops(&s)).sum();
         match Shortfall::of(sum, self.capacity_iops) {
             Some(s @ Shortfall::Above { .. }) => Err(s.to_string()),
             _ => Ok(()),
         }
     }
 
-    /// The sum of the tenants' reservations.
+    /// The sum of the tenants' reservations, in IOPS ([`ServerConfig::reservation_iops`]).
     pub fn reserved(&self) -> f64 {
-        self.tenants.iter().map(|t| t.spec.reservation()).sum()
+        self.tenants.iter().map(|t| self.reservation_iops(&t.spec)).sum()
+    }
+
+    /// A reservation in the unit of the capacity admission compares it with: IOPS. Under a cost model
+    /// other than `io` a spec's rates are cost units per second (bytes/s with `bytes`); they count as
+    /// IOPS of [`ADMISSION_IO_SIZE`] bytes, the IO size the probe measures the capacity with.
+    pub fn reservation_iops(&self, spec: &QosSpec) -> f64 {
+        spec.reservation() / self.sched.cost_model.cost(ADMISSION_IO_SIZE).as_f64()
     }
 }
 
@@ -1028,5 +1039,18 @@ mod tests {
         assert!(c.admission_check([r(100.0), r(200.0)].into_iter()).is_ok());
         let e = c.admission_check([r(300.0), r(200.0)].into_iter()).unwrap_err();
         assert!(e.contains("500") && e.contains("400"), "{e}");
+        // Under cost_model = "bytes" reservations are bytes/s, counted as 4 KiB IOPS against the capacity.
+        let b = |cap| {
+            ServerConfig::parse(
+                &format!("cost_model = \"bytes\"\ncapacity_iops = {cap}\n[[exports]]\nname = \"a\""),
+                Path::new("x"),
+            )
+            .unwrap()
+        };
+        let (k100, k200) = (r(100.0 * 4096.0), r(200.0 * 4096.0));
+        assert!(b(400).admission_check([k100, k200].into_iter()).is_ok());
+        let e = b(250).admission_check([k100, k200].into_iter()).unwrap_err();
+        assert!(e.contains("300") && e.contains("250"), "{e}");
+        assert_eq!(b(250).reservation_iops(&k200), 200.0);
     }
 }

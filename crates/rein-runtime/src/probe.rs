@@ -52,7 +52,7 @@ impl Default for ProbeConfig {
     fn default() -> Self {
         ProbeConfig {
             seconds: 5.0,
-            io_size: 4096,
+            io_size: crate::config::ADMISSION_IO_SIZE as u32,
             depth: 32,
             read_pct: 100.0,
             io_engine: IoEngine::Uring,
