@@ -111,12 +111,12 @@ fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
     if !(a.seconds > 0.0 && a.seconds <= 600.0) || a.repeat == 0 || a.outstanding == 0 || a.outstanding > 100_000 {
         bail!("--seconds in (0, 600], --repeat >= 1, --outstanding in 1..=100000");
     }
-    let dir = std::env::temp_dir().join(format!("rein-bench-dispatch-{}", std::process::id()));
+    // Removed when dropped, also when a run fails (the file backend writes 256 MiB there).
+    let dir = tempfile::Builder::new().prefix("rein-bench-dispatch-").tempdir()?;
     let storage: std::sync::Arc<dyn rein_runtime::Storage> = match a.backend.as_str() {
         "memory" => std::sync::Arc::new(rein_runtime::MemStorage::new(256 << 20)),
         "file" => {
-            std::fs::create_dir_all(&dir)?;
-            let path = dir.join("bench.img");
+            let path = dir.path().join("bench.img");
             let f = rein_runtime::FileStorage::open(&path, Some(256 << 20), false)?;
             // Write it once so every read hits the page cache, as in the NBD benchmark.
             let chunk = vec![0x5Au8; 1 << 20];
@@ -143,7 +143,6 @@ fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
             mclock_cost_pct: 100.0 * (1.0 - mi / fi),
         });
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(rows)
 }
 
