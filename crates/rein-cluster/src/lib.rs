@@ -126,6 +126,8 @@ pub async fn drive(
         // Node i is server i: its device's busy time gives the server's utilisation.
         server_admins: plan.nodes.iter().map(|n| n.admin.into()).collect(),
         tls: None,
+        // The nodes run the scenario's [mclock] table (plan::mclock_table), its cost model included.
+        cost_model: sc.sched.cost_model,
     };
     let watch = async {
         loop {

@@ -88,6 +88,17 @@ impl CostModel {
             CostModel::SeekTransfer { knee_bytes } => Cost::from_f64(1.0 + size as f64 / knee_bytes),
         }
     }
+
+    /// The cost, in units, of `ios` requests totalling `bytes` bytes: every model is linear in the count
+    /// and the bytes, so this is the sum of their [`CostModel::cost`]s up to its fixed-point rounding (and
+    /// its minimum for empty requests). Reports use it to turn counted IOs into the rates specs are in.
+    pub fn units_of(&self, ios: u64, bytes: u64) -> f64 {
+        match *self {
+            CostModel::PerIo => ios as f64,
+            CostModel::PerByte { unit_bytes } => bytes as f64 / unit_bytes.max(1) as f64,
+            CostModel::SeekTransfer { knee_bytes } => ios as f64 + bytes as f64 / knee_bytes,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -102,6 +113,17 @@ mod tests {
         assert_eq!(CostModel::BYTES.cost(0), Cost::MIN);
         assert_eq!(CostModel::BYTES.cost(u64::MAX), Cost::MAX);
         assert_eq!(CostModel::per_byte(0), Err(CostModelError::ZeroUnit));
+    }
+
+    #[test]
+    fn units_of_sums_the_requests_costs() {
+        let sizes = [4096u64, 8192, 16384, 300_000, 512];
+        let bytes: u64 = sizes.iter().sum();
+        for m in [CostModel::PerIo, CostModel::BYTES, CostModel::per_byte(4096).unwrap(), CostModel::paper_disk()] {
+            let sum: f64 = sizes.iter().map(|&s| m.cost(s).as_f64()).sum();
+            let got = m.units_of(sizes.len() as u64, bytes);
+            assert!((got - sum).abs() <= 1e-6 * sum, "{m:?}: {got} against {sum}");
+        }
     }
 
     #[test]

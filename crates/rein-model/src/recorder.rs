@@ -112,6 +112,8 @@ pub struct RunMeta {
     /// them per interval ([`Recorder::set_phases`]). Else they are `null` in summary.json and empty in
     /// timeseries.csv.
     pub phases_known: bool,
+    /// How the specs' rates count requests (their unit): the fluid oracle allocates in it.
+    pub cost_model: rein_core::CostModel,
 }
 
 impl Recorder {
@@ -373,6 +375,7 @@ impl Recorder {
             events: 0,
             time_regressions: 0,
             hosts: None,
+            cost_model: meta.cost_model,
         }
     }
 }
@@ -390,6 +393,7 @@ mod tests {
             tenants: (0..tenants).map(|i| TenantMeta { name: format!("t{i}"), spec: None }).collect(),
             servers: vec![],
             phases_known: true,
+            cost_model: rein_core::CostModel::PerIo,
         }
     }
 
@@ -421,6 +425,31 @@ mod tests {
         assert!(a.summary.tenants.iter().all(|t| t.completed > BATCH as u64 / 3));
         // Some latencies were too long to pack, and were recorded at once.
         assert!(a.summary.tenants.iter().any(|t| t.latency_ms.max > (1u64 << LAT_BITS) as f64 / 1e6));
+    }
+
+    /// Under a size cost model the oracle splits cost, not IOs: two tenants of equal weight, one with
+    /// 4 KiB IOs and one with 12 KiB IOs, each completing 100 per second. Counting bytes, the measured
+    /// 1,638,400 B/s splits into 819,200 B/s each, i.e. 200 and 66.7 IOPS; counting IOs, 100 each.
+    #[test]
+    fn the_oracle_allocates_in_the_cost_models_unit() {
+        let totals = |cost_model| {
+            let mut rec = Recorder::new(2, 1, Nanos::from_secs(10), Nanos::from_secs(1), Nanos::ZERO).unwrap();
+            for k in 0..1000u64 {
+                let now = Nanos(k * 10_000_000 + 1);
+                rec.completion(0, now, now, 4096, Phase::Weight);
+                rec.completion(1, now, now, 12288, Phase::Weight);
+            }
+            let spec = Some(QosSpec::new(0.0, None, 1.0, 0).unwrap());
+            let mut m = meta(2);
+            m.tenants.iter_mut().for_each(|t| t.spec = spec);
+            m.cost_model = cost_model;
+            rec.finish(&m).oracle_iops(0.0, 10.0)
+        };
+        let near = |got: f64, want: f64| (got - want).abs() < 1e-6 * want;
+        let ios = totals(rein_core::CostModel::PerIo);
+        assert!(near(ios[0], 100.0) && near(ios[1], 100.0), "{ios:?}");
+        let bytes = totals(rein_core::CostModel::BYTES);
+        assert!(near(bytes[0], 200.0) && near(bytes[1], 200.0 / 3.0), "{bytes:?}");
     }
 
     #[test]

@@ -122,6 +122,9 @@ pub struct LoadConfig {
     pub server_admins: Vec<crate::admin_client::AdminEndpoint>,
     /// TLS to the NBD servers (every connection starts with NBD_OPT_STARTTLS), if set.
     pub tls: Option<LoadTls>,
+    /// The servers' cost model (the unit of the specs read from them), for the report's fluid oracle;
+    /// the admin API does not say it, so the caller does (`rein load`: io; `rein cluster`: the scenario's).
+    pub cost_model: rein_core::CostModel,
 }
 
 /// TLS for a load run's NBD connections.
@@ -543,6 +546,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 busy_observed: busy.observed(k),
             })
             .collect(),
+        cost_model: cfg.cost_model,
         phases_known,
     };
     Ok(rec.finish(&meta))
@@ -781,6 +785,7 @@ mod tests {
                 })
                 .collect(),
             phases_known: false,
+            cost_model: rein_core::CostModel::PerIo,
         };
         let totals = rec.finish(&meta);
         // 1.0 + (0.6 + 0.2) + 1.0 (1.2 read, the 0.2 beyond the run dropped) over 3 s.

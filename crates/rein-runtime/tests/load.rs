@@ -67,6 +67,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         servers: Vec::new(),
         server_admins: Vec::new(),
         tls: None,
+        cost_model: rein_core::CostModel::PerIo,
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -193,6 +194,7 @@ async fn a_missing_tenant_is_a_clear_error() {
         servers: Vec::new(),
         server_admins: Vec::new(),
         tls: None,
+        cost_model: rein_core::CostModel::PerIo,
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");

@@ -135,6 +135,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     let totals = rt.block_on(async move {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let cost_model = cfg.sched.cost_model;
         let server = tokio::spawn(rein_runtime::server::run(cfg, async move { let _ = stop_rx.await; }, Some(ready_tx)));
         let bound = match ready_rx.await {
             Ok(b) => b,
@@ -169,6 +170,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             servers: Vec::new(),
             server_admins: Vec::new(),
             tls: None,
+            cost_model,
         };
         let res = rein_runtime::load::run(lc, move |t, rows| {
             if !quiet {

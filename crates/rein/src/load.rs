@@ -263,6 +263,8 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         servers: Vec::new(),
         server_admins: Vec::new(),
         tls: load_tls(&args)?,
+        // The admin API does not say the server's cost model: the report's oracle assumes IOPS.
+        cost_model: rein_core::CostModel::PerIo,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;

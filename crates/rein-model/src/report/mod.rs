@@ -244,6 +244,8 @@ pub struct RunTotals {
     pub time_regressions: u64,
     /// PARDA hosts' timeseries and summary (scenarios with `[[hosts]]`).
     pub hosts: Option<hosts::HostTotals>,
+    /// The unit of the specs' rates ([`crate::recorder::RunMeta::cost_model`]).
+    pub cost_model: rein_core::CostModel,
 }
 
 /// A tenant metric an expectation can name (over a window unless said otherwise).
@@ -414,6 +416,9 @@ impl RunTotals {
     /// among the tenants that completed IOs in that interval (taken as backlogged) with T = their measured
     /// total, averaged over the window. So tenants joining or leaving mid-run are judged against the
     /// allocation of the intervals they were there. NaN for a tenant whose spec is unknown.
+    /// Under a size cost model the specs are in cost units per second: the allocation is made in cost
+    /// units (T the measured cost rate) and each tenant's share turned back into IOPS by its own cost per
+    /// IO in that interval.
     pub fn oracle_iops(&self, a: f64, b: f64) -> Vec<f64> {
         let ts = &self.timeseries;
         let tenants = &self.summary.tenants;
@@ -428,18 +433,19 @@ impl RunTotals {
             specs.clear();
             let mut total = 0.0;
             for (t, summary) in tenants.iter().enumerate() {
-                let ios = ts.cell(t, i).ios;
-                if ios > 0 {
+                let cell = ts.cell(t, i);
+                let units = self.cost_model.units_of(cell.ios as u64, cell.bytes);
+                if cell.ios > 0 && units > 0.0 {
                     if let Some(spec) = summary.oracle_tenant() {
-                        active.push(t);
+                        active.push((t, cell.ios as f64 / units));
                         specs.push(spec);
-                        total += ios as f64 / ts.interval_s;
+                        total += units / ts.interval_s;
                     }
                 }
             }
             let alloc = allocate(&specs, total);
-            for (k, &t) in active.iter().enumerate() {
-                out[t] += alloc.rates[k] / n;
+            for (k, &(t, ios_per_unit)) in active.iter().enumerate() {
+                out[t] += alloc.rates[k] * ios_per_unit / n;
             }
         }
         out

@@ -27,6 +27,7 @@ pub fn meta(sc: &Scenario) -> RunMeta {
             })
             .collect(),
         phases_known: true,
+        cost_model: sc.sched.cost_model,
     }
 }
 
