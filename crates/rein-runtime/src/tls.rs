@@ -462,10 +462,18 @@ impl TlsClient {
         let mut tls = SslStream::new(ssl, stream).map_err(|e| TlsError(e.to_string()))?;
         Pin::new(&mut tls).connect().await.map_err(|e| {
             let verify = tls.ssl().verify_result();
-            match verify {
-                openssl::x509::X509VerifyResult::OK => TlsError(e.to_string()),
-                v => TlsError(format!("{e} ({})", v.error_string())),
+            let mut msg = match verify {
+                openssl::x509::X509VerifyResult::OK => e.to_string(),
+                v => format!("{e} ({})", v.error_string()),
+            };
+            // OpenSSL names only the alert the server sent ("illegal parameter" for a PSK binder made
+            // with another key); say what it means for a PSK client.
+            if let (Some(id), true) = (&self.psk_identity, msg.contains("alert")) {
+                msg.push_str(&format!(
+                    " (the server refused PSK identity {id:?}: it does not know it, or holds another key for it)"
+                ));
             }
+            TlsError(msg)
         })?;
         Ok(tls)
     }

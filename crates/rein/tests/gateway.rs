@@ -696,7 +696,7 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
         ("plain.toml", String::new(), "", "the node requires TLS: give the gateway a [node_tls] table"),
         ("b.toml", x509("gwb"), "", "(identity \"gw-b\") may not use the storage-node protocol"),
         ("q.toml", psk("q.psk"), "", "(identity \"gw-q\") may not use the storage-node protocol"),
-        ("wrongkey.toml", psk("wrong.psk"), "", "TLS to 127.0.0.131"),
+        ("wrongkey.toml", psk("wrong.psk"), "", "refused PSK identity \"gw-p\": it does not know it, or holds another"),
         ("name.toml", x509("gwa"), "tls_name = \"s1.example\"\n", "hostname mismatch"),
         ("ca.toml", x509("gwa").replace("ca-cert.pem", "other-cert.pem"), "", "certificate verify failed"),
     ];
