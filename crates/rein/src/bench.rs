@@ -45,6 +45,7 @@ pub(crate) struct BudgetBenchArgs {
     /// Runs; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub(crate) repeat: usize,
+    /// Print the rows as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -72,6 +73,7 @@ pub(crate) struct DispatchBenchArgs {
     /// Backend: memory (RAM, requests inline) or file (a page-cached 256 MiB file through io_uring).
     #[arg(long, default_value = "file")]
     pub(crate) backend: String,
+    /// Print the rows as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -168,6 +170,7 @@ pub(crate) struct SchedArgs {
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub(crate) repeat: usize,
+    /// Print the rows as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -327,11 +330,13 @@ pub(crate) struct SimBenchArgs {
     /// Comma-separated tenant counts.
     #[arg(long, default_value = "1000,10000", value_delimiter = ',', value_parser = parse_count)]
     pub(crate) tenants: Vec<usize>,
+    /// Servers the tenants are spread over (1..=1024).
     #[arg(long, default_value_t = 8)]
     pub(crate) servers: usize,
     /// Simulated seconds per run.
     #[arg(long, default_value_t = 5.0)]
     pub(crate) seconds: f64,
+    /// Print the rows as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -366,8 +371,10 @@ pub(crate) struct PshiftBenchArgs {
     /// Repetitions of each measurement; the median is reported.
     #[arg(long, default_value_t = 7)]
     pub(crate) repeat: usize,
+    /// Seed of the generated instances.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+    /// Print the rows as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
 }

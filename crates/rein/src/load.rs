@@ -80,6 +80,7 @@ pub(crate) struct LoadArgs {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Seed of the workloads' offsets, sizes, read mix and arrivals.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
 }

@@ -49,6 +49,7 @@ pub(crate) struct SweepArgs {
     /// A bucket is in error when it does less than this percentage of its reservation in a period.
     #[arg(long, default_value_t = 95.0)]
     pub(crate) threshold_pct: f64,
+    /// Print the cells as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -156,6 +157,7 @@ pub(crate) struct SolveArgs {
 /// The shape of a synthetic instance (§IV-C), shared by `rein pshift gen` and `rein bench pshift`.
 #[derive(Debug, Args)]
 pub(crate) struct ShapeArgs {
+    /// N: storage servers.
     #[arg(long, default_value_t = 64)]
     pub(crate) servers: usize,
     /// N_A: active servers per bucket.
@@ -176,6 +178,7 @@ pub(crate) struct GenArgs {
     /// C^j: IOs per server per QoS period.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) capacity: u64,
+    /// Buckets (tenants).
     #[arg(long, default_value_t = 10_000)]
     pub(crate) buckets: usize,
     /// Zipf exponent s of the reservations (0 = equal).
@@ -187,6 +190,7 @@ pub(crate) struct GenArgs {
     /// Give every bucket a limit of this many times its reservation.
     #[arg(long)]
     pub(crate) limit_ratio: Option<f64>,
+    /// Seed of the generator.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
     /// Write here instead of stdout.
