@@ -211,7 +211,7 @@ pub enum HostSubject {
 pub enum HostMetric {
     /// The window (the sum over PARDA hosts for the cluster).
     Window,
-    /// beta (the sum for the cluster).
+    /// beta (the sum over PARDA hosts for the cluster, as for the window: eq. (3)'s sum of betas).
     Beta,
     /// Completions per second.
     Iops,
@@ -333,13 +333,11 @@ impl HostTotals {
             HostSubject::Host(h) => std::slice::from_ref(&all[h]),
             HostSubject::All => &all,
         };
+        // The cluster's window and beta are the PARDA hosts' sums (an uncontrolled host has neither).
+        let parda = |h: &&usize| matches!(who, HostSubject::Host(_)) || self.controlled[**h];
         match metric {
-            HostMetric::Window => hs
-                .iter()
-                .filter(|&&h| matches!(who, HostSubject::Host(_)) || self.controlled[h])
-                .map(|&h| self.mean_of(h, a, b, |c| c.window))
-                .sum(),
-            HostMetric::Beta => hs.iter().map(|&h| self.mean_of(h, a, b, |c| c.beta)).sum(),
+            HostMetric::Window => hs.iter().filter(parda).map(|&h| self.mean_of(h, a, b, |c| c.window)).sum(),
+            HostMetric::Beta => hs.iter().filter(parda).map(|&h| self.mean_of(h, a, b, |c| c.beta)).sum(),
             HostMetric::Iops => hs.iter().map(|&h| self.iops(h, a, b)).sum(),
             HostMetric::LatencyMeanMs => {
                 let (n, s) = hs.iter().fold((0u64, 0u64), |(n, s), &h| {
@@ -362,7 +360,7 @@ impl HostTotals {
             }
             HostMetric::ConvergenceS => hs
                 .iter()
-                .filter(|&&h| matches!(who, HostSubject::Host(_)) || self.controlled[h])
+                .filter(parda)
                 .map(|&h| self.convergence(h, a, b, band_pct, 0.25).unwrap_or(f64::INFINITY))
                 .fold(0.0, f64::max),
         }
@@ -414,5 +412,35 @@ impl HostTotals {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cluster's window and beta are sums over the same hosts: the PARDA ones. A host without PARDA
+    /// (window 32, beta 5 as recorded) adds to neither; on its own it reports both.
+    #[test]
+    fn the_clusters_window_and_beta_sum_the_parda_hosts() {
+        let mut r = HostRecorder::new(3, Nanos::from_secs(1), 10, 1000).unwrap();
+        for (h, (w, beta)) in [(10.0, 1.0), (20.0, 2.0), (32.0, 5.0)].into_iter().enumerate() {
+            r.period(h, Nanos::ZERO, w, beta, 0.0, 0.0);
+        }
+        let t = r.finish(HostsMeta {
+            names: vec!["a".into(), "b".into(), "plain".into()],
+            controlled: vec![true, true, false],
+            threshold_ms: 25.0,
+            period_s: 1.0,
+            aggregation: "cluster".into(),
+            enabled: true,
+            warmup_s: 0.0,
+            duration_s: 10.0,
+        });
+        let m = |who, metric| t.metric(who, metric, 0.0, 10.0, 10.0);
+        assert_eq!(m(HostSubject::All, HostMetric::Window), 30.0);
+        assert_eq!(m(HostSubject::All, HostMetric::Beta), 3.0);
+        assert_eq!(m(HostSubject::Host(2), HostMetric::Window), 32.0);
+        assert_eq!(m(HostSubject::Host(2), HostMetric::Beta), 5.0);
     }
 }
