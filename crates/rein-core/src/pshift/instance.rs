@@ -328,7 +328,7 @@ fn whole(what: &str, field: &'static str, v: f64) -> Result<u64, InstanceError> 
 }
 
 /// Builds an [`Instance`] from integers. Errors are those of [`InstanceError`]; nothing panics on input.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct InstanceBuilder {
     inst: InstanceParts,
     scratch: Vec<(u32, u64)>,
@@ -346,12 +346,18 @@ struct InstanceParts {
     bucket_names: Vec<String>,
 }
 
+/// The same as [`InstanceBuilder::new`] (the bucket index starts at 0: a derived default would not).
+impl Default for InstanceBuilder {
+    fn default() -> Self {
+        InstanceBuilder::new()
+    }
+}
+
 impl InstanceBuilder {
     /// A builder without servers or buckets.
     pub fn new() -> Self {
-        let mut b = InstanceBuilder::default();
-        b.inst.bucket_start.push(0);
-        b
+        let inst = InstanceParts { bucket_start: vec![0], ..InstanceParts::default() };
+        InstanceBuilder { inst, scratch: Vec::new() }
     }
 
     /// Adds an unnamed server; returns its index.
@@ -518,6 +524,19 @@ mod tests {
             limit: l,
             demand: d.iter().map(|(s, v)| (s.to_string(), *v)).collect(),
         }
+    }
+
+    /// `InstanceBuilder::default()` builds what `new()` builds (its derived default once lacked the
+    /// bucket index's leading 0, so its instances were malformed).
+    #[test]
+    fn the_default_builder_is_the_new_one() {
+        let mut b = InstanceBuilder::default();
+        let s = b.add_server(100).unwrap();
+        b.add_bucket(10, None, &[(s, 20)]).unwrap();
+        let i = b.build().unwrap();
+        assert_eq!(i.bucket_entries(0), 0..1);
+        assert_eq!((i.entry_server(0), i.entry_demand(0)), (0, 20));
+        assert_eq!(i.total_demand(0), 20);
     }
 
     #[test]
