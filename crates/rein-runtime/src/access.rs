@@ -13,7 +13,9 @@
 //!
 //! # Connection caps
 //! Three counters, each checked where it can be answered at the NBD level:
-//! - `max_connections` (all clients) and `max_connections_per_client` (one peer address): at accept. A
+//! - `max_connections` (all clients) and `max_connections_per_client` (one peer address; for IPv6 one
+//!   /64, the block a single host or subscriber is given, so a client cannot pass the cap by cycling
+//!   through its own addresses; [`client_of`]): at accept. A
 //!   client over either cap still gets the greeting, and every option is answered NBD_REP_ERR_POLICY with
 //!   a message naming the cap (so nbdinfo prints it); such refusals are themselves bounded:
 //!   [`MAX_REFUSING`] at once, each for at most [`REFUSAL_TIMEOUT`]; beyond that the socket is closed.
@@ -52,6 +54,15 @@ pub struct ExportAccess {
 /// An address as access lists compare it (IPv4-mapped IPv6 as IPv4).
 fn canonical(ip: IpAddr) -> IpAddr {
     ip.to_canonical()
+}
+
+/// The client `max_connections_per_client` counts a peer address as: an IPv4 address (also when mapped
+/// into IPv6) is itself; an IPv6 address is its /64 (shown as that network).
+pub fn client_of(ip: IpAddr) -> IpNet {
+    match canonical(ip) {
+        IpAddr::V4(v4) => IpNet::V4(ipnet::Ipv4Net::new(v4, 32).expect("32 is a valid IPv4 prefix")),
+        IpAddr::V6(v6) => IpNet::V6(ipnet::Ipv6Net::new(v6, 64).expect("64 is a valid IPv6 prefix").trunc()),
+    }
 }
 
 /// A network as access lists keep it: an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`, or the bare
@@ -101,7 +112,7 @@ impl Default for ConnCaps {
 #[derive(Debug, Default)]
 struct Counts {
     total: usize,
-    per_client: HashMap<IpAddr, usize>,
+    per_client: HashMap<IpNet, usize>,
     per_tenant: HashMap<usize, usize>,
 }
 
@@ -140,14 +151,14 @@ fn uncount<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
 #[derive(Debug)]
 pub struct ClientSlot {
     limits: Arc<ConnLimits>,
-    ip: IpAddr,
+    client: IpNet,
 }
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
         let mut c = self.limits.counts.lock().expect("the counts lock is not poisoned");
         c.total -= 1;
-        uncount(&mut c.per_client, &self.ip);
+        uncount(&mut c.per_client, &self.client);
     }
 }
 
@@ -183,24 +194,28 @@ impl ConnLimits {
 
     /// Counts a new connection from `ip`, or says why it is refused.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Admit {
-        let ip = canonical(ip);
+        let client = client_of(ip);
         let refusal = {
             let mut c = self.counts.lock().expect("the counts lock is not poisoned");
-            let from_ip = c.per_client.get(&ip).copied().unwrap_or(0);
+            let from_client = c.per_client.get(&client).copied().unwrap_or(0);
             if c.total >= self.caps.total {
                 format!(
                     "server has reached its maximum of {} connections (max_connections); try later",
                     self.caps.total
                 )
-            } else if from_ip >= self.caps.per_client {
+            } else if from_client >= self.caps.per_client {
+                let who = match client {
+                    IpNet::V4(v4) => v4.addr().to_string(),
+                    IpNet::V6(_) => client.to_string(),
+                };
                 format!(
-                    "client {ip} has reached its maximum of {} connections (max_connections_per_client)",
+                    "client {who} has reached its maximum of {} connections (max_connections_per_client)",
                     self.caps.per_client
                 )
             } else {
                 c.total += 1;
-                *c.per_client.entry(ip).or_insert(0) += 1;
-                return Admit::Serve(ClientSlot { limits: self.clone(), ip });
+                *c.per_client.entry(client).or_insert(0) += 1;
+                return Admit::Serve(ClientSlot { limits: self.clone(), client });
             }
         };
         match self.refusing.clone().try_acquire_owned() {
@@ -240,10 +255,10 @@ impl ConnLimits {
         true
     }
 
-    /// Connections counted now: all, and from `ip`.
+    /// Connections counted now: all, and from `ip`'s client ([`client_of`]).
     pub fn counted(&self, ip: IpAddr) -> (usize, usize) {
         let c = self.counts.lock().expect("the counts lock is not poisoned");
-        (c.total, c.per_client.get(&canonical(ip)).copied().unwrap_or(0))
+        (c.total, c.per_client.get(&client_of(ip)).copied().unwrap_or(0))
     }
 }
 
@@ -294,6 +309,37 @@ mod tests {
         drop(t);
         assert!(limits.open_tenant(0, "rd").is_ok());
         assert_eq!(limits.counts.lock().unwrap().per_tenant.len(), 0, "empty entries are removed");
+    }
+
+    /// IPv6 addresses of one /64 are one client: the cap cannot be passed by cycling through them.
+    #[test]
+    fn an_ipv6_client_is_its_64() {
+        let limits = ConnLimits::new(ConnCaps { total: 10, per_client: 2, per_tenant: 1 });
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let s1 = limits.admit(ip("2001:db8:0:7::1"));
+        let s2 = limits.admit(ip("2001:db8:0:7:ffff::2"));
+        assert!(matches!((&s1, &s2), (Admit::Serve(_), Admit::Serve(_))));
+        match limits.admit(ip("2001:db8:0:7:abcd::3")) {
+            Admit::Refuse(m, _) => {
+                assert!(m.contains("client 2001:db8:0:7::/64 has reached its maximum of 2"), "{m}")
+            }
+            o => panic!("{o:?}"),
+        }
+        let s3 = limits.admit(ip("2001:db8:0:8::1"));
+        assert!(matches!(s3, Admit::Serve(_)), "the next /64 is another client");
+        assert_eq!(limits.counted(ip("2001:db8:0:7::9")), (3, 2));
+        // IPv4, also mapped into IPv6, is counted by address.
+        let v4 = limits.admit(ip("192.0.2.1"));
+        let mapped = limits.admit(ip("::ffff:192.0.2.1"));
+        assert!(matches!((&v4, &mapped), (Admit::Serve(_), Admit::Serve(_))));
+        match limits.admit(ip("192.0.2.1")) {
+            Admit::Refuse(m, _) => assert!(m.contains("client 192.0.2.1 has"), "{m}"),
+            o => panic!("{o:?}"),
+        }
+        assert!(matches!(limits.admit(ip("192.0.2.2")), Admit::Serve(_)));
+        drop((s1, s2));
+        assert_eq!(limits.counted(ip("2001:db8:0:7::1")), (3, 0));
+        drop((s3, v4, mapped));
     }
 
     #[test]

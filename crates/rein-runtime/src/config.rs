@@ -24,7 +24,7 @@
 //!                                #   set; kept in the state file and reused at later starts
 //! default_export = "rd"          # what the empty export name opens (default: nothing)
 //! max_connections = 4096         # NBD connections in all
-//! max_connections_per_client = 128   # from one peer address
+//! max_connections_per_client = 128   # from one peer address (IPv6: one /64)
 //! max_connections_per_tenant = 256   # open on one tenant's exports
 //! max_inflight_mb = 1024         # byte budget of payloads and replies in flight, all connections
 //! max_inflight_mb_per_tenant = 256  # the same, per tenant (at most max_inflight_mb)
