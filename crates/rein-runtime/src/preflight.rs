@@ -220,7 +220,8 @@ pub fn open_export(e: &crate::config::ExportConfig) -> Result<std::sync::Arc<dyn
                 .map_err(|source| OpenError::Export { name: e.name.clone(), path: path.clone(), source })?,
         ),
         crate::config::BackendKind::Memory => {
-            std::sync::Arc::new(crate::storage::MemStorage::new(e.size.expect("a memory export has a size")))
+            let size = e.size.expect("a memory export has a size");
+            std::sync::Arc::new(crate::storage::MemStorage::new(size).with_read_only(e.read_only))
         }
     })
 }

@@ -415,13 +415,29 @@ const PAGE: u64 = 1 << 20;
 pub struct MemStorage {
     size: u64,
     pages: Vec<Mutex<Option<Box<[u8]>>>>,
+    read_only: bool,
 }
 
 impl MemStorage {
     /// `size` bytes of zeroes. Pages are allocated on first write, so this costs one empty slot per MiB.
     pub fn new(size: u64) -> MemStorage {
         let n = size.div_ceil(PAGE) as usize;
-        MemStorage { size, pages: (0..n).map(|_| Mutex::new(None)).collect() }
+        MemStorage { size, pages: (0..n).map(|_| Mutex::new(None)).collect(), read_only: false }
+    }
+
+    /// The same, refusing changes ([`StorageError::ReadOnly`]) when `read_only`, as a read-only file
+    /// export does: the protocol layer refuses a client's writes, and this refuses everyone else's (the
+    /// probe's).
+    pub fn with_read_only(mut self, read_only: bool) -> MemStorage {
+        self.read_only = read_only;
+        self
+    }
+
+    fn writable(&self) -> Result<(), StorageError> {
+        if self.read_only {
+            return Err(StorageError::ReadOnly);
+        }
+        Ok(())
     }
 
     fn for_pages(&self, offset: u64, len: u64, mut f: impl FnMut(&mut Option<Box<[u8]>>, usize, usize, usize)) {
@@ -454,6 +470,7 @@ impl Storage for MemStorage {
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), StorageError> {
+        self.writable()?;
         check(self.size, offset, buf.len() as u64)?;
         self.for_pages(offset, buf.len() as u64, |p, at, n, b| {
             let page = p.get_or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
@@ -468,6 +485,7 @@ impl Storage for MemStorage {
         self.write_zeroes(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
+        self.writable()?;
         check(self.size, offset, len)?;
         self.for_pages(offset, len, |p, at, n, _| {
             if let Some(page) = p {
@@ -479,6 +497,9 @@ impl Storage for MemStorage {
             }
         });
         Ok(())
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
@@ -527,6 +548,14 @@ mod tests {
         exercise(&m);
         assert!(m.kernel_io(0, 1, false).unwrap().is_none(), "RAM has no descriptor");
         assert_eq!(m.inline_max_bytes(), MEMORY_INLINE_MAX);
+        let ro = MemStorage::new(4 * PAGE).with_read_only(true);
+        assert!(ro.read_only());
+        assert!(matches!(ro.write_at(&[1], 0), Err(StorageError::ReadOnly)));
+        assert!(matches!(ro.write_zeroes(0, 1), Err(StorageError::ReadOnly)));
+        assert!(matches!(ro.trim(0, 1), Err(StorageError::ReadOnly)));
+        let mut b = [7u8; 1];
+        ro.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [0]);
     }
 
     /// Issue 12: a missing file without a size is not created; a directory, a FIFO or a character device
