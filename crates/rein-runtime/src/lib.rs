@@ -38,6 +38,7 @@ pub mod storage;
 mod testkit;
 pub mod tls;
 pub mod uring;
+mod wire;
 
 pub use devmodel::DeviceConfig;
 pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoEngine, IoError, IoRequest, IoResult, Op, Reply, Snapshot};

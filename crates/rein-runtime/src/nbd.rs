@@ -84,7 +84,7 @@ use rein_proto::nbd::{
     Request, RequestKind, ServerHandshake, ServerProgress, ServerTransmission, TlsMode, TransmissionConfig,
 };
 use std::future::Future;
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1070,7 +1070,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             batch.push(next);
         }
         // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
-        if !broken && (write_all_vectored(&mut wr, &batch).await.is_err() || wr.flush().await.is_err()) {
+        if !broken && (write_batch(&mut wr, &batch).await.is_err() || wr.flush().await.is_err()) {
             broken = true; // client gone: keep draining so permits are released
         }
         // Before the permits go with the batch: whoever sees them free sees the stamp (idle clock).
@@ -1082,32 +1082,11 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     }
 }
 
-/// Writes every reply of `batch` (at most [`WRITE_BATCH`]) with vectored writes, resuming after short
-/// writes.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(wr: &mut W, batch: &[Reply]) -> io::Result<()> {
-    assert!(batch.len() <= WRITE_BATCH, "a batch fits the slice array");
-    // The first byte not yet written: `batch[i].0[at]`.
-    let (mut i, mut at) = (0, 0);
-    while i < batch.len() {
-        let mut slices = [IoSlice::new(&[]); WRITE_BATCH];
-        let pending = &batch[i..];
-        for (k, (reply, _)) in pending.iter().enumerate() {
-            slices[k] = IoSlice::new(if k == 0 { &reply[at..] } else { reply });
-        }
-        let mut written = wr.write_vectored(&slices[..pending.len()]).await?;
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        while i < batch.len() {
-            let left = batch[i].0.len() - at;
-            if written < left {
-                at += written;
-                break;
-            }
-            written -= left;
-            i += 1;
-            at = 0;
-        }
+/// Writes every reply of `batch` (at most [`WRITE_BATCH`]): [`crate::wire::write_all`].
+async fn write_batch<W: AsyncWrite + Unpin>(wr: &mut W, batch: &[Reply]) -> io::Result<()> {
+    let mut parts: [&[u8]; WRITE_BATCH] = [&[]; WRITE_BATCH];
+    for (part, (reply, _)) in parts.iter_mut().zip(batch) {
+        *part = reply;
     }
-    Ok(())
+    crate::wire::write_all(wr, &parts[..batch.len().min(WRITE_BATCH)]).await
 }

@@ -80,12 +80,11 @@ use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, N
 use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use rein_proto::ErrorKind;
 use std::collections::HashMap;
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -1238,8 +1237,8 @@ fn kind_of(errno: u32) -> ErrorKind {
     }
 }
 
-/// Writes every message of `batch` with vectored writes, resuming after short writes; with `tags` false
-/// each message's tag room is left out (plain NBD).
+/// Writes every message of `batch` ([`crate::wire::write_all`]); with `tags` false each message's tag
+/// room is left out (plain NBD).
 async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     wr: &mut W,
     batch: &[Vec<u8>],
@@ -1248,39 +1247,16 @@ async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     let parts: Vec<&[u8]> = if tags {
         batch.iter().map(|m| &m[..]).collect()
     } else {
-        batch.iter().flat_map(|m| [&m[..p::REQUEST_LEN], &m[MSG_HEAD..]]).filter(|s| !s.is_empty()).collect()
+        batch.iter().flat_map(|m| [&m[..p::REQUEST_LEN], &m[MSG_HEAD..]]).collect()
     };
-    if !wr.is_write_vectored() {
-        // TLS: one buffer, so the batch goes out in as few records (and writes) as its size allows, not
-        // a record per message.
-        return wr.write_all(&parts.concat()).await;
-    }
-    let (mut i, mut at) = (0, 0);
-    while i < parts.len() {
-        let slices: Vec<IoSlice<'_>> =
-            parts[i..].iter().enumerate().map(|(k, m)| IoSlice::new(if k == 0 { &m[at..] } else { m })).collect();
-        let mut written = wr.write_vectored(&slices).await?;
-        if written == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while i < parts.len() {
-            let left = parts[i].len() - at;
-            if written < left {
-                at += written;
-                break;
-            }
-            written -= left;
-            i += 1;
-            at = 0;
-        }
-    }
-    Ok(())
+    crate::wire::write_all(wr, &parts).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dispatch::IoResult;
+    use tokio::io::AsyncWriteExt;
 
     /// A request's result comes once every piece is in, with the first error if any (invariant 1).
     #[test]
