@@ -5,7 +5,7 @@
 # with x509, and over TLS with a PSK. (fio's nbd engine, which scripts/bench-nbd.sh uses, refuses the
 # local files of nbds:// URIs, so nbdcopy is the client here, for every row alike.) Every configuration
 # runs ROUNDS times, interleaved; the table gives medians, spreads and the ratios to plain. With
-# BASE=path/to/an/older/rein, "plain (base)" rows run that binary too, in the same rounds.
+# BASE=path/to/an/older/rein, "(base)" rows run that binary too (plain, x509 and PSK), in the same rounds.
 # Usage: [BASE=rein-before] bash scripts/bench-nbd-tls.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,12 +47,16 @@ mode = \"on\"
 psk_file = \"$W/keys.psk\""
 declare -A R
 ROWS=("plain" "tls-x509" "tls-psk")
-[ -n "${BASE:-}" ] && ROWS+=("plain (base)")
+[ -n "${BASE:-}" ] && ROWS+=("plain (base)" "x509 (base)" "psk (base)")
 for r in $(seq "$ROUNDS"); do
   R[plain]+="$(rein_run ./target/release/rein "" nbd://127.0.0.35:10809/bench) "
   R[tls-x509]+="$(rein_run ./target/release/rein "$X509" "nbds://127.0.0.35:10809/bench?tls-certificates=$W/client") "
   R[tls-psk]+="$(rein_run ./target/release/rein "$PSK" "nbds://bench@127.0.0.35:10809/bench?tls-psk-file=$W/keys.psk") "
-  [ -n "${BASE:-}" ] && R["plain (base)"]+="$(rein_run "$BASE" "" nbd://127.0.0.35:10809/bench) "
+  if [ -n "${BASE:-}" ]; then
+    R["plain (base)"]+="$(rein_run "$BASE" "" nbd://127.0.0.35:10809/bench) "
+    R["x509 (base)"]+="$(rein_run "$BASE" "$X509" "nbds://127.0.0.35:10809/bench?tls-certificates=$W/client") "
+    R["psk (base)"]+="$(rein_run "$BASE" "$PSK" "nbds://bench@127.0.0.35:10809/bench?tls-psk-file=$W/keys.psk") "
+  fi
   echo "round $r/$ROUNDS done" >&2
 done
 for row in "${ROWS[@]}"; do echo "$row|${R[$row]}"; done | tee "$W/raw.txt" >&2

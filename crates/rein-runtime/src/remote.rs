@@ -14,8 +14,9 @@
 //!
 //! Each pooled connection is a task (`run_link`): connect, handshake, then a session in which a writer
 //! (requests, in arrival order) and a reader (replies, completing pieces by handle) run side by side,
-//! until the socket fails, the node breaks the protocol, or a piece stays unanswered for
-//! `request_timeout`; then every piece in flight on it fails with EIO, and the task reconnects with
+//! until the socket fails, the node breaks the protocol, or the node goes silent: pieces wait and nothing
+//! (no reply to any of them) has come for `request_timeout`; then every piece in flight on it fails with
+//! EIO, and the task reconnects with
 //! exponential backoff from [`BACKOFF_MIN`] to `reconnect_max_backoff`. While a connection is down, pieces
 //! sent to it fail at once (EIO) rather than wait.
 //!
@@ -41,7 +42,10 @@
 //! 1. Every piece is answered exactly once: by its node's reply, by the timeout, by the session's end, or
 //!    (if its message is dropped unsent) by `Sink`'s `Drop`; a request is answered once all its pieces
 //!    are (`Gather`), so a WRITE is reported done only when every piece was acknowledged by its node.
-//! 2. No piece waits longer than `request_timeout` (plus one scan period, `scan_period`) for its answer.
+//! 2. No piece waits longer than `request_timeout` (plus one scan period, `scan_period`) while its session
+//!    hears nothing from the node. A piece may wait longer at a node that keeps answering: a tenant's
+//!    limit or a long queue holds pieces at a live node, which is throttling, not failure (a per-piece
+//!    deadline failed a limited tenant's deep queue with EIO while its nodes were healthy).
 //!
 //! # Bounds
 //! - Pieces in flight per node connection: [`MAX_PENDING_PER_CONN`] (a permit per piece; a front
@@ -1003,7 +1007,8 @@ enum SessionEnd {
 struct Pending {
     sink: Sink,
     read_len: u32,
-    deadline: Instant,
+    /// When it was handed to the writer.
+    sent: Instant,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -1079,11 +1084,11 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     NodeTag::new(slot, piggyback).encode(&mut tag);
                     msg[p::REQUEST_LEN..MSG_HEAD].copy_from_slice(&tag);
                 }
-                let deadline = Instant::now() + timeout;
+                let sent = Instant::now();
                 pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(next, Pending { sink: w.sink, read_len: w.read_len, deadline, _permit: w._permit });
+                    .insert(next, Pending { sink: w.sink, read_len: w.read_len, sent, _permit: w._permit });
                 next += 1;
                 target.stats.pieces.fetch_add(1, Ordering::Relaxed);
                 batch.push(msg);
@@ -1102,6 +1107,8 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let mut start = 0usize;
         let mut scan = tokio::time::interval(scan_period(timeout));
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The last time the node answered anything on this session (invariant 2).
+        let mut heard = Instant::now();
         loop {
             // Complete every whole reply in the buffer.
             loop {
@@ -1136,6 +1143,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     break;
                 }
                 let p = pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle).expect("looked up above");
+                heard = Instant::now();
                 if let (Some((_, tracker)), Some(t)) = (qos, trailer) {
                     if let Some(phase) = t.phase {
                         let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
@@ -1170,11 +1178,11 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     Err(e) => return SessionEnd::Failed(format!("read: {e}")),
                 },
                 _ = scan.tick() => {
-                    let now = Instant::now();
-                    let late = pending.lock().unwrap_or_else(|e| e.into_inner()).values().any(|p| p.deadline <= now);
-                    if late {
+                    // Silent: the oldest piece and the last answer are both request_timeout old.
+                    let oldest = pending.lock().unwrap_or_else(|e| e.into_inner()).values().map(|p| p.sent).min();
+                    if oldest.is_some_and(|t| t.max(heard).elapsed() >= timeout) {
                         return SessionEnd::Failed(format!(
-                            "a request unanswered for request_timeout_s ({} s)",
+                            "no answer from the node for request_timeout_s ({} s) with requests waiting",
                             timeout.as_secs_f64()
                         ));
                     }

@@ -783,3 +783,61 @@ fn a_node_shutting_down_gets_the_gateways_soft_disconnect() {
     let _ = w.write_all(&header(Command::Disc, 11));
     node.terminate(Duration::from_secs(20));
 }
+
+/// A tenant's limit holds its pieces at a live node: they wait their turn, they do not time out. Twelve
+/// 4 KiB READs pipelined to a tenant limited to 4 IOPS take about 3 s at its node, past the gateway's
+/// 1 s `request_timeout_s`; the node answers one every 250 ms, so every READ succeeds. With a deadline
+/// per piece (the old rule) the pieces queued behind the limit failed with EIO after 1 s.
+#[test]
+fn a_limited_tenants_deep_queue_is_throttled_not_failed() {
+    use rein_proto::nbd::{Command, ReplyHeader, RequestHeader};
+    use std::io::{Read, Write};
+    let tmp = tmpdir("gw-throttled");
+    let dir = tmp.path();
+    let node = storage_node_with(dir, 151, "", "", "[mclock]\nlimit_burst_ios = 0\n");
+    let text = format!(
+        "listen = \"127.0.0.152:0\"\nadmin = \"127.0.0.152:0\"\n{}connections_per_node = 1\n[[nodes]]\nname = \"s1\"\n\
+         address = \"{}\"\nprotocol = \"rein\"\n[[tenants]]\nname = \"c2\"\nlimit = 4\n[[exports]]\nname = \"v\"\n\
+         tenant = \"c2\"\nsize_mb = 8\n",
+        TIMES.replace("request_timeout_s = 2", "request_timeout_s = 1"),
+        node.nbd
+    );
+    let gw = gateway(&write_file(dir, "gw.toml", &text));
+    node.wait_line("storage-node session granted");
+    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
+    let (mut s, mut buf) = (open.stream, open.buf);
+    let reads: Vec<u8> = (0..12u64)
+        .flat_map(|h| {
+            let mut v = Vec::new();
+            RequestHeader { flags: 0, command: Command::Read, handle: h, offset: h * 4096, length: 4096 }
+                .encode(&mut v);
+            v
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    s.write_all(&reads).unwrap();
+    let mut errors = Vec::new();
+    let mut answered = 0;
+    while answered < 12 {
+        if let Some((ReplyHeader::Simple { error, handle }, n)) = ReplyHeader::decode(&buf).unwrap() {
+            let len = if error == 0 { 4096 } else { 0 };
+            if buf.len() >= n + len {
+                buf.drain(..n + len);
+                answered += 1;
+                if error != 0 {
+                    errors.push((handle, error));
+                }
+                continue;
+            }
+        }
+        let mut chunk = [0u8; 65536];
+        let k = s.read(&mut chunk).unwrap();
+        assert!(k > 0, "the gateway closed the connection");
+        buf.extend_from_slice(&chunk[..k]);
+    }
+    let took = start.elapsed();
+    assert!(errors.is_empty(), "every READ succeeds at the limited pace: failed {errors:?} after {took:?}");
+    assert!(took >= Duration::from_millis(2000), "the limit held them back ({took:?}), past the 1 s timeout");
+    let lost = gw.log.lock().unwrap().iter().any(|l| l.contains("node connection lost"));
+    assert!(!lost, "the node session was never reset");
+}
