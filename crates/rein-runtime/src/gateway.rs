@@ -70,6 +70,8 @@
 //! 1. Every node named in a tenant's `server_reservations` or an export's `widths` is a configured node.
 //! 2. A volume starts only if every node it uses answered the handshake with an export at least as large
 //!    as its piece ([`rein_model::stripe::Stripe::node_bytes`]).
+//! 3. No two volumes, and no volume twice, use one node export (address and export name): each lays its
+//!    units out from the export's offset 0. (Two addresses of one machine cannot be told apart here.)
 //!
 //! # Deviations
 //! Tenants' specs, splits and `server_reservations` are validated and kept for the storage-node protocol
@@ -88,7 +90,7 @@ use rein_model::stripe::Stripe;
 use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
 use rein_proto::nbd::ExportInfo;
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -430,6 +432,12 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             .address
             .parse()
             .map_err(|e| format!("node {}: address {:?}: {e} (expected address:port)", n.name, n.address))?;
+        if address.port() == 0 {
+            return Err(format!(
+                "node {}: address {:?}: port 0 (a node listens on a port of its own)",
+                n.name, n.address
+            ));
+        }
         let protocol = match n.protocol.as_deref() {
             None | Some("auto") => NodeProtocol::Auto,
             Some("nbd") => NodeProtocol::Nbd,
@@ -556,6 +564,22 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         }
         let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
+    }
+    // Invariant 3: a node export holds one volume's units, from its offset 0; a second user (another
+    // volume, or the same volume through a second entry for that node) would overwrite them.
+    let mut holders: HashMap<(SocketAddr, &str), (&str, &str)> = HashMap::new();
+    for v in &exports {
+        for (j, n) in nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)) {
+            let key = (n.address, v.node_exports[j].as_str());
+            if let Some((other, other_node)) = holders.insert(key, (&v.name, &n.name)) {
+                let whose = if other == v.name { "this export's too".to_string() } else { format!("export {other}'s") };
+                return Err(format!(
+                    "export {}: node {}'s export {:?} at {} is {whose} (through node {other_node}): two layouts on \
+                     one node export would overwrite each other's data",
+                    v.name, n.name, key.1, n.address
+                ));
+            }
+        }
     }
     if let Some(t) = tenants.iter().find(|t| t.name.len() > MAX_NODE_NAME_LEN) {
         return Err(format!(
@@ -1176,5 +1200,24 @@ mod tests {
         assert!(GatewayConfig::parse(&tenant(&long), Path::new("g")).is_ok());
         let err = GatewayConfig::parse(&tenant(&format!("{long}t")), Path::new("g")).unwrap_err();
         assert!(err.to_string().contains("at most 255 bytes"), "{err}");
+    }
+
+    /// Layouts that would overwrite each other on a node export are refused (invariant 3); the same node
+    /// with other exports, or a node a volume does not use, is fine.
+    #[test]
+    fn two_layouts_on_one_node_export_are_refused() {
+        let p = |text: &str| GatewayConfig::parse(text, Path::new("g")).map(|_| ()).map_err(|e| e.to_string());
+        let node = |name: &str, addr: &str| format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\n");
+        let vol = |name: &str, extra: &str| format!("[[exports]]\nname = \"{name}\"\nsize_mb = 1\n{extra}");
+        let one = node("s1", "127.0.0.1:10809");
+        let err = p(&format!("{one}{}{}", vol("v", ""), vol("w", "node_export = \"v\"\n"))).unwrap_err();
+        assert!(err.contains("export w: node s1's export \"v\" at 127.0.0.1:10809 is export v's"), "{err}");
+        let twice = format!("{one}{}", node("s2", "127.0.0.1:10809"));
+        let err = p(&format!("{twice}{}", vol("v", ""))).unwrap_err();
+        assert!(err.contains("export v: node s2's export \"v\" at 127.0.0.1:10809 is this export's too"), "{err}");
+        assert!(p(&format!("{twice}{}", vol("v", "widths = { s1 = 1 }\n"))).is_ok(), "s2 unused");
+        assert!(p(&format!("{one}{}{}", vol("v", ""), vol("w", ""))).is_ok(), "exports v and w of s1");
+        let err = p(&format!("{}{}", node("s1", "127.0.0.1:0"), vol("v", ""))).unwrap_err();
+        assert!(err.contains("node s1: address \"127.0.0.1:0\": port 0"), "{err}");
     }
 }
