@@ -128,10 +128,10 @@ fn d_listen() -> String {
 fn d_admin() -> String {
     "127.0.0.1:9180".into()
 }
-fn d_admin_conns() -> usize {
+pub(crate) fn d_admin_conns() -> usize {
     crate::admin_guard::DEFAULT_MAX_CONNECTIONS
 }
-fn d_admin_idle() -> f64 {
+pub(crate) fn d_admin_idle() -> f64 {
     crate::admin_guard::DEFAULT_IDLE_TIMEOUT.as_secs_f64()
 }
 fn d_data() -> String {

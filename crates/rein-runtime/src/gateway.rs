@@ -15,6 +15,8 @@
 //! ```toml
 //! listen = "127.0.0.1:10810"
 //! admin = "127.0.0.1:9190"          # optional: /healthz, /metrics, /api/nodes
+//! # and for it, as in rein serve: admin_token_file, admin_insecure, max_admin_connections,
+//! # admin_idle_timeout_s
 //! request_timeout_s = 30            # 0.1..=3600
 //! connect_timeout_s = 5             # 0.1..=3600
 //! reconnect_max_backoff_ms = 2000   # 50..=600000
@@ -141,6 +143,10 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// The HTTP endpoint's address (`/healthz`, `/api/nodes`), if any.
     pub admin: Option<SocketAddr>,
+    /// Who may use the HTTP endpoint and how many connections it holds, as `rein serve`'s admin endpoint
+    /// (`admin_token_file`, `admin_insecure`, `max_admin_connections`, `admin_idle_timeout_s`;
+    /// [`crate::admin_guard`]).
+    pub admin_access: crate::admin_guard::AdminAccess,
     /// STARTTLS on the front.
     pub tls: Option<TlsConfig>,
     /// Connection caps of the front.
@@ -230,6 +236,13 @@ struct File {
     #[serde(default = "d_listen")]
     listen: String,
     admin: Option<String>,
+    admin_token_file: Option<String>,
+    #[serde(default)]
+    admin_insecure: bool,
+    #[serde(default = "crate::config::d_admin_conns")]
+    max_admin_connections: usize,
+    #[serde(default = "crate::config::d_admin_idle")]
+    admin_idle_timeout_s: f64,
     #[serde(default = "d_request_timeout")]
     request_timeout_s: f64,
     #[serde(default = "d_connect_timeout")]
@@ -351,6 +364,12 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         None => None,
         Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| format!("admin {a:?}: {e} (expected address:port)"))?),
     };
+    let admin_access = crate::admin_guard::AdminAccess::new(
+        f.admin_token_file.as_ref().map(|p| base.join(p)),
+        f.admin_insecure,
+        f.max_admin_connections,
+        f.admin_idle_timeout_s,
+    )?;
     let request_timeout = seconds("request_timeout_s", f.request_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     let connect_timeout = seconds("connect_timeout_s", f.connect_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     if !(50..=600_000).contains(&f.reconnect_max_backoff_ms) {
@@ -599,6 +618,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     Ok(GatewayConfig {
         listen,
         admin,
+        admin_access,
         tls,
         caps,
         max_inflight: f.max_inflight_mb << 20,
@@ -623,6 +643,9 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
+    /// The admin endpoint cannot be served as configured (its token, or an exposed address).
+    #[error(transparent)]
+    Admin(#[from] crate::admin_guard::AdminGuardError),
     /// A node answered but could not be opened for a volume (export or protocol refused, too small); names
     /// the node. A node that cannot be reached does not stop the start ([`RemoteVolume::open`]).
     #[error("export {volume}: {source}")]
@@ -795,6 +818,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
     for (key, same) in [
         ("listen", base.listen == new.listen),
         ("admin", base.admin == new.admin),
+        ("admin_token_file, admin_insecure or the admin caps", base.admin_access == new.admin_access),
         ("[tls]", dbg(&base.tls) == dbg(&new.tls)),
         ("max_connections*", base.caps == new.caps),
         (
@@ -938,9 +962,11 @@ pub async fn run_with(
     let admin = match cfg.admin {
         None => None,
         Some(addr) => {
+            let token = crate::admin_guard::prepare(addr, &cfg.admin_access)?;
             let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
             let bound = l.local_addr().expect("bound");
-            let router = admin_router(shown.clone());
+            let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None);
+            let router = crate::admin_guard::protect(admin_router(shown.clone()), token);
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -1096,12 +1122,12 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
     o
 }
 
-/// `/healthz` (200 "ok"), `/metrics` and `/api/nodes` (per volume and node: connections up).
+/// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
+/// [`crate::admin_guard::protect`].
 fn admin_router(shown: Shown) -> axum::Router {
     let for_metrics = shown.clone();
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
     axum::Router::new()
-        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/metrics",
             axum::routing::get(move || {

@@ -841,3 +841,41 @@ fn a_limited_tenants_deep_queue_is_throttled_not_failed() {
     let lost = gw.log.lock().unwrap().iter().any(|l| l.contains("node connection lost"));
     assert!(!lost, "the node session was never reset");
 }
+
+/// The gateway's HTTP endpoint is guarded as rein serve's (an adversarial review opened 20,000 idle
+/// connections to it: the gateway ran out of descriptors and NBD accepts failed): a bearer token for
+/// everything but `/healthz`, a non-loopback address refused without one, and a cap with an idle timeout
+/// (two idle connections at `max_admin_connections = 2` hold a third client only until they time out).
+#[test]
+fn the_gateway_admin_endpoint_is_guarded_as_rein_serves() {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tmpdir("gw-admin");
+    let dir = tmp.path();
+    let n = node(dir, 161, 0);
+    let token = write_file(dir, "admin.token", "s3cret\n");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let text = |admin: &str, keys: &str| {
+        format!(
+            "listen = \"127.0.0.162:0\"\nadmin = \"{admin}\"\n{keys}{TIMES}[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n\
+             [[exports]]\nname = \"v\"\nsize_mb = 8\n",
+            n.nbd
+        )
+    };
+    let keys = "admin_token_file = \"admin.token\"\nmax_admin_connections = 2\nadmin_idle_timeout_s = 0.5\n";
+    let gw = gateway(&write_file(dir, "gw.toml", &text("127.0.0.162:0", keys)));
+    assert_eq!(common::http(gw.admin, "GET", "/metrics", "", "").0, 401);
+    let (code, _, body) = common::http(gw.admin, "GET", "/metrics", "Authorization: Bearer s3cret\r\n", "");
+    assert!(code == 200 && body.contains("rein_gateway"), "{code} {body}");
+    let mut idle: Vec<std::net::TcpStream> = (0..2).map(|_| std::net::TcpStream::connect(gw.admin).unwrap()).collect();
+    let (code, _, body) = common::http(gw.admin, "GET", "/healthz", "", "");
+    assert_eq!((code, body.as_str()), (200, "ok\n"), "served once the idle connections timed out");
+    for c in &mut idle {
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(c.read(&mut b).unwrap_or(0), 0, "the idle connection was closed by the gateway");
+    }
+    let exposed = write_file(dir, "exposed.toml", &text("0.0.0.0:0", ""));
+    let err = Rein::new(&["gateway", "--config", exposed.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+    assert!(err.contains("is not a loopback address and no admin_token_file is set"), "{err}");
+}
