@@ -640,6 +640,9 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     })
 }
 
+/// How long the gateway's shutdown waits for its node sessions to end with NBD_CMD_DISC.
+const NODE_CLOSE: Duration = Duration::from_secs(2);
+
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -1024,8 +1027,23 @@ pub async fn run_with(
     if drained.is_err() {
         tracing::warn!(connections = tasks.len(), "shutdown deadline passed: closing connections");
         ctx.limits.close.send_replace(true);
-        while tasks.join_next().await.is_some() {}
+        // Connections stop waiting at the close and give their writers CLOSE_GRACE; one still waiting to
+        // hand a piece to a node whose pieces are held (a limited tenant's queue) is cut after that.
+        let grace = crate::nbd::CLOSE_GRACE + Duration::from_secs(1);
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
+            tracing::warn!(connections = tasks.len(), "connections still waiting for their nodes: cut");
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
     }
+    // Every node session ends with NBD_CMD_DISC, as the spec asks of a client (bounded: a node that is
+    // down or does not take it is cut).
+    let volumes = live.remote_volumes();
+    let mut closing = tokio::task::JoinSet::new();
+    for v in volumes {
+        closing.spawn(async move { v.close(NODE_CLOSE).await });
+    }
+    while closing.join_next().await.is_some() {}
     tracing::info!("stopped");
     Ok(())
 }

@@ -269,6 +269,10 @@ pub struct RemoteVolume {
     stats: Arc<VolumeStats>,
     /// One link per node of the layout; `None` for a node of width 0.
     links: Vec<Option<NodeLink>>,
+    /// Set by [`RemoteVolume::close`]: every session ends with NBD_CMD_DISC.
+    closing: watch::Sender<bool>,
+    /// The connections' tasks, for [`RemoteVolume::close`] to wait for.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 /// Connections to one node for one volume.
@@ -357,6 +361,8 @@ impl RemoteVolume {
         assert_eq!(nodes.len(), stripe.nodes(), "one node spec per node of the layout");
         assert!((1..=MAX_CONNECTIONS_PER_NODE).contains(&cfg.connections), "validated pool size");
         let mut links = Vec::with_capacity(nodes.len());
+        let (closing, closing_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
         for (j, node) in nodes.iter().enumerate() {
             if !stripe.uses(j) {
                 links.push(None);
@@ -374,6 +380,7 @@ impl RemoteVolume {
                 volume: volume.to_string(),
                 cfg,
                 respec: watch::channel(0).0,
+                closing: closing_rx.clone(),
             });
             let mut conns = Vec::with_capacity(cfg.connections);
             let mut down = false;
@@ -398,12 +405,36 @@ impl RemoteVolume {
                 if let Some(s) = &session {
                     s.publish(&state);
                 }
-                tokio::spawn(run_link(target.clone(), session, rx, state.clone()));
+                tasks.push(tokio::spawn(run_link(target.clone(), session, rx, state.clone())));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
             }
             links.push(Some(NodeLink { target: target.clone(), conns, next: AtomicUsize::new(0) }));
         }
-        Ok(Arc::new(RemoteVolume { name: volume.to_string(), stripe, stats: Arc::default(), links }))
+        Ok(Arc::new(RemoteVolume {
+            name: volume.to_string(),
+            stripe,
+            stats: Arc::default(),
+            links,
+            closing,
+            tasks: Mutex::new(tasks),
+        }))
+    }
+
+    /// Ends every node session with NBD_CMD_DISC (the gateway's shutdown, once no front connection is
+    /// left), failing what is still pending there; waits up to `within` for the connections, then cuts
+    /// those still running (a node that is down, or slow to take the DISC).
+    pub async fn close(&self, within: Duration) {
+        self.closing.send_replace(true);
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
+        let all = async {
+            for t in tasks {
+                let _ = t.await;
+            }
+        };
+        if tokio::time::timeout(within, all).await.is_err() {
+            aborts.iter().for_each(|a| a.abort());
+        }
     }
 
     /// The volume's name.
@@ -734,6 +765,8 @@ struct Target {
     /// Bumped when the tenant's spec changes ([`RemoteVolume::respec`]): each session then ends once its
     /// pieces are answered, and the connection says hello again with the new spec.
     respec: watch::Sender<u64>,
+    /// The volume's [`RemoteVolume::close`]: sessions end at once, with NBD_CMD_DISC.
+    closing: watch::Receiver<bool>,
     export: String,
     /// The volume's piece on this node ([`Stripe::node_bytes`]).
     needed: u64,
@@ -1056,6 +1089,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let name = target.node.name.as_str();
     let timeout = target.cfg.request_timeout;
     let mut respec = target.respec.subscribe();
+    let mut closing = target.closing.clone();
     let writer = async {
         let mut next: u64 = 1;
         let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_BATCH);
@@ -1064,6 +1098,8 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 w = rx.recv() => w,
                 // The tenant's spec changed: send nothing more on this session (module comment).
                 _ = respec.changed() => return SessionEnd::Recycle,
+                // The gateway shuts down: DISC now (what is pending fails; no front waits for it).
+                _ = closing.wait_for(|c| *c) => return SessionEnd::Closed,
                 _ = shutdown_seen.notified() => {
                     return SessionEnd::Left("the node is shutting down (NBD_ESHUTDOWN)".into())
                 }

@@ -879,3 +879,54 @@ fn the_gateway_admin_endpoint_is_guarded_as_rein_serves() {
     let err = Rein::new(&["gateway", "--config", exposed.to_str().unwrap()]).env("REIN_LOG", "off").fails();
     assert!(err.contains("is not a loopback address and no admin_token_file is set"), "{err}");
 }
+
+/// The gateway's shutdown keeps its deadline when its nodes hold its pieces. Ten 8 MiB TRIMs to a tenant
+/// limited to 2 IOPS are 1,280 pieces at its one node: more than a node connection takes (1,024), so the
+/// front connection waits to hand over the rest, and the node answers 2 a second. With
+/// `shutdown_timeout_s = 1` the gateway exits within a few seconds of SIGTERM; it used to wait for the
+/// node's answers (minutes here).
+#[test]
+fn the_gateways_shutdown_keeps_its_deadline_when_its_nodes_hold_its_pieces() {
+    use rein_proto::nbd::{Command, RequestHeader};
+    use std::io::Write;
+    let tmp = tmpdir("gw-deadline");
+    let dir = tmp.path();
+    let node = storage_node_with(dir, 171, "", "", "[mclock]\nlimit_burst_ios = 0\n");
+    let text = format!(
+        "listen = \"127.0.0.172:0\"\nadmin = \"127.0.0.172:0\"\n{TIMES}shutdown_timeout_s = 1\nconnections_per_node = 1\n\
+         [[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n[[tenants]]\nname = \"c2\"\nlimit = 2\n\
+         [[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 32\n",
+        node.nbd
+    );
+    let mut gw = gateway(&write_file(dir, "gw.toml", &text));
+    node.wait_line("storage-node session granted");
+    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
+    let mut s = open.stream;
+    let trims: Vec<u8> = (0..10u64)
+        .flat_map(|h| {
+            let mut v = Vec::new();
+            RequestHeader { flags: 0, command: Command::Trim, handle: h, offset: (h % 4) * (8 << 20), length: 8 << 20 }
+                .encode(&mut v);
+            v
+        })
+        .collect();
+    s.write_all(&trims).unwrap();
+    eventually(Duration::from_secs(10), || completed(node.admin, "c2") >= 2);
+    let took = gw.terminate(Duration::from_secs(20));
+    assert!(took < Duration::from_secs(8), "the gateway exited {took:?} after SIGTERM (deadline 1 s)");
+    gw.wait_log(&["connections still waiting for their nodes: cut"], Duration::from_secs(1));
+}
+
+/// A gateway that stops ends its node sessions with NBD_CMD_DISC, as the NBD spec asks of a client (the
+/// nodes used to see the connections just close).
+#[test]
+fn a_stopping_gateway_disconnects_from_its_nodes() {
+    let tmp = tmpdir("gw-disc");
+    let (nodes, mut gw) = three_nodes_and_gateway(tmp.path(), 181);
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x31 0 256k", "read -P 0x31 0 256k"]);
+    assert!(ok, "{out}");
+    gw.terminate(Duration::from_secs(20));
+    for n in &nodes {
+        n.wait_log(&["NBD connection closed", "(NBD_CMD_DISC)"], Duration::from_secs(5));
+    }
+}
