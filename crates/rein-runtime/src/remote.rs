@@ -103,6 +103,8 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const WRITE_BATCH: usize = 64;
 /// How long a soft disconnect (NBD_CMD_DISC) may take to write before the connection is simply closed.
 const DISC_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a node that keeps failing to reconnect for the same reason is logged again.
+const RECONNECT_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// Bytes asked of the socket per read beyond what is wanted.
 const READ_AHEAD: usize = 256 * 1024;
 
@@ -956,12 +958,16 @@ async fn run_link(
     let mut backoff = BACKOFF_MIN;
     // Without a first session the node was unreachable at start (logged there).
     let mut was_down = session.is_none();
+    // Failed reconnects: the last reason logged, when, and the attempts since (a node that keeps failing
+    // is named again when its reason changes, or every RECONNECT_LOG_INTERVAL).
+    let mut failing: Option<(String, Instant, u64)> = None;
     loop {
         if let Some(s) = session.take() {
             s.publish(&state);
             if was_down {
                 tracing::info!(node = name, volume = %target.volume, "node connection restored");
             }
+            failing = None;
             backoff = BACKOFF_MIN;
             let end = run_session(&target, s, &mut rx).await;
             state.up.store(false, Ordering::Relaxed);
@@ -1015,8 +1021,17 @@ async fn run_link(
         match attempt {
             Ok(s) => session = Some(s),
             Err(e) => {
-                if !was_down {
-                    tracing::warn!(node = name, volume = %target.volume, "node connection failed: {e}");
+                let why = e.to_string();
+                let attempts = failing.as_ref().map_or(0, |f| f.2) + 1;
+                let log = match &failing {
+                    None => true,
+                    Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
+                };
+                if log {
+                    tracing::warn!(node = name, volume = %target.volume, attempts, "node connection failed: {why}");
+                    failing = Some((why, Instant::now(), attempts));
+                } else if let Some(f) = failing.as_mut() {
+                    f.2 = attempts;
                 }
                 was_down = true;
             }
