@@ -19,14 +19,19 @@
 //!    distinct node bytes (the map is a bijection onto the node pieces).
 //! 2. Pieces come in volume order, each within one unit, with no gap: their lengths sum to `len`.
 //! 3. Each piece lies within [`Stripe::node_bytes`] of its node when the request lies within the volume.
+//! 4. A request's bytes on one node are one contiguous node range (node `j`'s units follow one another
+//!    in volume order), so [`Stripe::node_ranges`] gives at most one range per node: the merge of that
+//!    node's pieces. For commands without a payload (TRIM, WRITE_ZEROES) a request of any size is then one
+//!    node request per node, not one per unit.
 //!
 //! # Symbol map
 //! `U` -> `unit`, `w_j` -> `widths[j]`, `W` -> `round_units`, `c_j` -> `starts[j]`.
 //!
 //! # Deviations
-//! None from the node-protocol contract. Pieces are not merged across units even when consecutive units
-//! land on the same node (width > 1): a request is split at every unit boundary, so a piece is at most
-//! `U` bytes; merging would save node requests for wide stripes but is left out to keep the map simple.
+//! None from the node-protocol contract. [`Stripe::map`]'s pieces are not merged across units even when
+//! consecutive units land on the same node (width > 1): a READ or WRITE is split at every unit boundary,
+//! so a piece (and its payload copy) is at most `U` bytes. Payload-free commands use
+//! [`Stripe::node_ranges`] (invariant 4).
 
 /// A validated stripe layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +143,34 @@ impl Stripe {
         }
     }
 
+    /// Bytes of node `j` that lie in volume bytes `[0, x)`: the node offset where volume byte `x` (or the
+    /// first of node `j`'s bytes after it) would be.
+    fn node_prefix(&self, j: usize, x: u64) -> u64 {
+        let (u, within) = (x / self.unit, x % self.unit);
+        let (r, p) = (u / self.round_units, u % self.round_units);
+        let (start, w) = (self.starts[j], u64::from(self.widths[j]));
+        let in_round = if p < start {
+            0
+        } else if p < start + w {
+            (p - start) * self.unit + within
+        } else {
+            w * self.unit
+        };
+        r * w * self.unit + in_round
+    }
+
+    /// Each node's part of the request `[offset, offset + len)` as one contiguous node range (invariant
+    /// 4): `(node, node_offset, len)` for every node with a byte in it, in node order.
+    pub fn node_ranges(&self, offset: u64, len: u32) -> Vec<(usize, u64, u32)> {
+        let end = offset + u64::from(len);
+        (0..self.widths.len())
+            .filter_map(|j| {
+                let (a, b) = (self.node_prefix(j, offset), self.node_prefix(j, end));
+                (b > a).then(|| (j, a, (b - a) as u32))
+            })
+            .collect()
+    }
+
     /// The pieces of the request `[offset, offset + len)`, in volume order.
     pub fn map(&self, offset: u64, len: u32) -> Vec<Piece> {
         let mut v = Vec::new();
@@ -219,6 +252,36 @@ mod tests {
                 at += u64::from(p.len);
             }
             prop_assert_eq!(at, u64::from(len));
+        }
+
+        /// Invariant 4: `node_ranges` is, per node, the merge of `map`'s pieces, and those merge into one
+        /// contiguous range.
+        #[test]
+        fn node_ranges_merge_the_pieces(
+            unit in 1u64..300,
+            widths in proptest::collection::vec(0u32..4, 1..5),
+            offset in 0u64..50_000,
+            len in 0u32..20_000,
+        ) {
+            prop_assume!(widths.iter().any(|&w| w > 0));
+            let s = Stripe::new(unit, &widths).unwrap();
+            let mut merged: Vec<Option<(u64, u64)>> = vec![None; widths.len()];
+            for p in s.map(offset, len) {
+                let m = &mut merged[p.node];
+                match m {
+                    None => *m = Some((p.node_offset, p.node_offset + u64::from(p.len))),
+                    Some((_, end)) => {
+                        prop_assert_eq!(*end, p.node_offset, "a node's pieces are contiguous");
+                        *end += u64::from(p.len);
+                    }
+                }
+            }
+            let want: Vec<(usize, u64, u32)> = merged
+                .iter()
+                .enumerate()
+                .filter_map(|(j, m)| m.map(|(a, b)| (j, a, (b - a) as u32)))
+                .collect();
+            prop_assert_eq!(s.node_ranges(offset, len), want);
         }
 
         /// The whole volume maps onto the node pieces with nothing left over beyond the last round's

@@ -3,7 +3,8 @@
 //!
 //! # Model
 //! A volume ([`RemoteVolume`]) is striped over nodes by [`rein_model::stripe::Stripe`]. A front request
-//! (from [`crate::nbd`]) is cut into pieces at unit boundaries; each piece goes at once to a pooled
+//! (from [`crate::nbd`]) is cut into pieces at unit boundaries (TRIM and WRITE_ZEROES, which carry no
+//! payload, into one piece per node: a node's part of any range is contiguous); each piece goes at once to a pooled
 //! connection of its node (round robin over the node's `connections_per_node`); the request's result
 //! (`Gather`) is complete when every piece has been answered, and fails if any piece failed. A READ's
 //! pieces are copied into the one reply buffer (after the reply header's headroom); a WRITE's payload is
@@ -499,13 +500,15 @@ impl RemoteVolume {
                 let command = if matches!(op, Op::Trim { .. }) { Command::Trim } else { Command::WriteZeroes };
                 let kind = if command == Command::Trim { 3 } else { 4 };
                 let gather = Gather::new(Vec::new(), done, self.stat(kind, len.into()));
-                let pieces = self.stripe.map(offset, len);
-                gather.expect(pieces.len());
-                for piece in pieces {
-                    let fua = fua && self.takes_flush(piece.node);
-                    let msg = header(command, piece.node_offset, piece.len, fua);
-                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(piece.node, fua) };
-                    self.send(piece.node, msg, 0, sink).await;
+                // No payload: one node request per node, whatever the size (the stripe's invariant 4); a
+                // 512 MiB TRIM over 64 KiB units was 8,192 node requests.
+                let ranges = self.stripe.node_ranges(offset, len);
+                gather.expect(ranges.len());
+                for (node, node_offset, len) in ranges {
+                    let fua = fua && self.takes_flush(node);
+                    let msg = header(command, node_offset, len, fua);
+                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
+                    self.send(node, msg, 0, sink).await;
                 }
                 gather.release();
             }
