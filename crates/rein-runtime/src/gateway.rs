@@ -529,7 +529,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     let mut exports: Vec<GatewayVolume> = Vec::new();
     for e in &f.exports {
         if e.name.is_empty() || e.name.len() > 4096 {
-            return Err("an [[exports]] entry has an empty or too long name".into());
+            return Err("an [[exports]] entry has an empty name or one longer than 4096 bytes (NBD's limit)".into());
         }
         if exports.iter().any(|x| x.name == e.name) {
             return Err(format!("export name {:?} is repeated", e.name));
@@ -1020,6 +1020,8 @@ pub async fn run_with(
         }
     }
     let _ = stop_tx.send(true);
+    // Connections that ended since the last accept are still in the set: not counted as open.
+    while tasks.try_join_next().is_some() {}
     tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");
     drop(nbd);
     let drained =

@@ -842,10 +842,13 @@ impl Target {
 
     /// Connects and negotiates the export (plain NBD, simple replies), within `connect_timeout`.
     async fn connect(&self) -> Result<Session, ConnectError> {
+        // Set once TCP is up, so a timeout can say whether the node answered at all.
+        let connected = AtomicBool::new(false);
         let attempt = async {
             let stream = TcpStream::connect(self.node.address)
                 .await
                 .map_err(|e| ConnectError::Unreachable(format!("connect: {e}")))?;
+            connected.store(true, Ordering::Relaxed);
             stream.set_nodelay(true).map_err(|e| ConnectError::Io(e.to_string()))?;
             let mut stream = NbdStream::Plain(stream);
             let hello = match (&self.qos, self.node.protocol) {
@@ -933,10 +936,14 @@ impl Target {
         };
         match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
             Ok(r) => r,
-            Err(_) => Err(ConnectError::Unreachable(format!(
-                "no connection within connect_timeout_s ({} s)",
-                self.cfg.connect_timeout.as_secs_f64()
-            ))),
+            Err(_) => {
+                let s = self.cfg.connect_timeout.as_secs_f64();
+                Err(ConnectError::Unreachable(if connected.load(Ordering::Relaxed) {
+                    format!("the node took the TCP connection but did not finish the NBD handshake within connect_timeout_s ({s} s)")
+                } else {
+                    format!("no TCP connection within connect_timeout_s ({s} s)")
+                }))
+            }
         }
     }
 }

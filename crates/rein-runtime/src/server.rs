@@ -308,6 +308,8 @@ pub async fn run_with(
     }
     // Told first, logged after: a request a client sends once it sees the line is refused (ESHUTDOWN).
     let _ = stop_tx.send(true);
+    // Connections that ended since the last accept are still in the set: not counted as open.
+    while tasks.try_join_next().is_some() {}
     tracing::info!(
         connections = tasks.len(),
         deadline_s = cfg.shutdown_timeout.as_secs_f64(),

@@ -988,3 +988,17 @@ fn trim_and_write_zeroes_are_one_piece_per_node() {
     let (ok, out) = qemu_io_ok(&uri, &["read -P 0 0 1m"]);
     assert!(ok, "{out}");
 }
+
+/// A node that takes the TCP connection but never greets is told apart from one that cannot be reached:
+/// the gateway starts (its pieces fail with EIO until it answers) and the log says the handshake did not
+/// finish, not that there was no connection.
+#[test]
+fn a_node_that_never_greets_is_named_as_such() {
+    let tmp = tmpdir("gw-silent");
+    let silent = std::net::TcpListener::bind("127.0.0.197:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let gw = gateway(&gateway_config(tmp.path(), 198, &[("s1", addr)], "[[exports]]\nname = \"v\"\nsize_mb = 8\n"));
+    let line = gw.wait_line("node unreachable at start");
+    assert!(line.contains("did not finish the NBD handshake within connect_timeout_s (2 s)"), "{line}");
+    drop(silent);
+}
