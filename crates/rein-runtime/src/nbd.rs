@@ -30,7 +30,9 @@
 //!   past that it is charged to the budget in full before it grows, and released once consumed, or handed
 //!   (with its charge) to the WRITE whose payload it holds, which saves the copy.
 //! - Time: the handshake [`HANDSHAKE_TIMEOUT`]; in the transmission phase, with `idle_timeout` set, a
-//!   connection that has nothing in flight and receives nothing for that long is closed.
+//!   connection that has nothing in flight and receives nothing for that long is closed, and so is one
+//!   whose request payload is not complete that long after its header (a WRITE trickled a byte at a time
+//!   kept the connection busy and its buffer's charge on the tenant's budget indefinitely).
 //! - Shutdown: the connection answers what is in flight and goes on reading, answering every new
 //!   request with NBD_ESHUTDOWN without running it (the spec's SHOULD; rein-proto's
 //!   `ServerTransmission::shut_down`); it ends at the client's NBD_CMD_DISC (which the spec makes a client
@@ -292,6 +294,8 @@ enum End {
     Disconnect,
     /// No request in flight and no byte received for the idle timeout.
     Idle,
+    /// A request's payload still incomplete an idle timeout after its header.
+    SlowPayload,
     /// The server is shutting down.
     Shutdown,
 }
@@ -302,6 +306,7 @@ impl End {
             End::ClientClosed => "client closed the connection",
             End::Disconnect => "client disconnected (NBD_CMD_DISC)",
             End::Idle => "idle timeout",
+            End::SlowPayload => "a request's payload did not arrive within idle_timeout_s of its header",
             End::Shutdown => "server shutting down",
         }
     }
@@ -711,13 +716,22 @@ impl Connection<'_> {
                     // The state machine knows the shutdown once it was seen (no watch read per request).
                     let draining = self.machine.is_shut_down();
                     let idle = if draining { None } else { self.idle.as_mut().map(|idle| (idle, &*self.permits)) };
+                    // A payload must follow its header within the idle timeout: bytes trickled one at a
+                    // time would otherwise keep a connection "active" and hold the buffer's charge against
+                    // the tenant's budget for as long as the client likes.
+                    let payload_by = match &idle {
+                        Some((i, _)) if wanted > self.machine.config().request_head_len() => {
+                            Some(Instant::now() + i.after)
+                        }
+                        _ => None,
+                    };
                     let filled = if draining {
                         // Shutting down: what arrives is answered with ESHUTDOWN (the state machine
                         // rejects it); the connection ends once every reply is written and nothing more
                         // came for DRAIN_GRACE, at the client's DISC, or at the deadline.
                         let permits = &self.permits;
                         tokio::select! {
-                            r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
+                            r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_by) => r?,
                             _ = drained(permits) => return Ok(End::Shutdown),
                             _ = closing(close) => return Ok(End::Shutdown),
                         }
@@ -729,13 +743,14 @@ impl Connection<'_> {
                                 self.machine.shut_down();
                                 continue;
                             }
-                            r = self.input.fill_charged(rd, wanted, &self.budget, idle) => r?,
+                            r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_by) => r?,
                         }
                     };
                     match filled {
                         Filled::Yes => {}
                         Filled::Eof => return Ok(End::ClientClosed), // with or without NBD_CMD_DISC
                         Filled::Idle => return Ok(End::Idle),
+                        Filled::SlowPayload => return Ok(End::SlowPayload),
                     }
                 }
                 Event::Request { request, payload } => {
@@ -859,6 +874,8 @@ enum Filled {
     Eof,
     /// Nothing in flight and no byte received for the idle timeout.
     Idle,
+    /// The payload being received was not complete by its deadline.
+    SlowPayload,
 }
 
 /// Received bytes not yet consumed by a state machine: `buf[start..]`. A buffer whose capacity exceeds
@@ -915,13 +932,14 @@ impl Input {
     /// grows past [`INPUT_FREE_BYTES`] in full first, and waiting for that charge), then reads straight
     /// into the buffer's spare capacity, at most [`READ_AHEAD`] past `wanted`. With `idle` = (timeout,
     /// the connection's request slots): gives up when no byte came for the timeout while nothing was in
-    /// flight.
+    /// flight. With `payload_by`: gives up when the bytes wanted are not there by then.
     async fn fill_charged<R: AsyncRead + Unpin>(
         &mut self,
         rd: &mut R,
         wanted: usize,
         budget: &TenantBudget,
         mut idle: Option<(&mut Idle, &Semaphore)>,
+        payload_by: Option<Instant>,
     ) -> io::Result<Filled> {
         self.compact(wanted);
         let needed = self.start + wanted;
@@ -939,10 +957,20 @@ impl Input {
             let limit = missing.max(READ_AHEAD) as u64;
             let n = match &mut idle {
                 None => read_some(rd, &mut self.buf, limit).await?,
-                Some((idle, slots)) => match read_or_idle(rd, &mut self.buf, limit, idle, slots).await? {
-                    Some(n) => n,
-                    None => return Ok(Filled::Idle),
-                },
+                Some((idle, slots)) => {
+                    let read = read_or_idle(rd, &mut self.buf, limit, idle, slots);
+                    let read = match payload_by {
+                        None => read.await?,
+                        Some(by) => tokio::select! {
+                            r = read => r?,
+                            _ = tokio::time::sleep_until(by.into()) => return Ok(Filled::SlowPayload),
+                        },
+                    };
+                    match read {
+                        Some(n) => n,
+                        None => return Ok(Filled::Idle),
+                    }
+                }
             };
             if n == 0 {
                 return Ok(Filled::Eof);

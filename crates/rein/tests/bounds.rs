@@ -393,3 +393,28 @@ fn a_handshake_during_shutdown_gets_err_shutdown_then_its_abort_is_acknowledged(
     assert!(c.closed_by_server());
     s.terminate(Duration::from_secs(10));
 }
+
+/// A WRITE's payload trickled a byte at a time (the adversarial review held a tenant's byte budget this
+/// way for as long as it liked: the idle timeout never fired, bytes kept coming) is cut once its header
+/// is `idle_timeout_s` old, and says why in the log; a byte every 200 ms kept it open before.
+#[test]
+fn a_trickled_write_payload_is_cut_at_the_idle_timeout() {
+    let tmp = tmpdir("bounds-trickle");
+    let s = start(tmp.path(), 44, &slow("idle_timeout_s = 1", 1000));
+    let mut c = Raw::connect(s.nbd, "slow");
+    let peer = c.s.local_addr().unwrap().to_string();
+    c.s.write_all(&Raw::header(Command::Write, 1, 0, 64 << 10)).unwrap();
+    let t0 = Instant::now();
+    let mut closed = false;
+    while t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(200));
+        if c.s.write_all(&[0x7a]).is_err() {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed || c.closed_by_server(), "the connection was closed");
+    let line = s.wait_log(&["NBD connection closed", &peer], Duration::from_secs(5));
+    assert!(line.contains("payload did not arrive within idle_timeout_s"), "{line}");
+    assert!(t0.elapsed() >= Duration::from_millis(900), "not before the idle timeout");
+}
