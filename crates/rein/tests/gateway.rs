@@ -880,9 +880,9 @@ fn the_gateway_admin_endpoint_is_guarded_as_rein_serves() {
     assert!(err.contains("is not a loopback address and no admin_token_file is set"), "{err}");
 }
 
-/// The gateway's shutdown keeps its deadline when its nodes hold its pieces. Ten 8 MiB TRIMs to a tenant
-/// limited to 2 IOPS are 1,280 pieces at its one node: more than a node connection takes (1,024), so the
-/// front connection waits to hand over the rest, and the node answers 2 a second. With
+/// The gateway's shutdown keeps its deadline when its nodes hold its pieces. Ten 8 MiB READs to a tenant
+/// limited to 2 IOPS are 1,280 pieces (64 KiB units) at its one node: more than a node connection takes
+/// (1,024), so the front connection waits to hand over the rest, and the node answers 2 a second. With
 /// `shutdown_timeout_s = 1` the gateway exits within a few seconds of SIGTERM; it used to wait for the
 /// node's answers (minutes here).
 #[test]
@@ -902,15 +902,15 @@ fn the_gateways_shutdown_keeps_its_deadline_when_its_nodes_hold_its_pieces() {
     node.wait_line("storage-node session granted");
     let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
     let mut s = open.stream;
-    let trims: Vec<u8> = (0..10u64)
+    let reads: Vec<u8> = (0..10u64)
         .flat_map(|h| {
             let mut v = Vec::new();
-            RequestHeader { flags: 0, command: Command::Trim, handle: h, offset: (h % 4) * (8 << 20), length: 8 << 20 }
+            RequestHeader { flags: 0, command: Command::Read, handle: h, offset: (h % 4) * (8 << 20), length: 8 << 20 }
                 .encode(&mut v);
             v
         })
         .collect();
-    s.write_all(&trims).unwrap();
+    s.write_all(&reads).unwrap();
     eventually(Duration::from_secs(10), || completed(node.admin, "c2") >= 2);
     let took = gw.terminate(Duration::from_secs(20));
     assert!(took < Duration::from_secs(8), "the gateway exited {took:?} after SIGTERM (deadline 1 s)");
