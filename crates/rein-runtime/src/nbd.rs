@@ -1112,6 +1112,9 @@ async fn write_replies<W: AsyncWrite + Unpin>(
 
 /// Writes every reply of `batch` (at most [`WRITE_BATCH`]): [`crate::wire::write_all`].
 async fn write_batch<W: AsyncWrite + Unpin>(wr: &mut W, batch: &[Reply]) -> io::Result<()> {
+    if let [(one, _)] = batch {
+        return crate::wire::write_all(wr, &[one]).await;
+    }
     let mut parts: [&[u8]; WRITE_BATCH] = [&[]; WRITE_BATCH];
     for (part, (reply, _)) in parts.iter_mut().zip(batch) {
         *part = reply;

@@ -18,6 +18,10 @@ pub(crate) const COALESCE_BYTES: usize = 64 << 10;
 
 /// Writes every byte of `parts`, in order (see the module comment).
 pub(crate) async fn write_all<W: AsyncWrite + Unpin>(wr: &mut W, parts: &[&[u8]]) -> io::Result<()> {
+    if let [one] = parts {
+        // One message (a connection at iodepth 1): one plain write, no slice table.
+        return wr.write_all(one).await;
+    }
     if !wr.is_write_vectored() {
         return write_coalesced(wr, parts).await;
     }
