@@ -963,7 +963,7 @@ impl Input {
                         None => read.await?,
                         Some(by) => tokio::select! {
                             r = read => r?,
-                            _ = tokio::time::sleep_until(by.into()) => return Ok(Filled::SlowPayload),
+                            _ = tokio::time::sleep_until(by) => return Ok(Filled::SlowPayload),
                         },
                     };
                     match read {
