@@ -719,10 +719,8 @@ impl Connection<'_> {
                     // A payload must follow its header within the idle timeout: bytes trickled one at a
                     // time would otherwise keep a connection "active" and hold the buffer's charge against
                     // the tenant's budget for as long as the client likes.
-                    let payload_by = match &idle {
-                        Some((i, _)) if wanted > self.machine.config().request_head_len() => {
-                            Some(Instant::now() + i.after)
-                        }
+                    let payload_within = match &idle {
+                        Some((i, _)) if wanted > self.machine.config().request_head_len() => Some(i.after),
                         _ => None,
                     };
                     let filled = if draining {
@@ -731,7 +729,7 @@ impl Connection<'_> {
                         // came for DRAIN_GRACE, at the client's DISC, or at the deadline.
                         let permits = &self.permits;
                         tokio::select! {
-                            r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_by) => r?,
+                            r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_within) => r?,
                             _ = drained(permits) => return Ok(End::Shutdown),
                             _ = closing(close) => return Ok(End::Shutdown),
                         }
@@ -743,7 +741,7 @@ impl Connection<'_> {
                                 self.machine.shut_down();
                                 continue;
                             }
-                            r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_by) => r?,
+                            r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_within) => r?,
                         }
                     };
                     match filled {
@@ -932,14 +930,15 @@ impl Input {
     /// grows past [`INPUT_FREE_BYTES`] in full first, and waiting for that charge), then reads straight
     /// into the buffer's spare capacity, at most [`READ_AHEAD`] past `wanted`. With `idle` = (timeout,
     /// the connection's request slots): gives up when no byte came for the timeout while nothing was in
-    /// flight. With `payload_by`: gives up when the bytes wanted are not there by then.
+    /// flight. With `payload_within`: gives up when the bytes wanted are not there that long after the
+    /// buffer's charge was granted (a wait for the budget is the server's, not the client's).
     async fn fill_charged<R: AsyncRead + Unpin>(
         &mut self,
         rd: &mut R,
         wanted: usize,
         budget: &TenantBudget,
         mut idle: Option<(&mut Idle, &Semaphore)>,
-        payload_by: Option<Instant>,
+        payload_within: Option<Duration>,
     ) -> io::Result<Filled> {
         self.compact(wanted);
         let needed = self.start + wanted;
@@ -952,6 +951,7 @@ impl Input {
             }
             self.buf.reserve_exact(target - self.buf.len());
         }
+        let payload_by = payload_within.map(|d| Instant::now() + d);
         while self.buf.len() - self.start < wanted {
             let missing = wanted - (self.buf.len() - self.start);
             let limit = missing.max(READ_AHEAD) as u64;
