@@ -418,3 +418,30 @@ fn a_trickled_write_payload_is_cut_at_the_idle_timeout() {
     assert!(line.contains("payload did not arrive within idle_timeout_s"), "{line}");
     assert!(t0.elapsed() >= Duration::from_millis(900), "not before the idle timeout");
 }
+
+/// The payload deadline runs from when the server can take the payload: a WRITE that waits for its
+/// tenant's byte budget (held by an earlier WRITE queued behind a 0.5 IOPS limit, about 2 s) longer than
+/// `idle_timeout_s` (1 s) is not cut when its bytes then arrive at once. A deadline from the header cut it.
+#[test]
+fn a_write_waiting_for_the_budget_is_not_cut_by_the_payload_deadline() {
+    let tmp = tmpdir("bounds-budget-wait");
+    let config = "idle_timeout_s = 1\nmax_inflight_mb_per_tenant = 1\n[mclock]\nlimit_burst_ios = 0\n\
+                  [[exports]]\nname = \"slow\"\nsize_mb = 4\n[[tenants]]\nname = \"slow\"\nlimit = 0.5\n";
+    let s = start(tmp.path(), 45, config);
+    let mut c = Raw::connect(s.nbd, "slow");
+    // A (512 KiB) runs at once, B (512 KiB) waits about 2 s for the limit holding its charge, C (768 KiB)
+    // waits for B's charge: 512 + 768 KiB is more than the 1 MiB budget.
+    let mut all = Vec::new();
+    for (h, len) in [(1u64, 512u32 << 10), (2, 512 << 10), (3, 768 << 10)] {
+        all.extend(Raw::header(Command::Write, h, (h - 1) << 20, len));
+        all.extend(vec![h as u8; len as usize]);
+    }
+    let mut sock = c.s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || sock.write_all(&all).is_ok());
+    let mut got: Vec<(u64, u32)> = (0..3).map(|_| c.reply(0)).map(|(h, e, _)| (h, e)).collect();
+    got.sort();
+    assert_eq!(got, [(1, 0), (2, 0), (3, 0)], "all three written");
+    assert!(sender.join().unwrap(), "the server read every byte");
+    let cut = s.log.lock().unwrap().iter().any(|l| l.contains("payload did not arrive"));
+    assert!(!cut, "no connection was cut for a slow payload");
+}
