@@ -474,7 +474,7 @@ pub async fn serve_client(
             let (rd, wr) = tokio::io::split(*stream);
             // OpenSSL writes one slice per call, so a reply's header would be a TLS record of its own:
             // a buffer gathers a batch's small replies into full records (large ones pass straight through).
-            let wr = tokio::io::BufWriter::with_capacity(WRITE_BATCH_BYTES, wr);
+            let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
             transmission(rd, wr, conn, machine, input, &mut shutdown).await
         }
     }

@@ -89,7 +89,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -1093,6 +1093,8 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         }
         NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
+            // A batch's small messages into full TLS records (the module `wire`), as the server's side.
+            let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
             run_session_on(target, rd, wr, input, qos, rx).await
         }
     }
@@ -1318,14 +1320,14 @@ async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     } else {
         batch.iter().flat_map(|m| [&m[..p::REQUEST_LEN], &m[MSG_HEAD..]]).collect()
     };
-    crate::wire::write_all(wr, &parts).await
+    crate::wire::write_all(wr, &parts).await?;
+    wr.flush().await // a TLS link's BufWriter; nothing on a socket
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dispatch::IoResult;
-    use tokio::io::AsyncWriteExt;
 
     /// A request's result comes once every piece is in, with the first error if any (invariant 1).
     #[test]

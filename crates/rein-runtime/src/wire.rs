@@ -1,29 +1,26 @@
 //! Writing a batch of NBD messages to a connection, for the server's reply writer ([`crate::nbd`]) and
 //! the gateway's node links ([`crate::remote`]).
 //!
-//! A plain socket takes the batch in vectored writes (one `writev` for up to [`MAX_SLICES`] messages),
-//! resuming after a short write. A writer that takes one buffer at a time (TLS: each write is a record
-//! and a `write` of its own) gets the messages coalesced into buffers of up to [`COALESCE_BYTES`], so a
-//! batch of small replies goes out in a few records and writes instead of one per message; a message as
-//! large as that is written on its own, uncopied, so the copy never holds more than [`COALESCE_BYTES`].
+//! The batch goes out in vectored writes (one `writev` for up to [`MAX_SLICES`] messages), resuming after
+//! a short write; a single message in one plain write. A TLS stream takes one buffer per write (each a
+//! record and a `write` of its own), so its owner wraps it in a `tokio::io::BufWriter`, which is vectored:
+//! it gathers a batch's small messages into full records, passes large ones through, and is flushed after
+//! each batch (the server's connections and the gateway's node links alike).
 
 use std::io::{self, IoSlice};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+/// Capacity of the `BufWriter` a TLS stream is wrapped in (module comment): about a write batch's bytes.
+pub(crate) const TLS_BUFFER_BYTES: usize = 256 * 1024;
+
 /// Most messages in one vectored write.
 pub(crate) const MAX_SLICES: usize = 128;
-
-/// Largest buffer small messages are coalesced into for a writer without vectored writes.
-pub(crate) const COALESCE_BYTES: usize = 64 << 10;
 
 /// Writes every byte of `parts`, in order (see the module comment).
 pub(crate) async fn write_all<W: AsyncWrite + Unpin>(wr: &mut W, parts: &[&[u8]]) -> io::Result<()> {
     if let [one] = parts {
         // One message (a connection at iodepth 1): one plain write, no slice table.
         return wr.write_all(one).await;
-    }
-    if !wr.is_write_vectored() {
-        return write_coalesced(wr, parts).await;
     }
     // The first byte not yet written: `parts[i][at]`.
     let (mut i, mut at) = (0, 0);
@@ -55,33 +52,14 @@ pub(crate) async fn write_all<W: AsyncWrite + Unpin>(wr: &mut W, parts: &[&[u8]]
     }
 }
 
-async fn write_coalesced<W: AsyncWrite + Unpin>(wr: &mut W, parts: &[&[u8]]) -> io::Result<()> {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut buf: Vec<u8> = Vec::with_capacity(total.min(COALESCE_BYTES));
-    for part in parts {
-        if buf.len() + part.len() > COALESCE_BYTES && !buf.is_empty() {
-            wr.write_all(&buf).await?;
-            buf.clear();
-        }
-        if part.len() >= COALESCE_BYTES {
-            wr.write_all(part).await?;
-        } else {
-            buf.extend_from_slice(part);
-        }
-    }
-    if !buf.is_empty() {
-        wr.write_all(&buf).await?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
-    /// A writer that takes at most `max` bytes a call, vectored or not, and records each call's size.
+    /// A writer that takes at most `max` bytes a call and records each call's size; not `vectored`, it
+    /// writes the first non-empty slice of a vectored call only (as TLS does).
     struct Trickle {
         out: Vec<u8>,
         calls: Vec<usize>,
@@ -98,9 +76,13 @@ mod tests {
         }
         fn poll_write_vectored(
             mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
+            cx: &mut Context<'_>,
             bufs: &[IoSlice<'_>],
         ) -> Poll<io::Result<usize>> {
+            if !self.vectored {
+                let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]);
+                return self.poll_write(cx, first);
+            }
             let mut n = 0;
             for b in bufs {
                 let take = b.len().min(self.max - n);
@@ -146,18 +128,27 @@ mod tests {
         assert!(run(&[&[], &[]], 5, true).calls.is_empty(), "nothing to write: no write");
     }
 
-    /// Without vectored writes, small messages go out together, at most COALESCE_BYTES a write, and a
-    /// large one on its own.
+    /// The TLS paths' contract (module comment): a writer without vectored writes, wrapped in a
+    /// `BufWriter` as their owners wrap TLS and flushed after the batch, gets the small messages
+    /// together, at most the buffer a write, and a large one on its own.
     #[test]
-    fn a_writer_without_vectored_writes_gets_few_large_writes() {
+    fn a_buffered_writer_without_vectored_writes_gets_few_large_writes() {
+        const BUF: usize = 64 << 10;
         let small = vec![1u8; 4112];
-        let big = vec![2u8; COALESCE_BYTES + 1];
+        let big = vec![2u8; BUF + 1];
         let mut parts: Vec<&[u8]> = vec![&small; 40];
         parts.insert(20, &big);
-        let w = run(&parts, usize::MAX, false);
+        let inner = Trickle { out: Vec::new(), calls: Vec::new(), max: usize::MAX, vectored: false };
+        let mut wr = tokio::io::BufWriter::with_capacity(BUF, inner);
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(async {
+            write_all(&mut wr, &parts).await.unwrap();
+            wr.flush().await.unwrap();
+        });
+        let w = wr.into_inner();
         assert_eq!(w.out, parts.concat());
         // 20 small (82,240 bytes: 15 fit in 64 KiB, then 5), the big one, 20 small again.
         let c = 15 * 4112;
-        assert_eq!(w.calls, [c, 5 * 4112, COALESCE_BYTES + 1, c, 5 * 4112]);
+        assert_eq!(w.calls, [c, 5 * 4112, BUF + 1, c, 5 * 4112]);
     }
 }
