@@ -1028,14 +1028,10 @@ pub async fn run_with(
         tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(connections = tasks.len(), "shutdown deadline passed: closing connections");
-        ctx.limits.close.send_replace(true);
-        // Connections stop waiting at the close and give their writers CLOSE_GRACE; one still waiting to
-        // hand a piece to a node whose pieces are held (a limited tenant's queue) is cut after that.
-        let grace = crate::nbd::CLOSE_GRACE + Duration::from_secs(1);
-        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
-            tracing::warn!(connections = tasks.len(), "connections still waiting for their nodes: cut");
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
+        // One still waiting to hand a piece to a node that holds its pieces (a limited tenant's queue).
+        let cut = crate::nbd::close_connections(&mut tasks, &ctx.limits).await;
+        if cut > 0 {
+            tracing::warn!(connections = cut, "connections still waiting for their nodes: cut");
         }
     }
     // Every node session ends with NBD_CMD_DISC, as the spec asks of a client (bounded: a node that is

@@ -560,6 +560,22 @@ where
     result.map(|_| ())
 }
 
+/// The daemons' shutdown deadline (rein serve's and rein gateway's): tells every connection to close
+/// ([`Limits::close`]: it stops waiting for the budget and gives its writer [`CLOSE_GRACE`]) and waits for
+/// them; one still running a second after that is waiting on its backend (a gateway's node link full of
+/// pieces a node holds back) and is cut. Returns how many were cut.
+pub async fn close_connections(tasks: &mut tokio::task::JoinSet<()>, limits: &Limits) -> usize {
+    limits.close.send_replace(true);
+    let grace = CLOSE_GRACE + Duration::from_secs(1);
+    if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await.is_ok() {
+        return 0;
+    }
+    let cut = tasks.len();
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    cut
+}
+
 /// Resolves once `close` is true (or its sender is gone).
 async fn closing(close: &mut watch::Receiver<bool>) {
     let _ = close.wait_for(|c| *c).await;

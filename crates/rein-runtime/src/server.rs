@@ -325,8 +325,10 @@ pub async fn run_with(
             failed_requests = failed,
             "shutdown deadline passed: queued requests answered with ESHUTDOWN, closing connections"
         );
-        ctx.limits.close.send_replace(true);
-        while tasks.join_next().await.is_some() {}
+        let cut = crate::nbd::close_connections(&mut tasks, &ctx.limits).await;
+        if cut > 0 {
+            tracing::warn!(connections = cut, "connections still running after the close: cut");
+        }
     }
     // The admin endpoint closed its listener at once; its open connections get a moment, not more.
     let admin_abort = admin_task.abort_handle();
