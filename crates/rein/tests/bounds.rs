@@ -7,8 +7,8 @@
 
 mod common;
 
-use common::{config_file, tmpdir, Rein, Server};
-use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
+use common::{config_file, tmpdir, Raw, Rein, Server};
+use rein_proto::nbd::{self as p, Command};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::Path;
@@ -26,60 +26,6 @@ fn mem(s: &Server, field: &str) -> u64 {
 /// Starts `rein serve` with `config` (listen/admin/data_dir filled in) on 127.0.0.`host`.
 fn start(dir: &Path, host: u8, config: &str) -> Server {
     Rein::serve(&config_file(dir, host, config)).start()
-}
-
-/// A raw NBD peer (simple replies): sends what it likes, reads replies when it likes.
-struct Raw {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    fn connect(addr: SocketAddr, export: &str) -> Raw {
-        let open = common::nbd_open(addr, export, false, Duration::from_secs(20)).unwrap();
-        Raw { s: open.stream, buf: open.buf }
-    }
-
-    fn header(command: Command, handle: u64, offset: u64, length: u32) -> Vec<u8> {
-        let mut out = Vec::new();
-        RequestHeader { flags: 0, command, handle, offset, length }.encode(&mut out);
-        out
-    }
-
-    fn send(&mut self, command: Command, handle: u64, offset: u64, length: u32, payload: &[u8]) {
-        let mut out = Self::header(command, handle, offset, length);
-        out.extend_from_slice(payload);
-        self.s.write_all(&out).unwrap();
-    }
-
-    /// Reads until `n` bytes are buffered; false if the server closed first.
-    fn fill(&mut self, n: usize) -> bool {
-        while self.buf.len() < n {
-            let mut chunk = vec![0u8; 1 << 16];
-            let k = self.s.read(&mut chunk).expect("read reply");
-            if k == 0 {
-                return false;
-            }
-            self.buf.extend_from_slice(&chunk[..k]);
-        }
-        true
-    }
-
-    /// One simple reply: (handle, error, data); `read_len` bytes of data follow a successful READ.
-    fn reply(&mut self, read_len: usize) -> (u64, u32, Vec<u8>) {
-        assert!(self.fill(16), "server closed the connection");
-        let (h, n) = ReplyHeader::decode(&self.buf).unwrap().unwrap();
-        self.buf.drain(..n);
-        let ReplyHeader::Simple { error, handle } = h else { panic!("simple replies only") };
-        let len = if error == 0 { read_len } else { 0 };
-        assert!(self.fill(len), "server closed mid-reply");
-        (handle, error, self.buf.drain(..len).collect())
-    }
-
-    /// Whether the server closes the connection (EOF) with nothing more to read, within the read timeout.
-    fn closed_by_server(&mut self) -> bool {
-        self.buf.is_empty() && !self.fill(1)
-    }
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{random_file, run_ok, tmpdir, tool, write_file, Rein, Server};
+use common::{random_file, run_ok, tmpdir, tool, write_file, Raw, Rein, Server};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command as Cmd;
@@ -484,6 +484,23 @@ fn storage_node_with(dir: &Path, host: u8, top: &str, node_keys: &str, tables: &
     Rein::serve(&write_file(&d, "rein.toml", &text)).start()
 }
 
+/// A storage node's `[mclock]` table that holds limits strictly (no burst), for tests that count on a
+/// tenant's pace.
+const STRICT_LIMITS: &str = "[mclock]\nlimit_burst_ios = 0\n";
+
+/// A gateway config on 127.0.0.`host` over the one storage node `node` (storage-node protocol, one
+/// connection), with the top-level keys `top` (the timeouts), tenant c2 limited to `limit` IOPS, and
+/// volume v of `size_mb` MiB for it.
+fn limited_gateway_config(dir: &Path, host: u8, top: &str, node: &Server, limit: u32, size_mb: u32) -> PathBuf {
+    let text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n{top}connections_per_node = 1\n[[nodes]]\n\
+         name = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n[[tenants]]\nname = \"c2\"\nlimit = {limit}\n\
+         [[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = {size_mb}\n",
+        node.nbd
+    );
+    write_file(dir, "gw.toml", &text)
+}
+
 #[test]
 fn storage_node_sessions_schedule_the_gateways_tenant_at_each_node() {
     let dir = tmpdir("gw-rein");
@@ -726,61 +743,33 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
 /// timing out or closing on the gateway.
 #[test]
 fn a_node_shutting_down_gets_the_gateways_soft_disconnect() {
-    use rein_proto::nbd::{Command, ReplyHeader, RequestHeader};
-    use std::io::{Read, Write};
+    use rein_proto::nbd::Command;
+    use std::io::Write;
     let tmp = tmpdir("gw-eshutdown");
     let dir = tmp.path();
-    let mut node = storage_node_with(dir, 141, "shutdown_timeout_s = 20\n", "", "[mclock]\nlimit_burst_ios = 0\n");
-    let body = format!(
-        "connections_per_node = 1\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n\
-         [[tenants]]\nname = \"c2\"\nlimit = 2\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 8\n",
-        node.nbd
-    );
-    let mut text = format!("listen = \"127.0.0.142:0\"\nadmin = \"127.0.0.142:0\"\n{TIMES}");
-    text = text.replace("request_timeout_s = 2", "request_timeout_s = 20");
-    text.push_str(&body);
-    let gw = gateway(&write_file(dir, "gw.toml", &text));
+    let mut node = storage_node_with(dir, 141, "shutdown_timeout_s = 20\n", "", STRICT_LIMITS);
+    let times = TIMES.replace("request_timeout_s = 2", "request_timeout_s = 20");
+    let gw = gateway(&limited_gateway_config(dir, 142, &times, &node, 2, 8));
     node.wait_line("storage-node session granted");
-    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
-    let (mut s, mut buf) = (open.stream, open.buf);
-    let mut w = s.try_clone().unwrap();
-    let header = |command: Command, handle: u64| {
-        let mut v = Vec::new();
-        RequestHeader { flags: 0, command, handle, offset: 0, length: if command == Command::Read { 4096 } else { 0 } }
-            .encode(&mut v);
-        v
-    };
-    // (handle, error) of the next simple reply; a READ's 4 KiB follow a success.
-    let mut reply = || loop {
-        if let Some((ReplyHeader::Simple { error, handle }, n)) = ReplyHeader::decode(&buf).unwrap() {
-            let len = if error == 0 { 4096 } else { 0 };
-            if buf.len() >= n + len {
-                buf.drain(..n + len);
-                return (handle, error);
-            }
-        }
-        let mut chunk = [0u8; 65536];
-        let k = s.read(&mut chunk).unwrap();
-        assert!(k > 0, "the gateway closed the connection");
-        buf.extend_from_slice(&chunk[..k]);
-    };
+    let mut c = Raw::connect(gw.nbd, "v");
     // Three READs at 2 IOPS: one at once, two queued at the node (about 0.5 s and 1 s).
-    let three: Vec<u8> = (0..3u64).flat_map(|h| header(Command::Read, h)).collect();
-    w.write_all(&three).unwrap();
-    assert_eq!(reply(), (0, 0));
+    let three: Vec<u8> = (0..3u64).flat_map(|h| Raw::header(Command::Read, h, 0, 4096)).collect();
+    c.s.write_all(&three).unwrap();
+    let (h, e, _) = c.reply(4096);
+    assert_eq!((h, e), (0, 0));
     node.signal("-TERM");
     node.wait_log(&["shutting down"], Duration::from_secs(5));
-    w.write_all(&header(Command::Read, 10)).unwrap();
+    c.send(Command::Read, 10, 0, 4096, &[]);
     let mut got = std::collections::BTreeMap::new();
     for _ in 0..3 {
-        let (h, e) = reply();
+        let (h, e, _) = c.reply(4096);
         got.insert(h, e);
     }
     let eio = 5;
     assert_eq!(got, [(1, 0), (2, 0), (10, eio)].into(), "queued pieces answered, the late one failed");
     node.wait_log(&["NBD connection closed", "(NBD_CMD_DISC)"], Duration::from_secs(10));
     gw.wait_log(&["node connection lost", "the node is shutting down (NBD_ESHUTDOWN)"], Duration::from_secs(10));
-    let _ = w.write_all(&header(Command::Disc, 11));
+    let _ = c.s.write_all(&Raw::header(Command::Disc, 11, 0, 0));
     node.terminate(Duration::from_secs(20));
 }
 
@@ -790,50 +779,24 @@ fn a_node_shutting_down_gets_the_gateways_soft_disconnect() {
 /// per piece (the old rule) the pieces queued behind the limit failed with EIO after 1 s.
 #[test]
 fn a_limited_tenants_deep_queue_is_throttled_not_failed() {
-    use rein_proto::nbd::{Command, ReplyHeader, RequestHeader};
-    use std::io::{Read, Write};
+    use rein_proto::nbd::Command;
+    use std::io::Write;
     let tmp = tmpdir("gw-throttled");
     let dir = tmp.path();
-    let node = storage_node_with(dir, 151, "", "", "[mclock]\nlimit_burst_ios = 0\n");
-    let text = format!(
-        "listen = \"127.0.0.152:0\"\nadmin = \"127.0.0.152:0\"\n{}connections_per_node = 1\n[[nodes]]\nname = \"s1\"\n\
-         address = \"{}\"\nprotocol = \"rein\"\n[[tenants]]\nname = \"c2\"\nlimit = 4\n[[exports]]\nname = \"v\"\n\
-         tenant = \"c2\"\nsize_mb = 8\n",
-        TIMES.replace("request_timeout_s = 2", "request_timeout_s = 1"),
-        node.nbd
-    );
-    let gw = gateway(&write_file(dir, "gw.toml", &text));
+    let node = storage_node_with(dir, 151, "", "", STRICT_LIMITS);
+    let times = TIMES.replace("request_timeout_s = 2", "request_timeout_s = 1");
+    let gw = gateway(&limited_gateway_config(dir, 152, &times, &node, 4, 8));
     node.wait_line("storage-node session granted");
-    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
-    let (mut s, mut buf) = (open.stream, open.buf);
-    let reads: Vec<u8> = (0..12u64)
-        .flat_map(|h| {
-            let mut v = Vec::new();
-            RequestHeader { flags: 0, command: Command::Read, handle: h, offset: h * 4096, length: 4096 }
-                .encode(&mut v);
-            v
-        })
-        .collect();
+    let mut c = Raw::connect(gw.nbd, "v");
+    let reads: Vec<u8> = (0..12u64).flat_map(|h| Raw::header(Command::Read, h, h * 4096, 4096)).collect();
     let start = std::time::Instant::now();
-    s.write_all(&reads).unwrap();
+    c.s.write_all(&reads).unwrap();
     let mut errors = Vec::new();
-    let mut answered = 0;
-    while answered < 12 {
-        if let Some((ReplyHeader::Simple { error, handle }, n)) = ReplyHeader::decode(&buf).unwrap() {
-            let len = if error == 0 { 4096 } else { 0 };
-            if buf.len() >= n + len {
-                buf.drain(..n + len);
-                answered += 1;
-                if error != 0 {
-                    errors.push((handle, error));
-                }
-                continue;
-            }
+    for _ in 0..12 {
+        let (handle, error, _) = c.reply(4096);
+        if error != 0 {
+            errors.push((handle, error));
         }
-        let mut chunk = [0u8; 65536];
-        let k = s.read(&mut chunk).unwrap();
-        assert!(k > 0, "the gateway closed the connection");
-        buf.extend_from_slice(&chunk[..k]);
     }
     let took = start.elapsed();
     assert!(errors.is_empty(), "every READ succeeds at the limited pace: failed {errors:?} after {took:?}");
@@ -887,30 +850,17 @@ fn the_gateway_admin_endpoint_is_guarded_as_rein_serves() {
 /// node's answers (minutes here).
 #[test]
 fn the_gateways_shutdown_keeps_its_deadline_when_its_nodes_hold_its_pieces() {
-    use rein_proto::nbd::{Command, RequestHeader};
+    use rein_proto::nbd::Command;
     use std::io::Write;
     let tmp = tmpdir("gw-deadline");
     let dir = tmp.path();
-    let node = storage_node_with(dir, 171, "", "", "[mclock]\nlimit_burst_ios = 0\n");
-    let text = format!(
-        "listen = \"127.0.0.172:0\"\nadmin = \"127.0.0.172:0\"\n{TIMES}shutdown_timeout_s = 1\nconnections_per_node = 1\n\
-         [[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n[[tenants]]\nname = \"c2\"\nlimit = 2\n\
-         [[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 32\n",
-        node.nbd
-    );
-    let mut gw = gateway(&write_file(dir, "gw.toml", &text));
+    let node = storage_node_with(dir, 171, "", "", STRICT_LIMITS);
+    let times = format!("{TIMES}shutdown_timeout_s = 1\n");
+    let mut gw = gateway(&limited_gateway_config(dir, 172, &times, &node, 2, 32));
     node.wait_line("storage-node session granted");
-    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
-    let mut s = open.stream;
-    let reads: Vec<u8> = (0..10u64)
-        .flat_map(|h| {
-            let mut v = Vec::new();
-            RequestHeader { flags: 0, command: Command::Read, handle: h, offset: (h % 4) * (8 << 20), length: 8 << 20 }
-                .encode(&mut v);
-            v
-        })
-        .collect();
-    s.write_all(&reads).unwrap();
+    let mut c = Raw::connect(gw.nbd, "v");
+    let reads: Vec<u8> = (0..10u64).flat_map(|h| Raw::header(Command::Read, h, (h % 4) * (8 << 20), 8 << 20)).collect();
+    c.s.write_all(&reads).unwrap();
     eventually(Duration::from_secs(10), || completed(node.admin, "c2") >= 2);
     let took = gw.terminate(Duration::from_secs(20));
     assert!(took < Duration::from_secs(8), "the gateway exited {took:?} after SIGTERM (deadline 1 s)");

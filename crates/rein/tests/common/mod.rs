@@ -6,7 +6,7 @@
 
 pub(crate) mod tls;
 
-use rein_proto::nbd::{ClientHandshake, ClientProgress};
+use rein_proto::nbd::{ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -358,5 +358,60 @@ pub(crate) fn nbd_open_with(addr: SocketAddr, mut hs: ClientHandshake, timeout: 
             ClientProgress::NodeRefused(reply, message) => node_refused = Some((reply, message)),
             ClientProgress::StartTls => return Err("STARTTLS: this test client speaks no TLS".into()),
         }
+    }
+}
+
+/// A raw NBD peer (simple replies): sends what it likes, reads replies when it likes (reads time out
+/// after 20 s).
+pub(crate) struct Raw {
+    pub(crate) s: TcpStream,
+    pub(crate) buf: Vec<u8>,
+}
+
+impl Raw {
+    pub(crate) fn connect(addr: SocketAddr, export: &str) -> Raw {
+        let open = nbd_open(addr, export, false, Duration::from_secs(20)).unwrap();
+        Raw { s: open.stream, buf: open.buf }
+    }
+
+    pub(crate) fn header(command: Command, handle: u64, offset: u64, length: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        RequestHeader { flags: 0, command, handle, offset, length }.encode(&mut out);
+        out
+    }
+
+    pub(crate) fn send(&mut self, command: Command, handle: u64, offset: u64, length: u32, payload: &[u8]) {
+        let mut out = Self::header(command, handle, offset, length);
+        out.extend_from_slice(payload);
+        self.s.write_all(&out).unwrap();
+    }
+
+    /// Reads until `n` bytes are buffered; false if the server closed first.
+    pub(crate) fn fill(&mut self, n: usize) -> bool {
+        while self.buf.len() < n {
+            let mut chunk = vec![0u8; 1 << 16];
+            let k = self.s.read(&mut chunk).expect("read reply");
+            if k == 0 {
+                return false;
+            }
+            self.buf.extend_from_slice(&chunk[..k]);
+        }
+        true
+    }
+
+    /// One simple reply: (handle, error, data); `read_len` bytes of data follow a successful READ.
+    pub(crate) fn reply(&mut self, read_len: usize) -> (u64, u32, Vec<u8>) {
+        assert!(self.fill(16), "server closed the connection");
+        let (h, n) = ReplyHeader::decode(&self.buf).unwrap().unwrap();
+        self.buf.drain(..n);
+        let ReplyHeader::Simple { error, handle } = h else { panic!("simple replies only") };
+        let len = if error == 0 { read_len } else { 0 };
+        assert!(self.fill(len), "server closed mid-reply");
+        (handle, error, self.buf.drain(..len).collect())
+    }
+
+    /// Whether the server closes the connection (EOF) with nothing more to read, within the read timeout.
+    pub(crate) fn closed_by_server(&mut self) -> bool {
+        self.buf.is_empty() && !self.fill(1)
     }
 }
