@@ -971,6 +971,9 @@ async fn run_link(
     // Failed reconnects: the last reason logged, when, and the attempts since (a node that keeps failing
     // is named again when its reason changes, or every RECONNECT_LOG_INTERVAL).
     let mut failing: Option<(String, Instant, u64)> = None;
+    // The gateway's shutdown ends a link between sessions at once (a node that is down has nothing to
+    // disconnect from), not after the close's wait for it.
+    let mut closing = target.closing.clone();
     loop {
         if let Some(s) = session.take() {
             s.publish(&state);
@@ -985,7 +988,11 @@ async fn run_link(
                 SessionEnd::Closed => return,
                 SessionEnd::Recycle => {
                     // At once, with the new spec; pieces meanwhile wait in the channel.
-                    match target.connect().await {
+                    let attempt = tokio::select! {
+                        r = target.connect() => r,
+                        _ = closing.wait_for(|c| *c) => return,
+                    };
+                    match attempt {
                         Ok(s) => {
                             tracing::info!(node = name, volume = %target.volume, "node session renewed with the tenant's new spec");
                             session = Some(s);
@@ -1009,6 +1016,7 @@ async fn run_link(
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(until) => break,
+                _ = closing.wait_for(|c| *c) => return,
                 w = rx.recv() => match w {
                     None => return,
                     Some(w) => target.fail(w.sink, ErrorKind::Io, "node is not connected".into()),
@@ -1022,6 +1030,7 @@ async fn run_link(
         let attempt = loop {
             tokio::select! {
                 r = &mut attempt => break r,
+                _ = closing.wait_for(|c| *c) => return,
                 w = rx.recv() => match w {
                     None => return,
                     Some(w) => target.fail(w.sink, ErrorKind::Io, "node is not connected".into()),

@@ -40,16 +40,21 @@ const PARENT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// With [`EXIT_WITH_PARENT_ENV`] set (to anything), resolves once the process that started this one has
 /// exited (this process is re-parented: its parent pid changes), within 200 ms; without it, never.
-pub async fn parent_gone() {
-    if std::env::var_os(EXIT_WITH_PARENT_ENV).is_none() {
-        return std::future::pending().await;
-    }
+pub fn parent_gone() -> impl std::future::Future<Output = ()> + Send + 'static {
+    // The parent is read now, not at the first poll: a parent that died in between would otherwise be
+    // taken for the process that adopted this one, and never be seen to go.
+    let watch = std::env::var_os(EXIT_WITH_PARENT_ENV).is_some();
     let parent = std::os::unix::process::parent_id();
-    loop {
-        tokio::time::sleep(PARENT_POLL).await;
-        if std::os::unix::process::parent_id() != parent {
-            tracing::warn!(parent, "the process that started this one is gone: stopping");
-            return;
+    async move {
+        if !watch {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(PARENT_POLL).await;
+            if std::os::unix::process::parent_id() != parent {
+                tracing::warn!(parent, "the process that started this one is gone: stopping");
+                return;
+            }
         }
     }
 }

@@ -34,11 +34,10 @@ pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     }
     let rt = rt.enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
+        let shutdown = crate::serve::stop_signals()?;
         let requests = crate::serve::hangups()?;
         let load = move || load(&args).map_err(|e| crate::report(&e));
         let reload = rein_runtime::gateway::GatewayReload { requests, load: Box::new(load) };
-        rein_runtime::gateway::run_with(cfg, crate::serve::interrupted(), None, Some(reload))
-            .await
-            .map_err(anyhow::Error::from)
+        rein_runtime::gateway::run_with(cfg, shutdown, None, Some(reload)).await.map_err(anyhow::Error::from)
     })
 }

@@ -54,15 +54,25 @@ pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     Ok(cfg)
 }
 
-/// Resolves at the first Ctrl-C (SIGINT) or SIGTERM, or when a supervisor that asked for it is gone
-/// (`rein_runtime::server::parent_gone`): when a daemon (`rein serve`, `rein gateway`) stops.
-pub(crate) async fn interrupted() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
-        _ = rein_runtime::server::parent_gone() => {},
-    }
+/// Registers the stop signals now and returns what resolves at the first SIGINT (Ctrl-C) or SIGTERM, or
+/// when a supervisor that asked for it is gone (`rein_runtime::server::parent_gone`): when a daemon
+/// (`rein serve`, `rein gateway`) stops. Called before the daemon says it is listening, so that a signal
+/// any time after that line is a graceful stop; a handler registered at the first poll of a lazy future
+/// (as before) left a window after the line in which SIGTERM still had its default action, death without
+/// the shutdown (most of the time when sent at once: `a_sigterm_right_after_listening_is_a_graceful_stop`).
+/// Must be called inside the runtime.
+pub(crate) fn stop_signals() -> Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let parent = rein_runtime::server::parent_gone();
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+            _ = parent => {},
+        }
+    })
 }
 
 /// One message per SIGHUP (a reload request), for both daemons; a reload already waiting covers a signal
@@ -84,7 +94,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
-        let shutdown = interrupted();
+        let shutdown = stop_signals()?;
         let requests = hangups()?;
         // Errors that do not name the file (a value out of range) get its path in front.
         let file = args.config.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "<built-in>".into());

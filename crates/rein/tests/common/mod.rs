@@ -145,6 +145,48 @@ impl Rein {
         }
     }
 
+    /// Starts the daemon (`REIN_LOG=info`) and sends it SIGTERM from the thread that reads its log, with
+    /// kill(2) the moment its "listening" line is read (a `kill` process, forked and exec'd, would come a
+    /// millisecond late, past the window this looks for). Waits (at most [`START_TIMEOUT`]) for the exit;
+    /// returns its status, its log and how long after the signal it exited (about: polled every 10 ms).
+    pub(crate) fn term_at_listening(self) -> (std::process::ExitStatus, String, Duration) {
+        let mut child = self.env("REIN_LOG", "info").command().spawn().expect("start rein");
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid");
+        let stderr = child.stderr.take().unwrap();
+        let signalled = Arc::new(Mutex::new(None));
+        let at = signalled.clone();
+        let reader = std::thread::spawn(move || {
+            let (mut log, mut sent) = (String::new(), false);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !sent && (line.contains("rein serve listening") || line.contains("rein gateway listening")) {
+                    // Our own child, not yet waited for: its pid is not reused.
+                    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("kill");
+                    *at.lock().unwrap() = Some(Instant::now());
+                    sent = true;
+                }
+                log.push_str(&line);
+                log.push('\n');
+            }
+            log
+        });
+        let deadline = Instant::now() + START_TIMEOUT;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the daemon neither listened nor exited within {START_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let exited = Instant::now();
+        let log = reader.join().unwrap();
+        let signalled = signalled.lock().unwrap().unwrap_or_else(|| panic!("exited before listening: {log}"));
+        (status, log, exited - signalled)
+    }
+
     /// Runs the command and expects it to fail (within [`START_TIMEOUT`]; one that is still running then
     /// is killed and the test fails). Returns its stderr.
     pub(crate) fn fails(self) -> String {
