@@ -126,12 +126,12 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
             "{:<14} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
             truncate(&t.name, 14),
             match t.reservation {
-                Some(r) if r > 0.0 => format!("{r}"),
+                Some(r) if r > 0.0 => rate(r),
                 Some(_) => "-".into(),
                 None => "?".into(),
             },
-            t.limit.map_or("-".into(), |l| format!("{l}")),
-            t.weight.map_or("?".into(), |w| format!("{w}")),
+            t.limit.map_or("-".into(), rate),
+            t.weight.map_or("?".into(), rate),
             t.iops,
             oracle[i],
             t.mb_s,
@@ -202,6 +202,18 @@ fn host_text(h: &HostsSummary) -> String {
         h.equilibrium_latency_ms.map_or(String::new(), |l| format!(" (eq. (3) equilibrium {l:.2} ms)"))
     ));
     out
+}
+
+/// A spec value for the table: at most two decimals, without trailing zeros (a rate derived as 1.5 x 9.6
+/// prints as 14.4, not 14.399999999999999).
+fn rate(x: f64) -> String {
+    let s = format!("{x:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.into()
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -338,4 +350,16 @@ pub(crate) fn report(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn spec_values_print_without_float_noise() {
+        assert_eq!(super::rate(9.6 * 1.5), "14.4");
+        assert_eq!(super::rate(30000.0), "30000");
+        assert_eq!(super::rate(10.0), "10");
+        assert_eq!(super::rate(0.126), "0.13");
+        assert_eq!(super::rate(0.0), "0");
+    }
 }

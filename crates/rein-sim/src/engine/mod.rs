@@ -621,7 +621,8 @@ impl<'a> Sim<'a> {
         let r = self.reqs[id as usize].clone();
         self.free.push(id);
         let t = r.tenant as usize;
-        if self.cluster.is_some() {
+        if let Some(c) = &mut self.cluster {
+            c.recorded(r.server as usize, r.tid);
             self.rec.completion(t, r.issued, self.now, r.size, r.phase);
             self.bucket_completed(t, r.server as usize);
             return;

@@ -53,6 +53,12 @@ struct ClusterServer {
     completed: u64,
     busy_ns: u64,
     last_report: Nanos,
+    /// Per scheduler slot: the IOs this server dispatched whose completion the recorder has not yet
+    /// counted (on the device, or on the way back) as of the last boundary, less the completions counted
+    /// since (negative between boundaries when IOs both went and came back). With the interval's
+    /// dispatches added at a boundary it is the bucket's [`BucketReport::in_flight`]. Kept off the
+    /// dispatch path (the scheduler counts dispatches anyway).
+    unrecorded: Vec<i64>,
     /// Whether a token message has reached it.
     heard: bool,
     /// Scheduler slot -> bucket index (`u32::MAX`: no bucket).
@@ -105,10 +111,7 @@ impl<'a> Cluster<'a> {
             let qos = sc
                 .tenants
                 .iter()
-                .map(|t| BucketQos {
-                    reservation: (t.spec.reservation() * period_s).round() as u64,
-                    limit: t.spec.limit().map(|l| (l * period_s).round() as u64),
-                })
+                .map(|t| BucketQos::per_period(t.spec.reservation(), t.spec.limit(), period_s))
                 .collect();
             let caps: Vec<f64> = sc.servers.iter().map(|s| s.device.capacity_iops).collect();
             let cfg = ControllerConfig {
@@ -132,6 +135,7 @@ impl<'a> Cluster<'a> {
                     completed: 0,
                     busy_ns: 0,
                     last_report: Nanos::ZERO,
+                    unrecorded: Vec::new(),
                     heard: false,
                     tenant_of_slot: Vec::new(),
                 })
@@ -152,6 +156,11 @@ impl<'a> Cluster<'a> {
         }
     }
 
+    /// The completion of a request dispatched by server `j` for its scheduler's tenant `id` was counted.
+    pub(super) fn recorded(&mut self, j: usize, id: TenantId) {
+        self.servers[j].unrecorded[id.index()] -= 1;
+    }
+
     /// Server `j`'s device completed a request.
     pub(super) fn device_completed(&mut self, j: usize) {
         self.servers[j].completed += 1;
@@ -169,11 +178,12 @@ impl<'a> Cluster<'a> {
 
     /// Records that slot `id` of server `j`'s scheduler is bucket `i`.
     fn map_slot(&mut self, j: usize, id: TenantId, i: u32) {
-        let slots = &mut self.servers[j].tenant_of_slot;
-        if slots.len() <= id.index() {
-            slots.resize(id.index() + 1, u32::MAX);
+        let s = &mut self.servers[j];
+        if s.tenant_of_slot.len() <= id.index() {
+            s.tenant_of_slot.resize(id.index() + 1, u32::MAX);
+            s.unrecorded.resize(id.index() + 1, 0);
         }
-        slots[id.index()] = i;
+        s.tenant_of_slot[id.index()] = i;
     }
 }
 
@@ -375,13 +385,20 @@ impl<'a> Sim<'a> {
             let mut lines = Vec::new();
             for b in srv.sched.token().take_interval(now) {
                 let n = b.counters;
-                if n.arrivals + n.dispatched_r + n.dispatched_l + b.queued > 0 {
+                let bucket = s.tenant_of_slot[b.id.index()];
+                let dispatched = n.dispatched_r + n.dispatched_l;
+                let unrecorded = &mut s.unrecorded[b.id.index()];
+                *unrecorded += dispatched as i64;
+                debug_assert!(*unrecorded >= 0, "a completion counted before its dispatch");
+                let in_flight = (*unrecorded).max(0) as u64;
+                if n.arrivals + n.dispatched_r + n.dispatched_l + b.queued + in_flight > 0 {
                     lines.push(BucketReport {
-                        bucket: s.tenant_of_slot[b.id.index()],
+                        bucket,
                         arrivals: n.arrivals,
-                        dispatched: n.dispatched_r + n.dispatched_l,
+                        dispatched,
                         queued: b.queued,
                         idle_ns: n.idle_ns,
+                        in_flight,
                     });
                 }
             }
