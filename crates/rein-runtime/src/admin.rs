@@ -421,6 +421,12 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     };
     gauge("rein_tenant_bytes_total", "Bytes transferred.", "counter", &|t| t.counters.bytes as f64);
     gauge("rein_tenant_errors_total", "Requests answered with an error.", "counter", &|t| t.counters.errors as f64);
+    gauge(
+        "rein_tenant_abandoned_total",
+        "Requests not run: their client's connection broke before their turn.",
+        "counter",
+        &|t| t.counters.abandoned as f64,
+    );
     gauge("rein_tenant_queued", "Requests waiting in the scheduler.", "gauge", &|t| t.sched.queued as f64);
     gauge("rein_tenant_reservation_iops", "Configured reservation.", "gauge", &|t| t.spec.reservation());
     gauge("rein_tenant_limit_iops", "Configured limit (+Inf when unlimited).", "gauge", &|t| t.spec.limit_or_inf());

@@ -61,6 +61,7 @@ use rein_core::{
 use rein_model::device::DeviceError;
 use rein_model::meter::ReservationMeter;
 use rein_proto::ErrorKind;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -188,8 +189,9 @@ pub type Done = Box<dyn FnOnce(IoResult, Served) + Send>;
 pub enum Reply {
     /// The result is sent on this channel; a receiver that is gone is ignored.
     Channel(oneshot::Sender<IoResult>),
-    /// The function is called once with the result and how it was served, on the dispatcher task.
-    Callback(Done),
+    /// The function is called once with the result and how it was served, on the dispatcher task. The
+    /// flag, if any, says that nobody can receive the result any more ([`Dispatcher::submit`]).
+    Callback(Done, Option<Arc<AtomicBool>>),
 }
 
 impl Reply {
@@ -198,7 +200,16 @@ impl Reply {
             Reply::Channel(tx) => {
                 let _ = tx.send(r);
             }
-            Reply::Callback(f) => f(r, served),
+            Reply::Callback(f, _) => f(r, served),
+        }
+    }
+
+    /// Nobody waits for the result any more: the `io` caller dropped its future, or the submitter set the
+    /// flag (its client's connection broke).
+    fn is_abandoned(&self) -> bool {
+        match self {
+            Reply::Channel(tx) => tx.is_closed(),
+            Reply::Callback(_, gone) => gone.as_ref().is_some_and(|g| g.load(Ordering::Relaxed)),
         }
     }
 }
@@ -216,6 +227,10 @@ pub enum IoError {
     /// The dispatcher task ended (the runtime is shutting down, or the task panicked) before answering.
     #[error("server is shutting down")]
     Shutdown,
+    /// Nobody could receive the result any more when the request's turn came (its client's connection
+    /// broke): it was not run ([`Dispatcher::submit`]).
+    #[error("the requester is gone; not run")]
+    Abandoned,
     /// A storage node behind a gateway failed the request, or could not be reached in time
     /// ([`crate::remote`]); `kind` is what the front answers.
     #[error("node {node}: {message}")]
@@ -238,6 +253,7 @@ impl IoError {
             IoError::Refused(SchedError::UnknownTenant(_)) => ErrorKind::InvalidRequest,
             IoError::Refused(_) => ErrorKind::Exhausted,
             IoError::Shutdown => ErrorKind::Shutdown,
+            IoError::Abandoned => ErrorKind::Io,
             IoError::Node { kind, .. } => *kind,
         }
     }
@@ -263,6 +279,9 @@ pub struct TenantCounters {
     pub iops_last_s: f64,
     /// Requests received and not yet answered (queued at the scheduler or at the backend).
     pub in_flight: u64,
+    /// Requests not run because nobody could receive their result any more when their turn came
+    /// ([`IoError::Abandoned`]; not in `errors`).
+    pub abandoned: u64,
     /// The reservation meter behind [`TenantCounters::below_reservation_s`].
     meter: Option<ReservationMeter>,
     /// Completions at the last tick (for `iops_last_s`).
@@ -483,7 +502,8 @@ impl Dispatcher {
         (Dispatcher { tx }, join)
     }
 
-    /// Submits a request and waits for its completion.
+    /// Submits a request and waits for its completion. A request whose future is dropped before its turn
+    /// is not run (as [`Dispatcher::submit`]'s with its flag set).
     pub async fn io(&self, req: IoRequest) -> IoResult {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::Io(req, Reply::Channel(tx))).await.map_err(|_| IoError::Shutdown)?;
@@ -492,8 +512,16 @@ impl Dispatcher {
 
     /// Submits a request whose result is handed to `done` on the dispatcher task (no task or channel per
     /// request). `done` runs exactly once, with [`IoError::Shutdown`] if the dispatcher has stopped.
-    pub async fn submit(&self, req: IoRequest, done: Done) {
-        if let Err(mpsc::error::SendError(Cmd::Io(_, reply))) = self.tx.send(Cmd::Io(req, Reply::Callback(done))).await
+    ///
+    /// `gone`, if given, is the requester's flag for "nobody can receive the result any more" (an NBD
+    /// connection sets it when its socket broke). A request whose turn comes after it was set is answered
+    /// with [`IoError::Abandoned`] and not run: it costs no backend IO and takes no device slot, and a
+    /// WRITE of a client that vanished cannot land after a newer client's writes to the same blocks
+    /// (behind a throttled tenant's queue that could be minutes later). The scheduler still serves it in
+    /// its turn (it cannot take a request out of a queue), so it counts toward the tenant's limit.
+    pub async fn submit(&self, req: IoRequest, done: Done, gone: Option<Arc<AtomicBool>>) {
+        if let Err(mpsc::error::SendError(Cmd::Io(_, reply))) =
+            self.tx.send(Cmd::Io(req, Reply::Callback(done, gone))).await
         {
             reply.send(Err(IoError::Shutdown), Served::default());
         }
@@ -838,6 +866,15 @@ impl Task {
                     let handle = d.handle as usize;
                     let p = self.pending[handle].take().expect("dispatched handle is pending");
                     self.free.push(handle);
+                    if p.reply.is_abandoned() {
+                        // Not run (`Dispatcher::submit`): no device slot, no backend IO.
+                        if let Some(c) = self.counters.get_mut(p.req.tenant.index()) {
+                            c.in_flight = c.in_flight.saturating_sub(1);
+                            c.abandoned += 1;
+                        }
+                        p.reply.send(Err(IoError::Abandoned), Served { phase: Some(d.phase), cost: d.cost });
+                        continue;
+                    }
                     self.outstanding += 1;
                     assert!(self.outstanding <= self.depth, "invariant 1");
                     if self.busy_since.is_none() {

@@ -89,7 +89,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -509,7 +509,9 @@ where
     let last_reply_ms = Arc::new(AtomicU64::new(0));
     let Conn { ctx, export, peer, opened, node_tenants } = conn;
     let coalesce = matches!(export.backend, Backend::Remote(_));
-    let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone(), coalesce));
+    // Set once no reply can reach the client (the socket broke): its queued requests are then not run.
+    let gone = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone(), coalesce, gone.clone()));
     let mut close = ctx.limits.close.subscribe();
     let mut conn = Connection {
         export,
@@ -529,8 +531,13 @@ where
         }),
         requests: 0,
         node_tenants,
+        gone: gone.clone(),
     };
     let result = conn.transmission(&mut rd, shutdown, &mut close).await;
+    if matches!(result, Err(ConnError::Io(_))) {
+        // The socket failed (a reset): no reply of this connection will be read.
+        gone.store(true, Ordering::Relaxed);
+    }
     let requests = conn.requests;
     drop(conn);
     // Wait for in-flight requests to be answered and written (each holds a permit until then); their
@@ -712,6 +719,8 @@ struct Connection<'a> {
     requests: u64,
     /// The tenant of each slot of a storage-node session (empty otherwise).
     node_tenants: Vec<TenantId>,
+    /// Set when no reply can reach the client any more ([`Dispatcher::submit`]).
+    gone: Arc<AtomicBool>,
 }
 
 impl Connection<'_> {
@@ -866,7 +875,7 @@ impl Connection<'_> {
                     piggyback,
                 };
                 let dispatcher = self.dispatcher.expect("a server with local exports has a dispatcher");
-                dispatcher.submit(req, done).await;
+                dispatcher.submit(req, done, Some(self.gone.clone())).await;
             }
             Backend::Remote(volume) => volume.submit(request.offset, op, request.fua, done).await,
         }
@@ -1090,13 +1099,14 @@ async fn read_or_idle<R: AsyncRead + Unpin>(
 }
 
 /// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
-/// dropped (releasing their permits) once written, or at once if the client is gone.
+/// dropped (releasing their permits) once written, or at once if the client is gone (then `gone` is set).
 async fn write_replies<W: AsyncWrite + Unpin>(
     mut wr: W,
     mut rx: mpsc::UnboundedReceiver<Reply>,
     opened: Instant,
     last_reply_ms: Arc<AtomicU64>,
     coalesce: bool,
+    gone: Arc<AtomicBool>,
 ) {
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);
     let mut broken = false;
@@ -1116,6 +1126,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
         if !broken && (write_batch(&mut wr, &batch).await.is_err() || wr.flush().await.is_err()) {
             broken = true; // client gone: keep draining so permits are released
+            gone.store(true, Ordering::Relaxed);
         }
         // Before the permits go with the batch: whoever sees them free sees the stamp (idle clock).
         last_reply_ms.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);

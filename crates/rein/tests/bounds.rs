@@ -391,3 +391,36 @@ fn a_write_waiting_for_the_budget_is_not_cut_by_the_payload_deadline() {
     let cut = s.log.lock().unwrap().iter().any(|l| l.contains("payload did not arrive"));
     assert!(!cut, "no connection was cut for a slow payload");
 }
+
+/// A client whose connection breaks leaves its queued requests behind: they are not run when their turn
+/// comes (no WRITE of a vanished client lands later, possibly over a newer client's data), and are
+/// counted as abandoned. Here a tenant limited to 10 IOPS gets a READ (answered at once) and 30 WRITEs of
+/// 0xee (queued: about 3 s at the limit); the client resets the connection (it closes with the READ's
+/// reply unread, so its kernel sends RST) before the first WRITE's turn. Before, all 30 were written.
+#[test]
+fn a_broken_connections_queued_writes_are_not_run() {
+    let tmp = tmpdir("bounds-abandoned");
+    let s = start(tmp.path(), 48, &slow("", 10));
+    let mut c = Raw::connect(s.nbd, "slow");
+    let mut burst = Raw::header(Command::Read, 0, 0, 4096);
+    for i in 1..=30u64 {
+        burst.extend(Raw::header(Command::Write, i, i * 4096, 4096));
+        burst.extend([0xee; 4096]);
+    }
+    c.s.write_all(&burst).unwrap();
+    // Wait (bounded by the read timeout) until the READ's reply is here, and close without reading it.
+    let mut one = [0u8; 1];
+    assert_eq!(c.s.peek(&mut one).unwrap(), 1);
+    drop(c);
+    s.wait_log(&["NBD connection closed", "requests=31"], Duration::from_secs(15));
+    let image = std::fs::read(tmp.path().join("data").join("slow.img")).unwrap();
+    let written = (1..=30).filter(|i| image[i * 4096..(i + 1) * 4096].iter().all(|&b| b == 0xee)).count();
+    let (_, _, metrics) = common::http(s.admin, "GET", "/metrics", "", "");
+    let abandoned = metrics
+        .lines()
+        .find(|l| l.starts_with("rein_tenant_abandoned_total{tenant=\"slow\"}"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no abandoned count: {metrics}"));
+    assert!(written <= 1 && abandoned >= 29.0, "{written} of 30 WRITEs run after the reset, {abandoned} abandoned");
+}
