@@ -316,19 +316,13 @@ impl Controller {
         let reports: Vec<Option<ServerReport>> = std::mem::replace(&mut self.reports, vec![None; self.rate.len()]);
         // Invariant 2: the interval that just ended belongs to the period before boundary `round` when that
         // boundary starts a period (and to the warm-up before the first one: nothing to count then).
+        // A new period starts with what was in flight at the boundary (it completes, and counts, there).
         if interval == 0 {
-            // What was in flight at the boundary completes in the new period and counts there.
             self.done.fill(0);
-            for r in reports.iter().flatten() {
-                for b in &r.buckets {
-                    self.done[b.bucket as usize] += b.in_flight;
-                }
-            }
-        } else {
-            for r in reports.iter().flatten() {
-                for b in &r.buckets {
-                    self.done[b.bucket as usize] += b.dispatched;
-                }
+        }
+        for r in reports.iter().flatten() {
+            for b in &r.buckets {
+                self.done[b.bucket as usize] += if interval == 0 { b.in_flight } else { b.dispatched };
             }
         }
         let left_s = (self.config.period.0 - interval as u64 * self.tau) as f64 / 1e9;
@@ -455,22 +449,30 @@ mod tests {
         assert_eq!(c.boundary(), Nanos::from_millis(400));
     }
 
-    #[test]
-    fn done_ios_reduce_the_targets_and_reset_each_period() {
-        let mut c = Controller::new(
+    /// One server of 1,000 IOPS, two intervals per period, one bucket (R 500, L 700) and its report for
+    /// boundary `round`: 400 arrivals, `dispatched` and `in_flight` IOs, over a busy half second.
+    fn one_bucket() -> (Controller, impl Fn(u64, u64, u64) -> ServerReport) {
+        let c = Controller::new(
             config(2, DemandEstimator::Arrivals),
             &[1000.0],
             vec![BucketQos { reservation: 500, limit: Some(700) }],
         )
         .unwrap();
-        let rep = |round, dispatched| ServerReport {
+        let rep = |round, dispatched, in_flight| ServerReport {
             server: 0,
             round,
             elapsed_ns: 500_000_000,
             completed: 500,
             busy_ns: 500_000_000,
-            buckets: vec![line(0, 400, dispatched, 0, 0)],
+            buckets: vec![BucketReport { in_flight, ..line(0, 400, dispatched, 0, 0) }],
         };
+        (c, rep)
+    }
+
+    #[test]
+    fn done_ios_reduce_the_targets_and_reset_each_period() {
+        let (mut c, rep) = one_bucket();
+        let rep = |round, dispatched| rep(round, dispatched, 0);
         c.handle_report(rep(0, 400)).unwrap();
         let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
         assert_eq!(m[0].tokens, vec![(0, 500, Tokens::Count(200))], "warm-up IOs are not counted");
@@ -492,20 +494,7 @@ mod tests {
     /// flight at a boundary inside it are already counted as dispatched.
     #[test]
     fn ios_in_flight_at_a_period_start_count_in_the_new_period() {
-        let mut c = Controller::new(
-            config(2, DemandEstimator::Arrivals),
-            &[1000.0],
-            vec![BucketQos { reservation: 500, limit: Some(700) }],
-        )
-        .unwrap();
-        let rep = |round, dispatched, in_flight| ServerReport {
-            server: 0,
-            round,
-            elapsed_ns: 500_000_000,
-            completed: 500,
-            busy_ns: 500_000_000,
-            buckets: vec![BucketReport { in_flight, ..line(0, 400, dispatched, 0, 0) }],
-        };
+        let (mut c, rep) = one_bucket();
         c.handle_report(rep(0, 400, 3)).unwrap();
         let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
         assert_eq!(c.done(), &[3]);

@@ -391,7 +391,7 @@ impl<'a> Sim<'a> {
                 *unrecorded += dispatched as i64;
                 debug_assert!(*unrecorded >= 0, "a completion counted before its dispatch");
                 let in_flight = (*unrecorded).max(0) as u64;
-                if n.arrivals + n.dispatched_r + n.dispatched_l + b.queued + in_flight > 0 {
+                if n.arrivals + dispatched + b.queued + in_flight > 0 {
                     lines.push(BucketReport {
                         bucket,
                         arrivals: n.arrivals,
