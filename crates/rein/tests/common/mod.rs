@@ -125,8 +125,7 @@ impl Rein {
                 if line.contains("ERROR") || line.contains("error:") {
                     eprintln!("server: {line}");
                 }
-                let listening =
-                    !sent && (line.contains("rein serve listening") || line.contains("rein gateway listening"));
+                let listening = !sent && is_listening(&line);
                 let addresses = listening.then(|| (address(&line, "nbd"), address(&line, "admin")));
                 lines.lock().unwrap().push(line);
                 if let Some(addresses) = addresses {
@@ -158,7 +157,7 @@ impl Rein {
         let reader = std::thread::spawn(move || {
             let (mut log, mut sent) = (String::new(), false);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent && (line.contains("rein serve listening") || line.contains("rein gateway listening")) {
+                if !sent && is_listening(&line) {
                     // Our own child, not yet waited for: its pid is not reused.
                     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("kill");
                     *at.lock().unwrap() = Some(Instant::now());
@@ -169,18 +168,8 @@ impl Rein {
             }
             log
         });
-        let deadline = Instant::now() + START_TIMEOUT;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the daemon neither listened nor exited within {START_TIMEOUT:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let status = exit_within(&mut child, Duration::from_millis(10))
+            .unwrap_or_else(|| panic!("the daemon neither listened nor exited within {START_TIMEOUT:?}"));
         let exited = Instant::now();
         let log = reader.join().unwrap();
         let signalled = signalled.lock().unwrap().unwrap_or_else(|| panic!("exited before listening: {log}"));
@@ -198,21 +187,37 @@ impl Rein {
             let _ = stderr.read_to_string(&mut err);
             err
         });
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let err = reader.join().unwrap();
+        let status = exit_within(&mut child, Duration::from_millis(50));
+        let err = reader.join().unwrap();
+        match status {
+            Some(status) => {
                 assert!(!status.success(), "rein exited successfully: {err}");
-                return err;
+                err
             }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let err = reader.join().unwrap();
-                panic!("rein {:?} started instead of refusing the config: {err}", self.args);
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            None => panic!("rein {:?} started instead of refusing the config: {err}", self.args),
         }
+    }
+}
+
+/// Whether a daemon's log line is its "listening" line (rein serve's or rein gateway's).
+fn is_listening(line: &str) -> bool {
+    line.contains("rein serve listening") || line.contains("rein gateway listening")
+}
+
+/// Waits for `child` to exit, looking every `poll`, for at most [`START_TIMEOUT`]; one still running then
+/// is killed (and waited for) and `None` returned.
+fn exit_within(child: &mut Child, poll: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(poll);
     }
 }
 
