@@ -119,7 +119,7 @@ pub async fn drive(
         duration: Duration::from_nanos(sc.duration.0),
         warmup: Duration::from_nanos(sc.warmup.0),
         interval: Duration::from_nanos(sc.interval.0),
-        seed: sc.seed,
+        seed: sc.seed(),
         name: sc.name.clone(),
         max_pending: rein_runtime::load::MAX_PENDING,
         servers: sc.servers.iter().map(|s| s.name.clone()).collect(),

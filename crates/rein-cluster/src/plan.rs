@@ -611,7 +611,7 @@ fn node_config(
     t.push('\n');
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
     t.push('\n');
-    t.push_str(&device_table(&s.device, sc.seed, i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
+    t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
     for &(tenant, k) in users {
         let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
         if widths[k] == 0 {

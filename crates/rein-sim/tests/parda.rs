@@ -144,8 +144,7 @@ fn host_outputs_are_deterministic_and_the_seed_matters() {
     let (ha, hb) = (a.hosts.as_ref().unwrap(), b.hosts.as_ref().unwrap());
     assert_eq!(ha.to_csv(), hb.to_csv());
     assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap());
-    let mut sc2 = sc.clone();
-    sc2.seed += 1;
+    let sc2 = sc.with_seed(sc.seed() + 1).unwrap();
     let c = run(&sc2, &mut |_| {}).unwrap();
     assert_ne!(ha.to_csv(), c.hosts.as_ref().unwrap().to_csv());
     // The summary carries the host section; hosts.csv has a row per host per interval.

@@ -48,7 +48,7 @@ pub(crate) struct ReportArgs {
 pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
     let mut sc = Scenario::load(&args.scenario)?;
     if let Some(seed) = args.seed {
-        sc.seed = seed;
+        sc = sc.with_seed(seed)?;
     }
     if let Some(s) = &args.scheduler {
         if sc.pshift.is_some() {

@@ -156,7 +156,7 @@ impl<'a> Sim<'a> {
                     Sched::Plain(s.scheduler.build(config))
                 }
             };
-            let device = Device::new(&s.device, stream_seed(sc.seed, server_stream(i)));
+            let device = Device::new(&s.device, stream_seed(sc.seed(), server_stream(i)));
             servers.push(Server::new(sched, s.queue_depth, device));
         }
         // Gateways and generators; pShift buckets have none: the cluster layer drives them and adds them
@@ -182,7 +182,7 @@ impl<'a> Sim<'a> {
                     first_link,
                     tracker: distributed
                         .then(|| Box::new(ServiceTracker::with_split(t.servers.len(), t.reservation_split))),
-                    gen: Generator::new(&t.workload, stream_seed(sc.seed, ti as u64)),
+                    gen: Generator::new(&t.workload, stream_seed(sc.seed(), ti as u64)),
                 });
             }
         }

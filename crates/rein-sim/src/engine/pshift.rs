@@ -96,7 +96,7 @@ impl<'a> Cluster<'a> {
             .iter()
             .enumerate()
             .map(|(i, p)| Bucket {
-                rng: stream_rng(sc.seed, i as u64),
+                rng: stream_rng(sc.seed(), i as u64),
                 phase: 0,
                 ids: Vec::new(),
                 in_flight: if matches!(p.load, BucketLoad::Closed { .. }) {

@@ -58,8 +58,10 @@ pub struct Scenario {
     pub duration: Nanos,
     /// Time excluded from the totals (summary.json), less than `duration`; the timeseries covers it.
     pub warmup: Nanos,
-    /// The run's seed.
-    pub seed: u64,
+    /// The run's seed: every random draw of the run derives from it, including those made while validating
+    /// (pShift's generated buckets). Read with [`Scenario::seed`], changed only through
+    /// [`Scenario::with_seed`], which draws those again.
+    seed: u64,
     /// Timeseries interval (at least 1 ms, at most [`MAX_INTERVALS`] of them in `duration`).
     pub interval: Nanos,
     /// The scenario-wide scheduler settings (`[mclock]`, with `cost_model`): what a PARDA host's local
@@ -93,6 +95,29 @@ impl Scenario {
     /// Parses and validates scenario text (trace paths relative to `base`).
     pub fn from_toml(text: &str, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
         ScenarioFile::parse(text)?.validate(base)
+    }
+
+    /// The run's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// A copy with another seed. What validation drew from the seed is drawn again (pShift's generated
+    /// buckets: reservations, active servers, demand changes), so a run with `--seed N` is the run of the
+    /// file with `seed = N`, not the same cluster with other service times. Other changes made to this
+    /// scenario (a scheduler, a sabotage) are kept: the buckets are the only thing replaced.
+    pub fn with_seed(&self, seed: u64) -> Result<Scenario, ScenarioError> {
+        let mut s = self.clone();
+        s.seed = seed;
+        if let Some(ps) = &mut s.pshift {
+            if let Some(r) = ps.regenerate(&self.servers, seed, self.duration) {
+                let (tenants, buckets) =
+                    r.map_err(|message| ScenarioError::Invalid { name: self.name.clone(), message })?;
+                Arc::make_mut(ps).buckets = buckets;
+                s.tenants = tenants;
+            }
+        }
+        Ok(s)
     }
 
     /// A copy running every server on `kind` (for side-by-side comparisons).

@@ -13,7 +13,7 @@ pub fn meta(sc: &Scenario) -> RunMeta {
     RunMeta {
         name: sc.name.clone(),
         scheduler: sc.scheduler_name.clone(),
-        seed: sc.seed,
+        seed: sc.seed(),
         tenants: sc.tenants.iter().map(|t| TenantMeta { name: t.name.clone(), spec: Some(t.spec) }).collect(),
         servers: sc
             .servers

@@ -70,6 +70,9 @@ pub enum Arrivals {
     Poisson,
 }
 
+/// Generated buckets: the scenario's tenants and, aligned with them, their plans.
+pub type Generated = (Vec<Tenant>, Vec<BucketPlan>);
+
 /// The validated section.
 #[derive(Debug, Clone)]
 pub struct PshiftSection {
@@ -95,9 +98,19 @@ pub struct PshiftSection {
     pub arrivals: Arrivals,
     /// Aligned with the scenario's tenants.
     pub buckets: Vec<BucketPlan>,
+    /// `[pshift.generate]` as written, when the buckets are generated: they are a function of the seed,
+    /// so [`crate::model::Scenario::with_seed`] draws them again from it.
+    pub generator: Option<GenerateFile>,
 }
 
 impl PshiftSection {
+    /// The generated buckets drawn again with `seed` (tenants and plans), or `None` when they are written
+    /// in the file. `servers` and `duration` are the scenario's.
+    pub fn regenerate(&self, servers: &[Server], seed: u64, duration: Nanos) -> Option<Result<Generated, String>> {
+        let g = self.generator.as_ref()?;
+        Some(generate(g, servers, seed, duration, self.period, self.start))
+    }
+
     /// (start, end) of every QoS period that lies inside [a, b] seconds.
     pub fn periods_in(&self, a: f64, b: f64) -> Vec<(f64, f64)> {
         let (p, s) = (self.period.as_secs_f64(), self.start.as_secs_f64());
@@ -186,6 +199,7 @@ pub fn validate(
         weighted: f.weighted,
         arrivals,
         buckets,
+        generator: f.generate.clone(),
     };
     Ok((section, tenants))
 }
@@ -233,7 +247,7 @@ fn generate(
     duration: Nanos,
     period: Nanos,
     start: Nanos,
-) -> Result<(Vec<Tenant>, Vec<BucketPlan>), String> {
+) -> Result<Generated, String> {
     let ns = servers.len();
     if g.buckets == 0 || g.buckets > super::MAX_TENANTS {
         return Err(format!("pshift.generate.buckets must be in 1..={}", super::MAX_TENANTS));
