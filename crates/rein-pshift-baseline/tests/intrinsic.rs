@@ -46,7 +46,8 @@ fn flow_and_reserved(sc: &Scenario, share: f64) -> (u64, u64) {
         let demand: Vec<(usize, u64)> =
             plan.phases[0].servers.iter().map(|&(j, share)| (j, (iops * share * period_s) as u64)).collect();
         let full = (t.spec.reservation() * period_s) as u64;
-        let r = if share >= 1.0 { full } else { ((full as f64 * share).floor() as u64 + 1).min(full) };
+        // More than `share` of it, in whole IOs (at 1.0 that is all of it: the `min`).
+        let r = ((full as f64 * share).floor() as u64 + 1).min(full);
         reserved += r.min(demand.iter().map(|d| d.1).sum());
         b.add_bucket(r, None, &demand).unwrap();
     }
