@@ -147,6 +147,7 @@ impl<'a> Sim<'a> {
                 Some(ps) => {
                     let config = SchedConfig { limits, ..SchedConfig::default() };
                     let ts = if ps.weighted { TokenScheduler::weighted(config) } else { TokenScheduler::new(config) };
+                    let ts = ts.with_r_order(ps.r_order);
                     Sched::Token(Box::new(ts))
                 }
                 None => {

@@ -40,6 +40,9 @@ pub struct PshiftFile {
     /// Weighted round robin by tenant weight (§V "Local Priorities").
     #[serde(default)]
     pub weighted: bool,
+    /// How a server serves the buckets holding R-tokens: round_robin (default: Algorithm 1 as written) |
+    /// proportional (at the pace of their grants; rein-core's `tokens` module).
+    pub r_order: Option<String>,
     /// uniform (default, the paper's "uniform rate") | poisson: open arrivals per server.
     pub arrivals: Option<String>,
     /// `[pshift.generate]`: synthetic buckets, instead of writing them as `[[tenants]]`.

@@ -16,6 +16,7 @@ use super::tenant::Tenant;
 use crate::file::pshift::{ActiveFile, GenerateFile, PshiftFile};
 use gen::{pick_servers, zipf_reservations, zipf_weights};
 use rand::Rng;
+use rein_core::pshift::tokens::ROrder;
 use rein_core::pshift::DemandEstimator;
 use rein_core::{Nanos, QosSpec};
 use rein_model::workload::{WorkloadKind, WorkloadSpec, MAX_OUTSTANDING};
@@ -94,6 +95,8 @@ pub struct PshiftSection {
     pub approx_top: Option<usize>,
     /// Weighted round robin by tenant weight at the servers (§V "Local Priorities").
     pub weighted: bool,
+    /// How the servers order the buckets holding R-tokens (the paper's round robin, or proportional).
+    pub r_order: ROrder,
     /// How open buckets' arrivals are spaced.
     pub arrivals: Arrivals,
     /// Aligned with the scenario's tenants.
@@ -169,6 +172,11 @@ pub fn validate(
         Some("backlog") => DemandEstimator::Backlog,
         Some(o) => return Err(format!("pshift.estimator {o:?}: expected arrivals or backlog")),
     };
+    let r_order = match f.r_order.as_deref() {
+        None | Some("round_robin") => ROrder::RoundRobin,
+        Some("proportional") => ROrder::Proportional,
+        Some(o) => return Err(format!("pshift.r_order {o:?}: expected proportional or round_robin")),
+    };
     let arrivals = match f.arrivals.as_deref() {
         None | Some("uniform") => Arrivals::Uniform,
         Some("poisson") => Arrivals::Poisson,
@@ -197,6 +205,7 @@ pub fn validate(
         estimator,
         approx_top: f.approx_top,
         weighted: f.weighted,
+        r_order,
         arrivals,
         buckets,
         generator: f.generate.clone(),
