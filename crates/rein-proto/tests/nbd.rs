@@ -79,6 +79,8 @@ fn go_round_trip_whole_and_byte_by_byte() {
         ClientProgress::Ready { size, flags, structured } => {
             assert_eq!(size, 4096);
             assert!(flags & TFLAG_READ_ONLY != 0 && structured);
+            // With structured replies the server honours DF, and the NBD spec says it must say so.
+            assert_eq!(flags, exports()[1].transmission_flags() | TFLAG_SEND_DF);
         }
         other => panic!("{other:?}"),
     }

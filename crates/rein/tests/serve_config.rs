@@ -225,6 +225,8 @@ fn memory_exports_are_volatile_and_flush_fields_are_checked() {
     assert!(info.contains("can_flush: false") && info.contains("can_fua: false"), "{info}");
     let info = run_ok_with_stderr(tool("nbdinfo").arg(format!("nbd://{}/disk", s.nbd)));
     assert!(info.contains("can_flush: true") && info.contains("can_fua: true"), "{info}");
+    // libnbd negotiates structured replies, so the server advertises the DF flag it honours.
+    assert!(info.contains("can_df: true"), "{info}");
     let (mut ram, mut buf, flags) = connect(s.nbd, "ram");
     assert_eq!(flags & (p::TFLAG_SEND_FLUSH | p::TFLAG_SEND_FUA), 0);
     assert_eq!(request(&mut ram, &mut buf, 0, Command::Flush, 0, 0, &[]), p::EINVAL);

@@ -449,7 +449,7 @@ impl ServerHandshake {
         let e = &self.exports[pending.export];
         if pending.option == OPT_EXPORT_NAME {
             out.extend_from_slice(&e.size.to_be_bytes());
-            out.extend_from_slice(&e.transmission_flags().to_be_bytes());
+            out.extend_from_slice(&e.flags_for(self.structured).to_be_bytes());
             if !self.no_zeroes {
                 out.extend_from_slice(&[0u8; 124]);
             }
@@ -470,7 +470,7 @@ impl ServerHandshake {
         let mut d = Vec::with_capacity(12);
         d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
         d.extend_from_slice(&e.size.to_be_bytes());
-        d.extend_from_slice(&e.transmission_flags().to_be_bytes());
+        d.extend_from_slice(&e.flags_for(self.structured).to_be_bytes());
         option_reply(out, option, REP_INFO, &d);
         for &w in wanted {
             let mut d = Vec::new();

@@ -131,6 +131,9 @@ pub const TFLAG_SEND_FUA: u16 = 1 << 3;
 pub const TFLAG_SEND_TRIM: u16 = 1 << 5;
 /// Transmission flag: the server supports WRITE_ZEROES.
 pub const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+/// Transmission flag: the server honours the DF (do not fragment) flag on READ. The NBD spec: a server
+/// that supports DF must set it, and must leave it clear unless structured replies were negotiated.
+pub const TFLAG_SEND_DF: u16 = 1 << 7;
 /// Transmission flag: several connections to the export see each other's writes and flushes.
 pub const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
@@ -307,7 +310,20 @@ pub struct ExportInfo {
 }
 
 impl ExportInfo {
-    /// The transmission flags advertised for this export: FLUSH and FUA only when it is not volatile.
+    /// The transmission flags advertised for this export on a connection with structured replies
+    /// negotiated or not: FLUSH and FUA only when it is not volatile, DF only with structured replies (a
+    /// READ's reply is always one chunk, so DF is always honoured then).
+    pub fn flags_for(&self, structured: bool) -> u16 {
+        let f = self.transmission_flags();
+        if structured {
+            f | TFLAG_SEND_DF
+        } else {
+            f
+        }
+    }
+
+    /// The transmission flags advertised for this export without structured replies: FLUSH and FUA only
+    /// when it is not volatile.
     pub fn transmission_flags(&self) -> u16 {
         let mut f = TFLAG_HAS_FLAGS | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_CAN_MULTI_CONN;
         if !self.volatile {
