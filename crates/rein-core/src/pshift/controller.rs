@@ -33,6 +33,22 @@
 //! it has a limit, no L-tokens (unlimited buckets never need L-tokens). Servers apply a message with
 //! [`super::TokenScheduler::grant`], which deducts the IOs served between the report and the message.
 //!
+//! # Limits across the message delay
+//! Between its report and the answer a server goes on spending the tokens it holds, and `grant` can
+//! deduct those IOs only from the same server's new tokens. When the answer moves a limited bucket's
+//! remaining limit elsewhere, what the old server spent meanwhile was counted twice: pShift Exp. 4 passed
+//! limits by 12-13 IOs in 2 of 800 bucket-periods (seeds 1-20). So each report states the tokens a bucket
+//! holds ([`BucketReport::held`]), and with [`ControllerConfig::answer_delay`] D set, server j is taken to
+//! spend at most h_i^j = min(held, ceil(2 rate_j D) + 1) of them before the answer (twice its measured
+//! rate, for the variance of service times). For a limited bucket the
+//! controller allocates `L_i - done_i - sum_j h_i^j` and adds h_i^j to the L-tokens it sends server j (a
+//! server it does not list zeroes the bucket's tokens anyway). The IOs completed in the period are then at
+//! most done_i + sum_j h_i^j + (L_i - done_i - sum_j h_i^j) = L_i: the limit holds by construction, as
+//! long as answers arrive within D and no server dispatches faster than twice its measured rate. The price: up to h_i^j tokens per server stay where the bucket held
+//! them until the next boundary, unspent if its demand moved (a limit is a maximum; a reservation is
+//! trimmed to the remaining limit only if they would not fit beside it). The paper does not say how its
+//! prototype handles the delay.
+//!
 //! # Paper symbols -> code
 //! | paper | code |
 //! |---|---|
@@ -46,7 +62,10 @@
 //! 2. `done[i]` counts exactly the IOs in flight at the current period's start plus those reported
 //!    dispatched in its intervals (reset to the in-flight count when a boundary starts a period; the
 //!    interval that ended there belongs to the old one).
-//! 3. Targets satisfy R_rem <= L_rem, so every instance is valid.
+//! 3. Targets satisfy R_rem <= L_rem, so every instance is valid (R_rem is trimmed to L_rem when the
+//!    held tokens leave less limit than reservation).
+//! 4. For a limited bucket, the tokens sent over all servers plus those held at the report are at most
+//!    L_i - done_i.
 //!
 //! Bounds: servers and buckets as [`super::MAX_SERVERS`], [`super::MAX_BUCKETS`]; a report has at most
 //! one line per bucket; per-entry demand and capacity are clamped to [`super::MAX_TOKENS`].
@@ -83,6 +102,10 @@ pub struct ControllerConfig {
     /// Compute without the missing reports this long after a boundary (their servers count as idle with
     /// their last capacity estimate).
     pub report_timeout: Nanos,
+    /// How long after a boundary its answer reaches the servers, at most (report and message delay, and
+    /// the computation): the time in which a server may spend tokens the controller is moving. Zero: not
+    /// accounted, the paper's behaviour (module comment, "Limits across the message delay").
+    pub answer_delay: Nanos,
 }
 
 /// A bucket's QoS per period.
@@ -127,6 +150,11 @@ pub struct BucketReport {
     /// interval's end. A period counts the IOs completed in it (as §IV-E records them), so those in flight
     /// at a period's start count in the new period; the controller charges them there (module comment).
     pub in_flight: u64,
+    /// Tokens (R and counted L) the bucket held at the server at the interval's end: the server may spend
+    /// them before the controller's answer arrives. The controller keeps them out of a limited bucket's
+    /// remaining limit and hands them back to the same server (module comment, "Limits across the
+    /// message delay"). 0 when unknown (then a limit can be passed by what was spent in that delay).
+    pub held: u64,
 }
 
 /// A server's report for the interval ending at boundary `round`.
@@ -336,6 +364,23 @@ impl Controller {
             }
             caps.push(((self.rate[j] * left_s).floor() as u64).min(MAX_TOKENS));
         }
+        // Tokens held at the report by limited buckets (module comment, "Limits across the message delay").
+        let mut held = vec![0u64; self.buckets.len()];
+        let mut held_at: std::collections::HashMap<(u32, usize), u64> = std::collections::HashMap::new();
+        let d_s = self.config.answer_delay.0 as f64 / 1e9;
+        for (j, r) in reports.iter().enumerate() {
+            let Some(r) = r else { continue };
+            // What server j can dispatch before the answer arrives: twice its measured rate, for the
+            // variance of service times, and one IO.
+            let reach = if d_s > 0.0 { ((2.0 * self.rate[j] * d_s).ceil() as u64 + 1).min(MAX_TOKENS) } else { 0 };
+            for b in &r.buckets {
+                let h = b.held.min(reach);
+                if h > 0 && self.buckets[b.bucket as usize].limit.is_some() {
+                    held[b.bucket as usize] = held[b.bucket as usize].saturating_add(h);
+                    held_at.insert((b.bucket, j), h);
+                }
+            }
+        }
         // Per bucket, its demand per server (bucket-major for the builder).
         let mut lines: Vec<(u32, usize, u64)> = Vec::new();
         for (j, r) in reports.iter().enumerate() {
@@ -369,9 +414,10 @@ impl Controller {
             }
             let q = self.buckets[i as usize];
             let done = self.done[i as usize];
-            let r = q.reservation.saturating_sub(done);
-            // Invariant 3: L_i >= R_i, so L_i - done >= R_i - done.
-            let l = q.limit.map(|l| l.saturating_sub(done));
+            // Invariant 3: L_i >= R_i, so L_i - done >= R_i - done; the held tokens may take it below, and
+            // then the reservation is trimmed to what the limit leaves.
+            let l = q.limit.map(|l| l.saturating_sub(done).saturating_sub(held[i as usize]));
+            let r = q.reservation.saturating_sub(done).min(l.unwrap_or(u64::MAX));
             builder.add_bucket(r, l, &demand).expect("bounded by construction");
             which.push(i);
         }
@@ -382,8 +428,11 @@ impl Controller {
         for (n, &i) in which.iter().enumerate() {
             let limited = self.buckets[i as usize].limit.is_some();
             for e in inst.bucket_entries(n) {
-                let l = if limited { Tokens::Count(sol.l[e]) } else { Tokens::Unlimited };
-                msgs[inst.entry_server(e)].tokens.push((i, sol.r[e], l));
+                let j = inst.entry_server(e);
+                // Invariant 4: what the server held comes back to it (it may have spent it meanwhile).
+                let back = held_at.get(&(i, j)).copied().unwrap_or(0);
+                let l = if limited { Tokens::Count(sol.l[e].saturating_add(back)) } else { Tokens::Unlimited };
+                msgs[j].tokens.push((i, sol.r[e], l));
             }
         }
         let wanted = (0..inst.buckets()).map(|n| inst.reservation(n).min(inst.total_demand(n))).sum();
@@ -414,11 +463,12 @@ mod tests {
             estimator,
             solve: SolveOptions::default(),
             report_timeout: Nanos::from_millis(100),
+            answer_delay: Nanos::ZERO,
         }
     }
 
     fn line(bucket: u32, arrivals: u64, dispatched: u64, queued: u64, idle_ns: u64) -> BucketReport {
-        BucketReport { bucket, arrivals, dispatched, queued, idle_ns, in_flight: 0 }
+        BucketReport { bucket, arrivals, dispatched, queued, idle_ns, in_flight: 0, held: 0 }
     }
 
     fn report(server: u32, round: u64, completed: u64, buckets: Vec<BucketReport>) -> ServerReport {
@@ -506,6 +556,82 @@ mod tests {
         let (m, _) = c.poll(Nanos::from_millis(1200)).unwrap();
         assert_eq!(c.done(), &[4]);
         assert_eq!(m[0].tokens, vec![(0, 496, Tokens::Count(200))]);
+    }
+
+    /// Two servers, one bucket limited to 700 of which 400 are done. Server 0 reports 30 tokens still held,
+    /// server 1 none, and the bucket's demand is now on server 1 only: the 30 are kept out of the limit
+    /// (server 1 gets 270 L-tokens, not 300), since server 0 may spend them before the answer arrives.
+    /// Where the bucket still has demand, what the server held comes back to it.
+    #[test]
+    fn tokens_held_at_the_report_stay_out_of_the_limit() {
+        // Answers within 40 ms: at 1,000 IOPS a server is taken to spend up to 81 tokens meanwhile (all
+        // 30 held here).
+        let config = |i, e| ControllerConfig { answer_delay: Nanos::from_millis(40), ..config(i, e) };
+        let qos = vec![BucketQos { reservation: 500, limit: Some(700) }];
+        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
+        let rep = |server, round, dispatched, arrivals, held| ServerReport {
+            server,
+            round,
+            elapsed_ns: 500_000_000,
+            completed: 500,
+            busy_ns: 500_000_000,
+            buckets: vec![BucketReport { held, ..line(0, arrivals, dispatched, 0, 0) }],
+        };
+        c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
+        c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
+        c.poll(Nanos::from_millis(200)).unwrap();
+        c.handle_report(rep(0, 1, 400, 0, 30)).unwrap();
+        c.handle_report(rep(1, 1, 0, 400, 0)).unwrap();
+        let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+        assert_eq!(c.done(), &[400]);
+        assert!(m[0].tokens.is_empty(), "no demand at server 0: its tokens are zeroed");
+        assert_eq!(m[1].tokens, vec![(0, 100, Tokens::Count(170))], "270 = 700 - 400 - 30 in all");
+        // With demand on both, server 0 gets its 30 back on top of its share.
+        let qos = vec![BucketQos { reservation: 500, limit: Some(700) }];
+        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
+        c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
+        c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
+        c.poll(Nanos::from_millis(200)).unwrap();
+        c.handle_report(rep(0, 1, 400, 200, 30)).unwrap();
+        c.handle_report(rep(1, 1, 0, 200, 0)).unwrap();
+        let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+        let total = |m: &[TokenMessage]| -> u64 {
+            m.iter()
+                .flat_map(|x| &x.tokens)
+                .map(|t| {
+                    t.1 + match t.2 {
+                        Tokens::Count(n) => n,
+                        Tokens::Unlimited => unreachable!("limited"),
+                    }
+                })
+                .sum()
+        };
+        assert_eq!(total(&m), 300, "700 - 400, the 30 held included: {m:?}");
+        assert!(matches!(m[0].tokens[0].2, Tokens::Count(n) if n >= 30), "{m:?}");
+        // A reservation that no longer fits beside the held tokens is trimmed to the limit left.
+        let qos = vec![BucketQos { reservation: 690, limit: Some(700) }];
+        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
+        c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
+        c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
+        c.poll(Nanos::from_millis(200)).unwrap();
+        c.handle_report(rep(0, 1, 400, 0, 30)).unwrap();
+        c.handle_report(rep(1, 1, 0, 400, 0)).unwrap();
+        let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+        assert_eq!(m[1].tokens, vec![(0, 270, Tokens::Count(0))]);
+        // Without an answer delay (the paper's behaviour) nothing is held back; with 5 ms only what a
+        // server is taken to spend in it (2 x 5 + 1 = 11 of the 30).
+        for (delay, l) in [(0, 200), (5, 189)] {
+            let config = |i, e| ControllerConfig { answer_delay: Nanos::from_millis(delay), ..config(i, e) };
+            let qos = vec![BucketQos { reservation: 500, limit: Some(700) }];
+            let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
+            c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
+            c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
+            c.poll(Nanos::from_millis(200)).unwrap();
+            c.handle_report(rep(0, 1, 400, 0, 30)).unwrap();
+            c.handle_report(rep(1, 1, 0, 400, 0)).unwrap();
+            let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+            assert_eq!(m[1].tokens, vec![(0, 100, Tokens::Count(l))], "answer delay {delay} ms");
+        }
     }
 
     #[test]

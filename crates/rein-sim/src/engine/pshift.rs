@@ -121,6 +121,8 @@ impl<'a> Cluster<'a> {
                 estimator: ps.estimator,
                 solve: SolveOptions { approx_top: ps.approx_top, ..SolveOptions::default() },
                 report_timeout: Nanos(ps.period.0 / ps.intervals as u64 / 2),
+                // Reports take `delay` to arrive and the tokens `delay` to come back.
+                answer_delay: if ps.exact_limits { Nanos(ps.delay.0.saturating_mul(2)) } else { Nanos::ZERO },
             };
             Some(Controller::new(cfg, &caps, qos).map_err(|e| e.to_string())?)
         } else {
@@ -391,7 +393,11 @@ impl<'a> Sim<'a> {
                 *unrecorded += dispatched as i64;
                 debug_assert!(*unrecorded >= 0, "a completion counted before its dispatch");
                 let in_flight = (*unrecorded).max(0) as u64;
-                if n.arrivals + dispatched + b.queued + in_flight > 0 {
+                let held = b.r_tokens.saturating_add(match b.l_tokens {
+                    Tokens::Count(l) => l,
+                    Tokens::Unlimited => 0,
+                });
+                if n.arrivals + dispatched + b.queued + in_flight + held > 0 {
                     lines.push(BucketReport {
                         bucket,
                         arrivals: n.arrivals,
@@ -399,6 +405,7 @@ impl<'a> Sim<'a> {
                         queued: b.queued,
                         idle_ns: n.idle_ns,
                         in_flight,
+                        held,
                     });
                 }
             }

@@ -43,6 +43,11 @@ pub struct PshiftFile {
     /// How a server serves the buckets holding R-tokens: round_robin (default: Algorithm 1 as written) |
     /// proportional (at the pace of their grants; rein-core's `tokens` module).
     pub r_order: Option<String>,
+    /// Keep the tokens a server may spend while the controller's answer is in flight out of a bucket's
+    /// remaining limit (default true; rein-core's controller, "Limits across the message delay"). false:
+    /// the paper's controller, which does not account for them.
+    #[serde(default = "default_true")]
+    pub exact_limits: bool,
     /// uniform (default, the paper's "uniform rate") | poisson: open arrivals per server.
     pub arrivals: Option<String>,
     /// `[pshift.generate]`: synthetic buckets, instead of writing them as `[[tenants]]`.

@@ -97,6 +97,8 @@ pub struct PshiftSection {
     pub weighted: bool,
     /// How the servers order the buckets holding R-tokens (the paper's round robin, or proportional).
     pub r_order: ROrder,
+    /// Whether the controller keeps tokens spendable during the message delay out of remaining limits.
+    pub exact_limits: bool,
     /// How open buckets' arrivals are spaced.
     pub arrivals: Arrivals,
     /// Aligned with the scenario's tenants.
@@ -206,6 +208,7 @@ pub fn validate(
         approx_top: f.approx_top,
         weighted: f.weighted,
         r_order,
+        exact_limits: f.exact_limits,
         arrivals,
         buckets,
         generator: f.generate.clone(),
