@@ -40,13 +40,14 @@
 //! limits by 12-13 IOs in 2 of 800 bucket-periods (seeds 1-20). So each report states the tokens a bucket
 //! holds ([`BucketReport::held`]), and with [`ControllerConfig::answer_delay`] D set, server j is taken to
 //! spend at most h_i^j = min(held, ceil(2 rate_j D) + 1) of them before the answer (twice its measured
-//! rate, for the variance of service times). For a limited bucket the
-//! controller allocates `L_i - done_i - sum_j h_i^j` and adds h_i^j to the L-tokens it sends server j (a
-//! server it does not list zeroes the bucket's tokens anyway). The IOs completed in the period are then at
-//! most done_i + sum_j h_i^j + (L_i - done_i - sum_j h_i^j) = L_i: the limit holds by construction, as
-//! long as answers arrive within D and no server dispatches faster than twice its measured rate. The price: up to h_i^j tokens per server stay where the bucket held
-//! them until the next boundary, unspent if its demand moved (a limit is a maximum; a reservation is
-//! trimmed to the remaining limit only if they would not fit beside it). The paper does not say how its
+//! rate, for the variance of service times). For a limited bucket the controller allocates
+//! `L_i - done_i - sum_j h_i^j` and adds h_i^j to the L-tokens it sends server j (a server it does not
+//! list zeroes the bucket's tokens anyway). The IOs completed in the period are then at most
+//! done_i + sum_j h_i^j + (L_i - done_i - sum_j h_i^j) = L_i: the limit holds by construction, as long as
+//! answers arrive within D and no server dispatches faster than twice its measured rate. The price: up
+//! to h_i^j tokens per server stay where the bucket held them until the next boundary, unspent if its
+//! demand moved (Exp. 3's bucket 4 ends its periods about 100 IOs under its limit); a reservation is
+//! trimmed to the remaining limit only if they would not fit beside it. The paper does not say how its
 //! prototype handles the delay.
 //!
 //! # Paper symbols -> code
@@ -151,9 +152,10 @@ pub struct BucketReport {
     /// at a period's start count in the new period; the controller charges them there (module comment).
     pub in_flight: u64,
     /// Tokens (R and counted L) the bucket held at the server at the interval's end: the server may spend
-    /// them before the controller's answer arrives. The controller keeps them out of a limited bucket's
-    /// remaining limit and hands them back to the same server (module comment, "Limits across the
-    /// message delay"). 0 when unknown (then a limit can be passed by what was spent in that delay).
+    /// some before the controller's answer arrives. The controller keeps what it can spend in
+    /// [`ControllerConfig::answer_delay`] out of a limited bucket's remaining limit and hands it back to
+    /// the same server (module comment, "Limits across the message delay"). 0 when unknown (then a
+    /// limit can be passed by what was spent in that delay).
     pub held: u64,
 }
 
