@@ -150,6 +150,12 @@ fn the_controller_meets_reservations_round_robin_does_not() {
     assert_eq!(rw.summary.tenants.iter().map(|t| t.rejected).sum::<u64>(), 0);
 }
 
+/// A scenario of `scenarios/` drawn with `seed`.
+fn scenario_file(name: &str, seed: u64) -> Scenario {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+    Scenario::load(&dir.join(name)).unwrap().with_seed(seed).unwrap()
+}
+
 /// Experiment 4 with seed 16 (round robin's worst draw): bucket b2 is crowded onto servers 3-4 with other
 /// R-token holders. Served in proportion to their grants (`scenarios/pshift-exp4-proportional.toml`) it
 /// meets every check of that file; with the default round robin (Algorithm 1) b2 gets a fifth of the two
@@ -157,10 +163,9 @@ fn the_controller_meets_reservations_round_robin_does_not() {
 #[test]
 fn proportional_r_order_keeps_a_crowded_bucket_on_schedule() {
     use rein_core::pshift::tokens::ROrder;
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
-    let sc = Scenario::load(&dir.join("pshift-exp4-proportional.toml")).unwrap().with_seed(16).unwrap();
+    let sc = scenario_file("pshift-exp4-proportional.toml", 16);
     assert_eq!(sc.pshift.as_ref().unwrap().r_order, ROrder::Proportional);
-    let default = Scenario::load(&dir.join("pshift-exp4.toml")).unwrap();
+    let default = scenario_file("pshift-exp4.toml", 16);
     assert_eq!(default.pshift.as_ref().unwrap().r_order, ROrder::RoundRobin, "the default is the paper's");
     let mut paper = sc.clone();
     std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).r_order = ROrder::RoundRobin;
@@ -180,8 +185,7 @@ fn proportional_r_order_keeps_a_crowded_bucket_on_schedule() {
 /// passes its limit by one IO.
 #[test]
 fn limits_hold_across_the_message_delay() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
-    let sc = Scenario::load(&dir.join("pshift-exp4.toml")).unwrap().with_seed(14).unwrap();
+    let sc = scenario_file("pshift-exp4.toml", 14);
     assert!(sc.pshift.as_ref().unwrap().exact_limits, "the default");
     let mut paper = sc.clone();
     std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).exact_limits = false;

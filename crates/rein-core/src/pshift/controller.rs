@@ -366,36 +366,28 @@ impl Controller {
             }
             caps.push(((self.rate[j] * left_s).floor() as u64).min(MAX_TOKENS));
         }
-        // Tokens held at the report by limited buckets (module comment, "Limits across the message delay").
+        // Per bucket, its demand per server (bucket-major for the builder), with the tokens a limited bucket
+        // held there that the server can spend before the answer arrives; `held` sums them per bucket,
+        // where it has demand or not (module comment, "Limits across the message delay").
+        let mut lines: Vec<(u32, usize, u64, u64)> = Vec::new();
         let mut held = vec![0u64; self.buckets.len()];
-        let mut held_at: std::collections::HashMap<(u32, usize), u64> = std::collections::HashMap::new();
         let d_s = self.config.answer_delay.0 as f64 / 1e9;
         for (j, r) in reports.iter().enumerate() {
             let Some(r) = r else { continue };
+            let scale = left_s / (r.elapsed_ns.max(1) as f64 / 1e9);
             // What server j can dispatch before the answer arrives: twice its measured rate, for the
             // variance of service times, and one IO.
             let reach = if d_s > 0.0 { ((2.0 * self.rate[j] * d_s).ceil() as u64 + 1).min(MAX_TOKENS) } else { 0 };
             for b in &r.buckets {
-                let h = b.held.min(reach);
-                if h > 0 && self.buckets[b.bucket as usize].limit.is_some() {
-                    held[b.bucket as usize] = held[b.bucket as usize].saturating_add(h);
-                    held_at.insert((b.bucket, j), h);
-                }
-            }
-        }
-        // Per bucket, its demand per server (bucket-major for the builder).
-        let mut lines: Vec<(u32, usize, u64)> = Vec::new();
-        for (j, r) in reports.iter().enumerate() {
-            let Some(r) = r else { continue };
-            let scale = left_s / (r.elapsed_ns.max(1) as f64 / 1e9);
-            for b in &r.buckets {
+                let h = if self.buckets[b.bucket as usize].limit.is_some() { b.held.min(reach) } else { 0 };
+                held[b.bucket as usize] = held[b.bucket as usize].saturating_add(h);
                 let mut d = b.queued as f64 + b.arrivals as f64 * scale;
                 if self.config.estimator == DemandEstimator::Backlog && b.queued > 0 && b.idle_ns * 100 < r.elapsed_ns {
                     d = d.max(caps[j] as f64);
                 }
                 let d = (d.round() as u64).min(MAX_TOKENS);
                 if d > 0 {
-                    lines.push((b.bucket, j, d));
+                    lines.push((b.bucket, j, d, h));
                 }
             }
         }
@@ -404,11 +396,13 @@ impl Controller {
         for &c in &caps {
             builder.add_server(c).expect("bounded by construction");
         }
+        // Per bucket added: its index and where its lines start (its entries are its lines, in order).
         let mut which = Vec::new();
         let mut demand = Vec::new();
         let mut x = 0;
         while x < lines.len() {
             let i = lines[x].0;
+            which.push((i, x));
             demand.clear();
             while x < lines.len() && lines[x].0 == i {
                 demand.push((lines[x].1, lines[x].2));
@@ -421,18 +415,16 @@ impl Controller {
             let l = q.limit.map(|l| l.saturating_sub(done).saturating_sub(held[i as usize]));
             let r = q.reservation.saturating_sub(done).min(l.unwrap_or(u64::MAX));
             builder.add_bucket(r, l, &demand).expect("bounded by construction");
-            which.push(i);
         }
         let inst = builder.build().expect("at least one server");
         let sol = solve(&inst, &self.config.solve);
         let mut msgs: Vec<TokenMessage> =
             (0..self.rate.len() as u32).map(|server| TokenMessage { server, round, tokens: Vec::new() }).collect();
-        for (n, &i) in which.iter().enumerate() {
+        for (n, &(i, first)) in which.iter().enumerate() {
             let limited = self.buckets[i as usize].limit.is_some();
-            for e in inst.bucket_entries(n) {
-                let j = inst.entry_server(e);
+            for (e, &(_, j, _, back)) in inst.bucket_entries(n).zip(&lines[first..]) {
+                debug_assert_eq!(inst.entry_server(e), j, "a bucket's entries are its lines");
                 // Invariant 4: what the server held comes back to it (it may have spent it meanwhile).
-                let back = held_at.get(&(i, j)).copied().unwrap_or(0);
                 let l = if limited { Tokens::Count(sol.l[e].saturating_add(back)) } else { Tokens::Unlimited };
                 msgs[j].tokens.push((i, sol.r[e], l));
             }
@@ -560,17 +552,15 @@ mod tests {
         assert_eq!(m[0].tokens, vec![(0, 496, Tokens::Count(200))]);
     }
 
-    /// Two servers, one bucket limited to 700 of which 400 are done. Server 0 reports 30 tokens still held,
-    /// server 1 none, and the bucket's demand is now on server 1 only: the 30 are kept out of the limit
-    /// (server 1 gets 270 L-tokens, not 300), since server 0 may spend them before the answer arrives.
-    /// Where the bucket still has demand, what the server held comes back to it.
-    #[test]
-    fn tokens_held_at_the_report_stay_out_of_the_limit() {
-        // Answers within 40 ms: at 1,000 IOPS a server is taken to spend up to 81 tokens meanwhile (all
-        // 30 held here).
-        let config = |i, e| ControllerConfig { answer_delay: Nanos::from_millis(40), ..config(i, e) };
-        let qos = vec![BucketQos { reservation: 500, limit: Some(700) }];
-        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
+    /// Two servers of 1,000 IOPS, two intervals per period, one bucket (`reservation`, limit 700) and an
+    /// answer delay of `delay_ms`. After the first boundary's warm-up, the second boundary's reports:
+    /// server 0 dispatched 400 and still holds 30 tokens, and the bucket's arrivals in the interval were
+    /// `arrivals` at servers 0 and 1. Returns the controller and that boundary's messages.
+    fn held_round(delay_ms: u64, reservation: u64, arrivals: [u64; 2]) -> (Controller, Vec<TokenMessage>) {
+        let config =
+            ControllerConfig { answer_delay: Nanos::from_millis(delay_ms), ..config(2, DemandEstimator::Arrivals) };
+        let qos = vec![BucketQos { reservation, limit: Some(700) }];
+        let mut c = Controller::new(config, &[1000.0, 1000.0], qos).unwrap();
         let rep = |server, round, dispatched, arrivals, held| ServerReport {
             server,
             round,
@@ -582,21 +572,26 @@ mod tests {
         c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
         c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
         c.poll(Nanos::from_millis(200)).unwrap();
-        c.handle_report(rep(0, 1, 400, 0, 30)).unwrap();
-        c.handle_report(rep(1, 1, 0, 400, 0)).unwrap();
+        c.handle_report(rep(0, 1, 400, arrivals[0], 30)).unwrap();
+        c.handle_report(rep(1, 1, 0, arrivals[1], 0)).unwrap();
         let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+        (c, m)
+    }
+
+    /// One bucket limited to 700 of which 400 are done. Server 0 reports 30 tokens still held, server 1
+    /// none, and the bucket's demand is now on server 1 only: the 30 are kept out of the limit (server 1
+    /// gets 270 L-tokens, not 300), since server 0 may spend them before the answer arrives. Where the
+    /// bucket still has demand, what the server held comes back to it.
+    #[test]
+    fn tokens_held_at_the_report_stay_out_of_the_limit() {
+        // Answers within 40 ms: at 1,000 IOPS a server is taken to spend up to 81 tokens meanwhile (all
+        // 30 held here).
+        let (c, m) = held_round(40, 500, [0, 400]);
         assert_eq!(c.done(), &[400]);
         assert!(m[0].tokens.is_empty(), "no demand at server 0: its tokens are zeroed");
         assert_eq!(m[1].tokens, vec![(0, 100, Tokens::Count(170))], "270 = 700 - 400 - 30 in all");
         // With demand on both, server 0 gets its 30 back on top of its share.
-        let qos = vec![BucketQos { reservation: 500, limit: Some(700) }];
-        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
-        c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
-        c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
-        c.poll(Nanos::from_millis(200)).unwrap();
-        c.handle_report(rep(0, 1, 400, 200, 30)).unwrap();
-        c.handle_report(rep(1, 1, 0, 200, 0)).unwrap();
-        let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+        let (_, m) = held_round(40, 500, [200, 200]);
         let total = |m: &[TokenMessage]| -> u64 {
             m.iter()
                 .flat_map(|x| &x.tokens)
@@ -611,27 +606,12 @@ mod tests {
         assert_eq!(total(&m), 300, "700 - 400, the 30 held included: {m:?}");
         assert!(matches!(m[0].tokens[0].2, Tokens::Count(n) if n >= 30), "{m:?}");
         // A reservation that no longer fits beside the held tokens is trimmed to the limit left.
-        let qos = vec![BucketQos { reservation: 690, limit: Some(700) }];
-        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
-        c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
-        c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
-        c.poll(Nanos::from_millis(200)).unwrap();
-        c.handle_report(rep(0, 1, 400, 0, 30)).unwrap();
-        c.handle_report(rep(1, 1, 0, 400, 0)).unwrap();
-        let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+        let (_, m) = held_round(40, 690, [0, 400]);
         assert_eq!(m[1].tokens, vec![(0, 270, Tokens::Count(0))]);
         // Without an answer delay (the paper's behaviour) nothing is held back; with 5 ms only what a
         // server is taken to spend in it (2 x 5 + 1 = 11 of the 30).
         for (delay, l) in [(0, 200), (5, 189)] {
-            let config = |i, e| ControllerConfig { answer_delay: Nanos::from_millis(delay), ..config(i, e) };
-            let qos = vec![BucketQos { reservation: 500, limit: Some(700) }];
-            let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], qos).unwrap();
-            c.handle_report(rep(0, 0, 0, 400, 0)).unwrap();
-            c.handle_report(rep(1, 0, 0, 0, 0)).unwrap();
-            c.poll(Nanos::from_millis(200)).unwrap();
-            c.handle_report(rep(0, 1, 400, 0, 30)).unwrap();
-            c.handle_report(rep(1, 1, 0, 400, 0)).unwrap();
-            let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+            let (_, m) = held_round(delay, 500, [0, 400]);
             assert_eq!(m[1].tokens, vec![(0, 100, Tokens::Count(l))], "answer delay {delay} ms");
         }
     }

@@ -393,10 +393,7 @@ impl<'a> Sim<'a> {
                 *unrecorded += dispatched as i64;
                 debug_assert!(*unrecorded >= 0, "a completion counted before its dispatch");
                 let in_flight = (*unrecorded).max(0) as u64;
-                let held = b.r_tokens.saturating_add(match b.l_tokens {
-                    Tokens::Count(l) => l,
-                    Tokens::Unlimited => 0,
-                });
+                let held = b.held();
                 if n.arrivals + dispatched + b.queued + in_flight + held > 0 {
                     lines.push(BucketReport {
                         bucket,
