@@ -446,9 +446,14 @@ pub fn mclock_table(c: &SchedConfig) -> Result<String, String> {
         CostModel::SeekTransfer { knee_bytes } => format!("{{ tm_ms = 1.0, bpeak_mb_s = {} }}", f(knee_bytes / 1e3)),
         other => return Err(format!("cost model {other:?} has no rein.toml form")),
     };
+    let pool = match c.pool_return {
+        None => "pool_return = \"off\"\n".to_string(),
+        Some(p) => format!("pool_return = \"{}ns\"\npool_return_lag_ios = {}\n", p.window.0, p.lag_ios),
+    };
     let text = format!(
         "[mclock]\npreset = \"rein\"\nweight_lead_ios = {}\nlimit_burst_ios = {}\nreservation_lag = {}\n\
-         limited_reenter_at_vnow = {}\nlimit_mode = {}\ncost_model = {cost}\nbatch = {}\nbatch_distance_kb = {}\n",
+         limited_reenter_at_vnow = {}\nlimit_mode = {}\ncost_model = {cost}\nbatch = {}\nbatch_distance_kb = {}\n\
+         {pool}",
         count(c.weight_lead_ios),
         count(c.limit_burst_ios),
         q(&lag),
@@ -734,6 +739,21 @@ mod tests {
     use super::*;
     use std::path::Path;
     use std::time::Duration;
+
+    /// Every rule a node can be told reads back as itself, `pool_return` on, off and set.
+    #[test]
+    fn the_mclock_table_reads_back_for_every_pool_rule() {
+        use rein_core::PoolReturn;
+        let set = PoolReturn { window: rein_core::Nanos(25_000_000), lag_ios: 7 };
+        for c in [
+            SchedConfig::default(),
+            SchedConfig::paper(),
+            SchedConfig { pool_return: Some(set), ..SchedConfig::paper() },
+        ] {
+            let text = mclock_table(&c).unwrap();
+            assert_eq!(text.contains("pool_return = \"off\""), c.pool_return.is_none(), "{text}");
+        }
+    }
 
     #[test]
     fn integer_shares_reduce_by_their_gcd() {

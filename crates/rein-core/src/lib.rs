@@ -38,8 +38,9 @@ pub mod vtime;
 
 pub use cost::CostModel;
 pub use sched::{
-    Dispatch, Fifo, LimitMode, Limits, Mclock, Phase, Piggyback, Poll, Rbfq, Request, ReservationLag, ReservationShare,
-    ReservationSplit, SchedConfig, SchedError, Scheduler, SchedulerKind, ServiceTracker, Sfq, TenantId, TenantStats,
+    Dispatch, Fifo, LimitMode, Limits, Mclock, Phase, Piggyback, Poll, PoolReturn, Rbfq, Request, ReservationLag,
+    ReservationShare, ReservationSplit, SchedConfig, SchedError, Scheduler, SchedulerKind, ServiceTracker, Sfq,
+    TenantId, TenantStats,
 };
 pub use spec::{QosSpec, SpecError};
 pub use units::{Cost, LatestTime, Nanos, Tag};

@@ -1,8 +1,8 @@
 //! dmClock across two servers (mclock-dmclock.txt §4.2, Fig. 10 situation), with a small virtual-time
 //! driver: a tenant sending only to one server still gets its global reservation and its weight share.
 use rein_core::{
-    Mclock, Nanos, Phase, Piggyback, Poll, QosSpec, Request, ReservationSplit, SchedConfig, Scheduler, ServiceTracker,
-    TenantId,
+    Cost, Mclock, Nanos, Phase, Piggyback, Poll, PoolReturn, QosSpec, Request, ReservationSplit, SchedConfig,
+    Scheduler, ServiceTracker, TenantId,
 };
 
 /// Two servers at 1,000 IOPS each (1 ms per IO, depth 1). Tenant A (weight 3) keeps 16 requests queued at
@@ -150,4 +150,93 @@ fn dispatch_cost_excludes_delta() {
         let Poll::Dispatch(d) = s.poll(Nanos(0), true) else { panic!() };
         assert_eq!(d.cost, rein_core::Cost::ONE, "{kind}");
     }
+}
+
+/// One server at 1 ms per IO. A (weight 1) and B (weight `b_weight`) share it for 2 s, each with one request
+/// queued and a delta of 1 on A's (its pool also runs elsewhere). Then A's queue empties for `gap_ms`
+/// (its IOs are all at other servers, where it completes `elsewhere` IOs) while B is served alone, one IO
+/// per ms. A comes back with 1,000 requests. Returns how many of them are served before B's next IO.
+fn served_in_a_row(config: SchedConfig, b_weight: f64, gap_ms: u64, elsewhere: u64) -> u64 {
+    let mut s = Mclock::dmclock(config);
+    let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+    let b = s.add_tenant(QosSpec::weighted(b_weight).unwrap()).unwrap();
+    let delta = |n: u64| Piggyback { delta: Cost::units(n), ..Default::default() };
+    s.enqueue(Nanos(0), Request::new(a, 0).piggyback(delta(1))).unwrap();
+    s.enqueue(Nanos(0), Request::new(b, 1)).unwrap();
+    let mut h = 2;
+    let mut ms = 0;
+    while ms < 2000 {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("both backlogged") };
+        let p = if d.tenant == a { delta(1) } else { Piggyback::default() };
+        s.enqueue(Nanos::from_millis(ms), Request::new(d.tenant, h).piggyback(p)).unwrap();
+        h += 1;
+        ms += 1;
+    }
+    // A's pool leaves: its queued request is served, and it sends no more here.
+    loop {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("B backlogged") };
+        ms += 1;
+        if d.tenant == a {
+            break;
+        }
+        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
+        h += 1;
+    }
+    for _ in 0..gap_ms {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("B backlogged") };
+        assert_eq!(d.tenant, b);
+        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
+        h += 1;
+        ms += 1;
+    }
+    let now = Nanos::from_millis(ms);
+    for i in 0..1000 {
+        let p = if i == 0 { delta(elsewhere) } else { Piggyback::default() };
+        s.enqueue(now, Request::new(a, h).piggyback(p)).unwrap();
+        h += 1;
+    }
+    let mut in_a_row = 0;
+    while let Poll::Dispatch(d) = s.poll(now, true) {
+        if d.tenant == b {
+            break;
+        }
+        in_a_row += 1;
+    }
+    in_a_row
+}
+
+/// Engine invariant 6, "Pools that move" (`SchedConfig::pool_return`): a tenant whose requests carry a
+/// delta and whose queue emptied less than the window ago keeps its P tag, so the service B got alone
+/// while A's pool was elsewhere, less what A got elsewhere, is A's to take back here: with equal weights,
+/// `gap - elsewhere` IOs (one IO of slack either way: B's head tag at the return). At most `lag_ios` of
+/// A's own IOs behind B. A gap longer than the window, or the paper's rule, re-bases A to virtual time
+/// (then A and B alternate: at most 1 in a row).
+#[test]
+fn a_pool_that_moved_keeps_its_lag_within_the_bound() {
+    let rein = SchedConfig::default();
+    let p = rein.pool_return.expect("on by default");
+    assert_eq!((p.window, p.lag_ios), (Nanos::from_millis(100), 256));
+    let near = |got: u64, want: u64| got.abs_diff(want) <= 1;
+    let got = served_in_a_row(rein, 1.0, 50, 0);
+    assert!(near(got, 50), "gap 50 ms, nothing elsewhere: {got} in a row, want 50");
+    let got = served_in_a_row(rein, 1.0, 50, 20);
+    assert!(near(got, 30), "gap 50 ms, 20 IOs elsewhere: {got} in a row, want 30");
+    let got = served_in_a_row(rein, 1.0, 50, 80);
+    assert!(got <= 1, "more elsewhere than B got here: no lag, {got} in a row");
+    // B at weight 0.1: each of its IOs is 10 of A's, so 90 ms alone is 900 of A's IOs; the bound keeps 256.
+    let got = served_in_a_row(rein, 0.1, 90, 0);
+    assert!(near(got, 256), "lag beyond the bound: {got} in a row, want 256");
+    // Idleness, not a pool that moved: re-based as in the paper.
+    let got = served_in_a_row(rein, 1.0, 150, 0);
+    assert!(got <= 1, "gap 150 ms (over the window): {got} in a row");
+    // The paper's rule, and the setting off: every return re-based.
+    for config in [SchedConfig::paper(), SchedConfig { pool_return: None, ..rein }] {
+        let got = served_in_a_row(config, 1.0, 50, 0);
+        assert!(got <= 1, "pool_return off: {got} in a row");
+    }
+    // A shorter window and a smaller bound are honoured.
+    let small = SchedConfig { pool_return: Some(PoolReturn { window: Nanos::from_millis(40), lag_ios: 10 }), ..rein };
+    assert!(served_in_a_row(small, 1.0, 50, 0) <= 1, "gap 50 ms over a 40 ms window");
+    let got = served_in_a_row(small, 1.0, 30, 0);
+    assert!(near(got, 10), "bound 10: {got} in a row");
 }

@@ -22,6 +22,8 @@
 //! cost_model = "io"               # io | bytes | { tm_ms = 5, bpeak_mb_s = 60 } (mClock §3.1 eq. (4)-(5))
 //! batch = 1                       # locality batching, 1..=1024 (1 = off; the paper: 8)
 //! batch_distance_kb = 4096        # largest distance between requests of a batch (the paper: 4 MB)
+//! pool_return = "100ms"           # "off" (the paper) | a duration: a distributed tenant back within it keeps its P tag
+//! pool_return_lag_ios = 256       # ... up to this many of its IOs behind the others here
 //! ```
 //! Every field is optional. [`SchedSettingsFile::resolve`] starts from the preset ([`SchedConfig::default`]
 //! or [`SchedConfig::paper`]) and applies each field given, so `preset = "paper"` with `batch = 8` is the
@@ -31,7 +33,7 @@
 //! Errors ([`SettingsError`]) name the field (as `mclock.<field>`) and the value given, and say what is
 //! accepted. Nothing here panics on input.
 
-use rein_core::{CostModel, LimitMode, Nanos, ReservationLag, SchedConfig};
+use rein_core::{CostModel, LimitMode, Nanos, PoolReturn, ReservationLag, SchedConfig};
 use serde::Deserialize;
 use std::fmt;
 
@@ -44,6 +46,8 @@ pub const MAX_BATCH: i64 = 1024;
 pub const MAX_BATCH_DISTANCE_KB: f64 = (1u64 << 30) as f64;
 /// Longest `reservation_lag` duration accepted (an hour).
 pub const MAX_RESERVATION_LAG: Nanos = Nanos(3_600_000_000_000);
+/// Longest `pool_return` window accepted (a minute: a gap that long is idleness, not a pool moving).
+pub const MAX_POOL_RETURN: Nanos = Nanos(60_000_000_000);
 
 /// A setting that is an IO count or the word "none".
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -146,6 +150,11 @@ pub struct SchedSettingsFile {
     pub batch: Option<i64>,
     /// [`SchedConfig::batch_distance`], in KiB.
     pub batch_distance_kb: Option<f64>,
+    /// [`PoolReturn::window`] as a duration ("100ms"), or "off" ([`SchedConfig::pool_return`] `None`,
+    /// the paper).
+    pub pool_return: Option<String>,
+    /// [`PoolReturn::lag_ios`].
+    pub pool_return_lag_ios: Option<i64>,
 }
 
 impl SchedSettingsFile {
@@ -165,6 +174,8 @@ impl SchedSettingsFile {
             cost_model: pick(&self.cost_model, &over.cost_model),
             batch: pick(&self.batch, &over.batch),
             batch_distance_kb: pick(&self.batch_distance_kb, &over.batch_distance_kb),
+            pool_return: pick(&self.pool_return, &over.pool_return),
+            pool_return_lag_ios: pick(&self.pool_return_lag_ios, &over.pool_return_lag_ios),
         }
     }
 
@@ -227,6 +238,41 @@ impl SchedSettingsFile {
             }
             c.batch_distance = (v * 1024.0) as u64;
         }
+        if let Some(v) = &self.pool_return {
+            c.pool_return = if v == "off" {
+                None
+            } else {
+                let window = parse_duration(v, MAX_POOL_RETURN).ok_or_else(|| {
+                    SettingsError::new(
+                        "mclock.pool_return",
+                        format!("{v:?}"),
+                        "expected \"off\" (the paper: every return re-based) or a duration up to 1 minute such \
+                         as \"100ms\", \"0.5s\"",
+                    )
+                })?;
+                Some(PoolReturn { window, ..c.pool_return.unwrap_or_default() })
+            };
+        }
+        if let Some(v) = self.pool_return_lag_ios {
+            if !(0..=MAX_COUNT_IOS).contains(&v) {
+                return Err(SettingsError::new(
+                    "mclock.pool_return_lag_ios",
+                    v.to_string(),
+                    format!("expected an IO count in 0..={MAX_COUNT_IOS}"),
+                ));
+            }
+            match &mut c.pool_return {
+                Some(p) => p.lag_ios = v as u32,
+                None => {
+                    return Err(SettingsError::new(
+                        "mclock.pool_return_lag_ios",
+                        v.to_string(),
+                        "has no effect with pool_return = \"off\" (the paper preset turns it off; set \
+                         pool_return to a duration)",
+                    ))
+                }
+            }
+        }
         Ok(c)
     }
 }
@@ -275,25 +321,26 @@ fn parse_reservation_lag(v: &str) -> Result<ReservationLag, SettingsError> {
         )
     };
     match v {
-        "arrival" => return Ok(ReservationLag::Arrival),
-        "unbounded" => return Ok(ReservationLag::Unbounded),
-        _ => {}
+        "arrival" => Ok(ReservationLag::Arrival),
+        "unbounded" => Ok(ReservationLag::Unbounded),
+        _ => parse_duration(v, MAX_RESERVATION_LAG).map(ReservationLag::Bounded).ok_or_else(bad),
     }
-    let split = v.find(|ch: char| ch.is_ascii_alphabetic()).ok_or_else(bad)?;
+}
+
+/// A duration with a unit (ns, us, ms, s), from 0 to `max`; `None` if it is not one.
+fn parse_duration(v: &str, max: Nanos) -> Option<Nanos> {
+    let split = v.find(|ch: char| ch.is_ascii_alphabetic())?;
     let (number, unit) = v.split_at(split);
     let ns_per_unit = match unit {
         "ns" => 1.0,
         "us" => 1e3,
         "ms" => 1e6,
         "s" => 1e9,
-        _ => return Err(bad()),
+        _ => return None,
     };
-    let x: f64 = number.trim().parse().map_err(|_| bad())?;
+    let x: f64 = number.trim().parse().ok()?;
     let ns = x * ns_per_unit;
-    if !(ns.is_finite() && ns >= 0.0 && ns <= MAX_RESERVATION_LAG.0 as f64) {
-        return Err(bad());
-    }
-    Ok(ReservationLag::Bounded(Nanos(ns.round() as u64)))
+    (ns.is_finite() && ns >= 0.0 && ns <= max.0 as f64).then(|| Nanos(ns.round() as u64))
 }
 
 #[cfg(test)]
@@ -328,6 +375,8 @@ mod tests {
             cost_model = { tm_ms = 5, bpeak_mb_s = 60 }
             batch = 8
             batch_distance_kb = 4096
+            pool_return = "50ms"
+            pool_return_lag_ios = 64
             "#,
         )
         .resolve()
@@ -339,6 +388,12 @@ mod tests {
         assert_eq!(c.limit_mode, LimitMode::BreakWhenIdle);
         assert_eq!(c.cost_model, CostModel::paper_disk());
         assert_eq!((c.batch, c.batch_distance), (8, 4 << 20));
+        assert_eq!(c.pool_return, Some(PoolReturn { window: Nanos(50_000_000), lag_ios: 64 }));
+        assert_eq!(parse("pool_return = \"off\"").resolve().unwrap().pool_return, None);
+        assert_eq!(
+            parse("preset = \"paper\"\npool_return = \"1s\"").resolve().unwrap().pool_return,
+            Some(PoolReturn { window: Nanos(1_000_000_000), ..PoolReturn::default() })
+        );
         let p = parse("preset = \"paper\"\nweight_lead_ios = 4\nlimit_burst_ios = \"none\"").resolve().unwrap();
         assert_eq!((p.weight_lead_ios, p.limit_burst_ios, p.reservation_lag), (Some(4), None, ReservationLag::Arrival));
     }
@@ -370,6 +425,11 @@ mod tests {
         assert!(err("limit_mode = \"loose\"").starts_with("mclock.limit_mode = \"loose\": expected \"strict\""));
         assert!(err("preset = \"1999\"").starts_with("mclock.preset = \"1999\""));
         assert!(err("batch = 0").starts_with("mclock.batch = 0: expected 1..=1024"));
+        assert!(err("pool_return = \"2min\"").starts_with("mclock.pool_return = \"2min\": expected \"off\""));
+        assert!(err("pool_return = \"61s\"").starts_with("mclock.pool_return = \"61s\""));
+        assert!(err("pool_return_lag_ios = -1").starts_with("mclock.pool_return_lag_ios = -1: expected an IO count"));
+        assert!(err("pool_return = \"off\"\npool_return_lag_ios = 8")
+            .starts_with("mclock.pool_return_lag_ios = 8: has no effect with pool_return = \"off\""));
         assert!(err("batch = 5000").starts_with("mclock.batch = 5000"));
         assert!(err("batch_distance_kb = -1.0").starts_with("mclock.batch_distance_kb = -1"));
         assert!(err("cost_model = \"time\"").starts_with("mclock.cost_model = \"time\""));

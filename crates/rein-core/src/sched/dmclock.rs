@@ -47,8 +47,10 @@
 //! [`super::mclock`] for why s_j still gets at least `r s_j`). So weight-phase IOs a tenant gets where its
 //! pool leaves it alone count toward its reservation there, which is what keeps Fig. 9(b)'s c1 near 800;
 //! the cost is that the reservation-phase share of its IOs no longer means "IOs owed" (c1: 0.78, not 1).
-//! The one-pool drift itself (cause 2) remains where nothing is reserved: Fig. 9(a) with one pool gives c1
-//! about 5 % above its 1/11 (4.5 % with seed 1; above 5 % in 2 of seeds 1-16).
+//! The one-pool drift itself (cause 2), where nothing is reserved, is the engine's business: a pool that
+//! leaves a server's queue for a moment is not re-based on its return (`SchedConfig::pool_return`,
+//! engine "Pools that move"); with it Fig. 9(a) with one pool gives c1 its 1/11 within 0.31% over seeds
+//! 1-20 (without it, up to 5.8% above).
 //!
 //! What the spread gives up: the guarantee holds for the spread the tracker *measured*. A tenant whose
 //! spread shifts (a new hot spot) is under-reserved at the new hot server until the window has seen the

@@ -236,6 +236,12 @@ pub struct SchedConfig {
     pub limited_reenter_at_vnow: bool,
     /// `maintain` removes tenants idle at least this long. `None`: never.
     pub erase_age: Option<Nanos>,
+    /// A distributed tenant (its requests carry a delta) whose queue here emptied a moment ago keeps its
+    /// P tag when it returns, instead of the paper's re-base to virtual time: one pool of outstanding IOs
+    /// spread over several servers leaves a server's queue whenever its IOs happen to be elsewhere, and
+    /// forgiving each such gap skews the weight split (engine invariant 6, "Pools that move"). `None`:
+    /// the paper's rule, every return re-based.
+    pub pool_return: Option<PoolReturn>,
     /// Bounds on tenants and queued requests.
     pub limits: Limits,
 }
@@ -253,6 +259,7 @@ impl Default for SchedConfig {
             reservation_lag: ReservationLag::Bounded(DEFAULT_RESERVATION_LAG),
             limited_reenter_at_vnow: true,
             erase_age: None,
+            pool_return: Some(PoolReturn::default()),
             limits: Limits::default(),
         }
     }
@@ -270,10 +277,35 @@ impl SchedConfig {
             reservation_lag: ReservationLag::Arrival,
             limited_reenter_at_vnow: false,
             limit_mode: LimitMode::Strict,
+            pool_return: None,
             ..SchedConfig::default()
         }
     }
 }
+
+/// When a distributed tenant's return to a server counts as its pool moving rather than the tenant going
+/// idle, and how much lag it may keep ([`SchedConfig::pool_return`]; engine invariant 6).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PoolReturn {
+    /// A return counts as the pool moving if the tenant's queue here emptied less than this long ago
+    /// (default 100 ms); a longer gap is idleness, re-based as in the paper.
+    pub window: Nanos,
+    /// How far, in IOs of its own cost, the returning tenant's P tag may stay behind the smallest P tag of
+    /// the other tenants here or recently here (default 256). Bounds what it is repaid: without a bound, a
+    /// tenant that sends a trickle here while crowded elsewhere would bank lag for as long as it trickles.
+    pub lag_ios: u32,
+}
+
+impl Default for PoolReturn {
+    fn default() -> Self {
+        PoolReturn { window: DEFAULT_POOL_RETURN_WINDOW, lag_ios: DEFAULT_POOL_RETURN_LAG_IOS }
+    }
+}
+
+/// Default [`PoolReturn::window`].
+pub const DEFAULT_POOL_RETURN_WINDOW: Nanos = Nanos(100_000_000);
+/// Default [`PoolReturn::lag_ios`].
+pub const DEFAULT_POOL_RETURN_LAG_IOS: u32 = 256;
 
 /// Default bound on the reservation a backlogged tenant may be owed ([`ReservationLag::Bounded`]).
 pub const DEFAULT_RESERVATION_LAG: Nanos = Nanos(100_000_000);
