@@ -145,6 +145,7 @@ fn dispatch_cost_excludes_delta() {
             delta: rein_core::Cost::units(7),
             rho: rein_core::Cost::units(3),
             share: rein_core::ReservationShare::ONE,
+            pool_busy: false,
         };
         s.enqueue(Nanos(0), Request::new(a, 1).piggyback(p)).unwrap();
         let Poll::Dispatch(d) = s.poll(Nanos(0), true) else { panic!() };
@@ -155,8 +156,9 @@ fn dispatch_cost_excludes_delta() {
 /// One server at 1 ms per IO. A (weight 1) and B (weight `b_weight`) share it for 2 s, each with one request
 /// queued and a delta of 1 on A's (its pool also runs elsewhere). Then A's queue empties for `gap_ms`
 /// (its IOs are all at other servers, where it completes `elsewhere` IOs) while B is served alone, one IO
-/// per ms. A comes back with 1,000 requests. Returns how many of them are served before B's next IO.
-fn served_in_a_row(config: SchedConfig, b_weight: f64, gap_ms: u64, elsewhere: u64) -> u64 {
+/// per ms. A comes back with 1,000 requests, the first saying whether its pool stayed busy (`busy`: its
+/// tracker's flag). Returns how many of them are served before B's next IO.
+fn served_in_a_row(config: SchedConfig, b_weight: f64, gap_ms: u64, elsewhere: u64, busy: bool) -> u64 {
     let mut s = Mclock::dmclock(config);
     let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
     let b = s.add_tenant(QosSpec::weighted(b_weight).unwrap()).unwrap();
@@ -191,7 +193,7 @@ fn served_in_a_row(config: SchedConfig, b_weight: f64, gap_ms: u64, elsewhere: u
     }
     let now = Nanos::from_millis(ms);
     for i in 0..1000 {
-        let p = if i == 0 { delta(elsewhere) } else { Piggyback::default() };
+        let p = if i == 0 { Piggyback { pool_busy: busy, ..delta(elsewhere) } } else { Piggyback::default() };
         s.enqueue(now, Request::new(a, h).piggyback(p)).unwrap();
         h += 1;
     }
@@ -206,37 +208,41 @@ fn served_in_a_row(config: SchedConfig, b_weight: f64, gap_ms: u64, elsewhere: u
 }
 
 /// Engine invariant 6, "Pools that move" (`SchedConfig::pool_return`): a tenant whose requests carry a
-/// delta and whose queue emptied less than the window ago keeps its P tag, so the service B got alone
+/// delta, whose pool stayed busy (the tracker's flag) and whose queue emptied less than the window ago
+/// keeps its P tag, so the service B got alone
 /// while A's pool was elsewhere, less what A got elsewhere, is A's to take back here: with equal weights,
 /// `gap - elsewhere` IOs (one IO of slack either way: B's head tag at the return). At most `lag_ios` of
-/// A's own IOs behind B. A gap longer than the window, or the paper's rule, re-bases A to virtual time
-/// (then A and B alternate: at most 1 in a row).
+/// A's own IOs behind B. A pool that emptied (A was idle), a gap longer than the window, or the paper's
+/// rule, re-bases A to virtual time (then A and B alternate: at most 1 in a row).
 #[test]
 fn a_pool_that_moved_keeps_its_lag_within_the_bound() {
     let rein = SchedConfig::default();
     let p = rein.pool_return.expect("on by default");
     assert_eq!((p.window, p.lag_ios), (Nanos::from_millis(100), 256));
     let near = |got: u64, want: u64| got.abs_diff(want) <= 1;
-    let got = served_in_a_row(rein, 1.0, 50, 0);
+    let got = served_in_a_row(rein, 1.0, 50, 0, true);
     assert!(near(got, 50), "gap 50 ms, nothing elsewhere: {got} in a row, want 50");
-    let got = served_in_a_row(rein, 1.0, 50, 20);
+    let got = served_in_a_row(rein, 1.0, 50, 20, true);
     assert!(near(got, 30), "gap 50 ms, 20 IOs elsewhere: {got} in a row, want 30");
-    let got = served_in_a_row(rein, 1.0, 50, 80);
+    let got = served_in_a_row(rein, 1.0, 50, 80, true);
     assert!(got <= 1, "more elsewhere than B got here: no lag, {got} in a row");
     // B at weight 0.1: each of its IOs is 10 of A's, so 90 ms alone is 900 of A's IOs; the bound keeps 256.
-    let got = served_in_a_row(rein, 0.1, 90, 0);
+    let got = served_in_a_row(rein, 0.1, 90, 0, true);
     assert!(near(got, 256), "lag beyond the bound: {got} in a row, want 256");
-    // Idleness, not a pool that moved: re-based as in the paper.
-    let got = served_in_a_row(rein, 1.0, 150, 0);
+    // Idleness, not a pool that moved: the tracker says the pool emptied; re-based as in the paper.
+    let got = served_in_a_row(rein, 1.0, 50, 0, false);
+    assert!(got <= 1, "pool emptied during the gap: {got} in a row");
+    // A gap longer than the window: re-based as in the paper.
+    let got = served_in_a_row(rein, 1.0, 150, 0, true);
     assert!(got <= 1, "gap 150 ms (over the window): {got} in a row");
     // The paper's rule, and the setting off: every return re-based.
     for config in [SchedConfig::paper(), SchedConfig { pool_return: None, ..rein }] {
-        let got = served_in_a_row(config, 1.0, 50, 0);
+        let got = served_in_a_row(config, 1.0, 50, 0, true);
         assert!(got <= 1, "pool_return off: {got} in a row");
     }
     // A shorter window and a smaller bound are honoured.
     let small = SchedConfig { pool_return: Some(PoolReturn { window: Nanos::from_millis(40), lag_ios: 10 }), ..rein };
-    assert!(served_in_a_row(small, 1.0, 50, 0) <= 1, "gap 50 ms over a 40 ms window");
-    let got = served_in_a_row(small, 1.0, 30, 0);
+    assert!(served_in_a_row(small, 1.0, 50, 0, true) <= 1, "gap 50 ms over a 40 ms window");
+    let got = served_in_a_row(small, 1.0, 30, 0, true);
     assert!(near(got, 10), "bound 10: {got} in a row");
 }

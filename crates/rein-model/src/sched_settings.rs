@@ -22,7 +22,7 @@
 //! cost_model = "io"               # io | bytes | { tm_ms = 5, bpeak_mb_s = 60 } (mClock §3.1 eq. (4)-(5))
 //! batch = 1                       # locality batching, 1..=1024 (1 = off; the paper: 8)
 //! batch_distance_kb = 4096        # largest distance between requests of a batch (the paper: 4 MB)
-//! pool_return = "100ms"           # "off" (the paper) | a duration: a distributed tenant back within it keeps its P tag
+//! pool_return = "100ms"           # "off" (the paper) | a duration: a distributed tenant back within it, pool busy, keeps its P tag
 //! pool_return_lag_ios = 256       # ... up to this many of its IOs behind the others here
 //! ```
 //! Every field is optional. [`SchedSettingsFile::resolve`] starts from the preset ([`SchedConfig::default`]

@@ -491,7 +491,8 @@ pub fn node_hello(data: &[u8]) {
         tag.encode(&mut again);
         assert_eq!(again[..], data[..NODE_TAG_LEN], "an accepted tag re-encodes to its bytes");
         let p = tag.piggyback();
-        assert_eq!((p.delta.0, p.rho.0, p.share.raw()), (tag.delta, tag.rho, tag.share), "the piggyback is exact");
+        let got = (p.delta.0, p.rho.0, p.share.raw(), p.pool_busy);
+        assert_eq!(got, (tag.delta, tag.rho, tag.share, tag.pool_busy), "the piggyback is exact");
     }
     if let Ok(trailer) = NodeReplyTrailer::decode(data) {
         let mut again = Vec::new();

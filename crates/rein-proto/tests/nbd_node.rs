@@ -63,7 +63,7 @@ fn disabled_node_option_is_an_unknown_option() {
 fn hello_and_welcome_layouts_are_byte_exact() {
     let h = NodeHello::new(vec![NodeTenant { split: NodeSplit::Rho, limit: None, ..tenant("c") }]);
     let bytes = hello_bytes(&h);
-    assert_eq!(&bytes[..8], &[0, 2, 0, 0, 0, 1, 0, 1]);
+    assert_eq!(&bytes[..8], &[0, 3, 0, 0, 0, 1, 0, 1], "version 3 (the layout is v2's)");
     assert_eq!(bytes[8], b'c');
     assert_eq!(&bytes[9..17], &250f64.to_be_bytes());
     assert_eq!(&bytes[17..25], &f64::INFINITY.to_be_bytes());
@@ -73,12 +73,12 @@ fn hello_and_welcome_layouts_are_byte_exact() {
     let w = harness::welcome_for(&h);
     let mut wb = Vec::new();
     w.encode(&mut wb);
-    assert_eq!(wb.len(), 6 + 40 + 8, "v2: the entry, then the boot identity");
-    assert_eq!(&wb[..2], &[0, 2]);
+    assert_eq!(wb.len(), 6 + 40 + 8, "v2 and v3: the entry, then the boot identity");
+    assert_eq!(&wb[..2], &[0, 3]);
     assert_eq!(&wb[6..14], &[0, 0, 0, 0, 1, 0, 0, 0], "slot 0, source 1 (gateway), reserved");
     assert_eq!(&wb[46..], &w.boot.expect("a v2 welcome states its boot").to_be_bytes());
     assert_eq!(NodeWelcome::decode(&wb).unwrap(), w);
-    let tag = NodeTag { slot: 3, share: 65536, delta: 0x10_0000, rho: 7 };
+    let tag = NodeTag { slot: 3, share: 65536, delta: 0x10_0000, rho: 7, pool_busy: false };
     let mut tb = Vec::new();
     tag.encode(&mut tb);
     assert_eq!(tb.len(), NODE_TAG_LEN);
@@ -86,6 +86,13 @@ fn hello_and_welcome_layouts_are_byte_exact() {
         tb,
         [&3u32.to_be_bytes()[..], &65536u32.to_be_bytes(), &0x10_0000u64.to_be_bytes(), &7u64.to_be_bytes()].concat()
     );
+    // v3's pool flag: bit 31 of the share word.
+    let busy = NodeTag { pool_busy: true, ..tag };
+    let mut bb = Vec::new();
+    busy.encode(&mut bb);
+    assert_eq!(&bb[4..8], &(65536u32 | 1 << 31).to_be_bytes());
+    assert_eq!(NodeTag::decode(&bb).unwrap(), busy);
+    assert!(busy.piggyback().pool_busy);
     let t = NodeReplyTrailer { phase: Some(rein_core::Phase::OverLimit), cost: 65536 };
     let mut rb = Vec::new();
     t.encode(&mut rb);
@@ -342,7 +349,12 @@ proptest! {
 
     #[test]
     fn node_streams_are_split_independent(
-        reqs in proptest::collection::vec((0u16..8, any::<u64>(), 0u64..70_000, 0u32..8, 0u32..70_000, 0u64..100, 0u64..120), 0..24),
+        reqs in proptest::collection::vec((
+            0u16..8, any::<u64>(), 0u64..70_000, 0u32..8,
+            // The share word: half of them with the pool flag (bit 31) set.
+            (0u32..140_000).prop_map(|s| if s >= 70_000 { (s - 70_000) | 1 << 31 } else { s }),
+            0u64..100, 0u64..120,
+        ), 0..24),
         seed in any::<u8>(),
     ) {
         let config = TransmissionConfig {
@@ -354,7 +366,7 @@ proptest! {
             let length = (*offset % 5000) as u32;
             let command = Command::from_u16(*command);
             let header = RequestHeader { flags: 0, command, handle: *handle, offset: *offset, length };
-            encode_node_request(&header, &NodeTag { slot: *slot, share: *share, delta: *delta, rho: *rho }, &mut stream);
+            encode_node_request(&header, &NodeTag::from_words(*slot, *share, *delta, *rho), &mut stream);
             if command == Command::Write {
                 stream.extend(std::iter::repeat_n(0x5a, length as usize));
             }
@@ -364,10 +376,13 @@ proptest! {
         let until_disc = reqs.iter().position(|r| r.0 == CMD_DISC).map_or(reqs.len(), |i| i + 1);
         prop_assert_eq!(out.len(), until_disc);
         for (o, (_, _, _, slot, share, delta, rho)) in out.iter().zip(&reqs) {
-            let bad_tag = *slot >= 4 || *share == 0 || *share > 65536 || rho > delta;
+            // Bit 31 of the share word is the pool flag (v3); the share is the rest.
+            let s = *share & 0x7fff_ffff;
+            let bad_tag = *slot >= 4 || s == 0 || s > 65536 || rho > delta;
             if let harness::Outcome::Request(r, _) = o {
                 prop_assert!(!bad_tag, "a bad tag accepted: {:?}", r.tag);
-                prop_assert_eq!(r.tag, Some(NodeTag { slot: *slot, share: *share, delta: *delta, rho: *rho }));
+                let want = NodeTag { slot: *slot, share: s, delta: *delta, rho: *rho, pool_busy: *share >> 31 == 1 };
+                prop_assert_eq!(r.tag, Some(want));
             }
         }
     }
@@ -384,7 +399,7 @@ fn bad_tags_are_rejected_einval_and_the_stream_stays_in_sync() {
         node: true,
         node_slots: 2,
     };
-    let good = NodeTag { slot: 1, share: 65536, delta: 10, rho: 5 };
+    let good = NodeTag { slot: 1, share: 65536, delta: 10, rho: 5, pool_busy: true };
     let cases = [
         (NodeTag { slot: 2, ..good }, TagFault::Slot { slot: 2, slots: 2 }),
         (NodeTag { share: 0, ..good }, TagFault::Share(0)),
@@ -437,13 +452,13 @@ fn a_node_request_waits_for_its_tag_and_disc_carries_one() {
     let mut m = ServerTransmission::new(config);
     let mut input = Vec::new();
     let flush = RequestHeader { flags: 0, command: Command::Flush, handle: 5, offset: 0, length: 0 };
-    encode_node_request(&flush, &NodeTag { slot: 0, share: 1, delta: 0, rho: 0 }, &mut input);
+    encode_node_request(&flush, &NodeTag { slot: 0, share: 1, delta: 0, rho: 0, pool_busy: false }, &mut input);
     assert_eq!(m.feed(&input[..REQUEST_LEN + 3]).unwrap(), (0, Event::NeedMore { wanted: REQUEST_LEN + NODE_TAG_LEN }));
     assert!(matches!(m.feed(&input).unwrap(), (52, Event::Request { .. })));
     let disc = RequestHeader { flags: 0, command: Command::Disc, handle: 6, offset: 0, length: 0 };
     let mut input = Vec::new();
     // DISC's tag is ignored, even an invalid one.
-    encode_node_request(&disc, &NodeTag { slot: 9, share: 0, delta: 0, rho: 1 }, &mut input);
+    encode_node_request(&disc, &NodeTag { slot: 9, share: 0, delta: 0, rho: 1, pool_busy: false }, &mut input);
     assert_eq!(m.feed(&input).unwrap(), (52, Event::Disconnect));
 }
 

@@ -54,7 +54,7 @@
 //! limit_mode = "strict"          # strict (Algorithm 1) | break_when_idle
 //! batch = 1                      # locality batching (the paper: 8)
 //! batch_distance_kb = 4096       # the paper: 4 MB
-//! pool_return = "100ms"          # "off" (the paper) | a duration: a gateway's tenant back within it keeps its P tag
+//! pool_return = "100ms"          # "off" (the paper) | a duration: a gateway's tenant back within it, pool busy, keeps its P tag
 //! pool_return_lag_ios = 256      # ... up to this many of its IOs behind the other tenants here
 //!
 //! [device_model]                 # optional: the simulator's device model on top of real storage

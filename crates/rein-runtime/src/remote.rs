@@ -81,7 +81,9 @@ use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
 use crate::tls::{NbdStream, TlsClient};
 use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
-use rein_proto::nbd::node::{decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION};
+use rein_proto::nbd::node::{
+    decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION, NODE_VERSION_POOL_FLAG,
+};
 use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use rein_proto::ErrorKind;
 use std::collections::HashMap;
@@ -823,6 +825,8 @@ struct Session {
     slot: Option<u32>,
     /// On a storage-node session: the node's boot identity from its welcome (protocol v2), if stated.
     boot: Option<u64>,
+    /// On a storage-node session: the welcome's protocol version (0 on a plain session).
+    version: u16,
 }
 
 impl Session {
@@ -889,14 +893,15 @@ impl Target {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
-                        return Ok(Session { stream, input, flags, slot: None, boot: None });
+                        return Ok(Session { stream, input, flags, slot: None, boot: None, version: 0 });
                     }
                     ClientProgress::NodeReady { size, flags, welcome } => {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
                         let slot = welcome.tenants.first().map(|g| g.slot);
-                        return Ok(Session { stream, input, flags, slot, boot: welcome.boot });
+                        let (boot, version) = (welcome.boot, welcome.version);
+                        return Ok(Session { stream, input, flags, slot, boot, version });
                     }
                     ClientProgress::NodeRefused(reply, message) => {
                         if reply == p::REP_ERR_TLS_REQD {
@@ -1082,7 +1087,9 @@ struct Pending {
 /// Runs one session: a writer and a reader side by side on the task, until either ends; then every piece
 /// still pending fails (invariant 1).
 async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
-    let Session { mut stream, input, slot, boot, .. } = session;
+    let Session { mut stream, input, slot, boot, version, .. } = session;
+    // The pool flag goes only to a node that reads it (a v2 node refuses the bit).
+    let pool_flag = version >= NODE_VERSION_POOL_FLAG;
     let node = target.index;
     let qos = match (slot, &target.qos) {
         (Some(slot), Some((_, tracker))) => Some((slot, tracker.as_ref())),
@@ -1098,13 +1105,13 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     match &mut stream {
         NbdStream::Plain(tcp) => {
             let (rd, wr) = tcp.split();
-            run_session_on(target, rd, wr, input, qos, rx).await
+            run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
         }
         NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
             // A batch's small messages into full TLS records (the module `wire`), as the server's side.
             let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
-            run_session_on(target, rd, wr, input, qos, rx).await
+            run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
         }
     }
 }
@@ -1116,6 +1123,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut wr: W,
     input: Vec<u8>,
     qos: Option<(u32, &Mutex<ServiceTracker>)>,
+    pool_flag: bool,
     rx: &mut mpsc::UnboundedReceiver<Work>,
 ) -> SessionEnd {
     let node = target.index;
@@ -1153,7 +1161,9 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                         .prepare(node)
                         .expect("the tracker covers every node");
                     let mut tag = Vec::with_capacity(NODE_TAG_LEN);
-                    NodeTag::new(slot, piggyback).encode(&mut tag);
+                    let node_tag =
+                        NodeTag { pool_busy: piggyback.pool_busy && pool_flag, ..NodeTag::new(slot, piggyback) };
+                    node_tag.encode(&mut tag);
                     msg[p::REQUEST_LEN..MSG_HEAD].copy_from_slice(&tag);
                 }
                 let sent = Instant::now();
@@ -1217,10 +1227,13 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 let p = pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle).expect("looked up above");
                 heard = Instant::now();
                 if let (Some((_, tracker)), Some(t)) = (qos, trailer) {
-                    if let Some(phase) = t.phase {
-                        let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
-                        tracker.complete(node, phase, Cost(t.cost)).expect("the tracker covers every node");
+                    let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
+                    match t.phase {
+                        Some(phase) => tracker.complete(node, phase, Cost(t.cost)),
+                        // Not charged (an error): it leaves the tenant's pool all the same (the pool flag).
+                        None => tracker.abandon(node),
                     }
+                    .expect("the tracker covers every node");
                 }
                 if error == 0 {
                     p.sink.ok(&avail[n..n + len]);
@@ -1298,6 +1311,10 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         SessionEnd::Recycle => "the session ended for a new spec".to_string(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        if let Some((_, tracker)) = qos {
+            // Prepared, never answered: out of the tenant's pool as the tracker counts it.
+            tracker.lock().unwrap_or_else(|e| e.into_inner()).abandon(node).expect("the tracker covers every node");
+        }
         target.fail(p.sink, ErrorKind::Io, why.clone());
     }
     if matches!(end, SessionEnd::Failed(_) | SessionEnd::Left(_)) && target.durability.session_ended() {
@@ -1523,6 +1540,35 @@ mod tests {
         assert_eq!(pairs(&ta), vec![(0, 0), (cost_b, cost_b), (0, 0)]);
         assert_eq!(pairs(&tb), vec![(cost_a, cost_a)]);
         assert!(ta.iter().chain(&tb).all(|t| t.slot == 0 && t.share == 1 << 16), "{ta:?} {tb:?}");
+    }
+
+    /// The pool flag (node protocol v3, `Piggyback::pool_busy`): a piece to node a carries it when the
+    /// tenant had pieces in flight at every moment since its previous piece to a (here b's piece, which b
+    /// never answers), and a node that speaks v1 never gets it (it would refuse the bit).
+    #[tokio::test]
+    async fn the_pool_flag_says_the_pool_stayed_busy_and_goes_only_to_nodes_that_read_it() {
+        for (boots, v3) in [(vec![Some(7)], true), (vec![None], false)] {
+            let (a, tags_a) = fake_node_sessions(1 << 16, true, boots, usize::MAX).await;
+            let (b, tags_b) = fake_node(1 << 16, false).await;
+            let volume = rho_volume(a, b).await;
+            read_at(&volume, 0).await.unwrap(); // the pool empties after it
+            let v = volume.clone();
+            let stuck = tokio::spawn(async move {
+                let _ = read_at(&v, 4096).await;
+            });
+            for _ in 0..400 {
+                if !tags_b.lock().unwrap().is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(tags_b.lock().unwrap().len(), 1, "b got its piece");
+            read_at(&volume, 0).await.unwrap(); // b's piece in flight, but the pool emptied since a's last
+            read_at(&volume, 0).await.unwrap(); // b's piece in flight throughout since a's last
+            let busy: Vec<bool> = tags_a.lock().unwrap().iter().map(|t| t.pool_busy).collect();
+            assert_eq!(busy, vec![false, false, v3], "v3 node: {v3}");
+            stuck.abort();
+        }
     }
 
     /// A reconnect to the same boot keeps the tenant's account at the node (the outage's service

@@ -105,7 +105,7 @@ fn recv(c: &mut NbdOpen, data_len: usize) -> (SimpleReply, NodeReplyTrailer, Vec
 }
 
 fn tag(slot: u32) -> NodeTag {
-    NodeTag { slot, share: 65536, delta: 0, rho: 0 }
+    NodeTag { slot, share: 65536, delta: 0, rho: 0, pool_busy: false }
 }
 
 #[test]
@@ -143,7 +143,10 @@ fn a_large_delta_gets_proportionally_less() {
     let s = start(tmp.path(), 131, &node_config("node", ""));
     let mut c = open(s.nbd, NodeHello::new(vec![tenant("a", 0.0, 1.0), tenant("m", 0.0, 1.0)]));
     let delta = 3 * Cost::ONE.0;
-    let tags = [NodeTag { slot: 0, share: 65536, delta, rho: 0 }, NodeTag { slot: 1, share: 65536, delta: 0, rho: 0 }];
+    let tags = [
+        NodeTag { slot: 0, share: 65536, delta, rho: 0, pool_busy: false },
+        NodeTag { slot: 1, share: 65536, delta: 0, rho: 0, pool_busy: false },
+    ];
     let depth = 16; // requests outstanding per tenant: both always backlogged at the node
     let mut handle = 0u64;
     for t in tags {

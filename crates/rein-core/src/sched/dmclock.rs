@@ -71,6 +71,17 @@
 //! 3-4 %); the R charge, `1/share`, is convex in the share, so its mean is high by about the square of
 //! that (0.1-0.2 %), which costs the tenant that much of its reservation.
 //!
+//! # The pool flag
+//! A server cannot tell a tenant whose queue there emptied because its pool of outstanding IOs moved to
+//! the other servers from one that went idle; the tracker can. It counts the tenant's requests in
+//! flight (one more per [`ServiceTracker::prepare`], one fewer per [`ServiceTracker::complete`] or
+//! [`ServiceTracker::abandon`]) and the times that count fell to zero (`empties`), and stamps each
+//! request to s_j with [`Piggyback::pool_busy`]: no empty moment since its previous request to s_j. The
+//! server keeps such a tenant's P tag after a short gap instead of re-basing it (`SchedConfig::
+//! pool_return`, the engine's "Pools that move"). A request that ends without a completion being reported
+//! (an error, a lost session) must be abandoned, or the count stays above zero and the flag stays set: the
+//! server then treats a brief idleness as a pool that moved (bounded by `pool_return`, never more).
+//!
 //! # State and invariants
 //! Running totals of completed cost over all servers (`total`, `total_resv`), and per server: the cost
 //! completed there (`own`, `own_resv`), the value of `total - own` when the tenant last sent a request
@@ -85,6 +96,9 @@
 //!    request (which would push the tenant's P tag there far into the future).
 //! 3. The shares sent are in `(0, 1]`, and `sum_j sent_j == window_sent < window_ios` (likewise for the
 //!    previous window), so the shares of one moment over all servers sum to 1.
+//! 4. `outstanding` is the requests prepared less those completed or abandoned (never below zero: an
+//!    unmatched completion is ignored), and `empties` grows by one each time it falls to zero; a request
+//!    to s_j is `pool_busy` iff a request went to s_j before and `empties` has not grown since.
 //!
 //! # Paper symbols -> code
 //! | paper | code |
@@ -204,6 +218,9 @@ pub struct Piggyback {
     pub rho: Cost,
     /// The part of the reservation this server owes ([`ReservationSplit::Spread`]; `ONE` under `Rho`).
     pub share: ReservationShare,
+    /// The tenant had requests in flight at every moment since its previous request to this server
+    /// (module comment, "The pool flag"). False for its first request there.
+    pub pool_busy: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -218,6 +235,8 @@ struct PerServer {
     sent_prev: u32,
     /// The boot identity of the server's last session, if it stated one ([`ServiceTracker::session`]).
     boot: Option<u64>,
+    /// `empties` when the last request to this server was prepared; `None` before the first.
+    empties_at_send: Option<u64>,
 }
 
 /// A tenant's service tracker (one per tenant per client/gateway).
@@ -230,6 +249,10 @@ pub struct ServiceTracker {
     window_sent: u32,
     window_sent_prev: u32,
     servers: Vec<PerServer>,
+    /// Requests in flight (invariant 4).
+    outstanding: u64,
+    /// Times `outstanding` fell to zero.
+    empties: u64,
 }
 
 impl ServiceTracker {
@@ -254,6 +277,8 @@ impl ServiceTracker {
             window_sent: 0,
             window_sent_prev: 0,
             servers: vec![PerServer::default(); servers],
+            outstanding: 0,
+            empties: 0,
         }
     }
 
@@ -274,8 +299,12 @@ impl ServiceTracker {
 
     /// Call when sending a request to `server`: returns what to piggyback on it.
     pub fn prepare(&mut self, server: usize) -> Result<Piggyback, TrackerError> {
-        let (total, total_resv, split) = (self.total, self.total_resv, self.split);
+        let (total, total_resv, split, empties) = (self.total, self.total_resv, self.split, self.empties);
+        self.server(server)?;
+        self.outstanding += 1;
         let s = self.server(server)?;
+        let pool_busy = s.empties_at_send == Some(empties);
+        s.empties_at_send = Some(empties);
         let elsewhere = total.wrapping_sub(s.own);
         let elsewhere_resv = total_resv.wrapping_sub(s.own_resv);
         let delta = Cost(elsewhere.wrapping_sub(s.seen));
@@ -283,7 +312,7 @@ impl ServiceTracker {
         s.seen = elsewhere;
         s.seen_resv = elsewhere_resv;
         match split {
-            ReservationSplit::Rho => Ok(Piggyback { delta, rho, share: ReservationShare::ONE }),
+            ReservationSplit::Rho => Ok(Piggyback { delta, rho, share: ReservationShare::ONE, pool_busy }),
             ReservationSplit::Spread { window_ios } => {
                 s.sent += 1;
                 let s = *s;
@@ -297,7 +326,7 @@ impl ServiceTracker {
                     self.window_sent_prev = self.window_sent;
                     self.window_sent = 0;
                 }
-                Ok(Piggyback { delta, rho: Cost(0), share })
+                Ok(Piggyback { delta, rho: Cost(0), share, pool_busy })
             }
         }
     }
@@ -373,7 +402,32 @@ impl ServiceTracker {
         if resv {
             self.total_resv = self.total_resv.wrapping_add(cost.0);
         }
+        self.ended();
         Ok(())
+    }
+
+    /// Call when a request prepared for `server` ends without a completion to report (an error reply, a
+    /// session lost with the request in flight, a request the server refused): it leaves the pool
+    /// (invariant 4) and counts no service.
+    pub fn abandon(&mut self, server: usize) -> Result<(), TrackerError> {
+        self.server(server)?;
+        self.ended();
+        Ok(())
+    }
+
+    /// Requests in flight: prepared, not yet completed or abandoned.
+    pub fn outstanding(&self) -> u64 {
+        self.outstanding
+    }
+
+    /// One request left the pool (invariant 4).
+    fn ended(&mut self) {
+        if self.outstanding > 0 {
+            self.outstanding -= 1;
+            if self.outstanding == 0 {
+                self.empties = self.empties.wrapping_add(1);
+            }
+        }
     }
 }
 
@@ -467,10 +521,37 @@ mod tests {
             let mut t = ServiceTracker::with_split(1, split);
             for _ in 0..100 {
                 let p = t.prepare(0).unwrap();
-                assert_eq!(p, Piggyback { delta: Cost(0), rho: Cost(0), share: ReservationShare::ONE });
+                // Each request completes before the next: the pool empties in between.
+                let want = Piggyback { delta: Cost(0), rho: Cost(0), share: ReservationShare::ONE, pool_busy: false };
+                assert_eq!(p, want);
                 t.complete(0, Phase::Reservation, Cost::ONE).unwrap();
             }
         }
+    }
+
+    /// Invariant 4: a request is `pool_busy` iff the tenant had requests in flight at every moment since
+    /// its previous request to the same server.
+    #[test]
+    fn pool_flag_says_whether_the_pool_emptied_since_the_last_request_there() {
+        let mut t = ServiceTracker::new(2);
+        assert!(!t.prepare(0).unwrap().pool_busy, "the first request to a server");
+        assert!(!t.prepare(1).unwrap().pool_busy, "the first request to a server");
+        t.complete(0, Phase::Weight, Cost::ONE).unwrap();
+        // Server 1's request is still in flight: the pool never emptied since the last request to 0.
+        assert!(t.prepare(0).unwrap().pool_busy);
+        assert_eq!(t.outstanding(), 2);
+        t.complete(1, Phase::Weight, Cost::ONE).unwrap();
+        t.abandon(0).unwrap(); // an error reply: leaves the pool, counts no service
+        assert_eq!(t.outstanding(), 0);
+        assert_eq!(t.prepare(1).unwrap().delta, Cost::ONE, "abandon counted no service");
+        assert!(!t.prepare(0).unwrap().pool_busy, "the pool emptied since the last request to 0");
+        assert!(t.prepare(1).unwrap().pool_busy, "in flight throughout since the last request to 1");
+        // Unmatched completions are ignored, never below zero.
+        for _ in 0..5 {
+            t.complete(0, Phase::Weight, Cost::ONE).unwrap();
+        }
+        assert_eq!(t.outstanding(), 0);
+        assert!(t.abandon(2).is_err());
     }
 
     #[test]

@@ -50,7 +50,8 @@
 //!    says this for idle VMs; for limited ones it is our addition: without it a tenant limit-clamped for
 //!    a minute would, once the capacity falls below its limit, take a minute of banked share from the
 //!    others. The property tests with halving capacity catch exactly this.) One exception, a pool that
-//!    moved (below): a distributed tenant back within [`super::PoolReturn::window`] may enter up to
+//!    moved (below): a distributed tenant whose pool stayed busy, back within
+//!    [`super::PoolReturn::window`], may enter up to
 //!    `lag_ios` of its own IOs below the smallest P tag of the tenants it competes with here.
 //! 7. R tags of a backlogged tenant are never moved forward one tenant at a time; only a tenant becoming
 //!    active is (`max(., t)` of Algorithm 1 applies to requests arriving at an empty queue). Algorithm 1
@@ -88,8 +89,10 @@
 //! forgiven most. In Fig. 9(a) with one pool (weights 1:4:6, no reservations) c1 got 3.1-5.8% above its
 //! 1/11 share over seeds 1-20.
 //!
-//! With `pool_return`, a tenant whose requests carry a delta and whose queue here emptied less than
-//! `window` ago (its pool moved; it did not go idle) starts from its own history, `last_p + cost`, with a
+//! With `pool_return`, a tenant whose requests carry a delta, whose returning request says its pool
+//! never emptied since its previous request here ([`super::Request::pool_busy`], the gateway tracker's
+//! pool flag), and whose queue here emptied less than `window` ago (its pool moved; it did not go idle)
+//! starts from its own history, `last_p + cost`, with a
 //! floor of `lag_ios` of its own IOs behind the smallest P tag among the tenants it competes with: those
 //! ready here now and those whose pools left less than `window` ago (the `away` heap, keyed by their last
 //! P tag). The floor is taken against the competitors and not against `vnow`, because `vnow` can be
@@ -99,18 +102,20 @@
 //! in 19 of 20 seeds). Against the competitors, the lag a returning tenant brings is small: in Fig. 9(a)
 //! and 9(b) at most 157 of its own IOs (median 30), so the default 256 never binds there and the floor
 //! only stops a tenant that trickles requests here while it is crowded elsewhere from banking lag without
-//! end. A gap longer than `window` is idleness: the paper's re-base, with the idle credit.
+//! end. A pool that emptied (the client went idle, however briefly) or a gap longer than `window`:
+//! the paper's re-base, with the idle credit.
 //! Results (seeds 1-20, docs/reproductions.md): Fig. 9(a) with one pool c1 within 0.31% of its share
 //! (was up to 5.8%), Fig. 9(b) with one pool c3 : c2 = 1.4995-1.5005 (1.486 with seed 1 before).
 //! Tenants without a delta (mClock on one server) are untouched. `None` is the paper: every return
 //! re-based.
 //!
-//! The price: the engine cannot tell a pool that moved from a client that went idle for less than
-//! `window` (it sees no completions), so a distributed tenant idle that briefly also keeps its lag: an
-//! idle credit of at most `lag_ios` of its IOs behind its competitors, and of what `vnow` gained during
-//! the gap. The open-loop trace flows of RBFQ §4.2 (`rbfq-sec4-2-oltp-a`, `-b`) show it in their
-//! latencies (oltp-b: f1 19.8 -> 11.3 ms, f2 31.5 -> 44.7 ms; IOPS unchanged). A flag from the gateway
-//! saying the client's pool never emptied would make the rule exact; it is not built.
+//! Why the flag: the engine sees no completions, so by itself it cannot tell a pool that moved from a
+//! client that went idle for a moment. Without the flag (a first version keyed on the gap alone) a
+//! bursty open-loop flow idle for milliseconds kept its lag as well, an idle credit the paper's re-base
+//! exists to refuse: RBFQ §4.2's trace flows (`rbfq-sec4-2-oltp-b`) moved from f1 19.8 / f2 31.5 ms to
+//! 11.3 / 44.7 ms mean latency. The tracker knows when the pool empties (it counts prepared requests
+//! against completed and abandoned ones); requests that do not carry the flag (a v2 gateway) are
+//! re-based as in the paper.
 //!
 //! # Bounded repayment (the reservation clock's slip)
 //! When the capacity C falls below the sum of reservations, every backlogged reserved tenant's R tag falls
@@ -519,7 +524,7 @@ impl Engine {
                 self.vnow = self.vnow.max(p);
             }
             let vnow = self.vnow;
-            let floor = self.idle_floor(req.tenant.slot, now);
+            let floor = self.idle_floor(req.tenant.slot, now, req.pool_busy);
             let flavor = self.flavor;
             let rules = self.rules;
             let t = self.tenants.at_mut(req.tenant.slot);
@@ -530,11 +535,12 @@ impl Engine {
     }
 
     /// The lowest P tag the tenant in `slot`, becoming active at `now`, may start from (invariant 6):
-    /// virtual time less its idle credit; or, for a distributed tenant back within the pool window, up to
-    /// `lag_ios` of its own IOs behind the smallest P tag of the tenants it competes with here (those
-    /// ready now and those away less than the window).
+    /// virtual time less its idle credit; or, for a distributed tenant whose pool stayed busy
+    /// (`pool_busy`) and that is back within the pool window, up to `lag_ios` of its own IOs behind the
+    /// smallest P tag of the tenants it competes with here (those ready now and those away less than the
+    /// window).
     #[inline]
-    fn idle_floor(&mut self, slot: u32, now: Nanos) -> Tag {
+    fn idle_floor(&mut self, slot: u32, now: Nanos, pool_busy: bool) -> Tag {
         let t = self.tenants.at(slot);
         let paper = self.vnow.saturating_sub(t.credit);
         let Some(pool) = self.config.pool_return else {
@@ -543,7 +549,7 @@ impl Engine {
         if !t.distributed {
             return paper;
         }
-        let moved = t.history && now.saturating_sub(t.idle_since) < pool.window;
+        let moved = pool_busy && t.history && now.saturating_sub(t.idle_since) < pool.window;
         let slack = Cost::units(u64::from(pool.lag_ios)).times_step(t.p_step);
         self.away.remove(slot);
         if !moved {

@@ -86,12 +86,25 @@ pub struct Request {
     /// [`ReservationSplit::Spread`]); R tags advance by `cost/(r * share)` plus `rho/r`. `ONE` on a single
     /// server and under [`ReservationSplit::Rho`]. RBFQ ignores it (its local minimums are per server).
     pub share: ReservationShare,
+    /// The tenant had requests outstanding at every moment since its previous request to this server
+    /// ([`Piggyback::pool_busy`]): if its queue here emptied meanwhile, its pool moved; it did not go idle
+    /// ([`SchedConfig::pool_return`]). False on a single server.
+    pub pool_busy: bool,
 }
 
 impl Request {
     /// A 4 KiB request at offset 0 with no service elsewhere; the methods below change those.
     pub fn new(tenant: TenantId, handle: u64) -> Self {
-        Request { tenant, handle, size: 4096, offset: 0, delta: Cost(0), rho: Cost(0), share: ReservationShare::ONE }
+        Request {
+            tenant,
+            handle,
+            size: 4096,
+            offset: 0,
+            delta: Cost(0),
+            rho: Cost(0),
+            share: ReservationShare::ONE,
+            pool_busy: false,
+        }
     }
     /// With a size in bytes (what the cost model charges).
     pub fn size(mut self, size: u64) -> Self {
@@ -108,6 +121,7 @@ impl Request {
         self.delta = p.delta;
         self.rho = p.rho;
         self.share = p.share;
+        self.pool_busy = p.pool_busy;
         self
     }
 }
@@ -236,11 +250,11 @@ pub struct SchedConfig {
     pub limited_reenter_at_vnow: bool,
     /// `maintain` removes tenants idle at least this long. `None`: never.
     pub erase_age: Option<Nanos>,
-    /// A distributed tenant (its requests carry a delta) whose queue here emptied a moment ago keeps its
-    /// P tag when it returns, instead of the paper's re-base to virtual time: one pool of outstanding IOs
-    /// spread over several servers leaves a server's queue whenever its IOs happen to be elsewhere, and
-    /// forgiving each such gap skews the weight split (engine invariant 6, "Pools that move"). `None`:
-    /// the paper's rule, every return re-based.
+    /// A distributed tenant (its requests carry a delta) whose queue here emptied a moment ago while its
+    /// pool stayed busy ([`Request::pool_busy`]) keeps its P tag when it returns, instead of the paper's
+    /// re-base to virtual time: one pool of outstanding IOs spread over several servers leaves a server's
+    /// queue whenever its IOs happen to be elsewhere, and forgiving each such gap skews the weight split
+    /// (engine invariant 6, "Pools that move"). `None`: the paper's rule, every return re-based.
     pub pool_return: Option<PoolReturn>,
     /// Bounds on tenants and queued requests.
     pub limits: Limits,
@@ -287,8 +301,9 @@ impl SchedConfig {
 /// idle, and how much lag it may keep ([`SchedConfig::pool_return`]; engine invariant 6).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct PoolReturn {
-    /// A return counts as the pool moving if the tenant's queue here emptied less than this long ago
-    /// (default 100 ms); a longer gap is idleness, re-based as in the paper.
+    /// A return counts as the pool moving if the request says the pool stayed busy and the tenant's queue
+    /// here emptied less than this long ago (default 100 ms); otherwise it is idleness (or a pool away
+    /// too long), re-based as in the paper.
     pub window: Nanos,
     /// How far, in IOs of its own cost, the returning tenant's P tag may stay behind the smallest P tag of
     /// the other tenants here or recently here (default 256). Bounds what it is repaid: without a bound, a

@@ -35,6 +35,12 @@
 //!   tell a node that restarted (a fresh scheduler, which must not be handed the outage's service
 //!   elsewhere at once) from a connection that broke (the node still holds the tenant's tags, so that
 //!   service is its delta, as dmClock's rule says). The hello is v1's.
+//! - v3 adds the pool flag ([`NodeTag::pool_busy`]): bit 31 of the tag's share word says the tenant had
+//!   requests in flight at every moment since its previous request to this node (`rein_core::Piggyback::
+//!   pool_busy`), so the node can tell a pool that moved from a tenant that went idle (`SchedConfig::
+//!   pool_return`). A gateway sets it only on a session whose welcome is v3 or later (a v2 node refuses
+//!   the bit as a share above 65,536); a node reads it in any session (a v2 gateway never sets it). The
+//!   hello and welcome are v2's.
 //!
 //! # Symbol map
 //! | paper | here |
@@ -58,7 +64,11 @@ pub const OPT_REIN_NODE: u32 = 0x5245_494E;
 /// The success reply to [`OPT_REIN_NODE`] (bit 31 clear: not an error).
 pub const REP_REIN_NODE: u32 = 0x5245_494E;
 /// The highest protocol version this code speaks.
-pub const NODE_VERSION: u16 = 2;
+pub const NODE_VERSION: u16 = 3;
+/// The first version whose tags may carry [`NodeTag::pool_busy`].
+pub const NODE_VERSION_POOL_FLAG: u16 = 3;
+/// The pool flag's bit in the tag's share word.
+const POOL_BUSY_BIT: u32 = 1 << 31;
 /// Most tenants in one hello.
 pub const MAX_NODE_TENANTS: usize = 64;
 /// Longest tenant name in a hello, in bytes.
@@ -295,6 +305,9 @@ pub struct NodeTag {
     pub delta: u64,
     /// `Cost` raw: the reservation-phase part of `delta` (<= `delta`).
     pub rho: u64,
+    /// From v3, bit 31 of the share word: the tenant's pool of requests never emptied since its previous
+    /// request here (module comment, "Versioning").
+    pub pool_busy: bool,
 }
 
 /// What follows each simple reply header on a node session.
@@ -607,13 +620,29 @@ impl NodeWelcome {
 impl NodeTag {
     /// The tag carrying `piggyback` for `slot`.
     pub fn new(slot: u32, piggyback: rein_core::Piggyback) -> NodeTag {
-        NodeTag { slot, share: piggyback.share.raw(), delta: piggyback.delta.0, rho: piggyback.rho.0 }
+        NodeTag {
+            slot,
+            share: piggyback.share.raw(),
+            delta: piggyback.delta.0,
+            rho: piggyback.rho.0,
+            pool_busy: piggyback.pool_busy,
+        }
+    }
+
+    /// The tag from its four wire words (the pool flag taken out of the share word), unchecked.
+    pub fn from_words(slot: u32, share_word: u32, delta: u64, rho: u64) -> NodeTag {
+        NodeTag { slot, share: share_word & !POOL_BUSY_BIT, delta, rho, pool_busy: share_word & POOL_BUSY_BIT != 0 }
+    }
+
+    /// The share word on the wire: the share, with the pool flag in bit 31.
+    pub fn share_word(&self) -> u32 {
+        self.share | if self.pool_busy { POOL_BUSY_BIT } else { 0 }
     }
 
     /// Appends the tag.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.slot.to_be_bytes());
-        out.extend_from_slice(&self.share.to_be_bytes());
+        out.extend_from_slice(&self.share_word().to_be_bytes());
         out.extend_from_slice(&self.delta.to_be_bytes());
         out.extend_from_slice(&self.rho.to_be_bytes());
     }
@@ -624,7 +653,7 @@ impl NodeTag {
         if buf.len() < NODE_TAG_LEN {
             return Err(NodeError::Short { message: "tag", field: "the tag" });
         }
-        let tag = NodeTag { slot: u32_at(buf, 0), share: u32_at(buf, 4), delta: u64_at(buf, 8), rho: u64_at(buf, 16) };
+        let tag = NodeTag::from_words(u32_at(buf, 0), u32_at(buf, 4), u64_at(buf, 8), u64_at(buf, 16));
         tag.check_values().map_err(NodeError::Tag)?;
         Ok(tag)
     }
@@ -653,7 +682,12 @@ impl NodeTag {
     pub fn piggyback(&self) -> rein_core::Piggyback {
         debug_assert!(self.check_values().is_ok(), "a validated tag");
         let share = ReservationShare::from_ratio(self.share as u64, SHARE_ONE as u64);
-        rein_core::Piggyback { delta: rein_core::Cost(self.delta), rho: rein_core::Cost(self.rho), share }
+        rein_core::Piggyback {
+            delta: rein_core::Cost(self.delta),
+            rho: rein_core::Cost(self.rho),
+            share,
+            pool_busy: self.pool_busy,
+        }
     }
 }
 
@@ -754,7 +788,7 @@ mod tests {
     fn hello_is_byte_exact() {
         let mut out = Vec::new();
         NodeHello::new(vec![NodeTenant { limit: None, ..tenant("ab") }]).encode(&mut out);
-        let mut want = vec![0, 2, 0, 0, 0, 1, 0, 2, b'a', b'b'];
+        let mut want = vec![0, 3, 0, 0, 0, 1, 0, 2, b'a', b'b'];
         for v in [100.0f64, f64::INFINITY, 2.0, 10.0] {
             want.extend_from_slice(&v.to_bits().to_be_bytes());
         }
@@ -797,7 +831,7 @@ mod tests {
 
     #[test]
     fn share_bounds() {
-        let tag = |share| NodeTag { slot: 0, share, delta: 5, rho: 5 };
+        let tag = |share| NodeTag { slot: 0, share, delta: 5, rho: 5, pool_busy: false };
         assert_eq!(tag(0).check_values(), Err(TagFault::Share(0)));
         assert_eq!(tag(1).check_values(), Ok(()));
         assert_eq!(tag(65536).check_values(), Ok(()));

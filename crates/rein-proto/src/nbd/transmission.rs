@@ -412,11 +412,13 @@ impl ServerTransmission {
         if rest.len() < head {
             return Ok((used, Event::NeedMore { wanted: head }));
         }
-        let tag = self.config.node.then(|| NodeTag {
-            slot: u32_at(rest, REQUEST_LEN),
-            share: u32_at(rest, REQUEST_LEN + 4),
-            delta: u64_at(rest, REQUEST_LEN + 8),
-            rho: u64_at(rest, REQUEST_LEN + 16),
+        let tag = self.config.node.then(|| {
+            NodeTag::from_words(
+                u32_at(rest, REQUEST_LEN),
+                u32_at(rest, REQUEST_LEN + 4),
+                u64_at(rest, REQUEST_LEN + 8),
+                u64_at(rest, REQUEST_LEN + 16),
+            )
         });
         let kind = match header.command {
             Command::Disc => {

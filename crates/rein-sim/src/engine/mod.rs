@@ -504,7 +504,13 @@ impl<'a> Sim<'a> {
         };
         let req = Request::new(r.tid, id as u64).size(r.size).offset(r.offset).piggyback(piggyback);
         if self.servers[s].sched.get().enqueue(self.now, req).is_err() {
-            // A full scheduler queue rejects the request (counted); the client sees it fail at once.
+            // A full scheduler queue rejects the request (counted); the client sees it fail at once. It
+            // leaves the tenant's pool as its tracker counts it (the pool flag).
+            if let Some(tr) = self.tenants.get_mut(t).and_then(|ts| ts.tracker.as_mut()) {
+                if self.sc.servers[s].distributed {
+                    tr.abandon(k).expect("k < servers");
+                }
+            }
             if let Some(h) = self.hosts.as_ref().and_then(|l| l.host_of(t)) {
                 self.hosts.as_mut().expect("hosts").failed(self.now, t);
                 self.host_pump(h);
