@@ -11,14 +11,22 @@
 # connections_per_node (default 2, the gateway's own default). NODE_TLS=psk runs the gateway's links to
 # the nodes over TLS (the nodes require it, `[tls] psk_file`; the gateway's `[node_tls] psk_file`); VMs
 # still reach the gateway, and the direct server, in plain NBD.
+# NODE_THREADS sets the tokio worker threads of every rein serve (the direct one and the nodes; default: the
+# number of CPUs).
+# FLOOR=1 adds two rows that say what one more hop costs on this machine whatever the gateway does: HAProxy
+# in TCP mode (a byte forwarder that does not parse NBD: one backend connection, one thread) in front of one
+# rein serve, and rein gateway over that same one node (plain NBD, one connection, one thread). Needs
+# haproxy (apt-get install haproxy); it is started with a config in the scratch directory and stopped at
+# the end.
 # REIN names the binary (default ./target/release/rein).
-# Usage: [PERF=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_TLS=psk] [REIN=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+# Usage: [PERF=1] [FLOOR=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [NODE_TLS=psk] [REIN=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 ROUNDS=${2:-3}
 PROTOCOL=${3:-nbd}
-for t in fio python3; do command -v $t >/dev/null || { echo "needs $t (apt-get install fio python3)" >&2; exit 1; }; done
+tools=(fio python3); [ "${FLOOR:-0}" = 1 ] && tools+=(haproxy)
+for t in "${tools[@]}"; do command -v $t >/dev/null || { echo "needs $t (apt-get install fio python3)" >&2; exit 1; }; done
 source scripts/bench-common.sh
 cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"; }
 cpu_sum() { local s=0 p; for p in "$@"; do s=$(python3 -c "print($s + $(cpu_of "$p"))"); done; echo "$s"; }
@@ -58,14 +66,14 @@ TOML
   echo "$W/node-$1.toml"
 }
 direct_run() {
-  "$REIN" serve --config "$(node_config 41 direct)" 2>/dev/null & local pid=$!
+  TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config 41 direct)" 2>/dev/null & local pid=$!
   wait_port 127.0.0.41 10809
   measure nbd://127.0.0.41:10809/bench $pid
   kill $pid; wait $pid 2>/dev/null || true
 }
 gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   local pids=() h
-  for h in 42 43 44; do "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
+  for h in 42 43 44; do TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
   { echo 'listen = "127.0.0.45:10809"'; echo "connections_per_node = ${GW_CONNS:-2}"
     if [ "${NODE_TLS:-}" = psk ]; then printf '[node_tls]\npsk_file = "%s"\n' "$W/gw.psk"; fi
@@ -80,13 +88,32 @@ gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   if [ "${1:-}" = perf ]; then wait $perf || true; fi
   kill $gw "${pids[@]}"; wait $gw "${pids[@]}" 2>/dev/null || true
 }
+floor_run() { # -> "IOPS CPU-us-per-IO" for haproxy, then for rein gateway, each over one plain node
+  local node gw hap out
+  TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config 46 direct)" 2>/dev/null & node=$!
+  wait_port 127.0.0.46 10809
+  printf 'global\n    nbthread 1\n    maxconn 64\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 120s\n    timeout server 120s\nfrontend front\n    bind 127.0.0.47:10809\n    default_backend node\nbackend node\n    server n 127.0.0.46:10809\n' > "$W/haproxy.cfg"
+  haproxy -f "$W/haproxy.cfg" -db 2>/dev/null & hap=$!
+  wait_port 127.0.0.47 10809
+  out="$(measure nbd://127.0.0.47:10809/bench $hap $node)"
+  kill $hap; wait $hap 2>/dev/null || true
+  { echo 'listen = "127.0.0.48:10809"'; echo "connections_per_node = 1"; echo "worker_threads = 1"
+    printf '[[nodes]]\nname = "n"\naddress = "127.0.0.46:10809"\nprotocol = "nbd"\nexport = "bench"\n'
+    printf '[[exports]]\nname = "vol"\nsize_mb = 1024\nstripe_kb = 64\n'; } > "$W/gw1.toml"
+  "$REIN" gateway --config "$W/gw1.toml" 2>/dev/null & gw=$!
+  wait_port 127.0.0.48 10809
+  out="$out,$(measure nbd://127.0.0.48:10809/vol $gw $node)"
+  kill $gw $node; wait $gw $node 2>/dev/null || true
+  echo "$out"
+}
 declare -A R
 for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS ..." >&2
   R[direct]+="$(direct_run),"
   if [ "${PERF:-0}" = 1 ] && [ "$r" = "$ROUNDS" ]; then R[gateway]+="$(gateway_run perf),"; else R[gateway]+="$(gateway_run),"; fi
+  if [ "${FLOOR:-0}" = 1 ]; then f=$(floor_run); R[haproxy]+="${f%%,*},"; R[gw1]+="${f##*,},"; fi
 done
-python3 - "$SECS" "$ROUNDS" "$PROTOCOL" "${R[direct]}" "${R[gateway]}" <<'PY'
+python3 - "$SECS" "$ROUNDS" "$PROTOCOL" "${R[direct]}" "${R[gateway]}" ${R[haproxy]:+"${R[haproxy]}"} ${R[gw1]:+"${R[gw1]}"} <<'PY'
 import statistics, sys
 secs, rounds, protocol = sys.argv[1:4]
 pairs = [[tuple(map(float, x.split())) for x in a.strip(",").split(",")] for a in sys.argv[4:]]
@@ -94,12 +121,17 @@ runs = [[p[0] for p in ps] for ps in pairs]
 cpus = [[p[1] for p in ps] for ps in pairs]
 med = [statistics.median(r) for r in runs]
 cpu = [statistics.median(c) for c in cpus]
-names = ["rein serve directly", f"rein gateway over 3 rein serve nodes (protocol {protocol}, 64 KiB stripes)"]
-print(f"| path (fio nbd, 4 KiB random reads, iodepth 16, {secs} s x {rounds} rounds) | median IOPS | min-max | CPU us/IO (all servers) |")
-print("|---|---:|---:|---:|")
+names = ["rein serve directly", f"rein gateway over 3 rein serve nodes (protocol {protocol}, 64 KiB stripes)",
+         "HAProxy, TCP mode, in front of 1 rein serve (a byte forwarder: the cost of one more hop)",
+         "rein gateway over 1 rein serve node (protocol nbd, 1 thread, 1 connection)"]
+print(f"| path (fio nbd, 4 KiB random reads, iodepth 16, {secs} s x {rounds} rounds) | median IOPS | min-max | / direct (per round, median) | CPU us/IO (all servers) |")
+print("|---|---:|---:|---:|---:|")
 for n, m, r, c in zip(names, med, runs, cpu):
-    print(f"| {n} | {m:,.0f} | {min(r):,.0f}-{max(r):,.0f} | {c:.1f} |")
+    ratio = statistics.median(x / d for x, d in zip(r, runs[0]))
+    print(f"| {n} | {m:,.0f} | {min(r):,.0f}-{max(r):,.0f} | {ratio:.2f}x | {c:.1f} |")
 print(f"\ngateway / direct: IOPS {med[1]/med[0]:.2f}x (target >= 0.60); CPU per IO {cpu[1]/cpu[0]:.2f}x")
+if len(med) == 4:
+    print(f"one more hop through HAProxy / direct: IOPS {med[2]/med[0]:.2f}x; rein gateway over one node / HAProxy: {med[3]/med[2]:.2f}x")
 PY
 if [ "${PERF:-0}" = 1 ] && [ -f "$W/perf.data" ]; then
   echo; echo "gateway profile (perf report --no-children, top 25):"
