@@ -242,6 +242,24 @@ impl TenantBudget {
         charge
     }
 
+    /// [`TenantBudget::charge`]'s fast path alone: the charge if both budgets have room and nobody waits
+    /// in either, now; `None` (nothing taken) where `charge` would wait.
+    pub fn try_charge(&self, bytes: usize) -> Option<Charge> {
+        if bytes == 0 {
+            return Some(Charge::default());
+        }
+        let pools = &*self.pools;
+        let (tenant, global) = (bytes.min(pools.tenant.total), bytes.min(pools.global.total));
+        if !pools.tenant.take_now(tenant) {
+            return None;
+        }
+        if !pools.global.take_now(global) {
+            pools.tenant.give(tenant);
+            return None;
+        }
+        Some(Charge { pools: Some(self.pools.clone()), tenant, global, bytes })
+    }
+
     /// Bytes charged to this tenant now (all its connections).
     pub fn in_use(&self) -> usize {
         self.pools.tenant.used.load(SeqCst)
@@ -339,6 +357,31 @@ mod tests {
         // Both get through, in line order: `over` has waited for the server's budget since before `more`
         // got there (polled first, `more` would queue behind it).
         assert!(futures_poll(&mut over).is_some() && futures_poll(&mut more).is_some());
+    }
+
+    #[tokio::test]
+    async fn try_charge_takes_only_what_charge_would_take_at_once() {
+        let (a, b) = two_tenants();
+        let budget = Budget::new(300, 200);
+        let (ta, tb) = (budget.tenant(a), budget.tenant(b));
+        let held = ta.try_charge(150).expect("room in both budgets");
+        assert_eq!((held.bytes(), ta.in_use(), budget.in_use()), (150, 150, 150));
+        assert_eq!(ta.try_charge(0).map(|c| c.bytes()), Some(0), "zero bytes never wait");
+        // Over the tenant's share: nothing taken.
+        assert!(ta.try_charge(51).is_none());
+        assert_eq!((ta.in_use(), budget.in_use()), (150, 150));
+        // The tenant's share has room, the server's not: the tenant's part goes back.
+        let other = tb.try_charge(150).expect("b's share and the rest of the server's");
+        assert!(tb.try_charge(1).is_none() && ta.try_charge(1).is_none());
+        assert_eq!((ta.in_use(), tb.in_use(), budget.in_use()), (150, 150, 300));
+        drop(other);
+        // Someone waiting in line: the fast path is off for later charges, as in `charge`.
+        let mut waiter = Box::pin(ta.charge(100));
+        assert!(futures_poll(&mut waiter).is_none());
+        assert!(ta.try_charge(10).is_none(), "no overtaking a waiter");
+        drop(held);
+        assert!(futures_poll(&mut waiter).is_some());
+        assert_eq!(tb.try_charge(10).map(|c| c.bytes()), Some(10), "another tenant with room goes on");
     }
 
     #[tokio::test]

@@ -613,6 +613,7 @@ impl Token {
             latency: now.saturating_sub(self.arrived),
             device_latency: now.saturating_sub(self.dispatched),
             ok,
+            at: now,
         }
     }
 }
@@ -624,6 +625,8 @@ struct Finished {
     latency: Nanos,
     device_latency: Nanos,
     ok: bool,
+    /// When it was answered (the clock read once per completion, for the latencies and the busy time).
+    at: Nanos,
 }
 
 /// What comes back to the dispatcher task from IO run elsewhere (the blocking pool).
@@ -976,7 +979,7 @@ impl Task {
         self.outstanding -= 1;
         if self.outstanding == 0 {
             if let Some(since) = self.busy_since.take() {
-                self.busy_ended_ns += self.clock.now().0.saturating_sub(since.0);
+                self.busy_ended_ns += d.at.0.saturating_sub(since.0);
             }
         }
         self.backend.completed += 1;

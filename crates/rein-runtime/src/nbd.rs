@@ -733,6 +733,12 @@ impl Connection<'_> {
         shutdown: &mut watch::Receiver<bool>,
         close: &mut watch::Receiver<bool>,
     ) -> Result<End, ConnError> {
+        // The server's shutdown, one future for the whole connection: a waiter registered once, not one
+        // per read. (It is not polled again once it has fired: the state machine is shut down then.)
+        let stop = async {
+            let _ = shutdown.wait_for(|s| *s).await;
+        };
+        tokio::pin!(stop);
         loop {
             let (used, event) = self.machine.feed(self.input.unconsumed())?;
             match event {
@@ -762,7 +768,7 @@ impl Connection<'_> {
                         tokio::select! {
                             // Shutdown first: bytes that arrive after it are refused, not run.
                             biased;
-                            _ = shutdown.wait_for(|s| *s) => {
+                            _ = &mut stop => {
                                 self.machine.shut_down();
                                 continue;
                             }
@@ -781,7 +787,7 @@ impl Connection<'_> {
                     let encoder = self.machine.replies();
                     // Bytes to charge now; a large WRITE's payload comes with the charge of the buffer it
                     // was received into.
-                    let (op, charged, to_charge) = match request.kind {
+                    let (op, mut charged, to_charge) = match request.kind {
                         RequestKind::Read => {
                             let headroom = encoder.headroom(&request);
                             (Op::Read { len: request.length, headroom }, None, request.length as usize + headroom)
@@ -806,18 +812,24 @@ impl Connection<'_> {
                     }
                     // A node session's request is charged to its slot's tenant.
                     let budget = request.tag.and_then(|t| self.slot_budgets.get(t.slot as usize));
-                    let held = tokio::select! {
-                        h = self.hold(charged, to_charge, budget) => h,
-                        _ = closing(close) => return Ok(End::Shutdown),
+                    let held = match self.hold_now(&mut charged, to_charge, budget) {
+                        Some(held) => held,
+                        None => tokio::select! {
+                            h = self.hold(charged, to_charge, budget) => h,
+                            _ = closing(close) => return Ok(End::Shutdown),
+                        },
                     };
                     self.submit(request, op, encoder, held).await;
                 }
                 Event::Reject(rejection) => {
                     self.requests += 1;
                     self.input.consume(used);
-                    let held = tokio::select! {
-                        h = self.hold(None, 0, None) => h,
-                        _ = closing(close) => return Ok(End::Shutdown),
+                    let held = match self.hold_now(&mut None, 0, None) {
+                        Some(held) => held,
+                        None => tokio::select! {
+                            h = self.hold(None, 0, None) => h,
+                            _ = closing(close) => return Ok(End::Shutdown),
+                        },
                     };
                     self.reject(&rejection, held);
                 }
@@ -836,6 +848,19 @@ impl Connection<'_> {
             None => budget.unwrap_or(&self.budget).charge(bytes).await,
         };
         Held { _slot: slot, _bytes: charge }
+    }
+
+    /// [`Connection::hold`] when neither the slot nor the charge has to be waited for (the common case):
+    /// no future and no watch for the shutdown deadline. `None` where `hold` would wait; then nothing is
+    /// held and `charged` is left in place.
+    fn hold_now(&self, charged: &mut Option<Charge>, bytes: usize, budget: Option<&TenantBudget>) -> Option<Held> {
+        let slot = self.permits.clone().try_acquire_owned().ok()?;
+        let charge = match charged.take() {
+            Some(c) => c,
+            // (The slot goes back if the budget has no room now.)
+            None => budget.unwrap_or(&self.budget).try_charge(bytes)?,
+        };
+        Some(Held { _slot: slot, _bytes: charge })
     }
 
     /// Hands a request to the dispatcher (or the remote volume); the reply is encoded where the result appears (on the dispatcher
