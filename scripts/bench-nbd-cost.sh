@@ -6,10 +6,13 @@
 #   - user-space instructions per IO: `valgrind --tool=callgrind` on the server, run twice with N and 3N
 #     IOs per job, the difference divided by the extra IOs (start-up and handshakes cancel out);
 #   - system calls per IO: `perf stat` on the syscalls tracepoints of the server (not under valgrind).
-# Instruction counts repeated within about 1% for the same binary (14,311 and 14,460 at 100 tenants); they
-# leave out the kernel, which the system calls stand for. At iodepth 1 the system calls per IO repeat too
-# (2.44-2.53); at iodepth 16 they follow how many requests each wake-up finds, which varies from run to
-# run (1.5-2.7 per IO seen for one binary), so compare them there only over several runs. Needs valgrind, perf (linux-perf), fio. Servers listen on 127.0.0.36 and are
+# On a quiet machine the same binary repeated within about 1% (14,311 and 14,460 instructions per IO at 100
+# tenants); with other work running they move (the build before issue 12: 13,054 beside two fuzzers,
+# 13,782 quiet), because how many requests a wake-up finds changes the work per IO: compare builds in one
+# sitting on a quiet machine. They leave out the kernel, which the system calls stand for. At iodepth 1
+# the system calls per IO repeat (2.36-2.53); at iodepth 16 they follow the batching, which varies from
+# run to run (1.5-2.7 per IO seen for one binary under load), so compare them there over several runs.
+# Needs valgrind, perf (linux-perf), fio. Servers listen on 127.0.0.36 and are
 # stopped at the end.
 # Usage: [BASE=rein-before] [N=100] bash scripts/bench-nbd-cost.sh
 set -euo pipefail

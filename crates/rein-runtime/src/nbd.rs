@@ -525,6 +525,7 @@ where
         idle: ctx.limits.idle_timeout.map(|after| Idle {
             after,
             sleep: Box::pin(tokio::time::sleep(after)),
+            armed: LazyPoll::default(),
             last_rx: opened,
             opened,
             last_reply_ms,
@@ -735,10 +736,12 @@ impl Connection<'_> {
     ) -> Result<End, ConnError> {
         // The server's shutdown, one future for the whole connection: a waiter registered once, not one
         // per read. (It is not polled again once it has fired: the state machine is shut down then.)
+        let probe = shutdown.clone();
         let stop = async {
             let _ = shutdown.wait_for(|s| *s).await;
         };
         tokio::pin!(stop);
+        let mut stop_armed = LazyPoll::default();
         loop {
             let (used, event) = self.machine.feed(self.input.unconsumed())?;
             match event {
@@ -765,14 +768,26 @@ impl Connection<'_> {
                             _ = closing(close) => return Ok(End::Shutdown),
                         }
                     } else {
-                        tokio::select! {
-                            // Shutdown first: bytes that arrive after it are refused, not run.
-                            biased;
-                            _ = &mut stop => {
+                        let filled = {
+                            let fill = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_within);
+                            tokio::pin!(fill);
+                            std::future::poll_fn(|cx| {
+                                // Shutdown first: bytes that arrive after it are refused, not run. (The
+                                // watch is polled only once it has changed: `LazyPoll`.)
+                                let changed = probe.has_changed().unwrap_or(true);
+                                if stop_armed.poll(cx, stop.as_mut(), changed).is_ready() {
+                                    return std::task::Poll::Ready(None);
+                                }
+                                fill.as_mut().poll(cx).map(Some)
+                            })
+                            .await
+                        };
+                        match filled {
+                            Some(r) => r?,
+                            None => {
                                 self.machine.shut_down();
                                 continue;
                             }
-                            r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_within) => r?,
                         }
                     };
                     match filled {
@@ -1063,6 +1078,8 @@ async fn read_some<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>, limit: u
 struct Idle {
     after: Duration,
     sleep: Pin<Box<Sleep>>,
+    /// Whether `sleep` holds this task's waker (it is polled only then, or once elapsed).
+    armed: LazyPoll,
     /// When the last byte was received.
     last_rx: Instant,
     opened: Instant,
@@ -1090,36 +1107,81 @@ async fn read_or_idle<R: AsyncRead + Unpin>(
     slots: &Semaphore,
 ) -> io::Result<Option<usize>> {
     loop {
-        tokio::select! {
-            biased;
-            r = read_some(rd, buf, limit) => {
-                idle.last_rx = Instant::now();
-                return r.map(Some);
-            }
-            _ = idle.sleep.as_mut() => {
-                let due = idle.due();
-                if Instant::now() < due {
-                    idle.sleep.as_mut().reset(due);
-                    continue;
+        // The read, or the idle timer once it has elapsed (polled again only then: it keeps this task's
+        // waker, so a busy connection does not touch the timer per read).
+        let read = {
+            let read = read_some(rd, buf, limit);
+            tokio::pin!(read);
+            std::future::poll_fn(|cx| {
+                if let std::task::Poll::Ready(r) = read.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(Some(r));
                 }
-                if slots.available_permits() < MAX_IN_FLIGHT_PER_CONN {
-                    // Not idle: wait until everything in flight is answered (or a byte comes), then the
-                    // clock runs from the last reply.
-                    tokio::select! {
-                        biased;
-                        r = read_some(rd, buf, limit) => {
-                            idle.last_rx = Instant::now();
-                            return r.map(Some);
-                        }
-                        _ = slots.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32) => {}
-                    }
-                    let due = idle.due();
-                    idle.sleep.as_mut().reset(due);
-                    continue;
-                }
-                return Ok(None);
-            }
+                let elapsed = idle.sleep.is_elapsed();
+                idle.armed.poll(cx, idle.sleep.as_mut(), elapsed).map(|()| None)
+            })
+            .await
+        };
+        if let Some(r) = read {
+            idle.last_rx = Instant::now();
+            return r.map(Some);
         }
+        let due = idle.due();
+        if Instant::now() < due {
+            idle.sleep.as_mut().reset(due);
+            idle.armed.forget();
+            continue;
+        }
+        if slots.available_permits() < MAX_IN_FLIGHT_PER_CONN {
+            // Not idle: wait until everything in flight is answered (or a byte comes), then the
+            // clock runs from the last reply.
+            tokio::select! {
+                biased;
+                r = read_some(rd, buf, limit) => {
+                    idle.last_rx = Instant::now();
+                    return r.map(Some);
+                }
+                _ = slots.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32) => {}
+            }
+            let due = idle.due();
+            idle.sleep.as_mut().reset(due);
+            idle.armed.forget();
+            continue;
+        }
+        return Ok(None);
+    }
+}
+
+/// Polls a future that keeps its registration between polls (a [`Sleep`], a watch's wait) only when it
+/// may have finished: the first time, when the caller says it may be ready, or when the task's waker is
+/// not the one it holds. A `select!` would poll it at every wake-up of the task, and each such poll of a
+/// timer or a watch costs about as much as a small request's whole bookkeeping.
+#[derive(Default)]
+struct LazyPoll {
+    /// The waker the future was last polled with (`None`: not polled since it was set up).
+    with: Option<std::task::Waker>,
+}
+
+impl LazyPoll {
+    fn poll<F: Future>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        fut: Pin<&mut F>,
+        may_be_ready: bool,
+    ) -> std::task::Poll<F::Output> {
+        let holds_ours = self.with.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if holds_ours && !may_be_ready {
+            return std::task::Poll::Pending;
+        }
+        let polled = fut.poll(cx);
+        if polled.is_pending() && !holds_ours {
+            self.with = Some(cx.waker().clone());
+        }
+        polled
+    }
+
+    /// The future was reset (a new deadline): poll it on the next wait.
+    fn forget(&mut self) {
+        self.with = None;
     }
 }
 
@@ -1172,4 +1234,64 @@ async fn write_batch<W: AsyncWrite + Unpin>(wr: &mut W, batch: &[Reply]) -> io::
         *part = reply;
     }
     crate::wire::write_all(wr, &parts[..batch.len().min(WRITE_BATCH)]).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LazyPoll;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    /// Counts its polls; ready once `ready` is set.
+    struct Counted {
+        polls: u32,
+        ready: bool,
+    }
+
+    impl Future for Counted {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            self.polls += 1;
+            if self.ready {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    struct Nop;
+    impl Wake for Nop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    #[test]
+    fn a_lazily_polled_future_is_polled_only_when_it_may_have_finished_or_lacks_the_waker() {
+        let (one, two) = (Waker::from(Arc::new(Nop)), Waker::from(Arc::new(Nop)));
+        let mut fut = Counted { polls: 0, ready: false };
+        let mut lazy = LazyPoll::default();
+        let mut poll = |lazy: &mut LazyPoll, fut: &mut Counted, waker: &Waker, maybe: bool| {
+            lazy.poll(&mut Context::from_waker(waker), Pin::new(fut), maybe)
+        };
+        // The first poll registers the waker; later ones with it are skipped unless it may be ready.
+        assert!(poll(&mut lazy, &mut fut, &one, false).is_pending());
+        assert!(poll(&mut lazy, &mut fut, &one, false).is_pending());
+        assert_eq!(fut.polls, 1);
+        assert!(poll(&mut lazy, &mut fut, &one, true).is_pending());
+        assert_eq!(fut.polls, 2);
+        // Another waker: polled, so that the future holds the new one.
+        assert!(poll(&mut lazy, &mut fut, &two, false).is_pending());
+        assert!(poll(&mut lazy, &mut fut, &two, false).is_pending());
+        assert_eq!(fut.polls, 3);
+        // Forgotten (the future was reset): polled again.
+        lazy.forget();
+        assert!(poll(&mut lazy, &mut fut, &two, false).is_pending());
+        assert_eq!(fut.polls, 4);
+        // Ready shows when it may be ready.
+        fut.ready = true;
+        assert!(poll(&mut lazy, &mut fut, &two, false).is_pending(), "not looked at without a hint");
+        assert!(poll(&mut lazy, &mut fut, &two, true).is_ready());
+    }
 }
