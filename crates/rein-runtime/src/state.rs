@@ -546,6 +546,13 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
         at
     });
     let capacity = match state.capacity {
+        // Only `PUT /api/capacity` (positive, finite) and the probe write one; a hand-edited or damaged
+        // file may hold anything JSON does.
+        Some(c) if !(c.iops.is_finite() && c.iops > 0.0) => {
+            notes.push(format!("dropped the state file's capacity {} IOPS: a capacity must be positive", c.iops));
+            pruned = true;
+            None
+        }
         Some(c) if c.config == CapacityBase::of(base) => {
             notes.push(format!("capacity {} IOPS ({}, state file)", c.iops, c.source.name()));
             Some(c)

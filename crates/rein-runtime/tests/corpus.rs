@@ -162,6 +162,33 @@ fn crash_57c11a02_a_state_file_tenant_name_over_the_bound() {
     );
 }
 
+/// Found by `state_file` (artifact crash-1fad09e846c529d959c38077e3e4bbc63ca1bc50, after 3,130,510 runs,
+/// 2026-11-28): a state file's capacity of 0 IOPS was applied at start (admission would then refuse every
+/// reservation), although `PUT /api/capacity` and the probe only ever write a positive one and
+/// `capacity_iops` in rein.toml must be positive. `state::overlay` now drops such a capacity with a note,
+/// as it drops the other entries no run-time change could have written.
+#[test]
+fn crash_1fad09e8_a_state_file_capacity_of_zero() {
+    use rein_runtime::state::{overlay, parse};
+    let base = rein_runtime::config::ServerConfig::parse(
+        "data_dir = \"/d\"\ncapacity_iops = 1000\n[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 1\n",
+        Path::new("x.toml"),
+    )
+    .unwrap();
+    for (iops, kept) in [("0", false), ("-5.0", false), ("0.0", false), ("1e-9", true), ("5000", true)] {
+        let input = format!(
+            r#"{{"version": 1, "capacity": {{"iops": {iops}, "source": "admin", "config": {{"capacity_iops": 1000.0, "probe_capacity_s": 0.0}}}}}}"#
+        );
+        rein_runtime::harness::state_file(input.as_bytes());
+        let o = overlay(&base, &parse(input.as_bytes()).unwrap());
+        assert_eq!(o.capacity.is_some(), kept, "a capacity of {iops} IOPS");
+        assert_eq!(o.pruned, !kept, "{iops}");
+        if !kept {
+            assert!(o.notes.iter().any(|n| n.contains("capacity must be positive")), "{:?}", o.notes);
+        }
+    }
+}
+
 /// Found by `psk_file` (artifact crash-a9f226cb2c35506e67a142d7b233e933b7679678, in a 40 s run): a key
 /// with a `+` among its digits was accepted (`u8::from_str_radix("+0", 16)` is 0), so `client1:+000..`
 /// gave a key that is not what the line says instead of the error "the key is not hexadecimal". The hex
