@@ -1272,7 +1272,7 @@ mod tests {
         let (one, two) = (Waker::from(Arc::new(Nop)), Waker::from(Arc::new(Nop)));
         let mut fut = Counted { polls: 0, ready: false };
         let mut lazy = LazyPoll::default();
-        let mut poll = |lazy: &mut LazyPoll, fut: &mut Counted, waker: &Waker, maybe: bool| {
+        let poll = |lazy: &mut LazyPoll, fut: &mut Counted, waker: &Waker, maybe: bool| {
             lazy.poll(&mut Context::from_waker(waker), Pin::new(fut), maybe)
         };
         // The first poll registers the waker; later ones with it are skipped unless it may be ready.
