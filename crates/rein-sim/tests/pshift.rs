@@ -156,6 +156,12 @@ fn scenario_file(name: &str, seed: u64) -> Scenario {
     Scenario::load(&dir.join(name)).unwrap().with_seed(seed).unwrap()
 }
 
+/// The descriptions of the checks `sc` misses.
+fn failed_checks(sc: &Scenario) -> Vec<String> {
+    let (_, results) = rein_sim::run_and_check(sc, &mut |_| {}).unwrap();
+    results.into_iter().filter(|c| !c.ok).map(|c| c.description).collect()
+}
+
 /// Experiment 4 with seed 16 (round robin's worst draw): bucket b2 is crowded onto servers 3-4 with other
 /// R-token holders. Served in proportion to their grants (`scenarios/pshift-exp4-proportional.toml`) it
 /// meets every check of that file; with the default round robin (Algorithm 1) b2 gets a fifth of the two
@@ -169,13 +175,24 @@ fn proportional_r_order_keeps_a_crowded_bucket_on_schedule() {
     assert_eq!(default.pshift.as_ref().unwrap().r_order, ROrder::RoundRobin, "the default is the paper's");
     let mut paper = sc.clone();
     std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).r_order = ROrder::RoundRobin;
-    let failed = |sc: &Scenario| -> Vec<String> {
-        let (_, results) = rein_sim::run_and_check(sc, &mut |_| {}).unwrap();
-        results.into_iter().filter(|c| !c.ok).map(|c| c.description).collect()
-    };
-    let (ours, theirs) = (failed(&sc), failed(&paper));
+    let (ours, theirs) = (failed_checks(&sc), failed_checks(&paper));
     eprintln!("proportional misses {ours:?}\nround robin misses {theirs:?}");
     assert!(ours.is_empty(), "proportional order misses: {ours:?}");
+    assert!(theirs.iter().filter(|d| d.contains("of the reservation")).count() == 2, "round robin: {theirs:?}");
+}
+
+/// The mixed order (`scenarios/pshift-exp4-mixed.toml`: proportional above 1,000 R-tokens, small grants
+/// spent early) keeps the crowded bucket of seed 16 on schedule as the proportional order does: every
+/// check of its file holds; round robin misses both reservation checks of the same file.
+#[test]
+fn mixed_r_order_keeps_a_crowded_bucket_on_schedule() {
+    use rein_core::pshift::tokens::ROrder;
+    let sc = scenario_file("pshift-exp4-mixed.toml", 16);
+    assert_eq!(sc.pshift.as_ref().unwrap().r_order, ROrder::Mixed { floor: 1_000 });
+    let mut paper = sc.clone();
+    std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).r_order = ROrder::RoundRobin;
+    let (ours, theirs) = (failed_checks(&sc), failed_checks(&paper));
+    assert!(ours.is_empty(), "mixed order misses: {ours:?}");
     assert!(theirs.iter().filter(|d| d.contains("of the reservation")).count() == 2, "round robin: {theirs:?}");
 }
 
