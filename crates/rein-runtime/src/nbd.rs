@@ -1094,6 +1094,12 @@ impl Idle {
         let replied = self.opened + Duration::from_millis(self.last_reply_ms.load(Ordering::Relaxed));
         self.last_rx.max(replied) + self.after
     }
+
+    /// Sets the timer to `due` (a new deadline: the timer must be polled again on the next wait).
+    fn rearm(&mut self, due: Instant) {
+        self.sleep.as_mut().reset(due);
+        self.armed.forget();
+    }
 }
 
 /// One read of at most `limit` bytes into `buf`, or `None` once the connection is idle: nothing in
@@ -1127,8 +1133,7 @@ async fn read_or_idle<R: AsyncRead + Unpin>(
         }
         let due = idle.due();
         if Instant::now() < due {
-            idle.sleep.as_mut().reset(due);
-            idle.armed.forget();
+            idle.rearm(due);
             continue;
         }
         if slots.available_permits() < MAX_IN_FLIGHT_PER_CONN {
@@ -1143,8 +1148,7 @@ async fn read_or_idle<R: AsyncRead + Unpin>(
                 _ = slots.acquire_many(MAX_IN_FLIGHT_PER_CONN as u32) => {}
             }
             let due = idle.due();
-            idle.sleep.as_mut().reset(due);
-            idle.armed.forget();
+            idle.rearm(due);
             continue;
         }
         return Ok(None);

@@ -135,6 +135,16 @@ fn batching_gains_throughput_on_the_disk_model() {
 
 /// Runs a Fig. 9(a) scenario (weights 1:4:6, no reservations) with `seed`: how far c1's IOPS are above 1/11
 /// of the measured total (a fraction), and whether the file's check on c1 passed.
+/// [`c1_excess_of_its_weight_share`] for `scenarios/<file>` as written (the default `pool_return`) and
+/// with `pool_return = "off"` (the paper's re-base at every return).
+fn c1_excess_with_and_without_pool_return(file: &str, seed: u64) -> ((f64, bool), (f64, bool)) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let off = text.replacen("[[servers]]", "[mclock]\npool_return = \"off\"\n\n[[servers]]", 1);
+    assert_ne!(off, text);
+    (c1_excess_of_its_weight_share(&text, seed), c1_excess_of_its_weight_share(&off, seed))
+}
+
 fn c1_excess_of_its_weight_share(text: &str, seed: u64) -> (f64, bool) {
     let sc = Scenario::from_toml(text, None).unwrap().with_seed(seed).unwrap();
     let (totals, checks) = rein_sim::run_and_check(&sc, &mut |_| {}).unwrap();
@@ -153,12 +163,8 @@ fn c1_excess_of_its_weight_share(text: &str, seed: u64) -> (f64, bool) {
 /// on c1 fails. Fails if the setting does nothing, or if the default loses the split.
 #[test]
 fn pool_return_keeps_the_weight_split_with_one_pool_per_client() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/dmclock-fig9-noresv-pool.toml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let off = text.replacen("[[servers]]", "[mclock]\npool_return = \"off\"\n\n[[servers]]", 1);
-    assert_ne!(off, text);
-    let (rein, rein_ok) = c1_excess_of_its_weight_share(&text, 12);
-    let (paper, paper_ok) = c1_excess_of_its_weight_share(&off, 12);
+    let ((rein, rein_ok), (paper, paper_ok)) =
+        c1_excess_with_and_without_pool_return("dmclock-fig9-noresv-pool.toml", 12);
     assert!(rein.abs() < 0.01 && rein_ok, "default: c1 {:+.2}% of its 1/11 share", rein * 100.0);
     assert!(paper > 0.03 && !paper_ok, "pool_return off: c1 {:+.2}% of its 1/11 share", paper * 100.0);
 }
@@ -170,12 +176,8 @@ fn pool_return_keeps_the_weight_split_with_one_pool_per_client() {
 /// at every return it is 5.7% above on seed 1 (3.1-6.7% over seeds 1-20) and the file's 5% check fails.
 #[test]
 fn pool_return_keeps_the_weight_split_when_a_pool_moves_from_server_to_server() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/dmclock-fig9-noresv-pool-seq.toml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let off = text.replacen("[[servers]]", "[mclock]\npool_return = \"off\"\n\n[[servers]]", 1);
-    assert_ne!(off, text);
-    let (rein, rein_ok) = c1_excess_of_its_weight_share(&text, 1);
-    let (paper, paper_ok) = c1_excess_of_its_weight_share(&off, 1);
+    let ((rein, rein_ok), (paper, paper_ok)) =
+        c1_excess_with_and_without_pool_return("dmclock-fig9-noresv-pool-seq.toml", 1);
     assert!(rein.abs() < 0.01 && rein_ok, "default: c1 {:+.2}% of its 1/11 share", rein * 100.0);
     assert!(paper > 0.04 && !paper_ok, "pool_return off: c1 {:+.2}% of its 1/11 share", paper * 100.0);
 }
