@@ -164,15 +164,15 @@ fn failed_checks(sc: &Scenario) -> Vec<String> {
 
 /// Experiment 4 with seed 16 (round robin's worst draw): bucket b2 is crowded onto servers 3-4 with other
 /// R-token holders. Served in proportion to their grants (`scenarios/pshift-exp4-proportional.toml`) it
-/// meets every check of that file; with the default round robin (Algorithm 1) b2 gets a fifth of the two
+/// meets every check of that file; with the paper's round robin (Algorithm 1) b2 gets a fifth of the two
 /// servers and both reservation checks miss (b2 gets 71% in its third period).
 #[test]
 fn proportional_r_order_keeps_a_crowded_bucket_on_schedule() {
     use rein_core::pshift::tokens::ROrder;
     let sc = scenario_file("pshift-exp4-proportional.toml", 16);
     assert_eq!(sc.pshift.as_ref().unwrap().r_order, ROrder::Proportional);
-    let default = scenario_file("pshift-exp4.toml", 16);
-    assert_eq!(default.pshift.as_ref().unwrap().r_order, ROrder::RoundRobin, "the default is the paper's");
+    let paper_file = scenario_file("pshift-exp4-paper-order.toml", 16);
+    assert_eq!(paper_file.pshift.as_ref().unwrap().r_order, ROrder::RoundRobin, "the paper's order");
     let mut paper = sc.clone();
     std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).r_order = ROrder::RoundRobin;
     let (ours, theirs) = (failed_checks(&sc), failed_checks(&paper));
@@ -181,14 +181,14 @@ fn proportional_r_order_keeps_a_crowded_bucket_on_schedule() {
     assert!(theirs.iter().filter(|d| d.contains("of the reservation")).count() == 2, "round robin: {theirs:?}");
 }
 
-/// The mixed order (`scenarios/pshift-exp4-mixed.toml`: proportional above 1,000 R-tokens, small grants
-/// spent early) keeps the crowded bucket of seed 16 on schedule as the proportional order does: every
-/// check of its file holds; round robin misses both reservation checks of the same file.
+/// The mixed order, the default (`scenarios/pshift-exp4.toml`: proportional above 1,000 R-tokens, small
+/// grants spent early), keeps the crowded bucket of seed 16 on schedule as the proportional order does:
+/// every check of its file holds; round robin misses both reservation checks of the same file.
 #[test]
 fn mixed_r_order_keeps_a_crowded_bucket_on_schedule() {
     use rein_core::pshift::tokens::ROrder;
-    let sc = scenario_file("pshift-exp4-mixed.toml", 16);
-    assert_eq!(sc.pshift.as_ref().unwrap().r_order, ROrder::Mixed { floor: 1_000 });
+    let sc = scenario_file("pshift-exp4.toml", 16);
+    assert_eq!(sc.pshift.as_ref().unwrap().r_order, ROrder::Mixed { floor: 1_000 }, "the default");
     let mut paper = sc.clone();
     std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).r_order = ROrder::RoundRobin;
     let (ours, theirs) = (failed_checks(&sc), failed_checks(&paper));
@@ -196,13 +196,14 @@ fn mixed_r_order_keeps_a_crowded_bucket_on_schedule() {
     assert!(theirs.iter().filter(|d| d.contains("of the reservation")).count() == 2, "round robin: {theirs:?}");
 }
 
-/// Experiment 4 with seed 14: with the paper's controller (`exact_limits = false`) bucket b5 passes its
+/// Experiment 4 with seed 14, in the paper's round robin order: with the paper's controller
+/// (`exact_limits = false`) bucket b5 passes its
 /// limit by 13 IOs (server 7 spent tokens the controller was moving elsewhere while its answer was in
 /// flight); with the tokens a server can spend in that time kept out of the remaining limit, no bucket
 /// passes its limit by one IO.
 #[test]
 fn limits_hold_across_the_message_delay() {
-    let sc = scenario_file("pshift-exp4.toml", 14);
+    let sc = scenario_file("pshift-exp4-paper-order.toml", 14);
     assert!(sc.pshift.as_ref().unwrap().exact_limits, "the default");
     let mut paper = sc.clone();
     std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).exact_limits = false;

@@ -5,7 +5,8 @@
 //! Each bucket has a FIFO of requests and two token counts from the controller: R-tokens (reservation)
 //! and L-tokens (limit). A dispatch:
 //! 1. searches the buckets in round-robin order from the cursor `next` for one with a queued request and
-//!    an R-token; serves it, spends one R-token ([`Phase::Reservation`]);
+//!    an R-token; serves it, spends one R-token ([`Phase::Reservation`]) (Rein's default orders this
+//!    class by grant instead: "Order within the R class" below, the deviation from the paper);
 //! 2. otherwise searches the same way for one with a queued request and an L-token; serves it, spends
 //!    one L-token ([`Phase::Weight`]);
 //! 3. otherwise nothing is eligible: [`Poll::Empty`] (Algorithm 1's "delay a small amount": nothing can
@@ -46,13 +47,13 @@
 //! the weighted variant's turns are unchanged; R-class dispatches do not move the L class's cursor and
 //! start no turn.
 //!
-//! [`ROrder::Mixed`] (an option) is the proportional order with a floor F: a grant under F R-tokens gets
-//! the stride of an F grant, so small grants are spent early, as round robin spends them, and grants
-//! larger than F are paced in proportion. With a floor above every grant it keeps round robin's counts
-//! within one IO; with floor 1 it is [`ROrder::Proportional`].
+//! [`ROrder::Mixed`] is the proportional order with a floor F: a grant under F R-tokens gets the stride
+//! of an F grant, so small grants are spent early, as round robin spends them, and grants larger than F
+//! are paced in proportion. With a floor above every grant it keeps round robin's counts within one IO;
+//! with floor 1 it is [`ROrder::Proportional`].
 //!
-//! Neither order of the first two is better everywhere, so round robin, the paper's, stays the default
-//! (measured in the simulator, docs/reproductions.md Part 4):
+//! Neither of the first two orders is better everywhere (measured in the simulator, docs/reproductions.md
+//! Part 4):
 //! - Proportional wins where a few large buckets crowd onto few servers (Experiment 4, 10 buckets, seeds
 //!   1-20: 798 of 800 bucket-periods get 99 % of the reservation, against 788 under round robin;
 //!   Experiment 3 meets every reservation before its period ends).
@@ -62,9 +63,12 @@
 //!   fewer tokens behind; pacing leaves every bucket's grant partly unspent until the end. On the fully
 //!   reserved Experiment 1 every bucket gets 95 % either way, but 9,806 of 10,000 get 99 % under round
 //!   robin against 9,489.
-//! - The mixed order with F = 1,000 keeps both: Experiment 4 as proportional (798 of 800), Experiments 1
-//!   and 2 as round robin (docs/reproductions.md Part 4). The floor is in IOs, not relative to the
-//!   server: one setting for a cluster whose servers are alike. Being new, it is an option.
+//!
+//! The mixed order with F = 1,000 ([`ROrder::DEFAULT_FLOOR`]) keeps both, and is the default: Experiment
+//! 4 as proportional (798 of 800), Experiments 1 and 2 as round robin or better (docs/reproductions.md
+//! Part 4, every pShift figure measured again with it as the default). The floor is in IOs, not relative
+//! to the server: one setting for a cluster whose servers are alike. The paper's round robin is one
+//! setting away (`r_order = "round_robin"`, [`TokenScheduler::with_r_order`]).
 //!
 //! # Mapping to the [`Scheduler`] trait
 //! `add_tenant(spec)` adds a bucket (its weight matters in the weighted variant; reservation and limit are
@@ -92,10 +96,10 @@ use crate::units::{LatestTime, Nanos, Tag};
 use std::collections::VecDeque;
 
 /// How buckets holding R-tokens share the server (module comment, "Order within the R class").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The default is [`ROrder::Mixed`] with [`ROrder::DEFAULT_FLOOR`]; [`ROrder::RoundRobin`] is the paper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ROrder {
-    /// Algorithm 1: round robin, one IO per holder per round.
-    #[default]
+    /// Algorithm 1 (the paper's): round robin, one IO per holder per round.
     RoundRobin,
     /// In proportion to the R-tokens each holder was given (stride scheduling): all spend at one pace.
     Proportional,
@@ -107,7 +111,16 @@ pub enum ROrder {
     },
 }
 
+impl Default for ROrder {
+    fn default() -> Self {
+        ROrder::Mixed { floor: ROrder::DEFAULT_FLOOR }
+    }
+}
+
 impl ROrder {
+    /// The default order's floor, in R-tokens (IOs): grants under it are spent early.
+    pub const DEFAULT_FLOOR: u64 = 1_000;
+
     /// Whether holders are ordered by pass (the R heap) rather than by the R ring.
     fn paced(self) -> bool {
         self != ROrder::RoundRobin
@@ -339,7 +352,8 @@ fn quantum(weighted: bool, spec: &QosSpec) -> u64 {
 }
 
 impl TokenScheduler {
-    /// Algorithm 1: plain round robin within each token class.
+    /// Algorithm 1's scheduler: round robin within the L class, and the R class in the default
+    /// [`ROrder`] (the paper's round robin is [`TokenScheduler::with_r_order`] away).
     pub fn new(config: SchedConfig) -> Self {
         TokenScheduler {
             config,
@@ -347,7 +361,7 @@ impl TokenScheduler {
             buckets: Slab::default(),
             r_ring: RingSet::default(),
             l_ring: RingSet::default(),
-            r_order: ROrder::RoundRobin,
+            r_order: ROrder::default(),
             r_heap: IndexedHeap::new(),
             r_vtime: 0,
             next: 0,
@@ -662,12 +676,15 @@ impl Scheduler for TokenScheduler {
 mod tests {
     use super::*;
 
+    /// A scheduler in Algorithm 1's order (round robin in both classes), whose exact sequences these
+    /// tests check; the orders among R-token holders have their own tests.
     fn sched(n: usize, weighted: bool, weights: &[f64]) -> (TokenScheduler, Vec<TenantId>) {
-        let mut s = if weighted {
+        let s = if weighted {
             TokenScheduler::weighted(SchedConfig::default())
         } else {
             TokenScheduler::new(SchedConfig::default())
         };
+        let mut s = s.with_r_order(ROrder::RoundRobin);
         let ids = (0..n)
             .map(|i| s.add_tenant(QosSpec::weighted(*weights.get(i).unwrap_or(&1.0)).unwrap()).unwrap())
             .collect();
@@ -727,6 +744,13 @@ mod tests {
             assert_eq!(r.next_from(q), b.range(q..).next().copied());
         }
         assert_eq!(r.len, b.len());
+    }
+
+    #[test]
+    fn the_default_order_is_mixed_with_a_floor_of_1000() {
+        let s = TokenScheduler::new(SchedConfig::default());
+        assert_eq!(s.r_order(), ROrder::Mixed { floor: 1_000 });
+        assert_eq!(TokenScheduler::weighted(SchedConfig::default()).r_order(), ROrder::default());
     }
 
     #[test]

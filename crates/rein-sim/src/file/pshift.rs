@@ -40,11 +40,11 @@ pub struct PshiftFile {
     /// Weighted round robin by tenant weight (§V "Local Priorities").
     #[serde(default)]
     pub weighted: bool,
-    /// How a server serves the buckets holding R-tokens: round_robin (default: Algorithm 1 as written) |
-    /// proportional (at the pace of their grants; rein-core's `tokens` module) | mixed (proportional, but
-    /// a grant under `r_floor_ios` is spent at the pace of one of that size).
+    /// How a server serves the buckets holding R-tokens: mixed (default: proportional, but a grant under
+    /// `r_floor_ios` is spent at the pace of one of that size) | round_robin (Algorithm 1 as written) |
+    /// proportional (at the pace of their grants; rein-core's `tokens` module).
     pub r_order: Option<String>,
-    /// `r_order = "mixed"`: grants under this many R-tokens are not paced (1..=1e9; default 1,000).
+    /// `r_order = "mixed"` (the default): grants under this many R-tokens are not paced (1..=1e9; default 1,000).
     pub r_floor_ios: Option<u64>,
     /// Keep the tokens a server may spend while the controller's answer is in flight out of a bucket's
     /// remaining limit (default true; rein-core's controller, "Limits across the message delay"). false:

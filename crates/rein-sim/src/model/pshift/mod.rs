@@ -175,12 +175,12 @@ pub fn validate(
         Some(o) => return Err(format!("pshift.estimator {o:?}: expected arrivals or backlog")),
     };
     let r_order = match (f.r_order.as_deref(), f.r_floor_ios) {
-        (Some("mixed"), floor) => match floor.unwrap_or(1_000) {
+        (None | Some("mixed"), floor) => match floor.unwrap_or(ROrder::DEFAULT_FLOOR) {
             floor @ 1..=1_000_000_000 => ROrder::Mixed { floor },
             o => return Err(format!("pshift.r_floor_ios {o}: expected 1 to 1000000000")),
         },
         (_, Some(_)) => return Err("pshift.r_floor_ios is a setting of r_order = \"mixed\"".into()),
-        (None | Some("round_robin"), None) => ROrder::RoundRobin,
+        (Some("round_robin"), None) => ROrder::RoundRobin,
         (Some("proportional"), None) => ROrder::Proportional,
         (Some(o), None) => return Err(format!("pshift.r_order {o:?}: expected round_robin, proportional or mixed")),
     };
