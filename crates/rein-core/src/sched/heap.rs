@@ -95,7 +95,12 @@ impl IndexedHeap {
         if p == NONE {
             let i = self.len;
             self.len += 1;
-            self.sift_up(i, key, slot);
+            if i == 0 {
+                // An empty heap (common: one tenant moving between heaps) needs no sift.
+                self.put(0, key, slot);
+            } else {
+                self.sift_up(i, key, slot);
+            }
         } else {
             let i = p as usize;
             let old = self.key(i);
