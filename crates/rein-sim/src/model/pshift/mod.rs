@@ -95,7 +95,7 @@ pub struct PshiftSection {
     pub approx_top: Option<usize>,
     /// Weighted round robin by tenant weight at the servers (§V "Local Priorities").
     pub weighted: bool,
-    /// How the servers order the buckets holding R-tokens (the paper's round robin, or proportional).
+    /// How the servers order the buckets holding R-tokens (default mixed; the paper's round robin; proportional).
     pub r_order: ROrder,
     /// Whether the controller keeps tokens spendable during the message delay out of remaining limits.
     pub exact_limits: bool,
