@@ -49,6 +49,10 @@ pub(crate) struct SweepArgs {
     /// A bucket is in error when it does less than this percentage of its reservation in a period.
     #[arg(long, default_value_t = 95.0)]
     pub(crate) threshold_pct: f64,
+    /// Early rounds per redistribution interval, overriding the scenario's `early_rounds` (0: the
+    /// paper's controller, as in its Fig. 4).
+    #[arg(long)]
+    pub(crate) early_rounds: Option<u32>,
     /// Print the cells as JSON on stdout.
     #[arg(long)]
     pub(crate) json: bool,
@@ -81,7 +85,11 @@ fn sweep(a: &SweepArgs) -> Result<()> {
                 let mut f = file.clone();
                 let seed = file.seed + r;
                 f.seed = seed;
-                let g = f.pshift.as_mut().and_then(|p| p.generate.as_mut()).expect("checked");
+                let p = f.pshift.as_mut().expect("checked");
+                if a.early_rounds.is_some() {
+                    p.early_rounds = a.early_rounds;
+                }
+                let g = p.generate.as_mut().expect("checked");
                 g.active_servers = rein_sim::file::pshift::ActiveFile::One(na);
                 g.demand_changes = nd;
                 let sc = f.validate(a.scenario.parent()).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;

@@ -1,5 +1,6 @@
-//! `rein pshift solve` and `rein pshift gen`, driven as a user would: the paper's Example 1/2 file, a
-//! generated instance, thread counts and the approximation, and bad instances with clear errors.
+//! `rein pshift solve`, `rein pshift gen` and `rein pshift sweep`, driven as a user would: the paper's
+//! Example 1/2 file, a generated instance, thread counts and the approximation, a small sweep, and bad
+//! instances with clear errors.
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -212,4 +213,67 @@ fn sim_runs_pshift_scenarios_with_checks_and_plots() {
     }
     let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "--scheduler", "fifo"]);
     assert!(!ok && stderr.contains("pShift scenarios run token schedulers"), "{stderr}");
+}
+
+/// A small cluster with generated buckets (3 servers, 40 buckets) for `rein pshift sweep`.
+const SWEEP: &str = r#"
+name = "sweep-small"
+duration_s = 2.2
+interval_s = 0.2
+seed = 3
+scheduler = "token"
+[pshift]
+period_s = 1.0
+intervals = 5
+delay_ms = 0.2
+[pshift.generate]
+buckets = 40
+reserved_fraction = 0.9
+demand_ratio = 1.3
+active_servers = 2
+[[servers]]
+name = "s1"
+capacity_iops = 4000
+queue_depth = 1
+[[servers]]
+name = "s2"
+capacity_iops = 4000
+queue_depth = 1
+[[servers]]
+name = "s3"
+capacity_iops = 4000
+queue_depth = 1
+[[expect]]
+metric = "reservation_met_fraction"
+threshold_pct = 95
+window = [0.2, 2.2]
+above = 0.0
+"#;
+
+/// The sweep prints one JSON cell per (N_A, N_D); `--early-rounds` overrides the file (0: the paper's
+/// controller), and a value out of range is named.
+#[test]
+fn sweep_runs_the_grid_with_and_without_early_rounds() {
+    let dir = tmpdir("sweep");
+    let p = dir.path().join("small.toml");
+    std::fs::write(&p, SWEEP).unwrap();
+    let p = p.to_str().unwrap();
+    for early in [None, Some("0")] {
+        let mut args = vec!["pshift", "sweep", p, "--active", "1,2", "--changes", "0,2", "--runs", "1", "--json"];
+        if let Some(e) = early {
+            args.extend(["--early-rounds", e]);
+        }
+        let (ok, out, err) = rein(&args);
+        assert!(ok, "{err}");
+        let cells = json(&out);
+        let cells = cells.as_array().unwrap();
+        assert_eq!(cells.len(), 4, "{out}");
+        for c in cells {
+            let e = c["error"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&e), "{c}");
+        }
+    }
+    let (ok, _, err) = rein(&["pshift", "sweep", p, "--runs", "1", "--early-rounds", "101"]);
+    assert!(!ok);
+    assert!(err.contains("pshift.early_rounds must be in 0..=100, got 101"), "{err}");
 }

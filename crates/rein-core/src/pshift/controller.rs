@@ -50,6 +50,29 @@
 //! trimmed to the remaining limit only if they would not fit beside it. The paper does not say how its
 //! prototype handles the delay.
 //!
+//! # Early rounds (beyond the paper)
+//! A bucket whose demand moves to servers where the latest answer gave it no tokens is not served there
+//! until the next boundary: with no L-tokens (it is limited) not at all, and without R-tokens not in the
+//! reservation class. When the move falls in a period's last interval, nothing is left to make up for
+//! it: the paper's "needles" (§IV-B), and the last 2 of 800 bucket-periods of Experiment 4 that miss
+//! 99 % of the reservation (docs/reproductions.md Part 4). With [`ControllerConfig::early`] set, a
+//! server that sees such a *stray arrival* tells the controller ([`StrayArrival`],
+//! [`Controller::handle_stray`]), which starts an *early round* when
+//! - the bucket still has reservation left (`done_i < R_i` as of the latest round),
+//! - the server had applied the latest answer (else the stray may be planned for already),
+//! - no early round is open, fewer than [`EarlyRounds::per_interval`] were started in this interval,
+//!   and the next boundary is at least [`EarlyRounds::lead`] away.
+//!
+//! Every server then reports what happened since its last report (the same [`ServerReport`], with
+//! `early` set), and the controller computes the rest of the period exactly as at a boundary, from
+//! those reports, and answers every server: the IOs dispatched count in `done`, the capacities and
+//! demands are extrapolated to the period's end, and the held tokens are kept out of the limits as
+//! always. The reports cover part of an interval, so the estimates rest on less history. An early
+//! round whose reports are not all in by the report timeout, or by the next boundary, is abandoned
+//! (no answer; the servers keep their tokens). The paper's behaviour is [`EarlyRounds::NONE`]; the
+//! simulator's default is [`EarlyRounds::DEFAULT_PER_INTERVAL`] (docs/reproductions.md Part 4 has
+//! both).
+//!
 //! # Paper symbols -> code
 //! | paper | code |
 //! |---|---|
@@ -67,6 +90,10 @@
 //!    held tokens leave less limit than reservation).
 //! 4. For a limited bucket, the tokens sent over all servers plus those held at the report are at most
 //!    L_i - done_i.
+//! 5. Early rounds: at most `per_interval` start between two boundaries, numbered 1, 2, ... after the
+//!    boundary before them; each is answered at most once, only while the next boundary is still ahead,
+//!    and never changes `done[i]` (its reports cover the interval so far, which the boundary's report
+//!    counts in full).
 //!
 //! Bounds: servers and buckets as [`super::MAX_SERVERS`], [`super::MAX_BUCKETS`]; a report has at most
 //! one line per bucket; per-entry demand and capacity are clamped to [`super::MAX_TOKENS`].
@@ -107,6 +134,40 @@ pub struct ControllerConfig {
     /// the computation): the time in which a server may spend tokens the controller is moving. Zero: not
     /// accounted, the paper's behaviour (module comment, "Limits across the message delay").
     pub answer_delay: Nanos,
+    /// Early rounds for buckets that arrive where they hold no tokens (module comment, "Early rounds";
+    /// beyond the paper). [`EarlyRounds::NONE`] is the paper's behaviour.
+    pub early: EarlyRounds,
+}
+
+/// When a stray arrival (a bucket with reservation left arriving at a server the latest answer gave it no
+/// tokens at) starts an early round (module comment, "Early rounds").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EarlyRounds {
+    /// At most this many early rounds per redistribution interval (0: none, the paper's behaviour).
+    pub per_interval: u32,
+    /// An early round starts only if the next boundary is at least this far away: the request for
+    /// reports, the reports and the answer must all arrive before it (three message delays and the
+    /// computation).
+    pub lead: Nanos,
+}
+
+impl EarlyRounds {
+    /// No early rounds: the paper's controller.
+    pub const NONE: EarlyRounds = EarlyRounds { per_interval: 0, lead: Nanos::ZERO };
+    /// Rein's default number of early rounds per interval (the simulator's `[pshift] early_rounds`).
+    pub const DEFAULT_PER_INTERVAL: u32 = 4;
+}
+
+/// A server's note that a bucket arrived there without tokens the latest answer it applied gave: the
+/// bucket's demand moved where the controller did not plan it (module comment, "Early rounds").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrayArrival {
+    /// The server the bucket arrived at.
+    pub server: u32,
+    /// The bucket.
+    pub bucket: u32,
+    /// The answer the server last applied: its [`TokenMessage::round`] and [`TokenMessage::early`].
+    pub heard: (u64, u32),
 }
 
 /// A bucket's QoS per period.
@@ -164,8 +225,12 @@ pub struct BucketReport {
 pub struct ServerReport {
     /// The server's index, below the number of capacities the controller was built with.
     pub server: u32,
-    /// The boundary the interval ends at ([`Controller::round`] when the report is due).
+    /// The boundary the interval ends at ([`Controller::round`] when the report is due); for an early
+    /// round's report, the boundary the interval started at.
     pub round: u64,
+    /// 0 for a boundary's report; n for the n-th early round after boundary `round` (the number
+    /// [`Controller::handle_stray`] returned).
+    pub early: u32,
     /// Length of the interval covered (normally tau).
     pub elapsed_ns: u64,
     /// IOs the device completed in the interval.
@@ -184,6 +249,8 @@ pub struct TokenMessage {
     pub server: u32,
     /// The round that computed them (the report round it answers).
     pub round: u64,
+    /// 0 for a boundary's answer; n for the n-th early round after boundary `round`.
+    pub early: u32,
     /// (bucket, R-tokens, L-tokens) for every bucket with estimated demand at the server.
     pub tokens: Vec<(u32, u64, Tokens)>,
 }
@@ -197,6 +264,8 @@ pub struct RoundSummary {
     pub period: u64,
     /// Interval index inside the period (0 = the period's first).
     pub interval: u32,
+    /// 0 for a boundary's round; n for the n-th early round in the interval.
+    pub early: u32,
     /// sum_i min(R_rem, D_i): the reservation IOs still wanted.
     pub wanted: u64,
     /// The R-token solve's counters.
@@ -235,6 +304,17 @@ pub enum ControllerError {
         /// The round the controller waits for ([`Controller::round`]).
         want: u64,
     },
+    /// An early round's report for an early round the controller did not start (reports for early rounds
+    /// it closed are ignored).
+    #[error("report from server {server} for early round {early} after boundary {round}, which was not started")]
+    WrongEarly {
+        /// The reporting server.
+        server: u32,
+        /// The boundary the report names.
+        round: u64,
+        /// The early round it names.
+        early: u32,
+    },
 }
 
 /// The controller; see the module comment.
@@ -249,6 +329,13 @@ pub struct Controller {
     done: Vec<u64>,
     round: u64,
     reports: Vec<Option<ServerReport>>,
+    /// The early round started in the current interval and not yet answered: (its number, when).
+    early_open: Option<(u32, Nanos)>,
+    /// Early rounds started since the last boundary's round.
+    early_started: u32,
+    /// The latest answer: (round, early) of its messages.
+    latest: Option<(u64, u32)>,
+    early_reports: Vec<Option<ServerReport>>,
 }
 
 impl Controller {
@@ -283,6 +370,10 @@ impl Controller {
             buckets,
             round: 0,
             reports: vec![None; capacity_iops.len()],
+            early_open: None,
+            early_started: 0,
+            latest: None,
+            early_reports: vec![None; capacity_iops.len()],
             config,
         })
     }
@@ -312,6 +403,9 @@ impl Controller {
         if s as usize >= self.reports.len() {
             return Err(ControllerError::UnknownServer(s));
         }
+        if report.early > 0 {
+            return self.handle_early_report(report);
+        }
         if report.round < self.round {
             return Ok(());
         }
@@ -325,37 +419,133 @@ impl Controller {
         Ok(())
     }
 
+    fn handle_early_report(&mut self, report: ServerReport) -> Result<(), ControllerError> {
+        let s = report.server;
+        match self.early_open {
+            Some((e, _)) if self.round > 0 && report.round == self.round - 1 && report.early == e => {}
+            // A report for an early round closed before it arrived (answered, abandoned, or one of an
+            // earlier interval).
+            _ if (report.round, report.early) <= self.latest_started() => return Ok(()),
+            _ => return Err(ControllerError::WrongEarly { server: s, round: report.round, early: report.early }),
+        }
+        if let Some(b) = report.buckets.iter().find(|b| b.bucket as usize >= self.buckets.len()) {
+            return Err(ControllerError::UnknownBucket { server: s, bucket: b.bucket });
+        }
+        self.early_reports[s as usize] = Some(report);
+        Ok(())
+    }
+
+    /// The latest (round, early) started: reports up to it are known, later ones are not.
+    fn latest_started(&self) -> (u64, u32) {
+        match self.round {
+            0 => (0, 0),
+            r => (r - 1, self.early_started),
+        }
+    }
+
+    /// A server saw a bucket arrive without tokens the latest answer it applied gave there. Starts an
+    /// early round and returns its number when the rules of the module comment ("Early rounds") allow
+    /// one: then the caller asks every server for a report with `round` = the returned boundary and
+    /// `early` = the returned number, taken when the request reaches it. `None`: nothing to do.
+    pub fn handle_stray(&mut self, now: Nanos, stray: StrayArrival) -> Result<Option<(u64, u32)>, ControllerError> {
+        if stray.server as usize >= self.reports.len() {
+            return Err(ControllerError::UnknownServer(stray.server));
+        }
+        let Some(q) = self.buckets.get(stray.bucket as usize) else {
+            return Err(ControllerError::UnknownBucket { server: stray.server, bucket: stray.bucket });
+        };
+        let early = self.config.early;
+        let allowed = self.round > 0
+            && self.early_open.is_none()
+            && self.early_started < early.per_interval
+            // The server had applied the latest answer: a stray seen under an older one may already be
+            // planned for.
+            && self.latest == Some(stray.heard)
+            && self.done[stray.bucket as usize] < q.reservation
+            && now.saturating_add(early.lead) <= self.boundary()
+            // The k-th early round of an interval starts no sooner than k tau / (per_interval + 1) after
+            // its boundary: they spread over it.
+            && now.0 >= self.boundary_of(self.round - 1).0 + (u64::from(self.early_started) + 1) * self.tau / (u64::from(early.per_interval) + 1);
+        if !allowed {
+            return Ok(None);
+        }
+        self.early_started += 1;
+        self.early_open = Some((self.early_started, now));
+        self.early_reports.fill(None);
+        Ok(Some((self.round - 1, self.early_started)))
+    }
+
     /// When every server has reported the current round (or the timeout passed), computes the tokens for
-    /// the rest of the period: one message per server (invariant 1: once per round, in order).
+    /// the rest of the period: one message per server (invariant 1: once per round, in order). An early
+    /// round is answered when every server has reported it, and abandoned (no answer) when a report is
+    /// still missing after the report timeout or at the next boundary. One answer per call: call again
+    /// until `None`.
     pub fn poll(&mut self, now: Nanos) -> Option<(Vec<TokenMessage>, RoundSummary)> {
+        if let Some((e, at)) = self.early_open {
+            if now >= self.boundary() || now >= at.saturating_add(self.config.report_timeout) {
+                // Too late: the boundary's round takes over.
+                self.early_open = None;
+                self.early_reports.fill(None);
+            } else if self.early_reports.iter().all(|r| r.is_some()) {
+                self.early_open = None;
+                let reports = std::mem::replace(&mut self.early_reports, vec![None; self.rate.len()]);
+                return Some(self.compute(reports, 0, Some((e, now))));
+            }
+        }
         let missing = self.reports.iter().filter(|r| r.is_none()).count() as u32;
         let deadline = self.boundary().saturating_add(self.config.report_timeout);
         if missing > 0 && now < deadline {
             return None;
         }
-        let out = self.compute(missing);
+        self.early_open = None;
+        self.early_started = 0;
+        self.early_reports.fill(None);
+        let reports = std::mem::replace(&mut self.reports, vec![None; self.rate.len()]);
+        let out = self.compute(reports, missing, None);
         self.round += 1;
         Some(out)
     }
 
-    fn compute(&mut self, missing: u32) -> (Vec<TokenMessage>, RoundSummary) {
-        let round = self.round;
+    /// Computes an answer from `reports`: the boundary round `self.round`, or with `early` = (n, now) the
+    /// n-th early round after boundary `self.round - 1`, its reports all in at `now`.
+    fn compute(
+        &mut self,
+        reports: Vec<Option<ServerReport>>,
+        missing: u32,
+        early: Option<(u32, Nanos)>,
+    ) -> (Vec<TokenMessage>, RoundSummary) {
         let k = self.config.intervals as u64;
+        let (round, e) = match early {
+            None => (self.round, 0),
+            Some((e, _)) => (self.round - 1, e),
+        };
         let interval = (round % k) as u32;
         let period = round / k;
-        let reports: Vec<Option<ServerReport>> = std::mem::replace(&mut self.reports, vec![None; self.rate.len()]);
+        let starts_period = interval == 0 && early.is_none();
         // Invariant 2: the interval that just ended belongs to the period before boundary `round` when that
         // boundary starts a period (and to the warm-up before the first one: nothing to count then).
         // A new period starts with what was in flight at the boundary (it completes, and counts, there).
-        if interval == 0 {
-            self.done.fill(0);
+        // An early round's reports cover the interval so far (the boundary's report counts it again in
+        // full): their dispatches count for this round only.
+        let mut done = match early {
+            None => std::mem::take(&mut self.done),
+            Some(_) => self.done.clone(),
+        };
+        if starts_period {
+            done.fill(0);
         }
         for r in reports.iter().flatten() {
             for b in &r.buckets {
-                self.done[b.bucket as usize] += if interval == 0 { b.in_flight } else { b.dispatched };
+                done[b.bucket as usize] += if starts_period { b.in_flight } else { b.dispatched };
             }
         }
-        let left_s = (self.config.period.0 - interval as u64 * self.tau) as f64 / 1e9;
+        let left_ns = match early {
+            None => self.config.period.0 - interval as u64 * self.tau,
+            // From when the last report arrived to the period's last boundary (the snapshots were taken
+            // one message delay before: the rest is within that delay of the boundary's reckoning).
+            Some((_, now)) => self.boundary_of((period + 1) * k).0.saturating_sub(now.0).max(1),
+        };
+        let left_s = left_ns as f64 / 1e9;
         let mut caps = Vec::with_capacity(self.rate.len());
         for (j, r) in reports.iter().enumerate() {
             if let Some(r) = r {
@@ -381,8 +571,9 @@ impl Controller {
             for b in &r.buckets {
                 let h = if self.buckets[b.bucket as usize].limit.is_some() { b.held.min(reach) } else { 0 };
                 held[b.bucket as usize] = held[b.bucket as usize].saturating_add(h);
+                let backlogged = b.queued > 0 && b.idle_ns * 100 < r.elapsed_ns;
                 let mut d = b.queued as f64 + b.arrivals as f64 * scale;
-                if self.config.estimator == DemandEstimator::Backlog && b.queued > 0 && b.idle_ns * 100 < r.elapsed_ns {
+                if self.config.estimator == DemandEstimator::Backlog && backlogged {
                     d = d.max(caps[j] as f64);
                 }
                 let d = (d.round() as u64).min(MAX_TOKENS);
@@ -409,7 +600,7 @@ impl Controller {
                 x += 1;
             }
             let q = self.buckets[i as usize];
-            let done = self.done[i as usize];
+            let done = done[i as usize];
             // Invariant 3: L_i >= R_i, so L_i - done >= R_i - done; the held tokens may take it below, and
             // then the reservation is trimmed to what the limit leaves.
             let l = q.limit.map(|l| l.saturating_sub(done).saturating_sub(held[i as usize]));
@@ -418,8 +609,9 @@ impl Controller {
         }
         let inst = builder.build().expect("at least one server");
         let sol = solve(&inst, &self.config.solve);
-        let mut msgs: Vec<TokenMessage> =
-            (0..self.rate.len() as u32).map(|server| TokenMessage { server, round, tokens: Vec::new() }).collect();
+        let mut msgs: Vec<TokenMessage> = (0..self.rate.len() as u32)
+            .map(|server| TokenMessage { server, round, early: e, tokens: Vec::new() })
+            .collect();
         for (n, &(i, first)) in which.iter().enumerate() {
             let limited = self.buckets[i as usize].limit.is_some();
             for (e, &(_, j, _, back)) in inst.bucket_entries(n).zip(&lines[first..]) {
@@ -430,12 +622,17 @@ impl Controller {
             }
         }
         let wanted = (0..inst.buckets()).map(|n| inst.reservation(n).min(inst.total_demand(n))).sum();
+        self.latest = Some((round, e));
+        if early.is_none() {
+            self.done = done;
+        }
         (
             msgs,
             RoundSummary {
                 round,
                 period,
                 interval,
+                early: e,
                 wanted,
                 r_stats: sol.r_stats,
                 l_stats: sol.l_stats,
@@ -458,6 +655,7 @@ mod tests {
             solve: SolveOptions::default(),
             report_timeout: Nanos::from_millis(100),
             answer_delay: Nanos::ZERO,
+            early: EarlyRounds::NONE,
         }
     }
 
@@ -466,7 +664,7 @@ mod tests {
     }
 
     fn report(server: u32, round: u64, completed: u64, buckets: Vec<BucketReport>) -> ServerReport {
-        ServerReport { server, round, elapsed_ns: 200_000_000, completed, busy_ns: 200_000_000, buckets }
+        ServerReport { server, round, early: 0, elapsed_ns: 200_000_000, completed, busy_ns: 200_000_000, buckets }
     }
 
     #[test]
@@ -505,6 +703,7 @@ mod tests {
         let rep = |round, dispatched, in_flight| ServerReport {
             server: 0,
             round,
+            early: 0,
             elapsed_ns: 500_000_000,
             completed: 500,
             busy_ns: 500_000_000,
@@ -564,6 +763,7 @@ mod tests {
         let rep = |server, round, dispatched, arrivals, held| ServerReport {
             server,
             round,
+            early: 0,
             elapsed_ns: 500_000_000,
             completed: 500,
             busy_ns: 500_000_000,
@@ -643,6 +843,7 @@ mod tests {
         let r = ServerReport {
             server: 0,
             round: 0,
+            early: 0,
             elapsed_ns: 200_000_000,
             completed: 150,
             busy_ns: 100_000_000,
@@ -692,5 +893,120 @@ mod tests {
         // 0.1 * 30 is 3.0000000000000004 in f64: still 3 both ways.
         assert_eq!(BucketQos::per_period(0.1, Some(0.1), 30.0), BucketQos { reservation: 3, limit: Some(3) });
         assert_eq!(BucketQos::per_period(0.0, None, 1.0), BucketQos { reservation: 0, limit: None });
+    }
+
+    /// Two servers of 1,000 IOPS, two intervals of 500 ms per period (boundaries at 200, 700, 1,200 ms),
+    /// one bucket (R 600, L 800) whose demand at the first boundary is on server 0 only; up to two early
+    /// rounds per interval, 10 ms lead. Returns the controller after the first boundary's round.
+    fn strayed() -> Controller {
+        let config = ControllerConfig {
+            early: EarlyRounds { per_interval: 2, lead: Nanos::from_millis(10) },
+            ..config(2, DemandEstimator::Arrivals)
+        };
+        let mut c =
+            Controller::new(config, &[1000.0, 1000.0], vec![BucketQos { reservation: 600, limit: Some(800) }]).unwrap();
+        c.handle_report(report(0, 0, 200, vec![line(0, 200, 200, 0, 0)])).unwrap();
+        c.handle_report(report(1, 0, 0, vec![])).unwrap();
+        let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
+        assert!(m[1].tokens.is_empty(), "no demand at server 1 yet");
+        c
+    }
+
+    fn stray(server: u32, heard: (u64, u32)) -> StrayArrival {
+        StrayArrival { server, bucket: 0, heard }
+    }
+
+    /// A report of the interval so far for early round `early` after boundary 0 (taken at 400 ms).
+    fn early_report(server: u32, early: u32, dispatched: u64, arrivals: u64, queued: u64) -> ServerReport {
+        ServerReport {
+            server,
+            round: 0,
+            early,
+            elapsed_ns: 200_000_000,
+            completed: dispatched,
+            busy_ns: 200_000_000,
+            buckets: vec![line(0, arrivals, dispatched, queued, 0)],
+        }
+    }
+
+    #[test]
+    fn a_stray_arrival_starts_an_early_round_that_moves_tokens_to_where_the_demand_went() {
+        let mut c = strayed();
+        // Too soon: the first early round of an interval waits a third of it (500 / 3 ms).
+        assert_eq!(c.handle_stray(Nanos::from_millis(250), stray(1, (0, 0))), Ok(None));
+        assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (0, 0))), Ok(Some((0, 1))));
+        assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (0, 0))), Ok(None), "one open at a time");
+        // The bucket did 150 IOs at server 0 and moved: 20 queued at server 1.
+        c.handle_report(early_report(0, 1, 150, 150, 0)).unwrap();
+        assert!(c.poll(Nanos::from_millis(401)).is_none(), "waits for server 1");
+        c.handle_report(early_report(1, 1, 0, 20, 20)).unwrap();
+        let (m, sum) = c.poll(Nanos::from_millis(402)).unwrap();
+        assert_eq!((sum.round, sum.early, sum.interval), (0, 1, 0));
+        assert!(m.iter().all(|x| (x.round, x.early) == (0, 1)));
+        let r: u64 = m.iter().flat_map(|x| &x.tokens).map(|t| t.1).sum();
+        assert_eq!(r, 600 - 150, "the reservation left, over both servers");
+        assert!(m[1].tokens[0].1 > 0, "server 1 gets R-tokens: {m:?}");
+        assert!(matches!(m[1].tokens[0].2, Tokens::Count(n) if n > 0), "and L-tokens: {m:?}");
+        assert_eq!(c.done(), &[0], "the early round's dispatches count again in the boundary's report");
+        assert_eq!(c.round(), 1, "the boundary's round is still due");
+        // The boundary's reports cover the whole interval.
+        c.handle_report(ServerReport { elapsed_ns: 500_000_000, ..report(0, 1, 300, vec![line(0, 300, 300, 0, 0)]) })
+            .unwrap();
+        c.handle_report(ServerReport { elapsed_ns: 500_000_000, ..report(1, 1, 100, vec![line(0, 100, 100, 5, 0)]) })
+            .unwrap();
+        let (m, sum) = c.poll(Nanos::from_millis(700)).unwrap();
+        assert_eq!((sum.round, sum.early), (1, 0));
+        assert_eq!(c.done(), &[400]);
+        assert!(m.iter().all(|x| (x.round, x.early) == (1, 0)));
+    }
+
+    #[test]
+    fn early_rounds_follow_their_rules() {
+        // None configured: the paper's controller.
+        let mut c = strayed();
+        c.config.early.per_interval = 0;
+        assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (0, 0))), Ok(None));
+        // A server that had not applied the latest answer; one within the lead of the next boundary.
+        let mut c = strayed();
+        assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (7, 0))), Ok(None));
+        assert_eq!(c.handle_stray(Nanos::from_millis(695), stray(1, (0, 0))), Ok(None));
+        // Unknown servers and buckets are errors.
+        assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(5, (0, 0))), Err(ControllerError::UnknownServer(5)));
+        assert!(matches!(
+            c.handle_stray(Nanos::from_millis(400), StrayArrival { bucket: 3, ..stray(1, (0, 0)) }),
+            Err(ControllerError::UnknownBucket { .. })
+        ));
+        // Before any round, no early one.
+        let mut fresh = Controller::new(
+            ControllerConfig {
+                early: EarlyRounds { per_interval: 2, lead: Nanos::ZERO },
+                ..config(2, DemandEstimator::Arrivals)
+            },
+            &[1000.0],
+            vec![BucketQos { reservation: 1, limit: None }],
+        )
+        .unwrap();
+        assert_eq!(fresh.handle_stray(Nanos::from_millis(100), stray(0, (0, 0))), Ok(None));
+        // A report for an early round not started is an error; one for a closed round is ignored.
+        assert!(matches!(c.handle_report(early_report(0, 1, 0, 0, 0)), Err(ControllerError::WrongEarly { .. })));
+        // Two per interval, the second no sooner than 2/3 of it; a third is refused.
+        assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (0, 0))), Ok(Some((0, 1))));
+        // Abandoned: server 1 never reports within the report timeout (100 ms).
+        c.handle_report(early_report(0, 1, 0, 0, 0)).unwrap();
+        assert!(c.poll(Nanos::from_millis(450)).is_none());
+        assert!(c.poll(Nanos::from_millis(500)).is_none(), "abandoned, no answer");
+        assert_eq!(c.handle_report(early_report(1, 1, 0, 0, 0)), Ok(()), "late: ignored");
+        assert!(c.poll(Nanos::from_millis(501)).is_none());
+        assert_eq!(c.handle_stray(Nanos::from_millis(520), stray(1, (0, 0))), Ok(None), "the second waits for 2/3");
+        assert_eq!(c.handle_stray(Nanos::from_millis(540), stray(1, (0, 0))), Ok(Some((0, 2))));
+        for s in 0..2 {
+            c.handle_report(early_report(s, 2, 0, 10, 10)).unwrap();
+        }
+        assert!(c.poll(Nanos::from_millis(541)).is_some());
+        assert_eq!(c.handle_stray(Nanos::from_millis(600), stray(1, (0, 2))), Ok(None), "two per interval");
+        // A bucket with its reservation done gets none.
+        let mut c = strayed();
+        c.done[0] = 600;
+        assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (0, 0))), Ok(None));
     }
 }

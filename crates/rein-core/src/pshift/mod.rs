@@ -4,7 +4,8 @@
 //! - [`instance`]: the validated problem (servers, buckets, sparse demand) and its bounds;
 //! - this module and [`alloc`]: the allocation (Algorithms 2-5) and its invariants;
 //! - [`tokens`]: the per-server Token Scheduler (Algorithm 1) and its weighted variant (§V);
-//! - [`controller`]: QoS periods, redistribution intervals, server reports, estimates (§III-D).
+//! - [`controller`]: QoS periods, redistribution intervals, server reports, estimates (§III-D), and the
+//!   early rounds that answer a demand move before the next boundary (beyond the paper).
 //!
 //! # Model (§II, §III-A)
 //! A bucket's objects live on many servers and its requests go straight to them. QoS is per bucket and
@@ -103,8 +104,8 @@ pub use crate::sched::tokens;
 
 pub use alloc::ClassStats;
 pub use controller::{
-    BucketQos, BucketReport, Controller, ControllerConfig, ControllerError, DemandEstimator, RoundSummary,
-    ServerReport, TokenMessage,
+    BucketQos, BucketReport, Controller, ControllerConfig, ControllerError, DemandEstimator, EarlyRounds, RoundSummary,
+    ServerReport, StrayArrival, TokenMessage,
 };
 pub use instance::{
     Instance, InstanceBuilder, InstanceError, RawBucket, RawServer, MAX_BUCKETS, MAX_ENTRIES, MAX_NAME_LEN,

@@ -290,6 +290,9 @@ struct Bucket {
     empty_since: Option<Nanos>,
     /// Whether the queue held a request at some point of the current interval (idle time counts from then).
     active: bool,
+    /// The interval's dispatches as of the latest report ([`TokenScheduler::take_interval`] or
+    /// [`TokenScheduler::peek_interval`]): a grant answers that report and deducts only what came after.
+    reported: u64,
     /// DRR: IO credit per turn and carried credit (1/65536 IO).
     quantum: u64,
     deficit: u64,
@@ -310,6 +313,7 @@ impl Default for Bucket {
             interval: IntervalCounters::default(),
             empty_since: None,
             active: false,
+            reported: 0,
             quantum: 0,
             deficit: 0,
             pass: 0,
@@ -429,7 +433,7 @@ impl TokenScheduler {
     /// reservation first, then the limit). Returns the tokens set.
     pub fn grant(&mut self, id: TenantId, r: u64, l: Tokens) -> Result<(u64, Tokens), SchedError> {
         let b = self.buckets.get(id)?;
-        let mut since = b.interval.dispatched_r + b.interval.dispatched_l;
+        let mut since = (b.interval.dispatched_r + b.interval.dispatched_l).saturating_sub(b.reported);
         let r_left = r.saturating_sub(since);
         since -= r - r_left;
         let mut l = l;
@@ -456,6 +460,17 @@ impl TokenScheduler {
     /// Every live bucket's counters since the last call (then reset), with its queue and tokens, in slot
     /// order. What a server reports to the controller at the end of a redistribution interval.
     pub fn take_interval(&mut self, now: Nanos) -> Vec<BucketInterval> {
+        self.report(now, true)
+    }
+
+    /// As [`TokenScheduler::take_interval`], without resetting the counters: what a server reports for
+    /// an early round (rein-core's pShift controller, "Early rounds"), the interval so far. A following
+    /// [`TokenScheduler::grant`] deducts only the dispatches after this report.
+    pub fn peek_interval(&mut self, now: Nanos) -> Vec<BucketInterval> {
+        self.report(now, false)
+    }
+
+    fn report(&mut self, now: Nanos, reset: bool) -> Vec<BucketInterval> {
         let now = self.time.advance(now);
         let ids: Vec<TenantId> = self.buckets.iter().map(|(id, _)| id).collect();
         let mut out = Vec::with_capacity(ids.len());
@@ -474,8 +489,13 @@ impl TokenScheduler {
                 r_tokens: b.r,
                 l_tokens: b.l,
             });
-            b.interval = IntervalCounters::default();
-            b.active = !b.queue.is_empty();
+            if reset {
+                b.interval = IntervalCounters::default();
+                b.active = !b.queue.is_empty();
+                b.reported = 0;
+            } else {
+                b.reported = b.interval.dispatched_r + b.interval.dispatched_l;
+            }
         }
         out
     }
@@ -1023,5 +1043,26 @@ mod tests {
         s.poll(Nanos(3100), true);
         s.poll(Nanos(3100), true);
         assert_eq!(s.take_interval(Nanos(4000))[1].counters.idle_ns, 900);
+    }
+
+    /// An early round's report reads the interval so far without restarting it; the answer to it deducts
+    /// only what was dispatched after it, and the boundary's report still covers the whole interval.
+    #[test]
+    fn peek_interval_keeps_the_counters_and_grant_deducts_only_later_dispatches() {
+        let (mut s, ids) = sched(1, false, &[]);
+        fill(&mut s, ids[0], 6);
+        s.set_tokens(ids[0], 3, Tokens::Count(10)).unwrap();
+        s.poll(Nanos(100), true);
+        s.poll(Nanos(100), true);
+        let peek = s.peek_interval(Nanos(200));
+        assert_eq!((peek[0].counters.arrivals, peek[0].counters.dispatched_r), (6, 2));
+        // One more before the answer: a grant of 5 R-tokens leaves 4, not 2.
+        s.poll(Nanos(300), true);
+        assert_eq!(s.grant(ids[0], 5, Tokens::Count(10)).unwrap(), (4, Tokens::Count(10)));
+        let rep = s.take_interval(Nanos(1000));
+        assert_eq!((rep[0].counters.arrivals, rep[0].counters.dispatched_r), (6, 3), "the whole interval");
+        // After a boundary's report, a grant deducts everything dispatched since it.
+        s.poll(Nanos(1100), true);
+        assert_eq!(s.grant(ids[0], 5, Tokens::Count(10)).unwrap(), (4, Tokens::Count(10)));
     }
 }

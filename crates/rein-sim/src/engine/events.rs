@@ -50,6 +50,10 @@ pub(crate) enum Kind {
     Change,
     /// pShift: open arrival streams to server `a` are due.
     StreamArrive,
+    /// pShift: a server's note of a stray arrival reaches the controller.
+    Stray,
+    /// pShift: the controller's request for an early round's reports reaches the servers.
+    EarlyReport,
 }
 
 /// An event taken from the queue.

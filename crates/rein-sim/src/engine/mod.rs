@@ -301,6 +301,8 @@ impl<'a> Sim<'a> {
                 Kind::Change => self.change(ev.a as usize, ev.b as usize),
                 Kind::Boundary => self.boundary(ev.a as u64),
                 Kind::Reports => self.reports(),
+                Kind::Stray => self.stray(),
+                Kind::EarlyReport => self.early_report(),
                 Kind::Tokens => self.tokens(),
             }
         }
@@ -502,7 +504,8 @@ impl<'a> Sim<'a> {
             Some(tr) if self.sc.servers[s].distributed => tr.prepare(k).expect("k < servers"),
             _ => Piggyback::default(),
         };
-        let req = Request::new(r.tid, id as u64).size(r.size).offset(r.offset).piggyback(piggyback);
+        let tid = r.tid;
+        let req = Request::new(tid, id as u64).size(r.size).offset(r.offset).piggyback(piggyback);
         if self.servers[s].sched.get().enqueue(self.now, req).is_err() {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once. It
             // leaves the tenant's pool as its tracker counts it (the pool flag).
@@ -517,6 +520,9 @@ impl<'a> Sim<'a> {
             }
             self.reject(id);
             return;
+        }
+        if self.cluster.is_some() {
+            self.cluster_arrived(s, t, tid);
         }
         self.try_dispatch(s);
     }

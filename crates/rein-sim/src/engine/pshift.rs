@@ -17,6 +17,13 @@
 //!   served meanwhile. A bucket the message does not list gets no R-tokens and, if limited, no L-tokens.
 //!   Before the first message (the warm-up interval before `start`) servers are plain round robin.
 //!   Without a controller (`controller = false`) they stay so: the paper's baseline.
+//! - **Early rounds** (`early_rounds`, beyond the paper; rein-core's controller, "Early rounds"): a
+//!   request of a bucket that the latest token message did not list at its server is a stray arrival;
+//!   the server notes it to the controller once per message (`delay`). If the controller starts an
+//!   early round, its request for reports reaches every server `delay` later; each reports the interval
+//!   so far (`TokenScheduler::peek_interval`: the counters go on, and the boundary's report still covers
+//!   the whole interval), and the answer comes back as at a boundary. The controller starts one only if
+//!   the next boundary is at least four delays away, so its answer always arrives before it.
 //!
 //! Determinism: one PCG stream per bucket (seeded from the scenario seed and the index); open streams
 //! sit in one heap per server, so the event queue holds a few events per server instead of one per
@@ -29,14 +36,14 @@ use crate::model::Scenario;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{
-    BucketQos, BucketReport, Controller, ControllerConfig, ServerReport, SolveOptions, TokenMessage, TokenScheduler,
-    Tokens,
+    BucketQos, BucketReport, Controller, ControllerConfig, EarlyRounds, ServerReport, SolveOptions, StrayArrival,
+    TokenMessage, TokenScheduler, Tokens,
 };
 use rein_core::{Nanos, QosSpec, TenantId};
 use rein_model::seed::stream_rng;
 use rein_model::workload::poisson_gap;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// An open stream's next arrival at a server: (due, bucket, generation << 16 | stream index, mean gap in
 /// ns, the bucket's id at the server). Everything an arrival needs rides in the entry, so it touches no
@@ -59,10 +66,14 @@ struct ClusterServer {
     /// dispatches added at a boundary it is the bucket's [`BucketReport::in_flight`]. Kept off the
     /// dispatch path (the scheduler counts dispatches anyway).
     unrecorded: Vec<i64>,
-    /// Whether a token message has reached it.
-    heard: bool,
+    /// The latest token message applied: (round, early), if one has reached it.
+    heard: Option<(u64, u32)>,
     /// Scheduler slot -> bucket index (`u32::MAX`: no bucket).
     tenant_of_slot: Vec<u32>,
+    /// Per scheduler slot: whether the latest token message listed the bucket (it planned for demand here).
+    listed: Vec<bool>,
+    /// Per scheduler slot: whether a stray arrival was reported since the latest token message.
+    strayed: Vec<bool>,
 }
 
 /// A bucket's state.
@@ -85,8 +96,12 @@ pub(super) struct Cluster<'a> {
     /// Per bucket, its request size.
     size: Vec<u64>,
     controller: Option<Controller>,
-    pending_reports: Vec<ServerReport>,
-    pending_tokens: Vec<TokenMessage>,
+    /// Messages on their way, in the order sent (every message takes the same `delay`, so they arrive in
+    /// that order too).
+    pending_reports: VecDeque<Vec<ServerReport>>,
+    pending_tokens: VecDeque<Vec<TokenMessage>>,
+    pending_strays: VecDeque<StrayArrival>,
+    pending_snapshots: VecDeque<(u64, u32)>,
 }
 
 impl<'a> Cluster<'a> {
@@ -123,6 +138,8 @@ impl<'a> Cluster<'a> {
                 report_timeout: Nanos(ps.period.0 / ps.intervals as u64 / 2),
                 // Reports take `delay` to arrive and the tokens `delay` to come back.
                 answer_delay: if ps.exact_limits { Nanos(ps.delay.0.saturating_mul(2)) } else { Nanos::ZERO },
+                // The stray's note, the request for reports, the reports and the answer: four delays.
+                early: EarlyRounds { per_interval: ps.early_rounds, lead: Nanos(ps.delay.0.saturating_mul(4)) },
             };
             Some(Controller::new(cfg, &caps, qos).map_err(|e| e.to_string())?)
         } else {
@@ -138,16 +155,20 @@ impl<'a> Cluster<'a> {
                     busy_ns: 0,
                     last_report: Nanos::ZERO,
                     unrecorded: Vec::new(),
-                    heard: false,
+                    heard: None,
                     tenant_of_slot: Vec::new(),
+                    listed: Vec::new(),
+                    strayed: Vec::new(),
                 })
                 .collect(),
             buckets,
             generation: vec![0; sc.tenants.len()],
             size: sc.tenants.iter().map(|t| t.workload.size_bytes).collect(),
             controller,
-            pending_reports: Vec::new(),
-            pending_tokens: Vec::new(),
+            pending_reports: VecDeque::new(),
+            pending_tokens: VecDeque::new(),
+            pending_strays: VecDeque::new(),
+            pending_snapshots: VecDeque::new(),
         })
     }
 
@@ -184,6 +205,8 @@ impl<'a> Cluster<'a> {
         if s.tenant_of_slot.len() <= id.index() {
             s.tenant_of_slot.resize(id.index() + 1, u32::MAX);
             s.unrecorded.resize(id.index() + 1, 0);
+            s.listed.resize(id.index() + 1, false);
+            s.strayed.resize(id.index() + 1, false);
         }
         s.tenant_of_slot[id.index()] = i;
     }
@@ -348,7 +371,7 @@ impl<'a> Sim<'a> {
             return id;
         }
         let spec = self.sc.tenants[i].spec;
-        let heard = self.cluster().servers[j].heard;
+        let heard = self.cluster().servers[j].heard.is_some();
         let ts = self.servers[j].sched.token();
         let id = rein_core::Scheduler::add_tenant(ts, spec).expect("bounded by the bucket count");
         if heard {
@@ -377,22 +400,36 @@ impl<'a> Sim<'a> {
 
     /// A redistribution boundary: every server snapshots its report; they reach the controller later.
     pub(super) fn boundary(&mut self, round: u64) {
+        self.snapshot(round, 0);
+        let ps = self.cluster().ps;
+        let next = ps.start.0 + (round + 1) * (ps.period.0 / ps.intervals as u64);
+        if next < self.sc.duration.0 {
+            self.schedule(Nanos(next), Kind::Boundary, (round + 1) as u32, 0);
+        }
+    }
+
+    /// Every server takes its report and sends it: for boundary `round`, what happened since the previous
+    /// boundary (and the counters restart); for early round `early` after it, the interval so far (the
+    /// counters go on).
+    fn snapshot(&mut self, round: u64, early: u32) {
         let now = self.now;
         let mut reports = Vec::with_capacity(self.servers.len());
         let c = self.cluster.as_mut().expect("cluster");
         for (j, (srv, s)) in self.servers.iter_mut().zip(&mut c.servers).enumerate() {
-            if let Some(since) = srv.device.busy_since() {
-                s.busy_ns += now.0 - since.0.max(s.last_report.0);
-            }
+            let busy_now = srv.device.busy_since().map_or(0, |since| now.0 - since.0.max(s.last_report.0));
+            let ts = srv.sched.token();
+            let intervals = if early == 0 { ts.take_interval(now) } else { ts.peek_interval(now) };
             let mut lines = Vec::new();
-            for b in srv.sched.token().take_interval(now) {
+            for b in intervals {
                 let n = b.counters;
                 let bucket = s.tenant_of_slot[b.id.index()];
                 let dispatched = n.dispatched_r + n.dispatched_l;
-                let unrecorded = &mut s.unrecorded[b.id.index()];
-                *unrecorded += dispatched as i64;
-                debug_assert!(*unrecorded >= 0, "a completion counted before its dispatch");
-                let in_flight = (*unrecorded).max(0) as u64;
+                let unrecorded = s.unrecorded[b.id.index()] + dispatched as i64;
+                debug_assert!(unrecorded >= 0, "a completion counted before its dispatch");
+                if early == 0 {
+                    s.unrecorded[b.id.index()] = unrecorded;
+                }
+                let in_flight = unrecorded.max(0) as u64;
                 let held = b.held();
                 if n.arrivals + dispatched + b.queued + in_flight + held > 0 {
                     lines.push(BucketReport {
@@ -410,38 +447,88 @@ impl<'a> Sim<'a> {
             reports.push(ServerReport {
                 server: j as u32,
                 round,
+                early,
                 elapsed_ns: now.0 - s.last_report.0,
                 completed: s.completed,
-                busy_ns: s.busy_ns,
+                busy_ns: s.busy_ns + busy_now,
                 buckets: lines,
             });
-            s.last_report = now;
-            s.completed = 0;
-            s.busy_ns = 0;
+            if early == 0 {
+                s.last_report = now;
+                s.completed = 0;
+                s.busy_ns = 0;
+            }
         }
-        c.pending_reports = reports;
-        let ps = c.ps;
-        if ps.delay > Nanos::ZERO {
-            self.schedule(now.saturating_add(ps.delay), Kind::Reports, 0, 0);
+        c.pending_reports.push_back(reports);
+        let delay = c.ps.delay;
+        if delay > Nanos::ZERO {
+            self.schedule(now.saturating_add(delay), Kind::Reports, 0, 0);
         } else {
             self.reports();
         }
-        let next = ps.start.0 + (round + 1) * (ps.period.0 / ps.intervals as u64);
-        if next < self.sc.duration.0 {
-            self.schedule(Nanos(next), Kind::Boundary, (round + 1) as u32, 0);
+    }
+
+    /// Request `id` of bucket `i` reached server `j`'s scheduler. If the latest token message did not list
+    /// the bucket there, the server tells the controller once (a stray arrival: the controller may start an
+    /// early round).
+    pub(super) fn cluster_arrived(&mut self, j: usize, i: usize, id: TenantId) {
+        let c = self.cluster.as_mut().expect("cluster");
+        let s = &mut c.servers[j];
+        let slot = id.index();
+        let Some(heard) = s.heard else { return };
+        if c.ps.early_rounds == 0 || s.listed[slot] || s.strayed[slot] {
+            return;
         }
+        s.strayed[slot] = true;
+        c.pending_strays.push_back(StrayArrival { server: j as u32, bucket: i as u32, heard });
+        let delay = c.ps.delay;
+        if delay > Nanos::ZERO {
+            self.schedule(self.now.saturating_add(delay), Kind::Stray, 0, 0);
+        } else {
+            self.stray();
+        }
+    }
+
+    /// A stray arrival's note reaches the controller; if it starts an early round, its request for reports
+    /// goes to every server.
+    pub(super) fn stray(&mut self) {
+        let now = self.now;
+        let c = self.cluster();
+        let note = c.pending_strays.pop_front().expect("a note per event");
+        let ctl = c.controller.as_mut().expect("strays only with a controller");
+        let Some(early) = ctl.handle_stray(now, note).expect("notes are well formed") else { return };
+        c.pending_snapshots.push_back(early);
+        let delay = c.ps.delay;
+        if delay > Nanos::ZERO {
+            self.schedule(now.saturating_add(delay), Kind::EarlyReport, 0, 0);
+        } else {
+            self.early_report();
+        }
+    }
+
+    /// The request for an early round's reports reaches the servers.
+    pub(super) fn early_report(&mut self) {
+        let (round, early) = self.cluster().pending_snapshots.pop_front().expect("a request per event");
+        self.snapshot(round, early);
     }
 
     /// The reports reach the controller, which answers at once.
     pub(super) fn reports(&mut self) {
         let now = self.now;
         let c = self.cluster();
-        let ctl = c.controller.as_mut().expect("boundaries only with a controller");
-        for r in std::mem::take(&mut c.pending_reports) {
+        let ctl = c.controller.as_mut().expect("reports only with a controller");
+        let batch = c.pending_reports.pop_front().expect("a batch per event");
+        let early = batch.first().is_some_and(|r| r.early > 0);
+        for r in batch {
             ctl.handle_report(r).expect("reports are well formed");
         }
-        let (msgs, _round) = ctl.poll(now).expect("every server reported");
-        c.pending_tokens = msgs;
+        // Every server reports at once: the batch completes its round, unless it is an early round's that
+        // came too late (after its report timeout, a quarter interval) and was abandoned.
+        let Some((msgs, _round)) = ctl.poll(now) else {
+            assert!(early, "every server reported the boundary");
+            return;
+        };
+        c.pending_tokens.push_back(msgs);
         let delay = c.ps.delay;
         if delay > Nanos::ZERO {
             self.schedule(now.saturating_add(delay), Kind::Tokens, 0, 0);
@@ -452,7 +539,7 @@ impl<'a> Sim<'a> {
 
     /// Token messages reach the servers.
     pub(super) fn tokens(&mut self) {
-        for m in std::mem::take(&mut self.cluster().pending_tokens) {
+        for m in self.cluster().pending_tokens.pop_front().expect("a batch per event") {
             let j = m.server as usize;
             let mut listed = vec![false; self.cluster().servers[j].tenant_of_slot.len()];
             for &(i, r, l) in &m.tokens {
@@ -464,7 +551,10 @@ impl<'a> Sim<'a> {
                 self.servers[j].sched.token().grant(id, r, l).expect("live");
             }
             let cs = &mut self.cluster.as_mut().expect("cluster").servers[j];
-            cs.heard = true;
+            cs.heard = Some((m.round, m.early));
+            cs.listed.iter_mut().zip(&listed).for_each(|(a, &b)| *a = b);
+            cs.listed[listed.len()..].fill(false);
+            cs.strayed.fill(false);
             let ts = self.servers[j].sched.token();
             for (slot, &i) in cs.tenant_of_slot.iter().enumerate() {
                 if i == u32::MAX || listed.get(slot).copied().unwrap_or(false) {

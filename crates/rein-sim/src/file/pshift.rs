@@ -51,6 +51,10 @@ pub struct PshiftFile {
     /// the paper's controller, which does not account for them.
     #[serde(default = "default_true")]
     pub exact_limits: bool,
+    /// Early rounds per redistribution interval (0..=100; default 4; 0 is the paper's controller): a
+    /// server where a bucket with reservation left arrives without tokens asks the controller for a round
+    /// before the next boundary (rein-core's controller, "Early rounds").
+    pub early_rounds: Option<u32>,
     /// uniform (default, the paper's "uniform rate") | poisson: open arrivals per server.
     pub arrivals: Option<String>,
     /// `[pshift.generate]`: synthetic buckets, instead of writing them as `[[tenants]]`.

@@ -17,7 +17,7 @@ use crate::file::pshift::{ActiveFile, GenerateFile, PshiftFile};
 use gen::{pick_servers, zipf_reservations, zipf_weights};
 use rand::Rng;
 use rein_core::pshift::tokens::ROrder;
-use rein_core::pshift::DemandEstimator;
+use rein_core::pshift::{DemandEstimator, EarlyRounds};
 use rein_core::{Nanos, QosSpec};
 use rein_model::workload::{WorkloadKind, WorkloadSpec, MAX_OUTSTANDING};
 use rein_model::Routing;
@@ -99,6 +99,9 @@ pub struct PshiftSection {
     pub r_order: ROrder,
     /// Whether the controller keeps tokens spendable during the message delay out of remaining limits.
     pub exact_limits: bool,
+    /// Early rounds per redistribution interval for buckets that arrive where they hold no tokens (default
+    /// 4; 0: the paper's controller).
+    pub early_rounds: u32,
     /// How open buckets' arrivals are spaced.
     pub arrivals: Arrivals,
     /// Aligned with the scenario's tenants.
@@ -189,6 +192,10 @@ pub fn validate(
         Some("poisson") => Arrivals::Poisson,
         Some(o) => return Err(format!("pshift.arrivals {o:?}: expected uniform or poisson")),
     };
+    let early_rounds = f.early_rounds.unwrap_or(EarlyRounds::DEFAULT_PER_INTERVAL);
+    if early_rounds > 100 {
+        return Err(format!("pshift.early_rounds must be in 0..=100, got {early_rounds}"));
+    }
     for s in servers {
         if s.device.schedule.len() > 1 {
             return Err(format!("server {}: capacity_schedule is not supported in pshift scenarios", s.name));
@@ -214,6 +221,7 @@ pub fn validate(
         weighted: f.weighted,
         r_order,
         exact_limits: f.exact_limits,
+        early_rounds,
         arrivals,
         buckets,
         generator: f.generate.clone(),
