@@ -1009,4 +1009,72 @@ mod tests {
         c.done[0] = 600;
         assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (0, 0))), Ok(None));
     }
+
+    fn sent(m: &[TokenMessage]) -> (u64, u64) {
+        let r = m.iter().flat_map(|x| &x.tokens).map(|t| t.1).sum();
+        let l = m
+            .iter()
+            .flat_map(|x| &x.tokens)
+            .map(|t| match t.2 {
+                Tokens::Count(n) => n,
+                Tokens::Unlimited => unreachable!("limited"),
+            })
+            .sum();
+        (r, l)
+    }
+
+    proptest::proptest! {
+        /// Whatever the reports, an answer (a boundary's or an early round's) never hands a limited
+        /// bucket more R-tokens than its reservation left, nor more tokens in all than its limit left,
+        /// counting what it did in the period as of the reports; and an early round leaves the period's
+        /// count (`done`) as it was (invariants 3-5).
+        #[test]
+        fn answers_never_hand_out_more_than_is_left(
+            servers in 1usize..4,
+            intervals in 1u32..5,
+            reservation in 0u64..3000,
+            extra in 0u64..3000,
+            steps in proptest::collection::vec((0u64..500, 0u64..500, 0u64..20, proptest::bool::ANY), 1..25),
+        ) {
+            let limit = reservation + extra;
+            let config = ControllerConfig {
+                early: EarlyRounds { per_interval: 2, lead: Nanos::from_millis(1) },
+                ..config(intervals, DemandEstimator::Backlog)
+            };
+            let tau = 1_000_000_000 / u64::from(intervals);
+            let mut c = Controller::new(config, &vec![1000.0; servers], vec![BucketQos { reservation, limit: Some(limit) }])
+                .unwrap();
+            for (k, &(arrivals, dispatched, queued, early)) in steps.iter().enumerate() {
+                let boundary = 200_000_000 + k as u64 * tau;
+                if early && k > 0 {
+                    // A stray a third of the way into the interval that began at the last boundary.
+                    let now = Nanos(boundary - tau + tau / 3 + 1);
+                    let heard = (k as u64 - 1, 0);
+                    if let Some((round, e)) = c.handle_stray(now, StrayArrival { server: 0, bucket: 0, heard }).unwrap() {
+                        let before = c.done().to_vec();
+                        for j in 0..servers as u32 {
+                            let line = line(0, arrivals / 3, dispatched / 3, queued, 0);
+                            c.handle_report(ServerReport { round, early: e, elapsed_ns: tau / 3, ..report(j, 0, dispatched / 3, vec![line]) })
+                                .unwrap();
+                        }
+                        let (m, _) = c.poll(Nanos(now.0 + 1)).unwrap();
+                        let done = before[0] + servers as u64 * (dispatched / 3);
+                        let (r, l) = sent(&m);
+                        proptest::prop_assert!(r <= reservation.saturating_sub(done), "early R {r}, done {done}");
+                        proptest::prop_assert!(r + l <= limit.saturating_sub(done), "early R+L {}, done {done}", r + l);
+                        proptest::prop_assert_eq!(c.done(), &before[..]);
+                    }
+                }
+                for j in 0..servers as u32 {
+                    let b = BucketReport { in_flight: queued.min(3), ..line(0, arrivals, dispatched, queued, 0) };
+                    c.handle_report(ServerReport { elapsed_ns: tau, ..report(j, k as u64, dispatched, vec![b]) }).unwrap();
+                }
+                let (m, _) = c.poll(Nanos(boundary)).unwrap();
+                let done = c.done()[0];
+                let (r, l) = sent(&m);
+                proptest::prop_assert!(r <= reservation.saturating_sub(done), "R {r}, done {done}");
+                proptest::prop_assert!(r + l <= limit.saturating_sub(done), "R+L {}, done {done}", r + l);
+            }
+        }
+    }
 }
