@@ -212,6 +212,19 @@ impl<'a> Cluster<'a> {
     }
 }
 
+/// The messages between the servers and the controller (each has its event [`Kind`] and its queue).
+#[derive(Clone, Copy)]
+enum Message {
+    /// Every server's report, to the controller.
+    Reports,
+    /// The controller's token messages, to the servers.
+    Tokens,
+    /// A server's note of a stray arrival, to the controller.
+    Stray,
+    /// The controller's request for an early round's reports, to the servers.
+    EarlyReport,
+}
+
 /// Leaves bucket `id` (QoS `spec`) with no tokens: R = 0 and, if it is limited, L = 0.
 fn no_tokens(ts: &mut TokenScheduler, id: TenantId, spec: &QosSpec) {
     let l = if spec.limit().is_some() { Tokens::Count(0) } else { Tokens::Unlimited };
@@ -398,6 +411,28 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A message between the servers and the controller, queued in its `pending_*` list: it arrives
+    /// `delay` later (its event runs then), or now.
+    fn message(&mut self, m: Message) {
+        let delay = self.cluster().ps.delay;
+        if delay > Nanos::ZERO {
+            let kind = match m {
+                Message::Reports => Kind::Reports,
+                Message::Tokens => Kind::Tokens,
+                Message::Stray => Kind::Stray,
+                Message::EarlyReport => Kind::EarlyReport,
+            };
+            self.schedule(self.now.saturating_add(delay), kind, 0, 0);
+            return;
+        }
+        match m {
+            Message::Reports => self.reports(),
+            Message::Tokens => self.tokens(),
+            Message::Stray => self.stray(),
+            Message::EarlyReport => self.early_report(),
+        }
+    }
+
     /// A redistribution boundary: every server snapshots its report; they reach the controller later.
     pub(super) fn boundary(&mut self, round: u64) {
         self.snapshot(round, 0);
@@ -460,12 +495,7 @@ impl<'a> Sim<'a> {
             }
         }
         c.pending_reports.push_back(reports);
-        let delay = c.ps.delay;
-        if delay > Nanos::ZERO {
-            self.schedule(now.saturating_add(delay), Kind::Reports, 0, 0);
-        } else {
-            self.reports();
-        }
+        self.message(Message::Reports);
     }
 
     /// Request `id` of bucket `i` reached server `j`'s scheduler. If the latest token message did not list
@@ -481,12 +511,7 @@ impl<'a> Sim<'a> {
         }
         s.strayed[slot] = true;
         c.pending_strays.push_back(StrayArrival { server: j as u32, bucket: i as u32, heard });
-        let delay = c.ps.delay;
-        if delay > Nanos::ZERO {
-            self.schedule(self.now.saturating_add(delay), Kind::Stray, 0, 0);
-        } else {
-            self.stray();
-        }
+        self.message(Message::Stray);
     }
 
     /// A stray arrival's note reaches the controller; if it starts an early round, its request for reports
@@ -498,12 +523,7 @@ impl<'a> Sim<'a> {
         let ctl = c.controller.as_mut().expect("strays only with a controller");
         let Some(early) = ctl.handle_stray(now, note).expect("notes are well formed") else { return };
         c.pending_snapshots.push_back(early);
-        let delay = c.ps.delay;
-        if delay > Nanos::ZERO {
-            self.schedule(now.saturating_add(delay), Kind::EarlyReport, 0, 0);
-        } else {
-            self.early_report();
-        }
+        self.message(Message::EarlyReport);
     }
 
     /// The request for an early round's reports reaches the servers.
@@ -529,12 +549,7 @@ impl<'a> Sim<'a> {
             return;
         };
         c.pending_tokens.push_back(msgs);
-        let delay = c.ps.delay;
-        if delay > Nanos::ZERO {
-            self.schedule(now.saturating_add(delay), Kind::Tokens, 0, 0);
-        } else {
-            self.tokens();
-        }
+        self.message(Message::Tokens);
     }
 
     /// Token messages reach the servers.
