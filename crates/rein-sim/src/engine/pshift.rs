@@ -70,10 +70,9 @@ struct ClusterServer {
     heard: Option<(u64, u32)>,
     /// Scheduler slot -> bucket index (`u32::MAX`: no bucket).
     tenant_of_slot: Vec<u32>,
-    /// Per scheduler slot: whether the latest token message listed the bucket (it planned for demand here).
-    listed: Vec<bool>,
-    /// Per scheduler slot: whether a stray arrival was reported since the latest token message.
-    strayed: Vec<bool>,
+    /// Per scheduler slot: whether an arrival of the bucket needs no note to the controller: the latest
+    /// token message listed it (planned for demand here), or a stray arrival was noted since.
+    quiet: Vec<bool>,
 }
 
 /// A bucket's state.
@@ -157,8 +156,7 @@ impl<'a> Cluster<'a> {
                     unrecorded: Vec::new(),
                     heard: None,
                     tenant_of_slot: Vec::new(),
-                    listed: Vec::new(),
-                    strayed: Vec::new(),
+                    quiet: Vec::new(),
                 })
                 .collect(),
             buckets,
@@ -205,8 +203,7 @@ impl<'a> Cluster<'a> {
         if s.tenant_of_slot.len() <= id.index() {
             s.tenant_of_slot.resize(id.index() + 1, u32::MAX);
             s.unrecorded.resize(id.index() + 1, 0);
-            s.listed.resize(id.index() + 1, false);
-            s.strayed.resize(id.index() + 1, false);
+            s.quiet.resize(id.index() + 1, false);
         }
         s.tenant_of_slot[id.index()] = i;
     }
@@ -506,10 +503,10 @@ impl<'a> Sim<'a> {
         let s = &mut c.servers[j];
         let slot = id.index();
         let Some(heard) = s.heard else { return };
-        if c.ps.early_rounds == 0 || s.listed[slot] || s.strayed[slot] {
+        if c.ps.early_rounds == 0 || s.quiet[slot] {
             return;
         }
-        s.strayed[slot] = true;
+        s.quiet[slot] = true;
         c.pending_strays.push_back(StrayArrival { server: j as u32, bucket: i as u32, heard });
         self.message(Message::Stray);
     }
@@ -567,9 +564,8 @@ impl<'a> Sim<'a> {
             }
             let cs = &mut self.cluster.as_mut().expect("cluster").servers[j];
             cs.heard = Some((m.round, m.early));
-            cs.listed.iter_mut().zip(&listed).for_each(|(a, &b)| *a = b);
-            cs.listed[listed.len()..].fill(false);
-            cs.strayed.fill(false);
+            cs.quiet.iter_mut().zip(&listed).for_each(|(a, &b)| *a = b);
+            cs.quiet[listed.len()..].fill(false);
             let ts = self.servers[j].sched.token();
             for (slot, &i) in cs.tenant_of_slot.iter().enumerate() {
                 if i == u32::MAX || listed.get(slot).copied().unwrap_or(false) {
