@@ -7,8 +7,8 @@
 # on their own 127.0.0.x addresses and are stopped at the end.
 # With PERF=1, the last gateway run is profiled with `perf record -g` (gateway process only) and the top
 # symbols are printed.
-# GW_THREADS sets the gateway's tokio worker threads (default: the number of CPUs); GW_CONNS its
-# connections_per_node (default 2, the gateway's own default). NODE_TLS=psk runs the gateway's links to
+# GW_THREADS sets the gateway's worker_threads, GW_CONNS its connections_per_node (default: the gateway's
+# own defaults, 1 and 1). NODE_TLS=psk runs the gateway's links to
 # the nodes over TLS (the nodes require it, `[tls] psk_file`; the gateway's `[node_tls] psk_file`); VMs
 # still reach the gateway, and the direct server, in plain NBD.
 # NODE_THREADS sets the tokio worker threads of every rein serve (the direct one and the nodes; default: the
@@ -18,8 +18,10 @@
 # rein serve, and rein gateway over that same one node (plain NBD, one connection, one thread). Needs
 # haproxy (apt-get install haproxy); it is started with a config in the scratch directory and stopped at
 # the end.
-# REIN names the binary (default ./target/release/rein).
-# Usage: [PERF=1] [FLOOR=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [NODE_TLS=psk] [REIN=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+# REIN names the binary (default ./target/release/rein). BASE=path adds a row in the same rounds: the
+# gateway (and its nodes) of another build, with that build's defaults unless BASE_GW_THREADS /
+# BASE_GW_CONNS say otherwise.
+# Usage: [PERF=1] [FLOOR=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [NODE_TLS=psk] [REIN=path] [BASE=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -75,11 +77,13 @@ gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
   local pids=() h
   for h in 42 43 44; do TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
-  { echo 'listen = "127.0.0.45:10809"'; echo "connections_per_node = ${GW_CONNS:-2}"
+  { echo 'listen = "127.0.0.45:10809"'
+    if [ -n "${GW_CONNS:-}" ]; then echo "connections_per_node = $GW_CONNS"; fi
+    if [ -n "${GW_THREADS:-}" ]; then echo "worker_threads = $GW_THREADS"; fi
     if [ "${NODE_TLS:-}" = psk ]; then printf '[node_tls]\npsk_file = "%s"\n' "$W/gw.psk"; fi
     for h in 42 43 44; do printf '[[nodes]]\nname = "s%d"\naddress = "127.0.0.%d:10809"\nprotocol = "%s"\nexport = "bench"\n' $h $h "$PROTOCOL"; done
     printf '[[exports]]\nname = "vol"\nsize_mb = 1024\nstripe_kb = 64\n'; } > "$W/gw.toml"
-  TOKIO_WORKER_THREADS=${GW_THREADS:-$(nproc)} "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!
+  "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!
   wait_port 127.0.0.45 10809
   if [ "${1:-}" = perf ]; then
     perf record -g -o "$W/perf.data" -p $gw -- sleep "$SECS" >/dev/null 2>&1 & local perf=$!
@@ -111,27 +115,39 @@ for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS ..." >&2
   R[direct]+="$(direct_run),"
   if [ "${PERF:-0}" = 1 ] && [ "$r" = "$ROUNDS" ]; then R[gateway]+="$(gateway_run perf),"; else R[gateway]+="$(gateway_run),"; fi
+  if [ -n "${BASE:-}" ]; then R[base]+="$(REIN=$BASE GW_THREADS=${BASE_GW_THREADS:-} GW_CONNS=${BASE_GW_CONNS:-} gateway_run),"; fi
   if [ "${FLOOR:-0}" = 1 ]; then f=$(floor_run); R[haproxy]+="${f%%,*},"; R[gw1]+="${f##*,},"; fi
 done
-python3 - "$SECS" "$ROUNDS" "$PROTOCOL" "${R[direct]}" "${R[gateway]}" ${R[haproxy]:+"${R[haproxy]}"} ${R[gw1]:+"${R[gw1]}"} <<'PY'
+rows=(direct "rein serve directly"
+      gateway "rein gateway over 3 rein serve nodes (protocol $PROTOCOL, 64 KiB stripes)")
+if [ -n "${BASE:-}" ]; then rows+=(base "the same, BASE build (${BASE_GW_THREADS:+worker_threads $BASE_GW_THREADS, }${BASE_GW_CONNS:+connections_per_node $BASE_GW_CONNS, }otherwise its defaults)"); fi
+if [ "${FLOOR:-0}" = 1 ]; then
+  rows+=(haproxy "HAProxy, TCP mode, in front of 1 rein serve (a byte forwarder: the cost of one more hop)"
+         gw1 "rein gateway over 1 rein serve node (protocol nbd, 1 thread, 1 connection)")
+fi
+args=(); for ((i = 0; i < ${#rows[@]}; i += 2)); do args+=("${rows[i]}" "${rows[i+1]}" "${R[${rows[i]}]}"); done
+python3 - "$SECS" "$ROUNDS" "${args[@]}" <<'PY'
 import statistics, sys
-secs, rounds, protocol = sys.argv[1:4]
-pairs = [[tuple(map(float, x.split())) for x in a.strip(",").split(",")] for a in sys.argv[4:]]
-runs = [[p[0] for p in ps] for ps in pairs]
-cpus = [[p[1] for p in ps] for ps in pairs]
-med = [statistics.median(r) for r in runs]
-cpu = [statistics.median(c) for c in cpus]
-names = ["rein serve directly", f"rein gateway over 3 rein serve nodes (protocol {protocol}, 64 KiB stripes)",
-         "HAProxy, TCP mode, in front of 1 rein serve (a byte forwarder: the cost of one more hop)",
-         "rein gateway over 1 rein serve node (protocol nbd, 1 thread, 1 connection)"]
+secs, rounds = sys.argv[1:3]
+rest = sys.argv[3:]
+keys, names, data = rest[0::3], rest[1::3], rest[2::3]
+pairs = [[tuple(map(float, x.split())) for x in a.strip(",").split(",")] for a in data]
+runs = {k: [p[0] for p in ps] for k, ps in zip(keys, pairs)}
+cpus = {k: [p[1] for p in ps] for k, ps in zip(keys, pairs)}
+med = {k: statistics.median(r) for k, r in runs.items()}
+cpu = {k: statistics.median(c) for k, c in cpus.items()}
 print(f"| path (fio nbd, 4 KiB random reads, iodepth 16, {secs} s x {rounds} rounds) | median IOPS | min-max | / direct (per round, median) | CPU us/IO (all servers) |")
 print("|---|---:|---:|---:|---:|")
-for n, m, r, c in zip(names, med, runs, cpu):
-    ratio = statistics.median(x / d for x, d in zip(r, runs[0]))
-    print(f"| {n} | {m:,.0f} | {min(r):,.0f}-{max(r):,.0f} | {ratio:.2f}x | {c:.1f} |")
-print(f"\ngateway / direct: IOPS {med[1]/med[0]:.2f}x (target >= 0.60); CPU per IO {cpu[1]/cpu[0]:.2f}x")
-if len(med) == 4:
-    print(f"one more hop through HAProxy / direct: IOPS {med[2]/med[0]:.2f}x; rein gateway over one node / HAProxy: {med[3]/med[2]:.2f}x")
+for k, n in zip(keys, names):
+    r = runs[k]
+    ratio = statistics.median(x / d for x, d in zip(r, runs["direct"]))
+    print(f"| {n} | {med[k]:,.0f} | {min(r):,.0f}-{max(r):,.0f} | {ratio:.2f}x | {cpu[k]:.1f} |")
+print(f"\ngateway / direct: IOPS {med['gateway']/med['direct']:.2f}x (target >= 0.60); CPU per IO {cpu['gateway']/cpu['direct']:.2f}x")
+if "base" in med:
+    per_round = statistics.median(x / b for x, b in zip(runs["gateway"], runs["base"]))
+    print(f"gateway / BASE gateway: IOPS {per_round:.2f}x (per round, median); CPU per IO {cpu['gateway']/cpu['base']:.2f}x")
+if "haproxy" in med:
+    print(f"one more hop through HAProxy / direct: IOPS {med['haproxy']/med['direct']:.2f}x; rein gateway over one node / HAProxy: {med['gw1']/med['haproxy']:.2f}x")
 PY
 if [ "${PERF:-0}" = 1 ] && [ -f "$W/perf.data" ]; then
   echo; echo "gateway profile (perf report --no-children, top 25):"

@@ -20,8 +20,8 @@
 //! request_timeout_s = 30            # 0.1..=3600
 //! connect_timeout_s = 5             # 0.1..=3600
 //! reconnect_max_backoff_ms = 2000   # 50..=600000
-//! connections_per_node = 2          # 1..=64
-//! worker_threads = 4                # 1..=1024; default: the number of CPUs
+//! connections_per_node = 1          # 1..=64
+//! worker_threads = 1                # 1..=1024
 //! # and, as in rein serve: [tls], max_connections*, max_inflight_mb*, idle_timeout_s,
 //! # shutdown_timeout_s, max_request_kb, default_export
 //! [node_tls]                        # optional: STARTTLS on every node link, never plain
@@ -165,9 +165,9 @@ pub struct GatewayConfig {
     pub default_export: Option<usize>,
     /// Node timeouts and pool size.
     pub link: LinkConfig,
-    /// The runtime's worker threads (`worker_threads`; `None`: one per CPU). The binary builds its runtime
-    /// with it; [`run`] does not read it.
-    pub worker_threads: Option<usize>,
+    /// The runtime's worker threads (`worker_threads`, default [`DEFAULT_WORKER_THREADS`]). The binary
+    /// builds its runtime with it; [`run`] does not read it.
+    pub worker_threads: usize,
     /// The nodes, in config order.
     pub nodes: Vec<NodeSpec>,
     /// The tenants.
@@ -218,7 +218,10 @@ fn d_backoff() -> u64 {
     2000
 }
 fn d_conns() -> usize {
-    2
+    DEFAULT_CONNECTIONS_PER_NODE
+}
+fn d_threads() -> usize {
+    DEFAULT_WORKER_THREADS
 }
 fn d_weight() -> f64 {
     1.0
@@ -229,6 +232,20 @@ fn d_stripe_kb() -> u64 {
 
 /// Most runtime worker threads (`worker_threads`).
 pub const MAX_WORKER_THREADS: usize = 1024;
+
+/// Runtime worker threads when the file does not say (`worker_threads`). One: per IO the gateway's work is
+/// a few microseconds of system calls on two sockets, and every further thread adds hand-offs between
+/// threads (a task woken on one, its socket written on another) that cost more than they share out on a
+/// small machine. On the 2-core development VM one thread (with one connection per node) gave 1.18-1.26x
+/// the IOPS of one per CPU (with two) in three sittings, 0.53-0.63x of direct `rein serve`'s
+/// (docs/gateway.md, Speed), at about 9 us of CPU per 4 KiB IO. A gateway in front of more IO than one
+/// core carries sets more.
+pub const DEFAULT_WORKER_THREADS: usize = 1;
+
+/// Pooled connections to each node per volume when the file does not say (`connections_per_node`). One
+/// carries up to [`crate::remote::MAX_PENDING_PER_CONN`] pieces (a `rein serve` node takes 256 per
+/// connection); a second one splits a round of pieces into more, smaller writes (docs/gateway.md, Speed).
+pub const DEFAULT_CONNECTIONS_PER_NODE: usize = 1;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -251,7 +268,8 @@ struct File {
     reconnect_max_backoff_ms: u64,
     #[serde(default = "d_conns")]
     connections_per_node: usize,
-    worker_threads: Option<usize>,
+    #[serde(default = "d_threads")]
+    worker_threads: usize,
     tls: Option<TlsFile>,
     node_tls: Option<NodeTlsFile>,
     max_connections: Option<usize>,
@@ -381,8 +399,8 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             f.connections_per_node
         ));
     }
-    if let Some(n) = f.worker_threads.filter(|n| !(1..=MAX_WORKER_THREADS).contains(n)) {
-        return Err(format!("worker_threads must be in 1..={MAX_WORKER_THREADS}, got {n}"));
+    if !(1..=MAX_WORKER_THREADS).contains(&f.worker_threads) {
+        return Err(format!("worker_threads must be in 1..={MAX_WORKER_THREADS}, got {}", f.worker_threads));
     }
     let tls =
         f.tls.as_ref().map(|t| tls_config(t, base)).transpose()?.filter(|t| t.mode != rein_proto::nbd::TlsMode::Off);
@@ -1218,6 +1236,9 @@ mod tests {
         let c = parse("request_timeout_s = 0.1").unwrap();
         assert_eq!(c.link.request_timeout, Duration::from_millis(100));
         assert_eq!(c.exports[0].stripe.unit(), 64 << 10, "stripe_kb defaults to 64");
+        assert_eq!((c.worker_threads, c.link.connections), (1, 1), "one thread, one connection per node");
+        let c = parse("worker_threads = 3\nconnections_per_node = 5").unwrap();
+        assert_eq!((c.worker_threads, c.link.connections), (3, 5));
     }
 
     #[test]

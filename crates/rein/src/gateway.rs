@@ -28,11 +28,11 @@ fn load(args: &GatewayArgs) -> Result<GatewayConfig> {
 /// `rein gateway`: serves until Ctrl-C or SIGTERM; SIGHUP reloads gw.toml.
 pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     let cfg = load(&args)?;
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = cfg.worker_threads {
-        rt.worker_threads(n);
-    }
-    let rt = rt.enable_all().build().context("starting the tokio runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.worker_threads)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
     rt.block_on(async move {
         let shutdown = crate::serve::stop_signals()?;
         let requests = crate::serve::hangups()?;

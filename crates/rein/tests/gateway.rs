@@ -37,7 +37,12 @@ fn node_file(dir: &Path, host: u8) -> PathBuf {
 /// A gateway config on 127.0.0.`host`: the top-level keys of [`TIMES`], `nodes` (name, address), then
 /// `body`.
 fn gateway_config(dir: &Path, host: u8, nodes: &[(&str, SocketAddr)], body: &str) -> PathBuf {
-    let mut text = format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n{TIMES}");
+    gateway_config_with(dir, host, "", nodes, body)
+}
+
+/// [`gateway_config`] with more top-level keys (`top`).
+fn gateway_config_with(dir: &Path, host: u8, top: &str, nodes: &[(&str, SocketAddr)], body: &str) -> PathBuf {
+    let mut text = format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n{TIMES}{top}");
     for (name, addr) in nodes {
         text.push_str(&format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\n"));
     }
@@ -72,9 +77,14 @@ fn expected_location(o: u64) -> (usize, u64) {
 
 /// Three nodes on 127.0.0.`first`, +1, +2 and a gateway on +3 striping [`VOLUME`] over them (s1, s2, s3).
 fn three_nodes_and_gateway(dir: &Path, first: u8) -> (Vec<Server>, Server) {
+    three_nodes_and_gateway_with(dir, first, "")
+}
+
+/// [`three_nodes_and_gateway`] with more top-level gateway keys (`top`).
+fn three_nodes_and_gateway_with(dir: &Path, first: u8, top: &str) -> (Vec<Server>, Server) {
     let nodes: Vec<Server> = (first..first + 3).map(|h| node(dir, h, 0)).collect();
     let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd), ("s3", nodes[2].nbd)];
-    let gw = gateway(&gateway_config(dir, first + 3, &list, VOLUME));
+    let gw = gateway(&gateway_config_with(dir, first + 3, top, &list, VOLUME));
     (nodes, gw)
 }
 
@@ -104,7 +114,9 @@ fn qemu_io_ok(uri: &str, commands: &[&str]) -> (bool, String) {
 #[test]
 fn real_clients_round_trip_through_three_nodes() {
     let dir = tmpdir("gw-clients");
-    let (_nodes, gw) = three_nodes_and_gateway(dir.path(), 31);
+    // A pool of two connections per node (the default is one): the pieces of the clients' requests, and
+    // a write and the read after it, go over either, and the bytes must still come back as written.
+    let (_nodes, gw) = three_nodes_and_gateway_with(dir.path(), 31, "connections_per_node = 2\n");
     let uri = uri(&gw);
     // nbdinfo: the volume's size and flags.
     let info = run_ok(tool("nbdinfo").arg(&uri));
@@ -666,7 +678,10 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     write_file(dir, "q.psk", &format!("gw-q:{}\n", key(4)));
     let nodes = [tls_storage_node(dir, 131), tls_storage_node(dir, 132)];
     let config = |name: &str, node_tls: &str, extra: &str| {
-        let mut text = format!("listen = \"127.0.0.133:0\"\nadmin = \"127.0.0.133:0\"\n{TIMES}{node_tls}");
+        // Two connections per node (the default is one): every link of the pool must be TLS.
+        let mut text = format!(
+            "listen = \"127.0.0.133:0\"\nadmin = \"127.0.0.133:0\"\n{TIMES}connections_per_node = 2\n{node_tls}"
+        );
         for (i, n) in nodes.iter().enumerate() {
             text.push_str(&format!(
                 "[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n{extra}",
