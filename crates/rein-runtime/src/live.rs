@@ -326,6 +326,108 @@ impl Registry {
         Ok(warning)
     }
 
+    /// Gives every tenant of `wanted` its spec as **one** change (a storage node adopting a gateway's
+    /// hello, `[node] specs = "gateway"`): names not known are added, known tenants whose spec differs are
+    /// changed, and the whole is admitted once (the reservations before against after, so the order of
+    /// `wanted` does not matter), persisted once and applied; if any step fails nothing has changed.
+    /// Returns the tenants' ids in `wanted`'s order, and any admission warning. Names must be distinct.
+    pub async fn adopt(&self, wanted: &[(String, QosSpec)]) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
+        let mut inner = self.changes.lock().await;
+        for (i, (name, _)) in wanted.iter().enumerate() {
+            if name.is_empty() || name.len() > MAX_TENANT_NAME {
+                return Err(ChangeError::Invalid(format!("tenant name must be 1..={MAX_TENANT_NAME} bytes")));
+            }
+            if wanted[..i].iter().any(|(n, _)| n == name) {
+                return Err(ChangeError::Invalid(format!("tenant {name:?} given twice")));
+            }
+        }
+        let snap = self.snapshot().await?;
+        let before = inner.effective.reserved();
+        let mut eff = inner.effective.clone();
+        // What changes: (slot in `wanted`, the id if known, the spec it has now if known).
+        let mut changes: Vec<(usize, Option<(TenantId, QosSpec)>)> = Vec::new();
+        let mut ids: Vec<Option<TenantId>> = Vec::with_capacity(wanted.len());
+        for (i, (name, spec)) in wanted.iter().enumerate() {
+            match self.id(name) {
+                Ok(id) => {
+                    let cur = snap
+                        .tenants
+                        .iter()
+                        .find(|t| t.id == id)
+                        .map(|t| t.spec)
+                        .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
+                    if cur != *spec {
+                        eff.tenants.iter_mut().filter(|t| t.name == *name).for_each(|t| t.spec = *spec);
+                        changes.push((i, Some((id, cur))));
+                    }
+                    ids.push(Some(id));
+                }
+                Err(_) => {
+                    eff.tenants.push(TenantConfig { name: name.clone(), spec: *spec });
+                    changes.push((i, None));
+                    ids.push(None);
+                }
+            }
+        }
+        if changes.is_empty() {
+            return Ok((ids.into_iter().map(|id| id.expect("all known")).collect(), None));
+        }
+        let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
+        // Apply in order; on a failure undo what was applied (a removal, or the spec it had).
+        let mut applied: Vec<(TenantId, Option<QosSpec>)> = Vec::new();
+        let mut failure = None;
+        for &(i, known) in &changes {
+            let spec = wanted[i].1;
+            let step = match known {
+                Some((id, cur)) => self.dispatcher.set_spec(id, spec).await.map(|_| (id, Some(cur))),
+                None => self.dispatcher.add_tenant(spec).await.map(|id| (id, None)),
+            };
+            match step {
+                Ok((id, undo)) => {
+                    ids[i] = Some(id);
+                    applied.push((id, undo));
+                }
+                Err(e) => {
+                    failure = Some(match e {
+                        crate::dispatch::IoError::Shutdown => ChangeError::Unavailable(e.to_string()),
+                        e => ChangeError::Conflict(format!("tenant {:?}: {e}", wanted[i].0)),
+                    });
+                    break;
+                }
+            }
+        }
+        if failure.is_none() {
+            if let Err(e) = self.persist(&inner.base, &eff, inner.capacity) {
+                failure = Some(e);
+            }
+        }
+        if let Some(e) = failure {
+            for (id, undo) in applied.into_iter().rev() {
+                let _ = match undo {
+                    Some(spec) => self.dispatcher.set_spec(id, spec).await,
+                    None => self.dispatcher.remove_tenant(id).await,
+                };
+            }
+            return Err(e);
+        }
+        inner.effective = eff;
+        let mut names = (*self.tenants()).clone();
+        for &(i, known) in &changes {
+            if known.is_none() {
+                names.push((wanted[i].0.clone(), ids[i].expect("applied")));
+            }
+        }
+        write(&self.tenants, Arc::new(names));
+        for &(i, known) in &changes {
+            let (name, spec) = (&wanted[i].0, wanted[i].1);
+            match known {
+                Some(_) => tracing::info!(tenant = %name, %spec, "spec changed"),
+                None => tracing::info!(tenant = %name, %spec, "tenant added"),
+            }
+        }
+        Ok((ids.into_iter().map(|id| id.expect("known or applied")).collect(), warning))
+    }
+
     /// Deletes tenant `name` (409 while an export, or an open connection to a deleted export, uses it).
     pub async fn remove_tenant(&self, name: &str) -> Result<(), ChangeError> {
         let mut inner = self.changes.lock().await;

@@ -9,10 +9,11 @@
 //! - `[node] specs = "node"`: the node's own `[[tenants]]` (and admin changes) win. A tenant the node
 //!   does not know refuses the whole hello with NBD_REP_ERR_POLICY naming it; a spec that differs from
 //!   the gateway's is kept, reported (source 0, the node's spec in the welcome) and logged.
-//! - `[node] specs = "gateway"`: the gateway's spec is adopted through [`Registry`] as `PUT` (a known
-//!   tenant whose spec differs) or `POST /api/tenants` (a new one) would: validated, admitted against the
-//!   capacity, persisted. A refusal (admission) refuses the hello with NBD_REP_ERR_POLICY and the
-//!   registry's message.
+//! - `[node] specs = "gateway"`: the gateway's specs are adopted through [`Registry::adopt`] as `PUT` (a
+//!   known tenant whose spec differs) or `POST /api/tenants` (a new one) would, but as one change for the
+//!   whole hello: validated, admitted against the capacity as a whole (so their order does not matter),
+//!   persisted. A refusal (admission) refuses the hello with NBD_REP_ERR_POLICY and the registry's message,
+//!   and changes no tenant.
 //!
 //! # RBFQ's local reservation
 //! As rein-sim builds a server's spec from `server_reservations` (rein-sim `model::tenant`), a tenant
@@ -43,10 +44,11 @@
 //!
 //! # Deviations
 //! - The hello adopts specs before the gateway opens an export: a gateway that leaves after its hello has
-//!   still changed the specs under `specs = "gateway"` (as an admin PUT would have).
+//!   still changed the specs under `specs = "gateway"` (as an admin PUT would have). The welcome, which
+//!   answers the hello, states the specs granted, so they are decided then; a hello is all or nothing.
 
 use crate::config::{NodeConfig, NodeSpecs};
-use crate::live::{ChangeError, Registry};
+use crate::live::Registry;
 use crate::nbd::{NodeGate, NodeSession, NodeVerdict};
 use rein_core::{QosSpec, TenantId};
 use rein_proto::nbd::{
@@ -128,24 +130,6 @@ impl NodeService {
         self.registry.tenants().iter().find(|(n, _)| n == name).map(|t| t.1)
     }
 
-    /// Adopts `spec` for tenant `name` (`specs = "gateway"`): added if new, changed if it differs.
-    async fn adopt(&self, name: &str, spec: QosSpec) -> Result<TenantId, (u32, String)> {
-        let refuse = |e: ChangeError| (REP_ERR_POLICY, format!("tenant {name:?}: {e}"));
-        if self.id_of(name).is_none() {
-            match self.registry.add_tenant(name, spec).await {
-                Ok(_) => {}
-                // Another session added it meanwhile: change it below.
-                Err(ChangeError::Conflict(_)) if self.id_of(name).is_some() => {}
-                Err(e) => return Err(refuse(e)),
-            }
-        }
-        let id = self.id_of(name).ok_or_else(|| (REP_ERR_POLICY, format!("tenant {name:?} is gone")))?;
-        if self.spec_of(id).await? != spec {
-            self.registry.update_spec(name, |_| Ok(spec)).await.map_err(refuse)?;
-        }
-        Ok(id)
-    }
-
     async fn decide(&self, peer: SocketAddr, identity: Option<&str>, hello: NodeHello) -> NodeVerdict {
         if !self.config.access.allows(peer.ip(), identity) {
             let who = identity.map_or(String::new(), |i| format!(" (identity {i:?})"));
@@ -155,13 +139,14 @@ impl NodeService {
             );
             return Err((REP_ERR_POLICY, msg));
         }
+        let asked: Vec<QosSpec> =
+            hello.tenants.iter().map(|t| asked_spec(t).map_err(|e| (REP_ERR_INVALID, e))).collect::<Result<_, _>>()?;
         let mut tenants = Vec::with_capacity(hello.tenants.len());
         let mut answer = Vec::with_capacity(hello.tenants.len());
         let mut disagree = Vec::new();
-        for (slot, t) in hello.tenants.iter().enumerate() {
-            let asked = asked_spec(t).map_err(|e| (REP_ERR_INVALID, e))?;
-            match self.config.specs {
-                NodeSpecs::Node => {
+        match self.config.specs {
+            NodeSpecs::Node => {
+                for (slot, (t, &asked)) in hello.tenants.iter().zip(&asked).enumerate() {
                     let Some(id) = self.id_of(&t.name) else {
                         let msg = format!("tenant {:?} is not known to this node ([node] specs = \"node\")", t.name);
                         return Err((REP_ERR_POLICY, msg));
@@ -173,8 +158,18 @@ impl NodeService {
                     tenants.push(id);
                     answer.push(granted(slot, SpecSource::Node, spec, 0.0));
                 }
-                NodeSpecs::Gateway => {
-                    tenants.push(self.adopt(&t.name, asked).await?);
+            }
+            NodeSpecs::Gateway => {
+                // One change for the whole hello (Registry::adopt): admitted as a whole, or nothing changes.
+                let wanted: Vec<(String, QosSpec)> =
+                    hello.tenants.iter().zip(&asked).map(|(t, &s)| (t.name.clone(), s)).collect();
+                let (ids, _warning) = self.registry.adopt(&wanted).await.map_err(|e| {
+                    let names: Vec<String> = hello.tenants.iter().map(|t| format!("{:?}", t.name)).collect();
+                    let which = if names.len() == 1 { "tenant" } else { "tenants" };
+                    (REP_ERR_POLICY, format!("the gateway's specs for {which} {}: {e}", names.join(", ")))
+                })?;
+                tenants = ids;
+                for (slot, (t, &asked)) in hello.tenants.iter().zip(&asked).enumerate() {
                     answer.push(granted(slot, SpecSource::Gateway, asked, t.local_reservation));
                 }
             }
@@ -219,7 +214,16 @@ mod tests {
 
     /// A node service over a registry with tenant "t" (reservation 100 of a capacity of 1,000).
     async fn service(specs: NodeSpecs, networks: &[&str], identities: Option<&[&str]>) -> NodeService {
-        let (d, _join) = Dispatcher::spawn(None, DispatchConfig::default());
+        service_with(DispatchConfig::default(), specs, networks, identities).await
+    }
+
+    async fn service_with(
+        config: DispatchConfig,
+        specs: NodeSpecs,
+        networks: &[&str],
+        identities: Option<&[&str]>,
+    ) -> NodeService {
+        let (d, _join) = Dispatcher::spawn(None, config);
         let spec = QosSpec::new(100.0, None, 1.0, 0).unwrap();
         let id = d.add_tenant(spec).await.unwrap();
         let registry = Registry::for_tenants(d, vec![("t".into(), spec, id)], Admission::Refuse, Some(1000.0));
@@ -264,22 +268,61 @@ mod tests {
         assert!(msg.contains("tenant \"u\" is not known"), "{msg}");
     }
 
-    /// `specs = "gateway"`: adopted through the registry, admission included (100 + 950 > 1,000 refused;
-    /// changing t to 50 and adding u at 950 fits).
+    /// `specs = "gateway"`: adopted through the registry, admission included, the hello as one change
+    /// (capacity 1,000; t has 100): u at 950 alone is refused (1,050); u at 950 with t lowered to 50 fits
+    /// in either order (1,000), though u first would not fit one tenant at a time.
     #[tokio::test]
     async fn specs_gateway_adopts_with_admission() {
         let node = service(NodeSpecs::Gateway, &["127.0.0.0/8"], None).await;
         let (code, msg) =
             node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("u", 950.0)])).await.unwrap_err();
         assert_eq!(code, REP_ERR_POLICY);
-        assert!(msg.contains("tenant \"u\"") && msg.contains("capacity"), "{msg}");
-        let hello = NodeHello::new(vec![named("t", 50.0), named("u", 950.0)]);
+        assert!(msg.contains("\"u\"") && msg.contains("capacity"), "{msg}");
+        let hello = NodeHello::new(vec![named("u", 950.0), named("t", 50.0)]);
         let s = node.hello(peer("127.0.0.1"), None, hello).await.unwrap();
         assert!(s.welcome.tenants.iter().all(|g| g.source == SpecSource::Gateway));
         assert_eq!(s.tenants.len(), 2);
         let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
         assert_eq!(names, ["t", "u"]);
-        assert_eq!(node.spec_of(s.tenants[0]).await.unwrap().reservation(), 50.0);
+        assert_eq!(node.spec_of(s.tenants[0]).await.unwrap().reservation(), 950.0, "slot 0 is u");
+        assert_eq!(node.spec_of(s.tenants[1]).await.unwrap().reservation(), 50.0, "slot 1 is t");
+    }
+
+    /// A refused hello changes nothing: t raised to 900 would fit alone, but with v at 200 the whole does
+    /// not (1,100 > 1,000), so t keeps 100 and v is not added, though t comes first in the hello.
+    #[tokio::test]
+    async fn a_refused_hello_changes_no_tenant() {
+        let node = service(NodeSpecs::Gateway, &["127.0.0.0/8"], None).await;
+        let hello = NodeHello::new(vec![named("t", 900.0), named("v", 200.0)]);
+        let (code, msg) = node.hello(peer("127.0.0.1"), None, hello).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        assert!(msg.contains("1100") && msg.contains("capacity of 1000"), "{msg}");
+        let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
+        assert_eq!(names, ["t"], "v not added");
+        let t = node.id_of("t").unwrap();
+        assert_eq!(node.spec_of(t).await.unwrap().reservation(), 100.0, "t unchanged");
+        // The same hello with v at 100 fits (1,000) and changes both.
+        let s = node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("t", 900.0), named("v", 100.0)])).await;
+        assert_eq!(s.unwrap().tenants.len(), 2);
+        assert_eq!(node.spec_of(t).await.unwrap().reservation(), 900.0);
+    }
+
+    /// A hello whose apply fails part-way (the scheduler takes 2 tenants: t, then v; w is refused) is
+    /// undone: v removed again, t's spec back to 100, and the refusal names the cause.
+    #[tokio::test]
+    async fn a_hello_that_fails_part_way_is_undone() {
+        let mut config = DispatchConfig::default();
+        config.sched.limits.max_tenants = 2;
+        let node = service_with(config, NodeSpecs::Gateway, &["127.0.0.0/8"], None).await;
+        let hello = NodeHello::new(vec![named("t", 50.0), named("v", 10.0), named("w", 10.0)]);
+        let (code, msg) = node.hello(peer("127.0.0.1"), None, hello).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        assert!(msg.contains("tenant \"w\": ") && msg.contains("too many tenants (limit 2)"), "{msg}");
+        let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
+        assert_eq!(names, ["t"]);
+        let snap = node.registry.dispatcher().snapshot().await.unwrap();
+        assert_eq!(snap.tenants.len(), 1, "v removed from the scheduler too");
+        assert_eq!(snap.tenants[0].spec.reservation(), 100.0, "t's spec restored");
     }
 
     fn tenant(reservation: f64, limit: Option<f64>, local_reservation: f64) -> NodeTenant {
