@@ -185,6 +185,9 @@ fn real_clients_round_trip_through_three_nodes() {
     let (status, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
     assert_eq!(status, 200);
     assert!(metrics.contains("rein_gateway_node_connections_up{export=\"v\",node=\"s2\"} 2"), "{metrics}");
+    // One worker thread by default, busy for part of the run.
+    assert!(metrics.contains("rein_gateway_worker_threads 1\n"), "{metrics}");
+    assert!(metrics.contains("rein_gateway_worker_busy_seconds_total{worker=\"0\"} "), "{metrics}");
     // The requests the clients made, counted per volume and node, none failed.
     let value = |series: &str| -> f64 {
         let line = metrics.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("{series}: {metrics}"));
