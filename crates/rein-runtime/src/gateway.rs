@@ -1001,7 +1001,15 @@ pub async fn run_with(
     };
     let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin };
     let admin_addr = bound.admin.map_or_else(|| "none".to_string(), |a| a.to_string());
-    tracing::info!(nbd = %bound.nbd, admin = %admin_addr, nodes = cfg.nodes.len(), exports = cfg.exports.len(), "rein gateway listening");
+    tracing::info!(
+        nbd = %bound.nbd,
+        admin = %admin_addr,
+        nodes = cfg.nodes.len(),
+        exports = cfg.exports.len(),
+        worker_threads = cfg.worker_threads,
+        connections_per_node = cfg.link.connections,
+        "rein gateway listening"
+    );
     if let Some(r) = ready {
         let _ = r.send(bound);
     }
