@@ -459,7 +459,30 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         let _ = writeln!(o, "# HELP rein_device_capacity_iops Modelled device capacity.\n# TYPE rein_device_capacity_iops gauge\nrein_device_capacity_iops {c}");
     }
     let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\",io_engine=\"{}\"}} 1", snap.scheduler, snap.io_engine.name());
+    runtime_metrics(&mut o, "rein", &tokio::runtime::Handle::current().metrics());
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
+}
+
+/// The daemon's runtime threads: `{prefix}_worker_threads` (how many) and
+/// `{prefix}_worker_busy_seconds_total{worker}` (how long each has run tasks, from tokio's runtime
+/// `metrics`; a worker publishes it when it parks). A busy rate near 1 s per second on every worker says
+/// the daemon needs more threads.
+pub(crate) fn runtime_metrics(o: &mut String, prefix: &str, metrics: &tokio::runtime::RuntimeMetrics) {
+    let n = metrics.num_workers();
+    let _ = writeln!(
+        o,
+        "# HELP {prefix}_worker_threads The runtime's worker threads.\n# TYPE {prefix}_worker_threads gauge\n\
+         {prefix}_worker_threads {n}"
+    );
+    let _ = writeln!(
+        o,
+        "# HELP {prefix}_worker_busy_seconds_total Time each worker thread spent running tasks.\n\
+         # TYPE {prefix}_worker_busy_seconds_total counter"
+    );
+    for w in 0..n {
+        let busy = metrics.worker_total_busy_duration(w).as_secs_f64();
+        let _ = writeln!(o, "{prefix}_worker_busy_seconds_total{{worker=\"{w}\"}} {busy}");
+    }
 }
 
 /// One Prometheus histogram series: cumulative `buckets` (counts per [`LATENCY_BUCKETS_S`] bucket, +Inf
@@ -475,4 +498,40 @@ pub(crate) fn histogram(o: &mut String, metric: &str, labels: &str, buckets: &[u
     let _ = writeln!(o, "{metric}_bucket{{{labels}{sep}le=\"+Inf\"}} {cum}");
     let _ = writeln!(o, "{metric}_sum{braces} {}", sum_ns as f64 / 1e9);
     let _ = writeln!(o, "{metric}_count{braces} {cum}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// One series per worker thread, counting up while the worker runs tasks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runtime_metrics_name_every_worker() {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let text_of = |m: &tokio::runtime::RuntimeMetrics| {
+            let mut o = String::new();
+            runtime_metrics(&mut o, "rein", m);
+            o
+        };
+        tokio::spawn(async { std::thread::sleep(Duration::from_millis(20)) }).await.unwrap();
+        let busy = |text: &str| -> Vec<f64> {
+            text.lines()
+                .filter(|l| l.starts_with("rein_worker_busy_seconds_total{worker="))
+                .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+                .collect()
+        };
+        // A worker publishes its busy time when it parks: wait up to 5 s for the task's 20 ms.
+        let mut text = text_of(&metrics);
+        for _ in 0..500 {
+            if busy(&text).iter().sum::<f64>() >= 0.015 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            text = text_of(&metrics);
+        }
+        assert!(text.contains("rein_worker_threads 2\n"), "{text}");
+        assert_eq!(busy(&text).len(), 2, "{text}");
+        assert!(busy(&text).iter().sum::<f64>() >= 0.015, "the 20 ms task counted: {text}");
+    }
 }

@@ -1164,30 +1164,6 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
     o
 }
 
-/// The gateway's own threads: how many (`worker_threads`) and how long each has been busy, from the
-/// runtime `metrics` (when the busy time's rate nears 1 s per second on every worker, the gateway needs
-/// more threads; docs/gateway.md, Speed).
-fn runtime_metrics_text(metrics: &tokio::runtime::RuntimeMetrics) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    let n = metrics.num_workers();
-    let _ = writeln!(
-        o,
-        "# HELP rein_gateway_worker_threads The runtime's worker threads (worker_threads).\n\
-         # TYPE rein_gateway_worker_threads gauge\nrein_gateway_worker_threads {n}"
-    );
-    let _ = writeln!(
-        o,
-        "# HELP rein_gateway_worker_busy_seconds_total Time each worker thread spent running tasks.\n\
-         # TYPE rein_gateway_worker_busy_seconds_total counter"
-    );
-    for w in 0..n {
-        let busy = metrics.worker_total_busy_duration(w).as_secs_f64();
-        let _ = writeln!(o, "rein_gateway_worker_busy_seconds_total{{worker=\"{w}\"}} {busy}");
-    }
-    o
-}
-
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
 /// [`crate::admin_guard::protect`].
 fn admin_router(shown: Shown) -> axum::Router {
@@ -1200,7 +1176,8 @@ fn admin_router(shown: Shown) -> axum::Router {
                 let volumes = snapshot(&for_metrics);
                 async move {
                     let mut text = metrics_text(&volumes);
-                    text.push_str(&runtime_metrics_text(&tokio::runtime::Handle::current().metrics()));
+                    let rt = tokio::runtime::Handle::current().metrics();
+                    crate::admin::runtime_metrics(&mut text, "rein_gateway", &rt);
                     text
                 }
             }),
@@ -1275,31 +1252,6 @@ mod tests {
         assert_eq!((c.worker_threads, c.link.connections), (1, 1), "one thread, one connection per node");
         let c = parse("worker_threads = 3\nconnections_per_node = 5").unwrap();
         assert_eq!((c.worker_threads, c.link.connections), (3, 5));
-    }
-
-    /// One series per worker thread, counting up while the worker runs tasks.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn runtime_metrics_name_every_worker() {
-        let metrics = tokio::runtime::Handle::current().metrics();
-        tokio::spawn(async { std::thread::sleep(Duration::from_millis(20)) }).await.unwrap();
-        let busy = |text: &str| -> Vec<f64> {
-            text.lines()
-                .filter(|l| l.starts_with("rein_gateway_worker_busy_seconds_total{worker="))
-                .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
-                .collect()
-        };
-        // A worker publishes its busy time when it parks: wait up to 5 s for the task's 20 ms.
-        let mut text = runtime_metrics_text(&metrics);
-        for _ in 0..500 {
-            if busy(&text).iter().sum::<f64>() >= 0.015 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            text = runtime_metrics_text(&metrics);
-        }
-        assert!(text.contains("rein_gateway_worker_threads 2\n"), "{text}");
-        assert_eq!(busy(&text).len(), 2, "{text}");
-        assert!(busy(&text).iter().sum::<f64>() >= 0.015, "the 20 ms task counted: {text}");
     }
 
     #[test]

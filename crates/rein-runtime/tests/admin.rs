@@ -68,6 +68,7 @@ async fn metrics_and_tenants() {
         "rein_tenant_iops{tenant=\"rd\"}",
         "rein_tenant_below_reservation_seconds_total{tenant=\"rd\"} 0",
         "rein_backend_latency_seconds_count 5",
+        "rein_worker_busy_seconds_total{worker=\"0\"} ",
         "io_engine=\"uring\"",
     ] {
         assert!(m.contains(needle), "missing {needle} in\n{m}");
