@@ -237,7 +237,7 @@ pub const MAX_WORKER_THREADS: usize = 1024;
 /// a few microseconds of system calls on two sockets, and every further thread adds hand-offs between
 /// threads (a task woken on one, its socket written on another) that cost more than they share out on a
 /// small machine. On the 2-core development VM one thread (with one connection per node) gave 1.18-1.26x
-/// the IOPS of one per CPU (with two) in three sittings, 0.53-0.63x of direct `rein serve`'s
+/// the IOPS of one per CPU (with two) in three sittings, 0.52-0.63x of direct `rein serve`'s
 /// (docs/gateway.md, Speed), at about 9 us of CPU per 4 KiB IO. A gateway in front of more IO than one
 /// core carries sets more.
 pub const DEFAULT_WORKER_THREADS: usize = 1;
