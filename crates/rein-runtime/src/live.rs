@@ -125,6 +125,23 @@ pub struct Registry {
     changes: tokio::sync::Mutex<Inner>,
 }
 
+/// A tenant name's bounds (1..=[`MAX_TENANT_NAME`] bytes), for every change that adds one.
+fn check_name(name: &str) -> Result<(), ChangeError> {
+    if name.is_empty() || name.len() > MAX_TENANT_NAME {
+        return Err(ChangeError::Invalid(format!("tenant name must be 1..={MAX_TENANT_NAME} bytes")));
+    }
+    Ok(())
+}
+
+/// Tenant `id`'s (`name`'s) spec in the dispatcher's `snap`.
+fn spec_in(snap: &crate::dispatch::Snapshot, id: TenantId, name: &str) -> Result<QosSpec, ChangeError> {
+    snap.tenants
+        .iter()
+        .find(|t| t.id == id)
+        .map(|t| t.spec)
+        .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))
+}
+
 fn read<T: Clone>(l: &RwLock<T>) -> T {
     l.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
@@ -270,12 +287,7 @@ impl Registry {
         let mut inner = self.changes.lock().await;
         let id = self.id(name)?;
         let snap = self.snapshot().await?;
-        let cur = snap
-            .tenants
-            .iter()
-            .find(|t| t.id == id)
-            .map(|t| t.spec)
-            .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
+        let cur = spec_in(&snap, id, name)?;
         let spec = f(cur).map_err(|e| ChangeError::Invalid(format!("invalid spec for {name}: {e}")))?;
         let before = inner.effective.reserved();
         let mut eff = inner.effective.clone();
@@ -299,9 +311,7 @@ impl Registry {
     /// Adds tenant `name` with `spec`.
     pub async fn add_tenant(&self, name: &str, spec: QosSpec) -> Result<Option<String>, ChangeError> {
         let mut inner = self.changes.lock().await;
-        if name.is_empty() || name.len() > MAX_TENANT_NAME {
-            return Err(ChangeError::Invalid(format!("tenant name must be 1..={MAX_TENANT_NAME} bytes")));
-        }
+        check_name(name)?;
         if self.id(name).is_ok() {
             return Err(ChangeError::Conflict(format!("tenant {name:?} exists (PUT /api/tenants/{name} changes it)")));
         }
@@ -334,9 +344,7 @@ impl Registry {
     pub async fn adopt(&self, wanted: &[(String, QosSpec)]) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let mut inner = self.changes.lock().await;
         for (i, (name, _)) in wanted.iter().enumerate() {
-            if name.is_empty() || name.len() > MAX_TENANT_NAME {
-                return Err(ChangeError::Invalid(format!("tenant name must be 1..={MAX_TENANT_NAME} bytes")));
-            }
+            check_name(name)?;
             if wanted[..i].iter().any(|(n, _)| n == name) {
                 return Err(ChangeError::Invalid(format!("tenant {name:?} given twice")));
             }
@@ -350,12 +358,7 @@ impl Registry {
         for (i, (name, spec)) in wanted.iter().enumerate() {
             match self.id(name) {
                 Ok(id) => {
-                    let cur = snap
-                        .tenants
-                        .iter()
-                        .find(|t| t.id == id)
-                        .map(|t| t.spec)
-                        .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
+                    let cur = spec_in(&snap, id, name)?;
                     if cur != *spec {
                         eff.tenants.iter_mut().filter(|t| t.name == *name).for_each(|t| t.spec = *spec);
                         changes.push((i, Some((id, cur))));
@@ -413,18 +416,16 @@ impl Registry {
         inner.effective = eff;
         let mut names = (*self.tenants()).clone();
         for &(i, known) in &changes {
-            if known.is_none() {
-                names.push((wanted[i].0.clone(), ids[i].expect("applied")));
-            }
-        }
-        write(&self.tenants, Arc::new(names));
-        for &(i, known) in &changes {
             let (name, spec) = (&wanted[i].0, wanted[i].1);
             match known {
                 Some(_) => tracing::info!(tenant = %name, %spec, "spec changed"),
-                None => tracing::info!(tenant = %name, %spec, "tenant added"),
+                None => {
+                    names.push((name.clone(), ids[i].expect("applied")));
+                    tracing::info!(tenant = %name, %spec, "tenant added");
+                }
             }
         }
+        write(&self.tenants, Arc::new(names));
         Ok((ids.into_iter().map(|id| id.expect("known or applied")).collect(), warning))
     }
 
