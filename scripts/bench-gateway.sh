@@ -18,10 +18,13 @@
 # rein serve, and rein gateway over that same one node (plain NBD, one connection, one thread). Needs
 # haproxy (apt-get install haproxy); it is started with a config in the scratch directory and stopped at
 # the end.
+# UNIX=1 adds a row in the same rounds: the same gateway and nodes with the links between them over Unix
+# sockets (the nodes' listen_unix, the gateway's address = "unix:PATH"), as for nodes on the gateway's
+# own host; fio still reaches the gateway over TCP.
 # REIN names the binary (default ./target/release/rein). BASE=path adds a row in the same rounds: the
 # gateway (and its nodes) of another build, with that build's defaults unless BASE_GW_THREADS /
 # BASE_GW_CONNS say otherwise.
-# Usage: [PERF=1] [FLOOR=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [NODE_TLS=psk] [REIN=path] [BASE=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+# Usage: [PERF=1] [FLOOR=1] [UNIX=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [NODE_TLS=psk] [REIN=path] [BASE=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -44,10 +47,12 @@ REIN=${REIN:-./target/release/rein}
 if [ "${NODE_TLS:-}" = psk ]; then
   printf 'gw:%s\n' "$(python3 -c 'import os; print(os.urandom(32).hex())')" > "$W/gw.psk"
 fi
-node_config() { # host [node] -> config path: one read-only export "bench" over $FILE (with "node" and a
-               # PROTOCOL other than nbd: a storage node, [node] enabled)
+node_config() { # host [node] [unix] -> config path: one read-only export "bench" over $FILE (with "node"
+               # and a PROTOCOL other than nbd: a storage node, [node] enabled; with "unix": also on
+               # the Unix socket $W/node-HOST.sock)
   cat > "$W/node-$1.toml" <<TOML
 listen = "127.0.0.$1:10809"
+$([ "${3:-}" = unix ] && echo "listen_unix = \"$W/node-$1.sock\"")
 admin = "127.0.0.$1:9180"
 data_dir = "$W/data-$1"
 io_engine = "${IO_ENGINE:-uring}"
@@ -73,15 +78,18 @@ direct_run() {
   measure nbd://127.0.0.41:10809/bench $pid
   kill $pid; wait $pid 2>/dev/null || true
 }
-gateway_run() { # [perf] -> "IOPS CPU-us-per-IO"
-  local pids=() h
-  for h in 42 43 44; do TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config $h node)" 2>/dev/null & pids+=($!); done
+gateway_run() { # [perf | unix] -> "IOPS CPU-us-per-IO"
+  local pids=() h a
+  for h in 42 43 44; do TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config $h node "${1:-}")" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
   { echo 'listen = "127.0.0.45:10809"'
     if [ -n "${GW_CONNS:-}" ]; then echo "connections_per_node = $GW_CONNS"; fi
     if [ -n "${GW_THREADS:-}" ]; then echo "worker_threads = $GW_THREADS"; fi
     if [ "${NODE_TLS:-}" = psk ]; then printf '[node_tls]\npsk_file = "%s"\n' "$W/gw.psk"; fi
-    for h in 42 43 44; do printf '[[nodes]]\nname = "s%d"\naddress = "127.0.0.%d:10809"\nprotocol = "%s"\nexport = "bench"\n' $h $h "$PROTOCOL"; done
+    for h in 42 43 44; do
+      if [ "${1:-}" = unix ]; then a="unix:$W/node-$h.sock"; else a="127.0.0.$h:10809"; fi
+      printf '[[nodes]]\nname = "s%d"\naddress = "%s"\nprotocol = "%s"\nexport = "bench"\n' $h "$a" "$PROTOCOL"
+    done
     printf '[[exports]]\nname = "vol"\nsize_mb = 1024\nstripe_kb = 64\n'; } > "$W/gw.toml"
   "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!
   wait_port 127.0.0.45 10809
@@ -115,11 +123,13 @@ for r in $(seq "$ROUNDS"); do
   echo "round $r/$ROUNDS ..." >&2
   R[direct]+="$(direct_run),"
   if [ "${PERF:-0}" = 1 ] && [ "$r" = "$ROUNDS" ]; then R[gateway]+="$(gateway_run perf),"; else R[gateway]+="$(gateway_run),"; fi
+  if [ "${UNIX:-0}" = 1 ]; then R[unix]+="$(gateway_run unix),"; fi
   if [ -n "${BASE:-}" ]; then R[base]+="$(REIN=$BASE GW_THREADS=${BASE_GW_THREADS:-} GW_CONNS=${BASE_GW_CONNS:-} gateway_run),"; fi
   if [ "${FLOOR:-0}" = 1 ]; then f=$(floor_run); R[haproxy]+="${f%%,*},"; R[gw1]+="${f##*,},"; fi
 done
 rows=(direct "rein serve directly"
       gateway "rein gateway over 3 rein serve nodes (protocol $PROTOCOL, 64 KiB stripes)")
+if [ "${UNIX:-0}" = 1 ]; then rows+=(unix "the same, the gateway's links to its nodes over Unix sockets (nodes on its host)"); fi
 if [ -n "${BASE:-}" ]; then rows+=(base "the same, BASE build (${BASE_GW_THREADS:+worker_threads $BASE_GW_THREADS, }${BASE_GW_CONNS:+connections_per_node $BASE_GW_CONNS, }otherwise its defaults)"); fi
 if [ "${FLOOR:-0}" = 1 ]; then
   rows+=(haproxy "HAProxy, TCP mode, in front of 1 rein serve (a byte forwarder: the cost of one more hop)"

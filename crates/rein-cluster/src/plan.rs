@@ -989,8 +989,8 @@ iops = 100
             .unwrap_or_else(|e| panic!("{e}\n{}", plan.gateways[0].config));
         assert_eq!(g.listen, SocketAddr::from(([127, 0, 0, 13], 20_000)));
         assert_eq!(
-            g.nodes.iter().map(|n| n.address).collect::<Vec<_>>(),
-            plan.nodes.iter().map(|n| n.nbd).collect::<Vec<_>>()
+            g.nodes.iter().map(|n| n.address.clone()).collect::<Vec<_>>(),
+            plan.nodes.iter().map(|n| rein_runtime::sock::NodeAddress::Tcp(n.nbd)).collect::<Vec<_>>()
         );
         assert_eq!(g.tenants[0].spec, sc.tenants[0].spec);
         assert!(g.tenants[0].rho);

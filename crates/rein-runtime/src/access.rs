@@ -241,7 +241,7 @@ impl ConnLimits {
 
     /// Logs a refused connection (a warning), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line
     /// says how many were not logged. Returns whether it logged.
-    pub fn log_refusal(&self, peer: std::net::SocketAddr, why: &str, closed: bool) -> bool {
+    pub fn log_refusal(&self, peer: crate::sock::Peer, why: &str, closed: bool) -> bool {
         let now = Instant::now();
         let mut log = self.refusal_log.lock().expect("the log lock is not poisoned");
         if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
@@ -352,7 +352,7 @@ mod tests {
         drop(held);
         assert!(matches!(limits.admit(ip), Admit::Refuse(..)));
         // One log line per interval.
-        let peer = "127.0.0.2:1".parse().unwrap();
+        let peer = crate::sock::Peer::Tcp("127.0.0.2:1".parse().unwrap());
         assert!(limits.log_refusal(peer, "cap", false));
         assert!(!limits.log_refusal(peer, "cap", false));
         assert_eq!(limits.refusal_log.lock().unwrap().1, 1);

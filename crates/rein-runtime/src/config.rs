@@ -2,6 +2,9 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10809"     # NBD
+//! listen_unix = "nbd.sock"       # optional: NBD on a Unix socket as well (relative to this file's directory;
+//!                                #   qemu/libnbd: nbd+unix:///EXPORT?socket=PATH); a stale socket file is replaced
+//! listen_unix_mode = "0600"      # its file mode: who may connect (default owner only)
 //! admin = "127.0.0.1:9180"       # HTTP: /metrics, /api/tenants, /healthz
 //! admin_token_file = "admin.token" # optional: bearer token for every admin request but /healthz
 //! admin_insecure = false         # true: allow a non-loopback admin address without a token (warned)
@@ -182,6 +185,8 @@ pub(crate) fn d_shutdown_timeout_s() -> f64 {
 struct File {
     #[serde(default = "d_listen")]
     listen: String,
+    listen_unix: Option<String>,
+    listen_unix_mode: Option<String>,
     #[serde(default = "d_admin")]
     admin: String,
     admin_token_file: Option<String>,
@@ -408,6 +413,8 @@ pub enum Admission {
 pub struct ServerConfig {
     /// The NBD listening address (default 127.0.0.1:10809).
     pub listen: SocketAddr,
+    /// A Unix socket to listen on as well (`listen_unix`, `listen_unix_mode`; [`crate::sock`]).
+    pub listen_unix: Option<crate::sock::UnixListen>,
     /// The admin HTTP endpoint's address (default 127.0.0.1:9180).
     pub admin: SocketAddr,
     /// Who may use the admin endpoint and how many connections it holds (`admin_token_file`,
@@ -712,6 +719,8 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     let caps = caps(&f)?;
     let listen: SocketAddr =
         f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
+    let listen_unix =
+        crate::sock::UnixListen::from_config(f.listen_unix.as_deref(), f.listen_unix_mode.as_deref(), base)?;
     let admin: SocketAddr = f.admin.parse().map_err(|e| format!("admin {:?}: {e} (expected address:port)", f.admin))?;
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(PathBuf::from),
@@ -864,6 +873,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     let node = node_config(f.node.as_ref())?;
     let cfg = ServerConfig {
         listen,
+        listen_unix,
         admin,
         admin_access,
         admin_tls,

@@ -14,6 +14,7 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:10810"
+//! listen_unix = "gw.sock"           # optional: the front on a Unix socket as well; listen_unix_mode = "0600"
 //! admin = "127.0.0.1:9190"          # optional: /healthz, /metrics, /api/nodes
 //! # and for it, as in rein serve: admin_token_file, admin_insecure, max_admin_connections,
 //! # admin_idle_timeout_s
@@ -28,7 +29,7 @@
 //! ca = "ca-cert.pem"                # x509 (with cert/key to present), or psk_file (+ psk_identity)
 //! [[nodes]]
 //! name = "s1"
-//! address = "127.0.0.11:10809"
+//! address = "127.0.0.11:10809"      # or "unix:PATH": a node on this host, over a Unix socket
 //! protocol = "auto"                 # rein | nbd | auto
 //! export = "c2"                     # optional: the export on this node for every volume
 //! tls = true                        # default: whether [node_tls] is given; tls_name = "s1.example"
@@ -86,6 +87,7 @@ use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContex
 use crate::remote::{
     LinkConfig, NodeProtocol, NodeSpec, NodeTls, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE,
 };
+use crate::sock::NodeAddress;
 use crate::tls::{Naming, TlsClient, TlsClientFiles, TlsConfig};
 use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
@@ -141,6 +143,8 @@ pub struct GatewayVolume {
 pub struct GatewayConfig {
     /// The NBD front's address.
     pub listen: SocketAddr,
+    /// The front on a Unix socket as well (`listen_unix`, `listen_unix_mode`; [`crate::sock`]).
+    pub listen_unix: Option<crate::sock::UnixListen>,
     /// The HTTP endpoint's address (`/healthz`, `/api/nodes`), if any.
     pub admin: Option<SocketAddr>,
     /// Who may use the HTTP endpoint and how many connections it holds, as `rein serve`'s admin endpoint
@@ -252,6 +256,8 @@ pub const DEFAULT_CONNECTIONS_PER_NODE: usize = 1;
 struct File {
     #[serde(default = "d_listen")]
     listen: String,
+    listen_unix: Option<String>,
+    listen_unix_mode: Option<String>,
     admin: Option<String>,
     admin_token_file: Option<String>,
     #[serde(default)]
@@ -378,6 +384,8 @@ impl GatewayConfig {
 fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     let listen: SocketAddr =
         f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
+    let listen_unix =
+        crate::sock::UnixListen::from_config(f.listen_unix.as_deref(), f.listen_unix_mode.as_deref(), base)?;
     let admin = match &f.admin {
         None => None,
         Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| format!("admin {a:?}: {e} (expected address:port)"))?),
@@ -465,16 +473,8 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         if nodes.iter().any(|x| x.name == n.name) {
             return Err(format!("node name {:?} is repeated", n.name));
         }
-        let address: SocketAddr = n
-            .address
-            .parse()
-            .map_err(|e| format!("node {}: address {:?}: {e} (expected address:port)", n.name, n.address))?;
-        if address.port() == 0 {
-            return Err(format!(
-                "node {}: address {:?}: port 0 (a node listens on a port of its own)",
-                n.name, n.address
-            ));
-        }
+        let address = NodeAddress::parse(&n.address, base)
+            .map_err(|e| format!("node {}: address {:?}: {e}", n.name, n.address))?;
         let protocol = match n.protocol.as_deref() {
             None | Some("auto") => NodeProtocol::Auto,
             Some("nbd") => NodeProtocol::Nbd,
@@ -491,7 +491,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             (true, None) => return Err(format!("node {}: tls = true needs a [node_tls] table", n.name)),
             (true, Some(client)) => {
                 let name = match &n.tls_name {
-                    None => address.ip().to_string(),
+                    None => address.default_tls_name(),
                     Some(t) if t.is_empty() || t.len() > MAX_TLS_NAME || t.contains('\0') => {
                         return Err(format!("node {}: tls_name must have 1..={MAX_TLS_NAME} bytes without NUL", n.name))
                     }
@@ -604,10 +604,10 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     }
     // Invariant 3: a node export holds one volume's units, from its offset 0; a second user (another
     // volume, or the same volume through a second entry for that node) would overwrite them.
-    let mut holders: HashMap<(SocketAddr, &str), (&str, &str)> = HashMap::new();
+    let mut holders: HashMap<(&NodeAddress, &str), (&str, &str)> = HashMap::new();
     for v in &exports {
         for (j, n) in nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)) {
-            let key = (n.address, v.node_exports[j].as_str());
+            let key = (&n.address, v.node_exports[j].as_str());
             if let Some((other, other_node)) = holders.insert(key, (&v.name, &n.name)) {
                 let whose = if other == v.name { "this export's too".to_string() } else { format!("export {other}'s") };
                 return Err(format!(
@@ -635,6 +635,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     };
     Ok(GatewayConfig {
         listen,
+        listen_unix,
         admin,
         admin_access,
         tls,
@@ -684,6 +685,9 @@ pub enum GatewayError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// The Unix socket (`listen_unix`) could not be bound; the message names the path and why.
+    #[error("cannot listen on the Unix socket {0}")]
+    BindUnix(String),
 }
 
 /// Addresses the gateway listens on.
@@ -838,6 +842,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
     let dbg = |x: &dyn std::fmt::Debug| format!("{x:?}");
     for (key, same) in [
         ("listen", base.listen == new.listen),
+        ("listen_unix", base.listen_unix == new.listen_unix),
         ("admin", base.admin == new.admin),
         ("admin_token_file, admin_insecure or the admin caps", base.admin_access == new.admin_access),
         ("[tls]", dbg(&base.tls) == dbg(&new.tls)),
@@ -979,6 +984,7 @@ pub async fn run_with(
     });
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
+    let unix = cfg.listen_unix.as_ref().map(|u| u.bind()).transpose().map_err(GatewayError::BindUnix)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = match cfg.admin {
         None => None,
@@ -1000,9 +1006,12 @@ pub async fn run_with(
         }
     };
     let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin };
+    let nbd = crate::sock::NbdListener::Tcp(nbd);
     let admin_addr = bound.admin.map_or_else(|| "none".to_string(), |a| a.to_string());
+    let unix_path = cfg.listen_unix.as_ref().map_or(String::new(), |u| u.path.display().to_string());
     tracing::info!(
         nbd = %bound.nbd,
+        nbd_unix = %unix_path,
         admin = %admin_addr,
         nodes = cfg.nodes.len(),
         exports = cfg.exports.len(),
@@ -1023,6 +1032,7 @@ pub async fn run_with(
         tokio::select! {
             _ = &mut shutdown => break,
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
+            acc = crate::sock::accept_unix(unix.as_ref()) => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
             Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() => {
                 let load = load.as_mut().expect("with reload_rx");
                 match load() {
@@ -1049,7 +1059,9 @@ pub async fn run_with(
     // Connections that ended since the last accept are still in the set: not counted as open.
     while tasks.try_join_next().is_some() {}
     tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");
+    // The Unix socket's file goes with its listener.
     drop(nbd);
+    drop(unix);
     let drained =
         tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {

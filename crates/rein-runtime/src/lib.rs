@@ -32,6 +32,7 @@ pub mod preflight;
 pub mod probe;
 pub mod remote;
 pub mod server;
+pub mod sock;
 pub mod state;
 pub mod storage;
 #[cfg(test)]

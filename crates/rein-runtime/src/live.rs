@@ -592,6 +592,7 @@ impl Registry {
         }
         restart_only!(
             listen,
+            listen_unix,
             admin,
             data_dir,
             scheduler,

@@ -58,8 +58,8 @@
 //! export's tenant's. Without a gate the option is an unknown one (UNSUP).
 //!
 //! # Transports
-//! The code is generic over the stream. A plain connection splits its `TcpStream` into owned halves (no
-//! lock between reader and writer, as before TLS existed); a TLS connection splits its `SslStream` with
+//! The code is generic over the stream. A plain connection (TCP or a Unix socket, [`crate::sock`]) splits
+//! its socket into owned halves (no lock between reader and writer, as before TLS existed); a TLS connection splits its `SslStream` with
 //! `tokio::io::split` (a lock shared by the two halves, since one TLS session reads and writes).
 //!
 //! # Logs
@@ -78,6 +78,7 @@ use crate::budget::{Budget, Charge, TenantBudget};
 use crate::dispatch::Served;
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::remote::RemoteVolume;
+use crate::sock::{Peer, Sock};
 use crate::storage::Storage;
 use crate::tls::{NbdStream, TlsConfig, TlsError};
 use rein_core::TenantId;
@@ -87,7 +88,7 @@ use rein_proto::nbd::{
 };
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -261,7 +262,7 @@ pub trait NodeGate: Send + Sync + std::fmt::Debug {
     /// Answers `hello` from `peer` (with its TLS `identity`, if any).
     fn hello<'a>(
         &'a self,
-        peer: SocketAddr,
+        peer: Peer,
         identity: Option<&'a str>,
         hello: NodeHello,
     ) -> Pin<Box<dyn Future<Output = NodeVerdict> + Send + 'a>>;
@@ -329,7 +330,8 @@ pub async fn serve_connection(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnError> {
     let policy = Policy::open();
-    let peer = stream.peer_addr()?;
+    let stream = Sock::Tcp(stream);
+    let peer = stream.peer()?;
     let Admit::Serve(slot) = policy.limits.admit(peer.ip()) else {
         unreachable!("the first connection of a new counter is under every default cap")
     };
@@ -345,7 +347,7 @@ type Opened = (NbdStream, Negotiated, Option<String>, Option<TenantSlot>, Vec<Te
 /// there; one beyond even the refusal bound is closed at once), then reaps finished tasks so the set
 /// does not grow. An accept error is logged and paced by 10 ms.
 pub async fn spawn_accepted(
-    acc: io::Result<(TcpStream, SocketAddr)>,
+    acc: io::Result<(Sock, Peer)>,
     tasks: &mut tokio::task::JoinSet<()>,
     ctx: &Arc<NbdContext>,
     policy: &Arc<Policy>,
@@ -382,14 +384,14 @@ pub async fn spawn_accepted(
 /// Serves one connection from `peer` under `policy` until the client disconnects, errs, or `shutdown`
 /// turns true (then in-flight requests are answered before closing).
 pub async fn serve_client(
-    stream: TcpStream,
-    peer: SocketAddr,
+    stream: Sock,
+    peer: Peer,
     entry: Entry,
     ctx: Arc<NbdContext>,
     policy: Arc<Policy>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnError> {
-    stream.set_nodelay(true)?;
+    stream.set_nodelay()?;
     let mut input = Input::default();
     // One snapshot of the exports for the whole handshake; the connection keeps the export it opens.
     let exports = ctx.exports.snapshot();
@@ -484,7 +486,7 @@ pub async fn serve_client(
 struct Conn<'a> {
     ctx: &'a NbdContext,
     export: &'a Export,
-    peer: SocketAddr,
+    peer: Peer,
     opened: Instant,
     /// The tenant of each slot of a storage-node session (empty otherwise).
     node_tenants: Vec<TenantId>,
@@ -615,7 +617,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     input: &mut Input,
     policy: &Policy,
     exports: &[Arc<Export>],
-    who: (SocketAddr, Option<&str>),
+    who: (Peer, Option<&str>),
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<HsEnd, ConnError> {
     let mut out = Vec::new();

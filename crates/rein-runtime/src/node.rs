@@ -50,12 +50,12 @@
 use crate::config::{NodeConfig, NodeSpecs};
 use crate::live::Registry;
 use crate::nbd::{NodeGate, NodeSession, NodeVerdict};
+use crate::sock::Peer;
 use rein_core::{QosSpec, TenantId};
 use rein_proto::nbd::{
     NodeGranted, NodeHello, NodeTenant, NodeWelcome, SpecSource, NODE_VERSION, REP_ERR_INVALID, REP_ERR_POLICY,
 };
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -130,7 +130,7 @@ impl NodeService {
         self.registry.tenants().iter().find(|(n, _)| n == name).map(|t| t.1)
     }
 
-    async fn decide(&self, peer: SocketAddr, identity: Option<&str>, hello: NodeHello) -> NodeVerdict {
+    async fn decide(&self, peer: Peer, identity: Option<&str>, hello: NodeHello) -> NodeVerdict {
         if !self.config.access.allows(peer.ip(), identity) {
             let who = identity.map_or(String::new(), |i| format!(" (identity {i:?})"));
             let msg = format!(
@@ -190,7 +190,7 @@ impl NodeService {
 impl NodeGate for NodeService {
     fn hello<'a>(
         &'a self,
-        peer: SocketAddr,
+        peer: Peer,
         identity: Option<&'a str>,
         hello: NodeHello,
     ) -> Pin<Box<dyn Future<Output = NodeVerdict> + Send + 'a>> {
@@ -234,8 +234,8 @@ mod tests {
         NodeService::new(NodeConfig { enabled: true, specs, access }, Arc::new(registry))
     }
 
-    fn peer(ip: &str) -> SocketAddr {
-        SocketAddr::new(ip.parse().unwrap(), 40000)
+    fn peer(ip: &str) -> Peer {
+        Peer::Tcp(std::net::SocketAddr::new(ip.parse().unwrap(), 40000))
     }
 
     fn named(name: &str, reservation: f64) -> NodeTenant {

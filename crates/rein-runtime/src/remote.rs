@@ -78,6 +78,7 @@
 //! slightly favours the tenant there).
 
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
+use crate::sock::{NodeAddress, Sock};
 use crate::tls::{NbdStream, TlsClient};
 use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
@@ -87,12 +88,10 @@ use rein_proto::nbd::node::{
 use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use rein_proto::ErrorKind;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -131,8 +130,8 @@ pub enum NodeProtocol {
 pub struct NodeSpec {
     /// Its name in logs and errors.
     pub name: String,
-    /// Its NBD address.
-    pub address: SocketAddr,
+    /// Its NBD address (TCP, or a Unix socket on this host).
+    pub address: NodeAddress,
     /// How to speak to it.
     pub protocol: NodeProtocol,
     /// TLS on the link (STARTTLS before anything else; never plain), if configured.
@@ -153,7 +152,7 @@ pub struct NodeTls {
 pub struct LinkConfig {
     /// A piece unanswered this long fails with EIO (and its connection is reset).
     pub request_timeout: Duration,
-    /// A connection attempt (TCP and the NBD handshake) that takes longer fails.
+    /// A connection attempt (the connection and the NBD handshake) that takes longer fails.
     pub connect_timeout: Duration,
     /// The longest wait between reconnect attempts.
     pub max_backoff: Duration,
@@ -170,7 +169,7 @@ pub enum OpenError {
         /// The node's name.
         node: String,
         /// Its address.
-        address: SocketAddr,
+        address: NodeAddress,
         /// What failed.
         message: String,
     },
@@ -794,7 +793,7 @@ impl ConnectError {
     fn into_open(self, t: &Target) -> OpenError {
         match self {
             ConnectError::Io(message) | ConnectError::Unreachable(message) => {
-                OpenError::Connect { node: t.node.name.clone(), address: t.node.address, message }
+                OpenError::Connect { node: t.node.name.clone(), address: t.node.address.clone(), message }
             }
             ConnectError::TooSmall(size) => OpenError::TooSmall {
                 node: t.node.name.clone(),
@@ -846,14 +845,12 @@ impl Target {
 
     /// Connects and negotiates the export (plain NBD, simple replies), within `connect_timeout`.
     async fn connect(&self) -> Result<Session, ConnectError> {
-        // Set once TCP is up, so a timeout can say whether the node answered at all.
+        // Set once the connection is up, so a timeout can say whether the node answered at all.
         let connected = AtomicBool::new(false);
         let attempt = async {
-            let stream = TcpStream::connect(self.node.address)
-                .await
-                .map_err(|e| ConnectError::Unreachable(format!("connect: {e}")))?;
+            let stream =
+                self.node.address.connect().await.map_err(|e| ConnectError::Unreachable(format!("connect: {e}")))?;
             connected.store(true, Ordering::Relaxed);
-            stream.set_nodelay(true).map_err(|e| ConnectError::Io(e.to_string()))?;
             let mut stream = NbdStream::Plain(stream);
             let hello = match (&self.qos, self.node.protocol) {
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
@@ -944,9 +941,9 @@ impl Target {
             Err(_) => {
                 let s = self.cfg.connect_timeout.as_secs_f64();
                 Err(ConnectError::Unreachable(if connected.load(Ordering::Relaxed) {
-                    format!("the node took the TCP connection but did not finish the NBD handshake within connect_timeout_s ({s} s)")
+                    format!("the node took the connection but did not finish the NBD handshake within connect_timeout_s ({s} s)")
                 } else {
-                    format!("no TCP connection within connect_timeout_s ({s} s)")
+                    format!("no connection within connect_timeout_s ({s} s)")
                 }))
             }
         }
@@ -1103,8 +1100,12 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         tracing::debug!(node = target.node.name.as_str(), volume = %target.volume, ?boot, fresh, "node session");
     }
     match &mut stream {
-        NbdStream::Plain(tcp) => {
+        NbdStream::Plain(Sock::Tcp(tcp)) => {
             let (rd, wr) = tcp.split();
+            run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
+        }
+        NbdStream::Plain(Sock::Unix(unix)) => {
+            let (rd, wr) = unix.split();
             run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
         }
         NbdStream::Tls(tls) => {
@@ -1354,6 +1355,7 @@ async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
 mod tests {
     use super::*;
     use crate::dispatch::IoResult;
+    use std::net::SocketAddr;
 
     /// A request's result comes once every piece is in, with the first error if any (invariant 1).
     #[test]
@@ -1483,7 +1485,12 @@ mod tests {
         use rein_proto::nbd::node::NodeSplit;
         let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
             .into_iter()
-            .map(|(name, address)| NodeSpec { name: name.into(), address, protocol: NodeProtocol::Rein, tls: None })
+            .map(|(name, a)| NodeSpec {
+                name: name.into(),
+                address: NodeAddress::Tcp(a),
+                protocol: NodeProtocol::Rein,
+                tls: None,
+            })
             .collect();
         let tenant = NodeTenant {
             name: "t".into(),
@@ -1628,7 +1635,8 @@ mod tests {
     #[tokio::test]
     async fn a_node_connection_holds_at_most_max_pending_pieces() {
         let (a, tags) = fake_node(0, false).await;
-        let nodes = vec![NodeSpec { name: "a".into(), address: a, protocol: NodeProtocol::Rein, tls: None }];
+        let nodes =
+            vec![NodeSpec { name: "a".into(), address: NodeAddress::Tcp(a), protocol: NodeProtocol::Rein, tls: None }];
         let cfg = LinkConfig {
             request_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(10),

@@ -95,6 +95,9 @@ pub enum ServeError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// The Unix socket (`listen_unix`) could not be bound; the message names the path and why.
+    #[error("cannot listen on the Unix socket {0}")]
+    BindUnix(String),
     /// The dispatcher refused a configured tenant (too many tenants) or stopped.
     #[error("dispatcher: {0}")]
     Dispatcher(#[from] crate::dispatch::IoError),
@@ -278,8 +281,11 @@ pub async fn run_with(
     });
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| ServeError::Bind { addr: cfg.listen, source })?;
     let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
+    let unix = cfg.listen_unix.as_ref().map(|u| u.bind()).transpose().map_err(ServeError::BindUnix)?;
     let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin: admin_l.local_addr().expect("bound") };
-    tracing::info!(nbd = %bound.nbd, admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    let nbd = crate::sock::NbdListener::Tcp(nbd);
+    let unix_path = cfg.listen_unix.as_ref().map_or(String::new(), |u| u.path.display().to_string());
+    tracing::info!(nbd = %bound.nbd, nbd_unix = %unix_path, admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
     let admin_state = AdminState { registry: registry.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
@@ -309,6 +315,7 @@ pub async fn run_with(
                 reload_config(&registry, load).await;
             }
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
+            acc = crate::sock::accept_unix(unix.as_ref()) => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
     }
     // Told first, logged after: a request a client sends once it sees the line is refused (ESHUTDOWN).
@@ -320,7 +327,9 @@ pub async fn run_with(
         deadline_s = cfg.shutdown_timeout.as_secs_f64(),
         "shutting down: answering the requests in flight"
     );
+    // The Unix socket's file goes with its listener.
     drop(nbd);
+    drop(unix);
     let drained =
         tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {

@@ -479,11 +479,11 @@ impl TlsClient {
     }
 }
 
-/// A TCP connection in the clear or after STARTTLS: what an NBD server's handshake leaves
-/// ([`crate::nbd`]) and a gateway's link to a node ([`crate::remote`]).
+/// A connection (TCP or Unix, [`crate::sock::Sock`]) in the clear or after STARTTLS: what an NBD server's
+/// handshake leaves ([`crate::nbd`]) and a gateway's link to a node ([`crate::remote`]).
 pub(crate) enum NbdStream {
-    Plain(tokio::net::TcpStream),
-    Tls(Box<SslStream<tokio::net::TcpStream>>),
+    Plain(crate::sock::Sock),
+    Tls(Box<SslStream<crate::sock::Sock>>),
 }
 
 impl NbdStream {

@@ -989,3 +989,61 @@ fn a_sigterm_right_after_the_gateway_listens_is_a_graceful_stop() {
         assert!(took < Duration::from_millis(1500), "try {i}: stopped {took:?} after the SIGTERM\n{log}");
     }
 }
+
+/// Nodes on this host over Unix sockets (`address = "unix:PATH"`, the nodes' `listen_unix`), and the
+/// gateway's front on one too (`listen_unix`): qemu-img in over the front's socket, nbdcopy out over
+/// TCP, byte-identical, with the bytes where the stripe equation puts them; each node grants the
+/// storage-node session to a Unix peer. A node killed with SIGKILL leaves its socket file behind: the
+/// restarted node replaces it and the gateway reconnects.
+#[test]
+fn nodes_and_the_front_over_unix_sockets() {
+    let dir = tmpdir("gw-unix");
+    let d = dir.path();
+    let sock = |h: u8| d.join(format!("node{h}")).join("nbd.sock");
+    let start = |h: u8| storage_node_with(d, h, "listen_unix = \"nbd.sock\"\n", "", "");
+    let mut nodes: Vec<Server> = (171..=173).map(start).collect();
+    let mut body = String::new();
+    for (i, h) in (171..=173).enumerate() {
+        body.push_str(&format!(
+            "[[nodes]]\nname = \"s{}\"\naddress = \"unix:{}\"\nprotocol = \"rein\"\n",
+            i + 1,
+            sock(h).display()
+        ));
+    }
+    let text = format!(
+        "listen = \"127.0.0.174:0\"\nadmin = \"127.0.0.174:0\"\nlisten_unix = \"gw.sock\"\n{TIMES}{body}{VOLUME}"
+    );
+    let gw = gateway(&write_file(d, "gw.toml", &text));
+    for n in &nodes {
+        let granted = n.wait_line("storage-node session granted");
+        assert!(granted.contains("peer=unix(uid "), "{granted}");
+    }
+    let front = format!("nbd+unix:///v?socket={}", d.join("gw.sock").display());
+    let src = d.join("src.bin");
+    random_file(&src, 4 << 20, 9);
+    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), &front]));
+    let back = d.join("back.bin");
+    run_ok(tool("nbdcopy").args([&uri(&gw), back.to_str().unwrap()]));
+    let written = std::fs::read(&src).unwrap();
+    assert_eq!(written[..], std::fs::read(&back).unwrap()[..4 << 20], "in over the Unix front, out over TCP");
+    let files: Vec<Vec<u8>> = (171..=173).map(|h| std::fs::read(node_file(d, h)).unwrap()).collect();
+    for o in (0..written.len() as u64).step_by(4093) {
+        let (j, at) = expected_location(o);
+        assert_eq!(files[j][at as usize], written[o as usize], "volume byte {o} on node {j} at {at}");
+    }
+    // s2 killed: its socket file stays, stale. Restarted, it replaces the file; the gateway reconnects.
+    let mut s2 = nodes.remove(1);
+    s2.child.kill().unwrap();
+    s2.child.wait().unwrap();
+    assert!(sock(172).exists(), "SIGKILL leaves the socket file");
+    let s2 = start(172);
+    s2.wait_line("removed a stale Unix socket");
+    assert!(
+        eventually(Duration::from_secs(20), || qemu_io_ok(&front, &["read 0 256k"]).0),
+        "the gateway serves again after the node returned: {:?}",
+        gw.log.lock().unwrap()
+    );
+    gw.wait_line("node connection restored");
+    let (ok, out) = qemu_io_ok(&front, &["write -P 0x5a 0 256k", "read -P 0x5a 0 256k", "flush"]);
+    assert!(ok, "{out}");
+}

@@ -1,0 +1,514 @@
+//! NBD over TCP or a Unix-domain socket: one stream type for both, the peer it came from, the listeners,
+//! and a node's address.
+//!
+//! # Model
+//! A Unix-domain socket is how a client on the same host reaches an NBD server without the TCP stack
+//! (qemu's `server.type=unix`, libnbd's `nbd+unix:///EXPORT?socket=PATH`, nbdkit's and qemu-nbd's
+//! `--unix`); `rein gateway` uses it for nodes on its own host (`address = "unix:PATH"`). It is not a
+//! speed-up there: over Unix links the gateway kept the same share of direct throughput as over loopback
+//! TCP (docs/gateway.md, Speed), whose cost on the hop is the wake-ups, not the TCP stack. Everything
+//! above the byte stream
+//! (the handshake, TLS, transmission, the node protocol) is the same on both: [`Sock`] and its halves
+//! delegate to the TCP or Unix socket inside.
+//!
+//! # Access
+//! Who may connect to a Unix socket is decided by the socket file's permissions (`listen_unix_mode`,
+//! default owner only, 0600). Beyond that, a Unix peer counts as the loopback address 127.0.0.1 for the
+//! rules written for addresses (an export's `allow_networks`, `max_connections_per_client`, the
+//! storage-node gate's `allow_networks`); TLS identities apply as on TCP. Logs name it by the
+//! credentials the kernel reports (`unix(uid U, pid P)`).
+//!
+//! # Invariants
+//! 1. [`bind_unix`] never removes anything but a socket file nothing listens on (a stale one from a
+//!    server that was killed); a regular file, a directory, or a socket that a live server answers on is
+//!    an error naming the path.
+//! 2. The socket file is removed when its [`UnixSocketFile`] is dropped, if it is still the one bound
+//!    (the same inode): a later server that took the path over keeps its own.
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
+
+/// Longest Unix socket path (bytes): `sockaddr_un`'s 108 less the terminating NUL.
+pub const MAX_UNIX_PATH: usize = 107;
+/// Mode of a Unix socket file when the configuration names none: the owner only.
+pub const DEFAULT_UNIX_MODE: u32 = 0o600;
+
+/// Where a client connection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// A TCP client's address.
+    Tcp(SocketAddr),
+    /// A client on the Unix socket, with the credentials the kernel reports (if it does).
+    Unix {
+        /// Its user id.
+        uid: Option<u32>,
+        /// Its process id.
+        pid: Option<i32>,
+    },
+}
+
+impl Peer {
+    /// The address the access rules see: a TCP client's IP, 127.0.0.1 for a Unix client (module comment).
+    pub fn ip(&self) -> IpAddr {
+        match self {
+            Peer::Tcp(a) => a.ip(),
+            Peer::Unix { .. } => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peer::Tcp(a) => write!(f, "{a}"),
+            Peer::Unix { uid, pid } => {
+                f.write_str("unix(")?;
+                match uid {
+                    Some(u) => write!(f, "uid {u}")?,
+                    None => f.write_str("uid ?")?,
+                }
+                match pid {
+                    Some(p) => write!(f, ", pid {p})"),
+                    None => f.write_str(")"),
+                }
+            }
+        }
+    }
+}
+
+/// An NBD byte stream: TCP or a Unix-domain socket.
+#[derive(Debug)]
+pub enum Sock {
+    /// Over TCP.
+    Tcp(TcpStream),
+    /// Over a Unix-domain socket.
+    Unix(UnixStream),
+}
+
+/// The read half of a split [`Sock`].
+#[derive(Debug)]
+pub enum SockRead {
+    /// Of a TCP stream.
+    Tcp(tcp::OwnedReadHalf),
+    /// Of a Unix stream.
+    Unix(unix::OwnedReadHalf),
+}
+
+/// The write half of a split [`Sock`].
+#[derive(Debug)]
+pub enum SockWrite {
+    /// Of a TCP stream.
+    Tcp(tcp::OwnedWriteHalf),
+    /// Of a Unix stream.
+    Unix(unix::OwnedWriteHalf),
+}
+
+impl Sock {
+    /// Turns off Nagle's algorithm on TCP (a Unix socket has none): replies and pieces leave when written.
+    pub fn set_nodelay(&self) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_nodelay(true),
+            Sock::Unix(_) => Ok(()),
+        }
+    }
+
+    /// The peer: a TCP client's address, or a Unix client's credentials.
+    pub fn peer(&self) -> io::Result<Peer> {
+        match self {
+            Sock::Tcp(s) => Ok(Peer::Tcp(s.peer_addr()?)),
+            Sock::Unix(s) => Ok(unix_peer(s)),
+        }
+    }
+
+    /// Owned halves, with no lock between them.
+    pub fn into_split(self) -> (SockRead, SockWrite) {
+        match self {
+            Sock::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (SockRead::Tcp(r), SockWrite::Tcp(w))
+            }
+            Sock::Unix(s) => {
+                let (r, w) = s.into_split();
+                (SockRead::Unix(r), SockWrite::Unix(w))
+            }
+        }
+    }
+}
+
+fn unix_peer(s: &UnixStream) -> Peer {
+    match s.peer_cred() {
+        Ok(c) => Peer::Unix { uid: Some(c.uid()), pid: c.pid() },
+        Err(_) => Peer::Unix { uid: None, pid: None },
+    }
+}
+
+/// Delegates the tokio IO traits to the variant's stream.
+macro_rules! delegate_io {
+    ($ty:ident, read) => {
+        impl AsyncRead for $ty {
+            fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $ty::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+                    $ty::Unix(s) => Pin::new(s).poll_read(cx, buf),
+                }
+            }
+        }
+    };
+    ($ty:ident, write) => {
+        impl AsyncWrite for $ty {
+            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $ty::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+                    $ty::Unix(s) => Pin::new(s).poll_write(cx, buf),
+                }
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $ty::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    $ty::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                }
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $ty::Tcp(s) => s.is_write_vectored(),
+                    $ty::Unix(s) => s.is_write_vectored(),
+                }
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $ty::Tcp(s) => Pin::new(s).poll_flush(cx),
+                    $ty::Unix(s) => Pin::new(s).poll_flush(cx),
+                }
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $ty::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+                    $ty::Unix(s) => Pin::new(s).poll_shutdown(cx),
+                }
+            }
+        }
+    };
+}
+
+delegate_io!(Sock, read);
+delegate_io!(Sock, write);
+delegate_io!(SockRead, read);
+delegate_io!(SockWrite, write);
+
+/// Where a gateway reaches a node: `ADDRESS:PORT` over TCP, or `unix:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum NodeAddress {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A Unix socket's path.
+    Unix(PathBuf),
+}
+
+impl NodeAddress {
+    /// Parses `ADDRESS:PORT` or `unix:PATH` (a relative PATH is taken from `base`). The error names
+    /// what is wrong, without the node's name (the caller adds it).
+    pub fn parse(text: &str, base: &Path) -> Result<NodeAddress, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            return Ok(NodeAddress::Unix(unix_path(path, base)?));
+        }
+        let a: SocketAddr =
+            text.parse().map_err(|e| format!("{e} (expected address:port, or unix:PATH for a local socket)"))?;
+        if a.port() == 0 {
+            return Err("port 0 (a node listens on a port of its own)".into());
+        }
+        Ok(NodeAddress::Tcp(a))
+    }
+
+    /// Connects: a stream and, on TCP, Nagle's algorithm off.
+    pub async fn connect(&self) -> io::Result<Sock> {
+        let s = match self {
+            NodeAddress::Tcp(a) => Sock::Tcp(TcpStream::connect(a).await?),
+            NodeAddress::Unix(p) => Sock::Unix(UnixStream::connect(p).await?),
+        };
+        s.set_nodelay()?;
+        Ok(s)
+    }
+
+    /// The name a node's certificate is checked against when `tls_name` names none: the IP of a TCP
+    /// address, `localhost` for a Unix socket.
+    pub fn default_tls_name(&self) -> String {
+        match self {
+            NodeAddress::Tcp(a) => a.ip().to_string(),
+            NodeAddress::Unix(_) => "localhost".into(),
+        }
+    }
+}
+
+impl fmt::Display for NodeAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeAddress::Tcp(a) => write!(f, "{a}"),
+            NodeAddress::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// A Unix socket path from the configuration: not empty, within [`MAX_UNIX_PATH`] bytes once joined to
+/// `base` (the configuration file's directory) if relative, without NUL.
+pub fn unix_path(text: &str, base: &Path) -> Result<PathBuf, String> {
+    if text.is_empty() {
+        return Err("an empty Unix socket path".into());
+    }
+    if text.contains('\0') {
+        return Err(format!("Unix socket path {text:?} contains NUL"));
+    }
+    let path = base.join(text);
+    let len = path.as_os_str().len();
+    if len > MAX_UNIX_PATH {
+        return Err(format!(
+            "Unix socket path {} has {len} bytes; the system allows at most {MAX_UNIX_PATH}",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
+/// A socket file mode from the configuration: octal digits (`"0660"`, `"660"`), at most 0o777.
+pub fn unix_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    match u32::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o777 && !digits.is_empty() => Ok(m),
+        _ => Err(format!("{text:?} is not a file mode (octal, 0000..=0777, such as \"0660\")")),
+    }
+}
+
+/// A Unix socket to listen on (`listen_unix`, `listen_unix_mode`), beside the TCP `listen`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnixListen {
+    /// The socket file's path.
+    pub path: PathBuf,
+    /// Its file mode.
+    pub mode: u32,
+}
+
+impl UnixListen {
+    /// From the configuration's `listen_unix` (a relative path is taken from `base`, the configuration
+    /// file's directory) and `listen_unix_mode` (default [`DEFAULT_UNIX_MODE`]); none without a path.
+    pub fn from_config(path: Option<&str>, mode: Option<&str>, base: &Path) -> Result<Option<UnixListen>, String> {
+        let mode = mode.map(unix_mode).transpose().map_err(|e| format!("listen_unix_mode: {e}"))?;
+        match path {
+            None if mode.is_some() => Err("listen_unix_mode needs listen_unix".into()),
+            None => Ok(None),
+            Some(p) => Ok(Some(UnixListen {
+                path: unix_path(p, base).map_err(|e| format!("listen_unix: {e}"))?,
+                mode: mode.unwrap_or(DEFAULT_UNIX_MODE),
+            })),
+        }
+    }
+
+    /// Binds it ([`bind_unix`]).
+    pub fn bind(&self) -> Result<NbdListener, String> {
+        let (l, file) = bind_unix(&self.path, self.mode)?;
+        Ok(NbdListener::Unix(l, file))
+    }
+}
+
+/// A bound Unix socket file: removed when dropped if it is still the one bound (invariant 2).
+#[derive(Debug)]
+pub struct UnixSocketFile {
+    path: PathBuf,
+    inode: (u64, u64),
+}
+
+impl UnixSocketFile {
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for UnixSocketFile {
+    fn drop(&mut self) {
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if (m.dev(), m.ino()) == self.inode {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Binds a Unix socket at `path` with file mode `mode`, replacing a stale socket file nothing listens on
+/// (invariant 1). Must run inside a tokio runtime.
+pub fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, UnixSocketFile), String> {
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(format!("{shown}: another server listens on this socket")),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                std::fs::remove_file(path).map_err(|e| format!("{shown}: cannot remove the stale socket: {e}"))?;
+                tracing::info!(path = %shown, "removed a stale Unix socket (nothing listened on it)");
+            }
+            Err(e) => return Err(format!("{shown}: exists, and cannot tell whether a server listens on it: {e}")),
+        },
+        Ok(_) => return Err(format!("{shown}: exists and is not a socket (not removed)")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{shown}: {e}")),
+    }
+    let listener = UnixListener::bind(path).map_err(|e| format!("{shown}: {e}"))?;
+    let m = std::fs::symlink_metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    let file = UnixSocketFile { path: path.to_path_buf(), inode: (m.dev(), m.ino()) };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("{shown}: cannot set mode {mode:04o}: {e}"))?;
+    Ok((listener, file))
+}
+
+/// A server's NBD listener: TCP, or a Unix socket (with its file).
+#[derive(Debug)]
+pub enum NbdListener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// A Unix socket.
+    Unix(UnixListener, UnixSocketFile),
+}
+
+impl NbdListener {
+    /// The next connection and its peer.
+    pub async fn accept(&self) -> io::Result<(Sock, Peer)> {
+        match self {
+            NbdListener::Tcp(l) => {
+                let (s, a) = l.accept().await?;
+                Ok((Sock::Tcp(s), Peer::Tcp(a)))
+            }
+            NbdListener::Unix(l, _) => {
+                let (s, _) = l.accept().await?;
+                let peer = unix_peer(&s);
+                Ok((Sock::Unix(s), peer))
+            }
+        }
+    }
+}
+
+/// The next connection of `unix` (never, without one): for a `select!` beside the TCP listener.
+pub async fn accept_unix(unix: Option<&NbdListener>) -> io::Result<(Sock, Peer)> {
+    match unix {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn node_addresses_parse_with_clear_errors() {
+        let base = Path::new("/etc/rein");
+        assert_eq!(
+            NodeAddress::parse("127.0.0.2:10809", base).unwrap(),
+            NodeAddress::Tcp("127.0.0.2:10809".parse().unwrap())
+        );
+        assert_eq!(NodeAddress::parse("unix:/run/n.sock", base).unwrap(), NodeAddress::Unix("/run/n.sock".into()));
+        assert_eq!(NodeAddress::parse("unix:n.sock", base).unwrap(), NodeAddress::Unix("/etc/rein/n.sock".into()));
+        assert_eq!(NodeAddress::parse("unix:/run/n.sock", base).unwrap().to_string(), "unix:/run/n.sock");
+        assert!(NodeAddress::parse("nowhere", base).unwrap_err().contains("or unix:PATH"));
+        assert!(NodeAddress::parse("127.0.0.2:0", base).unwrap_err().contains("port 0"));
+        assert!(NodeAddress::parse("unix:", base).unwrap_err().contains("empty"));
+        let long = format!("unix:/{}", "a".repeat(MAX_UNIX_PATH));
+        assert!(NodeAddress::parse(&long, base).unwrap_err().contains("at most 107"));
+        // At the bound: 107 bytes is accepted.
+        let at = format!("unix:/{}", "a".repeat(MAX_UNIX_PATH - 1));
+        assert!(NodeAddress::parse(&at, base).is_ok());
+        assert_eq!(NodeAddress::parse("unix:/x", base).unwrap().default_tls_name(), "localhost");
+    }
+
+    #[test]
+    fn listen_unix_settings() {
+        let base = Path::new("/etc/rein");
+        assert_eq!(UnixListen::from_config(None, None, base).unwrap(), None);
+        let u = UnixListen::from_config(Some("nbd.sock"), None, base).unwrap().unwrap();
+        assert_eq!((u.path.as_path(), u.mode), (Path::new("/etc/rein/nbd.sock"), 0o600));
+        let u = UnixListen::from_config(Some("/run/n.sock"), Some("0660"), base).unwrap().unwrap();
+        assert_eq!(u.mode, 0o660);
+        assert_eq!(
+            UnixListen::from_config(None, Some("0660"), base).unwrap_err(),
+            "listen_unix_mode needs listen_unix"
+        );
+        assert!(UnixListen::from_config(Some("x"), Some("9"), base).unwrap_err().starts_with("listen_unix_mode: "));
+        assert!(UnixListen::from_config(Some(""), None, base).unwrap_err().starts_with("listen_unix: "));
+    }
+
+    #[test]
+    fn modes_parse_as_octal() {
+        assert_eq!(unix_mode("0660").unwrap(), 0o660);
+        assert_eq!(unix_mode("600").unwrap(), 0o600);
+        assert_eq!(unix_mode("0o777").unwrap(), 0o777);
+        assert!(unix_mode("1777").unwrap_err().contains("0000..=0777"));
+        assert!(unix_mode("rw").is_err());
+        assert!(unix_mode("").is_err());
+    }
+
+    #[test]
+    fn peers_show_and_count_as_loopback() {
+        let u = Peer::Unix { uid: Some(0), pid: Some(42) };
+        assert_eq!(u.to_string(), "unix(uid 0, pid 42)");
+        assert_eq!(u.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(Peer::Unix { uid: None, pid: None }.to_string(), "unix(uid ?)");
+        let t = Peer::Tcp("127.0.0.9:5".parse().unwrap());
+        assert_eq!((t.to_string().as_str(), t.ip()), ("127.0.0.9:5", "127.0.0.9".parse::<IpAddr>().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn bind_replaces_only_a_stale_socket_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        // A stale socket (bound, then its listener dropped without removing the file) is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let (l, file) = bind_unix(&path, 0o640).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
+        // Bytes pass both ways, and the peer is the caller's process.
+        let l = NbdListener::Unix(l, file);
+        let client = async {
+            let mut c = NodeAddress::Unix(path.clone()).connect().await.unwrap();
+            c.write_all(b"ping").await.unwrap();
+            let mut b = [0u8; 4];
+            c.read_exact(&mut b).await.unwrap();
+            b
+        };
+        let server = async {
+            let (s, peer) = l.accept().await.unwrap();
+            assert_eq!(peer, Peer::Unix { uid: Some(my_uid()), pid: Some(std::process::id() as i32) });
+            let (mut r, mut w) = s.into_split();
+            let mut b = [0u8; 4];
+            r.read_exact(&mut b).await.unwrap();
+            w.write_all(b"pong").await.unwrap();
+        };
+        let (got, ()) = tokio::join!(client, server);
+        assert_eq!(&got, b"pong");
+        // A live one is not replaced (the probe's connection is one the live server sees close at once).
+        let e = bind_unix(&path, 0o600).unwrap_err();
+        assert!(e.contains("another server listens"), "{e}");
+        drop(l);
+        assert!(!path.exists(), "the socket file is removed with its listener");
+        // A regular file at the path is left alone.
+        std::fs::write(&path, b"data").unwrap();
+        assert!(bind_unix(&path, 0o600).unwrap_err().contains("is not a socket"));
+        assert_eq!(std::fs::read(&path).unwrap(), b"data");
+    }
+
+    /// The process's user id, from the file it just created (no unsafe `getuid`).
+    fn my_uid() -> u32 {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::metadata(f.path()).unwrap().uid()
+    }
+}
