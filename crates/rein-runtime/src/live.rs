@@ -134,7 +134,7 @@ fn check_name(name: &str) -> Result<(), ChangeError> {
 }
 
 /// Tenant `id`'s (`name`'s) spec in the dispatcher's `snap`.
-fn spec_in(snap: &crate::dispatch::Snapshot, id: TenantId, name: &str) -> Result<QosSpec, ChangeError> {
+pub(crate) fn spec_in(snap: &crate::dispatch::Snapshot, id: TenantId, name: &str) -> Result<QosSpec, ChangeError> {
     snap.tenants
         .iter()
         .find(|t| t.id == id)

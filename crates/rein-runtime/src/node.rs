@@ -48,7 +48,7 @@
 //!   answers the hello, states the specs granted, so they are decided then; a hello is all or nothing.
 
 use crate::config::{NodeConfig, NodeSpecs};
-use crate::live::Registry;
+use crate::live::{spec_in, Registry};
 use crate::nbd::{NodeGate, NodeSession, NodeVerdict};
 use crate::sock::Peer;
 use rein_core::{QosSpec, TenantId};
@@ -116,16 +116,6 @@ impl NodeService {
         self.boot
     }
 
-    /// The spec tenant `id` has now.
-    async fn spec_of(&self, id: TenantId) -> Result<QosSpec, (u32, String)> {
-        let snap = self.registry.dispatcher().snapshot().await.map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
-        snap.tenants
-            .iter()
-            .find(|t| t.id == id)
-            .map(|t| t.spec)
-            .ok_or_else(|| (REP_ERR_POLICY, format!("tenant {id:?} is gone")))
-    }
-
     fn id_of(&self, name: &str) -> Option<TenantId> {
         self.registry.tenants().iter().find(|(n, _)| n == name).map(|t| t.1)
     }
@@ -146,12 +136,14 @@ impl NodeService {
         let mut disagree = Vec::new();
         match self.config.specs {
             NodeSpecs::Node => {
+                // One snapshot for the whole hello; each spec looked up as the registry does (spec_in).
+                let snap = self.registry.dispatcher().snapshot().await.map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
                 for (slot, (t, &asked)) in hello.tenants.iter().zip(&asked).enumerate() {
                     let Some(id) = self.id_of(&t.name) else {
                         let msg = format!("tenant {:?} is not known to this node ([node] specs = \"node\")", t.name);
                         return Err((REP_ERR_POLICY, msg));
                     };
-                    let spec = self.spec_of(id).await?;
+                    let spec = spec_in(&snap, id, &t.name).map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
                     if spec != asked {
                         disagree.push(format!("{} (node {spec}, gateway {asked})", t.name));
                     }
@@ -234,6 +226,13 @@ mod tests {
         NodeService::new(NodeConfig { enabled: true, specs, access }, Arc::new(registry))
     }
 
+    impl NodeService {
+        /// The spec tenant `id` has now.
+        async fn spec_of(&self, id: TenantId) -> QosSpec {
+            spec_in(&self.registry.dispatcher().snapshot().await.unwrap(), id, "?").unwrap()
+        }
+    }
+
     fn peer(ip: &str) -> Peer {
         Peer::Tcp(std::net::SocketAddr::new(ip.parse().unwrap(), 40000))
     }
@@ -284,8 +283,8 @@ mod tests {
         assert_eq!(s.tenants.len(), 2);
         let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
         assert_eq!(names, ["t", "u"]);
-        assert_eq!(node.spec_of(s.tenants[0]).await.unwrap().reservation(), 950.0, "slot 0 is u");
-        assert_eq!(node.spec_of(s.tenants[1]).await.unwrap().reservation(), 50.0, "slot 1 is t");
+        assert_eq!(node.spec_of(s.tenants[0]).await.reservation(), 950.0, "slot 0 is u");
+        assert_eq!(node.spec_of(s.tenants[1]).await.reservation(), 50.0, "slot 1 is t");
     }
 
     /// A refused hello changes nothing: t raised to 900 would fit alone, but with v at 200 the whole does
@@ -300,11 +299,11 @@ mod tests {
         let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
         assert_eq!(names, ["t"], "v not added");
         let t = node.id_of("t").unwrap();
-        assert_eq!(node.spec_of(t).await.unwrap().reservation(), 100.0, "t unchanged");
+        assert_eq!(node.spec_of(t).await.reservation(), 100.0, "t unchanged");
         // The same hello with v at 100 fits (1,000) and changes both.
         let s = node.hello(peer("127.0.0.1"), None, NodeHello::new(vec![named("t", 900.0), named("v", 100.0)])).await;
         assert_eq!(s.unwrap().tenants.len(), 2);
-        assert_eq!(node.spec_of(t).await.unwrap().reservation(), 900.0);
+        assert_eq!(node.spec_of(t).await.reservation(), 900.0);
     }
 
     /// A hello whose apply fails part-way (the scheduler takes 2 tenants: t, then v; w is refused) is
