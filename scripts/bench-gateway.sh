@@ -3,8 +3,9 @@
 # directly and against rein gateway striping a 1 GiB volume (64 KiB units) over three rein serve nodes, in the
 # same sitting, ROUNDS times interleaved (medians, and the spread). Every server reads the same page-cached
 # file (no device model), so the rows differ only by the gateway's hop. CPU per IO: the server's CPU for the
-# direct row; the gateway's plus the three nodes' for the gateway row (from /proc/PID/stat). Servers listen
-# on their own 127.0.0.x addresses and are stopped at the end.
+# direct row; the gateway's plus the three nodes' for the gateway row (from /proc/PID/stat). Sleeps per IO:
+# the same processes' voluntary context switches (every thread's, /proc/PID/task/*/status), each a sleep
+# and a wake-up. Servers listen on their own 127.0.0.x addresses and are stopped at the end.
 # With PERF=1, the last gateway run is profiled with `perf record -g` (gateway process only) and the top
 # symbols are printed.
 # GW_THREADS sets the gateway's worker_threads, GW_CONNS its connections_per_node (default: the gateway's
@@ -40,9 +41,13 @@ fio_one() {
   fio --name=b --ioengine=nbd --uri="$1" --rw=randread --bs=4k --iodepth=16 --time_based --runtime="$SECS" \
       --size=1g --output-format=json 2>/dev/null | iops_of
 }
-# Runs fio against uri $1 while the processes $2.. serve it: prints "IOPS CPU-us-per-IO".
-measure() { local uri=$1; shift; local c0 c1 iops; c0=$(cpu_sum "$@"); iops=$(fio_one "$uri"); c1=$(cpu_sum "$@")
-  python3 -c "import sys; i,a,b,s=map(float,sys.argv[1:]); print(f'{i:.0f} {1e6*(b-a)/max(i*s,1):.2f}')" "$iops" "$c0" "$c1" "$SECS"; }
+# Voluntary context switches (sleeps) of every thread of the processes $@, summed.
+sleeps_sum() { local s=0 p t; for p in "$@"; do for t in /proc/$p/task/*/status; do
+  s=$((s + $(awk '/^voluntary_ctxt_switches/ {print $2}' "$t" 2>/dev/null || echo 0))); done; done; echo "$s"; }
+# Runs fio against uri $1 while the processes $2.. serve it: prints "IOPS CPU-us-per-IO sleeps-per-IO".
+measure() { local uri=$1; shift; local c0 c1 v0 v1 iops; c0=$(cpu_sum "$@"); v0=$(sleeps_sum "$@")
+  iops=$(fio_one "$uri"); c1=$(cpu_sum "$@"); v1=$(sleeps_sum "$@")
+  python3 -c "import sys; i,a,b,s,u,v=map(float,sys.argv[1:]); n=max(i*s,1); print(f'{i:.0f} {1e6*(b-a)/n:.2f} {(v-u)/n:.3f}')" "$iops" "$c0" "$c1" "$SECS" "$v0" "$v1"; }
 REIN=${REIN:-./target/release/rein}
 if [ "${NODE_TLS:-}" = psk ]; then
   printf 'gw:%s\n' "$(python3 -c 'import os; print(os.urandom(32).hex())')" > "$W/gw.psk"
@@ -144,14 +149,15 @@ keys, names, data = rest[0::3], rest[1::3], rest[2::3]
 pairs = [[tuple(map(float, x.split())) for x in a.strip(",").split(",")] for a in data]
 runs = {k: [p[0] for p in ps] for k, ps in zip(keys, pairs)}
 cpus = {k: [p[1] for p in ps] for k, ps in zip(keys, pairs)}
+sleeps = {k: statistics.median(p[2] for p in ps) for k, ps in zip(keys, pairs)}
 med = {k: statistics.median(r) for k, r in runs.items()}
 cpu = {k: statistics.median(c) for k, c in cpus.items()}
-print(f"| path (fio nbd, 4 KiB random reads, iodepth 16, {secs} s x {rounds} rounds) | median IOPS | min-max | / direct (per round, median) | CPU us/IO (all servers) |")
-print("|---|---:|---:|---:|---:|")
+print(f"| path (fio nbd, 4 KiB random reads, iodepth 16, {secs} s x {rounds} rounds) | median IOPS | min-max | / direct (per round, median) | CPU us/IO (all servers) | sleeps/IO (all servers) |")
+print("|---|---:|---:|---:|---:|---:|")
 for k, n in zip(keys, names):
     r = runs[k]
     ratio = statistics.median(x / d for x, d in zip(r, runs["direct"]))
-    print(f"| {n} | {med[k]:,.0f} | {min(r):,.0f}-{max(r):,.0f} | {ratio:.2f}x | {cpu[k]:.1f} |")
+    print(f"| {n} | {med[k]:,.0f} | {min(r):,.0f}-{max(r):,.0f} | {ratio:.2f}x | {cpu[k]:.1f} | {sleeps[k]:.3f} |")
 print(f"\ngateway / direct: IOPS {med['gateway']/med['direct']:.2f}x (target >= 0.60); CPU per IO {cpu['gateway']/cpu['direct']:.2f}x")
 if "base" in med:
     per_round = statistics.median(x / b for x, b in zip(runs["gateway"], runs["base"]))

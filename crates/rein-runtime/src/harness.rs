@@ -68,10 +68,25 @@ pub fn server_config(data: &[u8]) {
     check_config(&cfg, 1);
 }
 
+/// A Unix socket path a `sockaddr_un` holds: 1..=107 bytes, no NUL.
+fn unix_path_ok(p: &Path) -> bool {
+    let b = p.as_os_str().as_encoded_bytes();
+    (1..=crate::sock::MAX_UNIX_PATH).contains(&b.len()) && !b.contains(&0)
+}
+
+/// `listen_unix`: a path the system can bind and a file mode.
+fn check_unix(u: Option<&crate::sock::UnixListen>) {
+    if let Some(u) = u {
+        assert!(unix_path_ok(&u.path), "a listen_unix path the system cannot bind accepted");
+        assert!(u.mode <= 0o777, "a listen_unix_mode above 0777 accepted");
+    }
+}
+
 /// The bounds every configuration the server runs keeps (module comment: [`server_config`]), with at
 /// least `min_exports` exports (a file needs one; the admin API may delete them all at run time).
 fn check_config(cfg: &ServerConfig, min_exports: usize) {
     assert!((min_exports..=MAX_EXPORTS).contains(&cfg.exports.len()), "export count out of bounds");
+    check_unix(cfg.listen_unix.as_ref());
     assert!((1..=4096).contains(&cfg.queue_depth), "queue_depth out of bounds");
     assert!((1024..=128 << 20).contains(&cfg.max_request), "max_request out of bounds");
     assert!(cfg.probe_capacity_s.is_finite() && (0.0..=60.0).contains(&cfg.probe_capacity_s));
@@ -113,7 +128,11 @@ pub fn gateway_config(data: &[u8]) {
     };
     let n = cfg.nodes.len();
     assert!((1..=MAX_NODES).contains(&n), "node count out of bounds");
+    check_unix(cfg.listen_unix.as_ref());
     for (i, node) in cfg.nodes.iter().enumerate() {
+        if let crate::sock::NodeAddress::Unix(p) = &node.address {
+            assert!(unix_path_ok(p), "a node's Unix socket path the system cannot bind accepted");
+        }
         assert!(!node.name.is_empty(), "an empty node name accepted");
         assert!(cfg.nodes[..i].iter().all(|o| o.name != node.name), "a repeated node name accepted");
         if let Some(tls) = &node.tls {
