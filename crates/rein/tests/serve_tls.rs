@@ -451,3 +451,24 @@ async fn bytes_injected_after_starttls_close_the_connection() {
     assert_eq!((reply.option, reply.reply), (p::OPT_STARTTLS, p::REP_ACK));
     assert_eq!(n, answer.len(), "nothing but the STARTTLS acknowledgement, then the close");
 }
+
+/// TLS on the Unix socket as on TCP (`listen_unix`): a server that requires TLS serves a PSK client over
+/// `nbds+unix://` (the identity's exports visible) and refuses a plain `nbd+unix://` one.
+#[test]
+fn the_unix_socket_requires_tls_as_tcp_does() {
+    let tmp = tmpdir("tls-unix");
+    let dir = tmp.path();
+    let keys = psk_file(dir, "keys.psk", "alice");
+    let s = start(
+        dir,
+        44,
+        &format!("listen_unix = \"nbd.sock\"\n[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n{EXPORTS}"),
+    );
+    let sock = dir.join("nbd.sock");
+    let tls = format!("nbds+unix://alice@/secret?socket={}&tls-psk-file={}", sock.display(), keys.display());
+    let info = run_ok(tool("nbdinfo").arg(&tls));
+    assert!(info.contains("with TLS") && info.contains("export-size: 1048576"), "{info}");
+    let e = run_fails(tool("nbdinfo").arg(format!("nbd+unix:///rd?socket={}", sock.display())));
+    assert!(e.contains("server error message: TLS is required"), "{e}");
+    s.wait_line("identity=\"alice\"");
+}
