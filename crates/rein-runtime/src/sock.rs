@@ -24,6 +24,8 @@
 //!    an error naming the path.
 //! 2. The socket file is removed when its [`UnixSocketFile`] is dropped, if it is still the one bound
 //!    (the same inode): a later server that took the path over keeps its own.
+//! 3. No client connects before the socket file has its mode: the socket is bound, the mode set, and
+//!    only then does it listen (a connection attempt in between is refused).
 
 use std::fmt;
 use std::io;
@@ -364,11 +366,17 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, UnixSocketFile
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("{shown}: {e}")),
     }
-    let listener = UnixListener::bind(path).map_err(|e| format!("{shown}: {e}"))?;
-    let m = std::fs::symlink_metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    // Bound, given its mode, and only then listening: no client connects under the umask's mode first.
+    let err = |e: io::Error| format!("{shown}: {e}");
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).map_err(err)?;
+    socket.bind(&socket2::SockAddr::unix(path).map_err(err)?).map_err(err)?;
+    let m = std::fs::symlink_metadata(path).map_err(err)?;
     let file = UnixSocketFile { path: path.to_path_buf(), inode: (m.dev(), m.ino()) };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| format!("{shown}: cannot set mode {mode:04o}: {e}"))?;
+    socket.listen(1024).map_err(err)?;
+    socket.set_nonblocking(true).map_err(err)?;
+    let listener = UnixListener::from_std(socket.into()).map_err(err)?;
     Ok((listener, file))
 }
 
