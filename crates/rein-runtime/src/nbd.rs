@@ -59,8 +59,9 @@
 //!
 //! # Transports
 //! The code is generic over the stream. A plain connection (TCP or a Unix socket, [`crate::sock`]) splits
-//! its socket into owned halves (no lock between reader and writer, as before TLS existed); a TLS connection splits its `SslStream` with
-//! `tokio::io::split` (a lock shared by the two halves, since one TLS session reads and writes).
+//! its socket into owned halves (no lock between reader and writer, as before TLS existed); a TLS
+//! connection splits its `SslStream` with `tokio::io::split` (a lock shared by the two halves, since one
+//! TLS session reads and writes).
 //!
 //! # Logs
 //! At INFO, once each: `NBD connection opened` (peer, export, tenant, TLS, structured replies) and `NBD

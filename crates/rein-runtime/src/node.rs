@@ -123,10 +123,12 @@ impl NodeService {
     async fn decide(&self, peer: Peer, identity: Option<&str>, hello: NodeHello) -> NodeVerdict {
         if !self.config.access.allows(peer.ip(), identity) {
             let who = identity.map_or(String::new(), |i| format!(" (identity {i:?})"));
-            let msg = format!(
-                "{}{who} may not use the storage-node protocol ([node] allow_networks/allow_identities)",
-                peer.ip()
-            );
+            let addr = match peer {
+                Peer::Tcp(a) => a.ip().to_string(),
+                Peer::Unix { .. } => format!("{peer} (counted as {})", peer.ip()),
+            };
+            let msg =
+                format!("{addr}{who} may not use the storage-node protocol ([node] allow_networks/allow_identities)");
             return Err((REP_ERR_POLICY, msg));
         }
         let asked: Vec<QosSpec> =
@@ -253,6 +255,10 @@ mod tests {
             assert_eq!(code, REP_ERR_POLICY);
             assert!(msg.starts_with(ip) && msg.contains("may not use the storage-node protocol"), "{msg}");
         }
+        // A Unix peer counts as 127.0.0.1 (not in 10.0.0.0/8) and is named by its credentials.
+        let unix = Peer::Unix { uid: Some(1000), pid: Some(7) };
+        let (_, msg) = node.hello(unix, Some("gw"), hello()).await.unwrap_err();
+        assert!(msg.starts_with("unix(uid 1000, pid 7) (counted as 127.0.0.1) (identity \"gw\") may not"), "{msg}");
     }
 
     /// `specs = "node"`: the node's spec wins and is reported with source 0; an unknown tenant refuses.
