@@ -318,6 +318,13 @@ impl UnixListen {
         }
     }
 
+    /// A command line's `--listen-unix PATH` over `current` (relative to the working directory; the mode
+    /// stays `current`'s, or the default).
+    pub fn from_command_line(path: &str, current: Option<&UnixListen>) -> Result<UnixListen, String> {
+        let path = unix_path(path, Path::new("")).map_err(|e| format!("--listen-unix: {e}"))?;
+        Ok(UnixListen { path, mode: current.map_or(DEFAULT_UNIX_MODE, |u| u.mode) })
+    }
+
     /// Binds it ([`bind_unix`]).
     pub fn bind(&self) -> Result<NbdListener, String> {
         let (l, file) = bind_unix(&self.path, self.mode)?;
@@ -454,6 +461,10 @@ mod tests {
         );
         assert!(UnixListen::from_config(Some("x"), Some("9"), base).unwrap_err().starts_with("listen_unix_mode: "));
         assert!(UnixListen::from_config(Some(""), None, base).unwrap_err().starts_with("listen_unix: "));
+        let cli = UnixListen::from_command_line("x.sock", Some(&u)).unwrap();
+        assert_eq!((cli.path.as_path(), cli.mode), (Path::new("x.sock"), 0o660));
+        assert_eq!(UnixListen::from_command_line("x.sock", None).unwrap().mode, DEFAULT_UNIX_MODE);
+        assert!(UnixListen::from_command_line("", None).unwrap_err().starts_with("--listen-unix: "));
     }
 
     #[test]

@@ -14,6 +14,9 @@ pub(crate) struct GatewayArgs {
     /// Override the NBD listen address.
     #[arg(long)]
     pub(crate) listen: Option<std::net::SocketAddr>,
+    /// Listen on this Unix socket as well (overrides listen_unix; relative to the working directory).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) listen_unix: Option<String>,
 }
 
 /// gw.toml with the command line's overrides (at start and at each reload).
@@ -21,6 +24,12 @@ fn load(args: &GatewayArgs) -> Result<GatewayConfig> {
     let mut cfg = GatewayConfig::load(&args.config)?;
     if let Some(a) = args.listen {
         cfg.listen = a;
+    }
+    if let Some(p) = &args.listen_unix {
+        cfg.listen_unix = Some(
+            rein_runtime::sock::UnixListen::from_command_line(p, cfg.listen_unix.as_ref())
+                .map_err(anyhow::Error::msg)?,
+        );
     }
     Ok(cfg)
 }

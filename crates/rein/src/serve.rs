@@ -14,6 +14,9 @@ pub(crate) struct ServeArgs {
     /// Override the NBD listen address.
     #[arg(long)]
     pub(crate) listen: Option<std::net::SocketAddr>,
+    /// Listen on this Unix socket as well (overrides listen_unix; relative to the working directory).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) listen_unix: Option<String>,
     /// Override the admin HTTP address.
     #[arg(long)]
     pub(crate) admin: Option<std::net::SocketAddr>,
@@ -34,6 +37,12 @@ pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
     };
     if let Some(a) = args.listen {
         cfg.listen = a;
+    }
+    if let Some(p) = &args.listen_unix {
+        cfg.listen_unix = Some(
+            rein_runtime::sock::UnixListen::from_command_line(p, cfg.listen_unix.as_ref())
+                .map_err(anyhow::Error::msg)?,
+        );
     }
     if let Some(a) = args.admin {
         cfg.admin = a;

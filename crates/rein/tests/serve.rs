@@ -446,4 +446,13 @@ fn a_unix_socket_serves_real_clients_and_is_removed_at_shutdown() {
     let bad =
         config_file(dir, 122, &format!("listen_unix = \"x.sock\"\nlisten_unix_mode = \"0999\"\n{}", common::MEMORY));
     assert!(Rein::serve(&bad).fails().contains("listen_unix_mode: \"0999\" is not a file mode"));
+    // --listen-unix on the command line, over a file without listen_unix (mode: the default, 0600).
+    let plain = config_file(dir, 122, common::MEMORY);
+    let cli = dir.join("cli.sock");
+    let s = Rein::new(&["serve", "--config", plain.to_str().unwrap(), "--listen-unix", cli.to_str().unwrap()]).start();
+    assert_eq!(std::fs::metadata(&cli).unwrap().permissions().mode() & 0o777, 0o600);
+    let info = run_ok(tool("nbdinfo").arg(format!("nbd+unix:///m?socket={}", cli.display())));
+    assert!(info.contains("export-size: 4194304"), "{info}");
+    s.stop();
+    assert!(!cli.exists(), "removed at the stop");
 }
