@@ -984,7 +984,7 @@ pub async fn run_with(
     });
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
-    let unix = cfg.listen_unix.as_ref().map(|u| u.bind()).transpose().map_err(GatewayError::BindUnix)?;
+    let nbd = crate::sock::NbdListeners::new(nbd, cfg.listen_unix.as_ref()).map_err(GatewayError::BindUnix)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = match cfg.admin {
         None => None,
@@ -1005,13 +1005,11 @@ pub async fn run_with(
             Some(bound)
         }
     };
-    let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin };
-    let nbd = crate::sock::NbdListener::Tcp(nbd);
+    let bound = Bound { nbd: nbd.tcp_addr(), admin };
     let admin_addr = bound.admin.map_or_else(|| "none".to_string(), |a| a.to_string());
-    let unix_path = cfg.listen_unix.as_ref().map_or(String::new(), |u| u.path.display().to_string());
     tracing::info!(
         nbd = %bound.nbd,
-        nbd_unix = %unix_path,
+        nbd_unix = %nbd.unix_shown(),
         admin = %admin_addr,
         nodes = cfg.nodes.len(),
         exports = cfg.exports.len(),
@@ -1032,7 +1030,6 @@ pub async fn run_with(
         tokio::select! {
             _ = &mut shutdown => break,
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
-            acc = crate::sock::accept_unix(unix.as_ref()) => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
             Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() => {
                 let load = load.as_mut().expect("with reload_rx");
                 match load() {
@@ -1061,7 +1058,6 @@ pub async fn run_with(
     tracing::info!(connections = tasks.len(), "shutting down: answering the requests in flight");
     // The Unix socket's file goes with its listener.
     drop(nbd);
-    drop(unix);
     let drained =
         tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {

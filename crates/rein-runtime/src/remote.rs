@@ -78,7 +78,7 @@
 //! slightly favours the tenant there).
 
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
-use crate::sock::{NodeAddress, Sock};
+use crate::sock::NodeAddress;
 use crate::tls::{NbdStream, TlsClient};
 use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
@@ -1084,7 +1084,7 @@ struct Pending {
 /// Runs one session: a writer and a reader side by side on the task, until either ends; then every piece
 /// still pending fails (invariant 1).
 async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
-    let Session { mut stream, input, slot, boot, version, .. } = session;
+    let Session { stream, input, slot, boot, version, .. } = session;
     // The pool flag goes only to a node that reads it (a v2 node refuses the bit).
     let pool_flag = version >= NODE_VERSION_POOL_FLAG;
     let node = target.index;
@@ -1099,13 +1099,9 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         let fresh = tracker.session(node, boot).expect("the tracker covers every node");
         tracing::debug!(node = target.node.name.as_str(), volume = %target.volume, ?boot, fresh, "node session");
     }
-    match &mut stream {
-        NbdStream::Plain(Sock::Tcp(tcp)) => {
-            let (rd, wr) = tcp.split();
-            run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
-        }
-        NbdStream::Plain(Sock::Unix(unix)) => {
-            let (rd, wr) = unix.split();
+    match stream {
+        NbdStream::Plain(sock) => {
+            let (rd, wr) = sock.into_split();
             run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
         }
         NbdStream::Tls(tls) => {

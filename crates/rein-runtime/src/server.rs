@@ -281,11 +281,9 @@ pub async fn run_with(
     });
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| ServeError::Bind { addr: cfg.listen, source })?;
     let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
-    let unix = cfg.listen_unix.as_ref().map(|u| u.bind()).transpose().map_err(ServeError::BindUnix)?;
-    let bound = Bound { nbd: nbd.local_addr().expect("bound"), admin: admin_l.local_addr().expect("bound") };
-    let nbd = crate::sock::NbdListener::Tcp(nbd);
-    let unix_path = cfg.listen_unix.as_ref().map_or(String::new(), |u| u.path.display().to_string());
-    tracing::info!(nbd = %bound.nbd, nbd_unix = %unix_path, admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    let nbd = crate::sock::NbdListeners::new(nbd, cfg.listen_unix.as_ref()).map_err(ServeError::BindUnix)?;
+    let bound = Bound { nbd: nbd.tcp_addr(), admin: admin_l.local_addr().expect("bound") };
+    tracing::info!(nbd = %bound.nbd, nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
     let admin_state = AdminState { registry: registry.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
@@ -315,7 +313,6 @@ pub async fn run_with(
                 reload_config(&registry, load).await;
             }
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
-            acc = crate::sock::accept_unix(unix.as_ref()) => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
     }
     // Told first, logged after: a request a client sends once it sees the line is refused (ESHUTDOWN).
@@ -329,7 +326,6 @@ pub async fn run_with(
     );
     // The Unix socket's file goes with its listener.
     drop(nbd);
-    drop(unix);
     let drained =
         tokio::time::timeout(cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {

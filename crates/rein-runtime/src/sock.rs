@@ -324,12 +324,6 @@ impl UnixListen {
         let path = unix_path(path, Path::new("")).map_err(|e| format!("--listen-unix: {e}"))?;
         Ok(UnixListen { path, mode: current.map_or(DEFAULT_UNIX_MODE, |u| u.mode) })
     }
-
-    /// Binds it ([`bind_unix`]).
-    pub fn bind(&self) -> Result<NbdListener, String> {
-        let (l, file) = bind_unix(&self.path, self.mode)?;
-        Ok(NbdListener::Unix(l, file))
-    }
 }
 
 /// A bound Unix socket file: removed when dropped if it is still the one bound (invariant 2).
@@ -387,37 +381,46 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, UnixSocketFile
     Ok((listener, file))
 }
 
-/// A server's NBD listener: TCP, or a Unix socket (with its file).
+/// A daemon's NBD listeners (`rein serve`'s and `rein gateway`'s): TCP, and the Unix socket (with its
+/// file) if configured.
 #[derive(Debug)]
-pub enum NbdListener {
-    /// TCP.
-    Tcp(TcpListener),
-    /// A Unix socket.
-    Unix(UnixListener, UnixSocketFile),
+pub struct NbdListeners {
+    tcp: TcpListener,
+    unix: Option<(UnixListener, UnixSocketFile)>,
 }
 
-impl NbdListener {
-    /// The next connection and its peer.
-    pub async fn accept(&self) -> io::Result<(Sock, Peer)> {
-        match self {
-            NbdListener::Tcp(l) => {
-                let (s, a) = l.accept().await?;
-                Ok((Sock::Tcp(s), Peer::Tcp(a)))
-            }
-            NbdListener::Unix(l, _) => {
-                let (s, _) = l.accept().await?;
-                let peer = unix_peer(&s);
-                Ok((Sock::Unix(s), peer))
-            }
-        }
+impl NbdListeners {
+    /// The bound TCP listener and, if `unix` names one, the Unix socket, bound here ([`bind_unix`]).
+    pub fn new(tcp: TcpListener, unix: Option<&UnixListen>) -> Result<NbdListeners, String> {
+        let unix = unix.map(|u| bind_unix(&u.path, u.mode)).transpose()?;
+        Ok(NbdListeners { tcp, unix })
     }
-}
 
-/// The next connection of `unix` (never, without one): for a `select!` beside the TCP listener.
-pub async fn accept_unix(unix: Option<&NbdListener>) -> io::Result<(Sock, Peer)> {
-    match unix {
-        Some(l) => l.accept().await,
-        None => std::future::pending().await,
+    /// The TCP listener's address.
+    pub fn tcp_addr(&self) -> SocketAddr {
+        self.tcp.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The Unix socket's path for the "listening" log line (empty without one).
+    pub fn unix_shown(&self) -> String {
+        self.unix.as_ref().map_or(String::new(), |(_, f)| f.path().display().to_string())
+    }
+
+    /// The next connection on either, and its peer.
+    pub async fn accept(&self) -> io::Result<(Sock, Peer)> {
+        let unix = async {
+            match &self.unix {
+                Some((l, _)) => {
+                    let (s, _) = l.accept().await?;
+                    Ok((unix_peer(&s), s))
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = self.tcp.accept() => r.map(|(s, a)| (Sock::Tcp(s), Peer::Tcp(a))),
+            r = unix => r.map(|(peer, s)| (Sock::Unix(s), peer)),
+        }
     }
 }
 
@@ -493,10 +496,11 @@ mod tests {
         let path = dir.path().join("s.sock");
         // A stale socket (bound, then its listener dropped without removing the file) is replaced.
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
-        let (l, file) = bind_unix(&path, 0o640).unwrap();
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = NbdListeners::new(tcp, Some(&UnixListen { path: path.clone(), mode: 0o640 })).unwrap();
+        assert_eq!(l.unix_shown(), path.display().to_string());
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
         // Bytes pass both ways, and the peer is the caller's process.
-        let l = NbdListener::Unix(l, file);
         let client = async {
             let mut c = NodeAddress::Unix(path.clone()).connect().await.unwrap();
             c.write_all(b"ping").await.unwrap();
