@@ -83,7 +83,7 @@ direct_run() {
   measure nbd://127.0.0.41:10809/bench $pid
   kill $pid; wait $pid 2>/dev/null || true
 }
-gateway_run() { # [perf | unix] -> "IOPS CPU-us-per-IO"
+gateway_run() { # [perf | unix] -> "IOPS CPU-us-per-IO sleeps-per-IO" (measure)
   local pids=() h a
   for h in 42 43 44; do TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config $h node "${1:-}")" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
@@ -105,7 +105,7 @@ gateway_run() { # [perf | unix] -> "IOPS CPU-us-per-IO"
   if [ "${1:-}" = perf ]; then wait $perf || true; fi
   kill $gw "${pids[@]}"; wait $gw "${pids[@]}" 2>/dev/null || true
 }
-floor_run() { # -> "IOPS CPU-us-per-IO" for haproxy, then for rein gateway, each over one plain node
+floor_run() { # -> measure's line for haproxy, then for rein gateway, each over one plain node
   local node gw hap out
   TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config 46 direct)" 2>/dev/null & node=$!
   wait_port 127.0.0.46 10809
@@ -148,10 +148,9 @@ rest = sys.argv[3:]
 keys, names, data = rest[0::3], rest[1::3], rest[2::3]
 pairs = [[tuple(map(float, x.split())) for x in a.strip(",").split(",")] for a in data]
 runs = {k: [p[0] for p in ps] for k, ps in zip(keys, pairs)}
-cpus = {k: [p[1] for p in ps] for k, ps in zip(keys, pairs)}
+cpu = {k: statistics.median(p[1] for p in ps) for k, ps in zip(keys, pairs)}
 sleeps = {k: statistics.median(p[2] for p in ps) for k, ps in zip(keys, pairs)}
 med = {k: statistics.median(r) for k, r in runs.items()}
-cpu = {k: statistics.median(c) for k, c in cpus.items()}
 print(f"| path (fio nbd, 4 KiB random reads, iodepth 16, {secs} s x {rounds} rounds) | median IOPS | min-max | / direct (per round, median) | CPU us/IO (all servers) | sleeps/IO (all servers) |")
 print("|---|---:|---:|---:|---:|---:|")
 for k, n in zip(keys, names):
