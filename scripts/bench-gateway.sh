@@ -22,10 +22,17 @@
 # UNIX=1 adds a row in the same rounds: the same gateway and nodes with the links between them over Unix
 # sockets (the nodes' listen_unix, the gateway's address = "unix:PATH"), as for nodes on the gateway's
 # own host; fio still reaches the gateway over TCP.
+# GWNODE_THREADS and GWNODE_IO_ENGINE set the worker threads and io_engine of the gateway's three nodes
+# only (the direct server keeps NODE_THREADS / IO_ENGINE). VARIANT="NAME=VALUE ..." adds a row in the same
+# rounds: the gateway run again with those variables set (for example VARIANT="GWNODE_THREADS=1"), for an
+# A/B comparison within one sitting. RATE=n caps fio at n IOPS (CPU per IO at a fixed load, not saturated).
+# PERF_ALL=1 with PERF=1 profiles the whole machine (every process, `perf record -a`) instead of the
+# gateway alone, and prints the share of each process and library.
 # REIN names the binary (default ./target/release/rein). BASE=path adds a row in the same rounds: the
 # gateway (and its nodes) of another build, with that build's defaults unless BASE_GW_THREADS /
 # BASE_GW_CONNS say otherwise.
-# Usage: [PERF=1] [FLOOR=1] [UNIX=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [NODE_TLS=psk] [REIN=path] [BASE=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+# Usage: [PERF=1 [PERF_ALL=1]] [FLOOR=1] [UNIX=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [GWNODE_THREADS=n]
+#   [GWNODE_IO_ENGINE=e] [NODE_TLS=psk] [RATE=n] [VARIANT="K=V ..."] [REIN=path] [BASE=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -38,7 +45,7 @@ cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' 
 cpu_sum() { local s=0 p; for p in "$@"; do s=$(python3 -c "print($s + $(cpu_of "$p"))"); done; echo "$s"; }
 iops_of() { python3 -c 'import json,sys; t=sys.stdin.read(); print(round(json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"]))'; }
 fio_one() {
-  fio --name=b --ioengine=nbd --uri="$1" --rw=randread --bs=4k --iodepth=16 --time_based --runtime="$SECS" \
+  fio --name=b --ioengine=nbd --uri="$1" --rw=randread --bs=4k --iodepth=16 ${RATE:+--rate_iops=$RATE} --time_based --runtime="$SECS" \
       --size=1g --output-format=json 2>/dev/null | iops_of
 }
 # Voluntary context switches (sleeps) of every thread of the processes $@, summed.
@@ -60,7 +67,7 @@ listen = "127.0.0.$1:10809"
 $([ "${3:-}" = unix ] && echo "listen_unix = \"$W/node-$1.sock\"")
 admin = "127.0.0.$1:9180"
 data_dir = "$W/data-$1"
-io_engine = "${IO_ENGINE:-uring}"
+io_engine = "$([ "$2" = node ] && echo "${GWNODE_IO_ENGINE:-${IO_ENGINE:-uring}}" || echo "${IO_ENGINE:-uring}")"
 [[exports]]
 name = "bench"
 path = "$FILE"
@@ -85,7 +92,7 @@ direct_run() {
 }
 gateway_run() { # [perf | unix] -> "IOPS CPU-us-per-IO sleeps-per-IO" (measure)
   local pids=() h a
-  for h in 42 43 44; do TOKIO_WORKER_THREADS=${NODE_THREADS:-$(nproc)} "$REIN" serve --config "$(node_config $h node "${1:-}")" 2>/dev/null & pids+=($!); done
+  for h in 42 43 44; do TOKIO_WORKER_THREADS=${GWNODE_THREADS:-${NODE_THREADS:-$(nproc)}} "$REIN" serve --config "$(node_config $h node "${1:-}")" 2>/dev/null & pids+=($!); done
   for h in 42 43 44; do wait_port 127.0.0.$h 10809; done
   { echo 'listen = "127.0.0.45:10809"'
     if [ -n "${GW_CONNS:-}" ]; then echo "connections_per_node = $GW_CONNS"; fi
@@ -99,7 +106,7 @@ gateway_run() { # [perf | unix] -> "IOPS CPU-us-per-IO sleeps-per-IO" (measure)
   "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!
   wait_port 127.0.0.45 10809
   if [ "${1:-}" = perf ]; then
-    perf record -g -o "$W/perf.data" -p $gw -- sleep "$SECS" >/dev/null 2>&1 & local perf=$!
+    perf record -g -o "$W/perf.data" $([ -n "${PERF_ALL:-}" ] && echo -a || echo -p $gw) -- sleep "$SECS" >/dev/null 2>&1 & local perf=$!
   fi
   measure nbd://127.0.0.45:10809/vol $gw "${pids[@]}"
   if [ "${1:-}" = perf ]; then wait $perf || true; fi
@@ -129,12 +136,14 @@ for r in $(seq "$ROUNDS"); do
   R[direct]+="$(direct_run),"
   if [ "${PERF:-0}" = 1 ] && [ "$r" = "$ROUNDS" ]; then R[gateway]+="$(gateway_run perf),"; else R[gateway]+="$(gateway_run),"; fi
   if [ "${UNIX:-0}" = 1 ]; then R[unix]+="$(gateway_run unix),"; fi
+  if [ -n "${VARIANT:-}" ]; then R[variant]+="$(export $VARIANT; gateway_run),"; fi
   if [ -n "${BASE:-}" ]; then R[base]+="$(REIN=$BASE GW_THREADS=${BASE_GW_THREADS:-} GW_CONNS=${BASE_GW_CONNS:-} gateway_run),"; fi
   if [ "${FLOOR:-0}" = 1 ]; then f=$(floor_run); R[haproxy]+="${f%%,*},"; R[gw1]+="${f##*,},"; fi
 done
 rows=(direct "rein serve directly"
       gateway "rein gateway over 3 rein serve nodes (protocol $PROTOCOL, 64 KiB stripes)")
 if [ "${UNIX:-0}" = 1 ]; then rows+=(unix "the same, the gateway's links to its nodes over Unix sockets (nodes on its host)"); fi
+if [ -n "${VARIANT:-}" ]; then rows+=(variant "the same with $VARIANT"); fi
 if [ -n "${BASE:-}" ]; then rows+=(base "the same, BASE build (${BASE_GW_THREADS:+worker_threads $BASE_GW_THREADS, }${BASE_GW_CONNS:+connections_per_node $BASE_GW_CONNS, }otherwise its defaults)"); fi
 if [ "${FLOOR:-0}" = 1 ]; then
   rows+=(haproxy "HAProxy, TCP mode, in front of 1 rein serve (a byte forwarder: the cost of one more hop)"
@@ -167,4 +176,5 @@ PY
 if [ "${PERF:-0}" = 1 ] && [ -f "$W/perf.data" ]; then
   echo; echo "gateway profile (perf report --no-children, top 25):"
   perf report -i "$W/perf.data" --no-children --stdio --sort symbol 2>/dev/null | grep -E '^ +[0-9]' | head -25 || true
+  if [ -n "${PERF_ALL:-}" ]; then perf report -i "$W/perf.data" --no-children --stdio --sort pid,dso 2>/dev/null | grep -E "^ +[0-9]" | head -40; cp "$W/perf.data" /tmp/perf-all.data; fi
 fi

@@ -509,11 +509,22 @@ pub fn device_table(d: &DeviceSpec, seed: u64, stream: u64) -> Result<String, St
     if let Some(x) = transfer {
         let _ = writeln!(t, "transfer_mb_s = {}", f(x));
     }
-    let discipline = match d.discipline {
-        Discipline::Fifo => "fifo",
-        Discipline::Ps => "ps",
+    let _ = writeln!(t, "discipline = \"{}\"", d.discipline.name());
+    let array = match d.discipline {
+        Discipline::Array(a) => {
+            let p = rein_model::device::ArrayParams {
+                disks: a.disks,
+                stripe_kb: (a.stripe_bytes / 1024) as f64,
+                raid: match a.raid {
+                    rein_model::device::Raid::Zero => 0,
+                    rein_model::device::Raid::Five => 5,
+                },
+            };
+            let _ = writeln!(t, "array = {{ disks = {}, stripe_kb = {}, raid = {} }}", p.disks, f(p.stripe_kb), p.raid);
+            Some(p)
+        }
+        _ => None,
     };
-    let _ = writeln!(t, "discipline = \"{discipline}\"");
     let steps: Vec<rein_model::device::CapacityStep> = d
         .schedule
         .iter()
@@ -541,7 +552,8 @@ pub fn device_table(d: &DeviceSpec, seed: u64, stream: u64) -> Result<String, St
         },
         disk,
         transfer_mb_s: transfer,
-        discipline: Some(discipline),
+        discipline: Some(d.discipline.name()),
+        array,
         capacity_schedule: steps,
     }
     .validate()

@@ -13,6 +13,10 @@
 //! - **Processor sharing** ([`Ps`]): all requests are served at once, each at `1/n` of the device's speed
 //!   with `n` present. A request's latency scales with its own service demand, as on an array with
 //!   internal parallelism (parda.txt §4.1, Table 3). The service time is drawn on arrival.
+//! - **Array** ([`crate::array`]): a RAID-0 or RAID-5 group of disks, each a FIFO queue with its own
+//!   head; a request is split by the stripe layout into disk accesses and completes with its last one.
+//!   Throughput grows with the requests present until every disk is busy (parda.txt §5.2). An access's
+//!   mean service time is `disks / capacity_iops` (positionless models) or the disk model's.
 //!
 //! The *disk* service model is position dependent: an access farther than `sequential_bytes` from where
 //! the previous one ended pays a seek (growing with the square root of the distance, normalised to
@@ -26,15 +30,17 @@
 //!
 //! # Randomness
 //! One PCG stream per device ([`crate::seed`]), consumed only by service-time draws (exponential,
-//! uniform, the disk's rotational delay), in the order services start (FIFO) or requests arrive (PS): the
-//! same requests in the same order give the same times.
+//! uniform, the disk's rotational delay), in the order services start (FIFO, a disk of an array) or
+//! requests arrive (PS): the same requests in the same order give the same times.
 //!
 //! # Driving it (sans-IO)
 //! The device never reads a clock. A FIFO device is driven by [`Device::fifo_arrive`] (returns the
 //! completion time if the request starts at once) and [`Device::fifo_finish`] (called at that time:
-//! returns the finished request and when the next one completes). A PS device by [`Device::ps_admit`],
-//! [`Device::ps_rearm`] (the next completion, with a generation number; earlier ones are stale) and
-//! [`Device::ps_take_done`]. Daemons use the discipline-neutral [`Device::arrive`] / [`Device::wake`].
+//! returns the finished request and when the next one completes). A PS device or an array (the
+//! *concurrent* disciplines: many requests in service) by [`Device::concurrent_admit`],
+//! [`Device::concurrent_rearm`] (the next completion, with a generation number; earlier ones are stale)
+//! and [`Device::concurrent_take_done`]. Daemons use the discipline-neutral [`Device::arrive`] /
+//! [`Device::wake`].
 //! Busy periods (for utilisation) are reported to the caller when they end.
 //!
 //! # Invariants
@@ -42,6 +48,8 @@
 //! 2. Every admitted request finishes exactly once, in FIFO order for FIFO devices.
 //! 3. `busy_since` is set iff requests are present.
 
+use crate::array::Array;
+pub use crate::array::{ArrayParams, ArraySpec, Raid};
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::Nanos;
@@ -122,6 +130,19 @@ pub enum Discipline {
     Fifo,
     /// All at once, sharing the device equally.
     Ps,
+    /// A RAID group of FIFO disks ([`crate::array`]).
+    Array(ArraySpec),
+}
+
+impl Discipline {
+    /// The discipline's name as configuration files write it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Discipline::Fifo => "fifo",
+            Discipline::Ps => "ps",
+            Discipline::Array(_) => "array",
+        }
+    }
 }
 
 /// A validated device: what it is, not its state.
@@ -186,8 +207,10 @@ pub struct DeviceParams<'a> {
     pub disk: Option<DiskParams>,
     /// `transfer_mb_s`: adds size / rate to every service time.
     pub transfer_mb_s: Option<f64>,
-    /// `discipline`: fifo (default) or ps.
+    /// `discipline`: fifo (default), ps or array.
     pub discipline: Option<&'a str>,
+    /// `array` (array only; default [`ArrayParams::default`]).
+    pub array: Option<ArrayParams>,
     /// `capacity_schedule`: capacity steps, sorted by time.
     pub capacity_schedule: Vec<CapacityStep>,
 }
@@ -222,8 +245,11 @@ pub enum DeviceError {
     #[error("capacity_schedule must be sorted by at_s")]
     ScheduleOrder,
     /// An unknown discipline.
-    #[error("discipline {0:?}: expected fifo or ps")]
+    #[error("discipline {0:?}: expected fifo, ps or array")]
     Discipline(String),
+    /// A bad `array` table, or one without `discipline = "array"`.
+    #[error("array: {0}")]
+    Array(String),
 }
 
 fn positive(field: &'static str, value: f64) -> Result<f64, DeviceError> {
@@ -299,8 +325,15 @@ impl DeviceParams<'_> {
         let discipline = match self.discipline {
             None | Some("fifo") => Discipline::Fifo,
             Some("ps") => Discipline::Ps,
+            Some("array") => Discipline::Array(self.array.unwrap_or_default().validate()?),
             Some(o) => return Err(DeviceError::Discipline(o.to_string())),
         };
+        if self.array.is_some() && !matches!(discipline, Discipline::Array(_)) {
+            return Err(DeviceError::Array(format!(
+                "given with discipline = {:?}; an array needs discipline = \"array\"",
+                discipline.name()
+            )));
+        }
         Ok(DeviceSpec { capacity_iops, service, ns_per_byte, discipline, schedule })
     }
 }
@@ -328,6 +361,7 @@ impl DeviceSpec {
             disk: None,
             transfer_mb_s: None,
             discipline: None,
+            array: None,
             capacity_schedule: steps.to_vec(),
         }
         .validate()
@@ -374,6 +408,8 @@ pub struct Job {
     pub offset: u64,
     /// Multiplier on this job's service time (placement skew; 1 for none).
     pub scale: f64,
+    /// A write (an array's RAID-5 writes cost more; other devices ignore it).
+    pub write: bool,
 }
 
 /// What [`Device::fifo_finish`] reports.
@@ -397,23 +433,67 @@ pub struct Wake {
     pub generation: u32,
 }
 
-/// A device in operation (module comment).
+/// Service-time draws: the model, the current speed and the device's random stream.
 #[derive(Debug)]
-pub struct Device {
+pub(crate) struct Draw {
     service: ServiceModel,
-    /// Mean service time at the nominal capacity (ns).
+    /// Mean service time of an access at the nominal capacity (ns).
     mean_ns: f64,
-    nominal_iops: f64,
     ns_per_byte: f64,
-    capacity: f64,
     /// Service-time multiplier C0 / C(t).
     slow: f64,
     rng: Pcg64Mcg,
-    /// Where the last access ended (the disk's head).
+}
+
+impl Draw {
+    /// An access's service time (ns, at least 1): `size` bytes at `offset` by a head that is at `*head`
+    /// and moves to the access's end.
+    #[inline]
+    pub(crate) fn ns(&mut self, head: &mut u64, offset: u64, size: u64, scale: f64) -> f64 {
+        let base = match self.service {
+            ServiceModel::Disk(d) => {
+                let dist = offset.abs_diff(*head);
+                let position = if dist <= d.sequential_bytes {
+                    0.0
+                } else {
+                    // Seek time grows with the square root of the distance (normalised to 100 GiB), plus a
+                    // uniform rotational delay.
+                    let frac = (dist as f64 / (100u64 << 30) as f64).min(1.0);
+                    d.seek_ns * (0.3 + 0.7 * frac.sqrt()) * 1.5 + d.rotation_ns * self.rng.gen::<f64>()
+                };
+                position + size as f64 / d.transfer_bytes_per_ns
+            }
+            s => s.positionless_ns(self.mean_ns, &mut self.rng),
+        };
+        *head = offset.saturating_add(size);
+        ((base + size as f64 * self.ns_per_byte) * self.slow * scale).max(1.0)
+    }
+
+    /// The write half of a read-modify-write at the place just read (ns): a full rotation and the
+    /// transfer for the disk model, another draw for the others.
+    #[inline]
+    pub(crate) fn rewrite_ns(&mut self, size: u64, scale: f64) -> f64 {
+        let base = match self.service {
+            ServiceModel::Disk(d) => d.rotation_ns + size as f64 / d.transfer_bytes_per_ns,
+            s => s.positionless_ns(self.mean_ns, &mut self.rng),
+        };
+        ((base + size as f64 * self.ns_per_byte) * self.slow * scale).max(1.0)
+    }
+}
+
+/// A device in operation (module comment).
+#[derive(Debug)]
+pub struct Device {
+    discipline: Discipline,
+    draw: Draw,
+    nominal_iops: f64,
+    capacity: f64,
+    /// Where the last access ended (the disk's head; FIFO and PS).
     last_offset: u64,
     queue: VecDeque<Job>,
     in_service: Option<u32>,
     ps: Option<Ps>,
+    array: Option<Array>,
     busy_since: Option<Nanos>,
     /// FIFO: the armed completion's generation (the discipline-neutral API).
     generation: u32,
@@ -424,18 +504,30 @@ impl Device {
     /// [`crate::seed`]).
     pub fn new(spec: &DeviceSpec, seed: u128) -> Device {
         let capacity = spec.schedule.first().map_or(spec.capacity_iops, |c| c.1);
+        // An array's disks each serve 1/D of the nominal capacity (module comment).
+        let servers = match spec.discipline {
+            Discipline::Array(a) => a.disks as f64,
+            _ => 1.0,
+        };
         Device {
-            service: spec.service,
-            mean_ns: 1e9 / spec.capacity_iops,
+            discipline: spec.discipline,
+            draw: Draw {
+                service: spec.service,
+                mean_ns: servers * 1e9 / spec.capacity_iops,
+                ns_per_byte: spec.ns_per_byte,
+                slow: spec.capacity_iops / capacity,
+                rng: Pcg64Mcg::new(seed),
+            },
             nominal_iops: spec.capacity_iops,
-            ns_per_byte: spec.ns_per_byte,
             capacity,
-            slow: spec.capacity_iops / capacity,
-            rng: Pcg64Mcg::new(seed),
             last_offset: 0,
             queue: VecDeque::new(),
             in_service: None,
             ps: (spec.discipline == Discipline::Ps).then(Ps::default),
+            array: match spec.discipline {
+                Discipline::Array(a) => Some(Array::new(a)),
+                _ => None,
+            },
             busy_since: None,
             generation: 0,
         }
@@ -446,30 +538,30 @@ impl Device {
         self.capacity
     }
 
-    /// Changes the capacity; it applies to services that start from now on (FIFO) or to requests that
-    /// arrive from now on (PS). The caller validates `iops` with [`check_capacity`].
+    /// Changes the capacity; it applies to services that start from now on (FIFO, an array's disk
+    /// accesses) or to requests that arrive from now on (PS). The caller validates `iops` with
+    /// [`check_capacity`].
     pub fn set_capacity(&mut self, iops: f64) {
         debug_assert!(iops > 0.0 && iops <= MAX_CAPACITY_IOPS);
         self.capacity = iops;
-        self.slow = self.nominal_iops / iops;
+        self.draw.slow = self.nominal_iops / iops;
     }
 
     /// The discipline.
     #[inline]
     pub fn discipline(&self) -> Discipline {
-        if self.ps.is_some() {
-            Discipline::Ps
-        } else {
-            Discipline::Fifo
-        }
+        self.discipline
     }
 
     /// Requests at the device (in service or queued).
     #[inline]
     pub fn len(&self) -> usize {
-        match &self.ps {
-            Some(ps) => ps.len(),
-            None => self.queue.len() + self.in_service.is_some() as usize,
+        if let Some(ps) = &self.ps {
+            ps.len()
+        } else if let Some(a) = &self.array {
+            a.len()
+        } else {
+            self.queue.len() + self.in_service.is_some() as usize
         }
     }
 
@@ -485,26 +577,10 @@ impl Device {
         self.busy_since
     }
 
-    /// Draws a job's service time (ns, at least 1).
+    /// Draws a job's service time (ns, at least 1) on the device's one head (FIFO and PS).
     #[inline]
     fn draw_ns(&mut self, job: &Job) -> f64 {
-        let base = match self.service {
-            ServiceModel::Disk(d) => {
-                let dist = job.offset.abs_diff(self.last_offset);
-                let position = if dist <= d.sequential_bytes {
-                    0.0
-                } else {
-                    // Seek time grows with the square root of the distance (normalised to 100 GiB), plus a
-                    // uniform rotational delay.
-                    let frac = (dist as f64 / (100u64 << 30) as f64).min(1.0);
-                    d.seek_ns * (0.3 + 0.7 * frac.sqrt()) * 1.5 + d.rotation_ns * self.rng.gen::<f64>()
-                };
-                position + job.size as f64 / d.transfer_bytes_per_ns
-            }
-            s => s.positionless_ns(self.mean_ns, &mut self.rng),
-        };
-        self.last_offset = job.offset.saturating_add(job.size);
-        ((base + job.size as f64 * self.ns_per_byte) * self.slow * job.scale).max(1.0)
+        self.draw.ns(&mut self.last_offset, job.offset, job.size, job.scale)
     }
 
     #[inline]
@@ -548,28 +624,44 @@ impl Device {
         FifoDone { id, next, busy_from }
     }
 
-    // ---- Processor sharing -------------------------------------------------------------------------
+    // ---- Processor sharing and arrays (concurrent) -------------------------------------------------
 
-    /// A job reaches a processor-sharing device at `now`; call [`Device::ps_rearm`] afterwards.
+    /// A job reaches a processor-sharing device or an array at `now`; call [`Device::concurrent_rearm`]
+    /// afterwards.
     #[inline]
-    pub fn ps_admit(&mut self, now: Nanos, job: Job) {
-        let ns = self.draw_ns(&job);
+    pub fn concurrent_admit(&mut self, now: Nanos, job: Job) {
         self.start_busy(now);
-        self.ps.as_mut().expect("a PS call on a FIFO device").admit(now, job.id, ns);
+        if let Some(a) = &mut self.array {
+            a.admit(now, job, &mut self.draw);
+            return;
+        }
+        let ns = self.draw_ns(&job);
+        self.ps.as_mut().expect("a concurrent call on a FIFO device").admit(now, job.id, ns);
     }
 
     /// The next completion after arrivals or departures: `(time, generation)`; completions armed
     /// before are stale.
-    pub fn ps_rearm(&mut self) -> Option<(Nanos, u32)> {
-        let ps = self.ps.as_mut().expect("a PS call on a FIFO device");
+    pub fn concurrent_rearm(&mut self) -> Option<(Nanos, u32)> {
+        if let Some(a) = &mut self.array {
+            a.generation = a.generation.wrapping_add(1);
+            return a.next_completion().map(|t| (t, a.generation));
+        }
+        let ps = self.ps.as_mut().expect("a concurrent call on a FIFO device");
         ps.generation = ps.generation.wrapping_add(1);
         ps.next_completion().map(|t| (t, ps.generation))
     }
 
     /// The completion armed as `generation` is due at `now`: appends the finished jobs to `out` in finish
     /// order. False (and nothing done) if `generation` is stale.
-    pub fn ps_take_done(&mut self, now: Nanos, generation: u32, out: &mut Vec<u32>) -> bool {
-        let ps = self.ps.as_mut().expect("a PS call on a FIFO device");
+    pub fn concurrent_take_done(&mut self, now: Nanos, generation: u32, out: &mut Vec<u32>) -> bool {
+        if let Some(a) = &mut self.array {
+            if a.generation != generation {
+                return false;
+            }
+            a.pop_done(now, out, &mut self.draw);
+            return true;
+        }
+        let ps = self.ps.as_mut().expect("a concurrent call on a FIFO device");
         if ps.generation != generation {
             return false;
         }
@@ -591,9 +683,9 @@ impl Device {
 
     /// A job arrives at `now`. Returns the device's next wake if it changed (arm a timer for it).
     pub fn arrive(&mut self, now: Nanos, job: Job) -> Option<Wake> {
-        if self.ps.is_some() {
-            self.ps_admit(now, job);
-            return self.ps_rearm().map(|(at, generation)| Wake { at, generation });
+        if self.discipline != Discipline::Fifo {
+            self.concurrent_admit(now, job);
+            return self.concurrent_rearm().map(|(at, generation)| Wake { at, generation });
         }
         let at = self.fifo_arrive(now, job)?;
         self.generation = self.generation.wrapping_add(1);
@@ -603,12 +695,12 @@ impl Device {
     /// A wake armed as `generation` fires at `now`: appends the jobs finished by now to `done` and returns
     /// the next wake, if any. A stale wake does nothing and returns `None` (a newer one is armed).
     pub fn wake(&mut self, now: Nanos, generation: u32, done: &mut Vec<u32>) -> Option<Wake> {
-        if self.ps.is_some() {
-            if !self.ps_take_done(now, generation, done) {
+        if self.discipline != Discipline::Fifo {
+            if !self.concurrent_take_done(now, generation, done) {
                 return None;
             }
             self.end_busy_if_idle();
-            return self.ps_rearm().map(|(at, generation)| Wake { at, generation });
+            return self.concurrent_rearm().map(|(at, generation)| Wake { at, generation });
         }
         if generation != self.generation || self.in_service.is_none() {
             return None;
@@ -627,7 +719,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn job(id: u32) -> Job {
-        Job { id, size: 4096, offset: 0, scale: 1.0 }
+        Job { id, size: 4096, offset: 0, scale: 1.0, write: false }
     }
 
     #[test]
@@ -702,7 +794,8 @@ mod tests {
 
     #[test]
     fn the_neutral_api_drives_both_disciplines() {
-        for discipline in [Discipline::Fifo, Discipline::Ps] {
+        let array = Discipline::Array(ArraySpec { disks: 1, stripe_bytes: 4096, raid: Raid::Zero });
+        for discipline in [Discipline::Fifo, Discipline::Ps, array] {
             let mut spec = DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap();
             spec.discipline = discipline;
             let mut d = Device::new(&spec, 1);
@@ -743,6 +836,7 @@ mod tests {
             disk: None,
             transfer_mb_s: None,
             discipline: None,
+            array: None,
             capacity_schedule: vec![],
         };
         assert!(p("exponential").validate().is_ok());
@@ -763,6 +857,16 @@ mod tests {
         assert_eq!(e, DeviceError::ScheduleOrder);
         let e = DeviceParams { discipline: Some("lifo"), ..p("exponential") }.validate().unwrap_err();
         assert!(e.to_string().contains("lifo"));
+        let e = DeviceParams { array: Some(ArrayParams::default()), ..p("exponential") }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "array: given with discipline = \"fifo\"; an array needs discipline = \"array\"");
+        let e = DeviceParams {
+            discipline: Some("array"),
+            array: Some(ArrayParams { raid: 1, ..Default::default() }),
+            ..p("exponential")
+        };
+        assert_eq!(e.validate().unwrap_err().to_string(), "array: raid must be 0 or 5, got 1");
+        let a = DeviceParams { discipline: Some("array"), ..p("exponential") }.validate().unwrap();
+        assert_eq!(a.discipline, Discipline::Array(ArraySpec { disks: 10, stripe_bytes: 64 << 10, raid: Raid::Zero }));
         let s = DeviceParams {
             capacity_schedule: vec![CapacityStep { at_s: 0.0, iops: 50.0 }, CapacityStep { at_s: 10.0, iops: 20.0 }],
             ..p("exponential")

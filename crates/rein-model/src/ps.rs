@@ -33,7 +33,7 @@ pub struct Ps {
     v: u128,
     last: Nanos,
     jobs: BinaryHeap<Reverse<(u128, u32)>>,
-    /// Generation of the armed next-completion event ([`crate::device::Device::ps_rearm`]).
+    /// Generation of the armed next-completion event ([`crate::device::Device::concurrent_rearm`]).
     pub(crate) generation: u32,
 }
 

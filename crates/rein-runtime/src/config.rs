@@ -64,7 +64,7 @@
 //! capacity_iops = 1200
 //! service = "exponential"        # exponential | deterministic | uniform (uniform_spread) | disk (disk = {..})
 //! transfer_mb_s = 200            # optional: size-dependent service time
-//! discipline = "fifo"            # fifo | ps (processor sharing)
+//! discipline = "fifo"            # fifo | ps (processor sharing) | array (array = { disks, stripe_kb, raid })
 //! capacity_schedule = [{ at_s = 60, iops = 600 }]   # optional: capacity changes, from server start
 //! seed = 0
 //! stream = 0
@@ -96,7 +96,7 @@ use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
 use crate::tls::{TlsConfig, TlsFiles};
 use rein_core::{QosSpec, SchedConfig, SchedulerKind};
-use rein_model::device::{CapacityStep, DeviceParams, DiskParams};
+use rein_model::device::{ArrayParams, CapacityStep, DeviceParams, DiskParams};
 use rein_model::sched_settings::{with_cost_model_shorthand, CostModelFile, SchedSettingsFile};
 use rein_proto::nbd::TlsMode;
 use serde::Deserialize;
@@ -314,6 +314,7 @@ struct DeviceFile {
     disk: Option<DiskParams>,
     transfer_mb_s: Option<f64>,
     discipline: Option<String>,
+    array: Option<ArrayParams>,
     #[serde(default)]
     capacity_schedule: Vec<CapacityStep>,
     #[serde(default)]
@@ -774,6 +775,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                 disk: d.disk,
                 transfer_mb_s: d.transfer_mb_s,
                 discipline: d.discipline.as_deref(),
+                array: d.array,
                 capacity_schedule: d.capacity_schedule,
             }
             .validate()
@@ -945,6 +947,27 @@ mod tests {
             .contains("max_inflight_mb_per_tenant must be in 1..=1048576, got 1048577"));
         assert!(e("idle_timeout_s = 604801\n[[exports]]\nname = \"a\"").contains("idle_timeout_s"));
         assert!(e("shutdown_timeout_s = -1\n[[exports]]\nname = \"a\"").contains("shutdown_timeout_s"));
+        // A disk array as the device model: the scenario's keys and checks.
+        let model = |extra: &str| format!("[device_model]\ncapacity_iops = 1000\n{extra}\n[[exports]]\nname = \"a\"");
+        assert_eq!(
+            e(&model("discipline = \"array\"\narray = { disks = 2, raid = 5 }")),
+            "config: device_model.array: disks must be in 3..=1024 for RAID-5, got 2"
+        );
+        assert!(e(&model("array = { disks = 4 }")).contains("an array needs discipline = \"array\""));
+        assert!(e(&model("discipline = \"array\"\narray = { spindles = 4 }")).contains("unknown field `spindles`"));
+        let c = ServerConfig::parse(
+            &model("discipline = \"array\"\narray = { disks = 6, stripe_kb = 128, raid = 5 }"),
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.device.unwrap().spec.discipline,
+            rein_model::Discipline::Array(rein_model::device::ArraySpec {
+                disks: 6,
+                stripe_bytes: 128 << 10,
+                raid: rein_model::device::Raid::Five
+            })
+        );
     }
 
     #[test]

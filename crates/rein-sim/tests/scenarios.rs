@@ -1,6 +1,7 @@
 //! Runs every scenario in `scenarios/` and requires each of its expectations to hold (what
 //! `rein sim --check` does), checks that a deliberately wrong scheduler makes some of them fail, and
 //! checks that runs are deterministic.
+use rein_model::Discipline;
 use rein_sim::check::Sabotage;
 use rein_sim::{run, run_and_check, Scenario};
 use std::path::{Path, PathBuf};
@@ -79,9 +80,14 @@ fn same_scenario_and_seed_give_identical_output() {
 /// a wrong scheduler misses them too, so no sabotage can make those checks fail. PARDA §5.2's runs
 /// without flow control (`parda-fig7-static-windows`, `parda-table2-queue-lengths`) and the position
 /// paper's queue-limit steps (`flowcontrol-fig3cd-queue-limit`) reproduce what fixed host queues do, with
-/// PARDA off and one VM per host: nothing to sabotage.
-const BASELINES: [&str; 10] = [
+/// PARDA off and one VM per host: nothing to sabotage. So are the two array runs, PARDA §5.2's Fig. 6
+/// (`parda-fig6-hosts`) and the position paper's Fig. 3(a)(b) (`flowcontrol-fig3ab-hosts`): what they
+/// check is the array model's throughput and latency as hosts join, and
+/// [`array_checks_fail_without_the_array`] shows those checks fail with the array taken away.
+const BASELINES: [&str; 12] = [
+    "flowcontrol-fig3ab-hosts",
     "flowcontrol-fig3cd-queue-limit",
+    "parda-fig6-hosts",
     "parda-fig7-static-windows",
     "parda-table2-queue-lengths",
     "dmclock-fig10-pool-rho",
@@ -129,4 +135,26 @@ fn checks_fail_under_a_wrong_scheduler() {
         }
     }
     assert!(uncaught.is_empty(), "checks that no wrong scheduler makes fail:\n{}", uncaught.join("\n"));
+}
+
+/// The array scenarios' checks come from the closed queueing network (throughput C nQ / (nQ + D - 1) as
+/// hosts join): they must fail when the array is replaced by a device of the same capacity that serves
+/// it from one request on (processor sharing, or FIFO), as Rein's other array models do.
+#[test]
+fn array_checks_fail_without_the_array() {
+    for name in ["parda-fig6-hosts", "flowcontrol-fig3ab-hosts"] {
+        let f = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../scenarios/{name}.toml"));
+        let sc = Scenario::load(&f).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(sc.servers[0].device.discipline, Discipline::Array(_)), "{name}: an array");
+        for discipline in [Discipline::Ps, Discipline::Fifo] {
+            let mut wrong = sc.clone();
+            wrong.servers[0].device.discipline = discipline;
+            let (_, results) = run_and_check(&wrong, &mut |_| {}).unwrap();
+            let failed: Vec<&str> = results.iter().filter(|c| !c.ok).map(|c| c.description.as_str()).collect();
+            assert!(
+                failed.iter().any(|d| d.starts_with("server array: iops in [15, 60] s")),
+                "{name} with a {discipline:?} device: the one-host checks must fail, failed: {failed:?}"
+            );
+        }
+    }
 }

@@ -81,6 +81,8 @@ struct Req {
     offset: u64,
     issued: Nanos,
     phase: Phase,
+    /// A write (an array device's RAID-5 writes cost more).
+    write: bool,
     cost: Cost,
     /// When the tenant's host released it to the array (VMs on PARDA hosts).
     host_issued: Nanos,
@@ -374,7 +376,7 @@ impl<'a> Sim<'a> {
             }
             Some(Arrival::Record(r)) => {
                 let k = self.tenants[t].router.device_server(r.device);
-                self.send(t, r.size, r.offset, k)
+                self.send(t, r.size, r.offset, !r.read, k)
             }
         }
         if let Some(at) = self.tenants[t].gen.next_arrival(self.now, spec) {
@@ -388,11 +390,11 @@ impl<'a> Sim<'a> {
         let gen = &mut self.tenants[t].gen;
         let size = gen.size_bytes();
         let io = gen.next_io();
-        self.send(t, size, io.offset, k);
+        self.send(t, size, io.offset, !io.read, k);
     }
 
     /// Sends a request of tenant `t` through its gateway: to server `force_k` of its list, or routed.
-    fn send(&mut self, t: usize, size: u64, offset: u64, force_k: Option<usize>) {
+    fn send(&mut self, t: usize, size: u64, offset: u64, write: bool, force_k: Option<usize>) {
         let TenantState { gen, router, first_link, .. } = &mut self.tenants[t];
         let k = match force_k {
             Some(k) => k,
@@ -411,6 +413,7 @@ impl<'a> Sim<'a> {
             offset,
             issued: self.now,
             phase: Phase::Weight,
+            write,
             cost: Cost(0),
             host_issued: self.now,
         };
@@ -543,12 +546,12 @@ impl<'a> Sim<'a> {
                     debug_assert!(srv.outstanding <= srv.depth, "invariant 1");
                     // A VM's host may sit worse or better on the array (placement skew).
                     let scale = self.hosts.as_ref().map_or(1.0, |l| l.scale(r.tenant as usize));
-                    let job = Job { id, size: r.size, offset: r.offset, scale };
+                    let job = Job { id, size: r.size, offset: r.offset, scale, write: r.write };
                     let srv = &mut self.servers[s];
                     match srv.device.discipline() {
-                        Discipline::Ps => {
-                            srv.device.ps_admit(self.now, job);
-                            self.ps_rearm(s);
+                        Discipline::Ps | Discipline::Array(_) => {
+                            srv.device.concurrent_admit(self.now, job);
+                            self.concurrent_rearm(s);
                         }
                         Discipline::Fifo => {
                             if let Some(at) = srv.device.fifo_arrive(self.now, job) {
@@ -581,9 +584,9 @@ impl<'a> Sim<'a> {
         self.complete(s, f.id);
     }
 
-    /// A processor-sharing device: the next completion after arrivals or departures.
-    fn ps_rearm(&mut self, s: usize) {
-        if let Some((t, generation)) = self.servers[s].device.ps_rearm() {
+    /// A processor-sharing device or an array: the next completion after arrivals or departures.
+    fn concurrent_rearm(&mut self, s: usize) {
+        if let Some((t, generation)) = self.servers[s].device.concurrent_rearm() {
             self.schedule(t.max(self.now), Kind::PsDone, s as u32, generation);
         }
     }
@@ -591,7 +594,7 @@ impl<'a> Sim<'a> {
     fn ps_done(&mut self, s: usize, generation: u32) {
         let mut done = std::mem::take(&mut self.done);
         done.clear();
-        if !self.servers[s].device.ps_take_done(self.now, generation, &mut done) {
+        if !self.servers[s].device.concurrent_take_done(self.now, generation, &mut done) {
             self.done = done;
             return;
         }
@@ -602,7 +605,7 @@ impl<'a> Sim<'a> {
             self.complete(s, id);
         }
         self.done = done;
-        self.ps_rearm(s);
+        self.concurrent_rearm(s);
     }
 
     /// Server `s`'s device went idle at now after being busy since `from`.

@@ -367,6 +367,7 @@ impl<'a> Sim<'a> {
             offset: 0,
             issued: self.now,
             phase: rein_core::Phase::Weight,
+            write: false,
             cost: rein_core::Cost(0),
             host_issued: self.now,
         };

@@ -7,7 +7,7 @@
 pub mod parda;
 pub mod pshift;
 
-use rein_model::device::{CapacityStep, DiskParams};
+use rein_model::device::{ArrayParams, CapacityStep, DiskParams};
 use rein_model::sched_settings::SchedSettingsFile;
 use rein_model::workload::WorkloadParams;
 use serde::Deserialize;
@@ -161,8 +161,11 @@ pub struct ServerFile {
     pub batch: Option<i64>,
     /// Shorthand for `mclock.batch_distance_kb` (KiB, default 4096).
     pub batch_distance_kb: Option<f64>,
-    /// The device: "fifo" (default; one request at a time) or "ps" (processor sharing).
+    /// The device: "fifo" (default; one request at a time), "ps" (processor sharing) or "array" (a RAID
+    /// group of disks).
     pub discipline: Option<String>,
+    /// The array's layout (discipline = "array"): rein-model's [`ArrayParams`].
+    pub array: Option<ArrayParams>,
 }
 
 /// `[[tenants]]`: a QoS spec and a workload.

@@ -53,6 +53,7 @@ pub(crate) fn validate_server(
         disk: s.disk,
         transfer_mb_s: s.transfer_mb_s,
         discipline: s.discipline.as_deref(),
+        array: s.array,
         capacity_schedule: s.capacity_schedule.clone(),
     }
     .validate()
