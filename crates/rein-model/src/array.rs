@@ -13,9 +13,10 @@
 //!   parity beside it: four disk accesses for a small write, the RAID-5 penalty the papers quote ("writes
 //!   may take four times longer than reads due to parity reads and updates").
 //!
-//! A request is split into one access per stripe unit it touches (plus parity for RAID-5 writes); each
-//! access waits in its disk's queue and is served alone. The request completes when its last access
-//! does. An access's service time is the device's service model ([`crate::device::ServiceModel`]): the
+//! A request is split into one access per stripe unit it touches (plus parity for RAID-5 writes), and
+//! the pieces that continue each other on one disk are one access (a large RAID-0 request is at most one
+//! access per disk); each access waits in its disk's queue and is served alone. The request completes
+//! when its last access does. An access's service time is the device's service model ([`crate::device::ServiceModel`]): the
 //! *disk* model by the distance from that disk's head; the other models with mean `D / capacity_iops`,
 //! so that `D` disks busy at once serve the nominal capacity in single-access requests. A
 //! read-modify-write access is a read and then, for the disk model, a full rotation and the transfer
@@ -151,6 +152,9 @@ pub(crate) struct Array {
     /// Generation of the armed next-completion event ([`crate::device::Device::concurrent_rearm`]).
     pub(crate) generation: u32,
     pieces: Vec<(usize, Access)>,
+    /// While splitting a request: each disk's last access of it (an index into `pieces`), `u32::MAX` for
+    /// none; all `u32::MAX` between requests.
+    open: Vec<u32>,
 }
 
 impl Array {
@@ -161,6 +165,7 @@ impl Array {
             left: HashMap::new(),
             generation: 0,
             pieces: Vec::new(),
+            open: vec![u32::MAX; spec.disks as usize],
         }
     }
 
@@ -173,7 +178,7 @@ impl Array {
     pub(crate) fn admit(&mut self, now: Nanos, job: Job, draw: &mut Draw) {
         let mut pieces = std::mem::take(&mut self.pieces);
         pieces.clear();
-        split(&self.spec, &job, &mut pieces);
+        split(&self.spec, &job, &mut Pieces { out: &mut pieces, open: &mut self.open });
         let prev = self.left.insert(job.id, pieces.len() as u32);
         debug_assert!(prev.is_none(), "a job id admitted twice");
         for &(d, a) in &pieces {
@@ -234,8 +239,39 @@ impl Array {
     }
 }
 
-/// Appends the accesses of `job` to `out` as `(disk, access)` (module comment: the layout).
-fn split(spec: &ArraySpec, job: &Job, out: &mut Vec<(usize, Access)>) {
+/// A request's accesses as [`split`] builds them.
+struct Pieces<'a> {
+    out: &'a mut Vec<(usize, Access)>,
+    /// [`Array::open`].
+    open: &'a mut Vec<u32>,
+}
+
+impl Pieces<'_> {
+    /// Adds an access on disk `d`, as part of the disk's previous access of this request if it continues
+    /// it (same kind, starting where that one ends).
+    fn push(&mut self, d: usize, a: Access) {
+        if let Some((_, prev)) = self.out.get_mut(self.open[d] as usize) {
+            if prev.rmw == a.rmw && prev.offset.saturating_add(prev.size) == a.offset {
+                prev.size += a.size;
+                return;
+            }
+        }
+        self.open[d] = self.out.len() as u32;
+        self.out.push((d, a));
+    }
+}
+
+impl Drop for Pieces<'_> {
+    /// Leaves `open` all `u32::MAX` for the next request.
+    fn drop(&mut self) {
+        for &(d, _) in self.out.iter() {
+            self.open[d] = u32::MAX;
+        }
+    }
+}
+
+/// Adds the accesses of `job` to `out` (module comment: the layout).
+fn split(spec: &ArraySpec, job: &Job, out: &mut Pieces<'_>) {
     let (u, d) = (spec.stripe_bytes, spec.disks as u64);
     let access = |offset, size, rmw| Access { job: job.id, offset, size, rmw, scale: job.scale };
     let end = job.offset.saturating_add(job.size);
@@ -245,7 +281,7 @@ fn split(spec: &ArraySpec, job: &Job, out: &mut Vec<(usize, Access)>) {
         let within = off % u;
         let len = (end - off).min(u - within);
         match spec.raid {
-            Raid::Zero => out.push(((k % d) as usize, access((k / d) * u + within, len, false))),
+            Raid::Zero => out.push((k % d) as usize, access((k / d) * u + within, len, false)),
             Raid::Five => {
                 let n = d - 1;
                 let row = k / n;
@@ -256,18 +292,18 @@ fn split(spec: &ArraySpec, job: &Job, out: &mut Vec<(usize, Access)>) {
                 if job.write && within == 0 && off == row_start && row_end <= end {
                     // A whole row: every unit and the parity written, nothing read.
                     for j in 0..n {
-                        out.push((data_disk(j), access(row * u, u, false)));
+                        out.push(data_disk(j), access(row * u, u, false));
                     }
-                    out.push((parity as usize, access(row * u, u, false)));
+                    out.push(parity as usize, access(row * u, u, false));
                     off = row_end;
                     if off >= end {
                         break;
                     }
                     continue;
                 }
-                out.push((data_disk(k % n), access(row * u + within, len, job.write)));
+                out.push(data_disk(k % n), access(row * u + within, len, job.write));
                 if job.write {
-                    out.push((parity as usize, access(row * u + within, len, true)));
+                    out.push(parity as usize, access(row * u + within, len, true));
                 }
             }
         }
@@ -292,9 +328,39 @@ mod tests {
     }
 
     fn accesses(s: ArraySpec, j: Job) -> Vec<(usize, u64, u64, bool)> {
-        let mut out = Vec::new();
-        split(&s, &j, &mut out);
+        let (mut out, mut open) = (Vec::new(), vec![u32::MAX; s.disks as usize]);
+        split(&s, &j, &mut Pieces { out: &mut out, open: &mut open });
+        assert!(open.iter().all(|&o| o == u32::MAX), "open is reset");
         out.into_iter().map(|(d, a)| (d, a.offset, a.size, a.rmw)).collect()
+    }
+
+    #[test]
+    fn a_large_request_is_one_access_per_disk() {
+        let k = 64 << 10;
+        // RAID-0, 4 disks, 9 units' worth from 4 KiB into unit 1: disk 1 gets units 1 (from 4 KiB in), 5
+        // and 9, contiguous on the disk; disk 2 units 2, 6 and 4 KiB of 10; disks 3 and 0 two whole units.
+        let got = accesses(spec(4, Raid::Zero), job(0, k + 4096, 9 * k, false));
+        assert_eq!(
+            got,
+            vec![
+                (1, 4096, 3 * k - 4096, false),
+                (2, 0, 2 * k + 4096, false),
+                (3, 0, 2 * k, false),
+                (0, k, 2 * k, false)
+            ]
+        );
+        let bytes: u64 = got.iter().map(|a| a.2).sum();
+        assert_eq!(bytes, 9 * k);
+        // RAID-5, 4 disks (3 data units a row), three whole rows written: each disk one access of 3 units.
+        let got = accesses(spec(4, Raid::Five), job(0, 0, 9 * k, true));
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got.iter().all(|a| a.1 == 0 && a.2 == 3 * k && !a.3), "{got:?}");
+        // A 1 GiB read at 4 KiB units stays bounded: disks x (rows / disks + 1) accesses at most.
+        let s = ArraySpec { disks: 10, stripe_bytes: 4096, raid: Raid::Five };
+        let got = accesses(s, job(0, 0, 1 << 30, false));
+        let rows = (1u64 << 30) / 4096 / 9 + 1;
+        assert!(got.len() as u64 <= 10 * (rows / 10 + 2), "{}", got.len());
+        assert_eq!(got.iter().map(|a| a.2).sum::<u64>(), 1 << 30);
     }
 
     #[test]
