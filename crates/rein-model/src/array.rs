@@ -465,6 +465,113 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// The layout against its definition, for any request: the accesses carry exactly the request's
+        /// bytes on data disks (a RAID-5 write the same again on parity disks), each where the stripe
+        /// equation puts it, and a disk never gets two accesses of one request that continue each other.
+        #[test]
+        fn the_layout_conserves_bytes_and_follows_the_stripe_equation(
+            disks in 3u32..12, unit_kb in 4u64..65, raid5 in proptest::bool::ANY, write in proptest::bool::ANY,
+            offset in 0u64..(1 << 30), size in 1u64..(4 << 20),
+        ) {
+            let s = ArraySpec { disks, stripe_bytes: unit_kb * 1024, raid: if raid5 { Raid::Five } else { Raid::Zero } };
+            let j = job(0, offset, size, write);
+            let got = accesses(s, j);
+            // Walk the request byte by byte in unit pieces: where each byte's data must be.
+            let (u, d) = (s.stripe_bytes, disks as u64);
+            let n = if raid5 { d - 1 } else { d };
+            let mut want_data: Vec<(usize, u64, u64)> = Vec::new(); // (disk, start, end) per piece
+            let mut off = offset;
+            while off < offset + size {
+                let k = off / u;
+                let len = (offset + size - off).min(u - off % u);
+                let (disk, row) = if raid5 {
+                    let row = k / n;
+                    let p = d - 1 - row % d;
+                    (((p + 1 + k % n) % d) as usize, row)
+                } else {
+                    ((k % d) as usize, k / d)
+                };
+                want_data.push((disk, row * u + off % u, row * u + off % u + len));
+                off += len;
+            }
+            // Every data byte is inside an access on its disk.
+            for &(disk, a, b) in &want_data {
+                proptest::prop_assert!(
+                    got.iter().any(|g| g.0 == disk && g.1 <= a && b <= g.1 + g.2),
+                    "piece {disk}:{a}..{b} not covered by {got:?}"
+                );
+            }
+            let total: u64 = got.iter().map(|g| g.2).sum();
+            if raid5 && write {
+                // Data and parity: the request's bytes twice, except whole rows whose parity is one unit for
+                // n data units.
+                proptest::prop_assert!(total >= size && total <= 2 * size, "{total} for {size}");
+            } else {
+                proptest::prop_assert_eq!(total, size);
+            }
+            // Merged: no two accesses of the request on one disk continue each other with the same kind.
+            for (i, x) in got.iter().enumerate() {
+                for y in &got[i + 1..] {
+                    proptest::prop_assert!(!(x.0 == y.0 && x.3 == y.3 && x.1 + x.2 == y.1), "{x:?} then {y:?}");
+                }
+            }
+        }
+
+        /// Whatever arrives, every request completes exactly once, never before it arrived, and the array
+        /// empties (invariants 1-3).
+        #[test]
+        fn every_request_completes_once(
+            jobs in proptest::collection::vec((0u64..5_000_000, 0u64..(1 << 26), 1u64..(1 << 20), proptest::bool::ANY), 1..60),
+            raid5 in proptest::bool::ANY, disk_model in proptest::bool::ANY,
+        ) {
+            let service = if disk_model {
+                ServiceModel::Disk(crate::device::DiskModel { seek_ns: 4e6, rotation_ns: 4e6, transfer_bytes_per_ns: 0.1, sequential_bytes: 65536 })
+            } else {
+                ServiceModel::Exponential
+            };
+            let mut spec = DeviceSpec::new(1000.0, service).unwrap();
+            spec.discipline = crate::device::Discipline::Array(ArraySpec { disks: 5, stripe_bytes: 16384, raid: if raid5 { Raid::Five } else { Raid::Zero } });
+            let mut dev = crate::device::Device::new(&spec, 9);
+            let mut arrivals: Vec<(u64, u64, u64, bool)> = jobs;
+            arrivals.sort_by_key(|a| a.0);
+            let mut done = Vec::new();
+            let mut wake: Option<(Nanos, u32)> = None;
+            let mut next = 0;
+            let mut arrived_at = std::collections::HashMap::new();
+            let mut finished = std::collections::HashMap::new();
+            loop {
+                let arrival = arrivals.get(next).map(|a| Nanos(a.0));
+                let fire = match (arrival, wake) {
+                    (Some(a), Some(w)) if w.0 < a => Some(w),
+                    (Some(_), _) => None,
+                    (None, Some(w)) => Some(w),
+                    (None, None) => break,
+                };
+                match fire {
+                    Some((t, g)) => {
+                        done.clear();
+                        dev.concurrent_take_done(t, g, &mut done);
+                        for &id in &done {
+                            proptest::prop_assert!(finished.insert(id, t).is_none(), "{id} finished twice");
+                            proptest::prop_assert!(t >= arrived_at[&id]);
+                        }
+                        dev.end_busy_if_idle();
+                    }
+                    None => {
+                        let (at, off, size, write) = arrivals[next];
+                        arrived_at.insert(next as u32, Nanos(at));
+                        dev.concurrent_admit(Nanos(at), job(next as u32, off, size, write));
+                        next += 1;
+                    }
+                }
+                wake = dev.concurrent_rearm();
+            }
+            proptest::prop_assert_eq!(finished.len(), arrivals.len());
+            proptest::prop_assert!(dev.is_empty() && dev.busy_since().is_none());
+        }
+    }
+
     #[test]
     fn bad_layouts_name_the_field() {
         let e = |p: ArrayParams| p.validate().unwrap_err().to_string();
