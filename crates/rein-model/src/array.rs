@@ -29,6 +29,10 @@
 //! (Fig. 6) and the position paper's Fig. 3(a)(b) reproducible: the array's throughput levels off with
 //! the queue while its latency keeps growing.
 //!
+//! The device's busy time (a report's `utilisation`, `rein serve`'s device busy seconds) counts the time any
+//! request is at the array, as for the other disciplines; the disks themselves are busy less (in the
+//! closed network above, `Q / (Q + D - 1)` each).
+//!
 //! # Deviations from a real array
 //! No controller cache, read-ahead or write-back (reads and writes go to the disks), no per-disk
 //! reordering (each disk is FIFO), and a partial-row write updates the parity once per data piece rather
