@@ -44,7 +44,7 @@
 //!    (at least 1).
 //! 3. A disk starts its next access when the previous one completes (at that completion's time).
 
-use crate::device::{round_ns, DeviceError, Draw, Job};
+use crate::service::{round_ns, Draw, Job};
 use rein_core::Nanos;
 use serde::Deserialize;
 use std::collections::{HashMap, VecDeque};
@@ -100,26 +100,26 @@ impl Default for ArrayParams {
 }
 
 impl ArrayParams {
-    /// Validates the layout.
-    pub fn validate(&self) -> Result<ArraySpec, DeviceError> {
+    /// Validates the layout; the error names the field (the device's `array: ...` error wraps it).
+    pub fn validate(&self) -> Result<ArraySpec, String> {
         let raid = match self.raid {
             0 => Raid::Zero,
             5 => Raid::Five,
-            other => return Err(DeviceError::Array(format!("raid must be 0 or 5, got {other}"))),
+            other => return Err(format!("raid must be 0 or 5, got {other}")),
         };
         let min = if raid == Raid::Five { 3 } else { 1 };
         if !(min..=MAX_DISKS).contains(&self.disks) {
-            return Err(DeviceError::Array(format!(
+            return Err(format!(
                 "disks must be in {min}..={MAX_DISKS}{}, got {}",
                 if raid == Raid::Five { " for RAID-5" } else { "" },
                 self.disks
-            )));
+            ));
         }
         let kb = self.stripe_kb;
         if !(kb.is_finite() && kb.fract() == 0.0 && (MIN_STRIPE_KB..=MAX_STRIPE_KB).contains(&kb)) {
-            return Err(DeviceError::Array(format!(
+            return Err(format!(
                 "stripe_kb must be a whole number of KiB in {MIN_STRIPE_KB}..={MAX_STRIPE_KB}, got {kb}"
-            )));
+            ));
         }
         Ok(ArraySpec { disks: self.disks, stripe_bytes: kb as u64 * 1024, raid })
     }
@@ -530,7 +530,7 @@ mod tests {
             raid5 in proptest::bool::ANY, disk_model in proptest::bool::ANY,
         ) {
             let service = if disk_model {
-                ServiceModel::Disk(crate::device::DiskModel { seek_ns: 4e6, rotation_ns: 4e6, transfer_bytes_per_ns: 0.1, sequential_bytes: 65536 })
+                ServiceModel::Disk(crate::service::DiskModel { seek_ns: 4e6, rotation_ns: 4e6, transfer_bytes_per_ns: 0.1, sequential_bytes: 65536 })
             } else {
                 ServiceModel::Exponential
             };

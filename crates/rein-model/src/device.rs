@@ -18,9 +18,9 @@
 //!   Throughput grows with the requests present until every disk is busy (parda.txt §5.2). An access's
 //!   mean service time is `disks / capacity_iops` (positionless models) or the disk model's.
 //!
-//! The *disk* service model is position dependent: an access farther than `sequential_bytes` from where
-//! the previous one ended pays a seek (growing with the square root of the distance, normalised to
-//! 100 GiB) and a uniform rotational delay, then the transfer; closer accesses pay only the transfer.
+//! The *disk* service model ([`crate::service`]) is position dependent: an access farther than
+//! `sequential_bytes` from where the previous one ended pays a seek and a rotational delay, then the
+//! transfer.
 //!
 //! # Time and precision
 //! Times are integer nanoseconds. A drawn service time is an `f64` of nanoseconds, at least 1 ns; the one
@@ -50,7 +50,8 @@
 
 use crate::array::Array;
 pub use crate::array::{ArrayParams, ArraySpec, Raid};
-use rand::Rng;
+use crate::service::Draw;
+pub use crate::service::{round_ns, DiskModel, Job, ServiceModel};
 use rand_pcg::Pcg64Mcg;
 use rein_core::Nanos;
 use serde::Deserialize;
@@ -62,65 +63,6 @@ pub use crate::ps::Ps;
 pub const MAX_CAPACITY_IOPS: f64 = 1e9;
 /// Latest capacity change a schedule may name (seconds: a week).
 pub const MAX_SCHEDULE_S: f64 = 7.0 * 86_400.0;
-
-/// Service-time distribution of a device.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ServiceModel {
-    /// Exponential with mean 1/C (a memoryless device).
-    Exponential,
-    /// Uniform in `[(1 - spread)/C, (1 + spread)/C]`.
-    Uniform {
-        /// Half-width relative to the mean, in [0, 1].
-        spread: f64,
-    },
-    /// Always 1/C.
-    Deterministic,
-    /// A disk: seek and rotation by position, then transfer (module comment).
-    Disk(DiskModel),
-}
-
-/// The position-dependent disk model's parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DiskModel {
-    /// Average seek of a random access (ns), scaled by the distance (module comment).
-    pub seek_ns: f64,
-    /// A full rotation (ns); a random access waits a uniform fraction of it.
-    pub rotation_ns: f64,
-    /// Media transfer rate, bytes per ns.
-    pub transfer_bytes_per_ns: f64,
-    /// Accesses closer than this to the previous one are sequential (no seek, no rotation).
-    pub sequential_bytes: u64,
-}
-
-impl ServiceModel {
-    /// A service time (ns) with mean `mean_ns` for a request whose position does not matter: drawn for
-    /// the exponential and uniform models, the mean itself for the deterministic model and for the disk
-    /// model (whose position-dependent time [`Device`] computes from request offsets).
-    #[inline]
-    pub fn positionless_ns(&self, mean_ns: f64, rng: &mut impl Rng) -> f64 {
-        match *self {
-            ServiceModel::Exponential => exponential(mean_ns, rng),
-            ServiceModel::Uniform { spread } => mean_ns * (1.0 - spread + 2.0 * spread * rng.gen::<f64>()),
-            ServiceModel::Deterministic | ServiceModel::Disk(_) => mean_ns,
-        }
-    }
-
-    /// The model's name as configuration files write it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ServiceModel::Exponential => "exponential",
-            ServiceModel::Uniform { .. } => "uniform",
-            ServiceModel::Deterministic => "deterministic",
-            ServiceModel::Disk(_) => "disk",
-        }
-    }
-}
-
-/// An exponential draw with mean `mean` (inverse transform; `1 - u` keeps the logarithm finite).
-#[inline]
-pub(crate) fn exponential(mean: f64, rng: &mut impl Rng) -> f64 {
-    -(1.0 - rng.gen::<f64>()).ln() * mean
-}
 
 /// How a device serves the requests at it (module comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -325,7 +267,7 @@ impl DeviceParams<'_> {
         let discipline = match self.discipline {
             None | Some("fifo") => Discipline::Fifo,
             Some("ps") => Discipline::Ps,
-            Some("array") => Discipline::Array(self.array.unwrap_or_default().validate()?),
+            Some("array") => Discipline::Array(self.array.unwrap_or_default().validate().map_err(DeviceError::Array)?),
             Some(o) => return Err(DeviceError::Discipline(o.to_string())),
         };
         if self.array.is_some() && !matches!(discipline, Discipline::Array(_)) {
@@ -384,34 +326,6 @@ pub fn capacity_at(schedule: &[(Nanos, f64)], t: Nanos) -> f64 {
     schedule.iter().rev().find(|c| c.0 <= t).map_or(schedule[0].1, |c| c.1)
 }
 
-/// `x.round() as u64` for a service time `x >= 1` ns: the one rounding rule of FIFO service times (round
-/// half away from zero). Below 2^52, `x + 0.5` is exact or lands on the next power of two, so truncating
-/// it rounds exactly as `round` does, without the libm call `round` is on baseline x86-64. (Larger values
-/// are integers already.)
-#[inline]
-pub fn round_ns(x: f64) -> u64 {
-    if (1.0..4_503_599_627_370_496.0).contains(&x) {
-        (x + 0.5) as u64
-    } else {
-        x.round() as u64
-    }
-}
-
-/// A request as the device sees it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Job {
-    /// The caller's handle, returned when the job finishes.
-    pub id: u32,
-    /// Bytes transferred (the transfer term and the disk's transfer).
-    pub size: u64,
-    /// Byte offset (the disk's position).
-    pub offset: u64,
-    /// Multiplier on this job's service time (placement skew; 1 for none).
-    pub scale: f64,
-    /// A write (an array's RAID-5 writes cost more; other devices ignore it).
-    pub write: bool,
-}
-
 /// What [`Device::fifo_finish`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FifoDone {
@@ -431,54 +345,6 @@ pub struct Wake {
     pub at: Nanos,
     /// Which arming this is (wakes with an older generation are ignored).
     pub generation: u32,
-}
-
-/// Service-time draws: the model, the current speed and the device's random stream.
-#[derive(Debug)]
-pub(crate) struct Draw {
-    service: ServiceModel,
-    /// Mean service time of an access at the nominal capacity (ns).
-    mean_ns: f64,
-    ns_per_byte: f64,
-    /// Service-time multiplier C0 / C(t).
-    slow: f64,
-    rng: Pcg64Mcg,
-}
-
-impl Draw {
-    /// An access's service time (ns, at least 1): `size` bytes at `offset` by a head that is at `*head`
-    /// and moves to the access's end.
-    #[inline]
-    pub(crate) fn ns(&mut self, head: &mut u64, offset: u64, size: u64, scale: f64) -> f64 {
-        let base = match self.service {
-            ServiceModel::Disk(d) => {
-                let dist = offset.abs_diff(*head);
-                let position = if dist <= d.sequential_bytes {
-                    0.0
-                } else {
-                    // Seek time grows with the square root of the distance (normalised to 100 GiB), plus a
-                    // uniform rotational delay.
-                    let frac = (dist as f64 / (100u64 << 30) as f64).min(1.0);
-                    d.seek_ns * (0.3 + 0.7 * frac.sqrt()) * 1.5 + d.rotation_ns * self.rng.gen::<f64>()
-                };
-                position + size as f64 / d.transfer_bytes_per_ns
-            }
-            s => s.positionless_ns(self.mean_ns, &mut self.rng),
-        };
-        *head = offset.saturating_add(size);
-        ((base + size as f64 * self.ns_per_byte) * self.slow * scale).max(1.0)
-    }
-
-    /// The write half of a read-modify-write at the place just read (ns): a full rotation and the
-    /// transfer for the disk model, another draw for the others.
-    #[inline]
-    pub(crate) fn rewrite_ns(&mut self, size: u64, scale: f64) -> f64 {
-        let base = match self.service {
-            ServiceModel::Disk(d) => d.rotation_ns + size as f64 / d.transfer_bytes_per_ns,
-            s => s.positionless_ns(self.mean_ns, &mut self.rng),
-        };
-        ((base + size as f64 * self.ns_per_byte) * self.slow * scale).max(1.0)
-    }
 }
 
 /// A device in operation (module comment).
@@ -716,38 +582,9 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
 
     fn job(id: u32) -> Job {
         Job { id, size: 4096, offset: 0, scale: 1.0, write: false }
-    }
-
-    #[test]
-    fn round_ns_is_round() {
-        let mut rng = Pcg64Mcg::seed_from_u64(1);
-        let edges = [
-            1.0,
-            1.5,
-            2.5,
-            2.4999999999999996,
-            3.9999999999999996,
-            4.5,
-            1e15 + 0.5,
-            4503599627370495.5,
-            4503599627370497.0,
-            1e300,
-        ];
-        for &x in &edges {
-            assert_eq!(round_ns(x), x.round() as u64, "{x}");
-        }
-        for _ in 0..1_000_000 {
-            let x = 1.0 + rng.gen::<f64>() * 10f64.powi(rng.gen_range(0..16));
-            assert_eq!(round_ns(x), x.round() as u64, "{x}");
-            let y = x.floor() + 0.5;
-            assert_eq!(round_ns(y), y.round() as u64, "{y}");
-            let z = f64::from_bits(y.to_bits() - 1);
-            assert_eq!(round_ns(z), z.round() as u64, "{z}");
-        }
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod report;
 pub mod routing;
 pub mod sched_settings;
 pub mod seed;
+pub mod service;
 pub mod stripe;
 pub mod trace;
 pub mod workload;
