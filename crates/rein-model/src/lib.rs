@@ -3,8 +3,9 @@
 //! One copy of everything that describes a run rather than schedules it, below both `rein-sim` and
 //! `rein-runtime` (see ARCHITECTURE.md for why a crate of its own):
 //!
-//! - [`device`]: a storage device of a given capacity: service-time distributions, FIFO,
-//!   processor-sharing and disk-array ([`array`](mod@array)) disciplines, capacity schedules, the one rounding rule;
+//! - [`device`]: a storage device of a given capacity: FIFO, processor-sharing and disk-array
+//!   ([`array`](mod@array)) disciplines, capacity schedules; [`service`]: the service-time
+//!   distributions, the one rounding rule and the draws every discipline uses;
 //! - [`workload`]: the workload generator (closed, open, on/off, burst, trace replay; offsets, sizes,
 //!   read mix) and [`trace`], the block-trace readers;
 //! - [`routing`]: how a gateway spreads a tenant's requests over servers (stripes or shares);
