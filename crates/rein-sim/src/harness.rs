@@ -9,7 +9,8 @@
 //! - [`scenario`]: [`Scenario::from_toml`] never panics; a refusal has a message; a scenario it accepts
 //!   has a non-empty name, a positive duration within [`MAX_DURATION_S`], a warm-up shorter than it, an
 //!   interval of at least 1 ms and at most [`MAX_INTERVALS`] of them, 1..=[`MAX_SERVERS`] servers and at
-//!   most [`MAX_TENANTS`] tenants with distinct names.
+//!   most [`MAX_TENANTS`] tenants with distinct names; an array device has 1..=`MAX_DISKS` disks (3 or
+//!   more for RAID-5) and a stripe unit of whole KiB from 4 KiB.
 //! - [`trace`]: [`rein_model::trace::parse`] in each format never panics; a refusal names the trace (and
 //!   the line, for a bad line); what it accepts is at most [`MAX_RECORDS`] records, in time order from 0,
 //!   none smaller than one 512-byte sector, only of the devices asked for.
@@ -17,7 +18,10 @@
 use crate::model::{MAX_DURATION_S, MAX_INTERVALS, MAX_SERVERS, MAX_TENANTS};
 use crate::Scenario;
 use rein_core::Nanos;
+use rein_model::array::MAX_DISKS;
+use rein_model::device::Raid;
 use rein_model::trace::{parse, TraceError, TraceFormat, MAX_RECORDS};
+use rein_model::Discipline;
 
 /// Parses and validates `data` (if UTF-8) as a scenario file; panics if a contract is broken (module
 /// comment).
@@ -39,6 +43,13 @@ pub fn scenario(data: &[u8]) {
     assert!(sc.tenants.len() <= MAX_TENANTS, "tenant count out of range");
     let names: std::collections::HashSet<&str> = sc.tenants.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names.len(), sc.tenants.len(), "a repeated tenant name accepted");
+    for srv in &sc.servers {
+        if let Discipline::Array(a) = srv.device.discipline {
+            let min = if a.raid == Raid::Five { 3 } else { 1 };
+            assert!((min..=MAX_DISKS).contains(&a.disks), "an array of {} disks accepted", a.disks);
+            assert!(a.stripe_bytes >= 4096 && a.stripe_bytes % 1024 == 0, "a stripe unit of {} B", a.stripe_bytes);
+        }
+    }
 }
 
 /// Parses `data` as a trace in each format, twice (all devices; device 1 only); panics if a contract is

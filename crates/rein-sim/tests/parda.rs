@@ -96,6 +96,13 @@ fn bad_hosts_and_vms_are_rejected_with_clear_errors() {
     assert!(err(&BASE.replace("beta = 2", "beta = 2\nservice_scale = 0")).contains("service_scale"));
     assert!(err(&BASE.replace("beta = 2", "beta = 2\nserver = \"nas\"")).contains("unknown server \"nas\""));
     assert!(err(&BASE.replace("discipline = \"ps\"", "discipline = \"lifo\"")).contains("discipline \"lifo\""));
+    // The disk array's table: named with its server, checked as rein serve checks it.
+    let array = |t: &str| BASE.replace("discipline = \"ps\"", &format!("discipline = \"array\"\narray = {t}"));
+    assert!(err(&array("{ disks = 2, raid = 5 }")).contains("array: disks must be in 3..=1024 for RAID-5, got 2"));
+    assert!(err(&array("{ stripe_kb = 3 }")).contains("stripe_kb must be a whole number of KiB"));
+    assert!(err(&array("{ raid = 6 }")).contains("raid must be 0 or 5, got 6"));
+    assert!(err(&array("{ heads = 2 }")).contains("unknown field `heads`"));
+    assert!(err(&BASE.replace("discipline = \"ps\"", "array = { disks = 4 }")).contains("an array needs discipline"));
     // Hosts need [parda]; [parda] needs hosts; VMs need hosts.
     let no_parda = BASE.replace("[parda]\nlatency_threshold_ms = 30\n", "");
     assert!(err(&no_parda).contains("need a [parda] table"));
