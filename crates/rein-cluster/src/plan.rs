@@ -512,14 +512,7 @@ pub fn device_table(d: &DeviceSpec, seed: u64, stream: u64) -> Result<String, St
     let _ = writeln!(t, "discipline = \"{}\"", d.discipline.name());
     let array = match d.discipline {
         Discipline::Array(a) => {
-            let p = rein_model::device::ArrayParams {
-                disks: a.disks,
-                stripe_kb: (a.stripe_bytes / 1024) as f64,
-                raid: match a.raid {
-                    rein_model::device::Raid::Zero => 0,
-                    rein_model::device::Raid::Five => 5,
-                },
-            };
+            let p = a.params();
             let _ = writeln!(t, "array = {{ disks = {}, stripe_kb = {}, raid = {} }}", p.disks, f(p.stripe_kb), p.raid);
             Some(p)
         }

@@ -125,6 +125,17 @@ impl ArrayParams {
     }
 }
 
+impl ArraySpec {
+    /// The layout as a configuration file writes it ([`ArrayParams::validate`] reads it back).
+    pub fn params(&self) -> ArrayParams {
+        let raid = match self.raid {
+            Raid::Zero => 0,
+            Raid::Five => 5,
+        };
+        ArrayParams { disks: self.disks, stripe_kb: (self.stripe_bytes / 1024) as f64, raid }
+    }
+}
+
 /// One disk access of a request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Access {
@@ -153,8 +164,6 @@ pub(crate) struct Array {
     disks: Vec<Disk>,
     /// Accesses not yet done per request at the array (invariant 2).
     left: HashMap<u32, u32>,
-    /// Generation of the armed next-completion event ([`crate::device::Device::concurrent_rearm`]).
-    pub(crate) generation: u32,
     pieces: Vec<(usize, Access)>,
     /// While splitting a request: each disk's last access of it (an index into `pieces`), `u32::MAX` for
     /// none; all `u32::MAX` between requests.
@@ -167,10 +176,14 @@ impl Array {
             spec,
             disks: (0..spec.disks).map(|_| Disk::default()).collect(),
             left: HashMap::new(),
-            generation: 0,
             pieces: Vec::new(),
             open: vec![u32::MAX; spec.disks as usize],
         }
+    }
+
+    /// Its layout.
+    pub(crate) fn spec(&self) -> ArraySpec {
+        self.spec
     }
 
     /// Requests at the array.
@@ -589,6 +602,8 @@ mod tests {
             ArrayParams { disks: 5, stripe_kb: 128.0, raid: 5 }.validate().unwrap(),
             ArraySpec { disks: 5, stripe_bytes: 128 << 10, raid: Raid::Five }
         );
+        let five = ArraySpec { disks: 5, stripe_bytes: 128 << 10, raid: Raid::Five };
+        assert_eq!(five.params().validate().unwrap(), five, "params reads back");
         let p: ArrayParams = toml::from_str("disks = 5").unwrap();
         assert_eq!(p, ArrayParams { disks: 5, ..Default::default() });
         assert!(toml::from_str::<ArrayParams>("spindles = 5").unwrap_err().to_string().contains("spindles"));

@@ -347,10 +347,18 @@ pub struct Wake {
     pub generation: u32,
 }
 
+/// The state of a device's discipline beyond FIFO's (whose queue the device holds itself).
+#[derive(Debug)]
+enum Concurrent {
+    /// FIFO: none.
+    No,
+    Ps(Ps),
+    Array(Array),
+}
+
 /// A device in operation (module comment).
 #[derive(Debug)]
 pub struct Device {
-    discipline: Discipline,
     draw: Draw,
     nominal_iops: f64,
     capacity: f64,
@@ -358,10 +366,10 @@ pub struct Device {
     last_offset: u64,
     queue: VecDeque<Job>,
     in_service: Option<u32>,
-    ps: Option<Ps>,
-    array: Option<Array>,
+    concurrent: Concurrent,
     busy_since: Option<Nanos>,
-    /// FIFO: the armed completion's generation (the discipline-neutral API).
+    /// The armed completion's generation: the concurrent disciplines' next-completion events, and FIFO's
+    /// in the discipline-neutral API.
     generation: u32,
 }
 
@@ -376,7 +384,6 @@ impl Device {
             _ => 1.0,
         };
         Device {
-            discipline: spec.discipline,
             draw: Draw {
                 service: spec.service,
                 mean_ns: servers * 1e9 / spec.capacity_iops,
@@ -389,10 +396,10 @@ impl Device {
             last_offset: 0,
             queue: VecDeque::new(),
             in_service: None,
-            ps: (spec.discipline == Discipline::Ps).then(Ps::default),
-            array: match spec.discipline {
-                Discipline::Array(a) => Some(Array::new(a)),
-                _ => None,
+            concurrent: match spec.discipline {
+                Discipline::Fifo => Concurrent::No,
+                Discipline::Ps => Concurrent::Ps(Ps::default()),
+                Discipline::Array(a) => Concurrent::Array(Array::new(a)),
             },
             busy_since: None,
             generation: 0,
@@ -416,18 +423,20 @@ impl Device {
     /// The discipline.
     #[inline]
     pub fn discipline(&self) -> Discipline {
-        self.discipline
+        match &self.concurrent {
+            Concurrent::No => Discipline::Fifo,
+            Concurrent::Ps(_) => Discipline::Ps,
+            Concurrent::Array(a) => Discipline::Array(a.spec()),
+        }
     }
 
     /// Requests at the device (in service or queued).
     #[inline]
     pub fn len(&self) -> usize {
-        if let Some(ps) = &self.ps {
-            ps.len()
-        } else if let Some(a) = &self.array {
-            a.len()
-        } else {
-            self.queue.len() + self.in_service.is_some() as usize
+        match &self.concurrent {
+            Concurrent::No => self.queue.len() + self.in_service.is_some() as usize,
+            Concurrent::Ps(ps) => ps.len(),
+            Concurrent::Array(a) => a.len(),
         }
     }
 
@@ -443,12 +452,6 @@ impl Device {
         self.busy_since
     }
 
-    /// Draws a job's service time (ns, at least 1) on the device's one head (FIFO and PS).
-    #[inline]
-    fn draw_ns(&mut self, job: &Job) -> f64 {
-        self.draw.ns(&mut self.last_offset, job.offset, job.size, job.scale)
-    }
-
     #[inline]
     fn start_busy(&mut self, now: Nanos) {
         if self.busy_since.is_none() {
@@ -462,7 +465,7 @@ impl Device {
     /// completes (call [`Device::fifo_finish`] then).
     #[inline]
     pub fn fifo_arrive(&mut self, now: Nanos, job: Job) -> Option<Nanos> {
-        debug_assert!(self.ps.is_none(), "a FIFO call on a processor-sharing device");
+        debug_assert!(matches!(self.concurrent, Concurrent::No), "a FIFO call on a concurrent device");
         self.queue.push_back(job);
         if self.in_service.is_none() {
             self.fifo_start(now)
@@ -474,7 +477,7 @@ impl Device {
     #[inline]
     fn fifo_start(&mut self, now: Nanos) -> Option<Nanos> {
         let job = self.queue.pop_front()?;
-        let ns = self.draw_ns(&job);
+        let ns = self.draw.ns(&mut self.last_offset, job.offset, job.size, job.scale);
         self.in_service = Some(job.id);
         self.start_busy(now);
         Some(now.saturating_add(Nanos(round_ns(ns))))
@@ -497,41 +500,38 @@ impl Device {
     #[inline]
     pub fn concurrent_admit(&mut self, now: Nanos, job: Job) {
         self.start_busy(now);
-        if let Some(a) = &mut self.array {
-            a.admit(now, job, &mut self.draw);
-            return;
+        match &mut self.concurrent {
+            Concurrent::No => panic!("a concurrent call on a FIFO device"),
+            Concurrent::Ps(ps) => {
+                ps.admit(now, job.id, self.draw.ns(&mut self.last_offset, job.offset, job.size, job.scale))
+            }
+            Concurrent::Array(a) => a.admit(now, job, &mut self.draw),
         }
-        let ns = self.draw_ns(&job);
-        self.ps.as_mut().expect("a concurrent call on a FIFO device").admit(now, job.id, ns);
     }
 
     /// The next completion after arrivals or departures: `(time, generation)`; completions armed
     /// before are stale.
     pub fn concurrent_rearm(&mut self) -> Option<(Nanos, u32)> {
-        if let Some(a) = &mut self.array {
-            a.generation = a.generation.wrapping_add(1);
-            return a.next_completion().map(|t| (t, a.generation));
-        }
-        let ps = self.ps.as_mut().expect("a concurrent call on a FIFO device");
-        ps.generation = ps.generation.wrapping_add(1);
-        ps.next_completion().map(|t| (t, ps.generation))
+        self.generation = self.generation.wrapping_add(1);
+        let next = match &self.concurrent {
+            Concurrent::No => panic!("a concurrent call on a FIFO device"),
+            Concurrent::Ps(ps) => ps.next_completion(),
+            Concurrent::Array(a) => a.next_completion(),
+        };
+        next.map(|t| (t, self.generation))
     }
 
     /// The completion armed as `generation` is due at `now`: appends the finished jobs to `out` in finish
     /// order. False (and nothing done) if `generation` is stale.
     pub fn concurrent_take_done(&mut self, now: Nanos, generation: u32, out: &mut Vec<u32>) -> bool {
-        if let Some(a) = &mut self.array {
-            if a.generation != generation {
-                return false;
-            }
-            a.pop_done(now, out, &mut self.draw);
-            return true;
-        }
-        let ps = self.ps.as_mut().expect("a concurrent call on a FIFO device");
-        if ps.generation != generation {
+        if generation != self.generation {
             return false;
         }
-        ps.pop_done(now, out);
+        match &mut self.concurrent {
+            Concurrent::No => panic!("a concurrent call on a FIFO device"),
+            Concurrent::Ps(ps) => ps.pop_done(now, out),
+            Concurrent::Array(a) => a.pop_done(now, out, &mut self.draw),
+        }
         true
     }
 
@@ -549,7 +549,7 @@ impl Device {
 
     /// A job arrives at `now`. Returns the device's next wake if it changed (arm a timer for it).
     pub fn arrive(&mut self, now: Nanos, job: Job) -> Option<Wake> {
-        if self.discipline != Discipline::Fifo {
+        if !matches!(self.concurrent, Concurrent::No) {
             self.concurrent_admit(now, job);
             return self.concurrent_rearm().map(|(at, generation)| Wake { at, generation });
         }
@@ -561,7 +561,7 @@ impl Device {
     /// A wake armed as `generation` fires at `now`: appends the jobs finished by now to `done` and returns
     /// the next wake, if any. A stale wake does nothing and returns `None` (a newer one is armed).
     pub fn wake(&mut self, now: Nanos, generation: u32, done: &mut Vec<u32>) -> Option<Wake> {
-        if self.discipline != Discipline::Fifo {
+        if !matches!(self.concurrent, Concurrent::No) {
             if !self.concurrent_take_done(now, generation, done) {
                 return None;
             }

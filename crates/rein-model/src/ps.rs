@@ -15,7 +15,7 @@
 //! Virtual work time `v` advances at rate `1/n` per unit of real time; a request admitted at `v0` with
 //! work `s` finishes when `v` reaches `v0 + s`. Finish tags sit in a min-heap; the next completion is
 //! `now + (min_finish - v) * n`. Arrivals and departures change `n`, so the engine reschedules the
-//! next-completion event with a fresh generation number and ignores stale ones. Work is integer
+//! next-completion event with a fresh generation number (the device's) and ignores stale ones. Work is integer
 //! nanoseconds times 2^20 (`u128`): each advance rounds down by at most 2^-20 ns, and the completion time
 //! is rounded up, so when the event fires the request is done (`v >= finish`) with no slack needed.
 //!
@@ -33,8 +33,6 @@ pub struct Ps {
     v: u128,
     last: Nanos,
     jobs: BinaryHeap<Reverse<(u128, u32)>>,
-    /// Generation of the armed next-completion event ([`crate::device::Device::concurrent_rearm`]).
-    pub(crate) generation: u32,
 }
 
 impl Ps {

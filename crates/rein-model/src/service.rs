@@ -131,7 +131,7 @@ impl Draw {
             s => s.positionless_ns(self.mean_ns, &mut self.rng),
         };
         *head = offset.saturating_add(size);
-        ((base + size as f64 * self.ns_per_byte) * self.slow * scale).max(1.0)
+        self.scaled(base, size, scale)
     }
 
     /// The write half of a read-modify-write at the place just read (ns): a full rotation and the
@@ -142,6 +142,13 @@ impl Draw {
             ServiceModel::Disk(d) => d.rotation_ns + size as f64 / d.transfer_bytes_per_ns,
             s => s.positionless_ns(self.mean_ns, &mut self.rng),
         };
+        self.scaled(base, size, scale)
+    }
+
+    /// A drawn `base` time with the transfer term, the capacity's slowdown and the job's scale (ns, at
+    /// least 1).
+    #[inline]
+    fn scaled(&self, base: f64, size: u64, scale: f64) -> f64 {
         ((base + size as f64 * self.ns_per_byte) * self.slow * scale).max(1.0)
     }
 }

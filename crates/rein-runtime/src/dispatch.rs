@@ -917,8 +917,10 @@ impl Task {
 
     fn start(&mut self, p: Pending, phase: Phase, cost: Cost, now: Nanos, done: &mpsc::UnboundedSender<Back>) {
         let bytes = p.req.op.len();
-        let write = matches!(p.req.op, Op::Write { .. } | Op::WriteZeroes { .. });
-        let job = self.device.as_mut().map(|d| d.admit(now, p.arrived, bytes, p.req.offset, write));
+        let job = self.device.as_mut().map(|d| {
+            let write = matches!(p.req.op, Op::Write { .. } | Op::WriteZeroes { .. });
+            d.admit(now, p.arrived, bytes, p.req.offset, write)
+        });
         let Pending { req, reply, arrived } = p;
         let token = Token { reply, slot: req.tenant.index(), phase, cost, bytes, arrived, dispatched: now, job };
         // 1. The ring, if the storage offers a descriptor for this operation.
