@@ -14,6 +14,8 @@
 //!   hosts.csv), simulated or real;
 //! - [`meter`]: the reservation meter, for the simulator's checks and `rein serve`'s `/metrics`;
 //! - [`seed`]: one seeded random stream per entity;
+//! - [`parda_settings`]: the `[parda]` table (PARDA's control law) of scenarios and of `rein gateway` as a
+//!   PARDA host, one parser for both;
 //! - [`sched_settings`]: the `[mclock]` table (scheduler settings) of scenarios and rein.toml, one parser
 //!   for both.
 //!
@@ -25,6 +27,7 @@
 pub mod array;
 pub mod device;
 pub mod meter;
+pub mod parda_settings;
 mod ps;
 pub mod recorder;
 pub mod report;

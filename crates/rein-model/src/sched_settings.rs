@@ -33,7 +33,7 @@
 //! Errors ([`SettingsError`]) name the field (as `mclock.<field>`) and the value given, and say what is
 //! accepted. Nothing here panics on input.
 
-use rein_core::{CostModel, LimitMode, Nanos, PoolReturn, ReservationLag, SchedConfig};
+use rein_core::{CostModel, LimitMode, Nanos, PoolReturn, ReservationLag, SchedConfig, SchedulerKind};
 use serde::Deserialize;
 use std::fmt;
 
@@ -341,6 +341,18 @@ fn parse_duration(v: &str, max: Nanos) -> Option<Nanos> {
     let x: f64 = number.trim().parse().ok()?;
     let ns = x * ns_per_unit;
     (ns.is_finite() && ns >= 0.0 && ns <= max.0 as f64).then(|| Nanos(ns.round() as u64))
+}
+
+/// Parses a scheduler name; returns the kind and whether it is distributed (piggybacks delta/rho).
+pub fn parse_scheduler(s: &str) -> Result<(SchedulerKind, bool), String> {
+    match s.to_ascii_lowercase().as_str() {
+        "lfq" => Ok((SchedulerKind::Sfq, false)),
+        "dtfq" => Ok((SchedulerKind::Sfq, true)),
+        other => {
+            let k: SchedulerKind = other.parse().map_err(|e: String| e.replace("fifo)", "fifo, lfq, dtfq)"))?;
+            Ok((k, matches!(k, SchedulerKind::Dmclock | SchedulerKind::Rbfq)))
+        }
+    }
 }
 
 #[cfg(test)]

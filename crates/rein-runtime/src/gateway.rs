@@ -51,6 +51,9 @@
 //! allow_networks = ["10.0.0.0/8"]; allow_identities = ["alice"]
 //! ```
 //!
+//! With `[parda]` (and `[parda_host]`) the gateway is a PARDA host: every request passes the host's window
+//! first ([`crate::parda_host`]; docs/gateway.md, "A PARDA host").
+//!
 //! # Reload
 //! SIGHUP (the binary; [`GatewayReload`] in [`run_with`]) reads gw.toml again, validated as a whole (a
 //! file that does not load changes nothing, logged once), and applies the difference to the tenants and
@@ -84,6 +87,7 @@ use crate::access::{ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
 use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
 use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContext, Policy};
+use crate::parda_host::{HostGate, HostedVolume};
 use crate::remote::{
     LinkConfig, NodeProtocol, NodeSpec, NodeTls, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE,
 };
@@ -178,6 +182,9 @@ pub struct GatewayConfig {
     pub tenants: Vec<GatewayTenant>,
     /// The volumes.
     pub exports: Vec<GatewayVolume>,
+    /// `[parda]` and `[parda_host]`: the gateway is a PARDA host in front of its nodes (the array), and
+    /// every request passes the host's window ([`crate::parda_host`]).
+    pub parda: Option<crate::parda_host::HostSettings>,
 }
 
 /// Why the configuration could not be loaded (one line, naming the key).
@@ -298,6 +305,8 @@ struct File {
     tenants: Vec<TenantFile>,
     #[serde(default)]
     exports: Vec<ExportFile>,
+    parda: Option<rein_model::parda_settings::PardaFile>,
+    parda_host: Option<crate::parda_host::PardaHostFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -382,6 +391,11 @@ impl GatewayConfig {
 }
 
 fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
+    let parda = match (&f.parda, &f.parda_host) {
+        (None, None) => None,
+        (None, Some(_)) => return Err("[parda_host] needs a [parda] table (latency_threshold_ms at least)".into()),
+        (Some(p), h) => Some(crate::parda_host::validate(p, h.as_ref(), base)?),
+    };
     let listen: SocketAddr =
         f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
     let listen_unix =
@@ -656,6 +670,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         nodes,
         tenants,
         exports,
+        parda,
     })
 }
 
@@ -688,6 +703,10 @@ pub enum GatewayError {
     /// The Unix socket (`listen_unix`) could not be bound; the message names the path and why.
     #[error("cannot listen on the Unix socket {0}")]
     BindUnix(String),
+    /// The PARDA host could not start (its UDP socket or board file), or a volume's tenant is not one of
+    /// its VMs.
+    #[error("{0}")]
+    Parda(String),
 }
 
 /// Addresses the gateway listens on.
@@ -759,6 +778,8 @@ struct Live {
     tenant_ids: BTreeMap<String, rein_core::TenantId>,
     /// One tracker per tenant over every node, shared by the tenant's volumes.
     trackers: BTreeMap<String, Arc<Mutex<ServiceTracker>>>,
+    /// A PARDA host's gate and its VMs (the tenants it started with, by name).
+    host: Option<(Arc<HostGate>, BTreeMap<String, rein_core::TenantId>)>,
 }
 
 impl Live {
@@ -770,6 +791,7 @@ impl Live {
             ids: rein_core::SchedulerKind::Fifo.build(Default::default()),
             tenant_ids: BTreeMap::new(),
             trackers: BTreeMap::new(),
+            host: None,
         }
     }
 
@@ -800,6 +822,16 @@ impl Live {
             RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &base.nodes, &v.node_exports, Some(qos), base.link)
                 .await
                 .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
+        let backend = match &self.host {
+            None => Backend::Remote(volume.clone()),
+            Some((gate, vms)) => {
+                let vm = *vms.get(&t.name).ok_or_else(|| GatewayError::Parda(format!(
+                    "export {}: tenant {} is not one of the PARDA host's VMs (they are fixed when it starts: a restart adds it)",
+                    v.name, t.name
+                )))?;
+                Backend::Hosted(Arc::new(HostedVolume { volume: volume.clone(), gate: gate.clone(), vm }))
+            }
+        };
         let export = Arc::new(Export {
             info: ExportInfo {
                 name: v.name.clone(),
@@ -808,7 +840,7 @@ impl Live {
                 read_only: false,
                 volatile: false,
             },
-            backend: Backend::Remote(volume.clone()),
+            backend,
             tenant: id,
             tenant_name: t.name.clone(),
             access: v.access.clone(),
@@ -860,6 +892,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
         ("[[nodes]] or [node_tls]", dbg(&base.nodes) == dbg(&new.nodes)),
+        ("[parda] or [parda_host]", dbg(&base.parda) == dbg(&new.parda)),
         (
             "default_export",
             base.default_export.map(|i| &base.exports[i].name) == new.default_export.map(|i| &new.exports[i].name),
@@ -876,6 +909,12 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         match live.tenants.iter().find(|o| o.name == t.name) {
             Some(old) if old.rho != t.rho => {
                 restart(&mut r, &format!("tenant {}: reservation_split", t.name));
+                tenants.push(old.clone());
+            }
+            // A PARDA host's VMs keep the shares they started with (the host's beta and its local
+            // scheduler's tenants come from them).
+            Some(old) if live.host.is_some() && old.spec != t.spec => {
+                restart(&mut r, &format!("tenant {}: its spec on a PARDA host", t.name));
                 tenants.push(old.clone());
             }
             Some(old) if old.spec != t.spec || old.server_reservations != t.server_reservations => {
@@ -958,6 +997,19 @@ pub async fn run_with(
 ) -> Result<(), GatewayError> {
     let mut live = Live::new(&cfg);
     live.tenants = cfg.tenants.clone();
+    if let Some(settings) = &cfg.parda {
+        let specs: Vec<QosSpec> = cfg.tenants.iter().map(|t| t.spec).collect();
+        let (gate, ids) = HostGate::start(settings, &specs).await.map_err(GatewayError::Parda)?;
+        let vms = cfg.tenants.iter().map(|t| t.name.clone()).zip(ids).collect();
+        tracing::info!(
+            host = settings.id,
+            controlled = settings.runs,
+            aggregation = gate.status().aggregation,
+            vms = cfg.tenants.len(),
+            "PARDA host: every request passes the host's window"
+        );
+        live.host = Some((gate, vms));
+    }
     for v in &cfg.exports {
         let t = cfg.tenants[v.tenant].clone();
         let lv = live.open(v, &t).await?;
@@ -983,6 +1035,7 @@ pub async fn run_with(
         },
     });
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
+    let gate = live.host.as_ref().map(|(g, _)| g.clone());
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
     let nbd = crate::sock::NbdListeners::new(nbd, cfg.listen_unix.as_ref()).map_err(GatewayError::BindUnix)?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -993,7 +1046,7 @@ pub async fn run_with(
             let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
             let bound = l.local_addr().expect("bound");
             let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None);
-            let router = crate::admin_guard::protect(admin_router(shown.clone()), token);
+            let router = crate::admin_guard::protect(admin_router(shown.clone(), gate.clone()), token);
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -1174,16 +1227,33 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
 
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
 /// [`crate::admin_guard::protect`].
-fn admin_router(shown: Shown) -> axum::Router {
+fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>) -> axum::Router {
     let for_metrics = shown.clone();
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let gate_metrics = gate.clone();
     axum::Router::new()
+        .route(
+            "/api/parda",
+            axum::routing::get(move || {
+                let status = gate.as_ref().map(|g| g.status());
+                async move {
+                    match status {
+                        Some(s) => Ok(axum::Json(s)),
+                        None => Err((axum::http::StatusCode::NOT_FOUND, "not a PARDA host (no [parda] table)\n")),
+                    }
+                }
+            }),
+        )
         .route(
             "/metrics",
             axum::routing::get(move || {
                 let volumes = snapshot(&for_metrics);
+                let host = gate_metrics.as_ref().map(|g| g.status());
                 async move {
                     let mut text = metrics_text(&volumes);
+                    if let Some(h) = host {
+                        crate::parda_host::metrics_text(&mut text, &h);
+                    }
                     let rt = tokio::runtime::Handle::current().metrics();
                     crate::admin::runtime_metrics(&mut text, "rein_gateway", &rt);
                     text

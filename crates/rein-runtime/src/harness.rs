@@ -174,6 +174,20 @@ pub fn gateway_config(data: &[u8]) {
     assert!(cfg.max_inflight_per_tenant <= cfg.max_inflight && cfg.max_inflight_per_tenant > 0);
     let caps = cfg.caps;
     assert!(caps.total >= 1 && caps.per_client >= 1 && caps.per_tenant >= 1, "a connection cap of 0 accepted");
+    if let Some(host) = &cfg.parda {
+        // What was accepted starts a host: the controller takes the settings and every tenant as a VM.
+        let mut ctl =
+            rein_core::parda::HostController::new(host.parda.config, host.host_config(1), rein_core::Nanos(0))
+                .expect("accepted PARDA settings the controller refuses");
+        for t in &cfg.tenants {
+            ctl.add_vm(t.spec).expect("a tenant the PARDA host refuses as a VM");
+        }
+        if let crate::parda_host::ReportTransport::Udp { peers, .. } = &host.transport {
+            for (k, (id, _)) in peers.iter().enumerate() {
+                assert!(*id != host.id && peers[..k].iter().all(|p| p.0 != *id), "a repeated or own peer id accepted");
+            }
+        }
+    }
 }
 
 /// Tenant specs a body is applied to: the default, a limited one, and the extremes of each field.

@@ -28,6 +28,7 @@ pub mod live;
 pub mod load;
 pub mod nbd;
 pub mod node;
+pub mod parda_host;
 pub mod preflight;
 pub mod probe;
 pub mod remote;

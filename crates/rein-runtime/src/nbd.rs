@@ -150,6 +150,9 @@ pub enum Backend {
     Local(Arc<dyn Storage>),
     /// A volume striped over storage nodes (`rein gateway`, [`crate::remote`]).
     Remote(Arc<RemoteVolume>),
+    /// A volume of a PARDA host's VM (`rein gateway` with `[parda]`): its requests pass the host's window
+    /// first ([`crate::parda_host`]).
+    Hosted(Arc<crate::parda_host::HostedVolume>),
 }
 
 /// The exports new connections see: an immutable list swapped whole on each change. A connection takes one
@@ -511,7 +514,7 @@ where
     let (replies, rx) = mpsc::unbounded_channel();
     let last_reply_ms = Arc::new(AtomicU64::new(0));
     let Conn { ctx, export, peer, opened, node_tenants } = conn;
-    let coalesce = matches!(export.backend, Backend::Remote(_));
+    let coalesce = matches!(export.backend, Backend::Remote(_) | Backend::Hosted(_));
     // Set once no reply can reach the client (the socket broke): its queued requests are then not run.
     let gone = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone(), coalesce, gone.clone()));
@@ -921,6 +924,7 @@ impl Connection<'_> {
                 dispatcher.submit(req, done, Some(self.gone.clone())).await;
             }
             Backend::Remote(volume) => volume.submit(request.offset, op, request.fua, done).await,
+            Backend::Hosted(hosted) => hosted.submit(request.offset, op, request.fua, done),
         }
     }
 

@@ -6,61 +6,18 @@
 //! while fewer than its window are outstanding; PARDA hosts adjust the window each control period from
 //! the cluster's (or their own) latency. An *uncontrolled* host keeps a fixed issue queue.
 
-use super::server::{parse_scheduler, Server};
+use super::server::Server;
 use super::tenant::Tenant;
 use crate::file::parda::{HostFile, PardaFile};
 use crate::file::TenantFile;
-use rein_core::parda::{check_fixed_window, HostConfig, PardaConfig, SizeModel};
-use rein_core::{Nanos, SchedulerKind};
+use rein_core::parda::{check_fixed_window, HostConfig};
+use rein_core::Nanos;
+use rein_model::parda_settings::in_range;
+
+pub use rein_model::parda_settings::{Aggregation, Parda};
 
 /// Largest number of hosts in a scenario.
 pub const MAX_HOSTS: usize = rein_core::parda::MAX_HOSTS as usize;
-
-/// Which latency signal the hosts use.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Aggregation {
-    /// §4.2: the cluster's average latency.
-    Cluster,
-    /// §4.1: each host's own estimate.
-    Local,
-}
-
-impl Aggregation {
-    /// The name as scenario files write it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Aggregation::Cluster => "cluster",
-            Aggregation::Local => "local",
-        }
-    }
-}
-
-/// The validated `[parda]` table.
-#[derive(Debug, Clone)]
-pub struct Parda {
-    /// The control law every PARDA host runs (script-L, alpha, gamma, the period, window bounds, the size
-    /// model), validated by rein-core.
-    pub config: PardaConfig,
-    /// Which latency signal the hosts use.
-    pub aggregation: Aggregation,
-    /// How long after a host publishes its report the others can read it (cluster aggregation; at most
-    /// an hour).
-    pub delay: Nanos,
-    /// Hosts silent this long drop out of the cluster average (default 3 periods).
-    pub timeout: Nanos,
-    /// K of §3.4: a host's beta is K times the sum of its VMs' weights unless the host sets its own.
-    pub beta_per_share: f64,
-    /// The scheduler that divides a host's window among its VMs (sfq, mclock or fifo; never a
-    /// distributed one).
-    pub local_scheduler: SchedulerKind,
-    /// Locality batching in the local scheduler (§3.3): batch size, 1..=1024 (1 = off).
-    pub batch: u32,
-    /// Locality batching: largest distance (bytes) from one request of a batch to the next (default
-    /// 4 MiB).
-    pub batch_distance: u64,
-    /// false: every host keeps a fixed issue queue (the no-PARDA baseline of the same scenario).
-    pub enabled: bool,
-}
 
 /// A validated host.
 #[derive(Debug, Clone)]
@@ -90,85 +47,6 @@ impl Host {
     pub fn runs_parda(&self, parda: &Parda) -> bool {
         self.controlled && parda.enabled
     }
-}
-
-fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
-    if v.is_finite() && v >= lo && v <= hi {
-        Ok(v)
-    } else {
-        Err(format!("{what} must be between {lo} and {hi}, got {v}"))
-    }
-}
-
-fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
-    let at = |e: rein_core::parda::PardaError| format!("parda: {e}");
-    if !(p.latency_threshold_ms.is_finite() && p.latency_threshold_ms > 0.0 && p.latency_threshold_ms <= 3.6e6) {
-        return Err(format!(
-            "parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {}",
-            p.latency_threshold_ms
-        ));
-    }
-    let period = in_range("parda: period_s", p.period_s, 0.001, 3600.0)?;
-    let size_model = match &p.size_model {
-        None => SizeModel::NONE,
-        Some(m) => {
-            if !(m.fixed_ms.is_finite() && m.fixed_ms >= 0.0) {
-                return Err(format!("parda: size_model.fixed_ms must be non-negative, got {}", m.fixed_ms));
-            }
-            SizeModel::from_rate(Nanos::from_secs_f64(m.fixed_ms / 1e3), m.transfer_mb_s)
-                .map_err(|_| format!("parda: size_model.transfer_mb_s must be positive, got {}", m.transfer_mb_s))?
-        }
-    };
-    let config = PardaConfig {
-        latency_threshold: Nanos::from_secs_f64(p.latency_threshold_ms / 1e3),
-        alpha: p.alpha,
-        gamma: p.gamma,
-        period: Nanos::from_secs_f64(period),
-        w_min: p.w_min,
-        w_max: p.w_max,
-        initial_window: p.initial_window,
-        size_model,
-        adjust_beta: p.adjust_beta,
-    };
-    config.validate().map_err(at)?;
-    let aggregation = match p.aggregation.as_str() {
-        "cluster" => Aggregation::Cluster,
-        "local" => Aggregation::Local,
-        o => return Err(format!("parda: aggregation {o:?}: expected \"cluster\" or \"local\"")),
-    };
-    let delay = in_range("parda: aggregation_delay_ms", p.aggregation_delay_ms, 0.0, 3.6e6)?;
-    let timeout =
-        in_range("parda: aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
-    if !(p.beta_per_share.is_finite() && p.beta_per_share > 0.0 && p.beta_per_share <= 1e6) {
-        return Err(format!("parda: beta_per_share must be positive, got {}", p.beta_per_share));
-    }
-    let (local_scheduler, distributed) =
-        parse_scheduler(&p.local_scheduler).map_err(|e| format!("parda: local_scheduler: {e}"))?;
-    if distributed {
-        return Err(format!(
-            "parda: local_scheduler {:?} is a distributed scheduler; use sfq, mclock or fifo",
-            p.local_scheduler
-        ));
-    }
-    let batch = p.batch.unwrap_or(1);
-    if batch == 0 || batch > 1024 {
-        return Err(format!("parda: batch must be in 1..=1024, got {batch}"));
-    }
-    let bd = p.batch_distance_kb.unwrap_or(4096.0);
-    if !(bd.is_finite() && bd >= 0.0) {
-        return Err("parda: batch_distance_kb must be non-negative".into());
-    }
-    Ok(Parda {
-        config,
-        aggregation,
-        delay: Nanos::from_secs_f64(delay / 1e3),
-        timeout: Nanos::from_secs_f64(timeout),
-        beta_per_share: p.beta_per_share,
-        local_scheduler,
-        batch,
-        batch_distance: (bd * 1024.0) as u64,
-        enabled: p.enabled,
-    })
 }
 
 /// A host's `window_schedule`: only for a host that keeps a fixed issue queue; steps strictly later than
@@ -237,7 +115,7 @@ pub(crate) fn validate(
     let parda = parda.ok_or(
         "[[hosts]] need a [parda] table (latency_threshold_ms at least; enabled = false for a baseline without PARDA)",
     )?;
-    let parda = validate_parda(parda)?;
+    let parda = parda.validate()?;
     if files.len() > MAX_HOSTS {
         return Err(format!("at most {MAX_HOSTS} hosts"));
     }

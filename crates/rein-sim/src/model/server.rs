@@ -26,17 +26,7 @@ pub struct Server {
     pub sched: SchedConfig,
 }
 
-/// Parses a scheduler name; returns the kind and whether it is distributed (piggybacks delta/rho).
-pub fn parse_scheduler(s: &str) -> Result<(SchedulerKind, bool), String> {
-    match s.to_ascii_lowercase().as_str() {
-        "lfq" => Ok((SchedulerKind::Sfq, false)),
-        "dtfq" => Ok((SchedulerKind::Sfq, true)),
-        other => {
-            let k: SchedulerKind = other.parse().map_err(|e: String| e.replace("fifo)", "fifo, lfq, dtfq)"))?;
-            Ok((k, matches!(k, SchedulerKind::Dmclock | SchedulerKind::Rbfq)))
-        }
-    }
-}
+pub use rein_model::sched_settings::parse_scheduler;
 
 /// Validates a `[[servers]]` entry; `default_sched` is the scenario's scheduler, `scenario_settings` its
 /// `[mclock]` table (with the top-level `cost_model` folded in).

@@ -1,0 +1,260 @@
+//! PARDA's `[parda]` table (parda.txt §3-4): the control law every host of a cluster runs, as a
+//! scenario file writes it and as `rein gateway` reads it when it runs as a PARDA host. One serde struct,
+//! [`PardaFile`], one validator, [`PardaFile::validate`], so a setting tried in the simulator means the
+//! same on a real host (as [`crate::sched_settings`] does for `[mclock]`).
+//!
+//! ```toml
+//! [parda]
+//! latency_threshold_ms = 30   # script-L (required)
+//! alpha = 0.002               # eq. (1): weight of the past, per period
+//! gamma = 0.8                 # eq. (2): smoothing
+//! period_s = 2                # the control period
+//! w_min = 1                   # window bounds (IOs); w_max is also an uncontrolled host's issue queue
+//! w_max = 64
+//! initial_window = 32         # optional (default w_max)
+//! aggregation = "cluster"     # cluster (§4.2: the cluster's average latency) | local (§4.1)
+//! aggregation_timeout_s = 6   # hosts silent this long drop out of the average (default 3 periods)
+//! aggregation_delay_ms = 0    # the simulator only: the shared board's write-then-read delay
+//! beta_per_share = 1          # K of §3.4: beta = K x the sum of the host's VMs' weights
+//! adjust_beta = true          # §3.4 eq. (4)
+//! local_scheduler = "sfq"     # sfq | mclock | fifo: the scheduler that divides a host's window
+//! batch = 1                   # §3.3 locality batching (1 = off)
+//! batch_distance_kb = 4096
+//! size_model = { fixed_ms = 5, transfer_mb_s = 60 }   # optional: latency normalised per 8 KiB
+//! enabled = true              # false: every host keeps a fixed issue queue (a baseline)
+//! ```
+//!
+//! What is per host (its id, its beta, whether it is controlled, its fixed window, and on a real host
+//! the transport of the cluster aggregation) is not here: a scenario's `[[hosts]]` and a gateway's
+//! `[parda_host]` say it.
+
+use crate::sched_settings::parse_scheduler;
+use rein_core::parda::{PardaConfig, SizeModel};
+use rein_core::{Nanos, SchedulerKind};
+use serde::Deserialize;
+
+fn d_alpha() -> f64 {
+    0.002
+}
+fn d_gamma() -> f64 {
+    0.8
+}
+fn d_period() -> f64 {
+    2.0
+}
+fn d_w_min() -> f64 {
+    1.0
+}
+fn d_w_max() -> f64 {
+    64.0
+}
+fn d_one() -> f64 {
+    1.0
+}
+fn d_true() -> bool {
+    true
+}
+fn d_cluster() -> String {
+    "cluster".into()
+}
+fn d_sfq() -> String {
+    "sfq".into()
+}
+
+/// `[parda]`: parameters shared by every host.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PardaFile {
+    /// script-L: the cluster latency the hosts' control aims at (ms; positive, at most an hour).
+    pub latency_threshold_ms: f64,
+    /// eq. (1): weight of the past in the latency estimate, per period (default 0.002, in [0, 1]).
+    #[serde(default = "d_alpha")]
+    pub alpha: f64,
+    /// eq. (2): smoothing of the window's step towards its target (default 0.8, in [0, 1]).
+    #[serde(default = "d_gamma")]
+    pub gamma: f64,
+    /// The control period (s, default 2, in [0.001, 3600]): each PARDA host updates its window once per
+    /// period.
+    #[serde(default = "d_period")]
+    pub period_s: f64,
+    /// Smallest window (IOs, default 1).
+    #[serde(default = "d_w_min")]
+    pub w_min: f64,
+    /// Largest window (IOs, default 64): also the default fixed issue queue of uncontrolled hosts.
+    #[serde(default = "d_w_max")]
+    pub w_max: f64,
+    /// Window before the first update (IOs; default w_max).
+    pub initial_window: Option<f64>,
+    /// "cluster" (§4.2) or "local" (§4.1).
+    #[serde(default = "d_cluster")]
+    pub aggregation: String,
+    /// How long after a host publishes its report the others can read it (ms, default 0): the shared
+    /// board's write-then-read latency.
+    #[serde(default)]
+    pub aggregation_delay_ms: f64,
+    /// Hosts silent this long drop out of the average (default 3 periods).
+    pub aggregation_timeout_s: Option<f64>,
+    /// K of §3.4: a host's beta is K times the sum of its VMs' weights unless the host sets `beta`.
+    #[serde(default = "d_one")]
+    pub beta_per_share: f64,
+    /// §3.4 eq. (4): scale under-using VMs' shares.
+    #[serde(default = "d_true")]
+    pub adjust_beta: bool,
+    /// The hosts' local scheduler: sfq (default) or mclock (or fifo).
+    #[serde(default = "d_sfq")]
+    pub local_scheduler: String,
+    /// Local locality batching (§3.3): batch size (default 1 = off, at most 1024).
+    pub batch: Option<u32>,
+    /// Local locality batching: largest distance from one request of a batch to the next (KiB, default
+    /// 4096).
+    pub batch_distance_kb: Option<f64>,
+    /// Latency normalisation per 8 KiB: cost(size) = fixed_ms + size / transfer_mb_s.
+    pub size_model: Option<SizeModelFile>,
+    /// false: every host is uncontrolled (the no-PARDA baseline of the same scenario).
+    #[serde(default = "d_true")]
+    pub enabled: bool,
+}
+
+/// `size_model = { .. }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SizeModelFile {
+    /// Fixed cost per IO (ms).
+    pub fixed_ms: f64,
+    /// Transfer rate (MB/s).
+    pub transfer_mb_s: f64,
+}
+
+/// Which latency signal the hosts use.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Aggregation {
+    /// §4.2: the cluster's average latency.
+    Cluster,
+    /// §4.1: each host's own estimate.
+    Local,
+}
+
+impl Aggregation {
+    /// The name as scenario files write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Aggregation::Cluster => "cluster",
+            Aggregation::Local => "local",
+        }
+    }
+}
+
+/// The validated `[parda]` table.
+#[derive(Debug, Clone)]
+pub struct Parda {
+    /// The control law every PARDA host runs (script-L, alpha, gamma, the period, window bounds, the size
+    /// model), validated by rein-core.
+    pub config: PardaConfig,
+    /// Which latency signal the hosts use.
+    pub aggregation: Aggregation,
+    /// How long after a host publishes its report the others can read it (cluster aggregation; at most
+    /// an hour).
+    pub delay: Nanos,
+    /// Hosts silent this long drop out of the cluster average (default 3 periods).
+    pub timeout: Nanos,
+    /// K of §3.4: a host's beta is K times the sum of its VMs' weights unless the host sets its own.
+    pub beta_per_share: f64,
+    /// The scheduler that divides a host's window among its VMs (sfq, mclock or fifo; never a
+    /// distributed one).
+    pub local_scheduler: SchedulerKind,
+    /// Locality batching in the local scheduler (§3.3): batch size, 1..=1024 (1 = off).
+    pub batch: u32,
+    /// Locality batching: largest distance (bytes) from one request of a batch to the next (default
+    /// 4 MiB).
+    pub batch_distance: u64,
+    /// false: every host keeps a fixed issue queue (the no-PARDA baseline of the same scenario).
+    pub enabled: bool,
+}
+
+/// `v` if it is finite and in `[lo, hi]`, else an error naming `what` and the range.
+pub fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
+    if v.is_finite() && v >= lo && v <= hi {
+        Ok(v)
+    } else {
+        Err(format!("{what} must be between {lo} and {hi}, got {v}"))
+    }
+}
+
+impl PardaFile {
+    /// Validates the table: rein-core checks the control law; every message starts with `parda:` and
+    /// names the key.
+    pub fn validate(&self) -> Result<Parda, String> {
+        validate_parda(self)
+    }
+}
+
+fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
+    let at = |e: rein_core::parda::PardaError| format!("parda: {e}");
+    if !(p.latency_threshold_ms.is_finite() && p.latency_threshold_ms > 0.0 && p.latency_threshold_ms <= 3.6e6) {
+        return Err(format!(
+            "parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {}",
+            p.latency_threshold_ms
+        ));
+    }
+    let period = in_range("parda: period_s", p.period_s, 0.001, 3600.0)?;
+    let size_model = match &p.size_model {
+        None => SizeModel::NONE,
+        Some(m) => {
+            if !(m.fixed_ms.is_finite() && m.fixed_ms >= 0.0) {
+                return Err(format!("parda: size_model.fixed_ms must be non-negative, got {}", m.fixed_ms));
+            }
+            SizeModel::from_rate(Nanos::from_secs_f64(m.fixed_ms / 1e3), m.transfer_mb_s)
+                .map_err(|_| format!("parda: size_model.transfer_mb_s must be positive, got {}", m.transfer_mb_s))?
+        }
+    };
+    let config = PardaConfig {
+        latency_threshold: Nanos::from_secs_f64(p.latency_threshold_ms / 1e3),
+        alpha: p.alpha,
+        gamma: p.gamma,
+        period: Nanos::from_secs_f64(period),
+        w_min: p.w_min,
+        w_max: p.w_max,
+        initial_window: p.initial_window,
+        size_model,
+        adjust_beta: p.adjust_beta,
+    };
+    config.validate().map_err(at)?;
+    let aggregation = match p.aggregation.as_str() {
+        "cluster" => Aggregation::Cluster,
+        "local" => Aggregation::Local,
+        o => return Err(format!("parda: aggregation {o:?}: expected \"cluster\" or \"local\"")),
+    };
+    let delay = in_range("parda: aggregation_delay_ms", p.aggregation_delay_ms, 0.0, 3.6e6)?;
+    let timeout =
+        in_range("parda: aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
+    if !(p.beta_per_share.is_finite() && p.beta_per_share > 0.0 && p.beta_per_share <= 1e6) {
+        return Err(format!("parda: beta_per_share must be positive, got {}", p.beta_per_share));
+    }
+    let (local_scheduler, distributed) =
+        parse_scheduler(&p.local_scheduler).map_err(|e| format!("parda: local_scheduler: {e}"))?;
+    if distributed {
+        return Err(format!(
+            "parda: local_scheduler {:?} is a distributed scheduler; use sfq, mclock or fifo",
+            p.local_scheduler
+        ));
+    }
+    let batch = p.batch.unwrap_or(1);
+    if batch == 0 || batch > 1024 {
+        return Err(format!("parda: batch must be in 1..=1024, got {batch}"));
+    }
+    let bd = p.batch_distance_kb.unwrap_or(4096.0);
+    if !(bd.is_finite() && bd >= 0.0) {
+        return Err("parda: batch_distance_kb must be non-negative".into());
+    }
+    Ok(Parda {
+        config,
+        aggregation,
+        delay: Nanos::from_secs_f64(delay / 1e3),
+        timeout: Nanos::from_secs_f64(timeout),
+        beta_per_share: p.beta_per_share,
+        local_scheduler,
+        batch,
+        batch_distance: (bd * 1024.0) as u64,
+        enabled: p.enabled,
+    })
+}

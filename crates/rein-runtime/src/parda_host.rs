@@ -1,0 +1,627 @@
+//! A PARDA host on real IO: `rein gateway` with a `[parda]` table (parda.txt §3-4, flow-control-position.txt).
+//!
+//! # Model
+//! A PARDA host sits between its VMs and a shared array and keeps at most its window of IOs outstanding at
+//! the array; the window follows eq. (2) from the cluster's latency (or its own, §4.1), once per control
+//! period. Here the host is a gateway: its VMs are the gateway's tenants (their weights are the shares of
+//! §3.3), its exports are the VMs' disks, and the array is whatever the volumes are striped over (one
+//! `rein serve` with a device model, nbdkit, qemu-nbd, a real array behind an NBD server). Every request
+//! of every volume of the gateway passes one [`HostGate`], which drives rein-core's
+//! [`HostController`], unchanged, as the simulator's host layer does (`rein-sim`'s `engine::parda`):
+//! a request queues in the controller's local scheduler (SFQ with optional locality batching, or
+//! mClock), the controller releases it while fewer than its window are outstanding, and the gate sends
+//! it to its volume; the completion frees the slot and feeds eq. (1) with the latency the host saw (from
+//! the moment it sent the request to its volume to the reply, the device latency PARDA measures: time
+//! queued in the host is the VMs' latency, not the array's).
+//!
+//! Once per control period the gate closes the period (eq. (1)), exchanges reports with the other hosts
+//! over the configured transport (rein-runtime's [`crate::aggregate`]: UDP datagrams to every peer, or
+//! a slot in a shared file), takes the aggregator's cluster latency (or its own estimate under
+//! `aggregation = "local"`) and updates the window (eq. (4), then eq. (2)). An uncontrolled host
+//! (`controlled = false`, or `[parda] enabled = false`) keeps a fixed issue queue and publishes nothing.
+//!
+//! # Configuration
+//! `[parda]` is the same table as a scenario's (one parser: [`rein_model::parda_settings`]); what is
+//! this host's is `[parda_host]`, as a scenario's `[[hosts]]` entry:
+//! ```toml
+//! [parda_host]
+//! id = 0                          # the host's id in reports, unique in the cluster (0..4096)
+//! beta = 2                        # optional: default beta_per_share x the sum of the tenants' weights
+//! controlled = true               # false: a fixed issue queue of `window` IOs (default w_max)
+//! udp = "127.0.0.21:7711"         # cluster aggregation over UDP: this host's socket ...
+//! peers = [{ id = 1, address = "127.0.0.22:7711" }]   # ... and every other host's
+//! # board = "/shared/parda.board" # or a shared file: this host's slot in it (board_slots, default 64)
+//! ```
+//!
+//! # Invariants
+//! 1. Every request a VM sends is answered once: issued and answered by its volume, refused at once
+//!    (the local scheduler's queue bound), or failed with ESHUTDOWN when the gate stops.
+//! 2. At most the controller's issue limit of requests are outstanding at the array (rein-core's
+//!    invariant 3 of `parda`), counting every command (a FLUSH occupies the array's queue too).
+//! 3. The gate's messages are bounded by the front: each is one request in flight, and the front's byte
+//!    budget and connection caps bound those.
+//!
+//! # Deviations
+//! The simulator staggers the hosts' periods by construction; real hosts tick on their own clocks. A
+//! report's arrival takes whatever the transport takes (the simulator's `aggregation_delay_ms` is
+//! refused here). A request whose VM disconnects while it waits in the host is still issued (the
+//! dispatcher of `rein serve` skips those; a gate would need the connection's flag).
+
+use crate::aggregate::{FileAggregation, Transport, UdpAggregation};
+use crate::dispatch::{Clock, Done, IoError, Op};
+use crate::remote::RemoteVolume;
+use rein_core::parda::{Aggregator, HostConfig, HostController, HostStats, MAX_HOSTS};
+use rein_core::{Nanos, Poll, QosSpec, Request, SchedConfig, TenantId};
+use rein_model::parda_settings::{Aggregation, Parda, PardaFile};
+use serde::Deserialize;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// Period records kept for `/api/parda` (the newest; about 2.3 hours at the default 2 s period).
+pub const MAX_PERIOD_RECORDS: usize = 4096;
+/// Slots of a shared board file when `board_slots` is not given.
+pub const DEFAULT_BOARD_SLOTS: u32 = 64;
+
+fn d_true() -> bool {
+    true
+}
+
+/// `[parda_host]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PardaHostFile {
+    #[serde(default)]
+    id: u32,
+    beta: Option<f64>,
+    #[serde(default = "d_true")]
+    controlled: bool,
+    window: Option<f64>,
+    udp: Option<String>,
+    #[serde(default)]
+    peers: Vec<PeerFile>,
+    board: Option<String>,
+    board_slots: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerFile {
+    id: u32,
+    address: String,
+}
+
+/// Where this host's reports go and the others' come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportTransport {
+    /// None: `aggregation = "local"`, or an uncontrolled host.
+    None,
+    /// Datagrams: this host's socket and every other host's (id, address).
+    Udp {
+        /// The address to bind.
+        listen: SocketAddr,
+        /// The other hosts (this host's own id left out).
+        peers: Vec<(u32, SocketAddr)>,
+    },
+    /// A shared file with one slot per host.
+    Board {
+        /// The file.
+        path: PathBuf,
+        /// Its slots (host ids below it).
+        slots: u32,
+    },
+}
+
+/// The validated `[parda]` and `[parda_host]` of a gateway.
+#[derive(Debug, Clone)]
+pub struct HostSettings {
+    /// The cluster's control law.
+    pub parda: Parda,
+    /// This host's id in reports.
+    pub id: u32,
+    /// Its beta as written (`None`: `beta_per_share` x the sum of its tenants' weights).
+    pub beta: Option<f64>,
+    /// Runs PARDA (`controlled` and `[parda] enabled`); else a fixed issue queue.
+    pub runs: bool,
+    /// The fixed issue queue of a host that does not run PARDA (`None`: w_max).
+    pub window: Option<f64>,
+    /// The cluster aggregation's transport.
+    pub transport: ReportTransport,
+}
+
+impl HostSettings {
+    /// The controller's per-host configuration (`epoch` distinguishes this incarnation).
+    pub(crate) fn host_config(&self, epoch: u64) -> HostConfig {
+        let p = &self.parda;
+        HostConfig {
+            id: self.id,
+            epoch,
+            beta: self.beta,
+            beta_per_share: p.beta_per_share,
+            scheduler: p.local_scheduler,
+            sched: SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..SchedConfig::default() },
+            fixed_window: if self.runs { None } else { Some(self.window.unwrap_or(p.config.w_max)) },
+        }
+    }
+}
+
+/// Validates `[parda]` and `[parda_host]` (`base`: the directory relative paths are taken from). Every
+/// message names the table and key.
+pub(crate) fn validate(parda: &PardaFile, host: Option<&PardaHostFile>, base: &Path) -> Result<HostSettings, String> {
+    let p = parda.validate()?;
+    if p.delay != Nanos::ZERO {
+        return Err("parda: aggregation_delay_ms models the shared board's delay in the simulator; a real \
+                    host's reports take as long as their transport does (remove the key)"
+            .into());
+    }
+    let default = PardaHostFile { controlled: true, ..PardaHostFile::default() };
+    let h = host.unwrap_or(&default);
+    if h.id >= MAX_HOSTS {
+        return Err(format!("parda_host: id must be below {MAX_HOSTS}, got {}", h.id));
+    }
+    let runs = h.controlled && p.enabled;
+    if h.window.is_some() && runs {
+        return Err("parda_host: window is the fixed issue queue of an uncontrolled host (controlled = false, or \
+                    [parda] enabled = false); a PARDA host's window is bounded by [parda] w_min / w_max"
+            .into());
+    }
+    let probe = HostSettings {
+        parda: p.clone(),
+        id: h.id,
+        beta: h.beta,
+        runs,
+        window: h.window,
+        transport: ReportTransport::None,
+    };
+    probe.host_config(0).validate().map_err(|e| format!("parda_host: {e}"))?;
+    let given = match (&h.udp, &h.board) {
+        (Some(_), Some(_)) => return Err("parda_host: give udp (with peers) or board, not both".into()),
+        (None, None) if !h.peers.is_empty() => {
+            return Err("parda_host: peers are the other hosts' UDP sockets; give this host's as udp".into())
+        }
+        (u, b) => u.is_some() || b.is_some(),
+    };
+    let transport = if !runs || p.aggregation == Aggregation::Local {
+        if given {
+            let why = if runs {
+                "[parda] aggregation = \"local\" uses the host's own latency"
+            } else {
+                "an uncontrolled host publishes nothing"
+            };
+            return Err(format!("parda_host: udp / board are the cluster aggregation's transport, but {why}"));
+        }
+        ReportTransport::None
+    } else if let Some(u) = &h.udp {
+        let listen: SocketAddr = u.parse().map_err(|_| format!("parda_host: udp {u:?} is not an address (ip:port)"))?;
+        let mut peers: Vec<(u32, SocketAddr)> = Vec::with_capacity(h.peers.len());
+        for (k, peer) in h.peers.iter().enumerate() {
+            if peer.id >= MAX_HOSTS {
+                return Err(format!("parda_host: peers[{k}].id must be below {MAX_HOSTS}, got {}", peer.id));
+            }
+            let a: SocketAddr = peer.address.parse().map_err(|_| {
+                format!("parda_host: peers[{k}].address {:?} is not an address (ip:port)", peer.address)
+            })?;
+            if peers.iter().any(|&(id, _)| id == peer.id) {
+                return Err(format!("parda_host: two peers have id {}", peer.id));
+            }
+            if peer.id != h.id {
+                peers.push((peer.id, a));
+            }
+        }
+        ReportTransport::Udp { listen, peers }
+    } else if let Some(b) = &h.board {
+        let slots = h.board_slots.unwrap_or(DEFAULT_BOARD_SLOTS);
+        if slots == 0 || slots > MAX_HOSTS {
+            return Err(format!("parda_host: board_slots must be in 1..={MAX_HOSTS}, got {slots}"));
+        }
+        if h.id >= slots {
+            return Err(format!("parda_host: id {} has no slot in a board of {slots} (raise board_slots)", h.id));
+        }
+        ReportTransport::Board { path: base.join(b), slots }
+    } else {
+        return Err("parda_host: [parda] aggregation = \"cluster\" needs the reports' transport: udp = \"ip:port\" \
+                    with peers = [{ id, address }], or board = \"PATH\" (a file every host can read and write)"
+            .into());
+    };
+    Ok(HostSettings { parda: p, id: h.id, beta: h.beta, runs, window: h.window, transport })
+}
+
+/// One control period as `/api/parda` lists it.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct PeriodRecord {
+    /// When it ended (s since the gate started).
+    pub at_s: f64,
+    /// The window for the next period (IOs).
+    pub window: f64,
+    /// beta used (after eq. (4)).
+    pub beta: f64,
+    /// The latency signal used (ms): the cluster's, or the host's own; `None` without one.
+    pub signal_ms: Option<f64>,
+    /// The host's own eq. (1) estimate (ms).
+    pub estimate_ms: Option<f64>,
+    /// IOs completed in the period.
+    pub ios: u64,
+}
+
+/// What the gate shows: the controller's state and its recent periods.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct HostStatus {
+    /// The host's id.
+    pub id: u32,
+    /// Runs PARDA (else a fixed issue queue).
+    pub controlled: bool,
+    /// `cluster`, `local`, or `fixed` (an uncontrolled host).
+    pub aggregation: &'static str,
+    /// w(t) (IOs).
+    pub window: f64,
+    /// IOs it may have outstanding now.
+    pub issue_limit: u32,
+    /// beta in use.
+    pub beta: f64,
+    /// IOs outstanding at the array.
+    pub outstanding: u32,
+    /// IOs queued in the host.
+    pub queued: usize,
+    /// The own eq. (1) estimate (ms).
+    pub estimate_ms: Option<f64>,
+    /// The last signal used (ms).
+    pub signal_ms: Option<f64>,
+    /// Hosts in the last cluster average (this one included); 0 under local aggregation.
+    pub cluster_hosts: usize,
+    /// Periods ended.
+    pub periods: u64,
+    /// IOs completed.
+    pub completed: u64,
+    /// Reports exchanges that failed (the file could not be written or read), and records refused as
+    /// corrupt or from an address that is not the peer's.
+    pub exchange_errors: u64,
+    /// Records refused (corrupt, misplaced).
+    pub records_refused: u64,
+    /// The newest periods, oldest first (at most [`MAX_PERIOD_RECORDS`]).
+    pub history: VecDeque<PeriodRecord>,
+}
+
+impl HostStatus {
+    fn update(&mut self, s: &HostStats) {
+        self.window = s.window;
+        self.issue_limit = s.issue_limit;
+        self.beta = s.beta;
+        self.outstanding = s.outstanding;
+        self.queued = s.queued;
+        self.estimate_ms = s.estimate_ns.map(|v| v / 1e6);
+        self.periods = s.periods;
+        self.completed = s.completed;
+    }
+}
+
+/// A request waiting in the host.
+struct Parked {
+    volume: Arc<RemoteVolume>,
+    offset: u64,
+    op: Op,
+    fua: bool,
+    done: Done,
+}
+
+enum Msg {
+    /// A VM's request arrives.
+    Submit { vm: TenantId, parked: Parked },
+    /// An issued request was answered: its latency at the array, its size, whether it succeeded.
+    Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool },
+}
+
+/// The gate every request of a PARDA host passes; see the module comment.
+pub struct HostGate {
+    tx: mpsc::UnboundedSender<Msg>,
+    status: Arc<Mutex<HostStatus>>,
+}
+
+impl HostGate {
+    /// Starts the host: the controller with `vms` (the tenants' specs, in order; their ids come back in
+    /// the same order), the transport (binds the UDP socket or opens the board), and the gate's task on
+    /// the current runtime. The task ends when the gate and every [`HostedVolume`] holding it are gone.
+    pub async fn start(settings: &HostSettings, vms: &[QosSpec]) -> Result<(Arc<HostGate>, Vec<TenantId>), String> {
+        // A restarted host takes a new incarnation, so its peers accept its reports from sequence 1 again.
+        let epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            .max(1);
+        let clock = Clock::new();
+        let mut ctl = HostController::new(settings.parda.config, settings.host_config(epoch), clock.now())
+            .map_err(|e| format!("parda_host: {e}"))?;
+        let mut ids = Vec::with_capacity(vms.len());
+        for spec in vms {
+            ids.push(ctl.add_vm(*spec).map_err(|e| format!("parda_host: {e}"))?);
+        }
+        let transport = match &settings.transport {
+            ReportTransport::None => None,
+            ReportTransport::Udp { listen, peers } => Some(Transport::Udp(
+                UdpAggregation::bind(settings.id, *listen, peers)
+                    .await
+                    .map_err(|e| format!("parda_host: udp {listen}: {e}"))?,
+            )),
+            ReportTransport::Board { path, slots } => Some(Transport::File(
+                FileAggregation::open(path, *slots)
+                    .map_err(|e| format!("parda_host: board {}: {e}", path.display()))?,
+            )),
+        };
+        let agg = Aggregator::new(settings.parda.timeout).map_err(|e| format!("parda: {e}"))?;
+        let aggregation = match (settings.runs, settings.parda.aggregation) {
+            (false, _) => "fixed",
+            (true, a) => a.name(),
+        };
+        let mut status = HostStatus {
+            id: settings.id,
+            controlled: settings.runs,
+            aggregation,
+            window: 0.0,
+            issue_limit: 0,
+            beta: 0.0,
+            outstanding: 0,
+            queued: 0,
+            estimate_ms: None,
+            signal_ms: None,
+            cluster_hosts: 0,
+            periods: 0,
+            completed: 0,
+            exchange_errors: 0,
+            records_refused: 0,
+            history: VecDeque::new(),
+        };
+        status.update(&ctl.stats());
+        let status = Arc::new(Mutex::new(status));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let gate = Arc::new(HostGate { tx: tx.clone(), status: status.clone() });
+        let task = Task {
+            ctl,
+            agg,
+            transport,
+            runs: settings.runs,
+            local: settings.parda.aggregation == Aggregation::Local,
+            clock,
+            parked: HashMap::new(),
+            next_handle: 0,
+            answers: tx.downgrade(),
+            status,
+        };
+        tokio::spawn(task.run(rx));
+        Ok((gate, ids))
+    }
+
+    /// The host's state now.
+    pub fn status(&self) -> HostStatus {
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A request of VM `vm` for `volume`: queued in the host, sent when the window allows, answered
+    /// through `done` (invariant 1).
+    fn submit(&self, vm: TenantId, volume: Arc<RemoteVolume>, offset: u64, op: Op, fua: bool, done: Done) {
+        let parked = Parked { volume, offset, op, fua, done };
+        if let Err(mpsc::error::SendError(Msg::Submit { parked, .. })) = self.tx.send(Msg::Submit { vm, parked }) {
+            (parked.done)(Err(IoError::Shutdown), Default::default());
+        }
+    }
+}
+
+/// A volume of a PARDA host's VM: its requests pass the host's gate.
+pub struct HostedVolume {
+    /// The volume.
+    pub volume: Arc<RemoteVolume>,
+    /// The host.
+    pub gate: Arc<HostGate>,
+    /// The VM in the host's local scheduler.
+    pub vm: TenantId,
+}
+
+impl HostedVolume {
+    /// Queues the request in the host; `done` gets the result.
+    pub fn submit(&self, offset: u64, op: Op, fua: bool, done: Done) {
+        self.gate.submit(self.vm, self.volume.clone(), offset, op, fua, done)
+    }
+}
+
+struct Task {
+    ctl: HostController,
+    agg: Aggregator,
+    transport: Option<Transport>,
+    runs: bool,
+    local: bool,
+    clock: Clock,
+    parked: HashMap<u64, Parked>,
+    next_handle: u64,
+    /// For the answers' callbacks (weak: the task ends when every gate is gone and nothing is in flight).
+    answers: mpsc::WeakUnboundedSender<Msg>,
+    status: Arc<Mutex<HostStatus>>,
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        let mut wait: Option<Nanos> = None;
+        loop {
+            let due = self.ctl.poll_timeout();
+            let wake = wait.map_or(due, |w| w.min(due));
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some(m) => self.handle(m),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(self.clock.instant(wake)) => {}
+            }
+            while let Ok(m) = rx.try_recv() {
+                self.handle(m);
+            }
+            let now = self.clock.now();
+            if now >= self.ctl.poll_timeout() {
+                self.period(now).await;
+            }
+            wait = self.pump().await;
+            let st = self.ctl.stats();
+            self.status.lock().unwrap_or_else(|e| e.into_inner()).update(&st);
+        }
+        for (_, p) in self.parked.drain() {
+            (p.done)(Err(IoError::Shutdown), Default::default());
+        }
+    }
+
+    fn handle(&mut self, m: Msg) {
+        let now = self.clock.now();
+        match m {
+            Msg::Submit { vm, parked } => {
+                let handle = self.next_handle;
+                self.next_handle += 1;
+                let mut req = Request::new(vm, handle);
+                req.size = parked.op.len().max(1);
+                req.offset = parked.offset;
+                match self.ctl.enqueue(now, req) {
+                    Ok(()) => {
+                        self.parked.insert(handle, parked);
+                    }
+                    Err(e) => {
+                        let e = match e {
+                            rein_core::parda::PardaError::Sched(s) => IoError::Refused(s),
+                            _ => IoError::Shutdown,
+                        };
+                        (parked.done)(Err(e), Default::default());
+                    }
+                }
+            }
+            Msg::Answered { vm, latency, size, ok } => {
+                // The controller knows every VM it issued for; an error here would be a gate bug, and
+                // the slot must be freed either way, so it is only logged.
+                let r =
+                    if ok { self.ctl.on_complete(now, vm, latency, size) } else { self.ctl.on_issue_failed(now, vm) };
+                if let Err(e) = r {
+                    tracing::error!("parda host: completion not taken: {e}");
+                }
+            }
+        }
+    }
+
+    /// Issues what the window allows; returns when the local scheduler wants to be asked again.
+    async fn pump(&mut self) -> Option<Nanos> {
+        loop {
+            let now = self.clock.now();
+            match self.ctl.poll(now) {
+                Poll::Dispatch(d) => {
+                    let Some(p) = self.parked.remove(&d.handle) else {
+                        tracing::error!(handle = d.handle, "parda host: dispatched a request it does not hold");
+                        continue;
+                    };
+                    let size = p.op.len().max(1);
+                    let vm = d.tenant;
+                    let answers = self.answers.clone();
+                    let clock = self.clock;
+                    let sent = clock.now();
+                    let done = p.done;
+                    let wrapped: Done = Box::new(move |res, served| {
+                        let ok = res.is_ok();
+                        let latency = clock.now().saturating_sub(sent);
+                        if let Some(tx) = answers.upgrade() {
+                            let _ = tx.send(Msg::Answered { vm, latency, size, ok });
+                        }
+                        done(res, served);
+                    });
+                    p.volume.submit(p.offset, p.op, p.fua, wrapped).await;
+                }
+                Poll::Wait(t) => return Some(t),
+                Poll::Empty => return None,
+            }
+        }
+    }
+
+    /// A control period ends: publish, aggregate, update (as the simulator's host layer).
+    async fn period(&mut self, now: Nanos) {
+        let mut cluster_hosts = 0;
+        let mut errors = 0;
+        let mut refused = 0;
+        let signal = if self.runs {
+            let own = self.ctl.close_period(now);
+            if self.local {
+                self.ctl.local_estimate_ns()
+            } else {
+                match self.transport.as_mut() {
+                    Some(t) => match t.exchange(now, &own, &mut self.agg).await {
+                        Ok(stats) => {
+                            refused += (stats.corrupt.len() + stats.misplaced) as u64;
+                            for (from, e) in &stats.corrupt {
+                                tracing::warn!(%from, "parda host: report refused: {e}");
+                            }
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            tracing::warn!("parda host: report exchange failed: {e}");
+                            let _ = self.agg.accept(now, own);
+                        }
+                    },
+                    None => {
+                        let _ = self.agg.accept(now, own);
+                    }
+                }
+                let c = self.agg.cluster(now);
+                cluster_hosts = c.as_ref().map_or(0, |c| c.hosts);
+                c.map(|c| c.latency_ns)
+            }
+        } else {
+            None
+        };
+        let out = self.ctl.on_period(now, signal);
+        let st = self.ctl.stats();
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        s.update(&st);
+        s.signal_ms = signal.map(|v| v / 1e6);
+        s.cluster_hosts = cluster_hosts;
+        s.exchange_errors += errors;
+        s.records_refused += refused;
+        let record = PeriodRecord {
+            at_s: now.as_secs_f64(),
+            window: out.window,
+            beta: out.beta,
+            signal_ms: s.signal_ms,
+            estimate_ms: s.estimate_ms,
+            ios: out.ios,
+        };
+        if s.history.len() == MAX_PERIOD_RECORDS {
+            s.history.pop_front();
+        }
+        s.history.push_back(record);
+    }
+}
+
+/// Appends the host's series to a `/metrics` text: window, issue limit, beta, IOs outstanding and queued,
+/// the latency estimate and signal, periods and IOs completed.
+pub fn metrics_text(o: &mut String, s: &HostStatus) {
+    use std::fmt::Write;
+    let id = s.id;
+    let series: [(&str, &str, &str, f64); 10] = [
+        ("rein_parda_window", "gauge", "The host's window w(t), IOs (eq. (2)).", s.window),
+        (
+            "rein_parda_issue_limit",
+            "gauge",
+            "IOs the host may have outstanding at the array now.",
+            s.issue_limit.into(),
+        ),
+        ("rein_parda_beta", "gauge", "beta in use (after eq. (4)).", s.beta),
+        ("rein_parda_outstanding", "gauge", "IOs outstanding at the array.", s.outstanding.into()),
+        ("rein_parda_queued", "gauge", "IOs waiting in the host's local scheduler.", s.queued as f64),
+        (
+            "rein_parda_latency_estimate_seconds",
+            "gauge",
+            "The host's eq. (1) latency estimate.",
+            s.estimate_ms.unwrap_or(0.0) / 1e3,
+        ),
+        (
+            "rein_parda_signal_seconds",
+            "gauge",
+            "The latency signal of the last period (cluster or own).",
+            s.signal_ms.unwrap_or(0.0) / 1e3,
+        ),
+        ("rein_parda_cluster_hosts", "gauge", "Hosts in the last cluster average.", s.cluster_hosts as f64),
+        ("rein_parda_periods_total", "counter", "Control periods ended.", s.periods as f64),
+        ("rein_parda_completed_total", "counter", "IOs completed at the array.", s.completed as f64),
+    ];
+    for (metric, kind, help, v) in series {
+        let _ = writeln!(o, "# HELP {metric} {help}\n# TYPE {metric} {kind}\n{metric}{{host=\"{id}\"}} {v}");
+    }
+}

@@ -1,0 +1,218 @@
+//! `rein gateway` as a PARDA host (`[parda]`, `[parda_host]`) in front of a shared array: a `rein serve`
+//! with a processor-sharing device model of capacity C (FIFO scheduler, a deep queue, so every IO a host
+//! issues is at the device), driven by `rein load` closed loops through the hosts. Every process is a
+//! child on its own 127.0.0.x address, stopped at the end.
+//!
+//! Expected values from PARDA's equations, not from Rein's runs. A processor-sharing device of capacity C
+//! with W IOs at it has latency L = W / C (Little's law). eq. (2)'s fixed point for host i is
+//! w_i = beta_i L / (L - script-L); summed and with L = W / C: W = C script-L + sum(beta), so
+//! L = script-L + sum(beta) / C and w_i = beta_i W / sum(beta) (eq. (3)).
+#![cfg(unix)]
+
+mod common;
+
+use common::{tmpdir, write_file, Rein, Server};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command as Cmd;
+
+/// The array's capacity (IOPS).
+const C: f64 = 2000.0;
+/// script-L (ms).
+const SCRIPT_L: f64 = 10.0;
+/// Outstanding IOs of each VM (above any window the hosts settle at).
+const DEPTH: u32 = 48;
+
+/// The array: one `rein serve` with an export per VM.
+fn array(dir: &Path, host: u8, vms: &[&str]) -> Server {
+    let d = dir.join("array");
+    std::fs::create_dir_all(&d).unwrap();
+    let mut text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"fifo\"\n\
+         queue_depth = 4096\n[device_model]\ncapacity_iops = {C}\nservice = \"exponential\"\ndiscipline = \"ps\"\n",
+        d.join("data").display()
+    );
+    for vm in vms {
+        text.push_str(&format!("[[exports]]\nname = \"{vm}\"\nbackend = \"memory\"\nsize_mb = 64\n"));
+    }
+    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+}
+
+/// A PARDA host on 127.0.0.`host` for VM `vm` (weight 1) over `array`, with `parda_host` as its table.
+fn host(dir: &Path, host: u8, array: SocketAddr, vm: &str, aggregation: &str, parda_host: &str) -> Server {
+    let d = dir.join(format!("host{host}"));
+    std::fs::create_dir_all(&d).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n\
+         [[nodes]]\nname = \"array\"\naddress = \"{array}\"\nprotocol = \"nbd\"\n\
+         [[tenants]]\nname = \"{vm}\"\nweight = 1\n\
+         [[exports]]\nname = \"{vm}\"\nsize_mb = 64\n\
+         [parda]\nlatency_threshold_ms = {SCRIPT_L}\nalpha = 0\ngamma = 0.8\nperiod_s = 0.5\nw_max = 64\n\
+         aggregation = \"{aggregation}\"\n[parda_host]\n{parda_host}"
+    );
+    Rein::new(&["gateway", "--config", write_file(&d, "gw.toml", &text).to_str().unwrap()]).start()
+}
+
+/// `rein load` closed loops of [`DEPTH`] 4 KiB random reads for `seconds`, one per (host, vm).
+fn load(targets: &[(&Server, &str)], seconds: u32) -> Vec<std::process::Child> {
+    targets
+        .iter()
+        .map(|(h, vm)| {
+            Cmd::new(env!("CARGO_BIN_EXE_rein"))
+                .args(["load", "--addr", &h.nbd.to_string(), "--seconds", &seconds.to_string(), "--warmup", "1"])
+                .args(["--job", &format!("name={vm},depth={DEPTH},size=4k,random=100")])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("rein load starts")
+        })
+        .collect()
+}
+
+/// The host's `/api/parda`.
+fn status(h: &Server) -> serde_json::Value {
+    let (code, _, text) = common::http(h.admin, "GET", "/api/parda", "", "");
+    assert_eq!(code, 200, "{text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Means of the window and of the latency signal over the periods that ended after `from_s`.
+fn settled(s: &serde_json::Value, from_s: f64) -> (f64, f64, usize) {
+    let periods: Vec<&serde_json::Value> =
+        s["history"].as_array().unwrap().iter().filter(|p| p["at_s"].as_f64().unwrap() >= from_s).collect();
+    assert!(periods.len() >= 6, "too few periods after {from_s} s: {s}");
+    let mean = |k: &str| periods.iter().map(|p| p[k].as_f64().unwrap_or(0.0)).sum::<f64>() / periods.len() as f64;
+    (mean("window"), mean("signal_ms"), periods.len())
+}
+
+fn within(got: f64, want: f64, pct: f64) -> bool {
+    (got - want).abs() <= want * pct / 100.0
+}
+
+#[test]
+fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
+    let tmp = tmpdir("parda-host-one");
+    let dir = tmp.path();
+    let a = array(dir, 61, &["vm1", "vm2"]);
+    // beta 2: W = C script-L + beta = 22 IOs, L = 11 ms.
+    let h = host(dir, 62, a.nbd, "vm1", "local", "id = 0\nbeta = 2\n");
+    let mut l = load(&[(&h, "vm1")], 8);
+    for c in &mut l {
+        assert!(c.wait().unwrap().success());
+    }
+    let s = status(&h);
+    assert_eq!(s["controlled"], true, "{s}");
+    assert_eq!(s["aggregation"], "local", "{s}");
+    let (w, lat, n) = settled(&s, 3.0);
+    let (w_eq, l_eq) = (C * SCRIPT_L / 1e3 + 2.0, SCRIPT_L + 2.0 / C * 1e3);
+    eprintln!("one host: window {w:.2} (eq. (2) {w_eq}), latency {lat:.2} ms (eq. (2) {l_eq}) over {n} periods");
+    assert!(within(w, w_eq, 15.0), "window {w:.2} over {n} periods, eq. (2) {w_eq}: {s}");
+    assert!(within(lat, l_eq, 15.0), "latency {lat:.2} ms, eq. (2) {l_eq}: {s}");
+    // The same host uncontrolled keeps its fixed queue: the latency is its w / C, far from script-L (what
+    // the checks above would catch if the window did not follow eq. (2)).
+    let h2 = host(dir, 63, a.nbd, "vm2", "local", "controlled = false\nwindow = 48\n");
+    let mut l = load(&[(&h2, "vm2")], 5);
+    for c in &mut l {
+        assert!(c.wait().unwrap().success());
+    }
+    let s2 = status(&h2);
+    assert_eq!(s2["aggregation"], "fixed", "{s2}");
+    assert_eq!(s2["window"].as_f64().unwrap(), 48.0, "{s2}");
+    let est = s2["estimate_ms"].as_f64().unwrap();
+    eprintln!("uncontrolled host: window 48, latency {est:.2} ms (w / C = 24)");
+    assert!(within(est, 48.0 / C * 1e3, 15.0), "uncontrolled latency {est:.2} ms, want 24: {s2}");
+    assert!(!within(est, l_eq, 15.0));
+    drop((h, h2, a));
+}
+
+#[test]
+fn two_hosts_over_udp_split_the_array_by_beta() {
+    let tmp = tmpdir("parda-host-two");
+    let dir = tmp.path();
+    let a = array(dir, 64, &["vm1", "vm2"]);
+    let (u1, u2) = (free_udp("127.0.0.65"), free_udp("127.0.0.66"));
+    let h1 = host(
+        dir,
+        65,
+        a.nbd,
+        "vm1",
+        "cluster",
+        &format!("id = 0\nbeta = 1\nudp = \"{u1}\"\npeers = [{{ id = 1, address = \"{u2}\" }}]\n"),
+    );
+    let h2 = host(
+        dir,
+        66,
+        a.nbd,
+        "vm2",
+        "cluster",
+        &format!("id = 1\nbeta = 2\nudp = \"{u2}\"\npeers = [{{ id = 0, address = \"{u1}\" }}]\n"),
+    );
+    let mut l = load(&[(&h1, "vm1"), (&h2, "vm2")], 10);
+    for c in &mut l {
+        assert!(c.wait().unwrap().success());
+    }
+    let (s1, s2) = (status(&h1), status(&h2));
+    for s in [&s1, &s2] {
+        assert_eq!(s["aggregation"], "cluster", "{s}");
+        assert_eq!(s["cluster_hosts"], 2, "both hosts in the average: {s}");
+        assert_eq!(s["records_refused"], 0, "{s}");
+    }
+    let ((w1, l1, _), (w2, l2, _)) = (settled(&s1, 4.0), settled(&s2, 4.0));
+    // eq. (3): W = C script-L + 3 = 23, windows 1:2 (7.67, 15.33), L = 11.5 ms for both.
+    let big_w = C * SCRIPT_L / 1e3 + 3.0;
+    let l_eq = SCRIPT_L + 3.0 / C * 1e3;
+    eprintln!(
+        "two hosts: windows {w1:.2} / {w2:.2} (eq. (3) {:.2} / {:.2}), latency {l1:.2} / {l2:.2} ms (eq. (3) {l_eq})",
+        big_w / 3.0,
+        2.0 * big_w / 3.0
+    );
+    assert!(within(w2 / w1, 2.0, 15.0), "windows {w1:.2} : {w2:.2}, eq. (3) 1 : 2\n{s1}\n{s2}");
+    assert!(within(w1 + w2, big_w, 15.0), "total window {:.2}, eq. (3) {big_w}", w1 + w2);
+    for l in [l1, l2] {
+        assert!(within(l, l_eq, 15.0), "cluster latency {l:.2} ms, eq. (3) {l_eq}");
+    }
+}
+
+/// A UDP address on `ip` with a port the OS had free a moment ago.
+fn free_udp(ip: &str) -> SocketAddr {
+    let s = std::net::UdpSocket::bind(format!("{ip}:0")).unwrap();
+    s.local_addr().unwrap()
+}
+
+#[test]
+fn bad_parda_tables_are_one_line_errors() {
+    let tmp = tmpdir("parda-host-bad");
+    let dir = tmp.path();
+    let base = "listen = \"127.0.0.67:0\"\n[[nodes]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
+                [[exports]]\nname = \"v\"\nsize_mb = 1\n";
+    for (tables, want) in [
+        ("[parda_host]\nid = 1\n", "[parda_host] needs a [parda] table"),
+        ("[parda]\nlatency_threshold_ms = 10\ngamma = 2\n", "gamma (eq. (2) smoothing) must be in [0, 1], got 2"),
+        ("[parda]\nlatency_threshold_ms = 10\n", "aggregation = \"cluster\" needs the reports' transport"),
+        (
+            "[parda]\nlatency_threshold_ms = 10\naggregation = \"local\"\n[parda_host]\nudp = \"127.0.0.1:9\"\n",
+            "aggregation = \"local\" uses the host's own latency",
+        ),
+        ("[parda]\nlatency_threshold_ms = 10\naggregation_delay_ms = 5\n", "aggregation_delay_ms models"),
+        (
+            "[parda]\nlatency_threshold_ms = 10\n[parda_host]\nudp = \"x\"\n",
+            "parda_host: udp \"x\" is not an address",
+        ),
+        (
+            "[parda]\nlatency_threshold_ms = 10\naggregation = \"local\"\n[parda_host]\nwindow = 8\n",
+            "window is the fixed issue queue of an uncontrolled host",
+        ),
+        (
+            "[parda]\nlatency_threshold_ms = 10\n[parda_host]\nboard = \"b\"\nboard_slots = 2\nid = 2\n",
+            "id 2 has no slot in a board of 2",
+        ),
+        ("[parda]\nlatency_threshold_ms = 10\n[parda_host]\nudp = \"127.0.0.1:9\"\npeers = [{ id = 1, address = \"127.0.0.1:8\" }, { id = 1, address = \"127.0.0.1:7\" }]\n", "two peers have id 1"),
+        ("[parda]\nlatency_threshold_ms = 10\nlocal_scheduler = \"dmclock\"\n", "is a distributed scheduler"),
+    ] {
+        let cfg = write_file(dir, "gw.toml", &format!("{base}{tables}"));
+        let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["gateway", "--config", cfg.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{tables}: started");
+        assert!(err.contains(want), "{tables}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{tables}: one line: {err}");
+    }
+}
