@@ -137,9 +137,132 @@ pub async fn drive(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    tokio::select! {
-        r = rein_runtime::load::run(cfg, live) => Ok(r?),
-        d = watch => Err(RunError::Died(d)),
+    let hosts = HostPoller::new(sc, plan);
+    let interval = Duration::from_nanos(sc.interval.0);
+    let (mut totals, samples) = tokio::select! {
+        r = async {
+            let (run, samples) = tokio::join!(rein_runtime::load::run(cfg, live), hosts.poll(interval));
+            run.map(|t| (t, samples))
+        } => r,
+        d = watch => return Err(RunError::Died(d)),
+    }?;
+    if let Some(h) = hosts.finish(sc, samples).await {
+        totals.summary.hosts = Some(h.summary.clone());
+        totals.hosts = Some(h);
+    }
+    Ok(totals)
+}
+
+/// One read of a PARDA host's `/api/parda`: when (run time), its IOs completed and their summed latency.
+#[derive(Clone, Copy, Debug)]
+struct HostSample {
+    at: Duration,
+    completed: u64,
+    latency_sum_ns: u64,
+}
+
+/// Reads every PARDA host's `/api/parda` once per interval while the load runs, then its period history,
+/// into the simulator's host report ([`rein_model::report::hosts`]): per interval the IOs the host
+/// completed and their latency, and at each period end its window, beta, signal and estimate. A host's
+/// clock is its own: its periods are placed on the run's time by the offset read at the start.
+struct HostPoller {
+    admins: Vec<rein_runtime::admin_client::AdminEndpoint>,
+    duration: Duration,
+}
+
+impl HostPoller {
+    fn new(sc: &Scenario, plan: &Plan) -> HostPoller {
+        HostPoller {
+            admins: plan.host_admins.iter().map(|&a| a.into()).collect(),
+            duration: Duration::from_nanos(sc.duration.0),
+        }
+    }
+
+    async fn status(&self, h: usize) -> Option<rein_runtime::parda_host::HostStatus> {
+        rein_runtime::admin_client::get_json(&self.admins[h], None, "/api/parda").await.ok()
+    }
+
+    /// Samples per host (the first at the start, with each host's clock offset), until the run's end.
+    async fn poll(&self, interval: Duration) -> Vec<(f64, Vec<HostSample>)> {
+        if self.admins.is_empty() {
+            return Vec::new();
+        }
+        let start = tokio::time::Instant::now();
+        let mut out: Vec<(f64, Vec<HostSample>)> = Vec::with_capacity(self.admins.len());
+        for h in 0..self.admins.len() {
+            let s = self.status(h).await;
+            let at = start.elapsed();
+            let (offset, sample) = match s {
+                Some(s) => (
+                    s.now_s - at.as_secs_f64(),
+                    HostSample { at, completed: s.completed, latency_sum_ns: s.latency_sum_ns },
+                ),
+                None => (0.0, HostSample { at, completed: 0, latency_sum_ns: 0 }),
+            };
+            out.push((offset, vec![sample]));
+        }
+        let mut k = 1u32;
+        while interval * k <= self.duration {
+            tokio::time::sleep_until(start + interval * k).await;
+            for (h, (_, samples)) in out.iter_mut().enumerate() {
+                if let Some(s) = self.status(h).await {
+                    samples.push(HostSample {
+                        at: start.elapsed(),
+                        completed: s.completed,
+                        latency_sum_ns: s.latency_sum_ns,
+                    });
+                }
+            }
+            k += 1;
+        }
+        out
+    }
+
+    /// The host report from the samples and each host's period history (read now, after the run).
+    async fn finish(
+        &self,
+        sc: &Scenario,
+        samples: Vec<(f64, Vec<HostSample>)>,
+    ) -> Option<rein_model::report::hosts::HostTotals> {
+        if samples.is_empty() {
+            return None;
+        }
+        let intervals = sc.duration.0.div_ceil(sc.interval.0) as usize;
+        let mut rec = rein_model::report::hosts::HostRecorder::new(
+            samples.len(),
+            sc.interval,
+            intervals,
+            rein_model::recorder::MAX_CELLS,
+        )?;
+        let half = sc.interval.0 / 2;
+        for (h, (offset, s)) in samples.iter().enumerate() {
+            for w in s.windows(2) {
+                let at = rein_core::Nanos::from_duration(w[1].at).saturating_sub(rein_core::Nanos(half));
+                if at >= sc.duration {
+                    continue;
+                }
+                let ios = u32::try_from(w[1].completed.saturating_sub(w[0].completed)).unwrap_or(u32::MAX);
+                rec.completions(h, at, ios, w[1].latency_sum_ns.saturating_sub(w[0].latency_sum_ns));
+            }
+            if let Some(st) = self.status(h).await {
+                for p in &st.history {
+                    let at = p.at_s - offset;
+                    if at < 0.0 || at >= sc.duration.as_secs_f64() {
+                        continue;
+                    }
+                    let ms = |v: Option<f64>| v.unwrap_or(0.0) * 1e6;
+                    rec.period(
+                        h,
+                        rein_core::Nanos::from_secs_f64(at),
+                        p.window,
+                        p.beta,
+                        ms(p.signal_ms),
+                        ms(p.estimate_ms),
+                    );
+                }
+            }
+        }
+        Some(rec.finish(rein_sim::report::hosts_meta(sc)))
     }
 }
 

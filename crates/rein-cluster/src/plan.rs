@@ -41,6 +41,7 @@ use rein_model::sched_settings::SchedSettingsFile;
 use rein_model::stripe::Stripe;
 use rein_model::workload::WorkloadKind;
 use rein_model::Routing;
+use rein_sim::model::parda::{Aggregation, Parda};
 use rein_sim::model::{Server, Tenant};
 use rein_sim::Scenario;
 use std::fmt::Write as _;
@@ -235,8 +236,10 @@ pub struct Plan {
     pub name: String,
     /// One per server.
     pub nodes: Vec<NodePlan>,
-    /// One per tenant over several servers.
+    /// One per tenant over several servers, or one per PARDA host (its `tenant` is `host-NAME`).
     pub gateways: Vec<GatewayPlan>,
+    /// The admin address of each PARDA host's gateway, in the scenario's host order (`/api/parda`).
+    pub host_admins: Vec<SocketAddr>,
     /// One per tenant, in scenario order.
     pub endpoints: Vec<Endpoint>,
 }
@@ -257,8 +260,8 @@ impl Plan {
             why: if why.is_empty() { String::new() } else { format!(": {why}") },
         };
         let invalid = |message: String| PlanError::Invalid { scenario: sc.name.clone(), message };
-        if sc.parda.is_some() || !sc.hosts.is_empty() {
-            return Err(unsupported("PARDA hosts ([parda], [[hosts]])", "rein has no PARDA host daemon yet"));
+        if let Some(p) = &sc.parda {
+            check_parda(sc, p).map_err(|(f, why)| unsupported(&f, &why))?;
         }
         if sc.pshift.is_some() {
             return Err(unsupported("a pShift cluster ([pshift])", "rein has no pShift controller daemon yet"));
@@ -267,26 +270,29 @@ impl Plan {
             return Err(unsupported("network.delay_ms", "the nodes are on loopback; there is no delay to add"));
         }
         let multi: Vec<usize> = (0..sc.tenants.len()).filter(|&j| sc.tenants[j].servers.len() > 1).collect();
-        let processes = sc.servers.len() + multi.len();
+        let processes = sc.servers.len() + multi.len() + sc.hosts.len();
         if processes > MAX_PROCESSES {
             return Err(invalid(format!(
-                "{} servers and {} tenants over several servers need {processes} processes, each on its own \
-                 127.0.0.x address; at most {MAX_PROCESSES}",
+                "{} servers, {} tenants over several servers and {} PARDA hosts need {processes} processes, each on \
+                 its own 127.0.0.x address; at most {MAX_PROCESSES}",
                 sc.servers.len(),
-                multi.len()
+                multi.len(),
+                sc.hosts.len()
             )));
         }
-        let mut addr = |i: usize| -> Result<(SocketAddr, SocketAddr), PlanError> {
+        // Process i's NBD and admin addresses, and with `udp` a third port (a PARDA host's reports).
+        let mut addr3 = |i: usize, udp: bool| -> Result<(SocketAddr, SocketAddr, SocketAddr), PlanError> {
             let h = host(i);
             let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
-            Ok((SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?))))
+            let (nbd, admin) = (SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?)));
+            Ok((nbd, admin, SocketAddr::from((h, if udp { p(2)? } else { 0 }))))
         };
         for t in &sc.tenants {
             check_tenant(sc, t).map_err(|(f, why)| unsupported(&f, &why))?;
         }
         let mut nodes = Vec::with_capacity(sc.servers.len());
         for (i, s) in sc.servers.iter().enumerate() {
-            let (nbd, admin) = addr(i)?;
+            let (nbd, admin, _) = addr3(i, false)?;
             let users: Vec<(&Tenant, usize)> =
                 sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
             let node = !multi.is_empty();
@@ -294,9 +300,45 @@ impl Plan {
             nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
         }
         let mut gateways = Vec::new();
+        let mut host_admins = Vec::new();
+        // PARDA hosts: a gateway each (after the nodes, at the next addresses), its VMs' endpoints there.
+        let mut host_nbd = Vec::with_capacity(sc.hosts.len());
+        if let Some(p) = &sc.parda {
+            let mut addrs = Vec::with_capacity(sc.hosts.len());
+            for h in 0..sc.hosts.len() {
+                addrs.push(addr3(sc.servers.len() + h, true)?);
+            }
+            for (h, hp) in sc.hosts.iter().enumerate() {
+                let (nbd, admin, udp) = addrs[h];
+                let peers: Vec<(u32, SocketAddr)> = sc
+                    .hosts
+                    .iter()
+                    .enumerate()
+                    .filter(|&(g, o)| g != h && o.runs_parda(p))
+                    .map(|(g, _)| (g as u32, addrs[g].2))
+                    .collect();
+                let text = host_config(sc, p, h, &nodes[hp.server], nbd, admin, udp, &peers).map_err(invalid)?;
+                gateways.push(GatewayPlan { tenant: format!("host-{}", hp.name), nbd, admin, config: text });
+                host_admins.push(admin);
+                host_nbd.push(nbd);
+            }
+        }
         let mut endpoints = Vec::with_capacity(sc.tenants.len());
         for t in &sc.tenants {
             let node_admins = t.servers.iter().map(|&i| nodes[i].admin).collect();
+            if let Some(h) = t.host {
+                // A VM opens its export on its host; the host sends to the array.
+                endpoints.push(Endpoint {
+                    tenant: t.name.clone(),
+                    nbd: host_nbd[h],
+                    export: t.name.clone(),
+                    servers: t.servers.clone(),
+                    node_admins,
+                    gateway: true,
+                    stripe: None,
+                });
+                continue;
+            }
             if t.servers.len() == 1 {
                 endpoints.push(Endpoint {
                     tenant: t.name.clone(),
@@ -309,7 +351,8 @@ impl Plan {
                 });
                 continue;
             }
-            let (nbd, admin) = addr(sc.servers.len() + gateways.len())?;
+            let (nbd, admin, _) = addr3(sc.servers.len() + gateways.len(), false)?;
+            debug_assert!(sc.hosts.is_empty(), "a PARDA scenario's tenants are VMs on hosts or on one server");
             let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
             let (unit_kb, w) = stripe(t).map_err(invalid)?;
             let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
@@ -325,7 +368,7 @@ impl Plan {
                 stripe: Some((layout, export_mb(t) << 20)),
             });
         }
-        Ok(Plan { name: sc.name.clone(), nodes, gateways, endpoints })
+        Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints })
     }
 }
 
@@ -334,11 +377,156 @@ fn check_tenant(sc: &Scenario, t: &Tenant) -> Result<(), (String, String)> {
     if matches!(t.routing, Routing::Device(_)) {
         return Err((format!("tenant {}: routing.devices", t.name), "a gateway stripes by offset".into()));
     }
-    if t.host.is_some() {
-        return Err((format!("tenant {}: a VM on a PARDA host", t.name), String::new()));
-    }
     let _ = sc;
     Ok(())
+}
+
+/// A PARDA feature a real cluster cannot run: `(feature, why)`.
+fn check_parda(sc: &Scenario, p: &Parda) -> Result<(), (String, String)> {
+    if p.delay > Nanos::ZERO {
+        let why = "the hosts' reports take as long as UDP takes on loopback";
+        return Err(("parda.aggregation_delay_ms".into(), why.into()));
+    }
+    for h in &sc.hosts {
+        if h.service_scale != 1.0 {
+            let why = "placement skew is the simulator's model of where a host's data lies; a real array has its own";
+            return Err((format!("host {}: service_scale", h.name), why.into()));
+        }
+        if !h.window_schedule.is_empty() {
+            let why = "a host's fixed issue queue is set at start (a gateway reload does not change it)";
+            return Err((format!("host {}: window_schedule", h.name), why.into()));
+        }
+    }
+    // The hosts' local scheduler runs the gateway's settings: the defaults with [parda]'s batching.
+    let local = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..SchedConfig::default() };
+    let sim = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..sc.sched };
+    if sim != local {
+        let why = "a PARDA host's local scheduler runs the default settings (with [parda]'s batching)";
+        return Err(("[mclock] settings under PARDA hosts".into(), why.into()));
+    }
+    Ok(())
+}
+
+/// The `[parda]` table for `p`, checked to read back as `p` (invariant 1).
+pub fn parda_table(p: &Parda) -> Result<String, String> {
+    let c = &p.config;
+    let mut t = format!(
+        "[parda]\nlatency_threshold_ms = {}\nalpha = {}\ngamma = {}\nperiod_s = {}\nw_min = {}\nw_max = {}\n",
+        f(c.latency_threshold.0 as f64 / 1e6),
+        f(c.alpha),
+        f(c.gamma),
+        f(c.period.0 as f64 / 1e9),
+        f(c.w_min),
+        f(c.w_max)
+    );
+    if let Some(w) = c.initial_window {
+        let _ = writeln!(t, "initial_window = {}", f(w));
+    }
+    if c.size_model != rein_core::parda::SizeModel::NONE {
+        let _ = writeln!(
+            t,
+            "size_model = {{ fixed_ms = {}, transfer_mb_s = {} }}",
+            f(c.size_model.fixed_ns / 1e6),
+            f(1e3 / c.size_model.per_byte_ns)
+        );
+    }
+    let _ = write!(
+        t,
+        "aggregation = {}\naggregation_timeout_s = {}\nbeta_per_share = {}\nadjust_beta = {}\n\
+         local_scheduler = {}\nbatch = {}\nbatch_distance_kb = {}\nenabled = {}\n",
+        q(p.aggregation.name()),
+        f(p.timeout.0 as f64 / 1e9),
+        f(p.beta_per_share),
+        c.adjust_beta,
+        q(p.local_scheduler.name()),
+        p.batch,
+        f(p.batch_distance as f64 / 1024.0),
+        p.enabled
+    );
+    #[derive(serde::Deserialize)]
+    struct Table {
+        parda: rein_model::parda_settings::PardaFile,
+    }
+    let back: Table = toml::from_str(&t).map_err(|e| format!("[parda] as written: {e}"))?;
+    let back = back.parda.validate().map_err(|e| format!("[parda] as written: {e}"))?;
+    let near = |a: u64, b: u64| a.abs_diff(b) <= 1;
+    let eq = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
+    let (b, d) = (&back.config, c);
+    let same = near(b.latency_threshold.0, d.latency_threshold.0)
+        && near(b.period.0, d.period.0)
+        && near(back.timeout.0, p.timeout.0)
+        && (b.alpha, b.gamma, b.w_min, b.w_max, b.initial_window, b.adjust_beta)
+            == (d.alpha, d.gamma, d.w_min, d.w_max, d.initial_window, d.adjust_beta)
+        && eq(b.size_model.fixed_ns, d.size_model.fixed_ns)
+        && eq(b.size_model.per_byte_ns, d.size_model.per_byte_ns)
+        && (back.aggregation, back.beta_per_share, back.local_scheduler, back.batch, back.batch_distance, back.enabled)
+            == (p.aggregation, p.beta_per_share, p.local_scheduler, p.batch, p.batch_distance, p.enabled);
+    if !same {
+        return Err(format!("the PARDA settings {p:?} read back as {back:?}"));
+    }
+    Ok(t)
+}
+
+/// PARDA host `h`'s gw.toml: its VMs as tenants with an export each on `array` (plain NBD), the scenario's
+/// `[parda]`, and `[parda_host]` with its UDP socket `udp` and the other PARDA hosts' (`peers`).
+#[allow(clippy::too_many_arguments)]
+fn host_config(
+    sc: &Scenario,
+    p: &Parda,
+    h: usize,
+    array: &NodePlan,
+    nbd: SocketAddr,
+    admin: SocketAddr,
+    udp: SocketAddr,
+    peers: &[(u32, SocketAddr)],
+) -> Result<String, String> {
+    let host = &sc.hosts[h];
+    let vms: Vec<&Tenant> = host.vms.iter().map(|&t| &sc.tenants[t]).collect();
+    let bound: u64 = vms.iter().map(|t| in_flight_bound(t, sc.duration)).fold(0, u64::saturating_add);
+    let mut g = format!(
+        "# rein cluster: PARDA host {} of scenario {}\nlisten = {}\nadmin = {}\nshutdown_timeout_s = 2\n\
+         connections_per_node = {}\nrequest_timeout_s = {}\n{}",
+        host.name,
+        sc.name,
+        q(&nbd.to_string()),
+        q(&admin.to_string()),
+        bound.div_ceil(PER_CONN).clamp(4, rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64),
+        request_timeout_s(sc.duration),
+        budget_lines(&vms, sc.duration)
+    );
+    let _ = write!(
+        g,
+        "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"nbd\"\n",
+        q(&array.name),
+        q(&array.nbd.to_string())
+    );
+    for t in &vms {
+        g.push('\n');
+        g.push_str(&tenant_entry(&t.name, &t.spec));
+        let _ = writeln!(
+            g,
+            "[[exports]]\nname = {}\ntenant = {}\nsize_mb = {}\nnode_export = {}",
+            q(&t.name),
+            q(&t.name),
+            export_mb(t),
+            q(&t.name)
+        );
+    }
+    g.push('\n');
+    g.push_str(&parda_table(p)?);
+    let _ = write!(g, "\n[parda_host]\nid = {h}\ncontrolled = {}\n", host.controlled);
+    if let Some(b) = host.beta {
+        let _ = writeln!(g, "beta = {}", f(b));
+    }
+    if let Some(w) = host.window {
+        let _ = writeln!(g, "window = {}", f(w));
+    }
+    if host.runs_parda(p) && p.aggregation == Aggregation::Cluster {
+        let list: Vec<String> =
+            peers.iter().map(|(id, a)| format!("{{ id = {id}, address = {} }}", q(&a.to_string()))).collect();
+        let _ = writeln!(g, "udp = {}\npeers = [{}]", q(&udp.to_string()), list.join(", "));
+    }
+    Ok(g)
 }
 
 /// The export size (MiB) a tenant's workload needs: its span (at least its request size), at least 1 MiB.
@@ -916,9 +1104,10 @@ span_gb = 0.0001
         ));
         assert!(e.contains("network.delay_ms cannot run on a real cluster"), "{e}");
         let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
-        let parda = Scenario::load(&base.join("parda-fig2.toml")).unwrap();
-        let e = Plan::new(&parda, fixed_ports).unwrap_err().to_string();
-        assert!(e.contains("PARDA hosts ([parda], [[hosts]]) cannot run on a real cluster"), "{e}");
+        // Placement skew is the simulator's model; a real array has its own.
+        let skew = Scenario::load(&base.join("parda-table3.toml")).unwrap();
+        let e = Plan::new(&skew, fixed_ports).unwrap_err().to_string();
+        assert!(e.contains("host h1: service_scale cannot run on a real cluster"), "{e}");
         let pshift = Scenario::load(&base.join("pshift-exp1.toml")).unwrap();
         let e = Plan::new(&pshift, fixed_ports).unwrap_err().to_string();
         assert!(e.contains("a pShift cluster ([pshift]) cannot run on a real cluster"), "{e}");
@@ -1093,5 +1282,52 @@ iops = 100
         // A run longer than an hour keeps the gateway's largest timeout.
         assert_eq!(request_timeout_s(Nanos::from_secs(7200)), 3600.0);
         assert_eq!(request_timeout_s(Nanos::from_secs(1)), 61.0);
+    }
+
+    /// PARDA hosts: one gateway per host after the nodes, each a PARDA host whose `[parda]` reads back as
+    /// the scenario's (invariant 1), its VMs' exports on the array over plain NBD, and the other
+    /// controlled hosts as its UDP peers; the VMs' endpoints are their hosts.
+    #[test]
+    fn parda_hosts_become_gateways_with_the_scenarios_control_law() {
+        let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let sc = Scenario::load(&base.join("parda-fig2.toml")).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert_eq!(plan.nodes.len(), 1);
+        assert_eq!(plan.gateways.len(), 3);
+        assert_eq!(plan.host_admins.len(), 3);
+        let p = sc.parda.as_ref().unwrap();
+        for (h, g) in plan.gateways.iter().enumerate() {
+            assert_eq!(g.tenant, format!("host-{}", sc.hosts[h].name));
+            assert_eq!(g.admin, plan.host_admins[h]);
+            let cfg = rein_runtime::gateway::GatewayConfig::parse(&g.config, Path::new("gw.toml")).unwrap();
+            let host = cfg.parda.expect("a PARDA host");
+            assert_eq!(host.id, h as u32);
+            assert_eq!(host.beta, sc.hosts[h].beta);
+            assert!(host.runs);
+            assert_eq!(format!("{:?}", host.parda.config), format!("{:?}", p.config));
+            match &host.transport {
+                rein_runtime::parda_host::ReportTransport::Udp { peers, .. } => {
+                    let ids: Vec<u32> = peers.iter().map(|x| x.0).collect();
+                    let want: Vec<u32> = (0..3).filter(|&i| i != h as u32).collect();
+                    assert_eq!(ids, want);
+                }
+                other => panic!("cluster aggregation over UDP, got {other:?}"),
+            }
+            assert_eq!(cfg.nodes.len(), 1);
+            assert_eq!(cfg.nodes[0].protocol, rein_runtime::remote::NodeProtocol::Nbd);
+            let vm = &sc.tenants[sc.hosts[h].vms[0]];
+            assert_eq!(cfg.tenants[0].name, vm.name);
+            assert_eq!(cfg.tenants[0].spec, vm.spec);
+            assert_eq!(plan.endpoints[sc.hosts[h].vms[0]].nbd, g.nbd);
+        }
+        // An aggregation delay is the simulator's model of a board; it is refused by name.
+        let text = std::fs::read_to_string(base.join("parda-fig2.toml"))
+            .unwrap()
+            .replace("aggregation = \"cluster\"", "aggregation = \"cluster\"\naggregation_delay_ms = 5");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.toml");
+        std::fs::write(&path, text).unwrap();
+        let e = Plan::new(&Scenario::load(&path).unwrap(), fixed_ports).unwrap_err().to_string();
+        assert!(e.contains("parda.aggregation_delay_ms cannot run on a real cluster"), "{e}");
     }
 }

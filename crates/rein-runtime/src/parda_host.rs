@@ -229,7 +229,7 @@ pub(crate) fn validate(parda: &PardaFile, host: Option<&PardaHostFile>, base: &P
 }
 
 /// One control period as `/api/parda` lists it.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, Deserialize)]
 pub struct PeriodRecord {
     /// When it ended (s since the gate started).
     pub at_s: f64,
@@ -246,14 +246,14 @@ pub struct PeriodRecord {
 }
 
 /// What the gate shows: the controller's state and its recent periods.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, Deserialize)]
 pub struct HostStatus {
     /// The host's id.
     pub id: u32,
     /// Runs PARDA (else a fixed issue queue).
     pub controlled: bool,
     /// `cluster`, `local`, or `fixed` (an uncontrolled host).
-    pub aggregation: &'static str,
+    pub aggregation: String,
     /// w(t) (IOs).
     pub window: f64,
     /// IOs it may have outstanding now.
@@ -274,6 +274,10 @@ pub struct HostStatus {
     pub periods: u64,
     /// IOs completed.
     pub completed: u64,
+    /// Their latencies summed (ns): with `completed`, the mean latency over any span between two reads.
+    pub latency_sum_ns: u64,
+    /// When this status was read (s on the gate's clock, the one `history` uses).
+    pub now_s: f64,
     /// Reports exchanges that failed (the file could not be written or read), and records refused as
     /// corrupt or from an address that is not the peer's.
     pub exchange_errors: u64,
@@ -316,6 +320,7 @@ enum Msg {
 pub struct HostGate {
     tx: mpsc::UnboundedSender<Msg>,
     status: Arc<Mutex<HostStatus>>,
+    clock: Clock,
 }
 
 impl HostGate {
@@ -351,7 +356,8 @@ impl HostGate {
         let aggregation = match (settings.runs, settings.parda.aggregation) {
             (false, _) => "fixed",
             (true, a) => a.name(),
-        };
+        }
+        .to_string();
         let mut status = HostStatus {
             id: settings.id,
             controlled: settings.runs,
@@ -366,6 +372,8 @@ impl HostGate {
             cluster_hosts: 0,
             periods: 0,
             completed: 0,
+            latency_sum_ns: 0,
+            now_s: 0.0,
             exchange_errors: 0,
             records_refused: 0,
             history: VecDeque::new(),
@@ -373,7 +381,7 @@ impl HostGate {
         status.update(&ctl.stats());
         let status = Arc::new(Mutex::new(status));
         let (tx, rx) = mpsc::unbounded_channel();
-        let gate = Arc::new(HostGate { tx: tx.clone(), status: status.clone() });
+        let gate = Arc::new(HostGate { tx: tx.clone(), status: status.clone(), clock });
         let task = Task {
             ctl,
             agg,
@@ -383,6 +391,7 @@ impl HostGate {
             clock,
             parked: HashMap::new(),
             next_handle: 0,
+            latency_sum_ns: 0,
             answers: tx.downgrade(),
             status,
         };
@@ -392,7 +401,9 @@ impl HostGate {
 
     /// The host's state now.
     pub fn status(&self) -> HostStatus {
-        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        s.now_s = self.clock.now().as_secs_f64();
+        s
     }
 
     /// A request of VM `vm` for `volume`: queued in the host, sent when the window allows, answered
@@ -431,6 +442,8 @@ struct Task {
     clock: Clock,
     parked: HashMap<u64, Parked>,
     next_handle: u64,
+    /// Latencies of the completed IOs, summed (ns).
+    latency_sum_ns: u64,
     /// For the answers' callbacks (weak: the task ends when every gate is gone and nothing is in flight).
     answers: mpsc::WeakUnboundedSender<Msg>,
     status: Arc<Mutex<HostStatus>>,
@@ -458,7 +471,9 @@ impl Task {
             }
             wait = self.pump().await;
             let st = self.ctl.stats();
-            self.status.lock().unwrap_or_else(|e| e.into_inner()).update(&st);
+            let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+            s.update(&st);
+            s.latency_sum_ns = self.latency_sum_ns;
         }
         for (_, p) in self.parked.drain() {
             (p.done)(Err(IoError::Shutdown), Default::default());
@@ -490,8 +505,12 @@ impl Task {
             Msg::Answered { vm, latency, size, ok } => {
                 // The controller knows every VM it issued for; an error here would be a gate bug, and
                 // the slot must be freed either way, so it is only logged.
-                let r =
-                    if ok { self.ctl.on_complete(now, vm, latency, size) } else { self.ctl.on_issue_failed(now, vm) };
+                let r = if ok {
+                    self.latency_sum_ns = self.latency_sum_ns.saturating_add(latency.0);
+                    self.ctl.on_complete(now, vm, latency, size)
+                } else {
+                    self.ctl.on_issue_failed(now, vm)
+                };
                 if let Err(e) = r {
                     tracing::error!("parda host: completion not taken: {e}");
                 }

@@ -57,6 +57,12 @@ pub(crate) fn run(cmd: ClusterCmd) -> Result<()> {
 /// Loads and plans the scenario, and starts its processes.
 fn start(a: &UpArgs) -> Result<(Scenario, Plan, Supervisor)> {
     let sc = Scenario::load(&a.scenario)?;
+    let (plan, sup) = start_with(a, &sc, None)?;
+    Ok((sc, plan, sup))
+}
+
+/// Plans `sc` and starts its processes (their files in `sub` of `--dir`, if both are given).
+fn start_with(a: &UpArgs, sc: &Scenario, sub: Option<&str>) -> Result<(Plan, Supervisor)> {
     let exe = std::env::current_exe().context("finding the rein executable")?;
     for d in rein_cluster::supervisor::sweep_stale_runs() {
         eprintln!("removed the run directory {} of a rein cluster that was killed", d.display());
@@ -64,15 +70,16 @@ fn start(a: &UpArgs) -> Result<(Scenario, Plan, Supervisor)> {
     // Node data lives in the run's directory: plan against it once it exists.
     let dir = match &a.dir {
         Some(d) => {
+            let d = &sub.map_or_else(|| d.clone(), |s| d.join(s));
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
             Some(std::fs::canonicalize(d).with_context(|| format!("resolving {}", d.display()))?)
         }
         None => None,
     };
     let base = a.base_port;
-    let plan = Plan::new(&sc, |h, k| rein_cluster::supervisor::port(base, h, k))?;
+    let plan = Plan::new(sc, |h, k| rein_cluster::supervisor::port(base, h, k))?;
     let sup = Supervisor::start(&plan, &exe, dir.as_deref(), READY_TIMEOUT)?;
-    Ok((sc, plan, sup))
+    Ok((plan, sup))
 }
 
 /// SIGTERM and SIGINT handlers, installed before the children start: a signal during start-up is then
@@ -140,7 +147,32 @@ fn up(a: UpArgs) -> Result<()> {
 fn run_scenario(a: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (mut term, mut int) = signals(&rt)?;
-    let (sc, plan, sup) = start(&a.up)?;
+    let sc = Scenario::load(&a.up.scenario)?;
+    let totals = run_on_cluster(&rt, &a, &sc, None, (&mut term, &mut int))?;
+    // Expectations against the uncontrolled run (PARDA off) get it as the simulator's do: the same
+    // scenario without PARDA, run on a cluster of its own after this one.
+    let baseline = match a.report.check.then(|| rein_sim::check::baseline_scenario(&sc)).flatten() {
+        Some(b) => {
+            if !(a.report.quiet || a.report.json) {
+                eprintln!("running the baseline the checks ask for ({}: PARDA off)", b.name);
+            }
+            Some(run_on_cluster(&rt, &a, &b, Some("baseline"), (&mut term, &mut int))?)
+        }
+        None => None,
+    };
+    let results = a.report.check.then(|| rein_sim::check::check(&sc, &totals, baseline.as_ref()));
+    crate::sim::report(&a.report, &a.up.scenario, &sc, &totals, results, crate::load::print_summary)
+}
+
+/// Starts `sc` on a cluster, drives it for its duration with a progress bar, stops the cluster.
+fn run_on_cluster(
+    rt: &tokio::runtime::Runtime,
+    a: &RunArgs,
+    sc: &Scenario,
+    sub: Option<&str>,
+    (term, int): (&mut Signal, &mut Signal),
+) -> Result<rein_model::RunTotals> {
+    let (plan, sup) = start_with(&a.up, sc, sub)?;
     let sup = Arc::new(Mutex::new(sup));
     let quiet = a.report.quiet || a.report.json;
     let bar = if quiet || !std::io::stderr().is_terminal() {
@@ -157,7 +189,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     };
     let total = sc.duration.as_secs_f64();
     let b = bar.clone();
-    let drive = rein_cluster::drive(&sc, &plan, sup.clone(), move |t, _| {
+    let drive = rein_cluster::drive(sc, &plan, sup.clone(), move |t, _| {
         b.set_position(t.as_nanos().min(u64::MAX as u128) as u64);
         b.set_message(format!("{:.0}/{total:.0} s", t.as_secs_f64()));
     });
@@ -170,7 +202,5 @@ fn run_scenario(a: RunArgs) -> Result<()> {
         }
     });
     bar.finish_and_clear();
-    let totals = finish(sup, res)?;
-    let results = a.report.check.then(|| rein_sim::check::check(&sc, &totals, None));
-    crate::sim::report(&a.report, &a.up.scenario, &sc, &totals, results, crate::load::print_summary)
+    finish(sup, res)
 }

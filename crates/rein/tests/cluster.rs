@@ -406,3 +406,100 @@ fn sigterm_during_run_stops_every_child_and_fails() {
     }
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
+
+/// Two PARDA hosts (beta 1 and 2, cluster aggregation) in front of a processor-sharing array of 2,000
+/// IOPS, each with one VM of 48 outstanding IOs; script-L 10 ms, periods of 0.25 s (the split between
+/// the hosts closes about gamma sum(beta) / W = 10 % of its distance per period, so 24 periods before the
+/// checked window bring it within 10 % from the start at w_max).
+const PARDA_TWO_HOSTS: &str = r#"
+name = "parda-two"
+duration_s = 16.0
+warmup_s = 6.0
+scheduler = "fifo"
+[parda]
+latency_threshold_ms = 10
+alpha = 0.0
+period_s = 0.25
+w_max = 64
+aggregation = "cluster"
+[[servers]]
+name = "array"
+capacity_iops = 2000
+service = "exponential"
+discipline = "ps"
+queue_depth = 4096
+[[hosts]]
+name = "h1"
+beta = 1
+[[hosts]]
+name = "h2"
+beta = 2
+[[tenants]]
+name = "vm1"
+host = "h1"
+[tenants.workload]
+kind = "closed"
+outstanding = 48
+span_gb = 0.0625
+[[tenants]]
+name = "vm2"
+host = "h2"
+[tenants.workload]
+kind = "closed"
+outstanding = 48
+span_gb = 0.0625
+[[expect]]
+host = "h1"
+metric = "window"
+equilibrium = true
+within_pct = 10
+note = "eq. (3): W = C script-L + sum beta = 23, split 1:2"
+[[expect]]
+host = "h2"
+metric = "window"
+equilibrium = true
+within_pct = 10
+note = "eq. (3)"
+[[expect]]
+host = "all"
+metric = "latency_mean_ms"
+equilibrium = true
+within_pct = 5
+note = "eq. (3): script-L + sum beta / C = 11.5 ms"
+[[expect]]
+host = "all"
+metric = "iops"
+uncontrolled = true
+within_pct = 5
+note = "a processor-sharing array serves C whatever the windows"
+"#;
+
+/// PARDA on real daemons: each host a `rein gateway` with `[parda]`, the array a `rein serve` with the
+/// scenario's device model; the host checks (eq. (3)) are the simulator's, on the hosts' own reports,
+/// and the uncontrolled baseline they ask for runs on a second cluster.
+#[test]
+fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
+    let (tmp, run_tmp) = run_dirs();
+    let out_dir = tmp.path().join("out");
+    let sc = scenario(tmp.path(), PARDA_TWO_HOSTS);
+    let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--json", "--out"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for line in
+        ["ok   host h1: window", "ok   host h2: window", "ok   host all: latency_mean_ms", "ok   host all: iops"]
+    {
+        assert!(stderr.contains(line), "{line}: {stderr}");
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON summary");
+    let hosts = doc["hosts"]["hosts"].as_array().expect("the hosts' summary");
+    assert_eq!(hosts.len(), 2);
+    let (w1, w2) = (hosts[0]["window_mean"].as_f64().unwrap(), hosts[1]["window_mean"].as_f64().unwrap());
+    assert!((w2 / w1 - 2.0).abs() < 0.2, "windows {w1} : {w2}, beta 1 : 2");
+    let csv = std::fs::read_to_string(out_dir.join("hosts.csv")).unwrap();
+    assert!(csv.starts_with("t_s,host,window,beta,iops,latency_mean_ms,signal_ms,estimate_ms\n"));
+    assert_eq!(csv.lines().count(), 1 + 2 * 16, "a row per host per second");
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directories are removed");
+}

@@ -83,6 +83,15 @@ impl HostRecorder {
         c.lat_sum_ns += latency.0;
     }
 
+    /// `ios` requests host `host` issued completed in the interval holding `now`, their latencies summing
+    /// to `lat_sum_ns` (a measured run reads a host's counters once per interval).
+    pub fn completions(&mut self, host: usize, now: Nanos, ios: u32, lat_sum_ns: u64) {
+        let i = self.index(host, now);
+        let c = &mut self.cells[i];
+        c.ios = c.ios.saturating_add(ios);
+        c.lat_sum_ns = c.lat_sum_ns.saturating_add(lat_sum_ns);
+    }
+
     /// Host `host`'s state at a period end at `now` (signal and estimate in ns, 0 if none).
     pub fn period(&mut self, host: usize, now: Nanos, window: f64, beta: f64, signal_ns: f64, estimate_ns: f64) {
         let i = self.index(host, now);

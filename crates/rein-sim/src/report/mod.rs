@@ -2,6 +2,7 @@
 //! types: summary.json, timeseries.csv, hosts.csv).
 
 mod parda;
+pub use parda::hosts_meta;
 
 use crate::engine::Recording;
 use crate::model::Scenario;

@@ -3,8 +3,8 @@
 use crate::model::Scenario;
 use rein_model::report::hosts::HostsMeta;
 
-/// The scenario's hosts as the report names them.
-pub(super) fn hosts_meta(sc: &Scenario) -> HostsMeta {
+/// The scenario's hosts as the report names them (the simulator's and `rein cluster`'s reports).
+pub fn hosts_meta(sc: &Scenario) -> HostsMeta {
     let p = sc.parda.as_ref().expect("a host recording exists only with [parda]");
     HostsMeta {
         names: sc.hosts.iter().map(|h| h.name.clone()).collect(),
