@@ -25,6 +25,7 @@
 //! | gateway of a tenant over several servers (dmClock tracker) | a `rein gateway` ([`plan::GatewayPlan`]) |
 //! | tenant's generator | [`drive`]: rein-runtime's load driver, one job per tenant |
 //! | completion phases | the nodes' `/api/tenants` counters, summed over the tenant's nodes |
+//! | PARDA host (`[[hosts]]`) | a `rein gateway` with `[parda]`; its `/api/parda`, read each interval |
 //!
 //! # Deviations
 //! Time is real: results vary from run to run (service-time draws, scheduling of the processes on a
@@ -168,13 +169,24 @@ struct HostSample {
 struct HostPoller {
     admins: Vec<rein_runtime::admin_client::AdminEndpoint>,
     duration: Duration,
+    /// Fixed issue queues resized during the run (a host's `window_schedule`): (when, host, IOs), in time
+    /// order.
+    steps: Vec<(Duration, usize, f64)>,
 }
 
 impl HostPoller {
     fn new(sc: &Scenario, plan: &Plan) -> HostPoller {
+        let mut steps: Vec<(Duration, usize, f64)> = sc
+            .hosts
+            .iter()
+            .enumerate()
+            .flat_map(|(h, host)| host.window_schedule.iter().map(move |&(at, w)| (Duration::from_nanos(at.0), h, w)))
+            .collect();
+        steps.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
         HostPoller {
             admins: plan.host_admins.iter().map(|&a| a.into()).collect(),
             duration: Duration::from_nanos(sc.duration.0),
+            steps,
         }
     }
 
@@ -202,7 +214,19 @@ impl HostPoller {
             out.push((offset, vec![sample]));
         }
         let mut k = 1u32;
+        let mut next_step = 0;
         while interval * k <= self.duration {
+            // Resizes due before the next sample go first, each at its time.
+            while let Some(&(at, h, window)) = self.steps.get(next_step).filter(|s| s.0 < interval * k) {
+                tokio::time::sleep_until(start + at).await;
+                let body = serde_json::json!({ "window": window });
+                if let Err(e) =
+                    rein_runtime::admin_client::put_json(&self.admins[h], None, "/api/parda/window", &body).await
+                {
+                    tracing::warn!(host = h, window, "resizing a host's issue queue failed: {e}");
+                }
+                next_step += 1;
+            }
             tokio::time::sleep_until(start + interval * k).await;
             for (h, (_, samples)) in out.iter_mut().enumerate() {
                 if let Some(s) = self.status(h).await {

@@ -22,6 +22,9 @@
 //! | `[[servers]]` i | [`NodePlan`] i: `rein serve` config text |
 //! | tenant's `servers`, routing shares | [`Endpoint::servers`], gateway stripe `widths` |
 //! | `server_reservations` | the node tenant's reservation (one server), RBFQ local reservations (gateway) |
+//! | `[[hosts]]` h, `[parda]` | a gateway `host-NAME` with `[parda]` (read back equal) and `[parda_host]` id h |
+//! | a VM (`host = "h"`) | a tenant and volume of host h's gateway, an export on the array's node |
+//! | a host's `service_scale` | the array's `[device_model] service_scale` for each of its VMs |
 //!
 //! A node that serves a striped tenant has `[node] enabled = true, specs = "node"`: its gateway speaks the
 //! storage-node protocol to it (`protocol = "rein"`), tagging every request with the tenant's dmClock/RBFQ
@@ -386,16 +389,6 @@ fn check_parda(sc: &Scenario, p: &Parda) -> Result<(), (String, String)> {
     if p.delay > Nanos::ZERO {
         let why = "the hosts' reports take as long as UDP takes on loopback";
         return Err(("parda.aggregation_delay_ms".into(), why.into()));
-    }
-    for h in &sc.hosts {
-        if h.service_scale != 1.0 {
-            let why = "placement skew is the simulator's model of where a host's data lies; a real array has its own";
-            return Err((format!("host {}: service_scale", h.name), why.into()));
-        }
-        if !h.window_schedule.is_empty() {
-            let why = "a host's fixed issue queue is set at start (a gateway reload does not change it)";
-            return Err((format!("host {}: window_schedule", h.name), why.into()));
-        }
     }
     // The hosts' local scheduler runs the gateway's settings: the defaults with [parda]'s batching.
     let local = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..SchedConfig::default() };
@@ -810,6 +803,16 @@ fn node_config(
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
     t.push('\n');
     t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
+    // Placement skew: a PARDA host's service_scale multiplies its VMs' service times at the array.
+    let skew: Vec<String> = users
+        .iter()
+        .filter_map(|&(t, _)| t.host.map(|h| (t, sc.hosts[h].service_scale)))
+        .filter(|&(_, x)| x != 1.0)
+        .map(|(t, x)| format!("{} = {}", q(&t.name), f(x)))
+        .collect();
+    if !skew.is_empty() {
+        let _ = writeln!(t, "service_scale = {{ {} }}", skew.join(", "));
+    }
     for &(tenant, k) in users {
         let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
         if widths[k] == 0 {
@@ -1104,10 +1107,18 @@ span_gb = 0.0001
         ));
         assert!(e.contains("network.delay_ms cannot run on a real cluster"), "{e}");
         let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
-        // Placement skew is the simulator's model; a real array has its own.
+        // Placement skew goes to the array's device model, per VM.
         let skew = Scenario::load(&base.join("parda-table3.toml")).unwrap();
-        let e = Plan::new(&skew, fixed_ports).unwrap_err().to_string();
-        assert!(e.contains("host h1: service_scale cannot run on a real cluster"), "{e}");
+        let plan = Plan::new(&skew, fixed_ports).unwrap();
+        let node = rein_runtime::config::ServerConfig::parse(&plan.nodes[0].config, Path::new("rein.toml")).unwrap();
+        let scales = &node.device.as_ref().unwrap().service_scale;
+        for h in &skew.hosts {
+            for &t in &h.vms {
+                let want = if h.service_scale == 1.0 { None } else { Some(h.service_scale) };
+                let got = scales.iter().find(|(n, _)| *n == skew.tenants[t].name).map(|x| x.1);
+                assert_eq!(got, want, "VM {} of host {}", skew.tenants[t].name, h.name);
+            }
+        }
         let pshift = Scenario::load(&base.join("pshift-exp1.toml")).unwrap();
         let e = Plan::new(&pshift, fixed_ports).unwrap_err().to_string();
         assert!(e.contains("a pShift cluster ([pshift]) cannot run on a real cluster"), "{e}");

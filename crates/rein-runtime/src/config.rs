@@ -321,6 +321,8 @@ struct DeviceFile {
     seed: u64,
     #[serde(default)]
     stream: usize,
+    #[serde(default)]
+    service_scale: std::collections::BTreeMap<String, f64>,
 }
 
 /// An `[[exports]]` entry as written (in rein.toml, or as the body of `POST /api/exports`).
@@ -780,7 +782,19 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
             }
             .validate()
             .map_err(|e| format!("device_model.{e}"))?;
-            Some(DeviceConfig { spec, seed: d.seed, stream: d.stream })
+            let mut service_scale = Vec::with_capacity(d.service_scale.len());
+            for (name, &x) in &d.service_scale {
+                if !(x.is_finite() && (1e-3..=1e3).contains(&x)) {
+                    return Err(format!("device_model.service_scale.{name} must be in [0.001, 1000], got {x}"));
+                }
+                if !f.tenants.iter().any(|t| &t.name == name) && !f.exports.iter().any(|e| &e.name == name) {
+                    return Err(format!(
+                        "device_model.service_scale names {name:?}, which is no tenant (a [[tenants]] entry or an export's own)"
+                    ));
+                }
+                service_scale.push((name.clone(), x));
+            }
+            Some(DeviceConfig { spec, seed: d.seed, stream: d.stream, service_scale })
         }
     };
     if let Some(c) = f.capacity_iops {

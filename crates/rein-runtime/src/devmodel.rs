@@ -53,6 +53,10 @@ pub struct DeviceConfig {
     /// Which of the simulator's per-server streams it draws from (`server_stream(stream)`): a scenario's
     /// server index, so that node i of `rein cluster` draws the service times of the simulator's server i.
     pub stream: usize,
+    /// Multipliers on the service times of named tenants' requests (`service_scale = { vm1 = 1.4 }`):
+    /// where a tenant's data lies on the device (placement skew, parda.txt §4.1; a scenario host's
+    /// `service_scale`), each in [0.001, 1000]. Tenants not named: 1.
+    pub service_scale: Vec<(String, f64)>,
 }
 
 /// Where a job stands.
@@ -116,7 +120,7 @@ impl<T> ModelledDevice<T> {
 
     /// A request of `size` bytes at `offset` that reached the dispatcher at `arrived` starts now (real
     /// time `now`): admitted at the model time of the module comment ("Late timers"); returns its job id.
-    pub(crate) fn admit(&mut self, now: Nanos, arrived: Nanos, size: u64, offset: u64, write: bool) -> u32 {
+    pub(crate) fn admit(&mut self, now: Nanos, arrived: Nanos, size: u64, offset: u64, write: bool, scale: f64) -> u32 {
         let at = arrived.max(self.last_event).max(now.saturating_sub(MAX_BACKDATE)).min(now);
         self.last_event = at;
         let id = match self.free.pop() {
@@ -129,7 +133,7 @@ impl<T> ModelledDevice<T> {
                 (self.slots.len() - 1) as u32
             }
         };
-        if let Some(w) = self.device.arrive(at, Job { id, size, offset, scale: 1.0, write }) {
+        if let Some(w) = self.device.arrive(at, Job { id, size, offset, scale, write }) {
             self.wake = Some(w);
         }
         id
@@ -209,14 +213,19 @@ mod tests {
     use rein_model::device::{CapacityStep, ServiceModel};
 
     fn deterministic(iops: f64) -> DeviceConfig {
-        DeviceConfig { spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(), seed: 1, stream: 0 }
+        DeviceConfig {
+            spec: DeviceSpec::new(iops, ServiceModel::Deterministic).unwrap(),
+            seed: 1,
+            stream: 0,
+            service_scale: Vec::new(),
+        }
     }
 
     #[test]
     fn a_job_is_answered_when_both_sides_are_done() {
         let mut d: ModelledDevice<&str> = ModelledDevice::new(&deterministic(1000.0));
-        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false);
-        let b = d.admit(Nanos(0), Nanos(0), 4096, 0, false);
+        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false, 1.0);
+        let b = d.admit(Nanos(0), Nanos(0), 4096, 0, false, 1.0);
         assert_eq!(d.next_deadline(), Some(Nanos::from_millis(1)));
         // a's real IO is fast: it waits for the model.
         assert_eq!(d.real_done(a, "a"), None);
@@ -231,7 +240,7 @@ mod tests {
         // b's real IO ends after its model: answered at once.
         assert_eq!(d.real_done(b, "b"), Some("b"));
         // Slots are reused.
-        assert_eq!(d.admit(Nanos::from_millis(3), Nanos::from_millis(3), 1, 0, false), b);
+        assert_eq!(d.admit(Nanos::from_millis(3), Nanos::from_millis(3), 1, 0, false, 1.0), b);
     }
 
     /// Busy time is the model's: from the first admission to the last modelled completion of a busy period,
@@ -240,15 +249,15 @@ mod tests {
     fn busy_time_counts_the_models_busy_periods() {
         let mut d: ModelledDevice<&str> = ModelledDevice::new(&deterministic(1000.0));
         assert_eq!(d.busy_ns(Nanos::from_millis(5)), 0);
-        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false);
-        let b = d.admit(Nanos(0), Nanos(0), 4096, 0, false);
+        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false, 1.0);
+        let b = d.admit(Nanos(0), Nanos(0), 4096, 0, false, 1.0);
         d.real_done(a, "a");
         d.real_done(b, "b");
         assert_eq!(d.busy_ns(Nanos::from_micros(1500)), 1_500_000, "an open period counts up to now");
         let mut ready = Vec::new();
         d.advance(Nanos::from_millis(7), &mut ready); // late: the period ended at the model's 2 ms
         assert_eq!(d.busy_ns(Nanos::from_millis(7)), 2_000_000);
-        let c = d.admit(Nanos::from_millis(10), Nanos::from_millis(10), 4096, 0, false);
+        let c = d.admit(Nanos::from_millis(10), Nanos::from_millis(10), 4096, 0, false, 1.0);
         d.real_done(c, "c");
         d.advance(Nanos::from_millis(11), &mut ready);
         assert_eq!(d.busy_ns(Nanos::from_millis(20)), 3_000_000, "the 2-10 ms gap is idle");
@@ -265,10 +274,11 @@ mod tests {
             raid: rein_model::device::Raid::Five,
         });
         // 4 disks at 1,000 IOPS in all: 4 ms per access.
-        let mut d: ModelledDevice<&str> = ModelledDevice::new(&DeviceConfig { spec, seed: 1, stream: 0 });
-        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false); // unit 0: disk 0
-        let b = d.admit(Nanos(0), Nanos(0), 4096, 4096, false); // unit 1: disk 1
-        let w = d.admit(Nanos(0), Nanos(0), 4096, 8192, true); // unit 2: disk 2, its parity on disk 3
+        let mut d: ModelledDevice<&str> =
+            ModelledDevice::new(&DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() });
+        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false, 1.0); // unit 0: disk 0
+        let b = d.admit(Nanos(0), Nanos(0), 4096, 4096, false, 1.0); // unit 1: disk 1
+        let w = d.admit(Nanos(0), Nanos(0), 4096, 8192, true, 1.0); // unit 2: disk 2, its parity on disk 3
         for (j, name) in [(a, "a"), (b, "b"), (w, "w")] {
             assert_eq!(d.real_done(j, name), None);
         }
@@ -287,12 +297,13 @@ mod tests {
         let spec =
             DeviceSpec::scheduled(1000.0, ServiceModel::Deterministic, &[CapacityStep { at_s: 0.010, iops: 500.0 }])
                 .unwrap();
-        let mut d: ModelledDevice<u32> = ModelledDevice::new(&DeviceConfig { spec, seed: 1, stream: 0 });
+        let mut d: ModelledDevice<u32> =
+            ModelledDevice::new(&DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() });
         assert_eq!(d.next_deadline(), Some(Nanos::from_millis(10)), "the step");
         let mut ready = Vec::new();
         d.advance(Nanos::from_millis(10), &mut ready);
         assert_eq!(d.capacity(), 500.0);
-        let j = d.admit(Nanos::from_millis(10), Nanos::from_millis(10), 1, 0, false);
+        let j = d.admit(Nanos::from_millis(10), Nanos::from_millis(10), 1, 0, false, 1.0);
         assert_eq!(d.next_deadline(), Some(Nanos::from_millis(12)), "half the capacity, twice the time");
         d.real_done(j, 7);
         d.advance(Nanos::from_millis(12), &mut ready);
@@ -308,23 +319,23 @@ mod tests {
         // at 1.7 ms. b, waiting since 0.5 ms, starts at the model's 1 ms (not at 1.7 ms) and completes at
         // 2 ms, as with a punctual dispatcher.
         let mut d: ModelledDevice<&str> = ModelledDevice::new(&deterministic(1000.0));
-        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false);
+        let a = d.admit(Nanos(0), Nanos(0), 4096, 0, false, 1.0);
         d.real_done(a, "a");
         let mut ready = Vec::new();
         d.advance(Nanos::from_micros(1700), &mut ready);
         assert_eq!(ready, vec!["a"]);
-        let b = d.admit(Nanos::from_micros(1700), Nanos::from_micros(500), 4096, 0, false);
+        let b = d.admit(Nanos::from_micros(1700), Nanos::from_micros(500), 4096, 0, false, 1.0);
         assert_eq!(d.next_deadline(), Some(Nanos::from_millis(2)));
         d.real_done(b, "b");
         // A job that arrives after the slot freed starts at its arrival (2.3 ms), not earlier.
         d.advance(Nanos::from_micros(2600), &mut ready);
-        let c = d.admit(Nanos::from_micros(2600), Nanos::from_micros(2300), 4096, 0, false);
+        let c = d.admit(Nanos::from_micros(2600), Nanos::from_micros(2300), 4096, 0, false, 1.0);
         assert_eq!(d.next_deadline(), Some(Nanos::from_micros(3300)));
         d.real_done(c, "c");
         // A stall longer than MAX_BACKDATE is not replayed: admitted MAX_BACKDATE before now.
         d.advance(Nanos::from_millis(4), &mut ready);
         let now = Nanos::from_millis(100);
-        let e = d.admit(now, Nanos::from_millis(4), 4096, 0, false);
+        let e = d.admit(now, Nanos::from_millis(4), 4096, 0, false, 1.0);
         assert_eq!(d.next_deadline(), Some(now.saturating_sub(MAX_BACKDATE).saturating_add(Nanos::from_millis(1))));
         d.real_done(e, "e");
     }

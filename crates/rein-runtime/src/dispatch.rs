@@ -362,6 +362,7 @@ enum Cmd {
     RemoveTenant(TenantId, oneshot::Sender<Result<(), SchedError>>),
     Snapshot(oneshot::Sender<Snapshot>),
     SetCapacity(f64, oneshot::Sender<Result<(), CapacityError>>),
+    ServiceScale(TenantId, f64),
     Abort(oneshot::Sender<usize>),
 }
 
@@ -486,6 +487,7 @@ impl Dispatcher {
             pending: Vec::new(),
             free: Vec::new(),
             counters: Vec::new(),
+            scales: Vec::new(),
             backend: BackendCounters { latency_buckets: vec![0; LATENCY_BUCKETS_S.len() + 1], ..Default::default() },
             io_engine,
             inline_max_bytes: if io_engine == IoEngine::Inline { config.inline_max_bytes } else { 0 },
@@ -572,6 +574,12 @@ impl Dispatcher {
         rx.await.unwrap_or(0)
     }
 
+    /// Multiplies the modelled service times of tenant `id`'s requests by `scale` (placement skew,
+    /// [`DeviceConfig::service_scale`]); without a device model it changes nothing.
+    pub async fn set_service_scale(&self, id: TenantId, scale: f64) -> Result<(), IoError> {
+        self.tx.send(Cmd::ServiceScale(id, scale)).await.map_err(|_| IoError::Shutdown)
+    }
+
     /// Changes the modelled device's capacity (until its schedule's next step, if any).
     pub async fn set_capacity(&self, iops: f64) -> Result<(), CapacityError> {
         let (tx, rx) = oneshot::channel();
@@ -654,6 +662,8 @@ struct Task {
     pending: Vec<Option<Pending>>,
     free: Vec<usize>,
     counters: Vec<TenantCounters>,
+    /// Per tenant slot: the multiplier on its requests' modelled service times (1 unless set).
+    scales: Vec<f64>,
     backend: BackendCounters,
     io_engine: IoEngine,
     inline_max_bytes: u64,
@@ -779,6 +789,10 @@ impl Task {
                     }
                     self.counters[id.index()] =
                         TenantCounters { latency_buckets: vec![0; LATENCY_BUCKETS_S.len() + 1], ..Default::default() };
+                    // A reused slot starts unscaled.
+                    if let Some(x) = self.scales.get_mut(id.index()) {
+                        *x = 1.0;
+                    }
                 }
                 let _ = reply.send(r);
             }
@@ -790,6 +804,12 @@ impl Task {
                     self.ids.retain(|x| *x != id);
                 });
                 let _ = reply.send(r);
+            }
+            Cmd::ServiceScale(id, scale) => {
+                if self.scales.len() <= id.index() {
+                    self.scales.resize(id.index() + 1, 1.0);
+                }
+                self.scales[id.index()] = scale;
             }
             Cmd::SetCapacity(iops, reply) => {
                 let r = match &mut self.device {
@@ -917,9 +937,10 @@ impl Task {
 
     fn start(&mut self, p: Pending, phase: Phase, cost: Cost, now: Nanos, done: &mpsc::UnboundedSender<Back>) {
         let bytes = p.req.op.len();
+        let scale = self.scales.get(p.req.tenant.index()).copied().unwrap_or(1.0);
         let job = self.device.as_mut().map(|d| {
             let write = matches!(p.req.op, Op::Write { .. } | Op::WriteZeroes { .. });
-            d.admit(now, p.arrived, bytes, p.req.offset, write)
+            d.admit(now, p.arrived, bytes, p.req.offset, write, scale)
         });
         let Pending { req, reply, arrived } = p;
         let token = Token { reply, slot: req.tenant.index(), phase, cost, bytes, arrived, dispatched: now, job };

@@ -1225,13 +1225,43 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
     o
 }
 
+/// `PUT /api/parda/window` with `{"window": N}`: resizes an uncontrolled PARDA host's fixed issue queue.
+async fn put_window(gate: Option<Arc<HostGate>>, body: &[u8]) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        window: f64,
+    }
+    let Some(gate) = gate else {
+        return (StatusCode::NOT_FOUND, "not a PARDA host (no [parda] table)\n").into_response();
+    };
+    let b: Body = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad JSON body: {e}\n")).into_response(),
+    };
+    match gate.set_fixed_window(b.window).await {
+        Ok(()) => axum::Json(serde_json::json!({ "window": b.window })).into_response(),
+        Err(e) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
+    }
+}
+
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
 /// [`crate::admin_guard::protect`].
 fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>) -> axum::Router {
     let for_metrics = shown.clone();
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
     let gate_metrics = gate.clone();
+    let gate_window = gate.clone();
     axum::Router::new()
+        .route(
+            "/api/parda/window",
+            axum::routing::put(move |body: axum::body::Bytes| {
+                let gate = gate_window.clone();
+                async move { put_window(gate, &body).await }
+            }),
+        )
         .route(
             "/api/parda",
             axum::routing::get(move || {

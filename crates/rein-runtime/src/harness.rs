@@ -87,6 +87,10 @@ fn check_unix(u: Option<&crate::sock::UnixListen>) {
 fn check_config(cfg: &ServerConfig, min_exports: usize) {
     assert!((min_exports..=MAX_EXPORTS).contains(&cfg.exports.len()), "export count out of bounds");
     check_unix(cfg.listen_unix.as_ref());
+    for (name, x) in cfg.device.iter().flat_map(|d| &d.service_scale) {
+        assert!(x.is_finite() && (1e-3..=1e3).contains(x), "a service_scale out of range accepted");
+        assert!(cfg.tenants.iter().any(|t| &t.name == name), "a service_scale for no tenant accepted");
+    }
     assert!((1..=4096).contains(&cfg.queue_depth), "queue_depth out of bounds");
     assert!((1024..=128 << 20).contains(&cfg.max_request), "max_request out of bounds");
     assert!(cfg.probe_capacity_s.is_finite() && (0.0..=60.0).contains(&cfg.probe_capacity_s));

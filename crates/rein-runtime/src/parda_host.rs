@@ -314,6 +314,8 @@ enum Msg {
     Submit { vm: TenantId, parked: Parked },
     /// An issued request was answered: its latency at the array, its size, whether it succeeded.
     Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool },
+    /// An administrator resizes an uncontrolled host's fixed issue queue.
+    SetWindow(f64, tokio::sync::oneshot::Sender<Result<(), String>>),
 }
 
 /// The gate every request of a PARDA host passes; see the module comment.
@@ -404,6 +406,16 @@ impl HostGate {
         let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
         s.now_s = self.clock.now().as_secs_f64();
         s
+    }
+
+    /// Resizes an uncontrolled host's fixed issue queue to `window` IOs (parda.txt §5.2's runs resize the
+    /// hosts' queues by hand; `PUT /api/parda/window`). IOs already issued stay outstanding; a smaller
+    /// window issues nothing until enough complete. Errors: a PARDA host (its window follows eq. (2)), a
+    /// window outside [1, 65536], or a gate that has stopped.
+    pub async fn set_fixed_window(&self, window: f64) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(Msg::SetWindow(window, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
+        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
     }
 
     /// A request of VM `vm` for `volume`: queued in the host, sent when the window allows, answered
@@ -501,6 +513,20 @@ impl Task {
                         (parked.done)(Err(e), Default::default());
                     }
                 }
+            }
+            Msg::SetWindow(window, reply) => {
+                let r = self.ctl.set_fixed_window(now, window).map_err(|e| match e {
+                    rein_core::parda::PardaError::NotFixed => {
+                        "this is a PARDA host: its window follows eq. (2) (only an uncontrolled host's fixed issue queue \
+                         can be set)"
+                            .to_string()
+                    }
+                    e => e.to_string(),
+                });
+                if r.is_ok() {
+                    tracing::info!(window, "PARDA host: fixed issue queue resized");
+                }
+                let _ = reply.send(r);
             }
             Msg::Answered { vm, latency, size, ok } => {
                 // The controller knows every VM it issued for; an error here would be a gate bug, and

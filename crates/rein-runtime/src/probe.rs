@@ -247,8 +247,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn measures_the_modelled_device() {
         let st: Arc<dyn Storage> = Arc::new(MemStorage::new(64 << 20));
-        let dev =
-            DeviceConfig { spec: DeviceSpec::new(2000.0, ServiceModel::Exponential).unwrap(), seed: 7, stream: 0 };
+        let dev = DeviceConfig {
+            spec: DeviceSpec::new(2000.0, ServiceModel::Exponential).unwrap(),
+            seed: 7,
+            stream: 0,
+            service_scale: Vec::new(),
+        };
         let r = probe(st, Some(dev), &ProbeConfig { seconds: 10.0, ..Default::default() }).await.unwrap();
         assert!((r.iops - 2000.0).abs() < 2000.0 * 0.05, "{r:?}");
         assert!((r.mb_s - 2000.0 * 4096.0 / 1e6).abs() < 0.5, "{r:?}");

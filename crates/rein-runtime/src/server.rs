@@ -250,6 +250,12 @@ pub async fn run_with(
     for t in &cfg.tenants {
         tenant_ids.push(dispatcher.add_tenant(t.spec).await?);
     }
+    // Placement skew of the device model: validated to name configured tenants.
+    for (name, scale) in cfg.device.iter().flat_map(|d| &d.service_scale) {
+        if let Some(i) = cfg.tenants.iter().position(|t| &t.name == name) {
+            dispatcher.set_service_scale(tenant_ids[i], *scale).await?;
+        }
+    }
     let storages = exports;
     let mut exports = Vec::with_capacity(cfg.exports.len());
     for (e, storage) in cfg.exports.iter().zip(storages) {

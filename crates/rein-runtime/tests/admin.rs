@@ -24,6 +24,7 @@ async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr,
         spec: DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap(),
         seed: 1,
         stream: 0,
+        service_scale: Vec::new(),
     });
     let (d, _join) = Dispatcher::spawn(device, DispatchConfig::default());
     let (sa, sb) = (QosSpec::new(300.0, None, 1.0, 0).unwrap(), QosSpec::new(0.0, Some(500.0), 2.0, 0).unwrap());

@@ -13,8 +13,12 @@ use std::time::Duration;
 /// Three closed-loop tenants (32 outstanding each) for `secs` virtual seconds; returns IOPS per tenant.
 async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -> Vec<f64> {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-    let device =
-        DeviceConfig { spec: DeviceSpec::new(capacity, ServiceModel::Exponential).unwrap(), seed: 3, stream: 0 };
+    let device = DeviceConfig {
+        spec: DeviceSpec::new(capacity, ServiceModel::Exponential).unwrap(),
+        seed: 3,
+        stream: 0,
+        service_scale: Vec::new(),
+    };
     let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, ..Default::default() });
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -160,8 +164,12 @@ async fn data_round_trips_and_errors_are_answered() {
 #[tokio::test(start_paused = true)]
 async fn seconds_below_reservation_and_iops_are_measured() {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-    let device =
-        DeviceConfig { spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(), seed: 3, stream: 0 };
+    let device = DeviceConfig {
+        spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(),
+        seed: 3,
+        stream: 0,
+        service_scale: Vec::new(),
+    };
     let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig::default());
     // 300 IOPS reserved on a 200 IOPS device: backlogged and below reservation every second.
     let starved = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
@@ -280,7 +288,10 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
     )
     .unwrap();
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1, stream: 0 }), DispatchConfig::default());
+    let (d, join) = Dispatcher::spawn(
+        Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }),
+        DispatchConfig::default(),
+    );
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let done = Arc::new(AtomicU64::new(0));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
@@ -349,7 +360,10 @@ async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload(
         QosSpec::new(100.0, None, 1.0, 0).unwrap(),
     ];
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1, stream: 0 }), DispatchConfig::default());
+    let (d, join) = Dispatcher::spawn(
+        Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }),
+        DispatchConfig::default(),
+    );
     let start = tokio::time::Instant::now();
     let deadline = start + Duration::from_secs(69);
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
@@ -404,4 +418,55 @@ async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload(
     }
     drop(d);
     join.await.unwrap();
+}
+
+/// `service_scale` (placement skew): a tenant whose requests take twice the device's service time gets
+/// half the IOPS of one that is not scaled, alone on the same device (deterministic, 1,000 IOPS, FIFO).
+#[tokio::test(start_paused = true)]
+async fn a_scaled_tenant_takes_its_multiple_of_the_service_time() {
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
+    let mut iops = Vec::new();
+    for scale in [1.0, 2.0, 0.5] {
+        let device = DeviceConfig {
+            spec: DeviceSpec::new(1000.0, ServiceModel::Deterministic).unwrap(),
+            seed: 3,
+            stream: 0,
+            service_scale: Vec::new(),
+        };
+        let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { depth: 1, ..DispatchConfig::default() });
+        let id = d.add_tenant(QosSpec::default()).await.unwrap();
+        d.set_service_scale(id, scale).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(2000);
+        let mut tasks = Vec::new();
+        for k in 0..4u64 {
+            let (d, st) = (d.clone(), storage.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while tokio::time::Instant::now() < deadline {
+                    let r = IoRequest {
+                        storage: st.clone(),
+                        tenant: id,
+                        offset: k * 4096,
+                        op: Op::read(4096),
+                        fua: false,
+                        piggyback: None,
+                    };
+                    d.io(r).await.unwrap();
+                    n += 1;
+                }
+                n
+            }));
+        }
+        let mut n = 0;
+        for t in tasks {
+            n += t.await.unwrap();
+        }
+        iops.push(n as f64 / 2.0);
+        drop(d);
+        join.await.unwrap();
+    }
+    // 1,000 / scale IOPS: one request at a time, each scale / 1,000 s.
+    for (got, want) in iops.iter().zip([1000.0, 500.0, 2000.0]) {
+        assert!((got - want).abs() <= 0.02 * want, "IOPS {iops:?}, want 1000 / scale");
+    }
 }

@@ -99,7 +99,12 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         }
     }
     cfg.data_dir = data;
-    cfg.device = Some(DeviceConfig { spec: DeviceSpec::new(2400.0, ServiceModel::Exponential)?, seed: 1, stream: 0 });
+    cfg.device = Some(DeviceConfig {
+        spec: DeviceSpec::new(2400.0, ServiceModel::Exponential)?,
+        seed: 1,
+        stream: 0,
+        service_scale: Vec::new(),
+    });
     cfg.capacity_iops = Some(2400.0);
     let specs: Vec<_> = cfg.tenants.iter().map(|t| (t.name.clone(), t.spec)).collect();
     let total = Duration::from_secs_f64(args.seconds);

@@ -121,6 +121,17 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
     eprintln!("uncontrolled host: window 48, latency {est:.2} ms (w / C = 24)");
     assert!(within(est, 48.0 / C * 1e3, 15.0), "uncontrolled latency {est:.2} ms, want 24: {s2}");
     assert!(!within(est, l_eq, 15.0));
+    // An administrator resizes the uncontrolled host's queue; the PARDA host's window is eq. (2)'s.
+    let body = "{\"window\": 16}";
+    let (code, _, text) = common::http(h2.admin, "PUT", "/api/parda/window", "", body);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(status(&h2)["window"].as_f64().unwrap(), 16.0);
+    let (code, _, text) = common::http(h.admin, "PUT", "/api/parda/window", "", body);
+    assert_eq!(code, 409, "{text}");
+    assert!(text.contains("its window follows eq. (2)"), "{text}");
+    let (code, _, text) = common::http(h2.admin, "PUT", "/api/parda/window", "", "{\"window\": 0}");
+    assert_eq!(code, 409, "{text}");
+    assert!(text.contains("fixed window must be in [1, 65536], got 0"), "{text}");
     drop((h, h2, a));
 }
 
