@@ -787,11 +787,6 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                 if !(x.is_finite() && (1e-3..=1e3).contains(&x)) {
                     return Err(format!("device_model.service_scale.{name} must be in [0.001, 1000], got {x}"));
                 }
-                if !f.tenants.iter().any(|t| &t.name == name) && !f.exports.iter().any(|e| &e.name == name) {
-                    return Err(format!(
-                        "device_model.service_scale names {name:?}, which is no tenant (a [[tenants]] entry or an export's own)"
-                    ));
-                }
                 service_scale.push((name.clone(), x));
             }
             Some(DeviceConfig { spec, seed: d.seed, stream: d.stream, service_scale })
@@ -871,6 +866,14 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
             direct: e.direct,
             access: export_access(e)?,
         });
+    }
+    // Placement skew names tenants: configured ones, or an export's own.
+    if let Some(d) = &device {
+        if let Some((name, _)) = d.service_scale.iter().find(|(n, _)| !tenants.iter().any(|t| &t.name == n)) {
+            return Err(format!(
+                "device_model.service_scale names {name:?}, which is no tenant (a [[tenants]] entry or an export's own)"
+            ));
+        }
     }
     let default_export = match &f.default_export {
         None => None,
@@ -969,6 +972,15 @@ mod tests {
         );
         assert!(e(&model("array = { disks = 4 }")).contains("an array needs discipline = \"array\""));
         assert!(e(&model("discipline = \"array\"\narray = { spindles = 4 }")).contains("unknown field `spindles`"));
+        // Placement skew: a multiplier per tenant, in range, naming a tenant (here the export's own).
+        let c = ServerConfig::parse(&model("service_scale = { a = 1.5 }"), Path::new("x.toml")).unwrap();
+        assert_eq!(c.device.unwrap().service_scale, vec![("a".to_string(), 1.5)]);
+        assert_eq!(
+            e(&model("service_scale = { b = 1.5 }")),
+            "config: device_model.service_scale names \"b\", which is no tenant (a [[tenants]] entry or an export's own)"
+        );
+        assert!(e(&model("service_scale = { a = 0 }"))
+            .contains("device_model.service_scale.a must be in [0.001, 1000], got 0"));
         let c = ServerConfig::parse(
             &model("discipline = \"array\"\narray = { disks = 6, stripe_kb = 128, raid = 5 }"),
             Path::new("x.toml"),
