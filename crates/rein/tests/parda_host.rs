@@ -59,7 +59,16 @@ fn load(targets: &[(&Server, &str)], seconds: u32) -> Vec<std::process::Child> {
         .iter()
         .map(|(h, vm)| {
             Cmd::new(env!("CARGO_BIN_EXE_rein"))
-                .args(["load", "--addr", &h.nbd.to_string(), "--seconds", &seconds.to_string(), "--warmup", "1"])
+                .args([
+                    "load",
+                    "--addr",
+                    &h.nbd.to_string(),
+                    "--seconds",
+                    &seconds.to_string(),
+                    "--warmup",
+                    "1",
+                    "--json",
+                ])
                 .args(["--job", &format!("name={vm},depth={DEPTH},size=4k,random=100")])
                 .stdout(std::process::Stdio::null())
                 .spawn()
@@ -137,26 +146,38 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
 
 #[test]
 fn two_hosts_over_udp_split_the_array_by_beta() {
-    let tmp = tmpdir("parda-host-two");
+    two_hosts_split_the_array_by_beta("udp", 64);
+}
+
+/// The same over the shared board: one file both hosts write their slot of and read whole (§4.2's
+/// filesystem-based aggregation).
+#[test]
+fn two_hosts_over_a_shared_board_split_the_array_by_beta() {
+    two_hosts_split_the_array_by_beta("board", 68);
+}
+
+/// Hosts beta 1 and 2 at 127.0.0.(`first` + 1, + 2), the array at `first`, reports over `transport`.
+fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
+    let tmp = tmpdir(&format!("parda-host-two-{transport}"));
     let dir = tmp.path();
-    let a = array(dir, 64, &["vm1", "vm2"]);
-    let (u1, u2) = (free_udp("127.0.0.65"), free_udp("127.0.0.66"));
-    let h1 = host(
-        dir,
-        65,
-        a.nbd,
-        "vm1",
-        "cluster",
-        &format!("id = 0\nbeta = 1\nudp = \"{u1}\"\npeers = [{{ id = 1, address = \"{u2}\" }}]\n"),
-    );
-    let h2 = host(
-        dir,
-        66,
-        a.nbd,
-        "vm2",
-        "cluster",
-        &format!("id = 1\nbeta = 2\nudp = \"{u2}\"\npeers = [{{ id = 0, address = \"{u1}\" }}]\n"),
-    );
+    let a = array(dir, first, &["vm1", "vm2"]);
+    let (ip1, ip2) = (format!("127.0.0.{}", first + 1), format!("127.0.0.{}", first + 2));
+    let (t1, t2) = match transport {
+        "udp" => {
+            let (u1, u2) = (free_udp(&ip1), free_udp(&ip2));
+            (
+                format!("udp = \"{u1}\"\npeers = [{{ id = 1, address = \"{u2}\" }}]\n"),
+                format!("udp = \"{u2}\"\npeers = [{{ id = 0, address = \"{u1}\" }}]\n"),
+            )
+        }
+        _ => {
+            let board = dir.join("parda.board");
+            let line = format!("board = \"{}\"\nboard_slots = 2\n", board.display());
+            (line.clone(), line)
+        }
+    };
+    let h1 = host(dir, first + 1, a.nbd, "vm1", "cluster", &format!("id = 0\nbeta = 1\n{t1}"));
+    let h2 = host(dir, first + 2, a.nbd, "vm2", "cluster", &format!("id = 1\nbeta = 2\n{t2}"));
     let mut l = load(&[(&h1, "vm1"), (&h2, "vm2")], 10);
     for c in &mut l {
         assert!(c.wait().unwrap().success());
@@ -166,13 +187,14 @@ fn two_hosts_over_udp_split_the_array_by_beta() {
         assert_eq!(s["aggregation"], "cluster", "{s}");
         assert_eq!(s["cluster_hosts"], 2, "both hosts in the average: {s}");
         assert_eq!(s["records_refused"], 0, "{s}");
+        assert_eq!(s["exchange_errors"], 0, "{s}");
     }
     let ((w1, l1, _), (w2, l2, _)) = (settled(&s1, 4.0), settled(&s2, 4.0));
     // eq. (3): W = C script-L + 3 = 23, windows 1:2 (7.67, 15.33), L = 11.5 ms for both.
     let big_w = C * SCRIPT_L / 1e3 + 3.0;
     let l_eq = SCRIPT_L + 3.0 / C * 1e3;
     eprintln!(
-        "two hosts: windows {w1:.2} / {w2:.2} (eq. (3) {:.2} / {:.2}), latency {l1:.2} / {l2:.2} ms (eq. (3) {l_eq})",
+        "two hosts ({transport}): windows {w1:.2} / {w2:.2} (eq. (3) {:.2} / {:.2}), latency {l1:.2} / {l2:.2} ms (eq. (3) {l_eq})",
         big_w / 3.0,
         2.0 * big_w / 3.0
     );
