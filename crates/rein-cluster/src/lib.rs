@@ -140,11 +140,27 @@ pub async fn drive(
     };
     let hosts = HostPoller::new(sc, plan);
     let interval = Duration::from_nanos(sc.interval.0);
+    // The hosts are read while the load runs; a load that fails ends the run at once (not after the
+    // poller's last sample), and the last sample is waited for once the load is done.
+    let both = async {
+        let run = rein_runtime::load::run(cfg, live);
+        let poll = hosts.poll(interval);
+        tokio::pin!(run, poll);
+        let mut samples = None;
+        let totals = loop {
+            tokio::select! {
+                r = &mut run => break r?,
+                s = &mut poll, if samples.is_none() => samples = Some(s),
+            }
+        };
+        let samples = match samples {
+            Some(s) => s,
+            None => poll.await,
+        };
+        Ok::<_, LoadError>((totals, samples))
+    };
     let (mut totals, samples) = tokio::select! {
-        r = async {
-            let (run, samples) = tokio::join!(rein_runtime::load::run(cfg, live), hosts.poll(interval));
-            run.map(|t| (t, samples))
-        } => r,
+        r = both => r,
         d = watch => return Err(RunError::Died(d)),
     }?;
     if let Some(h) = hosts.finish(sc, samples).await {
