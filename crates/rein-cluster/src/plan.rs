@@ -120,7 +120,12 @@ pub fn load_connections(t: &Tenant, duration: Nanos, min: usize) -> usize {
 /// A gateway's pooled connections per node for tenant `t`: room at each node for all of
 /// [`in_flight_bound`] (all of it may queue at one hot node), 4..=[`rein_runtime::remote::MAX_CONNECTIONS_PER_NODE`].
 pub fn pool_per_node(t: &Tenant, duration: Nanos) -> u64 {
-    in_flight_bound(t, duration).div_ceil(PER_CONN).clamp(4, rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64)
+    pool_for(in_flight_bound(t, duration))
+}
+
+/// Pooled connections per node with room for `bound` requests in flight, 4..=[`rein_runtime::remote::MAX_CONNECTIONS_PER_NODE`].
+fn pool_for(bound: u64) -> u64 {
+    bound.div_ceil(PER_CONN).clamp(4, rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64)
 }
 
 /// The byte budget (MiB) for tenant `t`'s requests in flight at one daemon: [`in_flight_bound`] requests of
@@ -483,7 +488,7 @@ fn host_config(
         sc.name,
         q(&nbd.to_string()),
         q(&admin.to_string()),
-        bound.div_ceil(PER_CONN).clamp(4, rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64),
+        pool_for(bound),
         request_timeout_s(sc.duration),
         budget_lines(&vms, sc.duration)
     );

@@ -167,15 +167,10 @@ pub(crate) fn validate(parda: &PardaFile, host: Option<&PardaHostFile>, base: &P
                     [parda] enabled = false); a PARDA host's window is bounded by [parda] w_min / w_max"
             .into());
     }
-    let probe = HostSettings {
-        parda: p.clone(),
-        id: h.id,
-        beta: h.beta,
-        runs,
-        window: h.window,
-        transport: ReportTransport::None,
-    };
-    probe.host_config(0).validate().map_err(|e| format!("parda_host: {e}"))?;
+    let mut settings =
+        HostSettings { parda: p, id: h.id, beta: h.beta, runs, window: h.window, transport: ReportTransport::None };
+    settings.host_config(0).validate().map_err(|e| format!("parda_host: {e}"))?;
+    let p = &settings.parda;
     let given = match (&h.udp, &h.board) {
         (Some(_), Some(_)) => return Err("parda_host: give udp (with peers) or board, not both".into()),
         (None, None) if !h.peers.is_empty() => {
@@ -225,7 +220,8 @@ pub(crate) fn validate(parda: &PardaFile, host: Option<&PardaHostFile>, base: &P
                     with peers = [{ id, address }], or board = \"PATH\" (a file every host can read and write)"
             .into());
     };
-    Ok(HostSettings { parda: p, id: h.id, beta: h.beta, runs, window: h.window, transport })
+    settings.transport = transport;
+    Ok(settings)
 }
 
 /// One control period as `/api/parda` lists it.
