@@ -307,6 +307,7 @@ struct File {
     exports: Vec<ExportFile>,
     parda: Option<rein_model::parda_settings::PardaFile>,
     parda_host: Option<crate::parda_host::PardaHostFile>,
+    mclock: Option<rein_model::sched_settings::SchedSettingsFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -394,8 +395,20 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     let parda = match (&f.parda, &f.parda_host) {
         (None, None) => None,
         (None, Some(_)) => return Err("[parda_host] needs a [parda] table (latency_threshold_ms at least)".into()),
-        (Some(p), h) => Some(crate::parda_host::validate(p, h.as_ref(), base)?),
+        (Some(p), h) => {
+            // `[mclock]` is rein serve's (and a scenario's) table; here it sets the host's local scheduler.
+            let sched = match &f.mclock {
+                Some(m) => m.resolve().map_err(|e| e.to_string())?,
+                None => rein_core::SchedConfig::default(),
+            };
+            Some(crate::parda_host::validate(p, h.as_ref(), sched, base)?)
+        }
     };
+    if f.mclock.is_some() && parda.is_none() {
+        return Err("[mclock] sets a PARDA host's local scheduler, and this gateway has no [parda] table (a \
+                    gateway schedules nothing itself: its nodes do, with their own [mclock])"
+            .into());
+    }
     let listen: SocketAddr =
         f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
     let listen_unix =
@@ -778,7 +791,8 @@ struct Live {
     tenant_ids: BTreeMap<String, rein_core::TenantId>,
     /// One tracker per tenant over every node, shared by the tenant's volumes.
     trackers: BTreeMap<String, Arc<Mutex<ServiceTracker>>>,
-    /// A PARDA host's gate and its VMs (the tenants it started with, by name).
+    /// A PARDA host's gate and its VMs by tenant name (the tenants it started with, and those a reload
+    /// added, from their first volume on).
     host: Option<(Arc<HostGate>, BTreeMap<String, rein_core::TenantId>)>,
 }
 
@@ -822,13 +836,21 @@ impl Live {
             RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &base.nodes, &v.node_exports, Some(qos), base.link)
                 .await
                 .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
-        let backend = match &self.host {
+        let backend = match &mut self.host {
             None => Backend::Remote(volume.clone()),
             Some((gate, vms)) => {
-                let vm = *vms.get(&t.name).ok_or_else(|| GatewayError::Parda(format!(
-                    "export {}: tenant {} is not one of the PARDA host's VMs (they are fixed when it starts: a restart adds it)",
-                    v.name, t.name
-                )))?;
+                let vm = match vms.get(&t.name) {
+                    Some(&vm) => vm,
+                    // A tenant a reload added joins the host with its first volume.
+                    None => {
+                        let vm = gate
+                            .add_vm(t.spec)
+                            .await
+                            .map_err(|e| GatewayError::Parda(format!("export {}: tenant {}: {e}", v.name, t.name)))?;
+                        vms.insert(t.name.clone(), vm);
+                        vm
+                    }
+                };
                 Backend::Hosted(Arc::new(HostedVolume { volume: volume.clone(), gate: gate.clone(), vm }))
             }
         };
@@ -892,7 +914,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
         ("[[nodes]] or [node_tls]", dbg(&base.nodes) == dbg(&new.nodes)),
-        ("[parda] or [parda_host]", dbg(&base.parda) == dbg(&new.parda)),
+        ("[parda], [parda_host] or [mclock]", dbg(&base.parda) == dbg(&new.parda)),
         (
             "default_export",
             base.default_export.map(|i| &base.exports[i].name) == new.default_export.map(|i| &new.exports[i].name),
@@ -909,12 +931,6 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         match live.tenants.iter().find(|o| o.name == t.name) {
             Some(old) if old.rho != t.rho => {
                 restart(&mut r, &format!("tenant {}: reservation_split", t.name));
-                tenants.push(old.clone());
-            }
-            // A PARDA host's VMs keep the shares they started with (the host's beta and its local
-            // scheduler's tenants come from them).
-            Some(old) if live.host.is_some() && old.spec != t.spec => {
-                restart(&mut r, &format!("tenant {}: its spec on a PARDA host", t.name));
                 tenants.push(old.clone());
             }
             Some(old) if old.spec != t.spec || old.server_reservations != t.server_reservations => {
@@ -976,11 +992,29 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
                 .push(format!("export {} removed (connections open on it keep it until they close)", old.cfg.name));
         }
     }
-    // Restate changed specs to the nodes of every volume of those tenants (new volumes already have them).
+    // Restate changed specs to the nodes of every volume of those tenants (new volumes already have them),
+    // and on a PARDA host to its local scheduler (at once) and beta (from the next period).
     for name in &respec {
         let t = tenant_of(name);
         for v in volumes.iter().filter(|v| &v.tenant == name) {
             v.volume.respec(&node_tenants(t));
+        }
+        if let Some((gate, vms)) = &live.host {
+            if let Some(&vm) = vms.get(name) {
+                match gate.set_vm_spec(vm, t.spec).await {
+                    Ok(()) => r.applied.push(format!(
+                        "tenant {name}: the PARDA host's local scheduler uses the new spec, and beta from the next period"
+                    )),
+                    Err(e) => r.needs_restart.push(format!("tenant {name}: {e}")),
+                }
+            }
+        }
+    }
+    if let Some((_, vms)) = &live.host {
+        for name in vms.keys().filter(|n| !tenants.iter().any(|t| &t.name == *n)) {
+            r.applied.push(format!(
+                "tenant {name} removed: its VM keeps its share of the PARDA host's beta until a restart"
+            ));
         }
     }
     live.tenants = tenants;
@@ -1403,5 +1437,20 @@ mod tests {
         assert!(p(&format!("{one}{}{}", vol("v", ""), vol("w", ""))).is_ok(), "exports v and w of s1");
         let err = p(&format!("{}{}", node("s1", "127.0.0.1:0"), vol("v", ""))).unwrap_err();
         assert!(err.contains("node s1: address \"127.0.0.1:0\": port 0"), "{err}");
+    }
+    /// `[mclock]` sets a PARDA host's local scheduler (with `[parda]`'s batching over it), as a scenario's
+    /// sets its hosts'; without `[parda]` it is refused: the gateway schedules nothing itself.
+    #[test]
+    fn mclock_sets_a_parda_hosts_local_scheduler_only() {
+        let parda = "[parda]\nlatency_threshold_ms = 10\naggregation = \"local\"\nbatch = 4\n";
+        let host = |text: &str| parse(text).unwrap().parda.expect("a PARDA host").host_config(1).sched;
+        let paper = host(&format!("[mclock]\npreset = \"paper\"\nbatch = 8\n{parda}"));
+        assert_eq!(paper, rein_core::SchedConfig { batch: 4, ..rein_core::SchedConfig::paper() });
+        let default = host(parda);
+        assert_eq!(default, rein_core::SchedConfig { batch: 4, ..rein_core::SchedConfig::default() });
+        let err = parse("[mclock]\npreset = \"paper\"").unwrap_err().to_string();
+        assert!(err.contains("[mclock] sets a PARDA host's local scheduler, and this gateway has no [parda]"), "{err}");
+        let err = parse(&format!("[mclock]\nlimit_burst_ios = -1\n{parda}")).unwrap_err().to_string();
+        assert!(err.contains("mclock.limit_burst_ios = -1"), "{err}");
     }
 }

@@ -924,7 +924,7 @@ impl Connection<'_> {
                 dispatcher.submit(req, done, Some(self.gone.clone())).await;
             }
             Backend::Remote(volume) => volume.submit(request.offset, op, request.fua, done).await,
-            Backend::Hosted(hosted) => hosted.submit(request.offset, op, request.fua, done),
+            Backend::Hosted(hosted) => hosted.submit(request.offset, op, request.fua, done, Some(self.gone.clone())),
         }
     }
 

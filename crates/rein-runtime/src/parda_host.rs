@@ -44,8 +44,15 @@
 //! # Deviations
 //! The simulator staggers the hosts' periods by construction; real hosts tick on their own clocks. A
 //! report's arrival takes whatever the transport takes (the simulator's `aggregation_delay_ms` is
-//! refused here). A request whose VM disconnects while it waits in the host is still issued (the
-//! dispatcher of `rein serve` skips those; a gate would need the connection's flag).
+//! refused here).
+//!
+//! # Changes while running
+//! A request whose connection closed while it waited in the host is not issued when its turn comes (as
+//! `rein serve`'s dispatcher skips those): its window slot is freed at once and it counts in
+//! `abandoned`. A reload's new spec for a VM reaches the local scheduler at once and beta from the next
+//! period ([`HostGate::set_vm_spec`]); a tenant added by a reload joins the host when its first volume
+//! opens ([`HostGate::add_vm`]). A tenant removed by a reload keeps its VM (and its share of beta) until
+//! a restart: connections open on its volumes keep them.
 
 use crate::aggregate::{FileAggregation, Transport, UdpAggregation};
 use crate::dispatch::{Clock, Done, IoError, Op};
@@ -57,6 +64,7 @@ use serde::Deserialize;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -127,13 +135,15 @@ pub struct HostSettings {
     pub runs: bool,
     /// The fixed issue queue of a host that does not run PARDA (`None`: w_max).
     pub window: Option<f64>,
+    /// The local scheduler's settings (the gateway's `[mclock]`; `[parda]`'s batching over them).
+    pub sched: SchedConfig,
     /// The cluster aggregation's transport.
     pub transport: ReportTransport,
 }
 
 impl HostSettings {
     /// The controller's per-host configuration (`epoch` distinguishes this incarnation).
-    pub(crate) fn host_config(&self, epoch: u64) -> HostConfig {
+    pub fn host_config(&self, epoch: u64) -> HostConfig {
         let p = &self.parda;
         HostConfig {
             id: self.id,
@@ -141,7 +151,7 @@ impl HostSettings {
             beta: self.beta,
             beta_per_share: p.beta_per_share,
             scheduler: p.local_scheduler,
-            sched: SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..SchedConfig::default() },
+            sched: SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..self.sched },
             fixed_window: if self.runs { None } else { Some(self.window.unwrap_or(p.config.w_max)) },
         }
     }
@@ -149,7 +159,12 @@ impl HostSettings {
 
 /// Validates `[parda]` and `[parda_host]` (`base`: the directory relative paths are taken from). Every
 /// message names the table and key.
-pub(crate) fn validate(parda: &PardaFile, host: Option<&PardaHostFile>, base: &Path) -> Result<HostSettings, String> {
+pub(crate) fn validate(
+    parda: &PardaFile,
+    host: Option<&PardaHostFile>,
+    sched: SchedConfig,
+    base: &Path,
+) -> Result<HostSettings, String> {
     let p = parda.validate()?;
     if p.delay != Nanos::ZERO {
         return Err("parda: aggregation_delay_ms models the shared board's delay in the simulator; a real \
@@ -167,8 +182,15 @@ pub(crate) fn validate(parda: &PardaFile, host: Option<&PardaHostFile>, base: &P
                     [parda] enabled = false); a PARDA host's window is bounded by [parda] w_min / w_max"
             .into());
     }
-    let mut settings =
-        HostSettings { parda: p, id: h.id, beta: h.beta, runs, window: h.window, transport: ReportTransport::None };
+    let mut settings = HostSettings {
+        parda: p,
+        id: h.id,
+        beta: h.beta,
+        runs,
+        window: h.window,
+        sched,
+        transport: ReportTransport::None,
+    };
     settings.host_config(0).validate().map_err(|e| format!("parda_host: {e}"))?;
     let p = &settings.parda;
     let given = match (&h.udp, &h.board) {
@@ -256,6 +278,10 @@ pub struct HostStatus {
     pub issue_limit: u32,
     /// beta in use.
     pub beta: f64,
+    /// beta before eq. (4): `[parda_host] beta`, or beta_per_share x the sum of the VMs' weights.
+    pub beta_base: f64,
+    /// VMs in the host's local scheduler.
+    pub vms: usize,
     /// IOs outstanding at the array.
     pub outstanding: u32,
     /// IOs queued in the host.
@@ -270,6 +296,8 @@ pub struct HostStatus {
     pub periods: u64,
     /// IOs completed.
     pub completed: u64,
+    /// Requests not issued because their connection had closed while they waited in the host.
+    pub abandoned: u64,
     /// Their latencies summed (ns): with `completed`, the mean latency over any span between two reads.
     pub latency_sum_ns: u64,
     /// When this status was read (s on the gate's clock, the one `history` uses).
@@ -288,6 +316,7 @@ impl HostStatus {
         self.window = s.window;
         self.issue_limit = s.issue_limit;
         self.beta = s.beta;
+        self.beta_base = s.beta_base;
         self.outstanding = s.outstanding;
         self.queued = s.queued;
         self.estimate_ms = s.estimate_ns.map(|v| v / 1e6);
@@ -303,6 +332,8 @@ struct Parked {
     op: Op,
     fua: bool,
     done: Done,
+    /// The connection's flag: set once nobody can receive the reply.
+    gone: Option<Arc<AtomicBool>>,
 }
 
 enum Msg {
@@ -312,6 +343,10 @@ enum Msg {
     Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool },
     /// An administrator resizes an uncontrolled host's fixed issue queue.
     SetWindow(f64, tokio::sync::oneshot::Sender<Result<(), String>>),
+    /// A VM joins the host (a tenant added by a reload).
+    AddVm(QosSpec, tokio::sync::oneshot::Sender<Result<TenantId, String>>),
+    /// A VM's spec changes (a reload).
+    SetVmSpec(TenantId, QosSpec, tokio::sync::oneshot::Sender<Result<(), String>>),
 }
 
 /// The gate every request of a PARDA host passes; see the module comment.
@@ -370,6 +405,9 @@ impl HostGate {
             cluster_hosts: 0,
             periods: 0,
             completed: 0,
+            abandoned: 0,
+            beta_base: 0.0,
+            vms: ids.len(),
             latency_sum_ns: 0,
             now_s: 0.0,
             exchange_errors: 0,
@@ -390,6 +428,7 @@ impl HostGate {
             parked: HashMap::new(),
             next_handle: 0,
             latency_sum_ns: 0,
+            abandoned: 0,
             answers: tx.downgrade(),
             status,
         };
@@ -414,10 +453,36 @@ impl HostGate {
         rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
     }
 
-    /// A request of VM `vm` for `volume`: queued in the host, sent when the window allows, answered
-    /// through `done` (invariant 1).
-    fn submit(&self, vm: TenantId, volume: Arc<RemoteVolume>, offset: u64, op: Op, fua: bool, done: Done) {
-        let parked = Parked { volume, offset, op, fua, done };
+    /// A VM joins the host with `spec` (its weight is its share); returns its id. Errors: the host's VM
+    /// bound, a spec the local scheduler refuses, or a gate that has stopped.
+    pub async fn add_vm(&self, spec: QosSpec) -> Result<TenantId, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(Msg::AddVm(spec, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
+        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+    }
+
+    /// VM `vm`'s spec becomes `spec`: the local scheduler uses it at once, beta (its share) from the next
+    /// period. Errors: an unknown VM, a spec the local scheduler refuses, or a gate that has stopped.
+    pub async fn set_vm_spec(&self, vm: TenantId, spec: QosSpec) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(Msg::SetVmSpec(vm, spec, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
+        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+    }
+
+    /// A request of VM `vm` for `volume`: queued in the host, sent when the window allows (unless `gone`
+    /// is set by then), answered through `done` (invariant 1).
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &self,
+        vm: TenantId,
+        volume: Arc<RemoteVolume>,
+        offset: u64,
+        op: Op,
+        fua: bool,
+        done: Done,
+        gone: Option<Arc<AtomicBool>>,
+    ) {
+        let parked = Parked { volume, offset, op, fua, done, gone };
         if let Err(mpsc::error::SendError(Msg::Submit { parked, .. })) = self.tx.send(Msg::Submit { vm, parked }) {
             (parked.done)(Err(IoError::Shutdown), Default::default());
         }
@@ -435,9 +500,11 @@ pub struct HostedVolume {
 }
 
 impl HostedVolume {
-    /// Queues the request in the host; `done` gets the result.
-    pub fn submit(&self, offset: u64, op: Op, fua: bool, done: Done) {
-        self.gate.submit(self.vm, self.volume.clone(), offset, op, fua, done)
+    /// Queues the request in the host; `done` gets the result. `gone`, if given, is the connection's flag
+    /// for "nobody can receive the reply any more": a request still waiting in the host then is not
+    /// issued (it is answered with [`IoError::Abandoned`]).
+    pub fn submit(&self, offset: u64, op: Op, fua: bool, done: Done, gone: Option<Arc<AtomicBool>>) {
+        self.gate.submit(self.vm, self.volume.clone(), offset, op, fua, done, gone)
     }
 }
 
@@ -452,6 +519,8 @@ struct Task {
     next_handle: u64,
     /// Latencies of the completed IOs, summed (ns).
     latency_sum_ns: u64,
+    /// Requests not issued because their connection had closed.
+    abandoned: u64,
     /// For the answers' callbacks (weak: the task ends when every gate is gone and nothing is in flight).
     answers: mpsc::WeakUnboundedSender<Msg>,
     status: Arc<Mutex<HostStatus>>,
@@ -482,6 +551,8 @@ impl Task {
             let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
             s.update(&st);
             s.latency_sum_ns = self.latency_sum_ns;
+            s.abandoned = self.abandoned;
+            s.vms = self.ctl.scheduler().tenant_count();
         }
         for (_, p) in self.parked.drain() {
             (p.done)(Err(IoError::Shutdown), Default::default());
@@ -524,6 +595,14 @@ impl Task {
                 }
                 let _ = reply.send(r);
             }
+            Msg::AddVm(spec, reply) => {
+                let r = self.ctl.add_vm(spec).map_err(|e| format!("parda host: {e}"));
+                let _ = reply.send(r);
+            }
+            Msg::SetVmSpec(vm, spec, reply) => {
+                let r = self.ctl.set_vm_spec(vm, spec).map_err(|e| format!("parda host: {e}"));
+                let _ = reply.send(r);
+            }
             Msg::Answered { vm, latency, size, ok } => {
                 // The controller knows every VM it issued for; an error here would be a gate bug, and
                 // the slot must be freed either way, so it is only logged.
@@ -550,8 +629,17 @@ impl Task {
                         tracing::error!(handle = d.handle, "parda host: dispatched a request it does not hold");
                         continue;
                     };
-                    let size = p.op.len().max(1);
                     let vm = d.tenant;
+                    if p.gone.as_ref().is_some_and(|g| g.load(Ordering::Relaxed)) {
+                        // Nobody can receive the reply: the slot poll took goes back at once.
+                        self.abandoned += 1;
+                        if let Err(e) = self.ctl.on_issue_failed(now, vm) {
+                            tracing::error!("parda host: abandoned request not released: {e}");
+                        }
+                        (p.done)(Err(IoError::Abandoned), Default::default());
+                        continue;
+                    }
+                    let size = p.op.len().max(1);
                     let answers = self.answers.clone();
                     let clock = self.clock;
                     let sent = clock.now();

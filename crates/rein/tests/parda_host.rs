@@ -11,10 +11,13 @@
 
 mod common;
 
-use common::{tmpdir, write_file, Rein, Server};
+use common::{tmpdir, write_file, Raw, Rein, Server};
+use rein_proto::nbd::Command;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command as Cmd;
+use std::time::{Duration, Instant};
 
 /// The array's capacity (IOPS).
 const C: f64 = 2000.0;
@@ -25,11 +28,16 @@ const DEPTH: u32 = 48;
 
 /// The array: one `rein serve` with an export per VM.
 fn array(dir: &Path, host: u8, vms: &[&str]) -> Server {
+    array_at(dir, host, vms, C)
+}
+
+/// [`array`] with a device model of `capacity` IOPS.
+fn array_at(dir: &Path, host: u8, vms: &[&str], capacity: f64) -> Server {
     let d = dir.join("array");
     std::fs::create_dir_all(&d).unwrap();
     let mut text = format!(
         "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"fifo\"\n\
-         queue_depth = 4096\n[device_model]\ncapacity_iops = {C}\nservice = \"exponential\"\ndiscipline = \"ps\"\n",
+         queue_depth = 4096\n[device_model]\ncapacity_iops = {capacity}\nservice = \"exponential\"\ndiscipline = \"ps\"\n",
         d.join("data").display()
     );
     for vm in vms {
@@ -40,17 +48,29 @@ fn array(dir: &Path, host: u8, vms: &[&str]) -> Server {
 
 /// A PARDA host on 127.0.0.`host` for VM `vm` (weight 1) over `array`, with `parda_host` as its table.
 fn host(dir: &Path, host: u8, array: SocketAddr, vm: &str, aggregation: &str, parda_host: &str) -> Server {
+    let text = host_text(host, array, &[(vm, 1)], aggregation, parda_host);
     let d = dir.join(format!("host{host}"));
     std::fs::create_dir_all(&d).unwrap();
-    let text = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n\
-         [[nodes]]\nname = \"array\"\naddress = \"{array}\"\nprotocol = \"nbd\"\n\
-         [[tenants]]\nname = \"{vm}\"\nweight = 1\n\
-         [[exports]]\nname = \"{vm}\"\nsize_mb = 64\n\
-         [parda]\nlatency_threshold_ms = {SCRIPT_L}\nalpha = 0\ngamma = 0.8\nperiod_s = 0.5\nw_max = 64\n\
-         aggregation = \"{aggregation}\"\n[parda_host]\n{parda_host}"
-    );
     Rein::new(&["gateway", "--config", write_file(&d, "gw.toml", &text).to_str().unwrap()]).start()
+}
+
+/// The gw.toml of a PARDA host on 127.0.0.`host` with VMs `vms` (name, weight), each with a volume of
+/// its name on `array`.
+fn host_text(host: u8, array: SocketAddr, vms: &[(&str, u32)], aggregation: &str, parda_host: &str) -> String {
+    let mut text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n\
+         [[nodes]]\nname = \"array\"\naddress = \"{array}\"\nprotocol = \"nbd\"\n"
+    );
+    for (vm, weight) in vms {
+        text.push_str(&format!(
+            "[[tenants]]\nname = \"{vm}\"\nweight = {weight}\n[[exports]]\nname = \"{vm}\"\ntenant = \"{vm}\"\nsize_mb = 64\n"
+        ));
+    }
+    text.push_str(&format!(
+        "[parda]\nlatency_threshold_ms = {SCRIPT_L}\nalpha = 0\ngamma = 0.8\nperiod_s = 0.5\nw_max = 64\n\
+         aggregation = \"{aggregation}\"\n[parda_host]\n{parda_host}"
+    ));
+    text
 }
 
 /// `rein load` closed loops of [`DEPTH`] 4 KiB random reads for `seconds`, one per (host, vm).
@@ -240,6 +260,7 @@ fn bad_parda_tables_are_one_line_errors() {
         ),
         ("[parda]\nlatency_threshold_ms = 10\n[parda_host]\nudp = \"127.0.0.1:9\"\npeers = [{ id = 1, address = \"127.0.0.1:8\" }, { id = 1, address = \"127.0.0.1:7\" }]\n", "two peers have id 1"),
         ("[parda]\nlatency_threshold_ms = 10\nlocal_scheduler = \"dmclock\"\n", "is a distributed scheduler"),
+        ("[mclock]\npreset = \"paper\"\n", "[mclock] sets a PARDA host's local scheduler"),
     ] {
         let cfg = write_file(dir, "gw.toml", &format!("{base}{tables}"));
         let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["gateway", "--config", cfg.to_str().unwrap()]).output().unwrap();
@@ -248,4 +269,82 @@ fn bad_parda_tables_are_one_line_errors() {
         assert!(err.contains(want), "{tables}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{tables}: one line: {err}");
     }
+}
+
+/// Polls the host's `/api/parda` until `done` holds (at most 20 s); returns that status.
+fn until(h: &Server, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let s = status(h);
+        if done(&s) {
+            return s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{what}: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A VM whose connection breaks leaves its requests queued in the host: they are not sent to the array
+/// when their turn comes (as `rein serve`'s dispatcher skips such requests), and their window slots go
+/// back at once. Here an uncontrolled host with a window of 1 in front of a 200 IOPS array gets 301
+/// READs at once (about 1.5 s of service one at a time); the client resets the connection once the first
+/// reply is there. Before, the host issued all 301 (`completed` 301, `abandoned` 0).
+#[test]
+fn a_broken_connections_queued_requests_are_not_issued() {
+    let tmp = tmpdir("parda-host-abandoned");
+    let dir = tmp.path();
+    let a = array_at(dir, 74, &["vm1"], 200.0);
+    let h = host(dir, 75, a.nbd, "vm1", "local", "controlled = false\nwindow = 1\n");
+    let mut c = Raw::connect(h.nbd, "vm1");
+    let mut burst = Vec::new();
+    for i in 0..301u64 {
+        burst.extend(Raw::header(Command::Read, i, i * 4096, 4096));
+    }
+    c.s.write_all(&burst).unwrap();
+    // Wait (bounded by the read timeout) until the first reply is here, and close without reading it: the
+    // kernel answers with a reset.
+    let mut one = [0u8; 1];
+    assert_eq!(c.s.peek(&mut one).unwrap(), 1);
+    drop(c);
+    let s = until(&h, "the host's queue drains", |s| s["queued"] == 0 && s["outstanding"] == 0);
+    let (completed, abandoned) = (s["completed"].as_u64().unwrap(), s["abandoned"].as_u64().unwrap());
+    assert_eq!(completed + abandoned, 301, "{s}");
+    assert!(abandoned >= 250, "only {abandoned} of 301 not issued after the reset: {s}");
+    // The host goes on: a new connection is served.
+    let mut c = Raw::connect(h.nbd, "vm1");
+    c.send(Command::Read, 7, 0, 4096, &[]);
+    assert_eq!(c.reply(4096).1, 0);
+}
+
+/// A reload (SIGHUP) on a PARDA host: a VM's new weight reaches its share of beta (beta_base = K x the
+/// sum of the weights, K = 1 here), a tenant added joins the host with its volume and is served, and a
+/// removed tenant keeps its share until a restart (named in the log).
+#[test]
+fn a_reload_changes_a_vms_share_and_adds_a_vm() {
+    let tmp = tmpdir("parda-host-reload");
+    let dir = tmp.path();
+    let a = array(dir, 76, &["vm1", "vm2"]);
+    let cfg = dir.join("gw.toml");
+    let write = |vms: &[(&str, u32)]| std::fs::write(&cfg, host_text(77, a.nbd, vms, "local", "id = 0\n")).unwrap();
+    write(&[("vm1", 1)]);
+    let h = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).start();
+    let s = status(&h);
+    assert_eq!((s["vms"].as_u64(), s["beta_base"].as_f64()), (Some(1), Some(1.0)), "{s}");
+    write(&[("vm1", 3)]);
+    h.signal("-HUP");
+    h.wait_line("tenant vm1: the PARDA host's local scheduler uses the new spec");
+    until(&h, "beta_base follows the new weight", |s| s["beta_base"].as_f64() == Some(3.0));
+    write(&[("vm1", 3), ("vm2", 2)]);
+    h.signal("-HUP");
+    h.wait_line("export vm2 added");
+    let s = until(&h, "vm2 joins", |s| s["vms"] == 2);
+    assert_eq!(s["beta_base"].as_f64(), Some(5.0), "{s}");
+    let mut c = Raw::connect(h.nbd, "vm2");
+    c.send(Command::Read, 1, 0, 4096, &[]);
+    assert_eq!(c.reply(4096).1, 0, "vm2 is served through the host");
+    drop(c);
+    write(&[("vm1", 3)]);
+    h.signal("-HUP");
+    h.wait_line("tenant vm2 removed: its VM keeps its share of the PARDA host's beta until a restart");
+    assert_eq!(status(&h)["beta_base"].as_f64(), Some(5.0));
 }
