@@ -4,6 +4,7 @@
 //! - [`instance`]: the validated problem (servers, buckets, sparse demand) and its bounds;
 //! - this module and [`alloc`]: the allocation (Algorithms 2-5) and its invariants;
 //! - [`tokens`]: the per-server Token Scheduler (Algorithm 1) and its weighted variant (§V);
+//! - [`server`]: a server's side: its reports and how it applies the controller's answers;
 //! - [`controller`]: QoS periods, redistribution intervals, server reports, estimates (§III-D), and the
 //!   early rounds that answer a demand move before the next boundary (beyond the paper).
 //!
@@ -99,6 +100,7 @@
 pub mod alloc;
 pub mod controller;
 pub mod instance;
+pub mod server;
 /// pShift's token scheduler (Algorithm 1) lives with the other schedulers; this is its pShift name.
 pub use crate::sched::tokens;
 
@@ -111,6 +113,7 @@ pub use instance::{
     Instance, InstanceBuilder, InstanceError, RawBucket, RawServer, MAX_BUCKETS, MAX_ENTRIES, MAX_NAME_LEN,
     MAX_SERVERS, MAX_TOKENS,
 };
+pub use server::TokenServer;
 pub use tokens::{BucketInterval, IntervalCounters, TokenScheduler, Tokens};
 
 use alloc::{apportion, phi_of, Problem, Shifter};

@@ -36,10 +36,10 @@ use crate::model::Scenario;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{
-    BucketQos, BucketReport, Controller, ControllerConfig, EarlyRounds, ServerReport, SolveOptions, StrayArrival,
-    TokenMessage, TokenScheduler, Tokens,
+    BucketQos, Controller, ControllerConfig, EarlyRounds, ServerReport, SolveOptions, StrayArrival, TokenMessage,
+    TokenServer,
 };
-use rein_core::{Nanos, QosSpec, TenantId};
+use rein_core::{Nanos, TenantId};
 use rein_model::seed::stream_rng;
 use rein_model::workload::poisson_gap;
 use std::cmp::Reverse;
@@ -50,29 +50,15 @@ use std::collections::{BinaryHeap, VecDeque};
 /// per-bucket state but the generation.
 type Arrival = (u64, u32, u32, u64, TenantId);
 
-/// A server's pShift state besides its scheduler.
+/// A server's pShift state besides its scheduler: its arrival streams, and rein-core's [`TokenServer`]
+/// (its reports and how it applies answers, as `rein serve` with `[pshift]` runs them). A completion
+/// counts when the recorder counts it (the IO is back at the bucket).
 struct ClusterServer {
     /// Open arrival streams to this server: (due time, bucket, generation << 16 | stream).
     arrivals: BinaryHeap<Reverse<Arrival>>,
     /// The time of the `StreamArrive` event pending for this server, if any.
     arrive_at: Option<u64>,
-    /// Device completions and busy time since the last report.
-    completed: u64,
-    busy_ns: u64,
-    last_report: Nanos,
-    /// Per scheduler slot: the IOs this server dispatched whose completion the recorder has not yet
-    /// counted (on the device, or on the way back) as of the last boundary, less the completions counted
-    /// since (negative between boundaries when IOs both went and came back). With the interval's
-    /// dispatches added at a boundary it is the bucket's [`BucketReport::in_flight`]. Kept off the
-    /// dispatch path (the scheduler counts dispatches anyway).
-    unrecorded: Vec<i64>,
-    /// The latest token message applied: (round, early), if one has reached it.
-    heard: Option<(u64, u32)>,
-    /// Scheduler slot -> bucket index (`u32::MAX`: no bucket).
-    tenant_of_slot: Vec<u32>,
-    /// Per scheduler slot: whether an arrival of the bucket needs no note to the controller: the latest
-    /// token message listed it (planned for demand here), or a stray arrival was noted since.
-    quiet: Vec<bool>,
+    token: TokenServer,
 }
 
 /// A bucket's state.
@@ -147,16 +133,10 @@ impl<'a> Cluster<'a> {
         Ok(Cluster {
             ps,
             servers: (0..sc.servers.len())
-                .map(|_| ClusterServer {
+                .map(|j| ClusterServer {
                     arrivals: BinaryHeap::new(),
                     arrive_at: None,
-                    completed: 0,
-                    busy_ns: 0,
-                    last_report: Nanos::ZERO,
-                    unrecorded: Vec::new(),
-                    heard: None,
-                    tenant_of_slot: Vec::new(),
-                    quiet: Vec::new(),
+                    token: TokenServer::new(j as u32, ps.early_rounds > 0),
                 })
                 .collect(),
             buckets,
@@ -179,33 +159,21 @@ impl<'a> Cluster<'a> {
 
     /// The completion of a request dispatched by server `j` for its scheduler's tenant `id` was counted.
     pub(super) fn recorded(&mut self, j: usize, id: TenantId) {
-        self.servers[j].unrecorded[id.index()] -= 1;
+        self.servers[j].token.recorded(id);
     }
 
     /// Server `j`'s device completed a request.
     pub(super) fn device_completed(&mut self, j: usize) {
-        self.servers[j].completed += 1;
+        self.servers[j].token.device_completed();
     }
 
     /// Server `j`'s device went idle at `now`, busy since `from`.
     pub(super) fn device_idle(&mut self, j: usize, from: Nanos, now: Nanos) {
-        let s = &mut self.servers[j];
-        s.busy_ns += now.0 - from.0.max(s.last_report.0);
+        self.servers[j].token.device_idle(from, now);
     }
 
     fn plan(&self, i: usize) -> &'a BucketPlan {
         &self.ps.buckets[i]
-    }
-
-    /// Records that slot `id` of server `j`'s scheduler is bucket `i`.
-    fn map_slot(&mut self, j: usize, id: TenantId, i: u32) {
-        let s = &mut self.servers[j];
-        if s.tenant_of_slot.len() <= id.index() {
-            s.tenant_of_slot.resize(id.index() + 1, u32::MAX);
-            s.unrecorded.resize(id.index() + 1, 0);
-            s.quiet.resize(id.index() + 1, false);
-        }
-        s.tenant_of_slot[id.index()] = i;
     }
 }
 
@@ -220,12 +188,6 @@ enum Message {
     Stray,
     /// The controller's request for an early round's reports, to the servers.
     EarlyReport,
-}
-
-/// Leaves bucket `id` (QoS `spec`) with no tokens: R = 0 and, if it is limited, L = 0.
-fn no_tokens(ts: &mut TokenScheduler, id: TenantId, spec: &QosSpec) {
-    let l = if spec.limit().is_some() { Tokens::Count(0) } else { Tokens::Unlimited };
-    ts.set_tokens(id, 0, l).expect("live");
 }
 
 impl<'a> Sim<'a> {
@@ -382,14 +344,9 @@ impl<'a> Sim<'a> {
             return id;
         }
         let spec = self.sc.tenants[i].spec;
-        let heard = self.cluster().servers[j].heard.is_some();
         let ts = self.servers[j].sched.token();
-        let id = rein_core::Scheduler::add_tenant(ts, spec).expect("bounded by the bucket count");
-        if heard {
-            no_tokens(ts, id, &spec);
-        }
-        let c = self.cluster();
-        c.map_slot(j, id, i as u32);
+        let c = self.cluster.as_mut().expect("cluster");
+        let id = c.servers[j].token.add_bucket(ts, i as u32, spec);
         c.buckets[i].ids.push((j as u32, id));
         id
     }
@@ -448,49 +405,9 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let mut reports = Vec::with_capacity(self.servers.len());
         let c = self.cluster.as_mut().expect("cluster");
-        for (j, (srv, s)) in self.servers.iter_mut().zip(&mut c.servers).enumerate() {
-            let busy_now = srv.device.busy_since().map_or(0, |since| now.0 - since.0.max(s.last_report.0));
-            let ts = srv.sched.token();
-            let intervals = if early == 0 { ts.take_interval(now) } else { ts.peek_interval(now) };
-            let mut lines = Vec::new();
-            for b in intervals {
-                let n = b.counters;
-                let bucket = s.tenant_of_slot[b.id.index()];
-                let dispatched = n.dispatched_r + n.dispatched_l;
-                let unrecorded = s.unrecorded[b.id.index()] + dispatched as i64;
-                debug_assert!(unrecorded >= 0, "a completion counted before its dispatch");
-                if early == 0 {
-                    s.unrecorded[b.id.index()] = unrecorded;
-                }
-                let in_flight = unrecorded.max(0) as u64;
-                let held = b.held();
-                if n.arrivals + dispatched + b.queued + in_flight + held > 0 {
-                    lines.push(BucketReport {
-                        bucket,
-                        arrivals: n.arrivals,
-                        dispatched,
-                        queued: b.queued,
-                        idle_ns: n.idle_ns,
-                        in_flight,
-                        held,
-                    });
-                }
-            }
-            lines.sort_unstable_by_key(|l| l.bucket);
-            reports.push(ServerReport {
-                server: j as u32,
-                round,
-                early,
-                elapsed_ns: now.0 - s.last_report.0,
-                completed: s.completed,
-                busy_ns: s.busy_ns + busy_now,
-                buckets: lines,
-            });
-            if early == 0 {
-                s.last_report = now;
-                s.completed = 0;
-                s.busy_ns = 0;
-            }
+        for (srv, s) in self.servers.iter_mut().zip(&mut c.servers) {
+            let busy_since = srv.device.busy_since();
+            reports.push(s.token.report(srv.sched.token(), now, round, early, busy_since));
         }
         c.pending_reports.push_back(reports);
         self.message(Message::Reports);
@@ -501,14 +418,9 @@ impl<'a> Sim<'a> {
     /// early round).
     pub(super) fn cluster_arrived(&mut self, j: usize, i: usize, id: TenantId) {
         let c = self.cluster.as_mut().expect("cluster");
-        let s = &mut c.servers[j];
-        let slot = id.index();
-        let Some(heard) = s.heard else { return };
-        if c.ps.early_rounds == 0 || s.quiet[slot] {
-            return;
-        }
-        s.quiet[slot] = true;
-        c.pending_strays.push_back(StrayArrival { server: j as u32, bucket: i as u32, heard });
+        let Some(note) = c.servers[j].token.arrived(id) else { return };
+        debug_assert_eq!(note.bucket, i as u32);
+        c.pending_strays.push_back(note);
         self.message(Message::Stray);
     }
 
@@ -554,27 +466,10 @@ impl<'a> Sim<'a> {
     pub(super) fn tokens(&mut self) {
         for m in self.cluster().pending_tokens.pop_front().expect("a batch per event") {
             let j = m.server as usize;
-            let mut listed = vec![false; self.cluster().servers[j].tenant_of_slot.len()];
-            for &(i, r, l) in &m.tokens {
-                let id = self.id_at(j, i as usize);
-                if listed.len() <= id.index() {
-                    listed.resize(id.index() + 1, false);
-                }
-                listed[id.index()] = true;
-                self.servers[j].sched.token().grant(id, r, l).expect("live");
-            }
-            let cs = &mut self.cluster.as_mut().expect("cluster").servers[j];
-            cs.heard = Some((m.round, m.early));
-            cs.quiet.iter_mut().zip(&listed).for_each(|(a, &b)| *a = b);
-            cs.quiet[listed.len()..].fill(false);
+            // Buckets first seen here join the scheduler now (with no tokens, then the message's).
+            let grants: Vec<_> = m.tokens.iter().map(|&(i, r, l)| (self.id_at(j, i as usize), r, l)).collect();
             let ts = self.servers[j].sched.token();
-            for (slot, &i) in cs.tenant_of_slot.iter().enumerate() {
-                if i == u32::MAX || listed.get(slot).copied().unwrap_or(false) {
-                    continue;
-                }
-                let id = ts.id_at_slot(slot).expect("mapped slots are live");
-                no_tokens(ts, id, &self.sc.tenants[i as usize].spec);
-            }
+            self.cluster.as_mut().expect("cluster").servers[j].token.apply(ts, m.round, m.early, &grants);
             self.try_dispatch(j);
         }
     }

@@ -1,0 +1,307 @@
+//! A pShift server's side of the protocol (pshift.txt §III-D), sans-IO: what a server running the Token
+//! Scheduler (Algorithm 1) reports to the controller and how it applies the controller's answer. The
+//! simulator's pShift servers and `rein serve` with `[pshift]` both use it; the scheduler itself stays
+//! the caller's ([`TokenScheduler`], passed to each call).
+//!
+//! # Model
+//! A server's scheduler knows each bucket as a tenant; this module maps scheduler slots to the
+//! controller's bucket indices and keeps what a report needs besides the scheduler's own per-bucket
+//! counters ([`TokenScheduler::take_interval`]):
+//! - the device's completions and busy time since the last boundary's report;
+//! - per bucket, the IOs dispatched whose completion has not been counted yet
+//!   ([`BucketReport::in_flight`]): the controller charges those to the period they complete in;
+//! - the latest token message applied, and per bucket whether the server already told the controller
+//!   about an arrival the message did not plan for (a stray: [`StrayArrival`], once per message).
+//!
+//! A boundary's report ([`TokenServer::report`] with `early = 0`) covers the interval since the previous
+//! boundary and restarts the counters; an early round's report covers the interval so far and leaves
+//! them running (the boundary's report still covers the whole interval). Applying a message
+//! ([`TokenServer::apply`]) grants each listed bucket its tokens with [`TokenScheduler::grant`] (which
+//! deducts what was served since the report) and leaves every bucket the message does not list with no
+//! R-tokens and, if it is limited, no L-tokens. Before the first message the scheduler serves plain round
+//! robin (every bucket starts with no R-tokens and, limited or not, unbounded L-tokens).
+//!
+//! # Invariants
+//! 1. A slot is mapped to at most one bucket; a report has at most one line per bucket, sorted by bucket.
+//! 2. `in_flight` of a bucket is the IOs dispatched (counted at boundaries) less the completions counted:
+//!    never negative at a boundary (a completion is counted after its dispatch).
+//! 3. After [`TokenServer::apply`], a mapped bucket holds exactly the tokens the message gives it (less
+//!    what `grant` deducts), or none.
+
+use super::controller::{BucketReport, ServerReport, StrayArrival, TokenMessage};
+use crate::sched::tokens::{TokenScheduler, Tokens};
+use crate::sched::Scheduler;
+use crate::spec::QosSpec;
+use crate::units::Nanos;
+use crate::TenantId;
+
+/// No bucket at a slot.
+const NONE: u32 = u32::MAX;
+
+/// The server side of pShift; see the module comment.
+#[derive(Debug, Clone)]
+pub struct TokenServer {
+    /// This server's index at the controller.
+    server: u32,
+    /// Whether stray arrivals are noted (the controller runs early rounds).
+    strays: bool,
+    /// Device completions and busy time since the last boundary's report.
+    completed: u64,
+    busy_ns: u64,
+    last_report: Nanos,
+    /// Per scheduler slot: the IOs dispatched whose completion has not been counted, as of the last
+    /// boundary, less the completions counted since (negative between boundaries when IOs both went and
+    /// came back). With the interval's dispatches added at a boundary it is the bucket's `in_flight`.
+    unrecorded: Vec<i64>,
+    /// The latest token message applied: (round, early).
+    heard: Option<(u64, u32)>,
+    /// Scheduler slot -> bucket index ([`NONE`]: no bucket).
+    bucket_of_slot: Vec<u32>,
+    /// Per slot: an arrival of the bucket needs no note to the controller (the latest message listed it,
+    /// or a stray was noted since).
+    quiet: Vec<bool>,
+}
+
+impl TokenServer {
+    /// Server `server` (its index at the controller); `strays`: note stray arrivals for early rounds.
+    pub fn new(server: u32, strays: bool) -> TokenServer {
+        TokenServer {
+            server,
+            strays,
+            completed: 0,
+            busy_ns: 0,
+            last_report: Nanos::ZERO,
+            unrecorded: Vec::new(),
+            heard: None,
+            bucket_of_slot: Vec::new(),
+            quiet: Vec::new(),
+        }
+    }
+
+    /// This server's index at the controller.
+    pub fn index(&self) -> u32 {
+        self.server
+    }
+
+    /// The latest token message applied, as (round, early).
+    pub fn heard(&self) -> Option<(u64, u32)> {
+        self.heard
+    }
+
+    /// The bucket at scheduler tenant `id`, if one is mapped.
+    pub fn bucket_of(&self, id: TenantId) -> Option<u32> {
+        self.bucket_of_slot.get(id.index()).copied().filter(|&b| b != NONE)
+    }
+
+    /// Adds bucket `bucket` to the scheduler with `spec` and maps it. Once a message has been applied, a
+    /// new bucket starts with no tokens (R = 0 and, if limited, L = 0) until a message gives it some.
+    pub fn add_bucket(&mut self, ts: &mut TokenScheduler, bucket: u32, spec: QosSpec) -> TenantId {
+        let id = ts.add_tenant(spec).expect("bounded by the bucket count");
+        if self.heard.is_some() {
+            no_tokens(ts, id);
+        }
+        self.map(id, bucket);
+        id
+    }
+
+    /// Maps the scheduler's tenant `id` (added by the caller) to bucket `bucket`, as [`Self::add_bucket`]
+    /// does for the tenants it adds.
+    pub fn map(&mut self, id: TenantId, bucket: u32) {
+        let slot = id.index();
+        if self.bucket_of_slot.len() <= slot {
+            self.bucket_of_slot.resize(slot + 1, NONE);
+            self.unrecorded.resize(slot + 1, 0);
+            self.quiet.resize(slot + 1, false);
+        }
+        self.bucket_of_slot[slot] = bucket;
+    }
+
+    /// A request of the bucket at tenant `id` reached the scheduler. If the latest message did not list
+    /// the bucket here and no note was sent since, returns the note for the controller (once per message).
+    pub fn arrived(&mut self, id: TenantId) -> Option<StrayArrival> {
+        let heard = self.heard?;
+        let slot = id.index();
+        if !self.strays || self.quiet.get(slot).copied().unwrap_or(true) {
+            return None;
+        }
+        let bucket = self.bucket_of(id)?;
+        self.quiet[slot] = true;
+        Some(StrayArrival { server: self.server, bucket, heard })
+    }
+
+    /// The completion of an IO this server dispatched for tenant `id` was counted.
+    pub fn recorded(&mut self, id: TenantId) {
+        if let Some(u) = self.unrecorded.get_mut(id.index()) {
+            *u -= 1;
+        }
+    }
+
+    /// The device completed an IO.
+    pub fn device_completed(&mut self) {
+        self.completed += 1;
+    }
+
+    /// The device went idle at `now`, busy since `from` (only the part after the last report counts).
+    pub fn device_idle(&mut self, from: Nanos, now: Nanos) {
+        self.busy_ns += now.0 - from.0.max(self.last_report.0);
+    }
+
+    /// The report for boundary `round` (`early` = 0: the interval since the previous boundary, and the
+    /// counters restart) or for early round `early` after it (the interval so far; the counters go on).
+    /// `busy_since`: when the device's current busy period began, if it is busy now.
+    pub fn report(
+        &mut self,
+        ts: &mut TokenScheduler,
+        now: Nanos,
+        round: u64,
+        early: u32,
+        busy_since: Option<Nanos>,
+    ) -> ServerReport {
+        let busy_now = busy_since.map_or(0, |since| now.0 - since.0.max(self.last_report.0));
+        let intervals = if early == 0 { ts.take_interval(now) } else { ts.peek_interval(now) };
+        let mut lines = Vec::new();
+        for b in intervals {
+            let slot = b.id.index();
+            let Some(&bucket) = self.bucket_of_slot.get(slot).filter(|&&x| x != NONE) else { continue };
+            let n = b.counters;
+            let dispatched = n.dispatched_r + n.dispatched_l;
+            let unrecorded = self.unrecorded[slot] + dispatched as i64;
+            debug_assert!(unrecorded >= 0, "invariant 2: a completion counted before its dispatch");
+            if early == 0 {
+                self.unrecorded[slot] = unrecorded;
+            }
+            let in_flight = unrecorded.max(0) as u64;
+            let held = b.held();
+            if n.arrivals + dispatched + b.queued + in_flight + held > 0 {
+                lines.push(BucketReport {
+                    bucket,
+                    arrivals: n.arrivals,
+                    dispatched,
+                    queued: b.queued,
+                    idle_ns: n.idle_ns,
+                    in_flight,
+                    held,
+                });
+            }
+        }
+        lines.sort_unstable_by_key(|l| l.bucket);
+        let report = ServerReport {
+            server: self.server,
+            round,
+            early,
+            elapsed_ns: now.0 - self.last_report.0,
+            completed: self.completed,
+            busy_ns: self.busy_ns + busy_now,
+            buckets: lines,
+        };
+        if early == 0 {
+            self.last_report = now;
+            self.completed = 0;
+            self.busy_ns = 0;
+        }
+        report
+    }
+
+    /// Applies the answer `(round, early)`: `grants` are the message's lines with each bucket resolved to
+    /// its tenant here (a line whose bucket has no tenant here is left out by the caller). Every mapped
+    /// bucket not granted is left with no tokens (invariant 3).
+    pub fn apply(&mut self, ts: &mut TokenScheduler, round: u64, early: u32, grants: &[(TenantId, u64, Tokens)]) {
+        let mut listed = vec![false; self.bucket_of_slot.len()];
+        for &(id, r, l) in grants {
+            if listed.len() <= id.index() {
+                listed.resize(id.index() + 1, false);
+            }
+            listed[id.index()] = true;
+            ts.grant(id, r, l).expect("a granted bucket is live");
+        }
+        self.heard = Some((round, early));
+        let n = self.quiet.len();
+        self.quiet.iter_mut().zip(&listed).for_each(|(a, &b)| *a = b);
+        self.quiet[listed.len().min(n)..].fill(false);
+        for (slot, &b) in self.bucket_of_slot.iter().enumerate() {
+            if b == NONE || listed.get(slot).copied().unwrap_or(false) {
+                continue;
+            }
+            let id = ts.id_at_slot(slot).expect("mapped slots are live");
+            no_tokens(ts, id);
+        }
+    }
+
+    /// [`Self::apply`] for a whole message, resolving each line's bucket with `resolve` (which may add it).
+    pub fn apply_message(
+        &mut self,
+        ts: &mut TokenScheduler,
+        msg: &TokenMessage,
+        mut resolve: impl FnMut(&mut TokenServer, &mut TokenScheduler, u32) -> Option<TenantId>,
+    ) {
+        let mut grants = Vec::with_capacity(msg.tokens.len());
+        for &(b, r, l) in &msg.tokens {
+            if let Some(id) = resolve(self, ts, b) {
+                grants.push((id, r, l));
+            }
+        }
+        self.apply(ts, msg.round, msg.early, &grants);
+    }
+}
+
+/// Leaves tenant `id` with no tokens: R = 0 and, if it is limited, L = 0.
+fn no_tokens(ts: &mut TokenScheduler, id: TenantId) {
+    let limited = ts.spec(id).expect("live").limit().is_some();
+    let l = if limited { Tokens::Count(0) } else { Tokens::Unlimited };
+    ts.set_tokens(id, 0, l).expect("live");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::{Poll, Request, SchedConfig};
+
+    fn spec(limit: Option<f64>) -> QosSpec {
+        QosSpec::new(0.0, limit, 1.0, 0).unwrap()
+    }
+
+    /// A report counts what the scheduler saw; in-flight IOs carry over a boundary until counted; a
+    /// message's unlisted buckets lose their tokens; a stray arrival is noted once per message.
+    #[test]
+    fn reports_in_flight_tokens_and_strays() {
+        let mut ts = TokenScheduler::new(SchedConfig::default());
+        let mut s = TokenServer::new(3, true);
+        let a = s.add_bucket(&mut ts, 10, spec(None));
+        let b = s.add_bucket(&mut ts, 20, spec(Some(100.0)));
+        for h in 0..3 {
+            ts.enqueue(Nanos(h), Request::new(a, h)).unwrap();
+        }
+        assert_eq!(s.arrived(a), None, "no message yet: nothing is a stray");
+        let mut served = 0;
+        while let Poll::Dispatch(_) = ts.poll(Nanos(10), true) {
+            served += 1;
+        }
+        assert_eq!(served, 3, "round robin before the first message");
+        s.device_completed();
+        s.recorded(a);
+        s.device_idle(Nanos(0), Nanos(50));
+        let r = s.report(&mut ts, Nanos(100), 0, 0, None);
+        assert_eq!((r.server, r.completed, r.busy_ns, r.elapsed_ns), (3, 1, 50, 100));
+        assert_eq!(r.buckets.len(), 1, "{r:?}");
+        assert_eq!((r.buckets[0].bucket, r.buckets[0].dispatched, r.buckets[0].in_flight), (10, 3, 2));
+        // The next boundary: nothing dispatched, two still in flight until counted.
+        s.recorded(a);
+        let r = s.report(&mut ts, Nanos(200), 1, 0, Some(Nanos(150)));
+        assert_eq!((r.buckets[0].in_flight, r.busy_ns), (1, 50));
+        // A message listing only bucket 10 (a): b (limited) gets nothing, and its arrival is a stray once.
+        s.apply(&mut ts, 1, 0, &[(a, 5, Tokens::Unlimited)]);
+        assert_eq!(ts.tokens(a).unwrap(), (5, Tokens::Unlimited));
+        assert_eq!(ts.tokens(b).unwrap(), (0, Tokens::Count(0)));
+        ts.enqueue(Nanos(210), Request::new(b, 9)).unwrap();
+        assert_eq!(s.arrived(b), Some(StrayArrival { server: 3, bucket: 20, heard: (1, 0) }));
+        assert_eq!(s.arrived(b), None, "once per message");
+        assert_eq!(s.arrived(a), None, "listed");
+        assert!(matches!(ts.poll(Nanos(220), true), Poll::Empty), "b holds no L-tokens");
+        ts.enqueue(Nanos(230), Request::new(a, 10)).unwrap();
+        assert!(matches!(ts.poll(Nanos(230), true), Poll::Dispatch(d) if d.tenant == a));
+        // A bucket added after the first message starts without tokens.
+        let c = s.add_bucket(&mut ts, 30, spec(Some(5.0)));
+        assert_eq!(ts.tokens(c).unwrap(), (0, Tokens::Count(0)));
+        assert_eq!(s.bucket_of(c), Some(30));
+    }
+}
