@@ -272,7 +272,10 @@ impl Plan {
             check_parda(sc, p).map_err(|(f, why)| unsupported(&f, &why))?;
         }
         if sc.pshift.is_some() {
-            return Err(unsupported("a pShift cluster ([pshift])", "rein has no pShift controller daemon yet"));
+            return Err(unsupported(
+                "a pShift cluster ([pshift])",
+                "its daemons exist (rein pshift controller, rein serve with [pshift]: docs/pshift-daemons.md), but rein cluster does not drive buckets whose demand moves between servers yet",
+            ));
         }
         if sc.net_delay > Nanos::ZERO {
             return Err(unsupported("network.delay_ms", "the nodes are on loopback; there is no delay to add"));

@@ -24,6 +24,8 @@
 //!   their first byte turns the option on).
 //! - [`parda`]: the record and slot decoders never panic, and what they accept re-encodes to the same
 //!   bytes.
+//! - [`pshift`]: the pShift frame decoder never panics, uses no more than it is given, asks for more only
+//!   when the frame is incomplete, and what it accepts re-encodes to the same bytes.
 //! - [`replies`]: the client's decoders of what a server sends ([`ReplyHeader::decode`] in transmission,
 //!   [`nbd::decode_option_reply`] in the handshake) never panic, never report more bytes than they were
 //!   given, ask for more only when the header (or the option reply's data) is incomplete, and what they
@@ -564,6 +566,39 @@ pub fn parda(data: &[u8]) {
     }
     if data.len() >= record::SLOT_BYTES {
         let _ = record::decode_slot(&data[..record::SLOT_BYTES]);
+    }
+}
+
+/// Decodes `data` as a stream of pShift frames (and each frame's header announces no more than
+/// [`crate::pshift::MAX_BODY`]); whatever decodes must re-encode to the bytes it came from.
+pub fn pshift(data: &[u8]) {
+    use crate::pshift as wire;
+    let mut at = 0;
+    while at < data.len() {
+        let rest = &data[at..];
+        match wire::decode(rest) {
+            Ok(Some((m, used))) => {
+                assert!(used >= wire::HEADER_BYTES && used <= rest.len(), "used more than given");
+                assert_eq!(wire::frame_len(rest), Ok(Some(used)));
+                let mut out = Vec::new();
+                wire::encode(&m, &mut out).expect("a decoded message encodes");
+                assert_eq!(out[..], rest[..used], "an accepted frame re-encodes to its bytes");
+                at += used;
+            }
+            Ok(None) => {
+                // Incomplete: either the header, or a body the header says is longer than what is left.
+                if let Ok(Some(n)) = wire::frame_len(rest) {
+                    assert!(n > rest.len() && n <= wire::HEADER_BYTES + wire::MAX_BODY);
+                } else {
+                    assert!(rest.len() < wire::HEADER_BYTES);
+                }
+                return;
+            }
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                return;
+            }
+        }
     }
 }
 

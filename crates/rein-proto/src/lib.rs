@@ -9,6 +9,7 @@
 //! - [`https`]: the admin endpoint's HTTPS port: a TLS client told from a plain HTTP one by its first
 //!   byte, and the answer the plain one gets.
 //! - [`parda`]: PARDA's latency-aggregation record (shared-file block or UDP datagram).
+//! - [`pshift`]: pShift's messages between servers and the controller (reports, tokens), framed.
 //! - [`ErrorKind`]: why a request failed, protocol-neutral; each protocol maps it to its own numbers
 //!   ([`nbd::errno`]).
 //! - [`harness`]: the decoders' contracts as functions of arbitrary bytes, shared by the fuzz targets and
@@ -20,5 +21,6 @@ pub mod harness;
 pub mod https;
 pub mod nbd;
 pub mod parda;
+pub mod pshift;
 
 pub use error::ErrorKind;

@@ -21,6 +21,11 @@ fn parda_record_corpus() {
 }
 
 #[test]
+fn pshift_frame_corpus() {
+    replay("pshift_frame", rein_proto::harness::pshift);
+}
+
+#[test]
 fn nbd_reply_corpus() {
     replay("nbd_reply", rein_proto::harness::replies);
 }
@@ -35,7 +40,7 @@ fn node_hello_corpus() {
     replay("node_hello", rein_proto::harness::node_hello);
 }
 
-/// Every fuzz target has a corpus test: these six here, `scenario` and `trace` in rein-sim's `tests/corpus.rs`, the rest in rein-runtime's.
+/// Every fuzz target has a corpus test: these seven here, `scenario` and `trace` in rein-sim's `tests/corpus.rs`, the rest in rein-runtime's.
 #[test]
 fn every_fuzz_target_is_replayed() {
     let replayed = [
@@ -50,6 +55,8 @@ fn every_fuzz_target_is_replayed() {
         "nbd_transmission",
         "node_hello",
         "parda_record",
+        "pshift_controller_config",
+        "pshift_frame",
         "psk_file",
         "scenario",
         "server_config",

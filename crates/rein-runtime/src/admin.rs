@@ -386,7 +386,7 @@ async fn get_capacity(State(s): State<AdminState>) -> Response {
     }
 }
 
-fn label(s: &str) -> String {
+pub(crate) fn label(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

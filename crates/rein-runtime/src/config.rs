@@ -48,6 +48,10 @@
 //! allow_networks = ["127.0.0.0/8", "::1/128"]  # who may speak it (the default: loopback only)
 //! allow_identities = ["gw"]      # optional: PSK identity or client certificate CN (after STARTTLS)
 //!
+//! [pshift]                       # optional: report to a pShift controller (docs/pshift-daemons.md);
+//! controller = "127.0.0.30:7800" #   needs scheduler = "token"
+//! name = "s1"                    # this server's name in the controller's [[servers]]
+//!
 //! [mclock]                       # optional: scheduler settings, the same table as a scenario's
 //! preset = "rein"                # rein (default) | paper: mClock's Algorithm 1 as written
 //! weight_lead_ios = 16           # integer | "none" (the paper)
@@ -232,6 +236,15 @@ struct File {
     max_connections_per_client: Option<usize>,
     max_connections_per_tenant: Option<usize>,
     node: Option<NodeFile>,
+    pshift: Option<PshiftFile>,
+}
+
+/// `[pshift]`: this server is a pShift server of a controller (docs/pshift-daemons.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PshiftFile {
+    controller: String,
+    name: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -478,6 +491,8 @@ pub struct ServerConfig {
     pub caps: ConnCaps,
     /// The storage-node protocol (`[node]`); off by default.
     pub node: NodeConfig,
+    /// `[pshift]`: the pShift controller this server reports to (with `scheduler = "token"`).
+    pub pshift: Option<crate::pshift_link::LinkSettings>,
 }
 
 /// Largest value of `max_connections` and the per-client and per-tenant caps.
@@ -890,6 +905,24 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     };
     let admin_tls = admin_tls(f.admin_tls, tls.as_ref())?;
     let node = node_config(f.node.as_ref())?;
+    let pshift = match &f.pshift {
+        None => None,
+        Some(p) => {
+            if scheduler != SchedulerKind::Token {
+                return Err(format!(
+                    "[pshift] needs scheduler = \"token\" (pShift's token scheduler), got {scheduler}"
+                ));
+            }
+            let controller = p
+                .controller
+                .parse()
+                .map_err(|_| format!("pshift.controller {:?} is not an address (ip:port)", p.controller))?;
+            if p.name.is_empty() || p.name.len() > rein_core::pshift::MAX_NAME_LEN {
+                return Err(format!("pshift.name {:?} must be 1 to {} bytes", p.name, rein_core::pshift::MAX_NAME_LEN));
+            }
+            Some(crate::pshift_link::LinkSettings { controller, name: p.name.clone() })
+        }
+    };
     let cfg = ServerConfig {
         listen,
         listen_unix,
@@ -916,6 +949,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         default_export,
         caps,
         node,
+        pshift,
     };
     Ok(cfg)
 }

@@ -54,6 +54,7 @@
 use crate::devmodel::{DeviceConfig, ModelledDevice};
 use crate::storage::{KernelIo, Storage, StorageError};
 use crate::uring::{drain_eventfd, Completion, Uring, UringOp};
+use rein_core::pshift::{ServerReport, StrayArrival, TokenMessage, TokenScheduler, TokenServer};
 use rein_core::{
     Cost, Nanos, Phase, Piggyback, Poll, QosSpec, Request, SchedConfig, SchedError, Scheduler, SchedulerKind, TenantId,
     TenantStats,
@@ -364,6 +365,62 @@ enum Cmd {
     SetCapacity(f64, oneshot::Sender<Result<(), CapacityError>>),
     ServiceScale(TenantId, f64),
     Abort(oneshot::Sender<usize>),
+    /// pShift: a controller welcomed this server ([`Dispatcher::pshift_attach`]).
+    PshiftAttach(PshiftAttach, oneshot::Sender<Result<(), String>>),
+    /// pShift: the report for `(round, early)`.
+    PshiftReport(u64, u32, oneshot::Sender<Result<ServerReport, String>>),
+    /// pShift: the controller's tokens.
+    PshiftTokens(TokenMessage),
+    /// pShift: the controller is gone.
+    PshiftDetach,
+}
+
+/// What a pShift server learns from the controller's welcome ([`Dispatcher::pshift_attach`]).
+#[derive(Debug)]
+pub struct PshiftAttach {
+    /// This server's index at the controller.
+    pub server: u32,
+    /// Whether stray arrivals are noted (the controller runs early rounds).
+    pub strays: bool,
+    /// Each bucket this server has: (its tenant here, its number at the controller).
+    pub buckets: Vec<(TenantId, u32)>,
+    /// Where stray-arrival notes go.
+    pub strays_to: mpsc::UnboundedSender<StrayArrival>,
+}
+
+/// The dispatcher's scheduler: any kind behind the trait, or pShift's token scheduler held as itself (its
+/// server side, [`TokenServer`], works on it).
+enum Sched {
+    Dyn(Box<dyn Scheduler>),
+    Token(Box<TokenScheduler>),
+}
+
+impl std::ops::Deref for Sched {
+    type Target = dyn Scheduler;
+    fn deref(&self) -> &(dyn Scheduler + 'static) {
+        match self {
+            Sched::Dyn(s) => s.as_ref(),
+            Sched::Token(t) => t.as_ref(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for Sched {
+    fn deref_mut(&mut self) -> &mut (dyn Scheduler + 'static) {
+        match self {
+            Sched::Dyn(s) => s.as_mut(),
+            Sched::Token(t) => t.as_mut(),
+        }
+    }
+}
+
+/// A pShift server's state in the dispatcher: rein-core's [`TokenServer`] (the simulator's servers run the
+/// same), the buckets by number, where stray notes go, and the busy time already reported.
+struct PshiftState {
+    server: TokenServer,
+    bucket_ids: std::collections::HashMap<u32, TenantId>,
+    strays_to: mpsc::UnboundedSender<StrayArrival>,
+    busy_mark: u64,
 }
 
 /// Why the modelled capacity could not be changed.
@@ -466,7 +523,10 @@ impl Dispatcher {
         assert!(config.depth > 0, "depth must be positive");
         let (tx, rx) = mpsc::channel(config.channel.max(1));
         // A spec's limit is in the cost model's units for every scheduler (RBFQ's too).
-        let sched = config.scheduler.build(config.sched);
+        let sched = match config.scheduler {
+            SchedulerKind::Token => Sched::Token(Box::new(TokenScheduler::new(config.sched))),
+            k => Sched::Dyn(k.build(config.sched)),
+        };
         let (uring, io_engine) = match config.io_engine {
             IoEngine::Uring => match Uring::new(config.depth) {
                 Ok(u) => (Some(u), IoEngine::Uring),
@@ -499,6 +559,7 @@ impl Dispatcher {
             busy_ended_ns: 0,
             busy_since: None,
             aborted: false,
+            pshift: None,
         };
         let join = tokio::spawn(task.run(rx));
         (Dispatcher { tx }, join)
@@ -580,6 +641,36 @@ impl Dispatcher {
         self.tx.send(Cmd::ServiceScale(id, scale)).await.map_err(|_| IoError::Shutdown)
     }
 
+    /// pShift: a controller welcomed this server. From now on the scheduler's tenants in `a.buckets` are
+    /// the controller's buckets: reports count them, tokens apply to them, and an arrival the latest
+    /// tokens did not plan for is noted on `a.strays_to`. Errors: the scheduler is not pShift's token
+    /// scheduler (`scheduler = "token"`), or the dispatcher has stopped.
+    pub async fn pshift_attach(&self, a: PshiftAttach) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Cmd::PshiftAttach(a, tx)).await.map_err(|_| "the server is shutting down".to_string())?;
+        rx.await.map_err(|_| "the server is shutting down".to_string())?
+    }
+
+    /// pShift: the report for boundary `round` (`early` = 0) or its early round `early`.
+    pub async fn pshift_report(&self, round: u64, early: u32) -> Result<ServerReport, String> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Cmd::PshiftReport(round, early, tx))
+            .await
+            .map_err(|_| "the server is shutting down".to_string())?;
+        rx.await.map_err(|_| "the server is shutting down".to_string())?
+    }
+
+    /// pShift: applies the controller's tokens (lines for buckets this server does not have are ignored).
+    pub async fn pshift_tokens(&self, m: TokenMessage) {
+        let _ = self.tx.send(Cmd::PshiftTokens(m)).await;
+    }
+
+    /// pShift: the controller is gone; the buckets go back to plain round robin until one answers again.
+    pub async fn pshift_detach(&self) {
+        let _ = self.tx.send(Cmd::PshiftDetach).await;
+    }
+
     /// Changes the modelled device's capacity (until its schedule's next step, if any).
     pub async fn set_capacity(&self, iops: f64) -> Result<(), CapacityError> {
         let (tx, rx) = oneshot::channel();
@@ -652,7 +743,7 @@ struct TickState {
 }
 
 struct Task {
-    sched: Box<dyn Scheduler>,
+    sched: Sched,
     device: Option<ModelledDevice<(Token, IoResult)>>,
     /// Scratch: outcomes the model released.
     ready: Vec<(Token, IoResult)>,
@@ -678,6 +769,8 @@ struct Task {
     busy_since: Option<Nanos>,
     /// Set by [`Dispatcher::abort_queued`]: requests are failed, not queued.
     aborted: bool,
+    /// pShift's server side, once a controller welcomed this server.
+    pshift: Option<PshiftState>,
 }
 
 impl Task {
@@ -769,6 +862,11 @@ impl Task {
                         if let Some(c) = self.counters.get_mut(tenant.index()) {
                             c.in_flight += 1;
                         }
+                        if let Some(p) = &mut self.pshift {
+                            if let Some(note) = p.server.arrived(tenant) {
+                                let _ = p.strays_to.send(note);
+                            }
+                        }
                     }
                     Err(e) => {
                         let p = self.pending[handle].take().expect("just stored");
@@ -818,6 +916,53 @@ impl Task {
                 };
                 let _ = reply.send(r);
             }
+            Cmd::PshiftAttach(a, reply) => {
+                let now = self.clock.now();
+                let busy = self.busy_total(now);
+                let r = match &mut self.sched {
+                    Sched::Token(ts) => {
+                        let mut server = TokenServer::new(a.server, a.strays, now);
+                        let mut bucket_ids = std::collections::HashMap::new();
+                        for &(id, b) in &a.buckets {
+                            server.map(id, b);
+                            bucket_ids.insert(b, id);
+                        }
+                        // A new controller (or the same after a break): round robin until it answers.
+                        server.detach(ts);
+                        self.pshift = Some(PshiftState { server, bucket_ids, strays_to: a.strays_to, busy_mark: busy });
+                        Ok(())
+                    }
+                    Sched::Dyn(_) => {
+                        Err(format!("pShift needs scheduler = \"token\" (this server runs {})", self.kind.name()))
+                    }
+                };
+                let _ = reply.send(r);
+            }
+            Cmd::PshiftReport(round, early, reply) => {
+                let now = self.clock.now();
+                let busy = self.busy_total(now);
+                let r = match (&mut self.pshift, &mut self.sched) {
+                    (Some(p), Sched::Token(ts)) => {
+                        p.server.add_busy(busy.saturating_sub(p.busy_mark));
+                        p.busy_mark = busy;
+                        Ok(p.server.report(ts, now, round, early, None))
+                    }
+                    _ => Err("no pShift controller has welcomed this server".to_string()),
+                };
+                let _ = reply.send(r);
+            }
+            Cmd::PshiftTokens(m) => {
+                if let (Some(p), Sched::Token(ts)) = (&mut self.pshift, &mut self.sched) {
+                    let ids = &p.bucket_ids;
+                    p.server.apply_message(ts, &m, |_, _, b| ids.get(&b).copied());
+                }
+            }
+            Cmd::PshiftDetach => {
+                if let (Some(p), Sched::Token(ts)) = (&mut self.pshift, &mut self.sched) {
+                    p.server.detach(ts);
+                }
+                self.pshift = None;
+            }
             Cmd::Snapshot(reply) => {
                 let mut tenants = Vec::new();
                 for &id in &self.ids {
@@ -831,10 +976,7 @@ impl Task {
                     }
                 }
                 let now = self.clock.now();
-                let busy_ns = match &self.device {
-                    Some(d) => d.busy_ns(now),
-                    None => self.busy_ended_ns + self.busy_since.map_or(0, |s| now.0.saturating_sub(s.0)),
-                };
+                let busy_ns = self.busy_total(now);
                 let _ = reply.send(Snapshot {
                     now,
                     busy_ns,
@@ -847,6 +989,14 @@ impl Task {
                     io_engine: self.io_engine,
                 });
             }
+        }
+    }
+
+    /// The device's busy time since the start: the model's, or the backend's (time with an IO outstanding).
+    fn busy_total(&self, now: Nanos) -> u64 {
+        match &self.device {
+            Some(d) => d.busy_ns(now),
+            None => self.busy_ended_ns + self.busy_since.map_or(0, |s| now.0.saturating_sub(s.0)),
         }
     }
 
@@ -1007,6 +1157,12 @@ impl Task {
             }
         }
         self.backend.completed += 1;
+        if let (Some(p), Sched::Token(ts)) = (&mut self.pshift, &self.sched) {
+            p.server.device_completed();
+            if let Some(id) = ts.id_at_slot(d.slot) {
+                p.server.recorded(id);
+            }
+        }
         self.backend.latency_sum_ns += d.device_latency.0 as u128;
         self.backend.latency_buckets[bucket_of(d.device_latency)] += 1;
         if let Some(c) = self.counters.get_mut(d.slot) {

@@ -1,7 +1,7 @@
 //! rein-runtime's decoders of outside input as functions of arbitrary bytes, with their contracts.
 //!
-//! The fuzz targets `server_config`, `admin_body`, `admin_response`, `state_file`, `psk_file`,
-//! `admin_create` and `access_list` (`fuzz/` at the repository root, cargo-fuzz on a nightly toolchain)
+//! The fuzz targets `server_config`, `gateway_config`, `pshift_controller_config`, `admin_body`,
+//! `admin_response`, `state_file`, `psk_file`, `admin_create` and `access_list` (`fuzz/` at the repository root, cargo-fuzz on a nightly toolchain)
 //! are one line each: they call these functions; `tests/corpus.rs`
 //! replays the committed corpus through them on stable. Each function panics exactly when a contract is
 //! broken. rein-proto's `harness` covers the wire decoders (NBD, the PARDA record and slot that
@@ -34,6 +34,11 @@
 //!   storage-node protocol can carry, every index (a volume's tenant, the default export) in range, one
 //!   stripe width, node export and local reservation per node, node export names within NBD's limit,
 //!   timeouts, pool size and request size within their ranges, the tenant budget within the total.
+//! - [`pshift_controller_config`]: `rein pshift controller`'s ctl.toml, through
+//!   [`ControllerSettings::parse`], never panics; a refusal has a message; what it accepts has 1..=[`MAX_SERVERS`] servers and at most
+//!   [`MAX_BUCKETS`] buckets with distinct names of 1..=[`MAX_NAME_LEN`] bytes (the frames carry them),
+//!   positive finite capacities, each bucket's limit at or above its reservation, and a period that
+//!   splits into whole-nanosecond intervals.
 //! - [`access_list`]: [`config::parse_access`] (`allow_networks`, `allow_identities` of rein.toml, the state
 //!   file and `POST /api/exports`) never panics; an accepted list keeps [`MAX_ALLOW_ENTRIES`] and has no
 //!   empty entry, each network written back (as the state file does) parses to the same network, and a
@@ -45,8 +50,10 @@ use crate::admin_client::parse_response;
 use crate::config::{self, BackendKind, ServerConfig, MAX_ALLOW_ENTRIES, MAX_EXPORTS, MAX_EXPORT_BYTES};
 use crate::gateway::{GatewayConfig, MAX_NODES, MAX_VOLUMES};
 use crate::live::MAX_TENANT_NAME;
+use crate::pshift_controller::ControllerSettings;
 use crate::state::{self, ExportJson, SpecJson};
 use crate::tls::{self, MAX_IDENTITY_BYTES, MAX_PSK_BYTES, MAX_PSK_IDENTITIES};
+use rein_core::pshift::{MAX_BUCKETS, MAX_NAME_LEN, MAX_SERVERS};
 use rein_core::spec::MAX_IDLE_CREDIT;
 use rein_core::units::{MAX_WEIGHT, MIN_RATE};
 use rein_core::QosSpec;
@@ -118,6 +125,37 @@ fn check_config(cfg: &ServerConfig, min_exports: usize) {
     }
     let caps = cfg.caps;
     assert!(caps.total >= 1 && caps.per_client >= 1 && caps.per_tenant >= 1, "a connection cap of 0 accepted");
+    if let Some(p) = &cfg.pshift {
+        assert_eq!(cfg.scheduler, rein_core::SchedulerKind::Token, "[pshift] without the token scheduler accepted");
+        assert!((1..=MAX_NAME_LEN).contains(&p.name.len()), "a [pshift] name the frames cannot carry accepted");
+    }
+}
+
+/// Parses `data` (if UTF-8) as `rein pshift controller`'s configuration; panics if a contract is broken
+/// (module comment).
+pub fn pshift_controller_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let s = match ControllerSettings::parse(text, Path::new("ctl.toml")) {
+        Ok(s) => s,
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "a refusal without a message");
+            return;
+        }
+    };
+    assert!((1..=MAX_SERVERS).contains(&s.servers.len()), "server count out of bounds");
+    assert!(s.buckets.len() <= MAX_BUCKETS, "bucket count out of bounds");
+    for (i, (name, cap)) in s.servers.iter().enumerate() {
+        assert!((1..=MAX_NAME_LEN).contains(&name.len()), "a server name the frames cannot carry accepted");
+        assert!(s.servers[..i].iter().all(|o| &o.0 != name), "a repeated server name accepted");
+        assert!(cap.is_finite() && *cap > 0.0, "a capacity of {cap} accepted");
+    }
+    for (i, (name, q)) in s.buckets.iter().enumerate() {
+        assert!((1..=MAX_NAME_LEN).contains(&name.len()), "a bucket name the frames cannot carry accepted");
+        assert!(s.buckets[..i].iter().all(|o| &o.0 != name), "a repeated bucket name accepted");
+        assert!(q.limit.is_none_or(|l| l >= q.reservation), "a limit below the reservation accepted");
+    }
+    let c = s.config;
+    assert!(c.intervals >= 1 && c.period.0 % u64::from(c.intervals) == 0, "a period that does not split accepted");
 }
 
 /// Parses `data` (if UTF-8) as a gateway configuration; panics if a contract is broken (module comment).

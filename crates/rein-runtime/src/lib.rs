@@ -31,6 +31,8 @@ pub mod node;
 pub mod parda_host;
 pub mod preflight;
 pub mod probe;
+pub mod pshift_controller;
+pub mod pshift_link;
 pub mod remote;
 pub mod server;
 pub mod sock;

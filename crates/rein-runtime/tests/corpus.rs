@@ -13,6 +13,11 @@ fn server_config_corpus() {
 }
 
 #[test]
+fn pshift_controller_config_corpus() {
+    replay("pshift_controller_config", rein_runtime::harness::pshift_controller_config);
+}
+
+#[test]
 fn gateway_config_corpus() {
     replay("gateway_config", rein_runtime::harness::gateway_config);
 }

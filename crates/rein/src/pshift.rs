@@ -31,6 +31,30 @@ pub(crate) enum PshiftCmd {
     /// changes) and several seeds; print the error (share of buckets missing 5% or more of their
     /// reservation) as a table.
     Sweep(SweepArgs),
+    /// pShift's controller as a daemon: servers (`rein serve` with `[pshift]`) report to it, it sends them
+    /// tokens (docs/pshift-daemons.md). Runs until Ctrl-C or SIGTERM.
+    Controller(ControllerArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ControllerArgs {
+    /// Configuration file (docs/pshift-daemons.md).
+    #[arg(long)]
+    pub(crate) config: PathBuf,
+}
+
+/// `rein pshift controller`: the daemon is `rein_runtime::pshift_controller`.
+fn controller(a: &ControllerArgs) -> Result<()> {
+    let s = rein_runtime::pshift_controller::ControllerSettings::load(&a.config)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let shutdown = crate::serve::stop_signals()?;
+        rein_runtime::pshift_controller::run(s, shutdown, None).await.map_err(anyhow::Error::msg)
+    })
 }
 
 #[derive(Debug, Args)]
@@ -495,8 +519,8 @@ fn solve_out(inst: &Instance, a: &Allocation, args: &SolveArgs, secs: f64) -> So
     out
 }
 
-/// `rein pshift`: solve an instance file (JSON on stdout), run the Experiment 2 sweep, or generate an
-/// instance.
+/// `rein pshift`: solve an instance file (JSON on stdout), run the Experiment 2 sweep, generate an
+/// instance, or run the controller daemon.
 pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
     match cmd {
         PshiftCmd::Solve(a) => {
@@ -506,6 +530,7 @@ pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
         PshiftCmd::Sweep(a) => sweep(&a)?,
+        PshiftCmd::Controller(a) => controller(&a)?,
         PshiftCmd::Gen(a) => {
             let inst = generate(&a.params()).map_err(anyhow::Error::msg).context("rein pshift gen")?;
             let json = instance_json(&inst)?;

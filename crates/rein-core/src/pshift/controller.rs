@@ -139,6 +139,36 @@ pub struct ControllerConfig {
     pub early: EarlyRounds,
 }
 
+impl ControllerConfig {
+    /// The configuration for servers `delay` away (one way) from the controller: reports are waited for
+    /// half an interval; with `exact_limits` the tokens a server may spend before the answer arrives (two
+    /// delays) are kept out of the limits; an early round needs four delays before the next boundary (the
+    /// stray's note, the request for reports, the reports, the answer). The simulator's pShift clusters
+    /// and `rein pshift-controller` both build theirs here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_delay(
+        period: Nanos,
+        intervals: u32,
+        start: Nanos,
+        estimator: DemandEstimator,
+        solve: SolveOptions,
+        exact_limits: bool,
+        early_rounds: u32,
+        delay: Nanos,
+    ) -> ControllerConfig {
+        ControllerConfig {
+            period,
+            intervals,
+            start,
+            estimator,
+            solve,
+            report_timeout: Nanos(period.0 / u64::from(intervals.max(1)) / 2),
+            answer_delay: if exact_limits { Nanos(delay.0.saturating_mul(2)) } else { Nanos::ZERO },
+            early: EarlyRounds { per_interval: early_rounds, lead: Nanos(delay.0.saturating_mul(4)) },
+        }
+    }
+}
+
 /// When a stray arrival (a bucket with reservation left arriving at a server the latest answer gave it no
 /// tokens at) starts an early round (module comment, "Early rounds").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,6 +406,11 @@ impl Controller {
             early_reports: vec![None; capacity_iops.len()],
             config,
         })
+    }
+
+    /// The configuration it runs.
+    pub fn config(&self) -> &ControllerConfig {
+        &self.config
     }
 
     /// The boundary the controller waits for now: servers report at this time.

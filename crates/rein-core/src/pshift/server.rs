@@ -63,14 +63,15 @@ pub struct TokenServer {
 }
 
 impl TokenServer {
-    /// Server `server` (its index at the controller); `strays`: note stray arrivals for early rounds.
-    pub fn new(server: u32, strays: bool) -> TokenServer {
+    /// Server `server` (its index at the controller), its first interval starting at `now`; `strays`: note
+    /// stray arrivals for early rounds.
+    pub fn new(server: u32, strays: bool, now: Nanos) -> TokenServer {
         TokenServer {
             server,
             strays,
             completed: 0,
             busy_ns: 0,
-            last_report: Nanos::ZERO,
+            last_report: now,
             unrecorded: Vec::new(),
             heard: None,
             bucket_of_slot: Vec::new(),
@@ -144,6 +145,27 @@ impl TokenServer {
     /// The device went idle at `now`, busy since `from` (only the part after the last report counts).
     pub fn device_idle(&mut self, from: Nanos, now: Nanos) {
         self.busy_ns += now.0 - from.0.max(self.last_report.0);
+    }
+
+    /// Adds `ns` of device busy time to the interval (for a caller that measures busy time itself rather
+    /// than by [`Self::device_idle`] and `busy_since`).
+    pub fn add_busy(&mut self, ns: u64) {
+        self.busy_ns = self.busy_ns.saturating_add(ns);
+    }
+
+    /// The controller is gone: every mapped bucket goes back to plain round robin (no R-tokens, unbounded
+    /// L-tokens), as before the first message, and no message counts as heard. Limits are not enforced
+    /// until a controller answers again.
+    pub fn detach(&mut self, ts: &mut TokenScheduler) {
+        self.heard = None;
+        self.quiet.fill(false);
+        for (slot, &b) in self.bucket_of_slot.iter().enumerate() {
+            if b == NONE {
+                continue;
+            }
+            let id = ts.id_at_slot(slot).expect("mapped slots are live");
+            ts.set_tokens(id, 0, Tokens::Unlimited).expect("live");
+        }
     }
 
     /// The report for boundary `round` (`early` = 0: the interval since the previous boundary, and the
@@ -265,7 +287,7 @@ mod tests {
     #[test]
     fn reports_in_flight_tokens_and_strays() {
         let mut ts = TokenScheduler::new(SchedConfig::default());
-        let mut s = TokenServer::new(3, true);
+        let mut s = TokenServer::new(3, true, Nanos::ZERO);
         let a = s.add_bucket(&mut ts, 10, spec(None));
         let b = s.add_bucket(&mut ts, 20, spec(Some(100.0)));
         for h in 0..3 {

@@ -36,8 +36,7 @@ use crate::model::Scenario;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{
-    BucketQos, Controller, ControllerConfig, EarlyRounds, ServerReport, SolveOptions, StrayArrival, TokenMessage,
-    TokenServer,
+    BucketQos, Controller, ControllerConfig, ServerReport, SolveOptions, StrayArrival, TokenMessage, TokenServer,
 };
 use rein_core::{Nanos, TenantId};
 use rein_model::seed::stream_rng;
@@ -114,18 +113,16 @@ impl<'a> Cluster<'a> {
                 .map(|t| BucketQos::per_period(t.spec.reservation(), t.spec.limit(), period_s))
                 .collect();
             let caps: Vec<f64> = sc.servers.iter().map(|s| s.device.capacity_iops).collect();
-            let cfg = ControllerConfig {
-                period: ps.period,
-                intervals: ps.intervals,
-                start: ps.start,
-                estimator: ps.estimator,
-                solve: SolveOptions { approx_top: ps.approx_top, ..SolveOptions::default() },
-                report_timeout: Nanos(ps.period.0 / ps.intervals as u64 / 2),
-                // Reports take `delay` to arrive and the tokens `delay` to come back.
-                answer_delay: if ps.exact_limits { Nanos(ps.delay.0.saturating_mul(2)) } else { Nanos::ZERO },
-                // The stray's note, the request for reports, the reports and the answer: four delays.
-                early: EarlyRounds { per_interval: ps.early_rounds, lead: Nanos(ps.delay.0.saturating_mul(4)) },
-            };
+            let cfg = ControllerConfig::for_delay(
+                ps.period,
+                ps.intervals,
+                ps.start,
+                ps.estimator,
+                SolveOptions { approx_top: ps.approx_top, ..SolveOptions::default() },
+                ps.exact_limits,
+                ps.early_rounds,
+                ps.delay,
+            );
             Some(Controller::new(cfg, &caps, qos).map_err(|e| e.to_string())?)
         } else {
             None
@@ -136,7 +133,7 @@ impl<'a> Cluster<'a> {
                 .map(|j| ClusterServer {
                     arrivals: BinaryHeap::new(),
                     arrive_at: None,
-                    token: TokenServer::new(j as u32, ps.early_rounds > 0),
+                    token: TokenServer::new(j as u32, ps.early_rounds > 0, Nanos::ZERO),
                 })
                 .collect(),
             buckets,

@@ -126,7 +126,9 @@ impl Rein {
                     eprintln!("server: {line}");
                 }
                 let listening = !sent && is_listening(&line);
-                let addresses = listening.then(|| (address(&line, "nbd"), address(&line, "admin")));
+                // The pShift controller's line names where servers connect `listen`.
+                let first = if line.contains("rein pshift controller listening") { "listen" } else { "nbd" };
+                let addresses = listening.then(|| (address(&line, first), address(&line, "admin")));
                 lines.lock().unwrap().push(line);
                 if let Some(addresses) = addresses {
                     let _ = tx.send(Ok(addresses));
@@ -199,9 +201,12 @@ impl Rein {
     }
 }
 
-/// Whether a daemon's log line is its "listening" line (rein serve's or rein gateway's).
+/// Whether a daemon's log line is its "listening" line (rein serve's, rein gateway's or the pShift
+/// controller's).
 fn is_listening(line: &str) -> bool {
-    line.contains("rein serve listening") || line.contains("rein gateway listening")
+    line.contains("rein serve listening")
+        || line.contains("rein gateway listening")
+        || line.contains("rein pshift controller listening")
 }
 
 /// Waits for `child` to exit, looking every `poll`, for at most [`START_TIMEOUT`]; one still running then

@@ -1,0 +1,767 @@
+//! `rein pshift controller`: pShift's controller as a daemon (pshift.txt §III-D; docs/pshift-daemons.md).
+//!
+//! # Model
+//! The controller is rein-core's [`Controller`], unchanged, the one the simulator's pShift clusters run,
+//! on a real clock. Servers (`rein serve` with a `[pshift]` table) connect over TCP and say hello with
+//! their name; the controller answers with the server's index and the bucket names (rein-proto's
+//! [`crate::pshift_link`] frames: `rein_proto::pshift`). At every redistribution boundary it asks every
+//! connected server for its report; when all are in (or half an interval has passed: the missing ones
+//! count as idle at their last capacity estimate) it computes the tokens for the rest of the period and
+//! sends each server its message. A server's note of a stray arrival may start an early round (rein-core's
+//! controller, "Early rounds"), whose reports and answer go the same way.
+//!
+//! The first QoS period starts `start_s` after the controller starts (default: one redistribution
+//! interval, whose report is the first statistics; as in the simulator). Servers keep plain round robin
+//! until their first answer, and go back to it when their link to the controller breaks.
+//!
+//! # Invariants
+//! 1. One connection per server name: a new hello for a connected server replaces the old connection.
+//! 2. A server gets only messages for its own index, and a report or note naming another index closes
+//!    its connection.
+//! 3. Bounded: at most `servers + 16` connections at once, each a hello within 5 s, each frame within
+//!    rein-proto's bound; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds.
+
+use crate::dispatch::Clock;
+use rein_core::pshift::{
+    BucketQos, Controller, ControllerConfig, DemandEstimator, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN,
+    MAX_SERVERS,
+};
+use rein_core::Nanos;
+use rein_proto::pshift::Message;
+use serde::Deserialize;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// Rounds kept for `/api/pshift`.
+pub const MAX_ROUNDS_KEPT: usize = 1024;
+/// A connection must say hello within this.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn d_true() -> bool {
+    true
+}
+fn d_intervals() -> u32 {
+    5
+}
+fn d_early() -> u32 {
+    rein_core::pshift::EarlyRounds::DEFAULT_PER_INTERVAL
+}
+fn d_delay_ms() -> f64 {
+    1.0
+}
+
+/// ctl.toml as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: String,
+    admin: Option<String>,
+    admin_token_file: Option<String>,
+    #[serde(default)]
+    admin_insecure: bool,
+    period_s: f64,
+    #[serde(default = "d_intervals")]
+    intervals: u32,
+    start_s: Option<f64>,
+    estimator: Option<String>,
+    approx_top: Option<usize>,
+    #[serde(default = "d_true")]
+    exact_limits: bool,
+    #[serde(default = "d_early")]
+    early_rounds: u32,
+    #[serde(default = "d_delay_ms")]
+    message_delay_ms: f64,
+    #[serde(default)]
+    servers: Vec<ServerFile>,
+    #[serde(default)]
+    buckets: Vec<BucketFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerFile {
+    name: String,
+    capacity_iops: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BucketFile {
+    name: String,
+    #[serde(default)]
+    reservation_iops: f64,
+    limit_iops: Option<f64>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct ControllerSettings {
+    /// Where servers connect.
+    pub listen: SocketAddr,
+    /// The admin endpoint (`/api/pshift`, `/metrics`), if any.
+    pub admin: Option<SocketAddr>,
+    /// Who may use it.
+    pub admin_access: crate::admin_guard::AdminAccess,
+    /// The servers: (name, nominal capacity in IOPS), in index order.
+    pub servers: Vec<(String, f64)>,
+    /// The buckets: (name, QoS per period), in index order.
+    pub buckets: Vec<(String, BucketQos)>,
+    /// rein-core's controller configuration (times from the daemon's start).
+    pub config: ControllerConfig,
+}
+
+/// Why ctl.toml was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown keys.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A value is out of range; the message names the key.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ControllerSettings {
+    /// Reads and validates `path` (relative paths in it are taken from its directory).
+    pub fn load(path: &Path) -> Result<ControllerSettings, ControllerConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ControllerConfigError::Read { path: shown.clone(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Validates `text` as if read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<ControllerSettings, ControllerConfigError> {
+        let shown = path.display().to_string();
+        let f: File = toml::from_str(text)
+            .map_err(|e| ControllerConfigError::Parse { path: shown.clone(), message: e.message().to_string() })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        validate(f, base).map_err(|message| ControllerConfigError::Invalid { path: shown, message })
+    }
+}
+
+fn name_ok(what: &str, n: &str) -> Result<(), String> {
+    if n.is_empty() || n.len() > MAX_NAME_LEN {
+        return Err(format!("{what} name {n:?} must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    Ok(())
+}
+
+fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
+    let addr = |key: &str, v: &str| -> Result<SocketAddr, String> {
+        v.parse().map_err(|_| format!("{key} {v:?} is not an address (ip:port)"))
+    };
+    let listen = addr("listen", &f.listen)?;
+    let admin = f.admin.as_deref().map(|a| addr("admin", a)).transpose()?;
+    let admin_access = crate::admin_guard::AdminAccess::new(
+        f.admin_token_file.as_ref().map(|p| base.join(p)),
+        f.admin_insecure,
+        crate::config::d_admin_conns(),
+        crate::config::d_admin_idle(),
+    )?;
+    if !(f.period_s.is_finite() && (0.001..=86_400.0).contains(&f.period_s)) {
+        return Err(format!("period_s must be in [0.001, 86400], got {}", f.period_s));
+    }
+    if !(1..=1000).contains(&f.intervals) {
+        return Err(format!("intervals must be in 1..=1000, got {}", f.intervals));
+    }
+    let period = Nanos::from_secs_f64(f.period_s);
+    if !period.0.is_multiple_of(u64::from(f.intervals)) {
+        return Err(format!(
+            "period_s / intervals must be a whole number of nanoseconds ({} s / {})",
+            f.period_s, f.intervals
+        ));
+    }
+    let tau = period.0 / u64::from(f.intervals);
+    let start = match f.start_s {
+        None => Nanos(tau),
+        Some(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Nanos::from_secs_f64(s),
+        Some(s) => return Err(format!("start_s must be in [0, 86400], got {s}")),
+    };
+    let estimator = match f.estimator.as_deref() {
+        None | Some("arrivals") => DemandEstimator::Arrivals,
+        Some("backlog") => DemandEstimator::Backlog,
+        Some(o) => return Err(format!("estimator {o:?}: expected \"arrivals\" or \"backlog\"")),
+    };
+    if f.approx_top == Some(0) {
+        return Err("approx_top must be at least 1 (leave it out to solve exactly)".into());
+    }
+    if f.early_rounds > 100 {
+        return Err(format!("early_rounds must be in 0..=100, got {}", f.early_rounds));
+    }
+    if !(f.message_delay_ms.is_finite() && (0.0..=10_000.0).contains(&f.message_delay_ms)) {
+        return Err(format!("message_delay_ms must be in [0, 10000], got {}", f.message_delay_ms));
+    }
+    if f.servers.is_empty() || f.servers.len() > MAX_SERVERS {
+        return Err(format!("[[servers]]: between 1 and {MAX_SERVERS} servers, got {}", f.servers.len()));
+    }
+    let mut servers: Vec<(String, f64)> = Vec::with_capacity(f.servers.len());
+    for s in &f.servers {
+        name_ok("server", &s.name)?;
+        if servers.iter().any(|x| x.0 == s.name) {
+            return Err(format!("two servers are named {:?}", s.name));
+        }
+        if !(s.capacity_iops.is_finite() && s.capacity_iops > 0.0 && s.capacity_iops <= 1e9) {
+            return Err(format!("server {}: capacity_iops must be in (0, 1e9], got {}", s.name, s.capacity_iops));
+        }
+        servers.push((s.name.clone(), s.capacity_iops));
+    }
+    if f.buckets.len() > MAX_BUCKETS {
+        return Err(format!("[[buckets]]: at most {MAX_BUCKETS}, got {}", f.buckets.len()));
+    }
+    let mut buckets: Vec<(String, BucketQos)> = Vec::with_capacity(f.buckets.len());
+    for b in &f.buckets {
+        name_ok("bucket", &b.name)?;
+        if buckets.iter().any(|x| x.0 == b.name) {
+            return Err(format!("two buckets are named {:?}", b.name));
+        }
+        let rate_ok = |v: f64| v.is_finite() && (0.0..=1e9).contains(&v);
+        if !rate_ok(b.reservation_iops) {
+            return Err(format!("bucket {}: reservation_iops must be in [0, 1e9], got {}", b.name, b.reservation_iops));
+        }
+        if let Some(l) = b.limit_iops {
+            if !rate_ok(l) || l < b.reservation_iops {
+                return Err(format!(
+                    "bucket {}: limit_iops must be in [reservation_iops, 1e9], got {l} (reservation {})",
+                    b.name, b.reservation_iops
+                ));
+            }
+        }
+        buckets.push((b.name.clone(), BucketQos::per_period(b.reservation_iops, b.limit_iops, f.period_s)));
+    }
+    let solve = SolveOptions { approx_top: f.approx_top, ..SolveOptions::default() };
+    let delay = Nanos::from_secs_f64(f.message_delay_ms / 1e3);
+    let config = ControllerConfig::for_delay(
+        period,
+        f.intervals,
+        start,
+        estimator,
+        solve,
+        f.exact_limits,
+        f.early_rounds,
+        delay,
+    );
+    // The controller's own checks (servers, buckets, limits), once, here.
+    let caps: Vec<f64> = servers.iter().map(|s| s.1).collect();
+    Controller::new(config, &caps, buckets.iter().map(|b| b.1).collect()).map_err(|e| e.to_string())?;
+    Ok(ControllerSettings { listen, admin, admin_access, servers, buckets, config })
+}
+
+/// One round as `/api/pshift` lists it.
+#[derive(Clone, Debug, serde::Serialize, Deserialize)]
+pub struct RoundRecord {
+    /// When it was answered (s since the controller started).
+    pub at_s: f64,
+    /// The boundary's number.
+    pub round: u64,
+    /// The QoS period.
+    pub period: u64,
+    /// The interval in the period.
+    pub interval: u32,
+    /// 0, or the early round's number.
+    pub early: u32,
+    /// Reservation IOs still wanted.
+    pub wanted: u64,
+    /// R-tokens placed where there is demand and capacity (the effective capacity Phi of the R class).
+    pub r_phi: u64,
+    /// The same for L-tokens.
+    pub l_phi: u64,
+    /// Servers whose report was missing.
+    pub reports_missing: u32,
+}
+
+/// What `/api/pshift` shows.
+#[derive(Clone, Debug, serde::Serialize, Deserialize)]
+pub struct ControllerStatus {
+    /// The next boundary's number.
+    pub round: u64,
+    /// When this was read (s since the controller started).
+    pub now_s: f64,
+    /// Per server (index order): name, and whether it is connected.
+    pub servers: Vec<(String, bool)>,
+    /// Per bucket (index order): name, reservation and limit per period, IOs done in the period so far.
+    pub buckets: Vec<BucketStatus>,
+    /// Reports, notes or frames refused (wrong server index, a bad frame, an unknown name).
+    pub refused: u64,
+    /// The newest rounds, oldest first.
+    pub rounds: VecDeque<RoundRecord>,
+}
+
+/// One bucket in [`ControllerStatus`].
+#[derive(Clone, Debug, serde::Serialize, Deserialize)]
+pub struct BucketStatus {
+    /// Its name.
+    pub name: String,
+    /// R_i (IOs per period).
+    pub reservation: u64,
+    /// L_i (IOs per period), if limited.
+    pub limit: Option<u64>,
+    /// IOs done in the current period, as of the last round.
+    pub done: u64,
+}
+
+/// What the connection tasks tell the controller's task.
+enum Event {
+    /// Server `index` connected; its frames go out on `tx` (connection `conn`).
+    Joined { index: usize, conn: u64, tx: mpsc::UnboundedSender<Message> },
+    /// Connection `conn` of server `index` ended.
+    Left { index: usize, conn: u64 },
+    /// A frame from server `index`.
+    Frame { index: usize, conn: u64, m: Message },
+}
+
+/// A running controller: its addresses and status.
+pub struct Running {
+    /// Where servers connect.
+    pub listen: SocketAddr,
+    /// The admin endpoint.
+    pub admin: Option<SocketAddr>,
+    /// The status.
+    pub status: Arc<Mutex<ControllerStatus>>,
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    s: ControllerSettings,
+    shutdown: impl std::future::Future<Output = ()>,
+    ready: Option<tokio::sync::oneshot::Sender<(SocketAddr, Option<SocketAddr>)>>,
+) -> Result<(), String> {
+    let listener = TcpListener::bind(s.listen).await.map_err(|e| format!("listen {}: {e}", s.listen))?;
+    let listen = listener.local_addr().map_err(|e| e.to_string())?;
+    let caps: Vec<f64> = s.servers.iter().map(|x| x.1).collect();
+    let qos: Vec<BucketQos> = s.buckets.iter().map(|b| b.1).collect();
+    let ctl = Controller::new(s.config, &caps, qos).map_err(|e| e.to_string())?;
+    let status = Arc::new(Mutex::new(ControllerStatus {
+        round: 0,
+        now_s: 0.0,
+        servers: s.servers.iter().map(|x| (x.0.clone(), false)).collect(),
+        buckets: s
+            .buckets
+            .iter()
+            .map(|(n, q)| BucketStatus { name: n.clone(), reservation: q.reservation, limit: q.limit, done: 0 })
+            .collect(),
+        refused: 0,
+        rounds: VecDeque::new(),
+    }));
+    let clock = Clock::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let admin = match s.admin {
+        None => None,
+        Some(addr) => {
+            let token = crate::admin_guard::prepare(addr, &s.admin_access).map_err(|e| e.to_string())?;
+            let l = TcpListener::bind(addr).await.map_err(|e| format!("admin {addr}: {e}"))?;
+            let bound = l.local_addr().map_err(|e| e.to_string())?;
+            let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None);
+            let router = crate::admin_guard::protect(admin_router(status.clone(), clock), token);
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                let _ = axum::serve(l, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+            });
+            Some(bound)
+        }
+    };
+    tracing::info!(
+        listen = %listen,
+        admin = %admin.map_or_else(|| "none".to_string(), |a| a.to_string()),
+        servers = s.servers.len(),
+        buckets = s.buckets.len(),
+        "rein pshift controller listening"
+    );
+    if let Some(r) = ready {
+        let _ = r.send((listen, admin));
+    }
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let names: Arc<Vec<String>> = Arc::new(s.servers.iter().map(|x| x.0.clone()).collect());
+    let buckets: Arc<Vec<String>> = Arc::new(s.buckets.iter().map(|x| x.0.clone()).collect());
+    let strays = s.config.early.per_interval > 0;
+    let accept = tokio::spawn(accept_loop(listener, names.clone(), buckets, strays, ev_tx, stop_rx.clone()));
+    let task = Task { ctl, clock, conns: vec![None; names.len()], status, requested: None, names };
+    tokio::select! {
+        _ = task.run(ev_rx) => {}
+        _ = shutdown => {}
+    }
+    let _ = stop_tx.send(true);
+    accept.abort();
+    tracing::info!("pShift controller stopped");
+    Ok(())
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    names: Arc<Vec<String>>,
+    buckets: Arc<Vec<String>>,
+    strays: bool,
+    ev: mpsc::UnboundedSender<Event>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(names.len() + 16));
+    let mut conn = 0u64;
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let (sock, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("pShift controller: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        conn += 1;
+        let (names, buckets, ev, stop) = (names.clone(), buckets.clone(), ev.clone(), stop.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(e) = connection(sock, conn, &names, &buckets, strays, ev, stop).await {
+                tracing::warn!(%peer, "pShift controller: connection closed: {e}");
+            }
+        });
+    }
+}
+
+/// One server's connection: hello, welcome, then frames both ways.
+async fn connection(
+    sock: TcpStream,
+    conn: u64,
+    names: &[String],
+    buckets: &[String],
+    strays: bool,
+    ev: mpsc::UnboundedSender<Event>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
+    let _ = sock.set_nodelay(true);
+    let (mut rd, mut wr) = sock.into_split();
+    let mut buf = Vec::new();
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, crate::pshift_link::read_frame(&mut rd, &mut buf))
+        .await
+        .map_err(|_| format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))??;
+    let Message::Hello { name } = hello else {
+        return Err(format!("expected a hello, got a {}", hello.name()));
+    };
+    let Some(index) = names.iter().position(|n| *n == name) else {
+        let reason = format!("no server named {name:?} in the controller's configuration");
+        let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
+        return Err(reason);
+    };
+    let welcome = Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec() };
+    crate::pshift_link::write_frame(&mut wr, &welcome).await?;
+    tracing::info!(server = %name, index, "pShift server connected");
+    let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+    if ev.send(Event::Joined { index, conn, tx }).is_err() {
+        return Ok(());
+    }
+    let writer = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            if let Err(e) = crate::pshift_link::write_frame(&mut wr, &m).await {
+                tracing::warn!("pShift controller: write: {e}");
+                return;
+            }
+        }
+    });
+    let r = loop {
+        tokio::select! {
+            f = crate::pshift_link::read_frame(&mut rd, &mut buf) => match f {
+                Ok(m) => {
+                    if ev.send(Event::Frame { index, conn, m }).is_err() {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(e),
+            },
+            _ = stop.wait_for(|s| *s) => break Ok(()),
+        }
+    };
+    let _ = ev.send(Event::Left { index, conn });
+    writer.abort();
+    r
+}
+
+struct Task {
+    ctl: Controller,
+    clock: Clock,
+    /// Per server: its connection's number and writer.
+    conns: Vec<Option<(u64, mpsc::UnboundedSender<Message>)>>,
+    status: Arc<Mutex<ControllerStatus>>,
+    /// The boundary whose reports were asked for.
+    requested: Option<u64>,
+    names: Arc<Vec<String>>,
+}
+
+impl Task {
+    async fn run(mut self, mut ev: mpsc::UnboundedReceiver<Event>) {
+        loop {
+            let due = match self.requested {
+                Some(r) if r == self.ctl.round() => self.ctl.boundary().saturating_add(self.ctl_report_timeout()),
+                _ => self.ctl.boundary(),
+            };
+            tokio::select! {
+                e = ev.recv() => match e {
+                    Some(e) => self.event(e),
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(self.clock.instant(due)) => {}
+            }
+            let now = self.clock.now();
+            let round = self.ctl.round();
+            if now >= self.ctl.boundary() && self.requested != Some(round) {
+                self.requested = Some(round);
+                self.broadcast(&Message::ReportRequest { round, early: 0 });
+            }
+            self.answer(now);
+        }
+    }
+
+    fn ctl_report_timeout(&self) -> Nanos {
+        // Half an interval (`ControllerConfig::for_delay`); polling then lets the controller compute
+        // without the missing reports.
+        self.ctl_config().report_timeout
+    }
+
+    fn ctl_config(&self) -> ControllerConfig {
+        *self.ctl.config()
+    }
+
+    fn broadcast(&self, m: &Message) {
+        for (_, tx) in self.conns.iter().flatten() {
+            let _ = tx.send(m.clone());
+        }
+    }
+
+    fn refuse(&mut self, index: usize, why: String) {
+        tracing::warn!(server = %self.names[index], "pShift controller: {why}; closing its connection");
+        self.conns[index] = None;
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+    }
+
+    fn event(&mut self, e: Event) {
+        match e {
+            Event::Joined { index, conn, tx } => {
+                if self.conns[index].is_some() {
+                    tracing::warn!(server = %self.names[index], "pShift server connected again: the new connection replaces the old");
+                }
+                self.conns[index] = Some((conn, tx));
+                // A server that joins after this boundary's request still reports it.
+                if let Some(round) = self.requested.filter(|&r| r == self.ctl.round()) {
+                    if let Some((_, tx)) = &self.conns[index] {
+                        let _ = tx.send(Message::ReportRequest { round, early: 0 });
+                    }
+                }
+                self.status.lock().unwrap_or_else(|e| e.into_inner()).servers[index].1 = true;
+            }
+            Event::Left { index, conn } => {
+                if self.conns[index].as_ref().is_some_and(|c| c.0 == conn) {
+                    self.conns[index] = None;
+                    tracing::warn!(server = %self.names[index], "pShift server disconnected");
+                    self.status.lock().unwrap_or_else(|e| e.into_inner()).servers[index].1 = false;
+                }
+            }
+            Event::Frame { index, conn, m } => {
+                if self.conns[index].as_ref().is_none_or(|c| c.0 != conn) {
+                    return; // a replaced connection's late frame
+                }
+                let now = self.clock.now();
+                match m {
+                    Message::Report(r) if r.server as usize == index => {
+                        if let Err(e) = self.ctl.handle_report(r) {
+                            tracing::warn!(server = %self.names[index], "pShift controller: report refused: {e}");
+                            self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                        }
+                    }
+                    Message::Stray(s) if s.server as usize == index => match self.ctl.handle_stray(now, s) {
+                        Ok(Some((round, early))) => self.broadcast(&Message::ReportRequest { round, early }),
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(server = %self.names[index], "pShift controller: note refused: {e}");
+                            self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                        }
+                    },
+                    other => self.refuse(index, format!("unexpected {} (or one naming another server)", other.name())),
+                }
+            }
+        }
+    }
+
+    /// Sends every answer the controller has now.
+    fn answer(&mut self, now: Nanos) {
+        while let Some((msgs, summary)) = self.ctl.poll(now) {
+            for m in msgs {
+                if let Some(Some((_, tx))) = self.conns.get(m.server as usize) {
+                    let _ = tx.send(Message::Tokens(m));
+                }
+            }
+            self.record(now, &summary);
+        }
+        let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        st.round = self.ctl.round();
+    }
+
+    fn record(&mut self, now: Nanos, r: &RoundSummary) {
+        tracing::debug!(
+            round = r.round,
+            early = r.early,
+            wanted = r.wanted,
+            missing = r.reports_missing,
+            "pShift round"
+        );
+        let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        for (b, &d) in st.buckets.iter_mut().zip(self.ctl.done()) {
+            b.done = d;
+        }
+        if st.rounds.len() == MAX_ROUNDS_KEPT {
+            st.rounds.pop_front();
+        }
+        st.rounds.push_back(RoundRecord {
+            at_s: now.as_secs_f64(),
+            round: r.round,
+            period: r.period,
+            interval: r.interval,
+            early: r.early,
+            wanted: r.wanted,
+            r_phi: r.r_stats.phi,
+            l_phi: r.l_stats.phi,
+            reports_missing: r.reports_missing,
+        });
+    }
+}
+
+fn admin_router(status: Arc<Mutex<ControllerStatus>>, clock: Clock) -> axum::Router {
+    let for_metrics = status.clone();
+    axum::Router::new()
+        .route(
+            "/api/pshift",
+            axum::routing::get(move || {
+                let mut s = status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                s.now_s = clock.now().as_secs_f64();
+                async move { axum::Json(s) }
+            }),
+        )
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let s = for_metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                async move { metrics_text(&s) }
+            }),
+        )
+}
+
+/// The controller's `/metrics`: rounds, connected servers, and each bucket's IOs in the period.
+pub fn metrics_text(s: &ControllerStatus) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let connected = s.servers.iter().filter(|x| x.1).count();
+    let _ = writeln!(o, "# HELP rein_pshift_round The next redistribution boundary's number.\n# TYPE rein_pshift_round gauge\nrein_pshift_round {}", s.round);
+    let _ = writeln!(o, "# HELP rein_pshift_servers_connected Servers connected.\n# TYPE rein_pshift_servers_connected gauge\nrein_pshift_servers_connected {connected}");
+    let _ = writeln!(o, "# HELP rein_pshift_refused_total Reports, notes or frames refused.\n# TYPE rein_pshift_refused_total counter\nrein_pshift_refused_total {}", s.refused);
+    let _ = writeln!(o, "# HELP rein_pshift_bucket_done IOs of the bucket in the current QoS period (as of the last round).\n# TYPE rein_pshift_bucket_done gauge");
+    for b in &s.buckets {
+        let _ = writeln!(o, "rein_pshift_bucket_done{{bucket=\"{}\"}} {}", crate::admin::label(&b.name), b.done);
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pshift_link::{read_frame, write_frame};
+    use rein_core::pshift::{BucketReport, ServerReport, Tokens};
+
+    const CTL: &str = "listen = \"127.0.0.1:0\"\nperiod_s = 0.5\nintervals = 5\nstart_s = 0.1\nearly_rounds = 0\n\
+                       [[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[servers]]\nname = \"s2\"\ncapacity_iops = 1000\n\
+                       [[buckets]]\nname = \"a\"\nreservation_iops = 200\n[[buckets]]\nname = \"b\"\nlimit_iops = 100\n";
+
+    async fn hello(
+        addr: SocketAddr,
+        name: &str,
+    ) -> (tokio::net::tcp::OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf, Vec<u8>, Message) {
+        let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        write_frame(&mut wr, &Message::Hello { name: name.into() }).await.unwrap();
+        let mut buf = Vec::new();
+        let m = read_frame(&mut rd, &mut buf).await.unwrap();
+        (rd, wr, buf, m)
+    }
+
+    /// A server says hello and is welcomed with its index and the buckets; at the boundary it is asked
+    /// for its report, and the answer gives bucket a (demand here) its reservation's R-tokens for the
+    /// period and the limited bucket b (no demand) nothing. An unknown name is refused by name; a report
+    /// naming another server's index closes the connection and is counted.
+    #[tokio::test]
+    async fn reports_in_tokens_out_and_bad_peers_refused() {
+        let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(
+            s,
+            async move {
+                let _ = stop_rx.await;
+            },
+            Some(ready_tx),
+        ));
+        let (addr, _) = ready_rx.await.unwrap();
+        let (_, _, _, m) = hello(addr, "s9").await;
+        assert!(matches!(&m, Message::Refuse { reason } if reason.contains("no server named \"s9\"")), "{m:?}");
+        let (mut rd, mut wr, mut buf, m) = hello(addr, "s1").await;
+        assert_eq!(m, Message::Welcome { server: 0, strays: false, buckets: vec!["a".into(), "b".into()] });
+        // The second server never connects: its report counts as missing after half an interval.
+        let m = read_frame(&mut rd, &mut buf).await.unwrap();
+        assert_eq!(m, Message::ReportRequest { round: 0, early: 0 });
+        let line = BucketReport { bucket: 0, arrivals: 20, queued: 5, ..Default::default() };
+        let report = ServerReport {
+            server: 0,
+            round: 0,
+            early: 0,
+            elapsed_ns: 100_000_000,
+            completed: 0,
+            busy_ns: 0,
+            buckets: vec![line],
+        };
+        write_frame(&mut wr, &Message::Report(report)).await.unwrap();
+        let m = read_frame(&mut rd, &mut buf).await.unwrap();
+        let Message::Tokens(t) = m else { panic!("expected tokens, got {m:?}") };
+        assert_eq!((t.server, t.round, t.early), (0, 0, 0));
+        // 200 IOPS over a 0.5 s period: 100 R-tokens, all here (the only server with demand).
+        assert_eq!(t.tokens, vec![(0, 100, Tokens::Unlimited)]);
+        // A report naming server 1 on server 0's connection closes it.
+        let m = read_frame(&mut rd, &mut buf).await.unwrap();
+        let Message::ReportRequest { round, .. } = m else { panic!("{m:?}") };
+        let bad = ServerReport { server: 1, round, ..Default::default() };
+        write_frame(&mut wr, &Message::Report(bad)).await.unwrap();
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match read_frame(&mut rd, &mut buf).await {
+                    Err(e) => return e,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await
+        .expect("the connection closes");
+        assert!(closed.contains("closed"), "{closed}");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,229 @@
+//! pShift on real daemons: `rein pshift controller` and two `rein serve` servers with `[pshift]`
+//! (scheduler = "token", queue depth 1, a device model of C IOPS each), driven by `rein load` closed
+//! loops. Every process is a child on its own 127.0.0.x address, stopped at the end.
+//!
+//! Expected values from pShift's model, not from Rein's runs (pshift.txt §II-III): bucket b1 reserves
+//! R = 0.7 C and has demand only at server s1; b2 reserves nothing and is backlogged at s1 and s2. The
+//! controller must put all of b1's R-tokens at s1, where the token scheduler serves R-token holders first
+//! and the rest round robin: b1 gets R + (C - R) / 2 at s1, b2 (C - R) / 2 there and C at s2. Without the controller the servers are
+//! plain round robin (Algorithm 1 with no tokens): b1 and b2 get C / 2 each at s1. The test runs both: with
+//! the controller, then after killing it (the servers fall back to round robin).
+#![cfg(unix)]
+
+mod common;
+
+use common::{tmpdir, write_file, Rein, Server};
+use std::path::Path;
+use std::process::Command as Cmd;
+use std::time::{Duration, Instant};
+
+/// Each server's capacity (IOPS).
+const C: f64 = 1000.0;
+/// b1's reservation (IOPS).
+const R: f64 = 700.0;
+
+/// A pShift server `name` on 127.0.0.`host` reporting to `controller`, with buckets b1 and b2.
+fn server(dir: &Path, host: u8, name: &str, controller: &str) -> Server {
+    server_with(dir, host, name, controller, &["b1", "b2"])
+}
+
+/// [`server`] with the buckets `buckets`.
+fn server_with(dir: &Path, host: u8, name: &str, controller: &str, buckets: &[&str]) -> Server {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    let mut text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"token\"\n\
+         queue_depth = 1\n[device_model]\ncapacity_iops = {C}\nservice = \"exponential\"\n\
+         [pshift]\ncontroller = \"{controller}\"\nname = \"{name}\"\n",
+        d.join("data").display()
+    );
+    for b in buckets {
+        text.push_str(&format!(
+            "[[tenants]]\nname = \"{b}\"\n[[exports]]\nname = \"{b}\"\ntenant = \"{b}\"\nbackend = \"memory\"\nsize_mb = 16\n"
+        ));
+    }
+    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+}
+
+/// The controller on 127.0.0.`host` (a fixed port: the servers need it before it starts).
+fn controller(dir: &Path, listen: &str, admin_host: u8) -> Server {
+    let buckets = format!("[[buckets]]\nname = \"b1\"\nreservation_iops = {R}\n[[buckets]]\nname = \"b2\"\n");
+    controller_with(dir, listen, admin_host, 1.0, &buckets)
+}
+
+/// [`controller`] with a QoS period of `period_s` and the `[[buckets]]` text `buckets`.
+fn controller_with(dir: &Path, listen: &str, admin_host: u8, period_s: f64, buckets: &str) -> Server {
+    let text = format!(
+        "listen = \"{listen}\"\nadmin = \"127.0.0.{admin_host}:0\"\nperiod_s = {period_s}\nintervals = 5\n\
+         estimator = \"backlog\"\n\
+         [[servers]]\nname = \"s1\"\ncapacity_iops = {C}\n[[servers]]\nname = \"s2\"\ncapacity_iops = {C}\n{buckets}"
+    );
+    Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start()
+}
+
+/// The IOPS of bucket `b` at a server over the last whole second (its `/api/tenants/b`), averaged over
+/// `n` readings a second apart.
+fn iops(s: &Server, b: &str, n: u32) -> f64 {
+    let mut sum = 0.0;
+    for _ in 0..n {
+        std::thread::sleep(Duration::from_secs(1));
+        let (code, _, body) = common::http(s.admin, "GET", &format!("/api/tenants/{b}"), "", "");
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        sum += v["iops_last_s"].as_f64().unwrap_or_else(|| panic!("no iops_last_s: {v}"));
+    }
+    sum / n as f64
+}
+
+/// Bucket `b`'s IOs completed at a server so far (its `/api/tenants/b`).
+fn completed(s: &Server, b: &str) -> u64 {
+    let (code, _, body) = common::http(s.admin, "GET", &format!("/api/tenants/{b}"), "", "");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["completed"].as_u64().unwrap_or_else(|| panic!("no completed: {v}"))
+}
+
+/// `rein load` closed loops of 8 4 KiB random reads for 60 s against server `s`, one job per bucket.
+fn load(s: &Server, jobs: &[&str]) -> std::process::Child {
+    let mut c = Cmd::new(env!("CARGO_BIN_EXE_rein"));
+    c.args(["load", "--addr", &s.nbd.to_string(), "--seconds", "60", "--warmup", "0"]);
+    for j in jobs {
+        c.args(["--job", &format!("name={j},depth=8,size=4k,random=100")]);
+    }
+    c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("rein load starts")
+}
+
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn the_controller_keeps_a_reservation_that_round_robin_does_not() {
+    let tmp = tmpdir("pshift-daemons");
+    let dir = tmp.path();
+    let listen = format!("127.0.0.81:{}", free_port("127.0.0.81"));
+    let mut ctl = controller(dir, &listen, 81);
+    let s1 = server(dir, 82, "s1", &listen);
+    let s2 = server(dir, 83, "s2", &listen);
+    for s in [&s1, &s2] {
+        s.wait_line("pShift link: welcomed by the controller");
+    }
+    let mut loads = [load(&s1, &["b1", "b2"]), load(&s2, &["b2"])];
+    // Settle (two QoS periods), then measure.
+    std::thread::sleep(Duration::from_secs(3));
+    let (b1, b2, b2_s2) = (iops(&s1, "b1", 4), iops(&s1, "b2", 4), iops(&s2, "b2", 2));
+    eprintln!("with the controller: s1 b1 {b1:.0}, b2 {b2:.0}; s2 b2 {b2_s2:.0} IOPS");
+    let (code, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+    assert_eq!(code, 200, "{body}");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(st["rounds"].as_array().unwrap().len() >= 10, "{st}");
+    assert!(st["servers"].as_array().unwrap().iter().all(|s| s[1] == true), "{st}");
+    // At s1 b1 spends its R-tokens first (Algorithm 1: R-token holders before the rest), then both share
+    // what is left round robin: b1 = R + (C - R) / 2, b2 = (C - R) / 2. 6% for the per-second readings.
+    let (want1, want2) = (R + (C - R) / 2.0, (C - R) / 2.0);
+    assert!(b1 >= R && (b1 - want1).abs() <= want1 * 0.06, "b1 at s1: {b1:.0} IOPS, want {want1} (R {R}); b2 {b2:.0}");
+    assert!((b2 - want2).abs() <= C * 0.06, "b2 at s1: {b2:.0} IOPS, want {want2}");
+    assert!(b2_s2 >= C * 0.9, "b2 at s2: {b2_s2:.0}");
+    // Without the controller: round robin, C / 2 each at s1 (b1 well under its reservation).
+    let t0 = Instant::now();
+    ctl.terminate(Duration::from_secs(10));
+    s1.wait_line("serving plain round robin until it answers");
+    std::thread::sleep(Duration::from_secs(1));
+    let (rr1, rr2) = (iops(&s1, "b1", 3), iops(&s1, "b2", 3));
+    eprintln!("round robin: s1 b1 {rr1:.0}, b2 {rr2:.0} IOPS");
+    assert!(
+        (rr1 - C / 2.0).abs() <= C * 0.08 && (rr2 - C / 2.0).abs() <= C * 0.08,
+        "round robin: b1 {rr1:.0}, b2 {rr2:.0}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    for l in &mut loads {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+}
+
+/// Bad controller files and bad `[pshift]` tables are one-line errors naming the key; a server whose name
+/// the controller does not know is refused by name (and keeps serving round robin).
+#[test]
+fn bad_configs_and_unknown_servers_are_named() {
+    let tmp = tmpdir("pshift-daemons-bad");
+    let dir = tmp.path();
+    let head = "listen = \"127.0.0.84:0\"\nperiod_s = 1\n";
+    let srv = "[[servers]]\nname = \"s1\"\ncapacity_iops = 100\n";
+    for (body, want) in [
+        (format!("{head}intervals = 0\n{srv}"), "intervals must be in 1..=1000, got 0"),
+        (
+            format!("{head}estimator = \"psychic\"\n{srv}"),
+            "estimator \"psychic\": expected \"arrivals\" or \"backlog\"",
+        ),
+        (head.to_string(), "[[servers]]: between 1 and 1024 servers, got 0"),
+        (format!("{head}{srv}{srv}"), "two servers are named \"s1\""),
+        (
+            format!("{head}{srv}[[buckets]]\nname = \"b\"\nreservation_iops = 10\nlimit_iops = 5\n"),
+            "bucket b: limit_iops must be in [reservation_iops, 1e9], got 5",
+        ),
+        (format!("{head}perod_s = 2\n{srv}"), "unknown field `perod_s`"),
+        (format!("listen = \"x\"\nperiod_s = 1\n{srv}"), "listen \"x\" is not an address"),
+    ] {
+        let cfg = write_file(dir, "ctl.toml", &body);
+        let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+            .args(["pshift", "controller", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{body}: started");
+        assert!(err.contains(want), "{body}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{body}: one line: {err}");
+    }
+    // [pshift] needs the token scheduler.
+    let d = dir.join("mclock");
+    std::fs::create_dir_all(&d).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.85:0\"\nadmin = \"127.0.0.85:0\"\ndata_dir = \"{}\"\n[pshift]\ncontroller = \"127.0.0.1:9\"\n\
+         name = \"s1\"\n[[exports]]\nname = \"b1\"\nbackend = \"memory\"\nsize_mb = 1\n",
+        d.join("data").display()
+    );
+    let err = Rein::serve(&write_file(&d, "rein.toml", &text)).fails();
+    assert!(err.contains("[pshift] needs scheduler = \"token\""), "{err}");
+    // A server the controller does not know.
+    let listen = format!("127.0.0.86:{}", free_port("127.0.0.86"));
+    let _ctl = controller(dir, &listen, 86);
+    let s = server(dir, 87, "s9", &listen);
+    s.wait_line("the controller refused this server: no server named \"s9\" in the controller's configuration");
+}
+
+/// A limit holds across servers (pShift's point: L_i per period over all of them). Bucket b3 is limited to
+/// L = 400 IOPS and backlogged at both servers beside b2 (no reservation, no limit), with QoS periods of
+/// 0.5 s. pShift's model: b3's L-tokens (L x period over both servers) are all it may do, so b3 completes
+/// L per second in total, and b2 the rest of both servers (2 C - L). Plain round robin would give b3 C / 2
+/// at each server, 1,000 IOPS in all. Counted from the servers' completion counters over 6 s (12 periods:
+/// a window not aligned to the periods is off by at most one period's L, 200 IOs, 8%).
+#[test]
+fn a_limit_holds_across_servers() {
+    const L: f64 = 400.0;
+    let tmp = tmpdir("pshift-daemons-limit");
+    let dir = tmp.path();
+    let listen = format!("127.0.0.88:{}", free_port("127.0.0.88"));
+    let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {L}\n");
+    let _ctl = controller_with(dir, &listen, 88, 0.5, &buckets);
+    let s1 = server_with(dir, 89, "s1", &listen, &["b2", "b3"]);
+    let s2 = server_with(dir, 90, "s2", &listen, &["b2", "b3"]);
+    for s in [&s1, &s2] {
+        s.wait_line("pShift link: welcomed by the controller");
+    }
+    let mut loads = [load(&s1, &["b2", "b3"]), load(&s2, &["b2", "b3"])];
+    std::thread::sleep(Duration::from_secs(3));
+    let count = |b: &str| completed(&s1, b) + completed(&s2, b);
+    let (b3_0, b2_0, t0) = (count("b3"), count("b2"), Instant::now());
+    std::thread::sleep(Duration::from_secs(6));
+    let (b3_1, b2_1) = (count("b3"), count("b2"));
+    let secs = t0.elapsed().as_secs_f64();
+    let (b3, b2) = ((b3_1 - b3_0) as f64 / secs, (b2_1 - b2_0) as f64 / secs);
+    eprintln!("limit across servers: b3 {b3:.0} IOPS (L {L}), b2 {b2:.0}");
+    assert!((L * 0.9..=L * 1.08).contains(&b3), "b3 over both servers: {b3:.0} IOPS, limit {L}");
+    assert!((b2 - (2.0 * C - L)).abs() <= 2.0 * C * 0.08, "b2: {b2:.0} IOPS, want {}", 2.0 * C - L);
+    for l in &mut loads {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+}
