@@ -18,8 +18,14 @@
 //! 1. One connection per server name: a new hello for a connected server replaces the old connection.
 //! 2. A server gets only messages for its own index, and a report or note naming another index closes
 //!    its connection.
-//! 3. Bounded: at most `servers + 16` connections at once, each a hello within 5 s, each frame within
-//!    rein-proto's bound; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds.
+//! 3. Bounded: at most `servers + 16` connections at once, only from `allow_networks` (default loopback),
+//!    each a hello of at most [`HELLO_MAX_BODY`] bytes within 5 s, then frames of at most a report's size
+//!    for the configured buckets; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds.
+//!
+//! # Security
+//! The servers' link is plain TCP without authentication: whoever reaches the port and is admitted by
+//! `allow_networks` can say hello as a server and report for it. Keep the port on the storage network
+//! (loopback only by default); TLS for the link is not built yet.
 
 use crate::dispatch::Clock;
 use rein_core::pshift::{
@@ -41,6 +47,10 @@ use tokio::sync::mpsc;
 pub const MAX_ROUNDS_KEPT: usize = 1024;
 /// A connection must say hello within this.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest hello body accepted (a name of at most 256 bytes and its length).
+pub const HELLO_MAX_BODY: usize = 512;
+/// Networks allowed to connect when `allow_networks` is absent.
+pub const DEFAULT_NETWORKS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
 
 fn d_true() -> bool {
     true
@@ -64,6 +74,7 @@ struct File {
     admin_token_file: Option<String>,
     #[serde(default)]
     admin_insecure: bool,
+    allow_networks: Option<Vec<String>>,
     period_s: f64,
     #[serde(default = "d_intervals")]
     intervals: u32,
@@ -107,6 +118,8 @@ pub struct ControllerSettings {
     pub admin: Option<SocketAddr>,
     /// Who may use it.
     pub admin_access: crate::admin_guard::AdminAccess,
+    /// Who may connect as a server (`allow_networks`; default loopback only).
+    pub access: crate::access::ExportAccess,
     /// The servers: (name, nominal capacity in IOPS), in index order.
     pub servers: Vec<(String, f64)>,
     /// The buckets: (name, QoS per period), in index order.
@@ -176,6 +189,9 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     };
     let listen = addr("listen", &f.listen)?;
     let admin = f.admin.as_deref().map(|a| addr("admin", a)).transpose()?;
+    let networks = f.allow_networks.clone().or_else(|| Some(DEFAULT_NETWORKS.iter().map(|n| n.to_string()).collect()));
+    let access = crate::config::parse_access("controller", &networks, &None)
+        .map_err(|e| e.replacen("export controller: ", "", 1))?;
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(|p| base.join(p)),
         f.admin_insecure,
@@ -267,7 +283,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     // The controller's own checks (servers, buckets, limits), once, here.
     let caps: Vec<f64> = servers.iter().map(|s| s.1).collect();
     Controller::new(config, &caps, buckets.iter().map(|b| b.1).collect()).map_err(|e| e.to_string())?;
-    Ok(ControllerSettings { listen, admin, admin_access, servers, buckets, config })
+    Ok(ControllerSettings { listen, admin, admin_access, access, servers, buckets, config })
 }
 
 /// One round as `/api/pshift` lists it.
@@ -401,7 +417,16 @@ pub async fn run(
     let names: Arc<Vec<String>> = Arc::new(s.servers.iter().map(|x| x.0.clone()).collect());
     let buckets: Arc<Vec<String>> = Arc::new(s.buckets.iter().map(|x| x.0.clone()).collect());
     let strays = s.config.early.per_interval > 0;
-    let accept = tokio::spawn(accept_loop(listener, names.clone(), buckets, strays, ev_tx, stop_rx.clone()));
+    // A report holds at most a line per bucket (rein-proto's layout: 36 bytes of fields, 52 per line).
+    let max_body = 64 + 52 * s.buckets.len();
+    let access = Arc::new(s.access.clone());
+    let refused = status.clone();
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        Admit { names: names.clone(), buckets, strays, max_body, access, refused },
+        ev_tx,
+        stop_rx.clone(),
+    ));
     let task = Task { ctl, clock, conns: vec![None; names.len()], status, requested: None, names };
     tokio::select! {
         _ = task.run(ev_rx) => {}
@@ -413,15 +438,26 @@ pub async fn run(
     Ok(())
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// What a new connection is checked against and told.
+#[derive(Clone)]
+struct Admit {
     names: Arc<Vec<String>>,
     buckets: Arc<Vec<String>>,
     strays: bool,
+    /// The largest frame body after the hello.
+    max_body: usize,
+    access: Arc<crate::access::ExportAccess>,
+    /// Where refusals are counted.
+    refused: Arc<Mutex<ControllerStatus>>,
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    admit: Admit,
     ev: mpsc::UnboundedSender<Event>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(names.len() + 16));
+    let permits = Arc::new(tokio::sync::Semaphore::new(admit.names.len() + 16));
     let mut conn = 0u64;
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
@@ -433,11 +469,16 @@ async fn accept_loop(
                 continue;
             }
         };
+        if !admit.access.allows(peer.ip(), None) {
+            admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+            tracing::warn!(%peer, "pShift controller: connection refused: {} is not in allow_networks", peer.ip());
+            continue;
+        }
         conn += 1;
-        let (names, buckets, ev, stop) = (names.clone(), buckets.clone(), ev.clone(), stop.clone());
+        let (admit, ev, stop) = (admit.clone(), ev.clone(), stop.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = connection(sock, conn, &names, &buckets, strays, ev, stop).await {
+            if let Err(e) = connection(sock, conn, &admit, ev, stop).await {
                 tracing::warn!(%peer, "pShift controller: connection closed: {e}");
             }
         });
@@ -448,16 +489,16 @@ async fn accept_loop(
 async fn connection(
     sock: TcpStream,
     conn: u64,
-    names: &[String],
-    buckets: &[String],
-    strays: bool,
+    admit: &Admit,
     ev: mpsc::UnboundedSender<Event>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
+    let (names, buckets, strays) = (&admit.names, &admit.buckets, admit.strays);
     let _ = sock.set_nodelay(true);
     let (mut rd, mut wr) = sock.into_split();
     let mut buf = Vec::new();
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, crate::pshift_link::read_frame(&mut rd, &mut buf))
+    let read_hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY);
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello)
         .await
         .map_err(|_| format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))??;
     let Message::Hello { name } = hello else {
@@ -485,7 +526,7 @@ async fn connection(
     });
     let r = loop {
         tokio::select! {
-            f = crate::pshift_link::read_frame(&mut rd, &mut buf) => match f {
+            f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
                 Ok(m) => {
                     if ev.send(Event::Frame { index, conn, m }).is_err() {
                         break Ok(());
@@ -761,7 +802,48 @@ mod tests {
         .await
         .expect("the connection closes");
         assert!(closed.contains("closed"), "{closed}");
+        // A peer announcing a hello larger than a name can be is cut before its body is read.
+        let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        let mut big = rein_proto::pshift::MAGIC.to_le_bytes().to_vec();
+        big.extend_from_slice(&rein_proto::pshift::VERSION.to_le_bytes());
+        big.extend_from_slice(&[1, 0]);
+        big.extend_from_slice(&(32u32 << 20).to_le_bytes());
+        tokio::io::AsyncWriteExt::write_all(&mut wr, &big).await.unwrap();
+        let mut buf = Vec::new();
+        let e = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap_err();
+        assert!(e.contains("closed"), "{e}");
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
+    }
+
+    /// Only `allow_networks` may connect (default loopback): a peer outside it is cut at once and counted.
+    #[tokio::test]
+    async fn peers_outside_allow_networks_are_refused() {
+        let text = CTL.replace("early_rounds = 0\n", "early_rounds = 0\nallow_networks = [\"10.0.0.0/8\"]\n");
+        let s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
+        assert!(!s.access.allows("127.0.0.1".parse().unwrap(), None));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(
+            s,
+            async move {
+                let _ = stop_rx.await;
+            },
+            Some(ready_tx),
+        ));
+        let (addr, _) = ready_rx.await.unwrap();
+        let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        let _ = write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await;
+        let mut buf = Vec::new();
+        let e = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap_err();
+        assert!(e.contains("closed") || e.contains("reset"), "{e}");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+        // The default admits loopback; a bad entry is named.
+        let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
+        assert!(s.access.allows("127.0.0.1".parse().unwrap(), None));
+        let bad = CTL.replace("early_rounds = 0\n", "early_rounds = 0\nallow_networks = [\"x\"]\n");
+        let e = ControllerSettings::parse(&bad, Path::new("ctl.toml")).unwrap_err().to_string();
+        assert!(e.contains("allow_networks entry \"x\" is not a CIDR network"), "{e}");
     }
 }

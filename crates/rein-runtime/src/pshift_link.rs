@@ -35,13 +35,31 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reads one frame (`buf` keeps what was read beyond it). Errors: the peer closed, the socket failed, or
 /// the frame is bad (the message names the field).
 pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>) -> Result<Message, String> {
+    read_frame_within(rd, buf, wire::MAX_BODY).await
+}
+
+/// [`read_frame`] with a tighter bound on the body: a frame whose header announces more than `max_body`
+/// bytes is refused before its body is read (a peer's hello is small; a server's report holds at most a
+/// line per bucket).
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut Vec<u8>,
+    max_body: usize,
+) -> Result<Message, String> {
     loop {
+        let want = wire::frame_len(buf).map_err(|e| format!("bad pShift frame: {e}"))?;
+        if let Some(n) = want.filter(|&n| n > wire::HEADER_BYTES + max_body) {
+            return Err(format!(
+                "a pShift frame of {} body bytes exceeds this connection's bound of {max_body}",
+                n - wire::HEADER_BYTES
+            ));
+        }
         if let Some((m, used)) = wire::decode(buf).map_err(|e| format!("bad pShift frame: {e}"))? {
             buf.drain(..used);
             return Ok(m);
         }
         // Read what the frame still needs (the header first), at most 64 KiB at a time.
-        let want = wire::frame_len(buf).map_err(|e| format!("bad pShift frame: {e}"))?.unwrap_or(wire::HEADER_BYTES);
+        let want = want.unwrap_or(wire::HEADER_BYTES);
         let chunk = want.saturating_sub(buf.len()).clamp(1, 64 << 10);
         let start = buf.len();
         buf.resize(start + chunk, 0);
