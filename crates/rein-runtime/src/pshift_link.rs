@@ -32,7 +32,8 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A connection attempt (and the welcome) must complete within this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Reads one frame (`buf` keeps what was read beyond it). Errors: the peer closed, the socket failed, or
+/// Reads one frame (`buf` keeps what was read beyond it). Cancel-safe: dropped before it completes, it
+/// leaves in `buf` every byte it read, for the next call. Errors: the peer closed, the socket failed, or
 /// the frame is bad (the message names the field).
 pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>) -> Result<Message, String> {
     read_frame_within(rd, buf, wire::MAX_BODY).await
@@ -58,13 +59,13 @@ pub async fn read_frame_within<R: AsyncRead + Unpin>(
             buf.drain(..used);
             return Ok(m);
         }
-        // Read what the frame still needs (the header first), at most 64 KiB at a time.
+        // Read what the frame still needs (the header first), at most 64 KiB at a time. `read_buf` appends
+        // only what it read, so a read cancelled by a `select!` (the link also waits for stray notes)
+        // leaves `buf` as it was.
         let want = want.unwrap_or(wire::HEADER_BYTES);
         let chunk = want.saturating_sub(buf.len()).clamp(1, 64 << 10);
-        let start = buf.len();
-        buf.resize(start + chunk, 0);
-        let n = rd.read(&mut buf[start..]).await.map_err(|e| format!("read: {e}"))?;
-        buf.truncate(start + n);
+        buf.reserve(chunk);
+        let n = (&mut *rd).take(chunk as u64).read_buf(buf).await.map_err(|e| format!("read: {e}"))?;
         if n == 0 {
             return Err("the peer closed the connection".into());
         }
