@@ -128,20 +128,36 @@ impl Rein {
                 let listening = !sent && is_listening(&line);
                 // The pShift controller's line names where servers connect `listen`.
                 let first = if line.contains("rein pshift controller listening") { "listen" } else { "nbd" };
-                let addresses = listening.then(|| (address(&line, first), address(&line, "admin")));
+                let addresses = listening.then(|| match (address(&line, first), address(&line, "admin")) {
+                    (Some(a), Some(b)) => Ok((a, b)),
+                    _ => Err(Some(format!("no {first}= and admin= addresses in {line:?}"))),
+                });
                 lines.lock().unwrap().push(line);
                 if let Some(addresses) = addresses {
-                    let _ = tx.send(Ok(addresses));
+                    let _ = tx.send(addresses);
                     sent = true;
                 }
             }
-            let _ = tx.send(Err(()));
+            let _ = tx.send(Err(None));
         });
-        match rx.recv_timeout(within).expect("server neither listened nor exited") {
-            Ok((nbd, admin)) => Ok(Server { child, nbd, admin, log }),
-            Err(()) => {
+        // Whatever goes wrong, the child does not outlive the test.
+        let stop = |child: &mut Child| {
+            let _ = child.kill();
+            let _ = child.wait();
+        };
+        match rx.recv_timeout(within) {
+            Ok(Ok((nbd, admin))) => Ok(Server { child, nbd, admin, log }),
+            Ok(Err(None)) => {
                 let _ = child.wait();
                 Err(log.lock().unwrap().join("\n"))
+            }
+            Ok(Err(Some(why))) => {
+                stop(&mut child);
+                panic!("{why}");
+            }
+            Err(_) => {
+                stop(&mut child);
+                panic!("server neither listened nor exited within {within:?}: {}", log.lock().unwrap().join("\n"));
             }
         }
     }
@@ -226,10 +242,10 @@ fn exit_within(child: &mut Child, poll: Duration) -> Option<std::process::ExitSt
     }
 }
 
-/// The address after ` <key>=` in the "rein serve listening" line.
-fn address(line: &str, key: &str) -> SocketAddr {
+/// The address after ` <key>=` in the "rein serve listening" line, if there is one.
+fn address(line: &str, key: &str) -> Option<SocketAddr> {
     let value = line.split(&format!(" {key}=")).nth(1).and_then(|r| r.split_whitespace().next());
-    value.unwrap_or_else(|| panic!("no {key}= in {line:?}")).parse().unwrap()
+    value?.parse().ok()
 }
 
 /// A running `rein serve`, killed (and waited for) when dropped.
