@@ -469,20 +469,9 @@ impl HostGate {
         rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
     }
 
-    /// A request of VM `vm` for `volume`: queued in the host, sent when the window allows (unless `gone`
-    /// is set by then), answered through `done` (invariant 1).
-    #[allow(clippy::too_many_arguments)]
-    fn submit(
-        &self,
-        vm: TenantId,
-        volume: Arc<RemoteVolume>,
-        offset: u64,
-        op: Op,
-        fua: bool,
-        done: Done,
-        gone: Option<Arc<AtomicBool>>,
-    ) {
-        let parked = Parked { volume, offset, op, fua, done, gone };
+    /// A request of VM `vm`: queued in the host, sent when the window allows (unless its `gone` is set by
+    /// then), answered through its `done` (invariant 1).
+    fn submit(&self, vm: TenantId, parked: Parked) {
         if let Err(mpsc::error::SendError(Msg::Submit { parked, .. })) = self.tx.send(Msg::Submit { vm, parked }) {
             (parked.done)(Err(IoError::Shutdown), Default::default());
         }
@@ -504,7 +493,8 @@ impl HostedVolume {
     /// for "nobody can receive the reply any more": a request still waiting in the host then is not
     /// issued (it is answered with [`IoError::Abandoned`]).
     pub fn submit(&self, offset: u64, op: Op, fua: bool, done: Done, gone: Option<Arc<AtomicBool>>) {
-        self.gate.submit(self.vm, self.volume.clone(), offset, op, fua, done, gone)
+        let parked = Parked { volume: self.volume.clone(), offset, op, fua, done, gone };
+        self.gate.submit(self.vm, parked)
     }
 }
 

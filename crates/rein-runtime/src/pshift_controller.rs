@@ -557,7 +557,11 @@ impl Task {
     async fn run(mut self, mut ev: mpsc::UnboundedReceiver<Event>) {
         loop {
             let due = match self.requested {
-                Some(r) if r == self.ctl.round() => self.ctl.boundary().saturating_add(self.ctl_report_timeout()),
+                // Half an interval after the boundary, polling lets the controller compute without the
+                // missing reports.
+                Some(r) if r == self.ctl.round() => {
+                    self.ctl.boundary().saturating_add(self.ctl.config().report_timeout)
+                }
                 _ => self.ctl.boundary(),
             };
             tokio::select! {
@@ -575,16 +579,6 @@ impl Task {
             }
             self.answer(now);
         }
-    }
-
-    fn ctl_report_timeout(&self) -> Nanos {
-        // Half an interval (`ControllerConfig::for_delay`); polling then lets the controller compute
-        // without the missing reports.
-        self.ctl_config().report_timeout
-    }
-
-    fn ctl_config(&self) -> ControllerConfig {
-        *self.ctl.config()
     }
 
     fn broadcast(&self, m: &Message) {
@@ -735,6 +729,20 @@ mod tests {
                        [[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[servers]]\nname = \"s2\"\ncapacity_iops = 1000\n\
                        [[buckets]]\nname = \"a\"\nreservation_iops = 200\n[[buckets]]\nname = \"b\"\nlimit_iops = 100\n";
 
+    /// Starts a controller with `s`: its address, the sender that stops it, and its task.
+    async fn start(
+        s: ControllerSettings,
+    ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), String>>) {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        let task = tokio::spawn(run(s, stop, Some(ready_tx)));
+        let (addr, _) = ready_rx.await.unwrap();
+        (addr, stop_tx, task)
+    }
+
     async fn hello(
         addr: SocketAddr,
         name: &str,
@@ -753,16 +761,7 @@ mod tests {
     #[tokio::test]
     async fn reports_in_tokens_out_and_bad_peers_refused() {
         let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(
-            s,
-            async move {
-                let _ = stop_rx.await;
-            },
-            Some(ready_tx),
-        ));
-        let (addr, _) = ready_rx.await.unwrap();
+        let (addr, stop_tx, task) = start(s).await;
         let (_, _, _, m) = hello(addr, "s9").await;
         assert!(matches!(&m, Message::Refuse { reason } if reason.contains("no server named \"s9\"")), "{m:?}");
         let (mut rd, mut wr, mut buf, m) = hello(addr, "s1").await;
@@ -822,16 +821,7 @@ mod tests {
         let text = CTL.replace("early_rounds = 0\n", "early_rounds = 0\nallow_networks = [\"10.0.0.0/8\"]\n");
         let s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
         assert!(!s.access.allows("127.0.0.1".parse().unwrap(), None));
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(
-            s,
-            async move {
-                let _ = stop_rx.await;
-            },
-            Some(ready_tx),
-        ));
-        let (addr, _) = ready_rx.await.unwrap();
+        let (addr, stop_tx, task) = start(s).await;
         let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
         let _ = write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await;
         let mut buf = Vec::new();
