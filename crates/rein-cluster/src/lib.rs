@@ -75,6 +75,9 @@ pub enum RunError {
     /// A child exited during the run.
     #[error(transparent)]
     Died(#[from] ChildDied),
+    /// The pShift controller could not be driven (the message says what failed).
+    #[error("{0}")]
+    Controller(String),
 }
 
 /// The load jobs for `sc` on `plan`: one per tenant, in scenario order, with the tenant's spec and its
@@ -87,7 +90,17 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
             name: t.name.clone(),
             export: e.export.clone(),
             tenant: t.name.clone(),
-            connections: plan::load_connections(t, sc.duration, CONNECTIONS_PER_TENANT),
+            // A direct endpoint (a pShift bucket) opens its connections to each of its servers, where its
+            // per-server window is all it has in flight.
+            connections: if e.direct.is_empty() {
+                plan::load_connections(t, sc.duration, CONNECTIONS_PER_TENANT)
+            } else {
+                let window = match t.workload.kind {
+                    rein_model::workload::WorkloadKind::Closed { outstanding, .. } => outstanding as usize,
+                    _ => 1,
+                };
+                window.div_ceil(rein_runtime::nbd::MAX_IN_FLIGHT_PER_CONN).max(1)
+            },
             workload: t.workload.clone(),
             route: Some(JobRoute {
                 addr: e.nbd,
@@ -99,6 +112,8 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
                     .stripe
                     .clone()
                     .map(|(stripe, size)| Arc::new(Volume { stripe, size }) as Arc<dyn rein_runtime::load::Layout>),
+                window_addrs: e.direct.clone(),
+                phases: e.phases.clone(),
             }),
         })
         .collect()
@@ -129,6 +144,25 @@ pub async fn drive(
         tls: None,
         // The nodes run the scenario's [mclock] table (plan::mclock_table), its cost model included.
         cost_model: sc.sched.cost_model,
+        start_gate: plan.controller.as_ref().map(|_| rein_runtime::load::StartGate::default()),
+    };
+    // A pShift controller's schedule starts with the load (`hold = true`), so its QoS periods are the
+    // report's: once every connection is open, the start request goes out, and the load's time starts
+    // when it is answered (the schedule's origin is then about half a loopback round trip earlier: the
+    // IOs before the first answer count in the first period on both sides).
+    let start_schedule = match (&plan.controller, &cfg.start_gate) {
+        (Some(c), Some(g)) => {
+            let (g, admin) = (g.clone(), rein_runtime::admin_client::AdminEndpoint::from(c.admin));
+            Some(tokio::spawn(async move {
+                g.ready.notified().await;
+                let body = serde_json::json!({});
+                let r = rein_runtime::admin_client::put_json(&admin, None, "/api/pshift/start", &body).await;
+                // The load goes on either way; a failure ends the run once it is back.
+                g.go.notify_one();
+                r
+            }))
+        }
+        _ => None,
     };
     let watch = async {
         loop {
@@ -159,10 +193,27 @@ pub async fn drive(
         };
         Ok::<_, LoadError>((totals, samples))
     };
-    let (mut totals, samples) = tokio::select! {
-        r = both => r,
-        d = watch => return Err(RunError::Died(d)),
-    }?;
+    let ran = tokio::select! {
+        r = both => r.map_err(RunError::from),
+        d = watch => Err(RunError::Died(d)),
+    };
+    let (mut totals, samples) = match ran {
+        Ok(x) => x,
+        Err(e) => {
+            // A load that failed before its connections were open never said it was ready.
+            if let Some(task) = &start_schedule {
+                task.abort();
+            }
+            return Err(e);
+        }
+    };
+    if let Some(task) = start_schedule {
+        match task.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(RunError::Controller(format!("starting the pShift controller's schedule: {e}"))),
+            Err(e) => return Err(RunError::Controller(format!("starting the pShift controller's schedule: {e}"))),
+        }
+    }
     if let Some(h) = hosts.finish(sc, samples).await {
         totals.summary.hosts = Some(h.summary.clone());
         totals.hosts = Some(h);

@@ -25,6 +25,7 @@
 //! | `[[hosts]]` h, `[parda]`, `[mclock]` | a gateway `host-NAME` with `[parda]` and `[mclock]` (each read back equal) and `[parda_host]` id h |
 //! | a VM (`host = "h"`) | a tenant and volume of host h's gateway, an export on the array's node |
 //! | a host's `service_scale` | the array's `[device_model] service_scale` for each of its VMs |
+//! | `[pshift]` | token-scheduled nodes, a `rein pshift controller`, buckets reaching their nodes directly ([`pshift`]) |
 //!
 //! A node that serves a striped tenant has `[node] enabled = true, specs = "node"`: its gateway speaks the
 //! storage-node protocol to it (`protocol = "rein"`), tagging every request with the tenant's dmClock/RBFQ
@@ -37,6 +38,8 @@
 //! offsets: exactly in expectation). Each node's device model draws from the simulator's stream for its
 //! server (the scenario's seed, `stream` = the server's index), so node i's service times are the
 //! simulator's server i's, in the order the node admits requests.
+
+pub mod pshift;
 
 use rein_core::{CostModel, LimitMode, Nanos, QosSpec, ReservationLag, SchedConfig};
 use rein_model::device::{DeviceParams, DeviceSpec, Discipline, DiskParams, ServiceModel};
@@ -228,6 +231,11 @@ pub struct Endpoint {
     pub gateway: bool,
     /// The volume's layout over `servers` and its size (bytes), through a gateway.
     pub stripe: Option<(Stripe, u64)>,
+    /// Per server of `servers`, the NBD address the load opens the export on directly (a pShift bucket:
+    /// no gateway); empty: everything goes to `nbd`.
+    pub direct: Vec<SocketAddr>,
+    /// Demand phases over `servers` (a pShift bucket's: from when, which are active); empty: all, always.
+    pub phases: Vec<(Nanos, Vec<bool>)>,
 }
 
 impl Endpoint {
@@ -250,6 +258,8 @@ pub struct Plan {
     pub host_admins: Vec<SocketAddr>,
     /// One per tenant, in scenario order.
     pub endpoints: Vec<Endpoint>,
+    /// A pShift scenario's controller (started before the nodes).
+    pub controller: Option<pshift::ControllerPlan>,
 }
 
 /// The address of process `i` (nodes first, then gateways).
@@ -271,14 +281,51 @@ impl Plan {
         if let Some(p) = &sc.parda {
             check_parda(sc, p).map_err(|(f, why)| unsupported(&f, &why))?;
         }
-        if sc.pshift.is_some() {
-            return Err(unsupported(
-                "a pShift cluster ([pshift])",
-                "its daemons exist (rein pshift controller, rein serve with [pshift]: docs/pshift-daemons.md), but rein cluster does not drive buckets whose demand moves between servers yet",
-            ));
-        }
         if sc.net_delay > Nanos::ZERO {
             return Err(unsupported("network.delay_ms", "the nodes are on loopback; there is no delay to add"));
+        }
+        if let Some(ps) = &sc.pshift {
+            pshift::check(sc, ps).map_err(|(f, why)| unsupported(&f, &why))?;
+            let processes = sc.servers.len() + usize::from(ps.controller);
+            if processes > MAX_PROCESSES {
+                return Err(invalid(format!(
+                    "{} servers and a controller need {processes} processes, each on its own 127.0.0.x address; at \
+                     most {MAX_PROCESSES}",
+                    sc.servers.len()
+                )));
+            }
+            let (nodes, controller) = pshift::processes(sc, ps, |i| {
+                let h = host(i);
+                let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
+                Ok((SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?))))
+            })?;
+            let endpoints = sc
+                .tenants
+                .iter()
+                .zip(&ps.buckets)
+                .map(|(t, b)| {
+                    let servers = pshift::bucket_servers(b);
+                    Endpoint {
+                        tenant: t.name.clone(),
+                        nbd: nodes[servers[0]].nbd,
+                        export: t.name.clone(),
+                        node_admins: servers.iter().map(|&i| nodes[i].admin).collect(),
+                        gateway: false,
+                        stripe: None,
+                        direct: servers.iter().map(|&i| nodes[i].nbd).collect(),
+                        phases: pshift::phases(b, &servers),
+                        servers,
+                    }
+                })
+                .collect();
+            return Ok(Plan {
+                name: sc.name.clone(),
+                nodes,
+                gateways: Vec::new(),
+                host_admins: Vec::new(),
+                endpoints,
+                controller,
+            });
         }
         let multi: Vec<usize> = (0..sc.tenants.len()).filter(|&j| sc.tenants[j].servers.len() > 1).collect();
         let processes = sc.servers.len() + multi.len() + sc.hosts.len();
@@ -347,6 +394,8 @@ impl Plan {
                     node_admins,
                     gateway: true,
                     stripe: None,
+                    direct: Vec::new(),
+                    phases: Vec::new(),
                 });
                 continue;
             }
@@ -359,6 +408,8 @@ impl Plan {
                     node_admins,
                     gateway: false,
                     stripe: None,
+                    direct: Vec::new(),
+                    phases: Vec::new(),
                 });
                 continue;
             }
@@ -377,9 +428,11 @@ impl Plan {
                 node_admins,
                 gateway: true,
                 stripe: Some((layout, export_mb(t) << 20)),
+                direct: Vec::new(),
+                phases: Vec::new(),
             });
         }
-        Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints })
+        Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints, controller: None })
     }
 }
 
@@ -1126,9 +1179,15 @@ span_gb = 0.0001
                 assert_eq!(got, want, "VM {} of host {}", skew.tenants[t].name, h.name);
             }
         }
+        // pShift: open buckets (Experiments 1-2) are not driven.
         let pshift = Scenario::load(&base.join("pshift-exp1.toml")).unwrap();
         let e = Plan::new(&pshift, fixed_ports).unwrap_err().to_string();
-        assert!(e.contains("a pShift cluster ([pshift]) cannot run on a real cluster"), "{e}");
+        assert!(e.contains("bucket b0: an open workload cannot run on a real cluster"), "{e}");
+        // The paper's round robin (and the controller without early rounds) is one setting on the nodes.
+        let paper = Scenario::load(&base.join("pshift-exp4-paper-order.toml")).unwrap();
+        let plan = Plan::new(&paper, fixed_ports).unwrap();
+        let node = rein_runtime::config::ServerConfig::parse(&plan.nodes[0].config, Path::new("rein.toml")).unwrap();
+        assert_eq!(node.token.r_order, rein_core::pshift::tokens::ROrder::RoundRobin);
     }
 
     #[test]

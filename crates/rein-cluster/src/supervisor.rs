@@ -168,12 +168,16 @@ impl Supervisor {
         };
         let mut sup = Supervisor { procs: Vec::new(), dir, remove, stopped: false };
         // On an error, `sup` is dropped: every child is killed and a temporary directory removed.
+        if let Some(c) = &plan.controller {
+            // The nodes connect to it (and keep trying until it listens).
+            sup.spawn(exe, "controller", &["pshift", "controller"], "pshift", &c.config, c.admin, c.admin)?;
+        }
         for n in &plan.nodes {
-            sup.spawn(exe, "node", "serve", &n.name, &n.config, n.nbd, n.admin)?;
+            sup.spawn(exe, "node", &["serve"], &n.name, &n.config, n.nbd, n.admin)?;
         }
         sup.wait_ready(ready_timeout)?;
         for g in &plan.gateways {
-            sup.spawn(exe, "gateway", "gateway", &g.tenant, &g.config, g.nbd, g.admin)?;
+            sup.spawn(exe, "gateway", &["gateway"], &g.tenant, &g.config, g.nbd, g.admin)?;
         }
         sup.wait_ready(ready_timeout)?;
         Ok(sup)
@@ -194,7 +198,7 @@ impl Supervisor {
         &mut self,
         exe: &Path,
         what: &'static str,
-        sub: &str,
+        sub: &[&str],
         name: &str,
         config: &str,
         nbd: SocketAddr,
@@ -207,7 +211,8 @@ impl Supervisor {
         let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
         let child = Command::new(exe)
             .current_dir(&self.dir)
-            .args([sub, "--config"])
+            .args(sub)
+            .arg("--config")
             .arg(&cfg)
             .env("NO_COLOR", "1")
             // Killed with SIGKILL, `rein cluster` cannot stop its children: they stop by themselves.
@@ -217,7 +222,7 @@ impl Supervisor {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(io(format!("starting {what} {name} ({} {sub})", exe.display())))?;
+            .map_err(io(format!("starting {what} {name} ({} {})", exe.display(), sub.join(" "))))?;
         self.procs.push(Proc { what, name: name.into(), nbd, admin, log, child, exited: None });
         let pids: Vec<String> = self.procs.iter().map(|p| format!("{} {} {}", p.child.id(), p.what, p.name)).collect();
         std::fs::write(self.dir.join("pids"), pids.join("\n") + "\n").map_err(io("writing the pids file"))?;

@@ -29,6 +29,7 @@ pub mod device;
 pub mod meter;
 pub mod parda_settings;
 mod ps;
+pub mod pshift_settings;
 pub mod recorder;
 pub mod report;
 pub mod routing;

@@ -48,9 +48,12 @@
 //! allow_networks = ["127.0.0.0/8", "::1/128"]  # who may speak it (the default: loopback only)
 //! allow_identities = ["gw"]      # optional: PSK identity or client certificate CN (after STARTTLS)
 //!
-//! [pshift]                       # optional: report to a pShift controller (docs/pshift-daemons.md);
-//! controller = "127.0.0.30:7800" #   needs scheduler = "token"
+//! [pshift]                       # optional, with scheduler = "token" (docs/pshift-daemons.md)
+//! controller = "127.0.0.30:7800" # report to this pShift controller (with name; neither: plain round robin)
 //! name = "s1"                    # this server's name in the controller's [[servers]]
+//! r_order = "mixed"              # R-token holders: mixed (default) | round_robin (the paper) | proportional
+//! r_floor_ios = 1000             # mixed only: grants under this are spent at the pace of one of this size
+//! weighted = false               # weighted round robin by tenant weight (pshift.txt §V)
 //!
 //! [mclock]                       # optional: scheduler settings, the same table as a scenario's
 //! preset = "rein"                # rein (default) | paper: mClock's Algorithm 1 as written
@@ -243,8 +246,12 @@ struct File {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PshiftFile {
-    controller: String,
-    name: String,
+    controller: Option<String>,
+    name: Option<String>,
+    r_order: Option<String>,
+    r_floor_ios: Option<u64>,
+    #[serde(default)]
+    weighted: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -493,6 +500,8 @@ pub struct ServerConfig {
     pub node: NodeConfig,
     /// `[pshift]`: the pShift controller this server reports to (with `scheduler = "token"`).
     pub pshift: Option<crate::pshift_link::LinkSettings>,
+    /// `[pshift]`'s token scheduler variant (R order, weighted), with `scheduler = "token"`.
+    pub token: crate::dispatch::TokenVariant,
 }
 
 /// Largest value of `max_connections` and the per-client and per-tenant caps.
@@ -905,6 +914,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     };
     let admin_tls = admin_tls(f.admin_tls, tls.as_ref())?;
     let node = node_config(f.node.as_ref())?;
+    let mut token = crate::dispatch::TokenVariant::default();
     let pshift = match &f.pshift {
         None => None,
         Some(p) => {
@@ -913,14 +923,25 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                     "[pshift] needs scheduler = \"token\" (pShift's token scheduler), got {scheduler}"
                 ));
             }
-            let controller = p
-                .controller
-                .parse()
-                .map_err(|_| format!("pshift.controller {:?} is not an address (ip:port)", p.controller))?;
-            if p.name.is_empty() || p.name.len() > rein_core::pshift::MAX_NAME_LEN {
-                return Err(format!("pshift.name {:?} must be 1 to {} bytes", p.name, rein_core::pshift::MAX_NAME_LEN));
+            token = crate::dispatch::TokenVariant {
+                weighted: p.weighted,
+                r_order: rein_model::pshift_settings::r_order(p.r_order.as_deref(), p.r_floor_ios)?,
+            };
+            match (&p.controller, &p.name) {
+                (None, None) => None,
+                (Some(c), Some(name)) => {
+                    let controller =
+                        c.parse().map_err(|_| format!("pshift.controller {c:?} is not an address (ip:port)"))?;
+                    if name.is_empty() || name.len() > rein_core::pshift::MAX_NAME_LEN {
+                        return Err(format!(
+                            "pshift.name {name:?} must be 1 to {} bytes",
+                            rein_core::pshift::MAX_NAME_LEN
+                        ));
+                    }
+                    Some(crate::pshift_link::LinkSettings { controller, name: name.clone() })
+                }
+                _ => return Err("pshift.controller and pshift.name go together (neither: plain round robin)".into()),
             }
-            Some(crate::pshift_link::LinkSettings { controller, name: p.name.clone() })
         }
     };
     let cfg = ServerConfig {
@@ -950,6 +971,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         caps,
         node,
         pshift,
+        token,
     };
     Ok(cfg)
 }

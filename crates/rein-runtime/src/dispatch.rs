@@ -495,6 +495,18 @@ pub struct DispatchConfig {
     /// With [`IoEngine::Inline`]: the largest file request run on the dispatcher, in bytes (default 64 KiB;
     /// larger ones go to the blocking pool). Ignored by the other engines.
     pub inline_max_bytes: u64,
+    /// With [`SchedulerKind::Token`]: the token scheduler's variant.
+    pub token: TokenVariant,
+}
+
+/// Which token scheduler (pshift.txt §II; rein-core's `sched/tokens.rs`): the R order and whether the
+/// round robin is weighted. The default is rein-core's default, unweighted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenVariant {
+    /// Weighted round robin by tenant weight (§V "Local Priorities").
+    pub weighted: bool,
+    /// How R-token holders share the server.
+    pub r_order: rein_core::pshift::tokens::ROrder,
 }
 
 impl Default for DispatchConfig {
@@ -506,6 +518,7 @@ impl Default for DispatchConfig {
             channel: 4096,
             io_engine: IoEngine::Uring,
             inline_max_bytes: 64 * 1024,
+            token: TokenVariant::default(),
         }
     }
 }
@@ -524,7 +537,14 @@ impl Dispatcher {
         let (tx, rx) = mpsc::channel(config.channel.max(1));
         // A spec's limit is in the cost model's units for every scheduler (RBFQ's too).
         let sched = match config.scheduler {
-            SchedulerKind::Token => Sched::Token(Box::new(TokenScheduler::new(config.sched))),
+            SchedulerKind::Token => {
+                let ts = if config.token.weighted {
+                    TokenScheduler::weighted(config.sched)
+                } else {
+                    TokenScheduler::new(config.sched)
+                };
+                Sched::Token(Box::new(ts.with_r_order(config.token.r_order)))
+            }
             k => Sched::Dyn(k.build(config.sched)),
         };
         let (uring, io_engine) = match config.io_engine {

@@ -22,6 +22,12 @@
 //! drawn: right for a job on one server). Completions count at the route's server k in the report; a
 //! pooled job's at the server its layout says holds the offset (its first server without a layout).
 //!
+//! A route may also give each window its own server (`window_addrs`: a pShift bucket, which a client
+//! reaches at each server directly, without a gateway) and demand phases (`phases`): from each phase's
+//! time on, only its active windows get requests. At a phase's start each active window is filled up to
+//! the workload's window; a completion at a window that is no longer active is not replaced (the
+//! simulator's pShift buckets do the same).
+//!
 //! # Bounds
 //! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop
 //! arrivals beyond it are dropped and counted as rejected. Trace records are sent at their offset modulo the
@@ -90,6 +96,12 @@ pub struct JobRoute {
     /// The export's layout over `servers`: per-server windows aim with it, and other requests count at
     /// the server it says holds them (without it: as drawn, and at the first server).
     pub layout: Option<Arc<dyn Layout>>,
+    /// Per window, its own NBD server (the job's export on each, `connections` to each); empty: every
+    /// window's requests go to `addr`.
+    pub window_addrs: Vec<SocketAddr>,
+    /// Demand phases (module comment): (from when, per window whether it is active), in time order;
+    /// empty: every window is active all along.
+    pub phases: Vec<(Nanos, Vec<bool>)>,
 }
 
 /// A load run.
@@ -125,6 +137,20 @@ pub struct LoadConfig {
     /// The servers' cost model (the unit of the specs read from them), for the report's fluid oracle;
     /// the admin API does not say it, so the caller does (`rein load`: io; `rein cluster`: the scenario's).
     pub cost_model: rein_core::CostModel,
+    /// A gate before the run's time starts ([`StartGate`]; `None`: none).
+    pub start_gate: Option<StartGate>,
+}
+
+/// Something to do between opening every connection and the run's first request: the run says it is
+/// ready (`ready`) and starts when told (`go`). `rein cluster` starts a pShift controller's schedule
+/// there, so that the schedule's origin is just before the run's (by half the request's round trip)
+/// and the QoS periods of both line up.
+#[derive(Debug, Clone, Default)]
+pub struct StartGate {
+    /// Notified once when every connection is open.
+    pub ready: Arc<tokio::sync::Notify>,
+    /// The run waits for this before its time starts.
+    pub go: Arc<tokio::sync::Notify>,
 }
 
 /// TLS for a load run's NBD connections.
@@ -183,6 +209,16 @@ impl LoadConfig {
                 if r.servers.is_empty() || r.servers.iter().any(|&s| s >= n) {
                     return bad(format!("job {}: route servers must be 1 or more of the run's {n}", j.name));
                 }
+                let w = r.servers.len();
+                if !r.window_addrs.is_empty() && r.window_addrs.len() != w {
+                    return bad(format!("job {}: {} window addresses for {w} windows", j.name, r.window_addrs.len()));
+                }
+                if r.phases.iter().any(|p| p.1.len() != w) || r.phases.windows(2).any(|p| p[0].0 > p[1].0) {
+                    return bad(format!(
+                        "job {}: demand phases must be in time order, each naming its {w} windows",
+                        j.name
+                    ));
+                }
             }
         }
         if !self.server_admins.is_empty() && self.server_admins.len() != self.servers.len().max(1) {
@@ -206,6 +242,8 @@ enum Timer {
     Stop,
     Toggle,
     Arrive,
+    /// Demand phase i of the job's route begins.
+    Phase(usize),
     /// A think time ends: reissue (to this window, for per-server windows).
     Think(Option<usize>),
 }
@@ -227,8 +265,10 @@ struct Done {
 
 struct JobState {
     gen: Generator,
-    clients: Vec<Arc<NbdClient>>,
-    next_client: usize,
+    /// Connection groups: one, or one per window ([`JobRoute::window_addrs`]).
+    clients: Vec<Vec<Arc<NbdClient>>>,
+    /// Per group, the connection the next request takes.
+    next_client: Vec<usize>,
     export_size: u64,
     /// Write payload (0x5a bytes), shared by the job's writes of up to its length.
     payload: Arc<[u8]>,
@@ -239,6 +279,10 @@ struct JobState {
     at_window: Vec<u32>,
     /// The report's server index of each window.
     windows: Vec<usize>,
+    /// Per window, whether it gets requests now (its demand phase).
+    active: Vec<bool>,
+    /// [`JobRoute::phases`].
+    phases: Vec<(Nanos, Vec<bool>)>,
     layout: Option<Arc<dyn Layout>>,
     /// This interval, for the live table.
     live_ios: u64,
@@ -301,21 +345,33 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let clock = Clock::new();
     let mut jobs = Vec::with_capacity(cfg.jobs.len());
     for (ji, j) in cfg.jobs.iter().enumerate() {
-        let mut clients = Vec::new();
-        for _ in 0..j.connections {
-            let addr = j.route.as_ref().map_or(cfg.addr, |r| r.addr);
-            let name = cfg.tls.as_ref().map(|t| t.name.clone().unwrap_or_else(|| addr.ip().to_string()));
-            let tls = cfg.tls.as_ref().zip(name.as_deref()).map(|(t, n)| (&t.client, n));
-            let c = NbdClient::connect_with(addr, &j.export, tls).await.map_err(|source| LoadError::Connect {
-                job: j.name.clone(),
-                export: j.export.clone(),
-                addr,
-                source,
-            })?;
-            clients.push(c);
+        let addrs: Vec<SocketAddr> = match &j.route {
+            Some(r) if !r.window_addrs.is_empty() => r.window_addrs.clone(),
+            Some(r) => vec![r.addr],
+            None => vec![cfg.addr],
+        };
+        let mut clients = Vec::with_capacity(addrs.len());
+        for &addr in &addrs {
+            let mut group = Vec::with_capacity(j.connections);
+            for _ in 0..j.connections {
+                let name = cfg.tls.as_ref().map(|t| t.name.clone().unwrap_or_else(|| addr.ip().to_string()));
+                let tls = cfg.tls.as_ref().zip(name.as_deref()).map(|(t, n)| (&t.client, n));
+                let c = NbdClient::connect_with(addr, &j.export, tls).await.map_err(|source| LoadError::Connect {
+                    job: j.name.clone(),
+                    export: j.export.clone(),
+                    addr,
+                    source,
+                })?;
+                group.push(c);
+            }
+            clients.push(group);
         }
-        let export_size = clients[0].size;
+        // Offsets are drawn for the smallest of the servers' exports.
+        let export_size = clients.iter().map(|g| g[0].size).min().unwrap_or(0);
         let windows = j.route.as_ref().map_or(vec![0], |r| r.servers.clone());
+        let phases = j.route.as_ref().map_or(Vec::new(), |r| r.phases.clone());
+        // With phases, no window is active before the first one begins.
+        let active = vec![phases.is_empty(); windows.len()];
         let mut spec = j.workload.clone();
         // Offsets stay inside the export.
         spec.span_bytes = spec.span_bytes.min(export_size).max(1);
@@ -326,14 +382,16 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             spec,
             JobState {
                 gen,
+                next_client: vec![0; clients.len()],
                 clients,
-                next_client: 0,
                 export_size,
                 payload,
                 clock,
                 max_pending: cfg.max_pending,
                 at_window: vec![0; windows.len()],
                 windows,
+                active,
+                phases,
                 layout: j.route.as_ref().and_then(|r| r.layout.clone()),
                 live_ios: 0,
                 live_lat_ns: 0,
@@ -353,6 +411,10 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         vec![None; servers.len()]
     };
     let busy_base = read_busy(&busy_endpoints, cfg.admin_token.as_ref()).await;
+    if let Some(g) = &cfg.start_gate {
+        g.ready.notify_one();
+        g.go.notified().await;
+    }
     let mut busy = BusyReads {
         ok: busy_endpoints.iter().zip(&busy_base).map(|(e, b)| e.is_none() || b.is_some()).collect(),
         carry: vec![0; busy_base.len()],
@@ -377,6 +439,11 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         arm(&mut timers, spec.start, ji, Timer::Start);
         if spec.stop < duration {
             arm(&mut timers, spec.stop, ji, Timer::Stop);
+        }
+        for (i, p) in states[ji].phases.iter().enumerate() {
+            if p.0 < duration {
+                arm(&mut timers, p.0, ji, Timer::Phase(i));
+            }
         }
     }
     let mut inflight: JoinSet<Done> = JoinSet::new();
@@ -453,8 +520,22 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     }
                 }
                 Timer::Think(k) => {
-                    if st.gen.is_running() {
+                    if st.gen.is_running() && k.is_none_or(|k| st.active[k]) {
                         issue(ji, st, None, k, t, &mut inflight, &mut rec);
+                    }
+                }
+                Timer::Phase(i) => {
+                    st.active.clone_from(&st.phases[i].1);
+                    // Each active window is filled up to the workload's window (a closed per-server
+                    // loop); other kinds keep their own timing.
+                    if st.gen.is_running() && matches!(st.gen.begin(at, spec), Begin::FillPerServer) {
+                        for k in 0..st.windows.len() {
+                            if st.active[k] {
+                                for _ in 0..st.gen.deficit(Some(st.at_window[k])) {
+                                    issue(ji, st, None, Some(k), t, &mut inflight, &mut rec);
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -478,7 +559,8 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 let reissue = if d.ok { st.gen.completed(t, d.k) } else { st.gen.failed(); Reissue::No };
                 match reissue {
                     Reissue::No => {}
-                    Reissue::Now(k) => issue(d.job, st, None, k, t, &mut inflight, &mut rec),
+                    Reissue::Now(k) if k.is_none_or(|k| st.active[k]) => issue(d.job, st, None, k, t, &mut inflight, &mut rec),
+                    Reissue::Now(_) => {}
                     Reissue::At(at, k) => arm(&mut timers, at, d.job, Timer::Think(k)),
                 }
             }
@@ -520,7 +602,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while inflight.join_next().await.is_some() {} }).await;
     inflight.abort_all();
     for st in &states {
-        for c in &st.clients {
+        for c in st.clients.iter().flatten() {
             // A server that no longer reads (its queues full) must not hold the end up either.
             let _ = tokio::time::timeout(DRAIN_TIMEOUT, c.disconnect()).await;
         }
@@ -687,6 +769,9 @@ fn begin(
         }
         Begin::FillPerServer => {
             for k in 0..st.windows.len() {
+                if !st.active[k] {
+                    continue;
+                }
                 for _ in 0..st.gen.deficit(Some(st.at_window[k])) {
                     issue(ji, st, None, Some(k), now, inflight, rec);
                 }
@@ -730,8 +815,9 @@ fn issue(
     }
     st.gen.issued();
     st.at_window[k] += 1;
-    let client = st.clients[st.next_client].clone();
-    st.next_client = (st.next_client + 1) % st.clients.len();
+    let g = if st.clients.len() > 1 { k } else { 0 };
+    let client = st.clients[g][st.next_client[g]].clone();
+    st.next_client[g] = (st.next_client[g] + 1) % st.clients[g].len();
     let (payload, clock) = (st.payload.clone(), st.clock);
     inflight.spawn(async move {
         let r = if read {

@@ -11,8 +11,11 @@
 //! controller, "Early rounds"), whose reports and answer go the same way.
 //!
 //! The first QoS period starts `start_s` after the controller starts (default: one redistribution
-//! interval, whose report is the first statistics; as in the simulator). Servers keep plain round robin
-//! until their first answer, and go back to it when their link to the controller breaks.
+//! interval, whose report is the first statistics; as in the simulator). With `hold = true` the schedule
+//! waits for `PUT /api/pshift/start` instead and runs from then on (its boundaries `start_s + k x interval`
+//! after the request): `rein cluster run` starts it when its load starts, so the QoS periods fall where the
+//! simulator's do. Servers keep plain round robin until their first answer, and go back to it when their
+//! link to the controller breaks.
 //!
 //! # Invariants
 //! 1. One connection per server name: a new hello for a connected server replaces the old connection.
@@ -88,6 +91,8 @@ struct File {
     #[serde(default = "d_delay_ms")]
     message_delay_ms: f64,
     #[serde(default)]
+    hold: bool,
+    #[serde(default)]
     servers: Vec<ServerFile>,
     #[serde(default)]
     buckets: Vec<BucketFile>,
@@ -124,8 +129,11 @@ pub struct ControllerSettings {
     pub servers: Vec<(String, f64)>,
     /// The buckets: (name, QoS per period), in index order.
     pub buckets: Vec<(String, BucketQos)>,
-    /// rein-core's controller configuration (times from the daemon's start).
+    /// rein-core's controller configuration (times from the schedule's origin: the daemon's start, or
+    /// the start request under `hold`).
     pub config: ControllerConfig,
+    /// Whether the schedule waits for `PUT /api/pshift/start` (module comment).
+    pub hold: bool,
 }
 
 /// Why ctl.toml was refused.
@@ -283,13 +291,19 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     // The controller's own checks (servers, buckets, limits), once, here.
     let caps: Vec<f64> = servers.iter().map(|s| s.1).collect();
     Controller::new(config, &caps, buckets.iter().map(|b| b.1).collect()).map_err(|e| e.to_string())?;
-    Ok(ControllerSettings { listen, admin, admin_access, access, servers, buckets, config })
+    if f.hold && admin.is_none() {
+        return Err(
+            "hold = true needs an admin endpoint (admin = \"ip:port\"): the schedule starts on PUT /api/pshift/start"
+                .into(),
+        );
+    }
+    Ok(ControllerSettings { listen, admin, admin_access, access, servers, buckets, config, hold: f.hold })
 }
 
 /// One round as `/api/pshift` lists it.
 #[derive(Clone, Debug, serde::Serialize, Deserialize)]
 pub struct RoundRecord {
-    /// When it was answered (s since the controller started).
+    /// When it was answered (s from the schedule's origin, [`ControllerStatus::origin_s`]).
     pub at_s: f64,
     /// The boundary's number.
     pub round: u64,
@@ -316,6 +330,9 @@ pub struct ControllerStatus {
     pub round: u64,
     /// When this was read (s since the controller started).
     pub now_s: f64,
+    /// When the schedule started (s since the controller started: 0, or the start request under `hold`);
+    /// `None` while it waits for one.
+    pub origin_s: Option<f64>,
     /// Per server (index order): name, and whether it is connected.
     pub servers: Vec<(String, bool)>,
     /// Per bucket (index order): name, reservation and limit per period, IOs done in the period so far.
@@ -347,6 +364,9 @@ enum Event {
     Left { index: usize, conn: u64 },
     /// A frame from server `index`.
     Frame { index: usize, conn: u64, m: Message },
+    /// `PUT /api/pshift/start` under `hold`: the schedule starts at this time (on the controller's clock,
+    /// read before the request is answered, so the origin is never after the answer).
+    Start(Nanos),
 }
 
 /// A running controller: its addresses and status.
@@ -373,6 +393,7 @@ pub async fn run(
     let status = Arc::new(Mutex::new(ControllerStatus {
         round: 0,
         now_s: 0.0,
+        origin_s: if s.hold { None } else { Some(0.0) },
         servers: s.servers.iter().map(|x| (x.0.clone(), false)).collect(),
         buckets: s
             .buckets
@@ -384,6 +405,7 @@ pub async fn run(
     }));
     let clock = Clock::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let admin = match s.admin {
         None => None,
         Some(addr) => {
@@ -391,7 +413,7 @@ pub async fn run(
             let l = TcpListener::bind(addr).await.map_err(|e| format!("admin {addr}: {e}"))?;
             let bound = l.local_addr().map_err(|e| e.to_string())?;
             let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None);
-            let router = crate::admin_guard::protect(admin_router(status.clone(), clock), token);
+            let router = crate::admin_guard::protect(admin_router(status.clone(), clock, ev_tx.clone()), token);
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -413,7 +435,6 @@ pub async fn run(
     if let Some(r) = ready {
         let _ = r.send((listen, admin));
     }
-    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let names: Arc<Vec<String>> = Arc::new(s.servers.iter().map(|x| x.0.clone()).collect());
     let buckets: Arc<Vec<String>> = Arc::new(s.buckets.iter().map(|x| x.0.clone()).collect());
     let strays = s.config.early.per_interval > 0;
@@ -427,7 +448,8 @@ pub async fn run(
         ev_tx,
         stop_rx.clone(),
     ));
-    let task = Task { ctl, clock, conns: vec![None; names.len()], status, requested: None, names };
+    let origin = if s.hold { None } else { Some(Nanos::ZERO) };
+    let task = Task { ctl, clock, origin, conns: vec![None; names.len()], status, requested: None, names };
     tokio::select! {
         _ = task.run(ev_rx) => {}
         _ = shutdown => {}
@@ -545,6 +567,9 @@ async fn connection(
 struct Task {
     ctl: Controller,
     clock: Clock,
+    /// When the schedule started on `clock` (`None`: held, waiting for a start request). The controller's
+    /// times are from here.
+    origin: Option<Nanos>,
     /// Per server: its connection's number and writer.
     conns: Vec<Option<(u64, mpsc::UnboundedSender<Message>)>>,
     status: Arc<Mutex<ControllerStatus>>,
@@ -554,8 +579,21 @@ struct Task {
 }
 
 impl Task {
+    /// The controller's time: since the schedule's origin.
+    fn now(&self, origin: Nanos) -> Nanos {
+        self.clock.now().saturating_sub(origin)
+    }
+
     async fn run(mut self, mut ev: mpsc::UnboundedReceiver<Event>) {
         loop {
+            let Some(origin) = self.origin else {
+                // Held: nothing is due until the start request.
+                match ev.recv().await {
+                    Some(e) => self.event(e),
+                    None => return,
+                }
+                continue;
+            };
             let due = match self.requested {
                 // Half an interval after the boundary, polling lets the controller compute without the
                 // missing reports.
@@ -569,9 +607,10 @@ impl Task {
                     Some(e) => self.event(e),
                     None => return,
                 },
-                _ = tokio::time::sleep_until(self.clock.instant(due)) => {}
+                _ = tokio::time::sleep_until(self.clock.instant(due.saturating_add(origin))) => {}
             }
-            let now = self.clock.now();
+            let Some(origin) = self.origin else { continue };
+            let now = self.now(origin);
             let round = self.ctl.round();
             if now >= self.ctl.boundary() && self.requested != Some(round) {
                 self.requested = Some(round);
@@ -595,6 +634,13 @@ impl Task {
 
     fn event(&mut self, e: Event) {
         match e {
+            Event::Start(at) => {
+                if self.origin.is_none() {
+                    self.origin = Some(at);
+                    self.status.lock().unwrap_or_else(|e| e.into_inner()).origin_s = Some(at.as_secs_f64());
+                    tracing::info!("pShift controller: schedule started");
+                }
+            }
             Event::Joined { index, conn, tx } => {
                 if self.conns[index].is_some() {
                     tracing::warn!(server = %self.names[index], "pShift server connected again: the new connection replaces the old");
@@ -619,7 +665,11 @@ impl Task {
                 if self.conns[index].as_ref().is_none_or(|c| c.0 != conn) {
                     return; // a replaced connection's late frame
                 }
-                let now = self.clock.now();
+                let Some(origin) = self.origin else {
+                    // Held: no report was asked for and no early round can start; the frame is dropped.
+                    return;
+                };
+                let now = self.now(origin);
                 match m {
                     Message::Report(r) if r.server as usize == index => {
                         if let Err(e) = self.ctl.handle_report(r) {
@@ -684,9 +734,31 @@ impl Task {
     }
 }
 
-fn admin_router(status: Arc<Mutex<ControllerStatus>>, clock: Clock) -> axum::Router {
+fn admin_router(status: Arc<Mutex<ControllerStatus>>, clock: Clock, ev: mpsc::UnboundedSender<Event>) -> axum::Router {
     let for_metrics = status.clone();
+    let for_start = status.clone();
     axum::Router::new()
+        .route(
+            "/api/pshift/start",
+            axum::routing::put(move || {
+                // Under `hold`, the first request starts the schedule; later ones (and any without hold)
+                // are refused, naming when it started.
+                let mut s = for_start.lock().unwrap_or_else(|e| e.into_inner());
+                let r = match s.origin_s {
+                    Some(at) => Err((
+                        axum::http::StatusCode::CONFLICT,
+                        format!("the schedule started {at:.3} s after the controller; it cannot start again\n"),
+                    )),
+                    None => {
+                        let at = clock.now();
+                        s.origin_s = Some(at.as_secs_f64());
+                        let _ = ev.send(Event::Start(at));
+                        Ok(axum::Json(serde_json::json!({ "started": true, "origin_s": at.as_secs_f64() })))
+                    }
+                };
+                async move { r }
+            }),
+        )
         .route(
             "/api/pshift",
             axum::routing::get(move || {
@@ -733,14 +805,56 @@ mod tests {
     async fn start(
         s: ControllerSettings,
     ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), String>>) {
+        let (addr, _, stop_tx, task) = start_admin(s).await;
+        (addr, stop_tx, task)
+    }
+
+    /// As [`start`], with the admin address.
+    async fn start_admin(
+        s: ControllerSettings,
+    ) -> (SocketAddr, Option<SocketAddr>, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), String>>)
+    {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let stop = async move {
             let _ = stop_rx.await;
         };
         let task = tokio::spawn(run(s, stop, Some(ready_tx)));
-        let (addr, _) = ready_rx.await.unwrap();
-        (addr, stop_tx, task)
+        let (addr, admin) = ready_rx.await.unwrap();
+        (addr, admin, stop_tx, task)
+    }
+
+    /// Under `hold`, no boundary comes (no report request for three of its intervals) until
+    /// `PUT /api/pshift/start`; the first boundary then follows `start_s` after it, and a second start is
+    /// refused (409). Without an admin endpoint, `hold` is refused at load.
+    #[tokio::test]
+    async fn a_held_schedule_starts_on_request() {
+        let e = ControllerSettings::parse(&format!("hold = true\n{CTL}"), Path::new("ctl.toml")).unwrap_err();
+        assert!(e.to_string().contains("hold = true needs an admin endpoint"), "{e}");
+        let text = format!("hold = true\nadmin = \"127.0.0.1:0\"\nadmin_insecure = true\n{CTL}");
+        let s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
+        let (addr, admin, stop_tx, task) = start_admin(s).await;
+        let admin: crate::admin_client::AdminEndpoint = admin.unwrap().into();
+        let (mut rd, _wr, mut buf, m) = hello(addr, "s1").await;
+        assert!(matches!(m, Message::Welcome { server: 0, .. }), "{m:?}");
+        // start_s = 0.1: unheld, the first request would come at 0.1 s.
+        let early = tokio::time::timeout(Duration::from_millis(300), read_frame(&mut rd, &mut buf)).await;
+        assert!(early.is_err(), "a held controller asked for a report: {early:?}");
+        let st: ControllerStatus = crate::admin_client::get_json(&admin, None, "/api/pshift").await.unwrap();
+        assert_eq!(st.origin_s, None);
+        let asked = std::time::Instant::now();
+        let body = serde_json::json!({});
+        crate::admin_client::put_json(&admin, None, "/api/pshift/start", &body).await.unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap();
+        assert_eq!(m, Message::ReportRequest { round: 0, early: 0 });
+        let waited = asked.elapsed();
+        assert!(waited >= Duration::from_millis(95), "the first boundary came {waited:?} after the start, not 0.1 s");
+        let again = crate::admin_client::put_json(&admin, None, "/api/pshift/start", &body).await.unwrap_err();
+        assert!(again.to_string().contains("cannot start again"), "{again}");
+        let st: ControllerStatus = crate::admin_client::get_json(&admin, None, "/api/pshift").await.unwrap();
+        assert!(st.origin_s.is_some_and(|o| o > 0.25), "{:?}", st.origin_s);
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
     }
 
     async fn hello(

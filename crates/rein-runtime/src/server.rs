@@ -201,6 +201,7 @@ pub async fn run_with(
         sched: cfg.sched,
         depth: cfg.queue_depth,
         io_engine: cfg.io_engine,
+        token: cfg.token,
         ..DispatchConfig::default()
     };
     crate::preflight::check_exports(&cfg.exports)?;

@@ -68,6 +68,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         server_admins: Vec::new(),
         tls: None,
         cost_model: rein_core::CostModel::PerIo,
+        start_gate: None,
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -195,7 +196,87 @@ async fn a_missing_tenant_is_a_clear_error() {
         server_admins: Vec::new(),
         tls: None,
         cost_model: rein_core::CostModel::PerIo,
+        start_gate: None,
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");
+}
+
+/// A job with a window at each of two servers, reached directly (`window_addrs`), and demand phases: the
+/// first 1.5 s only at server 0, then only at server 1. Each server, a device of 2,000 IOPS, then serves
+/// the job for 1.5 s: about 3,000 IOs each (with both windows active all along, about 6,000 each). The run
+/// waits at its start gate: it says it is ready once connected, and its time starts only when told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demand_phases_move_a_jobs_windows_between_servers() {
+    let mut servers = Vec::new();
+    for ip in ["127.0.0.72", "127.0.0.73"] {
+        let data = tempfile::tempdir().unwrap();
+        let text = format!("data_dir = \"{}\"\n{}", data.path().display(), CONFIG.replace("127.0.0.71", ip));
+        let cfg = ServerConfig::parse(&text, Path::new("test.toml")).unwrap();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(rein_runtime::server::run(
+            cfg,
+            async move {
+                let _ = stop_rx.await;
+            },
+            Some(ready_tx),
+        ));
+        servers.push((ready_rx.await.unwrap(), stop_tx, task, data));
+    }
+    let secs = 3.0;
+    let mut j = job("a", WorkloadParams { outstanding_per_server: Some(4), ..Default::default() }, secs);
+    j.connections = 1;
+    j.route = Some(rein_runtime::load::JobRoute {
+        addr: servers[0].0.nbd,
+        spec: None,
+        admins: Vec::new(),
+        servers: vec![0, 1],
+        layout: None,
+        window_addrs: servers.iter().map(|s| s.0.nbd).collect(),
+        phases: vec![(Nanos::ZERO, vec![true, false]), (Nanos::from_secs_f64(1.5), vec![false, true])],
+    });
+    let gate = rein_runtime::load::StartGate::default();
+    let lc = LoadConfig {
+        addr: servers[0].0.nbd,
+        admin: None,
+        admin_token: None,
+        jobs: vec![j],
+        duration: Duration::from_secs_f64(secs),
+        warmup: Duration::ZERO,
+        interval: Duration::from_millis(500),
+        seed: 3,
+        name: "phases".into(),
+        max_pending: rein_runtime::load::MAX_PENDING,
+        servers: vec!["s0".into(), "s1".into()],
+        server_admins: Vec::new(),
+        tls: None,
+        cost_model: rein_core::CostModel::PerIo,
+        start_gate: Some(gate.clone()),
+    };
+    let run = tokio::spawn(rein_runtime::load::run(lc, |_, _| {}));
+    gate.ready.notified().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let told = std::time::Instant::now();
+    gate.go.notify_one();
+    let t = run.await.unwrap().unwrap();
+    assert!(told.elapsed() >= Duration::from_secs_f64(secs), "the run's time started at the go");
+    let mut counts = Vec::new();
+    for (bound, ..) in &servers {
+        let ts: Vec<rein_runtime::admin::TenantJson> =
+            rein_runtime::admin_client::get_json(&bound.admin.into(), None, "/api/tenants").await.unwrap();
+        let a = ts.iter().find(|x| x.name == "a").unwrap();
+        counts.push(a.completed_reservation_phase + a.completed_weight_phase);
+    }
+    for (k, &n) in counts.iter().enumerate() {
+        assert!(within(n as f64, 3000.0, 10.0), "server {k} served {n} of the job's IOs, not about 3,000: {counts:?}");
+    }
+    // The report counts them at their servers too.
+    for s in &t.summary.servers {
+        assert!(within(s.iops, 1000.0, 10.0), "{} at {} IOPS over the run", s.name, s.iops);
+    }
+    for (_, stop, task, _data) in servers {
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
+    }
 }

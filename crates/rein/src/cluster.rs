@@ -134,11 +134,30 @@ fn up(a: UpArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let signals = signals(&rt)?;
     let (_sc, plan, sup) = start(&a)?;
+    let sup = Arc::new(Mutex::new(sup));
+    if let Some(c) = &plan.controller {
+        // Nobody drives this cluster's load: its pShift schedule starts now.
+        let admin = rein_runtime::admin_client::AdminEndpoint::from(c.admin);
+        let started = rt.block_on(rein_runtime::admin_client::put_json(
+            &admin,
+            None,
+            "/api/pshift/start",
+            &serde_json::json!({}),
+        ));
+        if let Err(e) = started {
+            return finish(sup, Err(anyhow::anyhow!("starting the pShift controller's schedule: {e}")));
+        }
+    }
     for e in &plan.endpoints {
-        println!("tenant {} {}", e.tenant, e.uri());
+        // A pShift bucket opens its export on each of its servers directly: one address per server.
+        let uris: Vec<String> = if e.direct.is_empty() {
+            vec![e.uri()]
+        } else {
+            e.direct.iter().map(|a| format!("nbd://{a}/{}", e.export)).collect()
+        };
+        println!("tenant {} {}", e.tenant, uris.join(" "));
     }
     println!("ready");
-    let sup = Arc::new(Mutex::new(sup));
     let res = rt.block_on(serve_until_signal(&sup, signals));
     finish(sup, res)
 }

@@ -176,6 +176,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             server_admins: Vec::new(),
             tls: None,
             cost_model,
+            start_gate: None,
         };
         let res = rein_runtime::load::run(lc, move |t, rows| {
             if !quiet {

@@ -266,6 +266,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         tls: load_tls(&args)?,
         // The admin API does not say the server's cost model: the report's oracle assumes IOPS.
         cost_model: rein_core::CostModel::PerIo,
+        start_gate: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;

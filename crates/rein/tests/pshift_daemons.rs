@@ -185,6 +185,20 @@ fn bad_configs_and_unknown_servers_are_named() {
     );
     let err = Rein::serve(&write_file(&d, "rein.toml", &text)).fails();
     assert!(err.contains("[pshift] needs scheduler = \"token\""), "{err}");
+    // The token scheduler's variant: the simulator's keys, errors naming them; controller and name together.
+    for (table, want) in [
+        ("r_order = \"fifo\"\n", "pshift.r_order \"fifo\": expected round_robin, proportional or mixed"),
+        ("r_order = \"round_robin\"\nr_floor_ios = 40\n", "pshift.r_floor_ios is a setting of r_order = \"mixed\""),
+        ("controller = \"127.0.0.1:9\"\n", "pshift.controller and pshift.name go together"),
+    ] {
+        let text = format!(
+            "listen = \"127.0.0.85:0\"\nadmin = \"127.0.0.85:0\"\ndata_dir = \"{}\"\nscheduler = \"token\"\n[pshift]\n{table}\
+             [[exports]]\nname = \"b1\"\nbackend = \"memory\"\nsize_mb = 1\n",
+            d.join("data").display()
+        );
+        let err = Rein::serve(&write_file(&d, "rein.toml", &text)).fails();
+        assert!(err.contains(want), "{table}: {err}");
+    }
     // A server the controller does not know.
     let listen = format!("127.0.0.86:{}", free_port("127.0.0.86"));
     let _ctl = controller(dir, &listen, 86);

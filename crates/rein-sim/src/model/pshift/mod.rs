@@ -177,16 +177,7 @@ pub fn validate(
         Some("backlog") => DemandEstimator::Backlog,
         Some(o) => return Err(format!("pshift.estimator {o:?}: expected arrivals or backlog")),
     };
-    let r_order = match (f.r_order.as_deref(), f.r_floor_ios) {
-        (None | Some("mixed"), floor) => match floor.unwrap_or(ROrder::DEFAULT_FLOOR) {
-            floor @ 1..=1_000_000_000 => ROrder::Mixed { floor },
-            o => return Err(format!("pshift.r_floor_ios {o}: expected 1 to 1000000000")),
-        },
-        (_, Some(_)) => return Err("pshift.r_floor_ios is a setting of r_order = \"mixed\"".into()),
-        (Some("round_robin"), None) => ROrder::RoundRobin,
-        (Some("proportional"), None) => ROrder::Proportional,
-        (Some(o), None) => return Err(format!("pshift.r_order {o:?}: expected round_robin, proportional or mixed")),
-    };
+    let r_order = rein_model::pshift_settings::r_order(f.r_order.as_deref(), f.r_floor_ios)?;
     let arrivals = match f.arrivals.as_deref() {
         None | Some("uniform") => Arrivals::Uniform,
         Some("poisson") => Arrivals::Poisson,

@@ -1,0 +1,311 @@
+//! A `[pshift]` scenario as processes: one `rein serve` node per server with pShift's token scheduler,
+//! a `rein pshift controller` (when the scenario has one), and each bucket's load reaching its servers
+//! directly (docs/pshift-daemons.md; the simulator's side is rein-sim's `model::pshift`).
+//!
+//! # Model
+//! Server i is node i (`scheduler = "token"`, the server's queue depth and device model, `[pshift]` with
+//! the token scheduler's R order and weighting, naming the controller and the server). Every bucket is a tenant with an export on each node its demand ever
+//! reaches. The controller gets the scenario's period, intervals, start, estimator, `approx_top`,
+//! `exact_limits`, `early_rounds`, the delay as `message_delay_ms`, each server's nominal capacity and
+//! each bucket's reservation and limit, and `hold = true`: its schedule starts when the load starts
+//! (`PUT /api/pshift/start`), so its QoS periods are the report's. A bucket's load is one job with a
+//! window per server it uses, each on that node (no gateway: a pShift client talks to each server), and
+//! the bucket's demand phases as the windows' active sets.
+//!
+//! # Invariants
+//! 1. What the daemons are told, read back by their own parsers, is what the simulator runs: the
+//!    controller's `ControllerConfig`, server capacities and bucket QoS, and each node's token scheduler
+//!    (R order, weighted), or planning fails naming it.
+//! 2. What a real cluster cannot run is refused by name: open buckets.
+//!
+//! # Deviations
+//! The scenario's `delay_ms` is not added to the messages: the controller and the nodes talk over
+//! loopback (tens of microseconds); the controller still uses the delay where its rules assume one (limits
+//! kept for tokens in flight, when an early round may start).
+
+use super::{device_table, export_mb, f, host, mclock_table, q, tenant_entry, NodePlan, PlanError};
+use rein_core::pshift::{BucketQos, ControllerConfig, SolveOptions};
+use rein_core::Nanos;
+use rein_sim::model::pshift::{BucketLoad, BucketPlan, PshiftSection};
+use rein_sim::Scenario;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+/// The controller of a pShift plan.
+#[derive(Debug, Clone)]
+pub struct ControllerPlan {
+    /// Where the servers connect.
+    pub listen: SocketAddr,
+    /// Its admin endpoint (`/api/pshift`, the start request).
+    pub admin: SocketAddr,
+    /// Its ctl.toml.
+    pub config: String,
+}
+
+/// A pShift feature a real cluster cannot run: `(feature, why)`.
+pub(super) fn check(sc: &Scenario, ps: &PshiftSection) -> Result<(), (String, String)> {
+    if let Some(i) = ps.buckets.iter().position(|b| matches!(b.load, BucketLoad::Open { .. })) {
+        return Err((
+            format!("bucket {}: an open workload", sc.tenants[i].name),
+            "the load driver keeps closed windows per server (outstanding_per_server); open arrivals split over moving servers are not driven yet".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The servers bucket `b`'s demand ever reaches, in index order.
+pub fn bucket_servers(b: &BucketPlan) -> Vec<usize> {
+    let mut s: Vec<usize> = b.phases.iter().flat_map(|p| p.servers.iter().map(|x| x.0)).collect();
+    s.sort_unstable();
+    s.dedup();
+    s
+}
+
+/// Bucket `b`'s demand phases over `servers` ([`bucket_servers`]): from each phase's time on, which of
+/// them are active.
+pub fn phases(b: &BucketPlan, servers: &[usize]) -> Vec<(Nanos, Vec<bool>)> {
+    b.phases.iter().map(|p| (p.at, servers.iter().map(|s| p.servers.iter().any(|x| x.0 == *s)).collect())).collect()
+}
+
+/// The simulator's controller configuration for `ps` (rein-sim's pShift layer builds the same).
+fn sim_config(ps: &PshiftSection) -> ControllerConfig {
+    ControllerConfig::for_delay(
+        ps.period,
+        ps.intervals,
+        ps.start,
+        ps.estimator,
+        SolveOptions { approx_top: ps.approx_top, ..SolveOptions::default() },
+        ps.exact_limits,
+        ps.early_rounds,
+        ps.delay,
+    )
+}
+
+/// The controller's ctl.toml, checked to read back as the simulator's controller (invariant 1).
+pub fn controller_config(
+    sc: &Scenario,
+    ps: &PshiftSection,
+    listen: SocketAddr,
+    admin: SocketAddr,
+) -> Result<String, String> {
+    let period_s = ps.period.as_secs_f64();
+    let estimator = match ps.estimator {
+        rein_core::pshift::DemandEstimator::Arrivals => "arrivals",
+        rein_core::pshift::DemandEstimator::Backlog => "backlog",
+    };
+    let mut t = format!(
+        "# rein cluster: the pShift controller of scenario {}\nlisten = {}\nadmin = {}\nhold = true\n\
+         period_s = {}\nintervals = {}\nstart_s = {}\nestimator = {}\nexact_limits = {}\nearly_rounds = {}\n\
+         message_delay_ms = {}\n",
+        sc.name,
+        q(&listen.to_string()),
+        q(&admin.to_string()),
+        f(period_s),
+        ps.intervals,
+        f(ps.start.as_secs_f64()),
+        q(estimator),
+        ps.exact_limits,
+        ps.early_rounds,
+        f(ps.delay.0 as f64 / 1e6)
+    );
+    if let Some(m) = ps.approx_top {
+        let _ = writeln!(t, "approx_top = {m}");
+    }
+    for s in &sc.servers {
+        let _ = write!(t, "\n[[servers]]\nname = {}\ncapacity_iops = {}\n", q(&s.name), f(s.device.capacity_iops));
+    }
+    for b in &sc.tenants {
+        let _ = write!(t, "\n[[buckets]]\nname = {}\nreservation_iops = {}\n", q(&b.name), f(b.spec.reservation()));
+        if let Some(l) = b.spec.limit() {
+            let _ = writeln!(t, "limit_iops = {}", f(l));
+        }
+    }
+    let back = rein_runtime::pshift_controller::ControllerSettings::parse(&t, std::path::Path::new("ctl.toml"))
+        .map_err(|e| format!("the controller's configuration as written: {e}"))?;
+    let want = sim_config(ps);
+    if back.config != want {
+        return Err(format!("the controller's configuration reads back as {:?}, not {want:?}", back.config));
+    }
+    for (s, (name, cap)) in sc.servers.iter().zip(&back.servers) {
+        if *name != s.name || *cap != s.device.capacity_iops {
+            return Err(format!("server {} reads back as {name:?} at {cap} IOPS", s.name));
+        }
+    }
+    for (b, (name, qos)) in sc.tenants.iter().zip(&back.buckets) {
+        let want = BucketQos::per_period(b.spec.reservation(), b.spec.limit(), period_s);
+        if *name != b.name || *qos != want {
+            return Err(format!("bucket {} reads back as {name:?} {qos:?}, not {want:?}", b.name));
+        }
+    }
+    Ok(t)
+}
+
+/// Node `i`'s rein.toml: the server's header, `[mclock]` and device model (as every node's), an export
+/// and tenant per bucket that uses it (with the bucket's weight only), and `[pshift]` naming the
+/// controller (none: plain round robin).
+pub(super) fn node_config(
+    sc: &Scenario,
+    ps: &PshiftSection,
+    i: usize,
+    nbd: SocketAddr,
+    admin: SocketAddr,
+    controller: Option<SocketAddr>,
+) -> Result<String, String> {
+    let s = &sc.servers[i];
+    let mut t = format!(
+        "# rein cluster: pShift server {} of scenario {}\nlisten = {}\nadmin = {}\ndata_dir = {}\nscheduler = \"token\"\n\
+         queue_depth = {}\nadmission = \"warn\"\nshutdown_timeout_s = 2\n",
+        s.name,
+        sc.name,
+        q(&nbd.to_string()),
+        q(&admin.to_string()),
+        q(&format!("node-{}", s.name)),
+        s.queue_depth,
+    );
+    t.push('\n');
+    t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
+    t.push('\n');
+    t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
+    for (b, plan) in sc.tenants.iter().zip(&ps.buckets) {
+        if !bucket_servers(plan).contains(&i) {
+            continue;
+        }
+        let _ = write!(
+            t,
+            "\n[[exports]]\nname = {0}\npath = {1}\nsize_mb = {2}\ntenant = {0}\n\n",
+            q(&b.name),
+            q(&format!("{}.img", b.name)),
+            export_mb(b)
+        );
+        // The bucket's reservation and limit are the controller's (per period over all servers); a node's
+        // token scheduler uses only the weight, and its admission control would count the reservation
+        // once per node.
+        let local = rein_core::QosSpec::new(0.0, None, b.spec.weight(), b.spec.idle_credit())
+            .map_err(|e| format!("bucket {}: {e}", b.name))?;
+        t.push_str(&tenant_entry(&b.name, &local));
+    }
+    let _ =
+        write!(t, "\n[pshift]\nweighted = {}\n{}", ps.weighted, rein_model::pshift_settings::r_order_keys(ps.r_order));
+    if let Some(c) = controller {
+        let _ = write!(t, "controller = {}\nname = {}\n", q(&c.to_string()), q(&s.name));
+    }
+    let back = rein_runtime::config::ServerConfig::parse(&t, std::path::Path::new("rein.toml"))
+        .map_err(|e| format!("server {}: its rein.toml as written: {e}", s.name))?;
+    let want = rein_runtime::dispatch::TokenVariant { weighted: ps.weighted, r_order: ps.r_order };
+    if back.token != want {
+        return Err(format!("server {}: the token scheduler reads back as {:?}, not {want:?}", s.name, back.token));
+    }
+    Ok(t)
+}
+
+/// The nodes and the controller of a pShift scenario (the controller at the address after the nodes'),
+/// given each process's (NBD or listen, admin) addresses by `addrs(i)`.
+pub(super) fn processes(
+    sc: &Scenario,
+    ps: &PshiftSection,
+    mut addrs: impl FnMut(usize) -> Result<(SocketAddr, SocketAddr), PlanError>,
+) -> Result<(Vec<NodePlan>, Option<ControllerPlan>), PlanError> {
+    let invalid = |message: String| PlanError::Invalid { scenario: sc.name.clone(), message };
+    let controller = if ps.controller {
+        let (listen, admin) = addrs(sc.servers.len())?;
+        let config = controller_config(sc, ps, listen, admin).map_err(invalid)?;
+        Some(ControllerPlan { listen, admin, config })
+    } else {
+        None
+    };
+    let mut nodes = Vec::with_capacity(sc.servers.len());
+    for (i, s) in sc.servers.iter().enumerate() {
+        let (nbd, admin) = addrs(i)?;
+        let config = node_config(sc, ps, i, nbd, admin, controller.as_ref().map(|c| c.listen)).map_err(invalid)?;
+        nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config });
+    }
+    debug_assert!(controller.as_ref().is_none_or(|c| c.listen.ip() == std::net::IpAddr::V4(host(sc.servers.len()))));
+    Ok((nodes, controller))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Plan;
+    use rein_sim::Scenario;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::path::{Path, PathBuf};
+
+    fn fixed_ports(_: Ipv4Addr, k: u16) -> std::io::Result<u16> {
+        Ok(20_000 + k)
+    }
+
+    fn scenario(name: &str) -> Scenario {
+        Scenario::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name)).unwrap()
+    }
+
+    /// Experiment 4 (generated buckets with demand changes): a controller after the nodes, whose ctl.toml
+    /// (read back when planned) holds the scenario's servers and buckets; each node's rein.toml, read by
+    /// `rein serve`'s parser, runs the token scheduler linked to the controller under its own name and
+    /// holds every bucket that ever reaches it, without a node-local reservation; each bucket's endpoint
+    /// reaches each of its servers directly, with the demand phases the simulator runs.
+    #[test]
+    fn a_pshift_scenario_plans_a_controller_token_nodes_and_direct_buckets() {
+        let sc = scenario("pshift-exp4-small.toml");
+        let ps = sc.pshift.as_ref().unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        let ctl = plan.controller.as_ref().expect("a controller");
+        assert_eq!(ctl.listen, SocketAddr::from(([127, 0, 0, 18], 20_000)), "after the 8 nodes");
+        let back =
+            rein_runtime::pshift_controller::ControllerSettings::parse(&ctl.config, Path::new("ctl.toml")).unwrap();
+        assert!(back.hold, "the schedule waits for the load");
+        assert_eq!(back.servers.len(), 8);
+        assert_eq!(
+            back.buckets.iter().map(|b| b.0.clone()).collect::<Vec<_>>(),
+            (0..10).map(|i| format!("b{i}")).collect::<Vec<_>>()
+        );
+        // 1,200 IOPS over a 1 s period: 1,200 R-tokens; the limit 2,000.
+        assert_eq!((back.buckets[3].1.reservation, back.buckets[3].1.limit), (1200, Some(2000)));
+        assert!(plan.gateways.is_empty());
+        for (i, n) in plan.nodes.iter().enumerate() {
+            let c = rein_runtime::config::ServerConfig::parse(&n.config, Path::new("rein.toml")).unwrap();
+            assert_eq!(c.scheduler, rein_core::SchedulerKind::Token);
+            assert_eq!(c.queue_depth, 1);
+            let link = c.pshift.as_ref().expect("linked");
+            assert_eq!((link.controller, link.name.as_str()), (ctl.listen, sc.servers[i].name.as_str()));
+            let want: Vec<String> = ps
+                .buckets
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| super::bucket_servers(b).contains(&i))
+                .map(|(j, _)| format!("b{j}"))
+                .collect();
+            assert_eq!(c.tenants.iter().map(|t| t.name.clone()).collect::<Vec<_>>(), want, "node {i}");
+            assert!(c.tenants.iter().all(|t| t.spec.reservation() == 0.0 && t.spec.limit().is_none()));
+        }
+        let mut changes = 0;
+        for (e, b) in plan.endpoints.iter().zip(&ps.buckets) {
+            let servers = super::bucket_servers(b);
+            assert_eq!(e.servers, servers);
+            assert_eq!(e.direct, servers.iter().map(|&i| plan.nodes[i].nbd).collect::<Vec<_>>());
+            assert_eq!(e.phases.len(), b.phases.len());
+            for (p, d) in e.phases.iter().zip(&b.phases) {
+                assert_eq!(p.0, d.at);
+                let active: Vec<usize> = servers.iter().zip(&p.1).filter(|x| *x.1).map(|x| *x.0).collect();
+                let mut want: Vec<usize> = d.servers.iter().map(|x| x.0).collect();
+                want.sort_unstable();
+                assert_eq!(active, want);
+            }
+            changes += e.phases.len() - 1;
+        }
+        assert_eq!(changes, 50, "5 demand changes per bucket");
+    }
+
+    /// Without a controller (the round-robin baseline) the nodes run the token scheduler unlinked.
+    #[test]
+    fn a_baseline_without_a_controller_plans_plain_round_robin_nodes() {
+        let mut sc = scenario("pshift-exp3-limits-small.toml");
+        std::sync::Arc::make_mut(sc.pshift.as_mut().unwrap()).controller = false;
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        assert!(plan.controller.is_none());
+        for n in &plan.nodes {
+            let c = rein_runtime::config::ServerConfig::parse(&n.config, Path::new("rein.toml")).unwrap();
+            assert!(c.pshift.is_none());
+            assert_eq!(c.scheduler, rein_core::SchedulerKind::Token);
+        }
+    }
+}
