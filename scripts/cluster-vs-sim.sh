@@ -6,7 +6,7 @@
 # column is the scenario's own `[[expect]] metric = "iops", equals = ...` without a window (the figures its
 # notes quote), "-" where it has none.
 #
-#   scripts/cluster-vs-sim.sh                 # the eleven scenarios and two pShift ones (about 16 minutes)
+#   scripts/cluster-vs-sim.sh                 # the eleven scenarios and three pShift ones (about 16 minutes)
 #   scripts/cluster-vs-sim.sh dmclock-fig9-resv rbfq-fig11a-uniform   # some of them
 #
 # Runs are in real time on a shared machine: the real column varies from run to run. The release binary
@@ -19,7 +19,7 @@ SCENARIOS=("$@")
 if [ ${#SCENARIOS[@]} -eq 0 ]; then
   SCENARIOS=(dmclock-fig9-noresv dmclock-fig9-noresv-pool dmclock-fig9-resv dmclock-fig9-resv-pool
     dmclock-fig10 dmclock-fig10-pool rbfq-fig11a-uniform rbfq-fig11b-hotspot2 rbfq-fig11c-hotspot1
-    rbfq-fig13-rbfq rbfq-fig14-adjust pshift-exp3-limits-small pshift-exp4-small)
+    rbfq-fig13-rbfq rbfq-fig14-adjust pshift-exp1-small pshift-exp3-limits-small pshift-exp4-small)
 fi
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT

@@ -26,6 +26,7 @@
 //! | tenant's generator | [`drive`]: rein-runtime's load driver, one job per tenant |
 //! | completion phases | the nodes' `/api/tenants` counters, summed over the tenant's nodes |
 //! | PARDA host (`[[hosts]]`) | a `rein gateway` with `[parda]`; its `/api/parda`, read each interval |
+//! | pShift controller, bucket (`[pshift]`) | `rein pshift controller` (started with the load); a job with a window on each of the bucket's nodes, moving with its demand phases |
 //!
 //! # Deviations
 //! Time is real: results vary from run to run (service-time draws, scheduling of the processes on a
@@ -91,9 +92,11 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
             export: e.export.clone(),
             tenant: t.name.clone(),
             // A direct endpoint (a pShift bucket) opens its connections to each of its servers, where its
-            // per-server window is all it has in flight.
+            // per-server window is all it has in flight (an open one: room for its whole backlog there).
             connections: if e.direct.is_empty() {
                 plan::load_connections(t, sc.duration, CONNECTIONS_PER_TENANT)
+            } else if e.arrivals.is_some() {
+                plan::load_connections(t, sc.duration, 1)
             } else {
                 let window = match t.workload.kind {
                     rein_model::workload::WorkloadKind::Closed { outstanding, .. } => outstanding as usize,
@@ -114,6 +117,7 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
                     .map(|(stripe, size)| Arc::new(Volume { stripe, size }) as Arc<dyn rein_runtime::load::Layout>),
                 window_addrs: e.direct.clone(),
                 phases: e.phases.clone(),
+                arrivals: e.arrivals,
             }),
         })
         .collect()

@@ -234,8 +234,11 @@ pub struct Endpoint {
     /// Per server of `servers`, the NBD address the load opens the export on directly (a pShift bucket:
     /// no gateway); empty: everything goes to `nbd`.
     pub direct: Vec<SocketAddr>,
-    /// Demand phases over `servers` (a pShift bucket's: from when, which are active); empty: all, always.
-    pub phases: Vec<(Nanos, Vec<bool>)>,
+    /// Demand phases over `servers` (a pShift bucket's: from when, each one's share, 0 where it is not
+    /// active); empty: all, always.
+    pub phases: Vec<(Nanos, Vec<f64>)>,
+    /// An open pShift bucket's arrivals per server (instead of its workload's own).
+    pub arrivals: Option<rein_runtime::load::WindowArrivals>,
 }
 
 impl Endpoint {
@@ -314,6 +317,7 @@ impl Plan {
                         stripe: None,
                         direct: servers.iter().map(|&i| nodes[i].nbd).collect(),
                         phases: pshift::phases(b, &servers),
+                        arrivals: pshift::arrivals(ps, b),
                         servers,
                     }
                 })
@@ -396,6 +400,7 @@ impl Plan {
                     stripe: None,
                     direct: Vec::new(),
                     phases: Vec::new(),
+                    arrivals: None,
                 });
                 continue;
             }
@@ -410,6 +415,7 @@ impl Plan {
                     stripe: None,
                     direct: Vec::new(),
                     phases: Vec::new(),
+                    arrivals: None,
                 });
                 continue;
             }
@@ -430,6 +436,7 @@ impl Plan {
                 stripe: Some((layout, export_mb(t) << 20)),
                 direct: Vec::new(),
                 phases: Vec::new(),
+                arrivals: None,
             });
         }
         Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints, controller: None })
@@ -1179,10 +1186,6 @@ span_gb = 0.0001
                 assert_eq!(got, want, "VM {} of host {}", skew.tenants[t].name, h.name);
             }
         }
-        // pShift: open buckets (Experiments 1-2) are not driven.
-        let pshift = Scenario::load(&base.join("pshift-exp1.toml")).unwrap();
-        let e = Plan::new(&pshift, fixed_ports).unwrap_err().to_string();
-        assert!(e.contains("bucket b0: an open workload cannot run on a real cluster"), "{e}");
         // The paper's round robin (and the controller without early rounds) is one setting on the nodes.
         let paper = Scenario::load(&base.join("pshift-exp4-paper-order.toml")).unwrap();
         let plan = Plan::new(&paper, fixed_ports).unwrap();

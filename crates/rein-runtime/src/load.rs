@@ -24,9 +24,11 @@
 //!
 //! A route may also give each window its own server (`window_addrs`: a pShift bucket, which a client
 //! reaches at each server directly, without a gateway) and demand phases (`phases`): from each phase's
-//! time on, only its active windows get requests. At a phase's start each active window is filled up to
-//! the workload's window; a completion at a window that is no longer active is not replaced (the
-//! simulator's pShift buckets do the same).
+//! time on, only its active windows (those with a share) get requests. At a phase's start each active
+//! window of a closed loop is filled up to the workload's window; a completion at a window that is no
+//! longer active is not replaced. With `arrivals` the job is open per window instead: each active window
+//! gets its own stream at the job's rate times the window's share, evenly spaced from a random phase or
+//! Poisson, and a phase change ends the old streams (the simulator's pShift buckets do all of this).
 //!
 //! # Bounds
 //! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop
@@ -37,6 +39,7 @@
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
 use crate::dispatch::Clock;
+use rand::Rng;
 use rein_core::{Nanos, QosSpec};
 use rein_model::recorder::{RunMeta, ServerMeta, TenantMeta};
 use rein_model::seed::stream_seed;
@@ -52,6 +55,8 @@ use tokio::task::JoinSet;
 
 /// Requests one job may have issued and unanswered, by default.
 pub const MAX_PENDING: usize = 65_536;
+/// Mixed into the run's seed for the per-window arrival streams (so they do not repeat the generators').
+const ARRIVAL_STREAMS: u64 = 0x5053_4849_4654; // "PSHIFT"
 /// How long the end of a run waits for the answers still due, and then for each disconnect.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request `rein load` sends (the server's default limit).
@@ -99,9 +104,20 @@ pub struct JobRoute {
     /// Per window, its own NBD server (the job's export on each, `connections` to each); empty: every
     /// window's requests go to `addr`.
     pub window_addrs: Vec<SocketAddr>,
-    /// Demand phases (module comment): (from when, per window whether it is active), in time order;
-    /// empty: every window is active all along.
-    pub phases: Vec<(Nanos, Vec<bool>)>,
+    /// Demand phases (module comment): (from when, per window its share of the demand, 0 where it is not
+    /// active), in time order; empty: every window is active all along.
+    pub phases: Vec<(Nanos, Vec<f64>)>,
+    /// Open arrivals per window (module comment), instead of the workload's own; needs `phases`.
+    pub arrivals: Option<WindowArrivals>,
+}
+
+/// A job's open arrivals per window: a stream at each active window ([`JobRoute::arrivals`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowArrivals {
+    /// The job's total rate (IOPS), split over the active windows by their shares.
+    pub iops: f64,
+    /// Evenly spaced from a random phase (the pShift paper's "uniform rate"); false: Poisson.
+    pub uniform: bool,
 }
 
 /// A load run.
@@ -213,11 +229,21 @@ impl LoadConfig {
                 if !r.window_addrs.is_empty() && r.window_addrs.len() != w {
                     return bad(format!("job {}: {} window addresses for {w} windows", j.name, r.window_addrs.len()));
                 }
-                if r.phases.iter().any(|p| p.1.len() != w) || r.phases.windows(2).any(|p| p[0].0 > p[1].0) {
+                if r.phases.iter().any(|p| p.1.len() != w || p.1.iter().any(|x| !(x.is_finite() && *x >= 0.0)))
+                    || r.phases.windows(2).any(|p| p[0].0 > p[1].0)
+                {
                     return bad(format!(
-                        "job {}: demand phases must be in time order, each naming its {w} windows",
+                        "job {}: demand phases must be in time order, each with a share (>= 0) for each of its {w} windows",
                         j.name
                     ));
+                }
+                if let Some(a) = r.arrivals {
+                    if r.phases.is_empty() || !(a.iops.is_finite() && a.iops > 0.0 && a.iops <= 1e9) {
+                        return bad(format!(
+                            "job {}: per-window arrivals need demand phases and a rate in (0, 1e9]",
+                            j.name
+                        ));
+                    }
                 }
             }
         }
@@ -244,6 +270,8 @@ enum Timer {
     Arrive,
     /// Demand phase i of the job's route begins.
     Phase(usize),
+    /// An arrival of window k's stream of the job's demand phase with this number.
+    WindowArrive(usize, u32),
     /// A think time ends: reissue (to this window, for per-server windows).
     Think(Option<usize>),
 }
@@ -282,7 +310,9 @@ struct JobState {
     /// Per window, whether it gets requests now (its demand phase).
     active: Vec<bool>,
     /// [`JobRoute::phases`].
-    phases: Vec<(Nanos, Vec<bool>)>,
+    phases: Vec<(Nanos, Vec<f64>)>,
+    /// [`JobRoute::arrivals`], with the current phase's number (older streams end) and the streams' draws.
+    arrivals: Option<(WindowArrivals, u32, rand_pcg::Pcg64Mcg)>,
     layout: Option<Arc<dyn Layout>>,
     /// This interval, for the live table.
     live_ios: u64,
@@ -392,6 +422,11 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 windows,
                 active,
                 phases,
+                arrivals: j
+                    .route
+                    .as_ref()
+                    .and_then(|r| r.arrivals)
+                    .map(|a| (a, 0, rein_model::seed::stream_rng(cfg.seed ^ ARRIVAL_STREAMS, ji as u64))),
                 layout: j.route.as_ref().and_then(|r| r.layout.clone()),
                 live_ios: 0,
                 live_lat_ns: 0,
@@ -519,13 +554,47 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                         arm(&mut timers, next, ji, Timer::Arrive);
                     }
                 }
+                Timer::WindowArrive(k, g) => {
+                    let Some((a, generation, rng)) = &mut st.arrivals else { continue };
+                    if g != *generation {
+                        continue; // a stream of an earlier phase
+                    }
+                    // Phase i's streams are number i + 1.
+                    let rate = a.iops * st.phases[g as usize - 1].1[k];
+                    let next = if a.uniform {
+                        Nanos::from_secs_f64(1.0 / rate).max(Nanos(1))
+                    } else {
+                        rein_model::workload::poisson_gap(rng, rate)
+                    };
+                    arm(&mut timers, at.saturating_add(next), ji, Timer::WindowArrive(k, g));
+                    if st.gen.is_running() {
+                        issue(ji, st, None, Some(k), t, &mut inflight, &mut rec);
+                    }
+                }
                 Timer::Think(k) => {
                     if st.gen.is_running() && k.is_none_or(|k| st.active[k]) {
                         issue(ji, st, None, k, t, &mut inflight, &mut rec);
                     }
                 }
                 Timer::Phase(i) => {
-                    st.active.clone_from(&st.phases[i].1);
+                    for (a, x) in st.active.iter_mut().zip(&st.phases[i].1) {
+                        *a = *x > 0.0;
+                    }
+                    if let Some((a, generation, rng)) = &mut st.arrivals {
+                        // The old phase's streams end; each active window starts its own.
+                        *generation += 1;
+                        for (k, &share) in st.phases[i].1.iter().enumerate() {
+                            if share > 0.0 {
+                                let rate = a.iops * share;
+                                let first = if a.uniform {
+                                    Nanos::from_secs_f64(rng.gen::<f64>() / rate)
+                                } else {
+                                    rein_model::workload::poisson_gap(rng, rate)
+                                };
+                                arm(&mut timers, at.saturating_add(first), ji, Timer::WindowArrive(k, *generation));
+                            }
+                        }
+                    }
                     // Each active window is filled up to the workload's window (a closed per-server
                     // loop); other kinds keep their own timing.
                     if st.gen.is_running() && matches!(st.gen.begin(at, spec), Begin::FillPerServer) {
@@ -777,6 +846,8 @@ fn begin(
                 }
             }
         }
+        // Per-window streams replace the workload's own arrivals.
+        Begin::ArriveAt(_) if st.arrivals.is_some() => {}
         Begin::ArriveAt(at) => arm(at, Timer::Arrive),
     }
 }

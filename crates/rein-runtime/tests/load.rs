@@ -202,12 +202,15 @@ async fn a_missing_tenant_is_a_clear_error() {
     assert_eq!(e.to_string(), "no jobs");
 }
 
-/// A job with a window at each of two servers, reached directly (`window_addrs`), and demand phases: the
-/// first 1.5 s only at server 0, then only at server 1. Each server, a device of 2,000 IOPS, then serves
-/// the job for 1.5 s: about 3,000 IOs each (with both windows active all along, about 6,000 each). The run
-/// waits at its start gate: it says it is ready once connected, and its time starts only when told.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demand_phases_move_a_jobs_windows_between_servers() {
+/// Two fresh servers (the test's [`CONFIG`] on 127.0.0.72 and .73) run `job` for `secs`, its route's
+/// windows on them; the run waits at its start gate (after 300 ms, told to go). Returns the run's totals
+/// and the job's IOs each server completed.
+async fn two_servers(
+    mut job: Job,
+    phases: Vec<(Nanos, Vec<f64>)>,
+    arrivals: Option<rein_runtime::load::WindowArrivals>,
+    secs: f64,
+) -> (RunTotals, Vec<u64>) {
     let mut servers = Vec::new();
     for ip in ["127.0.0.72", "127.0.0.73"] {
         let data = tempfile::tempdir().unwrap();
@@ -224,24 +227,23 @@ async fn demand_phases_move_a_jobs_windows_between_servers() {
         ));
         servers.push((ready_rx.await.unwrap(), stop_tx, task, data));
     }
-    let secs = 3.0;
-    let mut j = job("a", WorkloadParams { outstanding_per_server: Some(4), ..Default::default() }, secs);
-    j.connections = 1;
-    j.route = Some(rein_runtime::load::JobRoute {
+    job.connections = 1;
+    job.route = Some(rein_runtime::load::JobRoute {
         addr: servers[0].0.nbd,
         spec: None,
         admins: Vec::new(),
         servers: vec![0, 1],
         layout: None,
         window_addrs: servers.iter().map(|s| s.0.nbd).collect(),
-        phases: vec![(Nanos::ZERO, vec![true, false]), (Nanos::from_secs_f64(1.5), vec![false, true])],
+        phases,
+        arrivals,
     });
     let gate = rein_runtime::load::StartGate::default();
     let lc = LoadConfig {
         addr: servers[0].0.nbd,
         admin: None,
         admin_token: None,
-        jobs: vec![j],
+        jobs: vec![job],
         duration: Duration::from_secs_f64(secs),
         warmup: Duration::ZERO,
         interval: Duration::from_millis(500),
@@ -268,6 +270,23 @@ async fn demand_phases_move_a_jobs_windows_between_servers() {
         let a = ts.iter().find(|x| x.name == "a").unwrap();
         counts.push(a.completed_reservation_phase + a.completed_weight_phase);
     }
+    for (_, stop, task, _data) in servers {
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
+    }
+    (t, counts)
+}
+
+/// A job with a window at each of two servers, reached directly (`window_addrs`), and demand phases: the
+/// first 1.5 s only at server 0, then only at server 1. Each server, a device of 2,000 IOPS, then serves
+/// the job for 1.5 s: about 3,000 IOs each (with both windows active all along, about 6,000 each). The run
+/// waits at its start gate: it says it is ready once connected, and its time starts only when told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demand_phases_move_a_jobs_windows_between_servers() {
+    let secs = 3.0;
+    let j = job("a", WorkloadParams { outstanding_per_server: Some(4), ..Default::default() }, secs);
+    let phases = vec![(Nanos::ZERO, vec![1.0, 0.0]), (Nanos::from_secs_f64(1.5), vec![0.0, 1.0])];
+    let (t, counts) = two_servers(j, phases, None, secs).await;
     for (k, &n) in counts.iter().enumerate() {
         assert!(within(n as f64, 3000.0, 10.0), "server {k} served {n} of the job's IOs, not about 3,000: {counts:?}");
     }
@@ -275,8 +294,18 @@ async fn demand_phases_move_a_jobs_windows_between_servers() {
     for s in &t.summary.servers {
         assert!(within(s.iops, 1000.0, 10.0), "{} at {} IOPS over the run", s.name, s.iops);
     }
-    for (_, stop, task, _data) in servers {
-        let _ = stop.send(());
-        task.await.unwrap().unwrap();
-    }
+}
+
+/// Open arrivals per window: 400 IOPS split 1 : 3 over the two servers for 1.5 s, then all at server 0
+/// for 1.5 s, evenly spaced (the devices, 2,000 IOPS, keep up). Server 0 gets 100 x 1.5 + 400 x 1.5 = 750
+/// requests, server 1 300 x 1.5 = 450 (with the workload's own arrivals instead, all 1,200 at server 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_arrivals_per_window_follow_the_shares_of_each_phase() {
+    let secs = 3.0;
+    let j = job("a", WorkloadParams { kind: "open".into(), iops: Some(400.0), ..Default::default() }, secs);
+    let phases = vec![(Nanos::ZERO, vec![0.25, 0.75]), (Nanos::from_secs_f64(1.5), vec![1.0, 0.0])];
+    let arrivals = rein_runtime::load::WindowArrivals { iops: 400.0, uniform: true };
+    let (t, counts) = two_servers(j, phases, Some(arrivals), secs).await;
+    assert!(counts[0].abs_diff(750) <= 8 && counts[1].abs_diff(450) <= 8, "{counts:?} against 750 / 450");
+    assert!(within(t.summary.tenants[0].iops, 400.0, 3.0), "{}", t.summary.tenants[0].iops);
 }

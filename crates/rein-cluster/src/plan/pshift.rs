@@ -10,20 +10,23 @@
 //! each bucket's reservation and limit, and `hold = true`: its schedule starts when the load starts
 //! (`PUT /api/pshift/start`), so its QoS periods are the report's. A bucket's load is one job with a
 //! window per server it uses, each on that node (no gateway: a pShift client talks to each server), and
-//! the bucket's demand phases as the windows' active sets.
+//! the bucket's demand phases as the windows' shares: a closed bucket's windows are filled where active,
+//! an open bucket's streams run at its rate times each active server's share.
 //!
 //! # Invariants
 //! 1. What the daemons are told, read back by their own parsers, is what the simulator runs: the
 //!    controller's `ControllerConfig`, server capacities and bucket QoS, and each node's token scheduler
 //!    (R order, weighted), or planning fails naming it.
-//! 2. What a real cluster cannot run is refused by name: open buckets.
+//! 2. A bucket's load is the simulator's: closed windows of `per_server` at each active server, or open
+//!    streams at `iops x share` per active server (evenly spaced from a random phase, or Poisson), moving
+//!    with its demand phases.
 //!
 //! # Deviations
 //! The scenario's `delay_ms` is not added to the messages: the controller and the nodes talk over
 //! loopback (tens of microseconds); the controller still uses the delay where its rules assume one (limits
 //! kept for tokens in flight, when an early round may start).
 
-use super::{device_table, export_mb, f, host, mclock_table, q, tenant_entry, NodePlan, PlanError};
+use super::{budget_lines, device_table, export_mb, f, host, mclock_table, q, tenant_entry, NodePlan, PlanError};
 use rein_core::pshift::{BucketQos, ControllerConfig, SolveOptions};
 use rein_core::Nanos;
 use rein_sim::model::pshift::{BucketLoad, BucketPlan, PshiftSection};
@@ -44,12 +47,7 @@ pub struct ControllerPlan {
 
 /// A pShift feature a real cluster cannot run: `(feature, why)`.
 pub(super) fn check(sc: &Scenario, ps: &PshiftSection) -> Result<(), (String, String)> {
-    if let Some(i) = ps.buckets.iter().position(|b| matches!(b.load, BucketLoad::Open { .. })) {
-        return Err((
-            format!("bucket {}: an open workload", sc.tenants[i].name),
-            "the load driver keeps closed windows per server (outstanding_per_server); open arrivals split over moving servers are not driven yet".into(),
-        ));
-    }
+    let _ = (sc, ps);
     Ok(())
 }
 
@@ -61,10 +59,24 @@ pub fn bucket_servers(b: &BucketPlan) -> Vec<usize> {
     s
 }
 
-/// Bucket `b`'s demand phases over `servers` ([`bucket_servers`]): from each phase's time on, which of
-/// them are active.
-pub fn phases(b: &BucketPlan, servers: &[usize]) -> Vec<(Nanos, Vec<bool>)> {
-    b.phases.iter().map(|p| (p.at, servers.iter().map(|s| p.servers.iter().any(|x| x.0 == *s)).collect())).collect()
+/// Bucket `b`'s demand phases over `servers` ([`bucket_servers`]): from each phase's time on, each one's
+/// share of the bucket's demand (0 where it is not active).
+pub fn phases(b: &BucketPlan, servers: &[usize]) -> Vec<(Nanos, Vec<f64>)> {
+    b.phases
+        .iter()
+        .map(|p| (p.at, servers.iter().map(|s| p.servers.iter().find(|x| x.0 == *s).map_or(0.0, |x| x.1)).collect()))
+        .collect()
+}
+
+/// Bucket `b`'s open arrivals per server, if it is open (the load's streams at `iops x share`).
+pub fn arrivals(ps: &PshiftSection, b: &BucketPlan) -> Option<rein_runtime::load::WindowArrivals> {
+    match b.load {
+        BucketLoad::Open { iops } => Some(rein_runtime::load::WindowArrivals {
+            iops,
+            uniform: ps.arrivals == rein_sim::model::pshift::Arrivals::Uniform,
+        }),
+        BucketLoad::Closed { .. } => None,
+    }
 }
 
 /// The simulator's controller configuration for `ps` (rein-sim's pShift layer builds the same).
@@ -152,15 +164,18 @@ pub(super) fn node_config(
     controller: Option<SocketAddr>,
 ) -> Result<String, String> {
     let s = &sc.servers[i];
+    let users: Vec<&rein_sim::model::Tenant> =
+        sc.tenants.iter().zip(&ps.buckets).filter(|(_, p)| bucket_servers(p).contains(&i)).map(|(t, _)| t).collect();
     let mut t = format!(
         "# rein cluster: pShift server {} of scenario {}\nlisten = {}\nadmin = {}\ndata_dir = {}\nscheduler = \"token\"\n\
-         queue_depth = {}\nadmission = \"warn\"\nshutdown_timeout_s = 2\n",
+         queue_depth = {}\nadmission = \"warn\"\nshutdown_timeout_s = 2\n{}",
         s.name,
         sc.name,
         q(&nbd.to_string()),
         q(&admin.to_string()),
         q(&format!("node-{}", s.name)),
         s.queue_depth,
+        budget_lines(&users, sc.duration),
     );
     t.push('\n');
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
@@ -285,7 +300,7 @@ mod tests {
             assert_eq!(e.phases.len(), b.phases.len());
             for (p, d) in e.phases.iter().zip(&b.phases) {
                 assert_eq!(p.0, d.at);
-                let active: Vec<usize> = servers.iter().zip(&p.1).filter(|x| *x.1).map(|x| *x.0).collect();
+                let active: Vec<usize> = servers.iter().zip(&p.1).filter(|x| *x.1 > 0.0).map(|x| *x.0).collect();
                 let mut want: Vec<usize> = d.servers.iter().map(|x| x.0).collect();
                 want.sort_unstable();
                 assert_eq!(active, want);
