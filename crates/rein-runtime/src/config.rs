@@ -54,6 +54,8 @@
 //! r_order = "mixed"              # R-token holders: mixed (default) | round_robin (the paper) | proportional
 //! r_floor_ios = 1000             # mixed only: grants under this are spent at the pace of one of this size
 //! weighted = false               # weighted round robin by tenant weight (pshift.txt §V)
+//! [pshift.tls]                   # optional: TLS to a controller with [tls]: psk_file (+ psk_identity),
+//! psk_file = "s1.psk"            #   or ca (+ cert, key; name: what its certificate carries)
 //!
 //! [mclock]                       # optional: scheduler settings, the same table as a scenario's
 //! preset = "rein"                # rein (default) | paper: mClock's Algorithm 1 as written
@@ -252,6 +254,20 @@ struct PshiftFile {
     r_floor_ios: Option<u64>,
     #[serde(default)]
     weighted: bool,
+    tls: Option<PshiftTlsFile>,
+}
+
+/// `[pshift.tls]`: TLS to the controller (a client context, as the gateway's `[node_tls]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PshiftTlsFile {
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    psk_file: Option<String>,
+    psk_identity: Option<String>,
+    /// The name the controller's certificate must carry (default: its IP address).
+    name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -927,10 +943,10 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                 weighted: p.weighted,
                 r_order: rein_model::pshift_settings::r_order(p.r_order.as_deref(), p.r_floor_ios)?,
             };
-            match (&p.controller, &p.name) {
+            let link = match (&p.controller, &p.name) {
                 (None, None) => None,
                 (Some(c), Some(name)) => {
-                    let controller =
+                    let controller: std::net::SocketAddr =
                         c.parse().map_err(|_| format!("pshift.controller {c:?} is not an address (ip:port)"))?;
                     if name.is_empty() || name.len() > rein_core::pshift::MAX_NAME_LEN {
                         return Err(format!(
@@ -938,10 +954,30 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                             rein_core::pshift::MAX_NAME_LEN
                         ));
                     }
-                    Some(crate::pshift_link::LinkSettings { controller, name: name.clone() })
+                    let tls = match &p.tls {
+                        None => None,
+                        Some(t) => {
+                            let path = |x: &Option<String>| x.as_ref().map(|x| base.join(x));
+                            let files = crate::tls::TlsClientFiles {
+                                ca: path(&t.ca),
+                                cert: path(&t.cert),
+                                key: path(&t.key),
+                                psk_file: path(&t.psk_file),
+                                psk_identity: t.psk_identity.clone(),
+                            };
+                            let client = crate::tls::TlsClient::build(crate::tls::Naming::Table("pshift.tls"), files)?;
+                            let name = t.name.clone().unwrap_or_else(|| controller.ip().to_string());
+                            Some((client, name))
+                        }
+                    };
+                    Some(crate::pshift_link::LinkSettings { controller, name: name.clone(), tls })
                 }
                 _ => return Err("pshift.controller and pshift.name go together (neither: plain round robin)".into()),
+            };
+            if p.tls.is_some() && link.is_none() {
+                return Err("pshift.tls needs pshift.controller (it secures the link to the controller)".into());
             }
+            link
         }
     };
     let cfg = ServerConfig {

@@ -144,6 +144,8 @@ pub fn pshift_controller_config(data: &[u8]) {
     };
     assert!((1..=MAX_SERVERS).contains(&s.servers.len()), "server count out of bounds");
     assert!(s.buckets.len() <= MAX_BUCKETS, "bucket count out of bounds");
+    assert!(s.access.identities.is_none() || s.tls.is_some(), "allow_identities accepted without [tls]");
+    assert!(!s.hold || s.admin.is_some(), "hold accepted without an admin endpoint to start it");
     for (i, (name, cap)) in s.servers.iter().enumerate() {
         assert!((1..=MAX_NAME_LEN).contains(&name.len()), "a server name the frames cannot carry accepted");
         assert!(s.servers[..i].iter().all(|o| &o.0 != name), "a repeated server name accepted");

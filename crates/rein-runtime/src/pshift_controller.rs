@@ -26,9 +26,11 @@
 //!    for the configured buckets; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds.
 //!
 //! # Security
-//! The servers' link is plain TCP without authentication: whoever reaches the port and is admitted by
-//! `allow_networks` can say hello as a server and report for it. Keep the port on the storage network
-//! (loopback only by default); TLS for the link is not built yet.
+//! Only `allow_networks` may connect (loopback by default). With a `[tls]` table every connection is TLS
+//! from its first byte (x509 with client certificates verified against `ca`, or TLS-PSK; never plain),
+//! and with `allow_identities` only those identities (PSK identity or certificate CN) may say hello.
+//! Without `[tls]` the link is plain TCP: whoever is admitted by `allow_networks` can say hello as a
+//! server and report for it, so keep the port on the storage network.
 
 use crate::dispatch::Clock;
 use rein_core::pshift::{
@@ -92,10 +94,22 @@ struct File {
     message_delay_ms: f64,
     #[serde(default)]
     hold: bool,
+    allow_identities: Option<Vec<String>>,
+    tls: Option<TlsFile>,
     #[serde(default)]
     servers: Vec<ServerFile>,
     #[serde(default)]
     buckets: Vec<BucketFile>,
+}
+
+/// `[tls]`: the servers' links (always TLS with it).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFile {
+    cert: Option<String>,
+    key: Option<String>,
+    ca: Option<String>,
+    psk_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,8 +137,11 @@ pub struct ControllerSettings {
     pub admin: Option<SocketAddr>,
     /// Who may use it.
     pub admin_access: crate::admin_guard::AdminAccess,
-    /// Who may connect as a server (`allow_networks`; default loopback only).
+    /// Who may connect as a server (`allow_networks`, default loopback only; `allow_identities`, checked
+    /// after the TLS handshake).
     pub access: crate::access::ExportAccess,
+    /// `[tls]`: TLS on every server link.
+    pub tls: Option<crate::tls::TlsConfig>,
     /// The servers: (name, nominal capacity in IOPS), in index order.
     pub servers: Vec<(String, f64)>,
     /// The buckets: (name, QoS per period), in index order.
@@ -198,8 +215,27 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     let listen = addr("listen", &f.listen)?;
     let admin = f.admin.as_deref().map(|a| addr("admin", a)).transpose()?;
     let networks = f.allow_networks.clone().or_else(|| Some(DEFAULT_NETWORKS.iter().map(|n| n.to_string()).collect()));
-    let access = crate::config::parse_access("controller", &networks, &None)
+    let access = crate::config::parse_access("controller", &networks, &f.allow_identities)
         .map_err(|e| e.replacen("export controller: ", "", 1))?;
+    let tls = match &f.tls {
+        None if f.allow_identities.is_some() => {
+            return Err(
+                "allow_identities needs a [tls] table (an identity is a PSK identity or a client certificate's CN)"
+                    .into(),
+            )
+        }
+        None => None,
+        Some(t) => {
+            let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+            let files = crate::tls::TlsFiles {
+                cert: path(&t.cert),
+                key: path(&t.key),
+                ca: path(&t.ca),
+                psk_file: path(&t.psk_file),
+            };
+            Some(crate::tls::TlsConfig::build(rein_proto::nbd::TlsMode::Require, files)?)
+        }
+    };
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(|p| base.join(p)),
         f.admin_insecure,
@@ -297,7 +333,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
                 .into(),
         );
     }
-    Ok(ControllerSettings { listen, admin, admin_access, access, servers, buckets, config, hold: f.hold })
+    Ok(ControllerSettings { listen, admin, admin_access, access, tls, servers, buckets, config, hold: f.hold })
 }
 
 /// One round as `/api/pshift` lists it.
@@ -444,7 +480,7 @@ pub async fn run(
     let refused = status.clone();
     let accept = tokio::spawn(accept_loop(
         listener,
-        Admit { names: names.clone(), buckets, strays, max_body, access, refused },
+        Admit { names: names.clone(), buckets, strays, max_body, access, tls: s.tls.clone(), refused },
         ev_tx,
         stop_rx.clone(),
     ));
@@ -469,6 +505,7 @@ struct Admit {
     /// The largest frame body after the hello.
     max_body: usize,
     access: Arc<crate::access::ExportAccess>,
+    tls: Option<crate::tls::TlsConfig>,
     /// Where refusals are counted.
     refused: Arc<Mutex<ControllerStatus>>,
 }
@@ -491,7 +528,9 @@ async fn accept_loop(
                 continue;
             }
         };
-        if !admit.access.allows(peer.ip(), None) {
+        // The network now; an identity after the TLS handshake.
+        let networks = crate::access::ExportAccess { networks: admit.access.networks.clone(), identities: None };
+        if !networks.allows(peer.ip(), None) {
             admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
             tracing::warn!(%peer, "pShift controller: connection refused: {} is not in allow_networks", peer.ip());
             continue;
@@ -507,7 +546,7 @@ async fn accept_loop(
     }
 }
 
-/// One server's connection: hello, welcome, then frames both ways.
+/// One server's connection: (TLS,) hello, welcome, then frames both ways.
 async fn connection(
     sock: TcpStream,
     conn: u64,
@@ -517,10 +556,26 @@ async fn connection(
 ) -> Result<(), String> {
     let (names, buckets, strays) = (&admit.names, &admit.buckets, admit.strays);
     let _ = sock.set_nodelay(true);
-    let (mut rd, mut wr) = sock.into_split();
+    let peer = sock.peer_addr().map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
-    let read_hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY);
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello)
+    // The TLS handshake (with `[tls]`) and the hello within HELLO_TIMEOUT.
+    let opened = async {
+        let stream: crate::pshift_link::Stream = match &admit.tls {
+            None => Box::new(sock),
+            Some(tls) => {
+                let (stream, identity) = tls.accept(sock).await.map_err(|e| format!("TLS handshake: {e}"))?;
+                if !admit.access.allows(peer.ip(), identity.as_deref()) {
+                    admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                    return Err(format!("identity {identity:?} is not in allow_identities"));
+                }
+                Box::new(stream)
+            }
+        };
+        let (mut rd, wr) = tokio::io::split(stream);
+        let hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY).await?;
+        Ok::<_, String>((rd, wr, hello))
+    };
+    let (mut rd, mut wr, hello) = tokio::time::timeout(HELLO_TIMEOUT, opened)
         .await
         .map_err(|_| format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))??;
     let Message::Hello { name } = hello else {
@@ -538,7 +593,7 @@ async fn connection(
     if ev.send(Event::Joined { index, conn, tx }).is_err() {
         return Ok(());
     }
-    let writer = tokio::spawn(async move {
+    let mut writer = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
             if let Err(e) = crate::pshift_link::write_frame(&mut wr, &m).await {
                 tracing::warn!("pShift controller: write: {e}");
@@ -548,6 +603,10 @@ async fn connection(
     });
     let r = loop {
         tokio::select! {
+            // The controller dropped this connection (a refusal, a replacement) or a write failed: the
+            // connection ends here, which closes the socket (the halves of a split stream close it only
+            // when both are gone).
+            _ = &mut writer => break Ok(()),
             f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
                 Ok(m) => {
                     if ev.send(Event::Frame { index, conn, m }).is_err() {

@@ -3,7 +3,8 @@
 //!
 //! # Model
 //! The server's dispatcher runs pShift's token scheduler (`scheduler = "token"`) and rein-core's
-//! `TokenServer` ([`crate::dispatch::Dispatcher::pshift_attach`]). This link connects to the controller,
+//! `TokenServer` ([`crate::dispatch::Dispatcher::pshift_attach`]). This link connects to the controller
+//! (over TLS with `[pshift.tls]`: the handshake within the connect timeout, never falling back to plain),
 //! says hello with the server's name, and takes the welcome: its index and the bucket names, which it
 //! maps to the server's tenants of the same names (a bucket without a tenant here has no demand here; a
 //! tenant that is no bucket is served in the round robin's L class, unlimited). Then it answers each
@@ -80,13 +81,22 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(wr: &mut W, m: &Message) -> Resu
 }
 
 /// The validated `[pshift]` table of rein serve.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct LinkSettings {
     /// The controller's address.
     pub controller: SocketAddr,
     /// This server's name in the controller's configuration.
     pub name: String,
+    /// TLS to the controller (`[pshift.tls]`): the client context and the name its certificate must
+    /// carry (x509; unused with PSK).
+    pub tls: Option<(crate::tls::TlsClient, String)>,
 }
+
+/// A link's byte stream: plain TCP or TLS over it.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+/// A boxed [`Io`].
+pub type Stream = Box<dyn Io>;
 
 /// Runs the link until the dispatcher stops: `tenants` gives the server's tenants by name at each welcome.
 pub async fn run(
@@ -143,7 +153,16 @@ async fn session(
         .map_err(|_| broken(format!("no connection within {} s", CONNECT_TIMEOUT.as_secs())))?
         .map_err(|e| broken(format!("connect: {e}")))?;
     let _ = sock.set_nodelay(true);
-    let (mut rd, mut wr) = sock.into_split();
+    let stream: Stream = match &s.tls {
+        None => Box::new(sock),
+        Some((client, name)) => Box::new(
+            tokio::time::timeout(CONNECT_TIMEOUT, client.connect(name, sock))
+                .await
+                .map_err(|_| broken(format!("no TLS handshake within {} s", CONNECT_TIMEOUT.as_secs())))?
+                .map_err(|e| broken(format!("TLS handshake: {e}")))?,
+        ),
+    };
+    let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = Vec::new();
     write_frame(&mut wr, &Message::Hello { name: s.name.clone() }).await.map_err(broken)?;
     let first = tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut rd, &mut buf))

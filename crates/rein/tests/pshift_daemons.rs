@@ -299,3 +299,67 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
         C / 2.0
     );
 }
+
+/// The controller link over TLS-PSK: with `[tls]` in ctl.toml every connection must complete a TLS
+/// handshake before its hello, and with `allow_identities` only those PSK identities may say hello. A
+/// server with the right key is welcomed; a plain server, a server with a wrong key, and one whose
+/// identity is known but not allowed are not, and keep serving round robin (each says why in its log).
+#[test]
+fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
+    let tmp = tmpdir("pshift-daemons-tls");
+    let dir = tmp.path();
+    let key = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    let other = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+    write_file(dir, "ctl.psk", &format!("s1:{key}\ns2:{key}\nx:{key}\n"));
+    let listen = format!("127.0.0.101:{}", free_port("127.0.0.101"));
+    let text = format!(
+        "listen = \"{listen}\"\nadmin = \"127.0.0.101:0\"\nperiod_s = 1\nallow_identities = [\"s1\", \"s2\"]\n\
+         [tls]\npsk_file = \"ctl.psk\"\n[[servers]]\nname = \"s1\"\ncapacity_iops = {C}\n[[servers]]\nname = \"s2\"\n\
+         capacity_iops = {C}\n[[buckets]]\nname = \"b1\"\n"
+    );
+    let ctl =
+        Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start();
+    // A server of the link's `[pshift.tls]` table `tls` (empty: plain) on 127.0.0.`host`.
+    let server = |host: u8, name: &str, tls: &str| -> Server {
+        let d = dir.join(format!("{name}-{host}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let text = format!(
+            "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"token\"\n\
+             [pshift]\ncontroller = \"{listen}\"\nname = \"{name}\"\n{tls}\
+             [[tenants]]\nname = \"b1\"\n[[exports]]\nname = \"b1\"\ntenant = \"b1\"\nbackend = \"memory\"\nsize_mb = 1\n",
+            d.join("data").display()
+        );
+        Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    };
+    write_file(dir, "s1.psk", &format!("s1:{key}\n"));
+    let good = server(102, "s1", &format!("[pshift.tls]\npsk_file = \"{}\"\n", dir.join("s1.psk").display()));
+    good.wait_line("pShift link: welcomed by the controller");
+    let plain = server(103, "s2", "");
+    plain.wait_line("serving plain round robin until it answers");
+    write_file(dir, "s2-wrong.psk", &format!("s2:{other}\n"));
+    let wrong = server(104, "s2", &format!("[pshift.tls]\npsk_file = \"{}\"\n", dir.join("s2-wrong.psk").display()));
+    wrong.wait_line("TLS handshake");
+    write_file(dir, "x.psk", &format!("x:{key}\n"));
+    let stranger = server(105, "s2", &format!("[pshift.tls]\npsk_file = \"{}\"\n", dir.join("x.psk").display()));
+    stranger.wait_line("serving plain round robin until it answers");
+    ctl.wait_line("identity Some(\"x\") is not in allow_identities");
+    for s in [&plain, &wrong, &stranger] {
+        assert!(
+            s.wait_log(&["serving plain round robin"], Duration::from_secs(1)).contains("pShift link"),
+            "a refused server says so"
+        );
+    }
+    let (code, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+    assert_eq!(code, 200, "{body}");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(st["servers"][0][1], true, "s1 connected: {st}");
+    assert_eq!(st["servers"][1][1], false, "no s2 got in: {st}");
+    assert!(st["refused"].as_u64().unwrap() >= 1, "{st}");
+    // allow_identities without [tls] is refused at load, naming both.
+    let text = "listen = \"127.0.0.101:0\"\nperiod_s = 1\nallow_identities = [\"s1\"]\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1\n";
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["pshift", "controller", "--config", write_file(dir, "bad.toml", text).to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("allow_identities needs a [tls] table"));
+}
