@@ -363,3 +363,59 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("allow_identities needs a [tls] table"));
 }
+
+/// The controller link over x509: the controller's certificate (for its IP address) chains to the CA the
+/// servers trust, and the servers' client certificates to the CA in its `[tls] ca`; `allow_identities`
+/// admits certificate CNs. A server with its certificate is welcomed; one without a client certificate
+/// is cut by the controller's alert, one whose CN is not allowed is refused.
+#[test]
+fn the_controller_link_runs_x509_with_client_certificates() {
+    use common::tls::{make_ca, make_cert, server as server_ext, CLIENT};
+    let tmp = tmpdir("pshift-daemons-x509");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "rein test CA");
+    make_cert(dir, "ca", "ctl", "controller", &server_ext("IP:127.0.0.106"));
+    make_cert(dir, "ca", "s1", "s1", CLIENT);
+    make_cert(dir, "ca", "s2", "s2", CLIENT);
+    let listen = format!("127.0.0.106:{}", free_port("127.0.0.106"));
+    let text = format!(
+        "listen = \"{listen}\"\nadmin = \"127.0.0.106:0\"\nperiod_s = 1\nallow_identities = [\"s1\"]\n\
+         [tls]\ncert = \"ctl-cert.pem\"\nkey = \"ctl-key.pem\"\nca = \"ca-cert.pem\"\n\
+         [[servers]]\nname = \"s1\"\ncapacity_iops = {C}\n[[servers]]\nname = \"s2\"\ncapacity_iops = {C}\n\
+         [[buckets]]\nname = \"b1\"\n"
+    );
+    let ctl =
+        Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start();
+    let server = |host: u8, name: &str, client: Option<&str>| -> Server {
+        let d = dir.join(format!("{name}-{host}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let mut tls = format!("[pshift.tls]\nca = \"{}\"\n", dir.join("ca-cert.pem").display());
+        if let Some(c) = client {
+            tls.push_str(&format!(
+                "cert = \"{}\"\nkey = \"{}\"\n",
+                dir.join(format!("{c}-cert.pem")).display(),
+                dir.join(format!("{c}-key.pem")).display()
+            ));
+        }
+        let text = format!(
+            "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"token\"\n\
+             [pshift]\ncontroller = \"{listen}\"\nname = \"{name}\"\n{tls}\
+             [[tenants]]\nname = \"b1\"\n[[exports]]\nname = \"b1\"\ntenant = \"b1\"\nbackend = \"memory\"\nsize_mb = 1\n",
+            d.join("data").display()
+        );
+        Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    };
+    let good = server(107, "s1", Some("s1"));
+    good.wait_line("pShift link: welcomed by the controller");
+    // TLS 1.3: the client's side of the handshake completes first; the controller's alert comes with
+    // the first read.
+    let anonymous = server(108, "s2", None);
+    anonymous.wait_line("certificate required");
+    let stranger = server(109, "s2", Some("s2"));
+    stranger.wait_line("serving plain round robin until it answers");
+    ctl.wait_line("identity Some(\"s2\") is not in allow_identities");
+    let (code, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+    assert_eq!(code, 200, "{body}");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((st["servers"][0][1].clone(), st["servers"][1][1].clone()), (true.into(), false.into()), "{st}");
+}
