@@ -300,6 +300,20 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
     );
 }
 
+/// A server `name` on 127.0.0.`host` with bucket b1, linked to `controller` with the `[pshift.tls]` text
+/// `tls` (empty: plain).
+fn link_server(dir: &Path, host: u8, name: &str, controller: &str, tls: &str) -> Server {
+    let d = dir.join(format!("{name}-{host}"));
+    std::fs::create_dir_all(&d).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"token\"\n\
+         [pshift]\ncontroller = \"{controller}\"\nname = \"{name}\"\n{tls}\
+         [[tenants]]\nname = \"b1\"\n[[exports]]\nname = \"b1\"\ntenant = \"b1\"\nbackend = \"memory\"\nsize_mb = 1\n",
+        d.join("data").display()
+    );
+    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+}
+
 /// The controller link over TLS-PSK: with `[tls]` in ctl.toml every connection must complete a TLS
 /// handshake before its hello, and with `allow_identities` only those PSK identities may say hello. A
 /// server with the right key is welcomed; a plain server, a server with a wrong key, and one whose
@@ -319,18 +333,7 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     );
     let ctl =
         Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start();
-    // A server of the link's `[pshift.tls]` table `tls` (empty: plain) on 127.0.0.`host`.
-    let server = |host: u8, name: &str, tls: &str| -> Server {
-        let d = dir.join(format!("{name}-{host}"));
-        std::fs::create_dir_all(&d).unwrap();
-        let text = format!(
-            "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"token\"\n\
-             [pshift]\ncontroller = \"{listen}\"\nname = \"{name}\"\n{tls}\
-             [[tenants]]\nname = \"b1\"\n[[exports]]\nname = \"b1\"\ntenant = \"b1\"\nbackend = \"memory\"\nsize_mb = 1\n",
-            d.join("data").display()
-        );
-        Rein::serve(&write_file(&d, "rein.toml", &text)).start()
-    };
+    let server = |host: u8, name: &str, tls: &str| link_server(dir, host, name, &listen, tls);
     write_file(dir, "s1.psk", &format!("s1:{key}\n"));
     let good = server(102, "s1", &format!("[pshift.tls]\npsk_file = \"{}\"\n", dir.join("s1.psk").display()));
     good.wait_line("pShift link: welcomed by the controller");
@@ -387,8 +390,6 @@ fn the_controller_link_runs_x509_with_client_certificates() {
     let ctl =
         Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start();
     let server = |host: u8, name: &str, client: Option<&str>| -> Server {
-        let d = dir.join(format!("{name}-{host}"));
-        std::fs::create_dir_all(&d).unwrap();
         let mut tls = format!("[pshift.tls]\nca = \"{}\"\n", dir.join("ca-cert.pem").display());
         if let Some(c) = client {
             tls.push_str(&format!(
@@ -397,13 +398,7 @@ fn the_controller_link_runs_x509_with_client_certificates() {
                 dir.join(format!("{c}-key.pem")).display()
             ));
         }
-        let text = format!(
-            "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"token\"\n\
-             [pshift]\ncontroller = \"{listen}\"\nname = \"{name}\"\n{tls}\
-             [[tenants]]\nname = \"b1\"\n[[exports]]\nname = \"b1\"\ntenant = \"b1\"\nbackend = \"memory\"\nsize_mb = 1\n",
-            d.join("data").display()
-        );
-        Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+        link_server(dir, host, name, &listen, &tls)
     };
     let good = server(107, "s1", Some("s1"));
     good.wait_line("pShift link: welcomed by the controller");

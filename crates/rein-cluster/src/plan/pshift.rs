@@ -27,7 +27,6 @@
 //! kept for tokens in flight, when an early round may start).
 
 use super::{budget_lines, device_table, export_mb, f, host, mclock_table, q, tenant_entry, NodePlan, PlanError};
-use rein_core::pshift::{BucketQos, ControllerConfig, SolveOptions};
 use rein_core::Nanos;
 use rein_sim::model::pshift::{BucketLoad, BucketPlan, PshiftSection};
 use rein_sim::Scenario;
@@ -79,20 +78,6 @@ pub fn arrivals(ps: &PshiftSection, b: &BucketPlan) -> Option<rein_runtime::load
     }
 }
 
-/// The simulator's controller configuration for `ps` (rein-sim's pShift layer builds the same).
-fn sim_config(ps: &PshiftSection) -> ControllerConfig {
-    ControllerConfig::for_delay(
-        ps.period,
-        ps.intervals,
-        ps.start,
-        ps.estimator,
-        SolveOptions { approx_top: ps.approx_top, ..SolveOptions::default() },
-        ps.exact_limits,
-        ps.early_rounds,
-        ps.delay,
-    )
-}
-
 /// The controller's ctl.toml, checked to read back as the simulator's controller (invariant 1).
 pub fn controller_config(
     sc: &Scenario,
@@ -134,7 +119,7 @@ pub fn controller_config(
     }
     let back = rein_runtime::pshift_controller::ControllerSettings::parse(&t, std::path::Path::new("ctl.toml"))
         .map_err(|e| format!("the controller's configuration as written: {e}"))?;
-    let want = sim_config(ps);
+    let want = ps.controller_config();
     if back.config != want {
         return Err(format!("the controller's configuration reads back as {:?}, not {want:?}", back.config));
     }
@@ -144,7 +129,7 @@ pub fn controller_config(
         }
     }
     for (b, (name, qos)) in sc.tenants.iter().zip(&back.buckets) {
-        let want = BucketQos::per_period(b.spec.reservation(), b.spec.limit(), period_s);
+        let want = ps.bucket_qos(b);
         if *name != b.name || *qos != want {
             return Err(format!("bucket {} reads back as {name:?} {qos:?}, not {want:?}", b.name));
         }

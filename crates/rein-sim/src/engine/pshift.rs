@@ -35,9 +35,7 @@ use crate::model::pshift::{Arrivals, BucketLoad, BucketPlan, PshiftSection};
 use crate::model::Scenario;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
-use rein_core::pshift::{
-    BucketQos, Controller, ControllerConfig, ServerReport, SolveOptions, StrayArrival, TokenMessage, TokenServer,
-};
+use rein_core::pshift::{Controller, ServerReport, StrayArrival, TokenMessage, TokenServer};
 use rein_core::{Nanos, TenantId};
 use rein_model::seed::stream_rng;
 use rein_model::workload::poisson_gap;
@@ -106,24 +104,9 @@ impl<'a> Cluster<'a> {
             })
             .collect();
         let controller = if ps.controller {
-            let period_s = ps.period.as_secs_f64();
-            let qos = sc
-                .tenants
-                .iter()
-                .map(|t| BucketQos::per_period(t.spec.reservation(), t.spec.limit(), period_s))
-                .collect();
+            let qos = sc.tenants.iter().map(|t| ps.bucket_qos(t)).collect();
             let caps: Vec<f64> = sc.servers.iter().map(|s| s.device.capacity_iops).collect();
-            let cfg = ControllerConfig::for_delay(
-                ps.period,
-                ps.intervals,
-                ps.start,
-                ps.estimator,
-                SolveOptions { approx_top: ps.approx_top, ..SolveOptions::default() },
-                ps.exact_limits,
-                ps.early_rounds,
-                ps.delay,
-            );
-            Some(Controller::new(cfg, &caps, qos).map_err(|e| e.to_string())?)
+            Some(Controller::new(ps.controller_config(), &caps, qos).map_err(|e| e.to_string())?)
         } else {
             None
         };

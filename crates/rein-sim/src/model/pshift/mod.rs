@@ -112,6 +112,26 @@ pub struct PshiftSection {
 }
 
 impl PshiftSection {
+    /// The controller's configuration (rein-core's), as the simulator's controller runs it and as `rein
+    /// cluster` writes it for `rein pshift controller`.
+    pub fn controller_config(&self) -> rein_core::pshift::ControllerConfig {
+        rein_core::pshift::ControllerConfig::for_delay(
+            self.period,
+            self.intervals,
+            self.start,
+            self.estimator,
+            rein_core::pshift::SolveOptions { approx_top: self.approx_top, ..Default::default() },
+            self.exact_limits,
+            self.early_rounds,
+            self.delay,
+        )
+    }
+
+    /// Bucket `t`'s QoS per period (rein-core's), from its spec: what the controller keeps.
+    pub fn bucket_qos(&self, t: &Tenant) -> rein_core::pshift::BucketQos {
+        rein_core::pshift::BucketQos::per_period(t.spec.reservation(), t.spec.limit(), self.period.as_secs_f64())
+    }
+
     /// The generated buckets drawn again with `seed` (tenants and plans), or `None` when they are written
     /// in the file. `servers` and `duration` are the scenario's.
     pub fn regenerate(&self, servers: &[Server], seed: u64, duration: Nanos) -> Option<Result<Generated, String>> {
