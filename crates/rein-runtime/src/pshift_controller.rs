@@ -566,7 +566,12 @@ async fn connection(
                 let (stream, identity) = tls.accept(sock).await.map_err(|e| format!("TLS handshake: {e}"))?;
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
                     admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
-                    return Err(format!("identity {identity:?} is not in allow_identities"));
+                    return Err(match identity {
+                        Some(i) => format!("identity {i:?} is not in allow_identities"),
+                        None => {
+                            "the TLS peer has no identity (PSK identity or certificate CN) for allow_identities".into()
+                        }
+                    });
                 }
                 Box::new(stream)
             }

@@ -535,3 +535,38 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     assert!(real[3] <= 1.01 * 2400.0 && real[3] >= 0.95 * 2400.0, "b4 held at its limit: {:.0}", real[3]);
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
+
+/// `rein cluster up` on a pShift scenario: one line per bucket with its export on each of its servers
+/// (b1 on s1 only ... b4 on all four), a client no one here wrote reads a bucket's export on a node, and
+/// the children are the four nodes and the controller, all stopped by SIGTERM.
+#[test]
+fn up_on_a_pshift_scenario_prints_each_buckets_exports_on_its_servers() {
+    let (_tmp, run_tmp) = run_dirs();
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits-small.toml");
+    let mut up = Up::start(&run_tmp, file.to_str().unwrap());
+    let lines = up.ready();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for (i, line) in lines.iter().enumerate() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let name = format!("b{}", i + 1);
+        assert_eq!((f.len(), f[0], f[1]), (3 + i, "tenant", name.as_str()), "{line}");
+        for (k, uri) in f[2..].iter().enumerate() {
+            assert!(
+                uri.starts_with(&format!("nbd://127.0.0.{}:", 10 + k)) && uri.ends_with(&format!("/{name}")),
+                "{line}"
+            );
+        }
+    }
+    let uri = lines[3].split(' ').nth(5).unwrap();
+    let out = Command::new("nbdinfo").args(["--size", uri]).output().expect("nbdinfo is installed");
+    assert!(out.status.success(), "nbdinfo {uri}: {}", String::from_utf8_lossy(&out.stderr));
+    let kids = children(up.child.id());
+    assert_eq!(kids.len(), 5, "four nodes and the controller: {kids:?}");
+    signal(up.child.id(), "-TERM");
+    let (ok, err) = up.wait();
+    assert!(ok, "exit after SIGTERM: {err}");
+    for k in kids {
+        assert!(!alive(k), "child {k} outlived rein cluster up");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}

@@ -345,7 +345,7 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     write_file(dir, "x.psk", &format!("x:{key}\n"));
     let stranger = server(105, "s2", &format!("[pshift.tls]\npsk_file = \"{}\"\n", dir.join("x.psk").display()));
     stranger.wait_line("serving plain round robin until it answers");
-    ctl.wait_line("identity Some(\"x\") is not in allow_identities");
+    ctl.wait_line("identity \"x\" is not in allow_identities");
     for s in [&plain, &wrong, &stranger] {
         assert!(
             s.wait_log(&["serving plain round robin"], Duration::from_secs(1)).contains("pShift link"),
@@ -408,7 +408,7 @@ fn the_controller_link_runs_x509_with_client_certificates() {
     anonymous.wait_line("certificate required");
     let stranger = server(109, "s2", Some("s2"));
     stranger.wait_line("serving plain round robin until it answers");
-    ctl.wait_line("identity Some(\"s2\") is not in allow_identities");
+    ctl.wait_line("identity \"s2\" is not in allow_identities");
     let (code, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
     assert_eq!(code, 200, "{body}");
     let st: serde_json::Value = serde_json::from_str(&body).unwrap();
