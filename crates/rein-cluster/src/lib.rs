@@ -212,10 +212,9 @@ pub async fn drive(
         }
     };
     if let Some(task) = start_schedule {
-        match task.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(RunError::Controller(format!("starting the pShift controller's schedule: {e}"))),
-            Err(e) => return Err(RunError::Controller(format!("starting the pShift controller's schedule: {e}"))),
+        let started = task.await.map_err(|e| e.to_string()).and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()));
+        if let Err(e) = started {
+            return Err(RunError::Controller(format!("starting the pShift controller's schedule: {e}")));
         }
     }
     if let Some(h) = hosts.finish(sc, samples).await {

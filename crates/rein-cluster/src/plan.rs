@@ -287,8 +287,14 @@ impl Plan {
         if sc.net_delay > Nanos::ZERO {
             return Err(unsupported("network.delay_ms", "the nodes are on loopback; there is no delay to add"));
         }
+        // Process i's NBD and admin addresses, and with `udp` a third port (a PARDA host's reports).
+        let mut addr3 = |i: usize, udp: bool| -> Result<(SocketAddr, SocketAddr, SocketAddr), PlanError> {
+            let h = host(i);
+            let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
+            let (nbd, admin) = (SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?)));
+            Ok((nbd, admin, SocketAddr::from((h, if udp { p(2)? } else { 0 }))))
+        };
         if let Some(ps) = &sc.pshift {
-            pshift::check(sc, ps).map_err(|(f, why)| unsupported(&f, &why))?;
             let processes = sc.servers.len() + usize::from(ps.controller);
             if processes > MAX_PROCESSES {
                 return Err(invalid(format!(
@@ -297,11 +303,8 @@ impl Plan {
                     sc.servers.len()
                 )));
             }
-            let (nodes, controller) = pshift::processes(sc, ps, |i| {
-                let h = host(i);
-                let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
-                Ok((SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?))))
-            })?;
+            let (nodes, controller) =
+                pshift::processes(sc, ps, |i| addr3(i, false).map(|(nbd, admin, _)| (nbd, admin)))?;
             let endpoints = sc
                 .tenants
                 .iter()
@@ -342,13 +345,6 @@ impl Plan {
                 sc.hosts.len()
             )));
         }
-        // Process i's NBD and admin addresses, and with `udp` a third port (a PARDA host's reports).
-        let mut addr3 = |i: usize, udp: bool| -> Result<(SocketAddr, SocketAddr, SocketAddr), PlanError> {
-            let h = host(i);
-            let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
-            let (nbd, admin) = (SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?)));
-            Ok((nbd, admin, SocketAddr::from((h, if udp { p(2)? } else { 0 }))))
-        };
         for t in &sc.tenants {
             check_tenant(sc, t).map_err(|(f, why)| unsupported(&f, &why))?;
         }

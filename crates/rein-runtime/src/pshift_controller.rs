@@ -517,6 +517,8 @@ async fn accept_loop(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(admit.names.len() + 16));
+    // The network at accept; an identity after the TLS handshake (`connection`).
+    let networks = crate::access::ExportAccess { networks: admit.access.networks.clone(), identities: None };
     let mut conn = 0u64;
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
@@ -528,8 +530,6 @@ async fn accept_loop(
                 continue;
             }
         };
-        // The network now; an identity after the TLS handshake.
-        let networks = crate::access::ExportAccess { networks: admit.access.networks.clone(), identities: None };
         if !networks.allows(peer.ip(), None) {
             admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
             tracing::warn!(%peer, "pShift controller: connection refused: {} is not in allow_networks", peer.ip());

@@ -163,6 +163,18 @@ impl Up {
     }
 }
 
+/// Sends `up` SIGTERM; it must exit successfully, none of `kids` may outlive it, and its run directory
+/// (in `run_tmp`) must be gone.
+fn terminate_and_check(up: Up, kids: Vec<u32>, run_tmp: &Path) {
+    signal(up.child.id(), "-TERM");
+    let (ok, err) = up.wait();
+    assert!(ok, "exit after SIGTERM: {err}");
+    for k in kids {
+        assert!(!alive(k), "child {k} outlived rein cluster up");
+    }
+    assert_eq!(empty(run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
+
 fn signal(pid: u32, sig: &str) {
     assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
 }
@@ -196,13 +208,7 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
     }
     let kids = children(up.child.id());
     assert_eq!(kids.len(), 3, "one rein serve per server and one rein gateway: {kids:?}");
-    signal(up.child.id(), "-TERM");
-    let (ok, err) = up.wait();
-    assert!(ok, "exit after SIGTERM: {err}");
-    for k in kids {
-        assert!(!alive(k), "child {k} outlived rein cluster up");
-    }
-    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+    terminate_and_check(up, kids, &run_tmp);
 }
 
 #[test]
@@ -562,11 +568,5 @@ fn up_on_a_pshift_scenario_prints_each_buckets_exports_on_its_servers() {
     assert!(out.status.success(), "nbdinfo {uri}: {}", String::from_utf8_lossy(&out.stderr));
     let kids = children(up.child.id());
     assert_eq!(kids.len(), 5, "four nodes and the controller: {kids:?}");
-    signal(up.child.id(), "-TERM");
-    let (ok, err) = up.wait();
-    assert!(ok, "exit after SIGTERM: {err}");
-    for k in kids {
-        assert!(!alive(k), "child {k} outlived rein cluster up");
-    }
-    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+    terminate_and_check(up, kids, &run_tmp);
 }

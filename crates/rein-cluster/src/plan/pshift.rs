@@ -44,12 +44,6 @@ pub struct ControllerPlan {
     pub config: String,
 }
 
-/// A pShift feature a real cluster cannot run: `(feature, why)`.
-pub(super) fn check(sc: &Scenario, ps: &PshiftSection) -> Result<(), (String, String)> {
-    let _ = (sc, ps);
-    Ok(())
-}
-
 /// The servers bucket `b`'s demand ever reaches, in index order.
 pub fn bucket_servers(b: &BucketPlan) -> Vec<usize> {
     let mut s: Vec<usize> = b.phases.iter().flat_map(|p| p.servers.iter().map(|x| x.0)).collect();
