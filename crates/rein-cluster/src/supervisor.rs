@@ -72,6 +72,18 @@ pub enum ClusterError {
     /// A child was not ready in time.
     #[error(transparent)]
     NotReady(Box<NotReady>),
+    /// pShift servers had not reached the controller in time.
+    #[error("pShift servers {} had not reached the controller within {secs} s; the last lines of its log {}:\n{tail}", servers.join(", "), log.display())]
+    NotLinked {
+        /// The servers the controller did not list as connected.
+        servers: Vec<String>,
+        /// The deadline.
+        secs: f64,
+        /// The controller's log file.
+        log: PathBuf,
+        /// The last lines of its log.
+        tail: String,
+    },
 }
 
 impl From<ChildDied> for ClusterError {
@@ -149,6 +161,31 @@ fn healthy(addr: SocketAddr, timeout: Duration) -> bool {
     s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
 
+/// The servers the pShift controller at `admin` does not list as connected (`GET /api/pshift`), or `None`
+/// if it cannot be asked now.
+fn pshift_unlinked(admin: SocketAddr, timeout: Duration) -> Option<Vec<String>> {
+    let mut s = TcpStream::connect_timeout(&admin, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    s.write_all(format!("GET /api/pshift HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut reply = Vec::new();
+    // At most the status of MAX_ROUNDS_KEPT rounds: bounded by the controller.
+    s.take(16 << 20).read_to_end(&mut reply).ok()?;
+    let start = reply.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    if !reply.starts_with(b"HTTP/1.1 200") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&reply[start..]).ok()?;
+    let servers = v.get("servers")?.as_array()?;
+    Some(
+        servers
+            .iter()
+            .filter(|s| s.get(1).and_then(|c| c.as_bool()) != Some(true))
+            .map(|s| s.get(0).and_then(|n| n.as_str()).unwrap_or("?").to_string())
+            .collect(),
+    )
+}
+
 impl Supervisor {
     /// Writes the plan's configs into `dir` (a new temporary directory when `None`), starts every process
     /// with `exe`, and waits until each is ready (at most `ready_timeout` for each stage). On any failure
@@ -176,6 +213,10 @@ impl Supervisor {
             sup.spawn(exe, "node", &["serve"], &n.name, &n.config, n.nbd, n.admin)?;
         }
         sup.wait_ready(ready_timeout)?;
+        if let Some(c) = &plan.controller {
+            // A node whose link comes up after the load began serves round robin until it does.
+            sup.wait_linked(c.admin, ready_timeout)?;
+        }
         for g in &plan.gateways {
             sup.spawn(exe, "gateway", &["gateway"], &g.tenant, &g.config, g.nbd, g.admin)?;
         }
@@ -257,6 +298,31 @@ impl Supervisor {
                     log: p.log.clone(),
                     tail: log_tail(&p.log, LOG_TAIL_LINES),
                 })));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Waits until the pShift controller at `admin` lists every server as connected, or a child exits, or
+    /// `timeout` passes.
+    fn wait_linked(&mut self, admin: SocketAddr, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(d) = self.poll() {
+                return Err(d.into());
+            }
+            let unlinked = pshift_unlinked(admin, Duration::from_secs(1));
+            if unlinked.as_ref().is_some_and(|u| u.is_empty()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let log = self.procs.iter().find(|p| p.what == "controller").map(|p| p.log.clone()).unwrap_or_default();
+                return Err(ClusterError::NotLinked {
+                    servers: unlinked.unwrap_or_else(|| vec!["(the controller's status could not be read)".into()]),
+                    secs: timeout.as_secs_f64(),
+                    tail: log_tail(&log, LOG_TAIL_LINES),
+                    log,
+                });
             }
             std::thread::sleep(POLL);
         }
@@ -417,6 +483,45 @@ pub fn port(base: u16, host: std::net::Ipv4Addr, k: u16) -> std::io::Result<u16>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The servers a controller's status lists as not connected are named; a status that cannot be read
+    /// is `None`, not "all linked".
+    #[test]
+    fn the_controllers_status_names_unlinked_servers() {
+        use rein_runtime::pshift_controller::ControllerStatus;
+        let serve_once = |code: &'static str, body: String| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let t = std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                let mut req = [0u8; 1024];
+                let _ = c.read(&mut req).unwrap();
+                let head = format!("HTTP/1.1 {code}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                c.write_all(head.as_bytes()).unwrap();
+                c.write_all(body.as_bytes()).unwrap();
+            });
+            (addr, t)
+        };
+        let status = ControllerStatus {
+            round: 0,
+            now_s: 0.1,
+            origin_s: None,
+            servers: vec![("s1".into(), true), ("s2".into(), false), ("s3".into(), false)],
+            buckets: vec![],
+            refused: 0,
+            rounds: Default::default(),
+        };
+        let (addr, t) = serve_once("200 OK", serde_json::to_string(&status).unwrap());
+        assert_eq!(pshift_unlinked(addr, Duration::from_secs(2)), Some(vec!["s2".to_string(), "s3".to_string()]));
+        t.join().unwrap();
+        let all = ControllerStatus { servers: vec![("s1".into(), true)], ..status };
+        let (addr, t) = serve_once("200 OK", serde_json::to_string(&all).unwrap());
+        assert_eq!(pshift_unlinked(addr, Duration::from_secs(2)), Some(vec![]));
+        t.join().unwrap();
+        let (addr, t) = serve_once("503 Service Unavailable", "{}".into());
+        assert_eq!(pshift_unlinked(addr, Duration::from_secs(2)), None);
+        t.join().unwrap();
+    }
 
     /// A run directory whose supervisor and children are gone is removed; one whose supervisor or a child
     /// still runs, and other directories, are kept.

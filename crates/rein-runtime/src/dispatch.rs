@@ -947,6 +947,16 @@ impl Task {
                             server.map(id, b);
                             bucket_ids.insert(b, id);
                         }
+                        // Count from now: the IOs at the device are in flight (a link that comes up
+                        // after the first requests, or again after a break).
+                        let at_device: std::collections::HashMap<TenantId, u64> = (a.buckets.iter())
+                            .map(|&(id, _)| {
+                                let received = self.counters.get(id.index()).map_or(0, |c| c.in_flight);
+                                let queued = ts.stats(id).map_or(0, |st| st.queued as u64);
+                                (id, received.saturating_sub(queued))
+                            })
+                            .collect();
+                        server.resume(ts, now, |id| at_device.get(&id).copied().unwrap_or(0));
                         // A new controller (or the same after a break): round robin until it answers.
                         server.detach(ts);
                         self.pshift = Some(PshiftState { server, bucket_ids, strays_to: a.strays_to, busy_mark: busy });
@@ -1064,6 +1074,10 @@ impl Task {
                         if let Some(c) = self.counters.get_mut(p.req.tenant.index()) {
                             c.in_flight = c.in_flight.saturating_sub(1);
                             c.abandoned += 1;
+                        }
+                        // The scheduler counted it dispatched; no completion will come for pShift's count.
+                        if let Some(ps) = &mut self.pshift {
+                            ps.server.recorded(p.req.tenant);
                         }
                         p.reply.send(Err(IoError::Abandoned), Served { phase: Some(d.phase), cost: d.cost });
                         continue;

@@ -470,3 +470,74 @@ async fn a_scaled_tenant_takes_its_multiple_of_the_service_time() {
         assert!((got - want).abs() <= 0.02 * want, "IOPS {iops:?}, want 1000 / scale");
     }
 }
+
+/// A pShift server's reports count the IOs in flight exactly when the controller's link comes up after
+/// the first requests, and when requests are abandoned (their client gone): 16 closed loops on a
+/// 100-IOPS device for 1 s, then the link, then 5 abandoned requests; the first report's `in_flight` is
+/// at most the dispatcher's depth, not the second's dispatches before the link (about 100) nor the five.
+#[tokio::test(start_paused = true)]
+async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_requests() {
+    use rein_runtime::dispatch::PshiftAttach;
+    use std::sync::atomic::AtomicBool;
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
+    let device = DeviceConfig {
+        spec: DeviceSpec::new(100.0, ServiceModel::Deterministic).unwrap(),
+        seed: 1,
+        stream: 0,
+        service_scale: Vec::new(),
+    };
+    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth: 4, ..Default::default() };
+    let (d, join) = Dispatcher::spawn(Some(device), config);
+    let id = d.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).await.unwrap();
+    let read = || IoRequest {
+        storage: storage.clone(),
+        tenant: id,
+        offset: 0,
+        op: Op::read(512),
+        fua: false,
+        piggyback: None,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (d, st) = (d.clone(), storage.clone());
+        tasks.push(tokio::spawn(async move {
+            while tokio::time::Instant::now() < deadline {
+                let req = IoRequest {
+                    storage: st.clone(),
+                    tenant: id,
+                    offset: 0,
+                    op: Op::read(512),
+                    fua: false,
+                    piggyback: None,
+                };
+                d.io(req).await.unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (strays_to, _strays) = tokio::sync::mpsc::unbounded_channel();
+    d.pshift_attach(PshiftAttach { server: 0, strays: false, buckets: vec![(id, 0)], strays_to }).await.unwrap();
+    let gone = Arc::new(AtomicBool::new(true));
+    let abandoned = Arc::new(AtomicU64::new(0));
+    for _ in 0..5 {
+        let a = abandoned.clone();
+        let done: rein_runtime::dispatch::Done = Box::new(move |r, _| {
+            if matches!(r, Err(IoError::Abandoned)) {
+                a.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        d.submit(read(), done, Some(gone.clone())).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(abandoned.load(Ordering::Relaxed), 5, "the five were answered as abandoned");
+    let r = d.pshift_report(0, 0).await.unwrap();
+    let b = &r.buckets[0];
+    assert!(b.dispatched >= 95, "about a second of dispatches at 100 IOPS: {b:?}");
+    assert!(b.in_flight <= 4, "in flight: at most the depth, got {b:?}");
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(d);
+    join.await.unwrap();
+}
