@@ -373,6 +373,15 @@ enum Cmd {
     PshiftTokens(TokenMessage),
     /// pShift: the controller is gone.
     PshiftDetach,
+    /// pShift: the server's tenants that are buckets now ([`Dispatcher::pshift_map`]).
+    PshiftMap(Vec<(TenantId, u32)>),
+}
+
+/// IOs of tenant `id` at the backend now: received and not answered, less those still queued.
+fn at_device(counters: &[TenantCounters], ts: &TokenScheduler, id: TenantId) -> u64 {
+    let received = counters.get(id.index()).map_or(0, |c| c.in_flight);
+    let queued = ts.stats(id).map_or(0, |st| st.queued as u64);
+    received.saturating_sub(queued)
 }
 
 /// What a pShift server learns from the controller's welcome ([`Dispatcher::pshift_attach`]).
@@ -686,6 +695,13 @@ impl Dispatcher {
         let _ = self.tx.send(Cmd::PshiftTokens(m)).await;
     }
 
+    /// pShift: the server's tenants that are buckets now, as (tenant, bucket number): tenants created since
+    /// the welcome are mapped (counted exactly from here on, with no tokens until the controller's next
+    /// answer lists them), and mapped tenants not in `buckets` are forgotten. Ignored without a controller.
+    pub async fn pshift_map(&self, buckets: Vec<(TenantId, u32)>) {
+        let _ = self.tx.send(Cmd::PshiftMap(buckets)).await;
+    }
+
     /// pShift: the controller is gone; the buckets go back to plain round robin until one answers again.
     pub async fn pshift_detach(&self) {
         let _ = self.tx.send(Cmd::PshiftDetach).await;
@@ -918,6 +934,11 @@ impl Task {
                 let _ = reply.send(self.sched.set_spec(id, spec));
             }
             Cmd::RemoveTenant(id, reply) => {
+                // Its IOs at the device complete after it is gone, and its slot may be reused.
+                if let Some(p) = &mut self.pshift {
+                    p.server.release(id);
+                    p.bucket_ids.retain(|_, x| *x != id);
+                }
                 let r = self.fail_queued(id, || IoError::Refused(SchedError::UnknownTenant(id))).map(|_| {
                     self.ids.retain(|x| *x != id);
                 });
@@ -949,14 +970,9 @@ impl Task {
                         }
                         // Count from now: the IOs at the device are in flight (a link that comes up
                         // after the first requests, or again after a break).
-                        let at_device: std::collections::HashMap<TenantId, u64> = (a.buckets.iter())
-                            .map(|&(id, _)| {
-                                let received = self.counters.get(id.index()).map_or(0, |c| c.in_flight);
-                                let queued = ts.stats(id).map_or(0, |st| st.queued as u64);
-                                (id, received.saturating_sub(queued))
-                            })
-                            .collect();
-                        server.resume(ts, now, |id| at_device.get(&id).copied().unwrap_or(0));
+                        let counts: std::collections::HashMap<TenantId, u64> =
+                            a.buckets.iter().map(|&(id, _)| (id, at_device(&self.counters, ts, id))).collect();
+                        server.resume(ts, now, |id| counts.get(&id).copied().unwrap_or(0));
                         // A new controller (or the same after a break): round robin until it answers.
                         server.detach(ts);
                         self.pshift = Some(PshiftState { server, bucket_ids, strays_to: a.strays_to, busy_mark: busy });
@@ -985,6 +1001,22 @@ impl Task {
                 if let (Some(p), Sched::Token(ts)) = (&mut self.pshift, &mut self.sched) {
                     let ids = &p.bucket_ids;
                     p.server.apply_message(ts, &m, |_, _, b| ids.get(&b).copied());
+                }
+            }
+            Cmd::PshiftMap(wanted) => {
+                if let (Some(p), Sched::Token(ts)) = (&mut self.pshift, &mut self.sched) {
+                    for (id, b) in p.server.mapped(ts) {
+                        if !wanted.contains(&(id, b)) {
+                            p.server.release(id);
+                            p.bucket_ids.remove(&b);
+                        }
+                    }
+                    for &(id, b) in &wanted {
+                        if p.server.bucket_of(id) != Some(b) && ts.spec(id).is_ok() {
+                            p.server.adopt(ts, id, b, at_device(&self.counters, ts, id));
+                            p.bucket_ids.insert(b, id);
+                        }
+                    }
                 }
             }
             Cmd::PshiftDetach => {

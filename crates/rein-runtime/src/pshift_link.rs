@@ -9,7 +9,9 @@
 //! maps to the server's tenants of the same names (a bucket without a tenant here has no demand here; a
 //! tenant that is no bucket is served in the round robin's L class, unlimited). Then it answers each
 //! report request with the dispatcher's report, hands each token message to the dispatcher, and sends the
-//! dispatcher's stray-arrival notes. When the link breaks the buckets go back to plain round robin and the
+//! dispatcher's stray-arrival notes. Before a boundary's report it maps the tenants created or deleted
+//! since ([`crate::dispatch::Dispatcher::pshift_map`]), so a tenant created at run time is its bucket
+//! from the next boundary on, without a reconnect. When the link breaks the buckets go back to plain round robin and the
 //! link reconnects (100 ms, doubling to 5 s); a refusal (an unknown name) is logged once and retried at
 //! the longest backoff.
 //!
@@ -135,6 +137,15 @@ pub async fn run(
     }
 }
 
+/// The server's tenants that are buckets (tenant, bucket number), and the names of those that are not.
+fn resolve<'a>(buckets: &[String], here: &'a [(String, TenantId)]) -> (Vec<(TenantId, u32)>, Vec<&'a str>) {
+    let mapped = (buckets.iter().enumerate())
+        .filter_map(|(b, name)| here.iter().find(|(n, _)| n == name).map(|(_, id)| (*id, b as u32)))
+        .collect();
+    let strangers = here.iter().filter(|(n, _)| !buckets.contains(n)).map(|(n, _)| n.as_str()).collect();
+    (mapped, strangers)
+}
+
 enum Failure {
     /// The controller refused this server.
     Refused(String),
@@ -176,19 +187,14 @@ async fn session(
         }
         other => return Err(broken(format!("expected a welcome, got a {}", other.name()))),
     };
-    let here = tenants();
-    let mut buckets: Vec<(TenantId, u32)> = Vec::new();
-    for (b, name) in names.iter().enumerate() {
-        if let Some((_, id)) = here.iter().find(|(n, _)| n == name) {
-            buckets.push((*id, b as u32));
-        }
-    }
-    let strangers: Vec<&str> = here.iter().filter(|(n, _)| !names.contains(n)).map(|(n, _)| n.as_str()).collect();
+    let mut here = tenants();
+    let (buckets, strangers) = resolve(&names, &here);
     if !strangers.is_empty() {
         tracing::warn!(tenants = ?strangers, "pShift: tenants that are no bucket of the controller's (served unlimited in the round robin)");
     }
     let (stray_tx, mut stray_rx) = mpsc::unbounded_channel();
     let mapped = buckets.len();
+    let mut current = buckets.clone();
     dispatcher
         .pshift_attach(PshiftAttach { server: index, strays, buckets, strays_to: stray_tx })
         .await
@@ -199,6 +205,24 @@ async fn session(
         tokio::select! {
             f = read_frame(&mut rd, &mut buf) => match f.map_err(welcomed)? {
                 Message::ReportRequest { round, early } => {
+                    // Tenants created or deleted since: a boundary's report covers the buckets of now.
+                    let now_here = if early == 0 { tenants() } else { Vec::new() };
+                    if early == 0 && now_here != here {
+                        let (buckets, strangers) = resolve(&names, &now_here);
+                        for (id, b) in buckets.iter().filter(|x| !current.contains(x)) {
+                            tracing::info!(bucket = %names[*b as usize], tenant = ?id, "pShift: a tenant created since the welcome is this bucket here now");
+                        }
+                        let new_strangers: Vec<&str> =
+                            strangers.into_iter().filter(|n| !here.iter().any(|(h, _)| h == n)).collect();
+                        if !new_strangers.is_empty() {
+                            tracing::warn!(tenants = ?new_strangers, "pShift: tenants that are no bucket of the controller's (served unlimited in the round robin)");
+                        }
+                        if buckets != current {
+                            dispatcher.pshift_map(buckets.clone()).await;
+                            current = buckets;
+                        }
+                        here = now_here;
+                    }
                     let r = dispatcher.pshift_report(round, early).await.map_err(welcomed)?;
                     write_frame(&mut wr, &Message::Report(r)).await.map_err(welcomed)?;
                 }

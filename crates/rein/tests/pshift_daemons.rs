@@ -414,3 +414,41 @@ fn the_controller_link_runs_x509_with_client_certificates() {
     let st: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!((st["servers"][0][1].clone(), st["servers"][1][1].clone()), (true.into(), false.into()), "{st}");
 }
+
+/// A tenant created at run time (the admin API) whose name is a bucket's becomes that bucket at the next
+/// boundary, without the link reconnecting: the setting of [`a_limit_holds_across_servers`] with b3
+/// created on both servers after they were welcomed. b3 must then complete L per second over both
+/// servers; served as a stranger (the round robin's unlimited class) it would get C / 2 at each, 1,000.
+#[test]
+fn a_tenant_created_at_run_time_becomes_its_bucket() {
+    const L: f64 = 400.0;
+    const JSON: &str = "Content-Type: application/json\r\n";
+    let tmp = tmpdir("pshift-daemons-runtime");
+    let dir = tmp.path();
+    let listen = format!("127.0.0.91:{}", free_port("127.0.0.91"));
+    let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {L}\n");
+    let _ctl = controller_with(dir, &listen, 91, 0.5, &buckets);
+    let s1 = server_with(dir, 92, "s1", &listen, &["b2"]);
+    let s2 = server_with(dir, 93, "s2", &listen, &["b2"]);
+    for s in [&s1, &s2] {
+        s.wait_line("pShift link: welcomed by the controller");
+        let (code, _, body) = common::http(s.admin, "POST", "/api/tenants", JSON, r#"{"name": "b3"}"#);
+        assert_eq!(code, 201, "{body}");
+        let export = r#"{"name": "b3", "path": "b3.img", "size_mb": 16, "tenant": "b3"}"#;
+        let (code, _, body) = common::http(s.admin, "POST", "/api/exports", JSON, export);
+        assert_eq!(code, 201, "{body}");
+        s.wait_line("a tenant created since the welcome is this bucket here now");
+    }
+    let mut loads = [load(&s1, &["b2", "b3"]), load(&s2, &["b2", "b3"])];
+    std::thread::sleep(Duration::from_secs(3));
+    let count = |b: &str| completed(&s1, b) + completed(&s2, b);
+    let (b3_0, t0) = (count("b3"), Instant::now());
+    std::thread::sleep(Duration::from_secs(6));
+    let b3 = (count("b3") - b3_0) as f64 / t0.elapsed().as_secs_f64();
+    eprintln!("a bucket created at run time: b3 {b3:.0} IOPS (L {L})");
+    assert!((L * 0.9..=L * 1.08).contains(&b3), "b3 over both servers: {b3:.0} IOPS, limit {L}");
+    for l in &mut loads {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+}

@@ -117,6 +117,41 @@ impl TokenServer {
         self.bucket_of_slot[slot] = bucket;
     }
 
+    /// Maps the scheduler's tenant `id`, added while this server runs, to bucket `bucket` (a tenant created
+    /// at run time whose name is a bucket's). `at_device`: its IOs at the device now (dispatched, not
+    /// completed); its dispatches in the current interval count in the next report, and its completions
+    /// from here on with [`Self::recorded`], so its `in_flight` is exact from this call on. Once a message
+    /// has been applied it starts with no tokens (R = 0 and, if limited, L = 0), as [`Self::add_bucket`].
+    pub fn adopt(&mut self, ts: &mut TokenScheduler, id: TenantId, bucket: u32, at_device: u64) {
+        self.map(id, bucket);
+        let slot = id.index();
+        let n = ts.interval(id).expect("adopted tenants are live");
+        self.unrecorded[slot] = at_device as i64 - (n.dispatched_r + n.dispatched_l) as i64;
+        self.quiet[slot] = false;
+        if self.heard.is_some() {
+            no_tokens(ts, id);
+        }
+    }
+
+    /// The mapped tenants and their buckets, in slot order.
+    pub fn mapped(&self, ts: &TokenScheduler) -> Vec<(TenantId, u32)> {
+        (self.bucket_of_slot.iter().enumerate())
+            .filter(|&(_, &b)| b != NONE)
+            .filter_map(|(slot, &b)| ts.id_at_slot(slot).map(|id| (id, b)))
+            .collect()
+    }
+
+    /// Forgets the bucket at tenant `id` (the tenant is being removed, or renamed away from the bucket):
+    /// reports no longer list it, and a tenant that later takes its scheduler slot starts unmapped.
+    pub fn release(&mut self, id: TenantId) {
+        let slot = id.index();
+        if let Some(b) = self.bucket_of_slot.get_mut(slot) {
+            *b = NONE;
+            self.unrecorded[slot] = 0;
+            self.quiet[slot] = false;
+        }
+    }
+
     /// Starts counting at `now` on a scheduler that served before this server existed: a node whose
     /// controller link came up after its first requests, or came back after a break. The scheduler's
     /// interval counters restart at `now`, and each mapped bucket's IOs at the device, `at_device(id)`
@@ -378,5 +413,39 @@ mod tests {
         assert_eq!(r.elapsed_ns, 100);
         let b = &r.buckets[0];
         assert_eq!((b.bucket, b.dispatched, b.in_flight, b.queued), (7, 5, 0, 5), "{b:?}");
+    }
+
+    /// A tenant adopted as a bucket mid-interval counts its whole interval's dispatches and only the IOs
+    /// then at the device as in flight; a released one leaves the reports, and its slot comes back
+    /// unmapped.
+    #[test]
+    fn a_tenant_adopted_mid_interval_counts_exactly_and_a_released_one_leaves() {
+        let mut ts = TokenScheduler::new(SchedConfig::default());
+        let mut s = TokenServer::new(0, true, Nanos::ZERO);
+        let a = s.add_bucket(&mut ts, 1, spec(None));
+        s.apply(&mut ts, 0, 0, &[(a, 0, Tokens::Unlimited)]);
+        // A tenant added at run time, served before it is known as bucket 2: 6 dispatched, 4 completed.
+        let c = ts.add_tenant(spec(Some(1000.0))).unwrap();
+        for h in 0..10 {
+            ts.enqueue(Nanos(10 + h), Request::new(c, h)).unwrap();
+        }
+        for _ in 0..6 {
+            assert!(matches!(ts.poll(Nanos(30), true), Poll::Dispatch(d) if d.tenant == c));
+        }
+        s.adopt(&mut ts, c, 2, 2);
+        assert_eq!(s.bucket_of(c), Some(2));
+        assert_eq!(ts.tokens(c).unwrap(), (0, Tokens::Count(0)), "a message was applied: no tokens yet");
+        ts.enqueue(Nanos(40), Request::new(c, 99)).unwrap();
+        assert!(s.arrived(c).is_some(), "its arrival is a stray until a message lists it");
+        s.recorded(c); // one of the two at the device completes
+        let r = s.report(&mut ts, Nanos(50), 1, 0, None);
+        let line = r.buckets.iter().find(|l| l.bucket == 2).expect("listed");
+        assert_eq!((line.dispatched, line.in_flight, line.queued), (6, 1, 5), "{line:?}");
+        assert_eq!(s.mapped(&ts), vec![(a, 1), (c, 2)]);
+        s.release(c);
+        assert_eq!(s.bucket_of(c), None);
+        assert_eq!(s.mapped(&ts), vec![(a, 1)]);
+        let r = s.report(&mut ts, Nanos(60), 2, 0, None);
+        assert!(r.buckets.iter().all(|l| l.bucket != 2), "released: {r:?}");
     }
 }
