@@ -217,6 +217,24 @@ pub async fn drive(
             return Err(RunError::Controller(format!("starting the pShift controller's schedule: {e}")));
         }
     }
+    if let Some(c) = &plan.controller {
+        // The controller's rounds of the run (it keeps the last MAX_ROUNDS_KEPT; its schedule's origin is
+        // the run's start, so `at_s` is run time).
+        let admin = rein_runtime::admin_client::AdminEndpoint::from(c.admin);
+        let status: rein_runtime::pshift_controller::ControllerStatus =
+            rein_runtime::admin_client::get_json(&admin, None, "/api/pshift")
+                .await
+                .map_err(|e| RunError::Controller(format!("reading the pShift controller's rounds: {e}")))?;
+        if status.rounds.len() == rein_runtime::pshift_controller::MAX_ROUNDS_KEPT {
+            tracing::warn!(
+                "the pShift controller keeps its last {} rounds: rounds.csv starts at round {}",
+                rein_runtime::pshift_controller::MAX_ROUNDS_KEPT,
+                status.rounds.front().map_or(0, |r| r.round)
+            );
+        }
+        let end = sc.duration.as_secs_f64();
+        totals.rounds = status.rounds.into_iter().filter(|r| r.at_s < end).collect();
+    }
     if let Some(h) = hosts.finish(sc, samples).await {
         totals.summary.hosts = Some(h.summary.clone());
         totals.hosts = Some(h);

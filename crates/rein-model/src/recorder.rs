@@ -375,6 +375,7 @@ impl Recorder {
             events: 0,
             time_regressions: 0,
             hosts: None,
+            rounds: Vec::new(),
             cost_model: meta.cost_model,
         }
     }

@@ -336,28 +336,8 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     Ok(ControllerSettings { listen, admin, admin_access, access, tls, servers, buckets, config, hold: f.hold })
 }
 
-/// One round as `/api/pshift` lists it.
-#[derive(Clone, Debug, serde::Serialize, Deserialize)]
-pub struct RoundRecord {
-    /// When it was answered (s from the schedule's origin, [`ControllerStatus::origin_s`]).
-    pub at_s: f64,
-    /// The boundary's number.
-    pub round: u64,
-    /// The QoS period.
-    pub period: u64,
-    /// The interval in the period.
-    pub interval: u32,
-    /// 0, or the early round's number.
-    pub early: u32,
-    /// Reservation IOs still wanted.
-    pub wanted: u64,
-    /// R-tokens placed where there is demand and capacity (the effective capacity Phi of the R class).
-    pub r_phi: u64,
-    /// The same for L-tokens.
-    pub l_phi: u64,
-    /// Servers whose report was missing.
-    pub reports_missing: u32,
-}
+/// One round as `/api/pshift` lists it: rein-model's row of rounds.csv, the simulator's too.
+pub type RoundRecord = rein_model::report::rounds::ControllerRound;
 
 /// What `/api/pshift` shows.
 #[derive(Clone, Debug, serde::Serialize, Deserialize)]
@@ -784,17 +764,7 @@ impl Task {
         if st.rounds.len() == MAX_ROUNDS_KEPT {
             st.rounds.pop_front();
         }
-        st.rounds.push_back(RoundRecord {
-            at_s: now.as_secs_f64(),
-            round: r.round,
-            period: r.period,
-            interval: r.interval,
-            early: r.early,
-            wanted: r.wanted,
-            r_phi: r.r_stats.phi,
-            l_phi: r.l_stats.phi,
-            reports_missing: r.reports_missing,
-        });
+        st.rounds.push_back(RoundRecord::new(now, r));
     }
 }
 

@@ -483,6 +483,31 @@ pub(crate) fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts:
     Ok(())
 }
 
+/// A pShift controller's rounds over time: the reservation IOs it still wanted for the period and the
+/// R-tokens it could place (a gap is reservation it predicted missing), and the L-tokens placed.
+pub(crate) fn rounds_plot(
+    dir: &Path,
+    title: &str,
+    rounds: &[rein_model::report::rounds::ControllerRound],
+) -> Result<()> {
+    let pick = |f: fn(&rein_model::report::rounds::ControllerRound) -> u64| -> Vec<(f64, f64)> {
+        rounds.iter().map(|r| (r.at_s, f(r) as f64)).collect()
+    };
+    let series = [
+        Series { name: "R-tokens placed".into(), points: pick(|r| r.r_phi) },
+        Series { name: "L-tokens placed".into(), points: pick(|r| r.l_phi) },
+    ];
+    let wanted = [Series { name: "reservation IOs still wanted".into(), points: pick(|r| r.wanted) }];
+    line_chart(
+        &dir.join("rounds"),
+        &format!("{title}: the pShift controller's rounds (boundaries and early rounds)"),
+        "time (s)",
+        "IOs / tokens for the rest of the period",
+        &series,
+        &wanted,
+    )
+}
+
 type PeriodLines = [(String, Vec<Vec<(f64, f64)>>)];
 
 /// Per bucket, one line per QoS period (IOs since the period began), and dashed levels.

@@ -259,6 +259,14 @@ pub(crate) fn write_run(
             other => other?,
         }
     }
+    if !r.rounds.is_empty() {
+        let csv = rein_model::report::rounds::to_csv(&r.rounds);
+        std::fs::write(dir.join("rounds.csv"), csv).context("writing rounds.csv")?;
+        match crate::plot::rounds_plot(dir, &format!("{} ({})", name, r.summary.scheduler), &r.rounds) {
+            Err(e) if e.is::<crate::plot::NoFont>() => {}
+            other => other?,
+        }
+    }
     let rows: Vec<(String, [f64; 3])> = r
         .summary
         .tenants
@@ -332,6 +340,9 @@ pub(crate) fn report(
         summary(r);
         if let Some(dir) = &a.out {
             println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
+            if !r.rounds.is_empty() {
+                println!("wrote {}/{{rounds.csv, rounds (.png, .svg)}}", dir.display());
+            }
             if r.hosts.is_some() {
                 println!(
                     "wrote {}/{{hosts.csv, host-window, host-latency, host-iops, host-beta (.png, .svg)}}",

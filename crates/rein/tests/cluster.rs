@@ -519,14 +519,16 @@ fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
 /// (docs/reproductions.md Part 4).
 #[test]
 fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
-    let (_tmp, run_tmp) = run_dirs();
+    let (tmp, run_tmp) = run_dirs();
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits-small.toml");
     let file = file.to_str().unwrap();
-    let out = rein(&run_tmp, &["cluster", "run", file, "--base-port", "0", "--json"]).output().unwrap();
+    let (real_out, sim_out) = (tmp.path().join("real"), tmp.path().join("sim"));
+    let args = ["cluster", "run", file, "--base-port", "0", "--json", "--out", real_out.to_str().unwrap()];
+    let out = rein(&run_tmp, &args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let real: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON summary");
-    let out = rein(&run_tmp, &["sim", file, "--json"]).output().unwrap();
+    let out = rein(&run_tmp, &["sim", file, "--json", "--out", sim_out.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let sim: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let iops = |doc: &serde_json::Value| -> Vec<f64> {
@@ -539,6 +541,21 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     }
     assert!(real[0] >= 0.97 * 1200.0, "b1 gets its reservation: {:.0}", real[0]);
     assert!(real[3] <= 1.01 * 2400.0 && real[3] >= 0.95 * 2400.0, "b4 held at its limit: {:.0}", real[3]);
+    // The controllers' rounds: the same 20 boundaries, each wanting the same reservation IOs within 5% of
+    // a period's 4 x 1,200 (the real one reads its rounds from /api/pshift).
+    let boundaries = |dir: &Path| -> Vec<(u64, u64, u64)> {
+        let csv = std::fs::read_to_string(dir.join("rounds.csv")).expect("rounds.csv written");
+        (csv.lines().skip(1).map(|l| l.split(',').collect::<Vec<_>>()))
+            .filter(|f| f[3] == "0")
+            .map(|f| (f[1].parse().unwrap(), f[2].parse().unwrap(), f[5].parse().unwrap()))
+            .collect()
+    };
+    let (real_rounds, sim_rounds) = (boundaries(&real_out), boundaries(&sim_out));
+    assert_eq!(real_rounds.len(), 20, "{real_rounds:?}");
+    for (r, s) in real_rounds.iter().zip(&sim_rounds) {
+        assert_eq!((r.0, r.1), (s.0, s.1), "the same boundaries");
+        assert!(r.2.abs_diff(s.2) <= 240, "reservation still wanted: real {r:?}, simulator {s:?}");
+    }
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 

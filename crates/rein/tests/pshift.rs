@@ -208,8 +208,24 @@ fn sim_runs_pshift_scenarios_with_checks_and_plots() {
     let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--check", "-q", "--out", out.to_str().unwrap()]);
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("ok   4 buckets: share of 16 bucket-periods with >= 99% of the reservation"), "{stdout}");
-    for f in ["summary.json", "timeseries.csv", "iops.png", "periods.png", "periods.svg", "intervals.png"] {
+    for f in ["summary.json", "timeseries.csv", "iops.png", "periods.png", "periods.svg", "intervals.png", "rounds.png"]
+    {
         assert!(out.join(f).exists(), "missing {f}");
+    }
+    // rounds.csv: one row per boundary (4 periods of 5 intervals from start_s = 0.2 s to 4.2 s, the last
+    // boundary at the run's end not computed), each period's first asking for all four reservations.
+    let rounds = std::fs::read_to_string(out.join("rounds.csv")).unwrap();
+    let rows: Vec<Vec<f64>> =
+        rounds.lines().skip(1).map(|l| l.split(',').map(|x| x.parse().unwrap()).collect()).collect();
+    let boundaries: Vec<&Vec<f64>> = rows.iter().filter(|r| r[3] == 0.0).collect();
+    assert_eq!(boundaries.len(), 20, "{rounds}");
+    for (k, r) in boundaries.iter().enumerate() {
+        assert_eq!((r[1], r[2]), ((k / 5) as f64, (k % 5) as f64), "period and interval of boundary {k}: {rounds}");
+        let at = 0.2 + 0.2 * k as f64;
+        assert!(r[0] >= at && r[0] < at + 0.01, "boundary {k} answered at {} s: {rounds}", r[0]);
+    }
+    for r in boundaries.iter().step_by(5) {
+        assert!((r[5] - 4.0 * 30_000.0).abs() <= 4.0 * 30_000.0 * 0.02, "a period starts wanting 4 x R: {rounds}");
     }
     let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "--scheduler", "fifo"]);
     assert!(!ok && stderr.contains("pShift scenarios run token schedulers"), "{stderr}");

@@ -5,6 +5,7 @@
 //!   completions by scheduling phase; per server its completions and utilisation; PARDA hosts.
 //! - [`Timeseries`] (timeseries.csv): per tenant per interval a [`Cell`].
 //! - [`hosts::HostTotals`] (hosts.csv): PARDA hosts per interval.
+//! - [`rounds::ControllerRound`] (rounds.csv): a pShift controller's rounds.
 //! - [`RunTotals`]: all of it, plus the metrics expectations are checked against ([`TenantMetric`],
 //!   [`ServerMetric`], [`PeriodMetric`], [`hosts::HostMetric`]: each subject's metrics named once).
 //!
@@ -16,6 +17,7 @@
 //! ([`Timeseries::window`]); latency percentiles and utilisation are over the whole run after warm-up.
 
 pub mod hosts;
+pub mod rounds;
 
 use crate::meter::ReservationMeter;
 use rein_core::oracle::{allocate, OracleTenant};
@@ -244,6 +246,8 @@ pub struct RunTotals {
     pub time_regressions: u64,
     /// PARDA hosts' timeseries and summary (scenarios with `[[hosts]]`).
     pub hosts: Option<hosts::HostTotals>,
+    /// A pShift controller's rounds (scenarios with `[pshift]` and a controller; empty otherwise).
+    pub rounds: Vec<rounds::ControllerRound>,
     /// The unit of the specs' rates ([`crate::recorder::RunMeta::cost_model`]).
     pub cost_model: rein_core::CostModel,
 }

@@ -57,6 +57,8 @@ pub struct Recording {
     pub events: u64,
     /// Times a scheduler was handed a time earlier than one it had seen.
     pub time_regressions: u64,
+    /// A pShift controller's rounds (empty without one).
+    pub rounds: Vec<rein_model::report::rounds::ControllerRound>,
 }
 
 /// Error building a simulation.
@@ -321,6 +323,7 @@ impl<'a> Sim<'a> {
             recorder: self.rec,
             hosts: self.hosts.map(HostLayer::finish),
             events: self.events_run,
+            rounds: self.cluster.map(|c| c.rounds).unwrap_or_default(),
         }
     }
 

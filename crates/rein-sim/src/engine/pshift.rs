@@ -37,6 +37,7 @@ use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{Controller, ServerReport, StrayArrival, TokenMessage, TokenServer};
 use rein_core::{Nanos, TenantId};
+use rein_model::report::rounds::ControllerRound;
 use rein_model::seed::stream_rng;
 use rein_model::workload::poisson_gap;
 use std::cmp::Reverse;
@@ -84,6 +85,8 @@ pub(super) struct Cluster<'a> {
     pending_tokens: VecDeque<Vec<TokenMessage>>,
     pending_strays: VecDeque<StrayArrival>,
     pending_snapshots: VecDeque<(u64, u32)>,
+    /// The controller's rounds, as answered (rounds.csv).
+    pub(super) rounds: Vec<ControllerRound>,
 }
 
 impl<'a> Cluster<'a> {
@@ -127,6 +130,7 @@ impl<'a> Cluster<'a> {
             pending_tokens: VecDeque::new(),
             pending_strays: VecDeque::new(),
             pending_snapshots: VecDeque::new(),
+            rounds: Vec::new(),
         })
     }
 
@@ -434,10 +438,11 @@ impl<'a> Sim<'a> {
         }
         // Every server reports at once: the batch completes its round, unless it is an early round's that
         // came too late (after its report timeout, a quarter interval) and was abandoned.
-        let Some((msgs, _round)) = ctl.poll(now) else {
+        let Some((msgs, round)) = ctl.poll(now) else {
             assert!(early, "every server reported the boundary");
             return;
         };
+        c.rounds.push(ControllerRound::new(now, &round));
         c.pending_tokens.push_back(msgs);
         self.message(Message::Tokens);
     }

@@ -42,5 +42,6 @@ pub fn build(sc: &Scenario, recording: Recording) -> RunTotals {
     }
     totals.events = recording.events;
     totals.time_regressions = recording.time_regressions;
+    totals.rounds = recording.rounds;
     totals
 }
