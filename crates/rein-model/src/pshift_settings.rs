@@ -1,6 +1,7 @@
 //! The token scheduler's variant as a `[pshift]` table writes it, in a scenario (every server of a pShift
 //! cluster) and in `rein serve`'s config (one server): one parser, so `r_order = "round_robin"` means
-//! the same to both (as [`crate::sched_settings`] does for `[mclock]`).
+//! the same to both (as [`crate::sched_settings`] does for `[mclock]`); and the controller's demand
+//! estimator, for a scenario's `[pshift]` and `rein pshift controller`'s file ([`estimator`]).
 //!
 //! ```toml
 //! [pshift]
@@ -12,6 +13,45 @@
 //! ```
 
 use rein_core::pshift::tokens::ROrder;
+use rein_core::pshift::{ControllerConfig, DemandEstimator};
+
+/// The controller's demand estimator from `estimator` and `backlog_idle_pct` as written (keys of a
+/// scenario's `[pshift]`, `prefix` "pshift.", and of `rein pshift controller`'s file, prefix ""): the
+/// estimator and the backlog estimator's idle share in basis points. Errors name the key.
+///
+/// ```toml
+/// estimator = "backlog"      # arrivals (the default: the paper's) | backlog (closed loops)
+/// backlog_idle_pct = 1.0     # with backlog only: a queue empty for less than this % of an interval is
+///                            #   backlogged (0.01 to 100; default 1)
+/// ```
+pub fn estimator(prefix: &str, name: Option<&str>, idle_pct: Option<f64>) -> Result<(DemandEstimator, u32), String> {
+    let e = match name {
+        None | Some("arrivals") => DemandEstimator::Arrivals,
+        Some("backlog") => DemandEstimator::Backlog,
+        Some(o) => return Err(format!("{prefix}estimator {o:?}: expected \"arrivals\" or \"backlog\"")),
+    };
+    let bp = match (e, idle_pct) {
+        (_, None) => ControllerConfig::DEFAULT_BACKLOG_IDLE_BP,
+        (DemandEstimator::Arrivals, Some(_)) => {
+            return Err(format!("{prefix}backlog_idle_pct is a setting of estimator = \"backlog\""))
+        }
+        (DemandEstimator::Backlog, Some(p)) if p.is_finite() && (0.01..=100.0).contains(&p) => {
+            (p * 100.0).round() as u32
+        }
+        (DemandEstimator::Backlog, Some(p)) => {
+            return Err(format!("{prefix}backlog_idle_pct {p}: expected 0.01 to 100 (% of an interval)"))
+        }
+    };
+    Ok((e, bp))
+}
+
+/// `estimator` and `backlog_idle_pct` as written for `e` and `bp` (what [`estimator`] reads back).
+pub fn estimator_keys(e: DemandEstimator, bp: u32) -> String {
+    match e {
+        DemandEstimator::Arrivals => "estimator = \"arrivals\"\n".into(),
+        DemandEstimator::Backlog => format!("estimator = \"backlog\"\nbacklog_idle_pct = {}\n", f64::from(bp) / 100.0),
+    }
+}
 
 /// The R order from `r_order` and `r_floor_ios` as written; errors name the key.
 pub fn r_order(order: Option<&str>, floor: Option<u64>) -> Result<ROrder, String> {
@@ -55,5 +95,26 @@ mod tests {
         assert!(r_order(Some("fifo"), None).unwrap_err().contains("pshift.r_order \"fifo\""));
         assert!(r_order(Some("round_robin"), Some(5)).unwrap_err().contains("r_floor_ios is a setting of"));
         assert!(r_order(None, Some(0)).unwrap_err().contains("pshift.r_floor_ios 0"));
+    }
+
+    #[test]
+    fn estimators_read_back_and_bad_keys_are_named() {
+        #[derive(serde::Deserialize)]
+        struct T {
+            estimator: Option<String>,
+            backlog_idle_pct: Option<f64>,
+        }
+        for (e, bp) in
+            [(DemandEstimator::Arrivals, 100), (DemandEstimator::Backlog, 100), (DemandEstimator::Backlog, 1)]
+        {
+            let t: T = toml::from_str(&estimator_keys(e, bp)).unwrap();
+            assert_eq!(estimator("", t.estimator.as_deref(), t.backlog_idle_pct).unwrap(), (e, bp));
+        }
+        assert_eq!(estimator("", None, None).unwrap(), (DemandEstimator::Arrivals, 100));
+        assert_eq!(estimator("", Some("backlog"), Some(2.5)).unwrap(), (DemandEstimator::Backlog, 250));
+        assert!(estimator("pshift.", Some("x"), None).unwrap_err().contains("pshift.estimator \"x\""));
+        assert!(estimator("", None, Some(2.0)).unwrap_err().contains("backlog_idle_pct is a setting of"));
+        assert!(estimator("", Some("backlog"), Some(0.0)).unwrap_err().contains("backlog_idle_pct 0: expected"));
+        assert!(estimator("", Some("backlog"), Some(f64::NAN)).unwrap_err().contains("backlog_idle_pct NaN"));
     }
 }

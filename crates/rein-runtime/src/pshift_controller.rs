@@ -34,8 +34,7 @@
 
 use crate::dispatch::Clock;
 use rein_core::pshift::{
-    BucketQos, Controller, ControllerConfig, DemandEstimator, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN,
-    MAX_SERVERS,
+    BucketQos, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN, MAX_SERVERS,
 };
 use rein_core::Nanos;
 use rein_proto::pshift::Message;
@@ -85,6 +84,7 @@ struct File {
     intervals: u32,
     start_s: Option<f64>,
     estimator: Option<String>,
+    backlog_idle_pct: Option<f64>,
     approx_top: Option<usize>,
     #[serde(default = "d_true")]
     exact_limits: bool,
@@ -261,11 +261,8 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
         Some(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Nanos::from_secs_f64(s),
         Some(s) => return Err(format!("start_s must be in [0, 86400], got {s}")),
     };
-    let estimator = match f.estimator.as_deref() {
-        None | Some("arrivals") => DemandEstimator::Arrivals,
-        Some("backlog") => DemandEstimator::Backlog,
-        Some(o) => return Err(format!("estimator {o:?}: expected \"arrivals\" or \"backlog\"")),
-    };
+    let (estimator, backlog_idle_bp) =
+        rein_model::pshift_settings::estimator("", f.estimator.as_deref(), f.backlog_idle_pct)?;
     if f.approx_top == Some(0) {
         return Err("approx_top must be at least 1 (leave it out to solve exactly)".into());
     }
@@ -324,6 +321,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
         f.early_rounds,
         delay,
     );
+    let config = ControllerConfig { backlog_idle_bp, ..config };
     // The controller's own checks (servers, buckets, limits), once, here.
     let caps: Vec<f64> = servers.iter().map(|s| s.1).collect();
     Controller::new(config, &caps, buckets.iter().map(|b| b.1).collect()).map_err(|e| e.to_string())?;

@@ -80,13 +80,9 @@ pub fn controller_config(
     admin: SocketAddr,
 ) -> Result<String, String> {
     let period_s = ps.period.as_secs_f64();
-    let estimator = match ps.estimator {
-        rein_core::pshift::DemandEstimator::Arrivals => "arrivals",
-        rein_core::pshift::DemandEstimator::Backlog => "backlog",
-    };
     let mut t = format!(
         "# rein cluster: the pShift controller of scenario {}\nlisten = {}\nadmin = {}\nhold = true\n\
-         period_s = {}\nintervals = {}\nstart_s = {}\nestimator = {}\nexact_limits = {}\nearly_rounds = {}\n\
+         period_s = {}\nintervals = {}\nstart_s = {}\n{}exact_limits = {}\nearly_rounds = {}\n\
          message_delay_ms = {}\n",
         sc.name,
         q(&listen.to_string()),
@@ -94,7 +90,7 @@ pub fn controller_config(
         f(period_s),
         ps.intervals,
         f(ps.start.as_secs_f64()),
-        q(estimator),
+        rein_model::pshift_settings::estimator_keys(ps.estimator, ps.backlog_idle_bp),
         ps.exact_limits,
         ps.early_rounds,
         f(ps.delay.0 as f64 / 1e6)
@@ -287,6 +283,20 @@ mod tests {
             changes += e.phases.len() - 1;
         }
         assert_eq!(changes, 50, "5 demand changes per bucket");
+    }
+
+    /// The backlog estimator's idle share reaches the controller as set (the plan checks that the file reads
+    /// back as the simulator's controller).
+    #[test]
+    fn the_backlog_idle_share_reaches_the_controller() {
+        let mut sc = scenario("pshift-exp3-limits-small.toml");
+        std::sync::Arc::make_mut(sc.pshift.as_mut().unwrap()).backlog_idle_bp = 250;
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        let ctl = plan.controller.as_ref().expect("a controller");
+        assert!(ctl.config.contains("estimator = \"backlog\"\nbacklog_idle_pct = 2.5\n"), "{}", ctl.config);
+        let back =
+            rein_runtime::pshift_controller::ControllerSettings::parse(&ctl.config, Path::new("ctl.toml")).unwrap();
+        assert_eq!(back.config.backlog_idle_bp, 250);
     }
 
     /// Without a controller (the round-robin baseline) the nodes run the token scheduler unlinked.

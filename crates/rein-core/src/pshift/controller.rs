@@ -13,7 +13,8 @@
 //!   (nearly) never busy keeps its previous estimate, initially the nominal capacity;
 //! - **demand** d_i^j = queued + arrivals x (time left / tau) (§III-D: "from the size of its pending
 //!   queue and the number of its arrivals in the past interval"). With [`DemandEstimator::Backlog`] a
-//!   bucket whose queue at j never ran empty (less than 1% of the interval) since its first request there
+//!   bucket whose queue at j never ran empty (less than [`ControllerConfig::backlog_idle_bp`], 1% of the
+//!   interval by default) since its first request there
 //!   in the interval is limited by service rather
 //!   than by arrivals (a closed loop: it issues when served), so its demand is at least C^j: it could
 //!   use the whole server;
@@ -125,6 +126,10 @@ pub struct ControllerConfig {
     pub start: Nanos,
     /// How a bucket's demand at a server is estimated from the reports.
     pub estimator: DemandEstimator,
+    /// With [`DemandEstimator::Backlog`]: a bucket counts as backlogged at a server if its queue there was
+    /// empty for less than this share of the interval, in basis points (1/10,000 of the interval);
+    /// [`ControllerConfig::DEFAULT_BACKLOG_IDLE_BP`] by default.
+    pub backlog_idle_bp: u32,
     /// How each round's instance is solved (exact or §III-C's top M; on rayon's pool or not).
     pub solve: SolveOptions,
     /// Compute without the missing reports this long after a boundary (their servers count as idle with
@@ -140,6 +145,9 @@ pub struct ControllerConfig {
 }
 
 impl ControllerConfig {
+    /// The backlog estimator's default idle share: 1% of an interval (100 basis points).
+    pub const DEFAULT_BACKLOG_IDLE_BP: u32 = 100;
+
     /// The configuration for servers `delay` away (one way) from the controller: reports are waited for
     /// half an interval; with `exact_limits` the tokens a server may spend before the answer arrives (two
     /// delays) are kept out of the limits; an early round needs four delays before the next boundary (the
@@ -161,6 +169,7 @@ impl ControllerConfig {
             intervals,
             start,
             estimator,
+            backlog_idle_bp: Self::DEFAULT_BACKLOG_IDLE_BP,
             solve,
             report_timeout: Nanos(period.0 / u64::from(intervals.max(1)) / 2),
             answer_delay: if exact_limits { Nanos(delay.0.saturating_mul(2)) } else { Nanos::ZERO },
@@ -606,7 +615,9 @@ impl Controller {
             for b in &r.buckets {
                 let h = if self.buckets[b.bucket as usize].limit.is_some() { b.held.min(reach) } else { 0 };
                 held[b.bucket as usize] = held[b.bucket as usize].saturating_add(h);
-                let backlogged = b.queued > 0 && b.idle_ns * 100 < r.elapsed_ns;
+                let idle_bp = u64::from(self.config.backlog_idle_bp);
+                let backlogged =
+                    b.queued > 0 && b.idle_ns.saturating_mul(10_000) < r.elapsed_ns.saturating_mul(idle_bp);
                 let mut d = b.queued as f64 + b.arrivals as f64 * scale;
                 if self.config.estimator == DemandEstimator::Backlog && backlogged {
                     d = d.max(caps[j] as f64);
@@ -687,6 +698,7 @@ mod tests {
             intervals,
             start: Nanos::from_millis(200),
             estimator,
+            backlog_idle_bp: ControllerConfig::DEFAULT_BACKLOG_IDLE_BP,
             solve: SolveOptions::default(),
             report_timeout: Nanos::from_millis(100),
             answer_delay: Nanos::ZERO,
@@ -855,14 +867,22 @@ mod tests {
     fn backlog_estimator_lets_a_closed_loop_use_the_whole_server() {
         // A bucket with 5 outstanding that was served 100 times: by arrivals its demand is 5 + 100 x 5 =
         // 505; backlogged (never idle) it can take the whole server (1,000 for the second left).
-        for (est, want) in [(DemandEstimator::Arrivals, 505), (DemandEstimator::Backlog, 1000)] {
-            let mut c =
-                Controller::new(config(5, est), &[1000.0], vec![BucketQos { reservation: 5000, limit: None }]).unwrap();
-            let mut r = report(0, 0, 200, vec![line(0, 100, 100, 5, 0)]);
+        // Idle for 4 ms of the 200 ms interval (2%): not backlogged at the default 1%, backlogged when
+        // up to 2.5% (250 basis points) is allowed.
+        let cases = [
+            (DemandEstimator::Arrivals, 100, 0, 505),
+            (DemandEstimator::Backlog, 100, 0, 1000),
+            (DemandEstimator::Backlog, 100, 4_000_000, 505),
+            (DemandEstimator::Backlog, 250, 4_000_000, 1000),
+        ];
+        for (est, bp, idle, want) in cases {
+            let config = ControllerConfig { backlog_idle_bp: bp, ..config(5, est) };
+            let mut c = Controller::new(config, &[1000.0], vec![BucketQos { reservation: 5000, limit: None }]).unwrap();
+            let mut r = report(0, 0, 200, vec![line(0, 100, 100, 5, idle)]);
             r.completed = 200;
             c.handle_report(r).unwrap();
             let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
-            assert_eq!(m[0].tokens[0].1, want, "{est:?}");
+            assert_eq!(m[0].tokens[0].1, want, "{est:?}, {bp} bp, idle {idle} ns");
         }
     }
 

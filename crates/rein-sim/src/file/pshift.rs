@@ -35,6 +35,9 @@ pub struct PshiftFile {
     /// the time left) | backlog (also: a bucket never idle since its first request in the interval can
     /// use the whole server, as closed loops do).
     pub estimator: Option<String>,
+    /// With `estimator = "backlog"`: a queue empty for less than this % of an interval counts as
+    /// backlogged (0.01 to 100; default 1).
+    pub backlog_idle_pct: Option<f64>,
     /// §III-C: the controller solves with only the top M buckets shifting (default: all of them).
     pub approx_top: Option<usize>,
     /// Weighted round robin by tenant weight (§V "Local Priorities").

@@ -91,6 +91,9 @@ pub struct PshiftSection {
     pub delay: Nanos,
     /// How the controller estimates a bucket's demand from the servers' reports.
     pub estimator: DemandEstimator,
+    /// The backlog estimator's idle share (basis points of an interval; rein-core's
+    /// `ControllerConfig::backlog_idle_bp`).
+    pub backlog_idle_bp: u32,
     /// §III-C: solve with only the top M buckets shifting (`None`: exactly).
     pub approx_top: Option<usize>,
     /// Weighted round robin by tenant weight at the servers (§V "Local Priorities").
@@ -115,7 +118,7 @@ impl PshiftSection {
     /// The controller's configuration (rein-core's), as the simulator's controller runs it and as `rein
     /// cluster` writes it for `rein pshift controller`.
     pub fn controller_config(&self) -> rein_core::pshift::ControllerConfig {
-        rein_core::pshift::ControllerConfig::for_delay(
+        let c = rein_core::pshift::ControllerConfig::for_delay(
             self.period,
             self.intervals,
             self.start,
@@ -124,7 +127,8 @@ impl PshiftSection {
             self.exact_limits,
             self.early_rounds,
             self.delay,
-        )
+        );
+        rein_core::pshift::ControllerConfig { backlog_idle_bp: self.backlog_idle_bp, ..c }
     }
 
     /// Bucket `t`'s QoS per period (rein-core's), from its spec: what the controller keeps.
@@ -192,11 +196,8 @@ pub fn validate(
         return Err("pshift.start_s must be before the end of the run".into());
     }
     let delay = secs("delay_ms", f.delay_ms / 1e3, 0.0, 10.0)?;
-    let estimator = match f.estimator.as_deref() {
-        None | Some("arrivals") => DemandEstimator::Arrivals,
-        Some("backlog") => DemandEstimator::Backlog,
-        Some(o) => return Err(format!("pshift.estimator {o:?}: expected arrivals or backlog")),
-    };
+    let (estimator, backlog_idle_bp) =
+        rein_model::pshift_settings::estimator("pshift.", f.estimator.as_deref(), f.backlog_idle_pct)?;
     let r_order = rein_model::pshift_settings::r_order(f.r_order.as_deref(), f.r_floor_ios)?;
     let arrivals = match f.arrivals.as_deref() {
         None | Some("uniform") => Arrivals::Uniform,
@@ -228,6 +229,7 @@ pub fn validate(
         controller: f.controller,
         delay,
         estimator,
+        backlog_idle_bp,
         approx_top: f.approx_top,
         weighted: f.weighted,
         r_order,
