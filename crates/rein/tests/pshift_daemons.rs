@@ -425,11 +425,11 @@ fn a_tenant_created_at_run_time_becomes_its_bucket() {
     const JSON: &str = "Content-Type: application/json\r\n";
     let tmp = tmpdir("pshift-daemons-runtime");
     let dir = tmp.path();
-    let listen = format!("127.0.0.91:{}", free_port("127.0.0.91"));
+    let listen = format!("127.0.0.115:{}", free_port("127.0.0.115"));
     let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {L}\n");
-    let _ctl = controller_with(dir, &listen, 91, 0.5, &buckets);
-    let s1 = server_with(dir, 92, "s1", &listen, &["b2"]);
-    let s2 = server_with(dir, 93, "s2", &listen, &["b2"]);
+    let _ctl = controller_with(dir, &listen, 115, 0.5, &buckets);
+    let s1 = server_with(dir, 116, "s1", &listen, &["b2"]);
+    let s2 = server_with(dir, 117, "s2", &listen, &["b2"]);
     for s in [&s1, &s2] {
         s.wait_line("pShift link: welcomed by the controller");
         let (code, _, body) = common::http(s.admin, "POST", "/api/tenants", JSON, r#"{"name": "b3"}"#);
