@@ -87,7 +87,7 @@ use crate::access::{ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
 use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
 use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContext, Policy};
-use crate::parda_host::{HostGate, HostedVolume};
+use crate::parda_host::{HostGate, HostedVolume, VmLease};
 use crate::remote::{
     LinkConfig, NodeProtocol, NodeSpec, NodeTls, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE,
 };
@@ -781,6 +781,9 @@ struct LiveVolume {
 
 /// What the gateway runs now: the settings it started with (nodes, front, links: a reload does not change
 /// them), its tenants and volumes as last applied, and the per-tenant state they share.
+/// A PARDA host's VMs by tenant name; a lease dropped here leaves its VM to the volumes still open.
+type HostVms = BTreeMap<String, Arc<VmLease>>;
+
 struct Live {
     base: GatewayConfig,
     tenants: Vec<GatewayTenant>,
@@ -793,7 +796,7 @@ struct Live {
     trackers: BTreeMap<String, Arc<Mutex<ServiceTracker>>>,
     /// A PARDA host's gate and its VMs by tenant name (the tenants it started with, and those a reload
     /// added, from their first volume on).
-    host: Option<(Arc<HostGate>, BTreeMap<String, rein_core::TenantId>)>,
+    host: Option<(Arc<HostGate>, HostVms)>,
 }
 
 impl Live {
@@ -839,19 +842,20 @@ impl Live {
         let backend = match &mut self.host {
             None => Backend::Remote(volume.clone()),
             Some((gate, vms)) => {
-                let vm = match vms.get(&t.name) {
-                    Some(&vm) => vm,
+                let lease = match vms.get(&t.name) {
+                    Some(lease) => lease.clone(),
                     // A tenant a reload added joins the host with its first volume.
                     None => {
                         let vm = gate
                             .add_vm(t.spec)
                             .await
                             .map_err(|e| GatewayError::Parda(format!("export {}: tenant {}: {e}", v.name, t.name)))?;
-                        vms.insert(t.name.clone(), vm);
-                        vm
+                        let lease = Arc::new(VmLease { gate: gate.clone(), vm });
+                        vms.insert(t.name.clone(), lease.clone());
+                        lease
                     }
                 };
-                Backend::Hosted(Arc::new(HostedVolume { volume: volume.clone(), gate: gate.clone(), vm }))
+                Backend::Hosted(Arc::new(HostedVolume { volume: volume.clone(), lease }))
             }
         };
         let export = Arc::new(Export {
@@ -1000,7 +1004,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             v.volume.respec(&node_tenants(t));
         }
         if let Some((gate, vms)) = &live.host {
-            if let Some(&vm) = vms.get(name) {
+            if let Some(vm) = vms.get(name).map(|l| l.vm) {
                 match gate.set_vm_spec(vm, t.spec).await {
                     Ok(()) => r.applied.push(format!(
                         "tenant {name}: the PARDA host's local scheduler uses the new spec, and beta from the next period"
@@ -1010,10 +1014,14 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             }
         }
     }
-    if let Some((_, vms)) = &live.host {
-        for name in vms.keys().filter(|n| !tenants.iter().any(|t| &t.name == *n)) {
+    if let Some((_, vms)) = &mut live.host {
+        let removed: Vec<String> = vms.keys().filter(|n| !tenants.iter().any(|t| &t.name == *n)).cloned().collect();
+        for name in removed {
+            // The volumes still open hold the VM; it leaves the host when the last of them closes.
+            vms.remove(&name);
             r.applied.push(format!(
-                "tenant {name} removed: its VM keeps its share of the PARDA host's beta until a restart"
+                "tenant {name} removed: its VM leaves the PARDA host (and beta) when the last connection to its \
+                 volumes closes"
             ));
         }
     }
@@ -1034,7 +1042,9 @@ pub async fn run_with(
     if let Some(settings) = &cfg.parda {
         let specs: Vec<QosSpec> = cfg.tenants.iter().map(|t| t.spec).collect();
         let (gate, ids) = HostGate::start(settings, &specs).await.map_err(GatewayError::Parda)?;
-        let vms = cfg.tenants.iter().map(|t| t.name.clone()).zip(ids).collect();
+        let vms = (cfg.tenants.iter().zip(ids))
+            .map(|(t, vm)| (t.name.clone(), Arc::new(VmLease { gate: gate.clone(), vm })))
+            .collect();
         tracing::info!(
             host = settings.id,
             controlled = settings.runs,

@@ -51,8 +51,9 @@
 //! `rein serve`'s dispatcher skips those): its window slot is freed at once and it counts in
 //! `abandoned`. A reload's new spec for a VM reaches the local scheduler at once and beta from the next
 //! period ([`HostGate::set_vm_spec`]); a tenant added by a reload joins the host when its first volume
-//! opens ([`HostGate::add_vm`]). A tenant removed by a reload keeps its VM (and its share of beta) until
-//! a restart: connections open on its volumes keep them.
+//! opens ([`HostGate::add_vm`]). A tenant removed by a reload keeps its VM (and its share of beta) while
+//! connections to its volumes are open, and its VM leaves the host when the last one closes
+//! ([`VmLease`]).
 
 use crate::aggregate::{FileAggregation, Transport, UdpAggregation};
 use crate::dispatch::{Clock, Done, IoError, Op};
@@ -347,6 +348,8 @@ enum Msg {
     AddVm(QosSpec, tokio::sync::oneshot::Sender<Result<TenantId, String>>),
     /// A VM's spec changes (a reload).
     SetVmSpec(TenantId, QosSpec, tokio::sync::oneshot::Sender<Result<(), String>>),
+    /// A VM leaves the host (its tenant was removed and its last volume closed: [`VmLease`]).
+    RemoveVm(TenantId),
 }
 
 /// The gate every request of a PARDA host passes; see the module comment.
@@ -469,6 +472,13 @@ impl HostGate {
         rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
     }
 
+    /// VM `vm` leaves the host: its share leaves beta from the next period, requests of it still queued
+    /// in the host are answered [`IoError::Abandoned`], its IOs at the array complete as usual. Sent by
+    /// the last [`VmLease`] of the VM as it drops; a gate that has stopped has nothing to remove.
+    fn remove_vm(&self, vm: TenantId) {
+        let _ = self.tx.send(Msg::RemoveVm(vm));
+    }
+
     /// A request of VM `vm`: queued in the host, sent when the window allows (unless its `gone` is set by
     /// then), answered through its `done` (invariant 1).
     fn submit(&self, vm: TenantId, parked: Parked) {
@@ -478,14 +488,28 @@ impl HostGate {
     }
 }
 
-/// A volume of a PARDA host's VM: its requests pass the host's gate.
-pub struct HostedVolume {
-    /// The volume.
-    pub volume: Arc<RemoteVolume>,
+/// A VM's place in a PARDA host, held by the gateway's tenant list and by each volume of the VM: when
+/// the last holder lets go (the tenant was removed by a reload and the last connection to its volumes
+/// closed), the VM leaves the host (its share leaves beta from the next period).
+pub struct VmLease {
     /// The host.
     pub gate: Arc<HostGate>,
     /// The VM in the host's local scheduler.
     pub vm: TenantId,
+}
+
+impl Drop for VmLease {
+    fn drop(&mut self) {
+        self.gate.remove_vm(self.vm);
+    }
+}
+
+/// A volume of a PARDA host's VM: its requests pass the host's gate.
+pub struct HostedVolume {
+    /// The volume.
+    pub volume: Arc<RemoteVolume>,
+    /// The VM (and its host).
+    pub lease: Arc<VmLease>,
 }
 
 impl HostedVolume {
@@ -494,7 +518,7 @@ impl HostedVolume {
     /// issued (it is answered with [`IoError::Abandoned`]).
     pub fn submit(&self, offset: u64, op: Op, fua: bool, done: Done, gone: Option<Arc<AtomicBool>>) {
         let parked = Parked { volume: self.volume.clone(), offset, op, fua, done, gone };
-        self.gate.submit(self.vm, parked)
+        self.lease.gate.submit(self.lease.vm, parked)
     }
 }
 
@@ -593,6 +617,20 @@ impl Task {
                 let r = self.ctl.set_vm_spec(vm, spec).map_err(|e| format!("parda host: {e}"));
                 let _ = reply.send(r);
             }
+            Msg::RemoveVm(vm) => match self.ctl.remove_vm(vm) {
+                Ok(handles) => {
+                    // Requests queued for it whose connections have not closed yet: nobody else can
+                    // serve them.
+                    for h in handles {
+                        if let Some(p) = self.parked.remove(&h) {
+                            self.abandoned += 1;
+                            (p.done)(Err(IoError::Abandoned), Default::default());
+                        }
+                    }
+                    tracing::info!(vm = vm.index(), "PARDA host: a removed tenant's VM left the host");
+                }
+                Err(e) => tracing::warn!("parda host: removing a VM: {e}"),
+            },
             Msg::Answered { vm, latency, size, ok } => {
                 // The controller knows every VM it issued for; an error here would be a gate bug, and
                 // the slot must be freed either way, so it is only logged.

@@ -318,9 +318,10 @@ fn a_broken_connections_queued_requests_are_not_issued() {
 
 /// A reload (SIGHUP) on a PARDA host: a VM's new weight reaches its share of beta (beta_base = K x the
 /// sum of the weights, K = 1 here), a tenant added joins the host with its volume and is served, and a
-/// removed tenant keeps its share until a restart (named in the log).
+/// removed tenant keeps its VM and share while a connection to its volume is open and leaves the host
+/// when it closes (named in the log).
 #[test]
-fn a_reload_changes_a_vms_share_and_adds_a_vm() {
+fn a_reload_changes_a_vms_share_and_adds_and_removes_a_vm() {
     let tmp = tmpdir("parda-host-reload");
     let dir = tmp.path();
     let a = array(dir, 76, &["vm1", "vm2"]);
@@ -342,9 +343,17 @@ fn a_reload_changes_a_vms_share_and_adds_a_vm() {
     let mut c = Raw::connect(h.nbd, "vm2");
     c.send(Command::Read, 1, 0, 4096, &[]);
     assert_eq!(c.reply(4096).1, 0, "vm2 is served through the host");
-    drop(c);
     write(&[("vm1", 3)]);
     h.signal("-HUP");
-    h.wait_line("tenant vm2 removed: its VM keeps its share of the PARDA host's beta until a restart");
-    assert_eq!(status(&h)["beta_base"].as_f64(), Some(5.0));
+    h.wait_line("tenant vm2 removed: its VM leaves the PARDA host (and beta) when the last connection");
+    // The open connection keeps the VM (and is still served): two periods later vm2 is still there.
+    std::thread::sleep(Duration::from_millis(1200));
+    c.send(Command::Read, 2, 0, 4096, &[]);
+    assert_eq!(c.reply(4096).1, 0, "the open connection is still served");
+    let s = status(&h);
+    assert_eq!((s["vms"].as_u64(), s["beta_base"].as_f64()), (Some(2), Some(5.0)), "{s}");
+    drop(c);
+    h.wait_line("a removed tenant's VM left the host");
+    let s = until(&h, "vm2 leaves", |s| s["vms"] == 1);
+    assert_eq!(s["beta_base"].as_f64(), Some(3.0), "{s}");
 }
