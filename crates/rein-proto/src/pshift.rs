@@ -7,14 +7,18 @@
 //! boundary and for every early round, the controller sends [`Message::ReportRequest`]; the server answers
 //! [`Message::Report`] (rein-core's [`ServerReport`]); the controller's answer is [`Message::Tokens`]
 //! (rein-core's [`TokenMessage`]). A server sends [`Message::Stray`] when a bucket arrives that the latest
-//! tokens did not plan for (rein-core's early rounds).
+//! tokens did not plan for (rein-core's early rounds). A server also sends [`Message::Ping`] now and
+//! then; the controller's [`Message::Pong`] carries its clock and its next boundary, from which the server
+//! learns the boundary on its own clock (the exchange with the shortest round trip bounds the error by
+//! half of it) and cuts its next report there rather than when the request arrives.
 //!
 //! # Frame (little endian)
 //! ```text
 //! offset size field
 //!      0    4 magic    "RPSH"
-//!      4    2 version  1
-//!      6    1 type     1 hello, 2 welcome, 3 refuse, 4 report request, 5 report, 6 stray, 7 tokens
+//!      4    2 version  2 (1 had no ping and pong)
+//!      6    1 type     1 hello, 2 welcome, 3 refuse, 4 report request, 5 report, 6 stray, 7 tokens,
+//!                      8 ping, 9 pong
 //!      7    1 reserved 0
 //!      8    4 length   body bytes, at most MAX_BODY
 //!     12    . body     per type, below
@@ -29,7 +33,11 @@
 //!   then `count` x (`bucket: u32`, `arrivals, dispatched, queued, idle_ns, in_flight, held: u64`);
 //! - stray: `server: u32`, `bucket: u32`, `heard_round: u64`, `heard_early: u32`;
 //! - tokens: `server: u32`, `round: u64`, `early: u32`, `count: u32`, then `count` x (`bucket: u32`,
-//!   `r: u64`, `l: u64`), with `l` = `u64::MAX` for unlimited.
+//!   `r: u64`, `l: u64`), with `l` = `u64::MAX` for unlimited;
+//! - ping: `t0: u64` (the server's clock, ns);
+//! - pong: `t0: u64` (the ping's), `t1: u64` (the controller's clock when it answered, ns),
+//!   `next_round: u64`, `next_ns: u64` (the next boundary's number and time on the controller's clock;
+//!   `next_ns` 0: no schedule yet), `interval_ns: u64` (the time between boundaries).
 //!
 //! # What decoding guarantees
 //! A frame is taken only whole: its body length is checked against [`MAX_BODY`] from the header, before
@@ -48,7 +56,7 @@ use rein_core::pshift::{
 /// The frame's magic, "RPSH" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RPSH");
 /// The format this build writes and reads.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
 /// The largest body accepted (64 MiB: a report or a token message for about a million buckets).
@@ -95,6 +103,24 @@ pub enum Message {
     Stray(StrayArrival),
     /// Controller -> server: its tokens for the rest of the period.
     Tokens(TokenMessage),
+    /// Server -> controller: its clock now, for [`Message::Pong`].
+    Ping {
+        /// The server's clock (ns).
+        t0: u64,
+    },
+    /// Controller -> server: the answer to a ping, with the controller's clock and schedule.
+    Pong {
+        /// The ping's `t0`.
+        t0: u64,
+        /// The controller's clock when it answered (ns).
+        t1: u64,
+        /// The next boundary's round number.
+        next_round: u64,
+        /// The next boundary on the controller's clock (ns); 0: the schedule has not started.
+        next_ns: u64,
+        /// The time between boundaries (ns).
+        interval_ns: u64,
+    },
 }
 
 impl Message {
@@ -107,6 +133,8 @@ impl Message {
             Message::Report(_) => 5,
             Message::Stray(_) => 6,
             Message::Tokens(_) => 7,
+            Message::Ping { .. } => 8,
+            Message::Pong { .. } => 9,
         }
     }
 
@@ -120,6 +148,8 @@ impl Message {
             Message::Report(_) => "report",
             Message::Stray(_) => "stray",
             Message::Tokens(_) => "tokens",
+            Message::Ping { .. } => "ping",
+            Message::Pong { .. } => "pong",
         }
     }
 }
@@ -262,6 +292,12 @@ fn encode_body(m: &Message, what: &'static str, out: &mut Vec<u8>) -> Result<(),
             out.extend_from_slice(&round.to_le_bytes());
             out.extend_from_slice(&early.to_le_bytes());
         }
+        Message::Ping { t0 } => out.extend_from_slice(&t0.to_le_bytes()),
+        Message::Pong { t0, t1, next_round, next_ns, interval_ns } => {
+            for v in [t0, t1, next_round, next_ns, interval_ns] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
         Message::Report(r) => {
             if r.buckets.len() > MAX_BUCKETS {
                 let value = r.buckets.len() as u64;
@@ -386,6 +422,8 @@ fn decode_body(kind: u8, body: &[u8]) -> Result<Message, WireError> {
         5 => "report",
         6 => "stray",
         7 => "tokens",
+        8 => "ping",
+        9 => "pong",
         k => return Err(WireError::Type(k)),
     };
     let mut c = Body { what, b: body, at: 0 };
@@ -412,6 +450,10 @@ fn decode_body(kind: u8, body: &[u8]) -> Result<Message, WireError> {
         }
         3 => Message::Refuse { reason: c.str("reason", MAX_REASON_LEN)? },
         4 => Message::ReportRequest { round: c.u64()?, early: c.u32()? },
+        8 => Message::Ping { t0: c.u64()? },
+        9 => {
+            Message::Pong { t0: c.u64()?, t1: c.u64()?, next_round: c.u64()?, next_ns: c.u64()?, interval_ns: c.u64()? }
+        }
         5 => {
             let server = c.u32()?;
             let round = c.u64()?;
@@ -482,7 +524,7 @@ fn header(h: &[u8]) -> Result<(u8, usize), WireError> {
         return Err(WireError::Version(version));
     }
     let kind = h[6];
-    if !(1..=7).contains(&kind) {
+    if !(1..=9).contains(&kind) {
         return Err(WireError::Type(kind));
     }
     if h[7] != 0 {
@@ -497,7 +539,7 @@ fn header(h: &[u8]) -> Result<(u8, usize), WireError> {
 }
 
 fn decode_name(kind: u8) -> &'static str {
-    ["", "hello", "welcome", "refuse", "report request", "report", "stray", "tokens"]
+    ["", "hello", "welcome", "refuse", "report request", "report", "stray", "tokens", "ping", "pong"]
         .get(kind as usize)
         .copied()
         .unwrap_or("")
@@ -552,6 +594,14 @@ mod tests {
             Message::Welcome { server: 3, strays: true, buckets: vec!["a".into(), "bucket-b".into()] },
             Message::Refuse { reason: "no server named x".into() },
             Message::ReportRequest { round: 4, early: 0 },
+            Message::Ping { t0: 123_456_789 },
+            Message::Pong {
+                t0: 123_456_789,
+                t1: 987_654_321,
+                next_round: 6,
+                next_ns: 1_200_000_000,
+                interval_ns: 200_000_000,
+            },
             Message::Report(report()),
             Message::Stray(StrayArrival { server: 1, bucket: 5, heard: (3, 2) }),
             Message::Tokens(TokenMessage {
@@ -587,8 +637,8 @@ mod tests {
             decode(&b).unwrap_err().to_string()
         };
         assert!(err(&|b| b[0] = b'X').contains("bad magic"));
-        assert!(err(&|b| b[4] = 2).contains("version 2"));
-        assert!(err(&|b| b[6] = 9).contains("unknown pShift message type 9"));
+        assert!(err(&|b| b[4] = 1).contains("version 1"));
+        assert!(err(&|b| b[6] = 10).contains("unknown pShift message type 10"));
         assert!(err(&|b| b[8..12].copy_from_slice(&u32::MAX.to_le_bytes())).contains("exceeds the bound"));
         // The second line's bucket (7) made equal to the first's (0): one line per bucket.
         let second = HEADER_BYTES + 4 + 8 + 4 + 24 + 4 + REPORT_LINE;
@@ -611,7 +661,7 @@ mod tests {
     proptest! {
         /// Random bytes never panic the decoder; what decodes re-encodes to the same bytes.
         #[test]
-        fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256), kind in 1u8..8) {
+        fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256), kind in 1u8..10) {
             crate::harness::pshift(&data);
             // The same bytes behind a valid header of each type.
             let mut b = MAGIC.to_le_bytes().to_vec();

@@ -375,6 +375,8 @@ enum Cmd {
     PshiftDetach,
     /// pShift: the server's tenants that are buckets now ([`Dispatcher::pshift_map`]).
     PshiftMap(Vec<(TenantId, u32)>),
+    /// pShift: where the next boundary's report is to be cut ([`Dispatcher::pshift_cut_at`]).
+    PshiftCutAt(Cut),
 }
 
 /// IOs of tenant `id` at the backend now: received and not answered, less those still queued.
@@ -430,6 +432,35 @@ struct PshiftState {
     bucket_ids: std::collections::HashMap<u32, TenantId>,
     strays_to: mpsc::UnboundedSender<StrayArrival>,
     busy_mark: u64,
+    /// The next boundary on this clock, as the link placed it ([`Dispatcher::pshift_cut_at`]).
+    cut: Option<Cut>,
+    /// The latest boundary whose report was cut (at the boundary or on request).
+    last_cut: Option<u64>,
+    /// A boundary's report cut at the boundary, until the controller's request for it arrives.
+    stash: Option<(u64, ServerReport)>,
+}
+
+/// When to cut a boundary's report: its round and time on the dispatcher's clock, and the time to the
+/// next boundary (the cut after it is scheduled from here until the link says otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    /// The boundary's round.
+    pub round: u64,
+    /// The boundary on the dispatcher's clock.
+    pub at: Nanos,
+    /// The time between boundaries.
+    pub interval: Nanos,
+}
+
+impl Cut {
+    /// The first boundary after `round` (this one if it is later).
+    fn after(self, round: u64) -> Cut {
+        if self.round > round {
+            return self;
+        }
+        let k = round + 1 - self.round;
+        Cut { round: round + 1, at: Nanos(self.at.0.saturating_add(k.saturating_mul(self.interval.0))), ..self }
+    }
 }
 
 /// Why the modelled capacity could not be changed.
@@ -536,6 +567,7 @@ impl Default for DispatchConfig {
 #[derive(Clone)]
 pub struct Dispatcher {
     tx: mpsc::Sender<Cmd>,
+    clock: Clock,
 }
 
 impl Dispatcher {
@@ -566,12 +598,13 @@ impl Dispatcher {
             },
             other => (None, other),
         };
+        let clock = Clock::new();
         let task = Task {
             sched,
             device: device.as_ref().map(ModelledDevice::new),
             ready: Vec::new(),
             depth: config.depth,
-            clock: Clock::new(),
+            clock,
             outstanding: 0,
             pending: Vec::new(),
             free: Vec::new(),
@@ -591,7 +624,7 @@ impl Dispatcher {
             pshift: None,
         };
         let join = tokio::spawn(task.run(rx));
-        (Dispatcher { tx }, join)
+        (Dispatcher { tx, clock }, join)
     }
 
     /// Submits a request and waits for its completion. A request whose future is dropped before its turn
@@ -700,6 +733,19 @@ impl Dispatcher {
     /// answer lists them), and mapped tenants not in `buckets` are forgotten. Ignored without a controller.
     pub async fn pshift_map(&self, buckets: Vec<(TenantId, u32)>) {
         let _ = self.tx.send(Cmd::PshiftMap(buckets)).await;
+    }
+
+    /// The dispatcher's clock (its times: reports, [`Dispatcher::pshift_cut_at`]).
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// pShift: boundary `cut.round`'s report is to be cut at `cut.at` (this dispatcher's clock: the
+    /// boundary as the link places it), rather than when the controller's request for it arrives (which
+    /// then takes the report cut then), and each boundary after it `cut.interval` later. A later call
+    /// replaces an earlier one; a boundary already cut, and a call without a controller, are ignored.
+    pub async fn pshift_cut_at(&self, cut: Cut) {
+        let _ = self.tx.send(Cmd::PshiftCutAt(cut)).await;
     }
 
     /// pShift: the controller is gone; the buckets go back to plain round robin until one answers again.
@@ -819,6 +865,7 @@ impl Task {
         let mut open = true;
         loop {
             self.advance_device();
+            self.pshift_cut();
             if open || self.sched.queued() > 0 {
                 wake = self.pump(&done_tx);
             }
@@ -830,11 +877,8 @@ impl Task {
             }
             // The scheduler's limit wake-up or the device model's next event, whichever is first.
             let model = self.device.as_ref().and_then(|d| d.next_deadline());
-            let sleep_until = match (wake, model) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-            .map(|t| self.clock.instant(t));
+            let cut = self.pshift.as_ref().and_then(|p| p.cut).map(|c| c.at);
+            let sleep_until = [wake, model, cut].into_iter().flatten().min().map(|t| self.clock.instant(t));
             let ring_busy = self.uring.as_ref().is_some_and(|u| u.inflight() > 0);
             tokio::select! {
                 cmd = rx.recv(), if open => match cmd {
@@ -862,6 +906,34 @@ impl Task {
             }
         }
         tracing::debug!("dispatcher drained and stopped");
+    }
+
+    /// pShift: the report of `(round, early)` cut now (with the device's busy time since the last one).
+    fn pshift_report(&mut self, round: u64, early: u32) -> Result<ServerReport, String> {
+        let now = self.clock.now();
+        let busy = self.busy_total(now);
+        match (&mut self.pshift, &mut self.sched) {
+            (Some(p), Sched::Token(ts)) => {
+                p.server.add_busy(busy.saturating_sub(p.busy_mark));
+                p.busy_mark = busy;
+                Ok(p.server.report(ts, now, round, early, None))
+            }
+            _ => Err("no pShift controller has welcomed this server".to_string()),
+        }
+    }
+
+    /// pShift: at the boundary the link placed, cut that boundary's report and keep it for the request.
+    fn pshift_cut(&mut self) {
+        let now = self.clock.now();
+        let Some(p) = self.pshift.as_mut() else { return };
+        let Some(cut) = p.cut.filter(|c| now >= c.at) else { return };
+        // Taken before the report, so a cut in the past is never a timer that fires again at once.
+        p.cut = (cut.interval > Nanos::ZERO).then(|| cut.after(cut.round));
+        p.last_cut = Some(cut.round);
+        let report = self.pshift_report(cut.round, 0);
+        if let (Some(p), Ok(r)) = (&mut self.pshift, report) {
+            p.stash = Some((cut.round, r));
+        }
     }
 
     fn command(&mut self, c: Cmd) {
@@ -975,7 +1047,15 @@ impl Task {
                         server.resume(ts, now, |id| counts.get(&id).copied().unwrap_or(0));
                         // A new controller (or the same after a break): round robin until it answers.
                         server.detach(ts);
-                        self.pshift = Some(PshiftState { server, bucket_ids, strays_to: a.strays_to, busy_mark: busy });
+                        self.pshift = Some(PshiftState {
+                            server,
+                            bucket_ids,
+                            strays_to: a.strays_to,
+                            busy_mark: busy,
+                            cut: None,
+                            last_cut: None,
+                            stash: None,
+                        });
                         Ok(())
                     }
                     Sched::Dyn(_) => {
@@ -985,17 +1065,31 @@ impl Task {
                 let _ = reply.send(r);
             }
             Cmd::PshiftReport(round, early, reply) => {
-                let now = self.clock.now();
-                let busy = self.busy_total(now);
-                let r = match (&mut self.pshift, &mut self.sched) {
-                    (Some(p), Sched::Token(ts)) => {
-                        p.server.add_busy(busy.saturating_sub(p.busy_mark));
-                        p.busy_mark = busy;
-                        Ok(p.server.report(ts, now, round, early, None))
+                let stashed = match &mut self.pshift {
+                    Some(p) if early == 0 => p.stash.take().filter(|s| s.0 == round).map(|s| s.1),
+                    _ => None,
+                };
+                let r = match stashed {
+                    Some(r) => Ok(r),
+                    None => {
+                        let r = self.pshift_report(round, early);
+                        // A boundary reported on request (before the link placed it, or before its
+                        // place came): its scheduled cut is moot.
+                        if let (Some(p), 0) = (&mut self.pshift, early) {
+                            p.last_cut = p.last_cut.max(Some(round));
+                            p.cut = p.cut.map(|c| c.after(round));
+                        }
+                        r
                     }
-                    _ => Err("no pShift controller has welcomed this server".to_string()),
                 };
                 let _ = reply.send(r);
+            }
+            Cmd::PshiftCutAt(cut) => {
+                if let Some(p) = &mut self.pshift {
+                    if p.last_cut.is_none_or(|l| cut.round > l) {
+                        p.cut = Some(cut);
+                    }
+                }
             }
             Cmd::PshiftTokens(m) => {
                 if let (Some(p), Sched::Token(ts)) = (&mut self.pshift, &mut self.sched) {

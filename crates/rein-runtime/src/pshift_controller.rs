@@ -707,6 +707,13 @@ impl Task {
                 if self.conns[index].as_ref().is_none_or(|c| c.0 != conn) {
                     return; // a replaced connection's late frame
                 }
+                if let Message::Ping { t0 } = m {
+                    let pong = self.pong(t0);
+                    if let Some(Some((_, tx))) = self.conns.get(index) {
+                        let _ = tx.send(pong);
+                    }
+                    return;
+                }
                 let Some(origin) = self.origin else {
                     // Held: no report was asked for and no early round can start; the frame is dropped.
                     return;
@@ -745,6 +752,20 @@ impl Task {
         }
         let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
         st.round = self.ctl.round();
+    }
+
+    /// The answer to a ping sent at `t0`: this clock now, and the next boundary whose report is not
+    /// asked for yet (on this clock; none while the schedule is held).
+    fn pong(&self, t0: u64) -> Message {
+        let tau = self.ctl.config().period.0 / u64::from(self.ctl.config().intervals.max(1));
+        let (next_round, next_ns) = match self.origin {
+            None => (0, 0),
+            Some(origin) => {
+                let round = self.ctl.round() + u64::from(self.requested == Some(self.ctl.round()));
+                (round, origin.0 + self.ctl.boundary_of(round).0)
+            }
+        };
+        Message::Pong { t0, t1: self.clock.now().0, next_round, next_ns, interval_ns: tau }
     }
 
     fn record(&mut self, now: Nanos, r: &RoundSummary) {

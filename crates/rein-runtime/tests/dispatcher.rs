@@ -541,3 +541,69 @@ async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_req
     drop(d);
     join.await.unwrap();
 }
+
+/// A pShift server cuts a boundary's report at the boundary the link placed on its clock, not when the
+/// controller's request arrives: with the boundary at 1 s and the request 5 ms later, the report covers
+/// exactly 1 s (100 IOs at 100 IOPS), and the next boundary, one interval later, is cut by itself. A
+/// boundary whose request comes before its place is reported then, and its scheduled cut dropped.
+#[tokio::test(start_paused = true)]
+async fn pshift_reports_are_cut_at_the_boundary_not_at_the_request() {
+    use rein_core::Nanos;
+    use rein_runtime::dispatch::{Cut, PshiftAttach};
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
+    let device = DeviceConfig {
+        spec: DeviceSpec::new(100.0, ServiceModel::Deterministic).unwrap(),
+        seed: 1,
+        stream: 0,
+        service_scale: Vec::new(),
+    };
+    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth: 1, ..Default::default() };
+    let (d, join) = Dispatcher::spawn(Some(device), config);
+    let id = d.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).await.unwrap();
+    let (strays_to, _strays) = tokio::sync::mpsc::unbounded_channel();
+    d.pshift_attach(PshiftAttach { server: 0, strays: false, buckets: vec![(id, 0)], strays_to }).await.unwrap();
+    let start = d.clock().now();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(3500);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (d, st) = (d.clone(), storage.clone());
+        tasks.push(tokio::spawn(async move {
+            while tokio::time::Instant::now() < deadline {
+                let req = IoRequest {
+                    storage: st.clone(),
+                    tenant: id,
+                    offset: 0,
+                    op: Op::read(512),
+                    fua: false,
+                    piggyback: None,
+                };
+                d.io(req).await.unwrap();
+            }
+        }));
+    }
+    let second = Nanos::from_secs(1);
+    d.pshift_cut_at(Cut { round: 0, at: Nanos(start.0 + second.0), interval: second }).await;
+    let clock = d.clock();
+    let sleep_to = |t: Nanos| tokio::time::sleep_until(clock.instant(Nanos(start.0 + t.0)));
+    sleep_to(Nanos::from_millis(1005)).await;
+    let r0 = d.pshift_report(0, 0).await.unwrap();
+    assert_eq!(r0.elapsed_ns, second.0, "cut at the boundary: {r0:?}");
+    assert!((99..=101).contains(&r0.buckets[0].dispatched), "{r0:?}");
+    // The next boundary (2 s) is cut by itself; its request comes 30 ms late.
+    sleep_to(Nanos::from_millis(2030)).await;
+    let r1 = d.pshift_report(1, 0).await.unwrap();
+    assert_eq!(r1.elapsed_ns, second.0, "the next boundary, one interval later: {r1:?}");
+    // Round 2's request comes early (2.5 s, before its place at 3 s): reported then, and the cut at 3 s
+    // is dropped (round 3's would be at 4 s, after the run).
+    sleep_to(Nanos::from_millis(2500)).await;
+    let r2 = d.pshift_report(2, 0).await.unwrap();
+    assert_eq!(r2.elapsed_ns, 500_000_000, "{r2:?}");
+    sleep_to(Nanos::from_millis(3100)).await;
+    let r3 = d.pshift_report(3, 0).await.unwrap();
+    assert_eq!(r3.elapsed_ns, 600_000_000, "no cut at 3 s for the round already reported: {r3:?}");
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(d);
+    join.await.unwrap();
+}

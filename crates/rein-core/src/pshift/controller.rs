@@ -427,7 +427,8 @@ impl Controller {
         self.boundary_of(self.round)
     }
 
-    fn boundary_of(&self, round: u64) -> Nanos {
+    /// The time of boundary `round` (from the schedule's origin).
+    pub fn boundary_of(&self, round: u64) -> Nanos {
         Nanos(self.config.start.0 + round * self.tau)
     }
 
