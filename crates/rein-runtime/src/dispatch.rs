@@ -37,6 +37,15 @@
 //! request). That gives repeatable capacity for QoS experiments on any machine, a capacity schedule, and a
 //! capacity that can change at run time.
 //!
+//! # pShift
+//! With `scheduler = "token"` and a controller link ([`crate::pshift_link`]), the dispatcher also holds
+//! rein-core's `TokenServer` (the simulator's pShift servers run the same): it reports each boundary's
+//! interval and applies the controller's tokens. Counting starts at the controller's welcome (the IOs
+//! then at the device count as in flight); tenants created later are mapped to their buckets at the next
+//! boundary, deleted ones released at once. A boundary's report is cut at the boundary as the link
+//! places it on this clock ([`Dispatcher::pshift_cut_at`], then one interval after each cut) and kept
+//! for the controller's request; a request before its place is answered with a report cut then.
+//!
 //! # Measurements
 //! Per tenant: completions by phase, bytes, errors, a latency histogram (arrival to completion), the IOPS
 //! of the last whole second, and *seconds below reservation*, judged by rein-model's reservation meter

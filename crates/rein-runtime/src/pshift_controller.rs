@@ -8,7 +8,9 @@
 //! connected server for its report; when all are in (or half an interval has passed: the missing ones
 //! count as idle at their last capacity estimate) it computes the tokens for the rest of the period and
 //! sends each server its message. A server's note of a stray arrival may start an early round (rein-core's
-//! controller, "Early rounds"), whose reports and answer go the same way.
+//! controller, "Early rounds"), whose reports and answer go the same way. A server's ping is answered
+//! with this clock, the next boundary whose report is not yet asked for (on this clock; none while
+//! held) and the interval, from which the server cuts that report at the boundary itself.
 //!
 //! The first QoS period starts `start_s` after the controller starts (default: one redistribution
 //! interval, whose report is the first statistics; as in the simulator). With `hold = true` the schedule

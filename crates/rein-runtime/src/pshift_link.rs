@@ -12,11 +12,11 @@
 //! dispatcher's stray-arrival notes. Every [`PING_EVERY`] it pings the controller, whose answer carries
 //! its clock and next boundary: the link places that boundary on the dispatcher's clock
 //! ([`ClockOffset`]) and the dispatcher cuts the report there, so a report covers the interval up to the
-//! boundary, not up to the request's arrival (0.5-2.8 ms later on a busy machine). Before a boundary's report it maps the tenants created or deleted
-//! since ([`crate::dispatch::Dispatcher::pshift_map`]), so a tenant created at run time is its bucket
-//! from the next boundary on, without a reconnect. When the link breaks the buckets go back to plain round robin and the
-//! link reconnects (100 ms, doubling to 5 s); a refusal (an unknown name) is logged once and retried at
-//! the longest backoff.
+//! boundary, not up to the request's arrival (0.5-2.8 ms later on a busy machine). Before a boundary's
+//! report it maps the tenants created or deleted since ([`crate::dispatch::Dispatcher::pshift_map`]), so
+//! a tenant created at run time is its bucket from the next boundary on, without a reconnect. When the
+//! link breaks the buckets go back to plain round robin and the link reconnects (100 ms, doubling to
+//! 5 s); a refusal (an unknown name) is logged once and retried at the longest backoff.
 //!
 //! # Invariants
 //! 1. Tokens are applied only from the controller that welcomed this connection, and only those for this
@@ -179,6 +179,13 @@ pub async fn run(
     }
 }
 
+/// Logs tenants that are no bucket of the controller's, if any.
+fn warn_strangers(strangers: &[&str]) {
+    if !strangers.is_empty() {
+        tracing::warn!(tenants = ?strangers, "pShift: tenants that are no bucket of the controller's (served unlimited in the round robin)");
+    }
+}
+
 /// The server's tenants that are buckets (tenant, bucket number), and the names of those that are not.
 fn resolve<'a>(buckets: &[String], here: &'a [(String, TenantId)]) -> (Vec<(TenantId, u32)>, Vec<&'a str>) {
     let mapped = (buckets.iter().enumerate())
@@ -231,9 +238,7 @@ async fn session(
     };
     let mut here = tenants();
     let (buckets, strangers) = resolve(&names, &here);
-    if !strangers.is_empty() {
-        tracing::warn!(tenants = ?strangers, "pShift: tenants that are no bucket of the controller's (served unlimited in the round robin)");
-    }
+    warn_strangers(&strangers);
     let (stray_tx, mut stray_rx) = mpsc::unbounded_channel();
     let mapped = buckets.len();
     let mut current = buckets.clone();
@@ -265,9 +270,7 @@ async fn session(
                         }
                         let new_strangers: Vec<&str> =
                             strangers.into_iter().filter(|n| !here.iter().any(|(h, _)| h == n)).collect();
-                        if !new_strangers.is_empty() {
-                            tracing::warn!(tenants = ?new_strangers, "pShift: tenants that are no bucket of the controller's (served unlimited in the round robin)");
-                        }
+                        warn_strangers(&new_strangers);
                         if buckets != current {
                             dispatcher.pshift_map(buckets.clone()).await;
                             current = buckets;

@@ -471,14 +471,14 @@ async fn a_scaled_tenant_takes_its_multiple_of_the_service_time() {
     }
 }
 
-/// A pShift server's reports count the IOs in flight exactly when the controller's link comes up after
-/// the first requests, and when requests are abandoned (their client gone): 16 closed loops on a
-/// 100-IOPS device for 1 s, then the link, then 5 abandoned requests; the first report's `in_flight` is
-/// at most the dispatcher's depth, not the second's dispatches before the link (about 100) nor the five.
-#[tokio::test(start_paused = true)]
-async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_requests() {
-    use rein_runtime::dispatch::PshiftAttach;
-    use std::sync::atomic::AtomicBool;
+/// A pShift node for the tests below: the token scheduler on a deterministic 100-IOPS device model with
+/// `depth` outstanding, one unreserved tenant, and `loops` closed loops of 512-byte reads on it until
+/// `secs` from now. Returns the dispatcher, its task, the tenant and the loops' tasks.
+async fn pshift_node(
+    depth: usize,
+    loops: usize,
+    secs: f64,
+) -> (Dispatcher, tokio::task::JoinHandle<()>, rein_core::TenantId, Vec<tokio::task::JoinHandle<()>>) {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
     let device = DeviceConfig {
         spec: DeviceSpec::new(100.0, ServiceModel::Deterministic).unwrap(),
@@ -486,38 +486,54 @@ async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_req
         stream: 0,
         service_scale: Vec::new(),
     };
-    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth: 4, ..Default::default() };
+    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth, ..Default::default() };
     let (d, join) = Dispatcher::spawn(Some(device), config);
     let id = d.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).await.unwrap();
-    let read = || IoRequest {
-        storage: storage.clone(),
-        tenant: id,
-        offset: 0,
-        op: Op::read(512),
-        fua: false,
-        piggyback: None,
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let (d, st) = (d.clone(), storage.clone());
-        tasks.push(tokio::spawn(async move {
-            while tokio::time::Instant::now() < deadline {
-                let req = IoRequest {
-                    storage: st.clone(),
-                    tenant: id,
-                    offset: 0,
-                    op: Op::read(512),
-                    fua: false,
-                    piggyback: None,
-                };
-                d.io(req).await.unwrap();
-            }
-        }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
+    let tasks = (0..loops)
+        .map(|_| {
+            let (d, st) = (d.clone(), storage.clone());
+            tokio::spawn(async move {
+                while tokio::time::Instant::now() < deadline {
+                    d.io(read_512(&st, id)).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    (d, join, id, tasks)
+}
+
+/// A 512-byte read at offset 0 of `storage` for `tenant`.
+fn read_512(storage: &Arc<dyn rein_runtime::Storage>, tenant: rein_core::TenantId) -> IoRequest {
+    IoRequest { storage: storage.clone(), tenant, offset: 0, op: Op::read(512), fua: false, piggyback: None }
+}
+
+/// Waits for the loops, then for the dispatcher to drain.
+async fn finish(d: Dispatcher, join: tokio::task::JoinHandle<()>, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for t in tasks {
+        t.await.unwrap();
     }
+    drop(d);
+    join.await.unwrap();
+}
+
+/// The link's welcome for a node whose tenant `id` is bucket 0.
+fn attach(id: rein_core::TenantId) -> rein_runtime::dispatch::PshiftAttach {
+    let (strays_to, _) = tokio::sync::mpsc::unbounded_channel();
+    rein_runtime::dispatch::PshiftAttach { server: 0, strays: false, buckets: vec![(id, 0)], strays_to }
+}
+
+/// A pShift server's reports count the IOs in flight exactly when the controller's link comes up after
+/// the first requests, and when requests are abandoned (their client gone): 16 closed loops on a
+/// 100-IOPS device for 1 s, then the link, then 5 abandoned requests; the first report's `in_flight` is
+/// at most the dispatcher's depth, not the second's dispatches before the link (about 100) nor the five.
+#[tokio::test(start_paused = true)]
+async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_requests() {
+    use std::sync::atomic::AtomicBool;
+    let (d, join, id, tasks) = pshift_node(4, 16, 3.0).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (strays_to, _strays) = tokio::sync::mpsc::unbounded_channel();
-    d.pshift_attach(PshiftAttach { server: 0, strays: false, buckets: vec![(id, 0)], strays_to }).await.unwrap();
+    d.pshift_attach(attach(id)).await.unwrap();
+    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
     let gone = Arc::new(AtomicBool::new(true));
     let abandoned = Arc::new(AtomicU64::new(0));
     for _ in 0..5 {
@@ -527,7 +543,7 @@ async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_req
                 a.fetch_add(1, Ordering::Relaxed);
             }
         });
-        d.submit(read(), done, Some(gone.clone())).await;
+        d.submit(read_512(&storage, id), done, Some(gone.clone())).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(abandoned.load(Ordering::Relaxed), 5, "the five were answered as abandoned");
@@ -535,11 +551,7 @@ async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_req
     let b = &r.buckets[0];
     assert!(b.dispatched >= 95, "about a second of dispatches at 100 IOPS: {b:?}");
     assert!(b.in_flight <= 4, "in flight: at most the depth, got {b:?}");
-    for t in tasks {
-        t.await.unwrap();
-    }
-    drop(d);
-    join.await.unwrap();
+    finish(d, join, tasks).await;
 }
 
 /// A pShift server cuts a boundary's report at the boundary the link placed on its clock, not when the
@@ -549,41 +561,13 @@ async fn pshift_reports_count_in_flight_ios_across_a_late_link_and_abandoned_req
 #[tokio::test(start_paused = true)]
 async fn pshift_reports_are_cut_at_the_boundary_not_at_the_request() {
     use rein_core::Nanos;
-    use rein_runtime::dispatch::{Cut, PshiftAttach};
-    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let device = DeviceConfig {
-        spec: DeviceSpec::new(100.0, ServiceModel::Deterministic).unwrap(),
-        seed: 1,
-        stream: 0,
-        service_scale: Vec::new(),
-    };
-    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth: 1, ..Default::default() };
-    let (d, join) = Dispatcher::spawn(Some(device), config);
-    let id = d.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).await.unwrap();
-    let (strays_to, _strays) = tokio::sync::mpsc::unbounded_channel();
-    d.pshift_attach(PshiftAttach { server: 0, strays: false, buckets: vec![(id, 0)], strays_to }).await.unwrap();
-    let start = d.clock().now();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(3500);
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let (d, st) = (d.clone(), storage.clone());
-        tasks.push(tokio::spawn(async move {
-            while tokio::time::Instant::now() < deadline {
-                let req = IoRequest {
-                    storage: st.clone(),
-                    tenant: id,
-                    offset: 0,
-                    op: Op::read(512),
-                    fua: false,
-                    piggyback: None,
-                };
-                d.io(req).await.unwrap();
-            }
-        }));
-    }
+    use rein_runtime::dispatch::Cut;
+    let (d, join, id, tasks) = pshift_node(1, 8, 3.5).await;
+    d.pshift_attach(attach(id)).await.unwrap();
+    let clock = d.clock();
+    let start = clock.now();
     let second = Nanos::from_secs(1);
     d.pshift_cut_at(Cut { round: 0, at: Nanos(start.0 + second.0), interval: second }).await;
-    let clock = d.clock();
     let sleep_to = |t: Nanos| tokio::time::sleep_until(clock.instant(Nanos(start.0 + t.0)));
     sleep_to(Nanos::from_millis(1005)).await;
     let r0 = d.pshift_report(0, 0).await.unwrap();
@@ -601,9 +585,5 @@ async fn pshift_reports_are_cut_at_the_boundary_not_at_the_request() {
     sleep_to(Nanos::from_millis(3100)).await;
     let r3 = d.pshift_report(3, 0).await.unwrap();
     assert_eq!(r3.elapsed_ns, 600_000_000, "no cut at 3 s for the round already reported: {r3:?}");
-    for t in tasks {
-        t.await.unwrap();
-    }
-    drop(d);
-    join.await.unwrap();
+    finish(d, join, tasks).await;
 }
