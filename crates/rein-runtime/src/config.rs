@@ -254,20 +254,8 @@ struct PshiftFile {
     r_floor_ios: Option<u64>,
     #[serde(default)]
     weighted: bool,
-    tls: Option<PshiftTlsFile>,
-}
-
-/// `[pshift.tls]`: TLS to the controller (a client context, as the gateway's `[node_tls]`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PshiftTlsFile {
-    ca: Option<String>,
-    cert: Option<String>,
-    key: Option<String>,
-    psk_file: Option<String>,
-    psk_identity: Option<String>,
-    /// The name the controller's certificate must carry (default: its IP address).
-    name: Option<String>,
+    /// `[pshift.tls]`: TLS to the controller (the gateway's `[node_tls]` keys, and `name`).
+    tls: Option<crate::tls::ClientTlsTable>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -957,15 +945,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                     let tls = match &p.tls {
                         None => None,
                         Some(t) => {
-                            let path = |x: &Option<String>| x.as_ref().map(|x| base.join(x));
-                            let files = crate::tls::TlsClientFiles {
-                                ca: path(&t.ca),
-                                cert: path(&t.cert),
-                                key: path(&t.key),
-                                psk_file: path(&t.psk_file),
-                                psk_identity: t.psk_identity.clone(),
-                            };
-                            let client = crate::tls::TlsClient::build(crate::tls::Naming::Table("pshift.tls"), files)?;
+                            let client = t.build(base, "pshift.tls")?;
                             let name = t.name.clone().unwrap_or_else(|| controller.ip().to_string());
                             Some((client, name))
                         }

@@ -92,7 +92,7 @@ use crate::remote::{
     LinkConfig, NodeProtocol, NodeSpec, NodeTls, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE,
 };
 use crate::sock::NodeAddress;
-use crate::tls::{Naming, TlsClient, TlsClientFiles, TlsConfig};
+use crate::tls::TlsConfig;
 use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
 use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
@@ -284,7 +284,7 @@ struct File {
     #[serde(default = "d_threads")]
     worker_threads: usize,
     tls: Option<TlsFile>,
-    node_tls: Option<NodeTlsFile>,
+    node_tls: Option<crate::tls::ClientTlsTable>,
     max_connections: Option<usize>,
     max_connections_per_client: Option<usize>,
     max_connections_per_tenant: Option<usize>,
@@ -319,16 +319,6 @@ struct NodeFile {
     export: Option<String>,
     tls: Option<bool>,
     tls_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NodeTlsFile {
-    ca: Option<String>,
-    cert: Option<String>,
-    key: Option<String>,
-    psk_file: Option<String>,
-    psk_identity: Option<String>,
 }
 
 /// Longest `tls_name` (a DNS name's limit).
@@ -480,17 +470,10 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     }
     let node_tls = match &f.node_tls {
         None => None,
-        Some(t) => {
-            let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
-            let files = TlsClientFiles {
-                ca: path(&t.ca),
-                cert: path(&t.cert),
-                key: path(&t.key),
-                psk_file: path(&t.psk_file),
-                psk_identity: t.psk_identity.clone(),
-            };
-            Some(TlsClient::build(Naming::Table("node_tls"), files)?)
+        Some(t) if t.name.is_some() => {
+            return Err("node_tls.name: a gateway names each node's certificate in [[nodes]] tls_name".into())
         }
+        Some(t) => Some(t.build(base, "node_tls")?),
     };
     let mut nodes: Vec<NodeSpec> = Vec::new();
     for n in &f.nodes {

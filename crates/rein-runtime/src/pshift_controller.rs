@@ -759,7 +759,7 @@ impl Task {
     /// The answer to a ping sent at `t0`: this clock now, and the next boundary whose report is not
     /// asked for yet (on this clock; none while the schedule is held).
     fn pong(&self, t0: u64) -> Message {
-        let tau = self.ctl.config().period.0 / u64::from(self.ctl.config().intervals.max(1));
+        let tau = self.ctl.boundary_of(1).0 - self.ctl.boundary_of(0).0;
         let (next_round, next_ns) = match self.origin {
             None => (0, 0),
             Some(origin) => {

@@ -311,6 +311,41 @@ impl TlsConfig {
     }
 }
 
+/// A client TLS table as a config file writes it: the gateway's `[node_tls]` and rein serve's
+/// `[pshift.tls]` (one table, one parser, one builder). Paths are relative to the file's directory.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTlsTable {
+    /// See [`TlsClientFiles::ca`].
+    pub ca: Option<String>,
+    /// See [`TlsClientFiles::cert`].
+    pub cert: Option<String>,
+    /// See [`TlsClientFiles::key`].
+    pub key: Option<String>,
+    /// See [`TlsClientFiles::psk_file`].
+    pub psk_file: Option<String>,
+    /// See [`TlsClientFiles::psk_identity`].
+    pub psk_identity: Option<String>,
+    /// The name the server's certificate must carry (`[pshift.tls]`; a gateway names each node's in
+    /// `[[nodes]] tls_name`).
+    pub name: Option<String>,
+}
+
+impl ClientTlsTable {
+    /// The client context, its files resolved against `base`; errors name the table `table`.
+    pub fn build(&self, base: &Path, table: &'static str) -> Result<TlsClient, String> {
+        let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+        let files = TlsClientFiles {
+            ca: path(&self.ca),
+            cert: path(&self.cert),
+            key: path(&self.key),
+            psk_file: path(&self.psk_file),
+            psk_identity: self.psk_identity.clone(),
+        };
+        TlsClient::build(Naming::Table(table), files)
+    }
+}
+
 /// The files of a client TLS table (`[node_tls]` in gw.toml), resolved against the config file's
 /// directory.
 #[derive(Debug, Clone, Default)]
