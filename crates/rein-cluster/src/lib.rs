@@ -357,6 +357,16 @@ impl HostPoller {
                 rec.completions(h, at, ios, w[1].latency_sum_ns.saturating_sub(w[0].latency_sum_ns));
             }
             if let Some(st) = self.status(h).await {
+                // Reports that did not reach the cluster signal: an operator must hear of them (the
+                // signal then rests on fewer hosts than the scenario has).
+                if st.records_refused > 0 || st.exchange_errors > 0 {
+                    tracing::warn!(
+                        host = %sc.hosts[h].name,
+                        refused = st.records_refused,
+                        exchange_errors = st.exchange_errors,
+                        "PARDA host refused reports of other hosts or failed to exchange its own (its log says why)"
+                    );
+                }
                 for p in &st.history {
                     let at = p.at_s - offset;
                     if at < 0.0 || at >= sc.duration.as_secs_f64() {

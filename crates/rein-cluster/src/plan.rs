@@ -263,7 +263,13 @@ pub struct Plan {
     pub endpoints: Vec<Endpoint>,
     /// A pShift scenario's controller (started before the nodes).
     pub controller: Option<pshift::ControllerPlan>,
+    /// The PARDA hosts sign their reports with the key in [`PARDA_KEY_FILE`] in the run's directory,
+    /// which the supervisor writes, a new one for every run.
+    pub parda_key: bool,
 }
+
+/// The PARDA hosts' shared record key, relative to the run's directory (`[parda_host] key_file`).
+pub const PARDA_KEY_FILE: &str = "parda.psk";
 
 /// The address of process `i` (nodes first, then gateways).
 pub fn host(i: usize) -> Ipv4Addr {
@@ -332,6 +338,7 @@ impl Plan {
                 host_admins: Vec::new(),
                 endpoints,
                 controller,
+                parda_key: false,
             });
         }
         let multi: Vec<usize> = (0..sc.tenants.len()).filter(|&j| sc.tenants[j].servers.len() > 1).collect();
@@ -435,7 +442,12 @@ impl Plan {
                 arrivals: None,
             });
         }
-        Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints, controller: None })
+        // Hosts that exchange reports (over UDP) sign them.
+        let parda_key = sc
+            .parda
+            .as_ref()
+            .is_some_and(|p| p.aggregation == Aggregation::Cluster && sc.hosts.iter().any(|h| h.runs_parda(p)));
+        Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints, controller: None, parda_key })
     }
 }
 
@@ -581,6 +593,8 @@ fn host_config(
         let list: Vec<String> =
             peers.iter().map(|(id, a)| format!("{{ id = {id}, address = {} }}", q(&a.to_string()))).collect();
         let _ = writeln!(g, "udp = {}\npeers = [{}]", q(&udp.to_string()), list.join(", "));
+        // Signed reports, as an operator would run them on a real network (Plan::parda_key).
+        let _ = writeln!(g, "key_file = {}", q(PARDA_KEY_FILE));
     }
     Ok(g)
 }
@@ -1372,11 +1386,17 @@ iops = 100
         assert_eq!(plan.gateways.len(), 3);
         assert_eq!(plan.host_admins.len(), 3);
         let p = sc.parda.as_ref().unwrap();
+        // The hosts sign their reports with the key the supervisor writes into the run's directory.
+        assert!(plan.parda_key);
+        let run = tempfile::tempdir().unwrap();
+        let line = rein_runtime::aggregate::RecordKey::generate_line("parda").unwrap();
+        std::fs::write(run.path().join(PARDA_KEY_FILE), line).unwrap();
         for (h, g) in plan.gateways.iter().enumerate() {
             assert_eq!(g.tenant, format!("host-{}", sc.hosts[h].name));
             assert_eq!(g.admin, plan.host_admins[h]);
-            let cfg = rein_runtime::gateway::GatewayConfig::parse(&g.config, Path::new("gw.toml")).unwrap();
+            let cfg = rein_runtime::gateway::GatewayConfig::parse(&g.config, &run.path().join("gw.toml")).unwrap();
             let host = cfg.parda.expect("a PARDA host");
+            assert_eq!(host.key.as_ref().map(|k| k.identity()), Some("parda"));
             assert_eq!(host.id, h as u32);
             assert_eq!(host.beta, sc.hosts[h].beta);
             assert!(host.runs);
@@ -1415,7 +1435,7 @@ iops = 100
         let p = sc.parda.as_ref().unwrap();
         let want = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..sc.sched };
         for g in &plan.gateways {
-            let cfg = rein_runtime::gateway::GatewayConfig::parse(&g.config, Path::new("gw.toml")).unwrap();
+            let cfg = rein_runtime::gateway::GatewayConfig::parse(&g.config, &run.path().join("gw.toml")).unwrap();
             assert_eq!(cfg.parda.expect("a PARDA host").host_config(1).sched, want);
         }
     }

@@ -149,6 +149,13 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     }
 }
 
+/// Writes `text` to a new file at `path` that only its owner can read (a key).
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
+}
+
 /// Whether `addr` answers `GET /healthz` with 200 within `timeout`.
 fn healthy(addr: SocketAddr, timeout: Duration) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else { return false };
@@ -211,6 +218,14 @@ impl Supervisor {
         }
         for n in &plan.nodes {
             sup.spawn(exe, "node", &["serve"], &n.name, &n.config, n.nbd, n.admin)?;
+        }
+        if plan.parda_key {
+            let path = sup.dir.join(crate::plan::PARDA_KEY_FILE);
+            let line = rein_runtime::aggregate::RecordKey::generate_line("parda").map_err(|e| ClusterError::Io {
+                what: "making the PARDA hosts' key".into(),
+                source: std::io::Error::other(e),
+            })?;
+            write_private(&path, &line).map_err(io(format!("writing {}", path.display())))?;
         }
         sup.wait_ready(ready_timeout)?;
         if let Some(c) = &plan.controller {

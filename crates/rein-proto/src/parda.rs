@@ -21,6 +21,16 @@
 //!     60    4 crc32       CRC-32 (IEEE) of bytes 0..60
 //! ```
 //!
+//! # Signed records (beyond the paper)
+//! With a key shared by the hosts (`[parda_host] key_file`), every record carries an authentication tag:
+//! a datagram is the record followed by [`TAG_BYTES`] bytes of tag ([`SIGNED_BYTES`] in all), and in the
+//! shared file the tag follows the record in its slot (bytes 64..96, the rest zero). The tag is computed
+//! by a [`RecordAuth`] (rein-runtime's HMAC-SHA-256 under the key): this crate places and compares tags
+//! (in constant time) and stays free of cryptography. Without a tag a UDP record is believed on its
+//! sender's address alone, which anyone on the path can forge. A host with a key refuses unsigned
+//! records and records whose tag does not match; a host without one refuses signed records (a
+//! misconfigured cluster is named, not half-working).
+//!
 //! # What decoding guarantees
 //! Every byte is covered: the CRC covers bytes 0..60 and reserved fields must be zero, so any single-bit
 //! flip anywhere in the record (checksum included) is reported as an error, and so is any burst of up to
@@ -77,9 +87,73 @@ pub enum RecordError {
     /// Sequence number 0, which senders never use.
     #[error("sequence number 0 is never sent")]
     Seq,
-    /// Non-zero bytes after the record in a slot.
+    /// Non-zero bytes after the record (and its tag) in a slot.
     #[error("slot padding after the record is not zero")]
     Padding,
+    /// A record without a tag where the host requires signed records.
+    #[error("a record without an authentication tag, but this host requires signed records (key_file)")]
+    Unsigned,
+    /// A signed record where the host has no key.
+    #[error("a signed record, but this host has no key to check it (key_file)")]
+    Signed,
+    /// The tag does not match the record under this host's key.
+    #[error("authentication tag mismatch: signed with another key, or forged")]
+    Tag,
+}
+
+/// Bytes of a record's authentication tag (HMAC-SHA-256 in rein-runtime).
+pub const TAG_BYTES: usize = 32;
+/// Bytes of a signed record as a datagram: the record, then its tag.
+pub const SIGNED_BYTES: usize = RECORD_BYTES + TAG_BYTES;
+
+/// Computes a record's authentication tag under the hosts' shared key (module comment, "Signed
+/// records"). rein-runtime's implementation is HMAC-SHA-256.
+pub trait RecordAuth {
+    /// The tag of `record` (its 64 bytes as encoded).
+    fn tag(&self, record: &[u8; RECORD_BYTES]) -> [u8; TAG_BYTES];
+}
+
+/// Whether `tag` is `record`'s under `auth`, compared in constant time (no early exit on the first
+/// differing byte, which would tell a forger how much of a guess is right).
+fn tag_matches(auth: &dyn RecordAuth, record: &[u8], tag: &[u8]) -> bool {
+    let record: &[u8; RECORD_BYTES] = record.try_into().expect("callers pass one record");
+    let want = auth.tag(record);
+    let diff = want.iter().zip(tag).fold(0u8, |acc, (a, b)| std::hint::black_box(acc | (a ^ b)));
+    tag.len() == TAG_BYTES && diff == 0
+}
+
+/// Encodes a report as a signed record: the record, then its tag.
+pub fn encode_signed(r: &HostReport, auth: &dyn RecordAuth) -> [u8; SIGNED_BYTES] {
+    let rec = encode(r);
+    let mut b = [0u8; SIGNED_BYTES];
+    b[..RECORD_BYTES].copy_from_slice(&rec);
+    b[RECORD_BYTES..].copy_from_slice(&auth.tag(&rec));
+    b
+}
+
+/// Decodes one datagram: with `auth`, a signed record whose tag matches (checked before any field is
+/// read); without, a plain record.
+pub fn decode_datagram(b: &[u8], auth: Option<&dyn RecordAuth>) -> Result<HostReport, RecordError> {
+    match auth {
+        Some(auth) => {
+            if b.len() == RECORD_BYTES && decode(b).is_ok() {
+                return Err(RecordError::Unsigned);
+            }
+            if b.len() != SIGNED_BYTES {
+                return Err(RecordError::Size { got: b.len(), want: SIGNED_BYTES });
+            }
+            if !tag_matches(auth, &b[..RECORD_BYTES], &b[RECORD_BYTES..]) {
+                return Err(RecordError::Tag);
+            }
+            decode(&b[..RECORD_BYTES])
+        }
+        None => {
+            if b.len() == SIGNED_BYTES && decode(&b[..RECORD_BYTES]).is_ok() {
+                return Err(RecordError::Signed);
+            }
+            decode(b)
+        }
+    }
 }
 
 /// Encodes a report as a record.
@@ -162,21 +236,54 @@ pub enum Slot {
 
 /// Encodes a report into a whole slot (record, then zero padding).
 pub fn encode_slot(r: &HostReport) -> [u8; SLOT_BYTES] {
+    encode_slot_with(r, None)
+}
+
+/// Encodes a report into a whole slot: the record, with `auth` its tag, then zero padding.
+pub fn encode_slot_with(r: &HostReport, auth: Option<&dyn RecordAuth>) -> [u8; SLOT_BYTES] {
     let mut s = [0u8; SLOT_BYTES];
-    s[..RECORD_BYTES].copy_from_slice(&encode(r));
+    match auth {
+        Some(auth) => s[..SIGNED_BYTES].copy_from_slice(&encode_signed(r, auth)),
+        None => s[..RECORD_BYTES].copy_from_slice(&encode(r)),
+    }
     s
 }
 
 /// Decodes one slot of the shared file.
 pub fn decode_slot(s: &[u8]) -> Result<Slot, RecordError> {
+    decode_slot_with(s, None)
+}
+
+/// Decodes one slot of the shared file: with `auth`, a signed record whose tag matches; without, a
+/// plain one.
+pub fn decode_slot_with(s: &[u8], auth: Option<&dyn RecordAuth>) -> Result<Slot, RecordError> {
     if s.len() != SLOT_BYTES {
         return Err(RecordError::Size { got: s.len(), want: SLOT_BYTES });
     }
     if s.iter().all(|&x| x == 0) {
         return Ok(Slot::Empty);
     }
-    let r = decode(&s[..RECORD_BYTES])?;
-    if s[RECORD_BYTES..].iter().any(|&x| x != 0) {
+    let tagged = s[RECORD_BYTES..SIGNED_BYTES].iter().any(|&x| x != 0);
+    let r = match auth {
+        Some(auth) => {
+            if !tagged && decode(&s[..RECORD_BYTES]).is_ok() {
+                return Err(RecordError::Unsigned);
+            }
+            if !tag_matches(auth, &s[..RECORD_BYTES], &s[RECORD_BYTES..SIGNED_BYTES]) {
+                return Err(RecordError::Tag);
+            }
+            decode(&s[..RECORD_BYTES])?
+        }
+        None => {
+            let r = decode(&s[..RECORD_BYTES])?;
+            if tagged && s[SIGNED_BYTES..].iter().all(|&x| x == 0) {
+                return Err(RecordError::Signed);
+            }
+            r
+        }
+    };
+    let end = if auth.is_some() { SIGNED_BYTES } else { RECORD_BYTES };
+    if s[end..].iter().any(|&x| x != 0) {
         return Err(RecordError::Padding);
     }
     Ok(Slot::Record(r))
@@ -272,5 +379,62 @@ mod tests {
         let mut torn = new;
         torn[..32].copy_from_slice(&old[..32]);
         assert!(matches!(decode(&torn), Err(RecordError::Checksum { .. })));
+    }
+    /// A stand-in for the runtime's HMAC: SipHash keyed by the test's byte, enough to place and compare
+    /// tags (a CRC would not do: it is linear, so a record with its checksum fixed keeps its tag).
+    struct TestAuth(u8);
+    impl RecordAuth for TestAuth {
+        fn tag(&self, record: &[u8; RECORD_BYTES]) -> [u8; TAG_BYTES] {
+            use std::hash::{Hash, Hasher};
+            let mut t = [0u8; TAG_BYTES];
+            for (i, c) in t.chunks_exact_mut(8).enumerate() {
+                let mut h = std::hash::DefaultHasher::new();
+                (self.0, i as u8, record).hash(&mut h);
+                c.copy_from_slice(&h.finish().to_le_bytes());
+            }
+            t
+        }
+    }
+
+    #[test]
+    fn signed_records_round_trip_and_every_mismatch_is_named() {
+        let r = sample();
+        let (k, other) = (TestAuth(1), TestAuth(2));
+        let d = encode_signed(&r, &k);
+        assert_eq!(d.len(), SIGNED_BYTES);
+        assert_eq!(decode_datagram(&d, Some(&k)), Ok(r));
+        assert_eq!(decode_datagram(&encode(&r), None), Ok(r));
+        // Another key, no key, no tag.
+        assert_eq!(decode_datagram(&d, Some(&other)), Err(RecordError::Tag));
+        assert_eq!(decode_datagram(&d, None), Err(RecordError::Signed));
+        assert_eq!(decode_datagram(&encode(&r), Some(&k)), Err(RecordError::Unsigned));
+        assert!(RecordError::Unsigned.to_string().contains("key_file"));
+        // Any flipped bit of the record or its tag is refused.
+        for i in 0..SIGNED_BYTES {
+            let mut b = d;
+            b[i] ^= 0x01;
+            assert!(decode_datagram(&b, Some(&k)).is_err(), "byte {i}");
+        }
+        // A signed record with its checksum fixed after a change (a forger's first try) fails the tag.
+        let mut b = d;
+        b[40] ^= 0x80;
+        let crc = crc32fast::hash(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_datagram(&b, Some(&k)), Err(RecordError::Tag));
+        assert!(matches!(decode_datagram(&d[..95], Some(&k)), Err(RecordError::Size { got: 95, want: 96 })));
+        // Slots: the tag follows the record.
+        let s = encode_slot_with(&r, Some(&k));
+        assert_eq!(s[..SIGNED_BYTES], d[..]);
+        assert_eq!(decode_slot_with(&s, Some(&k)), Ok(Slot::Record(r)));
+        assert_eq!(decode_slot_with(&s, Some(&other)), Err(RecordError::Tag));
+        assert_eq!(decode_slot_with(&s, None), Err(RecordError::Signed));
+        assert_eq!(decode_slot_with(&encode_slot(&r), Some(&k)), Err(RecordError::Unsigned));
+        assert_eq!(decode_slot_with(&[0u8; SLOT_BYTES], Some(&k)), Ok(Slot::Empty));
+        let mut p = s;
+        p[SIGNED_BYTES] = 1;
+        assert_eq!(decode_slot_with(&p, Some(&k)), Err(RecordError::Padding));
+        let mut t = s;
+        t[70] ^= 4;
+        assert_eq!(decode_slot_with(&t, Some(&k)), Err(RecordError::Tag));
     }
 }

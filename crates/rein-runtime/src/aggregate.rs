@@ -16,6 +16,18 @@
 //!   peers are configured as (host id, address) pairs and a datagram is accepted only from the address
 //!   configured for the host id it names (a misconfigured or spoofing sender is counted, not believed).
 //!
+//! With a [`RecordKey`] (`[parda_host] key_file`: a key every host shares) each record carries an
+//! HMAC-SHA-256 tag (rein-proto's signed records) on both transports: a host then believes only records
+//! signed with the key, whatever address or slot they come from, and the address check stays as a second
+//! line. Without a key a UDP record is believed on its sender's address, which anyone who can send to
+//! the host's port can forge. A replayed signed record is a duplicate or stale (sequence numbers, and
+//! epochs that only move forward: rein-core's aggregator); only while its host is silent can a replay of
+//! that host's last records be taken, once.
+//!
+//! Bounds: one exchange reads at most [`max_datagrams`] datagrams (the rest wait in the socket's buffer,
+//! which the kernel bounds), and keeps at most [`MAX_REFUSED_SHOWN`] refused records with their reasons
+//! (the rest are counted), so a flood of junk costs a bounded amount of work and memory per period.
+//!
 //! Time (`now`) is passed in by the caller, as in the core: liveness is the caller's monotonic clock at
 //! collection time, so tests drive it explicitly and a daemon passes its clock.
 //!
@@ -26,7 +38,8 @@
 use rein_core::parda::{Accept, Aggregator, HostReport, MAX_HOSTS};
 use rein_core::Nanos;
 use rein_proto::parda::{
-    decode, decode_slot, encode, encode_slot, slot_offset, RecordError, Slot, RECORD_BYTES, SLOT_BYTES,
+    decode_datagram, decode_slot_with, encode, encode_signed, encode_slot_with, slot_offset, RecordAuth, RecordError,
+    Slot, RECORD_BYTES, SIGNED_BYTES, SLOT_BYTES, TAG_BYTES,
 };
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -35,8 +48,100 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Largest datagram read (anything longer than a record is refused as oversized).
+/// Largest datagram read (anything longer than a signed record is refused as oversized).
 const MAX_DATAGRAM: usize = 1024;
+/// Refused records kept with their reasons per exchange (the rest are only counted).
+pub const MAX_REFUSED_SHOWN: usize = 16;
+/// Shortest record key: 128 bits.
+pub const MIN_KEY_BYTES: usize = 16;
+
+/// Datagrams one exchange reads at most, with `peers` other hosts: four per host and 64 more.
+pub fn max_datagrams(peers: usize) -> usize {
+    4 * (peers + 1) + 64
+}
+
+/// The hosts' shared key: signs this host's records and checks the others' (HMAC-SHA-256; module
+/// comment).
+pub struct RecordKey {
+    key: openssl::pkey::PKey<openssl::pkey::Private>,
+    /// The identity of the key's line in its file (for the log).
+    identity: String,
+}
+
+impl std::fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A fingerprint (the tag of an all-zero record's first bytes) tells keys apart without showing
+        // one, so a reload that compares settings sees a changed key.
+        let print =
+            self.try_tag(&[0u8; RECORD_BYTES]).map(|t| u32::from_be_bytes([t[0], t[1], t[2], t[3]])).unwrap_or(0);
+        f.debug_struct("RecordKey")
+            .field("identity", &self.identity)
+            .field("fingerprint", &format_args!("{print:08x}"))
+            .finish()
+    }
+}
+
+impl RecordKey {
+    /// A key of at least [`MIN_KEY_BYTES`] bytes.
+    pub fn new(identity: &str, key: &[u8]) -> Result<RecordKey, String> {
+        if key.len() < MIN_KEY_BYTES {
+            return Err(format!(
+                "the key has {} bytes; a record key needs at least {MIN_KEY_BYTES} (128 bits): `psktool -u \
+                 parda -p FILE` writes one of 32",
+                key.len()
+            ));
+        }
+        let key = openssl::pkey::PKey::hmac(key).map_err(|e| format!("the key: {e}"))?;
+        let k = RecordKey { key, identity: identity.to_string() };
+        // HMAC must work here, so that tagging in the control loop cannot fail.
+        k.try_tag(&[0u8; RECORD_BYTES]).map_err(|e| format!("HMAC-SHA-256 is not available: {e}"))?;
+        Ok(k)
+    }
+
+    /// Reads the key from a PSK file (`identity:hexkey` lines, as TLS's `psk_file`): the line of
+    /// `identity`, or the file's only one. Errors name `key_name` and the file.
+    pub fn from_file(
+        path: &Path,
+        key_name: &str,
+        identity: Option<&str>,
+        identity_key: &str,
+    ) -> Result<RecordKey, String> {
+        let (id, key) = crate::tls::read_psk_identity(path, key_name, identity, identity_key)?;
+        RecordKey::new(&id, &key).map_err(|e| format!("{key_name} {}: {e}", path.display()))
+    }
+
+    /// A new random key of 32 bytes as a PSK file's line (`identity:hexkey`), for a file that
+    /// [`RecordKey::from_file`] reads (`rein cluster` writes one per run).
+    pub fn generate_line(identity: &str) -> Result<String, String> {
+        let mut key = [0u8; 32];
+        openssl::rand::rand_bytes(&mut key).map_err(|e| format!("no random bytes for a record key: {e}"))?;
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("{identity}:{hex}\n"))
+    }
+
+    /// The identity of the key's line.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn try_tag(&self, record: &[u8; RECORD_BYTES]) -> Result<[u8; TAG_BYTES], openssl::error::ErrorStack> {
+        let mut s = openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), &self.key)?;
+        s.update(record)?;
+        let mut tag = [0u8; TAG_BYTES];
+        s.sign(&mut tag)?;
+        Ok(tag)
+    }
+}
+
+impl RecordAuth for RecordKey {
+    fn tag(&self, record: &[u8; RECORD_BYTES]) -> [u8; TAG_BYTES] {
+        self.try_tag(record).expect("HMAC-SHA-256 worked when the key was made (RecordKey::new)")
+    }
+}
+
+fn auth_of(key: &Option<Arc<RecordKey>>) -> Option<&dyn RecordAuth> {
+    key.as_deref().map(|k| k as &dyn RecordAuth)
+}
 
 /// Why a transport could not be set up or an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -76,14 +181,29 @@ pub struct CollectStats {
     pub stale: usize,
     /// Never-written slots.
     pub empty: usize,
-    /// Records that failed to decode (checksum, size, magic, ...), with where they came from: the slot
-    /// index (file) or the sender (UDP).
+    /// Records that failed to decode (checksum, size, magic, tag, ...), with where they came from: the
+    /// slot index (file) or the sender (UDP); the first [`MAX_REFUSED_SHOWN`].
     pub corrupt: Vec<(String, RecordError)>,
+    /// Records that failed to decode beyond those in `corrupt`.
+    pub corrupt_more: usize,
     /// Valid records that named the wrong host for where they were found (slot or sender address).
     pub misplaced: usize,
 }
 
 impl CollectStats {
+    /// Every record refused: corrupt (shown or not) and misplaced.
+    pub fn refused(&self) -> usize {
+        self.corrupt.len() + self.corrupt_more + self.misplaced
+    }
+
+    fn refuse(&mut self, from: impl FnOnce() -> String, e: RecordError) {
+        if self.corrupt.len() < MAX_REFUSED_SHOWN {
+            self.corrupt.push((from(), e));
+        } else {
+            self.corrupt_more += 1;
+        }
+    }
+
     fn count(&mut self, a: Accept) {
         match a {
             Accept::First | Accept::Newer | Accept::Restarted => self.accepted += 1,
@@ -99,6 +219,7 @@ pub struct FileAggregation {
     file: Arc<File>,
     slots: u32,
     buf: Vec<u8>,
+    key: Option<Arc<RecordKey>>,
 }
 
 impl FileAggregation {
@@ -114,7 +235,13 @@ impl FileAggregation {
             .truncate(false)
             .open(path)
             .map_err(|source| AggregationError::Io { op: "open", source })?;
-        Ok(FileAggregation { file: Arc::new(file), slots, buf: vec![0; slots as usize * SLOT_BYTES] })
+        Ok(FileAggregation { file: Arc::new(file), slots, buf: vec![0; slots as usize * SLOT_BYTES], key: None })
+    }
+
+    /// Signs this host's records with `key` and believes only records signed with it (module comment).
+    pub fn with_key(mut self, key: Option<Arc<RecordKey>>) -> FileAggregation {
+        self.key = key;
+        self
     }
 
     /// Hosts the file has room for: host `i` owns the slot at byte `512 * i`, for `i < slots`.
@@ -128,7 +255,7 @@ impl FileAggregation {
             return Err(AggregationError::HostId { id: report.host, max: self.slots });
         }
         self.file
-            .write_all_at(&encode_slot(report), slot_offset(report.host))
+            .write_all_at(&encode_slot_with(report, auth_of(&self.key)), slot_offset(report.host))
             .map_err(|source| AggregationError::Io { op: "write", source })
     }
 
@@ -136,7 +263,7 @@ impl FileAggregation {
     /// A file shorter than the slot table (hosts that never wrote) reads as empty slots.
     pub fn collect(&mut self, now: Nanos, agg: &mut Aggregator) -> Result<CollectStats, AggregationError> {
         read_table(&self.file, &mut self.buf)?;
-        Ok(feed_table(&self.buf, now, agg))
+        Ok(feed_table(&self.buf, now, agg, auth_of(&self.key)))
     }
 }
 
@@ -166,10 +293,11 @@ impl Transport {
                 }
                 let file = f.file.clone();
                 let mut buf = std::mem::take(&mut f.buf);
-                let r = *report;
+                let slot = encode_slot_with(report, auth_of(&f.key));
+                let host = report.host;
                 let (buf, res) = tokio::task::spawn_blocking(move || {
                     let res = file
-                        .write_all_at(&encode_slot(&r), slot_offset(r.host))
+                        .write_all_at(&slot, slot_offset(host))
                         .map_err(|source| AggregationError::Io { op: "write", source })
                         .and_then(|()| read_table(&file, &mut buf));
                     (buf, res)
@@ -178,7 +306,7 @@ impl Transport {
                 .expect("the aggregation file task does not panic");
                 f.buf = buf;
                 res?;
-                Ok(feed_table(&f.buf, now, agg))
+                Ok(feed_table(&f.buf, now, agg, auth_of(&f.key)))
             }
             Transport::Udp(u) => {
                 u.publish(report).await;
@@ -205,18 +333,18 @@ fn read_table(file: &File, buf: &mut [u8]) -> Result<(), AggregationError> {
     Ok(())
 }
 
-/// Decodes every slot of the table and feeds the valid records to `agg`.
-fn feed_table(buf: &[u8], now: Nanos, agg: &mut Aggregator) -> CollectStats {
+/// Decodes every slot of the table (with `auth`, only signed ones) and feeds the valid records to `agg`.
+fn feed_table(buf: &[u8], now: Nanos, agg: &mut Aggregator, auth: Option<&dyn RecordAuth>) -> CollectStats {
     let mut stats = CollectStats::default();
     for (i, slot) in buf.chunks_exact(SLOT_BYTES).enumerate() {
-        match decode_slot(slot) {
+        match decode_slot_with(slot, auth) {
             Ok(Slot::Empty) => stats.empty += 1,
             Ok(Slot::Record(r)) if r.host as usize != i => stats.misplaced += 1,
             Ok(Slot::Record(r)) => {
                 let a = agg.accept(now, r).expect("slot index is below MAX_HOSTS");
                 stats.count(a);
             }
-            Err(e) => stats.corrupt.push((format!("slot {i}"), e)),
+            Err(e) => stats.refuse(|| format!("slot {i}"), e),
         }
     }
     stats
@@ -229,6 +357,7 @@ pub struct UdpAggregation {
     host: u32,
     /// (host id, address) of every other host.
     peers: Vec<(u32, SocketAddr)>,
+    key: Option<Arc<RecordKey>>,
 }
 
 impl UdpAggregation {
@@ -256,7 +385,13 @@ impl UdpAggregation {
         }
         let socket =
             tokio::net::UdpSocket::bind(addr).await.map_err(|source| AggregationError::Io { op: "bind", source })?;
-        Ok(UdpAggregation { socket, host, peers: v })
+        Ok(UdpAggregation { socket, host, peers: v, key: None })
+    }
+
+    /// Signs this host's records with `key` and believes only records signed with it (module comment).
+    pub fn with_key(mut self, key: Option<Arc<RecordKey>>) -> UdpAggregation {
+        self.key = key;
+        self
     }
 
     /// The address the socket is bound to (with the real port when bound to port 0).
@@ -272,10 +407,21 @@ impl UdpAggregation {
     /// Sends `report` to every peer (one datagram each); returns how many sends succeeded (a peer that is
     /// down makes its send fail on some systems; that is not an error for the others).
     pub async fn publish(&self, report: &HostReport) -> usize {
-        let rec = encode(report);
+        let signed;
+        let plain;
+        let rec: &[u8] = match &self.key {
+            Some(k) => {
+                signed = encode_signed(report, k.as_ref());
+                &signed
+            }
+            None => {
+                plain = encode(report);
+                &plain
+            }
+        };
         let mut ok = 0;
         for &(_, a) in &self.peers {
-            if self.socket.send_to(&rec, a).await.is_ok() {
+            if self.socket.send_to(rec, a).await.is_ok() {
                 ok += 1;
             }
         }
@@ -287,24 +433,26 @@ impl UdpAggregation {
         tokio::time::timeout(timeout, self.socket.readable()).await.is_ok_and(|r| r.is_ok())
     }
 
-    /// Reads every datagram already received (without waiting) and feeds the valid ones to `agg` as
-    /// received at `now`.
+    /// Reads the datagrams already received (without waiting; at most [`max_datagrams`]) and feeds the
+    /// valid ones to `agg` as received at `now`.
     pub fn drain(&self, now: Nanos, agg: &mut Aggregator) -> CollectStats {
         let mut stats = CollectStats::default();
         let mut buf = [0u8; MAX_DATAGRAM];
-        loop {
+        let auth = auth_of(&self.key);
+        for _ in 0..max_datagrams(self.peers.len()) {
             let (n, from) = match self.socket.try_recv_from(&mut buf) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 // ICMP errors from earlier sends surface here on some systems; skip them.
                 Err(_) => continue,
             };
-            if n > RECORD_BYTES {
-                stats.corrupt.push((from.to_string(), RecordError::Size { got: n, want: RECORD_BYTES }));
+            if n > SIGNED_BYTES {
+                let want = if auth.is_some() { SIGNED_BYTES } else { RECORD_BYTES };
+                stats.refuse(|| from.to_string(), RecordError::Size { got: n, want });
                 continue;
             }
-            match decode(&buf[..n]) {
-                Err(e) => stats.corrupt.push((from.to_string(), e)),
+            match decode_datagram(&buf[..n], auth) {
+                Err(e) => stats.refuse(|| from.to_string(), e),
                 Ok(r) if !self.peers.iter().any(|&(id, a)| id == r.host && a == from) => stats.misplaced += 1,
                 Ok(r) => {
                     let a = agg.accept(now, r).expect("decoded host ids are below MAX_HOSTS");

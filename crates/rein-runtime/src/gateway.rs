@@ -1033,6 +1033,7 @@ pub async fn run_with(
             controlled = settings.runs,
             aggregation = gate.status().aggregation,
             vms = cfg.tenants.len(),
+            signed_reports = settings.key.as_ref().map(|k| k.identity()),
             "PARDA host: every request passes the host's window"
         );
         live.host = Some((gate, vms));

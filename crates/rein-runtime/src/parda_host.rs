@@ -31,6 +31,7 @@
 //! udp = "127.0.0.21:7711"         # cluster aggregation over UDP: this host's socket ...
 //! peers = [{ id = 1, address = "127.0.0.22:7711" }]   # ... and every other host's
 //! # board = "/shared/parda.board" # or a shared file: this host's slot in it (board_slots, default 64)
+//! # key_file = "parda.psk"        # the hosts' shared key: reports signed, only signed ones believed
 //! ```
 //!
 //! # Invariants
@@ -55,14 +56,14 @@
 //! connections to its volumes are open, and its VM leaves the host when the last one closes
 //! ([`VmLease`]).
 
-use crate::aggregate::{FileAggregation, Transport, UdpAggregation};
+use crate::aggregate::{FileAggregation, RecordKey, Transport, UdpAggregation};
 use crate::dispatch::{Clock, Done, IoError, Op};
 use crate::remote::RemoteVolume;
 use rein_core::parda::{Aggregator, HostConfig, HostController, HostStats, MAX_HOSTS};
 use rein_core::{Nanos, Poll, QosSpec, Request, SchedConfig, TenantId};
 use rein_model::parda_settings::{Aggregation, Parda, PardaFile};
 use serde::Deserialize;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,6 +94,8 @@ pub(crate) struct PardaHostFile {
     peers: Vec<PeerFile>,
     board: Option<String>,
     board_slots: Option<u32>,
+    key_file: Option<String>,
+    key_identity: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -140,6 +143,8 @@ pub struct HostSettings {
     pub sched: SchedConfig,
     /// The cluster aggregation's transport.
     pub transport: ReportTransport,
+    /// The hosts' shared key (`key_file`): records are signed and only signed ones believed.
+    pub key: Option<Arc<RecordKey>>,
 }
 
 impl HostSettings {
@@ -191,6 +196,7 @@ pub(crate) fn validate(
         window: h.window,
         sched,
         transport: ReportTransport::None,
+        key: None,
     };
     settings.host_config(0).validate().map_err(|e| format!("parda_host: {e}"))?;
     let p = &settings.parda;
@@ -242,6 +248,21 @@ pub(crate) fn validate(
         return Err("parda_host: [parda] aggregation = \"cluster\" needs the reports' transport: udp = \"ip:port\" \
                     with peers = [{ id, address }], or board = \"PATH\" (a file every host can read and write)"
             .into());
+    };
+    settings.key = match (&h.key_file, &transport) {
+        (Some(_), ReportTransport::None) => {
+            return Err("parda_host: key_file signs the reports of the cluster aggregation, which this host does \
+                        not publish (no udp or board)"
+                .into())
+        }
+        (Some(f), _) => Some(Arc::new(RecordKey::from_file(
+            &base.join(f),
+            "parda_host.key_file",
+            h.key_identity.as_deref(),
+            "parda_host.key_identity",
+        )?)),
+        (None, _) if h.key_identity.is_some() => return Err("parda_host: key_identity needs key_file".into()),
+        (None, _) => None,
     };
     settings.transport = transport;
     Ok(settings)
@@ -381,11 +402,13 @@ impl HostGate {
             ReportTransport::Udp { listen, peers } => Some(Transport::Udp(
                 UdpAggregation::bind(settings.id, *listen, peers)
                     .await
-                    .map_err(|e| format!("parda_host: udp {listen}: {e}"))?,
+                    .map_err(|e| format!("parda_host: udp {listen}: {e}"))?
+                    .with_key(settings.key.clone()),
             )),
             ReportTransport::Board { path, slots } => Some(Transport::File(
                 FileAggregation::open(path, *slots)
-                    .map_err(|e| format!("parda_host: board {}: {e}", path.display()))?,
+                    .map_err(|e| format!("parda_host: board {}: {e}", path.display()))?
+                    .with_key(settings.key.clone()),
             )),
         };
         let agg = Aggregator::new(settings.parda.timeout).map_err(|e| format!("parda: {e}"))?;
@@ -434,6 +457,7 @@ impl HostGate {
             abandoned: 0,
             answers: tx.downgrade(),
             status,
+            refused_logged: HashSet::new(),
         };
         tokio::spawn(task.run(rx));
         Ok((gate, ids))
@@ -538,7 +562,12 @@ struct Task {
     /// For the answers' callbacks (weak: the task ends when every gate is gone and nothing is in flight).
     answers: mpsc::WeakUnboundedSender<Msg>,
     status: Arc<Mutex<HostStatus>>,
+    /// Senders (or slots) whose refused reports were logged: each once, at most [`MAX_REFUSED_LOGGED`].
+    refused_logged: HashSet<String>,
 }
+
+/// Senders or slots whose refused reports are logged (each once); the rest count in `records_refused`.
+const MAX_REFUSED_LOGGED: usize = 64;
 
 impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
@@ -701,9 +730,24 @@ impl Task {
                 match self.transport.as_mut() {
                     Some(t) => match t.exchange(now, &own, &mut self.agg).await {
                         Ok(stats) => {
-                            refused += (stats.corrupt.len() + stats.misplaced) as u64;
-                            for (from, e) in &stats.corrupt {
-                                tracing::warn!(%from, "parda host: report refused: {e}");
+                            refused += stats.refused() as u64;
+                            // Once per sender or slot (a flood of forgeries is counted, not logged).
+                            for (from, e) in stats.corrupt {
+                                if self.refused_logged.contains(&from) {
+                                    continue;
+                                }
+                                if self.refused_logged.len() < MAX_REFUSED_LOGGED {
+                                    tracing::warn!(%from, "parda host: report refused: {e} (further refusals \
+                                                   from there are counted in records_refused)");
+                                    self.refused_logged.insert(from);
+                                } else if self.refused_logged.len() == MAX_REFUSED_LOGGED {
+                                    tracing::warn!(
+                                        "parda host: reports refused from more than \
+                                                    {MAX_REFUSED_LOGGED} places; further ones are counted in \
+                                                    records_refused only"
+                                    );
+                                    self.refused_logged.insert(String::new());
+                                }
                             }
                         }
                         Err(e) => {

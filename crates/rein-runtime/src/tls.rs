@@ -152,6 +152,34 @@ fn parse_psk_lines(text: &str, key: &str, path: &Path) -> Result<HashMap<String,
     Ok(keys)
 }
 
+/// One identity and its key from the PSK file at `path` (named by the setting `key_name`): the one named
+/// `identity` (the setting `identity_key`), or the file's only one. A TLS client's `psk_file` and a
+/// PARDA host's record key (`[parda_host] key_file`) are read here.
+pub fn read_psk_identity(
+    path: &Path,
+    key_name: &str,
+    identity: Option<&str>,
+    identity_key: &str,
+) -> Result<(String, Vec<u8>), String> {
+    let text = String::from_utf8(read(key_name, path)?)
+        .map_err(|_| format!("{key_name} {}: not UTF-8 text", path.display()))?;
+    let keys = parse_psk_lines(&text, key_name, path)?;
+    let (id, key) = match identity {
+        Some(id) => keys
+            .get_key_value(id)
+            .ok_or_else(|| format!("{identity_key} {id:?} is not in {key_name} {}", path.display()))?,
+        None if keys.len() == 1 => keys.iter().next().expect("one"),
+        None => {
+            return Err(format!(
+                "{key_name} {} has {} identities: name one with {identity_key}",
+                path.display(),
+                keys.len()
+            ))
+        }
+    };
+    Ok((id.clone(), key.clone()))
+}
+
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     // Digits only: `from_str_radix` alone also takes a sign (`+f` would read as 0x0f).
     if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -429,25 +457,8 @@ impl TlsClient {
                         k("psk_file")
                     ));
                 }
-                let key_name = k("psk_file");
-                let text = String::from_utf8(read(&key_name, path)?)
-                    .map_err(|_| format!("{key_name} {}: not UTF-8 text", path.display()))?;
-                let keys = parse_psk_lines(&text, &key_name, path)?;
-                let (identity, key) = match &files.psk_identity {
-                    Some(id) => keys.get_key_value(id).ok_or_else(|| {
-                        format!("{} {id:?} is not in {key_name} {}", k("psk_identity"), path.display())
-                    })?,
-                    None if keys.len() == 1 => keys.iter().next().expect("one"),
-                    None => {
-                        return Err(format!(
-                            "{key_name} {} has {} identities: name one with {}",
-                            path.display(),
-                            keys.len(),
-                            k("psk_identity")
-                        ))
-                    }
-                };
-                let (identity, key) = (identity.clone(), key.clone());
+                let (identity, key) =
+                    read_psk_identity(path, &k("psk_file"), files.psk_identity.as_deref(), &k("psk_identity"))?;
                 psk_identity = Some(identity.clone());
                 b.set_psk_client_callback(move |_ssl, _hint, id_out: &mut [u8], key_out: &mut [u8]| {
                     // The identity is written NUL-terminated; both fit (OpenSSL's buffers are its maxima).

@@ -390,3 +390,125 @@ async fn pardas_control_loop_over_the_shared_file() {
 async fn pardas_control_loop_over_udp() {
     tokio::time::timeout(Duration::from_secs(120), control_loop_over("udp")).await.expect("test timed out");
 }
+
+/// Waits until `u` has a datagram to read (the sends are on loopback: at once), then drains it.
+async fn drain_now(u: &UdpAggregation, k: u64, agg: &mut Aggregator) -> CollectStats {
+    assert!(u.wait_readable(Duration::from_secs(5)).await, "nothing arrived");
+    // Let every datagram of the batch land.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    u.drain(now(k), agg)
+}
+
+/// Signed reports (`[parda_host] key_file`): a sender that owns the peer's address (as anyone can who
+/// forges a UDP source address) gets nothing believed without the key, and a replayed signed record
+/// of an older incarnation cannot displace the live one. Without a key, the address check alone takes
+/// the forgery: what the key closes.
+#[tokio::test]
+async fn signed_udp_reports_refuse_forgeries_from_the_peers_address() {
+    use rein_proto::parda::{encode_signed, RecordError};
+    use rein_runtime::aggregate::RecordKey;
+    let key = Arc::new(RecordKey::new("parda", &[7u8; 32]).unwrap());
+    let other = RecordKey::new("parda", &[8u8; 32]).unwrap();
+    // The forger holds host 1's configured address.
+    let forger = tokio::net::UdpSocket::bind("127.0.0.13:0").await.unwrap();
+    let peer = forger.local_addr().unwrap();
+    let open = UdpAggregation::bind(0, "127.0.0.12:0".parse().unwrap(), &[(1, peer)]).await.unwrap();
+    let signed = UdpAggregation::bind(0, "127.0.0.12:0".parse().unwrap(), &[(1, peer)])
+        .await
+        .unwrap()
+        .with_key(Some(key.clone()));
+    let forged = HostReport { latency_ns: 900_000_000, ..report(1, 1) };
+    // Without a key: believed on the address.
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    forger.send_to(&encode(&forged), open.local_addr().unwrap()).await.unwrap();
+    assert_eq!(drain_now(&open, 1, &mut agg).await.accepted, 1, "the address alone is believed");
+    // With a key: unsigned, signed with another key, and a signed record replayed with a bit flipped.
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    let to = signed.local_addr().unwrap();
+    forger.send_to(&encode(&forged), to).await.unwrap();
+    forger.send_to(&encode_signed(&forged, &other), to).await.unwrap();
+    let mut flipped = encode_signed(&report(1, 1), key.as_ref());
+    flipped[40] ^= 0x80;
+    forger.send_to(&flipped, to).await.unwrap();
+    let st = drain_now(&signed, 1, &mut agg).await;
+    assert_eq!(st.accepted, 0, "{st:?}");
+    let why: Vec<&RecordError> = st.corrupt.iter().map(|(_, e)| e).collect();
+    assert_eq!(why, [&RecordError::Unsigned, &RecordError::Tag, &RecordError::Tag]);
+    assert!(agg.cluster(now(1)).is_none());
+    // The genuine host 1 (the key, the address): believed; then its older incarnation replayed is stale.
+    let genuine = HostReport { epoch: 5, ..report(1, 2) };
+    forger.send_to(&encode_signed(&genuine, key.as_ref()), to).await.unwrap();
+    let old = HostReport { epoch: 4, seq: 99, latency_ns: 900_000_000, ..report(1, 1) };
+    forger.send_to(&encode_signed(&old, key.as_ref()), to).await.unwrap();
+    forger.send_to(&encode_signed(&genuine, key.as_ref()), to).await.unwrap();
+    let st = drain_now(&signed, 2, &mut agg).await;
+    assert_eq!((st.accepted, st.stale, st.duplicate, st.refused()), (1, 1, 1, 0), "{st:?}");
+    assert_eq!(agg.cluster(now(2)).unwrap().latency_ns, genuine.latency_ns as f64);
+    // A host with the key publishes signed records that a keyed peer believes.
+    let sender =
+        UdpAggregation::bind(1, "127.0.0.14:0".parse().unwrap(), &[(0, to)]).await.unwrap().with_key(Some(key.clone()));
+    let receiver = UdpAggregation::bind(0, "127.0.0.12:0".parse().unwrap(), &[(1, sender.local_addr().unwrap())])
+        .await
+        .unwrap()
+        .with_key(Some(key.clone()));
+    let mut sender = sender;
+    sender.set_peers(&[(0, receiver.local_addr().unwrap())]);
+    assert_eq!(sender.publish(&report(1, 3)).await, 1);
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    assert_eq!(drain_now(&receiver, 3, &mut agg).await.accepted, 1);
+    // A host without the key names what is wrong with a signed record.
+    sender.set_peers(&[(0, open.local_addr().unwrap())]);
+    sender.publish(&report(1, 4)).await;
+    let st = drain_now(&open, 4, &mut Aggregator::new(TIMEOUT).unwrap()).await;
+    assert_eq!(st.corrupt.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>(), [RecordError::Signed]);
+    assert!(st.corrupt[0].1.to_string().contains("no key"));
+}
+
+/// A flood of junk costs a bounded amount per exchange: at most `max_datagrams` read, at most
+/// `MAX_REFUSED_SHOWN` kept with their reasons; the rest waits for the next exchange.
+#[tokio::test]
+async fn a_flood_of_datagrams_is_read_in_bounded_batches() {
+    use rein_runtime::aggregate::{max_datagrams, MAX_REFUSED_SHOWN};
+    let junk = tokio::net::UdpSocket::bind("127.0.0.15:0").await.unwrap();
+    let u = UdpAggregation::bind(0, "127.0.0.16:0".parse().unwrap(), &[(1, junk.local_addr().unwrap())]).await.unwrap();
+    // Few enough that the socket's receive buffer keeps them all (a datagram takes about 1 KiB of it).
+    let n = max_datagrams(1) + 20;
+    for i in 0..n {
+        junk.send_to(&[i as u8; 64], u.local_addr().unwrap()).await.unwrap();
+    }
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    let st = drain_now(&u, 1, &mut agg).await;
+    assert_eq!(st.refused(), max_datagrams(1), "one batch");
+    assert_eq!((st.corrupt.len(), st.corrupt_more), (MAX_REFUSED_SHOWN, max_datagrams(1) - MAX_REFUSED_SHOWN));
+    let mut rest = 0;
+    for k in 2..10 {
+        let st = u.drain(now(k), &mut agg);
+        assert!(st.refused() <= max_datagrams(1));
+        rest += st.refused();
+    }
+    assert_eq!(rest, n - max_datagrams(1), "the rest in later exchanges");
+}
+
+/// The shared file with a key: slots carry the tag, a keyed host believes only signed slots, and a host
+/// without the key names a signed slot.
+#[test]
+fn signed_board_slots() {
+    use rein_proto::parda::RecordError;
+    use rein_runtime::aggregate::RecordKey;
+    let key = Arc::new(RecordKey::new("parda", &[9u8; 16]).unwrap());
+    let (_dir, path) = temp_path("signed");
+    let keyed = FileAggregation::open(&path, 4).unwrap().with_key(Some(key.clone()));
+    let mut plain = FileAggregation::open(&path, 4).unwrap();
+    keyed.publish(&report(0, 1)).unwrap();
+    plain.publish(&report(1, 1)).unwrap();
+    let mut keyed = keyed;
+    let st = keyed.collect(now(1), &mut Aggregator::new(TIMEOUT).unwrap()).unwrap();
+    assert_eq!((st.accepted, st.empty), (1, 2));
+    assert_eq!(st.corrupt, [("slot 1".to_string(), RecordError::Unsigned)]);
+    let st = plain.collect(now(1), &mut Aggregator::new(TIMEOUT).unwrap()).unwrap();
+    assert_eq!(st.accepted, 1);
+    assert_eq!(st.corrupt, [("slot 0".to_string(), RecordError::Signed)]);
+    // Keys of fewer than 128 bits are refused, naming the fix.
+    let e = RecordKey::new("parda", &[1u8; 15]).unwrap_err();
+    assert!(e.contains("at least 16") && e.contains("psktool"), "{e}");
+}

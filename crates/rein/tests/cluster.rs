@@ -511,6 +511,8 @@ fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
     {
         assert!(stderr.contains(line), "{line}: {stderr}");
     }
+    // Every report (signed with the run's key) reached the other host's cluster signal.
+    assert!(!stderr.contains("refused reports of other hosts"), "{stderr}");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON summary");
     let hosts = doc["hosts"]["hosts"].as_array().expect("the hosts' summary");
     assert_eq!(hosts.len(), 2);

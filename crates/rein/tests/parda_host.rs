@@ -164,6 +164,7 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
     drop((h, h2, a));
 }
 
+/// Over UDP with signed reports (`key_file`).
 #[test]
 fn two_hosts_over_udp_split_the_array_by_beta() {
     two_hosts_split_the_array_by_beta("udp", 64);
@@ -184,10 +185,13 @@ fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
     let (ip1, ip2) = (format!("127.0.0.{}", first + 1), format!("127.0.0.{}", first + 2));
     let (t1, t2) = match transport {
         "udp" => {
+            // Signed reports: the hosts share a key (psktool's format).
+            let key = write_file(dir, "parda.psk", &format!("parda:{}\n", "5a".repeat(32)));
             let (u1, u2) = (free_udp(&ip1), free_udp(&ip2));
+            let k = format!("key_file = \"{}\"\n", key.display());
             (
-                format!("udp = \"{u1}\"\npeers = [{{ id = 1, address = \"{u2}\" }}]\n"),
-                format!("udp = \"{u2}\"\npeers = [{{ id = 0, address = \"{u1}\" }}]\n"),
+                format!("udp = \"{u1}\"\npeers = [{{ id = 1, address = \"{u2}\" }}]\n{k}"),
+                format!("udp = \"{u2}\"\npeers = [{{ id = 0, address = \"{u1}\" }}]\n{k}"),
             )
         }
         _ => {
@@ -261,7 +265,23 @@ fn bad_parda_tables_are_one_line_errors() {
         ("[parda]\nlatency_threshold_ms = 10\n[parda_host]\nudp = \"127.0.0.1:9\"\npeers = [{ id = 1, address = \"127.0.0.1:8\" }, { id = 1, address = \"127.0.0.1:7\" }]\n", "two peers have id 1"),
         ("[parda]\nlatency_threshold_ms = 10\nlocal_scheduler = \"dmclock\"\n", "is a distributed scheduler"),
         ("[mclock]\npreset = \"paper\"\n", "[mclock] sets a PARDA host's local scheduler"),
+        (
+            "[parda]\nlatency_threshold_ms = 10\naggregation = \"local\"\n[parda_host]\nkey_file = \"k.psk\"\n",
+            "key_file signs the reports of the cluster aggregation",
+        ),
+        ("[parda]\nlatency_threshold_ms = 10\n[parda_host]\nboard = \"b\"\nkey_identity = \"x\"\n", "key_identity needs key_file"),
+        (
+            "[parda]\nlatency_threshold_ms = 10\n[parda_host]\nboard = \"b\"\nkey_file = \"short.psk\"\n",
+            "parda_host.key_file",
+        ),
+        ("[parda]\nlatency_threshold_ms = 10\n[parda_host]\nboard = \"b\"\nkey_file = \"missing.psk\"\n", "missing.psk"),
+        (
+            "[parda]\nlatency_threshold_ms = 10\n[parda_host]\nboard = \"b\"\nkey_file = \"two.psk\"\n",
+            "has 2 identities: name one with parda_host.key_identity",
+        ),
     ] {
+        write_file(dir, "short.psk", "parda:00112233\n");
+        write_file(dir, "two.psk", &format!("a:{}\nb:{}\n", "11".repeat(32), "22".repeat(32)));
         let cfg = write_file(dir, "gw.toml", &format!("{base}{tables}"));
         let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["gateway", "--config", cfg.to_str().unwrap()]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

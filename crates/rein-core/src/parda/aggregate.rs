@@ -9,9 +9,15 @@
 //!
 //! # Robustness (invariant 6 of `parda`)
 //! - **Stale and duplicate reports** are ignored: a report is accepted only if its `(epoch, seq)` is new
-//!   for its host (same epoch and a higher sequence, or a different epoch: the host restarted). Re-reading
+//!   for its host (same epoch and a higher sequence, or a higher epoch: the host restarted). Re-reading
 //!   a shared file returns every host's last block again; those are duplicates and do not count as signs
 //!   of life.
+//! - **Epochs move forward** (beyond the paper): a lower epoch than the host's last one is a report of an
+//!   older incarnation, a late datagram or a replayed one, and is stale while the host is live. Accepting
+//!   any other epoch (as this did before) let one replayed old record, even a correctly signed one,
+//!   displace the live incarnation, and the next genuine report restore it: a replayer alternating the
+//!   two injected old latencies at will. Once the host has been silent for `timeout` a lower epoch is
+//!   taken as a restart (a host whose clock went back across its restart rejoins after one timeout).
 //! - **Liveness uses the local clock**: a host is live while its last accepted report was *received*
 //!   (the `now` passed to [`Aggregator::accept`]) less than `timeout` ago. The peer's own timestamp is kept
 //!   for diagnostics only, so a peer whose clock jumps forward or back neither stays alive forever nor
@@ -115,7 +121,15 @@ impl Aggregator {
         }
         let verdict = match self.peers.get(&r.host) {
             None => Accept::First,
-            Some(p) if p.last.epoch != r.epoch => Accept::Restarted,
+            Some(p) if r.epoch > p.last.epoch => Accept::Restarted,
+            // An older incarnation's report (module comment, "Epochs move forward").
+            Some(p) if r.epoch < p.last.epoch => {
+                if now.saturating_sub(p.received) < self.timeout {
+                    Accept::Stale
+                } else {
+                    Accept::Restarted
+                }
+            }
             Some(p) if r.seq > p.last.seq => Accept::Newer,
             Some(p) if r.seq == p.last.seq => Accept::Duplicate,
             Some(_) => Accept::Stale,
@@ -210,6 +224,24 @@ mod tests {
         let r = HostReport { epoch: 2, ..rep(1, 1, 10, 100) };
         assert_eq!(a.accept(Nanos(1), r).unwrap(), Accept::Restarted);
         assert_eq!(a.cluster(Nanos(1)).unwrap().latency_ns, 10e6);
+    }
+
+    #[test]
+    fn an_older_incarnation_cannot_displace_a_live_one() {
+        let mut a = Aggregator::new(Nanos::from_secs(5)).unwrap();
+        let old = HostReport { epoch: 1, ..rep(1, 900, 90, 100) };
+        let new = |seq| HostReport { epoch: 2, ..rep(1, seq, 10, 100) };
+        a.accept(Nanos::from_secs(0), old).unwrap();
+        assert_eq!(a.accept(Nanos::from_secs(1), new(1)).unwrap(), Accept::Restarted);
+        // A replayed (or late) record of the old incarnation, then the live one's next report: the replay
+        // is stale and the signal stays the live host's.
+        assert_eq!(a.accept(Nanos::from_secs(2), old).unwrap(), Accept::Stale);
+        assert_eq!(a.cluster(Nanos::from_secs(2)).unwrap().latency_ns, 10e6);
+        assert_eq!(a.accept(Nanos::from_secs(3), new(2)).unwrap(), Accept::Newer);
+        // Silent for the timeout: a lower epoch is a restart (a clock that went back across it).
+        assert_eq!(a.accept(Nanos::from_secs(7), old).unwrap(), Accept::Stale, "live until 8 s");
+        assert_eq!(a.accept(Nanos::from_secs(8), old).unwrap(), Accept::Restarted);
+        assert_eq!(a.cluster(Nanos::from_secs(8)).unwrap().latency_ns, 90e6);
     }
 
     #[test]

@@ -93,9 +93,10 @@
 //! 4. `0 <= beta <= beta_base`: eq. (4) only ever scales shares down (`s'_k <= s_k`).
 //! 5. Time never goes backwards inside a host or an aggregator: an earlier `now` is treated as the latest
 //!    seen and counted (as in the schedulers).
-//! 6. The aggregator accepts a report only if it is newer (same epoch, higher sequence) or from a new
-//!    epoch (the peer restarted); a peer is live while its last *new* report was received (by the local
-//!    clock) less than `timeout` ago. The peer's own timestamp is never used for liveness.
+//! 6. The aggregator accepts a report only if it is newer (same epoch, higher sequence) or from a higher
+//!    epoch (the peer restarted); a lower epoch only once the peer has been silent for `timeout`
+//!    (`aggregate`, "Epochs move forward"); a peer is live while its last *new* report was received (by
+//!    the local clock) less than `timeout` ago. The peer's own timestamp is never used for liveness.
 //!
 //! # Units and precision
 //! Time is [`Nanos`]. Latencies are nanoseconds in `f64` (`*_ns`): smoothing state, as STYLE allows; the
