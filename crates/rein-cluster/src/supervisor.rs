@@ -24,7 +24,8 @@
 //! its `pids` file gone and removes it.
 
 use crate::plan::Plan;
-use std::io::{Read, Write};
+use rein_runtime::admin_client;
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -158,39 +159,16 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 
 /// Whether `addr` answers `GET /healthz` with 200 within `timeout`.
 fn healthy(addr: SocketAddr, timeout: Duration) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else { return false };
-    let _ = s.set_read_timeout(Some(timeout));
-    let _ = s.set_write_timeout(Some(timeout));
-    if s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+    let endpoint = admin_client::AdminEndpoint::from(addr);
+    admin_client::get_blocking(&endpoint, rein_runtime::admin_guard::HEALTHZ, timeout).is_ok()
 }
 
 /// The servers the pShift controller at `admin` does not list as connected (`GET /api/pshift`), or `None`
 /// if it cannot be asked now.
 fn pshift_unlinked(admin: SocketAddr, timeout: Duration) -> Option<Vec<String>> {
-    let mut s = TcpStream::connect_timeout(&admin, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    s.set_write_timeout(Some(timeout)).ok()?;
-    s.write_all(format!("GET /api/pshift HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
-    let mut reply = Vec::new();
-    // At most the status of MAX_ROUNDS_KEPT rounds: bounded by the controller.
-    s.take(16 << 20).read_to_end(&mut reply).ok()?;
-    let start = reply.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    if !reply.starts_with(b"HTTP/1.1 200") {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&reply[start..]).ok()?;
-    let servers = v.get("servers")?.as_array()?;
-    Some(
-        servers
-            .iter()
-            .filter(|s| s.get(1).and_then(|c| c.as_bool()) != Some(true))
-            .map(|s| s.get(0).and_then(|n| n.as_str()).unwrap_or("?").to_string())
-            .collect(),
-    )
+    let body = admin_client::get_blocking(&admin.into(), "/api/pshift", timeout).ok()?;
+    let status: rein_runtime::pshift_controller::ControllerStatus = serde_json::from_slice(&body).ok()?;
+    Some(status.servers.into_iter().filter(|(_, connected)| !connected).map(|(name, _)| name).collect())
 }
 
 impl Supervisor {
@@ -504,6 +482,7 @@ mod tests {
     #[test]
     fn the_controllers_status_names_unlinked_servers() {
         use rein_runtime::pshift_controller::ControllerStatus;
+        use std::io::Read;
         let serve_once = |code: &'static str, body: String| {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = l.local_addr().unwrap();

@@ -166,6 +166,29 @@ pub async fn put_json(
     serde_json::from_slice(&answer).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
 }
 
+/// `GET path` from a caller without a runtime of its own (`rein cluster`'s supervisor polls its children
+/// from a plain thread): the call runs on a current-thread runtime in a thread of its own, so it works
+/// inside or outside a tokio runtime, and gives up after `timeout` (at most [`TIMEOUT`]). Returns the
+/// body of a 200 answer.
+pub fn get_blocking(endpoint: &AdminEndpoint, path: &str, timeout: Duration) -> Result<Vec<u8>, AdminClientError> {
+    let addr = endpoint.addr;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| AdminClientError::Io { addr, source })?;
+            rt.block_on(async {
+                tokio::time::timeout(timeout, call(endpoint, None, "GET", path, None))
+                    .await
+                    .map_err(|_| AdminClientError::Timeout(addr))?
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err(AdminClientError::Bad { addr, message: "the admin call's thread panicked".into() }))
+    })
+}
+
 async fn call(
     endpoint: &AdminEndpoint,
     token: Option<&AdminToken>,
