@@ -40,8 +40,12 @@
 //! remaining limit elsewhere, what the old server spent meanwhile was counted twice: pShift Exp. 4 passed
 //! limits by 12-13 IOs in 2 of 800 bucket-periods (seeds 1-20). So each report states the tokens a bucket
 //! holds ([`BucketReport::held`]), and with [`ControllerConfig::answer_delay`] D set, server j is taken to
-//! spend at most h_i^j = min(held, ceil(2 rate_j D) + 1) of them before the answer (twice its measured
-//! rate, for the variance of service times). For a limited bucket the controller allocates
+//! spend at most h_i^j = min(held, ceil(2 rate_j D') + 1) of them before the answer (twice its measured
+//! rate, for the variance of service times), where D' = max(D, t - s + D/2) with s when the servers took
+//! their reports (the boundary, or an early round's request plus D/2) and t when the answer is computed:
+//! in the simulator, whose reports arrive one delay D/2 after the boundary, D' = D; on real daemons an
+//! answer that leaves later than assumed (a report that came late, the half interval waited for a
+//! missing one) keeps what the servers actually spend meanwhile out of the limit. For a limited bucket the controller allocates
 //! `L_i - done_i - sum_j h_i^j` and adds h_i^j to the L-tokens it sends server j (a server it does not
 //! list zeroes the bucket's tokens anyway). The IOs completed in the period are then at most
 //! done_i + sum_j h_i^j + (L_i - done_i - sum_j h_i^j) = L_i: the limit holds by construction, as long as
@@ -534,7 +538,9 @@ impl Controller {
             } else if self.early_reports.iter().all(|r| r.is_some()) {
                 self.early_open = None;
                 let reports = std::mem::replace(&mut self.early_reports, vec![None; self.rate.len()]);
-                return Some(self.compute(reports, 0, Some((e, now))));
+                // The servers took their snapshots as the request reached them, half a delay after `at`.
+                let snapshot = at.saturating_add(Nanos(self.config.answer_delay.0 / 2));
+                return Some(self.compute(reports, 0, Some((e, now)), snapshot, now));
             }
         }
         let missing = self.reports.iter().filter(|r| r.is_none()).count() as u32;
@@ -546,18 +552,22 @@ impl Controller {
         self.early_started = 0;
         self.early_reports.fill(None);
         let reports = std::mem::replace(&mut self.reports, vec![None; self.rate.len()]);
-        let out = self.compute(reports, missing, None);
+        // A boundary's reports are cut at the boundary.
+        let out = self.compute(reports, missing, None, self.boundary(), now);
         self.round += 1;
         Some(out)
     }
 
     /// Computes an answer from `reports`: the boundary round `self.round`, or with `early` = (n, now) the
-    /// n-th early round after boundary `self.round - 1`, its reports all in at `now`.
+    /// n-th early round after boundary `self.round - 1`, its reports all in at `now`. The servers took
+    /// their reports at `snapshot`; the answer leaves at `now`.
     fn compute(
         &mut self,
         reports: Vec<Option<ServerReport>>,
         missing: u32,
         early: Option<(u32, Nanos)>,
+        snapshot: Nanos,
+        now: Nanos,
     ) -> (Vec<TokenMessage>, RoundSummary) {
         let k = self.config.intervals as u64;
         let (round, e) = match early {
@@ -606,7 +616,16 @@ impl Controller {
         // where it has demand or not (module comment, "Limits across the message delay").
         let mut lines: Vec<(u32, usize, u64, u64)> = Vec::new();
         let mut held = vec![0u64; self.buckets.len()];
-        let d_s = self.config.answer_delay.0 as f64 / 1e9;
+        // How long a server spends tokens between its report and the answer: the answer delay D, or the
+        // time that actually passed since the snapshot plus the answer's way out (D / 2), if longer (a
+        // report that came late, a slow solve; module comment, "Limits across the message delay").
+        let d = self.config.answer_delay;
+        let spend = if d == Nanos::ZERO {
+            Nanos::ZERO
+        } else {
+            d.max(now.saturating_sub(snapshot).saturating_add(Nanos(d.0 / 2)))
+        };
+        let d_s = spend.0 as f64 / 1e9;
         for (j, r) in reports.iter().enumerate() {
             let Some(r) = r else { continue };
             let scale = left_s / (r.elapsed_ns.max(1) as f64 / 1e9);
@@ -804,6 +823,16 @@ mod tests {
     /// server 0 dispatched 400 and still holds 30 tokens, and the bucket's arrivals in the interval were
     /// `arrivals` at servers 0 and 1. Returns the controller and that boundary's messages.
     fn held_round(delay_ms: u64, reservation: u64, arrivals: [u64; 2]) -> (Controller, Vec<TokenMessage>) {
+        held_round_at(delay_ms, reservation, arrivals, 0)
+    }
+
+    /// [`held_round`] with the second boundary answered `late_ms` after it.
+    fn held_round_at(
+        delay_ms: u64,
+        reservation: u64,
+        arrivals: [u64; 2],
+        late_ms: u64,
+    ) -> (Controller, Vec<TokenMessage>) {
         let config =
             ControllerConfig { answer_delay: Nanos::from_millis(delay_ms), ..config(2, DemandEstimator::Arrivals) };
         let qos = vec![BucketQos { reservation, limit: Some(700) }];
@@ -822,7 +851,7 @@ mod tests {
         c.poll(Nanos::from_millis(200)).unwrap();
         c.handle_report(rep(0, 1, 400, arrivals[0], 30)).unwrap();
         c.handle_report(rep(1, 1, 0, arrivals[1], 0)).unwrap();
-        let (m, _) = c.poll(Nanos::from_millis(700)).unwrap();
+        let (m, _) = c.poll(Nanos::from_millis(700 + late_ms)).unwrap();
         (c, m)
     }
 
@@ -862,6 +891,15 @@ mod tests {
             let (_, m) = held_round(delay, 500, [0, 400]);
             assert_eq!(m[1].tokens, vec![(0, 100, Tokens::Count(l))], "answer delay {delay} ms");
         }
+        // An answer that leaves 10 ms after the boundary (reports that came late, a slow solve) reaches the
+        // servers 12.5 ms after their snapshot: 2 x 12.5 + 1 = 26 of the 30 are kept out; 2.5 ms late,
+        // still within the 5 ms assumed, the same as on time. Without an answer delay, still nothing.
+        for (late, l) in [(10, 174), (2, 189)] {
+            let (_, m) = held_round_at(5, 500, [0, 400], late);
+            assert_eq!(m[1].tokens, vec![(0, 100, Tokens::Count(l))], "answered {late} ms late");
+        }
+        let (_, m) = held_round_at(0, 500, [0, 400], 10);
+        assert_eq!(m[1].tokens, vec![(0, 100, Tokens::Count(200))]);
     }
 
     #[test]
