@@ -327,8 +327,11 @@ pub struct HostStatus {
     /// Reports exchanges that failed (the file could not be written or read), and records refused as
     /// corrupt or from an address that is not the peer's.
     pub exchange_errors: u64,
-    /// Records refused (corrupt, misplaced).
+    /// Records refused (corrupt, misplaced, unsigned or with a tag that does not match).
     pub records_refused: u64,
+    /// The identity of the key the host's reports are signed with (`key_file`), or `None` (unsigned).
+    #[serde(default)]
+    pub signed_by: Option<String>,
     /// The newest periods, oldest first (at most [`MAX_PERIOD_RECORDS`]).
     pub history: VecDeque<PeriodRecord>,
 }
@@ -438,6 +441,7 @@ impl HostGate {
             now_s: 0.0,
             exchange_errors: 0,
             records_refused: 0,
+            signed_by: settings.key.as_ref().map(|k| k.identity().to_string()),
             history: VecDeque::new(),
         };
         status.update(&ctl.stats());

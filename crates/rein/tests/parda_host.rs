@@ -212,6 +212,8 @@ fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
         assert_eq!(s["cluster_hosts"], 2, "both hosts in the average: {s}");
         assert_eq!(s["records_refused"], 0, "{s}");
         assert_eq!(s["exchange_errors"], 0, "{s}");
+        let signed = if transport == "udp" { serde_json::json!("parda") } else { serde_json::Value::Null };
+        assert_eq!(s["signed_by"], signed, "{s}");
     }
     let ((w1, l1, _), (w2, l2, _)) = (settled(&s1, 4.0), settled(&s2, 4.0));
     // eq. (3): W = C script-L + 3 = 23, windows 1:2 (7.67, 15.33), L = 11.5 ms for both.
