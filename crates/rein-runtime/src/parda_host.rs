@@ -324,8 +324,7 @@ pub struct HostStatus {
     pub latency_sum_ns: u64,
     /// When this status was read (s on the gate's clock, the one `history` uses).
     pub now_s: f64,
-    /// Reports exchanges that failed (the file could not be written or read), and records refused as
-    /// corrupt or from an address that is not the peer's.
+    /// Report exchanges that failed (the board could not be written or read).
     pub exchange_errors: u64,
     /// Records refused (corrupt, misplaced, unsigned or with a tag that does not match).
     pub records_refused: u64,
@@ -795,11 +794,12 @@ impl Task {
 }
 
 /// Appends the host's series to a `/metrics` text: window, issue limit, beta, IOs outstanding and queued,
-/// the latency estimate and signal, periods and IOs completed.
+/// the latency estimate and signal, periods and IOs completed, requests abandoned, failed exchanges and
+/// refused reports (a count to alert on: forged or misconfigured senders).
 pub fn metrics_text(o: &mut String, s: &HostStatus) {
     use std::fmt::Write;
     let id = s.id;
-    let series: [(&str, &str, &str, f64); 10] = [
+    let series: [(&str, &str, &str, f64); 13] = [
         ("rein_parda_window", "gauge", "The host's window w(t), IOs (eq. (2)).", s.window),
         (
             "rein_parda_issue_limit",
@@ -825,6 +825,25 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
         ("rein_parda_cluster_hosts", "gauge", "Hosts in the last cluster average.", s.cluster_hosts as f64),
         ("rein_parda_periods_total", "counter", "Control periods ended.", s.periods as f64),
         ("rein_parda_completed_total", "counter", "IOs completed at the array.", s.completed as f64),
+        (
+            "rein_parda_abandoned_total",
+            "counter",
+            "Requests not issued because their connection had closed while they waited.",
+            s.abandoned as f64,
+        ),
+        (
+            "rein_parda_exchange_errors_total",
+            "counter",
+            "Report exchanges that failed (the board not written or read).",
+            s.exchange_errors as f64,
+        ),
+        (
+            "rein_parda_records_refused_total",
+            "counter",
+            "Other hosts' reports refused: corrupt, from an address not the peer's, unsigned or with a tag that \
+             does not match.",
+            s.records_refused as f64,
+        ),
     ];
     for (metric, kind, help, v) in series {
         let _ = writeln!(o, "# HELP {metric} {help}\n# TYPE {metric} {kind}\n{metric}{{host=\"{id}\"}} {v}");

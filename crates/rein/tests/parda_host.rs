@@ -215,6 +215,13 @@ fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
         let signed = if transport == "udp" { serde_json::json!("parda") } else { serde_json::Value::Null };
         assert_eq!(s["signed_by"], signed, "{s}");
     }
+    for (h, id) in [(&h1, 0), (&h2, 1)] {
+        let (code, _, text) = common::http(h.admin, "GET", "/metrics", "", "");
+        assert_eq!(code, 200, "{text}");
+        for series in ["records_refused_total", "exchange_errors_total"] {
+            assert!(text.contains(&format!("rein_parda_{series}{{host=\"{id}\"}} 0\n")), "{series}: {text}");
+        }
+    }
     let ((w1, l1, _), (w2, l2, _)) = (settled(&s1, 4.0), settled(&s2, 4.0));
     // eq. (3): W = C script-L + 3 = 23, windows 1:2 (7.67, 15.33), L = 11.5 ms for both.
     let big_w = C * SCRIPT_L / 1e3 + 3.0;
