@@ -1447,4 +1447,24 @@ mod tests {
         let err = parse(&format!("[mclock]\nlimit_burst_ios = -1\n{parda}")).unwrap_err().to_string();
         assert!(err.contains("mclock.limit_burst_ios = -1"), "{err}");
     }
+
+    /// A reload compares the PARDA settings as written out (`apply_reload`): a key file whose key changed
+    /// under the same name and identity reads as a change (the key's fingerprint), the same key as none,
+    /// and the key itself never appears.
+    #[test]
+    fn a_changed_parda_key_reads_as_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("parda.psk");
+        let text = "[parda]\nlatency_threshold_ms = 10\n[parda_host]\nboard = \"b\"\nkey_file = \"parda.psk\"\n\
+                    [[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        let settings = |hex: &str| {
+            std::fs::write(&key, format!("parda:{hex}\n")).unwrap();
+            let cfg = GatewayConfig::parse(text, &dir.path().join("gw.toml")).unwrap();
+            format!("{:?}", cfg.parda.expect("a PARDA host"))
+        };
+        let (a, b, a2) = (settings(&"11".repeat(32)), settings(&"22".repeat(32)), settings(&"11".repeat(32)));
+        assert_ne!(a, b, "a new key is a change");
+        assert_eq!(a, a2, "the same key is none");
+        assert!(!a.contains(&"11".repeat(16)) && a.contains("fingerprint"), "{a}");
+    }
 }
