@@ -246,7 +246,11 @@ fn a_limit_holds_across_servers() {
 /// demand appears at a server mid-period, where the latest tokens gave it nothing, is noted to the
 /// controller by the server, and the early round gives it R-tokens there before the next boundary. With
 /// one redistribution interval of 4 s per period, bucket b1 (R = 700 IOPS, 2,800 IOs a period) starts at
-/// s2 1.5 s after the first boundary, beside b2 backlogged there. With early rounds it holds R-tokens at s2
+/// s2 1.5 s after the first boundary, beside b2 backlogged there. The schedule starts (`hold`, then
+/// `PUT /api/pshift/start`) once both servers are linked. With a fixed start 1 s after the controller's,
+/// a loaded machine that takes longer to start the servers leaves the first boundary without their
+/// reports and the servers without an answer, and then no early round can start: the likely cause of
+/// a CI failure on 2026-11-30 (515 IOPS with early rounds, the round robin's rate). With early rounds it holds R-tokens at s2
 /// within a few milliseconds: served first, at C = 1,000 IOPS until the boundary; without (the paper's
 /// controller, `early_rounds = 0`) it waits for the boundary, served round robin: C / 2.
 #[test]
@@ -257,19 +261,23 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
         std::fs::create_dir_all(&dir).unwrap();
         let listen = format!("127.0.0.{ip}:{}", free_port(&format!("127.0.0.{ip}")));
         let text = format!(
-            "listen = \"{listen}\"\nadmin = \"127.0.0.{ip}:0\"\nperiod_s = 4\nintervals = 1\nstart_s = 1\nestimator = \"backlog\"\n\
-             early_rounds = {early}\n\
+            "listen = \"{listen}\"\nadmin = \"127.0.0.{ip}:0\"\nperiod_s = 4\nintervals = 1\nstart_s = 1\nhold = true\n\
+             estimator = \"backlog\"\nearly_rounds = {early}\n\
              [[servers]]\nname = \"s1\"\ncapacity_iops = {C}\n[[servers]]\nname = \"s2\"\ncapacity_iops = {C}\n\
              [[buckets]]\nname = \"b1\"\nreservation_iops = {R}\n[[buckets]]\nname = \"b2\"\n"
         );
         let cfg = write_file(&dir, "ctl.toml", &text);
-        let t0 = Instant::now();
-        let _ctl = Rein::new(&["pshift", "controller", "--config", cfg.to_str().unwrap()]).start();
+        let ctl = Rein::new(&["pshift", "controller", "--config", cfg.to_str().unwrap()]).start();
         let s1 = server(&dir, ip + 1, "s1", &listen);
         let s2 = server(&dir, ip + 2, "s2", &listen);
         for s in [&s1, &s2] {
             s.wait_line("pShift link: welcomed by the controller");
         }
+        // The schedule starts once both servers are linked (`hold`), however long a loaded machine took to
+        // start them: its first boundary is then 1 s from here, with both servers reporting.
+        let (code, _, body) = common::http(ctl.admin, "PUT", "/api/pshift/start", "", "{}");
+        assert_eq!(code, 200, "{body}");
+        let t0 = Instant::now();
         let mut loads = vec![load(&s1, &["b2"]), load(&s2, &["b2"])];
         // The first boundary is at 1 s; b1 appears at s2 at 2.5 s (after the first fifth of the interval,
         // when the controller allows the first early round), measured from 3 s to 4.5 s (the next boundary
