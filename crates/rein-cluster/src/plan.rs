@@ -47,7 +47,7 @@ use rein_model::sched_settings::SchedSettingsFile;
 use rein_model::stripe::Stripe;
 use rein_model::workload::WorkloadKind;
 use rein_model::Routing;
-use rein_sim::model::parda::{Aggregation, Parda};
+use rein_sim::model::parda::{Aggregation, Host, Parda};
 use rein_sim::model::{Server, Tenant};
 use rein_sim::Scenario;
 use std::fmt::Write as _;
@@ -443,10 +443,7 @@ impl Plan {
             });
         }
         // Hosts that exchange reports (over UDP) sign them.
-        let parda_key = sc
-            .parda
-            .as_ref()
-            .is_some_and(|p| p.aggregation == Aggregation::Cluster && sc.hosts.iter().any(|h| h.runs_parda(p)));
+        let parda_key = sc.parda.as_ref().is_some_and(|p| sc.hosts.iter().any(|h| publishes(h, p)));
         Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints, controller: None, parda_key })
     }
 }
@@ -532,6 +529,12 @@ pub fn parda_table(p: &Parda) -> Result<String, String> {
     Ok(t)
 }
 
+/// Whether `host` exchanges reports with the other hosts (over UDP, signed with the run's key): it runs
+/// PARDA with the cluster's latency.
+fn publishes(host: &Host, p: &Parda) -> bool {
+    host.runs_parda(p) && p.aggregation == Aggregation::Cluster
+}
+
 /// PARDA host `h`'s gw.toml: its VMs as tenants with an export each on `array` (plain NBD), the scenario's
 /// `[parda]`, and `[parda_host]` with its UDP socket `udp` and the other PARDA hosts' (`peers`).
 #[allow(clippy::too_many_arguments)]
@@ -589,7 +592,7 @@ fn host_config(
     if let Some(w) = host.window {
         let _ = writeln!(g, "window = {}", f(w));
     }
-    if host.runs_parda(p) && p.aggregation == Aggregation::Cluster {
+    if publishes(host, p) {
         let list: Vec<String> =
             peers.iter().map(|(id, a)| format!("{{ id = {id}, address = {} }}", q(&a.to_string()))).collect();
         let _ = writeln!(g, "udp = {}\npeers = [{}]", q(&udp.to_string()), list.join(", "));

@@ -131,6 +131,15 @@ pub fn encode_signed(r: &HostReport, auth: &dyn RecordAuth) -> [u8; SIGNED_BYTES
     b
 }
 
+/// Encodes a report as one datagram: with `auth`, a signed record ([`SIGNED_BYTES`]); without, a plain
+/// one ([`RECORD_BYTES`]). What [`decode_datagram`] reads with the same `auth`.
+pub fn encode_datagram(r: &HostReport, auth: Option<&dyn RecordAuth>) -> Vec<u8> {
+    match auth {
+        Some(auth) => encode_signed(r, auth).to_vec(),
+        None => encode(r).to_vec(),
+    }
+}
+
 /// Decodes one datagram: with `auth`, a signed record whose tag matches (checked before any field is
 /// read); without, a plain record.
 pub fn decode_datagram(b: &[u8], auth: Option<&dyn RecordAuth>) -> Result<HostReport, RecordError> {
@@ -403,6 +412,8 @@ mod tests {
         let d = encode_signed(&r, &k);
         assert_eq!(d.len(), SIGNED_BYTES);
         assert_eq!(decode_datagram(&d, Some(&k)), Ok(r));
+        assert_eq!(encode_datagram(&r, Some(&k)), d.to_vec());
+        assert_eq!(encode_datagram(&r, None), encode(&r).to_vec());
         assert_eq!(decode_datagram(&encode(&r), None), Ok(r));
         // Another key, no key, no tag.
         assert_eq!(decode_datagram(&d, Some(&other)), Err(RecordError::Tag));

@@ -38,8 +38,8 @@
 use rein_core::parda::{Accept, Aggregator, HostReport, MAX_HOSTS};
 use rein_core::Nanos;
 use rein_proto::parda::{
-    decode_datagram, decode_slot_with, encode, encode_signed, encode_slot_with, slot_offset, RecordAuth, RecordError,
-    Slot, RECORD_BYTES, SIGNED_BYTES, SLOT_BYTES, TAG_BYTES,
+    decode_datagram, decode_slot_with, encode_datagram, encode_slot_with, slot_offset, RecordAuth, RecordError, Slot,
+    RECORD_BYTES, SIGNED_BYTES, SLOT_BYTES, TAG_BYTES,
 };
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -66,17 +66,16 @@ pub struct RecordKey {
     key: openssl::pkey::PKey<openssl::pkey::Private>,
     /// The identity of the key's line in its file (for the log).
     identity: String,
+    /// The first bytes of an all-zero record's tag: tells keys apart without showing one (`Debug`, which a
+    /// reload compares).
+    fingerprint: u32,
 }
 
 impl std::fmt::Debug for RecordKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // A fingerprint (the tag of an all-zero record's first bytes) tells keys apart without showing
-        // one, so a reload that compares settings sees a changed key.
-        let print =
-            self.try_tag(&[0u8; RECORD_BYTES]).map(|t| u32::from_be_bytes([t[0], t[1], t[2], t[3]])).unwrap_or(0);
         f.debug_struct("RecordKey")
             .field("identity", &self.identity)
-            .field("fingerprint", &format_args!("{print:08x}"))
+            .field("fingerprint", &format_args!("{:08x}", self.fingerprint))
             .finish()
     }
 }
@@ -92,9 +91,11 @@ impl RecordKey {
             ));
         }
         let key = openssl::pkey::PKey::hmac(key).map_err(|e| format!("the key: {e}"))?;
-        let k = RecordKey { key, identity: identity.to_string() };
-        // HMAC must work here, so that tagging in the control loop cannot fail.
-        k.try_tag(&[0u8; RECORD_BYTES]).map_err(|e| format!("HMAC-SHA-256 is not available: {e}"))?;
+        let mut k = RecordKey { key, identity: identity.to_string(), fingerprint: 0 };
+        // HMAC must work here, so that tagging in the control loop cannot fail; its first tag is the
+        // key's fingerprint.
+        let t = k.try_tag(&[0u8; RECORD_BYTES]).map_err(|e| format!("HMAC-SHA-256 is not available: {e}"))?;
+        k.fingerprint = u32::from_be_bytes([t[0], t[1], t[2], t[3]]);
         Ok(k)
     }
 
@@ -407,21 +408,10 @@ impl UdpAggregation {
     /// Sends `report` to every peer (one datagram each); returns how many sends succeeded (a peer that is
     /// down makes its send fail on some systems; that is not an error for the others).
     pub async fn publish(&self, report: &HostReport) -> usize {
-        let signed;
-        let plain;
-        let rec: &[u8] = match &self.key {
-            Some(k) => {
-                signed = encode_signed(report, k.as_ref());
-                &signed
-            }
-            None => {
-                plain = encode(report);
-                &plain
-            }
-        };
+        let rec = encode_datagram(report, auth_of(&self.key));
         let mut ok = 0;
         for &(_, a) in &self.peers {
-            if self.socket.send_to(rec, a).await.is_ok() {
+            if self.socket.send_to(&rec, a).await.is_ok() {
                 ok += 1;
             }
         }

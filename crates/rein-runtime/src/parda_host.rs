@@ -461,6 +461,7 @@ impl HostGate {
             answers: tx.downgrade(),
             status,
             refused_logged: HashSet::new(),
+            refused_overflow_logged: false,
         };
         tokio::spawn(task.run(rx));
         Ok((gate, ids))
@@ -567,6 +568,8 @@ struct Task {
     status: Arc<Mutex<HostStatus>>,
     /// Senders (or slots) whose refused reports were logged: each once, at most [`MAX_REFUSED_LOGGED`].
     refused_logged: HashSet<String>,
+    /// Whether the log said that further places are only counted.
+    refused_overflow_logged: bool,
 }
 
 /// Senders or slots whose refused reports are logged (each once); the rest count in `records_refused`.
@@ -743,13 +746,13 @@ impl Task {
                                     tracing::warn!(%from, "parda host: report refused: {e} (further refusals \
                                                    from there are counted in records_refused)");
                                     self.refused_logged.insert(from);
-                                } else if self.refused_logged.len() == MAX_REFUSED_LOGGED {
+                                } else if !self.refused_overflow_logged {
                                     tracing::warn!(
                                         "parda host: reports refused from more than \
                                                     {MAX_REFUSED_LOGGED} places; further ones are counted in \
                                                     records_refused only"
                                     );
-                                    self.refused_logged.insert(String::new());
+                                    self.refused_overflow_logged = true;
                                 }
                             }
                         }
