@@ -234,6 +234,7 @@ pub async fn drive(
         }
         let end = sc.duration.as_secs_f64();
         totals.rounds = status.rounds.into_iter().filter(|r| r.at_s < end).collect();
+        totals.periods = status.buckets.into_iter().map(|b| (b.name, b.periods)).collect();
     }
     if let Some(h) = hosts.finish(sc, samples).await {
         totals.summary.hosts = Some(h.summary.clone());

@@ -376,6 +376,7 @@ impl Recorder {
             time_regressions: 0,
             hosts: None,
             rounds: Vec::new(),
+            periods: Vec::new(),
             cost_model: meta.cost_model,
         }
     }

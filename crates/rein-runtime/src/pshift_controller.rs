@@ -39,6 +39,7 @@ use rein_core::pshift::{
     BucketQos, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN, MAX_SERVERS,
 };
 use rein_core::Nanos;
+use rein_model::report::rounds::PeriodCounts;
 use rein_proto::pshift::Message;
 use serde::Deserialize;
 use std::collections::VecDeque;
@@ -370,6 +371,10 @@ pub struct BucketStatus {
     pub limit: Option<u64>,
     /// IOs done in the current period, as of the last round.
     pub done: u64,
+    /// Its closed QoS periods, as the servers counted them (rein-core's controller, "Periods counted at
+    /// the servers").
+    #[serde(default)]
+    pub periods: PeriodCounts,
 }
 
 /// What the connection tasks tell the controller's task.
@@ -414,7 +419,13 @@ pub async fn run(
         buckets: s
             .buckets
             .iter()
-            .map(|(n, q)| BucketStatus { name: n.clone(), reservation: q.reservation, limit: q.limit, done: 0 })
+            .map(|(n, q)| BucketStatus {
+                name: n.clone(),
+                reservation: q.reservation,
+                limit: q.limit,
+                done: 0,
+                periods: PeriodCounts::default(),
+            })
             .collect(),
         refused: 0,
         rounds: VecDeque::new(),
@@ -779,8 +790,9 @@ impl Task {
             "pShift round"
         );
         let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        for (b, &d) in st.buckets.iter_mut().zip(self.ctl.done()) {
+        for ((b, &d), t) in st.buckets.iter_mut().zip(self.ctl.done()).zip(self.ctl.periods()) {
             b.done = d;
+            b.periods = (*t).into();
         }
         if st.rounds.len() == MAX_ROUNDS_KEPT {
             st.rounds.pop_front();
@@ -831,7 +843,8 @@ fn admin_router(status: Arc<Mutex<ControllerStatus>>, clock: Clock, ev: mpsc::Un
         )
 }
 
-/// The controller's `/metrics`: rounds, connected servers, and each bucket's IOs in the period.
+/// The controller's `/metrics`: rounds, connected servers, each bucket's IOs in the period and its closed
+/// periods.
 pub fn metrics_text(s: &ControllerStatus) -> String {
     use std::fmt::Write;
     let mut o = String::new();
@@ -842,6 +855,28 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
     let _ = writeln!(o, "# HELP rein_pshift_bucket_done IOs of the bucket in the current QoS period (as of the last round).\n# TYPE rein_pshift_bucket_done gauge");
     for b in &s.buckets {
         let _ = writeln!(o, "rein_pshift_bucket_done{{bucket=\"{}\"}} {}", crate::admin::label(&b.name), b.done);
+    }
+    // The closed periods, as the servers counted them: alert on the rate of the second and third.
+    type Series = (&'static str, &'static str, fn(&BucketStatus) -> u64);
+    let series: [Series; 4] = [
+        ("periods_total", "QoS periods closed.", |b| b.periods.closed),
+        (
+            "periods_below_reservation_total",
+            "Closed periods in which the bucket completed fewer IOs than its reservation (for want of demand, too).",
+            |b| b.periods.below_reservation,
+        ),
+        ("periods_above_limit_total", "Closed periods in which the bucket completed more IOs than its limit.", |b| {
+            b.periods.above_limit
+        }),
+        ("periods_incomplete_total", "Closed periods with a server's report missing (not judged).", |b| {
+            b.periods.incomplete
+        }),
+    ];
+    for (name, help, get) in series {
+        let _ = writeln!(o, "# HELP rein_pshift_bucket_{name} {help}\n# TYPE rein_pshift_bucket_{name} counter");
+        for b in &s.buckets {
+            let _ = writeln!(o, "rein_pshift_bucket_{name}{{bucket=\"{}\"}} {}", crate::admin::label(&b.name), get(b));
+        }
     }
     o
 }
@@ -982,6 +1017,41 @@ mod tests {
         assert!(e.contains("closed"), "{e}");
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
+    }
+
+    /// `/metrics` has a counter per bucket for each kind of closed period, named as `/api/pshift` names it.
+    #[test]
+    fn metrics_count_each_buckets_closed_periods() {
+        let bucket = |name: &str, closed, below_reservation, above_limit, incomplete| BucketStatus {
+            name: name.into(),
+            reservation: 100,
+            limit: Some(200),
+            done: 7,
+            periods: PeriodCounts { closed, below_reservation, above_limit, incomplete, last: Some(150) },
+        };
+        let st = ControllerStatus {
+            round: 12,
+            now_s: 3.0,
+            origin_s: Some(0.0),
+            servers: vec![("s1".into(), true)],
+            buckets: vec![bucket("a", 5, 1, 0, 0), bucket("b\"x", 5, 0, 2, 1)],
+            refused: 0,
+            rounds: VecDeque::new(),
+        };
+        let text = metrics_text(&st);
+        for line in [
+            "rein_pshift_bucket_periods_total{bucket=\"a\"} 5",
+            "rein_pshift_bucket_periods_below_reservation_total{bucket=\"a\"} 1",
+            "rein_pshift_bucket_periods_above_limit_total{bucket=\"a\"} 0",
+            "rein_pshift_bucket_periods_above_limit_total{bucket=\"b\\\"x\"} 2",
+            "rein_pshift_bucket_periods_incomplete_total{bucket=\"b\\\"x\"} 1",
+            "# TYPE rein_pshift_bucket_periods_above_limit_total counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        let json: serde_json::Value = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["buckets"][1]["periods"]["above_limit"], 2);
+        assert_eq!(json["buckets"][0]["periods"]["last"], 150);
     }
 
     /// Only `allow_networks` may connect (default loopback): a peer outside it is cut at once and counted.

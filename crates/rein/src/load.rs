@@ -213,6 +213,8 @@ pub(crate) fn print_summary(totals: &RunTotals) {
     if totals.summary.tenants.iter().any(|t| t.weight.is_none()) {
         println!("(? = unknown: pass --admin to read the tenants' specs and phases from the server)");
     }
+    // `rein cluster run` of a pShift scenario: the controller's closed periods, as `rein sim` prints them.
+    print!("{}", rein_model::report::rounds::periods_text(&totals.periods, 8));
 }
 
 /// The `--tls-*` flags: a client context if any is given (errors name the flag and the file).

@@ -157,6 +157,7 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
     if let Some(h) = &s.hosts {
         out.push_str(&host_text(h));
     }
+    out.push_str(&rein_model::report::rounds::periods_text(&r.periods, 8));
     let rejected: u64 = s.tenants.iter().map(|t| t.rejected).sum();
     if rejected > 0 {
         out.push_str(&format!("warning: {rejected} requests were rejected at full scheduler queues\n"));

@@ -235,7 +235,7 @@ fn a_limit_holds_across_servers() {
     let dir = tmp.path();
     let listen = format!("127.0.0.88:{}", free_port("127.0.0.88"));
     let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {L}\n");
-    let _ctl = controller_with(dir, &listen, 88, 0.5, &buckets);
+    let ctl = controller_with(dir, &listen, 88, 0.5, &buckets);
     let s1 = server_with(dir, 89, "s1", &listen, &["b2", "b3"]);
     let s2 = server_with(dir, 90, "s2", &listen, &["b2", "b3"]);
     for s in [&s1, &s2] {
@@ -252,6 +252,15 @@ fn a_limit_holds_across_servers() {
     eprintln!("limit across servers: b3 {b3:.0} IOPS (L {L}), b2 {b2:.0}");
     assert!((L * 0.9..=L * 1.08).contains(&b3), "b3 over both servers: {b3:.0} IOPS, limit {L}");
     assert!((b2 - (2.0 * C - L)).abs() <= 2.0 * C * 0.08, "b2: {b2:.0} IOPS, want {}", 2.0 * C - L);
+    // By the servers' own counts (the controller's tally of closed periods), no period of b3 passed its
+    // limit of L x 0.5 s = 200 IOs: the controller's invariant 4, on real daemons.
+    let (code, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+    assert_eq!(code, 200, "{body}");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let p = &st["buckets"][1]["periods"];
+    assert_eq!(st["buckets"][1]["name"], "b3");
+    assert!(p["closed"].as_u64().unwrap() >= 16, "{p}");
+    assert_eq!(p["above_limit"], 0, "b3's periods by the servers' counts: {p}");
     for l in &mut loads {
         let _ = l.kill();
         let _ = l.wait();

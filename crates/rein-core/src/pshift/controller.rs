@@ -55,6 +55,18 @@
 //! trimmed to the remaining limit only if they would not fit beside it. The paper does not say how its
 //! prototype handles the delay.
 //!
+//! # Periods counted at the servers
+//! When a boundary closes a QoS period the controller also knows what each bucket completed in it, by the
+//! servers' own counts: done_i (the IOs in flight at the period's start plus those dispatched in its
+//! intervals, invariant 2) plus the IOs the closing boundary's reports say were dispatched in the last
+//! interval, less those still in flight there (they complete, and count, in the next period). Per bucket
+//! it tallies the periods closed, those that completed less than R_i (a bucket without the demand counts
+//! too) and more than L_i, and the last period's count ([`PeriodTally`], [`Controller::periods`]): the
+//! numbers an operator watches, and a check on the controller's own bookkeeping that does not depend on
+//! when a client sees its completions. A period with a report missing at any of its boundaries (or the
+//! one opening it) is tallied as `incomplete` and judged neither way: the missing server's dispatches are
+//! not known. The warm-up before the first period is not a period.
+//!
 //! # Early rounds (beyond the paper)
 //! A bucket whose demand moves to servers where the latest answer gave it no tokens is not served there
 //! until the next boundary: with no L-tokens (it is limited) not at all, and without R-tokens not in the
@@ -320,6 +332,22 @@ pub struct RoundSummary {
     pub reports_missing: u32,
 }
 
+/// A bucket's closed QoS periods as the servers counted them (module comment, "Periods counted at the
+/// servers").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeriodTally {
+    /// Periods closed (those with a report missing included).
+    pub closed: u64,
+    /// Complete periods in which the bucket completed fewer than R_i IOs (for want of demand, too).
+    pub below_reservation: u64,
+    /// Complete periods in which it completed more than L_i.
+    pub above_limit: u64,
+    /// Periods with a report missing at one of their boundaries: counted, not judged.
+    pub incomplete: u64,
+    /// IOs completed in the last closed period (a lower bound if that period is incomplete).
+    pub last: Option<u64>,
+}
+
 /// Why the controller refused a configuration or a report. A refused report changes nothing.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ControllerError {
@@ -379,6 +407,10 @@ pub struct Controller {
     /// The latest answer: (round, early) of its messages.
     latest: Option<(u64, u32)>,
     early_reports: Vec<Option<ServerReport>>,
+    /// Per bucket: its closed periods (module comment, "Periods counted at the servers").
+    tallies: Vec<PeriodTally>,
+    /// A boundary of the current period (the one opening it included) had a report missing.
+    period_missing: bool,
 }
 
 impl Controller {
@@ -406,6 +438,7 @@ impl Controller {
                 return bad("each bucket needs reservation <= limit <= 10^12 IOs per period");
             }
         }
+        let tallies = vec![PeriodTally::default(); buckets.len()];
         Ok(Controller {
             tau: config.period.0 / config.intervals as u64,
             rate: capacity_iops.to_vec(),
@@ -417,6 +450,8 @@ impl Controller {
             early_started: 0,
             latest: None,
             early_reports: vec![None; capacity_iops.len()],
+            tallies,
+            period_missing: false,
             config,
         })
     }
@@ -444,6 +479,11 @@ impl Controller {
     /// IOs each bucket did in the current period so far (as reported).
     pub fn done(&self) -> &[u64] {
         &self.done
+    }
+
+    /// Per bucket (index order), its closed periods as the servers counted them.
+    pub fn periods(&self) -> &[PeriodTally] {
+        &self.tallies
     }
 
     /// Files a server's report for the current round. A report for an older round is ignored (Ok).
@@ -524,6 +564,29 @@ impl Controller {
         Ok(Some((self.round - 1, self.early_started)))
     }
 
+    /// Tallies the period that boundary `reports` close; `done` becomes each bucket's IOs completed in it.
+    fn close_period(&mut self, done: &mut [u64], reports: &[Option<ServerReport>], missing: bool) {
+        let mut in_flight = vec![0u64; done.len()];
+        for r in reports.iter().flatten() {
+            for b in &r.buckets {
+                done[b.bucket as usize] = done[b.bucket as usize].saturating_add(b.dispatched);
+                in_flight[b.bucket as usize] += b.in_flight;
+            }
+        }
+        let incomplete = missing || self.period_missing;
+        for ((t, d), (q, f)) in self.tallies.iter_mut().zip(done.iter()).zip(self.buckets.iter().zip(&in_flight)) {
+            let completed = d.saturating_sub(*f);
+            t.closed += 1;
+            t.last = Some(completed);
+            if incomplete {
+                t.incomplete += 1;
+            } else {
+                t.below_reservation += u64::from(completed < q.reservation);
+                t.above_limit += u64::from(q.limit.is_some_and(|l| completed > l));
+            }
+        }
+    }
+
     /// When every server has reported the current round (or the timeout passed), computes the tokens for
     /// the rest of the period: one message per server (invariant 1: once per round, in order). An early
     /// round is answered when every server has reported it, and abandoned (no answer) when a report is
@@ -587,7 +650,16 @@ impl Controller {
             Some(_) => self.done.clone(),
         };
         if starts_period {
+            // The boundary closes the period before it (the warm-up before round 0 is none): what each
+            // bucket completed in it is done_i, plus the last interval's dispatches, less what is still in
+            // flight (module comment, "Periods counted at the servers").
+            if round > 0 {
+                self.close_period(&mut done, &reports, missing > 0);
+            }
             done.fill(0);
+            self.period_missing = missing > 0;
+        } else if early.is_none() {
+            self.period_missing |= missing > 0;
         }
         for r in reports.iter().flatten() {
             for b in &r.buckets {
@@ -816,6 +888,94 @@ mod tests {
         let (m, _) = c.poll(Nanos::from_millis(1200)).unwrap();
         assert_eq!(c.done(), &[4]);
         assert_eq!(m[0].tokens, vec![(0, 496, Tokens::Count(200))]);
+    }
+
+    /// A period closed at a boundary counts, per bucket, the completions in it by the servers' counts: here
+    /// the in-flight 3 at its start, 450 + 240 dispatched, less the 4 in flight at its end.
+    #[test]
+    fn a_closed_period_is_tallied_against_the_reservation_and_the_limit() {
+        let (mut c, rep) = one_bucket();
+        c.handle_report(rep(0, 400, 3)).unwrap();
+        c.poll(Nanos::from_millis(200)).unwrap();
+        assert_eq!(c.periods()[0], PeriodTally::default(), "the warm-up is not a period");
+        c.handle_report(rep(1, 450, 5)).unwrap();
+        c.poll(Nanos::from_millis(700)).unwrap();
+        assert_eq!(c.periods()[0].closed, 0, "mid-period");
+        c.handle_report(rep(2, 240, 4)).unwrap();
+        c.poll(Nanos::from_millis(1200)).unwrap();
+        let want = PeriodTally { closed: 1, last: Some(3 + 450 + 240 - 4), ..Default::default() };
+        assert_eq!(c.periods()[0], want, "689: within R 500 and L 700");
+        // The next: 4 + 100 + 300 - 0 = 404, below R; then 0 + 500 + 300 - 2 = 798, above L.
+        for (round, dispatched, in_flight) in [(3, 100, 1), (4, 300, 0), (5, 500, 9), (6, 300, 2)] {
+            c.handle_report(rep(round, dispatched, in_flight)).unwrap();
+            c.poll(c.boundary()).unwrap();
+        }
+        let want = PeriodTally { closed: 3, below_reservation: 1, above_limit: 1, incomplete: 0, last: Some(798) };
+        assert_eq!(c.periods()[0], want);
+    }
+
+    /// A period whose reports were not all in (here its middle boundary's) is counted, not judged.
+    #[test]
+    fn a_period_with_a_report_missing_is_incomplete() {
+        let (mut c, rep) = one_bucket();
+        c.handle_report(rep(0, 400, 0)).unwrap();
+        c.poll(Nanos::from_millis(200)).unwrap();
+        // Boundary 1: no report by the timeout.
+        assert!(c.poll(Nanos::from_millis(700)).is_none());
+        let (_, s) = c.poll(Nanos::from_millis(800)).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        c.handle_report(rep(2, 100, 0)).unwrap();
+        c.poll(Nanos::from_millis(1200)).unwrap();
+        let t = c.periods()[0];
+        assert_eq!((t.closed, t.incomplete, t.below_reservation, t.last), (1, 1, 0, Some(100)));
+        // The next period is complete again: 0 + 600 + 50 = 650.
+        for (round, dispatched) in [(3, 600), (4, 50)] {
+            c.handle_report(rep(round, dispatched, 0)).unwrap();
+            c.poll(c.boundary()).unwrap();
+        }
+        let t = c.periods()[0];
+        assert_eq!((t.closed, t.incomplete, t.below_reservation, t.above_limit, t.last), (2, 1, 0, 0, Some(650)));
+    }
+
+    proptest::proptest! {
+        /// Oracle: the completions themselves. Two servers each dispatch and complete IOs of one bucket in
+        /// every interval (an IO completes only after its dispatch); the reports carry only what was
+        /// dispatched and what is in flight at the boundary, yet every closed period's count must equal the
+        /// completions that happened in its intervals.
+        #[test]
+        fn closed_periods_count_the_completions_in_them(
+            steps in proptest::collection::vec((0u64..400, 0u64..400, 0u64..400, 0u64..400), 1..16),
+        ) {
+            let q = BucketQos { reservation: 500, limit: Some(700) };
+            let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], vec![q]).unwrap();
+            let mut in_flight = [0u64; 2];
+            let mut completions = Vec::new(); // per interval, both servers
+            let (mut below, mut above) = (0, 0);
+            for (round, &(d0, c0, d1, c1)) in steps.iter().enumerate() {
+                let round = round as u64;
+                let mut completed = 0;
+                for (j, (d, want)) in [(d0, c0), (d1, c1)].into_iter().enumerate() {
+                    let done = want.min(in_flight[j] + d);
+                    in_flight[j] = in_flight[j] + d - done;
+                    completed += done;
+                    let line = BucketReport { bucket: 0, arrivals: d, dispatched: d, queued: 0, idle_ns: 0, in_flight: in_flight[j], held: 0 };
+                    let r = ServerReport { server: j as u32, round, early: 0, elapsed_ns: 500_000_000, completed: done, busy_ns: 500_000_000, buckets: vec![line] };
+                    c.handle_report(r).unwrap();
+                }
+                completions.push(completed);
+                c.poll(c.boundary()).unwrap();
+                // Boundary 2p + 2 closes period p: the intervals that ended at boundaries 2p + 1 and 2p + 2.
+                if round >= 2 && round.is_multiple_of(2) {
+                    let n = completions.len();
+                    let want = completions[n - 2] + completions[n - 1];
+                    below += u64::from(want < q.reservation);
+                    above += u64::from(want > 700);
+                    let t = c.periods()[0];
+                    proptest::prop_assert_eq!(t.last, Some(want));
+                    proptest::prop_assert_eq!((t.closed, t.below_reservation, t.above_limit, t.incomplete), (round / 2, below, above, 0));
+                }
+            }
+        }
     }
 
     /// Two servers of 1,000 IOPS, two intervals per period, one bucket (`reservation`, limit 700) and an

@@ -248,6 +248,8 @@ pub struct RunTotals {
     pub hosts: Option<hosts::HostTotals>,
     /// A pShift controller's rounds (scenarios with `[pshift]` and a controller; empty otherwise).
     pub rounds: Vec<rounds::ControllerRound>,
+    /// Per pShift bucket (name), its closed periods by the servers' counts (empty without a controller).
+    pub periods: Vec<(String, rounds::PeriodCounts)>,
     /// The unit of the specs' rates ([`crate::recorder::RunMeta::cost_model`]).
     pub cost_model: rein_core::CostModel,
 }

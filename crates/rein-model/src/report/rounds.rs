@@ -5,8 +5,12 @@
 //! `wanted` is the reservation IOs still wanted for the rest of the period (sum over buckets of
 //! min(R_i - done_i, demand)); `r_phi` the R-tokens the solve placed where there is demand and capacity.
 //! `wanted - r_phi` is reservation the controller could not place: a predicted miss.
+//!
+//! [`PeriodCounts`]: per bucket, the QoS periods the controller closed, by the servers' own counts
+//! (rein-core's controller, "Periods counted at the servers"); `rein sim` and `rein cluster run` print
+//! them after the tenants, and `rein pshift controller`'s `/api/pshift` shows them per bucket.
 
-use rein_core::pshift::RoundSummary;
+use rein_core::pshift::{PeriodTally, RoundSummary};
 use rein_core::Nanos;
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +54,69 @@ impl ControllerRound {
     }
 }
 
+/// A bucket's closed QoS periods, counted at the servers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeriodCounts {
+    /// Periods closed.
+    pub closed: u64,
+    /// Complete periods with fewer IOs completed than the reservation (for want of demand, too).
+    pub below_reservation: u64,
+    /// Complete periods with more IOs completed than the limit.
+    pub above_limit: u64,
+    /// Periods with a server's report missing: counted, not judged.
+    pub incomplete: u64,
+    /// IOs completed in the last closed period.
+    pub last: Option<u64>,
+}
+
+impl From<PeriodTally> for PeriodCounts {
+    fn from(t: PeriodTally) -> PeriodCounts {
+        PeriodCounts {
+            closed: t.closed,
+            below_reservation: t.below_reservation,
+            above_limit: t.above_limit,
+            incomplete: t.incomplete,
+            last: t.last,
+        }
+    }
+}
+
+/// One line over every bucket's closed periods, then the buckets that passed their limit or fell short
+/// of their reservation (at most `max_named` each); empty without periods.
+pub fn periods_text(buckets: &[(String, PeriodCounts)], max_named: usize) -> String {
+    let sum = |f: fn(&PeriodCounts) -> u64| buckets.iter().map(|(_, c)| f(c)).sum::<u64>();
+    let closed = sum(|c| c.closed);
+    if closed == 0 {
+        return String::new();
+    }
+    let mut out = format!(
+        "pShift periods by the servers' counts: {closed} bucket-periods closed, {} below the reservation, {} above the \
+         limit, {} incomplete\n",
+        sum(|c| c.below_reservation),
+        sum(|c| c.above_limit),
+        sum(|c| c.incomplete)
+    );
+    for (what, get) in [
+        ("above the limit", (|c: &PeriodCounts| c.above_limit) as fn(&PeriodCounts) -> u64),
+        ("below the reservation", |c| c.below_reservation),
+    ] {
+        let named: Vec<String> = buckets
+            .iter()
+            .filter(|(_, c)| get(c) > 0)
+            .map(|(n, c)| format!("{n} ({} of {})", get(c), c.closed))
+            .collect();
+        if !named.is_empty() {
+            let more = named.len().saturating_sub(max_named);
+            let mut line = named.into_iter().take(max_named).collect::<Vec<_>>().join(", ");
+            if more > 0 {
+                line.push_str(&format!(" and {more} more"));
+            }
+            out.push_str(&format!("  {what}: {line}\n"));
+        }
+    }
+    out
+}
+
 /// rounds.csv: a header and one line per round.
 pub fn to_csv(rounds: &[ControllerRound]) -> String {
     let mut out = String::from("at_s,period,interval,early,round,wanted,r_phi,l_phi,reports_missing\n");
@@ -85,5 +152,24 @@ mod tests {
         assert_eq!(lines[1], "0.200500,0,0,0,0,4800,4700,9000,1");
         assert_eq!(lines[2], "0.250000,0,0,1,0,4800,4700,9000,1");
         assert_eq!(lines.len(), 3);
+    }
+
+    #[test]
+    fn periods_text_sums_and_names_the_buckets_out_of_bounds() {
+        let c = |closed, below, above| PeriodCounts {
+            closed,
+            below_reservation: below,
+            above_limit: above,
+            ..Default::default()
+        };
+        let text = periods_text(&[("b1".into(), c(4, 0, 0)), ("b4".into(), c(4, 1, 2)), ("b5".into(), c(4, 0, 1))], 1);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "pShift periods by the servers' counts: 12 bucket-periods closed, 1 below the reservation, 3 above the limit, 0 incomplete"
+        );
+        assert_eq!(lines[1], "  above the limit: b4 (2 of 4) and 1 more");
+        assert_eq!(lines[2], "  below the reservation: b4 (1 of 4)");
+        assert_eq!(periods_text(&[("b1".into(), c(0, 0, 0))], 8), "");
     }
 }

@@ -59,6 +59,8 @@ pub struct Recording {
     pub time_regressions: u64,
     /// A pShift controller's rounds (empty without one).
     pub rounds: Vec<rein_model::report::rounds::ControllerRound>,
+    /// Per bucket (name), its closed periods as the controller counted them (empty without one).
+    pub periods: Vec<(String, rein_model::report::rounds::PeriodCounts)>,
 }
 
 /// Error building a simulation.
@@ -318,7 +320,12 @@ impl<'a> Sim<'a> {
                 self.rec.server_busy(i, since, end);
             }
         }
+        let periods = match self.cluster.as_ref().and_then(|c| c.periods()) {
+            Some(p) => self.sc.tenants.iter().map(|t| t.name.clone()).zip(p.iter().map(|&t| t.into())).collect(),
+            None => Vec::new(),
+        };
         Recording {
+            periods,
             time_regressions: self.servers.iter().map(|s| s.sched.time_regressions()).sum(),
             recorder: self.rec,
             hosts: self.hosts.map(HostLayer::finish),

@@ -90,6 +90,11 @@ pub(super) struct Cluster<'a> {
 }
 
 impl<'a> Cluster<'a> {
+    /// The controller's tallies of closed periods, per bucket (none without a controller).
+    pub(super) fn periods(&self) -> Option<&[rein_core::pshift::PeriodTally]> {
+        self.controller.as_ref().map(|c| c.periods())
+    }
+
     pub(super) fn new(sc: &Scenario, ps: &'a PshiftSection) -> Result<Cluster<'a>, String> {
         let buckets = ps
             .buckets

@@ -43,5 +43,6 @@ pub fn build(sc: &Scenario, recording: Recording) -> RunTotals {
     totals.events = recording.events;
     totals.time_regressions = recording.time_regressions;
     totals.rounds = recording.rounds;
+    totals.periods = recording.periods;
     totals
 }
