@@ -91,6 +91,52 @@ fn bad_pshift_sections_are_named() {
     assert!(err(&written).contains("pshift buckets need an open workload or a closed one with outstanding_per_server"));
 }
 
+/// `count = "servers"` judges the controller's tally of closed periods (the servers' own counts) at
+/// exactly R and L. Oracle: in the simulator a completion is recorded when the device finishes it, so a
+/// bucket's IOs in a period by the recorder must equal what the tally counted from the reports (in
+/// flight at the start, plus dispatched, less in flight at the end), for every bucket. The period that
+/// ends with the run is closed too (both periods of this 2.2 s run, as `rein cluster run` closes them).
+#[test]
+fn period_checks_on_the_servers_counts() {
+    let expect = "metric = \"reservation_met_fraction\"\nthreshold_pct = 95\nwindow = [0.2, 2.2]\nabove = 0.0\n";
+    let with = |body: &str| SMALL.replace(expect, body);
+    let sc = Scenario::from_toml(
+        &with("metric = \"limit_exceeded_fraction\"\ncount = \"servers\"\nbelow = 0.001\n[[expect]]\nmetric = \"reservation_met_fraction\"\ncount = \"servers\"\nabove = 0.0\n"),
+        None,
+    )
+    .unwrap();
+    let r = run(&sc, &mut |_| {}).unwrap();
+    assert_eq!(r.periods.len(), 40);
+    for (t, (name, c)) in r.periods.iter().enumerate() {
+        assert_eq!(name, &sc.tenants[t].name);
+        assert_eq!((c.closed, c.incomplete), (2, 0), "{name}: both periods closed, none incomplete");
+        let ts = &r.timeseries;
+        let seen: u64 = ts.window(1.2, 2.2).map(|i| ts.cell(t, i).ios as u64).sum();
+        assert_eq!(c.last, Some(seen), "{name}: the tally's last period against the recorder's");
+    }
+    let results = check(&sc, &r, None);
+    assert!(results[0].ok, "{}", results[0].description);
+    assert!(results[0]
+        .description
+        .contains("share of 80 bucket-periods with the limit passed, by the servers' counts"));
+    assert!(results[0].description.contains("over the closed periods"), "{}", results[0].description);
+    // The reservation share equals what the tally says: periods closed less those below R.
+    let below: u64 = r.periods.iter().map(|(_, c)| c.below_reservation).sum();
+    assert!((results[1].measured - (80 - below) as f64 / 80.0).abs() < 1e-12, "{}", results[1].description);
+    // Misuses, named.
+    let servers = "metric = \"limit_exceeded_fraction\"\ncount = \"servers\"\nbelow = 0.001\n";
+    assert!(err(&with(&format!("{servers}window = [0.2, 1.2]\n"))).contains("no window or threshold_pct"));
+    assert!(err(&with(&format!("{servers}threshold_pct = 1\n"))).contains("no window or threshold_pct"));
+    assert!(
+        err(&with(&servers.replace("\"servers\"", "\"both\""))).contains("count \"both\": expected load or servers")
+    );
+    assert!(
+        err(&with("tenant = \"b1\"\nmetric = \"iops\"\ncount = \"servers\"\nbelow = 1\n")).contains("count applies to")
+    );
+    let no_controller = with(servers).replace("delay_ms = 0.2", "delay_ms = 0.2\ncontroller = false");
+    assert!(err(&no_controller).contains("needs [pshift] controller = true"));
+}
+
 #[test]
 fn runs_are_deterministic_and_use_the_seed() {
     let sc = Scenario::from_toml(SMALL, None).unwrap();

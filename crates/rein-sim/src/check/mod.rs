@@ -50,6 +50,8 @@ fn window(sc: &Scenario, e: &Expectation) -> [f64; 2] {
 fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&RunTotals>) -> CheckResult {
     let [a, b] = window(sc, e);
     let equals = |v: Option<f64>| v.map(|v| (v, format!("{v}")));
+    // What the measurement covers when it is not a window.
+    let mut over: Option<&str> = None;
     let (who, metric, whole_run, measured, target) = match e.subject {
         Subject::Tenant { tenant, metric, target } => {
             let target = match target {
@@ -74,7 +76,12 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
             run.server_metric(server, metric, a, b),
             equals(v),
         ),
-        Subject::Periods { tenant, metric, threshold_pct, equals: v } => {
+        Subject::Periods { tenant, metric, at_servers: true, equals: v, .. } => {
+            let (who, m) = pshift::servers_period_metric(sc, run, tenant, metric);
+            over = Some("over the closed periods");
+            (who, metric.name(), false, m, equals(v))
+        }
+        Subject::Periods { tenant, metric, threshold_pct, at_servers: false, equals: v } => {
             let (who, m) = pshift::period_metric(sc, run, tenant, metric, threshold_pct, a, b);
             (who, metric.name(), false, m, equals(v))
         }
@@ -82,7 +89,11 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
             return parda::check_one(sc, run, e, parda::HostCheck { who, metric, band_pct, target }, baseline)
         }
     };
-    let window = if whole_run { String::from("after warm-up") } else { format!("in [{a}, {b}] s") };
+    let window = match over {
+        Some(o) => o.to_string(),
+        None if whole_run => String::from("after warm-up"),
+        None => format!("in [{a}, {b}] s"),
+    };
     let (ok, expected) = judge(measured, target, e);
     CheckResult {
         ok,

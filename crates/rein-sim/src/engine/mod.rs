@@ -320,6 +320,9 @@ impl<'a> Sim<'a> {
                 self.rec.server_busy(i, since, end);
             }
         }
+        if self.cluster.is_some() {
+            self.cluster_close_at_end();
+        }
         let periods = match self.cluster.as_ref().and_then(|c| c.periods()) {
             Some(p) => self.sc.tenants.iter().map(|t| t.name.clone()).zip(p.iter().map(|&t| t.into())).collect(),
             None => Vec::new(),

@@ -387,6 +387,32 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// After the run: a QoS period that ends exactly at the run's end is closed with the servers' reports
+    /// of that boundary (and any still on their way), so the controller's tally of closed periods counts
+    /// it, as `rein cluster run` does (it reads the real controller after that boundary). Nothing the run
+    /// recorded changes: no token message goes out and no round is added to rounds.csv.
+    pub(super) fn cluster_close_at_end(&mut self) {
+        let Some(c) = self.cluster.as_ref() else { return };
+        let ps = c.ps;
+        let (end, tau) = (self.sc.duration, ps.period.0 / u64::from(ps.intervals));
+        if c.controller.is_none() || end <= ps.start || (end.0 - ps.start.0) % tau != 0 {
+            return;
+        }
+        let round = (end.0 - ps.start.0) / tau;
+        if !round.is_multiple_of(u64::from(ps.intervals)) {
+            return; // not a period's end: nothing to close
+        }
+        self.snapshot(round, 0);
+        let c = self.cluster();
+        let ctl = c.controller.as_mut().expect("checked above");
+        while let Some(batch) = c.pending_reports.pop_front() {
+            for r in batch {
+                let _ = ctl.handle_report(r);
+            }
+            while ctl.poll(end).is_some() {}
+        }
+    }
+
     /// Every server takes its report and sends it: for boundary `round`, what happened since the previous
     /// boundary (and the counters restart); for early round `early` after it, the interval so far (the
     /// counters go on).

@@ -277,4 +277,9 @@ pub struct ExpectFile {
     /// percentage of it (`reservation_met_fraction`, default 100), and exceeds its limit when it does more
     /// than the limit plus this percentage (`limit_exceeded_fraction`, default 0).
     pub threshold_pct: Option<f64>,
+    /// pShift metrics: whose counts judge a period: `load` (default: the completions the clients saw in
+    /// each QoS period of the run's clock, with `threshold_pct`) or `servers` (the controller's tally of
+    /// the periods it closed, by the servers' own counts: exactly R and L, every closed period, so no
+    /// `window` or `threshold_pct`; needs `controller = true`).
+    pub count: Option<String>,
 }

@@ -38,6 +38,9 @@ pub enum Subject {
         metric: PeriodMetric,
         /// The threshold (percent): 100 by default for reservations, 0 for limits.
         threshold_pct: f64,
+        /// Judged on the controller's tally of closed periods (the servers' counts) rather than on what
+        /// the load saw per period (then `threshold_pct` is the default and the window is the run).
+        at_servers: bool,
         /// A number it compares with.
         equals: Option<f64>,
     },
@@ -155,20 +158,35 @@ fn metric_names() -> String {
     names.join(", ")
 }
 
-/// Validates `expect[i]`. `pshift`: the scenario has QoS periods.
+/// Whether a scenario has pShift's QoS periods, and a controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Periods {
+    /// No `[pshift]` section.
+    None,
+    /// QoS periods; `controller`: a controller that tallies them.
+    Pshift {
+        /// `[pshift] controller = true`.
+        controller: bool,
+    },
+}
+
+/// Validates `expect[i]`.
 pub(crate) fn validate(
     i: usize,
     e: &ExpectFile,
     tenants: &[Tenant],
     servers: &[Server],
     hosts: &[Host],
-    pshift: bool,
+    periods: Periods,
 ) -> Result<Expectation, String> {
     let at = format!("expect[{i}]");
+    if e.count.is_some() && e.host.is_some() {
+        return Err(format!("{at}: count is for pShift's period metrics, not host expectations"));
+    }
     let subject = if e.host.is_some() {
         validate_host(&at, e, hosts)?
     } else {
-        validate_tenant_or_server(&at, e, tenants, servers, pshift)?
+        validate_tenant_or_server(&at, e, tenants, servers, periods)?
     };
     Ok(Expectation {
         subject,
@@ -185,7 +203,7 @@ fn validate_tenant_or_server(
     e: &ExpectFile,
     tenants: &[Tenant],
     servers: &[Server],
-    pshift: bool,
+    pshift: Periods,
 ) -> Result<Subject, String> {
     if e.equilibrium || e.threshold || e.beta_ratio || e.uncontrolled || e.band_pct.is_some() {
         return Err(format!(
@@ -198,8 +216,29 @@ fn validate_tenant_or_server(
     if !known {
         return Err(format!("{at}: metric {:?}: expected one of {}", e.metric, metric_names()));
     }
-    if period.is_some() && !pshift {
+    if period.is_some() && pshift == Periods::None {
         return Err(format!("{at}: {} needs a [pshift] section (its QoS periods)", e.metric));
+    }
+    let at_servers = match e.count.as_deref() {
+        None | Some("load") => false,
+        Some("servers") => true,
+        Some(o) => return Err(format!("{at}: count {o:?}: expected load or servers")),
+    };
+    if e.count.is_some() && period.is_none() {
+        return Err(format!("{at}: count applies to {} only", PeriodMetric::names().replace(", ", " and ")));
+    }
+    if at_servers {
+        if pshift != (Periods::Pshift { controller: true }) {
+            return Err(format!(
+                "{at}: count = \"servers\" reads the controller's tally: it needs [pshift] controller = true"
+            ));
+        }
+        if e.window.is_some() || e.threshold_pct.is_some() {
+            return Err(format!(
+                "{at}: count = \"servers\" judges every closed period at exactly the reservation and limit: \
+                 no window or threshold_pct"
+            ));
+        }
     }
     if let Some(t) = e.threshold_pct {
         if period.is_none() || !(t.is_finite() && (0.0..=1000.0).contains(&t)) {
@@ -242,7 +281,7 @@ fn validate_tenant_or_server(
         Ok(e.equals)
     };
     let periods = |tenant: Option<usize>, metric: PeriodMetric| -> Result<Subject, String> {
-        Ok(Subject::Periods { tenant, metric, threshold_pct: threshold(metric, e), equals: equals()? })
+        Ok(Subject::Periods { tenant, metric, threshold_pct: threshold(metric, e), at_servers, equals: equals()? })
     };
     match (&e.tenant, &e.server, period) {
         (None, None, Some(metric)) => periods(None, metric),

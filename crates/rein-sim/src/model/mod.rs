@@ -249,7 +249,13 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         .expect
         .iter()
         .enumerate()
-        .map(|(i, e)| expect::validate(i, e, &tenants, &servers, &hosts, pshift.is_some()))
+        .map(|(i, e)| {
+            let periods = match &pshift {
+                Some(p) => expect::Periods::Pshift { controller: p.controller },
+                None => expect::Periods::None,
+            };
+            expect::validate(i, e, &tenants, &servers, &hosts, periods)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Scenario {
         name: file.name,
