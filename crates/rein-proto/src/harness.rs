@@ -25,7 +25,9 @@
 //! - [`parda`]: the record and slot decoders never panic, and what they accept re-encodes to the same
 //!   bytes.
 //! - [`pshift`]: the pShift frame decoder never panics, uses no more than it is given, asks for more only
-//!   when the frame is incomplete, and what it accepts re-encodes to the same bytes.
+//!   when the frame is incomplete, and what it accepts re-encodes to the same bytes; and the reports and
+//!   notes it accepts, handed to rein-core's controller as a server's would be (time moving a third of
+//!   an interval per frame), never panic it, and its answers stay within the token bound.
 //! - [`replies`]: the client's decoders of what a server sends ([`ReplyHeader::decode`] in transmission,
 //!   [`nbd::decode_option_reply`] in the handshake) never panic, never report more bytes than they were
 //!   given, ask for more only when the header (or the option reply's data) is incomplete, and what they
@@ -612,6 +614,30 @@ impl crate::parda::RecordAuth for HarnessAuth {
 /// [`crate::pshift::MAX_BODY`]); whatever decodes must re-encode to the bytes it came from.
 pub fn pshift(data: &[u8]) {
     use crate::pshift as wire;
+    use rein_core::pshift::{
+        BucketQos, Controller, ControllerConfig, DemandEstimator, EarlyRounds, SolveOptions, Tokens, MAX_TOKENS,
+    };
+    use rein_core::Nanos;
+    // A controller of 3 servers and 4 buckets (reserved, limited, both, neither), early rounds on.
+    let config = ControllerConfig {
+        period: Nanos::from_secs(1),
+        intervals: 5,
+        start: Nanos::ZERO,
+        estimator: DemandEstimator::Backlog,
+        backlog_idle_bp: ControllerConfig::DEFAULT_BACKLOG_IDLE_BP,
+        solve: SolveOptions::default(),
+        report_timeout: Nanos::from_millis(100),
+        answer_delay: Nanos::from_millis(1),
+        early: EarlyRounds { per_interval: EarlyRounds::DEFAULT_PER_INTERVAL, lead: Nanos::from_millis(10) },
+    };
+    let buckets = vec![
+        BucketQos { reservation: 300, limit: None },
+        BucketQos { reservation: 0, limit: Some(200) },
+        BucketQos { reservation: 100, limit: Some(400) },
+        BucketQos { reservation: 0, limit: None },
+    ];
+    let mut ctl = Controller::new(config, &[1000.0, 2000.0, 500.0], buckets).expect("a valid controller");
+    let mut now = Nanos::ZERO;
     let mut at = 0;
     while at < data.len() {
         let rest = &data[at..];
@@ -623,6 +649,25 @@ pub fn pshift(data: &[u8]) {
                 wire::encode(&m, &mut out).expect("a decoded message encodes");
                 assert_eq!(out[..], rest[..used], "an accepted frame re-encodes to its bytes");
                 at += used;
+                // What a server may send reaches the controller; the rest (its own frames) is refused there.
+                now = Nanos(now.0 + 200_000_000 / 3);
+                match m {
+                    wire::Message::Report(r) => {
+                        let _ = ctl.handle_report(r);
+                    }
+                    wire::Message::Stray(s) => {
+                        let _ = ctl.handle_stray(now, s);
+                    }
+                    _ => {}
+                }
+                while let Some((msgs, _)) = ctl.poll(now) {
+                    for (_, r, l) in msgs.iter().flat_map(|m| &m.tokens) {
+                        assert!(*r <= MAX_TOKENS, "R-tokens within the bound");
+                        assert!(
+                            matches!(l, Tokens::Unlimited) || matches!(l, Tokens::Count(c) if *c <= 2 * MAX_TOKENS)
+                        );
+                    }
+                }
             }
             Ok(None) => {
                 // Incomplete: either the header, or a body the header says is longer than what is left.

@@ -570,7 +570,7 @@ impl Controller {
         for r in reports.iter().flatten() {
             for b in &r.buckets {
                 done[b.bucket as usize] = done[b.bucket as usize].saturating_add(b.dispatched);
-                in_flight[b.bucket as usize] += b.in_flight;
+                in_flight[b.bucket as usize] = in_flight[b.bucket as usize].saturating_add(b.in_flight);
             }
         }
         let incomplete = missing || self.period_missing;
@@ -663,7 +663,8 @@ impl Controller {
         }
         for r in reports.iter().flatten() {
             for b in &r.buckets {
-                done[b.bucket as usize] += if starts_period { b.in_flight } else { b.dispatched };
+                let add = if starts_period { b.in_flight } else { b.dispatched };
+                done[b.bucket as usize] = done[b.bucket as usize].saturating_add(add);
             }
         }
         let left_ns = match early {
@@ -677,7 +678,7 @@ impl Controller {
         for (j, r) in reports.iter().enumerate() {
             if let Some(r) = r {
                 // A device busy less than 1% of the interval says little about its rate.
-                if r.completed > 0 && r.busy_ns * 100 >= r.elapsed_ns.max(1) {
+                if r.completed > 0 && r.busy_ns.saturating_mul(100) >= r.elapsed_ns.max(1) {
                     self.rate[j] = r.completed as f64 / (r.busy_ns as f64 / 1e9);
                 }
             }
@@ -703,7 +704,11 @@ impl Controller {
             let scale = left_s / (r.elapsed_ns.max(1) as f64 / 1e9);
             // What server j can dispatch before the answer arrives: twice its measured rate, for the
             // variance of service times, and one IO.
-            let reach = if d_s > 0.0 { ((2.0 * self.rate[j] * d_s).ceil() as u64 + 1).min(MAX_TOKENS) } else { 0 };
+            let reach = if d_s > 0.0 {
+                ((2.0 * self.rate[j] * d_s).ceil() as u64).saturating_add(1).min(MAX_TOKENS)
+            } else {
+                0
+            };
             for b in &r.buckets {
                 let h = if self.buckets[b.bucket as usize].limit.is_some() { b.held.min(reach) } else { 0 };
                 held[b.bucket as usize] = held[b.bucket as usize].saturating_add(h);
@@ -912,6 +917,47 @@ mod tests {
         }
         let want = PeriodTally { closed: 3, below_reservation: 1, above_limit: 1, incomplete: 0, last: Some(798) };
         assert_eq!(c.periods()[0], want);
+    }
+
+    /// Reports come from peers: counts and times at the top of their range (a broken or hostile server)
+    /// must not overflow the controller's sums (a panic where overflow checks are on, as in rein-core's
+    /// test profile; wrapped counts in a release build).
+    #[test]
+    fn reports_at_the_top_of_their_range_do_not_overflow() {
+        // With an answer delay (what a server spends meanwhile), and a service rate of u64::MAX IOs in a
+        // nanosecond busy (found by the pshift_frame fuzz target), as well as u64::MAX nanoseconds busy.
+        for busy_ns in [u64::MAX, 1] {
+            top_of_range(busy_ns);
+        }
+    }
+
+    fn top_of_range(busy_ns: u64) {
+        let (c, _) = one_bucket();
+        let config = ControllerConfig { answer_delay: Nanos::from_millis(1), ..*c.config() };
+        let mut c = Controller::new(config, &[1000.0], vec![BucketQos { reservation: 500, limit: Some(700) }]).unwrap();
+        let huge = |round| ServerReport {
+            server: 0,
+            round,
+            early: 0,
+            elapsed_ns: busy_ns,
+            completed: u64::MAX,
+            busy_ns,
+            buckets: vec![BucketReport {
+                bucket: 0,
+                arrivals: u64::MAX,
+                dispatched: u64::MAX,
+                queued: u64::MAX,
+                idle_ns: u64::MAX,
+                in_flight: u64::MAX,
+                held: u64::MAX,
+            }],
+        };
+        for round in 0..5 {
+            c.handle_report(huge(round)).unwrap();
+            let (m, _) = c.poll(c.boundary()).unwrap();
+            assert!(m[0].tokens.iter().all(|&(_, r, _)| r <= MAX_TOKENS), "{m:?}");
+        }
+        assert_eq!(c.periods()[0].closed, 2);
     }
 
     /// A period whose reports were not all in (here its middle boundary's) is counted, not judged.
