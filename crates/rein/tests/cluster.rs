@@ -549,8 +549,8 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     // capacity (the simulator's 7,875). A real run whose sum falls short by more than 2% lost device time
     // to late wake-ups: on two cores, debug daemons beside CI's other work (the one-hour test and the fuzz
     // build, at nice 19) did in 1 of 2 CI runs on 2026-11-30 (7,544 IOPS in all; b2, which takes what the
-    // reservations leave, 1,581 against 1,764), and beside three or four busy loops at nice 19 in 12 of 13
-    // runs (7,151-7,587; alone, 7,798-7,814). Such a run also sees other demand (a starved load leaves its queues idle, which the
+    // reservations leave, 1,581 against 1,764); beside three or four busy loops at nice 19 in 22 runs of
+    // 22 (7,151-7,590), beside one in 4 of 7; alone 7,798-7,814. Such a run also sees other demand (a starved load leaves its queues idle, which the
     // controller's backlog estimator reads), so it is no comparison with the simulator: it is made once
     // more, and a second starved run is judged on pShift's guarantees alone (below), the simulator
     // comparison being left to `scripts/cluster-vs-sim.sh` (release builds, nothing else running). A wrong
