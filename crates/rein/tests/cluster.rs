@@ -3,6 +3,8 @@
 //! a scenario whose expectations come from mClock's eq. (1). Every test gives the command its own TMPDIR
 //! (a tempdir) and checks that it is empty at the end: the run directory was removed.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -64,17 +66,11 @@ fn scenario(dir: &Path, text: &str) -> String {
     p.to_str().unwrap().to_string()
 }
 
+// The tests that compare a real run's rates with an equation or the simulator take `common::measuring()`:
+// on two cores, debug daemons of two clusters at once starve each other (the pShift comparison lost 11-13%
+// of its nodes' throughput beside the others, 2 runs in 5).
+
 /// A temporary directory, and in it the directory a run's own files go to (`TMPDIR` of `rein`).
-/// Held by the tests that compare a real run's rates with an equation or the simulator, so that they do
-/// not run beside each other: on two cores, debug daemons of two clusters at once starve each other (the
-/// pShift comparison lost 11-13% of its nodes' throughput beside the others, 2 runs in 5).
-static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Takes [`MEASURING`] (a test that panicked while holding it leaves it usable).
-fn measuring() -> std::sync::MutexGuard<'static, ()> {
-    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn run_dirs() -> (tempfile::TempDir, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let run_tmp = tmp.path().join("tmp");
@@ -328,7 +324,7 @@ above = 0.9
 
 #[test]
 fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
-    let _serial = measuring();
+    let _serial = common::measuring();
     let (tmp, run_tmp) = run_dirs();
     let out_dir = tmp.path().join("out");
     let sc = scenario(tmp.path(), &equation_one(2.0, 10.0));
@@ -496,7 +492,7 @@ note = "a processor-sharing array serves C whatever the windows"
 /// and the uncontrolled baseline they ask for runs on a second cluster.
 #[test]
 fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
-    let _serial = measuring();
+    let _serial = common::measuring();
     let (tmp, run_tmp) = run_dirs();
     let out_dir = tmp.path().join("out");
     let sc = scenario(tmp.path(), PARDA_TWO_HOSTS);
@@ -533,7 +529,7 @@ fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
 /// (docs/reproductions.md Part 4).
 #[test]
 fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
-    let _serial = measuring();
+    let _serial = common::measuring();
     let (tmp, run_tmp) = run_dirs();
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits-small.toml");
     let file = file.to_str().unwrap();

@@ -93,19 +93,13 @@ fn load(s: &Server, jobs: &[&str]) -> std::process::Child {
     c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("rein load starts")
 }
 
-/// Held by the tests that time real rates against pShift's model, so that they do not run beside each
-/// other: each runs a controller, two debug servers whose device models serve one request at a time, and
-/// two or three `rein load`s; two such tests at once on two cores wake the servers late enough that a
-/// device idles between requests. Measured on 2026-11-30 with cargo's two test threads beside three busy
-/// loops: without the lock the rate tests failed in 3 runs of 3 (s1 serving 954 of its 1,000 IOPS, b2
-/// 1,367-1,410 of its 1,600 over both servers); with it, 1 run of 3 passed beside busy loops at normal
-/// priority (a lone test's servers still lose 10-17 %), and 3 of 3 beside busy loops at nice 19, CI's load.
-static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Takes [`MEASURING`] (a test that panicked while holding it leaves it usable).
-fn measuring() -> std::sync::MutexGuard<'static, ()> {
-    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
-}
+// The tests that time real rates against pShift's model take `common::measuring()`: each runs a
+// controller, two debug servers whose device models serve one request at a time, and two or three `rein
+// load`s; two such tests at once on two cores wake the servers late enough that a device idles between
+// requests. Measured on 2026-11-30 with cargo's two test threads beside three busy loops: without the lock
+// the rate tests failed in 3 runs of 3 (s1 serving 954 of its 1,000 IOPS, b2 1,367-1,410 of its 1,600
+// over both servers); with it, 1 run of 3 passed beside busy loops at normal priority (a lone test's
+// servers still lose 10-17 %), and 3 of 3 beside busy loops at nice 19, CI's load.
 
 fn free_port(ip: &str) -> u16 {
     std::net::TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port()
@@ -113,7 +107,7 @@ fn free_port(ip: &str) -> u16 {
 
 #[test]
 fn the_controller_keeps_a_reservation_that_round_robin_does_not() {
-    let _serial = measuring();
+    let _serial = common::measuring();
     let tmp = tmpdir("pshift-daemons");
     let dir = tmp.path();
     let listen = format!("127.0.0.81:{}", free_port("127.0.0.81"));
@@ -229,7 +223,7 @@ fn bad_configs_and_unknown_servers_are_named() {
 /// a window not aligned to the periods is off by at most one period's L, 200 IOs, 8%).
 #[test]
 fn a_limit_holds_across_servers() {
-    let _serial = measuring();
+    let _serial = common::measuring();
     const L: f64 = 400.0;
     let tmp = tmpdir("pshift-daemons-limit");
     let dir = tmp.path();
@@ -280,7 +274,7 @@ fn a_limit_holds_across_servers() {
 /// controller, `early_rounds = 0`) it waits for the boundary, served round robin: C / 2.
 #[test]
 fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
-    let _serial = measuring();
+    let _serial = common::measuring();
     let tmp = tmpdir("pshift-daemons-early");
     // The IOPS, and the controller's rounds for the failure message.
     let run = |early: u32, ip: u8| -> (f64, String) {
@@ -477,7 +471,7 @@ fn the_controller_link_runs_x509_with_client_certificates() {
 /// servers; served as a stranger (the round robin's unlimited class) it would get C / 2 at each, 1,000.
 #[test]
 fn a_tenant_created_at_run_time_becomes_its_bucket() {
-    let _serial = measuring();
+    let _serial = common::measuring();
     const L: f64 = 400.0;
     const JSON: &str = "Content-Type: application/json\r\n";
     let tmp = tmpdir("pshift-daemons-runtime");

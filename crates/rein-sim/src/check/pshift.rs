@@ -25,10 +25,7 @@ pub(super) fn period_metric(
     };
     let ps = sc.pshift.as_ref().expect("validated: period metrics need [pshift]");
     let (n, f) = run.tenant_periods(&tenants, &ps.periods_in(a, b), metric, threshold_pct);
-    let who = match tenant {
-        Some(t) => format!("tenant {}", sc.tenants[t].name),
-        None => format!("{} buckets", tenants.len()),
-    };
+    let who = who(sc, tenant);
     let what = match metric {
         PeriodMetric::ReservationMetFraction => format!(">= {threshold_pct}% of the reservation"),
         PeriodMetric::LimitExceededFraction => format!("> limit + {threshold_pct}%"),
@@ -55,14 +52,19 @@ pub(super) fn servers_period_metric(
         }
         PeriodMetric::LimitExceededFraction => tallies.iter().map(|c| c.above_limit + c.incomplete).sum(),
     };
-    let who = match tenant {
-        Some(t) => format!("tenant {}", sc.tenants[t].name),
-        None => format!("{} buckets", sc.tenants.len()),
-    };
+    let who = who(sc, tenant);
     let what = match metric {
         PeriodMetric::ReservationMetFraction => "the reservation met",
         PeriodMetric::LimitExceededFraction => "the limit passed",
     };
     let share = if n > 0 { hit as f64 / n as f64 } else { f64::NAN };
     (format!("{who}: share of {n} bucket-periods with {what}, by the servers' counts"), share)
+}
+
+/// Who a period metric is about, in words: one tenant, or every bucket.
+fn who(sc: &Scenario, tenant: Option<usize>) -> String {
+    match tenant {
+        Some(t) => format!("tenant {}", sc.tenants[t].name),
+        None => format!("{} buckets", sc.tenants.len()),
+    }
 }

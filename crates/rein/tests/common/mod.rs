@@ -483,3 +483,13 @@ impl Raw {
         self.buf.is_empty() && !self.fill(1)
     }
 }
+
+/// Held by the tests of a binary that time real rates (its cluster or daemons against an equation or the
+/// simulator), so that they do not run beside each other: on two cores, debug daemons of two such tests at
+/// once starve each other (cluster.rs and pshift_daemons.rs say what was measured).
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes [`MEASURING`] (a test that panicked while holding it leaves it usable).
+pub(crate) fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
