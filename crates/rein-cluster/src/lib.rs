@@ -234,6 +234,27 @@ pub async fn drive(
         }
         let end = sc.duration.as_secs_f64();
         totals.rounds = status.rounds.into_iter().filter(|r| r.at_s < end).collect();
+        // The closed periods one by one: those its tally above counts (a period closed since is left out).
+        let tallied = status.buckets.first().map_or(0, |b| b.periods.closed);
+        let closed: rein_runtime::pshift_controller::PeriodsStatus =
+            rein_runtime::admin_client::get_json(&admin, None, "/api/pshift/periods")
+                .await
+                .map_err(|e| RunError::Controller(format!("reading the pShift controller's periods: {e}")))?;
+        if closed.dropped > 0 {
+            tracing::warn!(
+                "the pShift controller keeps its newest {} bucket-periods: periods.csv starts at period {}",
+                rein_runtime::pshift_controller::MAX_PERIOD_CELLS_KEPT,
+                closed.periods.front().map_or(0, |r| r.period)
+            );
+        }
+        totals.period_log = rein_model::report::rounds::PeriodLog {
+            buckets: status
+                .buckets
+                .iter()
+                .map(|b| (b.name.clone(), rein_core::pshift::BucketQos { reservation: b.reservation, limit: b.limit }))
+                .collect(),
+            records: closed.periods.into_iter().filter(|r| r.period < tallied).collect(),
+        };
         totals.periods = status.buckets.into_iter().map(|b| (b.name, b.periods)).collect();
     }
     if let Some(h) = hosts.finish(sc, samples).await {

@@ -377,6 +377,7 @@ impl Recorder {
             hosts: None,
             rounds: Vec::new(),
             periods: Vec::new(),
+            period_log: Default::default(),
             cost_model: meta.cost_model,
         }
     }

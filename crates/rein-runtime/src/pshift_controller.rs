@@ -25,7 +25,8 @@
 //!    its connection.
 //! 3. Bounded: at most `servers + 16` connections at once, only from `allow_networks` (default loopback),
 //!    each a hello of at most [`HELLO_MAX_BODY`] bytes within 5 s, then frames of at most a report's size
-//!    for the configured buckets; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds.
+//!    for the configured buckets; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds, and
+//!    `/api/pshift/periods` the newest closed periods up to [`MAX_PERIOD_CELLS_KEPT`] bucket-periods.
 //!
 //! # Security
 //! Only `allow_networks` may connect (loopback by default). With a `[tls]` table every connection is TLS
@@ -39,7 +40,7 @@ use rein_core::pshift::{
     BucketQos, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN, MAX_SERVERS,
 };
 use rein_core::Nanos;
-use rein_model::report::rounds::PeriodCounts;
+use rein_model::report::rounds::{PeriodCounts, PeriodRecord};
 use rein_proto::pshift::Message;
 use serde::Deserialize;
 use std::collections::VecDeque;
@@ -52,6 +53,9 @@ use tokio::sync::mpsc;
 
 /// Rounds kept for `/api/pshift`.
 pub const MAX_ROUNDS_KEPT: usize = 1024;
+/// Bucket-periods (closed periods x buckets) kept for `/api/pshift/periods`: the newest periods that fit,
+/// and always the last one.
+pub const MAX_PERIOD_CELLS_KEPT: usize = 1 << 18;
 /// A connection must say hello within this.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest hello body accepted (a name of at most 256 bytes and its length).
@@ -360,6 +364,29 @@ pub struct ControllerStatus {
     pub rounds: VecDeque<RoundRecord>,
 }
 
+/// What `/api/pshift/periods` shows: the closed QoS periods one by one, each bucket's IOs completed in it
+/// by the servers' counts (rein-core's controller, "Periods counted at the servers"; periods.csv of
+/// `rein cluster run`).
+#[derive(Clone, Debug, Default, serde::Serialize, Deserialize)]
+pub struct PeriodsStatus {
+    /// The oldest closed periods, dropped to keep at most [`MAX_PERIOD_CELLS_KEPT`] bucket-periods.
+    pub dropped: u64,
+    /// The newest closed periods, oldest first; `completed` in the bucket order of `/api/pshift`.
+    pub periods: VecDeque<PeriodRecord>,
+}
+
+impl PeriodsStatus {
+    /// Adds a closed period, dropping the oldest ones past the bound.
+    fn push(&mut self, r: PeriodRecord) {
+        let per = r.completed.len().max(1);
+        while !self.periods.is_empty() && (self.periods.len() + 1) * per > MAX_PERIOD_CELLS_KEPT {
+            self.periods.pop_front();
+            self.dropped += 1;
+        }
+        self.periods.push_back(r);
+    }
+}
+
 /// One bucket in [`ControllerStatus`].
 #[derive(Clone, Debug, serde::Serialize, Deserialize)]
 pub struct BucketStatus {
@@ -388,16 +415,6 @@ enum Event {
     /// `PUT /api/pshift/start` under `hold`: the schedule starts at this time (on the controller's clock,
     /// read before the request is answered, so the origin is never after the answer).
     Start(Nanos),
-}
-
-/// A running controller: its addresses and status.
-pub struct Running {
-    /// Where servers connect.
-    pub listen: SocketAddr,
-    /// The admin endpoint.
-    pub admin: Option<SocketAddr>,
-    /// The status.
-    pub status: Arc<Mutex<ControllerStatus>>,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -430,6 +447,7 @@ pub async fn run(
         refused: 0,
         rounds: VecDeque::new(),
     }));
+    let periods = Arc::new(Mutex::new(PeriodsStatus::default()));
     let clock = Clock::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -440,7 +458,8 @@ pub async fn run(
             let l = TcpListener::bind(addr).await.map_err(|e| format!("admin {addr}: {e}"))?;
             let bound = l.local_addr().map_err(|e| e.to_string())?;
             let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None);
-            let router = crate::admin_guard::protect(admin_router(status.clone(), clock, ev_tx.clone()), token);
+            let router =
+                crate::admin_guard::protect(admin_router(status.clone(), periods.clone(), clock, ev_tx.clone()), token);
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -476,7 +495,7 @@ pub async fn run(
         stop_rx.clone(),
     ));
     let origin = if s.hold { None } else { Some(Nanos::ZERO) };
-    let task = Task { ctl, clock, origin, conns: vec![None; names.len()], status, requested: None, names };
+    let task = Task { ctl, clock, origin, conns: vec![None; names.len()], status, periods, requested: None, names };
     tokio::select! {
         _ = task.run(ev_rx) => {}
         _ = shutdown => {}
@@ -628,6 +647,7 @@ struct Task {
     /// Per server: its connection's number and writer.
     conns: Vec<Option<(u64, mpsc::UnboundedSender<Message>)>>,
     status: Arc<Mutex<ControllerStatus>>,
+    periods: Arc<Mutex<PeriodsStatus>>,
     /// The boundary whose reports were asked for.
     requested: Option<u64>,
     names: Arc<Vec<String>>,
@@ -798,10 +818,19 @@ impl Task {
             st.rounds.pop_front();
         }
         st.rounds.push_back(RoundRecord::new(now, r));
+        drop(st);
+        if let Some(c) = &r.closed {
+            self.periods.lock().unwrap_or_else(|e| e.into_inner()).push(PeriodRecord::new(now, c));
+        }
     }
 }
 
-fn admin_router(status: Arc<Mutex<ControllerStatus>>, clock: Clock, ev: mpsc::UnboundedSender<Event>) -> axum::Router {
+fn admin_router(
+    status: Arc<Mutex<ControllerStatus>>,
+    periods: Arc<Mutex<PeriodsStatus>>,
+    clock: Clock,
+    ev: mpsc::UnboundedSender<Event>,
+) -> axum::Router {
     let for_metrics = status.clone();
     let for_start = status.clone();
     axum::Router::new()
@@ -832,6 +861,19 @@ fn admin_router(status: Arc<Mutex<ControllerStatus>>, clock: Clock, ev: mpsc::Un
                 let mut s = status.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 s.now_s = clock.now().as_secs_f64();
                 async move { axum::Json(s) }
+            }),
+        )
+        .route(
+            "/api/pshift/periods",
+            axum::routing::get(move || {
+                // Serialized under the lock: the record can be a quarter-million counts.
+                let body = serde_json::to_string(&*periods.lock().unwrap_or_else(|e| e.into_inner()));
+                async move {
+                    match body {
+                        Ok(b) => Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], b)),
+                        Err(e) => Err((axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+                    }
+                }
             }),
         )
         .route(
@@ -884,6 +926,23 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/api/pshift/periods` keeps the newest periods within its bound, and always the last one.
+    #[test]
+    fn closed_periods_are_kept_within_the_bound() {
+        let rec = |period, buckets| PeriodRecord { at_s: 0.0, period, incomplete: false, completed: vec![7; buckets] };
+        let mut p = PeriodsStatus::default();
+        let per = MAX_PERIOD_CELLS_KEPT / 4;
+        for n in 0..10 {
+            p.push(rec(n, per));
+        }
+        let kept: Vec<u64> = p.periods.iter().map(|r| r.period).collect();
+        assert_eq!((kept, p.dropped), (vec![6, 7, 8, 9], 6));
+        p.push(rec(10, MAX_PERIOD_CELLS_KEPT * 2));
+        assert_eq!((p.periods.len(), p.periods[0].period, p.dropped), (1, 10, 10), "a period past the bound alone");
+        p.push(rec(11, 0));
+        assert_eq!(p.periods.len(), 2, "no buckets: counted as one cell");
+    }
     use crate::pshift_link::{read_frame, write_frame};
     use rein_core::pshift::{BucketReport, ServerReport, Tokens};
 

@@ -113,7 +113,21 @@ fn period_checks_on_the_servers_counts() {
         let ts = &r.timeseries;
         let seen: u64 = ts.window(1.2, 2.2).map(|i| ts.cell(t, i).ios as u64).sum();
         assert_eq!(c.last, Some(seen), "{name}: the tally's last period against the recorder's");
+        // periods.csv's records: each period's count against the recorder's.
+        let log = &r.period_log;
+        assert_eq!(log.buckets[t].0, *name);
+        let per_period: Vec<(u64, u64)> = log.records.iter().map(|p| (p.period, p.completed[t])).collect();
+        let first: u64 = ts.window(0.2, 1.2).map(|i| ts.cell(t, i).ios as u64).sum();
+        assert_eq!(per_period, [(0, first), (1, seen)], "{name}: one record per period");
     }
+    // Each line of periods.csv is judged as the tally counts: the verdicts sum to the tally's counts.
+    let csv = r.period_log.to_csv();
+    let verdicts = |v: &str| csv.lines().filter(|l| l.ends_with(&format!(",{v}"))).count() as u64;
+    let tally =
+        |f: fn(&rein_model::report::rounds::PeriodCounts) -> u64| r.periods.iter().map(|(_, c)| f(c)).sum::<u64>();
+    assert_eq!(verdicts("below_reservation"), tally(|c| c.below_reservation));
+    assert_eq!(verdicts("above_limit"), tally(|c| c.above_limit));
+    assert_eq!(verdicts("met") + verdicts("below_reservation") + verdicts("above_limit"), 80);
     let results = check(&sc, &r, None);
     assert!(results[0].ok, "{}", results[0].description);
     assert!(results[0]

@@ -508,6 +508,98 @@ pub(crate) fn rounds_plot(
     )
 }
 
+/// `period-verdicts`: a grid of buckets (rows; every k-th past 40) by closed QoS periods (columns), each
+/// cell coloured by how the bucket's IOs in the period, by the servers' counts, stand against its
+/// reservation and limit (periods.csv's verdict).
+pub(crate) fn period_verdicts_plot(dir: &Path, title: &str, log: &rein_model::report::rounds::PeriodLog) -> Result<()> {
+    if log.records.is_empty() || log.buckets.is_empty() {
+        return Ok(());
+    }
+    let step = log.buckets.len().div_ceil(40).max(1);
+    let step_note = if step > 1 { format!(", every {step}th bucket") } else { String::new() };
+    let t = format!("{title}: each closed QoS period by the servers' counts{step_note}");
+    svg_and_png!(&dir.join("period-verdicts"), (1000, 620), draw_period_verdicts(&t, log, step));
+    Ok(())
+}
+
+fn draw_period_verdicts<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    log: &rein_model::report::rounds::PeriodLog,
+    step: usize,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    use rein_core::pshift::PeriodVerdict;
+    const KINDS: [(&str, RGBColor); 4] = [
+        ("met", RGBColor(44, 160, 44)),
+        ("below the reservation", RGBColor(214, 39, 40)),
+        ("above the limit", RGBColor(255, 127, 14)),
+        ("incomplete (a report missing)", RGBColor(170, 170, 170)),
+    ];
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let rows: Vec<usize> = (0..log.buckets.len()).step_by(step).collect();
+    let n = rows.len();
+    let (p0, p1) = (log.records[0].period as f64, log.records[log.records.len() - 1].period as f64 + 1.0);
+    // Cells are centred on whole numbers (period p, row k), so the axes' whole-number labels name them.
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(90)
+        .build_cartesian_2d(p0 - 0.5..p1 - 0.5, -0.5..n as f64 - 0.5)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    // Row 0 (the first bucket) at the top.
+    let whole = |v: f64| (v.fract().abs() < 1e-9).then_some(v.round() as i64);
+    let name = |v: &f64| match whole(*v) {
+        Some(r) if (0..n as i64).contains(&r) => log.buckets[rows[n - 1 - r as usize]].0.clone(),
+        _ => String::new(),
+    };
+    let period = |v: &f64| whole(*v).map_or(String::new(), |p| p.to_string());
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc("QoS period")
+        .y_desc("bucket")
+        .y_labels(n)
+        .x_labels(((p1 - p0) as usize).min(20))
+        .y_label_formatter(&name)
+        .x_label_formatter(&period)
+        .label_style(("sans-serif", 13))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut cells = Vec::new();
+    for r in &log.records {
+        for (k, &b) in rows.iter().enumerate() {
+            let (Some(&c), Some((_, q))) = (r.completed.get(b), log.buckets.get(b)) else { continue };
+            let kind = match (r.incomplete, q.judge(c)) {
+                (true, _) => 3,
+                (false, PeriodVerdict::Met) => 0,
+                (false, PeriodVerdict::BelowReservation) => 1,
+                (false, PeriodVerdict::AboveLimit) => 2,
+            };
+            cells.push(((r.period as f64, (n - 1 - k) as f64), KINDS[kind].1));
+        }
+    }
+    let at = |(x, y): (f64, f64)| [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)];
+    let filled = cells.iter().map(|&(xy, c)| Rectangle::new(at(xy), c.filled()));
+    chart.draw_series(filled).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    // White edges between cells while they are wide enough to see.
+    if cells.len() <= 4000 {
+        let edges = cells.iter().map(|&(xy, _)| Rectangle::new(at(xy), WHITE.stroke_width(1)));
+        chart.draw_series(edges).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
+    for (label, color) in KINDS {
+        chart
+            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    finish(&root, &mut chart, SeriesLabelPosition::UpperRight, 13)
+}
+
 type PeriodLines = [(String, Vec<Vec<(f64, f64)>>)];
 
 /// Per bucket, one line per QoS period (IOs since the period began), and dashed levels.

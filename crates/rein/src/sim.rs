@@ -268,6 +268,14 @@ pub(crate) fn write_run(
             other => other?,
         }
     }
+    if !r.period_log.records.is_empty() {
+        std::fs::write(dir.join("periods.csv"), r.period_log.to_csv()).context("writing periods.csv")?;
+        let title = format!("{} ({})", name, r.summary.scheduler);
+        match crate::plot::period_verdicts_plot(dir, &title, &r.period_log) {
+            Err(e) if e.is::<crate::plot::NoFont>() => {}
+            other => other?,
+        }
+    }
     let rows: Vec<(String, [f64; 3])> = r
         .summary
         .tenants
@@ -343,6 +351,12 @@ pub(crate) fn report(
             println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
             if !r.rounds.is_empty() {
                 println!("wrote {}/{{rounds.csv, rounds (.png, .svg)}}", dir.display());
+            }
+            if !r.period_log.records.is_empty() {
+                println!(
+                    "wrote {}/{{periods.csv, period-verdicts (.png, .svg)}} (each bucket's IOs in each closed period)",
+                    dir.display()
+                );
             }
             if r.hosts.is_some() {
                 println!(

@@ -595,6 +595,23 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     for (r, s) in real_rounds.iter().zip(&sim_rounds) {
         assert_eq!((r.0, r.1), (s.0, s.1), "the same boundaries");
     }
+    // Each closed period one by one, by the servers' counts (periods.csv): the same 4 periods of the 4
+    // buckets from both, and no bucket-period past its limit on the real nodes, starved or not (a starved
+    // run's reservations are judged above on the whole run).
+    let periods = |dir: &Path| -> Vec<(String, String, u64, String)> {
+        let csv = std::fs::read_to_string(dir.join("periods.csv")).expect("periods.csv written");
+        (csv.lines().skip(1).map(|l| l.split(',').map(str::to_string).collect::<Vec<_>>()))
+            .map(|f| (f[0].clone(), f[2].clone(), f[3].parse().unwrap(), f[6].clone()))
+            .collect()
+    };
+    let (real_periods, sim_periods) = (periods(&real_out), periods(&sim_out));
+    let keys = |p: &[(String, String, u64, String)]| p.iter().map(|r| (r.0.clone(), r.1.clone())).collect::<Vec<_>>();
+    assert_eq!(real_periods.len(), 16, "{real_periods:?}");
+    assert_eq!(keys(&real_periods), keys(&sim_periods));
+    for (period, bucket, completed, verdict) in &real_periods {
+        assert_ne!(verdict, "above_limit", "{bucket} in period {period}: {completed} IOs by the nodes' counts");
+        assert!(*completed <= 2400, "{bucket} in period {period}: {completed} IOs, above every limit");
+    }
     if starved.len() == 2 {
         eprintln!("starved twice ({starved:?} IOPS in all): judged on pShift's guarantees, not against the simulator");
     } else {

@@ -208,10 +208,18 @@ fn sim_runs_pshift_scenarios_with_checks_and_plots() {
     let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--check", "-q", "--out", out.to_str().unwrap()]);
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("ok   4 buckets: share of 16 bucket-periods with >= 99% of the reservation"), "{stdout}");
-    for f in ["summary.json", "timeseries.csv", "iops.png", "periods.png", "periods.svg", "intervals.png", "rounds.png"]
-    {
+    let files =
+        ["summary.json", "timeseries.csv", "iops.png", "periods.png", "periods.svg", "intervals.png", "rounds.png"];
+    for f in files.into_iter().chain(["periods.csv", "period-verdicts.png", "period-verdicts.svg"]) {
         assert!(out.join(f).exists(), "missing {f}");
     }
+    // periods.csv: the 4 periods closed by 4.2 s, each of the 4 buckets within its R and L.
+    let periods = std::fs::read_to_string(out.join("periods.csv")).unwrap();
+    let lines: Vec<&str> = periods.lines().collect();
+    assert_eq!(lines[0], "period,closed_at_s,bucket,completed,reservation,limit,verdict");
+    assert_eq!(lines.len(), 1 + 16, "{periods}");
+    assert!(lines[1..].iter().all(|l| l.ends_with(",met")), "{periods}");
+    assert!(stdout.contains("wrote ") && stdout.contains("periods.csv, period-verdicts"), "{stdout}");
     // rounds.csv: one row per boundary (4 periods of 5 intervals from start_s = 0.2 s to 4.2 s, the last
     // boundary at the run's end not computed), each period's first asking for all four reservations.
     let rounds = std::fs::read_to_string(out.join("rounds.csv")).unwrap();

@@ -255,6 +255,20 @@ fn a_limit_holds_across_servers() {
     assert_eq!(st["buckets"][1]["name"], "b3");
     assert!(p["closed"].as_u64().unwrap() >= 16, "{p}");
     assert_eq!(p["above_limit"], 0, "b3's periods by the servers' counts: {p}");
+    // The same periods one by one (`/api/pshift/periods`): b3's count in each within its 200, and b3's
+    // IOs over them at its limit's rate (the tally read above may lag the list by a period).
+    let (code, _, body) = common::http(ctl.admin, "GET", "/api/pshift/periods", "", "");
+    assert_eq!(code, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let periods = list["periods"].as_array().unwrap();
+    assert!(periods.len() as u64 >= p["closed"].as_u64().unwrap(), "{body}");
+    assert_eq!(list["dropped"], 0);
+    let b3: Vec<u64> = periods.iter().map(|r| r["completed"][1].as_u64().unwrap()).collect();
+    assert!(b3.iter().all(|&n| n <= 200), "b3's IOs per period: {b3:?}");
+    let complete: Vec<u64> =
+        (periods.iter().zip(&b3)).filter(|(r, _)| r["incomplete"] == false).map(|(_, &n)| n).collect();
+    let mean = complete.iter().sum::<u64>() as f64 / complete.len() as f64;
+    assert!(mean >= 0.9 * 200.0, "b3's IOs per complete period, at its limit: {b3:?}");
     for l in &mut loads {
         let _ = l.kill();
         let _ = l.wait();

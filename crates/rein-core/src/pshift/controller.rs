@@ -61,8 +61,9 @@
 //! intervals, invariant 2) plus the IOs the closing boundary's reports say were dispatched in the last
 //! interval, less those still in flight there (they complete, and count, in the next period). Per bucket
 //! it tallies the periods closed, those that completed less than R_i (a bucket without the demand counts
-//! too) and more than L_i, and the last period's count ([`PeriodTally`], [`Controller::periods`]): the
-//! numbers an operator watches, and a check on the controller's own bookkeeping that does not depend on
+//! too) and more than L_i, and the last period's count ([`PeriodTally`], [`Controller::periods`]); the
+//! round that closes a period also hands out each bucket's count in it ([`RoundSummary::closed`], one
+//! record per period, judged by [`BucketQos::judge`]): the numbers an operator watches, and a check on the controller's own bookkeeping that does not depend on
 //! when a client sees its completions. A period with a report missing at any of its boundaries (or the
 //! one opening it) is tallied as `incomplete` and judged neither way: the missing server's dispatches are
 //! not known. The warm-up before the first period is not a period.
@@ -248,6 +249,30 @@ impl BucketQos {
         let limit = limit_iops.map(|l| ((l * period_s + NOISE).floor().max(0.0) as u64).max(reservation));
         BucketQos { reservation, limit }
     }
+
+    /// How a complete period in which the bucket completed `completed` IOs stands against R_i and L_i (the
+    /// rule [`PeriodTally`] counts by).
+    pub fn judge(&self, completed: u64) -> PeriodVerdict {
+        if completed < self.reservation {
+            PeriodVerdict::BelowReservation
+        } else if self.limit.is_some_and(|l| completed > l) {
+            PeriodVerdict::AboveLimit
+        } else {
+            PeriodVerdict::Met
+        }
+    }
+}
+
+/// A complete period's outcome for one bucket ([`BucketQos::judge`]). R_i <= L_i, so at most one bound is
+/// missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeriodVerdict {
+    /// R_i <= completed <= L_i.
+    Met,
+    /// Fewer than R_i completed (for want of demand, too).
+    BelowReservation,
+    /// More than L_i completed.
+    AboveLimit,
 }
 
 /// One bucket's line in a report (what it did at the server during the interval).
@@ -330,6 +355,21 @@ pub struct RoundSummary {
     /// Servers whose report had not arrived by the timeout (counted as idle at their last capacity
     /// estimate).
     pub reports_missing: u32,
+    /// The period this round's boundary closed, if it closed one.
+    pub closed: Option<ClosedPeriod>,
+}
+
+/// A QoS period as a boundary closed it: what each bucket completed in it by the servers' counts (module
+/// comment, "Periods counted at the servers").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedPeriod {
+    /// The period's number (0 = the first after `start`).
+    pub period: u64,
+    /// A report was missing at one of its boundaries: `completed` is a lower bound, and the period is not
+    /// judged.
+    pub incomplete: bool,
+    /// Per bucket (index order), its IOs completed in the period.
+    pub completed: Vec<u64>,
 }
 
 /// A bucket's closed QoS periods as the servers counted them (module comment, "Periods counted at the
@@ -461,6 +501,11 @@ impl Controller {
         &self.config
     }
 
+    /// The buckets' QoS per period, in index order.
+    pub fn buckets(&self) -> &[BucketQos] {
+        &self.buckets
+    }
+
     /// The boundary the controller waits for now: servers report at this time.
     pub fn boundary(&self) -> Nanos {
         self.boundary_of(self.round)
@@ -564,8 +609,9 @@ impl Controller {
         Ok(Some((self.round - 1, self.early_started)))
     }
 
-    /// Tallies the period that boundary `reports` close; `done` becomes each bucket's IOs completed in it.
-    fn close_period(&mut self, done: &mut [u64], reports: &[Option<ServerReport>], missing: bool) {
+    /// Tallies the period that boundary `reports` close; `done` becomes each bucket's IOs completed in it,
+    /// which the returned record holds.
+    fn close_period(&mut self, done: &mut [u64], reports: &[Option<ServerReport>], missing: bool) -> ClosedPeriod {
         let mut in_flight = vec![0u64; done.len()];
         for r in reports.iter().flatten() {
             for b in &r.buckets {
@@ -574,17 +620,23 @@ impl Controller {
             }
         }
         let incomplete = missing || self.period_missing;
+        let mut completed = Vec::with_capacity(done.len());
         for ((t, d), (q, f)) in self.tallies.iter_mut().zip(done.iter()).zip(self.buckets.iter().zip(&in_flight)) {
-            let completed = d.saturating_sub(*f);
+            let c = d.saturating_sub(*f);
+            completed.push(c);
             t.closed += 1;
-            t.last = Some(completed);
+            t.last = Some(c);
             if incomplete {
                 t.incomplete += 1;
             } else {
-                t.below_reservation += u64::from(completed < q.reservation);
-                t.above_limit += u64::from(q.limit.is_some_and(|l| completed > l));
+                match q.judge(c) {
+                    PeriodVerdict::Met => {}
+                    PeriodVerdict::BelowReservation => t.below_reservation += 1,
+                    PeriodVerdict::AboveLimit => t.above_limit += 1,
+                }
             }
         }
+        ClosedPeriod { period: self.round / self.config.intervals as u64 - 1, incomplete, completed }
     }
 
     /// When every server has reported the current round (or the timeout passed), computes the tokens for
@@ -640,6 +692,7 @@ impl Controller {
         let interval = (round % k) as u32;
         let period = round / k;
         let starts_period = interval == 0 && early.is_none();
+        let mut closed = None;
         // Invariant 2: the interval that just ended belongs to the period before boundary `round` when that
         // boundary starts a period (and to the warm-up before the first one: nothing to count then).
         // A new period starts with what was in flight at the boundary (it completes, and counts, there).
@@ -654,7 +707,7 @@ impl Controller {
             // bucket completed in it is done_i, plus the last interval's dispatches, less what is still in
             // flight (module comment, "Periods counted at the servers").
             if round > 0 {
-                self.close_period(&mut done, &reports, missing > 0);
+                closed = Some(self.close_period(&mut done, &reports, missing > 0));
             }
             done.fill(0);
             self.period_missing = missing > 0;
@@ -780,6 +833,7 @@ impl Controller {
                 r_stats: sol.r_stats,
                 l_stats: sol.l_stats,
                 reports_missing: missing,
+                closed,
             },
         )
     }
@@ -901,22 +955,32 @@ mod tests {
     fn a_closed_period_is_tallied_against_the_reservation_and_the_limit() {
         let (mut c, rep) = one_bucket();
         c.handle_report(rep(0, 400, 3)).unwrap();
-        c.poll(Nanos::from_millis(200)).unwrap();
+        let (_, s) = c.poll(Nanos::from_millis(200)).unwrap();
         assert_eq!(c.periods()[0], PeriodTally::default(), "the warm-up is not a period");
+        assert_eq!(s.closed, None);
         c.handle_report(rep(1, 450, 5)).unwrap();
-        c.poll(Nanos::from_millis(700)).unwrap();
+        let (_, s) = c.poll(Nanos::from_millis(700)).unwrap();
         assert_eq!(c.periods()[0].closed, 0, "mid-period");
+        assert_eq!(s.closed, None);
         c.handle_report(rep(2, 240, 4)).unwrap();
-        c.poll(Nanos::from_millis(1200)).unwrap();
+        let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
         let want = PeriodTally { closed: 1, last: Some(3 + 450 + 240 - 4), ..Default::default() };
         assert_eq!(c.periods()[0], want, "689: within R 500 and L 700");
+        assert_eq!(s.closed, Some(ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }));
         // The next: 4 + 100 + 300 - 0 = 404, below R; then 0 + 500 + 300 - 2 = 798, above L.
+        let mut records = Vec::new();
         for (round, dispatched, in_flight) in [(3, 100, 1), (4, 300, 0), (5, 500, 9), (6, 300, 2)] {
             c.handle_report(rep(round, dispatched, in_flight)).unwrap();
-            c.poll(c.boundary()).unwrap();
+            records.extend(c.poll(c.boundary()).unwrap().1.closed);
         }
         let want = PeriodTally { closed: 3, below_reservation: 1, above_limit: 1, incomplete: 0, last: Some(798) };
         assert_eq!(c.periods()[0], want);
+        let per_period: Vec<(u64, u64)> = records.iter().map(|r| (r.period, r.completed[0])).collect();
+        assert_eq!(per_period, [(1, 404), (2, 798)], "one record per closed period");
+        let q = BucketQos { reservation: 500, limit: Some(700) };
+        let verdicts: Vec<PeriodVerdict> = [689, 404, 798, 500, 700].map(|n| q.judge(n)).to_vec();
+        use PeriodVerdict::*;
+        assert_eq!(verdicts, [Met, BelowReservation, AboveLimit, Met, Met], "R and L themselves are met");
     }
 
     /// Reports come from peers: counts and times at the top of their range (a broken or hostile server)

@@ -250,6 +250,8 @@ pub struct RunTotals {
     pub rounds: Vec<rounds::ControllerRound>,
     /// Per pShift bucket (name), its closed periods by the servers' counts (empty without a controller).
     pub periods: Vec<(String, rounds::PeriodCounts)>,
+    /// The same periods one by one (periods.csv; empty without a controller).
+    pub period_log: rounds::PeriodLog,
     /// The unit of the specs' rates ([`crate::recorder::RunMeta::cost_model`]).
     pub cost_model: rein_core::CostModel,
 }

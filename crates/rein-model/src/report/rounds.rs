@@ -9,8 +9,12 @@
 //! [`PeriodCounts`]: per bucket, the QoS periods the controller closed, by the servers' own counts
 //! (rein-core's controller, "Periods counted at the servers"); `rein sim` and `rein cluster run` print
 //! them after the tenants, and `rein pshift controller`'s `/api/pshift` shows them per bucket.
+//!
+//! [`PeriodLog`] (periods.csv): the same periods one by one, each bucket's IOs completed in each, judged
+//! against its R_i and L_i by rein-core's rule ([`BucketQos::judge`]); `/api/pshift/periods` serves the
+//! real controller's.
 
-use rein_core::pshift::{PeriodTally, RoundSummary};
+use rein_core::pshift::{BucketQos, ClosedPeriod, PeriodTally, PeriodVerdict, RoundSummary};
 use rein_core::Nanos;
 use serde::{Deserialize, Serialize};
 
@@ -78,6 +82,64 @@ impl From<PeriodTally> for PeriodCounts {
             incomplete: t.incomplete,
             last: t.last,
         }
+    }
+}
+
+/// One closed QoS period: each bucket's IOs completed in it, by the servers' counts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeriodRecord {
+    /// When the round that closed it was answered (s from the schedule's origin).
+    pub at_s: f64,
+    /// The period's number (0 = the first after the controller's `start`).
+    pub period: u64,
+    /// A server's report was missing at one of its boundaries: the counts are lower bounds, not judged.
+    pub incomplete: bool,
+    /// Per bucket (index order), its IOs completed in the period.
+    pub completed: Vec<u64>,
+}
+
+impl PeriodRecord {
+    /// The record of `c`, closed by a round answered at `at` (from the schedule's origin).
+    pub fn new(at: Nanos, c: &ClosedPeriod) -> PeriodRecord {
+        PeriodRecord {
+            at_s: at.as_secs_f64(),
+            period: c.period,
+            incomplete: c.incomplete,
+            completed: c.completed.clone(),
+        }
+    }
+}
+
+/// A pShift run's closed periods one by one (periods.csv).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PeriodLog {
+    /// Per bucket (index order): its name, and R_i and L_i per period.
+    pub buckets: Vec<(String, BucketQos)>,
+    /// The closed periods, oldest first.
+    pub records: Vec<PeriodRecord>,
+}
+
+impl PeriodLog {
+    /// periods.csv: a header and one line per bucket and period; `verdict` is `met`,
+    /// `below_reservation`, `above_limit`, or `incomplete` (a report was missing: not judged).
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from("period,closed_at_s,bucket,completed,reservation,limit,verdict\n");
+        for r in &self.records {
+            for ((name, q), &c) in self.buckets.iter().zip(&r.completed) {
+                let verdict = match (r.incomplete, q.judge(c)) {
+                    (true, _) => "incomplete",
+                    (false, PeriodVerdict::Met) => "met",
+                    (false, PeriodVerdict::BelowReservation) => "below_reservation",
+                    (false, PeriodVerdict::AboveLimit) => "above_limit",
+                };
+                let limit = q.limit.map_or(String::new(), |l| l.to_string());
+                out.push_str(&format!(
+                    "{},{:.6},{},{},{},{},{}\n",
+                    r.period, r.at_s, name, c, q.reservation, limit, verdict
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -152,6 +214,34 @@ mod tests {
         assert_eq!(lines[1], "0.200500,0,0,0,0,4800,4700,9000,1");
         assert_eq!(lines[2], "0.250000,0,0,1,0,4800,4700,9000,1");
         assert_eq!(lines.len(), 3);
+    }
+
+    #[test]
+    fn periods_csv_has_a_line_per_bucket_and_period_judged_against_its_bounds() {
+        let log = PeriodLog {
+            buckets: vec![
+                ("b1".into(), BucketQos { reservation: 500, limit: Some(700) }),
+                ("b2".into(), BucketQos { reservation: 0, limit: None }),
+            ],
+            records: vec![
+                PeriodRecord { at_s: 1.2005, period: 0, incomplete: false, completed: vec![689, 12] },
+                PeriodRecord { at_s: 2.2, period: 1, incomplete: false, completed: vec![404, 0] },
+                PeriodRecord { at_s: 3.2, period: 2, incomplete: false, completed: vec![701, 5] },
+                PeriodRecord { at_s: 4.2, period: 3, incomplete: true, completed: vec![10, 5] },
+            ],
+        };
+        let csv = log.to_csv();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], "period,closed_at_s,bucket,completed,reservation,limit,verdict");
+        assert_eq!(lines[1], "0,1.200500,b1,689,500,700,met");
+        assert_eq!(lines[2], "0,1.200500,b2,12,0,,met");
+        assert_eq!(lines[3], "1,2.200000,b1,404,500,700,below_reservation");
+        assert_eq!(lines[5], "2,3.200000,b1,701,500,700,above_limit");
+        assert_eq!(lines[7], "3,4.200000,b1,10,500,700,incomplete");
+        assert_eq!(lines.len(), 9);
+        let c = ClosedPeriod { period: 7, incomplete: true, completed: vec![3, 4] };
+        let r = PeriodRecord::new(Nanos::from_millis(8200), &c);
+        assert_eq!((r.at_s, r.period, r.incomplete, r.completed), (8.2, 7, true, vec![3, 4]));
     }
 
     #[test]

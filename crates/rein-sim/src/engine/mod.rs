@@ -42,6 +42,7 @@ use rein_core::pshift::TokenScheduler;
 use rein_core::{Cost, Limits, Nanos, Phase, Piggyback, Poll, Request, SchedConfig, ServiceTracker, TenantId};
 use rein_model::device::{Discipline, Job};
 use rein_model::report::hosts::HostRecorder;
+use rein_model::report::rounds::PeriodLog;
 use rein_model::seed::{server_stream, stream_seed};
 use rein_model::workload::{Arrival, Begin, Reissue};
 use rein_model::{Device, Generator, Recorder, Router};
@@ -61,6 +62,8 @@ pub struct Recording {
     pub rounds: Vec<rein_model::report::rounds::ControllerRound>,
     /// Per bucket (name), its closed periods as the controller counted them (empty without one).
     pub periods: Vec<(String, rein_model::report::rounds::PeriodCounts)>,
+    /// The same periods one by one (empty without one).
+    pub period_log: PeriodLog,
 }
 
 /// Error building a simulation.
@@ -323,12 +326,21 @@ impl<'a> Sim<'a> {
         if self.cluster.is_some() {
             self.cluster_close_at_end();
         }
+        let names = || self.sc.tenants.iter().map(|t| t.name.clone());
         let periods = match self.cluster.as_ref().and_then(|c| c.periods()) {
-            Some(p) => self.sc.tenants.iter().map(|t| t.name.clone()).zip(p.iter().map(|&t| t.into())).collect(),
+            Some(p) => names().zip(p.iter().map(|&t| t.into())).collect(),
             None => Vec::new(),
+        };
+        let period_log = match &self.cluster {
+            Some(c) => PeriodLog {
+                buckets: names().zip(c.bucket_qos().unwrap_or_default().iter().copied()).collect(),
+                records: c.closed.clone(),
+            },
+            None => PeriodLog::default(),
         };
         Recording {
             periods,
+            period_log,
             time_regressions: self.servers.iter().map(|s| s.sched.time_regressions()).sum(),
             recorder: self.rec,
             hosts: self.hosts.map(HostLayer::finish),

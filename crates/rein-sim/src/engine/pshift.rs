@@ -37,7 +37,7 @@ use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{Controller, ServerReport, StrayArrival, TokenMessage, TokenServer};
 use rein_core::{Nanos, TenantId};
-use rein_model::report::rounds::ControllerRound;
+use rein_model::report::rounds::{ControllerRound, PeriodRecord};
 use rein_model::seed::stream_rng;
 use rein_model::workload::poisson_gap;
 use std::cmp::Reverse;
@@ -87,12 +87,19 @@ pub(super) struct Cluster<'a> {
     pending_snapshots: VecDeque<(u64, u32)>,
     /// The controller's rounds, as answered (rounds.csv).
     pub(super) rounds: Vec<ControllerRound>,
+    /// The periods it closed (periods.csv).
+    pub(super) closed: Vec<PeriodRecord>,
 }
 
 impl<'a> Cluster<'a> {
     /// The controller's tallies of closed periods, per bucket (none without a controller).
     pub(super) fn periods(&self) -> Option<&[rein_core::pshift::PeriodTally]> {
         self.controller.as_ref().map(|c| c.periods())
+    }
+
+    /// The buckets' QoS per period, as the controller judges them (none without a controller).
+    pub(super) fn bucket_qos(&self) -> Option<&[rein_core::pshift::BucketQos]> {
+        self.controller.as_ref().map(|c| c.buckets())
     }
 
     pub(super) fn new(sc: &Scenario, ps: &'a PshiftSection) -> Result<Cluster<'a>, String> {
@@ -136,6 +143,7 @@ impl<'a> Cluster<'a> {
             pending_strays: VecDeque::new(),
             pending_snapshots: VecDeque::new(),
             rounds: Vec::new(),
+            closed: Vec::new(),
         })
     }
 
@@ -390,7 +398,8 @@ impl<'a> Sim<'a> {
     /// After the run: a QoS period that ends exactly at the run's end is closed with the servers' reports
     /// of that boundary (and any still on their way), so the controller's tally of closed periods counts
     /// it, as `rein cluster run` does (it reads the real controller after that boundary). Nothing the run
-    /// recorded changes: no token message goes out and no round is added to rounds.csv.
+    /// recorded changes: no token message goes out and no round is added to rounds.csv
+    /// (the closed period is added to periods.csv, stamped at the run's end).
     pub(super) fn cluster_close_at_end(&mut self) {
         let Some(c) = self.cluster.as_ref() else { return };
         let ps = c.ps;
@@ -409,7 +418,9 @@ impl<'a> Sim<'a> {
             for r in batch {
                 let _ = ctl.handle_report(r);
             }
-            while ctl.poll(end).is_some() {}
+            while let Some((_, round)) = ctl.poll(end) {
+                c.closed.extend(round.closed.as_ref().map(|p| PeriodRecord::new(end, p)));
+            }
         }
     }
 
@@ -474,6 +485,7 @@ impl<'a> Sim<'a> {
             return;
         };
         c.rounds.push(ControllerRound::new(now, &round));
+        c.closed.extend(round.closed.as_ref().map(|p| PeriodRecord::new(now, p)));
         c.pending_tokens.push_back(msgs);
         self.message(Message::Tokens);
     }

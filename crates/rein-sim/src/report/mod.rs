@@ -44,5 +44,6 @@ pub fn build(sc: &Scenario, recording: Recording) -> RunTotals {
     totals.time_regressions = recording.time_regressions;
     totals.rounds = recording.rounds;
     totals.periods = recording.periods;
+    totals.period_log = recording.period_log;
     totals
 }
