@@ -572,12 +572,12 @@ where
     let mut cells = Vec::new();
     for r in &log.records {
         for (k, &b) in rows.iter().enumerate() {
-            let (Some(&c), Some((_, q))) = (r.completed.get(b), log.buckets.get(b)) else { continue };
-            let kind = match (r.incomplete, q.judge(c)) {
-                (true, _) => 3,
-                (false, PeriodVerdict::Met) => 0,
-                (false, PeriodVerdict::BelowReservation) => 1,
-                (false, PeriodVerdict::AboveLimit) => 2,
+            let Some((_, verdict)) = log.cell(r, b) else { continue };
+            let kind = match verdict {
+                Some(PeriodVerdict::Met) => 0,
+                Some(PeriodVerdict::BelowReservation) => 1,
+                Some(PeriodVerdict::AboveLimit) => 2,
+                None => 3,
             };
             cells.push(((r.period as f64, (n - 1 - k) as f64), KINDS[kind].1));
         }

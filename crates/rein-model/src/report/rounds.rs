@@ -120,17 +120,24 @@ pub struct PeriodLog {
 }
 
 impl PeriodLog {
+    /// Bucket `b`'s IOs in record `r` and their verdict (`None`: incomplete, not judged).
+    pub fn cell(&self, r: &PeriodRecord, b: usize) -> Option<(u64, Option<PeriodVerdict>)> {
+        let (&c, (_, q)) = (r.completed.get(b)?, self.buckets.get(b)?);
+        Some((c, (!r.incomplete).then(|| q.judge(c))))
+    }
+
     /// periods.csv: a header and one line per bucket and period; `verdict` is `met`,
     /// `below_reservation`, `above_limit`, or `incomplete` (a report was missing: not judged).
     pub fn to_csv(&self) -> String {
         let mut out = String::from("period,closed_at_s,bucket,completed,reservation,limit,verdict\n");
         for r in &self.records {
-            for ((name, q), &c) in self.buckets.iter().zip(&r.completed) {
-                let verdict = match (r.incomplete, q.judge(c)) {
-                    (true, _) => "incomplete",
-                    (false, PeriodVerdict::Met) => "met",
-                    (false, PeriodVerdict::BelowReservation) => "below_reservation",
-                    (false, PeriodVerdict::AboveLimit) => "above_limit",
+            for (b, (name, q)) in self.buckets.iter().enumerate() {
+                let Some((c, verdict)) = self.cell(r, b) else { continue };
+                let verdict = match verdict {
+                    None => "incomplete",
+                    Some(PeriodVerdict::Met) => "met",
+                    Some(PeriodVerdict::BelowReservation) => "below_reservation",
+                    Some(PeriodVerdict::AboveLimit) => "above_limit",
                 };
                 let limit = q.limit.map_or(String::new(), |l| l.to_string());
                 out.push_str(&format!(
