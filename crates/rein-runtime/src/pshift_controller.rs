@@ -898,6 +898,25 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
     for b in &s.buckets {
         let _ = writeln!(o, "rein_pshift_bucket_done{{bucket=\"{}\"}} {}", crate::admin::label(&b.name), b.done);
     }
+    // Per bucket, its bounds and its last closed period's IOs, to graph one against the others.
+    type Gauge = (&'static str, &'static str, fn(&BucketStatus) -> Option<u64>);
+    let gauges: [Gauge; 3] = [
+        ("reservation_ios", "R_i: IOs per QoS period.", |b| Some(b.reservation)),
+        ("limit_ios", "L_i: IOs per QoS period (absent: unlimited).", |b| b.limit),
+        (
+            "last_period_ios",
+            "IOs the bucket completed in the last closed QoS period, by the servers' counts (absent: none closed).",
+            |b| b.periods.last,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        let _ = writeln!(o, "# HELP rein_pshift_bucket_{name} {help}\n# TYPE rein_pshift_bucket_{name} gauge");
+        for b in &s.buckets {
+            if let Some(v) = get(b) {
+                let _ = writeln!(o, "rein_pshift_bucket_{name}{{bucket=\"{}\"}} {v}", crate::admin::label(&b.name));
+            }
+        }
+    }
     // The closed periods, as the servers counted them: alert on the rate of the second and third.
     type Series = (&'static str, &'static str, fn(&BucketStatus) -> u64);
     let series: [Series; 4] = [
@@ -1105,9 +1124,19 @@ mod tests {
             "rein_pshift_bucket_periods_above_limit_total{bucket=\"b\\\"x\"} 2",
             "rein_pshift_bucket_periods_incomplete_total{bucket=\"b\\\"x\"} 1",
             "# TYPE rein_pshift_bucket_periods_above_limit_total counter",
+            "rein_pshift_bucket_reservation_ios{bucket=\"a\"} 100",
+            "rein_pshift_bucket_limit_ios{bucket=\"a\"} 200",
+            "rein_pshift_bucket_last_period_ios{bucket=\"b\\\"x\"} 150",
+            "# TYPE rein_pshift_bucket_last_period_ios gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
+        let mut unlimited = st.clone();
+        unlimited.buckets[0].limit = None;
+        unlimited.buckets[0].periods.last = None;
+        let text = metrics_text(&unlimited);
+        assert!(!text.contains("rein_pshift_bucket_limit_ios{bucket=\"a\"}"), "no limit, no series:\n{text}");
+        assert!(!text.contains("rein_pshift_bucket_last_period_ios{bucket=\"a\"}"), "no period closed:\n{text}");
         let json: serde_json::Value = serde_json::to_value(&st).unwrap();
         assert_eq!(json["buckets"][1]["periods"]["above_limit"], 2);
         assert_eq!(json["buckets"][0]["periods"]["last"], 150);
