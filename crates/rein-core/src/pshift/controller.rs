@@ -63,10 +63,11 @@
 //! it tallies the periods closed, those that completed less than R_i (a bucket without the demand counts
 //! too) and more than L_i, and the last period's count ([`PeriodTally`], [`Controller::periods`]); the
 //! round that closes a period also hands out each bucket's count in it ([`RoundSummary::closed`], one
-//! record per period, judged by [`BucketQos::judge`]): the numbers an operator watches, and a check on the controller's own bookkeeping that does not depend on
-//! when a client sees its completions. A period with a report missing at any of its boundaries (or the
-//! one opening it) is tallied as `incomplete` and judged neither way: the missing server's dispatches are
-//! not known. The warm-up before the first period is not a period.
+//! record per period, judged by [`BucketQos::judge`]): the numbers an operator watches, and a check on
+//! the controller's own bookkeeping that does not depend on when a client sees its completions. A period
+//! with a report missing at any of its boundaries (or the one opening it) is tallied as `incomplete` and
+//! judged neither way: the missing server's dispatches are not known. The warm-up before the first period
+//! is not a period.
 //!
 //! # Early rounds (beyond the paper)
 //! A bucket whose demand moves to servers where the latest answer gave it no tokens is not served there
