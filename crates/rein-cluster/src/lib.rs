@@ -50,6 +50,10 @@ use std::time::Duration;
 /// requests outstanding than they hold: [`plan::load_connections`]).
 pub const CONNECTIONS_PER_TENANT: usize = 4;
 
+/// How long after the load's end `rein cluster run` waits for the pShift controller to close the QoS
+/// period that ends with the run (its boundary's round needs every node's report, or the report timeout).
+pub const PERIOD_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 /// A gateway volume's layout, as the load driver uses it.
 #[derive(Debug)]
 struct Volume {
@@ -221,10 +225,31 @@ pub async fn drive(
         // The controller's rounds of the run (it keeps the last MAX_ROUNDS_KEPT; its schedule's origin is
         // the run's start, so `at_s` is run time).
         let admin = rein_runtime::admin_client::AdminEndpoint::from(c.admin);
-        let status: rein_runtime::pshift_controller::ControllerStatus =
-            rein_runtime::admin_client::get_json(&admin, None, "/api/pshift")
-                .await
-                .map_err(|e| RunError::Controller(format!("reading the pShift controller's rounds: {e}")))?;
+        // A period that ends with the run is closed by the boundary at the run's end, whose round is
+        // answered once the nodes' reports are in, about when the load has drained: wait for it (the
+        // simulator closes it too), for at most PERIOD_CLOSE_WAIT.
+        let expected =
+            sc.pshift.as_deref().map_or(0, |ps| sc.duration.0.saturating_sub(ps.start.0) / ps.period.0.max(1));
+        let deadline = tokio::time::Instant::now() + PERIOD_CLOSE_WAIT;
+        let status = loop {
+            let status: rein_runtime::pshift_controller::ControllerStatus =
+                rein_runtime::admin_client::get_json(&admin, None, "/api/pshift")
+                    .await
+                    .map_err(|e| RunError::Controller(format!("reading the pShift controller's rounds: {e}")))?;
+            let closed = status.buckets.first().map_or(expected, |b| b.periods.closed);
+            if closed >= expected {
+                break status;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "the pShift controller closed {closed} of the run's {expected} QoS periods within {} s of the \
+                     load's end: the periods' tally and periods.csv leave the rest out",
+                    PERIOD_CLOSE_WAIT.as_secs()
+                );
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         if status.rounds.len() == rein_runtime::pshift_controller::MAX_ROUNDS_KEPT {
             tracing::warn!(
                 "the pShift controller keeps its last {} rounds: rounds.csv starts at round {}",
