@@ -532,12 +532,9 @@ where
     DB::ErrorType: 'static,
 {
     use rein_core::pshift::PeriodVerdict;
-    const KINDS: [(&str, RGBColor); 4] = [
-        ("met", RGBColor(44, 160, 44)),
-        ("below the reservation", RGBColor(214, 39, 40)),
-        ("above the limit", RGBColor(255, 127, 14)),
-        ("incomplete (a report missing)", RGBColor(170, 170, 170)),
-    ];
+    // Met, below the reservation, above the limit, incomplete (a report missing).
+    const KINDS: [RGBColor; 4] =
+        [RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(255, 127, 14), RGBColor(170, 170, 170)];
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let rows: Vec<usize> = (0..log.buckets.len()).step_by(step).collect();
     let n = rows.len();
@@ -560,7 +557,8 @@ where
     chart
         .configure_mesh()
         .disable_mesh()
-        .x_desc("QoS period")
+        // The colours are named here rather than in a legend box, which would hide cells.
+        .x_desc("QoS period (green: met; red: below the reservation; orange: above the limit; grey: incomplete)")
         .y_desc("bucket")
         .y_labels(n)
         .x_labels(((p1 - p0) as usize).min(20))
@@ -572,32 +570,34 @@ where
     let mut cells = Vec::new();
     for r in &log.records {
         for (k, &b) in rows.iter().enumerate() {
-            let Some((_, verdict)) = log.cell(r, b) else { continue };
+            let Some((c, verdict)) = log.cell(r, b) else { continue };
             let kind = match verdict {
                 Some(PeriodVerdict::Met) => 0,
                 Some(PeriodVerdict::BelowReservation) => 1,
                 Some(PeriodVerdict::AboveLimit) => 2,
                 None => 3,
             };
-            cells.push(((r.period as f64, (n - 1 - k) as f64), KINDS[kind].1));
+            cells.push(((r.period as f64, (n - 1 - k) as f64), KINDS[kind], c));
         }
     }
     let at = |(x, y): (f64, f64)| [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)];
-    let filled = cells.iter().map(|&(xy, c)| Rectangle::new(at(xy), c.filled()));
+    let filled = cells.iter().map(|&(xy, color, _)| Rectangle::new(at(xy), color.filled()));
     chart.draw_series(filled).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    // White edges between cells while they are wide enough to see.
+    // White edges between cells while they are wide enough to see, and each cell's IOs while there is room.
     if cells.len() <= 4000 {
-        let edges = cells.iter().map(|&(xy, _)| Rectangle::new(at(xy), WHITE.stroke_width(1)));
+        let edges = cells.iter().map(|&(xy, _, _)| Rectangle::new(at(xy), WHITE.stroke_width(1)));
         chart.draw_series(edges).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
-    for (label, color) in KINDS {
-        chart
-            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?
-            .label(label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    if n <= 24 && p1 - p0 <= 16.0 {
+        let style = TextStyle::from(("sans-serif", 13).into_font()).color(&WHITE).pos(plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Center,
+            plotters::style::text_anchor::VPos::Center,
+        ));
+        let labels = cells.iter().map(|&(xy, _, c)| Text::new(c.to_string(), xy, style.clone()));
+        chart.draw_series(labels).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
-    finish(&root, &mut chart, SeriesLabelPosition::UpperRight, 13)
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
 }
 
 type PeriodLines = [(String, Vec<Vec<(f64, f64)>>)];
