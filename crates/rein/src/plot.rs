@@ -589,10 +589,9 @@ where
         chart.draw_series(edges).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
     if n <= 24 && p1 - p0 <= 16.0 {
-        let style = TextStyle::from(("sans-serif", 13).into_font()).color(&WHITE).pos(plotters::style::text_anchor::Pos::new(
-            plotters::style::text_anchor::HPos::Center,
-            plotters::style::text_anchor::VPos::Center,
-        ));
+        use plotters::style::text_anchor::{HPos, Pos, VPos};
+        let centred = Pos::new(HPos::Center, VPos::Center);
+        let style = TextStyle::from(("sans-serif", 13).into_font()).color(&WHITE).pos(centred);
         let labels = cells.iter().map(|&(xy, _, c)| Text::new(c.to_string(), xy, style.clone()));
         chart.draw_series(labels).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
