@@ -608,7 +608,11 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     let keys = |p: &[(String, String, u64, String)]| p.iter().map(|r| (r.0.clone(), r.1.clone())).collect::<Vec<_>>();
     assert_eq!(real_periods.len(), 16, "{real_periods:?}");
     assert_eq!(keys(&real_periods), keys(&sim_periods));
-    for (period, bucket, completed, verdict) in &real_periods {
+    // A period with a node's report missing (late on a loaded machine) is not judged: its count is not
+    // exact. At least one period must be judged.
+    let judged: Vec<_> = real_periods.iter().filter(|r| r.3 != "incomplete").collect();
+    assert!(judged.len() >= 4, "{real_periods:?}");
+    for (period, bucket, completed, verdict) in judged {
         assert_ne!(verdict, "above_limit", "{bucket} in period {period}: {completed} IOs by the nodes' counts");
         assert!(*completed <= 2400, "{bucket} in period {period}: {completed} IOs, above every limit");
     }

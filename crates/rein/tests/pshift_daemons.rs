@@ -263,10 +263,13 @@ fn a_limit_holds_across_servers() {
     let periods = list["periods"].as_array().unwrap();
     assert!(periods.len() as u64 >= p["closed"].as_u64().unwrap(), "{body}");
     assert_eq!(list["dropped"], 0);
-    let b3: Vec<u64> = periods.iter().map(|r| r["completed"][1].as_u64().unwrap()).collect();
-    assert!(b3.iter().all(|&n| n <= 200), "b3's IOs per period: {b3:?}");
-    let complete: Vec<u64> =
-        (periods.iter().zip(&b3)).filter(|(r, _)| r["incomplete"] == false).map(|(_, &n)| n).collect();
+    // A period with a server's report missing (late, on a loaded machine) is not judged: its count is not
+    // exact (one read 204 in CI while the two servers' device models ran beside the one-hour test).
+    let b3: Vec<(u64, bool)> =
+        periods.iter().map(|r| (r["completed"][1].as_u64().unwrap(), r["incomplete"] == true)).collect();
+    let complete: Vec<u64> = b3.iter().filter(|p| !p.1).map(|p| p.0).collect();
+    assert!(complete.len() >= 4, "b3's IOs per period (count, incomplete): {b3:?}");
+    assert!(complete.iter().all(|&n| n <= 200), "b3's IOs per period (count, incomplete): {b3:?}");
     let mean = complete.iter().sum::<u64>() as f64 / complete.len() as f64;
     assert!(mean >= 0.9 * 200.0, "b3's IOs per complete period, at its limit: {b3:?}");
     for l in &mut loads {

@@ -366,8 +366,9 @@ pub struct RoundSummary {
 pub struct ClosedPeriod {
     /// The period's number (0 = the first after `start`).
     pub period: u64,
-    /// A report was missing at one of its boundaries: `completed` is a lower bound, and the period is not
-    /// judged.
+    /// A report was missing at one of its boundaries: `completed` is not exact either way (the missing
+    /// server's dispatches in that interval are lost, and at the period's end its IOs in flight are not
+    /// taken off), and the period is not judged.
     pub incomplete: bool,
     /// Per bucket (index order), its IOs completed in the period.
     pub completed: Vec<u64>,
@@ -385,7 +386,7 @@ pub struct PeriodTally {
     pub above_limit: u64,
     /// Periods with a report missing at one of their boundaries: counted, not judged.
     pub incomplete: u64,
-    /// IOs completed in the last closed period (a lower bound if that period is incomplete).
+    /// IOs completed in the last closed period (not exact if that period is incomplete: [`ClosedPeriod`]).
     pub last: Option<u64>,
 }
 

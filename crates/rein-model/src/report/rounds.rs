@@ -92,7 +92,8 @@ pub struct PeriodRecord {
     pub at_s: f64,
     /// The period's number (0 = the first after the controller's `start`).
     pub period: u64,
-    /// A server's report was missing at one of its boundaries: the counts are lower bounds, not judged.
+    /// A server's report was missing at one of its boundaries: the counts are not exact (rein-core's
+    /// `ClosedPeriod`), and not judged.
     pub incomplete: bool,
     /// Per bucket (index order), its IOs completed in the period.
     pub completed: Vec<u64>,
