@@ -231,14 +231,15 @@ pub async fn drive(
         let expected =
             sc.pshift.as_deref().map_or(0, |ps| sc.duration.0.saturating_sub(ps.start.0) / ps.period.0.max(1));
         let deadline = tokio::time::Instant::now() + PERIOD_CLOSE_WAIT;
-        let status = loop {
+        // Every bucket's tally counts the same periods: the first one's is the controller's.
+        let (status, tallied) = loop {
             let status: rein_runtime::pshift_controller::ControllerStatus =
                 rein_runtime::admin_client::get_json(&admin, None, "/api/pshift")
                     .await
                     .map_err(|e| RunError::Controller(format!("reading the pShift controller's rounds: {e}")))?;
             let closed = status.buckets.first().map_or(expected, |b| b.periods.closed);
             if closed >= expected {
-                break status;
+                break (status, closed);
             }
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
@@ -246,7 +247,7 @@ pub async fn drive(
                      load's end: the periods' tally and periods.csv leave the rest out",
                     PERIOD_CLOSE_WAIT.as_secs()
                 );
-                break status;
+                break (status, closed);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
@@ -260,7 +261,6 @@ pub async fn drive(
         let end = sc.duration.as_secs_f64();
         totals.rounds = status.rounds.into_iter().filter(|r| r.at_s < end).collect();
         // The closed periods one by one: those its tally above counts (a period closed since is left out).
-        let tallied = status.buckets.first().map_or(0, |b| b.periods.closed);
         let closed: rein_runtime::pshift_controller::PeriodsStatus =
             rein_runtime::admin_client::get_json(&admin, None, "/api/pshift/periods")
                 .await
@@ -272,12 +272,12 @@ pub async fn drive(
                 closed.periods.front().map_or(0, |r| r.period)
             );
         }
+        let qos = |b: &rein_runtime::pshift_controller::BucketStatus| rein_core::pshift::BucketQos {
+            reservation: b.reservation,
+            limit: b.limit,
+        };
         totals.period_log = rein_model::report::rounds::PeriodLog {
-            buckets: status
-                .buckets
-                .iter()
-                .map(|b| (b.name.clone(), rein_core::pshift::BucketQos { reservation: b.reservation, limit: b.limit }))
-                .collect(),
+            buckets: status.buckets.iter().map(|b| (b.name.clone(), qos(b))).collect(),
             records: closed.periods.into_iter().filter(|r| r.period < tallied).collect(),
         };
         totals.periods = status.buckets.into_iter().map(|b| (b.name, b.periods)).collect();

@@ -326,17 +326,14 @@ impl<'a> Sim<'a> {
         if self.cluster.is_some() {
             self.cluster_close_at_end();
         }
+        // The controller's periods: its tally per bucket, and each period one by one (none without one).
         let names = || self.sc.tenants.iter().map(|t| t.name.clone());
-        let periods = match self.cluster.as_ref().and_then(|c| c.periods()) {
-            Some(p) => names().zip(p.iter().map(|&t| t.into())).collect(),
-            None => Vec::new(),
-        };
-        let period_log = match &self.cluster {
-            Some(c) => PeriodLog {
-                buckets: names().zip(c.bucket_qos().unwrap_or_default().iter().copied()).collect(),
-                records: c.closed.clone(),
-            },
-            None => PeriodLog::default(),
+        let (periods, period_log) = match self.cluster.as_mut().and_then(|c| c.controller_periods()) {
+            Some((tallies, qos, records)) => (
+                names().zip(tallies.iter().map(|&t| t.into())).collect(),
+                PeriodLog { buckets: names().zip(qos.iter().copied()).collect(), records },
+            ),
+            None => (Vec::new(), PeriodLog::default()),
         };
         Recording {
             periods,

@@ -92,14 +92,13 @@ pub(super) struct Cluster<'a> {
 }
 
 impl<'a> Cluster<'a> {
-    /// The controller's tallies of closed periods, per bucket (none without a controller).
-    pub(super) fn periods(&self) -> Option<&[rein_core::pshift::PeriodTally]> {
-        self.controller.as_ref().map(|c| c.periods())
-    }
-
-    /// The buckets' QoS per period, as the controller judges them (none without a controller).
-    pub(super) fn bucket_qos(&self) -> Option<&[rein_core::pshift::BucketQos]> {
-        self.controller.as_ref().map(|c| c.buckets())
+    /// After the run: the controller's tallies of closed periods and its buckets' QoS per period (bucket
+    /// order), and the periods it closed one by one, taken out (none without a controller).
+    pub(super) fn controller_periods(
+        &mut self,
+    ) -> Option<(&[rein_core::pshift::PeriodTally], &[rein_core::pshift::BucketQos], Vec<PeriodRecord>)> {
+        let c = self.controller.as_ref()?;
+        Some((c.periods(), c.buckets(), std::mem::take(&mut self.closed)))
     }
 
     pub(super) fn new(sc: &Scenario, ps: &'a PshiftSection) -> Result<Cluster<'a>, String> {
