@@ -202,7 +202,13 @@ fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
     };
     let h1 = host(dir, first + 1, a.nbd, "vm1", "cluster", &format!("id = 0\nbeta = 1\n{t1}"));
     let h2 = host(dir, first + 2, a.nbd, "vm2", "cluster", &format!("id = 1\nbeta = 2\n{t2}"));
-    let mut l = load(&[(&h1, "vm1"), (&h2, "vm2")], 10);
+    // The split converges slowly: with both hosts under eq. (2), w_i' = a w_i + gamma beta_i for a common
+    // a = 1 - gamma + gamma script-L / L(t), so the sum settles where a = 1 - gamma sum(beta) / W and each
+    // host's distance from its eq. (3) share beta_i W / sum(beta) shrinks by that same a per period:
+    // 1 - 0.8 * 3 / 23 = 0.896, a time constant of 4.8 periods (2.4 s). From about 2.7 IOs off at 1 s,
+    // 0.6 is left at 8 s and 0.1 at 16 s, so the windows are judged over 8-16 s (a 10 s run judged
+    // from 4 s failed once at 8.80 : 13.75, still converging).
+    let mut l = load(&[(&h1, "vm1"), (&h2, "vm2")], 16);
     for c in &mut l {
         assert!(c.wait().unwrap().success());
     }
@@ -222,7 +228,7 @@ fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
             assert!(text.contains(&format!("rein_parda_{series}{{host=\"{id}\"}} 0\n")), "{series}: {text}");
         }
     }
-    let ((w1, l1, _), (w2, l2, _)) = (settled(&s1, 4.0), settled(&s2, 4.0));
+    let ((w1, l1, _), (w2, l2, _)) = (settled(&s1, 8.0), settled(&s2, 8.0));
     // eq. (3): W = C script-L + 3 = 23, windows 1:2 (7.67, 15.33), L = 11.5 ms for both.
     let big_w = C * SCRIPT_L / 1e3 + 3.0;
     let l_eq = SCRIPT_L + 3.0 / C * 1e3;
