@@ -258,6 +258,13 @@ pub async fn drive(
                 status.rounds.front().map_or(0, |r| r.round)
             );
         }
+        if status.late_reports > 0 {
+            tracing::info!(
+                "the pShift controller counted {} nodes' reports that came after their round's timeout (a loaded \
+                 machine): their IOs count in their periods, the tokens of those rounds were computed without them",
+                status.late_reports
+            );
+        }
         let end = sc.duration.as_secs_f64();
         totals.rounds = status.rounds.into_iter().filter(|r| r.at_s < end).collect();
         // The closed periods one by one: those its tally above counts (a period closed since is left out).

@@ -503,6 +503,7 @@ mod tests {
             servers: vec![("s1".into(), true), ("s2".into(), false), ("s3".into(), false)],
             buckets: vec![],
             refused: 0,
+            late_reports: 0,
             rounds: Default::default(),
         };
         let (addr, t) = serve_once("200 OK", serde_json::to_string(&status).unwrap());

@@ -25,8 +25,12 @@
 //! ```
 //! Bodies (`str` is a u16 length and that many UTF-8 bytes, at most [`MAX_NAME_LEN`], not empty):
 //! - hello: `name: str`;
-//! - welcome: `server: u32`, `flags: u32` (bit 0: note stray arrivals; others 0), `count: u32`, then
-//!   `count` x `bucket: str` (at most [`MAX_BUCKETS`]);
+//! - welcome: `server: u32`, `flags: u32` (bit 0: note stray arrivals; bit 1: a limit byte follows each
+//!   name; others 0), `count: u32`, then `count` x `bucket: str` (at most [`MAX_BUCKETS`]), each followed,
+//!   with bit 1, by `limited: u8` (1: the controller limits the bucket, so a server leaves it no L-tokens
+//!   when an answer does not list it; 0: not). Without bit 1 no bucket is limited (a server then knows a
+//!   limit only from its own tenant's spec, which let a bucket an answer did not list be served without
+//!   bound until the next answer);
 //! - refuse: `reason: str` (up to 4,096 bytes);
 //! - report request: `round: u64`, `early: u32`;
 //! - report: `server: u32`, `round: u64`, `early: u32`, `elapsed_ns, completed, busy_ns: u64`, `count: u32`,
@@ -84,6 +88,9 @@ pub enum Message {
         strays: bool,
         /// Bucket names; a bucket number in later messages indexes this list.
         buckets: Vec<String>,
+        /// Per bucket (the same order): whether the controller limits it. Empty: none is (the form that
+        /// decodes when none is; a list of `false` encodes the same).
+        limited: Vec<bool>,
     },
     /// Controller -> server: the hello is refused (the reason), and the connection closes.
     Refuse {
@@ -271,17 +278,25 @@ fn encode_body(m: &Message, what: &'static str, out: &mut Vec<u8>) -> Result<(),
             check_name(what, "name", name, MAX_NAME_LEN)?;
             put_str(out, name);
         }
-        Message::Welcome { server, strays, buckets } => {
+        Message::Welcome { server, strays, buckets, limited } => {
             if buckets.len() > MAX_BUCKETS {
                 let value = buckets.len() as u64;
                 return Err(WireError::Field { what, field: "bucket count", value, why: "at most 1,000,000" });
             }
+            if !limited.is_empty() && limited.len() != buckets.len() {
+                let value = limited.len() as u64;
+                return Err(WireError::Field { what, field: "limit flags", value, why: "one per bucket, or none" });
+            }
+            let with_limits = limited.iter().any(|&l| l);
             out.extend_from_slice(&server.to_le_bytes());
-            out.extend_from_slice(&u32::from(*strays).to_le_bytes());
+            out.extend_from_slice(&(u32::from(*strays) | u32::from(with_limits) << 1).to_le_bytes());
             out.extend_from_slice(&(buckets.len() as u32).to_le_bytes());
-            for b in buckets {
+            for (i, b) in buckets.iter().enumerate() {
                 check_name(what, "bucket name", b, MAX_NAME_LEN)?;
                 put_str(out, b);
+                if with_limits {
+                    out.push(u8::from(limited[i]));
+                }
             }
         }
         Message::Refuse { reason } => {
@@ -376,6 +391,9 @@ impl<'a> Body<'a> {
         self.at = end;
         Ok(s)
     }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
     fn u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
@@ -432,21 +450,39 @@ fn decode_body(kind: u8, body: &[u8]) -> Result<Message, WireError> {
         2 => {
             let server = c.u32()?;
             let flags = c.u32()?;
-            if flags > 1 {
+            if flags > 3 {
                 return Err(WireError::Field {
                     what,
                     field: "flags",
                     value: flags.into(),
-                    why: "only bit 0 is defined",
+                    why: "only bits 0 and 1 are defined",
                 });
             }
-            // Each name is at least 3 bytes (length and one byte).
-            let n = c.count(3)?;
+            let with_limits = flags & 2 != 0;
+            // Each name is at least 3 bytes (length and one byte), and its limit byte.
+            let n = c.count(3 + usize::from(with_limits))?;
             let mut buckets = Vec::with_capacity(n);
+            let mut limited = Vec::with_capacity(if with_limits { n } else { 0 });
             for _ in 0..n {
                 buckets.push(c.str("bucket name", MAX_NAME_LEN)?);
+                if with_limits {
+                    match c.u8()? {
+                        0 => limited.push(false),
+                        1 => limited.push(true),
+                        v => return Err(WireError::Field { what, field: "limited", value: v.into(), why: "0 or 1" }),
+                    }
+                }
             }
-            Message::Welcome { server, strays: flags == 1, buckets }
+            if with_limits && !limited.contains(&true) {
+                // What decodes re-encodes to the same bytes: bit 1 only when a bucket is limited.
+                return Err(WireError::Field {
+                    what,
+                    field: "flags",
+                    value: flags.into(),
+                    why: "bit 1 with no limited bucket",
+                });
+            }
+            Message::Welcome { server, strays: flags & 1 == 1, buckets, limited }
         }
         3 => Message::Refuse { reason: c.str("reason", MAX_REASON_LEN)? },
         4 => Message::ReportRequest { round: c.u64()?, early: c.u32()? },
@@ -591,7 +627,13 @@ mod tests {
     fn samples() -> Vec<Message> {
         vec![
             Message::Hello { name: "s1".into() },
-            Message::Welcome { server: 3, strays: true, buckets: vec!["a".into(), "bucket-b".into()] },
+            Message::Welcome { server: 3, strays: true, buckets: vec!["a".into(), "bucket-b".into()], limited: vec![] },
+            Message::Welcome {
+                server: 1,
+                strays: false,
+                buckets: vec!["a".into(), "bucket-b".into(), "c".into()],
+                limited: vec![false, true, false],
+            },
             Message::Refuse { reason: "no server named x".into() },
             Message::ReportRequest { round: 4, early: 0 },
             Message::Ping { t0: 123_456_789 },
@@ -652,6 +694,18 @@ mod tests {
         let len = (b.len() - HEADER_BYTES) as u32;
         b[8..12].copy_from_slice(&len.to_le_bytes());
         assert!(decode(&b).unwrap_err().to_string().contains("bytes after its fields"));
+        // A welcome's limit byte is 0 or 1, and bit 1 comes only with a limited bucket.
+        let mut w = Vec::new();
+        let welcome =
+            |limited: Vec<bool>| Message::Welcome { server: 0, strays: false, buckets: vec!["a".into()], limited };
+        encode(&welcome(vec![true]), &mut w).unwrap();
+        let last = w.len() - 1;
+        w[last] = 2;
+        assert!(decode(&w).unwrap_err().to_string().contains("0 or 1"), "{:?}", decode(&w));
+        w[last] = 0;
+        assert!(decode(&w).unwrap_err().to_string().contains("bit 1 with no limited bucket"));
+        let e = encode(&welcome(vec![true, false]), &mut Vec::new());
+        assert!(e.unwrap_err().to_string().contains("one per bucket"));
         // Values beyond rein-core's bounds do not encode (so what encodes decodes).
         let t = TokenMessage { server: 0, round: 0, early: 0, tokens: vec![(0, MAX_TOKENS + 1, Tokens::Unlimited)] };
         assert!(encode(&Message::Tokens(t), &mut Vec::new()).unwrap_err().to_string().contains("r 1000000000001"));

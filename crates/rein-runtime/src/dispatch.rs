@@ -404,6 +404,8 @@ pub struct PshiftAttach {
     pub strays: bool,
     /// Each bucket this server has: (its tenant here, its number at the controller).
     pub buckets: Vec<(TenantId, u32)>,
+    /// Per bucket number, whether the controller limits it (empty: none).
+    pub limited: Vec<bool>,
     /// Where stray-arrival notes go.
     pub strays_to: mpsc::UnboundedSender<StrayArrival>,
 }
@@ -445,9 +447,15 @@ struct PshiftState {
     cut: Option<Cut>,
     /// The latest boundary whose report was cut (at the boundary or on request).
     last_cut: Option<u64>,
-    /// A boundary's report cut at the boundary, until the controller's request for it arrives.
-    stash: Option<(u64, ServerReport)>,
+    /// Boundaries' reports cut at the boundary, until the controller's request for each arrives (oldest
+    /// first; more than one when the dispatcher ran late across boundaries: a stalled process cuts every
+    /// boundary it missed when it wakes, before it reads the requests). At most [`MAX_STASHED`].
+    stash: std::collections::VecDeque<(u64, ServerReport)>,
 }
+
+/// How many cut reports a pShift server keeps for requests still to come (a stall across this many
+/// boundaries loses the oldest, whose request then gets a report cut on request).
+const MAX_STASHED: usize = 16;
 
 /// When to cut a boundary's report: its round and time on the dispatcher's clock, and the time to the
 /// next boundary (the cut after it is scheduled from here until the link says otherwise).
@@ -941,7 +949,10 @@ impl Task {
         p.last_cut = Some(cut.round);
         let report = self.pshift_report(cut.round, 0);
         if let (Some(p), Ok(r)) = (&mut self.pshift, report) {
-            p.stash = Some((cut.round, r));
+            if p.stash.len() == MAX_STASHED {
+                p.stash.pop_front();
+            }
+            p.stash.push_back((cut.round, r));
         }
     }
 
@@ -1044,6 +1055,7 @@ impl Task {
                 let r = match &mut self.sched {
                     Sched::Token(ts) => {
                         let mut server = TokenServer::new(a.server, a.strays, now);
+                        server.set_limited(a.limited);
                         let mut bucket_ids = std::collections::HashMap::new();
                         for &(id, b) in &a.buckets {
                             server.map(id, b);
@@ -1063,7 +1075,7 @@ impl Task {
                             busy_mark: busy,
                             cut: None,
                             last_cut: None,
-                            stash: None,
+                            stash: Default::default(),
                         });
                         Ok(())
                     }
@@ -1074,8 +1086,20 @@ impl Task {
                 let _ = reply.send(r);
             }
             Cmd::PshiftReport(round, early, reply) => {
+                // The request's own report if it was cut (those of older boundaries will not be asked for:
+                // the controller asks in order); a later boundary's stays for its request.
                 let stashed = match &mut self.pshift {
-                    Some(p) if early == 0 => p.stash.take().filter(|s| s.0 == round).map(|s| s.1),
+                    Some(p) if early == 0 => {
+                        while p.stash.front().is_some_and(|s| s.0 < round) {
+                            p.stash.pop_front();
+                        }
+                        p.stash
+                            .front()
+                            .is_some_and(|s| s.0 == round)
+                            .then(|| p.stash.pop_front())
+                            .flatten()
+                            .map(|s| s.1)
+                    }
                     _ => None,
                 };
                 let r = match stashed {
@@ -1103,7 +1127,13 @@ impl Task {
             Cmd::PshiftTokens(m) => {
                 if let (Some(p), Sched::Token(ts)) = (&mut self.pshift, &mut self.sched) {
                     let ids = &p.bucket_ids;
-                    p.server.apply_message(ts, &m, |_, _, b| ids.get(&b).copied());
+                    if !p.server.apply_message(ts, &m, |_, _, b| ids.get(&b).copied()) {
+                        tracing::debug!(
+                            round = m.round,
+                            early = m.early,
+                            "pShift: a stale answer dropped (a newer report was taken)"
+                        );
+                    }
                 }
             }
             Cmd::PshiftMap(wanted) => {

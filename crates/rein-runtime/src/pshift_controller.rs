@@ -360,6 +360,10 @@ pub struct ControllerStatus {
     pub buckets: Vec<BucketStatus>,
     /// Reports, notes or frames refused (wrong server index, a bad frame, an unknown name).
     pub refused: u64,
+    /// Reports that came after their round was computed and were counted then (rein-core's controller,
+    /// "Late reports"); late reports of a closed period are not counted here.
+    #[serde(default)]
+    pub late_reports: u64,
     /// The newest rounds, oldest first.
     pub rounds: VecDeque<RoundRecord>,
 }
@@ -445,6 +449,7 @@ pub async fn run(
             })
             .collect(),
         refused: 0,
+        late_reports: 0,
         rounds: VecDeque::new(),
     }));
     let periods = Arc::new(Mutex::new(PeriodsStatus::default()));
@@ -483,6 +488,13 @@ pub async fn run(
     }
     let names: Arc<Vec<String>> = Arc::new(s.servers.iter().map(|x| x.0.clone()).collect());
     let buckets: Arc<Vec<String>> = Arc::new(s.buckets.iter().map(|x| x.0.clone()).collect());
+    // The welcome says which buckets are limited, so a server leaves a limited bucket no L-tokens when an
+    // answer does not list it (its own tenant has no limit: the limit is the controller's).
+    let limited: Arc<Vec<bool>> = Arc::new(if s.buckets.iter().any(|b| b.1.limit.is_some()) {
+        s.buckets.iter().map(|b| b.1.limit.is_some()).collect()
+    } else {
+        Vec::new()
+    });
     let strays = s.config.early.per_interval > 0;
     // A report holds at most a line per bucket (rein-proto's layout: 36 bytes of fields, 52 per line).
     let max_body = 64 + 52 * s.buckets.len();
@@ -490,7 +502,7 @@ pub async fn run(
     let refused = status.clone();
     let accept = tokio::spawn(accept_loop(
         listener,
-        Admit { names: names.clone(), buckets, strays, max_body, access, tls: s.tls.clone(), refused },
+        Admit { names: names.clone(), buckets, limited, strays, max_body, access, tls: s.tls.clone(), refused },
         ev_tx,
         stop_rx.clone(),
     ));
@@ -511,6 +523,8 @@ pub async fn run(
 struct Admit {
     names: Arc<Vec<String>>,
     buckets: Arc<Vec<String>>,
+    /// Per bucket, whether it is limited (empty: none is).
+    limited: Arc<Vec<bool>>,
     strays: bool,
     /// The largest frame body after the hello.
     max_body: usize,
@@ -564,7 +578,7 @@ async fn connection(
     ev: mpsc::UnboundedSender<Event>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let (names, buckets, strays) = (&admit.names, &admit.buckets, admit.strays);
+    let (names, buckets, limited, strays) = (&admit.names, &admit.buckets, &admit.limited, admit.strays);
     let _ = sock.set_nodelay(true);
     let peer = sock.peer_addr().map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
@@ -601,7 +615,8 @@ async fn connection(
         let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
         return Err(reason);
     };
-    let welcome = Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec() };
+    let welcome =
+        Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec(), limited: limited.to_vec() };
     crate::pshift_link::write_frame(&mut wr, &welcome).await?;
     tracing::info!(server = %name, index, "pShift server connected");
     let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
@@ -754,9 +769,17 @@ impl Task {
                 let now = self.now(origin);
                 match m {
                     Message::Report(r) if r.server as usize == index => {
+                        let late = self.ctl.late_reports_counted();
                         if let Err(e) = self.ctl.handle_report(r) {
                             tracing::warn!(server = %self.names[index], "pShift controller: report refused: {e}");
                             self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                        } else if self.ctl.late_reports_counted() > late {
+                            tracing::debug!(server = %self.names[index], "pShift controller: a late report counted");
+                            let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
+                            st.late_reports = self.ctl.late_reports_counted();
+                            for (b, &d) in st.buckets.iter_mut().zip(self.ctl.done()) {
+                                b.done = d;
+                            }
                         }
                     }
                     Message::Stray(s) if s.server as usize == index => match self.ctl.handle_stray(now, s) {
@@ -894,6 +917,7 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
     let _ = writeln!(o, "# HELP rein_pshift_round The next redistribution boundary's number.\n# TYPE rein_pshift_round gauge\nrein_pshift_round {}", s.round);
     let _ = writeln!(o, "# HELP rein_pshift_servers_connected Servers connected.\n# TYPE rein_pshift_servers_connected gauge\nrein_pshift_servers_connected {connected}");
     let _ = writeln!(o, "# HELP rein_pshift_refused_total Reports, notes or frames refused.\n# TYPE rein_pshift_refused_total counter\nrein_pshift_refused_total {}", s.refused);
+    let _ = writeln!(o, "# HELP rein_pshift_late_reports_total Reports counted after their round was computed.\n# TYPE rein_pshift_late_reports_total counter\nrein_pshift_late_reports_total {}", s.late_reports);
     let _ = writeln!(o, "# HELP rein_pshift_bucket_done IOs of the bucket in the current QoS period (as of the last round).\n# TYPE rein_pshift_bucket_done gauge");
     for b in &s.buckets {
         let _ = writeln!(o, "rein_pshift_bucket_done{{bucket=\"{}\"}} {}", crate::admin::label(&b.name), b.done);
@@ -1047,7 +1071,8 @@ mod tests {
         let (_, _, _, m) = hello(addr, "s9").await;
         assert!(matches!(&m, Message::Refuse { reason } if reason.contains("no server named \"s9\"")), "{m:?}");
         let (mut rd, mut wr, mut buf, m) = hello(addr, "s1").await;
-        assert_eq!(m, Message::Welcome { server: 0, strays: false, buckets: vec!["a".into(), "b".into()] });
+        let limited = vec![false, true];
+        assert_eq!(m, Message::Welcome { server: 0, strays: false, buckets: vec!["a".into(), "b".into()], limited });
         // The second server never connects: its report counts as missing after half an interval.
         let m = read_frame(&mut rd, &mut buf).await.unwrap();
         assert_eq!(m, Message::ReportRequest { round: 0, early: 0 });
@@ -1114,10 +1139,12 @@ mod tests {
             servers: vec![("s1".into(), true)],
             buckets: vec![bucket("a", 5, 1, 0, 0), bucket("b\"x", 5, 0, 2, 1)],
             refused: 0,
+            late_reports: 3,
             rounds: VecDeque::new(),
         };
         let text = metrics_text(&st);
         for line in [
+            "rein_pshift_late_reports_total 3",
             "rein_pshift_bucket_periods_total{bucket=\"a\"} 5",
             "rein_pshift_bucket_periods_below_reservation_total{bucket=\"a\"} 1",
             "rein_pshift_bucket_periods_above_limit_total{bucket=\"a\"} 0",

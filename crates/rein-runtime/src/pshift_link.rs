@@ -229,8 +229,8 @@ async fn session(
         .await
         .map_err(|_| broken(format!("no welcome within {} s", CONNECT_TIMEOUT.as_secs())))?
         .map_err(broken)?;
-    let (index, strays, names) = match first {
-        Message::Welcome { server, strays, buckets } => (server, strays, buckets),
+    let (index, strays, names, limited) = match first {
+        Message::Welcome { server, strays, buckets, limited } => (server, strays, buckets, limited),
         Message::Refuse { reason } => {
             return Err(Failure::Refused(format!("the controller refused this server: {reason}")))
         }
@@ -243,7 +243,7 @@ async fn session(
     let mapped = buckets.len();
     let mut current = buckets.clone();
     dispatcher
-        .pshift_attach(PshiftAttach { server: index, strays, buckets, strays_to: stray_tx })
+        .pshift_attach(PshiftAttach { server: index, strays, buckets, limited, strays_to: stray_tx })
         .await
         .map_err(|e| Failure::Refused(format!("pShift link: {e}")))?;
     tracing::info!(controller = %s.controller, index, buckets = mapped, "pShift link: welcomed by the controller");

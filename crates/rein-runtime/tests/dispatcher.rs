@@ -520,7 +520,13 @@ async fn finish(d: Dispatcher, join: tokio::task::JoinHandle<()>, tasks: Vec<tok
 /// The link's welcome for a node whose tenant `id` is bucket 0.
 fn attach(id: rein_core::TenantId) -> rein_runtime::dispatch::PshiftAttach {
     let (strays_to, _) = tokio::sync::mpsc::unbounded_channel();
-    rein_runtime::dispatch::PshiftAttach { server: 0, strays: false, buckets: vec![(id, 0)], strays_to }
+    rein_runtime::dispatch::PshiftAttach {
+        server: 0,
+        strays: false,
+        buckets: vec![(id, 0)],
+        limited: vec![],
+        strays_to,
+    }
 }
 
 /// A pShift server's reports count the IOs in flight exactly when the controller's link comes up after

@@ -83,6 +83,70 @@ fn completed(s: &Server, b: &str) -> u64 {
     v["completed"].as_u64().unwrap_or_else(|| panic!("no completed: {v}"))
 }
 
+/// A server that stalls (SIGSTOP for 150 ms, which always covers a whole report timeout of half a 100 ms
+/// interval, so at least one of its reports misses its round) has its late report counted when it comes
+/// (rein-core's controller, "Late reports"), and b3's limit holds in every judged period by the servers'
+/// counts. Periods with a report missing inside them are judged: without the late report counted they
+/// would be incomplete. Before the welcome said which buckets are limited, the empty answer a silent
+/// server gets left b3 unlimited there (its tenant has no limit of its own) until the next answer: b3
+/// completed 201-236 IOs in one period in 13 of 22 runs of this test, none over 200 in 12 runs since (and
+/// the controller keeps what the silent server may still spend out of the other's tokens: rein-core's
+/// controller, "Late reports").
+#[test]
+fn a_stalled_servers_late_reports_count_and_the_limit_holds() {
+    let _serial = common::measuring();
+    const L: f64 = 400.0;
+    let tmp = tmpdir("pshift-daemons-stall");
+    let dir = tmp.path();
+    let listen = format!("127.0.0.91:{}", free_port("127.0.0.91"));
+    let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {L}\n");
+    let ctl = controller_with(dir, &listen, 91, 0.5, &buckets);
+    let s1 = server_with(dir, 92, "s1", &listen, &["b2", "b3"]);
+    let s2 = server_with(dir, 93, "s2", &listen, &["b2", "b3"]);
+    for s in [&s1, &s2] {
+        s.wait_line("pShift link: welcomed by the controller");
+    }
+    let mut loads = [load(&s1, &["b2", "b3"]), load(&s2, &["b2", "b3"])];
+    std::thread::sleep(Duration::from_secs(2));
+    // Eight stalls of s2, 0.61 s apart (so they fall at different points of the 0.5 s period).
+    for _ in 0..8 {
+        s2.signal("-STOP");
+        std::thread::sleep(Duration::from_millis(150));
+        s2.signal("-CONT");
+        std::thread::sleep(Duration::from_millis(460));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let get = |path: &str| -> serde_json::Value {
+        let (code, _, body) = common::http(ctl.admin, "GET", path, "", "");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let (st, list) = (get("/api/pshift"), get("/api/pshift/periods"));
+    assert_eq!(st["refused"], 0, "{st}");
+    let late = st["late_reports"].as_u64().unwrap();
+    // Per period: whether a round in it (its opening boundary included) went without a report.
+    let missed: std::collections::BTreeSet<u64> = (st["rounds"].as_array().unwrap().iter())
+        .filter(|r| r["reports_missing"].as_u64().unwrap() > 0)
+        .map(|r| r["period"].as_u64().unwrap())
+        .collect();
+    let b3: Vec<(u64, u64, bool)> = (list["periods"].as_array().unwrap().iter())
+        .map(|r| (r["period"].as_u64().unwrap(), r["completed"][1].as_u64().unwrap(), r["incomplete"] == true))
+        .collect();
+    eprintln!("stalls: late reports counted {late}; periods with a round missing a report {missed:?}; b3 (period, IOs, incomplete) {b3:?}");
+    assert!(late >= 1, "no late report counted: {st}");
+    assert!(!missed.is_empty(), "no round went without a report: {st}");
+    let judged: Vec<&(u64, u64, bool)> = b3.iter().filter(|p| !p.2).collect();
+    assert!(judged.iter().all(|p| p.1 <= 200), "b3 above its limit of 200 IOs in a judged period: {b3:?}");
+    assert!(
+        judged.iter().any(|p| missed.contains(&p.0)),
+        "no period with a report missing inside it was judged (late reports not counted?): {b3:?}, missed {missed:?}"
+    );
+    for l in &mut loads {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+}
+
 /// `rein load` closed loops of 8 4 KiB random reads for 60 s against server `s`, one job per bucket.
 fn load(s: &Server, jobs: &[&str]) -> std::process::Child {
     let mut c = Cmd::new(env!("CARGO_BIN_EXE_rein"));
@@ -263,10 +327,13 @@ fn a_limit_holds_across_servers() {
     let periods = list["periods"].as_array().unwrap();
     assert!(periods.len() as u64 >= p["closed"].as_u64().unwrap(), "{body}");
     assert_eq!(list["dropped"], 0);
-    // A period with a server's report missing (late, on a loaded machine) is not judged: its count is not
-    // exact (one read 204 in CI while the two servers' device models ran beside the one-hour test).
+    // A period with a server's report still missing when it closed (late, on a loaded machine) is not
+    // judged: its count is not exact. (One read 204 in CI beside the one-hour test: a server whose report
+    // was late got an answer listing nothing and served b3 without bound until the next one, fixed with
+    // the welcome's limit flags; `a_stalled_servers_late_reports_count_and_the_limit_holds`.)
     let b3: Vec<(u64, bool)> =
         periods.iter().map(|r| (r["completed"][1].as_u64().unwrap(), r["incomplete"] == true)).collect();
+    eprintln!("b3 per period (IOs, incomplete): {b3:?}; late reports counted: {}", st["late_reports"]);
     let complete: Vec<u64> = b3.iter().filter(|p| !p.1).map(|p| p.0).collect();
     assert!(complete.len() >= 4, "b3's IOs per period (count, incomplete): {b3:?}");
     assert!(complete.iter().all(|&n| n <= 200), "b3's IOs per period (count, incomplete): {b3:?}");

@@ -65,9 +65,35 @@
 //! round that closes a period also hands out each bucket's count in it ([`RoundSummary::closed`], one
 //! record per period, judged by [`BucketQos::judge`]): the numbers an operator watches, and a check on
 //! the controller's own bookkeeping that does not depend on when a client sees its completions. A period
-//! with a report missing at any of its boundaries (or the one opening it) is tallied as `incomplete` and
-//! judged neither way: the missing server's dispatches are not known. The warm-up before the first period
-//! is not a period.
+//! whose closing boundary had a report missing, or any of whose other boundaries (the one opening it
+//! included) had one missing that has not come in since, is tallied as `incomplete` and judged neither
+//! way: the missing server's dispatches are not known. The warm-up before the first period is not a
+//! period.
+//!
+//! # Late reports (beyond the paper)
+//! A report that misses its round's timeout (a loaded machine, a slow link) still says what its server
+//! dispatched. The paper does not say what its prototype does with one; dropping it, as Rein did before,
+//! left those IOs out of `done_i` for the rest of the period, so the later rounds' remaining limits were
+//! too large by them (on real daemons a bucket completed 204 IOs against a limit of 200 in such a period)
+//! and the period could not be judged. Now the controller remembers which reports of the current
+//! period's boundaries were missing (at most [`MAX_OWED`]) and counts one when it comes: its dispatches
+//! at a boundary inside the period, its IOs in flight at the boundary opening it, as the round would
+//! have. A period all of whose late reports came before it closed is complete and judged. A report of a
+//! boundary of a closed period is ignored (that period's record is out).
+//!
+//! The round computed without a report must not hand out the limit its server may still use: until that
+//! round's answer (which lists nothing for it) zeroes its tokens, the silent server spends what it held
+//! and what the answers since its last counted report gave it. So the controller keeps, per server and
+//! limited bucket, that server's *exposure* e_i^j: after an answer that counted its report,
+//! max(held, R-tokens + L-tokens sent) (a grant replaces the tokens, less what was dispatched since the
+//! report), plus for an early round the dispatches its report showed, which only the next boundary's
+//! report counts; a round without its report leaves it as it is (that answer gives it nothing). A round
+//! with server j's report missing keeps e_i^j out of bucket i's remaining limit, as it does a reporting
+//! server's held tokens. Without it, pShift Exp. 3's b3 on real daemons completed 204 IOs against its
+//! limit of 200 in a period with a late report; in a unit test the other server got 300 L-tokens where
+//! 100 were left. The price: a bucket gets less than its limit allows in a round with a silent server
+//! (corrected by the next round that hears from it). The simulator's reports are never late, so its
+//! runs do not change.
 //!
 //! # Early rounds (beyond the paper)
 //! A bucket whose demand moves to servers where the latest answer gave it no tokens is not served there
@@ -104,7 +130,8 @@
 //! 1. Boundaries are computed in order: round k is answered once, after round k - 1.
 //! 2. `done[i]` counts exactly the IOs in flight at the current period's start plus those reported
 //!    dispatched in its intervals (reset to the in-flight count when a boundary starts a period; the
-//!    interval that ended there belongs to the old one).
+//!    interval that ended there belongs to the old one), by the reports in so far: a late one of the
+//!    current period is added when it comes, once (`owed` lists the missing ones).
 //! 3. Targets satisfy R_rem <= L_rem, so every instance is valid (R_rem is trimmed to L_rem when the
 //!    held tokens leave less limit than reservation).
 //! 4. For a limited bucket, the tokens sent over all servers plus those held at the report are at most
@@ -451,9 +478,22 @@ pub struct Controller {
     early_reports: Vec<Option<ServerReport>>,
     /// Per bucket: its closed periods (module comment, "Periods counted at the servers").
     tallies: Vec<PeriodTally>,
-    /// A boundary of the current period (the one opening it included) had a report missing.
-    period_missing: bool,
+    /// Reports of the current period's boundaries (the one opening it included) not in when their round
+    /// was computed and not counted since: (round, server). At most [`MAX_OWED`]; past that
+    /// `owed_overflow` keeps the period incomplete.
+    owed: Vec<(u64, u32)>,
+    owed_overflow: bool,
+    /// Late reports counted since the start (module comment, "Late reports").
+    late_counted: u64,
+    /// Per server, per limited bucket (in bucket order): at most how many IOs the server can dispatch
+    /// after its latest report that a round counted, on the tokens it had and those answers gave it
+    /// since (module comment, "Late reports").
+    exposure: Vec<Vec<(u32, u64)>>,
 }
+
+/// How many missing reports of one period the controller remembers, to count them when they come late
+/// (four per server at the most servers; past that the period stays incomplete).
+pub const MAX_OWED: usize = 4 * MAX_SERVERS;
 
 impl Controller {
     /// `capacity_iops`: each server's nominal capacity (the estimate until it reports a busy interval).
@@ -493,7 +533,10 @@ impl Controller {
             latest: None,
             early_reports: vec![None; capacity_iops.len()],
             tallies,
-            period_missing: false,
+            owed: Vec::new(),
+            owed_overflow: false,
+            late_counted: 0,
+            exposure: vec![Vec::new(); capacity_iops.len()],
             config,
         })
     }
@@ -533,7 +576,15 @@ impl Controller {
         &self.tallies
     }
 
-    /// Files a server's report for the current round. A report for an older round is ignored (Ok).
+    /// Late reports counted since the start: reports of the current period's boundaries that came after
+    /// their round was computed (module comment, "Late reports").
+    pub fn late_reports_counted(&self) -> u64 {
+        self.late_counted
+    }
+
+    /// Files a server's report for the current round. A report for an older round of the current period
+    /// that was missing when its round was computed is counted now (module comment, "Late reports");
+    /// any other report for an older round is ignored (Ok).
     pub fn handle_report(&mut self, report: ServerReport) -> Result<(), ControllerError> {
         let s = report.server;
         if s as usize >= self.reports.len() {
@@ -542,14 +593,24 @@ impl Controller {
         if report.early > 0 {
             return self.handle_early_report(report);
         }
-        if report.round < self.round {
-            return Ok(());
-        }
         if report.round > self.round {
             return Err(ControllerError::WrongRound { server: s, got: report.round, want: self.round });
         }
         if let Some(b) = report.buckets.iter().find(|b| b.bucket as usize >= self.buckets.len()) {
             return Err(ControllerError::UnknownBucket { server: s, bucket: b.bucket });
+        }
+        if report.round < self.round {
+            if let Some(k) = self.owed.iter().position(|&o| o == (report.round, s)) {
+                self.owed.swap_remove(k);
+                self.late_counted += 1;
+                // Invariant 2: what the boundary's round would have counted, had the report been in.
+                let opens = report.round.is_multiple_of(u64::from(self.config.intervals));
+                for b in &report.buckets {
+                    let add = if opens { b.in_flight } else { b.dispatched };
+                    self.done[b.bucket as usize] = self.done[b.bucket as usize].saturating_add(add);
+                }
+            }
+            return Ok(());
         }
         self.reports[s as usize] = Some(report);
         Ok(())
@@ -621,7 +682,7 @@ impl Controller {
                 in_flight[b.bucket as usize] = in_flight[b.bucket as usize].saturating_add(b.in_flight);
             }
         }
-        let incomplete = missing || self.period_missing;
+        let incomplete = missing || !self.owed.is_empty() || self.owed_overflow;
         let mut completed = Vec::with_capacity(done.len());
         for ((t, d), (q, f)) in self.tallies.iter_mut().zip(done.iter()).zip(self.buckets.iter().zip(&in_flight)) {
             let c = d.saturating_sub(*f);
@@ -639,6 +700,46 @@ impl Controller {
             }
         }
         ClosedPeriod { period: self.round / self.config.intervals as u64 - 1, incomplete, completed }
+    }
+
+    /// After an answer: each reporting server's exposure is what it held at its report plus, per limited
+    /// bucket, the larger of that and the tokens the answer gives it (a grant replaces the tokens, less
+    /// what was dispatched since the report); an early round's report also counts its dispatches, which
+    /// only the next boundary's report will count. A server whose report is missing keeps its exposure:
+    /// its answer gives it nothing.
+    fn update_exposure(&mut self, reports: &[Option<ServerReport>], msgs: &[TokenMessage], early: bool) {
+        let limited = |i: u32| self.buckets[i as usize].limit.is_some();
+        for ((r, m), exp) in reports.iter().zip(msgs).zip(&mut self.exposure) {
+            let Some(r) = r else { continue };
+            // Per limited bucket: (bucket, dispatches the boundary has not counted, held) from the report,
+            // then the message's tokens (bucket order), merged into dispatches + max(held, tokens).
+            let mut lines: Vec<(u32, u64, u64)> = (r.buckets.iter().filter(|b| limited(b.bucket)))
+                .map(|b| (b.bucket, if early { b.dispatched } else { 0 }, b.held))
+                .collect();
+            lines.sort_unstable();
+            let mut sent = m.tokens.iter().filter_map(|&(i, rt, l)| match l {
+                Tokens::Count(l) => Some((i, rt.saturating_add(l))),
+                Tokens::Unlimited => None,
+            });
+            exp.clear();
+            let mut next = sent.next();
+            for (i, base, held) in lines {
+                while let Some((k, t)) = next.filter(|&(k, _)| k < i) {
+                    exp.push((k, t));
+                    next = sent.next();
+                }
+                let t = match next {
+                    Some((k, t)) if k == i => {
+                        next = sent.next();
+                        t
+                    }
+                    _ => 0,
+                };
+                exp.push((i, base.saturating_add(held.max(t))));
+            }
+            exp.extend(next);
+            exp.extend(sent);
+        }
     }
 
     /// When every server has reported the current round (or the timeout passed), computes the tokens for
@@ -712,9 +813,18 @@ impl Controller {
                 closed = Some(self.close_period(&mut done, &reports, missing > 0));
             }
             done.fill(0);
-            self.period_missing = missing > 0;
-        } else if early.is_none() {
-            self.period_missing |= missing > 0;
+            // The old period's late reports can no longer change its record.
+            self.owed.clear();
+            self.owed_overflow = false;
+        }
+        if early.is_none() {
+            for (j, _) in reports.iter().enumerate().filter(|(_, r)| r.is_none()) {
+                if self.owed.len() < MAX_OWED {
+                    self.owed.push((round, j as u32));
+                } else {
+                    self.owed_overflow = true;
+                }
+            }
         }
         for r in reports.iter().flatten() {
             for b in &r.buckets {
@@ -754,6 +864,13 @@ impl Controller {
             d.max(now.saturating_sub(snapshot).saturating_add(Nanos(d.0 / 2)))
         };
         let d_s = spend.0 as f64 / 1e9;
+        // A server whose report is missing goes on spending what it holds until this answer (which lists
+        // nothing for it) zeroes its tokens: at most its exposure, kept out of the limits.
+        for (j, _) in reports.iter().enumerate().filter(|(_, r)| r.is_none()) {
+            for &(i, x) in &self.exposure[j] {
+                held[i as usize] = held[i as usize].saturating_add(x);
+            }
+        }
         for (j, r) in reports.iter().enumerate() {
             let Some(r) = r else { continue };
             let scale = left_s / (r.elapsed_ns.max(1) as f64 / 1e9);
@@ -819,6 +936,7 @@ impl Controller {
                 msgs[j].tokens.push((i, sol.r[e], l));
             }
         }
+        self.update_exposure(&reports, &msgs, early.is_some());
         let wanted = (0..inst.buckets()).map(|n| inst.reservation(n).min(inst.total_demand(n))).sum();
         self.latest = Some((round, e));
         if early.is_none() {
@@ -1049,6 +1167,122 @@ mod tests {
         assert_eq!((t.closed, t.incomplete, t.below_reservation, t.above_limit, t.last), (2, 1, 0, 0, Some(650)));
     }
 
+    /// A report that misses its round's timeout counts when it comes (module comment, "Late reports"):
+    /// the period's count is then what it would have been with the report in time (689, as in
+    /// `a_closed_period_is_tallied_against_the_reservation_and_the_limit`), and the period is judged.
+    #[test]
+    fn a_late_report_counts_and_its_period_is_judged() {
+        let (mut c, rep) = one_bucket();
+        c.handle_report(rep(0, 400, 3)).unwrap();
+        c.poll(Nanos::from_millis(200)).unwrap();
+        // Boundary 1 (inside period 0): no report by the timeout.
+        let (m, s) = c.poll(Nanos::from_millis(800)).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        assert_eq!(m[0].tokens, vec![], "no report, no tokens");
+        assert_eq!(c.done(), &[3]);
+        c.handle_report(rep(1, 450, 5)).unwrap();
+        assert_eq!((c.done(), c.late_reports_counted()), (&[453][..], 1), "its 450 dispatched count now");
+        c.handle_report(rep(1, 450, 5)).unwrap();
+        assert_eq!((c.done(), c.late_reports_counted()), (&[453][..], 1), "once");
+        c.handle_report(rep(2, 240, 4)).unwrap();
+        let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
+        assert_eq!(s.closed, Some(ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }));
+        assert_eq!(c.periods()[0], PeriodTally { closed: 1, last: Some(689), ..Default::default() });
+        // Boundary 4 (closing period 1, opening period 2) is missing: period 1 is incomplete, and the
+        // report's 2 IOs in flight, when it comes, start period 2.
+        c.handle_report(rep(3, 100, 0)).unwrap();
+        c.poll(c.boundary()).unwrap();
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        let closed = s.closed.unwrap();
+        assert!(closed.incomplete, "the closing report is missing: {closed:?}");
+        assert_eq!(c.done(), &[0]);
+        c.handle_report(rep(4, 300, 2)).unwrap();
+        assert_eq!(c.done(), &[2], "the opening boundary's late report: its IOs in flight");
+        for (round, dispatched, in_flight) in [(5, 500, 0), (6, 100, 1)] {
+            c.handle_report(rep(round, dispatched, in_flight)).unwrap();
+            c.poll(c.boundary()).unwrap();
+        }
+        let t = c.periods()[0];
+        assert_eq!((t.closed, t.incomplete, t.last), (3, 1, Some(2 + 500 + 100 - 1)), "period 2 is judged");
+        // A late report of a period already closed changes nothing: boundary 7 (inside period 3) is
+        // missing, boundary 8 closes period 3 (incomplete), then boundary 7's report comes.
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        c.handle_report(rep(8, 200, 0)).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert!(s.closed.is_some_and(|p| p.period == 3 && p.incomplete));
+        let done = c.done().to_vec();
+        c.handle_report(rep(7, 50, 0)).unwrap();
+        assert_eq!((c.done(), c.late_reports_counted()), (&done[..], 2), "period 3 is closed");
+        assert_eq!(c.periods()[0].incomplete, 2);
+    }
+
+    /// What a late report changes for a limit: the next round's L-tokens are what the limit leaves after
+    /// its dispatches (700 - 300 - 200 = 200), not 400 as if they had not happened.
+    #[test]
+    fn a_late_report_keeps_its_dispatches_out_of_the_limit() {
+        let mut c = Controller::new(
+            config(4, DemandEstimator::Arrivals),
+            &[1000.0],
+            vec![BucketQos { reservation: 0, limit: Some(700) }],
+        )
+        .unwrap();
+        let rep = |round, dispatched| report(0, round, 200, vec![line(0, 300, dispatched, 10, 0)]);
+        c.handle_report(rep(0, 0)).unwrap();
+        c.poll(c.boundary()).unwrap();
+        c.handle_report(rep(1, 300)).unwrap();
+        let (m, _) = c.poll(c.boundary()).unwrap();
+        assert_eq!(m[0].tokens, vec![(0, 0, Tokens::Count(400))]);
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        c.handle_report(rep(2, 200)).unwrap();
+        c.handle_report(rep(3, 0)).unwrap();
+        let (m, _) = c.poll(c.boundary()).unwrap();
+        assert_eq!(m[0].tokens, vec![(0, 0, Tokens::Count(200))]);
+    }
+
+    /// A server whose report is missing can still spend what its latest answer gave it, until the answer
+    /// without its report (which gives it nothing) arrives: the round keeps that out of the limit, so
+    /// what the other servers get plus what it can spend stays within L - done.
+    #[test]
+    fn a_missing_report_keeps_what_its_server_can_spend_out_of_the_limit() {
+        let mut c = Controller::new(
+            config(4, DemandEstimator::Arrivals),
+            &[1000.0, 1000.0],
+            vec![BucketQos { reservation: 100, limit: Some(700) }],
+        )
+        .unwrap();
+        let rep = |server, round, dispatched, held| {
+            report(server, round, 200, vec![BucketReport { held, ..line(0, 300, dispatched, 10, 0) }])
+        };
+        let spendable = |m: &TokenMessage| -> u64 {
+            m.tokens.iter().map(|&(_, r, l)| r + if let Tokens::Count(l) = l { l } else { u64::MAX }).sum()
+        };
+        c.handle_report(rep(0, 0, 0, 0)).unwrap();
+        c.handle_report(rep(1, 0, 0, 0)).unwrap();
+        c.poll(c.boundary()).unwrap();
+        c.handle_report(rep(0, 1, 150, 20)).unwrap();
+        c.handle_report(rep(1, 1, 150, 30)).unwrap();
+        let (m1, _) = c.poll(c.boundary()).unwrap();
+        assert_eq!(c.done(), &[300]);
+        let given1 = spendable(&m1[1]).max(30);
+        assert!(given1 > 0, "{m1:?}");
+        // Boundary 2: server 1 is silent. Server 0 may get only what server 1 cannot spend.
+        c.handle_report(rep(0, 2, 100, 10)).unwrap();
+        let (m2, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        assert_eq!(m2[1].tokens, vec![], "the silent server gets nothing");
+        assert_eq!(c.done(), &[400]);
+        let given0 = spendable(&m2[0]);
+        assert!(given0 > 0, "{m2:?}");
+        assert!(400 + given0 + given1 <= 700, "server 0 gets {given0}, server 1 may spend {given1}: {m2:?}");
+        // Boundary 3, still silent: its exposure is unchanged (it got nothing since).
+        c.handle_report(rep(0, 3, given0, 0)).unwrap();
+        let (m3, _) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert!(400 + given0 + spendable(&m3[0]) + given1 <= 700, "{m3:?}");
+    }
+
     proptest::proptest! {
         /// Oracle: the completions themselves. Two servers each dispatch and complete IOs of one bucket in
         /// every interval (an IO completes only after its dispatch); the reports carry only what was
@@ -1238,7 +1472,9 @@ mod tests {
         assert!(c.poll(Nanos::from_millis(250)).is_none());
         let (_, s) = c.poll(Nanos::from_millis(300)).unwrap();
         assert_eq!(s.reports_missing, 1);
-        assert_eq!(c.handle_report(report(0, 0, 0, vec![])), Ok(()), "late report for an old round: ignored");
+        assert_eq!(c.handle_report(report(0, 0, 0, vec![])), Ok(()), "a late report is counted");
+        assert_eq!(c.handle_report(report(0, 0, 0, vec![])), Ok(()), "and once only");
+        assert_eq!(c.late_reports_counted(), 1);
         assert!(Controller::new(config(0, DemandEstimator::Arrivals), &[1.0], vec![]).is_err());
         assert!(Controller::new(config(5, DemandEstimator::Arrivals), &[], vec![]).is_err());
         assert!(Controller::new(

@@ -55,6 +55,11 @@ pub struct TokenServer {
     unrecorded: Vec<i64>,
     /// The latest token message applied: (round, early).
     heard: Option<(u64, u32)>,
+    /// The latest report taken: (round, early).
+    reported: Option<(u64, u32)>,
+    /// Per bucket number: the controller limits it ([`Self::set_limited`]; empty: only the tenants' own
+    /// specs say).
+    limited: Vec<bool>,
     /// Scheduler slot -> bucket index ([`NONE`]: no bucket).
     bucket_of_slot: Vec<u32>,
     /// Per slot: an arrival of the bucket needs no note to the controller (the latest message listed it,
@@ -74,6 +79,8 @@ impl TokenServer {
             last_report: now,
             unrecorded: Vec::new(),
             heard: None,
+            reported: None,
+            limited: Vec::new(),
             bucket_of_slot: Vec::new(),
             quiet: Vec::new(),
         }
@@ -99,7 +106,7 @@ impl TokenServer {
     pub fn add_bucket(&mut self, ts: &mut TokenScheduler, bucket: u32, spec: QosSpec) -> TenantId {
         let id = ts.add_tenant(spec).expect("bounded by the bucket count");
         if self.heard.is_some() {
-            no_tokens(ts, id);
+            no_tokens(ts, id, self.limited_by_controller(bucket));
         }
         self.map(id, bucket);
         id
@@ -129,7 +136,7 @@ impl TokenServer {
         self.unrecorded[slot] = at_device as i64 - (n.dispatched_r + n.dispatched_l) as i64;
         self.quiet[slot] = false;
         if self.heard.is_some() {
-            no_tokens(ts, id);
+            no_tokens(ts, id, self.limited_by_controller(bucket));
         }
     }
 
@@ -212,11 +219,25 @@ impl TokenServer {
         self.busy_ns = self.busy_ns.saturating_add(ns);
     }
 
+    /// Which buckets the controller limits (per bucket number; the welcome says). A bucket an answer does
+    /// not list then gets no L-tokens even if its tenant here has no limit of its own: on real daemons the
+    /// limit is the controller's alone, and an unlisted bucket (an answer computed without this server's
+    /// report, or a bucket that had no demand here) was otherwise served without bound until the next
+    /// answer.
+    pub fn set_limited(&mut self, limited: Vec<bool>) {
+        self.limited = limited;
+    }
+
+    fn limited_by_controller(&self, bucket: u32) -> bool {
+        self.limited.get(bucket as usize).copied().unwrap_or(false)
+    }
+
     /// The controller is gone: every mapped bucket goes back to plain round robin (no R-tokens, unbounded
     /// L-tokens), as before the first message, and no message counts as heard. Limits are not enforced
     /// until a controller answers again.
     pub fn detach(&mut self, ts: &mut TokenScheduler) {
         self.heard = None;
+        self.reported = None;
         self.quiet.fill(false);
         for (slot, &b) in self.bucket_of_slot.iter().enumerate() {
             if b == NONE {
@@ -280,13 +301,29 @@ impl TokenServer {
             self.completed = 0;
             self.busy_ns = 0;
         }
+        self.reported = self.reported.max(Some((round, early)));
         report
     }
 
     /// Applies the answer `(round, early)`: `grants` are the message's lines with each bucket resolved to
     /// its tenant here (a line whose bucket has no tenant here is left out by the caller). Every mapped
-    /// bucket not granted is left with no tokens (invariant 3).
-    pub fn apply(&mut self, ts: &mut TokenScheduler, round: u64, early: u32, grants: &[(TenantId, u64, Tokens)]) {
+    /// bucket not granted is left with no tokens (invariant 3). Returns false, and changes nothing, for a
+    /// *stale* answer: one to a report older than the latest this server took (it arrived after the next
+    /// boundary's cut, on a late link or a stalled process). `grant` deducts what was served since the
+    /// latest report, so a stale answer's tokens would come on top of what the server spent since the
+    /// report it answers, which the controller already counted against the limit; the server keeps its
+    /// tokens, which the controller counted as held at the newer report, and the answer to that report
+    /// replaces them.
+    pub fn apply(
+        &mut self,
+        ts: &mut TokenScheduler,
+        round: u64,
+        early: u32,
+        grants: &[(TenantId, u64, Tokens)],
+    ) -> bool {
+        if self.reported.is_some_and(|r| (round, early) < r) {
+            return false;
+        }
         let mut listed = vec![false; self.bucket_of_slot.len()];
         for &(id, r, l) in grants {
             if listed.len() <= id.index() {
@@ -304,8 +341,9 @@ impl TokenServer {
                 continue;
             }
             let id = ts.id_at_slot(slot).expect("mapped slots are live");
-            no_tokens(ts, id);
+            no_tokens(ts, id, self.limited_by_controller(b));
         }
+        true
     }
 
     /// [`Self::apply`] for a whole message, resolving each line's bucket with `resolve` (which may add it).
@@ -314,20 +352,20 @@ impl TokenServer {
         ts: &mut TokenScheduler,
         msg: &TokenMessage,
         mut resolve: impl FnMut(&mut TokenServer, &mut TokenScheduler, u32) -> Option<TenantId>,
-    ) {
+    ) -> bool {
         let mut grants = Vec::with_capacity(msg.tokens.len());
         for &(b, r, l) in &msg.tokens {
             if let Some(id) = resolve(self, ts, b) {
                 grants.push((id, r, l));
             }
         }
-        self.apply(ts, msg.round, msg.early, &grants);
+        self.apply(ts, msg.round, msg.early, &grants)
     }
 }
 
-/// Leaves tenant `id` with no tokens: R = 0 and, if it is limited, L = 0.
-fn no_tokens(ts: &mut TokenScheduler, id: TenantId) {
-    let limited = ts.spec(id).expect("live").limit().is_some();
+/// Leaves tenant `id` with no tokens: R = 0 and, if it is limited (by its spec or by the controller), L = 0.
+fn no_tokens(ts: &mut TokenScheduler, id: TenantId, by_controller: bool) {
+    let limited = by_controller || ts.spec(id).expect("live").limit().is_some();
     let l = if limited { Tokens::Count(0) } else { Tokens::Unlimited };
     ts.set_tokens(id, 0, l).expect("live");
 }
@@ -384,6 +422,42 @@ mod tests {
         let c = s.add_bucket(&mut ts, 30, spec(Some(5.0)));
         assert_eq!(ts.tokens(c).unwrap(), (0, Tokens::Count(0)));
         assert_eq!(s.bucket_of(c), Some(30));
+    }
+
+    /// On real daemons a bucket's tenant has no limit of its own (the limit is the controller's): a bucket
+    /// the welcome calls limited gets no L-tokens when an answer does not list it, not unbounded ones. An
+    /// answer to a report older than the latest taken (stale) changes nothing.
+    #[test]
+    fn the_controllers_limits_hold_for_unlisted_buckets_and_stale_answers_are_dropped() {
+        let mut ts = TokenScheduler::new(SchedConfig::default());
+        let mut s = TokenServer::new(0, false, Nanos::ZERO);
+        s.set_limited(vec![false, true]);
+        let a = s.add_bucket(&mut ts, 0, spec(None));
+        let b = s.add_bucket(&mut ts, 1, spec(None));
+        s.report(&mut ts, Nanos(100), 0, 0, None);
+        assert!(s.apply(&mut ts, 0, 0, &[(a, 0, Tokens::Unlimited), (b, 0, Tokens::Count(7))]));
+        assert_eq!(ts.tokens(b).unwrap(), (0, Tokens::Count(7)));
+        // An answer computed without this server's report lists nothing here.
+        s.report(&mut ts, Nanos(200), 1, 0, None);
+        assert!(s.apply(&mut ts, 1, 0, &[]));
+        assert_eq!(ts.tokens(a).unwrap(), (0, Tokens::Unlimited), "not limited: round robin");
+        assert_eq!(ts.tokens(b).unwrap(), (0, Tokens::Count(0)), "limited by the controller: nothing");
+        ts.enqueue(Nanos(210), Request::new(b, 1)).unwrap();
+        assert!(matches!(ts.poll(Nanos(220), true), Poll::Empty), "b is not served without tokens");
+        // Reports of boundaries 2 and 3 taken, then the answer to 2 comes: stale, dropped.
+        s.report(&mut ts, Nanos(300), 2, 0, None);
+        s.report(&mut ts, Nanos(400), 3, 0, None);
+        assert!(!s.apply(&mut ts, 2, 0, &[(b, 0, Tokens::Count(50))]));
+        assert_eq!(ts.tokens(b).unwrap(), (0, Tokens::Count(0)));
+        assert_eq!(s.heard(), Some((1, 0)));
+        assert!(s.apply(&mut ts, 3, 0, &[(b, 0, Tokens::Count(5))]));
+        assert_eq!(ts.tokens(b).unwrap(), (0, Tokens::Count(5)));
+        // Without the welcome's flags only the tenant's own spec says.
+        let mut t = TokenServer::new(0, false, Nanos::ZERO);
+        let mut ts2 = TokenScheduler::new(SchedConfig::default());
+        let c = t.add_bucket(&mut ts2, 1, spec(None));
+        assert!(t.apply(&mut ts2, 0, 0, &[]));
+        assert_eq!(ts2.tokens(c).unwrap(), (0, Tokens::Unlimited));
     }
 
     /// A server that starts on a scheduler that has served already counts only what follows, and the IOs
