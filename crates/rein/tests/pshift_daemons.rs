@@ -83,6 +83,29 @@ fn completed(s: &Server, b: &str) -> u64 {
     v["completed"].as_u64().unwrap_or_else(|| panic!("no completed: {v}"))
 }
 
+/// A controller on 127.0.0.`host` with QoS periods of 0.5 s and buckets b2 (no reservation, no limit)
+/// and b3 (limited to `limit` IOPS), two servers at `host` + 1 and + 2 with both, and a `rein load` of
+/// both buckets at each, started once both servers are welcomed.
+struct LimitedPair {
+    ctl: Server,
+    s1: Server,
+    s2: Server,
+    loads: [std::process::Child; 2],
+}
+
+fn limited_pair(dir: &Path, host: u8, limit: f64) -> LimitedPair {
+    let listen = format!("127.0.0.{host}:{}", free_port(&format!("127.0.0.{host}")));
+    let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {limit}\n");
+    let ctl = controller_with(dir, &listen, host, 0.5, &buckets);
+    let s1 = server_with(dir, host + 1, "s1", &listen, &["b2", "b3"]);
+    let s2 = server_with(dir, host + 2, "s2", &listen, &["b2", "b3"]);
+    for s in [&s1, &s2] {
+        s.wait_line("pShift link: welcomed by the controller");
+    }
+    let loads = [load(&s1, &["b2", "b3"]), load(&s2, &["b2", "b3"])];
+    LimitedPair { ctl, s1, s2, loads }
+}
+
 /// A server that stalls (SIGSTOP for 150 ms, which always covers a whole report timeout of half a 100 ms
 /// interval, so at least one of its reports misses its round) has its late report counted when it comes
 /// (rein-core's controller, "Late reports"), and b3's limit holds in every judged period by the servers'
@@ -97,16 +120,7 @@ fn a_stalled_servers_late_reports_count_and_the_limit_holds() {
     let _serial = common::measuring();
     const L: f64 = 400.0;
     let tmp = tmpdir("pshift-daemons-stall");
-    let dir = tmp.path();
-    let listen = format!("127.0.0.91:{}", free_port("127.0.0.91"));
-    let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {L}\n");
-    let ctl = controller_with(dir, &listen, 91, 0.5, &buckets);
-    let s1 = server_with(dir, 92, "s1", &listen, &["b2", "b3"]);
-    let s2 = server_with(dir, 93, "s2", &listen, &["b2", "b3"]);
-    for s in [&s1, &s2] {
-        s.wait_line("pShift link: welcomed by the controller");
-    }
-    let mut loads = [load(&s1, &["b2", "b3"]), load(&s2, &["b2", "b3"])];
+    let LimitedPair { ctl, s1: _s1, s2, mut loads } = limited_pair(tmp.path(), 91, L);
     std::thread::sleep(Duration::from_secs(2));
     // Eight stalls of s2, 0.61 s apart (so they fall at different points of the 0.5 s period).
     for _ in 0..8 {
@@ -290,16 +304,7 @@ fn a_limit_holds_across_servers() {
     let _serial = common::measuring();
     const L: f64 = 400.0;
     let tmp = tmpdir("pshift-daemons-limit");
-    let dir = tmp.path();
-    let listen = format!("127.0.0.88:{}", free_port("127.0.0.88"));
-    let buckets = format!("[[buckets]]\nname = \"b2\"\n[[buckets]]\nname = \"b3\"\nlimit_iops = {L}\n");
-    let ctl = controller_with(dir, &listen, 88, 0.5, &buckets);
-    let s1 = server_with(dir, 89, "s1", &listen, &["b2", "b3"]);
-    let s2 = server_with(dir, 90, "s2", &listen, &["b2", "b3"]);
-    for s in [&s1, &s2] {
-        s.wait_line("pShift link: welcomed by the controller");
-    }
-    let mut loads = [load(&s1, &["b2", "b3"]), load(&s2, &["b2", "b3"])];
+    let LimitedPair { ctl, s1, s2, mut loads } = limited_pair(tmp.path(), 88, L);
     std::thread::sleep(Duration::from_secs(3));
     let count = |b: &str| completed(&s1, b) + completed(&s2, b);
     let (b3_0, b2_0, t0) = (count("b3"), count("b2"), Instant::now());

@@ -74,8 +74,8 @@
 //! A report that misses its round's timeout (a loaded machine, a slow link) still says what its server
 //! dispatched. The paper does not say what its prototype does with one; dropping it, as Rein did before,
 //! left those IOs out of `done_i` for the rest of the period, so the later rounds' remaining limits were
-//! too large by them (on real daemons a bucket completed 204 IOs against a limit of 200 in such a period)
-//! and the period could not be judged. Now the controller remembers which reports of the current
+//! too large by them, and the period could not be judged. Now the controller remembers which reports of
+//! the current
 //! period's boundaries were missing (at most [`MAX_OWED`]) and counts one when it comes: its dispatches
 //! at a boundary inside the period, its IOs in flight at the boundary opening it, as the round would
 //! have. A period all of whose late reports came before it closed is complete and judged. A report of a
@@ -89,11 +89,13 @@
 //! report), plus for an early round the dispatches its report showed, which only the next boundary's
 //! report counts; a round without its report leaves it as it is (that answer gives it nothing). A round
 //! with server j's report missing keeps e_i^j out of bucket i's remaining limit, as it does a reporting
-//! server's held tokens. Without it, pShift Exp. 3's b3 on real daemons completed 204 IOs against its
-//! limit of 200 in a period with a late report; in a unit test the other server got 300 L-tokens where
-//! 100 were left. The price: a bucket gets less than its limit allows in a round with a silent server
-//! (corrected by the next round that hears from it). The simulator's reports are never late, so its
-//! runs do not change.
+//! server's held tokens (without it, in a unit test, the other server got 300 L-tokens where 100 were
+//! left). The price: a bucket gets less than its limit allows in a round with a silent server (corrected
+//! by the next round that hears from it). That answer's zero holds on real daemons only because the
+//! welcome tells each server which buckets are limited ([`super::TokenServer::set_limited`]): before,
+//! a server left an unlisted bucket unlimited when its own tenant had no limit, which is what let a
+//! bucket limited to 200 IOs per period complete 201-236 in periods with a late report. The simulator's
+//! reports are never late, so its runs do not change.
 //!
 //! # Early rounds (beyond the paper)
 //! A bucket whose demand moves to servers where the latest answer gave it no tokens is not served there
