@@ -1093,12 +1093,11 @@ impl Task {
                         while p.stash.front().is_some_and(|s| s.0 < round) {
                             p.stash.pop_front();
                         }
-                        p.stash
-                            .front()
-                            .is_some_and(|s| s.0 == round)
-                            .then(|| p.stash.pop_front())
-                            .flatten()
-                            .map(|s| s.1)
+                        if p.stash.front().is_some_and(|s| s.0 == round) {
+                            p.stash.pop_front().map(|s| s.1)
+                        } else {
+                            None
+                        }
                     }
                     _ => None,
                 };

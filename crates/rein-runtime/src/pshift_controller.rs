@@ -490,11 +490,8 @@ pub async fn run(
     let buckets: Arc<Vec<String>> = Arc::new(s.buckets.iter().map(|x| x.0.clone()).collect());
     // The welcome says which buckets are limited, so a server leaves a limited bucket no L-tokens when an
     // answer does not list it (its own tenant has no limit: the limit is the controller's).
-    let limited: Arc<Vec<bool>> = Arc::new(if s.buckets.iter().any(|b| b.1.limit.is_some()) {
-        s.buckets.iter().map(|b| b.1.limit.is_some()).collect()
-    } else {
-        Vec::new()
-    });
+    // (rein-proto writes the flags only when a bucket is limited.)
+    let limited: Arc<Vec<bool>> = Arc::new(s.buckets.iter().map(|b| b.1.limit.is_some()).collect());
     let strays = s.config.early.per_interval > 0;
     // A report holds at most a line per bucket (rein-proto's layout: 36 bytes of fields, 52 per line).
     let max_body = 64 + 52 * s.buckets.len();
@@ -523,7 +520,7 @@ pub async fn run(
 struct Admit {
     names: Arc<Vec<String>>,
     buckets: Arc<Vec<String>>,
-    /// Per bucket, whether it is limited (empty: none is).
+    /// Per bucket, whether it is limited.
     limited: Arc<Vec<bool>>,
     strays: bool,
     /// The largest frame body after the hello.
@@ -775,11 +772,7 @@ impl Task {
                             self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
                         } else if self.ctl.late_reports_counted() > late {
                             tracing::debug!(server = %self.names[index], "pShift controller: a late report counted");
-                            let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
-                            st.late_reports = self.ctl.late_reports_counted();
-                            for (b, &d) in st.buckets.iter_mut().zip(self.ctl.done()) {
-                                b.done = d;
-                            }
+                            self.sync_status(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
                         }
                     }
                     Message::Stray(s) if s.server as usize == index => match self.ctl.handle_stray(now, s) {
@@ -824,6 +817,16 @@ impl Task {
         Message::Pong { t0, t1: self.clock.now().0, next_round, next_ns, interval_ns: tau }
     }
 
+    /// The status's view of the controller: each bucket's IOs in the period and closed periods, and the
+    /// late reports counted (after a round, and after a late report changed them).
+    fn sync_status(&self, st: &mut ControllerStatus) {
+        for ((b, &d), t) in st.buckets.iter_mut().zip(self.ctl.done()).zip(self.ctl.periods()) {
+            b.done = d;
+            b.periods = (*t).into();
+        }
+        st.late_reports = self.ctl.late_reports_counted();
+    }
+
     fn record(&mut self, now: Nanos, r: &RoundSummary) {
         tracing::debug!(
             round = r.round,
@@ -833,10 +836,7 @@ impl Task {
             "pShift round"
         );
         let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        for ((b, &d), t) in st.buckets.iter_mut().zip(self.ctl.done()).zip(self.ctl.periods()) {
-            b.done = d;
-            b.periods = (*t).into();
-        }
+        self.sync_status(&mut st);
         if st.rounds.len() == MAX_ROUNDS_KEPT {
             st.rounds.pop_front();
         }

@@ -713,34 +713,26 @@ impl Controller {
         let limited = |i: u32| self.buckets[i as usize].limit.is_some();
         for ((r, m), exp) in reports.iter().zip(msgs).zip(&mut self.exposure) {
             let Some(r) = r else { continue };
-            // Per limited bucket: (bucket, dispatches the boundary has not counted, held) from the report,
-            // then the message's tokens (bucket order), merged into dispatches + max(held, tokens).
-            let mut lines: Vec<(u32, u64, u64)> = (r.buckets.iter().filter(|b| limited(b.bucket)))
-                .map(|b| (b.bucket, if early { b.dispatched } else { 0 }, b.held))
-                .collect();
-            lines.sort_unstable();
-            let mut sent = m.tokens.iter().filter_map(|&(i, rt, l)| match l {
-                Tokens::Count(l) => Some((i, rt.saturating_add(l))),
+            // Per limited bucket: (bucket, dispatches the boundary has not counted, held) from the report
+            // and (bucket, 0, tokens) from the message, merged into dispatches + max(held, tokens).
+            let from_report = (r.buckets.iter().filter(|b| limited(b.bucket)))
+                .map(|b| (b.bucket, if early { b.dispatched } else { 0 }, b.held));
+            let from_message = m.tokens.iter().filter_map(|&(i, rt, l)| match l {
+                Tokens::Count(l) => Some((i, 0, rt.saturating_add(l))),
                 Tokens::Unlimited => None,
             });
-            exp.clear();
-            let mut next = sent.next();
-            for (i, base, held) in lines {
-                while let Some((k, t)) = next.filter(|&(k, _)| k < i) {
-                    exp.push((k, t));
-                    next = sent.next();
+            let mut lines: Vec<(u32, u64, u64)> = from_report.chain(from_message).collect();
+            lines.sort_unstable_by_key(|e| e.0);
+            lines.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                if same {
+                    kept.1 = kept.1.saturating_add(later.1);
+                    kept.2 = kept.2.max(later.2);
                 }
-                let t = match next {
-                    Some((k, t)) if k == i => {
-                        next = sent.next();
-                        t
-                    }
-                    _ => 0,
-                };
-                exp.push((i, base.saturating_add(held.max(t))));
-            }
-            exp.extend(next);
-            exp.extend(sent);
+                same
+            });
+            exp.clear();
+            exp.extend(lines.iter().map(|&(i, base, cap)| (i, base.saturating_add(cap))));
         }
     }
 
