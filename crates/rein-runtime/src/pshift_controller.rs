@@ -37,7 +37,8 @@
 
 use crate::dispatch::Clock;
 use rein_core::pshift::{
-    BucketQos, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN, MAX_SERVERS,
+    BucketQos, ClosedPeriod, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN,
+    MAX_SERVERS,
 };
 use rein_core::Nanos;
 use rein_model::report::rounds::{PeriodCounts, PeriodRecord};
@@ -361,7 +362,8 @@ pub struct ControllerStatus {
     /// Reports, notes or frames refused (wrong server index, a bad frame, an unknown name).
     pub refused: u64,
     /// Reports that came after their round was computed and were counted then (rein-core's controller,
-    /// "Late reports"); late reports of a closed period are not counted here.
+    /// "Late reports"): for the current period, or for the period closed at the latest boundary while
+    /// its record waits for them (an interval); later ones are not counted here.
     #[serde(default)]
     pub late_reports: u64,
     /// The newest rounds, oldest first.
@@ -773,6 +775,9 @@ impl Task {
                         } else if self.ctl.late_reports_counted() > late {
                             tracing::debug!(server = %self.names[index], "pShift controller: a late report counted");
                             self.sync_status(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+                            // It may have finished a period that waited for it.
+                            let closed = self.ctl.take_closed();
+                            self.keep_periods(now, &closed);
                         }
                     }
                     Message::Stray(s) if s.server as usize == index => match self.ctl.handle_stray(now, s) {
@@ -842,8 +847,17 @@ impl Task {
         }
         st.rounds.push_back(RoundRecord::new(now, r));
         drop(st);
-        if let Some(c) = &r.closed {
-            self.periods.lock().unwrap_or_else(|e| e.into_inner()).push(PeriodRecord::new(now, c));
+        self.keep_periods(now, &r.closed);
+    }
+
+    /// Adds closed periods' records to `/api/pshift/periods`.
+    fn keep_periods(&self, now: Nanos, closed: &[ClosedPeriod]) {
+        if closed.is_empty() {
+            return;
+        }
+        let mut periods = self.periods.lock().unwrap_or_else(|e| e.into_inner());
+        for c in closed {
+            periods.push(PeriodRecord::new(now, c));
         }
     }
 }

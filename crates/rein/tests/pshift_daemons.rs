@@ -110,7 +110,8 @@ fn limited_pair(dir: &Path, host: u8, limit: f64) -> LimitedPair {
 /// interval, so at least one of its reports misses its round) has its late report counted when it comes
 /// (rein-core's controller, "Late reports"), and b3's limit holds in every judged period by the servers'
 /// counts. Periods with a report missing inside them are judged: without the late report counted they
-/// would be incomplete. Before the welcome said which buckets are limited, the empty answer a silent
+/// would be incomplete. So are periods whose closing report comes late (two stalls aimed at closing
+/// boundaries): their records wait an interval for it. Before the welcome said which buckets are limited, the empty answer a silent
 /// server gets left b3 unlimited there (its tenant has no limit of its own) until the next answer: b3
 /// completed 201-236 IOs in one period in 13 of 22 runs of this test, none over 200 in 12 runs since (and
 /// the controller keeps what the silent server may still spend out of the other's tokens: rein-core's
@@ -129,12 +130,52 @@ fn a_stalled_servers_late_reports_count_and_the_limit_holds() {
         s2.signal("-CONT");
         std::thread::sleep(Duration::from_millis(460));
     }
-    std::thread::sleep(Duration::from_secs(1));
     let get = |path: &str| -> serde_json::Value {
         let (code, _, body) = common::http(ctl.admin, "GET", path, "", "");
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).unwrap()
     };
+    // Two stalls timed on the controller's schedule: from about 30 ms before a closing boundary (every
+    // fifth) to about 80 ms after it, so s2's closing report misses its round (timeout 50 ms) and comes
+    // before the next boundary's round. The period then waits for it and is judged.
+    let round = || -> u64 {
+        let (code, _, body) = common::http(ctl.admin, "GET", "/metrics", "", "");
+        assert_eq!(code, 200, "{body}");
+        let line = body.lines().find_map(|l| l.strip_prefix("rein_pshift_round ")).expect("the round gauge");
+        line.trim().parse().unwrap()
+    };
+    let mut aimed = Vec::new();
+    for tries in 0.. {
+        if aimed.len() == 2 {
+            break;
+        }
+        assert!(tries < 50, "the controller's rounds could not be placed within 30 ms in {tries} tries");
+        // Boundary b's round is computed a few ms after b (its reports in): the round gauge changing
+        // between two readings places b, to within their span (a slow reading is not used).
+        let first = round();
+        let mut before = std::time::Instant::now();
+        let (seen, b) = loop {
+            let t0 = std::time::Instant::now();
+            let r = round();
+            if r != first {
+                break (std::time::Instant::now(), r - 1);
+            }
+            before = t0;
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if seen - before > Duration::from_millis(30) {
+            continue;
+        }
+        let closing = (b + 2).div_ceil(5) * 5;
+        let at = seen + Duration::from_millis(100 * (closing - b)) - Duration::from_millis(30);
+        std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+        s2.signal("-STOP");
+        std::thread::sleep(Duration::from_millis(110));
+        s2.signal("-CONT");
+        aimed.push(closing);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_secs(1));
     let (st, list) = (get("/api/pshift"), get("/api/pshift/periods"));
     assert_eq!(st["refused"], 0, "{st}");
     let late = st["late_reports"].as_u64().unwrap();
@@ -155,6 +196,15 @@ fn a_stalled_servers_late_reports_count_and_the_limit_holds() {
         judged.iter().any(|p| missed.contains(&p.0)),
         "no period with a report missing inside it was judged (late reports not counted?): {b3:?}, missed {missed:?}"
     );
+    // The aimed stalls: the closing boundary's round went without s2's report, and the period it closed
+    // was judged all the same (before its record waited for late reports, it was incomplete).
+    for c in aimed {
+        let round = (st["rounds"].as_array().unwrap().iter()).find(|r| r["round"] == c).expect("the round is kept");
+        assert!(round["reports_missing"].as_u64().unwrap() > 0, "the stall missed boundary {c}'s round: {round}");
+        let period = c / 5 - 1;
+        let p = b3.iter().find(|p| p.0 == period).expect("the period is closed");
+        assert!(!p.2, "period {period}, whose closing report came late, is incomplete: {b3:?}");
+    }
     for l in &mut loads {
         let _ = l.kill();
         let _ = l.wait();

@@ -65,10 +65,10 @@
 //! round that closes a period also hands out each bucket's count in it ([`RoundSummary::closed`], one
 //! record per period, judged by [`BucketQos::judge`]): the numbers an operator watches, and a check on
 //! the controller's own bookkeeping that does not depend on when a client sees its completions. A period
-//! whose closing boundary had a report missing, or any of whose other boundaries (the one opening it
-//! included) had one missing that has not come in since, is tallied as `incomplete` and judged neither
-//! way: the missing server's dispatches are not known. The warm-up before the first period is not a
-//! period.
+//! one of whose boundaries (the ones opening and closing it included) had a report missing that has not
+//! come in by the round of the boundary after its close is tallied as `incomplete` and judged neither
+//! way: the missing server's dispatches are not known ("Late reports"). The warm-up before the first
+//! period is not a period.
 //!
 //! # Late reports (beyond the paper)
 //! A report that misses its round's timeout (a loaded machine, a slow link) still says what its server
@@ -78,8 +78,14 @@
 //! the current
 //! period's boundaries were missing (at most [`MAX_OWED`]) and counts one when it comes: its dispatches
 //! at a boundary inside the period, its IOs in flight at the boundary opening it, as the round would
-//! have. A period all of whose late reports came before it closed is complete and judged. A report of a
-//! boundary of a closed period is ignored (that period's record is out).
+//! have. A period closed with reports still missing (the closing boundary's own, or earlier ones) waits
+//! one interval for them: its record is finished when the last comes (the closing boundary's report
+//! adds its dispatches and takes off its IOs in flight, which also open the next period), or, incomplete,
+//! at the next boundary's round, whichever is first; it then goes out with the next round's summary
+//! ([`RoundSummary::closed`]; [`Controller::take_closed`] hands it out at once). So a period is judged
+//! when every report of it came within an interval of its close, and its record comes at most one
+//! interval late. A report later than that is ignored for the period (its record is out). A late
+//! report also updates its server's service-rate estimate, as one in time does.
 //!
 //! The round computed without a report must not hand out the limit its server may still use: until that
 //! round's answer (which lists nothing for it) zeroes its tokens, the silent server spends what it held
@@ -385,8 +391,10 @@ pub struct RoundSummary {
     /// Servers whose report had not arrived by the timeout (counted as idle at their last capacity
     /// estimate).
     pub reports_missing: u32,
-    /// The period this round's boundary closed, if it closed one.
-    pub closed: Option<ClosedPeriod>,
+    /// The periods whose records were finished since the last round, oldest first: the one this round's
+    /// boundary closed, when every report of its boundaries was in; one closed at the boundary before
+    /// that waited for late reports (module comment, "Late reports"); none mid-period.
+    pub closed: Vec<ClosedPeriod>,
 }
 
 /// A QoS period as a boundary closed it: what each bucket completed in it by the servers' counts (module
@@ -395,9 +403,9 @@ pub struct RoundSummary {
 pub struct ClosedPeriod {
     /// The period's number (0 = the first after `start`).
     pub period: u64,
-    /// A report was missing at one of its boundaries: `completed` is not exact either way (the missing
-    /// server's dispatches in that interval are lost, and at the period's end its IOs in flight are not
-    /// taken off), and the period is not judged.
+    /// A report of one of its boundaries was still missing an interval after its close: `completed` is
+    /// not exact either way (the missing server's dispatches in that interval are lost, and at the
+    /// period's end its IOs in flight are not taken off), and the period is not judged.
     pub incomplete: bool,
     /// Per bucket (index order), its IOs completed in the period.
     pub completed: Vec<u64>,
@@ -413,7 +421,8 @@ pub struct PeriodTally {
     pub below_reservation: u64,
     /// Complete periods in which it completed more than L_i.
     pub above_limit: u64,
-    /// Periods with a report missing at one of their boundaries: counted, not judged.
+    /// Periods with a report of one of their boundaries still missing an interval after their close:
+    /// counted, not judged.
     pub incomplete: u64,
     /// IOs completed in the last closed period (not exact if that period is incomplete: [`ClosedPeriod`]).
     pub last: Option<u64>,
@@ -485,12 +494,33 @@ pub struct Controller {
     /// `owed_overflow` keeps the period incomplete.
     owed: Vec<(u64, u32)>,
     owed_overflow: bool,
+    /// The period closed at the latest boundary with reports of its boundaries still owed: its record
+    /// waits for them until the next boundary's round (module comment, "Late reports").
+    pending: Option<PendingClose>,
+    /// Records of closed periods not handed out yet ([`RoundSummary::closed`], [`Controller::take_closed`]).
+    finished: Vec<ClosedPeriod>,
     /// Late reports counted since the start (module comment, "Late reports").
     late_counted: u64,
     /// Per server, per limited bucket (in bucket order): at most how many IOs the server can dispatch
     /// after its latest report that a round counted, on the tokens it had and those answers gave it
     /// since (module comment, "Late reports").
     exposure: Vec<Vec<(u32, u64)>>,
+}
+
+/// A period closed with reports of its boundaries missing, waiting one interval for them.
+#[derive(Debug, Clone)]
+struct PendingClose {
+    period: u64,
+    /// The boundaries opening and closing it.
+    opening: u64,
+    closing: u64,
+    /// Per bucket: done_i at the close plus the dispatches in the closing boundary's reports in so far
+    /// (and in the late reports since).
+    done: Vec<u64>,
+    /// Per bucket: IOs in flight at the closing boundary, by the reports in so far.
+    in_flight: Vec<u64>,
+    /// Its boundaries' reports still missing: (round, server).
+    owed: Vec<(u64, u32)>,
 }
 
 /// How many missing reports of one period the controller remembers, to count them when they come late
@@ -537,6 +567,8 @@ impl Controller {
             tallies,
             owed: Vec::new(),
             owed_overflow: false,
+            pending: None,
+            finished: Vec::new(),
             late_counted: 0,
             exposure: vec![Vec::new(); capacity_iops.len()],
             config,
@@ -602,15 +634,43 @@ impl Controller {
             return Err(ControllerError::UnknownBucket { server: s, bucket: b.bucket });
         }
         if report.round < self.round {
+            let mut counted = false;
             if let Some(k) = self.owed.iter().position(|&o| o == (report.round, s)) {
                 self.owed.swap_remove(k);
-                self.late_counted += 1;
+                counted = true;
                 // Invariant 2: what the boundary's round would have counted, had the report been in.
                 let opens = report.round.is_multiple_of(u64::from(self.config.intervals));
                 for b in &report.buckets {
                     let add = if opens { b.in_flight } else { b.dispatched };
                     self.done[b.bucket as usize] = self.done[b.bucket as usize].saturating_add(add);
                 }
+            }
+            // The period closed at the latest boundary, if its record waits for this report (a closing
+            // boundary's report counts for both periods: its dispatches and IOs in flight close the old
+            // one, its IOs in flight open the new one).
+            if let Some(p) = &mut self.pending {
+                if let Some(k) = p.owed.iter().position(|&o| o == (report.round, s)) {
+                    p.owed.swap_remove(k);
+                    counted = true;
+                    for b in &report.buckets {
+                        let i = b.bucket as usize;
+                        if report.round == p.closing {
+                            p.done[i] = p.done[i].saturating_add(b.dispatched);
+                            p.in_flight[i] = p.in_flight[i].saturating_add(b.in_flight);
+                        } else {
+                            let add = if report.round == p.opening { b.in_flight } else { b.dispatched };
+                            p.done[i] = p.done[i].saturating_add(add);
+                        }
+                    }
+                    if p.owed.is_empty() {
+                        let p = self.pending.take().expect("just matched");
+                        self.finish(p.period, &p.done, &p.in_flight, false);
+                    }
+                }
+            }
+            if counted {
+                self.late_counted += 1;
+                self.observe_rate(&report);
             }
             return Ok(());
         }
@@ -674,9 +734,11 @@ impl Controller {
         Ok(Some((self.round - 1, self.early_started)))
     }
 
-    /// Tallies the period that boundary `reports` close; `done` becomes each bucket's IOs completed in it,
-    /// which the returned record holds.
-    fn close_period(&mut self, done: &mut [u64], reports: &[Option<ServerReport>], missing: bool) -> ClosedPeriod {
+    /// Closes the period that boundary `round`'s `reports` end, from `done` (its done_i): its record is
+    /// finished now when every report of its boundaries is in, or waits for the missing ones until the
+    /// next boundary's round (module comment, "Late reports").
+    fn close_period(&mut self, round: u64, done: &[u64], reports: &[Option<ServerReport>]) {
+        let mut done = done.to_vec();
         let mut in_flight = vec![0u64; done.len()];
         for r in reports.iter().flatten() {
             for b in &r.buckets {
@@ -684,9 +746,22 @@ impl Controller {
                 in_flight[b.bucket as usize] = in_flight[b.bucket as usize].saturating_add(b.in_flight);
             }
         }
-        let incomplete = missing || !self.owed.is_empty() || self.owed_overflow;
+        let k = u64::from(self.config.intervals);
+        let period = round / k - 1;
+        let mut owed = std::mem::take(&mut self.owed);
+        owed.extend(reports.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(j, _)| (round, j as u32)));
+        if owed.is_empty() || self.owed_overflow {
+            self.finish(period, &done, &in_flight, self.owed_overflow);
+        } else {
+            self.pending = Some(PendingClose { period, opening: round - k, closing: round, done, in_flight, owed });
+        }
+    }
+
+    /// Tallies a closed period (each bucket completed done_i less its IOs in flight at the close) and
+    /// keeps its record for the next round's summary.
+    fn finish(&mut self, period: u64, done: &[u64], in_flight: &[u64], incomplete: bool) {
         let mut completed = Vec::with_capacity(done.len());
-        for ((t, d), (q, f)) in self.tallies.iter_mut().zip(done.iter()).zip(self.buckets.iter().zip(&in_flight)) {
+        for ((t, d), (q, f)) in self.tallies.iter_mut().zip(done).zip(self.buckets.iter().zip(in_flight)) {
             let c = d.saturating_sub(*f);
             completed.push(c);
             t.closed += 1;
@@ -701,7 +776,22 @@ impl Controller {
                 }
             }
         }
-        ClosedPeriod { period: self.round / self.config.intervals as u64 - 1, incomplete, completed }
+        self.finished.push(ClosedPeriod { period, incomplete, completed });
+    }
+
+    /// Records of closed periods finished since the last round's summary (by the late report that
+    /// completed them): a caller that wants them at once takes them here; the rest go out with the next
+    /// round's [`RoundSummary::closed`].
+    pub fn take_closed(&mut self) -> Vec<ClosedPeriod> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// A report of a busy interval updates its server's service-rate estimate (a device busy less than 1%
+    /// of the interval says little about its rate).
+    fn observe_rate(&mut self, r: &ServerReport) {
+        if r.completed > 0 && r.busy_ns.saturating_mul(100) >= r.elapsed_ns.max(1) {
+            self.rate[r.server as usize] = r.completed as f64 / (r.busy_ns as f64 / 1e9);
+        }
     }
 
     /// After an answer: each reporting server's exposure is what it held at its report plus, per limited
@@ -789,7 +879,6 @@ impl Controller {
         let interval = (round % k) as u32;
         let period = round / k;
         let starts_period = interval == 0 && early.is_none();
-        let mut closed = None;
         // Invariant 2: the interval that just ended belongs to the period before boundary `round` when that
         // boundary starts a period (and to the warm-up before the first one: nothing to count then).
         // A new period starts with what was in flight at the boundary (it completes, and counts, there).
@@ -799,15 +888,21 @@ impl Controller {
             None => std::mem::take(&mut self.done),
             Some(_) => self.done.clone(),
         };
+        if early.is_none() {
+            // A period closed at the boundary before waited an interval for its missing reports: those
+            // still missing leave it incomplete.
+            if let Some(p) = self.pending.take() {
+                self.finish(p.period, &p.done, &p.in_flight, true);
+            }
+        }
         if starts_period {
             // The boundary closes the period before it (the warm-up before round 0 is none): what each
             // bucket completed in it is done_i, plus the last interval's dispatches, less what is still in
             // flight (module comment, "Periods counted at the servers").
             if round > 0 {
-                closed = Some(self.close_period(&mut done, &reports, missing > 0));
+                self.close_period(round, &done, &reports);
             }
             done.fill(0);
-            // The old period's late reports can no longer change its record.
             self.owed.clear();
             self.owed_overflow = false;
         }
@@ -834,14 +929,11 @@ impl Controller {
         };
         let left_s = left_ns as f64 / 1e9;
         let mut caps = Vec::with_capacity(self.rate.len());
-        for (j, r) in reports.iter().enumerate() {
-            if let Some(r) = r {
-                // A device busy less than 1% of the interval says little about its rate.
-                if r.completed > 0 && r.busy_ns.saturating_mul(100) >= r.elapsed_ns.max(1) {
-                    self.rate[j] = r.completed as f64 / (r.busy_ns as f64 / 1e9);
-                }
-            }
-            caps.push(((self.rate[j] * left_s).floor() as u64).min(MAX_TOKENS));
+        for r in reports.iter().flatten() {
+            self.observe_rate(r);
+        }
+        for rate in &self.rate {
+            caps.push(((rate * left_s).floor() as u64).min(MAX_TOKENS));
         }
         // Per bucket, its demand per server (bucket-major for the builder), with the tokens a limited bucket
         // held there that the server can spend before the answer arrives; `held` sums them per bucket,
@@ -947,7 +1039,7 @@ impl Controller {
                 r_stats: sol.r_stats,
                 l_stats: sol.l_stats,
                 reports_missing: missing,
-                closed,
+                closed: std::mem::take(&mut self.finished),
             },
         )
     }
@@ -1071,16 +1163,16 @@ mod tests {
         c.handle_report(rep(0, 400, 3)).unwrap();
         let (_, s) = c.poll(Nanos::from_millis(200)).unwrap();
         assert_eq!(c.periods()[0], PeriodTally::default(), "the warm-up is not a period");
-        assert_eq!(s.closed, None);
+        assert_eq!(s.closed, vec![]);
         c.handle_report(rep(1, 450, 5)).unwrap();
         let (_, s) = c.poll(Nanos::from_millis(700)).unwrap();
         assert_eq!(c.periods()[0].closed, 0, "mid-period");
-        assert_eq!(s.closed, None);
+        assert_eq!(s.closed, vec![]);
         c.handle_report(rep(2, 240, 4)).unwrap();
         let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
         let want = PeriodTally { closed: 1, last: Some(3 + 450 + 240 - 4), ..Default::default() };
         assert_eq!(c.periods()[0], want, "689: within R 500 and L 700");
-        assert_eq!(s.closed, Some(ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }));
+        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }]);
         // The next: 4 + 100 + 300 - 0 = 404, below R; then 0 + 500 + 300 - 2 = 798, above L.
         let mut records = Vec::new();
         for (round, dispatched, in_flight) in [(3, 100, 1), (4, 300, 0), (5, 500, 9), (6, 300, 2)] {
@@ -1138,7 +1230,8 @@ mod tests {
         assert_eq!(c.periods()[0].closed, 2);
     }
 
-    /// A period whose reports were not all in (here its middle boundary's) is counted, not judged.
+    /// A period whose reports were not all in (here its middle boundary's, never) is counted, not judged:
+    /// its record waits an interval for the report, then goes out incomplete.
     #[test]
     fn a_period_with_a_report_missing_is_incomplete() {
         let (mut c, rep) = one_bucket();
@@ -1149,14 +1242,16 @@ mod tests {
         let (_, s) = c.poll(Nanos::from_millis(800)).unwrap();
         assert_eq!(s.reports_missing, 1);
         c.handle_report(rep(2, 100, 0)).unwrap();
-        c.poll(Nanos::from_millis(1200)).unwrap();
+        let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
+        assert_eq!((s.closed.len(), c.periods()[0].closed), (0, 0), "period 0 waits for boundary 1's report");
+        c.handle_report(rep(3, 600, 0)).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: true, completed: vec![100] }]);
         let t = c.periods()[0];
         assert_eq!((t.closed, t.incomplete, t.below_reservation, t.last), (1, 1, 0, Some(100)));
         // The next period is complete again: 0 + 600 + 50 = 650.
-        for (round, dispatched) in [(3, 600), (4, 50)] {
-            c.handle_report(rep(round, dispatched, 0)).unwrap();
-            c.poll(c.boundary()).unwrap();
-        }
+        c.handle_report(rep(4, 50, 0)).unwrap();
+        c.poll(c.boundary()).unwrap();
         let t = c.periods()[0];
         assert_eq!((t.closed, t.incomplete, t.below_reservation, t.above_limit, t.last), (2, 1, 0, 0, Some(650)));
     }
@@ -1180,36 +1275,91 @@ mod tests {
         assert_eq!((c.done(), c.late_reports_counted()), (&[453][..], 1), "once");
         c.handle_report(rep(2, 240, 4)).unwrap();
         let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
-        assert_eq!(s.closed, Some(ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }));
+        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }]);
         assert_eq!(c.periods()[0], PeriodTally { closed: 1, last: Some(689), ..Default::default() });
-        // Boundary 4 (closing period 1, opening period 2) is missing: period 1 is incomplete, and the
-        // report's 2 IOs in flight, when it comes, start period 2.
+        // Boundary 4 (closing period 1, opening period 2) is missing: period 1's record waits for it.
         c.handle_report(rep(3, 100, 0)).unwrap();
         c.poll(c.boundary()).unwrap();
         let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
-        assert_eq!(s.reports_missing, 1);
-        let closed = s.closed.unwrap();
-        assert!(closed.incomplete, "the closing report is missing: {closed:?}");
+        assert_eq!((s.reports_missing, s.closed.len(), c.periods()[0].closed), (1, 0, 1), "period 1 waits");
         assert_eq!(c.done(), &[0]);
+        // It comes within the interval: period 1 is 4 in flight at boundary 2 + 100 + 300 dispatched - 2
+        // in flight at boundary 4 = 402 (below R 500), judged; its 2 in flight start period 2.
         c.handle_report(rep(4, 300, 2)).unwrap();
         assert_eq!(c.done(), &[2], "the opening boundary's late report: its IOs in flight");
+        let t = c.periods()[0];
+        assert_eq!((t.closed, t.incomplete, t.below_reservation, t.last), (2, 0, 1, Some(402)), "judged at once");
+        assert_eq!(c.late_reports_counted(), 2, "one report, counted once for both periods");
+        assert_eq!(c.take_closed(), vec![ClosedPeriod { period: 1, incomplete: false, completed: vec![402] }]);
+        assert_eq!(c.take_closed(), vec![], "handed out once");
         for (round, dispatched, in_flight) in [(5, 500, 0), (6, 100, 1)] {
             c.handle_report(rep(round, dispatched, in_flight)).unwrap();
-            c.poll(c.boundary()).unwrap();
+            let (_, s) = c.poll(c.boundary()).unwrap();
+            assert_eq!(s.closed.len(), usize::from(round == 6), "round {round}");
         }
         let t = c.periods()[0];
-        assert_eq!((t.closed, t.incomplete, t.last), (3, 1, Some(2 + 500 + 100 - 1)), "period 2 is judged");
-        // A late report of a period already closed changes nothing: boundary 7 (inside period 3) is
-        // missing, boundary 8 closes period 3 (incomplete), then boundary 7's report comes.
-        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
-        assert_eq!(s.reports_missing, 1);
-        c.handle_report(rep(8, 200, 0)).unwrap();
-        let (_, s) = c.poll(c.boundary()).unwrap();
-        assert!(s.closed.is_some_and(|p| p.period == 3 && p.incomplete));
-        let done = c.done().to_vec();
+        assert_eq!((t.closed, t.incomplete, t.last), (3, 0, Some(2 + 500 + 100 - 1)), "period 2 is judged");
+        // Boundary 8 (closing period 3) is missing and its report comes only after boundary 9's round:
+        // period 3 goes out incomplete with that round, and the report then counts for period 4 alone.
         c.handle_report(rep(7, 50, 0)).unwrap();
-        assert_eq!((c.done(), c.late_reports_counted()), (&done[..], 2), "period 3 is closed");
+        c.poll(c.boundary()).unwrap();
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!((s.reports_missing, s.closed.len()), (1, 0));
+        c.handle_report(rep(9, 200, 0)).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert_eq!(s.closed, vec![ClosedPeriod { period: 3, incomplete: true, completed: vec![1 + 50] }]);
+        c.handle_report(rep(8, 60, 7)).unwrap();
+        assert_eq!((c.done(), c.late_reports_counted()), (&[7 + 200][..], 3), "period 4 counts its 7 in flight");
+        assert_eq!((c.periods()[0].closed, c.periods()[0].incomplete), (4, 1), "period 3's record is out");
+        // A report of a boundary inside a period already closed changes nothing: boundary 11 (inside
+        // period 5) is missing, boundary 12 closes period 5 and waits for it, boundary 13 ends the wait,
+        // then boundary 11's report comes.
+        for round in [10, 11, 12, 13] {
+            if round != 11 {
+                c.handle_report(rep(round, 100, 0)).unwrap();
+            }
+            c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        }
+        let done = c.done().to_vec();
+        c.handle_report(rep(11, 50, 0)).unwrap();
+        assert_eq!((c.done(), c.late_reports_counted()), (&done[..], 3), "period 5 is closed");
         assert_eq!(c.periods()[0].incomplete, 2);
+    }
+
+    /// With k = 1 interval per period every boundary closes one period and opens the next: a period whose
+    /// closing report is still missing at the next boundary goes out incomplete in that round's summary,
+    /// before the period that boundary closes (which waited for the same report, as its opening one).
+    #[test]
+    fn with_one_interval_a_round_can_hand_out_two_periods() {
+        let mut c = Controller::new(
+            config(1, DemandEstimator::Arrivals),
+            &[1000.0],
+            vec![BucketQos { reservation: 500, limit: Some(700) }],
+        )
+        .unwrap();
+        let rep = |round, dispatched| ServerReport {
+            server: 0,
+            round,
+            early: 0,
+            elapsed_ns: 500_000_000,
+            completed: 500,
+            busy_ns: 500_000_000,
+            buckets: vec![line(0, 400, dispatched, 0, 0)],
+        };
+        c.handle_report(rep(0, 400)).unwrap();
+        c.poll(c.boundary()).unwrap();
+        c.handle_report(rep(1, 600)).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: false, completed: vec![600] }]);
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!((s.reports_missing, s.closed.len()), (1, 0), "period 1 waits for boundary 2's report");
+        c.handle_report(rep(3, 550)).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert_eq!(s.closed, vec![ClosedPeriod { period: 1, incomplete: true, completed: vec![0] }]);
+        c.handle_report(rep(4, 650)).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        let periods: Vec<_> = s.closed.iter().map(|p| (p.period, p.incomplete, p.completed[0])).collect();
+        assert_eq!(periods, [(2, true, 550), (3, false, 650)], "oldest first");
     }
 
     /// What a late report changes for a limit: the next round's L-tokens are what the limit leaves after
@@ -1315,6 +1465,77 @@ mod tests {
                     proptest::prop_assert_eq!((t.closed, t.below_reservation, t.above_limit, t.incomplete), (round / 2, below, above, 0));
                 }
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// The same oracle with server 1's reports late: in time (0), after their round but before the
+        /// next (1), or never (2). Every period whose reports all came within an interval of its close
+        /// is judged on the exact count; a period one of whose boundaries' reports never came (the ones
+        /// opening and closing it included) is incomplete; records come out oldest first, once each.
+        #[test]
+        fn late_reports_within_an_interval_leave_every_period_exact(
+            steps in proptest::collection::vec((0u64..400, 0u64..400, 0u64..400, 0u64..400, 0u8..3), 1..20),
+        ) {
+            let q = BucketQos { reservation: 500, limit: Some(700) };
+            let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], vec![q]).unwrap();
+            let mut in_flight = [0u64; 2];
+            let mut completions = Vec::new(); // per interval, both servers
+            let mut records = Vec::new();
+            for (round, &(d0, c0, d1, c1, late)) in steps.iter().enumerate() {
+                let round = round as u64;
+                let mut completed = 0;
+                let mut reports = Vec::new();
+                for (j, (d, want)) in [(d0, c0), (d1, c1)].into_iter().enumerate() {
+                    let done = want.min(in_flight[j] + d);
+                    in_flight[j] = in_flight[j] + d - done;
+                    completed += done;
+                    let line = BucketReport { bucket: 0, arrivals: d, dispatched: d, queued: 0, idle_ns: 0, in_flight: in_flight[j], held: 0 };
+                    reports.push(ServerReport { server: j as u32, round, early: 0, elapsed_ns: 500_000_000, completed: done, busy_ns: 500_000_000, buckets: vec![line] });
+                }
+                completions.push(completed);
+                let r1 = reports.pop().unwrap();
+                c.handle_report(reports.pop().unwrap()).unwrap();
+                if late == 0 {
+                    c.handle_report(r1.clone()).unwrap();
+                }
+                let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+                proptest::prop_assert_eq!(s.reports_missing, u32::from(late > 0));
+                records.extend(s.closed);
+                if late == 1 {
+                    c.handle_report(r1).unwrap();
+                    records.extend(c.take_closed());
+                }
+            }
+            // Boundary 2p + 2 closes period p (intervals 2p + 1 and 2p + 2); its record waits for reports
+            // of boundaries 2p..=2p + 2 until boundary 2p + 3's round.
+            let never = |b: usize| steps.get(b).is_some_and(|s| s.4 == 2);
+            let n = steps.len();
+            let mut want = Vec::new();
+            for p in 0.. {
+                let closing = 2 * p + 2;
+                if closing >= n {
+                    break;
+                }
+                let incomplete = (2 * p..=closing).any(never);
+                if closing + 1 >= n && incomplete {
+                    break; // still waiting at the end of the run
+                }
+                want.push((p as u64, incomplete, completions[closing - 1] + completions[closing]));
+            }
+            proptest::prop_assert_eq!(records.len(), want.len(), "{:?}", records);
+            for (r, &(p, incomplete, count)) in records.iter().zip(&want) {
+                proptest::prop_assert_eq!((r.period, r.incomplete), (p, incomplete));
+                if !incomplete {
+                    proptest::prop_assert_eq!(r.completed[0], count, "period {}", p);
+                }
+            }
+            let t = c.periods()[0];
+            let judged: Vec<u64> = want.iter().filter(|w| !w.1).map(|w| w.2).collect();
+            proptest::prop_assert_eq!(t.closed, want.len() as u64);
+            proptest::prop_assert_eq!(t.incomplete, want.iter().filter(|w| w.1).count() as u64);
+            proptest::prop_assert_eq!(t.below_reservation, judged.iter().filter(|&&x| x < 500).count() as u64);
+            proptest::prop_assert_eq!(t.above_limit, judged.iter().filter(|&&x| x > 700).count() as u64);
         }
     }
 

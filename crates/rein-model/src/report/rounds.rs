@@ -88,19 +88,21 @@ impl From<PeriodTally> for PeriodCounts {
 /// One closed QoS period: each bucket's IOs completed in it, by the servers' counts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PeriodRecord {
-    /// When the round that closed it was answered (s from the schedule's origin).
+    /// When its record was finished (s from the schedule's origin): the round that closed it was
+    /// answered, or, for a period that waited for a late report (rein-core's controller, "Late
+    /// reports"), that report came or the next round was answered.
     pub at_s: f64,
     /// The period's number (0 = the first after the controller's `start`).
     pub period: u64,
-    /// A server's report was missing at one of its boundaries: the counts are not exact (rein-core's
-    /// `ClosedPeriod`), and not judged.
+    /// A server's report of one of its boundaries was still missing an interval after its close: the
+    /// counts are not exact (rein-core's `ClosedPeriod`), and not judged.
     pub incomplete: bool,
     /// Per bucket (index order), its IOs completed in the period.
     pub completed: Vec<u64>,
 }
 
 impl PeriodRecord {
-    /// The record of `c`, closed by a round answered at `at` (from the schedule's origin).
+    /// The record of `c`, finished at `at` (from the schedule's origin).
     pub fn new(at: Nanos, c: &ClosedPeriod) -> PeriodRecord {
         PeriodRecord {
             at_s: at.as_secs_f64(),

@@ -418,7 +418,7 @@ impl<'a> Sim<'a> {
                 let _ = ctl.handle_report(r);
             }
             while let Some((_, round)) = ctl.poll(end) {
-                c.closed.extend(round.closed.as_ref().map(|p| PeriodRecord::new(end, p)));
+                c.closed.extend(round.closed.iter().map(|p| PeriodRecord::new(end, p)));
             }
         }
     }
@@ -484,7 +484,7 @@ impl<'a> Sim<'a> {
             return;
         };
         c.rounds.push(ControllerRound::new(now, &round));
-        c.closed.extend(round.closed.as_ref().map(|p| PeriodRecord::new(now, p)));
+        c.closed.extend(round.closed.iter().map(|p| PeriodRecord::new(now, p)));
         c.pending_tokens.push_back(msgs);
         self.message(Message::Tokens);
     }
