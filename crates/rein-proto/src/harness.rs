@@ -611,7 +611,9 @@ impl crate::parda::RecordAuth for HarnessAuth {
 }
 
 /// Decodes `data` as a stream of pShift frames (and each frame's header announces no more than
-/// [`crate::pshift::MAX_BODY`]); whatever decodes must re-encode to the bytes it came from.
+/// [`crate::pshift::MAX_BODY`]); whatever decodes must re-encode to the bytes it came from. The reports
+/// and notes reach a controller, whose answers stay within the token bound and whose closed periods come
+/// out once each, in order, however late reports finish them, as its tallies count them.
 pub fn pshift(data: &[u8]) {
     use crate::pshift as wire;
     use rein_core::pshift::{
@@ -639,6 +641,16 @@ pub fn pshift(data: &[u8]) {
     let mut ctl = Controller::new(config, &[1000.0, 2000.0, 500.0], buckets).expect("a valid controller");
     let mut now = Nanos::ZERO;
     let mut at = 0;
+    // Closed periods' records, however late reports finish them: each period once, in order, as tallied.
+    let mut next_period = 0;
+    let mut take = |records: Vec<rein_core::pshift::ClosedPeriod>, ctl: &Controller| {
+        for r in records {
+            assert_eq!(r.period, next_period, "closed periods come out once each, in order");
+            assert_eq!(r.completed.len(), 4, "a count per bucket");
+            next_period += 1;
+        }
+        assert!(ctl.periods().iter().all(|t| t.closed == next_period), "the tallies count the records handed out");
+    };
     while at < data.len() {
         let rest = &data[at..];
         match wire::decode(rest) {
@@ -654,13 +666,15 @@ pub fn pshift(data: &[u8]) {
                 match m {
                     wire::Message::Report(r) => {
                         let _ = ctl.handle_report(r);
+                        take(ctl.take_closed(), &ctl);
                     }
                     wire::Message::Stray(s) => {
                         let _ = ctl.handle_stray(now, s);
                     }
                     _ => {}
                 }
-                while let Some((msgs, _)) = ctl.poll(now) {
+                while let Some((msgs, summary)) = ctl.poll(now) {
+                    take(summary.closed, &ctl);
                     for (_, r, l) in msgs.iter().flat_map(|m| &m.tokens) {
                         assert!(*r <= MAX_TOKENS, "R-tokens within the bound");
                         assert!(
