@@ -369,6 +369,7 @@ enum Cmd {
     Io(IoRequest, Reply),
     AddTenant(QosSpec, oneshot::Sender<Result<TenantId, SchedError>>),
     SetSpec(TenantId, QosSpec, oneshot::Sender<Result<(), SchedError>>),
+    SetConfig(SchedConfig, oneshot::Sender<()>),
     RemoveTenant(TenantId, oneshot::Sender<Result<(), SchedError>>),
     Snapshot(oneshot::Sender<Snapshot>),
     SetCapacity(f64, oneshot::Sender<Result<(), CapacityError>>),
@@ -684,6 +685,15 @@ impl Dispatcher {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::SetSpec(id, spec, tx)).await.map_err(|_| IoError::Shutdown)?;
         Ok(rx.await.map_err(|_| IoError::Shutdown)??)
+    }
+
+    /// Replaces the scheduler's settings at run time (a reload of `[mclock]`): queued requests stay, and the
+    /// new rules apply from the next tags computed (rein-core's `Scheduler::set_config`). Fails only with
+    /// [`IoError::Shutdown`].
+    pub async fn set_sched_config(&self, config: SchedConfig) -> Result<(), IoError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Cmd::SetConfig(config, tx)).await.map_err(|_| IoError::Shutdown)?;
+        rx.await.map_err(|_| IoError::Shutdown)
     }
 
     /// Removes tenant `id`: its queued requests are answered with [`IoError::Refused`] (unknown tenant), and
@@ -1024,6 +1034,10 @@ impl Task {
             }
             Cmd::SetSpec(id, spec, reply) => {
                 let _ = reply.send(self.sched.set_spec(id, spec));
+            }
+            Cmd::SetConfig(config, reply) => {
+                self.sched.set_config(config);
+                let _ = reply.send(());
             }
             Cmd::RemoveTenant(id, reply) => {
                 // Its IOs at the device complete after it is gone, and its slot may be reused.

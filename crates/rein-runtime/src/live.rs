@@ -27,7 +27,7 @@ use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig, MAX_EXP
 use crate::dispatch::{CapacityError, Dispatcher};
 use crate::nbd::{Export, ExportTable};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, SpecJson};
-use rein_core::{QosSpec, TenantId};
+use rein_core::{QosSpec, SchedConfig, TenantId};
 use rein_proto::nbd::ExportInfo;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock, Weak};
@@ -590,6 +590,12 @@ impl Registry {
                 }
             )*};
         }
+        // `[mclock]` changes live, but for the cost model: it gives every reservation and limit its unit
+        // and the admission its count.
+        if base.sched.cost_model != old.sched.cost_model {
+            report.needs_restart.push("cost_model (needs a restart)".into());
+            base.sched.cost_model = old.sched.cost_model;
+        }
         restart_only!(
             listen,
             listen_unix,
@@ -597,7 +603,6 @@ impl Registry {
             data_dir,
             scheduler,
             queue_depth,
-            sched,
             max_request,
             io_engine,
             device,
@@ -742,11 +747,58 @@ impl Registry {
             report.applied.push(format!("admission {:?}", new.admission));
             write(&self.admission, new.admission);
         }
+        let changed = sched_changes(&cur.sched, &new.sched);
+        if !changed.is_empty() {
+            let _ = self.dispatcher.set_sched_config(new.sched).await;
+            report.applied.push(format!("[mclock] {}", changed.join(", ")));
+        }
         inner.capacity = capacity_entry;
         inner.effective = new;
         inner.base = base;
         Ok(report)
     }
+}
+
+/// The scheduler settings that differ between `old` and `new`, each as `name old -> new` (for the log).
+fn sched_changes(old: &SchedConfig, new: &SchedConfig) -> Vec<String> {
+    // Destructured, so that a setting added to SchedConfig cannot be left out here.
+    let SchedConfig {
+        cost_model,
+        limit_mode,
+        batch,
+        batch_distance,
+        idle_age,
+        weight_lead_ios,
+        limit_burst_ios,
+        reservation_lag,
+        limited_reenter_at_vnow,
+        erase_age,
+        pool_return,
+        limits,
+    } = new;
+    let mut out = Vec::new();
+    macro_rules! diff {
+        ($($field:ident),*) => {$(
+            if old.$field != *$field {
+                out.push(format!("{} {:?} -> {:?}", stringify!($field), old.$field, $field));
+            }
+        )*};
+    }
+    diff!(
+        cost_model,
+        limit_mode,
+        batch,
+        batch_distance,
+        idle_age,
+        weight_lead_ios,
+        limit_burst_ios,
+        reservation_lag,
+        limited_reenter_at_vnow,
+        erase_age,
+        pool_return,
+        limits
+    );
+    out
 }
 
 /// A spec's JSON form (for answers).

@@ -134,6 +134,50 @@ fn sighup_reloads_the_config_file() {
     assert_eq!(n, 1, "the bad file is logged once");
 }
 
+/// `[mclock]` changes on a reload (it needed a restart before): here `limit_mode` from strict (Algorithm
+/// 1: a tenant waits for its limit tag even on an idle device) to `break_when_idle`. Tenant "slow" is
+/// limited to 2 IOPS with no burst: three READs sent at once take a second while strict (answered at
+/// about 0, 0.5 and 1 s) and come back at once after the reload, the device being idle. A change of the
+/// cost model (the unit of every reservation) still needs a restart, and is named.
+#[test]
+fn sighup_changes_the_scheduler_settings_live() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = |mclock: &str| {
+        format!(
+            "[mclock]\nlimit_burst_ios = 0\n{mclock}[[exports]]\nname = \"slow\"\nbackend = \"memory\"\nsize_mb = 1\n\
+             [[tenants]]\nname = \"slow\"\nlimit = 2\n"
+        )
+    };
+    let path = config_file(tmp.path(), 36, &text(""));
+    let s = start(&path).unwrap();
+    // Three READs in one write; returns how long the last answer took.
+    let three = || {
+        let mut c = common::Raw::connect(s.nbd, "slow");
+        let t0 = std::time::Instant::now();
+        let reads: Vec<u8> =
+            (0..3u64).flat_map(|h| common::Raw::header(rein_proto::nbd::Command::Read, h, 0, 4096)).collect();
+        std::io::Write::write_all(&mut c.s, &reads).unwrap();
+        for _ in 0..3 {
+            assert_eq!(c.reply(4096).1, 0, "a READ fails");
+        }
+        t0.elapsed()
+    };
+    let strict = three();
+    assert!(strict >= Duration::from_millis(800), "strict: 3 READs at 2 IOPS took {strict:?}");
+    std::fs::write(
+        &path,
+        config_text(tmp.path(), &local(36), &text("limit_mode = \"break_when_idle\"\ncost_model = \"bytes\"\n")),
+    )
+    .unwrap();
+    s.signal("-HUP");
+    s.wait_line("configuration reloaded");
+    let line = s.wait_line("reload: [mclock]");
+    assert!(line.contains("limit_mode Strict -> BreakWhenIdle") && !line.contains("cost_model"), "{line}");
+    s.wait_line("cost_model (needs a restart)");
+    let idle = three();
+    assert!(idle < Duration::from_millis(400), "break_when_idle: 3 READs on an idle device took {idle:?}");
+}
+
 /// Before: two servers on one data directory both started. Now the second fails naming the directory and
 /// the first one's pid.
 #[test]

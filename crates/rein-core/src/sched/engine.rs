@@ -385,6 +385,14 @@ struct Rules {
     limit_burst: Option<u32>,
 }
 
+/// [`ReservationLag::Bounded`]'s bound in tag units; `u128::MAX` (never slips) for the other rules.
+fn lag_bound(lag: ReservationLag) -> u128 {
+    match lag {
+        ReservationLag::Bounded(b) => Tag::from_nanos(b).0,
+        ReservationLag::Arrival | ReservationLag::Unbounded => u128::MAX,
+    }
+}
+
 /// The engine. See the module comment.
 #[derive(Debug, Clone)]
 pub(crate) struct Engine {
@@ -427,13 +435,24 @@ impl Engine {
                 r_at_arrival: config.reservation_lag == ReservationLag::Arrival,
                 limit_burst: config.limit_burst_ios,
             },
-            lag_bound: match config.reservation_lag {
-                ReservationLag::Bounded(b) => Tag::from_nanos(b).0,
-                ReservationLag::Arrival | ReservationLag::Unbounded => u128::MAX,
-            },
+            lag_bound: lag_bound(config.reservation_lag),
             queued: 0,
             batch: None,
         }
+    }
+
+    /// [`super::Scheduler::set_config`]: the clamps and the lag bound follow the new settings at once;
+    /// the reservation clock's slip so far stays (every R tag is on it); a tenant that stops being
+    /// "away" (pool return turned off) is re-based as the paper says when it returns.
+    pub(crate) fn set_config(&mut self, config: SchedConfig) {
+        self.rules.r_at_arrival = config.reservation_lag == ReservationLag::Arrival;
+        self.rules.limit_burst = config.limit_burst_ios;
+        self.lag_bound = lag_bound(config.reservation_lag);
+        if config.pool_return.is_none() {
+            while self.away.pop().is_some() {}
+        }
+        self.batch = None;
+        self.config = config;
     }
 
     pub(crate) fn kind(&self) -> SchedulerKind {
@@ -834,6 +853,9 @@ macro_rules! delegate_scheduler {
                 spec: $crate::QosSpec,
             ) -> Result<(), $crate::sched::SchedError> {
                 self.0.set_spec(id, spec)
+            }
+            fn set_config(&mut self, config: $crate::sched::SchedConfig) {
+                self.0.set_config(config)
             }
             fn remove_tenant(&mut self, id: $crate::sched::TenantId) -> Result<Vec<u64>, $crate::sched::SchedError> {
                 self.0.remove_tenant(id)

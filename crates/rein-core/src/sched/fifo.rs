@@ -44,6 +44,9 @@ impl Scheduler for Fifo {
         self.tenants.get_mut(id)?.spec = spec;
         Ok(())
     }
+    fn set_config(&mut self, config: SchedConfig) {
+        self.config = config;
+    }
     fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError> {
         self.tenants.remove(id)?;
         let mut out = Vec::new();

@@ -132,6 +132,7 @@ mod tests {
         SetSpec(usize, f64, Option<f64>, f64),
         Remove(usize),
         Maintain(u64),
+        SetConfig(usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -144,6 +145,7 @@ mod tests {
                 .prop_map(|(t, r, l, w)| Op::SetSpec(t, r, l, w)),
             (0usize..12).prop_map(Op::Remove),
             (0u64..2_000_000_000).prop_map(Op::Maintain),
+            (0usize..3).prop_map(Op::SetConfig),
         ]
     }
 
@@ -159,14 +161,16 @@ mod tests {
                 cost_model: crate::CostModel::paper_disk(),
                 ..Default::default()
             },
+            SchedConfig { batch: 2, ..SchedConfig::paper() },
         ]
     }
 
     proptest! {
         /// Random operation sequences keep the engine's invariants (module comment of `engine`), never panic,
-        /// and never lose or duplicate a request: every handle enqueued is dispatched or returned once.
+        /// and never lose or duplicate a request: every handle enqueued is dispatched or returned once; also
+        /// when the settings change under queued requests (`set_config` among the three of `configs`).
         #[test]
-        fn invariants_hold_under_random_operations(ops in proptest::collection::vec(op(), 1..300), rbfq in any::<bool>(), cfg in 0usize..2) {
+        fn invariants_hold_under_random_operations(ops in proptest::collection::vec(op(), 1..300), rbfq in any::<bool>(), cfg in 0usize..3) {
             let config = configs()[cfg];
             let mut m = Mclock::new(config);
             let mut r = crate::Rbfq::with_byte_limit(config);
@@ -207,6 +211,7 @@ mod tests {
                         }
                     }
                     Op::Maintain(dt) => { now += dt; s.maintain(Nanos(now)); }
+                    Op::SetConfig(c) => s.set_config(configs()[c]),
                 }
                 if rbfq { r.check() } else { m.check() }
                 let s: &mut dyn Scheduler = if rbfq { &mut r } else { &mut m };
@@ -226,6 +231,29 @@ mod tests {
             }
             prop_assert!(outstanding.is_empty());
         }
+    }
+
+    /// `set_config` applies from the next poll, under queued requests: a limited tenant alone on an idle
+    /// device waits for its limit tag under the strict limit mode (Algorithm 1), and is served over its
+    /// limit once the settings say `BreakWhenIdle`; back to strict, it waits again.
+    #[test]
+    fn set_config_changes_the_limit_mode_under_queued_requests() {
+        let strict = SchedConfig { limit_burst_ios: Some(0), ..Default::default() };
+        let mut s = Mclock::new(strict);
+        let a = s.add_tenant(QosSpec::new(0.0, Some(10.0), 1.0, 0).unwrap()).unwrap();
+        for h in 0..4 {
+            s.enqueue(Nanos(0), Request::new(a, h)).unwrap();
+        }
+        assert!(matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.handle == 0));
+        assert_eq!(s.poll(Nanos(0), true), Poll::Wait(Nanos::from_millis(100)), "strict: 10 IOPS");
+        s.set_config(SchedConfig { limit_mode: LimitMode::BreakWhenIdle, ..strict });
+        assert!(
+            matches!(s.poll(Nanos(0), true), Poll::Dispatch(d) if d.handle == 1 && d.phase == crate::Phase::OverLimit)
+        );
+        s.set_config(strict);
+        assert!(matches!(s.poll(Nanos(0), true), Poll::Wait(_)), "strict again");
+        assert_eq!(s.queued(), 2);
+        s.0.check();
     }
 
     /// mClock §3's precision claim made concrete: a tenant at r = l = 1,000,000 IOPS for one simulated hour

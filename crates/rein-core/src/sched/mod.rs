@@ -477,6 +477,11 @@ pub trait Scheduler: Send {
     fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError>;
     /// Changes a tenant's spec; takes effect from its next request's tags.
     fn set_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), SchedError>;
+    /// Replaces the settings (an operator's reload). What is queued stays queued, and tags already
+    /// computed are kept: the new rules apply from the next tags computed, a request's cost is priced
+    /// when it is queued, and lower bounds refuse only new tenants and requests. A locality batch in
+    /// progress ends; under mClock a reservation lag kept so far stays.
+    fn set_config(&mut self, config: SchedConfig);
     /// Removes a tenant and returns the handles it still had queued (in order) so the caller can fail them.
     fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError>;
     /// Queues a request.

@@ -93,6 +93,10 @@ impl Scheduler for Sfq {
         t.step = step_for_rate(spec.weight());
         Ok(())
     }
+    fn set_config(&mut self, config: SchedConfig) {
+        self.batch = None;
+        self.config = config;
+    }
     fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError> {
         let t = self.tenants.remove(id)?;
         self.heap.remove(id.slot);

@@ -579,6 +579,9 @@ impl Scheduler for TokenScheduler {
         b.quantum = q;
         Ok(())
     }
+    fn set_config(&mut self, config: SchedConfig) {
+        self.config = config;
+    }
 
     fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError> {
         let b = self.buckets.remove(id)?;
