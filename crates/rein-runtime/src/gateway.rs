@@ -67,6 +67,8 @@
 //! - a volume removed: gone from the list for new connections; connections that opened it keep it until
 //!   they close;
 //! - a volume's access lists changed: new connections see the new lists;
+//! - a PARDA host's `[mclock]` changed: its local scheduler takes the new settings at once (queued
+//!   requests stay; `[parda]` and `[parda_host]` need a restart);
 //! - what needs a restart is named and left as it runs: the nodes, the front's settings (listen, admin,
 //!   TLS, caps, budgets, timeouts, request size, default export), the links' timeouts and pool size,
 //!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
@@ -901,7 +903,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
         ("[[nodes]] or [node_tls]", dbg(&base.nodes) == dbg(&new.nodes)),
-        ("[parda], [parda_host] or [mclock]", dbg(&base.parda) == dbg(&new.parda)),
+        ("[parda] or [parda_host]", parda_but_sched(&base.parda) == parda_but_sched(&new.parda)),
         (
             "default_export",
             base.default_export.map(|i| &base.exports[i].name) == new.default_export.map(|i| &new.exports[i].name),
@@ -1010,7 +1012,21 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
     }
     live.tenants = tenants;
     live.volumes = volumes;
+    // The gateway's `[mclock]`: the PARDA host's local scheduler takes it at once (queued requests stay).
+    if let (Some((gate, _)), Some(now), Some(next)) = (&live.host, &mut live.base.parda, &new.parda) {
+        let changed = crate::live::sched_changes(&now.sched, &next.sched);
+        if !changed.is_empty() {
+            now.sched = next.sched;
+            gate.set_sched(now);
+            r.applied.push(format!("[mclock] of the PARDA host's local scheduler: {}", changed.join(", ")));
+        }
+    }
     Ok(r)
+}
+
+/// A PARDA host's settings less its local scheduler's (which a reload changes live), for comparison.
+fn parda_but_sched(p: &Option<crate::parda_host::HostSettings>) -> Option<String> {
+    p.as_ref().map(|h| format!("{:?}", crate::parda_host::HostSettings { sched: Default::default(), ..h.clone() }))
 }
 
 /// [`run`], reloading the volumes and tenants when `reload` asks (module comment, "Reload").

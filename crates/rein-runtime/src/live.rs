@@ -760,31 +760,21 @@ impl Registry {
 }
 
 /// The scheduler settings that differ between `old` and `new`, each as `name old -> new` (for the log).
-fn sched_changes(old: &SchedConfig, new: &SchedConfig) -> Vec<String> {
-    // Destructured, so that a setting added to SchedConfig cannot be left out here.
-    let SchedConfig {
-        cost_model,
-        limit_mode,
-        batch,
-        batch_distance,
-        idle_age,
-        weight_lead_ios,
-        limit_burst_ios,
-        reservation_lag,
-        limited_reenter_at_vnow,
-        erase_age,
-        pool_return,
-        limits,
-    } = new;
-    let mut out = Vec::new();
-    macro_rules! diff {
-        ($($field:ident),*) => {$(
-            if old.$field != *$field {
-                out.push(format!("{} {:?} -> {:?}", stringify!($field), old.$field, $field));
-            }
-        )*};
+pub(crate) fn sched_changes(old: &SchedConfig, new: &SchedConfig) -> Vec<String> {
+    // `new` is destructured by the same list, so a setting added to SchedConfig cannot be left out.
+    macro_rules! changes {
+        ($($field:ident),*) => {{
+            let SchedConfig { $($field),* } = new;
+            let mut out = Vec::new();
+            $(
+                if old.$field != *$field {
+                    out.push(format!("{} {:?} -> {:?}", stringify!($field), old.$field, $field));
+                }
+            )*
+            out
+        }};
     }
-    diff!(
+    changes!(
         cost_model,
         limit_mode,
         batch,
@@ -797,8 +787,7 @@ fn sched_changes(old: &SchedConfig, new: &SchedConfig) -> Vec<String> {
         erase_age,
         pool_return,
         limits
-    );
-    out
+    )
 }
 
 /// A spec's JSON form (for answers).

@@ -373,6 +373,8 @@ enum Msg {
     SetVmSpec(TenantId, QosSpec, tokio::sync::oneshot::Sender<Result<(), String>>),
     /// A VM leaves the host (its tenant was removed and its last volume closed: [`VmLease`]).
     RemoveVm(TenantId),
+    /// The local scheduler's settings change (a reload of the gateway's `[mclock]`).
+    SetSched(SchedConfig),
 }
 
 /// The gate every request of a PARDA host passes; see the module comment.
@@ -498,6 +500,13 @@ impl HostGate {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx.send(Msg::SetVmSpec(vm, spec, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
         rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+    }
+
+    /// The local scheduler takes `settings`' scheduler settings (the gateway's `[mclock]` with `[parda]`'s
+    /// batching over them) from its next tags on; queued requests stay. A gate that has stopped has
+    /// nothing to change.
+    pub fn set_sched(&self, settings: &HostSettings) {
+        let _ = self.tx.send(Msg::SetSched(settings.host_config(0).sched));
     }
 
     /// VM `vm` leaves the host: its share leaves beta from the next period, requests of it still queued
@@ -652,6 +661,7 @@ impl Task {
                 let r = self.ctl.set_vm_spec(vm, spec).map_err(|e| format!("parda host: {e}"));
                 let _ = reply.send(r);
             }
+            Msg::SetSched(config) => self.ctl.set_sched_config(config),
             Msg::RemoveVm(vm) => match self.ctl.remove_vm(vm) {
                 Ok(handles) => {
                     // Requests queued for it whose connections have not closed yet: nobody else can

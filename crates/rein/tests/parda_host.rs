@@ -352,9 +352,9 @@ fn a_broken_connections_queued_requests_are_not_issued() {
 }
 
 /// A reload (SIGHUP) on a PARDA host: a VM's new weight reaches its share of beta (beta_base = K x the
-/// sum of the weights, K = 1 here), a tenant added joins the host with its volume and is served, and a
-/// removed tenant keeps its VM and share while a connection to its volume is open and leaves the host
-/// when it closes (named in the log).
+/// sum of the weights, K = 1 here), a new `[mclock]` reaches the host's local scheduler, a tenant added
+/// joins the host with its volume and is served, and a removed tenant keeps its VM and share while a
+/// connection to its volume is open and leaves the host when it closes (named in the log).
 #[test]
 fn a_reload_changes_a_vms_share_and_adds_and_removes_a_vm() {
     let tmp = tmpdir("parda-host-reload");
@@ -370,6 +370,14 @@ fn a_reload_changes_a_vms_share_and_adds_and_removes_a_vm() {
     h.signal("-HUP");
     h.wait_line("tenant vm1: the PARDA host's local scheduler uses the new spec");
     until(&h, "beta_base follows the new weight", |s| s["beta_base"].as_f64() == Some(3.0));
+    // The gateway's [mclock] reaches the host's local scheduler live ([parda] would need a restart).
+    let text =
+        host_text(77, a.nbd, &[("vm1", 3)], "local", "id = 0\n") + "[mclock]\nlimit_mode = \"break_when_idle\"\n";
+    std::fs::write(&cfg, text).unwrap();
+    h.signal("-HUP");
+    h.wait_line("reload: [mclock] of the PARDA host's local scheduler: limit_mode Strict -> BreakWhenIdle");
+    let restart = h.log.lock().unwrap().iter().any(|l| l.contains("needs a restart"));
+    assert!(!restart, "nothing of this reload needs a restart");
     write(&[("vm1", 3), ("vm2", 2)]);
     h.signal("-HUP");
     h.wait_line("export vm2 added");

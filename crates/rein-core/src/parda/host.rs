@@ -230,6 +230,12 @@ impl HostController {
         Ok(())
     }
 
+    /// Replaces the local scheduler's settings (a reload): queued requests stay; the new rules apply from
+    /// the next tags computed ([`Scheduler::set_config`]).
+    pub fn set_sched_config(&mut self, config: SchedConfig) {
+        self.sched.set_config(config);
+    }
+
     /// Removes a VM; returns the handles it still had queued at the host (its IOs at the array still
     /// complete through [`HostController::on_complete`]).
     pub fn remove_vm(&mut self, id: TenantId) -> Result<Vec<u64>, PardaError> {
