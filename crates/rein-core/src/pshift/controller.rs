@@ -1337,15 +1337,7 @@ mod tests {
             vec![BucketQos { reservation: 500, limit: Some(700) }],
         )
         .unwrap();
-        let rep = |round, dispatched| ServerReport {
-            server: 0,
-            round,
-            early: 0,
-            elapsed_ns: 500_000_000,
-            completed: 500,
-            busy_ns: 500_000_000,
-            buckets: vec![line(0, 400, dispatched, 0, 0)],
-        };
+        let rep = |round, dispatched| report(0, round, 500, vec![line(0, 400, dispatched, 0, 0)]);
         c.handle_report(rep(0, 400)).unwrap();
         c.poll(c.boundary()).unwrap();
         c.handle_report(rep(1, 600)).unwrap();
