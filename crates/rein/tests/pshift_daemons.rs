@@ -410,7 +410,8 @@ fn a_limit_holds_across_servers() {
 /// reports and the servers without an answer, and then no early round can start: the likely cause of
 /// a CI failure on 2026-11-30 (515 IOPS with early rounds, the round robin's rate). With early rounds it holds R-tokens at s2
 /// within a few milliseconds: served first, at C = 1,000 IOPS until the boundary; without (the paper's
-/// controller, `early_rounds = 0`) it waits for the boundary, served round robin: C / 2.
+/// controller, `early_rounds = 0`) it waits for the boundary, served round robin: C / 2. Measured from
+/// 0.2 s after b1's first completion at s2 (3 s at the earliest) to 4.5 s.
 #[test]
 fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
     let _serial = common::measuring();
@@ -448,7 +449,17 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
         };
         at(2.5);
         loads.push(load(&s2, &["b1"]));
-        at(3.0);
+        // A loaded machine can take hundreds of ms to start the load (a CI run's early round was answered
+        // at 3.137 s, a few ms after b1's first request, and the window from 3.0 s read 869 IOPS): the
+        // window opens 0.2 s after b1's first completion at s2, and at 3.0 s at the earliest.
+        let first = loop {
+            if completed(&s2, "b1") > 0 {
+                break t0.elapsed().as_secs_f64();
+            }
+            assert!(t0.elapsed() < Duration::from_millis(3600), "b1's load did not start at s2 by 3.6 s");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        at((first + 0.2).max(3.0));
         let (c0, m0) = (completed(&s2, "b1"), Instant::now());
         at(4.5);
         let rate = (completed(&s2, "b1") - c0) as f64 / m0.elapsed().as_secs_f64();
