@@ -471,11 +471,13 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
                 rs.iter()
                     .map(|r| {
                         format!(
-                            "({}, {}, {:.3} s, {})",
+                            "({}, {}, {:.3} s, {}, wanted {}, r_phi {})",
                             r["round"],
                             r["early"],
                             r["at_s"].as_f64().unwrap_or(f64::NAN),
-                            r["reports_missing"]
+                            r["reports_missing"],
+                            r["wanted"],
+                            r["r_phi"]
                         )
                     })
                     .collect()
@@ -488,7 +490,7 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
         (rate, rounds.join(" "))
     };
     let ((with, rounds_with), (without, rounds_without)) = (run(4, 91), run(0, 94));
-    eprintln!("b1 at s2 after its move: {with:.0} IOPS with early rounds, {without:.0} without");
+    eprintln!("b1 at s2 after its move: {with:.0} IOPS with early rounds, {without:.0} without; rounds {rounds_with}");
     assert!(
         with >= C * 0.9,
         "with early rounds b1 holds R-tokens at s2: {with:.0} IOPS, want about {C}; rounds (round, early, answered at, reports missing): {rounds_with}"
