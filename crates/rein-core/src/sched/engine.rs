@@ -420,7 +420,7 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub(crate) fn new(flavor: Flavor, config: SchedConfig) -> Self {
-        Engine {
+        let mut e = Engine {
             flavor,
             config,
             tenants: Slab::default(),
@@ -430,15 +430,14 @@ impl Engine {
             away: IndexedHeap::new(),
             time: LatestTime::default(),
             vnow: Tag::ZERO,
-            rules: Rules {
-                r_slip: Tag::ZERO,
-                r_at_arrival: config.reservation_lag == ReservationLag::Arrival,
-                limit_burst: config.limit_burst_ios,
-            },
-            lag_bound: lag_bound(config.reservation_lag),
+            rules: Rules { r_slip: Tag::ZERO, r_at_arrival: false, limit_burst: None },
+            lag_bound: u128::MAX,
             queued: 0,
             batch: None,
-        }
+        };
+        // The rules and the lag bound are derived from the settings in one place.
+        e.set_config(config);
+        e
     }
 
     /// [`super::Scheduler::set_config`]: the clamps and the lag bound follow the new settings at once;
