@@ -144,12 +144,15 @@ fn a_stalled_servers_late_reports_count_and_the_limit_holds() {
         let line = body.lines().find_map(|l| l.strip_prefix("rein_pshift_round ")).expect("the round gauge");
         line.trim().parse().unwrap()
     };
+    // A stall that missed its boundary on a loaded machine (a CI run: boundary 85's report was in) is
+    // tried again: up to 10 aimed stalls, for two that hit (at least one).
     let mut aimed = Vec::new();
+    let mut stalls = 0;
     for tries in 0.. {
-        if aimed.len() == 2 {
+        if aimed.len() == 2 || stalls == 10 {
             break;
         }
-        assert!(tries < 50, "the controller's rounds could not be placed within 30 ms in {tries} tries");
+        assert!(tries < 60, "the controller's rounds could not be placed within 30 ms in {tries} tries");
         // Boundary b's round is computed a few ms after b (its reports in): the round gauge changing
         // between two readings places b, to within their span (a slow reading is not used).
         let first = round();
@@ -172,9 +175,15 @@ fn a_stalled_servers_late_reports_count_and_the_limit_holds() {
         s2.signal("-STOP");
         std::thread::sleep(Duration::from_millis(110));
         s2.signal("-CONT");
-        aimed.push(closing);
+        stalls += 1;
         std::thread::sleep(Duration::from_millis(300));
+        let hit = (get("/api/pshift")["rounds"].as_array().unwrap().iter())
+            .any(|r| r["round"] == closing && r["early"] == 0 && r["reports_missing"].as_u64().unwrap() > 0);
+        if hit {
+            aimed.push(closing);
+        }
     }
+    assert!(!aimed.is_empty(), "none of {stalls} stalls aimed at a closing boundary made its report late");
     std::thread::sleep(Duration::from_secs(1));
     let (st, list) = (get("/api/pshift"), get("/api/pshift/periods"));
     assert_eq!(st["refused"], 0, "{st}");
