@@ -76,6 +76,15 @@ fn iops(s: &Server, b: &str, n: u32) -> f64 {
 }
 
 /// Bucket `b`'s IOs completed at a server so far (its `/api/tenants/b`).
+/// Bucket `b`'s completions at `s`, and those in the reservation phase.
+fn by_phase(s: &Server, b: &str) -> (u64, u64) {
+    let (code, _, body) = common::http(s.admin, "GET", &format!("/api/tenants/{b}"), "", "");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("no {k}: {v}"));
+    (n("completed"), n("completed_reservation_phase"))
+}
+
 fn completed(s: &Server, b: &str) -> u64 {
     let (code, _, body) = common::http(s.admin, "GET", &format!("/api/tenants/{b}"), "", "");
     assert_eq!(code, 200, "{body}");
@@ -418,15 +427,19 @@ fn a_limit_holds_across_servers() {
 /// a loaded machine that takes longer to start the servers leaves the first boundary without their
 /// reports and the servers without an answer, and then no early round can start: the likely cause of
 /// a CI failure on 2026-11-30 (515 IOPS with early rounds, the round robin's rate). With early rounds it holds R-tokens at s2
-/// within a few milliseconds: served first, at C = 1,000 IOPS until the boundary; without (the paper's
-/// controller, `early_rounds = 0`) it waits for the boundary, served round robin: C / 2. Measured from
-/// 0.2 s after b1's first completion at s2 (3 s at the earliest) to 4.5 s.
+/// within a few milliseconds: served first, all of s2's C = 1,000 IOPS until the boundary; without (the
+/// paper's controller, `early_rounds = 0`) it waits for the boundary, served round robin: half. Measured
+/// from 0.2 s after b1's first completion at s2 (3 s at the earliest) to 4.5 s, as b1's share of s2's
+/// completions: a machine too loaded to keep s2 at C (beside three busy loops: 815-891 IOPS, with b1's
+/// R-tokens in place) still serves b1 first. Another CI failure (485 IOPS, the early round answered 13 ms
+/// after b1's load began) was an early report cut with only b1's first request at s2, already dispatched:
+/// the controller now counts the stray bucket backlogged where it strayed.
 #[test]
 fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
     let _serial = common::measuring();
     let tmp = tmpdir("pshift-daemons-early");
-    // The IOPS, and the controller's rounds for the failure message.
-    let run = |early: u32, ip: u8| -> (f64, String) {
+    // b1's share of s2's completions, its IOPS, and the controller's rounds for the failure message.
+    let run = |early: u32, ip: u8| -> (Window, String) {
         let dir = tmp.path().join(format!("early{early}"));
         std::fs::create_dir_all(&dir).unwrap();
         let listen = format!("127.0.0.{ip}:{}", free_port(&format!("127.0.0.{ip}")));
@@ -469,9 +482,12 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
             std::thread::sleep(Duration::from_millis(10));
         };
         at((first + 0.2).max(3.0));
-        let (c0, m0) = (completed(&s2, "b1"), Instant::now());
+        let ((c0, r0), o0, m0) = (by_phase(&s2, "b1"), completed(&s2, "b2"), Instant::now());
         at(4.5);
-        let rate = (completed(&s2, "b1") - c0) as f64 / m0.elapsed().as_secs_f64();
+        let ((c1, r1), o1) = (by_phase(&s2, "b1"), completed(&s2, "b2"));
+        let rate = (c1 - c0) as f64 / m0.elapsed().as_secs_f64();
+        let share = (c1 - c0) as f64 / ((c1 - c0) + (o1 - o0)).max(1) as f64;
+        let resv = (r1 - r0) as f64 / (c1 - c0).max(1) as f64;
         let (_, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
         let st: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let rounds: Vec<String> = st["rounds"]
@@ -496,19 +512,44 @@ fn an_early_round_serves_a_bucket_that_moved_before_the_next_boundary() {
             let _ = l.kill();
             let _ = l.wait();
         }
-        (rate, rounds.join(" "))
+        (Window { share, rate, resv }, rounds.join(" "))
     };
     let ((with, rounds_with), (without, rounds_without)) = (run(4, 91), run(0, 94));
-    eprintln!("b1 at s2 after its move: {with:.0} IOPS with early rounds, {without:.0} without; rounds {rounds_with}");
+    eprintln!("b1 at s2 after its move, with early rounds: {with}; without: {without}; rounds {rounds_with}");
+    // The mechanism: b1's IOs at s2 spend R-tokens. The effect: b1 is served first, nearly all of s2
+    // (round robin gives half, 50 +- 10%; a machine too loaded to keep b1's queue full lets b2 in now and
+    // then: 82-85% beside three busy loops at normal priority).
     assert!(
-        with >= C * 0.9,
-        "with early rounds b1 holds R-tokens at s2: {with:.0} IOPS, want about {C}; rounds (round, early, answered at, reports missing): {rounds_with}"
+        with.resv >= 0.9 && (with.share >= 0.9 || (with.share >= 0.75 && with.rate < 0.9 * C)),
+        "with early rounds b1 holds R-tokens at s2 and is served first: {with}; \
+         rounds (round, early, answered at, reports missing): {rounds_with}"
     );
     assert!(
-        (without - C / 2.0).abs() <= C * 0.1,
-        "without, round robin until the boundary: {without:.0}, want {}; rounds: {rounds_without}",
-        C / 2.0
+        without.resv == 0.0 && (without.share - 0.5).abs() <= 0.1,
+        "without, round robin until the boundary: {without}; rounds: {rounds_without}"
     );
+}
+
+/// What the early-round test measures of b1 at s2 in its window.
+struct Window {
+    /// b1's share of s2's completions.
+    share: f64,
+    /// b1's IOPS.
+    rate: f64,
+    /// The share of b1's completions served in the reservation phase (on R-tokens).
+    resv: f64,
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1}% of s2's completions, {:.0} IOPS, {:.1}% of them on R-tokens",
+            100.0 * self.share,
+            self.rate,
+            100.0 * self.resv
+        )
+    }
 }
 
 /// A server `name` on 127.0.0.`host` with bucket b1, linked to `controller` with the `[pshift.tls]` text

@@ -120,7 +120,13 @@
 //! `early` set), and the controller computes the rest of the period exactly as at a boundary, from
 //! those reports, and answers every server: the IOs dispatched count in `done`, the capacities and
 //! demands are extrapolated to the period's end, and the held tokens are kept out of the limits as
-//! always. The reports cover part of an interval, so the estimates rest on less history. An early
+//! always. The reports cover part of an interval, so the estimates rest on less history. With
+//! [`DemandEstimator::Backlog`] the stray bucket counts as backlogged at the stray's server in the
+//! round it started, whatever that server's report shows: the report is cut milliseconds after the
+//! stray, when a closed loop that moved may have only its first request there, already dispatched
+//! (nothing queued: its demand would be extrapolated from one arrival). On real daemons that gave b1 of
+//! the early-round test 2 R-tokens instead of about 2,500 (a CI run on a loaded machine, 485 IOPS
+//! against 1,000). The bucket's R-tokens stay bounded by its remaining reservation. An early
 //! round whose reports are not all in by the report timeout, or by the next boundary, is abandoned
 //! (no answer; the servers keep their tokens). The paper's behaviour is [`EarlyRounds::NONE`]; the
 //! simulator's default is [`EarlyRounds::DEFAULT_PER_INTERVAL`] (docs/reproductions.md Part 4 has
@@ -482,6 +488,9 @@ pub struct Controller {
     reports: Vec<Option<ServerReport>>,
     /// The early round started in the current interval and not yet answered: (its number, when).
     early_open: Option<(u32, Nanos)>,
+    /// The stray that started the open early round (module comment, "Early rounds": with the backlog
+    /// estimator its bucket counts as backlogged at its server in that round).
+    early_stray: Option<StrayArrival>,
     /// Early rounds started since the last boundary's round.
     early_started: u32,
     /// The latest answer: (round, early) of its messages.
@@ -561,6 +570,7 @@ impl Controller {
             round: 0,
             reports: vec![None; capacity_iops.len()],
             early_open: None,
+            early_stray: None,
             early_started: 0,
             latest: None,
             early_reports: vec![None; capacity_iops.len()],
@@ -730,6 +740,7 @@ impl Controller {
         }
         self.early_started += 1;
         self.early_open = Some((self.early_started, now));
+        self.early_stray = Some(stray);
         self.early_reports.fill(None);
         Ok(Some((self.round - 1, self.early_started)))
     }
@@ -950,6 +961,9 @@ impl Controller {
             d.max(now.saturating_sub(snapshot).saturating_add(Nanos(d.0 / 2)))
         };
         let d_s = spend.0 as f64 / 1e9;
+        // An early round's stray (module comment, "Early rounds"): its bucket counts as backlogged at its
+        // server under the backlog estimator, whatever the report shows.
+        let stray = early.and(self.early_stray).map(|s| (s.bucket, s.server as usize));
         // A server whose report is missing goes on spending what it holds until this answer (which lists
         // nothing for it) zeroes its tokens: at most its exposure, kept out of the limits.
         for (j, _) in reports.iter().enumerate().filter(|(_, r)| r.is_none()) {
@@ -971,8 +985,9 @@ impl Controller {
                 let h = if self.buckets[b.bucket as usize].limit.is_some() { b.held.min(reach) } else { 0 };
                 held[b.bucket as usize] = held[b.bucket as usize].saturating_add(h);
                 let idle_bp = u64::from(self.config.backlog_idle_bp);
-                let backlogged =
-                    b.queued > 0 && b.idle_ns.saturating_mul(10_000) < r.elapsed_ns.saturating_mul(idle_bp);
+                let backlogged = (b.queued > 0
+                    && b.idle_ns.saturating_mul(10_000) < r.elapsed_ns.saturating_mul(idle_bp))
+                    || stray == Some((b.bucket, j));
                 let mut d = b.queued as f64 + b.arrivals as f64 * scale;
                 if self.config.estimator == DemandEstimator::Backlog && backlogged {
                     d = d.max(caps[j] as f64);
@@ -1767,6 +1782,39 @@ mod tests {
         assert_eq!((sum.round, sum.early), (1, 0));
         assert_eq!(c.done(), &[400]);
         assert!(m.iter().all(|x| (x.round, x.early) == (1, 0)));
+    }
+
+    /// The early-round test's CI failure, in the controller alone: bucket 0 (R 600 per period, no demand
+    /// at the first boundary) appears at server 1, and server 1's early report is cut when only its first
+    /// request has arrived there, already dispatched (nothing queued), beside bucket 1, backlogged at both
+    /// servers. With the backlog estimator the stray bucket counts as backlogged at the stray's server:
+    /// it gets the reservation it has left there (599); from its one arrival extrapolated it would get 4.
+    /// With the paper's estimator (arrivals) nothing changes: 4.
+    #[test]
+    fn an_early_rounds_stray_counts_as_backlogged_where_it_strayed() {
+        let r_at_server_1 = |estimator| {
+            let config = ControllerConfig {
+                early: EarlyRounds { per_interval: 2, lead: Nanos::from_millis(10) },
+                ..config(2, estimator)
+            };
+            let buckets = vec![BucketQos { reservation: 600, limit: None }, BucketQos { reservation: 0, limit: None }];
+            let mut c = Controller::new(config, &[1000.0, 1000.0], buckets).unwrap();
+            for j in 0..2 {
+                c.handle_report(report(j, 0, 200, vec![line(1, 200, 200, 30, 0)])).unwrap();
+            }
+            let (m, _) = c.poll(Nanos::from_millis(200)).unwrap();
+            assert!(m.iter().flat_map(|x| &x.tokens).all(|t| t.0 != 0), "no tokens for bucket 0 yet: {m:?}");
+            assert_eq!(c.handle_stray(Nanos::from_millis(400), stray(1, (0, 0))), Ok(Some((0, 1))));
+            let busy = |j, lines| ServerReport { buckets: lines, ..early_report(j, 1, 200, 0, 0) };
+            c.handle_report(busy(0, vec![line(1, 200, 200, 30, 0)])).unwrap();
+            c.handle_report(busy(1, vec![line(0, 1, 1, 0, 0), line(1, 200, 199, 30, 0)])).unwrap();
+            let (m, sum) = c.poll(Nanos::from_millis(402)).unwrap();
+            assert_eq!(sum.early, 1);
+            assert!(m[0].tokens.iter().all(|t| t.0 != 0 || t.1 == 0), "no R-tokens at server 0: {m:?}");
+            m[1].tokens.iter().find(|t| t.0 == 0).map_or(0, |t| t.1)
+        };
+        assert_eq!(r_at_server_1(DemandEstimator::Backlog), 600 - 1);
+        assert_eq!(r_at_server_1(DemandEstimator::Arrivals), 4);
     }
 
     #[test]
