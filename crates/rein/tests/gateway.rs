@@ -361,6 +361,15 @@ fn a_node_down_at_start_does_not_stop_the_gateway() {
         gw.log.lock().unwrap()
     );
     gw.wait_line("node connection restored");
+    // The start-up hint (rein-runtime's gateway, "A hint at start") follows this machine's halt polling:
+    // logged right after the listening line when polling is off, never otherwise.
+    let polling = std::fs::read_to_string(rein_runtime::gateway::HALT_POLL_NS).ok();
+    if polling.as_deref().map(str::trim) == Some("0") {
+        gw.wait_line("halts idle vCPUs at once");
+    } else {
+        let log = gw.log.lock().unwrap();
+        assert!(!log.iter().any(|l| l.contains("halts idle vCPUs")), "no hint with polling {polling:?}: {log:#?}");
+    }
     drop((n1, n3));
 }
 
