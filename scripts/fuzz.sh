@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target in fuzz/ for SECONDS each (default 30), starting from the committed corpus
-# (fuzz/corpus/<target>) and seeds (fuzz/seeds/<target>). Needs a nightly toolchain (`cargo +nightly`);
+# (fuzz/corpus/<target>) and seeds (fuzz/seeds/<target>), and from 60 s on also fuzz/corpus-slow/<target>:
+# inputs whose replay alone outlasts a short run (libFuzzer replays the whole corpus before it counts
+# the time, so a 10 s run of `scenario` with them did no fuzzing at all: 122 s of replay). The stable
+# corpus tests replay all three. Needs a nightly toolchain (`cargo +nightly`);
 # installs cargo-fuzz if it is missing; without nightly it says so and exits 0 (the stable corpus tests in
 # rein-proto and rein-runtime still replay the corpus).
 #
@@ -36,6 +39,7 @@ for t in $(cargo +nightly fuzz list); do
   dirs=("$out")
   [ "$out" = "corpus/$t" ] || dirs+=("corpus/$t")
   [ -d "seeds/$t" ] && dirs+=("seeds/$t")
+  [ "$secs" -ge 60 ] && [ -d "corpus-slow/$t" ] && dirs+=("corpus-slow/$t")
   extra=()
   [ -f "dicts/$t.dict" ] && extra+=("-dict=dicts/$t.dict")
   log=$scratch/$t.log

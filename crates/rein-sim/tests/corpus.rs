@@ -14,3 +14,12 @@ fn scenario_corpus() {
 fn trace_corpus() {
     replay("trace", rein_sim::harness::trace);
 }
+
+/// The scenario inputs kept out of short fuzz runs (`fuzz/corpus-slow/scenario`, fuzz/README.md) are
+/// replayed here with the rest.
+#[test]
+fn the_slow_scenario_inputs_are_replayed_too() {
+    let all = replay::inputs("scenario");
+    let slow = all.iter().filter(|(p, _)| p.components().any(|c| c.as_os_str() == "corpus-slow")).count();
+    assert!(slow > 100, "{slow} inputs of fuzz/corpus-slow/scenario among the {} replayed", all.len());
+}
