@@ -52,28 +52,6 @@ if cargo +nightly --version >/dev/null 2>&1; then
 fi
 stop_fuzz_build() { [ -z "$fuzz_build_pid" ] || { pkill -P "$fuzz_build_pid" 2>/dev/null; kill "$fuzz_build_pid" 2>/dev/null; } || true; }
 trap 'stop_fuzz_build; rm -f "$fuzz_build_log"' EXIT
-log=$(mktemp)
-# The tests get a temp directory of their own, which must be empty again when they end: every test removes
-# what it creates. The repository must not gain untracked files either.
-tests_tmp=$(mktemp -d)
-trap 'stop_fuzz_build; rm -f "$log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
-untracked() { git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true; }
-untracked_before=$(untracked)
-# The one-hour exactness test (rein-core's one_hour_at_one_million_iops_is_exact: 3.6e9 requests through
-# the mClock scheduler on one thread, minutes) is #[ignore]d in the test run below. It starts now, before
-# the lints and the build, at the lowest CPU priority (nice 19): it takes the CPU they and then the tests
-# leave idle (the tests wait on real time, daemons and device models, most of the time), and the rest
-# beside the fuzz stage; the fuzz targets' build, started above, shares that CPU. (Started after the build,
-# it was the last thing to end on a slow day: 1,120 s of its own, the whole run 1,812 s.) Its test binary
-# is built alone first and run directly (a second cargo would wait for the first's lock).
-hour_log=$(mktemp)
-hour_bin=$(cargo test -p rein-core --lib --locked --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | head -n 1)
-echo "== the one-hour exactness test, from now beside the lints, the build, the tests and the fuzz stage (nice 19)" >&2
-hour_started=$(date +%s)
-(cd crates/rein-core && TMPDIR=$tests_tmp exec nice -n 19 "../../$hour_bin" --ignored --exact \
-  sched::mclock::tests::one_hour_at_one_million_iops_is_exact) >"$hour_log" 2>&1 &
-hour_pid=$!
-trap 'kill "$hour_pid" 2>/dev/null || true; stop_fuzz_build; rm -f "$log" "$hour_log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
 # The house style first: formatting, clippy with warnings as errors (the [workspace.lints] table), and the
 # docs with rustdoc warnings as errors. rustfmt and clippy come with rustup's default profile; add them if
 # this toolchain lacks them.
@@ -90,6 +68,27 @@ echo "== cargo doc (warnings are errors)" >&2
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
 echo "== build and tests" >&2
 cargo build --workspace --all-targets --locked
+log=$(mktemp)
+# The tests get a temp directory of their own, which must be empty again when they end: every test removes
+# what it creates. The repository must not gain untracked files either.
+tests_tmp=$(mktemp -d)
+trap 'stop_fuzz_build; rm -f "$log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
+untracked() { git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true; }
+untracked_before=$(untracked)
+# The one-hour exactness test (rein-core's one_hour_at_one_million_iops_is_exact: 3.6e9 requests through
+# the mClock scheduler on one thread, minutes) is #[ignore]d in the run below. It starts now, at the lowest
+# CPU priority (nice 19), beside the tests, which wait on real time (daemons, device models) most of the
+# time: it takes the CPU they leave idle, and the rest beside the fuzz stage (the fuzz targets' build,
+# started above, shares that CPU). Its test binary is run directly (a second cargo would wait for the
+# first's lock).
+hour_log=$(mktemp)
+hour_bin=$(cargo test -p rein-core --lib --locked --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | head -n 1)
+echo "== the one-hour exactness test, beside the tests and the fuzz stage (nice 19)" >&2
+hour_started=$(date +%s)
+(cd crates/rein-core && TMPDIR=$tests_tmp exec nice -n 19 "../../$hour_bin" --ignored --exact \
+  sched::mclock::tests::one_hour_at_one_million_iops_is_exact) >"$hour_log" 2>&1 &
+hour_pid=$!
+trap 'kill "$hour_pid" 2>/dev/null || true; stop_fuzz_build; rm -f "$log" "$hour_log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
 set +e
 TMPDIR=$tests_tmp cargo test --workspace --locked 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
