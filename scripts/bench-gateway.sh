@@ -31,8 +31,8 @@
 # HALT_POLL_NS=ns sets the guest kernel's halt polling (cpuidle-haltpoll's guest_halt_poll_ns; needs root
 # and a guest with that driver) for each fio run, and puts the old value back after it and at exit; in
 # VARIANT it applies to the variant's row only (VARIANT="HALT_POLL_NS=200000": an A/B in the same rounds).
-# A virtual CPU that polls before it halts is woken without an interrupt: on this VM (polling off by
-# default) 200 us of polling took the gateway from 0.52-0.54x to 0.58-0.60x of direct (docs/gateway.md).
+# A virtual CPU that polls before it halts is woken without an interrupt: on a VM of 2026-11-30 (polling off
+# at boot) 200 us of polling took the gateway from 0.52-0.54x to 0.58-0.60x of direct (docs/gateway.md).
 # REIN names the binary (default ./target/release/rein). BASE=path adds a row in the same rounds: the
 # gateway (and its nodes) of another build, with that build's defaults unless BASE_GW_THREADS /
 # BASE_GW_CONNS say otherwise.
