@@ -3,6 +3,7 @@
 # docs, then builds and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 
 need_apt=()
 # Plots need a TrueType font (Debian: fonts-dejavu-core).
@@ -75,22 +76,51 @@ tests_tmp=$(mktemp -d)
 trap 'stop_fuzz_build; rm -f "$log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
 untracked() { git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true; }
 untracked_before=$(untracked)
-# The one-hour exactness test (rein-core's one_hour_at_one_million_iops_is_exact: 3.6e9 requests through
-# the mClock scheduler on one thread, minutes) is #[ignore]d in the run below. It starts now, at the lowest
-# CPU priority (nice 19), beside the tests, which wait on real time (daemons, device models) most of the
-# time: it takes the CPU they leave idle, and the rest beside the fuzz stage (the fuzz targets' build,
-# started above, shares that CPU). Its test binary is run directly (a second cargo would wait for the
-# first's lock).
-hour_log=$(mktemp)
-hour_bin=$(cargo test -p rein-core --lib --locked --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | head -n 1)
-echo "== the one-hour exactness test, beside the tests and the fuzz stage (nice 19)" >&2
-hour_started=$(date +%s)
-(cd crates/rein-core && TMPDIR=$tests_tmp exec nice -n 19 "../../$hour_bin" --ignored --exact \
-  sched::mclock::tests::one_hour_at_one_million_iops_is_exact) >"$hour_log" 2>&1 &
-hour_pid=$!
-trap 'kill "$hour_pid" 2>/dev/null || true; stop_fuzz_build; rm -f "$log" "$hour_log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
+# Three sets of tests do nothing but compute (no daemon, no real time), and together they are most of the
+# tests' CPU: rein-core's one-hour exactness test (one_hour_at_one_million_iops_is_exact: 3.6e9 requests
+# through the mClock scheduler on one thread, #[ignore]d in a plain cargo test), and rein-sim's scenario
+# test (every scenario file, run again with another seed and under a wrong scheduler) and fuzz-corpus
+# replay. They start now, at the lowest CPU priority (nice 19), and take the CPU the tests below leave
+# idle while those wait on daemons and device models (on 2026-11-30 the scenario test alone held both
+# CPUs for 340 s of the tests' 13.5 min when it ran among them), then the rest beside the fuzz stage.
+# The main run skips their tests by name (--skip, exact names), and their results join the closing
+# summary. Their binaries are run directly, from their package's directory as cargo runs them (a second
+# cargo would wait for the first's lock).
+bg_names=() bg_pids=() bg_logs=() bg_started=()
+test_exe() { # package, cargo test target options: prints the one test executable they name
+  cargo test -p "$1" "${@:2}" --locked --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | head -n 1
+}
+start_bg() { # name, package directory, executable, its arguments
+  local name=$1 dir=$2 exe=$3 l
+  shift 3
+  [ -n "$exe" ] || { echo "== no test executable for $name" >&2; exit 1; }
+  l=$(mktemp)
+  (
+    cd "$dir" || exit 1
+    TMPDIR=$tests_tmp nice -n 19 "$root/$exe" "$@"
+    rc=$?
+    date +%s >"$l.end"
+    exit "$rc"
+  ) >"$l" 2>&1 &
+  bg_names+=("$name") bg_pids+=($!) bg_logs+=("$l") bg_started+=("$(date +%s)")
+}
+stop_bg() {
+  for p in "${bg_pids[@]}"; do { pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; } || true; done
+  for l in "${bg_logs[@]}"; do rm -f "$l" "$l.end"; done
+}
+trap 'stop_bg; stop_fuzz_build; rm -f "$log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
+echo "== in the background at nice 19, beside the tests and the fuzz stage: the one-hour exactness test, rein-sim's scenario and corpus tests" >&2
+hour_test=sched::mclock::tests::one_hour_at_one_million_iops_is_exact
+start_bg "the one-hour exactness test" crates/rein-core "$(test_exe rein-core --lib)" --ignored --exact "$hour_test"
+skip=()
+for t in scenarios corpus; do
+  exe=$(test_exe rein-sim --test "$t")
+  start_bg "rein-sim's $t test" crates/rein-sim "$exe"
+  # Each of its tests by exact name (the list from the binary itself, so a test added there is skipped too).
+  for name in $("$exe" --list 2>/dev/null | sed -n 's/: test$//p'); do skip+=(--skip "$name"); done
+done
 set +e
-TMPDIR=$tests_tmp cargo test --workspace --locked 2>&1 | tee "$log"
+TMPDIR=$tests_tmp cargo test --workspace --locked -- --exact "${skip[@]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # A short coverage-guided fuzz run of every decoder from the committed corpus (fuzz/README.md); it needs a
@@ -102,15 +132,18 @@ if [ -n "$fuzz_build_pid" ]; then
 fi
 echo "== fuzz (10 s per target)" >&2
 bash scripts/fuzz.sh 10 || status=1
-if wait "$hour_pid"; then
-  # Its own time ("finished in"), and when this script got to wait for it (after the fuzz stage).
-  echo "== the one-hour exactness test passed ($(grep -o 'finished in [0-9.]*s' "$hour_log" | tail -n 1); waited for $(($(date +%s) - hour_started)) s after its start)" >&2
-else
-  echo "== the one-hour exactness test FAILED:" >&2
-  tail -n 30 "$hour_log" >&2
-  status=1
-fi
-grep '^test result:' "$hour_log" >>"$log" || true
+for i in "${!bg_pids[@]}"; do
+  if wait "${bg_pids[$i]}"; then
+    # Its own time ("finished in"), when it ended, and how long before the script waited for it (after
+    # the fuzz stage): which of them ended last.
+    echo "== ${bg_names[$i]} passed ($(grep -o 'finished in [0-9.]*s' "${bg_logs[$i]}" | tail -n 1); ended $(($(cat "${bg_logs[$i]}.end") - bg_started[i])) s after its start, $(($(date +%s) - $(cat "${bg_logs[$i]}.end"))) s before this wait)" >&2
+  else
+    echo "== ${bg_names[$i]} FAILED; the last lines of its output:" >&2
+    tail -n 60 "${bg_logs[$i]}" >&2
+    status=1
+  fi
+  grep '^test result:' "${bg_logs[$i]}" >>"$log" || true
+done
 # One closing line over every test binary (cargo prints one "test result" line per binary), the one-hour
 # test included.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
