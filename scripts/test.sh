@@ -3,7 +3,9 @@
 # docs, then builds and tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
+root=$(pwd -P)
+# Each step's line says when it began, in seconds since the script started.
+step() { echo "== [${SECONDS} s] $*" >&2; }
 
 need_apt=()
 # Plots need a TrueType font (Debian: fonts-dejavu-core).
@@ -61,13 +63,13 @@ if command -v rustup >/dev/null 2>&1; then
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
   done
 fi
-echo "== cargo fmt --check" >&2
+step "cargo fmt --check"
 cargo fmt --all --check
-echo "== cargo clippy (warnings are errors)" >&2
+step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== cargo doc (warnings are errors)" >&2
+step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
-echo "== build and tests" >&2
+step "build and tests"
 cargo build --workspace --all-targets --locked
 log=$(mktemp)
 # The tests get a temp directory of their own, which must be empty again when they end: every test removes
@@ -87,17 +89,19 @@ untracked_before=$(untracked)
 # summary. Their binaries are run directly, from their package's directory as cargo runs them (a second
 # cargo would wait for the first's lock).
 bg_names=() bg_pids=() bg_logs=() bg_started=()
-test_exe() { # package, cargo test target options: prints the one test executable they name
-  cargo test -p "$1" "${@:2}" --locked --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | head -n 1
-}
+# The test executables, as "source path, executable" lines. The workspace's own --no-run (a no-op after the
+# build above): `cargo test -p PACKAGE` would unify features over that package alone and rebuild it.
+test_exes=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"src_path":"\([^"]*\)".*"executable":"\([^"]*\)".*/\1 \2/p')
+test_exe() { echo "$test_exes" | awk -v src="$root/$1" '$1 == src { print $2; exit }'; } # source path
 start_bg() { # name, package directory, executable, its arguments
   local name=$1 dir=$2 exe=$3 l
   shift 3
-  [ -n "$exe" ] || { echo "== no test executable for $name" >&2; exit 1; }
+  [ -x "$exe" ] || { echo "== no test executable for $name" >&2; exit 1; }
   l=$(mktemp)
   (
     cd "$dir" || exit 1
-    TMPDIR=$tests_tmp nice -n 19 "$root/$exe" "$@"
+    TMPDIR=$tests_tmp nice -n 19 "$exe" "$@"
     rc=$?
     date +%s >"$l.end"
     exit "$rc"
@@ -109,12 +113,12 @@ stop_bg() {
   for l in "${bg_logs[@]}"; do rm -f "$l" "$l.end"; done
 }
 trap 'stop_bg; stop_fuzz_build; rm -f "$log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
-echo "== in the background at nice 19, beside the tests and the fuzz stage: the one-hour exactness test, rein-sim's scenario and corpus tests" >&2
+step "in the background at nice 19, beside the tests and the fuzz stage: the one-hour exactness test, rein-sim's scenario and corpus tests"
 hour_test=sched::mclock::tests::one_hour_at_one_million_iops_is_exact
-start_bg "the one-hour exactness test" crates/rein-core "$(test_exe rein-core --lib)" --ignored --exact "$hour_test"
+start_bg "the one-hour exactness test" crates/rein-core "$(test_exe crates/rein-core/src/lib.rs)" --ignored --exact "$hour_test"
 skip=()
 for t in scenarios corpus; do
-  exe=$(test_exe rein-sim --test "$t")
+  exe=$(test_exe "crates/rein-sim/tests/$t.rs")
   start_bg "rein-sim's $t test" crates/rein-sim "$exe"
   # Each of its tests by exact name (the list from the binary itself, so a test added there is skipped too).
   for name in $("$exe" --list 2>/dev/null | sed -n 's/: test$//p'); do skip+=(--skip "$name"); done
@@ -130,7 +134,7 @@ if [ -n "$fuzz_build_pid" ]; then
   wait "$fuzz_build_pid" || { echo "== fuzz: the background build failed; its last lines:" >&2; tail -n 20 "$fuzz_build_log" >&2; }
   grep '^== fuzz: installing' "$fuzz_build_log" >&2 || true
 fi
-echo "== fuzz (10 s per target)" >&2
+step "fuzz (10 s per target)"
 bash scripts/fuzz.sh 10 || status=1
 for i in "${!bg_pids[@]}"; do
   if wait "${bg_pids[$i]}"; then
@@ -146,6 +150,7 @@ for i in "${!bg_pids[@]}"; do
 done
 # One closing line over every test binary (cargo prints one "test result" line per binary), the one-hour
 # test included.
+step "done"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "Summary: %d passed, %d failed\n", p, f }' "$log"
 left=$(find "$tests_tmp" -mindepth 1 -maxdepth 1)
