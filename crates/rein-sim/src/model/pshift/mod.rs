@@ -349,6 +349,8 @@ fn generate(
     let mut tenants = Vec::with_capacity(g.buckets);
     let mut plans = Vec::with_capacity(g.buckets);
     let span = duration.saturating_sub(start).0.max(1);
+    // The demand split over n active servers (Zipf, normalised), once per n rather than per phase.
+    let mut splits: Vec<Option<Vec<f64>>> = vec![None; amax - amin + 1];
     for (i, &r) in res_ios.iter().enumerate() {
         let r_iops = r as f64 / period_s;
         let limit = match (g.limit_iops, g.limit_ratio) {
@@ -366,10 +368,12 @@ fn generate(
         for at in std::iter::once(0).chain(times) {
             let n = rng.gen_range(amin..=amax);
             let set = pick_servers(&mut rng, ns, n);
-            let w = zipf_weights(n, zs);
-            let sum: f64 = w.iter().sum();
-            phases
-                .push(DemandPhase { at: Nanos(at), servers: set.into_iter().zip(w.iter().map(|x| x / sum)).collect() });
+            let split = splits[n - amin].get_or_insert_with(|| {
+                let w = zipf_weights(n, zs);
+                let sum: f64 = w.iter().sum();
+                w.iter().map(|x| x / sum).collect()
+            });
+            phases.push(DemandPhase { at: Nanos(at), servers: set.into_iter().zip(split.iter().copied()).collect() });
         }
         let first = &phases[0].servers;
         tenants.push(Tenant {
