@@ -156,9 +156,9 @@ for i in "${!bg_pids[@]}"; do
   fi
   grep '^test result:' "${bg_logs[$i]}" >>"$log" || true
 done
-# One closing line over every test binary (cargo prints one "test result" line per binary), the one-hour
-# test included.
 step "done"
+# One closing line over every test binary (cargo prints one "test result" line per binary), the background
+# ones included.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "Summary: %d passed, %d failed\n", p, f }' "$log"
 left=$(find "$tests_tmp" -mindepth 1 -maxdepth 1)

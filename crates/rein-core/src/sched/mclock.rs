@@ -258,11 +258,11 @@ mod tests {
 
     /// mClock §3's precision claim made concrete: a tenant at r = l = 1,000,000 IOPS for one simulated hour
     /// is served r*T requests within one. Drives the real scheduler for all 3.6e9 requests (2.5-7 minutes
-    /// on one core of the project's VM). `scripts/test.sh` runs it on its own beside the fuzz stage, which
-    /// leaves a core idle (`cargo test -p rein-core --lib -- --ignored one_hour`); a plain `cargo test`
-    /// skips it.
+    /// on one core of the project's VM). `scripts/test.sh` runs it in the background from the end of the
+    /// build, at nice 19 beside the other tests and the fuzz stage (alone: `cargo test -p rein-core --lib
+    /// -- --ignored one_hour`); a plain `cargo test` skips it.
     #[test]
-    #[ignore = "3.6e9 requests: scripts/test.sh runs it beside the fuzz stage"]
+    #[ignore = "3.6e9 requests: scripts/test.sh runs it in the background, beside the other tests"]
     fn one_hour_at_one_million_iops_is_exact() {
         let mut s = Mclock::new(SchedConfig::default());
         let a = s.add_tenant(QosSpec::new(1e6, Some(1e6), 1.0, 0).unwrap()).unwrap();
