@@ -129,38 +129,7 @@ pub fn split_whole(total: u64, weights: &[f64]) -> Vec<u64> {
 }
 
 /// `k` distinct servers out of `n`, uniformly (partial Fisher-Yates), in draw order.
-///
-/// The shuffle runs over the virtual array `0..n` and stores only the positions its swaps moved (at most
-/// `k`), so a draw costs O(k^2) comparisons when `k` is small next to `n`, not O(n): a generated instance
-/// draws once per bucket and demand phase (up to a million buckets over 1,024 servers). Position `i` is
-/// final once step `i` has swapped it (later steps draw from `i + 1..n`), so it goes straight to the
-/// output. The draws, and so the result, are those of the plain shuffle (`pick_servers_dense`, which the
-/// tests compare it with); large `k` takes that path.
 pub fn pick_servers<R: Rng>(rng: &mut R, n: usize, k: usize) -> Vec<usize> {
-    let k = k.min(n);
-    if k * k > n {
-        return pick_servers_dense(rng, n, k);
-    }
-    // (position, value) for the positions beyond the current step that a swap changed.
-    let mut moved: Vec<(usize, usize)> = Vec::with_capacity(k);
-    let mut out = Vec::with_capacity(k);
-    for i in 0..k {
-        let j = rng.gen_range(i..n);
-        let value_at = |moved: &[(usize, usize)], p: usize| moved.iter().find(|m| m.0 == p).map_or(p, |m| m.1);
-        let (vi, vj) = (value_at(&moved, i), value_at(&moved, j));
-        out.push(vj);
-        if j != i {
-            match moved.iter_mut().find(|m| m.0 == j) {
-                Some(m) => m.1 = vi,
-                None => moved.push((j, vi)),
-            }
-        }
-    }
-    out
-}
-
-/// The plain partial Fisher-Yates shuffle over a vector of `0..n` (`pick_servers`'s reference).
-fn pick_servers_dense<R: Rng>(rng: &mut R, n: usize, k: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
     for i in 0..k.min(n) {
         let j = rng.gen_range(i..n);
@@ -213,26 +182,6 @@ pub fn generate(p: &GenParams) -> Result<Instance, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The sparse shuffle draws what the plain one draws, from the same random numbers, over sizes on
-    /// both sides of its switch (and leaves the generator in the same state).
-    #[test]
-    fn the_sparse_pick_is_the_plain_shuffle() {
-        let mut seeds = Pcg64Mcg::seed_from_u64(7);
-        for n in [1, 2, 3, 8, 64, 100, 1024] {
-            for k in [0, 1, 2, 3, 5, 8, 16, 40, 64, 1024] {
-                let seed = seeds.gen::<u64>();
-                let (mut a, mut b) = (Pcg64Mcg::seed_from_u64(seed), Pcg64Mcg::seed_from_u64(seed));
-                let (x, y) = (pick_servers(&mut a, n, k), pick_servers_dense(&mut b, n, k));
-                assert_eq!(x, y, "n {n}, k {k}");
-                assert_eq!(a.gen::<u64>(), b.gen::<u64>(), "n {n}, k {k}: the same draws");
-                let mut distinct = x.clone();
-                distinct.sort_unstable();
-                distinct.dedup();
-                assert_eq!(distinct.len(), k.min(n), "n {n}, k {k}: distinct servers");
-            }
-        }
-    }
 
     #[test]
     fn split_is_exact_and_proportional() {
