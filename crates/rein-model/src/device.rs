@@ -177,9 +177,17 @@ pub enum DeviceError {
     /// `uniform_spread` outside [0, 1].
     #[error("uniform_spread must be in [0, 1], got {0}")]
     Spread(f64),
-    /// A negative disk time or distance.
-    #[error("disk times must be non-negative")]
-    DiskTimes,
+    /// A disk time or distance that is negative, not finite, or above its bound ([`MAX_DISK_MS`],
+    /// [`MAX_DISK_SEQUENTIAL_KB`]).
+    #[error("{field} must be a number from 0 to {max}, got {value}")]
+    DiskParam {
+        /// The field's name (`disk.seek_ms`, `disk.rotation_ms`, `disk.sequential_kb`).
+        field: &'static str,
+        /// The value given.
+        value: f64,
+        /// Its bound.
+        max: f64,
+    },
     /// A capacity step at a bad time.
     #[error("capacity_schedule.at_s must be between 0 and {MAX_SCHEDULE_S} s, got {0}")]
     ScheduleTime(f64),
@@ -192,6 +200,21 @@ pub enum DeviceError {
     /// A bad `array` table, or one without `discipline = "array"`.
     #[error("array: {0}")]
     Array(String),
+}
+
+/// Largest seek or rotation time a disk model takes (ms): a minute, far beyond any disk, and small
+/// enough that a service time stays exact in nanoseconds.
+pub const MAX_DISK_MS: f64 = 60_000.0;
+/// Largest sequential distance (KiB): 1 TiB.
+pub const MAX_DISK_SEQUENTIAL_KB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// A disk parameter: finite, from 0 to `max` ([`DeviceError::DiskParam`] naming `field`).
+fn in_range(field: &'static str, value: f64, max: f64) -> Result<f64, DeviceError> {
+    if (0.0..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(DeviceError::DiskParam { field, value, max })
+    }
 }
 
 fn positive(field: &'static str, value: f64) -> Result<f64, DeviceError> {
@@ -229,9 +252,9 @@ impl DeviceParams<'_> {
             }
             "disk" => {
                 let d = self.disk.unwrap_or_default();
-                if !(d.seek_ms >= 0.0 && d.rotation_ms >= 0.0 && d.sequential_kb >= 0.0) {
-                    return Err(DeviceError::DiskTimes);
-                }
+                in_range("disk.seek_ms", d.seek_ms, MAX_DISK_MS)?;
+                in_range("disk.rotation_ms", d.rotation_ms, MAX_DISK_MS)?;
+                in_range("disk.sequential_kb", d.sequential_kb, MAX_DISK_SEQUENTIAL_KB)?;
                 positive("disk.transfer_mb_s", d.transfer_mb_s)?;
                 ServiceModel::Disk(DiskModel {
                     seek_ns: d.seek_ms * 1e6,
@@ -300,7 +323,16 @@ impl DeviceSpec {
                 ServiceModel::Uniform { spread } => Some(spread),
                 _ => None,
             },
-            disk: None,
+            // The caller's disk model is checked as a configuration file's would be (it is kept as given).
+            disk: match service {
+                ServiceModel::Disk(d) => Some(DiskParams {
+                    seek_ms: d.seek_ns / 1e6,
+                    rotation_ms: d.rotation_ns / 1e6,
+                    transfer_mb_s: d.transfer_bytes_per_ns * 1e3,
+                    sequential_kb: d.sequential_bytes as f64 / 1024.0,
+                }),
+                _ => None,
+            },
             transfer_mb_s: None,
             discipline: None,
             array: None,
@@ -714,5 +746,31 @@ mod tests {
         assert_eq!(s.capacity_at(Nanos::from_secs(11)), 20.0);
         let d = Device::new(&s, 1);
         assert_eq!(d.capacity(), 50.0);
+        // Disk parameters: each names its field; infinities and values past the bound are refused too.
+        let disk = |d: DiskParams| DeviceParams { disk: Some(d), ..p("disk") }.validate();
+        assert!(disk(DiskParams::default()).is_ok());
+        let e = disk(DiskParams { seek_ms: f64::INFINITY, ..DiskParams::default() }).unwrap_err();
+        assert_eq!(e.to_string(), "disk.seek_ms must be a number from 0 to 60000, got inf");
+        let e = disk(DiskParams { rotation_ms: -1.0, ..DiskParams::default() }).unwrap_err();
+        assert_eq!(e, DeviceError::DiskParam { field: "disk.rotation_ms", value: -1.0, max: MAX_DISK_MS });
+        let e = disk(DiskParams { sequential_kb: f64::NAN, ..DiskParams::default() }).unwrap_err();
+        assert!(e.to_string().starts_with("disk.sequential_kb must be"), "{e}");
+        let e = disk(DiskParams { transfer_mb_s: 0.0, ..DiskParams::default() }).unwrap_err();
+        assert_eq!(e.to_string(), "disk.transfer_mb_s must be a positive number, got 0");
+    }
+
+    /// `DeviceSpec::new` checks a disk model given in code as a configuration file's is checked, and keeps
+    /// it exactly as given.
+    #[test]
+    fn a_disk_model_from_code_is_checked() {
+        let good = DiskModel { seek_ns: 4e6, rotation_ns: 4e6, transfer_bytes_per_ns: 0.1, sequential_bytes: 65536 };
+        let s = DeviceSpec::new(100.0, ServiceModel::Disk(good)).unwrap();
+        assert_eq!(s.service, ServiceModel::Disk(good));
+        let e = DeviceSpec::new(100.0, ServiceModel::Disk(DiskModel { seek_ns: -1.0, ..good })).unwrap_err();
+        assert_eq!(e, DeviceError::DiskParam { field: "disk.seek_ms", value: -1e-6, max: MAX_DISK_MS });
+        let e = DeviceSpec::new(100.0, ServiceModel::Disk(DiskModel { transfer_bytes_per_ns: f64::NAN, ..good }));
+        assert!(e.unwrap_err().to_string().starts_with("disk.transfer_mb_s must be a positive number"));
+        let e = DeviceSpec::new(100.0, ServiceModel::Disk(DiskModel { rotation_ns: 1e15, ..good })).unwrap_err();
+        assert!(matches!(e, DeviceError::DiskParam { field: "disk.rotation_ms", .. }), "{e}");
     }
 }

@@ -434,12 +434,66 @@ pub struct PeriodTally {
     pub last: Option<u64>,
 }
 
+/// What is wrong with a controller's configuration ([`Controller::new`]): each names the setting, the
+/// server or bucket (by index) and the value refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// `intervals` is 0.
+    #[error("intervals must be at least 1, got 0")]
+    NoIntervals,
+    /// The period is shorter than one nanosecond per interval.
+    #[error("the period ({period_ns} ns) must hold at least one nanosecond per interval ({intervals} intervals)")]
+    PeriodTooShort {
+        /// The period (ns).
+        period_ns: u64,
+        /// Intervals per period.
+        intervals: u32,
+    },
+    /// No servers, or more than [`MAX_SERVERS`].
+    #[error("between 1 and {max} servers, got {got}")]
+    ServerCount {
+        /// Servers given.
+        got: usize,
+        /// [`MAX_SERVERS`].
+        max: usize,
+    },
+    /// More than [`MAX_BUCKETS`] buckets.
+    #[error("at most {max} buckets, got {got}")]
+    BucketCount {
+        /// Buckets given.
+        got: usize,
+        /// [`MAX_BUCKETS`].
+        max: usize,
+    },
+    /// A capacity that is negative, infinite or NaN.
+    #[error("server {server}: capacity must be finite and non-negative, got {value} IOPS")]
+    Capacity {
+        /// The server's index.
+        server: usize,
+        /// The capacity given (IOPS).
+        value: f64,
+    },
+    /// A reservation or limit above [`MAX_TOKENS`], or a limit below the reservation.
+    #[error("bucket {bucket}: needs reservation <= limit <= {max} IOs per period, got reservation {reservation}{}",
+        limit.map_or(String::new(), |l| format!(" and limit {l}")))]
+    BucketQos {
+        /// The bucket's index.
+        bucket: usize,
+        /// Its reservation (IOs per period).
+        reservation: u64,
+        /// Its limit (IOs per period), if any.
+        limit: Option<u64>,
+        /// [`MAX_TOKENS`].
+        max: u64,
+    },
+}
+
 /// Why the controller refused a configuration or a report. A refused report changes nothing.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ControllerError {
-    /// The configuration, capacities or bucket QoS are invalid; the message says which rule failed.
+    /// The configuration, capacities or bucket QoS are invalid: [`ConfigError`] names which, and why.
     #[error("invalid controller configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     /// A report names a server index beyond the configured servers.
     #[error("report from unknown server {0}")]
     UnknownServer(u32),
@@ -543,23 +597,26 @@ impl Controller {
         capacity_iops: &[f64],
         buckets: Vec<BucketQos>,
     ) -> Result<Self, ControllerError> {
-        let bad = |m: &str| Err(ControllerError::Config(m.to_string()));
-        if config.intervals == 0 || config.period.0 < config.intervals as u64 {
-            return bad("the period must hold at least one nanosecond per interval, and intervals >= 1");
+        if config.intervals == 0 {
+            return Err(ConfigError::NoIntervals.into());
+        }
+        if config.period.0 < u64::from(config.intervals) {
+            return Err(ConfigError::PeriodTooShort { period_ns: config.period.0, intervals: config.intervals }.into());
         }
         if capacity_iops.is_empty() || capacity_iops.len() > MAX_SERVERS {
-            return bad("between 1 and 1024 servers");
+            return Err(ConfigError::ServerCount { got: capacity_iops.len(), max: MAX_SERVERS }.into());
         }
         if buckets.len() > MAX_BUCKETS {
-            return bad("too many buckets");
+            return Err(ConfigError::BucketCount { got: buckets.len(), max: MAX_BUCKETS }.into());
         }
-        if capacity_iops.iter().any(|c| !(c.is_finite() && *c >= 0.0)) {
-            return bad("capacities must be finite and non-negative");
+        if let Some((server, &value)) = capacity_iops.iter().enumerate().find(|(_, c)| !(c.is_finite() && **c >= 0.0)) {
+            return Err(ConfigError::Capacity { server, value }.into());
         }
-        for b in &buckets {
-            if b.reservation > MAX_TOKENS || b.limit.is_some_and(|l| l > MAX_TOKENS || l < b.reservation) {
-                return bad("each bucket needs reservation <= limit <= 10^12 IOs per period");
-            }
+        let bad_qos =
+            |b: &BucketQos| b.reservation > MAX_TOKENS || b.limit.is_some_and(|l| l > MAX_TOKENS || l < b.reservation);
+        if let Some((bucket, b)) = buckets.iter().enumerate().find(|(_, b)| bad_qos(b)) {
+            let (reservation, limit) = (b.reservation, b.limit);
+            return Err(ConfigError::BucketQos { bucket, reservation, limit, max: MAX_TOKENS }.into());
         }
         let tallies = vec![PeriodTally::default(); buckets.len()];
         Ok(Controller {
@@ -1697,14 +1754,32 @@ mod tests {
         assert_eq!(c.handle_report(report(0, 0, 0, vec![])), Ok(()), "a late report is counted");
         assert_eq!(c.handle_report(report(0, 0, 0, vec![])), Ok(()), "and once only");
         assert_eq!(c.late_reports_counted(), 1);
-        assert!(Controller::new(config(0, DemandEstimator::Arrivals), &[1.0], vec![]).is_err());
-        assert!(Controller::new(config(5, DemandEstimator::Arrivals), &[], vec![]).is_err());
-        assert!(Controller::new(
-            config(5, DemandEstimator::Arrivals),
-            &[1.0],
-            vec![BucketQos { reservation: 5, limit: Some(4) }]
-        )
-        .is_err());
+        // Each refused configuration names the setting, the server or bucket, and the value.
+        let arr = DemandEstimator::Arrivals;
+        let refused = |config, caps: &[f64], buckets| match Controller::new(config, caps, buckets) {
+            Err(ControllerError::Config(e)) => e,
+            other => panic!("expected a configuration error, got {:?}", other.map(|_| ())),
+        };
+        assert_eq!(refused(config(0, arr), &[1.0], vec![]), ConfigError::NoIntervals);
+        let short = ControllerConfig { period: Nanos(4), ..config(5, arr) };
+        assert_eq!(refused(short, &[1.0], vec![]), ConfigError::PeriodTooShort { period_ns: 4, intervals: 5 });
+        assert_eq!(refused(config(5, arr), &[], vec![]), ConfigError::ServerCount { got: 0, max: MAX_SERVERS });
+        let e = refused(config(5, arr), &[1.0, f64::NAN], vec![]);
+        assert!(matches!(e, ConfigError::Capacity { server: 1, value } if value.is_nan()), "{e:?}");
+        assert_eq!(
+            refused(config(5, arr), &[1.0, -2.0], vec![]).to_string(),
+            "server 1: capacity must be finite and non-negative, got -2 IOPS"
+        );
+        let qos = |reservation, limit| BucketQos { reservation, limit };
+        let e = refused(config(5, arr), &[1.0], vec![qos(1, None), qos(5, Some(4))]);
+        assert_eq!(e, ConfigError::BucketQos { bucket: 1, reservation: 5, limit: Some(4), max: MAX_TOKENS });
+        assert_eq!(
+            ControllerError::from(e).to_string(),
+            "invalid controller configuration: bucket 1: needs reservation <= limit <= 1000000000000 IOs per \
+             period, got reservation 5 and limit 4"
+        );
+        let e = refused(config(5, arr), &[1.0], vec![qos(MAX_TOKENS + 1, None)]);
+        assert_eq!(e, ConfigError::BucketQos { bucket: 0, reservation: MAX_TOKENS + 1, limit: None, max: MAX_TOKENS });
     }
 
     /// Whole IOs per period: reservations round up, limits down, never below the reservation.
