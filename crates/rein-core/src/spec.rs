@@ -12,7 +12,7 @@
 //! 4. weight in `[MIN_WEIGHT, MAX_WEIGHT]`;
 //! 5. idle credit sigma in `[0, MAX_IDLE_CREDIT]` (mClock §4.1.4 caps it at 256 IOs).
 
-use crate::units::{MAX_RATE, MAX_WEIGHT, MIN_RATE, MIN_WEIGHT};
+use crate::units::{Num, MAX_RATE, MAX_WEIGHT, MIN_RATE, MIN_WEIGHT};
 use std::fmt;
 
 /// Largest idle credit, in IOs (mClock §4.1.4: "we limit the setting to a maximum of 256 IOs").
@@ -22,7 +22,7 @@ pub const MAX_IDLE_CREDIT: u32 = 256;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
     /// A number is NaN or infinite (invariant 1; an unlimited limit is `None`, not infinity).
-    #[error("{field} must be a finite number, got {value}")]
+    #[error("{field} must be a finite number, got {}", Num(*.value))]
     NotFinite {
         /// Which number: `"reservation"`, `"limit"` or `"weight"`.
         field: &'static str,
@@ -30,7 +30,7 @@ pub enum SpecError {
         value: f64,
     },
     /// A reservation or limit outside `[MIN_RATE, MAX_RATE]` (invariants 2-3; a reservation may be 0).
-    #[error("{field} must be 0 (none) or between {min} and {max}, got {value}")]
+    #[error("{field} must be 0 (none) or between {min} and {max}, got {}", Num(*.value))]
     RateOutOfRange {
         /// Which rate: `"reservation"` or `"limit"`.
         field: &'static str,
@@ -42,7 +42,7 @@ pub enum SpecError {
         max: f64,
     },
     /// A weight outside `[MIN_WEIGHT, MAX_WEIGHT]` (invariant 4).
-    #[error("weight must be between {min} and {max}, got {value}")]
+    #[error("weight must be between {min} and {max}, got {}", Num(*.value))]
     WeightOutOfRange {
         /// The weight given.
         value: f64,
@@ -52,7 +52,7 @@ pub enum SpecError {
         max: f64,
     },
     /// The reservation is above the limit (invariant 3): no schedule can meet both.
-    #[error("reservation {reservation} exceeds limit {limit}")]
+    #[error("reservation {} exceeds limit {}", Num(*.reservation), Num(*.limit))]
     ReservationAboveLimit {
         /// The reservation given, cost units per second.
         reservation: f64,

@@ -254,6 +254,23 @@ impl fmt::Display for Cost {
 mod tests {
     use super::*;
 
+    /// Error messages print numbers as given, short: huge and tiny ones in exponent form.
+    #[test]
+    fn num_prints_short() {
+        let p = |x: f64| Num(x).to_string();
+        assert_eq!(p(1e308), "1e308");
+        assert_eq!(p(-2.5e20), "-2.5e20");
+        assert_eq!(p(1.5e-7), "1.5e-7");
+        // As `{}` prints them in between (the messages' tests compare these).
+        assert_eq!(p(-2.0), "-2");
+        assert_eq!(p(0.0), "0");
+        assert_eq!(p(0.5), "0.5");
+        assert_eq!(p(604_800.0), "604800");
+        assert_eq!(p(9e15), "9000000000000000");
+        assert_eq!(p(f64::INFINITY), "inf");
+        assert_eq!(p(f64::NAN), "NaN");
+    }
+
     #[test]
     fn one_million_iops_hour_is_exact() {
         // 3.6e9 steps of the rounded step land within one IO spacing of one hour.
@@ -295,5 +312,23 @@ mod tests {
         assert_eq!(Tag::from_nanos(Nanos(5)).ceil_nanos(), Nanos(5));
         assert_eq!(Tag(Tag::from_nanos(Nanos(5)).0 + 1).ceil_nanos(), Nanos(6));
         assert_eq!(Tag(u128::MAX).ceil_nanos(), Nanos::MAX);
+    }
+}
+
+/// A number as Rein's error messages print it: as `{}` prints an `f64` while that stays short, in
+/// exponent form when `{}` would print a long run of zeros (from 1e16 up, below 1e-5), so a value
+/// given as `1e308` reads back as `1e308` rather than as 309 digits. Infinities and NaN print as `{}`
+/// prints them (`inf`, `NaN`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Num(pub f64);
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let x = self.0;
+        if x != 0.0 && x.is_finite() && !(1e-5..1e16).contains(&x.abs()) {
+            write!(f, "{x:e}")
+        } else {
+            write!(f, "{x}")
+        }
     }
 }

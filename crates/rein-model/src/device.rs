@@ -53,7 +53,7 @@ pub use crate::array::{ArrayParams, ArraySpec, Raid};
 use crate::service::Draw;
 pub use crate::service::{round_ns, DiskModel, Job, ServiceModel};
 use rand_pcg::Pcg64Mcg;
-use rein_core::Nanos;
+use rein_core::{Nanos, Num};
 use serde::Deserialize;
 use std::collections::VecDeque;
 
@@ -161,7 +161,7 @@ pub struct DeviceParams<'a> {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DeviceError {
     /// A field that must be a positive number is not.
-    #[error("{field} must be a positive number, got {value}")]
+    #[error("{field} must be a positive number, got {}", Num(*.value))]
     NotPositive {
         /// The field's name.
         field: &'static str,
@@ -175,11 +175,11 @@ pub enum DeviceError {
     #[error("service {0:?}: expected exponential, uniform, deterministic or disk")]
     Service(String),
     /// `uniform_spread` outside [0, 1].
-    #[error("uniform_spread must be in [0, 1], got {0}")]
+    #[error("uniform_spread must be in [0, 1], got {}", Num(*.0))]
     Spread(f64),
     /// A disk time or distance that is negative, not finite, or above its bound ([`MAX_DISK_MS`],
     /// [`MAX_DISK_SEQUENTIAL_KB`]).
-    #[error("{field} must be a number from 0 to {max}, got {value}")]
+    #[error("{field} must be a number from 0 to {max}, got {}", Num(*.value))]
     DiskParam {
         /// The field's name (`disk.seek_ms`, `disk.rotation_ms`, `disk.sequential_kb`).
         field: &'static str,
@@ -189,7 +189,7 @@ pub enum DeviceError {
         max: f64,
     },
     /// A capacity step at a bad time.
-    #[error("capacity_schedule.at_s must be between 0 and {MAX_SCHEDULE_S} s, got {0}")]
+    #[error("capacity_schedule.at_s must be between 0 and {MAX_SCHEDULE_S} s, got {}", Num(*.0))]
     ScheduleTime(f64),
     /// Capacity steps out of order.
     #[error("capacity_schedule must be sorted by at_s")]
@@ -751,6 +751,8 @@ mod tests {
         assert!(disk(DiskParams::default()).is_ok());
         let e = disk(DiskParams { seek_ms: f64::INFINITY, ..DiskParams::default() }).unwrap_err();
         assert_eq!(e.to_string(), "disk.seek_ms must be a number from 0 to 60000, got inf");
+        let e = disk(DiskParams { seek_ms: 1e308, ..DiskParams::default() }).unwrap_err();
+        assert_eq!(e.to_string(), "disk.seek_ms must be a number from 0 to 60000, got 1e308");
         let e = disk(DiskParams { rotation_ms: -1.0, ..DiskParams::default() }).unwrap_err();
         assert_eq!(e, DeviceError::DiskParam { field: "disk.rotation_ms", value: -1.0, max: MAX_DISK_MS });
         let e = disk(DiskParams { sequential_kb: f64::NAN, ..DiskParams::default() }).unwrap_err();

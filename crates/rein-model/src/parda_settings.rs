@@ -30,7 +30,7 @@
 
 use crate::sched_settings::parse_scheduler;
 use rein_core::parda::{PardaConfig, SizeModel};
-use rein_core::{Nanos, SchedulerKind};
+use rein_core::{Nanos, Num, SchedulerKind};
 use serde::Deserialize;
 
 fn d_alpha() -> f64 {
@@ -176,7 +176,7 @@ pub fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
     if v.is_finite() && v >= lo && v <= hi {
         Ok(v)
     } else {
-        Err(format!("{what} must be between {lo} and {hi}, got {v}"))
+        Err(format!("{what} must be between {lo} and {hi}, got {}", Num(v)))
     }
 }
 

@@ -44,7 +44,7 @@
 use crate::trace::TraceRecord;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
-use rein_core::Nanos;
+use rein_core::{Nanos, Num};
 use serde::Deserialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -273,7 +273,7 @@ fn invalid(m: impl Into<String>) -> WorkloadError {
 
 fn secs(field: &str, v: f64) -> Result<Nanos, WorkloadError> {
     if !v.is_finite() || !(0.0..=MAX_SECONDS).contains(&v) {
-        return Err(invalid(format!("{field} must be between 0 and {MAX_SECONDS} s, got {v}")));
+        return Err(invalid(format!("{field} must be between 0 and {MAX_SECONDS} s, got {}", Num(v))));
     }
     Ok(Nanos::from_secs_f64(v))
 }
@@ -282,7 +282,7 @@ fn positive(field: &str, v: f64) -> Result<f64, WorkloadError> {
     if v.is_finite() && v > 0.0 {
         Ok(v)
     } else {
-        Err(invalid(format!("{field} must be a positive number, got {v}")))
+        Err(invalid(format!("{field} must be a positive number, got {}", Num(v))))
     }
 }
 
@@ -370,7 +370,7 @@ impl WorkloadParams {
         }
         for (f, v) in [("read_pct", self.read_pct), ("random_pct", self.random_pct)] {
             if !(0.0..=100.0).contains(&v) {
-                return Err(invalid(format!("{f} must be in [0, 100], got {v}")));
+                return Err(invalid(format!("{f} must be in [0, 100], got {}", Num(v))));
             }
         }
         let span = positive("span_gb", self.span_gb)?;

@@ -102,7 +102,7 @@ use crate::remote::{
 };
 use crate::sock::NodeAddress;
 use crate::tls::TlsConfig;
-use rein_core::{QosSpec, ReservationSplit, ServiceTracker};
+use rein_core::{Num, QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
 use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
 use rein_proto::nbd::ExportInfo;
@@ -384,7 +384,7 @@ fn seconds(key: &str, v: f64, lo: f64, hi: f64) -> Result<Duration, String> {
     if v.is_finite() && (lo..=hi).contains(&v) {
         Ok(Duration::from_secs_f64(v))
     } else {
-        Err(format!("{key} must be in {lo}..={hi} seconds, got {v}"))
+        Err(format!("{key} must be in {lo}..={hi} seconds, got {}", Num(v)))
     }
 }
 

@@ -131,7 +131,7 @@ pub use host::{check_fixed_window, HostConfig, HostController, HostStats, Period
 pub use shares::{ShareTracker, VmUsage};
 pub use window::WindowController;
 
-use crate::units::Nanos;
+use crate::units::{Nanos, Num};
 
 /// Largest window (IOs); the paper's windows are at most 64, arrays queue a few thousand at most.
 pub const MAX_WINDOW: f64 = 65_536.0;
@@ -148,10 +148,10 @@ pub const NORMALISED_IO_BYTES: u64 = 8192;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PardaError {
     /// [`PardaConfig::alpha`] is outside [0, 1] or NaN (the value given).
-    #[error("alpha (eq. (1) weight of past latency) must be in [0, 1], got {0}")]
+    #[error("alpha (eq. (1) weight of past latency) must be in [0, 1], got {}", Num(*.0))]
     Alpha(f64),
     /// [`PardaConfig::gamma`] is outside [0, 1] or NaN (the value given).
-    #[error("gamma (eq. (2) smoothing) must be in [0, 1], got {0}")]
+    #[error("gamma (eq. (2) smoothing) must be in [0, 1], got {}", Num(*.0))]
     Gamma(f64),
     /// [`PardaConfig::latency_threshold`] is zero (the value given, ns).
     #[error("latency threshold (script-L) must be positive, got {0} ns")]
@@ -160,7 +160,7 @@ pub enum PardaError {
     #[error("control period must be positive")]
     Period,
     /// [`PardaConfig::w_min`] is not a positive finite number at most [`MAX_WINDOW`].
-    #[error("w_min must be positive and at most {max}, got {value}")]
+    #[error("w_min must be positive and at most {max}, got {}", Num(*.value))]
     WMin {
         /// The w_min given, IOs.
         value: f64,
@@ -168,7 +168,7 @@ pub enum PardaError {
         max: f64,
     },
     /// [`PardaConfig::w_max`] is not a finite number at most [`MAX_WINDOW`].
-    #[error("w_max must be at most {max}, got {value}")]
+    #[error("w_max must be at most {max}, got {}", Num(*.value))]
     WMax {
         /// The w_max given, IOs.
         value: f64,
@@ -194,7 +194,7 @@ pub enum PardaError {
         w_max: f64,
     },
     /// [`HostConfig::beta`] is not a positive finite number at most [`MAX_BETA`].
-    #[error("beta must be a positive number at most {max}, got {value}")]
+    #[error("beta must be a positive number at most {max}, got {}", Num(*.value))]
     Beta {
         /// The beta given.
         value: f64,
@@ -202,7 +202,7 @@ pub enum PardaError {
         max: f64,
     },
     /// [`HostConfig::beta_per_share`] is not a positive finite number (the value given).
-    #[error("beta per share must be a positive number, got {0}")]
+    #[error("beta per share must be a positive number, got {}", Num(*.0))]
     BetaPerShare(f64),
     /// A [`SizeModel`] with a negative or non-finite cost, or with both costs zero.
     #[error("size model: fixed and per-byte costs must be finite and non-negative, and not both zero (got {fixed_ns} ns + {per_byte_ns} ns/B)")]
@@ -213,7 +213,7 @@ pub enum PardaError {
         per_byte_ns: f64,
     },
     /// [`HostConfig::fixed_window`] is not a finite number in [1, [`MAX_WINDOW`]].
-    #[error("fixed window must be in [1, {max}], got {value}")]
+    #[error("fixed window must be in [1, {max}], got {}", Num(*.value))]
     FixedWindow {
         /// The fixed window given, IOs.
         value: f64,

@@ -161,7 +161,7 @@
 use super::instance::{InstanceBuilder, MAX_BUCKETS, MAX_SERVERS, MAX_TOKENS};
 use super::{solve, ClassStats, SolveOptions};
 use crate::sched::tokens::Tokens;
-use crate::units::Nanos;
+use crate::units::{Nanos, Num};
 
 /// How the controller estimates a bucket's demand at a server (see the module comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -466,7 +466,7 @@ pub enum ConfigError {
         max: usize,
     },
     /// A capacity that is negative, infinite or NaN.
-    #[error("server {server}: capacity must be finite and non-negative, got {value} IOPS")]
+    #[error("server {server}: capacity must be finite and non-negative, got {} IOPS", Num(*.value))]
     Capacity {
         /// The server's index.
         server: usize,

@@ -17,7 +17,7 @@ pub use server::{parse_scheduler, Server};
 pub use tenant::Tenant;
 
 use crate::file::{FileError, ScenarioFile};
-use rein_core::{Nanos, SchedConfig, SchedulerKind};
+use rein_core::{Nanos, Num, SchedConfig, SchedulerKind};
 use rein_model::sched_settings::with_cost_model_shorthand;
 use std::path::Path;
 use std::sync::Arc;
@@ -153,7 +153,7 @@ impl Scenario {
 
 fn secs(name: &str, field: &str, v: f64) -> Result<Nanos, String> {
     if !v.is_finite() || !(0.0..=MAX_DURATION_S).contains(&v) {
-        return Err(format!("{name}: {field} must be between 0 and {MAX_DURATION_S} s, got {v}"));
+        return Err(format!("{name}: {field} must be between 0 and {MAX_DURATION_S} s, got {}", Num(v)));
     }
     Ok(Nanos::from_secs_f64(v))
 }

@@ -4,7 +4,7 @@
 use super::server::Server;
 use crate::file::{RoutingFile, TenantFile};
 use rein_core::sched::dmclock::{DEFAULT_SPREAD_WINDOW_IOS, MAX_SPREAD_WINDOW_IOS};
-use rein_core::{Nanos, QosSpec, ReservationSplit};
+use rein_core::{Nanos, Num, QosSpec, ReservationSplit};
 use rein_model::workload::WorkloadSpec;
 use rein_model::Routing;
 use std::path::Path;
@@ -34,7 +34,7 @@ fn positive(what: &str, v: f64) -> Result<f64, String> {
     if v.is_finite() && v > 0.0 {
         Ok(v)
     } else {
-        Err(format!("{what} must be a positive number, got {v}"))
+        Err(format!("{what} must be a positive number, got {}", Num(v)))
     }
 }
 

@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use rand_pcg::Pcg64Mcg;
 use rein_core::pshift::{Instance, InstanceBuilder, MAX_BUCKETS, MAX_SERVERS, MAX_TOKENS};
+use rein_core::Num;
 
 /// Parameters of a synthetic instance (the paper's stress case is the default but for `buckets`).
 #[derive(Debug, Clone, PartialEq)]
@@ -88,7 +89,7 @@ impl GenParams {
             ("demand ratio m", self.demand_ratio, 0.0, 1000.0),
         ] {
             if !(v.is_finite() && (lo..=hi).contains(&v)) {
-                return Err(format!("{name} must be in [{lo}, {hi}], got {v}"));
+                return Err(format!("{name} must be in [{lo}, {hi}], got {}", Num(v)));
             }
         }
         if let Some(l) = self.limit_ratio {

@@ -18,6 +18,7 @@ use gen::{pick_servers, zipf_reservations, zipf_weights};
 use rand::Rng;
 use rein_core::pshift::tokens::ROrder;
 use rein_core::pshift::{DemandEstimator, EarlyRounds};
+use rein_core::Num;
 use rein_core::{Nanos, QosSpec};
 use rein_model::workload::{WorkloadKind, WorkloadSpec, MAX_OUTSTANDING};
 use rein_model::Routing;
@@ -158,7 +159,7 @@ impl PshiftSection {
 
 fn secs(field: &str, v: f64, min: f64, max: f64) -> Result<Nanos, String> {
     if !(v.is_finite() && v >= min && v <= max) {
-        return Err(format!("pshift.{field} must be between {min} and {max}, got {v}"));
+        return Err(format!("pshift.{field} must be between {min} and {max}, got {}", Num(v)));
     }
     Ok(Nanos::from_secs_f64(v))
 }
@@ -273,7 +274,7 @@ fn positive(field: &str, v: f64) -> Result<f64, String> {
     if v.is_finite() && v > 0.0 && v <= 1e12 {
         Ok(v)
     } else {
-        Err(format!("pshift.generate.{field} must be a positive number, got {v}"))
+        Err(format!("pshift.generate.{field} must be a positive number, got {}", Num(v)))
     }
 }
 
