@@ -279,9 +279,13 @@ async fn two_servers(
 
 /// A job with a window at each of two servers, reached directly (`window_addrs`), and demand phases: the
 /// first 1.5 s only at server 0, then only at server 1. Each server, a device of 2,000 IOPS, then serves
-/// the job for 1.5 s: at most about 3,000 IOs each (with both windows active all along, about 6,000 each;
-/// the lower bound allows for debug-built servers on a machine busy with other tests). The run waits at
-/// its start gate: it says it is ready once connected, and its time starts only when told.
+/// the job for 1.5 s: at most about 3,000 IOs each (with both windows active all along, about 6,000
+/// each). What shows the phases, whatever the machine's speed, is when each server serves: server 1
+/// nothing in the first phase, server 0 nothing from half a second into the second (its last window
+/// drains in milliseconds). The lower bound on the counts only says each server served the job in its
+/// phase: debug-built servers on a machine busy with other tests serve far below the device's rate (in
+/// a CI run on 2026-12-01 server 1 served 1,635, 55 % of the 3,000). The run waits at its start gate:
+/// it says it is ready once connected, and its time starts only when told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demand_phases_move_a_jobs_windows_between_servers() {
     let secs = 3.0;
@@ -289,8 +293,16 @@ async fn demand_phases_move_a_jobs_windows_between_servers() {
     let phases = vec![(Nanos::ZERO, vec![1.0, 0.0]), (Nanos::from_secs_f64(1.5), vec![0.0, 1.0])];
     let (t, counts) = two_servers(j, phases, None, secs).await;
     for (k, &n) in counts.iter().enumerate() {
-        assert!((1800..=3300).contains(&n), "server {k} served {n} of the job's IOs, not up to 3,000: {counts:?}");
+        assert!((600..=3300).contains(&n), "server {k} served {n} of the job's IOs, not up to 3,000: {counts:?}");
     }
+    // Completions per server over a window of the run (500 ms intervals).
+    let ts = &t.timeseries;
+    let served = |server: usize, a: f64, b: f64| -> u32 {
+        ts.window(a, b).map(|i| ts.server_cells[server * ts.intervals + i]).sum()
+    };
+    assert_eq!(served(1, 0.0, 1.5), 0, "server 1 serves nothing before its phase");
+    assert_eq!(served(0, 2.0, 3.0), 0, "server 0 serves nothing once its phase is over");
+    assert!(served(0, 0.0, 1.5) > 0 && served(1, 2.0, 3.0) > 0, "each serves in its phase");
     // The report counts them at their servers too.
     for (s, &n) in t.summary.servers.iter().zip(&counts) {
         assert!(within(s.iops * 3.0, n as f64, 5.0), "{} at {} IOPS over the run, {n} IOs served", s.name, s.iops);
