@@ -296,10 +296,7 @@ async fn demand_phases_move_a_jobs_windows_between_servers() {
         assert!((600..=3300).contains(&n), "server {k} served {n} of the job's IOs, not up to 3,000: {counts:?}");
     }
     // Completions per server over a window of the run (500 ms intervals).
-    let ts = &t.timeseries;
-    let served = |server: usize, a: f64, b: f64| -> u32 {
-        ts.window(a, b).map(|i| ts.server_cells[server * ts.intervals + i]).sum()
-    };
+    let served = |server: usize, a: f64, b: f64| t.timeseries.server_ios(server, a, b);
     assert_eq!(served(1, 0.0, 1.5), 0, "server 1 serves nothing before its phase");
     assert_eq!(served(0, 2.0, 3.0), 0, "server 0 serves nothing once its phase is over");
     assert!(served(0, 0.0, 1.5) > 0 && served(1, 2.0, 3.0) > 0, "each serves in its phase");

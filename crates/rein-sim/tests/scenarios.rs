@@ -38,14 +38,28 @@ fn every_scenario_meets_its_expectations() {
     assert!(misses.is_empty(), "missed expectations:\n{}", misses.join("\n"));
 }
 
+/// The four pShift runs of paper scale (64 servers, 10,000 buckets): 20-33 s each in the test profile,
+/// three quarters of a pass over every scenario. Their checks are over thousands of buckets, so a seed
+/// moves them least; `pshift-exp1-small` (the same experiment at a smaller scale) stays in the pass,
+/// and `bash scripts/seeds.sh` runs these too (seeds 2-7 all met, 2026-12-01). They still run with
+/// their file's seed and under a wrong scheduler below.
+const SLOW_FOR_THE_SEED_PASS: [&str; 4] =
+    ["pshift-exp1", "pshift-exp2-na2-nd0", "pshift-exp2-na2-nd1", "pshift-exp2-na2-nd1-early"];
+
 /// The checks must hold for other seeds too, not only for the seed in the file: each scenario runs once
 /// more with a seed from 2 to 20, a different one per scenario (its position in the sorted list), so
-/// every CI run covers a spread of seeds. `bash scripts/seeds.sh` runs all of seeds 1-20.
+/// every CI run covers a spread of seeds; except [`SLOW_FOR_THE_SEED_PASS`]. `bash scripts/seeds.sh`
+/// runs every scenario with seeds 1-20.
 #[test]
 fn a_sample_of_other_seeds_meets_the_expectations() {
     let mut misses = Vec::new();
+    let mut left_out = Vec::new();
     for (i, f) in scenario_files().iter().enumerate() {
         let sc = Scenario::load(f).unwrap_or_else(|e| panic!("{e}"));
+        if SLOW_FOR_THE_SEED_PASS.contains(&sc.name.as_str()) {
+            left_out.push(sc.name);
+            continue;
+        }
         let sc = sc.with_seed(2 + (i as u64 % 19)).unwrap();
         let (_, results) = run_and_check(&sc, &mut |_| {}).unwrap();
         for c in results.into_iter().filter(|c| !c.ok) {
@@ -53,6 +67,11 @@ fn a_sample_of_other_seeds_meets_the_expectations() {
         }
     }
     assert!(misses.is_empty(), "missed expectations:\n{}", misses.join("\n"));
+    assert_eq!(
+        left_out.len(),
+        SLOW_FOR_THE_SEED_PASS.len(),
+        "a scenario left out of the seed pass is gone: {left_out:?}"
+    );
 }
 
 #[test]

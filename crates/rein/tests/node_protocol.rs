@@ -147,7 +147,11 @@ fn a_large_delta_gets_proportionally_less() {
         NodeTag { slot: 0, share: 65536, delta, rho: 0, pool_busy: false },
         NodeTag { slot: 1, share: 65536, delta: 0, rho: 0, pool_busy: false },
     ];
-    let depth = 16; // requests outstanding per tenant: both always backlogged at the node
+    // Requests outstanding per tenant: both always backlogged at the node. The share holds only while
+    // both are queued there; a window of 16 let m's queue (1,600 IOPS) drain whenever this client thread
+    // stalled for 10 ms, and a then took the node alone (0.231 once, on an idle machine). With 64, m
+    // keeps requests queued through a 40 ms stall.
+    let depth = 64;
     let mut handle = 0u64;
     for t in tags {
         for _ in 0..depth {

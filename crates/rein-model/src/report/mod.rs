@@ -180,6 +180,16 @@ impl Timeseries {
         &self.cells[tenant * self.intervals + i]
     }
 
+    /// Server `server`'s completions in interval `i`.
+    pub fn server_cell(&self, server: usize, i: usize) -> u32 {
+        self.server_cells[server * self.intervals + i]
+    }
+
+    /// Server `server`'s completions over the intervals fully inside [a, b] seconds.
+    pub fn server_ios(&self, server: usize, a: f64, b: f64) -> u64 {
+        self.window(a, b).map(|i| self.server_cell(server, i) as u64).sum()
+    }
+
     /// Interval indices fully inside [a, b] seconds.
     pub fn window(&self, a: f64, b: f64) -> std::ops::Range<usize> {
         interval_window(self.interval_s, self.intervals, a, b)
@@ -407,9 +417,8 @@ impl RunTotals {
         let ts = &self.timeseries;
         match metric {
             ServerMetric::Iops => {
-                let w = ts.window(a, b);
-                let secs = w.len() as f64 * ts.interval_s;
-                let n: u64 = w.map(|i| ts.server_cells[s * ts.intervals + i] as u64).sum();
+                let secs = ts.window(a, b).len() as f64 * ts.interval_s;
+                let n = ts.server_ios(s, a, b);
                 if secs > 0.0 {
                     n as f64 / secs
                 } else {
