@@ -55,31 +55,6 @@ if cargo +nightly --version >/dev/null 2>&1; then
 fi
 stop_fuzz_build() { [ -z "$fuzz_build_pid" ] || { pkill -P "$fuzz_build_pid" 2>/dev/null; kill "$fuzz_build_pid" 2>/dev/null; } || true; }
 trap 'stop_fuzz_build; rm -f "$fuzz_build_log"' EXIT
-# The one-hour exactness test (rein-core's one_hour_at_one_million_iops_is_exact: 3.6e9 requests through
-# the mClock scheduler on one thread, 7-15 minutes of CPU on this VM by the hour; #[ignore]d in a plain
-# cargo test) is the longest single job and cannot be split. It starts now, from a build of its own
-# (rein-core's unit tests in target/hour-test, about 50 s: its own target directory, so it never waits
-# for the main build's lock), at nice 19: it takes what CPU the lints and the build leave, beside the fuzz
-# targets' build. Started after the build it ended last, alone on one CPU: on 2026-12-01 1,247 s after
-# its start, the run 1,887 s, the last 215 s with the other CPU idle. (At normal priority from the start
-# it slowed the lints and the build by 240 s: 1,818 s.) Its result joins the closing summary.
-tests_tmp=$(mktemp -d) # the tests' temp directory (below)
-hour_test=sched::mclock::tests::one_hour_at_one_million_iops_is_exact
-hour_log=$(mktemp)
-hour_started=$(date +%s)
-(
-  exe=$(cargo test -p rein-core --lib --locked --no-run --target-dir "$root/target/hour-test" \
-    --message-format=json 2>"$hour_log.build" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | head -n 1) || true
-  [ -n "$exe" ] && [ -x "$exe" ] || { echo "no test executable for the one-hour test:"; tail -n 20 "$hour_log.build"; exit 1; }
-  cd crates/rein-core || exit 1
-  TMPDIR=$tests_tmp nice -n 19 "$exe" --ignored --exact "$hour_test" &
-  wait $! && rc=0 || rc=$?
-  date +%s >"$hour_log.end"
-  exit "$rc"
-) >"$hour_log" 2>&1 &
-hour_pid=$!
-stop_hour_test() { { pkill -P "$hour_pid" 2>/dev/null; kill "$hour_pid" 2>/dev/null; } || true; rm -f "$hour_log" "$hour_log".*; }
-trap 'stop_hour_test; stop_fuzz_build; rm -f "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
 # The house style first: formatting, clippy with warnings as errors (the [workspace.lints] table), and the
 # docs with rustdoc warnings as errors. rustfmt and clippy come with rustup's default profile; add them if
 # this toolchain lacks them.
@@ -97,35 +72,44 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-it
 step "build and tests"
 cargo build --workspace --all-targets --locked
 log=$(mktemp)
-# The tests get a temp directory of their own (made above), which must be empty again when they end:
-# every test removes what it creates. The repository must not gain untracked files either.
+# The tests get a temp directory of their own, which must be empty again when they end: every test removes
+# what it creates. The repository must not gain untracked files either.
+tests_tmp=$(mktemp -d)
+trap 'stop_fuzz_build; rm -f "$log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
 untracked() { git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true; }
 untracked_before=$(untracked)
-# Two more sets of tests do nothing but compute (no daemon, no real time): rein-sim's scenario test
-# (every scenario file, run again with another seed and under a wrong scheduler) and fuzz-corpus replay.
-# They start now, at the lowest CPU priority (SCHED_IDLE where chrt can set it, else nice 19), below the
-# one-hour test (nice 19), and take the CPU the tests below leave idle while those wait on daemons
-# and device models (on 2026-11-30 the scenario test alone held both CPUs for 340 s of the tests' 13.5
-# min when it ran among them), then the rest beside the fuzz stage. The main run skips their tests by
-# name (--skip, exact names), and their results join the closing summary. Their binaries are run
-# directly, from their package's directory as cargo runs them (a second cargo would wait for the first's
-# lock).
-bg_names=("the one-hour exactness test") bg_pids=("$hour_pid") bg_logs=("$hour_log") bg_started=("$hour_started")
+# Three sets of tests do nothing but compute (no daemon, no real time), and together they are most of the
+# tests' CPU: rein-core's one-hour exactness test (one_hour_at_one_million_iops_is_exact: 3.6e9 requests
+# through the mClock scheduler on one thread, #[ignore]d in a plain cargo test), and rein-sim's scenario
+# test (every scenario file, run again with another seed and under a wrong scheduler) and fuzz-corpus
+# replay. They start now, at the lowest CPU priorities (below), and take the CPU the tests below leave
+# idle while those wait on daemons and device models (on 2026-11-30 the scenario test alone held both
+# CPUs for 340 s of the tests' 13.5 min when it ran among them), then the rest beside the fuzz stage.
+# The main run skips their tests by name (--skip, exact names), and their results join the closing
+# summary. Their binaries are run directly, from their package's directory as cargo runs them (a second
+# cargo would wait for the first's lock).
+bg_names=() bg_pids=() bg_logs=() bg_started=()
 # The test executables, as "source path, executable" lines. The workspace's own --no-run (a no-op after the
 # build above): `cargo test -p PACKAGE` would unify features over that package alone and rebuild it.
 test_exes=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"src_path":"\([^"]*\)".*"executable":"\([^"]*\)".*/\1 \2/p')
 test_exe() { echo "$test_exes" | awk -v src="$root/$1" '$1 == src { print $2; exit }'; } # source path
+# The one-hour test is one thread and the longest of the three: it runs at nice 19, the other two below
+# it (SCHED_IDLE where chrt can set it), so that it has a CPU to itself whenever the tests leave one idle.
+# (All three at nice 19, 2026-12-01: it got about half a CPU, ended 1,155 s after its start and last, and
+# the run took 1,696 s; the scenario test ended 296 s before it.)
 lowest=(nice -n 19)
 if command -v chrt >/dev/null 2>&1 && chrt --idle 0 true 2>/dev/null; then lowest=(chrt --idle 0); fi
-start_bg() { # name, package directory, executable, its arguments
-  local name=$1 dir=$2 exe=$3 l
-  shift 3
+start_bg() { # name, priority (low: nice 19; lowest), package directory, executable, its arguments
+  local name=$1 prio=$2 dir=$3 exe=$4 l
+  local run=(nice -n 19)
+  [ "$prio" = low ] || run=("${lowest[@]}")
+  shift 4
   [ -x "$exe" ] || { echo "== no test executable for $name" >&2; exit 1; }
   l=$(mktemp)
   (
     cd "$dir" || exit 1
-    TMPDIR=$tests_tmp "${lowest[@]}" "$exe" "$@"
+    TMPDIR=$tests_tmp "${run[@]}" "$exe" "$@"
     rc=$?
     date +%s >"$l.end"
     exit "$rc"
@@ -134,14 +118,16 @@ start_bg() { # name, package directory, executable, its arguments
 }
 stop_bg() {
   for p in "${bg_pids[@]}"; do { pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; } || true; done
-  for l in "${bg_logs[@]}"; do rm -f "$l" "$l".*; done
+  for l in "${bg_logs[@]}"; do rm -f "$l" "$l.end"; done
 }
 trap 'stop_bg; stop_fuzz_build; rm -f "$log" "$fuzz_build_log"; rm -rf "$tests_tmp"' EXIT
-step "in the background, beside the tests and the fuzz stage: rein-sim's scenario and corpus tests (${lowest[*]}); the one-hour exactness test, running since the start (nice 19)"
+step "in the background, beside the tests and the fuzz stage: the one-hour exactness test (nice 19), rein-sim's scenario and corpus tests (${lowest[*]})"
+hour_test=sched::mclock::tests::one_hour_at_one_million_iops_is_exact
+start_bg "the one-hour exactness test" low crates/rein-core "$(test_exe crates/rein-core/src/lib.rs)" --ignored --exact "$hour_test"
 skip=()
 for t in scenarios corpus; do
   exe=$(test_exe "crates/rein-sim/tests/$t.rs")
-  start_bg "rein-sim's $t test" crates/rein-sim "$exe"
+  start_bg "rein-sim's $t test" lowest crates/rein-sim "$exe"
   # Each of its tests by exact name (the list from the binary itself, so a test added there is skipped too).
   for name in $("$exe" --list 2>/dev/null | sed -n 's/: test$//p'); do skip+=(--skip "$name"); done
 done
@@ -165,8 +151,7 @@ for i in "${!bg_pids[@]}"; do
   if wait "${bg_pids[$i]}"; then
     # Its own time ("finished in"), when it ended, and how long before the script waited for it (after
     # the fuzz stage): which of them ended last.
-    end=$(cat "${bg_logs[$i]}.end")
-    echo "== ${bg_names[$i]} passed ($(grep -o 'finished in [0-9.]*s' "${bg_logs[$i]}" | tail -n 1); ended $((end - bg_started[i])) s after its start, at [$((end - $(date +%s) + SECONDS)) s], $(($(date +%s) - end)) s before this wait)" >&2
+    echo "== ${bg_names[$i]} passed ($(grep -o 'finished in [0-9.]*s' "${bg_logs[$i]}" | tail -n 1); ended $(($(cat "${bg_logs[$i]}.end") - bg_started[i])) s after its start, $(($(date +%s) - $(cat "${bg_logs[$i]}.end"))) s before this wait)" >&2
   else
     echo "== ${bg_names[$i]} FAILED; the last lines of its output:" >&2
     tail -n 60 "${bg_logs[$i]}" >&2
