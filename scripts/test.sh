@@ -132,7 +132,7 @@ for t in scenarios corpus; do
   for name in $("$exe" --list 2>/dev/null | sed -n 's/: test$//p'); do skip+=(--skip "$name"); done
 done
 set +e
-TMPDIR=$tests_tmp cargo test --workspace --locked -- --exact "${skip[@]}" 2>&1 | tee "$log"
+TMPDIR=$tests_tmp cargo test --workspace --locked --no-fail-fast -- --exact "${skip[@]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # A short coverage-guided fuzz run of every decoder from the committed corpus (fuzz/README.md); it needs a
