@@ -11,6 +11,16 @@ fn scenario(name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name).display().to_string()
 }
 
+/// The live demo times a real server over a modelled device; every other test here is a simulation or a
+/// benchmark that keeps a CPU busy. Those hold this lock shared and the live demo holds it alone, so it
+/// never runs beside them on a two-core machine (in a CI run beside them and the background jobs, the
+/// modelled device delivered 1,041 of its 1,200 IOPS and RD missed its reservation).
+static CPU: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn busy() -> std::sync::RwLockReadGuard<'static, ()> {
+    CPU.read().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh directory under the temp dir, removed with everything in it when dropped (also on a panic).
 fn tmp(name: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("rein-cli-{name}-")).tempdir().expect("temp dir")
@@ -18,6 +28,7 @@ fn tmp(name: &str) -> tempfile::TempDir {
 
 #[test]
 fn simulated_demo_meets_the_paper_and_writes_plots() {
+    let _cpu = busy();
     let dir = tmp("demo");
     let out = dir.path();
     let (ok, stdout, stderr) = rein(&["demo", "--simulated", "--out", out.to_str().unwrap()]);
@@ -33,6 +44,7 @@ fn simulated_demo_meets_the_paper_and_writes_plots() {
 
 #[test]
 fn simulated_demo_with_fifo_shows_the_violation() {
+    let _cpu = busy();
     let dir = tmp("demo-fifo");
     let (ok, stdout, _) = rein(&["demo", "--simulated", "--scheduler", "fifo", "--out", dir.path().to_str().unwrap()]);
     assert!(ok, "demo runs with fifo for comparison");
@@ -42,6 +54,7 @@ fn simulated_demo_with_fifo_shows_the_violation() {
 
 #[test]
 fn sim_json_and_check() {
+    let _cpu = busy();
     let (ok, stdout, stderr) = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--check"]);
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is only JSON");
@@ -55,6 +68,7 @@ fn sim_json_and_check() {
 
 #[test]
 fn sim_check_names_each_miss_and_fails() {
+    let _cpu = busy();
     // Fig. 5 under SFQ: the limits are not enforced, so VM2 and VM3 miss.
     let (ok, stdout, stderr) = rein(&["sim", &scenario("mclock-fig5.toml"), "--scheduler", "sfq", "--check", "-q"]);
     assert!(!ok);
@@ -64,6 +78,7 @@ fn sim_check_names_each_miss_and_fails() {
 
 #[test]
 fn sim_seed_changes_output_and_same_seed_does_not() {
+    let _cpu = busy();
     let a = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--seed", "5"]).1;
     let b = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--seed", "5"]).1;
     let c = rein(&["sim", &scenario("mclock-fig5.toml"), "--json", "--seed", "6"]).1;
@@ -73,6 +88,7 @@ fn sim_seed_changes_output_and_same_seed_does_not() {
 
 #[test]
 fn bench_sched_json_has_required_fields() {
+    let _cpu = busy();
     let (ok, stdout, stderr) =
         rein(&["bench", "sched", "--tenants", "10,100", "--requests", "20000", "--repeat", "1", "--json"]);
     assert!(ok, "{stderr}");
@@ -91,6 +107,7 @@ fn bench_sched_json_has_required_fields() {
 
 #[test]
 fn bench_sim_reports_against_a_fifo_baseline() {
+    let _cpu = busy();
     let (ok, stdout, stderr) =
         rein(&["bench", "sim", "--tenants", "40", "--servers", "2", "--seconds", "0.05", "--json"]);
     assert!(ok, "{stderr}");
@@ -112,6 +129,7 @@ fn bench_sim_reports_against_a_fifo_baseline() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
+    let _cpu = busy();
     let (ok, _, e) = rein(&["bench", "sched", "--tenants", "abc"]);
     assert!(!ok && e.contains("\"abc\" is not a tenant count"), "{e}");
     let (ok, _, e) = rein(&["bench", "sched", "--scheduler", "nope"]);
@@ -128,18 +146,65 @@ fn bad_arguments_are_clear_errors() {
 /// violations; both are printed side by side.
 #[test]
 fn live_demo_keeps_reservations_limits_and_weights_and_fifo_does_not() {
+    let _alone = CPU.write().unwrap_or_else(|e| e.into_inner());
+    let iops = |v: &serde_json::Value, w: usize, t: usize| v["windows"][w]["tenants"][t]["iops"].as_f64().unwrap();
+    // mClock: reservations and the limit held by the demo's own judgement; window 0 (2,400 IOPS): DM at its
+    // 1,000 limit (+2%), RD : OLTP = 1 : 2 (10%); window 1 (1,200 IOPS): RD keeps its 250 reservation (5%),
+    // OLTP : DM = 2 : 3 (10%).
+    let mclock = |m: &serde_json::Value| -> Result<(), String> {
+        let (dm, rd_oltp) = (iops(m, 0, 2), iops(m, 0, 1) / iops(m, 0, 0));
+        let (rd, dm_oltp) = (iops(m, 1, 0), iops(m, 1, 2) / iops(m, 1, 1));
+        let fails = [
+            (m["reservations_held"] != true, "reservations not held".to_string()),
+            (m["limits_held"] != true, "limit not held".to_string()),
+            (!(950.0..=1020.0).contains(&dm), format!("DM {dm}")),
+            ((rd_oltp - 2.0).abs() > 0.2, format!("OLTP/RD {rd_oltp}")),
+            (rd < 237.5, format!("RD {rd}")),
+            ((dm_oltp - 1.5).abs() > 0.15, format!("DM/OLTP {dm_oltp}")),
+        ];
+        let msg: Vec<String> = fails.into_iter().filter(|f| f.0).map(|f| f.1).collect();
+        if msg.is_empty() {
+            Ok(())
+        } else {
+            Err(msg.join("; "))
+        }
+    };
+    // FIFO: DM over its limit and RD under its reservation.
+    let fifo = |f: &serde_json::Value| -> Result<(), String> {
+        let ok = f["limits_held"] == false && f["reservations_held"] == false;
+        if ok && iops(f, 0, 2) > 1100.0 && iops(f, 1, 0) < 225.0 {
+            Ok(())
+        } else {
+            Err(format!("FIFO held what it cannot: DM {}, RD {}", iops(f, 0, 2), iops(f, 1, 0)))
+        }
+    };
+    // A run that a loaded machine stalled (the device model then delivers less than its capacity, and
+    // every tenant less than its share) is run again, up to three runs per scheduler; a scheduler that
+    // does not keep the specs misses in every run.
     let mut res = vec![];
-    for sched in ["mclock", "fifo"] {
-        let dir = tmp(&format!("live-{sched}"));
-        let out = dir.path();
-        let (ok, stdout, stderr) =
-            rein(&["demo", "--scheduler", sched, "--seconds", "12", "--json", "--out", out.to_str().unwrap()]);
-        assert!(ok, "{stderr}");
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        assert!(out.join("iops.png").exists() && out.join("summary.json").exists());
+    type Judge<'a> = &'a dyn Fn(&serde_json::Value) -> Result<(), String>;
+    let runs: [(&str, Judge); 2] = [("mclock", &mclock), ("fifo", &fifo)];
+    for (sched, judge) in runs {
+        let mut misses = vec![];
+        let v = loop {
+            let dir = tmp(&format!("live-{sched}"));
+            let out = dir.path();
+            let (ok, stdout, stderr) =
+                rein(&["demo", "--scheduler", sched, "--seconds", "12", "--json", "--out", out.to_str().unwrap()]);
+            assert!(ok, "{stderr}");
+            let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            assert!(out.join("iops.png").exists() && out.join("summary.json").exists());
+            match judge(&v) {
+                Ok(()) => break v,
+                Err(e) => misses.push(e),
+            }
+            assert!(misses.len() < 3, "{sched}: missed in three runs: {misses:?}");
+        };
+        if !misses.is_empty() {
+            eprintln!("{sched}: run again after {misses:?}");
+        }
         res.push(v);
     }
-    let iops = |v: &serde_json::Value, w: usize, t: usize| v["windows"][w]["tenants"][t]["iops"].as_f64().unwrap();
     eprintln!("{:<28} {:>10} {:>10} {:>10}", "window / tenant (oracle)", "mclock", "fifo", "oracle");
     for w in 0..2 {
         for t in 0..3 {
@@ -153,20 +218,4 @@ fn live_demo_keeps_reservations_limits_and_weights_and_fifo_does_not() {
             );
         }
     }
-    let m = &res[0];
-    assert_eq!(m["reservations_held"], true);
-    assert_eq!(m["limits_held"], true);
-    // Window 0 (2,400 IOPS): DM at its 1,000 limit (+2%), RD : OLTP = 1 : 2 (10%).
-    assert!(iops(m, 0, 2) <= 1020.0 && iops(m, 0, 2) >= 950.0, "DM {}", iops(m, 0, 2));
-    let ratio = iops(m, 0, 1) / iops(m, 0, 0);
-    assert!((ratio - 2.0).abs() <= 0.2, "OLTP/RD {ratio}");
-    // Window 1 (1,200 IOPS): RD keeps its 250 reservation (5%), OLTP : DM = 2 : 3 (10%).
-    assert!(iops(m, 1, 0) >= 237.5, "RD {}", iops(m, 1, 0));
-    let ratio = iops(m, 1, 2) / iops(m, 1, 1);
-    assert!((ratio - 1.5).abs() <= 0.15, "DM/OLTP {ratio}");
-    // FIFO: DM over its limit and RD under its reservation.
-    let f = &res[1];
-    assert_eq!(f["limits_held"], false);
-    assert_eq!(f["reservations_held"], false);
-    assert!(iops(f, 0, 2) > 1100.0 && iops(f, 1, 0) < 225.0);
 }
