@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{config_file, random_file, run_ok, tmpdir, tool, Rein, Server};
+use common::{config_file, measure_again, random_file, run_ok, tmpdir, tool, Rein, Server};
 use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -308,20 +308,16 @@ fn probe_measures_and_admission_uses_the_measurement() {
     std::fs::write(&path, &cfg).unwrap();
     // A probe that a loaded machine stalled (a 2 s run loses 10% to a 0.2 s stall) is run again, up to
     // three in all; a probe that measures something other than the model is off in every run.
-    let mut runs = Vec::new();
-    while runs.len() < 3 {
+    let probe = || {
         let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
             .args(["probe", "--config", path.to_str().unwrap(), "--seconds", "2", "--json"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let iops = v["iops"].as_f64().unwrap();
-        runs.push(iops);
-        if (iops - 800.0).abs() < 80.0 {
-            break;
-        }
-    }
+        v["iops"].as_f64().unwrap()
+    };
+    let runs = measure_again(3, probe, |iops| (iops - 800.0).abs() < 80.0);
     let iops = *runs.last().unwrap();
     assert!((iops - 800.0).abs() < 80.0, "probe through an 800 IOPS device model: {runs:?} IOPS in each run");
     // Writes need --destructive; unknown exports are named.

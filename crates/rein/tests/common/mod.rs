@@ -484,6 +484,23 @@ impl Raw {
     }
 }
 
+/// Runs `measure` (a timed measurement of real daemons) until `ok` accepts a result, up to `tries` runs in
+/// all, and returns every result, the last one the judged one. A loaded machine (CI, beside its background
+/// jobs) can stall the daemons for a second or more and spoil one measurement; an implementation that is
+/// wrong misses in every run, so the check still fails on it.
+pub(crate) fn measure_again<T>(tries: usize, mut measure: impl FnMut() -> T, ok: impl Fn(&T) -> bool) -> Vec<T> {
+    let mut runs = Vec::new();
+    while runs.len() < tries {
+        let m = measure();
+        let good = ok(&m);
+        runs.push(m);
+        if good {
+            break;
+        }
+    }
+    runs
+}
+
 /// Held by the tests of a binary that time real rates (its cluster or daemons against an equation or the
 /// simulator), so that they do not run beside each other: on two cores, debug daemons of two such tests at
 /// once starve each other (cluster.rs and pshift_daemons.rs say what was measured).
