@@ -494,14 +494,28 @@ note = "a processor-sharing array serves C whatever the windows"
 fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
     let _serial = common::measuring();
     let (tmp, run_tmp) = run_dirs();
-    let out_dir = tmp.path().join("out");
     let sc = scenario(tmp.path(), PARDA_TWO_HOSTS);
-    let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--json", "--out"])
-        .arg(&out_dir)
-        .output()
-        .unwrap();
+    // A run that a loaded machine stalled is run again, up to three in all (`common::measure_again`; a CI
+    // run's array served 1,835 of its 2,000 IOPS over the checked window); hosts that do not follow
+    // eq. (3) miss in every run.
+    let mut n = 0;
+    let runs = common::measure_again(
+        3,
+        || {
+            n += 1;
+            let out_dir = tmp.path().join(format!("out{n}"));
+            let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--json", "--out"])
+                .arg(&out_dir)
+                .output()
+                .unwrap();
+            (out, out_dir)
+        },
+        |(out, _)| out.status.success(),
+    );
+    let (out, out_dir) = runs.last().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let each: Vec<_> = runs.iter().map(|(o, _)| String::from_utf8_lossy(&o.stderr)).collect();
+    assert!(out.status.success(), "each run: {each:#?}");
     for line in
         ["ok   host h1: window", "ok   host h2: window", "ok   host all: latency_mean_ms", "ok   host all: iops"]
     {
