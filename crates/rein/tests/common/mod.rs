@@ -485,9 +485,11 @@ impl Raw {
 }
 
 /// Runs `measure` (a timed measurement of real daemons) until `ok` accepts a result, up to `tries` runs in
-/// all, and returns every result, the last one the judged one. A loaded machine (CI, beside its background
-/// jobs) can stall the daemons for a second or more and spoil one measurement; an implementation that is
-/// wrong misses in every run, so the check still fails on it.
+/// all, and returns every result in order: the last is the accepted one, if any. Most callers judge the
+/// last; one that has a fallback for runs that all missed picks among them (the pShift cluster run judges
+/// the least starved). A loaded machine (CI, beside its background jobs) can stall the daemons for a
+/// second or more and spoil one measurement; an implementation that is wrong misses in every run, so the
+/// check still fails on it.
 pub(crate) fn measure_again<T>(tries: usize, mut measure: impl FnMut() -> T, ok: impl Fn(&T) -> bool) -> Vec<T> {
     let mut runs = Vec::new();
     while runs.len() < tries {
