@@ -12,7 +12,7 @@ pub mod sabotage;
 
 pub use sabotage::Sabotage;
 
-use crate::model::expect::{Expectation, Subject, TenantTarget};
+use crate::model::expect::{Expectation, Rank, Subject, TenantTarget};
 use crate::model::Scenario;
 use rein_model::RunTotals;
 use serde::Serialize;
@@ -52,10 +52,16 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
     let equals = |v: Option<f64>| v.map(|v| (v, format!("{v}")));
     // What the measurement covers when it is not a window.
     let mut over: Option<&str> = None;
+    // A rank: (holds, in words) beside the judged bounds.
+    let mut ranked: Option<(bool, String)> = None;
     let (who, metric, whole_run, measured, target) = match e.subject {
         Subject::Tenant { tenant, metric, target } => {
             let target = match target {
                 None => None,
+                Some(TenantTarget::Rank(rank)) => {
+                    ranked = Some(rank_among(sc, run, tenant, metric, rank, a, b));
+                    None
+                }
                 Some(TenantTarget::Equals(v)) => equals(Some(v)),
                 Some(TenantTarget::Oracle) => {
                     let v = run.oracle_iops(a, b)[tenant];
@@ -94,12 +100,50 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
         None if whole_run => String::from("after warm-up"),
         None => format!("in [{a}, {b}] s"),
     };
-    let (ok, expected) = judge(measured, target, e);
+    let (mut ok, mut expected) = judge(measured, target, e);
+    if let Some((holds, words)) = ranked {
+        ok &= holds;
+        expected = if expected.is_empty() { words } else { format!("{words} and {expected}") };
+    }
     CheckResult {
         ok,
         description: format!("{who}: {metric} {window} = {measured:.3}, expected {expected}"),
         measured,
         note: e.note.clone(),
+    }
+}
+
+/// [`TenantTarget::Rank`]: whether `tenant`'s `metric` over `[a, b]` is strictly below (above) every other
+/// tenant's, and the nearest other tenant in words. A value that is not a number ranks nowhere.
+fn rank_among(
+    sc: &Scenario,
+    run: &RunTotals,
+    tenant: usize,
+    metric: rein_model::report::TenantMetric,
+    rank: Rank,
+    a: f64,
+    b: f64,
+) -> (bool, String) {
+    let v = run.tenant_metric(tenant, metric, a, b);
+    let others = (0..sc.tenants.len()).filter(|&i| i != tenant).map(|i| (i, run.tenant_metric(i, metric, a, b)));
+    // The nearest competitor: the smallest other value for `Lowest`, the largest for `Highest`; the rank
+    // holds only between numbers.
+    let key = |x: f64| match rank {
+        Rank::Lowest => x,
+        Rank::Highest => -x,
+    };
+    let next = others.min_by(|x, y| key(x.1).total_cmp(&key(y.1)).then(x.0.cmp(&y.0)));
+    let (word, holds) = match (rank, next) {
+        (_, None) => ("", false),
+        (Rank::Lowest, Some((_, n))) => ("lowest", v < n),
+        (Rank::Highest, Some((_, n))) => ("highest", v > n),
+    };
+    match next {
+        Some((i, n)) => (
+            holds && v.is_finite() && n.is_finite(),
+            format!("the {word} of every tenant's (the next: {}'s {n:.3})", sc.tenants[i].name),
+        ),
+        None => (false, String::from("a rank among tenants (there is no other tenant)")),
     }
 }
 
@@ -149,5 +193,46 @@ mod tests {
         assert!(!judge(0.0, Some((f64::INFINITY, "x".into())), &e).0, "inf target, 0 measured");
         assert!(!judge(f64::INFINITY, Some((f64::INFINITY, "x".into())), &e).0, "inf within 3% of inf");
         assert!(!judge(f64::NAN, Some((1.0, "x".into())), &e).0);
+    }
+
+    /// `rank`: three open tenants at 100, 200 and 300 IOPS on a device with room for all: the first is
+    /// the lowest, the third the highest, and every other claim fails; `below` still applies beside it.
+    #[test]
+    fn a_rank_holds_only_at_the_end_it_names() {
+        let mut text = String::from(
+            "name = \"rank\"\nduration_s = 10.0\nwarmup_s = 1.0\nscheduler = \"fifo\"\n\
+             [[servers]]\nname = \"s\"\ncapacity_iops = 10000\n",
+        );
+        for (t, iops) in [("a", 100), ("b", 200), ("c", 300)] {
+            text += &format!("[[tenants]]\nname = \"{t}\"\n[tenants.workload]\nkind = \"open\"\niops = {iops}\n");
+        }
+        let claims = [("a", "lowest", true), ("c", "highest", true), ("b", "lowest", false), ("b", "highest", false)];
+        for (t, rank, _) in claims {
+            text += &format!("[[expect]]\ntenant = \"{t}\"\nmetric = \"iops\"\nrank = \"{rank}\"\n");
+        }
+        text += "[[expect]]\ntenant = \"a\"\nmetric = \"iops\"\nrank = \"lowest\"\nbelow = 50\n";
+        let sc = Scenario::from_toml(&text, None).unwrap();
+        let (_, results) = crate::run_and_check(&sc, &mut |_| {}).unwrap();
+        for ((t, rank, holds), r) in claims.iter().zip(&results) {
+            assert_eq!(r.ok, *holds, "{t} {rank}: {}", r.description);
+        }
+        assert!(
+            results[0].description.contains("the lowest of every tenant's (the next: b's"),
+            "{}",
+            results[0].description
+        );
+        assert!(!results[4].ok, "the lowest, but not below 50: {}", results[4].description);
+        // What the file may say.
+        let bad = |extra: &str| {
+            let t = format!("{text}[[expect]]\ntenant = \"a\"\nmetric = \"iops\"\n{extra}\n");
+            Scenario::from_toml(&t, None).unwrap_err().to_string()
+        };
+        assert!(bad("rank = \"least\"").contains("rank \"least\": expected lowest or highest"));
+        assert!(bad("rank = \"lowest\"\nwithin_pct = 5").contains("no within_pct"));
+        assert!(
+            bad("rank = \"lowest\"\nequals = 5\nwithin_pct = 5").contains("use one of equals, oracle, ratio_to, rank")
+        );
+        let t = format!("{text}[[expect]]\nserver = \"s\"\nmetric = \"iops\"\nrank = \"lowest\"\n");
+        assert!(Scenario::from_toml(&t, None).unwrap_err().to_string().contains("rank compares tenants'"));
     }
 }

@@ -249,6 +249,9 @@ pub struct ExpectFile {
     pub ratio_to: Option<String>,
     /// The ratio for `ratio_to` (default 1).
     pub ratio: Option<f64>,
+    /// ... or with every other tenant's value of the same metric: `lowest` (below all of them) or
+    /// `highest` (above all of them); no `within_pct`.
+    pub rank: Option<String>,
     /// Tolerance of a target (percent).
     pub within_pct: Option<f64>,
     /// The value must be below this.

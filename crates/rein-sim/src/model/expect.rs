@@ -71,6 +71,18 @@ pub enum TenantTarget {
         /// The ratio.
         ratio: f64,
     },
+    /// Every other tenant's value of the same metric: the subject's must be strictly below all of them
+    /// (`Lowest`) or above all of them (`Highest`), as a paper's "the minimum happens for ..." says.
+    Rank(Rank),
+}
+
+/// Where a tenant's value must stand among every tenant's ([`TenantTarget::Rank`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rank {
+    /// Below every other tenant's.
+    Lowest,
+    /// Above every other tenant's.
+    Highest,
 }
 
 /// What a host's (or the cluster's) metric compares with.
@@ -139,6 +151,10 @@ fn validate_targets(at: &str, e: &ExpectFile, kinds: &[(&str, bool)]) -> Result<
     if given == 0 && e.below.is_none() && e.above.is_none() {
         return Err(format!("{at}: says nothing to check (give {}, below or above)", names.join(", ")));
     }
+    validate_window(at, e)
+}
+
+fn validate_window(at: &str, e: &ExpectFile) -> Result<(), String> {
     if let Some([a, b]) = e.window {
         if !(a.is_finite() && b.is_finite() && 0.0 <= a && a < b) {
             return Err(format!("{at}: window must be [start, end] with 0 <= start < end"));
@@ -255,6 +271,24 @@ fn validate_tenant_or_server(
     let ratio_to = || e.ratio_to.as_deref().map(|r| tenant_index(r, "ratio_to names unknown tenant")).transpose();
     let tenant_target = || -> Result<Option<TenantTarget>, String> {
         let ratio_to = ratio_to()?;
+        if let Some(r) = e.rank.as_deref() {
+            let rank = match r {
+                "lowest" => Rank::Lowest,
+                "highest" => Rank::Highest,
+                o => return Err(format!("{at}: rank {o:?}: expected lowest or highest")),
+            };
+            if e.equals.is_some() || e.oracle || ratio_to.is_some() {
+                return Err(format!("{at}: use one of equals, oracle, ratio_to, rank"));
+            }
+            if e.within_pct.is_some() {
+                return Err(format!("{at}: rank compares with every other tenant strictly: no within_pct"));
+            }
+            if tenants.len() < 2 {
+                return Err(format!("{at}: rank needs at least two tenants"));
+            }
+            validate_window(at, e)?;
+            return Ok(Some(TenantTarget::Rank(rank)));
+        }
         validate_targets(
             at,
             e,
@@ -276,6 +310,9 @@ fn validate_tenant_or_server(
         }
         if ratio_to.is_some() {
             return Err(format!("{at}: ratio_to compares two tenants' {}; name a tenant", e.metric));
+        }
+        if e.rank.is_some() {
+            return Err(format!("{at}: rank compares tenants' {}; name a tenant", e.metric));
         }
         validate_targets(at, e, &[("equals", e.equals.is_some()), ("oracle", false), ("ratio_to", false)])?;
         Ok(e.equals)
@@ -318,6 +355,9 @@ fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<Subject, St
     let h = e.host.as_deref().expect("called for host expectations");
     if e.tenant.is_some() || e.server.is_some() {
         return Err(format!("{at}: name exactly one of tenant, server or host"));
+    }
+    if e.rank.is_some() {
+        return Err(format!("{at}: rank is for tenant expectations"));
     }
     let who = if h == "all" {
         HostSubject::All
