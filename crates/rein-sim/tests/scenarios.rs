@@ -102,7 +102,10 @@ fn same_scenario_and_seed_give_identical_output() {
 /// PARDA off and one VM per host: nothing to sabotage. So are the two array runs, PARDA §5.2's Fig. 6
 /// (`parda-fig6-hosts`) and the position paper's Fig. 3(a)(b) (`flowcontrol-fig3ab-hosts`): what they
 /// check is the array model's throughput and latency as hosts join, and
-/// [`array_checks_fail_without_the_array`] shows those checks fail with the array taken away.
+/// [`array_checks_fail_without_the_array`] shows those checks fail with the array taken away. So is
+/// PARDA §5.1's workload sweep (`parda-fig5-workloads`: one VM per array, FIFO, no QoS), whose check
+/// [`the_workload_sweep_fails_without_the_disks_positions`] shows failing with the disks' positions taken
+/// away.
 const BASELINES: [&str; 13] = [
     "flowcontrol-fig3ab-hosts",
     "flowcontrol-fig3cd-queue-limit",

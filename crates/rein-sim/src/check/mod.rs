@@ -133,18 +133,17 @@ fn rank_among(
         Rank::Highest => -x,
     };
     let next = others.min_by(|x, y| key(x.1).total_cmp(&key(y.1)).then(x.0.cmp(&y.0)));
-    let (word, holds) = match (rank, next) {
-        (_, None) => ("", false),
-        (Rank::Lowest, Some((_, n))) => ("lowest", v < n),
-        (Rank::Highest, Some((_, n))) => ("highest", v > n),
+    let Some((i, n)) = next else {
+        return (false, String::from("a rank among tenants (there is no other tenant)"));
     };
-    match next {
-        Some((i, n)) => (
-            holds && v.is_finite() && n.is_finite(),
-            format!("the {word} of every tenant's (the next: {}'s {n:.3})", sc.tenants[i].name),
-        ),
-        None => (false, String::from("a rank among tenants (there is no other tenant)")),
-    }
+    let (word, holds) = match rank {
+        Rank::Lowest => ("lowest", v < n),
+        Rank::Highest => ("highest", v > n),
+    };
+    (
+        holds && v.is_finite() && n.is_finite(),
+        format!("the {word} of every tenant's (the next: {}'s {n:.3})", sc.tenants[i].name),
+    )
 }
 
 /// Judges a measurement against an expectation: within `within_pct` of the target (value, how to name
