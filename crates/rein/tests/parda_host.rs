@@ -139,25 +139,38 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
     // The same host uncontrolled keeps its fixed queue: the latency is its w / C, far from script-L (what
     // the checks above would catch if the window did not follow eq. (2)).
     let h2 = host(dir, 63, a.nbd, "vm2", "local", "controlled = false\nwindow = 48\n");
-    let mut l = load(&[(&h2, "vm2")], 5);
-    for c in &mut l {
-        assert!(c.wait().unwrap().success());
-    }
-    let s2 = status(&h2);
+    // The mean of the periods' latency once the queue filled (1.5 s into the load), less the last period,
+    // which holds the load's end: one period's mean alone ranged 20.3-27.8 ms in one run (a failed CI run
+    // judged the last one, 20.33 ms). A load that falls behind on a busy machine keeps fewer than 48 IOs
+    // at the host, and the latency drops with them (a CI run beside the other tests of this binary and
+    // the background jobs: 20.36 ms at about 1,950 IOPS, about 40 in flight): such a run is made again,
+    // up to three in all. A host that followed eq. (2) here would read about 11 ms in every run.
+    let runs = common::measure_again(
+        3,
+        || {
+            let from = status(&h2)["now_s"].as_f64().unwrap();
+            let mut l = load(&[(&h2, "vm2")], 5);
+            for c in &mut l {
+                assert!(c.wait().unwrap().success());
+            }
+            let s2 = status(&h2);
+            let mut lat: Vec<f64> = (s2["history"].as_array().unwrap().iter())
+                .filter(|p| p["at_s"].as_f64().unwrap() >= from + 1.5)
+                .map(|p| p["estimate_ms"].as_f64().unwrap())
+                .collect();
+            lat.pop();
+            assert!(lat.len() >= 4, "too few periods after {from} s: {s2}");
+            (lat.iter().sum::<f64>() / lat.len() as f64, lat.len(), s2)
+        },
+        |(est, _, _)| within(*est, 48.0 / C * 1e3, 15.0),
+    );
+    let each: Vec<String> = runs.iter().map(|(est, n, _)| format!("{est:.2} ms over {n} periods")).collect();
+    eprintln!("uncontrolled host: window 48, latency {each:?} (w / C = 24)");
+    let (est, _, s2) = runs.last().expect("one run at least");
+    let est = *est;
     assert_eq!(s2["aggregation"], "fixed", "{s2}");
     assert_eq!(s2["window"].as_f64().unwrap(), 48.0, "{s2}");
-    // The mean of the periods' latency once the queue filled (from 1.5 s), less the last period, which
-    // holds the load's end: one period's mean alone ranged 20.3-27.8 ms in one run (a failed CI run
-    // judged the last one, 20.33 ms).
-    let mut lat: Vec<f64> = (s2["history"].as_array().unwrap().iter())
-        .filter(|p| p["at_s"].as_f64().unwrap() >= 1.5)
-        .map(|p| p["estimate_ms"].as_f64().unwrap())
-        .collect();
-    lat.pop();
-    assert!(lat.len() >= 4, "too few periods: {s2}");
-    let est = lat.iter().sum::<f64>() / lat.len() as f64;
-    eprintln!("uncontrolled host: window 48, latency {est:.2} ms over {} periods (w / C = 24)", lat.len());
-    assert!(within(est, 48.0 / C * 1e3, 15.0), "uncontrolled latency {est:.2} ms, want 24: {s2}");
+    assert!(within(est, 48.0 / C * 1e3, 15.0), "uncontrolled latency, each run: {each:?}, want 24: {s2}");
     assert!(!within(est, l_eq, 15.0));
     // An administrator resizes the uncontrolled host's queue; the PARDA host's window is eq. (2)'s.
     let body = "{\"window\": 16}";
