@@ -145,6 +145,7 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
     // at the host, and the latency drops with them (a CI run beside the other tests of this binary and
     // the background jobs: 20.36 ms at about 1,950 IOPS, about 40 in flight): such a run is made again,
     // up to three in all. A host that followed eq. (2) here would read about 11 ms in every run.
+    let near_w_over_c = |est: f64| within(est, 48.0 / C * 1e3, 15.0);
     let runs = common::measure_again(
         3,
         || {
@@ -162,15 +163,14 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
             assert!(lat.len() >= 4, "too few periods after {from} s: {s2}");
             (lat.iter().sum::<f64>() / lat.len() as f64, lat.len(), s2)
         },
-        |(est, _, _)| within(*est, 48.0 / C * 1e3, 15.0),
+        |(est, _, _)| near_w_over_c(*est),
     );
     let each: Vec<String> = runs.iter().map(|(est, n, _)| format!("{est:.2} ms over {n} periods")).collect();
     eprintln!("uncontrolled host: window 48, latency {each:?} (w / C = 24)");
-    let (est, _, s2) = runs.last().expect("one run at least");
-    let est = *est;
+    let &(est, _, ref s2) = runs.last().expect("one run at least");
     assert_eq!(s2["aggregation"], "fixed", "{s2}");
     assert_eq!(s2["window"].as_f64().unwrap(), 48.0, "{s2}");
-    assert!(within(est, 48.0 / C * 1e3, 15.0), "uncontrolled latency, each run: {each:?}, want 24: {s2}");
+    assert!(near_w_over_c(est), "uncontrolled latency, each run: {each:?}, want 24: {s2}");
     assert!(!within(est, l_eq, 15.0));
     // An administrator resizes the uncontrolled host's queue; the PARDA host's window is eq. (2)'s.
     let body = "{\"window\": 16}";
