@@ -191,6 +191,7 @@ fn empty(dir: &Path) -> Vec<String> {
 
 #[test]
 fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
+    let _shared = common::beside_measuring();
     let (_tmp, run_tmp, up, lines) = up_two_nodes();
     assert_eq!(lines.len(), 4, "{lines:?}");
     let mut uris = Vec::new();
@@ -219,6 +220,7 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
 
 #[test]
 fn a_killed_child_makes_up_exit_non_zero_naming_it() {
+    let _shared = common::beside_measuring();
     let (_tmp, run_tmp, up, _) = up_two_nodes();
     let kids = children(up.child.id());
     let s2 = *kids
@@ -240,6 +242,7 @@ fn a_killed_child_makes_up_exit_non_zero_naming_it() {
 /// (`REIN_EXIT_WITH_PARENT`, set by the supervisor) and stop by themselves.
 #[test]
 fn children_stop_by_themselves_when_up_is_killed_9() {
+    let _shared = common::beside_measuring();
     let (tmp, run_tmp, mut up, _) = up_two_nodes();
     let kids = children(up.child.id());
     assert_eq!(kids.len(), 3, "{kids:?}");
@@ -365,6 +368,7 @@ fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
 
 #[test]
 fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
+    let _shared = common::beside_measuring();
     let (tmp, run_tmp) = run_dirs();
     let text = TWO_NODES.replace("[[servers]]\nname = \"s1\"", "[network]\ndelay_ms = 2\n[[servers]]\nname = \"s1\"");
     let sc = scenario(tmp.path(), &text);
@@ -384,6 +388,7 @@ fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
 
 #[test]
 fn sigterm_during_run_stops_every_child_and_fails() {
+    let _shared = common::beside_measuring();
     let (tmp, run_tmp) = run_dirs();
     let sc = scenario(tmp.path(), &TWO_NODES.replace("duration_s = 3.0", "duration_s = 600.0"));
     let mut run = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet"])
@@ -659,6 +664,7 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
 /// the children are the four nodes and the controller, all stopped by SIGTERM.
 #[test]
 fn up_on_a_pshift_scenario_prints_each_buckets_exports_on_its_servers() {
+    let _shared = common::beside_measuring();
     let (_tmp, run_tmp) = run_dirs();
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits-small.toml");
     let mut up = Up::start(&run_tmp, file.to_str().unwrap());

@@ -19,6 +19,10 @@ use std::path::Path;
 use std::process::Command as Cmd;
 use std::time::{Duration, Instant};
 
+// The tests that time the hosts against eq. (2) and (3) take `common::measuring()`, the others
+// `common::beside_measuring()`: a measuring test runs alone in this binary (common/mod.rs says what was
+// measured beside the others).
+
 /// The array's capacity (IOPS).
 const C: f64 = 2000.0;
 /// script-L (ms).
@@ -119,6 +123,7 @@ fn within(got: f64, want: f64, pct: f64) -> bool {
 
 #[test]
 fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
+    let _serial = common::measuring();
     let tmp = tmpdir("parda-host-one");
     let dir = tmp.path();
     let a = array(dir, 61, &["vm1", "vm2"]);
@@ -189,6 +194,7 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
 /// Over UDP with signed reports (`key_file`).
 #[test]
 fn two_hosts_over_udp_split_the_array_by_beta() {
+    let _serial = common::measuring();
     two_hosts_split_the_array_by_beta("udp", 64);
 }
 
@@ -196,6 +202,7 @@ fn two_hosts_over_udp_split_the_array_by_beta() {
 /// filesystem-based aggregation).
 #[test]
 fn two_hosts_over_a_shared_board_split_the_array_by_beta() {
+    let _serial = common::measuring();
     two_hosts_split_the_array_by_beta("board", 68);
 }
 
@@ -274,6 +281,7 @@ fn free_udp(ip: &str) -> SocketAddr {
 
 #[test]
 fn bad_parda_tables_are_one_line_errors() {
+    let _shared = common::beside_measuring();
     let tmp = tmpdir("parda-host-bad");
     let dir = tmp.path();
     let base = "listen = \"127.0.0.67:0\"\n[[nodes]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
@@ -348,6 +356,7 @@ fn until(h: &Server, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> s
 /// reply is there. Before, the host issued all 301 (`completed` 301, `abandoned` 0).
 #[test]
 fn a_broken_connections_queued_requests_are_not_issued() {
+    let _shared = common::beside_measuring();
     let tmp = tmpdir("parda-host-abandoned");
     let dir = tmp.path();
     let a = array_at(dir, 74, &["vm1"], 200.0);
@@ -379,6 +388,7 @@ fn a_broken_connections_queued_requests_are_not_issued() {
 /// connection to its volume is open and leaves the host when it closes (named in the log).
 #[test]
 fn a_reload_changes_a_vms_share_and_adds_and_removes_a_vm() {
+    let _shared = common::beside_measuring();
     let tmp = tmpdir("parda-host-reload");
     let dir = tmp.path();
     let a = array(dir, 76, &["vm1", "vm2"]);

@@ -314,6 +314,7 @@ fn the_controller_keeps_a_reservation_that_round_robin_does_not() {
 /// the controller does not know is refused by name (and keeps serving round robin).
 #[test]
 fn bad_configs_and_unknown_servers_are_named() {
+    let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-bad");
     let dir = tmp.path();
     let head = "listen = \"127.0.0.84:0\"\nperiod_s = 1\n";
@@ -577,6 +578,7 @@ fn link_server(dir: &Path, host: u8, name: &str, controller: &str, tls: &str) ->
 /// identity is known but not allowed are not, and keep serving round robin (each says why in its log).
 #[test]
 fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
+    let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-tls");
     let dir = tmp.path();
     let key = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
@@ -630,6 +632,7 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
 /// is cut by the controller's alert, one whose CN is not allowed is refused.
 #[test]
 fn the_controller_link_runs_x509_with_client_certificates() {
+    let _shared = common::beside_measuring();
     use common::tls::{make_ca, make_cert, server as server_ext, CLIENT};
     let tmp = tmpdir("pshift-daemons-x509");
     let dir = tmp.path();
