@@ -539,18 +539,51 @@ fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directories are removed");
 }
 
-/// pShift on real daemons: `rein cluster run` on pshift-exp3-limits-small (a controller and four
-/// token-scheduled nodes; buckets b1..b4 on 1..4 servers, R = 1,200 and L = 2,400 IOPS per 1 s period,
-/// servers of C = 2,000). pShift's model: every bucket gets at least R, none more than L, so b1 (on s1
-/// alone) gets R and b4 (backlogged on all four, 4,167 under round robin) gets L; and the real run agrees
-/// with `rein sim` on the same file within 10% per bucket (issue 13's bound). The margins below are the
-/// debug build's (this test's daemons): the release build meets the scenario's own per-period checks
-/// (docs/reproductions.md Part 4).
+/// pshift-exp3-limits-small with its rates divided by 4, written to `dir`: servers of 500 IOPS (a mean
+/// service time of 2 ms), reservations of 300, limits of 600, the mixed order's floor 10 R-tokens (the file
+/// scales it with the rates), b4's band with them. pShift's claims do not depend on the scale (the file
+/// itself is the paper's Exp. 3 at 1/25), and the simulator's rates scale with it (329.0, 442.5, 596.8 and
+/// 600.0 IOPS against 1,319.75, 1,764.25, 2,391.5 and 2,400.0). At the file's own rates
+/// the debug daemons (a controller, four nodes and the load, about 7,900 IOPS) starved on this 2-core VM
+/// in CI: on 2026-12-01 all three runs of one CI run (6,633, 6,216 and 6,298 of the simulator's 7,876 IOPS
+/// in all, b1 1,101 against its 1,200), and beside two busy loops at nice 19 at 95% of the simulator's
+/// sum (7,478 and 7,530) where a quarter of the rates kept 98.8% and 99.2% (1,944 and 1,952 of 1,968).
+fn quarter_rates(dir: &Path) -> std::path::PathBuf {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits-small.toml");
+    let mut text = std::fs::read_to_string(file).unwrap();
+    // Each setting as the file has it, how often, and its value at a quarter of the rates: a file that
+    // changes its numbers fails here rather than run at rates this test does not expect.
+    for (from, times, to) in [
+        ("capacity_iops = 2000\n", 4, "capacity_iops = 500\n"),
+        ("reservation = 1200\n", 4, "reservation = 300\n"),
+        ("limit = 2400\n", 4, "limit = 600\n"),
+        ("r_floor_ios = 40\n", 1, "r_floor_ios = 10\n"),
+        ("below = 2412\nabove = 2320\n", 1, "below = 603\nabove = 580\n"),
+    ] {
+        assert_eq!(text.matches(from).count(), times, "pshift-exp3-limits-small has {from:?} {times} times");
+        text = text.replace(from, to);
+    }
+    let path = dir.join("pshift-exp3-limits-quarter.toml");
+    std::fs::write(&path, text.replace("name = \"pshift-exp3-limits-small\"", "name = \"pshift-exp3-limits-quarter\""))
+        .unwrap();
+    path
+}
+
+/// pShift on real daemons: `rein cluster run` on pshift-exp3-limits-small at a quarter of its rates (a
+/// controller and four token-scheduled nodes; buckets b1..b4 on 1..4 servers, R = 300 and L = 600 IOPS per
+/// 1 s period, servers of C = 500: [`quarter_rates`]). pShift's model: every bucket gets at least R, none
+/// more than L, so b1 (on s1 alone) gets R and b4 (backlogged on all four, 1,042 under round robin) gets L;
+/// and the real run agrees with `rein sim` on the same file within 10% per bucket (issue 13's bound). The
+/// margins below are the debug build's (this test's daemons): the release build meets the scenario's own
+/// per-period checks at its full rates (docs/reproductions.md Part 4).
 #[test]
 fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     let _serial = common::measuring();
+    // Each bucket's reservation and limit (IOPS) at a quarter of the file's rates.
+    const R: f64 = 300.0;
+    const L: f64 = 600.0;
     let (tmp, run_tmp) = run_dirs();
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits-small.toml");
+    let file = quarter_rates(tmp.path());
     let file = file.to_str().unwrap();
     let sim_out = tmp.path().join("sim");
     let out = rein(&run_tmp, &["sim", file, "--json", "--out", sim_out.to_str().unwrap()]).output().unwrap();
@@ -561,8 +594,9 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     };
     let sim = iops(&sim);
     // The servers are busy throughout in pShift's model, so the buckets' IOPS sum to the cluster's
-    // capacity (the simulator's 7,875). A real run whose sum falls short by more than 2% lost device time
-    // to late wake-ups: on two cores, debug daemons beside CI's other work (the one-hour test and the fuzz
+    // capacity (the simulator's 1,968 here, 7,876 at the file's rates). A real run whose sum falls short by
+    // more than 2% lost device time to late wake-ups (the figures that follow are at the file's rates,
+    // which [`quarter_rates`] says why this test no longer uses): on two cores, debug daemons beside CI's other work (the one-hour test and the fuzz
     // build, at nice 19) did in 1 of 2 CI runs on 2026-11-30 (7,544 IOPS in all; b2, which takes what the
     // reservations leave, 1,581 against 1,764); beside three or four busy loops at nice 19 in 22 runs of
     // 22 (7,151-7,590), beside one in 4 of 7; alone 7,798-7,814; beside two busy loops and a valgrind run
@@ -604,9 +638,9 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     assert_eq!(real.len(), 4);
     // pShift's guarantees: every bucket at least its reservation (1,200), b4 held at its limit (2,400).
     for (i, r) in real.iter().enumerate() {
-        assert!(*r >= 0.97 * 1200.0, "b{} gets its reservation: {r:.0}", i + 1);
+        assert!(*r >= 0.97 * R, "b{} gets its reservation: {r:.0}", i + 1);
     }
-    assert!(real[3] <= 1.01 * 2400.0 && real[3] >= 0.95 * 2400.0, "b4 held at its limit: {:.0}", real[3]);
+    assert!(real[3] <= 1.01 * L && real[3] >= 0.95 * L, "b4 held at its limit: {:.0}", real[3]);
     // The controllers' rounds: the same 20 boundaries, each wanting the same reservation IOs within 5% of
     // a period's 4 x 1,200 (the real one reads its rounds from /api/pshift).
     let boundaries = |dir: &Path| -> Vec<(u64, u64, u64)> {
@@ -640,7 +674,7 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     assert!(judged.len() >= 4, "{real_periods:?}");
     for (period, bucket, completed, verdict) in judged {
         assert_ne!(verdict, "above_limit", "{bucket} in period {period}: {completed} IOs by the nodes' counts");
-        assert!(*completed <= 2400, "{bucket} in period {period}: {completed} IOs, above every limit");
+        assert!(*completed as f64 <= L, "{bucket} in period {period}: {completed} IOs, above every limit");
     }
     if judged_starved {
         eprintln!(
@@ -653,7 +687,10 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
             assert!((r / s - 1.0).abs() < 0.10, "b{}: real {r:.0} IOPS, simulator {s:.0}", i + 1);
         }
         for (r, s) in real_rounds.iter().zip(&sim_rounds) {
-            assert!(r.2.abs_diff(s.2) <= 240, "reservation still wanted: real {r:?}, simulator {s:?}");
+            assert!(
+                r.2.abs_diff(s.2) as f64 <= 0.05 * 4.0 * R,
+                "reservation still wanted: real {r:?}, simulator {s:?}"
+            );
         }
     }
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
