@@ -554,20 +554,24 @@ fn quarter_rates(dir: &Path) -> std::path::PathBuf {
     // Each setting as the file has it, how often, and its value at a quarter of the rates: a file that
     // changes its numbers fails here rather than run at rates this test does not expect.
     for (from, times, to) in [
-        ("capacity_iops = 2000\n", 4, "capacity_iops = 500\n"),
-        ("reservation = 1200\n", 4, "reservation = 300\n"),
-        ("limit = 2400\n", 4, "limit = 600\n"),
-        ("r_floor_ios = 40\n", 1, "r_floor_ios = 10\n"),
-        ("below = 2412\nabove = 2320\n", 1, "below = 603\nabove = 580\n"),
+        ("capacity_iops = 2000\n".to_string(), 4, "capacity_iops = 500\n".to_string()),
+        ("reservation = 1200\n".to_string(), 4, format!("reservation = {QUARTER_R}\n")),
+        ("limit = 2400\n".to_string(), 4, format!("limit = {QUARTER_L}\n")),
+        ("r_floor_ios = 40\n".to_string(), 1, "r_floor_ios = 10\n".to_string()),
+        ("below = 2412\nabove = 2320\n".to_string(), 1, "below = 603\nabove = 580\n".to_string()),
     ] {
-        assert_eq!(text.matches(from).count(), times, "pshift-exp3-limits-small has {from:?} {times} times");
-        text = text.replace(from, to);
+        assert_eq!(text.matches(&from).count(), times, "pshift-exp3-limits-small has {from:?} {times} times");
+        text = text.replace(&from, &to);
     }
     let path = dir.join("pshift-exp3-limits-quarter.toml");
     std::fs::write(&path, text.replace("name = \"pshift-exp3-limits-small\"", "name = \"pshift-exp3-limits-quarter\""))
         .unwrap();
     path
 }
+
+/// Each bucket's reservation and limit (IOPS) in [`quarter_rates`]'s file.
+const QUARTER_R: f64 = 300.0;
+const QUARTER_L: f64 = 600.0;
 
 /// pShift on real daemons: `rein cluster run` on pshift-exp3-limits-small at a quarter of its rates (a
 /// controller and four token-scheduled nodes; buckets b1..b4 on 1..4 servers, R = 300 and L = 600 IOPS per
@@ -579,9 +583,6 @@ fn quarter_rates(dir: &Path) -> std::path::PathBuf {
 #[test]
 fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     let _serial = common::measuring();
-    // Each bucket's reservation and limit (IOPS) at a quarter of the file's rates.
-    const R: f64 = 300.0;
-    const L: f64 = 600.0;
     let (tmp, run_tmp) = run_dirs();
     let file = quarter_rates(tmp.path());
     let file = file.to_str().unwrap();
@@ -593,19 +594,20 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
         doc["tenants"].as_array().unwrap().iter().map(|t| t["iops"].as_f64().unwrap()).collect()
     };
     let sim = iops(&sim);
-    // The servers are busy throughout in pShift's model, so the buckets' IOPS sum to the cluster's
-    // capacity (the simulator's 1,968 here, 7,876 at the file's rates). A real run whose sum falls short by
-    // more than 2% lost device time to late wake-ups (the figures that follow are at the file's rates,
-    // which [`quarter_rates`] says why this test no longer uses): on two cores, debug daemons beside CI's other work (the one-hour test and the fuzz
-    // build, at nice 19) did in 1 of 2 CI runs on 2026-11-30 (7,544 IOPS in all; b2, which takes what the
-    // reservations leave, 1,581 against 1,764); beside three or four busy loops at nice 19 in 22 runs of
-    // 22 (7,151-7,590), beside one in 4 of 7; alone 7,798-7,814; beside two busy loops and a valgrind run
-    // at normal priority, 6,690 once (2026-12-01). Such a run also sees other demand (a starved load leaves
-    // its queues idle, which the controller's backlog estimator reads), so it is no comparison with the
-    // simulator: it is made again, up to three runs in all (`common::measure_again`), and when all three
-    // are starved the least starved is judged on pShift's guarantees alone (below), the simulator
-    // comparison being left to `scripts/cluster-vs-sim.sh` (release builds, nothing else running). A wrong
-    // allocation keeps the sum, so it is not starved and fails the comparison in its first run.
+    // The servers are busy throughout in pShift's model, so the buckets' IOPS sum to the cluster's capacity
+    // (the simulator's 1,968 here, 7,876 at the file's rates). A real run whose sum falls short by more than
+    // 2% lost device time to late wake-ups. At the file's rates (the figures in the rest of this comment;
+    // [`quarter_rates`] says why the test now runs a quarter of them), on two cores, debug daemons beside
+    // CI's other work (the one-hour test and the fuzz build, at nice 19) did in 1 of 2 CI runs on 2026-11-30
+    // (7,544 IOPS in all; b2, which takes what the reservations leave, 1,581 against 1,764); beside three or
+    // four busy loops at nice 19 in 22 runs of 22 (7,151-7,590), beside one in 4 of 7; alone 7,798-7,814;
+    // beside two busy loops and a valgrind run at normal priority, 6,690 once (2026-12-01). Such a run also
+    // sees other demand (a starved load leaves its queues idle, which the controller's backlog estimator
+    // reads), so it is no comparison with the simulator: it is made again, up to three runs in all
+    // (`common::measure_again`), and when all three are starved the least starved is judged on pShift's
+    // guarantees alone (below), the simulator comparison being left to `scripts/cluster-vs-sim.sh` (release
+    // builds, nothing else running). A wrong allocation keeps the sum, so it is not starved and fails the
+    // comparison in its first run.
     let want: f64 = sim.iter().sum();
     let mut n = 0;
     let runs = common::measure_again(
@@ -636,13 +638,13 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     let judged_starved = sum < 0.98 * want;
     eprintln!("pShift buckets: real {real:?} IOPS, the simulator's {sim:?}");
     assert_eq!(real.len(), 4);
-    // pShift's guarantees: every bucket at least its reservation (1,200), b4 held at its limit (2,400).
+    // pShift's guarantees: every bucket at least its reservation, b4 held at its limit.
     for (i, r) in real.iter().enumerate() {
-        assert!(*r >= 0.97 * R, "b{} gets its reservation: {r:.0}", i + 1);
+        assert!(*r >= 0.97 * QUARTER_R, "b{} gets its reservation: {r:.0}", i + 1);
     }
-    assert!(real[3] <= 1.01 * L && real[3] >= 0.95 * L, "b4 held at its limit: {:.0}", real[3]);
+    assert!(real[3] <= 1.01 * QUARTER_L && real[3] >= 0.95 * QUARTER_L, "b4 held at its limit: {:.0}", real[3]);
     // The controllers' rounds: the same 20 boundaries, each wanting the same reservation IOs within 5% of
-    // a period's 4 x 1,200 (the real one reads its rounds from /api/pshift).
+    // a period's 4 x R (the real one reads its rounds from /api/pshift).
     let boundaries = |dir: &Path| -> Vec<(u64, u64, u64)> {
         let csv = std::fs::read_to_string(dir.join("rounds.csv")).expect("rounds.csv written");
         (csv.lines().skip(1).map(|l| l.split(',').collect::<Vec<_>>()))
@@ -674,7 +676,7 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     assert!(judged.len() >= 4, "{real_periods:?}");
     for (period, bucket, completed, verdict) in judged {
         assert_ne!(verdict, "above_limit", "{bucket} in period {period}: {completed} IOs by the nodes' counts");
-        assert!(*completed as f64 <= L, "{bucket} in period {period}: {completed} IOs, above every limit");
+        assert!(*completed as f64 <= QUARTER_L, "{bucket} in period {period}: {completed} IOs, above every limit");
     }
     if judged_starved {
         eprintln!(
@@ -688,7 +690,7 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
         }
         for (r, s) in real_rounds.iter().zip(&sim_rounds) {
             assert!(
-                r.2.abs_diff(s.2) as f64 <= 0.05 * 4.0 * R,
+                r.2.abs_diff(s.2) as f64 <= 0.05 * 4.0 * QUARTER_R,
                 "reservation still wanted: real {r:?}, simulator {s:?}"
             );
         }
