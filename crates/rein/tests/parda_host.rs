@@ -194,7 +194,6 @@ fn one_host_settles_where_eq_2_says_and_without_parda_it_does_not() {
 /// Over UDP with signed reports (`key_file`).
 #[test]
 fn two_hosts_over_udp_split_the_array_by_beta() {
-    let _serial = common::measuring();
     two_hosts_split_the_array_by_beta("udp", 64);
 }
 
@@ -202,12 +201,12 @@ fn two_hosts_over_udp_split_the_array_by_beta() {
 /// filesystem-based aggregation).
 #[test]
 fn two_hosts_over_a_shared_board_split_the_array_by_beta() {
-    let _serial = common::measuring();
     two_hosts_split_the_array_by_beta("board", 68);
 }
 
 /// Hosts beta 1 and 2 at 127.0.0.(`first` + 1, + 2), the array at `first`, reports over `transport`.
 fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
+    let _serial = common::measuring();
     let tmp = tmpdir(&format!("parda-host-two-{transport}"));
     let dir = tmp.path();
     let a = array(dir, first, &["vm1", "vm2"]);
