@@ -27,10 +27,12 @@
 //! | a host's `service_scale` | the array's `[device_model] service_scale` for each of its VMs |
 //! | `[pshift]` | token-scheduled nodes, a `rein pshift controller`, buckets reaching their nodes directly ([`pshift`]) |
 //!
-//! A node that serves a striped tenant has `[node] enabled = true, specs = "node"`: its gateway speaks the
-//! storage-node protocol to it (`protocol = "rein"`), tagging every request with the tenant's dmClock/RBFQ
-//! delta and rho, and the node's own spec for the tenant (the scenario's for that server) wins, as the
-//! simulator's server sees it.
+//! A node that serves a striped tenant has `[node] enabled = true, specs = "node"`: under a distributed
+//! scheduler (dmclock, rbfq, dtfq) its gateway speaks the storage-node protocol to it (`protocol =
+//! "rein"`), tagging every request with the tenant's delta and rho, and the node's own spec for the tenant
+//! (the scenario's for that server) wins, as the simulator's server sees it. Under any other scheduler
+//! (lfq, sfq, mclock, fifo) the simulator's gateway attaches no tags, and the gateway speaks plain NBD
+//! to the node (`protocol = "nbd"`).
 //!
 //! # Deviations
 //! The simulator routes each request by a draw over the shares; a gateway stripes by offset, so a tenant's
@@ -961,9 +963,14 @@ fn gateway_config(
         budget_lines(&[t], sc.duration)
     );
     for &i in &t.servers {
+        // Tags (delta, rho, the pool flag) only where the simulator's gateway sends them: to a server of a
+        // distributed scheduler (dmclock, rbfq, dtfq). To any other (lfq, sfq, mclock, fifo) its requests
+        // carry none, so the gateway speaks plain NBD there: a node's SFQ given a delta would space its
+        // tags by the service elsewhere, and LFQ would run as DT-FQ.
+        let protocol = if sc.servers[i].distributed { "rein" } else { "nbd" };
         let _ = write!(
             g,
-            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"rein\"\n",
+            "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"{protocol}\"\n",
             q(&nodes[i].name),
             q(&nodes[i].nbd.to_string()),
         );
@@ -1305,6 +1312,27 @@ iops = 100
         assert_eq!(g.exports[0].stripe, Stripe::new(1 << 20, &[1, 1]).unwrap());
         let s2 = rein_runtime::config::ServerConfig::parse(&plan.nodes[1].config, Path::new("n.toml")).unwrap();
         assert_eq!(s2.tenants.iter().find(|t| t.name == "f1").unwrap().spec.reservation(), 50.0);
+    }
+
+    /// The same striped tenants under a scheduler that sends no tags (LFQ: SFQ at each server, no global
+    /// information; also mClock, SFQ): their gateways speak plain NBD to the nodes, as the simulator's
+    /// gateways attach no delta there; DT-FQ (SFQ with the gateway's delta) keeps the storage-node protocol.
+    #[test]
+    fn a_gateway_tags_requests_only_for_a_distributed_scheduler() {
+        for (name, protocol) in [
+            ("lfq", rein_runtime::remote::NodeProtocol::Nbd),
+            ("mclock", rein_runtime::remote::NodeProtocol::Nbd),
+            ("dtfq", rein_runtime::remote::NodeProtocol::Rein),
+            ("rbfq", rein_runtime::remote::NodeProtocol::Rein),
+        ] {
+            let text = STRIPED.replace("scheduler = \"dmclock\"", &format!("scheduler = \"{name}\""));
+            let sc = Scenario::from_toml(&text, None).unwrap();
+            let plan = Plan::new(&sc, fixed_ports).unwrap();
+            for gw in &plan.gateways {
+                let g = rein_runtime::gateway::GatewayConfig::parse(&gw.config, Path::new("gw.toml")).unwrap();
+                assert!(g.nodes.iter().all(|n| n.protocol == protocol), "{name}: {}", gw.config);
+            }
+        }
     }
 
     /// Aimed offsets land on the node asked for (by the gateway's own layout), stay inside the volume,
