@@ -106,11 +106,48 @@ fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// A running `rein cluster up`: its stdout lines arrive on `lines`, its stderr is collected.
+/// Stops a child the test started, if it still runs when the test ends: a failed assertion must not
+/// leave a cluster running (a `rein cluster up` or `run` whose test panicked ran on for as long as the
+/// machine did, its nodes and controller with it). SIGTERM first, so that it stops its own children
+/// and removes its run directory; SIGKILL after [`DEADLINE`] (its children then stop by themselves, see
+/// `children_stop_by_themselves_when_up_is_killed_9`).
+fn stop(child: &mut Child) {
+    if !matches!(child.try_wait(), Ok(None)) {
+        return;
+    }
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let deadline = Instant::now() + DEADLINE;
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A child process that [`stop`]s when dropped (a test's `rein cluster run`).
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        stop(&mut self.0);
+    }
+}
+
+/// A running `rein cluster up`: its stdout lines arrive on `lines`, its stderr is collected. Dropped while
+/// it runs (a test that failed), it is [`stop`]ped.
 struct Up {
     child: Child,
     lines: mpsc::Receiver<String>,
-    stderr: std::thread::JoinHandle<String>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
 }
 
 impl Up {
@@ -133,7 +170,7 @@ impl Up {
             let _ = err.read_to_string(&mut s);
             s
         });
-        Up { child, lines, stderr }
+        Up { child, lines, stderr: Some(stderr) }
     }
 
     /// The lines up to and including `ready`.
@@ -158,7 +195,7 @@ impl Up {
         let deadline = Instant::now() + DEADLINE;
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
-                return (s.success(), self.stderr.join().unwrap());
+                return (s.success(), self.stderr.take().expect("waited once").join().unwrap());
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
@@ -391,11 +428,14 @@ fn sigterm_during_run_stops_every_child_and_fails() {
     let _shared = common::beside_measuring();
     let (tmp, run_tmp) = run_dirs();
     let sc = scenario(tmp.path(), &TWO_NODES.replace("duration_s = 3.0", "duration_s = 600.0"));
-    let mut run = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = Stopped(
+        rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let run = &mut run.0;
     // Wait until all three children run and the run directory exists, then interrupt.
     let deadline = Instant::now() + DEADLINE;
     let kids = loop {
