@@ -7,20 +7,35 @@
 # notes quote), "-" where it has none.
 #
 #   scripts/cluster-vs-sim.sh                 # the issue's eleven scenarios and three pShift ones (about 16 minutes)
+#   scripts/cluster-vs-sim.sh one-server      # the 23 files of one server (mClock's Part 1, RBFQ, traces; 55 min)
 #   scripts/cluster-vs-sim.sh dmclock-fig9-resv rbfq-fig11a-uniform   # some of them
+#   JOBS=3 scripts/cluster-vs-sim.sh one-server   # three scenarios at a time (tables printed in order)
 #
 # Runs are in real time on a shared machine: the real column varies from run to run. The release binary
-# is built first; every process a run starts is stopped by `rein cluster run` itself.
+# is built first; every process a run starts is stopped by `rein cluster run` itself. With JOBS > 1 the
+# runs share the machine: fine for runs of a few thousand IOPS (trace-websearch, 800 IOPS, used 0.14 of a CPU
+# in the release build), not for the pShift files, whose load is heavier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p rein -q
-REIN=${CARGO_TARGET_DIR:-target}/release/rein
 SCENARIOS=("$@")
-if [ ${#SCENARIOS[@]} -eq 0 ]; then
+if [ "${SCENARIOS[*]}" = one-server ]; then
+  SCENARIOS=(mclock-sec2-1 mclock-fig4-limits mclock-fig5 mclock-fig6-reservations mclock-fig6-sfq mclock-fig7-table3
+    mclock-fig7-table3-iocost mclock-fig7-sfq mclock-fig8 mclock-fig8-sfq mclock-table4 mclock-table4-r1
+    mclock-table5-sigma1 mclock-table5-sigma64 mclock-table5-batch mclock-overload-recovery
+    mclock-overload-recovery-paper rbfq-fig6-7-reservations rbfq-fig8-capacity rbfq-fig13-dtfq rbfq-fig13-lfq
+    trace-websearch trace-websearch-sfq)
+elif [ ${#SCENARIOS[@]} -eq 0 ]; then
   SCENARIOS=(dmclock-fig9-noresv dmclock-fig9-noresv-pool dmclock-fig9-resv dmclock-fig9-resv-pool
     dmclock-fig10 dmclock-fig10-pool rbfq-fig11a-uniform rbfq-fig11b-hotspot2 rbfq-fig11c-hotspot1
     rbfq-fig13-rbfq rbfq-fig14-adjust pshift-exp1-small pshift-exp3-limits-small pshift-exp4-small)
 fi
+jobs=${JOBS:-1}
+case $jobs in '' | *[!0-9]* | 0) echo "JOBS must be a whole number of at least 1, got '$jobs'" >&2; exit 2 ;; esac
+for s in "${SCENARIOS[@]}"; do
+  [ -f "scenarios/$s.toml" ] || { echo "no scenario scenarios/$s.toml" >&2; exit 2; }
+done
+cargo build --release --locked -p rein -q
+REIN=${CARGO_TARGET_DIR:-target}/release/rein
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 trap 'exit 1' INT TERM
@@ -54,16 +69,35 @@ if cs:
         print(f"    {d:<40} {want[:40]:<40} {num(a['measured'])} {'ok' if a['ok'] else 'MISS':<4} | "
               f"{num(b['measured'])} {'ok' if b['ok'] else 'MISS'}")
 PY
-for s in "${SCENARIOS[@]}"; do
-  f=scenarios/$s.toml
-  rm -rf "$W/sim" "$W/real"
+# One scenario: both runs in a directory of its own, then its table (or why not) in $W/$s.out.
+compare() {
+  local s=$1 f=scenarios/$1.toml d=$W/$1
+  mkdir -p "$d"
   # --check exits 1 on a missed expectation: the table shows it; only a missing summary is a failure.
-  "$REIN" sim "$f" --check --quiet --out "$W/sim" > /dev/null 2>&1 || true
-  "$REIN" cluster run "$f" --base-port 0 --check --quiet --out "$W/real" > /dev/null 2> "$W/real.err" || true
-  if [ ! -f "$W/real/summary.json" ]; then
-    echo "$s: rein cluster run failed:" >&2
-    cat "$W/real.err" >&2
-    continue
+  "$REIN" sim "$f" --check --quiet --out "$d/sim" > /dev/null 2>&1 || true
+  "$REIN" cluster run "$f" --base-port 0 --check --quiet --out "$d/real" > /dev/null 2> "$d/real.err" || true
+  if [ ! -f "$d/real/summary.json" ]; then
+    { echo "$s: rein cluster run failed:"; cat "$d/real.err"; } > "$W/$s.out"
+  else
+    python3 "$W/table.py" "$f" "$d/sim" "$d/real" "$s" > "$W/$s.out" 2>&1 || echo "$s: could not read the outputs" >> "$W/$s.out"
   fi
-  python3 "$W/table.py" "$f" "$W/sim" "$W/real" "$s" || echo "$s: could not read the outputs" >&2
+  rm -rf "$d"
+}
+running=0 next=0
+for s in "${SCENARIOS[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  compare "$s" &
+  running=$((running + 1))
+  # Print, in the given order, every table whose run has ended.
+  while [ "$next" -lt ${#SCENARIOS[@]} ] && [ -f "$W/${SCENARIOS[$next]}.out" ] && [ ! -d "$W/${SCENARIOS[$next]}" ]; do
+    cat "$W/${SCENARIOS[$next]}.out"
+    next=$((next + 1))
+  done
+done
+wait
+for ((; next < ${#SCENARIOS[@]}; next++)); do
+  cat "$W/${SCENARIOS[$next]}.out"
 done
