@@ -34,11 +34,21 @@ case $jobs in '' | *[!0-9]* | 0) echo "JOBS must be a whole number of at least 1
 for s in "${SCENARIOS[@]}"; do
   [ -f "scenarios/$s.toml" ] || { echo "no scenario scenarios/$s.toml" >&2; exit 2; }
 done
+dup=$(printf '%s\n' "${SCENARIOS[@]}" | sort | uniq -d | head -n 1)
+[ -z "$dup" ] || { echo "scenario $dup is named twice" >&2; exit 2; }
 cargo build --release --locked -p rein -q
 REIN=${CARGO_TARGET_DIR:-target}/release/rein
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-trap 'exit 1' INT TERM
+# The runs go in the background (JOBS), where a non-interactive shell has them ignore SIGINT: on Ctrl-C or
+# SIGTERM each run's rein process gets SIGTERM, on which `rein cluster run` stops every process it started.
+stop_runs() {
+  trap - INT TERM
+  for p in $(jobs -p); do pkill -TERM -P "$p" 2>/dev/null || true; done
+  wait
+  exit 1
+}
+trap stop_runs INT TERM
 cat > "$W/table.py" <<'PY'
 import json, os, sys, tomllib
 scenario, sim, real, name = sys.argv[1:]
