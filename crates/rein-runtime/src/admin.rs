@@ -325,6 +325,7 @@ pub(crate) fn new_export(body: &[u8]) -> Result<ExportJson, String> {
         size_mb: n.size_mb,
         read_only: n.read_only,
         direct: n.direct,
+        readahead: n.readahead,
         allow_networks: n.allow_networks,
         allow_identities: n.allow_identities,
     })

@@ -86,6 +86,7 @@
 //! tenant = "rd"                  # which tenant's QoS the export's connections share (default: its name)
 //! read_only = false
 //! direct = false                 # O_DIRECT for 4 KiB-aligned IO (bypass the page cache)
+//! readahead = true               # the kernel's readahead (false: POSIX_FADV_RANDOM; see docs/config.md)
 //! allow_networks = ["10.0.0.0/8"]    # optional: who may see and open it (CIDR); absent = any address
 //! allow_identities = ["alice"]       # optional: PSK identity or client certificate CN; absent = anyone
 //!
@@ -164,6 +165,9 @@ fn d_weight() -> f64 {
 const DEFAULT_MEMORY_MB: u64 = 1024;
 fn d_backend() -> String {
     "file".into()
+}
+fn d_true() -> bool {
+    true
 }
 fn d_service() -> String {
     "exponential".into()
@@ -363,6 +367,8 @@ pub(crate) struct ExportFile {
     pub(crate) read_only: bool,
     #[serde(default)]
     pub(crate) direct: bool,
+    #[serde(default = "d_true")]
+    pub(crate) readahead: bool,
     pub(crate) allow_identities: Option<Vec<String>>,
     pub(crate) allow_networks: Option<Vec<String>>,
 }
@@ -410,6 +416,8 @@ pub struct ExportConfig {
     pub read_only: bool,
     /// O_DIRECT for aligned IO (file backend).
     pub direct: bool,
+    /// The kernel's readahead on the file (default true; [`crate::storage::FileMode::readahead`]).
+    pub readahead: bool,
     /// Who may see and open it (`allow_networks`, `allow_identities`; absent: anyone).
     pub access: ExportAccess,
 }
@@ -872,6 +880,9 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                 BackendKind::File { path: if p.is_absolute() { p } else { data_dir.join(p) } }
             }
             "memory" if e.direct => return Err(format!("export {}: direct = true needs backend = \"file\"", e.name)),
+            "memory" if !e.readahead => {
+                return Err(format!("export {}: readahead = false needs backend = \"file\"", e.name))
+            }
             "memory" => BackendKind::Memory,
             o => return Err(format!("export {}: backend {o:?}: expected file or memory", e.name)),
         };
@@ -892,6 +903,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
             tenant,
             read_only: e.read_only,
             direct: e.direct,
+            readahead: e.readahead,
             access: export_access(e)?,
         });
     }
@@ -1024,6 +1036,9 @@ mod tests {
         assert!(e("io_engine = \"aio\"\n[[exports]]\nname = \"a\"").contains("io_engine \"aio\""));
         assert!(e("probe_capacity_s = -1\n[[exports]]\nname = \"a\"").contains("probe_capacity_s"));
         assert!(e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\ndirect = true").contains("direct = true needs"));
+        assert!(
+            e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\nreadahead = false").contains("readahead = false needs")
+        );
         // Issue 12: empty names are refused, each with its own message.
         assert_eq!(e("[[exports]]\nname = \"\""), "config: an [[exports]] entry has an empty name");
         assert_eq!(

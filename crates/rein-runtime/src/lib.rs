@@ -46,4 +46,4 @@ mod wire;
 
 pub use devmodel::DeviceConfig;
 pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoEngine, IoError, IoRequest, IoResult, Op, Reply, Snapshot};
-pub use storage::{FileStorage, MemStorage, Storage, StorageError};
+pub use storage::{FileMode, FileStorage, MemStorage, Storage, StorageError};

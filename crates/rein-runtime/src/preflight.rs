@@ -216,8 +216,12 @@ pub fn open_export(e: &crate::config::ExportConfig) -> Result<std::sync::Arc<dyn
     }
     Ok(match &e.backend {
         crate::config::BackendKind::File { path } => std::sync::Arc::new(
-            crate::storage::FileStorage::open_with(path, e.size, e.read_only, e.direct)
-                .map_err(|source| OpenError::Export { name: e.name.clone(), path: path.clone(), source })?,
+            crate::storage::FileStorage::open_with(
+                path,
+                e.size,
+                crate::storage::FileMode { read_only: e.read_only, direct: e.direct, readahead: e.readahead },
+            )
+            .map_err(|source| OpenError::Export { name: e.name.clone(), path: path.clone(), source })?,
         ),
         crate::config::BackendKind::Memory => {
             let size = e.size.expect("a memory export has a size");

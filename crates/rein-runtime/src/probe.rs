@@ -324,7 +324,11 @@ pub async fn probe_export(
 ) -> Result<StartupProbe, ProbeError> {
     let (storage, direct) = match &e.backend {
         crate::config::BackendKind::File { path } => {
-            match crate::storage::FileStorage::open_with(path, None, true, true) {
+            match crate::storage::FileStorage::open_with(
+                path,
+                None,
+                crate::storage::FileMode { read_only: true, direct: true, readahead: e.readahead },
+            ) {
                 Ok(f) => (Arc::new(f) as Arc<dyn Storage>, true),
                 Err(err) => {
                     tracing::warn!(

@@ -160,6 +160,18 @@ pub struct ExportJson {
     /// O_DIRECT (file backend).
     #[serde(default)]
     pub direct: bool,
+    /// The kernel's readahead (file backend; default true).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub readahead: bool,
+}
+
+/// `readahead`'s default.
+fn yes() -> bool {
+    true
+}
+/// serde's `skip_serializing_if` passes a reference: the state file names `readahead` only when it is off.
+fn is_yes(b: &bool) -> bool {
+    *b
 }
 
 impl ExportJson {
@@ -179,6 +191,7 @@ impl ExportJson {
             allow_networks: e.access.networks.as_ref().map(|n| n.iter().map(|n| n.to_string()).collect()),
             allow_identities: e.access.identities.clone(),
             direct: e.direct,
+            readahead: e.readahead,
         }
     }
 
@@ -225,6 +238,9 @@ impl ExportJson {
                 BackendKind::File { path }
             }
             "memory" if self.direct => return Err(format!("export {name}: direct = true needs backend \"file\"")),
+            "memory" if !self.readahead => {
+                return Err(format!("export {name}: readahead = false needs backend \"file\""))
+            }
             "memory" if size == 0 => return Err(format!("export {name}: a memory export needs size_mb")),
             "memory" => {
                 // An admin-created memory export cannot take the server down: its size is bounded by the
@@ -259,6 +275,7 @@ impl ExportJson {
             tenant,
             read_only: self.read_only,
             direct: self.direct,
+            readahead: self.readahead,
             access,
         })
     }
@@ -657,6 +674,7 @@ mod tests {
             tenant: c,
             read_only: false,
             direct: false,
+            readahead: true,
             access: Default::default(),
         });
         let st = diff(&base, &eff, None);
@@ -686,6 +704,7 @@ mod tests {
                 tenant: 0,
                 read_only: false,
                 direct: false,
+                readahead: true,
                 access: Default::default(),
             });
         }
@@ -760,6 +779,7 @@ mod tests {
             tenant: "a".into(),
             read_only: false,
             direct: false,
+            readahead: true,
             allow_networks: None,
             allow_identities: None,
         };

@@ -345,7 +345,7 @@ pub fn drain_eventfd(fd: &AsyncFd<OwnedFd>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::FileStorage;
+    use crate::storage::{FileMode, FileStorage};
 
     /// A fresh directory under the temp dir, removed with its files when dropped (also on a panic or an early
     /// return).
@@ -386,15 +386,16 @@ mod tests {
     fn round_trip(direct: bool) {
         let dir = tmp(if direct { "direct" } else { "buffered" });
         let path = dir.path().join("disk.img");
-        let storage: Arc<dyn Storage> = match FileStorage::open_with(&path, Some(1 << 20), false, direct) {
-            Ok(s) => Arc::new(s),
-            Err(e) if direct => {
-                // Some file systems (tmpfs) refuse O_DIRECT; that is a clear error, not a failure of ours.
-                eprintln!("skipping O_DIRECT round trip: {e}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        };
+        let storage: Arc<dyn Storage> =
+            match FileStorage::open_with(&path, Some(1 << 20), FileMode { direct, ..FileMode::default() }) {
+                Ok(s) => Arc::new(s),
+                Err(e) if direct => {
+                    // Some file systems (tmpfs) refuse O_DIRECT; that is a clear error, not a failure of ours.
+                    eprintln!("skipping O_DIRECT round trip: {e}");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            };
         let Ok(mut u) = Uring::<u32>::new(32) else {
             eprintln!("io_uring unavailable here; the dispatcher falls back to threads");
             return;

@@ -265,6 +265,7 @@ async fn exports_stop_at_their_bound() {
         tenant: "t".into(),
         read_only: false,
         direct: false,
+        readahead: true,
         allow_networks: None,
         allow_identities: None,
     };
