@@ -6,7 +6,8 @@
 //! `outstanding` requests, replaced on completion after an optional think time), open Poisson arrivals,
 //! on/off periods, bursts, and trace replay; offsets, sizes and the read mix come from the same draws.
 //! This module only moves the generator's decisions onto the network: one tokio task holds every
-//! job's generator and timer, sends each request on the job's next connection (round robin) and feeds
+//! job's generator and timer, sends each request on the job's next connection (round robin; a request
+//! that starts where the previous one ended stays on that one's connection, [`Pick`]) and feeds
 //! completions back. What it measures goes into rein-model's [`Recorder`], so the result is the same
 //! [`RunTotals`] (summary.json, timeseries.csv) the simulator writes.
 //!
@@ -291,12 +292,46 @@ struct Done {
     ok: bool,
 }
 
+/// Which of a group's connections a request takes: the next in turn, except that a request starting
+/// where the previous one ended (a sequential run) stays on the previous one's connection, for at most
+/// [`crate::nbd::MAX_IN_FLIGHT_PER_CONN`] requests in a row. Each connection is read by its own task at
+/// the server, so a run spread over several reaches the scheduler reordered: on a disk model, where an
+/// access that does not continue the previous one pays a seek, mClock's locality batching (Table 5) got
+/// 0.714x of the simulator's throughput on `rein cluster` with the run spread over 4 connections.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pick {
+    /// The connection the next request that does not continue a run takes.
+    next: usize,
+    /// The previous request's connection, where it ended, and how many in a row went there.
+    last: usize,
+    end: u64,
+    run: usize,
+}
+
+impl Pick {
+    /// The connection (index below `n`) for a request of `len` bytes at `offset`.
+    fn choose(&mut self, offset: u64, len: u64, n: usize) -> usize {
+        let i = if offset == self.end && self.run > 0 && self.run < crate::nbd::MAX_IN_FLIGHT_PER_CONN {
+            self.run += 1;
+            self.last
+        } else {
+            let i = self.next % n.max(1);
+            self.next = (i + 1) % n.max(1);
+            self.run = 1;
+            i
+        };
+        self.last = i;
+        self.end = offset.saturating_add(len);
+        i
+    }
+}
+
 struct JobState {
     gen: Generator,
     /// Connection groups: one, or one per window ([`JobRoute::window_addrs`]).
     clients: Vec<Vec<Arc<NbdClient>>>,
-    /// Per group, the connection the next request takes.
-    next_client: Vec<usize>,
+    /// Per group, which connection the next request takes.
+    pick: Vec<Pick>,
     export_size: u64,
     /// Write payload (0x5a bytes), shared by the job's writes of up to its length.
     payload: Arc<[u8]>,
@@ -412,7 +447,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             spec,
             JobState {
                 gen,
-                next_client: vec![0; clients.len()],
+                pick: vec![Pick::default(); clients.len()],
                 clients,
                 export_size,
                 payload,
@@ -887,8 +922,7 @@ fn issue(
     st.gen.issued();
     st.at_window[k] += 1;
     let g = if st.clients.len() > 1 { k } else { 0 };
-    let client = st.clients[g][st.next_client[g]].clone();
-    st.next_client[g] = (st.next_client[g] + 1) % st.clients[g].len();
+    let client = st.clients[g][st.pick[g].choose(offset, size, st.clients[g].len())].clone();
     let (payload, clock) = (st.payload.clone(), st.clock);
     inflight.spawn(async move {
         let r = if read {
@@ -906,6 +940,26 @@ fn issue(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sequential run stays on one connection (up to the per-connection bound, then moves on); any other
+    /// request takes the next connection in turn, so random offsets spread evenly.
+    #[test]
+    fn a_sequential_run_stays_on_its_connection() {
+        let mut p = Pick::default();
+        let seq: Vec<usize> = (0..6).map(|i| p.choose(i * 4096, 4096, 4)).collect();
+        assert_eq!(seq, [0; 6]);
+        let jumps: Vec<usize> = [1u64 << 30, 7 << 20, 3 << 20, 5 << 20].iter().map(|&o| p.choose(o, 4096, 4)).collect();
+        assert_eq!(jumps, [1, 2, 3, 0]);
+        // The last jump's run continues on its connection, the next jump goes on in turn.
+        assert_eq!(p.choose((5 << 20) + 4096, 4096, 4), 0);
+        assert_eq!(p.choose(0, 4096, 4), 1);
+        let mut p = Pick::default();
+        let long: Vec<usize> =
+            (0..crate::nbd::MAX_IN_FLIGHT_PER_CONN as u64 + 1).map(|i| p.choose(i * 512, 512, 4)).collect();
+        assert!(long[..crate::nbd::MAX_IN_FLIGHT_PER_CONN].iter().all(|&c| c == 0));
+        assert_eq!(long[crate::nbd::MAX_IN_FLIGHT_PER_CONN], 1, "at the bound the run moves on");
+        assert_eq!(Pick::default().choose(0, 512, 1), 0);
+    }
 
     /// Busy time read a little late is carried into the next interval, never recorded as more than an
     /// interval holds; a failed read makes the server's utilisation unknown.
