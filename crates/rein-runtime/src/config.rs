@@ -86,7 +86,7 @@
 //! tenant = "rd"                  # which tenant's QoS the export's connections share (default: its name)
 //! read_only = false
 //! direct = false                 # O_DIRECT for 4 KiB-aligned IO (bypass the page cache)
-//! readahead = true               # the kernel's readahead (false: POSIX_FADV_RANDOM; see docs/config.md)
+//! readahead = true               # the kernel's readahead (false: POSIX_FADV_RANDOM; docs/serve.md)
 //! allow_networks = ["10.0.0.0/8"]    # optional: who may see and open it (CIDR); absent = any address
 //! allow_identities = ["alice"]       # optional: PSK identity or client certificate CN; absent = anyone
 //!

@@ -242,7 +242,7 @@ pub struct FileMode {
     /// kernel runs readahead in the thread that submits the read, which for io_uring is the dispatcher's.
     /// On a device with `read_ahead_kb = 8192`, a sequential reader of a sparse file made it zero-fill
     /// 8 MiB of page cache there every 8 MiB read, stalling every tenant's dispatches for about 24 ms
-    /// each time (a 1,000 IOPS limit then delivered 947; docs/config.md, `readahead`).
+    /// each time (a 1,000 IOPS limit then delivered 947; docs/serve.md, "Readahead and the dispatcher").
     pub readahead: bool,
 }
 
