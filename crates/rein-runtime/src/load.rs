@@ -7,7 +7,7 @@
 //! on/off periods, bursts, and trace replay; offsets, sizes and the read mix come from the same draws.
 //! This module only moves the generator's decisions onto the network: one tokio task holds every
 //! job's generator and timer, sends each request on the job's next connection (round robin; a request
-//! that starts where the previous one ended stays on that one's connection, [`Pick`]) and feeds
+//! that starts where the previous one ended stays on that one's connection, `Pick`) and feeds
 //! completions back. What it measures goes into rein-model's [`Recorder`], so the result is the same
 //! [`RunTotals`] (summary.json, timeseries.csv) the simulator writes.
 //!
