@@ -166,8 +166,19 @@ const DEFAULT_MEMORY_MB: u64 = 1024;
 fn d_backend() -> String {
     "file".into()
 }
-fn d_true() -> bool {
+/// `true`, as a serde default (every config file of this crate uses this one).
+pub(crate) fn d_true() -> bool {
     true
+}
+
+/// The export settings only a file has, checked for an export of `backend`: the error names the first
+/// one set on a memory export (rein.toml's `[[exports]]` and the admin API's exports alike).
+pub(crate) fn file_only_settings(name: &str, backend: &str, direct: bool, readahead: bool) -> Result<(), String> {
+    match backend {
+        "memory" if direct => Err(format!("export {name}: direct = true needs backend = \"file\"")),
+        "memory" if !readahead => Err(format!("export {name}: readahead = false needs backend = \"file\"")),
+        _ => Ok(()),
+    }
 }
 fn d_service() -> String {
     "exponential".into()
@@ -874,14 +885,11 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                     .ok_or_else(|| format!("export {}: size_mb must be in 1..=2^30, got {mb}", e.name))?,
             ),
         };
+        file_only_settings(&e.name, &e.backend, e.direct, e.readahead)?;
         let backend = match e.backend.as_str() {
             "file" => {
                 let p = PathBuf::from(e.path.clone().unwrap_or_else(|| format!("{}.img", e.name)));
                 BackendKind::File { path: if p.is_absolute() { p } else { data_dir.join(p) } }
-            }
-            "memory" if e.direct => return Err(format!("export {}: direct = true needs backend = \"file\"", e.name)),
-            "memory" if !e.readahead => {
-                return Err(format!("export {}: readahead = false needs backend = \"file\"", e.name))
             }
             "memory" => BackendKind::Memory,
             o => return Err(format!("export {}: backend {o:?}: expected file or memory", e.name)),

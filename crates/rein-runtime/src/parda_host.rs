@@ -75,10 +75,6 @@ pub const MAX_PERIOD_RECORDS: usize = 4096;
 /// Slots of a shared board file when `board_slots` is not given.
 pub const DEFAULT_BOARD_SLOTS: u32 = 64;
 
-fn d_true() -> bool {
-    true
-}
-
 /// `[parda_host]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -86,7 +82,7 @@ pub(crate) struct PardaHostFile {
     #[serde(default)]
     id: u32,
     beta: Option<f64>,
-    #[serde(default = "d_true")]
+    #[serde(default = "crate::config::d_true")]
     controlled: bool,
     window: Option<f64>,
     udp: Option<String>,

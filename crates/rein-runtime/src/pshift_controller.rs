@@ -64,9 +64,6 @@ pub const HELLO_MAX_BODY: usize = 512;
 /// Networks allowed to connect when `allow_networks` is absent.
 pub const DEFAULT_NETWORKS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
 
-fn d_true() -> bool {
-    true
-}
 fn d_intervals() -> u32 {
     5
 }
@@ -94,7 +91,7 @@ struct File {
     estimator: Option<String>,
     backlog_idle_pct: Option<f64>,
     approx_top: Option<usize>,
-    #[serde(default = "d_true")]
+    #[serde(default = "crate::config::d_true")]
     exact_limits: bool,
     #[serde(default = "d_early")]
     early_rounds: u32,

@@ -161,14 +161,10 @@ pub struct ExportJson {
     #[serde(default)]
     pub direct: bool,
     /// The kernel's readahead (file backend; default true).
-    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    #[serde(default = "crate::config::d_true", skip_serializing_if = "is_yes")]
     pub readahead: bool,
 }
 
-/// `readahead`'s default.
-fn yes() -> bool {
-    true
-}
 /// serde's `skip_serializing_if` passes a reference: the state file names `readahead` only when it is off.
 fn is_yes(b: &bool) -> bool {
     *b
@@ -214,6 +210,7 @@ impl ExportJson {
             .checked_mul(1 << 20)
             .filter(|&s| s <= crate::config::MAX_EXPORT_BYTES)
             .ok_or_else(|| format!("export {name}: size_mb must be in 1..=2^30"))?;
+        crate::config::file_only_settings(name, &self.backend, self.direct, self.readahead)?;
         let backend = match self.backend.as_str() {
             "file" => {
                 let p = self.path.clone().unwrap_or_else(|| PathBuf::from(format!("{name}.img")));
@@ -236,10 +233,6 @@ impl ExportJson {
                     ));
                 }
                 BackendKind::File { path }
-            }
-            "memory" if self.direct => return Err(format!("export {name}: direct = true needs backend \"file\"")),
-            "memory" if !self.readahead => {
-                return Err(format!("export {name}: readahead = false needs backend \"file\""))
             }
             "memory" if size == 0 => return Err(format!("export {name}: a memory export needs size_mb")),
             "memory" => {
