@@ -2,7 +2,7 @@
 //! idle is not starved when the other returns, and the returning tenant gets its share at once.
 mod common;
 
-use rein_core::{Nanos, Poll, QosSpec, Request, SchedulerKind};
+use rein_core::{Nanos, Poll, PoolReturn, QosSpec, Request, SchedConfig, SchedulerKind};
 
 /// One device at 1,000 IOPS (1 ms per IO). f1 is backlogged throughout; f2 is backlogged only during
 /// `on` windows. Returns, for each 100 ms window, the IOs of (f1, f2).
@@ -84,4 +84,87 @@ fn idle_credit_lets_a_returning_tenant_burst_ahead_but_only_sigma() {
     // Over the 2 s both are on, f2 ends sigma = 64 IOs ahead of f1 (its P tag started 64/w behind), so
     // 1,032 / 968, and no further: the credit is bounded.
     assert!(total2.abs_diff(1032) <= 2 && total1.abs_diff(968) <= 2, "f1 {total1}, f2 {total2}");
+}
+
+/// One server at 1 ms per IO. A (weight 1) and B (weight `b_weight`) share it for 2 s, each with one request
+/// queued. Then A's queue empties: its last request goes to the device, and A sends nothing while B is
+/// served alone for `gap_ms` (a closed loop whose IOs are at the device or on their way back). A comes back
+/// with 1,000 requests, the first saying whether A still had requests at this server's device
+/// (`pending`: what the server counts). Returns how many of them are served before B's next IO.
+fn local_served_in_a_row(kind: SchedulerKind, config: SchedConfig, b_weight: f64, gap_ms: u64, pending: bool) -> u64 {
+    let mut s = kind.build(config);
+    let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+    let b = s.add_tenant(QosSpec::weighted(b_weight).unwrap()).unwrap();
+    s.enqueue(Nanos(0), Request::new(a, 0)).unwrap();
+    s.enqueue(Nanos(0), Request::new(b, 1)).unwrap();
+    let mut h = 2;
+    let mut ms = 0;
+    while ms < 2000 {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("both backlogged") };
+        s.enqueue(Nanos::from_millis(ms), Request::new(d.tenant, h)).unwrap();
+        h += 1;
+        ms += 1;
+    }
+    // A's last queued request goes to the device; A sends no more for now.
+    loop {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), false) else { panic!("B backlogged") };
+        ms += 1;
+        if d.tenant == a {
+            break;
+        }
+        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
+        h += 1;
+    }
+    for _ in 0..gap_ms {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), false) else { panic!("B backlogged") };
+        assert_eq!(d.tenant, b);
+        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
+        h += 1;
+        ms += 1;
+    }
+    let now = Nanos::from_millis(ms);
+    for i in 0..1000 {
+        s.enqueue(now, Request::new(a, h).pending_here(i == 0 && pending)).unwrap();
+        h += 1;
+    }
+    let mut in_a_row = 0;
+    while let Poll::Dispatch(d) = s.poll(now, false) {
+        if d.tenant == b {
+            break;
+        }
+        in_a_row += 1;
+    }
+    in_a_row
+}
+
+/// Engine "A pool still here" (`SchedConfig::pool_return` with `Request::pending_here`): a tenant whose
+/// queue emptied while it still had requests at this server's device did not go idle (mClock §2: the
+/// active VMs are "those with at least one pending IO"), so with equal weights the `gap` IOs B got alone
+/// are A's to take back (one IO of slack either way: B's head tag at the return), at most `lag_ios` of
+/// A's own IOs. A tenant with nothing at the device, a gap longer than the window, or the paper's rule:
+/// re-based to virtual time (A and B then alternate: at most 1 in a row). For every tag scheduler, with
+/// no delta on any request (one server).
+#[test]
+fn a_tenant_with_requests_at_the_device_keeps_its_lag_within_the_bound() {
+    let rein = SchedConfig::default();
+    let near = |got: u64, want: u64| got.abs_diff(want) <= 1;
+    for kind in [SchedulerKind::Mclock, SchedulerKind::Dmclock, SchedulerKind::Rbfq] {
+        let got = local_served_in_a_row(kind, rein, 1.0, 50, true);
+        assert!(near(got, 50), "{kind}: gap 50 ms with requests at the device: {got} in a row, want 50");
+        // B at weight 0.1: each of its IOs is 10 of A's, so 90 ms alone is 900 of A's IOs; the bound keeps 256.
+        let got = local_served_in_a_row(kind, rein, 0.1, 90, true);
+        assert!(near(got, 256), "{kind}: lag beyond the bound: {got} in a row, want 256");
+        let got = local_served_in_a_row(kind, rein, 1.0, 50, false);
+        assert!(got <= 1, "{kind}: nothing at the device, so idle: {got} in a row");
+        let got = local_served_in_a_row(kind, rein, 1.0, 150, true);
+        assert!(got <= 1, "{kind}: gap 150 ms (over the window): {got} in a row");
+        for config in [SchedConfig::paper(), SchedConfig { pool_return: None, ..rein }] {
+            let got = local_served_in_a_row(kind, config, 1.0, 50, true);
+            assert!(got <= 1, "{kind}: pool_return off: {got} in a row");
+        }
+        let small =
+            SchedConfig { pool_return: Some(PoolReturn { window: Nanos::from_millis(40), lag_ios: 10 }), ..rein };
+        let got = local_served_in_a_row(kind, small, 1.0, 30, true);
+        assert!(near(got, 10), "{kind}: bound 10: {got} in a row");
+    }
 }

@@ -991,7 +991,11 @@ impl Task {
                     }
                 };
                 self.pending[handle] = Some(Pending { req, reply, arrived: now });
-                let mut request = Request::new(tenant, handle as u64).size(size).offset(offset);
+                // Received and not answered; none is queued if its queue is empty, so then they are at the
+                // backend (the scheduler reads the flag only then: Request::pending_here).
+                let pending_here = self.counters.get(tenant.index()).is_some_and(|c| c.in_flight > 0);
+                let mut request =
+                    Request::new(tenant, handle as u64).size(size).offset(offset).pending_here(pending_here);
                 if let Some(p) = piggyback {
                     request = request.piggyback(p);
                 }

@@ -50,8 +50,8 @@
 //!    says this for idle VMs; for limited ones it is our addition: without it a tenant limit-clamped for
 //!    a minute would, once the capacity falls below its limit, take a minute of banked share from the
 //!    others. The property tests with halving capacity catch exactly this.) One exception, a pool that
-//!    moved (below): a distributed tenant whose pool stayed busy, back within
-//!    [`super::PoolReturn::window`], may enter up to
+//!    moved or stayed (below): a distributed tenant whose pool stayed busy, or a tenant with requests at
+//!    this server's device, back within [`super::PoolReturn::window`], may enter up to
 //!    `lag_ios` of its own IOs below the smallest P tag of the tenants it competes with here.
 //! 7. R tags of a backlogged tenant are never moved forward one tenant at a time; only a tenant becoming
 //!    active is (`max(., t)` of Algorithm 1 applies to requests arriving at an empty queue). Algorithm 1
@@ -106,8 +106,24 @@
 //! the paper's re-base, with the idle credit.
 //! Results (seeds 1-20, docs/reproductions.md): Fig. 9(a) with one pool c1 within 0.31% of its share
 //! (was up to 5.8%), Fig. 9(b) with one pool c3 : c2 = 1.4995-1.5005 (1.486 with seed 1 before).
-//! Tenants without a delta (mClock on one server) are untouched. `None` is the paper: every return
-//! re-based.
+//! `None` is the paper: every return re-based.
+//!
+//! # A pool still here ([`super::Request::pending_here`])
+//! The same gap opens on one server. A closed-loop client whose IOs are at the device and on their way
+//! back (a network round trip, a client's turnaround) has an empty queue here for a moment after each
+//! completion, and the re-base takes from it what the others got in that moment. With a device queue of
+//! 32 and 64 IOs outstanding (RBFQ Fig. 8: vm1 r = 512 w = 1 and vm2 w = 4 on 2,510 IOPS), eq. (1) gives
+//! vm1 512. In the simulator, with each IO's return delayed by a think time of 1 / 2 ms (30 s runs), vm1
+//! got 560 / 649 under the re-base and 536 / 621 with this rule; real daemons, whose round trip is such
+//! a delay, in docs/reproductions.md Part 5. By mClock §2's own definition the client never went idle: the
+//! active VMs are "those with at least one pending IO". So under `pool_return` a tenant whose returning
+//! request says it has requests at this server's device (`pending_here`, set by the server, which
+//! counts them) is treated as a pool that stayed busy: own history, the same `window` and the same
+//! floor against the competitors (the `away` heap holds every tenant whose queue emptied less than
+//! `window` ago). What it cannot undo is work conservation: a slot that frees while the client's queue
+//! is empty goes to another tenant, so the rule helps as far as the client's lag is repaid, not more
+//! (vm1 536 at 1 ms above). A client with nothing at the device (an open-loop flow between bursts, a
+//! closed loop behind a long think time) is re-based as in the paper.
 //!
 //! Why the flag: the engine sees no completions, so by itself it cannot tell a pool that moved from a
 //! client that went idle for a moment. Without the flag (a first version keyed on the gap alone) a
@@ -402,8 +418,9 @@ pub(crate) struct Engine {
     resv: IndexedHeap,
     ready: IndexedHeap,
     limited: IndexedHeap,
-    /// Under [`SchedConfig::pool_return`]: distributed tenants whose queue here is empty, keyed by their
-    /// last P tag (invariant 6, "Pools that move"). Entries older than the window are dropped lazily.
+    /// Under [`SchedConfig::pool_return`]: tenants whose queue here is empty, keyed by their last P tag
+    /// (invariant 6, "Pools that move", "A pool still here"). Entries older than the window are dropped
+    /// lazily.
     away: IndexedHeap,
     time: LatestTime,
     vnow: Tag,
@@ -542,7 +559,7 @@ impl Engine {
                 self.vnow = self.vnow.max(p);
             }
             let vnow = self.vnow;
-            let floor = self.idle_floor(req.tenant.slot, now, req.pool_busy);
+            let floor = self.idle_floor(req.tenant.slot, now, req.pool_busy, req.pending_here);
             let flavor = self.flavor;
             let rules = self.rules;
             let t = self.tenants.at_mut(req.tenant.slot);
@@ -554,20 +571,19 @@ impl Engine {
 
     /// The lowest P tag the tenant in `slot`, becoming active at `now`, may start from (invariant 6):
     /// virtual time less its idle credit; or, for a distributed tenant whose pool stayed busy
-    /// (`pool_busy`) and that is back within the pool window, up to `lag_ios` of its own IOs behind the
-    /// smallest P tag of the tenants it competes with here (those ready now and those away less than the
-    /// window).
+    /// (`pool_busy`) or a tenant with requests at this device (`pending_here`) that is back within the
+    /// pool window, up to `lag_ios` of its own IOs behind the smallest P tag of the tenants it competes
+    /// with here (those ready now and those away less than the window).
     #[inline]
-    fn idle_floor(&mut self, slot: u32, now: Nanos, pool_busy: bool) -> Tag {
+    fn idle_floor(&mut self, slot: u32, now: Nanos, pool_busy: bool, pending_here: bool) -> Tag {
         let t = self.tenants.at(slot);
         let paper = self.vnow.saturating_sub(t.credit);
         let Some(pool) = self.config.pool_return else {
             return paper;
         };
-        if !t.distributed {
-            return paper;
-        }
-        let moved = pool_busy && t.history && now.saturating_sub(t.idle_since) < pool.window;
+        let moved = ((pool_busy && t.distributed) || pending_here)
+            && t.history
+            && now.saturating_sub(t.idle_since) < pool.window;
         let slack = Cost::units(u64::from(pool.lag_ios)).times_step(t.p_step);
         self.away.remove(slot);
         if !moved {
@@ -721,7 +737,7 @@ impl Engine {
         } else {
             t.idle_since = self.time.now();
         }
-        let away = (!more && t.distributed && self.config.pool_return.is_some()).then_some(t.last_p);
+        let away = (!more && self.config.pool_return.is_some()).then_some(t.last_p);
         self.queued -= 1;
         if more {
             self.place(slot, now);
@@ -822,7 +838,7 @@ impl Engine {
                 assert!(t.l_step != 0, "invariant 3 for {id}");
             }
             if self.away.contains(s) {
-                assert!(!active && t.distributed && t.history, "the away heap holds idle distributed tenants: {id}");
+                assert!(!active && t.history, "the away heap holds idle tenants: {id}");
             }
         }
         assert_eq!(total, self.queued, "invariant 5");

@@ -90,6 +90,12 @@ pub struct Request {
     /// ([`Piggyback::pool_busy`]): if its queue here emptied meanwhile, its pool moved; it did not go idle
     /// ([`SchedConfig::pool_return`]). False on a single server.
     pub pool_busy: bool,
+    /// The tenant had requests at this server's device (dispatched, not answered) when this one arrived:
+    /// by mClock §2's definition of an active VM ("those with at least one pending IO") it did not go
+    /// idle, even if its queue here was empty: a closed-loop client's next IO is on its way back
+    /// ([`SchedConfig::pool_return`]). Set by the server that queues the request (the simulator's server,
+    /// `rein serve`'s dispatcher); false where the caller does not know.
+    pub pending_here: bool,
 }
 
 impl Request {
@@ -104,6 +110,7 @@ impl Request {
             rho: Cost(0),
             share: ReservationShare::ONE,
             pool_busy: false,
+            pending_here: false,
         }
     }
     /// With a size in bytes (what the cost model charges).
@@ -114,6 +121,11 @@ impl Request {
     /// With a byte offset (what locality batching compares).
     pub fn offset(mut self, offset: u64) -> Self {
         self.offset = offset;
+        self
+    }
+    /// Whether the tenant has requests at this server's device now ([`Request::pending_here`]).
+    pub fn pending_here(mut self, pending: bool) -> Self {
+        self.pending_here = pending;
         self
     }
     /// With what a [`ServiceTracker::prepare`] returned for this request's server.
@@ -254,7 +266,9 @@ pub struct SchedConfig {
     /// pool stayed busy ([`Request::pool_busy`]) keeps its P tag when it returns, instead of the paper's
     /// re-base to virtual time: one pool of outstanding IOs spread over several servers leaves a server's
     /// queue whenever its IOs happen to be elsewhere, and forgiving each such gap skews the weight split
-    /// (engine invariant 6, "Pools that move"). `None`: the paper's rule, every return re-based.
+    /// (engine invariant 6, "Pools that move"). The same holds for any tenant whose queue emptied while it
+    /// still had requests at this server's device ([`Request::pending_here`], "A pool still here"): a
+    /// closed-loop client behind a round trip. `None`: the paper's rule, every return re-based.
     pub pool_return: Option<PoolReturn>,
     /// Bounds on tenants and queued requests.
     pub limits: Limits,
@@ -301,9 +315,10 @@ impl SchedConfig {
 /// idle, and how much lag it may keep ([`SchedConfig::pool_return`]; engine invariant 6).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct PoolReturn {
-    /// A return counts as the pool moving if the request says the pool stayed busy and the tenant's queue
-    /// here emptied less than this long ago (default 100 ms); otherwise it is idleness (or a pool away
-    /// too long), re-based as in the paper.
+    /// A return counts as the pool moving (or staying here) if the request says the pool stayed busy (or
+    /// that the tenant has requests at this server's device) and the tenant's queue here emptied less than
+    /// this long ago (default 100 ms); otherwise it is idleness (or a pool away too long), re-based as in
+    /// the paper.
     pub window: Nanos,
     /// How far, in IOs of its own cost, the returning tenant's P tag may stay behind the smallest P tag of
     /// the other tenants here or recently here (default 256). Bounds what it is repaid: without a bound, a

@@ -530,7 +530,8 @@ impl<'a> Sim<'a> {
             _ => Piggyback::default(),
         };
         let tid = r.tid;
-        let req = Request::new(tid, id as u64).size(r.size).offset(r.offset).piggyback(piggyback);
+        let pending = self.servers[s].pending.get(t).is_some_and(|&n| n > 0);
+        let req = Request::new(tid, id as u64).size(r.size).offset(r.offset).piggyback(piggyback).pending_here(pending);
         if self.servers[s].sched.get().enqueue(self.now, req).is_err() {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once. It
             // leaves the tenant's pool as its tracker counts it (the pool flag).
@@ -566,6 +567,11 @@ impl<'a> Sim<'a> {
                     r.cost = d.cost;
                     srv.outstanding += 1;
                     debug_assert!(srv.outstanding <= srv.depth, "invariant 1");
+                    let t = r.tenant as usize;
+                    if srv.pending.len() <= t {
+                        srv.pending.resize(t + 1, 0);
+                    }
+                    srv.pending[t] += 1;
                     // A VM's host may sit worse or better on the array (placement skew).
                     let scale = self.hosts.as_ref().map_or(1.0, |l| l.scale(r.tenant as usize));
                     let job = Job { id, size: r.size, offset: r.offset, scale, write: r.write };
@@ -641,6 +647,8 @@ impl<'a> Sim<'a> {
     /// Request `id` left server `s`'s device.
     fn complete(&mut self, s: usize, id: u32) {
         self.servers[s].outstanding -= 1;
+        let t = self.reqs[id as usize].tenant as usize;
+        self.servers[s].pending[t] -= 1;
         self.rec.server_completion(s, self.now);
         if let Some(c) = &mut self.cluster {
             c.device_completed(s);

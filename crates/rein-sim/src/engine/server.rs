@@ -55,10 +55,12 @@ pub(crate) struct Server {
     pub(crate) device: Device,
     /// The pending limit wake-up, if any.
     pub(crate) wake_at: Option<u64>,
+    /// Per tenant index: its requests at this server's device (dispatched, not completed).
+    pub(crate) pending: Vec<u32>,
 }
 
 impl Server {
     pub(crate) fn new(sched: Sched, depth: u32, device: Device) -> Server {
-        Server { sched, outstanding: 0, depth, device, wake_at: None }
+        Server { sched, outstanding: 0, depth, device, wake_at: None, pending: Vec::new() }
     }
 }
