@@ -555,6 +555,11 @@ pub struct DispatchConfig {
     pub inline_max_bytes: u64,
     /// With [`SchedulerKind::Token`]: the token scheduler's variant.
     pub token: TokenVariant,
+    /// Deadlines (device model completions, limit and reservation tags) also on a timerfd, which fires
+    /// within microseconds, not only on tokio's timer, which fires 0-2 ms late (`crate::precise_timer`;
+    /// default true). Off for tests that pause tokio's clock: the timerfd's real-time wake-ups keep the
+    /// paused clock from advancing by itself.
+    pub precise_timer: bool,
 }
 
 /// Which token scheduler (pshift.txt §II; rein-core's `sched/tokens.rs`): the R order and whether the
@@ -577,6 +582,7 @@ impl Default for DispatchConfig {
             io_engine: IoEngine::Uring,
             inline_max_bytes: 64 * 1024,
             token: TokenVariant::default(),
+            precise_timer: true,
         }
     }
 }
@@ -631,6 +637,7 @@ impl Dispatcher {
             backend: BackendCounters { latency_buckets: vec![0; LATENCY_BUCKETS_S.len() + 1], ..Default::default() },
             io_engine,
             inline_max_bytes: if io_engine == IoEngine::Inline { config.inline_max_bytes } else { 0 },
+            precise_timer: config.precise_timer,
             uring,
             reaped: Vec::new(),
             ids: Vec::new(),
@@ -867,6 +874,8 @@ struct Task {
     backend: BackendCounters,
     io_engine: IoEngine,
     inline_max_bytes: u64,
+    /// [`DispatchConfig::precise_timer`].
+    precise_timer: bool,
     uring: Option<Uring<Token>>,
     reaped: Vec<Completion<Token>>,
     /// Tenants added, in order (for snapshots).
@@ -890,6 +899,14 @@ impl Task {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut wake: Option<Nanos> = None;
         let mut open = true;
+        // Deadlines with the kernel's precision beside tokio's millisecond timer (crate::precise_timer).
+        let mut timer = if self.precise_timer {
+            crate::precise_timer::PreciseTimer::new()
+                .map_err(|e| tracing::warn!("no timerfd ({e}): deadlines fire up to 2 ms late"))
+                .ok()
+        } else {
+            None
+        };
         loop {
             self.advance_device();
             self.pshift_cut();
@@ -906,6 +923,9 @@ impl Task {
             let model = self.device.as_ref().and_then(|d| d.next_deadline());
             let cut = self.pshift.as_ref().and_then(|p| p.cut).map(|c| c.at);
             let sleep_until = [wake, model, cut].into_iter().flatten().min().map(|t| self.clock.instant(t));
+            if let Some(t) = &mut timer {
+                t.arm(sleep_until);
+            }
             let ring_busy = self.uring.as_ref().is_some_and(|u| u.inflight() > 0);
             tokio::select! {
                 cmd = rx.recv(), if open => match cmd {
@@ -929,6 +949,7 @@ impl Task {
                     }
                 }
                 _ = async { tokio::time::sleep_until(sleep_until.expect("guarded")).await }, if sleep_until.is_some() => {}
+                _ = async { timer.as_mut().expect("guarded").fired().await }, if sleep_until.is_some() && timer.is_some() => {}
                 _ = ticker.tick() => self.on_tick(),
             }
         }

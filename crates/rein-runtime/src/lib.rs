@@ -29,6 +29,7 @@ pub mod load;
 pub mod nbd;
 pub mod node;
 pub mod parda_host;
+mod precise_timer;
 pub mod preflight;
 pub mod probe;
 pub mod pshift_controller;

@@ -148,6 +148,9 @@ pub async fn probe(
         scheduler: cfg.scheduler,
         depth: cfg.depth,
         io_engine: cfg.io_engine,
+        // The probe keeps the device saturated, so a late timer costs it nothing (the model backdates
+        // admissions: devmodel, "Late timers"); and its test runs on tokio's paused clock.
+        precise_timer: false,
         ..DispatchConfig::default()
     };
     let (d, join) = Dispatcher::spawn(device, dcfg);

@@ -19,7 +19,8 @@ async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -
         stream: 0,
         service_scale: Vec::new(),
     };
-    let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, ..Default::default() });
+    let (d, join) =
+        Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, precise_timer: false, ..Default::default() });
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     let warm = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -91,7 +92,7 @@ async fn fifo_over_the_same_device_misses_the_reservation() {
 #[tokio::test(start_paused = true)]
 async fn data_round_trips_and_errors_are_answered() {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(None, DispatchConfig::default());
+    let (d, join) = Dispatcher::spawn(None, DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
     d.io(IoRequest {
@@ -133,7 +134,7 @@ async fn data_round_trips_and_errors_are_answered() {
         .await
         .unwrap();
     // A tenant id this dispatcher never issued (slot 1 of another dispatcher) is refused with EINVAL.
-    let (other, j2) = Dispatcher::spawn(None, DispatchConfig::default());
+    let (other, j2) = Dispatcher::spawn(None, DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
     let _ = other.add_tenant(QosSpec::default()).await.unwrap();
     let foreign = other.add_tenant(QosSpec::default()).await.unwrap();
     drop(other);
@@ -170,7 +171,8 @@ async fn seconds_below_reservation_and_iops_are_measured() {
         stream: 0,
         service_scale: Vec::new(),
     };
-    let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig::default());
+    let (d, join) =
+        Dispatcher::spawn(Some(device), DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
     // 300 IOPS reserved on a 200 IOPS device: backlogged and below reservation every second.
     let starved = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
     // No reservation: never counted, however little it gets.
@@ -230,7 +232,8 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
     let ram: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 20));
     let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
     for engine in [IoEngine::Uring, IoEngine::Threads, IoEngine::Inline] {
-        let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..Default::default() });
+        let (d, join) =
+            Dispatcher::spawn(None, DispatchConfig { io_engine: engine, precise_timer: false, ..Default::default() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
         for storage in [&file, &ram] {
             let io = |offset, op| IoRequest {
@@ -259,7 +262,8 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
     // A read-only file refuses writes on every route.
     let ro: Arc<dyn Storage> = Arc::new(FileStorage::open(&dir.path().join("disk.img"), None, true).unwrap());
     for engine in [IoEngine::Uring, IoEngine::Threads] {
-        let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..Default::default() });
+        let (d, join) =
+            Dispatcher::spawn(None, DispatchConfig { io_engine: engine, precise_timer: false, ..Default::default() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
         let w = IoRequest {
             storage: ro.clone(),
@@ -290,7 +294,7 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
     let (d, join) = Dispatcher::spawn(
         Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }),
-        DispatchConfig::default(),
+        DispatchConfig { precise_timer: false, ..DispatchConfig::default() },
     );
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let done = Arc::new(AtomicU64::new(0));
@@ -334,7 +338,7 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
     }
     drop(d);
     join.await.unwrap();
-    let (none, j2) = Dispatcher::spawn(None, DispatchConfig::default());
+    let (none, j2) = Dispatcher::spawn(None, DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
     assert!(matches!(none.set_capacity(100.0).await, Err(rein_runtime::dispatch::CapacityError::NoModel)));
     drop(none);
     j2.await.unwrap();
@@ -362,7 +366,7 @@ async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload(
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
     let (d, join) = Dispatcher::spawn(
         Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }),
-        DispatchConfig::default(),
+        DispatchConfig { precise_timer: false, ..DispatchConfig::default() },
     );
     let start = tokio::time::Instant::now();
     let deadline = start + Duration::from_secs(69);
@@ -433,7 +437,14 @@ async fn a_scaled_tenant_takes_its_multiple_of_the_service_time() {
             stream: 0,
             service_scale: Vec::new(),
         };
-        let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { depth: 1, ..DispatchConfig::default() });
+        let (d, join) = Dispatcher::spawn(
+            Some(device),
+            DispatchConfig {
+                depth: 1,
+                precise_timer: false,
+                ..DispatchConfig { precise_timer: false, ..DispatchConfig::default() }
+            },
+        );
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
         d.set_service_scale(id, scale).await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(2000);
@@ -486,7 +497,7 @@ async fn pshift_node(
         stream: 0,
         service_scale: Vec::new(),
     };
-    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth, ..Default::default() };
+    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth, precise_timer: false, ..Default::default() };
     let (d, join) = Dispatcher::spawn(Some(device), config);
     let id = d.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
