@@ -649,6 +649,26 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     // builds, nothing else running). A wrong allocation keeps the sum, so it is not starved and fails the
     // comparison in its first run.
     let want: f64 = sim.iter().sum();
+    // The controller's rounds.csv: (period, round, reservation IOs still wanted) at each period boundary.
+    let boundaries = |dir: &Path| -> Vec<(u64, u64, u64)> {
+        let csv = std::fs::read_to_string(dir.join("rounds.csv")).expect("rounds.csv written");
+        (csv.lines().skip(1).map(|l| l.split(',').collect::<Vec<_>>()))
+            .filter(|f| f[3] == "0")
+            .map(|f| (f[1].parse().unwrap(), f[2].parse().unwrap(), f[5].parse().unwrap()))
+            .collect()
+    };
+    let sim_rounds = boundaries(&sim_out);
+    let wanted_bound = 0.05 * 4.0 * QUARTER_R;
+    // A boundary whose reservation still wanted differs from the simulator's by more than the bound: on a
+    // loaded machine one late report moves a few consecutive boundaries (CI on 2026-12-02: one boundary
+    // 126 IOs off, the others within 8; beside two busy loops at nice 19, 1 run of 11 with 71, 51 and 28
+    // at rounds 17-19), so such a run is made again as a starved one is. A wrong controller differs in
+    // every run.
+    let disturbed = |dir: &Path| {
+        let real = boundaries(dir);
+        real.len() != sim_rounds.len()
+            || real.iter().zip(&sim_rounds).any(|(r, s)| r.2.abs_diff(s.2) as f64 > wanted_bound)
+    };
     let mut n = 0;
     let runs = common::measure_again(
         3,
@@ -666,14 +686,23 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
                     "pShift buckets: real {real:?} IOPS, {sum:.0} in all against the simulator's {want:.0}: starved"
                 );
             }
-            (real, real_out, sum)
+            let calm = !disturbed(&real_out);
+            if !calm {
+                eprintln!("pShift buckets: a boundary's reservation still wanted is off the simulator's: disturbed");
+            }
+            (real, real_out, sum, calm)
         },
-        |(_, _, sum)| *sum >= 0.98 * want,
+        |(_, _, sum, calm)| *sum >= 0.98 * want && *calm,
     );
     let starved: Vec<f64> = runs.iter().filter(|r| r.2 < 0.98 * want).map(|r| r.2).collect();
-    // The judged run has the largest sum: the last if it met the bound (the runs before it did not), else
+    // The judged run: the last if it was neither starved nor disturbed (the runs before it were), else
     // the least starved.
-    let (real, real_out, sum) = runs.into_iter().max_by(|a, b| a.2.total_cmp(&b.2)).expect("at least one run");
+    let last_good = runs.last().is_some_and(|r| r.2 >= 0.98 * want && r.3);
+    let (real, real_out, sum, _) = if last_good {
+        runs.into_iter().next_back().expect("at least one run")
+    } else {
+        runs.into_iter().max_by(|a, b| a.2.total_cmp(&b.2)).expect("at least one run")
+    };
     assert!(sum >= 0.85 * want, "real {real:?} IOPS, {sum:.0} in all against {want:.0}: more than late wake-ups lose");
     let judged_starved = sum < 0.98 * want;
     eprintln!("pShift buckets: real {real:?} IOPS, the simulator's {sim:?}");
@@ -684,15 +713,8 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     }
     assert!(real[3] <= 1.01 * QUARTER_L && real[3] >= 0.95 * QUARTER_L, "b4 held at its limit: {:.0}", real[3]);
     // The controllers' rounds: the same 20 boundaries, each wanting the same reservation IOs within 5% of
-    // a period's 4 x R (the real one reads its rounds from /api/pshift).
-    let boundaries = |dir: &Path| -> Vec<(u64, u64, u64)> {
-        let csv = std::fs::read_to_string(dir.join("rounds.csv")).expect("rounds.csv written");
-        (csv.lines().skip(1).map(|l| l.split(',').collect::<Vec<_>>()))
-            .filter(|f| f[3] == "0")
-            .map(|f| (f[1].parse().unwrap(), f[2].parse().unwrap(), f[5].parse().unwrap()))
-            .collect()
-    };
-    let (real_rounds, sim_rounds) = (boundaries(&real_out), boundaries(&sim_out));
+    // a period's 4 x R (the real one reads its rounds from /api/pshift; `boundaries` and `disturbed` above).
+    let real_rounds = boundaries(&real_out);
     assert_eq!(real_rounds.len(), 20, "{real_rounds:?}");
     for (r, s) in real_rounds.iter().zip(&sim_rounds) {
         assert_eq!((r.0, r.1), (s.0, s.1), "the same boundaries");
@@ -729,10 +751,7 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
             assert!((r / s - 1.0).abs() < 0.10, "b{}: real {r:.0} IOPS, simulator {s:.0}", i + 1);
         }
         for (r, s) in real_rounds.iter().zip(&sim_rounds) {
-            assert!(
-                r.2.abs_diff(s.2) as f64 <= 0.05 * 4.0 * QUARTER_R,
-                "reservation still wanted: real {r:?}, simulator {s:?}"
-            );
+            assert!(r.2.abs_diff(s.2) as f64 <= wanted_bound, "reservation still wanted: real {r:?}, simulator {s:?}");
         }
     }
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
