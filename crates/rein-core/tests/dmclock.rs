@@ -1,5 +1,7 @@
 //! dmClock across two servers (mclock-dmclock.txt §4.2, Fig. 10 situation), with a small virtual-time
 //! driver: a tenant sending only to one server still gets its global reservation and its weight share.
+mod common;
+
 use rein_core::{
     Cost, Mclock, Nanos, Phase, Piggyback, Poll, PoolReturn, QosSpec, Request, ReservationSplit, SchedConfig,
     Scheduler, ServiceTracker, TenantId,
@@ -153,58 +155,25 @@ fn dispatch_cost_excludes_delta() {
     }
 }
 
-/// One server at 1 ms per IO. A (weight 1) and B (weight `b_weight`) share it for 2 s, each with one request
-/// queued and a delta of 1 on A's (its pool also runs elsewhere). Then A's queue empties for `gap_ms`
-/// (its IOs are all at other servers, where it completes `elsewhere` IOs) while B is served alone, one IO
-/// per ms. A comes back with 1,000 requests, the first saying whether its pool stayed busy (`busy`: its
-/// tracker's flag). Returns how many of them are served before B's next IO.
+/// [`common::served_in_a_row`] with A (weight 1) and B (weight `b_weight`), a delta of 1 on A's requests
+/// (its pool also runs elsewhere). During the gap A's IOs are all at other servers, where it completes
+/// `elsewhere` IOs; A's first returning request says whether its pool stayed busy (`busy`: its tracker's
+/// flag) and carries `elsewhere` as its delta.
 fn served_in_a_row(config: SchedConfig, b_weight: f64, gap_ms: u64, elsewhere: u64, busy: bool) -> u64 {
     let mut s = Mclock::dmclock(config);
     let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
     let b = s.add_tenant(QosSpec::weighted(b_weight).unwrap()).unwrap();
     let delta = |n: u64| Piggyback { delta: Cost::units(n), ..Default::default() };
-    s.enqueue(Nanos(0), Request::new(a, 0).piggyback(delta(1))).unwrap();
-    s.enqueue(Nanos(0), Request::new(b, 1)).unwrap();
-    let mut h = 2;
-    let mut ms = 0;
-    while ms < 2000 {
-        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("both backlogged") };
-        let p = if d.tenant == a { delta(1) } else { Piggyback::default() };
-        s.enqueue(Nanos::from_millis(ms), Request::new(d.tenant, h).piggyback(p)).unwrap();
-        h += 1;
-        ms += 1;
-    }
-    // A's pool leaves: its queued request is served, and it sends no more here.
-    loop {
-        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("B backlogged") };
-        ms += 1;
-        if d.tenant == a {
-            break;
-        }
-        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
-        h += 1;
-    }
-    for _ in 0..gap_ms {
-        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("B backlogged") };
-        assert_eq!(d.tenant, b);
-        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
-        h += 1;
-        ms += 1;
-    }
-    let now = Nanos::from_millis(ms);
-    for i in 0..1000 {
-        let p = if i == 0 { Piggyback { pool_busy: busy, ..delta(elsewhere) } } else { Piggyback::default() };
-        s.enqueue(now, Request::new(a, h).piggyback(p)).unwrap();
-        h += 1;
-    }
-    let mut in_a_row = 0;
-    while let Poll::Dispatch(d) = s.poll(now, true) {
-        if d.tenant == b {
-            break;
-        }
-        in_a_row += 1;
-    }
-    in_a_row
+    common::served_in_a_row(
+        &mut s,
+        (a, b),
+        gap_ms,
+        |h| Request::new(a, h).piggyback(delta(1)),
+        |i, h| match i {
+            0 => Request::new(a, h).piggyback(Piggyback { pool_busy: busy, ..delta(elsewhere) }),
+            _ => Request::new(a, h),
+        },
+    )
 }
 
 /// Engine invariant 6, "Pools that move" (`SchedConfig::pool_return`): a tenant whose requests carry a

@@ -86,55 +86,21 @@ fn idle_credit_lets_a_returning_tenant_burst_ahead_but_only_sigma() {
     assert!(total2.abs_diff(1032) <= 2 && total1.abs_diff(968) <= 2, "f1 {total1}, f2 {total2}");
 }
 
-/// One server at 1 ms per IO. A (weight 1) and B (weight `b_weight`) share it for 2 s, each with one request
-/// queued. Then A's queue empties: its last request goes to the device, and A sends nothing while B is
-/// served alone for `gap_ms` (a closed loop whose IOs are at the device or on their way back). A comes back
-/// with 1,000 requests, the first saying whether A still had requests at this server's device
-/// (`pending`: what the server counts). Returns how many of them are served before B's next IO.
+/// [`common::served_in_a_row`] with A (weight 1) and B (weight `b_weight`) on one server, no delta anywhere:
+/// during the gap A's last request is at the device or on its way back (a closed loop). A's first
+/// returning request says whether A still had requests at this server's device (`pending`: what the
+/// server counts).
 fn local_served_in_a_row(kind: SchedulerKind, config: SchedConfig, b_weight: f64, gap_ms: u64, pending: bool) -> u64 {
     let mut s = kind.build(config);
     let a = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
     let b = s.add_tenant(QosSpec::weighted(b_weight).unwrap()).unwrap();
-    s.enqueue(Nanos(0), Request::new(a, 0)).unwrap();
-    s.enqueue(Nanos(0), Request::new(b, 1)).unwrap();
-    let mut h = 2;
-    let mut ms = 0;
-    while ms < 2000 {
-        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("both backlogged") };
-        s.enqueue(Nanos::from_millis(ms), Request::new(d.tenant, h)).unwrap();
-        h += 1;
-        ms += 1;
-    }
-    // A's last queued request goes to the device; A sends no more for now.
-    loop {
-        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), false) else { panic!("B backlogged") };
-        ms += 1;
-        if d.tenant == a {
-            break;
-        }
-        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
-        h += 1;
-    }
-    for _ in 0..gap_ms {
-        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), false) else { panic!("B backlogged") };
-        assert_eq!(d.tenant, b);
-        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
-        h += 1;
-        ms += 1;
-    }
-    let now = Nanos::from_millis(ms);
-    for i in 0..1000 {
-        s.enqueue(now, Request::new(a, h).pending_here(i == 0 && pending)).unwrap();
-        h += 1;
-    }
-    let mut in_a_row = 0;
-    while let Poll::Dispatch(d) = s.poll(now, false) {
-        if d.tenant == b {
-            break;
-        }
-        in_a_row += 1;
-    }
-    in_a_row
+    common::served_in_a_row(
+        &mut *s,
+        (a, b),
+        gap_ms,
+        |h| Request::new(a, h),
+        |i, h| Request::new(a, h).pending_here(i == 0 && pending),
+    )
 }
 
 /// Engine "A pool still here" (`SchedConfig::pool_return` with `Request::pending_here`): a tenant whose

@@ -4,7 +4,7 @@
 
 use rein_core::oracle::{allocate, OracleTenant};
 use rein_core::vtime::{run_backlogged, BacklogRun};
-use rein_core::{Nanos, QosSpec, SchedConfig, Scheduler, SchedulerKind, TenantId};
+use rein_core::{Nanos, Poll, QosSpec, Request, SchedConfig, Scheduler, SchedulerKind, TenantId};
 
 /// The QoS schedulers held to the oracle, with limits in IOPS.
 pub(crate) fn qos_schedulers() -> Vec<(SchedulerKind, Box<dyn Scheduler>)> {
@@ -44,4 +44,59 @@ pub(crate) fn run_vs_oracle(
         }
     }
     (run, expect)
+}
+
+/// The situation of the tests of a tenant's return (engine invariant 6, `SchedConfig::pool_return`): one
+/// server at 1 ms per IO. Tenants `a` and `b` of `s` share it for 2 s, each with one request queued (A's
+/// built by `a_request(handle)`). Then A's queue empties: its last queued request is dispatched, and A
+/// sends nothing while B is served alone for `gap_ms`. A comes back with 1,000 requests, the i-th built by
+/// `a_return(i, handle)`. Returns how many of them are served before B's next IO.
+pub(crate) fn served_in_a_row(
+    s: &mut dyn Scheduler,
+    (a, b): (TenantId, TenantId),
+    gap_ms: u64,
+    a_request: impl Fn(u64) -> Request,
+    a_return: impl Fn(u64, u64) -> Request,
+) -> u64 {
+    s.enqueue(Nanos(0), a_request(0)).unwrap();
+    s.enqueue(Nanos(0), Request::new(b, 1)).unwrap();
+    let mut h = 2;
+    let mut ms = 0;
+    while ms < 2000 {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("both backlogged") };
+        let next = if d.tenant == a { a_request(h) } else { Request::new(b, h) };
+        s.enqueue(Nanos::from_millis(ms), next).unwrap();
+        h += 1;
+        ms += 1;
+    }
+    // A's last queued request is served; A sends no more for now.
+    loop {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("B backlogged") };
+        ms += 1;
+        if d.tenant == a {
+            break;
+        }
+        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
+        h += 1;
+    }
+    for _ in 0..gap_ms {
+        let Poll::Dispatch(d) = s.poll(Nanos::from_millis(ms), true) else { panic!("B backlogged") };
+        assert_eq!(d.tenant, b);
+        s.enqueue(Nanos::from_millis(ms), Request::new(b, h)).unwrap();
+        h += 1;
+        ms += 1;
+    }
+    let now = Nanos::from_millis(ms);
+    for i in 0..1000 {
+        s.enqueue(now, a_return(i, h)).unwrap();
+        h += 1;
+    }
+    let mut in_a_row = 0;
+    while let Poll::Dispatch(d) = s.poll(now, true) {
+        if d.tenant == b {
+            break;
+        }
+        in_a_row += 1;
+    }
+    in_a_row
 }
