@@ -661,7 +661,7 @@ fn pshift_buckets_run_on_real_daemons_and_agree_with_the_simulator() {
     let wanted_bound = 0.05 * 4.0 * QUARTER_R;
     // A boundary whose reservation still wanted differs from the simulator's by more than the bound: on a
     // loaded machine one late report moves a few consecutive boundaries (CI on 2026-12-02: one boundary
-    // 126 IOs off, the others within 8; beside two busy loops at nice 19, 1 run of 11 with 71, 51 and 28
+    // 126 IOs off, the others within 8; beside two busy loops at nice 19, 1 run of 16 with 71, 51 and 28
     // at rounds 17-19), so such a run is made again as a starved one is. A wrong controller differs in
     // every run.
     let disturbed = |dir: &Path| {
