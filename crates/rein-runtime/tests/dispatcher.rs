@@ -19,8 +19,7 @@ async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -
         stream: 0,
         service_scale: Vec::new(),
     };
-    let (d, join) =
-        Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, precise_timer: false, ..Default::default() });
+    let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { scheduler: kind, ..paused() });
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     let warm = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -59,6 +58,12 @@ async fn run(kind: SchedulerKind, specs: &[QosSpec], capacity: f64, secs: u64) -
     counts.iter().map(|c| c.load(Ordering::Relaxed) as f64 / (secs - 1) as f64).collect()
 }
 
+/// The dispatcher's defaults without the timerfd: these tests pause tokio's clock, and the timerfd's real
+/// wake-ups would keep it from advancing by itself (`DispatchConfig::precise_timer`).
+fn paused() -> DispatchConfig {
+    DispatchConfig { precise_timer: false, ..DispatchConfig::default() }
+}
+
 fn paper_specs() -> Vec<QosSpec> {
     vec![
         QosSpec::new(250.0, None, 1.0, 0).unwrap(),
@@ -92,7 +97,7 @@ async fn fifo_over_the_same_device_misses_the_reservation() {
 #[tokio::test(start_paused = true)]
 async fn data_round_trips_and_errors_are_answered() {
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(None, DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
+    let (d, join) = Dispatcher::spawn(None, paused());
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
     d.io(IoRequest {
@@ -134,7 +139,7 @@ async fn data_round_trips_and_errors_are_answered() {
         .await
         .unwrap();
     // A tenant id this dispatcher never issued (slot 1 of another dispatcher) is refused with EINVAL.
-    let (other, j2) = Dispatcher::spawn(None, DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
+    let (other, j2) = Dispatcher::spawn(None, paused());
     let _ = other.add_tenant(QosSpec::default()).await.unwrap();
     let foreign = other.add_tenant(QosSpec::default()).await.unwrap();
     drop(other);
@@ -171,8 +176,7 @@ async fn seconds_below_reservation_and_iops_are_measured() {
         stream: 0,
         service_scale: Vec::new(),
     };
-    let (d, join) =
-        Dispatcher::spawn(Some(device), DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
+    let (d, join) = Dispatcher::spawn(Some(device), paused());
     // 300 IOPS reserved on a 200 IOPS device: backlogged and below reservation every second.
     let starved = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
     // No reservation: never counted, however little it gets.
@@ -232,8 +236,7 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
     let ram: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 20));
     let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
     for engine in [IoEngine::Uring, IoEngine::Threads, IoEngine::Inline] {
-        let (d, join) =
-            Dispatcher::spawn(None, DispatchConfig { io_engine: engine, precise_timer: false, ..Default::default() });
+        let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..paused() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
         for storage in [&file, &ram] {
             let io = |offset, op| IoRequest {
@@ -262,8 +265,7 @@ async fn every_route_reads_after_the_headroom_and_checks_ranges() {
     // A read-only file refuses writes on every route.
     let ro: Arc<dyn Storage> = Arc::new(FileStorage::open(&dir.path().join("disk.img"), None, true).unwrap());
     for engine in [IoEngine::Uring, IoEngine::Threads] {
-        let (d, join) =
-            Dispatcher::spawn(None, DispatchConfig { io_engine: engine, precise_timer: false, ..Default::default() });
+        let (d, join) = Dispatcher::spawn(None, DispatchConfig { io_engine: engine, ..paused() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
         let w = IoRequest {
             storage: ro.clone(),
@@ -292,10 +294,8 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
     )
     .unwrap();
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(
-        Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }),
-        DispatchConfig { precise_timer: false, ..DispatchConfig::default() },
-    );
+    let (d, join) =
+        Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }), paused());
     let id = d.add_tenant(QosSpec::default()).await.unwrap();
     let done = Arc::new(AtomicU64::new(0));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
@@ -338,7 +338,7 @@ async fn the_capacity_follows_the_schedule_and_the_operator() {
     }
     drop(d);
     join.await.unwrap();
-    let (none, j2) = Dispatcher::spawn(None, DispatchConfig { precise_timer: false, ..DispatchConfig::default() });
+    let (none, j2) = Dispatcher::spawn(None, paused());
     assert!(matches!(none.set_capacity(100.0).await, Err(rein_runtime::dispatch::CapacityError::NoModel)));
     drop(none);
     j2.await.unwrap();
@@ -364,10 +364,8 @@ async fn an_unreserved_tenant_is_served_again_within_a_second_after_an_overload(
         QosSpec::new(100.0, None, 1.0, 0).unwrap(),
     ];
     let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 20));
-    let (d, join) = Dispatcher::spawn(
-        Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }),
-        DispatchConfig { precise_timer: false, ..DispatchConfig::default() },
-    );
+    let (d, join) =
+        Dispatcher::spawn(Some(DeviceConfig { spec, seed: 1, stream: 0, service_scale: Vec::new() }), paused());
     let start = tokio::time::Instant::now();
     let deadline = start + Duration::from_secs(69);
     let counts: Vec<Arc<AtomicU64>> = specs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
@@ -437,14 +435,7 @@ async fn a_scaled_tenant_takes_its_multiple_of_the_service_time() {
             stream: 0,
             service_scale: Vec::new(),
         };
-        let (d, join) = Dispatcher::spawn(
-            Some(device),
-            DispatchConfig {
-                depth: 1,
-                precise_timer: false,
-                ..DispatchConfig { precise_timer: false, ..DispatchConfig::default() }
-            },
-        );
+        let (d, join) = Dispatcher::spawn(Some(device), DispatchConfig { depth: 1, ..paused() });
         let id = d.add_tenant(QosSpec::default()).await.unwrap();
         d.set_service_scale(id, scale).await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(2000);
@@ -497,7 +488,7 @@ async fn pshift_node(
         stream: 0,
         service_scale: Vec::new(),
     };
-    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth, precise_timer: false, ..Default::default() };
+    let config = DispatchConfig { scheduler: SchedulerKind::Token, depth, ..paused() };
     let (d, join) = Dispatcher::spawn(Some(device), config);
     let id = d.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);

@@ -167,7 +167,7 @@ impl<'a> Sim<'a> {
                 }
             };
             let device = Device::new(&s.device, stream_seed(sc.seed(), server_stream(i)));
-            servers.push(Server::new(sched, s.queue_depth, device));
+            servers.push(Server::new(sched, s.queue_depth, device, sc.tenants.len()));
         }
         // Gateways and generators; pShift buckets have none: the cluster layer drives them and adds them
         // to servers as their demand moves.
@@ -530,7 +530,7 @@ impl<'a> Sim<'a> {
             _ => Piggyback::default(),
         };
         let tid = r.tid;
-        let pending = self.servers[s].pending.get(t).is_some_and(|&n| n > 0);
+        let pending = self.servers[s].pending[t] > 0;
         let req = Request::new(tid, id as u64).size(r.size).offset(r.offset).piggyback(piggyback).pending_here(pending);
         if self.servers[s].sched.get().enqueue(self.now, req).is_err() {
             // A full scheduler queue rejects the request (counted); the client sees it fail at once. It
@@ -567,11 +567,7 @@ impl<'a> Sim<'a> {
                     r.cost = d.cost;
                     srv.outstanding += 1;
                     debug_assert!(srv.outstanding <= srv.depth, "invariant 1");
-                    let t = r.tenant as usize;
-                    if srv.pending.len() <= t {
-                        srv.pending.resize(t + 1, 0);
-                    }
-                    srv.pending[t] += 1;
+                    srv.pending[r.tenant as usize] += 1;
                     // A VM's host may sit worse or better on the array (placement skew).
                     let scale = self.hosts.as_ref().map_or(1.0, |l| l.scale(r.tenant as usize));
                     let job = Job { id, size: r.size, offset: r.offset, scale, write: r.write };

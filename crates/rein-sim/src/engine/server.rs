@@ -60,7 +60,7 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    pub(crate) fn new(sched: Sched, depth: u32, device: Device) -> Server {
-        Server { sched, outstanding: 0, depth, device, wake_at: None, pending: Vec::new() }
+    pub(crate) fn new(sched: Sched, depth: u32, device: Device, tenants: usize) -> Server {
+        Server { sched, outstanding: 0, depth, device, wake_at: None, pending: vec![0; tenants] }
     }
 }
