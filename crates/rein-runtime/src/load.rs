@@ -542,6 +542,12 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let mut phase_read = phase_read;
     let mut tick = tokio::time::interval_at(at_instant(interval), cfg.interval);
     let mut shown = 0usize;
+    // The generator's timers (arrivals, think times, trace records) with the kernel's precision beside
+    // tokio's millisecond timer (crate::precise_timer): on tokio's alone a think time of 1.61 ms ended
+    // at the next tick or the one after, which lengthened every cycle of a closed loop with think times.
+    let mut precise = crate::precise_timer::PreciseTimer::new()
+        .map_err(|e| tracing::warn!("no timerfd ({e}): the workload's timers fire up to 2 ms late"))
+        .ok();
     loop {
         let t = now();
         if t >= duration {
@@ -646,6 +652,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         }
         let next_timer = timers.peek().map(|Reverse((at, ..))| at_instant(*at));
         let end = at_instant(duration);
+        if let Some(p) = &mut precise {
+            p.arm(next_timer);
+        }
         tokio::select! {
             Some(res) = inflight.join_next() => {
                 let Ok(d) = res else { continue };
@@ -688,6 +697,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 busy.record(i, busy_ns, &mut rec);
             }
             _ = async { tokio::time::sleep_until(next_timer.expect("guarded")).await }, if next_timer.is_some() => {}
+            _ = async { precise.as_mut().expect("guarded").fired().await }, if next_timer.is_some() && precise.is_some() => {}
             _ = tokio::time::sleep_until(end) => break,
         }
     }

@@ -1,4 +1,5 @@
-//! A timer with the kernel's precision for the dispatcher's deadlines (a Linux timerfd).
+//! A timer with the kernel's precision for the dispatcher's deadlines and `rein load`'s workload timers
+//! (a Linux timerfd).
 //!
 //! # Why
 //! tokio's timer wheel rounds a deadline up to the next millisecond, and its driver then sleeps in
@@ -14,6 +15,12 @@
 //! (rein-core's `Request::pending_here`), RBFQ Fig. 8's vm1 got 568-571 IOPS before the capacity drop
 //! on tokio's timer (two 30 s runs) and 518-624 with this one (eight 128 s runs, median 528.5),
 //! against eq. (1)'s 512 and the simulator's 513 (docs/reproductions.md Part 5).
+//!
+//! `rein load`'s driver waits for its workload's next timer (an open loop's arrival, a trace record, a
+//! closed loop's think time ending) the same way. On tokio's timer alone each think time ended about
+//! 1 ms late, so a closed loop with think times ran slower than its model on every cycle: PARDA
+//! Table 7's host-2 VM (13 IOs, 1.61 ms of think) got 0.936-0.960x of the simulator's IOPS on
+//! `rein cluster`.
 //!
 //! # Model
 //! One timerfd on `CLOCK_MONOTONIC` (the clock of `std` and tokio `Instant`s on Linux), registered with
