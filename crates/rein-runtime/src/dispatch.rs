@@ -900,13 +900,7 @@ impl Task {
         let mut wake: Option<Nanos> = None;
         let mut open = true;
         // Deadlines with the kernel's precision beside tokio's millisecond timer (crate::precise_timer).
-        let mut timer = if self.precise_timer {
-            crate::precise_timer::PreciseTimer::new()
-                .map_err(|e| tracing::warn!("no timerfd ({e}): deadlines fire up to 2 ms late"))
-                .ok()
-        } else {
-            None
-        };
+        let mut timer = if self.precise_timer { crate::precise_timer::optional("deadlines") } else { None };
         loop {
             self.advance_device();
             self.pshift_cut();
@@ -923,9 +917,6 @@ impl Task {
             let model = self.device.as_ref().and_then(|d| d.next_deadline());
             let cut = self.pshift.as_ref().and_then(|p| p.cut).map(|c| c.at);
             let sleep_until = [wake, model, cut].into_iter().flatten().min().map(|t| self.clock.instant(t));
-            if let Some(t) = &mut timer {
-                t.arm(sleep_until);
-            }
             let ring_busy = self.uring.as_ref().is_some_and(|u| u.inflight() > 0);
             tokio::select! {
                 cmd = rx.recv(), if open => match cmd {
@@ -948,8 +939,7 @@ impl Task {
                         g.clear_ready();
                     }
                 }
-                _ = async { tokio::time::sleep_until(sleep_until.expect("guarded")).await }, if sleep_until.is_some() => {}
-                _ = async { timer.as_mut().expect("guarded").fired().await }, if sleep_until.is_some() && timer.is_some() => {}
+                _ = crate::precise_timer::sleep_until(&mut timer, sleep_until) => {}
                 _ = ticker.tick() => self.on_tick(),
             }
         }

@@ -545,9 +545,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     // The generator's timers (arrivals, think times, trace records) with the kernel's precision beside
     // tokio's millisecond timer (crate::precise_timer): on tokio's alone a think time of 1.61 ms ended
     // at the next tick or the one after, which lengthened every cycle of a closed loop with think times.
-    let mut precise = crate::precise_timer::PreciseTimer::new()
-        .map_err(|e| tracing::warn!("no timerfd ({e}): the workload's timers fire up to 2 ms late"))
-        .ok();
+    let mut precise = crate::precise_timer::optional("the workload's timers");
     loop {
         let t = now();
         if t >= duration {
@@ -652,9 +650,6 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         }
         let next_timer = timers.peek().map(|Reverse((at, ..))| at_instant(*at));
         let end = at_instant(duration);
-        if let Some(p) = &mut precise {
-            p.arm(next_timer);
-        }
         tokio::select! {
             Some(res) = inflight.join_next() => {
                 let Ok(d) = res else { continue };
@@ -696,8 +691,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 set_phases(i, counts, &mut phases_base, &mut rec);
                 busy.record(i, busy_ns, &mut rec);
             }
-            _ = async { tokio::time::sleep_until(next_timer.expect("guarded")).await }, if next_timer.is_some() => {}
-            _ = async { precise.as_mut().expect("guarded").fired().await }, if next_timer.is_some() && precise.is_some() => {}
+            _ = crate::precise_timer::sleep_until(&mut precise, next_timer) => {}
             _ = tokio::time::sleep_until(end) => break,
         }
     }

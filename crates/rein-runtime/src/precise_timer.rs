@@ -26,8 +26,9 @@
 //! One timerfd on `CLOCK_MONOTONIC` (the clock of `std` and tokio `Instant`s on Linux), registered with
 //! tokio's reactor. [`PreciseTimer::arm`] sets it for a deadline (relative to now, at least 1 ns: a zero
 //! value would disarm it), or disarms it; arming for the deadline it already holds makes no system call.
-//! [`PreciseTimer::fired`] completes once the armed deadline has passed. The dispatcher waits for it
-//! beside tokio's own `sleep_until` for the same deadline, whichever comes first: with tokio's clock
+//! [`PreciseTimer::fired`] completes once the armed deadline has passed. [`sleep_until`], which the
+//! dispatcher and the load call, arms it and waits for it beside tokio's own `sleep_until` for the same
+//! deadline, whichever comes first: with tokio's clock
 //! paused (tests) the sleep fires at the virtual deadline, and the timerfd's real-time firing is one
 //! more wake-up of a loop that treats every wake-up alike (the scheduler and the model are asked what
 //! is due at the clock's `now`, which an early or extra wake-up does not change).
@@ -50,6 +51,31 @@ pub(crate) struct PreciseTimer {
     fd: AsyncFd<OwnedFd>,
     /// The deadline it is armed for.
     armed: Option<Instant>,
+}
+
+/// A timer where the kernel gives one; else `None`, after a warning that `what` fires up to 2 ms late
+/// (invariant 2).
+pub(crate) fn optional(what: &str) -> Option<PreciseTimer> {
+    PreciseTimer::new().map_err(|e| tracing::warn!("no timerfd ({e}): {what} fire up to 2 ms late")).ok()
+}
+
+/// Arms `timer` for `at` (disarms it for `None`) and completes at `at`, on tokio's sleep or the timerfd,
+/// whichever fires first; never completes for `None`. Called afresh for each wait of a loop, it keeps the
+/// timerfd armed for the loop's current deadline.
+pub(crate) async fn sleep_until(timer: &mut Option<PreciseTimer>, at: Option<Instant>) {
+    if let Some(t) = timer.as_mut() {
+        t.arm(at);
+    }
+    let Some(at) = at else {
+        return std::future::pending().await;
+    };
+    match timer {
+        Some(t) => tokio::select! {
+            _ = tokio::time::sleep_until(at) => {}
+            _ = t.fired() => {}
+        },
+        None => tokio::time::sleep_until(at).await,
+    }
 }
 
 impl PreciseTimer {
