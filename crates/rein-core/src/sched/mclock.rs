@@ -186,7 +186,9 @@ mod tests {
                     }
                     Op::Enqueue(t, size, off) => {
                         if let Some(&id) = ids.get(t) {
-                            if s.enqueue(Nanos(now), Request::new(id, handle).size(size).offset(off)).is_ok() {
+                            // Half the requests say their tenant has requests at the device (the pool return path).
+                            let req = Request::new(id, handle).size(size).offset(off).pending_here(off % 2 == 0);
+                            if s.enqueue(Nanos(now), req).is_ok() {
                                 outstanding.insert(handle);
                             }
                             handle += 1;
