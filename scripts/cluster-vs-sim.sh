@@ -8,6 +8,7 @@
 #
 #   scripts/cluster-vs-sim.sh                 # the issue's eleven scenarios and three pShift ones (about 16 minutes)
 #   scripts/cluster-vs-sim.sh one-server      # the 23 files of one server (mClock's Part 1, RBFQ, traces; 55 min)
+#   scripts/cluster-vs-sim.sh traces          # RBFQ §4.2's four trace files, routed by device (about 3 minutes)
 #   scripts/cluster-vs-sim.sh dmclock-fig9-resv rbfq-fig11a-uniform   # some of them
 #   JOBS=3 scripts/cluster-vs-sim.sh one-server   # three scenarios at a time (tables printed in order)
 #
@@ -24,6 +25,8 @@ if [ "${SCENARIOS[*]}" = one-server ]; then
     mclock-table5-sigma1 mclock-table5-sigma64 mclock-table5-batch mclock-overload-recovery
     mclock-overload-recovery-paper rbfq-fig6-7-reservations rbfq-fig8-capacity rbfq-fig13-dtfq rbfq-fig13-lfq
     trace-websearch trace-websearch-sfq)
+elif [ "${SCENARIOS[*]}" = traces ]; then
+  SCENARIOS=(rbfq-sec4-2-oltp-a rbfq-sec4-2-oltp-b rbfq-sec4-2-websearch1-r100 rbfq-sec4-2-websearch1-r20)
 elif [ ${#SCENARIOS[@]} -eq 0 ]; then
   SCENARIOS=(dmclock-fig9-noresv dmclock-fig9-noresv-pool dmclock-fig9-resv dmclock-fig9-resv-pool
     dmclock-fig10 dmclock-fig10-pool rbfq-fig11a-uniform rbfq-fig11b-hotspot2 rbfq-fig11c-hotspot1

@@ -126,6 +126,10 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
                 window_addrs: e.direct.clone(),
                 phases: e.phases.clone(),
                 arrivals: e.arrivals,
+                devices: match &t.routing {
+                    rein_model::routing::Routing::Device(map) => map.clone(),
+                    _ => Vec::new(),
+                },
             }),
         })
         .collect()

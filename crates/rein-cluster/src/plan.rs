@@ -62,6 +62,9 @@ pub const MAX_PROCESSES: usize = 245;
 pub const FIRST_HOST: u8 = 10;
 /// A gateway's stripe unit (KiB) under routing shares.
 pub const SHARES_STRIPE_KB: u64 = 64;
+/// The stripe unit of a volume routed by a trace's devices (KiB): the load aims each record into a unit of
+/// its device's server, whole (a record larger than the unit, rare in traces, spans servers).
+pub const DEVICE_STRIPE_KB: u64 = 1024;
 /// Largest sum of stripe widths of a gateway export.
 pub const MAX_WIDTH_SUM: u64 = 1024;
 /// Largest export a plan makes (MiB; sparse files).
@@ -355,9 +358,6 @@ impl Plan {
                 sc.hosts.len()
             )));
         }
-        for t in &sc.tenants {
-            check_tenant(sc, t).map_err(|(f, why)| unsupported(&f, &why))?;
-        }
         let mut nodes = Vec::with_capacity(sc.servers.len());
         for (i, s) in sc.servers.iter().enumerate() {
             let (nbd, admin, _) = addr3(i, false)?;
@@ -449,15 +449,6 @@ impl Plan {
         let parda_key = sc.parda.as_ref().is_some_and(|p| sc.hosts.iter().any(|h| publishes(h, p)));
         Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints, controller: None, parda_key })
     }
-}
-
-/// A tenant feature a real cluster cannot run: `(feature, why)`.
-fn check_tenant(sc: &Scenario, t: &Tenant) -> Result<(), (String, String)> {
-    if matches!(t.routing, Routing::Device(_)) {
-        return Err((format!("tenant {}: routing.devices", t.name), "a gateway stripes by offset".into()));
-    }
-    let _ = sc;
-    Ok(())
 }
 
 /// A PARDA feature a real cluster cannot run: `(feature, why)`.
@@ -614,8 +605,9 @@ pub fn export_mb(t: &Tenant) -> u64 {
 /// Moves a volume `offset` (of a `len`-byte request) into node `k`'s units: the same round and place in
 /// the unit, in node k's unit `(u mod W) mod w_k` of that round (u the unit's index), so that offsets
 /// drawn uniformly over the volume land uniformly over node k's part; the round before when the request
-/// would pass the volume's end. An offset is returned unchanged when node k has no units. A request
-/// that crosses a unit boundary (longer than the unit, or not aligned to its size) still spans nodes.
+/// would pass the volume's end. An offset is returned unchanged when node k has no units. A request no
+/// longer than the unit that would cross the unit's end is moved back to end with it, so it stays on node
+/// k (a trace record's offset keeps no alignment); a longer one still spans nodes.
 pub fn aim(stripe: &Stripe, k: usize, offset: u64, len: u64, volume: u64) -> u64 {
     let unit = stripe.unit();
     let widths: Vec<u64> = (0..stripe.nodes()).map(|j| stripe.node_bytes(j, 1) / unit).collect();
@@ -626,7 +618,8 @@ pub fn aim(stripe: &Stripe, k: usize, offset: u64, len: u64, volume: u64) -> u64
     let start: u64 = widths[..k].iter().sum();
     let u = offset / unit;
     let mut r = u / round;
-    let at = |r: u64| (r * round + start + (u % round) % w) * unit + offset % unit;
+    let place = if len <= unit { (offset % unit).min(unit - len) } else { offset % unit };
+    let at = |r: u64| (r * round + start + (u % round) % w) * unit + place;
     while r > 0 && at(r) + len > volume {
         r -= 1;
     }
@@ -927,7 +920,8 @@ pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
             Ok((stripe_bytes / 1024, vec![1; t.servers.len()]))
         }
         Routing::Shares(s) => Ok((SHARES_STRIPE_KB, widths(s).map_err(|e| format!("tenant {}: {e}", t.name))?)),
-        Routing::Device(_) => Err(format!("tenant {}: routing.devices", t.name)),
+        // Each device's records are aimed into its server's units by the load (`JobRoute::devices`).
+        Routing::Device(_) => Ok((DEVICE_STRIPE_KB, vec![1; t.servers.len()])),
     }
 }
 

@@ -34,7 +34,8 @@
 //! # Bounds
 //! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop
 //! arrivals beyond it are dropped and counted as rejected. Trace records are sent at their offset modulo the
-//! export's size (aligned to 512 bytes) and at most the export's size. At the end, the answers still due
+//! export's size (aligned to 512 bytes) and at most the export's size; with [`JobRoute::devices`], a listed
+//! device's record is then aimed into its window's part of the export by the route's layout. At the end, the answers still due
 //! are awaited for at most [`DRAIN_TIMEOUT`] (not recorded), then abandoned with their connections.
 
 use crate::admin::TenantJson;
@@ -110,6 +111,10 @@ pub struct JobRoute {
     pub phases: Vec<(Nanos, Vec<f64>)>,
     /// Open arrivals per window (module comment), instead of the workload's own; needs `phases`.
     pub arrivals: Option<WindowArrivals>,
+    /// A trace's devices by window: `(device, window)` pairs, each device once (the scenario's
+    /// `routing.devices`). A record of a listed device is aimed with `layout` into its window's part of
+    /// the export; empty: records go where their offsets fall.
+    pub devices: Vec<(u32, usize)>,
 }
 
 /// A job's open arrivals per window: a stream at each active window ([`JobRoute::arrivals`]).
@@ -349,6 +354,8 @@ struct JobState {
     /// [`JobRoute::arrivals`], with the current phase's number (older streams end) and the streams' draws.
     arrivals: Option<(WindowArrivals, u32, rand_pcg::Pcg64Mcg)>,
     layout: Option<Arc<dyn Layout>>,
+    /// [`JobRoute::devices`], sorted by device.
+    devices: Vec<(u32, usize)>,
     /// This interval, for the live table.
     live_ios: u64,
     live_lat_ns: u64,
@@ -463,6 +470,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     .and_then(|r| r.arrivals)
                     .map(|a| (a, 0, rein_model::seed::stream_rng(cfg.seed ^ ARRIVAL_STREAMS, ji as u64))),
                 layout: j.route.as_ref().and_then(|r| r.layout.clone()),
+                devices: j.route.as_ref().map(|r| sorted_devices(&r.devices)).unwrap_or_default(),
                 live_ios: 0,
                 live_lat_ns: 0,
             },
@@ -586,7 +594,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                             }
                         }
                         Some(Arrival::Record(r)) => {
-                            issue(ji, st, Some((r.offset, r.size, r.read)), None, t, &mut inflight, &mut rec)
+                            issue(ji, st, Some((r.offset, r.size, r.read, r.device)), None, t, &mut inflight, &mut rec)
                         }
                     }
                     if let Some(next) = st.gen.next_arrival(at, spec) {
@@ -891,22 +899,35 @@ fn begin(
     }
 }
 
+/// [`JobRoute::devices`] sorted by device, for a binary search per record.
+fn sorted_devices(devices: &[(u32, usize)]) -> Vec<(u32, usize)> {
+    let mut v = devices.to_vec();
+    v.sort_unstable();
+    v
+}
+
 /// Sends one request of job `ji`: generated (to window `k` of per-server windows), or a trace record
-/// `(offset, size, read)`.
+/// `(offset, size, read, device)`.
 fn issue(
     ji: usize,
     st: &mut JobState,
-    record: Option<(u64, u64, bool)>,
+    record: Option<(u64, u64, bool, u32)>,
     k: Option<usize>,
     now: Nanos,
     inflight: &mut JoinSet<Done>,
     rec: &mut Recorder,
 ) {
     let (offset, size, read) = match record {
-        Some((offset, size, read)) => {
+        Some((offset, size, read, device)) => {
             let size = size.clamp(512, st.export_size.min(MAX_REQUEST_BYTES));
             let room = (st.export_size - size) / 512 + 1;
-            ((offset / 512 % room) * 512, size, read)
+            let offset = (offset / 512 % room) * 512;
+            // Routing by device: into the device's window's part of the export.
+            let window = st.devices.binary_search_by_key(&device, |&(d, _)| d).ok().map(|i| st.devices[i].1);
+            match (window, &st.layout) {
+                (Some(w), Some(layout)) => (layout.aim(w, offset, size), size, read),
+                _ => (offset, size, read),
+            }
         }
         None => {
             let size = st.gen.size_bytes();

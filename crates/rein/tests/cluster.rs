@@ -403,6 +403,72 @@ fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 
+/// A trace routed by device (RBFQ §4.2's files: `routing.devices`) reaches each device's server through
+/// the gateway, which routes by offset: the load aims each record into its server's units. Device 0's
+/// records (400 a second) go to s1 (2,000 IOPS), device 1's (50 a second) to s2 (100 IOPS), whose own
+/// device busy time says so: about half busy. Records sent by their offsets instead (half to each server)
+/// would give s2 225 a second, more than it can serve: busy all the time, and the tenant short.
+#[test]
+fn a_trace_routed_by_device_reaches_each_devices_server() {
+    let _serial = common::measuring();
+    let (tmp, run_tmp) = run_dirs();
+    // disksim: arrival_ns devno start_lba size_sectors type(1 = read); 3 s, offsets spread over 1 GiB.
+    let mut trace = String::new();
+    for i in 0..1200u64 {
+        trace.push_str(&format!("{} 0 {} 8 1\n", i * 2_500_000, (i * 7919 % 200_000) * 8));
+        if i % 8 == 0 {
+            trace.push_str(&format!("{} 1 {} 8 1\n", i * 2_500_000 + 1_000_000, (i * 104_729 % 200_000) * 8));
+        }
+    }
+    std::fs::write(tmp.path().join("two-devices.trace"), trace).unwrap();
+    let text = r#"
+name = "by-device"
+duration_s = 3.0
+warmup_s = 0.5
+[[servers]]
+name = "s1"
+capacity_iops = 2000
+service = "deterministic"
+queue_depth = 4
+[[servers]]
+name = "s2"
+capacity_iops = 100
+service = "deterministic"
+queue_depth = 1
+[[tenants]]
+name = "f"
+servers = ["s1", "s2"]
+routing = { devices = { s1 = [0], s2 = [1] } }
+[tenants.workload]
+kind = "trace"
+[tenants.workload.trace]
+path = "two-devices.trace"
+format = "disksim"
+[[expect]]
+tenant = "f"
+metric = "iops"
+equals = 450
+within_pct = 10
+[[expect]]
+server = "s2"
+metric = "utilisation"
+above = 0.35
+below = 0.65
+[[expect]]
+server = "s1"
+metric = "utilisation"
+below = 0.35
+"#;
+    let sc = scenario(tmp.path(), text);
+    let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--json"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for what in ["ok   tenant f: iops", "ok   server s2: utilisation", "ok   server s1: utilisation"] {
+        assert!(stderr.contains(what), "{what}: {stderr}");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
+
 #[test]
 fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
     let _shared = common::beside_measuring();
