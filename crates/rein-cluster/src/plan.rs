@@ -1357,6 +1357,17 @@ iops = 100
         // A node of width 0 is not aimed at.
         let stripe = Stripe::new(4096, &[1, 0]).unwrap();
         assert_eq!(aim(&stripe, 1, 12_288, 4096, 1 << 20), 12_288);
+        // A trace record's offset has no alignment: one that would cross its unit's end is moved back to
+        // end with the unit, so it stays whole on the node asked for; one longer than the unit still spans.
+        let stripe = Stripe::new(64 << 10, &[1, 1]).unwrap();
+        for (offset, len) in [((64 << 10) - 512, 8192u64), (3 * (64 << 10) + 60_000, 24_576), (512, 64 << 10)] {
+            for k in 0..2 {
+                let a = aim(&stripe, k, offset, len, 1 << 30);
+                assert_eq!((stripe.locate(a).0, stripe.locate(a + len - 1).0), (k, k), "{offset}+{len} at {k}: {a}");
+            }
+        }
+        let a = aim(&stripe, 0, 4096, (64 << 10) + 4096, 1 << 30);
+        assert_eq!((stripe.locate(a).0, stripe.locate(a + (64 << 10) + 4095).0), (0, 1));
     }
 
     /// An open loop into an overloaded server (RBFQ Fig. 11(b): f1 900 IOPS over two servers, f2 600 over
