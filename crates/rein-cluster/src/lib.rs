@@ -126,10 +126,8 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
                 window_addrs: e.direct.clone(),
                 phases: e.phases.clone(),
                 arrivals: e.arrivals,
-                devices: match &t.routing {
-                    rein_model::routing::Routing::Device(map) => map.clone(),
-                    _ => Vec::new(),
-                },
+                devices: matches!(t.routing, rein_model::routing::Routing::Device(_))
+                    .then(|| rein_model::routing::Router::new(&t.routing, t.servers.len())),
             }),
         })
         .collect()

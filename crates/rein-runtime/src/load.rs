@@ -111,10 +111,10 @@ pub struct JobRoute {
     pub phases: Vec<(Nanos, Vec<f64>)>,
     /// Open arrivals per window (module comment), instead of the workload's own; needs `phases`.
     pub arrivals: Option<WindowArrivals>,
-    /// A trace's devices by window: `(device, window)` pairs, each device once (the scenario's
-    /// `routing.devices`). A record of a listed device is aimed with `layout` into its window's part of
-    /// the export; empty: records go where their offsets fall.
-    pub devices: Vec<(u32, usize)>,
+    /// Routing by a trace's devices (the scenario's `routing.devices`, built as the simulator builds it):
+    /// a record of a listed device is aimed with `layout` into its window's part of the export (the
+    /// router's server index is the window); `None`: records go where their offsets fall.
+    pub devices: Option<rein_model::routing::Router>,
 }
 
 /// A job's open arrivals per window: a stream at each active window ([`JobRoute::arrivals`]).
@@ -354,8 +354,8 @@ struct JobState {
     /// [`JobRoute::arrivals`], with the current phase's number (older streams end) and the streams' draws.
     arrivals: Option<(WindowArrivals, u32, rand_pcg::Pcg64Mcg)>,
     layout: Option<Arc<dyn Layout>>,
-    /// [`JobRoute::devices`], sorted by device.
-    devices: Vec<(u32, usize)>,
+    /// [`JobRoute::devices`].
+    devices: Option<rein_model::routing::Router>,
     /// This interval, for the live table.
     live_ios: u64,
     live_lat_ns: u64,
@@ -470,7 +470,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     .and_then(|r| r.arrivals)
                     .map(|a| (a, 0, rein_model::seed::stream_rng(cfg.seed ^ ARRIVAL_STREAMS, ji as u64))),
                 layout: j.route.as_ref().and_then(|r| r.layout.clone()),
-                devices: j.route.as_ref().map(|r| sorted_devices(&r.devices)).unwrap_or_default(),
+                devices: j.route.as_ref().and_then(|r| r.devices.clone()),
                 live_ios: 0,
                 live_lat_ns: 0,
             },
@@ -899,13 +899,6 @@ fn begin(
     }
 }
 
-/// [`JobRoute::devices`] sorted by device, for a binary search per record.
-fn sorted_devices(devices: &[(u32, usize)]) -> Vec<(u32, usize)> {
-    let mut v = devices.to_vec();
-    v.sort_unstable();
-    v
-}
-
 /// Sends one request of job `ji`: generated (to window `k` of per-server windows), or a trace record
 /// `(offset, size, read, device)`.
 fn issue(
@@ -923,7 +916,7 @@ fn issue(
             let room = (st.export_size - size) / 512 + 1;
             let offset = (offset / 512 % room) * 512;
             // Routing by device: into the device's window's part of the export.
-            let window = st.devices.binary_search_by_key(&device, |&(d, _)| d).ok().map(|i| st.devices[i].1);
+            let window = st.devices.as_ref().and_then(|r| r.device_server(device));
             match (window, &st.layout) {
                 (Some(w), Some(layout)) => (layout.aim(w, offset, size), size, read),
                 _ => (offset, size, read),

@@ -263,7 +263,7 @@ async fn two_servers(
         window_addrs: servers.iter().map(|s| s.0.nbd).collect(),
         phases,
         arrivals,
-        devices: Vec::new(),
+        devices: None,
     });
     let gate = rein_runtime::load::StartGate::default();
     let lc = LoadConfig {

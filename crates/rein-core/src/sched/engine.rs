@@ -445,11 +445,18 @@ struct AwayEntry {
 }
 
 impl AwayEntry {
-    /// Whether the tenant is still away since this emptying: the same tenant, still idle with its
-    /// history, not active again (or emptied again since, which pushed a newer entry).
+    /// Tenant `id`'s entry for its latest emptying (its `last_p` and `idle_since` as they are now).
+    fn of(id: TenantId, t: &Tenant) -> AwayEntry {
+        AwayEntry { last_p: t.last_p, slot: id.slot, gen: id.gen, idle_since: t.idle_since }
+    }
+
+    /// Whether the entry counts at `now`: the tenant emptied less than `window` ago and is still away
+    /// since this emptying (the same tenant, still idle with its history, not active again, nor emptied
+    /// again since, which pushed a newer entry). A freed or reused slot fails on its generation before
+    /// the tenant is read.
     #[inline]
-    fn current(&self, tenants: &Slab<Tenant>) -> bool {
-        if tenants.id_of(self.slot).gen != self.gen {
+    fn counts(&self, tenants: &Slab<Tenant>, now: Nanos, window: Nanos) -> bool {
+        if now.saturating_sub(self.idle_since) >= window || tenants.id_of(self.slot).gen != self.gen {
             return false;
         }
         let t = tenants.at(self.slot);
@@ -470,34 +477,35 @@ struct Away {
 }
 
 impl Away {
-    #[inline]
-    fn push(&mut self, e: AwayEntry) {
-        self.heap.push(std::cmp::Reverse(e));
+    /// Most entries kept for `tenants` live tenants before a compaction.
+    fn bound(tenants: usize) -> usize {
+        2 * tenants + 64
     }
 
-    fn len(&self) -> usize {
-        self.heap.len()
+    /// Adds `e`; past [`Away::bound`], first drops every entry that no longer counts at `now`.
+    #[inline]
+    fn push(&mut self, e: AwayEntry, tenants: &Slab<Tenant>, now: Nanos, window: Nanos) {
+        if self.heap.len() >= Away::bound(tenants.len()) {
+            self.heap.retain(|std::cmp::Reverse(x)| x.counts(tenants, now, window));
+        }
+        self.heap.push(std::cmp::Reverse(e));
     }
 
     fn clear(&mut self) {
         self.heap.clear();
     }
 
-    /// The smallest last P tag among the entries `keep` accepts; refused entries that sort before it are
-    /// dropped.
+    /// The smallest last P tag among the entries that count at `now` ([`AwayEntry::counts`]); those that
+    /// do not and sort before it are dropped.
     #[inline]
-    fn min(&mut self, keep: impl Fn(&AwayEntry) -> bool) -> Option<Tag> {
+    fn min(&mut self, tenants: &Slab<Tenant>, now: Nanos, window: Nanos) -> Option<Tag> {
         while let Some(std::cmp::Reverse(e)) = self.heap.peek() {
-            if keep(e) {
+            if e.counts(tenants, now, window) {
                 return Some(e.last_p);
             }
             self.heap.pop();
         }
         None
-    }
-
-    fn retain(&mut self, keep: impl Fn(&AwayEntry) -> bool) {
-        self.heap.retain(|std::cmp::Reverse(e)| keep(e));
     }
 }
 
@@ -535,11 +543,11 @@ impl Engine {
             self.away.clear();
         } else if self.config.pool_return.is_none() {
             // Pool return switched on: the tenants idle now are away from now on, as if they had emptied
-            // under it (each with its own emptying time, so the window still counts from then).
+            // under it (each with its own emptying time, so the window still counts from then). The set
+            // was empty, so this stays within its bound.
             for (id, t) in self.tenants.iter() {
                 if t.is_empty() && t.history {
-                    let (last_p, idle_since) = (t.last_p, t.idle_since);
-                    self.away.push(AwayEntry { last_p, slot: id.slot, gen: id.gen, idle_since });
+                    self.away.heap.push(std::cmp::Reverse(AwayEntry::of(id, t)));
                 }
             }
         }
@@ -667,7 +675,7 @@ impl Engine {
             reference = reference.min(p);
         }
         // The tenant itself is active now, so its own entry no longer counts.
-        if let Some(p) = self.away.min(|e| now.saturating_sub(e.idle_since) < pool.window && e.current(&self.tenants)) {
+        if let Some(p) = self.away.min(&self.tenants, now, pool.window) {
             reference = reference.min(p);
         }
         paper.min(reference.saturating_sub(slack))
@@ -805,7 +813,6 @@ impl Engine {
         } else {
             t.idle_since = self.time.now();
         }
-        let away = (!more && self.config.pool_return.is_some()).then_some(t.last_p);
         self.queued -= 1;
         if more {
             self.place(slot, now);
@@ -813,14 +820,9 @@ impl Engine {
             self.resv.remove(slot);
             self.ready.remove(slot);
             self.limited.remove(slot);
-            if let Some(p) = away {
-                let (gen, idle_since) = (self.tenants.id_of(slot).gen, self.tenants.at(slot).idle_since);
-                self.away.push(AwayEntry { last_p: p, slot, gen, idle_since });
-                if self.away.len() > 2 * self.tenants.len() + 64 {
-                    let (window, now) = (self.config.pool_return.map_or(Nanos::ZERO, |p| p.window), self.time.now());
-                    let tenants = &self.tenants;
-                    self.away.retain(|e| now.saturating_sub(e.idle_since) < window && e.current(tenants));
-                }
+            if let Some(pool) = self.config.pool_return {
+                let e = AwayEntry::of(self.tenants.id_of(slot), self.tenants.at(slot));
+                self.away.push(e, &self.tenants, self.time.now(), pool.window);
             }
         }
         self.batch = match self.batch {
@@ -915,7 +917,7 @@ impl Engine {
         self.resv.check();
         self.ready.check();
         self.limited.check();
-        assert!(self.away.len() <= 2 * self.tenants.len() + 64, "the away heap is bounded");
+        assert!(self.away.heap.len() <= Away::bound(self.tenants.len()), "the away heap is bounded");
         if let Some(pool) = self.config.pool_return {
             // Every tenant idle within the window, with a history, has its current entry, so the lazy
             // minimum is the eager one.
@@ -923,7 +925,7 @@ impl Engine {
             let within = |since: Nanos| now.saturating_sub(since) < pool.window;
             for (id, t) in self.tenants.iter() {
                 if t.is_empty() && t.history && within(t.idle_since) {
-                    let e = AwayEntry { last_p: t.last_p, slot: id.slot, gen: id.gen, idle_since: t.idle_since };
+                    let e = AwayEntry::of(id, t);
                     assert!(self.away.heap.iter().any(|x| x.0 == e), "{id} is idle but not away");
                 }
             }
@@ -934,7 +936,7 @@ impl Engine {
                 .map(|(_, t)| t.last_p)
                 .min();
             let mut lazy = self.away.clone();
-            assert_eq!(lazy.min(|e| within(e.idle_since) && e.current(&self.tenants)), eager, "the away minimum");
+            assert_eq!(lazy.min(&self.tenants, now, pool.window), eager, "the away minimum");
         }
     }
 }
