@@ -313,9 +313,14 @@ struct HostSample {
 /// Reads every PARDA host's `/api/parda` once per interval while the load runs, then its period history,
 /// into the simulator's host report ([`rein_model::report::hosts`]): per interval the IOs the host
 /// completed and their latency, and at each period end its window, beta, signal and estimate. A host's
-/// clock is its own: its periods are placed on the run's time by the offset read at the start.
+/// clock is its own: its periods are placed on the run's time by the offset read at the start. At the
+/// start each host's current period is moved to end where the simulator's host ends its first
+/// (`PUT /api/parda/period`; [`rein_model::parda_settings::Parda::first_period_end`]), so the hosts tick
+/// in the simulator's order and phase.
 struct HostPoller {
     admins: Vec<rein_runtime::admin_client::AdminEndpoint>,
+    /// Per host: when its first period ends, from the run's start.
+    first_ends: Vec<Duration>,
     duration: Duration,
     /// Fixed issue queues resized during the run (a host's `window_schedule`): (when, host, IOs), in time
     /// order.
@@ -331,8 +336,15 @@ impl HostPoller {
             .flat_map(|(h, host)| host.window_schedule.iter().map(move |&(at, w)| (Duration::from_nanos(at.0), h, w)))
             .collect();
         steps.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let first_ends = match &sc.parda {
+            Some(p) => (0..sc.hosts.len())
+                .map(|h| Duration::from_nanos(p.first_period_end(sc.seed(), h, sc.hosts.len()).0))
+                .collect(),
+            None => Vec::new(),
+        };
         HostPoller {
             admins: plan.host_admins.iter().map(|&a| a.into()).collect(),
+            first_ends,
             duration: Duration::from_nanos(sc.duration.0),
             steps,
         }
@@ -348,6 +360,12 @@ impl HostPoller {
             return Vec::new();
         }
         let start = tokio::time::Instant::now();
+        for (h, (admin, &end)) in self.admins.iter().zip(&self.first_ends).enumerate() {
+            let body = serde_json::json!({ "ends_in_s": end.saturating_sub(start.elapsed()).as_secs_f64() });
+            if let Err(e) = rein_runtime::admin_client::put_json(admin, None, "/api/parda/period", &body).await {
+                tracing::warn!(host = h, "placing a host's control periods failed (it ticks from its own start): {e}");
+            }
+        }
         let mut out: Vec<(f64, Vec<HostSample>)> = Vec::with_capacity(self.admins.len());
         for h in 0..self.admins.len() {
             let s = self.status(h).await;
@@ -427,6 +445,7 @@ impl HostPoller {
                         "PARDA host refused reports of other hosts or failed to exchange its own (its log says why)"
                     );
                 }
+                self.check_first_period(sc, h, &st, *offset);
                 for p in &st.history {
                     let at = p.at_s - offset;
                     if at < 0.0 || at >= sc.duration.as_secs_f64() {
@@ -445,6 +464,35 @@ impl HostPoller {
             }
         }
         Some(rec.finish(rein_sim::report::hosts_meta(sc)))
+    }
+
+    /// Warns when host `h`'s first period in the run did not end where the simulator's does (within
+    /// half the spacing of staggered hosts, period / (2 hosts)): a host that missed `PUT
+    /// /api/parda/period`, or a machine too busy to place it, may tick in another order than the
+    /// simulator's hosts, which can change who leads the run's start. `st` is the host's status, its
+    /// period list on its own clock (`offset` ahead of the run's); unchecked if the list has dropped its
+    /// oldest periods.
+    fn check_first_period(
+        &self,
+        sc: &Scenario,
+        h: usize,
+        st: &rein_runtime::parda_host::HostStatus,
+        offset: f64,
+    ) -> Option<()> {
+        let want = self.first_ends.get(h)?.as_secs_f64();
+        if st.history.len() as u64 != st.periods {
+            return None;
+        }
+        let got = st.history.iter().map(|p| p.at_s - offset).find(|&at| at >= 0.0)?;
+        let period = sc.parda.as_ref()?.config.period.as_secs_f64();
+        if (got - want).abs() > period / (2.0 * sc.hosts.len() as f64) {
+            tracing::warn!(
+                host = %sc.hosts[h].name,
+                "PARDA host ended its first period at {got:.3} s into the run, the simulator's at {want:.3} s: \
+                 its periods may tick in another order than the simulator's"
+            );
+        }
+        Some(())
     }
 }
 

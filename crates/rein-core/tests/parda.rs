@@ -449,6 +449,32 @@ fn period_cadence_and_reports() {
 }
 
 #[test]
+fn a_period_end_can_be_moved_within_two_periods() {
+    let c = PardaConfig { period: Nanos::from_secs(2), ..PardaConfig::default() };
+    let mut h = HostController::new(c, HostConfig::default(), Nanos::ZERO).unwrap();
+    let vm = h.add_vm(QosSpec::weighted(1.0).unwrap()).unwrap();
+    h.enqueue(Nanos::ZERO, Request::new(vm, 1)).unwrap();
+    let Poll::Dispatch(d) = h.poll(Nanos::ZERO) else { panic!() };
+    h.on_complete(Nanos::from_millis(500), d.tenant, Nanos::from_millis(40), 4096).unwrap();
+    // Now 1 s in: the period ends at 3.5 s rather than 2 s; its IO stays in it.
+    h.set_period_end(Nanos::from_secs(1), Nanos::from_millis(3500)).unwrap();
+    assert_eq!(h.poll_timeout(), Nanos::from_millis(3500));
+    let out = h.on_period(Nanos::from_millis(3500), Some(40e6));
+    assert_eq!(out.ios, 1);
+    assert_eq!(h.poll_timeout(), Nanos::from_millis(5500), "the next ones follow a period apart");
+    // Refused: before now, or beyond two periods.
+    let e = h.set_period_end(Nanos::from_secs(4), Nanos::from_millis(3999)).unwrap_err();
+    assert_eq!(e, PardaError::PeriodEnd { ahead_ns: -1_000_000, max_ns: 4_000_000_000 });
+    assert!(e.to_string().contains("two periods"), "{e}");
+    let e = h.set_period_end(Nanos::from_secs(4), Nanos(8_000_000_001)).unwrap_err();
+    assert!(matches!(e, PardaError::PeriodEnd { ahead_ns: 4_000_000_001, .. }), "{e:?}");
+    assert_eq!(h.poll_timeout(), Nanos::from_millis(5500), "a refused end changes nothing");
+    h.set_period_end(Nanos::from_secs(4), Nanos::from_secs(8)).unwrap();
+    h.set_period_end(Nanos::from_secs(4), Nanos::from_secs(4)).unwrap();
+    assert_eq!(h.poll_timeout(), Nanos::from_secs(4));
+}
+
+#[test]
 fn vms_per_host_are_bounded() {
     use rein_core::parda::MAX_VMS_PER_HOST;
     let mut h = HostController::new(PardaConfig::default(), HostConfig::default(), Nanos::ZERO).unwrap();

@@ -15,6 +15,7 @@
 //! aggregation = "cluster"     # cluster (§4.2: the cluster's average latency) | local (§4.1)
 //! aggregation_timeout_s = 6   # hosts silent this long drop out of the average (default 3 periods)
 //! aggregation_delay_ms = 0    # the simulator only: the shared board's write-then-read delay
+//! period_phase = "staggered"  # where each host's periods tick: staggered (host order) | seed
 //! beta_per_share = 1          # K of §3.4: beta = K x the sum of the host's VMs' weights
 //! adjust_beta = true          # §3.4 eq. (4)
 //! local_scheduler = "sfq"     # sfq | mclock | fifo: the scheduler that divides a host's window
@@ -29,6 +30,7 @@
 //! `[parda_host]` say it.
 
 use crate::sched_settings::parse_scheduler;
+use rand::Rng;
 use rein_core::parda::{PardaConfig, SizeModel};
 use rein_core::{Nanos, Num, SchedulerKind};
 use serde::Deserialize;
@@ -59,6 +61,9 @@ fn d_cluster() -> String {
 }
 fn d_sfq() -> String {
     "sfq".into()
+}
+fn d_staggered() -> String {
+    "staggered".into()
 }
 
 /// `[parda]`: parameters shared by every host.
@@ -94,6 +99,12 @@ pub struct PardaFile {
     pub aggregation_delay_ms: f64,
     /// Hosts silent this long drop out of the average (default 3 periods).
     pub aggregation_timeout_s: Option<f64>,
+    /// Where in the period each host's control periods tick, counted from the run's start:
+    /// "staggered" (default): host i at i / hosts of a period, in host order; "seed": a phase per host
+    /// drawn from the run's seed. `rein cluster` puts its real hosts' periods there too; a host run on
+    /// its own ticks from its start.
+    #[serde(default = "d_staggered")]
+    pub period_phase: String,
     /// K of §3.4: a host's beta is K times the sum of its VMs' weights unless the host sets `beta`.
     #[serde(default = "d_one")]
     pub beta_per_share: f64,
@@ -144,6 +155,31 @@ impl Aggregation {
     }
 }
 
+/// Where in the control period each host's periods tick, counted from a run's start
+/// ([`Parda::first_period_end`]): the simulator's hosts, and `rein cluster`'s real ones.
+///
+/// Which host ends its first period first decides a run's start when the windows begin far from
+/// eq. (3)'s: the first to grow its window fills the shared array ahead of the others and sees the
+/// lowest latency at its next tick.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PeriodPhase {
+    /// Host i's first period ends at `period * (1 + i / hosts)`: evenly spread, the first host first.
+    Staggered,
+    /// Host i's first period ends at `period * (1 + u_i)`, `u_i` uniform in [0, 1) drawn from the run's
+    /// seed (stream [`crate::seed::host_stream`]): no host order preferred, a different one per seed.
+    Seed,
+}
+
+impl PeriodPhase {
+    /// The name as scenario files write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeriodPhase::Seed => "seed",
+            PeriodPhase::Staggered => "staggered",
+        }
+    }
+}
+
 /// The validated `[parda]` table.
 #[derive(Debug, Clone)]
 pub struct Parda {
@@ -157,6 +193,8 @@ pub struct Parda {
     pub delay: Nanos,
     /// Hosts silent this long drop out of the cluster average (default 3 periods).
     pub timeout: Nanos,
+    /// Where in the period each host's periods tick.
+    pub phase: PeriodPhase,
     /// K of §3.4: a host's beta is K times the sum of its VMs' weights unless the host sets its own.
     pub beta_per_share: f64,
     /// The scheduler that divides a host's window among its VMs (sfq, mclock or fifo; never a
@@ -169,6 +207,19 @@ pub struct Parda {
     pub batch_distance: u64,
     /// false: every host keeps a fixed issue queue (the no-PARDA baseline of the same scenario).
     pub enabled: bool,
+}
+
+impl Parda {
+    /// When host `host` (of `hosts`) ends its first control period in a run started at zero under
+    /// `seed`: between one and two periods in ([`PeriodPhase`]).
+    pub fn first_period_end(&self, seed: u64, host: usize, hosts: usize) -> Nanos {
+        let period = self.config.period.0;
+        let phase = match self.phase {
+            PeriodPhase::Staggered => period * host as u64 / hosts.max(1) as u64,
+            PeriodPhase::Seed => crate::seed::stream_rng(seed, crate::seed::host_stream(host)).gen_range(0..period),
+        };
+        Nanos(period + phase)
+    }
 }
 
 /// `v` if it is finite and in `[lo, hi]`, else an error naming `what` and the range.
@@ -224,6 +275,11 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
         "local" => Aggregation::Local,
         o => return Err(format!("parda: aggregation {o:?}: expected \"cluster\" or \"local\"")),
     };
+    let phase = match p.period_phase.as_str() {
+        "seed" => PeriodPhase::Seed,
+        "staggered" => PeriodPhase::Staggered,
+        o => return Err(format!("parda: period_phase {o:?}: expected \"seed\" or \"staggered\"")),
+    };
     let delay = in_range("parda: aggregation_delay_ms", p.aggregation_delay_ms, 0.0, 3.6e6)?;
     let timeout =
         in_range("parda: aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
@@ -251,10 +307,42 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
         aggregation,
         delay: Nanos::from_secs_f64(delay / 1e3),
         timeout: Nanos::from_secs_f64(timeout),
+        phase,
         beta_per_share: p.beta_per_share,
         local_scheduler,
         batch,
         batch_distance: (bd * 1024.0) as u64,
         enabled: p.enabled,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parda(extra: &str) -> Parda {
+        let text = format!("latency_threshold_ms = 30\nperiod_s = 2\n{extra}");
+        toml::from_str::<PardaFile>(&text).unwrap().validate().unwrap()
+    }
+
+    #[test]
+    fn first_periods_end_between_one_and_two_periods_in() {
+        let s = parda("");
+        assert_eq!(s.phase, PeriodPhase::Staggered, "the default");
+        let ends: Vec<u64> = (0..4).map(|h| s.first_period_end(7, h, 4).0).collect();
+        assert_eq!(ends, [2_000_000_000, 2_500_000_000, 3_000_000_000, 3_500_000_000]);
+        let s = parda("period_phase = \"seed\"");
+        let a: Vec<u64> = (0..64).map(|h| s.first_period_end(7, h, 64).0).collect();
+        assert!(a.iter().all(|e| (2_000_000_000..4_000_000_000).contains(e)), "{a:?}");
+        assert_eq!(a, (0..64).map(|h| s.first_period_end(7, h, 64).0).collect::<Vec<_>>(), "a function of the seed");
+        assert_ne!(a, (0..64).map(|h| s.first_period_end(8, h, 64).0).collect::<Vec<_>>(), "another seed, others");
+        // Spread over the period: a quarter of 64 uniform draws in each quarter, give or take.
+        for q in 0..4u64 {
+            let n = a.iter().filter(|&&e| (e - 2_000_000_000) / 500_000_000 == q).count();
+            assert!((6..=28).contains(&n), "quarter {q}: {n} of 64");
+        }
+        assert_eq!(s.first_period_end(7, 3, 64), s.first_period_end(7, 3, 5), "a host's phase is its own");
+        let e = toml::from_str::<PardaFile>("latency_threshold_ms = 30\nperiod_phase = \"random\"").unwrap().validate();
+        assert_eq!(e.unwrap_err(), "parda: period_phase \"random\": expected \"seed\" or \"staggered\"");
+    }
 }

@@ -12,6 +12,11 @@ pub fn server_stream(index: usize) -> u64 {
     1 << 32 | index as u64
 }
 
+/// Stream number of PARDA host `index` (its period's phase).
+pub fn host_stream(index: usize) -> u64 {
+    2 << 32 | index as u64
+}
+
 /// The 128-bit PCG seed of stream `stream` under the run's `seed`.
 pub fn stream_seed(seed: u64, stream: u64) -> u128 {
     // splitmix64 of (seed, stream): independent, reproducible streams per entity.
@@ -48,5 +53,6 @@ mod tests {
         assert_ne!(a, stream_rng(1, 1).gen::<u64>());
         assert_ne!(a, stream_rng(2, 0).gen::<u64>());
         assert_ne!(stream_seed(1, server_stream(0)), stream_seed(1, 0));
+        assert_ne!(stream_seed(1, host_stream(0)), stream_seed(1, server_stream(0)));
     }
 }

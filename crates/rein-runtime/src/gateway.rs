@@ -1318,6 +1318,33 @@ async fn put_window(gate: Option<Arc<HostGate>>, body: &[u8]) -> axum::response:
     }
 }
 
+/// `PUT /api/parda/period` with `{"ends_in_s": X}`: the host's current control period ends X seconds from
+/// now (at most two periods), the next ones a period apart from there.
+async fn put_period(gate: Option<Arc<HostGate>>, body: &[u8]) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        ends_in_s: f64,
+    }
+    let Some(gate) = gate else {
+        return (StatusCode::NOT_FOUND, "not a PARDA host (no [parda] table)\n").into_response();
+    };
+    let b: Body = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad JSON body: {e}\n")).into_response(),
+    };
+    let Ok(ends_in) = std::time::Duration::try_from_secs_f64(b.ends_in_s) else {
+        let e = format!("ends_in_s must be a non-negative number of seconds, got {}\n", b.ends_in_s);
+        return (StatusCode::BAD_REQUEST, e).into_response();
+    };
+    match gate.set_period_end_in(ends_in).await {
+        Ok(()) => axum::Json(serde_json::json!({ "ends_in_s": b.ends_in_s })).into_response(),
+        Err(e) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
+    }
+}
+
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
 /// [`crate::admin_guard::protect`].
 fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>) -> axum::Router {
@@ -1325,7 +1352,15 @@ fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>) -> axum::Router {
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
     let gate_metrics = gate.clone();
     let gate_window = gate.clone();
+    let gate_period = gate.clone();
     axum::Router::new()
+        .route(
+            "/api/parda/period",
+            axum::routing::put(move |body: axum::body::Bytes| {
+                let gate = gate_period.clone();
+                async move { put_period(gate, &body).await }
+            }),
+        )
         .route(
             "/api/parda/window",
             axum::routing::put(move |body: axum::body::Bytes| {

@@ -43,7 +43,9 @@
 //!    budget and connection caps bound those.
 //!
 //! # Deviations
-//! The simulator staggers the hosts' periods by construction; real hosts tick on their own clocks. A
+//! The simulator places the hosts' periods by `[parda] period_phase`; a real host ticks from its start
+//! unless told otherwise (`PUT /api/parda/period`, [`HostGate::set_period_end_in`], which `rein cluster`
+//! sends each host as its load starts, so the hosts tick where the simulator's do). A
 //! report's arrival takes whatever the transport takes (the simulator's `aggregation_delay_ms` is
 //! refused here).
 //!
@@ -363,6 +365,8 @@ enum Msg {
     Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool },
     /// An administrator resizes an uncontrolled host's fixed issue queue.
     SetWindow(f64, tokio::sync::oneshot::Sender<Result<(), String>>),
+    /// The current period ends this long from now (`PUT /api/parda/period`).
+    SetPeriodEnd(std::time::Duration, tokio::sync::oneshot::Sender<Result<(), String>>),
     /// A VM joins the host (a tenant added by a reload).
     AddVm(QosSpec, tokio::sync::oneshot::Sender<Result<TenantId, String>>),
     /// A VM's spec changes (a reload).
@@ -479,6 +483,16 @@ impl HostGate {
     pub async fn set_fixed_window(&self, window: f64) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx.send(Msg::SetWindow(window, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
+        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+    }
+
+    /// The current control period ends `ends_in` from now, and the next ones a period apart from there
+    /// (`PUT /api/parda/period`): hosts started at different moments line their periods up where a run
+    /// wants them (`rein cluster` puts them where the simulator's hosts tick). The IOs of the period so
+    /// far stay in it. Errors: more than two periods ahead, or a gate that has stopped.
+    pub async fn set_period_end_in(&self, ends_in: std::time::Duration) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(Msg::SetPeriodEnd(ends_in, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
         rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
     }
 
@@ -646,6 +660,14 @@ impl Task {
                 });
                 if r.is_ok() {
                     tracing::info!(window, "PARDA host: fixed issue queue resized");
+                }
+                let _ = reply.send(r);
+            }
+            Msg::SetPeriodEnd(ends_in, reply) => {
+                let end = now.saturating_add(Nanos::from_duration(ends_in));
+                let r = self.ctl.set_period_end(now, end).map_err(|e| format!("parda host: {e}"));
+                if r.is_ok() {
+                    tracing::info!(ends_in_s = ends_in.as_secs_f64(), "PARDA host: control period moved");
                 }
                 let _ = reply.send(r);
             }

@@ -163,6 +163,87 @@ fn host_outputs_are_deterministic_and_the_seed_matters() {
     assert!((s[1].window_mean / s[0].window_mean - 2.0).abs() < 0.2, "{s:?}");
 }
 
+/// parda-fig2-k4's start: three hosts with windows of 1, script-L far above the array's latency, so
+/// eq. (2) multiplies a window many times in one period. The host whose first period ends first grows
+/// first and fills the FIFO array ahead of the others: it completes the most IOs in the first second.
+const FIRST_TICK: &str = r#"
+name = "first-tick"
+duration_s = 1.0
+interval_s = 1.0
+scheduler = "fifo"
+[parda]
+latency_threshold_ms = 200
+period_s = 0.5
+w_max = 200
+initial_window = 1
+[[servers]]
+name = "array"
+capacity_iops = 400
+discipline = "fifo"
+queue_depth = 4096
+[[hosts]]
+name = "h1"
+beta = 1
+[[hosts]]
+name = "h2"
+beta = 1
+[[hosts]]
+name = "h3"
+beta = 1
+[[tenants]]
+name = "vm1"
+host = "h1"
+[tenants.workload]
+kind = "closed"
+outstanding = 256
+[[tenants]]
+name = "vm2"
+host = "h2"
+[tenants.workload]
+kind = "closed"
+outstanding = 256
+[[tenants]]
+name = "vm3"
+host = "h3"
+[tenants.workload]
+kind = "closed"
+outstanding = 256
+"#;
+
+/// `period_phase`: staggered hosts tick in host order, so h1 leads the first second; with phases drawn
+/// from the seed the leader is whichever host's first period ends first, a different one from seed to
+/// seed. The order comes from `Parda::first_period_end`, the function `rein cluster` places its real
+/// hosts' periods by; the leader from the run's own host cells.
+#[test]
+fn the_host_that_ticks_first_leads_the_start() {
+    let leader = |toml: &str, seed: u64| -> (usize, usize) {
+        let sc = Scenario::from_toml(toml, None).unwrap().with_seed(seed).unwrap();
+        let p = sc.parda.as_ref().unwrap();
+        let ends: Vec<u64> = (0..3).map(|h| p.first_period_end(sc.seed(), h, 3).0).collect();
+        assert!(ends.iter().all(|&e| (500_000_000..1_000_000_000).contains(&e)), "{ends:?}");
+        let first = (0..3).min_by_key(|&h| ends[h]).unwrap();
+        let r = run(&sc, &mut |_| {}).unwrap();
+        let hosts = r.hosts.as_ref().unwrap();
+        let ios: Vec<u32> = (0..3).map(|h| hosts.cell(h, 0).ios).collect();
+        let lead = (0..3).max_by_key(|&h| ios[h]).unwrap();
+        eprintln!("seed {seed}: first period ends {ends:?} ns, IOs in the first second {ios:?}");
+        (first, lead)
+    };
+    for seed in 1..=3 {
+        assert_eq!(leader(FIRST_TICK, seed), (0, 0), "staggered: h1 ticks first and leads (seed {seed})");
+    }
+    let seeded = FIRST_TICK.replace("initial_window = 1\n", "initial_window = 1\nperiod_phase = \"seed\"\n");
+    let mut firsts = std::collections::BTreeSet::new();
+    for seed in 1..=8 {
+        let (first, lead) = leader(&seeded, seed);
+        assert_eq!(first, lead, "seed {seed}: the host that ticks first leads");
+        firsts.insert(first);
+    }
+    assert!(firsts.len() >= 2, "seeded phases put different hosts first: {firsts:?}");
+    let e = err(&with_parda("period_phase = \"random\""));
+    assert!(e.contains("parda: period_phase \"random\": expected \"seed\" or \"staggered\""), "{e}");
+}
+
 #[test]
 fn scenarios_without_hosts_have_no_host_section() {
     let toml = "name = \"x\"\nduration_s = 5\n[[servers]]\nname = \"s\"\ncapacity_iops = 100\n[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n";

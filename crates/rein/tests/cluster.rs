@@ -634,6 +634,9 @@ fn parda_hosts_run_on_real_daemons_and_meet_eq_3() {
     }
     // Every report (signed with the run's key) reached the other host's cluster signal.
     assert!(!stderr.contains("refused reports of other hosts"), "{stderr}");
+    // Each host's first period ended where the simulator's does (0.25 s and 0.375 s into the run, within
+    // 62.5 ms), placed by `PUT /api/parda/period`: a host left to tick from its own start warns.
+    assert!(!stderr.contains("ended its first period"), "{stderr}");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON summary");
     let hosts = doc["hosts"]["hosts"].as_array().expect("the hosts' summary");
     assert_eq!(hosts.len(), 2);

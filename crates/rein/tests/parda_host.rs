@@ -278,6 +278,44 @@ fn free_udp(ip: &str) -> SocketAddr {
     s.local_addr().unwrap()
 }
 
+/// `PUT /api/parda/period` moves the end of the host's current period (what `rein cluster` sends each
+/// host at a run's start, so its periods tick where the simulator's hosts do); the next ones follow a
+/// period apart. The host has no load: its periods end all the same.
+#[test]
+fn a_hosts_period_end_can_be_moved() {
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("parda-host-period");
+    let dir = tmp.path();
+    let a = array(dir, 77, &["vm1"]);
+    let h = host(dir, 78, a.nbd, "vm1", "local", "id = 0\n");
+    let now = status(&h)["now_s"].as_f64().unwrap();
+    // Periods of 0.5 s: moved to end 0.8 s from now, so none ends in the next 0.8 s.
+    let (code, _, text) = common::http(h.admin, "PUT", "/api/parda/period", "", "{\"ends_in_s\": 0.8}");
+    assert_eq!(code, 200, "{text}");
+    std::thread::sleep(Duration::from_millis(2000));
+    let s = status(&h);
+    let ends: Vec<f64> =
+        s["history"].as_array().unwrap().iter().map(|p| p["at_s"].as_f64().unwrap()).filter(|&at| at > now).collect();
+    assert!(ends.len() >= 2, "periods after {now} s: {s}");
+    // The request's own round trip comes on top of the 0.8 s (a debug build on a busy machine: allow 0.15 s).
+    assert!(
+        ends[0] - now >= 0.8 && ends[0] - now < 0.95,
+        "the first period ended {:.3} s after {now}: {s}",
+        ends[0] - now
+    );
+    assert!((ends[1] - ends[0] - 0.5).abs() < 0.1, "the next a period later: {ends:?}");
+    // More than two periods ahead is refused, as is a time that is not one.
+    let (code, _, text) = common::http(h.admin, "PUT", "/api/parda/period", "", "{\"ends_in_s\": 1.5}");
+    assert_eq!(code, 409, "{text}");
+    assert!(text.contains("from now to two periods ahead"), "{text}");
+    let (code, _, text) = common::http(h.admin, "PUT", "/api/parda/period", "", "{\"ends_in_s\": -1}");
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("ends_in_s must be a non-negative number of seconds, got -1"), "{text}");
+    let (code, _, text) = common::http(h.admin, "PUT", "/api/parda/period", "", "{\"end\": 1}");
+    assert_eq!(code, 400, "{text}");
+    drop((h, a));
+}
+
 #[test]
 fn bad_parda_tables_are_one_line_errors() {
     let _shared = common::beside_measuring();

@@ -136,7 +136,8 @@ pub struct HostController {
     outstanding: u32,
     /// Invariant 5: time never goes backwards.
     time: LatestTime,
-    period_start: Nanos,
+    /// When the current period ends ([`HostController::poll_timeout`]).
+    period_end: Nanos,
     period_ios: u64,
     periods: u64,
     completed: u64,
@@ -173,7 +174,7 @@ impl HostController {
             beta: 0.0,
             outstanding: 0,
             time: LatestTime::starting_at(now),
-            period_start: now,
+            period_end: now.saturating_add(config.period),
             period_ios: 0,
             periods: 0,
             completed: 0,
@@ -330,7 +331,22 @@ impl HostController {
 
     /// When the current period ends: call [`HostController::on_period`] at or after this time.
     pub fn poll_timeout(&self) -> Nanos {
-        self.period_start.saturating_add(self.config.period)
+        self.period_end
+    }
+
+    /// The current period ends at `end` instead of one period after it began; the next ones follow it
+    /// a period apart. The IOs of the period so far stay in it. This is how hosts started at different
+    /// moments put their periods where a run wants them (`rein cluster` gives each host the simulator's
+    /// phase; an operator may line hosts up). Errors: `end` before `now`, or more than two periods after
+    /// it ([`PardaError::PeriodEnd`]).
+    pub fn set_period_end(&mut self, now: Nanos, end: Nanos) -> Result<(), PardaError> {
+        let now = self.time.advance(now);
+        let max_ns = self.config.period.0.saturating_mul(2);
+        if end < now || end.0 - now.0 > max_ns {
+            return Err(PardaError::PeriodEnd { ahead_ns: end.0 as i128 - now.0 as i128, max_ns });
+        }
+        self.period_end = end;
+        Ok(())
     }
 
     /// Ends the measurement part of the period: eq. (1) folds in the period's mean latency; returns the
@@ -377,7 +393,7 @@ impl HostController {
         let window = self.window.update(signal_ns, beta);
         let ios = self.period_ios;
         self.period_ios = 0;
-        self.period_start = now;
+        self.period_end = now.saturating_add(self.config.period);
         self.periods += 1;
         PeriodOutcome { window, beta, signal_ns, ios }
     }

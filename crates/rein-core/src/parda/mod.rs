@@ -223,6 +223,17 @@ pub enum PardaError {
     /// [`HostController::set_fixed_window`] on a host that runs PARDA (its window is eq. (2)'s).
     #[error("only an uncontrolled host's fixed window can be set; a PARDA host's window follows eq. (2)")]
     NotFixed,
+    /// [`HostController::set_period_end`] with an end before now or more than two periods after it
+    /// (ns from now; negative: in the past).
+    #[error(
+        "the control period's end must be from now to two periods ahead ({max_ns} ns), got {ahead_ns} ns from now"
+    )]
+    PeriodEnd {
+        /// The end asked for, ns after now (negative: before).
+        ahead_ns: i128,
+        /// Two periods, ns.
+        max_ns: u64,
+    },
     /// An [`Aggregator`] timeout of zero (no host would ever be live).
     #[error("aggregation timeout must be positive")]
     Timeout,

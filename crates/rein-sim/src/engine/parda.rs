@@ -13,7 +13,14 @@
 //!   aggregator's.
 //! - `aggregation = "local"` (§4.1): each host uses only its own estimate.
 //!
-//! Periods are staggered (host i ticks first at `period * (1 + i / hosts)`), as independent hosts are.
+//! Independent hosts do not tick together: host i's first period ends at
+//! [`Parda::first_period_end`](rein_model::parda_settings::Parda::first_period_end), with
+//! `period_phase = "staggered"` (the default) at `period * (1 + i / hosts)`, the first host first, with
+//! `"seed"` at `period * (1 + u_i)`, `u_i` uniform in [0, 1) from the host's own seeded stream.
+//! `rein cluster` puts its real hosts' period ends at the same times. Which host ticks first matters when
+//! the windows start far from eq. (3)'s (parda-fig2-k4 starts them at 1): it grows first, fills the array
+//! ahead of the others and sees the lowest latency at its next tick, so the staggered order favours h1,
+//! where a seeded phase favours a different host from seed to seed.
 //! An *uncontrolled* host (`controlled = false`, or `[parda] enabled = false` for all) keeps a fixed
 //! issue queue (`window`, default `w_max`; `window_schedule` resizes it during the run, as in §5.2's
 //! two-phase runs) and does not publish: an external host (§5.3.4) or the no-PARDA baseline.
@@ -74,7 +81,6 @@ impl HostLayer {
             board: vec![VecDeque::new(); sc.hosts.len()],
             rec,
         };
-        let n = sc.hosts.len() as u64;
         for (i, h) in sc.hosts.iter().enumerate() {
             let runs = h.runs_parda(p);
             let sched = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..sc.sched };
@@ -87,9 +93,10 @@ impl HostLayer {
                 sched,
                 fixed_window: if runs { None } else { Some(h.window.unwrap_or(p.config.w_max)) },
             };
-            // Periods are staggered: host i's first ends at period * (1 + i / n).
-            let start = Nanos(p.config.period.0 * i as u64 / n);
-            let mut ctl = HostController::new(p.config, hc, start).map_err(|e| format!("host {}: {e}", h.name))?;
+            let mut ctl =
+                HostController::new(p.config, hc, Nanos::ZERO).map_err(|e| format!("host {}: {e}", h.name))?;
+            ctl.set_period_end(Nanos::ZERO, p.first_period_end(sc.seed(), i, sc.hosts.len()))
+                .expect("the first period ends within two periods");
             for &t in &h.vms {
                 let id = ctl
                     .add_vm(sc.tenants[t].spec)
