@@ -1296,53 +1296,60 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
     o
 }
 
+/// A PARDA host's `PUT` route: the gate (404 on a gateway without `[parda]`) and the JSON body as `T`
+/// (400 naming what is wrong).
+fn host_put<T: serde::de::DeserializeOwned>(
+    gate: Option<Arc<HostGate>>,
+    body: &[u8],
+) -> Result<(Arc<HostGate>, T), (axum::http::StatusCode, String)> {
+    use axum::http::StatusCode;
+    let gate = gate.ok_or_else(|| (StatusCode::NOT_FOUND, "not a PARDA host (no [parda] table)\n".to_string()))?;
+    let b = serde_json::from_slice(body).map_err(|e| (StatusCode::BAD_REQUEST, format!("bad JSON body: {e}\n")))?;
+    Ok((gate, b))
+}
+
+/// The answer to a PARDA host's `PUT`: `ok` as JSON, or the gate's refusal (409).
+fn host_put_answer(r: Result<(), String>, ok: serde_json::Value) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match r {
+        Ok(()) => axum::Json(ok).into_response(),
+        Err(e) => (axum::http::StatusCode::CONFLICT, format!("{e}\n")).into_response(),
+    }
+}
+
 /// `PUT /api/parda/window` with `{"window": N}`: resizes an uncontrolled PARDA host's fixed issue queue.
 async fn put_window(gate: Option<Arc<HostGate>>, body: &[u8]) -> axum::response::Response {
-    use axum::http::StatusCode;
     use axum::response::IntoResponse;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
         window: f64,
     }
-    let Some(gate) = gate else {
-        return (StatusCode::NOT_FOUND, "not a PARDA host (no [parda] table)\n").into_response();
+    let (gate, b) = match host_put::<Body>(gate, body) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
     };
-    let b: Body = match serde_json::from_slice(body) {
-        Ok(b) => b,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad JSON body: {e}\n")).into_response(),
-    };
-    match gate.set_fixed_window(b.window).await {
-        Ok(()) => axum::Json(serde_json::json!({ "window": b.window })).into_response(),
-        Err(e) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
-    }
+    host_put_answer(gate.set_fixed_window(b.window).await, serde_json::json!({ "window": b.window }))
 }
 
 /// `PUT /api/parda/period` with `{"ends_in_s": X}`: the host's current control period ends X seconds from
 /// now (at most two periods), the next ones a period apart from there.
 async fn put_period(gate: Option<Arc<HostGate>>, body: &[u8]) -> axum::response::Response {
-    use axum::http::StatusCode;
     use axum::response::IntoResponse;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
         ends_in_s: f64,
     }
-    let Some(gate) = gate else {
-        return (StatusCode::NOT_FOUND, "not a PARDA host (no [parda] table)\n").into_response();
-    };
-    let b: Body = match serde_json::from_slice(body) {
-        Ok(b) => b,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad JSON body: {e}\n")).into_response(),
+    let (gate, b) = match host_put::<Body>(gate, body) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
     };
     let Ok(ends_in) = std::time::Duration::try_from_secs_f64(b.ends_in_s) else {
         let e = format!("ends_in_s must be a non-negative number of seconds, got {}\n", b.ends_in_s);
-        return (StatusCode::BAD_REQUEST, e).into_response();
+        return (axum::http::StatusCode::BAD_REQUEST, e).into_response();
     };
-    match gate.set_period_end_in(ends_in).await {
-        Ok(()) => axum::Json(serde_json::json!({ "ends_in_s": b.ends_in_s })).into_response(),
-        Err(e) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
-    }
+    host_put_answer(gate.set_period_end_in(ends_in).await, serde_json::json!({ "ends_in_s": b.ends_in_s }))
 }
 
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
