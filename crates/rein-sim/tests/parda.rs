@@ -418,3 +418,36 @@ fn hosts_per_scenario_are_bounded() {
     assert_eq!(sc.hosts.len(), max);
     assert!(err(&many(max + 1)).contains(&format!("at most {max} hosts")));
 }
+
+/// `fixed_point = true`: eq. (2)'s fixed point `w = beta L / (L - script-L)` with each host's own mean beta
+/// and signal L, and with Little's law its IOPS `w` over the host's own latency. Two hosts that keep their
+/// windows full (64 outstanding each; eq. (3) puts L at 31.5 ms and the windows at 21 and 42) meet it for
+/// window and IOPS. With w_max = 35, h2's window is held below its 42 and misses it, h1's still meets it:
+/// the check sees a window that eq. (2) did not set. Misplaced, it is a clear error.
+#[test]
+fn hosts_that_fill_their_windows_sit_at_eq_2s_fixed_point() {
+    let expect = |host: &str, metric: &str| {
+        format!("[[expect]]\nhost = \"{host}\"\nmetric = \"{metric}\"\nfixed_point = true\nwithin_pct = 5\n")
+    };
+    let checks = [expect("h1", "iops"), expect("h2", "iops"), expect("h1", "window"), expect("h2", "window")].concat();
+    let results = |toml: &str| {
+        let sc = Scenario::from_toml(toml, None).unwrap();
+        run_and_check(&sc, &mut |_| {}).unwrap().1
+    };
+    for c in results(&format!("{BASE}{checks}")) {
+        assert!(c.ok, "{}", c.description);
+        assert!(c.description.contains("eq. (2)'s fixed point"), "{}", c.description);
+    }
+    let clamped = results(&format!("{}{checks}", with_parda("w_max = 35")));
+    let ok: Vec<bool> = clamped.iter().map(|c| c.ok).collect();
+    assert_eq!(ok, [true, false, true, false], "{:#?}", clamped.iter().map(|c| &c.description).collect::<Vec<_>>());
+
+    let e = err(&format!("{BASE}{}", expect("all", "iops")));
+    assert!(e.contains("fixed_point is one host's (eq. (2)), not \"all\"'s"), "{e}");
+    let e = err(&format!("{BASE}{}", expect("h1", "latency_mean_ms")));
+    assert!(e.contains("fixed_point (eq. (2)) applies to window and iops"), "{e}");
+    let e = err(&format!("{BASE}{}", expect("h1", "iops").replace("host = \"h1\"", "tenant = \"vm1\"")));
+    assert!(e.contains("fixed_point") && e.contains("are for host expectations"), "{e}");
+    let e = err(&format!("{BASE}{}equilibrium = true\n", expect("h1", "window")));
+    assert!(e.contains("fixed_point") && e.contains("equilibrium"), "{e}");
+}

@@ -64,6 +64,20 @@ pub(super) fn check_one(
             Some((v, format!("eq. (3)'s {v:.3}")))
         }
         Some(HostTarget::Threshold) => Some((ht.threshold_ms, format!("script-L = {} ms", ht.threshold_ms))),
+        Some(HostTarget::FixedPoint { host }) => {
+            let m = |metric| ht.metric(HostSubject::Host(host), metric, a, b, band);
+            let (beta, l) = (m(HostMetric::Beta), m(HostMetric::SignalMs));
+            let w = beta * l / (l - ht.threshold_ms);
+            let w = if l > ht.threshold_ms { w } else { f64::NAN };
+            Some(if metric == HostMetric::Window {
+                (w, format!("eq. (2)'s fixed point beta L / (L - script-L) with beta {beta:.3}, L {l:.3} ms = {w:.3}"))
+            } else {
+                // Little's law over the IOs the host has issued: its window, each for its own latency.
+                let own = m(HostMetric::LatencyMeanMs);
+                let x = w * 1e3 / own;
+                (x, format!("eq. (2)'s fixed point window {w:.3} (beta {beta:.3}, L {l:.3} ms) / the host's latency {own:.3} ms = {x:.3}"))
+            })
+        }
         Some(HostTarget::Uncontrolled) => {
             let v =
                 baseline.and_then(|base| base.hosts.as_ref()).map_or(f64::NAN, |bh| bh.metric(who, metric, a, b, band));

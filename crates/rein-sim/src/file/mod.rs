@@ -271,6 +271,11 @@ pub struct ExpectFile {
     /// With `ratio_to`: the ratio is this host's beta over the other's (means over the window).
     #[serde(default)]
     pub beta_ratio: bool,
+    /// Host target: eq. (2)'s fixed point `w = beta L / (L - script_L)` with the host's own beta and latency
+    /// signal (means over the window); for iops `w` over the host's own mean latency (Little's law, for a
+    /// host that keeps its window full).
+    #[serde(default)]
+    pub fixed_point: bool,
     /// Host target: the same metric in the same scenario without PARDA (`[parda] enabled = false`).
     #[serde(default)]
     pub uncontrolled: bool,

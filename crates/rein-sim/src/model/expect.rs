@@ -109,6 +109,13 @@ pub enum HostTarget {
     Equilibrium,
     /// PARDA's latency threshold script-L (for latency metrics).
     Threshold,
+    /// eq. (2)'s fixed point with the host's own mean beta and mean latency signal L over the window: the
+    /// window `w = beta L / (L - script_L)`, or (Little's law, for a host that keeps its window full) the
+    /// IOPS `w` over the host's own mean latency.
+    FixedPoint {
+        /// The host.
+        host: usize,
+    },
     /// The same metric in the same scenario without PARDA (the check asks for that run).
     Uncontrolled,
 }
@@ -221,9 +228,10 @@ fn validate_tenant_or_server(
     servers: &[Server],
     pshift: Periods,
 ) -> Result<Subject, String> {
-    if e.equilibrium || e.threshold || e.beta_ratio || e.uncontrolled || e.band_pct.is_some() {
+    if e.equilibrium || e.threshold || e.beta_ratio || e.fixed_point || e.uncontrolled || e.band_pct.is_some() {
         return Err(format!(
-            "{at}: equilibrium, threshold, beta_ratio, uncontrolled and band_pct are for host expectations"
+            "{at}: equilibrium, threshold, beta_ratio, fixed_point, uncontrolled and band_pct are for host \
+             expectations"
         ));
     }
     let name = e.metric.as_str();
@@ -393,6 +401,9 @@ fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<Subject, St
     if e.threshold && !matches!(metric, HostMetric::LatencyMeanMs | HostMetric::SignalMs) {
         return Err(format!("{at}: threshold (script-L) applies to latency_mean_ms and signal_ms"));
     }
+    if e.fixed_point && !matches!(metric, HostMetric::Window | HostMetric::Iops) {
+        return Err(format!("{at}: fixed_point (eq. (2)) applies to window and iops"));
+    }
     if e.band_pct.is_some() && metric != HostMetric::ConvergenceS {
         return Err(format!("{at}: band_pct applies to convergence_s"));
     }
@@ -407,6 +418,7 @@ fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<Subject, St
             ("ratio_to", e.ratio_to.is_some()),
             ("equilibrium", e.equilibrium),
             ("threshold", e.threshold),
+            ("fixed_point", e.fixed_point),
             ("uncontrolled", e.uncontrolled),
         ],
     )?;
@@ -422,6 +434,11 @@ fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<Subject, St
         Some(HostTarget::Equilibrium)
     } else if e.threshold {
         Some(HostTarget::Threshold)
+    } else if e.fixed_point {
+        match who {
+            HostSubject::Host(host) => Some(HostTarget::FixedPoint { host }),
+            HostSubject::All => return Err(format!("{at}: fixed_point is one host's (eq. (2)), not \"all\"'s")),
+        }
     } else if e.uncontrolled {
         Some(HostTarget::Uncontrolled)
     } else {
