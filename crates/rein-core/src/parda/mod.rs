@@ -27,7 +27,9 @@
 //! - [`HostController`]: one host: the three above plus the local scheduler (any [`crate::Scheduler`]).
 //! - [`Aggregator`]: cluster-wide average latency from per-host [`HostReport`]s, robust to lost, stale,
 //!   duplicate and late reports and to peers whose clocks jump.
-//! - [`equilibrium_windows`], [`equilibrium_latency`]: eq. (3), the oracle for tests and `--check`.
+//! - [`equilibrium_windows`], [`equilibrium_latency`]: eq. (3), the oracle for tests and `--check`;
+//!   [`fixed_point_window`]: eq. (2)'s fixed point for one host at a given signal (`--check`'s
+//!   `fixed_point`).
 //!
 //! A caller (the simulator, a daemon) drives a host like this:
 //! ```text
@@ -357,6 +359,18 @@ pub fn equilibrium_windows(betas: &[f64], capacity: f64, latency_threshold_s: f6
         .iter()
         .map(|&b| if b > 0.0 && sum > 0.0 { b + b * capacity * latency_threshold_s / sum } else { 0.0 })
         .collect()
+}
+
+/// eq. (2)'s fixed point for one host: the window `beta L / (L - script_L)` that eq. (2) keeps at a latency
+/// signal held at `latency` (module comment), whatever the other hosts do; `latency` and
+/// `latency_threshold` in one unit. NaN where the signal is not above script-L (eq. (2) then grows the
+/// window without bound, to w_max).
+pub fn fixed_point_window(beta: f64, latency: f64, latency_threshold: f64) -> f64 {
+    if latency > latency_threshold {
+        beta * latency / (latency - latency_threshold)
+    } else {
+        f64::NAN
+    }
 }
 
 /// The latency (seconds) at eq. (3)'s equilibrium: `script_L + sum beta / C` (module comment).

@@ -166,6 +166,8 @@ mod tests {
             c.update(Some(40e6), 3.0);
         }
         assert!((c.window() - 12.0).abs() < 1e-9, "{}", c.window());
+        assert!((crate::parda::fixed_point_window(3.0, 0.040, 0.030) - c.window()).abs() < 1e-9);
+        assert!(crate::parda::fixed_point_window(3.0, 0.030, 0.030).is_nan(), "no fixed point at script-L");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! PARDA host expectations: windows against eq. (3), latency against script-L, ratios of betas,
-//! convergence times, and comparisons with the uncontrolled (no-PARDA) run.
+//! PARDA host expectations: windows against eq. (3) or eq. (2)'s fixed point, latency against script-L,
+//! ratios of betas, convergence times, and comparisons with the uncontrolled (no-PARDA) run.
 
 use super::{judge, window, CheckResult};
 use crate::model::expect::{Expectation, HostTarget};
@@ -67,8 +67,7 @@ pub(super) fn check_one(
         Some(HostTarget::FixedPoint { host }) => {
             let m = |metric| ht.metric(HostSubject::Host(host), metric, a, b, band);
             let (beta, l) = (m(HostMetric::Beta), m(HostMetric::SignalMs));
-            let w = beta * l / (l - ht.threshold_ms);
-            let w = if l > ht.threshold_ms { w } else { f64::NAN };
+            let w = rein_core::parda::fixed_point_window(beta, l, ht.threshold_ms);
             Some(if metric == HostMetric::Window {
                 (w, format!("eq. (2)'s fixed point beta L / (L - script-L) with beta {beta:.3}, L {l:.3} ms = {w:.3}"))
             } else {
