@@ -11,6 +11,8 @@
 #   scripts/cluster-vs-sim.sh traces          # RBFQ §4.2's four trace files, routed by device (about 3 minutes)
 #   scripts/cluster-vs-sim.sh dmclock-fig9-resv rbfq-fig11a-uniform   # some of them
 #   JOBS=3 scripts/cluster-vs-sim.sh one-server   # three scenarios at a time (tables printed in order)
+#   GROUPS_AT_ONCE=1 scripts/cluster-vs-sim.sh parda-fig5-workloads   # the real run a group at a time
+#                                             # (`rein cluster run --groups-at-once 1`; about 14 minutes)
 #
 # Runs are in real time on a shared machine: the real column varies from run to run. The release binary
 # is built first; every process a run starts is stopped by `rein cluster run` itself. With JOBS > 1 the
@@ -34,6 +36,11 @@ elif [ ${#SCENARIOS[@]} -eq 0 ]; then
 fi
 jobs=${JOBS:-1}
 case $jobs in '' | *[!0-9]* | 0) echo "JOBS must be a whole number of at least 1, got '$jobs'" >&2; exit 2 ;; esac
+groups=()
+if [ -n "${GROUPS_AT_ONCE:-}" ]; then
+  case $GROUPS_AT_ONCE in *[!0-9]* | 0) echo "GROUPS_AT_ONCE must be a whole number of at least 1, got '$GROUPS_AT_ONCE'" >&2; exit 2 ;; esac
+  groups=(--groups-at-once "$GROUPS_AT_ONCE")
+fi
 for s in "${SCENARIOS[@]}"; do
   [ -f "scenarios/$s.toml" ] || { echo "no scenario scenarios/$s.toml" >&2; exit 2; }
 done
@@ -88,7 +95,7 @@ compare() {
   mkdir -p "$d"
   # --check exits 1 on a missed expectation: the table shows it; only a missing summary is a failure.
   "$REIN" sim "$f" --check --quiet --out "$d/sim" > /dev/null 2>&1 || true
-  "$REIN" cluster run "$f" --base-port 0 --check --quiet --out "$d/real" > /dev/null 2> "$d/real.err" || true
+  "$REIN" cluster run "$f" --base-port 0 --check --quiet "${groups[@]}" --out "$d/real" > /dev/null 2> "$d/real.err" || true
   if [ ! -f "$d/real/summary.json" ]; then
     { echo "$s: rein cluster run failed:"; cat "$d/real.err"; } > "$W/$s.out"
   else

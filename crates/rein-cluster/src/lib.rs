@@ -129,6 +129,7 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
                 devices: matches!(t.routing, rein_model::routing::Routing::Device(_))
                     .then(|| rein_model::routing::Router::new(&t.routing, t.servers.len())),
             }),
+            stream: Some(t.stream),
         })
         .collect()
 }

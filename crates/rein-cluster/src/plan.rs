@@ -364,7 +364,7 @@ impl Plan {
             let users: Vec<(&Tenant, usize)> =
                 sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
             let node = !multi.is_empty();
-            let text = node_config(sc, i, s, nbd, admin, &format!("node-{}", s.name), &users, node).map_err(invalid)?;
+            let text = node_config(sc, s, nbd, admin, &format!("node-{}", s.name), &users, node).map_err(invalid)?;
             nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
         }
         let mut gateways = Vec::new();
@@ -844,12 +844,10 @@ fn tenant_entry(name: &str, spec: &QosSpec) -> String {
     t
 }
 
-/// Node `i`'s rein.toml: `users` are the tenants on it with their index into their own server list;
+/// Server `s`'s rein.toml: `users` are the tenants on it with their index into their own server list;
 /// `node` switches the storage-node protocol on (for gateways).
-#[allow(clippy::too_many_arguments)]
 fn node_config(
     sc: &Scenario,
-    i: usize,
     s: &Server,
     nbd: SocketAddr,
     admin: SocketAddr,
@@ -878,7 +876,7 @@ fn node_config(
     t.push('\n');
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
     t.push('\n');
-    t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
+    t.push_str(&device_table(&s.device, sc.seed(), s.stream as u64).map_err(|e| format!("server {}: {e}", s.name))?);
     // Placement skew: a PARDA host's service_scale multiplies its VMs' service times at the array.
     let skew: Vec<String> = users
         .iter()

@@ -1,8 +1,9 @@
 //! Seeded random streams: one per entity, so adding an entity never changes the others' draws.
 //!
 //! Every random draw in the simulator and in the daemons' models comes from a PCG stream seeded by
-//! [`stream_seed`]`(seed, stream)`: the run's seed and the entity's stream number (a tenant's index, a
-//! server's `1 << 32 | index`, ...). The mix is splitmix64, so neighbouring stream numbers give unrelated
+//! [`stream_seed`]`(seed, stream)`: the run's seed and the entity's stream number (a tenant's index in its
+//! scenario file, a server's `1 << 32 | index`, ...; a scenario cut into its independent groups keeps
+//! them, so a group run alone draws what it draws in the whole run). The mix is splitmix64, so neighbouring stream numbers give unrelated
 //! streams.
 
 use rand_pcg::Pcg64Mcg;

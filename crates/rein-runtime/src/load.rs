@@ -79,6 +79,9 @@ pub struct Job {
     pub workload: WorkloadSpec,
     /// Its own server, spec and phase sources, instead of the run's (`None`: the run's).
     pub route: Option<JobRoute>,
+    /// The random stream its draws come from (rein-model's `seed::stream_seed`; `None`: its index in the
+    /// run's jobs). `rein cluster run` gives a tenant's stream in its scenario, as the simulator does.
+    pub stream: Option<u64>,
 }
 
 /// How a job's export is laid out over its route's servers (a gateway's stripes).
@@ -448,7 +451,8 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         // Offsets stay inside the export.
         spec.span_bytes = spec.span_bytes.min(export_size).max(1);
         spec.size_bytes = spec.size_bytes.min(export_size.max(1));
-        let gen = Generator::new(&spec, stream_seed(cfg.seed, ji as u64));
+        let stream = j.stream.unwrap_or(ji as u64);
+        let gen = Generator::new(&spec, stream_seed(cfg.seed, stream));
         let payload = vec![0x5au8; spec.size_bytes as usize].into();
         jobs.push((
             spec,
@@ -468,7 +472,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     .route
                     .as_ref()
                     .and_then(|r| r.arrivals)
-                    .map(|a| (a, 0, rein_model::seed::stream_rng(cfg.seed ^ ARRIVAL_STREAMS, ji as u64))),
+                    .map(|a| (a, 0, rein_model::seed::stream_rng(cfg.seed ^ ARRIVAL_STREAMS, stream))),
                 layout: j.route.as_ref().and_then(|r| r.layout.clone()),
                 devices: j.route.as_ref().and_then(|r| r.devices.clone()),
                 live_ios: 0,

@@ -34,7 +34,15 @@ weight = 3
 
 fn job(name: &str, p: WorkloadParams, seconds: f64) -> Job {
     let workload = p.validate(Nanos::from_secs_f64(seconds), None, &[]).unwrap();
-    Job { name: name.into(), export: name.into(), tenant: name.into(), connections: 2, workload, route: None }
+    Job {
+        name: name.into(),
+        export: name.into(),
+        tenant: name.into(),
+        connections: 2,
+        workload,
+        route: None,
+        stream: None,
+    }
 }
 
 /// Runs `jobs` for `seconds` against a fresh server; `admin`: give load the admin endpoint.

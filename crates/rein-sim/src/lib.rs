@@ -37,6 +37,32 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(rein_core::Nanos)) -> Result<
     Ok(report::build(sc, engine::run(sc, progress)?))
 }
 
+/// Runs `sc` a part at a time: its independent groups ([`model::group`]), at most `at_once` of them (at
+/// least one) in each part, in order, each part run by `run` (given the part, its number from 0 and the
+/// number of parts), and the parts' totals joined in `sc`'s order. A scenario of one group is run once,
+/// whole (without its expectations, as every part).
+pub fn run_in_parts<E>(
+    sc: &Scenario,
+    at_once: usize,
+    mut run: impl FnMut(&Scenario, usize, usize) -> Result<RunTotals, E>,
+) -> Result<RunTotals, E> {
+    let groups = sc.groups();
+    let chunks: Vec<Vec<&model::Group>> =
+        groups.iter().collect::<Vec<_>>().chunks(at_once.max(1)).map(<[_]>::to_vec).collect();
+    let mut parts = Vec::with_capacity(chunks.len());
+    for (k, chunk) in chunks.iter().enumerate() {
+        let totals = run(&sc.part(chunk), k, chunks.len())?;
+        let mut tenants: Vec<usize> = chunk.iter().flat_map(|g| g.tenants.iter().copied()).collect();
+        let mut servers: Vec<usize> = chunk.iter().flat_map(|g| g.servers.iter().copied()).collect();
+        tenants.sort_unstable();
+        servers.sort_unstable();
+        parts.push(rein_model::report::Part { totals, tenants, servers });
+    }
+    // The groups partition the scenario and every part runs its own scenario's lists (invariant 1 of
+    // model::group), so the join cannot fail but through a bug.
+    Ok(RunTotals::join(sc.tenants.len(), sc.servers.len(), parts).expect("a scenario's groups join"))
+}
+
 /// Runs `sc` and checks its expectations, running the baseline the checks ask for (the no-PARDA twin
 /// for `uncontrolled` targets) too. With PARDA already off the twin is `sc` itself: its run is the
 /// baseline, not run again.

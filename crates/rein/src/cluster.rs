@@ -43,6 +43,11 @@ pub(crate) struct UpArgs {
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) up: UpArgs,
+    /// Run at most N of the scenario's independent groups at a time (tenants and the servers they share;
+    /// docs/cluster.md), one cluster after another, and join their totals in the scenario's order: for
+    /// sweeps whose points together ask more of this machine than it has. Default: all at once.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) groups_at_once: Option<u32>,
     #[command(flatten)]
     pub(crate) report: crate::sim::ReportArgs,
 }
@@ -167,7 +172,23 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (mut term, mut int) = signals(&rt)?;
     let sc = Scenario::load(&a.up.scenario)?;
-    let totals = run_on_cluster(&rt, &a, &sc, None, (&mut term, &mut int))?;
+    let totals = match a.groups_at_once {
+        None => run_on_cluster(&rt, &a, &sc, None, (&mut term, &mut int))?,
+        Some(n) => {
+            let groups = sc.groups().len();
+            if !(a.report.quiet || a.report.json) {
+                eprintln!(
+                    "{}: {groups} independent group(s), run {n} at a time ({} cluster(s) one after another)",
+                    sc.name,
+                    groups.div_ceil(n as usize)
+                );
+            }
+            rein_sim::run_in_parts(&sc, n as usize, |part, k, parts| {
+                let label = format!("part-{}-of-{parts}", k + 1);
+                run_on_cluster(&rt, &a, part, Some(&label), (&mut term, &mut int))
+            })?
+        }
+    };
     // Expectations against the uncontrolled run (PARDA off) get it as the simulator's do: the same
     // scenario without PARDA, run on a cluster of its own after this one.
     let baseline = match a.report.check.then(|| rein_sim::check::baseline_scenario(&sc)).flatten() {
@@ -203,7 +224,10 @@ fn run_on_cluster(
                 .expect("valid template")
                 .progress_chars("=> "),
         );
-        b.set_prefix(sc.name.clone());
+        b.set_prefix(match sub {
+            Some(s) => format!("{} ({s})", sc.name),
+            None => sc.name.clone(),
+        });
         b
     };
     let total = sc.duration.as_secs_f64();

@@ -174,7 +174,7 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
     let workload =
         p.validate(rein_core::Nanos::from_duration(duration), None, &[]).with_context(|| format!("job {name}"))?;
-    Ok(Job { name, export, tenant, connections: conns, workload, route: None })
+    Ok(Job { name, export, tenant, connections: conns, workload, route: None, stream: None })
 }
 
 /// One line of the live table on stderr: elapsed time, then each tenant's IOPS and mean latency (ms).

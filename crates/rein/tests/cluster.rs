@@ -403,6 +403,91 @@ fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 
+/// `--groups-at-once 1`: a scenario of two independent groups (s1 with a and b; s2 with c) runs as two
+/// clusters one after another, and the joined report is the whole's: every tenant in the scenario's
+/// order, each group's equation (1) met, the server rows from their own parts.
+#[test]
+fn groups_at_once_runs_each_group_on_its_own_cluster_and_joins_them() {
+    let _serial = common::measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let keep = tmp.path().join("keep");
+    let sc = scenario(
+        tmp.path(),
+        r#"
+name = "two-groups"
+duration_s = 3.0
+warmup_s = 1.0
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+service = "deterministic"
+queue_depth = 4
+[[servers]]
+name = "s2"
+capacity_iops = 600
+service = "deterministic"
+queue_depth = 4
+[[tenants]]
+name = "a"
+servers = ["s1"]
+[tenants.workload]
+kind = "closed"
+outstanding = 8
+span_gb = 0.0625
+[[tenants]]
+name = "c"
+servers = ["s2"]
+[tenants.workload]
+kind = "closed"
+outstanding = 8
+span_gb = 0.0625
+[[tenants]]
+name = "b"
+servers = ["s1"]
+weight = 3
+[tenants.workload]
+kind = "closed"
+outstanding = 8
+span_gb = 0.0625
+[[expect]]
+tenant = "b"
+metric = "iops"
+ratio_to = "a"
+ratio = 3.0
+within_pct = 10
+[[expect]]
+tenant = "c"
+metric = "iops"
+equals = 600
+within_pct = 10
+[[expect]]
+server = "s2"
+metric = "utilisation"
+above = 0.9
+"#,
+    );
+    let out =
+        rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--check", "--json", "--groups-at-once", "1"])
+            .arg("--dir")
+            .arg(&keep)
+            .output()
+            .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON summary");
+    let names: Vec<&str> = doc["tenants"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["a", "c", "b"], "the scenario's order, across the parts");
+    let servers: Vec<&str> = doc["servers"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(servers, ["s1", "s2"]);
+    assert!(stderr.contains("ok   tenant b: iops"), "{stderr}");
+    assert!(stderr.contains("ok   tenant c: iops"), "{stderr}");
+    assert!(stderr.contains("ok   server s2: utilisation"), "{stderr}");
+    for part in ["part-1-of-2", "part-2-of-2"] {
+        assert!(keep.join(part).is_dir(), "{part} kept under --dir");
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "no run directory left");
+}
+
 /// A trace routed by device (RBFQ §4.2's files: `routing.devices`) reaches each device's server through
 /// the gateway, which routes by offset: the load aims each record into its server's units. Device 0's
 /// records (400 a second) go to s1 (2,000 IOPS), device 1's (50 a second) to s2 (100 IOPS), whose own

@@ -370,7 +370,146 @@ impl TenantMetric {
     }
 }
 
+/// What keeps [`RunTotals::join`] from putting runs together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JoinError {
+    /// A position of the whole is given by no part, or by two.
+    #[error("{what} {position} is in {count} parts, not one")]
+    Cover {
+        /// "tenant" or "server".
+        what: &'static str,
+        /// The position in the whole's list.
+        position: usize,
+        /// How many parts give it.
+        count: usize,
+    },
+    /// A part's lists do not match the positions given for it.
+    #[error("part {part}: {what}")]
+    Shape {
+        /// The part's index.
+        part: usize,
+        /// What differs.
+        what: String,
+    },
+}
+
+/// One run of a part of a scenario, for [`RunTotals::join`]: its totals and where its tenants and servers
+/// are in the whole's lists.
+#[derive(Debug)]
+pub struct Part {
+    /// The part's run.
+    pub totals: RunTotals,
+    /// Position in the whole of each of its tenants, in its order.
+    pub tenants: Vec<usize>,
+    /// Position in the whole of each of its servers, in its order.
+    pub servers: Vec<usize>,
+}
+
 impl RunTotals {
+    /// The totals of runs of disjoint parts of one scenario (its independent groups), put together in the
+    /// whole's order: `tenants` and `servers` are the whole's counts, and every position must come from
+    /// exactly one part. The parts must have the same duration, warm-up and intervals, and no PARDA hosts
+    /// or pShift controller (such a scenario is one group). The summary's name, scheduler and seed are the
+    /// first part's; event counts add up.
+    pub fn join(tenants: usize, servers: usize, parts: Vec<Part>) -> Result<RunTotals, JoinError> {
+        let cover = |what: &'static str, n: usize, of: &dyn Fn(&Part) -> &Vec<usize>| {
+            let mut count = vec![0usize; n];
+            for p in &parts {
+                for &i in of(p) {
+                    if i < n {
+                        count[i] += 1;
+                    } else {
+                        return Err(JoinError::Cover { what, position: i, count: 0 });
+                    }
+                }
+            }
+            match count.iter().position(|&c| c != 1) {
+                Some(position) => Err(JoinError::Cover { what, position, count: count[position] }),
+                None => Ok(()),
+            }
+        };
+        cover("tenant", tenants, &|p| &p.tenants)?;
+        cover("server", servers, &|p| &p.servers)?;
+        let first = &parts.first().ok_or(JoinError::Cover { what: "tenant", position: 0, count: 0 })?.totals;
+        let (interval_s, intervals) = (first.timeseries.interval_s, first.timeseries.intervals);
+        let (duration_s, warmup_s) = (first.summary.duration_s, first.summary.warmup_s);
+        for (k, p) in parts.iter().enumerate() {
+            let t = &p.totals;
+            let shape = |what: String| Err(JoinError::Shape { part: k, what });
+            if t.timeseries.interval_s != interval_s || t.timeseries.intervals != intervals {
+                return shape("its intervals differ from the first part's".into());
+            }
+            if t.summary.duration_s != duration_s || t.summary.warmup_s != warmup_s {
+                return shape("its duration or warm-up differs from the first part's".into());
+            }
+            if t.summary.tenants.len() != p.tenants.len() || t.timeseries.tenant_names.len() != p.tenants.len() {
+                return shape(format!("{} tenants run, {} positions given", t.summary.tenants.len(), p.tenants.len()));
+            }
+            if t.summary.servers.len() != p.servers.len() || t.timeseries.server_names.len() != p.servers.len() {
+                return shape(format!("{} servers run, {} positions given", t.summary.servers.len(), p.servers.len()));
+            }
+            if t.hosts.is_some() || !t.rounds.is_empty() || !t.periods.is_empty() || !t.period_log.buckets.is_empty() {
+                return shape("PARDA hosts or a pShift controller (one group, never cut)".into());
+            }
+            if t.cost_model != first.cost_model {
+                return shape("its cost model differs from the first part's".into());
+            }
+        }
+        let mut tenant_at: Vec<(usize, usize)> = vec![(0, 0); tenants];
+        let mut server_at: Vec<(usize, usize)> = vec![(0, 0); servers];
+        for (k, p) in parts.iter().enumerate() {
+            for (j, &i) in p.tenants.iter().enumerate() {
+                tenant_at[i] = (k, j);
+            }
+            for (j, &i) in p.servers.iter().enumerate() {
+                server_at[i] = (k, j);
+            }
+        }
+        let tot = |k: usize| &parts[k].totals;
+        let capacity_known = parts.iter().all(|p| p.totals.timeseries.capacity.len() == p.servers.len());
+        let timeseries = Timeseries {
+            interval_s,
+            intervals,
+            tenant_names: tenant_at.iter().map(|&(k, j)| tot(k).timeseries.tenant_names[j].clone()).collect(),
+            server_names: server_at.iter().map(|&(k, j)| tot(k).timeseries.server_names[j].clone()).collect(),
+            cells: tenant_at
+                .iter()
+                .flat_map(|&(k, j)| tot(k).timeseries.cells[j * intervals..(j + 1) * intervals].iter().copied())
+                .collect(),
+            server_cells: server_at
+                .iter()
+                .flat_map(|&(k, j)| tot(k).timeseries.server_cells[j * intervals..(j + 1) * intervals].iter().copied())
+                .collect(),
+            capacity: if capacity_known {
+                server_at.iter().map(|&(k, j)| tot(k).timeseries.capacity[j].clone()).collect()
+            } else {
+                Vec::new()
+            },
+            phases_known: parts.iter().all(|p| p.totals.timeseries.phases_known),
+        };
+        let summary = Summary {
+            name: first.summary.name.clone(),
+            scheduler: first.summary.scheduler.clone(),
+            seed: first.summary.seed,
+            duration_s,
+            warmup_s,
+            tenants: tenant_at.iter().map(|&(k, j)| tot(k).summary.tenants[j].clone()).collect(),
+            servers: server_at.iter().map(|&(k, j)| tot(k).summary.servers[j].clone()).collect(),
+            hosts: None,
+        };
+        Ok(RunTotals {
+            summary,
+            timeseries,
+            events: parts.iter().map(|p| p.totals.events).sum(),
+            time_regressions: parts.iter().map(|p| p.totals.time_regressions).sum(),
+            hosts: None,
+            rounds: Vec::new(),
+            periods: Vec::new(),
+            period_log: rounds::PeriodLog::default(),
+            cost_model: first.cost_model,
+        })
+    }
+
     /// Completions after warm-up, all tenants.
     pub fn completions(&self) -> u64 {
         self.summary.tenants.iter().map(|t| t.completed).sum()

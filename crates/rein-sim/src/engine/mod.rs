@@ -151,7 +151,7 @@ impl<'a> Sim<'a> {
         // Every server's scheduler holds up to the scenario's tenant (or bucket) count.
         let limits = Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() };
         let mut servers = Vec::with_capacity(sc.servers.len());
-        for (i, s) in sc.servers.iter().enumerate() {
+        for s in &sc.servers {
             let sched = match &sc.pshift {
                 Some(ps) => {
                     let config = SchedConfig { limits, ..SchedConfig::default() };
@@ -166,7 +166,7 @@ impl<'a> Sim<'a> {
                     Sched::Plain(s.scheduler.build(config))
                 }
             };
-            let device = Device::new(&s.device, stream_seed(sc.seed(), server_stream(i)));
+            let device = Device::new(&s.device, stream_seed(sc.seed(), server_stream(s.stream)));
             servers.push(Server::new(sched, s.queue_depth, device, sc.tenants.len()));
         }
         // Gateways and generators; pShift buckets have none: the cluster layer drives them and adds them
@@ -175,7 +175,7 @@ impl<'a> Sim<'a> {
         let mut links = Vec::new();
         if sc.pshift.is_none() {
             tenants.reserve_exact(sc.tenants.len());
-            for (ti, t) in sc.tenants.iter().enumerate() {
+            for t in &sc.tenants {
                 let first_link =
                     u32::try_from(links.len()).map_err(|_| err("more than 2^32 tenant-server pairs".into()))?;
                 for (k, &si) in t.servers.iter().enumerate() {
@@ -192,7 +192,7 @@ impl<'a> Sim<'a> {
                     first_link,
                     tracker: distributed
                         .then(|| Box::new(ServiceTracker::with_split(t.servers.len(), t.reservation_split))),
-                    gen: Generator::new(&t.workload, stream_seed(sc.seed(), ti as u64)),
+                    gen: Generator::new(&t.workload, stream_seed(sc.seed(), t.stream)),
                 });
             }
         }

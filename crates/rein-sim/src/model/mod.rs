@@ -4,15 +4,18 @@
 //! indices, devices and workloads built as rein-model's [`rein_model::DeviceSpec`] and
 //! [`rein_model::WorkloadSpec`], expectations typed ([`expect`]). Everything after this layer (the run,
 //! the report, the checks) works on these values and never sees the TOML again. One file per feature:
-//! [`server`], [`tenant`], [`expect`], [`parda`] (PARDA hosts), [`pshift`] (pShift clusters).
+//! [`server`], [`tenant`], [`expect`], [`parda`] (PARDA hosts), [`pshift`] (pShift clusters); [`group`]
+//! cuts a scenario into the parts that can run apart.
 
 pub mod expect;
+pub mod group;
 pub mod parda;
 pub mod pshift;
 pub mod server;
 pub mod tenant;
 
 pub use expect::Expectation;
+pub use group::Group;
 pub use server::{parse_scheduler, Server};
 pub use tenant::Tenant;
 
@@ -221,13 +224,13 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         return Err(format!("at most {MAX_TENANTS} tenants"));
     }
     let mut servers = Vec::with_capacity(file.servers.len());
-    for s in &file.servers {
-        servers.push(server::validate_server(s, &default_sched, &settings)?);
+    for (i, s) in file.servers.iter().enumerate() {
+        servers.push(server::validate_server(i, s, &default_sched, &settings)?);
     }
     check_unique(servers.iter().map(|s| s.name.as_str()), "server")?;
     let mut tenants = Vec::with_capacity(file.tenants.len());
-    for t in &file.tenants {
-        tenants.push(tenant::validate_tenant(t, &servers, base, duration)?);
+    for (i, t) in file.tenants.iter().enumerate() {
+        tenants.push(tenant::validate_tenant(i, t, &servers, base, duration)?);
     }
     if file.pshift.is_some() && (file.parda.is_some() || !file.hosts.is_empty()) {
         return Err(

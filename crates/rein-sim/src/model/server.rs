@@ -24,6 +24,9 @@ pub struct Server {
     /// The scheduler's settings: the scenario's `[mclock]` with this server's own table over it
     /// ([`SchedConfig::limits`] is set by the engine).
     pub sched: SchedConfig,
+    /// Its device's random stream (rein-model's `seed::server_stream` of this): its index in the file,
+    /// kept when the scenario is cut into groups ([`crate::Scenario::part`]).
+    pub stream: usize,
 }
 
 pub use rein_model::sched_settings::parse_scheduler;
@@ -31,6 +34,7 @@ pub use rein_model::sched_settings::parse_scheduler;
 /// Validates a `[[servers]]` entry; `default_sched` is the scenario's scheduler, `scenario_settings` its
 /// `[mclock]` table (with the top-level `cost_model` folded in).
 pub(crate) fn validate_server(
+    index: usize,
     s: &ServerFile,
     default_sched: &str,
     scenario_settings: &SchedSettingsFile,
@@ -66,7 +70,7 @@ pub(crate) fn validate_server(
         ));
     }
     let sched = scenario_settings.overlay(&own).resolve().map_err(|e| format!("server {n}: {e}"))?;
-    Ok(Server { name: n.clone(), device, queue_depth: s.queue_depth, scheduler, distributed, sched })
+    Ok(Server { name: n.clone(), device, queue_depth: s.queue_depth, scheduler, distributed, sched, stream: index })
 }
 
 /// Moves a shorthand key's value into the server's table, refusing it when the table gives it too.

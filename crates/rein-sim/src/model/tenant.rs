@@ -28,6 +28,10 @@ pub struct Tenant {
     pub host: Option<usize>,
     /// How its gateway's tracker splits the reservation over its servers (distributed schedulers).
     pub reservation_split: ReservationSplit,
+    /// Its random stream (rein-model's `seed::stream_seed`): its index in the file, kept when the
+    /// scenario is cut into groups ([`crate::Scenario::part`]), so a group run alone draws what it draws
+    /// in the whole run.
+    pub stream: u64,
 }
 
 fn positive(what: &str, v: f64) -> Result<f64, String> {
@@ -40,6 +44,7 @@ fn positive(what: &str, v: f64) -> Result<f64, String> {
 
 /// Validates a `[[tenants]]` entry against the servers; trace paths resolve against `base`.
 pub(crate) fn validate_tenant(
+    index: usize,
     t: &TenantFile,
     servers: &[Server],
     base: Option<&Path>,
@@ -138,7 +143,17 @@ pub(crate) fn validate_tenant(
     let devices = trace_devices(t)?;
     let workload = t.workload.validate(duration, base, &devices).map_err(|e| format!("tenant {n}: {e}"))?;
     let reservation_split = reservation_split(t).map_err(|e| format!("tenant {n}: {e}"))?;
-    Ok(Tenant { name: n.clone(), spec, servers: idx, server_specs, routing, workload, host: None, reservation_split })
+    Ok(Tenant {
+        name: n.clone(),
+        spec,
+        servers: idx,
+        server_specs,
+        routing,
+        workload,
+        host: None,
+        reservation_split,
+        stream: index as u64,
+    })
 }
 
 /// `reservation_split` and `spread_window_ios`.

@@ -399,6 +399,8 @@ fn generate(
             },
             host: None,
             reservation_split: rein_core::ReservationSplit::default(),
+            // The buckets are the cluster's only tenants (the pShift engine draws by bucket index).
+            stream: i as u64,
         });
         plans.push(BucketPlan { load, phases });
     }
