@@ -45,7 +45,10 @@ pub fn run_in_parts<E>(
     sc: &Scenario,
     at_once: usize,
     mut run: impl FnMut(&Scenario, usize, usize) -> Result<RunTotals, E>,
-) -> Result<RunTotals, E> {
+) -> Result<RunTotals, E>
+where
+    E: From<rein_model::report::JoinError>,
+{
     let groups = sc.groups();
     let chunks: Vec<Vec<&model::Group>> =
         groups.iter().collect::<Vec<_>>().chunks(at_once.max(1)).map(<[_]>::to_vec).collect();
@@ -58,9 +61,9 @@ pub fn run_in_parts<E>(
         servers.sort_unstable();
         parts.push(rein_model::report::Part { totals, tenants, servers });
     }
-    // The groups partition the scenario and every part runs its own scenario's lists (invariant 1 of
-    // model::group), so the join cannot fail but through a bug.
-    Ok(RunTotals::join(sc.tenants.len(), sc.servers.len(), parts).expect("a scenario's groups join"))
+    // The groups partition the scenario (invariant 1 of model::group); a run that reports other lists or
+    // intervals than its part's scenario asks for is an error, not a panic.
+    Ok(RunTotals::join(sc.tenants.len(), sc.servers.len(), parts)?)
 }
 
 /// Runs `sc` and checks its expectations, running the baseline the checks ask for (the no-PARDA twin

@@ -224,3 +224,19 @@ fn a_join_refuses_parts_that_do_not_cover_the_whole() {
     let e = RunTotals::join(5, 5, vec![part(&[&g[0]]), p, q]).unwrap_err();
     assert_eq!(e, JoinError::Shape { part: 1, what: "1 tenants run, 2 positions given".into() });
 }
+
+/// A part whose run reports other intervals than the first part's (a real run cut short, say) makes
+/// `run_in_parts` return an error naming the part, not panic.
+#[test]
+fn parts_whose_runs_do_not_fit_together_are_an_error() {
+    let sc = five();
+    let e = run_in_parts(&sc, 2, |part, k, _| {
+        let mut t = run(part, &mut |_| {})?;
+        if k == 1 {
+            t.timeseries.intervals -= 1;
+        }
+        Ok::<_, rein_sim::SimError>(t)
+    })
+    .unwrap_err();
+    assert_eq!(e.to_string(), "joining the parts' runs: part 1: its intervals differ from the first part's");
+}

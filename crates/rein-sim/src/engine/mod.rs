@@ -72,6 +72,9 @@ pub enum SimError {
     /// The scenario cannot be set up (a bound of the recorder or a scheduler).
     #[error("scenario {0}: {1}")]
     Setup(String, String),
+    /// The runs of a scenario's parts do not fit together ([`crate::run_in_parts`]).
+    #[error("joining the parts' runs: {0}")]
+    Join(#[from] rein_model::report::JoinError),
 }
 
 /// A request in flight: one cache line, aligned, so reaching a request costs one miss at most.
