@@ -257,18 +257,28 @@ fn run_on_cluster(
     };
     let total = sc.duration.as_secs_f64();
     let b = bar.clone();
-    let drive = rein_cluster::drive(sc, &plan, sup.clone(), move |t, _| {
-        b.set_position(t.as_nanos().min(u64::MAX as u128) as u64);
-        b.set_message(format!("{:.0}/{total:.0} s", t.as_secs_f64()));
+    let (sc_run, plan_run, sup_run) = (sc.clone(), plan.clone(), sup.clone());
+    // The load runs as a task on the runtime's workers, not on this thread (`block_on`'s): its requests'
+    // tasks then wake it on the worker that completes them, without a cross-thread wake-up per request.
+    let mut drive = rt.spawn(async move {
+        rein_cluster::drive(&sc_run, &plan_run, sup_run, move |t, _| {
+            b.set_position(t.as_nanos().min(u64::MAX as u128) as u64);
+            b.set_message(format!("{:.0}/{total:.0} s", t.as_secs_f64()));
+        })
+        .await
     });
     // A signal ends the run early: everything is stopped, and the run fails (its totals are incomplete).
     let res = rt.block_on(async {
         tokio::select! {
-            r = drive => r.map_err(anyhow::Error::from),
+            r = &mut drive => match r {
+                Ok(r) => r.map_err(anyhow::Error::from),
+                Err(e) => Err(anyhow::anyhow!("the load's task failed: {e}")),
+            },
             _ = term.recv() => Err(anyhow::anyhow!("interrupted by SIGTERM: the cluster was stopped")),
             _ = int.recv() => Err(anyhow::anyhow!("interrupted by SIGINT: the cluster was stopped")),
         }
     });
+    drive.abort();
     bar.finish_and_clear();
     finish(sup, res)
 }

@@ -272,11 +272,15 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
-    let totals = rt.block_on(rein_runtime::load::run(cfg, move |t, rows| {
-        if !quiet {
-            print_live(t, rows)
-        }
-    }))?;
+    // On a worker, not on `block_on`'s thread: a request's completion then wakes the load on the worker
+    // that ran it (no cross-thread wake-up per request; docs/serve.md, `rein load`).
+    let totals = rt
+        .block_on(rt.spawn(rein_runtime::load::run(cfg, move |t, rows| {
+            if !quiet {
+                print_live(t, rows)
+            }
+        })))
+        .map_err(|e| anyhow::anyhow!("the load's task failed: {e}"))??;
     if let Some(dir) = &args.out {
         crate::sim::write_run(dir, "rein load", (duration - warmup).as_secs_f64(), &totals, None)?;
     }
