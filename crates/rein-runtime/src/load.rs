@@ -41,6 +41,7 @@
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
 use crate::dispatch::Clock;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use rein_core::{Nanos, QosSpec};
 use rein_model::recorder::{RunMeta, ServerMeta, TenantMeta};
@@ -50,10 +51,15 @@ use rein_model::{Generator, Recorder, RunTotals};
 use rein_proto::nbd::Command;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinSet;
+
+/// The requests in flight, polled by the driver itself: no task per request, so an answer wakes the
+/// driver once (a spawned task per request cost a spawn, a wake of the task and a wake of the driver).
+type InFlight = FuturesUnordered<Pin<Box<dyn Future<Output = Done> + Send>>>;
 
 /// Requests one job may have issued and unanswered, by default.
 pub const MAX_PENDING: usize = 65_536;
@@ -294,7 +300,7 @@ struct Done {
     /// The window it was issued in (0 for a pooled job).
     k: usize,
     issued: Nanos,
-    /// When the answer arrived, stamped by the request's task (the driver may be busy when it learns).
+    /// When the driver polled the answer in (the request's future stamps it as it resolves).
     done: Nanos,
     bytes: u64,
     ok: bool,
@@ -528,7 +534,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             }
         }
     }
-    let mut inflight: JoinSet<Done> = JoinSet::new();
+    let mut inflight: InFlight = FuturesUnordered::new();
     // Phase counters and busy times are read by one task, in interval order, so the driver never waits for
     // the admin endpoints: it sends an interval's index and receives the counts later.
     let (phase_ask, phase_read) = if phases_known || busy.known() {
@@ -663,8 +669,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         let next_timer = timers.peek().map(|Reverse((at, ..))| at_instant(*at));
         let end = at_instant(duration);
         tokio::select! {
-            Some(res) = inflight.join_next() => {
-                let Ok(d) = res else { continue };
+            Some(d) = inflight.next() => {
                 let t = d.done.saturating_sub(start);
                 let st = &mut states[d.job];
                 if d.ok {
@@ -719,8 +724,8 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     // Answers still due are awaited (a request in flight at the end completes), not recorded, for at most
     // DRAIN_TIMEOUT; the rest are abandoned (an overloaded open loop can leave more queued at the server
     // than it answers in minutes).
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while inflight.join_next().await.is_some() {} }).await;
-    inflight.abort_all();
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while inflight.next().await.is_some() {} }).await;
+    drop(inflight);
     for st in &states {
         for c in st.clients.iter().flatten() {
             // A server that no longer reads (its queues full) must not hold the end up either.
@@ -877,7 +882,7 @@ fn begin(
     st: &mut JobState,
     at: Nanos,
     now: Nanos,
-    inflight: &mut JoinSet<Done>,
+    inflight: &mut InFlight,
     rec: &mut Recorder,
     arm: &mut dyn FnMut(Nanos, Timer),
 ) {
@@ -911,7 +916,7 @@ fn issue(
     record: Option<(u64, u64, bool, u32)>,
     k: Option<usize>,
     now: Nanos,
-    inflight: &mut JoinSet<Done>,
+    inflight: &mut InFlight,
     rec: &mut Recorder,
 ) {
     let (offset, size, read) = match record {
@@ -946,7 +951,7 @@ fn issue(
     let g = if st.clients.len() > 1 { k } else { 0 };
     let client = st.clients[g][st.pick[g].choose(offset, size, st.clients[g].len())].clone();
     let (payload, clock) = (st.payload.clone(), st.clock);
-    inflight.spawn(async move {
+    inflight.push(Box::pin(async move {
         let r = if read {
             client.request(Command::Read, offset, size as u32, &[], false).await
         } else if let Some(p) = payload.get(..size as usize) {
@@ -956,7 +961,7 @@ fn issue(
             client.request(Command::Write, offset, size as u32, &vec![0x5au8; size as usize], false).await
         };
         Done { job: ji, k, issued: now, done: clock.now(), bytes: size, ok: r.is_ok() }
-    });
+    }));
 }
 
 #[cfg(test)]
