@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 root=$(pwd -P)
 # Each step's line says when it began, in seconds since the script started.
 step() { echo "== [${SECONDS} s] $*" >&2; }
+# A command that ends the script under set -e says which, and with what status, once.
+# (Only while set -e is on: where the script turns it off it reads the status itself.)
+trap 'rc=$?; [[ $- != *e* ]] || echo "== [${SECONDS} s] stopped: line $LINENO, status $rc: $BASH_COMMAND" >&2' ERR
 
 need_apt=()
 # Plots need a TrueType font (Debian: fonts-dejavu-core).
@@ -93,7 +96,11 @@ bg_names=() bg_pids=() bg_logs=() bg_started=()
 # build above): `cargo test -p PACKAGE` would unify features over that package alone and rebuild it.
 test_exes=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"src_path":"\([^"]*\)".*"executable":"\([^"]*\)".*/\1 \2/p')
-test_exe() { echo "$test_exes" | awk -v src="$root/$1" '$1 == src { print $2; exit }'; } # source path
+# (awk reads its whole input: a reader that stops at its first match may close the pipe before echo has
+# written all, and echo's SIGPIPE is status 141 under pipefail and set -e. A CI run of 2026-12-03 ended
+# with status 141 right after the step below, where this is the one pipeline that can end early; not
+# reproduced in 600 tries under load.)
+test_exe() { echo "$test_exes" | awk -v src="$root/$1" '$1 == src && !found { print $2; found = 1 }'; } # source path
 # The one-hour test is one thread and the longest of the three: it runs at nice 19, the other two below
 # it (SCHED_IDLE where chrt can set it), so that it has a CPU to itself whenever the tests leave one idle.
 # (All three at nice 19, 2026-12-01: it got about half a CPU, ended 1,155 s after its start and last, and
