@@ -258,8 +258,8 @@ fn run_on_cluster(
     let total = sc.duration.as_secs_f64();
     let b = bar.clone();
     let (sc_run, plan_run, sup_run) = (sc.clone(), plan.clone(), sup.clone());
-    // The load runs as a task on the runtime's workers, not on this thread (`block_on`'s): its requests'
-    // tasks then wake it on the worker that completes them, without a cross-thread wake-up per request.
+    // The load runs as a task on the runtime's workers, not on this thread (`block_on`'s): the connections'
+    // reader tasks then wake it on a worker, without waking this thread once per request.
     let mut drive = rt.spawn(async move {
         rein_cluster::drive(&sc_run, &plan_run, sup_run, move |t, _| {
             b.set_position(t.as_nanos().min(u64::MAX as u128) as u64);

@@ -272,8 +272,8 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
-    // On a worker, not on `block_on`'s thread: a request's completion then wakes the load on the worker
-    // that ran it (no cross-thread wake-up per request; docs/serve.md, `rein load`).
+    // On a worker, not on `block_on`'s thread: the connections' reader tasks then wake the load on a
+    // worker, not this thread once per request (docs/serve.md, `rein load`).
     let totals = rt
         .block_on(rt.spawn(rein_runtime::load::run(cfg, move |t, rows| {
             if !quiet {
