@@ -144,6 +144,8 @@ fn server_run(input: &[u8], sizes: Option<&[usize]>, setup: u8) -> ServerRun {
                 };
             }
             match progress {
+                // More options already received (a reply batch ended the call): go on.
+                ServerProgress::NeedMore if used > 0 && !buf.is_empty() => continue,
                 ServerProgress::NeedMore => break,
                 ServerProgress::StartTls => {
                     assert!(!hs.tls_active(), "STARTTLS is acknowledged once");

@@ -334,3 +334,51 @@ fn block_size_information_advertises_the_payload_limit() {
         assert_eq!(sizes, Some((1, preferred, limit)));
     }
 }
+
+/// Pipelined options cannot grow the server's reply buffer without bound: one `feed` stops answering once
+/// it has put `MAX_REPLY_BATCH` bytes in `out` (each 8 KiB `NBD_OPT_INFO` here asks 4,000 times for the
+/// description, about 144 KB of replies), and feeding the rest again gives, batch by batch, exactly the
+/// replies of the options fed one at a time.
+#[test]
+fn pipelined_options_are_answered_in_bounded_batches() {
+    let mut info = 2u32.to_be_bytes().to_vec();
+    info.extend_from_slice(b"rd");
+    info.extend_from_slice(&4000u16.to_be_bytes());
+    for _ in 0..4000 {
+        info.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
+    }
+    assert!(info.len() <= MAX_OPTION_LEN as usize);
+    let options = 16;
+    // The oracle: one option per call.
+    let mut want = Vec::new();
+    let mut s = ServerHandshake::new(exports(), &mut want);
+    want.clear();
+    let (used, _) = s.feed(&FLAG_C_FIXED_NEWSTYLE.to_be_bytes(), &mut want).unwrap();
+    assert_eq!(used, 4);
+    let mut one = Vec::new();
+    option_request(&mut one, OPT_INFO, &info);
+    let mut per_option = 0;
+    for _ in 0..options {
+        let before = want.len();
+        assert_eq!(s.feed(&one, &mut want).unwrap(), (one.len(), ServerProgress::NeedMore));
+        per_option = want.len() - before;
+    }
+    assert!(per_option > MAX_REPLY_BATCH, "{per_option}: the test wants options larger than a batch");
+    // All at once, as a client that pipelines and does not read.
+    let input = flags_and(&vec![(OPT_INFO, &info[..]); options]);
+    let mut out = Vec::new();
+    let mut s = ServerHandshake::new(exports(), &mut out);
+    out.clear();
+    let (mut at, mut got, mut calls) = (0, Vec::new(), 0);
+    while at < input.len() {
+        let (used, progress) = s.feed(&input[at..], &mut out).unwrap();
+        assert_eq!(progress, ServerProgress::NeedMore);
+        assert!(used > 0, "complete options left unanswered");
+        assert!(out.len() < MAX_REPLY_BATCH + per_option, "a batch of {} bytes", out.len());
+        at += used;
+        got.append(&mut out);
+        calls += 1;
+    }
+    assert_eq!(got, want);
+    assert!(calls >= options / 2, "{calls} calls");
+}

@@ -26,6 +26,12 @@
 //! - A connection with no byte read or written for `admin_idle_timeout_s` (default
 //!   [`DEFAULT_IDLE_TIMEOUT`]) is closed, so held connections free their permits: a slow or idle client
 //!   (mid-request or between keep-alive requests, or not reading its answer) cannot keep a slot.
+//! - **A request must be in and its answer begun within `admin_idle_timeout_s` of its first byte**: the
+//!   bytes of a request do not restart the idle timer, only the first of them (and each byte of an
+//!   answer) does. Otherwise a client dribbling a header line a second (slowloris) kept its slot for
+//!   ever, since hyper, under `axum::serve`, has no header-read timeout of its own (seen: two such
+//!   connections kept a third client's `/healthz` unanswered as long as they ran). A request body is
+//!   at most 2 MB (axum's default), so the default 60 s asks about 35 KB/s of an uploading client.
 //!
 //! # HTTPS (`admin_tls = true`)
 //! The endpoint serves HTTPS only, with the `[tls]` table's `cert`/`key` ([`crate::tls::TlsConfig`], the
@@ -392,16 +398,35 @@ pub struct AdminStream {
     _permit: OwnedSemaphorePermit,
     idle_timeout: Duration,
     idle: Pin<Box<Sleep>>,
+    /// Bytes of a request came in since the last answer byte went out: further request bytes do not
+    /// restart the idle timer (module comment).
+    in_request: bool,
 }
 
 impl AdminStream {
     fn new(conn: Conn, peer: SocketAddr, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> AdminStream {
-        AdminStream { conn, peer, _permit: permit, idle_timeout, idle: Box::pin(tokio::time::sleep(idle_timeout)) }
+        let idle = Box::pin(tokio::time::sleep(idle_timeout));
+        AdminStream { conn, peer, _permit: permit, idle_timeout, idle, in_request: false }
     }
 
     fn moved(&mut self) {
         let at = Instant::now() + self.idle_timeout;
         self.idle.as_mut().reset(at);
+    }
+
+    /// Request bytes came in: the first after an answer restarts the idle timer, the rest of the request
+    /// must come within it.
+    fn read_some(&mut self) {
+        if !self.in_request {
+            self.in_request = true;
+            self.moved();
+        }
+    }
+
+    /// Answer bytes went out: the idle timer restarts, and the next request bytes start a new request.
+    fn wrote_some(&mut self) {
+        self.in_request = false;
+        self.moved();
     }
 
     /// After a `Pending` from the socket: `TimedOut` if the idle deadline has passed (else the timer
@@ -485,10 +510,10 @@ impl AdminStream {
 trait AdminIo: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> AdminIo for T {}
 
-/// Runs `$op` on the stream once the handshake is done; a `Ready` result with bytes moved resets the idle
-/// timer, a `Pending` checks it.
+/// Runs `$op` on the stream once the handshake is done; a `Ready` result with bytes moved calls `$on_moved`
+/// ([`AdminStream::read_some`] or [`AdminStream::wrote_some`]), a `Pending` checks the idle timer.
 macro_rules! after_handshake {
-    ($self:ident, $cx:ident, $moved:expr, $op:expr) => {{
+    ($self:ident, $cx:ident, $moved:expr, $on_moved:ident, $op:expr) => {{
         match $self.poll_handshake($cx) {
             Poll::Ready(Ok(())) => {}
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -497,7 +522,7 @@ macro_rules! after_handshake {
         match $op {
             Poll::Ready(r) => {
                 if $moved(&r) {
-                    $self.moved();
+                    $self.$on_moved();
                 }
                 Poll::Ready(r)
             }
@@ -510,7 +535,13 @@ impl AsyncRead for AdminStream {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         let before = buf.filled().len();
-        after_handshake!(this, cx, |_: &io::Result<()>| buf.filled().len() > before, this.io().poll_read(cx, buf))
+        after_handshake!(
+            this,
+            cx,
+            |_: &io::Result<()>| buf.filled().len() > before,
+            read_some,
+            this.io().poll_read(cx, buf)
+        )
     }
 }
 
@@ -521,7 +552,7 @@ fn wrote(r: &io::Result<usize>) -> bool {
 impl AsyncWrite for AdminStream {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        after_handshake!(this, cx, wrote, this.io().poll_write(cx, data))
+        after_handshake!(this, cx, wrote, wrote_some, this.io().poll_write(cx, data))
     }
 
     fn poll_write_vectored(
@@ -530,7 +561,7 @@ impl AsyncWrite for AdminStream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        after_handshake!(this, cx, wrote, this.io().poll_write_vectored(cx, bufs))
+        after_handshake!(this, cx, wrote, wrote_some, this.io().poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -531,6 +531,9 @@ pub struct ServerConfig {
 pub const MAX_CONNECTIONS_LIMIT: usize = 65_536;
 /// Most entries in one export's `allow_networks` or `allow_identities`.
 pub const MAX_ALLOW_ENTRIES: usize = 1024;
+/// Longest access list entry, in bytes: a network (at most 43 bytes), a PSK identity (at most 128) or a
+/// certificate's name (a DNS name has at most 253).
+pub const MAX_ALLOW_ENTRY_BYTES: usize = 256;
 
 /// Largest export, in bytes (1 PiB).
 pub const MAX_EXPORT_BYTES: u64 = 1 << 50;
@@ -677,6 +680,10 @@ fn allow_list(export: &str, key: &str, list: &Option<Vec<String>>) -> Result<(),
             Err(format!("export {export}: {key} has {} entries, above the limit of {MAX_ALLOW_ENTRIES}", l.len()))
         }
         Some(l) if l.iter().any(|x| x.is_empty()) => Err(format!("export {export}: {key} has an empty entry")),
+        Some(l) if l.iter().any(|x| x.len() > MAX_ALLOW_ENTRY_BYTES) => Err(format!(
+            "export {export}: {key} has an entry of {} bytes, above the limit of {MAX_ALLOW_ENTRY_BYTES}",
+            l.iter().map(String::len).max().unwrap_or(0)
+        )),
         _ => Ok(()),
     }
 }
@@ -1171,6 +1178,10 @@ mod tests {
         assert_eq!(e, "config: export a: allow_networks has 1025 entries, above the limit of 1024");
         let e = p("[[exports]]\nname = \"a\"\nallow_identities = [\"\"]").unwrap_err().to_string();
         assert!(e.contains("allow_identities has an empty entry"), "{e}");
+        let long = |n: usize| format!("[[exports]]\nname = \"a\"\nallow_identities = [\"{}\"]", "x".repeat(n));
+        assert!(p(&long(MAX_ALLOW_ENTRY_BYTES)).is_ok());
+        let e = p(&long(MAX_ALLOW_ENTRY_BYTES + 1)).unwrap_err().to_string();
+        assert_eq!(e, "config: export a: allow_identities has an entry of 257 bytes, above the limit of 256");
         // A bare address is a network of one.
         let c = p("[[exports]]\nname = \"a\"\nallow_networks = [\"192.0.2.7\"]").unwrap();
         assert_eq!(c.exports[0].access.networks.as_ref().unwrap()[0].to_string(), "192.0.2.7/32");

@@ -685,6 +685,9 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             }
             stream.write_all(&out).await?;
             match progress {
+                // A reply batch ended the call with more options already received (`MAX_REPLY_BATCH`):
+                // answer them before reading more.
+                ServerProgress::NeedMore if used > 0 && !input.unconsumed().is_empty() => continue,
                 ServerProgress::NeedMore | ServerProgress::Opening(_) | ServerProgress::NodeHello(_) => break,
                 ServerProgress::Aborted => return Ok(HsEnd::Left),
                 ServerProgress::Done(n) => {

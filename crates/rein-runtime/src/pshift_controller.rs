@@ -63,6 +63,15 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const HELLO_MAX_BODY: usize = 512;
 /// Networks allowed to connect when `allow_networks` is absent.
 pub const DEFAULT_NETWORKS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+/// Frames queued for one server's connection. The controller sends a few per period (a report request,
+/// tokens, a pong per ping); a server this far behind is not reading, and its connection is closed (so a
+/// peer that pings and never reads cannot grow the controller's memory).
+pub const WRITER_QUEUE: usize = 256;
+/// A frame not written to a server within this ends its connection (a peer that stopped reading).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Events (frames read, joins, leaves) waiting for the controller's task; a connection's reader waits
+/// while it is full, so a peer that sends faster than the controller handles is slowed, not buffered.
+pub const EVENT_QUEUE: usize = 1024;
 
 fn d_intervals() -> u32 {
     5
@@ -410,7 +419,7 @@ pub struct BucketStatus {
 /// What the connection tasks tell the controller's task.
 enum Event {
     /// Server `index` connected; its frames go out on `tx` (connection `conn`).
-    Joined { index: usize, conn: u64, tx: mpsc::UnboundedSender<Message> },
+    Joined { index: usize, conn: u64, tx: mpsc::Sender<Message> },
     /// Connection `conn` of server `index` ended.
     Left { index: usize, conn: u64 },
     /// A frame from server `index`.
@@ -454,7 +463,7 @@ pub async fn run(
     let periods = Arc::new(Mutex::new(PeriodsStatus::default()));
     let clock = Clock::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let (ev_tx, ev_rx) = mpsc::channel(EVENT_QUEUE);
     let admin = match s.admin {
         None => None,
         Some(addr) => {
@@ -533,7 +542,7 @@ struct Admit {
 async fn accept_loop(
     listener: TcpListener,
     admit: Admit,
-    ev: mpsc::UnboundedSender<Event>,
+    ev: mpsc::Sender<Event>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(admit.names.len() + 16));
@@ -571,7 +580,7 @@ async fn connection(
     sock: TcpStream,
     conn: u64,
     admit: &Admit,
-    ev: mpsc::UnboundedSender<Event>,
+    ev: mpsc::Sender<Event>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
     let (names, buckets, limited, strays) = (&admit.names, &admit.buckets, &admit.limited, admit.strays);
@@ -615,36 +624,43 @@ async fn connection(
         Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec(), limited: limited.to_vec() };
     crate::pshift_link::write_frame(&mut wr, &welcome).await?;
     tracing::info!(server = %name, index, "pShift server connected");
-    let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
-    if ev.send(Event::Joined { index, conn, tx }).is_err() {
+    let (tx, mut rx) = mpsc::channel::<Message>(WRITER_QUEUE);
+    if ev.send(Event::Joined { index, conn, tx }).await.is_err() {
         return Ok(());
     }
     let mut writer = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
-            if let Err(e) = crate::pshift_link::write_frame(&mut wr, &m).await {
-                tracing::warn!("pShift controller: write: {e}");
-                return;
+            match tokio::time::timeout(WRITE_TIMEOUT, crate::pshift_link::write_frame(&mut wr, &m)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!("pShift controller: write: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!("pShift controller: a frame not written within {} s", WRITE_TIMEOUT.as_secs());
+                    return;
+                }
             }
         }
     });
     let r = loop {
-        tokio::select! {
+        let m = tokio::select! {
             // The controller dropped this connection (a refusal, a replacement) or a write failed: the
             // connection ends here, which closes the socket (the halves of a split stream close it only
             // when both are gone).
             _ = &mut writer => break Ok(()),
             f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
-                Ok(m) => {
-                    if ev.send(Event::Frame { index, conn, m }).is_err() {
-                        break Ok(());
-                    }
-                }
+                Ok(m) => m,
                 Err(e) => break Err(e),
             },
             _ = stop.wait_for(|s| *s) => break Ok(()),
+        };
+        // Waits while the controller's queue is full: this peer is read no faster than it is handled.
+        if ev.send(Event::Frame { index, conn, m }).await.is_err() {
+            break Ok(());
         }
     };
-    let _ = ev.send(Event::Left { index, conn });
+    let _ = ev.send(Event::Left { index, conn }).await;
     writer.abort();
     r
 }
@@ -656,7 +672,7 @@ struct Task {
     /// times are from here.
     origin: Option<Nanos>,
     /// Per server: its connection's number and writer.
-    conns: Vec<Option<(u64, mpsc::UnboundedSender<Message>)>>,
+    conns: Vec<Option<(u64, mpsc::Sender<Message>)>>,
     status: Arc<Mutex<ControllerStatus>>,
     periods: Arc<Mutex<PeriodsStatus>>,
     /// The boundary whose reports were asked for.
@@ -670,7 +686,7 @@ impl Task {
         self.clock.now().saturating_sub(origin)
     }
 
-    async fn run(mut self, mut ev: mpsc::UnboundedReceiver<Event>) {
+    async fn run(mut self, mut ev: mpsc::Receiver<Event>) {
         loop {
             let Some(origin) = self.origin else {
                 // Held: nothing is due until the start request.
@@ -706,9 +722,18 @@ impl Task {
         }
     }
 
-    fn broadcast(&self, m: &Message) {
-        for (_, tx) in self.conns.iter().flatten() {
-            let _ = tx.send(m.clone());
+    fn broadcast(&mut self, m: &Message) {
+        for index in 0..self.conns.len() {
+            self.send(index, m.clone());
+        }
+    }
+
+    /// Queues `m` for server `index`'s connection, if it has one; a connection [`WRITER_QUEUE`] frames
+    /// behind is closed.
+    fn send(&mut self, index: usize, m: Message) {
+        let Some(Some((_, tx))) = self.conns.get(index) else { return };
+        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(m) {
+            self.refuse(index, format!("its connection is {WRITER_QUEUE} frames behind (not reading)"));
         }
     }
 
@@ -734,9 +759,7 @@ impl Task {
                 self.conns[index] = Some((conn, tx));
                 // A server that joins after this boundary's request still reports it.
                 if let Some(round) = self.requested.filter(|&r| r == self.ctl.round()) {
-                    if let Some((_, tx)) = &self.conns[index] {
-                        let _ = tx.send(Message::ReportRequest { round, early: 0 });
-                    }
+                    self.send(index, Message::ReportRequest { round, early: 0 });
                 }
                 self.status.lock().unwrap_or_else(|e| e.into_inner()).servers[index].1 = true;
             }
@@ -753,9 +776,7 @@ impl Task {
                 }
                 if let Message::Ping { t0 } = m {
                     let pong = self.pong(t0);
-                    if let Some(Some((_, tx))) = self.conns.get(index) {
-                        let _ = tx.send(pong);
-                    }
+                    self.send(index, pong);
                     return;
                 }
                 let Some(origin) = self.origin else {
@@ -795,9 +816,7 @@ impl Task {
     fn answer(&mut self, now: Nanos) {
         while let Some((msgs, summary)) = self.ctl.poll(now) {
             for m in msgs {
-                if let Some(Some((_, tx))) = self.conns.get(m.server as usize) {
-                    let _ = tx.send(Message::Tokens(m));
-                }
+                self.send(m.server as usize, Message::Tokens(m));
             }
             self.record(now, &summary);
         }
@@ -863,7 +882,7 @@ fn admin_router(
     status: Arc<Mutex<ControllerStatus>>,
     periods: Arc<Mutex<PeriodsStatus>>,
     clock: Clock,
-    ev: mpsc::UnboundedSender<Event>,
+    ev: mpsc::Sender<Event>,
 ) -> axum::Router {
     let for_metrics = status.clone();
     let for_start = status.clone();
@@ -874,19 +893,30 @@ fn admin_router(
                 // Under `hold`, the first request starts the schedule; later ones (and any without hold)
                 // are refused, naming when it started.
                 let mut s = for_start.lock().unwrap_or_else(|e| e.into_inner());
-                let r = match s.origin_s {
-                    Some(at) => Err((
-                        axum::http::StatusCode::CONFLICT,
-                        format!("the schedule started {at:.3} s after the controller; it cannot start again\n"),
-                    )),
+                let (r, start) = match s.origin_s {
+                    Some(at) => (
+                        Err((
+                            axum::http::StatusCode::CONFLICT,
+                            format!("the schedule started {at:.3} s after the controller; it cannot start again\n"),
+                        )),
+                        None,
+                    ),
                     None => {
                         let at = clock.now();
                         s.origin_s = Some(at.as_secs_f64());
-                        let _ = ev.send(Event::Start(at));
-                        Ok(axum::Json(serde_json::json!({ "started": true, "origin_s": at.as_secs_f64() })))
+                        (Ok(axum::Json(serde_json::json!({ "started": true, "origin_s": at.as_secs_f64() }))), Some(at))
                     }
                 };
-                async move { r }
+                drop(s);
+                let ev = ev.clone();
+                async move {
+                    if let Some(at) = start {
+                        // In a task of its own: a client that hangs up while the queue is full does not
+                        // lose the start its request recorded.
+                        let _ = tokio::spawn(async move { ev.send(Event::Start(at)).await }).await;
+                    }
+                    r
+                }
             }),
         )
         .route(
@@ -1178,6 +1208,48 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(&st).unwrap();
         assert_eq!(json["buckets"][1]["periods"]["above_limit"], 2);
         assert_eq!(json["buckets"][0]["periods"]["last"], 150);
+    }
+
+    /// A server that pings and never reads its pongs: once its writer is [`WRITER_QUEUE`] frames behind,
+    /// its connection is closed and counted as refused (it was queued without bound before, 10 MB to 347 MB
+    /// of controller memory in 15 s). What it then reads ends in the connection's close, not more pongs.
+    #[tokio::test]
+    async fn a_server_that_pings_and_never_reads_is_cut() {
+        let text = format!("admin = \"127.0.0.1:0\"\nadmin_insecure = true\n{CTL}");
+        let s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
+        let (addr, admin, stop_tx, task) = start_admin(s).await;
+        let admin: crate::admin_client::AdminEndpoint = admin.unwrap().into();
+        let (mut rd, mut wr, mut buf, m) = hello(addr, "s1").await;
+        assert!(matches!(m, Message::Welcome { server: 0, .. }), "{m:?}");
+        let mut batch = Vec::new();
+        for t0 in 0..10_000u64 {
+            rein_proto::pshift::encode(&Message::Ping { t0 }, &mut batch).unwrap();
+        }
+        let mut sent = 0u64;
+        let refused = loop {
+            // Up to 400 MB of pings: far more than the socket buffers hold.
+            assert!(sent < 400 << 20, "still not cut after {sent} bytes of pings");
+            tokio::io::AsyncWriteExt::write_all(&mut wr, &batch).await.unwrap();
+            sent += batch.len() as u64;
+            let st: ControllerStatus = crate::admin_client::get_json(&admin, None, "/api/pshift").await.unwrap();
+            if st.refused > 0 {
+                break st.refused;
+            }
+        };
+        assert_eq!(refused, 1);
+        let mut pongs = 0u64;
+        let end = loop {
+            match tokio::time::timeout(Duration::from_secs(20), read_frame(&mut rd, &mut buf)).await {
+                Ok(Ok(Message::Pong { .. })) => pongs += 1,
+                Ok(Ok(_)) => {} // the schedule's report requests
+                Ok(Err(e)) => break e,
+                Err(_) => panic!("the connection is still open after {pongs} pongs"),
+            }
+        };
+        assert!(end.contains("closed") || end.contains("reset"), "{end}");
+        assert!(pongs < sent, "{pongs} pongs");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
     }
 
     /// Only `allow_networks` may connect (default loopback): a peer outside it is cut at once and counted.

@@ -10,8 +10,12 @@
 //! pieces are copied into the one reply buffer (after the reply header's headroom); a WRITE's payload is
 //! copied into each piece's message. FLUSH goes to every node the volume uses (to one connection of a node
 //! that advertises NBD_FLAG_CAN_MULTI_CONN, to each of its connections otherwise) and succeeds only if all
-//! do; FUA passes to the pieces (dropped for a node that does not take FUA: a volatile node has no stable
-//! storage to force).
+//! do; FUA passes to the pieces (dropped for a node that does not advertise NBD_FLAG_SEND_FUA, which the
+//! NBD spec forbids sending it to: a volatile node has no stable storage to force; a node that takes FLUSH
+//! but not FUA, which neither `rein serve`, nbdkit nor qemu-nbd is, gets such a piece as a plain write:
+//! the FUA write is then acknowledged before it is stable there (a gap, warned of once a session), but it
+//! is counted as not yet flushed, so the volume's next FLUSH makes it durable and a session lost before
+//! that fails the FLUSH, as for any write).
 //!
 //! Each pooled connection is a task (`run_link`): connect, handshake, then a session in which a writer
 //! (requests, in arrival order) and a reader (replies, completing pieces by handle) run side by side,
@@ -289,10 +293,15 @@ struct NodeLink {
 }
 
 impl NodeLink {
-    /// The node takes FLUSH and FUA, as any of its connections that has been up says (the export's
-    /// flags are the node's; a node never reached says nothing, and has acknowledged nothing).
+    /// The node takes FLUSH, as any of its connections that has been up says (the export's flags are the
+    /// node's; a node never reached says nothing, and has acknowledged nothing).
     fn takes_flush(&self) -> bool {
         self.conns.iter().any(|c| c.state.flush.load(Ordering::Relaxed))
+    }
+
+    /// The node takes FUA, as any of its connections that has been up says.
+    fn takes_fua(&self) -> bool {
+        self.conns.iter().any(|c| c.state.fua.load(Ordering::Relaxed))
     }
 }
 
@@ -341,8 +350,10 @@ struct LinkHandle {
 struct LinkState {
     /// The node advertised NBD_FLAG_CAN_MULTI_CONN (a FLUSH on one connection covers all).
     multi_conn: AtomicBool,
-    /// The node takes FLUSH and FUA (not volatile).
+    /// The node takes FLUSH (not volatile).
     flush: AtomicBool,
+    /// The node takes FUA (NBD_FLAG_SEND_FUA).
+    fua: AtomicBool,
     /// A session is established.
     up: AtomicBool,
 }
@@ -407,7 +418,7 @@ impl RemoteVolume {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let state = Arc::new(LinkState::default());
                 if let Some(s) = &session {
-                    s.publish(&state);
+                    s.publish(&state, &node.name, volume);
                 }
                 tasks.push(tokio::spawn(run_link(target.clone(), session, rx, state.clone())));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
@@ -487,7 +498,7 @@ impl RemoteVolume {
                 let pieces = self.stripe.map(offset, data.len() as u32);
                 gather.expect(pieces.len());
                 for Piece { node, node_offset, request_offset, len } in pieces {
-                    let fua = fua && self.takes_flush(node);
+                    let fua = fua && self.takes_fua(node);
                     let mut msg = Vec::with_capacity(MSG_HEAD + len as usize);
                     header_into(&mut msg, Command::Write, node_offset, len, fua);
                     let at = request_offset as usize;
@@ -506,7 +517,7 @@ impl RemoteVolume {
                 let ranges = self.stripe.node_ranges(offset, len);
                 gather.expect(ranges.len());
                 for (node, node_offset, len) in ranges {
-                    let fua = fua && self.takes_flush(node);
+                    let fua = fua && self.takes_fua(node);
                     let msg = header(command, node_offset, len, fua);
                     let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
                     self.send(node, msg, 0, sink).await;
@@ -567,6 +578,10 @@ impl RemoteVolume {
 
     fn takes_flush(&self, node: usize) -> bool {
         self.links[node].as_ref().is_some_and(NodeLink::takes_flush)
+    }
+
+    fn takes_fua(&self, node: usize) -> bool {
+        self.links[node].as_ref().is_some_and(NodeLink::takes_fua)
     }
 
     async fn send(&self, node: usize, msg: Vec<u8>, read_len: u32, sink: Sink) {
@@ -828,11 +843,23 @@ struct Session {
     version: u16,
 }
 
+/// What a session's transmission flags say the node takes; `true` if it takes FLUSH but not FUA (the
+/// caller warns: FUA pieces go as plain writes, module comment).
+fn publish_flags(flags: u16, state: &LinkState) -> bool {
+    let (flush, fua) = (flags & p::TFLAG_SEND_FLUSH != 0, flags & p::TFLAG_SEND_FUA != 0);
+    state.multi_conn.store(flags & p::TFLAG_CAN_MULTI_CONN != 0, Ordering::Relaxed);
+    state.flush.store(flush, Ordering::Relaxed);
+    state.fua.store(fua, Ordering::Relaxed);
+    state.up.store(true, Ordering::Relaxed);
+    flush && !fua
+}
+
 impl Session {
-    fn publish(&self, state: &LinkState) {
-        state.multi_conn.store(self.flags & p::TFLAG_CAN_MULTI_CONN != 0, Ordering::Relaxed);
-        state.flush.store(self.flags & p::TFLAG_SEND_FLUSH != 0, Ordering::Relaxed);
-        state.up.store(true, Ordering::Relaxed);
+    /// Publishes the session's flags to `state`; warns if the node takes FLUSH but not FUA.
+    fn publish(&self, state: &LinkState, node: &str, volume: &str) {
+        if publish_flags(self.flags, state) {
+            tracing::warn!(node, volume, "the node takes FLUSH but not FUA: a FUA write's piece goes to it as a plain write, acknowledged before it is on stable storage there (it is at the volume's next FLUSH)");
+        }
     }
 }
 
@@ -978,7 +1005,7 @@ async fn run_link(
     let mut closing = target.closing.clone();
     loop {
         if let Some(s) = session.take() {
-            s.publish(&state);
+            s.publish(&state, name, &target.volume);
             if was_down {
                 tracing::info!(node = name, volume = %target.volume, "node connection restored");
             }
@@ -1377,6 +1404,17 @@ mod tests {
 
     /// A session that ends with acknowledged writes no FLUSH covered marks the node lost, once; writes a
     /// FLUSH covered (by the count when it was sent) do not; a late FLUSH reply never moves the mark back.
+    #[test]
+    fn a_node_without_fua_gets_no_fua_and_its_writes_are_tracked() {
+        let state = LinkState::default();
+        assert!(publish_flags(p::TFLAG_HAS_FLAGS | p::TFLAG_SEND_FLUSH, &state), "FLUSH without FUA: warned");
+        assert!(state.flush.load(Ordering::Relaxed) && !state.fua.load(Ordering::Relaxed));
+        assert!(!publish_flags(p::TFLAG_HAS_FLAGS | p::TFLAG_SEND_FLUSH | p::TFLAG_SEND_FUA, &state));
+        assert!(state.flush.load(Ordering::Relaxed) && state.fua.load(Ordering::Relaxed));
+        assert!(!publish_flags(p::TFLAG_HAS_FLAGS, &state), "volatile: nothing to warn of");
+        assert!(!state.flush.load(Ordering::Relaxed) && !state.fua.load(Ordering::Relaxed));
+    }
+
     #[test]
     fn a_session_that_ends_with_unflushed_writes_marks_its_node_lost() {
         let d = Arc::new(Durability::default());

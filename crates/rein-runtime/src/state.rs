@@ -78,6 +78,16 @@ pub enum StateError {
         /// What is wrong.
         message: String,
     },
+    /// The state would be larger than a server reads back ([`MAX_STATE_BYTES`]); nothing was written.
+    #[error(
+        "the state would take {bytes} bytes, above the {MAX_STATE_BYTES} bytes a server reads back at its next \
+         start; the change is refused (remove tenants or exports, or move long access lists into the \
+         configuration file)"
+    )]
+    TooLarge {
+        /// The serialised state's size.
+        bytes: u64,
+    },
     /// The state file could not be written.
     #[error("cannot write the state file {path}: {source}")]
     Write {
@@ -424,6 +434,10 @@ pub fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
         }
     } else {
         let text = serde_json::to_vec_pretty(state).expect("a state serialises");
+        if text.len() as u64 > MAX_STATE_BYTES {
+            // Written, it would stop the next start (`load` refuses it): refused now, the old file kept.
+            return Err(StateError::TooLarge { bytes: text.len() as u64 });
+        }
         let mut f = std::fs::File::create(&tmp).map_err(werr(&tmp))?;
         f.write_all(&text).map_err(werr(&tmp))?;
         f.sync_all().map_err(werr(&tmp))?;
@@ -748,6 +762,27 @@ mod tests {
         assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists());
         save(dir.path(), &StateFile::default()).unwrap();
         assert!(load(dir.path()).unwrap().is_none());
+    }
+
+    /// A state larger than `load` reads back is refused by `save`, the file before it kept: the server
+    /// never writes a state file that would stop its next start.
+    #[test]
+    fn a_state_over_the_bound_is_refused_and_the_file_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = cfg(BASE);
+        let mut eff = base.clone();
+        eff.tenants[0].spec = QosSpec::new(20.0, None, 1.0, 0).unwrap();
+        let small = diff(&base, &eff, None);
+        save(dir.path(), &small).unwrap();
+        // 256-byte names: about 400 bytes per tenant, 50,000 tenants well over 16 MiB.
+        let mut big = small.clone();
+        let entry = big.tenants.values().next().unwrap().clone();
+        big.tenants.extend((0..50_000).map(|i| (format!("{i:0>256}"), TenantEntry { config: None, ..entry.clone() })));
+        let e = save(dir.path(), &big).unwrap_err();
+        assert!(matches!(e, StateError::TooLarge { bytes } if bytes > MAX_STATE_BYTES), "{e}");
+        assert!(e.to_string().contains("the change is refused"), "{e}");
+        assert_eq!(load(dir.path()).unwrap(), Some(small));
+        assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists());
     }
 
     #[test]

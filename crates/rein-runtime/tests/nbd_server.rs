@@ -173,3 +173,45 @@ async fn requests_larger_than_the_budget_are_served_alone() {
         assert!(ended.recv().await.unwrap());
     }
 }
+
+/// A client that pipelines its whole handshake (16 `NBD_OPT_INFO`s, each asking 4,000 times for the
+/// description, then `NBD_OPT_ABORT`) gets every answer: the handshake hands its replies back in batches
+/// of `MAX_REPLY_BATCH` bytes (so they stay bounded), and the connection answers the options already
+/// received before it waits for more input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_handshake_is_answered_in_bounded_batches() {
+    use rein_proto::nbd::{
+        decode_option_reply, option_request, FLAG_C_FIXED_NEWSTYLE, INFO_DESCRIPTION, OPT_ABORT, OPT_INFO, REP_ACK,
+        REP_INFO,
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, _ended, _stop) = start().await;
+    let (mut rd, mut wr) = tokio::net::TcpStream::connect(addr).await.unwrap().into_split();
+    let mut greeting = [0u8; 18];
+    rd.read_exact(&mut greeting).await.unwrap();
+    let mut info = 2u32.to_be_bytes().to_vec();
+    info.extend_from_slice(b"rw");
+    info.extend_from_slice(&4000u16.to_be_bytes());
+    for _ in 0..4000 {
+        info.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
+    }
+    let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    for _ in 0..16 {
+        option_request(&mut input, OPT_INFO, &info);
+    }
+    option_request(&mut input, OPT_ABORT, &[]);
+    // Written by a task of its own: the replies (1.4 MB) outgrow the socket buffers before the input is in.
+    let writer = tokio::spawn(async move { wr.write_all(&input).await.map(|()| wr) });
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(20), rd.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "no end after {} bytes of replies: options left unanswered", got.len());
+    let _wr = writer.await.unwrap();
+    let (mut acks, mut descriptions, mut rest) = (0, 0, &got[..]);
+    while let Some((r, n)) = decode_option_reply(rest).unwrap() {
+        acks += (r.reply == REP_ACK) as usize;
+        descriptions += (r.reply == REP_INFO && r.data[..2] == INFO_DESCRIPTION.to_be_bytes()) as usize;
+        rest = &rest[n..];
+    }
+    assert!(rest.is_empty(), "{} bytes left over", rest.len());
+    assert_eq!((acks, descriptions), (17, 16 * 4000));
+}

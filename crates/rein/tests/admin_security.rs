@@ -198,3 +198,48 @@ fn idle_admin_connections_time_out_and_free_their_slots() {
         assert_eq!(c.read(&mut b).unwrap_or(0), 0, "the idle connection was closed by the server");
     }
 }
+
+/// A client that dribbles its request (a header line every 0.2 s, never finishing: slowloris) does not keep
+/// its slot: a request must be in within `admin_idle_timeout_s` of its first byte. With
+/// `max_admin_connections = 2` and two such clients, a third is answered and both are closed, although
+/// neither was ever idle for the timeout. (Before: both were still open after 60 s and the third waited.)
+#[test]
+fn a_dribbled_request_does_not_keep_its_slot() {
+    let tmp = tmpdir("admin-slowloris");
+    let dir = tmp.path();
+    let s = start(dir, &local(51), &format!("max_admin_connections = 2\nadmin_idle_timeout_s = 1\n{MEMORY}"), None);
+    let addr = s.admin;
+    let dribblers: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(addr).unwrap();
+                let started = Instant::now();
+                c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+                for i in 0..100 {
+                    std::thread::sleep(Duration::from_millis(200));
+                    if c.write_all(format!("X-Slow-{i}: 1\r\n").as_bytes()).is_err() {
+                        break;
+                    }
+                    // Closed (or answered: no request was complete) once a read does not block.
+                    c.set_nonblocking(true).unwrap();
+                    let mut b = [0u8; 64];
+                    let open = matches!(c.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+                    c.set_nonblocking(false).unwrap();
+                    if !open {
+                        break;
+                    }
+                }
+                started.elapsed()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let (code, _, body) = http(s.admin, "GET", "/healthz", None, "");
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    assert!(asked.elapsed() < Duration::from_secs(10), "answered after {:?}", asked.elapsed());
+    for d in dribblers {
+        let held = d.join().unwrap();
+        assert!(held < Duration::from_secs(10), "a dribbling client held its connection for {held:?}");
+    }
+}

@@ -338,9 +338,15 @@ impl ServerHandshake {
     }
 
     /// Consumes complete messages from `input`; returns (bytes consumed, progress). Replies go to `out`.
+    /// It stops after [`MAX_REPLY_BATCH`] bytes of replies with `NeedMore`, complete options possibly left
+    /// in `input`: while it consumes something and input remains, write `out` and call it again.
     pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(usize, ServerProgress), ProtoError> {
         let mut used = 0;
+        let start = out.len();
         loop {
+            if out.len() - start >= MAX_REPLY_BATCH {
+                return Ok((used, ServerProgress::NeedMore));
+            }
             let rest = &input[used..];
             match self.state {
                 SState::Finished => return Err(ProtoError::Malformed("data after the handshake finished")),

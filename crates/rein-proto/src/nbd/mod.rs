@@ -209,6 +209,11 @@ pub const fn errno(kind: ErrorKind) -> u32 {
 
 /// Largest option payload accepted.
 pub const MAX_OPTION_LEN: u32 = 8192;
+/// The server handshake answers no further option in one [`ServerHandshake::feed`] once that call has put
+/// this many reply bytes in `out`: the caller writes them and feeds the rest again. Pipelined options
+/// cannot make a reply buffer larger than this plus one option's replies (an 8 KiB `NBD_OPT_INFO` asking
+/// 4,090 times for the description answers about 15 times its size).
+pub const MAX_REPLY_BATCH: usize = 64 << 10;
 /// Longest export name (spec: 4096 bytes).
 pub const MAX_NAME_LEN: usize = 4096;
 /// Default largest request payload.
