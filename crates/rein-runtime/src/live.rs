@@ -10,6 +10,16 @@
 //! path never takes the change lock: connections read the [`ExportTable`] (one snapshot per handshake)
 //! and the admin's reads take short `std` read locks.
 //!
+//! Changes are cancel-safe: a caller's future may be dropped at any await (hyper drops a handler whose
+//! client closed the connection; a storage node's handshake timeout drops an `adopt`) and the registry
+//! still agrees with the dispatcher. Each change's apply steps (the dispatcher's, the state file's and
+//! the tables', and any undo) run in a task of their own ([`tokio::spawn`], which holds the change lock)
+//! that the caller only awaits: dropping the caller drops the wait, never a change half-applied (the
+//! dispatcher at the new spec, admission and the state file at the old). A caller dropped before that
+//! task starts has changed nothing. `add_export` and `remove_export` change nothing before their last
+//! await, so need no task; `reload` is awaited in a branch's body of the server's loop, which drops it
+//! only with the server.
+//!
 //! # Admission
 //! The reservations' sum is checked against the capacity in use: the admin's (`PUT /api/capacity`), else
 //! the probe's, else `capacity_iops`, else the device model's. A change that raises the sum above it, or a
@@ -122,7 +132,8 @@ pub struct Registry {
     admission: RwLock<Admission>,
     /// Where the state file lives; `None`: changes are not persisted.
     data_dir: Option<PathBuf>,
-    changes: tokio::sync::Mutex<Inner>,
+    /// The change lock; an `Arc` so that a change's task can own its guard (module comment).
+    changes: Arc<tokio::sync::Mutex<Inner>>,
 }
 
 /// A tenant name's bounds (1..=[`MAX_TENANT_NAME`] bytes), for every change that adds one.
@@ -140,6 +151,25 @@ pub(crate) fn spec_in(snap: &crate::dispatch::Snapshot, id: TenantId, name: &str
         .find(|t| t.id == id)
         .map(|t| t.spec)
         .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))
+}
+
+/// Runs change `what`'s `commit` to its end in a task of its own, whether or not the returned future is
+/// awaited to its end or dropped (module comment). The task is spawned at once, before the first poll.
+fn detached<T: Send + 'static>(
+    what: &'static str,
+    commit: impl std::future::Future<Output = Result<T, ChangeError>> + Send + 'static,
+) -> impl std::future::Future<Output = Result<T, ChangeError>> {
+    let task = tokio::spawn(commit);
+    async move {
+        task.await.map_err(|e| {
+            if e.is_cancelled() {
+                ChangeError::Unavailable(format!("{what}: the server is shutting down; the change may not be applied"))
+            } else {
+                tracing::error!("{what}: the change's task failed: {e}");
+                ChangeError::Failed(format!("{what}: the change failed unexpectedly ({e}); it may be applied in part"))
+            }
+        })?
+    }
 }
 
 fn read<T: Clone>(l: &RwLock<T>) -> T {
@@ -186,7 +216,7 @@ impl Registry {
             capacity: RwLock::new(cap),
             admission: RwLock::new(effective.admission),
             data_dir: persist.then(|| effective.data_dir.clone()),
-            changes: tokio::sync::Mutex::new(Inner { base, effective, capacity, retired: Vec::new() }),
+            changes: Arc::new(tokio::sync::Mutex::new(Inner { base, effective, capacity, retired: Vec::new() })),
         }
     }
 
@@ -270,7 +300,11 @@ impl Registry {
         capacity: Option<CapacityEntry>,
     ) -> Result<(), ChangeError> {
         let Some(dir) = &self.data_dir else { return Ok(()) };
-        state::save(dir, &state::diff(base, effective, capacity)).map_err(|e| ChangeError::Failed(e.to_string()))
+        state::save(dir, &state::diff(base, effective, capacity)).map_err(|e| match e {
+            // The change itself is what would not fit: refused as a conflict with the state (409).
+            state::StateError::TooLarge { .. } => ChangeError::Conflict(e.to_string()),
+            e => ChangeError::Failed(e.to_string()),
+        })
     }
 
     async fn snapshot(&self) -> Result<crate::dispatch::Snapshot, ChangeError> {
@@ -278,13 +312,14 @@ impl Registry {
     }
 
     /// Changes tenant `name`'s spec to `f(current)` (an `Err` from `f` is a 400). Returns the new spec and
-    /// any admission warning.
+    /// any admission warning. Reading, `f` and admission run in the caller (they change nothing), the rest
+    /// in a task that owns the change lock's guard (module comment).
     pub async fn update_spec(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         f: impl FnOnce(QosSpec) -> Result<QosSpec, String>,
     ) -> Result<(QosSpec, Option<String>), ChangeError> {
-        let mut inner = self.changes.lock().await;
+        let mut inner = Arc::clone(&self.changes).lock_owned().await;
         let id = self.id(name)?;
         let snap = self.snapshot().await?;
         let cur = spec_in(&snap, id, name)?;
@@ -293,11 +328,15 @@ impl Registry {
         let mut eff = inner.effective.clone();
         eff.tenants.iter_mut().filter(|t| t.name == name).for_each(|t| t.spec = spec);
         let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
-        self.persist(&inner.base, &eff, inner.capacity)?;
-        self.dispatcher.set_spec(id, spec).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
-        inner.effective = eff;
-        tracing::info!(tenant = %name, %spec, "spec changed");
-        Ok((spec, warning))
+        let (this, name) = (Arc::clone(self), name.to_string());
+        detached("update_spec", async move {
+            this.persist(&inner.base, &eff, inner.capacity)?;
+            this.dispatcher.set_spec(id, spec).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
+            inner.effective = eff;
+            tracing::info!(tenant = %name, %spec, "spec changed");
+            Ok((spec, warning))
+        })
+        .await
     }
 
     fn id(&self, name: &str) -> Result<TenantId, ChangeError> {
@@ -308,8 +347,13 @@ impl Registry {
             .ok_or_else(|| ChangeError::NotFound(format!("no tenant named {name:?}")))
     }
 
-    /// Adds tenant `name` with `spec`.
-    pub async fn add_tenant(&self, name: &str, spec: QosSpec) -> Result<Option<String>, ChangeError> {
+    /// Adds tenant `name` with `spec` (in a task of its own: module comment).
+    pub async fn add_tenant(self: &Arc<Self>, name: &str, spec: QosSpec) -> Result<Option<String>, ChangeError> {
+        let (this, name) = (Arc::clone(self), name.to_string());
+        detached("add_tenant", async move { this.add_tenant_now(&name, spec).await }).await
+    }
+
+    async fn add_tenant_now(&self, name: &str, spec: QosSpec) -> Result<Option<String>, ChangeError> {
         let mut inner = self.changes.lock().await;
         check_name(name)?;
         if self.id(name).is_ok() {
@@ -341,7 +385,16 @@ impl Registry {
     /// changed, and the whole is admitted once (the reservations before against after, so the order of
     /// `wanted` does not matter), persisted once and applied; if any step fails nothing has changed.
     /// Returns the tenants' ids in `wanted`'s order, and any admission warning. Names must be distinct.
-    pub async fn adopt(&self, wanted: &[(String, QosSpec)]) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
+    /// Runs in a task of its own (module comment): a handshake that times out cannot stop it half-way.
+    pub async fn adopt(
+        self: &Arc<Self>,
+        wanted: &[(String, QosSpec)],
+    ) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
+        let (this, wanted) = (Arc::clone(self), wanted.to_vec());
+        detached("adopt", async move { this.adopt_now(&wanted).await }).await
+    }
+
+    async fn adopt_now(&self, wanted: &[(String, QosSpec)]) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let mut inner = self.changes.lock().await;
         for (i, (name, _)) in wanted.iter().enumerate() {
             check_name(name)?;
@@ -430,7 +483,13 @@ impl Registry {
     }
 
     /// Deletes tenant `name` (409 while an export, or an open connection to a deleted export, uses it).
-    pub async fn remove_tenant(&self, name: &str) -> Result<(), ChangeError> {
+    /// Runs in a task of its own (module comment).
+    pub async fn remove_tenant(self: &Arc<Self>, name: &str) -> Result<(), ChangeError> {
+        let (this, name) = (Arc::clone(self), name.to_string());
+        detached("remove_tenant", async move { this.remove_tenant_now(&name).await }).await
+    }
+
+    async fn remove_tenant_now(&self, name: &str) -> Result<(), ChangeError> {
         let mut inner = self.changes.lock().await;
         let id = self.id(name)?;
         let eff = &inner.effective;
@@ -519,8 +578,14 @@ impl Registry {
         Ok(())
     }
 
-    /// Sets the admission capacity (and a device model's capacity) to `iops`; returns any warning.
-    pub async fn set_capacity(&self, iops: f64) -> Result<Option<String>, ChangeError> {
+    /// Sets the admission capacity (and a device model's capacity) to `iops`; returns any warning. Runs
+    /// in a task of its own (module comment).
+    pub async fn set_capacity(self: &Arc<Self>, iops: f64) -> Result<Option<String>, ChangeError> {
+        let this = Arc::clone(self);
+        detached("set_capacity", async move { this.set_capacity_now(iops).await }).await
+    }
+
+    async fn set_capacity_now(&self, iops: f64) -> Result<Option<String>, ChangeError> {
         let mut inner = self.changes.lock().await;
         if !(iops.is_finite() && iops > 0.0) {
             return Err(ChangeError::Invalid(format!("capacity: iops must be positive and finite, got {iops}")));
@@ -793,4 +858,154 @@ pub(crate) fn sched_changes(old: &SchedConfig, new: &SchedConfig) -> Vec<String>
 /// A spec's JSON form (for answers).
 pub fn spec_json(s: QosSpec) -> SpecJson {
     SpecJson::from(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::DispatchConfig;
+    use std::future::Future;
+    use std::task::Poll;
+
+    fn spec(r: f64) -> QosSpec {
+        QosSpec::new(r, None, 1.0, 0).unwrap()
+    }
+
+    /// A registry (admission refuse, capacity 1,000) over a fresh dispatcher with tenant "rd" (r = 100),
+    /// and tenant "b" (r = 800) with `with_b`.
+    async fn registry(with_b: bool) -> Arc<Registry> {
+        let (d, _join) = Dispatcher::spawn(None, DispatchConfig::default());
+        let id = d.add_tenant(spec(100.0)).await.unwrap();
+        let reg =
+            Arc::new(Registry::for_tenants(d, vec![("rd".into(), spec(100.0), id)], Admission::Refuse, Some(1000.0)));
+        if with_b {
+            reg.add_tenant("b", spec(800.0)).await.unwrap();
+        }
+        reg
+    }
+
+    /// The dispatcher's tenants and specs are the registry's (its names and ids, and `effective`, which
+    /// admission control and the state file read), once the runtime has run a while.
+    async fn assert_agree(reg: &Registry, cut: usize) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let snap = reg.dispatcher.snapshot().await.unwrap();
+        let inner = reg.changes.lock().await;
+        if let Some(e) = inner.capacity {
+            assert_eq!(read(&reg.capacity).0, Some(e.iops), "cut {cut}: admission's capacity is not the state's");
+        }
+        let names = reg.tenants();
+        assert_eq!(names.len(), inner.effective.tenants.len(), "cut {cut}: names {names:?}");
+        let mut ids: Vec<TenantId> = snap.tenants.iter().map(|t| t.id).collect();
+        let mut reg_ids: Vec<TenantId> = names.iter().map(|t| t.1).collect();
+        ids.sort_unstable();
+        reg_ids.sort_unstable();
+        assert_eq!(ids, reg_ids, "cut {cut}: the dispatcher's tenants are not the registry's");
+        for (name, id) in names.iter() {
+            let running = spec_in(&snap, *id, name).unwrap();
+            let t = inner.effective.tenants.iter().find(|t| t.name == *name).expect("effective has every name");
+            assert_eq!(
+                t.spec, running,
+                "cut {cut}: tenant {name}: the registry has {} but the dispatcher runs {running}",
+                t.spec
+            );
+        }
+    }
+
+    /// Drops `change` (over a fresh registry from `setup`) after its 1st poll, then after its 2nd, and so
+    /// on until it finishes undropped (every await it has was a cut point), as hyper drops a handler whose
+    /// client closed the connection; after each cut the registry must agree with the dispatcher. Returns
+    /// the number of cuts.
+    async fn cut_everywhere<S, F>(setup: impl Fn() -> S, change: impl Fn(Arc<Registry>) -> F) -> usize
+    where
+        S: Future<Output = Arc<Registry>>,
+        F: Future,
+    {
+        for cut in 1..1000 {
+            let reg = setup().await;
+            // Boxed, so that `drop` drops it (a `pin!`ned one would live to the end of the block).
+            let mut fut = Box::pin(change(Arc::clone(&reg)));
+            let mut finished = false;
+            for _ in 0..cut {
+                if std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await {
+                    finished = true;
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            drop(fut);
+            assert_agree(&reg, cut).await;
+            if finished {
+                return cut - 1;
+            }
+        }
+        panic!("the change never finished");
+    }
+
+    /// `PUT /api/tenants/rd {"reservation":900}` whose client goes away: the dispatcher must not run 900
+    /// while admission counts 100 (which then admitted a POST of r = 850 over the capacity).
+    #[tokio::test]
+    async fn dropped_update_spec_still_completes() {
+        let cuts = cut_everywhere(
+            || registry(false),
+            |reg| async move {
+                let _ = reg.update_spec("rd", |_| Ok(spec(900.0))).await;
+                // Over-admission, if the change was dropped half-way.
+                let r = reg.dispatcher.snapshot().await.unwrap().tenants[0].spec.reservation();
+                let more = reg.add_tenant("c", spec(850.0)).await;
+                assert!(r + 850.0 <= 1000.0 || more.is_err(), "over-admitted: rd runs at {r}");
+            },
+        )
+        .await;
+        assert!(cuts >= 1, "{cuts} cuts");
+    }
+
+    #[tokio::test]
+    async fn dropped_add_tenant_still_completes() {
+        let cuts = cut_everywhere(
+            || registry(false),
+            |reg| async move {
+                let _ = reg.add_tenant("b", spec(800.0)).await;
+            },
+        )
+        .await;
+        assert!(cuts >= 1, "{cuts} cuts");
+    }
+
+    #[tokio::test]
+    async fn dropped_remove_tenant_still_completes() {
+        let cuts = cut_everywhere(
+            || registry(true),
+            |reg| async move {
+                let _ = reg.remove_tenant("b").await;
+            },
+        )
+        .await;
+        assert!(cuts >= 1, "{cuts} cuts");
+    }
+
+    /// A storage node's handshake timeout drops `adopt` (a spec changed and a tenant added, one change).
+    #[tokio::test]
+    async fn dropped_adopt_still_completes() {
+        let cuts = cut_everywhere(
+            || registry(false),
+            |reg| async move {
+                let _ = reg.adopt(&[("rd".to_string(), spec(300.0)), ("b".to_string(), spec(600.0))]).await;
+            },
+        )
+        .await;
+        assert!(cuts >= 1, "{cuts} cuts");
+    }
+
+    /// `PUT /api/capacity` dropped at any point leaves admission's capacity and the state in agreement.
+    #[tokio::test]
+    async fn dropped_set_capacity_still_completes() {
+        let cuts = cut_everywhere(
+            || registry(false),
+            |reg| async move {
+                let _ = reg.set_capacity(500.0).await;
+            },
+        )
+        .await;
+        assert!(cuts >= 1, "{cuts} cuts");
+    }
 }
