@@ -913,9 +913,9 @@ mod tests {
 
     /// Drops `change` (over a fresh registry from `setup`) after its 1st poll, then after its 2nd, and so
     /// on until it finishes undropped (every await it has was a cut point), as hyper drops a handler whose
-    /// client closed the connection; after each cut the registry must agree with the dispatcher. Returns
-    /// the number of cuts.
-    async fn cut_everywhere<S, F>(setup: impl Fn() -> S, change: impl Fn(Arc<Registry>) -> F) -> usize
+    /// client closed the connection; after each cut the registry must agree with the dispatcher, and there
+    /// must have been at least one cut.
+    async fn cut_everywhere<S, F>(setup: impl Fn() -> S, change: impl Fn(Arc<Registry>) -> F)
     where
         S: Future<Output = Arc<Registry>>,
         F: Future,
@@ -935,7 +935,8 @@ mod tests {
             drop(fut);
             assert_agree(&reg, cut).await;
             if finished {
-                return cut - 1;
+                assert!(cut > 1, "{} cuts", cut - 1);
+                return;
             }
         }
         panic!("the change never finished");
@@ -945,7 +946,7 @@ mod tests {
     /// while admission counts 100 (which then admitted a POST of r = 850 over the capacity).
     #[tokio::test]
     async fn dropped_update_spec_still_completes() {
-        let cuts = cut_everywhere(
+        cut_everywhere(
             || registry(false),
             |reg| async move {
                 let _ = reg.update_spec("rd", |_| Ok(spec(900.0))).await;
@@ -956,56 +957,51 @@ mod tests {
             },
         )
         .await;
-        assert!(cuts >= 1, "{cuts} cuts");
     }
 
     #[tokio::test]
     async fn dropped_add_tenant_still_completes() {
-        let cuts = cut_everywhere(
+        cut_everywhere(
             || registry(false),
             |reg| async move {
                 let _ = reg.add_tenant("b", spec(800.0)).await;
             },
         )
         .await;
-        assert!(cuts >= 1, "{cuts} cuts");
     }
 
     #[tokio::test]
     async fn dropped_remove_tenant_still_completes() {
-        let cuts = cut_everywhere(
+        cut_everywhere(
             || registry(true),
             |reg| async move {
                 let _ = reg.remove_tenant("b").await;
             },
         )
         .await;
-        assert!(cuts >= 1, "{cuts} cuts");
     }
 
     /// A storage node's handshake timeout drops `adopt` (a spec changed and a tenant added, one change).
     #[tokio::test]
     async fn dropped_adopt_still_completes() {
-        let cuts = cut_everywhere(
+        cut_everywhere(
             || registry(false),
             |reg| async move {
                 let _ = reg.adopt(&[("rd".to_string(), spec(300.0)), ("b".to_string(), spec(600.0))]).await;
             },
         )
         .await;
-        assert!(cuts >= 1, "{cuts} cuts");
     }
 
     /// `PUT /api/capacity` dropped at any point leaves admission's capacity and the state in agreement.
     #[tokio::test]
     async fn dropped_set_capacity_still_completes() {
-        let cuts = cut_everywhere(
+        cut_everywhere(
             || registry(false),
             |reg| async move {
                 let _ = reg.set_capacity(500.0).await;
             },
         )
         .await;
-        assert!(cuts >= 1, "{cuts} cuts");
     }
 }
