@@ -168,9 +168,14 @@ pub enum DeviceError {
         /// The value given.
         value: f64,
     },
-    /// The capacity is above [`MAX_CAPACITY_IOPS`].
-    #[error("capacity_iops above {MAX_CAPACITY_IOPS}")]
-    CapacityTooLarge,
+    /// A capacity above [`MAX_CAPACITY_IOPS`].
+    #[error("{field} {} is above the bound of {} IOPS", Num(*.value), Num(MAX_CAPACITY_IOPS))]
+    CapacityTooLarge {
+        /// The field's name (`capacity_iops`, `capacity_schedule.iops`, ...).
+        field: &'static str,
+        /// The value given.
+        value: f64,
+    },
     /// An unknown service model.
     #[error("service {0:?}: expected exponential, uniform, deterministic or disk")]
     Service(String),
@@ -191,9 +196,14 @@ pub enum DeviceError {
     /// A capacity step at a bad time.
     #[error("capacity_schedule.at_s must be between 0 and {MAX_SCHEDULE_S} s, got {}", Num(*.0))]
     ScheduleTime(f64),
-    /// Capacity steps out of order.
-    #[error("capacity_schedule must be sorted by at_s")]
-    ScheduleOrder,
+    /// Capacity steps out of order, or two at one time.
+    #[error("capacity_schedule must be sorted by at_s, each time named once (at_s {} follows {})", Num(*.at_s), Num(*.after))]
+    ScheduleOrder {
+        /// The step's time.
+        at_s: f64,
+        /// The time of the step before it.
+        after: f64,
+    },
     /// An unknown discipline.
     #[error("discipline {0:?}: expected fifo, ps or array")]
     Discipline(String),
@@ -231,7 +241,7 @@ fn positive(field: &'static str, value: f64) -> Result<f64, DeviceError> {
 pub fn check_capacity(field: &'static str, iops: f64) -> Result<f64, DeviceError> {
     positive(field, iops)?;
     if iops > MAX_CAPACITY_IOPS {
-        return Err(DeviceError::CapacityTooLarge);
+        return Err(DeviceError::CapacityTooLarge { field, value: iops });
     }
     Ok(iops)
 }
@@ -270,17 +280,17 @@ impl DeviceParams<'_> {
             Some(t) => 1e9 / (positive("transfer_mb_s", t)? * 1e6),
         };
         let mut schedule = vec![(Nanos::ZERO, capacity_iops)];
-        let mut last = 0.0;
+        let mut last: Option<f64> = None;
         for &CapacityStep { at_s, iops } in &self.capacity_schedule {
             if !(at_s.is_finite() && (0.0..=MAX_SCHEDULE_S).contains(&at_s)) {
                 return Err(DeviceError::ScheduleTime(at_s));
             }
             let at = Nanos::from_secs_f64(at_s);
             check_capacity("capacity_schedule.iops", iops)?;
-            if at_s < last {
-                return Err(DeviceError::ScheduleOrder);
+            if let Some(after) = last.filter(|&l| at_s <= l) {
+                return Err(DeviceError::ScheduleOrder { at_s, after });
             }
-            last = at_s;
+            last = Some(at_s);
             if at == Nanos::ZERO {
                 schedule[0].1 = iops;
             } else {
@@ -723,7 +733,20 @@ mod tests {
         }
         .validate()
         .unwrap_err();
-        assert_eq!(e, DeviceError::ScheduleOrder);
+        assert_eq!(e, DeviceError::ScheduleOrder { at_s: 2.0, after: 5.0 });
+        let e = DeviceParams {
+            capacity_schedule: vec![CapacityStep { at_s: 5.0, iops: 10.0 }, CapacityStep { at_s: 5.0, iops: 20.0 }],
+            ..p("exponential")
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("each time named once (at_s 5 follows 5)"), "{e}");
+        let e = DeviceParams { capacity_schedule: vec![CapacityStep { at_s: 5.0, iops: 2e9 }], ..p("exponential") }
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "capacity_schedule.iops 2000000000 is above the bound of 1000000000 IOPS");
+        let e = DeviceParams { capacity_iops: 1e10, ..p("exponential") }.validate().unwrap_err();
+        assert!(e.to_string().starts_with("capacity_iops 10000000000 is above"), "{e}");
         let e = DeviceParams { discipline: Some("lifo"), ..p("exponential") }.validate().unwrap_err();
         assert!(e.to_string().contains("lifo"));
         let e = DeviceParams { array: Some(ArrayParams::default()), ..p("exponential") }.validate().unwrap_err();

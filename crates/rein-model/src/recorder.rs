@@ -3,8 +3,8 @@
 //! Per tenant: a latency histogram (HdrHistogram, 2 significant digits (1% resolution), nanoseconds,
 //! 32-bit counts to keep 10,000 tenants in cache) of requests that complete after the warm-up, and per
 //! timeseries interval a [`Cell`]: completions, bytes, latency sum and maximum, and completions by
-//! scheduling phase. Per server: completions and busy time. Memory is bounded: the tenants x intervals
-//! product is limited to [`MAX_CELLS`].
+//! scheduling phase. Per server: completions per interval and busy time. Memory is bounded: (tenants +
+//! servers) x intervals is limited to [`MAX_CELLS`].
 //!
 //! # Deferred recording
 //! With thousands of tenants the histograms and cells do not fit in cache, and recording each completion
@@ -46,11 +46,16 @@ const UNKNOWN_PHASE: usize = 3;
 const TENANT_BITS: u32 = 24;
 
 /// The recorder was asked for more than [`MAX_CELLS`] timeseries cells.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{tenants} tenants x {intervals} intervals exceeds {MAX_CELLS} timeseries cells: raise interval_s")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "({tenants} tenants + {servers} servers) x {intervals} intervals exceeds {MAX_CELLS} timeseries cells: raise \
+     interval_s"
+)]
 pub struct TooManyCells {
     /// Tenants asked for.
     pub tenants: usize,
+    /// Servers asked for (each has a completion count per interval).
+    pub servers: usize,
     /// Intervals asked for.
     pub intervals: usize,
 }
@@ -128,8 +133,9 @@ impl Recorder {
     ) -> Result<Recorder, TooManyCells> {
         assert!(interval > Nanos::ZERO, "a positive interval");
         let intervals = (duration.0.div_ceil(interval.0) as usize).max(1);
-        let cells =
-            intervals.checked_mul(tenants).filter(|&c| c <= MAX_CELLS).ok_or(TooManyCells { tenants, intervals })?;
+        let too_many = TooManyCells { tenants, servers, intervals };
+        let cells = intervals.checked_mul(tenants).ok_or(too_many)?;
+        intervals.checked_mul(tenants.saturating_add(servers)).filter(|&c| c <= MAX_CELLS).ok_or(too_many)?;
         Ok(Recorder {
             pending: Pending { starts: vec![0; tenants + 1], ..Pending::default() },
             interval: interval.0,
@@ -459,5 +465,9 @@ mod tests {
     fn the_cell_bound_is_enforced() {
         let e = Recorder::new(1_000_000, 1, Nanos::from_secs(100), Nanos::from_millis(1), Nanos::ZERO).unwrap_err();
         assert!(e.to_string().contains("raise interval_s"), "{e}");
+        // The servers' cells count too: 1,024 servers over a million intervals once asked for 8 GB.
+        let e = Recorder::new(1, 1024, Nanos::from_secs(1000), Nanos::from_millis(1), Nanos::ZERO).unwrap_err();
+        assert!(e.to_string().contains("(1 tenants + 1024 servers) x 1000000 intervals"), "{e}");
+        assert!(Recorder::new(1, 1, Nanos::from_secs(1000), Nanos::from_millis(1), Nanos::ZERO).is_ok());
     }
 }

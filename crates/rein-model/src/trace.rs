@@ -8,13 +8,19 @@
 //! - **vscsi**: `ts_us,op(R/W),size_bytes,lbn`.
 //!
 //! Records come back sorted by time, with times relative to the first record. Malformed lines are errors
-//! naming the line; a trace is bounded to [`MAX_RECORDS`] records.
+//! naming the line: a field that is not a number, a type or opcode that is neither a read nor a write, a
+//! request above [`MAX_SIZE_BYTES`] (1 GiB), an offset whose end overflows 64 bits. A trace is bounded to
+//! [`MAX_RECORDS`] records.
 
 use std::path::Path;
 
 /// Most records one trace may hold (counted after the device filter); ten million [`TraceRecord`]s
 /// take 320 MB.
 pub const MAX_RECORDS: usize = 10_000_000;
+
+/// Largest request (bytes): 1 GiB, for trace records and generated requests alike
+/// (`crate::workload::MAX_SIZE_BYTES` is this one).
+pub const MAX_SIZE_BYTES: u64 = 1 << 30;
 
 /// One request of a trace, in common units whatever the format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +112,11 @@ pub fn load(path: &Path, format: TraceFormat, devices: &[u32]) -> Result<Vec<Tra
     parse(&text, format, devices, &p)
 }
 
+/// A 512 B block number as a byte offset; a block number of 2^55 or more is an error.
+fn sectors_to_bytes(n: u64, bad: &dyn Fn(&str) -> TraceError) -> Result<u64, TraceError> {
+    n.checked_mul(512).ok_or_else(|| bad("block number overflows a byte offset"))
+}
+
 /// Parses trace text (see [`load`]).
 pub fn parse(text: &str, format: TraceFormat, devices: &[u32], name: &str) -> Result<Vec<TraceRecord>, TraceError> {
     let mut out: Vec<(u64, TraceRecord)> = Vec::new();
@@ -125,20 +136,16 @@ pub fn parse(text: &str, format: TraceFormat, devices: &[u32], name: &str) -> Re
                 let dev: u32 = f[1].parse().map_err(|_| bad("device is not an integer"))?;
                 let lba: u64 = f[2].parse().map_err(|_| bad("lba is not an integer"))?;
                 let sectors: u64 = f[3].parse().map_err(|_| bad("size is not an integer"))?;
-                let ty: u32 = f[4].parse().map_err(|_| bad("type is not 0 or 1"))?;
+                let read = match f[4] {
+                    "1" => true,
+                    "0" => false,
+                    _ => return Err(bad("type must be 1 (read) or 0 (write)")),
+                };
                 if !(t.is_finite() && t >= 0.0) {
                     return Err(bad("arrival time must be non-negative"));
                 }
-                (
-                    t as u64,
-                    TraceRecord {
-                        t_ns: 0,
-                        offset: lba.saturating_mul(512),
-                        size: sectors.saturating_mul(512),
-                        read: ty == 1,
-                        device: dev,
-                    },
-                )
+                let size = sectors.checked_mul(512).ok_or_else(|| bad("size in sectors overflows a byte count"))?;
+                (t as u64, TraceRecord { t_ns: 0, offset: sectors_to_bytes(lba, &bad)?, size, read, device: dev })
             }
             TraceFormat::Csv => {
                 if line.starts_with("version") {
@@ -152,10 +159,18 @@ pub fn parse(text: &str, format: TraceFormat, devices: &[u32], name: &str) -> Re
                 let op = u32::from_str_radix(f[2].trim(), 16).map_err(|_| bad("op is not a hex opcode"))?;
                 let size: u64 = f[3].trim().parse().map_err(|_| bad("size is not an integer"))?;
                 let lbn: u64 = f[4].trim().parse().map_err(|_| bad("lbn is not an integer"))?;
-                let read = matches!(op, 0x08 | 0x28 | 0x88 | 0xa8);
+                let read = match op {
+                    0x08 | 0x28 | 0x88 | 0xa8 => true,
+                    0x0a | 0x2a | 0x8a | 0xaa => false,
+                    _ => {
+                        return Err(bad(&format!(
+                            "op {op:02x} is neither a SCSI read (08, 28, 88, a8) nor a write (0a, 2a, 8a, aa)"
+                        )))
+                    }
+                };
                 (
                     t.saturating_mul(1_000_000_000),
-                    TraceRecord { t_ns: 0, offset: lbn.saturating_mul(512), size, read, device: 0 },
+                    TraceRecord { t_ns: 0, offset: sectors_to_bytes(lbn, &bad)?, size, read, device: 0 },
                 )
             }
             TraceFormat::Vscsi => {
@@ -176,10 +191,16 @@ pub fn parse(text: &str, format: TraceFormat, devices: &[u32], name: &str) -> Re
                 let lbn: u64 = f[3].trim().parse().map_err(|_| bad("lbn is not an integer"))?;
                 (
                     t.saturating_mul(1000),
-                    TraceRecord { t_ns: 0, offset: lbn.saturating_mul(512), size, read, device: 0 },
+                    TraceRecord { t_ns: 0, offset: sectors_to_bytes(lbn, &bad)?, size, read, device: 0 },
                 )
             }
         };
+        if rec.1.size > MAX_SIZE_BYTES {
+            return Err(bad(&format!("size {} bytes is above the {MAX_SIZE_BYTES}-byte request bound", rec.1.size)));
+        }
+        if rec.1.offset.checked_add(rec.1.size.max(512)).is_none() {
+            return Err(bad("offset plus size overflows 64 bits"));
+        }
         if !devices.is_empty() && !devices.contains(&rec.1.device) {
             continue;
         }
@@ -227,5 +248,26 @@ mod tests {
         let e = parse("1 0 0 8 1\nbad line\n", TraceFormat::DiskSim, &[], "x.trace").unwrap_err();
         assert!(e.to_string().contains("x.trace line 2"), "{e}");
         assert!(parse("ts_us,op,size_bytes,lbn\n1,Q,5,5\n", TraceFormat::Vscsi, &[], "t").is_err());
+    }
+
+    #[test]
+    fn sizes_offsets_and_types_out_of_bounds_are_refused() {
+        let err = |text: &str, f| parse(text, f, &[], "x.trace").unwrap_err().to_string();
+        // 2^64-1 sectors: the array model once walked 2.8e14 stripe pieces for it.
+        let e = err("1 0 0 18446744073709551615 1\n", TraceFormat::DiskSim);
+        assert!(e.contains("x.trace line 1") && e.contains("overflows"), "{e}");
+        let e = err("1 0 0 2097153 1\n", TraceFormat::DiskSim); // 1 GiB + 512 B
+        assert!(e.contains("above the 1073741824-byte request bound"), "{e}");
+        assert_eq!(parse("1 0 0 2097152 1\n", TraceFormat::DiskSim, &[], "t").unwrap()[0].size, 1 << 30);
+        let e = err("1 0 36028797018963967 8 1\n", TraceFormat::DiskSim); // offset fits, offset + size does not
+        assert!(e.contains("offset plus size overflows"), "{e}");
+        let e = err("1 0 36028797018963968 8 1\n", TraceFormat::DiskSim);
+        assert!(e.contains("block number overflows"), "{e}");
+        let e = err("1 0 0 8 7\n", TraceFormat::DiskSim);
+        assert!(e.contains("type must be 1 (read) or 0 (write)"), "{e}");
+        let e = err("version,time,op,size,lbn\n1,5,35,512,42\n", TraceFormat::Csv);
+        assert!(e.contains("line 2") && e.contains("op 35"), "{e}");
+        let e = err("ts_us,op,size_bytes,lbn\n1,R,2147483648,1\n", TraceFormat::Vscsi);
+        assert!(e.contains("request bound"), "{e}");
     }
 }

@@ -53,8 +53,14 @@ use std::sync::Arc;
 pub const MAX_OUTSTANDING: u32 = 65_536;
 /// Longest time a workload parameter may name (seconds: a week).
 pub const MAX_SECONDS: f64 = 7.0 * 86_400.0;
-/// Largest request (bytes): 1 GiB.
-pub const MAX_SIZE_BYTES: u64 = 1 << 30;
+/// Largest request (bytes): 1 GiB (defined beside the trace reader, which applies it to records too).
+pub use crate::trace::MAX_SIZE_BYTES;
+/// Highest rate a workload may offer by its own timing (IOPS): an open workload's `iops`, a burst's
+/// `count / period`, a repeated trace's records per pass. Each arrival is an event for the simulator and a
+/// timer for `rein load`; ten million a second is ten times the fastest device scenario here.
+pub const MAX_RATE_IOPS: f64 = 1e7;
+/// Shortest on/off cycle (`on_s + off_s`): 1 ms, so toggles stay at most two per millisecond.
+pub const MIN_CYCLE_S: f64 = 1e-3;
 
 /// When requests are issued.
 #[derive(Debug, Clone, PartialEq)]
@@ -311,6 +317,13 @@ impl WorkloadParams {
         };
         let open = || -> Result<WorkloadKind, WorkloadError> {
             let iops = positive("workload.iops", self.iops.ok_or_else(|| invalid("open workload needs iops"))?)?;
+            if iops > MAX_RATE_IOPS {
+                return Err(invalid(format!(
+                    "workload.iops {} is above the bound of {} IOPS",
+                    Num(iops),
+                    Num(MAX_RATE_IOPS)
+                )));
+            }
             Ok(WorkloadKind::Open { iops })
         };
         let kind = match self.kind.as_str() {
@@ -322,6 +335,12 @@ impl WorkloadParams {
                 if on == Nanos::ZERO {
                     return Err(invalid("on_s must be positive"));
                 }
+                if on.saturating_add(off) < Nanos::from_secs_f64(MIN_CYCLE_S) {
+                    return Err(invalid(format!(
+                        "on_s + off_s must be at least {MIN_CYCLE_S} s (one on/off cycle), got {} s",
+                        Num(on.saturating_add(off).as_secs_f64())
+                    )));
+                }
                 let inner = if self.iops.is_some() { open()? } else { closed()? };
                 WorkloadKind::OnOff { on, off, inner: Box::new(inner) }
             }
@@ -332,8 +351,13 @@ impl WorkloadParams {
                 }
                 let p = self.burst_period_ms.ok_or_else(|| invalid("burst needs burst_period_ms"))?;
                 let period = secs("burst_period_ms", positive("burst_period_ms", p)? / 1e3)?;
-                if period < Nanos::from_micros(1) {
-                    return Err(invalid("burst_period_ms too small"));
+                let rate = count as f64 / period.as_secs_f64();
+                if period < Nanos::from_micros(1) || rate > MAX_RATE_IOPS {
+                    return Err(invalid(format!(
+                        "burst_count / burst_period_ms offers {} IOPS, above the bound of {} IOPS",
+                        Num(rate),
+                        Num(MAX_RATE_IOPS)
+                    )));
                 }
                 WorkloadKind::Burst { count, period }
             }
@@ -358,6 +382,34 @@ impl WorkloadParams {
                     return Err(invalid(format!("trace.devices: device {d} has no records in {}", path.display())));
                 }
                 positive("trace.time_scale", t.time_scale)?;
+                if t.repeat {
+                    // A pass lasts the scaled span plus one mean gap (Generator::next_arrival); a pass of
+                    // no time would replay for ever at one instant.
+                    let n = records.len() as f64;
+                    let span = records[records.len() - 1].t_ns as f64 * t.time_scale / 1e9;
+                    let pass = span + span / n;
+                    if pass <= 0.0 {
+                        return Err(invalid(format!(
+                            "trace.repeat: {}'s {} records are all at one instant (at time_scale {}): a repeated \
+                             trace needs records that span time, or it replays for ever at that instant",
+                            path.display(),
+                            records.len(),
+                            Num(t.time_scale)
+                        )));
+                    }
+                    if n / pass > MAX_RATE_IOPS {
+                        return Err(invalid(format!(
+                            "trace.repeat: {} replays {} records every {} s ({} IOPS at time_scale {}), above the \
+                             bound of {} IOPS",
+                            path.display(),
+                            records.len(),
+                            Num(pass),
+                            Num(n / pass),
+                            Num(t.time_scale),
+                            Num(MAX_RATE_IOPS)
+                        )));
+                    }
+                }
                 WorkloadKind::Trace { records: Arc::new(records), time_scale: t.time_scale, repeat: t.repeat }
             }
             other => {
@@ -367,6 +419,9 @@ impl WorkloadParams {
         let size = positive("size_kb", self.size_kb)?;
         if size > (MAX_SIZE_BYTES / 1024) as f64 {
             return Err(invalid("size_kb above 1 GiB"));
+        }
+        if (size * 1024.0).round() < 1.0 {
+            return Err(invalid(format!("size_kb {} is less than one byte", Num(size))));
         }
         for (f, v) in [("read_pct", self.read_pct), ("random_pct", self.random_pct)] {
             if !(0.0..=100.0).contains(&v) {
@@ -615,7 +670,8 @@ impl Generator {
                     next = 0;
                     // The replay restarts one mean gap after the last record.
                     let span = Nanos::from_secs_f64(records[records.len() - 1].t_ns as f64 * scale / 1e9);
-                    let gap = Nanos(span.0 / records.len().max(1) as u64);
+                    // At least 1 ns a pass, so time moves even for a spec validation did not see.
+                    let gap = Nanos((span.0 / records.len().max(1) as u64).max(1));
                     cold.trace_base = cold.trace_base.saturating_add(span).saturating_add(gap);
                 }
                 cold.trace_pos = next;
@@ -863,5 +919,69 @@ mod tests {
         assert!(err(WorkloadParams { stop_s: Some(0.0), ..Default::default() }).contains("stop_s"));
         let ok = WorkloadParams::default().validate(Nanos::from_secs(10), None, &[]).unwrap();
         assert_eq!((ok.size_bytes, ok.stop), (4096, Nanos::from_secs(10)));
+    }
+
+    #[test]
+    fn rates_cycles_and_sizes_beyond_the_bounds_are_refused() {
+        let check = |p: WorkloadParams| p.validate(Nanos::from_secs(10), None, &[]).map_err(|e| e.to_string());
+        let open = |iops| WorkloadParams { kind: "open".into(), iops: Some(iops), ..Default::default() };
+        assert!(check(open(MAX_RATE_IOPS)).is_ok());
+        assert!(check(open(1e9)).unwrap_err().contains("workload.iops 1000000000 is above the bound"));
+        let burst = |count, ms| WorkloadParams {
+            kind: "burst".into(),
+            burst_count: Some(count),
+            burst_period_ms: Some(ms),
+            ..Default::default()
+        };
+        assert!(check(burst(10_000, 1.0)).is_ok()); // exactly 1e7 IOPS
+        assert!(check(burst(10_001, 1.0)).unwrap_err().contains("above the bound"));
+        assert!(check(burst(65_536, 0.001)).unwrap_err().contains("burst_count / burst_period_ms"));
+        let on_off =
+            |on, off| WorkloadParams { kind: "on_off".into(), on_s: Some(on), off_s: Some(off), ..Default::default() };
+        assert!(check(on_off(1e-9, 1e-9)).unwrap_err().contains("on_s + off_s must be at least"));
+        assert!(check(on_off(5e-4, 5e-4)).is_ok());
+        let sized = |kb| WorkloadParams { size_kb: kb, ..Default::default() };
+        assert!(check(sized(1e-4)).unwrap_err().contains("size_kb 0.0001 is less than one byte"));
+        assert_eq!(check(sized(1.0 / 1024.0)).unwrap().size_bytes, 1);
+    }
+
+    #[test]
+    fn a_repeated_trace_must_span_time() {
+        let dir = std::env::temp_dir().join(format!("rein-model-repeat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |text: &str, time_scale: f64| {
+            std::fs::write(dir.join("t.trace"), text).unwrap();
+            let trace = TraceParams {
+                path: "t.trace".into(),
+                format: None,
+                device: None,
+                devices: None,
+                time_scale,
+                repeat: true,
+            };
+            let p = WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() };
+            p.validate(Nanos::from_secs(10), Some(&dir), &[]).map_err(|e| e.to_string())
+        };
+        // One record, or records all at one instant: a pass of no time (it once spun for ever).
+        let e = run("0 0 0 8 1\n", 1.0).unwrap_err();
+        assert!(e.contains("trace.repeat") && e.contains("records that span time"), "{e}");
+        assert!(run("5 0 0 8 1\n5 0 8 8 1\n", 1.0).is_err());
+        // Two records 1 ms apart: a pass of 1.5 ms, fine; scaled by 1e-300, refused.
+        assert!(run("0 0 0 8 1\n1000000 0 8 8 1\n", 1.0).is_ok());
+        let e = run("0 0 0 8 1\n1000000 0 8 8 1\n", 1e-300).unwrap_err();
+        assert!(e.contains("above the bound of 10000000 IOPS"), "{e}");
+        // Not repeated, a trace at one instant is a finite burst.
+        std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n").unwrap();
+        let trace = TraceParams {
+            path: "t.trace".into(),
+            format: None,
+            device: None,
+            devices: None,
+            time_scale: 1.0,
+            repeat: false,
+        };
+        let once = WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() };
+        assert!(once.validate(Nanos::from_secs(10), Some(&dir), &[]).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -67,6 +67,10 @@ pub const MAX_PENDING: usize = 65_536;
 const ARRIVAL_STREAMS: u64 = 0x5053_4849_4654; // "PSHIFT"
 /// How long the end of a run waits for the answers still due, and then for each disconnect.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most timers the driver runs before it looks at completions, its tick and the end again: a workload
+/// whose timers are always due (more than the machine can issue) then still ends on time and can be
+/// stopped.
+const TIMERS_PER_PASS: usize = 4096;
 /// Largest request `rein load` sends (the server's default limit).
 pub const MAX_REQUEST_BYTES: u64 = 32 << 20;
 
@@ -569,11 +573,14 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         if t >= duration {
             break;
         }
-        // Run every timer that is due.
+        // Run the timers that are due, at most TIMERS_PER_PASS of them: the rest wait for the next pass,
+        // after the select below has taken completions, the tick and the end (and let a cancelled run stop).
+        let mut handled = 0usize;
         while let Some(&Reverse((at, _, ji, timer))) = timers.peek() {
-            if at > t {
+            if at > t || handled == TIMERS_PER_PASS {
                 break;
             }
+            handled += 1;
             timers.pop();
             let spec = &specs_w[ji];
             let st = &mut states[ji];

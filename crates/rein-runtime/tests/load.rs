@@ -187,6 +187,28 @@ async fn the_end_waits_for_answers_at_most_the_drain_timeout() {
     assert!(within(t.summary.tenants[0].iops, 600.0, 10.0), "{}", t.summary.tenants[0].iops);
 }
 
+/// A workload whose timers are always due ends on time. One trace record replayed with `repeat`: the
+/// file validation refuses (a pass of no time), built here directly; its replay then advances 1 ns a
+/// pass, a timer per nanosecond, far more than any machine can issue. The driver runs at most
+/// `TIMERS_PER_PASS` timers before it looks at the end again; before that bound the loop over due timers
+/// took each pass longer than the last (and with a pass of no time never ended: `rein cluster run` spun
+/// 14 minutes ignoring SIGTERM). The run is spawned so that a loop that never yields fails the deadline
+/// instead of holding the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_whose_timers_are_always_due_ends_on_time() {
+    use rein_model::trace::TraceRecord;
+    use rein_model::workload::WorkloadKind;
+    let secs = 2.0;
+    let mut j = job("a", WorkloadParams::default(), secs);
+    let one = TraceRecord { t_ns: 0, offset: 0, size: 4096, read: true, device: 0 };
+    j.workload.kind = WorkloadKind::Trace { records: std::sync::Arc::new(vec![one]), time_scale: 1.0, repeat: true };
+    let bound = Duration::from_secs_f64(secs) + rein_runtime::load::DRAIN_TIMEOUT * 3 + Duration::from_secs(10);
+    let run = tokio::spawn(load(vec![j], secs, false, 64));
+    let t = tokio::time::timeout(bound, run).await.expect("the run ends on time").unwrap();
+    let a = &t.summary.tenants[0];
+    assert!(a.rejected > 10_000, "arrivals beyond the pending bound are counted: {}", a.rejected);
+}
+
 /// A closed loop's think time ends when it should, not at tokio's next millisecond tick (the load's timers
 /// on a timerfd beside tokio's, crate::precise_timer in rein-runtime): one request at a time with 1.5 ms of
 /// think time. A cycle is the request's latency (issue to answer, as the load records it) plus the think

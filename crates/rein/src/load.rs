@@ -108,38 +108,53 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     let mut size = 4096u64;
     let mut p = WorkloadParams { span_gb: 1024.0, ..WorkloadParams::default() };
     let (mut trace, mut trace_format, mut time_scale, mut repeat) = (None::<String>, None::<String>, 1.0, false);
-    for kv in spec.split(',') {
-        let (k, v) = kv.split_once('=').with_context(|| format!("job {spec:?}: {kv:?} is not key=value"))?;
-        let num = |v: &str| -> Result<f64> { v.parse::<f64>().with_context(|| format!("{k}={v}: not a number")) };
-        match k.trim() {
-            "name" => name = v.to_string(),
-            "export" => export = v.to_string(),
-            "tenant" => tenant = v.to_string(),
-            "kind" => kind = Some(v.to_string()),
-            "depth" => depth = v.parse().with_context(|| format!("depth={v}: not a whole number"))?,
-            "conns" => conns = v.parse().with_context(|| format!("conns={v}: not a whole number"))?,
-            "rate" => p.iops = Some(num(v)?),
-            "think" => p.think_ms = Some(num(v)?),
-            "on" => p.on_s = Some(num(v)?),
-            "off" => p.off_s = Some(num(v)?),
-            "burst" => p.burst_count = Some(v.parse().with_context(|| format!("burst={v}: not a whole number"))?),
-            "period" => p.burst_period_ms = Some(num(v)?),
-            "trace" => trace = Some(v.to_string()),
-            "format" => trace_format = Some(v.to_string()),
-            "time_scale" => time_scale = num(v)?,
-            "repeat" => repeat = matches!(v, "1" | "true" | "yes"),
-            "size" => size = parse_size(v)?,
-            "read" => p.read_pct = num(v)?,
-            "random" => p.random_pct = num(v)?,
-            "span" => p.span_gb = num(v)?,
-            "start" => p.start_s = num(v)?,
-            "stop" => p.stop_s = Some(num(v)?),
-            other => bail!(
-                "job {spec:?}: unknown key {other:?} (name, export, tenant, conns, kind, depth, rate, think, on, off, \
-                 burst, period, trace, format, time_scale, repeat, size, read, random, span, start, stop)"
-            ),
+    // Every error names the job as written, once.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut keys = || -> Result<()> {
+        for kv in spec.split(',') {
+            let (k, v) = kv.split_once('=').with_context(|| format!("{kv:?} is not key=value"))?;
+            if !seen.insert(k.trim()) {
+                bail!("{} is given twice", k.trim());
+            }
+            let num = |v: &str| -> Result<f64> { v.parse::<f64>().with_context(|| format!("{k}={v}: not a number")) };
+            match k.trim() {
+                "name" => name = v.to_string(),
+                "export" => export = v.to_string(),
+                "tenant" => tenant = v.to_string(),
+                "kind" => kind = Some(v.to_string()),
+                "depth" => depth = v.parse().with_context(|| format!("depth={v}: not a whole number"))?,
+                "conns" => conns = v.parse().with_context(|| format!("conns={v}: not a whole number"))?,
+                "rate" => p.iops = Some(num(v)?),
+                "think" => p.think_ms = Some(num(v)?),
+                "on" => p.on_s = Some(num(v)?),
+                "off" => p.off_s = Some(num(v)?),
+                "burst" => p.burst_count = Some(v.parse().with_context(|| format!("burst={v}: not a whole number"))?),
+                "period" => p.burst_period_ms = Some(num(v)?),
+                "trace" => trace = Some(v.to_string()),
+                "format" => trace_format = Some(v.to_string()),
+                "time_scale" => time_scale = num(v)?,
+                "repeat" => {
+                    repeat = match v {
+                        "1" | "true" | "yes" => true,
+                        "0" | "false" | "no" => false,
+                        _ => bail!("repeat={v}: expected true or false"),
+                    }
+                }
+                "size" => size = parse_size(v)?,
+                "read" => p.read_pct = num(v)?,
+                "random" => p.random_pct = num(v)?,
+                "span" => p.span_gb = num(v)?,
+                "start" => p.start_s = num(v)?,
+                "stop" => p.stop_s = Some(num(v)?),
+                other => bail!(
+                    "unknown key {other:?} (name, export, tenant, conns, kind, depth, rate, think, on, off, \
+                     burst, period, trace, format, time_scale, repeat, size, read, random, span, start, stop)"
+                ),
+            }
         }
-    }
+        Ok(())
+    };
+    keys().with_context(|| format!("job {spec:?}"))?;
     if name.is_empty() {
         bail!("job {spec:?}: name= is required");
     }
@@ -173,7 +188,7 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
     p.trace =
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
     let workload =
-        p.validate(rein_core::Nanos::from_duration(duration), None, &[]).with_context(|| format!("job {name}"))?;
+        p.validate(rein_core::Nanos::from_duration(duration), None, &[]).with_context(|| format!("job {spec:?}"))?;
     Ok(Job { name, export, tenant, connections: conns, workload, route: None, stream: None })
 }
 
@@ -290,4 +305,32 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         print_summary(&totals);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job_err(spec: &str) -> String {
+        crate::report(&parse_job(spec, Duration::from_secs(10)).expect_err("should be refused"))
+    }
+
+    /// Every error names the job once; a key given twice is an error, not the last one winning.
+    #[test]
+    fn job_errors_name_the_job_and_refuse_repeated_keys() {
+        assert_eq!(
+            job_err("name=a,depth=x"),
+            "job \"name=a,depth=x\": depth=x: not a whole number: invalid digit found in string"
+        );
+        assert_eq!(job_err("name=a,rate=5,rate=9"), "job \"name=a,rate=5,rate=9\": rate is given twice");
+        assert!(job_err("name=a,bogus=1").starts_with("job \"name=a,bogus=1\": unknown key \"bogus\""));
+        assert_eq!(job_err("name=a,rate"), "job \"name=a,rate\": \"rate\" is not key=value");
+        assert!(job_err("name=a,trace=x.trace,repeat=maybe").ends_with("repeat=maybe: expected true or false"));
+        assert_eq!(
+            job_err("name=a,rate=1e9"),
+            "job \"name=a,rate=1e9\": workload.iops 1000000000 is above the bound of 10000000 IOPS"
+        );
+        let ok = parse_job("name=a,rate=100,read=50", Duration::from_secs(10)).unwrap();
+        assert_eq!((ok.name.as_str(), ok.export.as_str()), ("a", "a"));
+    }
 }

@@ -170,6 +170,35 @@ fn validate_window(at: &str, e: &ExpectFile) -> Result<(), String> {
     Ok(())
 }
 
+/// The numbers every expectation may carry: finite, tolerances and ratios not negative, and a window
+/// that lies in the run (a window after the end measured nothing, and a check on 0 could pass).
+fn validate_numbers(at: &str, e: &ExpectFile, duration_s: f64) -> Result<(), String> {
+    for (field, v) in [("equals", e.equals), ("below", e.below), ("above", e.above)] {
+        if let Some(v) = v {
+            if !v.is_finite() {
+                return Err(format!("{at}: {field} must be a finite number, got {v}"));
+            }
+        }
+    }
+    for (field, v, zero_ok) in
+        [("within_pct", e.within_pct, true), ("ratio", e.ratio, false), ("band_pct", e.band_pct, false)]
+    {
+        if let Some(v) = v {
+            if !(v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0))) {
+                let what = if zero_ok { "at least 0" } else { "positive" };
+                return Err(format!("{at}: {field} must be {what}, got {v}"));
+            }
+        }
+    }
+    validate_window(at, e)?;
+    if let Some([_, b]) = e.window {
+        if b > duration_s {
+            return Err(format!("{at}: window ends at {b} s, after the run's duration_s ({duration_s} s)"));
+        }
+    }
+    Ok(())
+}
+
 /// Every tenant and server metric name, in documentation order (for the error message).
 fn metric_names() -> String {
     let mut names: Vec<&str> = TenantMetric::ALL.iter().map(|m| m.name()).collect();
@@ -201,8 +230,10 @@ pub(crate) fn validate(
     servers: &[Server],
     hosts: &[Host],
     periods: Periods,
+    duration_s: f64,
 ) -> Result<Expectation, String> {
     let at = format!("expect[{i}]");
+    validate_numbers(&at, e, duration_s)?;
     if e.count.is_some() && e.host.is_some() {
         return Err(format!("{at}: count is for pShift's period metrics, not host expectations"));
     }
@@ -277,7 +308,7 @@ fn validate_tenant_or_server(
     };
     // Named by the target, so resolved after the subject (whose errors come first).
     let ratio_to = || e.ratio_to.as_deref().map(|r| tenant_index(r, "ratio_to names unknown tenant")).transpose();
-    let tenant_target = || -> Result<Option<TenantTarget>, String> {
+    let tenant_target = |metric: TenantMetric| -> Result<Option<TenantTarget>, String> {
         let ratio_to = ratio_to()?;
         if let Some(r) = e.rank.as_deref() {
             let rank = match r {
@@ -305,6 +336,9 @@ fn validate_tenant_or_server(
         Ok(if let Some(v) = e.equals {
             Some(TenantTarget::Equals(v))
         } else if e.oracle {
+            if metric != TenantMetric::Iops {
+                return Err(format!("{at}: oracle gives IOPS (eq. (1)-(2)): it applies to iops, not {}", e.metric));
+            }
             Some(TenantTarget::Oracle)
         } else {
             ratio_to.map(|tenant| TenantTarget::Ratio { tenant, ratio: e.ratio.unwrap_or(1.0) })
@@ -335,7 +369,7 @@ fn validate_tenant_or_server(
             match period {
                 Some(metric) => periods(Some(tenant), metric),
                 None => match name.parse::<TenantMetric>() {
-                    Ok(metric) => Ok(Subject::Tenant { tenant, metric, target: tenant_target()? }),
+                    Ok(metric) => Ok(Subject::Tenant { tenant, metric, target: tenant_target(metric)? }),
                     Err(_) => Err(format!("{at}: utilisation is a server metric")),
                 },
             }

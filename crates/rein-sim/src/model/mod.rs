@@ -33,6 +33,12 @@ pub const MAX_TENANTS: usize = 1_000_000;
 pub const MAX_DURATION_S: f64 = rein_model::workload::MAX_SECONDS;
 /// Largest number of timeseries intervals (duration / interval).
 pub const MAX_INTERVALS: usize = 1_000_000;
+/// Most tenant-server pairs (the sum over tenants of the servers each uses). A pair holds a scheduler
+/// entry at its server and a gateway link, about 700 bytes in all: two million take about 1.4 GB.
+pub const MAX_PAIRS: usize = 2_000_000;
+/// Most tenants x servers: each server keeps a 4-byte count per tenant of the scenario (400 MB at the
+/// bound).
+pub const MAX_TENANTS_X_SERVERS: usize = 100_000_000;
 
 /// A scenario could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -154,9 +160,10 @@ impl Scenario {
     }
 }
 
-fn secs(name: &str, field: &str, v: f64) -> Result<Nanos, String> {
+/// A top-level time (the error is prefixed with the scenario's name by [`ScenarioError::Invalid`]).
+fn secs(field: &str, v: f64) -> Result<Nanos, String> {
     if !v.is_finite() || !(0.0..=MAX_DURATION_S).contains(&v) {
-        return Err(format!("{name}: {field} must be between 0 and {MAX_DURATION_S} s, got {}", Num(v)));
+        return Err(format!("{field} must be between 0 and {MAX_DURATION_S} s, got {}", Num(v)));
     }
     Ok(Nanos::from_secs_f64(v))
 }
@@ -174,6 +181,25 @@ fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<
     Ok(())
 }
 
+/// The memory a run takes grows with the tenant-server pairs and with tenants x servers: both bounded
+/// ([`MAX_PAIRS`], [`MAX_TENANTS_X_SERVERS`]), so a file cannot ask for more than the machine has (20,000
+/// tenants on 1,024 servers once took 14.4 GB).
+fn check_size(pairs: usize, tenants: usize, servers: usize) -> Result<(), String> {
+    if pairs > MAX_PAIRS {
+        return Err(format!(
+            "{pairs} tenant-server pairs (each tenant times the servers it uses) exceed the bound of {MAX_PAIRS} \
+             (about 700 bytes each)"
+        ));
+    }
+    if tenants.saturating_mul(servers) > MAX_TENANTS_X_SERVERS {
+        return Err(format!(
+            "{tenants} tenants x {servers} servers exceed the bound of {MAX_TENANTS_X_SERVERS} (each server keeps a \
+             count per tenant)"
+        ));
+    }
+    Ok(())
+}
+
 impl ScenarioFile {
     /// Validates the file into a [`Scenario`] (trace paths relative to `base`).
     pub fn validate(self, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
@@ -186,20 +212,27 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     if file.name.trim().is_empty() {
         return Err("name must not be empty".into());
     }
-    let duration = secs("scenario", "duration_s", file.duration_s)?;
+    let duration = secs("duration_s", file.duration_s)?;
     if duration == Nanos::ZERO {
         return Err("duration_s must be positive".into());
     }
-    let warmup = secs("scenario", "warmup_s", file.warmup_s)?;
+    let warmup = secs("warmup_s", file.warmup_s)?;
     if warmup >= duration {
         return Err(format!("warmup_s ({}) must be less than duration_s ({})", file.warmup_s, file.duration_s));
     }
-    let interval = secs("scenario", "interval_s", file.interval_s.unwrap_or(1.0))?;
+    let interval = secs("interval_s", file.interval_s.unwrap_or(1.0))?;
     if interval < Nanos::from_millis(1) {
         return Err("interval_s must be at least 0.001".into());
     }
     if (duration.0 / interval.0) as usize > MAX_INTERVALS {
         return Err(format!("duration_s / interval_s exceeds {MAX_INTERVALS} intervals"));
+    }
+    if interval > duration {
+        return Err(format!(
+            "interval_s ({}) must not exceed duration_s ({}): the timeseries would have one partial interval",
+            Num(interval.as_secs_f64()),
+            file.duration_s
+        ));
     }
     // `cost_model` at the top is a shorthand for `[mclock] cost_model`; one of the two.
     let settings =
@@ -246,6 +279,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         }
     };
     check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
+    check_size(tenants.iter().map(|t| t.servers.len()).sum(), tenants.len(), servers.len())?;
     let (parda, hosts) =
         parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers, duration)?;
     let expect = file
@@ -257,7 +291,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
                 Some(p) => expect::Periods::Pshift { controller: p.controller },
                 None => expect::Periods::None,
             };
-            expect::validate(i, e, &tenants, &servers, &hosts, periods)
+            expect::validate(i, e, &tenants, &servers, &hosts, periods, file.duration_s)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Scenario {
@@ -277,4 +311,21 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         hosts,
         pshift,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_size_bounds_hold_at_their_edges() {
+        assert!(check_size(MAX_PAIRS, 1, 1).is_ok());
+        let e = check_size(20_000 * 1024, 20_000, 1024).unwrap_err();
+        assert!(e.starts_with("20480000 tenant-server pairs"), "{e}");
+        assert!(check_size(MAX_PAIRS + 1, 1, 1).is_err());
+        // A million tenants on 1,024 servers, one server each: few pairs, a dense count per server.
+        let e = check_size(1_000_000, 1_000_000, 1024).unwrap_err();
+        assert!(e.contains("1000000 tenants x 1024 servers exceed"), "{e}");
+        assert!(check_size(1_000_000, 1_000_000, 100).is_ok());
+    }
 }
