@@ -8,7 +8,9 @@
 //!   final newline ignored; 1..=[`MAX_TOKEN_BYTES`] visible ASCII characters). Once configured, every
 //!   request but `GET /healthz` needs `Authorization: Bearer <token>`; without it, or with another token,
 //!   the answer is 401 with `WWW-Authenticate: Bearer realm="rein"` (RFC 6750), unknown paths included
-//!   (so that an unauthenticated client cannot map the routes). The comparison takes the same time
+//!   (so that an unauthenticated client cannot map the routes), and the connection closes after it
+//!   (`Connection: close`: a client without the token cannot hold a slot by asking again and again on one
+//!   connection, nor try tokens without a new connection each time). The comparison takes the same time
 //!   whatever the presented token holds ([`AdminToken::matches`]).
 //! - **A token file others can read is refused** (any of the mode's "other" bits: readable or writable by
 //!   every local user). A warning would leave every local user with the admin's power (set a tenant's limit
@@ -290,7 +292,10 @@ async fn require_token(State(token): State<Option<AdminToken>>, req: Request, ne
                 Some(_) => ("Bearer realm=\"rein\", error=\"invalid_token\"", "the bearer token is not valid"),
             };
             let body = Json(serde_json::json!({ "error": msg }));
-            (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, challenge)], body).into_response()
+            // The connection closes after a 401: a client without the token cannot hold an admin slot by
+            // asking again and again on one connection (each request within the idle timeout).
+            let headers = [(header::WWW_AUTHENTICATE, challenge), (header::CONNECTION, "close")];
+            (StatusCode::UNAUTHORIZED, headers, body).into_response()
         }
     }
 }

@@ -526,8 +526,15 @@ impl Registry {
         Ok(())
     }
 
-    /// Adds export `j` (its file, if any, inside the data directory; created only with `size_mb`).
-    pub async fn add_export(&self, j: ExportJson) -> Result<(), ChangeError> {
+    /// Adds export `j` (its file, if any, inside the data directory; created only with `size_mb`). Runs
+    /// in a task of its own (module comment): a request dropped while the file was being created once left
+    /// the file without the export.
+    pub async fn add_export(self: &Arc<Self>, j: ExportJson) -> Result<(), ChangeError> {
+        let this = Arc::clone(self);
+        detached("add_export", async move { this.add_export_now(j).await }).await
+    }
+
+    async fn add_export_now(&self, j: ExportJson) -> Result<(), ChangeError> {
         let mut inner = self.changes.lock().await;
         if inner.effective.exports.iter().any(|e| e.name == j.name) {
             return Err(ChangeError::Conflict(format!("export {:?} exists", j.name)));
@@ -991,6 +998,63 @@ mod tests {
             },
         )
         .await;
+    }
+
+    /// `POST /api/exports` of a file export created with `size_mb`, dropped after each poll in turn: the
+    /// file exists exactly when the export is in the effective configuration and in the export table.
+    /// Before the change ran in a task of its own, a cut while the file was being created left the file
+    /// without the export (and the same POST again then found a file it had not made).
+    #[tokio::test]
+    async fn dropped_add_export_still_completes() {
+        for cut in 1..1000 {
+            let dir = tempfile::tempdir().unwrap();
+            let reg = registry(false).await;
+            reg.changes.lock().await.effective.data_dir = dir.path().to_path_buf();
+            let j = ExportJson {
+                name: "x".into(),
+                backend: "file".into(),
+                path: None,
+                size_mb: Some(1),
+                tenant: "rd".into(),
+                read_only: false,
+                allow_networks: None,
+                allow_identities: None,
+                direct: false,
+                readahead: true,
+            };
+            let mut fut = Box::pin(reg.add_export(j));
+            let mut finished = false;
+            for _ in 0..cut {
+                if std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await {
+                    finished = true;
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            drop(fut);
+            // The file is created on a blocking thread: wait for the change to settle.
+            let (mut listed, mut tabled, mut file) = (false, false, false);
+            for _ in 0..200 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                let inner = reg.changes.lock().await;
+                listed = inner.effective.exports.iter().any(|e| e.name == "x");
+                tabled = reg.exports.snapshot().iter().any(|e| e.info.name == "x");
+                file = std::fs::read_dir(dir.path()).unwrap().count() > 0;
+                if listed || !file {
+                    break;
+                }
+            }
+            assert_eq!(
+                (listed, tabled),
+                (file, file),
+                "cut {cut}: file {file}, listed {listed}, in the table {tabled}"
+            );
+            if finished {
+                assert!(cut > 1, "no cut before the change finished");
+                return;
+            }
+        }
+        panic!("the change never finished");
     }
 
     /// `PUT /api/capacity` dropped at any point leaves admission's capacity and the state in agreement.

@@ -10,12 +10,18 @@
 //! pieces are copied into the one reply buffer (after the reply header's headroom); a WRITE's payload is
 //! copied into each piece's message. FLUSH goes to every node the volume uses (to one connection of a node
 //! that advertises NBD_FLAG_CAN_MULTI_CONN, to each of its connections otherwise) and succeeds only if all
-//! do; FUA passes to the pieces (dropped for a node that does not advertise NBD_FLAG_SEND_FUA, which the
-//! NBD spec forbids sending it to: a volatile node has no stable storage to force; a node that takes FLUSH
-//! but not FUA, which neither `rein serve`, nbdkit nor qemu-nbd is, gets such a piece as a plain write:
-//! the FUA write is then acknowledged before it is stable there (a gap, warned of once a session), but it
-//! is counted as not yet flushed, so the volume's next FLUSH makes it durable and a session lost before
-//! that fails the FLUSH, as for any write).
+//! do; FUA passes to the pieces of nodes that advertise NBD_FLAG_SEND_FUA (the NBD spec forbids sending it
+//! to others).
+//!
+//! # FUA on a node without FUA
+//! A volatile node (no FLUSH) has no stable storage to force: its pieces go without FUA. A node that takes
+//! FLUSH but not FUA (neither `rein serve`, nbdkit nor qemu-nbd is one; the link warns once a session)
+//! gets its pieces as plain writes, counted as not yet flushed, and once every piece of the request is
+//! acknowledged a FLUSH goes to each such node (`fua_by_flush`, on the connections the volume's FLUSH
+//! would use): the request is answered only when those FLUSHes succeed, so a FUA write is acknowledged
+//! only when stable, as the spec requires. A session of such a node lost between the request's sending
+//! and its FLUSH fails the request with EIO (the part may have been lost with the session). The request's
+//! latency in [`VolumeStats`] is to its pieces' acknowledgement, without the FLUSH.
 //!
 //! Each pooled connection is a task (`run_link`): connect, handshake, then a session in which a writer
 //! (requests, in arrival order) and a reader (replies, completing pieces by handle) run side by side,
@@ -315,6 +321,9 @@ struct Durability {
     flushed: AtomicU64,
     /// A session ended with writes not covered: the next FLUSH reports it (and clears it).
     lost: AtomicBool,
+    /// How many times `lost` was set: a FUA write made durable by a FLUSH of its own ("FUA on a node
+    /// without FUA" in the module comment) fails if this moved between its sending and that FLUSH.
+    losses: AtomicU64,
 }
 
 impl Durability {
@@ -322,6 +331,7 @@ impl Durability {
     fn session_ended(&self) -> bool {
         let written = self.written.load(Ordering::Acquire);
         if self.flushed.fetch_max(written, Ordering::AcqRel) < written {
+            self.losses.fetch_add(1, Ordering::AcqRel);
             self.lost.store(true, Ordering::Release);
             return true;
         }
@@ -494,8 +504,9 @@ impl RemoteVolume {
                 gather.release();
             }
             Op::Write { data } => {
-                let gather = Gather::new(Vec::new(), done, self.stat(1, data.len() as u64));
                 let pieces = self.stripe.map(offset, data.len() as u32);
+                let done = self.fua_by_flush(fua, pieces.iter().map(|p| p.node), done);
+                let gather = Gather::new(Vec::new(), done, self.stat(1, data.len() as u64));
                 gather.expect(pieces.len());
                 for Piece { node, node_offset, request_offset, len } in pieces {
                     let fua = fua && self.takes_fua(node);
@@ -511,10 +522,11 @@ impl RemoteVolume {
             Op::Trim { len } | Op::WriteZeroes { len } => {
                 let command = if matches!(op, Op::Trim { .. }) { Command::Trim } else { Command::WriteZeroes };
                 let kind = if command == Command::Trim { 3 } else { 4 };
-                let gather = Gather::new(Vec::new(), done, self.stat(kind, len.into()));
                 // No payload: one node request per node, whatever the size (the stripe's invariant 4); a
                 // 512 MiB TRIM over 64 KiB units was 8,192 node requests.
                 let ranges = self.stripe.node_ranges(offset, len);
+                let done = self.fua_by_flush(fua, ranges.iter().map(|r| r.0), done);
+                let gather = Gather::new(Vec::new(), done, self.stat(kind, len.into()));
                 gather.expect(ranges.len());
                 for (node, node_offset, len) in ranges {
                     let fua = fua && self.takes_fua(node);
@@ -561,6 +573,53 @@ impl RemoteVolume {
                 gather.release();
             }
         }
+    }
+
+    /// A FUA request's `done`, wrapped for the nodes among `nodes` that take FLUSH but not FUA (module
+    /// comment, "FUA on a node without FUA"): once every piece is acknowledged, a FLUSH goes to each of
+    /// them, and the request is answered when those succeed. Unchanged without FUA or such a node.
+    fn fua_by_flush(&self, fua: bool, nodes: impl Iterator<Item = usize>, done: Done) -> Done {
+        if !fua {
+            return done;
+        }
+        let mut seen = vec![false; self.links.len()];
+        let mut routes = Vec::new();
+        for n in nodes {
+            if std::mem::replace(&mut seen[n], true) {
+                continue;
+            }
+            let Some(link) = &self.links[n] else { continue };
+            if !link.takes_flush() || link.takes_fua() {
+                continue;
+            }
+            // As the volume's FLUSH: one connection of a multi-conn node, each connection otherwise.
+            let conns: Vec<&LinkHandle> = if link.conns.iter().any(|c| c.state.multi_conn.load(Ordering::Relaxed)) {
+                vec![&link.conns[link.next.fetch_add(1, Ordering::Relaxed) % link.conns.len()]]
+            } else {
+                link.conns.iter().collect()
+            };
+            let durability = link.target.durability.clone();
+            routes.push(FlushRoute {
+                node: link.target.node.name.clone(),
+                losses: durability.losses.load(Ordering::Acquire),
+                durability,
+                conns: conns.into_iter().map(|c| (c.tx.clone(), c.slots.clone())).collect(),
+            });
+        }
+        if routes.is_empty() {
+            return done;
+        }
+        Box::new(move |res, served| {
+            if res.is_err() {
+                return done(res, served);
+            }
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(flush_routes(routes, Box::new(move |r, _| done(r, served))));
+                }
+                Err(_) => done(Err(IoError::Shutdown), served),
+            }
+        })
     }
 
     /// The mark of a write piece to `node`: tracked unless it has FUA (durable when acknowledged) or the
@@ -623,6 +682,40 @@ impl RemoteVolume {
             })
             .collect()
     }
+}
+
+/// Where the FLUSH that stands for a FUA goes: a node that takes FLUSH but not FUA, the connections to
+/// flush, and its write accounting with the loss count when the request was sent.
+struct FlushRoute {
+    node: String,
+    durability: Arc<Durability>,
+    losses: u64,
+    conns: Vec<(mpsc::UnboundedSender<Work>, Arc<Semaphore>)>,
+}
+
+/// Sends the FLUSHes of [`RemoteVolume::fua_by_flush`]; `done` is answered when all succeed. A node that
+/// lost a session since the request was sent fails it with EIO: its part may have been lost with the
+/// session, and a FLUSH on the new one would succeed without it.
+async fn flush_routes(routes: Vec<FlushRoute>, done: Done) {
+    let gather = Gather::new(Vec::new(), done, None);
+    for r in routes {
+        if r.durability.losses.load(Ordering::Acquire) != r.losses {
+            let why = "a connection to the node was lost before the FUA write's FLUSH; the write may not be on \
+                       stable storage";
+            gather.expect(1);
+            gather.piece(Err(node_error(&r.node, ErrorKind::Io, why.into())), 0);
+            continue;
+        }
+        let covers = Mark::Flushed(r.durability.written.load(Ordering::Acquire));
+        gather.expect(r.conns.len());
+        for (tx, slots) in r.conns {
+            let permit = slots.acquire_owned().await.expect("the semaphore is never closed");
+            let sink = Sink { gather: Some(gather.clone()), at: 0, mark: Some((r.durability.clone(), covers)) };
+            // A task that has ended drops the work: the sink fails it (invariant 1).
+            let _ = tx.send(Work { msg: header(Command::Flush, 0, 0, false), read_len: 0, sink, _permit: permit });
+        }
+    }
+    gather.release();
 }
 
 fn header(command: Command, offset: u64, length: u32, fua: bool) -> Vec<u8> {
@@ -858,7 +951,7 @@ impl Session {
     /// Publishes the session's flags to `state`; warns if the node takes FLUSH but not FUA.
     fn publish(&self, state: &LinkState, node: &str, volume: &str) {
         if publish_flags(self.flags, state) {
-            tracing::warn!(node, volume, "the node takes FLUSH but not FUA: a FUA write's piece goes to it as a plain write, acknowledged before it is on stable storage there (it is at the volume's next FLUSH)");
+            tracing::warn!(node, volume, "the node takes FLUSH but not FUA: a FUA write's piece goes to it as a plain write followed by a FLUSH, and the write is answered after the FLUSH (slower than FUA)");
         }
     }
 }
@@ -1660,6 +1753,103 @@ mod tests {
         VolumeQos {
             tenants: vec![tenant; nodes],
             tracker: Arc::new(Mutex::new(ServiceTracker::with_split(nodes, rein_core::ReservationSplit::default()))),
+        }
+    }
+
+    /// A plain NBD node on 127.0.0.1 that advertises FLUSH but not FUA (both, with `fua`): records each
+    /// request's kind and FUA flag, answers writes at once and a FLUSH only once `flushes` lets it (a
+    /// permit per FLUSH).
+    async fn flush_only_node(
+        fua: bool,
+    ) -> (SocketAddr, Arc<Mutex<Vec<(rein_proto::nbd::RequestKind, bool)>>>, Arc<tokio::sync::Semaphore>) {
+        use rein_proto::nbd::{Event, RequestKind, ServerTransmission, TransmissionConfig};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let flushes = Arc::new(tokio::sync::Semaphore::new(0));
+        let (log, gate) = (seen.clone(), flushes.clone());
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let info = crate::testkit::export_v();
+            let clear = if fua { 0 } else { p::TFLAG_SEND_FUA };
+            let Some((negotiated, mut buf)) =
+                crate::testkit::serve_handshake_clearing(&mut s, &info, None, clear).await
+            else {
+                return;
+            };
+            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
+            loop {
+                let (used, event) = machine.feed(&buf).unwrap();
+                match event {
+                    Event::NeedMore { .. } => {
+                        buf.drain(..used);
+                        if s.read_buf(&mut buf).await.unwrap() == 0 {
+                            return;
+                        }
+                    }
+                    Event::Request { request, .. } => {
+                        log.lock().unwrap().push((request.kind, request.fua));
+                        if request.kind == RequestKind::Flush {
+                            gate.acquire().await.unwrap().forget();
+                        }
+                        let mut reply = Vec::new();
+                        machine.replies().success(&request, &mut reply);
+                        buf.drain(..used);
+                        s.write_all(&reply).await.unwrap();
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        });
+        (addr, seen, flushes)
+    }
+
+    /// A FUA write to a node that takes FLUSH but not FUA goes as a plain write followed by a FLUSH, and is
+    /// answered only once the FLUSH is (before: at the write's acknowledgement, not yet stable there). A
+    /// node that takes FUA gets the FUA and no FLUSH.
+    #[tokio::test]
+    async fn a_fua_write_to_a_node_without_fua_is_answered_after_a_flush() {
+        use rein_proto::nbd::RequestKind;
+        for node_fua in [false, true] {
+            let (a, seen, flushes) = flush_only_node(node_fua).await;
+            let nodes = vec![NodeSpec {
+                name: "a".into(),
+                address: NodeAddress::Tcp(a),
+                protocol: NodeProtocol::Nbd,
+                tls: None,
+            }];
+            let cfg = LinkConfig {
+                request_timeout: Duration::from_secs(10),
+                connect_timeout: Duration::from_secs(10),
+                max_backoff: Duration::from_millis(100),
+                connections: 1,
+            };
+            let stripe = Stripe::new(4096, &[1]).unwrap();
+            let volume = RemoteVolume::open("v", 4096, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
+            let (tx, mut answered) = mpsc::unbounded_channel();
+            let done: Done = Box::new(move |r, _| {
+                let _ = tx.send(r);
+            });
+            volume.submit(0, Op::Write { data: vec![7; 4096] }, true, done).await;
+            if node_fua {
+                assert!(answered.recv().await.unwrap().is_ok());
+                assert_eq!(*seen.lock().unwrap(), vec![(RequestKind::Write, true)]);
+                continue;
+            }
+            // The write is acknowledged; the FLUSH is held at the node: no answer yet.
+            for _ in 0..50 {
+                if seen.lock().unwrap().len() == 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(*seen.lock().unwrap(), vec![(RequestKind::Write, false), (RequestKind::Flush, false)]);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(answered.try_recv().is_err(), "answered before the FLUSH that makes it stable");
+            flushes.add_permits(1);
+            assert!(answered.recv().await.unwrap().is_ok());
+            let d = &volume.links[0].as_ref().unwrap().target.durability;
+            assert_eq!(d.flushed.load(Ordering::Acquire), d.written.load(Ordering::Acquire), "the FLUSH covered it");
         }
     }
 

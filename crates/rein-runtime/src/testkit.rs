@@ -18,6 +18,18 @@ pub(crate) async fn serve_handshake(
     info: &ExportInfo,
     welcome: Option<&(dyn Fn(&NodeHello) -> NodeWelcome + Sync)>,
 ) -> Option<(Negotiated, Vec<u8>)> {
+    serve_handshake_clearing(s, info, welcome, 0).await
+}
+
+/// [`serve_handshake`] advertising the export's transmission flags without those of `clear` (a node
+/// unlike any rein-proto serves, e.g. one with FLUSH but not FUA): the flags are cleared in the
+/// NBD_REP_INFO / NBD_INFO_EXPORT reply on its way out.
+pub(crate) async fn serve_handshake_clearing(
+    s: &mut TcpStream,
+    info: &ExportInfo,
+    welcome: Option<&(dyn Fn(&NodeHello) -> NodeWelcome + Sync)>,
+    clear: u16,
+) -> Option<(Negotiated, Vec<u8>)> {
     let mut out = Vec::new();
     let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
     hs.set_node(welcome.is_some());
@@ -35,6 +47,7 @@ pub(crate) async fn serve_handshake(
                 (ServerProgress::NodeHello(h), Some(welcome)) => hs.node_verdict(Ok(welcome(&h)), &mut out),
                 (other, _) => other,
             };
+            clear_export_flags(&mut out, clear);
             s.write_all(&out).await.unwrap();
             match progress {
                 ServerProgress::Done(n) => return Some((n, buf)),
@@ -43,6 +56,27 @@ pub(crate) async fn serve_handshake(
                 ServerProgress::NeedMore => break,
                 other => panic!("unexpected {other:?}"),
             }
+        }
+    }
+}
+
+/// Clears `clear` in the transmission flags of every NBD_INFO_EXPORT reply in `out` (option reply magic,
+/// option, NBD_REP_INFO, length 12, NBD_INFO_EXPORT, size, flags).
+fn clear_export_flags(out: &mut [u8], clear: u16) {
+    const MAGIC: [u8; 8] = 0x0003_e889_0455_65a9u64.to_be_bytes();
+    if clear == 0 {
+        return;
+    }
+    let mut i = 0;
+    while i + 32 <= out.len() {
+        let head = &out[i..];
+        if head[..8] == MAGIC && head[12..16] == [0, 0, 0, 3] && head[16..20] == [0, 0, 0, 12] && head[20..22] == [0, 0]
+        {
+            let flags = u16::from_be_bytes([head[30], head[31]]) & !clear;
+            out[i + 30..i + 32].copy_from_slice(&flags.to_be_bytes());
+            i += 32;
+        } else {
+            i += 1;
         }
     }
 }

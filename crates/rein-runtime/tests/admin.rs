@@ -256,7 +256,7 @@ async fn exports_stop_at_their_bound() {
     let (d, _join) = Dispatcher::spawn(None, DispatchConfig::default());
     let spec = QosSpec::default();
     let id = d.add_tenant(spec).await.unwrap();
-    let r = Registry::for_tenants(d, vec![("t".into(), spec, id)], Admission::Refuse, None);
+    let r = std::sync::Arc::new(Registry::for_tenants(d, vec![("t".into(), spec, id)], Admission::Refuse, None));
     let export = |i: usize| ExportJson {
         name: format!("e{i}"),
         backend: "memory".into(),

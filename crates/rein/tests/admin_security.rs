@@ -67,6 +67,17 @@ fn the_admin_token_is_required_for_everything_but_healthz() {
         assert_eq!(code, 401, "{method} {path} with a wrong token");
         assert!(head.contains("error=\"invalid_token\""), "{head}");
     }
+    // A 401 closes its connection: a client without the token cannot keep asking on one connection (and
+    // hold an admin slot so). Two requests written at once: the first is answered, the second never.
+    let mut c = TcpStream::connect(s.admin).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let ask = "GET /api/tenants HTTP/1.1\r\nHost: x\r\n\r\n";
+    c.write_all(format!("{ask}{ask}").as_bytes()).unwrap();
+    let mut got = Vec::new();
+    c.read_to_end(&mut got).expect("the server closes the connection");
+    let got = String::from_utf8_lossy(&got);
+    assert_eq!(got.matches("HTTP/1.1 401").count(), 1, "{got}");
+    assert!(got.to_ascii_lowercase().contains("connection: close"), "{got}");
     let (code, _, body) = http(s.admin, "GET", "/api/tenants/m", Some("s3cret-Token_1"), "");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"limit\":null"), "the unauthenticated PUT changed nothing: {body}");
