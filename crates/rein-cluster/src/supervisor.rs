@@ -138,9 +138,20 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
     move |source| ClusterError::Io { what, source }
 }
 
-/// The last `n` lines of the file at `path` (or why it cannot be read).
+/// The last `n` lines of the file at `path` (or why it cannot be read), from at most its last 64 KiB (a
+/// child's log may be large).
 pub fn log_tail(path: &Path, n: usize) -> String {
-    match std::fs::read(path) {
+    let tail = || -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        const TAIL: u64 = 64 << 10;
+        let mut f = std::fs::File::open(path)?;
+        let len = f.seek(SeekFrom::End(0))?;
+        f.seek(SeekFrom::Start(len.saturating_sub(TAIL)))?;
+        let mut bytes = Vec::new();
+        f.take(TAIL).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    };
+    match tail() {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);
             let lines: Vec<&str> = text.lines().collect();
@@ -399,8 +410,8 @@ impl Drop for Supervisor {
     }
 }
 
-/// Removes the temporary run directories (`rein-cluster-<pid>-<n>` under the system's temporary directory)
-/// left by supervisors killed with SIGKILL: those whose supervisor (the pid in the name) and every child in
+/// Removes the temporary run directories (`rein-cluster-<pid>-<n>` under the system's temporary directory,
+/// made by [`temp_dir`]: its marker file inside, owned by this user) left by supervisors killed with SIGKILL: those whose supervisor (the pid in the name) and every child in
 /// their `pids` file are gone. A directory whose owner or a child still runs, or whose `pids` file cannot
 /// be read while its owner is gone for less than a minute (a start cut short), is kept. Returns what it
 /// removed.
@@ -414,9 +425,15 @@ fn alive(pid: u32) -> bool {
         .is_some_and(|p| !matches!(rustix::process::test_kill_process(p), Err(e) if e == rustix::io::Errno::SRCH))
 }
 
+/// The file [`temp_dir`] puts in each directory it makes: only such directories are ever swept, so a
+/// kept `--dir` (or anyone else's directory) of a name like ours is never removed.
+const TEMP_MARKER: &str = ".rein-cluster-temporary";
+
 fn sweep_stale_runs_in(base: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
     let mut removed = Vec::new();
     let Ok(entries) = std::fs::read_dir(base) else { return removed };
+    let uid = rustix::process::getuid().as_raw();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("rein-cluster-")) else { continue };
@@ -425,6 +442,12 @@ fn sweep_stale_runs_in(base: &Path) -> Vec<PathBuf> {
             continue;
         }
         let dir = entry.path();
+        // Ours: made by temp_dir (its marker, a file and not a link) and by this user.
+        let ours = std::fs::symlink_metadata(dir.join(TEMP_MARKER)).is_ok_and(|m| m.is_file())
+            && std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        if !ours {
+            continue;
+        }
         let children = match std::fs::read_to_string(dir.join("pids")) {
             Ok(text) => text.lines().filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok()).collect(),
             Err(_) => {
@@ -455,7 +478,12 @@ pub fn temp_dir() -> Result<PathBuf, ClusterError> {
     for n in 0..1000u32 {
         let d = base.join(format!("rein-cluster-{}-{n}", std::process::id()));
         match std::fs::create_dir(&d) {
-            Ok(()) => return Ok(d),
+            Ok(()) => {
+                let marker = "a temporary run directory of rein cluster: removed when its run ends, or by a later \
+                              run once its supervisor and children are gone\n";
+                std::fs::write(d.join(TEMP_MARKER), marker).map_err(io(format!("creating {}", d.display())))?;
+                return Ok(d);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(io(format!("creating {}", d.display()))(e)),
         }
@@ -532,6 +560,7 @@ mod tests {
             let d = base.path().join(name);
             std::fs::create_dir(&d).unwrap();
             std::fs::write(d.join("node-s1.log"), "log").unwrap();
+            std::fs::write(d.join(TEMP_MARKER), "").unwrap();
             if let Some(p) = pids {
                 std::fs::write(d.join("pids"), p).unwrap();
             }
@@ -542,9 +571,13 @@ mod tests {
         let owner_alive = mk(&format!("rein-cluster-{me}-0"), Some(format!("{gone} node s1\n")));
         let fresh_no_pids = mk(&format!("rein-cluster-{gone}-2"), None);
         let other = mk("rein-clusterx", None);
+        // A kept `--dir` of a name like ours, its run over (no marker: not made by temp_dir); it was
+        // removed before the marker.
+        let kept = mk(&format!("rein-cluster-{gone}-3"), Some(format!("{gone} node s1\n")));
+        std::fs::remove_file(kept.join(TEMP_MARKER)).unwrap();
         assert_eq!(sweep_stale_runs_in(base.path()), vec![stale.clone()]);
         assert!(!stale.exists());
-        for d in [child_alive, owner_alive, fresh_no_pids, other] {
+        for d in [child_alive, owner_alive, fresh_no_pids, other, kept] {
             assert!(d.exists(), "{} removed", d.display());
         }
     }

@@ -26,6 +26,7 @@
 
 pub mod array;
 pub mod device;
+pub mod input;
 pub mod meter;
 pub mod parda_settings;
 mod ps;

@@ -22,6 +22,9 @@ pub const MAX_RECORDS: usize = 10_000_000;
 /// (`crate::workload::MAX_SIZE_BYTES` is this one).
 pub const MAX_SIZE_BYTES: u64 = 1 << 30;
 
+/// Largest trace file (1 GiB: [`MAX_RECORDS`] lines of about 50 bytes take 500 MB).
+pub const MAX_TRACE_BYTES: u64 = 1 << 30;
+
 /// One request of a trace, in common units whatever the format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceRecord {
@@ -108,7 +111,8 @@ impl TraceFormat {
 /// formats have device 0).
 pub fn load(path: &Path, format: TraceFormat, devices: &[u32]) -> Result<Vec<TraceRecord>, TraceError> {
     let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read { path: p.clone(), source })?;
+    let text = crate::input::read_text_bounded(path, MAX_TRACE_BYTES)
+        .map_err(|source| TraceError::Read { path: p.clone(), source })?;
     parse(&text, format, devices, &p)
 }
 

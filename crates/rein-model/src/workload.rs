@@ -284,6 +284,14 @@ fn secs(field: &str, v: f64) -> Result<Nanos, WorkloadError> {
     Ok(Nanos::from_secs_f64(v))
 }
 
+/// A time written in milliseconds (`think_ms`, `burst_period_ms`), its error in milliseconds too.
+fn millis(field: &str, v: f64) -> Result<Nanos, WorkloadError> {
+    if !v.is_finite() || !(0.0..=MAX_SECONDS * 1e3).contains(&v) {
+        return Err(invalid(format!("{field} must be between 0 and {} ms, got {}", Num(MAX_SECONDS * 1e3), Num(v))));
+    }
+    Ok(Nanos::from_secs_f64(v / 1e3))
+}
+
 fn positive(field: &str, v: f64) -> Result<f64, WorkloadError> {
     if v.is_finite() && v > 0.0 {
         Ok(v)
@@ -306,7 +314,7 @@ impl WorkloadParams {
             if self.outstanding == 0 || self.outstanding > MAX_OUTSTANDING {
                 return Err(invalid(format!("outstanding must be in 1..={MAX_OUTSTANDING}")));
             }
-            let think = secs("think_ms", self.think_ms.unwrap_or(0.0) / 1e3)?;
+            let think = millis("think_ms", self.think_ms.unwrap_or(0.0))?;
             match self.outstanding_per_server {
                 None => Ok(WorkloadKind::Closed { outstanding: self.outstanding, think, per_server: false }),
                 Some(k) if k == 0 || k > MAX_OUTSTANDING => {
@@ -350,7 +358,7 @@ impl WorkloadParams {
                     return Err(invalid(format!("burst_count must be in 1..={MAX_OUTSTANDING}")));
                 }
                 let p = self.burst_period_ms.ok_or_else(|| invalid("burst needs burst_period_ms"))?;
-                let period = secs("burst_period_ms", positive("burst_period_ms", p)? / 1e3)?;
+                let period = millis("burst_period_ms", positive("burst_period_ms", p)?)?;
                 let rate = count as f64 / period.as_secs_f64();
                 if period < Nanos::from_micros(1) || rate > MAX_RATE_IOPS {
                     return Err(invalid(format!(
@@ -917,6 +925,11 @@ mod tests {
         assert!(err(WorkloadParams { outstanding: 0, ..Default::default() }).contains("outstanding must be in"));
         assert!(err(WorkloadParams { read_pct: 120.0, ..Default::default() }).contains("read_pct"));
         assert!(err(WorkloadParams { stop_s: Some(0.0), ..Default::default() }).contains("stop_s"));
+        // A field in milliseconds says its bound in milliseconds (it said "604800 s, got -0.001").
+        assert_eq!(
+            err(WorkloadParams { think_ms: Some(-1.0), ..Default::default() }),
+            "think_ms must be between 0 and 604800000 ms, got -1"
+        );
         let ok = WorkloadParams::default().validate(Nanos::from_secs(10), None, &[]).unwrap();
         assert_eq!((ok.size_bytes, ok.stop), (4096, Nanos::from_secs(10)));
     }

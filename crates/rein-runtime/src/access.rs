@@ -124,6 +124,9 @@ pub struct ConnLimits {
     refusing: Arc<Semaphore>,
     /// When a refusal was last logged, and how many have not been logged since.
     refusal_log: Mutex<(Option<Instant>, u64)>,
+    /// The same for failed accepts (out of descriptors, say), and how many failed in a row.
+    accept_log: Mutex<(Option<Instant>, u64)>,
+    accept_streak: std::sync::atomic::AtomicU32,
 }
 
 /// What to do with a new connection.
@@ -184,6 +187,8 @@ impl ConnLimits {
             counts: Mutex::default(),
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             refusal_log: Mutex::new((None, 0)),
+            accept_log: Mutex::new((None, 0)),
+            accept_streak: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -255,6 +260,34 @@ impl ConnLimits {
         true
     }
 
+    /// An `accept` failed (descriptors run out, say): logs it at most once per [`REFUSAL_LOG_INTERVAL`]
+    /// with the count left unlogged, and returns how long to wait before the next accept: 10 ms, doubling
+    /// with each failure in a row up to 1 s (a listener out of descriptors once logged 89 lines a second).
+    /// Returns whether it logged, too.
+    pub fn accept_failed(&self, e: &std::io::Error) -> (Duration, bool) {
+        use std::sync::atomic::Ordering;
+        let streak = self.accept_streak.fetch_add(1, Ordering::Relaxed).min(7);
+        let pause = (Duration::from_millis(10) * (1 << streak)).min(Duration::from_secs(1));
+        let now = Instant::now();
+        let mut log = self.accept_log.lock().expect("the log lock is not poisoned");
+        if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
+            log.1 += 1;
+            return (pause, false);
+        }
+        let unlogged = std::mem::take(&mut log.1);
+        log.0 = Some(now);
+        tracing::warn!(unlogged, pause_ms = pause.as_millis() as u64, "accept failed: {e}");
+        (pause, true)
+    }
+
+    /// An `accept` succeeded: the next failure waits 10 ms again.
+    pub fn accept_succeeded(&self) {
+        use std::sync::atomic::Ordering;
+        if self.accept_streak.load(Ordering::Relaxed) != 0 {
+            self.accept_streak.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Connections counted now: all, and from `ip`'s client ([`client_of`]).
     pub fn counted(&self, ip: IpAddr) -> (usize, usize) {
         let c = self.counts.lock().expect("the counts lock is not poisoned");
@@ -265,6 +298,21 @@ impl ConnLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Failed accepts are logged at most once per interval and paced by a doubling pause up to 1 s; a
+    /// success resets the pause.
+    #[test]
+    fn failed_accepts_are_paced_and_their_log_bounded() {
+        let limits = ConnLimits::new(ConnCaps::default());
+        let e = std::io::Error::from_raw_os_error(24); // EMFILE
+        let got: Vec<(Duration, bool)> = (0..10).map(|_| limits.accept_failed(&e)).collect();
+        let ms: Vec<u128> = got.iter().map(|g| g.0.as_millis()).collect();
+        assert_eq!(ms, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        assert_eq!(got.iter().filter(|g| g.1).count(), 1, "one line per interval");
+        assert_eq!(limits.accept_log.lock().unwrap().1, 9);
+        limits.accept_succeeded();
+        assert_eq!(limits.accept_failed(&e).0, Duration::from_millis(10));
+    }
 
     #[test]
     fn networks_and_identities() {

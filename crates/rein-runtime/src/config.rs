@@ -580,11 +580,16 @@ limit = 1000
 weight = 3
 "#;
 
+/// Largest configuration file `rein serve`, `rein gateway` and the pShift controller read (16 MiB; a
+/// longer file, or a device that never ends, is refused before it is parsed).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 impl ServerConfig {
     /// Reads and validates the file at `path`. Errors: [`ConfigError::Read`] if it cannot be read, else as
     /// [`ServerConfig::parse`].
     pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = rein_model::input::read_text_bounded(path, MAX_CONFIG_BYTES)
+            .map_err(|source| ConfigError::Read { path: path.into(), source })?;
         Self::parse(&text, path)
     }
 
@@ -1022,6 +1027,19 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A configuration path naming a device that never ends (its stated size is 0) is refused at the
+    /// bound: `rein gateway --config /dev/zero` grew to 6.2 GB in 8 s before.
+    #[test]
+    fn config_files_are_read_with_a_bound() {
+        let zero = Path::new("/dev/zero");
+        let e = ServerConfig::load(zero).unwrap_err().to_string();
+        assert!(e.contains("larger than 16777216 bytes"), "{e}");
+        let e = crate::gateway::GatewayConfig::load(zero).unwrap_err().to_string();
+        assert!(e.contains("larger than 16777216 bytes"), "{e}");
+        let e = crate::pshift_controller::ControllerSettings::load(zero).unwrap_err().to_string();
+        assert!(e.contains("larger than 16777216 bytes"), "{e}");
+    }
 
     #[test]
     fn builtin_is_the_paper_example() {

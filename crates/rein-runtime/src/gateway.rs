@@ -62,10 +62,15 @@
 //!   ([`RemoteVolume::respec`]): each node session ends once its pieces are answered and says hello
 //!   again at once (pieces sent meanwhile wait); a node applies it as its `[node] specs` says, and the
 //!   tracker keeps its account (the same node boot);
-//! - a volume added: opened (its node connections); one that cannot be opened (a node answers wrongly)
-//!   fails the reload, which then changes nothing;
+//! - a volume added: opened (its node connections; the reload runs beside the accept loop, which goes on
+//!   serving new clients, and a SIGHUP meanwhile waits for it); one that cannot be opened (a node answers
+//!   wrongly) fails the reload, which then changes nothing;
 //! - a volume removed: gone from the list for new connections; connections that opened it keep it until
 //!   they close;
+//! - a volume added on a node export that a running volume holds with another layout (one kept as it
+//!   runs, one this reload removes, or one removed earlier whose connections are still open) fails the
+//!   reload, naming both (invariant 3 across reloads: two layouts on one node export scramble each
+//!   other's data); remove the old volume first, and add the new one once its connections have closed;
 //! - a volume's access lists changed: new connections see the new lists;
 //! - a PARDA host's `[mclock]` changed: its local scheduler takes the new settings at once (queued
 //!   requests stay; `[parda]` and `[parda_host]` need a restart);
@@ -137,6 +142,9 @@ pub fn halt_poll_hint(content: Option<&str>) -> Option<String> {
 pub const MAX_NODES: usize = 256;
 /// Most volumes in one gateway.
 pub const MAX_VOLUMES: usize = 1024;
+/// Most node connections in one gateway: each volume's nodes times `connections_per_node` (each a task,
+/// buffers and a descriptor, about 11 KB: 256 nodes x 1,024 volumes took 3.0 GB and 2 min to start).
+pub const MAX_NODE_SESSIONS: usize = 16_384;
 
 /// A tenant as the gateway keeps it (one dmClock/RBFQ tracker each, with the storage-node protocol).
 #[derive(Debug, Clone)]
@@ -391,7 +399,7 @@ fn seconds(key: &str, v: f64, lo: f64, hi: f64) -> Result<Duration, String> {
 impl GatewayConfig {
     /// Reads and validates `path` (relative TLS paths are relative to its directory).
     pub fn load(path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
-        let text = std::fs::read_to_string(path)
+        let text = rein_model::input::read_text_bounded(path, crate::config::MAX_CONFIG_BYTES)
             .map_err(|source| GatewayConfigError::Read { path: path.display().to_string(), source })?;
         GatewayConfig::parse(&text, path)
     }
@@ -638,6 +646,14 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
     }
+    let sessions: usize = exports.iter().map(|v| (0..nodes.len()).filter(|&j| v.stripe.uses(j)).count()).sum::<usize>()
+        * f.connections_per_node;
+    if sessions > MAX_NODE_SESSIONS {
+        return Err(format!(
+            "the exports' nodes times connections_per_node make {sessions} node connections, above the bound of \
+             {MAX_NODE_SESSIONS} (each a task, buffers and a descriptor)"
+        ));
+    }
     // Invariant 3: a node export holds one volume's units, from its offset 0; a second user (another
     // volume, or the same volume through a second entry for that node) would overwrite them.
     let mut holders: HashMap<(&NodeAddress, &str), (&str, &str)> = HashMap::new();
@@ -806,6 +822,9 @@ struct Live {
     /// A PARDA host's gate and its VMs by tenant name (the tenants it started with, and those a reload
     /// added, from their first volume on).
     host: Option<(Arc<HostGate>, HostVms)>,
+    /// Volumes a reload removed, while connections that opened them may still use them: their layouts
+    /// hold their node exports until the last connection closes (module comment, "Reload").
+    retired: Vec<(GatewayVolume, std::sync::Weak<RemoteVolume>)>,
 }
 
 impl Live {
@@ -818,6 +837,7 @@ impl Live {
             tenant_ids: BTreeMap::new(),
             trackers: BTreeMap::new(),
             host: None,
+            retired: Vec::new(),
         }
     }
 
@@ -841,13 +861,25 @@ impl Live {
 
     /// Opens volume `v` of tenant `t` (its node connections) and makes its export.
     async fn open(&mut self, v: &GatewayVolume, t: &GatewayTenant) -> Result<LiveVolume, GatewayError> {
+        let (id, qos) = self.volume_qos(t);
+        let volume = open_remote(&self.base, v, qos).await?;
+        self.make(v, t, id, volume).await
+    }
+
+    /// The tenant id and the QoS state a volume of tenant `t` opens with.
+    fn volume_qos(&mut self, t: &GatewayTenant) -> (rein_core::TenantId, VolumeQos) {
         let (id, tracker) = self.tenant_state(t);
-        let qos = VolumeQos { tenants: node_tenants(t), tracker };
-        let base = &self.base;
-        let volume =
-            RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &base.nodes, &v.node_exports, Some(qos), base.link)
-                .await
-                .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })?;
+        (id, VolumeQos { tenants: node_tenants(t), tracker })
+    }
+
+    /// Volume `v`'s export over its opened node connections (on a PARDA host, its tenant's VM).
+    async fn make(
+        &mut self,
+        v: &GatewayVolume,
+        t: &GatewayTenant,
+        id: rein_core::TenantId,
+        volume: Arc<RemoteVolume>,
+    ) -> Result<LiveVolume, GatewayError> {
         let backend = match &mut self.host {
             None => Backend::Remote(volume.clone()),
             Some((gate, vms)) => {
@@ -891,6 +923,21 @@ impl Live {
         self.volumes.iter().map(|v| v.volume.clone()).collect()
     }
 }
+
+/// Opens volume `v`'s node connections (over `base`'s nodes and links).
+async fn open_remote(
+    base: &GatewayConfig,
+    v: &GatewayVolume,
+    qos: VolumeQos,
+) -> Result<Arc<RemoteVolume>, GatewayError> {
+    RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &base.nodes, &v.node_exports, Some(qos), base.link)
+        .await
+        .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })
+}
+
+/// Volumes opened at once at start: a node that is down or silent costs each volume a connect timeout,
+/// paid by this many volumes together (one after another, 1,024 volumes on a silent node took 85 min).
+const OPEN_AT_ONCE: usize = 64;
 
 /// What a reload did: lines applied, and lines naming what needs a restart.
 #[derive(Debug, Default)]
@@ -958,6 +1005,38 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         }
     }
     let tenant_of = |name: &str| tenants.iter().find(|t| t.name == name).expect("a volume's tenant is configured");
+    // The node exports running volumes hold, with the layout they hold them by (module comment, "Reload").
+    live.retired.retain(|(_, w)| w.strong_count() > 0);
+    let nodes = live.base.nodes.clone();
+    let mut held: HashMap<(NodeAddress, String), (String, Stripe, usize)> = HashMap::new();
+    {
+        let mut hold = |cfg: &GatewayVolume, how: &str| {
+            for (j, n) in nodes.iter().enumerate().filter(|&(j, _)| cfg.stripe.uses(j)) {
+                let key = (n.address.clone(), cfg.node_exports[j].clone());
+                held.entry(key).or_insert_with(|| (format!("export {} ({how})", cfg.name), cfg.stripe.clone(), j));
+            }
+        };
+        for o in &live.volumes {
+            let kept = new.exports.iter().any(|v| v.name == o.cfg.name);
+            hold(&o.cfg, if kept { "as it runs" } else { "which this reload removes; its connections may be open" });
+        }
+        for (cfg, _) in &live.retired {
+            hold(cfg, "removed earlier, with connections still open");
+        }
+    }
+    let clash = |v: &GatewayVolume| -> Option<String> {
+        nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)).find_map(|(j, n)| {
+            let (who, stripe, at) = held.get(&(n.address.clone(), v.node_exports[j].clone()))?;
+            (*stripe != v.stripe || *at != j).then(|| {
+                format!(
+                    "export {}: node {}'s export {:?} at {} is held by {who} with another layout: two layouts on \
+                     one node export would overwrite each other's data; remove that export first, and add this \
+                     one once its connections have closed",
+                    v.name, n.name, v.node_exports[j], n.address
+                )
+            })
+        })
+    };
     // Volumes: in the new file's order; a kept volume whose layout changed stays as it runs.
     let mut volumes: Vec<LiveVolume> = Vec::new();
     let mut opened: Vec<String> = Vec::new();
@@ -984,6 +1063,9 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
                 }
             }
             None => {
+                if let Some(e) = clash(v) {
+                    return Err(e);
+                }
                 let t = tenant_of(tname).clone();
                 match live.open(v, &t).await {
                     Ok(lv) => {
@@ -1003,6 +1085,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         if !volumes.iter().any(|v| v.cfg.name == old.cfg.name) {
             r.applied
                 .push(format!("export {} removed (connections open on it keep it until they close)", old.cfg.name));
+            live.retired.push((old.cfg.clone(), Arc::downgrade(&old.volume)));
         }
     }
     // Restate changed specs to the nodes of every volume of those tenants (new volumes already have them),
@@ -1078,9 +1161,30 @@ pub async fn run_with(
         );
         live.host = Some((gate, vms));
     }
-    for v in &cfg.exports {
-        let t = cfg.tenants[v.tenant].clone();
-        let lv = live.open(v, &t).await?;
+    // The volumes' node connections open together (OPEN_AT_ONCE at a time), and a stop signal meanwhile
+    // ends the start at once (it was heard only once the gateway listened).
+    tokio::pin!(shutdown);
+    let prepared: Vec<_> = cfg.exports.iter().map(|v| (v, live.volume_qos(&cfg.tenants[v.tenant]))).collect();
+    let opening = {
+        use futures_util::stream::{StreamExt, TryStreamExt};
+        let base = &cfg;
+        futures_util::stream::iter(
+            prepared
+                .into_iter()
+                .map(move |(v, (id, qos))| async move { open_remote(base, v, qos).await.map(|vol| (v, id, vol)) }),
+        )
+        .buffered(OPEN_AT_ONCE)
+        .try_collect::<Vec<_>>()
+    };
+    let opened = tokio::select! {
+        r = opening => r?,
+        _ = &mut shutdown => {
+            tracing::info!("stopped while opening the volumes' node connections");
+            return Ok(());
+        }
+    };
+    for (v, id, volume) in opened {
+        let lv = live.make(v, &cfg.tenants[v.tenant], id, volume).await?;
         live.volumes.push(lv);
     }
     let limits = ConnLimits::new(cfg.caps);
@@ -1149,32 +1253,50 @@ pub async fn run_with(
         None => (None, None),
     };
     let mut tasks = tokio::task::JoinSet::new();
-    tokio::pin!(shutdown);
+    // A reload runs beside the accept loop (opening a volume waits for its nodes, up to a connect timeout
+    // each: a reload adding 10 volumes on a silent node once held new connections for 19 s); it holds the
+    // running state meanwhile, and one more SIGHUP waits for it.
+    let mut live = Some(live);
+    let mut reloading: Option<Reloading> = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
-            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() => {
+            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() && reloading.is_none() => {
                 let load = load.as_mut().expect("with reload_rx");
                 match load() {
                     Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
-                    Ok(new) => match apply_reload(&mut live, &new).await {
-                        Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
-                        Ok(r) => {
-                            ctx.exports.set(live.exports());
-                            *shown.write().unwrap_or_else(|e| e.into_inner()) = live.remote_volumes();
-                            for line in &r.applied {
-                                tracing::info!("reload: {line}");
-                            }
-                            for line in &r.needs_restart {
-                                tracing::warn!("reload: {line}");
-                            }
-                            tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
-                        }
-                    },
+                    Ok(new) => {
+                        let mut l = live.take().expect("no reload in progress");
+                        reloading = Some(Box::pin(async move {
+                            let r = apply_reload(&mut l, &new).await;
+                            (l, r)
+                        }));
+                    }
                 }
             }
+            (l, r) = async { reloading.as_mut().expect("guarded").await }, if reloading.is_some() => {
+                reloading = None;
+                match r {
+                    Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+                    Ok(r) => {
+                        ctx.exports.set(l.exports());
+                        *shown.write().unwrap_or_else(|e| e.into_inner()) = l.remote_volumes();
+                        for line in &r.applied {
+                            tracing::info!("reload: {line}");
+                        }
+                        for line in &r.needs_restart {
+                            tracing::warn!("reload: {line}");
+                        }
+                        tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
+                    }
+                }
+                live = Some(l);
+            }
         }
+    }
+    if reloading.take().is_some() {
+        tracing::warn!("stopping: the reload in progress is abandoned (the volumes it opened close)");
     }
     let _ = stop_tx.send(true);
     // Connections that ended since the last accept are still in the set: not counted as open.
@@ -1194,7 +1316,8 @@ pub async fn run_with(
     }
     // Every node session ends with NBD_CMD_DISC, as the spec asks of a client (bounded: a node that is
     // down or does not take it is cut).
-    let volumes = live.remote_volumes();
+    // The volumes running (the last reload's list: a reload abandoned above took the state with it).
+    let volumes = shown.read().unwrap_or_else(|e| e.into_inner()).clone();
     let mut closing = tokio::task::JoinSet::new();
     for v in volumes {
         closing.spawn(async move { v.close(NODE_CLOSE).await });
@@ -1203,6 +1326,9 @@ pub async fn run_with(
     tracing::info!("stopped");
     Ok(())
 }
+
+/// A reload in progress: it gives the running state back with what it did.
+type Reloading = std::pin::Pin<Box<dyn Future<Output = (Live, Result<Reloaded, String>)> + Send>>;
 
 /// The volumes `/metrics` and `/api/nodes` show (replaced whole by a reload).
 type Shown = Arc<std::sync::RwLock<Vec<Arc<RemoteVolume>>>>;
@@ -1495,6 +1621,15 @@ mod tests {
         };
         let volume = "[[exports]]\nname = \"v\"\nsize_mb = 1\n";
         assert!(GatewayConfig::parse(&format!("{}{volume}", nodes(MAX_NODES)), Path::new("g")).is_ok());
+        // Nodes x volumes x connections: 256 x 64 x 1 is the bound, one more volume is above it.
+        let many = |n: usize, conns: usize| {
+            let vols = (0..n).map(|i| format!("[[exports]]\nname = \"v{i}\"\nsize_mb = 1\n")).collect::<String>();
+            GatewayConfig::parse(&format!("connections_per_node = {conns}\n{}{vols}", nodes(MAX_NODES)), Path::new("g"))
+        };
+        assert!(many(64, 1).is_ok());
+        let err = many(65, 1).unwrap_err().to_string();
+        assert!(err.contains("make 16640 node connections, above the bound of 16384"), "{err}");
+        assert!(many(2, 64).is_err());
         let err = GatewayConfig::parse(&format!("{}{volume}", nodes(MAX_NODES + 1)), Path::new("g")).unwrap_err();
         assert!(err.to_string().contains("at most 256 [[nodes]]"), "{err}");
         let volumes =

@@ -349,7 +349,8 @@ type Opened = (NbdStream, Negotiated, Option<String>, Option<TenantSlot>, Vec<Te
 /// What a server's accept loop does with one `accept` result (rein serve's and rein gateway's): admits the
 /// connection under the policy's caps and spawns its task on `tasks` (a refused client is answered
 /// there; one beyond even the refusal bound is closed at once), then reaps finished tasks so the set
-/// does not grow. An accept error is logged and paced by 10 ms.
+/// does not grow. An accept error is logged at most once a second and paced by 10 ms to 1 s
+/// ([`crate::access::ConnLimits::accept_failed`]).
 pub async fn spawn_accepted(
     acc: io::Result<(Sock, Peer)>,
     tasks: &mut tokio::task::JoinSet<()>,
@@ -357,15 +358,18 @@ pub async fn spawn_accepted(
     policy: &Arc<Policy>,
     stop: &watch::Receiver<bool>,
 ) {
+    let limits = &policy.limits;
     let (stream, peer) = match acc {
-        Ok(x) => x,
+        Ok(x) => {
+            limits.accept_succeeded();
+            x
+        }
         Err(e) => {
-            tracing::warn!("accept failed: {e}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            let (pause, _) = limits.accept_failed(&e);
+            tokio::time::sleep(pause).await;
             return;
         }
     };
-    let limits = &policy.limits;
     let entry = match limits.admit(peer.ip()) {
         Admit::Serve(slot) => Entry::Serve(slot),
         Admit::Refuse(why, permit) => {

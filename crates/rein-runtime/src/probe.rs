@@ -21,6 +21,8 @@ use tokio::sync::Mutex;
 pub const MAX_PROBE_S: f64 = 600.0;
 /// Largest probe IO, in bytes (16 MiB).
 pub const MAX_PROBE_IO: u32 = 16 << 20;
+/// Most bytes the probe's requests hold at once (`depth` x IO size): 1 GiB.
+pub const MAX_PROBE_BYTES_IN_FLIGHT: u64 = 1 << 30;
 
 /// What to measure and how. [`Default`]: 5 s of random 4 KiB reads at D = 32 through FIFO, one tenant; the
 /// server's start-up probe takes its seconds, D and IO engine from the server's configuration.
@@ -121,6 +123,13 @@ impl ProbeConfig {
         if self.depth == 0 || self.depth > 4096 {
             return bad(format!("depth must be in 1..=4096, got {}", self.depth));
         }
+        // Each request in flight holds its buffer: depth x IO size is the probe's memory.
+        if self.depth as u64 * self.io_size as u64 > MAX_PROBE_BYTES_IN_FLIGHT {
+            return bad(format!(
+                "depth x IO size is {} bytes in flight, above the bound of {MAX_PROBE_BYTES_IN_FLIGHT} (1 GiB)",
+                self.depth as u64 * self.io_size as u64
+            ));
+        }
         if self.tenants == 0 || self.tenants > 1 << 20 || self.workers.is_some_and(|w| w == 0 || w > 1 << 20) {
             return bad(format!(
                 "tenants and workers must be in 1..=2^20, got {} and {:?}",
@@ -218,6 +227,16 @@ pub async fn probe(
 mod tests {
     use super::*;
     use crate::storage::MemStorage;
+
+    /// depth x IO size is bounded together (each bounded alone allowed 4,096 x 16 MiB = 64 GiB).
+    #[test]
+    fn bytes_in_flight_are_bounded() {
+        let cfg = |depth, io_size| ProbeConfig { depth, io_size, ..ProbeConfig::default() };
+        assert!(cfg(64, 16 << 20).validate(1 << 40).is_ok()); // exactly 1 GiB
+        let e = cfg(65, 16 << 20).validate(1 << 40).unwrap_err().to_string();
+        assert!(e.contains("depth x IO size is 1090519040 bytes in flight, above the bound"), "{e}");
+        assert!(cfg(4096, 16 << 20).validate(1 << 40).is_err());
+    }
 
     #[test]
     fn median_and_spread() {

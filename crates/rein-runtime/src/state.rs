@@ -395,13 +395,13 @@ impl StateFile {
 /// Reads `dir`'s state file; `Ok(None)` if there is none.
 pub fn load(dir: &Path) -> Result<Option<StateFile>, StateError> {
     let path = dir.join(STATE_FILE);
-    let bytes = match std::fs::metadata(&path) {
+    let bytes = match rein_model::input::read_bounded(&path, MAX_STATE_BYTES) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(StateError::Read { path, source }),
-        Ok(m) if m.len() > MAX_STATE_BYTES => {
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
             return Err(StateError::Corrupt { path, message: format!("larger than {MAX_STATE_BYTES} bytes") })
         }
-        Ok(_) => std::fs::read(&path).map_err(|source| StateError::Read { path: path.clone(), source })?,
+        Err(source) => return Err(StateError::Read { path, source }),
+        Ok(bytes) => bytes,
     };
     parse(&bytes).map(Some).map_err(|message| StateError::Corrupt { path, message })
 }

@@ -327,11 +327,13 @@ impl<'de> Deserialize<'de> for DemandMap {
 
 /// Reads and validates an instance file (size bound, JSON, then the core's checks).
 pub(crate) fn load_instance(path: &Path) -> Result<Instance> {
-    let len = std::fs::metadata(path).with_context(|| format!("cannot read instance {}", path.display()))?.len();
-    if len > MAX_INSTANCE_BYTES {
-        bail!("instance {} is {len} bytes, larger than the {} MiB bound", path.display(), MAX_INSTANCE_BYTES >> 20);
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read instance {}", path.display()))?;
+    // Read with the bound (a size the file system states is not trusted: /dev/zero states 0).
+    let text = rein_model::input::read_text_bounded(path, MAX_INSTANCE_BYTES).map_err(|e| match e.kind() {
+        std::io::ErrorKind::FileTooLarge => {
+            anyhow::anyhow!("instance {} is larger than the {} MiB bound", path.display(), MAX_INSTANCE_BYTES >> 20)
+        }
+        _ => anyhow::Error::from(e).context(format!("cannot read instance {}", path.display())),
+    })?;
     let f: InstanceFile = serde_json::from_str(&text)
         .with_context(|| format!("instance {} is not a valid instance file", path.display()))?;
     let servers: Vec<RawServer> =
@@ -541,4 +543,15 @@ pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// An instance path naming a device that never ends is refused at the bound (before: the size check
+    /// read the stated 0 bytes and `rein pshift solve /dev/zero` grew to 7 GB in 6 s).
+    #[test]
+    fn an_instance_is_read_with_a_bound() {
+        let e = super::load_instance(std::path::Path::new("/dev/zero")).unwrap_err().to_string();
+        assert_eq!(e, "instance /dev/zero is larger than the 256 MiB bound");
+    }
 }

@@ -97,11 +97,14 @@ pub struct ScenarioFile {
     pub pshift: Option<pshift::PshiftFile>,
 }
 
+/// Largest scenario file (256 MiB: a million tenants written out take about 100 MB).
+pub const MAX_SCENARIO_BYTES: u64 = 256 << 20;
+
 impl ScenarioFile {
     /// Reads and parses a scenario file.
     pub fn read(path: &Path) -> Result<ScenarioFile, FileError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| FileError::Read { path: path.to_path_buf(), source })?;
+        let text = rein_model::input::read_text_bounded(path, MAX_SCENARIO_BYTES)
+            .map_err(|source| FileError::Read { path: path.to_path_buf(), source })?;
         Self::parse_named(&text, path)
     }
 
