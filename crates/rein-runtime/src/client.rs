@@ -63,10 +63,12 @@ enum Writer {
 }
 
 impl Writer {
-    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+    /// Writes every byte of `parts`, in order (vectored: a request's header and its payload without
+    /// copying the payload).
+    async fn write_all(&mut self, parts: &[&[u8]]) -> std::io::Result<()> {
         match self {
-            Writer::Plain(w) => w.write_all(data).await,
-            Writer::Tls(w) => w.write_all(data).await,
+            Writer::Plain(w) => crate::wire::write_all(w, parts).await,
+            Writer::Tls(w) => crate::wire::write_all(w, parts).await,
         }
     }
     async fn shutdown(&mut self) -> std::io::Result<()> {
@@ -232,12 +234,14 @@ impl NbdClient {
             g.proto.sent(&header)?;
             g.waiters.insert(handle, tx);
         }
-        let mut msg = Vec::with_capacity(p::REQUEST_LEN + payload.len());
-        header.encode(&mut msg);
-        msg.extend_from_slice(payload);
+        // The header alone is this request's own memory while it waits for the writer: the payload is
+        // the caller's (shared by every write of a `rein load` job; a copy per request once held
+        // outstanding x size, 4.2 GB for 128 writes of 32 MiB to a server that did not read).
+        let mut head = Vec::with_capacity(p::REQUEST_LEN);
+        header.encode(&mut head);
         let written = {
             let mut w = self.writer.lock().await;
-            w.write_all(&msg).await
+            w.write_all(&[&head, payload]).await
         };
         if let Err(e) = written {
             // Not sent whole: nobody waits for it, and a reply naming it is the server's error.
@@ -271,7 +275,7 @@ impl NbdClient {
         let mut msg = Vec::new();
         RequestHeader { flags: 0, command: Command::Disc, handle: 0, offset: 0, length: 0 }.encode(&mut msg);
         let mut w = self.writer.lock().await;
-        let _ = w.write_all(&msg).await;
+        let _ = w.write_all(&[&msg]).await;
         let _ = w.shutdown().await;
     }
 }
