@@ -24,9 +24,12 @@
 //! epochs that only move forward: rein-core's aggregator); only while its host is silent can a replay of
 //! that host's last records be taken, once.
 //!
-//! Bounds: one exchange reads at most [`max_datagrams`] datagrams (the rest wait in the socket's buffer,
-//! which the kernel bounds), and keeps at most [`MAX_REFUSED_SHOWN`] refused records with their reasons
-//! (the rest are counted), so a flood of junk costs a bounded amount of work and memory per period.
+//! Bounds: a task reads the UDP socket all the time (so junk never fills the kernel's buffer and crowds
+//! out the peers' records: read at most [`max_datagrams`] a period, a flood of 8,000 junk datagrams a
+//! second once cut peers out of the cluster average 9 times in 12); at most [`max_datagrams`] valid
+//! records wait for an exchange (the oldest go first), and at most [`MAX_REFUSED_SHOWN`] refused records
+//! are kept with their reasons (the rest are counted), so a flood of junk costs a bounded amount of memory,
+//! and one decode (a CRC, or an HMAC with a key) a datagram.
 //!
 //! Time (`now`) is passed in by the caller, as in the core: liveness is the caller's monotonic clock at
 //! collection time, so tests drive it explicitly and a daemon passes its clock.
@@ -354,16 +357,79 @@ fn feed_table(buf: &[u8], now: Nanos, agg: &mut Aggregator, auth: Option<&dyn Re
 /// The network-based transport; see the module comment.
 #[derive(Debug)]
 pub struct UdpAggregation {
-    socket: tokio::net::UdpSocket,
+    socket: Arc<tokio::net::UdpSocket>,
     host: u32,
+    /// What the reader task and the control loop share.
+    shared: Arc<std::sync::Mutex<UdpShared>>,
+    /// Told each time the reader has taken a datagram.
+    arrived: Arc<tokio::sync::Notify>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// The peers and key the reader checks datagrams against, and what it has taken since the last drain.
+#[derive(Debug, Default)]
+struct UdpShared {
     /// (host id, address) of every other host.
     peers: Vec<(u32, SocketAddr)>,
     key: Option<Arc<RecordKey>>,
+    /// Valid records from peers, oldest first, at most [`max_datagrams`] (the oldest go first).
+    inbox: std::collections::VecDeque<HostReport>,
+    /// Refused datagrams since the last drain (`accepted`, `duplicate`, `stale` are the drain's).
+    stats: CollectStats,
+}
+
+impl UdpShared {
+    /// Checks one datagram of `n` bytes from `from` and keeps it if it is a peer's valid record.
+    fn take(&mut self, buf: &[u8], from: SocketAddr) {
+        let auth = auth_of(&self.key);
+        if buf.len() > SIGNED_BYTES {
+            let want = if auth.is_some() { SIGNED_BYTES } else { RECORD_BYTES };
+            self.stats.refuse(|| from.to_string(), RecordError::Size { got: buf.len(), want });
+            return;
+        }
+        match decode_datagram(buf, auth) {
+            Err(e) => self.stats.refuse(|| from.to_string(), e),
+            Ok(r) if !self.peers.iter().any(|&(id, a)| id == r.host && a == from) => self.stats.misplaced += 1,
+            Ok(r) => {
+                if self.inbox.len() >= max_datagrams(self.peers.len()) {
+                    self.inbox.pop_front();
+                }
+                self.inbox.push_back(r);
+            }
+        }
+    }
+}
+
+/// Reads the socket for as long as the aggregation lives, so that its buffer never fills with what
+/// nobody reads: a peer's record is not dropped by the kernel behind a flood of junk (which, read at most
+/// [`max_datagrams`] a period, once cut peers out of the cluster average 9 times in 12).
+async fn read_datagrams(
+    socket: Arc<tokio::net::UdpSocket>,
+    shared: Arc<std::sync::Mutex<UdpShared>>,
+    arrived: Arc<tokio::sync::Notify>,
+) {
+    let mut buf = [0u8; MAX_DATAGRAM];
+    loop {
+        match socket.recv_from(&mut buf).await {
+            Ok((n, from)) => {
+                shared.lock().unwrap_or_else(|e| e.into_inner()).take(&buf[..n], from);
+                arrived.notify_one();
+            }
+            // ICMP errors from earlier sends surface here on some systems: skip them (and let others run).
+            Err(_) => tokio::task::yield_now().await,
+        }
+    }
+}
+
+impl Drop for UdpAggregation {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 impl UdpAggregation {
     /// Binds `addr` for host `host` and sends to `peers` (host id, address); the host's own entry, if
-    /// present, is left out.
+    /// present, is left out. A task reads the socket from now on (module comment).
     pub async fn bind(
         host: u32,
         addr: SocketAddr,
@@ -384,14 +450,22 @@ impl UdpAggregation {
                 v.push((id, a));
             }
         }
-        let socket =
-            tokio::net::UdpSocket::bind(addr).await.map_err(|source| AggregationError::Io { op: "bind", source })?;
-        Ok(UdpAggregation { socket, host, peers: v, key: None })
+        let socket = Arc::new(
+            tokio::net::UdpSocket::bind(addr).await.map_err(|source| AggregationError::Io { op: "bind", source })?,
+        );
+        let shared = Arc::new(std::sync::Mutex::new(UdpShared { peers: v, ..UdpShared::default() }));
+        let arrived = Arc::new(tokio::sync::Notify::new());
+        let reader = tokio::spawn(read_datagrams(socket.clone(), shared.clone(), arrived.clone()));
+        Ok(UdpAggregation { socket, host, shared, arrived, reader })
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, UdpShared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Signs this host's records with `key` and believes only records signed with it (module comment).
-    pub fn with_key(mut self, key: Option<Arc<RecordKey>>) -> UdpAggregation {
-        self.key = key;
+    pub fn with_key(self, key: Option<Arc<RecordKey>>) -> UdpAggregation {
+        self.shared().key = key;
         self
     }
 
@@ -402,15 +476,19 @@ impl UdpAggregation {
 
     /// Sets the peers (e.g. once every host has bound and its port is known).
     pub fn set_peers(&mut self, peers: &[(u32, SocketAddr)]) {
-        self.peers = peers.iter().copied().filter(|p| p.0 != self.host).collect();
+        let host = self.host;
+        self.shared().peers = peers.iter().copied().filter(|p| p.0 != host).collect();
     }
 
     /// Sends `report` to every peer (one datagram each); returns how many sends succeeded (a peer that is
     /// down makes its send fail on some systems; that is not an error for the others).
     pub async fn publish(&self, report: &HostReport) -> usize {
-        let rec = encode_datagram(report, auth_of(&self.key));
+        let (rec, peers) = {
+            let s = self.shared();
+            (encode_datagram(report, auth_of(&s.key)), s.peers.clone())
+        };
         let mut ok = 0;
-        for &(_, a) in &self.peers {
+        for (_, a) in peers {
             if self.socket.send_to(&rec, a).await.is_ok() {
                 ok += 1;
             }
@@ -418,37 +496,25 @@ impl UdpAggregation {
         ok
     }
 
-    /// Waits until a datagram is ready to read, at most `timeout`; false on timeout.
+    /// Waits until a datagram has been taken since the last drain, at most `timeout`; false on timeout.
     pub async fn wait_readable(&self, timeout: std::time::Duration) -> bool {
-        tokio::time::timeout(timeout, self.socket.readable()).await.is_ok_and(|r| r.is_ok())
+        let taken = |s: &UdpShared| !s.inbox.is_empty() || s.stats.refused() > 0;
+        if taken(&self.shared()) {
+            return true;
+        }
+        tokio::time::timeout(timeout, self.arrived.notified()).await.is_ok()
     }
 
-    /// Reads the datagrams already received (without waiting; at most [`max_datagrams`]) and feeds the
-    /// valid ones to `agg` as received at `now`.
+    /// Feeds the records taken since the last drain (at most [`max_datagrams`]) to `agg` as received at
+    /// `now`, with the refusals counted meanwhile.
     pub fn drain(&self, now: Nanos, agg: &mut Aggregator) -> CollectStats {
-        let mut stats = CollectStats::default();
-        let mut buf = [0u8; MAX_DATAGRAM];
-        let auth = auth_of(&self.key);
-        for _ in 0..max_datagrams(self.peers.len()) {
-            let (n, from) = match self.socket.try_recv_from(&mut buf) {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                // ICMP errors from earlier sends surface here on some systems; skip them.
-                Err(_) => continue,
-            };
-            if n > SIGNED_BYTES {
-                let want = if auth.is_some() { SIGNED_BYTES } else { RECORD_BYTES };
-                stats.refuse(|| from.to_string(), RecordError::Size { got: n, want });
-                continue;
-            }
-            match decode_datagram(&buf[..n], auth) {
-                Err(e) => stats.refuse(|| from.to_string(), e),
-                Ok(r) if !self.peers.iter().any(|&(id, a)| id == r.host && a == from) => stats.misplaced += 1,
-                Ok(r) => {
-                    let a = agg.accept(now, r).expect("decoded host ids are below MAX_HOSTS");
-                    stats.count(a);
-                }
-            }
+        let (inbox, mut stats) = {
+            let mut s = self.shared();
+            (std::mem::take(&mut s.inbox), std::mem::take(&mut s.stats))
+        };
+        for r in inbox {
+            let a = agg.accept(now, r).expect("decoded host ids are below MAX_HOSTS");
+            stats.count(a);
         }
         stats
     }

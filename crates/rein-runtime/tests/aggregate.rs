@@ -464,29 +464,47 @@ async fn signed_udp_reports_refuse_forgeries_from_the_peers_address() {
     assert!(st.corrupt[0].1.to_string().contains("no key"));
 }
 
-/// A flood of junk costs a bounded amount per exchange: at most `max_datagrams` read, at most
-/// `MAX_REFUSED_SHOWN` kept with their reasons; the rest waits for the next exchange.
-#[tokio::test]
-async fn a_flood_of_datagrams_is_read_in_bounded_batches() {
-    use rein_runtime::aggregate::{max_datagrams, MAX_REFUSED_SHOWN};
+/// A flood of junk is read as it comes (a task reads the socket all the time): one exchange counts it all,
+/// keeping at most `MAX_REFUSED_SHOWN` with their reasons, and nothing is left for the next. A peer's record
+/// sent after a flood far larger than the socket's buffer is still received: before, at most
+/// `max_datagrams` were read an exchange, the buffer stayed full of junk and the kernel dropped the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_junk_neither_piles_up_nor_crowds_out_a_peer() {
+    use rein_runtime::aggregate::MAX_REFUSED_SHOWN;
     let junk = tokio::net::UdpSocket::bind("127.0.0.15:0").await.unwrap();
-    let u = UdpAggregation::bind(0, "127.0.0.16:0".parse().unwrap(), &[(1, junk.local_addr().unwrap())]).await.unwrap();
-    // Few enough that the socket's receive buffer keeps them all (a datagram takes about 1 KiB of it).
-    let n = max_datagrams(1) + 20;
+    let peer = tokio::net::UdpSocket::bind("127.0.0.17:0").await.unwrap();
+    let u = UdpAggregation::bind(0, "127.0.0.16:0".parse().unwrap(), &[(1, peer.local_addr().unwrap())]).await.unwrap();
+    let to = u.local_addr().unwrap();
+    let n = 100;
     for i in 0..n {
-        junk.send_to(&[i as u8; 64], u.local_addr().unwrap()).await.unwrap();
+        junk.send_to(&[i as u8; 64], to).await.unwrap();
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut agg = Aggregator::new(TIMEOUT).unwrap();
-    let st = drain_now(&u, 1, &mut agg).await;
-    assert_eq!(st.refused(), max_datagrams(1), "one batch");
-    assert_eq!((st.corrupt.len(), st.corrupt_more), (MAX_REFUSED_SHOWN, max_datagrams(1) - MAX_REFUSED_SHOWN));
-    let mut rest = 0;
-    for k in 2..10 {
-        let st = u.drain(now(k), &mut agg);
-        assert!(st.refused() <= max_datagrams(1));
-        rest += st.refused();
+    let st = u.drain(now(1), &mut agg);
+    assert_eq!(st.refused(), n, "all read: {st:?}");
+    assert_eq!((st.corrupt.len(), st.corrupt_more), (MAX_REFUSED_SHOWN, n - MAX_REFUSED_SHOWN));
+    assert_eq!(u.drain(now(2), &mut agg).refused(), 0, "nothing left over");
+    // 50,000 junk datagrams (about 50 MB of receive buffer at 1 KiB each; the default is 208 KiB), then
+    // the peer's record.
+    for i in 0..50_000u32 {
+        let _ = junk.send_to(&i.to_le_bytes(), to).await;
     }
-    assert_eq!(rest, n - max_datagrams(1), "the rest in later exchanges");
+    // The record, sent again every 100 ms for up to 10 s (a busy machine reads the flood more slowly):
+    // before, the junk stayed in the buffer and every copy was dropped.
+    let mut st = CollectStats::default();
+    for _ in 0..100 {
+        peer.send_to(&encode(&report(1, 3)), to).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let more = u.drain(now(3), &mut agg);
+        st.accepted += more.accepted;
+        st.corrupt_more += more.refused();
+        if st.accepted > 0 {
+            break;
+        }
+    }
+    assert_eq!(st.accepted, 1, "the peer's record was crowded out: {st:?}");
+    assert!(st.corrupt_more > 0, "the flood was read too");
 }
 
 /// The shared file with a key: slots carry the tag, a keyed host believes only signed slots, and a host
