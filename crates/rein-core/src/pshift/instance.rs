@@ -62,7 +62,7 @@ pub enum InstanceError {
     },
     /// A number read from a file is not a whole number of tokens in `[0, MAX_TOKENS]` (negative,
     /// fractional, NaN, infinite or too large).
-    #[error("{what}: {field} must be a whole number of tokens between 0 and {max}, got {value}")]
+    #[error("{what}: {field} must be a whole number of tokens between 0 and {max}, got {}", crate::Num(*.value))]
     BadNumber {
         /// The server or bucket (and server) it belongs to, as named in the message.
         what: String,
@@ -566,6 +566,8 @@ mod tests {
         assert!(e(&[srv("s0", -1.0)], &[bkt("b", 1.0, None, &[])])
             .contains("server \"s0\": capacity must be a whole number"));
         assert!(e(&s, &[bkt("b", 1.5, None, &[])]).contains("bucket \"b\": reservation must be a whole number"));
+        // A huge number is shown short (it was echoed with all its 301 digits).
+        assert!(e(&[srv("s0", 1e300)], &[bkt("b", 1.0, None, &[])]).ends_with("got 1e300"));
         assert!(e(&s, &[bkt("b", f64::NAN, None, &[])]).contains("reservation"));
         assert!(e(&s, &[bkt("b", 1.0, None, &[("s9", 1.0)])]).contains("unknown server \"s9\""));
         assert!(e(&s, &[bkt("b", 1.0, None, &[("s0", 1.0), ("s0", 2.0)])]).contains("names server \"s0\" twice"));
