@@ -99,8 +99,41 @@ pub(crate) fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
 
 /// `rein serve`: serves until Ctrl-C or SIGTERM; SIGHUP reloads the configuration file (with the same
 /// command-line overrides).
+/// Raises the soft limit on open files towards `needed` (at most to the hard limit), and warns when it
+/// stays below: with the usual soft limit of 1,024 the default `max_connections` (4,096) is never
+/// reached, and clients beyond the descriptors fail at accept. `what` says what needs them.
+pub(crate) fn check_open_files(needed: u64, what: &str) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let Rlimit { current: Some(soft), maximum } = getrlimit(Resource::Nofile) else { return };
+    if soft >= needed {
+        return;
+    }
+    let raised = maximum.map_or(needed, |hard| hard.min(needed));
+    if raised > soft && setrlimit(Resource::Nofile, Rlimit { current: Some(raised), maximum }).is_ok() {
+        tracing::info!(from = soft, to = raised, "raised the open-file limit for {what}");
+    }
+    let now = match getrlimit(Resource::Nofile).current {
+        Some(n) => n,
+        None => return,
+    };
+    if now < needed {
+        tracing::warn!(
+            limit = now,
+            needed,
+            "the open-file limit is below what {what} can use: connections beyond it fail at accept (raise it, e.g. ulimit -n {needed})"
+        );
+    }
+}
+
+/// Descriptors `rein serve` may use: its connection caps, one file per export, and a margin for logs,
+/// listeners and the ring.
+fn serve_files(cfg: &rein_runtime::config::ServerConfig) -> u64 {
+    (cfg.caps.total + cfg.admin_access.max_connections + cfg.exports.len() + 64) as u64
+}
+
 pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
+    check_open_files(serve_files(&cfg), "max_connections, the admin connections and the exports");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
         let shutdown = stop_signals()?;

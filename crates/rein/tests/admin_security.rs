@@ -167,6 +167,9 @@ fn idle_admin_connections_cannot_starve_nbd() {
     let tmp = tmpdir("admin-fds");
     let dir = tmp.path();
     let s = start(dir, &local(49), MEMORY, Some(128));
+    // 128 descriptors (soft and hard) against the default caps: said at start.
+    let warned = s.wait_line("the open-file limit is below what");
+    assert!(warned.contains("limit=128") && warned.contains("ulimit -n"), "{warned}");
     let pid = s.pid();
     let mut held = Vec::new();
     for i in 0..180 {
