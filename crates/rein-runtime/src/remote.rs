@@ -968,8 +968,13 @@ impl Target {
         // Set once the connection is up, so a timeout can say whether the node answered at all.
         let connected = AtomicBool::new(false);
         let attempt = async {
-            let stream =
-                self.node.address.connect().await.map_err(|e| ConnectError::Unreachable(format!("connect: {e}")))?;
+            let stream = self.node.address.connect().await.map_err(|e| {
+                // Out of descriptors is this process's limit, not the node's state: say so.
+                let local = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                let hint =
+                    if local { " (this gateway is out of file descriptors: raise its open-file limit)" } else { "" };
+                ConnectError::Unreachable(format!("connect: {e}{hint}"))
+            })?;
             connected.store(true, Ordering::Relaxed);
             let mut stream = NbdStream::Plain(stream);
             let hello = match (&self.qos, self.node.protocol) {

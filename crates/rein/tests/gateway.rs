@@ -996,6 +996,19 @@ fn a_node_that_never_greets_is_named_as_such() {
     drop(silent);
 }
 
+/// Out of file descriptors at start (`ulimit -n 40`, 60 volumes on one node), a node connection's failure
+/// says it is this gateway's limit, not the node (it said only "node unreachable ... Too many open files").
+#[test]
+fn running_out_of_descriptors_is_named_as_such() {
+    let tmp = tmpdir("gw-emfile");
+    let closed: SocketAddr = format!("127.0.0.189:{}", free_port("127.0.0.189")).parse().unwrap();
+    let body: String = (0..60).map(|i| format!("[[exports]]\nname = \"v{i}\"\nsize_mb = 1\n")).collect();
+    let cfg = gateway_config(tmp.path(), 188, &[("s1", closed)], &body);
+    let gw = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).nofile(40).start();
+    let line = gw.wait_line("out of file descriptors");
+    assert!(line.contains("raise its open-file limit"), "{line}");
+}
+
 /// A reload that opens volumes on a silent node (5 of them, a connect timeout of 2 s each) runs beside the
 /// accept loop: a client of a running volume is served meanwhile (before, it waited for the whole reload:
 /// 19 s for 10 such volumes), and the reload still completes.
