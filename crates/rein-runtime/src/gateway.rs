@@ -146,6 +146,11 @@ pub const MAX_VOLUMES: usize = 1024;
 /// buffers and a descriptor, about 11 KB: 256 nodes x 1,024 volumes took 3.0 GB and 2 min to start).
 pub const MAX_NODE_SESSIONS: usize = 16_384;
 
+/// Node connections the gateway holds: each export's nodes times `connections` (per node and volume).
+fn node_sessions(exports: &[GatewayVolume], nodes: usize, connections: usize) -> usize {
+    exports.iter().map(|v| (0..nodes).filter(|&j| v.stripe.uses(j)).count()).sum::<usize>() * connections
+}
+
 /// A tenant as the gateway keeps it (one dmClock/RBFQ tracker each, with the storage-node protocol).
 #[derive(Debug, Clone)]
 pub struct GatewayTenant {
@@ -397,6 +402,12 @@ fn seconds(key: &str, v: f64, lo: f64, hi: f64) -> Result<Duration, String> {
 }
 
 impl GatewayConfig {
+    /// The node connections this configuration holds (each export's nodes times `connections_per_node`;
+    /// at most [`MAX_NODE_SESSIONS`]).
+    pub fn node_sessions(&self) -> usize {
+        node_sessions(&self.exports, self.nodes.len(), self.link.connections)
+    }
+
     /// Reads and validates `path` (relative TLS paths are relative to its directory).
     pub fn load(path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
         let text = rein_model::input::read_text_bounded(path, crate::config::MAX_CONFIG_BYTES)
@@ -646,8 +657,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
     }
-    let sessions: usize = exports.iter().map(|v| (0..nodes.len()).filter(|&j| v.stripe.uses(j)).count()).sum::<usize>()
-        * f.connections_per_node;
+    let sessions = node_sessions(&exports, nodes.len(), f.connections_per_node);
     if sessions > MAX_NODE_SESSIONS {
         return Err(format!(
             "the exports' nodes times connections_per_node make {sessions} node connections, above the bound of \

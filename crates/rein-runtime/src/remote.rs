@@ -309,6 +309,16 @@ impl NodeLink {
     fn takes_fua(&self) -> bool {
         self.conns.iter().any(|c| c.state.fua.load(Ordering::Relaxed))
     }
+
+    /// The connections a FLUSH goes to: one (the next in turn) of a node that advertises
+    /// NBD_FLAG_CAN_MULTI_CONN, each of them otherwise.
+    fn flush_conns(&self) -> Vec<usize> {
+        if self.conns.iter().any(|c| c.state.multi_conn.load(Ordering::Relaxed)) {
+            vec![self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()]
+        } else {
+            (0..self.conns.len()).collect()
+        }
+    }
 }
 
 /// Writes a node acknowledged and whether a FLUSH covered them (module comment, "FLUSH after a lost
@@ -349,6 +359,7 @@ enum Mark {
 }
 
 /// The sending side of one pooled connection.
+#[derive(Clone)]
 struct LinkHandle {
     tx: mpsc::UnboundedSender<Work>,
     slots: Arc<Semaphore>,
@@ -552,11 +563,7 @@ impl RemoteVolume {
                     }
                     // What this FLUSH covers: the writes the node acknowledged before it is sent.
                     let covers = Mark::Flushed(t.durability.written.load(Ordering::Acquire));
-                    if link.conns.iter().any(|c| c.state.multi_conn.load(Ordering::Relaxed)) {
-                        targets.push((j, None, covers));
-                    } else {
-                        targets.extend((0..link.conns.len()).map(|c| (j, Some(c), covers)));
-                    }
+                    targets.extend(link.flush_conns().into_iter().map(|c| (j, Some(c), covers)));
                 }
                 gather.expect(targets.len() + lost.len());
                 for (node, conn, covers) in targets {
@@ -592,18 +599,13 @@ impl RemoteVolume {
             if !link.takes_flush() || link.takes_fua() {
                 continue;
             }
-            // As the volume's FLUSH: one connection of a multi-conn node, each connection otherwise.
-            let conns: Vec<&LinkHandle> = if link.conns.iter().any(|c| c.state.multi_conn.load(Ordering::Relaxed)) {
-                vec![&link.conns[link.next.fetch_add(1, Ordering::Relaxed) % link.conns.len()]]
-            } else {
-                link.conns.iter().collect()
-            };
+            // On the connections the volume's FLUSH would use.
             let durability = link.target.durability.clone();
             routes.push(FlushRoute {
                 node: link.target.node.name.clone(),
                 losses: durability.losses.load(Ordering::Acquire),
                 durability,
-                conns: conns.into_iter().map(|c| (c.tx.clone(), c.slots.clone())).collect(),
+                conns: link.flush_conns().into_iter().map(|c| link.conns[c].clone()).collect(),
             });
         }
         if routes.is_empty() {
@@ -651,10 +653,7 @@ impl RemoteVolume {
     async fn send_on(&self, node: usize, conn: Option<usize>, msg: Vec<u8>, read_len: u32, sink: Sink) {
         let link = self.links[node].as_ref().expect("the layout sends only to nodes it uses");
         let c = conn.unwrap_or_else(|| link.next.fetch_add(1, Ordering::Relaxed) % link.conns.len());
-        let handle = &link.conns[c];
-        let permit = handle.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
-        // A task that has ended (runtime shutdown) drops the work: the sink fails it (invariant 1).
-        let _ = handle.tx.send(Work { msg, read_len, sink, _permit: permit });
+        link.conns[c].send(msg, read_len, sink).await
     }
 
     /// What a request's [`Gather`] records when it is answered.
@@ -684,13 +683,22 @@ impl RemoteVolume {
     }
 }
 
+impl LinkHandle {
+    /// Queues one piece on this connection once it has a slot ([`MAX_PENDING_PER_CONN`]).
+    async fn send(&self, msg: Vec<u8>, read_len: u32, sink: Sink) {
+        let permit = self.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+        // A task that has ended (runtime shutdown) drops the work: the sink fails it (invariant 1).
+        let _ = self.tx.send(Work { msg, read_len, sink, _permit: permit });
+    }
+}
+
 /// Where the FLUSH that stands for a FUA goes: a node that takes FLUSH but not FUA, the connections to
 /// flush, and its write accounting with the loss count when the request was sent.
 struct FlushRoute {
     node: String,
     durability: Arc<Durability>,
     losses: u64,
-    conns: Vec<(mpsc::UnboundedSender<Work>, Arc<Semaphore>)>,
+    conns: Vec<LinkHandle>,
 }
 
 /// Sends the FLUSHes of [`RemoteVolume::fua_by_flush`]; `done` is answered when all succeed. A node that
@@ -708,11 +716,9 @@ async fn flush_routes(routes: Vec<FlushRoute>, done: Done) {
         }
         let covers = Mark::Flushed(r.durability.written.load(Ordering::Acquire));
         gather.expect(r.conns.len());
-        for (tx, slots) in r.conns {
-            let permit = slots.acquire_owned().await.expect("the semaphore is never closed");
+        for c in r.conns {
             let sink = Sink { gather: Some(gather.clone()), at: 0, mark: Some((r.durability.clone(), covers)) };
-            // A task that has ended drops the work: the sink fails it (invariant 1).
-            let _ = tx.send(Work { msg: header(Command::Flush, 0, 0, false), read_len: 0, sink, _permit: permit });
+            c.send(header(Command::Flush, 0, 0, false), 0, sink).await;
         }
     }
     gather.release();
@@ -1551,7 +1557,7 @@ mod tests {
     ) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
         use rein_core::Phase;
         use rein_proto::nbd::node::NodeReplyTrailer;
-        use rein_proto::nbd::{Event, ServerTransmission};
+        use rein_proto::nbd::ServerTransmission;
         use rein_proto::nbd::{RequestKind, TransmissionConfig};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -1574,35 +1580,24 @@ mod tests {
                 };
                 let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
                 loop {
-                    let (used, event) = machine.feed(&buf).unwrap();
-                    match event {
-                        Event::NeedMore { .. } => {
-                            buf.drain(..used);
-                            if s.read_buf(&mut buf).await.unwrap() == 0 {
-                                return;
-                            }
-                        }
-                        Event::Request { request, .. } => {
-                            seen.lock().unwrap().push(request.tag.expect("a node session's request has a tag"));
-                            if !answer {
-                                buf.drain(..used);
-                                continue;
-                            }
-                            let encoder = machine.replies();
-                            let mut reply = match request.kind {
-                                RequestKind::Read => vec![0; encoder.headroom(&request) + request.length as usize],
-                                _ => Vec::new(),
-                            };
-                            let trailer = NodeReplyTrailer { phase: Some(Phase::Reservation), cost };
-                            encoder.success_node(&request, trailer, &mut reply);
-                            buf.drain(..used);
-                            s.write_all(&reply).await.unwrap();
-                            answered += 1;
-                            if answered == per_session {
-                                break;
-                            }
-                        }
-                        other => panic!("unexpected {other:?}"),
+                    let Some(request) = crate::testkit::next_request(&mut s, &mut machine, &mut buf).await else {
+                        return;
+                    };
+                    seen.lock().unwrap().push(request.tag.expect("a node session's request has a tag"));
+                    if !answer {
+                        continue;
+                    }
+                    let encoder = machine.replies();
+                    let mut reply = match request.kind {
+                        RequestKind::Read => vec![0; encoder.headroom(&request) + request.length as usize],
+                        _ => Vec::new(),
+                    };
+                    let trailer = NodeReplyTrailer { phase: Some(Phase::Reservation), cost };
+                    encoder.success_node(&request, trailer, &mut reply);
+                    s.write_all(&reply).await.unwrap();
+                    answered += 1;
+                    if answered == per_session {
+                        break;
                     }
                 }
             }
@@ -1767,7 +1762,7 @@ mod tests {
     async fn flush_only_node(
         fua: bool,
     ) -> (SocketAddr, Arc<Mutex<Vec<(rein_proto::nbd::RequestKind, bool)>>>, Arc<tokio::sync::Semaphore>) {
-        use rein_proto::nbd::{Event, RequestKind, ServerTransmission, TransmissionConfig};
+        use rein_proto::nbd::{RequestKind, ServerTransmission, TransmissionConfig};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -1783,27 +1778,14 @@ mod tests {
                 return;
             };
             let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
-            loop {
-                let (used, event) = machine.feed(&buf).unwrap();
-                match event {
-                    Event::NeedMore { .. } => {
-                        buf.drain(..used);
-                        if s.read_buf(&mut buf).await.unwrap() == 0 {
-                            return;
-                        }
-                    }
-                    Event::Request { request, .. } => {
-                        log.lock().unwrap().push((request.kind, request.fua));
-                        if request.kind == RequestKind::Flush {
-                            gate.acquire().await.unwrap().forget();
-                        }
-                        let mut reply = Vec::new();
-                        machine.replies().success(&request, &mut reply);
-                        buf.drain(..used);
-                        s.write_all(&reply).await.unwrap();
-                    }
-                    other => panic!("unexpected {other:?}"),
+            while let Some(request) = crate::testkit::next_request(&mut s, &mut machine, &mut buf).await {
+                log.lock().unwrap().push((request.kind, request.fua));
+                if request.kind == RequestKind::Flush {
+                    gate.acquire().await.unwrap().forget();
                 }
+                let mut reply = Vec::new();
+                machine.replies().success(&request, &mut reply);
+                s.write_all(&reply).await.unwrap();
             }
         });
         (addr, seen, flushes)

@@ -1,7 +1,9 @@
 //! Test support shared by the unit tests of the NBD client and the gateway's node links: a fake NBD
 //! server's side of the handshake, over a real socket.
 
-use rein_proto::nbd::{ExportInfo, Negotiated, NodeHello, NodeWelcome, ServerHandshake, ServerProgress};
+use rein_proto::nbd::{
+    Event, ExportInfo, Negotiated, NodeHello, NodeWelcome, Request, ServerHandshake, ServerProgress, ServerTransmission,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -77,6 +79,29 @@ fn clear_export_flags(out: &mut [u8], clear: u16) {
             i += 32;
         } else {
             i += 1;
+        }
+    }
+}
+
+/// The next request a fake server reads on `s` through `machine` (`buf`: bytes read and not yet used), or
+/// `None` once the client has closed; anything but a request is a test failure.
+pub(crate) async fn next_request(
+    s: &mut TcpStream,
+    machine: &mut ServerTransmission,
+    buf: &mut Vec<u8>,
+) -> Option<Request> {
+    loop {
+        let (used, event) = machine.feed(buf).unwrap();
+        let request = match event {
+            Event::NeedMore { .. } => None,
+            Event::Request { request, .. } => Some(request),
+            other => panic!("unexpected {other:?}"),
+        };
+        buf.drain(..used);
+        match request {
+            Some(r) => return Some(r),
+            None if s.read_buf(buf).await.unwrap() == 0 => return None,
+            None => {}
         }
     }
 }

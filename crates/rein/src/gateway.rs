@@ -37,14 +37,8 @@ fn load(args: &GatewayArgs) -> Result<GatewayConfig> {
 /// `rein gateway`: serves until Ctrl-C or SIGTERM; SIGHUP reloads gw.toml.
 pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     let cfg = load(&args)?;
-    // The front's caps, the admin connections, and every node connection (each export's nodes times
-    // connections_per_node), with a margin.
-    let sessions: usize = cfg
-        .exports
-        .iter()
-        .map(|v| (0..cfg.nodes.len()).filter(|&j| v.stripe.uses(j)).count() * cfg.link.connections)
-        .sum();
-    let needed = (cfg.caps.total + cfg.admin_access.max_connections + sessions + 64) as u64;
+    // The front's caps, the admin connections and every node connection, with a margin.
+    let needed = (cfg.caps.total + cfg.admin_access.max_connections + cfg.node_sessions() + 64) as u64;
     crate::serve::check_open_files(needed, "max_connections, the admin connections and the node connections");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.worker_threads)
