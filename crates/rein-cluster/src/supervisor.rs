@@ -38,9 +38,30 @@ pub const LOG_TAIL_LINES: usize = 20;
 /// How often readiness and exits are polled.
 const POLL: Duration = Duration::from_millis(50);
 
+/// A child's log file as an error names it. A temporary run directory is removed when the run stops,
+/// and the log with it: the error then says so (and how to keep logs) instead of naming a path that will
+/// not be there; the log's last lines are in the error either way.
+#[derive(Debug, Clone, Default)]
+pub struct LogFile {
+    /// Where the child writes it.
+    pub path: PathBuf,
+    /// Its directory stays after the run (`--dir`).
+    pub kept: bool,
+}
+
+impl std::fmt::Display for LogFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.kept {
+            write!(f, "{}", self.path.display())
+        } else {
+            f.write_str("(removed with the run's temporary directory; --dir DIR keeps the logs)")
+        }
+    }
+}
+
 /// A child exited while it should be serving.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{what} {name} (pid {pid}) exited: {status}; the last lines of its log {}:\n{tail}", log.display())]
+#[error("{what} {name} (pid {pid}) exited: {status}; the last lines of its log {log}:\n{tail}")]
 pub struct ChildDied {
     /// "node" or "gateway".
     pub what: &'static str,
@@ -51,7 +72,7 @@ pub struct ChildDied {
     /// How it exited.
     pub status: String,
     /// Its log file.
-    pub log: PathBuf,
+    pub log: LogFile,
     /// The last [`LOG_TAIL_LINES`] lines of the log.
     pub tail: String,
 }
@@ -74,14 +95,14 @@ pub enum ClusterError {
     #[error(transparent)]
     NotReady(Box<NotReady>),
     /// pShift servers had not reached the controller in time.
-    #[error("pShift servers {} had not reached the controller within {secs} s; the last lines of its log {}:\n{tail}", servers.join(", "), log.display())]
+    #[error("pShift servers {} had not reached the controller within {secs} s; the last lines of its log {log}:\n{tail}", servers.join(", "))]
     NotLinked {
         /// The servers the controller did not list as connected.
         servers: Vec<String>,
         /// The deadline.
         secs: f64,
         /// The controller's log file.
-        log: PathBuf,
+        log: LogFile,
         /// The last lines of its log.
         tail: String,
     },
@@ -95,7 +116,9 @@ impl From<ChildDied> for ClusterError {
 
 /// A child was not ready in time.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{what} {name} was not ready within {secs} s (NBD {nbd}, admin {admin}); the last lines of its log {}:\n{tail}", log.display())]
+#[error(
+    "{what} {name} was not ready within {secs} s (NBD {nbd}, admin {admin}); the last lines of its log {log}:\n{tail}"
+)]
 pub struct NotReady {
     /// "node" or "gateway".
     pub what: &'static str,
@@ -108,7 +131,7 @@ pub struct NotReady {
     /// Its admin address.
     pub admin: SocketAddr,
     /// Its log file.
-    pub log: PathBuf,
+    pub log: LogFile,
     /// The last lines of its log.
     pub tail: String,
 }
@@ -118,7 +141,7 @@ struct Proc {
     name: String,
     nbd: SocketAddr,
     admin: SocketAddr,
-    log: PathBuf,
+    log: LogFile,
     child: Child,
     /// Reaped already (its status), so it is neither signalled nor waited for again.
     exited: Option<ExitStatus>,
@@ -251,9 +274,9 @@ impl Supervisor {
     ) -> Result<(), ClusterError> {
         let cfg = self.dir.join(format!("{what}-{name}.toml"));
         std::fs::write(&cfg, config).map_err(io(format!("writing {}", cfg.display())))?;
-        let log = self.dir.join(format!("{what}-{name}.log"));
-        let out = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
-        let err = out.try_clone().map_err(io(format!("opening {}", log.display())))?;
+        let log = LogFile { path: self.dir.join(format!("{what}-{name}.log")), kept: !self.remove };
+        let out = std::fs::File::create(&log.path).map_err(io(format!("creating {}", log.path.display())))?;
+        let err = out.try_clone().map_err(io(format!("opening {}", log.path.display())))?;
         let child = Command::new(exe)
             .current_dir(&self.dir)
             .args(sub)
@@ -300,7 +323,7 @@ impl Supervisor {
                     nbd: p.nbd,
                     admin: p.admin,
                     log: p.log.clone(),
-                    tail: log_tail(&p.log, LOG_TAIL_LINES),
+                    tail: log_tail(&p.log.path, LOG_TAIL_LINES),
                 })));
             }
             std::thread::sleep(POLL);
@@ -324,7 +347,7 @@ impl Supervisor {
                 return Err(ClusterError::NotLinked {
                     servers: unlinked.unwrap_or_else(|| vec!["(the controller's status could not be read)".into()]),
                     secs: timeout.as_secs_f64(),
-                    tail: log_tail(&log, LOG_TAIL_LINES),
+                    tail: log_tail(&log.path, LOG_TAIL_LINES),
                     log,
                 });
             }
@@ -346,7 +369,7 @@ impl Supervisor {
                     pid: p.child.id(),
                     status: status.to_string(),
                     log: p.log.clone(),
-                    tail: log_tail(&p.log, LOG_TAIL_LINES),
+                    tail: log_tail(&p.log.path, LOG_TAIL_LINES),
                 });
             }
         }

@@ -300,6 +300,15 @@ fn positive(field: &str, v: f64) -> Result<f64, WorkloadError> {
     }
 }
 
+/// A rate a workload's own timing offers (`what` names it) is at most [`MAX_RATE_IOPS`] (an infinite
+/// one, from a period that rounds to no time, is over it).
+fn within_rate(what: &str, iops: f64) -> Result<(), WorkloadError> {
+    if iops <= MAX_RATE_IOPS {
+        return Ok(());
+    }
+    Err(invalid(format!("{what} {} is above the bound of {} IOPS", Num(iops), Num(MAX_RATE_IOPS))))
+}
+
 impl WorkloadParams {
     /// Validates into a [`WorkloadSpec`]; `duration` is the run's length (the default stop), `base` the
     /// directory relative trace paths resolve against, `devices` the trace device numbers to keep (empty:
@@ -325,13 +334,7 @@ impl WorkloadParams {
         };
         let open = || -> Result<WorkloadKind, WorkloadError> {
             let iops = positive("workload.iops", self.iops.ok_or_else(|| invalid("open workload needs iops"))?)?;
-            if iops > MAX_RATE_IOPS {
-                return Err(invalid(format!(
-                    "workload.iops {} is above the bound of {} IOPS",
-                    Num(iops),
-                    Num(MAX_RATE_IOPS)
-                )));
-            }
+            within_rate("workload.iops", iops)?;
             Ok(WorkloadKind::Open { iops })
         };
         let kind = match self.kind.as_str() {
@@ -359,14 +362,7 @@ impl WorkloadParams {
                 }
                 let p = self.burst_period_ms.ok_or_else(|| invalid("burst needs burst_period_ms"))?;
                 let period = millis("burst_period_ms", positive("burst_period_ms", p)?)?;
-                let rate = count as f64 / period.as_secs_f64();
-                if period < Nanos::from_micros(1) || rate > MAX_RATE_IOPS {
-                    return Err(invalid(format!(
-                        "burst_count / burst_period_ms offers {} IOPS, above the bound of {} IOPS",
-                        Num(rate),
-                        Num(MAX_RATE_IOPS)
-                    )));
-                }
+                within_rate("the rate burst_count / burst_period_ms", count as f64 / period.as_secs_f64())?;
                 WorkloadKind::Burst { count, period }
             }
             "trace" => {
@@ -405,18 +401,14 @@ impl WorkloadParams {
                             Num(t.time_scale)
                         )));
                     }
-                    if n / pass > MAX_RATE_IOPS {
-                        return Err(invalid(format!(
-                            "trace.repeat: {} replays {} records every {} s ({} IOPS at time_scale {}), above the \
-                             bound of {} IOPS",
-                            path.display(),
-                            records.len(),
-                            Num(pass),
-                            Num(n / pass),
-                            Num(t.time_scale),
-                            Num(MAX_RATE_IOPS)
-                        )));
-                    }
+                    let what = format!(
+                        "trace.repeat: the replay rate of {} ({} records every {} s at time_scale {})",
+                        path.display(),
+                        records.len(),
+                        Num(pass),
+                        Num(t.time_scale)
+                    );
+                    within_rate(&what, n / pass)?;
                 }
                 WorkloadKind::Trace { records: Arc::new(records), time_scale: t.time_scale, repeat: t.repeat }
             }

@@ -62,9 +62,10 @@
 //!   ([`RemoteVolume::respec`]): each node session ends once its pieces are answered and says hello
 //!   again at once (pieces sent meanwhile wait); a node applies it as its `[node] specs` says, and the
 //!   tracker keeps its account (the same node boot);
-//! - a volume added: opened (its node connections; the reload runs beside the accept loop, which goes on
-//!   serving new clients, and a SIGHUP meanwhile waits for it); one that cannot be opened (a node answers
-//!   wrongly) fails the reload, which then changes nothing;
+//! - a volume added: opened (its node connections, `OPEN_AT_ONCE` (64) volumes together as at start; the
+//!   reload runs beside the accept loop, which goes on serving new clients, and a SIGHUP meanwhile waits
+//!   for it); one that cannot be opened (a node answers wrongly) fails the reload, which then changes
+//!   nothing;
 //! - a volume removed: gone from the list for new connections; connections that opened it keep it until
 //!   they close;
 //! - a volume added on a node export that a running volume holds with another layout (one kept as it
@@ -869,13 +870,6 @@ impl Live {
         (id, tracker)
     }
 
-    /// Opens volume `v` of tenant `t` (its node connections) and makes its export.
-    async fn open(&mut self, v: &GatewayVolume, t: &GatewayTenant) -> Result<LiveVolume, GatewayError> {
-        let (id, qos) = self.volume_qos(t);
-        let volume = open_remote(&self.base, v, qos).await?;
-        self.make(v, t, id, volume).await
-    }
-
     /// The tenant id and the QoS state a volume of tenant `t` opens with.
     fn volume_qos(&mut self, t: &GatewayTenant) -> (rein_core::TenantId, VolumeQos) {
         let (id, tracker) = self.tenant_state(t);
@@ -945,9 +939,27 @@ async fn open_remote(
         .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })
 }
 
-/// Volumes opened at once at start: a node that is down or silent costs each volume a connect timeout,
-/// paid by this many volumes together (one after another, 1,024 volumes on a silent node took 85 min).
+/// Volumes opened at once, at start and by a reload: a node that is down or silent costs each volume a
+/// connect timeout, paid by this many volumes together (one after another, 1,024 volumes on a silent node
+/// took 85 min).
 const OPEN_AT_ONCE: usize = 64;
+
+/// Opens the node connections of `volumes` ([`OPEN_AT_ONCE`] at a time), each with its tenant id and QoS
+/// state; the result is in `volumes`' order. The first error ends it (what was opened is dropped: its
+/// connections close).
+async fn open_remotes<'a>(
+    base: &GatewayConfig,
+    volumes: Vec<(&'a GatewayVolume, rein_core::TenantId, VolumeQos)>,
+) -> Result<Vec<(&'a GatewayVolume, rein_core::TenantId, Arc<RemoteVolume>)>, GatewayError> {
+    use futures_util::stream::{StreamExt, TryStreamExt};
+    // The futures are made before the stream (a closure in the stream's type is not `Send` enough for
+    // the reload's boxed future).
+    let opens: Vec<_> = volumes
+        .into_iter()
+        .map(|(v, id, qos)| async move { open_remote(base, v, qos).await.map(|vol| (v, id, vol)) })
+        .collect();
+    futures_util::stream::iter(opens).buffered(OPEN_AT_ONCE).try_collect().await
+}
 
 /// What a reload did: lines applied, and lines naming what needs a restart.
 #[derive(Debug, Default)]
@@ -1047,9 +1059,10 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             })
         })
     };
-    // Volumes: in the new file's order; a kept volume whose layout changed stays as it runs.
-    let mut volumes: Vec<LiveVolume> = Vec::new();
-    let mut opened: Vec<String> = Vec::new();
+    // Volumes: in the new file's order; a kept volume whose layout changed stays as it runs. New ones
+    // (`None` here) open together once every one has passed the layout check.
+    let mut volumes: Vec<Option<LiveVolume>> = Vec::new();
+    let mut to_open = Vec::new();
     for v in &new.exports {
         let tname = &new.tenants[v.tenant].name;
         match live.volumes.iter().position(|o| o.cfg.name == v.name) {
@@ -1061,36 +1074,36 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
                     || &old.tenant != tname
                 {
                     restart(&mut r, &format!("export {}: size_mb, stripe_kb, widths, node_export or tenant", v.name));
-                    volumes.push(old.clone());
+                    volumes.push(Some(old.clone()));
                 } else if old.cfg.access != v.access {
                     r.applied
                         .push(format!("export {}: access lists changed (for connections opened from now on)", v.name));
                     // An export is shared by the connections that opened it: a change is a new one.
                     let export = Arc::new(Export { access: v.access.clone(), ..(*old.export).clone() });
-                    volumes.push(LiveVolume { cfg: v.clone(), export, ..old.clone() });
+                    volumes.push(Some(LiveVolume { cfg: v.clone(), export, ..old.clone() }));
                 } else {
-                    volumes.push(old.clone());
+                    volumes.push(Some(old.clone()));
                 }
             }
             None => {
                 if let Some(e) = clash(v) {
                     return Err(e);
                 }
-                let t = tenant_of(tname).clone();
-                match live.open(v, &t).await {
-                    Ok(lv) => {
-                        opened.push(v.name.clone());
-                        volumes.push(lv);
-                    }
-                    // What was opened is dropped with `volumes`: its connections close.
-                    Err(e) => return Err(e.to_string()),
-                }
+                let (id, qos) = live.volume_qos(tenant_of(tname));
+                to_open.push((v, id, qos));
+                volumes.push(None);
             }
         }
     }
-    for name in &opened {
-        r.applied.push(format!("export {name} added"));
+    // What was opened is dropped on an error: its connections close, and nothing changed.
+    let opened = open_remotes(&live.base, to_open).await.map_err(|e| e.to_string())?;
+    let mut slots = volumes.iter_mut().filter(|v| v.is_none());
+    for (v, id, volume) in opened {
+        let lv = live.make(v, tenant_of(&new.tenants[v.tenant].name), id, volume).await.map_err(|e| e.to_string())?;
+        r.applied.push(format!("export {} added", v.name));
+        *slots.next().expect("a slot for each new volume") = Some(lv);
     }
+    let volumes: Vec<LiveVolume> = volumes.into_iter().map(|v| v.expect("every new volume opened")).collect();
     for old in &live.volumes {
         if !volumes.iter().any(|v| v.cfg.name == old.cfg.name) {
             r.applied
@@ -1174,20 +1187,16 @@ pub async fn run_with(
     // The volumes' node connections open together (OPEN_AT_ONCE at a time), and a stop signal meanwhile
     // ends the start at once (it was heard only once the gateway listened).
     tokio::pin!(shutdown);
-    let prepared: Vec<_> = cfg.exports.iter().map(|v| (v, live.volume_qos(&cfg.tenants[v.tenant]))).collect();
-    let opening = {
-        use futures_util::stream::{StreamExt, TryStreamExt};
-        let base = &cfg;
-        futures_util::stream::iter(
-            prepared
-                .into_iter()
-                .map(move |(v, (id, qos))| async move { open_remote(base, v, qos).await.map(|vol| (v, id, vol)) }),
-        )
-        .buffered(OPEN_AT_ONCE)
-        .try_collect::<Vec<_>>()
-    };
+    let prepared: Vec<_> = cfg
+        .exports
+        .iter()
+        .map(|v| {
+            let (id, qos) = live.volume_qos(&cfg.tenants[v.tenant]);
+            (v, id, qos)
+        })
+        .collect();
     let opened = tokio::select! {
-        r = opening => r?,
+        r = open_remotes(&cfg, prepared) => r?,
         _ = &mut shutdown => {
             tracing::info!("stopped while opening the volumes' node connections");
             return Ok(());

@@ -269,6 +269,9 @@ fn a_killed_child_makes_up_exit_non_zero_naming_it() {
     assert!(!ok, "a dead child is a failure");
     assert!(err.contains("node s2 (pid ") && err.contains("signal: 9"), "names the child and how it ended: {err}");
     assert!(err.contains("rein serve listening"), "quotes its log: {err}");
+    // The log's directory is removed at the end: the error does not send the operator there.
+    assert!(!err.contains(&run_tmp.display().to_string()), "names a path it removes: {err}");
+    assert!(err.contains("removed with the run's temporary directory; --dir DIR keeps the logs"), "{err}");
     for k in kids {
         assert!(!alive(k), "child {k} outlived rein cluster up");
     }
