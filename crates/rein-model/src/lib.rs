@@ -16,6 +16,7 @@
 //! - [`seed`]: one seeded random stream per entity;
 //! - [`parda_settings`]: the `[parda]` table (PARDA's control law) of scenarios and of `rein gateway` as a
 //!   PARDA host, one parser for both;
+//! - [`pshift_instance`]: the pShift instance file (`rein pshift solve` reads it, `gen` writes it);
 //! - [`sched_settings`]: the `[mclock]` table (scheduler settings) of scenarios and rein.toml, one parser
 //!   for both.
 //!
@@ -30,6 +31,7 @@ pub mod input;
 pub mod meter;
 pub mod parda_settings;
 mod ps;
+pub mod pshift_instance;
 pub mod pshift_settings;
 pub mod recorder;
 pub mod report;

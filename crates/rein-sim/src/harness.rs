@@ -1,9 +1,9 @@
-//! The simulator's decoders of outside input (an operator's scenario file, a trace file) as functions of
-//! arbitrary bytes, with their contracts.
+//! The decoders of the files the simulator and `rein pshift` read (an operator's scenario file, a trace
+//! file, a pShift instance file) as functions of arbitrary bytes, with their contracts.
 //!
-//! The fuzz targets `scenario` and `trace` (`fuzz/` at the repository root, cargo-fuzz on a nightly
-//! toolchain) are one line each: they call these functions; `tests/corpus.rs` replays the committed
-//! corpus through them on stable. Each function panics exactly when a contract is broken.
+//! The fuzz targets `scenario`, `trace` and `pshift_instance` (`fuzz/` at the repository root, cargo-fuzz
+//! on a nightly toolchain) are one line each: they call these functions; `tests/corpus.rs` replays the
+//! committed corpus through them on stable. Each function panics exactly when a contract is broken.
 //!
 //! Contracts checked:
 //! - [`scenario`]: [`Scenario::from_toml`] never panics; a refusal has a message; a scenario it accepts
@@ -14,6 +14,11 @@
 //! - [`trace`]: [`rein_model::trace::parse`] in each format never panics; a refusal names the trace (and
 //!   the line, for a bad line); what it accepts is at most [`MAX_RECORDS`] records, in time order from 0,
 //!   none smaller than one 512-byte sector, only of the devices asked for.
+//! - [`pshift_instance`]: [`rein_model::pshift_instance::parse`] never panics; a refusal has a message;
+//!   an instance it accepts has 1..=`MAX_SERVERS` servers, 1..=`MAX_BUCKETS` buckets, at most
+//!   `MAX_ENTRIES` demand entries, every number within `MAX_TOKENS` and no limit below its reservation;
+//!   and [`rein_model::pshift_instance::to_json`] writes it as a file that parses to an equal instance and
+//!   writes back the same text.
 
 use crate::model::{MAX_DURATION_S, MAX_INTERVALS, MAX_SERVERS, MAX_TENANTS};
 use crate::Scenario;
@@ -76,4 +81,41 @@ pub fn trace(data: &[u8]) {
             }
         }
     }
+}
+
+/// Parses `data` (if UTF-8) as a pShift instance file and, if it is accepted, writes it and reads it back;
+/// panics if a contract is broken (module comment).
+pub fn pshift_instance(data: &[u8]) {
+    use rein_core::pshift::{MAX_BUCKETS, MAX_ENTRIES, MAX_SERVERS, MAX_TOKENS};
+    use rein_model::pshift_instance::{parse, to_json};
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let inst = match parse(text) {
+        Ok(inst) => inst,
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "a refusal without a message");
+            return;
+        }
+    };
+    assert!((1..=MAX_SERVERS).contains(&inst.servers()), "{} servers accepted", inst.servers());
+    assert!((1..=MAX_BUCKETS).contains(&inst.buckets()), "{} buckets accepted", inst.buckets());
+    assert!(inst.entries() <= MAX_ENTRIES, "{} entries accepted", inst.entries());
+    for j in 0..inst.servers() {
+        assert!(inst.capacity(j) <= MAX_TOKENS, "a capacity of {} accepted", inst.capacity(j));
+    }
+    for i in 0..inst.buckets() {
+        let r = inst.reservation(i);
+        assert!(r <= MAX_TOKENS, "a reservation of {r} accepted");
+        assert!(
+            inst.limit(i).is_none_or(|l| (r..=MAX_TOKENS).contains(&l)),
+            "limit {:?} with reservation {r}",
+            inst.limit(i)
+        );
+        for e in inst.bucket_entries(i) {
+            assert!(inst.entry_demand(e) <= MAX_TOKENS, "a demand of {} accepted", inst.entry_demand(e));
+        }
+    }
+    let json = to_json(&inst);
+    let again = parse(&json).unwrap_or_else(|e| panic!("what to_json wrote is refused: {e}\n{json}"));
+    assert!(again == inst, "written and read back, the instance differs:\n{json}");
+    assert_eq!(to_json(&again), json, "written twice, the text differs");
 }

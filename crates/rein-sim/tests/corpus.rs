@@ -15,6 +15,11 @@ fn trace_corpus() {
     replay("trace", rein_sim::harness::trace);
 }
 
+#[test]
+fn pshift_instance_corpus() {
+    replay("pshift_instance", rein_sim::harness::pshift_instance);
+}
+
 /// The scenario inputs kept out of short fuzz runs (`fuzz/corpus-slow/scenario`, fuzz/README.md) are
 /// replayed here with the rest.
 #[test]

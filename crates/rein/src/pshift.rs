@@ -6,16 +6,14 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use rein_core::pshift::{solve, Allocation, Instance, RawBucket, RawServer, SolveOptions};
+use rein_core::pshift::{solve, Allocation, Instance, SolveOptions};
+use rein_model::pshift_instance::{self, MAX_INSTANCE_BYTES};
 use rein_model::report::PeriodMetric;
 use rein_sim::model::pshift::gen::{generate, GenParams};
-use serde::de::{MapAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Largest instance file `solve` reads (a 1,000,000-bucket instance on 8 servers each is about 150 MB).
-pub(crate) const MAX_INSTANCE_BYTES: u64 = 256 << 20;
 /// Most threads `--threads` accepts.
 pub(crate) const MAX_THREADS: usize = 256;
 
@@ -251,81 +249,7 @@ impl GenArgs {
 // The instance file
 // ------------------------------------------------------------------------------------------------------
 
-/// Numbers are read as `f64` so that the core can name a negative, fractional or oversized value in its
-/// error rather than serde reporting a type mismatch.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InstanceFile {
-    servers: Vec<ServerFile>,
-    buckets: Vec<BucketFile>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ServerFile {
-    name: String,
-    capacity: f64,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BucketFile {
-    name: String,
-    reservation: f64,
-    #[serde(default)]
-    limit: Option<f64>,
-    #[serde(default)]
-    demand: DemandMap,
-}
-
-/// What `gen` writes: the same format with whole numbers.
-#[derive(Debug, Serialize)]
-struct InstanceOut {
-    servers: Vec<ServerOutFile>,
-    buckets: Vec<BucketOutFile>,
-}
-
-#[derive(Debug, Serialize)]
-struct ServerOutFile {
-    name: String,
-    capacity: u64,
-}
-
-#[derive(Debug, Serialize)]
-struct BucketOutFile {
-    name: String,
-    reservation: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit: Option<u64>,
-    demand: serde_json::Map<String, serde_json::Value>,
-}
-
-/// `{"s0": 150, "s1": 50}` kept in file order with duplicates, so a server named twice is reported
-/// rather than silently overwritten (serde's maps keep the last value).
-#[derive(Debug, Default)]
-struct DemandMap(Vec<(String, f64)>);
-
-impl<'de> Deserialize<'de> for DemandMap {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = DemandMap;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object mapping server names to demands")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<DemandMap, A::Error> {
-                let mut v = Vec::new();
-                while let Some((k, x)) = m.next_entry::<String, f64>()? {
-                    v.push((k, x));
-                }
-                Ok(DemandMap(v))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// Reads and validates an instance file (size bound, JSON, then the core's checks).
+/// Reads and validates an instance file (size bound, then `rein_model::pshift_instance`).
 pub(crate) fn load_instance(path: &Path) -> Result<Instance> {
     // Read with the bound (a size the file system states is not trusted: /dev/zero states 0).
     let text = rein_model::input::read_text_bounded(path, MAX_INSTANCE_BYTES).map_err(|e| match e.kind() {
@@ -334,37 +258,12 @@ pub(crate) fn load_instance(path: &Path) -> Result<Instance> {
         }
         _ => anyhow::Error::from(e).context(format!("cannot read instance {}", path.display())),
     })?;
-    let f: InstanceFile = serde_json::from_str(&text)
-        .with_context(|| format!("instance {} is not a valid instance file", path.display()))?;
-    let servers: Vec<RawServer> =
-        f.servers.into_iter().map(|s| RawServer { name: s.name, capacity: s.capacity }).collect();
-    let buckets: Vec<RawBucket> = f
-        .buckets
-        .into_iter()
-        .map(|b| RawBucket { name: b.name, reservation: b.reservation, limit: b.limit, demand: b.demand.0 })
-        .collect();
-    Instance::from_raw(&servers, &buckets).with_context(|| format!("instance {}", path.display()))
-}
-
-/// The instance as JSON (what `gen` writes and `solve` reads).
-pub(crate) fn instance_json(inst: &Instance) -> Result<String> {
-    let f = InstanceOut {
-        servers: (0..inst.servers())
-            .map(|j| ServerOutFile { name: inst.server_name(j), capacity: inst.capacity(j) })
-            .collect(),
-        buckets: (0..inst.buckets())
-            .map(|i| BucketOutFile {
-                name: inst.bucket_name(i),
-                reservation: inst.reservation(i),
-                limit: inst.limit(i),
-                demand: inst
-                    .bucket_entries(i)
-                    .map(|e| (inst.server_name(inst.entry_server(e)), inst.entry_demand(e).into()))
-                    .collect(),
-            })
-            .collect(),
-    };
-    Ok(serde_json::to_string(&f)? + "\n")
+    pshift_instance::parse(&text).map_err(|e| match e {
+        pshift_instance::InstanceFileError::Json(j) => {
+            anyhow::anyhow!("instance {} is not a valid instance file: {j}", path.display())
+        }
+        pshift_instance::InstanceFileError::Invalid(e) => anyhow::anyhow!("instance {}: {e}", path.display()),
+    })
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -535,7 +434,7 @@ pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
         PshiftCmd::Controller(a) => controller(&a)?,
         PshiftCmd::Gen(a) => {
             let inst = generate(&a.params()).map_err(anyhow::Error::msg).context("rein pshift gen")?;
-            let json = instance_json(&inst)?;
+            let json = pshift_instance::to_json(&inst);
             match &a.out {
                 Some(p) => std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?,
                 None => print!("{json}"),
