@@ -25,6 +25,17 @@
 //!   thread (it never blocks and is a memory copy of microseconds). RAM answers [`MEMORY_INLINE_MAX`];
 //!   files 0, since any file IO may wait for a device.
 //!
+//! # One writer per file
+//! A [`FileStorage`] holds an advisory lock (`flock`) on its file for as long as any storage of that file
+//! in this process lives: exclusive when writable, shared when read-only. A second process that opens the
+//! same file (another `rein serve`, a `rein probe --destructive`, a `rein serve` given another's data)
+//! is refused with [`StorageError::InUse`] instead of both writing the one image (each one's writes lost
+//! under the other's, silently). Within one process the lock is shared by every storage of the file
+//! (found by device and inode: a reload opens a changed export again while connections hold the old
+//! storage), and a writable open upgrades a read-only one's lock. The lock is advisory: tools that do
+//! not take it (dd, cp, a qemu without locking) are not kept out. Two device nodes of one block device
+//! are two locks.
+//!
 //! # Errors
 //! A [`StorageError`] says what failed; [`StorageError::kind`] says what kind of failure it is for a
 //! client (rein-proto's protocol-neutral [`ErrorKind`]): out of range is an invalid request, a write to a
@@ -66,6 +77,12 @@ pub enum StorageError {
     /// socket): nothing with a fixed size to serve.
     #[error("is {0}, not a regular file or a block device")]
     NotAFile(&'static str),
+    /// Another process holds the file (module comment, "One writer per file").
+    #[error(
+        "is in use by another process (a rein serve or rein probe that has it open{0}); two writers of one \
+         image overwrite each other's data"
+    )]
+    InUse(&'static str),
     /// The file does not exist and no size to create it with was given.
     #[error("does not exist (add size_mb to the export to create it)")]
     Missing,
@@ -93,7 +110,10 @@ impl StorageError {
         match self {
             StorageError::OutOfRange { .. } => ErrorKind::InvalidRequest,
             StorageError::ReadOnly => ErrorKind::ReadOnly,
-            StorageError::NotAFile(_) | StorageError::Missing | StorageError::SizeMismatch { .. } => ErrorKind::Io,
+            StorageError::NotAFile(_)
+            | StorageError::Missing
+            | StorageError::SizeMismatch { .. }
+            | StorageError::InUse(_) => ErrorKind::Io,
             StorageError::Io { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
                 Some(libc::ENOMEM) => ErrorKind::Exhausted,
@@ -208,6 +228,8 @@ pub struct FileStorage {
     direct: Option<File>,
     size: u64,
     read_only: bool,
+    /// Held while the storage lives (module comment, "One writer per file").
+    _lock: std::sync::Arc<ExportLock>,
 }
 
 /// What kind of file `meta` describes, when it is one that cannot be served (a directory, a FIFO, a
@@ -249,6 +271,66 @@ pub struct FileMode {
 impl Default for FileMode {
     fn default() -> Self {
         FileMode { read_only: false, direct: false, readahead: true }
+    }
+}
+
+/// The lock on one file, shared by its storages in this process (module comment, "One writer per file").
+#[derive(Debug)]
+struct ExportLock {
+    /// A duplicate of the first storage's descriptor: the lock is on that open file description, which
+    /// lives as long as this does.
+    fd: File,
+    /// The lock is exclusive (else shared).
+    exclusive: std::sync::atomic::AtomicBool,
+}
+
+/// A file's device and inode.
+type FileKey = (u64, u64);
+
+/// The files this process holds.
+static HELD: Mutex<Vec<(FileKey, std::sync::Weak<ExportLock>)>> = Mutex::new(Vec::new());
+
+impl ExportLock {
+    /// The lock on `file` (whose metadata is `meta`), exclusive if `write`: this process's, if it holds
+    /// the file already (upgraded if `write` asks more), else a new one; [`StorageError::InUse`] if another
+    /// process holds it so that it cannot be had.
+    fn take(file: &File, meta: &std::fs::Metadata, write: bool) -> Result<std::sync::Arc<ExportLock>, StorageError> {
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::atomic::Ordering;
+        let key = (meta.dev(), meta.ino());
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(lock) = held.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
+            if write && !lock.exclusive.load(Ordering::Relaxed) {
+                flock(&lock.fd, true)?;
+                lock.exclusive.store(true, Ordering::Relaxed);
+            }
+            return Ok(lock);
+        }
+        let fd = file.try_clone().map_err(|source| StorageError::Io { op: "dup", source })?;
+        flock(&fd, write)?;
+        let lock = std::sync::Arc::new(ExportLock { fd, exclusive: write.into() });
+        held.push((key, std::sync::Arc::downgrade(&lock)));
+        Ok(lock)
+    }
+}
+
+/// `flock(LOCK_EX or LOCK_SH | LOCK_NB)` on `file`: [`StorageError::InUse`] if another holder is in the way.
+#[allow(unsafe_code)] // flock(2) has no safe wrapper in std; see the SAFETY comment.
+fn flock(file: &File, exclusive: bool) -> Result<(), StorageError> {
+    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+    loop {
+        // SAFETY: flock only reads its integer arguments; the descriptor is owned by `file`, which outlives
+        // the call.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => return Err(StorageError::InUse(if exclusive { "" } else { " for writing" })),
+            _ => return Err(StorageError::Io { op: "flock", source: e }),
+        }
     }
 }
 
@@ -303,6 +385,7 @@ impl FileStorage {
             }
         }
         let meta = file.metadata().map_err(|e| io("stat", e))?;
+        let lock = ExportLock::take(&file, &meta, !read_only)?;
         let actual = if meta.file_type().is_file() {
             meta.len()
         } else {
@@ -328,7 +411,7 @@ impl FileStorage {
         } else {
             None
         };
-        Ok(FileStorage { file, direct, size: actual, read_only })
+        Ok(FileStorage { file, direct, size: actual, read_only, _lock: lock })
     }
 
     /// The descriptor an IO of `len` bytes at `offset` should use: the direct one (then its buffer must be
@@ -614,6 +697,42 @@ mod tests {
         ));
         let e = StorageError::NotAFile("a directory").to_string();
         assert_eq!(e, "is a directory, not a regular file or a block device");
+    }
+
+    /// One writer per file (module comment): within this process the storages of one file share its
+    /// lock (a reload's second open works, also after the first is gone); a holder elsewhere (here a
+    /// descriptor of its own, as another process's would be) keeps a writer out while it holds the file
+    /// at all, and a reader out while it holds it for writing.
+    #[test]
+    fn a_file_held_elsewhere_is_refused() {
+        let dir = tempfile::Builder::new().prefix("rein-storage-lock-").tempdir().unwrap();
+        let path = dir.path().join("a.img");
+        let first = FileStorage::open(&path, Some(4 * PAGE), false).unwrap();
+        let second = FileStorage::open(&path, None, false).unwrap();
+        drop(first);
+        let ro = FileStorage::open(&path, None, true).unwrap();
+        drop((second, ro));
+        // Another holder, for reading: readers share it, a writer is refused.
+        let other = File::open(&path).unwrap();
+        flock(&other, false).unwrap();
+        let ro = FileStorage::open(&path, None, true).unwrap();
+        let e = FileStorage::open(&path, None, false).err().expect("a writer beside a reader elsewhere");
+        assert!(matches!(e, StorageError::InUse("")), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Io);
+        // ... and a reader here cannot become a writer while it holds on.
+        assert!(matches!(FileStorage::open(&path, None, false), Err(StorageError::InUse(_))));
+        drop((ro, other));
+        // Another holder for writing keeps even a reader out.
+        let other = File::open(&path).unwrap();
+        flock(&other, true).unwrap();
+        let e = FileStorage::open(&path, None, true).err().expect("a reader beside a writer elsewhere");
+        assert!(
+            e.to_string()
+                .starts_with("is in use by another process (a rein serve or rein probe that has it open for writing)"),
+            "{e}"
+        );
+        drop(other);
+        assert!(FileStorage::open(&path, None, false).is_ok(), "free again once the other is gone");
     }
 
     #[test]

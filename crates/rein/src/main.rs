@@ -8,6 +8,7 @@ mod cluster;
 mod demo;
 mod gateway;
 mod load;
+mod logging;
 mod plot;
 mod probe;
 mod pshift;
@@ -50,10 +51,14 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+    // Log lines go through a bounded queue to a thread of their own: a stderr that is not read or fails
+    // costs dropped lines, never a stuck or crashed daemon (logging.rs).
+    let (sink, log) = logging::start(std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
+        .with_writer(sink)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .log_internal_errors(false)
         .init();
     let res = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
@@ -66,11 +71,20 @@ fn main() {
         Cmd::Pshift(c) => pshift::run(c),
         Cmd::Cluster(c) => cluster::run(c),
     };
-    if let Err(e) = res {
-        eprintln!("error: {}", report(&e));
-        std::process::exit(1);
-    }
+    // The last words go after the log lines, through the same queue; the exit waits for them a while.
+    let code = match res {
+        Ok(()) => 0,
+        Err(e) => {
+            log.sink().line(&format!("error: {}\n", report(&e)));
+            1
+        }
+    };
+    log.finish(LOG_FLUSH);
+    std::process::exit(code);
 }
+
+/// How long an exit waits for the log lines still queued (a stderr nobody reads would hold it for ever).
+const LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The error and its causes on one line, each said once: a cause whose text the message already holds
 /// is left out. (The library errors put their cause in their own message, so that a log line of one

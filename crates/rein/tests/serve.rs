@@ -462,3 +462,78 @@ fn a_unix_socket_serves_real_clients_and_is_removed_at_shutdown() {
     s.stop();
     assert!(!cli.exists(), "removed at the stop");
 }
+
+/// A stderr that nobody reads (`rein serve 2>&1 | sleep 1000`) or whose reader is gone (`| head -c 300`,
+/// or a log on a full disk) costs log lines, never service: 600 connections each open and read a block
+/// (at debug level, about 100 KiB of log: past a pipe's 64 KiB), and SIGTERM is a graceful stop (status 0).
+/// Before, the stuck pipe held every worker (new connections hung from about the 190th; SIGTERM was
+/// ignored), and the broken one panicked each connection's task at its first log line and the server at
+/// its "shutting down" line (status 101, its queued requests unanswered).
+#[test]
+fn a_stuck_or_broken_stderr_neither_stops_nor_crashes_the_server() {
+    for (host, broken) in [(33u8, false), (34, true)] {
+        let tmp = tmpdir("serve-stderr");
+        let cfg = config_file(tmp.path(), host, "[[exports]]\nname = \"rd\"\nbackend = \"memory\"\nsize_mb = 1\n");
+        let (mut child, nbd, err) = Rein::serve(&cfg).start_keeping_stderr();
+        let _kept = if broken {
+            drop(err);
+            None
+        } else {
+            Some(err)
+        };
+        let t0 = Instant::now();
+        for i in 0..600 {
+            let mut c = common::Raw::connect(nbd, "rd");
+            c.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.send(Command::Read, i, 0, 4096, &[]);
+            let (handle, error, data) = c.reply(4096);
+            assert_eq!((handle, error, data.len()), (i, 0, 4096), "connection {i} (broken: {broken})");
+        }
+        let took = t0.elapsed();
+        Cmd::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        let t1 = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if t1.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "broken {broken}: {status:?} after SIGTERM (600 reads in {took:?})"
+        );
+    }
+}
+
+/// One writer per image (storage.rs, "One writer per file"): a second `rein serve` given the file another
+/// one serves is refused at start naming the file, and so is `rein probe` on it (before, both servers
+/// wrote the one file and a probe with --destructive overwrote the live export); once the first server
+/// is gone, the second starts.
+#[test]
+fn a_second_server_or_a_probe_on_a_served_file_is_refused() {
+    let tmp = tmpdir("serve-shared-file");
+    let img = tmp.path().join("shared.img");
+    let body = format!("[[exports]]\nname = \"s\"\npath = \"{}\"\nsize_mb = 16\n", img.display());
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let a_cfg = config_file(&a_dir, 35, &body);
+    let b_cfg = config_file(&b_dir, 36, &body);
+    let a = Rein::serve(&a_cfg).start();
+    let err = Rein::serve(&b_cfg).fails();
+    assert!(err.contains("shared.img: is in use by another process"), "{err}");
+    let probe = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["probe", "--config", a_cfg.to_str().unwrap(), "--seconds", "1", "--read-pct", "50", "--destructive"])
+        .output()
+        .unwrap();
+    let perr = String::from_utf8_lossy(&probe.stderr);
+    assert!(!probe.status.success() && perr.contains("is in use by another process"), "{perr}");
+    drop(a);
+    let b = Rein::serve(&b_cfg).start();
+    drop(b);
+}

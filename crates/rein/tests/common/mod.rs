@@ -162,6 +162,27 @@ impl Rein {
         }
     }
 
+    /// Starts the daemon with `REIN_LOG=debug` and reads its log until it listens; then hands its stderr
+    /// to the caller (to leave unread, or to close). Returns the child, its NBD address and the stderr.
+    #[allow(clippy::zombie_processes)] // the child is the caller's to wait for; it is waited for on a panic
+    pub(crate) fn start_keeping_stderr(self) -> (Child, SocketAddr, BufReader<std::process::ChildStderr>) {
+        let mut child = self.env("REIN_LOG", "debug").command().spawn().expect("start rein");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+            if n == 0 {
+                let status = child.wait();
+                panic!("rein exited before listening: {status:?}");
+            }
+            if is_listening(&line) {
+                let nbd = address(&line, "nbd").expect("the listening line names nbd=");
+                return (child, nbd, err);
+            }
+        }
+    }
+
     /// Starts the daemon (`REIN_LOG=info`) and sends it SIGTERM from the thread that reads its log, with
     /// kill(2) the moment its "listening" line is read (a `kill` process, forked and exec'd, would come a
     /// millisecond late, past the window this looks for). Waits (at most [`START_TIMEOUT`]) for the exit;
