@@ -45,6 +45,12 @@ pub mod tls;
 pub mod uring;
 mod wire;
 
+/// A timer that fires later than this after its deadline means this process did not run meanwhile
+/// (SIGSTOP, a paused VM, heavy swapping): whatever a peer sent in that time may be in the socket unread,
+/// so timeouts that judge a peer's silence (a node's `request_timeout_s` in the gateway, a client's
+/// `idle_timeout_s` in rein serve) start again instead of blaming the peer.
+pub(crate) const STALLED: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub use devmodel::DeviceConfig;
 pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoEngine, IoError, IoRequest, IoResult, Op, Reply, Snapshot};
 pub use storage::{FileMode, FileStorage, MemStorage, Storage, StorageError};

@@ -901,6 +901,7 @@ impl Connection<'_> {
             Some(tag) => (self.node_tenants[tag.slot as usize], Some(tag.piggyback())),
             None => (self.export.tenant, None),
         };
+        let export = self.export.clone();
         let done = Box::new(move |res: IoResult, served: Served| {
             let reply = match res {
                 Ok(mut reply) => {
@@ -909,6 +910,9 @@ impl Connection<'_> {
                     reply
                 }
                 Err(e) => {
+                    if matches!(e, crate::dispatch::IoError::Storage(crate::storage::StorageError::Io { .. })) {
+                        backend_failures().note(&export.info.name, request.kind.command(), &e);
+                    }
                     tracing::debug!(handle = request.handle, command = %request.kind.command(), error = %e, "request failed");
                     let mut reply = Vec::new();
                     encoder.failure(&mut reply, request.handle, e.kind(), &e);
@@ -1116,6 +1120,63 @@ impl Idle {
     }
 }
 
+/// How often an export's backend failures are logged at most, after the first (which is logged at once).
+pub(crate) const BACKEND_FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Exports whose failures are remembered at most (a name beyond them starts over: at worst one more line).
+const BACKEND_FAILURE_EXPORTS: usize = 1024;
+
+/// The operating system's failures of an export's storage (ENOSPC on a full disk, EIO, EPERM on an
+/// immutable file), logged at WARN so that an operator sees them: the first of an export at once, then
+/// at most one line every [`BACKEND_FAILURE_LOG_EVERY`] with how many failed since. (A client's own
+/// mistakes, an out-of-range or read-only request, stay at debug level; a node's failures behind a
+/// gateway are logged by the node and by the link.)
+#[derive(Default)]
+pub(crate) struct BackendFailures {
+    /// Per export: when its last line was written, and the failures since.
+    seen: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
+}
+
+fn backend_failures() -> &'static BackendFailures {
+    static FAILURES: std::sync::OnceLock<BackendFailures> = std::sync::OnceLock::new();
+    FAILURES.get_or_init(BackendFailures::default)
+}
+
+impl BackendFailures {
+    /// Counts one failure of `export`'s storage; logs it if the export's line is due. Returns whether it
+    /// logged.
+    pub(crate) fn note(&self, export: &str, command: impl std::fmt::Display, e: &dyn std::fmt::Display) -> bool {
+        let now = std::time::Instant::now();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= BACKEND_FAILURE_EXPORTS && !seen.contains_key(export) {
+            seen.clear();
+        }
+        let (last, since) = match seen.get_mut(export) {
+            Some(entry) => entry,
+            None => {
+                seen.insert(export.to_string(), (now, 0));
+                tracing::warn!(export = %export, %command, error = %e, "the export's storage failed a request");
+                return true;
+            }
+        };
+        *since += 1;
+        if now.duration_since(*last) < BACKEND_FAILURE_LOG_EVERY {
+            return false;
+        }
+        tracing::warn!(
+            export = %export,
+            %command,
+            error = %e,
+            failed = *since,
+            "the export's storage failed {} requests in the last {} s (this one: {e})",
+            *since,
+            now.duration_since(*last).as_secs()
+        );
+        *last = now;
+        *since = 0;
+        true
+    }
+}
+
 /// One read of at most `limit` bytes into `buf`, or `None` once the connection is idle: nothing in
 /// flight (all of `slots` free) and no byte received or reply written for the idle timeout. Requests in
 /// flight when the time runs out restart it when they have all been answered.
@@ -1146,8 +1207,16 @@ async fn read_or_idle<R: AsyncRead + Unpin>(
             return r.map(Some);
         }
         let due = idle.due();
-        if Instant::now() < due {
+        let now = Instant::now();
+        if now < due {
             idle.rearm(due);
+            continue;
+        }
+        if now - due > crate::STALLED {
+            // The timer fired late: this process did not run (crate::STALLED), and bytes the client sent
+            // meanwhile may not have been seen yet. The client gets its idle time again.
+            idle.last_rx = now;
+            idle.rearm(idle.due());
             continue;
         }
         if slots.available_permits() < MAX_IN_FLIGHT_PER_CONN {
@@ -1256,7 +1325,26 @@ async fn write_batch<W: AsyncWrite + Unpin>(wr: &mut W, batch: &[Reply]) -> io::
 
 #[cfg(test)]
 mod tests {
-    use super::LazyPoll;
+    use super::{BackendFailures, LazyPoll, BACKEND_FAILURE_EXPORTS, BACKEND_FAILURE_LOG_EVERY};
+
+    /// An export's first backend failure is logged at once, the next ones at most once per
+    /// BACKEND_FAILURE_LOG_EVERY with their count; each export on its own; the table stays bounded.
+    #[test]
+    fn backend_failures_are_logged_first_then_paced() {
+        let f = BackendFailures::default();
+        assert!(f.note("a", "write", &"No space left on device"));
+        assert!(!f.note("a", "write", &"No space left on device"));
+        assert!(!f.note("a", "flush", &"No space left on device"));
+        assert!(f.note("b", "write", &"Input/output error"), "another export's first failure");
+        let back = std::time::Instant::now() - BACKEND_FAILURE_LOG_EVERY;
+        f.seen.lock().unwrap().get_mut("a").unwrap().0 = back;
+        assert!(f.note("a", "write", &"No space left on device"), "due again");
+        assert_eq!(f.seen.lock().unwrap()["a"].1, 0, "the count starts over after its line");
+        for i in 0..2 * BACKEND_FAILURE_EXPORTS {
+            f.note(&format!("e{i}"), "read", &"x");
+        }
+        assert!(f.seen.lock().unwrap().len() <= BACKEND_FAILURE_EXPORTS);
+    }
     use std::future::Future;
     use std::pin::Pin;
     use std::sync::Arc;

@@ -1385,12 +1385,20 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             }
             buf.reserve(READ_AHEAD);
             tokio::select! {
+                // Replies that are there are read before silence is judged: after a stall of this process
+                // both are ready at once, and the answers that came meanwhile must count.
+                biased;
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) => return SessionEnd::Failed("the node closed the connection".into()),
                     Ok(_) => {}
                     Err(e) => return SessionEnd::Failed(format!("read: {e}")),
                 },
-                _ = scan.tick() => {
+                at = scan.tick() => {
+                    if at.elapsed() > crate::STALLED {
+                        // This process did not run (crate::STALLED): the node gets its time again.
+                        heard = Instant::now();
+                        continue;
+                    }
                     // Silent: the oldest piece and the last answer are both request_timeout old.
                     let oldest = pending.lock().unwrap_or_else(|e| e.into_inner()).values().map(|p| p.sent).min();
                     if oldest.is_some_and(|t| t.max(heard).elapsed() >= timeout) {

@@ -848,6 +848,44 @@ fn a_limited_tenants_deep_queue_is_throttled_not_failed() {
     assert!(!lost, "the node session was never reset");
 }
 
+/// A gateway that did not run for a while (SIGSTOP here; a paused VM, a debugger, swapping) does not
+/// blame its node for the replies that came meanwhile: 8 writes throttled at the node (20 IOPS, so they
+/// are answered while the gateway is stopped), the gateway stopped 4 s against a request timeout of 1 s;
+/// after SIGCONT every write succeeds, no node session is lost, and a FLUSH succeeds. Before, the
+/// silence check ran before the replies waiting in the socket were read: all 8 failed with EIO and the
+/// next FLUSH failed ("a node connection was lost").
+#[test]
+fn a_stalled_gateway_reads_its_nodes_replies_before_judging_them_silent() {
+    use rein_proto::nbd::Command;
+    let tmp = tmpdir("gw-stalled");
+    let dir = tmp.path();
+    let node = storage_node_with(dir, 153, "", "", STRICT_LIMITS);
+    let times = TIMES.replace("request_timeout_s = 2", "request_timeout_s = 1");
+    let gw = gateway(&limited_gateway_config(dir, 154, &times, &node, 20, 8));
+    node.wait_line("storage-node session granted");
+    let mut c = Raw::connect(gw.nbd, "v");
+    c.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for h in 0..8u64 {
+        c.send(Command::Write, h, h * 4096, 4096, &[h as u8; 4096]);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    gw.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(4));
+    gw.signal("-CONT");
+    let mut errors = Vec::new();
+    for _ in 0..8 {
+        let (handle, error, _) = c.reply(0);
+        if error != 0 {
+            errors.push((handle, error));
+        }
+    }
+    assert!(errors.is_empty(), "writes failed after the stall: {errors:?}");
+    c.send(Command::Flush, 99, 0, 0, &[]);
+    assert_eq!(c.reply(0), (99, 0, vec![]), "the FLUSH after the stall");
+    let lost = gw.log.lock().unwrap().iter().any(|l| l.contains("node connection lost"));
+    assert!(!lost, "a node session was reset: {:#?}", gw.log.lock().unwrap());
+}
+
 /// The gateway's HTTP endpoint is guarded as rein serve's (an adversarial review opened 20,000 idle
 /// connections to it: the gateway ran out of descriptors and NBD accepts failed): a bearer token for
 /// everything but `/healthz`, a non-loopback address refused without one, and a cap with an idle timeout
