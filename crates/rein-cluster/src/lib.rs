@@ -38,7 +38,7 @@ pub mod plan;
 pub mod supervisor;
 
 pub use plan::{Endpoint, Plan, PlanError};
-pub use supervisor::{ChildDied, ClusterError, LogFile, Supervisor};
+pub use supervisor::{ChildDied, ClusterError, LogFile, RunDir, Supervisor};
 
 use rein_model::RunTotals;
 use rein_runtime::load::{Job, JobRoute, Live, LoadConfig, LoadError};

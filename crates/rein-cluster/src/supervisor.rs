@@ -4,7 +4,8 @@
 //! Each child is the current executable (`rein serve --config ..`, `rein gateway --config ..`), started in
 //! the run's directory (where relative data paths resolve), with its config and log (stdout and stderr)
 //! there: a fresh temporary one, removed at the end,
-//! or one the caller names (kept). A child is ready when its NBD port accepts a connection and its admin
+//! or one the caller names (kept), locked first ([`RunDir`]) so that a second `rein cluster` on it fails
+//! before it writes anything there. A child is ready when its NBD port accepts a connection and its admin
 //! endpoint answers `GET /healthz` with 200. Nodes start first (a gateway connects to them), then
 //! gateways.
 //!
@@ -29,6 +30,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long children get to exit after SIGTERM before SIGKILL.
@@ -88,6 +90,18 @@ pub enum ClusterError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// Another `rein cluster` holds the run directory's lock ([`RunDir`]).
+    #[error(
+        "the run directory {} is in use by another rein cluster{}: give this one another directory",
+        dir.display(),
+        holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    DirInUse {
+        /// The directory.
+        dir: PathBuf,
+        /// The holder's pid, as it wrote it into the lock file.
+        holder: Option<u32>,
+    },
     /// A child exited.
     #[error(transparent)]
     Died(Box<ChildDied>),
@@ -136,6 +150,64 @@ pub struct NotReady {
     pub tail: String,
 }
 
+/// The lock file in a run directory the caller names: `flock`ed by the `rein cluster` that runs there,
+/// holding its pid.
+pub const LOCK_FILE: &str = "rein-cluster.lock";
+
+/// A run directory the caller names (`--dir`), created if missing and locked against a second
+/// `rein cluster` for as long as this value, a clone or a [`RunDir::sub`] of it lives (a `flock` on
+/// [`LOCK_FILE`] inside: the kernel drops it when the process ends, also by SIGKILL, so a lock is never
+/// stale). Nothing is written into the directory before its lock is held.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    path: PathBuf,
+    /// The locks held: this directory's and those of the directories it is inside of ([`RunDir::sub`]).
+    _locks: Vec<Arc<std::fs::File>>,
+}
+
+impl RunDir {
+    /// Creates `dir` if missing and takes its lock. Errors: [`ClusterError::DirInUse`] naming the
+    /// directory (and the holder's pid) when another process holds it, [`ClusterError::Io`] otherwise.
+    pub fn lock(dir: &Path) -> Result<RunDir, ClusterError> {
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let path = std::fs::canonicalize(dir).map_err(io(format!("resolving {}", dir.display())))?;
+        let file_path = path.join(LOCK_FILE);
+        let lerr = || io(format!("locking {}", file_path.display()));
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&file_path)
+            .map_err(lerr())?;
+        use rustix::fs::{flock, FlockOperation};
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                let holder = std::fs::read_to_string(&file_path).ok().and_then(|s| s.trim().parse().ok());
+                return Err(ClusterError::DirInUse { dir: path, holder });
+            }
+            Err(e) => return Err(lerr()(e.into())),
+        }
+        file.set_len(0).map_err(lerr())?;
+        writeln!(file, "{}", std::process::id()).map_err(lerr())?;
+        Ok(RunDir { path, _locks: vec![Arc::new(file)] })
+    }
+
+    /// The directory `name` inside this one, created if missing and locked too (so that another
+    /// `rein cluster` given it directly fails as well); it holds this one's lock while it lives.
+    pub fn sub(&self, name: &str) -> Result<RunDir, ClusterError> {
+        let mut sub = RunDir::lock(&self.path.join(name))?;
+        sub._locks.extend(self._locks.iter().cloned());
+        Ok(sub)
+    }
+
+    /// The directory (canonical).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 struct Proc {
     what: &'static str,
     name: String,
@@ -154,6 +226,8 @@ pub struct Supervisor {
     /// Remove `dir` at the end (a temporary directory).
     remove: bool,
     stopped: bool,
+    /// The lock of a directory the caller named, held until the supervisor is gone.
+    _lock: Option<RunDir>,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
@@ -206,23 +280,20 @@ fn pshift_unlinked(admin: SocketAddr, timeout: Duration) -> Option<Vec<String>> 
 }
 
 impl Supervisor {
-    /// Writes the plan's configs into `dir` (a new temporary directory when `None`), starts every process
-    /// with `exe`, and waits until each is ready (at most `ready_timeout` for each stage). On any failure
-    /// every child started so far is stopped before the error returns.
+    /// Writes the plan's configs into `dir` (locked by the caller; a new temporary directory when `None`),
+    /// starts every process with `exe`, and waits until each is ready (at most `ready_timeout` for each
+    /// stage). On any failure every child started so far is stopped before the error returns.
     pub fn start(
         plan: &Plan,
         exe: &Path,
-        dir: Option<&Path>,
+        dir: Option<&RunDir>,
         ready_timeout: Duration,
     ) -> Result<Supervisor, ClusterError> {
-        let (dir, remove) = match dir {
-            Some(d) => {
-                std::fs::create_dir_all(d).map_err(io(format!("creating {}", d.display())))?;
-                (d.to_path_buf(), false)
-            }
+        let (path, remove) = match dir {
+            Some(d) => (d.path().to_path_buf(), false),
             None => (temp_dir()?, true),
         };
-        let mut sup = Supervisor { procs: Vec::new(), dir, remove, stopped: false };
+        let mut sup = Supervisor { procs: Vec::new(), dir: path, remove, stopped: false, _lock: dir.cloned() };
         // On an error, `sup` is dropped: every child is killed and a temporary directory removed.
         if let Some(c) = &plan.controller {
             // The nodes connect to it (and keep trying until it listens).
@@ -567,6 +638,34 @@ mod tests {
         let (addr, t) = serve_once("503 Service Unavailable", "{}".into());
         assert_eq!(pshift_unlinked(addr, Duration::from_secs(2)), None);
         t.join().unwrap();
+    }
+
+    /// A named run directory is locked: a second lock on it (or on a directory inside a locked one's
+    /// sub) fails naming the directory and the holder, and writes nothing; the lock goes with its last
+    /// holder.
+    #[test]
+    fn a_run_directory_is_locked_while_it_is_used() {
+        let base = tempfile::tempdir().unwrap();
+        let d = base.path().join("run");
+        let held = RunDir::lock(&d).unwrap();
+        let lock_text = std::fs::read_to_string(d.join(LOCK_FILE)).unwrap();
+        assert_eq!(lock_text, format!("{}\n", std::process::id()));
+        let e = RunDir::lock(&d).unwrap_err().to_string();
+        let want = format!(
+            "the run directory {} is in use by another rein cluster (pid {}): give this one another directory",
+            held.path().display(),
+            std::process::id()
+        );
+        assert_eq!(e, want);
+        assert_eq!(std::fs::read_to_string(d.join(LOCK_FILE)).unwrap(), lock_text, "the holder's pid stays");
+        // A part of the run: its own directory is locked, and the whole run's stays locked while it lives.
+        let part = held.sub("part-1").unwrap();
+        drop(held);
+        assert!(matches!(RunDir::lock(&d), Err(ClusterError::DirInUse { .. })), "the part holds the run's lock");
+        assert!(matches!(RunDir::lock(&d.join("part-1")), Err(ClusterError::DirInUse { .. })));
+        drop(part);
+        RunDir::lock(&d).unwrap();
+        RunDir::lock(&d.join("part-1")).unwrap();
     }
 
     /// A run directory whose supervisor and children are gone is removed; one whose supervisor or a child

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use rein_cluster::{Plan, Supervisor};
+use rein_cluster::{Plan, RunDir, Supervisor};
 use rein_sim::Scenario;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -59,31 +59,33 @@ pub(crate) fn run(cmd: ClusterCmd) -> Result<()> {
     }
 }
 
+/// `--dir`, created and locked against another `rein cluster` (before anything is written into it), for
+/// the whole command.
+fn lock_dir(a: &UpArgs) -> Result<Option<RunDir>> {
+    Ok(a.dir.as_deref().map(RunDir::lock).transpose()?)
+}
+
 /// Loads and plans the scenario, and starts its processes.
-fn start(a: &UpArgs) -> Result<(Scenario, Plan, Supervisor)> {
+fn start(a: &UpArgs, dir: Option<&RunDir>) -> Result<(Scenario, Plan, Supervisor)> {
     let sc = Scenario::load(&a.scenario)?;
-    let (plan, sup) = start_with(a, &sc, None)?;
+    let (plan, sup) = start_with(a, &sc, dir, None)?;
     Ok((sc, plan, sup))
 }
 
-/// Plans `sc` and starts its processes (their files in `sub` of `--dir`, if both are given).
-fn start_with(a: &UpArgs, sc: &Scenario, sub: Option<&str>) -> Result<(Plan, Supervisor)> {
+/// Plans `sc` and starts its processes (their files in `sub` of `dir`, if both are given).
+fn start_with(a: &UpArgs, sc: &Scenario, dir: Option<&RunDir>, sub: Option<&str>) -> Result<(Plan, Supervisor)> {
     let exe = std::env::current_exe().context("finding the rein executable")?;
     for d in rein_cluster::supervisor::sweep_stale_runs() {
         eprintln!("removed the run directory {} of a rein cluster that was killed", d.display());
     }
     // Node data lives in the run's directory: plan against it once it exists.
-    let dir = match &a.dir {
-        Some(d) => {
-            let d = &sub.map_or_else(|| d.clone(), |s| d.join(s));
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            Some(std::fs::canonicalize(d).with_context(|| format!("resolving {}", d.display()))?)
-        }
-        None => None,
+    let dir = match (dir, sub) {
+        (Some(d), Some(s)) => Some(d.sub(s)?),
+        (d, _) => d.cloned(),
     };
     let base = a.base_port;
     let plan = Plan::new(sc, |h, k| rein_cluster::supervisor::port(base, h, k))?;
-    let sup = Supervisor::start(&plan, &exe, dir.as_deref(), READY_TIMEOUT)?;
+    let sup = Supervisor::start(&plan, &exe, dir.as_ref(), READY_TIMEOUT)?;
     Ok((plan, sup))
 }
 
@@ -138,7 +140,8 @@ fn finish<T>(sup: Arc<Mutex<Supervisor>>, res: Result<T>) -> Result<T> {
 fn up(a: UpArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let signals = signals(&rt)?;
-    let (_sc, plan, sup) = start(&a)?;
+    let dir = lock_dir(&a)?;
+    let (_sc, plan, sup) = start(&a, dir.as_ref())?;
     let sup = Arc::new(Mutex::new(sup));
     if let Some(c) = &plan.controller {
         // Nobody drives this cluster's load: its pShift schedule starts now.
@@ -172,6 +175,8 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (mut term, mut int) = signals(&rt)?;
     let sc = Scenario::load(&a.up.scenario)?;
+    let dir = lock_dir(&a.up)?;
+    let dir = dir.as_ref();
     let totals = match a.groups_at_once {
         None => {
             if !(a.report.quiet || a.report.json) {
@@ -180,7 +185,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
                     eprintln!("{hint}");
                 }
             }
-            run_on_cluster(&rt, &a, &sc, None, (&mut term, &mut int))?
+            run_on_cluster(&rt, &a, &sc, (dir, None), (&mut term, &mut int))?
         }
         Some(n) => {
             let groups = sc.groups().len();
@@ -193,7 +198,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
             }
             rein_sim::run_in_parts(&sc, n as usize, |part, k, parts| {
                 let label = format!("part-{}-of-{parts}", k + 1);
-                run_on_cluster(&rt, &a, part, Some(&label), (&mut term, &mut int))
+                run_on_cluster(&rt, &a, part, (dir, Some(&label)), (&mut term, &mut int))
             })?
         }
     };
@@ -204,7 +209,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
             if !(a.report.quiet || a.report.json) {
                 eprintln!("running the baseline the checks ask for ({}: PARDA off)", b.name);
             }
-            Some(run_on_cluster(&rt, &a, &b, Some("baseline"), (&mut term, &mut int))?)
+            Some(run_on_cluster(&rt, &a, &b, (dir, Some("baseline")), (&mut term, &mut int))?)
         }
         None => None,
     };
@@ -229,15 +234,16 @@ fn crowding_hint(sc: &Scenario, cpus: usize) -> Option<String> {
     })
 }
 
-/// Starts `sc` on a cluster, drives it for its duration with a progress bar, stops the cluster.
+/// Starts `sc` on a cluster (its files in `sub` of `dir`, if both are given), drives it for its duration
+/// with a progress bar, stops the cluster.
 fn run_on_cluster(
     rt: &tokio::runtime::Runtime,
     a: &RunArgs,
     sc: &Scenario,
-    sub: Option<&str>,
+    (dir, sub): (Option<&RunDir>, Option<&str>),
     (term, int): (&mut Signal, &mut Signal),
 ) -> Result<rein_model::RunTotals> {
-    let (plan, sup) = start_with(&a.up, sc, sub)?;
+    let (plan, sup) = start_with(&a.up, sc, dir, sub)?;
     let sup = Arc::new(Mutex::new(sup));
     let quiet = a.report.quiet || a.report.json;
     let bar = if quiet || !std::io::stderr().is_terminal() {

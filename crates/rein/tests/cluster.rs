@@ -152,7 +152,13 @@ impl Drop for Up {
 
 impl Up {
     fn start(tmp: &Path, scenario: &str) -> Up {
+        Up::start_with(tmp, scenario, &[])
+    }
+
+    /// [`Up::start`] with more arguments.
+    fn start_with(tmp: &Path, scenario: &str, more: &[&str]) -> Up {
         let mut child = rein(tmp, &["cluster", "up", scenario, "--base-port", "0"])
+            .args(more)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -307,6 +313,68 @@ fn children_stop_by_themselves_when_up_is_killed_9() {
     let (ok, err) = next.wait();
     assert!(ok, "{err}");
     assert!(err.contains("removed the run directory") && err.contains(&stale[0]), "{err}");
+}
+
+/// The files of a run directory and their contents (logs: their first 64 bytes, as they grow).
+fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mut bytes = std::fs::read(e.path()).unwrap();
+            if name.ends_with(".log") {
+                bytes.truncate(64);
+            }
+            (name, bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A second `rein cluster up` (or `run`) on a `--dir` a running one uses fails at once naming the
+/// directory and the other cluster, and leaves the running one's configs, logs and pids file as they were
+/// (it used to rewrite the configs, truncate the logs and replace the pids file before a node refused its
+/// data directory).
+#[test]
+fn a_second_cluster_on_a_dir_in_use_is_refused_before_it_writes() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let keep = tmp.path().join("keep");
+    let sc = scenario(tmp.path(), TWO_NODES);
+    let mut up = Up::start_with(&run_tmp, &sc, &["--dir", keep.to_str().unwrap()]);
+    up.ready();
+    let before = dir_files(&keep);
+    let names: Vec<&str> = before.iter().map(|(n, _)| n.as_str()).collect();
+    for f in ["node-s1.toml", "node-s1.log", "pids", "rein-cluster.lock"] {
+        assert!(names.contains(&f), "{f} in {names:?}");
+    }
+    let canonical = std::fs::canonicalize(&keep).unwrap();
+    for cmd in ["up", "run"] {
+        let out = rein(&run_tmp, &["cluster", cmd, &sc, "--base-port", "0", "--dir", keep.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd}: {stderr}");
+        let want = format!(
+            "error: the run directory {} is in use by another rein cluster (pid {}): give this one another \
+             directory",
+            canonical.display(),
+            up.child.id()
+        );
+        assert_eq!(stderr.trim(), want, "{cmd}");
+        assert_eq!(dir_files(&keep), before, "{cmd} changed the running cluster's files");
+    }
+    let kids = children(up.child.id());
+    assert_eq!(kids.len(), 3, "the first cluster runs on: {kids:?}");
+    signal(up.child.id(), "-TERM");
+    let (ok, err) = up.wait();
+    assert!(ok, "{err}");
+    // Its lock went with it.
+    let lock = std::fs::File::open(keep.join("rein-cluster.lock")).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("the lock is free");
 }
 
 /// One server of 1,000 IOPS (deterministic service), three backlogged tenants: a reserves 500 with
