@@ -175,6 +175,9 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (mut term, mut int) = signals(&rt)?;
     let sc = Scenario::load(&a.up.scenario)?;
+    if let Some(out) = &a.report.out {
+        crate::sim::check_out(out)?;
+    }
     let dir = lock_dir(&a.up)?;
     let dir = dir.as_ref();
     let totals = match a.groups_at_once {

@@ -81,6 +81,8 @@ struct DemoResult {
 
 /// `rein demo`: the module comment's run, live or `--simulated`.
 pub(crate) fn run(args: DemoArgs) -> Result<()> {
+    // An unwritable --out fails now, not after the run.
+    crate::sim::check_out(&args.out)?;
     if args.simulated {
         return run_simulated(args);
     }

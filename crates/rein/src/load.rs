@@ -249,8 +249,8 @@ fn load_tls(args: &LoadArgs) -> Result<Option<rein_runtime::load::LoadTls>> {
     Ok(Some(rein_runtime::load::LoadTls { client, name: args.tls_name.clone() }))
 }
 
-/// `rein load`: runs the jobs against the server for `--seconds`, then prints the summary (or `--json`)
-/// and writes `--out`.
+/// `rein load`: checks that `--out` can be written, runs the jobs against the server for `--seconds`,
+/// then prints the summary (or `--json`) and writes `--out`.
 pub(crate) fn run(args: LoadArgs) -> Result<()> {
     if !(args.seconds > 0.0 && args.seconds <= 86_400.0 && args.warmup >= 0.0 && args.warmup < args.seconds) {
         bail!("need 0 <= --warmup < --seconds <= 86400");
@@ -258,6 +258,9 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     let duration = Duration::from_secs_f64(args.seconds);
     let warmup = Duration::from_secs_f64(args.warmup);
     let jobs = args.jobs.iter().map(|j| parse_job(j, duration)).collect::<Result<Vec<_>>>()?;
+    if let Some(dir) = &args.out {
+        crate::sim::check_out(dir)?;
+    }
     let interval = Duration::from_secs(1);
     let cfg = LoadConfig {
         addr: args.addr,
@@ -296,13 +299,14 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
             }
         })))
         .map_err(|e| anyhow::anyhow!("the load's task failed: {e}"))??;
-    if let Some(dir) = &args.out {
-        crate::sim::write_run(dir, "rein load", (duration - warmup).as_secs_f64(), &totals, None)?;
-    }
+    // The summary first: a failure to write --out then fails the command without costing the results.
     if args.json {
         println!("{}", totals.summary.to_json().trim_end());
     } else {
         print_summary(&totals);
+    }
+    if let Some(dir) = &args.out {
+        crate::sim::write_run(dir, "rein load", (duration - warmup).as_secs_f64(), &totals, None)?;
     }
     Ok(())
 }

@@ -225,6 +225,17 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
+/// Creates `--out`'s directory `dir` and checks that a file can be created in it (one made and removed at
+/// once), before a run whose files go there: an unwritable `--out` fails at once, not after the run.
+pub(crate) fn check_out(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--out {}: cannot create the directory", dir.display()))?;
+    tempfile::Builder::new()
+        .prefix(".rein-out-check-")
+        .tempfile_in(dir)
+        .with_context(|| format!("--out {}: cannot create a file in it", dir.display()))?;
+    Ok(())
+}
+
 /// Writes summary.json, timeseries.csv and the plots into `dir`.
 pub(crate) fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
     let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
@@ -247,14 +258,18 @@ pub(crate) fn write_run(
     checks: Option<&[CheckResult]>,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(dir.join("summary.json"), r.summary.to_json()).context("writing summary.json")?;
-    std::fs::write(dir.join("timeseries.csv"), r.timeseries.to_csv()).context("writing timeseries.csv")?;
+    // Each error names the file, with its directory.
+    let write = |name: &str, text: String| -> Result<()> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write("summary.json", r.summary.to_json())?;
+    write("timeseries.csv", r.timeseries.to_csv())?;
     if let Some(c) = checks {
-        std::fs::write(dir.join("check.json"), serde_json::to_string_pretty(c)? + "\n")
-            .context("writing check.json")?;
+        write("check.json", serde_json::to_string_pretty(c)? + "\n")?;
     }
     if let Some(h) = &r.hosts {
-        std::fs::write(dir.join("hosts.csv"), h.to_csv()).context("writing hosts.csv")?;
+        write("hosts.csv", h.to_csv())?;
         match crate::plot::host_plots(dir, &format!("{} ({})", name, r.summary.scheduler), h) {
             Err(e) if e.is::<crate::plot::NoFont>() => {}
             other => other?,
@@ -262,14 +277,14 @@ pub(crate) fn write_run(
     }
     if !r.rounds.is_empty() {
         let csv = rein_model::report::rounds::to_csv(&r.rounds);
-        std::fs::write(dir.join("rounds.csv"), csv).context("writing rounds.csv")?;
+        write("rounds.csv", csv)?;
         match crate::plot::rounds_plot(dir, &format!("{} ({})", name, r.summary.scheduler), &r.rounds) {
             Err(e) if e.is::<crate::plot::NoFont>() => {}
             other => other?,
         }
     }
     if !r.period_log.records.is_empty() {
-        std::fs::write(dir.join("periods.csv"), r.period_log.to_csv()).context("writing periods.csv")?;
+        write("periods.csv", r.period_log.to_csv())?;
         let title = format!("{} ({})", name, r.summary.scheduler);
         match crate::plot::period_verdicts_plot(dir, &title, &r.period_log) {
             Err(e) if e.is::<crate::plot::NoFont>() => {}
@@ -326,12 +341,17 @@ pub(crate) fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
 pub(crate) fn run(args: SimArgs) -> Result<()> {
     let sc = load(&args)?;
     let a = &args.report;
+    if let Some(dir) = &a.out {
+        check_out(dir)?;
+    }
     let (r, results) = run_with_progress(&sc, a.quiet || a.json, a.check)?;
     report(a, &args.scenario, &sc, &r, results, |r| print!("{}", summary_text(r)))
 }
 
-/// A run's report, for `rein sim` and `rein cluster run`: writes `--out`, prints `--json` or the summary
-/// (`summary`) and what was written, and with `--check` fails naming the missed expectations.
+/// A run's report, for `rein sim` and `rein cluster run`: prints `--json` or the summary (`summary`),
+/// writes `--out` and says what it wrote, and with `--check` fails naming the missed expectations. The
+/// summary comes first: a failure to write `--out` (checked before the run, [`check_out`], but a disk can
+/// fill) does not cost the run's results; it fails the command afterwards, naming the file.
 pub(crate) fn report(
     a: &ReportArgs,
     scenario: &Path,
@@ -340,13 +360,13 @@ pub(crate) fn report(
     results: Option<Vec<CheckResult>>,
     summary: impl FnOnce(&RunTotals),
 ) -> Result<()> {
-    if let Some(dir) = &a.out {
-        write_outputs(dir, sc, r, results.as_deref())?;
-    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r.summary)?);
     } else {
         summary(r);
+    }
+    let written = a.out.as_ref().map(|dir| write_outputs(dir, sc, r, results.as_deref())).transpose();
+    if !a.json && matches!(written, Ok(Some(()))) {
         if let Some(dir) = &a.out {
             println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
             if !r.rounds.is_empty() {
@@ -366,14 +386,16 @@ pub(crate) fn report(
             }
         }
     }
-    if let Some(results) = results {
+    let mut misses = 0;
+    if let Some(results) = &results {
         if results.is_empty() {
             bail!("{} has no [[expect]] entries: nothing to check", scenario.display());
         }
-        let misses = print_checks(&results, a.json);
-        if misses > 0 {
-            bail!("{misses} of {} expectations missed in {}", results.len(), sc.name);
-        }
+        misses = print_checks(results, a.json);
+    }
+    written?;
+    if misses > 0 {
+        bail!("{misses} of {} expectations missed in {}", results.map_or(0, |r| r.len()), sc.name);
     }
     Ok(())
 }

@@ -212,3 +212,90 @@ fn live_demo_keeps_reservations_limits_and_weights_and_fifo_does_not() {
     assert!(mclock(res[0]).is_ok(), "mclock, each run: {:?}", m_runs.iter().map(&mclock).collect::<Vec<_>>());
     assert!(fifo(res[1]).is_ok(), "fifo, each run: {:?}", f_runs.iter().map(&fifo).collect::<Vec<_>>());
 }
+
+/// One server, one closed-loop tenant, two simulated seconds.
+const TINY: &str = "name = \"tiny\"\nduration_s = 2.0\nwarmup_s = 0.5\n[[servers]]\nname = \"s1\"\n\
+                    capacity_iops = 1000\n[[tenants]]\nname = \"a\"\nreservation = 100\n\
+                    [tenants.workload]\nkind = \"closed\"\noutstanding = 4\n";
+
+/// An `--out` of `rein sim` that cannot be created (a path under a regular file, which fails for root
+/// too) fails before the run, naming it; one whose file cannot be written at the end (summary.json a
+/// directory) still prints the summary (the table, or the JSON) and then fails naming the file.
+#[test]
+fn sim_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
+    let _cpu = busy();
+    let dir = tmp("sim-out");
+    let sc = dir.path().join("tiny.toml");
+    std::fs::write(&sc, TINY).unwrap();
+    let sc = sc.to_str().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "a file, not a directory").unwrap();
+    let bad = file.join("out");
+    let (ok, stdout, stderr) = rein(&["sim", sc, "--out", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert_eq!(stdout, "", "nothing ran");
+    assert_eq!(
+        stderr.trim(),
+        format!("error: --out {}: cannot create the directory: Not a directory (os error 20)", bad.display())
+    );
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(out.join("summary.json")).unwrap();
+    let late = format!("error: writing {}: Is a directory (os error 21)", out.join("summary.json").display());
+    let (ok, stdout, stderr) = rein(&["sim", sc, "-q", "--out", out.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stdout.starts_with("tiny: 2 s simulated") && stdout.contains("\na "), "the table: {stdout}");
+    assert!(!stdout.contains("wrote"), "{stdout}");
+    assert_eq!(stderr.trim(), late);
+    let (ok, stdout, stderr) = rein(&["sim", sc, "--json", "--out", out.to_str().unwrap()]);
+    assert!(!ok);
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is the JSON summary");
+    assert_eq!(v["tenants"][0]["name"], "a");
+    assert_eq!(stderr.trim(), late);
+}
+
+/// The same for `rein load` against a real `rein serve`: an `--out` under a regular file fails before
+/// the load starts; a failure to write at the end comes after the summary.
+#[test]
+fn load_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
+    let _cpu = busy();
+    let dir = tmp("load-out");
+    let s = common::Rein::serve(&common::config_file(dir.path(), 233, common::MEMORY)).start();
+    let load = |out: &std::path::Path, json: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rein"));
+        c.args(["load", "--addr", &s.nbd.to_string(), "--job", "name=m,depth=1", "--seconds", "1", "--warmup", "0"]);
+        c.arg("--out").arg(out);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.output().unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let file = dir.path().join("file");
+    std::fs::write(&file, "a file, not a directory").unwrap();
+    let bad = file.join("out");
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = load(&bad, false);
+    assert!(!ok);
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr.trim(),
+        format!("error: --out {}: cannot create the directory: Not a directory (os error 20)", bad.display())
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "refused before the one-second load");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(out.join("summary.json")).unwrap();
+    let late = format!("error: writing {}: Is a directory (os error 21)", out.join("summary.json").display());
+    let (ok, stdout, stderr) = load(&out, false);
+    assert!(!ok);
+    assert!(stdout.starts_with("tenant ") && stdout.contains("\nm "), "the table: {stdout}");
+    assert_eq!(stderr.lines().last().unwrap_or(""), late, "{stderr}");
+    let (ok, stdout, stderr) = load(&out, true);
+    assert!(!ok);
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is the JSON summary");
+    assert_eq!(v["tenants"][0]["name"], "m");
+    assert_eq!(stderr.trim(), late);
+}

@@ -377,6 +377,37 @@ fn a_second_cluster_on_a_dir_in_use_is_refused_before_it_writes() {
     rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("the lock is free");
 }
 
+/// `rein cluster run --out` under a regular file fails before any process starts, naming it; a file that
+/// cannot be written at the end (summary.json a directory) fails the run after its table is printed.
+#[test]
+fn run_checks_out_first_and_a_late_write_failure_keeps_the_summary() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let sc = scenario(tmp.path(), TWO_NODES);
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "a file, not a directory").unwrap();
+    let bad = file.join("out");
+    let out =
+        rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet", "--out"]).arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!("error: --out {}: cannot create the directory: Not a directory (os error 20)", bad.display())
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing started");
+    let dir = tmp.path().join("out");
+    std::fs::create_dir_all(dir.join("summary.json")).unwrap();
+    let out =
+        rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet", "--out"]).arg(&dir).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stdout.starts_with("tenant ") && stdout.contains("\nd "), "the table: {stdout}");
+    let late = format!("error: writing {}: Is a directory (os error 21)", dir.join("summary.json").display());
+    assert_eq!(stderr.trim(), late);
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}
+
 /// One server of 1,000 IOPS (deterministic service), three backlogged tenants: a reserves 500 with
 /// weight 1, b and c have weights 1 and 2 and no reservation. mClock's eq. (1): a's weight share
 /// (C/4 = 250) is below its reservation, so a gets r_a = 500 and b and c split the rest 1 : 2, whatever C
