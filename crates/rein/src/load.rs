@@ -59,10 +59,12 @@ pub(crate) struct LoadArgs {
     pub(crate) tls_name: Option<String>,
     /// A tenant's workload, repeatable: name=NAME[,export=E][,tenant=T][,conns=N]
     /// [,kind=closed|open|on_off|burst|trace][,depth=N][,rate=IOPS][,think=MS][,on=S,off=S]
-    /// [,burst=N,period=MS][,trace=PATH[,time_scale=X][,repeat=1]][,size=4k][,read=PCT][,random=PCT]
-    /// [,start=S][,stop=S]. export and tenant default to the name; depth (closed loop, per connection)
-    /// to 16. Without kind=, trace= makes a replay, burst= bursts, on=/off= an on/off workload, rate= an
-    /// open loop (Poisson arrivals), else a closed loop. See docs/serve.md.
+    /// [,burst=N,period=MS][,trace=PATH[,format=disksim|csv|vscsi][,time_scale=X][,repeat=1]][,size=4k]
+    /// [,read=PCT][,random=PCT][,span=GIB][,start=S][,stop=S]. export and tenant default to the name;
+    /// depth (closed loop, per connection) to 16; format to the trace file's extension's; span (the GiB of
+    /// the export the offsets range over) to the whole export. Without kind=, trace= makes a replay,
+    /// burst= bursts, on=/off= an on/off workload, rate= an open loop (Poisson arrivals), else a closed
+    /// loop. Errors name the job's key. See docs/serve.md.
     // This doc comment is `rein load --help` text, where `[,key=V]` means optional: clap prints it
     // verbatim, so escaping the brackets for rustdoc would put backslashes in the help.
     #[allow(rustdoc::broken_intra_doc_links)]
@@ -181,15 +183,139 @@ pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
             "closed".into()
         }
     });
+    let run = rein_core::Nanos::from_duration(duration);
+    let given = Given { kind: &kind, depth, conns, size, trace: trace.is_some(), time_scale };
+    check_values(&given, &p, run).with_context(|| format!("job {spec:?}"))?;
     // A closed loop keeps `depth` requests outstanding per connection.
     p.outstanding = depth.saturating_mul(conns as u32);
     p.size_kb = size as f64 / 1024.0;
     p.kind = kind;
     p.trace =
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
-    let workload =
-        p.validate(rein_core::Nanos::from_duration(duration), None, &[]).with_context(|| format!("job {spec:?}"))?;
+    // The simulator's rules once more (and what needs the trace read: its records, a repeat's rate).
+    let workload = p.validate(run, None, &[]).with_context(|| format!("job {spec:?}"))?;
     Ok(Job { name, export, tenant, connections: conns, workload, route: None, stream: None })
+}
+
+/// A job's values as written that [`WorkloadParams`] holds otherwise (or not at all).
+struct Given<'a> {
+    kind: &'a str,
+    depth: u32,
+    conns: usize,
+    /// Bytes.
+    size: u64,
+    trace: bool,
+    time_scale: f64,
+}
+
+/// Checks a job's values by the simulator's rules (`WorkloadParams::validate`, which [`parse_job`] applies
+/// after) in the job's own terms: each error names the job key as written (`depth`, `rate`, `period`, ...)
+/// and its value, not the scenario field it fills (`outstanding`, `workload.iops`, `burst_period_ms`).
+/// `p` holds the keys that map one to one; `run` is the run's length (the default stop).
+fn check_values(g: &Given, p: &WorkloadParams, run: rein_core::Nanos) -> Result<()> {
+    use rein_core::{Nanos, Num};
+    use rein_model::workload::{MAX_OUTSTANDING, MAX_RATE_IOPS, MAX_SECONDS, MAX_SIZE_BYTES, MIN_CYCLE_S};
+    let secs = |key: &str, v: f64| -> Result<Nanos> {
+        if !(v.is_finite() && (0.0..=MAX_SECONDS).contains(&v)) {
+            bail!("{key} must be between 0 and {} s, got {}", Num(MAX_SECONDS), Num(v));
+        }
+        Ok(Nanos::from_secs_f64(v))
+    };
+    let millis = |key: &str, v: f64| -> Result<Nanos> {
+        if !(v.is_finite() && (0.0..=MAX_SECONDS * 1e3).contains(&v)) {
+            bail!("{key} must be between 0 and {} ms, got {}", Num(MAX_SECONDS * 1e3), Num(v));
+        }
+        Ok(Nanos::from_secs_f64(v / 1e3))
+    };
+    let positive = |key: &str, v: f64| -> Result<f64> {
+        if !(v.is_finite() && v > 0.0) {
+            bail!("{key} must be a positive number, got {}", Num(v));
+        }
+        Ok(v)
+    };
+    let within_rate = |what: &str, iops: f64| -> Result<()> {
+        if iops <= MAX_RATE_IOPS {
+            return Ok(());
+        }
+        bail!("{what} {} is above the bound of {} IOPS", Num(iops), Num(MAX_RATE_IOPS))
+    };
+    let needs = |key: &str| anyhow::anyhow!("kind={} needs {key}=", g.kind);
+    let closed = || -> Result<()> {
+        if g.depth == 0 || g.depth > MAX_OUTSTANDING {
+            bail!("depth must be in 1..={MAX_OUTSTANDING}, got {}", g.depth);
+        }
+        if u64::from(g.depth) * g.conns as u64 > u64::from(MAX_OUTSTANDING) {
+            bail!(
+                "depth x conns (the job's requests outstanding) must be at most {MAX_OUTSTANDING}, got {} x {}",
+                g.depth,
+                g.conns
+            );
+        }
+        millis("think", p.think_ms.unwrap_or(0.0))?;
+        Ok(())
+    };
+    let open = || -> Result<()> {
+        let rate = positive("rate", p.iops.ok_or_else(|| needs("rate"))?)?;
+        within_rate("rate", rate)
+    };
+    match g.kind {
+        "closed" => closed()?,
+        "open" => open()?,
+        "on_off" => {
+            let on = secs("on", p.on_s.ok_or_else(|| needs("on"))?)?;
+            let off = secs("off", p.off_s.ok_or_else(|| needs("off"))?)?;
+            if on == Nanos::ZERO {
+                bail!("on must be positive");
+            }
+            if on.saturating_add(off) < Nanos::from_secs_f64(MIN_CYCLE_S) {
+                bail!(
+                    "on + off must be at least {MIN_CYCLE_S} s (one on/off cycle), got {} s",
+                    Num(on.saturating_add(off).as_secs_f64())
+                );
+            }
+            if p.iops.is_some() {
+                open()?
+            } else {
+                closed()?
+            }
+        }
+        "burst" => {
+            let count = p.burst_count.ok_or_else(|| needs("burst"))?;
+            if count == 0 || count > MAX_OUTSTANDING {
+                bail!("burst must be in 1..={MAX_OUTSTANDING}, got {count}");
+            }
+            let period = millis("period", positive("period", p.burst_period_ms.ok_or_else(|| needs("period"))?)?)?;
+            within_rate("the rate burst / period", count as f64 / period.as_secs_f64())?;
+        }
+        "trace" => {
+            if !g.trace {
+                return Err(needs("trace"));
+            }
+            positive("time_scale", g.time_scale)?;
+        }
+        other => bail!("kind={other}: expected closed, open, on_off, burst or trace"),
+    }
+    if g.size == 0 {
+        bail!("size must be a positive number of bytes, got 0");
+    }
+    if g.size > MAX_SIZE_BYTES {
+        bail!("size must be at most 1 GiB ({MAX_SIZE_BYTES} bytes), got {}", g.size);
+    }
+    for (key, v) in [("read", p.read_pct), ("random", p.random_pct)] {
+        if !(0.0..=100.0).contains(&v) {
+            bail!("{key} must be in [0, 100], got {}", Num(v));
+        }
+    }
+    positive("span", p.span_gb)?;
+    let start = secs("start", p.start_s)?;
+    match p.stop_s {
+        Some(s) if secs("stop", s)? <= start => bail!("stop must be after start"),
+        None if run <= start => {
+            bail!("start must be before the run's end ({} s), got {}", Num(run.as_secs_f64()), Num(p.start_s))
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// One line of the live table on stderr: elapsed time, then each tenant's IOPS and mean latency (ms).
@@ -332,9 +458,45 @@ mod tests {
         assert!(job_err("name=a,trace=x.trace,repeat=maybe").ends_with("repeat=maybe: expected true or false"));
         assert_eq!(
             job_err("name=a,rate=1e9"),
-            "job \"name=a,rate=1e9\": workload.iops 1000000000 is above the bound of 10000000 IOPS"
+            "job \"name=a,rate=1e9\": rate 1000000000 is above the bound of 10000000 IOPS"
         );
         let ok = parse_job("name=a,rate=100,read=50", Duration::from_secs(10)).unwrap();
         assert_eq!((ok.name.as_str(), ok.export.as_str()), ("a", "a"));
+        // A value out of range is named by its job key and value as written, not by the scenario field it
+        // fills (docs/serve.md, `rein load`): each message after the job's name.
+        for (keys, want) in [
+            ("depth=0", "depth must be in 1..=65536, got 0"),
+            ("depth=70000", "depth must be in 1..=65536, got 70000"),
+            (
+                "depth=100,conns=1000",
+                "depth x conns (the job's requests outstanding) must be at most 65536, got 100 x 1000",
+            ),
+            ("rate=0", "rate must be a positive number, got 0"),
+            ("kind=open", "kind=open needs rate="),
+            ("burst=0,period=10", "burst must be in 1..=65536, got 0"),
+            ("burst=4", "kind=burst needs period="),
+            ("burst=4,period=0", "period must be a positive number, got 0"),
+            ("burst=65536,period=0.001", "the rate burst / period 65536000000 is above the bound of 10000000 IOPS"),
+            ("read=150", "read must be in [0, 100], got 150"),
+            ("random=-1", "random must be in [0, 100], got -1"),
+            ("on=0,off=1", "on must be positive"),
+            ("on=1", "kind=on_off needs off="),
+            ("on=1,off=-1", "off must be between 0 and 604800 s, got -1"),
+            ("on=0.0001,off=0.0001", "on + off must be at least 0.001 s (one on/off cycle), got 0.0002 s"),
+            ("span=0", "span must be a positive number, got 0"),
+            ("think=-1", "think must be between 0 and 604800000 ms, got -1"),
+            ("size=0", "size must be a positive number of bytes, got 0"),
+            ("size=2048m", "size must be at most 1 GiB (1073741824 bytes), got 2147483648"),
+            ("start=-1", "start must be between 0 and 604800 s, got -1"),
+            ("start=20", "start must be before the run's end (10 s), got 20"),
+            ("start=5,stop=2", "stop must be after start"),
+            ("stop=1e9", "stop must be between 0 and 604800 s, got 1000000000"),
+            ("trace=x.trace,time_scale=0", "time_scale must be a positive number, got 0"),
+            ("kind=trace", "kind=trace needs trace="),
+            ("kind=zigzag", "kind=zigzag: expected closed, open, on_off, burst or trace"),
+        ] {
+            let spec = format!("name=a,{keys}");
+            assert_eq!(job_err(&spec), format!("job {spec:?}: {want}"));
+        }
     }
 }
