@@ -8,7 +8,7 @@
 //! Invariants of a `QosSpec` (checked by [`QosSpec::new`], so every value in the program holds them):
 //! 1. all numbers finite;
 //! 2. reservation is 0 (none) or in `[MIN_RATE, MAX_RATE]`;
-//! 3. limit is `None` (unlimited) or in `[MIN_RATE, MAX_RATE]`, and reservation <= limit;
+//! 3. limit is `None` (unlimited) or in `[MIN_RATE, MAX_RATE]` (not 0), and reservation <= limit;
 //! 4. weight in `[MIN_WEIGHT, MAX_WEIGHT]`;
 //! 5. idle credit sigma in `[0, MAX_IDLE_CREDIT]` (mClock §4.1.4 caps it at 256 IOs).
 
@@ -29,8 +29,9 @@ pub enum SpecError {
         /// The value given.
         value: f64,
     },
-    /// A reservation or limit outside `[MIN_RATE, MAX_RATE]` (invariants 2-3; a reservation may be 0).
-    #[error("{field} must be 0 (none) or between {min} and {max}, got {}", Num(*.value))]
+    /// A reservation or limit outside `[MIN_RATE, MAX_RATE]` (invariants 2-3; a reservation may be 0, a
+    /// limit may be absent but not 0).
+    #[error("{field} must be {}, got {}", allowed(field, *.min, *.max), Num(*.value))]
     RateOutOfRange {
         /// Which rate: `"reservation"` or `"limit"`.
         field: &'static str,
@@ -144,6 +145,16 @@ impl fmt::Display for QosSpec {
     }
 }
 
+/// What a rate `field` may be, for [`SpecError::RateOutOfRange`]: a reservation of 0 means none, a limit of
+/// 0 is refused (it would stop the tenant; no limit is its absence: left out of a file, null in JSON).
+fn allowed(field: &str, min: f64, max: f64) -> String {
+    if field == "limit" {
+        format!("between {min} and {max} (no limit: leave it out, or null in JSON)")
+    } else {
+        format!("0 (none) or between {min} and {max}")
+    }
+}
+
 fn check_rate(field: &'static str, value: f64, zero_ok: bool) -> Result<(), SpecError> {
     if !value.is_finite() {
         return Err(SpecError::NotFinite { field, value });
@@ -185,5 +196,13 @@ mod tests {
         assert!(matches!(QosSpec::new(0.0, None, 1.0, 257), Err(SpecError::IdleCreditTooLarge { .. })));
         let msg = QosSpec::new(0.0, None, 0.0, 0).unwrap_err().to_string();
         assert!(msg.contains("weight"), "{msg}");
+        // A limit of 0 is refused, and the message does not offer 0 (a reservation of 0 is none).
+        let msg = QosSpec::new(0.0, Some(0.0), 1.0, 0).unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "limit must be between 0.001 and 1000000000000 (no limit: leave it out, or null in JSON), got 0"
+        );
+        let msg = QosSpec::new(-1.0, None, 1.0, 0).unwrap_err().to_string();
+        assert_eq!(msg, "reservation must be 0 (none) or between 0.001 and 1000000000000, got -1");
     }
 }

@@ -20,7 +20,8 @@
 //! and §3.1's fractional `1 + S/(Tm*Bpeak)` costs are represented to 1/65536 of an IO.
 //!
 //! # Bounds
-//! - Rates (reservation, limit) are 0 (none) or in [`MIN_RATE`, `MAX_RATE`] cost units per second.
+//! - Rates are in [`MIN_RATE`, `MAX_RATE`] cost units per second; a reservation may be 0 (none), a limit
+//!   may be absent (unlimited) but not 0.
 //! - Weights are in [`MIN_WEIGHT`, `MAX_WEIGHT`].
 //! - A cost is at most [`Cost::MAX_UNITS`] units; with these bounds `cost * step` fits in a `u128`.
 
