@@ -62,9 +62,6 @@ fn d_cluster() -> String {
 fn d_sfq() -> String {
     "sfq".into()
 }
-fn d_staggered() -> String {
-    "staggered".into()
-}
 
 /// `[parda]`: parameters shared by every host.
 #[derive(Debug, Clone, Deserialize)]
@@ -100,11 +97,11 @@ pub struct PardaFile {
     /// Hosts silent this long drop out of the average (default 3 periods).
     pub aggregation_timeout_s: Option<f64>,
     /// Where in the period each host's control periods tick, counted from the run's start:
-    /// "staggered" (default): host i at i / hosts of a period, in host order; "seed": a phase per host
-    /// drawn from the run's seed. `rein cluster` puts its real hosts' periods there too; a host run on
-    /// its own ticks from its start.
-    #[serde(default = "d_staggered")]
-    pub period_phase: String,
+    /// "staggered" (default, also when `None`): host i at i / hosts of a period, in host order; "seed": a
+    /// phase per host drawn from the run's seed. `rein cluster` puts its real hosts' periods there too; a
+    /// host run on its own ticks from its start (`rein gateway` refuses the key: `None` tells it apart).
+    #[serde(default)]
+    pub period_phase: Option<String>,
     /// K of §3.4: a host's beta is K times the sum of its VMs' weights unless the host sets `beta`.
     #[serde(default = "d_one")]
     pub beta_per_share: f64,
@@ -275,7 +272,7 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
         "local" => Aggregation::Local,
         o => return Err(format!("parda: aggregation {o:?}: expected \"cluster\" or \"local\"")),
     };
-    let phase = match p.period_phase.as_str() {
+    let phase = match p.period_phase.as_deref().unwrap_or("staggered") {
         "seed" => PeriodPhase::Seed,
         "staggered" => PeriodPhase::Staggered,
         o => return Err(format!("parda: period_phase {o:?}: expected \"seed\" or \"staggered\"")),

@@ -45,9 +45,9 @@
 //! # Deviations
 //! The simulator places the hosts' periods by `[parda] period_phase`; a real host ticks from its start
 //! unless told otherwise (`PUT /api/parda/period`, [`HostGate::set_period_end_in`], which `rein cluster`
-//! sends each host as its load starts, so the hosts tick where the simulator's do). A
-//! report's arrival takes whatever the transport takes (the simulator's `aggregation_delay_ms` is
-//! refused here).
+//! sends each host as its load starts, so the hosts tick where the simulator's do), and refuses the key
+//! rather than ignore it. A report's arrival takes whatever the transport takes (the simulator's
+//! `aggregation_delay_ms` is refused here).
 //!
 //! # Changes while running
 //! A request whose connection closed while it waited in the host is not issued when its turn comes (as
@@ -169,6 +169,11 @@ pub(crate) fn validate(
     sched: SchedConfig,
     base: &Path,
 ) -> Result<HostSettings, String> {
+    if parda.period_phase.is_some() {
+        return Err("parda: period_phase places the simulator's hosts' periods; a real host's periods tick from \
+                    its start, or where PUT /api/parda/period puts them (remove the key)"
+            .into());
+    }
     let p = parda.validate()?;
     if p.delay != Nanos::ZERO {
         return Err("parda: aggregation_delay_ms models the shared board's delay in the simulator; a real \

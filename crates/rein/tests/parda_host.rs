@@ -333,6 +333,11 @@ fn bad_parda_tables_are_one_line_errors() {
         ),
         ("[parda]\nlatency_threshold_ms = 10\naggregation_delay_ms = 5\n", "aggregation_delay_ms models"),
         (
+            "[parda]\nlatency_threshold_ms = 10\nperiod_phase = \"staggered\"\n",
+            "parda: period_phase places the simulator's hosts' periods; a real host's periods tick from its start, \
+             or where PUT /api/parda/period puts them (remove the key)",
+        ),
+        (
             "[parda]\nlatency_threshold_ms = 10\n[parda_host]\nudp = \"x\"\n",
             "parda_host: udp \"x\" is not an address",
         ),
