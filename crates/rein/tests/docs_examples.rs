@@ -1,0 +1,67 @@
+//! The configuration examples in the docs load: the `rein.toml` block of docs/serve.md and the `gw.toml`
+//! block of docs/gateway.md, read from the repository's files and parsed by the parsers `rein serve` and
+//! `rein gateway` use, in a directory holding the files they name (certificates made with openssl, a PSK
+//! file), so an example cannot drift from what the programs accept.
+#![cfg(unix)]
+
+mod common;
+
+use common::tls::{make_ca, make_cert, server, CLIENT};
+use std::path::{Path, PathBuf};
+
+/// The text of `docs/NAME` in this repository.
+fn doc(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The first fenced ```toml block after the line `heading` in `text`.
+fn toml_block(text: &str, heading: &str) -> String {
+    let mut lines = text.lines().skip_while(|l| l.trim() != heading);
+    assert!(lines.next().is_some(), "no heading {heading:?}");
+    let mut lines = lines.skip_while(|l| l.trim() != "```toml");
+    assert!(lines.next().is_some(), "no ```toml block after {heading:?}");
+    let block: Vec<&str> = lines.take_while(|l| l.trim() != "```").collect();
+    assert!(!block.is_empty(), "an empty block after {heading:?}");
+    block.join("\n") + "\n"
+}
+
+/// A directory with what the examples name: a CA (`ca-cert.pem`), a server's certificate and key
+/// (`server-cert.pem`, `server-key.pem`), a gateway's (`gw-cert.pem`, `gw-key.pem`) and a PSK file
+/// (`keys.psk`).
+fn files() -> tempfile::TempDir {
+    let tmp = common::tmpdir("docs-examples");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "docs CA");
+    make_cert(dir, "ca", "server", "s1.example.com", &server("IP:127.0.0.1,DNS:s1.example.com"));
+    make_cert(dir, "ca", "gw", "gw-a", CLIENT);
+    std::fs::write(dir.join("keys.psk"), format!("alice:{}\n", "ab".repeat(32))).unwrap();
+    tmp
+}
+
+fn config_path(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// docs/serve.md's `rein.toml` example is a configuration `rein serve` accepts.
+#[test]
+fn the_rein_toml_example_in_serve_md_loads() {
+    let tmp = files();
+    let text = toml_block(&doc("serve.md"), "## Configuration (`rein.toml`)");
+    assert!(text.contains("[[tenants]]") && text.contains("[device_model]"), "the whole example: {text}");
+    let path = config_path(tmp.path(), "rein.toml", &text);
+    let cfg = rein_runtime::config::ServerConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(cfg.exports[0].name, "rd");
+}
+
+/// docs/gateway.md's `gw.toml` example is a configuration `rein gateway` accepts.
+#[test]
+fn the_gw_toml_example_in_gateway_md_loads() {
+    let tmp = files();
+    let text = toml_block(&doc("gateway.md"), "## Configuration (`gw.toml`)");
+    assert!(text.contains("[[nodes]]") && text.contains("[[exports]]"), "the whole example: {text}");
+    let path = config_path(tmp.path(), "gw.toml", &text);
+    rein_runtime::gateway::GatewayConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}\n{text}"));
+}
