@@ -51,7 +51,7 @@ use crate::config::{self, BackendKind, ServerConfig, MAX_ALLOW_ENTRIES, MAX_EXPO
 use crate::gateway::{GatewayConfig, MAX_NODES, MAX_VOLUMES};
 use crate::live::MAX_TENANT_NAME;
 use crate::pshift_controller::ControllerSettings;
-use crate::state::{self, ExportJson, SpecJson};
+use crate::state::{self, ExportJson, ExportOrigin, SpecJson};
 use crate::tls::{self, MAX_IDENTITY_BYTES, MAX_PSK_BYTES, MAX_PSK_IDENTITIES};
 use rein_core::pshift::{MAX_BUCKETS, MAX_NAME_LEN, MAX_SERVERS};
 use rein_core::spec::MAX_IDLE_CREDIT;
@@ -338,8 +338,17 @@ pub fn admin_create(data: &[u8]) {
     }
     let Ok(j) = crate::admin::new_export(data) else { return };
     let base = state_base();
-    let data_dir = &base.data_dir;
-    let Ok(e) = j.to_config(data_dir, &base.tenants, true) else { return };
+    // A relative data directory too (the default `rein-data` is one): its exports' paths must not take it
+    // twice on the way back.
+    for data_dir in [base.data_dir.as_path(), Path::new("rein-fuzz-data")] {
+        admin_export(&j, base, data_dir);
+    }
+}
+
+/// `POST /api/exports`'s export `j` on a server with `base`'s tenants and data directory `data_dir`: its
+/// bounds, and that the state file keeps it as it is.
+fn admin_export(j: &ExportJson, base: &ServerConfig, data_dir: &Path) {
+    let Ok(e) = j.to_config(data_dir, &base.tenants, ExportOrigin::Admin) else { return };
     assert!((1..=4096).contains(&e.name.len()), "an export name of {} bytes accepted", e.name.len());
     assert!(e.tenant < base.tenants.len(), "an export's tenant index out of range");
     if let Some(size) = e.size {
@@ -357,7 +366,8 @@ pub fn admin_create(data: &[u8]) {
     let kept = ExportJson::from_config(&e, &base.tenants[e.tenant].name);
     let text = serde_json::to_vec(&kept).expect("an export serialises");
     let read: ExportJson = serde_json::from_slice(&text).expect("an export written back parses");
-    let again = read.to_config(data_dir, &base.tenants, false).expect("an export written back is valid");
+    let again =
+        read.to_config(data_dir, &base.tenants, ExportOrigin::StateFile).expect("an export written back is valid");
     assert_eq!(format!("{again:?}"), format!("{e:?}"), "an export does not survive the state file");
 }
 

@@ -36,7 +36,7 @@
 use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig, MAX_EXPORTS};
 use crate::dispatch::{CapacityError, Dispatcher};
 use crate::nbd::{Export, ExportTable};
-use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, SpecJson};
+use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, ExportOrigin, SpecJson};
 use rein_core::{QosSpec, SchedConfig, TenantId};
 use rein_proto::nbd::ExportInfo;
 use std::path::PathBuf;
@@ -543,7 +543,7 @@ impl Registry {
             return Err(ChangeError::Conflict(format!("at most {MAX_EXPORTS} exports")));
         }
         let eff0 = &inner.effective;
-        let cfg = j.to_config(&eff0.data_dir, &eff0.tenants, true).map_err(ChangeError::Invalid)?;
+        let cfg = j.to_config(&eff0.data_dir, &eff0.tenants, ExportOrigin::Admin).map_err(ChangeError::Invalid)?;
         let id = self.id(&j.tenant)?;
         // The start-up checks (RAM, one file per export) over the list as it would be.
         let mut all = inner.effective.exports.clone();

@@ -28,7 +28,8 @@
 //!                         "config": null } },
 //!   "capacity": { "iops": 5000, "source": "admin", "config": {"capacity_iops": null, "probe_capacity_s": 0} } }
 //! ```
-//! `spec`/`export` `null`: deleted at run time. A file with another `version`, or that does not parse, stops
+//! `spec`/`export` `null`: deleted at run time. A file export's `path` is the one the server opens, the data
+//! directory already in it, and is read back as written ([`ExportOrigin::StateFile`]). A file with another `version`, or that does not parse, stops
 //! the server at start with an error naming the file (module [`crate::server`] argues why it is not moved
 //! aside).
 //!
@@ -149,8 +150,10 @@ pub struct ExportJson {
     pub name: String,
     /// `file` or `memory`.
     pub backend: String,
-    /// The file (file backend): relative to the data directory, or absolute for exports of the
-    /// configuration file.
+    /// The file (file backend). In `POST /api/exports`: relative to the data directory
+    /// ([`ExportOrigin::Admin`]). In the state file: the path the server opens, the data directory already
+    /// in it (absolute, or relative to the working directory as a relative `data_dir` is;
+    /// [`ExportOrigin::StateFile`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// Size in MiB of a memory export or of a file created for it; `None`: the file must exist.
@@ -180,8 +183,22 @@ fn is_yes(b: &bool) -> bool {
     *b
 }
 
+/// Where an [`ExportJson`] comes from, which says what its `path` is relative to and how strictly it is
+/// checked ([`ExportJson::to_config`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportOrigin {
+    /// `POST /api/exports`: the path is relative to the data directory and stays inside it (no `..`), and
+    /// a memory export may not be larger than the machine's RAM.
+    Admin,
+    /// The state file: the path as [`ExportJson::from_config`] wrote it, the one the server opens (the data
+    /// directory already in it). Joining the data directory again doubled a relative one
+    /// (`rein-data/rein-data/x.img`), and every reload and the next start failed.
+    StateFile,
+}
+
 impl ExportJson {
-    /// The JSON form of a configured export whose tenant is `tenant`.
+    /// The JSON form of a configured export whose tenant is `tenant`: a file export's path as the server
+    /// opens it ([`ExportOrigin::StateFile`]).
     pub fn from_config(e: &ExportConfig, tenant: &str) -> ExportJson {
         let (backend, path) = match &e.backend {
             BackendKind::File { path } => ("file", Some(path.clone())),
@@ -202,15 +219,16 @@ impl ExportJson {
     }
 
     /// Validates this export for a server whose data directory is `data_dir` and whose tenants are
-    /// `tenants`; a file path is made absolute under `data_dir`. With `strict_path` (exports created
-    /// through the admin API) the path must be relative and stay inside `data_dir` (no `..`), and a memory
-    /// export may not be larger than the machine's RAM.
+    /// `tenants`. From `origin` [`ExportOrigin::Admin`] (exports created through the admin API) the path
+    /// must be relative and stay inside `data_dir` (no `..`) and is joined to it, and a memory export may
+    /// not be larger than the machine's RAM; from [`ExportOrigin::StateFile`] the path is taken as written.
     pub fn to_config(
         &self,
         data_dir: &Path,
         tenants: &[TenantConfig],
-        strict_path: bool,
+        origin: ExportOrigin,
     ) -> Result<ExportConfig, String> {
+        let strict_path = origin == ExportOrigin::Admin;
         let name = &self.name;
         if name.is_empty() || name.len() > 4096 {
             return Err(format!("export name {name:?} is empty or longer than 4096 bytes"));
@@ -235,7 +253,7 @@ impl ExportJson {
                         p.display()
                     ));
                 }
-                let path = if p.is_absolute() { p } else { data_dir.join(p) };
+                let path = if strict_path { data_dir.join(p) } else { p };
                 if self.size_mb.is_none() && !path.exists() {
                     return Err(format!(
                         "export {name}: {} does not exist (give size_mb to create it)",
@@ -534,7 +552,7 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
                 notes.push(format!("dropped the state file's export {name}: at most {MAX_EXPORTS} exports"));
                 pruned = true;
             }
-            Some(j) => match j.to_config(&cfg.data_dir, &cfg.tenants, false) {
+            Some(j) => match j.to_config(&cfg.data_dir, &cfg.tenants, ExportOrigin::StateFile) {
                 Ok(e) => {
                     notes.push(format!("export {name}: added (state file)"));
                     exports.push((e, j.tenant.clone()));
@@ -698,6 +716,35 @@ mod tests {
         assert_eq!(o.config.tenants[o.config.exports[1].tenant].name, "c");
     }
 
+    /// An export added at run time under a relative data directory (the default `rein-data` is one) is
+    /// read back from the state file at the path it was created at: it took the data directory twice
+    /// (`rel/data/rel/data/x.img`), and the next start and every reload failed.
+    #[test]
+    fn a_relative_data_directory_is_not_taken_twice() {
+        let base = cfg(&BASE.replace("\"/d\"", "\"rel/data\""));
+        let j = ExportJson {
+            name: "x".into(),
+            backend: "file".into(),
+            path: None,
+            size_mb: Some(1),
+            tenant: "a".into(),
+            read_only: false,
+            direct: false,
+            readahead: true,
+            allow_networks: None,
+            allow_identities: None,
+        };
+        let e = j.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap();
+        assert_eq!(e.backend, BackendKind::File { path: "rel/data/x.img".into() });
+        let mut eff = base.clone();
+        eff.exports.push(e.clone());
+        let st = diff(&base, &eff, None);
+        let o = overlay(&base, &parse(&serde_json::to_vec(&st).unwrap()).unwrap());
+        assert!(!o.pruned, "{:?}", o.notes);
+        assert_eq!(o.config.exports.last().unwrap().backend, e.backend);
+        assert_eq!(diff(&base, &o.config, None), st);
+    }
+
     /// A state file adding more exports than the bound: those beyond it are dropped, each named.
     #[test]
     fn a_state_file_adds_no_export_beyond_the_bound() {
@@ -811,17 +858,18 @@ mod tests {
             allow_networks: None,
             allow_identities: None,
         };
-        let e = j("").to_config(&base.data_dir, &base.tenants, true).unwrap_err();
+        let e = j("").to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();
         assert!(e.contains("path is empty"), "{e}");
         for p in ["/etc/passwd", "../x.img", "a/../../x.img"] {
-            let e = j(p).to_config(&base.data_dir, &base.tenants, true).unwrap_err();
+            let e = j(p).to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();
             assert!(e.contains("must be relative"), "{e}");
         }
-        let e = ExportJson { size_mb: None, ..j("nope.img") }.to_config(&base.data_dir, &base.tenants, true);
+        let e =
+            ExportJson { size_mb: None, ..j("nope.img") }.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin);
         assert!(e.unwrap_err().contains("give size_mb to create it"));
         // A memory export larger than the machine: refused, not an abort (1 PiB is the largest size).
         let huge = ExportJson { backend: "memory".into(), path: None, size_mb: Some(1 << 30), ..j("x") };
-        let e = huge.to_config(&base.data_dir, &base.tenants, true).unwrap_err();
+        let e = huge.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();
         assert!(e.contains("larger than this machine's RAM"), "{e}");
     }
 }

@@ -217,3 +217,53 @@ fn admission_fails_closed_without_a_capacity() {
     let s = start(&path).unwrap();
     s.wait_line("no capacity is known");
 }
+
+/// The outcome of the reload just asked for: waits (bounded) for `configuration reloaded` or for the line
+/// of a reload that failed, and returns the first one.
+fn reload_outcome(s: &Server) -> String {
+    let t0 = std::time::Instant::now();
+    loop {
+        let found = s.log.lock().unwrap().iter().find_map(|l| {
+            (l.contains("configuration reloaded") || l.contains("the running configuration is unchanged"))
+                .then(|| l.clone())
+        });
+        if let Some(l) = found {
+            return l;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no reload line: {:#?}", s.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Before: an export added at run time under a relative `data_dir` (the default `rein-data` is one) was
+/// kept in the state file with the data directory in its path and read back with the data directory
+/// joined again: `reload: export vm7: s1/data/s1/data/vm7.img: open failed` at every SIGHUP, and the next
+/// start failed the same way. Now both find it, and what was written before the restart is read back.
+#[test]
+fn an_export_added_under_a_relative_data_dir_survives_a_reload_and_a_restart() {
+    let tmp = common::tmpdir("relative");
+    let path = common::write_file(tmp.path(), "rein.toml", &format!("{}\ndata_dir = \"s1/data\"\n{BASE}", local(150)));
+    let serve = || Rein::serve(&path).current_dir(tmp.path()).try_start(Duration::from_secs(60));
+    let s = serve().unwrap();
+    let (code, body) = http(s.admin, "POST", "/api/exports", r#"{"name": "vm7", "size_mb": 8, "tenant": "a"}"#);
+    assert_eq!(code, 201, "{body}");
+    assert!(tmp.path().join("s1/data/vm7.img").is_file(), "the image is inside the data directory");
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    let mut c = common::Raw::connect(s.nbd, "vm7");
+    c.send(rein_proto::nbd::Command::Write, 1, 8192, 4096, &block);
+    assert_eq!(c.reply(0).1, 0, "the WRITE fails");
+    c.send(rein_proto::nbd::Command::Flush, 2, 0, 0, &[]);
+    assert_eq!(c.reply(0).1, 0, "the FLUSH fails");
+    drop(c);
+    s.signal("-HUP");
+    let line = reload_outcome(&s);
+    assert!(line.contains("configuration reloaded"), "{line}");
+    s.stop();
+    let s = serve().unwrap_or_else(|log| panic!("the restart fails: {log}"));
+    s.wait_line("export vm7: added (state file)");
+    let mut c = common::Raw::connect(s.nbd, "vm7");
+    c.send(rein_proto::nbd::Command::Read, 3, 8192, 4096, &[]);
+    let (_, error, data) = c.reply(4096);
+    assert_eq!(error, 0, "the READ fails");
+    assert!(data == block, "the block written before the restart is not read back");
+}

@@ -61,6 +61,7 @@ pub(crate) struct Rein {
     args: Vec<String>,
     envs: Vec<(String, String)>,
     nofile: Option<u32>,
+    dir: Option<PathBuf>,
 }
 
 impl Rein {
@@ -69,6 +70,7 @@ impl Rein {
             args: args.iter().map(|a| a.to_string()).collect(),
             envs: vec![("NO_COLOR".into(), "1".into())],
             nofile: None,
+            dir: None,
         }
     }
 
@@ -79,6 +81,13 @@ impl Rein {
 
     pub(crate) fn env(mut self, key: &str, value: &str) -> Rein {
         self.envs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Runs in the working directory `dir` (where relative paths of the configuration, like a relative
+    /// `data_dir`, lead).
+    pub(crate) fn current_dir(mut self, dir: &Path) -> Rein {
+        self.dir = Some(dir.to_path_buf());
         self
     }
 
@@ -103,6 +112,9 @@ impl Rein {
             }
         };
         cmd.envs(self.envs.iter().map(|(k, v)| (k, v))).stderr(Stdio::piped()).stdout(Stdio::null());
+        if let Some(d) = &self.dir {
+            cmd.current_dir(d);
+        }
         cmd
     }
 
