@@ -134,6 +134,9 @@ pub struct Registry {
     data_dir: Option<PathBuf>,
     /// The change lock; an `Arc` so that a change's task can own its guard (module comment).
     changes: Arc<tokio::sync::Mutex<Inner>>,
+    /// The export the empty name opens, by name: the NBD policy's, fixed at start (a reload names a change
+    /// of it as needing a restart).
+    default_export: Option<String>,
 }
 
 /// A tenant name's bounds (1..=[`MAX_TENANT_NAME`] bytes), for every change that adds one.
@@ -210,6 +213,7 @@ impl Registry {
             None => config_capacity(&effective),
         };
         Registry {
+            default_export: effective.default_export.map(|i| effective.exports[i].name.clone()),
             dispatcher,
             tenants: RwLock::new(Arc::new(names)),
             exports,
@@ -654,10 +658,46 @@ impl Registry {
         let mut report = ReloadReport::default();
         let old = inner.base.clone();
         let mut base = new_base;
+        // Every setting is applied below or named here as needing a restart: a setting added to
+        // ServerConfig is a compile error here until it is placed (several were once left out, and a
+        // reload changed nothing of them without a word).
+        let ServerConfig {
+            listen: _,
+            listen_unix: _,
+            admin: _,
+            admin_access: _,
+            admin_tls: _,
+            data_dir: _,
+            scheduler: _,
+            queue_depth: _,
+            max_request: _,
+            io_engine: _,
+            probe_capacity_s: _,
+            max_inflight: _,
+            max_inflight_per_tenant: _,
+            idle_timeout: _,
+            shutdown_timeout: _,
+            device: _,
+            tls: _,
+            default_export: _,
+            caps: _,
+            node: _,
+            pshift: _,
+            token: _,
+            // Applied live.
+            sched: _,
+            admission: _,
+            capacity_iops: _,
+            exports: _,
+            tenants: _,
+        } = &base;
+        // `old` holds the running value of each (restored below after every reload), so the warning is
+        // repeated at each reload while the file differs from what runs, and silent once it matches.
+        let mut restart = |key: &str| report.needs_restart.push(format!("{key} (needs a restart)"));
         macro_rules! restart_only {
-            ($($field:ident),*) => {$(
+            ($($field:ident => $key:expr),* $(,)?) => {$(
                 if base.$field != old.$field {
-                    report.needs_restart.push(format!("{} (needs a restart)", stringify!($field)));
+                    restart($key);
                     base.$field = old.$field.clone();
                 }
             )*};
@@ -665,37 +705,48 @@ impl Registry {
         // `[mclock]` changes live, but for the cost model: it gives every reservation and limit its unit
         // and the admission its count.
         if base.sched.cost_model != old.sched.cost_model {
-            report.needs_restart.push("cost_model (needs a restart)".into());
+            restart("cost_model");
             base.sched.cost_model = old.sched.cost_model;
         }
         restart_only!(
-            listen,
-            listen_unix,
-            admin,
-            data_dir,
-            scheduler,
-            queue_depth,
-            max_request,
-            io_engine,
-            device,
-            probe_capacity_s,
-            caps,
-            admin_access
+            listen => "listen",
+            listen_unix => "listen_unix",
+            admin => "admin",
+            data_dir => "data_dir",
+            scheduler => "scheduler",
+            queue_depth => "queue_depth",
+            max_request => "max_request_kb",
+            io_engine => "io_engine",
+            device => "[device_model]",
+            probe_capacity_s => "probe_capacity_s",
+            caps => "max_connections, max_connections_per_client or max_connections_per_tenant",
+            admin_access => "admin_token_file, admin_insecure, max_admin_connections or admin_idle_timeout_s",
+            max_inflight => "max_inflight_mb",
+            max_inflight_per_tenant => "max_inflight_mb_per_tenant",
+            idle_timeout => "idle_timeout_s",
+            shutdown_timeout => "shutdown_timeout_s",
+            node => "[node]",
         );
-        // TLS credentials and the default export are read at start only (compared as written).
+        // TLS credentials and the pShift link are read at start only (compared as written).
         if format!("{:?}", base.tls) != format!("{:?}", old.tls) {
-            report.needs_restart.push("tls (needs a restart)".into());
+            restart("[tls]");
+            base.tls = old.tls.clone();
         }
         if base.admin_tls.is_some() != old.admin_tls.is_some() {
-            report.needs_restart.push("admin_tls (needs a restart)".into());
-            base.admin_tls = old.admin_tls.clone();
+            restart("admin_tls");
         }
-        let default_name = |c: &ServerConfig| c.default_export.map(|i| c.exports[i].name.clone());
-        if default_name(&base) != default_name(&old) {
-            report.needs_restart.push("default_export (needs a restart)".into());
+        base.admin_tls = old.admin_tls.clone();
+        if format!("{:?}", (&base.pshift, &base.token)) != format!("{:?}", (&old.pshift, &old.token)) {
+            restart("[pshift]");
+            (base.pshift, base.token) = (old.pshift.clone(), old.token);
         }
         let st = state::diff(&old, &inner.effective, inner.capacity);
         let o = state::overlay(&base, &st);
+        // The default export is the NBD policy's, fixed at start: compared with what the new file makes of
+        // it (the state file may have deleted its export), kept as the file has it (the state file's base).
+        if o.config.default_export.map(|i| &o.config.exports[i].name) != self.default_export.as_ref() {
+            restart("default_export");
+        }
         report.applied.extend(o.notes.into_iter().filter(|n| n.contains("changed it since") || n.contains("dropped")));
         let new = o.config;
         let cur = inner.effective.clone();

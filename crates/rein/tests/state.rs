@@ -267,3 +267,64 @@ fn an_export_added_under_a_relative_data_dir_survives_a_reload_and_a_restart() {
     assert_eq!(error, 0, "the READ fails");
     assert!(data == block, "the block written before the restart is not read back");
 }
+
+/// Waits (bounded) until the log has `n` lines `configuration reloaded`.
+fn reloaded(s: &Server, n: usize) {
+    let t0 = std::time::Instant::now();
+    while s.log.lock().unwrap().iter().filter(|l| l.contains("configuration reloaded")).count() < n {
+        assert!(t0.elapsed() < Duration::from_secs(30), "not {n} reloads: {:#?}", s.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many log lines contain `part`.
+fn lines_with(s: &Server, part: &str) -> usize {
+    s.log.lock().unwrap().iter().filter(|l| l.contains(part)).count()
+}
+
+/// Before: a reload changed nothing of `idle_timeout_s`, `shutdown_timeout_s`, `max_inflight_mb`,
+/// `max_inflight_mb_per_tenant`, `[node]` and `[pshift]`, and said nothing; and `default_export` and
+/// `[tls]` were named as needing a restart only at the first reload that changed them, then taken as
+/// applied (silent at the next reload of the same file, named again when the file went back to what
+/// runs). Now each setting that cannot change live is named at every reload while the file differs from
+/// what runs, and not once it matches again.
+#[test]
+fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches() {
+    let tmp = common::tmpdir("restart-only");
+    common::write_file(tmp.path(), "keys.psk", "alice:00112233445566778899aabbccddeeff\n");
+    let path = config_file(tmp.path(), 151, BASE);
+    let s = start(&path).unwrap();
+    let changed = format!(
+        "idle_timeout_s = 60\nshutdown_timeout_s = 3\nmax_inflight_mb = 64\nmax_inflight_mb_per_tenant = 32\n\
+         default_export = \"a\"\nscheduler = \"token\"\n{BASE}[node]\nenabled = true\n\
+         [pshift]\ncontroller = \"127.0.0.151:7800\"\nname = \"s1\"\n[tls]\nmode = \"on\"\npsk_file = \"keys.psk\"\n"
+    );
+    let keys = [
+        "idle_timeout_s",
+        "shutdown_timeout_s",
+        "max_inflight_mb",
+        "max_inflight_mb_per_tenant",
+        "[node]",
+        "[pshift]",
+        "default_export",
+        "[tls]",
+        "scheduler",
+    ];
+    let named = |key: &str| lines_with(&s, &format!("reload: {key} (needs a restart)"));
+    for n in 1..=2 {
+        std::fs::write(&path, config_text(tmp.path(), &local(151), &changed)).unwrap();
+        s.signal("-HUP");
+        reloaded(&s, n);
+        for key in keys {
+            assert_eq!(named(key), n, "{key} after reload {n}: {:#?}", s.log.lock().unwrap());
+        }
+    }
+    // Back to what runs: nothing is named.
+    std::fs::write(&path, config_text(tmp.path(), &local(151), BASE)).unwrap();
+    s.signal("-HUP");
+    reloaded(&s, 3);
+    for key in keys {
+        assert_eq!(named(key), 2, "{key} with the file as it runs: {:#?}", s.log.lock().unwrap());
+    }
+    assert_eq!(lines_with(&s, "needs a restart"), 2 * keys.len(), "{:#?}", s.log.lock().unwrap());
+}
