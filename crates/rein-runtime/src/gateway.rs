@@ -55,9 +55,10 @@
 //! first ([`crate::parda_host`]; docs/gateway.md, "A PARDA host").
 //!
 //! # Reload
-//! SIGHUP (the binary; [`GatewayReload`] in [`run_with`]) reads gw.toml again, validated as a whole (a
-//! file that does not load changes nothing, logged once), and applies the difference to the tenants and
-//! volumes; each change is logged:
+//! SIGHUP (the binary; [`GatewayReload`] in [`run_with`]) reads gw.toml again, on a thread of its own
+//! ([`crate::server::read_apart`]: a file that never reads holds up neither clients nor a stop), validated
+//! as a whole (a file that does not load changes nothing, logged once), and applies the difference to the
+//! tenants and volumes; each change is logged:
 //! - a tenant's spec or `server_reservations` changed: its volumes state the new entry to their nodes
 //!   ([`RemoteVolume::respec`]): each node session ends once its pieces are answered and says hello
 //!   again at once (pieces sent meanwhile wait); a node applies it as its `[node] specs` says, and the
@@ -1267,23 +1268,28 @@ pub async fn run_with(
     if let Some(r) = ready {
         let _ = r.send(bound);
     }
-    let (mut reload_rx, mut load) = match reload {
-        Some(GatewayReload { requests, load }) => (Some(requests), Some(load)),
+    let (mut reload_rx, load) = match reload {
+        Some(GatewayReload { requests, load }) => (Some(requests), Some(Arc::new(std::sync::Mutex::new(load)))),
         None => (None, None),
     };
     let mut tasks = tokio::task::JoinSet::new();
     // A reload runs beside the accept loop (opening a volume waits for its nodes, up to a connect timeout
     // each: a reload adding 10 volumes on a silent node once held new connections for 19 s); it holds the
-    // running state meanwhile, and one more SIGHUP waits for it.
+    // running state meanwhile, and one more SIGHUP waits for it. So does the read of gw.toml, on a thread
+    // of its own (`read_apart`: a FIFO or a hung mount in its place once blocked the loop for good).
     let mut live = Some(live);
     let mut reloading: Option<Reloading> = None;
+    let mut reading = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
-            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() && reloading.is_none() => {
-                let load = load.as_mut().expect("with reload_rx");
-                match load() {
+            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() && reloading.is_none() && reading.is_none() => {
+                reading = Some(crate::server::read_apart(load.as_ref().expect("with reload_rx")));
+            }
+            read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
+                reading = None;
+                match read {
                     Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
                     Ok(new) => {
                         let mut l = live.take().expect("no reload in progress");
@@ -1316,6 +1322,9 @@ pub async fn run_with(
     }
     if reloading.take().is_some() {
         tracing::warn!("stopping: the reload in progress is abandoned (the volumes it opened close)");
+    }
+    if reading.is_some() {
+        tracing::warn!("stopping: gw.toml is still being read for a reload; that reload is abandoned");
     }
     let _ = stop_tx.send(true);
     // Connections that ended since the last accept are still in the set: not counted as open.

@@ -109,9 +109,37 @@ pub enum ServeError {
     State(#[from] crate::state::StateError),
 }
 
-/// One reload: read the file, apply the difference, log what changed, or the error once.
-async fn reload_config(registry: &Registry, load: &mut ConfigLoader) {
-    let cfg = match load() {
+/// A reload's loader ([`ConfigLoader`], [`crate::gateway::GatewayLoader`]), shared with the thread that
+/// runs it ([`read_apart`]).
+pub type SharedLoader<T> = Arc<std::sync::Mutex<Box<dyn FnMut() -> Result<T, String> + Send>>>;
+
+/// Runs `load` (a reload's read and parse of the configuration file) on a thread of its own; the answer
+/// comes on the returned channel. Reading the file can block for ever (a FIFO put in its place, a hung
+/// network mount): on the event loop it stopped new connections and the stop signals (only SIGKILL
+/// ended the server). A thread of its own rather than `spawn_blocking`: a runtime waits for its blocking
+/// tasks when it is dropped, so a stuck read would hold up the exit after SIGTERM; a plain thread is left
+/// behind and ends with the process. A channel closed without an answer (the thread could not be started,
+/// or `load` panicked) is an error naming that.
+pub fn read_apart<T: Send + 'static>(
+    load: &SharedLoader<T>,
+) -> impl Future<Output = Result<T, String>> + Send + Unpin + 'static {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let load = Arc::clone(load);
+    let started = std::thread::Builder::new().name("rein-reload".into()).spawn(move || {
+        let mut load = load.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = tx.send(load());
+    });
+    if let Err(e) = started {
+        tracing::error!("reload: cannot start the thread that reads the configuration: {e}");
+    }
+    Box::pin(async move {
+        rx.await.unwrap_or_else(|_| Err("the configuration could not be read (its reading thread ended)".into()))
+    })
+}
+
+/// One reload: apply the file read (`read`), log what changed, or the error once.
+async fn reload_config(registry: &Registry, read: Result<ServerConfig, String>) {
+    let cfg = match read {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("reload: {e}; the running configuration is unchanged");
@@ -147,7 +175,8 @@ pub type ConfigLoader = Box<dyn FnMut() -> Result<ServerConfig, String> + Send>;
 /// Reloads on demand: each message on `requests` (SIGHUP in the binary, or a test) reads the
 /// configuration with `load` and applies the difference ([`crate::live::Registry::reload`]). A file that
 /// does not load or validate, or a change that cannot apply as a whole, leaves everything as it was and is
-/// logged once.
+/// logged once. `load` runs on a thread of its own ([`read_apart`]): the server accepts connections and
+/// stops on its signal while it reads; a request that comes meanwhile waits for that read.
 pub struct Reload {
     /// One message per reload.
     pub requests: tokio::sync::mpsc::Receiver<()>,
@@ -314,19 +343,27 @@ pub async fn run_with(
     }
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
-    let (mut reload_rx, mut load) = match reload {
-        Some(r) => (Some(r.requests), Some(r.load)),
+    let (mut reload_rx, load) = match reload {
+        Some(r) => (Some(r.requests), Some(Arc::new(std::sync::Mutex::new(r.load)))),
         None => (None, None),
     };
+    // The read of the configuration file of a reload under way ([`read_apart`]).
+    let mut reading = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() => {
-                let load = load.as_mut().expect("with reload_rx");
-                reload_config(&registry, load).await;
+            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() && reading.is_none() => {
+                reading = Some(read_apart(load.as_ref().expect("with reload_rx")));
+            }
+            read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
+                reading = None;
+                reload_config(&registry, read).await;
             }
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
+    }
+    if reading.is_some() {
+        tracing::warn!("stopping: the configuration file is still being read for a reload; that reload is abandoned");
     }
     // Told first, logged after: a request a client sends once it sees the line is refused (ESHUTDOWN).
     let _ = stop_tx.send(true);

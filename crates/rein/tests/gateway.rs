@@ -1196,3 +1196,24 @@ fn nodes_and_the_front_over_unix_sockets() {
     let (ok, out) = qemu_io_ok(&front, &["write -P 0x5a 0 256k", "read -P 0x5a 0 256k", "flush"]);
     assert!(ok, "{out}");
 }
+
+/// Before: SIGHUP read gw.toml on the gateway's event loop; with a FIFO in its place (or a hung mount)
+/// the open blocked it: new clients hung and SIGTERM was ignored. Now the file is read on a thread of its
+/// own: clients are served meanwhile and SIGTERM stops the gateway at once.
+#[test]
+fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
+    let dir = tmpdir("gw-fifo");
+    let n = node(dir.path(), 154, 0);
+    let cfg =
+        gateway_config(dir.path(), 155, &[("s1", n.nbd)], "[[exports]]\nname = \"v\"\nsize_mb = 16\nstripe_kb = 64\n");
+    let mut gw = gateway(&cfg);
+    std::fs::remove_file(&cfg).unwrap();
+    assert!(Cmd::new("mkfifo").arg(&cfg).status().expect("mkfifo runs").success());
+    gw.signal("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let open = common::nbd_open(gw.nbd, "v", true, Duration::from_secs(5));
+    assert!(open.is_ok_and(|o| o.size == 16 << 20), "a client is not served while gw.toml is read");
+    let took = gw.terminate(Duration::from_secs(5));
+    assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
+    gw.wait_line("gw.toml is still being read for a reload; that reload is abandoned");
+}

@@ -328,3 +328,33 @@ fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches(
     }
     assert_eq!(lines_with(&s, "needs a restart"), 2 * keys.len(), "{:#?}", s.log.lock().unwrap());
 }
+
+/// Replaces `path` by a FIFO that nobody writes: opening it to read blocks for ever (as a hung network
+/// mount would).
+fn fifo_in_place_of(path: &Path) {
+    std::fs::remove_file(path).unwrap();
+    let ok = Command::new("mkfifo").arg(path).status().expect("mkfifo runs").success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+/// Before: SIGHUP read the configuration file on the server's event loop; with a FIFO in its place (or a
+/// hung mount) the open blocked it: new NBD connections hung and SIGTERM was ignored (only SIGKILL ended
+/// the server). Now the file is read on a thread of its own: clients are served meanwhile and SIGTERM
+/// stops the server at once, the stuck read abandoned.
+#[test]
+fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
+    let tmp = common::tmpdir("fifo");
+    let path = config_file(tmp.path(), 152, BASE);
+    let mut s = start(&path).unwrap();
+    fifo_in_place_of(&path);
+    s.signal("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let open = common::nbd_open(s.nbd, "a", true, Duration::from_secs(5));
+    assert!(open.is_ok_and(|o| o.size == 1 << 20), "a client is not served while the file is read");
+    // One more SIGHUP waits for the read under way.
+    s.signal("-HUP");
+    let took = s.terminate(Duration::from_secs(5));
+    assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
+    assert_eq!(lines_with(&s, "configuration reloaded"), 0);
+    s.wait_line("the configuration file is still being read for a reload; that reload is abandoned");
+}
