@@ -297,7 +297,24 @@ impl Registry {
 
     /// Writes the state for `effective` (and `capacity`) over `inner.base`; nothing is written without a
     /// data directory.
+    /// Writes the state file of a change through the admin API (or a storage node's hello): a file that
+    /// cannot be written is logged here, once, at ERROR (the 500 alone left the operator nothing to see).
     fn persist(
+        &self,
+        base: &ServerConfig,
+        effective: &ServerConfig,
+        capacity: Option<CapacityEntry>,
+    ) -> Result<(), ChangeError> {
+        self.write_state(base, effective, capacity).inspect_err(|e| {
+            if let ChangeError::Failed(e) = e {
+                tracing::error!("{e}; the change is not applied");
+            }
+        })
+    }
+
+    /// Writes the state file that turns `base` into `effective` with `capacity`; a reload logs its own
+    /// error ([`crate::server`]).
+    fn write_state(
         &self,
         base: &ServerConfig,
         effective: &ServerConfig,
@@ -804,7 +821,7 @@ impl Registry {
             }
         }
         let capacity_entry = o.capacity;
-        if let Err(e) = self.persist(&base, &new, capacity_entry) {
+        if let Err(e) = self.write_state(&base, &new, capacity_entry) {
             for id in added {
                 let _ = self.dispatcher.remove_tenant(id).await;
             }

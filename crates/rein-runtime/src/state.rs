@@ -36,7 +36,8 @@
 //! # Durability
 //! [`save`] writes `rein-state.json.tmp`, fsyncs it, renames it over `rein-state.json` and fsyncs the
 //! directory: after a crash the file is the old state or the new one, never a mix. Every change is
-//! written before it is applied; a change that cannot be written is not applied.
+//! written before it is applied; a change that cannot be written is not applied, and its temporary file
+//! is removed (the registry logs the error, [`crate::live`]).
 
 use crate::config::{BackendKind, ExportConfig, ServerConfig, TenantConfig, MAX_EXPORTS};
 use rein_core::QosSpec;
@@ -437,7 +438,8 @@ pub fn parse(bytes: &[u8]) -> Result<StateFile, String> {
     serde_json::from_slice(bytes).map_err(|e| e.to_string())
 }
 
-/// Writes `state` as `dir`'s state file atomically (module comment); an empty state removes the file.
+/// Writes `state` as `dir`'s state file atomically (module comment); an empty state removes the file. On
+/// an error the file is as it was and the temporary file is removed.
 pub fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
     let path = dir.join(STATE_FILE);
     let tmp = dir.join(format!("{STATE_FILE}.tmp"));
@@ -457,10 +459,13 @@ pub fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
             return Err(StateError::TooLarge { bytes: text.len() as u64 });
         }
         let mut f = std::fs::File::create(&tmp).map_err(werr(&tmp))?;
-        f.write_all(&text).map_err(werr(&tmp))?;
-        f.sync_all().map_err(werr(&tmp))?;
+        let written = f.write_all(&text).and_then(|()| f.sync_all()).map_err(werr(&tmp));
         drop(f);
-        std::fs::rename(&tmp, &path).map_err(werr(&path))?;
+        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path).map_err(werr(&path))) {
+            // The temporary file this call made goes (a full disk used to leave an empty one behind).
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
     }
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(werr(dir))
 }
@@ -809,6 +814,25 @@ mod tests {
         assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists());
         save(dir.path(), &StateFile::default()).unwrap();
         assert!(load(dir.path()).unwrap().is_none());
+    }
+
+    /// A write that fails (here the rename, onto a directory in the state file's place) is an error naming
+    /// the file and the cause, and leaves no temporary file behind (a full disk left an empty one).
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(STATE_FILE)).unwrap();
+        let st = StateFile {
+            capacity: Some(CapacityEntry {
+                iops: 5.0,
+                source: CapacitySource::Admin,
+                config: CapacityBase { capacity_iops: None, probe_capacity_s: 0.0 },
+            }),
+            ..StateFile::default()
+        };
+        let e = save(dir.path(), &st).unwrap_err().to_string();
+        assert!(e.contains("cannot write the state file") && e.contains(STATE_FILE), "{e}");
+        assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists(), "the temporary file is left");
     }
 
     /// A state larger than `load` reads back is refused by `save`, the file before it kept: the server

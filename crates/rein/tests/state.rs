@@ -358,3 +358,25 @@ fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
     assert_eq!(lines_with(&s, "configuration reloaded"), 0);
     s.wait_line("the configuration file is still being read for a reload; that reload is abandoned");
 }
+
+/// Before: a change whose state file could not be written (a full disk) got its 500 and nothing else: no
+/// log line, and an empty `rein-state.json.tmp` left in the data directory. Now the server logs it once
+/// at ERROR, naming the file and the cause, and removes the temporary file; the change is not applied.
+/// The write is made to fail by a directory in the state file's place (the rename onto it fails; as root
+/// a read-only directory would not stop the write).
+#[test]
+fn a_state_file_that_cannot_be_written_is_logged_once_and_leaves_no_temporary_file() {
+    let tmp = common::tmpdir("unwritable");
+    let path = config_file(tmp.path(), 153, BASE);
+    let s = start(&path).unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(data.join("rein-state.json")).unwrap();
+    let (code, body) = http(s.admin, "PUT", "/api/tenants/a", r#"{"reservation": 300}"#);
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("cannot write the state file"), "{body}");
+    let line = s.wait_line("the change is not applied");
+    assert!(line.contains("ERROR") && line.contains("rein-state.json") && line.contains("Is a directory"), "{line}");
+    assert_eq!(lines_with(&s, "cannot write the state file"), 1, "{:#?}", s.log.lock().unwrap());
+    assert!(!data.join("rein-state.json.tmp").exists(), "the temporary file is left behind");
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(100.0), "the change is applied");
+}
