@@ -161,8 +161,9 @@ fn d_depth() -> u32 {
 fn d_weight() -> f64 {
     1.0
 }
-/// A memory export's size without `size_mb`, in MiB.
-const DEFAULT_MEMORY_MB: u64 = 1024;
+/// A memory export's size without `size_mb`, in MiB: in rein.toml and in `POST /api/exports`
+/// ([`crate::state::ExportJson::to_config`]).
+pub const DEFAULT_MEMORY_MB: u64 = 1024;
 fn d_backend() -> String {
     "file".into()
 }

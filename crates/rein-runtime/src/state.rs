@@ -157,7 +157,8 @@ pub struct ExportJson {
     /// [`ExportOrigin::StateFile`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
-    /// Size in MiB of a memory export or of a file created for it; `None`: the file must exist.
+    /// Size in MiB of a memory export or of a file created for it; `None`: the file must exist, and a
+    /// memory export has [`crate::config::DEFAULT_MEMORY_MB`], as in rein.toml.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_mb: Option<u64>,
     /// Its tenant's name.
@@ -234,7 +235,12 @@ impl ExportJson {
         if name.is_empty() || name.len() > 4096 {
             return Err(format!("export name {name:?} is empty or longer than 4096 bytes"));
         }
-        let size_mb = self.size_mb.unwrap_or(0);
+        // Without size_mb a memory export has the size rein.toml gives it; a file export must exist.
+        let size_mb = match (self.size_mb, self.backend.as_str()) {
+            (Some(mb), _) => mb,
+            (None, "memory") => crate::config::DEFAULT_MEMORY_MB,
+            (None, _) => 0,
+        };
         let size = size_mb
             .checked_mul(1 << 20)
             .filter(|&s| s <= crate::config::MAX_EXPORT_BYTES)
@@ -263,7 +269,6 @@ impl ExportJson {
                 }
                 BackendKind::File { path }
             }
-            "memory" if size == 0 => return Err(format!("export {name}: a memory export needs size_mb")),
             "memory" => {
                 // An admin-created memory export cannot take the server down: its size is bounded by the
                 // machine's RAM (MemTotal).
@@ -891,6 +896,12 @@ mod tests {
         let e =
             ExportJson { size_mb: None, ..j("nope.img") }.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin);
         assert!(e.unwrap_err().contains("give size_mb to create it"));
+        // A memory export without size_mb: the default of rein.toml (it needed size_mb).
+        let mem = ExportJson { backend: "memory".into(), path: None, size_mb: None, ..j("x") };
+        let e = mem.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap();
+        assert_eq!(e.size, Some(crate::config::DEFAULT_MEMORY_MB << 20));
+        let e = ExportJson { size_mb: Some(0), ..mem }.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin);
+        assert!(e.unwrap_err().contains("size_mb must be in 1..=2^30"));
         // A memory export larger than the machine: refused, not an abort (1 PiB is the largest size).
         let huge = ExportJson { backend: "memory".into(), path: None, size_mb: Some(1 << 30), ..j("x") };
         let e = huge.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();

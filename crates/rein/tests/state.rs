@@ -380,3 +380,16 @@ fn a_state_file_that_cannot_be_written_is_logged_once_and_leaves_no_temporary_fi
     assert!(!data.join("rein-state.json.tmp").exists(), "the temporary file is left behind");
     assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(100.0), "the change is applied");
 }
+
+/// Before: `POST /api/exports` refused a memory export without `size_mb` (400 `a memory export needs
+/// size_mb`), though rein.toml gives one 1024 MiB. Now it has the same default.
+#[test]
+fn a_memory_export_added_without_size_mb_has_the_configs_default() {
+    let tmp = common::tmpdir("memory-default");
+    let path = config_file(tmp.path(), 156, BASE);
+    let s = start(&path).unwrap();
+    let (code, body) = http(s.admin, "POST", "/api/exports", r#"{"name": "mm", "backend": "memory", "tenant": "a"}"#);
+    assert_eq!(code, 201, "{body}");
+    let open = common::nbd_open(s.nbd, "mm", true, Duration::from_secs(5)).unwrap();
+    assert_eq!(open.size, 1024 << 20);
+}
