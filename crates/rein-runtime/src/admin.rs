@@ -17,7 +17,7 @@
 //! - `POST /api/exports`: add an export, visible to new connections at once: `{"name": "x", "backend":
 //!   "file", "path": "x.img", "size_mb": 64, "tenant": "rd", "read_only": false, "direct": false}`
 //!   (backend file by default; path relative to the data directory, default `<name>.img`, no `..`; the file
-//!   is created only when `size_mb` is given; a memory export without it has rein.toml's default,
+//!   is created only when `size_mb` is given, and never for a read-only export; a memory export without it has rein.toml's default,
 //!   [`crate::config::DEFAULT_MEMORY_MB`]; tenant defaults to the export's name and must exist). 201; 400
 //!   for bad fields; 404 for an unknown tenant; 409 when the name exists; 500 when the storage cannot be
 //!   opened.

@@ -81,7 +81,7 @@
 //! [[exports]]
 //! name = "rd"
 //! backend = "file"               # file | memory
-//! path = "rd.img"                # file backend; relative to data_dir; created only when size_mb is given
+//! path = "rd.img"                # file backend; relative to data_dir; created only when size_mb is given (never read-only)
 //! size_mb = 1024                 # file: the new image's size (an existing one must have it); memory: default 1024
 //! tenant = "rd"                  # which tenant's QoS the export's connections share (default: its name)
 //! read_only = false

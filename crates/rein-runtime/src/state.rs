@@ -261,6 +261,14 @@ impl ExportJson {
                     ));
                 }
                 let path = if strict_path { data_dir.join(p) } else { p };
+                // As at start (`FileStorage::open_with`), said as a bad request rather than a failed open;
+                // a state file's entry fails at its open, naming the export, rather than being dropped.
+                if strict_path && self.read_only && !path.exists() {
+                    return Err(format!(
+                        "export {name}: {} does not exist (a read-only export is not created)",
+                        path.display()
+                    ));
+                }
                 if self.size_mb.is_none() && !path.exists() {
                     return Err(format!(
                         "export {name}: {} does not exist (give size_mb to create it)",

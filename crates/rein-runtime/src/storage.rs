@@ -86,6 +86,11 @@ pub enum StorageError {
     /// The file does not exist and no size to create it with was given.
     #[error("does not exist (add size_mb to the export to create it)")]
     Missing,
+    /// The file of a read-only export does not exist: it is not created, with or without a size (a
+    /// read-only export of a missing file is most likely a mistyped path, and an empty image of zeroes
+    /// would serve nothing).
+    #[error("does not exist (a read-only export is not created)")]
+    MissingReadOnly,
     /// An existing image's size differs from the configured one (an image is never resized).
     #[error("is {actual} bytes, but size_mb asks for {configured} bytes (an existing image is never resized: set size_mb to its size or remove size_mb)")]
     SizeMismatch {
@@ -112,6 +117,7 @@ impl StorageError {
             StorageError::ReadOnly => ErrorKind::ReadOnly,
             StorageError::NotAFile(_)
             | StorageError::Missing
+            | StorageError::MissingReadOnly
             | StorageError::SizeMismatch { .. }
             | StorageError::InUse(_) => ErrorKind::Io,
             StorageError::Io { source, .. } => match source.raw_os_error() {
@@ -350,7 +356,8 @@ fn no_readahead(file: &File) -> io::Result<()> {
 
 impl FileStorage {
     /// Opens a file or block device. A missing file is created with `size` if given, else an error
-    /// ([`StorageError::Missing`]); an existing one must have `size` if given
+    /// ([`StorageError::Missing`]); a missing file of a read-only export is an error whatever the size
+    /// ([`StorageError::MissingReadOnly`]: it used to fail as `open failed: No such file or directory`); an existing one must have `size` if given
     /// ([`StorageError::SizeMismatch`]); directories, FIFOs, character devices and sockets are refused
     /// before they are opened ([`StorageError::NotAFile`]; opening a FIFO would block).
     pub fn open(path: &Path, size: Option<u64>, read_only: bool) -> Result<FileStorage, StorageError> {
@@ -370,13 +377,16 @@ impl FileStorage {
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(e) => return Err(io("stat", e)),
         };
+        if !exists && read_only {
+            return Err(StorageError::MissingReadOnly);
+        }
         if !exists && size.is_none() {
             return Err(StorageError::Missing);
         }
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
-            .create_new(!exists && !read_only)
+            .create_new(!exists)
             .open(path)
             .map_err(|e| io("open", e))?;
         if !exists {
@@ -684,6 +694,9 @@ mod tests {
         let missing = dir.path().join("typo.img");
         assert!(matches!(FileStorage::open(&missing, None, false), Err(StorageError::Missing)));
         assert!(!missing.exists(), "nothing created without a size");
+        let e = FileStorage::open(&missing, Some(1 << 20), true).map(|_| ()).unwrap_err();
+        assert_eq!(e.to_string(), "does not exist (a read-only export is not created)");
+        assert!(!missing.exists(), "nothing created for a read-only export");
         assert!(matches!(FileStorage::open(dir.path(), None, false), Err(StorageError::NotAFile("a directory"))));
         let fifo = dir.path().join("fifo");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success(), "mkfifo");

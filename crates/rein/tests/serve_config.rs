@@ -273,9 +273,9 @@ fn errors_say_their_cause_once_and_name_the_path() {
     assert_eq!(error_line(&err), format!("error: cannot listen on {}: Address already in use (os error 98)", s.nbd));
     // The first server holds the data directory's lock: stop it.
     drop(s);
-    // A missing image in a directory that cannot hold it (read-only export: nothing created).
-    let img = dir.join("data").join("gone.img");
-    let err = start_fails(dir, 46, "[[exports]]\nname = \"g\"\npath = \"gone.img\"\nsize_mb = 1\nread_only = true\n");
+    // A missing image in a directory that does not exist (nothing created).
+    let img = dir.join("data").join("nodir").join("gone.img");
+    let err = start_fails(dir, 46, "[[exports]]\nname = \"g\"\npath = \"nodir/gone.img\"\nsize_mb = 1\n");
     assert_eq!(
         error_line(&err),
         format!("error: export g: {}: open failed: No such file or directory (os error 2)", img.display())
@@ -315,4 +315,22 @@ fn a_block_device_is_served_at_its_size() {
             .starts_with(&format!("error: export blk: {dev}: is 8388608 bytes, but size_mb asks for 16777216 bytes")),
         "{err}"
     );
+}
+
+/// Before: a read-only export of a missing file with `size_mb` failed at start with `open failed: No such
+/// file or directory` (the file is created only for writable exports). A read-only export of a missing
+/// file is most likely a mistyped path: it is still not created, and the error says so.
+#[test]
+fn a_read_only_export_of_a_missing_file_is_not_created_and_says_so() {
+    let tmp = tmpdir("serve-ro-missing");
+    let dir = tmp.path();
+    let img = dir.join("data").join("ro.img");
+    for size in ["size_mb = 8\n", ""] {
+        let err = start_fails(dir, 157, &format!("[[exports]]\nname = \"ro\"\nread_only = true\n{size}"));
+        assert_eq!(
+            error_line(&err),
+            format!("error: export ro: {}: does not exist (a read-only export is not created)", img.display())
+        );
+        assert!(!img.exists(), "no image created");
+    }
 }

@@ -393,3 +393,25 @@ fn a_memory_export_added_without_size_mb_has_the_configs_default() {
     let open = common::nbd_open(s.nbd, "mm", true, Duration::from_secs(5)).unwrap();
     assert_eq!(open.size, 1024 << 20);
 }
+
+/// `POST /api/exports` of a read-only export whose file is missing: 400 saying that a read-only export is
+/// not created (before: 500 `open failed: No such file or directory`); nothing is created.
+#[test]
+fn a_read_only_export_of_a_missing_file_is_a_bad_request() {
+    let tmp = common::tmpdir("ro-missing");
+    let path = config_file(tmp.path(), 158, BASE);
+    let s = start(&path).unwrap();
+    let (code, body) = http(
+        s.admin,
+        "POST",
+        "/api/exports",
+        r#"{"name": "ro", "path": "ro.img", "size_mb": 8, "read_only": true, "tenant": "a"}"#,
+    );
+    assert_eq!(code, 400, "{body}");
+    let img = tmp.path().join("data/ro.img");
+    assert!(
+        body.contains(&format!("export ro: {} does not exist (a read-only export is not created)", img.display())),
+        "{body}"
+    );
+    assert!(!img.exists(), "an image was created");
+}
