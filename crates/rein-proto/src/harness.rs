@@ -396,6 +396,11 @@ fn transmission_run_with(
                         None => assert!(!config.node, "a request without its tag on a node session"),
                     }
                     assert_eq!((request.offset, request.length), (h.offset, h.length));
+                    assert_eq!(
+                        (request.fua, request.no_hole),
+                        (h.flags & crate::nbd::CMD_FLAG_FUA != 0, h.flags & crate::nbd::CMD_FLAG_NO_HOLE != 0),
+                        "the flags are the header's"
+                    );
                     if request.kind == RequestKind::Flush {
                         assert_eq!((request.offset, request.length), (0, 0), "a FLUSH's reserved fields are zero");
                     }

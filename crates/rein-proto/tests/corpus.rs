@@ -40,7 +40,8 @@ fn node_hello_corpus() {
     replay("node_hello", rein_proto::harness::node_hello);
 }
 
-/// Every fuzz target has a corpus test: these seven here, `scenario` and `trace` in rein-sim's `tests/corpus.rs`, the rest in rein-runtime's.
+/// Every fuzz target has a corpus test: these seven here, `scenario`, `trace` and `pshift_instance` in
+/// rein-sim's `tests/corpus.rs`, the rest in rein-runtime's.
 #[test]
 fn every_fuzz_target_is_replayed() {
     let replayed = [
@@ -57,6 +58,7 @@ fn every_fuzz_target_is_replayed() {
         "parda_record",
         "pshift_controller_config",
         "pshift_frame",
+        "pshift_instance",
         "psk_file",
         "scenario",
         "server_config",

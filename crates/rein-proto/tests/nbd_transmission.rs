@@ -169,6 +169,7 @@ proptest! {
                 (Ok(kind), Outcome::Request(r, payload)) => {
                     prop_assert_eq!((r.handle, r.kind, r.offset, r.length), (op.handle, kind, op.offset, op.length));
                     prop_assert_eq!(r.fua, op.flags & CMD_FLAG_FUA != 0);
+                    prop_assert_eq!(r.no_hole, op.flags & CMD_FLAG_NO_HOLE != 0);
                     let want = if kind == RequestKind::Write { payload_of(op) } else { Vec::new() };
                     prop_assert_eq!(payload, &want);
                 }

@@ -133,6 +133,9 @@ pub enum Op {
     WriteZeroes {
         /// Bytes to set to zero from the request's offset.
         len: u32,
+        /// The range may become a hole (a discard that reads as zeroes: [`Storage::trim`]); false keeps
+        /// it allocated (NBD's NO_HOLE).
+        may_punch: bool,
     },
 }
 
@@ -145,7 +148,7 @@ impl Op {
     /// Bytes the request moves or covers.
     pub fn len(&self) -> u64 {
         match self {
-            Op::Read { len, .. } | Op::Trim { len } | Op::WriteZeroes { len } => *len as u64,
+            Op::Read { len, .. } | Op::Trim { len } | Op::WriteZeroes { len, .. } => *len as u64,
             Op::Write { data } => data.len() as u64,
             Op::Flush => 0,
         }
@@ -1496,8 +1499,12 @@ fn execute(req: IoRequest) -> IoResult {
             }
             Ok(Vec::new())
         }
-        Op::WriteZeroes { len } => {
-            storage.write_zeroes(offset, len as u64)?;
+        Op::WriteZeroes { len, may_punch } => {
+            if may_punch {
+                storage.trim(offset, len as u64)?;
+            } else {
+                storage.write_zeroes(offset, len as u64)?;
+            }
             if fua {
                 storage.flush()?;
             }

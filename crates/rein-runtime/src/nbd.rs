@@ -833,7 +833,9 @@ impl Connection<'_> {
                         }
                         RequestKind::Flush => (Op::Flush, None, 0),
                         RequestKind::Trim => (Op::Trim { len: request.length }, None, 0),
-                        RequestKind::WriteZeroes => (Op::WriteZeroes { len: request.length }, None, 0),
+                        RequestKind::WriteZeroes => {
+                            (Op::WriteZeroes { len: request.length, may_punch: !request.no_hole }, None, 0)
+                        }
                     };
                     if !matches!(op, Op::Write { .. }) {
                         self.input.consume(used);

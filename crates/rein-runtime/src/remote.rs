@@ -522,7 +522,7 @@ impl RemoteVolume {
                 for Piece { node, node_offset, request_offset, len } in pieces {
                     let fua = fua && self.takes_fua(node);
                     let mut msg = Vec::with_capacity(MSG_HEAD + len as usize);
-                    header_into(&mut msg, Command::Write, node_offset, len, fua);
+                    header_into(&mut msg, Command::Write, node_offset, len, if fua { p::CMD_FLAG_FUA } else { 0 });
                     let at = request_offset as usize;
                     msg.extend_from_slice(&data[at..at + len as usize]);
                     let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
@@ -530,8 +530,10 @@ impl RemoteVolume {
                 }
                 gather.release();
             }
-            Op::Trim { len } | Op::WriteZeroes { len } => {
+            Op::Trim { len } | Op::WriteZeroes { len, .. } => {
                 let command = if matches!(op, Op::Trim { .. }) { Command::Trim } else { Command::WriteZeroes };
+                // A WRITE_ZEROES that must stay allocated says so to its nodes (NO_HOLE).
+                let no_hole = matches!(op, Op::WriteZeroes { may_punch: false, .. });
                 let kind = if command == Command::Trim { 3 } else { 4 };
                 // No payload: one node request per node, whatever the size (the stripe's invariant 4); a
                 // 512 MiB TRIM over 64 KiB units was 8,192 node requests.
@@ -541,7 +543,8 @@ impl RemoteVolume {
                 gather.expect(ranges.len());
                 for (node, node_offset, len) in ranges {
                     let fua = fua && self.takes_fua(node);
-                    let msg = header(command, node_offset, len, fua);
+                    let flags = if no_hole { p::CMD_FLAG_NO_HOLE } else { 0 };
+                    let msg = header_flagged(command, node_offset, len, fua, flags);
                     let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
                     self.send(node, msg, 0, sink).await;
                 }
@@ -725,15 +728,20 @@ async fn flush_routes(routes: Vec<FlushRoute>, done: Done) {
 }
 
 fn header(command: Command, offset: u64, length: u32, fua: bool) -> Vec<u8> {
+    header_flagged(command, offset, length, fua, 0)
+}
+
+/// [`header`] with the command flags `flags` besides FUA.
+fn header_flagged(command: Command, offset: u64, length: u32, fua: bool, flags: u16) -> Vec<u8> {
     let mut msg = Vec::with_capacity(MSG_HEAD);
-    header_into(&mut msg, command, offset, length, fua);
+    header_into(&mut msg, command, offset, length, flags | if fua { p::CMD_FLAG_FUA } else { 0 });
     msg
 }
 
 /// A request header with handle 0 (the connection's task writes the handle before sending), then room for
 /// a node tag ([`NODE_TAG_LEN`] zero bytes; written and sent only on a storage-node session).
-fn header_into(out: &mut Vec<u8>, command: Command, offset: u64, length: u32, fua: bool) {
-    RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle: 0, offset, length }.encode(out);
+fn header_into(out: &mut Vec<u8>, command: Command, offset: u64, length: u32, flags: u16) {
+    RequestHeader { flags, command, handle: 0, offset, length }.encode(out);
     out.extend_from_slice(&[0; NODE_TAG_LEN]);
 }
 

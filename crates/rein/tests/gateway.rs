@@ -1020,6 +1020,37 @@ fn trim_and_write_zeroes_are_one_piece_per_node() {
     assert!(ok, "{out}");
 }
 
+/// A gateway passes WRITE_ZEROES's NO_HOLE to its nodes: zeroing the whole volume with NO_HOLE (qemu-io
+/// `write -z`) leaves the nodes' files allocated, and without it (`write -z -u`, may unmap) punches their
+/// holes, as a node does for its own clients (before, the flag was dropped and every node allocated).
+#[test]
+fn write_zeroes_keeps_no_hole_on_its_way_to_the_nodes() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tmpdir("gw-zeroes");
+    let (_nodes, gw) = three_nodes_and_gateway(tmp.path(), 160);
+    let uri = uri(&gw);
+    let allocated = || -> u64 {
+        (160..163u8)
+            .map(|h| {
+                let f = node_file(tmp.path(), h);
+                std::fs::File::open(&f).unwrap().sync_all().unwrap();
+                std::fs::metadata(&f).unwrap().blocks() * 512
+            })
+            .sum()
+    };
+    let (ok, out) = qemu_io_ok(&uri, &["write -P 0x5a 0 16m"]);
+    assert!(ok, "{out}");
+    let full = allocated();
+    assert!(full >= 16 << 20, "{full} bytes allocated on the nodes");
+    let (ok, out) = qemu_io_ok(&uri, &["write -z 0 8m", "read -P 0 0 8m"]);
+    assert!(ok, "{out}");
+    assert!(allocated() >= 16 << 20, "NO_HOLE kept the nodes' ranges allocated: {} bytes", allocated());
+    let (ok, out) = qemu_io_ok(&uri, &["write -z -u 8m 8m", "read -P 0 0 16m"]);
+    assert!(ok, "{out}");
+    let after = allocated();
+    assert!(after <= full - (8 << 20), "may-unmap zeroing punched the nodes' 8 MiB: {full} -> {after} bytes");
+}
+
 /// A node that takes the TCP connection but never greets is told apart from one that cannot be reached:
 /// the gateway starts (its pieces fail with EIO until it answers) and the log says the handshake did not
 /// finish, not that there was no connection.

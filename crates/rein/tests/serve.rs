@@ -588,3 +588,36 @@ fn a_backend_failure_is_logged_once_then_paced() {
     let n = s.log.lock().unwrap().iter().filter(|l| l.contains("the export's storage failed")).count();
     assert_eq!(n, 1, "the second failure within 10 s is counted, not logged");
 }
+
+/// WRITE_ZEROES follows NBD's NO_HOLE flag: without it (qemu-io `write -z -u`, "may unmap") the range
+/// becomes a hole, as a TRIM does (the file's allocated blocks shrink, so it succeeds on a full disk where
+/// allocating fails: before, it always allocated); with it (`write -z`, NO_HOLE) the range stays
+/// allocated. Both read back as zeroes, and their neighbours keep their data.
+#[test]
+fn write_zeroes_punches_a_hole_unless_no_hole_is_set() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tmpdir("serve-zeroes");
+    let s = start(tmp.path(), 39, "[[exports]]\nname = \"rd\"\nsize_mb = 16\n");
+    let file = tmp.path().join("data").join("rd.img");
+    let uri = format!("nbd://{}/rd", s.nbd);
+    // qemu-io exits 0 after a failed command: its output says so.
+    let io = |cmd: &str| {
+        let out = common::run_ok_with_stderr(tool("qemu-io").args(["-f", "raw", "-c", cmd, &uri]));
+        assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{cmd}: {out}");
+    };
+    io("write -P 0x5a 0 12M");
+    let sync = || std::fs::File::open(&file).unwrap().sync_all().unwrap();
+    sync();
+    let blocks = || std::fs::metadata(&file).unwrap().blocks() * 512;
+    let full = blocks();
+    assert!(full >= 12 << 20, "12 MiB written: {full} bytes allocated");
+    io("write -z 0 4M");
+    sync();
+    assert!(blocks() >= 12 << 20, "NO_HOLE kept the range allocated: {} bytes", blocks());
+    io("write -z -u 4M 4M");
+    sync();
+    let after = blocks();
+    assert!(after <= full - (4 << 20), "may-unmap zeroing punched 4 MiB: {full} -> {after} bytes");
+    io("read -P 0 0 8M");
+    io("read -P 0x5a 8M 4M");
+}

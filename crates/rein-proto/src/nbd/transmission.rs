@@ -187,6 +187,9 @@ pub struct Request {
     pub length: u32,
     /// Force unit access: durable before the reply.
     pub fua: bool,
+    /// A WRITE_ZEROES with NBD_CMD_FLAG_NO_HOLE: the range must stay allocated. Without it the server may
+    /// punch a hole (the spec's choice; it also succeeds on a full disk, where allocating fails).
+    pub no_hole: bool,
     /// On a storage-node session, the request's validated tag.
     pub tag: Option<NodeTag>,
 }
@@ -455,6 +458,7 @@ impl ServerTransmission {
             offset: header.offset,
             length: header.length,
             fua: header.fua(),
+            no_hole: header.flags & CMD_FLAG_NO_HOLE != 0,
             tag,
         };
         if kind != RequestKind::Write {
@@ -665,7 +669,15 @@ mod tests {
         input.extend_from_slice(b"efgh");
         let (used, e) = m.feed(&input).unwrap();
         assert_eq!(used, REQUEST_LEN + 8);
-        let want = Request { handle: 7, kind: RequestKind::Write, offset: 512, length: 8, fua: true, tag: None };
+        let want = Request {
+            handle: 7,
+            kind: RequestKind::Write,
+            offset: 512,
+            length: 8,
+            fua: true,
+            no_hole: false,
+            tag: None,
+        };
         assert_eq!(e, Event::Request { request: want, payload: b"abcdefgh" });
     }
 
@@ -807,7 +819,15 @@ mod tests {
 
     #[test]
     fn replies_are_byte_exact() {
-        let read = Request { handle: 9, kind: RequestKind::Read, offset: 4096, length: 4, fua: false, tag: None };
+        let read = Request {
+            handle: 9,
+            kind: RequestKind::Read,
+            offset: 4096,
+            length: 4,
+            fua: false,
+            no_hole: false,
+            tag: None,
+        };
         // Simple: 16-byte header, then the data, which stays in place.
         let enc = ReplyEncoder::new(false);
         let mut r = vec![0u8; enc.headroom(&read)];
