@@ -299,18 +299,22 @@ impl Transport {
                 let mut buf = std::mem::take(&mut f.buf);
                 let slot = encode_slot_with(report, auth_of(&f.key));
                 let host = report.host;
-                let (buf, res) = tokio::task::spawn_blocking(move || {
-                    let res = file
+                // The peers' slots are read even when this host's write fails (a full file system): the
+                // host still follows the cluster while its own report cannot be published.
+                let (buf, wrote, read) = tokio::task::spawn_blocking(move || {
+                    let wrote = file
                         .write_all_at(&slot, slot_offset(host))
-                        .map_err(|source| AggregationError::Io { op: "write", source })
-                        .and_then(|()| read_table(&file, &mut buf));
-                    (buf, res)
+                        .map_err(|source| AggregationError::Io { op: "write", source });
+                    let read = read_table(&file, &mut buf);
+                    (buf, wrote, read)
                 })
                 .await
                 .expect("the aggregation file task does not panic");
                 f.buf = buf;
-                res?;
-                Ok(feed_table(&f.buf, now, agg, auth_of(&f.key)))
+                read?;
+                let stats = feed_table(&f.buf, now, agg, auth_of(&f.key));
+                wrote?;
+                Ok(stats)
             }
             Transport::Udp(u) => {
                 u.publish(report).await;

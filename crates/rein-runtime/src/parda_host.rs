@@ -469,6 +469,7 @@ impl HostGate {
             status,
             refused_logged: HashSet::new(),
             refused_overflow_logged: false,
+            exchange_failing: None,
         };
         tokio::spawn(task.run(rx));
         Ok((gate, ids))
@@ -594,7 +595,14 @@ struct Task {
     refused_logged: HashSet<String>,
     /// Whether the log said that further places are only counted.
     refused_overflow_logged: bool,
+    /// Failed exchanges: when the last one was logged and how many failed since (`None`: the last one
+    /// worked). The first failure is logged at once, then one line per [`EXCHANGE_FAILURE_LOG_EVERY`].
+    exchange_failing: Option<(Nanos, u64)>,
 }
+
+/// How often a run of failed report exchanges is logged (a full disk under the board failed every period:
+/// two lines a second at `period_s = 0.5`).
+const EXCHANGE_FAILURE_LOG_EVERY: Nanos = Nanos::from_secs(60);
 
 /// Senders or slots whose refused reports are logged (each once); the rest count in `records_refused`.
 const MAX_REFUSED_LOGGED: usize = 64;
@@ -769,6 +777,9 @@ impl Task {
                 match self.transport.as_mut() {
                     Some(t) => match t.exchange(now, &own, &mut self.agg).await {
                         Ok(stats) => {
+                            if let Some((_, since)) = self.exchange_failing.take() {
+                                tracing::info!(failed = since, "parda host: report exchange restored");
+                            }
                             refused += stats.refused() as u64;
                             // Once per sender or slot (a flood of forgeries is counted, not logged).
                             for (from, e) in stats.corrupt {
@@ -791,7 +802,26 @@ impl Task {
                         }
                         Err(e) => {
                             errors += 1;
-                            tracing::warn!("parda host: report exchange failed: {e}");
+                            match &mut self.exchange_failing {
+                                None => {
+                                    tracing::warn!(
+                                        "parda host: report exchange failed: {e} (further failures are counted in \
+                                         exchange_errors, logged at most once a minute)"
+                                    );
+                                    self.exchange_failing = Some((now, 0));
+                                }
+                                Some((last, since)) => {
+                                    *since += 1;
+                                    if now.saturating_sub(*last) >= EXCHANGE_FAILURE_LOG_EVERY {
+                                        tracing::warn!(
+                                            failed = *since,
+                                            "parda host: report exchange still failing: {e}"
+                                        );
+                                        *last = now;
+                                        *since = 0;
+                                    }
+                                }
+                            }
                             let _ = self.agg.accept(now, own);
                         }
                     },

@@ -616,6 +616,7 @@ async fn connection(
         return Err(format!("expected a hello, got a {}", hello.name()));
     };
     let Some(index) = names.iter().position(|n| *n == name) else {
+        admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
         let reason = format!("no server named {name:?} in the controller's configuration");
         let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
         return Err(reason);

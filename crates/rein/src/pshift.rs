@@ -51,6 +51,18 @@ fn controller(a: &ControllerArgs) -> Result<()> {
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
         let shutdown = crate::serve::stop_signals()?;
+        // SIGHUP reloads rein serve and rein gateway; the controller has nothing to reload, and the
+        // signal's default action would end it without a word (and its servers' limits with it): it is
+        // taken and answered with a line.
+        let mut hups = crate::serve::hangups()?;
+        tokio::spawn(async move {
+            while hups.recv().await.is_some() {
+                tracing::warn!(
+                    "SIGHUP ignored: rein pshift controller does not reload its configuration (restart it to apply a \
+                     changed ctl.toml; its servers serve round robin while it is down)"
+                );
+            }
+        });
         rein_runtime::pshift_controller::run(s, shutdown, None).await.map_err(anyhow::Error::msg)
     })
 }

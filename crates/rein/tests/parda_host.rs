@@ -474,3 +474,37 @@ fn a_reload_changes_a_vms_share_and_adds_and_removes_a_vm() {
     let s = until(&h, "vm2 leaves", |s| s["vms"] == 1);
     assert_eq!(s["beta_base"].as_f64(), Some(3.0), "{s}");
 }
+
+/// A board whose writes fail (made immutable under the running hosts with `chattr +i`; on a full file
+/// system they fail the same way) is logged once, not every period (it was two lines a second at
+/// `period_s = 0.5`), counted in `exchange_errors` every period, and its return is logged once. Skipped
+/// where the temporary directory's file system has no immutable flag.
+#[test]
+fn a_failing_board_is_logged_once_and_counted() {
+    let tmp = tmpdir("parda-host-board-fails");
+    let dir = tmp.path();
+    let a = array(dir, 120, &["vm1"]);
+    let board = dir.join("parda.board");
+    let line = format!(
+        "id = 0
+board = \"{}\"\nboard_slots = 2\n",
+        board.display()
+    );
+    let h = host(dir, 121, a.nbd, "vm1", "cluster", &line);
+    until(&h, "a first exchange", |s| s["periods"].as_u64().unwrap_or(0) >= 2);
+    let chattr = |flag: &str| {
+        std::process::Command::new("chattr").args([flag, board.to_str().unwrap()]).status().is_ok_and(|s| s.success())
+    };
+    if !chattr("+i") {
+        eprintln!("skipped: chattr +i is not supported here");
+        return;
+    }
+    let before = status(&h)["exchange_errors"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let errors = status(&h)["exchange_errors"].as_u64().unwrap() - before;
+    let logged = h.log.lock().unwrap().iter().filter(|l| l.contains("report exchange")).count();
+    assert!(chattr("-i"), "chattr -i");
+    assert!(errors >= 4, "6 periods in 3 s, each a failed exchange: {errors}");
+    assert_eq!(logged, 1, "one line for the whole run of failures: {:#?}", h.log.lock().unwrap());
+    h.wait_line("parda host: report exchange restored");
+}

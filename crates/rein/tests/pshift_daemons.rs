@@ -370,9 +370,20 @@ fn bad_configs_and_unknown_servers_are_named() {
     }
     // A server the controller does not know.
     let listen = format!("127.0.0.86:{}", free_port("127.0.0.86"));
-    let _ctl = controller(dir, &listen, 86);
+    let ctl = controller(dir, &listen, 86);
     let s = server(dir, 87, "s9", &listen);
     s.wait_line("the controller refused this server: no server named \"s9\" in the controller's configuration");
+    // Counted where the docs say (it was not), and a SIGHUP neither reloads nor ends the controller (its
+    // default action ended it without a word, and the servers' limits with it).
+    let refused = || {
+        let (status, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["refused"].as_u64().unwrap()
+    };
+    assert!(refused() >= 1, "an unknown server's hello is a refusal");
+    ctl.signal("-HUP");
+    ctl.wait_line("SIGHUP ignored: rein pshift controller does not reload its configuration");
+    assert!(refused() >= 1, "the controller still answers after SIGHUP");
 }
 
 /// A limit holds across servers (pShift's point: L_i per period over all of them). Bucket b3 is limited to
