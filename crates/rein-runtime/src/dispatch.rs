@@ -44,7 +44,10 @@
 //! then at the device count as in flight); tenants created later are mapped to their buckets at the next
 //! boundary, deleted ones released at once. A boundary's report is cut at the boundary as the link
 //! places it on this clock ([`Dispatcher::pshift_cut_at`], then one interval after each cut) and kept
-//! for the controller's request; a request before its place is answered with a report cut then.
+//! for the controller's request; a request before its place is answered with a report cut then. The
+//! link's latest placement wins over the schedule kept here (a boundary already cut re-places the ones
+//! after it), so a schedule that drifted from the controller's (an offset measured with stale pings
+//! after the controller stalled) comes back in step at the next ping instead of cutting early for good.
 //!
 //! # Measurements
 //! Per tenant: completions by phase, bytes, errors, a latency histogram (arrival to completion), the IOPS
@@ -1150,9 +1153,15 @@ impl Task {
             }
             Cmd::PshiftCutAt(cut) => {
                 if let Some(p) = &mut self.pshift {
-                    if p.last_cut.is_none_or(|l| cut.round > l) {
-                        p.cut = Some(cut);
-                    }
+                    // The link's placement is the controller's schedule on this clock, and it wins over
+                    // the one kept here: a boundary already cut re-places the ones after it. (A schedule
+                    // that came out of a controller's stall ahead of it, from an offset measured with
+                    // stale pings, cut every report a round early for good, and every answer was then
+                    // stale and dropped.)
+                    p.cut = Some(match p.last_cut {
+                        Some(l) => cut.after(l),
+                        None => cut,
+                    });
                 }
             }
             Cmd::PshiftTokens(m) => {

@@ -719,3 +719,24 @@ fn a_tenant_created_at_run_time_becomes_its_bucket() {
     let [b3] = *windows.last().unwrap();
     assert!((L * 0.9..=L * 1.08).contains(&b3), "b3 over both servers: {windows:?} IOPS in each window, limit {L}");
 }
+
+/// A controller that did not run for a while (SIGSTOP 10 s: a paused VM, a debugger) gets its servers
+/// back in step: once it runs again, b3 (limited to 400 IOPS over both servers) is served again at each
+/// server within its limit. Before, a server whose boundary schedule came out of the stall ahead of the
+/// controller's kept cutting its reports one round early for good, so every answer came stale and was
+/// dropped: b3 got nothing there (its queued requests waited until the server stopped) and the
+/// controller's own status looked healthy (a review found it; 3 s stalls did it too).
+#[test]
+fn servers_follow_the_controller_again_after_it_stalls() {
+    let _serial = common::measuring();
+    let tmp = tmpdir("pshift-daemons-ctl-stall");
+    let p = limited_pair(tmp.path(), 140, 400.0);
+    std::thread::sleep(Duration::from_secs(2));
+    p.ctl.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(10));
+    p.ctl.signal("-CONT");
+    std::thread::sleep(Duration::from_secs(3));
+    let [b3_s1, b3_s2] = rates(4, &|| [completed(&p.s1, "b3"), completed(&p.s2, "b3")]);
+    assert!(b3_s1 > 40.0 && b3_s2 > 40.0, "b3 after the stall: {b3_s1:.0} and {b3_s2:.0} IOPS");
+    assert!(b3_s1 + b3_s2 <= 400.0 * 1.15, "b3's limit: {:.0} IOPS", b3_s1 + b3_s2);
+}
