@@ -192,12 +192,22 @@ pub struct CollectStats {
     pub corrupt_more: usize,
     /// Valid records that named the wrong host for where they were found (slot or sender address).
     pub misplaced: usize,
+    /// Where the first [`MAX_REFUSED_SHOWN`] misplaced records were found (slot or sender) and the host
+    /// each named, for the log.
+    pub misplaced_shown: Vec<(String, u32)>,
 }
 
 impl CollectStats {
     /// Every record refused: corrupt (shown or not) and misplaced.
     pub fn refused(&self) -> usize {
         self.corrupt.len() + self.corrupt_more + self.misplaced
+    }
+
+    fn misplace(&mut self, from: impl FnOnce() -> String, host: u32) {
+        self.misplaced += 1;
+        if self.misplaced_shown.len() < MAX_REFUSED_SHOWN {
+            self.misplaced_shown.push((from(), host));
+        }
     }
 
     fn refuse(&mut self, from: impl FnOnce() -> String, e: RecordError) {
@@ -347,7 +357,7 @@ fn feed_table(buf: &[u8], now: Nanos, agg: &mut Aggregator, auth: Option<&dyn Re
     for (i, slot) in buf.chunks_exact(SLOT_BYTES).enumerate() {
         match decode_slot_with(slot, auth) {
             Ok(Slot::Empty) => stats.empty += 1,
-            Ok(Slot::Record(r)) if r.host as usize != i => stats.misplaced += 1,
+            Ok(Slot::Record(r)) if r.host as usize != i => stats.misplace(|| format!("slot {i}"), r.host),
             Ok(Slot::Record(r)) => {
                 let a = agg.accept(now, r).expect("slot index is below MAX_HOSTS");
                 stats.count(a);
@@ -393,7 +403,9 @@ impl UdpShared {
         }
         match decode_datagram(buf, auth) {
             Err(e) => self.stats.refuse(|| from.to_string(), e),
-            Ok(r) if !self.peers.iter().any(|&(id, a)| id == r.host && a == from) => self.stats.misplaced += 1,
+            Ok(r) if !self.peers.iter().any(|&(id, a)| id == r.host && a == from) => {
+                self.stats.misplace(|| from.to_string(), r.host)
+            }
             Ok(r) => {
                 if self.inbox.len() >= max_datagrams(self.peers.len()) {
                     self.inbox.pop_front();

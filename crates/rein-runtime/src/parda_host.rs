@@ -782,7 +782,15 @@ impl Task {
                             }
                             refused += stats.refused() as u64;
                             // Once per sender or slot (a flood of forgeries is counted, not logged).
-                            for (from, e) in stats.corrupt {
+                            let misplaced = stats.misplaced_shown.into_iter().map(|(from, host)| {
+                                let e = format!(
+                                    "a valid record for host {host}, which is not where that host reports from \
+                                     (its configured address or slot)"
+                                );
+                                (from, e)
+                            });
+                            let corrupt = stats.corrupt.into_iter().map(|(from, e)| (from, e.to_string()));
+                            for (from, e) in corrupt.chain(misplaced) {
                                 if self.refused_logged.contains(&from) {
                                     continue;
                                 }

@@ -508,3 +508,37 @@ board = \"{}\"\nboard_slots = 2\n",
     assert_eq!(logged, 1, "one line for the whole run of failures: {:#?}", h.log.lock().unwrap());
     h.wait_line("parda host: report exchange restored");
 }
+
+/// A peer's reports from an address other than the one configured for its id are refused, counted in
+/// `records_refused` and logged once with the reason (they were only counted: a misaddressed peer left
+/// nothing in the log while the host ran on its own latency).
+#[test]
+fn a_peer_reporting_from_the_wrong_address_is_logged_once() {
+    let tmp = tmpdir("parda-host-misaddressed");
+    let dir = tmp.path();
+    let a = array(dir, 123, &["vm1", "vm2"]);
+    let (ip1, ip2) = ("127.0.0.124", "127.0.0.125");
+    let (u1, u2) = (free_udp(ip1), free_udp(ip2));
+    let wrong = free_udp(ip2);
+    let h1 = host(
+        dir,
+        124,
+        a.nbd,
+        "vm1",
+        "cluster",
+        &format!("id = 0\nudp = \"{u1}\"\npeers = [{{ id = 1, address = \"{wrong}\" }}]\n"),
+    );
+    let _h2 = host(
+        dir,
+        125,
+        a.nbd,
+        "vm2",
+        "cluster",
+        &format!("id = 1\nudp = \"{u2}\"\npeers = [{{ id = 0, address = \"{u1}\" }}]\n"),
+    );
+    until(&h1, "refused records", |s| s["records_refused"].as_u64().unwrap_or(0) >= 3);
+    let line = h1.wait_line("parda host: report refused");
+    assert!(line.contains(&u2.to_string()) && line.contains("a valid record for host 1"), "{line}");
+    let n = h1.log.lock().unwrap().iter().filter(|l| l.contains("report refused")).count();
+    assert_eq!(n, 1, "logged once per sender");
+}
