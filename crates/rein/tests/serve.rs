@@ -463,6 +463,16 @@ fn a_unix_socket_serves_real_clients_and_is_removed_at_shutdown() {
     assert!(!cli.exists(), "removed at the stop");
 }
 
+/// A child process killed (and waited for) when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A stderr that nobody reads (`rein serve 2>&1 | sleep 1000`) or whose reader is gone (`| head -c 300`,
 /// or a log on a full disk) costs log lines, never service: 600 connections each open and read a block
 /// (at debug level, about 100 KiB of log: past a pipe's 64 KiB), and SIGTERM is a graceful stop (status 0).
@@ -474,7 +484,9 @@ fn a_stuck_or_broken_stderr_neither_stops_nor_crashes_the_server() {
     for (host, broken) in [(33u8, false), (34, true)] {
         let tmp = tmpdir("serve-stderr");
         let cfg = config_file(tmp.path(), host, "[[exports]]\nname = \"rd\"\nbackend = \"memory\"\nsize_mb = 1\n");
-        let (mut child, nbd, err) = Rein::serve(&cfg).start_keeping_stderr();
+        let (child, nbd, err) = Rein::serve(&cfg).start_keeping_stderr();
+        // Killed if a check below fails (a stuck server would otherwise outlive the test).
+        let mut child = KillOnDrop(child);
         let _kept = if broken {
             drop(err);
             None
@@ -490,15 +502,15 @@ fn a_stuck_or_broken_stderr_neither_stops_nor_crashes_the_server() {
             assert_eq!((handle, error, data.len()), (i, 0, 4096), "connection {i} (broken: {broken})");
         }
         let took = t0.elapsed();
-        Cmd::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        Cmd::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
         let t1 = Instant::now();
         let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
+            if let Some(s) = child.0.try_wait().unwrap() {
                 break Some(s);
             }
             if t1.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
+                let _ = child.0.kill();
+                let _ = child.0.wait();
                 break None;
             }
             std::thread::sleep(Duration::from_millis(20));
