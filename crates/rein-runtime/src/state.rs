@@ -737,13 +737,12 @@ mod tests {
     /// An export added at run time under a relative data directory (the default `rein-data` is one) is
     /// read back from the state file at the path it was created at: it took the data directory twice
     /// (`rel/data/rel/data/x.img`), and the next start and every reload failed.
-    #[test]
-    fn a_relative_data_directory_is_not_taken_twice() {
-        let base = cfg(&BASE.replace("\"/d\"", "\"rel/data\""));
-        let j = ExportJson {
+    /// Export x of tenant a: a 1 MiB file at `path` (none: the data directory's default name).
+    fn file_export(path: Option<&str>) -> ExportJson {
+        ExportJson {
             name: "x".into(),
             backend: "file".into(),
-            path: None,
+            path: path.map(Into::into),
             size_mb: Some(1),
             tenant: "a".into(),
             read_only: false,
@@ -751,7 +750,13 @@ mod tests {
             readahead: true,
             allow_networks: None,
             allow_identities: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_relative_data_directory_is_not_taken_twice() {
+        let base = cfg(&BASE.replace("\"/d\"", "\"rel/data\""));
+        let j = file_export(None);
         let e = j.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap();
         assert_eq!(e.backend, BackendKind::File { path: "rel/data/x.img".into() });
         let mut eff = base.clone();
@@ -883,18 +888,7 @@ mod tests {
     #[test]
     fn admin_exports_stay_in_the_data_directory() {
         let base = cfg(BASE);
-        let j = |p: &str| ExportJson {
-            name: "x".into(),
-            backend: "file".into(),
-            path: Some(p.into()),
-            size_mb: Some(1),
-            tenant: "a".into(),
-            read_only: false,
-            direct: false,
-            readahead: true,
-            allow_networks: None,
-            allow_identities: None,
-        };
+        let j = |p: &str| file_export(Some(p));
         let e = j("").to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();
         assert!(e.contains("path is empty"), "{e}");
         for p in ["/etc/passwd", "../x.img", "a/../../x.img"] {
