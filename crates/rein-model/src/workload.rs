@@ -277,6 +277,104 @@ fn invalid(m: impl Into<String>) -> WorkloadError {
     WorkloadError::Invalid(m.into())
 }
 
+/// How the file or command line a workload came from writes its fields, so that an error names what its
+/// user wrote: a scenario's `[tenants.workload]` ([`FieldNames::SCENARIO`]) or `rein load`'s `--job`
+/// ([`FieldNames::JOB`]). [`WorkloadParams::validate_as`] checks the one set of rules and words its errors
+/// with these names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldNames {
+    /// Key=value (`kind=open needs rate=`) rather than TOML (`open workload needs iops`).
+    pub key_value: bool,
+    /// [`WorkloadParams::outstanding`].
+    pub outstanding: &'static str,
+    /// [`WorkloadParams::outstanding_per_server`].
+    pub outstanding_per_server: &'static str,
+    /// [`WorkloadParams::iops`].
+    pub iops: &'static str,
+    /// [`WorkloadParams::think_ms`].
+    pub think_ms: &'static str,
+    /// [`WorkloadParams::on_s`].
+    pub on_s: &'static str,
+    /// [`WorkloadParams::off_s`].
+    pub off_s: &'static str,
+    /// [`WorkloadParams::burst_count`].
+    pub burst_count: &'static str,
+    /// [`WorkloadParams::burst_period_ms`].
+    pub burst_period_ms: &'static str,
+    /// [`WorkloadParams::trace`].
+    pub trace: &'static str,
+    /// [`TraceParams::time_scale`].
+    pub time_scale: &'static str,
+    /// [`TraceParams::repeat`].
+    pub repeat: &'static str,
+    /// [`WorkloadParams::size_kb`].
+    pub size: &'static str,
+    /// [`WorkloadParams::read_pct`].
+    pub read_pct: &'static str,
+    /// [`WorkloadParams::random_pct`].
+    pub random_pct: &'static str,
+    /// [`WorkloadParams::span_gb`].
+    pub span_gb: &'static str,
+    /// [`WorkloadParams::start_s`].
+    pub start_s: &'static str,
+    /// [`WorkloadParams::stop_s`].
+    pub stop_s: &'static str,
+}
+
+impl FieldNames {
+    /// A scenario's `[tenants.workload]`: the fields' own names.
+    pub const SCENARIO: FieldNames = FieldNames {
+        key_value: false,
+        outstanding: "outstanding",
+        outstanding_per_server: "outstanding_per_server",
+        iops: "iops",
+        think_ms: "think_ms",
+        on_s: "on_s",
+        off_s: "off_s",
+        burst_count: "burst_count",
+        burst_period_ms: "burst_period_ms",
+        trace: "[tenants.workload.trace]",
+        time_scale: "trace.time_scale",
+        repeat: "trace.repeat",
+        size: "size_kb",
+        read_pct: "read_pct",
+        random_pct: "random_pct",
+        span_gb: "span_gb",
+        start_s: "start_s",
+        stop_s: "stop_s",
+    };
+    /// `rein load --job`'s keys (its `depth` per connection times `conns` fills `outstanding`).
+    pub const JOB: FieldNames = FieldNames {
+        key_value: true,
+        outstanding: "depth x conns",
+        outstanding_per_server: "outstanding_per_server",
+        iops: "rate",
+        think_ms: "think",
+        on_s: "on",
+        off_s: "off",
+        burst_count: "burst",
+        burst_period_ms: "period",
+        trace: "trace",
+        time_scale: "time_scale",
+        repeat: "repeat",
+        size: "size",
+        read_pct: "read",
+        random_pct: "random",
+        span_gb: "span",
+        start_s: "start",
+        stop_s: "stop",
+    };
+
+    /// A kind that misses a field it needs.
+    fn needs(&self, kind: &str, field: &str) -> WorkloadError {
+        if self.key_value {
+            invalid(format!("kind={kind} needs {field}="))
+        } else {
+            invalid(format!("{kind} workload needs {field}"))
+        }
+    }
+}
+
 fn secs(field: &str, v: f64) -> Result<Nanos, WorkloadError> {
     if !v.is_finite() || !(0.0..=MAX_SECONDS).contains(&v) {
         return Err(invalid(format!("{field} must be between 0 and {MAX_SECONDS} s, got {}", Num(v))));
@@ -309,46 +407,69 @@ fn within_rate(what: &str, iops: f64) -> Result<(), WorkloadError> {
     Err(invalid(format!("{what} {} is above the bound of {} IOPS", Num(iops), Num(MAX_RATE_IOPS))))
 }
 
+/// A window or burst of `n` requests: 1..=[`MAX_OUTSTANDING`].
+fn window(field: &str, n: u32) -> Result<u32, WorkloadError> {
+    if n == 0 || n > MAX_OUTSTANDING {
+        return Err(invalid(format!("{field} must be in 1..={MAX_OUTSTANDING}, got {n}")));
+    }
+    Ok(n)
+}
+
 impl WorkloadParams {
-    /// Validates into a [`WorkloadSpec`]; `duration` is the run's length (the default stop), `base` the
-    /// directory relative trace paths resolve against, `devices` the trace device numbers to keep (empty:
-    /// all), as the caller resolved them from `trace.device`, `trace.devices` or its routing.
+    /// Validates into a [`WorkloadSpec`], errors naming a scenario's fields ([`FieldNames::SCENARIO`]);
+    /// `duration` is the run's length (the default stop), `base` the directory relative trace paths
+    /// resolve against, `devices` the trace device numbers to keep (empty: all), as the caller resolved
+    /// them from `trace.device`, `trace.devices` or its routing.
     pub fn validate(
         &self,
         duration: Nanos,
         base: Option<&Path>,
         devices: &[u32],
     ) -> Result<WorkloadSpec, WorkloadError> {
+        self.validate_as(duration, base, devices, &FieldNames::SCENARIO)
+    }
+
+    /// [`WorkloadParams::validate`], errors naming the fields as `names` says their input writes them.
+    pub fn validate_as(
+        &self,
+        duration: Nanos,
+        base: Option<&Path>,
+        devices: &[u32],
+        names: &FieldNames,
+    ) -> Result<WorkloadSpec, WorkloadError> {
+        let kind_name = self.kind.as_str();
         let closed = || -> Result<WorkloadKind, WorkloadError> {
-            if self.outstanding == 0 || self.outstanding > MAX_OUTSTANDING {
-                return Err(invalid(format!("outstanding must be in 1..={MAX_OUTSTANDING}")));
-            }
-            let think = millis("think_ms", self.think_ms.unwrap_or(0.0))?;
+            let outstanding = window(names.outstanding, self.outstanding)?;
+            let think = millis(names.think_ms, self.think_ms.unwrap_or(0.0))?;
             match self.outstanding_per_server {
-                None => Ok(WorkloadKind::Closed { outstanding: self.outstanding, think, per_server: false }),
-                Some(k) if k == 0 || k > MAX_OUTSTANDING => {
-                    Err(invalid(format!("outstanding_per_server must be in 1..={MAX_OUTSTANDING}")))
-                }
-                Some(k) => Ok(WorkloadKind::Closed { outstanding: k, think, per_server: true }),
+                None => Ok(WorkloadKind::Closed { outstanding, think, per_server: false }),
+                Some(k) => Ok(WorkloadKind::Closed {
+                    outstanding: window(names.outstanding_per_server, k)?,
+                    think,
+                    per_server: true,
+                }),
             }
         };
         let open = || -> Result<WorkloadKind, WorkloadError> {
-            let iops = positive("workload.iops", self.iops.ok_or_else(|| invalid("open workload needs iops"))?)?;
-            within_rate("workload.iops", iops)?;
+            let iops = self.iops.ok_or_else(|| names.needs(kind_name, names.iops))?;
+            let iops = positive(names.iops, iops)?;
+            within_rate(names.iops, iops)?;
             Ok(WorkloadKind::Open { iops })
         };
-        let kind = match self.kind.as_str() {
+        let kind = match kind_name {
             "closed" => closed()?,
             "open" => open()?,
             "on_off" => {
-                let on = secs("on_s", self.on_s.ok_or_else(|| invalid("on_off needs on_s"))?)?;
-                let off = secs("off_s", self.off_s.ok_or_else(|| invalid("on_off needs off_s"))?)?;
+                let on = secs(names.on_s, self.on_s.ok_or_else(|| names.needs(kind_name, names.on_s))?)?;
+                let off = secs(names.off_s, self.off_s.ok_or_else(|| names.needs(kind_name, names.off_s))?)?;
                 if on == Nanos::ZERO {
-                    return Err(invalid("on_s must be positive"));
+                    return Err(invalid(format!("{} must be positive", names.on_s)));
                 }
                 if on.saturating_add(off) < Nanos::from_secs_f64(MIN_CYCLE_S) {
                     return Err(invalid(format!(
-                        "on_s + off_s must be at least {MIN_CYCLE_S} s (one on/off cycle), got {} s",
+                        "{} + {} must be at least {MIN_CYCLE_S} s (one on/off cycle), got {} s",
+                        names.on_s,
+                        names.off_s,
                         Num(on.saturating_add(off).as_secs_f64())
                     )));
                 }
@@ -356,17 +477,17 @@ impl WorkloadParams {
                 WorkloadKind::OnOff { on, off, inner: Box::new(inner) }
             }
             "burst" => {
-                let count = self.burst_count.ok_or_else(|| invalid("burst needs burst_count"))?;
-                if count == 0 || count > MAX_OUTSTANDING {
-                    return Err(invalid(format!("burst_count must be in 1..={MAX_OUTSTANDING}")));
-                }
-                let p = self.burst_period_ms.ok_or_else(|| invalid("burst needs burst_period_ms"))?;
-                let period = millis("burst_period_ms", positive("burst_period_ms", p)?)?;
-                within_rate("the rate burst_count / burst_period_ms", count as f64 / period.as_secs_f64())?;
+                let count = self.burst_count.ok_or_else(|| names.needs(kind_name, names.burst_count))?;
+                let count = window(names.burst_count, count)?;
+                let p = self.burst_period_ms.ok_or_else(|| names.needs(kind_name, names.burst_period_ms))?;
+                let period = millis(names.burst_period_ms, positive(names.burst_period_ms, p)?)?;
+                let what = format!("the rate {} / {}", names.burst_count, names.burst_period_ms);
+                within_rate(&what, count as f64 / period.as_secs_f64())?;
                 WorkloadKind::Burst { count, period }
             }
             "trace" => {
-                let t = self.trace.as_ref().ok_or_else(|| invalid("trace workload needs [tenants.workload.trace]"))?;
+                let t = self.trace.as_ref().ok_or_else(|| names.needs(kind_name, names.trace))?;
+                positive(names.time_scale, t.time_scale)?;
                 let mut path = std::path::PathBuf::from(&t.path);
                 if path.is_relative() {
                     if let Some(b) = base {
@@ -385,7 +506,6 @@ impl WorkloadParams {
                 if let Some(d) = devices.iter().find(|&&d| !records.iter().any(|r| r.device == d)) {
                     return Err(invalid(format!("trace.devices: device {d} has no records in {}", path.display())));
                 }
-                positive("trace.time_scale", t.time_scale)?;
                 if t.repeat {
                     // A pass lasts the scaled span plus one mean gap (Generator::next_arrival); a pass of
                     // no time would replay for ever at one instant.
@@ -394,48 +514,68 @@ impl WorkloadParams {
                     let pass = span + span / n;
                     if pass <= 0.0 {
                         return Err(invalid(format!(
-                            "trace.repeat: {}'s {} records are all at one instant (at time_scale {}): a repeated \
-                             trace needs records that span time, or it replays for ever at that instant",
+                            "{}: {}'s {} records are all at one instant (at {} {}): a repeated trace needs \
+                             records that span time, or it replays for ever at that instant",
+                            names.repeat,
                             path.display(),
                             records.len(),
+                            names.time_scale,
                             Num(t.time_scale)
                         )));
                     }
                     let what = format!(
-                        "trace.repeat: the replay rate of {} ({} records every {} s at time_scale {})",
+                        "{}: the replay rate of {} ({} records every {} s at {} {})",
+                        names.repeat,
                         path.display(),
                         records.len(),
                         Num(pass),
+                        names.time_scale,
                         Num(t.time_scale)
                     );
                     within_rate(&what, n / pass)?;
                 }
                 WorkloadKind::Trace { records: Arc::new(records), time_scale: t.time_scale, repeat: t.repeat }
             }
+            other if names.key_value => {
+                return Err(invalid(format!("kind={other}: expected closed, open, on_off, burst or trace")))
+            }
             other => {
                 return Err(invalid(format!("workload kind {other:?}: expected closed, open, on_off, burst or trace")))
             }
         };
-        let size = positive("size_kb", self.size_kb)?;
+        let size = positive(names.size, self.size_kb)?;
         if size > (MAX_SIZE_BYTES / 1024) as f64 {
-            return Err(invalid("size_kb above 1 GiB"));
+            return Err(invalid(format!(
+                "{} must be at most 1 GiB, got {} GiB",
+                names.size,
+                Num(size / (1 << 20) as f64)
+            )));
         }
         if (size * 1024.0).round() < 1.0 {
-            return Err(invalid(format!("size_kb {} is less than one byte", Num(size))));
+            return Err(invalid(format!("{} {} is less than one byte", names.size, Num(size))));
         }
-        for (f, v) in [("read_pct", self.read_pct), ("random_pct", self.random_pct)] {
+        for (f, v) in [(names.read_pct, self.read_pct), (names.random_pct, self.random_pct)] {
             if !(0.0..=100.0).contains(&v) {
                 return Err(invalid(format!("{f} must be in [0, 100], got {}", Num(v))));
             }
         }
-        let span = positive("span_gb", self.span_gb)?;
-        let start = secs("start_s", self.start_s)?;
+        let span = positive(names.span_gb, self.span_gb)?;
+        let start = secs(names.start_s, self.start_s)?;
+        // A workload that starts when the run is over would issue nothing: a mistake, not a choice.
+        if duration <= start {
+            return Err(invalid(format!(
+                "{} must be before the run's end ({} s), got {}",
+                names.start_s,
+                Num(duration.as_secs_f64()),
+                Num(self.start_s)
+            )));
+        }
         let stop = match self.stop_s {
             None => duration,
-            Some(s) => secs("stop_s", s)?,
+            Some(s) => secs(names.stop_s, s)?,
         };
         if stop <= start {
-            return Err(invalid("stop_s must be after start_s"));
+            return Err(invalid(format!("{} must be after {}", names.stop_s, names.start_s)));
         }
         Ok(WorkloadSpec {
             kind,
@@ -917,6 +1057,13 @@ mod tests {
         assert!(err(WorkloadParams { outstanding: 0, ..Default::default() }).contains("outstanding must be in"));
         assert!(err(WorkloadParams { read_pct: 120.0, ..Default::default() }).contains("read_pct"));
         assert!(err(WorkloadParams { stop_s: Some(0.0), ..Default::default() }).contains("stop_s"));
+        // A start at or after the run's end issues nothing, whatever the stop.
+        for stop_s in [None, Some(20.0)] {
+            assert_eq!(
+                err(WorkloadParams { start_s: 10.0, stop_s, ..Default::default() }),
+                "start_s must be before the run's end (10 s), got 10"
+            );
+        }
         // A field in milliseconds says its bound in milliseconds (it said "604800 s, got -0.001").
         assert_eq!(
             err(WorkloadParams { think_ms: Some(-1.0), ..Default::default() }),
@@ -931,7 +1078,7 @@ mod tests {
         let check = |p: WorkloadParams| p.validate(Nanos::from_secs(10), None, &[]).map_err(|e| e.to_string());
         let open = |iops| WorkloadParams { kind: "open".into(), iops: Some(iops), ..Default::default() };
         assert!(check(open(MAX_RATE_IOPS)).is_ok());
-        assert!(check(open(1e9)).unwrap_err().contains("workload.iops 1000000000 is above the bound"));
+        assert!(check(open(1e9)).unwrap_err().contains("iops 1000000000 is above the bound"));
         let burst = |count, ms| WorkloadParams {
             kind: "burst".into(),
             burst_count: Some(count),

@@ -50,6 +50,7 @@ fn every_fuzz_target_is_replayed() {
         "admin_create",
         "admin_response",
         "gateway_config",
+        "job_spec",
         "nbd_client",
         "nbd_handshake",
         "nbd_reply",

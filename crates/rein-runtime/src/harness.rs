@@ -1,7 +1,8 @@
 //! rein-runtime's decoders of outside input as functions of arbitrary bytes, with their contracts.
 //!
 //! The fuzz targets `server_config`, `gateway_config`, `pshift_controller_config`, `admin_body`,
-//! `admin_response`, `state_file`, `psk_file`, `admin_create` and `access_list` (`fuzz/` at the repository root, cargo-fuzz on a nightly toolchain)
+//! `admin_response`, `state_file`, `psk_file`, `admin_create`, `access_list` and `job_spec` (`fuzz/` at the
+//! repository root, cargo-fuzz on a nightly toolchain)
 //! are one line each: they call these functions; `tests/corpus.rs`
 //! replays the committed corpus through them on stable. Each function panics exactly when a contract is
 //! broken. rein-proto's `harness` covers the wire decoders (NBD, the PARDA record and slot that
@@ -44,11 +45,19 @@
 //!   empty entry, each network written back (as the state file does) parses to the same network, and a
 //!   client at an address an entry names (a bare address, or a network's first address) is allowed; a
 //!   refusal names the export and the key.
+//! - [`job_spec`]: [`job_spec::parse`] (`rein load --job`, a command line) never panics; a refusal starts
+//!   by naming the job as written and says more; a job it accepts has a name, an export and a tenant,
+//!   1..=[`job_spec::MAX_CONNECTIONS`] connections, and a workload the simulator's rules accept: a size of
+//!   1 byte to [`MAX_SIZE_BYTES`], fractions in [0, 1], a start before its stop within the run, a closed
+//!   window or burst of 1..=[`MAX_OUTSTANDING`], a rate within [`MAX_RATE_IOPS`]. A `trace=` value is
+//!   replaced by a path that does not exist (the fuzzer must not read the machine's files), so its keys
+//!   are checked up to the read.
 
 use crate::admin::{CapacityBody, SpecUpdate};
 use crate::admin_client::parse_response;
 use crate::config::{self, BackendKind, ServerConfig, MAX_ALLOW_ENTRIES, MAX_EXPORTS, MAX_EXPORT_BYTES};
 use crate::gateway::{GatewayConfig, MAX_NODES, MAX_VOLUMES};
+use crate::job_spec;
 use crate::live::MAX_TENANT_NAME;
 use crate::pshift_controller::ControllerSettings;
 use crate::state::{self, ExportJson, ExportOrigin, SpecJson};
@@ -56,7 +65,8 @@ use crate::tls::{self, MAX_IDENTITY_BYTES, MAX_PSK_BYTES, MAX_PSK_IDENTITIES};
 use rein_core::pshift::{MAX_BUCKETS, MAX_NAME_LEN, MAX_SERVERS};
 use rein_core::spec::MAX_IDLE_CREDIT;
 use rein_core::units::{MAX_WEIGHT, MIN_RATE};
-use rein_core::QosSpec;
+use rein_core::{Nanos, QosSpec};
+use rein_model::workload::{WorkloadKind, MAX_OUTSTANDING, MAX_RATE_IOPS, MAX_SIZE_BYTES};
 use std::net::IpAddr;
 use std::path::{Component, Path};
 use std::sync::OnceLock;
@@ -427,4 +437,59 @@ pub fn access_list(data: &[u8]) {
             assert!(!access.allows(ip, Some("anyone")), "an empty allow_identities admitted a client");
         }
     }
+}
+
+/// A path no machine has: what a fuzzed `trace=` names instead (module comment).
+const NO_TRACE: &str = "/nonexistent/rein-fuzz/job.trace";
+
+/// Parses `data` (if UTF-8) as a `--job` value of a 60 s run; panics if a contract is broken (module
+/// comment).
+pub fn job_spec(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let spec: String = text
+        .split(',')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.trim() == "trace" => format!("{k}={NO_TRACE}"),
+            _ => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let run = Nanos::from_secs(60);
+    let job = match job_spec::parse(&spec, run) {
+        Ok(job) => job,
+        Err(e) => {
+            let named = format!("job {spec:?}: ");
+            assert!(e.starts_with(&named) && e.len() > named.len(), "a refusal that does not name the job: {e}");
+            return;
+        }
+    };
+    assert!(!job.name.is_empty() && !job.export.is_empty() && !job.tenant.is_empty(), "an empty name accepted");
+    assert!((1..=job_spec::MAX_CONNECTIONS).contains(&job.connections), "{} connections accepted", job.connections);
+    let w = &job.workload;
+    assert!((1..=MAX_SIZE_BYTES).contains(&w.size_bytes), "a size of {} bytes accepted", w.size_bytes);
+    assert!((0.0..=1.0).contains(&w.read_frac) && (0.0..=1.0).contains(&w.random_frac), "a fraction out of range");
+    assert!(w.span_bytes >= 1 << 20, "a span below 1 MiB");
+    assert!(w.start < w.stop, "a start at or after the stop accepted");
+    assert!(w.stop <= Nanos::from_secs_f64(rein_model::workload::MAX_SECONDS), "a stop beyond the bound accepted");
+    assert!(w.start < run, "a start at or after the run's end accepted");
+    fn check(kind: &WorkloadKind) {
+        match kind {
+            WorkloadKind::Closed { outstanding, .. } => {
+                assert!((1..=MAX_OUTSTANDING).contains(outstanding), "a window of {outstanding} accepted")
+            }
+            WorkloadKind::Open { iops } => {
+                assert!(iops.is_finite() && *iops > 0.0 && *iops <= MAX_RATE_IOPS, "a rate of {iops} accepted")
+            }
+            WorkloadKind::OnOff { on, inner, .. } => {
+                assert!(*on > Nanos::ZERO, "an on period of no time accepted");
+                check(inner)
+            }
+            WorkloadKind::Burst { count, period } => {
+                assert!((1..=MAX_OUTSTANDING).contains(count), "a burst of {count} accepted");
+                assert!(*count as f64 / period.as_secs_f64() <= MAX_RATE_IOPS, "a burst rate above the bound");
+            }
+            WorkloadKind::Trace { .. } => panic!("a trace read from {NO_TRACE}"),
+        }
+    }
+    check(&w.kind);
 }

@@ -24,6 +24,7 @@ pub mod devmodel;
 pub mod dispatch;
 pub mod gateway;
 pub mod harness;
+pub mod job_spec;
 pub mod live;
 pub mod load;
 pub mod nbd;

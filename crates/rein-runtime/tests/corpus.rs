@@ -52,6 +52,11 @@ fn access_list_corpus() {
     replay("access_list", rein_runtime::harness::access_list);
 }
 
+#[test]
+fn job_spec_corpus() {
+    replay("job_spec", rein_runtime::harness::job_spec);
+}
+
 /// The seeds are what they claim: the documented and built-in configurations parse, the bodies decode.
 #[test]
 fn seeds_are_valid() {

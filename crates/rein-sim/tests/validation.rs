@@ -63,7 +63,7 @@ fn rejects_bad_fields_with_clear_messages() {
 fn refuses_what_would_spin_or_exhaust_memory_or_check_nothing() {
     let at = |what: &str, with: &str| BASE.replace(what, with);
     let e = err(&at("kind = \"closed\"", "kind = \"open\"\niops = 1e9"));
-    assert!(e.contains("workload.iops 1000000000 is above the bound of 10000000 IOPS"), "{e}");
+    assert!(e.contains("iops 1000000000 is above the bound of 10000000 IOPS"), "{e}");
     let e = err(&at("kind = \"closed\"", "kind = \"on_off\"\non_s = 1e-9\noff_s = 1e-9"));
     assert!(e.contains("on_s + off_s must be at least"), "{e}");
     let e = err(&at("kind = \"closed\"", "kind = \"closed\"\nsize_kb = 1e-4"));

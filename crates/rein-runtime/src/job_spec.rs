@@ -1,0 +1,249 @@
+//! `rein load --job`'s key=value language: one tenant's workload as a command line writes it,
+//! parsed into a [`Job`].
+//!
+//! `name=NAME[,export=E][,tenant=T][,conns=N][,kind=K][,depth=N][,rate=IOPS][,think=MS][,on=S,off=S]
+//! [,burst=N,period=MS][,trace=PATH[,format=F][,time_scale=X][,repeat=1]][,size=4k][,read=PCT][,random=PCT]
+//! [,span=GIB][,start=S][,stop=S]` (docs/serve.md, `rein load`).
+//!
+//! The workload's keys fill rein-model's [`WorkloadParams`], the simulator's `[tenants.workload]`, and are
+//! validated by its one set of rules ([`WorkloadParams::validate_as`] with [`FieldNames::JOB`]), so a job and
+//! a scenario accept the same workloads and an error names the job's key as written (`rate`, `period`),
+//! not the scenario field it fills. What only a job has is checked here: its keys (each once, each known),
+//! `conns`, and the mapping of `depth` (per connection) times `conns` onto the workload's `outstanding`.
+//!
+//! Every refusal names the job as written, once: `job "name=a,rate=0": rate must be a positive number,
+//! got 0`. A job with `trace=` reads the trace file (relative to the working directory) while it is
+//! parsed, as the simulator reads a scenario's.
+//!
+//! Fuzzed by the `job_spec` target ([`crate::harness::job_spec`]).
+
+use crate::load::Job;
+use rein_core::Nanos;
+use rein_model::workload::{FieldNames, TraceParams, WorkloadParams};
+use std::collections::BTreeSet;
+
+/// Most connections one job opens.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Requests a closed job keeps outstanding per connection unless `depth=` says otherwise.
+pub const DEFAULT_DEPTH: u32 = 16;
+/// The GiB a job's offsets range over unless `span=` says: in effect the whole export (`rein load` keeps
+/// offsets within the export's size).
+pub const DEFAULT_SPAN_GB: f64 = 1024.0;
+
+/// Parses one `--job` value into a job; `run` is the run's length (the default stop). The error names the
+/// job as written and what is wrong with it (module comment).
+pub fn parse(spec: &str, run: Nanos) -> Result<Job, String> {
+    parse_keys(spec, run).map_err(|e| format!("job {spec:?}: {e}"))
+}
+
+/// A size in bytes, or with k or m (KiB, MiB).
+fn parse_size(v: &str) -> Result<u64, String> {
+    let v = v.trim().to_ascii_lowercase();
+    let (num, mul) = if let Some(n) = v.strip_suffix('k') {
+        (n, 1024)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 1 << 20)
+    } else {
+        (v.as_str(), 1)
+    };
+    let n: u64 = num.parse().map_err(|e| format!("size {v:?}: expected bytes, or a number with k or m: {e}"))?;
+    n.checked_mul(mul).ok_or_else(|| format!("size {v:?} is too large"))
+}
+
+fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
+    let (mut name, mut export, mut tenant) = (String::new(), String::new(), String::new());
+    let mut conns = 1usize;
+    let mut depth = DEFAULT_DEPTH;
+    let mut kind: Option<String> = None;
+    let mut size = 4096u64;
+    let mut p = WorkloadParams { span_gb: DEFAULT_SPAN_GB, ..WorkloadParams::default() };
+    let (mut trace, mut trace_format, mut time_scale, mut repeat) = (None::<String>, None::<String>, 1.0, false);
+    let mut seen = BTreeSet::new();
+    for kv in spec.split(',') {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("{kv:?} is not key=value"))?;
+        let k = k.trim();
+        if !seen.insert(k) {
+            return Err(format!("{k} is given twice"));
+        }
+        let num = |v: &str| v.parse::<f64>().map_err(|e| format!("{k}={v}: not a number: {e}"));
+        let whole = |v: &str| v.parse::<u32>().map_err(|e| format!("{k}={v}: not a whole number: {e}"));
+        match k {
+            "name" => name = v.to_string(),
+            "export" => export = v.to_string(),
+            "tenant" => tenant = v.to_string(),
+            "kind" => kind = Some(v.to_string()),
+            "depth" => depth = whole(v)?,
+            "conns" => conns = v.parse().map_err(|e| format!("conns={v}: not a whole number: {e}"))?,
+            "rate" => p.iops = Some(num(v)?),
+            "think" => p.think_ms = Some(num(v)?),
+            "on" => p.on_s = Some(num(v)?),
+            "off" => p.off_s = Some(num(v)?),
+            "burst" => p.burst_count = Some(whole(v)?),
+            "period" => p.burst_period_ms = Some(num(v)?),
+            "trace" => trace = Some(v.to_string()),
+            "format" => trace_format = Some(v.to_string()),
+            "time_scale" => time_scale = num(v)?,
+            "repeat" => {
+                repeat = match v {
+                    "1" | "true" | "yes" => true,
+                    "0" | "false" | "no" => false,
+                    _ => return Err(format!("repeat={v}: expected true or false")),
+                }
+            }
+            "size" => size = parse_size(v)?,
+            "read" => p.read_pct = num(v)?,
+            "random" => p.random_pct = num(v)?,
+            "span" => p.span_gb = num(v)?,
+            "start" => p.start_s = num(v)?,
+            "stop" => p.stop_s = Some(num(v)?),
+            other => {
+                return Err(format!(
+                    "unknown key {other:?} (name, export, tenant, conns, kind, depth, rate, think, on, off, burst, \
+                     period, trace, format, time_scale, repeat, size, read, random, span, start, stop)"
+                ))
+            }
+        }
+    }
+    if name.is_empty() {
+        return Err("name= is required".into());
+    }
+    if export.is_empty() {
+        export = name.clone();
+    }
+    if tenant.is_empty() {
+        tenant = export.clone();
+    }
+    if !(1..=MAX_CONNECTIONS).contains(&conns) {
+        return Err(format!("conns must be in 1..={MAX_CONNECTIONS}, got {conns}"));
+    }
+    // The kind follows from the keys given unless named.
+    p.kind = kind.unwrap_or_else(|| {
+        let k = if trace.is_some() {
+            "trace"
+        } else if p.burst_count.is_some() {
+            "burst"
+        } else if p.on_s.is_some() || p.off_s.is_some() {
+            "on_off"
+        } else if p.iops.is_some() {
+            "open"
+        } else {
+            "closed"
+        };
+        k.to_string()
+    });
+    // A closed loop keeps `depth` requests outstanding per connection; a product beyond u32 is beyond the
+    // workload's bound anyway.
+    p.outstanding = u32::try_from(u64::from(depth) * conns as u64).unwrap_or(u32::MAX);
+    p.size_kb = size as f64 / 1024.0;
+    p.trace =
+        trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
+    let workload = p.validate_as(run, None, &[], &FieldNames::JOB).map_err(|e| e.to_string())?;
+    Ok(Job { name, export, tenant, connections: conns, workload, route: None, stream: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job_err(spec: &str) -> String {
+        parse(spec, Nanos::from_secs(10)).expect_err("should be refused")
+    }
+
+    /// Every error names the job once; a key given twice is an error, not the last one winning.
+    #[test]
+    fn job_errors_name_the_job_and_refuse_repeated_keys() {
+        assert_eq!(
+            job_err("name=a,depth=x"),
+            "job \"name=a,depth=x\": depth=x: not a whole number: invalid digit found in string"
+        );
+        assert_eq!(job_err("name=a,rate=5,rate=9"), "job \"name=a,rate=5,rate=9\": rate is given twice");
+        assert!(job_err("name=a,bogus=1").starts_with("job \"name=a,bogus=1\": unknown key \"bogus\""));
+        assert_eq!(job_err("name=a,rate"), "job \"name=a,rate\": \"rate\" is not key=value");
+        assert!(job_err("name=a,trace=x.trace,repeat=maybe").ends_with("repeat=maybe: expected true or false"));
+        assert_eq!(job_err("rate=5"), "job \"rate=5\": name= is required");
+        assert_eq!(
+            job_err("name=a,rate=1e9"),
+            "job \"name=a,rate=1e9\": rate 1000000000 is above the bound of 10000000 IOPS"
+        );
+        let ok = parse("name=a,rate=100,read=50", Nanos::from_secs(10)).unwrap();
+        assert_eq!((ok.name.as_str(), ok.export.as_str(), ok.tenant.as_str()), ("a", "a", "a"));
+        // A value out of range is named by its job key and value as written, not by the scenario field it
+        // fills (docs/serve.md, `rein load`): each message after the job's name.
+        for (keys, want) in [
+            ("depth=0", "depth x conns must be in 1..=65536, got 0"),
+            ("depth=70000", "depth x conns must be in 1..=65536, got 70000"),
+            ("depth=100,conns=1000", "depth x conns must be in 1..=65536, got 100000"),
+            ("conns=0", "conns must be in 1..=1024, got 0"),
+            ("rate=0", "rate must be a positive number, got 0"),
+            ("kind=open", "kind=open needs rate="),
+            ("burst=0,period=10", "burst must be in 1..=65536, got 0"),
+            ("burst=4", "kind=burst needs period="),
+            ("burst=4,period=0", "period must be a positive number, got 0"),
+            ("burst=65536,period=0.001", "the rate burst / period 65536000000 is above the bound of 10000000 IOPS"),
+            ("read=150", "read must be in [0, 100], got 150"),
+            ("random=-1", "random must be in [0, 100], got -1"),
+            ("on=0,off=1", "on must be positive"),
+            ("on=1", "kind=on_off needs off="),
+            ("on=1,off=-1", "off must be between 0 and 604800 s, got -1"),
+            ("on=0.0001,off=0.0001", "on + off must be at least 0.001 s (one on/off cycle), got 0.0002 s"),
+            ("span=0", "span must be a positive number, got 0"),
+            ("think=-1", "think must be between 0 and 604800000 ms, got -1"),
+            ("size=0", "size must be a positive number, got 0"),
+            ("size=2048m", "size must be at most 1 GiB, got 2 GiB"),
+            ("size=1y", "size \"1y\": expected bytes, or a number with k or m: invalid digit found in string"),
+            ("start=-1", "start must be between 0 and 604800 s, got -1"),
+            ("start=20", "start must be before the run's end (10 s), got 20"),
+            ("start=5,stop=2", "stop must be after start"),
+            ("stop=1e9", "stop must be between 0 and 604800 s, got 1000000000"),
+            ("trace=x.trace,time_scale=0", "time_scale must be a positive number, got 0"),
+            ("kind=trace", "kind=trace needs trace="),
+            ("kind=zigzag", "kind=zigzag: expected closed, open, on_off, burst or trace"),
+        ] {
+            let spec = format!("name=a,{keys}");
+            assert_eq!(job_err(&spec), format!("job {spec:?}: {want}"));
+        }
+    }
+
+    /// The job's keys land in the workload the simulator's rules make of them.
+    #[test]
+    fn keys_fill_the_workload() {
+        use rein_model::workload::WorkloadKind;
+        let j = parse(
+            "name=a,export=e,conns=2,depth=8,think=5,size=64k,read=30,random=0,span=2,start=1,stop=9",
+            Nanos::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!((j.export.as_str(), j.tenant.as_str(), j.connections), ("e", "e", 2));
+        let w = &j.workload;
+        assert_eq!(w.kind, WorkloadKind::Closed { outstanding: 16, think: Nanos::from_millis(5), per_server: false });
+        assert_eq!((w.size_bytes, w.read_frac, w.random_frac, w.span_bytes), (65536, 0.3, 0.0, 2 << 30));
+        assert_eq!((w.start, w.stop), (Nanos::from_secs(1), Nanos::from_secs(9)));
+        let b = parse("name=b,burst=4,period=10", Nanos::from_secs(10)).unwrap();
+        assert_eq!(b.workload.kind, WorkloadKind::Burst { count: 4, period: Nanos::from_millis(10) });
+        assert_eq!(b.workload.stop, Nanos::from_secs(10), "the run's end is the default stop");
+    }
+
+    /// A trace's errors name the job's keys too (`repeat`, `time_scale`; the scenario's are
+    /// `trace.repeat` and `trace.time_scale`), and a relative path is read from the working directory.
+    #[test]
+    fn a_trace_job_names_its_own_keys() {
+        let dir = std::env::temp_dir().join(format!("rein-job-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let at_once = dir.join("at-once.trace");
+        std::fs::write(&at_once, "0 0 0 8 1\n").unwrap();
+        let spec = format!("name=a,trace={},repeat=1", at_once.display());
+        let e = job_err(&spec);
+        let want = format!(
+            "job {spec:?}: repeat: {}'s 1 records are all at one instant (at time_scale 1): a repeated trace",
+            at_once.display()
+        );
+        assert!(e.starts_with(&want), "{e}");
+        let spread = dir.join("spread.trace");
+        std::fs::write(&spread, "0 0 0 8 1\n1000 0 8 8 1\n").unwrap();
+        let e = job_err(&format!("name=a,trace={},repeat=1,time_scale=1e-9", spread.display()));
+        assert!(e.contains(": repeat: the replay rate of") && e.contains("at time_scale 1e-9"), "{e}");
+        let ok = parse(&format!("name=a,trace={},repeat=1", spread.display()), Nanos::from_secs(10)).unwrap();
+        assert!(matches!(ok.workload.kind, rein_model::workload::WorkloadKind::Trace { repeat: true, .. }));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
