@@ -179,6 +179,17 @@ pub enum DeviceError {
     /// An unknown service model.
     #[error("service {0:?}: expected exponential, uniform, deterministic or disk")]
     Service(String),
+    /// A service model's parameter given with another service model (`field`, the model it is for, the
+    /// model given).
+    #[error("{field} is for service = {for_service:?}, not {service:?}: remove it, or set service = {for_service:?}")]
+    ServiceParam {
+        /// `uniform_spread` or `disk`.
+        field: &'static str,
+        /// The model the parameter belongs to.
+        for_service: &'static str,
+        /// The model given.
+        service: String,
+    },
     /// `uniform_spread` outside [0, 1].
     #[error("uniform_spread must be in [0, 1], got {}", Num(*.0))]
     Spread(f64),
@@ -250,6 +261,14 @@ impl DeviceParams<'_> {
     /// Validates the parameters into a [`DeviceSpec`].
     pub fn validate(&self) -> Result<DeviceSpec, DeviceError> {
         let capacity_iops = check_capacity("capacity_iops", self.capacity_iops)?;
+        // A parameter of a model not in use would be ignored: refused, as an array without its discipline.
+        for (field, for_service, given) in
+            [("uniform_spread", "uniform", self.uniform_spread.is_some()), ("disk", "disk", self.disk.is_some())]
+        {
+            if given && self.service != for_service {
+                return Err(DeviceError::ServiceParam { field, for_service, service: self.service.to_string() });
+            }
+        }
         let service = match self.service {
             "exponential" => ServiceModel::Exponential,
             "deterministic" => ServiceModel::Deterministic,
@@ -727,6 +746,15 @@ mod tests {
         assert_eq!(e.to_string(), "capacity_iops must be a positive number, got -5");
         let e = DeviceParams { uniform_spread: Some(2.0), ..p("uniform") }.validate().unwrap_err();
         assert!(e.to_string().contains("uniform_spread"));
+        // A model's parameter with another model was ignored; refused as an array without its discipline.
+        let e = DeviceParams { uniform_spread: Some(0.9), ..p("exponential") }.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "uniform_spread is for service = \"uniform\", not \"exponential\": remove it, or set service = \"uniform\""
+        );
+        let e = DeviceParams { disk: Some(DiskParams::default()), ..p("uniform") }.validate().unwrap_err();
+        assert!(e.to_string().starts_with("disk is for service = \"disk\", not \"uniform\""), "{e}");
+        assert!(DeviceParams { disk: Some(DiskParams::default()), ..p("disk") }.validate().is_ok());
         let e = DeviceParams {
             capacity_schedule: vec![CapacityStep { at_s: 5.0, iops: 10.0 }, CapacityStep { at_s: 2.0, iops: 10.0 }],
             ..p("exponential")

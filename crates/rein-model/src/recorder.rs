@@ -360,6 +360,11 @@ impl Recorder {
             timeseries: Timeseries {
                 interval_s: self.interval as f64 / 1e9,
                 intervals: self.intervals,
+                last_interval_s: crate::report::last_interval_s(
+                    self.interval as f64 / 1e9,
+                    self.intervals,
+                    self.duration.as_secs_f64(),
+                ),
                 tenant_names: meta.tenants.iter().map(|t| t.name.clone()).collect(),
                 server_names: meta.servers.iter().map(|s| s.name.clone()).collect(),
                 cells: self.cells,
@@ -459,6 +464,27 @@ mod tests {
         assert!(near(ios[0], 100.0) && near(ios[1], 100.0), "{ios:?}");
         let bytes = totals(rein_core::CostModel::BYTES);
         assert!(near(bytes[0], 200.0) && near(bytes[1], 200.0 / 3.0), "{bytes:?}");
+    }
+
+    /// A run of 10 s in 3 s intervals: the last interval is 1 s long, and its rate is its IOs over 1 s (it
+    /// was over 3 s: 333 IOPS for a steady 1,000, a false drop at the end of every plot).
+    #[test]
+    fn a_last_interval_cut_short_by_the_run_is_a_rate_over_its_own_length() {
+        let mut rec = Recorder::new(1, 1, Nanos::from_secs(10), Nanos::from_secs(3), Nanos::ZERO).unwrap();
+        for k in 0..10_000u64 {
+            let now = Nanos(k * 1_000_000 + 1);
+            rec.completion(0, now, now, 1_000_000, Phase::Weight);
+        }
+        let ts = rec.finish(&meta(1)).timeseries;
+        assert_eq!((ts.intervals, ts.last_interval_s), (4, 1.0));
+        let csv = ts.to_csv();
+        let iops: Vec<&str> = csv.lines().skip(1).map(|l| l.split(',').nth(2).unwrap()).collect();
+        let mb_s: Vec<&str> = csv.lines().skip(1).map(|l| l.split(',').nth(3).unwrap()).collect();
+        assert_eq!(iops, ["1000.000"; 4]);
+        assert_eq!(mb_s, ["1000.0000"; 4]);
+        // A run of whole intervals keeps them whole.
+        let whole = Recorder::new(1, 1, Nanos::from_secs(9), Nanos::from_secs(3), Nanos::ZERO).unwrap();
+        assert_eq!(whole.finish(&meta(1)).timeseries.last_interval_s, 3.0);
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub use crate::trace::MAX_SIZE_BYTES;
 /// `count / period`, a repeated trace's records per pass. Each arrival is an event for the simulator and a
 /// timer for `rein load`; ten million a second is ten times the fastest device scenario here.
 pub const MAX_RATE_IOPS: f64 = 1e7;
+/// A closed workload's window when its file does not say (`outstanding`).
+pub const DEFAULT_OUTSTANDING: u32 = 32;
 /// Shortest on/off cycle (`on_s + off_s`): 1 ms, so toggles stay at most two per millisecond.
 pub const MIN_CYCLE_S: f64 = 1e-3;
 
@@ -176,9 +178,6 @@ fn default_time_scale() -> f64 {
 fn default_kind() -> String {
     "closed".into()
 }
-fn default_outstanding() -> u32 {
-    32
-}
 fn default_size_kb() -> f64 {
     4.0
 }
@@ -198,9 +197,8 @@ fn default_span_gb() -> f64 {
 pub struct WorkloadParams {
     /// closed | open | on_off | burst | trace
     pub kind: String,
-    /// closed: requests in flight (in all; default 32).
-    #[serde(default = "default_outstanding")]
-    pub outstanding: u32,
+    /// closed: requests in flight (in all; default [`DEFAULT_OUTSTANDING`]).
+    pub outstanding: Option<u32>,
     /// closed: keep this many requests outstanding at *each* of the tenant's servers instead of one pool of
     /// `outstanding` shared by them (a gateway with a per-server window, as in the dmClock and RBFQ papers'
     /// clients); a completion at a server is replaced by a new request to the same server.
@@ -243,7 +241,7 @@ impl Default for WorkloadParams {
     fn default() -> Self {
         WorkloadParams {
             kind: default_kind(),
-            outstanding: default_outstanding(),
+            outstanding: None,
             outstanding_per_server: None,
             iops: None,
             think_ms: None,
@@ -365,6 +363,24 @@ impl FieldNames {
         stop_s: "stop",
     };
 
+    /// A field given that the kind does not use (`open_inner`: an on/off workload with a rate, open
+    /// inside its on periods).
+    fn unused(&self, kind: &str, field: &str, open_inner: bool) -> WorkloadError {
+        let inner = match (kind, open_inner) {
+            ("on_off", true) => format!(" (open inside its on periods: it has {})", self.iops),
+            ("on_off", false) => format!(" (closed inside its on periods: it has no {})", self.iops),
+            _ => String::new(),
+        };
+        if self.key_value {
+            // The key itself: `depth`, of the window's `depth x conns`.
+            let key = field.split(' ').next().unwrap_or(field);
+            invalid(format!("{key}= is not used by kind={kind}{inner}"))
+        } else {
+            let a = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+            invalid(format!("{field} is not used by {a} {kind} workload{inner}: remove it, or change the kind"))
+        }
+    }
+
     /// A kind that misses a field it needs.
     fn needs(&self, kind: &str, field: &str) -> WorkloadError {
         if self.key_value {
@@ -439,9 +455,14 @@ impl WorkloadParams {
     ) -> Result<WorkloadSpec, WorkloadError> {
         let kind_name = self.kind.as_str();
         let closed = || -> Result<WorkloadKind, WorkloadError> {
-            let outstanding = window(names.outstanding, self.outstanding)?;
+            let outstanding = window(names.outstanding, self.outstanding.unwrap_or(DEFAULT_OUTSTANDING))?;
             let think = millis(names.think_ms, self.think_ms.unwrap_or(0.0))?;
             match self.outstanding_per_server {
+                Some(_) if self.outstanding.is_some() => Err(invalid(format!(
+                    "{} and {} are both given: {} keeps a window at each server instead of one pool of {}; \
+                     give one",
+                    names.outstanding, names.outstanding_per_server, names.outstanding_per_server, names.outstanding
+                ))),
                 None => Ok(WorkloadKind::Closed { outstanding, think, per_server: false }),
                 Some(k) => Ok(WorkloadKind::Closed {
                     outstanding: window(names.outstanding_per_server, k)?,
@@ -456,6 +477,33 @@ impl WorkloadParams {
             within_rate(names.iops, iops)?;
             Ok(WorkloadKind::Open { iops })
         };
+        // A field the kind does not use is refused, not ignored ("a typo never passes silently").
+        let open_inner = self.iops.is_some();
+        let used: &[&str] = match kind_name {
+            "closed" => &["outstanding", "outstanding_per_server", "think_ms"],
+            "open" => &["iops"],
+            "on_off" if open_inner => &["on_s", "off_s", "iops"],
+            "on_off" => &["on_s", "off_s", "outstanding", "outstanding_per_server", "think_ms"],
+            "burst" => &["burst_count", "burst_period_ms"],
+            "trace" => &["trace"],
+            _ => &[],
+        };
+        let given = [
+            ("outstanding", names.outstanding, self.outstanding.is_some()),
+            ("outstanding_per_server", names.outstanding_per_server, self.outstanding_per_server.is_some()),
+            ("think_ms", names.think_ms, self.think_ms.is_some()),
+            ("iops", names.iops, self.iops.is_some()),
+            ("on_s", names.on_s, self.on_s.is_some()),
+            ("off_s", names.off_s, self.off_s.is_some()),
+            ("burst_count", names.burst_count, self.burst_count.is_some()),
+            ("burst_period_ms", names.burst_period_ms, self.burst_period_ms.is_some()),
+            ("trace", names.trace, self.trace.is_some()),
+        ];
+        if !used.is_empty() {
+            if let Some((_, name, _)) = given.iter().find(|(field, _, given)| *given && !used.contains(field)) {
+                return Err(names.unused(kind_name, name, open_inner));
+            }
+        }
         let kind = match kind_name {
             "closed" => closed()?,
             "open" => open()?,
@@ -1054,7 +1102,7 @@ mod tests {
         let kind = |k: &str| WorkloadParams { kind: k.into(), ..Default::default() };
         assert!(err(kind("sometimes")).contains("workload kind \"sometimes\""));
         assert!(err(kind("open")).contains("open workload needs iops"));
-        assert!(err(WorkloadParams { outstanding: 0, ..Default::default() }).contains("outstanding must be in"));
+        assert!(err(WorkloadParams { outstanding: Some(0), ..Default::default() }).contains("outstanding must be in"));
         assert!(err(WorkloadParams { read_pct: 120.0, ..Default::default() }).contains("read_pct"));
         assert!(err(WorkloadParams { stop_s: Some(0.0), ..Default::default() }).contains("stop_s"));
         // A start at or after the run's end issues nothing, whatever the stop.
@@ -1071,6 +1119,48 @@ mod tests {
         );
         let ok = WorkloadParams::default().validate(Nanos::from_secs(10), None, &[]).unwrap();
         assert_eq!((ok.size_bytes, ok.stop), (4096, Nanos::from_secs(10)));
+    }
+
+    /// A field the kind does not use is refused, not ignored (a closed workload with `iops` ran closed,
+    /// `outstanding` beside `outstanding_per_server` was dropped).
+    #[test]
+    fn fields_the_kind_does_not_use_are_refused() {
+        let err = |p: WorkloadParams| p.validate(Nanos::from_secs(10), None, &[]).unwrap_err().to_string();
+        let closed = WorkloadParams::default();
+        assert_eq!(
+            err(WorkloadParams { iops: Some(5.0), ..closed.clone() }),
+            "iops is not used by a closed workload: remove it, or change the kind"
+        );
+        assert!(err(WorkloadParams { on_s: Some(1.0), ..closed.clone() }).starts_with("on_s is not used by a closed"));
+        let trace = TraceParams {
+            path: "nonexistent.trace".into(),
+            format: None,
+            device: None,
+            devices: None,
+            time_scale: 1.0,
+            repeat: false,
+        };
+        assert!(
+            err(WorkloadParams { trace: Some(trace), ..closed.clone() }).starts_with("[tenants.workload.trace] is not")
+        );
+        let open = WorkloadParams { kind: "open".into(), iops: Some(5.0), ..Default::default() };
+        assert!(err(WorkloadParams { outstanding: Some(1), ..open.clone() })
+            .starts_with("outstanding is not used by an open"));
+        assert!(err(WorkloadParams { think_ms: Some(1.0), ..open.clone() }).starts_with("think_ms is not used"));
+        let on_off = WorkloadParams { kind: "on_off".into(), on_s: Some(1.0), off_s: Some(1.0), ..open };
+        assert_eq!(
+            err(WorkloadParams { outstanding: Some(2), ..on_off.clone() }),
+            "outstanding is not used by an on_off workload (open inside its on periods: it has iops): remove it, or \
+             change the kind"
+        );
+        assert!(on_off.validate(Nanos::from_secs(10), None, &[]).is_ok());
+        assert_eq!(
+            err(WorkloadParams { outstanding: Some(4), outstanding_per_server: Some(30), ..Default::default() }),
+            "outstanding and outstanding_per_server are both given: outstanding_per_server keeps a window at each \
+             server instead of one pool of outstanding; give one"
+        );
+        let per_server = WorkloadParams { outstanding_per_server: Some(30), ..Default::default() };
+        assert!(per_server.validate(Nanos::from_secs(10), None, &[]).is_ok());
     }
 
     #[test]

@@ -45,7 +45,7 @@
 //!   empty entry, each network written back (as the state file does) parses to the same network, and a
 //!   client at an address an entry names (a bare address, or a network's first address) is allowed; a
 //!   refusal names the export and the key.
-//! - [`job_spec`]: [`job_spec::parse`] (`rein load --job`, a command line) never panics; a refusal starts
+//! - [`job_spec()`]: [`job_spec::parse`] (`rein load --job`, a command line) never panics; a refusal starts
 //!   by naming the job as written and says more; a job it accepts has a name, an export and a tenant,
 //!   1..=[`job_spec::MAX_CONNECTIONS`] connections, and a workload the simulator's rules accept: a size of
 //!   1 byte to [`MAX_SIZE_BYTES`], fractions in [0, 1], a start before its stop within the run, a closed
@@ -464,6 +464,7 @@ pub fn job_spec(data: &[u8]) {
         }
     };
     assert!(!job.name.is_empty() && !job.export.is_empty() && !job.tenant.is_empty(), "an empty name accepted");
+    assert!(!job.name.chars().any(char::is_control), "a name with a control character accepted");
     assert!((1..=job_spec::MAX_CONNECTIONS).contains(&job.connections), "{} connections accepted", job.connections);
     let w = &job.workload;
     assert!((1..=MAX_SIZE_BYTES).contains(&w.size_bytes), "a size of {} bytes accepted", w.size_bytes);

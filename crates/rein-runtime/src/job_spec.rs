@@ -53,7 +53,7 @@ fn parse_size(v: &str) -> Result<u64, String> {
 fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
     let (mut name, mut export, mut tenant) = (String::new(), String::new(), String::new());
     let mut conns = 1usize;
-    let mut depth = DEFAULT_DEPTH;
+    let mut depth: Option<u32> = None;
     let mut kind: Option<String> = None;
     let mut size = 4096u64;
     let mut p = WorkloadParams { span_gb: DEFAULT_SPAN_GB, ..WorkloadParams::default() };
@@ -72,7 +72,7 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
             "export" => export = v.to_string(),
             "tenant" => tenant = v.to_string(),
             "kind" => kind = Some(v.to_string()),
-            "depth" => depth = whole(v)?,
+            "depth" => depth = Some(whole(v)?),
             "conns" => conns = v.parse().map_err(|e| format!("conns={v}: not a whole number: {e}"))?,
             "rate" => p.iops = Some(num(v)?),
             "think" => p.think_ms = Some(num(v)?),
@@ -107,6 +107,10 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
     if name.is_empty() {
         return Err("name= is required".into());
     }
+    // The name is the report's tenant: a line break would split its CSV rows, an escape rewrite the table.
+    if name.chars().any(char::is_control) {
+        return Err(format!("name={name:?} has a control character (a line break, tab or escape)"));
+    }
     if export.is_empty() {
         export = name.clone();
     }
@@ -131,9 +135,19 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
         };
         k.to_string()
     });
-    // A closed loop keeps `depth` requests outstanding per connection; a product beyond u32 is beyond the
-    // workload's bound anyway.
-    p.outstanding = u32::try_from(u64::from(depth) * conns as u64).unwrap_or(u32::MAX);
+    // A closed loop keeps `depth` requests outstanding per connection (a product beyond u32 is beyond the
+    // workload's bound anyway); a depth given to a kind without a window is refused by the workload's
+    // rules, as `outstanding` is in a scenario.
+    let closed = p.kind == "closed" || (p.kind == "on_off" && p.iops.is_none());
+    if depth.is_some() || closed {
+        let depth = depth.unwrap_or(DEFAULT_DEPTH);
+        p.outstanding = Some(u32::try_from(u64::from(depth) * conns as u64).unwrap_or(u32::MAX));
+    }
+    if trace.is_none() {
+        if let Some(k) = ["format", "time_scale", "repeat"].into_iter().find(|k| seen.contains(k)) {
+            return Err(format!("{k}= is a trace's setting: it needs trace="));
+        }
+    }
     p.size_kb = size as f64 / 1024.0;
     p.trace =
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
@@ -161,6 +175,10 @@ mod tests {
         assert_eq!(job_err("name=a,rate"), "job \"name=a,rate\": \"rate\" is not key=value");
         assert!(job_err("name=a,trace=x.trace,repeat=maybe").ends_with("repeat=maybe: expected true or false"));
         assert_eq!(job_err("rate=5"), "job \"rate=5\": name= is required");
+        assert_eq!(
+            job_err("name=a\nb"),
+            "job \"name=a\\nb\": name=\"a\\nb\" has a control character (a line break, tab or escape)"
+        );
         assert_eq!(
             job_err("name=a,rate=1e9"),
             "job \"name=a,rate=1e9\": rate 1000000000 is above the bound of 10000000 IOPS"
@@ -198,6 +216,17 @@ mod tests {
             ("trace=x.trace,time_scale=0", "time_scale must be a positive number, got 0"),
             ("kind=trace", "kind=trace needs trace="),
             ("kind=zigzag", "kind=zigzag: expected closed, open, on_off, burst or trace"),
+            // A key the kind does not use is refused, not ignored.
+            ("rate=100,depth=8", "depth= is not used by kind=open"),
+            ("rate=100,think=5", "think= is not used by kind=open"),
+            ("burst=4,period=10,rate=5", "rate= is not used by kind=burst"),
+            ("kind=closed,rate=5", "rate= is not used by kind=closed"),
+            (
+                "on=1,off=1,rate=5,depth=2",
+                "depth= is not used by kind=on_off (open inside its on periods: it has rate)",
+            ),
+            ("repeat=1", "repeat= is a trace's setting: it needs trace="),
+            ("time_scale=2,rate=5", "time_scale= is a trace's setting: it needs trace="),
         ] {
             let spec = format!("name=a,{keys}");
             assert_eq!(job_err(&spec), format!("job {spec:?}: {want}"));

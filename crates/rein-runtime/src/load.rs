@@ -1011,7 +1011,7 @@ mod tests {
             }
         });
         let p = rein_model::workload::WorkloadParams {
-            outstanding: 128,
+            outstanding: Some(128),
             size_kb: 1024.0,
             read_pct: 0.0,
             span_gb: 0.001,

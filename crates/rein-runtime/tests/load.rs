@@ -133,14 +133,14 @@ async fn workload_kinds_on_the_wire_with_the_servers_specs_and_phases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_admin_endpoint_specs_and_phases_are_unknown_not_invented() {
     let secs = 3.0;
-    let closed = job("a", WorkloadParams { outstanding: 4, ..Default::default() }, secs);
+    let closed = job("a", WorkloadParams { outstanding: Some(4), ..Default::default() }, secs);
     let on_off = job(
         "b",
         WorkloadParams {
             kind: "on_off".into(),
             on_s: Some(0.5),
             off_s: Some(0.5),
-            outstanding: 8,
+            outstanding: Some(8),
             ..Default::default()
         },
         secs,
@@ -222,7 +222,8 @@ async fn a_think_time_ends_on_time() {
     let think_ms = 1.5;
     let mut got = Vec::new();
     for _ in 0..3 {
-        let loop1 = job("a", WorkloadParams { outstanding: 1, think_ms: Some(think_ms), ..Default::default() }, secs);
+        let loop1 =
+            job("a", WorkloadParams { outstanding: Some(1), think_ms: Some(think_ms), ..Default::default() }, secs);
         let t = load(vec![loop1], secs, false, rein_runtime::load::MAX_PENDING).await;
         let a = &t.summary.tenants[0];
         let product = a.iops * (a.latency_ms.mean + think_ms) / 1e3;

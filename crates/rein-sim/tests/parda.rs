@@ -407,7 +407,7 @@ fn the_uncontrolled_baseline_is_the_same_scenario_without_parda() {
 #[test]
 fn hosts_per_scenario_are_bounded() {
     let many = |n: usize| {
-        let mut s = String::from("name = \"n\"\nduration_s = 1\n[parda]\nlatency_threshold_ms = 30\n[[servers]]\nname = \"a\"\ncapacity_iops = 1000\n");
+        let mut s = String::from("name = \"n\"\nduration_s = 4\n[parda]\nlatency_threshold_ms = 30\n[[servers]]\nname = \"a\"\ncapacity_iops = 1000\n");
         for i in 0..n {
             s.push_str(&format!("[[hosts]]\nname = \"h{i}\"\n[[tenants]]\nname = \"v{i}\"\nhost = \"h{i}\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 1\n"));
         }

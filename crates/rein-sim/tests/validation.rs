@@ -130,3 +130,116 @@ fn refuses_more_tenant_server_pairs_than_the_bound() {
     let e = err(&text);
     assert!(e.contains("2000896 tenant-server pairs"), "{e}");
 }
+
+/// A name with a control character is refused (a line break split the CSV rows, an escape rewrote the
+/// terminal's table); one with a comma or a quote runs and is quoted in the CSV (RFC 4180).
+#[test]
+fn names_cannot_break_the_csv_or_the_terminal() {
+    for bad in ["new\\nline", "tab\\there", "red\\u001b[31m"] {
+        let e = err(&BASE.replace("name = \"a\"", &format!("name = \"{bad}\"")));
+        assert!(e.contains("tenant name") && e.contains("has a control character"), "{e}");
+    }
+    let e = err(&BASE
+        .replace("name = \"s1\"", "name = \"s\\r1\"")
+        .replace("[[tenants]]", "[[tenants]]\nservers = [\"s\\r1\"]"));
+    assert!(e.contains("server name \"s\\r1\" has a control character"), "{e}");
+    let sc = Scenario::from_toml(&BASE.replace("name = \"a\"", "name = \"a,\\\"b\\\"\""), None).unwrap();
+    let totals = rein_sim::run(&sc, &mut |_| {}).unwrap();
+    let csv = totals.timeseries.to_csv();
+    let row = csv.lines().nth(1).unwrap();
+    assert!(row.starts_with("0.000,\"a,\"\"b\"\"\","), "{row}");
+    // Every row has the header's nine fields once the quoted name is taken as one.
+    for line in csv.lines() {
+        let unquoted = line.replace("\"a,\"\"b\"\"\"", "n");
+        assert_eq!(unquoted.split(',').count(), 9, "{line}");
+    }
+}
+
+/// A setting the run would not use is refused, naming it, not ignored (each of these ran unchanged
+/// before: a review of `rein sim` found them by running each with and without the setting).
+#[test]
+fn settings_the_run_would_ignore_are_refused() {
+    let has = |toml: &str, want: &str| {
+        let e = err(toml);
+        assert!(e.contains(want), "{want:?} not in {e:?}");
+    };
+    // A service model's parameter with another model.
+    has(
+        &BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\nuniform_spread = 0.9"),
+        "uniform_spread is for service",
+    );
+    has(
+        &BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\ndisk = { seek_ms = 40 }"),
+        "disk is for service = \"disk\", not \"exponential\"",
+    );
+    // A workload field for another kind.
+    has(&BASE.replace("kind = \"closed\"", "kind = \"closed\"\niops = 5"), "iops is not used by a closed workload");
+    has(
+        &BASE.replace("kind = \"closed\"", "kind = \"open\"\niops = 5\nthink_ms = 1"),
+        "think_ms is not used by an open",
+    );
+    has(
+        &BASE.replace("kind = \"closed\"", "kind = \"closed\"\noutstanding = 4\noutstanding_per_server = 30"),
+        "outstanding and outstanding_per_server are both given",
+    );
+    // dmClock's reservation split under mClock.
+    has(
+        &BASE.replace("name = \"a\"", "name = \"a\"\nreservation_split = \"rho\""),
+        "reservation_split applies to a tenant of dmclock or rbfq servers",
+    );
+    // The token scheduler outside pShift (plain round robin, labelled token).
+    has(&BASE.replace("duration_s = 10", "duration_s = 10\nscheduler = \"token\""), "scheduler \"token\" is pShift's");
+    // A capacity step after the run.
+    has(
+        &BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\ncapacity_schedule = [{ at_s = 10, iops = 5 }]"),
+        "capacity_schedule has a step at 10 s, not before the run's end",
+    );
+    // Expectations that could never pass, measure nothing or ignore their window.
+    let expect = |e: &str| format!("{BASE}[[expect]]\n{e}\n");
+    has(&expect("tenant = \"a\"\nmetric = \"iops\"\nabove = 100\nbelow = 50"), "no value could pass");
+    has(&expect("tenant = \"a\"\nmetric = \"iops\"\nabove = 1\nwindow = [2.2, 2.4]"), "holds no whole interval");
+    has(&expect("tenant = \"a\"\nmetric = \"iops\"\nratio_to = \"a\"\nwithin_pct = 5"), "names tenant \"a\" itself");
+    has(&expect("server = \"s1\"\nmetric = \"utilisation\"\nabove = 0.1\nwindow = [2, 5]"), "remove window");
+    has(&expect("tenant = \"a\"\nmetric = \"latency_p99_ms\"\nbelow = 100\nwindow = [2, 5]"), "remove window");
+    // A window of whole intervals still counts.
+    let ok = expect("tenant = \"a\"\nmetric = \"iops\"\nabove = 1\nwindow = [2, 3]");
+    assert!(Scenario::from_toml(&ok, None).is_ok());
+}
+
+/// pShift scenarios: the token scheduler runs whatever a server names, mClock's settings do not apply,
+/// a generated limit below the one reservation and a period longer than the run are refused; the
+/// repository's pShift files (scheduler = "token") still load.
+#[test]
+fn pshift_settings_the_run_would_ignore_are_refused() {
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/pshift-exp4-small.toml"))
+        .unwrap();
+    assert!(Scenario::from_toml(&base, None).is_ok());
+    let has = |toml: &str, want: &str| {
+        let e = err(toml);
+        assert!(e.contains(want), "{want:?} not in {e:?}");
+    };
+    has(&base.replace("scheduler = \"token\"", "scheduler = \"mclock\""), "run pShift's token scheduler");
+    assert!(Scenario::from_toml(&base.replace("scheduler = \"token\"\n", ""), None).is_ok(), "token by default");
+    has(&base.replacen("queue_depth = 1", "queue_depth = 1\nbatch = 8", 1), "do not apply to pShift's token scheduler");
+    has(&base.replace("limit_iops = 2000", "limit_iops = 100"), "limit_iops 100 is below reservation_iops 1200");
+    has(&base.replace("duration_s = 4.2", "duration_s = 1.0"), "outlasts the run");
+    has(
+        &base.replace("delay_ms = 0.5", "delay_ms = 10001"),
+        "pshift.delay_ms must be between 0 and 10000 ms, got 10001",
+    );
+}
+
+/// PARDA: a VM's reservation under a local scheduler that only knows weights, and a control period
+/// longer than the run.
+#[test]
+fn parda_settings_the_run_would_ignore_are_refused() {
+    let base =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/parda-fig2.toml")).unwrap();
+    assert!(Scenario::from_toml(&base, None).is_ok());
+    let e = err(&base.replace("period_s = 1.0", "period_s = 1000"));
+    assert!(e.contains("parda: period_s (1000 s) is longer than the run"), "{e}");
+    let vm = base.find("host = ").expect("a VM");
+    let with_resv = format!("{}reservation = 300\n{}", &base[..vm], &base[vm..]);
+    let e = err(&with_resv);
+    assert!(e.contains("a VM's reservation and limit need [parda] local_scheduler = \"mclock\""), "{e}");
+}

@@ -254,7 +254,7 @@ pub(crate) fn host_plots(dir: &Path, title: &str, h: &rein_model::report::hosts:
         });
         iops.push(Series {
             name: name.clone(),
-            points: cells.clone().map(|(i, c)| (x(i), c.ios as f64 / dt)).collect(),
+            points: cells.clone().map(|(i, c)| (x(i), c.ios as f64 / h.interval_len(i))).collect(),
         });
         beta.push(Series { name: name.clone(), points: cells.map(|(i, c)| (x(i), c.beta)).collect() });
     }
@@ -301,7 +301,7 @@ pub(crate) fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[
         for i in 0..ts.intervals {
             let c = ts.cell(ti, i);
             let x = (i as f64 + 0.5) * dt;
-            p.push((x, c.ios as f64 / dt));
+            p.push((x, c.ios as f64 / ts.interval_len(i)));
             if c.ios > 0 {
                 l.push((x, c.lat_sum_ns as f64 / c.ios as f64 / 1e6));
             }

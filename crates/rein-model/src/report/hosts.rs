@@ -125,6 +125,7 @@ impl HostRecorder {
             controlled: meta.controlled,
             interval_s: self.interval as f64 / 1e9,
             intervals: self.intervals,
+            last_interval_s: super::last_interval_s(self.interval as f64 / 1e9, self.intervals, meta.duration_s),
             cells: self.cells,
             threshold_ms: meta.threshold_ms,
             period_s: meta.period_s,
@@ -146,6 +147,8 @@ pub struct HostTotals {
     pub interval_s: f64,
     /// Number of intervals.
     pub intervals: usize,
+    /// The last interval's length (s), short when the run ends inside it ([`HostTotals::interval_len`]).
+    pub last_interval_s: f64,
     /// `cells[host * intervals + i]`.
     pub cells: Vec<HostCell>,
     /// script-L (ms).
@@ -247,6 +250,11 @@ super::metric_names!(
 );
 
 impl HostTotals {
+    /// The length (s) of interval `i`, over which its IOs are a rate.
+    pub fn interval_len(&self, i: usize) -> f64 {
+        super::interval_len(self.interval_s, self.intervals, self.last_interval_s, i)
+    }
+
     /// Host `h`'s interval `i`.
     pub fn cell(&self, h: usize, i: usize) -> &HostCell {
         &self.cells[h * self.intervals + i]
@@ -410,10 +418,10 @@ impl HostTotals {
                 s.push_str(&format!(
                     "{:.3},{},{:.4},{:.4},{:.3},{:.4},{:.4},{:.4}\n",
                     i as f64 * self.interval_s,
-                    name,
+                    super::csv_field(name),
                     c.window,
                     c.beta,
-                    c.ios as f64 / self.interval_s,
+                    c.ios as f64 / self.interval_len(i),
                     lat,
                     c.signal_ns / 1e6,
                     c.estimate_ns / 1e6

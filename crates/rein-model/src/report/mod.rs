@@ -160,6 +160,9 @@ pub struct Timeseries {
     pub interval_s: f64,
     /// Number of intervals.
     pub intervals: usize,
+    /// The last interval's length (s): `interval_s` unless the run is not a whole number of intervals,
+    /// when it is cut short at the run's end ([`Timeseries::interval_len`]).
+    pub last_interval_s: f64,
     /// Tenant names, in order.
     pub tenant_names: Vec<String>,
     /// Server names, in order.
@@ -175,6 +178,11 @@ pub struct Timeseries {
 }
 
 impl Timeseries {
+    /// The length (s) of interval `i`, over which its counts are rates.
+    pub fn interval_len(&self, i: usize) -> f64 {
+        interval_len(self.interval_s, self.intervals, self.last_interval_s, i)
+    }
+
     /// Tenant `tenant`'s interval `i`.
     pub fn cell(&self, tenant: usize, i: usize) -> &Cell {
         &self.cells[tenant * self.intervals + i]
@@ -215,13 +223,14 @@ impl Timeseries {
         for i in 0..self.intervals {
             for (ti, name) in self.tenant_names.iter().enumerate() {
                 let c = self.cell(ti, i);
+                let len = self.interval_len(i);
                 let mean = if c.ios > 0 { c.lat_sum_ns as f64 / c.ios as f64 / 1e6 } else { 0.0 };
                 s.push_str(&format!(
                     "{:.3},{},{:.3},{:.4},{:.4},{:.4},",
                     i as f64 * self.interval_s,
-                    name,
-                    c.ios as f64 / self.interval_s,
-                    c.bytes as f64 / 1e6 / self.interval_s,
+                    csv_field(name),
+                    c.ios as f64 / len,
+                    c.bytes as f64 / 1e6 / len,
                     mean,
                     c.lat_max_ns as f64 / 1e6,
                 ));
@@ -233,6 +242,37 @@ impl Timeseries {
             }
         }
         s
+    }
+}
+
+/// The length (s) of interval `i` of `intervals` of `interval_s`, the last `last_s` long.
+pub fn interval_len(interval_s: f64, intervals: usize, last_s: f64, i: usize) -> f64 {
+    if i + 1 == intervals {
+        last_s
+    } else {
+        interval_s
+    }
+}
+
+/// The last interval's length (s) of a run of `duration_s` in `intervals` intervals of `interval_s`: the
+/// rest after the whole ones, or a whole interval when the run ends on a boundary (or says no duration).
+pub fn last_interval_s(interval_s: f64, intervals: usize, duration_s: f64) -> f64 {
+    let rest = duration_s - (intervals.saturating_sub(1)) as f64 * interval_s;
+    if rest > 0.0 && rest < interval_s {
+        rest
+    } else {
+        interval_s
+    }
+}
+
+/// A name as a CSV field (RFC 4180): as it is, unless it holds a comma, a double quote or a line break;
+/// then in double quotes, each double quote doubled. The scenario names the reports carry are checked
+/// for control characters before a run, but a name may still hold a comma or a quote.
+pub fn csv_field(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.contains([',', '"', '\n', '\r']) {
+        std::borrow::Cow::Owned(format!("\"{}\"", name.replace('"', "\"\"")))
+    } else {
+        std::borrow::Cow::Borrowed(name)
     }
 }
 
@@ -470,6 +510,7 @@ impl RunTotals {
         let timeseries = Timeseries {
             interval_s,
             intervals,
+            last_interval_s: parts[0].totals.timeseries.last_interval_s,
             tenant_names: tenant_at.iter().map(|&(k, j)| tot(k).timeseries.tenant_names[j].clone()).collect(),
             server_names: server_at.iter().map(|&(k, j)| tot(k).timeseries.server_names[j].clone()).collect(),
             cells: tenant_at

@@ -145,7 +145,13 @@ impl PeriodLog {
                 let limit = q.limit.map_or(String::new(), |l| l.to_string());
                 out.push_str(&format!(
                     "{},{:.6},{},{},{},{},{}\n",
-                    r.period, r.at_s, name, c, q.reservation, limit, verdict
+                    r.period,
+                    r.at_s,
+                    super::csv_field(name),
+                    c,
+                    q.reservation,
+                    limit,
+                    verdict
                 ));
             }
         }

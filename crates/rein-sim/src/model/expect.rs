@@ -172,7 +172,7 @@ fn validate_window(at: &str, e: &ExpectFile) -> Result<(), String> {
 
 /// The numbers every expectation may carry: finite, tolerances and ratios not negative, and a window
 /// that lies in the run (a window after the end measured nothing, and a check on 0 could pass).
-fn validate_numbers(at: &str, e: &ExpectFile, duration_s: f64) -> Result<(), String> {
+fn validate_numbers(at: &str, e: &ExpectFile, duration_s: f64, interval_s: f64) -> Result<(), String> {
     for (field, v) in [("equals", e.equals), ("below", e.below), ("above", e.above)] {
         if let Some(v) = v {
             if !v.is_finite() {
@@ -190,10 +190,24 @@ fn validate_numbers(at: &str, e: &ExpectFile, duration_s: f64) -> Result<(), Str
             }
         }
     }
+    if let (Some(above), Some(below)) = (e.above, e.below) {
+        if above >= below {
+            return Err(format!("{at}: above ({above}) is not below below ({below}): no value could pass"));
+        }
+    }
     validate_window(at, e)?;
-    if let Some([_, b]) = e.window {
+    if let Some([a, b]) = e.window {
         if b > duration_s {
             return Err(format!("{at}: window ends at {b} s, after the run's duration_s ({duration_s} s)"));
+        }
+        // Windowed metrics count the timeseries intervals lying wholly inside the window.
+        let first = (a / interval_s - 1e-9).ceil();
+        let end = (b / interval_s + 1e-9).floor();
+        if end <= first {
+            return Err(format!(
+                "{at}: window [{a}, {b}] s holds no whole interval of interval_s ({interval_s} s), which is what \
+                 windows count: it would measure nothing"
+            ));
         }
     }
     Ok(())
@@ -222,6 +236,15 @@ pub(crate) enum Periods {
     },
 }
 
+/// The run's length and its timeseries interval (s), which windows must fit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunLength {
+    /// `duration_s`.
+    pub duration_s: f64,
+    /// `interval_s`.
+    pub interval_s: f64,
+}
+
 /// Validates `expect[i]`.
 pub(crate) fn validate(
     i: usize,
@@ -230,10 +253,10 @@ pub(crate) fn validate(
     servers: &[Server],
     hosts: &[Host],
     periods: Periods,
-    duration_s: f64,
+    run: RunLength,
 ) -> Result<Expectation, String> {
     let at = format!("expect[{i}]");
-    validate_numbers(&at, e, duration_s)?;
+    validate_numbers(&at, e, run.duration_s, run.interval_s)?;
     if e.count.is_some() && e.host.is_some() {
         return Err(format!("{at}: count is for pShift's period metrics, not host expectations"));
     }
@@ -366,9 +389,17 @@ fn validate_tenant_or_server(
         (None, None, Some(metric)) => periods(None, metric),
         (Some(t), None, _) => {
             let tenant = tenant_index(t, "unknown tenant")?;
+            if e.ratio_to.as_deref() == Some(t.as_str()) {
+                return Err(format!("{at}: ratio_to names tenant {t:?} itself: compare it with another tenant"));
+            }
             match period {
                 Some(metric) => periods(Some(tenant), metric),
                 None => match name.parse::<TenantMetric>() {
+                    Ok(metric) if metric.whole_run() && e.window.is_some() => Err(format!(
+                        "{at}: {} is measured over the whole run after the warm-up, not over a window: remove \
+                         window",
+                        metric.name()
+                    )),
                     Ok(metric) => Ok(Subject::Tenant { tenant, metric, target: tenant_target(metric)? }),
                     Err(_) => Err(format!("{at}: utilisation is a server metric")),
                 },
@@ -378,6 +409,10 @@ fn validate_tenant_or_server(
             let server =
                 servers.iter().position(|x| &x.name == s).ok_or_else(|| format!("{at}: unknown server {s:?}"))?;
             match name.parse::<ServerMetric>() {
+                Ok(ServerMetric::Utilisation) if e.window.is_some() => Err(format!(
+                    "{at}: utilisation is measured over the whole run after the warm-up, not over a window: \
+                     remove window"
+                )),
                 Ok(metric) if period.is_none() => Ok(Subject::Server { server, metric, equals: equals()? }),
                 _ => Err(format!("{at}: servers have only iops and utilisation")),
             }
@@ -415,6 +450,9 @@ fn validate_host(at: &str, e: &ExpectFile, hosts: &[Host]) -> Result<Subject, St
                 .ok_or_else(|| format!("{at}: ratio_to names unknown host {r:?}"))?;
             if h == "all" {
                 return Err(format!("{at}: ratio_to compares two hosts, not \"all\""));
+            }
+            if r == h {
+                return Err(format!("{at}: ratio_to names host {h:?} itself: compare it with another host"));
             }
             Some(o)
         }

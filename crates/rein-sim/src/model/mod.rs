@@ -21,7 +21,7 @@ pub use tenant::Tenant;
 
 use crate::file::{FileError, ScenarioFile};
 use rein_core::{Nanos, Num, SchedConfig, SchedulerKind};
-use rein_model::sched_settings::with_cost_model_shorthand;
+use rein_model::sched_settings::{with_cost_model_shorthand, SchedSettingsFile};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -174,6 +174,10 @@ fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<
         if n.trim().is_empty() {
             return Err(format!("a {what} has an empty name"));
         }
+        // A line break splits a row of the CSV outputs, an escape sequence rewrites the terminal's table.
+        if n.chars().any(char::is_control) {
+            return Err(format!("{what} name {n:?} has a control character (a line break, tab or escape)"));
+        }
         if !seen.insert(n) {
             return Err(format!("two {what}s are named {n:?}"));
         }
@@ -242,7 +246,9 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     if !net.is_finite() || !(0.0..=10_000.0).contains(&net) {
         return Err(format!("network.delay_ms must be between 0 and 10000, got {net}"));
     }
-    let default_sched = file.scheduler.clone().unwrap_or_else(|| "mclock".into());
+    // A pShift cluster's servers run its token scheduler; any other scenario's mClock unless it says.
+    let fallback = if file.pshift.is_some() { "token" } else { "mclock" };
+    let default_sched = file.scheduler.clone().unwrap_or_else(|| fallback.into());
     parse_scheduler(&default_sched)?;
     if file.servers.is_empty() {
         return Err("at least one [[servers]] is needed".into());
@@ -259,8 +265,64 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     let mut servers = Vec::with_capacity(file.servers.len());
     for (i, s) in file.servers.iter().enumerate() {
         servers.push(server::validate_server(i, s, &default_sched, &settings)?);
+        // A step at or after the end would change nothing the run sees.
+        if let Some(step) = s.capacity_schedule.iter().find(|c| c.at_s >= file.duration_s) {
+            return Err(format!(
+                "server {}: capacity_schedule has a step at {} s, not before the run's end (duration_s {})",
+                s.name,
+                Num(step.at_s),
+                Num(file.duration_s)
+            ));
+        }
     }
     check_unique(servers.iter().map(|s| s.name.as_str()), "server")?;
+    // pShift's token scheduler takes only the cost model of the [mclock] settings: the rest would be
+    // ignored.
+    if file.pshift.is_some() {
+        let only_cost =
+            |m: &SchedSettingsFile| *m == SchedSettingsFile { cost_model: m.cost_model.clone(), ..Default::default() };
+        if file.mclock.as_ref().is_some_and(|m| !only_cost(m)) {
+            return Err("[mclock]: a [pshift] scenario's servers run pShift's token scheduler, which takes only \
+                        cost_model from it"
+                .into());
+        }
+        for f in &file.servers {
+            let own = f.mclock.as_ref().is_some_and(|m| *m != SchedSettingsFile::default())
+                || f.limit_mode.is_some()
+                || f.batch.is_some()
+                || f.batch_distance_kb.is_some();
+            if own {
+                return Err(format!(
+                    "server {}: mClock settings (mclock, limit_mode, batch, batch_distance_kb) do not apply to \
+                     pShift's token scheduler",
+                    f.name
+                ));
+            }
+        }
+    }
+    // The token scheduler without a controller is plain round robin, and a pShift cluster runs the token
+    // scheduler whatever a server names: either would run something other than the file says.
+    for s in &servers {
+        match (file.pshift.is_some(), s.scheduler == SchedulerKind::Token) {
+            (false, true) => {
+                return Err(format!(
+                    "server {}: scheduler \"token\" is pShift's, whose controller hands out the tokens: it needs a \
+                     [pshift] table (without one it would be plain round robin); otherwise use mclock, dmclock, \
+                     rbfq, sfq, lfq, dtfq or fifo",
+                    s.name
+                ))
+            }
+            (true, false) => {
+                return Err(format!(
+                    "server {}: scheduler {:?}: a [pshift] scenario's servers run pShift's token scheduler; leave \
+                     scheduler out or write \"token\"",
+                    s.name,
+                    s.scheduler.name()
+                ))
+            }
+            _ => {}
+        }
+    }
     let mut tenants = Vec::with_capacity(file.tenants.len());
     for (i, t) in file.tenants.iter().enumerate() {
         tenants.push(tenant::validate_tenant(i, t, &servers, base, duration)?);
@@ -291,7 +353,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
                 Some(p) => expect::Periods::Pshift { controller: p.controller },
                 None => expect::Periods::None,
             };
-            expect::validate(i, e, &tenants, &servers, &hosts, periods, file.duration_s)
+            let run = expect::RunLength { duration_s: file.duration_s, interval_s: interval.as_secs_f64() };
+            expect::validate(i, e, &tenants, &servers, &hosts, periods, run)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Scenario {

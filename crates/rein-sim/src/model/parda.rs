@@ -12,6 +12,7 @@ use crate::file::parda::{HostFile, PardaFile};
 use crate::file::TenantFile;
 use rein_core::parda::{check_fixed_window, HostConfig};
 use rein_core::Nanos;
+use rein_core::Num;
 use rein_model::parda_settings::in_range;
 
 pub use rein_model::parda_settings::{Aggregation, Parda};
@@ -116,6 +117,14 @@ pub(crate) fn validate(
         "[[hosts]] need a [parda] table (latency_threshold_ms at least; enabled = false for a baseline without PARDA)",
     )?;
     let parda = parda.validate()?;
+    // A host adjusts its window at the end of each period: a period longer than the run never does.
+    if parda.enabled && parda.config.period > duration {
+        return Err(format!(
+            "parda: period_s ({} s) is longer than the run ({} s): no host would end a control period",
+            Num(parda.config.period.as_secs_f64()),
+            Num(duration.as_secs_f64())
+        ));
+    }
     if files.len() > MAX_HOSTS {
         return Err(format!("at most {MAX_HOSTS} hosts"));
     }
@@ -177,6 +186,17 @@ pub(crate) fn validate(
         }
         if !tf.server_reservations.is_empty() || tf.routing.is_some() {
             return Err(format!("tenant {}: server_reservations and routing do not apply to a VM on a host", t.name));
+        }
+        // The host's local scheduler divides its window; only mClock knows reservations and limits.
+        if parda.local_scheduler != rein_core::sched::SchedulerKind::Mclock
+            && (tf.reservation > 0.0 || tf.limit.is_some())
+        {
+            return Err(format!(
+                "tenant {}: a VM's reservation and limit need [parda] local_scheduler = \"mclock\"; {} divides the \
+                 host's window by weight only",
+                t.name,
+                parda.local_scheduler.name()
+            ));
         }
         t.servers = vec![server];
         t.server_specs = vec![t.spec];

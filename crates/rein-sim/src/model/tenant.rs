@@ -143,6 +143,17 @@ pub(crate) fn validate_tenant(
     let devices = trace_devices(t)?;
     let workload = t.workload.validate(duration, base, &devices).map_err(|e| format!("tenant {n}: {e}"))?;
     let reservation_split = reservation_split(t).map_err(|e| format!("tenant {n}: {e}"))?;
+    // How a client splits its reservation over servers is carried by dmClock's and RBFQ's delta/rho: under
+    // any other scheduler it would be ignored.
+    if (t.reservation_split.is_some() || t.spread_window_ios.is_some()) && !idx.iter().any(|&i| servers[i].distributed)
+    {
+        let field = if t.reservation_split.is_some() { "reservation_split" } else { "spread_window_ios" };
+        return Err(format!(
+            "tenant {n}: {field} applies to a tenant of dmclock or rbfq servers (the delta/rho its client \
+             sends); its servers run {}",
+            servers[idx[0]].scheduler.name()
+        ));
+    }
     Ok(Tenant {
         name: n.clone(),
         spec,

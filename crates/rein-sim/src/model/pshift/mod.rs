@@ -196,7 +196,20 @@ pub fn validate(
     if start >= duration {
         return Err("pshift.start_s must be before the end of the run".into());
     }
-    let delay = secs("delay_ms", f.delay_ms / 1e3, 0.0, 10.0)?;
+    // A run that closes no QoS period has nothing for the period checks and the table to count.
+    if start.saturating_add(period) > duration {
+        return Err(format!(
+            "pshift.period_s ({} s) from its start ({} s) outlasts the run ({} s): no QoS period would close",
+            Num(period.as_secs_f64()),
+            Num(start.as_secs_f64()),
+            Num(duration.as_secs_f64())
+        ));
+    }
+    // In milliseconds as written (the error said "between 0 and 10, got 10.001" for 10001 ms).
+    if !(f.delay_ms.is_finite() && (0.0..=10_000.0).contains(&f.delay_ms)) {
+        return Err(format!("pshift.delay_ms must be between 0 and 10000 ms, got {}", Num(f.delay_ms)));
+    }
+    let delay = Nanos::from_secs_f64(f.delay_ms / 1e3);
     let (estimator, backlog_idle_bp) =
         rein_model::pshift_settings::estimator("pshift.", f.estimator.as_deref(), f.backlog_idle_pct)?;
     let r_order = rein_model::pshift_settings::r_order(f.r_order.as_deref(), f.r_floor_ios)?;
@@ -347,6 +360,18 @@ fn generate(
                     .into()),
             }
         };
+    // A limit below the one reservation every bucket has would be raised for all of them: a mistake, as
+    // a tenant's limit below its reservation is (Zipf reservations raise only the buckets above it).
+    if let (Some(l), Some(r)) = (g.limit_iops, g.reservation_iops) {
+        if l < r {
+            return Err(format!(
+                "pshift.generate: limit_iops {} is below reservation_iops {}: every bucket's limit would be its \
+                 reservation",
+                Num(l),
+                Num(r)
+            ));
+        }
+    }
     let mut tenants = Vec::with_capacity(g.buckets);
     let mut plans = Vec::with_capacity(g.buckets);
     let span = duration.saturating_sub(start).0.max(1);
