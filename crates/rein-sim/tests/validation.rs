@@ -30,6 +30,12 @@ fn rejects_bad_fields_with_clear_messages() {
     assert!(err(&BASE.replace("capacity_iops = 1000", "capacity_iops = -5"))
         .contains("capacity_iops must be a positive number"));
     assert!(err(&BASE.replace("duration_s = 10", "duration_s = 10\nwarmup_s = 20")).contains("warmup_s"));
+    for d in ["0", "-1", "1e9"] {
+        assert!(err(&BASE.replace("duration_s = 10", &format!("duration_s = {d}"))).ends_with(&format!(
+            "duration_s must be more than 0 and at most 604800 s, got {}",
+            d.replace("1e9", "1000000000")
+        )));
+    }
     assert!(err(&BASE.replace("kind = \"closed\"", "kind = \"sometimes\"")).contains("workload kind \"sometimes\""));
     assert!(err(&BASE.replace("kind = \"closed\"", "kind = \"open\"")).contains("open workload needs iops"));
     assert!(err(&BASE.replace("name = \"a\"", "name = \"a\"\nreservation = 500\nlimit = 100"))

@@ -216,10 +216,10 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     if file.name.trim().is_empty() {
         return Err("name must not be empty".into());
     }
-    let duration = secs("duration_s", file.duration_s)?;
-    if duration == Nanos::ZERO {
-        return Err("duration_s must be positive".into());
-    }
+    // One message for every value out of range, zero and negative alike.
+    let duration = secs("duration_s", file.duration_s).ok().filter(|&d| d > Nanos::ZERO).ok_or_else(|| {
+        format!("duration_s must be more than 0 and at most {MAX_DURATION_S} s, got {}", Num(file.duration_s))
+    })?;
     let warmup = secs("warmup_s", file.warmup_s)?;
     if warmup >= duration {
         return Err(format!("warmup_s ({}) must be less than duration_s ({})", file.warmup_s, file.duration_s));
