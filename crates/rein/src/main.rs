@@ -9,6 +9,7 @@ mod demo;
 mod gateway;
 mod load;
 mod logging;
+mod out;
 mod plot;
 mod probe;
 mod pshift;

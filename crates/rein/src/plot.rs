@@ -5,10 +5,10 @@
 //! sans font from the system. Without one, plots are skipped with a warning (the data files are still
 //! written).
 
+use crate::out::OutDir;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 use rein_sim::Timeseries;
-use std::path::Path;
 use std::sync::OnceLock;
 
 const FONT_CANDIDATES: &[&str] = &[
@@ -40,7 +40,8 @@ fn font_ready() -> bool {
 #[error("no TrueType font found for plots (looked for {0}); install one, e.g. apt-get install fonts-dejavu-core")]
 pub(crate) struct NoFont(String);
 
-fn need_font() -> Result<()> {
+/// Whether plots can be drawn; if not, why ([`NoFont`]).
+pub(crate) fn need_font() -> Result<()> {
     if font_ready() {
         Ok(())
     } else {
@@ -54,15 +55,38 @@ pub(crate) struct Series {
     pub(crate) points: Vec<(f64, f64)>,
 }
 
-/// Draws one chart twice, into `<stem>.svg` and `<stem>.png` at `size` pixels: `draw(root, args...)`.
+/// Draws one chart twice, as `<stem>.svg` and `<stem>.png` at `size` pixels, into `out`:
+/// `draw(root, args...)`. Each is drawn in memory and written whole ([`OutDir::write`]).
 macro_rules! svg_and_png {
-    ($stem:expr, $size:expr, $draw:ident($($arg:expr),* $(,)?)) => {{
+    ($out:expr, $stem:expr, $size:expr, $draw:ident($($arg:expr),* $(,)?)) => {{
         need_font()?;
-        let svg = $stem.with_extension("svg");
-        $draw(SVGBackend::new(&svg, $size).into_drawing_area(), $($arg),*).with_context(|| format!("writing {}", svg.display()))?;
-        let png = $stem.with_extension("png");
-        $draw(BitMapBackend::new(&png, $size).into_drawing_area(), $($arg),*).with_context(|| format!("writing {}", png.display()))?;
+        let [svg_name, png_name] = crate::out::plot_files($stem);
+        let mut svg = String::new();
+        $draw(SVGBackend::with_string(&mut svg, $size).into_drawing_area(), $($arg),*)
+            .with_context(|| format!("drawing {}", $out.path().join(&svg_name).display()))?;
+        $out.write(&svg_name, svg.as_bytes())?;
+        drop(svg);
+        let (w, h) = $size;
+        let mut pixels = vec![0u8; w as usize * h as usize * 3];
+        $draw(BitMapBackend::with_buffer(&mut pixels, $size).into_drawing_area(), $($arg),*)
+            .with_context(|| format!("drawing {}", $out.path().join(&png_name).display()))?;
+        $out.write(&png_name, &png(&pixels, w, h)?)?;
     }};
+}
+
+/// A drawing's error in its Display form (in memory, the backends fail only on a layout or a font).
+fn plot_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+/// An RGB image as PNG (what plotters' file backend writes, the same encoder and settings).
+fn png(pixels: &[u8], w: u32, h: u32) -> Result<Vec<u8>> {
+    use image::ImageEncoder;
+    let mut bytes = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut bytes)
+        .write_image(pixels, w, h, image::ColorType::Rgb8)
+        .map_err(|e| anyhow::anyhow!("encoding PNG: {e}"))?;
+    Ok(bytes)
 }
 
 /// A legend sample for a line series: a short stroke of `color`.
@@ -89,8 +113,8 @@ where
         .label_font(("sans-serif", font))
         .position(position)
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
+    root.present().map_err(plot_err)?;
     Ok(())
 }
 
@@ -121,7 +145,7 @@ fn draw_lines<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.fill(&WHITE).map_err(plot_err)?;
     let all = series.iter().chain(dashed.iter()).flat_map(|s| s.points.iter());
     let (mut x1, mut y1) = (1e-9f64, 1e-9f64);
     for &(x, y) in all {
@@ -136,19 +160,13 @@ where
         .x_label_area_size(40)
         .y_label_area_size(70)
         .build_cartesian_2d(0f64..x1, 0f64..y1 * 1.08)
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
+    chart.configure_mesh().x_desc(x_label).y_desc(y_label).label_style(("sans-serif", 14)).draw().map_err(plot_err)?;
     for (i, s) in series.iter().enumerate() {
         let c = palette(i);
         chart
             .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .map_err(plot_err)?
             .label(s.name.clone())
             .legend(legend_line(c, 2));
     }
@@ -156,23 +174,24 @@ where
         let c = RGBColor(90, 90, 90);
         chart
             .draw_series(DashedLineSeries::new(s.points.iter().copied(), 6, 4, c.stroke_width(1)))
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .map_err(plot_err)?
             .label(s.name.clone())
             .legend(legend_line(c, 1));
     }
     finish(&root, &mut chart, SeriesLabelPosition::UpperRight, 14)
 }
 
-/// Writes `<stem>.svg` and (if a font is available) `<stem>.png`.
+/// Writes `<stem>.svg` and `<stem>.png` into `out`.
 pub(crate) fn line_chart(
-    stem: &Path,
+    out: &mut OutDir,
+    stem: &str,
     title: &str,
     x_label: &str,
     y_label: &str,
     series: &[Series],
     dashed: &[Series],
 ) -> Result<()> {
-    svg_and_png!(stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed));
+    svg_and_png!(out, stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed));
     Ok(())
 }
 
@@ -184,7 +203,7 @@ fn draw_phases<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.fill(&WHITE).map_err(plot_err)?;
     let n = rows.len().max(1);
     let max = rows.iter().map(|r| r.1.iter().sum::<f64>()).fold(1e-9, f64::max);
     let mut chart = ChartBuilder::on(&root)
@@ -193,7 +212,7 @@ where
         .x_label_area_size(40)
         .y_label_area_size(110)
         .build_cartesian_2d(0f64..max * 1.05, (0..n).into_segmented())
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     let names: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     chart
         .configure_mesh()
@@ -205,7 +224,7 @@ where
         })
         .label_style(("sans-serif", 14))
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     let colors = [RGBColor(44, 160, 44), RGBColor(31, 119, 180), RGBColor(214, 39, 40)];
     let labels = ["reservation phase", "weight phase", "over limit"];
     for p in 0..3 {
@@ -218,7 +237,7 @@ where
                     c.mix(0.85).filled(),
                 )
             }))
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .map_err(plot_err)?
             .label(labels[p])
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
     }
@@ -226,15 +245,18 @@ where
 }
 
 /// Horizontal stacked bars: per tenant, IOPS by phase.
-pub(crate) fn phase_chart(stem: &Path, title: &str, rows: &[(String, [f64; 3])]) -> Result<()> {
+pub(crate) fn phase_chart(out: &mut OutDir, stem: &str, title: &str, rows: &[(String, [f64; 3])]) -> Result<()> {
     let h = (120 + 40 * rows.len()).clamp(240, 1400) as u32;
-    svg_and_png!(stem, (1000, h), draw_phases(title, rows));
+    svg_and_png!(out, stem, (1000, h), draw_phases(title, rows));
     Ok(())
 }
 
-/// PARDA host plots (PNG + SVG each) in `dir`: window, latency (each host's device latency and the
+/// The plots [`host_plots`] draws.
+pub(crate) const HOST_PLOTS: [&str; 4] = ["host-window", "host-latency", "host-iops", "host-beta"];
+
+/// PARDA host plots (PNG + SVG each, [`HOST_PLOTS`]) into `out`: window, latency (each host's device latency and the
 /// signal, with script-L dashed), throughput and beta per host over time.
-pub(crate) fn host_plots(dir: &Path, title: &str, h: &rein_model::report::hosts::HostTotals) -> Result<()> {
+pub(crate) fn host_plots(out: &mut OutDir, title: &str, h: &rein_model::report::hosts::HostTotals) -> Result<()> {
     let dt = h.interval_s;
     let x = |i: usize| (i as f64 + 0.5) * dt;
     let mut window = Vec::new();
@@ -269,29 +291,37 @@ pub(crate) fn host_plots(dir: &Path, title: &str, h: &rein_model::report::hosts:
             points: (0..h.intervals).map(|i| (x(i), h.cell(k, i).signal_ns / 1e6)).filter(|p| p.1 > 0.0).collect(),
         });
     }
+    line_chart(out, "host-window", &format!("{title}: window per host"), "time (s)", "window (IOs)", &window, &[])?;
     line_chart(
-        &dir.join("host-window"),
-        &format!("{title}: window per host"),
-        "time (s)",
-        "window (IOs)",
-        &window,
-        &[],
-    )?;
-    line_chart(
-        &dir.join("host-latency"),
+        out,
+        "host-latency",
         &format!("{title}: device latency per host"),
         "time (s)",
         "latency (ms)",
         &lat,
         &dashed,
     )?;
-    line_chart(&dir.join("host-iops"), &format!("{title}: throughput per host"), "time (s)", "IOPS", &iops, &[])?;
-    line_chart(&dir.join("host-beta"), &format!("{title}: beta per host"), "time (s)", "beta", &beta, &[])?;
+    line_chart(out, "host-iops", &format!("{title}: throughput per host"), "time (s)", "IOPS", &iops, &[])?;
+    line_chart(out, "host-beta", &format!("{title}: beta per host"), "time (s)", "beta", &beta, &[])?;
     Ok(())
 }
 
-/// The standard plots of a run: iops, latency, phases (PNG + SVG each) in `dir`.
-pub(crate) fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[(String, [f64; 3])]) -> Result<()> {
+/// The plots [`run_plots`] draws: iops, latency, and phases when some tenant has IOs by phase.
+pub(crate) fn run_plot_names(phase_rows: &[(String, [f64; 3])]) -> Vec<&'static str> {
+    let mut v = vec!["iops", "latency"];
+    if phase_rows.iter().any(|r| r.1.iter().any(|&x| x > 0.0)) {
+        v.push("phases");
+    }
+    v
+}
+
+/// The standard plots of a run (PNG + SVG each, [`run_plot_names`]) into `out`.
+pub(crate) fn run_plots(
+    out: &mut OutDir,
+    title: &str,
+    ts: &Timeseries,
+    phase_rows: &[(String, [f64; 3])],
+) -> Result<()> {
     let dt = ts.interval_s;
     let mut iops = Vec::new();
     let mut lat = Vec::new();
@@ -322,17 +352,10 @@ pub(crate) fn run_plots(dir: &Path, title: &str, ts: &Timeseries, phase_rows: &[
             points: c.iter().enumerate().map(|(i, v)| ((i as f64 + 0.5) * dt, *v)).collect(),
         })
         .collect();
-    line_chart(&dir.join("iops"), &format!("{title}: IOPS per tenant"), "time (s)", "IOPS", &iops, &cap)?;
-    line_chart(
-        &dir.join("latency"),
-        &format!("{title}: mean latency per tenant"),
-        "time (s)",
-        "latency (ms)",
-        &lat,
-        &[],
-    )?;
-    if phase_rows.iter().any(|r| r.1.iter().any(|&x| x > 0.0)) {
-        phase_chart(&dir.join("phases"), &format!("{title}: IOs by scheduling phase"), phase_rows)?;
+    line_chart(out, "iops", &format!("{title}: IOPS per tenant"), "time (s)", "IOPS", &iops, &cap)?;
+    line_chart(out, "latency", &format!("{title}: mean latency per tenant"), "time (s)", "latency (ms)", &lat, &[])?;
+    if run_plot_names(phase_rows).contains(&"phases") {
+        phase_chart(out, "phases", &format!("{title}: IOs by scheduling phase"), phase_rows)?;
     }
     Ok(())
 }
@@ -358,7 +381,7 @@ fn draw_interval_bars<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.fill(&WHITE).map_err(plot_err)?;
     let n = bars.len().max(1);
     let max = bars.iter().map(|b| b.ios.iter().sum::<f64>().max(b.reservation)).fold(1e-9, f64::max);
     let k = bars.iter().map(|b| b.ios.len()).max().unwrap_or(0);
@@ -368,7 +391,7 @@ where
         .x_label_area_size(40)
         .y_label_area_size(80)
         .build_cartesian_2d(0f64..n as f64, 0f64..max * 1.08)
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     let names: Vec<String> = bars.iter().map(|b| b.name.clone()).collect();
     chart
         .configure_mesh()
@@ -379,7 +402,7 @@ where
         .x_label_formatter(&|x: &f64| names.get(*x as usize).cloned().unwrap_or_default())
         .label_style(("sans-serif", 13))
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     for p in 0..k {
         let c = palette(p);
         chart
@@ -388,7 +411,7 @@ where
                 let h = b.ios.get(p).copied().unwrap_or(0.0);
                 Rectangle::new([(i as f64 + 0.15, start), (i as f64 + 0.85, start + h)], c.mix(0.9).filled())
             }))
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .map_err(plot_err)?
             .label(format!("interval {}", p + 1))
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
     }
@@ -399,7 +422,7 @@ where
                 BLACK.stroke_width(2),
             )
         }))
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?
+        .map_err(plot_err)?
         .label("reservation")
         .legend(legend_line(BLACK, 2));
     finish(&root, &mut chart, SeriesLabelPosition::UpperRight, 13)
@@ -407,9 +430,19 @@ where
 
 /// Stacked bars: per sampled bucket, IOs in each redistribution interval of one QoS period, with its
 /// reservation (pShift Fig. 3(c)).
-pub(crate) fn interval_chart(stem: &Path, title: &str, bars: &[IntervalBar]) -> Result<()> {
-    svg_and_png!(stem, (1200, 560), draw_interval_bars(title, bars));
+pub(crate) fn interval_chart(out: &mut OutDir, stem: &str, title: &str, bars: &[IntervalBar]) -> Result<()> {
+    svg_and_png!(out, stem, (1200, 560), draw_interval_bars(title, bars));
     Ok(())
+}
+
+/// The plots [`pshift_plots`] draws: none without `[pshift]`, else intervals, and periods for up to 12
+/// buckets.
+pub(crate) fn pshift_plot_names(sc: &rein_sim::Scenario) -> Vec<&'static str> {
+    match sc.pshift {
+        None => vec![],
+        Some(_) if sc.tenants.len() <= 12 => vec!["intervals", "periods"],
+        Some(_) => vec!["intervals"],
+    }
 }
 
 /// pShift plots of a run: `intervals` (IOs per redistribution interval in the first QoS period, a sample
@@ -417,7 +450,7 @@ pub(crate) fn interval_chart(stem: &Path, title: &str, bars: &[IntervalBar]) -> 
 /// of each QoS period, as in Figs. 8 and 9, with reservations and limits dashed).
 // `%` rather than `usize::is_multiple_of`, which needs Rust 1.87 (the workspace declares 1.80).
 #[allow(clippy::manual_is_multiple_of)]
-pub(crate) fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts: &Timeseries) -> Result<()> {
+pub(crate) fn pshift_plots(out: &mut OutDir, title: &str, sc: &rein_sim::Scenario, ts: &Timeseries) -> Result<()> {
     let Some(ps) = sc.pshift.as_deref() else { return Ok(()) };
     let dt = ts.interval_s;
     let period = ps.period.as_secs_f64();
@@ -450,11 +483,12 @@ pub(crate) fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts:
         .collect();
     let step_note = if step > 1 { format!(", every {step}th bucket") } else { String::new() };
     interval_chart(
-        &dir.join("intervals"),
+        out,
+        "intervals",
         &format!("{title}: IOs per redistribution interval, first QoS period{step_note}"),
         &bars,
     )?;
-    if sc.tenants.len() <= 12 {
+    if pshift_plot_names(sc).contains(&"periods") {
         let mut buckets = Vec::new();
         for (t, name) in ts.tenant_names.iter().enumerate() {
             let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
@@ -478,7 +512,7 @@ pub(crate) fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts:
             }
         }
         let t = format!("{title}: IOs completed in each QoS period");
-        svg_and_png!(&dir.join("periods"), (1000, 560), draw_periods(&t, &buckets, &levels));
+        svg_and_png!(out, "periods", (1000, 560), draw_periods(&t, &buckets, &levels));
     }
     Ok(())
 }
@@ -486,7 +520,7 @@ pub(crate) fn pshift_plots(dir: &Path, title: &str, sc: &rein_sim::Scenario, ts:
 /// A pShift controller's rounds over time: the reservation IOs it still wanted for the period and the
 /// R-tokens it could place (a gap is reservation it predicted missing), and the L-tokens placed.
 pub(crate) fn rounds_plot(
-    dir: &Path,
+    out: &mut OutDir,
     title: &str,
     rounds: &[rein_model::report::rounds::ControllerRound],
 ) -> Result<()> {
@@ -499,7 +533,8 @@ pub(crate) fn rounds_plot(
     ];
     let wanted = [Series { name: "reservation IOs still wanted".into(), points: pick(|r| r.wanted) }];
     line_chart(
-        &dir.join("rounds"),
+        out,
+        "rounds",
         &format!("{title}: the pShift controller's rounds (boundaries and early rounds)"),
         "time (s)",
         "IOs / tokens for the rest of the period",
@@ -508,17 +543,26 @@ pub(crate) fn rounds_plot(
     )
 }
 
+/// Whether [`period_verdicts_plot`] draws its plot: with closed periods of some bucket.
+pub(crate) fn draws_period_verdicts(log: &rein_model::report::rounds::PeriodLog) -> bool {
+    !(log.records.is_empty() || log.buckets.is_empty())
+}
+
 /// `period-verdicts`: a grid of buckets (rows; every k-th past 40) by closed QoS periods (columns), each
 /// cell coloured by how the bucket's IOs in the period, by the servers' counts, stand against its
 /// reservation and limit (periods.csv's verdict).
-pub(crate) fn period_verdicts_plot(dir: &Path, title: &str, log: &rein_model::report::rounds::PeriodLog) -> Result<()> {
-    if log.records.is_empty() || log.buckets.is_empty() {
+pub(crate) fn period_verdicts_plot(
+    out: &mut OutDir,
+    title: &str,
+    log: &rein_model::report::rounds::PeriodLog,
+) -> Result<()> {
+    if !draws_period_verdicts(log) {
         return Ok(());
     }
     let step = log.buckets.len().div_ceil(40).max(1);
     let step_note = if step > 1 { format!(", every {step}th bucket") } else { String::new() };
     let t = format!("{title}: each closed QoS period by the servers' counts{step_note}");
-    svg_and_png!(&dir.join("period-verdicts"), (1000, 620), draw_period_verdicts(&t, log, step));
+    svg_and_png!(out, "period-verdicts", (1000, 620), draw_period_verdicts(&t, log, step));
     Ok(())
 }
 
@@ -535,7 +579,7 @@ where
     // Met, below the reservation, above the limit, incomplete (a report missing).
     const KINDS: [RGBColor; 4] =
         [RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(255, 127, 14), RGBColor(170, 170, 170)];
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.fill(&WHITE).map_err(plot_err)?;
     let rows: Vec<usize> = (0..log.buckets.len()).step_by(step).collect();
     let n = rows.len();
     let (p0, p1) = (log.records[0].period as f64, log.records[log.records.len() - 1].period as f64 + 1.0);
@@ -546,7 +590,7 @@ where
         .x_label_area_size(40)
         .y_label_area_size(90)
         .build_cartesian_2d(p0 - 0.5..p1 - 0.5, -0.5..n as f64 - 0.5)
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     // Row 0 (the first bucket) at the top.
     let whole = |v: f64| (v.fract().abs() < 1e-9).then_some(v.round() as i64);
     let name = |v: &f64| match whole(*v) {
@@ -566,7 +610,7 @@ where
         .x_label_formatter(&period)
         .label_style(("sans-serif", 13))
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     let mut cells = Vec::new();
     for r in &log.records {
         for (k, &b) in rows.iter().enumerate() {
@@ -582,20 +626,20 @@ where
     }
     let at = |(x, y): (f64, f64)| [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)];
     let filled = cells.iter().map(|&(xy, color, _)| Rectangle::new(at(xy), color.filled()));
-    chart.draw_series(filled).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    chart.draw_series(filled).map_err(plot_err)?;
     // White edges between cells while they are wide enough to see, and each cell's IOs while there is room.
     if cells.len() <= 4000 {
         let edges = cells.iter().map(|&(xy, _, _)| Rectangle::new(at(xy), WHITE.stroke_width(1)));
-        chart.draw_series(edges).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        chart.draw_series(edges).map_err(plot_err)?;
     }
     if n <= 24 && p1 - p0 <= 16.0 {
         use plotters::style::text_anchor::{HPos, Pos, VPos};
         let centred = Pos::new(HPos::Center, VPos::Center);
         let style = TextStyle::from(("sans-serif", 13).into_font()).color(&WHITE).pos(centred);
         let labels = cells.iter().map(|&(xy, _, c)| Text::new(c.to_string(), xy, style.clone()));
-        chart.draw_series(labels).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        chart.draw_series(labels).map_err(plot_err)?;
     }
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(plot_err)?;
     Ok(())
 }
 
@@ -611,7 +655,7 @@ fn draw_periods<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.fill(&WHITE).map_err(plot_err)?;
     let pts = buckets.iter().flat_map(|b| b.1.iter().flatten());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, 1e-9f64, 1e-9f64);
     for &(x, y) in pts {
@@ -629,20 +673,18 @@ where
         .x_label_area_size(40)
         .y_label_area_size(80)
         .build_cartesian_2d(x0..x1, 0f64..y1 * 1.08)
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     chart
         .configure_mesh()
         .x_desc("time (s)")
         .y_desc("IOs since the QoS period began")
         .label_style(("sans-serif", 14))
         .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(plot_err)?;
     for (i, (name, segs)) in buckets.iter().enumerate() {
         let c = palette(i);
         for (k, seg) in segs.iter().enumerate() {
-            let s = chart
-                .draw_series(LineSeries::new(seg.iter().copied(), c.stroke_width(2)))
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let s = chart.draw_series(LineSeries::new(seg.iter().copied(), c.stroke_width(2))).map_err(plot_err)?;
             if k == 0 {
                 s.label(name.clone()).legend(legend_line(c, 2));
             }
@@ -652,7 +694,7 @@ where
         let c = RGBColor(90, 90, 90);
         chart
             .draw_series(DashedLineSeries::new(vec![(x0, *y), (x1, *y)], 6, 4, c.stroke_width(1)))
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .map_err(plot_err)?
             .label(name.clone())
             .legend(legend_line(c, 1));
     }

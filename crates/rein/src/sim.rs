@@ -239,14 +239,7 @@ pub(crate) fn check_out(dir: &Path) -> Result<()> {
 /// Writes summary.json, timeseries.csv and the plots into `dir`.
 pub(crate) fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
     let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
-    write_run(dir, &sc.name, measured, r, checks)?;
-    if sc.pshift.is_some() {
-        match crate::plot::pshift_plots(dir, &format!("{} ({})", sc.name, r.summary.scheduler), sc, &r.timeseries) {
-            Err(e) if e.is::<crate::plot::NoFont>() => {}
-            other => other?,
-        }
-    }
-    Ok(())
+    write_files(dir, &sc.name, measured, r, checks, Some(sc))
 }
 
 /// Writes a run's files (simulated or measured by `rein load`) into `dir`.
@@ -257,40 +250,23 @@ pub(crate) fn write_run(
     r: &RunTotals,
     checks: Option<&[CheckResult]>,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    // Each error names the file, with its directory.
-    let write = |name: &str, text: String| -> Result<()> {
-        let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
-    };
-    write("summary.json", r.summary.to_json())?;
-    write("timeseries.csv", r.timeseries.to_csv())?;
-    if let Some(c) = checks {
-        write("check.json", serde_json::to_string_pretty(c)? + "\n")?;
-    }
-    if let Some(h) = &r.hosts {
-        write("hosts.csv", h.to_csv())?;
-        match crate::plot::host_plots(dir, &format!("{} ({})", name, r.summary.scheduler), h) {
-            Err(e) if e.is::<crate::plot::NoFont>() => {}
-            other => other?,
-        }
-    }
-    if !r.rounds.is_empty() {
-        let csv = rein_model::report::rounds::to_csv(&r.rounds);
-        write("rounds.csv", csv)?;
-        match crate::plot::rounds_plot(dir, &format!("{} ({})", name, r.summary.scheduler), &r.rounds) {
-            Err(e) if e.is::<crate::plot::NoFont>() => {}
-            other => other?,
-        }
-    }
-    if !r.period_log.records.is_empty() {
-        write("periods.csv", r.period_log.to_csv())?;
-        let title = format!("{} ({})", name, r.summary.scheduler);
-        match crate::plot::period_verdicts_plot(dir, &title, &r.period_log) {
-            Err(e) if e.is::<crate::plot::NoFont>() => {}
-            other => other?,
-        }
-    }
+    write_files(dir, name, measured, r, checks, None)
+}
+
+/// Writes a run's files into `dir`, with a scenario's own plots (pShift's) when `sc` is given. The
+/// directory is left holding exactly this run's files of the names the writers own (crate::out): those of
+/// another run that this one does not write are removed first, and each file is written whole or not at
+/// all. Each error names the file, with its directory.
+fn write_files(
+    dir: &Path,
+    name: &str,
+    measured: f64,
+    r: &RunTotals,
+    checks: Option<&[CheckResult]>,
+    sc: Option<&Scenario>,
+) -> Result<()> {
+    use crate::plot;
+    let title = format!("{} ({})", name, r.summary.scheduler);
     let rows: Vec<(String, [f64; 3])> = r
         .summary
         .tenants
@@ -307,13 +283,71 @@ pub(crate) fn write_run(
             )
         })
         .collect();
-    match crate::plot::run_plots(dir, &format!("{} ({})", name, r.summary.scheduler), &r.timeseries, &rows) {
-        Err(e) if e.is::<crate::plot::NoFont>() => {
-            eprintln!("warning: {e}; summary.json and timeseries.csv were written");
-            Ok(())
-        }
-        other => other,
+    // What this run writes: the plan, before anything is written.
+    let mut files = vec!["summary.json", "timeseries.csv"];
+    if checks.is_some() {
+        files.push("check.json");
     }
+    if r.hosts.is_some() {
+        files.push("hosts.csv");
+    }
+    if !r.rounds.is_empty() {
+        files.push("rounds.csv");
+    }
+    if !r.period_log.records.is_empty() {
+        files.push("periods.csv");
+    }
+    let fonts = plot::need_font();
+    let mut plots: Vec<&str> = Vec::new();
+    if fonts.is_ok() {
+        if r.hosts.is_some() {
+            plots.extend(plot::HOST_PLOTS);
+        }
+        if !r.rounds.is_empty() {
+            plots.push("rounds");
+        }
+        if plot::draws_period_verdicts(&r.period_log) {
+            plots.push("period-verdicts");
+        }
+        plots.extend(plot::run_plot_names(&rows));
+        if let Some(sc) = sc {
+            plots.extend(plot::pshift_plot_names(sc));
+        }
+    }
+    let plan =
+        files.iter().map(|f| f.to_string()).chain(plots.iter().flat_map(|p| crate::out::plot_files(p))).collect();
+    let mut out = crate::out::OutDir::open(dir, &plan)?;
+    out.write("summary.json", r.summary.to_json().as_bytes())?;
+    out.write("timeseries.csv", r.timeseries.to_csv().as_bytes())?;
+    if let Some(c) = checks {
+        out.write("check.json", (serde_json::to_string_pretty(c)? + "\n").as_bytes())?;
+    }
+    if let Some(h) = &r.hosts {
+        out.write("hosts.csv", h.to_csv().as_bytes())?;
+    }
+    if !r.rounds.is_empty() {
+        out.write("rounds.csv", rein_model::report::rounds::to_csv(&r.rounds).as_bytes())?;
+    }
+    if !r.period_log.records.is_empty() {
+        out.write("periods.csv", r.period_log.to_csv().as_bytes())?;
+    }
+    match fonts {
+        Ok(()) => {
+            if let Some(h) = &r.hosts {
+                plot::host_plots(&mut out, &title, h)?;
+            }
+            if !r.rounds.is_empty() {
+                plot::rounds_plot(&mut out, &title, &r.rounds)?;
+            }
+            plot::period_verdicts_plot(&mut out, &title, &r.period_log)?;
+            plot::run_plots(&mut out, &title, &r.timeseries, &rows)?;
+            if let Some(sc) = sc {
+                plot::pshift_plots(&mut out, &title, sc, &r.timeseries)?;
+            }
+        }
+        Err(e) => eprintln!("warning: {e}; summary.json and timeseries.csv were written"),
+    }
+    out.finish()
 }
 
 /// Prints check results; returns the number of misses.

@@ -299,3 +299,106 @@ fn load_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     assert_eq!(v["tenants"][0]["name"], "m");
     assert_eq!(stderr.trim(), late);
 }
+
+/// TINY with one expectation, for `--check`.
+fn tiny_checked() -> String {
+    format!("{TINY}[[expect]]\ntenant = \"a\"\nmetric = \"iops\"\nabove = 1\n")
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+/// A reused `--out` directory holds exactly the last run's files of the names the run writers own: a
+/// `--check` run's check.json, PARDA's hosts.csv and host plots, pShift's rounds.csv do not outlive the
+/// run that wrote them; files of other names and subdirectories stay.
+#[test]
+fn a_reused_sim_out_holds_only_the_last_runs_files() {
+    let _cpu = busy();
+    let dir = tmp("reused-out");
+    let sc = dir.path().join("tiny.toml");
+    std::fs::write(&sc, tiny_checked()).unwrap();
+    let out = dir.path().join("out");
+    let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "-q", "--check", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(out.join("check.json").exists());
+    // What a PARDA run and a pShift run would have left, and the operator's own files.
+    for f in ["hosts.csv", "host-window.png", "host-beta.svg", "rounds.csv", "periods.png", "notes.txt"] {
+        std::fs::write(out.join(f), "an older run's").unwrap();
+    }
+    std::fs::create_dir(out.join("data")).unwrap();
+    let (ok, _, stderr) =
+        rein(&["sim", sc.to_str().unwrap(), "-q", "--sabotage", "fifo", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let plots = ["iops", "latency", "phases"].iter().flat_map(|p| [format!("{p}.png"), format!("{p}.svg")]);
+    let mut want: Vec<String> = ["data", "notes.txt", "summary.json", "timeseries.csv"].map(String::from).into();
+    want.extend(plots);
+    want.sort();
+    assert_eq!(listing(&out), want);
+}
+
+/// Mounts a tmpfs of `size` on a directory, unmounted when dropped (also on a panic).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `None` where a tmpfs cannot be mounted (not root).
+    fn mount(at: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// On a full disk (a tmpfs of 12 KiB) `rein sim --out` fails naming the file it could not write, in
+/// words (not a plot backend's Debug form), and leaves no truncated file and no temporary: every file it
+/// leaves is whole, the same as a run into a roomy directory writes. demo.toml fills the disk in
+/// timeseries.csv, TINY in a plot. Needs root for the mount; skipped otherwise.
+#[test]
+fn sim_out_on_a_full_disk_leaves_only_whole_files() {
+    let _cpu = busy();
+    let dir = tmp("full-disk");
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let Some(_mounted) = Tmpfs::mount(&small, "12k") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let tiny = dir.path().join("tiny.toml");
+    std::fs::write(&tiny, TINY).unwrap();
+    let mut failed = Vec::new();
+    for (k, sc) in [scenario("demo.toml"), tiny.display().to_string()].iter().enumerate() {
+        let whole = dir.path().join(format!("whole-{k}"));
+        let (ok, _, stderr) = rein(&["sim", sc, "-q", "--out", whole.to_str().unwrap()]);
+        assert!(ok, "{stderr}");
+        let (ok, stdout, stderr) = rein(&["sim", sc, "-q", "--out", small.to_str().unwrap()]);
+        assert!(!ok, "{stdout}");
+        let prefix = format!("error: writing {}/", small.display());
+        let file = stderr
+            .trim()
+            .strip_prefix(&prefix)
+            .and_then(|s| s.strip_suffix(": No space left on device (os error 28)"))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        assert!(!small.join(file).exists(), "{file} was left");
+        for f in listing(&small) {
+            assert!(!f.starts_with(".rein-out"), "a temporary was left: {f}");
+            assert!(std::fs::read(small.join(&f)).unwrap() == std::fs::read(whole.join(&f)).unwrap(), "{f} differs");
+            std::fs::remove_file(small.join(&f)).unwrap();
+        }
+        failed.push(file.to_string());
+    }
+    assert!(failed[0] == "timeseries.csv" && [".svg", ".png"].iter().any(|e| failed[1].ends_with(e)), "{failed:?}");
+}
