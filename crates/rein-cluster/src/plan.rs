@@ -175,9 +175,9 @@ pub fn request_timeout_s(duration: Nanos) -> f64 {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     /// The scenario uses something a real cluster cannot run; the message names the feature.
-    #[error("scenario {scenario:?}: {feature} cannot run on a real cluster{why}")]
+    #[error("scenario {scenario}: {feature} cannot run on a real cluster{why}")]
     Unsupported {
-        /// The scenario's name.
+        /// The scenario as errors name it (rein-sim's `Scenario::label`: its file).
         scenario: String,
         /// The feature, as the scenario file names it.
         feature: String,
@@ -185,9 +185,9 @@ pub enum PlanError {
         why: String,
     },
     /// A value cannot be carried over (the message names the server or tenant and the value).
-    #[error("scenario {scenario:?}: {message}")]
+    #[error("scenario {scenario}: {message}")]
     Invalid {
-        /// The scenario's name.
+        /// The scenario as errors name it (rein-sim's `Scenario::label`: its file).
         scenario: String,
         /// What is wrong.
         message: String,
@@ -288,11 +288,11 @@ impl Plan {
     /// supervisor starts them in.
     pub fn new(sc: &Scenario, mut port: impl FnMut(Ipv4Addr, u16) -> std::io::Result<u16>) -> Result<Plan, PlanError> {
         let unsupported = |feature: &str, why: &str| PlanError::Unsupported {
-            scenario: sc.name.clone(),
+            scenario: sc.label(),
             feature: feature.into(),
             why: if why.is_empty() { String::new() } else { format!(": {why}") },
         };
-        let invalid = |message: String| PlanError::Invalid { scenario: sc.name.clone(), message };
+        let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
         if let Some(p) = &sc.parda {
             check_parda(sc, p).map_err(|(f, why)| unsupported(&f, &why))?;
         }

@@ -350,6 +350,7 @@ impl Recorder {
             summary: Summary {
                 name: meta.name.clone(),
                 scheduler: meta.scheduler.clone(),
+                sabotage: None,
                 seed: meta.seed,
                 duration_s: self.duration.as_secs_f64(),
                 warmup_s: self.warmup.as_secs_f64(),

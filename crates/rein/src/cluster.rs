@@ -175,6 +175,9 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (mut term, mut int) = signals(&rt)?;
     let sc = Scenario::load(&a.up.scenario)?;
+    if a.report.check {
+        crate::sim::require_expectations(&sc)?;
+    }
     if let Some(out) = &a.report.out {
         crate::sim::check_out(out)?;
     }
@@ -217,7 +220,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
         None => None,
     };
     let results = a.report.check.then(|| rein_sim::check::check(&sc, &totals, baseline.as_ref()));
-    crate::sim::report(&a.report, &a.up.scenario, &sc, &totals, results, crate::load::print_summary)
+    crate::sim::report(&a.report, &sc, &totals, results, crate::load::print_summary)
 }
 
 /// A note for a scenario of several independent groups whose servers outnumber this machine's CPUs by

@@ -109,7 +109,7 @@ fn sweep(a: &SweepArgs) -> Result<()> {
     }
     let file = rein_sim::file::ScenarioFile::read(&a.scenario)?;
     if file.pshift.as_ref().and_then(|p| p.generate.as_ref()).is_none() {
-        bail!("{}: the sweep needs a scenario with [pshift.generate]", a.scenario.display());
+        bail!("scenario {}: the sweep needs a scenario with [pshift.generate]", a.scenario.display());
     }
     let mut cells = Vec::new();
     for &na in &a.active {
@@ -126,7 +126,10 @@ fn sweep(a: &SweepArgs) -> Result<()> {
                 let g = p.generate.as_mut().expect("checked");
                 g.active_servers = rein_sim::file::pshift::ActiveFile::One(na);
                 g.demand_changes = nd;
-                let sc = f.validate(a.scenario.parent()).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;
+                let label = a.scenario.display().to_string();
+                let mut sc =
+                    f.validate_as(a.scenario.parent(), label).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;
+                sc.path = Some(a.scenario.clone());
                 let t0 = Instant::now();
                 let run = rein_sim::run(&sc, &mut |_| {})?;
                 let ps = sc.pshift.as_deref().expect("pshift scenario");

@@ -53,8 +53,9 @@ pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
     if let Some(s) = &args.scheduler {
         if sc.pshift.is_some() {
             bail!(
-                "{}: pShift scenarios run token schedulers; set controller = false in [pshift] for plain round robin",
-                args.scenario.display()
+                "scenario {}: --scheduler: pShift scenarios run token schedulers; set controller = false in [pshift] \
+                 for plain round robin",
+                sc.label()
             );
         }
         let (kind, distributed) = rein_sim::model::parse_scheduler(s).map_err(anyhow::Error::msg)?;
@@ -67,7 +68,7 @@ pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
             bail!("--sabotage {name:?}: expected one of {}", names.join(", "));
         };
         let Some(s) = sabotage.apply(&sc) else {
-            bail!("{}: --sabotage {name} changes nothing in this scenario", args.scenario.display());
+            bail!("scenario {}: --sabotage {name} changes nothing in this scenario", sc.label());
         };
         sc = s;
     }
@@ -112,8 +113,13 @@ pub(crate) fn run_with_progress(
 pub(crate) fn summary_text(r: &RunTotals) -> String {
     let s = &r.summary;
     let mut out = format!(
-        "{}: {} s simulated ({} s warm-up excluded), scheduler {}, seed {}\n",
-        s.name, s.duration_s, s.warmup_s, s.scheduler, s.seed
+        "{}: {} s simulated ({} s warm-up excluded), scheduler {}{}, seed {}\n",
+        s.name,
+        s.duration_s,
+        s.warmup_s,
+        s.scheduler,
+        s.sabotage.as_ref().map_or(String::new(), |x| format!(" (sabotage {x})")),
+        s.seed
     );
     let oracle = r.oracle_iops(s.warmup_s, s.duration_s);
     out.push_str(&format!(
@@ -375,11 +381,23 @@ pub(crate) fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
 pub(crate) fn run(args: SimArgs) -> Result<()> {
     let sc = load(&args)?;
     let a = &args.report;
+    if a.check {
+        require_expectations(&sc)?;
+    }
     if let Some(dir) = &a.out {
         check_out(dir)?;
     }
     let (r, results) = run_with_progress(&sc, a.quiet || a.json, a.check)?;
-    report(a, &args.scenario, &sc, &r, results, |r| print!("{}", summary_text(r)))
+    report(a, &sc, &r, results, |r| print!("{}", summary_text(r)))
+}
+
+/// `--check` of a scenario without `[[expect]]` entries is refused before the run, which would check
+/// nothing.
+pub(crate) fn require_expectations(sc: &Scenario) -> Result<()> {
+    if sc.expect.is_empty() {
+        bail!("scenario {}: --check: it has no [[expect]] entries, nothing to check", sc.label());
+    }
+    Ok(())
 }
 
 /// A run's report, for `rein sim` and `rein cluster run`: prints `--json` or the summary (`summary`),
@@ -388,7 +406,6 @@ pub(crate) fn run(args: SimArgs) -> Result<()> {
 /// fill) does not cost the run's results; it fails the command afterwards, naming the file.
 pub(crate) fn report(
     a: &ReportArgs,
-    scenario: &Path,
     sc: &Scenario,
     r: &RunTotals,
     results: Option<Vec<CheckResult>>,
@@ -422,14 +439,11 @@ pub(crate) fn report(
     }
     let mut misses = 0;
     if let Some(results) = &results {
-        if results.is_empty() {
-            bail!("{} has no [[expect]] entries: nothing to check", scenario.display());
-        }
         misses = print_checks(results, a.json);
     }
     written?;
     if misses > 0 {
-        bail!("{misses} of {} expectations missed in {}", results.map_or(0, |r| r.len()), sc.name);
+        bail!("scenario {}: {misses} of {} expectations missed", sc.label(), results.map_or(0, |r| r.len()));
     }
     Ok(())
 }

@@ -402,3 +402,74 @@ fn sim_out_on_a_full_disk_leaves_only_whole_files() {
     }
     assert!(failed[0] == "timeseries.csv" && [".svg", ".png"].iter().any(|e| failed[1].ends_with(e)), "{failed:?}");
 }
+
+/// `--check` of a scenario without `[[expect]]` is refused before the run: nothing runs, nothing is
+/// written, `--out` is not even made.
+#[test]
+fn sim_check_without_expectations_is_refused_before_the_run() {
+    let _cpu = busy();
+    let dir = tmp("no-expect");
+    let sc = dir.path().join("tiny.toml");
+    std::fs::write(&sc, TINY).unwrap();
+    let out = dir.path().join("out");
+    let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--check", "--out", out.to_str().unwrap()]);
+    assert!(!ok);
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr.trim(),
+        format!("error: scenario {}: --check: it has no [[expect]] entries, nothing to check", sc.display())
+    );
+    assert!(!out.exists(), "nothing was written");
+}
+
+/// Errors about a scenario read from a file name the file, once, whatever the scenario's `name`: an
+/// invalid value, a sabotage that changes nothing, and missed checks.
+#[test]
+fn scenario_errors_name_the_file() {
+    let _cpu = busy();
+    let dir = tmp("errors");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, TINY.replace("warmup_s = 0.5", "warmup_s = 5")).unwrap();
+    let (ok, _, stderr) = rein(&["sim", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert_eq!(
+        stderr.trim(),
+        format!("error: scenario {}: warmup_s (5) must be less than duration_s (2)", bad.display())
+    );
+    let sc = dir.path().join("tiny.toml");
+    std::fs::write(&sc, tiny_checked().replace("above = 1", "above = 1000000")).unwrap();
+    let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "--sabotage", "fixed-window"]);
+    assert!(!ok);
+    assert_eq!(
+        stderr.trim(),
+        format!("error: scenario {}: --sabotage fixed-window changes nothing in this scenario", sc.display())
+    );
+    let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "-q", "--check"]);
+    assert!(!ok);
+    assert_eq!(stderr.trim(), format!("error: scenario {}: 1 of 1 expectations missed", sc.display()));
+}
+
+/// A sabotaged run says so in summary.json (`sabotage`) and in its summary's first line; a run without
+/// one has no such field (its summary.json is what it always was).
+#[test]
+fn a_sabotaged_run_is_marked_in_its_outputs() {
+    let _cpu = busy();
+    let dir = tmp("sabotage");
+    let sc = dir.path().join("tiny.toml");
+    std::fs::write(&sc, TINY).unwrap();
+    let sc = sc.to_str().unwrap();
+    let out = dir.path().join("out");
+    let (ok, stdout, stderr) = rein(&["sim", sc, "-q", "--sabotage", "fifo", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("tiny: 2 s simulated (0.5 s warm-up excluded), scheduler fifo (sabotage fifo), seed 1\n"),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(v["sabotage"], "fifo");
+    let (ok, stdout, stderr) = rein(&["sim", sc, "-q", "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v.get("sabotage").is_none(), "{stdout}");
+}

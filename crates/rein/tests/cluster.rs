@@ -668,8 +668,10 @@ fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert_eq!(
             stderr.trim(),
-            "error: scenario \"two-nodes\": network.delay_ms cannot run on a real cluster: the nodes are on \
-             loopback; there is no delay to add"
+            format!(
+                "error: scenario {sc}: network.delay_ms cannot run on a real cluster: the nodes are on loopback; \
+                 there is no delay to add"
+            )
         );
         assert!(String::from_utf8_lossy(&out.stdout).is_empty());
     }

@@ -195,7 +195,7 @@ pub(super) fn processes(
     ps: &PshiftSection,
     mut addrs: impl FnMut(usize) -> Result<(SocketAddr, SocketAddr), PlanError>,
 ) -> Result<(Vec<NodePlan>, Option<ControllerPlan>), PlanError> {
-    let invalid = |message: String| PlanError::Invalid { scenario: sc.name.clone(), message };
+    let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
     let controller = if ps.controller {
         let (listen, admin) = addrs(sc.servers.len())?;
         let config = controller_config(sc, ps, listen, admin).map_err(invalid)?;

@@ -131,6 +131,9 @@ pub struct Summary {
     pub name: String,
     /// The default scheduler as written, or what a measured run saw.
     pub scheduler: String,
+    /// The sabotage the run was under (`rein sim --sabotage`), absent from the JSON without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sabotage: Option<String>,
     /// The seed.
     pub seed: u64,
     /// Length of the run (s).
@@ -531,6 +534,7 @@ impl RunTotals {
         let summary = Summary {
             name: first.summary.name.clone(),
             scheduler: first.summary.scheduler.clone(),
+            sabotage: first.summary.sabotage.clone(),
             seed: first.summary.seed,
             duration_s,
             warmup_s,

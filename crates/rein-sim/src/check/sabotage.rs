@@ -49,6 +49,13 @@ impl Sabotage {
     /// `sc` run by the wrong scheduler, or `None` when this sabotage changes nothing in `sc` (a FIFO
     /// scenario run by FIFO, PARDA already off, no distributed server, no pShift controller).
     pub fn apply(self, sc: &Scenario) -> Option<Scenario> {
+        let mut s = self.change(sc)?;
+        s.sabotage = Some(self.name());
+        Some(s)
+    }
+
+    /// [`Sabotage::apply`]'s change to the scenario.
+    fn change(self, sc: &Scenario) -> Option<Scenario> {
         match self {
             Sabotage::Fifo => {
                 if sc.pshift.is_some() {

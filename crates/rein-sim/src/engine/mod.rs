@@ -69,7 +69,8 @@ pub struct Recording {
 /// Error building a simulation.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    /// The scenario cannot be set up (a bound of the recorder or a scheduler).
+    /// The scenario cannot be set up (a bound of the recorder or a scheduler): the scenario as errors
+    /// name it ([`Scenario::label`]), and what is wrong.
     #[error("scenario {0}: {1}")]
     Setup(String, String),
     /// The runs of a scenario's parts do not fit together ([`crate::run_in_parts`]).
@@ -150,7 +151,7 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<Recording, 
 
 impl<'a> Sim<'a> {
     fn new(sc: &'a Scenario) -> Result<Sim<'a>, SimError> {
-        let err = |m: String| SimError::Setup(sc.name.clone(), m);
+        let err = |m: String| SimError::Setup(sc.label(), m);
         // Every server's scheduler holds up to the scenario's tenant (or bucket) count.
         let limits = Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() };
         let mut servers = Vec::with_capacity(sc.servers.len());

@@ -22,7 +22,7 @@ pub use tenant::Tenant;
 use crate::file::{FileError, ScenarioFile};
 use rein_core::{Nanos, Num, SchedConfig, SchedulerKind};
 use rein_model::sched_settings::{with_cost_model_shorthand, SchedSettingsFile};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Largest number of servers in a scenario.
@@ -47,10 +47,11 @@ pub enum ScenarioError {
     #[error(transparent)]
     File(#[from] FileError),
     /// A value is out of range or a name unknown (the message names it).
-    #[error("scenario {name:?}: {message}")]
+    #[error("scenario {scenario}: {message}")]
     Invalid {
-        /// The scenario's name.
-        name: String,
+        /// The scenario as errors name it ([`Scenario::label`]): its file's path, or its name in quotes
+        /// for text given directly.
+        scenario: String,
         /// What is wrong.
         message: String,
     },
@@ -61,6 +62,11 @@ pub enum ScenarioError {
 pub struct Scenario {
     /// Its name.
     pub name: String,
+    /// The file it was read from ([`Scenario::load`]; `None` for text given directly).
+    pub path: Option<PathBuf>,
+    /// The sabotage this run is under (`rein sim --sabotage`, [`crate::check::Sabotage`]): its name, for
+    /// the reports. `None` for the scenario as written.
+    pub sabotage: Option<&'static str>,
     /// What it reproduces.
     pub description: String,
     /// Simulated time: the run ends here (positive, at most [`MAX_DURATION_S`]).
@@ -98,7 +104,16 @@ pub struct Scenario {
 impl Scenario {
     /// Reads and validates a scenario file. Relative trace paths resolve against the file's directory.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        ScenarioFile::read(path)?.validate(path.parent())
+        let label = path.display().to_string();
+        let mut sc = ScenarioFile::read(path)?.validate_as(path.parent(), label)?;
+        sc.path = Some(path.to_path_buf());
+        Ok(sc)
+    }
+
+    /// How errors name the scenario, after `scenario `: its file's path as given, or for text given
+    /// directly its name in double quotes.
+    pub fn label(&self) -> String {
+        label(self.path.as_deref(), &self.name)
     }
 
     /// Parses and validates scenario text (trace paths relative to `base`).
@@ -121,7 +136,7 @@ impl Scenario {
         if let Some(ps) = &mut s.pshift {
             if let Some(r) = ps.regenerate(&self.servers, seed, self.duration) {
                 let (tenants, buckets) =
-                    r.map_err(|message| ScenarioError::Invalid { name: self.name.clone(), message })?;
+                    r.map_err(|message| ScenarioError::Invalid { scenario: self.label(), message })?;
                 Arc::make_mut(ps).buckets = buckets;
                 s.tenants = tenants;
             }
@@ -160,7 +175,15 @@ impl Scenario {
     }
 }
 
-/// A top-level time (the error is prefixed with the scenario's name by [`ScenarioError::Invalid`]).
+/// [`Scenario::label`].
+fn label(path: Option<&Path>, name: &str) -> String {
+    match path {
+        Some(p) => p.display().to_string(),
+        None => format!("{name:?}"),
+    }
+}
+
+/// A top-level time (the error is prefixed with the scenario's file or name by [`ScenarioError::Invalid`]).
 fn secs(field: &str, v: f64) -> Result<Nanos, String> {
     if !v.is_finite() || !(0.0..=MAX_DURATION_S).contains(&v) {
         return Err(format!("{field} must be between 0 and {MAX_DURATION_S} s, got {}", Num(v)));
@@ -206,9 +229,15 @@ fn check_size(pairs: usize, tenants: usize, servers: usize) -> Result<(), String
 
 impl ScenarioFile {
     /// Validates the file into a [`Scenario`] (trace paths relative to `base`).
+    /// Errors name the scenario by its name; [`ScenarioFile::validate_as`] names its file.
     pub fn validate(self, base: Option<&Path>) -> Result<Scenario, ScenarioError> {
-        let name = self.name.clone();
-        validate(self, base).map_err(|message| ScenarioError::Invalid { name, message })
+        let label = label(None, &self.name);
+        self.validate_as(base, label)
+    }
+
+    /// [`ScenarioFile::validate`] with errors naming the scenario as `label` ([`Scenario::label`]).
+    pub fn validate_as(self, base: Option<&Path>, label: String) -> Result<Scenario, ScenarioError> {
+        validate(self, base).map_err(|message| ScenarioError::Invalid { scenario: label, message })
     }
 }
 
@@ -359,6 +388,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Scenario {
         name: file.name,
+        path: None,
+        sabotage: None,
         description: file.description,
         duration,
         warmup,

@@ -35,6 +35,7 @@ pub fn meta(sc: &Scenario) -> RunMeta {
 /// The totals of a run of `sc`.
 pub fn build(sc: &Scenario, recording: Recording) -> RunTotals {
     let mut totals = recording.recorder.finish(&meta(sc));
+    totals.summary.sabotage = sc.sabotage.map(String::from);
     if let Some(h) = recording.hosts {
         let hosts = h.finish(parda::hosts_meta(sc));
         totals.summary.hosts = Some(hosts.summary.clone());
