@@ -488,12 +488,12 @@ pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
 /// row) and one `row` line each.
 fn emit<T: Serialize>(rows: &[T], json: bool, head: &str, align: &str, row: impl Fn(&T) -> String) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(rows)?);
+        outln!("{}", serde_json::to_string_pretty(rows)?);
     } else {
-        println!("{head}");
-        println!("{align}");
+        outln!("{head}");
+        outln!("{align}");
         for r in rows {
-            println!("{}", row(r));
+            outln!("{}", row(r));
         }
     }
     Ok(())

@@ -163,9 +163,9 @@ fn up(a: UpArgs) -> Result<()> {
         } else {
             e.direct.iter().map(|a| format!("nbd://{a}/{}", e.export)).collect()
         };
-        println!("tenant {} {}", e.tenant, uris.join(" "));
+        outln!("tenant {} {}", e.tenant, uris.join(" "));
     }
-    println!("ready");
+    outln!("ready");
     let res = rt.block_on(serve_until_signal(&sup, signals));
     finish(sup, res)
 }

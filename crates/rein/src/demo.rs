@@ -223,15 +223,15 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, &totals, None)?;
     let out = DemoResult { scheduler: kind.name().into(), windows, reservations_held: resv_ok, limits_held: limit_ok };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("\nThe mClock paper's §2.1 tenants on a live rein serve ({} scheduler), 75% reads of 4 KiB, 16 / 32 / 64 outstanding:", kind);
+    outln!("\nThe mClock paper's §2.1 tenants on a live rein serve ({} scheduler), 75% reads of 4 KiB, 16 / 32 / 64 outstanding:", kind);
     for w in &out.windows {
-        println!("{} ({:.0}-{:.0} s):", w.label, w.from_s, w.to_s);
-        println!("  {:<6} {:>6} {:>6} {:>3} {:>9} {:>9} {:>8}", "tenant", "r", "l", "w", "IOPS", "oracle", "diff");
+        outln!("{} ({:.0}-{:.0} s):", w.label, w.from_s, w.to_s);
+        outln!("  {:<6} {:>6} {:>6} {:>3} {:>9} {:>9} {:>8}", "tenant", "r", "l", "w", "IOPS", "oracle", "diff");
         for r in &w.tenants {
-            println!(
+            outln!(
                 "  {:<6} {:>6} {:>6} {:>3} {:>9.1} {:>9.1} {:>+7.1}%",
                 r.name,
                 r.reservation,
@@ -243,13 +243,13 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             );
         }
     }
-    println!(
+    outln!(
         "\nwith {}: reservations held (within 5%): {}; limit held (within 2%): {}",
         kind,
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
-    println!(
+    outln!(
         "plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv",
         shown(&args.out)
     );
@@ -308,18 +308,18 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
     let results = results.expect("asked to check");
     sim::write_outputs(&args.out, &sc, &r, Some(&results))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r.summary)?);
+        outln!("{}", serde_json::to_string_pretty(&r.summary)?);
         return Ok(());
     }
-    println!("{}\n", sc.description.trim());
+    outln!("{}\n", sc.description.trim());
     for (label, a, b) in [("capacity 2,400 IOPS (5-60 s)", 5.0, 60.0), ("capacity 1,200 IOPS (65-120 s)", 65.0, 120.0)]
     {
         let oracle = r.oracle_iops(a, b);
-        println!("{label}:");
-        println!("  {:<6} {:>10} {:>10} {:>8}", "tenant", "IOPS", "oracle", "diff");
+        outln!("{label}:");
+        outln!("  {:<6} {:>10} {:>10} {:>8}", "tenant", "IOPS", "oracle", "diff");
         for (i, t) in sc.tenants.iter().enumerate() {
             let got = r.timeseries.iops(i, a, b);
-            println!(
+            outln!(
                 "  {:<6} {:>10.1} {:>10.1} {:>+7.1}%",
                 t.name,
                 got,
@@ -328,7 +328,7 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
             );
         }
     }
-    println!();
+    outln!();
     let misses = sim::print_checks(&results, false);
     let held = |word: &str| {
         results
@@ -338,13 +338,13 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
             .all(|(c, _)| c.ok)
     };
     let (resv_ok, limit_ok) = (held("reservation"), held("limit"));
-    println!(
+    outln!(
         "\nwith {} (simulated): reservations held: {}; limit held: {}",
         args.scheduler,
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
-    println!("plots: {0}/iops.png, {0}/latency.png, {0}/phases.png (and .svg)", shown(&args.out));
+    outln!("plots: {0}/iops.png, {0}/latency.png, {0}/phases.png (and .svg)", shown(&args.out));
     if misses > 0 && kind == SchedulerKind::Mclock {
         bail!("{misses} expectations missed");
     }

@@ -102,14 +102,24 @@ pub(crate) fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
 
 /// The per-tenant summary table on stdout (`?` where the spec or phases are unknown).
 pub(crate) fn print_summary(totals: &RunTotals) {
-    println!(
+    outln!(
         "{:<12} {:>7} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7}",
-        "tenant", "r", "l", "w", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "resv%", "errors"
+        "tenant",
+        "r",
+        "l",
+        "w",
+        "IOPS",
+        "MB/s",
+        "lat ms",
+        "p99 ms",
+        "max ms",
+        "resv%",
+        "errors"
     );
     for t in &totals.summary.tenants {
         let opt = |v: Option<f64>, none: &str| v.map_or(none.to_string(), |x| format!("{x}"));
         let resv = t.phase.as_ref().map_or("?".into(), |p| format!("{:.0}%", 100.0 * p.reservation_fraction()));
-        println!(
+        outln!(
             "{:<12} {:>7} {:>7} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7}",
             t.name,
             opt(t.reservation, "?"),
@@ -125,10 +135,10 @@ pub(crate) fn print_summary(totals: &RunTotals) {
         );
     }
     if totals.summary.tenants.iter().any(|t| t.weight.is_none()) {
-        println!("(? = unknown: pass --admin to read the tenants' specs and phases from the server)");
+        outln!("(? = unknown: pass --admin to read the tenants' specs and phases from the server)");
     }
     // `rein cluster run` of a pShift scenario: the controller's closed periods, as `rein sim` prints them.
-    print!("{}", rein_model::report::rounds::periods_text(&totals.periods, 8));
+    out!("{}", rein_model::report::rounds::periods_text(&totals.periods, 8));
 }
 
 /// The `--tls-*` flags: a client context if any is given (errors name the flag and the file).
@@ -200,7 +210,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("the load's task failed: {e}"))??;
     // The summary first: a failure to write --out then fails the command without costing the results.
     if args.json {
-        println!("{}", totals.summary.to_json().trim_end());
+        outln!("{}", totals.summary.to_json().trim_end());
     } else {
         print_summary(&totals);
     }

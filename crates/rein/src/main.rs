@@ -3,6 +3,9 @@
 
 #![forbid(unsafe_code)]
 
+#[macro_use]
+mod stdout;
+
 mod bench;
 mod cluster;
 mod demo;
@@ -72,6 +75,9 @@ fn main() {
         Cmd::Pshift(c) => pshift::run(c),
         Cmd::Cluster(c) => cluster::run(c),
     };
+    // A write to stdout that failed other than on a closed pipe fails the command (stdout.rs).
+    let flushed = stdout::finish();
+    let res = res.and(flushed);
     // The last words go after the log lines, through the same queue; the exit waits for them a while.
     let code = match res {
         Ok(()) => 0,

@@ -94,18 +94,21 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
         anyhow::Ok(probe(storage, device, &pc).await?)
     })?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    println!("IOPS          {:.0}", r.iops);
-    println!("MB/s          {:.1}", r.mb_s);
-    println!(
+    outln!("IOPS          {:.0}", r.iops);
+    outln!("MB/s          {:.1}", r.mb_s);
+    outln!(
         "latency (ms)  mean {:.3}  p50 {:.3}  p99 {:.3}  max {:.3}",
-        r.latency_mean_ms, r.latency_p50_ms, r.latency_p99_ms, r.latency_max_ms
+        r.latency_mean_ms,
+        r.latency_p50_ms,
+        r.latency_p99_ms,
+        r.latency_max_ms
     );
-    println!("io_engine     {}", r.io_engine);
-    println!();
-    println!("For admission control, put in the server config (reservations above it are refused):");
-    println!("capacity_iops = {:.0}", r.iops.floor());
+    outln!("io_engine     {}", r.io_engine);
+    outln!();
+    outln!("For admission control, put in the server config (reservations above it are refused):");
+    outln!("capacity_iops = {:.0}", r.iops.floor());
     Ok(())
 }

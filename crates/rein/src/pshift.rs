@@ -158,20 +158,20 @@ fn sweep(a: &SweepArgs) -> Result<()> {
         }
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&cells)?);
+        outln!("{}", serde_json::to_string_pretty(&cells)?);
     } else {
-        print!("| N_A \\ N_D |");
+        out!("| N_A \\ N_D |");
         for nd in &a.changes {
-            print!(" {nd} |");
+            out!(" {nd} |");
         }
-        println!();
-        println!("|---:|{}", "---:|".repeat(a.changes.len()));
+        outln!();
+        outln!("|---:|{}", "---:|".repeat(a.changes.len()));
         for &na in &a.active {
-            print!("| {na} |");
+            out!("| {na} |");
             for c in cells.iter().filter(|c| c.active == na) {
-                print!(" {:.2}% ({:.2}-{:.2}) |", 100.0 * c.error, 100.0 * c.error_min, 100.0 * c.error_max);
+                out!(" {:.2}% ({:.2}-{:.2}) |", 100.0 * c.error, 100.0 * c.error_min, 100.0 * c.error_max);
             }
-            println!();
+            outln!();
         }
     }
     Ok(())
@@ -443,7 +443,7 @@ pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
             let inst = load_instance(&a.instance)?;
             let (alloc, secs) = timed_solve(&inst, a.threads, a.approx_top, a.approx_per_server)?;
             let out = solve_out(&inst, &alloc, &a, secs);
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            outln!("{}", serde_json::to_string_pretty(&out)?);
         }
         PshiftCmd::Sweep(a) => sweep(&a)?,
         PshiftCmd::Controller(a) => controller(&a)?,
@@ -452,7 +452,7 @@ pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
             let json = pshift_instance::to_json(&inst);
             match &a.out {
                 Some(p) => std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?,
-                None => print!("{json}"),
+                None => out!("{json}"),
             }
         }
     }

@@ -369,7 +369,7 @@ pub(crate) fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
         if to_stderr {
             eprintln!("{line}");
         } else {
-            println!("{line}");
+            outln!("{line}");
         }
         misses += (!c.ok) as usize;
     }
@@ -388,7 +388,7 @@ pub(crate) fn run(args: SimArgs) -> Result<()> {
         check_out(dir)?;
     }
     let (r, results) = run_with_progress(&sc, a.quiet || a.json, a.check)?;
-    report(a, &sc, &r, results, |r| print!("{}", summary_text(r)))
+    report(a, &sc, &r, results, |r| out!("{}", summary_text(r)))
 }
 
 /// `--check` of a scenario without `[[expect]]` entries is refused before the run, which would check
@@ -412,25 +412,25 @@ pub(crate) fn report(
     summary: impl FnOnce(&RunTotals),
 ) -> Result<()> {
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r.summary)?);
+        outln!("{}", serde_json::to_string_pretty(&r.summary)?);
     } else {
         summary(r);
     }
     let written = a.out.as_ref().map(|dir| write_outputs(dir, sc, r, results.as_deref())).transpose();
     if !a.json && matches!(written, Ok(Some(()))) {
         if let Some(dir) = &a.out {
-            println!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
+            outln!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
             if !r.rounds.is_empty() {
-                println!("wrote {}/{{rounds.csv, rounds (.png, .svg)}}", dir.display());
+                outln!("wrote {}/{{rounds.csv, rounds (.png, .svg)}}", dir.display());
             }
             if !r.period_log.records.is_empty() {
-                println!(
+                outln!(
                     "wrote {}/{{periods.csv, period-verdicts (.png, .svg)}} (each bucket's IOs in each closed period)",
                     dir.display()
                 );
             }
             if r.hosts.is_some() {
-                println!(
+                outln!(
                     "wrote {}/{{hosts.csv, host-window, host-latency, host-iops, host-beta (.png, .svg)}}",
                     dir.display()
                 );

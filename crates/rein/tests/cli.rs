@@ -403,6 +403,43 @@ fn sim_out_on_a_full_disk_leaves_only_whole_files() {
     assert!(failed[0] == "timeseries.csv" && [".svg", ".png"].iter().any(|e| failed[1].ends_with(e)), "{failed:?}");
 }
 
+/// `rein sim --json` into a reader that stops after 100 bytes (`| head -c 100`) ends quietly with status
+/// 0 (no panic, no backtrace), and still writes `--out`. The JSON (300 tenants) is larger than a pipe's
+/// buffer, so a write meets the closed pipe.
+#[test]
+fn sim_json_into_a_reader_that_stops_early_ends_quietly() {
+    use std::io::Read;
+    let _cpu = busy();
+    let dir = tmp("epipe");
+    let mut text =
+        String::from("name = \"many\"\nduration_s = 1.0\n[[servers]]\nname = \"s1\"\ncapacity_iops = 10000\n");
+    for i in 0..300 {
+        text.push_str(&format!(
+            "[[tenants]]\nname = \"t{i}\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 1\n"
+        ));
+    }
+    let sc = dir.path().join("many.toml");
+    std::fs::write(&sc, text).unwrap();
+    let out = dir.path().join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["sim", "-q", "--json", "--out"])
+        .arg(&out)
+        .arg(&sc)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 100];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The reader is gone.
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr, "");
+    assert!(String::from_utf8_lossy(&first).starts_with("{\n  \"name\": \"many\""));
+    assert!(out.join("summary.json").exists(), "--out is still written");
+}
+
 /// `--check` of a scenario without `[[expect]]` is refused before the run: nothing runs, nothing is
 /// written, `--out` is not even made.
 #[test]

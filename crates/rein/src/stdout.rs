@@ -1,0 +1,65 @@
+//! Standard output for the commands' results ([`outln!`], [`out!`]), in place of `println!`, which
+//! panics when stdout is a pipe its reader has closed (`rein sim --json | head -c 100`: EPIPE, since Rust
+//! programs ignore SIGPIPE).
+//!
+//! A reader that stops reading is not an error: once a write fails with EPIPE, the rest of the command's
+//! output is dropped, the command still does the rest of its work (writes `--out`, checks), and its exit
+//! status is its own (0 when it succeeded). Any other failure to write stdout (a full disk under
+//! `> file`) also drops the rest, and fails the command at its end ([`finish`]). SIGPIPE stays ignored, so
+//! the daemons' sockets never kill them.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// A write to stdout failed: write nothing more.
+static CLOSED: AtomicBool = AtomicBool::new(false);
+/// The first failure other than EPIPE.
+static FAILED: Mutex<Option<std::io::Error>> = Mutex::new(None);
+
+/// Writes to stdout (see the module comment).
+pub(crate) fn write(args: std::fmt::Arguments) {
+    if CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        failed(e);
+    }
+}
+
+fn failed(e: std::io::Error) {
+    CLOSED.store(true, Ordering::Relaxed);
+    if e.kind() != std::io::ErrorKind::BrokenPipe {
+        FAILED.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+    }
+}
+
+/// Flushes stdout at the command's end; an error if a write failed other than by EPIPE.
+pub(crate) fn finish() -> anyhow::Result<()> {
+    if !CLOSED.load(Ordering::Relaxed) {
+        if let Err(e) = std::io::stdout().lock().flush() {
+            failed(e);
+        }
+    }
+    match FAILED.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(e) => Err(anyhow::Error::from(e).context("writing standard output")),
+        None => Ok(()),
+    }
+}
+
+/// `println!` to stdout without a panic on a closed pipe (the module comment).
+macro_rules! outln {
+    () => {
+        $crate::stdout::write(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` to stdout without a panic on a closed pipe (the module comment).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!($($arg)*))
+    };
+}
