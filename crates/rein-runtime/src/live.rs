@@ -17,8 +17,9 @@
 //! that the caller only awaits: dropping the caller drops the wait, never a change half-applied (the
 //! dispatcher at the new spec, admission and the state file at the old). A caller dropped before that
 //! task starts has changed nothing. `add_export` and `remove_export` change nothing before their last
-//! await, so need no task; `reload` is awaited in a branch's body of the server's loop, which drops it
-//! only with the server.
+//! await, so need no task. `reload` opens the storage of new exports first, in its caller's future and
+//! without the change lock (an open can block for long; the server's loop drops a reload that a newer one
+//! replaces, or at shutdown), then checks and applies in a task of its own as the others do.
 //!
 //! # Admission
 //! The reservations' sum is checked against the capacity in use: the admin's (`PUT /api/capacity`), else
@@ -670,7 +671,36 @@ impl Registry {
     /// applied over it as at start, and the difference from what runs is applied as one change. Settings
     /// that cannot change live are reported in [`ReloadReport::needs_restart`] and keep their running
     /// values. On an error nothing has changed.
-    pub async fn reload(&self, new_base: ServerConfig) -> Result<ReloadReport, ChangeError> {
+    ///
+    /// The storage of new and changed exports is opened first, on a thread of its own ([`open_apart`])
+    /// and without the change lock: an open can block for a long time (a hung network mount, a file
+    /// under another process's lease), and neither the server's loop nor the admin's changes wait for
+    /// it. Then, under the lock and in a task of its own ([`detached`]), the change is computed again
+    /// from what runs then (an admin change may have come in between) and applied as one step, with the
+    /// storage opened; an export that this second look finds still unopened is opened and the step tried
+    /// again. Dropping the returned future while files are being opened applies nothing (a stuck open's
+    /// thread is left behind; its storage, if it ever opens, is closed and its lock released); once the
+    /// apply has started, it completes. A missing file with `size_mb` is created by its open even if the
+    /// reload is dropped or fails afterwards, as at start (the configuration file names it).
+    pub async fn reload(self: &Arc<Self>, new_base: ServerConfig) -> Result<ReloadReport, ChangeError> {
+        let mut opened: Opened = Vec::new();
+        loop {
+            let this = Arc::clone(self);
+            let base = new_base.clone();
+            match detached("reload", async move { this.reload_step(base, opened).await }).await? {
+                ReloadStep::Applied(report) => return Ok(report),
+                ReloadStep::Open { missing, opened: kept } => {
+                    opened = kept;
+                    opened.extend(open_apart(missing).await?);
+                }
+            }
+        }
+    }
+
+    /// One try of [`Registry::reload`] under the change lock: checks the whole change, then either
+    /// applies it with the storage in `opened` or, if an export to open is not among them, changes
+    /// nothing and returns the exports to open (and `opened`, for the next try).
+    async fn reload_step(&self, new_base: ServerConfig, mut opened: Opened) -> Result<ReloadStep, ChangeError> {
         let mut inner = self.changes.lock().await;
         let mut report = ReloadReport::default();
         let old = inner.base.clone();
@@ -783,23 +813,33 @@ impl Registry {
             }
         }
         crate::preflight::check_exports(&new.exports).map_err(|e| ChangeError::Invalid(e.to_string()))?;
-        // Open new or changed exports first: a failure leaves everything as it was.
+        // New or changed exports need their storage open before anything is applied (opened off the lock
+        // by the caller, [`Registry::reload`]): a failure leaves everything as it was.
         let json = |c: &ServerConfig, e: &ExportConfig| ExportJson::from_config(e, &c.tenants[e.tenant].name);
         // The running exports as written, by name (names are unique): one lookup per new export.
         let running: std::collections::HashMap<&str, ExportJson> =
             cur.exports.iter().map(|x| (x.name.as_str(), json(cur, x))).collect();
-        let mut opened = Vec::new();
-        for e in &new.exports {
-            if running.get(e.name.as_str()) == Some(&json(&new, e)) {
-                continue;
-            }
-            let c2 = e.clone();
-            let storage = tokio::task::spawn_blocking(move || crate::preflight::open_export(&c2))
-                .await
-                .map_err(|x| ChangeError::Failed(x.to_string()))?
-                .map_err(|x| ChangeError::Failed(x.to_string()))?;
-            opened.push((e.name.clone(), storage));
+        let to_open: Vec<(&ExportConfig, ExportJson)> = new
+            .exports
+            .iter()
+            .map(|e| (e, json(&new, e)))
+            .filter(|(e, j)| running.get(e.name.as_str()) != Some(j))
+            .collect();
+        let missing: Vec<(ExportConfig, ExportJson)> = to_open
+            .iter()
+            .filter(|(_, j)| !opened.iter().any(|(o, _)| o == j))
+            .map(|(e, j)| ((*e).clone(), j.clone()))
+            .collect();
+        if !missing.is_empty() {
+            return Ok(ReloadStep::Open { missing, opened });
         }
+        let opened: Vec<(String, Arc<dyn crate::storage::Storage>)> = to_open
+            .iter()
+            .map(|(e, j)| {
+                let i = opened.iter().position(|(o, _)| o == j).expect("none missing");
+                (e.name.clone(), opened.swap_remove(i).1)
+            })
+            .collect();
         let cur_tenants = self.tenants();
         let mut ids: Vec<(String, TenantId)> = Vec::new();
         let mut added = Vec::new();
@@ -895,7 +935,53 @@ impl Registry {
         inner.capacity = capacity_entry;
         inner.effective = new;
         inner.base = base;
-        Ok(report)
+        Ok(ReloadStep::Applied(report))
+    }
+}
+
+/// Storage opened for a reload, by its export as written.
+type Opened = Vec<(ExportJson, Arc<dyn crate::storage::Storage>)>;
+
+/// What one try of a reload did ([`Registry::reload_step`]).
+enum ReloadStep {
+    /// The change is applied.
+    Applied(ReloadReport),
+    /// Nothing is applied: these exports' storage must be opened first.
+    Open {
+        /// The exports to open (each also as written, which names its tenant).
+        missing: Vec<(ExportConfig, ExportJson)>,
+        /// The storage opened so far (given back for the next try).
+        opened: Opened,
+    },
+}
+
+/// Opens `exports`' storage, in order, on a thread of its own; the first failure is the error (naming the
+/// export and its file), and the storage opened before it is closed. A thread of its own rather than
+/// `spawn_blocking`: an open that never returns (a hung network mount) would hold up the runtime's drop,
+/// hence the exit after SIGTERM, where a plain thread is left behind and ends with the process. Dropping
+/// the returned future leaves the thread to finish; what it opens is then closed.
+fn open_apart(
+    exports: Vec<(ExportConfig, ExportJson)>,
+) -> impl std::future::Future<Output = Result<Opened, ChangeError>> + Send + 'static {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let started = std::thread::Builder::new().name("rein-open".into()).spawn(move || {
+        let mut opened = Vec::with_capacity(exports.len());
+        for (e, j) in exports {
+            match crate::preflight::open_export(&e) {
+                Ok(s) => opened.push((j, s)),
+                Err(x) => {
+                    let _ = tx.send(Err(ChangeError::Failed(x.to_string())));
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(Ok(opened));
+    });
+    async move {
+        if let Err(e) = started {
+            return Err(ChangeError::Failed(format!("cannot start a thread to open the exports' storage: {e}")));
+        }
+        rx.await.unwrap_or_else(|_| Err(ChangeError::Failed("the thread opening the exports' storage ended".into())))
     }
 }
 

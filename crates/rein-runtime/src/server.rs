@@ -137,15 +137,8 @@ pub fn read_apart<T: Send + 'static>(
     })
 }
 
-/// One reload: apply the file read (`read`), log what changed, or the error once.
-async fn reload_config(registry: &Registry, read: Result<ServerConfig, String>) {
-    let cfg = match read {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("reload: {e}; the running configuration is unchanged");
-            return;
-        }
-    };
+/// One reload: apply the configuration read, `cfg`, log what changed, or the error once.
+async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) {
     match registry.reload(cfg).await {
         Ok(r) => {
             for line in &r.applied {
@@ -175,8 +168,16 @@ pub type ConfigLoader = Box<dyn FnMut() -> Result<ServerConfig, String> + Send>;
 /// Reloads on demand: each message on `requests` (SIGHUP in the binary, or a test) reads the
 /// configuration with `load` and applies the difference ([`crate::live::Registry::reload`]). A file that
 /// does not load or validate, or a change that cannot apply as a whole, leaves everything as it was and is
-/// logged once. `load` runs on a thread of its own ([`read_apart`]): the server accepts connections and
-/// stops on its signal while it reads; a request that comes meanwhile waits for that read.
+/// logged once. `load` runs on a thread of its own ([`read_apart`]), and so does the opening of the
+/// storage of new or changed exports ([`crate::live::Registry::reload`]): the server accepts connections,
+/// serves them, and stops on its signal while a file is read or opened (a hung network mount).
+///
+/// A request that comes while the configuration file is being read waits for that read, then reads the
+/// file again. A configuration read while an earlier reload is still under way (opening its exports'
+/// files) replaces it, the latest wins: the earlier one is dropped, and if it was still opening files
+/// nothing of it is applied (its files, if they ever open, are closed); if it was already applying, it
+/// completes and the newer one applies after it. So an open that never returns does not hold up the
+/// reloads after it: the operator mends the file and sends SIGHUP again.
 pub struct Reload {
     /// One message per reload.
     pub requests: tokio::sync::mpsc::Receiver<()>,
@@ -349,6 +350,9 @@ pub async fn run_with(
     };
     // The read of the configuration file of a reload under way ([`read_apart`]).
     let mut reading = None;
+    // The reload of the configuration last read, while it opens its exports' storage and applies
+    // ([`Reload`]: a newer one replaces it).
+    let mut applying: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -357,13 +361,25 @@ pub async fn run_with(
             }
             read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
                 reading = None;
-                reload_config(&registry, read).await;
+                match read {
+                    Ok(cfg) => {
+                        if applying.is_some() {
+                            tracing::warn!("reload: a newer reload replaces the one still under way (nothing of that one is applied if it was still opening its exports' files)");
+                        }
+                        applying = Some(Box::pin(reload_config(registry.clone(), cfg)));
+                    }
+                    Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+                }
             }
+            () = async { applying.as_mut().expect("guarded").await }, if applying.is_some() => applying = None,
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
     }
     if reading.is_some() {
         tracing::warn!("stopping: the configuration file is still being read for a reload; that reload is abandoned");
+    }
+    if applying.take().is_some() {
+        tracing::warn!("stopping: a reload is still under way; it is abandoned (nothing of it is applied if it was still opening its exports' files)");
     }
     // Told first, logged after: a request a client sends once it sees the line is refused (ESHUTDOWN).
     let _ = stop_tx.send(true);

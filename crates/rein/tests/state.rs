@@ -359,6 +359,93 @@ fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
     s.wait_line("the configuration file is still being read for a reload; that reload is abandoned");
 }
 
+/// A read lease on a file, held by this process until dropped: another process's open of the file for
+/// writing blocks until the lease is released, or broken by the kernel after
+/// `/proc/sys/fs/lease-break-time` seconds (45 by default), as an open on a hung network mount blocks. (A
+/// FIFO would not do: an export's file is refused before it is opened if it is one.) The lease's break is
+/// signalled with SIGURG, which this process ignores by default.
+struct Lease {
+    _file: std::fs::File,
+}
+
+impl Lease {
+    #[allow(unsafe_code)] // fcntl(F_SETSIG, F_SETLEASE) has no safe wrapper; see the SAFETY comment.
+    fn take(path: &Path) -> Lease {
+        use std::os::fd::AsRawFd;
+        // Linux's F_SETSIG (fcntl.h), which the libc crate does not define.
+        const F_SETSIG: libc::c_int = 10;
+        let file = std::fs::File::open(path).unwrap();
+        // SAFETY: fcntl on a descriptor this function owns, with integer arguments.
+        let ok = unsafe {
+            libc::fcntl(file.as_raw_fd(), F_SETSIG, libc::SIGURG) == 0
+                && libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) == 0
+        };
+        assert!(ok, "a read lease on {}: {}", path.display(), std::io::Error::last_os_error());
+        Lease { _file: file }
+    }
+}
+
+/// Before: a reload opened the storage of a new export on the server's event loop; a file whose open
+/// blocked (here a file under a lease, in service a hung mount) stopped new NBD connections and SIGTERM
+/// until it opened. Now the files are opened on a thread of their own and the reload applies, as a whole,
+/// once they are open: meanwhile clients are served, nothing of the reload is applied, a newer reload
+/// replaces it (the latest wins), and SIGTERM stops the server at once.
+#[test]
+fn a_reload_whose_export_file_blocks_its_open_blocks_neither_clients_nor_sigterm() {
+    let break_s: u64 = std::fs::read_to_string("/proc/sys/fs/lease-break-time").unwrap().trim().parse().unwrap();
+    assert!(break_s >= 20, "fs.lease-break-time is {break_s} s: too short for this test's bounds");
+    let tmp = common::tmpdir("slow-open");
+    let path = config_file(tmp.path(), 154, BASE);
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in ["slow.img", "slow2.img"] {
+        std::fs::write(data.join(f), vec![0u8; 1 << 20]).unwrap();
+    }
+    let mut s = start(&path).unwrap();
+    let config = |reservation: u32, slow: &[&str]| {
+        let mut body = BASE.replace("reservation = 100", &format!("reservation = {reservation}"));
+        for f in slow {
+            body += &format!("[[exports]]\nname = \"{f}\"\npath = \"{f}.img\"\ntenant = \"a\"\n");
+        }
+        std::fs::write(&path, config_text(tmp.path(), &local(154), &body)).unwrap();
+    };
+    let lease = Lease::take(&data.join("slow.img"));
+    config(200, &["slow"]);
+    s.signal("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let open = common::nbd_open(s.nbd, "a", false, Duration::from_secs(5));
+    let open = open.unwrap_or_else(|e| panic!("a new client is not served while a reload opens a file: {e}"));
+    let mut raw = common::Raw { s: open.stream, buf: open.buf };
+    raw.send(rein_proto::nbd::Command::Read, 7, 0, 4096, &[]);
+    assert_eq!(raw.reply(4096), (7, 0, vec![0u8; 4096]), "a READ on a new connection");
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(100.0), "applied before its file opened");
+    // The latest wins: the file mended (no slow export), the stuck reload is replaced.
+    config(300, &[]);
+    s.signal("-HUP");
+    s.wait_line("a newer reload replaces the one still under way");
+    s.wait_line("configuration reloaded");
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(300.0));
+    assert!(nbdinfo_size(s.nbd, "slow").is_err(), "the replaced reload's export was added");
+    // Once the file opens (the lease released), the reload applies as a whole.
+    config(400, &["slow"]);
+    s.signal("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(300.0), "applied before its file opened");
+    drop(lease);
+    s.wait_log(&["export slow added"], Duration::from_secs(10));
+    assert_eq!(nbdinfo_size(s.nbd, "slow"), Ok(1 << 20));
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(400.0));
+    // SIGTERM while a reload's open is stuck: the server stops at once, the reload abandoned.
+    let _lease = Lease::take(&data.join("slow2.img"));
+    config(400, &["slow", "slow2"]);
+    s.signal("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let took = s.terminate(Duration::from_secs(5));
+    assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
+    s.wait_line("stopping: a reload is still under way");
+    assert_eq!(lines_with(&s, "configuration reloaded"), 2, "{:#?}", s.log.lock().unwrap());
+}
+
 /// Before: a change whose state file could not be written (a full disk) got its 500 and nothing else: no
 /// log line, and an empty `rein-state.json.tmp` left in the data directory. Now the server logs it once
 /// at ERROR, naming the file and the cause, and removes the temporary file; the change is not applied.
