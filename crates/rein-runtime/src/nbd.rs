@@ -469,7 +469,6 @@ pub async fn serve_client(
     let Some((transport, negotiated, identity, _tenant_slot, node_tenants)) = opened else { return Ok(()) };
     let export = exports[negotiated.export].clone();
     drop(exports);
-    let export = &*export;
     let opened = Instant::now();
     tracing::info!(%peer, export = %export.info.name, tenant = %export.tenant_name, tls = hs.tls_active(), identity = identity.as_deref().unwrap_or(""), structured = negotiated.structured, node = negotiated.node.is_some(), "NBD connection opened");
     let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
@@ -493,7 +492,7 @@ pub async fn serve_client(
 /// What the transmission phase knows of its connection.
 struct Conn<'a> {
     ctx: &'a NbdContext,
-    export: &'a Export,
+    export: Arc<Export>,
     peer: Peer,
     opened: Instant,
     /// The tenant of each slot of a storage-node session (empty otherwise).
@@ -524,7 +523,7 @@ where
     let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone(), coalesce, gone.clone()));
     let mut close = ctx.limits.close.subscribe();
     let mut conn = Connection {
-        export,
+        export: Arc::clone(&export),
         dispatcher: ctx.dispatcher.as_ref(),
         machine,
         input,
@@ -719,7 +718,8 @@ type Reply = (Vec<u8>, Held);
 
 /// One connection in the transmission phase.
 struct Connection<'a> {
-    export: &'a Export,
+    /// Shared with each request in flight, whose completion names the export if the backend fails it.
+    export: Arc<Export>,
     dispatcher: Option<&'a Dispatcher>,
     machine: ServerTransmission,
     input: Input,
@@ -903,7 +903,8 @@ impl Connection<'_> {
             Some(tag) => (self.node_tenants[tag.slot as usize], Some(tag.piggyback())),
             None => (self.export.tenant, None),
         };
-        let export = self.export.clone();
+        // A reference count (this once cloned the whole `Export`, strings and all, per request).
+        let export = Arc::clone(&self.export);
         let done = Box::new(move |res: IoResult, served: Served| {
             let reply = match res {
                 Ok(mut reply) => {
