@@ -19,7 +19,9 @@
 //! task starts has changed nothing. `add_export` and `remove_export` change nothing before their last
 //! await, so need no task. `reload` opens the storage of new exports first, in its caller's future and
 //! without the change lock (an open can block for long; the server's loop drops a reload that a newer one
-//! replaces, or at shutdown), then checks and applies in a task of its own as the others do.
+//! replaces, or at shutdown), then checks and applies in a task of its own as the others do. At the
+//! server's stop the changes' tasks still running are abandoned ([`Registry::abandon_changes`]): one stuck
+//! in the open of an added export's file would otherwise keep the dispatcher, and the server, alive.
 //!
 //! # Admission
 //! The reservations' sum is checked against the capacity in use: the admin's (`PUT /api/capacity`), else
@@ -138,6 +140,8 @@ pub struct Registry {
     /// The export the empty name opens, by name: the NBD policy's, fixed at start (a reload names a change
     /// of it as needing a restart).
     default_export: Option<String>,
+    /// The tasks of the changes under way ([`detached`]), to abandon at shutdown.
+    pending: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 /// A tenant name's bounds (1..=[`MAX_TENANT_NAME`] bytes), for every change that adds one.
@@ -158,12 +162,19 @@ pub(crate) fn spec_in(snap: &crate::dispatch::Snapshot, id: TenantId, name: &str
 }
 
 /// Runs change `what`'s `commit` to its end in a task of its own, whether or not the returned future is
-/// awaited to its end or dropped (module comment). The task is spawned at once, before the first poll.
+/// awaited to its end or dropped (module comment). The task is spawned at once, before the first poll, and
+/// listed in `pending` until the server stops ([`Registry::abandon_changes`]).
 fn detached<T: Send + 'static>(
+    pending: &std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     what: &'static str,
     commit: impl std::future::Future<Output = Result<T, ChangeError>> + Send + 'static,
 ) -> impl std::future::Future<Output = Result<T, ChangeError>> {
     let task = tokio::spawn(commit);
+    {
+        let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain(|t| !t.is_finished());
+        pending.push(task.abort_handle());
+    }
     async move {
         task.await.map_err(|e| {
             if e.is_cancelled() {
@@ -222,6 +233,7 @@ impl Registry {
             admission: RwLock::new(effective.admission),
             data_dir: persist.then(|| effective.data_dir.clone()),
             changes: Arc::new(tokio::sync::Mutex::new(Inner { base, effective, capacity, retired: Vec::new() })),
+            pending: std::sync::Mutex::default(),
         }
     }
 
@@ -351,7 +363,7 @@ impl Registry {
         eff.tenants.iter_mut().filter(|t| t.name == name).for_each(|t| t.spec = spec);
         let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
         let (this, name) = (Arc::clone(self), name.to_string());
-        detached("update_spec", async move {
+        detached(&self.pending, "update_spec", async move {
             this.persist(&inner.base, &eff, inner.capacity)?;
             this.dispatcher.set_spec(id, spec).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
             inner.effective = eff;
@@ -372,7 +384,7 @@ impl Registry {
     /// Adds tenant `name` with `spec` (in a task of its own: module comment).
     pub async fn add_tenant(self: &Arc<Self>, name: &str, spec: QosSpec) -> Result<Option<String>, ChangeError> {
         let (this, name) = (Arc::clone(self), name.to_string());
-        detached("add_tenant", async move { this.add_tenant_now(&name, spec).await }).await
+        detached(&self.pending, "add_tenant", async move { this.add_tenant_now(&name, spec).await }).await
     }
 
     async fn add_tenant_now(&self, name: &str, spec: QosSpec) -> Result<Option<String>, ChangeError> {
@@ -413,7 +425,7 @@ impl Registry {
         wanted: &[(String, QosSpec)],
     ) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let (this, wanted) = (Arc::clone(self), wanted.to_vec());
-        detached("adopt", async move { this.adopt_now(&wanted).await }).await
+        detached(&self.pending, "adopt", async move { this.adopt_now(&wanted).await }).await
     }
 
     async fn adopt_now(&self, wanted: &[(String, QosSpec)]) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
@@ -508,7 +520,7 @@ impl Registry {
     /// Runs in a task of its own (module comment).
     pub async fn remove_tenant(self: &Arc<Self>, name: &str) -> Result<(), ChangeError> {
         let (this, name) = (Arc::clone(self), name.to_string());
-        detached("remove_tenant", async move { this.remove_tenant_now(&name).await }).await
+        detached(&self.pending, "remove_tenant", async move { this.remove_tenant_now(&name).await }).await
     }
 
     async fn remove_tenant_now(&self, name: &str) -> Result<(), ChangeError> {
@@ -553,7 +565,7 @@ impl Registry {
     /// the file without the export.
     pub async fn add_export(self: &Arc<Self>, j: ExportJson) -> Result<(), ChangeError> {
         let this = Arc::clone(self);
-        detached("add_export", async move { this.add_export_now(j).await }).await
+        detached(&self.pending, "add_export", async move { this.add_export_now(j).await }).await
     }
 
     async fn add_export_now(&self, j: ExportJson) -> Result<(), ChangeError> {
@@ -571,11 +583,10 @@ impl Registry {
         let mut all = inner.effective.exports.clone();
         all.push(cfg.clone());
         crate::preflight::check_exports(&all).map_err(|e| ChangeError::Invalid(e.to_string()))?;
-        let c2 = cfg.clone();
-        let storage = tokio::task::spawn_blocking(move || crate::preflight::open_export(&c2))
-            .await
-            .map_err(|e| ChangeError::Failed(e.to_string()))?
-            .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        // On a thread of its own ([`open_apart`]): an open that never returns holds up this change and
+        // the ones waiting for the change lock, not the server's stop ([`Registry::abandon_changes`]).
+        let mut opened = open_apart(vec![(cfg.clone(), j.clone())]).await?;
+        let storage = opened.pop().expect("one export opened").1;
         let mut eff = inner.effective.clone();
         eff.exports.push(cfg.clone());
         self.persist(&inner.base, &eff, inner.capacity)?;
@@ -611,7 +622,7 @@ impl Registry {
     /// in a task of its own (module comment).
     pub async fn set_capacity(self: &Arc<Self>, iops: f64) -> Result<Option<String>, ChangeError> {
         let this = Arc::clone(self);
-        detached("set_capacity", async move { this.set_capacity_now(iops).await }).await
+        detached(&self.pending, "set_capacity", async move { this.set_capacity_now(iops).await }).await
     }
 
     async fn set_capacity_now(&self, iops: f64) -> Result<Option<String>, ChangeError> {
@@ -667,6 +678,15 @@ impl Registry {
         })
     }
 
+    /// At the server's stop (the admin endpoint closed): abandons the changes still under way, each at its
+    /// next await, and returns how many there were. A change stuck in an open of its file (a hung mount)
+    /// would otherwise hold the registry, hence the dispatcher, and the server would not exit. One cut
+    /// after its state file was written is applied from it at the next start.
+    pub fn abandon_changes(&self) -> usize {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        pending.iter().filter(|t| !t.is_finished()).map(|t| t.abort()).count()
+    }
+
     /// Applies a new configuration file `new_base` (already validated): the state file's entries are
     /// applied over it as at start, and the difference from what runs is applied as one change. Settings
     /// that cannot change live are reported in [`ReloadReport::needs_restart`] and keep their running
@@ -687,7 +707,7 @@ impl Registry {
         loop {
             let this = Arc::clone(self);
             let base = new_base.clone();
-            match detached("reload", async move { this.reload_step(base, opened).await }).await? {
+            match detached(&self.pending, "reload", async move { this.reload_step(base, opened).await }).await? {
                 ReloadStep::Applied(report) => return Ok(report),
                 ReloadStep::Open { missing, opened: kept } => {
                     opened = kept;

@@ -411,6 +411,12 @@ pub async fn run_with(
     if tokio::time::timeout(crate::nbd::CLOSE_GRACE, admin_task).await.is_err() {
         admin_abort.abort();
     }
+    // A change stuck in an open of its file (POST /api/exports on a hung mount) would hold the registry,
+    // hence the dispatcher, for as long as the open takes.
+    let abandoned = registry.abandon_changes();
+    if abandoned > 0 {
+        tracing::warn!(changes = abandoned, "stopping: changes still under way are abandoned");
+    }
     drop(ctx);
     // The policy's [node] service holds the registry, hence a dispatcher handle: dropped too, or the
     // dispatcher never ends and a storage node never exits.

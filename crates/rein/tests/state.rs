@@ -446,6 +446,38 @@ fn a_reload_whose_export_file_blocks_its_open_blocks_neither_clients_nor_sigterm
     assert_eq!(lines_with(&s, "configuration reloaded"), 2, "{:#?}", s.log.lock().unwrap());
 }
 
+/// Before: `POST /api/exports` of a file whose open blocked held up the server's exit after SIGTERM until
+/// the open returned (the change's task kept the dispatcher alive, and the runtime waited for its blocking
+/// open). Now a stop abandons a change still under way and the open's thread is left to end with the
+/// process: SIGTERM stops the server at once.
+#[test]
+fn an_added_export_whose_file_blocks_its_open_does_not_hold_up_sigterm() {
+    use std::io::Write;
+    let tmp = common::tmpdir("slow-add");
+    let path = config_file(tmp.path(), 155, BASE);
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("slow.img"), vec![0u8; 1 << 20]).unwrap();
+    let mut s = start(&path).unwrap();
+    let _lease = Lease::take(&data.join("slow.img"));
+    let body = r#"{"name": "slow", "path": "slow.img", "tenant": "a"}"#;
+    let mut post = std::net::TcpStream::connect(s.admin).unwrap();
+    write!(
+        post,
+        "POST /api/exports HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let open = common::nbd_open(s.nbd, "a", true, Duration::from_secs(5));
+    assert!(open.is_ok_and(|o| o.size == 1 << 20), "a client is not served while an export's file is opened");
+    let took = s.terminate(Duration::from_secs(10));
+    assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
+    s.wait_line("stopping: changes still under way are abandoned");
+    drop(post);
+}
+
 /// Before: a change whose state file could not be written (a full disk) got its 500 and nothing else: no
 /// log line, and an empty `rein-state.json.tmp` left in the data directory. Now the server logs it once
 /// at ERROR, naming the file and the cause, and removes the temporary file; the change is not applied.
