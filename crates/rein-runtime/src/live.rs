@@ -692,10 +692,10 @@ impl Registry {
     /// that cannot change live are reported in [`ReloadReport::needs_restart`] and keep their running
     /// values. On an error nothing has changed.
     ///
-    /// The storage of new and changed exports is opened first, on a thread of its own ([`open_apart`])
+    /// The storage of new and changed exports is opened first, on a thread of its own (`open_apart`)
     /// and without the change lock: an open can block for a long time (a hung network mount, a file
     /// under another process's lease), and neither the server's loop nor the admin's changes wait for
-    /// it. Then, under the lock and in a task of its own ([`detached`]), the change is computed again
+    /// it. Then, under the lock and in a task of its own (`detached`), the change is computed again
     /// from what runs then (an admin change may have come in between) and applied as one step, with the
     /// storage opened; an export that this second look finds still unopened is opened and the step tried
     /// again. Dropping the returned future while files are being opened applies nothing (a stuck open's
