@@ -1,4 +1,4 @@
-//! Standard output for the commands' results ([`outln!`], [`out!`]), in place of `println!`, which
+//! Standard output for the commands' results (`outln!`, `out!`), in place of `println!`, which
 //! panics when stdout is a pipe its reader has closed (`rein sim --json | head -c 100`: EPIPE, since Rust
 //! programs ignore SIGPIPE).
 //!
