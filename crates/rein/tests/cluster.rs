@@ -501,7 +501,8 @@ fn run_check_json_passes_an_equation_and_fails_a_wrong_expectation() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stdout.contains("MISS tenant c: iops"), "{stdout}");
-    assert!(stderr.contains("1 of 3 expectations missed in eq1"), "{stderr}");
+    // Named by its file, as every scenario error is.
+    assert!(stderr.contains(&format!("scenario {sc}: 1 of 3 expectations missed")), "{stderr}");
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 
