@@ -11,7 +11,9 @@
 //!   512-byte slot at offset `512 * i` and overwrites it each period with one positioned write
 //!   (`pwrite`); every host reads the whole file back with one positioned read. Sector-sized slots mean a
 //!   host's write never overlaps another's. Blocking calls: run them on a blocking thread (they are one
-//!   small IO each, once per period).
+//!   small IO each, once per period). In a host's exchange ([`Transport::exchange`]) the read comes
+//!   before the write, so the host's own slot shows what was written there since its last write (see
+//!   "Two hosts with one id"), and the path is checked first (see "A board deleted or replaced").
 //! - [`UdpAggregation`] (§4.2 network-based): each host sends its record as one datagram to every peer;
 //!   peers are configured as (host id, address) pairs and a datagram is accepted only from the address
 //!   configured for the host id it names (a misconfigured or spoofing sender is counted, not believed).
@@ -31,6 +33,29 @@
 //! are kept with their reasons (the rest are counted), so a flood of junk costs a bounded amount of memory,
 //! and one decode (a CRC, or an HMAC with a key) a datagram.
 //!
+//! # A board deleted or replaced
+//! The board is opened once, and an open file outlives its name: a board deleted under running hosts
+//! (or replaced, e.g. by a copy) left them writing the old file while a host that restarted created a
+//! new one at the path, and the cluster split in two without a word. Each exchange therefore first
+//! checks (one `stat`) that the path still names the file the host has open (same device and inode);
+//! if not, it opens the path again as the start does (creating the file when it is gone) and exchanges
+//! through the new file, and the collection says what happened ([`CollectStats::reopened`]: the host
+//! logs it). Every host that notices does the same, so the hosts, restarted or not, meet in the one
+//! file at the path again within a period. A path that cannot be opened again (its directory gone) is
+//! an exchange error, and the host keeps exchanging through the file it has until it can.
+//!
+//! # Two hosts with one id
+//! Two hosts configured with the same id are one host to their peers (one slot, one entry in the
+//! aggregator). Each host tells by its epoch (its incarnation, rein-core's `HostConfig::epoch`, a start
+//! time in nanoseconds: two hosts never share one): a valid record carrying the host's own id and another
+//! epoch is another host's ([`CollectStats::same_id`]). Over UDP a host never sends to itself, so such a
+//! datagram is another host's at once (a record of the host's own epoch that comes back is its own,
+//! through a peer address that is its own: misplaced, as before). On the board the host's slot is read
+//! before the host writes it, so it holds the host's last record unless another writer came in between;
+//! the check starts after the host's first write into the file (the slot may hold a record of the
+//! host's previous incarnation until then). Such records are never fed to the aggregator (the host's own
+//! report stands for its id), and the host logs them (`parda_host`).
+//!
 //! Time (`now`) is passed in by the caller, as in the core: liveness is the caller's monotonic clock at
 //! collection time, so tests drive it explicitly and a daemon passes its clock.
 //!
@@ -47,8 +72,8 @@ use rein_proto::parda::{
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Largest datagram read (anything longer than a signed record is refused as oversized).
@@ -172,6 +197,39 @@ pub enum AggregationError {
     /// Two peers were configured with this host id.
     #[error("two peers have host id {0}")]
     DuplicatePeer(u32),
+    /// The board's path no longer names the file the host has open, and opening it again failed (the
+    /// host goes on with the file it has).
+    #[error("the board {} {change}, and opening it again failed: {source}", path.display())]
+    Reopen {
+        /// The board's path.
+        path: PathBuf,
+        /// What happened to it.
+        change: BoardChange,
+        /// The operating system's error.
+        source: io::Error,
+    },
+}
+
+/// What happened to a board's path under a running host (module comment, "A board deleted or
+/// replaced").
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum BoardChange {
+    /// No file at the path: it was deleted (the host creates it again).
+    Deleted,
+    /// The path names another file than the one the host has open: replaced, or deleted and created
+    /// again by another host.
+    Replaced,
+}
+
+impl std::fmt::Display for BoardChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BoardChange::Deleted => "was deleted",
+            BoardChange::Replaced => {
+                "names another file than the one this host had open (replaced, or deleted and created again)"
+            }
+        })
+    }
 }
 
 /// What one collection saw.
@@ -195,6 +253,15 @@ pub struct CollectStats {
     /// Where the first [`MAX_REFUSED_SHOWN`] misplaced records were found (slot or sender) and the host
     /// each named, for the log.
     pub misplaced_shown: Vec<(String, u32)>,
+    /// Valid records carrying this host's own id and another epoch: another host configured with the
+    /// same id (module comment, "Two hosts with one id"). Never fed to the aggregator.
+    pub same_id: usize,
+    /// Where the first [`MAX_REFUSED_SHOWN`] of them were found (slot or sender) and the record, for the
+    /// log.
+    pub same_id_shown: Vec<(String, HostReport)>,
+    /// The board's path named another file, or none, when this exchange began: it was opened again
+    /// (module comment, "A board deleted or replaced").
+    pub reopened: Option<BoardChange>,
 }
 
 impl CollectStats {
@@ -207,6 +274,13 @@ impl CollectStats {
         self.misplaced += 1;
         if self.misplaced_shown.len() < MAX_REFUSED_SHOWN {
             self.misplaced_shown.push((from(), host));
+        }
+    }
+
+    fn note_same_id(&mut self, from: impl FnOnce() -> String, r: HostReport) {
+        self.same_id += 1;
+        if self.same_id_shown.len() < MAX_REFUSED_SHOWN {
+            self.same_id_shown.push((from(), r));
         }
     }
 
@@ -230,10 +304,35 @@ impl CollectStats {
 /// The filesystem-based transport; see the module comment.
 #[derive(Debug)]
 pub struct FileAggregation {
+    path: PathBuf,
     file: Arc<File>,
+    /// The open file's (device, inode): what the path must still name (module comment).
+    identity: (u64, u64),
     slots: u32,
     buf: Vec<u8>,
     key: Option<Arc<RecordKey>>,
+    /// The record this host last wrote into this file by [`Transport::exchange`] (`None` before the first
+    /// write, and again after the file is opened anew): what its slot holds unless another host wrote
+    /// there (module comment, "Two hosts with one id").
+    written: Option<HostReport>,
+}
+
+/// Opens (creating it if needed, never truncating) a board; returns it with its (device, inode).
+fn open_board(path: &Path) -> io::Result<(File, (u64, u64))> {
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+    let m = file.metadata()?;
+    Ok((file, (m.dev(), m.ino())))
+}
+
+/// Whether `path` still names the file of `identity` (module comment, "A board deleted or replaced"):
+/// `Ok(None)` if it does, else what happened; a `stat` that fails otherwise than "not found" is an error.
+fn board_change(path: &Path, identity: (u64, u64)) -> io::Result<Option<BoardChange>> {
+    match std::fs::metadata(path) {
+        Ok(m) if (m.dev(), m.ino()) == identity => Ok(None),
+        Ok(_) => Ok(Some(BoardChange::Replaced)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Some(BoardChange::Deleted)),
+        Err(e) => Err(e),
+    }
 }
 
 impl FileAggregation {
@@ -242,14 +341,21 @@ impl FileAggregation {
         if slots == 0 || slots > MAX_HOSTS {
             return Err(AggregationError::Slots(slots));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|source| AggregationError::Io { op: "open", source })?;
-        Ok(FileAggregation { file: Arc::new(file), slots, buf: vec![0; slots as usize * SLOT_BYTES], key: None })
+        let (file, identity) = open_board(path).map_err(|source| AggregationError::Io { op: "open", source })?;
+        Ok(FileAggregation {
+            path: path.to_path_buf(),
+            file: Arc::new(file),
+            identity,
+            slots,
+            buf: vec![0; slots as usize * SLOT_BYTES],
+            key: None,
+            written: None,
+        })
+    }
+
+    /// The board's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Signs this host's records with `key` and believes only records signed with it (module comment).
@@ -277,7 +383,7 @@ impl FileAggregation {
     /// A file shorter than the slot table (hosts that never wrote) reads as empty slots.
     pub fn collect(&mut self, now: Nanos, agg: &mut Aggregator) -> Result<CollectStats, AggregationError> {
         read_table(&self.file, &mut self.buf)?;
-        Ok(feed_table(&self.buf, now, agg, auth_of(&self.key)))
+        Ok(feed_table(&self.buf, now, agg, auth_of(&self.key), None))
     }
 }
 
@@ -305,25 +411,52 @@ impl Transport {
                 if report.host >= f.slots {
                     return Err(AggregationError::HostId { id: report.host, max: f.slots });
                 }
-                let file = f.file.clone();
+                let (path, file, identity) = (f.path.clone(), f.file.clone(), f.identity);
                 let mut buf = std::mem::take(&mut f.buf);
                 let slot = encode_slot_with(report, auth_of(&f.key));
                 let host = report.host;
-                // The peers' slots are read even when this host's write fails (a full file system): the
-                // host still follows the cluster while its own report cannot be published.
-                let (buf, wrote, read) = tokio::task::spawn_blocking(move || {
+                let done = tokio::task::spawn_blocking(move || {
+                    // Does the path still name the open file? If not, open it again as the start does
+                    // (module comment, "A board deleted or replaced").
+                    let (mut file, mut checked) = (file, Ok(None));
+                    match board_change(&path, identity) {
+                        Ok(None) => {}
+                        Ok(Some(change)) => match open_board(&path) {
+                            Ok((f, id)) => {
+                                file = Arc::new(f);
+                                checked = Ok(Some((change, id)));
+                            }
+                            Err(source) => checked = Err(AggregationError::Reopen { path, change, source }),
+                        },
+                        Err(source) => checked = Err(AggregationError::Io { op: "stat", source }),
+                    }
+                    // Read before the write: this host's slot then shows whether another host wrote
+                    // there since its last write (module comment, "Two hosts with one id"). The peers'
+                    // slots are read even when the write fails (a full file system): the host still
+                    // follows the cluster while its own report cannot be published.
+                    let read = read_table(&file, &mut buf);
                     let wrote = file
                         .write_all_at(&slot, slot_offset(host))
                         .map_err(|source| AggregationError::Io { op: "write", source });
-                    let read = read_table(&file, &mut buf);
-                    (buf, wrote, read)
+                    (buf, file, checked, read, wrote)
                 })
                 .await
                 .expect("the aggregation file task does not panic");
+                let (buf, file, checked, read, wrote) = done;
                 f.buf = buf;
+                let mut reopened = None;
+                if let Ok(Some((change, id))) = checked {
+                    (f.file, f.identity, f.written) = (file, id, None);
+                    reopened = Some(change);
+                }
+                // The host's own report stands for its id, whatever its slot holds.
+                agg.accept(now, *report).expect("host ids are below the slot count, itself at most MAX_HOSTS");
                 read?;
-                let stats = feed_table(&f.buf, now, agg, auth_of(&f.key));
+                let mut stats = feed_table(&f.buf, now, agg, auth_of(&f.key), Some((host, f.written)));
+                stats.reopened = reopened;
+                f.written = wrote.is_ok().then_some(*report).or(f.written);
                 wrote?;
+                checked?;
                 Ok(stats)
             }
             Transport::Udp(u) => {
@@ -352,12 +485,26 @@ fn read_table(file: &File, buf: &mut [u8]) -> Result<(), AggregationError> {
 }
 
 /// Decodes every slot of the table (with `auth`, only signed ones) and feeds the valid records to `agg`.
-fn feed_table(buf: &[u8], now: Nanos, agg: &mut Aggregator, auth: Option<&dyn RecordAuth>) -> CollectStats {
+/// With `own` (this host's id and the record it last wrote into the file), its own slot is not fed (its
+/// report goes to `agg` directly) but checked for another host's record (module comment, "Two hosts
+/// with one id").
+fn feed_table(
+    buf: &[u8],
+    now: Nanos,
+    agg: &mut Aggregator,
+    auth: Option<&dyn RecordAuth>,
+    own: Option<(u32, Option<HostReport>)>,
+) -> CollectStats {
     let mut stats = CollectStats::default();
     for (i, slot) in buf.chunks_exact(SLOT_BYTES).enumerate() {
         match decode_slot_with(slot, auth) {
             Ok(Slot::Empty) => stats.empty += 1,
             Ok(Slot::Record(r)) if r.host as usize != i => stats.misplace(|| format!("slot {i}"), r.host),
+            Ok(Slot::Record(r)) if own.is_some_and(|(host, _)| host == r.host) => {
+                if own.and_then(|(_, written)| written).is_some_and(|w| w.epoch != r.epoch) {
+                    stats.note_same_id(|| format!("slot {i}"), r);
+                }
+            }
             Ok(Slot::Record(r)) => {
                 let a = agg.accept(now, r).expect("slot index is below MAX_HOSTS");
                 stats.count(a);
@@ -383,6 +530,9 @@ pub struct UdpAggregation {
 /// The peers and key the reader checks datagrams against, and what it has taken since the last drain.
 #[derive(Debug, Default)]
 struct UdpShared {
+    /// This host's id, and its epoch once it has published (module comment, "Two hosts with one id").
+    host: u32,
+    epoch: Option<u64>,
     /// (host id, address) of every other host.
     peers: Vec<(u32, SocketAddr)>,
     key: Option<Arc<RecordKey>>,
@@ -403,6 +553,11 @@ impl UdpShared {
         }
         match decode_datagram(buf, auth) {
             Err(e) => self.stats.refuse(|| from.to_string(), e),
+            // Another host with this host's id (a host never sends to itself; its own record coming back
+            // through a peer address that is its own is misplaced, below).
+            Ok(r) if r.host == self.host && self.epoch != Some(r.epoch) => {
+                self.stats.note_same_id(|| from.to_string(), r)
+            }
             Ok(r) if !self.peers.iter().any(|&(id, a)| id == r.host && a == from) => {
                 self.stats.misplace(|| from.to_string(), r.host)
             }
@@ -469,7 +624,7 @@ impl UdpAggregation {
         let socket = Arc::new(
             tokio::net::UdpSocket::bind(addr).await.map_err(|source| AggregationError::Io { op: "bind", source })?,
         );
-        let shared = Arc::new(std::sync::Mutex::new(UdpShared { peers: v, ..UdpShared::default() }));
+        let shared = Arc::new(std::sync::Mutex::new(UdpShared { host, peers: v, ..UdpShared::default() }));
         let arrived = Arc::new(tokio::sync::Notify::new());
         let reader = tokio::spawn(read_datagrams(socket.clone(), shared.clone(), arrived.clone()));
         Ok(UdpAggregation { socket, host, shared, arrived, reader })
@@ -500,7 +655,10 @@ impl UdpAggregation {
     /// down makes its send fail on some systems; that is not an error for the others).
     pub async fn publish(&self, report: &HostReport) -> usize {
         let (rec, peers) = {
-            let s = self.shared();
+            let mut s = self.shared();
+            if report.host == s.host {
+                s.epoch = Some(report.epoch);
+            }
             (encode_datagram(report, auth_of(&s.key)), s.peers.clone())
         };
         let mut ok = 0;

@@ -49,6 +49,15 @@
 //! rather than ignore it. A report's arrival takes whatever the transport takes (the simulator's
 //! `aggregation_delay_ms` is refused here).
 //!
+//! # Mishaps the host names
+//! A board deleted or replaced under the host is opened again at its path (created when it is gone),
+//! so hosts that restart and hosts that ran on meet in one file again (`board_reopened`, a warning
+//! naming the path). A valid record carrying the host's own id from another host (over UDP a datagram
+//! with its id and another epoch; on the board its slot holding another incarnation's record since its
+//! last write) means two hosts share an id: logged as an error at once, then at most once a minute
+//! with the count while it lasts (`id_conflicts`, `id_conflict_from`); the host runs on. Both are
+//! detected in rein-runtime's [`crate::aggregate`] (its module comment says how).
+//!
 //! # Changes while running
 //! A request whose connection closed while it waited in the host is not issued when its turn comes (as
 //! `rein serve`'s dispatcher skips those): its window slot is freed at once and it counts in
@@ -58,7 +67,7 @@
 //! connections to its volumes are open, and its VM leaves the host when the last one closes
 //! ([`VmLease`]).
 
-use crate::aggregate::{FileAggregation, RecordKey, Transport, UdpAggregation};
+use crate::aggregate::{BoardChange, FileAggregation, RecordKey, Transport, UdpAggregation};
 use crate::dispatch::{Clock, Done, IoError, Op};
 use crate::remote::RemoteVolume;
 use rein_core::parda::{Aggregator, HostConfig, HostController, HostStats, MAX_HOSTS};
@@ -334,6 +343,16 @@ pub struct HostStatus {
     /// The identity of the key the host's reports are signed with (`key_file`), or `None` (unsigned).
     #[serde(default)]
     pub signed_by: Option<String>,
+    /// Valid records carrying this host's id from another host: two hosts configured with one id (the
+    /// first is logged as an error, then one line a minute with the count while it lasts).
+    #[serde(default)]
+    pub id_conflicts: u64,
+    /// Where the last of them came from (a sender's address, or the board's slot).
+    #[serde(default)]
+    pub id_conflict_from: Option<String>,
+    /// Times the board's path was found deleted or naming another file, and opened again.
+    #[serde(default)]
+    pub board_reopened: u64,
     /// The newest periods, oldest first (at most [`MAX_PERIOD_RECORDS`]).
     pub history: VecDeque<PeriodRecord>,
 }
@@ -448,6 +467,9 @@ impl HostGate {
             exchange_errors: 0,
             records_refused: 0,
             signed_by: settings.key.as_ref().map(|k| k.identity().to_string()),
+            id_conflicts: 0,
+            id_conflict_from: None,
+            board_reopened: 0,
             history: VecDeque::new(),
         };
         status.update(&ctl.stats());
@@ -470,6 +492,7 @@ impl HostGate {
             refused_logged: HashSet::new(),
             refused_overflow_logged: false,
             exchange_failing: None,
+            id_conflicting: None,
         };
         tokio::spawn(task.run(rx));
         Ok((gate, ids))
@@ -598,6 +621,10 @@ struct Task {
     /// Failed exchanges: when the last one was logged and how many failed since (`None`: the last one
     /// worked). The first failure is logged at once, then one line per [`EXCHANGE_FAILURE_LOG_EVERY`].
     exchange_failing: Option<(Nanos, u64)>,
+    /// Records of another host with this host's id: when the last line was logged and how many came
+    /// since (`None`: none yet). The first is logged at once, then one line per
+    /// [`EXCHANGE_FAILURE_LOG_EVERY`] while more come.
+    id_conflicting: Option<(Nanos, u64)>,
 }
 
 /// How often a run of failed report exchanges is logged (a full disk under the board failed every period:
@@ -769,6 +796,8 @@ impl Task {
         let mut cluster_hosts = 0;
         let mut errors = 0;
         let mut refused = 0;
+        let mut reopened = 0;
+        let mut same_id: Option<(u64, String)> = None;
         let signal = if self.runs {
             let own = self.ctl.close_period(now);
             if self.local {
@@ -781,6 +810,15 @@ impl Task {
                                 tracing::info!(failed = since, "parda host: report exchange restored");
                             }
                             refused += stats.refused() as u64;
+                            if let (Some(change), Transport::File(f)) = (stats.reopened, &*t) {
+                                reopened += 1;
+                                board_reopened_log(f.path(), change);
+                            }
+                            if let Some((from, r)) = stats.same_id_shown.last() {
+                                let n = stats.same_id as u64;
+                                self.id_conflict(now, n, from, r);
+                                same_id = Some((n, from.clone()));
+                            }
                             // Once per sender or slot (a flood of forgeries is counted, not logged).
                             let misplaced = stats.misplaced_shown.into_iter().map(|(from, host)| {
                                 let e = format!(
@@ -852,6 +890,11 @@ impl Task {
         s.cluster_hosts = cluster_hosts;
         s.exchange_errors += errors;
         s.records_refused += refused;
+        s.board_reopened += reopened;
+        if let Some((n, from)) = same_id {
+            s.id_conflicts += n;
+            s.id_conflict_from = Some(from);
+        }
         let record = PeriodRecord {
             at_s: now.as_secs_f64(),
             window: out.window,
@@ -867,13 +910,68 @@ impl Task {
     }
 }
 
+impl Task {
+    /// `n` records of another host with this host's id came in an exchange, the last from `from`
+    /// (module comment, "Mishaps the host names"): logged at once, then once a minute while more come.
+    fn id_conflict(&mut self, now: Nanos, n: u64, from: &str, r: &rein_core::parda::HostReport) {
+        let (id, epoch) = (self.ctl.host_config().id, self.ctl.host_config().epoch);
+        match &mut self.id_conflicting {
+            None => {
+                tracing::error!(
+                    %from,
+                    "parda host: another host uses this host's id {id}: a valid record for host {id} with epoch \
+                     {} (this host's is {epoch}) came from {from}; the peers take both hosts' reports for one \
+                     host's: give each host its own [parda_host] id (counted in id_conflicts, logged at most once \
+                     a minute while it lasts)",
+                    r.epoch
+                );
+                self.id_conflicting = Some((now, n - 1));
+            }
+            Some((last, since)) => {
+                *since += n;
+                if now.saturating_sub(*last) >= EXCHANGE_FAILURE_LOG_EVERY {
+                    tracing::error!(
+                        %from,
+                        records = *since,
+                        "parda host: another host still uses this host's id {id}: {since} more of its records, the \
+                         last from {from} (epoch {})",
+                        r.epoch
+                    );
+                    *last = now;
+                    *since = 0;
+                }
+            }
+        }
+    }
+}
+
+/// The board's path no longer named the open file and was opened again (module comment, "Mishaps the
+/// host names").
+fn board_reopened_log(path: &Path, change: BoardChange) {
+    let path = path.display();
+    match change {
+        BoardChange::Deleted => tracing::warn!(
+            %path,
+            "parda host: the board {path} was deleted under this host: created it again (hosts still on the \
+             deleted file move to the new one as they notice, within a period; counted in board_reopened)"
+        ),
+        BoardChange::Replaced => tracing::warn!(
+            %path,
+            "parda host: the board {path} names another file than the one this host had open (replaced, or \
+             deleted and created again by another host): this host opened it and reports there now (counted in \
+             board_reopened)"
+        ),
+    }
+}
+
 /// Appends the host's series to a `/metrics` text: window, issue limit, beta, IOs outstanding and queued,
 /// the latency estimate and signal, periods and IOs completed, requests abandoned, failed exchanges and
-/// refused reports (a count to alert on: forged or misconfigured senders).
+/// refused reports (a count to alert on: forged or misconfigured senders), records of another host with
+/// this host's id (another to alert on) and board reopenings.
 pub fn metrics_text(o: &mut String, s: &HostStatus) {
     use std::fmt::Write;
     let id = s.id;
-    let series: [(&str, &str, &str, f64); 13] = [
+    let series: [(&str, &str, &str, f64); 15] = [
         ("rein_parda_window", "gauge", "The host's window w(t), IOs (eq. (2)).", s.window),
         (
             "rein_parda_issue_limit",
@@ -917,6 +1015,18 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
             "Other hosts' reports refused: corrupt, from an address not the peer's, unsigned or with a tag that \
              does not match.",
             s.records_refused as f64,
+        ),
+        (
+            "rein_parda_id_conflicts_total",
+            "counter",
+            "Valid records carrying this host's id from another host: two hosts configured with one id.",
+            s.id_conflicts as f64,
+        ),
+        (
+            "rein_parda_board_reopened_total",
+            "counter",
+            "Times the board's path was found deleted or naming another file, and opened again.",
+            s.board_reopened as f64,
         ),
     ];
     for (metric, kind, help, v) in series {

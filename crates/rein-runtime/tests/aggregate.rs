@@ -530,3 +530,91 @@ fn signed_board_slots() {
     let e = RecordKey::new("parda", &[1u8; 15]).unwrap_err();
     assert!(e.contains("at least 16") && e.contains("psktool"), "{e}");
 }
+
+/// A board deleted or replaced under a host (module comment, "A board deleted or replaced"): the host's
+/// next exchange opens the path again (creating the file when it is gone), says what happened, and goes
+/// on in the file at the path with the hosts there. Before, it went on in the file it had open.
+#[tokio::test]
+async fn a_board_deleted_or_replaced_is_opened_again() {
+    use rein_proto::parda::{decode_slot, Slot};
+    use rein_runtime::aggregate::{BoardChange, Transport};
+    let (_dir, path) = temp_path("moved");
+    let mut t = Transport::File(FileAggregation::open(&path, 2).unwrap());
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    let slot = |i: usize| {
+        let b = std::fs::read(&path).unwrap();
+        match decode_slot(&b[i * SLOT_BYTES..(i + 1) * SLOT_BYTES]).unwrap() {
+            Slot::Record(r) => Some(r),
+            Slot::Empty => None,
+        }
+    };
+    assert_eq!(t.exchange(now(1), &report(0, 1), &mut agg).await.unwrap().reopened, None);
+    // Deleted: created again, this host's record in it.
+    std::fs::remove_file(&path).unwrap();
+    let st = t.exchange(now(2), &report(0, 2), &mut agg).await.unwrap();
+    assert_eq!(st.reopened, Some(BoardChange::Deleted));
+    assert_eq!(slot(0), Some(report(0, 2)));
+    assert_eq!(t.exchange(now(3), &report(0, 3), &mut agg).await.unwrap().reopened, None, "once");
+    // Replaced by another file (a host that found it gone and created it, with its record): opened, and
+    // the other host's record read from it.
+    std::fs::remove_file(&path).unwrap();
+    FileAggregation::open(&path, 2).unwrap().publish(&report(1, 1)).unwrap();
+    let st = t.exchange(now(4), &report(0, 4), &mut agg).await.unwrap();
+    assert_eq!((st.reopened, st.accepted), (Some(BoardChange::Replaced), 1), "{st:?}");
+    assert_eq!((slot(0), slot(1)), (Some(report(0, 4)), Some(report(1, 1))));
+    assert_eq!(agg.live_hosts(now(4)), [0, 1]);
+    // A path that cannot be opened again (its directory gone): an error naming it; the host keeps its
+    // file meanwhile.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_dir(path.parent().unwrap()).unwrap();
+    let e = t.exchange(now(5), &report(0, 5), &mut agg).await.unwrap_err();
+    assert!(e.to_string().contains(&format!("the board {} was deleted", path.display())), "{e}");
+    std::fs::create_dir(path.parent().unwrap()).unwrap();
+    assert_eq!(t.exchange(now(6), &report(0, 6), &mut agg).await.unwrap().reopened, Some(BoardChange::Deleted));
+}
+
+/// Another host with this host's id (module comment, "Two hosts with one id"): on the board, a record of
+/// another epoch in this host's slot since its last write; over UDP, a datagram with its id and another
+/// epoch. Either is counted with where it came from and never fed to the aggregator; the host's own
+/// record (its slot before its first write, its epoch coming back over UDP) is not.
+#[tokio::test]
+async fn a_record_with_this_hosts_id_from_another_host_is_named() {
+    use rein_runtime::aggregate::Transport;
+    let (_dir, path) = temp_path("one-id");
+    let twin = |seq| HostReport { epoch: 9, latency_ns: 900_000_000, ..report(0, seq) };
+    // A previous incarnation's record in the slot at the start is no conflict (not written yet).
+    FileAggregation::open(&path, 2).unwrap().publish(&twin(1)).unwrap();
+    let mut t = Transport::File(FileAggregation::open(&path, 2).unwrap());
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    assert_eq!(t.exchange(now(1), &report(0, 1), &mut agg).await.unwrap().same_id, 0);
+    assert_eq!(t.exchange(now(2), &report(0, 2), &mut agg).await.unwrap().same_id, 0, "its own last record");
+    // The twin writes the slot between this host's writes.
+    FileAggregation::open(&path, 2).unwrap().publish(&twin(2)).unwrap();
+    let st = t.exchange(now(3), &report(0, 3), &mut agg).await.unwrap();
+    assert_eq!((st.same_id, st.same_id_shown.clone()), (1, vec![("slot 0".to_string(), twin(2))]), "{st:?}");
+    assert_eq!(agg.cluster(now(3)).unwrap().latency_ns, report(0, 3).latency_ns as f64, "the twin is not fed");
+    // UDP: host 0 hears from a twin (listed as peer 1's address) and from itself (its own address listed as
+    // peer 1's: its own record comes back, misplaced as before).
+    let twin_sock = tokio::net::UdpSocket::bind("127.0.0.18:0").await.unwrap();
+    let u = UdpAggregation::bind(0, "127.0.0.19:0".parse().unwrap(), &[(1, twin_sock.local_addr().unwrap())])
+        .await
+        .unwrap();
+    u.publish(&report(0, 1)).await;
+    let mut buf = [0u8; 128];
+    let (n, _) = twin_sock.recv_from(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], &encode(&report(0, 1))[..]);
+    twin_sock.send_to(&encode(&twin(3)), u.local_addr().unwrap()).await.unwrap();
+    twin_sock.send_to(&buf[..n], u.local_addr().unwrap()).await.unwrap();
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    let mut st = drain_now(&u, 1, &mut agg).await;
+    if st.same_id + st.misplaced < 2 {
+        let more = drain_now(&u, 1, &mut agg).await;
+        st.same_id += more.same_id;
+        st.same_id_shown.extend(more.same_id_shown);
+        st.misplaced += more.misplaced;
+        st.accepted += more.accepted;
+    }
+    let from = twin_sock.local_addr().unwrap().to_string();
+    assert_eq!((st.same_id, st.misplaced, st.accepted), (1, 1, 0), "{st:?}");
+    assert_eq!(st.same_id_shown, [(from, twin(3))]);
+}

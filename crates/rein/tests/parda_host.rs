@@ -542,3 +542,103 @@ fn a_peer_reporting_from_the_wrong_address_is_logged_once() {
     let n = h1.log.lock().unwrap().iter().filter(|l| l.contains("report refused")).count();
     assert_eq!(n, 1, "logged once per sender");
 }
+
+/// The board's slots as the hosts wrote them: each slot's record, if it holds a valid one.
+fn board_records(board: &Path, slots: usize) -> Vec<Option<rein_core::parda::HostReport>> {
+    use rein_proto::parda::{decode_slot, Slot, SLOT_BYTES};
+    let bytes = std::fs::read(board).unwrap_or_default();
+    (0..slots)
+        .map(|i| match bytes.get(i * SLOT_BYTES..(i + 1) * SLOT_BYTES).map(decode_slot) {
+            Some(Ok(Slot::Record(r))) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits (at most 20 s) until `done` holds for the board's slots; returns them.
+fn until_board(
+    board: &Path,
+    what: &str,
+    done: impl Fn(&[Option<rein_core::parda::HostReport>]) -> bool,
+) -> Vec<Option<rein_core::parda::HostReport>> {
+    let t0 = Instant::now();
+    loop {
+        let slots = board_records(board, 2);
+        if done(&slots) {
+            return slots;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{what}: {slots:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A board deleted under running hosts, then one of them restarted: the host that ran on notices at its
+/// next exchange that the path no longer names its file, opens it again (creating it, or opening the file
+/// the restarted host created) and says so once; both hosts' records are in the file at the path again.
+/// Before, the running host went on writing the deleted file and the restarted one a new file: two
+/// clusters of one, and nothing in either log.
+#[test]
+fn a_deleted_board_is_opened_again_and_the_hosts_meet_in_it() {
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("parda-host-board-deleted");
+    let dir = tmp.path();
+    let a = array(dir, 126, &["vm1", "vm2"]);
+    let board = dir.join("parda.board");
+    let line = |id: u32| format!("id = {id}\nboard = \"{}\"\nboard_slots = 2\n", board.display());
+    let h0 = host(dir, 127, a.nbd, "vm1", "cluster", &line(0));
+    let h1 = host(dir, 128, a.nbd, "vm2", "cluster", &line(1));
+    let before = until_board(&board, "both hosts write the board", |s| s.iter().all(Option::is_some));
+    let (e0, e1) = (before[0].unwrap().epoch, before[1].unwrap().epoch);
+    std::fs::remove_file(&board).unwrap();
+    drop(h1);
+    let h1 = host(dir, 128, a.nbd, "vm2", "cluster", &line(1));
+    until_board(&board, "host 0 (running on) and host 1 (restarted) in the file at the path", |s| {
+        s[0].is_some_and(|r| r.epoch == e0) && s[1].is_some_and(|r| r.epoch != e1)
+    });
+    let line = h0.wait_log(&["parda host: the board", &board.display().to_string()], Duration::from_secs(10));
+    assert!(line.contains("was deleted under this host") || line.contains("names another file"), "{line}");
+    // Two more periods: logged once, counted once.
+    std::thread::sleep(Duration::from_millis(1000));
+    let n = h0.log.lock().unwrap().iter().filter(|l| l.contains("parda host: the board")).count();
+    assert_eq!(n, 1, "{:#?}", h0.log.lock().unwrap());
+    assert_eq!(status(&h0)["board_reopened"], 1);
+    assert_eq!(status(&h1)["board_reopened"], 0, "the restarted host opened the file at its start");
+}
+
+/// Two hosts configured with one id, over the board (one slot for both) and over UDP (each lists the
+/// other as a peer of another id): each host sees a valid record carrying its own id and another epoch,
+/// logs an error naming the id and where the record came from once (not every period), counts it in
+/// `id_conflicts`, and runs on. Before, the board hosts overwrote each other's slot without a word, and
+/// over UDP the record was only refused as misplaced.
+#[test]
+fn two_hosts_with_one_id_are_named() {
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("parda-host-one-id");
+    let dir = tmp.path();
+    let a = array(dir, 129, &["vm1", "vm2", "vm3", "vm4"]);
+    let board = dir.join("parda.board");
+    let on_board = format!("id = 0\nboard = \"{}\"\nboard_slots = 2\n", board.display());
+    let (u3, u4) = (free_udp("127.0.0.132"), free_udp("127.0.0.133"));
+    let over_udp = |own: SocketAddr, other: SocketAddr| {
+        format!("id = 0\nudp = \"{own}\"\npeers = [{{ id = 1, address = \"{other}\" }}]\n")
+    };
+    let hosts = [
+        (host(dir, 130, a.nbd, "vm1", "cluster", &on_board), "slot 0".to_string()),
+        (host(dir, 131, a.nbd, "vm2", "cluster", &on_board), "slot 0".to_string()),
+        (host(dir, 132, a.nbd, "vm3", "cluster", &over_udp(u3, u4)), u4.to_string()),
+        (host(dir, 133, a.nbd, "vm4", "cluster", &over_udp(u4, u3)), u3.to_string()),
+    ];
+    for (h, from) in &hosts {
+        let line = h.wait_line("parda host: another host uses this host's id 0");
+        assert!(line.contains("ERROR") && line.contains(&format!("came from {from}")), "{line}");
+        let s = until(h, "conflicts go on being counted", |s| s["id_conflicts"].as_u64().unwrap_or(0) >= 4);
+        assert_eq!(s["id_conflict_from"], from.as_str(), "{s}");
+        assert_eq!(s["records_refused"], 0, "{s}");
+        let n = h.log.lock().unwrap().iter().filter(|l| l.contains("uses this host's id")).count();
+        assert_eq!(n, 1, "logged once, then at most once a minute: {:#?}", h.log.lock().unwrap());
+        let (code, _, text) = common::http(h.admin, "GET", "/metrics", "", "");
+        assert_eq!(code, 200, "{text}");
+        let series = text.lines().find_map(|l| l.strip_prefix("rein_parda_id_conflicts_total{host=\"0\"} "));
+        assert!(series.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v >= 4.0), "{text}");
+    }
+}
