@@ -20,6 +20,25 @@
 //! `aggregation = "local"`) and updates the window (eq. (4), then eq. (2)). An uncontrolled host
 //! (`controlled = false`, or `[parda] enabled = false`) keeps a fixed issue queue and publishes nothing.
 //!
+//! # Stalls
+//! A latency is the host's clock at the reply less its clock at the send, so a host whose process did
+//! not run meanwhile (SIGSTOP, a paused VM, heavy swapping) measures its own pause: the IOs in flight
+//! across a 3 s pause came back with latencies of 3 s, its next report carried them, and the peers'
+//! windows shrank for a few periods (the cluster average is theirs too). The gate therefore watches its
+//! own timers: while IOs are in flight it wakes at least every [`STALL_CHECK_EVERY`], and a wake-up
+//! more than `crate::STALLED` after a deadline that was still ahead when it began to wait means the
+//! process did not run (the rule `remote.rs` and `nbd.rs` apply to their timeouts). The rule is then:
+//! **every IO issued before the stall was seen is left out of eq. (1)** (its reply frees its window slot,
+//! as a failed issue's does, and counts in `stalled_ios`, not in `completed` or `latency_sum_ns`),
+//! whichever period its reply falls in. Those are exactly the IOs whose latency can hold the stall: the
+//! gate issues only while it runs, and it sees the stall before it takes any reply that came after it.
+//! Replies the gate had not taken yet when the stall began are left out too (a few real latencies
+//! lost, once per stall). Reports are published as usual, with the latencies measured outside the
+//! stall. Each stall is logged once (a warning with its length, at least) and counted in `stalls`.
+//! A stall that falls while the gate is inside a period's exchange (a board IO, microseconds) is not
+//! seen; one of less than `STALLED` plus `STALL_CHECK_EVERY` may not be (its latencies are at most that
+//! much off).
+//!
 //! # Configuration
 //! `[parda]` is the same table as a scenario's (one parser: [`rein_model::parda_settings`]); what is
 //! this host's is `[parda_host]`, as a scenario's `[[hosts]]` entry:
@@ -353,6 +372,12 @@ pub struct HostStatus {
     /// Times the board's path was found deleted or naming another file, and opened again.
     #[serde(default)]
     pub board_reopened: u64,
+    /// Stalls of this process seen (module comment, "Stalls").
+    #[serde(default)]
+    pub stalls: u64,
+    /// IOs answered across a stall, left out of eq. (1) (and of `completed` and `latency_sum_ns`).
+    #[serde(default)]
+    pub stalled_ios: u64,
     /// The newest periods, oldest first (at most [`MAX_PERIOD_RECORDS`]).
     pub history: VecDeque<PeriodRecord>,
 }
@@ -385,8 +410,9 @@ struct Parked {
 enum Msg {
     /// A VM's request arrives.
     Submit { vm: TenantId, parked: Parked },
-    /// An issued request was answered: its latency at the array, its size, whether it succeeded.
-    Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool },
+    /// An issued request was answered: its latency at the array, its size, whether it succeeded, and the
+    /// gate's stall count when it was issued (module comment, "Stalls").
+    Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool, stalls: u64 },
     /// An administrator resizes an uncontrolled host's fixed issue queue.
     SetWindow(f64, tokio::sync::oneshot::Sender<Result<(), String>>),
     /// The current period ends this long from now (`PUT /api/parda/period`).
@@ -470,6 +496,8 @@ impl HostGate {
             id_conflicts: 0,
             id_conflict_from: None,
             board_reopened: 0,
+            stalls: 0,
+            stalled_ios: 0,
             history: VecDeque::new(),
         };
         status.update(&ctl.stats());
@@ -493,6 +521,8 @@ impl HostGate {
             refused_overflow_logged: false,
             exchange_failing: None,
             id_conflicting: None,
+            stalls: 0,
+            stalled_ios: 0,
         };
         tokio::spawn(task.run(rx));
         Ok((gate, ids))
@@ -625,6 +655,11 @@ struct Task {
     /// since (`None`: none yet). The first is logged at once, then one line per
     /// [`EXCHANGE_FAILURE_LOG_EVERY`] while more come.
     id_conflicting: Option<(Nanos, u64)>,
+    /// Stalls of this process seen (module comment, "Stalls"): an IO issued before the last one is not
+    /// measured.
+    stalls: u64,
+    /// IOs answered across a stall.
+    stalled_ios: u64,
 }
 
 /// How often a run of failed report exchanges is logged (a full disk under the board failed every period:
@@ -634,20 +669,36 @@ const EXCHANGE_FAILURE_LOG_EVERY: Nanos = Nanos::from_secs(60);
 /// Senders or slots whose refused reports are logged (each once); the rest count in `records_refused`.
 const MAX_REFUSED_LOGGED: usize = 64;
 
+/// While IOs are in flight the gate wakes at least this often, so that a stall of its process is seen
+/// whatever the period (module comment, "Stalls"): a stall of more than `crate::STALLED` plus this is
+/// seen.
+pub const STALL_CHECK_EVERY: Nanos = Nanos::from_millis(250);
+
 impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         let mut wait: Option<Nanos> = None;
+        let mut in_flight = 0;
         loop {
             let due = self.ctl.poll_timeout();
-            let wake = wait.map_or(due, |w| w.min(due));
-            tokio::select! {
+            let armed = self.clock.now();
+            let mut wake = wait.map_or(due, |w| w.min(due));
+            if in_flight > 0 {
+                wake = wake.min(armed.saturating_add(STALL_CHECK_EVERY));
+            }
+            let first = tokio::select! {
                 m = rx.recv() => match m {
-                    Some(m) => self.handle(m),
+                    Some(m) => Some(m),
                     None => break,
                 },
-                _ = tokio::time::sleep_until(self.clock.instant(wake)) => {}
+                _ = tokio::time::sleep_until(self.clock.instant(wake)) => None,
+            };
+            // Woken long after a deadline that was still ahead when the wait began: this process did not
+            // run (crate::STALLED). Seen before any reply is taken (module comment, "Stalls").
+            let late = self.clock.now().saturating_sub(wake.max(armed));
+            if late > Nanos::from_duration(crate::STALLED) {
+                self.stalled(late);
             }
-            while let Ok(m) = rx.try_recv() {
+            for m in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 self.handle(m);
             }
             let now = self.clock.now();
@@ -656,15 +707,33 @@ impl Task {
             }
             wait = self.pump().await;
             let st = self.ctl.stats();
+            in_flight = st.outstanding;
             let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
             s.update(&st);
             s.latency_sum_ns = self.latency_sum_ns;
             s.abandoned = self.abandoned;
+            s.stalls = self.stalls;
+            s.stalled_ios = self.stalled_ios;
             s.vms = self.ctl.scheduler().tenant_count();
         }
         for (_, p) in self.parked.drain() {
             (p.done)(Err(IoError::Shutdown), Default::default());
         }
+    }
+
+    /// The process did not run for at least `late` (module comment, "Stalls"): the IOs in flight are not
+    /// measured.
+    fn stalled(&mut self, late: Nanos) {
+        self.stalls += 1;
+        let in_flight = self.ctl.stats().outstanding;
+        tracing::warn!(
+            stalled_s = late.as_secs_f64(),
+            in_flight,
+            "parda host: this process did not run for {:.1} s or more (stopped, or a paused VM): the {in_flight} \
+             IOs in flight across the stall are left out of the latency estimate (their latency would be the \
+             stall's; counted in stalled_ios)",
+            late.as_secs_f64()
+        );
     }
 
     fn handle(&mut self, m: Msg) {
@@ -734,13 +803,15 @@ impl Task {
                 }
                 Err(e) => tracing::warn!("parda host: removing a VM: {e}"),
             },
-            Msg::Answered { vm, latency, size, ok } => {
+            Msg::Answered { vm, latency, size, ok, stalls } => {
                 // The controller knows every VM it issued for; an error here would be a gate bug, and
                 // the slot must be freed either way, so it is only logged.
-                let r = if ok {
+                let r = if ok && stalls == self.stalls {
                     self.latency_sum_ns = self.latency_sum_ns.saturating_add(latency.0);
                     self.ctl.on_complete(now, vm, latency, size)
                 } else {
+                    // Issued before a stall: its latency may hold the stall (module comment, "Stalls").
+                    self.stalled_ios += u64::from(ok);
                     self.ctl.on_issue_failed(now, vm)
                 };
                 if let Err(e) = r {
@@ -775,11 +846,12 @@ impl Task {
                     let clock = self.clock;
                     let sent = clock.now();
                     let done = p.done;
+                    let stalls = self.stalls;
                     let wrapped: Done = Box::new(move |res, served| {
                         let ok = res.is_ok();
                         let latency = clock.now().saturating_sub(sent);
                         if let Some(tx) = answers.upgrade() {
-                            let _ = tx.send(Msg::Answered { vm, latency, size, ok });
+                            let _ = tx.send(Msg::Answered { vm, latency, size, ok, stalls });
                         }
                         done(res, served);
                     });
@@ -967,11 +1039,11 @@ fn board_reopened_log(path: &Path, change: BoardChange) {
 /// Appends the host's series to a `/metrics` text: window, issue limit, beta, IOs outstanding and queued,
 /// the latency estimate and signal, periods and IOs completed, requests abandoned, failed exchanges and
 /// refused reports (a count to alert on: forged or misconfigured senders), records of another host with
-/// this host's id (another to alert on) and board reopenings.
+/// this host's id (another to alert on), board reopenings, stalls and the IOs answered across them.
 pub fn metrics_text(o: &mut String, s: &HostStatus) {
     use std::fmt::Write;
     let id = s.id;
-    let series: [(&str, &str, &str, f64); 15] = [
+    let series: [(&str, &str, &str, f64); 17] = [
         ("rein_parda_window", "gauge", "The host's window w(t), IOs (eq. (2)).", s.window),
         (
             "rein_parda_issue_limit",
@@ -1027,6 +1099,13 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
             "counter",
             "Times the board's path was found deleted or naming another file, and opened again.",
             s.board_reopened as f64,
+        ),
+        ("rein_parda_stalls_total", "counter", "Stalls of this process seen (stopped, a paused VM).", s.stalls as f64),
+        (
+            "rein_parda_stalled_ios_total",
+            "counter",
+            "IOs answered across a stall, left out of the latency estimate.",
+            s.stalled_ios as f64,
         ),
     ];
     for (metric, kind, help, v) in series {

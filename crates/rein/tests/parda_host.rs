@@ -642,3 +642,48 @@ fn two_hosts_with_one_id_are_named() {
         assert!(series.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v >= 4.0), "{text}");
     }
 }
+
+/// A PARDA host stopped (SIGSTOP) for 3 s under load, then continued: the IOs it had in flight come back
+/// with its pause in their latency, and are left out of its estimate; the stall is logged once. Before,
+/// its first period after SIGCONT reported a latency of hundreds of ms (its own pause), and its peer's
+/// cluster signal and window followed for a few periods.
+#[test]
+fn a_paused_host_does_not_report_its_pause_as_latency() {
+    let _serial = common::measuring();
+    let tmp = tmpdir("parda-host-paused");
+    let dir = tmp.path();
+    let a = array(dir, 134, &["vm1", "vm2"]);
+    let board = dir.join("parda.board");
+    let line = |id: u32| format!("id = {id}\nbeta = 2\nboard = \"{}\"\nboard_slots = 2\n", board.display());
+    let h0 = host(dir, 135, a.nbd, "vm1", "cluster", &line(0));
+    let h1 = host(dir, 136, a.nbd, "vm2", "cluster", &line(1));
+    let mut l = load(&[(&h0, "vm1"), (&h1, "vm2")], 12);
+    std::thread::sleep(Duration::from_secs(5));
+    let stop = [status(&h0)["now_s"].as_f64().unwrap(), status(&h1)["now_s"].as_f64().unwrap()];
+    h0.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    h0.signal("-CONT");
+    for c in &mut l {
+        assert!(c.wait().unwrap().success());
+    }
+    let s = [status(&h0), status(&h1)];
+    // Every period from 1 s before the stop (5 s into the load: the windows came down from w_max within
+    // 2 s in a run, the latency from 48 to 10.4 ms): the array's latency stays near eq. (3)'s 12 ms
+    // (script-L + sum(beta) / C; the worst period after the stall 17.3 ms in a run). With the pause in it,
+    // the paused host's first period after SIGCONT read 102.4 ms (and 1,957.5 ms) and its peer's signal
+    // 43.6 ms (and 55.0 ms).
+    let worst = |s: &serde_json::Value, key: &str, from: f64| {
+        (s["history"].as_array().unwrap().iter())
+            .filter(|p| p["at_s"].as_f64().unwrap() >= from)
+            .filter_map(|p| p[key].as_f64())
+            .fold(0.0, f64::max)
+    };
+    let (w0, w1) = (worst(&s[0], "estimate_ms", stop[0] - 1.0), worst(&s[1], "signal_ms", stop[1] - 1.0));
+    eprintln!("paused host: worst estimate {w0:.1} ms; its peer's worst signal {w1:.1} ms");
+    assert!(w0 < 30.0, "the paused host's estimate holds its pause: {w0:.1} ms\n{}", s[0]);
+    assert!(w1 < 30.0, "the peer's signal holds the paused host's pause: {w1:.1} ms\n{}", s[1]);
+    let line = h0.wait_line("parda host: this process did not run for");
+    assert!(line.contains("left out of the latency estimate"), "{line}");
+    assert_eq!(s[0]["stalls"], 1, "{}", s[0]);
+    assert!(s[0]["stalled_ios"].as_u64().unwrap() > 0, "{}", s[0]);
+}

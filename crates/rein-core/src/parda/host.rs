@@ -300,8 +300,9 @@ impl HostController {
         Ok(())
     }
 
-    /// An IO the host issued failed at the array without a latency to learn from (e.g. refused): frees
-    /// its slot without touching the estimate.
+    /// An IO the host issued left the array without a latency to learn from (refused, or answered
+    /// while the caller's process was stopped, so that its latency would hold the stop): frees its slot
+    /// without touching the estimate.
     pub fn on_issue_failed(&mut self, now: Nanos, vm: TenantId) -> Result<(), PardaError> {
         self.release_slot(now, vm)
     }
