@@ -445,6 +445,12 @@ impl WorkloadParams {
         self.validate_as(duration, base, devices, &FieldNames::SCENARIO)
     }
 
+    /// Whether the workload as written keeps a closed window (`outstanding`): a closed one, or an on/off
+    /// one without a rate (closed inside its on periods). Its other kinds refuse a window.
+    pub fn keeps_window(&self) -> bool {
+        self.kind == "closed" || (self.kind == "on_off" && self.iops.is_none())
+    }
+
     /// [`WorkloadParams::validate`], errors naming the fields as `names` says their input writes them.
     pub fn validate_as(
         &self,
@@ -482,8 +488,8 @@ impl WorkloadParams {
         let used: &[&str] = match kind_name {
             "closed" => &["outstanding", "outstanding_per_server", "think_ms"],
             "open" => &["iops"],
-            "on_off" if open_inner => &["on_s", "off_s", "iops"],
-            "on_off" => &["on_s", "off_s", "outstanding", "outstanding_per_server", "think_ms"],
+            "on_off" if self.keeps_window() => &["on_s", "off_s", "outstanding", "outstanding_per_server", "think_ms"],
+            "on_off" => &["on_s", "off_s", "iops"],
             "burst" => &["burst_count", "burst_period_ms"],
             "trace" => &["trace"],
             _ => &[],

@@ -138,8 +138,7 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
     // A closed loop keeps `depth` requests outstanding per connection (a product beyond u32 is beyond the
     // workload's bound anyway); a depth given to a kind without a window is refused by the workload's
     // rules, as `outstanding` is in a scenario.
-    let closed = p.kind == "closed" || (p.kind == "on_off" && p.iops.is_none());
-    if depth.is_some() || closed {
+    if depth.is_some() || p.keeps_window() {
         let depth = depth.unwrap_or(DEFAULT_DEPTH);
         p.outstanding = Some(u32::try_from(u64::from(depth) * conns as u64).unwrap_or(u32::MAX));
     }
