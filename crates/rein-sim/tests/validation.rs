@@ -161,14 +161,16 @@ fn names_cannot_break_the_csv_or_the_terminal() {
     }
 }
 
+/// Asserts that `toml` is refused with a message holding `want`.
+fn has(toml: &str, want: &str) {
+    let e = err(toml);
+    assert!(e.contains(want), "{want:?} not in {e:?}");
+}
+
 /// A setting the run would not use is refused, naming it, not ignored (each of these ran unchanged
 /// before: a review of `rein sim` found them by running each with and without the setting).
 #[test]
 fn settings_the_run_would_ignore_are_refused() {
-    let has = |toml: &str, want: &str| {
-        let e = err(toml);
-        assert!(e.contains(want), "{want:?} not in {e:?}");
-    };
     // A service model's parameter with another model.
     has(
         &BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\nuniform_spread = 0.9"),
@@ -220,10 +222,6 @@ fn pshift_settings_the_run_would_ignore_are_refused() {
     let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/pshift-exp4-small.toml"))
         .unwrap();
     assert!(Scenario::from_toml(&base, None).is_ok());
-    let has = |toml: &str, want: &str| {
-        let e = err(toml);
-        assert!(e.contains(want), "{want:?} not in {e:?}");
-    };
     has(&base.replace("scheduler = \"token\"", "scheduler = \"mclock\""), "run pShift's token scheduler");
     assert!(Scenario::from_toml(&base.replace("scheduler = \"token\"\n", ""), None).is_ok(), "token by default");
     has(&base.replacen("queue_depth = 1", "queue_depth = 1\nbatch = 8", 1), "do not apply to pShift's token scheduler");
@@ -242,10 +240,8 @@ fn parda_settings_the_run_would_ignore_are_refused() {
     let base =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/parda-fig2.toml")).unwrap();
     assert!(Scenario::from_toml(&base, None).is_ok());
-    let e = err(&base.replace("period_s = 1.0", "period_s = 1000"));
-    assert!(e.contains("parda: period_s (1000 s) is longer than the run"), "{e}");
+    has(&base.replace("period_s = 1.0", "period_s = 1000"), "parda: period_s (1000 s) is longer than the run");
     let vm = base.find("host = ").expect("a VM");
     let with_resv = format!("{}reservation = 300\n{}", &base[..vm], &base[vm..]);
-    let e = err(&with_resv);
-    assert!(e.contains("a VM's reservation and limit need [parda] local_scheduler = \"mclock\""), "{e}");
+    has(&with_resv, "a VM's reservation and limit need [parda] local_scheduler = \"mclock\"");
 }
