@@ -52,6 +52,35 @@ mod wire;
 /// `idle_timeout_s` in rein serve) start again instead of blaming the peer.
 pub(crate) const STALLED: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Why [`on_own_thread`] has no answer.
+#[derive(Debug)]
+pub(crate) enum ApartError {
+    /// The thread could not be started.
+    NotStarted(std::io::Error),
+    /// The thread ended without an answer (its work panicked).
+    Ended,
+}
+
+/// Runs `work` on a plain thread named `name`, its answer as a future: for work that can block for ever
+/// (a read or an open on a hung network mount, a FIFO, a file under a lease), which on the event loop
+/// would stop new connections and the stop signals. A plain thread rather than `spawn_blocking`: a
+/// runtime waits for its blocking tasks when it is dropped, so stuck work would hold up the exit after
+/// SIGTERM; a plain thread is left behind and ends with the process. Dropping the future leaves the
+/// thread to finish; its answer is then dropped.
+pub(crate) fn on_own_thread<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> impl std::future::Future<Output = Result<T, ApartError>> + Send + Unpin + 'static {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let started = std::thread::Builder::new().name(name.into()).spawn(move || {
+        let _ = tx.send(work());
+    });
+    Box::pin(async move {
+        started.map_err(ApartError::NotStarted)?;
+        rx.await.map_err(|_| ApartError::Ended)
+    })
+}
+
 pub use devmodel::DeviceConfig;
 pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoEngine, IoError, IoRequest, IoResult, Op, Reply, Snapshot};
 pub use storage::{FileMode, FileStorage, MemStorage, Storage, StorageError};

@@ -976,32 +976,30 @@ enum ReloadStep {
 }
 
 /// Opens `exports`' storage, in order, on a thread of its own; the first failure is the error (naming the
-/// export and its file), and the storage opened before it is closed. A thread of its own rather than
-/// `spawn_blocking`: an open that never returns (a hung network mount) would hold up the runtime's drop,
-/// hence the exit after SIGTERM, where a plain thread is left behind and ends with the process. Dropping
-/// the returned future leaves the thread to finish; what it opens is then closed.
+/// export and its file), and the storage opened before it is closed. The thread is `crate::on_own_thread`'s
+/// (why not `spawn_blocking`: there); dropping the returned future leaves it to finish, and what it opens
+/// is then closed.
 fn open_apart(
     exports: Vec<(ExportConfig, ExportJson)>,
 ) -> impl std::future::Future<Output = Result<Opened, ChangeError>> + Send + 'static {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let started = std::thread::Builder::new().name("rein-open".into()).spawn(move || {
+    let answer = crate::on_own_thread("rein-open", move || {
         let mut opened = Vec::with_capacity(exports.len());
         for (e, j) in exports {
-            match crate::preflight::open_export(&e) {
-                Ok(s) => opened.push((j, s)),
-                Err(x) => {
-                    let _ = tx.send(Err(ChangeError::Failed(x.to_string())));
-                    return;
-                }
-            }
+            let s = crate::preflight::open_export(&e).map_err(|x| ChangeError::Failed(x.to_string()))?;
+            opened.push((j, s));
         }
-        let _ = tx.send(Ok(opened));
+        Ok(opened)
     });
     async move {
-        if let Err(e) = started {
-            return Err(ChangeError::Failed(format!("cannot start a thread to open the exports' storage: {e}")));
+        match answer.await {
+            Ok(opened) => opened,
+            Err(crate::ApartError::NotStarted(e)) => {
+                Err(ChangeError::Failed(format!("cannot start a thread to open the exports' storage: {e}")))
+            }
+            Err(crate::ApartError::Ended) => {
+                Err(ChangeError::Failed("the thread opening the exports' storage ended".into()))
+            }
         }
-        rx.await.unwrap_or_else(|_| Err(ChangeError::Failed("the thread opening the exports' storage ended".into())))
     }
 }
 

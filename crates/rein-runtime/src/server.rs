@@ -116,24 +116,26 @@ pub type SharedLoader<T> = Arc<std::sync::Mutex<Box<dyn FnMut() -> Result<T, Str
 /// Runs `load` (a reload's read and parse of the configuration file) on a thread of its own; the answer
 /// comes on the returned channel. Reading the file can block for ever (a FIFO put in its place, a hung
 /// network mount): on the event loop it stopped new connections and the stop signals (only SIGKILL
-/// ended the server). A thread of its own rather than `spawn_blocking`: a runtime waits for its blocking
-/// tasks when it is dropped, so a stuck read would hold up the exit after SIGTERM; a plain thread is left
-/// behind and ends with the process. A channel closed without an answer (the thread could not be started,
-/// or `load` panicked) is an error naming that.
+/// ended the server). The thread is `crate::on_own_thread`'s (why a plain one: there). No answer (the
+/// thread could not be started, or `load` panicked) is an error naming that.
 pub fn read_apart<T: Send + 'static>(
     load: &SharedLoader<T>,
 ) -> impl Future<Output = Result<T, String>> + Send + Unpin + 'static {
-    let (tx, rx) = tokio::sync::oneshot::channel();
     let load = Arc::clone(load);
-    let started = std::thread::Builder::new().name("rein-reload".into()).spawn(move || {
+    let answer = crate::on_own_thread("rein-reload", move || {
         let mut load = load.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = tx.send(load());
+        load()
     });
-    if let Err(e) = started {
-        tracing::error!("reload: cannot start the thread that reads the configuration: {e}");
-    }
     Box::pin(async move {
-        rx.await.unwrap_or_else(|_| Err("the configuration could not be read (its reading thread ended)".into()))
+        match answer.await {
+            Ok(read) => read,
+            Err(e) => {
+                if let crate::ApartError::NotStarted(e) = e {
+                    tracing::error!("reload: cannot start the thread that reads the configuration: {e}");
+                }
+                Err("the configuration could not be read (its reading thread ended)".into())
+            }
+        }
     })
 }
 
