@@ -25,6 +25,8 @@ command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
 # The admin endpoint's HTTPS tests (crates/rein/tests/admin_https.rs) drive curl.
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+# The systemd units in contrib/systemd are checked with systemd-analyze verify (service_manager.rs).
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

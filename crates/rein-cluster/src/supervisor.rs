@@ -348,7 +348,12 @@ impl Supervisor {
         let log = LogFile { path: self.dir.join(format!("{what}-{name}.log")), kept: !self.remove };
         let out = std::fs::File::create(&log.path).map_err(io(format!("creating {}", log.path.display())))?;
         let err = out.try_clone().map_err(io(format!("opening {}", log.path.display())))?;
-        let child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        // Under a unit of its own, `rein cluster` is the unit's process, not its children.
+        for var in rein_runtime::notify::ENV {
+            cmd.env_remove(var);
+        }
+        let child = cmd
             .current_dir(&self.dir)
             .args(sub)
             .arg("--config")

@@ -1262,6 +1262,13 @@ pub async fn run_with(
         connections_per_node = cfg.link.connections,
         "rein gateway listening"
     );
+    crate::notify::ready(&format!(
+        "listening: NBD on {}, admin on {admin_addr}, {} volumes over {} nodes",
+        bound.nbd,
+        cfg.exports.len(),
+        cfg.nodes.len()
+    ));
+    let mut watchdog = crate::notify::Watchdog::from_env();
     if let Some(hint) = halt_poll_hint(std::fs::read_to_string(HALT_POLL_NS).ok().as_deref()) {
         tracing::info!("{hint}");
     }
@@ -1285,12 +1292,16 @@ pub async fn run_with(
             _ = &mut shutdown => break,
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
             Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() && reloading.is_none() && reading.is_none() => {
+                crate::notify::reloading();
                 reading = Some(crate::server::read_apart(load.as_ref().expect("with reload_rx")));
             }
             read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
                 reading = None;
                 match read {
-                    Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+                    Err(e) => {
+                        tracing::error!("reload: {e}; the running configuration is unchanged");
+                        crate::notify::ready(&crate::server::reload_failed_status(&e));
+                    }
                     Ok(new) => {
                         let mut l = live.take().expect("no reload in progress");
                         reloading = Some(Box::pin(async move {
@@ -1303,7 +1314,10 @@ pub async fn run_with(
             (l, r) = async { reloading.as_mut().expect("guarded").await }, if reloading.is_some() => {
                 reloading = None;
                 match r {
-                    Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+                    Err(e) => {
+                        tracing::error!("reload: {e}; the running configuration is unchanged");
+                        crate::notify::ready(&crate::server::reload_failed_status(&e));
+                    }
                     Ok(r) => {
                         ctx.exports.set(l.exports());
                         *shown.write().unwrap_or_else(|e| e.into_inner()) = l.remote_volumes();
@@ -1314,12 +1328,15 @@ pub async fn run_with(
                             tracing::warn!("reload: {line}");
                         }
                         tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
+                        crate::notify::ready(&crate::server::reloaded_status(r.applied.len(), r.needs_restart.len()));
                     }
                 }
                 live = Some(l);
             }
+            () = watchdog.tick() => watchdog.ping(),
         }
     }
+    crate::notify::stopping();
     if reloading.take().is_some() {
         tracing::warn!("stopping: the reload in progress is abandoned (the volumes it opened close)");
     }

@@ -10,6 +10,7 @@
 //! STARTTLS, [`access`] for access lists and connection caps, [`budget`] bounding the bytes they hold) and
 //! [`admin`] for its HTTP endpoint, and [`node`] for the storage-node protocol a `rein gateway` speaks; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
+//! [`notify`] tells a service manager (systemd) when a daemon is ready, reloading or stopping.
 //! [`harness`]: the contracts of this crate's decoders of outside input, for the fuzz targets.
 
 pub mod access;
@@ -29,6 +30,7 @@ pub mod live;
 pub mod load;
 pub mod nbd;
 pub mod node;
+pub mod notify;
 pub mod parda_host;
 mod precise_timer;
 pub mod preflight;

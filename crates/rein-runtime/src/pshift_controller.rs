@@ -491,6 +491,11 @@ pub async fn run(
         buckets = s.buckets.len(),
         "rein pshift controller listening"
     );
+    crate::notify::ready(&format!(
+        "listening: servers connect on {listen}, {} servers, {} buckets",
+        s.servers.len(),
+        s.buckets.len()
+    ));
     if let Some(r) = ready {
         let _ = r.send((listen, admin));
     }
@@ -513,10 +518,17 @@ pub async fn run(
     ));
     let origin = if s.hold { None } else { Some(Nanos::ZERO) };
     let task = Task { ctl, clock, origin, conns: vec![None; names.len()], status, periods, requested: None, names };
-    tokio::select! {
-        _ = task.run(ev_rx) => {}
-        _ = shutdown => {}
+    let mut watchdog = crate::notify::Watchdog::from_env();
+    let run = task.run(ev_rx);
+    tokio::pin!(run, shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut run => break,
+            _ = &mut shutdown => break,
+            () = watchdog.tick() => watchdog.ping(),
+        }
     }
+    crate::notify::stopping();
     let _ = stop_tx.send(true);
     accept.abort();
     tracing::info!("pShift controller stopped");

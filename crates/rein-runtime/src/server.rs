@@ -139,8 +139,9 @@ pub fn read_apart<T: Send + 'static>(
     })
 }
 
-/// One reload: apply the configuration read, `cfg`, log what changed, or the error once.
-async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) {
+/// One reload: apply the configuration read, `cfg`, log what changed, or the error once. Returns the
+/// outcome in a line, for the service manager ([`crate::notify::ready`]).
+async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) -> String {
     match registry.reload(cfg).await {
         Ok(r) => {
             for line in &r.applied {
@@ -150,9 +151,23 @@ async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) {
                 tracing::warn!("reload: {line}");
             }
             tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
+            reloaded_status(r.applied.len(), r.needs_restart.len())
         }
-        Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+        Err(e) => {
+            tracing::error!("reload: {e}; the running configuration is unchanged");
+            reload_failed_status(&e)
+        }
     }
+}
+
+/// A reload's outcome for the service manager's `STATUS=` ([`crate::notify`]), for both daemons.
+pub(crate) fn reloaded_status(applied: usize, needs_restart: usize) -> String {
+    format!("configuration reloaded: {applied} changes applied, {needs_restart} need a restart")
+}
+
+/// A refused reload for the service manager's `STATUS=` ([`crate::notify`]), for both daemons.
+pub(crate) fn reload_failed_status(e: &dyn std::fmt::Display) -> String {
+    format!("reload failed, the running configuration is unchanged: {e}")
 }
 
 /// Addresses the server actually listens on (useful with port 0).
@@ -323,6 +338,13 @@ pub async fn run_with(
     let nbd = crate::sock::NbdListeners::new(nbd, cfg.listen_unix.as_ref()).map_err(ServeError::BindUnix)?;
     let bound = Bound { nbd: nbd.tcp_addr(), admin: admin_l.local_addr().expect("bound") };
     tracing::info!(nbd = %bound.nbd, nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    crate::notify::ready(&format!(
+        "listening: NBD on {}, admin on {}, {} exports",
+        bound.nbd,
+        bound.admin,
+        cfg.exports.len()
+    ));
+    let mut watchdog = crate::notify::Watchdog::from_env();
     let admin_state = AdminState { registry: registry.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
@@ -354,11 +376,13 @@ pub async fn run_with(
     let mut reading = None;
     // The reload of the configuration last read, while it opens its exports' storage and applies
     // ([`Reload`]: a newer one replaces it).
-    let mut applying: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> = None;
+    // Its outcome, for the service manager's READY=1 once no reload is under way ([`crate::notify`]).
+    let mut applying: Option<std::pin::Pin<Box<dyn Future<Output = String> + Send>>> = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() && reading.is_none() => {
+                crate::notify::reloading();
                 reading = Some(read_apart(load.as_ref().expect("with reload_rx")));
             }
             read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
@@ -370,13 +394,25 @@ pub async fn run_with(
                         }
                         applying = Some(Box::pin(reload_config(registry.clone(), cfg)));
                     }
-                    Err(e) => tracing::error!("reload: {e}; the running configuration is unchanged"),
+                    Err(e) => {
+                        tracing::error!("reload: {e}; the running configuration is unchanged");
+                        if applying.is_none() {
+                            crate::notify::ready(&reload_failed_status(&e));
+                        }
+                    }
                 }
             }
-            () = async { applying.as_mut().expect("guarded").await }, if applying.is_some() => applying = None,
+            status = async { applying.as_mut().expect("guarded").await }, if applying.is_some() => {
+                applying = None;
+                if reading.is_none() {
+                    crate::notify::ready(&status);
+                }
+            }
+            () = watchdog.tick() => watchdog.ping(),
             acc = nbd.accept() => spawn_accepted(acc, &mut tasks, &ctx, &policy, &stop_rx).await,
         }
     }
+    crate::notify::stopping();
     if reading.is_some() {
         tracing::warn!("stopping: the configuration file is still being read for a reload; that reload is abandoned");
     }

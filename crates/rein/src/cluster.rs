@@ -101,10 +101,12 @@ fn signals(rt: &tokio::runtime::Runtime) -> Result<(Signal, Signal)> {
 async fn serve_until_signal(sup: &Mutex<Supervisor>, signals: (Signal, Signal)) -> Result<()> {
     let (mut term, mut int) = signals;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut watchdog = rein_runtime::notify::Watchdog::from_env();
     loop {
         tokio::select! {
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
+            () = watchdog.tick() => watchdog.ping(),
             _ = tick.tick() => {
                 if let Some(d) = sup.lock().expect("supervisor lock").poll() {
                     return Err(d.into());
@@ -166,7 +168,11 @@ fn up(a: UpArgs) -> Result<()> {
         outln!("tenant {} {}", e.tenant, uris.join(" "));
     }
     outln!("ready");
+    // Under a unit of its own (rein-runtime's notify module), the cluster is the unit's service; its
+    // daemons do not speak for it.
+    rein_runtime::notify::ready(&format!("cluster up: {} tenants", plan.endpoints.len()));
     let res = rt.block_on(serve_until_signal(&sup, signals));
+    rein_runtime::notify::stopping();
     finish(sup, res)
 }
 

@@ -157,8 +157,14 @@ impl Up {
 
     /// [`Up::start`] with more arguments.
     fn start_with(tmp: &Path, scenario: &str, more: &[&str]) -> Up {
+        Up::start_env(tmp, scenario, more, &[])
+    }
+
+    /// [`Up::start_with`] with more environment variables.
+    fn start_env(tmp: &Path, scenario: &str, more: &[&str], envs: &[(&str, &str)]) -> Up {
         let mut child = rein(tmp, &["cluster", "up", scenario, "--base-port", "0"])
             .args(more)
+            .envs(envs.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -216,6 +222,11 @@ impl Up {
 /// (in `run_tmp`) must be gone.
 fn terminate_and_check(up: Up, kids: Vec<u32>, run_tmp: &Path) {
     signal(up.child.id(), "-TERM");
+    terminate_and_check_after_term(up, kids, run_tmp);
+}
+
+/// [`terminate_and_check`] once SIGTERM has been sent.
+fn terminate_and_check_after_term(up: Up, kids: Vec<u32>, run_tmp: &Path) {
     let (ok, err) = up.wait();
     assert!(ok, "exit after SIGTERM: {err}");
     for k in kids {
@@ -259,6 +270,46 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
     let kids = children(up.child.id());
     assert_eq!(kids.len(), 3, "one rein serve per server and one rein gateway: {kids:?}");
     terminate_and_check(up, kids, &run_tmp);
+}
+
+/// Under a service manager (`$NOTIFY_SOCKET`, rein-runtime's notify module) `rein cluster up` says
+/// READY=1 once its cluster is up, pings the watchdog and says STOPPING=1 at SIGTERM; its daemons say
+/// nothing: they are not the unit's process (each would have said READY=1 as it listened, before the
+/// cluster was up).
+#[test]
+fn up_alone_speaks_to_the_service_manager_not_its_daemons() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let sock_path = tmp.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut up = Up::start_env(
+        &run_tmp,
+        &scenario(tmp.path(), TWO_NODES),
+        &[],
+        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap()), ("WATCHDOG_USEC", "200000")],
+    );
+    up.ready();
+    let kids = children(up.child.id());
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        if let Ok(n) = sock.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    // The cluster's READY=1 (the daemons' would say "listening"), then its watchdog pings (every 100 ms).
+    assert_eq!(got.first().map(String::as_str), Some("READY=1\nSTATUS=cluster up: 4 tenants\n"), "{got:?}");
+    let pings = got.iter().filter(|m| *m == "WATCHDOG=1\n").count();
+    assert!(pings >= 5 && pings + 1 == got.len(), "{got:?}");
+    signal(up.child.id(), "-TERM");
+    let mut stopping = false;
+    while let Ok(n) = sock.recv(&mut buf) {
+        stopping |= String::from_utf8_lossy(&buf[..n]).starts_with("STOPPING=1\n");
+    }
+    assert!(stopping, "STOPPING=1 after SIGTERM");
+    terminate_and_check_after_term(up, kids, &run_tmp);
 }
 
 #[test]
