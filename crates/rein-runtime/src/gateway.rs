@@ -404,6 +404,44 @@ fn seconds(key: &str, v: f64, lo: f64, hi: f64) -> Result<Duration, String> {
 }
 
 impl GatewayConfig {
+    /// `rein gateway --check-config`: what a start would refuse before it contacts its nodes, without
+    /// starting (the file was validated by [`GatewayConfig::load`]; here the admin endpoint's token file);
+    /// returns a line per volume and a summary to print. The nodes are not contacted: a node that is down
+    /// or serves another size shows at start.
+    pub fn check(&self) -> Result<Vec<String>, GatewayError> {
+        if let Some(addr) = self.admin {
+            crate::admin_guard::prepare(addr, &self.admin_access)?;
+        }
+        let mut lines: Vec<String> = self
+            .exports
+            .iter()
+            .map(|v| {
+                let on: Vec<&str> =
+                    (0..self.nodes.len()).filter(|&j| v.stripe.uses(j)).map(|j| self.nodes[j].name.as_str()).collect();
+                format!(
+                    "volume {}: {} MiB of tenant {}, {} KiB units over {}",
+                    v.name,
+                    v.size >> 20,
+                    self.tenants[v.tenant].name,
+                    v.stripe.unit() >> 10,
+                    on.join(", ")
+                )
+            })
+            .collect();
+        if let Some(p) = &self.parda {
+            lines.push(format!("a PARDA host, id {}", p.id));
+        }
+        lines.push(format!(
+            "{} tenants, {} volumes over {} nodes, NBD on {}, {} node connections",
+            self.tenants.len(),
+            self.exports.len(),
+            self.nodes.len(),
+            self.listen,
+            self.node_sessions()
+        ));
+        Ok(lines)
+    }
+
     /// The node connections this configuration holds (each export's nodes times `connections_per_node`;
     /// at most [`MAX_NODE_SESSIONS`]).
     pub fn node_sessions(&self) -> usize {

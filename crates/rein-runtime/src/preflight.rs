@@ -204,6 +204,33 @@ pub enum OpenError {
     },
 }
 
+/// [`open_export`]'s checks without opening anything for writing or creating anything (`rein serve
+/// --check-config`, [`crate::storage::FileStorage::inspect`]): one line saying what the export serves.
+pub fn inspect_export(e: &crate::config::ExportConfig) -> Result<String, OpenError> {
+    let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+    match &e.backend {
+        crate::config::BackendKind::File { path } => {
+            let found = crate::storage::FileStorage::inspect(path, e.size, e.read_only)
+                .map_err(|source| OpenError::Export { name: e.name.clone(), path: path.clone(), source })?;
+            let ro = if e.read_only { ", read-only" } else { "" };
+            Ok(match found {
+                crate::storage::Inspected::Present(n) => {
+                    format!("export {}: {} ({:.0} MiB{ro})", e.name, path.display(), mib(n))
+                }
+                crate::storage::Inspected::WouldCreate(n) => {
+                    format!("export {}: {} (missing: a start creates it, {:.0} MiB)", e.name, path.display(), mib(n))
+                }
+            })
+        }
+        crate::config::BackendKind::Memory => {
+            if let Some(ram) = mem_total_bytes(std::path::Path::new(MEMINFO)) {
+                check_memory(std::slice::from_ref(e), ram)?;
+            }
+            Ok(format!("export {}: memory ({:.0} MiB, lost at a stop)", e.name, mib(e.size.unwrap_or(0))))
+        }
+    }
+}
+
 /// Opens an export's storage (creating a missing file only when the export has a size; see
 /// [`crate::storage::FileStorage::open_with`]; a memory export only if it fits the machine's RAM). Errors name the export
 /// and its path.

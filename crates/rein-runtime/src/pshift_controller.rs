@@ -429,6 +429,30 @@ enum Event {
     Start(Nanos),
 }
 
+impl ControllerSettings {
+    /// `rein pshift controller --check-config`: what a start would refuse before it listens, without
+    /// starting (the file was validated by [`ControllerSettings::load`]; here the admin endpoint's token
+    /// file); returns the lines to print.
+    pub fn check(&self) -> Result<Vec<String>, String> {
+        if let Some(addr) = self.admin {
+            crate::admin_guard::prepare(addr, &self.admin_access).map_err(|e| e.to_string())?;
+        }
+        let mut lines: Vec<String> =
+            self.servers.iter().map(|(name, cap)| format!("server {name}: {cap} IOPS")).collect();
+        lines.extend(self.buckets.iter().map(|(name, q)| {
+            let limit = q.limit.map_or_else(|| "none".to_string(), |l| l.to_string());
+            format!("bucket {name}: reservation {} IOs per QoS period, limit {limit}", q.reservation)
+        }));
+        lines.push(format!(
+            "{} servers, {} buckets, servers connect on {}",
+            self.servers.len(),
+            self.buckets.len(),
+            self.listen
+        ));
+        Ok(lines)
+    }
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
     s: ControllerSettings,

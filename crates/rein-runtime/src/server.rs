@@ -170,6 +170,68 @@ pub(crate) fn reload_failed_status(e: &dyn std::fmt::Display) -> String {
     format!("reload failed, the running configuration is unchanged: {e}")
 }
 
+/// Admission control at start: the reservations against the capacity (`capacity`, from the state file or
+/// a probe, else the configuration's): refused under `admission = "refuse"`, a warning under `"warn"`.
+fn admit(cfg: &ServerConfig, capacity: Option<&CapacityEntry>) -> Result<(), ServeError> {
+    let (cap, source) = match capacity {
+        Some(c) => (Some(c.iops), c.source),
+        None => crate::live::config_capacity(cfg),
+    };
+    let shortfall = Shortfall::of(cfg.reserved(), cap).map(|s| match s {
+        Shortfall::Above { .. } => format!("{s} ({})", source.name()),
+        Shortfall::Unknown { .. } => format!(
+            "{s}: set capacity_iops, probe_capacity_s or [device_model] (or start with admission = \"warn\" and PUT /api/capacity)"
+        ),
+    });
+    if let Some(msg) = shortfall {
+        match cfg.admission {
+            Admission::Refuse => return Err(ServeError::Admission(msg)),
+            Admission::Warn => tracing::warn!("admission control: {msg}"),
+        }
+    }
+    Ok(())
+}
+
+/// `rein serve --check-config`: what a start would refuse before it listens, without starting, locking,
+/// creating or writing anything, so that it can run beside the server it is about to reload: the admin
+/// endpoint's settings (its token file), the state file in `data_dir` applied over `cfg` as at start, the
+/// exports as a whole ([`crate::preflight::check_exports`]) and each one's file
+/// ([`crate::preflight::inspect_export`]), and admission control. Returns a line per finding to print.
+/// Not checked: binding the addresses (the running server holds them), what only an open for writing
+/// tells (permissions, `O_DIRECT`), and a capacity that `probe_capacity_s` would measure (admission is
+/// then checked against the state file's or the configuration's capacity, if any).
+pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
+    crate::admin_guard::prepare(cfg.admin, &cfg.admin_access)?;
+    let mut lines = Vec::new();
+    let saved = state::load(&cfg.data_dir)?;
+    let over = state::overlay(&cfg, saved.as_ref().unwrap_or(&StateFile::default()));
+    if saved.is_some() {
+        let path = cfg.data_dir.join(state::STATE_FILE);
+        lines.push(format!("state file {}: {} entries applied over the file", path.display(), over.notes.len()));
+        lines.extend(over.notes.iter().map(|n| format!("  {n}")));
+    }
+    let eff = over.config;
+    crate::preflight::check_exports(&eff.exports)?;
+    for e in &eff.exports {
+        lines.push(crate::preflight::inspect_export(e)?);
+    }
+    let probe = eff.probe_capacity_s > 0.0 && eff.capacity_iops.is_none() && over.capacity.is_none();
+    if probe {
+        lines.push("capacity: probed at start (probe_capacity_s); admission is checked then".into());
+    } else {
+        admit(&eff, over.capacity.as_ref())?;
+    }
+    lines.push(format!(
+        "{} tenants, {} exports, scheduler {}, NBD on {}, admin on {}",
+        eff.tenants.len(),
+        eff.exports.len(),
+        eff.scheduler,
+        eff.listen,
+        eff.admin
+    ));
+    Ok(lines)
+}
+
 /// Addresses the server actually listens on (useful with port 0).
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
@@ -271,22 +333,7 @@ pub async fn run_with(
         capacity = Some(CapacityEntry { iops: r.iops, source: CapacitySource::Probe, config: CapacityBase::of(&base) });
         rewrite = true;
     }
-    let (cap, source) = match capacity {
-        Some(c) => (Some(c.iops), c.source),
-        None => crate::live::config_capacity(&cfg),
-    };
-    let shortfall = Shortfall::of(cfg.reserved(), cap).map(|s| match s {
-        Shortfall::Above { .. } => format!("{s} ({})", source.name()),
-        Shortfall::Unknown { .. } => format!(
-            "{s}: set capacity_iops, probe_capacity_s or [device_model] (or start with admission = \"warn\" and PUT /api/capacity)"
-        ),
-    });
-    if let Some(msg) = shortfall {
-        match cfg.admission {
-            Admission::Refuse => return Err(ServeError::Admission(msg)),
-            Admission::Warn => tracing::warn!("admission control: {msg}"),
-        }
-    }
+    admit(&cfg, capacity.as_ref())?;
     if rewrite {
         state::save(&cfg.data_dir, &state::diff(&base, &cfg, capacity))?;
     }

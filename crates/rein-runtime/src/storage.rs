@@ -354,7 +354,63 @@ fn no_readahead(file: &File) -> io::Result<()> {
     }
 }
 
+/// Whether `path` is there to serve: its metadata if it is a regular file or a block device, `None` if it
+/// is missing and may be created (with `size`); the refusals of [`FileStorage::open_with`] before it
+/// opens anything.
+fn present(path: &Path, size: Option<u64>, read_only: bool) -> Result<Option<std::fs::Metadata>, StorageError> {
+    match std::fs::metadata(path) {
+        Ok(meta) => match unservable(&meta) {
+            Some(kind) => Err(StorageError::NotAFile(kind)),
+            None => Ok(Some(meta)),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match (read_only, size) {
+            (true, _) => Err(StorageError::MissingReadOnly),
+            (false, None) => Err(StorageError::Missing),
+            (false, Some(_)) => Ok(None),
+        },
+        Err(e) => Err(StorageError::Io { op: "stat", source: e }),
+    }
+}
+
+/// The size of the open `file` (a block device's by seeking to its end), which must be `size` if given
+/// ([`StorageError::SizeMismatch`]).
+fn sized(file: &File, meta: &std::fs::Metadata, size: Option<u64>) -> Result<u64, StorageError> {
+    let actual = if meta.file_type().is_file() {
+        meta.len()
+    } else {
+        use std::io::Seek;
+        let mut f = file;
+        f.seek(io::SeekFrom::End(0)).map_err(|e| StorageError::Io { op: "seek", source: e })?
+    };
+    match size.filter(|&c| c != actual) {
+        Some(configured) => Err(StorageError::SizeMismatch { actual, configured }),
+        None => Ok(actual),
+    }
+}
+
+/// What [`FileStorage::inspect`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inspected {
+    /// The file or device is there, of this many bytes.
+    Present(u64),
+    /// It is missing, and a start would create it with this many bytes.
+    WouldCreate(u64),
+}
+
 impl FileStorage {
+    /// The checks [`FileStorage::open_with`] makes (what the path is, a missing file, the size), without
+    /// creating, locking or writing anything: `rein serve --check-config`. The file is opened read-only
+    /// for its size. What only an open for writing can tell (permissions to write, another process
+    /// holding it, `O_DIRECT` support) is not checked.
+    pub fn inspect(path: &Path, size: Option<u64>, read_only: bool) -> Result<Inspected, StorageError> {
+        let Some(_) = present(path, size, read_only)? else {
+            return Ok(Inspected::WouldCreate(size.expect("present: a missing file has a size")));
+        };
+        let file = File::open(path).map_err(|e| StorageError::Io { op: "open", source: e })?;
+        let meta = file.metadata().map_err(|e| StorageError::Io { op: "stat", source: e })?;
+        sized(&file, &meta, size).map(Inspected::Present)
+    }
+
     /// Opens a file or block device. A missing file is created with `size` if given, else an error
     /// ([`StorageError::Missing`]); a missing file of a read-only export is an error whatever the size
     /// ([`StorageError::MissingReadOnly`]: it used to fail as `open failed: No such file or directory`); an existing one must have `size` if given
@@ -369,20 +425,7 @@ impl FileStorage {
     pub fn open_with(path: &Path, size: Option<u64>, mode: FileMode) -> Result<FileStorage, StorageError> {
         let FileMode { read_only, direct, readahead } = mode;
         let io = |op, source| StorageError::Io { op, source };
-        let exists = match std::fs::metadata(path) {
-            Ok(meta) => match unservable(&meta) {
-                Some(kind) => return Err(StorageError::NotAFile(kind)),
-                None => true,
-            },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-            Err(e) => return Err(io("stat", e)),
-        };
-        if !exists && read_only {
-            return Err(StorageError::MissingReadOnly);
-        }
-        if !exists && size.is_none() {
-            return Err(StorageError::Missing);
-        }
+        let exists = present(path, size, read_only)?.is_some();
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
@@ -396,17 +439,7 @@ impl FileStorage {
         }
         let meta = file.metadata().map_err(|e| io("stat", e))?;
         let lock = ExportLock::take(&file, &meta, !read_only)?;
-        let actual = if meta.file_type().is_file() {
-            meta.len()
-        } else {
-            // Block device: seek to the end.
-            use std::io::Seek;
-            let mut f = &file;
-            f.seek(io::SeekFrom::End(0)).map_err(|e| io("seek", e))?
-        };
-        if let Some(configured) = size.filter(|&c| c != actual) {
-            return Err(StorageError::SizeMismatch { actual, configured });
-        }
+        let actual = sized(&file, &meta, size)?;
         if !readahead {
             no_readahead(&file).map_err(|e| io("posix_fadvise(POSIX_FADV_RANDOM)", e))?;
         }

@@ -17,6 +17,10 @@ pub(crate) struct GatewayArgs {
     /// Listen on this Unix socket as well (overrides listen_unix; relative to the working directory).
     #[arg(long, value_name = "PATH")]
     pub(crate) listen_unix: Option<String>,
+    /// Check the configuration as a start would (and nothing else: no listening, no file created or
+    /// changed), print its volumes (the nodes are not contacted) and exit: 0 when a start would accept it, 1 naming what is wrong.
+    #[arg(long)]
+    pub(crate) check_config: bool,
 }
 
 /// gw.toml with the command line's overrides (at start and at each reload).
@@ -37,6 +41,9 @@ fn load(args: &GatewayArgs) -> Result<GatewayConfig> {
 /// `rein gateway`: serves until Ctrl-C or SIGTERM; SIGHUP reloads gw.toml.
 pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     let cfg = load(&args)?;
+    if args.check_config {
+        return crate::serve::print_check(&Some(args.config.clone()), cfg.check()?);
+    }
     // The front's caps, the admin connections and every node connection, with a margin.
     let needed = (cfg.caps.total + cfg.admin_access.max_connections + cfg.node_sessions() + 64) as u64;
     crate::serve::check_open_files(needed, "max_connections, the admin connections and the node connections");

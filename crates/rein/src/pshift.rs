@@ -39,11 +39,18 @@ pub(crate) struct ControllerArgs {
     /// Configuration file (docs/pshift-daemons.md).
     #[arg(long)]
     pub(crate) config: PathBuf,
+    /// Check the configuration as a start would (and nothing else: no listening, no file created or
+    /// changed), print what it serves and exit: 0 when a start would accept it, 1 naming what is wrong.
+    #[arg(long)]
+    pub(crate) check_config: bool,
 }
 
 /// `rein pshift controller`: the daemon is `rein_runtime::pshift_controller`.
 fn controller(a: &ControllerArgs) -> Result<()> {
     let s = rein_runtime::pshift_controller::ControllerSettings::load(&a.config)?;
+    if a.check_config {
+        return crate::serve::print_check(&Some(a.config.clone()), s.check().map_err(anyhow::Error::msg)?);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -26,6 +26,10 @@ pub(crate) struct ServeArgs {
     /// Override the data directory.
     #[arg(long)]
     pub(crate) data_dir: Option<PathBuf>,
+    /// Check the configuration as a start would (and nothing else: no listening, no file created or
+    /// changed), print what it serves and exit: 0 when a start would accept it, 1 naming what is wrong.
+    #[arg(long)]
+    pub(crate) check_config: bool,
 }
 
 /// The server configuration: the file (or the built-in default) with the command line's overrides; a
@@ -97,6 +101,17 @@ pub(crate) fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
     Ok(requests)
 }
 
+/// `--check-config`'s output: what the configuration `file` (none: the built-in default) serves, then
+/// that it is fine.
+pub(crate) fn print_check(file: &Option<PathBuf>, lines: Vec<String>) -> Result<()> {
+    for l in lines {
+        outln!("{l}");
+    }
+    let file = file.as_ref().map_or_else(|| "the built-in configuration".to_string(), |p| p.display().to_string());
+    outln!("{file}: configuration OK");
+    Ok(())
+}
+
 /// `rein serve`: serves until Ctrl-C or SIGTERM; SIGHUP reloads the configuration file (with the same
 /// command-line overrides).
 /// Raises the soft limit on open files towards `needed` (at most to the hard limit), and warns when it
@@ -133,6 +148,9 @@ fn serve_files(cfg: &rein_runtime::config::ServerConfig) -> u64 {
 
 pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
+    if args.check_config {
+        return print_check(&args.config, rein_runtime::server::check_config(cfg)?);
+    }
     check_open_files(serve_files(&cfg), "max_connections, the admin connections and the exports");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {

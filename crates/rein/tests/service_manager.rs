@@ -227,6 +227,9 @@ fn the_systemd_units_verify() {
         // The controller does not reload (SIGHUP is ignored): no ExecReload that would pretend to.
         let reloads = name != "rein-pshift-controller.service";
         assert_eq!(text.contains("\nExecReload=/bin/kill -HUP $MAINPID\n"), reloads, "{name}'s ExecReload");
+        // A reload is checked first (`--check-config`), with the file ExecStart names.
+        let start = text.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart");
+        assert_eq!(text.contains(&format!("\nExecReload={start} --check-config\n")), reloads, "{name}'s check");
         let local = text.replace("/usr/local/bin/rein", env!("CARGO_BIN_EXE_rein"));
         write_file(tmp.path(), &name, &local);
         names.push(name);

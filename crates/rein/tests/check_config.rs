@@ -1,0 +1,130 @@
+//! `--check-config` of `rein serve`, `rein gateway` and `rein pshift controller`: the configuration checked
+//! as a start would check it, without starting, and without creating or changing a file, so that it can
+//! run beside the server it is about to reload. Exit 0 with what would be served; exit 1 with the error a
+//! start would give.
+#![cfg(unix)]
+
+mod common;
+
+use common::{config_file, tmpdir, write_file, Rein, MEMORY};
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `rein ARGS --check-config`: (success, stdout, stderr).
+fn check(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(args)
+        .arg("--check-config")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run rein");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// Every file under `dir`, with its length and modification time.
+fn files(dir: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
+    let mut v = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            v.push((e.path().display().to_string(), m.len(), m.modified().unwrap()));
+        }
+    }
+    v.sort();
+    v
+}
+
+/// A good configuration: each export said, exit 0, nothing created (the data directory and the image a
+/// start would create stay missing); then what a start refuses is refused the same way, with exit 1.
+#[test]
+fn rein_serve_check_config_says_what_a_start_would_and_creates_nothing() {
+    let tmp = tmpdir("check-serve");
+    let body = "capacity_iops = 1000\n[[exports]]\nname = \"v\"\nsize_mb = 8\n\
+                [[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n";
+    let cfg = config_file(tmp.path(), 170, body);
+    let before = files(tmp.path());
+    let (ok, out, err) = check(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let v_img = tmp.path().join("data").join("v.img");
+    assert!(out.contains(&format!("export v: {} (missing: a start creates it, 8 MiB)", v_img.display())), "{out}");
+    assert!(out.contains("export m: memory (4 MiB"), "{out}");
+    assert!(out.trim_end().ends_with("rein.toml: configuration OK"), "{out}");
+    assert_eq!(files(tmp.path()), before, "--check-config created or changed a file");
+
+    // An existing image of another size: what a start says, naming the export and the file.
+    std::fs::create_dir_all(tmp.path().join("data")).unwrap();
+    std::fs::write(&v_img, vec![0u8; 4096]).unwrap();
+    let (ok, out, err) = check(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains(&format!("export v: {}: is 4096 bytes, but size_mb asks for 8388608 bytes", v_img.display())),
+        "{err}"
+    );
+    let started = Rein::serve(&cfg).env("REIN_LOG", "off").fails();
+    assert!(started.contains("is 4096 bytes, but size_mb asks for 8388608 bytes"), "a start says the same: {started}");
+
+    // A directory where an image should be.
+    std::fs::remove_file(&v_img).unwrap();
+    std::fs::create_dir_all(&v_img).unwrap();
+    let (ok, _, err) = check(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok && err.contains("is a directory, not a regular file or a block device"), "{err}");
+
+    // Reservations above the capacity under admission = "refuse" (the default); this rewrites rein.toml.
+    let over = config_file(tmp.path(), 170, &format!("{MEMORY}[[tenants]]\nname = \"big\"\nreservation = 2000\n"));
+    let (ok, _, err) = check(&["serve", "--config", over.to_str().unwrap()]);
+    assert!(!ok && err.contains("reservations total 2010 IOPS, above the reservable capacity of 1000 IOPS"), "{err}");
+}
+
+/// Beside a running server on the same data directory (whose lock it holds): the check runs, applies the
+/// state file the server wrote (a tenant added at run time) and changes nothing.
+#[test]
+fn rein_serve_check_config_runs_beside_the_server_and_reads_its_state_file() {
+    let tmp = tmpdir("check-beside");
+    let cfg = config_file(tmp.path(), 171, MEMORY);
+    let server = Rein::serve(&cfg).start();
+    let body = r#"{"name":"extra","reservation":5}"#;
+    let (code, _, resp) =
+        common::http(server.admin, "POST", "/api/tenants", "Content-Type: application/json\r\n", body);
+    assert_eq!(code, 201, "{resp}");
+    let before = files(tmp.path());
+    let (ok, out, err) = check(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("rein-state.json: 1 entries applied over the file"), "{out}");
+    assert!(out.contains("2 tenants, 1 exports"), "the state file's tenant is counted: {out}");
+    assert_eq!(files(tmp.path()), before);
+    server.stop();
+}
+
+/// `rein gateway --check-config` lists the volumes and their nodes without contacting them (the nodes
+/// here do not exist); a bad key is the load's error. `rein pshift controller --check-config` lists its
+/// servers and buckets; an admin address that is not loopback without a token is refused, as at start.
+#[test]
+fn the_gateway_and_the_pshift_controller_check_their_files_too() {
+    let tmp = tmpdir("check-gw");
+    let gw = "listen = \"127.0.0.172:0\"\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.173:1\"\n\
+              [[nodes]]\nname = \"s2\"\naddress = \"127.0.0.174:1\"\n\
+              [[exports]]\nname = \"v\"\nsize_mb = 64\nstripe_kb = 64\nwidths = { s1 = 1, s2 = 2 }\n";
+    let path = write_file(tmp.path(), "gw.toml", gw);
+    let (ok, out, err) = check(&["gateway", "--config", path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("volume v: 64 MiB of tenant v, 64 KiB units over s1, s2"), "{out}");
+    assert!(out.contains("1 tenants, 1 volumes over 2 nodes"), "{out}");
+    let bad = write_file(tmp.path(), "bad.toml", &gw.replace("stripe_kb", "stripe_kib"));
+    let (ok, _, err) = check(&["gateway", "--config", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("stripe_kib"), "{err}");
+
+    let ctl = "listen = \"127.0.0.175:0\"\nperiod_s = 1\nintervals = 5\n[[servers]]\nname = \"s1\"\n\
+               capacity_iops = 1000\n[[buckets]]\nname = \"b1\"\nreservation_iops = 100\n";
+    let path = write_file(tmp.path(), "ctl.toml", ctl);
+    let (ok, out, err) = check(&["pshift", "controller", "--config", path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("server s1: 1000 IOPS") && out.contains("bucket b1: reservation 100 IOs"), "{out}");
+    let exposed = write_file(tmp.path(), "exposed.toml", &format!("admin = \"0.0.0.0:0\"\n{ctl}"));
+    let (ok, _, err) = check(&["pshift", "controller", "--config", exposed.to_str().unwrap()]);
+    assert!(!ok && err.contains("is not a loopback address and no admin_token_file is set"), "{err}");
+}
