@@ -122,15 +122,17 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
         s.seed
     );
     let oracle = r.oracle_iops(s.warmup_s, s.duration_s);
+    let shown = &s.tenants[..s.tenants.len().min(MAX_ROWS)];
+    let nw = name_width(shown.iter().map(|t| t.name.as_str()), 14);
     out.push_str(&format!(
-        "{:<14} {:>8} {:>8} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6}\n",
+        "{:<nw$} {:>8} {:>8} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6}\n",
         "tenant", "r", "l", "w", "IOPS", "oracle", "MB/s", "lat ms", "p99 ms", "max ms", "resv%"
     ));
-    for (i, t) in s.tenants.iter().enumerate().take(40) {
+    for (i, t) in shown.iter().enumerate() {
         let resv = t.phase.as_ref().map(|p| format!("{:>5.0}%", 100.0 * p.reservation_fraction()));
         out.push_str(&format!(
-            "{:<14} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
-            truncate(&t.name, 14),
+            "{:<nw$} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
+            cut(&t.name, nw),
             match t.reservation {
                 Some(r) if r > 0.0 => rate(r),
                 Some(_) => "-".into(),
@@ -147,13 +149,15 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
             resv.unwrap_or_else(|| "    ?".into())
         ));
     }
-    if s.tenants.len() > 40 {
-        out.push_str(&format!("... and {} more tenants (see summary.json)\n", s.tenants.len() - 40));
+    if s.tenants.len() > MAX_ROWS {
+        out.push_str(&format!("... and {} more tenants (see summary.json)\n", s.tenants.len() - MAX_ROWS));
     }
-    for sv in s.servers.iter().take(16) {
+    let servers = &s.servers[..s.servers.len().min(16)];
+    let sw = name_width(servers.iter().map(|sv| sv.name.as_str()), 10);
+    for sv in servers {
         out.push_str(&format!(
-            "server {:<10} {:>9.1} IOPS, utilisation {:>6}, {}{}\n",
-            truncate(&sv.name, 10),
+            "server {:<sw$} {:>9.1} IOPS, utilisation {:>6}, {}{}\n",
+            cut(&sv.name, sw),
             sv.iops,
             sv.utilisation.map_or("?".into(), |u| format!("{:.1}%", u * 100.0)),
             sv.scheduler,
@@ -173,8 +177,10 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
 
 /// PARDA hosts: one line each, then the cluster.
 fn host_text(h: &HostsSummary) -> String {
+    let shown = &h.hosts[..h.hosts.len().min(MAX_ROWS)];
+    let nw = name_width(shown.iter().map(|x| x.name.as_str()), 14);
     let mut out = format!(
-        "PARDA {} (script-L {} ms, {} aggregation)\n{:<14} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8}\n",
+        "PARDA {} (script-L {} ms, {} aggregation)\n{:<nw$} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8}\n",
         if h.enabled { "on" } else { "off (baseline)" },
         h.latency_threshold_ms,
         h.aggregation,
@@ -188,10 +194,10 @@ fn host_text(h: &HostsSummary) -> String {
         "signal ms",
         "conv s"
     );
-    for x in h.hosts.iter().take(40) {
+    for x in shown {
         out.push_str(&format!(
-            "{:<14} {:>6} {:>8.2} {:>8.2} {:>8} {:>9.1} {:>8.2} {:>9} {:>8}\n",
-            truncate(&x.name, 14),
+            "{:<nw$} {:>6} {:>8.2} {:>8.2} {:>8} {:>9.1} {:>8.2} {:>9} {:>8}\n",
+            cut(&x.name, nw),
             if x.controlled { "parda" } else { "fixed" },
             x.beta_mean,
             x.window_mean,
@@ -223,11 +229,25 @@ fn rate(x: f64) -> String {
     }
 }
 
-fn truncate(s: &str, n: usize) -> String {
+/// Rows of tenants (and of PARDA hosts) the text summary shows; summary.json has them all.
+const MAX_ROWS: usize = 40;
+
+/// The widest name column of the text summary: a longer name is cut, ending in `…`.
+const MAX_NAME_WIDTH: usize = 64;
+
+/// The width of a name column: the longest of `names`, at least `min` (the column's title and the
+/// numbers' alignment), at most [`MAX_NAME_WIDTH`]. Names up to that long are printed whole, so names that
+/// differ stay different in the table.
+fn name_width<'a>(names: impl Iterator<Item = &'a str>, min: usize) -> usize {
+    names.map(|n| n.chars().count()).max().unwrap_or(0).clamp(min, MAX_NAME_WIDTH)
+}
+
+/// `s` if it fits in `n` characters, else its first `n - 1` and `…`.
+fn cut(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
-        s.chars().take(n - 1).collect::<String>() + "~"
+        s.chars().take(n.saturating_sub(1)).collect::<String>() + "…"
     }
 }
 
@@ -457,5 +477,35 @@ mod tests {
         assert_eq!(super::rate(10.0), "10");
         assert_eq!(super::rate(0.126), "0.13");
         assert_eq!(super::rate(0.0), "0");
+    }
+
+    /// The text summary's name column is as wide as the longest name (up to 64 characters): two tenants
+    /// whose names share their first 13 characters stay apart (both were `database-prim~`), and the
+    /// columns line up; a name beyond 64 is cut with `…`.
+    #[test]
+    fn long_names_are_printed_whole_and_the_columns_line_up() {
+        let long = "x".repeat(70);
+        let mut text =
+            String::from("name = \"names\"\nduration_s = 1.0\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n");
+        for name in ["database-primary-eu-west-1", "database-primary-eu-west-2", "a", &long] {
+            text.push_str(&format!(
+                "[[tenants]]\nname = \"{name}\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 1\n"
+            ));
+        }
+        let sc = rein_sim::Scenario::from_toml(&text, None).unwrap();
+        let r = rein_sim::run(&sc, &mut |_| {}).unwrap();
+        let summary = super::summary_text(&r);
+        let table: Vec<&str> = summary.lines().skip(1).take(5).collect();
+        let width = |l: &str| l.chars().count();
+        assert!(table.iter().all(|l| width(l) == width(table[0])), "{summary}");
+        let names: Vec<String> =
+            table.iter().map(|l| l.chars().take(64).collect::<String>().trim_end().into()).collect();
+        let cut = format!("{}…", "x".repeat(63));
+        assert_eq!(
+            names,
+            ["tenant", "database-primary-eu-west-1", "database-primary-eu-west-2", "a", &cut],
+            "{summary}"
+        );
+        assert!(table.iter().all(|l| l.chars().nth(64) == Some(' ')), "{summary}");
     }
 }
