@@ -436,16 +436,7 @@ impl HostPoller {
                 rec.completions(h, at, ios, w[1].latency_sum_ns.saturating_sub(w[0].latency_sum_ns));
             }
             if let Some(st) = self.status(h).await {
-                // Reports that did not reach the cluster signal: an operator must hear of them (the
-                // signal then rests on fewer hosts than the scenario has).
-                if st.records_refused > 0 || st.exchange_errors > 0 {
-                    tracing::warn!(
-                        host = %sc.hosts[h].name,
-                        refused = st.records_refused,
-                        exchange_errors = st.exchange_errors,
-                        "PARDA host refused reports of other hosts or failed to exchange its own (its log says why)"
-                    );
-                }
+                warn_of_mishaps(&sc.hosts[h].name, &st);
                 self.check_first_period(sc, h, &st, *offset);
                 for p in &st.history {
                     let at = p.at_s - offset;
@@ -497,6 +488,47 @@ impl HostPoller {
     }
 }
 
+/// Names what PARDA host `name` counted during the run (`st`, read at its end) that bears on the run's
+/// results, with the counts:
+/// - records of another host under its own id (`id_conflicts`): two hosts shared an id, and their peers
+///   took them for one host (one entry in the cluster signal): an error, the run's PARDA results are not
+///   to be trusted;
+/// - reports it refused or failed to exchange (`records_refused`, `exchange_errors`): the signal rested
+///   on fewer hosts than the scenario has;
+/// - stalls of its process (`stalls`, `stalled_ios`): it did not run for a while (stopped, or a machine
+///   too busy), its IOs across each stall were left out of eq. (1), and the load's timing was disturbed.
+///
+/// Each host's log says more (when, from where, each stall's length).
+fn warn_of_mishaps(name: &str, st: &rein_runtime::parda_host::HostStatus) {
+    if st.id_conflicts > 0 {
+        tracing::error!(
+            host = %name,
+            id = st.id,
+            id_conflicts = st.id_conflicts,
+            last_from = st.id_conflict_from.as_deref().unwrap_or("?"),
+            "PARDA host received reports under its own id from another host: two hosts shared one id and their \
+             peers took them for one host, so this run's PARDA results are not to be trusted"
+        );
+    }
+    if st.records_refused > 0 || st.exchange_errors > 0 {
+        tracing::warn!(
+            host = %name,
+            refused = st.records_refused,
+            exchange_errors = st.exchange_errors,
+            "PARDA host refused reports of other hosts or failed to exchange its own (its log says why)"
+        );
+    }
+    if st.stalls > 0 {
+        tracing::warn!(
+            host = %name,
+            stalls = st.stalls,
+            stalled_ios = st.stalled_ios,
+            "PARDA host's process stalled (it did not run for a while: stopped, or the machine too busy); the IOs \
+             answered across the stalls were left out of its latency estimate, and the run's timing was disturbed"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,6 +546,84 @@ mod tests {
         }
         for k in 0..2 {
             assert_eq!(v.window_of(v.aim(k, 4096 * 1000, 4096)), k);
+        }
+    }
+
+    /// A PARDA host's counts of the run's mishaps are named at its end, with the counts: records of
+    /// another host under its own id as an error, stalls of its process as a warning (here from an admin
+    /// endpoint that answers `/api/parda` with those counts).
+    #[test]
+    fn a_hosts_id_conflicts_and_stalls_are_named_at_the_run_end() {
+        use std::io::{Read, Write};
+        let sc = Scenario::from_toml(
+            "name = \"one-host\"\nduration_s = 2.0\n[parda]\nlatency_threshold_ms = 10\n[[servers]]\n\
+             name = \"array\"\ncapacity_iops = 1000\n[[hosts]]\nname = \"h1\"\n[[tenants]]\nname = \"vm1\"\n\
+             host = \"h1\"\n[tenants.workload]\nkind = \"closed\"\n",
+            None,
+        )
+        .unwrap();
+        let status = r#"{"id": 0, "controlled": true, "aggregation": "cluster", "window": 4.0, "issue_limit": 4,
+            "beta": 1.0, "beta_base": 1.0, "vms": 1, "outstanding": 0, "queued": 0, "estimate_ms": null,
+            "signal_ms": null, "cluster_hosts": 1, "periods": 0, "completed": 0, "abandoned": 0,
+            "latency_sum_ns": 0, "now_s": 1.0, "exchange_errors": 0, "records_refused": 0, "id_conflicts": 3,
+            "id_conflict_from": "127.0.0.9:7711", "stalls": 2, "stalled_ios": 17, "history": []}"#;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let admin = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let mut conn = conn.unwrap();
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.ends_with(b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{status}",
+                    status.len()
+                );
+            }
+        });
+        let poller = HostPoller {
+            admins: vec![admin.into()],
+            first_ends: Vec::new(),
+            duration: Duration::from_secs(2),
+            steps: Vec::new(),
+        };
+        let samples = vec![(0.0, vec![HostSample { at: Duration::ZERO, completed: 0, latency_sum_ns: 0 }])];
+        let log = Arc::new(Mutex::new(Vec::<u8>::new()));
+        struct Capture(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let to = log.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || Capture(to.clone())).with_ansi(false).without_time().finish();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let report = tracing::subscriber::with_default(subscriber, || rt.block_on(poller.finish(&sc, samples)));
+        assert!(report.is_some());
+        let log = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+        let line = |word: &str| log.lines().find(|l| l.contains(word)).unwrap_or_else(|| panic!("{word}: {log}"));
+        let conflict = line("its own id");
+        assert!(conflict.starts_with("ERROR"), "{log}");
+        assert!(conflict.contains("not to be trusted"), "{log}");
+        for field in ["host=h1", "id_conflicts=3", "last_from=\"127.0.0.9:7711\""] {
+            assert!(conflict.contains(field), "{field}: {log}");
+        }
+        let stall = line("stalled");
+        assert!(stall.starts_with(" WARN"), "{log}");
+        for field in ["host=h1", "stalls=2", "stalled_ios=17"] {
+            assert!(stall.contains(field), "{field}: {log}");
         }
     }
 
