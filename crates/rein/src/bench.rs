@@ -312,7 +312,7 @@ pub(crate) fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
         });
         if !args.json {
             let r = rows.last().expect("pushed");
-            eprintln!(
+            errln!(
                 "{:>8} tenants: {:>8.1} ns/request  (FIFO {:>6.1} ns, x{:.1}; {:.0}% reservation phase)",
                 n,
                 r.ns_per_request,
@@ -471,7 +471,7 @@ pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
                 bail!("pShift's Phi {} differs from the max-flow value {mf} at {n} buckets", row.phi);
             }
             if !a.json {
-                eprintln!(
+                errln!(
                     "{n:>7} buckets, {threads} thread(s){}: pShift {ms:.2} ms, max flow {mf_ms:.2} ms (x{:.2}); Phi {} of {mf}",
                     approx_top.map_or(String::new(), |m| format!(", top {m}")),
                     row.ratio,
@@ -573,7 +573,7 @@ pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
                     ratio_to_fifo: rate / fifo_rate,
                 };
                 if !a.json {
-                    eprintln!("{n} tenants x {} servers: {completions} completions in {el:.2} s (FIFO: {fifo_completions} in {fifo_el:.2} s)", a.servers);
+                    errln!("{n} tenants x {} servers: {completions} completions in {el:.2} s (FIFO: {fifo_completions} in {fifo_el:.2} s)", a.servers);
                 }
                 rows.push(row);
             }

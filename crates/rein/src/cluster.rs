@@ -76,7 +76,7 @@ fn start(a: &UpArgs, dir: Option<&RunDir>) -> Result<(Scenario, Plan, Supervisor
 fn start_with(a: &UpArgs, sc: &Scenario, dir: Option<&RunDir>, sub: Option<&str>) -> Result<(Plan, Supervisor)> {
     let exe = std::env::current_exe().context("finding the rein executable")?;
     for d in rein_cluster::supervisor::sweep_stale_runs() {
-        eprintln!("removed the run directory {} of a rein cluster that was killed", d.display());
+        errln!("removed the run directory {} of a rein cluster that was killed", d.display());
     }
     // Node data lives in the run's directory: plan against it once it exists.
     let dir = match (dir, sub) {
@@ -125,7 +125,7 @@ fn finish<T>(sup: Arc<Mutex<Supervisor>>, res: Result<T>) -> Result<T> {
     match (res, stopped) {
         (Ok(v), Ok(killed)) => {
             if !killed.is_empty() {
-                eprintln!(
+                errln!(
                     "warning: killed after {} s: {}",
                     rein_cluster::supervisor::STOP_TIMEOUT.as_secs(),
                     killed.join(", ")
@@ -194,7 +194,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
             if !(a.report.quiet || a.report.json) {
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
                 if let Some(hint) = crowding_hint(&sc, cpus) {
-                    eprintln!("{hint}");
+                    errln!("{hint}");
                 }
             }
             run_on_cluster(&rt, &a, &sc, (dir, None), (&mut term, &mut int))?
@@ -202,7 +202,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
         Some(n) => {
             let groups = sc.groups().len();
             if !(a.report.quiet || a.report.json) {
-                eprintln!(
+                errln!(
                     "{}: {groups} independent group(s), run {n} at a time ({} cluster(s) one after another)",
                     sc.name,
                     groups.div_ceil(n as usize)
@@ -219,7 +219,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     let baseline = match a.report.check.then(|| rein_sim::check::baseline_scenario(&sc)).flatten() {
         Some(b) => {
             if !(a.report.quiet || a.report.json) {
-                eprintln!("running the baseline the checks ask for ({}: PARDA off)", b.name);
+                errln!("running the baseline the checks ask for ({}: PARDA off)", b.name);
             }
             Some(run_on_cluster(&rt, &a, &b, (dir, Some("baseline")), (&mut term, &mut int))?)
         }

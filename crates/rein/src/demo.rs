@@ -127,7 +127,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     if !args.json {
         // The plan first, so that whoever started it knows what to expect and for how long.
         let tenants: Vec<String> = specs.iter().map(|(n, s)| describe(n, s)).collect();
-        eprintln!(
+        errln!(
             "rein demo: the mClock paper's §2.1 tenants {} on a live rein serve ({kind} scheduler) over a \
              modelled device of 2,400 IOPS, halved to 1,200 IOPS after {:.0} s; {:.0} s of load, then a summary; \
              outputs in {}",
@@ -149,7 +149,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             Err(_) => return Err(server.await?.err().map(anyhow::Error::from).unwrap_or_else(|| anyhow::anyhow!("server did not start"))),
         };
         if !quiet {
-            eprintln!("rein serve on nbd://{} (admin http://{}), modelled device 2,400 IOPS; load for {:.0} s, capacity halves at {:.0} s", bound.nbd, bound.admin, total.as_secs_f64(), half.as_secs_f64());
+            errln!("rein serve on nbd://{} (admin http://{}), modelled device 2,400 IOPS; load for {:.0} s, capacity halves at {:.0} s", bound.nbd, bound.admin, total.as_secs_f64(), half.as_secs_f64());
         }
         let admin = bound.admin;
         let halver = tokio::spawn(async move {

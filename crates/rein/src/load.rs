@@ -97,7 +97,7 @@ pub(crate) fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
     for (name, iops, lat) in rows {
         line.push_str(&format!("  | {name:<8} {iops:>8.1} IOPS {lat:>7.2} ms"));
     }
-    eprintln!("{line}");
+    errln!("{line}");
 }
 
 /// The per-tenant summary table on stdout (`?` where the spec or phases are unknown).

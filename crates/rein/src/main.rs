@@ -2,9 +2,13 @@
 //! live in rein-core and the simulator in rein-sim.
 
 #![forbid(unsafe_code)]
+// Output goes through `outln!`/`out!` and `errln!`, which never panic on a closed or failing stream.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 #[macro_use]
 mod stdout;
+#[macro_use]
+mod stderr;
 
 mod bench;
 mod cluster;

@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn a_plot_write_error_names_the_file() {
         if crate::plot::need_font().is_err() {
-            eprintln!("skipped: no font for plots");
+            errln!("skipped: no font for plots");
             return;
         }
         let d = tempfile::tempdir().unwrap();

@@ -76,7 +76,7 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
         let storage = rein_runtime::preflight::open_export(export)?;
         let device = cfg.device.clone();
         if !args.json {
-            eprintln!(
+            errln!(
                 "probing export {:?} for {} s: {} KiB {}, {} outstanding, io_engine {}{}",
                 export.name,
                 pc.seconds,

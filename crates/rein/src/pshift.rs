@@ -146,7 +146,7 @@ fn sweep(a: &SweepArgs) -> Result<()> {
                     run.tenant_periods(&all, &periods, PeriodMetric::ReservationMetFraction, a.threshold_pct);
                 errs.push(1.0 - met);
                 if !a.json {
-                    eprintln!(
+                    errln!(
                         "N_A = {na}, N_D = {nd}, seed {seed}: error {:.3}% ({:.1} s)",
                         100.0 * (1.0 - met),
                         t0.elapsed().as_secs_f64()

@@ -371,7 +371,7 @@ fn write_files(
                 plot::pshift_plots(&mut out, &title, sc, &r.timeseries)?;
             }
         }
-        Err(e) => eprintln!("warning: {e}; summary.json and timeseries.csv were written"),
+        Err(e) => errln!("warning: {e}; summary.json and timeseries.csv were written"),
     }
     out.finish()
 }
@@ -387,7 +387,7 @@ pub(crate) fn print_checks(results: &[CheckResult], to_stderr: bool) -> usize {
             c.note.as_ref().map_or(String::new(), |n| format!("  ({n})"))
         );
         if to_stderr {
-            eprintln!("{line}");
+            errln!("{line}");
         } else {
             outln!("{line}");
         }

@@ -440,6 +440,29 @@ fn sim_json_into_a_reader_that_stops_early_ends_quietly() {
     assert!(out.join("summary.json").exists(), "--out is still written");
 }
 
+/// A stderr whose reader has gone (`rein sim x --json --check 2>&1 >/dev/null | true`) costs the lines
+/// written there, not the command: its exit status is its own (1: an expectation missed, whose line goes
+/// to stderr under `--json`; 1: a scenario file that does not exist), not a panic's 101.
+#[test]
+fn a_closed_stderr_costs_the_lines_not_the_command() {
+    let _cpu = busy();
+    let dir = tmp("closed-stderr");
+    let sc = dir.path().join("tiny.toml");
+    std::fs::write(&sc, tiny_checked().replace("above = 1", "above = 1000000")).unwrap();
+    let missing = dir.path().join("missing.toml");
+    for args in [vec!["sim", sc.to_str().unwrap(), "-q", "--json", "--check"], vec!["sim", missing.to_str().unwrap()]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_rein"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(writer)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+    }
+}
+
 /// `--check` of a scenario without `[[expect]]` is refused before the run: nothing runs, nothing is
 /// written, `--out` is not even made.
 #[test]
