@@ -11,6 +11,10 @@
 //! - `rein bench dispatch`: the NBD server's dispatcher in-process (the capacity probe's closed-loop 4 KiB
 //!   random reads, from N tenants, on a page-cached file through io_uring, or RAM), mClock against FIFO
 //!   in alternating runs: the scheduling cost without the network and the client's noise.
+//!
+//! Each row is printed as soon as it is measured ([`Rows`]), and a benchmark stops measuring once
+//! nobody reads stdout, with status 0: its output is its only product (`rein bench sched | head -1`
+//! measures one row at most, not every tenant count).
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -109,7 +113,8 @@ fn dispatch_run(
     Ok(rt.block_on(probe(storage, None, &cfg))?.iops)
 }
 
-fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
+/// `rein bench dispatch`: one row per tenant count.
+fn dispatch(a: &DispatchBenchArgs) -> Result<()> {
     if !(a.seconds > 0.0 && a.seconds <= 600.0) || a.repeat == 0 || a.outstanding == 0 || a.outstanding > 100_000 {
         bail!("--seconds in (0, 600], --repeat >= 1, --outstanding in 1..=100000");
     }
@@ -129,23 +134,37 @@ fn dispatch_rows(a: &DispatchBenchArgs) -> Result<Vec<DispatchRow>> {
         }
         o => bail!("--backend {o:?}: expected memory or file"),
     };
-    let mut rows = Vec::new();
-    for &n in &a.tenants {
+    let mut rows = Rows::start(
+        a.json,
+        "| tenants | backend | mClock IOPS | FIFO IOPS | mClock cost |",
+        "|---:|---|---:|---:|---:|",
+        |r: &DispatchRow| {
+            format!(
+                "| {} | {} | {:.0} | {:.0} | {:+.1}% |",
+                r.tenants, r.backend, r.mclock_iops, r.fifo_iops, r.mclock_cost_pct
+            )
+        },
+    );
+    'rows: for &n in &a.tenants {
         let (mut m, mut f) = (Vec::new(), Vec::new());
         for _ in 0..a.repeat {
+            if rows.unread() {
+                break 'rows;
+            }
             m.push(dispatch_run(SchedulerKind::Mclock, n, a.outstanding, a.seconds, storage.clone())?);
             f.push(dispatch_run(SchedulerKind::Fifo, n, a.outstanding, a.seconds, storage.clone())?);
         }
         let (mi, fi) = (median(m), median(f));
-        rows.push(DispatchRow {
+        rows.print(&DispatchRow {
             tenants: n,
             backend: a.backend.clone(),
             mclock_iops: mi,
             fifo_iops: fi,
             mclock_cost_pct: 100.0 * (1.0 - mi / fi),
-        });
+        })?;
     }
-    Ok(rows)
+    rows.finish();
+    Ok(())
 }
 
 fn parse_count(x: &str) -> Result<usize, String> {
@@ -284,12 +303,22 @@ fn time_fifo(n: usize, requests: u64, repeat: usize) -> f64 {
 }
 
 /// `rein bench sched`: one row per tenant count, the scheduler and FIFO measured in the same run.
-pub(crate) fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
+fn sched(args: &SchedArgs) -> Result<()> {
     if args.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
-    let mut rows = Vec::new();
+    let mut rows = Rows::start(
+        args.json,
+        &format!("| tenants | {} ns/request | FIFO ns/request | ratio |", args.scheduler),
+        "|---:|---:|---:|---:|",
+        |r: &SchedRow| {
+            format!("| {} | {:.1} | {:.1} | {:.1} |", r.tenants, r.ns_per_request, r.fifo_ns_per_request, r.ratio)
+        },
+    );
     for &n in &args.tenants {
+        if rows.unread() {
+            break;
+        }
         let requests = args.requests.unwrap_or(2_000_000).max(1);
         let c = SchedConfig::default();
         let (ns, resv) = match args.scheduler {
@@ -301,7 +330,7 @@ pub(crate) fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
             SchedulerKind::Token => time_sched(rein_core::pshift::TokenScheduler::new(c), n, requests, args.repeat),
         };
         let fifo = time_fifo(n, requests, args.repeat);
-        rows.push(SchedRow {
+        let r = SchedRow {
             scheduler: args.scheduler.name().to_string(),
             tenants: n,
             ns_per_request: ns,
@@ -309,9 +338,8 @@ pub(crate) fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
             ratio: ns / fifo,
             requests,
             reservation_fraction: resv,
-        });
-        if !args.json {
-            let r = rows.last().expect("pushed");
+        };
+        if progress(args.json) {
             errln!(
                 "{:>8} tenants: {:>8.1} ns/request  (FIFO {:>6.1} ns, x{:.1}; {:.0}% reservation phase)",
                 n,
@@ -321,8 +349,10 @@ pub(crate) fn sched_rows(args: &SchedArgs) -> Result<Vec<SchedRow>> {
                 r.reservation_fraction * 100.0
             );
         }
+        rows.print(&r)?;
     }
-    Ok(rows)
+    rows.finish();
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -407,12 +437,36 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// `rein bench pshift`: one row per bucket count and thread count (and per M of the approximation).
-pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
+fn pshift(a: &PshiftBenchArgs) -> Result<()> {
     if a.repeat == 0 || a.repeat > 1000 {
         bail!("--repeat must be in 1..=1000");
     }
-    let mut rows = Vec::new();
-    for &n in &a.buckets {
+    let mut rows = Rows::start(
+        a.json,
+        "| buckets | threads | top M | pShift ms (median / min) | max-flow ms (median / min) | pShift / max flow | Phi | \
+         max flow | excess removed |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        |r: &PshiftRow| {
+            format!(
+                "| {} | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1}% |",
+                r.buckets,
+                r.threads,
+                r.approx_top.map_or("exact".into(), |m| m.to_string()),
+                r.ms,
+                r.min_ms,
+                r.max_flow_ms,
+                r.max_flow_min_ms,
+                r.ratio,
+                r.phi,
+                r.max_flow,
+                r.excess_removed_pct
+            )
+        },
+    );
+    'rows: for &n in &a.buckets {
+        if rows.unread() {
+            break;
+        }
         let params = rein_sim::model::pshift::gen::GenParams {
             servers: a.shape.servers,
             buckets: n,
@@ -436,6 +490,9 @@ pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
         let mut runs: Vec<(usize, Option<usize>)> = a.threads.iter().map(|&t| (t, None)).collect();
         runs.extend(a.approx.iter().map(|&m| (1, Some(m))));
         for (threads, approx_top) in runs {
+            if rows.unread() {
+                break 'rows;
+            }
             let mut last = None;
             let mut times = Vec::new();
             for _ in 0..a.repeat {
@@ -470,7 +527,7 @@ pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
             if approx_top.is_none() && row.phi != mf {
                 bail!("pShift's Phi {} differs from the max-flow value {mf} at {n} buckets", row.phi);
             }
-            if !a.json {
+            if progress(a.json) {
                 errln!(
                     "{n:>7} buckets, {threads} thread(s){}: pShift {ms:.2} ms, max flow {mf_ms:.2} ms (x{:.2}); Phi {} of {mf}",
                     approx_top.map_or(String::new(), |m| format!(", top {m}")),
@@ -478,52 +535,88 @@ pub(crate) fn pshift_rows(a: &PshiftBenchArgs) -> Result<Vec<PshiftRow>> {
                     row.phi
                 );
             }
-            rows.push(row);
+            rows.print(&row)?;
         }
     }
-    Ok(rows)
+    rows.finish();
+    Ok(())
 }
 
-/// Prints `rows` as pretty JSON, or as a Markdown table: `head` (column titles), `align` (its alignment
-/// row) and one `row` line each.
-fn emit<T: Serialize>(rows: &[T], json: bool, head: &str, align: &str, row: impl Fn(&T) -> String) -> Result<()> {
-    if json {
-        outln!("{}", serde_json::to_string_pretty(rows)?);
-    } else {
-        outln!("{head}");
-        outln!("{align}");
-        for r in rows {
-            outln!("{}", row(r));
+/// A benchmark's rows on stdout, each printed as soon as it is measured: a Markdown table (its column
+/// titles and alignment row at once, then a line per row) or, with `--json`, a JSON array, the text
+/// `serde_json::to_string_pretty` gives the whole list, one element at a time ([`json_element`]).
+struct Rows<T> {
+    json: bool,
+    row: fn(&T) -> String,
+    printed: usize,
+}
+
+impl<T: Serialize> Rows<T> {
+    /// Starts the output: `head` (the column titles) and `align` (their alignment row) for the table.
+    fn start(json: bool, head: &str, align: &str, row: fn(&T) -> String) -> Rows<T> {
+        if !json {
+            outln!("{head}");
+            outln!("{align}");
+        }
+        Rows { json, row, printed: 0 }
+    }
+
+    fn print(&mut self, r: &T) -> Result<()> {
+        if self.json {
+            out!("{}", json_element(self.printed == 0, r)?);
+        } else {
+            outln!("{}", (self.row)(r));
+        }
+        self.printed += 1;
+        Ok(())
+    }
+
+    /// Ends the output (the JSON array's closing bracket).
+    fn finish(self) {
+        if self.json {
+            out!("{}", json_end(self.printed));
         }
     }
-    Ok(())
+
+    /// Nobody reads the rows any more (stdout closed, crate::stdout::closed): the benchmark stops
+    /// measuring, and the command ends with its own status.
+    fn unread(&self) -> bool {
+        crate::stdout::closed()
+    }
+}
+
+/// One element of a JSON array as `serde_json::to_string_pretty` prints the array: the opening bracket
+/// (the first) or the comma after the one before, a line break, and the element's own pretty text
+/// indented by two spaces. The last is followed by [`json_end`].
+fn json_element<T: Serialize>(first: bool, r: &T) -> Result<String> {
+    let mut text = String::from(if first { "[" } else { "," });
+    for line in serde_json::to_string_pretty(r)?.lines() {
+        text.push_str("\n  ");
+        text.push_str(line);
+    }
+    Ok(text)
+}
+
+/// The end of a JSON array of `printed` elements printed by [`json_element`].
+fn json_end(printed: usize) -> &'static str {
+    if printed == 0 {
+        "[]\n"
+    } else {
+        "\n]\n"
+    }
+}
+
+/// Whether a line per row goes to stderr as it is measured, with details the table leaves out: not
+/// with `--json` (whose rows hold them), nor when stdout is a terminal (where the table's own rows
+/// appear as they are measured, and lines between them would break it).
+fn progress(json: bool) -> bool {
+    !json && !std::io::IsTerminal::is_terminal(&std::io::stdout())
 }
 
 /// `rein bench`: runs the measurement and prints a Markdown table (or `--json`).
 pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Pshift(a) => emit(
-            &pshift_rows(&a)?,
-            a.json,
-            "| buckets | threads | top M | pShift ms (median / min) | max-flow ms (median / min) | pShift / max flow | Phi | max flow | excess removed |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-            |r| {
-                format!(
-                    "| {} | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} | {} | {} | {:.1}% |",
-                    r.buckets,
-                    r.threads,
-                    r.approx_top.map_or("exact".into(), |m| m.to_string()),
-                    r.ms,
-                    r.min_ms,
-                    r.max_flow_ms,
-                    r.max_flow_min_ms,
-                    r.ratio,
-                    r.phi,
-                    r.max_flow,
-                    r.excess_removed_pct
-                )
-            },
-        ),
+        BenchCmd::Pshift(a) => pshift(&a),
         BenchCmd::Budget(a) => {
             if a.repeat == 0 || a.charges == 0 {
                 bail!("--repeat and --charges must be at least 1");
@@ -536,22 +629,43 @@ pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
                 v[v.len() / 2]
             };
             let row = BudgetRow { one_thread_ns: med(|r| r.0), two_threads_ns: [med(|r| r.1), med(|r| r.2)] };
-            emit(&[row], a.json, "| one thread ns | two threads (two tenants) ns |", "|---:|---:|", |r| {
-                format!("| {:.1} | {:.1} / {:.1} |", r.one_thread_ns, r.two_threads_ns[0], r.two_threads_ns[1])
-            })
+            let mut rows = Rows::start(
+                a.json,
+                "| one thread ns | two threads (two tenants) ns |",
+                "|---:|---:|",
+                |r: &BudgetRow| {
+                    format!("| {:.1} | {:.1} / {:.1} |", r.one_thread_ns, r.two_threads_ns[0], r.two_threads_ns[1])
+                },
+            );
+            rows.print(&row)?;
+            rows.finish();
+            Ok(())
         }
-        BenchCmd::Dispatch(a) => emit(&dispatch_rows(&a)?, a.json, "| tenants | backend | mClock IOPS | FIFO IOPS | mClock cost |", "|---:|---|---:|---:|---:|", |r| {
-            format!("| {} | {} | {:.0} | {:.0} | {:+.1}% |", r.tenants, r.backend, r.mclock_iops, r.fifo_iops, r.mclock_cost_pct)
-        }),
-        BenchCmd::Sched(a) => emit(&sched_rows(&a)?, a.json, &format!("| tenants | {} ns/request | FIFO ns/request | ratio |", a.scheduler), "|---:|---:|---:|---:|", |r| {
-            format!("| {} | {:.1} | {:.1} | {:.1} |", r.tenants, r.ns_per_request, r.fifo_ns_per_request, r.ratio)
-        }),
+        BenchCmd::Dispatch(a) => dispatch(&a),
+        BenchCmd::Sched(a) => sched(&a),
         BenchCmd::Sim(a) => {
             if !(a.seconds > 0.0 && a.seconds <= 3600.0) || a.servers == 0 || a.servers > 1024 {
                 bail!("--seconds must be in (0, 3600] and --servers in 1..=1024");
             }
-            let mut rows = Vec::new();
+            let mut rows = Rows::start(
+                a.json,
+                "| tenants | servers | mClock completions/s (millions) | FIFO completions/s (millions) | ratio |",
+                "|---:|---:|---:|---:|---:|",
+                |r: &SimRow| {
+                    format!(
+                        "| {} | {} | {:.2} | {:.2} | {:.2} |",
+                        r.tenants,
+                        r.servers,
+                        r.completions_per_s / 1e6,
+                        r.fifo_completions_per_s / 1e6,
+                        r.ratio_to_fifo
+                    )
+                },
+            );
             for &n in &a.tenants {
+                if rows.unread() {
+                    break;
+                }
                 let run = |scheduler: &str| -> Result<(u64, u64, f64)> {
                     let sc = rein_sim::bench::scenario(n, a.servers, a.seconds, scheduler);
                     let t0 = Instant::now();
@@ -572,14 +686,51 @@ pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
                     fifo_completions_per_s: fifo_rate,
                     ratio_to_fifo: rate / fifo_rate,
                 };
-                if !a.json {
+                if progress(a.json) {
                     errln!("{n} tenants x {} servers: {completions} completions in {el:.2} s (FIFO: {fifo_completions} in {fifo_el:.2} s)", a.servers);
                 }
-                rows.push(row);
+                rows.print(&row)?;
             }
-            emit(&rows, a.json, "| tenants | servers | mClock completions/s (millions) | FIFO completions/s (millions) | ratio |", "|---:|---:|---:|---:|---:|", |r| {
-                format!("| {} | {} | {:.2} | {:.2} | {:.2} |", r.tenants, r.servers, r.completions_per_s / 1e6, r.fifo_completions_per_s / 1e6, r.ratio_to_fifo)
-            })
+            rows.finish();
+            Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--json` rows printed one at a time make the text the whole list printed at once made (nested
+    /// arrays and null included), for no row, one and several.
+    #[test]
+    fn json_rows_one_at_a_time_are_the_whole_lists_text() {
+        let row = |approx_top| PshiftRow {
+            buckets: 1000,
+            threads: 2,
+            approx_top,
+            ms: 1.5,
+            min_ms: 1.25,
+            max_flow_ms: 3.0,
+            max_flow_min_ms: 2.5,
+            ratio: 0.5,
+            phi: 7,
+            max_flow: 7,
+            phi_initial: 3,
+            excess_removed_pct: 100.0,
+            shifts: 4,
+        };
+        let rows = [row(None), row(Some(100)), row(Some(500))];
+        for n in 0..=rows.len() {
+            let mut text = String::new();
+            for (i, r) in rows[..n].iter().enumerate() {
+                text.push_str(&json_element(i == 0, r).unwrap());
+            }
+            text.push_str(json_end(n));
+            assert_eq!(text, serde_json::to_string_pretty(&rows[..n]).unwrap() + "\n", "{n} rows");
+        }
+        let budget = BudgetRow { one_thread_ns: 28.7, two_threads_ns: [30.1, 31.2] };
+        let text = json_element(true, &budget).unwrap() + json_end(1);
+        assert_eq!(text, serde_json::to_string_pretty(&[budget]).unwrap() + "\n");
     }
 }

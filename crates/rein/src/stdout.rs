@@ -4,9 +4,10 @@
 //!
 //! A reader that stops reading is not an error: once a write fails with EPIPE, the rest of the command's
 //! output is dropped, the command still does the rest of its work (writes `--out`, checks), and its exit
-//! status is its own (0 when it succeeded). Any other failure to write stdout (a full disk under
-//! `> file`) also drops the rest, and fails the command at its end ([`finish`]). SIGPIPE stays ignored, so
-//! the daemons' sockets never kill them.
+//! status is its own (0 when it succeeded). A command whose output is its only product (`rein bench`)
+//! asks [`closed`] between its measurements and stops once the reader has gone, seen without a write.
+//! Any other failure to write stdout (a full disk under `> file`) also drops the rest, and fails the
+//! command at its end ([`finish`]). SIGPIPE stays ignored, so the daemons' sockets never kill them.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +26,24 @@ pub(crate) fn write(args: std::fmt::Arguments) {
     if let Err(e) = std::io::stdout().lock().write_fmt(args) {
         failed(e);
     }
+}
+
+/// Whether the output has nowhere to go any more: a write to stdout failed, or stdout is a pipe (or a
+/// socket) whose reader has gone, which a poll of it shows without writing (POLLERR, POLLHUP). A file
+/// or a terminal never shows either.
+pub(crate) fn closed() -> bool {
+    if CLOSED.load(Ordering::Relaxed) {
+        return true;
+    }
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(&stdout, PollFlags::OUT)];
+    let gone = poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })).is_ok()
+        && fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP);
+    if gone {
+        CLOSED.store(true, Ordering::Relaxed);
+    }
+    gone
 }
 
 fn failed(e: std::io::Error) {

@@ -440,6 +440,54 @@ fn sim_json_into_a_reader_that_stops_early_ends_quietly() {
     assert!(out.join("summary.json").exists(), "--out is still written");
 }
 
+/// A benchmark whose reader has gone stops measuring (`rein bench sched | head -1`): with a thousand
+/// tenant counts to measure (minutes), it exits with status 0 soon after its first line was read and the
+/// pipe closed, without a panic.
+#[test]
+fn a_benchmark_stops_once_its_reader_has_gone() {
+    use std::io::{BufRead, Read};
+    use std::time::{Duration, Instant};
+    let _cpu = busy();
+    let tenants = vec!["10"; 1000].join(",");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["bench", "sched", "--tenants", &tenants])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // `head -1`: one line read, then the pipe closed.
+    let reader = std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut first);
+        first
+    });
+    let mut stderr = child.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (first, stderr) = (reader.join().unwrap(), errors.join().unwrap());
+    let status =
+        status.unwrap_or_else(|| panic!("still measuring 60 s after its reader had gone; stderr: {stderr:.2000}"));
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert_eq!(first, "| tenants | mclock ns/request | FIFO ns/request | ratio |\n");
+    assert!(stderr.lines().count() <= 2, "at most two rows measured: {stderr}");
+}
+
 /// A stderr whose reader has gone (`rein sim x --json --check 2>&1 >/dev/null | true`) costs the lines
 /// written there, not the command: its exit status is its own (1: an expectation missed, whose line goes
 /// to stderr under `--json`; 1: a scenario file that does not exist), not a panic's 101.
