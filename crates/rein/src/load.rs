@@ -100,28 +100,30 @@ pub(crate) fn print_live(t: Duration, rows: &rein_runtime::load::Live) {
     errln!("{line}");
 }
 
-/// The per-tenant summary table on stdout (`?` where the spec or phases are unknown).
+/// The per-tenant summary table on stdout ([`summary_text`]).
 pub(crate) fn print_summary(totals: &RunTotals) {
-    outln!(
-        "{:<12} {:>7} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7}",
-        "tenant",
-        "r",
-        "l",
-        "w",
-        "IOPS",
-        "MB/s",
-        "lat ms",
-        "p99 ms",
-        "max ms",
-        "resv%",
-        "errors"
+    out!("{}", summary_text(totals));
+}
+
+/// The per-tenant summary table (`?` where the spec or phases are unknown), then a pShift controller's
+/// closed periods. The name column is as wide as the longest name, as `rein sim`'s
+/// ([`crate::sim::name_width`]).
+fn summary_text(totals: &RunTotals) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let nw = crate::sim::name_width(totals.summary.tenants.iter().map(|t| t.name.as_str()), 12);
+    let _ = writeln!(
+        s,
+        "{:<nw$} {:>7} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7}",
+        "tenant", "r", "l", "w", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "resv%", "errors"
     );
     for t in &totals.summary.tenants {
         let opt = |v: Option<f64>, none: &str| v.map_or(none.to_string(), |x| format!("{x}"));
         let resv = t.phase.as_ref().map_or("?".into(), |p| format!("{:.0}%", 100.0 * p.reservation_fraction()));
-        outln!(
-            "{:<12} {:>7} {:>7} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7}",
-            t.name,
+        let _ = writeln!(
+            s,
+            "{:<nw$} {:>7} {:>7} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7}",
+            crate::sim::cut(&t.name, nw),
             opt(t.reservation, "?"),
             if t.weight.is_none() { "?".into() } else { opt(t.limit, "-") },
             opt(t.weight, "?"),
@@ -135,10 +137,11 @@ pub(crate) fn print_summary(totals: &RunTotals) {
         );
     }
     if totals.summary.tenants.iter().any(|t| t.weight.is_none()) {
-        outln!("(? = unknown: pass --admin to read the tenants' specs and phases from the server)");
+        s.push_str("(? = unknown: pass --admin to read the tenants' specs and phases from the server)\n");
     }
     // `rein cluster run` of a pShift scenario: the controller's closed periods, as `rein sim` prints them.
-    out!("{}", rein_model::report::rounds::periods_text(&totals.periods, 8));
+    s.push_str(&rein_model::report::rounds::periods_text(&totals.periods, 8));
+    s
 }
 
 /// The `--tls-*` flags: a client context if any is given (errors name the flag and the file).
@@ -218,4 +221,36 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         crate::sim::write_run(dir, "rein load", (duration - warmup).as_secs_f64(), &totals, None)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The summary's name column is as wide as the longest name, as `rein sim`'s: names that share their
+    /// first 12 characters stay apart and the columns line up (a 26-character name pushed its row's
+    /// columns out of line; at most 64 characters, then cut with `…`).
+    #[test]
+    fn long_names_keep_the_columns_in_line() {
+        let long = "y".repeat(70);
+        let mut text =
+            String::from("name = \"names\"\nduration_s = 1.0\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n");
+        for name in ["database-primary-eu-west-1", "database-primary-eu-west-2", "a", &long] {
+            text.push_str(&format!(
+                "[[tenants]]\nname = \"{name}\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 1\n"
+            ));
+        }
+        let sc = rein_sim::Scenario::from_toml(&text, None).unwrap();
+        let r = rein_sim::run(&sc, &mut |_| {}).unwrap();
+        let summary = super::summary_text(&r);
+        let table: Vec<&str> = summary.lines().take(5).collect();
+        let width = |l: &str| l.chars().count();
+        assert!(table.iter().all(|l| width(l) == width(table[0])), "{summary}");
+        let names: Vec<String> =
+            table.iter().map(|l| l.chars().take(64).collect::<String>().trim_end().into()).collect();
+        let cut = format!("{}…", "y".repeat(63));
+        assert_eq!(
+            names,
+            ["tenant", "database-primary-eu-west-1", "database-primary-eu-west-2", "a", &cut],
+            "{summary}"
+        );
+    }
 }

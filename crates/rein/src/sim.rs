@@ -238,12 +238,12 @@ const MAX_NAME_WIDTH: usize = 64;
 /// The width of a name column: the longest of `names`, at least `min` (the column's title and the
 /// numbers' alignment), at most [`MAX_NAME_WIDTH`]. Names up to that long are printed whole, so names that
 /// differ stay different in the table.
-fn name_width<'a>(names: impl Iterator<Item = &'a str>, min: usize) -> usize {
+pub(crate) fn name_width<'a>(names: impl Iterator<Item = &'a str>, min: usize) -> usize {
     names.map(|n| n.chars().count()).max().unwrap_or(0).clamp(min, MAX_NAME_WIDTH)
 }
 
 /// `s` if it fits in `n` characters, else its first `n - 1` and `…`.
-fn cut(s: &str, n: usize) -> String {
+pub(crate) fn cut(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
