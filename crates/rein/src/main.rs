@@ -30,6 +30,18 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log lines on stderr as text, or as one JSON object per line (for a log collector: `timestamp`,
+    /// `level`, `fields` with `message` and the line's values, `target`). `REIN_LOG` picks what is
+    /// logged.
+    #[arg(long, global = true, env = "REIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -62,12 +74,15 @@ fn main() {
     // Log lines go through a bounded queue to a thread of their own: a stderr that is not read or fails
     // costs dropped lines, never a stuck or crashed daemon (logging.rs).
     let (sink, log) = logging::start(std::io::stderr());
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(sink)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .log_internal_errors(false)
-        .init();
+        .log_internal_errors(false);
+    let cli_format = cli.log_format;
+    match cli_format {
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
     let res = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Sim(a) => sim::run(a),
@@ -86,7 +101,11 @@ fn main() {
     let code = match res {
         Ok(()) => 0,
         Err(e) => {
-            log.sink().line(&format!("error: {}\n", report(&e)));
+            match cli_format {
+                LogFormat::Text => log.sink().line(&format!("error: {}\n", report(&e))),
+                // A collector reads every line as an object, the last words too.
+                LogFormat::Json => tracing::error!(target: "rein", "{}", report(&e)),
+            }
             1
         }
     };
