@@ -11,7 +11,8 @@
 //! [`admin`] for its HTTP endpoint, and [`node`] for the storage-node protocol a `rein gateway` speaks; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
 //! [`notify`] tells a service manager (systemd) when a daemon is ready, reloading or stopping.
-//! [`harness`]: the contracts of this crate's decoders of outside input, for the fuzz targets.
+//! [`harness`]: the contracts of this crate's decoders of outside input, for the fuzz targets. [`durable`]
+//! writes a file whole (the state file, and the `rein` command's output files).
 
 pub mod access;
 pub mod admin;
@@ -23,6 +24,7 @@ pub mod client;
 pub mod config;
 pub mod devmodel;
 pub mod dispatch;
+pub mod durable;
 pub mod gateway;
 pub mod harness;
 pub mod job_spec;

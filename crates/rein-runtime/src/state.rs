@@ -34,10 +34,10 @@
 //! aside).
 //!
 //! # Durability
-//! [`save`] writes `rein-state.json.tmp`, fsyncs it, renames it over `rein-state.json` and fsyncs the
-//! directory: after a crash the file is the old state or the new one, never a mix. Every change is
-//! written before it is applied; a change that cannot be written is not applied, and its temporary file
-//! is removed (the registry logs the error, [`crate::live`]).
+//! [`save`] writes the file through [`crate::durable`]: a temporary file beside it, fsynced, renamed over
+//! `rein-state.json`, the directory fsynced: after a crash the file is the old state or the new one,
+//! never a mix. Every change is written before it is applied; a change that cannot be written is not
+//! applied, and its temporary file is removed (the registry logs the error, [`crate::live`]).
 
 use crate::config::{BackendKind, ExportConfig, ServerConfig, TenantConfig, MAX_EXPORTS};
 use rein_core::QosSpec;
@@ -91,10 +91,13 @@ pub enum StateError {
         bytes: u64,
     },
     /// The state file could not be written.
-    #[error("cannot write the state file {path}: {source}")]
+    #[error("cannot write the state file {path}: {step}: {source}")]
     Write {
         /// The file being written.
         path: PathBuf,
+        /// The step that failed, in words ([`crate::durable::Step::words`], or the removal of the file that
+        /// an empty state makes).
+        step: &'static str,
         /// The operating system's error.
         source: std::io::Error,
     },
@@ -452,35 +455,30 @@ pub fn parse(bytes: &[u8]) -> Result<StateFile, String> {
 }
 
 /// Writes `state` as `dir`'s state file atomically (module comment); an empty state removes the file. On
-/// an error the file is as it was and the temporary file is removed.
+/// an error the file is as it was and no temporary file is left.
 pub fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
     let path = dir.join(STATE_FILE);
-    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
-    let werr = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| StateError::Write { path: p, source }
-    };
-    if state.is_empty() {
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(werr(&path)(e)),
-            _ => {}
-        }
-    } else {
+    if !state.is_empty() {
         let text = serde_json::to_vec_pretty(state).expect("a state serialises");
         if text.len() as u64 > MAX_STATE_BYTES {
             // Written, it would stop the next start (`load` refuses it): refused now, the old file kept.
             return Err(StateError::TooLarge { bytes: text.len() as u64 });
         }
-        let mut f = std::fs::File::create(&tmp).map_err(werr(&tmp))?;
-        let written = f.write_all(&text).and_then(|()| f.sync_all()).map_err(werr(&tmp));
-        drop(f);
-        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path).map_err(werr(&path))) {
-            // The temporary file this call made goes (a full disk used to leave an empty one behind).
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        return crate::durable::write(&path, &text).map_err(|e| StateError::Write {
+            path,
+            step: e.step.words(),
+            source: e.source,
+        });
     }
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(werr(dir))
+    let fail = |step: &'static str| {
+        let path = path.clone();
+        move |source| StateError::Write { path, step, source }
+    };
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail("removing it")(e)),
+        _ => {}
+    }
+    crate::durable::sync_directory(dir).map_err(fail("syncing its directory"))
 }
 
 /// The effective configuration: `base` with the entries of `state` that still apply (module comment).
@@ -809,6 +807,14 @@ mod tests {
         assert_eq!(diff(&edited, &o.config, None).tenants.len(), 1);
     }
 
+    /// The names in `dir`, sorted.
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
     #[test]
     fn bad_files_are_named_errors() {
         let dir = tempfile::tempdir().unwrap();
@@ -829,8 +835,9 @@ mod tests {
         };
         save(dir.path(), &st).unwrap();
         assert_eq!(load(dir.path()).unwrap(), Some(st));
-        assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists());
+        assert_eq!(entries(dir.path()), [STATE_FILE], "a temporary file is left");
         save(dir.path(), &StateFile::default()).unwrap();
+        assert!(entries(dir.path()).is_empty());
         assert!(load(dir.path()).unwrap().is_none());
     }
 
@@ -849,8 +856,15 @@ mod tests {
             ..StateFile::default()
         };
         let e = save(dir.path(), &st).unwrap_err().to_string();
-        assert!(e.contains("cannot write the state file") && e.contains(STATE_FILE), "{e}");
-        assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists(), "the temporary file is left");
+        let path = dir.path().join(STATE_FILE);
+        assert_eq!(
+            e,
+            format!(
+                "cannot write the state file {}: renaming the temporary file over it: Is a directory (os error 21)",
+                path.display()
+            )
+        );
+        assert_eq!(entries(dir.path()), [STATE_FILE], "a temporary file is left");
     }
 
     /// A state larger than `load` reads back is refused by `save`, the file before it kept: the server
@@ -871,7 +885,7 @@ mod tests {
         assert!(matches!(e, StateError::TooLarge { bytes } if bytes > MAX_STATE_BYTES), "{e}");
         assert!(e.to_string().contains("the change is refused"), "{e}");
         assert_eq!(load(dir.path()).unwrap(), Some(small));
-        assert!(!dir.path().join(format!("{STATE_FILE}.tmp")).exists());
+        assert_eq!(entries(dir.path()), [STATE_FILE], "a temporary file is left");
     }
 
     #[test]

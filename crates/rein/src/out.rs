@@ -7,10 +7,11 @@
 //! so that the directory holds this run's outputs and no other run's. Nothing else in the directory is
 //! touched: other files, subdirectories, and a directory of an owned name stay.
 //!
-//! Each file is written to a temporary file in the same directory (`.rein-out-<name>.<pid>-<n>.tmp`) and
-//! renamed over its name when complete, so a failed write (a full disk) leaves no truncated file: the
-//! temporary is removed and the error names the file. A failed run also removes the owned files it did not
-//! get to write, so what it leaves is its own, if incomplete.
+//! Each file is written whole by rein-runtime's one writer ([`rein_runtime::durable`]: a temporary file in
+//! the same directory, synced and renamed over its name, the directory synced), so a failed write (a full
+//! disk) leaves no truncated file: the temporary is removed and the error names the file and the step. A
+//! failed run also removes the owned files it did not get to write, so what it leaves is its own, if
+//! incomplete.
 
 use anyhow::{Context, Result};
 use std::collections::BTreeSet;
@@ -78,7 +79,7 @@ impl OutDir {
         &self.dir
     }
 
-    /// Writes `bytes` as the file `name` (an owned name) in one step: a temporary renamed into place.
+    /// Writes `bytes` as the file `name` (an owned name) whole ([`rein_runtime::durable`]).
     pub(crate) fn write(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
         self.write_with(name, |f| f.write_all(bytes))
     }
@@ -86,16 +87,7 @@ impl OutDir {
     /// Writes the file `name` with `fill`, which writes its contents into the temporary file.
     fn write_with(&mut self, name: &str, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<()> {
         debug_assert!(owned(name), "{name}");
-        let path = self.dir.join(name);
-        let res = (|| -> std::io::Result<()> {
-            let (mut file, tmp) = temporary(&self.dir, name)?;
-            fill(&mut file)?;
-            drop(file);
-            std::fs::rename(&tmp.0, &path)?;
-            tmp.keep();
-            Ok(())
-        })();
-        res.with_context(|| format!("writing {}", path.display()))?;
+        rein_runtime::durable::write_with(&self.dir.join(name), fill)?;
         self.written.insert(name.to_string());
         Ok(())
     }
@@ -119,37 +111,6 @@ impl OutDir {
             }
         }
         Ok(())
-    }
-}
-
-/// A temporary file, removed when dropped unless kept ([`Temporary::keep`]: renamed into place).
-struct Temporary(PathBuf);
-
-impl Temporary {
-    fn keep(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Temporary {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A new temporary file for `name` in `dir`: `.rein-out-<name>.<pid>-<n>.tmp`, created as a plain file is
-/// (its mode from the umask, as the file renamed over it will have).
-fn temporary(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, Temporary)> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    loop {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = dir.join(format!(".rein-out-{name}.{}-{n}.tmp", std::process::id()));
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(f) => return Ok((f, Temporary(path))),
-            // One left by a killed run of the same process id.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => continue,
-            Err(e) => return Err(e),
-        }
     }
 }
 
@@ -221,7 +182,10 @@ mod tests {
         let s = crate::plot::Series { name: "a".into(), points: vec![(0.0, 1.0), (1.0, 2.0)] };
         let e = crate::plot::line_chart(&mut out, "iops", "t", "x", "y", &[s], &[]).unwrap_err();
         let path = d.path().join("iops.svg");
-        assert_eq!(crate::report(&e), format!("writing {}: Is a directory (os error 21)", path.display()));
+        assert_eq!(
+            crate::report(&e),
+            format!("writing {}: renaming the temporary file over it: Is a directory (os error 21)", path.display())
+        );
         drop(out);
         assert_eq!(names(d.path()), ["iops.svg"], "no temporary left");
     }
@@ -242,7 +206,10 @@ mod tests {
             })
             .unwrap_err();
         let path = d.path().join("timeseries.csv");
-        assert_eq!(crate::report(&e), format!("writing {}: No space left on device (os error 28)", path.display()));
+        assert_eq!(
+            crate::report(&e),
+            format!("writing {}: writing the temporary file: No space left on device (os error 28)", path.display())
+        );
         // Not cut short (the rename never happened), and no temporary.
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "an older run's\n");
         assert_eq!(names(d.path()), ["summary.json", "timeseries.csv"]);

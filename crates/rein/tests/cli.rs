@@ -240,7 +240,10 @@ fn sim_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     );
     let out = dir.path().join("out");
     std::fs::create_dir_all(out.join("summary.json")).unwrap();
-    let late = format!("error: writing {}: Is a directory (os error 21)", out.join("summary.json").display());
+    let late = format!(
+        "error: writing {}: renaming the temporary file over it: Is a directory (os error 21)",
+        out.join("summary.json").display()
+    );
     let (ok, stdout, stderr) = rein(&["sim", sc, "-q", "--out", out.to_str().unwrap()]);
     assert!(!ok);
     assert!(stdout.starts_with("tiny: 2 s simulated") && stdout.contains("\na "), "the table: {stdout}");
@@ -288,7 +291,10 @@ fn load_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     assert!(started.elapsed() < std::time::Duration::from_secs(1), "refused before the one-second load");
     let out = dir.path().join("out");
     std::fs::create_dir_all(out.join("summary.json")).unwrap();
-    let late = format!("error: writing {}: Is a directory (os error 21)", out.join("summary.json").display());
+    let late = format!(
+        "error: writing {}: renaming the temporary file over it: Is a directory (os error 21)",
+        out.join("summary.json").display()
+    );
     let (ok, stdout, stderr) = load(&out, false);
     assert!(!ok);
     assert!(stdout.starts_with("tenant ") && stdout.contains("\nm "), "the table: {stdout}");
@@ -390,11 +396,11 @@ fn sim_out_on_a_full_disk_leaves_only_whole_files() {
         let file = stderr
             .trim()
             .strip_prefix(&prefix)
-            .and_then(|s| s.strip_suffix(": No space left on device (os error 28)"))
+            .and_then(|s| s.strip_suffix(": writing the temporary file: No space left on device (os error 28)"))
             .unwrap_or_else(|| panic!("{stderr}"));
         assert!(!small.join(file).exists(), "{file} was left");
         for f in listing(&small) {
-            assert!(!f.starts_with(".rein-out"), "a temporary was left: {f}");
+            assert!(!f.ends_with(".tmp"), "a temporary was left: {f}");
             assert!(std::fs::read(small.join(&f)).unwrap() == std::fs::read(whole.join(&f)).unwrap(), "{f} differs");
             std::fs::remove_file(small.join(&f)).unwrap();
         }

@@ -454,7 +454,10 @@ fn run_checks_out_first_and_a_late_write_failure_keeps_the_summary() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "{stdout}");
     assert!(stdout.starts_with("tenant ") && stdout.contains("\nd "), "the table: {stdout}");
-    let late = format!("error: writing {}: Is a directory (os error 21)", dir.join("summary.json").display());
+    let late = format!(
+        "error: writing {}: renaming the temporary file over it: Is a directory (os error 21)",
+        dir.join("summary.json").display()
+    );
     assert_eq!(stderr.trim(), late);
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }

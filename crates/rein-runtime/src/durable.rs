@@ -1,0 +1,214 @@
+//! Writing a file whole: the one writer of rein serve's state file ([`crate::state::save`]) and of the
+//! run writers' `--out` files (`rein sim`, `rein cluster run`, `rein load`, `rein demo`).
+//!
+//! [`write()`] fills a new temporary file in the file's own directory (`.<name>.<pid>-<n>.tmp`, so that
+//! the rename stays on one file system), syncs it, renames it over the file's name, and syncs the
+//! directory, which makes the rename itself durable. A reader sees the old file or the new one, never a
+//! part; after a crash the file is the old one or the new one too. On any failure the temporary file is
+//! removed and the file is as it was; the error names the file and the step that failed ([`Step`]).
+//!
+//! The temporary is created as a plain file is (mode 0666 less the umask), so the file renamed into place
+//! has the mode a plain write would have given it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// A step of [`write()`], as its error names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Creating the temporary file in the file's directory.
+    Create,
+    /// Writing the contents into the temporary file.
+    Write,
+    /// Syncing the temporary file to its device.
+    Sync,
+    /// Renaming the temporary file over the file.
+    Rename,
+    /// Syncing the directory (the rename) to its device.
+    SyncDirectory,
+}
+
+impl Step {
+    /// The step in words, as errors name it.
+    pub fn words(self) -> &'static str {
+        match self {
+            Step::Create => "creating a temporary file beside it",
+            Step::Write => "writing the temporary file",
+            Step::Sync => "syncing the temporary file",
+            Step::Rename => "renaming the temporary file over it",
+            Step::SyncDirectory => "syncing its directory",
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.words())
+    }
+}
+
+/// Why [`write()`] failed: the file, the step, and the operating system's error.
+#[derive(Debug, thiserror::Error)]
+#[error("writing {}: {step}: {source}", path.display())]
+pub struct WriteError {
+    /// The file being written.
+    pub path: PathBuf,
+    /// The step that failed.
+    pub step: Step,
+    /// The operating system's error.
+    pub source: std::io::Error,
+}
+
+/// Writes `bytes` as the file `path`, whole (module comment).
+pub fn write(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    write_with(path, |f| f.write_all(bytes))
+}
+
+/// Writes the file `path` whole (module comment), its contents written into the temporary file by `fill`.
+pub fn write_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<(), WriteError> {
+    let fail = |step| move |source| WriteError { path: path.to_path_buf(), step, source };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| {
+        fail(Step::Create)(std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file"))
+    })?;
+    let (mut file, tmp) = temporary(dir, &name.to_string_lossy()).map_err(fail(Step::Create))?;
+    fill(&mut file).map_err(fail(Step::Write))?;
+    file.sync_all().map_err(fail(Step::Sync))?;
+    drop(file);
+    std::fs::rename(&tmp.0, path).map_err(fail(Step::Rename))?;
+    tmp.keep();
+    sync_directory(dir).map_err(fail(Step::SyncDirectory))
+}
+
+/// Syncs directory `dir` to its device: its entries' creations, renames and removals are durable.
+pub fn sync_directory(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A temporary file, removed when dropped unless kept ([`Temporary::keep`]: renamed into place).
+struct Temporary(PathBuf);
+
+impl Temporary {
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A new temporary file for `name` in `dir`: `.<name>.<pid>-<n>.tmp`, `n` counting this process's
+/// temporaries (two writers in one process never share one).
+fn temporary(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, Temporary)> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(".{name}.{}-{n}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(f) => return Ok((f, Temporary(path))),
+            // One left by a killed process of the same process id.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    /// A new file and a replaced one hold what was written, with a plain file's mode, and no temporary
+    /// is left beside them.
+    #[test]
+    fn a_file_is_written_whole_and_replaced_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("a.json");
+        write(&path, b"one").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"one");
+        write(&path, b"two, longer").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two, longer");
+        std::fs::write(d.path().join("plain"), "x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |f: &str| std::fs::metadata(d.path().join(f)).unwrap().permissions().mode();
+        assert_eq!(mode("a.json"), mode("plain"));
+        assert_eq!(names(d.path()), ["a.json", "plain"]);
+    }
+
+    /// A path whose parent is a regular file (which fails for root too): the error names the file and
+    /// the step, and nothing is created.
+    #[test]
+    fn a_path_under_a_file_is_an_error_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("file"), "x").unwrap();
+        let path = d.path().join("file").join("a.json");
+        let e = write(&path, b"one").unwrap_err();
+        assert_eq!(e.step, Step::Create);
+        assert_eq!(
+            e.to_string(),
+            format!("writing {}: creating a temporary file beside it: Not a directory (os error 20)", path.display())
+        );
+        assert_eq!(names(d.path()), ["file"]);
+    }
+
+    /// A failed rename (a directory in the file's place) and a failed write (a full disk, injected) leave
+    /// the file as it was and no temporary; each error names the file and its step.
+    #[test]
+    fn a_failed_step_leaves_the_file_as_it_was_and_no_temporary() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("a.json");
+        std::fs::create_dir(&dir).unwrap();
+        let e = write(&dir, b"one").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("writing {}: renaming the temporary file over it: Is a directory (os error 21)", dir.display())
+        );
+        assert_eq!(names(d.path()), ["a.json"]);
+        let path = d.path().join("b.csv");
+        std::fs::write(&path, "an older run's\n").unwrap();
+        let e = write_with(&path, |f| {
+            f.write_all(b"t,tenant,io")?;
+            Err(std::io::Error::from_raw_os_error(28))
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("writing {}: writing the temporary file: No space left on device (os error 28)", path.display())
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "an older run's\n");
+        assert_eq!(names(d.path()), ["a.json", "b.csv"]);
+    }
+
+    /// A directory this process may not write to: refused at the temporary's creation, naming the file.
+    /// Root may write anywhere, so the check is skipped for it.
+    #[test]
+    fn a_directory_that_is_not_writable_is_an_error_naming_the_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let ro = d.path().join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let path = ro.join("a.json");
+        match write(&path, b"one") {
+            Ok(()) => eprintln!("skipped: this process writes into a read-only directory (root)"),
+            Err(e) => {
+                assert_eq!(e.step, Step::Create);
+                assert!(e.to_string().starts_with(&format!("writing {}: creating", path.display())), "{e}");
+                assert!(names(&ro).is_empty());
+            }
+        }
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
