@@ -16,12 +16,17 @@
 //! the tables', and any undo) run in a task of their own ([`tokio::spawn`], which holds the change lock)
 //! that the caller only awaits: dropping the caller drops the wait, never a change half-applied (the
 //! dispatcher at the new spec, admission and the state file at the old). A caller dropped before that
-//! task starts has changed nothing. `add_export` and `remove_export` change nothing before their last
-//! await, so need no task. `reload` opens the storage of new exports first, in its caller's future and
-//! without the change lock (an open can block for long; the server's loop drops a reload that a newer one
-//! replaces, or at shutdown), then checks and applies in a task of its own as the others do. At the
-//! server's stop the changes' tasks still running are abandoned ([`Registry::abandon_changes`]): one stuck
-//! in the open of an added export's file would otherwise keep the dispatcher, and the server, alive.
+//! task starts has changed nothing. `remove_export` changes nothing before its last await, so needs no
+//! task.
+//!
+//! Opening an export's file can block for long (a hung network mount, a file under another process's
+//! lease), so no change holds the change lock across an open: `add_export` checks the export, opens its
+//! file, then takes the lock, checks it again (a change may have taken its name meanwhile) and applies;
+//! `reload` opens the storage of new exports first, in its caller's future (the server's loop drops a
+//! reload that a newer one replaces, or at shutdown), then checks and applies in a task of its own as the
+//! others do. At the server's stop the changes' tasks still running are abandoned
+//! ([`Registry::abandon_changes`]): one stuck in the open of an added export's file would otherwise keep
+//! the dispatcher, and the server, alive.
 //!
 //! # Admission
 //! The reservations' sum is checked against the capacity in use: the admin's (`PUT /api/capacity`), else
@@ -568,25 +573,18 @@ impl Registry {
         detached(&self.pending, "add_export", async move { this.add_export_now(j).await }).await
     }
 
+    /// The export is checked, its storage opened without the change lock (an open can block for long: a
+    /// hung mount, a file under another process's lease; other changes go on meanwhile), then checked
+    /// again under the lock, since a change may have come in between (the name taken, the tenant deleted),
+    /// and applied. A file created by the open (`size_mb`) stays if that second check refuses the export.
     async fn add_export_now(&self, j: ExportJson) -> Result<(), ChangeError> {
-        let mut inner = self.changes.lock().await;
-        if inner.effective.exports.iter().any(|e| e.name == j.name) {
-            return Err(ChangeError::Conflict(format!("export {:?} exists", j.name)));
-        }
-        if inner.effective.exports.len() >= MAX_EXPORTS {
-            return Err(ChangeError::Conflict(format!("at most {MAX_EXPORTS} exports")));
-        }
-        let eff0 = &inner.effective;
-        let cfg = j.to_config(&eff0.data_dir, &eff0.tenants, ExportOrigin::Admin).map_err(ChangeError::Invalid)?;
-        let id = self.id(&j.tenant)?;
-        // The start-up checks (RAM, one file per export) over the list as it would be.
-        let mut all = inner.effective.exports.clone();
-        all.push(cfg.clone());
-        crate::preflight::check_exports(&all).map_err(|e| ChangeError::Invalid(e.to_string()))?;
-        // On a thread of its own ([`open_apart`]): an open that never returns holds up this change and
-        // the ones waiting for the change lock, not the server's stop ([`Registry::abandon_changes`]).
-        let mut opened = open_apart(vec![(cfg.clone(), j.clone())]).await?;
+        let (cfg, _) = self.check_new_export(&self.changes.lock().await.effective, &j)?;
+        let mut opened = open_apart(vec![(cfg, j.clone())]).await?;
         let storage = opened.pop().expect("one export opened").1;
+        let mut inner = self.changes.lock().await;
+        // The same file, size and mode as opened: the data directory does not change while the server
+        // runs; only the tenant's index may have.
+        let (cfg, id) = self.check_new_export(&inner.effective, &j)?;
         let mut eff = inner.effective.clone();
         eff.exports.push(cfg.clone());
         self.persist(&inner.base, &eff, inner.capacity)?;
@@ -596,6 +594,24 @@ impl Registry {
         inner.effective = eff;
         tracing::info!(export = %j.name, tenant = %j.tenant, "export added");
         Ok(())
+    }
+
+    /// Export `j` as `POST /api/exports` would add it to `eff`, with its tenant's id, or why not: its name
+    /// taken, too many exports, a bad path, no such tenant, or the start-up checks (RAM, one file per
+    /// export) over the list as it would be.
+    fn check_new_export(&self, eff: &ServerConfig, j: &ExportJson) -> Result<(ExportConfig, TenantId), ChangeError> {
+        if eff.exports.iter().any(|e| e.name == j.name) {
+            return Err(ChangeError::Conflict(format!("export {:?} exists", j.name)));
+        }
+        if eff.exports.len() >= MAX_EXPORTS {
+            return Err(ChangeError::Conflict(format!("at most {MAX_EXPORTS} exports")));
+        }
+        let cfg = j.to_config(&eff.data_dir, &eff.tenants, ExportOrigin::Admin).map_err(ChangeError::Invalid)?;
+        let id = self.id(&j.tenant)?;
+        let mut all = eff.exports.clone();
+        all.push(cfg.clone());
+        crate::preflight::check_exports(&all).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        Ok((cfg, id))
     }
 
     /// Deletes export `name`: new connections no longer see it; open ones keep it (module comment).

@@ -478,6 +478,55 @@ fn an_added_export_whose_file_blocks_its_open_does_not_hold_up_sigterm() {
     drop(post);
 }
 
+/// `http`, answered within 5 s: `None` if not (the request left to end on its own thread).
+fn http_within(admin: SocketAddr, method: &'static str, path: &str, body: &str) -> Option<(u16, String)> {
+    let (path, body) = (path.to_string(), body.to_string());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(http(admin, method, &path, &body));
+    });
+    rx.recv_timeout(Duration::from_secs(5)).ok()
+}
+
+/// Before: `POST /api/exports` held the change lock while it opened the export's file, so a file whose
+/// open blocked (here a file under a lease, in service a hung mount) held up every admin change after it
+/// (a PUT, another POST, a DELETE) until the open returned. Now the file is opened without the lock: other
+/// changes go on meanwhile; once the file opens, the export is checked again under the lock, and a name
+/// taken meanwhile refuses it (409).
+#[test]
+fn an_added_export_whose_file_blocks_its_open_holds_up_no_other_admin_change() {
+    let tmp = common::tmpdir("slow-add-others");
+    let path = config_file(tmp.path(), 159, BASE);
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("slow.img"), vec![0u8; 1 << 20]).unwrap();
+    let s = start(&path).unwrap();
+    let lease = Lease::take(&data.join("slow.img"));
+    let admin = s.admin;
+    let stuck = std::thread::spawn(move || {
+        http(admin, "POST", "/api/exports", r#"{"name": "slow", "path": "slow.img", "tenant": "a"}"#)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let change = |method: &'static str, path: &str, body: &str| {
+        http_within(admin, method, path, body)
+            .unwrap_or_else(|| panic!("{method} {path} waits for the stuck POST's open"))
+    };
+    assert_eq!(change("PUT", "/api/tenants/a", r#"{"reservation": 200}"#).0, 200);
+    let mm = r#"{"name": "mm", "backend": "memory", "size_mb": 1, "tenant": "a"}"#;
+    assert_eq!(change("POST", "/api/exports", mm).0, 201);
+    assert_eq!(change("DELETE", "/api/exports/mm", "").0, 204);
+    // The stuck export's name, taken while its file is opened.
+    let taken = r#"{"name": "slow", "backend": "memory", "size_mb": 2, "tenant": "a"}"#;
+    assert_eq!(change("POST", "/api/exports", taken).0, 201);
+    assert!(!stuck.is_finished(), "the POST of the file under a lease has an answer");
+    drop(lease);
+    let (code, body) = stuck.join().unwrap();
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains(r#"export \"slow\" exists"#), "{body}");
+    assert_eq!(nbdinfo_size(s.nbd, "slow"), Ok(2 << 20), "the export is the memory one");
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(200.0));
+}
+
 /// Before: a change whose state file could not be written (a full disk) got its 500 and nothing else: no
 /// log line, and an empty `rein-state.json.tmp` left in the data directory. Now the server logs it once
 /// at ERROR, naming the file and the cause, and removes the temporary file; the change is not applied.
