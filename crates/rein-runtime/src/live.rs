@@ -24,9 +24,9 @@
 //! file, then takes the lock, checks it again (a change may have taken its name meanwhile) and applies;
 //! `reload` opens the storage of new exports first, in its caller's future (the server's loop drops a
 //! reload that a newer one replaces, or at shutdown), then checks and applies in a task of its own as the
-//! others do. At the server's stop the changes' tasks still running are abandoned
-//! ([`Registry::abandon_changes`]): one stuck in the open of an added export's file would otherwise keep
-//! the dispatcher, and the server, alive.
+//! others do. A file has at most one open under way, whichever changes wait for it (`Opens`). At the
+//! server's stop the changes' tasks still running are abandoned ([`Registry::abandon_changes`]): one
+//! stuck in the open of an added export's file would otherwise keep the dispatcher, and the server, alive.
 //!
 //! # Admission
 //! The reservations' sum is checked against the capacity in use: the admin's (`PUT /api/capacity`), else
@@ -147,6 +147,8 @@ pub struct Registry {
     default_export: Option<String>,
     /// The tasks of the changes under way ([`detached`]), to abandon at shutdown.
     pending: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The opens of exports' files under way, at most one per file ([`Opens`]).
+    opens: Opens,
 }
 
 /// A tenant name's bounds (1..=[`MAX_TENANT_NAME`] bytes), for every change that adds one.
@@ -239,6 +241,7 @@ impl Registry {
             data_dir: persist.then(|| effective.data_dir.clone()),
             changes: Arc::new(tokio::sync::Mutex::new(Inner { base, effective, capacity, retired: Vec::new() })),
             pending: std::sync::Mutex::default(),
+            opens: Opens::default(),
         }
     }
 
@@ -579,7 +582,7 @@ impl Registry {
     /// and applied. A file created by the open (`size_mb`) stays if that second check refuses the export.
     async fn add_export_now(&self, j: ExportJson) -> Result<(), ChangeError> {
         let (cfg, _) = self.check_new_export(&self.changes.lock().await.effective, &j)?;
-        let mut opened = open_apart(vec![(cfg, j.clone())]).await?;
+        let mut opened = self.open(vec![(cfg, j.clone())]).await?;
         let storage = opened.pop().expect("one export opened").1;
         let mut inner = self.changes.lock().await;
         // The same file, size and mode as opened: the data directory does not change while the server
@@ -708,8 +711,8 @@ impl Registry {
     /// that cannot change live are reported in [`ReloadReport::needs_restart`] and keep their running
     /// values. On an error nothing has changed.
     ///
-    /// The storage of new and changed exports is opened first, on a thread of its own (`open_apart`)
-    /// and without the change lock: an open can block for a long time (a hung network mount, a file
+    /// The storage of new and changed exports is opened first, on threads of their own (`Opens`) and
+    /// without the change lock: an open can block for a long time (a hung network mount, a file
     /// under another process's lease), and neither the server's loop nor the admin's changes wait for
     /// it. Then, under the lock and in a task of its own (`detached`), the change is computed again
     /// from what runs then (an admin change may have come in between) and applied as one step, with the
@@ -727,7 +730,7 @@ impl Registry {
                 ReloadStep::Applied(report) => return Ok(report),
                 ReloadStep::Open { missing, opened: kept } => {
                     opened = kept;
-                    opened.extend(open_apart(missing).await?);
+                    opened.extend(self.open(missing).await?);
                 }
             }
         }
@@ -991,31 +994,113 @@ enum ReloadStep {
     },
 }
 
-/// Opens `exports`' storage, in order, on a thread of its own; the first failure is the error (naming the
-/// export and its file), and the storage opened before it is closed. The thread is `crate::on_own_thread`'s
-/// (why not `spawn_blocking`: there); dropping the returned future leaves it to finish, and what it opens
-/// is then closed.
-fn open_apart(
-    exports: Vec<(ExportConfig, ExportJson)>,
-) -> impl std::future::Future<Output = Result<Opened, ChangeError>> + Send + 'static {
-    let answer = crate::on_own_thread("rein-open", move || {
+/// What an open of an export's storage answers, to every change waiting for it (its error in words).
+type OpenAnswer = Option<Result<Arc<dyn crate::storage::Storage>, String>>;
+
+/// The opens of exports' files under way, by file: at most one per file at a time. Each runs on a thread
+/// of its own (`crate::on_own_thread`; why not `spawn_blocking`: there), which an open that never
+/// returns (a hung mount, a file under another process's lease) keeps for as long as it lasts. A change
+/// that needs a file whose open is under way waits for that open rather than starting another thread:
+/// for the same export as written it takes that open's storage; for another (other settings, another
+/// name) it waits for that open to end and then opens the file itself. So SIGHUPs that replace one
+/// another over a stuck file, or admin requests naming it, hold one thread between them, not one each.
+/// Memory exports do not block, and are opened each on a thread of their own.
+#[derive(Default)]
+struct Opens {
+    by_file: Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, InFlight>>>,
+    /// Numbers the opens, so that an open that ends removes its own entry only.
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// An open of a file under way ([`Opens`]).
+struct InFlight {
+    /// Which open it is.
+    id: u64,
+    /// The export it opens, as written.
+    export: ExportJson,
+    /// Its answer, once there is one.
+    answer: tokio::sync::watch::Receiver<OpenAnswer>,
+}
+
+impl Opens {
+    /// The answer to come of an open of `e`'s storage: the one under way for the same export, else a new
+    /// one (`Err`: an open of another export of the same file, to wait for first).
+    fn get_or_start(
+        &self,
+        e: &ExportConfig,
+        j: &ExportJson,
+    ) -> Result<tokio::sync::watch::Receiver<OpenAnswer>, tokio::sync::watch::Receiver<OpenAnswer>> {
+        let crate::config::BackendKind::File { path } = &e.backend else { return Ok(self.start(e.clone(), None)) };
+        let mut by_file = self.by_file.lock().unwrap_or_else(|x| x.into_inner());
+        if let Some(f) = by_file.get(path) {
+            if f.export == *j {
+                tracing::info!(export = %j.name, path = %path.display(), "the file's open is still under way (for an earlier change); this change waits for it");
+                return Ok(f.answer.clone());
+            }
+            return Err(f.answer.clone());
+        }
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let answer = self.start(e.clone(), Some((path.clone(), id)));
+        by_file.insert(path.clone(), InFlight { id, export: j.clone(), answer: answer.clone() });
+        Ok(answer)
+    }
+
+    /// Starts the open of `e`'s storage on a thread of its own; an open listed as `listed` (its file and
+    /// number) is taken off the list when it ends, before its answer is given: a change that comes later
+    /// opens the file again.
+    fn start(&self, e: ExportConfig, listed: Option<(PathBuf, u64)>) -> tokio::sync::watch::Receiver<OpenAnswer> {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let opened =
+            crate::on_own_thread("rein-open", move || crate::preflight::open_export(&e).map_err(|x| x.to_string()));
+        let by_file = Arc::clone(&self.by_file);
+        tokio::spawn(async move {
+            let answer = match opened.await {
+                Ok(answer) => answer,
+                Err(crate::ApartError::NotStarted(e)) => {
+                    Err(format!("cannot start a thread to open the exports' storage: {e}"))
+                }
+                Err(crate::ApartError::Ended) => Err("the thread opening the exports' storage ended".into()),
+            };
+            if let Some((path, id)) = listed {
+                let mut by_file = by_file.lock().unwrap_or_else(|x| x.into_inner());
+                if by_file.get(&path).is_some_and(|f| f.id == id) {
+                    by_file.remove(&path);
+                }
+            }
+            // With nobody waiting any more (the changes dropped), the storage is closed here.
+            let _ = tx.send(Some(answer));
+        });
+        rx
+    }
+}
+
+impl Registry {
+    /// Opens `exports`' storage, in order, each without the change lock and on a thread of its own, or
+    /// through the open of its file already under way ([`Opens`]); the first failure is the error (naming
+    /// the export and its file), and the storage opened before it is closed. Dropping the returned future
+    /// leaves the opens under way to finish; what they open is then closed, unless another change waits
+    /// for it.
+    async fn open(&self, exports: Vec<(ExportConfig, ExportJson)>) -> Result<Opened, ChangeError> {
         let mut opened = Vec::with_capacity(exports.len());
         for (e, j) in exports {
-            let s = crate::preflight::open_export(&e).map_err(|x| ChangeError::Failed(x.to_string()))?;
-            opened.push((j, s));
+            let mut answer = loop {
+                match self.opens.get_or_start(&e, &j) {
+                    Ok(answer) => break answer,
+                    // Another export's open of the file: once it ends, this one opens the file.
+                    Err(mut other) => {
+                        if other.wait_for(Option::is_some).await.is_err() {
+                            return Err(ChangeError::Failed("the thread opening the exports' storage ended".into()));
+                        }
+                    }
+                }
+            };
+            let storage = match answer.wait_for(Option::is_some).await {
+                Ok(a) => a.clone().expect("waited for an answer"),
+                Err(_) => Err("the thread opening the exports' storage ended".into()),
+            };
+            opened.push((j, storage.map_err(ChangeError::Failed)?));
         }
         Ok(opened)
-    });
-    async move {
-        match answer.await {
-            Ok(opened) => opened,
-            Err(crate::ApartError::NotStarted(e)) => {
-                Err(ChangeError::Failed(format!("cannot start a thread to open the exports' storage: {e}")))
-            }
-            Err(crate::ApartError::Ended) => {
-                Err(ChangeError::Failed("the thread opening the exports' storage ended".into()))
-            }
-        }
     }
 }
 

@@ -254,9 +254,10 @@ pub type ConfigLoader = Box<dyn FnMut() -> Result<ServerConfig, String> + Send>;
 /// A request that comes while the configuration file is being read waits for that read, then reads the
 /// file again. A configuration read while an earlier reload is still under way (opening its exports'
 /// files) replaces it, the latest wins: the earlier one is dropped, and if it was still opening files
-/// nothing of it is applied (its files, if they ever open, are closed); if it was already applying, it
-/// completes and the newer one applies after it. So an open that never returns does not hold up the
-/// reloads after it: the operator mends the file and sends SIGHUP again.
+/// nothing of it is applied (its files, if they ever open, are closed, or taken by the newer one if it
+/// needs them: a file has one open under way at most); if it was already applying, it completes and the
+/// newer one applies after it. So an open that never returns does not hold up the reloads after it, nor
+/// do they add threads stuck in it: the operator mends the file and sends SIGHUP again.
 pub struct Reload {
     /// One message per reload.
     pub requests: tokio::sync::mpsc::Receiver<()>,

@@ -527,6 +527,58 @@ fn an_added_export_whose_file_blocks_its_open_holds_up_no_other_admin_change() {
     assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(200.0));
 }
 
+/// The threads of process `pid` named `name` (as /proc shows them: at most 15 bytes).
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Before: each SIGHUP that replaced a reload stuck in the open of an export's file started one more
+/// thread opening that file, each blocked for as long as the file: five reloads, five threads. Now a
+/// reload that needs a file whose open is under way waits for that open: one thread, however many
+/// reloads; once the file opens, the latest reload applies and the thread is gone.
+#[test]
+fn reloads_over_a_stuck_file_hold_one_thread_between_them() {
+    let tmp = common::tmpdir("slow-reloads");
+    let path = config_file(tmp.path(), 160, BASE);
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("slow.img"), vec![0u8; 1 << 20]).unwrap();
+    let s = start(&path).unwrap();
+    let lease = Lease::take(&data.join("slow.img"));
+    let reloads = 5;
+    for k in 0..reloads {
+        let body = BASE.replace("reservation = 100", &format!("reservation = {}", 200 + k))
+            + "[[exports]]\nname = \"slow\"\npath = \"slow.img\"\ntenant = \"a\"\n";
+        std::fs::write(&path, config_text(tmp.path(), &local(160), &body)).unwrap();
+        s.signal("-HUP");
+        if k == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+        } else {
+            let t0 = std::time::Instant::now();
+            while lines_with(&s, "a newer reload replaces") < k {
+                assert!(t0.elapsed() < Duration::from_secs(30), "reload {k} not read: {:#?}", s.log.lock().unwrap());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(threads_named(s.pid(), "rein-open"), 1, "threads opening the stuck file");
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(100.0), "applied before its file opened");
+    drop(lease);
+    reloaded(&s, 1);
+    assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(200.0 + (reloads - 1) as f64));
+    assert_eq!(nbdinfo_size(s.nbd, "slow"), Ok(1 << 20));
+    let t0 = std::time::Instant::now();
+    while threads_named(s.pid(), "rein-open") > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "a thread opening the file is left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Before: a change whose state file could not be written (a full disk) got its 500 and nothing else: no
 /// log line, and an empty `rein-state.json.tmp` left in the data directory. Now the server logs it once
 /// at ERROR, naming the file and the cause, and removes the temporary file; the change is not applied.
