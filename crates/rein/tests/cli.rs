@@ -24,9 +24,9 @@ fn busy() -> std::sync::RwLockReadGuard<'static, ()> {
     CPU.read().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A fresh directory under the temp dir, removed with everything in it when dropped (also on a panic).
+/// A fresh directory `rein-cli-<name>-*` ([`common::tmpdir`]).
 fn tmp(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("rein-cli-{name}-")).tempdir().expect("temp dir")
+    common::tmpdir(&format!("cli-{name}"))
 }
 
 #[test]
@@ -262,7 +262,7 @@ fn sim_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
 fn load_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     let _cpu = busy();
     let dir = tmp("load-out");
-    let s = common::Rein::serve(&common::config_file(dir.path(), 233, common::MEMORY)).start();
+    let s = common::serve(dir.path(), 233, common::MEMORY);
     let load = |out: &std::path::Path, json: bool| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_rein"));
         c.args(["load", "--addr", &s.nbd.to_string(), "--job", "name=m,depth=1", "--seconds", "1", "--warmup", "0"]);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{random_file, run_ok, tmpdir, tool, write_file, Raw, Rein, Server};
+use common::{free_tcp, gateway_in, local, random_file, run_ok, serve_in, tmpdir, tool, write_file, Raw, Rein, Server};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command as Cmd;
@@ -19,14 +19,9 @@ const UNIT: u64 = 64 << 10;
 
 /// A `rein serve` node with one file export `v` of [`NODE_MB`] on 127.0.0.`host`, port `port` (0: any).
 fn node(dir: &Path, host: u8, port: u16) -> Server {
-    let d = dir.join(format!("node{host}"));
-    std::fs::create_dir_all(&d).unwrap();
-    let text = format!(
-        "listen = \"127.0.0.{host}:{port}\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
-         [[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
-        d.join("data").display()
-    );
-    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    let head = format!("listen = \"127.0.0.{host}:{port}\"\nadmin = \"127.0.0.{host}:0\"");
+    let body = format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n");
+    serve_in(&dir.join(format!("node{host}")), &head, &body)
 }
 
 /// The file behind node `host`'s export.
@@ -42,7 +37,7 @@ fn gateway_config(dir: &Path, host: u8, nodes: &[(&str, SocketAddr)], body: &str
 
 /// [`gateway_config`] with more top-level keys (`top`).
 fn gateway_config_with(dir: &Path, host: u8, top: &str, nodes: &[(&str, SocketAddr)], body: &str) -> PathBuf {
-    let mut text = format!("listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n{TIMES}{top}");
+    let mut text = format!("{}\n{TIMES}{top}", local(host));
     for (name, addr) in nodes {
         text.push_str(&format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\n"));
     }
@@ -51,7 +46,7 @@ fn gateway_config_with(dir: &Path, host: u8, top: &str, nodes: &[(&str, SocketAd
 }
 
 fn gateway(config: &Path) -> Server {
-    Rein::new(&["gateway", "--config", config.to_str().unwrap()]).start()
+    Rein::gateway(config).start()
 }
 
 /// The node timeouts of the tests.
@@ -342,7 +337,7 @@ fn a_flush_after_a_node_lost_unflushed_writes_fails_once() {
 fn a_node_down_at_start_does_not_stop_the_gateway() {
     let dir = tmpdir("gw-down");
     let (n1, n3) = (node(dir.path(), 81, 0), node(dir.path(), 83, 0));
-    let s2: SocketAddr = format!("127.0.0.82:{}", free_port("127.0.0.82")).parse().unwrap();
+    let s2 = free_tcp("127.0.0.82");
     let list = [("s1", n1.nbd), ("s2", s2), ("s3", n3.nbd)];
     let gw = gateway(&gateway_config(dir.path(), 84, &list, VOLUME));
     gw.wait_line("node unreachable at start");
@@ -373,11 +368,6 @@ fn a_node_down_at_start_does_not_stop_the_gateway() {
     drop((n1, n3));
 }
 
-/// A free port on `ip` (bound and released; the server started next takes it).
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
-}
-
 /// A child process killed when dropped.
 struct Child(std::process::Child);
 
@@ -402,7 +392,7 @@ fn the_gateway_fronts_plain_nbd_servers() {
     let mut list = Vec::new();
     for (i, host) in [61u8, 62].into_iter().enumerate() {
         let ip = format!("127.0.0.{host}");
-        let port = free_port(&ip);
+        let port = free_tcp(&ip).port();
         let child = if server == "nbdkit" {
             Cmd::new("nbdkit")
                 .args(["-f", "-i", &ip, "-p", &port.to_string(), "-e", "v", "memory", "64M"])
@@ -424,13 +414,12 @@ fn the_gateway_fronts_plain_nbd_servers() {
         );
         list.push((["p1", "p2"][i], addr));
     }
-    let mut text = "listen = \"127.0.0.64:0\"\nadmin = \"127.0.0.64:0\"\n".to_string();
+    let mut text = format!("{}\n", local(64));
     for (name, addr) in &list {
         text.push_str(&format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\nprotocol = \"nbd\"\n"));
     }
     text.push_str("[[exports]]\nname = \"v\"\nsize_mb = 64\nstripe_kb = 64\n");
-    let cfg = write_file(dir.path(), "gw.toml", &text);
-    let gw = gateway(&cfg);
+    let gw = gateway_in(dir.path(), &text);
     let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x3c 100k 300k", "read -P 0x3c 100k 300k", "flush"]);
     assert!(ok, "through {server}: {out}");
 }
@@ -473,7 +462,7 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
     write_file(dir.path(), "two.psk", "a:00ff\nb:ff00\n");
     for (i, (text, key)) in cases.iter().enumerate() {
         let cfg = write_file(dir.path(), &format!("bad{i}.toml"), &format!("listen = \"127.0.0.73:0\"\n{text}"));
-        let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+        let err = Rein::gateway(&cfg).env("REIN_LOG", "off").fails();
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "case {i}: one line: {err}");
         assert!(lines[0].contains(key), "case {i}: the error names {key:?}: {err}");
@@ -497,15 +486,11 @@ fn storage_node(dir: &Path, host: u8) -> Server {
 /// [`storage_node`] with the top-level keys `top`, the `[node]` keys `node_keys` and the tables `tables`
 /// added.
 fn storage_node_with(dir: &Path, host: u8, top: &str, node_keys: &str, tables: &str) -> Server {
-    let d = dir.join(format!("node{host}"));
-    std::fs::create_dir_all(&d).unwrap();
-    let text = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\ncapacity_iops = 100000\n\
-         scheduler = \"dmclock\"\n{top}{tables}[node]\nenabled = true\nspecs = \"gateway\"\n{node_keys}\
-         [[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n[[exports]]\nname = \"w\"\nsize_mb = {NODE_MB}\n",
-        d.join("data").display()
+    let body = format!(
+        "capacity_iops = 100000\nscheduler = \"dmclock\"\n{top}{tables}[node]\nenabled = true\nspecs = \"gateway\"\n\
+         {node_keys}[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n[[exports]]\nname = \"w\"\nsize_mb = {NODE_MB}\n"
     );
-    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    serve_in(&dir.join(format!("node{host}")), &local(host), &body)
 }
 
 /// A storage node's `[mclock]` table that holds limits strictly (no burst), for tests that count on a
@@ -517,9 +502,9 @@ const STRICT_LIMITS: &str = "[mclock]\nlimit_burst_ios = 0\n";
 /// volume v of `size_mb` MiB for it.
 fn limited_gateway_config(dir: &Path, host: u8, top: &str, node: &Server, limit: u32, size_mb: u32) -> PathBuf {
     let text = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n{top}connections_per_node = 1\n[[nodes]]\n\
-         name = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n[[tenants]]\nname = \"c2\"\nlimit = {limit}\n\
-         [[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = {size_mb}\n",
+        "{}\n{top}connections_per_node = 1\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n\
+         [[tenants]]\nname = \"c2\"\nlimit = {limit}\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = {size_mb}\n",
+        local(host),
         node.nbd
     );
     write_file(dir, "gw.toml", &text)
@@ -535,11 +520,11 @@ fn storage_node_sessions_schedule_the_gateways_tenant_at_each_node() {
         body.push_str(&format!("[[nodes]]\nname = \"s{n}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", list[n - 1].1));
     }
     let text = format!(
-        "listen = \"127.0.0.84:0\"\nadmin = \"127.0.0.84:0\"\n{TIMES}{body}[[tenants]]\nname = \"c2\"\nreservation = 100\n\
-         weight = 2\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 64\nstripe_kb = 64\n\
-         widths = {{ s1 = 1, s2 = 2, s3 = 1 }}\n"
+        "{}\n{TIMES}{body}[[tenants]]\nname = \"c2\"\nreservation = 100\nweight = 2\n[[exports]]\nname = \"v\"\n\
+         tenant = \"c2\"\nsize_mb = 64\nstripe_kb = 64\nwidths = {{ s1 = 1, s2 = 2, s3 = 1 }}\n",
+        local(84)
     );
-    let gw = gateway(&write_file(dir.path(), "gw.toml", &text));
+    let gw = gateway_in(dir.path(), &text);
     for n in &nodes {
         n.wait_line("storage-node session granted");
     }
@@ -568,14 +553,12 @@ fn the_front_requires_tls_and_checks_identities() {
     let key =
         |seed: u8| (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(37).wrapping_add(seed))).collect::<String>();
     let keys = write_file(dir.path(), "keys.psk", &format!("alice:{}\nbob:{}\n", key(1), key(2)));
-    let mut text = format!(
-        "listen = \"127.0.0.93:0\"\nadmin = \"127.0.0.93:0\"\n{TIMES}[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n"
-    );
+    let mut text = format!("{}\n{TIMES}[tls]\nmode = \"require\"\npsk_file = \"keys.psk\"\n", local(93));
     for (i, n) in nodes.iter().enumerate() {
         text.push_str(&format!("[[nodes]]\nname = \"s{i}\"\naddress = \"{}\"\n", n.nbd));
     }
     text.push_str("[[exports]]\nname = \"v\"\nsize_mb = 16\nallow_identities = [\"alice\"]\n");
-    let gw = gateway(&write_file(dir.path(), "gw.toml", &text));
+    let gw = gateway_in(dir.path(), &text);
     let as_user = |user: &str| format!("nbds://{user}@{}/v?tls-psk-file={}", gw.nbd, keys.display());
     let info = run_ok(tool("nbdinfo").arg(as_user("alice")));
     assert!(info.contains("with TLS") && info.contains("export-size: 16777216"), "{info}");
@@ -600,7 +583,7 @@ fn node_spec(admin: SocketAddr, tenant: &str) -> (f64, f64) {
 fn sighup_restates_specs_and_adds_and_removes_volumes() {
     let dir = tmpdir("gw-reload");
     let nodes = [storage_node(dir.path(), 91), storage_node(dir.path(), 92)];
-    let mut head = format!("listen = \"127.0.0.93:0\"\nadmin = \"127.0.0.93:0\"\n{TIMES}");
+    let mut head = format!("{}\n{TIMES}", local(93));
     for (n, node) in nodes.iter().enumerate() {
         head.push_str(&format!("[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", n + 1, node.nbd));
     }
@@ -707,9 +690,7 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     let nodes = [tls_storage_node(dir, 131), tls_storage_node(dir, 132)];
     let config = |name: &str, node_tls: &str, extra: &str| {
         // Two connections per node (the default is one): every link of the pool must be TLS.
-        let mut text = format!(
-            "listen = \"127.0.0.133:0\"\nadmin = \"127.0.0.133:0\"\n{TIMES}connections_per_node = 2\n{node_tls}"
-        );
+        let mut text = format!("{}\n{TIMES}connections_per_node = 2\n{node_tls}", local(133));
         for (i, n) in nodes.iter().enumerate() {
             text.push_str(&format!(
                 "[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n{extra}",
@@ -762,7 +743,7 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     ];
     for (file, node_tls, extra, want) in cases {
         let cfg = config(file, &node_tls, extra);
-        let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+        let err = Rein::gateway(&cfg).env("REIN_LOG", "off").fails();
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "{file}: one line: {err}");
         assert!(lines[0].contains("node s1") && lines[0].contains(want), "{file}: wants {want:?}: {err}");
@@ -775,7 +756,7 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
         plain.nbd
     );
     let cfg = write_file(dir, "tlsless.toml", &text);
-    let err = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+    let err = Rein::gateway(&cfg).env("REIN_LOG", "off").fails();
     assert!(err.contains("node s1") && err.contains("the node does not offer TLS, which [node_tls] requires"), "{err}");
 }
 
@@ -907,7 +888,7 @@ fn the_gateway_admin_endpoint_is_guarded_as_rein_serves() {
         )
     };
     let keys = "admin_token_file = \"admin.token\"\nmax_admin_connections = 2\nadmin_idle_timeout_s = 0.5\n";
-    let gw = gateway(&write_file(dir, "gw.toml", &text("127.0.0.162:0", keys)));
+    let gw = gateway_in(dir, &text("127.0.0.162:0", keys));
     assert_eq!(common::http(gw.admin, "GET", "/metrics", "", "").0, 401);
     let (code, _, body) = common::http(gw.admin, "GET", "/metrics", "Authorization: Bearer s3cret\r\n", "");
     assert!(code == 200 && body.contains("rein_gateway"), "{code} {body}");
@@ -920,7 +901,7 @@ fn the_gateway_admin_endpoint_is_guarded_as_rein_serves() {
         assert_eq!(c.read(&mut b).unwrap_or(0), 0, "the idle connection was closed by the gateway");
     }
     let exposed = write_file(dir, "exposed.toml", &text("0.0.0.0:0", ""));
-    let err = Rein::new(&["gateway", "--config", exposed.to_str().unwrap()]).env("REIN_LOG", "off").fails();
+    let err = Rein::gateway(&exposed).env("REIN_LOG", "off").fails();
     assert!(err.contains("is not a loopback address and no admin_token_file is set"), "{err}");
 }
 
@@ -970,16 +951,11 @@ fn a_stopping_gateway_disconnects_from_its_nodes() {
 fn failed_reconnects_are_logged_with_their_cause() {
     let tmp = tmpdir("gw-reconnect-log");
     let dir = tmp.path();
-    let s1: SocketAddr = format!("127.0.0.191:{}", free_port("127.0.0.191")).parse().unwrap();
+    let s1 = free_tcp("127.0.0.191");
     let gw = gateway(&gateway_config(dir, 192, &[("s1", s1)], "[[exports]]\nname = \"v\"\nsize_mb = 8\n"));
     gw.wait_line("node unreachable at start");
-    let d = dir.join("small");
-    std::fs::create_dir_all(&d).unwrap();
-    let text = format!(
-        "listen = \"{s1}\"\nadmin = \"127.0.0.191:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n",
-        d.join("data").display()
-    );
-    let _small = Rein::serve(&write_file(&d, "rein.toml", &text)).start();
+    let head = format!("listen = \"{s1}\"\nadmin = \"127.0.0.191:0\"");
+    let _small = serve_in(&dir.join("small"), &head, "[[exports]]\nname = \"v\"\nsize_mb = 1\n");
     let line = gw.wait_log(&["node connection failed", "is 1048576 bytes"], Duration::from_secs(20));
     assert!(line.contains("s1") && line.contains("attempts"), "{line}");
 }
@@ -1070,10 +1046,10 @@ fn a_node_that_never_greets_is_named_as_such() {
 #[test]
 fn running_out_of_descriptors_is_named_as_such() {
     let tmp = tmpdir("gw-emfile");
-    let closed: SocketAddr = format!("127.0.0.189:{}", free_port("127.0.0.189")).parse().unwrap();
+    let closed = free_tcp("127.0.0.189");
     let body: String = (0..60).map(|i| format!("[[exports]]\nname = \"v{i}\"\nsize_mb = 1\n")).collect();
     let cfg = gateway_config(tmp.path(), 188, &[("s1", closed)], &body);
-    let gw = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).nofile(40).start();
+    let gw = Rein::gateway(&cfg).nofile(40).start();
     let line = gw.wait_line("out of file descriptors");
     assert!(line.contains("raise its open-file limit"), "{line}");
 }
@@ -1087,7 +1063,7 @@ fn a_reload_waiting_for_a_silent_node_does_not_hold_new_connections() {
     let tmp = tmpdir("gw-reload-silent");
     let node = storage_node(tmp.path(), 194);
     let silent = std::net::TcpListener::bind("127.0.0.193:0").unwrap();
-    let mut head = format!("listen = \"127.0.0.192:0\"\nadmin = \"127.0.0.192:0\"\n{TIMES}");
+    let mut head = format!("{}\n{TIMES}", local(192));
     head.push_str(&format!("[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n", node.nbd));
     head.push_str(&format!("[[nodes]]\nname = \"s2\"\naddress = \"{}\"\n", silent.local_addr().unwrap()));
     let v = "[[exports]]\nname = \"v\"\nsize_mb = 8\nwidths = { s1 = 1, s2 = 0 }\n";
@@ -1127,13 +1103,7 @@ fn volumes_open_together_and_a_stop_during_the_start_is_heard() {
     let took = t0.elapsed();
     assert!(took < Duration::from_secs(10), "listening after {took:?}");
     drop(gw);
-    let mut child = Cmd::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["gateway", "--config", cfg.to_str().unwrap()])
-        .env("REIN_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Rein::gateway(&cfg).spawn();
     std::thread::sleep(Duration::from_millis(500));
     let signalled = Instant::now();
     Cmd::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
@@ -1161,10 +1131,10 @@ fn volumes_open_together_and_a_stop_during_the_start_is_heard() {
 fn a_sigterm_right_after_the_gateway_listens_is_a_graceful_stop() {
     for i in 0..5u8 {
         let dir = tmpdir("gw-sigterm-at-once");
-        let s1: SocketAddr = format!("127.0.0.125:{}", free_port("127.0.0.125")).parse().unwrap();
+        let s1 = free_tcp("127.0.0.125");
         let volume = "[[exports]]\nname = \"v\"\nsize_mb = 4\nstripe_kb = 64\nwidths = { s1 = 1 }\n";
         let config = gateway_config(dir.path(), 126, &[("s1", s1)], volume);
-        let (status, log, took) = Rein::new(&["gateway", "--config", config.to_str().unwrap()]).term_at_listening();
+        let (status, log, took) = Rein::gateway(&config).term_at_listening();
         assert!(status.success() && log.contains("shutting down"), "try {i}: {status:?}\n{log}");
         assert!(took < Duration::from_millis(1500), "try {i}: stopped {took:?} after the SIGTERM\n{log}");
     }
@@ -1190,10 +1160,7 @@ fn nodes_and_the_front_over_unix_sockets() {
             sock(h).display()
         ));
     }
-    let text = format!(
-        "listen = \"127.0.0.174:0\"\nadmin = \"127.0.0.174:0\"\nlisten_unix = \"gw.sock\"\n{TIMES}{body}{VOLUME}"
-    );
-    let gw = gateway(&write_file(d, "gw.toml", &text));
+    let gw = gateway_in(d, &format!("{}\nlisten_unix = \"gw.sock\"\n{TIMES}{body}{VOLUME}", local(174)));
     for n in &nodes {
         let granted = n.wait_line("storage-node session granted");
         assert!(granted.contains("peer=unix(uid "), "{granted}");

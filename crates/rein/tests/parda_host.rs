@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{tmpdir, write_file, Raw, Rein, Server};
+use common::{free_udp, gateway_in, local, serve_in, tmpdir, write_file, Raw, Rein, Server};
 use rein_proto::nbd::Command;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -37,34 +37,25 @@ fn array(dir: &Path, host: u8, vms: &[&str]) -> Server {
 
 /// [`array`] with a device model of `capacity` IOPS.
 fn array_at(dir: &Path, host: u8, vms: &[&str], capacity: f64) -> Server {
-    let d = dir.join("array");
-    std::fs::create_dir_all(&d).unwrap();
-    let mut text = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\nscheduler = \"fifo\"\n\
-         queue_depth = 4096\n[device_model]\ncapacity_iops = {capacity}\nservice = \"exponential\"\ndiscipline = \"ps\"\n",
-        d.join("data").display()
+    let mut body = format!(
+        "scheduler = \"fifo\"\nqueue_depth = 4096\n[device_model]\ncapacity_iops = {capacity}\n\
+         service = \"exponential\"\ndiscipline = \"ps\"\n"
     );
     for vm in vms {
-        text.push_str(&format!("[[exports]]\nname = \"{vm}\"\nbackend = \"memory\"\nsize_mb = 64\n"));
+        body.push_str(&format!("[[exports]]\nname = \"{vm}\"\nbackend = \"memory\"\nsize_mb = 64\n"));
     }
-    Rein::serve(&write_file(&d, "rein.toml", &text)).start()
+    serve_in(&dir.join("array"), &local(host), &body)
 }
 
 /// A PARDA host on 127.0.0.`host` for VM `vm` (weight 1) over `array`, with `parda_host` as its table.
 fn host(dir: &Path, host: u8, array: SocketAddr, vm: &str, aggregation: &str, parda_host: &str) -> Server {
-    let text = host_text(host, array, &[(vm, 1)], aggregation, parda_host);
-    let d = dir.join(format!("host{host}"));
-    std::fs::create_dir_all(&d).unwrap();
-    Rein::new(&["gateway", "--config", write_file(&d, "gw.toml", &text).to_str().unwrap()]).start()
+    gateway_in(&dir.join(format!("host{host}")), &host_text(host, array, &[(vm, 1)], aggregation, parda_host))
 }
 
 /// The gw.toml of a PARDA host on 127.0.0.`host` with VMs `vms` (name, weight), each with a volume of
 /// its name on `array`.
 fn host_text(host: u8, array: SocketAddr, vms: &[(&str, u32)], aggregation: &str, parda_host: &str) -> String {
-    let mut text = format!(
-        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\n\
-         [[nodes]]\nname = \"array\"\naddress = \"{array}\"\nprotocol = \"nbd\"\n"
-    );
+    let mut text = format!("{}\n[[nodes]]\nname = \"array\"\naddress = \"{array}\"\nprotocol = \"nbd\"\n", local(host));
     for (vm, weight) in vms {
         text.push_str(&format!(
             "[[tenants]]\nname = \"{vm}\"\nweight = {weight}\n[[exports]]\nname = \"{vm}\"\ntenant = \"{vm}\"\nsize_mb = 64\n"
@@ -272,12 +263,6 @@ fn two_hosts_split_the_array_by_beta(transport: &str, first: u8) {
     }
 }
 
-/// A UDP address on `ip` with a port the OS had free a moment ago.
-fn free_udp(ip: &str) -> SocketAddr {
-    let s = std::net::UdpSocket::bind(format!("{ip}:0")).unwrap();
-    s.local_addr().unwrap()
-}
-
 /// `PUT /api/parda/period` moves the end of the host's current period (what `rein cluster` sends each
 /// host at a run's start, so its periods tick where the simulator's hosts do); the next ones follow a
 /// period apart. The host has no load: its periods end all the same.
@@ -369,10 +354,7 @@ fn bad_parda_tables_are_one_line_errors() {
     ] {
         write_file(dir, "short.psk", "parda:00112233\n");
         write_file(dir, "two.psk", &format!("a:{}\nb:{}\n", "11".repeat(32), "22".repeat(32)));
-        let cfg = write_file(dir, "gw.toml", &format!("{base}{tables}"));
-        let out = Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["gateway", "--config", cfg.to_str().unwrap()]).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{tables}: started");
+        let err = Rein::gateway(&write_file(dir, "gw.toml", &format!("{base}{tables}"))).fails();
         assert!(err.contains(want), "{tables}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{tables}: one line: {err}");
     }
@@ -437,7 +419,7 @@ fn a_reload_changes_a_vms_share_and_adds_and_removes_a_vm() {
     let cfg = dir.join("gw.toml");
     let write = |vms: &[(&str, u32)]| std::fs::write(&cfg, host_text(77, a.nbd, vms, "local", "id = 0\n")).unwrap();
     write(&[("vm1", 1)]);
-    let h = Rein::new(&["gateway", "--config", cfg.to_str().unwrap()]).start();
+    let h = Rein::gateway(&cfg).start();
     let s = status(&h);
     assert_eq!((s["vms"].as_u64(), s["beta_base"].as_f64()), (Some(1), Some(1.0)), "{s}");
     write(&[("vm1", 3)]);

@@ -7,15 +7,28 @@
 
 mod common;
 
-use common::{config_file, config_text, local, Rein, Server};
+use common::{config_file, local, Rein, Server};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+/// How long a server may take to listen.
+const START_WITHIN: Duration = Duration::from_secs(60);
+
 /// Starts `rein serve --config <path>`; `Err(its log)` if it exits before listening.
 fn start(path: &Path) -> Result<Server, String> {
-    Rein::serve(path).try_start(Duration::from_secs(60))
+    Rein::serve(path).try_start(START_WITHIN)
+}
+
+/// The data directory `dir/data` (created), with a 1 MiB image of each name in `images`.
+fn data_with(dir: &Path, images: &[&str]) -> std::path::PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in images {
+        std::fs::write(data.join(f), vec![0u8; 1 << 20]).unwrap();
+    }
+    data
 }
 
 fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
@@ -110,7 +123,7 @@ fn sighup_reloads_the_config_file() {
          [[tenants]]\nname = \"c\"\nreservation = 20\n",
         BASE.replace("reservation = 100", "reservation = 200")
     );
-    std::fs::write(&path, config_text(tmp.path(), &local(42), &added)).unwrap();
+    config_file(tmp.path(), 42, &added);
     s.signal("-HUP");
     s.wait_line("configuration reloaded");
     assert_eq!(tenant(s.admin, "a")["reservation"].as_f64(), Some(200.0));
@@ -125,7 +138,7 @@ fn sighup_reloads_the_config_file() {
     assert!(line.contains("tenant c") && line.contains("rein.toml"), "{line}");
     assert_eq!(tenant(s.admin, "c")["reservation"].as_f64(), Some(20.0));
     // Removing the export and its tenant.
-    std::fs::write(&path, config_text(tmp.path(), &local(42), BASE)).unwrap();
+    config_file(tmp.path(), 42, BASE);
     s.signal("-HUP");
     s.wait_line("tenant c removed");
     assert!(nbdinfo_size(s.nbd, "c").is_err());
@@ -164,11 +177,7 @@ fn sighup_changes_the_scheduler_settings_live() {
     };
     let strict = three();
     assert!(strict >= Duration::from_millis(800), "strict: 3 READs at 2 IOPS took {strict:?}");
-    std::fs::write(
-        &path,
-        config_text(tmp.path(), &local(36), &text("limit_mode = \"break_when_idle\"\ncost_model = \"bytes\"\n")),
-    )
-    .unwrap();
+    config_file(tmp.path(), 36, &text("limit_mode = \"break_when_idle\"\ncost_model = \"bytes\"\n"));
     s.signal("-HUP");
     s.wait_line("configuration reloaded");
     let line = s.wait_line("reload: [mclock]");
@@ -243,7 +252,7 @@ fn reload_outcome(s: &Server) -> String {
 fn an_export_added_under_a_relative_data_dir_survives_a_reload_and_a_restart() {
     let tmp = common::tmpdir("relative");
     let path = common::write_file(tmp.path(), "rein.toml", &format!("{}\ndata_dir = \"s1/data\"\n{BASE}", local(150)));
-    let serve = || Rein::serve(&path).current_dir(tmp.path()).try_start(Duration::from_secs(60));
+    let serve = || Rein::serve(&path).current_dir(tmp.path()).try_start(START_WITHIN);
     let s = serve().unwrap();
     let (code, body) = http(s.admin, "POST", "/api/exports", r#"{"name": "vm7", "size_mb": 8, "tenant": "a"}"#);
     assert_eq!(code, 201, "{body}");
@@ -312,7 +321,7 @@ fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches(
     ];
     let named = |key: &str| lines_with(&s, &format!("reload: {key} (needs a restart)"));
     for n in 1..=2 {
-        std::fs::write(&path, config_text(tmp.path(), &local(151), &changed)).unwrap();
+        config_file(tmp.path(), 151, &changed);
         s.signal("-HUP");
         reloaded(&s, n);
         for key in keys {
@@ -320,7 +329,7 @@ fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches(
         }
     }
     // Back to what runs: nothing is named.
-    std::fs::write(&path, config_text(tmp.path(), &local(151), BASE)).unwrap();
+    config_file(tmp.path(), 151, BASE);
     s.signal("-HUP");
     reloaded(&s, 3);
     for key in keys {
@@ -396,18 +405,14 @@ fn a_reload_whose_export_file_blocks_its_open_blocks_neither_clients_nor_sigterm
     assert!(break_s >= 20, "fs.lease-break-time is {break_s} s: too short for this test's bounds");
     let tmp = common::tmpdir("slow-open");
     let path = config_file(tmp.path(), 154, BASE);
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    for f in ["slow.img", "slow2.img"] {
-        std::fs::write(data.join(f), vec![0u8; 1 << 20]).unwrap();
-    }
+    let data = data_with(tmp.path(), &["slow.img", "slow2.img"]);
     let mut s = start(&path).unwrap();
     let config = |reservation: u32, slow: &[&str]| {
         let mut body = BASE.replace("reservation = 100", &format!("reservation = {reservation}"));
         for f in slow {
             body += &format!("[[exports]]\nname = \"{f}\"\npath = \"{f}.img\"\ntenant = \"a\"\n");
         }
-        std::fs::write(&path, config_text(tmp.path(), &local(154), &body)).unwrap();
+        config_file(tmp.path(), 154, &body);
     };
     let lease = Lease::take(&data.join("slow.img"));
     config(200, &["slow"]);
@@ -455,9 +460,7 @@ fn an_added_export_whose_file_blocks_its_open_does_not_hold_up_sigterm() {
     use std::io::Write;
     let tmp = common::tmpdir("slow-add");
     let path = config_file(tmp.path(), 155, BASE);
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(data.join("slow.img"), vec![0u8; 1 << 20]).unwrap();
+    let data = data_with(tmp.path(), &["slow.img"]);
     let mut s = start(&path).unwrap();
     let _lease = Lease::take(&data.join("slow.img"));
     let body = r#"{"name": "slow", "path": "slow.img", "tenant": "a"}"#;
@@ -497,9 +500,7 @@ fn http_within(admin: SocketAddr, method: &'static str, path: &str, body: &str) 
 fn an_added_export_whose_file_blocks_its_open_holds_up_no_other_admin_change() {
     let tmp = common::tmpdir("slow-add-others");
     let path = config_file(tmp.path(), 159, BASE);
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(data.join("slow.img"), vec![0u8; 1 << 20]).unwrap();
+    let data = data_with(tmp.path(), &["slow.img"]);
     let s = start(&path).unwrap();
     let lease = Lease::take(&data.join("slow.img"));
     let admin = s.admin;
@@ -544,16 +545,14 @@ fn threads_named(pid: u32, name: &str) -> usize {
 fn reloads_over_a_stuck_file_hold_one_thread_between_them() {
     let tmp = common::tmpdir("slow-reloads");
     let path = config_file(tmp.path(), 160, BASE);
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(data.join("slow.img"), vec![0u8; 1 << 20]).unwrap();
+    let data = data_with(tmp.path(), &["slow.img"]);
     let s = start(&path).unwrap();
     let lease = Lease::take(&data.join("slow.img"));
     let reloads = 5;
     for k in 0..reloads {
         let body = BASE.replace("reservation = 100", &format!("reservation = {}", 200 + k))
             + "[[exports]]\nname = \"slow\"\npath = \"slow.img\"\ntenant = \"a\"\n";
-        std::fs::write(&path, config_text(tmp.path(), &local(160), &body)).unwrap();
+        config_file(tmp.path(), 160, &body);
         s.signal("-HUP");
         if k == 0 {
             std::thread::sleep(Duration::from_millis(300));

@@ -1,6 +1,7 @@
-//! The harness shared by the integration tests that run `rein serve` as a child process: one server per
-//! test on its own 127.0.0.x address (port 0, chosen by the OS) in a temporary directory, killed when its
-//! [`Server`] is dropped. Each test binary uses a part of it (hence `dead_code`); the openssl certificate
+//! The harness shared by the integration tests that run `rein serve` and `rein gateway` as child
+//! processes: each daemon on its own 127.0.0.x address (port 0, chosen by the OS) in a temporary directory
+//! ([`serve`], or [`serve_in`] and [`gateway_in`] for a daemon in a directory of its own beside others),
+//! killed when its [`Server`] is dropped. Each test binary uses a part of it (hence `dead_code`); the openssl certificate
 //! helpers are in [`tls`].
 #![allow(dead_code)]
 
@@ -55,6 +56,35 @@ pub(crate) fn config_file(dir: &Path, host: u8, body: &str) -> PathBuf {
     config_at(dir, &local(host), body)
 }
 
+/// Starts `rein serve` on [`config_file`]`(dir, host, body)`.
+pub(crate) fn serve(dir: &Path, host: u8, body: &str) -> Server {
+    Rein::serve(&config_file(dir, host, body)).start()
+}
+
+/// Starts `rein serve` in a directory of its own, `dir` (created): [`config_at`]`(dir, head, body)`, for a
+/// test that runs several daemons side by side (each `dir` a subdirectory of the test's).
+pub(crate) fn serve_in(dir: &Path, head: &str, body: &str) -> Server {
+    std::fs::create_dir_all(dir).unwrap();
+    Rein::serve(&config_at(dir, head, body)).start()
+}
+
+/// Writes `text` as `dir/gw.toml` (`dir` created) and starts `rein gateway` on it.
+pub(crate) fn gateway_in(dir: &Path, text: &str) -> Server {
+    std::fs::create_dir_all(dir).unwrap();
+    Rein::gateway(&write_file(dir, "gw.toml", text)).start()
+}
+
+/// A TCP address on `ip` with a port the OS had free a moment ago (bound and released: a daemon started
+/// next takes it, or finds nobody there).
+pub(crate) fn free_tcp(ip: &str) -> SocketAddr {
+    std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap()
+}
+
+/// A UDP address on `ip` with a port the OS had free a moment ago.
+pub(crate) fn free_udp(ip: &str) -> SocketAddr {
+    std::net::UdpSocket::bind((ip, 0)).unwrap().local_addr().unwrap()
+}
+
 /// A `rein` command line to start as a server ([`Rein::start`]) or to see fail ([`Rein::fails`]); stdout
 /// goes nowhere, stderr is read, `NO_COLOR=1` is set.
 pub(crate) struct Rein {
@@ -77,6 +107,11 @@ impl Rein {
     /// `rein serve --config <config>`.
     pub(crate) fn serve(config: &Path) -> Rein {
         Rein::new(&["serve", "--config", config.to_str().unwrap()])
+    }
+
+    /// `rein gateway --config <config>`.
+    pub(crate) fn gateway(config: &Path) -> Rein {
+        Rein::new(&["gateway", "--config", config.to_str().unwrap()])
     }
 
     pub(crate) fn env(mut self, key: &str, value: &str) -> Rein {
@@ -116,6 +151,13 @@ impl Rein {
             cmd.current_dir(d);
         }
         cmd
+    }
+
+    /// Starts the daemon with `REIN_LOG=info` and returns it at once, not waiting for it to listen; its
+    /// stderr is piped, for the caller to read. The caller waits for it (and kills it on a failure).
+    #[allow(clippy::zombie_processes)] // the child is the caller's to wait for
+    pub(crate) fn spawn(self) -> Child {
+        self.env("REIN_LOG", "info").command().spawn().expect("start rein")
     }
 
     /// Starts the server with `REIN_LOG=info`; panics unless it listens within [`START_TIMEOUT`].
