@@ -56,6 +56,8 @@ use std::sync::Arc;
 pub struct AdminState {
     /// Tenants, exports and capacity, and their change lock.
     pub registry: Arc<Registry>,
+    /// The build, the start and what the reloads came to, for `/metrics`.
+    pub reloads: Arc<crate::reloads::Reloads>,
 }
 
 /// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
@@ -462,6 +464,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     }
     let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\",io_engine=\"{}\"}} 1", snap.scheduler, snap.io_engine.name());
     runtime_metrics(&mut o, "rein", &tokio::runtime::Handle::current().metrics());
+    s.reloads.metrics(&mut o, true);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
 }
 

@@ -1265,6 +1265,7 @@ pub async fn run_with(
         },
     });
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
+    let reloads = Arc::new(crate::reloads::Reloads::new("gateway"));
     let gate = live.host.as_ref().map(|(g, _)| g.clone());
     let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
     let nbd = crate::sock::NbdListeners::new(nbd, cfg.listen_unix.as_ref()).map_err(GatewayError::BindUnix)?;
@@ -1276,7 +1277,7 @@ pub async fn run_with(
             let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
             let bound = l.local_addr().expect("bound");
             let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None);
-            let router = crate::admin_guard::protect(admin_router(shown.clone(), gate.clone()), token);
+            let router = crate::admin_guard::protect(admin_router(shown.clone(), gate.clone(), reloads.clone()), token);
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -1338,6 +1339,7 @@ pub async fn run_with(
                 match read {
                     Err(e) => {
                         tracing::error!("reload: {e}; the running configuration is unchanged");
+                        reloads.record(false);
                         crate::notify::ready(&crate::server::reload_failed_status(&e));
                     }
                     Ok(new) => {
@@ -1354,6 +1356,7 @@ pub async fn run_with(
                 match r {
                     Err(e) => {
                         tracing::error!("reload: {e}; the running configuration is unchanged");
+                        reloads.record(false);
                         crate::notify::ready(&crate::server::reload_failed_status(&e));
                     }
                     Ok(r) => {
@@ -1366,6 +1369,7 @@ pub async fn run_with(
                             tracing::warn!("reload: {line}");
                         }
                         tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
+                        reloads.record(true);
                         crate::notify::ready(&crate::server::reloaded_status(r.applied.len(), r.needs_restart.len()));
                     }
                 }
@@ -1563,7 +1567,7 @@ async fn put_period(gate: Option<Arc<HostGate>>, body: &[u8]) -> axum::response:
 
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
 /// [`crate::admin_guard::protect`].
-fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>) -> axum::Router {
+fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>, reloads: Arc<crate::reloads::Reloads>) -> axum::Router {
     let for_metrics = shown.clone();
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
     let gate_metrics = gate.clone();
@@ -1608,6 +1612,7 @@ fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>) -> axum::Router {
                     }
                     let rt = tokio::runtime::Handle::current().metrics();
                     crate::admin::runtime_metrics(&mut text, "rein_gateway", &rt);
+                    reloads.metrics(&mut text, true);
                     text
                 }
             }),

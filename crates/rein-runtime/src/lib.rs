@@ -39,6 +39,7 @@ pub mod preflight;
 pub mod probe;
 pub mod pshift_controller;
 pub mod pshift_link;
+pub mod reloads;
 pub mod remote;
 pub mod server;
 pub mod sock;

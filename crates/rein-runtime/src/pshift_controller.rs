@@ -923,6 +923,7 @@ fn admin_router(
 ) -> axum::Router {
     let for_metrics = status.clone();
     let for_start = status.clone();
+    let started = Arc::new(crate::reloads::Reloads::new("pshift_controller"));
     axum::Router::new()
         .route(
             "/api/pshift/start",
@@ -981,7 +982,10 @@ fn admin_router(
             "/metrics",
             axum::routing::get(move || {
                 let s = for_metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                async move { metrics_text(&s) }
+                let mut text = metrics_text(&s);
+                // The build and the start; the controller does not reload.
+                started.metrics(&mut text, false);
+                async move { text }
             }),
         )
 }

@@ -140,8 +140,8 @@ pub fn read_apart<T: Send + 'static>(
 }
 
 /// One reload: apply the configuration read, `cfg`, log what changed, or the error once. Returns the
-/// outcome in a line, for the service manager ([`crate::notify::ready`]).
-async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) -> String {
+/// outcome in a line, for the service manager ([`crate::notify::ready`]): `Err` if it was refused.
+async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) -> Result<String, String> {
     match registry.reload(cfg).await {
         Ok(r) => {
             for line in &r.applied {
@@ -151,14 +151,17 @@ async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) -> String {
                 tracing::warn!("reload: {line}");
             }
             tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
-            reloaded_status(r.applied.len(), r.needs_restart.len())
+            Ok(reloaded_status(r.applied.len(), r.needs_restart.len()))
         }
         Err(e) => {
             tracing::error!("reload: {e}; the running configuration is unchanged");
-            reload_failed_status(&e)
+            Err(reload_failed_status(&e))
         }
     }
 }
+
+/// A reload under way ([`reload_config`]): its outcome in a line, `Err` if it was refused.
+type Applying = std::pin::Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
 
 /// A reload's outcome for the service manager's `STATUS=` ([`crate::notify`]), for both daemons.
 pub(crate) fn reloaded_status(applied: usize, needs_restart: usize) -> String {
@@ -393,7 +396,8 @@ pub async fn run_with(
         cfg.exports.len()
     ));
     let mut watchdog = crate::notify::Watchdog::from_env();
-    let admin_state = AdminState { registry: registry.clone() };
+    let reloads = Arc::new(crate::reloads::Reloads::new("serve"));
+    let admin_state = AdminState { registry: registry.clone(), reloads: reloads.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
     let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access, cfg.admin_tls.clone());
@@ -425,7 +429,7 @@ pub async fn run_with(
     // The reload of the configuration last read, while it opens its exports' storage and applies
     // ([`Reload`]: a newer one replaces it).
     // Its outcome, for the service manager's READY=1 once no reload is under way ([`crate::notify`]).
-    let mut applying: Option<std::pin::Pin<Box<dyn Future<Output = String> + Send>>> = None;
+    let mut applying: Option<Applying> = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -444,16 +448,18 @@ pub async fn run_with(
                     }
                     Err(e) => {
                         tracing::error!("reload: {e}; the running configuration is unchanged");
+                        reloads.record(false);
                         if applying.is_none() {
                             crate::notify::ready(&reload_failed_status(&e));
                         }
                     }
                 }
             }
-            status = async { applying.as_mut().expect("guarded").await }, if applying.is_some() => {
+            outcome = async { applying.as_mut().expect("guarded").await }, if applying.is_some() => {
                 applying = None;
+                reloads.record(outcome.is_ok());
                 if reading.is_none() {
-                    crate::notify::ready(&status);
+                    crate::notify::ready(outcome.as_ref().unwrap_or_else(|e| e));
                 }
             }
             () = watchdog.tick() => watchdog.ping(),

@@ -32,7 +32,10 @@ async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr,
     let b = d.add_tenant(sb).await.unwrap();
     let capacity = with_model.then_some(1000.0);
     let tenants = vec![("rd".into(), sa, a), ("dm \"x\"".into(), sb, b)];
-    let state = AdminState { registry: Arc::new(Registry::for_tenants(d.clone(), tenants, admission, capacity)) };
+    let state = AdminState {
+        registry: Arc::new(Registry::for_tenants(d.clone(), tenants, admission, capacity)),
+        reloads: Arc::new(rein_runtime::reloads::Reloads::new("serve")),
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });

@@ -59,6 +59,19 @@ impl Manager {
     }
 }
 
+/// The daemon's `/metrics` text.
+fn metrics(admin: std::net::SocketAddr) -> String {
+    let (code, _, body) = common::http(admin, "GET", "/metrics", "", "");
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
+/// The value of `series` (its name with labels, as written) in a `/metrics` text.
+fn series(text: &str, series: &str) -> f64 {
+    let line = text.lines().find(|l| l.strip_prefix(series).is_some_and(|r| r.starts_with(' ')));
+    line.unwrap_or_else(|| panic!("no {series} in {text}"))[series.len()..].trim().parse().unwrap()
+}
+
 /// The `STATUS=` line of a message.
 fn status(message: &str) -> &str {
     message.lines().find_map(|l| l.strip_prefix("STATUS=")).unwrap_or_else(|| panic!("no STATUS= in {message:?}"))
@@ -86,6 +99,10 @@ fn rein_serve_tells_the_service_manager_ready_reloading_and_stopping() {
     assert!(reloading.lines().any(|l| l.starts_with("MONOTONIC_USEC=")), "{reloading:?}");
     let ready = mgr.until("READY=1");
     assert_eq!(status(&ready), "configuration reloaded: 1 changes applied, 0 need a restart");
+    let m = metrics(server.admin);
+    assert_eq!(series(&m, "rein_config_last_reload_successful"), 1.0, "{m}");
+    assert_eq!(series(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
+    assert!(m.contains("rein_build_info{daemon=\"serve\",version=\""), "{m}");
 
     // A file that does not parse: refused, the running configuration kept, and the manager told why.
     std::fs::write(&config, "listen = [").unwrap();
@@ -98,6 +115,10 @@ fn rein_serve_tells_the_service_manager_ready_reloading_and_stopping() {
         "{ready:?}"
     );
     assert!(!s.contains('\n'));
+    // The monitoring system hears of it too (Prometheus' convention: alert on ... == 0).
+    let m = metrics(server.admin);
+    assert_eq!(series(&m, "rein_config_last_reload_successful"), 0.0, "{m}");
+    assert_eq!(series(&m, "rein_config_reloads_total{result=\"failed\"}"), 1.0, "{m}");
 
     server.signal("-TERM");
     let stopping = mgr.until("STOPPING=1");
@@ -183,6 +204,9 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     mgr.until("RELOADING=1");
     let ready = mgr.until("READY=1");
     assert_eq!(status(&ready), "configuration reloaded: 0 changes applied, 0 need a restart");
+    let m = metrics(gw.admin);
+    assert_eq!(series(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
+    assert!(m.contains("rein_build_info{daemon=\"gateway\""), "{m}");
     gw.signal("-TERM");
     mgr.until("STOPPING=1");
     gw.terminate(WITHIN);
@@ -196,6 +220,9 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let mut ctl = start_with(Rein::new(&["pshift", "controller", "--config", ctl_config.to_str().unwrap()]), &mgr);
     let ready = mgr.until("READY=1");
     assert!(status(&ready).contains("1 servers, 1 buckets"), "{ready:?}");
+    let m = metrics(ctl.admin);
+    assert!(m.contains("rein_build_info{daemon=\"pshift_controller\"") && !m.contains("rein_config_"), "{m}");
+    assert!(series(&m, "rein_process_start_time_seconds") > 1.7e9, "{m}");
     ctl.signal("-TERM");
     mgr.until("STOPPING=1");
     ctl.terminate(WITHIN);
