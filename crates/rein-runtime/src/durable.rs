@@ -7,8 +7,15 @@
 //! part; after a crash the file is the old one or the new one too. On any failure the temporary file is
 //! removed and the file is as it was; the error names the file and the step that failed ([`Step`]).
 //!
-//! The temporary is created as a plain file is (mode 0666 less the umask), so the file renamed into place
-//! has the mode a plain write would have given it.
+//! The temporary is created as a plain file is (mode 0666 less the umask), so a new file has the mode a
+//! plain write would have given it; a file that is replaced keeps its mode (the temporary takes it before
+//! the rename, as a plain write would have kept it).
+//!
+//! What the path names is checked first ([`Step::Check`]): a symbolic link is followed, and the file it
+//! names is the one written (the link stays a link); a path that names something other than a regular
+//! file (a device such as `/dev/full`, a FIFO, a directory) is refused and left alone: a rename over it
+//! would replace the device node with a regular file, where a plain write would have written to the
+//! device.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,6 +23,8 @@ use std::path::{Path, PathBuf};
 /// A step of [`write()`], as its error names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// Finding what the path names (following a link; it must be a regular file, or nothing yet).
+    Check,
     /// Creating the temporary file in the file's directory.
     Create,
     /// Writing the contents into the temporary file.
@@ -32,6 +41,7 @@ impl Step {
     /// The step in words, as errors name it.
     pub fn words(self) -> &'static str {
         match self {
+            Step::Check => "checking what the path names",
             Step::Create => "creating a temporary file beside it",
             Step::Write => "writing the temporary file",
             Step::Sync => "syncing the temporary file",
@@ -67,6 +77,8 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 /// Writes the file `path` whole (module comment), its contents written into the temporary file by `fill`.
 pub fn write_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<(), WriteError> {
     let fail = |step| move |source| WriteError { path: path.to_path_buf(), step, source };
+    let (target, mode) = check(path).map_err(fail(Step::Check))?;
+    let path = target.as_path();
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -75,12 +87,46 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io:
         fail(Step::Create)(std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file"))
     })?;
     let (mut file, tmp) = temporary(dir, &name.to_string_lossy()).map_err(fail(Step::Create))?;
+    if let Some(mode) = mode {
+        file.set_permissions(mode).map_err(fail(Step::Create))?;
+    }
     fill(&mut file).map_err(fail(Step::Write))?;
     file.sync_all().map_err(fail(Step::Sync))?;
     drop(file);
     std::fs::rename(&tmp.0, path).map_err(fail(Step::Rename))?;
     tmp.keep();
     sync_directory(dir).map_err(fail(Step::SyncDirectory))
+}
+
+/// The file `path` names (a link followed) and, if it exists, its permissions; an error if it names
+/// something other than a regular file (module comment).
+fn check(path: &Path) -> std::io::Result<(PathBuf, Option<std::fs::Permissions>)> {
+    let target = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path)?,
+        _ => path.to_path_buf(),
+    };
+    match std::fs::metadata(&target) {
+        Ok(m) if m.is_file() => Ok((target, Some(m.permissions()))),
+        Ok(m) => {
+            use std::os::unix::fs::FileTypeExt;
+            let t = m.file_type();
+            let what = if t.is_dir() {
+                "a directory"
+            } else if t.is_char_device() || t.is_block_device() {
+                "a device"
+            } else if t.is_fifo() {
+                "a FIFO"
+            } else {
+                "not a regular file"
+            };
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("it is {what}, not a regular file, so it is left alone"),
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((target, None)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Syncs directory `dir` to its device: its entries' creations, renames and removals are durable.
@@ -123,6 +169,47 @@ fn temporary(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, Temporar
 mod tests {
     use super::*;
 
+    /// A device, a FIFO or a directory at the path is refused and left as it was (a rename over
+    /// `/dev/full` once replaced the device node with a JSON file); a link is followed and stays a link;
+    /// a replaced file keeps its mode.
+    #[test]
+    fn only_a_regular_file_is_replaced_a_link_is_followed_and_the_mode_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let e = write(&fifo, b"x").unwrap_err();
+        assert_eq!(e.step, Step::Check);
+        assert!(e.to_string().contains("it is a FIFO, not a regular file, so it is left alone"), "{e}");
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo_like());
+        let e = write(d.path(), b"x").unwrap_err();
+        assert!(e.to_string().contains("it is a directory"), "{e}");
+        let e = write(Path::new("/dev/null"), b"x").unwrap_err();
+        assert!(e.to_string().contains("writing /dev/null: checking what the path names: it is a device"), "{e}");
+        assert_eq!(names(d.path()), ["fifo"], "no temporary left");
+
+        let file = d.path().join("state.json");
+        std::fs::write(&file, "old").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = d.path().join("link.json");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        write(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays");
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    /// `FileType::is_fifo` through the extension trait, named for the test above.
+    trait FifoLike {
+        fn is_fifo_like(&self) -> bool;
+    }
+
+    impl FifoLike for std::fs::FileType {
+        fn is_fifo_like(&self) -> bool {
+            std::os::unix::fs::FileTypeExt::is_fifo(self)
+        }
+    }
+
     fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> =
             std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
@@ -155,16 +242,16 @@ mod tests {
         std::fs::write(d.path().join("file"), "x").unwrap();
         let path = d.path().join("file").join("a.json");
         let e = write(&path, b"one").unwrap_err();
-        assert_eq!(e.step, Step::Create);
+        assert_eq!(e.step, Step::Check);
         assert_eq!(
             e.to_string(),
-            format!("writing {}: creating a temporary file beside it: Not a directory (os error 20)", path.display())
+            format!("writing {}: checking what the path names: Not a directory (os error 20)", path.display())
         );
         assert_eq!(names(d.path()), ["file"]);
     }
 
-    /// A failed rename (a directory in the file's place) and a failed write (a full disk, injected) leave
-    /// the file as it was and no temporary; each error names the file and its step.
+    /// A directory in the file's place (refused before anything is created) and a failed write (a full
+    /// disk, injected) leave the file as it was and no temporary; each error names the file and its step.
     #[test]
     fn a_failed_step_leaves_the_file_as_it_was_and_no_temporary() {
         let d = tempfile::tempdir().unwrap();
@@ -173,7 +260,10 @@ mod tests {
         let e = write(&dir, b"one").unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("writing {}: renaming the temporary file over it: Is a directory (os error 21)", dir.display())
+            format!(
+                "writing {}: checking what the path names: it is a directory, not a regular file, so it is left alone",
+                dir.display()
+            )
         );
         assert_eq!(names(d.path()), ["a.json"]);
         let path = d.path().join("b.csv");

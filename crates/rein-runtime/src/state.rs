@@ -860,7 +860,7 @@ mod tests {
         assert_eq!(
             e,
             format!(
-                "cannot write the state file {}: renaming the temporary file over it: Is a directory (os error 21)",
+                "cannot write the state file {}: checking what the path names: it is a directory, not a regular file, so it is left alone",
                 path.display()
             )
         );

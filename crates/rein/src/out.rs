@@ -184,7 +184,10 @@ mod tests {
         let path = d.path().join("iops.svg");
         assert_eq!(
             crate::report(&e),
-            format!("writing {}: renaming the temporary file over it: Is a directory (os error 21)", path.display())
+            format!(
+                "writing {}: checking what the path names: it is a directory, not a regular file, so it is left alone",
+                path.display()
+            )
         );
         drop(out);
         assert_eq!(names(d.path()), ["iops.svg"], "no temporary left");

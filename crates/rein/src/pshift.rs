@@ -458,7 +458,8 @@ pub(crate) fn run(cmd: PshiftCmd) -> Result<()> {
             let inst = generate(&a.params()).map_err(anyhow::Error::msg).context("rein pshift gen")?;
             let json = pshift_instance::to_json(&inst);
             match &a.out {
-                Some(p) => std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?,
+                // Whole or not at all (a full disk left a cut instance that failed later, in solve).
+                Some(p) => rein_runtime::durable::write(p, json.as_bytes())?,
                 None => out!("{json}"),
             }
         }

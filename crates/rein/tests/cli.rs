@@ -241,7 +241,7 @@ fn sim_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     let out = dir.path().join("out");
     std::fs::create_dir_all(out.join("summary.json")).unwrap();
     let late = format!(
-        "error: writing {}: renaming the temporary file over it: Is a directory (os error 21)",
+        "error: writing {}: checking what the path names: it is a directory, not a regular file, so it is left alone",
         out.join("summary.json").display()
     );
     let (ok, stdout, stderr) = rein(&["sim", sc, "-q", "--out", out.to_str().unwrap()]);
@@ -292,7 +292,7 @@ fn load_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     let out = dir.path().join("out");
     std::fs::create_dir_all(out.join("summary.json")).unwrap();
     let late = format!(
-        "error: writing {}: renaming the temporary file over it: Is a directory (os error 21)",
+        "error: writing {}: checking what the path names: it is a directory, not a regular file, so it is left alone",
         out.join("summary.json").display()
     );
     let (ok, stdout, stderr) = load(&out, false);

@@ -51,6 +51,22 @@ fn solve_example_2_moves_25_red_tokens() {
     assert_eq!(v["servers"][1]["r_tokens"].as_u64(), Some(100));
 }
 
+/// `gen -o` writes the instance whole (a temporary renamed into place) and never over something that is
+/// not a regular file: a FIFO at the path is refused and left as it was (a rename would have replaced a
+/// device node such as /dev/full with the instance).
+#[test]
+fn gen_out_replaces_only_a_regular_file() {
+    let dir = tmpdir("gen-out");
+    let fifo = dir.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let (ok, _, err) =
+        rein(&["pshift", "gen", "--servers", "2", "--buckets", "4", "--active", "1", "-o", fifo.to_str().unwrap()]);
+    assert!(!ok && err.contains("checking what the path names: it is a FIFO, not a regular file"), "{err}");
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(&fifo).unwrap().file_type()));
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["fifo"], "no temporary left");
+}
+
 #[test]
 fn gen_then_solve_is_optimal_for_any_thread_count() {
     let dir = tmpdir("gen");
