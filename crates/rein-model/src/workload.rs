@@ -217,15 +217,12 @@ pub struct WorkloadParams {
     pub burst_period_ms: Option<f64>,
     /// trace: the trace to replay.
     pub trace: Option<TraceParams>,
-    /// Request size (KiB; default 4).
-    #[serde(default = "default_size_kb")]
-    pub size_kb: f64,
-    /// Percentage of reads (default 100).
-    #[serde(default = "default_pct")]
-    pub read_pct: f64,
-    /// Percentage of random offsets (default 100).
-    #[serde(default = "default_pct")]
-    pub random_pct: f64,
+    /// Request size (KiB; default 4). Not for a trace, whose records carry their sizes.
+    pub size_kb: Option<f64>,
+    /// Percentage of reads (default 100). Not for a trace, whose records carry their operations.
+    pub read_pct: Option<f64>,
+    /// Percentage of random offsets (default 100). Not for a trace, whose records carry their offsets.
+    pub random_pct: Option<f64>,
     /// Span of the offsets (GiB, default 10; at least 1 MiB is used).
     #[serde(default = "default_span_gb")]
     pub span_gb: f64,
@@ -250,9 +247,9 @@ impl Default for WorkloadParams {
             burst_count: None,
             burst_period_ms: None,
             trace: None,
-            size_kb: default_size_kb(),
-            read_pct: default_pct(),
-            random_pct: default_pct(),
+            size_kb: None,
+            read_pct: None,
+            random_pct: None,
             span_gb: default_span_gb(),
             start_s: 0.0,
             stop_s: None,
@@ -369,6 +366,7 @@ impl FieldNames {
         let inner = match (kind, open_inner) {
             ("on_off", true) => format!(" (open inside its on periods: it has {})", self.iops),
             ("on_off", false) => format!(" (closed inside its on periods: it has no {})", self.iops),
+            ("trace", _) => " (its records give each request's size, operation and offset)".to_string(),
             _ => String::new(),
         };
         if self.key_value {
@@ -504,9 +502,15 @@ impl WorkloadParams {
             ("burst_count", names.burst_count, self.burst_count.is_some()),
             ("burst_period_ms", names.burst_period_ms, self.burst_period_ms.is_some()),
             ("trace", names.trace, self.trace.is_some()),
+            ("size_kb", names.size, self.size_kb.is_some()),
+            ("read_pct", names.read_pct, self.read_pct.is_some()),
+            ("random_pct", names.random_pct, self.random_pct.is_some()),
         ];
+        // Every kind but a trace generates its requests from these.
+        let generated = ["size_kb", "read_pct", "random_pct"];
+        let uses = |field: &str| used.contains(&field) || (kind_name != "trace" && generated.contains(&field));
         if !used.is_empty() {
-            if let Some((_, name, _)) = given.iter().find(|(field, _, given)| *given && !used.contains(field)) {
+            if let Some((_, name, _)) = given.iter().find(|(field, _, given)| *given && !uses(field)) {
                 return Err(names.unused(kind_name, name, open_inner));
             }
         }
@@ -597,7 +601,12 @@ impl WorkloadParams {
                 return Err(invalid(format!("workload kind {other:?}: expected closed, open, on_off, burst or trace")))
             }
         };
-        let size = positive(names.size, self.size_kb)?;
+        let (size_kb, read_pct, random_pct) = (
+            self.size_kb.unwrap_or_else(default_size_kb),
+            self.read_pct.unwrap_or_else(default_pct),
+            self.random_pct.unwrap_or_else(default_pct),
+        );
+        let size = positive(names.size, size_kb)?;
         if size > (MAX_SIZE_BYTES / 1024) as f64 {
             return Err(invalid(format!(
                 "{} must be at most 1 GiB, got {} GiB",
@@ -608,7 +617,7 @@ impl WorkloadParams {
         if (size * 1024.0).round() < 1.0 {
             return Err(invalid(format!("{} {} is less than one byte", names.size, Num(size))));
         }
-        for (f, v) in [(names.read_pct, self.read_pct), (names.random_pct, self.random_pct)] {
+        for (f, v) in [(names.read_pct, read_pct), (names.random_pct, random_pct)] {
             if !(0.0..=100.0).contains(&v) {
                 return Err(invalid(format!("{f} must be in [0, 100], got {}", Num(v))));
             }
@@ -634,8 +643,8 @@ impl WorkloadParams {
         Ok(WorkloadSpec {
             kind,
             size_bytes: (size * 1024.0).round() as u64,
-            read_frac: self.read_pct / 100.0,
-            random_frac: self.random_pct / 100.0,
+            read_frac: read_pct / 100.0,
+            random_frac: random_pct / 100.0,
             span_bytes: ((span * (1u64 << 30) as f64) as u64).max(1 << 20),
             start,
             stop,
@@ -1109,7 +1118,7 @@ mod tests {
         assert!(err(kind("sometimes")).contains("workload kind \"sometimes\""));
         assert!(err(kind("open")).contains("open workload needs iops"));
         assert!(err(WorkloadParams { outstanding: Some(0), ..Default::default() }).contains("outstanding must be in"));
-        assert!(err(WorkloadParams { read_pct: 120.0, ..Default::default() }).contains("read_pct"));
+        assert!(err(WorkloadParams { read_pct: Some(120.0), ..Default::default() }).contains("read_pct"));
         assert!(err(WorkloadParams { stop_s: Some(0.0), ..Default::default() }).contains("stop_s"));
         // A start at or after the run's end issues nothing, whatever the stop.
         for stop_s in [None, Some(20.0)] {
@@ -1146,9 +1155,8 @@ mod tests {
             time_scale: 1.0,
             repeat: false,
         };
-        assert!(
-            err(WorkloadParams { trace: Some(trace), ..closed.clone() }).starts_with("[tenants.workload.trace] is not")
-        );
+        assert!(err(WorkloadParams { trace: Some(trace.clone()), ..closed.clone() })
+            .starts_with("[tenants.workload.trace] is not"));
         let open = WorkloadParams { kind: "open".into(), iops: Some(5.0), ..Default::default() };
         assert!(err(WorkloadParams { outstanding: Some(1), ..open.clone() })
             .starts_with("outstanding is not used by an open"));
@@ -1167,6 +1175,33 @@ mod tests {
         );
         let per_server = WorkloadParams { outstanding_per_server: Some(30), ..Default::default() };
         assert!(per_server.validate(Nanos::from_secs(10), None, &[]).is_ok());
+        // A trace's records give each request's size, operation and offset: the generator's fields are
+        // refused, named as the input writes them (they were taken and ignored), before the trace is read.
+        let replay = WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() };
+        for (p, field) in [
+            (WorkloadParams { size_kb: Some(64.0), ..replay.clone() }, "size_kb"),
+            (WorkloadParams { read_pct: Some(30.0), ..replay.clone() }, "read_pct"),
+            (WorkloadParams { random_pct: Some(0.0), ..replay.clone() }, "random_pct"),
+        ] {
+            assert_eq!(
+                err(p.clone()),
+                format!(
+                    "{field} is not used by a trace workload (its records give each request's size, operation and \
+                     offset): remove it, or change the kind"
+                )
+            );
+            let job = p.validate_as(Nanos::from_secs(10), None, &[], &FieldNames::JOB).unwrap_err().to_string();
+            assert!(
+                job.ends_with(
+                    "= is not used by kind=trace (its records give each request's size, operation and offset)"
+                ),
+                "{job}"
+            );
+        }
+        assert!(
+            err(WorkloadParams { span_gb: 2.0, ..replay }).contains("nonexistent.trace"),
+            "span is used: the trace is read"
+        );
     }
 
     #[test]
@@ -1189,8 +1224,8 @@ mod tests {
         assert!(check(on_off(1e-9, 1e-9)).unwrap_err().contains("on_s + off_s must be at least"));
         assert!(check(on_off(5e-4, 5e-4)).is_ok());
         let sized = |kb| WorkloadParams { size_kb: kb, ..Default::default() };
-        assert!(check(sized(1e-4)).unwrap_err().contains("size_kb 0.0001 is less than one byte"));
-        assert_eq!(check(sized(1.0 / 1024.0)).unwrap().size_bytes, 1);
+        assert!(check(sized(Some(1e-4))).unwrap_err().contains("size_kb 0.0001 is less than one byte"));
+        assert_eq!(check(sized(Some(1.0 / 1024.0))).unwrap().size_bytes, 1);
     }
 
     #[test]

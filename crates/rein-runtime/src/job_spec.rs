@@ -55,7 +55,7 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
     let mut conns = 1usize;
     let mut depth: Option<u32> = None;
     let mut kind: Option<String> = None;
-    let mut size = 4096u64;
+    let mut size: Option<u64> = None;
     let mut p = WorkloadParams { span_gb: DEFAULT_SPAN_GB, ..WorkloadParams::default() };
     let (mut trace, mut trace_format, mut time_scale, mut repeat) = (None::<String>, None::<String>, 1.0, false);
     let mut seen = BTreeSet::new();
@@ -90,9 +90,9 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
                     _ => return Err(format!("repeat={v}: expected true or false")),
                 }
             }
-            "size" => size = parse_size(v)?,
-            "read" => p.read_pct = num(v)?,
-            "random" => p.random_pct = num(v)?,
+            "size" => size = Some(parse_size(v)?),
+            "read" => p.read_pct = Some(num(v)?),
+            "random" => p.random_pct = Some(num(v)?),
             "span" => p.span_gb = num(v)?,
             "start" => p.start_s = num(v)?,
             "stop" => p.stop_s = Some(num(v)?),
@@ -147,7 +147,7 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
             return Err(format!("{k}= is a trace's setting: it needs trace="));
         }
     }
-    p.size_kb = size as f64 / 1024.0;
+    p.size_kb = size.map(|b| b as f64 / 1024.0);
     p.trace =
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
     let workload = p.validate_as(run, None, &[], &FieldNames::JOB).map_err(|e| e.to_string())?;

@@ -1012,8 +1012,8 @@ mod tests {
         });
         let p = rein_model::workload::WorkloadParams {
             outstanding: Some(128),
-            size_kb: 1024.0,
-            read_pct: 0.0,
+            size_kb: Some(1024.0),
+            read_pct: Some(0.0),
             span_gb: 0.001,
             ..Default::default()
         };
