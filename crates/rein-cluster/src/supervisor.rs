@@ -349,8 +349,9 @@ impl Supervisor {
         let out = std::fs::File::create(&log.path).map_err(io(format!("creating {}", log.path.display())))?;
         let err = out.try_clone().map_err(io(format!("opening {}", log.path.display())))?;
         let mut cmd = Command::new(exe);
-        // Under a unit of its own, `rein cluster` is the unit's process, not its children.
-        for var in rein_runtime::notify::ENV {
+        // Under a unit of its own, `rein cluster` is the unit's process, not its children: the service
+        // manager's socket and the sockets it passed (if any) are not theirs.
+        for var in rein_runtime::notify::ENV.into_iter().chain(rein_runtime::activation::ENV) {
             cmd.env_remove(var);
         }
         let child = cmd

@@ -791,6 +791,10 @@ pub enum GatewayError {
     /// The Unix socket (`listen_unix`) could not be bound; the message names the path and why.
     #[error("cannot listen on the Unix socket {0}")]
     BindUnix(String),
+    /// A socket the service manager passed cannot be used ([`crate::activation`]); the message names the
+    /// descriptor and why.
+    #[error("socket activation: {0}")]
+    Activation(String),
     /// The PARDA host could not start (its UDP socket or board file), or a volume's tenant is not one of
     /// its VMs.
     #[error("{0}")]
@@ -800,7 +804,8 @@ pub enum GatewayError {
 /// Addresses the gateway listens on.
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
-    /// The NBD front.
+    /// The NBD front (the first TCP listener, with several passed by a service manager; the unspecified
+    /// `0.0.0.0:0` when it is on passed Unix sockets only).
     pub nbd: SocketAddr,
     /// The HTTP endpoint, if configured.
     pub admin: Option<SocketAddr>,
@@ -814,7 +819,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), GatewayError> {
-    run_with(cfg, shutdown, ready, None).await
+    run_with(cfg, shutdown, ready, None, crate::activation::Passed::none()).await
 }
 
 /// Reads gw.toml again (with the command line's overrides), for a reload.
@@ -1199,12 +1204,20 @@ fn parda_but_sched(p: &Option<crate::parda_host::HostSettings>) -> Option<String
 }
 
 /// [`run`], reloading the volumes and tenants when `reload` asks (module comment, "Reload").
+///
+/// `passed`: the listening sockets a service manager passed ([`crate::activation`], roles
+/// [`crate::activation::NBD`] and [`crate::activation::ADMIN`]), served in place of `listen` and
+/// `listen_unix`, or of `admin` (also without an `admin` in gw.toml); [`crate::activation::Passed::none`]
+/// binds the configuration's.
 pub async fn run_with(
     cfg: GatewayConfig,
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
     reload: Option<GatewayReload>,
+    mut passed: crate::activation::Passed,
 ) -> Result<(), GatewayError> {
+    let passed_nbd = passed.take(&crate::activation::NBD);
+    let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let mut live = Live::new(&cfg);
     live.tenants = cfg.tenants.clone();
     if let Some(settings) = &cfg.parda {
@@ -1267,14 +1280,36 @@ pub async fn run_with(
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
     let reloads = Arc::new(crate::reloads::Reloads::new("gateway"));
     let gate = live.host.as_ref().map(|(g, _)| g.clone());
-    let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
-    let nbd = crate::sock::NbdListeners::new(nbd, cfg.listen_unix.as_ref()).map_err(GatewayError::BindUnix)?;
+    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await.map_err(|e| {
+        use crate::sock::NbdListenError as E;
+        match e {
+            E::Bind(source) => GatewayError::Bind { addr: cfg.listen, source },
+            E::BindUnix(e) => GatewayError::BindUnix(e),
+            E::Activation(e) => GatewayError::Activation(e),
+        }
+    })?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let admin = match cfg.admin {
-        None => None,
-        Some(addr) => {
+    // A passed admin socket is served also when gw.toml names no admin address, and judged by its own
+    // address (an exposed one needs the token).
+    let admin_listener = match (passed_admin, cfg.admin) {
+        (None, None) => None,
+        (Some(s), configured) => {
+            let addr = s.tcp_addr().map_err(GatewayError::Activation)?;
+            let token = crate::admin_guard::prepare(addr, &cfg.admin_access)?;
+            let instead =
+                configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
+            s.log_use("the admin endpoint", &instead);
+            Some((s.into_tcp().map_err(GatewayError::Activation)?, token))
+        }
+        (None, Some(addr)) => {
             let token = crate::admin_guard::prepare(addr, &cfg.admin_access)?;
             let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
+            Some((l, token))
+        }
+    };
+    let admin = match admin_listener {
+        None => None,
+        Some((l, token)) => {
             let bound = l.local_addr().expect("bound");
             let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None);
             let router = crate::admin_guard::protect(admin_router(shown.clone(), gate.clone(), reloads.clone()), token);
@@ -1289,10 +1324,10 @@ pub async fn run_with(
             Some(bound)
         }
     };
-    let bound = Bound { nbd: nbd.tcp_addr(), admin };
+    let bound = Bound { nbd: nbd.tcp_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))), admin };
     let admin_addr = bound.admin.map_or_else(|| "none".to_string(), |a| a.to_string());
     tracing::info!(
-        nbd = %bound.nbd,
+        nbd = %nbd.tcp_shown(),
         nbd_unix = %nbd.unix_shown(),
         admin = %admin_addr,
         nodes = cfg.nodes.len(),
@@ -1303,7 +1338,7 @@ pub async fn run_with(
     );
     crate::notify::ready(&format!(
         "listening: NBD on {}, admin on {admin_addr}, {} volumes over {} nodes",
-        bound.nbd,
+        nbd.shown(),
         cfg.exports.len(),
         cfg.nodes.len()
     ));

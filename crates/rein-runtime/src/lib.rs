@@ -10,11 +10,13 @@
 //! STARTTLS, [`access`] for access lists and connection caps, [`budget`] bounding the bytes they hold) and
 //! [`admin`] for its HTTP endpoint, and [`node`] for the storage-node protocol a `rein gateway` speaks; [`probe`] measures a backend's capacity through a dispatcher. The other side,
 //! for `rein load` and `rein demo`: the NBD [`client`], the load generator [`load`] and [`admin_client`].
-//! [`notify`] tells a service manager (systemd) when a daemon is ready, reloading or stopping.
+//! [`notify`] tells a service manager (systemd) when a daemon is ready, reloading or stopping;
+//! [`activation`] takes the listening sockets it passes (socket activation).
 //! [`harness`]: the contracts of this crate's decoders of outside input, for the fuzz targets. [`durable`]
 //! writes a file whole (the state file, and the `rein` command's output files).
 
 pub mod access;
+pub mod activation;
 pub mod admin;
 pub mod admin_client;
 pub mod admin_guard;

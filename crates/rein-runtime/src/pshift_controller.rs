@@ -453,13 +453,25 @@ impl ControllerSettings {
     }
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Runs the controller until `shutdown` resolves. `passed`: the listening sockets a service manager
+/// passed ([`crate::activation`], roles [`crate::activation::PSHIFT`] and [`crate::activation::ADMIN`]),
+/// served in place of `listen`, or of `admin` (also without one in the file);
+/// [`crate::activation::Passed::none`] binds the configuration's.
 pub async fn run(
     s: ControllerSettings,
     shutdown: impl std::future::Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<(SocketAddr, Option<SocketAddr>)>>,
+    mut passed: crate::activation::Passed,
 ) -> Result<(), String> {
-    let listener = TcpListener::bind(s.listen).await.map_err(|e| format!("listen {}: {e}", s.listen))?;
+    let activation = |e: String| format!("socket activation: {e}");
+    let listener = match passed.take_one(&crate::activation::PSHIFT) {
+        Some(p) => {
+            p.log_use("the pShift link", &format!("listen = {}", s.listen));
+            p.into_tcp().map_err(activation)?
+        }
+        None => TcpListener::bind(s.listen).await.map_err(|e| format!("listen {}: {e}", s.listen))?,
+    };
+    let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let listen = listener.local_addr().map_err(|e| e.to_string())?;
     let caps: Vec<f64> = s.servers.iter().map(|x| x.1).collect();
     let qos: Vec<BucketQos> = s.buckets.iter().map(|b| b.1).collect();
@@ -488,11 +500,26 @@ pub async fn run(
     let clock = Clock::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (ev_tx, ev_rx) = mpsc::channel(EVENT_QUEUE);
-    let admin = match s.admin {
-        None => None,
-        Some(addr) => {
+    // A passed admin socket is judged by its own address (an exposed one needs the token).
+    let admin_listener = match (passed_admin, s.admin) {
+        (None, None) => None,
+        (Some(p), configured) => {
+            let addr = p.tcp_addr().map_err(activation)?;
+            let token = crate::admin_guard::prepare(addr, &s.admin_access).map_err(|e| e.to_string())?;
+            let instead =
+                configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
+            p.log_use("the admin endpoint", &instead);
+            Some((p.into_tcp().map_err(activation)?, token))
+        }
+        (None, Some(addr)) => {
             let token = crate::admin_guard::prepare(addr, &s.admin_access).map_err(|e| e.to_string())?;
             let l = TcpListener::bind(addr).await.map_err(|e| format!("admin {addr}: {e}"))?;
+            Some((l, token))
+        }
+    };
+    let admin = match admin_listener {
+        None => None,
+        Some((l, token)) => {
             let bound = l.local_addr().map_err(|e| e.to_string())?;
             let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None);
             let router =
@@ -1093,7 +1120,7 @@ mod tests {
         let stop = async move {
             let _ = stop_rx.await;
         };
-        let task = tokio::spawn(run(s, stop, Some(ready_tx)));
+        let task = tokio::spawn(run(s, stop, Some(ready_tx), crate::activation::Passed::none()));
         let (addr, admin) = ready_rx.await.unwrap();
         (addr, admin, stop_tx, task)
     }

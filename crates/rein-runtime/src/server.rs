@@ -98,6 +98,10 @@ pub enum ServeError {
     /// The Unix socket (`listen_unix`) could not be bound; the message names the path and why.
     #[error("cannot listen on the Unix socket {0}")]
     BindUnix(String),
+    /// A socket the service manager passed cannot be used ([`crate::activation`]); the message names the
+    /// descriptor and why.
+    #[error("socket activation: {0}")]
+    Activation(String),
     /// The dispatcher refused a configured tenant (too many tenants) or stopped.
     #[error("dispatcher: {0}")]
     Dispatcher(#[from] crate::dispatch::IoError),
@@ -238,7 +242,8 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
 /// Addresses the server actually listens on (useful with port 0).
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
-    /// The NBD listener's address.
+    /// The NBD listener's address (the first TCP one, with several passed by a service manager; the
+    /// unspecified `0.0.0.0:0` when NBD is on passed Unix sockets only).
     pub nbd: SocketAddr,
     /// The admin endpoint's address.
     pub admin: SocketAddr,
@@ -274,7 +279,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
-    run_with(cfg, shutdown, ready, None).await
+    run_with(cfg, shutdown, ready, None, crate::activation::Passed::none()).await
 }
 
 /// [`run`], reloading the configuration when `reload` asks.
@@ -285,13 +290,25 @@ pub async fn run(
 /// being moved aside: starting without it would silently revert every change the operator made at run time
 /// (the very failure it exists to prevent), and moving it aside would make the next start revert them for
 /// good; the error says how to recover.
+///
+/// `passed`: the listening sockets a service manager passed ([`crate::activation`], roles
+/// [`crate::activation::NBD`] and [`crate::activation::ADMIN`]), served in place of `listen` and
+/// `listen_unix`, or of `admin`; [`crate::activation::Passed::none`] binds the configuration's.
 pub async fn run_with(
     cfg: ServerConfig,
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
     reload: Option<Reload>,
+    mut passed: crate::activation::Passed,
 ) -> Result<(), ServeError> {
-    let admin_token = crate::admin_guard::prepare(cfg.admin, &cfg.admin_access)?;
+    let passed_nbd = passed.take(&crate::activation::NBD);
+    let passed_admin = passed.take_one(&crate::activation::ADMIN);
+    // A passed admin socket is judged by its own address (an exposed one needs the token).
+    let admin_addr = match &passed_admin {
+        Some(s) => s.tcp_addr().map_err(ServeError::Activation)?,
+        None => cfg.admin,
+    };
+    let admin_token = crate::admin_guard::prepare(admin_addr, &cfg.admin_access)?;
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
     let _lock = DirLock::acquire(&cfg.data_dir)?;
@@ -384,14 +401,29 @@ pub async fn run_with(
             close: watch::channel(false).0,
         },
     });
-    let nbd = TcpListener::bind(cfg.listen).await.map_err(|source| ServeError::Bind { addr: cfg.listen, source })?;
-    let admin_l = TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?;
-    let nbd = crate::sock::NbdListeners::new(nbd, cfg.listen_unix.as_ref()).map_err(ServeError::BindUnix)?;
-    let bound = Bound { nbd: nbd.tcp_addr(), admin: admin_l.local_addr().expect("bound") };
-    tracing::info!(nbd = %bound.nbd, nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await.map_err(|e| {
+        use crate::sock::NbdListenError as E;
+        match e {
+            E::Bind(source) => ServeError::Bind { addr: cfg.listen, source },
+            E::BindUnix(e) => ServeError::BindUnix(e),
+            E::Activation(e) => ServeError::Activation(e),
+        }
+    })?;
+    let admin_l = match passed_admin {
+        Some(s) => {
+            s.log_use("the admin endpoint", &format!("admin = {}", cfg.admin));
+            s.into_tcp().map_err(ServeError::Activation)?
+        }
+        None => TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?,
+    };
+    let bound = Bound {
+        nbd: nbd.tcp_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+        admin: admin_l.local_addr().expect("bound"),
+    };
+    tracing::info!(nbd = %nbd.tcp_shown(), nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
     crate::notify::ready(&format!(
         "listening: NBD on {}, admin on {}, {} exports",
-        bound.nbd,
+        nbd.shown(),
         bound.admin,
         cfg.exports.len()
     ));

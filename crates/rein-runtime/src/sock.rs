@@ -26,6 +26,8 @@
 //!    (the same inode): a later server that took the path over keeps its own.
 //! 3. No client connects before the socket file has its mode: the socket is bound, the mode set, and
 //!    only then does it listen (a connection attempt in between is refused).
+//! 4. A Unix socket a service manager passed ([`crate::activation`]) is served as it is: its file, its
+//!    mode and its removal are the manager's (invariant 2 is for files this process bound).
 
 use std::fmt;
 use std::io;
@@ -381,46 +383,165 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, UnixSocketFile
     Ok((listener, file))
 }
 
-/// A daemon's NBD listeners (`rein serve`'s and `rein gateway`'s): TCP, and the Unix socket (with its
-/// file) if configured.
+/// A daemon's NBD listeners (`rein serve`'s and `rein gateway`'s): TCP and, if configured, the Unix
+/// socket (with its file); or the sockets a service manager passed ([`crate::activation`]), any number
+/// of TCP and Unix ones.
 #[derive(Debug)]
 pub struct NbdListeners {
-    tcp: TcpListener,
-    unix: Option<(UnixListener, UnixSocketFile)>,
+    listeners: Vec<NbdListener>,
+    /// Where the next [`NbdListeners::accept`] starts looking: the one after the last that gave a
+    /// connection, so that a listener with a queue always waiting does not starve the others.
+    next: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Debug)]
+enum NbdListener {
+    Tcp(TcpListener),
+    /// With the socket file to remove at the end if this process bound it; none for a passed socket,
+    /// whose file is the service manager's (`crate::activation`, invariant 3).
+    Unix(UnixListener, Option<UnixSocketFile>),
+}
+
+/// Why a daemon's NBD listeners could not be set up ([`NbdListeners::open`]).
+#[derive(Debug)]
+pub enum NbdListenError {
+    /// `listen` could not be bound.
+    Bind(io::Error),
+    /// `listen_unix` could not be bound; the message names the path and why.
+    BindUnix(String),
+    /// A passed socket cannot be used; the message names its descriptor.
+    Activation(String),
 }
 
 impl NbdListeners {
+    /// A daemon's NBD listeners: the sockets a service manager passed for NBD, in place of `listen` and
+    /// `listen_unix` (each logged at info, naming what it replaces), or, with none passed, `listen` and
+    /// `listen_unix` bound here. Must run inside a tokio runtime.
+    pub async fn open(
+        listen: SocketAddr,
+        listen_unix: Option<&UnixListen>,
+        passed: Vec<crate::activation::PassedSocket>,
+    ) -> Result<NbdListeners, NbdListenError> {
+        if passed.is_empty() {
+            let tcp = TcpListener::bind(listen).await.map_err(NbdListenError::Bind)?;
+            return NbdListeners::new(tcp, listen_unix).map_err(NbdListenError::BindUnix);
+        }
+        let instead = match listen_unix {
+            Some(u) => format!("listen = {listen} and listen_unix = {}", u.path.display()),
+            None => format!("listen = {listen}"),
+        };
+        for s in &passed {
+            s.log_use("NBD", &instead);
+        }
+        NbdListeners::passed(passed).map_err(NbdListenError::Activation)
+    }
+
     /// The bound TCP listener and, if `unix` names one, the Unix socket, bound here ([`bind_unix`]).
     pub fn new(tcp: TcpListener, unix: Option<&UnixListen>) -> Result<NbdListeners, String> {
-        let unix = unix.map(|u| bind_unix(&u.path, u.mode)).transpose()?;
-        Ok(NbdListeners { tcp, unix })
-    }
-
-    /// The TCP listener's address.
-    pub fn tcp_addr(&self) -> SocketAddr {
-        self.tcp.local_addr().expect("a bound listener has an address")
-    }
-
-    /// The Unix socket's path for the "listening" log line (empty without one).
-    pub fn unix_shown(&self) -> String {
-        self.unix.as_ref().map_or(String::new(), |(_, f)| f.path().display().to_string())
-    }
-
-    /// The next connection on either, and its peer.
-    pub async fn accept(&self) -> io::Result<(Sock, Peer)> {
-        let unix = async {
-            match &self.unix {
-                Some((l, _)) => {
-                    let (s, _) = l.accept().await?;
-                    Ok((unix_peer(&s), s))
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            r = self.tcp.accept() => r.map(|(s, a)| (Sock::Tcp(s), Peer::Tcp(a))),
-            r = unix => r.map(|(peer, s)| (Sock::Unix(s), peer)),
+        let mut listeners = vec![NbdListener::Tcp(tcp)];
+        if let Some(u) = unix {
+            let (l, file) = bind_unix(&u.path, u.mode)?;
+            listeners.push(NbdListener::Unix(l, Some(file)));
         }
+        Ok(NbdListeners { listeners, next: Default::default() })
+    }
+
+    /// The sockets a service manager passed for NBD (at least one), for tokio; the error names the
+    /// descriptor. Must run inside a tokio runtime.
+    pub fn passed(sockets: Vec<crate::activation::PassedSocket>) -> Result<NbdListeners, String> {
+        let mut listeners = Vec::with_capacity(sockets.len());
+        for s in sockets {
+            let err = |e: io::Error| format!("fd {}: {e}", s.fd);
+            listeners.push(match s.listener {
+                crate::activation::Listener::Tcp(l) => NbdListener::Tcp(TcpListener::from_std(l).map_err(err)?),
+                crate::activation::Listener::Unix(l) => {
+                    NbdListener::Unix(UnixListener::from_std(l).map_err(err)?, None)
+                }
+            });
+        }
+        if listeners.is_empty() {
+            return Err("no NBD socket was passed".into());
+        }
+        Ok(NbdListeners { listeners, next: Default::default() })
+    }
+
+    /// The first TCP listener's address; none when NBD is on passed Unix sockets only.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.listeners.iter().find_map(|l| match l {
+            NbdListener::Tcp(t) => t.local_addr().ok(),
+            NbdListener::Unix(..) => None,
+        })
+    }
+
+    /// The TCP listeners' addresses for the "listening" log line (`none` without one).
+    pub fn tcp_shown(&self) -> String {
+        let shown: Vec<String> = self
+            .listeners
+            .iter()
+            .filter_map(|l| match l {
+                NbdListener::Tcp(t) => {
+                    Some(t.local_addr().map_or_else(|e| format!("(unknown: {e})"), |a| a.to_string()))
+                }
+                NbdListener::Unix(..) => None,
+            })
+            .collect();
+        if shown.is_empty() {
+            "none".into()
+        } else {
+            shown.join(", ")
+        }
+    }
+
+    /// The Unix sockets' paths for the "listening" log line (empty without one).
+    pub fn unix_shown(&self) -> String {
+        let shown: Vec<String> = self
+            .listeners
+            .iter()
+            .filter_map(|l| match l {
+                NbdListener::Tcp(_) => None,
+                NbdListener::Unix(_, Some(f)) => Some(f.path().display().to_string()),
+                NbdListener::Unix(u, None) => Some(
+                    u.local_addr()
+                        .map_or_else(|e| format!("(unknown: {e})"), |a| crate::activation::unix_shown(&a.into())),
+                ),
+            })
+            .collect();
+        shown.join(", ")
+    }
+
+    /// Every listener, for the service manager's status line: the TCP addresses, then the Unix paths.
+    pub fn shown(&self) -> String {
+        match (self.tcp_shown(), self.unix_shown()) {
+            (t, u) if u.is_empty() => t,
+            (t, u) if t == "none" => u,
+            (t, u) => format!("{t}, {u}"),
+        }
+    }
+
+    /// The next connection on any of them, and its peer. Cancel-safe (a connection is taken only when
+    /// it is returned).
+    pub async fn accept(&self) -> io::Result<(Sock, Peer)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        std::future::poll_fn(|cx| {
+            let n = self.listeners.len();
+            let start = self.next.load(Relaxed);
+            for k in 0..n {
+                let i = (start + k) % n;
+                let ready = match &self.listeners[i] {
+                    NbdListener::Tcp(l) => l.poll_accept(cx).map_ok(|(s, a)| (Sock::Tcp(s), Peer::Tcp(a))),
+                    NbdListener::Unix(l, _) => l.poll_accept(cx).map_ok(|(s, _)| {
+                        let peer = unix_peer(&s);
+                        (Sock::Unix(s), peer)
+                    }),
+                };
+                if ready.is_ready() {
+                    self.next.store((i + 1) % n, Relaxed);
+                    return ready;
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 
@@ -527,6 +648,47 @@ mod tests {
         std::fs::write(&path, b"data").unwrap();
         assert!(bind_unix(&path, 0o600).unwrap_err().contains("is not a socket"));
         assert_eq!(std::fs::read(&path).unwrap(), b"data");
+    }
+
+    #[tokio::test]
+    async fn passed_sockets_take_turns_and_a_passed_socket_file_is_left_to_its_owner() {
+        use crate::activation::{Listener, PassedSocket};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("passed.sock");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let unix = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        unix.set_nonblocking(true).unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let l = NbdListeners::passed(vec![
+            PassedSocket { fd: 3, listener: Listener::Tcp(tcp) },
+            PassedSocket { fd: 4, listener: Listener::Unix(unix) },
+        ])
+        .unwrap();
+        assert_eq!(l.tcp_addr(), Some(addr));
+        assert_eq!(l.shown(), format!("{addr}, {}", path.display()));
+        // Two TCP connections and a Unix one waiting: the Unix one is taken second, not after every TCP
+        // one (the listeners take turns).
+        let _t1 = TcpStream::connect(addr).await.unwrap();
+        let _t2 = TcpStream::connect(addr).await.unwrap();
+        let _u = UnixStream::connect(&path).await.unwrap();
+        // Time for the TCP handshakes' last ACK to land the connections in the accept queue.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let mut kinds = Vec::new();
+        for _ in 0..3 {
+            let (_, peer) = l.accept().await.unwrap();
+            kinds.push(matches!(peer, Peer::Tcp(_)));
+        }
+        assert_eq!(kinds, [true, false, true], "TCP, Unix, TCP");
+        drop(l);
+        assert!(path.exists(), "a passed socket's file is the service manager's");
+
+        let unix = std::os::unix::net::UnixListener::bind(dir.path().join("only.sock")).unwrap();
+        unix.set_nonblocking(true).unwrap();
+        let l = NbdListeners::passed(vec![PassedSocket { fd: 3, listener: Listener::Unix(unix) }]).unwrap();
+        assert_eq!((l.tcp_addr(), l.tcp_shown()), (None, "none".to_string()));
+        assert_eq!(l.shown(), dir.path().join("only.sock").display().to_string());
+        assert_eq!(NbdListeners::passed(vec![]).unwrap_err(), "no NBD socket was passed");
     }
 
     /// The process's user id, from the file it just created (no unsafe `getuid`).

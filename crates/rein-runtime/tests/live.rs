@@ -45,6 +45,7 @@ async fn exports_come_and_go_for_new_connections_only() {
         },
         Some(ready),
         None,
+        rein_runtime::activation::Passed::none(),
     ));
     let b = bound.await.unwrap();
     assert!(NbdClient::connect(b.nbd, "e").await.is_err(), "no export e yet");
@@ -94,6 +95,7 @@ async fn reload_applies_the_difference_or_nothing() {
         },
         Some(ready),
         Some(reload),
+        rein_runtime::activation::Passed::none(),
     ));
     let b = bound.await.unwrap();
     let wait_for = |path: &'static str, code: u16| async move {

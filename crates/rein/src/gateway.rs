@@ -47,6 +47,8 @@ pub(crate) fn run(args: GatewayArgs) -> Result<()> {
     // The front's caps, the admin connections and every node connection, with a margin.
     let needed = (cfg.caps.total + cfg.admin_access.max_connections + cfg.node_sessions() + 64) as u64;
     crate::serve::check_open_files(needed, "max_connections, the admin connections and the node connections");
+    let roles = [rein_runtime::activation::NBD, rein_runtime::activation::ADMIN];
+    let passed = crate::serve::passed_sockets("rein gateway", &roles)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.worker_threads)
         .enable_all()
@@ -57,6 +59,6 @@ pub(crate) fn run(args: GatewayArgs) -> Result<()> {
         let requests = crate::serve::hangups()?;
         let load = move || load(&args).map_err(|e| crate::report(&e));
         let reload = rein_runtime::gateway::GatewayReload { requests, load: Box::new(load) };
-        rein_runtime::gateway::run_with(cfg, shutdown, None, Some(reload)).await.map_err(anyhow::Error::from)
+        rein_runtime::gateway::run_with(cfg, shutdown, None, Some(reload), passed).await.map_err(anyhow::Error::from)
     })
 }

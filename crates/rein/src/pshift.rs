@@ -51,6 +51,8 @@ fn controller(a: &ControllerArgs) -> Result<()> {
     if a.check_config {
         return crate::serve::print_check(&Some(a.config.clone()), s.check().map_err(anyhow::Error::msg)?);
     }
+    let roles = [rein_runtime::activation::PSHIFT, rein_runtime::activation::ADMIN];
+    let passed = crate::serve::passed_sockets("rein pshift controller", &roles)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -70,7 +72,7 @@ fn controller(a: &ControllerArgs) -> Result<()> {
                 );
             }
         });
-        rein_runtime::pshift_controller::run(s, shutdown, None).await.map_err(anyhow::Error::msg)
+        rein_runtime::pshift_controller::run(s, shutdown, None, passed).await.map_err(anyhow::Error::msg)
     })
 }
 

@@ -112,8 +112,16 @@ pub(crate) fn print_check(file: &Option<PathBuf>, lines: Vec<String>) -> Result<
     Ok(())
 }
 
-/// `rein serve`: serves until Ctrl-C or SIGTERM; SIGHUP reloads the configuration file (with the same
-/// command-line overrides).
+/// The listening sockets a service manager passed (`rein_runtime::activation`), for the roles `roles`
+/// of `daemon`. Taken before the runtime starts, so before the process opens descriptors of its own;
+/// never for `--check-config`, which binds nothing.
+pub(crate) fn passed_sockets(
+    daemon: &str,
+    roles: &[rein_runtime::activation::Role],
+) -> Result<rein_runtime::activation::Passed> {
+    rein_runtime::activation::from_env(daemon, roles).map_err(|e| anyhow::anyhow!("socket activation: {e}"))
+}
+
 /// Raises the soft limit on open files towards `needed` (at most to the hard limit), and warns when it
 /// stays below: with the usual soft limit of 1,024 the default `max_connections` (4,096) is never
 /// reached, and clients beyond the descriptors fail at accept. `what` says what needs them.
@@ -146,12 +154,15 @@ fn serve_files(cfg: &rein_runtime::config::ServerConfig) -> u64 {
     (cfg.caps.total + cfg.admin_access.max_connections + cfg.exports.len() + 64) as u64
 }
 
+/// `rein serve`: serves until Ctrl-C or SIGTERM; SIGHUP reloads the configuration file (with the same
+/// command-line overrides).
 pub(crate) fn run(args: ServeArgs) -> Result<()> {
     let cfg = load(&args)?;
     if args.check_config {
         return print_check(&args.config, rein_runtime::server::check_config(cfg)?);
     }
     check_open_files(serve_files(&cfg), "max_connections, the admin connections and the exports");
+    let passed = passed_sockets("rein serve", &[rein_runtime::activation::NBD, rein_runtime::activation::ADMIN])?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async move {
         let shutdown = stop_signals()?;
@@ -172,7 +183,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<()> {
                 })
             }),
         };
-        rein_runtime::server::run_with(cfg, shutdown, None, Some(reload)).await.map_err(anyhow::Error::from)
+        rein_runtime::server::run_with(cfg, shutdown, None, Some(reload), passed).await.map_err(anyhow::Error::from)
     })?;
     Ok(())
 }

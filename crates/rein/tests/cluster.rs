@@ -275,7 +275,8 @@ fn up_prints_each_tenant_then_ready_and_sigterm_stops_every_child() {
 /// Under a service manager (`$NOTIFY_SOCKET`, rein-runtime's notify module) `rein cluster up` says
 /// READY=1 once its cluster is up, pings the watchdog and says STOPPING=1 at SIGTERM; its daemons say
 /// nothing: they are not the unit's process (each would have said READY=1 as it listened, before the
-/// cluster was up).
+/// cluster was up). Nor are sockets passed to the unit theirs: `$LISTEN_FDS` and the rest are removed
+/// from their environment (a daemon would refuse to start with sockets meant for another process).
 #[test]
 fn up_alone_speaks_to_the_service_manager_not_its_daemons() {
     let _shared = common::beside_measuring();
@@ -287,7 +288,13 @@ fn up_alone_speaks_to_the_service_manager_not_its_daemons() {
         &run_tmp,
         &scenario(tmp.path(), TWO_NODES),
         &[],
-        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap()), ("WATCHDOG_USEC", "200000")],
+        &[
+            ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "200000"),
+            ("LISTEN_FDS", "1"),
+            ("LISTEN_PID", "1"),
+            ("LISTEN_FDNAMES", "nbd"),
+        ],
     );
     up.ready();
     let kids = children(up.child.id());

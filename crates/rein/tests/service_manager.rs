@@ -1,14 +1,20 @@
 //! The daemons under a service manager (rein-runtime's `notify` module, systemd's `sd_notify` protocol):
 //! each test binds the Unix datagram socket a service manager would, starts a daemon with
-//! `$NOTIFY_SOCKET` naming it, and reads what the daemon says as it starts, reloads and stops. The unit
+//! `$NOTIFY_SOCKET` naming it, and reads what the daemon says as it starts, reloads and stops. Socket
+//! activation (rein-runtime's `activation` module): `systemd-socket-activate` binds the listening
+//! sockets as socket units would and starts the daemon on the first connection, passing them. The unit
 //! files in contrib/systemd are checked with `systemd-analyze verify`.
 #![cfg(unix)]
 
 mod common;
 
-use common::{config_file, tmpdir, write_file, Rein, Server, MEMORY};
-use std::os::unix::net::UnixDatagram;
+use common::{config_at, config_file, http, nbd_open, tmpdir, write_file, Rein, Server, MEMORY};
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a message may take to come.
@@ -232,25 +238,277 @@ fn start_with(rein: Rein, mgr: &Manager) -> Server {
     rein.env("NOTIFY_SOCKET", &mgr.env()).start()
 }
 
+/// `systemd-socket-activate` (systemd's tool for trying socket activation) as the service manager: it
+/// binds each of `listen` (`ADDRESS:PORT`, or a path for a Unix socket) as socket units would, names them
+/// `--fdname=names`, and on the first connection execs `rein args` with the sockets as fds 3, 4, ...
+/// (`$LISTEN_PID` is then rein's own, as under systemd). Its stderr and rein's are read into a log.
+struct Activated {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Activated {
+    /// Starts the manager with `flags` (such as `--datagram`) and waits until it listens on every socket.
+    fn start(listen: &[&str], names: Option<&str>, flags: &[&str], args: &[&str]) -> Activated {
+        let mut cmd = Command::new("systemd-socket-activate");
+        for l in listen {
+            cmd.arg(format!("--listen={l}"));
+        }
+        if let Some(n) = names {
+            cmd.arg(format!("--fdname={n}"));
+        }
+        // The tool passes on only the environment it is told to.
+        cmd.args(flags).args(["-E", "REIN_LOG=info", "-E", "NO_COLOR=1"]).arg(env!("CARGO_BIN_EXE_rein")).args(args);
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("systemd-socket-activate: {e} (scripts/test.sh installs systemd)"));
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let a = Activated { child, log };
+        let t0 = Instant::now();
+        while a.text().matches("Listening on ").count() < listen.len() {
+            assert!(t0.elapsed() < WITHIN, "systemd-socket-activate did not listen: {}", a.text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        a
+    }
+
+    fn text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Waits (bounded) for a log line holding `needle`; returns it.
+    fn wait_line(&self, needle: &str) -> String {
+        let t0 = Instant::now();
+        loop {
+            if let Some(l) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            assert!(t0.elapsed() < WITHIN, "no log line with {needle:?}: {}", self.text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits (bounded) for the exit (the tool has become the daemon); returns its status and the log.
+    fn exit(&mut self) -> (std::process::ExitStatus, String) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // The reader has the last lines once the pipe is closed.
+                std::thread::sleep(Duration::from_millis(100));
+                return (status, self.text());
+            }
+            assert!(t0.elapsed() < WITHIN, "still running: {}", self.text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM and a graceful exit (bounded).
+    fn terminate(&mut self) {
+        let ok = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill -TERM");
+        let (status, log) = self.exit();
+        assert!(status.success(), "{status}: {log}");
+    }
+}
+
+impl Drop for Activated {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether something listens at `addr`.
+fn listening(addr: &str) -> bool {
+    TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5)).is_ok()
+}
+
+/// `rein serve` serves the sockets the service manager passed, by their names, in place of the
+/// configuration's addresses (which stay unbound): NBD on a TCP socket and a Unix one (both named
+/// `nbd`), the admin endpoint on `admin`. The first client connects before the daemon exists (the tool
+/// starts it on that connection): the kernel holds it in the passed socket's queue until the daemon
+/// accepts it, as it holds clients across a restart under systemd. The Unix socket's file is the
+/// manager's, left in place when the daemon stops.
+#[test]
+fn rein_serve_serves_the_sockets_the_service_manager_passes() {
+    let tmp = tmpdir("activation-serve");
+    let head = "listen = \"127.0.0.176:10810\"\nadmin = \"127.0.0.176:9181\"";
+    let config = config_at(tmp.path(), head, MEMORY);
+    let unix = tmp.path().join("nbd.sock");
+    let listen = ["127.0.0.176:10809", unix.to_str().unwrap(), "127.0.0.176:9180"];
+    let serve = ["serve", "--config", config.to_str().unwrap()];
+    let mut manager = Activated::start(&listen, Some("nbd:nbd:admin"), &[], &serve);
+
+    // Served through the passed socket by a daemon that did not run when the client connected.
+    let nbd: SocketAddr = "127.0.0.176:10809".parse().unwrap();
+    let open = nbd_open(nbd, "m", true, WITHIN).unwrap_or_else(|e| panic!("{e}: {}", manager.text()));
+    assert_eq!(open.size, 4 << 20);
+    let listening_line = manager.wait_line("rein serve listening");
+    assert!(listening_line.contains(&format!("nbd_unix={}", unix.display())), "{listening_line}");
+    for (what, fd, address, instead) in [
+        ("NBD", 3, "127.0.0.176:10809", "listen = 127.0.0.176:10810"),
+        ("NBD", 4, unix.to_str().unwrap(), "listen = 127.0.0.176:10810"),
+        ("the admin endpoint", 5, "127.0.0.176:9180", "admin = 127.0.0.176:9181"),
+    ] {
+        manager.wait_line(&format!(
+            "{what} on the socket passed by the service manager (fd {fd}, {address}), in place of {instead}"
+        ));
+    }
+    let mut greeting = [0u8; 8];
+    let mut u = UnixStream::connect(&unix).expect("NBD on the passed Unix socket");
+    u.set_read_timeout(Some(WITHIN)).unwrap();
+    u.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting, b"NBDMAGIC");
+    let (code, _, body) = http("127.0.0.176:9180".parse().unwrap(), "GET", "/api/exports", "", "");
+    assert!(code == 200 && body.contains("\"m\""), "{code} {body}");
+    assert!(!listening("127.0.0.176:10810") && !listening("127.0.0.176:9181"), "the configuration's addresses");
+    drop((open, u));
+
+    manager.terminate();
+    assert!(unix.exists(), "the passed Unix socket's file is the manager's");
+}
+
+/// A passed socket the daemon cannot use stops the start with one error naming the descriptor and what
+/// is wrong (a datagram socket, a name it has no role for), and so do `$LISTEN_FDS` without a
+/// `$LISTEN_PID` or for another process; `--check-config` binds nothing and takes no socket, so the
+/// variables do not concern it.
+#[test]
+fn a_passed_socket_the_daemon_cannot_use_is_a_start_error_naming_it() {
+    let tmp = tmpdir("activation-refused");
+    let config = config_file(tmp.path(), 177, MEMORY);
+    let serve = ["serve", "--config", config.to_str().unwrap()];
+
+    let mut udp = Activated::start(&["127.0.0.177:10809"], Some("nbd"), &["--datagram"], &serve);
+    let sender = std::net::UdpSocket::bind("127.0.0.177:0").unwrap();
+    sender.send_to(b"x", "127.0.0.177:10809").unwrap();
+    let (status, log) = udp.exit();
+    assert!(!status.success(), "{log}");
+    let want = "error: socket activation: fd 3 (for NBD, nbd): a datagram socket (ListenDatagram=); it takes a \
+                listening stream socket (ListenStream=)";
+    assert!(log.contains(want), "{log}");
+    assert_eq!(log.matches("socket activation").count(), 1, "{log}");
+
+    let mut unknown = Activated::start(&["127.0.0.177:10810"], Some("metrics"), &[], &serve);
+    let _client = TcpStream::connect("127.0.0.177:10810").unwrap();
+    let (status, log) = unknown.exit();
+    assert!(!status.success(), "{log}");
+    let want = "error: socket activation: fd 3 is named \"metrics\": rein serve takes sockets named nbd, admin \
+                (FileDescriptorName=)";
+    assert!(log.contains(want), "{log}");
+    assert_eq!(log.matches("socket activation").count(), 1, "{log}");
+
+    let err = Rein::serve(&config).env("LISTEN_FDS", "1").fails();
+    assert!(err.contains("error: socket activation: LISTEN_FDS=1 is set without LISTEN_PID: "), "{err}");
+    let err = Rein::serve(&config).env("LISTEN_FDS", "1").env("LISTEN_PID", "1").fails();
+    assert!(
+        err.contains("error: socket activation: LISTEN_FDS=1 is for process 1 (LISTEN_PID), not this one"),
+        "{err}"
+    );
+    assert_eq!(err.matches("socket activation").count(), 1, "{err}");
+
+    let check = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(serve)
+        .arg("--check-config")
+        .env("LISTEN_FDS", "1")
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+}
+
+/// `rein gateway` takes a passed NBD socket and a passed admin socket (served although gw.toml names no
+/// admin address), and `rein pshift controller` one for where its servers connect (`pshift`).
+#[test]
+fn the_gateway_and_the_pshift_controller_take_passed_sockets_too() {
+    let tmp = tmpdir("activation-gateway");
+    let node_dir = tmp.path().join("node");
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let node =
+        Rein::serve(&config_file(&node_dir, 178, "[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n"))
+            .start();
+    let gw_text = format!(
+        "listen = \"127.0.0.178:10810\"\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n\
+         [[exports]]\nname = \"v\"\nsize_mb = 8\nstripe_kb = 64\nwidths = {{ s1 = 1 }}\n",
+        node.nbd
+    );
+    let gw_config = write_file(tmp.path(), "gw.toml", &gw_text);
+    let gateway = ["gateway", "--config", gw_config.to_str().unwrap()];
+    let listen = ["127.0.0.178:10809", "127.0.0.178:9180"];
+    let mut gw = Activated::start(&listen, Some("nbd:admin"), &[], &gateway);
+    let open = nbd_open("127.0.0.178:10809".parse().unwrap(), "v", true, WITHIN)
+        .unwrap_or_else(|e| panic!("{e}: {}", gw.text()));
+    assert_eq!(open.size, 8 << 20);
+    gw.wait_line("NBD on the socket passed by the service manager (fd 3, 127.0.0.178:10809), in place of listen = 127.0.0.178:10810");
+    gw.wait_line(
+        "the admin endpoint on the socket passed by the service manager (fd 4, 127.0.0.178:9180), in place of no \
+         admin (none in the configuration)",
+    );
+    let (code, _, body) = http("127.0.0.178:9180".parse().unwrap(), "GET", "/healthz", "", "");
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    assert!(!listening("127.0.0.178:10810"), "the configuration's listen");
+    drop(open);
+    gw.terminate();
+
+    let ctl_dir = tmp.path().join("ctl");
+    std::fs::create_dir_all(&ctl_dir).unwrap();
+    let ctl_text = "listen = \"127.0.0.179:7801\"\nperiod_s = 1\nintervals = 5\n\
+                    [[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[buckets]]\nname = \"b1\"\n";
+    let ctl_config = write_file(&ctl_dir, "ctl.toml", ctl_text);
+    let controller = ["pshift", "controller", "--config", ctl_config.to_str().unwrap()];
+    let mut ctl = Activated::start(&["127.0.0.179:7800"], Some("pshift"), &[], &controller);
+    let _server = TcpStream::connect("127.0.0.179:7800").unwrap();
+    ctl.wait_line(
+        "the pShift link on the socket passed by the service manager (fd 3, 127.0.0.179:7800), in place of listen = \
+         127.0.0.179:7801",
+    );
+    ctl.wait_line("rein pshift controller listening");
+    assert!(!listening("127.0.0.179:7801"), "the configuration's listen");
+    ctl.terminate();
+}
+
 /// The unit files in contrib/systemd pass `systemd-analyze verify` (with `ExecStart` pointed at this
 /// build's binary: verify checks that the program exists, and a line it cannot parse is a warning naming
 /// the unit), and each runs its daemon as `Type=notify` with a watchdog, a stop timeout and, where the
-/// daemon reloads, a reload by SIGHUP.
+/// daemon reloads, a reload by SIGHUP. Each socket unit passes its listener (`Accept=no`) under a name
+/// its daemon takes, to a service of contrib/systemd.
 #[test]
 fn the_systemd_units_verify() {
     let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd");
     let tmp = tmpdir("notify-units");
     let mut names = Vec::new();
+    let mut sockets = Vec::new();
     for entry in std::fs::read_dir(&units).expect("contrib/systemd") {
         let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        if name.ends_with(".socket") {
+            assert!(text.contains("\nAccept=no\n"), "{name} passes its listener");
+            let fd_name = text.lines().find_map(|l| l.strip_prefix("FileDescriptorName=")).expect("FileDescriptorName");
+            // The service it feeds: Service=, or the one of its own name.
+            let service = text
+                .lines()
+                .find_map(|l| l.strip_prefix("Service="))
+                .map_or_else(|| name.replace(".socket", ".service"), str::to_string);
+            sockets.push((name.clone(), fd_name.to_string(), service));
+            write_file(tmp.path(), &name, &text);
+            names.push(name);
+            continue;
+        }
         if path.extension().is_none_or(|e| e != "service") {
             continue;
         }
-        let text = std::fs::read_to_string(&path).unwrap();
         for want in ["\nType=notify\n", "\nTimeoutStopSec=", "\nWatchdogSec="] {
             assert!(text.contains(want), "{} lacks {want:?}", path.display());
         }
-        let name = path.file_name().unwrap().to_str().unwrap().to_string();
         // The controller does not reload (SIGHUP is ignored): no ExecReload that would pretend to.
         let reloads = name != "rein-pshift-controller.service";
         assert_eq!(text.contains("\nExecReload=/bin/kill -HUP $MAINPID\n"), reloads, "{name}'s ExecReload");
@@ -262,7 +520,27 @@ fn the_systemd_units_verify() {
         names.push(name);
     }
     names.sort();
-    assert_eq!(names, ["rein-gateway.service", "rein-pshift-controller.service", "rein-serve.service"]);
+    assert_eq!(
+        names,
+        [
+            "rein-gateway-nbd.socket",
+            "rein-gateway.service",
+            "rein-pshift-controller.service",
+            "rein-pshift-controller.socket",
+            "rein-serve-admin.socket",
+            "rein-serve-nbd.socket",
+            "rein-serve.service"
+        ]
+    );
+    // The names each daemon takes (rein-runtime's activation roles).
+    for (socket, fd_name, service) in &sockets {
+        let takes: &[&str] = match service.as_str() {
+            "rein-serve.service" | "rein-gateway.service" => &["nbd", "admin"],
+            "rein-pshift-controller.service" => &["pshift", "admin"],
+            other => panic!("{socket} feeds {other}, not a service of contrib/systemd"),
+        };
+        assert!(takes.contains(&fd_name.as_str()), "{socket}: {service} takes no socket named {fd_name}");
+    }
     let Ok(out) = std::process::Command::new("systemd-analyze")
         .arg("verify")
         .args(names.iter().map(|n| tmp.path().join(n)))
