@@ -581,8 +581,8 @@ fn reloads_over_a_stuck_file_hold_one_thread_between_them() {
 /// Before: a change whose state file could not be written (a full disk) got its 500 and nothing else: no
 /// log line, and an empty `rein-state.json.tmp` left in the data directory. Now the server logs it once
 /// at ERROR, naming the file and the cause, and removes the temporary file; the change is not applied.
-/// The write is made to fail by a directory in the state file's place (the rename onto it fails; as root
-/// a read-only directory would not stop the write).
+/// The write is made to fail by a directory in the state file's place (refused before anything is written;
+/// as root a read-only directory would not stop the write).
 #[test]
 fn a_state_file_that_cannot_be_written_is_logged_once_and_leaves_no_temporary_file() {
     let tmp = common::tmpdir("unwritable");
@@ -594,7 +594,7 @@ fn a_state_file_that_cannot_be_written_is_logged_once_and_leaves_no_temporary_fi
     assert_eq!(code, 500, "{body}");
     assert!(body.contains("cannot write the state file"), "{body}");
     let line = s.wait_line("the change is not applied");
-    assert!(line.contains("ERROR") && line.contains("rein-state.json") && line.contains("Is a directory"), "{line}");
+    assert!(line.contains("ERROR") && line.contains("rein-state.json") && line.contains("it is a directory"), "{line}");
     assert_eq!(lines_with(&s, "cannot write the state file"), 1, "{:#?}", s.log.lock().unwrap());
     let left: Vec<_> = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(!left.iter().any(|n| n.to_string_lossy().ends_with(".tmp")), "a temporary file is left: {left:?}");
