@@ -46,6 +46,9 @@ pub const ENV: [&str; 3] = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"];
 /// The first passed descriptor (`SD_LISTEN_FDS_START`).
 const FIRST_FD: RawFd = 3;
 
+/// The most sockets a daemon is passed (`$LISTEN_FDS`); more is refused before anything is taken.
+pub const MAX_PASSED: u32 = 1024;
+
 /// What a daemon does with a passed socket of this name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Role {
@@ -211,10 +214,12 @@ fn listed(fds: Option<&str>, pid: Option<&str>, names: Option<&str>, me: u32) ->
     if count == 0 {
         return Ok(Vec::new());
     }
-    let last = i32::try_from(count)
-        .ok()
-        .and_then(|c| c.checked_add(FIRST_FD - 1))
-        .ok_or_else(|| format!("LISTEN_FDS={count}: more descriptors than a process has"))?;
+    // A daemon takes a few sockets (its roles); a count beyond this is a mistake, and taken at its word
+    // it would make a list (and a check of each descriptor) as long as any number.
+    if count > MAX_PASSED {
+        return Err(format!("LISTEN_FDS={count}: more sockets than a daemon takes (at most {MAX_PASSED})"));
+    }
+    let last = count as RawFd + FIRST_FD - 1;
     let for_me = "the sockets are passed to the process that LISTEN_PID names; a wrapper must exec the daemon \
                   (not start it as a child) or unset LISTEN_FDS";
     match pid {
@@ -336,6 +341,34 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
 
+    proptest::proptest! {
+        /// Whatever the three variables hold, reading them never panics, and what it accepts is what
+        /// sd_listen_fds(3) describes: `LISTEN_FDS` descriptors from 3 on, for this process only, each
+        /// with its name from `LISTEN_FDNAMES` in order (none without it).
+        #[test]
+        fn any_environment_is_read_without_a_panic_and_an_accepted_one_is_consistent(
+            fds in proptest::option::of(proptest::prop_oneof!["[0-9]{1,12}", "[ -~]{0,8}"]),
+            pid in proptest::option::of(proptest::prop_oneof!["4242", "[0-9]{1,11}", "[ -~]{0,6}"]),
+            names in proptest::option::of("[a-z:.]{0,24}"),
+        ) {
+            let me = 4242;
+            if let Ok(list) = listed(fds.as_deref(), pid.as_deref(), names.as_deref(), me) {
+                if let Some(count) = fds.as_deref().and_then(|f| f.trim().parse::<u64>().ok()).filter(|&c| c > 0) {
+                    proptest::prop_assert!(count <= u64::from(MAX_PASSED), "{count} accepted");
+                    proptest::prop_assert_eq!(pid.as_deref().map(str::trim), Some("4242"));
+                    proptest::prop_assert_eq!(list.len() as u64, count);
+                    for (k, (fd, name)) in list.iter().enumerate() {
+                        proptest::prop_assert_eq!(*fd, FIRST_FD + k as i32);
+                        let want = names.as_deref().map_or("", |n| n.split(':').nth(k).unwrap_or("?"));
+                        proptest::prop_assert_eq!(name.as_str(), want);
+                    }
+                } else {
+                    proptest::prop_assert!(list.is_empty(), "descriptors without a positive LISTEN_FDS");
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_environment_is_read_as_sd_listen_fds_does_and_stranger_variables_are_errors() {
         assert_eq!(listed(None, Some("7"), Some("nbd"), 7).unwrap(), vec![], "no LISTEN_FDS: nothing passed");
@@ -358,7 +391,13 @@ mod tests {
             listed(Some("2"), Some("7"), Some("nbd"), 7).unwrap_err(),
             "LISTEN_FDNAMES=\"nbd\" names 1 sockets, LISTEN_FDS passes 2"
         );
-        assert!(listed(Some("4294967295"), Some("7"), None, 7).unwrap_err().contains("more descriptors"));
+        assert!(listed(Some("4294967295"), Some("7"), None, 7).unwrap_err().contains("more sockets"));
+        // At the bound and past it (a billion unnamed sockets once allocated a name for each: 32 GB).
+        assert_eq!(listed(Some("1024"), Some("7"), None, 7).unwrap().len(), 1024);
+        assert_eq!(
+            listed(Some("1025"), Some("7"), None, 7).unwrap_err(),
+            "LISTEN_FDS=1025: more sockets than a daemon takes (at most 1024)"
+        );
     }
 
     fn tcp() -> OwnedFd {
