@@ -27,6 +27,8 @@ command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # The systemd units in contrib/systemd are checked with systemd-analyze verify (service_manager.rs).
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+# The alerting rules in contrib/prometheus are checked and unit-tested with promtool (alerts.rs).
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

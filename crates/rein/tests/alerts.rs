@@ -1,0 +1,101 @@
+//! contrib/prometheus/rein-alerts.yml, the alerting rules for Rein's daemons: promtool validates them and
+//! runs their unit tests (each alert fires on its condition, not on the healthy series beside it), and
+//! every series an alert uses is one a running daemon exports (a rule on a misspelt or renamed series
+//! would never fire, and nothing else would say so).
+#![cfg(unix)]
+
+mod common;
+
+use common::{local, serve_in, tmpdir, write_file, Rein, Server, MEMORY};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn contrib() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/prometheus")
+}
+
+/// The series names in a `/metrics` text (a histogram's `_bucket`, `_sum` and `_count` under its own
+/// name too).
+fn names(text: &str) -> BTreeSet<String> {
+    let mut set = BTreeSet::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let name = line.split(['{', ' ']).next().unwrap().to_string();
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                set.insert(base.to_string());
+            }
+        }
+        set.insert(name);
+    }
+    set
+}
+
+fn metrics(s: &Server) -> String {
+    let (code, _, body) = common::http(s.admin, "GET", "/metrics", "", "");
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
+#[test]
+fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export() {
+    let rules = contrib().join("rein-alerts.yml");
+    let tests = contrib().join("rein-alerts.test.yml");
+    for args in [vec!["check", "rules", rules.to_str().unwrap()], vec!["test", "rules", tests.to_str().unwrap()]] {
+        let out = std::process::Command::new("promtool")
+            .args(&args)
+            .output()
+            .unwrap_or_else(|e| panic!("promtool ({e}): scripts/test.sh installs it (package prometheus)"));
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // A rein serve node, a PARDA host (a gateway with [parda]) over it, and a pShift controller.
+    let tmp = tmpdir("alerts");
+    let node = serve_in(
+        &tmp.path().join("node"),
+        &local(183),
+        &format!("{MEMORY}[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n"),
+    );
+    let gw_text = format!(
+        "{}\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"nbd\"\n[[tenants]]\nname = \"vm1\"\n\
+         [[exports]]\nname = \"v\"\ntenant = \"vm1\"\nsize_mb = 8\n\
+         [parda]\nlatency_threshold_ms = 10\nperiod_s = 0.5\nw_max = 64\naggregation = \"local\"\n[parda_host]\nid = 0\n",
+        local(184),
+        node.nbd
+    );
+    let gw = Rein::gateway(&write_file(tmp.path(), "gw.toml", &gw_text)).start();
+    let ctl_text = "listen = \"127.0.0.185:0\"\nadmin = \"127.0.0.185:0\"\nperiod_s = 1\nintervals = 5\n\
+                    [[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[buckets]]\nname = \"b1\"\nreservation_iops = 100\n\
+                    limit_iops = 200\n";
+    let ctl = Rein::new(&[
+        "pshift",
+        "controller",
+        "--config",
+        write_file(tmp.path(), "ctl.toml", ctl_text).to_str().unwrap(),
+    ])
+    .start();
+    let mut exported = BTreeSet::new();
+    for s in [&node, &gw, &ctl] {
+        exported.extend(names(&metrics(s)));
+    }
+
+    let text = std::fs::read_to_string(&rules).unwrap();
+    let mut used = BTreeSet::new();
+    for line in text.lines().filter_map(|l| l.trim().strip_prefix("expr:")) {
+        let mut rest = line;
+        while let Some(at) = rest.find("rein_") {
+            let name: String =
+                rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+            rest = &rest[at + name.len()..];
+            used.insert(name);
+        }
+    }
+    assert!(used.len() >= 10, "the rules' series: {used:?}");
+    let missing: Vec<&String> = used.iter().filter(|n| !exported.contains(*n)).collect();
+    assert!(missing.is_empty(), "alerting rules use series no daemon exports: {missing:?}\n(exported: {exported:?})");
+}
