@@ -27,15 +27,21 @@ command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # The systemd units in contrib/systemd are checked with systemd-analyze verify (service_manager.rs).
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
-# The alerting rules in contrib/prometheus are checked and unit-tested with promtool (alerts.rs).
-command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
-if [ ${#need_apt[@]} -gt 0 ]; then
+# The alerting rules in contrib/prometheus are checked and unit-tested with promtool (alerts.rs), which
+# comes with the prometheus package: installed without its recommends, and the server it brings is
+# stopped and disabled where systemd runs (the tests need the tool, not a server listening on :9090).
+need_promtool=""; command -v promtool >/dev/null 2>&1 || need_promtool=1
+if [ ${#need_apt[@]} -gt 0 ] || [ -n "$need_promtool" ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    [ ${#need_apt[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    if [ -n "$need_promtool" ]; then
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+      if [ -d /run/systemd/system ]; then $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+    fi
   else
-    echo "please install: ${need_apt[*]}" >&2
+    echo "please install: ${need_apt[*]}${need_promtool:+ prometheus (for promtool)}" >&2
   fi
 fi
 if ! command -v cargo >/dev/null 2>&1; then
