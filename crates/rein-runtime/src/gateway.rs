@@ -880,6 +880,10 @@ struct Live {
     /// Volumes a reload removed, while connections that opened them may still use them: their layouts
     /// hold their node exports until the last connection closes (module comment, "Reload").
     retired: Vec<(GatewayVolume, std::sync::Weak<RemoteVolume>)>,
+    /// Whether the NBD front and the admin endpoint listen on sockets a service manager passed
+    /// ([`crate::activation`]): a reload's change of `listen`/`listen_unix` or `admin` is then not used,
+    /// now or after a restart, and is named so.
+    passed: (bool, bool),
 }
 
 impl Live {
@@ -893,6 +897,7 @@ impl Live {
             trackers: BTreeMap::new(),
             host: None,
             retired: Vec::new(),
+            passed: (false, false),
         }
     }
 
@@ -1020,10 +1025,19 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
     let base = &live.base;
     let restart = |r: &mut Reloaded, key: &str| r.needs_restart.push(format!("{key} changed: needs a restart"));
     let dbg = |x: &dyn std::fmt::Debug| format!("{x:?}");
+    // Addresses the service manager's sockets stand in for (as rein serve's reload says them).
+    let unit = "the service manager passes (change the socket unit to move it)";
+    let (nbd_passed, admin_passed) = live.passed;
+    if nbd_passed && (base.listen != new.listen || base.listen_unix != new.listen_unix) {
+        r.needs_restart.push(format!("listen, listen_unix: not used: NBD listens on the sockets {unit}"));
+    }
+    if admin_passed && base.admin != new.admin {
+        r.needs_restart.push(format!("admin: not used: the admin endpoint listens on the socket {unit}"));
+    }
     for (key, same) in [
-        ("listen", base.listen == new.listen),
-        ("listen_unix", base.listen_unix == new.listen_unix),
-        ("admin", base.admin == new.admin),
+        ("listen", nbd_passed || base.listen == new.listen),
+        ("listen_unix", nbd_passed || base.listen_unix == new.listen_unix),
+        ("admin", admin_passed || base.admin == new.admin),
         ("admin_token_file, admin_insecure or the admin caps", base.admin_access == new.admin_access),
         ("[tls]", dbg(&base.tls) == dbg(&new.tls)),
         ("max_connections*", base.caps == new.caps),
@@ -1219,6 +1233,7 @@ pub async fn run_with(
     let passed_nbd = passed.take(&crate::activation::NBD);
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let mut live = Live::new(&cfg);
+    live.passed = (!passed_nbd.is_empty(), passed_admin.is_some());
     live.tenants = cfg.tenants.clone();
     if let Some(settings) = &cfg.parda {
         let specs: Vec<QosSpec> = cfg.tenants.iter().map(|t| t.spec).collect();

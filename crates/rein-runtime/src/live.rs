@@ -149,7 +149,16 @@ pub struct Registry {
     pending: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     /// The opens of exports' files under way, at most one per file ([`Opens`]).
     opens: Opens,
+    /// Whether NBD and the admin endpoint listen on sockets a service manager passed
+    /// ([`crate::activation`]): then `listen`/`listen_unix` and `admin` are not used, and a reload that
+    /// changes them says so instead of naming them as needing a restart (a restart keeps the passed
+    /// sockets too).
+    passed: std::sync::atomic::AtomicU8,
 }
+
+/// [`Registry::passed`]'s bits.
+const PASSED_NBD: u8 = 1;
+const PASSED_ADMIN: u8 = 2;
 
 /// A tenant name's bounds (1..=[`MAX_TENANT_NAME`] bytes), for every change that adds one.
 fn check_name(name: &str) -> Result<(), ChangeError> {
@@ -242,7 +251,15 @@ impl Registry {
             changes: Arc::new(tokio::sync::Mutex::new(Inner { base, effective, capacity, retired: Vec::new() })),
             pending: std::sync::Mutex::default(),
             opens: Opens::default(),
+            passed: std::sync::atomic::AtomicU8::new(0),
         }
+    }
+
+    /// Says that NBD (`nbd`) and the admin endpoint (`admin`) listen on sockets a service manager passed
+    /// (the field's doc).
+    pub fn set_passed(&self, nbd: bool, admin: bool) {
+        let bits = if nbd { PASSED_NBD } else { 0 } | if admin { PASSED_ADMIN } else { 0 };
+        self.passed.store(bits, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A registry for tenants already added to `dispatcher` and no exports, that persists nothing (tests
@@ -779,6 +796,18 @@ impl Registry {
         } = &base;
         // `old` holds the running value of each (restored below after every reload), so the warning is
         // repeated at each reload while the file differs from what runs, and silent once it matches.
+        // Addresses the service manager's sockets stand in for: a change is not used now or after a
+        // restart (the socket unit decides them).
+        let passed = self.passed.load(std::sync::atomic::Ordering::Relaxed);
+        let unit = "the service manager passes (change the socket unit to move it)";
+        if passed & PASSED_NBD != 0 && (base.listen != old.listen || base.listen_unix != old.listen_unix) {
+            report.needs_restart.push(format!("listen, listen_unix: not used: NBD listens on the sockets {unit}"));
+            (base.listen, base.listen_unix) = (old.listen, old.listen_unix.clone());
+        }
+        if passed & PASSED_ADMIN != 0 && base.admin != old.admin {
+            report.needs_restart.push(format!("admin: not used: the admin endpoint listens on the socket {unit}"));
+            base.admin = old.admin;
+        }
         let mut restart = |key: &str| report.needs_restart.push(format!("{key} (needs a restart)"));
         macro_rules! restart_only {
             ($($field:ident => $key:expr),* $(,)?) => {$(

@@ -303,6 +303,7 @@ pub async fn run_with(
 ) -> Result<(), ServeError> {
     let passed_nbd = passed.take(&crate::activation::NBD);
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
+    let passed_roles = (!passed_nbd.is_empty(), passed_admin.is_some());
     // A passed admin socket is judged by its own address (an exposed one needs the token).
     let admin_addr = match &passed_admin {
         Some(s) => s.tcp_addr().map_err(ServeError::Activation)?,
@@ -381,6 +382,7 @@ pub async fn run_with(
     let limits = ConnLimits::new(cfg.caps);
     let registry =
         Arc::new(Registry::new(dispatcher.clone(), base, cfg.clone(), tenant_ids, table.clone(), capacity, true));
+    registry.set_passed(passed_roles.0, passed_roles.1);
     let node: Option<Arc<dyn crate::nbd::NodeGate>> = cfg.node.enabled.then(|| {
         Arc::new(crate::node::NodeService::new(cfg.node.clone(), registry.clone())) as Arc<dyn crate::nbd::NodeGate>
     });

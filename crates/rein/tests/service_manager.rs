@@ -374,6 +374,16 @@ fn rein_serve_serves_the_sockets_the_service_manager_passes() {
     assert!(!listening("127.0.0.176:10810") && !listening("127.0.0.176:9181"), "the configuration's addresses");
     drop((open, u));
 
+    // A reload that moves the addresses the passed sockets stand in for says they are not used (a restart
+    // keeps the passed sockets too), not that they need a restart.
+    let moved = std::fs::read_to_string(&config).unwrap().replace("10810", "10811").replace("9181", "9182");
+    std::fs::write(&config, moved).unwrap();
+    assert!(Command::new("kill").args(["-HUP", &manager.child.id().to_string()]).status().unwrap().success());
+    let nbd_line = manager.wait_line("reload: listen, listen_unix: not used: NBD listens on the sockets");
+    assert!(nbd_line.contains("the service manager passes (change the socket unit to move it)"), "{nbd_line}");
+    manager.wait_line("reload: admin: not used: the admin endpoint listens on the socket the service manager passes");
+    assert!(!manager.text().contains("listen (needs a restart)"), "{}", manager.text());
+
     manager.terminate();
     assert!(unix.exists(), "the passed Unix socket's file is the manager's");
 }
@@ -456,6 +466,12 @@ fn the_gateway_and_the_pshift_controller_take_passed_sockets_too() {
     assert_eq!((code, body.as_str()), (200, "ok\n"));
     assert!(!listening("127.0.0.178:10810"), "the configuration's listen");
     drop(open);
+    // A reload that moves `listen`: not used (the passed socket stays), not "needs a restart".
+    std::fs::write(&gw_config, gw_text.replace("10810", "10811")).unwrap();
+    assert!(Command::new("kill").args(["-HUP", &gw.child.id().to_string()]).status().unwrap().success());
+    gw.wait_line("reload: listen, listen_unix: not used: NBD listens on the sockets the service manager passes");
+    gw.wait_line("configuration reloaded");
+    assert!(!gw.text().contains("listen changed: needs a restart"), "{}", gw.text());
     gw.terminate();
 
     let ctl_dir = tmp.path().join("ctl");
