@@ -801,6 +801,17 @@ pub enum GatewayError {
     Parda(String),
 }
 
+impl From<crate::sock::NbdListenError> for GatewayError {
+    fn from(e: crate::sock::NbdListenError) -> Self {
+        use crate::sock::NbdListenError as E;
+        match e {
+            E::Bind(addr, source) => GatewayError::Bind { addr, source },
+            E::BindUnix(e) => GatewayError::BindUnix(e),
+            E::Activation(e) => GatewayError::Activation(e),
+        }
+    }
+}
+
 /// Addresses the gateway listens on.
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
@@ -1295,14 +1306,7 @@ pub async fn run_with(
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
     let reloads = Arc::new(crate::reloads::Reloads::new("gateway"));
     let gate = live.host.as_ref().map(|(g, _)| g.clone());
-    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await.map_err(|e| {
-        use crate::sock::NbdListenError as E;
-        match e {
-            E::Bind(source) => GatewayError::Bind { addr: cfg.listen, source },
-            E::BindUnix(e) => GatewayError::BindUnix(e),
-            E::Activation(e) => GatewayError::Activation(e),
-        }
-    })?;
+    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     // A passed admin socket is served also when gw.toml names no admin address, and judged by its own
     // address (an exposed one needs the token).

@@ -113,6 +113,17 @@ pub enum ServeError {
     State(#[from] crate::state::StateError),
 }
 
+impl From<crate::sock::NbdListenError> for ServeError {
+    fn from(e: crate::sock::NbdListenError) -> Self {
+        use crate::sock::NbdListenError as E;
+        match e {
+            E::Bind(addr, source) => ServeError::Bind { addr, source },
+            E::BindUnix(e) => ServeError::BindUnix(e),
+            E::Activation(e) => ServeError::Activation(e),
+        }
+    }
+}
+
 /// A reload's loader ([`ConfigLoader`], [`crate::gateway::GatewayLoader`]), shared with the thread that
 /// runs it ([`read_apart`]).
 pub type SharedLoader<T> = Arc<std::sync::Mutex<Box<dyn FnMut() -> Result<T, String> + Send>>>;
@@ -403,14 +414,7 @@ pub async fn run_with(
             close: watch::channel(false).0,
         },
     });
-    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await.map_err(|e| {
-        use crate::sock::NbdListenError as E;
-        match e {
-            E::Bind(source) => ServeError::Bind { addr: cfg.listen, source },
-            E::BindUnix(e) => ServeError::BindUnix(e),
-            E::Activation(e) => ServeError::Activation(e),
-        }
-    })?;
+    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await?;
     let admin_l = match passed_admin {
         Some(s) => {
             s.log_use("the admin endpoint", &format!("admin = {}", cfg.admin));

@@ -405,8 +405,8 @@ enum NbdListener {
 /// Why a daemon's NBD listeners could not be set up ([`NbdListeners::open`]).
 #[derive(Debug)]
 pub enum NbdListenError {
-    /// `listen` could not be bound.
-    Bind(io::Error),
+    /// `listen` (the address) could not be bound.
+    Bind(SocketAddr, io::Error),
     /// `listen_unix` could not be bound; the message names the path and why.
     BindUnix(String),
     /// A passed socket cannot be used; the message names its descriptor.
@@ -423,7 +423,7 @@ impl NbdListeners {
         passed: Vec<crate::activation::PassedSocket>,
     ) -> Result<NbdListeners, NbdListenError> {
         if passed.is_empty() {
-            let tcp = TcpListener::bind(listen).await.map_err(NbdListenError::Bind)?;
+            let tcp = TcpListener::bind(listen).await.map_err(|e| NbdListenError::Bind(listen, e))?;
             return NbdListeners::new(tcp, listen_unix).map_err(NbdListenError::BindUnix);
         }
         let instead = match listen_unix {
