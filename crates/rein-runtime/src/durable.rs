@@ -168,6 +168,8 @@ fn temporary(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, Temporar
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::dir_names as names;
+    use std::os::unix::fs::FileTypeExt;
 
     /// A device, a FIFO or a directory at the path is refused and left as it was (a rename over
     /// `/dev/full` once replaced the device node with a JSON file); a link is followed and stays a link;
@@ -181,7 +183,7 @@ mod tests {
         let e = write(&fifo, b"x").unwrap_err();
         assert_eq!(e.step, Step::Check);
         assert!(e.to_string().contains("it is a FIFO, not a regular file, so it is left alone"), "{e}");
-        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo_like());
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
         let e = write(d.path(), b"x").unwrap_err();
         assert!(e.to_string().contains("it is a directory"), "{e}");
         let e = write(Path::new("/dev/null"), b"x").unwrap_err();
@@ -197,24 +199,6 @@ mod tests {
         assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays");
         assert_eq!(std::fs::read(&file).unwrap(), b"new");
         assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
-    }
-
-    /// `FileType::is_fifo` through the extension trait, named for the test above.
-    trait FifoLike {
-        fn is_fifo_like(&self) -> bool;
-    }
-
-    impl FifoLike for std::fs::FileType {
-        fn is_fifo_like(&self) -> bool {
-            std::os::unix::fs::FileTypeExt::is_fifo(self)
-        }
-    }
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> =
-            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        v.sort();
-        v
     }
 
     /// A new file and a replaced one hold what was written, with a plain file's mode, and no temporary

@@ -807,14 +807,6 @@ mod tests {
         assert_eq!(diff(&edited, &o.config, None).tenants.len(), 1);
     }
 
-    /// The names in `dir`, sorted.
-    fn entries(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> =
-            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        v.sort();
-        v
-    }
-
     #[test]
     fn bad_files_are_named_errors() {
         let dir = tempfile::tempdir().unwrap();
@@ -835,9 +827,9 @@ mod tests {
         };
         save(dir.path(), &st).unwrap();
         assert_eq!(load(dir.path()).unwrap(), Some(st));
-        assert_eq!(entries(dir.path()), [STATE_FILE], "a temporary file is left");
+        assert_eq!(crate::testkit::dir_names(dir.path()), [STATE_FILE], "a temporary file is left");
         save(dir.path(), &StateFile::default()).unwrap();
-        assert!(entries(dir.path()).is_empty());
+        assert!(crate::testkit::dir_names(dir.path()).is_empty());
         assert!(load(dir.path()).unwrap().is_none());
     }
 
@@ -864,7 +856,7 @@ mod tests {
                 path.display()
             )
         );
-        assert_eq!(entries(dir.path()), [STATE_FILE], "a temporary file is left");
+        assert_eq!(crate::testkit::dir_names(dir.path()), [STATE_FILE], "a temporary file is left");
     }
 
     /// A state larger than `load` reads back is refused by `save`, the file before it kept: the server
@@ -885,7 +877,7 @@ mod tests {
         assert!(matches!(e, StateError::TooLarge { bytes } if bytes > MAX_STATE_BYTES), "{e}");
         assert!(e.to_string().contains("the change is refused"), "{e}");
         assert_eq!(load(dir.path()).unwrap(), Some(small));
-        assert_eq!(entries(dir.path()), [STATE_FILE], "a temporary file is left");
+        assert_eq!(crate::testkit::dir_names(dir.path()), [STATE_FILE], "a temporary file is left");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Test support shared by the unit tests of the NBD client and the gateway's node links: a fake NBD
-//! server's side of the handshake, over a real socket.
+//! server's side of the handshake, over a real socket; and the names in a directory, for the tests of
+//! the file writers (`durable`, `state`).
 
 use rein_proto::nbd::{
     Event, ExportInfo, Negotiated, NodeHello, NodeWelcome, Request, ServerHandshake, ServerProgress, ServerTransmission,
@@ -104,4 +105,12 @@ pub(crate) async fn next_request(
             None => {}
         }
     }
+}
+
+/// The names of the entries in `dir`, sorted.
+pub(crate) fn dir_names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
 }
