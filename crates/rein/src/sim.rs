@@ -484,6 +484,19 @@ mod tests {
     /// columns line up; a name beyond 64 is cut with `…`.
     #[test]
     fn long_names_are_printed_whole_and_the_columns_line_up() {
+        let summary = super::summary_text(&super::long_names::run());
+        let table: Vec<&str> = summary.lines().skip(1).take(5).collect();
+        super::long_names::check(&summary, &table);
+        assert!(table.iter().all(|l| l.chars().nth(64) == Some(' ')), "{summary}");
+    }
+}
+
+/// The run and the check behind the tests of the name columns, here and in `load`'s summary.
+#[cfg(test)]
+pub(crate) mod long_names {
+    /// A second of four closed-loop tenants: two whose names share their first 25 characters, a short
+    /// one and one of 70 characters.
+    pub(crate) fn run() -> rein_model::report::RunTotals {
         let long = "x".repeat(70);
         let mut text =
             String::from("name = \"names\"\nduration_s = 1.0\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n");
@@ -493,9 +506,12 @@ mod tests {
             ));
         }
         let sc = rein_sim::Scenario::from_toml(&text, None).unwrap();
-        let r = rein_sim::run(&sc, &mut |_| {}).unwrap();
-        let summary = super::summary_text(&r);
-        let table: Vec<&str> = summary.lines().skip(1).take(5).collect();
+        rein_sim::run(&sc, &mut |_| {}).unwrap()
+    }
+
+    /// `table` (the title row and the four tenants' rows of `summary`) lines up, and its name column
+    /// reads each name whole but the long one, cut at 64 characters with `…`.
+    pub(crate) fn check(summary: &str, table: &[&str]) {
         let width = |l: &str| l.chars().count();
         assert!(table.iter().all(|l| width(l) == width(table[0])), "{summary}");
         let names: Vec<String> =
@@ -506,6 +522,5 @@ mod tests {
             ["tenant", "database-primary-eu-west-1", "database-primary-eu-west-2", "a", &cut],
             "{summary}"
         );
-        assert!(table.iter().all(|l| l.chars().nth(64) == Some(' ')), "{summary}");
     }
 }
