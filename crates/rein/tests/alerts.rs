@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{local, serve_in, tmpdir, write_file, Rein, Server, MEMORY};
+use common::{local, serve_in, tmpdir, write_file, Rein, MEMORY};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -28,12 +28,6 @@ fn names(text: &str) -> BTreeSet<String> {
         set.insert(name);
     }
     set
-}
-
-fn metrics(s: &Server) -> String {
-    let (code, _, body) = common::http(s.admin, "GET", "/metrics", "", "");
-    assert_eq!(code, 200, "{body}");
-    body
 }
 
 #[test]
@@ -81,7 +75,7 @@ fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export() {
     .start();
     let mut exported = BTreeSet::new();
     for s in [&node, &gw, &ctl] {
-        exported.extend(names(&metrics(s)));
+        exported.extend(names(&common::metrics(s.admin)));
     }
 
     let text = std::fs::read_to_string(&rules).unwrap();

@@ -65,11 +65,21 @@ impl Manager {
     }
 }
 
-/// The daemon's `/metrics` text.
-fn metrics(admin: std::net::SocketAddr) -> String {
-    let (code, _, body) = common::http(admin, "GET", "/metrics", "", "");
-    assert_eq!(code, 200, "{body}");
-    body
+/// A `rein serve` node on 127.0.0.`host` in `dir/node` with one memory export `v` of 8 MiB.
+fn node(dir: &Path, host: u8) -> Server {
+    common::serve_in(
+        &dir.join("node"),
+        &common::local(host),
+        "[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n",
+    )
+}
+
+/// A gw.toml: `head` (its listen and admin lines), node `s1` at `node`, and volume `v` (8 MiB) on it.
+fn one_volume(head: &str, node: SocketAddr) -> String {
+    format!(
+        "{head}\n[[nodes]]\nname = \"s1\"\naddress = \"{node}\"\n\
+         [[exports]]\nname = \"v\"\nsize_mb = 8\nstripe_kb = 64\nwidths = {{ s1 = 1 }}\n"
+    )
 }
 
 /// The value of `series` (its name with labels, as written) in a `/metrics` text.
@@ -105,7 +115,7 @@ fn rein_serve_tells_the_service_manager_ready_reloading_and_stopping() {
     assert!(reloading.lines().any(|l| l.starts_with("MONOTONIC_USEC=")), "{reloading:?}");
     let ready = mgr.until("READY=1");
     assert_eq!(status(&ready), "configuration reloaded: 1 changes applied, 0 need a restart");
-    let m = metrics(server.admin);
+    let m = common::metrics(server.admin);
     assert_eq!(series(&m, "rein_config_last_reload_successful"), 1.0, "{m}");
     assert_eq!(series(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
     assert!(m.contains("rein_build_info{daemon=\"serve\",version=\""), "{m}");
@@ -122,7 +132,7 @@ fn rein_serve_tells_the_service_manager_ready_reloading_and_stopping() {
     );
     assert!(!s.contains('\n'));
     // The monitoring system hears of it too (Prometheus' convention: alert on ... == 0).
-    let m = metrics(server.admin);
+    let m = common::metrics(server.admin);
     assert_eq!(series(&m, "rein_config_last_reload_successful"), 0.0, "{m}");
     assert_eq!(series(&m, "rein_config_reloads_total{result=\"failed\"}"), 1.0, "{m}");
 
@@ -191,16 +201,8 @@ fn a_missing_notify_socket_is_logged_once_and_the_daemon_serves() {
 #[test]
 fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let tmp = tmpdir("notify-gateway");
-    let node_dir = tmp.path().join("node");
-    std::fs::create_dir_all(&node_dir).unwrap();
-    let node =
-        Rein::serve(&config_file(&node_dir, 167, "[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n"))
-            .start();
-    let gw_text = format!(
-        "listen = \"127.0.0.168:0\"\nadmin = \"127.0.0.168:0\"\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n\
-         [[exports]]\nname = \"v\"\nsize_mb = 8\nstripe_kb = 64\nwidths = {{ s1 = 1 }}\n",
-        node.nbd
-    );
+    let node = node(tmp.path(), 167);
+    let gw_text = one_volume("listen = \"127.0.0.168:0\"\nadmin = \"127.0.0.168:0\"", node.nbd);
     let gw_config = write_file(tmp.path(), "gw.toml", &gw_text);
     let mgr = Manager::bind(tmp.path());
     let mut gw = start_with(Rein::new(&["gateway", "--config", gw_config.to_str().unwrap()]), &mgr);
@@ -210,7 +212,7 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     mgr.until("RELOADING=1");
     let ready = mgr.until("READY=1");
     assert_eq!(status(&ready), "configuration reloaded: 0 changes applied, 0 need a restart");
-    let m = metrics(gw.admin);
+    let m = common::metrics(gw.admin);
     assert_eq!(series(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
     assert!(m.contains("rein_build_info{daemon=\"gateway\""), "{m}");
     gw.signal("-TERM");
@@ -226,7 +228,7 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let mut ctl = start_with(Rein::new(&["pshift", "controller", "--config", ctl_config.to_str().unwrap()]), &mgr);
     let ready = mgr.until("READY=1");
     assert!(status(&ready).contains("1 servers, 1 buckets"), "{ready:?}");
-    let m = metrics(ctl.admin);
+    let m = common::metrics(ctl.admin);
     assert!(m.contains("rein_build_info{daemon=\"pshift_controller\"") && !m.contains("rein_config_"), "{m}");
     assert!(series(&m, "rein_process_start_time_seconds") > 1.7e9, "{m}");
     ctl.signal("-TERM");
@@ -440,16 +442,8 @@ fn a_passed_socket_the_daemon_cannot_use_is_a_start_error_naming_it() {
 #[test]
 fn the_gateway_and_the_pshift_controller_take_passed_sockets_too() {
     let tmp = tmpdir("activation-gateway");
-    let node_dir = tmp.path().join("node");
-    std::fs::create_dir_all(&node_dir).unwrap();
-    let node =
-        Rein::serve(&config_file(&node_dir, 178, "[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n"))
-            .start();
-    let gw_text = format!(
-        "listen = \"127.0.0.178:10810\"\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n\
-         [[exports]]\nname = \"v\"\nsize_mb = 8\nstripe_kb = 64\nwidths = {{ s1 = 1 }}\n",
-        node.nbd
-    );
+    let node = node(tmp.path(), 178);
+    let gw_text = one_volume("listen = \"127.0.0.178:10810\"", node.nbd);
     let gw_config = write_file(tmp.path(), "gw.toml", &gw_text);
     let gateway = ["gateway", "--config", gw_config.to_str().unwrap()];
     let listen = ["127.0.0.178:10809", "127.0.0.178:9180"];

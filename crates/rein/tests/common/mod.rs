@@ -68,6 +68,13 @@ pub(crate) fn serve_in(dir: &Path, head: &str, body: &str) -> Server {
     Rein::serve(&config_at(dir, head, body)).start()
 }
 
+/// A daemon's `/metrics` text (the request must answer 200).
+pub(crate) fn metrics(admin: SocketAddr) -> String {
+    let (code, _, body) = http(admin, "GET", "/metrics", "", "");
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
 /// Writes `text` as `dir/gw.toml` (`dir` created) and starts `rein gateway` on it.
 pub(crate) fn gateway_in(dir: &Path, text: &str) -> Server {
     std::fs::create_dir_all(dir).unwrap();
