@@ -17,7 +17,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command as Cmd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 // The tests that time the hosts against eq. (2) and (3) take `common::measuring()`, the others
 // `common::beside_measuring()`: a measuring test runs alone in this binary (common/mod.rs says what was
@@ -362,15 +362,7 @@ fn bad_parda_tables_are_one_line_errors() {
 
 /// Polls the host's `/api/parda` until `done` holds (at most 20 s); returns that status.
 fn until(h: &Server, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let t0 = Instant::now();
-    loop {
-        let s = status(h);
-        if done(&s) {
-            return s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "{what}: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for(what, Duration::from_secs(20), || status(h), done)
 }
 
 /// A VM whose connection breaks leaves its requests queued in the host: they are not sent to the array
@@ -543,15 +535,7 @@ fn until_board(
     what: &str,
     done: impl Fn(&[Option<rein_core::parda::HostReport>]) -> bool,
 ) -> Vec<Option<rein_core::parda::HostReport>> {
-    let t0 = Instant::now();
-    loop {
-        let slots = board_records(board, 2);
-        if done(&slots) {
-            return slots;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "{what}: {slots:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for(what, Duration::from_secs(20), || board_records(board, 2), |s| done(s))
 }
 
 /// A board deleted under running hosts, then one of them restarted: the host that ran on notices at its

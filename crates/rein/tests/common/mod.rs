@@ -68,6 +68,25 @@ pub(crate) fn serve_in(dir: &Path, head: &str, body: &str) -> Server {
     Rein::serve(&config_at(dir, head, body)).start()
 }
 
+/// Reads `get` every 50 ms until `done` holds for what it read, and returns that; panics after `within`,
+/// naming `what` and showing the last reading.
+pub(crate) fn wait_for<T: std::fmt::Debug>(
+    what: &str,
+    within: Duration,
+    mut get: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let t0 = Instant::now();
+    loop {
+        let x = get();
+        if done(&x) {
+            return x;
+        }
+        assert!(t0.elapsed() < within, "{what}: {x:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A daemon's `/metrics` text (the request must answer 200).
 pub(crate) fn metrics(admin: SocketAddr) -> String {
     let (code, _, body) = http(admin, "GET", "/metrics", "", "");
