@@ -29,6 +29,14 @@ fn tmp(name: &str) -> tempfile::TempDir {
     common::tmpdir(&format!("cli-{name}"))
 }
 
+/// [`tmp`] holding the scenario `text` as `tiny.toml`; returns it and the scenario's path.
+fn with_scenario(name: &str, text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tmp(name);
+    let sc = dir.path().join("tiny.toml");
+    std::fs::write(&sc, text).unwrap();
+    (dir, sc)
+}
+
 #[test]
 fn simulated_demo_meets_the_paper_and_writes_plots() {
     let _cpu = busy();
@@ -224,9 +232,7 @@ const TINY: &str = "name = \"tiny\"\nduration_s = 2.0\nwarmup_s = 0.5\n[[servers
 #[test]
 fn sim_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     let _cpu = busy();
-    let dir = tmp("sim-out");
-    let sc = dir.path().join("tiny.toml");
-    std::fs::write(&sc, TINY).unwrap();
+    let (dir, sc) = with_scenario("sim-out", TINY);
     let sc = sc.to_str().unwrap();
     let file = dir.path().join("file");
     std::fs::write(&file, "a file, not a directory").unwrap();
@@ -325,9 +331,7 @@ fn listing(dir: &std::path::Path) -> Vec<String> {
 #[test]
 fn a_reused_sim_out_holds_only_the_last_runs_files() {
     let _cpu = busy();
-    let dir = tmp("reused-out");
-    let sc = dir.path().join("tiny.toml");
-    std::fs::write(&sc, tiny_checked()).unwrap();
+    let (dir, sc) = with_scenario("reused-out", &tiny_checked());
     let out = dir.path().join("out");
     let (ok, _, stderr) = rein(&["sim", sc.to_str().unwrap(), "-q", "--check", "--out", out.to_str().unwrap()]);
     assert!(ok, "{stderr}");
@@ -500,9 +504,7 @@ fn a_benchmark_stops_once_its_reader_has_gone() {
 #[test]
 fn a_closed_stderr_costs_the_lines_not_the_command() {
     let _cpu = busy();
-    let dir = tmp("closed-stderr");
-    let sc = dir.path().join("tiny.toml");
-    std::fs::write(&sc, tiny_checked().replace("above = 1", "above = 1000000")).unwrap();
+    let (dir, sc) = with_scenario("closed-stderr", &tiny_checked().replace("above = 1", "above = 1000000"));
     let missing = dir.path().join("missing.toml");
     for args in [vec!["sim", sc.to_str().unwrap(), "-q", "--json", "--check"], vec!["sim", missing.to_str().unwrap()]] {
         let (reader, writer) = std::io::pipe().unwrap();
@@ -522,9 +524,7 @@ fn a_closed_stderr_costs_the_lines_not_the_command() {
 #[test]
 fn sim_check_without_expectations_is_refused_before_the_run() {
     let _cpu = busy();
-    let dir = tmp("no-expect");
-    let sc = dir.path().join("tiny.toml");
-    std::fs::write(&sc, TINY).unwrap();
+    let (dir, sc) = with_scenario("no-expect", TINY);
     let out = dir.path().join("out");
     let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--check", "--out", out.to_str().unwrap()]);
     assert!(!ok);
@@ -568,9 +568,7 @@ fn scenario_errors_name_the_file() {
 #[test]
 fn a_sabotaged_run_is_marked_in_its_outputs() {
     let _cpu = busy();
-    let dir = tmp("sabotage");
-    let sc = dir.path().join("tiny.toml");
-    std::fs::write(&sc, TINY).unwrap();
+    let (dir, sc) = with_scenario("sabotage", TINY);
     let sc = sc.to_str().unwrap();
     let out = dir.path().join("out");
     let (ok, stdout, stderr) = rein(&["sim", sc, "-q", "--sabotage", "fifo", "--out", out.to_str().unwrap()]);
