@@ -458,11 +458,7 @@ fn a_reload_whose_export_file_blocks_its_open_blocks_neither_clients_nor_sigterm
 #[test]
 fn an_added_export_whose_file_blocks_its_open_does_not_hold_up_sigterm() {
     use std::io::Write;
-    let tmp = common::tmpdir("slow-add");
-    let path = config_file(tmp.path(), 155, BASE);
-    let data = data_with(tmp.path(), &["slow.img"]);
-    let mut s = start(&path).unwrap();
-    let _lease = Lease::take(&data.join("slow.img"));
+    let (_tmp, _path, mut s, _lease) = leased_image("slow-add", 155);
     let body = r#"{"name": "slow", "path": "slow.img", "tenant": "a"}"#;
     let mut post = std::net::TcpStream::connect(s.admin).unwrap();
     write!(
@@ -479,6 +475,18 @@ fn an_added_export_whose_file_blocks_its_open_does_not_hold_up_sigterm() {
     assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
     s.wait_line("stopping: changes still under way are abandoned");
     drop(post);
+}
+
+/// A server on 127.0.0.`host` over [`BASE`] in `tmpdir(name)`, whose data directory holds a 1 MiB
+/// `slow.img` under another process's read lease (an open of it for writing blocks): the directory, the
+/// configuration's path, the server and the lease (declared in that order, so they drop in reverse).
+fn leased_image(name: &str, host: u8) -> (tempfile::TempDir, std::path::PathBuf, Server, Lease) {
+    let tmp = common::tmpdir(name);
+    let path = config_file(tmp.path(), host, BASE);
+    let data = data_with(tmp.path(), &["slow.img"]);
+    let s = start(&path).unwrap();
+    let lease = Lease::take(&data.join("slow.img"));
+    (tmp, path, s, lease)
 }
 
 /// `http`, answered within 5 s: `None` if not (the request left to end on its own thread).
@@ -498,11 +506,7 @@ fn http_within(admin: SocketAddr, method: &'static str, path: &str, body: &str) 
 /// taken meanwhile refuses it (409).
 #[test]
 fn an_added_export_whose_file_blocks_its_open_holds_up_no_other_admin_change() {
-    let tmp = common::tmpdir("slow-add-others");
-    let path = config_file(tmp.path(), 159, BASE);
-    let data = data_with(tmp.path(), &["slow.img"]);
-    let s = start(&path).unwrap();
-    let lease = Lease::take(&data.join("slow.img"));
+    let (_tmp, _path, s, lease) = leased_image("slow-add-others", 159);
     let admin = s.admin;
     let stuck = std::thread::spawn(move || {
         http(admin, "POST", "/api/exports", r#"{"name": "slow", "path": "slow.img", "tenant": "a"}"#)
@@ -543,11 +547,7 @@ fn threads_named(pid: u32, name: &str) -> usize {
 /// reloads; once the file opens, the latest reload applies and the thread is gone.
 #[test]
 fn reloads_over_a_stuck_file_hold_one_thread_between_them() {
-    let tmp = common::tmpdir("slow-reloads");
-    let path = config_file(tmp.path(), 160, BASE);
-    let data = data_with(tmp.path(), &["slow.img"]);
-    let s = start(&path).unwrap();
-    let lease = Lease::take(&data.join("slow.img"));
+    let (tmp, _path, s, lease) = leased_image("slow-reloads", 160);
     let reloads = 5;
     for k in 0..reloads {
         let body = BASE.replace("reservation = 100", &format!("reservation = {}", 200 + k))
