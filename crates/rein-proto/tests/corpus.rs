@@ -51,6 +51,7 @@ fn every_fuzz_target_is_replayed() {
         "admin_response",
         "gateway_config",
         "job_spec",
+        "listen_env",
         "nbd_client",
         "nbd_handshake",
         "nbd_reply",

@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub const ENV: [&str; 3] = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"];
 
 /// The first passed descriptor (`SD_LISTEN_FDS_START`).
-const FIRST_FD: RawFd = 3;
+pub(crate) const FIRST_FD: RawFd = 3;
 
 /// The most sockets a daemon is passed (`$LISTEN_FDS`); more is refused before anything is taken.
 pub const MAX_PASSED: u32 = 1024;
@@ -208,7 +208,12 @@ pub fn from_env(daemon: &str, roles: &[Role]) -> Result<Passed, String> {
 
 /// The descriptors `$LISTEN_FDS` passes with their names (`$LISTEN_FDNAMES`; none without it), if
 /// `$LISTEN_PID` is `me`; none without `$LISTEN_FDS`.
-fn listed(fds: Option<&str>, pid: Option<&str>, names: Option<&str>, me: u32) -> Result<Vec<(RawFd, String)>, String> {
+pub(crate) fn listed(
+    fds: Option<&str>,
+    pid: Option<&str>,
+    names: Option<&str>,
+    me: u32,
+) -> Result<Vec<(RawFd, String)>, String> {
     let Some(fds) = fds else { return Ok(Vec::new()) };
     let count: u32 = fds.trim().parse().map_err(|_| format!("LISTEN_FDS={fds:?} is not a number of descriptors"))?;
     if count == 0 {

@@ -1,7 +1,8 @@
 //! rein-runtime's decoders of outside input as functions of arbitrary bytes, with their contracts.
 //!
 //! The fuzz targets `server_config`, `gateway_config`, `pshift_controller_config`, `admin_body`,
-//! `admin_response`, `state_file`, `psk_file`, `admin_create`, `access_list` and `job_spec` (`fuzz/` at the
+//! `admin_response`, `state_file`, `psk_file`, `admin_create`, `access_list`, `listen_env` and `job_spec`
+//! (`fuzz/` at the
 //! repository root, cargo-fuzz on a nightly toolchain)
 //! are one line each: they call these functions; `tests/corpus.rs`
 //! replays the committed corpus through them on stable. Each function panics exactly when a contract is
@@ -45,6 +46,10 @@
 //!   empty entry, each network written back (as the state file does) parses to the same network, and a
 //!   client at an address an entry names (a bare address, or a network's first address) is allowed; a
 //!   refusal names the export and the key.
+//! - [`listen_env`]: the socket-activation variables (`$LISTEN_FDS`, `$LISTEN_PID`, `$LISTEN_FDNAMES`,
+//!   read at every start under a service manager) never panic and never make a list longer than
+//!   [`MAX_PASSED`]; what they pass is for this process only, descriptors from 3 on, each with its name
+//!   from `$LISTEN_FDNAMES` in order (none without it); a refusal names the variable at fault.
 //! - [`job_spec()`]: [`job_spec::parse`] (`rein load --job`, a command line) never panics; a refusal starts
 //!   by naming the job as written and says more; a job it accepts has a name, an export and a tenant,
 //!   1..=[`job_spec::MAX_CONNECTIONS`] connections, and a workload the simulator's rules accept: a size of
@@ -53,6 +58,7 @@
 //!   replaced by a path that does not exist (the fuzzer must not read the machine's files), so its keys
 //!   are checked up to the read.
 
+use crate::activation::{self, MAX_PASSED};
 use crate::admin::{CapacityBody, SpecUpdate};
 use crate::admin_client::parse_response;
 use crate::config::{self, BackendKind, ServerConfig, MAX_ALLOW_ENTRIES, MAX_EXPORTS, MAX_EXPORT_BYTES};
@@ -309,6 +315,38 @@ pub fn state_file(data: &[u8]) {
     }
     if let Some(c) = over.capacity {
         assert!(c.iops.is_finite() && c.iops > 0.0, "a state file's capacity {} applied", c.iops);
+    }
+}
+
+/// Reads `data` as the three socket-activation variables as [`activation::from_env`] does, for a
+/// process whose id is 4242; panics if a contract is broken (module comment). Layout: the first byte's
+/// low three bits say which of `$LISTEN_FDS`, `$LISTEN_PID`, `$LISTEN_FDNAMES` are set; the rest, split
+/// at NUL bytes, gives their values in that order (lossy UTF-8, as `from_env` reads them).
+pub fn listen_env(data: &[u8]) {
+    const ME: u32 = 4242;
+    let Some((&set, rest)) = data.split_first() else { return };
+    let mut values = rest.split(|&b| b == 0).map(|v| String::from_utf8_lossy(v).into_owned());
+    let mut var = |bit: u8| {
+        let v = values.next().unwrap_or_default();
+        (set & bit != 0).then_some(v)
+    };
+    let (fds, pid, names) = (var(1), var(2), var(4));
+    match activation::listed(fds.as_deref(), pid.as_deref(), names.as_deref(), ME) {
+        Ok(list) => {
+            let count = fds.as_deref().and_then(|f| f.trim().parse::<u32>().ok()).unwrap_or(0);
+            assert_eq!(list.len() as u64, u64::from(count), "LISTEN_FDS={fds:?} but {} descriptors", list.len());
+            assert!(list.len() <= MAX_PASSED as usize, "{} descriptors accepted", list.len());
+            if count > 0 {
+                let for_me = pid.as_deref().and_then(|p| p.trim().parse::<u32>().ok()) == Some(ME);
+                assert!(for_me, "LISTEN_PID={pid:?}: passed to another process");
+            }
+            for (k, (fd, name)) in list.iter().enumerate() {
+                assert_eq!(*fd, activation::FIRST_FD + k as i32, "descriptor {k}");
+                let want = names.as_deref().map_or("", |n| n.split(':').nth(k).unwrap_or("?"));
+                assert_eq!(name, want, "descriptor {fd}'s name");
+            }
+        }
+        Err(e) => assert!(e.starts_with("LISTEN_"), "a refusal that does not name the variable: {e}"),
     }
 }
 

@@ -53,6 +53,11 @@ fn access_list_corpus() {
 }
 
 #[test]
+fn listen_env_corpus() {
+    replay("listen_env", rein_runtime::harness::listen_env);
+}
+
+#[test]
 fn job_spec_corpus() {
     replay("job_spec", rein_runtime::harness::job_spec);
 }
