@@ -91,8 +91,24 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
                 if device.is_some() { ", through the configured device model" } else { "" },
             );
         }
-        anyhow::Ok(probe(storage, device, &pc).await?)
+        // The figures are the probe's only product: once nobody reads stdout, stop (as `rein bench`).
+        let unread = async {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                if crate::stdout::closed() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            r = probe(storage, device, &pc) => anyhow::Ok(Some(r?)),
+            () = unread => anyhow::Ok(None),
+        }
     })?;
+    let Some(r) = r else {
+        errln!("rein probe: standard output's reader has gone; stopping");
+        return Ok(());
+    };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());

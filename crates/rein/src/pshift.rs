@@ -125,6 +125,11 @@ fn sweep(a: &SweepArgs) -> Result<()> {
         for &nd in &a.changes {
             let mut errs = Vec::new();
             for r in 0..a.runs {
+                // The table is the sweep's only product: once nobody reads stdout, stop (as `rein bench`).
+                if crate::stdout::closed() {
+                    errln!("rein pshift sweep: standard output's reader has gone; stopping");
+                    return Ok(());
+                }
                 let mut f = file.clone();
                 let seed = file.seed + r;
                 f.seed = seed;

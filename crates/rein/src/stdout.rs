@@ -4,8 +4,9 @@
 //!
 //! A reader that stops reading is not an error: once a write fails with EPIPE, the rest of the command's
 //! output is dropped, the command still does the rest of its work (writes `--out`, checks), and its exit
-//! status is its own (0 when it succeeded). A command whose output is its only product (`rein bench`)
-//! asks [`closed`] between its measurements and stops once the reader has gone, seen without a write.
+//! status is its own (0 when it succeeded). A command whose output is its only product (`rein bench`,
+//! `rein probe`, `rein pshift sweep`) asks [`closed`] between its measurements (the probe every 100 ms)
+//! and stops once the reader has gone, seen without a write.
 //! Any other failure to write stdout (a full disk under `> file`) also drops the rest, and fails the
 //! command at its end ([`finish`]). SIGPIPE stays ignored, so the daemons' sockets never kill them.
 

@@ -294,6 +294,26 @@ fn trim_zeroes_fua_and_pipelining() {
     }
 }
 
+/// A probe whose figures nobody reads (`rein probe | true`) stops measuring and ends with status 0,
+/// saying why on stderr (it measured all its `--seconds` before).
+#[test]
+fn a_probe_stops_once_its_reader_has_gone() {
+    let tmp = tmpdir("serve-probe-unread");
+    let dir = tmp.path();
+    let cfg = format!(
+        "data_dir = \"{}\"\n[device_model]\ncapacity_iops = 800\n[[exports]]\nname = \"a\"\nsize_mb = 16\n",
+        dir.join("data").display()
+    );
+    let path = dir.join("rein.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let (status, stderr) = common::run_unread(
+        Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--seconds", "600"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("rein probe: standard output's reader has gone; stopping"), "{stderr}");
+}
+
 /// `rein probe` measures through the configured device model, and `probe_capacity_s` feeds the measured
 /// capacity to admission control.
 #[test]

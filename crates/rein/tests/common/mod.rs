@@ -87,6 +87,33 @@ pub(crate) fn wait_for<T: std::fmt::Debug>(
     }
 }
 
+/// Runs `cmd` with nobody reading its stdout (the pipe's reader closed before the command starts, as
+/// `rein ... | true` leaves it) and returns its exit status and stderr; fails if it is still running
+/// after `within` (then it is killed).
+pub(crate) fn run_unread(cmd: &mut Cmd, within: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("the command starts");
+    drop(child.stdout.take());
+    let mut stderr = child.stderr.take().expect("piped");
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t0.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running {within:?} after its reader had gone; stderr: {:.2000}", errors.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status, errors.join().expect("stderr reader"))
+}
+
 /// A daemon's `/metrics` text (the request must answer 200).
 pub(crate) fn metrics(admin: SocketAddr) -> String {
     let (code, _, body) = http(admin, "GET", "/metrics", "", "");
