@@ -206,6 +206,32 @@ pub fn from_env(daemon: &str, roles: &[Role]) -> Result<Passed, String> {
     assign(daemon, roles, taken)
 }
 
+/// Marks every descriptor from 3 on that this process holds without close-on-exec (what its parent
+/// left open: a service manager's passed sockets, a shell's `exec 7>file`, a lock, a pipe) close-on-exec,
+/// so that the processes it starts get none of them; returns how many it marked. For a supervisor
+/// (`rein cluster`), called before it starts anything: its daemons must not hold their grandparent's
+/// sockets and files, which would keep a listener, a lock or a pipe's writing end alive after the
+/// supervisor is gone. The descriptors stay open in this process.
+#[allow(unsafe_code)] // fcntl(2) on a descriptor number has no safe counterpart; see the SAFETY comments.
+pub fn close_inherited_on_exec() -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    let fds: Vec<RawFd> =
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&fd| fd >= FIRST_FD).collect();
+    let mut marked = 0;
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor number reads and writes no memory of this process; a number that
+        // is not open (the listing's own, closed by now) fails with EBADF, and nothing else is changed.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+            // SAFETY: as above.
+            if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } == 0 {
+                marked += 1;
+            }
+        }
+    }
+    marked
+}
+
 /// The descriptors `$LISTEN_FDS` passes with their names (`$LISTEN_FDNAMES`; none without it), if
 /// `$LISTEN_PID` is `me`; none without `$LISTEN_FDS`.
 pub(crate) fn listed(
@@ -326,7 +352,8 @@ fn listener(s: socket2::Socket, role: &Role) -> Result<Listener, String> {
     }
 }
 
-/// Takes the passed descriptor `fd` as this process's own: the only unsafe code of socket activation.
+/// Takes the passed descriptor `fd` as this process's own: the unsafe code of socket activation (with
+/// [`close_inherited_on_exec`]).
 #[allow(unsafe_code)] // OwnedFd::from_raw_fd and fcntl(2) have no safe counterparts; see the SAFETY comments.
 fn take_fd(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_GETFD reads a descriptor's flags and touches no memory of ours; on a number that is not

@@ -53,6 +53,12 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) fn run(cmd: ClusterCmd) -> Result<()> {
+    // The daemons get the descriptors their configuration and the supervisor give them, none of what
+    // this process inherited (a service manager's sockets, a shell's open files).
+    let marked = rein_runtime::activation::close_inherited_on_exec();
+    if marked > 0 {
+        tracing::debug!(descriptors = marked, "inherited descriptors kept from the daemons (close-on-exec)");
+    }
     match cmd {
         ClusterCmd::Up(a) => up(a),
         ClusterCmd::Run(a) => run_scenario(a),

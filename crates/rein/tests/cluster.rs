@@ -162,13 +162,14 @@ impl Up {
 
     /// [`Up::start_with`] with more environment variables.
     fn start_env(tmp: &Path, scenario: &str, more: &[&str], envs: &[(&str, &str)]) -> Up {
-        let mut child = rein(tmp, &["cluster", "up", scenario, "--base-port", "0"])
-            .args(more)
-            .envs(envs.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = rein(tmp, &["cluster", "up", scenario, "--base-port", "0"]);
+        cmd.args(more).envs(envs.iter().copied());
+        Up::spawn(cmd)
+    }
+
+    /// `rein cluster up` as `cmd` starts it (a wrapper that ends by exec'ing it keeps its process).
+    fn spawn(mut cmd: Command) -> Up {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let out = child.stdout.take().unwrap();
         let mut err = child.stderr.take().unwrap();
         let (tx, lines) = mpsc::channel();
@@ -316,6 +317,33 @@ fn up_alone_speaks_to_the_service_manager_not_its_daemons() {
         stopping |= String::from_utf8_lossy(&buf[..n]).starts_with("STOPPING=1\n");
     }
     assert!(stopping, "STOPPING=1 after SIGTERM");
+    terminate_and_check_after_term(up, kids, &run_tmp);
+}
+
+/// The daemons get none of the descriptors `rein cluster` inherited: a file its shell left open as fd 7
+/// (`exec 7>>file`) stays open in `rein cluster` and in none of its children.
+#[test]
+fn daemons_get_none_of_the_descriptors_up_inherited() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let kept = tmp.path().join("kept-open");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec 7>>\"$0\"; exec \"$@\""])
+        .arg(&kept)
+        .arg(env!("CARGO_BIN_EXE_rein"))
+        .args(["cluster", "up", &scenario(tmp.path(), TWO_NODES), "--base-port", "0"])
+        .env("TMPDIR", &run_tmp)
+        .env("NO_COLOR", "1");
+    let mut up = Up::spawn(cmd);
+    up.ready();
+    let fd7 = |pid: u32| std::fs::read_link(format!("/proc/{pid}/fd/7")).ok();
+    assert_eq!(fd7(up.child.id()), Some(kept.clone()), "rein cluster itself keeps what it inherited");
+    let kids = children(up.child.id());
+    assert_eq!(kids.len(), 3, "{kids:?}");
+    for &k in &kids {
+        assert_ne!(fd7(k), Some(kept.clone()), "child {k} holds rein cluster's inherited fd 7");
+    }
+    signal(up.child.id(), "-TERM");
     terminate_and_check_after_term(up, kids, &run_tmp);
 }
 
