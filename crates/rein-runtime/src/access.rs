@@ -42,6 +42,25 @@ pub const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// connections cannot flood the log.
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A warning that peers can cause as often as they like (a refused connection, a bad frame): logged at
+/// most once per [`REFUSAL_LOG_INTERVAL`], the next line saying how many were not (`unlogged`).
+#[derive(Debug, Default)]
+pub struct SparseLog(Mutex<(Option<Instant>, u64)>);
+
+impl SparseLog {
+    /// Whether to log now: `Some(the number not logged since the last line)`, else `None` (counted).
+    pub fn due(&self) -> Option<u64> {
+        let now = Instant::now();
+        let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
+            log.1 += 1;
+            return None;
+        }
+        log.0 = Some(now);
+        Some(std::mem::take(&mut log.1))
+    }
+}
+
 /// One export's access list (`allow_networks`, `allow_identities`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExportAccess {

@@ -27,6 +27,10 @@
 //!    each a hello of at most [`HELLO_MAX_BODY`] bytes within 5 s, then frames of at most a report's size
 //!    for the configured buckets; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds, and
 //!    `/api/pshift/periods` the newest closed periods up to [`MAX_PERIOD_CELLS_KEPT`] bucket-periods.
+//!    Connections refused or cut (outside `allow_networks`, a failed TLS handshake, no or a bad hello, an
+//!    unknown name, a broken frame) are logged at most once a second for each of these kinds (`Cut`), the
+//!    next line with the number not logged (`unlogged`): a peer that connects in a loop cannot flood the
+//!    log.
 //!
 //! # Security
 //! Only `allow_networks` may connect (loopback by default). With a `[tls]` table every connection is TLS
@@ -563,7 +567,17 @@ pub async fn run(
     let refused = status.clone();
     let accept = tokio::spawn(accept_loop(
         listener,
-        Admit { names: names.clone(), buckets, limited, strays, max_body, access, tls: s.tls.clone(), refused },
+        Admit {
+            names: names.clone(),
+            buckets,
+            limited,
+            strays,
+            max_body,
+            access,
+            tls: s.tls.clone(),
+            refused,
+            log: Arc::default(),
+        },
         ev_tx,
         stop_rx.clone(),
     ));
@@ -600,6 +614,41 @@ struct Admit {
     tls: Option<crate::tls::TlsConfig>,
     /// Where refusals are counted.
     refused: Arc<Mutex<ControllerStatus>>,
+    /// Connections refused or cut, each [`Cut`] logged at most once a second (a peer can make them as fast
+    /// as it connects).
+    log: Arc<[crate::access::SparseLog; Cut::KINDS]>,
+}
+
+/// Why a connection was refused or cut, for its log line: each kind is logged at most once a second
+/// ([`Admit::log`]), so that a flood of one kind leaves the others' first lines in the log.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// Outside `allow_networks`, or an `accept` that failed.
+    Network,
+    /// The TLS handshake failed, or no hello (or a bad one) came in time.
+    Opening,
+    /// The TLS identity is not in `allow_identities`.
+    Identity,
+    /// A hello naming no configured server.
+    Name,
+    /// A welcomed server's connection broke (a bad or oversized frame, the socket).
+    Welcomed,
+}
+
+impl Cut {
+    const KINDS: usize = 5;
+}
+
+impl Admit {
+    /// Logs a connection refused or cut, at most once a second per kind (module comment, invariant 3).
+    fn log_cut(&self, cut: Cut, peer: Option<SocketAddr>, what: &str) {
+        if let Some(unlogged) = self.log[cut as usize].due() {
+            match peer {
+                Some(peer) => tracing::warn!(%peer, unlogged, "pShift controller: {what}"),
+                None => tracing::warn!(unlogged, "pShift controller: {what}"),
+            }
+        }
+    }
 }
 
 async fn accept_loop(
@@ -617,22 +666,23 @@ async fn accept_loop(
         let (sock, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!("pShift controller: accept: {e}");
+                admit.log_cut(Cut::Network, None, &format!("accept: {e}"));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         if !networks.allows(peer.ip(), None) {
             admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
-            tracing::warn!(%peer, "pShift controller: connection refused: {} is not in allow_networks", peer.ip());
+            let why = format!("connection refused: {} is not in allow_networks", peer.ip());
+            admit.log_cut(Cut::Network, Some(peer), &why);
             continue;
         }
         conn += 1;
         let (admit, ev, stop) = (admit.clone(), ev.clone(), stop.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = connection(sock, conn, &admit, ev, stop).await {
-                tracing::warn!(%peer, "pShift controller: connection closed: {e}");
+            if let Err((cut, e)) = connection(sock, conn, &admit, ev, stop).await {
+                admit.log_cut(cut, Some(peer), &format!("connection closed: {e}"));
             }
         });
     }
@@ -645,48 +695,53 @@ async fn connection(
     admit: &Admit,
     ev: mpsc::Sender<Event>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<(), (Cut, String)> {
     let (names, buckets, limited, strays) = (&admit.names, &admit.buckets, &admit.limited, admit.strays);
     let _ = sock.set_nodelay(true);
-    let peer = sock.peer_addr().map_err(|e| e.to_string())?;
+    let opening = |e: String| (Cut::Opening, e);
+    let peer = sock.peer_addr().map_err(|e| opening(e.to_string()))?;
     let mut buf = Vec::new();
     // The TLS handshake (with `[tls]`) and the hello within HELLO_TIMEOUT.
     let opened = async {
         let stream: crate::pshift_link::Stream = match &admit.tls {
             None => Box::new(sock),
             Some(tls) => {
-                let (stream, identity) = tls.accept(sock).await.map_err(|e| format!("TLS handshake: {e}"))?;
+                let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
                     admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
-                    return Err(match identity {
-                        Some(i) => format!("identity {i:?} is not in allow_identities"),
-                        None => {
-                            "the TLS peer has no identity (PSK identity or certificate CN) for allow_identities".into()
-                        }
-                    });
+                    return Err((
+                        Cut::Identity,
+                        match identity {
+                            Some(i) => format!("identity {i:?} is not in allow_identities"),
+                            None => {
+                                "the TLS peer has no identity (PSK identity or certificate CN) for allow_identities"
+                                    .into()
+                            }
+                        },
+                    ));
                 }
                 Box::new(stream)
             }
         };
         let (mut rd, wr) = tokio::io::split(stream);
-        let hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY).await?;
-        Ok::<_, String>((rd, wr, hello))
+        let hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY).await.map_err(opening)?;
+        Ok::<_, (Cut, String)>((rd, wr, hello))
     };
     let (mut rd, mut wr, hello) = tokio::time::timeout(HELLO_TIMEOUT, opened)
         .await
-        .map_err(|_| format!("no hello within {} s", HELLO_TIMEOUT.as_secs()))??;
+        .map_err(|_| opening(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())))??;
     let Message::Hello { name } = hello else {
-        return Err(format!("expected a hello, got a {}", hello.name()));
+        return Err(opening(format!("expected a hello, got a {}", hello.name())));
     };
     let Some(index) = names.iter().position(|n| *n == name) else {
         admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
         let reason = format!("no server named {name:?} in the controller's configuration");
         let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
-        return Err(reason);
+        return Err((Cut::Name, reason));
     };
     let welcome =
         Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec(), limited: limited.to_vec() };
-    crate::pshift_link::write_frame(&mut wr, &welcome).await?;
+    crate::pshift_link::write_frame(&mut wr, &welcome).await.map_err(opening)?;
     tracing::info!(server = %name, index, "pShift server connected");
     let (tx, mut rx) = mpsc::channel::<Message>(WRITER_QUEUE);
     if ev.send(Event::Joined { index, conn, tx }).await.is_err() {
@@ -715,7 +770,7 @@ async fn connection(
             _ = &mut writer => break Ok(()),
             f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
                 Ok(m) => m,
-                Err(e) => break Err(e),
+                Err(e) => break Err((Cut::Welcomed, e)),
             },
             _ = stop.wait_for(|s| *s) => break Ok(()),
         };

@@ -740,3 +740,98 @@ fn servers_follow_the_controller_again_after_it_stalls() {
     assert!(b3_s1 > 40.0 && b3_s2 > 40.0, "b3 after the stall: {b3_s1:.0} and {b3_s2:.0} IOPS");
     assert!(b3_s1 + b3_s2 <= 400.0 * 1.15, "b3's limit: {:.0} IOPS", b3_s1 + b3_s2);
 }
+
+/// A TCP connection to `to` from the local address `from` (a peer on another loopback address).
+fn connect_from(from: &str, to: std::net::SocketAddr) -> std::net::TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        sock.connect(to).await.unwrap()
+    });
+    let s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Sends `bytes` on `s` and reads until the controller closes it; returns what it answered.
+fn exchange(mut s: std::net::TcpStream, bytes: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let _ = s.write_all(bytes);
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    answer
+}
+
+/// A pShift frame's bytes.
+fn frame(m: &rein_proto::pshift::Message) -> Vec<u8> {
+    let mut out = Vec::new();
+    rein_proto::pshift::encode(m, &mut out).unwrap();
+    out
+}
+
+/// The controller's `refused` count.
+fn refused(ctl: &Server) -> u64 {
+    let (code, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["refused"].as_u64().unwrap()
+}
+
+/// Bad connections cannot flood the controller's log: 300 from outside `allow_networks`, 300 that send
+/// a bad frame for a hello and 300 that say hello with a name the controller does not know are each cut
+/// (and the refusals counted in `refused`), with at most one warning a second of each kind, the next one
+/// naming how many were not logged (`unlogged=N`). Before, each logged a warning: 900 lines, as fast as a
+/// peer could connect, from a peer that `allow_networks` does not even admit. A real server is still
+/// welcomed after them.
+#[test]
+fn bad_connections_do_not_flood_the_controllers_log() {
+    use rein_proto::pshift::Message;
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-log-flood");
+    let text = "listen = \"127.0.0.200:0\"\nadmin = \"127.0.0.200:0\"\nperiod_s = 1\n\
+                allow_networks = [\"127.0.0.201/32\"]\n[[servers]]\nname = \"s1\"\ncapacity_iops = 100\n\
+                [[buckets]]\nname = \"b1\"\n";
+    let ctl =
+        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
+            .start();
+    const N: usize = 300;
+    for _ in 0..N {
+        assert!(exchange(connect_from("127.0.0.202", ctl.nbd), &[]).is_empty(), "cut at once");
+        assert!(exchange(connect_from("127.0.0.201", ctl.nbd), b"not a pShift frame at all").is_empty());
+        let answer = exchange(connect_from("127.0.0.201", ctl.nbd), &frame(&Message::Hello { name: "s9".into() }));
+        let refuse = rein_proto::pshift::decode(&answer).unwrap().map(|m| m.0);
+        assert!(matches!(refuse, Some(Message::Refuse { .. })), "{refuse:?}");
+    }
+    common::wait_for("refusals counted", Duration::from_secs(5), || refused(&ctl), |&n| n >= 2 * N as u64);
+    let lines = |what: &str| ctl.log.lock().unwrap().iter().filter(|l| l.contains(what)).count();
+    let logged = lines("pShift controller: connection");
+    assert!(logged >= 1, "the first one is logged: {:#?}", ctl.log.lock().unwrap());
+    assert!(logged <= 10, "{logged} lines for {} bad connections", 3 * N);
+    // The next line after a quiet second says how many were not logged.
+    let line = common::wait_for(
+        "a line with the number not logged",
+        Duration::from_secs(5),
+        || {
+            exchange(connect_from("127.0.0.202", ctl.nbd), &[]);
+            ctl.log.lock().unwrap().iter().find(|l| l.contains("unlogged=") && !l.contains("unlogged=0")).cloned()
+        },
+        |l| l.is_some(),
+    );
+    assert!(line.unwrap().contains("pShift controller: connection"));
+    // A real server still gets in.
+    let mut s = connect_from("127.0.0.201", ctl.nbd);
+    use std::io::{Read, Write};
+    s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
+    let mut buf = Vec::new();
+    let welcome = loop {
+        let mut chunk = [0u8; 1024];
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed before the welcome");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some((m, _)) = rein_proto::pshift::decode(&buf).unwrap() {
+            break m;
+        }
+    };
+    assert!(matches!(welcome, Message::Welcome { server: 0, .. }), "{welcome:?}");
+}
