@@ -30,7 +30,7 @@
 //!    Connections refused or cut (outside `allow_networks`, a failed TLS handshake, no or a bad hello, an
 //!    unknown name, a broken frame) are logged at most once a second for each of these kinds (`Cut`), the
 //!    next line with the number not logged (`unlogged`): a peer that connects in a loop cannot flood the
-//!    log.
+//!    log. A welcomed server's refused reports and notes likewise, per server.
 //!
 //! # Security
 //! Only `allow_networks` may connect (loopback by default). With a `[tls]` table every connection is TLS
@@ -582,7 +582,9 @@ pub async fn run(
         stop_rx.clone(),
     ));
     let origin = if s.hold { None } else { Some(Nanos::ZERO) };
-    let task = Task { ctl, clock, origin, conns: vec![None; names.len()], status, periods, requested: None, names };
+    let refusals = (0..names.len()).map(|_| Default::default()).collect();
+    let task =
+        Task { ctl, clock, origin, conns: vec![None; names.len()], status, periods, requested: None, names, refusals };
     let mut watchdog = crate::notify::Watchdog::from_env();
     let run = task.run(ev_rx);
     tokio::pin!(run, shutdown);
@@ -797,6 +799,9 @@ struct Task {
     /// The boundary whose reports were asked for.
     requested: Option<u64>,
     names: Arc<Vec<String>>,
+    /// Per server, its refused reports and notes, each logged at most once a second (a server can send
+    /// them as fast as it writes).
+    refusals: Vec<[crate::access::SparseLog; 2]>,
 }
 
 impl Task {
@@ -907,7 +912,9 @@ impl Task {
                     Message::Report(r) if r.server as usize == index => {
                         let late = self.ctl.late_reports_counted();
                         if let Err(e) = self.ctl.handle_report(r) {
-                            tracing::warn!(server = %self.names[index], "pShift controller: report refused: {e}");
+                            if let Some(unlogged) = self.refusals[index][0].due() {
+                                tracing::warn!(server = %self.names[index], unlogged, "pShift controller: report refused: {e}");
+                            }
                             self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
                         } else if self.ctl.late_reports_counted() > late {
                             tracing::debug!(server = %self.names[index], "pShift controller: a late report counted");
@@ -921,7 +928,9 @@ impl Task {
                         Ok(Some((round, early))) => self.broadcast(&Message::ReportRequest { round, early }),
                         Ok(None) => {}
                         Err(e) => {
-                            tracing::warn!(server = %self.names[index], "pShift controller: note refused: {e}");
+                            if let Some(unlogged) = self.refusals[index][1].due() {
+                                tracing::warn!(server = %self.names[index], unlogged, "pShift controller: note refused: {e}");
+                            }
                             self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
                         }
                     },

@@ -835,3 +835,67 @@ fn bad_connections_do_not_flood_the_controllers_log() {
     };
     assert!(matches!(welcome, Message::Welcome { server: 0, .. }), "{welcome:?}");
 }
+
+/// A welcomed server's bad frames cannot flood the controller's log: a peer that says hello as s1 and then
+/// sends 500 notes naming a bucket the controller does not have and 500 reports for a round it has not
+/// reached gets each refused and counted in `refused`, with at most one warning a second of each kind for
+/// that server (the next naming how many were not logged). Before, each frame logged a warning, as fast
+/// as the peer could write them.
+#[test]
+fn a_servers_bad_frames_do_not_flood_the_controllers_log() {
+    use rein_core::pshift::{ServerReport, StrayArrival};
+    use rein_proto::pshift::Message;
+    use std::io::{Read, Write};
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-frame-flood");
+    let text = "listen = \"127.0.0.203:0\"\nadmin = \"127.0.0.203:0\"\nperiod_s = 1\n\
+                [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n";
+    let ctl =
+        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
+            .start();
+    let mut s = connect_from("127.0.0.204", ctl.nbd);
+    s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
+    let mut buf = Vec::new();
+    while rein_proto::pshift::decode(&buf).unwrap().is_none() {
+        let mut chunk = [0u8; 1024];
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed before the welcome");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    const N: u64 = 500;
+    let note = frame(&Message::Stray(StrayArrival { server: 0, bucket: 7, heard: (0, 0) }));
+    let report = frame(&Message::Report(ServerReport {
+        server: 0,
+        round: 1 << 40,
+        early: 0,
+        elapsed_ns: 1,
+        completed: 0,
+        busy_ns: 0,
+        buckets: Vec::new(),
+    }));
+    let mut frames = Vec::new();
+    for _ in 0..N {
+        frames.extend_from_slice(&note);
+        frames.extend_from_slice(&report);
+    }
+    s.write_all(&frames).unwrap();
+    common::wait_for("refusals counted", Duration::from_secs(10), || refused(&ctl), |&n| n >= 2 * N);
+    let lines = |what: &str| ctl.log.lock().unwrap().iter().filter(|l| l.contains(what)).count();
+    let (notes, reports) = (lines("note refused"), lines("report refused"));
+    assert!(notes >= 1 && reports >= 1, "the first ones are logged: {:#?}", ctl.log.lock().unwrap());
+    assert!(notes <= 5 && reports <= 5, "{notes} and {reports} lines for {N} bad notes and {N} bad reports");
+    // The next bad note after a quiet second says how many were not logged; the connection stays.
+    let line = common::wait_for(
+        "a line with the number not logged",
+        Duration::from_secs(5),
+        || {
+            s.write_all(&note).unwrap();
+            let log = ctl.log.lock().unwrap();
+            log.iter()
+                .find(|l| l.contains("note refused") && l.contains("unlogged=") && !l.contains("unlogged=0"))
+                .cloned()
+        },
+        |l| l.is_some(),
+    );
+    assert!(line.unwrap().contains("s1"));
+}
