@@ -29,7 +29,11 @@
 //! (no reply to any of them) has come for `request_timeout`; then every piece in flight on it fails with
 //! EIO, and the task reconnects with
 //! exponential backoff from [`BACKOFF_MIN`] to `reconnect_max_backoff`. While a connection is down, pieces
-//! sent to it fail at once (EIO) rather than wait.
+//! sent to it fail at once (EIO) rather than wait. The backoff starts again from [`BACKOFF_MIN`] only
+//! after a session that lasted `reconnect_max_backoff` (at least `STABLE_SESSION`, 1 s): a node that ends
+//! every session at once is retried as one that refuses connections. A loss or a failed attempt is
+//! logged when its reason differs from the last one logged, else at most once per
+//! `RECONNECT_LOG_INTERVAL` (60 s) with the number not logged, and "restored" only after a logged loss.
 //!
 //! # FLUSH after a lost session
 //! A node acknowledges a write when it has it, not when it is on stable storage; a FLUSH makes what was
@@ -115,8 +119,13 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const WRITE_BATCH: usize = 64;
 /// How long a soft disconnect (NBD_CMD_DISC) may take to write before the connection is simply closed.
 const DISC_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often a node that keeps failing to reconnect for the same reason is logged again.
+/// How often a node that keeps failing to reconnect, or keeps losing its sessions, for the same reason is
+/// logged again.
 const RECONNECT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// A session that ends sooner than this (or than `reconnect_max_backoff`, if longer) leaves the backoff
+/// as it was: a node that ends every session at once is retried as one that refuses connections, not
+/// every [`BACKOFF_MIN`].
+const STABLE_SESSION: Duration = Duration::from_secs(1);
 /// Bytes asked of the socket per read beyond what is wanted.
 const READ_AHEAD: usize = 256 * 1024;
 
@@ -1112,6 +1121,10 @@ async fn run_link(
     // Failed reconnects: the last reason logged, when, and the attempts since (a node that keeps failing
     // is named again when its reason changes, or every RECONNECT_LOG_INTERVAL).
     let mut failing: Option<(String, Instant, u64)> = None;
+    // Lost sessions likewise: the last reason logged, when, and the losses not logged since (a node that
+    // ends every session at once is named once a minute, its "restored" line only after a logged loss).
+    let mut losing: Option<(String, Instant, u64)> = None;
+    let stable = STABLE_SESSION.max(target.cfg.max_backoff);
     // The gateway's shutdown ends a link between sessions at once (a node that is down has nothing to
     // disconnect from), not after the close's wait for it.
     let mut closing = target.closing.clone();
@@ -1121,10 +1134,14 @@ async fn run_link(
             if was_down {
                 tracing::info!(node = name, volume = %target.volume, "node connection restored");
             }
-            failing = None;
-            backoff = BACKOFF_MIN;
+            was_down = false;
+            let started = Instant::now();
             let end = run_session(&target, s, &mut rx).await;
             state.up.store(false, Ordering::Relaxed);
+            if started.elapsed() >= stable {
+                failing = None;
+                backoff = BACKOFF_MIN;
+            }
             match end {
                 SessionEnd::Closed => return,
                 SessionEnd::Recycle => {
@@ -1147,8 +1164,18 @@ async fn run_link(
                 }
                 SessionEnd::Failed(why) | SessionEnd::Left(why) => {
                     target.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(node = name, volume = %target.volume, "node connection lost: {why}; reconnecting");
-                    was_down = true;
+                    let log = match &losing {
+                        None => true,
+                        Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
+                    };
+                    if log {
+                        let unlogged = losing.as_ref().map_or(0, |l| l.2);
+                        tracing::warn!(node = name, volume = %target.volume, unlogged, "node connection lost: {why}; reconnecting");
+                        losing = Some((why, Instant::now(), 0));
+                        was_down = true;
+                    } else if let Some(l) = losing.as_mut() {
+                        l.2 += 1;
+                    }
                 }
             }
         }
@@ -1190,10 +1217,10 @@ async fn run_link(
                 if log {
                     tracing::warn!(node = name, volume = %target.volume, attempts, "node connection failed: {why}");
                     failing = Some((why, Instant::now(), attempts));
+                    was_down = true;
                 } else if let Some(f) = failing.as_mut() {
                     f.2 = attempts;
                 }
-                was_down = true;
             }
         }
     }

@@ -1215,3 +1215,87 @@ fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
     assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
     gw.wait_line("gw.toml is still being read for a reload; that reload is abandoned");
 }
+
+/// A node that completes every handshake and closes the connection at once (broken, or hostile) cannot
+/// flood the gateway's log nor draw reconnects as fast as it answers: the link backs off as after failed
+/// attempts (a session that ends within `reconnect_max_backoff_ms`, and at least a second, does not
+/// count as restored), and each loss of the same reason is logged once per minute, its "restored" line
+/// with it. Before, every session reset the backoff to 50 ms and logged two lines: 12 sessions in about
+/// half a second, 23 lines.
+#[test]
+fn a_node_that_closes_after_every_handshake_is_not_a_log_flood() {
+    use rein_proto::nbd::{ExportInfo, ServerHandshake, ServerProgress};
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let tmp = tmpdir("gw-flapping-node");
+    let listener = std::net::TcpListener::bind("127.0.0.205:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (sessions, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let node = {
+        let (sessions, stop, times) = (sessions.clone(), stop.clone(), times.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let export = ExportInfo {
+                    name: "v".into(),
+                    description: String::new(),
+                    size: 8 << 20,
+                    read_only: false,
+                    volatile: false,
+                };
+                let mut out = Vec::new();
+                let mut hs = ServerHandshake::new(vec![export], &mut out);
+                let mut input = Vec::new();
+                let done = loop {
+                    if conn.write_all(&out).is_err() {
+                        break false;
+                    }
+                    out.clear();
+                    let mut chunk = [0u8; 4096];
+                    match conn.read(&mut chunk) {
+                        Ok(0) | Err(_) => break false,
+                        Ok(n) => input.extend_from_slice(&chunk[..n]),
+                    }
+                    match hs.feed(&input, &mut out) {
+                        Ok((used, progress)) => {
+                            input.drain(..used);
+                            if let ServerProgress::Done(_) = progress {
+                                break conn.write_all(&out).is_ok();
+                            }
+                        }
+                        Err(_) => break false,
+                    }
+                };
+                if done {
+                    times.lock().unwrap().push(Instant::now());
+                    sessions.fetch_add(1, Ordering::Relaxed);
+                }
+                // Dropped: closed right after the handshake.
+            }
+        })
+    };
+    let node_keys =
+        "[[nodes]]\nname = \"s1\"\naddress = \"ADDR\"\nprotocol = \"nbd\"\n".replace("ADDR", &addr.to_string());
+    let text = format!(
+        "listen = \"127.0.0.206:0\"\nadmin = \"127.0.0.206:0\"\n{TIMES}{node_keys}[[exports]]\nname = \"v\"\nsize_mb = 8\n"
+    );
+    let gw = gateway_in(tmp.path(), &text);
+    common::wait_for("12 sessions", Duration::from_secs(10), || sessions.load(Ordering::Relaxed), |&n| n >= 12);
+    let lines = |what: &str| gw.log.lock().unwrap().iter().filter(|l| l.contains(what)).count();
+    let (lost, restored) = (lines("node connection lost"), lines("node connection restored"));
+    assert!(lost >= 1, "the first loss is logged: {:#?}", gw.log.lock().unwrap());
+    assert!(lost <= 2 && restored <= 2, "{lost} lost and {restored} restored lines for 12 sessions");
+    // Backoff 50, 100, then 200 ms (reconnect_max_backoff_ms) between sessions: 1.95 s at least.
+    let t = times.lock().unwrap().clone();
+    assert!(t[11] - t[0] >= Duration::from_secs(1), "12 sessions in {:?}", t[11] - t[0]);
+    drop(gw);
+    stop.store(true, Ordering::Relaxed);
+    let _ = std::net::TcpStream::connect(addr);
+    node.join().unwrap();
+}
