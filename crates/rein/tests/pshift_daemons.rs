@@ -899,3 +899,53 @@ fn a_servers_bad_frames_do_not_flood_the_controllers_log() {
     );
     assert!(line.unwrap().contains("s1"));
 }
+
+/// Connections before their hello are bounded: a controller with one server takes `servers + 16` = 17
+/// connections at once. With 17 silent ones held, an 18th that says hello as s1 waits (in the kernel's
+/// accept queue) until one of them closes, and is then welcomed; the silent ones are cut 5 s after their
+/// accept (`no hello within 5 s`), so they hold their slots no longer.
+#[test]
+fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() {
+    use rein_proto::pshift::Message;
+    use std::io::{Read, Write};
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-slots");
+    let text = "listen = \"127.0.0.207:0\"\nadmin = \"127.0.0.207:0\"\nperiod_s = 1\n\
+                [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n";
+    let ctl =
+        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
+            .start();
+    let mut silent: Vec<std::net::TcpStream> = (0..17).map(|_| connect_from("127.0.0.208", ctl.nbd)).collect();
+    let mut s = connect_from("127.0.0.208", ctl.nbd);
+    s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
+    let read_welcome = |s: &mut std::net::TcpStream| -> Result<Message, std::io::Error> {
+        let mut buf = Vec::new();
+        loop {
+            let mut chunk = [0u8; 1024];
+            let n = s.read(&mut chunk)?;
+            assert!(n > 0, "closed before the welcome");
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some((m, _)) = rein_proto::pshift::decode(&buf).unwrap() {
+                return Ok(m);
+            }
+        }
+    };
+    // At the bound: the 18th is not taken while the 17 are held.
+    s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+    let e = read_welcome(&mut s).expect_err("no welcome while 17 connections hold every slot");
+    assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
+    // One slot frees: the 18th is welcomed at once.
+    drop(silent.pop());
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let welcome = read_welcome(&mut s).unwrap();
+    assert!(matches!(welcome, Message::Welcome { server: 0, .. }), "{welcome:?}");
+    // The silent ones are cut at the hello timeout (5 s after their accept).
+    let t0 = Instant::now();
+    for c in &mut silent {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(c.read(&mut b).unwrap_or(0), 0, "a silent connection is closed by the controller");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(8), "cut after {:?}", t0.elapsed());
+    ctl.wait_line("no hello within 5 s");
+}
