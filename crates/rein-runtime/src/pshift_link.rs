@@ -16,7 +16,12 @@
 //! report it maps the tenants created or deleted since ([`crate::dispatch::Dispatcher::pshift_map`]), so
 //! a tenant created at run time is its bucket from the next boundary on, without a reconnect. When the
 //! link breaks the buckets go back to plain round robin and the link reconnects (100 ms, doubling to
-//! 5 s); a refusal (an unknown name) is logged once and retried at the longest backoff.
+//! 5 s); a refusal (an unknown name) is logged once and retried at the longest backoff. A controller
+//! that sends no frame for [`SILENCE_TIMEOUT`] (it answers a ping every [`PING_EVERY`]), or takes none
+//! within it, breaks the link too: a hung or stopped controller does not keep its last tokens in force
+//! (a limited bucket whose L-tokens ran out was served nothing) until the TCP connection dies. A ping
+//! tick more than `crate::STALLED` late means this process did not run: the controller gets its
+//! [`SILENCE_TIMEOUT`] again (what it sent meanwhile is read first).
 //!
 //! # Invariants
 //! 1. Tokens are applied only from the controller that welcomed this connection, and only those for this
@@ -76,6 +81,10 @@ impl ClockOffset {
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A connection attempt (and the welcome) must complete within this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A welcomed link that reads no frame for this long (a live controller answers every ping, one each
+/// [`PING_EVERY`]), or cannot write one within it (the controller does not read), is broken: the server
+/// serves plain round robin and reconnects, rather than keep a gone controller's tokens for ever.
+pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Reads one frame (`buf` keeps what was read beyond it). Cancel-safe: dropped before it completes, it
 /// leaves in `buf` every byte it read, for the next call. Errors: the peer closed, the socket failed, or
@@ -254,48 +263,72 @@ async fn session(
     let mut placed: Option<Cut> = None;
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every write within SILENCE_TIMEOUT, and a frame read within it of the last one.
+    let silent = || welcomed(format!("no frame from the controller within {} s", SILENCE_TIMEOUT.as_secs()));
+    let unread = || welcomed(format!("the controller took no frame within {} s", SILENCE_TIMEOUT.as_secs()));
+    let mut heard = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = ping.tick() => {
-                write_frame(&mut wr, &Message::Ping { t0: clock.now().0 }).await.map_err(welcomed)?;
+            // In this order: a ping tick that comes late says this process did not run (crate::STALLED),
+            // and frames that came meanwhile are read, before silence is judged.
+            biased;
+            at = ping.tick() => {
+                if at.elapsed() > crate::STALLED {
+                    heard = tokio::time::Instant::now();
+                }
+                let m = Message::Ping { t0: clock.now().0 };
+                tokio::time::timeout(SILENCE_TIMEOUT, write_frame(&mut wr, &m))
+                    .await
+                    .map_err(|_| unread())?
+                    .map_err(welcomed)?;
             }
-            f = read_frame(&mut rd, &mut buf) => match f.map_err(welcomed)? {
-                Message::ReportRequest { round, early } => {
-                    // Tenants created or deleted since: a boundary's report covers the buckets of now.
-                    let now_here = if early == 0 { tenants() } else { Vec::new() };
-                    if early == 0 && now_here != here {
-                        let (buckets, strangers) = resolve(&names, &now_here);
-                        for (id, b) in buckets.iter().filter(|x| !current.contains(x)) {
-                            tracing::info!(bucket = %names[*b as usize], tenant = ?id, "pShift: a tenant created since the welcome is this bucket here now");
-                        }
-                        let new_strangers: Vec<&str> =
-                            strangers.into_iter().filter(|n| !here.iter().any(|(h, _)| h == n)).collect();
-                        warn_strangers(&new_strangers);
-                        if buckets != current {
-                            dispatcher.pshift_map(buckets.clone()).await;
-                            current = buckets;
-                        }
-                        here = now_here;
-                    }
-                    let r = dispatcher.pshift_report(round, early).await.map_err(welcomed)?;
-                    write_frame(&mut wr, &Message::Report(r)).await.map_err(welcomed)?;
-                }
-                Message::Tokens(m) if m.server == index => dispatcher.pshift_tokens(m).await,
-                Message::Pong { t0, t1, next_round, next_ns, interval_ns } => {
-                    offset.sample(t0, t1, clock.now().0);
-                    if let (true, Some(at)) = (next_ns > 0, offset.local(next_ns)) {
-                        let cut = Cut { round: next_round, at, interval: rein_core::Nanos(interval_ns) };
-                        if placed != Some(cut) {
-                            dispatcher.pshift_cut_at(cut).await;
-                            placed = Some(cut);
-                        }
-                    }
-                }
-                other => return Err(welcomed(format!("unexpected {} from the controller", other.name()))),
-            },
             Some(note) = stray_rx.recv() => {
-                write_frame(&mut wr, &Message::Stray(note)).await.map_err(welcomed)?;
+                tokio::time::timeout(SILENCE_TIMEOUT, write_frame(&mut wr, &Message::Stray(note)))
+                    .await
+                    .map_err(|_| unread())?
+                    .map_err(welcomed)?;
             }
+            f = read_frame(&mut rd, &mut buf) => {
+                heard = tokio::time::Instant::now();
+                match f.map_err(welcomed)? {
+                    Message::ReportRequest { round, early } => {
+                        // Tenants created or deleted since: a boundary's report covers the buckets of now.
+                        let now_here = if early == 0 { tenants() } else { Vec::new() };
+                        if early == 0 && now_here != here {
+                            let (buckets, strangers) = resolve(&names, &now_here);
+                            for (id, b) in buckets.iter().filter(|x| !current.contains(x)) {
+                                tracing::info!(bucket = %names[*b as usize], tenant = ?id, "pShift: a tenant created since the welcome is this bucket here now");
+                            }
+                            let new_strangers: Vec<&str> =
+                                strangers.into_iter().filter(|n| !here.iter().any(|(h, _)| h == n)).collect();
+                            warn_strangers(&new_strangers);
+                            if buckets != current {
+                                dispatcher.pshift_map(buckets.clone()).await;
+                                current = buckets;
+                            }
+                            here = now_here;
+                        }
+                        let r = dispatcher.pshift_report(round, early).await.map_err(welcomed)?;
+                        tokio::time::timeout(SILENCE_TIMEOUT, write_frame(&mut wr, &Message::Report(r)))
+                            .await
+                            .map_err(|_| unread())?
+                            .map_err(welcomed)?;
+                    }
+                    Message::Tokens(m) if m.server == index => dispatcher.pshift_tokens(m).await,
+                    Message::Pong { t0, t1, next_round, next_ns, interval_ns } => {
+                        offset.sample(t0, t1, clock.now().0);
+                        if let (true, Some(at)) = (next_ns > 0, offset.local(next_ns)) {
+                            let cut = Cut { round: next_round, at, interval: rein_core::Nanos(interval_ns) };
+                            if placed != Some(cut) {
+                                dispatcher.pshift_cut_at(cut).await;
+                                placed = Some(cut);
+                            }
+                        }
+                    }
+                    other => return Err(welcomed(format!("unexpected {} from the controller", other.name()))),
+                }
+            }
+            _ = tokio::time::sleep_until(heard + SILENCE_TIMEOUT) => return Err(silent()),
         }
     }
 }

@@ -949,3 +949,41 @@ fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() 
     assert!(t0.elapsed() < Duration::from_secs(8), "cut after {:?}", t0.elapsed());
     ctl.wait_line("no hello within 5 s");
 }
+
+/// A controller that welcomes a server and then sends nothing and reads nothing (hung, stopped, or
+/// hostile) does not hold the server's link for ever: after 5 s without a frame (a live controller answers
+/// every ping, one each 100 ms) the link breaks, the server serves plain round robin again and
+/// reconnects. Before, the link waited for ever, keeping the tokens of a controller that was gone: a
+/// limited bucket whose L-tokens ran out was served nothing until the TCP connection died.
+#[test]
+fn a_silent_controller_does_not_hold_a_servers_link() {
+    use rein_proto::pshift::Message;
+    use std::io::{Read, Write};
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-silent-ctl");
+    let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        while rein_proto::pshift::decode(&buf).unwrap().is_none() {
+            let mut chunk = [0u8; 1024];
+            let n = conn.read(&mut chunk).unwrap();
+            assert!(n > 0, "the server closed before its hello");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let welcome = Message::Welcome { server: 0, strays: false, buckets: vec!["b1".into()], limited: vec![true] };
+        conn.write_all(&frame(&welcome)).unwrap();
+        // Silent from here on: nothing sent, nothing read, the socket open until the test ends.
+        let _ = stop_rx.recv_timeout(Duration::from_secs(30));
+        drop(conn);
+    });
+    let s = link_server(tmp.path(), 209, "s1", &addr.to_string(), "");
+    s.wait_line("pShift link: welcomed by the controller");
+    let line = s.wait_log(&["serving plain round robin until it answers"], Duration::from_secs(10));
+    assert!(line.contains("no frame from the controller within 5 s"), "{line}");
+    let _ = stop_tx.send(());
+    fake.join().unwrap();
+}
