@@ -29,7 +29,9 @@
 //!
 //! # Logs
 //! INFO once per granted hello: the peer, each tenant with the source of its spec, and the tenants whose
-//! specs disagree (named). INFO for a refused hello with its reason.
+//! specs disagree (named). INFO for a refused hello with its reason, at most once a second
+//! ([`crate::access::SparseLog`]; the next line says how many were not logged, `unlogged`): a peer may
+//! send hellos as fast as it writes, many on one connection, and need not be admitted to be refused.
 //!
 //! # Symbol map
 //! | paper | here |
@@ -65,6 +67,8 @@ pub struct NodeService {
     registry: Arc<Registry>,
     /// This node's boot identity (a v2 welcome's `boot`): drawn once, when the service starts.
     boot: u64,
+    /// Refused hellos, logged at most once a second (module comment, "Logs").
+    refusals: crate::access::SparseLog,
 }
 
 impl std::fmt::Debug for NodeService {
@@ -108,7 +112,7 @@ impl NodeService {
     /// The gate for `config` (which must be enabled) over `registry`.
     pub fn new(config: NodeConfig, registry: Arc<Registry>) -> NodeService {
         assert!(config.enabled, "a node service only for [node] enabled = true");
-        NodeService { config, registry, boot: boot_identity() }
+        NodeService { config, registry, boot: boot_identity(), refusals: Default::default() }
     }
 
     /// The boot identity this node states in v2 welcomes.
@@ -191,7 +195,9 @@ impl NodeGate for NodeService {
         Box::pin(async move {
             let verdict = self.decide(peer, identity, hello).await;
             if let Err((_, msg)) = &verdict {
-                tracing::info!(%peer, "storage-node hello refused: {msg}");
+                if let Some(unlogged) = self.refusals.due() {
+                    tracing::info!(%peer, unlogged, "storage-node hello refused: {msg}");
+                }
             }
             verdict
         })

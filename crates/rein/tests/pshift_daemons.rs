@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{measure_again, tmpdir, write_file, Rein, Server};
+use common::{connect_from, measure_again, tmpdir, write_file, Rein, Server};
 use std::path::Path;
 use std::process::Command as Cmd;
 use std::time::{Duration, Instant};
@@ -739,20 +739,6 @@ fn servers_follow_the_controller_again_after_it_stalls() {
     let [b3_s1, b3_s2] = rates(4, &|| [completed(&p.s1, "b3"), completed(&p.s2, "b3")]);
     assert!(b3_s1 > 40.0 && b3_s2 > 40.0, "b3 after the stall: {b3_s1:.0} and {b3_s2:.0} IOPS");
     assert!(b3_s1 + b3_s2 <= 400.0 * 1.15, "b3's limit: {:.0} IOPS", b3_s1 + b3_s2);
-}
-
-/// A TCP connection to `to` from the local address `from` (a peer on another loopback address).
-fn connect_from(from: &str, to: std::net::SocketAddr) -> std::net::TcpStream {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let s = rt.block_on(async {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
-        sock.connect(to).await.unwrap()
-    });
-    let s = s.into_std().unwrap();
-    s.set_nonblocking(false).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
 }
 
 /// Sends `bytes` on `s` and reads until the controller closes it; returns what it answered.

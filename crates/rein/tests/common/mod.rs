@@ -133,6 +133,21 @@ pub(crate) fn free_tcp(ip: &str) -> SocketAddr {
     std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap()
 }
 
+/// A TCP connection to `to` from the local address `from` (a peer on another loopback address), blocking,
+/// with a read timeout of 10 s.
+pub(crate) fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        sock.connect(to).await.unwrap()
+    });
+    let s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
 /// A UDP address on `ip` with a port the OS had free a moment ago.
 pub(crate) fn free_udp(ip: &str) -> SocketAddr {
     std::net::UdpSocket::bind((ip, 0)).unwrap().local_addr().unwrap()
