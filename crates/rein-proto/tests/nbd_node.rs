@@ -479,3 +479,55 @@ fn trailers_reject_bad_phases_reserved_bytes_and_cost_without_phase() {
     assert!(matches!(decode_node_reply(&reply), Err(ProtoError::Node(e)) if *e == NodeError::CostWithoutPhase(1)));
     assert_eq!(decode_node_reply(&reply[..31]), Ok(None));
 }
+
+/// One handshake takes at most `MAX_NODE_HELLOS` hellos: each of the first 8 is asked of the caller (each
+/// may change and persist the node's specs) and granted; the 9th is refused with NBD_REP_ERR_POLICY naming
+/// the bound, without asking the caller, and the session the 8th agreed stands (GO opens it). Before, a
+/// client could send hellos until the handshake timed out, each one a change of the node's specs.
+#[test]
+fn a_handshake_takes_at_most_max_node_hellos() {
+    let go = {
+        let mut d = 1u32.to_be_bytes().to_vec();
+        d.extend_from_slice(b"v");
+        d.extend_from_slice(&0u16.to_be_bytes());
+        d
+    };
+    let mut out = Vec::new();
+    let mut s = ServerHandshake::new(exports(), &mut out);
+    s.set_node(true);
+    out.clear();
+    let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    let hellos: Vec<NodeHello> =
+        (0..=MAX_NODE_HELLOS).map(|i| NodeHello::new(vec![tenant(&format!("c{i}"))])).collect();
+    for h in &hellos {
+        option_request(&mut input, OPT_REIN_NODE, &hello_bytes(h));
+    }
+    option_request(&mut input, OPT_GO, &go);
+    let mut welcomes = Vec::new();
+    let mut rest = &input[..];
+    let done = loop {
+        let (used, p) = s.feed(rest, &mut out).unwrap();
+        rest = &rest[used..];
+        match p {
+            ServerProgress::NodeHello(h) => {
+                assert_eq!(h, hellos[welcomes.len()], "hellos asked in order");
+                let w = harness::welcome_for(&h);
+                assert_eq!(s.node_verdict(Ok(w.clone()), &mut out), ServerProgress::NeedMore);
+                welcomes.push(w);
+            }
+            ServerProgress::Done(n) => break n,
+            p => panic!("{p:?}"),
+        }
+    };
+    assert_eq!(welcomes.len(), MAX_NODE_HELLOS as usize, "only the first {MAX_NODE_HELLOS} asked");
+    let mut replies = Vec::new();
+    let mut at = &out[..];
+    while let Some((r, n)) = decode_option_reply(at).unwrap() {
+        replies.push((r.option, r.reply, String::from_utf8_lossy(r.data).into_owned()));
+        at = &at[n..];
+    }
+    let refused = &replies[MAX_NODE_HELLOS as usize];
+    assert_eq!((refused.0, refused.1), (OPT_REIN_NODE, REP_ERR_POLICY));
+    assert_eq!(refused.2, format!("at most {MAX_NODE_HELLOS} storage-node hellos on one connection"));
+    assert_eq!(done.node, welcomes.last().cloned(), "the last granted session stands");
+}

@@ -439,40 +439,55 @@ fn specs_gateway_adopts_the_gateways_specs_with_admission() {
 }
 
 /// Refused hellos cannot flood the node's log: a peer outside `[node] allow_networks` that sends 1,000
-/// storage-node hellos on one connection (the handshake lets a client send options until it chooses an
-/// export) gets each refused with NBD_REP_ERR_POLICY naming why, and the node logs the refusals at most
-/// once a second, the next line with the number not logged (`unlogged=N`). Before, each logged a line:
-/// 1,000 lines from one connection of a peer the node does not admit.
+/// storage-node hellos, 8 on each connection (the most one handshake takes: a 9th is refused by the
+/// handshake itself, naming the bound), gets each refused with NBD_REP_ERR_POLICY naming why, and the node
+/// logs the refusals at most once a second, the next line with the number not logged (`unlogged=N`).
+/// Before, each logged a line (1,000 lines from one connection of a peer the node does not admit, when a
+/// handshake took any number of hellos).
 #[test]
 fn refused_hellos_do_not_flood_the_nodes_log() {
     let tmp = tmpdir("node-hello-flood");
     let cfg =
         node_config("node", "").replace("specs = \"node\"", "specs = \"node\"\nallow_networks = [\"127.0.0.201/32\"]");
     let s = start(tmp.path(), 205, &cfg);
-    const N: usize = 1000;
-    let mut c = common::connect_from("127.0.0.204", s.nbd);
-    let mut greeting = [0u8; 18];
-    c.read_exact(&mut greeting).unwrap();
-    let mut out = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
     let hello = hello_bytes(&NodeHello::new(vec![tenant("a", 0.0, 1.0)]));
-    for _ in 0..N {
-        option_request(&mut out, OPT_REIN_NODE, &hello);
-    }
-    c.write_all(&out).unwrap();
-    let mut buf = Vec::new();
-    let mut replies = 0;
-    while replies < N {
-        if let Some((r, n)) = decode_option_reply(&buf).unwrap() {
-            assert_eq!((r.option, r.reply), (OPT_REIN_NODE, REP_ERR_POLICY));
-            assert!(String::from_utf8_lossy(r.data).contains("127.0.0.204 may not use the storage-node protocol"));
-            buf.drain(..n);
-            replies += 1;
-            continue;
+    // `n` hellos on a new connection from 127.0.0.204: their replies.
+    let hellos = |n: usize| -> Vec<(u32, u32, String)> {
+        let mut c = common::connect_from("127.0.0.204", s.nbd);
+        let mut greeting = [0u8; 18];
+        c.read_exact(&mut greeting).unwrap();
+        let mut out = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        for _ in 0..n {
+            option_request(&mut out, OPT_REIN_NODE, &hello);
         }
-        let mut chunk = [0u8; 4096];
-        let k = c.read(&mut chunk).unwrap();
-        assert!(k > 0, "closed after {replies} replies");
-        buf.extend_from_slice(&chunk[..k]);
+        c.write_all(&out).unwrap();
+        let mut buf = Vec::new();
+        let mut replies = Vec::new();
+        while replies.len() < n {
+            if let Some((r, k)) = decode_option_reply(&buf).unwrap() {
+                replies.push((r.option, r.reply, String::from_utf8_lossy(r.data).into_owned()));
+                buf.drain(..k);
+                continue;
+            }
+            let mut chunk = [0u8; 4096];
+            let k = c.read(&mut chunk).unwrap();
+            assert!(k > 0, "closed after {replies:?}");
+            buf.extend_from_slice(&chunk[..k]);
+        }
+        replies
+    };
+    let max = rein_proto::nbd::MAX_NODE_HELLOS as usize;
+    let over = hellos(max + 1);
+    assert_eq!(
+        over[max],
+        (OPT_REIN_NODE, REP_ERR_POLICY, format!("at most {max} storage-node hellos on one connection"))
+    );
+    const N: usize = 1000;
+    for _ in 0..N / max {
+        for (option, reply, msg) in hellos(max) {
+            assert_eq!((option, reply), (OPT_REIN_NODE, REP_ERR_POLICY));
+            assert!(msg.contains("127.0.0.204 may not use the storage-node protocol"), "{msg}");
+        }
     }
     let logged = s.log.lock().unwrap().iter().filter(|l| l.contains("storage-node hello refused")).count();
     assert!(logged >= 1, "the first is logged");
@@ -482,13 +497,7 @@ fn refused_hellos_do_not_flood_the_nodes_log() {
         "a line with the number not logged",
         Duration::from_secs(5),
         || {
-            let mut one = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
-            option_request(&mut one, OPT_REIN_NODE, &hello);
-            let mut c = common::connect_from("127.0.0.204", s.nbd);
-            c.read_exact(&mut greeting).unwrap();
-            c.write_all(&one).unwrap();
-            let mut reply = [0u8; 20];
-            c.read_exact(&mut reply).unwrap();
+            hellos(1);
             let log = s.log.lock().unwrap();
             log.iter()
                 .find(|l| {

@@ -50,7 +50,9 @@
 //!   and message). A malformed hello gets NBD_REP_ERR_INVALID naming the field, without asking the caller.
 //!   The node protocol and STRUCTURED_REPLY exclude each other: whichever comes second gets
 //!   NBD_REP_ERR_INVALID. A second REIN_NODE replaces the first (a refused one leaves none); STARTTLS
-//!   forgets it, like structured replies.
+//!   forgets it, like structured replies. One handshake takes at most [`MAX_NODE_HELLOS`] hellos (each
+//!   may change and persist the node's specs): past that, NBD_REP_ERR_POLICY without asking the caller,
+//!   and the session agreed so far stands.
 //!
 //! # Client states
 
@@ -75,7 +77,7 @@
 //! that the client would take as coming over TLS). A refusal is an error, never a fall-back to plain NBD.
 
 use super::*;
-use crate::nbd::node::{NodeError, NodeHello, NodeWelcome, OPT_REIN_NODE, REP_REIN_NODE};
+use crate::nbd::node::{NodeError, NodeHello, NodeWelcome, MAX_NODE_HELLOS, OPT_REIN_NODE, REP_REIN_NODE};
 use crate::nbd::transmission::MAX_PAYLOAD_LIMIT;
 
 /// What a finished handshake agreed.
@@ -168,6 +170,8 @@ pub struct ServerHandshake {
     node: Option<NodeWelcome>,
     /// Tenants of the hello waiting for its verdict.
     node_pending: Option<usize>,
+    /// Storage-node hellos received so far (at most [`MAX_NODE_HELLOS`] are taken).
+    node_hellos: u32,
 }
 
 impl ServerHandshake {
@@ -200,6 +204,7 @@ impl ServerHandshake {
             node_enabled: false,
             node: None,
             node_pending: None,
+            node_hellos: 0,
         }
     }
 
@@ -574,6 +579,13 @@ impl ServerHandshake {
                 Ok(ServerProgress::NeedMore)
             }
             OPT_REIN_NODE if self.node_enabled => {
+                self.node_hellos = self.node_hellos.saturating_add(1);
+                if self.node_hellos > MAX_NODE_HELLOS {
+                    // Not asked of the caller; the session agreed so far stands.
+                    let msg = format!("at most {MAX_NODE_HELLOS} storage-node hellos on one connection");
+                    option_reply(out, option, REP_ERR_POLICY, msg.as_bytes());
+                    return Ok(ServerProgress::NeedMore);
+                }
                 // A second hello replaces the first: whatever comes of it, the first is gone.
                 self.node = None;
                 if self.structured {

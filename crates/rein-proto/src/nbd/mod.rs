@@ -45,7 +45,7 @@ pub use handshake::{
 };
 pub use node::{
     decode_node_reply, encode_node_request, NodeError, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag,
-    NodeTenant, NodeWelcome, SimpleReply, SpecSource, TagFault, MAX_NODE_NAME_LEN, MAX_NODE_TENANTS,
+    NodeTenant, NodeWelcome, SimpleReply, SpecSource, TagFault, MAX_NODE_HELLOS, MAX_NODE_NAME_LEN, MAX_NODE_TENANTS,
     NODE_REPLY_TRAILER_LEN, NODE_TAG_LEN, NODE_VERSION, OPT_REIN_NODE, REP_REIN_NODE,
 };
 pub use transmission::{

@@ -73,6 +73,10 @@ const POOL_BUSY_BIT: u32 = 1 << 31;
 pub const MAX_NODE_TENANTS: usize = 64;
 /// Longest tenant name in a hello, in bytes.
 pub const MAX_NODE_NAME_LEN: usize = 255;
+/// Most storage-node hellos one handshake takes (a gateway sends one per connection). Each may change the
+/// node's specs (`[node] specs = "gateway"`, persisted); past this one is refused with
+/// NBD_REP_ERR_POLICY without being asked of the node, and the session agreed so far stands.
+pub const MAX_NODE_HELLOS: u32 = 8;
 /// Length of the tag after each request header.
 pub const NODE_TAG_LEN: usize = 24;
 /// Length of the trailer after each simple reply header.
