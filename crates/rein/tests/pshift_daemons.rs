@@ -973,3 +973,60 @@ fn a_silent_controller_does_not_hold_a_servers_link() {
     let _ = stop_tx.send(());
     fake.join().unwrap();
 }
+
+/// A welcomed server's frames are bounded by a report's size for the configured buckets: with one bucket
+/// a report body is at most 64 + 52 = 116 bytes. A frame announcing 116 body bytes is read (the controller
+/// waits for its body); one announcing 117 is cut from its header alone, before any body is read, and
+/// the log names the bound.
+#[test]
+fn a_welcomed_servers_frames_are_bounded_by_a_report() {
+    use rein_proto::pshift::{Message, HEADER_BYTES, MAGIC, VERSION};
+    use std::io::{Read, Write};
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-frame-bound");
+    let text = "listen = \"127.0.0.206:0\"\nadmin = \"127.0.0.206:0\"\nperiod_s = 1\n\
+                [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n";
+    let ctl =
+        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
+            .start();
+    // A welcomed connection that then sends the header of a report (kind 5) of `len` body bytes.
+    let header_after_welcome = |len: u32| {
+        let mut s = connect_from("127.0.0.206", ctl.nbd);
+        s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
+        let mut buf = Vec::new();
+        while rein_proto::pshift::decode(&buf).unwrap().is_none() {
+            let mut chunk = [0u8; 1024];
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed before the welcome");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let mut h = MAGIC.to_le_bytes().to_vec();
+        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&[5, 0]);
+        h.extend_from_slice(&len.to_le_bytes());
+        assert_eq!(h.len(), HEADER_BYTES);
+        s.write_all(&h).unwrap();
+        s
+    };
+    // Reads until the controller closes `s` (true) or `within` passes with it open (false); frames the
+    // controller sends meanwhile (report requests) are skipped.
+    let closed_within = |s: &mut std::net::TcpStream, within: Duration| {
+        s.set_read_timeout(Some(within)).unwrap();
+        let t0 = Instant::now();
+        let mut chunk = [0u8; 1024];
+        loop {
+            match s.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) if t0.elapsed() < within => continue,
+                Ok(_) => return false,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    };
+    let mut over = header_after_welcome(117);
+    assert!(closed_within(&mut over, Duration::from_secs(5)), "117 body bytes: cut from the header");
+    ctl.wait_line("a pShift frame of 117 body bytes exceeds this connection's bound of 116");
+    let mut at = header_after_welcome(116);
+    assert!(!closed_within(&mut at, Duration::from_millis(500)), "116 body bytes: the body is waited for");
+}
