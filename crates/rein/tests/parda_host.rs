@@ -653,3 +653,38 @@ fn a_paused_host_does_not_report_its_pause_as_latency() {
     assert_eq!(s[0]["stalls"], 1, "{}", s[0]);
     assert!(s[0]["stalled_ios"].as_u64().unwrap() > 0, "{}", s[0]);
 }
+
+/// Junk from many senders cannot flood a host's log: each sender's refused reports are logged once, for
+/// at most 64 senders (`MAX_REFUSED_LOGGED`), then one line says that further ones are only counted.
+/// 80 senders (16 at a time, each batch counted before the next: an exchange shows 16 refusals with their
+/// reasons) give 64 lines and that one, and every datagram is counted in `records_refused`.
+#[test]
+fn junk_from_many_senders_is_logged_for_64_of_them_then_only_counted() {
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("parda-host-junk-senders");
+    let dir = tmp.path();
+    let a = array(dir, 200, &["vm1"]);
+    let u = free_udp("127.0.0.201");
+    let peer = free_udp("127.0.0.202");
+    let h = host(
+        dir,
+        201,
+        a.nbd,
+        "vm1",
+        "cluster",
+        &format!("id = 0\nudp = \"{u}\"\npeers = [{{ id = 1, address = \"{peer}\" }}]\n"),
+    );
+    let mut sent = 0u64;
+    for _ in 0..5 {
+        let batch: Vec<std::net::UdpSocket> =
+            (0..16).map(|_| std::net::UdpSocket::bind("127.0.0.202:0").unwrap()).collect();
+        for s in &batch {
+            s.send_to(b"not a PARDA record", u).unwrap();
+        }
+        sent += 16;
+        until(&h, "the batch counted", |s| s["records_refused"].as_u64().unwrap_or(0) >= sent);
+    }
+    let lines = |what: &str| h.log.lock().unwrap().iter().filter(|l| l.contains(what)).count();
+    assert_eq!(lines("parda host: report refused"), 64, "{:#?}", h.log.lock().unwrap());
+    assert_eq!(lines("reports refused from more than 64 places"), 1);
+}
