@@ -21,7 +21,11 @@
 //! within it, breaks the link too: a hung or stopped controller does not keep its last tokens in force
 //! (a limited bucket whose L-tokens ran out was served nothing) until the TCP connection dies. A ping
 //! tick more than `crate::STALLED` late means this process did not run: the controller gets its
-//! [`SILENCE_TIMEOUT`] again (what it sent meanwhile is read first).
+//! [`SILENCE_TIMEOUT`] again (what it sent meanwhile is read first). A pong's schedule is checked
+//! before the dispatcher gets it: an interval below [`MIN_INTERVAL_NS`] or a next boundary more than
+//! [`MAX_LATE_INTERVALS`] intervals before the controller's clock breaks the link (the dispatcher cuts
+//! a report at every boundary it is behind, one per turn of its loop: with a 1 ns interval it never
+//! caught up and kept a core busy).
 //!
 //! # Invariants
 //! 1. Tokens are applied only from the controller that welcomed this connection, and only those for this
@@ -81,6 +85,15 @@ impl ClockOffset {
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A connection attempt (and the welcome) must complete within this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The shortest boundary interval a pong may state: a controller's shortest (`period_s` at least 1 ms
+/// over at most 1,000 intervals). The dispatcher cuts a report at every boundary it is behind, one per
+/// turn of its loop, so a shorter one would keep it cutting for good.
+pub const MIN_INTERVAL_NS: u64 = 1_000;
+/// How many intervals before the controller's own clock a pong's next boundary may lie (a controller
+/// late to ask for a boundary's reports); further back, the dispatcher would cut a report for every
+/// boundary since.
+pub const MAX_LATE_INTERVALS: u64 = 16;
+
 /// A welcomed link that reads no frame for this long (a live controller answers every ping, one each
 /// [`PING_EVERY`]), or cannot write one within it (the controller does not read), is broken: the server
 /// serves plain round robin and reconnects, rather than keep a gone controller's tokens for ever.
@@ -186,6 +199,24 @@ pub async fn run(
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// A pong's schedule, checked before the dispatcher is given it (module comment): the interval at least
+/// [`MIN_INTERVAL_NS`], and the next boundary at most [`MAX_LATE_INTERVALS`] intervals before the
+/// controller's clock `t1`.
+fn check_schedule(t1: u64, next_ns: u64, interval_ns: u64) -> Result<(), String> {
+    if interval_ns < MIN_INTERVAL_NS {
+        return Err(format!(
+            "a pong with a boundary interval of {interval_ns} ns (a controller's is at least {MIN_INTERVAL_NS} ns)"
+        ));
+    }
+    if next_ns.saturating_add(MAX_LATE_INTERVALS.saturating_mul(interval_ns)) < t1 {
+        return Err(format!(
+            "a pong whose next boundary ({next_ns} ns) is more than {MAX_LATE_INTERVALS} intervals before the \
+             controller's clock ({t1} ns)"
+        ));
+    }
+    Ok(())
 }
 
 /// Logs tenants that are no bucket of the controller's, if any.
@@ -316,6 +347,9 @@ async fn session(
                     }
                     Message::Tokens(m) if m.server == index => dispatcher.pshift_tokens(m).await,
                     Message::Pong { t0, t1, next_round, next_ns, interval_ns } => {
+                        if next_ns > 0 {
+                            check_schedule(t1, next_ns, interval_ns).map_err(welcomed)?;
+                        }
                         offset.sample(t0, t1, clock.now().0);
                         if let (true, Some(at)) = (next_ns > 0, offset.local(next_ns)) {
                             let cut = Cut { round: next_round, at, interval: rein_core::Nanos(interval_ns) };
@@ -336,6 +370,21 @@ async fn session(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pong's schedule at its bounds: an interval of 1,000 ns is taken and 999 refused; a next boundary
+    /// exactly 16 intervals before the controller's clock is taken, one nanosecond earlier refused.
+    #[test]
+    fn pong_schedules_at_their_bounds() {
+        let t1 = 1_000_000_000;
+        assert!(check_schedule(t1, t1, MIN_INTERVAL_NS).is_ok());
+        let e = check_schedule(t1, t1, MIN_INTERVAL_NS - 1).unwrap_err();
+        assert!(e.contains("interval of 999 ns"), "{e}");
+        let late = t1 - MAX_LATE_INTERVALS * 1_000_000;
+        assert!(check_schedule(t1, late, 1_000_000).is_ok());
+        let e = check_schedule(t1, late - 1, 1_000_000).unwrap_err();
+        assert!(e.contains("more than 16 intervals before"), "{e}");
+        assert!(check_schedule(t1, 1, u64::MAX).is_ok(), "saturating: a huge interval covers any lateness");
+    }
 
     /// The controller's clock 5 ms ahead: an exchange with a 100 us round trip places it within 50 us, a
     /// slower one (a ping that waited 3 ms on the way out) is outvoted by the faster, and a controller time

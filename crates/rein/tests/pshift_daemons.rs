@@ -1030,3 +1030,52 @@ fn a_welcomed_servers_frames_are_bounded_by_a_report() {
     let mut at = header_after_welcome(116);
     assert!(!closed_within(&mut at, Duration::from_millis(500)), "116 body bytes: the body is waited for");
 }
+
+/// A controller's pong cannot set the server's dispatcher spinning: a boundary interval shorter than any
+/// controller has (1 us: `period_s` at least 1 ms over at most 1,000 intervals), or a next boundary more
+/// than 16 intervals before the controller's own clock, is a broken controller: the link breaks (plain
+/// round robin, then a reconnect), naming the value. Before, the link handed such a schedule to the
+/// dispatcher, which cut a report at every boundary it was behind, one per turn of its loop: with an
+/// interval of 1 ns it never caught up (a core busy for good), and a boundary hours in the past with a
+/// 1 ms interval cost millions of reports.
+#[test]
+fn a_controllers_absurd_schedule_breaks_the_link() {
+    use rein_proto::pshift::Message;
+    use std::io::{Read, Write};
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-absurd-pong");
+    let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let pongs = [
+            Message::Pong { t0: 0, t1: 1_000_000_000, next_round: 1, next_ns: 1_000_001_000, interval_ns: 1 },
+            Message::Pong { t0: 0, t1: 3_600_000_000_000, next_round: 1, next_ns: 1_000, interval_ns: 1_000_000 },
+        ];
+        let mut held = Vec::new();
+        for pong in pongs {
+            let (mut conn, _) = listener.accept().unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = Vec::new();
+            while rein_proto::pshift::decode(&buf).unwrap().is_none() {
+                let mut chunk = [0u8; 1024];
+                let n = conn.read(&mut chunk).unwrap();
+                assert!(n > 0, "the server closed before its hello");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let welcome =
+                Message::Welcome { server: 0, strays: false, buckets: vec!["b1".into()], limited: vec![false] };
+            conn.write_all(&frame(&welcome)).unwrap();
+            conn.write_all(&frame(&pong)).unwrap();
+            held.push(conn);
+        }
+        let _ = stop_rx.recv_timeout(Duration::from_secs(30));
+    });
+    let s = link_server(tmp.path(), 209, "s1", &addr.to_string(), "");
+    let line = s.wait_log(&["serving plain round robin until it answers"], Duration::from_secs(4));
+    assert!(line.contains("a pong with a boundary interval of 1 ns"), "{line}");
+    let line = s.wait_log(&["serving plain round robin", "next boundary"], Duration::from_secs(4));
+    assert!(line.contains("16 intervals before the controller's clock"), "{line}");
+    let _ = stop_tx.send(());
+    fake.join().unwrap();
+}
