@@ -146,6 +146,8 @@ pub struct ConnLimits {
     /// The same for failed accepts (out of descriptors, say), and how many failed in a row.
     accept_log: Mutex<(Option<Instant>, u64)>,
     accept_streak: std::sync::atomic::AtomicU32,
+    /// Failed handshakes, logged at most once per [`REFUSAL_LOG_INTERVAL`].
+    handshake_log: SparseLog,
 }
 
 /// What to do with a new connection.
@@ -208,6 +210,7 @@ impl ConnLimits {
             refusal_log: Mutex::new((None, 0)),
             accept_log: Mutex::new((None, 0)),
             accept_streak: std::sync::atomic::AtomicU32::new(0),
+            handshake_log: SparseLog::default(),
         })
     }
 
@@ -297,6 +300,15 @@ impl ConnLimits {
         log.0 = Some(now);
         tracing::warn!(unlogged, pause_ms = pause.as_millis() as u64, "accept failed: {e}");
         (pause, true)
+    }
+
+    /// Logs a failed handshake (at INFO), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line says
+    /// how many were not logged. A client can fail handshakes as fast as it connects. Returns whether it
+    /// logged.
+    pub fn log_failed_handshake(&self, peer: crate::sock::Peer, why: &dyn std::fmt::Display) -> bool {
+        let Some(unlogged) = self.handshake_log.due() else { return false };
+        tracing::info!(%peer, unlogged, "NBD handshake failed: {why}");
+        true
     }
 
     /// An `accept` succeeded: the next failure waits 10 ms again.

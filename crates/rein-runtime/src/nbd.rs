@@ -66,7 +66,9 @@
 //! # Logs
 //! At INFO, once each: `NBD connection opened` (peer, export, tenant, TLS, structured replies) and `NBD
 //! connection closed` (peer, export, duration, requests, and the reason: the client closed or sent
-//! NBD_CMD_DISC, idle timeout, shutdown, or the error), and `NBD handshake failed` with its cause.
+//! NBD_CMD_DISC, idle timeout, shutdown, or the error), and `NBD handshake failed` with its cause (at
+//! most once a second, the next line with the number not logged: a client can fail handshakes as fast
+//! as it connects).
 //!
 //! # Copies per READ
 //! One: the storage (the kernel through io_uring or `pread`, or a memory copy for RAM) writes the data
@@ -458,11 +460,11 @@ pub async fn serve_client(
     let opened: Option<Opened> = match opened {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {
-            tracing::info!(%peer, "NBD handshake failed: {e}");
+            policy.limits.log_failed_handshake(peer, &e);
             return Err(e);
         }
         Err(_) => {
-            tracing::info!(%peer, "NBD handshake failed: {}", ConnError::Timeout);
+            policy.limits.log_failed_handshake(peer, &ConnError::Timeout);
             return Err(ConnError::Timeout);
         }
     };

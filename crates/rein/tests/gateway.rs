@@ -1299,3 +1299,42 @@ fn a_node_that_closes_after_every_handshake_is_not_a_log_flood() {
     let _ = std::net::TcpStream::connect(addr);
     node.join().unwrap();
 }
+
+/// Failed handshakes cannot flood the gateway's log: 300 connections that send junk for a handshake are
+/// each cut, and logged at most once a second (`NBD handshake failed`, the next line with `unlogged=N`).
+/// Before, each logged a line, as fast as a client could connect.
+#[test]
+fn failed_handshakes_do_not_flood_the_gateways_log() {
+    use std::io::{Read, Write};
+    let tmp = tmpdir("gw-handshake-flood");
+    let dir = tmp.path();
+    let n = node(dir, 202, 0);
+    let gw = gateway(&gateway_config(dir, 203, &[("s1", n.nbd)], "[[exports]]\nname = \"v\"\nsize_mb = 8\n"));
+    let junk = |gw: &Server| {
+        let mut c = common::connect_from("127.0.0.204", gw.nbd);
+        let mut greeting = [0u8; 18];
+        c.read_exact(&mut greeting).unwrap();
+        let _ = c.write_all(b"\0\0\0\x01this is no NBD option");
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+    };
+    for _ in 0..300 {
+        junk(&gw);
+    }
+    let logged = || gw.log.lock().unwrap().iter().filter(|l| l.contains("NBD handshake failed")).count();
+    common::wait_for("the first failure logged", Duration::from_secs(5), logged, |&k| k >= 1);
+    assert!(logged() <= 5, "{} lines for 300 failed handshakes", logged());
+    let line = common::wait_for(
+        "a line with the number not logged",
+        Duration::from_secs(5),
+        || {
+            junk(&gw);
+            let log = gw.log.lock().unwrap();
+            log.iter()
+                .find(|l| l.contains("NBD handshake failed") && l.contains("unlogged=") && !l.contains("unlogged=0"))
+                .cloned()
+        },
+        |l| l.is_some(),
+    );
+    assert!(line.unwrap().contains("protocol"));
+}
