@@ -30,8 +30,10 @@
 //! # Invariants
 //! 1. Tokens are applied only from the controller that welcomed this connection, and only those for this
 //!    server's index.
-//! 2. Frames in are bounded by rein-proto's [`rein_proto::pshift::MAX_BODY`]; the buffer holds at most one
-//!    frame and one read beyond it.
+//! 2. Frames in are bounded by rein-proto's [`rein_proto::pshift::MAX_BODY`] until the welcome, and after
+//!    it by a token message's size for the welcome's buckets (64 + 20 bytes a bucket: a frame announcing
+//!    more is refused from its header, before its body is read); the buffer holds at most one frame and
+//!    one read beyond it.
 
 use crate::dispatch::{Cut, Dispatcher, PshiftAttach};
 use rein_core::TenantId;
@@ -276,6 +278,9 @@ async fn session(
         }
         other => return Err(broken(format!("expected a welcome, got a {}", other.name()))),
     };
+    // After the welcome the controller's largest frame is a token message with a line per bucket
+    // (rein-proto's layout: 20 bytes of fields, 20 a line); a pong or a report request is smaller.
+    let max_body = 64 + 20 * names.len();
     let mut here = tenants();
     let (buckets, strangers) = resolve(&names, &here);
     warn_strangers(&strangers);
@@ -319,7 +324,7 @@ async fn session(
                     .map_err(|_| unread())?
                     .map_err(welcomed)?;
             }
-            f = read_frame(&mut rd, &mut buf) => {
+            f = read_frame_within(&mut rd, &mut buf, max_body) => {
                 heard = tokio::time::Instant::now();
                 match f.map_err(welcomed)? {
                     Message::ReportRequest { round, early } => {

@@ -1079,3 +1079,70 @@ fn a_controllers_absurd_schedule_breaks_the_link() {
     let _ = stop_tx.send(());
     fake.join().unwrap();
 }
+
+/// After its welcome a controller's frames are bounded by a token message's size for the buckets it
+/// named: with one bucket 64 + 20 = 84 bytes. A frame announcing 85 body bytes breaks the server's link
+/// from its header alone, naming the bound; one of 84 is read whole (and, being no valid token message,
+/// breaks the link as a bad frame). Before, every frame could be up to rein-proto's 64 MiB, read into
+/// the server's memory.
+#[test]
+fn a_controllers_frames_are_bounded_by_a_token_message() {
+    use rein_proto::pshift::{Message, MAGIC, VERSION};
+    use std::io::{Read, Write};
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-ctl-frame-bound");
+    let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for len in [85u32, 84] {
+            let (mut conn, _) = listener.accept().unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = Vec::new();
+            while rein_proto::pshift::decode(&buf).unwrap().is_none() {
+                let mut chunk = [0u8; 1024];
+                let n = conn.read(&mut chunk).unwrap();
+                assert!(n > 0, "the server closed before its hello");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let welcome =
+                Message::Welcome { server: 0, strays: false, buckets: vec!["b1".into()], limited: vec![false] };
+            conn.write_all(&frame(&welcome)).unwrap();
+            // A token message (kind 7) of `len` body bytes: the 85-byte one's header only; the 84-byte one
+            // whole, three lines and 4 bytes too many.
+            let mut h = MAGIC.to_le_bytes().to_vec();
+            h.extend_from_slice(&VERSION.to_le_bytes());
+            h.extend_from_slice(&[7, 0]);
+            h.extend_from_slice(&len.to_le_bytes());
+            if len == 84 {
+                h.extend_from_slice(&[0u8; 16]); // server, round, early
+                h.extend_from_slice(&3u32.to_le_bytes());
+                for b in 0..3u32 {
+                    h.extend_from_slice(&b.to_le_bytes());
+                    h.extend_from_slice(&[0u8; 16]);
+                }
+                h.extend_from_slice(&[0u8; 4]);
+                assert_eq!(h.len(), 12 + 84);
+            }
+            conn.write_all(&h).unwrap();
+            held.push(conn);
+        }
+        let _ = stop_rx.recv_timeout(Duration::from_secs(30));
+    });
+    let s = link_server(tmp.path(), 209, "s1", &addr.to_string(), "");
+    let line = s.wait_log(&["serving plain round robin until it answers"], Duration::from_secs(4));
+    assert!(line.contains("a pShift frame of 85 body bytes exceeds this connection's bound of 84"), "{line}");
+    // The second connection's 84-byte frame passes the bound and is read whole: a bad frame, not one
+    // over the bound.
+    let line = common::wait_for(
+        "the second break",
+        Duration::from_secs(4),
+        || s.log.lock().unwrap().iter().filter(|l| l.contains("serving plain round robin")).nth(1).cloned(),
+        |l| l.is_some(),
+    )
+    .unwrap();
+    assert!(line.contains("bad pShift frame") && !line.contains("exceeds"), "{line}");
+    let _ = stop_tx.send(());
+    fake.join().unwrap();
+}
