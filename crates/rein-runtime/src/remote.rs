@@ -1131,10 +1131,10 @@ async fn run_link(
     loop {
         if let Some(s) = session.take() {
             s.publish(&state, name, &target.volume);
-            if was_down {
+            // Once per outage: a later session (a renewal with a new spec) is no restore.
+            if std::mem::take(&mut was_down) {
                 tracing::info!(node = name, volume = %target.volume, "node connection restored");
             }
-            was_down = false;
             let started = Instant::now();
             let end = run_session(&target, s, &mut rx).await;
             state.up.store(false, Ordering::Relaxed);

@@ -960,6 +960,40 @@ fn failed_reconnects_are_logged_with_their_cause() {
     assert!(line.contains("s1") && line.contains("attempts"), "{line}");
 }
 
+/// A node that was down and came back is "restored" once: a later new session (here the hello again with
+/// a tenant's new spec, after a reload) is not logged as a restore. Before, every session after an outage
+/// said `node connection restored` again (the review saw it after each SIGHUP that changed a spec).
+#[test]
+fn a_node_restored_once_is_not_restored_again_at_each_new_session() {
+    let tmp = tmpdir("gw-restored-once");
+    let dir = tmp.path();
+    let s1 = free_tcp("127.0.0.196");
+    let head = format!("{}\n{TIMES}[[nodes]]\nname = \"s1\"\naddress = \"{s1}\"\nprotocol = \"rein\"\n", local(197));
+    let volume = |limit: u32| {
+        format!(
+            "[[tenants]]\nname = \"c2\"\nlimit = {limit}\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 8\n"
+        )
+    };
+    let gw = gateway(&write_file(dir, "gw.toml", &format!("{head}{}", volume(1000))));
+    gw.wait_line("node unreachable at start");
+    let body = format!(
+        "capacity_iops = 100000\nscheduler = \"dmclock\"\n[node]\nenabled = true\nspecs = \"gateway\"\n\
+         [[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n"
+    );
+    let _node = serve_in(&dir.join("node"), &format!("listen = \"{s1}\"\nadmin = \"127.0.0.196:0\""), &body);
+    gw.wait_line("node connection restored");
+    write_file(dir, "gw.toml", &format!("{head}{}", volume(2000)));
+    gw.signal("-HUP");
+    gw.wait_line("node session renewed with the tenant's new spec");
+    // A client's connection after the renewal: its lines come after any the renewal logged.
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read 0 4k"]);
+    assert!(ok, "{out}");
+    gw.wait_line("NBD connection closed");
+    let log = gw.log.lock().unwrap();
+    let restored = log.iter().filter(|l| l.contains("node connection restored")).count();
+    assert_eq!(restored, 1, "{log:#?}");
+}
+
 /// Pieces the gateway sent to its nodes so far (all volumes and nodes), from its /metrics.
 fn pieces_sent(admin: SocketAddr) -> u64 {
     let (status, _, body) = common::http(admin, "GET", "/metrics", "", "");
