@@ -428,29 +428,30 @@ impl RemoteVolume {
                 closing: closing_rx.clone(),
             });
             let mut conns = Vec::with_capacity(cfg.connections);
-            let mut down = false;
+            // Why the node could not be reached, once it could not: the pool's other connections start down
+            // for the same reason, without trying.
+            let mut down: Option<String> = None;
             for _ in 0..cfg.connections {
                 // A node that is down does not stop the start (its pieces fail with EIO until a connection
                 // comes up); one that answers wrongly (refused export or protocol, too small) does.
-                let session = if down {
-                    None
-                } else {
-                    match target.connect().await {
-                        Ok(s) => Some(s),
+                let start = match &down {
+                    Some(why) => Err(why.clone()),
+                    None => match target.connect().await {
+                        Ok(s) => Ok(s),
                         Err(ConnectError::Unreachable(why)) => {
                             tracing::warn!(node = %node.name, address = %node.address, volume, "node unreachable at start ({why}); its pieces fail with EIO until it is reached");
-                            down = true;
-                            None
+                            down = Some(why.clone());
+                            Err(why)
                         }
                         Err(e) => return Err(e.into_open(&target)),
-                    }
+                    },
                 };
                 let (tx, rx) = mpsc::unbounded_channel();
                 let state = Arc::new(LinkState::default());
-                if let Some(s) = &session {
+                if let Ok(s) = &start {
                     s.publish(&state, &node.name, volume);
                 }
-                tasks.push(tokio::spawn(run_link(target.clone(), session, rx, state.clone())));
+                tasks.push(tokio::spawn(run_link(target.clone(), start, rx, state.clone())));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
             }
             links.push(Some(NodeLink { target: target.clone(), conns, next: AtomicUsize::new(0) }));
@@ -1107,20 +1108,24 @@ fn scan_period(timeout: Duration) -> Duration {
 }
 
 /// One pooled connection's life: sessions, and between them backoff during which pieces fail at once.
-/// Ends when every sender is gone (the volume was dropped).
+/// `start` is the first session, or why the node could not be reached at start (logged there). Ends when
+/// every sender is gone (the volume was dropped).
 async fn run_link(
     target: Arc<Target>,
-    mut session: Option<Session>,
+    start: Result<Session, String>,
     mut rx: mpsc::UnboundedReceiver<Work>,
     state: Arc<LinkState>,
 ) {
     let name = target.node.name.as_str();
     let mut backoff = BACKOFF_MIN;
-    // Without a first session the node was unreachable at start (logged there).
-    let mut was_down = session.is_none();
+    let mut was_down = start.is_err();
     // Failed reconnects: the last reason logged, when, and the attempts since (a node that keeps failing
-    // is named again when its reason changes, or every RECONNECT_LOG_INTERVAL).
-    let mut failing: Option<(String, Instant, u64)> = None;
+    // is named again when its reason changes, or every RECONNECT_LOG_INTERVAL). The start's reason counts
+    // as logged.
+    let (mut session, mut failing) = match start {
+        Ok(s) => (Some(s), None),
+        Err(why) => (None, Some((why, Instant::now(), 0))),
+    };
     // Lost sessions likewise: the last reason logged, when, and the losses not logged since (a node that
     // ends every session at once is named once a minute, its "restored" line only after a logged loss).
     let mut losing: Option<(String, Instant, u64)> = None;

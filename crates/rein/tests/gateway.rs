@@ -960,6 +960,43 @@ fn failed_reconnects_are_logged_with_their_cause() {
     assert!(line.contains("s1") && line.contains("attempts"), "{line}");
 }
 
+/// A node unreachable at start is named once, by the start's line: the reconnects that fail for the same
+/// reason say nothing more until the reason changes. Here the node takes TCP connections and never greets
+/// (the test accepts them, which counts the gateway's attempts), then goes away: the start's line names
+/// the silent handshake, the failed reconnects of the three pooled connections add nothing for it, and
+/// the next cause (the connections cut) is logged. Before, each pooled connection's first failed
+/// reconnect logged the start's cause again: four lines for one cause.
+#[test]
+fn a_node_down_at_start_is_named_once_until_its_cause_changes() {
+    let tmp = tmpdir("gw-down-once");
+    let silent = std::net::TcpListener::bind("127.0.0.198:0").unwrap();
+    silent.set_nonblocking(true).unwrap();
+    let addr = silent.local_addr().unwrap();
+    let body = "[[exports]]\nname = \"v\"\nsize_mb = 8\n";
+    let gw = gateway(&gateway_config_with(tmp.path(), 199, "connections_per_node = 3\n", &[("s1", addr)], body));
+    gw.wait_line("node unreachable at start");
+    // The start's attempt, each connection's first reconnect (which then times out as the start's did), and
+    // each one's second: the failures of the first reconnects were handled (and logged, or not) by then.
+    let mut held = Vec::new();
+    common::wait_for(
+        "the gateway's attempts",
+        Duration::from_secs(30),
+        || {
+            while let Ok((sock, _)) = silent.accept() {
+                held.push(sock);
+            }
+            held.len()
+        },
+        |&n| n >= 7,
+    );
+    drop((held, silent));
+    let changed = |l: &String| l.contains("node connection failed") && !l.contains("did not finish");
+    common::wait_for("the next cause", Duration::from_secs(30), || gw.log.lock().unwrap().iter().any(changed), |&c| c);
+    let log = gw.log.lock().unwrap();
+    let silent = log.iter().filter(|l| l.contains("did not finish the NBD handshake")).count();
+    assert_eq!(silent, 1, "{log:#?}");
+}
+
 /// A node that was down and came back is "restored" once: a later new session (here the hello again with
 /// a tenant's new spec, after a reload) is not logged as a restore. Before, every session after an outage
 /// said `node connection restored` again (the review saw it after each SIGHUP that changed a spec).
