@@ -20,7 +20,9 @@
 //! link to the controller breaks.
 //!
 //! # Invariants
-//! 1. One connection per server name: a new hello for a connected server replaces the old connection.
+//! 1. One connection per server name: a new hello for a server whose connection is live (a frame within
+//!    [`LIVE_WITHIN`]: it pings every 100 ms) is refused, naming the live one (two servers configured with
+//!    one name); a new hello for one whose connection went silent (a half-open link) replaces it.
 //! 2. A server gets only messages for its own index, and a report or note naming another index closes
 //!    its connection.
 //! 3. Bounded: at most `servers + 16` connections at once, only from `allow_networks` (default loopback),
@@ -65,6 +67,9 @@ pub const MAX_PERIOD_CELLS_KEPT: usize = 1 << 18;
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest hello body accepted (a name of at most 256 bytes and its length).
 pub const HELLO_MAX_BODY: usize = 512;
+/// A server's connection that sent a frame within this is live: a second hello with its name is refused,
+/// not taken as its replacement (servers ping every 100 ms, so this is ten pings).
+pub const LIVE_WITHIN: Duration = Duration::from_secs(1);
 /// Networks allowed to connect when `allow_networks` is absent.
 pub const DEFAULT_NETWORKS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
 /// Frames queued for one server's connection. The controller sends a few per period (a report request,
@@ -422,8 +427,15 @@ pub struct BucketStatus {
 
 /// What the connection tasks tell the controller's task.
 enum Event {
-    /// Server `index` connected; its frames go out on `tx` (connection `conn`).
-    Joined { index: usize, conn: u64, tx: mpsc::Sender<Message> },
+    /// Server `index` said hello from `peer`; its frames would go out on `tx` (connection `conn`). The
+    /// answer: welcomed, or refused with the reason (its name is live on another connection).
+    Joined {
+        index: usize,
+        conn: u64,
+        peer: SocketAddr,
+        tx: mpsc::Sender<Message>,
+        verdict: tokio::sync::oneshot::Sender<Result<(), String>>,
+    },
     /// Connection `conn` of server `index` ended.
     Left { index: usize, conn: u64 },
     /// A frame from server `index`.
@@ -583,8 +595,17 @@ pub async fn run(
     ));
     let origin = if s.hold { None } else { Some(Nanos::ZERO) };
     let refusals = (0..names.len()).map(|_| Default::default()).collect();
-    let task =
-        Task { ctl, clock, origin, conns: vec![None; names.len()], status, periods, requested: None, names, refusals };
+    let task = Task {
+        ctl,
+        clock,
+        origin,
+        conns: (0..names.len()).map(|_| None).collect(),
+        status,
+        periods,
+        requested: None,
+        names,
+        refusals,
+    };
     let mut watchdog = crate::notify::Watchdog::from_env();
     let run = task.run(ev_rx);
     tokio::pin!(run, shutdown);
@@ -631,7 +652,7 @@ enum Cut {
     Opening,
     /// The TLS identity is not in `allow_identities`.
     Identity,
-    /// A hello naming no configured server.
+    /// A hello naming no configured server, or a server connected already.
     Name,
     /// A welcomed server's connection broke (a bad or oversized frame, the socket).
     Welcomed,
@@ -741,14 +762,25 @@ async fn connection(
         let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
         return Err((Cut::Name, reason));
     };
+    // The controller's verdict before the welcome (frames it queues meanwhile wait in `rx`).
+    let (tx, mut rx) = mpsc::channel::<Message>(WRITER_QUEUE);
+    let (verdict_tx, verdict) = tokio::sync::oneshot::channel();
+    if ev.send(Event::Joined { index, conn, peer, tx, verdict: verdict_tx }).await.is_err() {
+        return Ok(());
+    }
+    match verdict.await {
+        Ok(Ok(())) => {}
+        Ok(Err(reason)) => {
+            admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+            let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
+            return Err((Cut::Name, reason));
+        }
+        Err(_) => return Ok(()),
+    }
     let welcome =
         Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec(), limited: limited.to_vec() };
     crate::pshift_link::write_frame(&mut wr, &welcome).await.map_err(opening)?;
     tracing::info!(server = %name, index, "pShift server connected");
-    let (tx, mut rx) = mpsc::channel::<Message>(WRITER_QUEUE);
-    if ev.send(Event::Joined { index, conn, tx }).await.is_err() {
-        return Ok(());
-    }
     let mut writer = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
             match tokio::time::timeout(WRITE_TIMEOUT, crate::pshift_link::write_frame(&mut wr, &m)).await {
@@ -786,14 +818,25 @@ async fn connection(
     r
 }
 
+/// A server's connection, as the controller's task holds it.
+struct Conn {
+    /// The connection's number.
+    id: u64,
+    /// Its writer's queue.
+    tx: mpsc::Sender<Message>,
+    peer: SocketAddr,
+    /// When its last frame (or its hello) came, on the controller's clock.
+    heard: Nanos,
+}
+
 struct Task {
     ctl: Controller,
     clock: Clock,
     /// When the schedule started on `clock` (`None`: held, waiting for a start request). The controller's
     /// times are from here.
     origin: Option<Nanos>,
-    /// Per server: its connection's number and writer.
-    conns: Vec<Option<(u64, mpsc::Sender<Message>)>>,
+    /// Per server: its connection.
+    conns: Vec<Option<Conn>>,
     status: Arc<Mutex<ControllerStatus>>,
     periods: Arc<Mutex<PeriodsStatus>>,
     /// The boundary whose reports were asked for.
@@ -855,7 +898,7 @@ impl Task {
     /// Queues `m` for server `index`'s connection, if it has one; a connection [`WRITER_QUEUE`] frames
     /// behind is closed.
     fn send(&mut self, index: usize, m: Message) {
-        let Some(Some((_, tx))) = self.conns.get(index) else { return };
+        let Some(Some(Conn { tx, .. })) = self.conns.get(index) else { return };
         if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(m) {
             self.refuse(index, format!("its connection is {WRITER_QUEUE} frames behind (not reading)"));
         }
@@ -876,11 +919,25 @@ impl Task {
                     tracing::info!("pShift controller: schedule started");
                 }
             }
-            Event::Joined { index, conn, tx } => {
-                if self.conns[index].is_some() {
-                    tracing::warn!(server = %self.names[index], "pShift server connected again: the new connection replaces the old");
+            Event::Joined { index, conn, peer, tx, verdict } => {
+                let now = self.clock.now();
+                if let Some(old) = &self.conns[index] {
+                    if now.saturating_sub(old.heard) < Nanos::from_duration(LIVE_WITHIN) {
+                        let _ = verdict.send(Err(format!(
+                            "server {:?} is connected already, from {} (are two servers configured with this \
+                             name?); a second connection is taken only once the first has been silent for {} s",
+                            self.names[index],
+                            old.peer,
+                            LIVE_WITHIN.as_secs()
+                        )));
+                        return;
+                    }
+                    tracing::warn!(server = %self.names[index], old = %old.peer, new = %peer, "pShift server connected again: the new connection replaces the old, silent one");
                 }
-                self.conns[index] = Some((conn, tx));
+                if verdict.send(Ok(())).is_err() {
+                    return; // the connection is gone
+                }
+                self.conns[index] = Some(Conn { id: conn, tx, peer, heard: now });
                 // A server that joins after this boundary's request still reports it.
                 if let Some(round) = self.requested.filter(|&r| r == self.ctl.round()) {
                     self.send(index, Message::ReportRequest { round, early: 0 });
@@ -888,15 +945,17 @@ impl Task {
                 self.status.lock().unwrap_or_else(|e| e.into_inner()).servers[index].1 = true;
             }
             Event::Left { index, conn } => {
-                if self.conns[index].as_ref().is_some_and(|c| c.0 == conn) {
+                if self.conns[index].as_ref().is_some_and(|c| c.id == conn) {
                     self.conns[index] = None;
                     tracing::warn!(server = %self.names[index], "pShift server disconnected");
                     self.status.lock().unwrap_or_else(|e| e.into_inner()).servers[index].1 = false;
                 }
             }
             Event::Frame { index, conn, m } => {
-                if self.conns[index].as_ref().is_none_or(|c| c.0 != conn) {
-                    return; // a replaced connection's late frame
+                let now = self.clock.now();
+                match &mut self.conns[index] {
+                    Some(c) if c.id == conn => c.heard = now,
+                    _ => return, // a replaced connection's late frame
                 }
                 if let Message::Ping { t0 } = m {
                     let pong = self.pong(t0);
@@ -1291,6 +1350,52 @@ mod tests {
         let mut buf = Vec::new();
         let e = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap_err();
         assert!(e.contains("closed"), "{e}");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+    }
+
+    /// Reads frames from a server's connection until a pong (report requests may come first).
+    async fn pong(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut Vec<u8>) {
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(5), read_frame(rd, buf)).await.unwrap().unwrap();
+            if matches!(m, Message::Pong { .. }) {
+                return;
+            }
+        }
+    }
+
+    /// Two servers configured with one name: a hello with the name of a server whose connection is live
+    /// (it pings) is refused, naming the live one, which keeps its place; once that one is gone, the name
+    /// is welcomed again. Before, each hello replaced the other's connection, and two such servers took
+    /// turns every 100 ms for ever (20 log lines a second at the controller, no stable link for either).
+    #[tokio::test]
+    async fn a_hello_with_a_live_servers_name_is_refused() {
+        let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
+        let (addr, stop_tx, task) = start(s).await;
+        let (mut rd, mut wr, mut buf, m) = hello(addr, "s1").await;
+        assert!(matches!(m, Message::Welcome { server: 0, .. }), "{m:?}");
+        write_frame(&mut wr, &Message::Ping { t0: 1 }).await.unwrap();
+        pong(&mut rd, &mut buf).await;
+        let (_, _, _, m) = hello(addr, "s1").await;
+        let mine = wr.local_addr().unwrap().to_string();
+        assert!(
+            matches!(&m, Message::Refuse { reason } if reason.contains("is connected already") && reason.contains(&mine)),
+            "{m:?}"
+        );
+        // The first is still served.
+        write_frame(&mut wr, &Message::Ping { t0: 2 }).await.unwrap();
+        pong(&mut rd, &mut buf).await;
+        drop((rd, wr));
+        let welcomed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match hello(addr, "s1").await.3 {
+                    m @ Message::Welcome { .. } => return m,
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        })
+        .await;
+        assert!(welcomed.is_ok(), "the name is not taken again once its connection is gone");
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
     }

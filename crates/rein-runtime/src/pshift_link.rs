@@ -16,7 +16,7 @@
 //! report it maps the tenants created or deleted since ([`crate::dispatch::Dispatcher::pshift_map`]), so
 //! a tenant created at run time is its bucket from the next boundary on, without a reconnect. When the
 //! link breaks the buckets go back to plain round robin and the link reconnects (100 ms, doubling to
-//! 5 s); a refusal (an unknown name) is logged once and retried at the longest backoff. A controller
+//! 5 s); a refusal (an unknown name, or the name of a server connected already) is logged once and retried at the longest backoff. A controller
 //! that sends no frame for [`SILENCE_TIMEOUT`] (it answers a ping every [`PING_EVERY`]), or takes none
 //! within it, breaks the link too: a hung or stopped controller does not keep its last tokens in force
 //! (a limited bucket whose L-tokens ran out was served nothing) until the TCP connection dies. A ping
