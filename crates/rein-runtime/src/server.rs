@@ -197,9 +197,9 @@ fn admit(cfg: &ServerConfig, capacity: Option<&CapacityEntry>) -> Result<(), Ser
     };
     let shortfall = Shortfall::of(cfg.reserved(), cap).map(|s| match s {
         Shortfall::Above { .. } => format!("{s} ({})", source.name()),
-        Shortfall::Unknown { .. } => format!(
-            "{s}: set capacity_iops, probe_capacity_s or [device_model] (or start with admission = \"warn\" and PUT /api/capacity)"
-        ),
+        Shortfall::Unknown { .. } => {
+            format!("{s}: set capacity_iops, probe_capacity_s or [device_model], or PUT /api/capacity once it runs")
+        }
     });
     if let Some(msg) = shortfall {
         match cfg.admission {

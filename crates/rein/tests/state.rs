@@ -212,7 +212,8 @@ fn a_corrupt_state_file_is_a_clear_error() {
 }
 
 /// Before: with reservations and no capacity, admission did nothing, silently. Now the server refuses to
-/// start and says how to set one.
+/// start and says how to set one, and how to start anyway once (the error said `admission = "warn"`
+/// twice: in its hint and again in the refusal's).
 #[test]
 fn admission_fails_closed_without_a_capacity() {
     let tmp = tempfile::tempdir().unwrap();
@@ -222,6 +223,7 @@ fn admission_fails_closed_without_a_capacity() {
         err.contains("no capacity is known") && err.contains("capacity_iops") && err.contains("probe_capacity_s"),
         "{err}"
     );
+    assert_eq!(err.matches("admission = \"warn\"").count(), 1, "the way to start anyway, once: {err}");
     let path = config_file(tmp.path(), 45, &BASE.replace("capacity_iops = 1000\n", "admission = \"warn\"\n"));
     let s = start(&path).unwrap();
     s.wait_line("no capacity is known");
