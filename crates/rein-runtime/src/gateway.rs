@@ -442,6 +442,33 @@ impl GatewayConfig {
         Ok(lines)
     }
 
+    /// Refuses a node at this gateway's own front: `listen` (or, when `listen` is an unspecified address,
+    /// a loopback address at its port) or `listen_unix`. Its pieces would come back through the front as
+    /// requests for the same volume, nested until `request_timeout_s` failed them all with EIO. Called once
+    /// the command line's `--listen` and `--listen-unix` are applied.
+    pub fn check_no_node_at_the_front(&self) -> Result<(), GatewayConfigError> {
+        for n in &self.nodes {
+            let front = match &n.address {
+                NodeAddress::Tcp(a) => {
+                    let unspecified = self.listen.ip().is_unspecified() && a.ip().is_loopback();
+                    (*a == self.listen || (unspecified && a.port() == self.listen.port()))
+                        .then(|| self.listen.to_string())
+                }
+                NodeAddress::Unix(p) => {
+                    self.listen_unix.as_ref().filter(|u| u.path == *p).map(|u| u.path.display().to_string())
+                }
+            };
+            if let Some(front) = front {
+                return Err(GatewayConfigError::Invalid(format!(
+                    "node {}: address {} is this gateway's own front ({front}): its pieces would come back to the \
+                     gateway as requests (a node's address, or the gateway's listen, mistyped?)",
+                    n.name, n.address
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The node connections this configuration holds (each export's nodes times `connections_per_node`;
     /// at most [`MAX_NODE_SESSIONS`]).
     pub fn node_sessions(&self) -> usize {

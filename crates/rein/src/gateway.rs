@@ -35,6 +35,7 @@ fn load(args: &GatewayArgs) -> Result<GatewayConfig> {
                 .map_err(anyhow::Error::msg)?,
         );
     }
+    cfg.check_no_node_at_the_front()?;
     Ok(cfg)
 }
 

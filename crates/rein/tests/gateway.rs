@@ -960,6 +960,39 @@ fn failed_reconnects_are_logged_with_their_cause() {
     assert!(line.contains("s1") && line.contains("attempts"), "{line}");
 }
 
+/// A node at the gateway's own front (a typo for a node's port on a shared host, `--listen` on a node's
+/// address, or the front's Unix socket) is refused, by `--check-config` and by a start, naming the node
+/// and the address. Before, the gateway started, connected to itself once it listened (`node connection
+/// restored`), and each request came back through its own front, nested 257 deep, until
+/// request_timeout_s failed them all with EIO.
+#[test]
+fn a_node_at_the_gateways_own_front_is_refused() {
+    let tmp = tmpdir("gw-self");
+    let dir = tmp.path();
+    let front = free_tcp("127.0.0.194");
+    let export = "[[exports]]\nname = \"v\"\nsize_mb = 8\n";
+    let node = |address: &str| format!("[[nodes]]\nname = \"s1\"\naddress = \"{address}\"\n{export}");
+    let own = format!("this gateway's own front ({front})");
+    let same = write_file(dir, "same.toml", &format!("listen = \"{front}\"\n{}", node(&front.to_string())));
+    let other = write_file(dir, "other.toml", &format!("listen = \"127.0.0.194:0\"\n{}", node(&front.to_string())));
+    let (same, other) = (same.to_str().unwrap(), other.to_str().unwrap());
+    let front = front.to_string();
+    for (args, says) in [
+        (vec!["gateway", "--config", same, "--check-config"], own.as_str()),
+        (vec!["gateway", "--config", same], &own),
+        (vec!["gateway", "--config", other, "--listen", &front, "--check-config"], &own),
+    ] {
+        let err = Rein::new(&args).env("REIN_LOG", "off").fails();
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line: {err}");
+        assert!(lines[0].contains("node s1") && lines[0].contains(says), "{args:?}: {err}");
+    }
+    let unix = format!("listen = \"127.0.0.194:0\"\nlisten_unix = \"gw.sock\"\n{}", node("unix:gw.sock"));
+    let unix = write_file(dir, "unix.toml", &unix);
+    let err = Rein::new(&["gateway", "--config", unix.to_str().unwrap(), "--check-config"]).fails();
+    assert!(err.contains("node s1") && err.contains("this gateway's own front") && err.contains("gw.sock"), "{err}");
+}
+
 /// A node unreachable at start is named once, by the start's line: the reconnects that fail for the same
 /// reason say nothing more until the reason changes. Here the node takes TCP connections and never greets
 /// (the test accepts them, which counts the gateway's attempts), then goes away: the start's line names
