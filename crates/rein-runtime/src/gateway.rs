@@ -693,7 +693,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
                 w
             }
         };
-        let stripe = Stripe::new(e.stripe_kb << 10, &widths).map_err(|err| format!("{owner}: widths: {err}"))?;
+        let stripe = Stripe::new(e.stripe_kb << 10, &widths).map_err(|err| format!("{owner}: {err}"))?;
         let tname = e.tenant.clone().unwrap_or_else(|| e.name.clone());
         let tenant = match tenants.iter().position(|t| t.name == tname) {
             Some(i) => i,

@@ -439,6 +439,8 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
         (format!("[[nodes]]\nname = \"s1\"\naddress = \"nowhere\"\n{export}"), "address"),
         (format!("{good_node}{export}widths = {{ s9 = 1 }}\n"), "widths names unknown node \"s9\""),
         (format!("{good_node}{export}stripe_kb = 0\n"), "stripe_kb"),
+        // The key once (it said "widths: widths must include ...").
+        (format!("{good_node}{export}widths = {{ s1 = 0 }}\n"), "export v: widths must include at least one node"),
         (format!("{good_node}[[tenants]]\nname = \"v\"\nreservation_split = \"x\"\n{export}"), "reservation_split"),
         (
             format!("{good_node}[[tenants]]\nname = \"v\"\nserver_reservations = {{ s7 = 5 }}\n{export}"),
