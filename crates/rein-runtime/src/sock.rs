@@ -230,8 +230,12 @@ impl NodeAddress {
         if let Some(path) = text.strip_prefix("unix:") {
             return Ok(NodeAddress::Unix(unix_path(path, base)?));
         }
-        let a: SocketAddr =
-            text.parse().map_err(|e| format!("{e} (expected address:port, or unix:PATH for a local socket)"))?;
+        let a: SocketAddr = text.parse().map_err(|e| {
+            format!(
+                "{e} (expected an IP address and port, such as 10.0.0.11:10809, or unix:PATH for a local socket; \
+                 host names are not resolved)"
+            )
+        })?;
         if a.port() == 0 {
             return Err("port 0 (a node listens on a port of its own)".into());
         }

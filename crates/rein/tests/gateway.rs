@@ -437,6 +437,11 @@ fn bad_configs_are_one_line_errors_naming_the_key() {
         (format!("bogus = 1\n{good_node}{export}"), "bogus"),
         (format!("{good_node}protocol = \"smtp\"\n{export}"), "protocol"),
         (format!("[[nodes]]\nname = \"s1\"\naddress = \"nowhere\"\n{export}"), "address"),
+        // A host name: syntax the operator may expect to work; the error says it is not resolved.
+        (
+            format!("[[nodes]]\nname = \"s1\"\naddress = \"node1.example:10809\"\n{export}"),
+            "host names are not resolved",
+        ),
         (format!("{good_node}{export}widths = {{ s9 = 1 }}\n"), "widths names unknown node \"s9\""),
         (format!("{good_node}{export}stripe_kb = 0\n"), "stripe_kb"),
         // The key once (it said "widths: widths must include ...").
