@@ -721,7 +721,8 @@ fn a_tenant_created_at_run_time_becomes_its_bucket() {
 }
 
 /// A controller that did not run for a while (SIGSTOP 10 s: a paused VM, a debugger) gets its servers
-/// back in step: once it runs again, b3 (limited to 400 IOPS over both servers) is served again at each
+/// back in step: the servers break their silent links after 5 s (plain round robin meanwhile), and once
+/// it runs again and has welcomed them again, b3 (limited to 400 IOPS over both servers) is served again at each
 /// server within its limit. Before, a server whose boundary schedule came out of the stall ahead of the
 /// controller's kept cutting its reports one round early for good, so every answer came stale and was
 /// dropped: b3 got nothing there (its queued requests waited until the server stopped) and the
@@ -735,6 +736,12 @@ fn servers_follow_the_controller_again_after_it_stalls() {
     p.ctl.signal("-STOP");
     std::thread::sleep(Duration::from_secs(10));
     p.ctl.signal("-CONT");
+    // Silent for over 5 s, the controller lost both links (the servers served plain round robin
+    // meanwhile, pshift_link's SILENCE_TIMEOUT); they follow it again once it has welcomed them again.
+    for s in [&p.s1, &p.s2] {
+        let welcomes = || s.log.lock().unwrap().iter().filter(|l| l.contains("welcomed by the controller")).count();
+        common::wait_for("a second welcome after the stall", Duration::from_secs(20), welcomes, |n| *n >= 2);
+    }
     std::thread::sleep(Duration::from_secs(3));
     let [b3_s1, b3_s2] = rates(4, &|| [completed(&p.s1, "b3"), completed(&p.s2, "b3")]);
     assert!(b3_s1 > 40.0 && b3_s2 > 40.0, "b3 after the stall: {b3_s1:.0} and {b3_s2:.0} IOPS");
