@@ -757,6 +757,29 @@ fn exchange(mut s: std::net::TcpStream, bytes: &[u8]) -> Vec<u8> {
     answer
 }
 
+/// A fake controller's side of one connection: accepts it on `listener`, reads the server's hello and
+/// welcomes it with one bucket `b1` (limited or not); returns the connection.
+fn welcome_one(listener: &std::net::TcpListener, limited: bool) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let (mut conn, _) = listener.accept().unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    while rein_proto::pshift::decode(&buf).unwrap().is_none() {
+        let mut chunk = [0u8; 1024];
+        let n = conn.read(&mut chunk).unwrap();
+        assert!(n > 0, "the server closed before its hello");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let welcome = rein_proto::pshift::Message::Welcome {
+        server: 0,
+        strays: false,
+        buckets: vec!["b1".into()],
+        limited: vec![limited],
+    };
+    conn.write_all(&frame(&welcome)).unwrap();
+    conn
+}
+
 /// A pShift frame's bytes.
 fn frame(m: &rein_proto::pshift::Message) -> Vec<u8> {
     let mut out = Vec::new();
@@ -950,25 +973,13 @@ fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() 
 /// limited bucket whose L-tokens ran out was served nothing until the TCP connection died.
 #[test]
 fn a_silent_controller_does_not_hold_a_servers_link() {
-    use rein_proto::pshift::Message;
-    use std::io::{Read, Write};
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-silent-ctl");
     let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let fake = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut buf = Vec::new();
-        while rein_proto::pshift::decode(&buf).unwrap().is_none() {
-            let mut chunk = [0u8; 1024];
-            let n = conn.read(&mut chunk).unwrap();
-            assert!(n > 0, "the server closed before its hello");
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        let welcome = Message::Welcome { server: 0, strays: false, buckets: vec!["b1".into()], limited: vec![true] };
-        conn.write_all(&frame(&welcome)).unwrap();
+        let conn = welcome_one(&listener, true);
         // Silent from here on: nothing sent, nothing read, the socket open until the test ends.
         let _ = stop_rx.recv_timeout(Duration::from_secs(30));
         drop(conn);
@@ -1048,7 +1059,7 @@ fn a_welcomed_servers_frames_are_bounded_by_a_report() {
 #[test]
 fn a_controllers_absurd_schedule_breaks_the_link() {
     use rein_proto::pshift::Message;
-    use std::io::{Read, Write};
+    use std::io::Write;
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-absurd-pong");
     let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
@@ -1061,18 +1072,7 @@ fn a_controllers_absurd_schedule_breaks_the_link() {
         ];
         let mut held = Vec::new();
         for pong in pongs {
-            let (mut conn, _) = listener.accept().unwrap();
-            conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut buf = Vec::new();
-            while rein_proto::pshift::decode(&buf).unwrap().is_none() {
-                let mut chunk = [0u8; 1024];
-                let n = conn.read(&mut chunk).unwrap();
-                assert!(n > 0, "the server closed before its hello");
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let welcome =
-                Message::Welcome { server: 0, strays: false, buckets: vec!["b1".into()], limited: vec![false] };
-            conn.write_all(&frame(&welcome)).unwrap();
+            let mut conn = welcome_one(&listener, false);
             conn.write_all(&frame(&pong)).unwrap();
             held.push(conn);
         }
@@ -1094,8 +1094,8 @@ fn a_controllers_absurd_schedule_breaks_the_link() {
 /// the server's memory.
 #[test]
 fn a_controllers_frames_are_bounded_by_a_token_message() {
-    use rein_proto::pshift::{Message, MAGIC, VERSION};
-    use std::io::{Read, Write};
+    use rein_proto::pshift::{MAGIC, VERSION};
+    use std::io::Write;
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-ctl-frame-bound");
     let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
@@ -1104,18 +1104,7 @@ fn a_controllers_frames_are_bounded_by_a_token_message() {
     let fake = std::thread::spawn(move || {
         let mut held = Vec::new();
         for len in [85u32, 84] {
-            let (mut conn, _) = listener.accept().unwrap();
-            conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut buf = Vec::new();
-            while rein_proto::pshift::decode(&buf).unwrap().is_none() {
-                let mut chunk = [0u8; 1024];
-                let n = conn.read(&mut chunk).unwrap();
-                assert!(n > 0, "the server closed before its hello");
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let welcome =
-                Message::Welcome { server: 0, strays: false, buckets: vec!["b1".into()], limited: vec![false] };
-            conn.write_all(&frame(&welcome)).unwrap();
+            let mut conn = welcome_one(&listener, false);
             // A token message (kind 7) of `len` body bytes: the 85-byte one's header only; the 84-byte one
             // whole, three lines and 4 bytes too many.
             let mut h = MAGIC.to_le_bytes().to_vec();
