@@ -424,6 +424,23 @@ impl Server {
         }
     }
 
+    /// Calls `poke` (one more of what a rate-limited log line is about) until, within 5 s, a line
+    /// containing `needle` says how many were not logged since the last one (`unlogged=N`, N > 0);
+    /// returns it.
+    pub(crate) fn wait_unlogged(&self, needle: &str, mut poke: impl FnMut()) -> String {
+        let line = wait_for(
+            "a line with the number not logged",
+            Duration::from_secs(5),
+            || {
+                poke();
+                let log = self.log.lock().unwrap();
+                log.iter().find(|l| l.contains(needle) && l.contains("unlogged=") && !l.contains("unlogged=0")).cloned()
+            },
+            |l| l.is_some(),
+        );
+        line.expect("found")
+    }
+
     /// Waits (at most 30 s) for a log line containing `needle`; returns it.
     pub(crate) fn wait_line(&self, needle: &str) -> String {
         self.wait_log(&[needle], Duration::from_secs(30))
