@@ -59,6 +59,11 @@ impl SparseLog {
         log.0 = Some(now);
         Some(std::mem::take(&mut log.1))
     }
+
+    /// How many were not logged since the last line.
+    pub fn unlogged(&self) -> u64 {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
 }
 
 /// One export's access list (`allow_networks`, `allow_identities`).
@@ -142,9 +147,9 @@ pub struct ConnLimits {
     counts: Mutex<Counts>,
     refusing: Arc<Semaphore>,
     /// When a refusal was last logged, and how many have not been logged since.
-    refusal_log: Mutex<(Option<Instant>, u64)>,
+    refusal_log: SparseLog,
     /// The same for failed accepts (out of descriptors, say), and how many failed in a row.
-    accept_log: Mutex<(Option<Instant>, u64)>,
+    accept_log: SparseLog,
     accept_streak: std::sync::atomic::AtomicU32,
     /// Failed handshakes, logged at most once per [`REFUSAL_LOG_INTERVAL`].
     handshake_log: SparseLog,
@@ -207,8 +212,8 @@ impl ConnLimits {
             caps,
             counts: Mutex::default(),
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
-            refusal_log: Mutex::new((None, 0)),
-            accept_log: Mutex::new((None, 0)),
+            refusal_log: SparseLog::default(),
+            accept_log: SparseLog::default(),
             accept_streak: std::sync::atomic::AtomicU32::new(0),
             handshake_log: SparseLog::default(),
         })
@@ -269,14 +274,7 @@ impl ConnLimits {
     /// Logs a refused connection (a warning), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line
     /// says how many were not logged. Returns whether it logged.
     pub fn log_refusal(&self, peer: crate::sock::Peer, why: &str, closed: bool) -> bool {
-        let now = Instant::now();
-        let mut log = self.refusal_log.lock().expect("the log lock is not poisoned");
-        if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
-            log.1 += 1;
-            return false;
-        }
-        let unlogged = std::mem::take(&mut log.1);
-        log.0 = Some(now);
+        let Some(unlogged) = self.refusal_log.due() else { return false };
         let action = if closed { "closing (too many refusals in progress)" } else { "refusing" };
         tracing::warn!(%peer, unlogged, "{action} connection: {why}");
         true
@@ -290,14 +288,7 @@ impl ConnLimits {
         use std::sync::atomic::Ordering;
         let streak = self.accept_streak.fetch_add(1, Ordering::Relaxed).min(7);
         let pause = (Duration::from_millis(10) * (1 << streak)).min(Duration::from_secs(1));
-        let now = Instant::now();
-        let mut log = self.accept_log.lock().expect("the log lock is not poisoned");
-        if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
-            log.1 += 1;
-            return (pause, false);
-        }
-        let unlogged = std::mem::take(&mut log.1);
-        log.0 = Some(now);
+        let Some(unlogged) = self.accept_log.due() else { return (pause, false) };
         tracing::warn!(unlogged, pause_ms = pause.as_millis() as u64, "accept failed: {e}");
         (pause, true)
     }
@@ -340,7 +331,7 @@ mod tests {
         let ms: Vec<u128> = got.iter().map(|g| g.0.as_millis()).collect();
         assert_eq!(ms, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
         assert_eq!(got.iter().filter(|g| g.1).count(), 1, "one line per interval");
-        assert_eq!(limits.accept_log.lock().unwrap().1, 9);
+        assert_eq!(limits.accept_log.unlogged(), 9);
         limits.accept_succeeded();
         assert_eq!(limits.accept_failed(&e).0, Duration::from_millis(10));
     }
@@ -434,6 +425,6 @@ mod tests {
         let peer = crate::sock::Peer::Tcp("127.0.0.2:1".parse().unwrap());
         assert!(limits.log_refusal(peer, "cap", false));
         assert!(!limits.log_refusal(peer, "cap", false));
-        assert_eq!(limits.refusal_log.lock().unwrap().1, 1);
+        assert_eq!(limits.refusal_log.unlogged(), 1);
     }
 }
