@@ -493,6 +493,8 @@ impl HostPoller {
 /// - records of another host under its own id (`id_conflicts`): two hosts shared an id, and their peers
 ///   took them for one host (one entry in the cluster signal): an error, the run's PARDA results are not
 ///   to be trusted;
+/// - a peer's board slot switching between two incarnations, both advancing (`peer_id_conflicts`): two
+///   other hosts shared an id, an error as well;
 /// - reports it refused or failed to exchange (`records_refused`, `exchange_errors`): the signal rested
 ///   on fewer hosts than the scenario has;
 /// - stalls of its process (`stalls`, `stalled_ios`): it did not run for a while (stopped, or a machine
@@ -508,6 +510,16 @@ fn warn_of_mishaps(name: &str, st: &rein_runtime::parda_host::HostStatus) {
             last_from = st.id_conflict_from.as_deref().unwrap_or("?"),
             "PARDA host received reports under its own id from another host: two hosts shared one id and their \
              peers took them for one host, so this run's PARDA results are not to be trusted"
+        );
+    }
+    if st.peer_id_conflicts > 0 {
+        tracing::error!(
+            host = %name,
+            peer_id_conflicts = st.peer_id_conflicts,
+            last = st.peer_id_conflict.as_deref().unwrap_or("?"),
+            "PARDA host read one peer's board slot switching between two incarnations, both advancing: two other \
+             hosts shared one id and the peers took them for one host, so this run's PARDA results are not to be \
+             trusted"
         );
     }
     if st.records_refused > 0 || st.exchange_errors > 0 {
@@ -550,7 +562,7 @@ mod tests {
     }
 
     /// A PARDA host's counts of the run's mishaps are named at its end, with the counts: records of
-    /// another host under its own id as an error, stalls of its process as a warning (here from an admin
+    /// another host under its own id and a peer's slot switching between two incarnations as errors, stalls of its process as a warning (here from an admin
     /// endpoint that answers `/api/parda` with those counts).
     #[test]
     fn a_hosts_id_conflicts_and_stalls_are_named_at_the_run_end() {
@@ -566,7 +578,7 @@ mod tests {
             "beta": 1.0, "beta_base": 1.0, "vms": 1, "outstanding": 0, "queued": 0, "estimate_ms": null,
             "signal_ms": null, "cluster_hosts": 1, "periods": 0, "completed": 0, "abandoned": 0,
             "latency_sum_ns": 0, "now_s": 1.0, "exchange_errors": 0, "records_refused": 0, "id_conflicts": 3,
-            "id_conflict_from": "127.0.0.9:7711", "stalls": 2, "stalled_ios": 17, "history": []}"#;
+            "id_conflict_from": "127.0.0.9:7711", "peer_id_conflicts": 5, "peer_id_conflict": "host 1 from slot 1", "stalls": 2, "stalled_ios": 17, "history": []}"#;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let admin = listener.local_addr().unwrap();
         std::thread::spawn(move || {
@@ -619,6 +631,11 @@ mod tests {
         assert!(conflict.contains("not to be trusted"), "{log}");
         for field in ["host=h1", "id_conflicts=3", "last_from=\"127.0.0.9:7711\""] {
             assert!(conflict.contains(field), "{field}: {log}");
+        }
+        let peers = line("switching between two incarnations");
+        assert!(peers.starts_with("ERROR"), "{log}");
+        for field in ["host=h1", "peer_id_conflicts=5", "last=\"host 1 from slot 1\""] {
+            assert!(peers.contains(field), "{field}: {log}");
         }
         let stall = line("stalled");
         assert!(stall.starts_with(" WARN"), "{log}");

@@ -56,6 +56,12 @@
 //! host's previous incarnation until then). Such records are never fed to the aggregator (the host's own
 //! report stands for its id), and the host logs them (`parda_host`).
 //!
+//! Their peers see them too, where they can: on the board the two overwrite one slot, and a peer that
+//! reads it sees records of two incarnations, each advancing (rein-core's `Accept::Rival`, counted in
+//! [`CollectStats::rivals`]; a peer whose reads always fall between the same two writes sees one of them
+//! only, and cannot tell). Over UDP a peer takes a host id's records from one configured address only,
+//! so the other host's are refused as misplaced.
+//!
 //! Time (`now`) is passed in by the caller, as in the core: liveness is the caller's monotonic clock at
 //! collection time, so tests drive it explicitly and a daemon passes its clock.
 //!
@@ -259,6 +265,13 @@ pub struct CollectStats {
     /// Where the first [`MAX_REFUSED_SHOWN`] of them were found (slot or sender) and the record, for the
     /// log.
     pub same_id_shown: Vec<(String, HostReport)>,
+    /// Valid records of a peer's incarnation that its live one displaced, still advancing: two other
+    /// hosts report under one id (rein-core's `Accept::Rival`; module comment, "Two hosts with one id").
+    /// Counted in `accepted` or `stale` as well, by whether the aggregator took them.
+    pub rivals: usize,
+    /// Where the first [`MAX_REFUSED_SHOWN`] of them were found (slot or sender) and the record, for the
+    /// log.
+    pub rivals_shown: Vec<(String, HostReport)>,
     /// The board's path named another file, or none, when this exchange began: it was opened again
     /// (module comment, "A board deleted or replaced").
     pub reopened: Option<BoardChange>,
@@ -292,11 +305,18 @@ impl CollectStats {
         }
     }
 
-    fn count(&mut self, a: Accept) {
+    /// The aggregator's verdict `a` on record `r`, found at `from` (slot or sender).
+    fn count(&mut self, a: Accept, from: impl FnOnce() -> String, r: HostReport) {
         match a {
-            Accept::First | Accept::Newer | Accept::Restarted => self.accepted += 1,
+            Accept::First | Accept::Newer | Accept::Restarted | Accept::Rival { taken: true } => self.accepted += 1,
             Accept::Duplicate => self.duplicate += 1,
-            Accept::Stale => self.stale += 1,
+            Accept::Stale | Accept::Rival { taken: false } => self.stale += 1,
+        }
+        if let Accept::Rival { .. } = a {
+            self.rivals += 1;
+            if self.rivals_shown.len() < MAX_REFUSED_SHOWN {
+                self.rivals_shown.push((from(), r));
+            }
         }
     }
 }
@@ -507,7 +527,7 @@ fn feed_table(
             }
             Ok(Slot::Record(r)) => {
                 let a = agg.accept(now, r).expect("slot index is below MAX_HOSTS");
-                stats.count(a);
+                stats.count(a, || format!("slot {i}"), r);
             }
             Err(e) => stats.refuse(|| format!("slot {i}"), e),
         }
@@ -682,13 +702,16 @@ impl UdpAggregation {
     /// Feeds the records taken since the last drain (at most [`max_datagrams`]) to `agg` as received at
     /// `now`, with the refusals counted meanwhile.
     pub fn drain(&self, now: Nanos, agg: &mut Aggregator) -> CollectStats {
-        let (inbox, mut stats) = {
+        let (inbox, mut stats, peers) = {
             let mut s = self.shared();
-            (std::mem::take(&mut s.inbox), std::mem::take(&mut s.stats))
+            (std::mem::take(&mut s.inbox), std::mem::take(&mut s.stats), s.peers.clone())
         };
         for r in inbox {
             let a = agg.accept(now, r).expect("decoded host ids are below MAX_HOSTS");
-            stats.count(a);
+            // Taken only from the address configured for its host id (`UdpShared::take`).
+            let from =
+                || peers.iter().find(|p| p.0 == r.host).map_or_else(|| format!("host {}", r.host), |p| p.1.to_string());
+            stats.count(a, from, r);
         }
         stats
     }

@@ -74,8 +74,11 @@
 //! naming the path). A valid record carrying the host's own id from another host (over UDP a datagram
 //! with its id and another epoch; on the board its slot holding another incarnation's record since its
 //! last write) means two hosts share an id: logged as an error at once, then at most once a minute
-//! with the count while it lasts (`id_conflicts`, `id_conflict_from`); the host runs on. Both are
-//! detected in rein-runtime's [`crate::aggregate`] (its module comment says how).
+//! with the count while it lasts (`id_conflicts`, `id_conflict_from`); the host runs on. Their peers
+//! see it on a board where their reads show the slot switching between the two hosts' incarnations,
+//! both advancing: a warning naming the id, then at most once a minute (`peer_id_conflicts`,
+//! `peer_id_conflict`). All are detected in rein-runtime's [`crate::aggregate`] (its module comment
+//! says how).
 //!
 //! # Changes while running
 //! A request whose connection closed while it waited in the host is not issued when its turn comes (as
@@ -369,6 +372,14 @@ pub struct HostStatus {
     /// Where the last of them came from (a sender's address, or the board's slot).
     #[serde(default)]
     pub id_conflict_from: Option<String>,
+    /// Records of a peer's incarnation that its live one displaced, still advancing: two other hosts
+    /// report under one id (the first is logged as a warning, then one line a minute with the count while
+    /// it lasts).
+    #[serde(default)]
+    pub peer_id_conflicts: u64,
+    /// The last of them: the peer's id and where its record came from.
+    #[serde(default)]
+    pub peer_id_conflict: Option<String>,
     /// Times the board's path was found deleted or naming another file, and opened again.
     #[serde(default)]
     pub board_reopened: u64,
@@ -495,6 +506,8 @@ impl HostGate {
             signed_by: settings.key.as_ref().map(|k| k.identity().to_string()),
             id_conflicts: 0,
             id_conflict_from: None,
+            peer_id_conflicts: 0,
+            peer_id_conflict: None,
             board_reopened: 0,
             stalls: 0,
             stalled_ios: 0,
@@ -521,6 +534,7 @@ impl HostGate {
             refused_overflow_logged: false,
             exchange_failing: None,
             id_conflicting: None,
+            peer_id_conflicting: None,
             stalls: 0,
             stalled_ios: 0,
         };
@@ -655,6 +669,9 @@ struct Task {
     /// since (`None`: none yet). The first is logged at once, then one line per
     /// [`EXCHANGE_FAILURE_LOG_EVERY`] while more come.
     id_conflicting: Option<(Nanos, u64)>,
+    /// Records of two incarnations of one peer, both advancing (`peer_id_conflicts`): logged as
+    /// `id_conflicting` is.
+    peer_id_conflicting: Option<(Nanos, u64)>,
     /// Stalls of this process seen (module comment, "Stalls"): an IO issued before the last one is not
     /// measured.
     stalls: u64,
@@ -870,6 +887,7 @@ impl Task {
         let mut refused = 0;
         let mut reopened = 0;
         let mut same_id: Option<(u64, String)> = None;
+        let mut rivals: Option<(u64, String)> = None;
         let signal = if self.runs {
             let own = self.ctl.close_period(now);
             if self.local {
@@ -890,6 +908,11 @@ impl Task {
                                 let n = stats.same_id as u64;
                                 self.id_conflict(now, n, from, r);
                                 same_id = Some((n, from.clone()));
+                            }
+                            if let Some((from, r)) = stats.rivals_shown.last() {
+                                let n = stats.rivals as u64;
+                                self.peer_id_conflict(now, n, from, r);
+                                rivals = Some((n, format!("host {} from {from}", r.host)));
                             }
                             // Once per sender or slot (a flood of forgeries is counted, not logged).
                             let misplaced = stats.misplaced_shown.into_iter().map(|(from, host)| {
@@ -967,6 +990,10 @@ impl Task {
             s.id_conflicts += n;
             s.id_conflict_from = Some(from);
         }
+        if let Some((n, which)) = rivals {
+            s.peer_id_conflicts += n;
+            s.peer_id_conflict = Some(which);
+        }
         let record = PeriodRecord {
             at_s: now.as_secs_f64(),
             window: out.window,
@@ -1017,6 +1044,43 @@ impl Task {
     }
 }
 
+impl Task {
+    /// `n` records of a peer's displaced incarnation, still advancing, came in an exchange, the last
+    /// `r` from `from` (module comment, "Mishaps the host names"): logged at once, then once a minute
+    /// while more come.
+    fn peer_id_conflict(&mut self, now: Nanos, n: u64, from: &str, r: &rein_core::parda::HostReport) {
+        let id = r.host;
+        match &mut self.peer_id_conflicting {
+            None => {
+                tracing::warn!(
+                    %from,
+                    "parda host: two hosts report as host {id}: records of its incarnation {} still come from \
+                     {from} beside another incarnation's, each advancing; this host takes one at a time for \
+                     host {id}, so the cluster signal is wrong: give each host its own [parda_host] id (or \
+                     someone replays old records; counted in peer_id_conflicts, logged at most once a minute \
+                     while it lasts)",
+                    r.epoch
+                );
+                self.peer_id_conflicting = Some((now, n - 1));
+            }
+            Some((last, since)) => {
+                *since += n;
+                if now.saturating_sub(*last) >= EXCHANGE_FAILURE_LOG_EVERY {
+                    tracing::warn!(
+                        %from,
+                        records = *since,
+                        "parda host: two hosts still report as host {id}: {since} more records of the \
+                         incarnation its live one displaced, the last from {from} (epoch {})",
+                        r.epoch
+                    );
+                    *last = now;
+                    *since = 0;
+                }
+            }
+        }
+    }
+}
+
 /// The board's path no longer named the open file and was opened again (module comment, "Mishaps the
 /// host names").
 fn board_reopened_log(path: &Path, change: BoardChange) {
@@ -1043,7 +1107,7 @@ fn board_reopened_log(path: &Path, change: BoardChange) {
 pub fn metrics_text(o: &mut String, s: &HostStatus) {
     use std::fmt::Write;
     let id = s.id;
-    let series: [(&str, &str, &str, f64); 17] = [
+    let series: [(&str, &str, &str, f64); 18] = [
         ("rein_parda_window", "gauge", "The host's window w(t), IOs (eq. (2)).", s.window),
         (
             "rein_parda_issue_limit",
@@ -1093,6 +1157,12 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
             "counter",
             "Valid records carrying this host's id from another host: two hosts configured with one id.",
             s.id_conflicts as f64,
+        ),
+        (
+            "rein_parda_peer_id_conflicts_total",
+            "counter",
+            "Records of a peer's displaced incarnation that still advance: two other hosts report under one id.",
+            s.peer_id_conflicts as f64,
         ),
         (
             "rein_parda_board_reopened_total",

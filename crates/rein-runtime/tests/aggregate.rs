@@ -618,3 +618,40 @@ async fn a_record_with_this_hosts_id_from_another_host_is_named() {
     assert_eq!((st.same_id, st.misplaced, st.accepted), (1, 1, 0), "{st:?}");
     assert_eq!(st.same_id_shown, [(from, twin(3))]);
 }
+
+/// The peers of two hosts with one id (module comment, "Two hosts with one id"): on the board the two
+/// overwrite slot 0, and a peer (host 1) that reads the slot switching between them sees two
+/// incarnations, each advancing. From one timeout after the switch on, the older one's new records are
+/// rivals, counted with where they came from; the aggregator keeps the live (newer) incarnation's
+/// report. A host that restarted (its slot now holding the new incarnation only) is no rival.
+#[tokio::test]
+async fn a_peer_names_two_hosts_that_share_a_slot() {
+    use rein_runtime::aggregate::Transport;
+    let (_dir, path) = temp_path("peer-of-one-id");
+    let twin = |epoch, seq| HostReport { epoch, ..report(0, seq) };
+    let writer = FileAggregation::open(&path, 2).unwrap();
+    let mut peer = Transport::File(FileAggregation::open(&path, 2).unwrap());
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    // A restart first: epoch 1's records, then epoch 2's only.
+    let mut rivals = Vec::new();
+    for k in 1..=4u64 {
+        writer.publish(&twin(if k <= 2 { 1 } else { 2 }, k)).unwrap();
+        let st = peer.exchange(now(k), &report(1, k), &mut agg).await.unwrap();
+        rivals.push(st.rivals);
+    }
+    assert_eq!(rivals, [0; 4], "a restart");
+    // Then epoch 1 writes again between epoch 2's writes: the two hosts alternate in the slot.
+    for k in 5..=12u64 {
+        writer.publish(&twin(if k % 2 == 1 { 1 } else { 2 }, k)).unwrap();
+        let st = peer.exchange(now(k), &report(1, k), &mut agg).await.unwrap();
+        // The switch to epoch 2 came at now(3): from one timeout (5 s) later, epoch 1's records are rivals.
+        let want = usize::from(k % 2 == 1 && now(k).saturating_sub(now(3)) >= TIMEOUT);
+        assert_eq!(st.rivals, want, "period {k}: {st:?}");
+        if want == 1 {
+            assert_eq!(st.rivals_shown, [("slot 0".to_string(), twin(1, k))]);
+            assert_eq!((st.accepted, st.stale), (0, 1), "the rival not taken: {st:?}");
+        }
+        let live = agg.peers().find(|(h, _)| **h == 0).map(|(_, p)| p.last.epoch);
+        assert_eq!(live, Some(2), "period {k}: the newer incarnation stays the live one");
+    }
+}

@@ -609,6 +609,60 @@ fn two_hosts_with_one_id_are_named() {
     }
 }
 
+/// The peer of two hosts with one id on the board: the test writes slot 0 as the two would, a second of
+/// one incarnation's records, then a second of the other's, and so on (the newer first), each advancing;
+/// a real host (id 1) reading the board sees the slot switch between them and warns once, naming host 0
+/// and the slot, counts it in `peer_id_conflicts` and `/metrics`, and runs on. Before, the peer took
+/// whichever record it read and said nothing.
+#[test]
+fn a_peer_names_two_hosts_with_one_id_on_the_board() {
+    use std::os::unix::fs::FileExt;
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("parda-host-peer-one-id");
+    let dir = tmp.path();
+    let a = array(dir, 152, &["vm1"]);
+    let board = dir.join("parda.board");
+    let h =
+        host(dir, 153, a.nbd, "vm1", "cluster", &format!("id = 1\nboard = \"{}\"\nboard_slots = 2\n", board.display()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (board, stop) = (board.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let f =
+                std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&board).unwrap();
+            let mut seq = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seq += 1;
+                // 100 ms a record; 10 records (a second, two of the host's 0.5 s periods) per incarnation.
+                let epoch = if (seq / 10).is_multiple_of(2) { 2 } else { 1 };
+                let r = rein_core::parda::HostReport {
+                    host: 0,
+                    epoch,
+                    seq,
+                    timestamp: rein_core::Nanos::from_millis(100 * seq),
+                    latency_ns: 10_000_000,
+                    ios: 100,
+                };
+                f.write_all_at(&rein_proto::parda::encode_slot(&r), 0).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let line = h.wait_line("parda host: two hosts report as host 0");
+    assert!(line.contains("WARN") && line.contains("still come from slot 0"), "{line}");
+    let s = until(&h, "the conflict counted", |s| s["peer_id_conflicts"].as_u64().unwrap_or(0) >= 2);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_eq!(s["peer_id_conflict"], "host 0 from slot 0", "{s}");
+    assert_eq!((s["id_conflicts"].as_u64(), s["records_refused"].as_u64()), (Some(0), Some(0)), "{s}");
+    let n = h.log.lock().unwrap().iter().filter(|l| l.contains("two hosts report as host 0")).count();
+    assert_eq!(n, 1, "logged once, then at most once a minute: {:#?}", h.log.lock().unwrap());
+    let (code, _, text) = common::http(h.admin, "GET", "/metrics", "", "");
+    assert_eq!(code, 200, "{text}");
+    let series = text.lines().find_map(|l| l.strip_prefix("rein_parda_peer_id_conflicts_total{host=\"1\"} "));
+    assert!(series.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v >= 2.0), "{text}");
+}
+
 /// A PARDA host stopped (SIGSTOP) for 3 s under load, then continued: the IOs it had in flight come back
 /// with its pause in their latency, and are left out of its estimate; the stall is logged once. Before,
 /// its first period after SIGCONT reported a latency of hundreds of ms (its own pause), and its peer's

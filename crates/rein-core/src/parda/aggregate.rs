@@ -18,6 +18,13 @@
 //!   displace the live incarnation, and the next genuine report restore it: a replayer alternating the
 //!   two injected old latencies at will. Once the host has been silent for `timeout` a lower epoch is
 //!   taken as a restart (a host whose clock went back across its restart rejoins after one timeout).
+//! - **Two incarnations alive at once** (beyond the paper): a host's reports never return to an
+//!   incarnation it has left, so when reports of the incarnation a host's live one displaced keep coming
+//!   with new sequence numbers, at least `timeout` after the switch (longer than any late datagram of a
+//!   host that restarted), two hosts report under one id (or someone replays a past incarnation's
+//!   records): [`Accept::Rival`]. The peer cannot tell which host is the real one and takes one at a time
+//!   as before (by the rules above); the verdict lets its caller say so. On a shared board two hosts with
+//!   one id overwrite one slot, and their peers see the slot switch between the two incarnations.
 //! - **Liveness uses the local clock**: a host is live while its last accepted report was *received*
 //!   (the `now` passed to [`Aggregator::accept`]) less than `timeout` ago. The peer's own timestamp is kept
 //!   for diagnostics only, so a peer whose clock jumps forward or back neither stays alive forever nor
@@ -59,15 +66,25 @@ pub enum Accept {
     Restarted,
     /// The same `(epoch, seq)` as the last accepted one: ignored.
     Duplicate,
-    /// An older sequence number of the current incarnation: ignored.
+    /// An older sequence number of the current incarnation, or a report of an older incarnation while
+    /// the host is live: ignored.
     Stale,
+    /// A new report of the incarnation that the host's live one displaced, at least `timeout` after the
+    /// switch: two hosts report under one id, or a past incarnation's records are replayed (module
+    /// comment, "Two incarnations alive at once"). `taken`: whether it was accepted all the same, by the
+    /// rules that would have made it `Restarted` (a newer epoch, or the live incarnation silent for
+    /// `timeout`), or ignored as `Stale` would be.
+    Rival {
+        /// Accepted (it is now the host's last report) or ignored.
+        taken: bool,
+    },
 }
 
 impl Accept {
-    /// Whether the report was taken (`First`, `Newer`, `Restarted`); duplicates and stale reports are
-    /// not, and do not count as signs of life.
+    /// Whether the report was taken (`First`, `Newer`, `Restarted`, a `Rival` taken); duplicates and
+    /// stale reports are not, and do not count as signs of life.
     pub fn accepted(self) -> bool {
-        matches!(self, Accept::First | Accept::Newer | Accept::Restarted)
+        matches!(self, Accept::First | Accept::Newer | Accept::Restarted | Accept::Rival { taken: true })
     }
 }
 
@@ -78,6 +95,11 @@ pub struct PeerState {
     pub last: HostReport,
     /// Local time the last accepted report was received.
     pub received: Nanos,
+    /// Local time the first report of the last accepted report's incarnation was accepted.
+    pub since: Nanos,
+    /// The last report seen of another incarnation since `since`: first the report of the incarnation
+    /// this one displaced, then any later one of another incarnation (taken or not).
+    pub other: Option<HostReport>,
 }
 
 /// The cluster signal.
@@ -121,21 +143,47 @@ impl Aggregator {
         }
         let verdict = match self.peers.get(&r.host) {
             None => Accept::First,
-            Some(p) if r.epoch > p.last.epoch => Accept::Restarted,
-            // An older incarnation's report (module comment, "Epochs move forward").
-            Some(p) if r.epoch < p.last.epoch => {
-                if now.saturating_sub(p.received) < self.timeout {
-                    Accept::Stale
+            Some(p) if r.epoch == p.last.epoch => {
+                if r.seq > p.last.seq {
+                    Accept::Newer
+                } else if r.seq == p.last.seq {
+                    Accept::Duplicate
                 } else {
-                    Accept::Restarted
+                    Accept::Stale
                 }
             }
-            Some(p) if r.seq > p.last.seq => Accept::Newer,
-            Some(p) if r.seq == p.last.seq => Accept::Duplicate,
-            Some(_) => Accept::Stale,
+            Some(p) => {
+                // A newer incarnation, or an older one's report once the live one has been silent for
+                // `timeout` (module comment, "Epochs move forward").
+                let taken = r.epoch > p.last.epoch || now.saturating_sub(p.received) >= self.timeout;
+                // "Two incarnations alive at once".
+                let rival = p.other.is_some_and(|o| o.epoch == r.epoch && r.seq > o.seq)
+                    && now.saturating_sub(p.since) >= self.timeout;
+                match (rival, taken) {
+                    (true, taken) => Accept::Rival { taken },
+                    (false, true) => Accept::Restarted,
+                    (false, false) => Accept::Stale,
+                }
+            }
         };
-        if verdict.accepted() {
-            self.peers.insert(r.host, PeerState { last: r, received: now });
+        match self.peers.get_mut(&r.host) {
+            None => {
+                self.peers.insert(r.host, PeerState { last: r, received: now, since: now, other: None });
+            }
+            Some(p) if verdict.accepted() && r.epoch == p.last.epoch => {
+                p.last = r;
+                p.received = now;
+            }
+            Some(p) if verdict.accepted() => {
+                *p = PeerState { last: r, received: now, since: now, other: Some(p.last) };
+            }
+            // Another incarnation's report, not taken: remembered (the newest of one incarnation).
+            Some(p) if r.epoch != p.last.epoch => {
+                if !p.other.is_some_and(|o| o.epoch == r.epoch && o.seq >= r.seq) {
+                    p.other = Some(r);
+                }
+            }
+            Some(_) => {}
         }
         Ok(verdict)
     }
@@ -242,6 +290,54 @@ mod tests {
         assert_eq!(a.accept(Nanos::from_secs(7), old).unwrap(), Accept::Stale, "live until 8 s");
         assert_eq!(a.accept(Nanos::from_secs(8), old).unwrap(), Accept::Restarted);
         assert_eq!(a.cluster(Nanos::from_secs(8)).unwrap().latency_ns, 90e6);
+    }
+
+    /// Two hosts with one id (module comment, "Two incarnations alive at once"): their reports switch
+    /// between two incarnations, each still advancing. The older one's new reports are `Rival` from one
+    /// timeout after the switch on, and ignored while the newer is live; taken (as a restart would be)
+    /// once it has been silent for the timeout.
+    #[test]
+    fn two_incarnations_that_both_advance_are_rivals() {
+        let mut a = Aggregator::new(Nanos::from_secs(3)).unwrap();
+        let e1 = |seq| HostReport { epoch: 1, ..rep(1, seq, 90, 100) };
+        let e2 = |seq| HostReport { epoch: 2, ..rep(1, seq, 10, 100) };
+        let at = Nanos::from_secs;
+        assert_eq!(a.accept(at(0), e1(1)).unwrap(), Accept::First);
+        assert_eq!(a.accept(at(1), e2(1)).unwrap(), Accept::Restarted, "a restart, as far as anyone can tell");
+        // Within a timeout of the switch it could still be a late datagram of the host that restarted.
+        assert_eq!(a.accept(at(2), e1(3)).unwrap(), Accept::Stale);
+        assert_eq!(a.accept(at(3), e2(3)).unwrap(), Accept::Newer);
+        assert_eq!(a.accept(at(4), e1(5)).unwrap(), Accept::Rival { taken: false });
+        assert_eq!(a.accept(at(4), e1(5)).unwrap(), Accept::Stale, "the same report again: nothing new");
+        assert_eq!(a.cluster(at(4)).unwrap().latency_ns, 10e6, "the live incarnation's report stands");
+        // The newer one silent for the timeout: the older's next report is taken, and still a rival.
+        assert_eq!(a.accept(at(7), e1(8)).unwrap(), Accept::Rival { taken: true });
+        assert_eq!(a.cluster(at(7)).unwrap().latency_ns, 90e6);
+        // Switched back within a timeout: not yet a rival; after it, one again.
+        assert_eq!(a.accept(at(8), e2(9)).unwrap(), Accept::Restarted);
+        assert_eq!(a.accept(at(9), e1(10)).unwrap(), Accept::Stale);
+        assert_eq!(a.accept(at(10), e2(11)).unwrap(), Accept::Newer);
+        assert_eq!(a.accept(at(11), e1(12)).unwrap(), Accept::Rival { taken: false });
+    }
+
+    /// What is not a rival: a host that restarted (its old incarnation's late report, or its last one
+    /// replayed, after the timeout), one whose clock went back across its restart (a lower epoch never
+    /// seen), and a third incarnation.
+    #[test]
+    fn a_restart_and_late_or_replayed_reports_are_not_rivals() {
+        let mut a = Aggregator::new(Nanos::from_secs(3)).unwrap();
+        let at = Nanos::from_secs;
+        let inc = |epoch, seq| HostReport { epoch, ..rep(1, seq, 10, 100) };
+        a.accept(at(0), inc(5, 40)).unwrap();
+        assert_eq!(a.accept(at(1), inc(6, 1)).unwrap(), Accept::Restarted);
+        assert_eq!(a.accept(at(1), inc(5, 41)).unwrap(), Accept::Stale, "late, within the timeout");
+        for t in 2..10 {
+            assert_eq!(a.accept(at(t), inc(6, t)).unwrap(), Accept::Newer);
+            assert_eq!(a.accept(at(t), inc(5, 41)).unwrap(), Accept::Stale, "replayed: no newer sequence");
+        }
+        assert_eq!(a.accept(at(20), inc(3, 1)).unwrap(), Accept::Restarted, "a clock gone back, after silence");
+        assert_eq!(a.accept(at(30), inc(7, 1)).unwrap(), Accept::Restarted);
+        assert_eq!(a.accept(at(31), inc(7, 2)).unwrap(), Accept::Newer);
     }
 
     #[test]
