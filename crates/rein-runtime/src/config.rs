@@ -282,6 +282,7 @@ struct NodeFile {
     specs: Option<String>,
     allow_networks: Option<Vec<String>>,
     allow_identities: Option<Vec<String>>,
+    max_tenants: Option<usize>,
 }
 
 /// What a storage node does with a gateway's spec that disagrees with its own (`[node] specs`).
@@ -303,10 +304,21 @@ pub struct NodeConfig {
     pub specs: NodeSpecs,
     /// Who may speak it (`allow_networks`, default loopback only; `allow_identities`, default anyone).
     pub access: ExportAccess,
+    /// Under `specs = "gateway"`, the most tenants the node may hold after a hello that adds tenants
+    /// (`max_tenants`, default [`NODE_DEFAULT_MAX_TENANTS`]): a hello that would add more is refused.
+    pub max_tenants: usize,
 }
 
 /// Networks allowed to speak the storage-node protocol when `[node] allow_networks` is absent.
 pub const NODE_DEFAULT_NETWORKS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+/// `[node] max_tenants` when absent: four gateways' worth of tenants (a gateway has at most
+/// [`crate::gateway::MAX_VOLUMES`], 1,024 volumes, each one tenant). A gateway's hellos add tenants and
+/// never remove any, and each adding hello rewrites the state file with all of them; without a bound a
+/// gateway could make a node hold the scheduler's maximum (1,048,576).
+pub const NODE_DEFAULT_MAX_TENANTS: usize = 4096;
+/// The largest `[node] max_tenants`: the scheduler's own bound on tenants (rein-core's
+/// `Limits::max_tenants` default).
+pub const NODE_MAX_TENANTS_LIMIT: usize = 1 << 20;
 
 impl Default for NodeConfig {
     fn default() -> NodeConfig {
@@ -315,6 +327,7 @@ impl Default for NodeConfig {
             enabled: false,
             specs: NodeSpecs::Node,
             access: ExportAccess { networks: Some(networks), identities: None },
+            max_tenants: NODE_DEFAULT_MAX_TENANTS,
         }
     }
 }
@@ -331,7 +344,11 @@ fn node_config(f: Option<&NodeFile>) -> Result<NodeConfig, String> {
     if access.networks.is_none() {
         access.networks = NodeConfig::default().access.networks;
     }
-    Ok(NodeConfig { enabled: f.enabled, specs, access })
+    let max_tenants = f.max_tenants.unwrap_or(NODE_DEFAULT_MAX_TENANTS);
+    if !(1..=NODE_MAX_TENANTS_LIMIT).contains(&max_tenants) {
+        return Err(format!("node.max_tenants must be in 1..={NODE_MAX_TENANTS_LIMIT}, got {max_tenants}"));
+    }
+    Ok(NodeConfig { enabled: f.enabled, specs, access, max_tenants })
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -1136,7 +1153,16 @@ mod tests {
         assert!(
             on.access.allows(other, Some("gw")) && !on.access.allows(other, None) && !on.access.allows(lo, Some("gw"))
         );
+        assert_eq!((off.max_tenants, on.max_tenants), (NODE_DEFAULT_MAX_TENANTS, NODE_DEFAULT_MAX_TENANTS));
+        assert_eq!(NODE_MAX_TENANTS_LIMIT, rein_core::Limits::default().max_tenants, "the scheduler's bound");
+        let max = |n: usize| p(&format!("[node]\nmax_tenants = {n}")).map(|c| c.node.max_tenants);
+        assert_eq!(max(1).unwrap(), 1);
+        assert_eq!(max(NODE_MAX_TENANTS_LIMIT).unwrap(), NODE_MAX_TENANTS_LIMIT);
         let e = |t: &str| p(t).unwrap_err().to_string();
+        for bad in [0, NODE_MAX_TENANTS_LIMIT + 1] {
+            let msg = e(&format!("[node]\nmax_tenants = {bad}"));
+            assert!(msg.contains(&format!("node.max_tenants must be in 1..=1048576, got {bad}")), "{msg}");
+        }
         assert!(e("[node]\nspecs = \"both\"").contains("node.specs \"both\": expected node or gateway"));
         assert!(
             e("[node]\nallow_networks = [\"x\"]").contains("node.allow_networks entry \"x\""),

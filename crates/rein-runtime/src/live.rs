@@ -444,16 +444,23 @@ impl Registry {
     /// changed, and the whole is admitted once (the reservations before against after, so the order of
     /// `wanted` does not matter), persisted once and applied; if any step fails nothing has changed.
     /// Returns the tenants' ids in `wanted`'s order, and any admission warning. Names must be distinct.
+    /// A change that adds tenants is refused if the server would then hold more than `max_tenants`
+    /// (`[node] max_tenants`; one that adds none is not, whatever the count).
     /// Runs in a task of its own (module comment): a handshake that times out cannot stop it half-way.
     pub async fn adopt(
         self: &Arc<Self>,
         wanted: &[(String, QosSpec)],
+        max_tenants: usize,
     ) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let (this, wanted) = (Arc::clone(self), wanted.to_vec());
-        detached(&self.pending, "adopt", async move { this.adopt_now(&wanted).await }).await
+        detached(&self.pending, "adopt", async move { this.adopt_now(&wanted, max_tenants).await }).await
     }
 
-    async fn adopt_now(&self, wanted: &[(String, QosSpec)]) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
+    async fn adopt_now(
+        &self,
+        wanted: &[(String, QosSpec)],
+        max_tenants: usize,
+    ) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let mut inner = self.changes.lock().await;
         for (i, (name, _)) in wanted.iter().enumerate() {
             check_name(name)?;
@@ -486,6 +493,14 @@ impl Registry {
         }
         if changes.is_empty() {
             return Ok((ids.into_iter().map(|id| id.expect("all known")).collect(), None));
+        }
+        let added = changes.iter().filter(|c| c.1.is_none()).count();
+        let held = self.tenants().len();
+        if added > 0 && held + added > max_tenants {
+            return Err(ChangeError::Conflict(format!(
+                "adding {added} would make {} tenants on this node, above its [node] max_tenants of {max_tenants}",
+                held + added
+            )));
         }
         let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
         // Apply in order; on a failure undo what was applied (a removal, or the spec it had).
@@ -1314,7 +1329,7 @@ mod tests {
         cut_everywhere(
             || registry(false),
             |reg| async move {
-                let _ = reg.adopt(&[("rd".to_string(), spec(300.0)), ("b".to_string(), spec(600.0))]).await;
+                let _ = reg.adopt(&[("rd".to_string(), spec(300.0)), ("b".to_string(), spec(600.0))], usize::MAX).await;
             },
         )
         .await;

@@ -13,7 +13,8 @@
 //!   known tenant whose spec differs) or `POST /api/tenants` (a new one) would, but as one change for the
 //!   whole hello: validated, admitted against the capacity as a whole (so their order does not matter),
 //!   persisted. A refusal (admission) refuses the hello with NBD_REP_ERR_POLICY and the registry's message,
-//!   and changes no tenant.
+//!   and changes no tenant; so does a hello that would add tenants beyond `[node] max_tenants` (a
+//!   gateway's hellos add tenants and never remove any, so without a bound it could fill the scheduler).
 //!
 //! # RBFQ's local reservation
 //! As rein-sim builds a server's spec from `server_reservations` (rein-sim `model::tenant`), a tenant
@@ -161,7 +162,7 @@ impl NodeService {
                 // One change for the whole hello (Registry::adopt): admitted as a whole, or nothing changes.
                 let wanted: Vec<(String, QosSpec)> =
                     hello.tenants.iter().zip(&asked).map(|(t, &s)| (t.name.clone(), s)).collect();
-                let (ids, _warning) = self.registry.adopt(&wanted).await.map_err(|e| {
+                let (ids, _warning) = self.registry.adopt(&wanted, self.config.max_tenants).await.map_err(|e| {
                     let names: Vec<String> = hello.tenants.iter().map(|t| format!("{:?}", t.name)).collect();
                     let which = if names.len() == 1 { "tenant" } else { "tenants" };
                     (REP_ERR_POLICY, format!("the gateway's specs for {which} {}: {e}", names.join(", ")))
@@ -231,7 +232,7 @@ mod tests {
             networks: Some(networks.iter().map(|n| n.parse().unwrap()).collect()),
             identities: identities.map(|ids| ids.iter().map(|i| i.to_string()).collect()),
         };
-        NodeService::new(NodeConfig { enabled: true, specs, access }, Arc::new(registry))
+        NodeService::new(NodeConfig { enabled: true, specs, access, ..NodeConfig::default() }, Arc::new(registry))
     }
 
     impl NodeService {
@@ -334,6 +335,52 @@ mod tests {
         let snap = node.registry.dispatcher().snapshot().await.unwrap();
         assert_eq!(snap.tenants.len(), 1, "v removed from the scheduler too");
         assert_eq!(snap.tenants[0].spec.reservation(), 100.0, "t's spec restored");
+    }
+
+    /// `[node] max_tenants` at its bound (4; the node holds t): a hello that brings the node to 4 tenants
+    /// is granted, one more new tenant is refused naming the bound (and nothing changes), while hellos that
+    /// add none (the node's tenants, specs changed or not) are still granted and the tenants served.
+    #[tokio::test]
+    async fn a_hello_may_not_add_tenants_beyond_max_tenants() {
+        let mut node = service(NodeSpecs::Gateway, &["127.0.0.0/8"], None).await;
+        node.config.max_tenants = 4;
+        let lo = || peer("127.0.0.1");
+        let s = node.hello(lo(), None, NodeHello::new(vec![named("u", 10.0), named("v", 10.0)])).await.unwrap();
+        assert_eq!(s.tenants.len(), 2, "3 tenants");
+        let (code, msg) =
+            node.hello(lo(), None, NodeHello::new(vec![named("w", 10.0), named("x", 10.0)])).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        let want = "adding 2 would make 5 tenants on this node, above its [node] max_tenants of 4";
+        assert!(msg.contains(want) && msg.contains("\"w\", \"x\""), "{msg}");
+        // One below the bound, one new tenant passes (4 = the bound) ...
+        let s = node.hello(lo(), None, NodeHello::new(vec![named("t", 100.0), named("w", 10.0)])).await.unwrap();
+        assert_eq!(s.tenants.len(), 2);
+        // ... and at the bound, another is refused; nothing changed (t keeps 100, x not added).
+        let (code, msg) =
+            node.hello(lo(), None, NodeHello::new(vec![named("t", 200.0), named("x", 10.0)])).await.unwrap_err();
+        assert_eq!(code, REP_ERR_POLICY);
+        assert!(msg.contains("adding 1 would make 5 tenants") && msg.contains("max_tenants of 4"), "{msg}");
+        let names: Vec<String> = node.registry.tenants().iter().map(|t| t.0.clone()).collect();
+        assert_eq!(names, ["t", "u", "v", "w"]);
+        let t = node.id_of("t").unwrap();
+        assert_eq!(node.spec_of(t).await.reservation(), 100.0);
+        // The node's tenants are still granted, a spec change included, and their IO served.
+        let hello = NodeHello::new(vec![named("t", 200.0), named("u", 10.0), named("v", 10.0), named("w", 10.0)]);
+        let s = node.hello(lo(), None, hello).await.unwrap();
+        assert_eq!(node.spec_of(t).await.reservation(), 200.0);
+        let storage: Arc<dyn crate::storage::Storage> = Arc::new(crate::storage::MemStorage::new(1 << 20));
+        for &id in &s.tenants {
+            let req = crate::dispatch::IoRequest {
+                storage: storage.clone(),
+                tenant: id,
+                offset: 0,
+                op: crate::dispatch::Op::read(4096),
+                fua: false,
+                piggyback: None,
+            };
+            let done = node.registry.dispatcher().io(req).await;
+            assert!(done.is_ok(), "{:?}", done.err());
+        }
     }
 
     fn tenant(reservation: f64, limit: Option<f64>, local_reservation: f64) -> NodeTenant {
