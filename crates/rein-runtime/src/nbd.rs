@@ -103,7 +103,7 @@ use tokio::time::{Instant, Sleep};
 
 /// Requests one connection may have in flight before the server stops reading from it.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
-/// Time allowed for the whole handshake.
+/// Time allowed for the whole handshake (every server's [`Limits::handshake_timeout`]).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most replies in one socket write.
 pub const WRITE_BATCH: usize = 64;
@@ -202,15 +202,23 @@ pub struct Limits {
     pub budget: Budget,
     /// Close a connection with nothing in flight that receives nothing for this long (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// Close a connection whose handshake has not ended this long after it was accepted: the servers'
+    /// [`HANDSHAKE_TIMEOUT`] (a field so that a test need not wait that long for it).
+    pub handshake_timeout: Duration,
     /// Set to true at the shutdown deadline: connections stop waiting for the budget or for their replies
     /// to be written (after [`CLOSE_GRACE`]) and close.
     pub close: watch::Sender<bool>,
 }
 
 impl Default for Limits {
-    /// The default budget ([`Budget::default_sizes`]), no idle timeout.
+    /// The default budget ([`Budget::default_sizes`]), no idle timeout, [`HANDSHAKE_TIMEOUT`].
     fn default() -> Self {
-        Limits { budget: Budget::default_sizes(), idle_timeout: None, close: watch::channel(false).0 }
+        Limits {
+            budget: Budget::default_sizes(),
+            idle_timeout: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            close: watch::channel(false).0,
+        }
     }
 }
 
@@ -223,7 +231,7 @@ pub enum ConnError {
     /// The client broke the protocol, or was refused where the protocol has no error reply.
     #[error("protocol: {0}")]
     Proto(#[from] p::ProtoError),
-    /// The handshake took longer than [`HANDSHAKE_TIMEOUT`] (or a refused client longer than
+    /// The handshake took longer than [`Limits::handshake_timeout`] (or a refused client longer than
     /// [`REFUSAL_TIMEOUT`]).
     #[error("handshake timed out")]
     Timeout,
@@ -414,7 +422,7 @@ pub async fn serve_client(
     hs.set_confirm_open(policy.cap_tenants);
     hs.set_node(policy.node.is_some());
     let (deadline, _slot) = match entry {
-        Entry::Serve(slot) => (HANDSHAKE_TIMEOUT, Some(slot)),
+        Entry::Serve(slot) => (ctx.limits.handshake_timeout, Some(slot)),
         Entry::Refuse(message, _permit) => {
             hs.refuse_all(message);
             let refused = async {

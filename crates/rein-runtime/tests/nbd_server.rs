@@ -25,6 +25,14 @@ async fn start() -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bo
 async fn start_with(
     limits: Limits,
 ) -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bool>, Arc<NbdContext>) {
+    start_at(limits, "127.0.0.1:0").await
+}
+
+/// [`start_with`], listening on `listen`.
+async fn start_at(
+    limits: Limits,
+    listen: &str,
+) -> (SocketAddr, mpsc::UnboundedReceiver<bool>, watch::Sender<bool>, Arc<NbdContext>) {
     let (dispatcher, _join) = Dispatcher::spawn(None, DispatchConfig::default());
     let tenant = dispatcher.add_tenant(QosSpec::default()).await.unwrap();
     let export = |name: &str, read_only| Export {
@@ -41,7 +49,7 @@ async fn start_with(
         limits,
     });
     let shared = ctx.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stop_rx) = watch::channel(false);
     let (ended, ended_rx) = mpsc::unbounded_channel();
@@ -214,4 +222,42 @@ async fn a_pipelined_handshake_is_answered_in_bounded_batches() {
     }
     assert!(rest.is_empty(), "{} bytes left over", rest.len());
     assert_eq!((acks, descriptions), (17, 16 * 4000));
+}
+
+/// The handshake deadline at its bound (`Limits::handshake_timeout`, 30 s in the servers, 400 ms here): a
+/// client that stalls mid-handshake (its flags and half an option header sent) is cut at the deadline,
+/// not before, and its connection ends in an error; a client that connects meanwhile is served; and a
+/// client whose handshake ended is not cut by it later (the deadline bounds the handshake only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_handshake_is_cut_at_its_deadline() {
+    use rein_proto::nbd::FLAG_C_FIXED_NEWSTYLE;
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Duration::from_millis(400);
+    let limits = Limits { handshake_timeout: deadline, ..Limits::default() };
+    let (addr, mut ended, _stop, _) = start_at(limits, "127.0.0.210:0").await;
+    let served = NbdClient::connect(addr, "rw").await.unwrap();
+    let (mut rd, mut wr) = tokio::net::TcpStream::connect(addr).await.unwrap().into_split();
+    let opened = Instant::now();
+    let mut greeting = [0u8; 18];
+    rd.read_exact(&mut greeting).await.unwrap();
+    wr.write_all(&FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).await.unwrap();
+    wr.write_all(b"IHAVEO").await.unwrap();
+    // Meanwhile another client connects and is served.
+    let other = NbdClient::connect(addr, "rw").await.unwrap();
+    other.request(Command::Write, 0, 8, b"rein-ok!", false).await.unwrap();
+    assert_eq!(other.request(Command::Read, 0, 8, &[], false).await.unwrap(), b"rein-ok!");
+    let mut rest = Vec::new();
+    let cut = tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut rest)).await;
+    let waited = opened.elapsed();
+    assert!(cut.is_ok(), "a stalled handshake still open after {waited:?}");
+    assert!(rest.is_empty(), "{} bytes answered to half an option", rest.len());
+    assert!(waited >= deadline, "cut after {waited:?}, before its deadline");
+    assert!(!ended.recv().await.unwrap(), "the stalled connection ends in an error (the timeout)");
+    // The first client, opened before and idle since for longer than the deadline, is still served.
+    assert_eq!(served.request(Command::Read, 0, 8, &[], false).await.unwrap(), b"rein-ok!");
+    for c in [served, other] {
+        c.disconnect().await;
+        assert!(ended.recv().await.unwrap());
+    }
 }
