@@ -1000,7 +1000,12 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                             Some((client, name))
                         }
                     };
-                    Some(crate::pshift_link::LinkSettings { controller, name: name.clone(), tls })
+                    Some(crate::pshift_link::LinkSettings {
+                        controller,
+                        name: name.clone(),
+                        tls,
+                        welcome_timeout: crate::pshift_link::CONNECT_TIMEOUT,
+                    })
                 }
                 _ => return Err("pshift.controller and pshift.name go together (neither: plain round robin)".into()),
             };

@@ -158,6 +158,9 @@ pub struct LinkSettings {
     /// TLS to the controller (`[pshift.tls]`): the client context and the name its certificate must
     /// carry (x509; unused with PSK).
     pub tls: Option<(crate::tls::TlsClient, String)>,
+    /// How long the controller may take to answer the hello: [`CONNECT_TIMEOUT`] (a field so that a test
+    /// need not wait that long).
+    pub welcome_timeout: Duration,
 }
 
 /// A link's byte stream: plain TCP or TLS over it.
@@ -267,9 +270,9 @@ async fn session(
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = Vec::new();
     write_frame(&mut wr, &Message::Hello { name: s.name.clone() }).await.map_err(broken)?;
-    let first = tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut rd, &mut buf))
+    let first = tokio::time::timeout(s.welcome_timeout, read_frame(&mut rd, &mut buf))
         .await
-        .map_err(|_| broken(format!("no welcome within {} s", CONNECT_TIMEOUT.as_secs())))?
+        .map_err(|_| broken(format!("no welcome within {} s", s.welcome_timeout.as_secs_f64())))?
         .map_err(broken)?;
     let (index, strays, names, limited) = match first {
         Message::Welcome { server, strays, buckets, limited } => (server, strays, buckets, limited),
@@ -375,6 +378,63 @@ async fn session(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dispatch::DispatchConfig;
+    use tokio::net::TcpListener;
+
+    /// A link to `controller` with a welcome timeout of `welcome_timeout`, over a token dispatcher.
+    fn link(controller: SocketAddr, welcome_timeout: Duration) -> (LinkSettings, Dispatcher) {
+        let config = DispatchConfig { scheduler: rein_core::SchedulerKind::Token, ..DispatchConfig::default() };
+        let (dispatcher, _join) = Dispatcher::spawn(None, config);
+        (LinkSettings { controller, name: "s1".into(), tls: None, welcome_timeout }, dispatcher)
+    }
+
+    /// Accepts one link on `listener` and reads its hello.
+    async fn hello(listener: &TcpListener) -> (TcpStream, Vec<u8>) {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let m = read_frame(&mut sock, &mut buf).await.unwrap();
+        assert_eq!(m, Message::Hello { name: "s1".into() });
+        (sock, buf)
+    }
+
+    /// What a session ended with: (refused, the message, whether it was welcomed).
+    fn ended(r: Result<(), Failure>) -> (bool, String, bool) {
+        match r {
+            Ok(()) => (false, "closed".into(), true),
+            Err(Failure::Refused(e)) => (true, e, false),
+            Err(Failure::Broken(e, welcomed)) => (false, e, welcomed),
+        }
+    }
+
+    /// The welcome timeout at its bound (5 s in servers, 300 ms here): a controller that takes the hello
+    /// and says nothing has the link broken at the deadline, not before, and its connection closed; the
+    /// next attempt, to a controller that answers, is welcomed.
+    #[tokio::test]
+    async fn a_controller_that_never_welcomes_is_left_at_the_deadline() {
+        let listener = TcpListener::bind("127.0.0.211:0").await.unwrap();
+        let deadline = Duration::from_millis(300);
+        let (s, dispatcher) = link(listener.local_addr().unwrap(), deadline);
+        // Left within 4 s: by the test's 300 ms, not the servers' 5 s.
+        let silent = async {
+            let (mut sock, _) = hello(&listener).await;
+            let mut rest = Vec::new();
+            tokio::time::timeout(CONNECT_TIMEOUT - Duration::from_secs(1), sock.read_to_end(&mut rest)).await
+        };
+        let started = tokio::time::Instant::now();
+        let (r, closed) = tokio::join!(session(&s, &dispatcher, &Vec::new), silent);
+        let (refused, e, welcomed) = ended(r);
+        assert!(!refused && !welcomed && e == "no welcome within 0.3 s", "{e}");
+        assert!(started.elapsed() >= deadline, "left after {:?}", started.elapsed());
+        assert!(matches!(closed, Ok(Ok(0))), "the silent controller's connection is closed: {closed:?}");
+        let answering = async {
+            let (mut sock, _) = hello(&listener).await;
+            let m = Message::Welcome { server: 0, strays: false, buckets: vec!["a".into()], limited: vec![] };
+            write_frame(&mut sock, &m).await.unwrap();
+        };
+        let (r, ()) = tokio::join!(session(&s, &dispatcher, &Vec::new), answering);
+        let (_, e, welcomed) = ended(r);
+        assert!(welcomed, "{e}");
+    }
 
     /// A pong's schedule at its bounds: an interval of 1,000 ns is taken and 999 refused; a next boundary
     /// exactly 16 intervals before the controller's clock is taken, one nanosecond earlier refused.
