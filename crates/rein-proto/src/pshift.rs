@@ -20,7 +20,7 @@
 //!      6    1 type     1 hello, 2 welcome, 3 refuse, 4 report request, 5 report, 6 stray, 7 tokens,
 //!                      8 ping, 9 pong
 //!      7    1 reserved 0
-//!      8    4 length   body bytes, at most MAX_BODY
+//!      8    4 length   body bytes, at most MAX_BODY (a welcome: MAX_WELCOME_BODY)
 //!     12    . body     per type, below
 //! ```
 //! Bodies (`str` is a u16 length and that many UTF-8 bytes, at most [`MAX_NAME_LEN`], not empty):
@@ -44,7 +44,8 @@
 //!   `next_ns` 0: no schedule yet), `interval_ns: u64` (the time between boundaries).
 //!
 //! # What decoding guarantees
-//! A frame is taken only whole: its body length is checked against [`MAX_BODY`] from the header, before
+//! A frame is taken only whole: its body length is checked against [`MAX_BODY`] ([`MAX_WELCOME_BODY`] for
+//! a welcome) from the header, before
 //! any byte of the body is buffered, so a peer cannot make the decoder hold more than one frame's bound.
 //! Every body is checked to be exactly as long as its fields (no trailing bytes), counts against the
 //! body's length before anything is allocated, token and counter values against rein-core's bounds (a
@@ -65,6 +66,15 @@ pub const VERSION: u16 = 2;
 pub const HEADER_BYTES: usize = 12;
 /// The largest body accepted (64 MiB: a report or a token message for about a million buckets).
 pub const MAX_BODY: usize = 64 << 20;
+/// The largest welcome body accepted: 16 MiB. What a welcome can need: it lists the controller's buckets,
+/// 12 bytes and then 3 bytes and the name per bucket (the name's length, the name, its limit flag); the
+/// count alone (at most [`MAX_BUCKETS`] names of up to [`MAX_NAME_LEN`] bytes, 259 MB) does not bound it
+/// below [`MAX_BODY`], but the controller's configuration does: `rein pshift controller` reads ctl.toml
+/// up to 16 MiB, where a bucket takes its name and at least 10 bytes more (`{name=""},` in its shortest
+/// form, an inline table), so its welcome is always shorter than its file. The controller also checks its
+/// buckets against this bound when it validates them ([`welcome_body_len`]). A refusal, the other frame a
+/// server reads before its welcome, is far smaller.
+pub const MAX_WELCOME_BODY: usize = 16 << 20;
 /// The longest refusal reason.
 pub const MAX_REASON_LEN: usize = 4096;
 /// Bytes per bucket line in a report.
@@ -176,13 +186,15 @@ pub enum WireError {
     /// The reserved header byte is not zero.
     #[error("reserved header byte is {0}, not 0")]
     Reserved(u8),
-    /// A body longer than [`MAX_BODY`].
-    #[error("{what} body of {len} bytes exceeds the bound of {MAX_BODY}")]
+    /// A body longer than [`MAX_BODY`] (a welcome's: [`MAX_WELCOME_BODY`]).
+    #[error("{what} body of {len} bytes exceeds the bound of {max}")]
     TooLong {
         /// The message.
         what: &'static str,
         /// Its length.
         len: u64,
+        /// The bound.
+        max: usize,
     },
     /// A body that ends before its fields, or has bytes after them.
     #[error("{what}: body of {len} bytes, {why}")]
@@ -247,8 +259,24 @@ fn check_bucket(what: &'static str, b: u32) -> Result<(), WireError> {
     Ok(())
 }
 
+/// The body length of a welcome listing `buckets` with `limited` flags (as [`encode`] writes it), to be
+/// checked against [`MAX_WELCOME_BODY`] before any is sent.
+pub fn welcome_body_len(buckets: &[String], limited: &[bool]) -> usize {
+    let flags = if limited.iter().any(|&l| l) { buckets.len() } else { 0 };
+    12 + buckets.iter().map(|b| 2 + b.len()).sum::<usize>() + flags
+}
+
+/// The bound on a body of message type `kind`: [`MAX_WELCOME_BODY`] for a welcome, [`MAX_BODY`] else.
+fn max_body(kind: u8) -> usize {
+    if kind == 2 {
+        MAX_WELCOME_BODY
+    } else {
+        MAX_BODY
+    }
+}
+
 /// Appends `m`'s frame to `out`. Errors: a field out of the ranges decoding checks (so whatever encodes
-/// decodes), or a body over [`MAX_BODY`]; `out` is then unchanged.
+/// decodes), or a body over [`MAX_BODY`] (a welcome's over [`MAX_WELCOME_BODY`]); `out` is then unchanged.
 pub fn encode(m: &Message, out: &mut Vec<u8>) -> Result<(), WireError> {
     let what = m.name();
     let start = out.len();
@@ -264,9 +292,10 @@ pub fn encode(m: &Message, out: &mut Vec<u8>) -> Result<(), WireError> {
         return Err(e);
     }
     let len = out.len() - body;
-    if len > MAX_BODY {
+    let max = max_body(m.kind());
+    if len > max {
         out.truncate(start);
-        return Err(WireError::TooLong { what, len: len as u64 });
+        return Err(WireError::TooLong { what, len: len as u64, max });
     }
     out[body - 4..body].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(())
@@ -567,9 +596,10 @@ fn header(h: &[u8]) -> Result<(u8, usize), WireError> {
         return Err(WireError::Reserved(h[7]));
     }
     let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
-    if len > MAX_BODY {
+    let max = max_body(kind);
+    if len > max {
         let what = decode_name(kind);
-        return Err(WireError::TooLong { what, len: len as u64 });
+        return Err(WireError::TooLong { what, len: len as u64, max });
     }
     Ok((kind, len))
 }
@@ -710,6 +740,42 @@ mod tests {
         let t = TokenMessage { server: 0, round: 0, early: 0, tokens: vec![(0, MAX_TOKENS + 1, Tokens::Unlimited)] };
         assert!(encode(&Message::Tokens(t), &mut Vec::new()).unwrap_err().to_string().contains("r 1000000000001"));
         assert!(encode(&Message::Hello { name: String::new() }, &mut Vec::new()).is_err());
+    }
+
+    /// A welcome at its bound: a body of exactly [`MAX_WELCOME_BODY`] bytes (64,777 names, all but the last
+    /// of 256 bytes, with limit flags) encodes and decodes whole; one byte more does not encode, and a header
+    /// announcing it is refused before any of its body is read, naming the welcome and the bound (other
+    /// frames keep [`MAX_BODY`]).
+    #[test]
+    fn a_welcome_at_its_bound() {
+        let line = 2 + MAX_NAME_LEN + 1;
+        let full = (MAX_WELCOME_BODY - 12) / line;
+        let last = MAX_WELCOME_BODY - 12 - full * line - 3;
+        let mut buckets: Vec<String> = (0..full).map(|k| format!("{k:0>256}")).collect();
+        buckets.push("x".repeat(last));
+        let limited: Vec<bool> = (0..buckets.len()).map(|k| k % 2 == 0).collect();
+        assert_eq!(welcome_body_len(&buckets, &limited), MAX_WELCOME_BODY);
+        let m = Message::Welcome { server: 3, strays: true, buckets, limited };
+        let mut out = Vec::new();
+        encode(&m, &mut out).unwrap();
+        assert_eq!(out.len(), HEADER_BYTES + MAX_WELCOME_BODY);
+        assert_eq!(frame_len(&out[..HEADER_BYTES]).unwrap(), Some(out.len()));
+        assert_eq!(decode(&out).unwrap().unwrap(), (m.clone(), out.len()));
+        let Message::Welcome { server, strays, mut buckets, mut limited } = m else { unreachable!() };
+        buckets.last_mut().unwrap().push('y');
+        assert_eq!(welcome_body_len(&buckets, &limited), MAX_WELCOME_BODY + 1);
+        let e =
+            encode(&Message::Welcome { server, strays, buckets: buckets.clone(), limited: limited.clone() }, &mut out);
+        let want = format!("welcome body of {} bytes exceeds the bound of {MAX_WELCOME_BODY}", MAX_WELCOME_BODY + 1);
+        assert_eq!(e.unwrap_err().to_string(), want);
+        assert_eq!(out.len(), HEADER_BYTES + MAX_WELCOME_BODY, "out unchanged");
+        out[8..12].copy_from_slice(&(MAX_WELCOME_BODY as u32 + 1).to_le_bytes());
+        assert_eq!(frame_len(&out[..HEADER_BYTES]).unwrap_err().to_string(), want);
+        // Without flags the lines are a byte shorter; a token message may be longer than a welcome.
+        limited.clear();
+        assert_eq!(welcome_body_len(&buckets, &limited), MAX_WELCOME_BODY + 1 - buckets.len());
+        out[6] = 7;
+        assert_eq!(frame_len(&out[..HEADER_BYTES]).unwrap(), Some(HEADER_BYTES + MAX_WELCOME_BODY + 1));
     }
 
     proptest! {

@@ -30,7 +30,8 @@
 //! # Invariants
 //! 1. Tokens are applied only from the controller that welcomed this connection, and only those for this
 //!    server's index.
-//! 2. Frames in are bounded by rein-proto's [`rein_proto::pshift::MAX_BODY`] until the welcome, and after
+//! 2. Frames in are bounded by rein-proto's [`rein_proto::pshift::MAX_WELCOME_BODY`] until the welcome
+//!    (16 MiB: what a controller's welcome can need; the constant says how), and after
 //!    it by a token message's size for the welcome's buckets (64 + 20 bytes a bucket: a frame announcing
 //!    more is refused from its header, before its body is read); the buffer holds at most one frame and
 //!    one read beyond it.
@@ -270,7 +271,9 @@ async fn session(
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = Vec::new();
     write_frame(&mut wr, &Message::Hello { name: s.name.clone() }).await.map_err(broken)?;
-    let first = tokio::time::timeout(s.welcome_timeout, read_frame(&mut rd, &mut buf))
+    // The answer is a welcome or a refusal, so at most a welcome's bound (a frame announcing more is
+    // refused from its header).
+    let first = tokio::time::timeout(s.welcome_timeout, read_frame_within(&mut rd, &mut buf, wire::MAX_WELCOME_BODY))
         .await
         .map_err(|_| broken(format!("no welcome within {} s", s.welcome_timeout.as_secs_f64())))?
         .map_err(broken)?;
@@ -432,6 +435,41 @@ mod tests {
             write_frame(&mut sock, &m).await.unwrap();
         };
         let (r, ()) = tokio::join!(session(&s, &dispatcher, &Vec::new), answering);
+        let (_, e, welcomed) = ended(r);
+        assert!(welcomed, "{e}");
+    }
+
+    /// The welcome at its bound (rein-proto's `MAX_WELCOME_BODY`, 16 MiB): a controller announcing one
+    /// byte more is left from the frame's header, naming the bound (the link read at most 64 MiB before);
+    /// a welcome of exactly the bound is taken.
+    #[tokio::test]
+    async fn a_welcome_beyond_its_bound_is_refused_from_its_header() {
+        let listener = TcpListener::bind("127.0.0.212:0").await.unwrap();
+        let (s, dispatcher) = link(listener.local_addr().unwrap(), CONNECT_TIMEOUT);
+        let line = 2 + rein_core::pshift::MAX_NAME_LEN;
+        let full = (wire::MAX_WELCOME_BODY - 12) / line;
+        let mut buckets: Vec<String> = (0..full).map(|k| format!("{k:0>256}")).collect();
+        buckets.push("x".repeat(wire::MAX_WELCOME_BODY - 12 - full * line - 2));
+        assert_eq!(wire::welcome_body_len(&buckets, &[]), wire::MAX_WELCOME_BODY);
+        let mut welcome = Vec::new();
+        wire::encode(&Message::Welcome { server: 0, strays: false, buckets, limited: vec![] }, &mut welcome).unwrap();
+        let mut header = welcome[..wire::HEADER_BYTES].to_vec();
+        header[8..12].copy_from_slice(&(wire::MAX_WELCOME_BODY as u32 + 1).to_le_bytes());
+        let oversized = async {
+            let (mut sock, _) = hello(&listener).await;
+            sock.write_all(&header).await.unwrap();
+            let mut rest = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut rest)).await
+        };
+        let (r, closed) = tokio::join!(session(&s, &dispatcher, &Vec::new), oversized);
+        let (_, e, welcomed) = ended(r);
+        assert!(!welcomed && e.contains("welcome body of 16777217 bytes exceeds the bound of 16777216"), "{e}");
+        assert!(matches!(closed, Ok(Ok(0))), "{closed:?}");
+        let at_bound = async {
+            let (mut sock, _) = hello(&listener).await;
+            sock.write_all(&welcome).await.unwrap();
+        };
+        let (r, ()) = tokio::join!(session(&s, &dispatcher, &Vec::new), at_bound);
         let (_, e, welcomed) = ended(r);
         assert!(welcomed, "{e}");
     }
