@@ -167,6 +167,15 @@ impl Passed {
     }
 }
 
+#[cfg(test)]
+impl Passed {
+    /// `listener` (non-blocking) as if passed for `role`: a daemon's tests that need a socket option set
+    /// before it listens.
+    pub(crate) fn tcp(role: &Role, listener: std::net::TcpListener) -> Passed {
+        Passed { sockets: vec![(role.name, PassedSocket { fd: -1, listener: Listener::Tcp(listener) })] }
+    }
+}
+
 /// Set once the passed descriptors are taken (invariant 1).
 static TAKEN: AtomicBool = AtomicBool::new(false);
 

@@ -27,8 +27,12 @@
 //!    its connection.
 //! 3. Bounded: at most `servers + 16` connections at once, only from `allow_networks` (default loopback),
 //!    each a hello of at most [`HELLO_MAX_BODY`] bytes within 5 s, then frames of at most a report's size
-//!    for the configured buckets; the status keeps the last [`MAX_ROUNDS_KEPT`] rounds, and
-//!    `/api/pshift/periods` the newest closed periods up to [`MAX_PERIOD_CELLS_KEPT`] bucket-periods.
+//!    for the configured buckets, at least one every 5 s ([`crate::pshift_link::SILENCE_TIMEOUT`]: a
+//!    server pings every 100 ms, so a silent one is gone or hung, and its connection is closed, logged
+//!    once, rather than keep its place), each frame to it (the welcome first) written within
+//!    [`WRITE_TIMEOUT`]; the controller's task takes at most [`EVENT_QUEUE`] waiting events; the status
+//!    keeps the last [`MAX_ROUNDS_KEPT`] rounds, and `/api/pshift/periods` the newest closed periods up
+//!    to [`MAX_PERIOD_CELLS_KEPT`] bucket-periods.
 //!    Connections refused or cut (outside `allow_networks`, a failed TLS handshake, no or a bad hello, an
 //!    unknown name, a broken frame) are logged at most once a second for each of these kinds (`Cut`), the
 //!    next line with the number not logged (`unlogged`): a peer that connects in a loop cannot flood the
@@ -174,6 +178,12 @@ pub struct ControllerSettings {
     pub config: ControllerConfig,
     /// Whether the schedule waits for `PUT /api/pshift/start` (module comment).
     pub hold: bool,
+    /// A frame (the welcome included) not written to a server within this ends its connection:
+    /// [`WRITE_TIMEOUT`] (a field so that a test need not wait that long).
+    pub write_timeout: Duration,
+    /// A welcomed server that sends no frame for this long loses its connection:
+    /// [`crate::pshift_link::SILENCE_TIMEOUT`] (a field, as `write_timeout`).
+    pub silence_timeout: Duration,
 }
 
 /// Why ctl.toml was refused.
@@ -354,7 +364,19 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
                 .into(),
         );
     }
-    Ok(ControllerSettings { listen, admin, admin_access, access, tls, servers, buckets, config, hold: f.hold })
+    Ok(ControllerSettings {
+        listen,
+        admin,
+        admin_access,
+        access,
+        tls,
+        servers,
+        buckets,
+        config,
+        hold: f.hold,
+        write_timeout: WRITE_TIMEOUT,
+        silence_timeout: crate::pshift_link::SILENCE_TIMEOUT,
+    })
 }
 
 /// One round as `/api/pshift` lists it: rein-model's row of rounds.csv, the simulator's too.
@@ -585,6 +607,8 @@ pub async fn run(
             limited,
             strays,
             max_body,
+            write_timeout: s.write_timeout,
+            silence_timeout: s.silence_timeout,
             access,
             tls: s.tls.clone(),
             refused,
@@ -633,6 +657,10 @@ struct Admit {
     strays: bool,
     /// The largest frame body after the hello.
     max_body: usize,
+    /// [`ControllerSettings::write_timeout`].
+    write_timeout: Duration,
+    /// [`ControllerSettings::silence_timeout`].
+    silence_timeout: Duration,
     access: Arc<crate::access::ExportAccess>,
     tls: Option<crate::tls::TlsConfig>,
     /// Where refusals are counted.
@@ -779,43 +807,69 @@ async fn connection(
     }
     let welcome =
         Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec(), limited: limited.to_vec() };
-    crate::pshift_link::write_frame(&mut wr, &welcome).await.map_err(opening)?;
     tracing::info!(server = %name, index, "pShift server connected");
+    // The welcome first, then what the controller queued: each frame within the write timeout (a peer
+    // that does not read, the welcome included, which may be larger than the socket's buffers).
+    let write_timeout = admit.write_timeout;
     let mut writer = tokio::spawn(async move {
+        write_within(&mut wr, &welcome, write_timeout).await?;
         while let Some(m) = rx.recv().await {
-            match tokio::time::timeout(WRITE_TIMEOUT, crate::pshift_link::write_frame(&mut wr, &m)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!("pShift controller: write: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::warn!("pShift controller: a frame not written within {} s", WRITE_TIMEOUT.as_secs());
-                    return;
-                }
-            }
+            write_within(&mut wr, &m, write_timeout).await?;
         }
+        Ok::<(), String>(())
     });
+    let silence = admit.silence_timeout;
+    let mut heard = tokio::time::Instant::now();
     let r = loop {
         let m = tokio::select! {
-            // The controller dropped this connection (a refusal, a replacement) or a write failed: the
-            // connection ends here, which closes the socket (the halves of a split stream close it only
-            // when both are gone).
-            _ = &mut writer => break Ok(()),
+            // In this order: frames that came are read before silence is judged (after a stall of this
+            // process, the server's pings wait in the socket).
+            biased;
+            // The controller dropped this connection (a refusal, a replacement): the connection ends here,
+            // which closes the socket (the halves of a split stream close it only when both are gone); or
+            // a write failed.
+            w = &mut writer => break match w {
+                Ok(Err(e)) => Err((Cut::Welcomed, e)),
+                _ => Ok(()),
+            },
             f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
                 Ok(m) => m,
                 Err(e) => break Err((Cut::Welcomed, e)),
             },
             _ = stop.wait_for(|s| *s) => break Ok(()),
+            // A server pings every PING_EVERY (100 ms): one silent this long is gone or hung, and gives
+            // its place up (its status shows it disconnected; its index gets no report requests).
+            _ = tokio::time::sleep_until(heard + silence) => break Err((Cut::Welcomed, format!(
+                "server {name:?} sent no frame within {} s (a server pings every {} ms)",
+                silence.as_secs_f64(),
+                crate::pshift_link::PING_EVERY.as_millis()
+            ))),
         };
         // Waits while the controller's queue is full: this peer is read no faster than it is handled.
         if ev.send(Event::Frame { index, conn, m }).await.is_err() {
             break Ok(());
         }
+        heard = tokio::time::Instant::now();
     };
     let _ = ev.send(Event::Left { index, conn }).await;
     writer.abort();
     r
+}
+
+/// Writes `m` within `timeout`; the error names the frame and the bound.
+async fn write_within<W: tokio::io::AsyncWrite + Unpin>(
+    wr: &mut W,
+    m: &Message,
+    timeout: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(timeout, crate::pshift_link::write_frame(wr, m)).await {
+        Ok(r) => r.map_err(|e| format!("{} to the server: {e}", m.name())),
+        Err(_) => Err(format!(
+            "a frame ({}) not written to the server within {} s (it does not read)",
+            m.name(),
+            timeout.as_secs_f64()
+        )),
+    }
 }
 
 /// A server's connection, as the controller's task holds it.
@@ -1485,6 +1539,99 @@ mod tests {
         };
         assert!(end.contains("closed") || end.contains("reset"), "{end}");
         assert!(pongs < sent, "{pongs} pongs");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+    }
+
+    /// A welcomed server that sends nothing for the silence timeout (5 s in the controller, 400 ms here)
+    /// loses its connection at the deadline, not before: closed by the controller, shown disconnected,
+    /// and its name welcomed again at once; a server that pings all the while keeps its connection.
+    /// Before, a silent server kept its place until its TCP connection died.
+    #[tokio::test]
+    async fn a_silent_server_loses_its_connection() {
+        let text = CTL.replace("127.0.0.1:0", "127.0.0.213:0");
+        let text = format!("admin = \"127.0.0.213:0\"\nadmin_insecure = true\n{text}");
+        let mut s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
+        assert_eq!(s.silence_timeout, crate::pshift_link::SILENCE_TIMEOUT);
+        let silence = Duration::from_millis(400);
+        s.silence_timeout = silence;
+        let (addr, admin, stop_tx, task) = start_admin(s).await;
+        let admin: crate::admin_client::AdminEndpoint = admin.unwrap().into();
+        let (mut quiet_rd, _quiet_wr, mut quiet_buf, m) = hello(addr, "s1").await;
+        let welcomed = std::time::Instant::now();
+        assert!(matches!(m, Message::Welcome { server: 0, .. }), "{m:?}");
+        let (mut rd, mut wr, mut buf, m) = hello(addr, "s2").await;
+        assert!(matches!(m, Message::Welcome { server: 1, .. }), "{m:?}");
+        // s2 pings every 50 ms and is answered; s1 says nothing and reads what comes until the close.
+        let pinging = async {
+            for t0 in 0..20 {
+                write_frame(&mut wr, &Message::Ping { t0 }).await.unwrap();
+                pong(&mut rd, &mut buf).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        // Closed within 4 s: by the test's 400 ms, not the controller's 5 s.
+        let quiet = async {
+            let end = tokio::time::timeout(Duration::from_secs(4), async {
+                loop {
+                    if let Err(e) = read_frame(&mut quiet_rd, &mut quiet_buf).await {
+                        return e; // (report requests before)
+                    }
+                }
+            });
+            (end.await.expect("the silent server's connection is still open after 4 s"), welcomed.elapsed())
+        };
+        let ((), (end, after)) = tokio::join!(pinging, quiet);
+        assert!(end.contains("closed") || end.contains("reset"), "{end}");
+        assert!(after >= silence, "cut after {after:?}, before the silence timeout");
+        let st: ControllerStatus = crate::admin_client::get_json(&admin, None, "/api/pshift").await.unwrap();
+        assert_eq!(st.servers, [("s1".to_string(), false), ("s2".to_string(), true)]);
+        let (_, _, _, m) = hello(addr, "s1").await;
+        assert!(matches!(m, Message::Welcome { server: 0, .. }), "{m:?}");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+    }
+
+    /// The write timeout at its bound (10 s in the controller, 300 ms here): a server that says hello and
+    /// never reads, with a welcome larger than the sockets' buffers (400 buckets of 250-byte names, about
+    /// 100 KB; the controller's send buffer and the server's receive buffer at 4 KiB), has its connection
+    /// closed with the welcome cut short; before, the welcome's write had no deadline and held the
+    /// connection for ever. Another server, which reads, is welcomed whole and answered.
+    #[tokio::test]
+    async fn a_server_that_does_not_read_its_welcome_is_cut_at_the_write_timeout() {
+        let mut text = CTL.replace("127.0.0.1:0", "127.0.0.214:0");
+        for k in 0..400 {
+            text.push_str(&format!("[[buckets]]\nname = \"{k:x>250}\"\n"));
+        }
+        let mut s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
+        assert_eq!(s.write_timeout, WRITE_TIMEOUT);
+        s.write_timeout = Duration::from_millis(300);
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(4096).unwrap();
+        socket.bind(s.listen).unwrap();
+        let listener = socket.listen(16).unwrap().into_std().unwrap();
+        let addr = listener.local_addr().unwrap();
+        let passed = crate::activation::Passed::tcp(&crate::activation::PSHIFT, listener);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(s, async move { drop(stop_rx.await) }, Some(ready_tx), passed));
+        assert_eq!(ready_rx.await.unwrap().0, addr);
+        let client = tokio::net::TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(4096).unwrap();
+        let (mut rd, mut wr) = client.connect(addr).await.unwrap().into_split();
+        write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await.unwrap();
+        // Read nothing for three times the timeout, then what the socket holds, to its close.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let mut got = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read_to_end(&mut rd, &mut got));
+        assert!(read.await.is_ok(), "the connection is still open");
+        let whole = rein_proto::pshift::frame_len(&got).unwrap().expect("a welcome's header");
+        assert!(got.len() < whole, "the welcome came whole ({whole} bytes) from a server that did not read");
+        let (mut rd, _wr, mut buf, m) = hello(addr, "s2").await;
+        assert!(matches!(&m, Message::Welcome { server: 1, buckets, .. } if buckets.len() == 402), "{m:?}");
+        let m = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap();
+        assert!(matches!(m, Message::ReportRequest { .. }), "{m:?}");
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
     }
