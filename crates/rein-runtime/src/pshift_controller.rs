@@ -407,6 +407,16 @@ pub struct ControllerStatus {
     pub rounds: VecDeque<RoundRecord>,
 }
 
+impl ControllerStatus {
+    /// Adds a round, dropping the oldest past [`MAX_ROUNDS_KEPT`].
+    fn push_round(&mut self, r: RoundRecord) {
+        if self.rounds.len() == MAX_ROUNDS_KEPT {
+            self.rounds.pop_front();
+        }
+        self.rounds.push_back(r);
+    }
+}
+
 /// What `/api/pshift/periods` shows: the closed QoS periods one by one, each bucket's IOs completed in it
 /// by the servers' counts (rein-core's controller, "Periods counted at the servers"; periods.csv of
 /// `rein cluster run`).
@@ -445,6 +455,11 @@ pub struct BucketStatus {
     /// the servers").
     #[serde(default)]
     pub periods: PeriodCounts,
+}
+
+/// The channel of [`Event`]s to the controller's task: [`EVENT_QUEUE`] of them wait at most.
+fn event_channel() -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
+    mpsc::channel(EVENT_QUEUE)
 }
 
 /// What the connection tasks tell the controller's task.
@@ -537,7 +552,7 @@ pub async fn run(
     let periods = Arc::new(Mutex::new(PeriodsStatus::default()));
     let clock = Clock::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (ev_tx, ev_rx) = mpsc::channel(EVENT_QUEUE);
+    let (ev_tx, ev_rx) = event_channel();
     // A passed admin socket is judged by its own address (an exposed one needs the token).
     let admin_listener = match (passed_admin, s.admin) {
         (None, None) => None,
@@ -1099,10 +1114,7 @@ impl Task {
         );
         let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
         self.sync_status(&mut st);
-        if st.rounds.len() == MAX_ROUNDS_KEPT {
-            st.rounds.pop_front();
-        }
-        st.rounds.push_back(RoundRecord::new(now, r));
+        st.push_round(RoundRecord::new(now, r));
         drop(st);
         self.keep_periods(now, &r.closed);
     }
@@ -1634,6 +1646,111 @@ mod tests {
         assert!(matches!(m, Message::ReportRequest { .. }), "{m:?}");
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
+    }
+
+    /// The event queue at its bound: with the controller's task taking no events, a server's reader
+    /// stops once [`EVENT_QUEUE`] of its frames wait (the rest stay in the socket: the peer is slowed,
+    /// not buffered, and not cut); once they are taken, every frame follows, in order.
+    #[tokio::test]
+    async fn a_full_event_queue_slows_the_reader() {
+        let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
+        let refused = Arc::new(Mutex::new(ControllerStatus {
+            round: 0,
+            now_s: 0.0,
+            origin_s: None,
+            servers: vec![],
+            buckets: vec![],
+            refused: 0,
+            late_reports: 0,
+            rounds: VecDeque::new(),
+        }));
+        let admit = Admit {
+            names: Arc::new(vec!["s1".into()]),
+            buckets: Arc::new(vec!["a".into()]),
+            limited: Arc::new(vec![false]),
+            strays: false,
+            max_body: 1024,
+            write_timeout: s.write_timeout,
+            silence_timeout: s.silence_timeout,
+            access: Arc::new(s.access.clone()),
+            tls: None,
+            refused,
+            log: Arc::default(),
+        };
+        let listener = TcpListener::bind("127.0.0.215:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (ev_tx, mut ev_rx) = event_channel();
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let conn = tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            connection(sock, 1, &admit, ev_tx, stop_rx).await.map_err(|e| e.1)
+        });
+        let (mut sock_rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await.unwrap();
+        // The writer's queue is kept (dropped, the connection would end: the controller let it go).
+        let Some(Event::Joined { verdict, tx: _writer, .. }) = ev_rx.recv().await else { panic!("no join") };
+        verdict.send(Ok(())).unwrap();
+        let mut buf = Vec::new();
+        assert!(matches!(read_frame(&mut sock_rd, &mut buf).await.unwrap(), Message::Welcome { .. }));
+        let n = 2 * EVENT_QUEUE as u64;
+        let mut pings = Vec::new();
+        for t0 in 0..n {
+            rein_proto::pshift::encode(&Message::Ping { t0 }, &mut pings).unwrap();
+        }
+        tokio::io::AsyncWriteExt::write_all(&mut wr, &pings).await.unwrap();
+        // Wait until the queue stops growing (200 ms without a change), then it holds exactly the bound.
+        let mut last = (usize::MAX, std::time::Instant::now());
+        while last.1.elapsed() < Duration::from_millis(200) {
+            if ev_rx.len() != last.0 {
+                last = (ev_rx.len(), std::time::Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ev_rx.len(), EVENT_QUEUE);
+        assert!(!conn.is_finished(), "the reader waits, it does not end the connection");
+        for want in 0..n {
+            match tokio::time::timeout(Duration::from_secs(5), ev_rx.recv()).await.unwrap() {
+                Some(Event::Frame { m: Message::Ping { t0 }, .. }) => assert_eq!(t0, want),
+                _ => panic!("expected ping {want}"),
+            }
+        }
+        drop(wr);
+        let end = tokio::time::timeout(Duration::from_secs(5), conn).await.unwrap().unwrap();
+        assert!(end.as_ref().is_err_and(|e| e.contains("closed")), "{end:?}");
+    }
+
+    /// The status keeps the newest [`MAX_ROUNDS_KEPT`] rounds: at the bound all of them, one more drops
+    /// the oldest.
+    #[test]
+    fn the_status_keeps_the_newest_rounds() {
+        let mut st = ControllerStatus {
+            round: 0,
+            now_s: 0.0,
+            origin_s: None,
+            servers: vec![],
+            buckets: vec![],
+            refused: 0,
+            late_reports: 0,
+            rounds: VecDeque::new(),
+        };
+        let round = |round| RoundRecord {
+            at_s: 0.0,
+            round,
+            period: 0,
+            interval: 0,
+            early: 0,
+            wanted: 0,
+            r_phi: 0,
+            l_phi: 0,
+            reports_missing: 0,
+        };
+        for r in 0..MAX_ROUNDS_KEPT as u64 {
+            st.push_round(round(r));
+        }
+        assert_eq!((st.rounds.len(), st.rounds[0].round), (MAX_ROUNDS_KEPT, 0));
+        st.push_round(round(MAX_ROUNDS_KEPT as u64));
+        assert_eq!((st.rounds.len(), st.rounds[0].round), (MAX_ROUNDS_KEPT, 1));
+        assert_eq!(st.rounds.back().unwrap().round, MAX_ROUNDS_KEPT as u64);
     }
 
     /// Only `allow_networks` may connect (default loopback): a peer outside it is cut at once and counted.
