@@ -407,6 +407,14 @@ impl HostStatus {
     }
 }
 
+/// Adds a period's record to `history`, dropping the oldest past [`MAX_PERIOD_RECORDS`].
+fn keep_record(history: &mut VecDeque<PeriodRecord>, record: PeriodRecord) {
+    if history.len() == MAX_PERIOD_RECORDS {
+        history.pop_front();
+    }
+    history.push_back(record);
+}
+
 /// A request waiting in the host.
 struct Parked {
     volume: Arc<RemoteVolume>,
@@ -1002,10 +1010,7 @@ impl Task {
             estimate_ms: s.estimate_ms,
             ios: out.ios,
         };
-        if s.history.len() == MAX_PERIOD_RECORDS {
-            s.history.pop_front();
-        }
-        s.history.push_back(record);
+        keep_record(&mut s.history, record);
     }
 }
 
@@ -1180,5 +1185,25 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
     ];
     for (metric, kind, help, v) in series {
         let _ = writeln!(o, "# HELP {metric} {help}\n# TYPE {metric} {kind}\n{metric}{{host=\"{id}\"}} {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/api/parda` keeps the newest [`MAX_PERIOD_RECORDS`] periods: at the bound all of them, one more
+    /// drops the oldest.
+    #[test]
+    fn the_history_keeps_the_newest_periods() {
+        let record = |ios| PeriodRecord { at_s: 0.0, window: 1.0, beta: 1.0, signal_ms: None, estimate_ms: None, ios };
+        let mut history = VecDeque::new();
+        for ios in 0..MAX_PERIOD_RECORDS as u64 {
+            keep_record(&mut history, record(ios));
+        }
+        assert_eq!((history.len(), history[0].ios), (MAX_PERIOD_RECORDS, 0));
+        keep_record(&mut history, record(MAX_PERIOD_RECORDS as u64));
+        assert_eq!((history.len(), history[0].ios), (MAX_PERIOD_RECORDS, 1));
+        assert_eq!(history.back().unwrap().ios, MAX_PERIOD_RECORDS as u64);
     }
 }
