@@ -510,7 +510,8 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     let mut busy = BusyReads {
         ok: busy_endpoints.iter().zip(&busy_base).map(|(e, b)| e.is_none() || b.is_some()).collect(),
         carry: vec![0; busy_base.len()],
-        base: busy_base,
+        capacity: busy_base.iter().map(|b| b.and_then(|d| d.capacity_iops).map(|c| vec![(Nanos::ZERO, c)])).collect(),
+        base: busy_base.iter().map(|b| b.map(|d| d.busy_ns)).collect(),
         endpoints: busy_endpoints,
         interval,
         duration,
@@ -754,7 +755,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 name,
                 scheduler: "remote".into(),
                 distributed: false,
-                capacity: Vec::new(),
+                capacity: busy.capacity(k),
                 busy_observed: busy.observed(k),
             })
             .collect(),
@@ -776,6 +777,10 @@ struct BusyReads {
     /// comes a little after the interval's end, so an interval's difference can exceed its length while
     /// the next one's falls short.
     carry: Vec<u64>,
+    /// Per server: its modelled device's capacity as read, `(from, IOPS)` with a point where it changed
+    /// (at the end of the interval whose read first showed it: within an interval of the change); `None`
+    /// once a read had none (no device model, or a failed read: unknown).
+    capacity: Vec<Option<Vec<(Nanos, f64)>>>,
     interval: Nanos,
     duration: Nanos,
 }
@@ -790,16 +795,34 @@ impl BusyReads {
         self.endpoints.get(k).is_some_and(Option::is_some) && self.ok[k]
     }
 
+    /// Server `k`'s capacity over the run as read (rein-model's `ServerMeta::capacity`); empty when
+    /// unknown.
+    fn capacity(&self, k: usize) -> Vec<(Nanos, f64)> {
+        if !self.observed(k) {
+            return Vec::new();
+        }
+        self.capacity.get(k).cloned().flatten().unwrap_or_default()
+    }
+
     /// Interval `i`'s busy time per server: the difference from the last read (plus what an earlier
     /// interval could not hold), at most the interval's length, recorded as busy up to the interval's end
     /// (the recorder counts what falls after the warm-up). So no interval is more than fully busy.
-    fn record(&mut self, i: usize, read: Vec<Option<u64>>, rec: &mut Recorder) {
+    fn record(&mut self, i: usize, read: Vec<Option<DeviceRead>>, rec: &mut Recorder) {
         let start = self.interval.0.saturating_mul(i as u64).min(self.duration.0);
         let end = self.interval.0.saturating_mul(i as u64 + 1).min(self.duration.0);
-        for (k, now) in read.into_iter().enumerate() {
+        for (k, read) in read.into_iter().enumerate() {
             if self.endpoints[k].is_none() {
                 continue;
             }
+            let schedule = &mut self.capacity[k];
+            match (read.and_then(|d| d.capacity_iops), schedule.as_mut()) {
+                (Some(c), Some(v)) if v.last().is_none_or(|l| l.1 != c) && end < self.duration.0 => {
+                    v.push((Nanos(end), c))
+                }
+                (Some(_), Some(_)) => {}
+                _ => *schedule = None,
+            }
+            let now = read.map(|d| d.busy_ns);
             match (self.base[k], now) {
                 (Some(b), Some(n)) => {
                     let busy = n.saturating_sub(b) + self.carry[k];
@@ -814,18 +837,28 @@ impl BusyReads {
     }
 }
 
-/// Each server's device busy time (ns) from its admin endpoint; `None` where there is none or it failed.
+/// What a read of a server's `GET /api/device` gives the run.
+#[derive(Copy, Clone, Debug)]
+struct DeviceRead {
+    /// Busy time since the server started (ns).
+    busy_ns: u64,
+    /// The modelled device's capacity; `None` without a device model.
+    capacity_iops: Option<f64>,
+}
+
+/// Each server's device busy time and capacity from its admin endpoint; `None` where there is none or
+/// it failed.
 async fn read_busy(
     endpoints: &[Option<crate::admin_client::AdminEndpoint>],
     token: Option<&crate::admin_guard::AdminToken>,
-) -> Vec<Option<u64>> {
+) -> Vec<Option<DeviceRead>> {
     let mut out = Vec::with_capacity(endpoints.len());
     for e in endpoints {
         out.push(match e {
             Some(e) => crate::admin_client::get_json::<crate::admin::DeviceJson>(e, token, "/api/device")
                 .await
                 .ok()
-                .map(|d| (d.busy_s * 1e9).round() as u64),
+                .map(|d| DeviceRead { busy_ns: (d.busy_s * 1e9).round() as u64, capacity_iops: d.capacity_iops }),
             None => None,
         });
     }
@@ -1055,7 +1088,8 @@ mod tests {
     }
 
     /// Busy time read a little late is carried into the next interval, never recorded as more than an
-    /// interval holds; a failed read makes the server's utilisation unknown.
+    /// interval holds; a failed read makes the server's utilisation unknown. The capacity read with it
+    /// (a modelled device's) is kept where it changed, and unknown for a server with a failed read.
     #[test]
     fn busy_reads_carry_the_excess_and_never_exceed_an_interval() {
         let sec = 1_000_000_000u64;
@@ -1065,15 +1099,20 @@ mod tests {
             base: vec![Some(0), Some(0)],
             ok: vec![true, true],
             carry: vec![0, 0],
+            capacity: vec![Some(vec![(Nanos::ZERO, 2400.0)]), Some(vec![(Nanos::ZERO, 100.0)])],
             interval: Nanos(sec),
             duration: Nanos(3 * sec),
         };
         let mut rec = Recorder::new(0, 2, Nanos(3 * sec), Nanos(sec), Nanos::ZERO).unwrap();
-        // Server 0: 1.2 s by the first read (0.2 s of it belongs to the next interval), 1.8 s, then 3.0 s.
-        busy.record(0, vec![Some(sec * 12 / 10), Some(sec / 2)], &mut rec);
-        busy.record(1, vec![Some(sec * 18 / 10), None], &mut rec);
-        busy.record(2, vec![Some(3 * sec), Some(sec)], &mut rec);
+        let d = |busy_ns: u64, capacity: f64| Some(DeviceRead { busy_ns, capacity_iops: Some(capacity) });
+        // Server 0: 1.2 s by the first read (0.2 s of it belongs to the next interval), 1.8 s, then 3.0 s;
+        // its capacity halved during the second interval (and a change at the run's end is not kept).
+        busy.record(0, vec![d(sec * 12 / 10, 2400.0), d(sec / 2, 100.0)], &mut rec);
+        busy.record(1, vec![d(sec * 18 / 10, 1200.0), None], &mut rec);
+        busy.record(2, vec![d(3 * sec, 600.0), d(sec, 100.0)], &mut rec);
         assert!(busy.observed(0) && !busy.observed(1), "server 1 missed a read");
+        assert_eq!(busy.capacity(0), [(Nanos::ZERO, 2400.0), (Nanos(2 * sec), 1200.0)]);
+        assert_eq!(busy.capacity(1), [], "unknown after a failed read");
         let meta = RunMeta {
             name: "t".into(),
             scheduler: "measured".into(),

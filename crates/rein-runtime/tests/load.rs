@@ -128,6 +128,8 @@ async fn workload_kinds_on_the_wire_with_the_servers_specs_and_phases() {
     assert!(within(u, 0.25, 12.0), "utilisation {u}, the equation's 0.25");
     let completed = (a.completed + b.completed) as f64 / 4.0;
     assert!(within(u, completed * 0.0005, 5.0), "utilisation {u} against the measured {completed} IOPS");
+    // The modelled device's capacity as the admin endpoint gives it, for every interval (the plots' line).
+    assert_eq!(t.timeseries.capacity, [vec![2000.0; t.timeseries.intervals]]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,6 +153,7 @@ async fn without_the_admin_endpoint_specs_and_phases_are_unknown_not_invented() 
     assert!(t.summary.to_json().contains("\"weight\": null"));
     assert!(t.timeseries.to_csv().lines().nth(1).unwrap().ends_with(",,"), "phase columns empty");
     assert_eq!(t.summary.servers[0].utilisation, None);
+    assert_eq!(t.timeseries.capacity, [Vec::<f64>::new()], "capacity unknown");
     // The device does 2,000 IOPS and b's limit holds it to 600 while on: half the time on.
     assert!(a.iops > 500.0, "{}", a.iops);
     assert!(b.iops > 150.0 && b.iops < 450.0, "on half the time at most 600: {}", b.iops);

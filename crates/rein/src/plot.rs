@@ -346,6 +346,8 @@ pub(crate) fn run_plots(
         .server_names
         .iter()
         .zip(&ts.capacity)
+        // A server whose capacity is unknown (a daemon without a device model) has no line, nor a legend.
+        .filter(|(_, c)| !c.is_empty())
         .take(4)
         .map(|(n, c)| Series {
             name: format!("{n} capacity"),
