@@ -876,11 +876,14 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     }
     let capacity_iops = f.capacity_iops.or(device.as_ref().map(|d| d.spec.capacity_at(rein_core::Nanos::ZERO)));
     let mut tenants = Vec::new();
+    // A set for the repeat check: the file may list as many tenants as the scheduler takes (2^20), which
+    // compared in pairs is about 5e11 comparisons.
+    let mut names = std::collections::HashSet::with_capacity(f.tenants.len());
     for t in &f.tenants {
         if t.name.is_empty() {
             return Err("a [[tenants]] entry has an empty name".into());
         }
-        if tenants.iter().any(|x: &TenantConfig| x.name == t.name) {
+        if !names.insert(t.name.as_str()) {
             return Err(format!("tenant name {:?} is repeated", t.name));
         }
         let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
@@ -1088,6 +1091,9 @@ mod tests {
             .contains("reservation 10 exceeds limit 5"));
         assert!(e("colour = 1\n[[exports]]\nname = \"a\"").contains("unknown field `colour`"));
         assert!(e("").contains("at least one [[exports]]"));
+        let t = |n: &str| format!("[[tenants]]\nname = \"{n}\"\n");
+        assert!(e(&format!("[[exports]]\nname = \"a\"\n{}{}{}", t("x"), t("y"), t("x")))
+            .contains("tenant name \"x\" is repeated"));
         assert!(e("scheduler = \"wfq\"\n[[exports]]\nname = \"a\"").contains("unknown scheduler"));
         assert!(e("io_engine = \"aio\"\n[[exports]]\nname = \"a\"").contains("io_engine \"aio\""));
         assert!(e("probe_capacity_s = -1\n[[exports]]\nname = \"a\"").contains("probe_capacity_s"));

@@ -629,11 +629,13 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
     };
     // Tenants.
     let mut tenants: Vec<GatewayTenant> = Vec::new();
+    // A set for the repeat check (as rein serve's): the file's tenants are not bounded by its volumes.
+    let mut names = std::collections::HashSet::with_capacity(f.tenants.len());
     for t in &f.tenants {
         if t.name.is_empty() {
             return Err("a [[tenants]] entry has an empty name".into());
         }
-        if tenants.iter().any(|x| x.name == t.name) {
+        if !names.insert(t.name.as_str()) {
             return Err(format!("tenant name {:?} is repeated", t.name));
         }
         if t.name.len() > MAX_NODE_NAME_LEN || t.name.contains('\0') {
@@ -1743,6 +1745,19 @@ mod tests {
             "{top}\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
         );
         GatewayConfig::parse(&text, Path::new("gw.toml"))
+    }
+
+    /// A name given twice is named (the tenants' check is a set, the others compare pairs: at most
+    /// MAX_NODES nodes and MAX_VOLUMES exports).
+    #[test]
+    fn repeated_names_are_named() {
+        let t = |n: &str| format!("[[tenants]]\nname = \"{n}\"\n");
+        let e = parse(&format!("{}{}{}", t("x"), t("y"), t("x"))).unwrap_err().to_string();
+        assert!(e.contains("tenant name \"x\" is repeated"), "{e}");
+        let e = parse("[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:2\"").unwrap_err().to_string();
+        assert!(e.contains("node name \"s1\" is repeated"), "{e}");
+        let e = parse("[[exports]]\nname = \"v\"\nsize_mb = 1").unwrap_err().to_string();
+        assert!(e.contains("export name \"v\" is repeated"), "{e}");
     }
 
     /// The start-up hint: only for a guest whose vCPUs halt at once (polling 0), never for an absent or
