@@ -50,6 +50,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use std::sync::Arc;
 
+/// What this admin API controls, as the refusal of an address without a token says it.
+pub const POWERS: crate::admin_guard::Powers = crate::admin_guard::Powers("change every tenant's QoS");
+
 /// What the admin endpoint needs to know: the server's live state ([`Registry`]), which also serialises
 /// every change (validation, admission, persistence and apply as one step, [`crate::live`]).
 #[derive(Clone)]

@@ -175,10 +175,15 @@ pub enum AdminGuardError {
     },
     /// A non-loopback admin address without a token (and without `admin_insecure`).
     #[error(
-        "admin = \"{0}\" is not a loopback address and no admin_token_file is set: anyone who reaches it could \
-         change every tenant's QoS; set admin_token_file, bind 127.0.0.1, or set admin_insecure = true"
+        "admin = \"{addr}\" is not a loopback address and no admin_token_file is set: anyone who reaches it could \
+         {powers}; set admin_token_file, bind 127.0.0.1, or set admin_insecure = true"
     )]
-    Exposed(SocketAddr),
+    Exposed {
+        /// The admin address.
+        addr: SocketAddr,
+        /// What its API lets a client do (the role's [`Powers`]).
+        powers: Powers,
+    },
 }
 
 /// A bearer token, from [`AdminToken::load`]. Its `Debug` never shows it.
@@ -250,16 +255,29 @@ impl AdminToken {
     }
 }
 
-/// Loads the token (if configured) and refuses an exposed address without one (module comment).
-pub fn prepare(addr: SocketAddr, access: &AdminAccess) -> Result<Option<AdminToken>, AdminGuardError> {
+/// What a role's admin API lets a client do, as the error and the warning about an endpoint without a
+/// token say it (each daemon's admin API controls something else: `rein serve`'s its tenants, the
+/// gateway's a PARDA host's window, the pShift controller's the start of its schedule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Powers(pub &'static str);
+
+impl std::fmt::Display for Powers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// Loads the token (if configured) and refuses an exposed address without one (module comment); `powers`
+/// is what the role's admin API controls.
+pub fn prepare(addr: SocketAddr, access: &AdminAccess, powers: Powers) -> Result<Option<AdminToken>, AdminGuardError> {
     let token = access.token_file.as_deref().map(AdminToken::load).transpose()?;
     if token.is_none() && !addr.ip().is_loopback() {
         if !access.insecure {
-            return Err(AdminGuardError::Exposed(addr));
+            return Err(AdminGuardError::Exposed { addr, powers });
         }
         tracing::warn!(
             admin = %addr,
-            "admin endpoint on {addr} without a token (admin_insecure = true): anyone who reaches it can change every tenant's QoS"
+            "admin endpoint on {addr} without a token (admin_insecure = true): anyone who reaches it can {powers}"
         );
     }
     Ok(token)
@@ -635,11 +653,13 @@ mod tests {
         let open: SocketAddr = "0.0.0.0:9180".parse().unwrap();
         let lo: SocketAddr = "127.0.0.1:9180".parse().unwrap();
         let mut access = AdminAccess::default();
-        assert!(prepare(lo, &access).unwrap().is_none());
-        let e = prepare(open, &access).unwrap_err().to_string();
+        let powers = Powers("do what this role's API does");
+        assert!(prepare(lo, &access, powers).unwrap().is_none());
+        let e = prepare(open, &access, powers).unwrap_err().to_string();
         assert!(e.starts_with("admin = \"0.0.0.0:9180\" is not a loopback address"), "{e}");
+        assert!(e.contains("anyone who reaches it could do what this role's API does; set admin_token_file"), "{e}");
         access.insecure = true;
-        assert!(prepare(open, &access).is_ok());
+        assert!(prepare(open, &access, powers).is_ok());
         assert!(AdminAccess::new(None, false, 0, 60.0).unwrap_err().contains("max_admin_connections"));
         assert!(AdminAccess::new(None, false, 4097, 60.0).is_err());
         assert!(AdminAccess::new(None, false, 4096, 3600.0).is_ok());

@@ -410,7 +410,7 @@ impl GatewayConfig {
     /// or serves another size shows at start.
     pub fn check(&self) -> Result<Vec<String>, GatewayError> {
         if let Some(addr) = self.admin {
-            crate::admin_guard::prepare(addr, &self.admin_access)?;
+            crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS)?;
         }
         let mut lines: Vec<String> = self
             .exports
@@ -1344,14 +1344,14 @@ pub async fn run_with(
         (None, None) => None,
         (Some(s), configured) => {
             let addr = s.tcp_addr().map_err(GatewayError::Activation)?;
-            let token = crate::admin_guard::prepare(addr, &cfg.admin_access)?;
+            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
             let instead =
                 configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
             s.log_use("the admin endpoint", &instead);
             Some((s.into_tcp().map_err(GatewayError::Activation)?, token))
         }
         (None, Some(addr)) => {
-            let token = crate::admin_guard::prepare(addr, &cfg.admin_access)?;
+            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
             let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
             Some((l, token))
         }
@@ -1648,6 +1648,11 @@ async fn put_period(gate: Option<Arc<HostGate>>, body: &[u8]) -> axum::response:
     };
     host_put_answer(gate.set_period_end_in(ends_in).await, serde_json::json!({ "ends_in_s": b.ends_in_s }))
 }
+
+/// What the gateway's admin API controls, as the refusal of an address without a token says it.
+pub const ADMIN_POWERS: crate::admin_guard::Powers = crate::admin_guard::Powers(
+    "read every volume's nodes and counters and, on a PARDA host, resize its window or move its control periods",
+);
 
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
 /// [`crate::admin_guard::protect`].

@@ -492,7 +492,7 @@ impl ControllerSettings {
     /// file); returns the lines to print.
     pub fn check(&self) -> Result<Vec<String>, String> {
         if let Some(addr) = self.admin {
-            crate::admin_guard::prepare(addr, &self.admin_access).map_err(|e| e.to_string())?;
+            crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
         }
         let mut lines: Vec<String> =
             self.servers.iter().map(|(name, cap)| format!("server {name}: {cap} IOPS")).collect();
@@ -562,14 +562,14 @@ pub async fn run(
         (None, None) => None,
         (Some(p), configured) => {
             let addr = p.tcp_addr().map_err(activation)?;
-            let token = crate::admin_guard::prepare(addr, &s.admin_access).map_err(|e| e.to_string())?;
+            let token = crate::admin_guard::prepare(addr, &s.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
             let instead =
                 configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
             p.log_use("the admin endpoint", &instead);
             Some((p.into_tcp().map_err(activation)?, token))
         }
         (None, Some(addr)) => {
-            let token = crate::admin_guard::prepare(addr, &s.admin_access).map_err(|e| e.to_string())?;
+            let token = crate::admin_guard::prepare(addr, &s.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
             let l = TcpListener::bind(addr).await.map_err(|e| format!("admin {addr}: {e}"))?;
             Some((l, token))
         }
@@ -1134,6 +1134,10 @@ impl Task {
         }
     }
 }
+
+/// What the controller's admin API controls, as the refusal of an address without a token says it.
+pub const ADMIN_POWERS: crate::admin_guard::Powers =
+    crate::admin_guard::Powers("read every server's and bucket's state and, under hold, start the schedule");
 
 fn admin_router(
     status: Arc<Mutex<ControllerStatus>>,

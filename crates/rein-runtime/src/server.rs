@@ -219,7 +219,7 @@ fn admit(cfg: &ServerConfig, capacity: Option<&CapacityEntry>) -> Result<(), Ser
 /// tells (permissions, `O_DIRECT`), and a capacity that `probe_capacity_s` would measure (admission is
 /// then checked against the state file's or the configuration's capacity, if any).
 pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
-    crate::admin_guard::prepare(cfg.admin, &cfg.admin_access)?;
+    crate::admin_guard::prepare(cfg.admin, &cfg.admin_access, crate::admin::POWERS)?;
     let mut lines = Vec::new();
     let saved = state::load(&cfg.data_dir)?;
     let over = state::overlay(&cfg, saved.as_ref().unwrap_or(&StateFile::default()));
@@ -320,7 +320,7 @@ pub async fn run_with(
         Some(s) => s.tcp_addr().map_err(ServeError::Activation)?,
         None => cfg.admin,
     };
-    let admin_token = crate::admin_guard::prepare(admin_addr, &cfg.admin_access)?;
+    let admin_token = crate::admin_guard::prepare(admin_addr, &cfg.admin_access, crate::admin::POWERS)?;
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
     let _lock = DirLock::acquire(&cfg.data_dir)?;

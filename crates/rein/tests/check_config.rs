@@ -128,3 +128,35 @@ fn the_gateway_and_the_pshift_controller_check_their_files_too() {
     let (ok, _, err) = check(&["pshift", "controller", "--config", exposed.to_str().unwrap()]);
     assert!(!ok && err.contains("is not a loopback address and no admin_token_file is set"), "{err}");
 }
+
+/// An admin address that is not loopback, without a token, is refused by each role naming what that
+/// role's admin API controls (the gateway and the controller once spoke of rein serve's tenants).
+#[test]
+fn an_exposed_admin_endpoint_is_refused_naming_what_its_role_controls() {
+    let tmp = tmpdir("check-exposed");
+    let gw = "listen = \"127.0.0.230:0\"\nadmin = \"0.0.0.0:0\"\n[[nodes]]\nname = \"s1\"\n\
+              address = \"127.0.0.231:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 64\n";
+    let path = write_file(tmp.path(), "gw.toml", gw);
+    let (ok, _, err) = check(&["gateway", "--config", path.to_str().unwrap()]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("anyone who reaches it could read every volume's nodes and counters and, on a PARDA host"),
+        "{err}"
+    );
+    assert!(!err.contains("tenant"), "the gateway's admin API sets no tenant's QoS: {err}");
+
+    let ctl = "listen = \"127.0.0.232:0\"\nadmin = \"0.0.0.0:0\"\nperiod_s = 1\n[[servers]]\nname = \"s1\"\n\
+               capacity_iops = 1000\n[[buckets]]\nname = \"b1\"\n";
+    let path = write_file(tmp.path(), "ctl.toml", ctl);
+    let (ok, _, err) = check(&["pshift", "controller", "--config", path.to_str().unwrap()]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("anyone who reaches it could read every server's and bucket's state and, under hold"),
+        "{err}"
+    );
+    assert!(!err.contains("tenant"), "the controller's admin API sets no tenant's QoS: {err}");
+
+    let serve = common::config_at(tmp.path(), "listen = \"127.0.0.233:0\"\nadmin = \"0.0.0.0:0\"", MEMORY);
+    let (ok, _, err) = check(&["serve", "--config", serve.to_str().unwrap()]);
+    assert!(!ok && err.contains("anyone who reaches it could change every tenant's QoS"), "{err}");
+}
