@@ -129,7 +129,7 @@ pub enum ConfigError {
     Parse {
         /// Where the text came from (`<built-in>` for [`BUILTIN`]).
         path: PathBuf,
-        /// The TOML parser's message, with the line and column.
+        /// The TOML parser's message, after the line and column ([`parse_toml`]).
         message: String,
     },
     /// A value is out of range or inconsistent with another; the message names the field.
@@ -602,6 +602,26 @@ weight = 3
 /// longer file, or a device that never ends, is refused before it is parsed).
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
+/// A configuration file's `text` as `T`, for `rein serve`, `rein gateway` and the pShift controller
+/// alike; the error is one line (a reload's failure is one log line too): where, by line and column
+/// (1-based, the column in characters), then the parser's message, e.g. `line 3, column 1: unknown field
+/// `colour`, expected one of ...`. An error the parser places nowhere is its message alone.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    toml::from_str(text).map_err(|e| {
+        let message = e.message().trim();
+        match e.span() {
+            Some(span) => {
+                let start = (0..=span.start.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+                let before = &text[..start];
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+                format!("line {line}, column {column}: {message}")
+            }
+            None => message.to_string(),
+        }
+    })
+}
+
 impl ServerConfig {
     /// Reads and validates the file at `path`. Errors: [`ConfigError::Read`] if it cannot be read, else as
     /// [`ServerConfig::parse`].
@@ -621,8 +641,7 @@ impl ServerConfig {
     /// [`ConfigError::Parse`] for text that is not TOML or fields that do not exist or have the wrong
     /// type, [`ConfigError::Invalid`] (naming the field) for values out of range or inconsistent.
     pub fn parse(text: &str, path: &Path) -> Result<ServerConfig, ConfigError> {
-        let f: File =
-            toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        let f: File = parse_toml(text).map_err(|message| ConfigError::Parse { path: path.into(), message })?;
         // Files named in [tls] are relative to the config file's directory.
         let base = path.parent().unwrap_or(Path::new(""));
         validate(f, base).map_err(ConfigError::Invalid)
@@ -1089,7 +1108,13 @@ mod tests {
         assert!(e("[[exports]]\nname = \"a\"\ntenant = \"zz\"").contains("unknown tenant \"zz\""));
         assert!(e("[[exports]]\nname = \"a\"\n[[tenants]]\nname = \"a\"\nreservation = 10\nlimit = 5")
             .contains("reservation 10 exceeds limit 5"));
-        assert!(e("colour = 1\n[[exports]]\nname = \"a\"").contains("unknown field `colour`"));
+        assert!(e("colour = 1\n[[exports]]\nname = \"a\"").contains("x.toml: line 1, column 1: unknown field `colour`"));
+        // The line and column of the key, one line; the column in characters.
+        let e2 = e("[[exports]]\nname = \"é\"\nsize_mb = \"x\"");
+        assert!(e2.starts_with("x.toml: line 3, column 11: invalid type: string \"x\""), "{e2}");
+        assert_eq!(e2.lines().count(), 1, "{e2}");
+        let e3 = e("[[exports]]\nname = \"é\" size_mb = 1");
+        assert!(e3.starts_with("x.toml: line 2, column 12: "), "{e3}");
         assert!(e("").contains("at least one [[exports]]"));
         let t = |n: &str| format!("[[tenants]]\nname = \"{n}\"\n");
         assert!(e(&format!("[[exports]]\nname = \"a\"\n{}{}{}", t("x"), t("y"), t("x")))

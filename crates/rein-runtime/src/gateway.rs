@@ -484,10 +484,8 @@ impl GatewayConfig {
 
     /// Validates `text` (read from `path`).
     pub fn parse(text: &str, path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
-        let file: File = toml::from_str(text).map_err(|e| GatewayConfigError::Parse {
-            path: path.display().to_string(),
-            message: e.to_string().replace('\n', " ").trim().to_string(),
-        })?;
+        let file: File = crate::config::parse_toml(text)
+            .map_err(|message| GatewayConfigError::Parse { path: path.display().to_string(), message })?;
         let base = path.parent().unwrap_or(Path::new("."));
         validate(file, base).map_err(GatewayConfigError::Invalid)
     }

@@ -227,8 +227,8 @@ impl ControllerSettings {
     /// Validates `text` as if read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<ControllerSettings, ControllerConfigError> {
         let shown = path.display().to_string();
-        let f: File = toml::from_str(text)
-            .map_err(|e| ControllerConfigError::Parse { path: shown.clone(), message: e.message().to_string() })?;
+        let f: File = crate::config::parse_toml(text)
+            .map_err(|message| ControllerConfigError::Parse { path: shown.clone(), message })?;
         let base = path.parent().unwrap_or(Path::new("."));
         validate(f, base).map_err(|message| ControllerConfigError::Invalid { path: shown, message })
     }

@@ -116,7 +116,8 @@ fn the_gateway_and_the_pshift_controller_check_their_files_too() {
     assert!(out.contains("1 tenants, 1 volumes over 2 nodes"), "{out}");
     let bad = write_file(tmp.path(), "bad.toml", &gw.replace("stripe_kb", "stripe_kib"));
     let (ok, _, err) = check(&["gateway", "--config", bad.to_str().unwrap()]);
-    assert!(!ok && err.contains("stripe_kib"), "{err}");
+    assert!(!ok && err.contains("bad.toml: line 11, column 1: unknown field `stripe_kib`"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 
     let ctl = "listen = \"127.0.0.175:0\"\nperiod_s = 1\nintervals = 5\n[[servers]]\nname = \"s1\"\n\
                capacity_iops = 1000\n[[buckets]]\nname = \"b1\"\nreservation_iops = 100\n";

@@ -331,7 +331,8 @@ fn bad_configs_and_unknown_servers_are_named() {
             format!("{head}{srv}[[buckets]]\nname = \"b\"\nreservation_iops = 10\nlimit_iops = 5\n"),
             "bucket b: limit_iops must be in [reservation_iops, 1e9], got 5",
         ),
-        (format!("{head}perod_s = 2\n{srv}"), "unknown field `perod_s`"),
+        (format!("{head}perod_s = 2\n{srv}"), "ctl.toml: line 3, column 1: unknown field `perod_s`"),
+        (format!("{head}{srv}[[buckets]]\nname = 7\n"), "ctl.toml: line 7, column 8: invalid type: integer `7`"),
         (format!("listen = \"x\"\nperiod_s = 1\n{srv}"), "listen \"x\" is not an address"),
     ] {
         let cfg = write_file(dir, "ctl.toml", &body);
