@@ -43,4 +43,4 @@ pub use sched::{
     TenantId, TenantStats,
 };
 pub use spec::{QosSpec, SpecError};
-pub use units::{Cost, LatestTime, Nanos, Num, Tag};
+pub use units::{Cost, Count, LatestTime, Nanos, Num, Tag};

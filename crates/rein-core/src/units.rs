@@ -309,10 +309,39 @@ mod tests {
     }
 
     #[test]
+    fn a_count_says_its_noun_in_the_singular_only_for_one() {
+        assert_eq!(Count(1, "tenant").to_string(), "1 tenant");
+        assert_eq!(Count(0, "tenant").to_string(), "0 tenants");
+        assert_eq!(Count(2, "node connection").to_string(), "2 node connections");
+        assert_eq!(Count(1, "entry").to_string(), "1 entry");
+        assert_eq!(Count(3, "entry").to_string(), "3 entries");
+        assert_eq!(Count(2, "key").to_string(), "2 keys");
+    }
+
+    #[test]
     fn tag_ceil() {
         assert_eq!(Tag::from_nanos(Nanos(5)).ceil_nanos(), Nanos(5));
         assert_eq!(Tag(Tag::from_nanos(Nanos(5)).0 + 1).ceil_nanos(), Nanos(6));
         assert_eq!(Tag(u128::MAX).ceil_nanos(), Nanos::MAX);
+    }
+}
+
+/// A count and its noun as Rein's messages print them: `1 tenant`, `2 tenants`, `0 tenants`; a noun
+/// ending in a consonant and `y` takes `ies` (`1 entry`, `3 entries`). The noun is given in the singular;
+/// only the last word is made plural (`2 node connections`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count<'a>(pub usize, pub &'a str);
+
+impl fmt::Display for Count<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Count(n, noun) = *self;
+        if n == 1 {
+            return write!(f, "1 {noun}");
+        }
+        match noun.strip_suffix('y') {
+            Some(stem) if !stem.ends_with(['a', 'e', 'i', 'o', 'u']) => write!(f, "{n} {stem}ies"),
+            _ => write!(f, "{n} {noun}s"),
+        }
     }
 }
 

@@ -109,7 +109,7 @@ use crate::remote::{
 };
 use crate::sock::NodeAddress;
 use crate::tls::TlsConfig;
-use rein_core::{Num, QosSpec, ReservationSplit, ServiceTracker};
+use rein_core::{Count, Num, QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
 use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
 use rein_proto::nbd::ExportInfo;
@@ -432,12 +432,12 @@ impl GatewayConfig {
             lines.push(format!("a PARDA host, id {}", p.id));
         }
         lines.push(format!(
-            "{} tenants, {} volumes over {} nodes, NBD on {}, {} node connections",
-            self.tenants.len(),
-            self.exports.len(),
-            self.nodes.len(),
+            "{}, {} over {}, NBD on {}, {}",
+            Count(self.tenants.len(), "tenant"),
+            Count(self.exports.len(), "volume"),
+            Count(self.nodes.len(), "node"),
             self.listen,
-            self.node_sessions()
+            Count(self.node_sessions(), "node connection")
         ));
         Ok(lines)
     }
@@ -1384,10 +1384,10 @@ pub async fn run_with(
         "rein gateway listening"
     );
     crate::notify::ready(&format!(
-        "listening: NBD on {}, admin on {admin_addr}, {} volumes over {} nodes",
+        "listening: NBD on {}, admin on {admin_addr}, {} over {}",
         nbd.shown(),
-        cfg.exports.len(),
-        cfg.nodes.len()
+        Count(cfg.exports.len(), "volume"),
+        Count(cfg.nodes.len(), "node")
     ));
     let mut watchdog = crate::notify::Watchdog::from_env();
     if let Some(hint) = halt_poll_hint(std::fs::read_to_string(HALT_POLL_NS).ok().as_deref()) {

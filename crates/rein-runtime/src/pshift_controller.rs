@@ -50,7 +50,7 @@ use rein_core::pshift::{
     BucketQos, ClosedPeriod, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN,
     MAX_SERVERS,
 };
-use rein_core::Nanos;
+use rein_core::{Count, Nanos};
 use rein_model::report::rounds::{PeriodCounts, PeriodRecord};
 use rein_proto::pshift::Message;
 use serde::Deserialize;
@@ -501,9 +501,9 @@ impl ControllerSettings {
             format!("bucket {name}: reservation {} IOs per QoS period, limit {limit}", q.reservation)
         }));
         lines.push(format!(
-            "{} servers, {} buckets, servers connect on {}",
-            self.servers.len(),
-            self.buckets.len(),
+            "{}, {}, servers connect on {}",
+            Count(self.servers.len(), "server"),
+            Count(self.buckets.len(), "bucket"),
             self.listen
         ));
         Ok(lines)
@@ -600,9 +600,9 @@ pub async fn run(
         "rein pshift controller listening"
     );
     crate::notify::ready(&format!(
-        "listening: servers connect on {listen}, {} servers, {} buckets",
-        s.servers.len(),
-        s.buckets.len()
+        "listening: servers connect on {listen}, {}, {}",
+        Count(s.servers.len(), "server"),
+        Count(s.buckets.len(), "bucket")
     ));
     if let Some(r) = ready {
         let _ = r.send((listen, admin));

@@ -23,7 +23,7 @@ use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::live::{make_export, Registry};
 use crate::nbd::{spawn_accepted, ExportTable, Limits, NbdContext, Policy};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, DirLock, StateFile};
-use rein_core::TenantId;
+use rein_core::{Count, TenantId};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -225,7 +225,11 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
     let over = state::overlay(&cfg, saved.as_ref().unwrap_or(&StateFile::default()));
     if saved.is_some() {
         let path = cfg.data_dir.join(state::STATE_FILE);
-        lines.push(format!("state file {}: {} entries applied over the file", path.display(), over.notes.len()));
+        lines.push(format!(
+            "state file {}: {} applied over the file",
+            path.display(),
+            Count(over.notes.len(), "entry")
+        ));
         lines.extend(over.notes.iter().map(|n| format!("  {n}")));
     }
     let eff = over.config;
@@ -240,9 +244,9 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
         admit(&eff, over.capacity.as_ref())?;
     }
     lines.push(format!(
-        "{} tenants, {} exports, scheduler {}, NBD on {}, admin on {}",
-        eff.tenants.len(),
-        eff.exports.len(),
+        "{}, {}, scheduler {}, NBD on {}, admin on {}",
+        Count(eff.tenants.len(), "tenant"),
+        Count(eff.exports.len(), "export"),
         eff.scheduler,
         eff.listen,
         eff.admin
@@ -429,10 +433,10 @@ pub async fn run_with(
     };
     tracing::info!(nbd = %nbd.tcp_shown(), nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
     crate::notify::ready(&format!(
-        "listening: NBD on {}, admin on {}, {} exports",
+        "listening: NBD on {}, admin on {}, {}",
         nbd.shown(),
         bound.admin,
-        cfg.exports.len()
+        Count(cfg.exports.len(), "export")
     ));
     let mut watchdog = crate::notify::Watchdog::from_env();
     let reloads = Arc::new(crate::reloads::Reloads::new("serve"));

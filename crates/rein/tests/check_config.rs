@@ -94,8 +94,8 @@ fn rein_serve_check_config_runs_beside_the_server_and_reads_its_state_file() {
     let before = files(tmp.path());
     let (ok, out, err) = check(&["serve", "--config", cfg.to_str().unwrap()]);
     assert!(ok, "{err}");
-    assert!(out.contains("rein-state.json: 1 entries applied over the file"), "{out}");
-    assert!(out.contains("2 tenants, 1 exports"), "the state file's tenant is counted: {out}");
+    assert!(out.contains("rein-state.json: 1 entry applied over the file"), "{out}");
+    assert!(out.contains("2 tenants, 1 export,"), "the state file's tenant is counted: {out}");
     assert_eq!(files(tmp.path()), before);
     server.stop();
 }
@@ -113,7 +113,7 @@ fn the_gateway_and_the_pshift_controller_check_their_files_too() {
     let (ok, out, err) = check(&["gateway", "--config", path.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(out.contains("volume v: 64 MiB of tenant v, 64 KiB units over s1, s2"), "{out}");
-    assert!(out.contains("1 tenants, 1 volumes over 2 nodes"), "{out}");
+    assert!(out.contains("1 tenant, 1 volume over 2 nodes, NBD on 127.0.0.172:0, 2 node connections"), "{out}");
     let bad = write_file(tmp.path(), "bad.toml", &gw.replace("stripe_kb", "stripe_kib"));
     let (ok, _, err) = check(&["gateway", "--config", bad.to_str().unwrap()]);
     assert!(!ok && err.contains("bad.toml: line 11, column 1: unknown field `stripe_kib`"), "{err}");
@@ -125,6 +125,7 @@ fn the_gateway_and_the_pshift_controller_check_their_files_too() {
     let (ok, out, err) = check(&["pshift", "controller", "--config", path.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(out.contains("server s1: 1000 IOPS") && out.contains("bucket b1: reservation 100 IOs"), "{out}");
+    assert!(out.contains("1 server, 1 bucket, servers connect on 127.0.0.175:0"), "{out}");
     let exposed = write_file(tmp.path(), "exposed.toml", &format!("admin = \"0.0.0.0:0\"\n{ctl}"));
     let (ok, _, err) = check(&["pshift", "controller", "--config", exposed.to_str().unwrap()]);
     assert!(!ok && err.contains("is not a loopback address and no admin_token_file is set"), "{err}");

@@ -207,7 +207,7 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let mgr = Manager::bind(tmp.path());
     let mut gw = start_with(Rein::new(&["gateway", "--config", gw_config.to_str().unwrap()]), &mgr);
     let ready = mgr.until("READY=1");
-    assert!(status(&ready).contains("1 volumes over 1 nodes") && status(&ready).contains(&gw.nbd.to_string()));
+    assert!(status(&ready).contains("1 volume over 1 node") && status(&ready).contains(&gw.nbd.to_string()));
     gw.signal("-HUP");
     mgr.until("RELOADING=1");
     let ready = mgr.until("READY=1");
@@ -227,7 +227,7 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let ctl_config = write_file(&ctl_dir, "ctl.toml", ctl_text);
     let mut ctl = start_with(Rein::new(&["pshift", "controller", "--config", ctl_config.to_str().unwrap()]), &mgr);
     let ready = mgr.until("READY=1");
-    assert!(status(&ready).contains("1 servers, 1 buckets"), "{ready:?}");
+    assert!(status(&ready).contains("1 server, 1 bucket"), "{ready:?}");
     let m = common::metrics(ctl.admin);
     assert!(m.contains("rein_build_info{daemon=\"pshift_controller\"") && !m.contains("rein_config_"), "{m}");
     assert!(series(&m, "rein_process_start_time_seconds") > 1.7e9, "{m}");
