@@ -283,6 +283,26 @@ pub fn prepare(addr: SocketAddr, access: &AdminAccess, powers: Powers) -> Result
     Ok(token)
 }
 
+/// `admin_token_file` where no admin endpoint uses it, in a role whose `admin` is optional (the gateway,
+/// the pShift controller): a warning naming both keys, if so. Not an error: a service manager may pass
+/// the admin socket to a file without `admin` (docs/serve.md, "Socket activation"), and the token then
+/// guards it, so `--check-config`, which takes no sockets, cannot tell an unused token from that use.
+/// `started`: said at a start that was passed no admin socket (else at `--check-config`).
+pub fn unused_token(access: &AdminAccess, admin: Option<SocketAddr>, started: bool) -> Option<String> {
+    let file = access.token_file.as_ref()?.display();
+    match (admin, started) {
+        (Some(_), _) => None,
+        (None, false) => Some(format!(
+            "admin_token_file ({file}) is set but admin is not: the token guards only an admin socket a service \
+             manager passes; set admin to serve the admin endpoint, or remove admin_token_file"
+        )),
+        (None, true) => Some(format!(
+            "admin_token_file ({file}) is set but admin is not, and no admin socket was passed: there is no admin \
+             endpoint and the token file is not read; set admin, or remove admin_token_file"
+        )),
+    }
+}
+
 /// `router` with `GET /healthz` added and, with a token, every other request checked (module comment).
 pub fn protect(router: Router, token: Option<AdminToken>) -> Router {
     router.route(HEALTHZ, get(healthz)).layer(axum::middleware::from_fn_with_state(token, require_token))
@@ -660,6 +680,17 @@ mod tests {
         assert!(e.contains("anyone who reaches it could do what this role's API does; set admin_token_file"), "{e}");
         access.insecure = true;
         assert!(prepare(open, &access, powers).is_ok());
+        // A token without an admin address is unused unless a service manager passes the socket.
+        assert_eq!(unused_token(&access, None, false), None, "no token file");
+        access.token_file = Some("t".into());
+        assert_eq!(unused_token(&access, Some(lo), false), None);
+        let at_check = unused_token(&access, None, false).unwrap();
+        assert!(
+            at_check.starts_with("admin_token_file (t) is set but admin is not: the token guards only"),
+            "{at_check}"
+        );
+        let at_start = unused_token(&access, None, true).unwrap();
+        assert!(at_start.contains("no admin socket was passed: there is no admin endpoint"), "{at_start}");
         assert!(AdminAccess::new(None, false, 0, 60.0).unwrap_err().contains("max_admin_connections"));
         assert!(AdminAccess::new(None, false, 4097, 60.0).is_err());
         assert!(AdminAccess::new(None, false, 4096, 3600.0).is_ok());

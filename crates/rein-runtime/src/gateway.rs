@@ -412,6 +412,9 @@ impl GatewayConfig {
         if let Some(addr) = self.admin {
             crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS)?;
         }
+        if let Some(w) = crate::admin_guard::unused_token(&self.admin_access, self.admin, false) {
+            tracing::warn!("{w}");
+        }
         let mut lines: Vec<String> = self
             .exports
             .iter()
@@ -1339,7 +1342,12 @@ pub async fn run_with(
     // A passed admin socket is served also when gw.toml names no admin address, and judged by its own
     // address (an exposed one needs the token).
     let admin_listener = match (passed_admin, cfg.admin) {
-        (None, None) => None,
+        (None, None) => {
+            if let Some(w) = crate::admin_guard::unused_token(&cfg.admin_access, None, true) {
+                tracing::warn!("{w}");
+            }
+            None
+        }
         (Some(s), configured) => {
             let addr = s.tcp_addr().map_err(GatewayError::Activation)?;
             let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;

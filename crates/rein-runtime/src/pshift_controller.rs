@@ -494,6 +494,9 @@ impl ControllerSettings {
         if let Some(addr) = self.admin {
             crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
         }
+        if let Some(w) = crate::admin_guard::unused_token(&self.admin_access, self.admin, false) {
+            tracing::warn!("{w}");
+        }
         let mut lines: Vec<String> =
             self.servers.iter().map(|(name, cap)| format!("server {name}: {cap} IOPS")).collect();
         lines.extend(self.buckets.iter().map(|(name, q)| {
@@ -559,7 +562,12 @@ pub async fn run(
     let (ev_tx, ev_rx) = event_channel();
     // A passed admin socket is judged by its own address (an exposed one needs the token).
     let admin_listener = match (passed_admin, s.admin) {
-        (None, None) => None,
+        (None, None) => {
+            if let Some(w) = crate::admin_guard::unused_token(&s.admin_access, None, true) {
+                tracing::warn!("{w}");
+            }
+            None
+        }
         (Some(p), configured) => {
             let addr = p.tcp_addr().map_err(activation)?;
             let token = crate::admin_guard::prepare(addr, &s.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;

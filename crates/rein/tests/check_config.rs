@@ -7,6 +7,7 @@
 mod common;
 
 use common::{config_file, tmpdir, write_file, Rein, MEMORY};
+use std::io::BufRead;
 use std::path::Path;
 use std::process::Command;
 
@@ -161,4 +162,42 @@ fn an_exposed_admin_endpoint_is_refused_naming_what_its_role_controls() {
     let serve = common::config_at(tmp.path(), "listen = \"127.0.0.233:0\"\nadmin = \"0.0.0.0:0\"", MEMORY);
     let (ok, _, err) = check(&["serve", "--config", serve.to_str().unwrap()]);
     assert!(!ok && err.contains("anyone who reaches it could change every tenant's QoS"), "{err}");
+}
+
+/// `admin_token_file` without `admin` (the gateway, the pShift controller): a warning naming both keys
+/// at `--check-config` (which cannot know whether a service manager will pass the admin socket, the
+/// token's documented use without `admin`) and at a start that was passed none; either way it starts.
+#[test]
+fn a_token_file_without_admin_is_warned_of_at_check_and_at_start() {
+    let tmp = tmpdir("check-token");
+    let token = write_file(tmp.path(), "admin.token", "secret\n");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let gw = "listen = \"127.0.0.234:0\"\nadmin_token_file = \"admin.token\"\n[[nodes]]\nname = \"s1\"\n\
+              address = \"127.0.0.235:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 64\n";
+    let gw = write_file(tmp.path(), "gw.toml", gw);
+    let ctl = "listen = \"127.0.0.236:0\"\nadmin_token_file = \"admin.token\"\nperiod_s = 1\n[[servers]]\n\
+               name = \"s1\"\ncapacity_iops = 1000\n[[buckets]]\nname = \"b1\"\n";
+    let ctl = write_file(tmp.path(), "ctl.toml", ctl);
+    let warned = format!("admin_token_file ({}) is set but admin is not", token.display());
+    for args in [
+        vec!["gateway", "--config", gw.to_str().unwrap()],
+        vec!["pshift", "controller", "--config", ctl.to_str().unwrap()],
+    ] {
+        let (ok, out, err) = check(&args);
+        assert!(ok, "a warning, not an error: {err}");
+        assert!(out.trim_end().ends_with("configuration OK"), "{out}");
+        assert!(
+            err.contains(&warned) && err.contains("the token guards only an admin socket a service manager passes"),
+            "{err}"
+        );
+    }
+    // A start with no admin socket passed: the token guards nothing, said once before it listens.
+    let mut child = Rein::new(&["pshift", "controller", "--config", ctl.to_str().unwrap()]).spawn();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let before: Vec<String> = lines.by_ref().take_while(|l| !l.contains("rein pshift controller listening")).collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    let said: Vec<&String> = before.iter().filter(|l| l.contains(&warned)).collect();
+    assert_eq!(said.len(), 1, "{before:#?}");
+    assert!(said[0].contains("no admin socket was passed: there is no admin endpoint"), "{said:?}");
 }

@@ -443,7 +443,11 @@ fn a_passed_socket_the_daemon_cannot_use_is_a_start_error_naming_it() {
 fn the_gateway_and_the_pshift_controller_take_passed_sockets_too() {
     let tmp = tmpdir("activation-gateway");
     let node = node(tmp.path(), 178);
-    let gw_text = one_volume("listen = \"127.0.0.178:10810\"", node.nbd);
+    // The admin socket passed to a file without `admin` is guarded by its admin_token_file (so a token
+    // without `admin` is a warning at --check-config, not an error; none is logged here).
+    let token = write_file(tmp.path(), "admin.token", "secret\n");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let gw_text = one_volume("listen = \"127.0.0.178:10810\"\nadmin_token_file = \"admin.token\"", node.nbd);
     let gw_config = write_file(tmp.path(), "gw.toml", &gw_text);
     let gateway = ["gateway", "--config", gw_config.to_str().unwrap()];
     let listen = ["127.0.0.178:10809", "127.0.0.178:9180"];
@@ -458,6 +462,12 @@ fn the_gateway_and_the_pshift_controller_take_passed_sockets_too() {
     );
     let (code, _, body) = http("127.0.0.178:9180".parse().unwrap(), "GET", "/healthz", "", "");
     assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, _, body) = http("127.0.0.178:9180".parse().unwrap(), "GET", "/api/nodes", "", "");
+    assert_eq!(code, 401, "the token guards the passed admin socket: {body}");
+    let (code, _, body) =
+        http("127.0.0.178:9180".parse().unwrap(), "GET", "/api/nodes", "Authorization: Bearer secret\r\n", "");
+    assert_eq!(code, 200, "{body}");
+    assert!(!gw.text().contains("admin_token_file"), "{}", gw.text());
     assert!(!listening("127.0.0.178:10810"), "the configuration's listen");
     drop(open);
     // A reload that moves `listen`: not used (the passed socket stays), not "needs a restart".
