@@ -184,6 +184,9 @@ pub struct ControllerSettings {
     /// A welcomed server that sends no frame for this long loses its connection:
     /// [`crate::pshift_link::SILENCE_TIMEOUT`] (a field, as `write_timeout`).
     pub silence_timeout: Duration,
+    /// What the file asks that the controller cannot give, logged as warnings at start and by
+    /// `--check-config`: reservations above the servers' capacity, no buckets.
+    pub warnings: Vec<String>,
 }
 
 /// Why ctl.toml was refused.
@@ -368,6 +371,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
                 .into(),
         );
     }
+    let warnings = warnings(&f);
     Ok(ControllerSettings {
         listen,
         admin,
@@ -380,7 +384,30 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
         hold: f.hold,
         write_timeout: WRITE_TIMEOUT,
         silence_timeout: crate::pshift_link::SILENCE_TIMEOUT,
+        warnings,
     })
+}
+
+/// What a valid file asks that the controller cannot give ([`ControllerSettings::warnings`]): not errors,
+/// since a capacity is a nominal estimate (servers report what they actually complete) and buckets with
+/// nothing to schedule harm no one, but each is most likely a mistake.
+fn warnings(f: &File) -> Vec<String> {
+    let mut w = Vec::new();
+    if f.buckets.is_empty() {
+        w.push(
+            "no [[buckets]]: the controller reserves and limits nothing; every tenant at the servers is served \
+             round robin, unlimited"
+                .to_string(),
+        );
+    }
+    let reserved: f64 = f.buckets.iter().map(|b| b.reservation_iops).sum();
+    let capacity: f64 = f.servers.iter().map(|s| s.capacity_iops).sum();
+    if let Some(s) = crate::config::Shortfall::of(reserved, Some(capacity)) {
+        w.push(format!(
+            "[[buckets]]: {s} (the [[servers]]' capacity_iops summed): not every bucket can get its reservation"
+        ));
+    }
+    w
 }
 
 /// One round as `/api/pshift` lists it: rein-model's row of rounds.csv, the simulator's too.
@@ -497,6 +524,9 @@ impl ControllerSettings {
         if let Some(w) = crate::admin_guard::unused_token(&self.admin_access, self.admin, false) {
             tracing::warn!("{w}");
         }
+        for w in &self.warnings {
+            tracing::warn!("{w}");
+        }
         let mut lines: Vec<String> =
             self.servers.iter().map(|(name, cap)| format!("server {name}: {cap} IOPS")).collect();
         lines.extend(self.buckets.iter().map(|(name, q)| {
@@ -533,6 +563,9 @@ pub async fn run(
     };
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let listen = listener.local_addr().map_err(|e| e.to_string())?;
+    for w in &s.warnings {
+        tracing::warn!("{w}");
+    }
     let caps: Vec<f64> = s.servers.iter().map(|x| x.1).collect();
     let qos: Vec<BucketQos> = s.buckets.iter().map(|b| b.1).collect();
     let ctl = Controller::new(s.config, &caps, qos).map_err(|e| e.to_string())?;
@@ -1361,6 +1394,26 @@ mod tests {
         assert!(st.origin_s.is_some_and(|o| o > 0.25), "{:?}", st.origin_s);
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
+    }
+
+    /// Reservations above the servers' capacity and a file without buckets are valid, with a warning
+    /// naming the numbers; reservations within it are not warned of.
+    #[test]
+    fn reservations_above_the_capacity_and_no_buckets_are_warned_of() {
+        let parse = |t: &str| ControllerSettings::parse(t, Path::new("ctl.toml")).unwrap().warnings;
+        assert!(parse(CTL).is_empty(), "{:?}", parse(CTL));
+        let over = CTL.replace("reservation_iops = 200", "reservation_iops = 2500");
+        assert_eq!(
+            parse(&over),
+            ["[[buckets]]: reservations total 2500 IOPS, above the reservable capacity of 2000 IOPS (the [[servers]]' \
+              capacity_iops summed): not every bucket can get its reservation"]
+        );
+        let none = CTL.split("[[buckets]]").next().unwrap().to_string();
+        let w = parse(&none);
+        assert!(
+            w.len() == 1 && w[0].starts_with("no [[buckets]]: the controller reserves and limits nothing"),
+            "{w:?}"
+        );
     }
 
     async fn hello(

@@ -201,3 +201,36 @@ fn a_token_file_without_admin_is_warned_of_at_check_and_at_start() {
     assert_eq!(said.len(), 1, "{before:#?}");
     assert!(said[0].contains("no admin socket was passed: there is no admin endpoint"), "{said:?}");
 }
+
+/// The pShift controller warns of reservations above its servers' capacity and of a file without
+/// buckets, naming the numbers, at `--check-config` (which still passes) and at start (before it listens).
+#[test]
+fn the_pshift_controller_warns_of_reservations_above_capacity_and_of_no_buckets() {
+    let tmp = tmpdir("check-ctl-warn");
+    let head = "listen = \"127.0.0.238:0\"\nperiod_s = 1\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n\
+                [[servers]]\nname = \"s2\"\ncapacity_iops = 500\n";
+    let over = write_file(
+        tmp.path(),
+        "over.toml",
+        &format!(
+            "{head}[[buckets]]\nname = \"b1\"\nreservation_iops = 1200\n\
+        [[buckets]]\nname = \"b2\"\nreservation_iops = 800\n"
+        ),
+    );
+    let above = "[[buckets]]: reservations total 2000 IOPS, above the reservable capacity of 1500 IOPS (the \
+                 [[servers]]' capacity_iops summed): not every bucket can get its reservation";
+    let (ok, out, err) = check(&["pshift", "controller", "--config", over.to_str().unwrap()]);
+    assert!(ok && out.trim_end().ends_with("configuration OK"), "a warning, not an error: {err}");
+    assert!(err.contains(above), "{err}");
+    let none = write_file(tmp.path(), "none.toml", head);
+    let (ok, out, err) = check(&["pshift", "controller", "--config", none.to_str().unwrap()]);
+    assert!(ok && out.contains("2 servers, 0 buckets"), "{out}{err}");
+    assert!(err.contains("no [[buckets]]: the controller reserves and limits nothing"), "{err}");
+
+    let mut child = Rein::new(&["pshift", "controller", "--config", over.to_str().unwrap()]).spawn();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let before: Vec<String> = lines.by_ref().take_while(|l| !l.contains("rein pshift controller listening")).collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(before.iter().filter(|l| l.contains(above)).count(), 1, "{before:#?}");
+}
