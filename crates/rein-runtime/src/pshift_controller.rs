@@ -620,8 +620,10 @@ pub async fn run(
         Some((l, token)) => {
             let bound = l.local_addr().map_err(|e| e.to_string())?;
             let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None);
-            let router =
-                crate::admin_guard::protect(admin_router(status.clone(), periods.clone(), clock, ev_tx.clone()), token);
+            let router = crate::admin_guard::protect(
+                admin_router(status.clone(), periods.clone(), clock, ev_tx.clone(), s.hold),
+                token,
+            );
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -1180,11 +1182,13 @@ impl Task {
 pub const ADMIN_POWERS: crate::admin_guard::Powers =
     crate::admin_guard::Powers("read every server's and bucket's state and, under hold, start the schedule");
 
+/// `hold`: whether the schedule waits for `PUT /api/pshift/start` (the file's `hold`).
 fn admin_router(
     status: Arc<Mutex<ControllerStatus>>,
     periods: Arc<Mutex<PeriodsStatus>>,
     clock: Clock,
     ev: mpsc::Sender<Event>,
+    hold: bool,
 ) -> axum::Router {
     let for_metrics = status.clone();
     let for_start = status.clone();
@@ -1193,14 +1197,27 @@ fn admin_router(
         .route(
             "/api/pshift/start",
             axum::routing::put(move || {
-                // Under `hold`, the first request starts the schedule; later ones (and any without hold)
-                // are refused, naming when it started.
+                // Under `hold`, the first request starts the schedule; later ones are refused, naming when
+                // it started, and any without hold saying that it is not held.
                 let mut s = for_start.lock().unwrap_or_else(|e| e.into_inner());
                 let (r, start) = match s.origin_s {
+                    Some(_) if !hold => (
+                        Err((
+                            axum::http::StatusCode::CONFLICT,
+                            "this controller is not held (no hold = true in its file): its schedule started with \
+                             it and runs; there is nothing to start (to start a schedule on request, set hold = true \
+                             and restart the controller)\n"
+                                .to_string(),
+                        )),
+                        None,
+                    ),
                     Some(at) => (
                         Err((
                             axum::http::StatusCode::CONFLICT,
-                            format!("the schedule started {at:.3} s after the controller; it cannot start again\n"),
+                            format!(
+                                "the schedule started {at:.3} s after the controller; it cannot start again (a new \
+                                 schedule needs a restart of the controller)\n"
+                            ),
                         )),
                         None,
                     ),
@@ -1392,6 +1409,25 @@ mod tests {
         assert!(again.to_string().contains("cannot start again"), "{again}");
         let st: ControllerStatus = crate::admin_client::get_json(&admin, None, "/api/pshift").await.unwrap();
         assert!(st.origin_s.is_some_and(|o| o > 0.25), "{:?}", st.origin_s);
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+    }
+
+    /// `PUT /api/pshift/start` on a controller that is not held says so, and what to do, rather than
+    /// when its schedule started (as if a start had come before); it starts nothing.
+    #[tokio::test]
+    async fn a_start_request_to_a_controller_not_held_says_it_is_not_held() {
+        let text = CTL.replace("127.0.0.1:0", "127.0.0.237:0");
+        let s =
+            ControllerSettings::parse(&format!("admin = \"127.0.0.237:0\"\n{text}"), Path::new("ctl.toml")).unwrap();
+        let (_, admin, stop_tx, task) = start_admin(s).await;
+        let admin: crate::admin_client::AdminEndpoint = admin.unwrap().into();
+        let body = serde_json::json!({});
+        let e = crate::admin_client::put_json(&admin, None, "/api/pshift/start", &body).await.unwrap_err().to_string();
+        assert!(e.contains("409") && e.contains("this controller is not held (no hold = true in its file)"), "{e}");
+        assert!(e.contains("set hold = true and restart the controller") && !e.contains("started 0.000 s"), "{e}");
+        let st: ControllerStatus = crate::admin_client::get_json(&admin, None, "/api/pshift").await.unwrap();
+        assert_eq!(st.origin_s, Some(0.0));
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
     }
