@@ -1273,8 +1273,37 @@ pub async fn run_with(
 ) -> Result<(), GatewayError> {
     let passed_nbd = passed.take(&crate::activation::NBD);
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
+    let passed_any = (!passed_nbd.is_empty(), passed_admin.is_some());
+    // The front and the admin endpoint are bound first, before the PARDA host starts and before the node
+    // handshakes (which take up to connect_timeout_s each): a busy port fails the start at once, and
+    // clients that connect meanwhile wait in the listen queue until the volumes are open, as they do
+    // in a passed socket's.
+    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await?;
+    // A passed admin socket is served also when gw.toml names no admin address, and judged by its own
+    // address (an exposed one needs the token).
+    let admin_listener = match (passed_admin, cfg.admin) {
+        (None, None) => {
+            if let Some(w) = crate::admin_guard::unused_token(&cfg.admin_access, None, true) {
+                tracing::warn!("{w}");
+            }
+            None
+        }
+        (Some(s), configured) => {
+            let addr = s.tcp_addr().map_err(GatewayError::Activation)?;
+            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
+            let instead =
+                configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
+            s.log_use("the admin endpoint", &instead);
+            Some((s.into_tcp().map_err(GatewayError::Activation)?, token))
+        }
+        (None, Some(addr)) => {
+            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
+            let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
+            Some((l, token))
+        }
+    };
     let mut live = Live::new(&cfg);
-    live.passed = (!passed_nbd.is_empty(), passed_admin.is_some());
+    live.passed = passed_any;
     live.tenants = cfg.tenants.clone();
     if let Some(settings) = &cfg.parda {
         let specs: Vec<QosSpec> = cfg.tenants.iter().map(|t| t.spec).collect();
@@ -1337,31 +1366,7 @@ pub async fn run_with(
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
     let reloads = Arc::new(crate::reloads::Reloads::new("gateway"));
     let gate = live.host.as_ref().map(|(g, _)| g.clone());
-    let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    // A passed admin socket is served also when gw.toml names no admin address, and judged by its own
-    // address (an exposed one needs the token).
-    let admin_listener = match (passed_admin, cfg.admin) {
-        (None, None) => {
-            if let Some(w) = crate::admin_guard::unused_token(&cfg.admin_access, None, true) {
-                tracing::warn!("{w}");
-            }
-            None
-        }
-        (Some(s), configured) => {
-            let addr = s.tcp_addr().map_err(GatewayError::Activation)?;
-            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
-            let instead =
-                configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
-            s.log_use("the admin endpoint", &instead);
-            Some((s.into_tcp().map_err(GatewayError::Activation)?, token))
-        }
-        (None, Some(addr)) => {
-            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
-            let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
-            Some((l, token))
-        }
-    };
     let admin = match admin_listener {
         None => None,
         Some((l, token)) => {

@@ -1438,3 +1438,28 @@ fn failed_handshakes_do_not_flood_the_gateways_log() {
     let line = gw.wait_unlogged("NBD handshake failed", || junk(&gw));
     assert!(line.contains("protocol"));
 }
+
+/// The front and the admin endpoint are bound before the node handshakes: with either port in use the
+/// start fails naming it, without waiting for a node that takes connections and never greets (its
+/// `connect_timeout_s` is an hour here; before, the port was reported only after it).
+#[test]
+fn a_busy_port_fails_the_start_before_the_node_handshakes() {
+    let tmp = tmpdir("gw-busy-port");
+    let silent = std::net::TcpListener::bind("127.0.0.241:0").unwrap();
+    let node = silent.local_addr().unwrap();
+    let busy = std::net::TcpListener::bind("127.0.0.242:0").unwrap();
+    let taken = busy.local_addr().unwrap();
+    let tail = format!(
+        "connect_timeout_s = 3600\n[[nodes]]\nname = \"s1\"\naddress = \"{node}\"\n\
+         [[exports]]\nname = \"v\"\nsize_mb = 8\n"
+    );
+    for (head, what) in [
+        (format!("listen = \"{taken}\"\n"), format!("{taken}")),
+        (format!("listen = \"127.0.0.243:0\"\nadmin = \"{taken}\"\n"), format!("{taken}")),
+    ] {
+        let cfg = write_file(tmp.path(), "gw.toml", &format!("{head}{tail}"));
+        let err = Rein::gateway(&cfg).env("REIN_LOG", "off").fails();
+        assert!(err.contains(&what) && err.contains("Address already in use"), "{err}");
+    }
+    drop((silent, busy));
+}
