@@ -623,7 +623,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
                 Some(NodeTls { client: client.clone(), name })
             }
         };
-        nodes.push(NodeSpec { name: n.name.clone(), address, protocol, tls });
+        nodes.push(NodeSpec { name: n.name.clone(), address, protocol, tls, log: Default::default() });
     }
     let node_index = |owner: &str, key: &str, name: &str| {
         nodes.iter().position(|n| n.name == name).ok_or_else(|| format!("{owner}: {key} names unknown node {name:?}"))

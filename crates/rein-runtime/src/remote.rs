@@ -31,9 +31,16 @@
 //! exponential backoff from [`BACKOFF_MIN`] to `reconnect_max_backoff`. While a connection is down, pieces
 //! sent to it fail at once (EIO) rather than wait. The backoff starts again from [`BACKOFF_MIN`] only
 //! after a session that lasted `reconnect_max_backoff` (at least `STABLE_SESSION`, 1 s): a node that ends
-//! every session at once is retried as one that refuses connections. A loss or a failed attempt is
-//! logged when its reason differs from the last one logged, else at most once per
-//! `RECONNECT_LOG_INTERVAL` (60 s) with the number not logged, and "restored" only after a logged loss.
+//! every session at once is retried as one that refuses connections.
+//!
+//! # Logged outages
+//! What a node's outage logs is decided for the node, by all the pooled connections of all the volumes
+//! on it together ([`NodeLog`], shared through the node's [`NodeSpec`]): a loss or a failed attempt is
+//! logged when its reason differs from the last one logged for the node, else at most once per
+//! `RECONNECT_LOG_INTERVAL` (60 s) with the number not logged; "restored" once the last connection down
+//! is up again, with the connections and volumes that went down and for how long, and only after a
+//! logged loss or failure. One outage of a node under 3 volumes of 2 connections each is three lines,
+//! not 18 (a loss, a failed reconnect and a restore for each connection).
 //!
 //! # FLUSH after a lost session
 //! A node acknowledges a write when it has it, not when it is on stable storage; a FLUSH makes what was
@@ -155,6 +162,139 @@ pub struct NodeSpec {
     pub protocol: NodeProtocol,
     /// TLS on the link (STARTTLS before anything else; never plain), if configured.
     pub tls: Option<NodeTls>,
+    /// How its outages are logged, shared by every pooled connection of every volume on it (clones of
+    /// one spec share it).
+    pub log: Arc<NodeLog>,
+}
+
+/// One node's outages as the log tells them (module comment, "Logged outages"): the node's pooled
+/// connections of all its volumes decide together what is logged, so that an outage is a few lines for
+/// the node, not a few for each volume and connection.
+#[derive(Default)]
+pub struct NodeLog(Mutex<Outage>);
+
+/// [`NodeLog`]'s state.
+#[derive(Default)]
+struct Outage {
+    /// Connections (volume and pooled connection) down now: since their start, a lost session or a
+    /// failed renewal, until a session is up again or the volume is gone.
+    down: usize,
+    /// When the first of them went down, in the outage now (`down > 0`).
+    since: Option<Instant>,
+    /// The volumes and connections that went down in this outage (the volumes at most
+    /// [`crate::gateway`]'s export bound).
+    volumes: std::collections::BTreeSet<String>,
+    connections: u64,
+    /// Whether this outage was logged (then its end is, once); from the first line logged to the end.
+    logged: bool,
+    /// Lost sessions: the last reason logged, when, and the losses not logged since.
+    losing: Option<(String, Instant, u64)>,
+    /// Failed connection attempts (at start or reconnects): the last reason logged, when, and the attempts
+    /// since.
+    failing: Option<(String, Instant, u64)>,
+}
+
+impl std::fmt::Debug for NodeLog {
+    /// Nothing of the state: a reload compares node specs by their `Debug` text.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeLog")
+    }
+}
+
+impl NodeLog {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Outage> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A connection of `volume` went down.
+    fn down(&self, volume: &str) {
+        let mut o = self.lock();
+        // (`logged` is not reset here: a volume's open logs a node unreachable at start before its
+        // connections count themselves down; it is reset where an outage ends.)
+        if o.down == 0 {
+            o.since = Some(Instant::now());
+            o.volumes.clear();
+            o.connections = 0;
+        }
+        o.down += 1;
+        o.connections += 1;
+        if !o.volumes.contains(volume) {
+            o.volumes.insert(volume.to_string());
+        }
+    }
+
+    /// A connection that was down has a session again; the last one up logs the outage's end (if the
+    /// outage was logged).
+    fn up(&self, node: &str) {
+        let mut o = self.lock();
+        o.down = o.down.saturating_sub(1);
+        if o.down == 0 && std::mem::take(&mut o.logged) {
+            let down_s = o.since.map_or(0.0, |t| (t.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+            tracing::info!(
+                node = %node,
+                connections = o.connections,
+                volumes = o.volumes.len(),
+                down_s,
+                "node connection restored"
+            );
+        }
+    }
+
+    /// A connection that was down is gone (its volume was removed or closed).
+    fn gone(&self) {
+        let mut o = self.lock();
+        o.down = o.down.saturating_sub(1);
+        if o.down == 0 {
+            o.logged = false;
+        }
+    }
+
+    /// A session was stable: the next failed attempt is logged whatever its reason.
+    fn stable(&self) {
+        self.lock().failing = None;
+    }
+
+    /// A session was lost for `why`: logged when its reason differs from the last loss logged, else at
+    /// most once per [`RECONNECT_LOG_INTERVAL`], with the number not logged.
+    fn lost(&self, node: &str, why: String) {
+        let mut o = self.lock();
+        let log = match &o.losing {
+            None => true,
+            Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
+        };
+        if log {
+            let unlogged = o.losing.as_ref().map_or(0, |l| l.2);
+            let down = o.down;
+            tracing::warn!(node = %node, unlogged, connections_down = down, "node connection lost: {why}; reconnecting");
+            o.losing = Some((why, Instant::now(), 0));
+            o.logged = true;
+        } else if let Some(l) = o.losing.as_mut() {
+            l.2 += 1;
+        }
+    }
+
+    /// A connection attempt failed for `why` (`at_start`: the volume's first); logged as [`NodeLog::lost`].
+    fn failed(&self, node: &NodeSpec, volume: &str, why: String, at_start: bool) {
+        let mut o = self.lock();
+        let attempts = o.failing.as_ref().map_or(0, |f| f.2) + 1;
+        let log = match &o.failing {
+            None => true,
+            Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
+        };
+        if !log {
+            if let Some(f) = o.failing.as_mut() {
+                f.2 = attempts;
+            }
+            return;
+        }
+        if at_start {
+            tracing::warn!(node = %node.name, address = %node.address, volume, "node unreachable at start ({why}); its pieces fail with EIO until it is reached");
+        } else {
+            tracing::warn!(node = %node.name, attempts, connections_down = o.down, "node connection failed: {why}");
+        }
+        o.failing = Some((why, Instant::now(), attempts));
+        o.logged = true;
+    }
 }
 
 /// TLS to one node: the gateway's client context and the name the node's certificate must carry.
@@ -439,7 +579,7 @@ impl RemoteVolume {
                     None => match target.connect().await {
                         Ok(s) => Ok(s),
                         Err(ConnectError::Unreachable(why)) => {
-                            tracing::warn!(node = %node.name, address = %node.address, volume, "node unreachable at start ({why}); its pieces fail with EIO until it is reached");
+                            node.log.failed(node, volume, why.clone(), true);
                             down = Some(why.clone());
                             Err(why)
                         }
@@ -1117,18 +1257,19 @@ async fn run_link(
     state: Arc<LinkState>,
 ) {
     let name = target.node.name.as_str();
+    let log = &*target.node.log;
     let mut backoff = BACKOFF_MIN;
-    let mut was_down = start.is_err();
-    // Failed reconnects: the last reason logged, when, and the attempts since (a node that keeps failing
-    // is named again when its reason changes, or every RECONNECT_LOG_INTERVAL). The start's reason counts
-    // as logged.
-    let (mut session, mut failing) = match start {
-        Ok(s) => (Some(s), None),
-        Err(why) => (None, Some((why, Instant::now(), 0))),
+    // Whether this connection is down, as its node's log counts it (module comment, "Logged outages");
+    // counted out when the link ends.
+    let mut down = LinkDown { log, down: false };
+    let mut session = match start {
+        Ok(s) => Some(s),
+        Err(_) => {
+            // Its failure was logged (or not) by the volume's open.
+            down.set(&target.volume);
+            None
+        }
     };
-    // Lost sessions likewise: the last reason logged, when, and the losses not logged since (a node that
-    // ends every session at once is named once a minute, its "restored" line only after a logged loss).
-    let mut losing: Option<(String, Instant, u64)> = None;
     let stable = STABLE_SESSION.max(target.cfg.max_backoff);
     // The gateway's shutdown ends a link between sessions at once (a node that is down has nothing to
     // disconnect from), not after the close's wait for it.
@@ -1136,15 +1277,16 @@ async fn run_link(
     loop {
         if let Some(s) = session.take() {
             s.publish(&state, name, &target.volume);
-            // Once per outage: a later session (a renewal with a new spec) is no restore.
-            if std::mem::take(&mut was_down) {
-                tracing::info!(node = name, volume = %target.volume, "node connection restored");
+            // Once per outage, by the node's last connection up: a later session (a renewal with a new
+            // spec) is no restore.
+            if std::mem::take(&mut down.down) {
+                log.up(name);
             }
             let started = Instant::now();
             let end = run_session(&target, s, &mut rx).await;
             state.up.store(false, Ordering::Relaxed);
             if started.elapsed() >= stable {
-                failing = None;
+                log.stable();
                 backoff = BACKOFF_MIN;
             }
             match end {
@@ -1162,25 +1304,15 @@ async fn run_link(
                             continue;
                         }
                         Err(e) => {
-                            tracing::warn!(node = name, volume = %target.volume, "node connection failed: {e}");
-                            was_down = true;
+                            down.set(&target.volume);
+                            log.failed(&target.node, &target.volume, e.to_string(), false);
                         }
                     }
                 }
                 SessionEnd::Failed(why) | SessionEnd::Left(why) => {
                     target.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
-                    let log = match &losing {
-                        None => true,
-                        Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
-                    };
-                    if log {
-                        let unlogged = losing.as_ref().map_or(0, |l| l.2);
-                        tracing::warn!(node = name, volume = %target.volume, unlogged, "node connection lost: {why}; reconnecting");
-                        losing = Some((why, Instant::now(), 0));
-                        was_down = true;
-                    } else if let Some(l) = losing.as_mut() {
-                        l.2 += 1;
-                    }
+                    down.set(&target.volume);
+                    log.lost(name, why);
                 }
             }
         }
@@ -1212,21 +1344,31 @@ async fn run_link(
         };
         match attempt {
             Ok(s) => session = Some(s),
-            Err(e) => {
-                let why = e.to_string();
-                let attempts = failing.as_ref().map_or(0, |f| f.2) + 1;
-                let log = match &failing {
-                    None => true,
-                    Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
-                };
-                if log {
-                    tracing::warn!(node = name, volume = %target.volume, attempts, "node connection failed: {why}");
-                    failing = Some((why, Instant::now(), attempts));
-                    was_down = true;
-                } else if let Some(f) = failing.as_mut() {
-                    f.2 = attempts;
-                }
-            }
+            Err(e) => log.failed(&target.node, &target.volume, e.to_string(), false),
+        }
+    }
+}
+
+/// One connection's place in its node's count of connections down ([`NodeLog`]); a link that ends
+/// while down leaves the count.
+struct LinkDown<'a> {
+    log: &'a NodeLog,
+    down: bool,
+}
+
+impl LinkDown<'_> {
+    /// The connection (of `volume`) is down, if it was not.
+    fn set(&mut self, volume: &str) {
+        if !std::mem::replace(&mut self.down, true) {
+            self.log.down(volume);
+        }
+    }
+}
+
+impl Drop for LinkDown<'_> {
+    fn drop(&mut self) {
+        if self.down {
+            self.log.gone();
         }
     }
 }
@@ -1665,6 +1807,7 @@ mod tests {
                 address: NodeAddress::Tcp(a),
                 protocol: NodeProtocol::Rein,
                 tls: None,
+                log: Default::default(),
             })
             .collect();
         let tenant = NodeTenant {
@@ -1852,6 +1995,7 @@ mod tests {
                 address: NodeAddress::Tcp(a),
                 protocol: NodeProtocol::Nbd,
                 tls: None,
+                log: Default::default(),
             }];
             let cfg = LinkConfig {
                 request_timeout: Duration::from_secs(10),
@@ -1894,8 +2038,13 @@ mod tests {
     #[tokio::test]
     async fn a_node_connection_holds_at_most_max_pending_pieces() {
         let (a, tags) = fake_node(0, false).await;
-        let nodes =
-            vec![NodeSpec { name: "a".into(), address: NodeAddress::Tcp(a), protocol: NodeProtocol::Rein, tls: None }];
+        let nodes = vec![NodeSpec {
+            name: "a".into(),
+            address: NodeAddress::Tcp(a),
+            protocol: NodeProtocol::Rein,
+            tls: None,
+            log: Default::default(),
+        }];
         let cfg = LinkConfig {
             request_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(10),

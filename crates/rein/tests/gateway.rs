@@ -1463,3 +1463,33 @@ fn a_busy_port_fails_the_start_before_the_node_handshakes() {
     }
     drop((silent, busy));
 }
+
+/// One node's outage is logged for the node, not for each volume and pooled connection: three volumes
+/// with two connections each on one node (six connections), the node killed and started again, log its
+/// loss and its failed reconnects once per reason, and one "restored" line counting the six connections
+/// of the three volumes. Before, each connection logged its loss, its first failed reconnect and its
+/// restore: 18 lines.
+#[test]
+fn a_node_outage_is_logged_for_the_node_not_for_each_connection() {
+    let tmp = tmpdir("gw-outage-lines");
+    let dir = tmp.path();
+    let exports: String =
+        (0..3).map(|i| format!("[[exports]]\nname = \"v{i}\"\nbackend = \"memory\"\nsize_mb = 8\n")).collect();
+    let node_body = format!("capacity_iops = 100000\n{exports}");
+    let node_head = |port: u16| format!("listen = \"127.0.0.244:{port}\"\nadmin = \"127.0.0.244:0\"");
+    let node = serve_in(&dir.join("node"), &node_head(0), &node_body);
+    let addr = node.nbd;
+    let volumes: String = (0..3).map(|i| format!("[[exports]]\nname = \"v{i}\"\nsize_mb = 8\n")).collect();
+    let gw = gateway(&gateway_config_with(dir, 245, "connections_per_node = 2\n", &[("s1", addr)], &volumes));
+    drop(node); // killed
+    gw.wait_line("node connection lost");
+    gw.wait_line("node connection failed");
+    let _node = serve_in(&dir.join("node"), &node_head(addr.port()), &node_body);
+    let restored = gw.wait_line("node connection restored");
+    assert!(restored.contains("connections=6") && restored.contains("volumes=3"), "{restored}");
+    let log = gw.log.lock().unwrap();
+    let lines = |what: &str| log.iter().filter(|l| l.contains(what)).count();
+    let (lost, failed) = (lines("node connection lost"), lines("node connection failed"));
+    assert!(lost <= 2 && failed <= 2, "{lost} lost and {failed} failed lines for one outage: {log:#?}");
+    assert_eq!(lines("node connection restored"), 1, "{log:#?}");
+}
