@@ -283,24 +283,38 @@ pub fn prepare(addr: SocketAddr, access: &AdminAccess, powers: Powers) -> Result
     Ok(token)
 }
 
-/// `admin_token_file` where no admin endpoint uses it, in a role whose `admin` is optional (the gateway,
-/// the pShift controller): a warning naming both keys, if so. Not an error: a service manager may pass
-/// the admin socket to a file without `admin` (docs/serve.md, "Socket activation"), and the token then
-/// guards it, so `--check-config`, which takes no sockets, cannot tell an unused token from that use.
-/// `started`: said at a start that was passed no admin socket (else at `--check-config`).
-pub fn unused_token(access: &AdminAccess, admin: Option<SocketAddr>, started: bool) -> Option<String> {
-    let file = access.token_file.as_ref()?.display();
-    match (admin, started) {
-        (Some(_), _) => None,
-        (None, false) => Some(format!(
-            "admin_token_file ({file}) is set but admin is not: the token guards only an admin socket a service \
-             manager passes; set admin to serve the admin endpoint, or remove admin_token_file"
-        )),
-        (None, true) => Some(format!(
-            "admin_token_file ({file}) is set but admin is not, and no admin socket was passed: there is no admin \
-             endpoint and the token file is not read; set admin, or remove admin_token_file"
-        )),
-    }
+/// `admin_token_file` or `admin_insecure` where no admin endpoint uses them, in a role whose `admin` is
+/// optional (the gateway, the pShift controller): a warning naming the keys, if so. Not an error: a
+/// service manager may pass the admin socket to a file without `admin` (docs/serve.md, "Socket
+/// activation"), and the keys then apply to it, so `--check-config`, which takes no sockets, cannot tell
+/// unused keys from that use. `started`: said at a start that was passed no admin socket (else at
+/// `--check-config`).
+pub fn unused_admin_keys(access: &AdminAccess, admin: Option<SocketAddr>, started: bool) -> Option<String> {
+    let token = access.token_file.as_ref().map(|f| format!("admin_token_file ({})", f.display()));
+    let keys = match (token, access.insecure) {
+        _ if admin.is_some() => return None,
+        (None, false) => return None,
+        (Some(t), false) => t,
+        (None, true) => "admin_insecure".to_string(),
+        (Some(t), true) => format!("{t} and admin_insecure"),
+    };
+    // (verb, what the keys do for a passed socket, what they do without one, what to remove)
+    let (is, passed, nothing, remove) = match (access.token_file.is_some(), access.insecure) {
+        (true, false) => ("is", "the token guards only", "the token file is not read", "admin_token_file"),
+        (false, _) => ("is", "it applies only to", "it applies to nothing", "admin_insecure"),
+        (true, true) => ("are", "they apply only to", "they apply to nothing", "them"),
+    };
+    Some(if started {
+        format!(
+            "{keys} {is} set but admin is not, and no admin socket was passed: there is no admin endpoint and \
+             {nothing}; set admin, or remove {remove}"
+        )
+    } else {
+        format!(
+            "{keys} {is} set but admin is not: {passed} an admin socket a service manager passes; set admin to \
+             serve the admin endpoint, or remove {remove}"
+        )
+    })
 }
 
 /// `router` with `GET /healthz` added and, with a token, every other request checked (module comment).
@@ -680,17 +694,29 @@ mod tests {
         assert!(e.contains("anyone who reaches it could do what this role's API does; set admin_token_file"), "{e}");
         access.insecure = true;
         assert!(prepare(open, &access, powers).is_ok());
+        access.insecure = false;
         // A token without an admin address is unused unless a service manager passes the socket.
-        assert_eq!(unused_token(&access, None, false), None, "no token file");
+        assert_eq!(unused_admin_keys(&access, None, false), None, "no token file");
         access.token_file = Some("t".into());
-        assert_eq!(unused_token(&access, Some(lo), false), None);
-        let at_check = unused_token(&access, None, false).unwrap();
+        assert_eq!(unused_admin_keys(&access, Some(lo), false), None);
+        let at_check = unused_admin_keys(&access, None, false).unwrap();
         assert!(
             at_check.starts_with("admin_token_file (t) is set but admin is not: the token guards only"),
             "{at_check}"
         );
-        let at_start = unused_token(&access, None, true).unwrap();
+        let at_start = unused_admin_keys(&access, None, true).unwrap();
         assert!(at_start.contains("no admin socket was passed: there is no admin endpoint"), "{at_start}");
+        assert!(at_start.contains("the token file is not read; set admin, or remove admin_token_file"), "{at_start}");
+        // admin_insecure without admin, alone and beside the token file.
+        access.insecure = true;
+        let both = unused_admin_keys(&access, None, false).unwrap();
+        assert!(both.starts_with("admin_token_file (t) and admin_insecure are set but admin is not: they apply only"));
+        assert!(both.ends_with("or remove them"), "{both}");
+        access.token_file = None;
+        let insecure = unused_admin_keys(&access, None, true).unwrap();
+        assert!(insecure.starts_with("admin_insecure is set but admin is not, and no admin socket"), "{insecure}");
+        assert!(insecure.ends_with("it applies to nothing; set admin, or remove admin_insecure"), "{insecure}");
+        assert_eq!(unused_admin_keys(&access, Some(lo), true), None);
         assert!(AdminAccess::new(None, false, 0, 60.0).unwrap_err().contains("max_admin_connections"));
         assert!(AdminAccess::new(None, false, 4097, 60.0).is_err());
         assert!(AdminAccess::new(None, false, 4096, 3600.0).is_ok());

@@ -412,7 +412,7 @@ impl GatewayConfig {
         if let Some(addr) = self.admin {
             crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS)?;
         }
-        if let Some(w) = crate::admin_guard::unused_token(&self.admin_access, self.admin, false) {
+        if let Some(w) = crate::admin_guard::unused_admin_keys(&self.admin_access, self.admin, false) {
             tracing::warn!("{w}");
         }
         let mut lines: Vec<String> = self
@@ -1283,7 +1283,7 @@ pub async fn run_with(
     // address (an exposed one needs the token).
     let admin_listener = match (passed_admin, cfg.admin) {
         (None, None) => {
-            if let Some(w) = crate::admin_guard::unused_token(&cfg.admin_access, None, true) {
+            if let Some(w) = crate::admin_guard::unused_admin_keys(&cfg.admin_access, None, true) {
                 tracing::warn!("{w}");
             }
             None

@@ -365,12 +365,6 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     // The controller's own checks (servers, buckets, limits), once, here.
     let caps: Vec<f64> = servers.iter().map(|s| s.1).collect();
     Controller::new(config, &caps, buckets.iter().map(|b| b.1).collect()).map_err(|e| e.to_string())?;
-    if f.hold && admin.is_none() {
-        return Err(
-            "hold = true needs an admin endpoint (admin = \"ip:port\"): the schedule starts on PUT /api/pshift/start"
-                .into(),
-        );
-    }
     let warnings = warnings(&f);
     Ok(ControllerSettings {
         listen,
@@ -513,6 +507,10 @@ enum Event {
     Start(Nanos),
 }
 
+/// A start under `hold` with no admin endpoint, configured or passed: the schedule would never start.
+const HOLD_NEEDS_ADMIN: &str = "hold = true needs an admin endpoint: the schedule starts on PUT /api/pshift/start; \
+                                set admin = \"ip:port\", or pass the admin socket (FileDescriptorName=admin)";
+
 impl ControllerSettings {
     /// `rein pshift controller --check-config`: what a start would refuse before it listens, without
     /// starting (the file was validated by [`ControllerSettings::load`]; here the admin endpoint's token
@@ -521,8 +519,14 @@ impl ControllerSettings {
         if let Some(addr) = self.admin {
             crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
         }
-        if let Some(w) = crate::admin_guard::unused_token(&self.admin_access, self.admin, false) {
+        if let Some(w) = crate::admin_guard::unused_admin_keys(&self.admin_access, self.admin, false) {
             tracing::warn!("{w}");
+        }
+        if self.hold && self.admin.is_none() {
+            tracing::warn!(
+                "hold = true but admin is not set: only an admin socket a service manager passes can take the \
+                 PUT /api/pshift/start the schedule waits for; a start passed none is refused"
+            );
         }
         for w in &self.warnings {
             tracing::warn!("{w}");
@@ -596,7 +600,10 @@ pub async fn run(
     // A passed admin socket is judged by its own address (an exposed one needs the token).
     let admin_listener = match (passed_admin, s.admin) {
         (None, None) => {
-            if let Some(w) = crate::admin_guard::unused_token(&s.admin_access, None, true) {
+            if s.hold {
+                return Err(HOLD_NEEDS_ADMIN.into());
+            }
+            if let Some(w) = crate::admin_guard::unused_admin_keys(&s.admin_access, None, true) {
                 tracing::warn!("{w}");
             }
             None
@@ -1382,11 +1389,13 @@ mod tests {
 
     /// Under `hold`, no boundary comes (no report request for three of its intervals) until
     /// `PUT /api/pshift/start`; the first boundary then follows `start_s` after it, and a second start is
-    /// refused (409). Without an admin endpoint, `hold` is refused at load.
+    /// refused (409). Without an admin endpoint, configured or passed, a start under `hold` is refused
+    /// before it serves (a file without `admin` is valid: a service manager may pass the admin socket).
     #[tokio::test]
     async fn a_held_schedule_starts_on_request() {
-        let e = ControllerSettings::parse(&format!("hold = true\n{CTL}"), Path::new("ctl.toml")).unwrap_err();
-        assert!(e.to_string().contains("hold = true needs an admin endpoint"), "{e}");
+        let alone = ControllerSettings::parse(&format!("hold = true\n{CTL}"), Path::new("ctl.toml")).unwrap();
+        let e = run(alone, std::future::pending(), None, crate::activation::Passed::none()).await.unwrap_err();
+        assert!(e.contains("hold = true needs an admin endpoint"), "{e}");
         let text = format!("hold = true\nadmin = \"127.0.0.1:0\"\nadmin_insecure = true\n{CTL}");
         let s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
         let (addr, admin, stop_tx, task) = start_admin(s).await;

@@ -202,6 +202,31 @@ fn a_token_file_without_admin_is_warned_of_at_check_and_at_start() {
     assert!(said[0].contains("no admin socket was passed: there is no admin endpoint"), "{said:?}");
 }
 
+/// `hold = true` without `admin`: a valid file (a service manager may pass the admin socket, which then
+/// takes the start request), so `--check-config` passes with a warning; a start passed no admin socket is
+/// refused before it serves, naming both ways (the schedule could never start). Before, the file itself
+/// was refused, the passed socket's use with it.
+#[test]
+fn hold_without_admin_is_a_warning_at_check_and_an_error_at_a_start_without_a_passed_socket() {
+    let tmp = tmpdir("check-hold");
+    let ctl = "listen = \"127.0.0.239:0\"\nhold = true\nperiod_s = 1\n[[servers]]\nname = \"s1\"\n\
+               capacity_iops = 1000\n[[buckets]]\nname = \"b1\"\n";
+    let ctl = write_file(tmp.path(), "ctl.toml", ctl);
+    let (ok, out, err) = check(&["pshift", "controller", "--config", ctl.to_str().unwrap()]);
+    assert!(ok, "a warning, not an error: {err}");
+    assert!(out.trim_end().ends_with("configuration OK"), "{out}");
+    assert!(err.contains("hold = true but admin is not set: only an admin socket a service manager passes"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["pshift", "controller", "--config", ctl.to_str().unwrap()])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("hold = true needs an admin endpoint") && err.contains("FileDescriptorName=admin"), "{err}");
+    assert_eq!(err.matches("hold = true needs").count(), 1, "once: {err}");
+}
+
 /// The pShift controller warns of reservations above its servers' capacity and of a file without
 /// buckets, naming the numbers, at `--check-config` (which still passes) and at start (before it listens).
 #[test]
