@@ -602,25 +602,9 @@ weight = 3
 /// longer file, or a device that never ends, is refused before it is parsed).
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
-/// A configuration file's `text` as `T`, for `rein serve`, `rein gateway` and the pShift controller
-/// alike; the error is one line (a reload's failure is one log line too): where, by line and column
-/// (1-based, the column in characters), then the parser's message, e.g. `line 3, column 1: unknown field
-/// `colour`, expected one of ...`. An error the parser places nowhere is its message alone.
-pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
-    toml::from_str(text).map_err(|e| {
-        let message = e.message().trim();
-        match e.span() {
-            Some(span) => {
-                let start = (0..=span.start.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
-                let before = &text[..start];
-                let line = before.matches('\n').count() + 1;
-                let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
-                format!("line {line}, column {column}: {message}")
-            }
-            None => message.to_string(),
-        }
-    })
-}
+/// A configuration file's `text` as `T`: rein-model's [`rein_model::input::parse_toml`], for `rein
+/// serve`, `rein gateway` and the pShift controller alike (and the simulator's scenarios).
+pub use rein_model::input::parse_toml;
 
 impl ServerConfig {
     /// Reads and validates the file at `path`. Errors: [`ConfigError::Read`] if it cannot be read, else as

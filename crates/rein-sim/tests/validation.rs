@@ -25,8 +25,11 @@ fn accepts_the_minimal_scenario() {
 
 #[test]
 fn rejects_bad_fields_with_clear_messages() {
-    assert!(err(&BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\ncapcity = 3"))
-        .contains("unknown field `capcity`"));
+    let typo = err(&BASE.replace("capacity_iops = 1000", "capacity_iops = 1000\ncapcity = 3"));
+    // Where, on one line (rein-model's parse_toml, as the daemons' configuration files).
+    let line = BASE.lines().position(|l| l.starts_with("capacity_iops = 1000")).unwrap() + 2;
+    assert!(typo.contains(&format!("line {line}, column 1: unknown field `capcity`")), "{typo}");
+    assert_eq!(typo.lines().count(), 1, "{typo}");
     assert!(err(&BASE.replace("capacity_iops = 1000", "capacity_iops = -5"))
         .contains("capacity_iops must be a positive number"));
     assert!(err(&BASE.replace("duration_s = 10", "duration_s = 10\nwarmup_s = 20")).contains("warmup_s"));

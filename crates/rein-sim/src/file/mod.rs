@@ -30,7 +30,7 @@ pub enum FileError {
     Parse {
         /// The file (`<text>` for text given directly).
         path: PathBuf,
-        /// The TOML parser's message, naming the line and the field.
+        /// The TOML parser's message after the line and column (rein-model's `input::parse_toml`).
         message: String,
     },
 }
@@ -114,7 +114,7 @@ impl ScenarioFile {
     }
 
     fn parse_named(text: &str, path: &Path) -> Result<ScenarioFile, FileError> {
-        toml::from_str(text).map_err(|e| FileError::Parse { path: path.to_path_buf(), message: e.to_string() })
+        rein_model::input::parse_toml(text).map_err(|message| FileError::Parse { path: path.to_path_buf(), message })
     }
 }
 
