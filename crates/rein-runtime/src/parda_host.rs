@@ -1019,69 +1019,70 @@ impl Task {
     /// (module comment, "Mishaps the host names"): logged at once, then once a minute while more come.
     fn id_conflict(&mut self, now: Nanos, n: u64, from: &str, r: &rein_core::parda::HostReport) {
         let (id, epoch) = (self.ctl.host_config().id, self.ctl.host_config().epoch);
-        match &mut self.id_conflicting {
-            None => {
-                tracing::error!(
-                    %from,
-                    "parda host: another host uses this host's id {id}: a valid record for host {id} with epoch \
-                     {} (this host's is {epoch}) came from {from}; the peers take both hosts' reports for one \
-                     host's: give each host its own [parda_host] id (counted in id_conflicts, logged at most once \
-                     a minute while it lasts)",
-                    r.epoch
-                );
-                self.id_conflicting = Some((now, n - 1));
-            }
-            Some((last, since)) => {
-                *since += n;
-                if now.saturating_sub(*last) >= EXCHANGE_FAILURE_LOG_EVERY {
-                    tracing::error!(
-                        %from,
-                        records = *since,
-                        "parda host: another host still uses this host's id {id}: {since} more of its records, the \
-                         last from {from} (epoch {})",
-                        r.epoch
-                    );
-                    *last = now;
-                    *since = 0;
-                }
-            }
+        match minutely(&mut self.id_conflicting, now, n) {
+            Some(None) => tracing::error!(
+                %from,
+                "parda host: another host uses this host's id {id}: a valid record for host {id} with epoch {} \
+                 (this host's is {epoch}) came from {from}; the peers take both hosts' reports for one host's: \
+                 give each host its own [parda_host] id (counted in id_conflicts, logged at most once a minute \
+                 while it lasts)",
+                r.epoch
+            ),
+            Some(Some(since)) => tracing::error!(
+                %from,
+                records = since,
+                "parda host: another host still uses this host's id {id}: {since} more of its records, the last \
+                 from {from} (epoch {})",
+                r.epoch
+            ),
+            None => {}
         }
     }
-}
 
-impl Task {
     /// `n` records of a peer's displaced incarnation, still advancing, came in an exchange, the last
     /// `r` from `from` (module comment, "Mishaps the host names"): logged at once, then once a minute
     /// while more come.
     fn peer_id_conflict(&mut self, now: Nanos, n: u64, from: &str, r: &rein_core::parda::HostReport) {
         let id = r.host;
-        match &mut self.peer_id_conflicting {
-            None => {
-                tracing::warn!(
-                    %from,
-                    "parda host: two hosts report as host {id}: records of its incarnation {} still come from \
-                     {from} beside another incarnation's, each advancing; this host takes one at a time for \
-                     host {id}, so the cluster signal is wrong: give each host its own [parda_host] id (or \
-                     someone replays old records; counted in peer_id_conflicts, logged at most once a minute \
-                     while it lasts)",
-                    r.epoch
-                );
-                self.peer_id_conflicting = Some((now, n - 1));
+        match minutely(&mut self.peer_id_conflicting, now, n) {
+            Some(None) => tracing::warn!(
+                %from,
+                "parda host: two hosts report as host {id}: records of its incarnation {} still come from {from} \
+                 beside another incarnation's, each advancing; this host takes one at a time for host {id}, so \
+                 the cluster signal is wrong: give each host its own [parda_host] id (or someone replays old \
+                 records; counted in peer_id_conflicts, logged at most once a minute while it lasts)",
+                r.epoch
+            ),
+            Some(Some(since)) => tracing::warn!(
+                %from,
+                records = since,
+                "parda host: two hosts still report as host {id}: {since} more records of the incarnation its \
+                 live one displaced, the last from {from} (epoch {})",
+                r.epoch
+            ),
+            None => {}
+        }
+    }
+}
+
+/// A run of `n` more events at `now` in a run logged at once, then once per
+/// [`EXCHANGE_FAILURE_LOG_EVERY`] (`state`: when the last line was logged and the events since; `None`
+/// before the first): `Some(None)` to log the first, `Some(Some(k))` to log again with the `k` events
+/// since the last line, `None` not to log now.
+fn minutely(state: &mut Option<(Nanos, u64)>, now: Nanos, n: u64) -> Option<Option<u64>> {
+    match state {
+        None => {
+            *state = Some((now, n.saturating_sub(1)));
+            Some(None)
+        }
+        Some((last, since)) => {
+            *since += n;
+            if now.saturating_sub(*last) < EXCHANGE_FAILURE_LOG_EVERY {
+                return None;
             }
-            Some((last, since)) => {
-                *since += n;
-                if now.saturating_sub(*last) >= EXCHANGE_FAILURE_LOG_EVERY {
-                    tracing::warn!(
-                        %from,
-                        records = *since,
-                        "parda host: two hosts still report as host {id}: {since} more records of the \
-                         incarnation its live one displaced, the last from {from} (epoch {})",
-                        r.epoch
-                    );
-                    *last = now;
-                    *since = 0;
-                }
-            }
+            let k = std::mem::take(since);
+            *last = now;
+            Some(Some(k))
         }
     }
 }
@@ -1191,6 +1192,20 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`minutely`]: the first event logged at once, then nothing within the minute, then a line with the
+    /// events since.
+    #[test]
+    fn a_run_is_logged_at_once_then_once_a_minute_with_the_count() {
+        let mut state = None;
+        let at = Nanos::from_secs;
+        assert_eq!(minutely(&mut state, at(0), 3), Some(None), "the first at once");
+        assert_eq!(minutely(&mut state, at(30), 2), None);
+        assert_eq!(minutely(&mut state, at(59), 1), None);
+        assert_eq!(minutely(&mut state, at(60), 1), Some(Some(2 + 2 + 1 + 1)), "3 - 1 logged, then 2, 1, 1");
+        assert_eq!(minutely(&mut state, at(61), 1), None);
+        assert_eq!(minutely(&mut state, at(120), 0), Some(Some(1)));
+    }
 
     /// `/api/parda` keeps the newest [`MAX_PERIOD_RECORDS`] periods: at the bound all of them, one more
     /// drops the oldest.

@@ -408,7 +408,7 @@ fn warnings(f: &File) -> Vec<String> {
 pub type RoundRecord = rein_model::report::rounds::ControllerRound;
 
 /// What `/api/pshift` shows.
-#[derive(Clone, Debug, serde::Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, Deserialize)]
 pub struct ControllerStatus {
     /// The next boundary's number.
     pub round: u64,
@@ -1768,16 +1768,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_event_queue_slows_the_reader() {
         let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
-        let refused = Arc::new(Mutex::new(ControllerStatus {
-            round: 0,
-            now_s: 0.0,
-            origin_s: None,
-            servers: vec![],
-            buckets: vec![],
-            refused: 0,
-            late_reports: 0,
-            rounds: VecDeque::new(),
-        }));
+        let refused = Arc::new(Mutex::new(ControllerStatus::default()));
         let admit = Admit {
             names: Arc::new(vec!["s1".into()]),
             buckets: Arc::new(vec!["a".into()]),
@@ -1837,16 +1828,7 @@ mod tests {
     /// the oldest.
     #[test]
     fn the_status_keeps_the_newest_rounds() {
-        let mut st = ControllerStatus {
-            round: 0,
-            now_s: 0.0,
-            origin_s: None,
-            servers: vec![],
-            buckets: vec![],
-            refused: 0,
-            late_reports: 0,
-            rounds: VecDeque::new(),
-        };
+        let mut st = ControllerStatus::default();
         let round = |round| RoundRecord {
             at_s: 0.0,
             round,
