@@ -506,8 +506,15 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
     // Exports by name with their tenant's name, so that tenant indices can be rebuilt at the end.
     let mut exports: Vec<(ExportConfig, String)> =
         cfg.exports.iter().map(|e| (e.clone(), cfg.tenants[e.tenant].name.clone())).collect();
+    // By name, not by scanning: a state file may hold as many tenants as the scheduler takes (2^20), and a
+    // scan per entry took minutes at that size. Each name comes once in the state, so an entry sees the
+    // file's tenant of its name (or none); deletions are made together after the loop.
+    let used: std::collections::HashSet<String> = exports.iter().map(|(_, t)| t.clone()).collect();
+    let mut at: std::collections::HashMap<String, usize> =
+        cfg.tenants.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+    let mut deleted = std::collections::HashSet::new();
     for (name, entry) in &state.tenants {
-        let now = cfg.tenants.iter().find(|t| &t.name == name).map(|t| SpecJson::from(t.spec));
+        let now = at.get(name).map(|&i| SpecJson::from(cfg.tenants[i].spec));
         if now != entry.config {
             notes.push(format!(
                 "tenant {name}: the configuration file changed it since the run-time change; using the file"
@@ -517,17 +524,17 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
         }
         match &entry.spec {
             None => {
-                if exports.iter().any(|(_, t)| t == name) {
+                if used.contains(name) {
                     notes.push(format!(
                         "tenant {name}: deleted at run time but an export of the file uses it; keeping it"
                     ));
                     pruned = true;
                     continue;
                 }
-                cfg.tenants.retain(|t| &t.name != name);
+                deleted.insert(name.as_str());
                 notes.push(format!("tenant {name}: deleted (state file)"));
             }
-            Some(_) if !(1..=MAX_TENANT_NAME).contains(&name.len()) && !cfg.tenants.iter().any(|t| &t.name == name) => {
+            Some(_) if !(1..=MAX_TENANT_NAME).contains(&name.len()) && !at.contains_key(name) => {
                 notes.push(format!(
                     "dropped the state file's tenant {name:?}: a new tenant's name must have 1..={MAX_TENANT_NAME} bytes"
                 ));
@@ -535,9 +542,12 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
             }
             Some(s) => match s.spec() {
                 Ok(spec) => {
-                    match cfg.tenants.iter_mut().find(|t| &t.name == name) {
-                        Some(t) => t.spec = spec,
-                        None => cfg.tenants.push(TenantConfig { name: name.clone(), spec }),
+                    match at.get(name) {
+                        Some(&i) => cfg.tenants[i].spec = spec,
+                        None => {
+                            at.insert(name.clone(), cfg.tenants.len());
+                            cfg.tenants.push(TenantConfig { name: name.clone(), spec });
+                        }
                     }
                     notes.push(format!("tenant {name}: {spec} (state file)"));
                 }
@@ -548,6 +558,11 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
             },
         }
     }
+    if !deleted.is_empty() {
+        cfg.tenants.retain(|t| !deleted.contains(t.name.as_str()));
+    }
+    let at: std::collections::HashMap<&str, usize> =
+        cfg.tenants.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     for (name, entry) in &state.exports {
         let now = exports.iter().find(|(e, _)| &e.name == name).map(|(e, t)| ExportJson::from_config(e, t));
         if now != entry.config {
@@ -582,7 +597,7 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
     }
     // A tenant deleted through the file while a run-time export used it.
     exports.retain(|(e, t)| {
-        let keep = cfg.tenants.iter().any(|x| &x.name == t);
+        let keep = at.contains_key(t.as_str());
         if !keep {
             notes.push(format!("export {}: its tenant {t} is gone; dropped", e.name));
             pruned = true;
@@ -592,7 +607,7 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
     cfg.exports = exports
         .into_iter()
         .map(|(mut e, t)| {
-            e.tenant = cfg.tenants.iter().position(|x| x.name == t).expect("checked above");
+            e.tenant = at[t.as_str()];
             e
         })
         .collect();
@@ -788,6 +803,45 @@ mod tests {
         assert_eq!(o.config.exports.len(), MAX_EXPORTS);
         assert!(o.pruned);
         assert_eq!(o.notes.iter().filter(|n| n.contains("at most 4096 exports")).count(), 3, "{:?}", &o.notes[..3]);
+    }
+
+    /// Entries that cannot apply, each named: a run-time deletion of a tenant that an export of the file
+    /// uses keeps the tenant; a run-time export of a tenant deleted at run time is dropped. (With the
+    /// tenants looked up by name, the deletions are made after the tenant entries: this pins their order
+    /// against the exports'.)
+    #[test]
+    fn a_tenant_in_use_is_kept_and_an_export_of_a_deleted_tenant_dropped() {
+        let base = cfg(BASE);
+        let spec = |r: f64| Some(SpecJson::from(QosSpec::new(r, None, 1.0, 0).unwrap()));
+        let mut st = StateFile::default();
+        // Export a (the file's) is tenant a's; b is deleted, c added then used by a run-time export, as b.
+        st.tenants.insert("a".into(), TenantEntry { spec: None, config: spec(10.0) });
+        st.tenants.insert("b".into(), TenantEntry { spec: None, config: spec(0.0) });
+        st.tenants.insert("c".into(), TenantEntry { spec: spec(3.0), config: None });
+        for (name, tenant) in [("mb", "b"), ("mc", "c")] {
+            let j = ExportJson {
+                name: name.into(),
+                backend: "memory".into(),
+                path: None,
+                tenant: tenant.into(),
+                ..file_export(None)
+            };
+            st.exports.insert(name.into(), ExportEntry { export: Some(j), config: None });
+        }
+        let o = overlay(&base, &st);
+        assert!(o.pruned);
+        let names: Vec<_> = o.config.tenants.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a", "c"], "{:?}", o.notes);
+        let exports: Vec<_> =
+            o.config.exports.iter().map(|e| (e.name.as_str(), o.config.tenants[e.tenant].name.as_str())).collect();
+        assert_eq!(exports, [("a", "a"), ("mc", "c")], "{:?}", o.notes);
+        assert!(o.notes.iter().any(|n| n.contains("tenant a: deleted at run time but an export of the file uses it")));
+        assert!(o.notes.iter().any(|n| n == "tenant b: deleted (state file)"), "{:?}", o.notes);
+        assert!(
+            o.notes.iter().any(|n| n.starts_with("dropped the state file's export") && n.contains('b')),
+            "{:?}",
+            o.notes
+        );
     }
 
     #[test]
