@@ -71,9 +71,9 @@ pub const MAX_BODY: usize = 64 << 20;
 /// count alone (at most [`MAX_BUCKETS`] names of up to [`MAX_NAME_LEN`] bytes, 259 MB) does not bound it
 /// below [`MAX_BODY`], but the controller's configuration does: `rein pshift controller` reads ctl.toml
 /// up to 16 MiB, where a bucket takes its name and at least 10 bytes more (`{name=""},` in its shortest
-/// form, an inline table), so its welcome is always shorter than its file. The controller also checks its
-/// buckets against this bound when it validates them ([`welcome_body_len`]). A refusal, the other frame a
-/// server reads before its welcome, is far smaller.
+/// form, an inline table), so its welcome is always shorter than its file ([`welcome_body_len`] says how
+/// long a welcome is; [`encode`] refuses a longer one). A refusal, the other frame a server reads before
+/// its welcome, is far smaller.
 pub const MAX_WELCOME_BODY: usize = 16 << 20;
 /// The longest refusal reason.
 pub const MAX_REASON_LEN: usize = 4096;
@@ -81,6 +81,22 @@ pub const MAX_REASON_LEN: usize = 4096;
 const REPORT_LINE: usize = 4 + 6 * 8;
 /// Bytes per bucket line in a token message.
 const TOKEN_LINE: usize = 4 + 8 + 8;
+/// What [`server_body_max`] and [`controller_body_max`] allow for a body's fields besides its bucket
+/// lines: more than any message after the welcome has (a report's 40 bytes, a pong's 40, a token
+/// message's 20, a stray note's 20, a report request's 12, a ping's 8).
+const FIELDS_MAX: usize = 64;
+
+/// The largest body a welcomed server sends with `buckets` buckets: a report with a line for each (pings
+/// and stray notes are smaller). What the controller reads at most from a welcomed server.
+pub fn server_body_max(buckets: usize) -> usize {
+    FIELDS_MAX + REPORT_LINE * buckets
+}
+
+/// The largest body a controller sends a server it welcomed with `buckets` buckets: a token message with
+/// a line for each (pongs and report requests are smaller). What a welcomed server reads at most.
+pub fn controller_body_max(buckets: usize) -> usize {
+    FIELDS_MAX + TOKEN_LINE * buckets
+}
 
 /// One message; see the module comment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -740,6 +756,43 @@ mod tests {
         let t = TokenMessage { server: 0, round: 0, early: 0, tokens: vec![(0, MAX_TOKENS + 1, Tokens::Unlimited)] };
         assert!(encode(&Message::Tokens(t), &mut Vec::new()).unwrap_err().to_string().contains("r 1000000000001"));
         assert!(encode(&Message::Hello { name: String::new() }, &mut Vec::new()).is_err());
+    }
+
+    /// The bodies after the welcome stay within [`server_body_max`] and [`controller_body_max`]: a report
+    /// and a token message with a line for each of `n` buckets, and every fixed-size message with none.
+    #[test]
+    fn bodies_after_the_welcome_fit_their_bounds() {
+        let body = |m: &Message| {
+            let mut out = Vec::new();
+            encode(m, &mut out).unwrap();
+            out.len() - HEADER_BYTES
+        };
+        for n in [0usize, 1, 7] {
+            let report = ServerReport {
+                server: 0,
+                round: u64::MAX,
+                early: 0,
+                elapsed_ns: 1,
+                completed: 1,
+                busy_ns: 1,
+                buckets: (0..n as u32).map(|bucket| BucketReport { bucket, ..Default::default() }).collect(),
+            };
+            assert!(body(&Message::Report(report)) <= server_body_max(n));
+            let tokens = TokenMessage {
+                server: 0,
+                round: 1,
+                early: 0,
+                tokens: (0..n as u32).map(|b| (b, 1, Tokens::Unlimited)).collect(),
+            };
+            assert!(body(&Message::Tokens(tokens)) <= controller_body_max(n));
+        }
+        let pong = Message::Pong { t0: 1, t1: 2, next_round: 3, next_ns: 4, interval_ns: 5 };
+        assert!(body(&pong) <= controller_body_max(0));
+        assert!(body(&Message::ReportRequest { round: 1, early: 2 }) <= controller_body_max(0));
+        assert!(body(&Message::Ping { t0: 1 }) <= server_body_max(0));
+        let stray = Message::Stray(StrayArrival { server: 0, bucket: 0, heard: (1, 2) });
+        assert!(body(&stray) <= server_body_max(0));
+        assert_eq!((server_body_max(1), controller_body_max(1)), (116, 84), "the daemons' tests' figures");
     }
 
     /// A welcome at its bound: a body of exactly [`MAX_WELCOME_BODY`] bytes (64,777 names, all but the last

@@ -664,8 +664,8 @@ pub async fn run(
     // (rein-proto writes the flags only when a bucket is limited.)
     let limited: Arc<Vec<bool>> = Arc::new(s.buckets.iter().map(|b| b.1.limit.is_some()).collect());
     let strays = s.config.early.per_interval > 0;
-    // A report holds at most a line per bucket (rein-proto's layout: 36 bytes of fields, 52 per line).
-    let max_body = 64 + 52 * s.buckets.len();
+    // A report holds at most a line per bucket.
+    let max_body = rein_proto::pshift::server_body_max(s.buckets.len());
     let access = Arc::new(s.access.clone());
     let refused = status.clone();
     let accept = tokio::spawn(accept_loop(

@@ -32,9 +32,9 @@
 //!    server's index.
 //! 2. Frames in are bounded by rein-proto's [`rein_proto::pshift::MAX_WELCOME_BODY`] until the welcome
 //!    (16 MiB: what a controller's welcome can need; the constant says how), and after
-//!    it by a token message's size for the welcome's buckets (64 + 20 bytes a bucket: a frame announcing
-//!    more is refused from its header, before its body is read); the buffer holds at most one frame and
-//!    one read beyond it.
+//!    it by a token message's size for the welcome's buckets ([`rein_proto::pshift::controller_body_max`]:
+//!    a frame announcing more is refused from its header, before its body is read); the buffer holds at
+//!    most one frame and one read beyond it.
 
 use crate::dispatch::{Cut, Dispatcher, PshiftAttach};
 use rein_core::TenantId;
@@ -284,9 +284,8 @@ async fn session(
         }
         other => return Err(broken(format!("expected a welcome, got a {}", other.name()))),
     };
-    // After the welcome the controller's largest frame is a token message with a line per bucket
-    // (rein-proto's layout: 20 bytes of fields, 20 a line); a pong or a report request is smaller.
-    let max_body = 64 + 20 * names.len();
+    // After the welcome the controller's largest frame is a token message with a line per bucket.
+    let max_body = wire::controller_body_max(names.len());
     let mut here = tenants();
     let (buckets, strangers) = resolve(&names, &here);
     warn_strangers(&strangers);
