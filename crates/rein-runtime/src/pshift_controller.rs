@@ -432,6 +432,11 @@ pub struct ControllerStatus {
     pub rounds: VecDeque<RoundRecord>,
 }
 
+/// One more connection, report or note refused (`/api/pshift`'s `refused`).
+fn count_refused(status: &Mutex<ControllerStatus>) {
+    status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+}
+
 impl ControllerStatus {
     /// Adds a round, dropping the oldest past [`MAX_ROUNDS_KEPT`].
     fn push_round(&mut self, r: RoundRecord) {
@@ -792,7 +797,7 @@ async fn accept_loop(
             }
         };
         if !networks.allows(peer.ip(), None) {
-            admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+            count_refused(&admit.refused);
             let why = format!("connection refused: {} is not in allow_networks", peer.ip());
             admit.log_cut(Cut::Network, Some(peer), &why);
             continue;
@@ -828,7 +833,7 @@ async fn connection(
             Some(tls) => {
                 let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
-                    admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                    count_refused(&admit.refused);
                     return Err((
                         Cut::Identity,
                         match identity {
@@ -854,7 +859,7 @@ async fn connection(
         return Err(opening(format!("expected a hello, got a {}", hello.name())));
     };
     let Some(index) = names.iter().position(|n| *n == name) else {
-        admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+        count_refused(&admit.refused);
         let reason = format!("no server named {name:?} in the controller's configuration");
         let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
         return Err((Cut::Name, reason));
@@ -868,7 +873,7 @@ async fn connection(
     match verdict.await {
         Ok(Ok(())) => {}
         Ok(Err(reason)) => {
-            admit.refused.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+            count_refused(&admit.refused);
             let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
             return Err((Cut::Name, reason));
         }
@@ -931,14 +936,14 @@ async fn write_within<W: tokio::io::AsyncWrite + Unpin>(
     m: &Message,
     timeout: Duration,
 ) -> Result<(), String> {
-    match tokio::time::timeout(timeout, crate::pshift_link::write_frame(wr, m)).await {
-        Ok(r) => r.map_err(|e| format!("{} to the server: {e}", m.name())),
-        Err(_) => Err(format!(
+    crate::pshift_link::write_frame_within(wr, m, timeout).await.map_err(|e| match e {
+        Some(e) => format!("{} to the server: {e}", m.name()),
+        None => format!(
             "a frame ({}) not written to the server within {} s (it does not read)",
             m.name(),
             timeout.as_secs_f64()
-        )),
-    }
+        ),
+    })
 }
 
 /// A server's connection, as the controller's task holds it.
@@ -1030,7 +1035,7 @@ impl Task {
     fn refuse(&mut self, index: usize, why: String) {
         tracing::warn!(server = %self.names[index], "pShift controller: {why}; closing its connection");
         self.conns[index] = None;
-        self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+        count_refused(&self.status);
     }
 
     fn event(&mut self, e: Event) {
@@ -1097,7 +1102,7 @@ impl Task {
                             if let Some(unlogged) = self.refusals[index][0].due() {
                                 tracing::warn!(server = %self.names[index], unlogged, "pShift controller: report refused: {e}");
                             }
-                            self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                            count_refused(&self.status);
                         } else if self.ctl.late_reports_counted() > late {
                             tracing::debug!(server = %self.names[index], "pShift controller: a late report counted");
                             self.sync_status(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1113,7 +1118,7 @@ impl Task {
                             if let Some(unlogged) = self.refusals[index][1].due() {
                                 tracing::warn!(server = %self.names[index], unlogged, "pShift controller: note refused: {e}");
                             }
-                            self.status.lock().unwrap_or_else(|e| e.into_inner()).refused += 1;
+                            count_refused(&self.status);
                         }
                     },
                     other => self.refuse(index, format!("unexpected {} (or one naming another server)", other.name())),

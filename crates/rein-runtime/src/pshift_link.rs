@@ -149,6 +149,19 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(wr: &mut W, m: &Message) -> Resu
     wr.write_all(&out).await.map_err(|e| format!("write: {e}"))
 }
 
+/// [`write_frame`] within `timeout`. Errors: `None` when the frame did not go out in time (the peer does
+/// not read), else [`write_frame`]'s.
+pub async fn write_frame_within<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    m: &Message,
+    timeout: Duration,
+) -> Result<(), Option<String>> {
+    match tokio::time::timeout(timeout, write_frame(wr, m)).await {
+        Ok(r) => r.map_err(Some),
+        Err(_) => Err(None),
+    }
+}
+
 /// The validated `[pshift]` table of rein serve.
 #[derive(Debug, Clone)]
 pub struct LinkSettings {
@@ -306,7 +319,9 @@ async fn session(
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Every write within SILENCE_TIMEOUT, and a frame read within it of the last one.
     let silent = || welcomed(format!("no frame from the controller within {} s", SILENCE_TIMEOUT.as_secs()));
-    let unread = || welcomed(format!("the controller took no frame within {} s", SILENCE_TIMEOUT.as_secs()));
+    let unwritten = |e: Option<String>| {
+        welcomed(e.unwrap_or_else(|| format!("the controller took no frame within {} s", SILENCE_TIMEOUT.as_secs())))
+    };
     let mut heard = tokio::time::Instant::now();
     loop {
         tokio::select! {
@@ -318,16 +333,10 @@ async fn session(
                     heard = tokio::time::Instant::now();
                 }
                 let m = Message::Ping { t0: clock.now().0 };
-                tokio::time::timeout(SILENCE_TIMEOUT, write_frame(&mut wr, &m))
-                    .await
-                    .map_err(|_| unread())?
-                    .map_err(welcomed)?;
+                write_frame_within(&mut wr, &m, SILENCE_TIMEOUT).await.map_err(unwritten)?;
             }
             Some(note) = stray_rx.recv() => {
-                tokio::time::timeout(SILENCE_TIMEOUT, write_frame(&mut wr, &Message::Stray(note)))
-                    .await
-                    .map_err(|_| unread())?
-                    .map_err(welcomed)?;
+                write_frame_within(&mut wr, &Message::Stray(note), SILENCE_TIMEOUT).await.map_err(unwritten)?;
             }
             f = read_frame_within(&mut rd, &mut buf, max_body) => {
                 heard = tokio::time::Instant::now();
@@ -350,10 +359,7 @@ async fn session(
                             here = now_here;
                         }
                         let r = dispatcher.pshift_report(round, early).await.map_err(welcomed)?;
-                        tokio::time::timeout(SILENCE_TIMEOUT, write_frame(&mut wr, &Message::Report(r)))
-                            .await
-                            .map_err(|_| unread())?
-                            .map_err(welcomed)?;
+                        write_frame_within(&mut wr, &Message::Report(r), SILENCE_TIMEOUT).await.map_err(unwritten)?;
                     }
                     Message::Tokens(m) if m.server == index => dispatcher.pshift_tokens(m).await,
                     Message::Pong { t0, t1, next_round, next_ns, interval_ns } => {
