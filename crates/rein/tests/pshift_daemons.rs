@@ -761,16 +761,10 @@ fn exchange(mut s: std::net::TcpStream, bytes: &[u8]) -> Vec<u8> {
 /// A fake controller's side of one connection: accepts it on `listener`, reads the server's hello and
 /// welcomes it with one bucket `b1` (limited or not); returns the connection.
 fn welcome_one(listener: &std::net::TcpListener, limited: bool) -> std::net::TcpStream {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let (mut conn, _) = listener.accept().unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut buf = Vec::new();
-    while rein_proto::pshift::decode(&buf).unwrap().is_none() {
-        let mut chunk = [0u8; 1024];
-        let n = conn.read(&mut chunk).unwrap();
-        assert!(n > 0, "the server closed before its hello");
-        buf.extend_from_slice(&chunk[..n]);
-    }
+    read_one_frame(&mut conn, "hello");
     let welcome = rein_proto::pshift::Message::Welcome {
         server: 0,
         strays: false,
@@ -779,6 +773,70 @@ fn welcome_one(listener: &std::net::TcpListener, limited: bool) -> std::net::Tcp
     };
     conn.write_all(&frame(&welcome)).unwrap();
     conn
+}
+
+/// Reads from `s` until one whole pShift frame has come: its message. Errors: the socket's (a read
+/// timeout), or `UnexpectedEof` if `s` closed first.
+fn try_read_frame(s: &mut impl std::io::Read) -> std::io::Result<rein_proto::pshift::Message> {
+    let mut buf = Vec::new();
+    loop {
+        if let Some((m, _)) = rein_proto::pshift::decode(&buf).unwrap() {
+            return Ok(m);
+        }
+        let mut chunk = [0u8; 1024];
+        match s.read(&mut chunk)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// [`try_read_frame`], which must succeed (`what`: the frame, for the failure).
+fn read_one_frame(s: &mut impl std::io::Read, what: &str) -> rein_proto::pshift::Message {
+    try_read_frame(s).unwrap_or_else(|e| panic!("no {what}: {e}"))
+}
+
+/// A pShift frame header of message type `kind` announcing `len` body bytes.
+fn frame_header(kind: u8, len: u32) -> Vec<u8> {
+    use rein_proto::pshift::{HEADER_BYTES, MAGIC, VERSION};
+    let mut h = MAGIC.to_le_bytes().to_vec();
+    h.extend_from_slice(&VERSION.to_le_bytes());
+    h.extend_from_slice(&[kind, 0]);
+    h.extend_from_slice(&len.to_le_bytes());
+    assert_eq!(h.len(), HEADER_BYTES);
+    h
+}
+
+/// A fake controller on 127.0.0.209: `serve` runs on a thread of its own with the listener, and the
+/// connections it returns are held open until the fake is dropped (then it is joined, unless the test is
+/// failing: a fake still waiting to accept would hold the failure up).
+struct FakeController {
+    addr: std::net::SocketAddr,
+    stop: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeController {
+    fn start(serve: impl FnOnce(&std::net::TcpListener) -> Vec<std::net::TcpStream> + Send + 'static) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let held = serve(&listener);
+            let _ = stopped.recv_timeout(Duration::from_secs(30));
+            drop(held);
+        });
+        FakeController { addr, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for FakeController {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take().filter(|_| !std::thread::panicking()) {
+            t.join().unwrap();
+        }
+    }
 }
 
 /// A pShift frame's bytes.
@@ -832,18 +890,9 @@ fn bad_connections_do_not_flood_the_controllers_log() {
     assert!(line.contains("pShift controller: connection"));
     // A real server still gets in.
     let mut s = connect_from("127.0.0.201", ctl.nbd);
-    use std::io::{Read, Write};
+    use std::io::Write;
     s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
-    let mut buf = Vec::new();
-    let welcome = loop {
-        let mut chunk = [0u8; 1024];
-        let n = s.read(&mut chunk).unwrap();
-        assert!(n > 0, "closed before the welcome");
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some((m, _)) = rein_proto::pshift::decode(&buf).unwrap() {
-            break m;
-        }
-    };
+    let welcome = read_one_frame(&mut s, "welcome");
     assert!(matches!(welcome, Message::Welcome { server: 0, .. }), "{welcome:?}");
 }
 
@@ -856,7 +905,7 @@ fn bad_connections_do_not_flood_the_controllers_log() {
 fn a_servers_bad_frames_do_not_flood_the_controllers_log() {
     use rein_core::pshift::{ServerReport, StrayArrival};
     use rein_proto::pshift::Message;
-    use std::io::{Read, Write};
+    use std::io::Write;
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-frame-flood");
     let text = "listen = \"127.0.0.203:0\"\nadmin = \"127.0.0.203:0\"\nperiod_s = 1\n\
@@ -866,13 +915,7 @@ fn a_servers_bad_frames_do_not_flood_the_controllers_log() {
             .start();
     let mut s = connect_from("127.0.0.204", ctl.nbd);
     s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
-    let mut buf = Vec::new();
-    while rein_proto::pshift::decode(&buf).unwrap().is_none() {
-        let mut chunk = [0u8; 1024];
-        let n = s.read(&mut chunk).unwrap();
-        assert!(n > 0, "closed before the welcome");
-        buf.extend_from_slice(&chunk[..n]);
-    }
+    read_one_frame(&mut s, "welcome");
     const N: u64 = 500;
     let note = frame(&Message::Stray(StrayArrival { server: 0, bucket: 7, heard: (0, 0) }));
     let report = frame(&Message::Report(ServerReport {
@@ -918,26 +961,14 @@ fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() 
     let mut silent: Vec<std::net::TcpStream> = (0..17).map(|_| connect_from("127.0.0.208", ctl.nbd)).collect();
     let mut s = connect_from("127.0.0.208", ctl.nbd);
     s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
-    let read_welcome = |s: &mut std::net::TcpStream| -> Result<Message, std::io::Error> {
-        let mut buf = Vec::new();
-        loop {
-            let mut chunk = [0u8; 1024];
-            let n = s.read(&mut chunk)?;
-            assert!(n > 0, "closed before the welcome");
-            buf.extend_from_slice(&chunk[..n]);
-            if let Some((m, _)) = rein_proto::pshift::decode(&buf).unwrap() {
-                return Ok(m);
-            }
-        }
-    };
     // At the bound: the 18th is not taken while the 17 are held.
     s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
-    let e = read_welcome(&mut s).expect_err("no welcome while 17 connections hold every slot");
+    let e = try_read_frame(&mut s).expect_err("no welcome while 17 connections hold every slot");
     assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
     // One slot frees: the 18th is welcomed at once.
     drop(silent.pop());
     s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    let welcome = read_welcome(&mut s).unwrap();
+    let welcome = try_read_frame(&mut s).unwrap();
     assert!(matches!(welcome, Message::Welcome { server: 0, .. }), "{welcome:?}");
     // The silent ones are cut at the hello timeout (5 s after their accept).
     let t0 = Instant::now();
@@ -959,21 +990,12 @@ fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() 
 fn a_silent_controller_does_not_hold_a_servers_link() {
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-silent-ctl");
-    let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let fake = std::thread::spawn(move || {
-        let conn = welcome_one(&listener, true);
-        // Silent from here on: nothing sent, nothing read, the socket open until the test ends.
-        let _ = stop_rx.recv_timeout(Duration::from_secs(30));
-        drop(conn);
-    });
-    let s = link_server(tmp.path(), 209, "s1", &addr.to_string(), "");
+    // Silent after its welcome: nothing sent, nothing read, the socket open until the test ends.
+    let fake = FakeController::start(|listener| vec![welcome_one(listener, true)]);
+    let s = link_server(tmp.path(), 209, "s1", &fake.addr.to_string(), "");
     s.wait_line("pShift link: welcomed by the controller");
     let line = s.wait_log(&["serving plain round robin until it answers"], Duration::from_secs(10));
     assert!(line.contains("no frame from the controller within 5 s"), "{line}");
-    let _ = stop_tx.send(());
-    fake.join().unwrap();
 }
 
 /// A welcomed server's frames are bounded by a report's size for the configured buckets: with one bucket
@@ -982,7 +1004,7 @@ fn a_silent_controller_does_not_hold_a_servers_link() {
 /// the log names the bound.
 #[test]
 fn a_welcomed_servers_frames_are_bounded_by_a_report() {
-    use rein_proto::pshift::{Message, HEADER_BYTES, MAGIC, VERSION};
+    use rein_proto::pshift::Message;
     use std::io::{Read, Write};
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-frame-bound");
@@ -995,19 +1017,8 @@ fn a_welcomed_servers_frames_are_bounded_by_a_report() {
     let header_after_welcome = |len: u32| {
         let mut s = connect_from("127.0.0.206", ctl.nbd);
         s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
-        let mut buf = Vec::new();
-        while rein_proto::pshift::decode(&buf).unwrap().is_none() {
-            let mut chunk = [0u8; 1024];
-            let n = s.read(&mut chunk).unwrap();
-            assert!(n > 0, "closed before the welcome");
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        let mut h = MAGIC.to_le_bytes().to_vec();
-        h.extend_from_slice(&VERSION.to_le_bytes());
-        h.extend_from_slice(&[5, 0]);
-        h.extend_from_slice(&len.to_le_bytes());
-        assert_eq!(h.len(), HEADER_BYTES);
-        s.write_all(&h).unwrap();
+        read_one_frame(&mut s, "welcome");
+        s.write_all(&frame_header(5, len)).unwrap();
         s
     };
     // Reads until the controller closes `s` (true) or `within` passes with it open (false); frames the
@@ -1046,29 +1057,24 @@ fn a_controllers_absurd_schedule_breaks_the_link() {
     use std::io::Write;
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-absurd-pong");
-    let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let fake = std::thread::spawn(move || {
+    let fake = FakeController::start(|listener| {
         let pongs = [
             Message::Pong { t0: 0, t1: 1_000_000_000, next_round: 1, next_ns: 1_000_001_000, interval_ns: 1 },
             Message::Pong { t0: 0, t1: 3_600_000_000_000, next_round: 1, next_ns: 1_000, interval_ns: 1_000_000 },
         ];
         let mut held = Vec::new();
         for pong in pongs {
-            let mut conn = welcome_one(&listener, false);
+            let mut conn = welcome_one(listener, false);
             conn.write_all(&frame(&pong)).unwrap();
             held.push(conn);
         }
-        let _ = stop_rx.recv_timeout(Duration::from_secs(30));
+        held
     });
-    let s = link_server(tmp.path(), 209, "s1", &addr.to_string(), "");
+    let s = link_server(tmp.path(), 209, "s1", &fake.addr.to_string(), "");
     let line = s.wait_log(&["serving plain round robin until it answers"], Duration::from_secs(4));
     assert!(line.contains("a pong with a boundary interval of 1 ns"), "{line}");
     let line = s.wait_log(&["serving plain round robin", "next boundary"], Duration::from_secs(4));
     assert!(line.contains("16 intervals before the controller's clock"), "{line}");
-    let _ = stop_tx.send(());
-    fake.join().unwrap();
 }
 
 /// After its welcome a controller's frames are bounded by a token message's size for the buckets it
@@ -1078,23 +1084,16 @@ fn a_controllers_absurd_schedule_breaks_the_link() {
 /// the server's memory.
 #[test]
 fn a_controllers_frames_are_bounded_by_a_token_message() {
-    use rein_proto::pshift::{MAGIC, VERSION};
     use std::io::Write;
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-ctl-frame-bound");
-    let listener = std::net::TcpListener::bind("127.0.0.209:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let fake = std::thread::spawn(move || {
+    let fake = FakeController::start(|listener| {
         let mut held = Vec::new();
         for len in [85u32, 84] {
-            let mut conn = welcome_one(&listener, false);
+            let mut conn = welcome_one(listener, false);
             // A token message (kind 7) of `len` body bytes: the 85-byte one's header only; the 84-byte one
             // whole, three lines and 4 bytes too many.
-            let mut h = MAGIC.to_le_bytes().to_vec();
-            h.extend_from_slice(&VERSION.to_le_bytes());
-            h.extend_from_slice(&[7, 0]);
-            h.extend_from_slice(&len.to_le_bytes());
+            let mut h = frame_header(7, len);
             if len == 84 {
                 h.extend_from_slice(&[0u8; 16]); // server, round, early
                 h.extend_from_slice(&3u32.to_le_bytes());
@@ -1108,9 +1107,9 @@ fn a_controllers_frames_are_bounded_by_a_token_message() {
             conn.write_all(&h).unwrap();
             held.push(conn);
         }
-        let _ = stop_rx.recv_timeout(Duration::from_secs(30));
+        held
     });
-    let s = link_server(tmp.path(), 209, "s1", &addr.to_string(), "");
+    let s = link_server(tmp.path(), 209, "s1", &fake.addr.to_string(), "");
     let line = s.wait_log(&["serving plain round robin until it answers"], Duration::from_secs(4));
     assert!(line.contains("a pShift frame of 85 body bytes exceeds this connection's bound of 84"), "{line}");
     // The second connection's 84-byte frame passes the bound and is read whole: a bad frame, not one
@@ -1123,6 +1122,4 @@ fn a_controllers_frames_are_bounded_by_a_token_message() {
     )
     .unwrap();
     assert!(line.contains("bad pShift frame") && !line.contains("exceeds"), "{line}");
-    let _ = stop_tx.send(());
-    fake.join().unwrap();
 }
