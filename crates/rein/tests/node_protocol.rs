@@ -232,9 +232,13 @@ fn rbfq_applies_the_local_reservation() {
     assert!(rate_a >= 0.95 * 300.0, "tenant a got {rate_a:.0} IOPS, below its local minimum of 300 (m: {rate_m:.0})");
 }
 
-/// Reads option replies from a raw handshake until one for `option`.
+/// The replies to `opts`, sent at once in a raw handshake (one reply each), as (option, reply, message).
 fn raw_options(addr: SocketAddr, opts: &[(u32, Vec<u8>)]) -> Vec<(u32, u32, String)> {
-    let mut s = TcpStream::connect(addr).unwrap();
+    raw_options_on(TcpStream::connect(addr).unwrap(), opts)
+}
+
+/// [`raw_options`] on a connection the caller made (from an address of its choice).
+fn raw_options_on(mut s: TcpStream, opts: &[(u32, Vec<u8>)]) -> Vec<(u32, u32, String)> {
     s.set_read_timeout(Some(TIMEOUT)).unwrap();
     let mut greeting = [0u8; 18];
     s.read_exact(&mut greeting).unwrap();
@@ -453,28 +457,7 @@ fn refused_hellos_do_not_flood_the_nodes_log() {
     let hello = hello_bytes(&NodeHello::new(vec![tenant("a", 0.0, 1.0)]));
     // `n` hellos on a new connection from 127.0.0.204: their replies.
     let hellos = |n: usize| -> Vec<(u32, u32, String)> {
-        let mut c = common::connect_from("127.0.0.204", s.nbd);
-        let mut greeting = [0u8; 18];
-        c.read_exact(&mut greeting).unwrap();
-        let mut out = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
-        for _ in 0..n {
-            option_request(&mut out, OPT_REIN_NODE, &hello);
-        }
-        c.write_all(&out).unwrap();
-        let mut buf = Vec::new();
-        let mut replies = Vec::new();
-        while replies.len() < n {
-            if let Some((r, k)) = decode_option_reply(&buf).unwrap() {
-                replies.push((r.option, r.reply, String::from_utf8_lossy(r.data).into_owned()));
-                buf.drain(..k);
-                continue;
-            }
-            let mut chunk = [0u8; 4096];
-            let k = c.read(&mut chunk).unwrap();
-            assert!(k > 0, "closed after {replies:?}");
-            buf.extend_from_slice(&chunk[..k]);
-        }
-        replies
+        raw_options_on(common::connect_from("127.0.0.204", s.nbd), &vec![(OPT_REIN_NODE, hello.clone()); n])
     };
     let max = rein_proto::nbd::MAX_NODE_HELLOS as usize;
     let over = hellos(max + 1);
