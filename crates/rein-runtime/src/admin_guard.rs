@@ -317,6 +317,58 @@ pub fn unused_admin_keys(access: &AdminAccess, admin: Option<SocketAddr>, starte
     })
 }
 
+/// Why an admin endpoint of [`admin_listener`] cannot listen.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminListenError {
+    /// Its token file, or an exposed address without one ([`prepare`]).
+    #[error(transparent)]
+    Guard(#[from] AdminGuardError),
+    /// The socket a service manager passed cannot be used; the message names the descriptor and why.
+    #[error("socket activation: {0}")]
+    Activation(String),
+    /// The configured address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The operating system's error.
+        source: io::Error,
+    },
+}
+
+/// The admin endpoint of a role whose `admin` is optional (the gateway, the pShift controller): the
+/// socket a service manager `passed` (judged by its own address: an exposed one needs the token; served
+/// also when the file names no `admin`), else the `configured` address bound, else none, with a warning
+/// for admin keys set for nothing ([`unused_admin_keys`]). Returns its listener and token.
+pub async fn admin_listener(
+    passed: Option<crate::activation::PassedSocket>,
+    configured: Option<SocketAddr>,
+    access: &AdminAccess,
+    powers: Powers,
+) -> Result<Option<(TcpListener, Option<AdminToken>)>, AdminListenError> {
+    match (passed, configured) {
+        (None, None) => {
+            if let Some(w) = unused_admin_keys(access, None, true) {
+                tracing::warn!("{w}");
+            }
+            Ok(None)
+        }
+        (Some(p), configured) => {
+            let addr = p.tcp_addr().map_err(AdminListenError::Activation)?;
+            let token = prepare(addr, access, powers)?;
+            let instead =
+                configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
+            p.log_use("the admin endpoint", &instead);
+            Ok(Some((p.into_tcp().map_err(AdminListenError::Activation)?, token)))
+        }
+        (None, Some(addr)) => {
+            let token = prepare(addr, access, powers)?;
+            let l = TcpListener::bind(addr).await.map_err(|source| AdminListenError::Bind { addr, source })?;
+            Ok(Some((l, token)))
+        }
+    }
+}
+
 /// `router` with `GET /healthz` added and, with a token, every other request checked (module comment).
 pub fn protect(router: Router, token: Option<AdminToken>) -> Router {
     router.route(HEALTHZ, get(healthz)).layer(axum::middleware::from_fn_with_state(token, require_token))

@@ -120,7 +120,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// Where a Linux guest's halt polling is set (the cpuidle-haltpoll driver's `guest_halt_poll_ns`: how long
@@ -831,6 +830,17 @@ pub enum GatewayError {
     Parda(String),
 }
 
+impl From<crate::admin_guard::AdminListenError> for GatewayError {
+    fn from(e: crate::admin_guard::AdminListenError) -> Self {
+        use crate::admin_guard::AdminListenError as E;
+        match e {
+            E::Guard(e) => e.into(),
+            E::Activation(e) => GatewayError::Activation(e),
+            E::Bind { addr, source } => GatewayError::Bind { addr, source },
+        }
+    }
+}
+
 impl From<crate::sock::NbdListenError> for GatewayError {
     fn from(e: crate::sock::NbdListenError) -> Self {
         use crate::sock::NbdListenError as E;
@@ -1279,29 +1289,8 @@ pub async fn run_with(
     // clients that connect meanwhile wait in the listen queue until the volumes are open, as they do
     // in a passed socket's.
     let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await?;
-    // A passed admin socket is served also when gw.toml names no admin address, and judged by its own
-    // address (an exposed one needs the token).
-    let admin_listener = match (passed_admin, cfg.admin) {
-        (None, None) => {
-            if let Some(w) = crate::admin_guard::unused_admin_keys(&cfg.admin_access, None, true) {
-                tracing::warn!("{w}");
-            }
-            None
-        }
-        (Some(s), configured) => {
-            let addr = s.tcp_addr().map_err(GatewayError::Activation)?;
-            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
-            let instead =
-                configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
-            s.log_use("the admin endpoint", &instead);
-            Some((s.into_tcp().map_err(GatewayError::Activation)?, token))
-        }
-        (None, Some(addr)) => {
-            let token = crate::admin_guard::prepare(addr, &cfg.admin_access, ADMIN_POWERS)?;
-            let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
-            Some((l, token))
-        }
-    };
+    let admin_listener =
+        crate::admin_guard::admin_listener(passed_admin, cfg.admin, &cfg.admin_access, ADMIN_POWERS).await?;
     let mut live = Live::new(&cfg);
     live.passed = passed_any;
     live.tenants = cfg.tenants.clone();

@@ -602,31 +602,15 @@ pub async fn run(
     let clock = Clock::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (ev_tx, ev_rx) = event_channel();
-    // A passed admin socket is judged by its own address (an exposed one needs the token).
-    let admin_listener = match (passed_admin, s.admin) {
-        (None, None) => {
-            if s.hold {
-                return Err(HOLD_NEEDS_ADMIN.into());
-            }
-            if let Some(w) = crate::admin_guard::unused_admin_keys(&s.admin_access, None, true) {
-                tracing::warn!("{w}");
-            }
-            None
-        }
-        (Some(p), configured) => {
-            let addr = p.tcp_addr().map_err(activation)?;
-            let token = crate::admin_guard::prepare(addr, &s.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
-            let instead =
-                configured.map_or_else(|| "no admin (none in the configuration)".into(), |a| format!("admin = {a}"));
-            p.log_use("the admin endpoint", &instead);
-            Some((p.into_tcp().map_err(activation)?, token))
-        }
-        (None, Some(addr)) => {
-            let token = crate::admin_guard::prepare(addr, &s.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
-            let l = TcpListener::bind(addr).await.map_err(|e| format!("admin {addr}: {e}"))?;
-            Some((l, token))
-        }
-    };
+    if s.hold && passed_admin.is_none() && s.admin.is_none() {
+        return Err(HOLD_NEEDS_ADMIN.into());
+    }
+    let admin_listener = crate::admin_guard::admin_listener(passed_admin, s.admin, &s.admin_access, ADMIN_POWERS)
+        .await
+        .map_err(|e| match e {
+            crate::admin_guard::AdminListenError::Bind { addr, source } => format!("admin {addr}: {source}"),
+            e => e.to_string(),
+        })?;
     let admin = match admin_listener {
         None => None,
         Some((l, token)) => {
