@@ -839,6 +839,16 @@ impl Drop for FakeController {
     }
 }
 
+/// A controller on 127.0.0.`host` (its admin endpoint there too) with one server, s1 (100 IOPS), and one
+/// bucket, b1, and `extra` lines at the top of its ctl.toml; its file in `dir`.
+fn one_server_controller(dir: &Path, host: u8, extra: &str) -> Server {
+    let text = format!(
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\nperiod_s = 1\n{extra}\
+         [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n"
+    );
+    Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start()
+}
+
 /// A pShift frame's bytes.
 fn frame(m: &rein_proto::pshift::Message) -> Vec<u8> {
     let mut out = Vec::new();
@@ -864,12 +874,7 @@ fn bad_connections_do_not_flood_the_controllers_log() {
     use rein_proto::pshift::Message;
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-log-flood");
-    let text = "listen = \"127.0.0.200:0\"\nadmin = \"127.0.0.200:0\"\nperiod_s = 1\n\
-                allow_networks = [\"127.0.0.201/32\"]\n[[servers]]\nname = \"s1\"\ncapacity_iops = 100\n\
-                [[buckets]]\nname = \"b1\"\n";
-    let ctl =
-        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
-            .start();
+    let ctl = one_server_controller(tmp.path(), 200, "allow_networks = [\"127.0.0.201/32\"]\n");
     const N: usize = 300;
     for _ in 0..N {
         assert!(exchange(connect_from("127.0.0.202", ctl.nbd), &[]).is_empty(), "cut at once");
@@ -908,11 +913,7 @@ fn a_servers_bad_frames_do_not_flood_the_controllers_log() {
     use std::io::Write;
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-frame-flood");
-    let text = "listen = \"127.0.0.203:0\"\nadmin = \"127.0.0.203:0\"\nperiod_s = 1\n\
-                [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n";
-    let ctl =
-        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
-            .start();
+    let ctl = one_server_controller(tmp.path(), 203, "");
     let mut s = connect_from("127.0.0.204", ctl.nbd);
     s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
     read_one_frame(&mut s, "welcome");
@@ -953,11 +954,7 @@ fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() 
     use std::io::{Read, Write};
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-slots");
-    let text = "listen = \"127.0.0.207:0\"\nadmin = \"127.0.0.207:0\"\nperiod_s = 1\n\
-                [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n";
-    let ctl =
-        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
-            .start();
+    let ctl = one_server_controller(tmp.path(), 207, "");
     let mut silent: Vec<std::net::TcpStream> = (0..17).map(|_| connect_from("127.0.0.208", ctl.nbd)).collect();
     let mut s = connect_from("127.0.0.208", ctl.nbd);
     s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
@@ -1008,11 +1005,7 @@ fn a_welcomed_servers_frames_are_bounded_by_a_report() {
     use std::io::{Read, Write};
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-frame-bound");
-    let text = "listen = \"127.0.0.206:0\"\nadmin = \"127.0.0.206:0\"\nperiod_s = 1\n\
-                [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n";
-    let ctl =
-        Rein::new(&["pshift", "controller", "--config", write_file(tmp.path(), "ctl.toml", text).to_str().unwrap()])
-            .start();
+    let ctl = one_server_controller(tmp.path(), 206, "");
     // A welcomed connection that then sends the header of a report (kind 5) of `len` body bytes.
     let header_after_welcome = |len: u32| {
         let mut s = connect_from("127.0.0.206", ctl.nbd);
