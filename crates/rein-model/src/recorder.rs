@@ -83,6 +83,9 @@ pub struct TenantMeta {
     pub name: String,
     /// Its spec, if known.
     pub spec: Option<QosSpec>,
+    /// Whether its arrivals do not wait for its completions ([`crate::report::TenantSummary::open_loop`];
+    /// [`crate::workload::WorkloadKind::open_loop`]).
+    pub open_loop: bool,
 }
 
 /// What a report says about a server besides its measurements.
@@ -255,10 +258,21 @@ impl Recorder {
         self.pending = p;
     }
 
-    /// A request of `tenant` was refused.
+    /// A request of `tenant` was issued at `now` (the fluid oracle's demand: [`RunTotals::oracle_iops`]).
     #[inline]
-    pub fn rejected(&mut self, tenant: usize) {
+    pub fn arrival(&mut self, tenant: usize, now: Nanos) {
+        let i = self.interval_of(now);
+        let c = &mut self.cells[tenant * self.intervals + i];
+        c.arrivals = c.arrivals.saturating_add(1);
+    }
+
+    /// A request of `tenant` was refused or failed at `now`: it leaves without a completion.
+    #[inline]
+    pub fn rejected(&mut self, tenant: usize, now: Nanos) {
         self.rejected[tenant] += 1;
+        let i = self.interval_of(now);
+        let c = &mut self.cells[tenant * self.intervals + i];
+        c.rejected = c.rejected.saturating_add(1);
     }
 
     /// Server `server`'s device completed a request at `now`.
@@ -331,6 +345,7 @@ impl Recorder {
                     over_limit: phase[2],
                 }),
                 rejected: self.rejected[ti],
+                open_loop: t.open_loop,
             });
         }
         let servers = meta
@@ -405,7 +420,7 @@ mod tests {
             name: "m".into(),
             scheduler: "mclock".into(),
             seed: 1,
-            tenants: (0..tenants).map(|i| TenantMeta { name: format!("t{i}"), spec: None }).collect(),
+            tenants: (0..tenants).map(|i| TenantMeta { name: format!("t{i}"), spec: None, open_loop: false }).collect(),
             servers: vec![],
             phases_known: true,
             cost_model: rein_core::CostModel::PerIo,
@@ -465,6 +480,79 @@ mod tests {
         assert!(near(ios[0], 100.0) && near(ios[1], 100.0), "{ios:?}");
         let bytes = totals(rein_core::CostModel::BYTES);
         assert!(near(bytes[0], 200.0) && near(bytes[1], 200.0 / 3.0), "{bytes:?}");
+    }
+
+    /// A 10 s run in 1 s intervals of two tenants of weight 1, no reservation or limit: tenant 0 (open
+    /// or closed) with `arrive[s]` arrivals, `done[s]` completions and `refused[s]` refusals in second
+    /// `s`; tenant 1 a closed loop completing 1,000 less tenant 0's completions each second (T = 1,000
+    /// while tenant 0 has completions). Returns the oracle over `[a, b]`.
+    fn oracle_of(open: bool, arrive: &[u64], done: &[u64], refused: &[u64], a: f64, b: f64) -> Vec<f64> {
+        let mut rec = Recorder::new(2, 1, Nanos::from_secs(10), Nanos::from_secs(1), Nanos::ZERO).unwrap();
+        for s in 0..10u64 {
+            let at = |k: u64, n: u64| Nanos(s * 1_000_000_000 + k * (1_000_000_000 / n.max(1)));
+            let get = |v: &[u64]| v.get(s as usize).copied().unwrap_or(0);
+            let (arrive, done, refused) = (get(arrive), get(done), get(refused));
+            (0..arrive).for_each(|k| rec.arrival(0, at(k, arrive)));
+            (0..refused).for_each(|k| rec.rejected(0, at(k, refused)));
+            (0..done).for_each(|k| rec.completion(0, at(k, done), at(k, done), 4096, Phase::Weight));
+            let other = if done > 0 { 1000 - done } else { 900 };
+            for k in 0..other {
+                rec.arrival(1, at(k, other));
+                rec.completion(1, at(k, other), at(k, other), 4096, Phase::Weight);
+            }
+        }
+        let spec = Some(QosSpec::new(0.0, None, 1.0, 0).unwrap());
+        let mut m = meta(2);
+        m.tenants.iter_mut().for_each(|t| t.spec = spec);
+        m.tenants[0].open_loop = open;
+        rec.finish(&m).oracle_iops(a, b)
+    }
+
+    fn near(got: f64, want: f64) -> bool {
+        (got - want).abs() < 1e-9 * want.max(1.0)
+    }
+
+    /// The oracle gives an open loop no more than it asks: 100 IOPS offered and served next to a closed
+    /// loop taking the other 900 of T = 1,000 is what eq. (1) with the demand cap gives (min(lambda,
+    /// 100) + lambda = 1,000: 100 and 900), where the uncapped oracle said 500 and 500. A closed loop
+    /// with the same counts is taken as backlogged (500 and 500): its arrivals follow its completions.
+    #[test]
+    fn the_oracle_caps_an_open_loop_at_its_demand() {
+        let o = oracle_of(true, &[100; 10], &[100; 10], &[], 0.0, 10.0);
+        assert!(near(o[0], 100.0) && near(o[1], 900.0), "{o:?}");
+        let c = oracle_of(false, &[100; 10], &[100; 10], &[], 0.0, 10.0);
+        assert!(near(c[0], 500.0) && near(c[1], 500.0), "{c:?}");
+    }
+
+    /// The cap cannot hide starvation: an open loop offering 800 IOPS but served 100 keeps a growing
+    /// backlog, so it asks for its whole share (500) every second; one offering 300, below its share, but
+    /// served 100 asks 300 in the first second and 300 + 200 from the second on (500 and more): the
+    /// oracle says (300 + 9 x 500) / 10 = 480, far from the 100 it got.
+    #[test]
+    fn a_starved_open_loop_still_asks_for_its_share() {
+        let o = oracle_of(true, &[800; 10], &[100; 10], &[], 0.0, 10.0);
+        assert!(near(o[0], 500.0), "{o:?}");
+        let o = oracle_of(true, &[300; 10], &[100; 10], &[], 0.0, 10.0);
+        assert!(near(o[0], 480.0), "{o:?}");
+    }
+
+    /// A burst's backlog is demand after the second it arrived in: 400 requests at once, served 100 a
+    /// second over four seconds, ask 400, 300, 200 and 100 (eq. (1) with T = 1,000: the closed loop
+    /// gets 600, 700, 800, 900), so the oracle over the four seconds is 250 and 750. (Counting only each
+    /// second's arrivals would cap the burst at its 100 completions in seconds 1-3: 175.)
+    #[test]
+    fn a_bursts_backlog_is_its_demand_until_served() {
+        let o = oracle_of(true, &[400], &[100; 4], &[], 0.0, 4.0);
+        assert!(near(o[0], 250.0) && near(o[1], 750.0), "{o:?}");
+    }
+
+    /// Refused requests leave the backlog: an open loop offering 300 a second, 200 of them refused and
+    /// 100 served, asks 300 every second (its backlog stays empty), so the oracle is 300; counting the
+    /// refused as outstanding would raise it towards its whole share.
+    #[test]
+    fn refused_requests_leave_the_backlog() {
+        let o = oracle_of(true, &[300; 10], &[100; 10], &[200; 10], 0.0, 10.0);
+        assert!(near(o[0], 300.0) && near(o[1], 700.0), "{o:?}");
     }
 
     /// A run of 10 s in 3 s intervals: the last interval is 1 s long, and its rate is its IOs over 1 s (it

@@ -128,6 +128,12 @@ impl WorkloadKind {
             WorkloadKind::Trace { .. } => "trace",
         }
     }
+
+    /// Whether requests arrive whatever the service (open, burst, trace; on_off by its inner kind): what
+    /// the workload offers is then its demand. A closed loop's next request waits for a completion.
+    pub fn open_loop(&self) -> bool {
+        !matches!(self.inner(), WorkloadKind::Closed { .. })
+    }
 }
 
 /// A validated workload (module comment).

@@ -685,7 +685,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                     st.live_ios += 1;
                     st.live_lat_ns += t.saturating_sub(d.issued).0;
                 } else {
-                    rec.rejected(d.job);
+                    rec.rejected(d.job, t);
                 }
                 st.at_window[d.k] -= 1;
                 rec.server_completion(st.windows[d.k], t);
@@ -746,7 +746,12 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             .jobs
             .iter()
             .zip(&specs)
-            .map(|(j, spec)| TenantMeta { name: j.name.clone(), spec: *spec })
+            .map(|(j, spec)| TenantMeta {
+                name: j.name.clone(),
+                spec: *spec,
+                // A pShift bucket's per-window streams are open whatever the workload says.
+                open_loop: j.workload.kind.open_loop() || j.route.as_ref().is_some_and(|r| r.arrivals.is_some()),
+            })
             .collect(),
         servers: servers
             .into_iter()
@@ -979,9 +984,10 @@ fn issue(
         }
     };
     let k = k.or_else(|| st.layout.as_ref().map(|l| l.window_of(offset))).unwrap_or(0).min(st.windows.len() - 1);
+    rec.arrival(ji, now);
     if st.gen.in_flight() as usize >= st.max_pending {
         // Over the bound: the arrival is dropped (counted).
-        rec.rejected(ji);
+        rec.rejected(ji, now);
         return;
     }
     st.gen.issued();

@@ -130,6 +130,22 @@ async fn workload_kinds_on_the_wire_with_the_servers_specs_and_phases() {
     assert!(within(u, completed * 0.0005, 5.0), "utilisation {u} against the measured {completed} IOPS");
     // The modelled device's capacity as the admin endpoint gives it, for every interval (the plots' line).
     assert_eq!(t.timeseries.capacity, [vec![2000.0; t.timeseries.intervals]]);
+    // Both are open loops, and their arrivals are recorded: each run's arrivals cover its completions
+    // (all but the few in flight at the end), and the fluid oracle gives each what it offered (T is the
+    // measured 500; without the demand cap a's reservation of 500 took all of it and b's oracle was 0).
+    assert!(a.open_loop && b.open_loop);
+    for (k, x) in [a, b].into_iter().enumerate() {
+        let arrived: u64 = t.timeseries.cells[k * t.timeseries.intervals..][..t.timeseries.intervals]
+            .iter()
+            .map(|c| u64::from(c.arrivals))
+            .sum();
+        let all: u64 = (0..t.timeseries.intervals).map(|i| u64::from(t.timeseries.cell(k, i).ios)).sum();
+        assert!(arrived >= all && arrived <= all + 25, "{}: {arrived} arrivals, {all} completions", x.name);
+    }
+    let oracle = t.oracle_iops(1.0, secs);
+    for (k, got) in [a.iops, b.iops].into_iter().enumerate() {
+        assert!(within(oracle[k], got, 5.0), "oracle {oracle:?}: tenant {k} got {got}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +167,10 @@ async fn without_the_admin_endpoint_specs_and_phases_are_unknown_not_invented() 
     let (a, b) = (&t.summary.tenants[0], &t.summary.tenants[1]);
     assert_eq!((a.reservation, a.weight, a.phase.clone()), (None, None, None));
     assert!(t.summary.to_json().contains("\"weight\": null"));
-    assert!(t.timeseries.to_csv().lines().nth(1).unwrap().ends_with(",,"), "phase columns empty");
+    // The phase columns (the 7th to the 9th) are empty; arrivals and refusals are known.
+    let row: Vec<String> = t.timeseries.to_csv().lines().nth(1).unwrap().split(',').map(String::from).collect();
+    assert_eq!(row[6..9], ["", "", ""], "phase columns empty: {row:?}");
+    assert!(row[9].parse::<u32>().unwrap() > 0 && row[10] == "0", "arrivals, no refusals: {row:?}");
     assert_eq!(t.summary.servers[0].utilisation, None);
     assert_eq!(t.timeseries.capacity, [Vec::<f64>::new()], "capacity unknown");
     // The device does 2,000 IOPS and b's limit holds it to 600 while on: half the time on.

@@ -36,6 +36,10 @@ pub struct Cell {
     pub lat_max_ns: u64,
     /// Completions by scheduling phase ([`rein_core::Phase::index`]).
     pub phase: [u32; 3],
+    /// Requests issued (arrived at the tenant's gateway or server) in the interval.
+    pub arrivals: u32,
+    /// Requests refused or failed in the interval (they left without a completion).
+    pub rejected: u32,
 }
 
 /// Latency after the warm-up (ms).
@@ -94,6 +98,10 @@ pub struct TenantSummary {
     pub phase: Option<PhaseCounts>,
     /// Requests refused (at a full scheduler queue, or answered with an error).
     pub rejected: u64,
+    /// Whether its requests arrive whatever its service (an open workload, a burst, a trace): then what
+    /// it offers is its demand, and the fluid oracle gives it no more than that ([`RunTotals::oracle_iops`]).
+    /// A closed loop's arrivals follow its completions, so it counts as asking for its whole share.
+    pub open_loop: bool,
 }
 
 impl TenantSummary {
@@ -221,7 +229,8 @@ impl Timeseries {
     /// The timeseries as CSV: one row per tenant per interval.
     pub fn to_csv(&self) -> String {
         let mut s = String::from(
-            "t_s,tenant,iops,mb_s,latency_mean_ms,latency_max_ms,reservation_ios,weight_ios,over_limit_ios\n",
+            "t_s,tenant,iops,mb_s,latency_mean_ms,latency_max_ms,reservation_ios,weight_ios,over_limit_ios,arrivals,\
+             refused\n",
         );
         for i in 0..self.intervals {
             for (ti, name) in self.tenant_names.iter().enumerate() {
@@ -238,10 +247,11 @@ impl Timeseries {
                     c.lat_max_ns as f64 / 1e6,
                 ));
                 if self.phases_known {
-                    s.push_str(&format!("{},{},{}\n", c.phase[0], c.phase[1], c.phase[2]));
+                    s.push_str(&format!("{},{},{},", c.phase[0], c.phase[1], c.phase[2]));
                 } else {
-                    s.push_str(",,\n");
+                    s.push_str(",,,");
                 }
+                s.push_str(&format!("{},{}\n", c.arrivals, c.rejected));
             }
         }
         s
@@ -614,9 +624,20 @@ impl RunTotals {
     }
 
     /// The fluid oracle's IOPS for each tenant over a window: for each interval in it, mClock eq. (1)-(2)
-    /// among the tenants that completed IOs in that interval (taken as backlogged) with T = their measured
-    /// total, averaged over the window. So tenants joining or leaving mid-run are judged against the
-    /// allocation of the intervals they were there. NaN for a tenant whose spec is unknown.
+    /// among the tenants that completed IOs in that interval with T = their measured total, averaged over
+    /// the window. So tenants joining or leaving mid-run are judged against the allocation of the
+    /// intervals they were there. NaN for a tenant whose spec is unknown.
+    ///
+    /// Demand: a closed loop is taken as backlogged (it asks for its whole share: its arrivals follow
+    /// its completions, so they say nothing of what it would take). An open loop
+    /// ([`TenantSummary::open_loop`]) asks for what it has outstanding when the interval starts plus what
+    /// arrives in it, D = backlog + arrivals (at least its completions), and gets no more: its
+    /// reservation and limit are capped at D per interval, and the capacity it leaves goes to the
+    /// others (eq. (1) over min(r, D), min(l, D)). The backlog is counted from the run's start: every
+    /// arrival less every completion and every refusal before the interval. A tenant served below its
+    /// share keeps a growing backlog, so its demand grows and the oracle still asks its share for it: the
+    /// cap cannot hide a tenant the scheduler starves.
+    ///
     /// Under a size cost model the specs are in cost units per second: the allocation is made in cost
     /// units (T the measured cost rate) and each tenant's share turned back into IOPS by its own cost per
     /// IO in that interval.
@@ -627,22 +648,43 @@ impl RunTotals {
         let n = w.len().max(1) as f64;
         let mut out: Vec<f64> =
             tenants.iter().map(|t| if t.oracle_tenant().is_some() { 0.0 } else { f64::NAN }).collect();
+        // Each open loop's requests outstanding at the start of interval `i` (from the run's start).
+        let mut backlog = vec![0u64; tenants.len()];
         let mut active = Vec::new();
         let mut specs = Vec::new();
-        for i in w {
+        for i in 0..w.end {
+            let measured = w.contains(&i);
             active.clear();
             specs.clear();
             let mut total = 0.0;
             for (t, summary) in tenants.iter().enumerate() {
                 let cell = ts.cell(t, i);
+                let outstanding = backlog[t];
+                if summary.open_loop {
+                    let left = u64::from(cell.ios) + u64::from(cell.rejected);
+                    backlog[t] = (outstanding + u64::from(cell.arrivals)).saturating_sub(left);
+                }
+                if !measured {
+                    continue;
+                }
                 let units = self.cost_model.units_of(cell.ios as u64, cell.bytes);
                 if cell.ios > 0 && units > 0.0 {
-                    if let Some(spec) = summary.oracle_tenant() {
-                        active.push((t, cell.ios as f64 / units));
+                    if let Some(mut spec) = summary.oracle_tenant() {
+                        let ios_per_unit = cell.ios as f64 / units;
+                        if summary.open_loop {
+                            let demand_ios = (outstanding + u64::from(cell.arrivals)).max(u64::from(cell.ios));
+                            let demand = demand_ios as f64 / ios_per_unit / ts.interval_s;
+                            spec.reservation = spec.reservation.min(demand);
+                            spec.limit = spec.limit.min(demand);
+                        }
+                        active.push((t, ios_per_unit));
                         specs.push(spec);
                         total += units / ts.interval_s;
                     }
                 }
+            }
+            if !measured {
+                continue;
             }
             let alloc = allocate(&specs, total);
             for (k, &(t, ios_per_unit)) in active.iter().enumerate() {

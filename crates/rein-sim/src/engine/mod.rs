@@ -427,6 +427,7 @@ impl<'a> Sim<'a> {
             None => router.route(offset, || gen.uniform()),
         };
         gen.issued();
+        self.rec.arrival(t, self.now);
         let link = &mut self.links[*first_link as usize + k];
         link.in_flight += 1;
         let link = *link;
@@ -484,7 +485,7 @@ impl<'a> Sim<'a> {
     fn reject(&mut self, id: u32) {
         let r = &self.reqs[id as usize];
         let (t, k, s) = (r.tenant as usize, r.k as usize, r.server as usize);
-        self.rec.rejected(t);
+        self.rec.rejected(t, self.now);
         match &mut self.cluster {
             Some(c) => c.failed(t, s),
             None => {

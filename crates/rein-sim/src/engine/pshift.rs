@@ -329,6 +329,7 @@ impl<'a> Sim<'a> {
             cost: rein_core::Cost(0),
             host_issued: self.now,
         };
+        self.rec.arrival(i, self.now);
         let id = self.alloc(req);
         self.transmit(id);
     }

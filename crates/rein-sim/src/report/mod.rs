@@ -15,7 +15,11 @@ pub fn meta(sc: &Scenario) -> RunMeta {
         name: sc.name.clone(),
         scheduler: sc.scheduler_name.clone(),
         seed: sc.seed(),
-        tenants: sc.tenants.iter().map(|t| TenantMeta { name: t.name.clone(), spec: Some(t.spec) }).collect(),
+        tenants: sc
+            .tenants
+            .iter()
+            .map(|t| TenantMeta { name: t.name.clone(), spec: Some(t.spec), open_loop: t.workload.kind.open_loop() })
+            .collect(),
         servers: sc
             .servers
             .iter()
