@@ -636,7 +636,9 @@ impl RunTotals {
     /// others (eq. (1) over min(r, D), min(l, D)). The backlog is counted from the run's start: every
     /// arrival less every completion and every refusal before the interval. A tenant served below its
     /// share keeps a growing backlog, so its demand grows and the oracle still asks its share for it: the
-    /// cap cannot hide a tenant the scheduler starves.
+    /// cap cannot hide a tenant the scheduler starves. Each interval is judged from the backlog the run
+    /// had (not from the oracle's own service in the intervals before), so a tenant kept waiting is owed
+    /// its backlog in every interval it waits: over a window the oracle can exceed what it offered.
     ///
     /// Under a size cost model the specs are in cost units per second: the allocation is made in cost
     /// units (T the measured cost rate) and each tenant's share turned back into IOPS by its own cost per
