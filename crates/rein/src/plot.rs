@@ -141,12 +141,13 @@ fn draw_lines<DB: DrawingBackend>(
     y_label: &str,
     series: &[Series],
     dashed: &[Series],
+    shadows: &[Shadow],
 ) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(plot_err)?;
-    let all = series.iter().chain(dashed.iter()).flat_map(|s| s.points.iter());
+    let all = series.iter().chain(dashed.iter()).chain(shadows.iter().map(|s| &s.series)).flat_map(|s| s.points.iter());
     let (mut x1, mut y1) = (1e-9f64, 1e-9f64);
     for &(x, y) in all {
         if x.is_finite() && y.is_finite() {
@@ -170,6 +171,14 @@ where
             .label(s.name.clone())
             .legend(legend_line(c, 2));
     }
+    for s in shadows {
+        let c = palette(s.of);
+        chart
+            .draw_series(DashedLineSeries::new(s.series.points.iter().copied(), 3, 3, c.stroke_width(1)))
+            .map_err(plot_err)?
+            .label(s.series.name.clone())
+            .legend(legend_line(c, 1));
+    }
     for s in dashed {
         let c = RGBColor(90, 90, 90);
         chart
@@ -191,8 +200,30 @@ pub(crate) fn line_chart(
     series: &[Series],
     dashed: &[Series],
 ) -> Result<()> {
-    svg_and_png!(out, stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed));
+    line_chart_with(out, stem, title, x_label, y_label, series, dashed, &[])
+}
+
+/// [`line_chart`] with each of `shadows` drawn thin and dotted in the colour of the series it belongs to.
+#[allow(clippy::too_many_arguments)]
+fn line_chart_with(
+    out: &mut OutDir,
+    stem: &str,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    dashed: &[Series],
+    shadows: &[Shadow],
+) -> Result<()> {
+    svg_and_png!(out, stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed, shadows));
     Ok(())
+}
+
+/// A line that belongs to `series[of]` of a [`line_chart_with`]: drawn in its colour, thin and dotted
+/// (a tenant's offered load beside what it got).
+pub(crate) struct Shadow {
+    pub(crate) of: usize,
+    pub(crate) series: Series,
 }
 
 fn draw_phases<DB: DrawingBackend>(
@@ -320,12 +351,15 @@ pub(crate) fn run_plots(
     out: &mut OutDir,
     title: &str,
     ts: &Timeseries,
+    open_loop: &[bool],
     phase_rows: &[(String, [f64; 3])],
 ) -> Result<()> {
     let dt = ts.interval_s;
     let mut iops = Vec::new();
     let mut lat = Vec::new();
-    for (ti, name) in ts.tenant_names.iter().enumerate() {
+    let mut offered = Vec::new();
+    // Too many lines make an unreadable legend: plot the first 12 tenants.
+    for (ti, name) in ts.tenant_names.iter().enumerate().take(12) {
         let mut p = Vec::with_capacity(ts.intervals);
         let mut l = Vec::with_capacity(ts.intervals);
         for i in 0..ts.intervals {
@@ -336,12 +370,16 @@ pub(crate) fn run_plots(
                 l.push((x, c.lat_sum_ns as f64 / c.ios as f64 / 1e6));
             }
         }
+        // An open loop's arrivals are what it asked for: beside its IOPS, they show where it was held back.
+        if open_loop.get(ti).copied().unwrap_or(false) {
+            let points =
+                (0..ts.intervals).map(|i| ((i as f64 + 0.5) * dt, ts.cell(ti, i).arrivals as f64 / ts.interval_len(i)));
+            offered
+                .push(Shadow { of: ti, series: Series { name: format!("{name} offered"), points: points.collect() } });
+        }
         iops.push(Series { name: name.clone(), points: p });
         lat.push(Series { name: name.clone(), points: l });
     }
-    // Too many lines make an unreadable legend: plot the first 12 tenants.
-    iops.truncate(12);
-    lat.truncate(12);
     let cap: Vec<Series> = ts
         .server_names
         .iter()
@@ -354,7 +392,7 @@ pub(crate) fn run_plots(
             points: c.iter().enumerate().map(|(i, v)| ((i as f64 + 0.5) * dt, *v)).collect(),
         })
         .collect();
-    line_chart(out, "iops", &format!("{title}: IOPS per tenant"), "time (s)", "IOPS", &iops, &cap)?;
+    line_chart_with(out, "iops", &format!("{title}: IOPS per tenant"), "time (s)", "IOPS", &iops, &cap, &offered)?;
     line_chart(out, "latency", &format!("{title}: mean latency per tenant"), "time (s)", "latency (ms)", &lat, &[])?;
     if run_plot_names(phase_rows).contains(&"phases") {
         phase_chart(out, "phases", &format!("{title}: IOs by scheduling phase"), phase_rows)?;

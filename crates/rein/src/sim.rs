@@ -366,7 +366,8 @@ fn write_files(
                 plot::rounds_plot(&mut out, &title, &r.rounds)?;
             }
             plot::period_verdicts_plot(&mut out, &title, &r.period_log)?;
-            plot::run_plots(&mut out, &title, &r.timeseries, &rows)?;
+            let open_loop: Vec<bool> = r.summary.tenants.iter().map(|t| t.open_loop).collect();
+            plot::run_plots(&mut out, &title, &r.timeseries, &open_loop, &rows)?;
             if let Some(sc) = sc {
                 plot::pshift_plots(&mut out, &title, sc, &r.timeseries)?;
             }

@@ -226,6 +226,37 @@ const TINY: &str = "name = \"tiny\"\nduration_s = 2.0\nwarmup_s = 0.5\n[[servers
                     capacity_iops = 1000\n[[tenants]]\nname = \"a\"\nreservation = 100\n\
                     [tenants.workload]\nkind = \"closed\"\noutstanding = 4\n";
 
+/// The IOPS plot draws an open loop's offered load (its arrivals) beside what it got, and no such line
+/// for a closed loop, whose arrivals follow its completions; summary.json says which is which and
+/// timeseries.csv counts the arrivals.
+#[test]
+fn the_iops_plot_shows_what_an_open_loop_offered() {
+    let _cpu = busy();
+    let text = format!("{TINY}[[tenants]]\nname = \"o\"\n[tenants.workload]\nkind = \"open\"\niops = 200\n");
+    let (dir, sc) = with_scenario("offered", &text);
+    let out = dir.path().join("out");
+    let (ok, stdout, stderr) = rein(&["sim", sc.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(ok, "{stdout}\n{stderr}");
+    let svg = std::fs::read_to_string(out.join("iops.svg")).unwrap();
+    assert!(svg.contains("o offered") && !svg.contains("a offered"), "legend of iops.svg");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        (s["tenants"][0]["open_loop"].as_bool(), s["tenants"][1]["open_loop"].as_bool()),
+        (Some(false), Some(true))
+    );
+    let csv = std::fs::read_to_string(out.join("timeseries.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().ends_with(",arrivals,refused"), "{csv}");
+    // 200 Poisson arrivals a second over 2 s: about 400 (sd 20).
+    let arrived: u64 = csv
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(",o,"))
+        .map(|l| l.split(',').nth(9).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!((320..480).contains(&arrived), "{arrived} arrivals of o");
+}
+
 /// An `--out` of `rein sim` that cannot be created (a path under a regular file, which fails for root
 /// too) fails before the run, naming it; one whose file cannot be written at the end (summary.json a
 /// directory) still prints the summary (the table, or the JSON) and then fails naming the file.
