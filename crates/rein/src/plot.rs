@@ -200,26 +200,11 @@ pub(crate) fn line_chart(
     series: &[Series],
     dashed: &[Series],
 ) -> Result<()> {
-    line_chart_with(out, stem, title, x_label, y_label, series, dashed, &[])
-}
-
-/// [`line_chart`] with each of `shadows` drawn thin and dotted in the colour of the series it belongs to.
-#[allow(clippy::too_many_arguments)]
-fn line_chart_with(
-    out: &mut OutDir,
-    stem: &str,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-    dashed: &[Series],
-    shadows: &[Shadow],
-) -> Result<()> {
-    svg_and_png!(out, stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed, shadows));
+    svg_and_png!(out, stem, (1000, 560), draw_lines(title, x_label, y_label, series, dashed, &[]));
     Ok(())
 }
 
-/// A line that belongs to `series[of]` of a [`line_chart_with`]: drawn in its colour, thin and dotted
+/// A line that belongs to `series[of]` of a chart: drawn in its colour, thin and dotted
 /// (a tenant's offered load beside what it got).
 pub(crate) struct Shadow {
     pub(crate) of: usize,
@@ -392,7 +377,8 @@ pub(crate) fn run_plots(
             points: c.iter().enumerate().map(|(i, v)| ((i as f64 + 0.5) * dt, *v)).collect(),
         })
         .collect();
-    line_chart_with(out, "iops", &format!("{title}: IOPS per tenant"), "time (s)", "IOPS", &iops, &cap, &offered)?;
+    let iops_title = format!("{title}: IOPS per tenant");
+    svg_and_png!(out, "iops", (1000, 560), draw_lines(&iops_title, "time (s)", "IOPS", &iops, &cap, &offered));
     line_chart(out, "latency", &format!("{title}: mean latency per tenant"), "time (s)", "latency (ms)", &lat, &[])?;
     if run_plot_names(phase_rows).contains(&"phases") {
         phase_chart(out, "phases", &format!("{title}: IOs by scheduling phase"), phase_rows)?;
