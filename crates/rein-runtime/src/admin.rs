@@ -434,6 +434,12 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         "counter",
         &|t| t.counters.abandoned as f64,
     );
+    gauge(
+        "rein_tenant_enqueued_total",
+        "Requests the scheduler took for the tenant (served since, or queued now): with the completions, what it asked against what it got.",
+        "counter",
+        &|t| t.sched.enqueued as f64,
+    );
     gauge("rein_tenant_queued", "Requests waiting in the scheduler.", "gauge", &|t| t.sched.queued as f64);
     gauge("rein_tenant_reservation_iops", "Configured reservation.", "gauge", &|t| t.spec.reservation());
     gauge("rein_tenant_limit_iops", "Configured limit (+Inf when unlimited).", "gauge", &|t| t.spec.limit_or_inf());

@@ -69,6 +69,7 @@ async fn metrics_and_tenants() {
         "rein_backend_queue_depth 32",
         "rein_device_capacity_iops 1000",
         "rein_tenant_queued{tenant=\"rd\"} 0",
+        "rein_tenant_enqueued_total{tenant=\"rd\"} 5",
         "rein_tenant_iops{tenant=\"rd\"}",
         "rein_tenant_below_reservation_seconds_total{tenant=\"rd\"} 0",
         "rein_backend_latency_seconds_count 5",
