@@ -27,6 +27,7 @@
 //! per-client map holds only addresses with a live connection, so it has at most `max_connections`
 //! entries.
 
+use crate::lograte::LogRate;
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -43,26 +44,20 @@ pub const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A warning that peers can cause as often as they like (a refused connection, a bad frame): logged at
-/// most once per [`REFUSAL_LOG_INTERVAL`], the next line saying how many were not (`unlogged`).
+/// most once per [`REFUSAL_LOG_INTERVAL`], the next line saying how many were not (`unlogged`): a
+/// [`LogRate`] on the wall clock, shared by the tasks that may log it.
 #[derive(Debug, Default)]
-pub struct SparseLog(Mutex<(Option<Instant>, u64)>);
+pub struct SparseLog(Mutex<LogRate<Instant>>);
 
 impl SparseLog {
     /// Whether to log now: `Some(the number not logged since the last line)`, else `None` (counted).
     pub fn due(&self) -> Option<u64> {
-        let now = Instant::now();
-        let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if log.0.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
-            log.1 += 1;
-            return None;
-        }
-        log.0 = Some(now);
-        Some(std::mem::take(&mut log.1))
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).due(Instant::now(), REFUSAL_LOG_INTERVAL, 1)
     }
 
     /// How many were not logged since the last line.
     pub fn unlogged(&self) -> u64 {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).1
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).unlogged()
     }
 }
 

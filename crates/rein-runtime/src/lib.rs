@@ -32,6 +32,7 @@ pub mod harness;
 pub mod job_spec;
 pub mod live;
 pub mod load;
+pub mod lograte;
 pub mod nbd;
 pub mod node;
 pub mod notify;

@@ -91,6 +91,7 @@
 
 use crate::aggregate::{BoardChange, FileAggregation, RecordKey, Transport, UdpAggregation};
 use crate::dispatch::{Clock, Done, IoError, Op};
+use crate::lograte::LogRate;
 use crate::remote::RemoteVolume;
 use rein_core::parda::{Aggregator, HostConfig, HostController, HostStats, MAX_HOSTS};
 use rein_core::{Nanos, Poll, QosSpec, Request, SchedConfig, TenantId};
@@ -540,9 +541,9 @@ impl HostGate {
             status,
             refused_logged: HashSet::new(),
             refused_overflow_logged: false,
-            exchange_failing: None,
-            id_conflicting: None,
-            peer_id_conflicting: None,
+            exchange_failing: LogRate::default(),
+            id_conflicting: LogRate::default(),
+            peer_id_conflicting: LogRate::default(),
             stalls: 0,
             stalled_ios: 0,
         };
@@ -670,16 +671,16 @@ struct Task {
     refused_logged: HashSet<String>,
     /// Whether the log said that further places are only counted.
     refused_overflow_logged: bool,
-    /// Failed exchanges: when the last one was logged and how many failed since (`None`: the last one
-    /// worked). The first failure is logged at once, then one line per [`EXCHANGE_FAILURE_LOG_EVERY`].
-    exchange_failing: Option<(Nanos, u64)>,
+    /// Failed exchanges: when the last one was logged and how many failed since (not started: the last
+    /// one worked). The first failure is logged at once, then one line per [`EXCHANGE_FAILURE_LOG_EVERY`].
+    exchange_failing: LogRate<Nanos>,
     /// Records of another host with this host's id: when the last line was logged and how many came
-    /// since (`None`: none yet). The first is logged at once, then one line per
+    /// since (not started: none yet). The first is logged at once, then one line per
     /// [`EXCHANGE_FAILURE_LOG_EVERY`] while more come.
-    id_conflicting: Option<(Nanos, u64)>,
+    id_conflicting: LogRate<Nanos>,
     /// Records of two incarnations of one peer, both advancing (`peer_id_conflicts`): logged as
     /// `id_conflicting` is.
-    peer_id_conflicting: Option<(Nanos, u64)>,
+    peer_id_conflicting: LogRate<Nanos>,
     /// Stalls of this process seen (module comment, "Stalls"): an IO issued before the last one is not
     /// measured.
     stalls: u64,
@@ -689,7 +690,7 @@ struct Task {
 
 /// How often a run of failed report exchanges is logged (a full disk under the board failed every period:
 /// two lines a second at `period_s = 0.5`).
-const EXCHANGE_FAILURE_LOG_EVERY: Nanos = Nanos::from_secs(60);
+const EXCHANGE_FAILURE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Senders or slots whose refused reports are logged (each once); the rest count in `records_refused`.
 const MAX_REFUSED_LOGGED: usize = 64;
@@ -904,7 +905,8 @@ impl Task {
                 match self.transport.as_mut() {
                     Some(t) => match t.exchange(now, &own, &mut self.agg).await {
                         Ok(stats) => {
-                            if let Some((_, since)) = self.exchange_failing.take() {
+                            if self.exchange_failing.started() {
+                                let since = std::mem::take(&mut self.exchange_failing).unlogged();
                                 tracing::info!(failed = since, "parda host: report exchange restored");
                             }
                             refused += stats.refused() as u64;
@@ -951,25 +953,15 @@ impl Task {
                         }
                         Err(e) => {
                             errors += 1;
-                            match &mut self.exchange_failing {
-                                None => {
-                                    tracing::warn!(
-                                        "parda host: report exchange failed: {e} (further failures are counted in \
-                                         exchange_errors, logged at most once a minute)"
-                                    );
-                                    self.exchange_failing = Some((now, 0));
+                            match minutely(&mut self.exchange_failing, now, 1) {
+                                Some(None) => tracing::warn!(
+                                    "parda host: report exchange failed: {e} (further failures are counted in \
+                                     exchange_errors, logged at most once a minute)"
+                                ),
+                                Some(Some(since)) => {
+                                    tracing::warn!(failed = since, "parda host: report exchange still failing: {e}")
                                 }
-                                Some((last, since)) => {
-                                    *since += 1;
-                                    if now.saturating_sub(*last) >= EXCHANGE_FAILURE_LOG_EVERY {
-                                        tracing::warn!(
-                                            failed = *since,
-                                            "parda host: report exchange still failing: {e}"
-                                        );
-                                        *last = now;
-                                        *since = 0;
-                                    }
-                                }
+                                None => {}
                             }
                             let _ = self.agg.accept(now, own);
                         }
@@ -1066,25 +1058,14 @@ impl Task {
 }
 
 /// A run of `n` more events at `now` in a run logged at once, then once per
-/// [`EXCHANGE_FAILURE_LOG_EVERY`] (`state`: when the last line was logged and the events since; `None`
-/// before the first): `Some(None)` to log the first, `Some(Some(k))` to log again with the `k` events
-/// since the last line, `None` not to log now.
-fn minutely(state: &mut Option<(Nanos, u64)>, now: Nanos, n: u64) -> Option<Option<u64>> {
-    match state {
-        None => {
-            *state = Some((now, n.saturating_sub(1)));
-            Some(None)
-        }
-        Some((last, since)) => {
-            *since += n;
-            if now.saturating_sub(*last) < EXCHANGE_FAILURE_LOG_EVERY {
-                return None;
-            }
-            let k = std::mem::take(since);
-            *last = now;
-            Some(Some(k))
-        }
-    }
+/// [`EXCHANGE_FAILURE_LOG_EVERY`] (`state`: the line's [`LogRate`], not started before the first):
+/// `Some(None)` to log the first, `Some(Some(k))` to log again with the `k` events since the last line,
+/// `None` not to log now.
+fn minutely(state: &mut LogRate<Nanos>, now: Nanos, n: u64) -> Option<Option<u64>> {
+    let first = !state.started();
+    let unlogged = state.due(now, EXCHANGE_FAILURE_LOG_EVERY, n)?;
+    // A later line counts the events of its own batch too ("k more records, the last from ...").
+    Some((!first).then_some(unlogged + n))
 }
 
 /// The board's path no longer named the open file and was opened again (module comment, "Mishaps the
@@ -1197,7 +1178,7 @@ mod tests {
     /// events since.
     #[test]
     fn a_run_is_logged_at_once_then_once_a_minute_with_the_count() {
-        let mut state = None;
+        let mut state = LogRate::default();
         let at = Nanos::from_secs;
         assert_eq!(minutely(&mut state, at(0), 3), Some(None), "the first at once");
         assert_eq!(minutely(&mut state, at(30), 2), None);

@@ -99,6 +99,7 @@
 //! slightly favours the tenant there).
 
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
+use crate::lograte::LogRate;
 use crate::sock::NodeAddress;
 use crate::tls::{NbdStream, TlsClient};
 use rein_core::{Cost, Nanos, ServiceTracker};
@@ -187,11 +188,11 @@ struct Outage {
     connections: u64,
     /// Whether this outage was logged (then its end is, once); from the first line logged to the end.
     logged: bool,
-    /// Lost sessions: the last reason logged, when, and the losses not logged since.
-    losing: Option<(String, Instant, u64)>,
-    /// Failed connection attempts (at start or reconnects): the last reason logged, when, and the attempts
-    /// since.
-    failing: Option<(String, Instant, u64)>,
+    /// Lost sessions: the last reason logged, and the line's rate (the losses not logged since).
+    losing: (Option<String>, LogRate<Instant>),
+    /// Failed connection attempts (at start or reconnects) since the last stable session: the last reason
+    /// logged, the line's rate, and the attempts.
+    failing: (Option<String>, LogRate<Instant>, u64),
 }
 
 impl std::fmt::Debug for NodeLog {
@@ -251,40 +252,29 @@ impl NodeLog {
 
     /// A session was stable: the next failed attempt is logged whatever its reason.
     fn stable(&self) {
-        self.lock().failing = None;
+        self.lock().failing = Default::default();
     }
 
     /// A session was lost for `why`: logged when its reason differs from the last loss logged, else at
     /// most once per [`RECONNECT_LOG_INTERVAL`], with the number not logged.
     fn lost(&self, node: &str, why: String) {
         let mut o = self.lock();
-        let log = match &o.losing {
-            None => true,
-            Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
-        };
-        if log {
-            let unlogged = o.losing.as_ref().map_or(0, |l| l.2);
+        let changed = o.losing.0.as_ref() != Some(&why);
+        if let Some(unlogged) = o.losing.1.due_or(Instant::now(), RECONNECT_LOG_INTERVAL, 1, changed) {
             let down = o.down;
             tracing::warn!(node = %node, unlogged, connections_down = down, "node connection lost: {why}; reconnecting");
-            o.losing = Some((why, Instant::now(), 0));
+            o.losing.0 = Some(why);
             o.logged = true;
-        } else if let Some(l) = o.losing.as_mut() {
-            l.2 += 1;
         }
     }
 
     /// A connection attempt failed for `why` (`at_start`: the volume's first); logged as [`NodeLog::lost`].
     fn failed(&self, node: &NodeSpec, volume: &str, why: String, at_start: bool) {
         let mut o = self.lock();
-        let attempts = o.failing.as_ref().map_or(0, |f| f.2) + 1;
-        let log = match &o.failing {
-            None => true,
-            Some((last, at, _)) => *last != why || at.elapsed() >= RECONNECT_LOG_INTERVAL,
-        };
-        if !log {
-            if let Some(f) = o.failing.as_mut() {
-                f.2 = attempts;
-            }
+        o.failing.2 += 1;
+        let attempts = o.failing.2;
+        let changed = o.failing.0.as_ref() != Some(&why);
+        if o.failing.1.due_or(Instant::now(), RECONNECT_LOG_INTERVAL, 1, changed).is_none() {
             return;
         }
         if at_start {
@@ -292,7 +282,7 @@ impl NodeLog {
         } else {
             tracing::warn!(node = %node.name, attempts, connections_down = o.down, "node connection failed: {why}");
         }
-        o.failing = Some((why, Instant::now(), attempts));
+        o.failing.0 = Some(why);
         o.logged = true;
     }
 }
