@@ -582,10 +582,7 @@ impl UdpShared {
                 self.stats.misplace(|| from.to_string(), r.host)
             }
             Ok(r) => {
-                if self.inbox.len() >= max_datagrams(self.peers.len()) {
-                    self.inbox.pop_front();
-                }
-                self.inbox.push_back(r);
+                crate::bounded::push(&mut self.inbox, r, max_datagrams(self.peers.len()));
             }
         }
     }

@@ -21,6 +21,7 @@ pub mod admin;
 pub mod admin_client;
 pub mod admin_guard;
 pub mod aggregate;
+pub mod bounded;
 pub mod budget;
 pub mod client;
 pub mod config;

@@ -410,10 +410,7 @@ impl HostStatus {
 
 /// Adds a period's record to `history`, dropping the oldest past [`MAX_PERIOD_RECORDS`].
 fn keep_record(history: &mut VecDeque<PeriodRecord>, record: PeriodRecord) {
-    if history.len() == MAX_PERIOD_RECORDS {
-        history.pop_front();
-    }
-    history.push_back(record);
+    crate::bounded::push(history, record, MAX_PERIOD_RECORDS);
 }
 
 /// A request waiting in the host.

@@ -440,10 +440,7 @@ fn count_refused(status: &Mutex<ControllerStatus>) {
 impl ControllerStatus {
     /// Adds a round, dropping the oldest past [`MAX_ROUNDS_KEPT`].
     fn push_round(&mut self, r: RoundRecord) {
-        if self.rounds.len() == MAX_ROUNDS_KEPT {
-            self.rounds.pop_front();
-        }
-        self.rounds.push_back(r);
+        crate::bounded::push(&mut self.rounds, r, MAX_ROUNDS_KEPT);
     }
 }
 

@@ -64,10 +64,8 @@ impl ClockOffset {
     /// Takes one exchange; returns the offset now taken (controller minus this clock, ns).
     pub fn sample(&mut self, t0: u64, t1: u64, t2: u64) -> Option<i128> {
         if t2 >= t0 {
-            if self.samples.len() == OFFSET_SAMPLES {
-                self.samples.pop_front();
-            }
-            self.samples.push_back((t2 - t0, i128::from(t1) - (i128::from(t0) + i128::from(t2)) / 2));
+            let sample = (t2 - t0, i128::from(t1) - (i128::from(t0) + i128::from(t2)) / 2);
+            crate::bounded::push(&mut self.samples, sample, OFFSET_SAMPLES);
         }
         self.offset()
     }
