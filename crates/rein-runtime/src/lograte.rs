@@ -7,7 +7,7 @@
 //! Used by [`crate::access::SparseLog`] (refused connections, bad frames: once a second), the PARDA host
 //! (failed report exchanges, another host with this host's id, two incarnations of one peer: once a
 //! minute) and the gateway's node links (lost sessions and failed reconnects: once a minute, or at once
-//! when the reason changes).
+//! when the reason changes: [`ByReason`]).
 //!
 //! Counting: a line stands for one event; the other events of the batch it was logged for (`n - 1`) and
 //! every event not logged after it count as unlogged, and the next line reports them
@@ -63,9 +63,8 @@ impl<T: Moment> LogRate<T> {
         self.due_or(now, every, n, false)
     }
 
-    /// As [`LogRate::due`], and due at once when `force` (a line that says something new, such as another
-    /// reason).
-    pub fn due_or(&mut self, now: T, every: Duration, n: u64, force: bool) -> Option<u64> {
+    /// As [`LogRate::due`], and due at once when `force` (a line that says something new).
+    fn due_or(&mut self, now: T, every: Duration, n: u64, force: bool) -> Option<u64> {
         if !force && self.last.is_some_and(|last| now.since(last) < every) {
             self.unlogged = self.unlogged.saturating_add(n);
             return None;
@@ -82,6 +81,34 @@ impl<T: Moment> LogRate<T> {
     /// Events not logged since the last line.
     pub fn unlogged(&self) -> u64 {
         self.unlogged
+    }
+}
+
+/// A [`LogRate`] whose line also comes at once when its reason changes (a node link lost for another
+/// reason than the last line said).
+#[derive(Debug, Clone)]
+pub struct ByReason<T> {
+    /// The reason the last line gave.
+    reason: Option<String>,
+    rate: LogRate<T>,
+}
+
+impl<T> Default for ByReason<T> {
+    fn default() -> Self {
+        ByReason { reason: None, rate: LogRate::default() }
+    }
+}
+
+impl<T: Moment> ByReason<T> {
+    /// One event for `why` at `now`: as [`LogRate::due`], and due at once when `why` is not the last
+    /// line's reason (which it then becomes).
+    pub fn due(&mut self, now: T, every: Duration, why: &str) -> Option<u64> {
+        let changed = self.reason.as_deref() != Some(why);
+        let unlogged = self.rate.due_or(now, every, 1, changed)?;
+        if changed {
+            self.reason = Some(why.to_string());
+        }
+        Some(unlogged)
     }
 }
 
@@ -124,14 +151,15 @@ mod tests {
         assert_eq!(r.unlogged(), 0, "an empty batch leaves nothing");
     }
 
-    /// A forced line (another reason) is logged at once and takes the count with it.
+    /// Another reason's line is logged at once and takes the count with it; the same reason waits.
     #[test]
-    fn a_forced_line_comes_at_once_with_the_count() {
-        let mut r = LogRate::default();
+    fn another_reason_comes_at_once_with_the_count() {
+        let mut r = ByReason::default();
         let t = Instant::now();
-        assert_eq!(r.due_or(t, MINUTE, 1, false), Some(0));
-        assert_eq!(r.due_or(t, MINUTE, 1, false), None);
-        assert_eq!(r.due_or(t, MINUTE, 1, true), Some(1));
-        assert_eq!(r.due_or(t + Duration::from_secs(1), MINUTE, 1, false), None);
+        assert_eq!(r.due(t, MINUTE, "refused"), Some(0));
+        assert_eq!(r.due(t, MINUTE, "refused"), None);
+        assert_eq!(r.due(t, MINUTE, "reset"), Some(1));
+        assert_eq!(r.due(t + Duration::from_secs(1), MINUTE, "reset"), None);
+        assert_eq!(r.due(t + MINUTE, MINUTE, "reset"), Some(1), "a minute on");
     }
 }

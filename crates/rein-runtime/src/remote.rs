@@ -99,7 +99,7 @@
 //! slightly favours the tenant there).
 
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
-use crate::lograte::LogRate;
+use crate::lograte::ByReason;
 use crate::sock::NodeAddress;
 use crate::tls::{NbdStream, TlsClient};
 use rein_core::{Cost, Nanos, ServiceTracker};
@@ -188,11 +188,11 @@ struct Outage {
     connections: u64,
     /// Whether this outage was logged (then its end is, once); from the first line logged to the end.
     logged: bool,
-    /// Lost sessions: the last reason logged, and the line's rate (the losses not logged since).
-    losing: (Option<String>, LogRate<Instant>),
-    /// Failed connection attempts (at start or reconnects) since the last stable session: the last reason
-    /// logged, the line's rate, and the attempts.
-    failing: (Option<String>, LogRate<Instant>, u64),
+    /// Lost sessions' line (with the losses not logged since).
+    losing: ByReason<Instant>,
+    /// Failed connection attempts (at start or reconnects) since the last stable session: their line, and
+    /// the attempts.
+    failing: (ByReason<Instant>, u64),
 }
 
 impl std::fmt::Debug for NodeLog {
@@ -259,11 +259,9 @@ impl NodeLog {
     /// most once per [`RECONNECT_LOG_INTERVAL`], with the number not logged.
     fn lost(&self, node: &str, why: String) {
         let mut o = self.lock();
-        let changed = o.losing.0.as_ref() != Some(&why);
-        if let Some(unlogged) = o.losing.1.due_or(Instant::now(), RECONNECT_LOG_INTERVAL, 1, changed) {
+        if let Some(unlogged) = o.losing.due(Instant::now(), RECONNECT_LOG_INTERVAL, &why) {
             let down = o.down;
             tracing::warn!(node = %node, unlogged, connections_down = down, "node connection lost: {why}; reconnecting");
-            o.losing.0 = Some(why);
             o.logged = true;
         }
     }
@@ -271,10 +269,9 @@ impl NodeLog {
     /// A connection attempt failed for `why` (`at_start`: the volume's first); logged as [`NodeLog::lost`].
     fn failed(&self, node: &NodeSpec, volume: &str, why: String, at_start: bool) {
         let mut o = self.lock();
-        o.failing.2 += 1;
-        let attempts = o.failing.2;
-        let changed = o.failing.0.as_ref() != Some(&why);
-        if o.failing.1.due_or(Instant::now(), RECONNECT_LOG_INTERVAL, 1, changed).is_none() {
+        o.failing.1 += 1;
+        let attempts = o.failing.1;
+        if o.failing.0.due(Instant::now(), RECONNECT_LOG_INTERVAL, &why).is_none() {
             return;
         }
         if at_start {
@@ -282,7 +279,6 @@ impl NodeLog {
         } else {
             tracing::warn!(node = %node.name, attempts, connections_down = o.down, "node connection failed: {why}");
         }
-        o.failing.0 = Some(why);
         o.logged = true;
     }
 }
