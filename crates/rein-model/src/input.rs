@@ -25,10 +25,11 @@ pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
 }
 
 /// A configuration file's or scenario's `text` as `T`, for the daemons (`rein serve`, `rein gateway`,
-/// the pShift controller) and the simulator's scenarios alike; the error is one line (a reload's failure is one log line too): where, by line and column
-/// (1-based, the column in characters), then the parser's message and the line, e.g. `line 3, column 13:
-/// invalid type: string "yes", expected a boolean (in `admin_tls = "yes"`)` (its first
-/// 80 characters). An error the parser places nowhere is its message alone.
+/// the pShift controller) and the simulator's scenarios alike. The error is one line (a reload's failure
+/// is one log line too): where, by line and column (1-based, the column in characters), then the
+/// parser's message and the line's first 80 characters, e.g. `line 3, column 13: invalid type: string
+/// "yes", expected a boolean (in `admin_tls = "yes"`)`. An error the parser places nowhere is its
+/// message alone.
 pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
     toml::from_str(text).map_err(|e| {
         let message = e.message().trim();

@@ -164,6 +164,12 @@ impl Recorder {
         ((now.0 / self.interval) as usize).min(self.intervals - 1)
     }
 
+    /// Tenant `tenant`'s cell of interval `i`.
+    #[inline]
+    fn cell_mut(&mut self, tenant: usize, i: usize) -> &mut Cell {
+        &mut self.cells[tenant * self.intervals + i]
+    }
+
     /// A request of `tenant` issued at `issued` completed at `now`: `bytes`, served in `phase`.
     #[inline]
     pub fn completion(&mut self, tenant: usize, issued: Nanos, now: Nanos, bytes: u64, phase: Phase) {
@@ -204,7 +210,7 @@ impl Recorder {
     /// Records one completion in its cell and (after the warm-up) its tenant's histogram.
     #[inline]
     fn record(&mut self, tenant: usize, i: usize, measured: bool, lat: u64, bytes: u64, phase: usize) {
-        let c = &mut self.cells[tenant * self.intervals + i];
+        let c = self.cell_mut(tenant, i);
         c.ios += 1;
         c.bytes += bytes;
         c.lat_sum_ns += lat;
@@ -261,8 +267,7 @@ impl Recorder {
     /// A request of `tenant` was issued at `now` (the fluid oracle's demand: [`RunTotals::oracle_iops`]).
     #[inline]
     pub fn arrival(&mut self, tenant: usize, now: Nanos) {
-        let i = self.interval_of(now);
-        let c = &mut self.cells[tenant * self.intervals + i];
+        let c = self.cell_mut(tenant, self.interval_of(now));
         c.arrivals = c.arrivals.saturating_add(1);
     }
 
@@ -270,8 +275,7 @@ impl Recorder {
     #[inline]
     pub fn rejected(&mut self, tenant: usize, now: Nanos) {
         self.rejected[tenant] += 1;
-        let i = self.interval_of(now);
-        let c = &mut self.cells[tenant * self.intervals + i];
+        let c = self.cell_mut(tenant, self.interval_of(now));
         c.rejected = c.rejected.saturating_add(1);
     }
 
@@ -297,7 +301,7 @@ impl Recorder {
     /// `rein load` reads the server's counters once per interval).
     pub fn set_phases(&mut self, tenant: usize, i: usize, phase: [u32; 3]) {
         if i < self.intervals {
-            self.cells[tenant * self.intervals + i].phase = phase;
+            self.cell_mut(tenant, i).phase = phase;
         }
     }
 

@@ -135,11 +135,8 @@ async fn workload_kinds_on_the_wire_with_the_servers_specs_and_phases() {
     // measured 500; without the demand cap a's reservation of 500 took all of it and b's oracle was 0).
     assert!(a.open_loop && b.open_loop);
     for (k, x) in [a, b].into_iter().enumerate() {
-        let arrived: u64 = t.timeseries.cells[k * t.timeseries.intervals..][..t.timeseries.intervals]
-            .iter()
-            .map(|c| u64::from(c.arrivals))
-            .sum();
-        let all: u64 = (0..t.timeseries.intervals).map(|i| u64::from(t.timeseries.cell(k, i).ios)).sum();
+        let cells = (0..t.timeseries.intervals).map(|i| t.timeseries.cell(k, i));
+        let (arrived, all) = cells.fold((0u64, 0u64), |(a, n), c| (a + u64::from(c.arrivals), n + u64::from(c.ios)));
         assert!(arrived >= all && arrived <= all + 25, "{}: {arrived} arrivals, {all} completions", x.name);
     }
     let oracle = t.oracle_iops(1.0, secs);
