@@ -90,7 +90,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tokio_openssl::SslStream;
 
-use crate::tls::TlsConfig;
+use crate::tls::LiveTls;
 
 /// Default `max_admin_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
@@ -411,12 +411,14 @@ pub struct CappedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
     idle_timeout: Duration,
-    tls: Option<TlsConfig>,
+    /// With `admin_tls`: the `[tls]` context, as a reload replaces it ([`crate::tls`], "Reload").
+    tls: Option<LiveTls>,
 }
 
 impl CappedListener {
-    /// Wraps a bound listener; with `tls`, every connection is HTTPS.
-    pub fn new(inner: TcpListener, access: &AdminAccess, tls: Option<TlsConfig>) -> CappedListener {
+    /// Wraps a bound listener; with `tls`, every connection is HTTPS, with the context `tls` holds when
+    /// the connection comes in.
+    pub fn new(inner: TcpListener, access: &AdminAccess, tls: Option<LiveTls>) -> CappedListener {
         CappedListener {
             inner,
             permits: Arc::new(Semaphore::new(access.max_connections)),
@@ -444,7 +446,7 @@ impl axum::serve::Listener for CappedListener {
                     continue;
                 }
             };
-            let conn = match &self.tls {
+            let conn = match self.tls.as_ref().and_then(LiveTls::get) {
                 None => Conn::Plain(stream),
                 // No IO here: the handshake runs in the connection's task (module comment). No Nagle:
                 // the server's handshake flight and session tickets are several small writes, and with

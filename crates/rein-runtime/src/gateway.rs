@@ -76,8 +76,12 @@
 //! - a volume's access lists changed: new connections see the new lists;
 //! - a PARDA host's `[mclock]` changed: its local scheduler takes the new settings at once (queued
 //!   requests stay; `[parda]` and `[parda_host]` need a restart);
-//! - what needs a restart is named and left as it runs: the nodes, the front's settings (listen, admin,
-//!   TLS, caps, budgets, timeouts, request size, default export), the links' timeouts and pool size,
+//! - `[tls]` and `[node_tls]`: read again from their files (renewed certificates under the same names
+//!   too) and used for the connections opened from then on, on the front and to the nodes; connections
+//!   open keep their sessions ([`crate::tls`], "Reload");
+//! - what needs a restart is named and left as it runs: the nodes (names, addresses, protocols, TLS on
+//!   or off, `tls_name`), the front's settings (listen, admin, caps, budgets, timeouts, request size,
+//!   default export), the links' timeouts and pool size,
 //!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
 //!   or tenant (its data is laid out by them).
 //!
@@ -108,7 +112,7 @@ use crate::remote::{
     LinkConfig, NodeProtocol, NodeSpec, NodeTls, OpenError, RemoteVolume, VolumeQos, MAX_CONNECTIONS_PER_NODE,
 };
 use crate::sock::NodeAddress;
-use crate::tls::TlsConfig;
+use crate::tls::{LiveTls, TlsConfig};
 use rein_core::{Count, Num, QosSpec, ReservationSplit, ServiceTracker};
 use rein_model::stripe::Stripe;
 use rein_proto::nbd::node::{NodeSplit, NodeTenant, MAX_NODE_NAME_LEN};
@@ -585,7 +589,8 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         Some(t) if t.name.is_some() => {
             return Err("node_tls.name: a gateway names each node's certificate in [[nodes]] tls_name".into())
         }
-        Some(t) => Some(t.build(base, "node_tls")?),
+        // One context for every node, which a reload replaces for all of them at once.
+        Some(t) => Some(crate::tls::LiveTlsClient::new(t.build(base, "node_tls")?)),
     };
     let mut nodes: Vec<NodeSpec> = Vec::new();
     for n in &f.nodes {
@@ -935,6 +940,8 @@ struct Live {
     /// ([`crate::activation`]): a reload's change of `listen`/`listen_unix` or `admin` is then not used,
     /// now or after a restart, and is named so.
     passed: (bool, bool),
+    /// The front's TLS context (`[tls]`), which a reload replaces ([`crate::tls`], "Reload").
+    tls: LiveTls,
 }
 
 impl Live {
@@ -949,6 +956,7 @@ impl Live {
             host: None,
             retired: Vec::new(),
             passed: (false, false),
+            tls: LiveTls::new(cfg.tls.clone()),
         }
     }
 
@@ -1090,7 +1098,6 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
         ("listen_unix", nbd_passed || base.listen_unix == new.listen_unix),
         ("admin", admin_passed || base.admin == new.admin),
         ("admin_token_file, admin_insecure or the admin caps", base.admin_access == new.admin_access),
-        ("[tls]", dbg(&base.tls) == dbg(&new.tls)),
         ("max_connections*", base.caps == new.caps),
         (
             "max_inflight_mb*",
@@ -1104,7 +1111,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             dbg(&base.link) == dbg(&new.link),
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
-        ("[[nodes]] or [node_tls]", dbg(&base.nodes) == dbg(&new.nodes)),
+        ("[[nodes]] (a name, address, protocol, tls or tls_name)", same_nodes(&base.nodes, &new.nodes)),
         ("[parda] or [parda_host]", parda_but_sched(&base.parda) == parda_but_sched(&new.parda)),
         (
             "default_export",
@@ -1204,6 +1211,15 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             }
         }
     }
+    // `[node_tls]` first: new volumes connect with it, and renewed sessions below.
+    let (node_tls, changed) = NodeTlsSwap::set(&live.base.nodes, &new.nodes);
+    if changed {
+        r.applied.push(
+            "[node_tls]: new credentials (the ca, cert, key, psk_file or psk_identity, or their contents): for node \
+             connections from now on (sessions up keep theirs)"
+                .to_string(),
+        );
+    }
     // What was opened is dropped on an error: its connections close, and nothing changed.
     let opened = open_remotes(&live.base, to_open).await.map_err(|e| e.to_string())?;
     let mut slots = volumes.iter_mut().filter(|v| v.is_none());
@@ -1260,7 +1276,62 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             r.applied.push(format!("[mclock] of the PARDA host's local scheduler: {}", changed.join(", ")));
         }
     }
+    // TLS, read again from its files (renewed certificates under the same names too): for connections
+    // opened from now on, on the front and to the nodes; those open keep their sessions.
+    if let Some(what) = TlsConfig::change(live.base.tls.as_ref(), new.tls.as_ref()) {
+        r.applied.push(format!("[tls]: {what}: for NBD connections from now on (connections open keep their session)"));
+    }
+    live.tls.set(new.tls.clone());
+    live.base.tls = new.tls.clone();
+    node_tls.keep();
     Ok(r)
+}
+
+/// `[node_tls]` as a reload replaces it (module `tls`, "Reload"): the new context is set in every node's
+/// cell before the reload opens new volumes (they connect with it) and renews sessions, and put back by
+/// `Drop` unless the reload completes ([`NodeTlsSwap::keep`]).
+struct NodeTlsSwap {
+    cells: Vec<crate::tls::LiveTlsClient>,
+    old: Option<crate::tls::TlsClient>,
+}
+
+impl NodeTlsSwap {
+    /// Sets `new`'s `[node_tls]` context in `running`'s cells, when the two lists name the same nodes the
+    /// same way (else they need a restart and nothing is set). Built anew from the files, it is set
+    /// whatever the comparison says; whether it differs is returned, for the log.
+    fn set(running: &[NodeSpec], new: &[NodeSpec]) -> (NodeTlsSwap, bool) {
+        let mut swap = NodeTlsSwap { cells: Vec::new(), old: None };
+        let client = |n: &[NodeSpec]| n.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.get());
+        let (Some(old), Some(next), true) = (client(running), client(new), same_nodes(running, new)) else {
+            return (swap, false);
+        };
+        swap.cells = running.iter().filter_map(|n| n.tls.as_ref()).map(|t| t.client.clone()).collect();
+        swap.cells.iter().for_each(|c| c.set(next.clone()));
+        let changed = old.changed(&next);
+        swap.old = Some(old);
+        (swap, changed)
+    }
+
+    /// The reload completed: the new context stays.
+    fn keep(mut self) {
+        self.old = None;
+    }
+}
+
+impl Drop for NodeTlsSwap {
+    fn drop(&mut self) {
+        if let Some(old) = self.old.take() {
+            self.cells.iter().for_each(|c| c.set(old.clone()));
+        }
+    }
+}
+
+/// Whether two `[[nodes]]` lists name the same nodes the same way (names, addresses, protocols, TLS on
+/// or off and the names their certificates must carry), whatever `[node_tls]`'s credentials: those a
+/// reload replaces ([`crate::tls`], "Reload"); the rest needs a restart.
+fn same_nodes(a: &[NodeSpec], b: &[NodeSpec]) -> bool {
+    let key = |n: &NodeSpec| (n.name.clone(), n.address.clone(), n.protocol, n.tls.as_ref().map(|t| t.name.clone()));
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| key(x) == key(y))
 }
 
 /// A PARDA host's settings less its local scheduler's (which a reload changes live), for comparison.
@@ -1334,7 +1405,7 @@ pub async fn run_with(
     }
     let limits = ConnLimits::new(cfg.caps);
     let policy = Arc::new(Policy {
-        tls: cfg.tls.clone(),
+        tls: live.tls.clone(),
         default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
         cap_tenants: true,
         limits: limits.clone(),
@@ -1750,6 +1821,42 @@ mod tests {
             "{top}\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
         );
         GatewayConfig::parse(&text, Path::new("gw.toml"))
+    }
+
+    /// `[node_tls]` in a reload: set in the running nodes' cells at once, put back when the reload does
+    /// not complete (dropped without `keep`), kept when it does; not set at all when the nodes differ
+    /// (they need a restart). Told apart by the PSK identity each file offers.
+    #[test]
+    fn a_reload_sets_node_tls_and_puts_it_back_if_it_fails() {
+        let tmp = tempfile::tempdir().unwrap();
+        let psk = |name: &str, id: &str| {
+            let p = tmp.path().join(name);
+            std::fs::write(&p, format!("{id}:00112233445566778899aabbccddeeff\n")).unwrap();
+            p
+        };
+        let (old, new) = (psk("old.psk", "gw-old"), psk("new.psk", "gw-new"));
+        let config = |file: &Path, address: &str| {
+            let text = format!(
+                "[node_tls]\npsk_file = {file:?}\n[[nodes]]\nname = \"s1\"\naddress = \"{address}\"\n\
+                 [[exports]]\nname = \"v\"\nsize_mb = 1\n"
+            );
+            GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes
+        };
+        let offered = |nodes: &[NodeSpec]| nodes[0].tls.as_ref().unwrap().client.get().psk_identity().map(String::from);
+        let running = config(&old, "127.0.0.1:1");
+        let (swap, changed) = NodeTlsSwap::set(&running, &config(&new, "127.0.0.1:1"));
+        assert!(changed);
+        assert_eq!(offered(&running).as_deref(), Some("gw-new"), "set before the reload opens anything");
+        drop(swap);
+        assert_eq!(offered(&running).as_deref(), Some("gw-old"), "a failed reload puts it back");
+        let (swap, _) = NodeTlsSwap::set(&running, &config(&new, "127.0.0.1:1"));
+        swap.keep();
+        assert_eq!(offered(&running).as_deref(), Some("gw-new"), "a completed reload keeps it");
+        let (swap, changed) = NodeTlsSwap::set(&running, &config(&old, "127.0.0.1:2"));
+        drop(swap);
+        assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "another address: a restart");
+        let (_, changed) = NodeTlsSwap::set(&running, &config(&new, "127.0.0.1:1"));
+        assert!(!changed, "the same file and bytes: nothing to say");
     }
 
     /// A name given twice is named (the tenants' check is a set, the others compare pairs: at most

@@ -45,6 +45,7 @@ use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig, MAX_EXP
 use crate::dispatch::{CapacityError, Dispatcher};
 use crate::nbd::{Export, ExportTable};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, ExportOrigin, SpecJson};
+use crate::tls::LiveTls;
 use rein_core::{QosSpec, SchedConfig, TenantId};
 use rein_proto::nbd::ExportInfo;
 use std::path::PathBuf;
@@ -154,6 +155,11 @@ pub struct Registry {
     /// changes them says so instead of naming them as needing a restart (a restart keeps the passed
     /// sockets too).
     passed: std::sync::atomic::AtomicU8,
+    /// The NBD listener's TLS context (`[tls]`), which a reload replaces ([`crate::tls`], "Reload").
+    tls: LiveTls,
+    /// The admin endpoint's (`admin_tls`: the `[tls]` table's certificate), replaced by a reload that
+    /// keeps `admin_tls` on; `None`: plain HTTP (turning it on or off needs a restart).
+    admin_tls: Option<LiveTls>,
 }
 
 /// [`Registry::passed`]'s bits.
@@ -240,6 +246,8 @@ impl Registry {
             Some(c) => (Some(c.iops), c.source),
             None => config_capacity(&effective),
         };
+        let (tls, admin_tls) =
+            (LiveTls::new(effective.tls.clone()), effective.admin_tls.clone().map(|t| LiveTls::new(Some(t))));
         Registry {
             default_export: effective.default_export.map(|i| effective.exports[i].name.clone()),
             dispatcher,
@@ -252,7 +260,19 @@ impl Registry {
             pending: std::sync::Mutex::default(),
             opens: Opens::default(),
             passed: std::sync::atomic::AtomicU8::new(0),
+            tls,
+            admin_tls,
         }
+    }
+
+    /// The NBD listener's TLS context, as reloads replace it.
+    pub fn tls(&self) -> LiveTls {
+        self.tls.clone()
+    }
+
+    /// The admin endpoint's TLS context (`admin_tls`), as reloads replace it; `None`: plain HTTP.
+    pub fn admin_tls(&self) -> Option<LiveTls> {
+        self.admin_tls.clone()
     }
 
     /// Says that NBD (`nbd`) and the admin endpoint (`admin`) listen on sockets a service manager passed
@@ -857,15 +877,15 @@ impl Registry {
             shutdown_timeout => "shutdown_timeout_s",
             node => "[node]",
         );
-        // TLS credentials and the pShift link are read at start only (compared as written).
-        if format!("{:?}", base.tls) != format!("{:?}", old.tls) {
-            restart("[tls]");
-            base.tls = old.tls.clone();
-        }
+        // `[tls]` applies to the connections opened from now on, its files read again (renewed
+        // certificates under the same names too); the switch between HTTP and HTTPS for the admin
+        // endpoint needs a restart, and until then the endpoint keeps the context it has. The pShift
+        // link is read at start only (compared as written).
+        let tls_change = crate::tls::TlsConfig::change(old.tls.as_ref(), base.tls.as_ref());
         if base.admin_tls.is_some() != old.admin_tls.is_some() {
             restart("admin_tls");
+            base.admin_tls = old.admin_tls.clone();
         }
-        base.admin_tls = old.admin_tls.clone();
         if format!("{:?}", (&base.pshift, &base.token)) != format!("{:?}", (&old.pshift, &old.token)) {
             restart("[pshift]");
             (base.pshift, base.token) = (old.pshift.clone(), old.token);
@@ -1014,6 +1034,17 @@ impl Registry {
         if !changed.is_empty() {
             let _ = self.dispatcher.set_sched_config(new.sched).await;
             report.applied.push(format!("[mclock] {}", changed.join(", ")));
+        }
+        // Built from the files as they are now, so replaced whatever the comparison says (module `tls`).
+        self.tls.set(base.tls.clone());
+        if let (Some(live), Some(t)) = (&self.admin_tls, &base.admin_tls) {
+            live.set(Some(t.clone()));
+        }
+        if let Some(what) = tls_change {
+            let admin = if base.admin_tls.is_some() { " and the admin endpoint's HTTPS" } else { "" };
+            report.applied.push(format!(
+                "[tls]: {what}: for NBD connections{admin} from now on (connections open keep their session)"
+            ));
         }
         inner.capacity = capacity_entry;
         inner.effective = new;

@@ -83,7 +83,7 @@ use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::remote::RemoteVolume;
 use crate::sock::{Peer, Sock};
 use crate::storage::Storage;
-use crate::tls::{NbdStream, TlsConfig, TlsError};
+use crate::tls::{LiveTls, NbdStream, TlsError};
 use rein_core::TenantId;
 use rein_proto::nbd::{
     self as p, Event, ExportInfo, Negotiated, NodeHello, NodeReplyTrailer, NodeWelcome, Rejection, ReplyEncoder,
@@ -246,8 +246,8 @@ pub enum ConnError {
 /// server without any of these.
 #[derive(Debug)]
 pub struct Policy {
-    /// TLS (`[tls]`); `None`: off.
-    pub tls: Option<TlsConfig>,
+    /// TLS (`[tls]`), as a reload replaces it ([`crate::tls`], "Reload"); `None` inside: off.
+    pub tls: LiveTls,
     /// The name of the export the empty name opens (`default_export`).
     pub default_export: Option<String>,
     /// Whether connections are counted per tenant (`max_connections_per_tenant`).
@@ -287,7 +287,7 @@ impl Policy {
     /// caps.
     pub fn open() -> Policy {
         Policy {
-            tls: None,
+            tls: LiveTls::default(),
             default_export: None,
             cap_tenants: false,
             limits: ConnLimits::new(ConnCaps::default()),
@@ -416,7 +416,9 @@ pub async fn serve_client(
     let infos: Vec<ExportInfo> = exports.iter().map(|e| e.info.clone()).collect();
     let mut out = Vec::new();
     let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
-    hs.set_tls(policy.tls.as_ref().map_or(TlsMode::Off, |t| t.mode));
+    // The TLS context of this connection's whole handshake: a reload replaces it for later ones.
+    let tls = policy.tls.get();
+    hs.set_tls(tls.as_ref().map_or(TlsMode::Off, |t| t.mode));
     hs.set_default_export(policy.default_export.as_ref().and_then(|d| exports.iter().position(|e| e.info.name == *d)));
     hs.set_visible(Policy::visible(&exports, peer.ip(), None));
     hs.set_confirm_open(policy.cap_tenants);
@@ -445,7 +447,7 @@ pub async fn serve_client(
             HsEnd::Left => Ok(None),
             HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Plain(stream), n, None, slot, node))),
             HsEnd::StartTls => {
-                let tls = policy.tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
+                let tls = tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
                 let (mut stream, identity) = tls.accept(stream).await?;
                 hs.tls_established();
                 hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));

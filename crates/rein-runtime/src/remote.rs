@@ -101,7 +101,7 @@
 use crate::dispatch::{bucket_of, IoError, Op, Served, LATENCY_BUCKETS_S};
 use crate::lograte::ByReason;
 use crate::sock::NodeAddress;
-use crate::tls::{NbdStream, TlsClient};
+use crate::tls::{LiveTlsClient, NbdStream};
 use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{
@@ -286,8 +286,9 @@ impl NodeLog {
 /// TLS to one node: the gateway's client context and the name the node's certificate must carry.
 #[derive(Debug, Clone)]
 pub struct NodeTls {
-    /// The context (`[node_tls]`).
-    pub client: TlsClient,
+    /// The context (`[node_tls]`), as a reload replaces it: a connection takes the one current when it
+    /// starts ([`crate::tls`], "Reload").
+    pub client: LiveTlsClient,
     /// A DNS name or IP address (`tls_name`; default: the node address's IP).
     pub name: String,
 }
@@ -1193,6 +1194,7 @@ impl Target {
                         };
                         let tls = tls
                             .client
+                            .get()
                             .connect(&tls.name, tcp)
                             .await
                             .map_err(|e| ConnectError::Io(format!("TLS to {}: {e}", tls.name)))?;

@@ -402,7 +402,7 @@ pub async fn run_with(
         Arc::new(crate::node::NodeService::new(cfg.node.clone(), registry.clone())) as Arc<dyn crate::nbd::NodeGate>
     });
     let policy = Arc::new(Policy {
-        tls: cfg.tls.clone(),
+        tls: registry.tls(),
         default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
         cap_tenants: true,
         limits: limits.clone(),
@@ -443,7 +443,7 @@ pub async fn run_with(
     let admin_state = AdminState { registry: registry.clone(), reloads: reloads.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
-    let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access, cfg.admin_tls.clone());
+    let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access, registry.admin_tls());
     let admin_router = crate::admin_guard::protect(admin::router(admin_state), admin_token);
     let admin_task = tokio::spawn(async move {
         let _ = axum::serve(admin_l, admin_router)

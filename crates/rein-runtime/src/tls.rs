@@ -25,6 +25,17 @@
 //! ECDHE). For TLS 1.2 PSK clients the cipher list adds the (EC)DHE-PSK and PSK AEAD suites (checked by
 //! hand with a server capped at TLS 1.2).
 //!
+//! # Reload
+//! A reload (SIGHUP) builds the contexts again from the files as they are then, so certificates renewed
+//! in place (the same file names, new contents) and changed `[tls]` tables are taken without a restart.
+//! A server's context is held in a [`LiveTls`], which the reload replaces: each handshake takes the one
+//! current when the connection comes in (its mode and credentials together), so connections opened
+//! from then on use the new one, and connections already open keep the session they negotiated, as
+//! with nginx or HAProxy. A client's context (a gateway's `[node_tls]`) is held in a [`LiveTlsClient`]
+//! likewise: connections to a node opened from then on use it. [`TlsConfig::change`] and
+//! [`TlsClient::changed`] say what a reload changed, for its log line; credentials count as changed when
+//! a file's path or bytes differ ([`TlsConfig`] keeps a digest of what it read).
+//!
 //! # Identity
 //! What access control matches (`allow_identities`): the PSK identity as written in `psk_file` (e.g.
 //! `alice`), or the common name (CN) of a verified client certificate (e.g. `client.example.com`). A
@@ -41,7 +52,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_openssl::SslStream;
 
@@ -75,6 +86,9 @@ pub struct TlsConfig {
     pub ca: Option<PathBuf>,
     /// `psk_file`, resolved, and how many identities it holds.
     pub psk: Option<(PathBuf, usize)>,
+    /// A digest of the credential files' paths and bytes ([`digest`]): a reload that finds other bytes
+    /// under the same names says so ([`TlsConfig::change`]).
+    digest: u64,
     acceptor: Arc<SslAcceptor>,
 }
 
@@ -113,6 +127,53 @@ fn read(key: &str, path: &Path) -> Result<Vec<u8>, String> {
         return Err(format!("{key} {}: larger than {MAX_FILE_BYTES} bytes", path.display()));
     }
     Ok(bytes)
+}
+
+/// A digest of the credential files `paths` (each path and its bytes as they are now, or the reason it
+/// cannot be read), so a reload can tell new credentials under the same file names. A file that changes
+/// between this read and the context's build is at worst reported once more than it changed: the
+/// context is built anew at every reload whatever the digest says.
+fn digest(paths: &[&Option<PathBuf>]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for p in paths {
+        p.hash(&mut h);
+        if let Some(p) = p {
+            match read("", p) {
+                Ok(bytes) => bytes.hash(&mut h),
+                Err(e) => e.hash(&mut h),
+            }
+        }
+    }
+    h.finish()
+}
+
+/// A server's TLS context that a reload replaces (module comment, "Reload"): clones share it; `None` is
+/// TLS off.
+#[derive(Clone, Default)]
+pub struct LiveTls(Arc<RwLock<Option<TlsConfig>>>);
+
+impl LiveTls {
+    /// Holds `tls`.
+    pub fn new(tls: Option<TlsConfig>) -> LiveTls {
+        LiveTls(Arc::new(RwLock::new(tls)))
+    }
+
+    /// The context now: a handshake takes it once, when its connection comes in.
+    pub fn get(&self) -> Option<TlsConfig> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the context for the handshakes from now on.
+    pub fn set(&self, tls: Option<TlsConfig>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = tls;
+    }
+}
+
+impl fmt::Debug for LiveTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LiveTls").field(&self.get()).finish()
+    }
 }
 
 /// Parses a `psk_file` (`identity:hexkey` per line); errors give the line number.
@@ -262,6 +323,7 @@ impl TlsConfig {
         if mode != TlsMode::Off && files.cert.is_none() && files.psk_file.is_none() {
             return Err("tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file".into());
         }
+        let digest = digest(&[&files.cert, &files.key, &files.ca, &files.psk_file]);
         let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
             .map_err(|e| format!("tls: cannot create the TLS context: {e}"))?;
         b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("tls: cipher list: {e}"))?;
@@ -305,7 +367,27 @@ impl TlsConfig {
                 }
             });
         }
-        Ok(TlsConfig { mode, cert: files.cert, ca: files.ca, psk, acceptor: Arc::new(b.build()) })
+        Ok(TlsConfig { mode, cert: files.cert, ca: files.ca, psk, digest, acceptor: Arc::new(b.build()) })
+    }
+
+    /// What a reload that replaces `old` by `new` changes, in words for its log line (`mode on ->
+    /// require, new credentials`), or `None` if nothing: the same mode, files and bytes. `None` stands
+    /// for no table (TLS off).
+    pub fn change(old: Option<&TlsConfig>, new: Option<&TlsConfig>) -> Option<String> {
+        let mode = |t: Option<&TlsConfig>| t.map_or(TlsMode::Off, |t| t.mode);
+        let name = |m: TlsMode| match m {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        };
+        let mut what = Vec::new();
+        if mode(old) != mode(new) {
+            what.push(format!("mode {} -> {}", name(mode(old)), name(mode(new))));
+        }
+        if old.map(|t| t.digest) != new.map(|t| t.digest) {
+            what.push("new credentials (the cert, key, ca or psk_file, or their contents)".to_string());
+        }
+        (!what.is_empty()).then(|| what.join(", "))
     }
 
     /// Whether the server has a certificate (`cert`/`key`), which HTTPS clients need (a PSK-only
@@ -406,8 +488,10 @@ pub struct TlsClient {
     connector: Arc<SslConnector>,
     /// The PSK identity, if PSK.
     psk_identity: Option<String>,
-    /// Where the credentials came from (for `Debug`, which a reload compares).
+    /// Where the credentials came from (for `Debug`).
     files: TlsClientFiles,
+    /// A digest of the files' paths and bytes ([`digest`]).
+    digest: u64,
 }
 
 impl fmt::Debug for TlsClient {
@@ -425,6 +509,7 @@ impl TlsClient {
     pub fn build(names: Naming, files: TlsClientFiles) -> Result<TlsClient, String> {
         let table = names.group();
         let k = |s: &str| names.key(s);
+        let digest = digest(&[&files.ca, &files.cert, &files.key, &files.psk_file]);
         let mut b = SslConnector::builder(SslMethod::tls_client())
             .map_err(|e| format!("{table}: cannot create the TLS context: {e}"))?;
         b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("{table}: cipher list: {e}"))?;
@@ -485,7 +570,13 @@ impl TlsClient {
         }
         b.set_cert_store(store.build());
         b.set_verify(SslVerifyMode::PEER);
-        Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files })
+        Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files, digest })
+    }
+
+    /// Whether `new` differs from `self` in its files, their bytes or the PSK identity it offers (a
+    /// reload's question, module comment "Reload").
+    pub fn changed(&self, new: &TlsClient) -> bool {
+        self.digest != new.digest || self.psk_identity != new.psk_identity
     }
 
     /// The PSK identity offered, if PSK.
@@ -522,6 +613,33 @@ impl TlsClient {
             TlsError(msg)
         })?;
         Ok(tls)
+    }
+}
+
+/// A client's TLS context that a reload replaces (module comment, "Reload"): clones share it.
+#[derive(Clone)]
+pub struct LiveTlsClient(Arc<RwLock<TlsClient>>);
+
+impl LiveTlsClient {
+    /// Holds `client`.
+    pub fn new(client: TlsClient) -> LiveTlsClient {
+        LiveTlsClient(Arc::new(RwLock::new(client)))
+    }
+
+    /// The context now: a connection takes it once, when it starts.
+    pub fn get(&self) -> TlsClient {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the context for the connections from now on.
+    pub fn set(&self, client: TlsClient) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = client;
+    }
+}
+
+impl fmt::Debug for LiveTlsClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LiveTlsClient").field(&self.get()).finish()
     }
 }
 
@@ -593,6 +711,31 @@ mod tests {
         assert_eq!(parse(&lines(MAX_PSK_IDENTITIES)).unwrap().len(), MAX_PSK_IDENTITIES);
         let e = parse(&lines(MAX_PSK_IDENTITIES + 1)).unwrap_err();
         assert_eq!(e, format!("tls.psk_file keys.psk line {}: more than 65536 identities", MAX_PSK_IDENTITIES + 1));
+    }
+
+    /// What a reload says of `[tls]`: nothing for the same mode, files and bytes; the mode; new bytes
+    /// under the same name; and no table as off.
+    #[test]
+    fn a_reload_names_what_changed_in_tls() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("keys.psk");
+        let build = |mode, key: &str| {
+            std::fs::write(&path, format!("alice:{key}\n")).unwrap();
+            TlsConfig::build(mode, TlsFiles { psk_file: Some(path.clone()), ..TlsFiles::default() }).unwrap()
+        };
+        let a = build(TlsMode::Require, "00ff");
+        let same = build(TlsMode::Require, "00ff");
+        assert_eq!(TlsConfig::change(Some(&a), Some(&same)), None);
+        assert_eq!(
+            TlsConfig::change(Some(&a), Some(&build(TlsMode::On, "00ff"))).as_deref(),
+            Some("mode require -> on")
+        );
+        let renewed = build(TlsMode::Require, "01ff");
+        let what = TlsConfig::change(Some(&a), Some(&renewed)).unwrap();
+        assert!(what.starts_with("new credentials"), "{what}");
+        let what = TlsConfig::change(None, Some(&renewed)).unwrap();
+        assert!(what.starts_with("mode off -> require, new credentials"), "{what}");
+        assert_eq!(TlsConfig::change(None, None), None);
     }
 
     #[test]

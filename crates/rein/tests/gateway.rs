@@ -767,6 +767,88 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     assert!(err.contains("node s1") && err.contains("the node does not offer TLS, which [node_tls] requires"), "{err}");
 }
 
+/// A reload (SIGHUP) takes renewed TLS credentials on both sides of a gateway without a restart
+/// (crates/rein-runtime/src/tls.rs, "Reload"). The PSK of the gateway's node links is rotated in place:
+/// the nodes' key file and the gateway's get the new key and both reload; the same reload gives the
+/// tenant a new spec, so every node session is renewed, over new connections, which succeed only with
+/// the new key (the nodes no longer know the old one), and the data written before reads back. The
+/// front's PSK file is rotated in the same reload: a TLS client with the new key is served, one with the
+/// old key is not.
+#[test]
+fn a_reload_takes_renewed_node_and_front_credentials() {
+    use common::tls::{make_ca, make_cert, server};
+    let tmp = tmpdir("gw-tls-reload");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "Rein test CA");
+    for h in [135, 136] {
+        make_cert(dir, "ca", &format!("n{h}"), &format!("node{h}"), &server(&format!("IP:127.0.0.{h}")));
+    }
+    let key =
+        |seed: u8| (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(31).wrapping_add(seed))).collect::<String>();
+    write_file(dir, "nodes.psk", &format!("gw-p:{}\n", key(3)));
+    write_file(dir, "gw.psk", &format!("gw-p:{}\n", key(3)));
+    write_file(dir, "front.psk", &format!("alice:{}\n", key(8)));
+    let old_front = write_file(dir, "old-front.psk", &format!("alice:{}\n", key(8)));
+    let new_front = write_file(dir, "new-front.psk", &format!("alice:{}\n", key(9)));
+    let nodes = [tls_storage_node(dir, 135), tls_storage_node(dir, 136)];
+    let config = |reservation: u32| {
+        let mut text = format!(
+            "{}\n{TIMES}[tls]\nmode = \"on\"\npsk_file = \"front.psk\"\n[node_tls]\npsk_file = \"gw.psk\"\n",
+            local(137)
+        );
+        for (i, n) in nodes.iter().enumerate() {
+            text.push_str(&format!("[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", i + 1, n.nbd));
+        }
+        text.push_str(&format!(
+            "[[tenants]]\nname = \"c2\"\nreservation = {reservation}\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n"
+        ));
+        write_file(dir, "gw.toml", &text)
+    };
+    let gw = gateway(&config(100));
+    let front = |psk: &Path| {
+        tool("nbdinfo").arg(format!("nbds://alice@{}/v?tls-psk-file={}", gw.nbd, psk.display())).output().unwrap()
+    };
+    assert!(front(&old_front).status.success(), "the front with the first key");
+    assert!(!front(&new_front).status.success(), "not with the next");
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x7a 0 512k", "flush"]);
+    assert!(ok, "{out}");
+    // The nodes first: they take the new key for new sessions (those up keep theirs).
+    write_file(dir, "nodes.psk", &format!("gw-p:{}\n", key(5)));
+    for n in &nodes {
+        n.signal("-HUP");
+        n.wait_line("reload: [tls]: new credentials");
+    }
+    // Then the gateway, with a new spec for c2: its node sessions are renewed over new connections.
+    write_file(dir, "gw.psk", &format!("gw-p:{}\n", key(5)));
+    std::fs::copy(&new_front, dir.join("front.psk")).unwrap();
+    config(200);
+    gw.signal("-HUP");
+    gw.wait_line("configuration reloaded");
+    gw.wait_line("reload: [node_tls]: new credentials");
+    gw.wait_line("reload: [tls]: new credentials");
+    for n in &nodes {
+        let t0 = Instant::now();
+        while node_spec(n.admin, "c2").0 != 200.0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no renewed session reached {}: {:#?}",
+                n.nbd,
+                gw.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x7a 0 512k", "write -P 0x7b 512k 64k", "flush"]);
+    assert!(ok, "over the renewed sessions: {out}");
+    assert!(
+        !gw.log.lock().unwrap().iter().any(|l| l.contains("node connection failed")),
+        "{:#?}",
+        gw.log.lock().unwrap()
+    );
+    assert!(front(&new_front).status.success(), "the front with the new key");
+    assert!(!front(&old_front).status.success(), "not with the old one");
+}
+
 /// A storage node shutting down answers late pieces with NBD_ESHUTDOWN. The spec: "If the client receives
 /// an `NBD_ESHUTDOWN` error it MUST initiate a soft disconnect", and it SHOULD first wait for its requests
 /// in flight. The gateway does so: the late piece fails (EIO to the VM), the pieces queued at the node are

@@ -472,3 +472,102 @@ fn the_unix_socket_requires_tls_as_tcp_does() {
     assert!(e.contains("server error message: TLS is required"), "{e}");
     s.wait_line("identity=\"alice\"");
 }
+
+/// Waits (at most 30 s) until `s` has logged `n` lines containing `needle`; returns them.
+fn wait_lines(s: &Server, needle: &str, n: usize) -> Vec<String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let lines: Vec<String> = s.log.lock().unwrap().iter().filter(|l| l.contains(needle)).cloned().collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "fewer than {n} lines with {needle:?}: {lines:#?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A reload (SIGHUP) takes renewed TLS credentials without a restart (crates/rein-runtime/src/tls.rs,
+/// "Reload"): a certificate renewed in place (the same file names; signed here by another CA, so that a
+/// client can tell which one it got) serves the NBD and HTTPS connections opened after the reload, while
+/// a load that was running over TLS keeps its connection and ends without an error. A renewal that does
+/// not load (a key that does not match) is refused with the file named and the running certificate
+/// kept; a reload that finds the same bytes says nothing of TLS; a new mode applies to new connections.
+#[test]
+fn a_reload_takes_renewed_certificates_for_new_connections() {
+    let tmp = tmpdir("tls-reload");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "ca");
+    make_ca(dir, "ca2", "ca2");
+    let san = tls::server("IP:127.0.0.49");
+    make_cert(dir, "ca", "server", "127.0.0.49", &san);
+    make_cert(dir, "ca2", "renewed", "127.0.0.49", &san);
+    let config = "admin_tls = true\n[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n";
+    let s = start(dir, 49, &format!("{config}{PLAIN}"));
+    let (old, new) = (cert_dir(dir, "old-dir", "ca", None), cert_dir(dir, "new-dir", "ca2", None));
+    let info = |d: &Path| run(tool("nbdinfo").arg(uri(&s, "rd", &format!("tls-certificates={}", d.display()))));
+    let https = |ca: &str| {
+        let out = tool("curl")
+            .current_dir(dir)
+            .args(["-sS", "--max-time", "20", "--cacert", ca])
+            .arg(format!("https://{}/healthz", s.admin))
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let served = |out: &Output| out.status.success() && String::from_utf8_lossy(&out.stdout).contains("with TLS");
+    assert!(served(&info(&old)), "before: the first CA's certificate");
+    assert!(!served(&info(&new)), "before: not the second's");
+    assert!(https("ca-cert.pem").0, "before: HTTPS with the first certificate");
+    // A load over TLS, running across the reload.
+    let load = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .current_dir(dir)
+        .args(["load", "--addr", &s.nbd.to_string(), "--tls-ca", "ca-cert.pem"])
+        .args(["--job", "name=rd,depth=2", "--seconds", "4", "--warmup", "0", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Renewed in place, as certbot or a secrets agent does.
+    std::fs::copy(dir.join("renewed-cert.pem"), dir.join("server-cert.pem")).unwrap();
+    std::fs::copy(dir.join("renewed-key.pem"), dir.join("server-key.pem")).unwrap();
+    s.signal("-HUP");
+    wait_lines(&s, "configuration reloaded", 1);
+    let line = s.wait_line("reload: [tls]");
+    assert!(line.contains("new credentials") && line.contains("the admin endpoint's HTTPS"), "{line}");
+    assert!(served(&info(&new)), "after: the renewed certificate");
+    let stale = info(&old);
+    assert!(!served(&stale), "after: not the old one");
+    assert!(String::from_utf8_lossy(&stale.stderr).contains("gnutls"), "{}", String::from_utf8_lossy(&stale.stderr));
+    assert!(https("ca2-cert.pem").0, "after: HTTPS with the renewed certificate");
+    let (ok, e) = https("ca-cert.pem");
+    assert!(!ok, "after: HTTPS not with the old one: {e}");
+    let out = load.wait_with_output().unwrap();
+    assert!(out.status.success(), "the load across the reload: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rd = &v["tenants"][0];
+    assert!(rd["completed"].as_u64().unwrap() > 100 && rd["rejected"] == 0, "{rd}");
+    // A key that does not match the certificate: refused, naming the files; the renewed one stays.
+    std::fs::copy(dir.join("ca-key.pem"), dir.join("server-key.pem")).unwrap();
+    s.signal("-HUP");
+    let e = s.wait_line("the running configuration is unchanged");
+    assert!(e.contains("tls.key") && e.contains("server-key.pem") && e.contains("does not match"), "{e}");
+    assert!(served(&info(&new)), "after the refused reload: still the renewed certificate");
+    // The same bytes again: reloaded, nothing said of TLS.
+    std::fs::copy(dir.join("renewed-key.pem"), dir.join("server-key.pem")).unwrap();
+    s.signal("-HUP");
+    wait_lines(&s, "configuration reloaded", 2);
+    assert_eq!(wait_lines(&s, "reload: [tls]", 1).len(), 1, "no TLS line for unchanged files");
+    // A new mode: plain clients are served from now on.
+    let refused = run_fails(tool("nbdinfo").arg(format!("nbd://{}/rd", s.nbd)));
+    assert!(refused.contains("TLS is required"), "{refused}");
+    std::fs::write(
+        dir.join("rein.toml"),
+        std::fs::read_to_string(dir.join("rein.toml")).unwrap().replace("\"require\"", "\"on\""),
+    )
+    .unwrap();
+    s.signal("-HUP");
+    let line = wait_lines(&s, "reload: [tls]", 2).pop().unwrap();
+    assert!(line.contains("mode require -> on") && !line.contains("new credentials"), "{line}");
+    run_ok(tool("nbdinfo").arg(format!("nbd://{}/rd", s.nbd)));
+}
