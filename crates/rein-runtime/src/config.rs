@@ -1001,7 +1001,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
                     let tls = match &p.tls {
                         None => None,
                         Some(t) => {
-                            let client = t.build(base, "pshift.tls")?;
+                            let client = crate::tls::LiveTlsClient::new(t.build(base, "pshift.tls")?);
                             let name = t.name.clone().unwrap_or_else(|| controller.ip().to_string());
                             Some((client, name))
                         }

@@ -886,10 +886,20 @@ impl Registry {
             restart("admin_tls");
             base.admin_tls = old.admin_tls.clone();
         }
-        if format!("{:?}", (&base.pshift, &base.token)) != format!("{:?}", (&old.pshift, &old.token)) {
+        // `[pshift]` needs a restart but for `[pshift.tls]`'s credentials, which the link takes at its next
+        // connection to the controller (the running settings stay: the link holds their cell).
+        let link = |p: &Option<crate::pshift_link::LinkSettings>| {
+            p.as_ref().map(|l| (l.controller, l.name.clone(), l.tls.as_ref().map(|(_, n)| n.clone())))
+        };
+        let mut pshift_tls = None;
+        if link(&base.pshift) != link(&old.pshift) || base.token != old.token {
             restart("[pshift]");
-            (base.pshift, base.token) = (old.pshift.clone(), old.token);
+        } else if let (Some((cell, _)), Some((next, _))) =
+            (old.pshift.as_ref().and_then(|l| l.tls.as_ref()), base.pshift.as_ref().and_then(|l| l.tls.as_ref()))
+        {
+            pshift_tls = Some((cell.clone(), next.get()));
         }
+        (base.pshift, base.token) = (old.pshift.clone(), old.token);
         let st = state::diff(&old, &inner.effective, inner.capacity);
         let o = state::overlay(&base, &st);
         // The default export is the NBD policy's, fixed at start: compared with what the new file makes of
@@ -1039,6 +1049,16 @@ impl Registry {
         self.tls.set(base.tls.clone());
         if let (Some(live), Some(t)) = (&self.admin_tls, &base.admin_tls) {
             live.set(Some(t.clone()));
+        }
+        if let Some((cell, next)) = pshift_tls {
+            if cell.get().changed(&next) {
+                report.applied.push(
+                    "[pshift.tls]: new credentials (the ca, cert, key, psk_file or psk_identity, or their contents): \
+                     for the next connection to the controller"
+                        .to_string(),
+                );
+            }
+            cell.set(next);
         }
         if let Some(what) = tls_change {
             let admin = if base.admin_tls.is_some() { " and the admin endpoint's HTTPS" } else { "" };

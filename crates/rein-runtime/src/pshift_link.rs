@@ -167,9 +167,10 @@ pub struct LinkSettings {
     pub controller: SocketAddr,
     /// This server's name in the controller's configuration.
     pub name: String,
-    /// TLS to the controller (`[pshift.tls]`): the client context and the name its certificate must
-    /// carry (x509; unused with PSK).
-    pub tls: Option<(crate::tls::TlsClient, String)>,
+    /// TLS to the controller (`[pshift.tls]`): the client context, as a reload replaces it for the next
+    /// connection ([`crate::tls`], "Reload"), and the name its certificate must carry (x509; unused with
+    /// PSK).
+    pub tls: Option<(crate::tls::LiveTlsClient, String)>,
     /// How long the controller may take to answer the hello: [`CONNECT_TIMEOUT`] (a field so that a test
     /// need not wait that long).
     pub welcome_timeout: Duration,
@@ -273,7 +274,7 @@ async fn session(
     let stream: Stream = match &s.tls {
         None => Box::new(sock),
         Some((client, name)) => Box::new(
-            tokio::time::timeout(CONNECT_TIMEOUT, client.connect(name, sock))
+            tokio::time::timeout(CONNECT_TIMEOUT, client.get().connect(name, sock))
                 .await
                 .map_err(|_| broken(format!("no TLS handshake within {} s", CONNECT_TIMEOUT.as_secs())))?
                 .map_err(|e| broken(format!("TLS handshake: {e}")))?,

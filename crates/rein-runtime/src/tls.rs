@@ -31,10 +31,11 @@
 //! A server's context is held in a [`LiveTls`], which the reload replaces: each handshake takes the one
 //! current when the connection comes in (its mode and credentials together), so connections opened
 //! from then on use the new one, and connections already open keep the session they negotiated, as
-//! with nginx or HAProxy. A client's context (a gateway's `[node_tls]`) is held in a [`LiveTlsClient`]
-//! likewise: connections to a node opened from then on use it. [`TlsConfig::change`] and
-//! [`TlsClient::changed`] say what a reload changed, for its log line; credentials count as changed when
-//! a file's path or bytes differ ([`TlsConfig`] keeps a digest of what it read).
+//! with nginx or HAProxy. A client's context (a gateway's `[node_tls]`, rein serve's `[pshift.tls]`) is
+//! held in a [`LiveTlsClient`] likewise: the connections opened from then on (to a node, to the pShift
+//! controller) use it. [`TlsConfig::change`] and [`TlsClient::changed`] say what a reload changed, for
+//! its log line; credentials count as changed when a file's path or bytes differ (each context keeps a
+//! digest of them). The pShift controller does not reload (its `[tls]` needs a restart).
 //!
 //! # Identity
 //! What access control matches (`allow_identities`): the PSK identity as written in `psk_file` (e.g.

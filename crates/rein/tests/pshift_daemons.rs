@@ -588,6 +588,7 @@ fn link_server(dir: &Path, host: u8, name: &str, controller: &str, tls: &str) ->
 /// handshake before its hello, and with `allow_identities` only those PSK identities may say hello. A
 /// server with the right key is welcomed; a plain server, a server with a wrong key, and one whose
 /// identity is known but not allowed are not, and keep serving round robin (each says why in its log).
+/// The server with the wrong key is welcomed once its key file is mended and it reloads.
 #[test]
 fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     let _shared = common::beside_measuring();
@@ -629,6 +630,15 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     assert_eq!(st["servers"][0][1], true, "s1 connected: {st}");
     assert_eq!(st["servers"][1][1], false, "no s2 got in: {st}");
     assert!(st["refused"].as_u64().unwrap() >= 1, "{st}");
+    // The wrong key replaced in place and the server reloaded (SIGHUP): its link's next connection uses
+    // the new key and is welcomed, without a restart (crates/rein-runtime/src/tls.rs, "Reload").
+    write_file(dir, "s2-wrong.psk", &format!("s2:{key}\n"));
+    wrong.signal("-HUP");
+    wrong.wait_line("reload: [pshift.tls]: new credentials");
+    wrong.wait_line("pShift link: welcomed by the controller");
+    let (_, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(st["servers"][1][1], true, "s2 connected after its reload: {st}");
     // allow_identities without [tls] is refused at load, naming both.
     let text = "listen = \"127.0.0.101:0\"\nperiod_s = 1\nallow_identities = [\"s1\"]\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1\n";
     let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))

@@ -298,7 +298,8 @@ fn lines_with(s: &Server, part: &str) -> usize {
 /// `[tls]` were named as needing a restart only at the first reload that changed them, then taken as
 /// applied (silent at the next reload of the same file, named again when the file went back to what
 /// runs). Now each setting that cannot change live is named at every reload while the file differs from
-/// what runs, and not once it matches again.
+/// what runs, and not once it matches again. (`[tls]` has applied live since 2026-12-05: said once per
+/// change.)
 #[test]
 fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches() {
     let tmp = common::tmpdir("restart-only");
@@ -318,7 +319,6 @@ fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches(
         "[node]",
         "[pshift]",
         "default_export",
-        "[tls]",
         "scheduler",
     ];
     let named = |key: &str| lines_with(&s, &format!("reload: {key} (needs a restart)"));
@@ -329,6 +329,8 @@ fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches(
         for key in keys {
             assert_eq!(named(key), n, "{key} after reload {n}: {:#?}", s.log.lock().unwrap());
         }
+        // `[tls]` applies live (since 2026-12-05), said once: the second reload finds the same bytes.
+        assert_eq!(lines_with(&s, "reload: [tls]: mode off -> on, new credentials"), 1, "{:#?}", s.log.lock().unwrap());
     }
     // Back to what runs: nothing is named.
     config_file(tmp.path(), 151, BASE);
@@ -338,6 +340,7 @@ fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches(
         assert_eq!(named(key), 2, "{key} with the file as it runs: {:#?}", s.log.lock().unwrap());
     }
     assert_eq!(lines_with(&s, "needs a restart"), 2 * keys.len(), "{:#?}", s.log.lock().unwrap());
+    assert_eq!(lines_with(&s, "reload: [tls]: mode on -> off"), 1, "{:#?}", s.log.lock().unwrap());
 }
 
 /// Replaces `path` by a FIFO that nobody writes: opening it to read blocks for ever (as a hung network
