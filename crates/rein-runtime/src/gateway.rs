@@ -1432,7 +1432,13 @@ pub async fn run_with(
         Some((l, token)) => {
             let bound = l.local_addr().expect("bound");
             let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None);
-            let router = crate::admin_guard::protect(admin_router(shown.clone(), gate.clone(), reloads.clone()), token);
+            let node_tls = cfg.nodes.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.clone());
+            let presented =
+                crate::tls::Presented::default().server("nbd", Some(live.tls.clone())).client("node_tls", node_tls);
+            let router = crate::admin_guard::protect(
+                admin_router(shown.clone(), gate.clone(), reloads.clone(), presented),
+                token,
+            );
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(l, router)
@@ -1727,7 +1733,12 @@ pub const ADMIN_POWERS: crate::admin_guard::Powers = crate::admin_guard::Powers(
 
 /// `/metrics` and `/api/nodes` (per volume and node: connections up); `/healthz` comes with
 /// [`crate::admin_guard::protect`].
-fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>, reloads: Arc<crate::reloads::Reloads>) -> axum::Router {
+fn admin_router(
+    shown: Shown,
+    gate: Option<Arc<HostGate>>,
+    reloads: Arc<crate::reloads::Reloads>,
+    presented: crate::tls::Presented,
+) -> axum::Router {
     let for_metrics = shown.clone();
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
     let gate_metrics = gate.clone();
@@ -1773,6 +1784,7 @@ fn admin_router(shown: Shown, gate: Option<Arc<HostGate>>, reloads: Arc<crate::r
                     let rt = tokio::runtime::Handle::current().metrics();
                     crate::admin::runtime_metrics(&mut text, "rein_gateway", &rt);
                     reloads.metrics(&mut text, true);
+                    presented.metrics(&mut text);
                     text
                 }
             }),

@@ -160,6 +160,8 @@ pub struct Registry {
     /// The admin endpoint's (`admin_tls`: the `[tls]` table's certificate), replaced by a reload that
     /// keeps `admin_tls` on; `None`: plain HTTP (turning it on or off needs a restart).
     admin_tls: Option<LiveTls>,
+    /// The pShift link's client context (`[pshift.tls]`), the running one a reload updates.
+    pshift_tls: Option<crate::tls::LiveTlsClient>,
 }
 
 /// [`Registry::passed`]'s bits.
@@ -248,6 +250,7 @@ impl Registry {
         };
         let (tls, admin_tls) =
             (LiveTls::new(effective.tls.clone()), effective.admin_tls.clone().map(|t| LiveTls::new(Some(t))));
+        let pshift_tls = effective.pshift.as_ref().and_then(|p| p.tls.as_ref()).map(|(c, _)| c.clone());
         Registry {
             default_export: effective.default_export.map(|i| effective.exports[i].name.clone()),
             dispatcher,
@@ -262,7 +265,16 @@ impl Registry {
             passed: std::sync::atomic::AtomicU8::new(0),
             tls,
             admin_tls,
+            pshift_tls,
         }
+    }
+
+    /// The certificates the server presents, for `/metrics` (their expiry).
+    pub fn presented(&self) -> crate::tls::Presented {
+        crate::tls::Presented::default()
+            .server("nbd", Some(self.tls.clone()))
+            .server("admin", self.admin_tls.clone())
+            .client("pshift_tls", self.pshift_tls.clone())
     }
 
     /// The NBD listener's TLS context, as reloads replace it.

@@ -614,7 +614,14 @@ pub async fn run(
             let bound = l.local_addr().map_err(|e| e.to_string())?;
             let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None);
             let router = crate::admin_guard::protect(
-                admin_router(status.clone(), periods.clone(), clock, ev_tx.clone(), s.hold),
+                admin_router(
+                    status.clone(),
+                    periods.clone(),
+                    clock,
+                    ev_tx.clone(),
+                    s.hold,
+                    crate::tls::Presented::default().fixed("controller", s.tls.as_ref()),
+                ),
                 token,
             );
             let mut stop = stop_rx.clone();
@@ -1182,6 +1189,7 @@ fn admin_router(
     clock: Clock,
     ev: mpsc::Sender<Event>,
     hold: bool,
+    presented: crate::tls::Presented,
 ) -> axum::Router {
     let for_metrics = status.clone();
     let for_start = status.clone();
@@ -1260,6 +1268,7 @@ fn admin_router(
                 let mut text = metrics_text(&s);
                 // The build and the start; the controller does not reload.
                 started.metrics(&mut text, false);
+                presented.metrics(&mut text);
                 async move { text }
             }),
         )

@@ -90,6 +90,8 @@ pub struct TlsConfig {
     /// A digest of the credential files' paths and bytes ([`digest`]): a reload that finds other bytes
     /// under the same names says so ([`TlsConfig::change`]).
     digest: u64,
+    /// When `cert` expires (seconds since the Unix epoch), for `/metrics` ([`Presented`]).
+    pub not_after: Option<i64>,
     acceptor: Arc<SslAcceptor>,
 }
 
@@ -278,8 +280,14 @@ impl Naming {
 }
 
 /// Loads `cert` (PEM: the leaf, then any intermediates) and its private `key` into `b`; errors name the
-/// settings (`names`) and the files, and a key that does not match the certificate.
-pub(crate) fn set_identity(b: &mut SslContextBuilder, names: Naming, cert: &Path, key: &Path) -> Result<(), String> {
+/// settings (`names`) and the files, and a key that does not match the certificate. Returns when the
+/// leaf expires ([`unix_time`] of its notAfter).
+pub(crate) fn set_identity(
+    b: &mut SslContextBuilder,
+    names: Naming,
+    cert: &Path,
+    key: &Path,
+) -> Result<Option<i64>, String> {
     let (kc, kk) = (names.key("cert"), names.key("key"));
     let chain = X509::stack_from_pem(&read(&kc, cert)?)
         .map_err(|e| format!("{kc} {}: not a PEM certificate: {e}", cert.display()))?;
@@ -296,7 +304,77 @@ pub(crate) fn set_identity(b: &mut SslContextBuilder, names: Naming, cert: &Path
         return Err(mismatch());
     }
     b.set_private_key(&pkey).map_err(|e| format!("{kk} {}: {e}", key.display()))?;
-    b.check_private_key().map_err(|_| mismatch())
+    b.check_private_key().map_err(|_| mismatch())?;
+    Ok(unix_time(leaf.not_after()))
+}
+
+/// An ASN.1 time (a certificate's notAfter) in seconds since the Unix epoch.
+fn unix_time(t: &openssl::asn1::Asn1TimeRef) -> Option<i64> {
+    let d = openssl::asn1::Asn1Time::from_unix(0).ok()?.diff(t).ok()?;
+    Some(i64::from(d.days) * 86_400 + i64::from(d.secs))
+}
+
+/// The certificates a daemon presents, by use, for `/metrics`: when each expires
+/// (`rein_tls_certificate_expiration_timestamp_seconds{use}`, read at each scrape, so a renewal a reload
+/// took shows at once). Uses without a certificate (PSK, no TLS) have no series.
+#[derive(Clone, Default)]
+pub struct Presented(Vec<(&'static str, Held)>);
+
+/// Where a [`Presented`] certificate is held.
+#[derive(Clone)]
+enum Held {
+    Server(LiveTls),
+    Client(LiveTlsClient),
+    Fixed(Option<i64>),
+}
+
+impl Presented {
+    /// Adds a server's context (`nbd`, `admin`), as reloads replace it.
+    pub fn server(mut self, name: &'static str, tls: Option<LiveTls>) -> Presented {
+        self.0.extend(tls.map(|t| (name, Held::Server(t))));
+        self
+    }
+
+    /// Adds a client's context (`node_tls`, `pshift_tls`), as reloads replace it.
+    pub fn client(mut self, name: &'static str, tls: Option<LiveTlsClient>) -> Presented {
+        self.0.extend(tls.map(|t| (name, Held::Client(t))));
+        self
+    }
+
+    /// Adds a context that no reload replaces (the pShift controller's).
+    pub fn fixed(mut self, name: &'static str, tls: Option<&TlsConfig>) -> Presented {
+        self.0.extend(tls.map(|t| (name, Held::Fixed(t.not_after))));
+        self
+    }
+
+    /// Appends the expiry series (module comment of [`Presented`]) to `o`.
+    pub fn metrics(&self, o: &mut String) {
+        use std::fmt::Write;
+        let now: Vec<(&str, i64)> = (self.0.iter())
+            .filter_map(|(name, held)| {
+                let t = match held {
+                    Held::Server(t) => t.get().and_then(|t| t.not_after),
+                    Held::Client(t) => t.get().not_after,
+                    Held::Fixed(t) => *t,
+                };
+                t.map(|t| (*name, t))
+            })
+            .collect();
+        if now.is_empty() {
+            return;
+        }
+        let metric = "rein_tls_certificate_expiration_timestamp_seconds";
+        let _ = writeln!(
+            o,
+            "# HELP {metric} When the certificate the daemon presents expires (its notAfter), in seconds since the \
+             Unix epoch, by use: nbd (the NBD listener), admin (the admin endpoint's HTTPS), node_tls (a gateway's \
+             node links), pshift_tls (the link to the pShift controller), controller (the controller's listener). \
+             A reload that takes a renewed certificate moves it.\n# TYPE {metric} gauge"
+        );
+        for (name, t) in now {
+            let _ = writeln!(o, "{metric}{{use=\"{name}\"}} {t}");
+        }
+    }
 }
 
 /// Reads the PEM certificates of a `ca` file (at least one).
@@ -337,12 +415,12 @@ impl TlsConfig {
         // every PSK client of a server with both `ca` and `psk_file` failed ("session id context
         // uninitialized").
         b.set_session_id_context(b"rein-nbd").map_err(|e| format!("tls: session id context: {e}"))?;
-        match (&files.cert, &files.key) {
+        let not_after = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => set_identity(&mut b, Naming::Table("tls"), cert, key)?,
             (Some(_), None) => return Err("tls.cert needs tls.key".into()),
             (None, Some(_)) => return Err("tls.key needs tls.cert".into()),
-            (None, None) => {}
-        }
+            (None, None) => None,
+        };
         if let Some(ca) = &files.ca {
             for c in read_ca("tls.ca", ca)? {
                 b.add_client_ca(&c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
@@ -368,7 +446,7 @@ impl TlsConfig {
                 }
             });
         }
-        Ok(TlsConfig { mode, cert: files.cert, ca: files.ca, psk, digest, acceptor: Arc::new(b.build()) })
+        Ok(TlsConfig { mode, cert: files.cert, ca: files.ca, psk, digest, not_after, acceptor: Arc::new(b.build()) })
     }
 
     /// What a reload that replaces `old` by `new` changes, in words for its log line (`mode on ->
@@ -493,6 +571,8 @@ pub struct TlsClient {
     files: TlsClientFiles,
     /// A digest of the files' paths and bytes ([`digest`]).
     digest: u64,
+    /// When `cert` expires (seconds since the Unix epoch), for `/metrics` ([`Presented`]).
+    not_after: Option<i64>,
 }
 
 impl fmt::Debug for TlsClient {
@@ -518,13 +598,14 @@ impl TlsClient {
         // Only the configured CA: a node's certificate signed by any public root must not pass.
         let mut store = X509StoreBuilder::new().map_err(|e| format!("{table}: {e}"))?;
         let mut psk_identity = None;
+        let mut not_after = None;
         match (&files.ca, &files.psk_file) {
             (Some(ca), None) => {
                 for c in read_ca(&k("ca"), ca)? {
                     store.add_cert(c).map_err(|e| format!("{} {}: {e}", k("ca"), ca.display()))?;
                 }
                 match (&files.cert, &files.key) {
-                    (Some(cert), Some(key)) => set_identity(&mut b, names, cert, key)?,
+                    (Some(cert), Some(key)) => not_after = set_identity(&mut b, names, cert, key)?,
                     (Some(_), None) => return Err(format!("{} needs {}", k("cert"), k("key"))),
                     (None, Some(_)) => return Err(format!("{} needs {}", k("key"), k("cert"))),
                     (None, None) => {}
@@ -571,7 +652,7 @@ impl TlsClient {
         }
         b.set_cert_store(store.build());
         b.set_verify(SslVerifyMode::PEER);
-        Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files, digest })
+        Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files, digest, not_after })
     }
 
     /// Whether `new` differs from `self` in its files, their bytes or the PSK identity it offers (a

@@ -48,12 +48,20 @@ fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export() {
         );
     }
 
-    // A rein serve node, a PARDA host (a gateway with [parda]) over it, and a pShift controller.
+    // A rein serve node (with a certificate, for its expiry), a PARDA host (a gateway with [parda]) over
+    // it, and a pShift controller.
     let tmp = tmpdir("alerts");
+    common::tls::make_ca(tmp.path(), "ca", "ca");
+    common::tls::make_cert(tmp.path(), "ca", "node", "127.0.0.183", &common::tls::server("IP:127.0.0.183"));
     let node = serve_in(
         &tmp.path().join("node"),
         &local(183),
-        &format!("{MEMORY}[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n"),
+        &format!(
+            "{MEMORY}[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n[tls]\nmode = \"on\"\ncert = \"{}\"\n\
+             key = \"{}\"\n",
+            tmp.path().join("node-cert.pem").display(),
+            tmp.path().join("node-key.pem").display()
+        ),
     );
     let gw_text = format!(
         "{}\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"nbd\"\n[[tenants]]\nname = \"vm1\"\n\

@@ -726,6 +726,11 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
     let links = nodes[0]["nodes"].as_array().unwrap();
     assert!(links.len() == 2 && links.iter().all(|n| n["tls"] == true && n["connected"] == 2), "{body}");
+    // The client certificate's expiry, in /metrics.
+    let series = "rein_tls_certificate_expiration_timestamp_seconds{use=\"node_tls\"} ";
+    let text = common::metrics(gw.admin);
+    let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series}in {text}"));
+    assert_eq!(line[series.len()..].parse::<i64>().unwrap(), common::tls::not_after(dir, "gwa-cert.pem"));
     drop(gw);
     // PSK (gw-p): reads what gw-a wrote.
     let gw = gateway(&config("p.toml", &psk("gw.psk"), ""));

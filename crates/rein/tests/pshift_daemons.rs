@@ -651,7 +651,8 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
 /// The controller link over x509: the controller's certificate (for its IP address) chains to the CA the
 /// servers trust, and the servers' client certificates to the CA in its `[tls] ca`; `allow_identities`
 /// admits certificate CNs. A server with its certificate is welcomed; one without a client certificate
-/// is cut by the controller's alert, one whose CN is not allowed is refused.
+/// is cut by the controller's alert, one whose CN is not allowed is refused. Both sides' `/metrics` give
+/// their certificate's expiry.
 #[test]
 fn the_controller_link_runs_x509_with_client_certificates() {
     let _shared = common::beside_measuring();
@@ -695,6 +696,15 @@ fn the_controller_link_runs_x509_with_client_certificates() {
     assert_eq!(code, 200, "{body}");
     let st: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!((st["servers"][0][1].clone(), st["servers"][1][1].clone()), (true.into(), false.into()), "{st}");
+    // Each certificate's expiry in /metrics: the controller's own, and s1's client certificate.
+    let expiry = |admin, use_: &str| {
+        let text = common::metrics(admin);
+        let series = format!("rein_tls_certificate_expiration_timestamp_seconds{{use=\"{use_}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series}in {text}"));
+        line[series.len()..].parse::<i64>().unwrap()
+    };
+    assert_eq!(expiry(ctl.admin, "controller"), common::tls::not_after(dir, "ctl-cert.pem"));
+    assert_eq!(expiry(good.admin, "pshift_tls"), common::tls::not_after(dir, "s1-cert.pem"));
 }
 
 /// A tenant created at run time (the admin API) whose name is a bucket's becomes that bucket at the next

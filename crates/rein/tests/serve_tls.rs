@@ -500,7 +500,8 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     make_ca(dir, "ca2", "ca2");
     let san = tls::server("IP:127.0.0.49");
     make_cert(dir, "ca", "server", "127.0.0.49", &san);
-    make_cert(dir, "ca2", "renewed", "127.0.0.49", &san);
+    // Valid for 30 days (the first for 2), so that the expiry in /metrics tells them apart too.
+    tls::make_cert_for(dir, "ca2", "renewed", "127.0.0.49", &san, 30);
     let config = "admin_tls = true\n[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n";
     let s = start(dir, 49, &format!("{config}{PLAIN}"));
     let (old, new) = (cert_dir(dir, "old-dir", "ca", None), cert_dir(dir, "new-dir", "ca2", None));
@@ -518,6 +519,21 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     assert!(served(&info(&old)), "before: the first CA's certificate");
     assert!(!served(&info(&new)), "before: not the second's");
     assert!(https("ca-cert.pem").0, "before: HTTPS with the first certificate");
+    // Each certificate's expiry, read at each scrape (here over HTTPS, with the CA that is current).
+    let expiry = |ca: &str, use_: &str| {
+        let out = tool("curl")
+            .current_dir(dir)
+            .args(["-sS", "--max-time", "20", "--cacert", ca])
+            .arg(format!("https://{}/metrics", s.admin))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let series = format!("rein_tls_certificate_expiration_timestamp_seconds{{use=\"{use_}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series}in {text}"));
+        line[series.len()..].parse::<i64>().unwrap()
+    };
+    let first = tls::not_after(dir, "server-cert.pem");
+    assert_eq!((expiry("ca-cert.pem", "nbd"), expiry("ca-cert.pem", "admin")), (first, first));
     // A load over TLS, running across the reload.
     let load = Cmd::new(env!("CARGO_BIN_EXE_rein"))
         .current_dir(dir)
@@ -540,6 +556,9 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     assert!(!served(&stale), "after: not the old one");
     assert!(String::from_utf8_lossy(&stale.stderr).contains("gnutls"), "{}", String::from_utf8_lossy(&stale.stderr));
     assert!(https("ca2-cert.pem").0, "after: HTTPS with the renewed certificate");
+    let renewed = tls::not_after(dir, "renewed-cert.pem");
+    assert!(renewed > first + 20 * 86_400, "{first} {renewed}");
+    assert_eq!((expiry("ca2-cert.pem", "nbd"), expiry("ca2-cert.pem", "admin")), (renewed, renewed));
     let (ok, e) = https("ca-cert.pem");
     assert!(!ok, "after: HTTPS not with the old one: {e}");
     let out = load.wait_with_output().unwrap();

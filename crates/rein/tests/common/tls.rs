@@ -27,8 +27,13 @@ pub(crate) fn server(alt_names: &str) -> String {
 }
 
 /// A certificate `<name>-cert.pem` with key `<name>-key.pem`, common name `cn` and `extensions`
-/// ([`CLIENT`], [`server`]), signed by the CA `ca` (see [`make_ca`]).
+/// ([`CLIENT`], [`server`]), signed by the CA `ca` (see [`make_ca`]), valid for 2 days.
 pub(crate) fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, extensions: &str) {
+    make_cert_for(dir, ca, name, cn, extensions, 2);
+}
+
+/// [`make_cert`] valid for `days` days.
+pub(crate) fn make_cert_for(dir: &Path, ca: &str, name: &str, cn: &str, extensions: &str, days: u32) {
     let (key, csr, cert, ext) =
         (format!("{name}-key.pem"), format!("{name}.csr"), format!("{name}-cert.pem"), format!("{name}.ext"));
     std::fs::write(dir.join(&ext), extensions).unwrap();
@@ -50,11 +55,20 @@ pub(crate) fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, extensions: 
             "-out",
             &cert,
             "-days",
-            "2",
+            &days.to_string(),
             "-extfile",
             &ext,
         ],
     );
+}
+
+/// When the certificate in `dir/file` expires (its notAfter), in seconds since the Unix epoch.
+pub(crate) fn not_after(dir: &Path, file: &str) -> i64 {
+    let out = tool("openssl").current_dir(dir).args(["x509", "-noout", "-enddate", "-in", file]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let date = text.trim().trim_start_matches("notAfter=");
+    let out = std::process::Command::new("date").args(["-u", "-d", date, "+%s"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|e| panic!("notAfter {date:?}: {e}"))
 }
 
 /// A libnbd / qemu certificate directory `dir/name`: `ca-cert.pem` and, if `client` names a certificate,
