@@ -33,11 +33,13 @@
 # VARIANT it applies to the variant's row only (VARIANT="HALT_POLL_NS=200000": an A/B in the same rounds).
 # A virtual CPU that polls before it halts is woken without an interrupt: on a VM of 2026-11-30 (polling off
 # at boot) 200 us of polling took the gateway from 0.52-0.54x to 0.58-0.60x of direct (docs/gateway.md).
+# GW_RT=prio runs the gateway and its nodes (every thread) at SCHED_FIFO priority prio, GW_NICE=n at nice n,
+# once they listen (fio stays as it is): tried on 2026-12-05 in VARIANT rows, neither helps (below).
 # REIN names the binary (default ./target/release/rein). BASE=path adds a row in the same rounds: the
 # gateway (and its nodes) of another build, with that build's defaults unless BASE_GW_THREADS /
 # BASE_GW_CONNS say otherwise.
 # Usage: [PERF=1 [PERF_ALL=1]] [FLOOR=1] [UNIX=1] [GW_THREADS=n] [GW_CONNS=n] [NODE_THREADS=n] [GWNODE_THREADS=n]
-#   [GWNODE_IO_ENGINE=e] [NODE_TLS=psk] [RATE=n] [HALT_POLL_NS=ns] [VARIANT="K=V ..."] [REIN=path] [BASE=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
+#   [GWNODE_IO_ENGINE=e] [NODE_TLS=psk] [RATE=n] [HALT_POLL_NS=ns] [GW_RT=prio] [GW_NICE=n] [VARIANT="K=V ..."] [REIN=path] [BASE=path] bash scripts/bench-gateway.sh [SECONDS] [ROUNDS] [PROTOCOL: nbd | auto | rein]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -118,6 +120,8 @@ gateway_run() { # [perf | unix] -> "IOPS CPU-us-per-IO sleeps-per-IO" (measure)
     printf '[[exports]]\nname = "vol"\nsize_mb = 1024\nstripe_kb = 64\n'; } > "$W/gw.toml"
   "$REIN" gateway --config "$W/gw.toml" 2>/dev/null & local gw=$!
   wait_port 127.0.0.45 10809
+  if [ -n "${GW_RT:-}" ]; then for p in $gw "${pids[@]}"; do chrt -f -a -p "$GW_RT" $p >/dev/null; done; fi
+  if [ -n "${GW_NICE:-}" ]; then for p in $gw "${pids[@]}"; do for t in /proc/$p/task/*; do renice -n "$GW_NICE" -p "${t##*/}" >/dev/null; done; done; fi
   if [ "${1:-}" = perf ]; then
     perf record -g -o "$W/perf.data" $([ -n "${PERF_ALL:-}" ] && echo -a || echo -p $gw) -- sleep "$SECS" >/dev/null 2>&1 & local perf=$!
   fi
