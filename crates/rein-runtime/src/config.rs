@@ -39,6 +39,7 @@
 //! cert = "server-cert.pem"       # x509 server certificate (PEM); with key
 //! key = "server-key.pem"
 //! ca = "ca-cert.pem"             # optional: require and verify client certificates
+//! crl = "ca-crl.pem"             # optional, with ca: revoked client certificates (PEM CRLs)
 //! psk_file = "keys.psk"          # optional: "identity:hexkey" per line (psktool's format)
 //!
 //! [node]                         # optional: the storage-node protocol for `rein gateway` (docs/node-protocol.md)
@@ -359,6 +360,7 @@ pub(crate) struct TlsFile {
     key: Option<String>,
     ca: Option<String>,
     psk_file: Option<String>,
+    crl: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -756,7 +758,13 @@ pub(crate) fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, String> 
         Some(o) => return Err(format!("tls.mode {o:?}: expected off, on or require")),
     };
     let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
-    let files = TlsFiles { cert: path(&t.cert), key: path(&t.key), ca: path(&t.ca), psk_file: path(&t.psk_file) };
+    let files = TlsFiles {
+        cert: path(&t.cert),
+        key: path(&t.key),
+        ca: path(&t.ca),
+        psk_file: path(&t.psk_file),
+        crl: path(&t.crl),
+    };
     TlsConfig::build(mode, files)
 }
 

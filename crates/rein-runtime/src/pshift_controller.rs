@@ -137,6 +137,7 @@ struct TlsFile {
     key: Option<String>,
     ca: Option<String>,
     psk_file: Option<String>,
+    crl: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -268,6 +269,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
                 key: path(&t.key),
                 ca: path(&t.ca),
                 psk_file: path(&t.psk_file),
+                crl: path(&t.crl),
             };
             Some(crate::tls::TlsConfig::build(rein_proto::nbd::TlsMode::Require, files)?)
         }

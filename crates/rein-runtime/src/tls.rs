@@ -9,6 +9,13 @@
 //! - **x509**: `cert` (PEM, the server's certificate followed by any intermediates) and `key` (PEM).
 //!   With `ca` (PEM, one or more certificates) every client must present a certificate that chains to
 //!   one of them (the handshake fails otherwise); without it no client certificate is asked for.
+//! - **Revocation** (`crl`, with `ca`): PEM CRLs (`openssl ca -gencrl`; qemu-nbd and nbdkit read the same
+//!   file as `ca-crl.pem`), each of which must be signed by a CA of `ca` (checked at load: a CRL no
+//!   configured CA signed could revoke anyone). A client certificate that OpenSSL's chain check accepts
+//!   is then refused if a CRL of its issuer lists its serial number; the server logs that it is revoked.
+//!   The lists are used whatever their nextUpdate says (a CA with no CRL revokes no one; Rein does not
+//!   ask OpenSSL for its CRL check, which refuses every client of a CA without a current CRL). A reload
+//!   takes a new CRL written over the file ("Reload").
 //! - **PSK** (`psk_file`): `identity:hexkey` per line, the format of GnuTLS's `psktool` that nbdkit,
 //!   qemu-nbd and libnbd read. Keys of 1..=[`MAX_PSK_BYTES`] bytes, identities of 1..=[`MAX_IDENTITY_BYTES`]
 //!   bytes, at most [`MAX_PSK_IDENTITIES`] lines; blank lines are skipped. A PSK client needs no
@@ -117,6 +124,8 @@ pub struct TlsFiles {
     pub ca: Option<PathBuf>,
     /// `psk_file`.
     pub psk_file: Option<PathBuf>,
+    /// `crl`: revoked client certificates (PEM CRLs, each signed by a CA of `ca`).
+    pub crl: Option<PathBuf>,
 }
 
 /// Reads a credential file named by the key `key` (`tls.cert`, `node_tls.ca`, ...), at most
@@ -387,6 +396,60 @@ fn read_ca(key: &str, ca: &Path) -> Result<Vec<X509>, String> {
     Ok(certs)
 }
 
+/// Reads the PEM CRLs of a `crl` file (at least one), each of which must be signed by a CA of `cas` (from
+/// the `ca` file `ca_path`): a CRL no configured CA vouches for could revoke anyone. Errors name the
+/// files and the CRL's issuer.
+fn read_crls(path: &Path, cas: &[X509], ca_path: &Path) -> Result<Vec<openssl::x509::X509Crl>, String> {
+    let at = |what: String| format!("tls.crl {}: {what}", path.display());
+    let bytes = read("tls.crl", path)?;
+    let text = String::from_utf8(bytes).map_err(|_| at("not PEM text".into()))?;
+    const BEGIN: &str = "-----BEGIN X509 CRL-----";
+    const END: &str = "-----END X509 CRL-----";
+    let mut crls = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find(BEGIN) {
+        let end =
+            rest[start..].find(END).ok_or_else(|| at(format!("a CRL without its {END} line")))? + start + END.len();
+        let crl = openssl::x509::X509Crl::from_pem(&rest.as_bytes()[start..end])
+            .map_err(|e| at(format!("not a PEM CRL: {e}")))?;
+        let issuer = name_of(crl.issuer_name());
+        let signed = cas.iter().any(|ca| {
+            ca.subject_name().try_cmp(crl.issuer_name()).is_ok_and(|o| o.is_eq())
+                && ca.public_key().is_ok_and(|k| crl.verify(&k).unwrap_or(false))
+        });
+        if !signed {
+            return Err(at(format!(
+                "the CRL of {issuer} is not signed by a CA of tls.ca {} (a CRL no configured CA signed could revoke \
+                 anyone)",
+                ca_path.display()
+            )));
+        }
+        crls.push(crl);
+        rest = &rest[end..];
+    }
+    if crls.is_empty() {
+        return Err(at(format!("no CRL in it (a {BEGIN} block)")));
+    }
+    Ok(crls)
+}
+
+/// Whether a CRL of `cert`'s issuer lists its serial number as revoked.
+fn revoked(crls: &[openssl::x509::X509Crl], cert: &openssl::x509::X509Ref) -> bool {
+    crls.iter().any(|crl| {
+        crl.issuer_name().try_cmp(cert.issuer_name()).is_ok_and(|o| o.is_eq())
+            && matches!(crl.get_by_serial(cert.serial_number()), openssl::x509::CrlStatus::Revoked(_))
+    })
+}
+
+/// A certificate name as errors show it: its CN, else every entry.
+fn name_of(name: &openssl::x509::X509NameRef) -> String {
+    let text = |e: &openssl::x509::X509NameEntryRef| e.data().to_string().map(|s| s.to_string()).unwrap_or_default();
+    match name.entries_by_nid(Nid::COMMONNAME).next() {
+        Some(cn) => format!("CN={}", text(cn)),
+        None => name.entries().map(text).collect::<Vec<_>>().join(", "),
+    }
+}
+
 /// Where a connection's PSK identity is kept between the PSK callback and [`TlsConfig::accept`].
 fn psk_identity_index() -> Index<Ssl, String> {
     static INDEX: OnceLock<Index<Ssl, String>> = OnceLock::new();
@@ -402,7 +465,7 @@ impl TlsConfig {
         if mode != TlsMode::Off && files.cert.is_none() && files.psk_file.is_none() {
             return Err("tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file".into());
         }
-        let digest = digest(&[&files.cert, &files.key, &files.ca, &files.psk_file]);
+        let digest = digest(&[&files.cert, &files.key, &files.ca, &files.psk_file, &files.crl]);
         let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
             .map_err(|e| format!("tls: cannot create the TLS context: {e}"))?;
         b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("tls: cipher list: {e}"))?;
@@ -422,11 +485,32 @@ impl TlsConfig {
             (None, None) => None,
         };
         if let Some(ca) = &files.ca {
-            for c in read_ca("tls.ca", ca)? {
-                b.add_client_ca(&c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
-                b.cert_store_mut().add_cert(c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
+            let cas = read_ca("tls.ca", ca)?;
+            for c in &cas {
+                b.add_client_ca(c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
+                b.cert_store_mut().add_cert(c.clone()).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
             }
-            b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+            let verify = SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT;
+            match &files.crl {
+                None => b.set_verify(verify),
+                Some(crl) => {
+                    let crls = read_crls(crl, &cas, ca)?;
+                    // The chain is checked by OpenSSL first; a client certificate it accepts is then
+                    // refused if a CRL of its issuer lists its serial number ("Revocation").
+                    b.set_verify_callback(verify, move |ok, ctx| {
+                        if !ok || ctx.error_depth() != 0 {
+                            return ok;
+                        }
+                        if ctx.current_cert().is_some_and(|c| revoked(&crls, c)) {
+                            ctx.set_error(openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION);
+                            return false;
+                        }
+                        true
+                    });
+                }
+            }
+        } else if files.crl.is_some() {
+            return Err("tls.crl needs tls.ca: it revokes client certificates, which only tls.ca asks for".into());
         }
         let mut psk = None;
         if let Some(path) = &files.psk_file {
@@ -464,7 +548,7 @@ impl TlsConfig {
             what.push(format!("mode {} -> {}", name(mode(old)), name(mode(new))));
         }
         if old.map(|t| t.digest) != new.map(|t| t.digest) {
-            what.push("new credentials (the cert, key, ca or psk_file, or their contents)".to_string());
+            what.push("new credentials (the cert, key, ca, crl or psk_file, or their contents)".to_string());
         }
         (!what.is_empty()).then(|| what.join(", "))
     }
@@ -489,7 +573,12 @@ impl TlsConfig {
         stream: S,
     ) -> Result<(SslStream<S>, Option<String>), TlsError> {
         let mut tls = self.server_stream(stream)?;
-        Pin::new(&mut tls).accept().await.map_err(|e| TlsError(e.to_string()))?;
+        if let Err(e) = Pin::new(&mut tls).accept().await {
+            // The CRL's refusal (`crl`) is the one the verify callback sets: say so.
+            let revoked = tls.ssl().verify_result() == openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION;
+            let why = if revoked { " (the client's certificate is revoked: tls.crl lists it)" } else { "" };
+            return Err(TlsError(format!("{e}{why}")));
+        }
         let ssl = tls.ssl();
         let identity = ssl.ex_data(psk_identity_index()).cloned().or_else(|| {
             let cert = ssl.peer_certificate()?;

@@ -590,3 +590,50 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     assert!(line.contains("mode require -> on") && !line.contains("new credentials"), "{line}");
     run_ok(tool("nbdinfo").arg(format!("nbd://{}/rd", s.nbd)));
 }
+
+/// `[tls] crl` revokes client certificates (PEM CRLs signed by a CA of `ca`, the file qemu-nbd and nbdkit
+/// read as `ca-crl.pem`): a revoked client's TLS handshake fails, and the server's log says why. A
+/// certificate is revoked at run time by writing the CA's new CRL over the file and reloading, without a
+/// restart; alice, not revoked, is served throughout. A CRL without `ca`, one no CA of `ca` signed, and a
+/// file with no CRL are refused at start, naming the key and the file.
+#[test]
+fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
+    let tmp = tmpdir("tls-crl");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "ca");
+    make_ca(dir, "other", "other");
+    make_cert(dir, "ca", "server", "127.0.0.50", &tls::server("IP:127.0.0.50"));
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
+    tls::make_crl(dir, "ca", "crl.pem");
+    let s = start(
+        dir,
+        50,
+        &format!(
+            "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
+             crl = \"crl.pem\"\n{PLAIN}"
+        ),
+    );
+    let (alice, bob) = (cert_dir(dir, "alice-dir", "ca", Some("alice")), cert_dir(dir, "bob-dir", "ca", Some("bob")));
+    let info = |d: &Path| run(tool("nbdinfo").arg(uri(&s, "rd", &format!("tls-certificates={}", d.display()))));
+    assert!(info(&alice).status.success() && info(&bob).status.success(), "an empty CRL revokes no one");
+    tls::revoke(dir, "ca", "bob");
+    tls::make_crl(dir, "ca", "crl.pem");
+    s.signal("-HUP");
+    s.wait_line("reload: [tls]: new credentials");
+    let e = run_fails(tool("nbdinfo").arg(uri(&s, "rd", &format!("tls-certificates={}", bob.display()))));
+    assert!(e.contains("gnutls_handshake") || e.contains("TLS"), "{e}");
+    s.wait_line("the client's certificate is revoked: tls.crl lists it");
+    assert!(info(&alice).status.success(), "alice is not revoked");
+    // What a start refuses.
+    let config = |crl: &str, ca: &str| {
+        format!("[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n{ca}crl = \"{crl}\"\n{PLAIN}")
+    };
+    let e = start_fails(dir, &config("crl.pem", ""));
+    assert!(e.contains("tls.crl needs tls.ca"), "{e}");
+    tls::make_crl(dir, "other", "other-crl.pem");
+    let e = start_fails(dir, &config("other-crl.pem", "ca = \"ca-cert.pem\"\n"));
+    assert!(e.contains("other-crl.pem") && e.contains("the CRL of CN=other is not signed by a CA of tls.ca"), "{e}");
+    let e = start_fails(dir, &config("server-cert.pem", "ca = \"ca-cert.pem\"\n"));
+    assert!(e.contains("tls.crl") && e.contains("no CRL in it"), "{e}");
+}

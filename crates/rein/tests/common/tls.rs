@@ -83,3 +83,32 @@ pub(crate) fn cert_dir(dir: &Path, name: &str, ca: &str, client: Option<&str>) -
     }
     d
 }
+
+/// Writes `<ca>.cnf` and the database `openssl ca` keeps for the CA `ca` in `dir` (once), so that it can
+/// revoke certificates and issue CRLs; returns the config's name.
+fn ca_database(dir: &Path, ca: &str) -> String {
+    let cnf = format!("{ca}.cnf");
+    if !dir.join(&cnf).exists() {
+        std::fs::write(dir.join(format!("{ca}-index.txt")), "").unwrap();
+        std::fs::write(dir.join(format!("{ca}-crlnumber")), "01\n").unwrap();
+        let text = format!(
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = {ca}-index.txt\ncrlnumber = {ca}-crlnumber\n\
+             certificate = {ca}-cert.pem\nprivate_key = {ca}-key.pem\ndefault_md = sha256\ndefault_crl_days = 2\n"
+        );
+        std::fs::write(dir.join(&cnf), text).unwrap();
+    }
+    cnf
+}
+
+/// Writes the CA `ca`'s CRL (PEM) to `dir/out`: the certificates [`revoke`] revoked so far, or none.
+pub(crate) fn make_crl(dir: &Path, ca: &str, out: &str) {
+    let cnf = ca_database(dir, ca);
+    openssl(dir, &["ca", "-config", &cnf, "-gencrl", "-out", out]);
+}
+
+/// Revokes the certificate `<name>-cert.pem`, issued by the CA `ca`, in that CA's database (the next
+/// [`make_crl`] lists it).
+pub(crate) fn revoke(dir: &Path, ca: &str, name: &str) {
+    let cnf = ca_database(dir, ca);
+    openssl(dir, &["ca", "-config", &cnf, "-revoke", &format!("{name}-cert.pem")]);
+}
