@@ -1281,7 +1281,13 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
     if let Some(what) = TlsConfig::change(live.base.tls.as_ref(), new.tls.as_ref()) {
         r.applied.push(format!("[tls]: {what}: for NBD connections from now on (connections open keep their session)"));
     }
-    live.tls.set(new.tls.clone());
+    let cut = live.tls.set(new.tls.clone());
+    if !cut.is_empty() {
+        r.applied.push(format!(
+            "[tls]: {} closed: the new credentials revoke their client (each logged)",
+            rein_core::Count(cut.len(), "open connection")
+        ));
+    }
     live.base.tls = new.tls.clone();
     node_tls.keep();
     Ok(r)

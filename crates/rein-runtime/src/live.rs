@@ -1058,7 +1058,13 @@ impl Registry {
             report.applied.push(format!("[mclock] {}", changed.join(", ")));
         }
         // Built from the files as they are now, so replaced whatever the comparison says (module `tls`).
-        self.tls.set(base.tls.clone());
+        let cut = self.tls.set(base.tls.clone());
+        if !cut.is_empty() {
+            report.applied.push(format!(
+                "[tls]: {} closed: the new credentials revoke their client (each logged)",
+                rein_core::Count(cut.len(), "open connection")
+            ));
+        }
         if let (Some(live), Some(t)) = (&self.admin_tls, &base.admin_tls) {
             live.set(Some(t.clone()));
         }

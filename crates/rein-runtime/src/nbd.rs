@@ -83,7 +83,7 @@ use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::remote::RemoteVolume;
 use crate::sock::{Peer, Sock};
 use crate::storage::Storage;
-use crate::tls::{LiveTls, NbdStream, TlsError};
+use crate::tls::{Credential, LiveTls, NbdStream, Registration, TlsError};
 use rein_core::TenantId;
 use rein_proto::nbd::{
     self as p, Event, ExportInfo, Negotiated, NodeHello, NodeReplyTrailer, NodeWelcome, Rejection, ReplyEncoder,
@@ -354,7 +354,7 @@ pub async fn serve_connection(
 
 /// What a finished handshake leaves: the transport, what was agreed, the client's identity, its tenant
 /// slot, and the tenants of a storage-node session's slots (empty otherwise).
-type Opened = (NbdStream, Negotiated, Option<String>, Option<TenantSlot>, Vec<TenantId>);
+type Opened = (NbdStream, Negotiated, Option<String>, Option<TenantSlot>, Vec<TenantId>, Option<Registration>);
 
 /// What a server's accept loop does with one `accept` result (rein serve's and rein gateway's): admits the
 /// connection under the policy's caps and spawns its task on `tasks` (a refused client is answered
@@ -445,16 +445,24 @@ pub async fn serve_client(
         let shutdown = &mut hs_shutdown;
         match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None), shutdown).await? {
             HsEnd::Left => Ok(None),
-            HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Plain(stream), n, None, slot, node))),
+            HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Plain(stream), n, None, slot, node, None))),
             HsEnd::StartTls => {
                 let tls = tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
+                // A duplicate of the socket, so that a reload that revokes this client can cut it.
+                let socket = stream.dup().ok();
                 let (mut stream, identity) = tls.accept(stream).await?;
+                let registration = match (socket, Credential::of(stream.ssl())) {
+                    (Some(fd), Some(who)) => Some(policy.tls.register(who, peer.to_string(), fd)),
+                    _ => None,
+                };
                 hs.tls_established();
                 hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));
                 let who = (peer, identity.as_deref());
                 match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, who, shutdown).await? {
                     HsEnd::Left => Ok(None),
-                    HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Tls(Box::new(stream)), n, identity, slot, node))),
+                    HsEnd::Open(n, slot, node) => {
+                        Ok(Some((NbdStream::Tls(Box::new(stream)), n, identity, slot, node, registration)))
+                    }
                     HsEnd::StartTls => Err(ConnError::Proto(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS"))),
                 }
             }
@@ -478,7 +486,10 @@ pub async fn serve_client(
             return Err(ConnError::Timeout);
         }
     };
-    let Some((transport, negotiated, identity, _tenant_slot, node_tenants)) = opened else { return Ok(()) };
+    // The registration lives as long as the connection (a reload can cut it while it is listed).
+    let Some((transport, negotiated, identity, _tenant_slot, node_tenants, _registration)) = opened else {
+        return Ok(());
+    };
     let export = exports[negotiated.export].clone();
     drop(exports);
     let opened = Instant::now();

@@ -131,6 +131,16 @@ impl Sock {
         }
     }
 
+    /// A duplicate of the socket's descriptor: shutting it down ends the connection from elsewhere
+    /// ([`crate::tls::LiveTls::set`]).
+    pub fn dup(&self) -> io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        match self {
+            Sock::Tcp(s) => s.as_fd().try_clone_to_owned(),
+            Sock::Unix(s) => s.as_fd().try_clone_to_owned(),
+        }
+    }
+
     /// Owned halves, with no lock between them.
     pub fn into_split(self) -> (SockRead, SockWrite) {
         match self {

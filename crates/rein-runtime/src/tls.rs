@@ -38,7 +38,10 @@
 //! A server's context is held in a [`LiveTls`], which the reload replaces: each handshake takes the one
 //! current when the connection comes in (its mode and credentials together), so connections opened
 //! from then on use the new one, and connections already open keep the session they negotiated, as
-//! with nginx or HAProxy. A client's context (a gateway's `[node_tls]`, rein serve's `[pshift.tls]`) is
+//! with nginx or HAProxy, unless the new context revokes their client: a certificate its `crl` lists,
+//! a PSK identity its `psk_file` no longer has. Those are cut at the reload (their sockets shut down,
+//! [`LiveTls::set`]): an NBD connection lives as long as its VM, and a revocation that waited for it
+//! to end would not revoke. A client's context (a gateway's `[node_tls]`, rein serve's `[pshift.tls]`) is
 //! held in a [`LiveTlsClient`] likewise: the connections opened from then on (to a node, to the pShift
 //! controller) use it. [`TlsConfig::change`] and [`TlsClient::changed`] say what a reload changed, for
 //! its log line; credentials count as changed when a file's path or bytes differ (each context keeps a
@@ -99,6 +102,10 @@ pub struct TlsConfig {
     digest: u64,
     /// When `cert` expires (seconds since the Unix epoch), for `/metrics` ([`Presented`]).
     pub not_after: Option<i64>,
+    /// `crl`'s lists, for the open connections a reload cuts ([`LiveTls::set`]).
+    crls: Arc<Vec<openssl::x509::X509Crl>>,
+    /// `psk_file`'s identities, likewise.
+    psk_identities: Option<Arc<std::collections::HashSet<String>>>,
     acceptor: Arc<SslAcceptor>,
 }
 
@@ -161,24 +168,97 @@ fn digest(paths: &[&Option<PathBuf>]) -> u64 {
 }
 
 /// A server's TLS context that a reload replaces (module comment, "Reload"): clones share it; `None` is
-/// TLS off.
+/// TLS off. It also knows the TLS connections open under it that a reload could revoke
+/// ([`LiveTls::register`]): [`LiveTls::set`] cuts those whose credential the new context revokes.
 #[derive(Clone, Default)]
-pub struct LiveTls(Arc<RwLock<Option<TlsConfig>>>);
+pub struct LiveTls {
+    tls: Arc<RwLock<Option<TlsConfig>>>,
+    open: Arc<std::sync::Mutex<OpenTls>>,
+}
+
+/// The TLS connections open under a [`LiveTls`], by number.
+#[derive(Default)]
+struct OpenTls {
+    next: u64,
+    conns: HashMap<u64, OpenConn>,
+}
+
+/// One open TLS connection: who its client is, where from, and a duplicate of its socket to cut it by.
+struct OpenConn {
+    who: Credential,
+    peer: String,
+    socket: std::os::fd::OwnedFd,
+}
+
+/// What a TLS client presented, as revocation asks ([`LiveTls::set`]).
+#[derive(Clone)]
+pub enum Credential {
+    /// A verified client certificate.
+    Cert(X509),
+    /// A PSK identity.
+    Psk(String),
+}
+
+impl Credential {
+    /// What the client of an accepted session presented, if anything a reload could revoke.
+    pub fn of(ssl: &SslRef) -> Option<Credential> {
+        match ssl.ex_data(psk_identity_index()) {
+            Some(id) => Some(Credential::Psk(id.clone())),
+            None => ssl.peer_certificate().map(Credential::Cert),
+        }
+    }
+}
+
+/// A connection's place in its [`LiveTls`]'s list: removed when dropped (the connection ended).
+pub struct Registration {
+    open: Arc<std::sync::Mutex<OpenTls>>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).conns.remove(&self.id);
+    }
+}
 
 impl LiveTls {
     /// Holds `tls`.
     pub fn new(tls: Option<TlsConfig>) -> LiveTls {
-        LiveTls(Arc::new(RwLock::new(tls)))
+        LiveTls { tls: Arc::new(RwLock::new(tls)), open: Arc::default() }
     }
 
     /// The context now: a handshake takes it once, when its connection comes in.
     pub fn get(&self) -> Option<TlsConfig> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Replaces the context for the handshakes from now on.
-    pub fn set(&self, tls: Option<TlsConfig>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = tls;
+    /// Replaces the context for the handshakes from now on, and cuts the open connections whose client
+    /// it revokes (a certificate its `crl` lists, a PSK identity its `psk_file` no longer has): their
+    /// sockets are shut down, so their reads end and their requests in flight get no reply. Returns
+    /// one line per connection cut (the peer and why), each also logged.
+    pub fn set(&self, tls: Option<TlsConfig>) -> Vec<String> {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls.clone();
+        let Some(tls) = tls else { return Vec::new() };
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cut = Vec::new();
+        for c in open.conns.values() {
+            if let Some(why) = tls.revokes(&c.who) {
+                let _ = socket2::SockRef::from(&c.socket).shutdown(std::net::Shutdown::Both);
+                tracing::warn!(peer = %c.peer, "closing a TLS connection: {why}");
+                cut.push(format!("{}: {why}", c.peer));
+            }
+        }
+        cut
+    }
+
+    /// Lists an open connection from `peer` whose client presented `who`, with a duplicate of its
+    /// socket (`socket`) for [`LiveTls::set`] to cut it by; it stays listed while the registration lives.
+    pub fn register(&self, who: Credential, peer: String, socket: std::os::fd::OwnedFd) -> Registration {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.next += 1;
+        let id = open.next;
+        open.conns.insert(id, OpenConn { who, peer, socket });
+        Registration { open: self.open.clone(), id }
     }
 }
 
@@ -484,6 +564,7 @@ impl TlsConfig {
             (None, Some(_)) => return Err("tls.key needs tls.cert".into()),
             (None, None) => None,
         };
+        let mut crl_lists = Arc::new(Vec::new());
         if let Some(ca) = &files.ca {
             let cas = read_ca("tls.ca", ca)?;
             for c in &cas {
@@ -494,7 +575,8 @@ impl TlsConfig {
             match &files.crl {
                 None => b.set_verify(verify),
                 Some(crl) => {
-                    let crls = read_crls(crl, &cas, ca)?;
+                    let crls = Arc::new(read_crls(crl, &cas, ca)?);
+                    crl_lists = crls.clone();
                     // The chain is checked by OpenSSL first; a client certificate it accepts is then
                     // refused if a CRL of its issuer lists its serial number ("Revocation").
                     b.set_verify_callback(verify, move |ok, ctx| {
@@ -513,11 +595,13 @@ impl TlsConfig {
             return Err("tls.crl needs tls.ca: it revokes client certificates, which only tls.ca asks for".into());
         }
         let mut psk = None;
+        let mut psk_identities = None;
         if let Some(path) = &files.psk_file {
             let text = String::from_utf8(read("tls.psk_file", path)?)
                 .map_err(|_| format!("tls.psk_file {}: not UTF-8 text", path.display()))?;
             let keys = parse_psk_file(&text, path)?;
             psk = Some((path.clone(), keys.len()));
+            psk_identities = Some(Arc::new(keys.keys().cloned().collect()));
             b.set_psk_server_callback(move |ssl: &mut SslRef, identity: Option<&[u8]>, out: &mut [u8]| {
                 let known = identity.and_then(|i| std::str::from_utf8(i).ok()).and_then(|i| keys.get_key_value(i));
                 match known {
@@ -530,7 +614,17 @@ impl TlsConfig {
                 }
             });
         }
-        Ok(TlsConfig { mode, cert: files.cert, ca: files.ca, psk, digest, not_after, acceptor: Arc::new(b.build()) })
+        Ok(TlsConfig {
+            mode,
+            cert: files.cert,
+            ca: files.ca,
+            psk,
+            digest,
+            not_after,
+            crls: crl_lists,
+            psk_identities,
+            acceptor: Arc::new(b.build()),
+        })
     }
 
     /// What a reload that replaces `old` by `new` changes, in words for its log line (`mode on ->
@@ -551,6 +645,19 @@ impl TlsConfig {
             what.push("new credentials (the cert, key, ca, crl or psk_file, or their contents)".to_string());
         }
         (!what.is_empty()).then(|| what.join(", "))
+    }
+
+    /// Why this context would refuse a client that opened its session as `who` (a reload's question for
+    /// the connections open, [`LiveTls::set`]): its certificate listed in `crl`, or its PSK identity gone
+    /// from `psk_file`. `None`: it would be accepted as far as revocation goes.
+    fn revokes(&self, who: &Credential) -> Option<&'static str> {
+        match who {
+            Credential::Cert(cert) if revoked(&self.crls, cert) => Some("its client certificate is revoked (tls.crl)"),
+            Credential::Psk(id) if self.psk_identities.as_ref().is_none_or(|ids| !ids.contains(id)) => {
+                Some("its PSK identity is no longer in tls.psk_file")
+            }
+            _ => None,
+        }
     }
 
     /// Whether the server has a certificate (`cert`/`key`), which HTTPS clients need (a PSK-only

@@ -594,7 +594,9 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
 /// `[tls] crl` revokes client certificates (PEM CRLs signed by a CA of `ca`, the file qemu-nbd and nbdkit
 /// read as `ca-crl.pem`): a revoked client's TLS handshake fails, and the server's log says why. A
 /// certificate is revoked at run time by writing the CA's new CRL over the file and reloading, without a
-/// restart; alice, not revoked, is served throughout. A CRL without `ca`, one no CA of `ca` signed, and a
+/// restart: the reload also cuts the revoked client's open connection (bob's load), as it does a
+/// connection whose PSK identity a reload removed from `psk_file` (carol's); alice, not revoked, is
+/// served throughout, her load running across both reloads. A CRL without `ca`, one no CA of `ca` signed, and a
 /// file with no CRL are refused at start, naming the key and the file.
 #[test]
 fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
@@ -606,21 +608,66 @@ fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
     make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
     make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
     tls::make_crl(dir, "ca", "crl.pem");
+    let key = "00112233445566778899aabbccddeeff";
+    write_file(dir, "keys.psk", &format!("alice:{key}\ncarol:{key}\n"));
+    write_file(dir, "carol.psk", &format!("carol:{key}\n"));
     let s = start(
         dir,
         50,
         &format!(
             "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
-             crl = \"crl.pem\"\n{PLAIN}"
+             crl = \"crl.pem\"\npsk_file = \"keys.psk\"\n{PLAIN}"
         ),
     );
     let (alice, bob) = (cert_dir(dir, "alice-dir", "ca", Some("alice")), cert_dir(dir, "bob-dir", "ca", Some("bob")));
     let info = |d: &Path| run(tool("nbdinfo").arg(uri(&s, "rd", &format!("tls-certificates={}", d.display()))));
     assert!(info(&alice).status.success() && info(&bob).status.success(), "an empty CRL revokes no one");
+    // Loads over TLS across the reloads: alice's and bob's by certificate, carol's by PSK.
+    let load = |tls: &[&str]| {
+        Cmd::new(env!("CARGO_BIN_EXE_rein"))
+            .current_dir(dir)
+            .args(["load", "--addr", &s.nbd.to_string()])
+            .args(tls)
+            .args(["--job", "name=rd,depth=2", "--seconds", "5", "--warmup", "0", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let x509 = |who: &'static str| {
+        let (cert, key) = (format!("{who}-cert.pem"), format!("{who}-key.pem"));
+        load(&["--tls-ca", "ca-cert.pem", "--tls-cert", &cert, "--tls-key", &key])
+    };
+    let (alice_load, bob_load, carol_load) = (x509("alice"), x509("bob"), load(&["--tls-psk-file", "carol.psk"]));
+    std::thread::sleep(Duration::from_millis(1500));
     tls::revoke(dir, "ca", "bob");
     tls::make_crl(dir, "ca", "crl.pem");
     s.signal("-HUP");
     s.wait_line("reload: [tls]: new credentials");
+    // Bob's open connection is cut at the reload, not only his next one refused.
+    let line = s.wait_line("reload: [tls]: 1 open connection closed");
+    assert!(line.contains("the new credentials revoke their client"), "{line}");
+    s.wait_line("closing a TLS connection: its client certificate is revoked (tls.crl)");
+    // Carol's PSK identity removed from the file: her open connection is cut too.
+    write_file(dir, "keys.psk", &format!("alice:{key}\n"));
+    s.signal("-HUP");
+    s.wait_line("closing a TLS connection: its PSK identity is no longer in tls.psk_file");
+    let out = alice_load.wait_with_output().unwrap();
+    assert!(out.status.success(), "alice's load across the reloads: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["tenants"][0]["completed"].as_u64().unwrap() > 100 && v["tenants"][0]["rejected"] == 0, "{v}");
+    // Bob's and carol's loads saw their connection end under them: requests in flight failed (a load
+    // whose connection is cut counts them as refused and stops), where alice's refused none.
+    for (who, l) in [("bob", bob_load), ("carol", carol_load)] {
+        let out = l.wait_with_output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let refused = v["tenants"][0]["rejected"].as_u64().unwrap_or(0);
+        assert!(
+            !out.status.success() || refused > 0,
+            "{who}'s load ran on after the reload that revoked him: {v} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let e = run_fails(tool("nbdinfo").arg(uri(&s, "rd", &format!("tls-certificates={}", bob.display()))));
     assert!(e.contains("gnutls_handshake") || e.contains("TLS"), "{e}");
     s.wait_line("the client's certificate is revoked: tls.crl lists it");
