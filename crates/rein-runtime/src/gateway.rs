@@ -437,6 +437,10 @@ impl GatewayConfig {
         if let Some(p) = &self.parda {
             lines.push(format!("a PARDA host, id {}", p.id));
         }
+        if let Some(t) = &self.tls {
+            lines.push(t.describe(crate::tls::unix_now()));
+            lines.extend(t.expiry_warning(crate::tls::unix_now()).map(|w| format!("warning: {w}")));
+        }
         lines.push(format!(
             "{}, {} over {}, NBD on {}, {}",
             Count(self.tenants.len(), "tenant"),
@@ -1278,6 +1282,9 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
     }
     // TLS, read again from its files (renewed certificates under the same names too): for connections
     // opened from now on, on the front and to the nodes; those open keep their sessions.
+    if let Some(w) = new.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
+        r.applied.push(format!("warning: {w}"));
+    }
     if let Some(what) = TlsConfig::change(live.base.tls.as_ref(), new.tls.as_ref()) {
         r.applied.push(format!("[tls]: {what}: for NBD connections from now on (connections open keep their session)"));
     }
@@ -1468,6 +1475,9 @@ pub async fn run_with(
         connections_per_node = cfg.link.connections,
         "rein gateway listening"
     );
+    if let Some(w) = cfg.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
+        tracing::warn!("{w}");
+    }
     crate::notify::ready(&format!(
         "listening: NBD on {}, admin on {admin_addr}, {} over {}",
         nbd.shown(),

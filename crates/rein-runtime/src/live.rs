@@ -1078,6 +1078,9 @@ impl Registry {
             }
             cell.set(next);
         }
+        if let Some(w) = base.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
+            report.applied.push(format!("warning: {w}"));
+        }
         if let Some(what) = tls_change {
             let admin = if base.admin_tls.is_some() { " and the admin endpoint's HTTPS" } else { "" };
             report.applied.push(format!(

@@ -541,6 +541,10 @@ impl ControllerSettings {
             let limit = q.limit.map_or_else(|| "none".to_string(), |l| l.to_string());
             format!("bucket {name}: reservation {} IOs per QoS period, limit {limit}", q.reservation)
         }));
+        if let Some(t) = &self.tls {
+            lines.push(t.describe(crate::tls::unix_now()));
+            lines.extend(t.expiry_warning(crate::tls::unix_now()).map(|w| format!("warning: {w}")));
+        }
         lines.push(format!(
             "{}, {}, servers connect on {}",
             Count(self.servers.len(), "server"),
@@ -644,6 +648,9 @@ pub async fn run(
         buckets = s.buckets.len(),
         "rein pshift controller listening"
     );
+    if let Some(w) = s.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
+        tracing::warn!("{w}");
+    }
     crate::notify::ready(&format!(
         "listening: servers connect on {listen}, {}, {}",
         Count(s.servers.len(), "server"),

@@ -234,6 +234,10 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
     }
     let eff = over.config;
     crate::preflight::check_exports(&eff.exports)?;
+    if let Some(t) = &eff.tls {
+        lines.push(t.describe(crate::tls::unix_now()));
+        lines.extend(t.expiry_warning(crate::tls::unix_now()).map(|w| format!("warning: {w}")));
+    }
     for e in &eff.exports {
         lines.push(crate::preflight::inspect_export(e)?);
     }
@@ -432,6 +436,9 @@ pub async fn run_with(
         admin: admin_l.local_addr().expect("bound"),
     };
     tracing::info!(nbd = %nbd.tcp_shown(), nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    if let Some(w) = cfg.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
+        tracing::warn!("{w}");
+    }
     crate::notify::ready(&format!(
         "listening: NBD on {}, admin on {}, {}",
         nbd.shown(),

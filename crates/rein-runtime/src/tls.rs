@@ -73,6 +73,26 @@ pub const MAX_PSK_BYTES: usize = 512;
 pub const MAX_IDENTITY_BYTES: usize = 128;
 /// Most identities in a `psk_file`.
 pub const MAX_PSK_IDENTITIES: usize = 65_536;
+/// A certificate closer than this to its expiry is warned of at start and at each reload (days; the
+/// alerting rule `ReinTlsCertificateExpiresSoon` uses the same).
+pub const EXPIRY_WARNING_DAYS: i64 = 14;
+
+/// `secs` (at least 0) in the largest whole unit that keeps two of them: `3 days`, `47 hours`, `5 minutes`.
+fn span(secs: i64) -> String {
+    let (n, unit) = match secs {
+        s if s >= 2 * 86_400 => (s / 86_400, "day"),
+        s if s >= 2 * 3_600 => (s / 3_600, "hour"),
+        s if s >= 2 * 60 => (s / 60, "minute"),
+        s => (s, "second"),
+    };
+    rein_core::Count(n as usize, unit).to_string()
+}
+
+/// The wall clock in seconds since the Unix epoch, for certificate expiry.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
 /// Largest certificate, key, CA or PSK file read, in bytes.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
@@ -647,6 +667,53 @@ impl TlsConfig {
         (!what.is_empty()).then(|| what.join(", "))
     }
 
+    /// A warning for a certificate that has expired or expires within [`EXPIRY_WARNING_DAYS`] of `now`
+    /// (seconds since the Unix epoch), for the start's and each reload's log: clients that check
+    /// certificates refuse an expired one, while the server still serves those that do not.
+    pub fn expiry_warning(&self, now: i64) -> Option<String> {
+        let (end, cert) = (self.not_after?, self.cert.as_ref()?);
+        if end < now {
+            Some(format!(
+                "tls.cert {} expired {} ago: clients that check certificates refuse it; renew it and reload (SIGHUP)",
+                cert.display(),
+                span(now - end)
+            ))
+        } else if end - now < EXPIRY_WARNING_DAYS * 86_400 {
+            Some(format!("tls.cert {} expires in {}: renew it and reload (SIGHUP)", cert.display(), span(end - now)))
+        } else {
+            None
+        }
+    }
+
+    /// `--check-config`'s line for `[tls]`: the mode and what it checks, and when the certificate expires.
+    pub fn describe(&self, now: i64) -> String {
+        let mode = match self.mode {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        };
+        let mut parts = vec![format!("tls: mode {mode}")];
+        if let (Some(cert), Some(end)) = (&self.cert, self.not_after) {
+            parts.push(match end - now {
+                left if left >= 0 => format!("certificate {} expires in {}", cert.display(), span(left)),
+                late => format!("certificate {} expired {} ago", cert.display(), span(-late)),
+            });
+        }
+        if let Some(ca) = &self.ca {
+            let crl = if self.crls.is_empty() {
+                String::new()
+            } else {
+                let n: usize = self.crls.iter().map(|c| c.get_revoked().map_or(0, |r| r.len())).sum();
+                format!(" and {}", rein_core::Count(n, "revoked certificate"))
+            };
+            parts.push(format!("client certificates checked against {}{crl}", ca.display()));
+        }
+        if let Some((path, n)) = &self.psk {
+            parts.push(format!("psk_file {} ({})", path.display(), rein_core::Count(*n, "identity")));
+        }
+        parts.join("; ")
+    }
+
     /// Why this context would refuse a client that opened its session as `who` (a reload's question for
     /// the connections open, [`LiveTls::set`]): its certificate listed in `crl`, or its PSK identity gone
     /// from `psk_file`. `None`: it would be accepted as far as revocation goes.
@@ -1014,6 +1081,25 @@ mod tests {
         let what = TlsConfig::change(None, Some(&renewed)).unwrap();
         assert!(what.starts_with("mode off -> require, new credentials"), "{what}");
         assert_eq!(TlsConfig::change(None, None), None);
+    }
+
+    /// The expiry's words: the largest unit that keeps two, and the warning's window.
+    #[test]
+    fn expiry_is_said_in_words() {
+        let (d, h) = (86_400, 3_600);
+        assert_eq!(span(15 * d + h), "15 days");
+        assert_eq!(span(2 * d - 1), "47 hours");
+        assert_eq!(span(5 * 60 + 59), "5 minutes");
+        assert_eq!(span(1), "1 second");
+        assert_eq!(span(0), "0 seconds");
+        let cert = TlsConfig::build(TlsMode::Off, TlsFiles::default()).unwrap();
+        let at = |end: i64| TlsConfig { cert: Some("c.pem".into()), not_after: Some(end), ..cert.clone() };
+        assert_eq!(at(15 * d).expiry_warning(0), None);
+        let w = at(14 * d - 1).expiry_warning(0).unwrap();
+        assert!(w.starts_with("tls.cert c.pem expires in 13 days"), "{w}");
+        let w = at(0).expiry_warning(3 * h).unwrap();
+        assert!(w.starts_with("tls.cert c.pem expired 3 hours ago: clients that check"), "{w}");
+        assert_eq!(TlsConfig { not_after: None, ..at(0) }.expiry_warning(d), None, "no certificate, no warning");
     }
 
     #[test]

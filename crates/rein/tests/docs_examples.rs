@@ -26,15 +26,16 @@ fn toml_block(text: &str, heading: &str) -> String {
     block.join("\n") + "\n"
 }
 
-/// A directory with what the examples name: a CA (`ca-cert.pem`), a server's certificate and key
-/// (`server-cert.pem`, `server-key.pem`), a gateway's (`gw-cert.pem`, `gw-key.pem`) and a PSK file
-/// (`keys.psk`).
+/// A directory with what the examples name: a CA (`ca-cert.pem`) and its CRL (`ca-crl.pem`), a server's
+/// certificate and key (`server-cert.pem`, `server-key.pem`), a gateway's (`gw-cert.pem`, `gw-key.pem`)
+/// and a PSK file (`keys.psk`).
 fn files() -> tempfile::TempDir {
     let tmp = common::tmpdir("docs-examples");
     let dir = tmp.path();
     make_ca(dir, "ca", "docs CA");
     make_cert(dir, "ca", "server", "s1.example.com", &server("IP:127.0.0.1,DNS:s1.example.com"));
     make_cert(dir, "ca", "gw", "gw-a", CLIENT);
+    common::tls::make_crl(dir, "ca", "ca-crl.pem");
     std::fs::write(dir.join("keys.psk"), format!("alice:{}\n", "ab".repeat(32))).unwrap();
     tmp
 }

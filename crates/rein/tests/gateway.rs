@@ -184,10 +184,7 @@ fn real_clients_round_trip_through_three_nodes() {
     assert!(metrics.contains("rein_gateway_worker_threads 1\n"), "{metrics}");
     assert!(metrics.contains("rein_gateway_worker_busy_seconds_total{worker=\"0\"} "), "{metrics}");
     // The requests the clients made, counted per volume and node, none failed.
-    let value = |series: &str| -> f64 {
-        let line = metrics.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("{series}: {metrics}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let value = |series: &str| common::series_value(&metrics, series);
     let reads = value("rein_gateway_requests_total{export=\"v\",kind=\"read\"}");
     let writes = value("rein_gateway_requests_total{export=\"v\",kind=\"write\"}");
     assert!(reads > 100.0 && writes > 100.0, "{metrics}");
@@ -727,10 +724,9 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     let links = nodes[0]["nodes"].as_array().unwrap();
     assert!(links.len() == 2 && links.iter().all(|n| n["tls"] == true && n["connected"] == 2), "{body}");
     // The client certificate's expiry, in /metrics.
-    let series = "rein_tls_certificate_expiration_timestamp_seconds{use=\"node_tls\"} ";
-    let text = common::metrics(gw.admin);
-    let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series}in {text}"));
-    assert_eq!(line[series.len()..].parse::<i64>().unwrap(), common::tls::not_after(dir, "gwa-cert.pem"));
+    let series = "rein_tls_certificate_expiration_timestamp_seconds{use=\"node_tls\"}";
+    let expiry = common::series_value(&common::metrics(gw.admin), series);
+    assert_eq!(expiry as i64, common::tls::not_after(dir, "gwa-cert.pem"));
     drop(gw);
     // PSK (gw-p): reads what gw-a wrote.
     let gw = gateway(&config("p.toml", &psk("gw.psk"), ""));

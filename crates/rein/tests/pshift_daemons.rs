@@ -698,10 +698,8 @@ fn the_controller_link_runs_x509_with_client_certificates() {
     assert_eq!((st["servers"][0][1].clone(), st["servers"][1][1].clone()), (true.into(), false.into()), "{st}");
     // Each certificate's expiry in /metrics: the controller's own, and s1's client certificate.
     let expiry = |admin, use_: &str| {
-        let text = common::metrics(admin);
-        let series = format!("rein_tls_certificate_expiration_timestamp_seconds{{use=\"{use_}\"}} ");
-        let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series}in {text}"));
-        line[series.len()..].parse::<i64>().unwrap()
+        let series = format!("rein_tls_certificate_expiration_timestamp_seconds{{use=\"{use_}\"}}");
+        common::series_value(&common::metrics(admin), &series) as i64
     };
     assert_eq!(expiry(ctl.admin, "controller"), common::tls::not_after(dir, "ctl-cert.pem"));
     assert_eq!(expiry(good.admin, "pshift_tls"), common::tls::not_after(dir, "s1-cert.pem"));

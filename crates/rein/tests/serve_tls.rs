@@ -503,7 +503,18 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     // Valid for 30 days (the first for 2), so that the expiry in /metrics tells them apart too.
     tls::make_cert_for(dir, "ca2", "renewed", "127.0.0.49", &san, 30);
     let config = "admin_tls = true\n[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n";
+    // --check-config says what [tls] checks and warns of a certificate two days from its end.
+    let path = common::config_file(dir, 49, &format!("{config}{PLAIN}"));
+    let out = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--check-config", "--config"]).arg(&path));
+    assert!(out.contains("tls: mode require; certificate") && out.contains("server-cert.pem expires in"), "{out}");
+    assert!(out.contains("warning: tls.cert") && out.contains("renew it and reload (SIGHUP)"), "{out}");
     let s = start(dir, 49, &format!("{config}{PLAIN}"));
+    // So does the start, once.
+    let line = s.wait_line("renew it and reload (SIGHUP)");
+    assert!(
+        line.contains("server-cert.pem expires in 47 hours") || line.contains("server-cert.pem expires in 2 days"),
+        "{line}"
+    );
     let (old, new) = (cert_dir(dir, "old-dir", "ca", None), cert_dir(dir, "new-dir", "ca2", None));
     let info = |d: &Path| run(tool("nbdinfo").arg(uri(&s, "rd", &format!("tls-certificates={}", d.display()))));
     let https = |ca: &str| {
@@ -527,10 +538,8 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
             .arg(format!("https://{}/metrics", s.admin))
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let series = format!("rein_tls_certificate_expiration_timestamp_seconds{{use=\"{use_}\"}} ");
-        let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series}in {text}"));
-        line[series.len()..].parse::<i64>().unwrap()
+        let series = format!("rein_tls_certificate_expiration_timestamp_seconds{{use=\"{use_}\"}}");
+        common::series_value(&String::from_utf8_lossy(&out.stdout), &series) as i64
     };
     let first = tls::not_after(dir, "server-cert.pem");
     assert_eq!((expiry("ca-cert.pem", "nbd"), expiry("ca-cert.pem", "admin")), (first, first));
@@ -561,6 +570,12 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     assert_eq!((expiry("ca2-cert.pem", "nbd"), expiry("ca2-cert.pem", "admin")), (renewed, renewed));
     let (ok, e) = https("ca-cert.pem");
     assert!(!ok, "after: HTTPS not with the old one: {e}");
+    // The renewed certificate (30 days) is not warned of.
+    assert!(
+        !s.log.lock().unwrap().iter().any(|l| l.contains("reload: warning: tls.cert")),
+        "{:#?}",
+        s.log.lock().unwrap()
+    );
     let out = load.wait_with_output().unwrap();
     assert!(out.status.success(), "the load across the reload: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -683,4 +698,11 @@ fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
     assert!(e.contains("other-crl.pem") && e.contains("the CRL of CN=other is not signed by a CA of tls.ca"), "{e}");
     let e = start_fails(dir, &config("server-cert.pem", "ca = \"ca-cert.pem\"\n"));
     assert!(e.contains("tls.crl") && e.contains("no CRL in it"), "{e}");
+    // An expired certificate is served (clients that do not check still work), and warned of.
+    tls::make_cert_for(dir, "ca", "expired", "127.0.0.50", &tls::server("IP:127.0.0.50"), 0);
+    std::thread::sleep(Duration::from_millis(1100)); // valid for 0 days: past its end a second later
+    let text = format!("[tls]\nmode = \"on\"\ncert = \"expired-cert.pem\"\nkey = \"expired-key.pem\"\n{PLAIN}");
+    let path = common::config_at(dir, &common::local(1), &text);
+    let out = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--check-config", "--config"]).arg(&path));
+    assert!(out.contains("warning: tls.cert") && out.contains("expired-cert.pem expired"), "{out}");
 }

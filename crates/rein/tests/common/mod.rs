@@ -121,6 +121,14 @@ pub(crate) fn metrics(admin: SocketAddr) -> String {
     body
 }
 
+/// The value of the series `series` (its name and labels as written, e.g. `rein_x{use="nbd"}`) in a
+/// `/metrics` text; it must be there.
+pub(crate) fn series_value(text: &str, series: &str) -> f64 {
+    let line = text.lines().find(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with(' ')));
+    let line = line.unwrap_or_else(|| panic!("no {series} in {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
 /// Writes `text` as `dir/gw.toml` (`dir` created) and starts `rein gateway` on it.
 pub(crate) fn gateway_in(dir: &Path, text: &str) -> Server {
     std::fs::create_dir_all(dir).unwrap();
