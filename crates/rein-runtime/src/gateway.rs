@@ -1280,8 +1280,9 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, 
             r.applied.push(format!("[mclock] of the PARDA host's local scheduler: {}", changed.join(", ")));
         }
     }
-    // TLS, read again from its files (renewed certificates under the same names too): for connections
-    // opened from now on, on the front and to the nodes; those open keep their sessions.
+    // The front's TLS, read again from its files (renewed certificates under the same names too): for the
+    // connections opened from now on; those open keep their sessions unless it revokes their client.
+    // (`[node_tls]` was set above, before the new volumes opened.)
     if let Some(w) = new.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
         r.applied.push(format!("warning: {w}"));
     }
