@@ -555,6 +555,45 @@ impl ControllerSettings {
     }
 }
 
+/// What a reload needs: one message per SIGHUP, and the reader of ctl.toml (run on a thread of its own).
+pub struct ControllerReload {
+    /// One message per reload.
+    pub requests: tokio::sync::mpsc::Receiver<()>,
+    /// Reads and validates ctl.toml.
+    pub load: Box<dyn FnMut() -> Result<ControllerSettings, String> + Send>,
+}
+
+/// Applies a reload of ctl.toml over `running`: `[tls]` (read again from its files, renewed certificates
+/// under the same names too) for the connections from then on, those open keeping their session; the
+/// rest, which the schedule and the servers' welcomes are built from, is named as needing a restart and
+/// keeps its running value. Returns the lines applied and those that need a restart.
+fn apply_reload(
+    running: &mut ControllerSettings,
+    new: ControllerSettings,
+    live: &crate::tls::LiveTls,
+) -> (Vec<String>, Vec<String>) {
+    let (mut applied, mut needs_restart) = (Vec::new(), Vec::new());
+    let but_tls =
+        |c: &ControllerSettings| format!("{:?}", ControllerSettings { tls: None, warnings: Vec::new(), ..c.clone() });
+    if but_tls(running) != but_tls(&new) {
+        needs_restart.push(
+            "ctl.toml's servers, buckets, periods, addresses or access changed: needs a restart (the schedule and \
+             the servers' welcomes are built from them)"
+                .to_string(),
+        );
+    }
+    if let Some(w) = new.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
+        applied.push(format!("warning: {w}"));
+    }
+    if let Some(what) = crate::tls::TlsConfig::change(running.tls.as_ref(), new.tls.as_ref()) {
+        applied.push(format!("[tls]: {what}: for server connections from now on (those open keep their session)"));
+    }
+    // Built anew from the files, so replaced whatever the comparison says.
+    live.set(new.tls.clone());
+    running.tls = new.tls;
+    (applied, needs_restart)
+}
+
 /// Runs the controller until `shutdown` resolves. `passed`: the listening sockets a service manager
 /// passed ([`crate::activation`], roles [`crate::activation::PSHIFT`] and [`crate::activation::ADMIN`]),
 /// served in place of `listen`, or of `admin` (also without one in the file);
@@ -564,6 +603,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<(SocketAddr, Option<SocketAddr>)>>,
     mut passed: crate::activation::Passed,
+    reload: Option<ControllerReload>,
 ) -> Result<(), String> {
     let activation = |e: String| format!("socket activation: {e}");
     let listener = match passed.take_one(&crate::activation::PSHIFT) {
@@ -605,6 +645,9 @@ pub async fn run(
     let clock = Clock::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (ev_tx, ev_rx) = event_channel();
+    // `[tls]`, which a reload replaces for the connections from then on.
+    let tls = crate::tls::LiveTls::new(s.tls.clone());
+    let reloads = Arc::new(crate::reloads::Reloads::new("pshift_controller"));
     if s.hold && passed_admin.is_none() && s.admin.is_none() {
         return Err(HOLD_NEEDS_ADMIN.into());
     }
@@ -626,7 +669,8 @@ pub async fn run(
                     clock,
                     ev_tx.clone(),
                     s.hold,
-                    crate::tls::Presented::default().fixed("controller", s.tls.as_ref()),
+                    crate::tls::Presented::default().server("controller", Some(tls.clone())),
+                    reloads.clone(),
                 ),
                 token,
             );
@@ -681,7 +725,7 @@ pub async fn run(
             write_timeout: s.write_timeout,
             silence_timeout: s.silence_timeout,
             access,
-            tls: s.tls.clone(),
+            tls: tls.clone(),
             refused,
             log: Arc::default(),
         },
@@ -704,12 +748,49 @@ pub async fn run(
     let mut watchdog = crate::notify::Watchdog::from_env();
     let run = task.run(ev_rx);
     tokio::pin!(run, shutdown);
+    let (mut reload_rx, load) = match reload {
+        Some(ControllerReload { requests, load }) => (Some(requests), Some(Arc::new(std::sync::Mutex::new(load)))),
+        None => (None, None),
+    };
+    // ctl.toml is read on a thread of its own ([`crate::server::read_apart`]): a file that never reads
+    // holds up neither the controller nor a stop.
+    let mut reading = None;
+    let mut running = s;
     loop {
         tokio::select! {
             _ = &mut run => break,
             _ = &mut shutdown => break,
             () = watchdog.tick() => watchdog.ping(),
+            Some(()) = async { reload_rx.as_mut().expect("guarded").recv().await }, if reload_rx.is_some() && reading.is_none() => {
+                crate::notify::reloading();
+                reading = Some(crate::server::read_apart(load.as_ref().expect("with reload_rx")));
+            }
+            read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
+                reading = None;
+                match read {
+                    Err(e) => {
+                        tracing::error!("reload: {e}; the running configuration is unchanged");
+                        reloads.record(false);
+                        crate::notify::ready(&crate::server::reload_failed_status(&e));
+                    }
+                    Ok(new) => {
+                        let (applied, needs_restart) = apply_reload(&mut running, new, &tls);
+                        for line in &applied {
+                            tracing::info!("reload: {line}");
+                        }
+                        for line in &needs_restart {
+                            tracing::warn!("reload: {line}");
+                        }
+                        tracing::info!(applied = applied.len(), needs_restart = needs_restart.len(), "configuration reloaded");
+                        reloads.record(true);
+                        crate::notify::ready(&crate::server::reloaded_status(applied.len(), needs_restart.len()));
+                    }
+                }
+            }
         }
+    }
+    if reading.is_some() {
+        tracing::warn!("stopping: ctl.toml is still being read for a reload; that reload is abandoned");
     }
     crate::notify::stopping();
     let _ = stop_tx.send(true);
@@ -733,7 +814,8 @@ struct Admit {
     /// [`ControllerSettings::silence_timeout`].
     silence_timeout: Duration,
     access: Arc<crate::access::ExportAccess>,
-    tls: Option<crate::tls::TlsConfig>,
+    /// `[tls]`, as a reload replaces it (a connection takes the one current when it comes in).
+    tls: crate::tls::LiveTls,
     /// Where refusals are counted.
     refused: Arc<Mutex<ControllerStatus>>,
     /// Connections refused or cut, each [`Cut`] logged at most once a second (a peer can make them as fast
@@ -825,7 +907,7 @@ async fn connection(
     let mut buf = Vec::new();
     // The TLS handshake (with `[tls]`) and the hello within HELLO_TIMEOUT.
     let opened = async {
-        let stream: crate::pshift_link::Stream = match &admit.tls {
+        let stream: crate::pshift_link::Stream = match &admit.tls.get() {
             None => Box::new(sock),
             Some(tls) => {
                 let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
@@ -1199,10 +1281,10 @@ fn admin_router(
     ev: mpsc::Sender<Event>,
     hold: bool,
     presented: crate::tls::Presented,
+    started: Arc<crate::reloads::Reloads>,
 ) -> axum::Router {
     let for_metrics = status.clone();
     let for_start = status.clone();
-    let started = Arc::new(crate::reloads::Reloads::new("pshift_controller"));
     axum::Router::new()
         .route(
             "/api/pshift/start",
@@ -1275,8 +1357,8 @@ fn admin_router(
             axum::routing::get(move || {
                 let s = for_metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let mut text = metrics_text(&s);
-                // The build and the start; the controller does not reload.
-                started.metrics(&mut text, false);
+                // The build, the start and the reloads (of `[tls]`).
+                started.metrics(&mut text, true);
                 presented.metrics(&mut text);
                 async move { text }
             }),
@@ -1386,7 +1468,7 @@ mod tests {
         let stop = async move {
             let _ = stop_rx.await;
         };
-        let task = tokio::spawn(run(s, stop, Some(ready_tx), crate::activation::Passed::none()));
+        let task = tokio::spawn(run(s, stop, Some(ready_tx), crate::activation::Passed::none(), None));
         let (addr, admin) = ready_rx.await.unwrap();
         (addr, admin, stop_tx, task)
     }
@@ -1398,7 +1480,7 @@ mod tests {
     #[tokio::test]
     async fn a_held_schedule_starts_on_request() {
         let alone = ControllerSettings::parse(&format!("hold = true\n{CTL}"), Path::new("ctl.toml")).unwrap();
-        let e = run(alone, std::future::pending(), None, crate::activation::Passed::none()).await.unwrap_err();
+        let e = run(alone, std::future::pending(), None, crate::activation::Passed::none(), None).await.unwrap_err();
         assert!(e.contains("hold = true needs an admin endpoint"), "{e}");
         let text = format!("hold = true\nadmin = \"127.0.0.1:0\"\nadmin_insecure = true\n{CTL}");
         let s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
@@ -1744,7 +1826,7 @@ mod tests {
         let passed = crate::activation::Passed::tcp(&crate::activation::PSHIFT, listener);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(s, async move { drop(stop_rx.await) }, Some(ready_tx), passed));
+        let task = tokio::spawn(run(s, async move { drop(stop_rx.await) }, Some(ready_tx), passed, None));
         assert_eq!(ready_rx.await.unwrap().0, addr);
         let client = tokio::net::TcpSocket::new_v4().unwrap();
         client.set_recv_buffer_size(4096).unwrap();
@@ -1782,7 +1864,7 @@ mod tests {
             write_timeout: s.write_timeout,
             silence_timeout: s.silence_timeout,
             access: Arc::new(s.access.clone()),
-            tls: None,
+            tls: crate::tls::LiveTls::default(),
             refused,
             log: Arc::default(),
         };

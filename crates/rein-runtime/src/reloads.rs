@@ -14,7 +14,8 @@
 //! | `rein_config_last_reload_success_timestamp_seconds` | gauge | when the configuration last loaded: the start, or the last reload that applied |
 //! | `rein_config_reloads_total{result}` | counter | reloads that applied (`applied`) or were refused (`failed`) |
 //!
-//! A daemon that does not reload (the pShift controller) shows the first two only.
+//! A daemon that does not reload shows the first two only (every daemon reloads now; the pShift
+//! controller its `[tls]` since 2026-12-05).
 
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -60,19 +60,14 @@ fn controller(a: &ControllerArgs) -> Result<()> {
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
         let shutdown = crate::serve::stop_signals()?;
-        // SIGHUP reloads rein serve and rein gateway; the controller has nothing to reload, and the
-        // signal's default action would end it without a word (and its servers' limits with it): it is
-        // taken and answered with a line.
-        let mut hups = crate::serve::hangups()?;
-        tokio::spawn(async move {
-            while hups.recv().await.is_some() {
-                tracing::warn!(
-                    "SIGHUP ignored: rein pshift controller does not reload its configuration (restart it to apply a \
-                     changed ctl.toml; its servers serve round robin while it is down)"
-                );
-            }
-        });
-        rein_runtime::pshift_controller::run(s, shutdown, None, passed).await.map_err(anyhow::Error::msg)
+        // SIGHUP reloads ctl.toml's `[tls]` (the rest needs a restart, and says so).
+        let requests = crate::serve::hangups()?;
+        let path = a.config.clone();
+        let load = move || {
+            rein_runtime::pshift_controller::ControllerSettings::load(&path).map_err(|e| crate::report(&e.into()))
+        };
+        let reload = rein_runtime::pshift_controller::ControllerReload { requests, load: Box::new(load) };
+        rein_runtime::pshift_controller::run(s, shutdown, None, passed, Some(reload)).await.map_err(anyhow::Error::msg)
     })
 }
 

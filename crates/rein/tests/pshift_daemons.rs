@@ -374,8 +374,9 @@ fn bad_configs_and_unknown_servers_are_named() {
     let ctl = controller(dir, &listen, 86);
     let s = server(dir, 87, "s9", &listen);
     s.wait_line("the controller refused this server: no server named \"s9\" in the controller's configuration");
-    // Counted where the docs say (it was not), and a SIGHUP neither reloads nor ends the controller (its
-    // default action ended it without a word, and the servers' limits with it).
+    // Counted where the docs say (it was not), and a SIGHUP does not end the controller (its default
+    // action once ended it without a word, and the servers' limits with it): it reloads ctl.toml, which
+    // has not changed.
     let refused = || {
         let (status, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
         assert_eq!(status, 200, "{body}");
@@ -383,8 +384,15 @@ fn bad_configs_and_unknown_servers_are_named() {
     };
     assert!(refused() >= 1, "an unknown server's hello is a refusal");
     ctl.signal("-HUP");
-    ctl.wait_line("SIGHUP ignored: rein pshift controller does not reload its configuration");
+    let line = ctl.wait_line("configuration reloaded");
+    assert!(line.contains("applied=0") && line.contains("needs_restart=0"), "{line}");
     assert!(refused() >= 1, "the controller still answers after SIGHUP");
+    // A changed bucket needs a restart, and says so.
+    let path = dir.join("ctl.toml");
+    std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replacen("name = \"b1\"", "name = \"b9\"", 1))
+        .unwrap();
+    ctl.signal("-HUP");
+    ctl.wait_line("ctl.toml's servers, buckets, periods, addresses or access changed: needs a restart");
 }
 
 /// A limit holds across servers (pShift's point: L_i per period over all of them). Bucket b3 is limited to
@@ -703,6 +711,17 @@ fn the_controller_link_runs_x509_with_client_certificates() {
     };
     assert_eq!(expiry(ctl.admin, "controller"), common::tls::not_after(dir, "ctl-cert.pem"));
     assert_eq!(expiry(good.admin, "pshift_tls"), common::tls::not_after(dir, "s1-cert.pem"));
+    // The controller's certificate renewed in place (30 days, was 2) and the controller reloaded: its
+    // metric moves, and a server that connects then is welcomed under the new certificate.
+    common::tls::make_cert_for(dir, "ca", "ctl2", "controller", &server_ext("IP:127.0.0.106"), 30);
+    std::fs::copy(dir.join("ctl2-cert.pem"), dir.join("ctl-cert.pem")).unwrap();
+    std::fs::copy(dir.join("ctl2-key.pem"), dir.join("ctl-key.pem")).unwrap();
+    ctl.signal("-HUP");
+    ctl.wait_line("reload: [tls]: new credentials");
+    assert_eq!(expiry(ctl.admin, "controller"), common::tls::not_after(dir, "ctl2-cert.pem"));
+    drop(good);
+    let again = server(110, "s1", Some("s1"));
+    again.wait_line("pShift link: welcomed by the controller");
 }
 
 /// A tenant created at run time (the admin API) whose name is a bucket's becomes that bucket at the next

@@ -82,12 +82,6 @@ fn one_volume(head: &str, node: SocketAddr) -> String {
     )
 }
 
-/// The value of `series` (its name with labels, as written) in a `/metrics` text.
-fn series(text: &str, series: &str) -> f64 {
-    let line = text.lines().find(|l| l.strip_prefix(series).is_some_and(|r| r.starts_with(' ')));
-    line.unwrap_or_else(|| panic!("no {series} in {text}"))[series.len()..].trim().parse().unwrap()
-}
-
 /// The `STATUS=` line of a message.
 fn status(message: &str) -> &str {
     message.lines().find_map(|l| l.strip_prefix("STATUS=")).unwrap_or_else(|| panic!("no STATUS= in {message:?}"))
@@ -116,8 +110,8 @@ fn rein_serve_tells_the_service_manager_ready_reloading_and_stopping() {
     let ready = mgr.until("READY=1");
     assert_eq!(status(&ready), "configuration reloaded: 1 changes applied, 0 need a restart");
     let m = common::metrics(server.admin);
-    assert_eq!(series(&m, "rein_config_last_reload_successful"), 1.0, "{m}");
-    assert_eq!(series(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
+    assert_eq!(common::series_value(&m, "rein_config_last_reload_successful"), 1.0, "{m}");
+    assert_eq!(common::series_value(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
     assert!(m.contains("rein_build_info{daemon=\"serve\",version=\""), "{m}");
 
     // A file that does not parse: refused, the running configuration kept, and the manager told why.
@@ -133,8 +127,8 @@ fn rein_serve_tells_the_service_manager_ready_reloading_and_stopping() {
     assert!(!s.contains('\n'));
     // The monitoring system hears of it too (Prometheus' convention: alert on ... == 0).
     let m = common::metrics(server.admin);
-    assert_eq!(series(&m, "rein_config_last_reload_successful"), 0.0, "{m}");
-    assert_eq!(series(&m, "rein_config_reloads_total{result=\"failed\"}"), 1.0, "{m}");
+    assert_eq!(common::series_value(&m, "rein_config_last_reload_successful"), 0.0, "{m}");
+    assert_eq!(common::series_value(&m, "rein_config_reloads_total{result=\"failed\"}"), 1.0, "{m}");
 
     server.signal("-TERM");
     let stopping = mgr.until("STOPPING=1");
@@ -196,8 +190,8 @@ fn a_missing_notify_socket_is_logged_once_and_the_daemon_serves() {
     assert_eq!(log.matches("could not tell the service manager").count(), 1, "{log}");
 }
 
-/// `rein gateway` and `rein pshift controller` say READY=1 once they listen and STOPPING=1 at SIGTERM; the
-/// gateway also RELOADING=1 / READY=1 around a SIGHUP.
+/// `rein gateway` and `rein pshift controller` say READY=1 once they listen and STOPPING=1 at SIGTERM, and
+/// RELOADING=1 / READY=1 around a SIGHUP.
 #[test]
 fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let tmp = tmpdir("notify-gateway");
@@ -213,7 +207,7 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let ready = mgr.until("READY=1");
     assert_eq!(status(&ready), "configuration reloaded: 0 changes applied, 0 need a restart");
     let m = common::metrics(gw.admin);
-    assert_eq!(series(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
+    assert_eq!(common::series_value(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
     assert!(m.contains("rein_build_info{daemon=\"gateway\""), "{m}");
     gw.signal("-TERM");
     mgr.until("STOPPING=1");
@@ -229,8 +223,15 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let ready = mgr.until("READY=1");
     assert!(status(&ready).contains("1 server, 1 bucket"), "{ready:?}");
     let m = common::metrics(ctl.admin);
-    assert!(m.contains("rein_build_info{daemon=\"pshift_controller\"") && !m.contains("rein_config_"), "{m}");
-    assert!(series(&m, "rein_process_start_time_seconds") > 1.7e9, "{m}");
+    assert!(m.contains("rein_build_info{daemon=\"pshift_controller\""), "{m}");
+    assert!(common::series_value(&m, "rein_process_start_time_seconds") > 1.7e9, "{m}");
+    // It reloads (its `[tls]`, since 2026-12-05): RELOADING=1, then READY=1 with the outcome.
+    ctl.signal("-HUP");
+    mgr.until("RELOADING=1");
+    let ready = mgr.until("READY=1");
+    assert!(status(&ready).contains("configuration reloaded"), "{ready:?}");
+    let m = common::metrics(ctl.admin);
+    assert_eq!(common::series_value(&m, "rein_config_reloads_total{result=\"applied\"}"), 1.0, "{m}");
     ctl.signal("-TERM");
     mgr.until("STOPPING=1");
     ctl.terminate(WITHIN);
@@ -529,12 +530,11 @@ fn the_systemd_units_verify() {
         for want in ["\nType=notify\n", "\nTimeoutStopSec=", "\nWatchdogSec="] {
             assert!(text.contains(want), "{} lacks {want:?}", path.display());
         }
-        // The controller does not reload (SIGHUP is ignored): no ExecReload that would pretend to.
-        let reloads = name != "rein-pshift-controller.service";
-        assert_eq!(text.contains("\nExecReload=/bin/kill -HUP $MAINPID\n"), reloads, "{name}'s ExecReload");
-        // A reload is checked first (`--check-config`), with the file ExecStart names.
+        // Every daemon reloads (the controller its `[tls]` since 2026-12-05), each reload checked first
+        // (`--check-config`), with the file ExecStart names.
+        assert!(text.contains("\nExecReload=/bin/kill -HUP $MAINPID\n"), "{name}'s ExecReload");
         let start = text.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart");
-        assert_eq!(text.contains(&format!("\nExecReload={start} --check-config\n")), reloads, "{name}'s check");
+        assert!(text.contains(&format!("\nExecReload={start} --check-config\n")), "{name}'s check");
         let local = text.replace("/usr/local/bin/rein", env!("CARGO_BIN_EXE_rein"));
         write_file(tmp.path(), &name, &local);
         names.push(name);
