@@ -588,8 +588,15 @@ fn apply_reload(
     if let Some(what) = crate::tls::TlsConfig::change(running.tls.as_ref(), new.tls.as_ref()) {
         applied.push(format!("[tls]: {what}: for server connections from now on (those open keep their session)"));
     }
-    // Built anew from the files, so replaced whatever the comparison says.
-    live.set(new.tls.clone());
+    // Built anew from the files, so replaced whatever the comparison says; the server connections it
+    // revokes are cut (each logged).
+    let cut = live.set(new.tls.clone());
+    if !cut.is_empty() {
+        applied.push(format!(
+            "[tls]: {} closed: the new credentials revoke their server (each logged)",
+            rein_core::Count(cut.len(), "server connection")
+        ));
+    }
     running.tls = new.tls;
     (applied, needs_restart)
 }
@@ -906,11 +913,20 @@ async fn connection(
     let peer = sock.peer_addr().map_err(|e| opening(e.to_string()))?;
     let mut buf = Vec::new();
     // The TLS handshake (with `[tls]`) and the hello within HELLO_TIMEOUT.
+    // Listed with `[tls]` while the connection lives, so that a reload that revokes its server cuts it.
+    let mut registration: Option<crate::tls::Registration> = None;
     let opened = async {
         let stream: crate::pshift_link::Stream = match &admit.tls.get() {
             None => Box::new(sock),
             Some(tls) => {
+                let socket = {
+                    use std::os::fd::AsFd;
+                    sock.as_fd().try_clone_to_owned().ok()
+                };
                 let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
+                if let (Some(fd), Some(who)) = (socket, crate::tls::Credential::of(stream.ssl())) {
+                    registration = Some(admit.tls.register(who, peer.to_string(), fd));
+                }
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
                     count_refused(&admit.refused);
                     return Err((
@@ -934,6 +950,7 @@ async fn connection(
     let (mut rd, mut wr, hello) = tokio::time::timeout(HELLO_TIMEOUT, opened)
         .await
         .map_err(|_| opening(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())))??;
+    let _registration = registration;
     let Message::Hello { name } = hello else {
         return Err(opening(format!("expected a hello, got a {}", hello.name())));
     };

@@ -45,8 +45,8 @@
 //! held in a [`LiveTlsClient`] likewise: the connections opened from then on (to a node, to the pShift
 //! controller) use it. [`TlsConfig::change`] and [`TlsClient::changed`] say what a reload changed, for
 //! its log line; credentials count as changed when a file's path or bytes differ (each context keeps a
-//! digest of them). The pShift controller reloads its `[tls]` the same way (its server connections are
-//! not listed for revocation: a revoked server's link ends at its next connection).
+//! digest of them). The pShift controller reloads its `[tls]` the same way, cutting the server
+//! connections it revokes.
 //!
 //! # Identity
 //! What access control matches (`allow_identities`): the PSK identity as written in `psk_file` (e.g.

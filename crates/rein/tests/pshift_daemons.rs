@@ -596,7 +596,8 @@ fn link_server(dir: &Path, host: u8, name: &str, controller: &str, tls: &str) ->
 /// handshake before its hello, and with `allow_identities` only those PSK identities may say hello. A
 /// server with the right key is welcomed; a plain server, a server with a wrong key, and one whose
 /// identity is known but not allowed are not, and keep serving round robin (each says why in its log).
-/// The server with the wrong key is welcomed once its key file is mended and it reloads.
+/// The server with the wrong key is welcomed once its key file is mended and it reloads; a server whose
+/// identity the controller's key file loses at a reload has its open link cut.
 #[test]
 fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     let _shared = common::beside_measuring();
@@ -647,6 +648,23 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     let (_, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
     let st: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(st["servers"][1][1], true, "s2 connected after its reload: {st}");
+    // The controller's key file loses s1 and the controller reloads: s1's open link is cut, not only its
+    // next connection refused (crates/rein-runtime/src/tls.rs, "Reload").
+    write_file(dir, "ctl.psk", &format!("s2:{key}\nx:{key}\n"));
+    ctl.signal("-HUP");
+    ctl.wait_line("closing a TLS connection: its PSK identity is no longer in tls.psk_file");
+    let line = ctl.wait_line("reload: [tls]: 1 server connection closed");
+    assert!(line.contains("the new credentials revoke their server"), "{line}");
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, _, body) = common::http(ctl.admin, "GET", "/api/pshift", "", "");
+        let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if st["servers"][0][1] == false {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "s1 still connected: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // allow_identities without [tls] is refused at load, naming both.
     let text = "listen = \"127.0.0.101:0\"\nperiod_s = 1\nallow_identities = [\"s1\"]\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1\n";
     let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
