@@ -891,8 +891,7 @@ impl Registry {
         );
         // `[tls]` applies to the connections opened from now on, its files read again (renewed
         // certificates under the same names too); the switch between HTTP and HTTPS for the admin
-        // endpoint needs a restart, and until then the endpoint keeps the context it has. The pShift
-        // link is read at start only (compared as written).
+        // endpoint needs a restart, and until then the endpoint keeps the context it has.
         let tls_change = crate::tls::TlsConfig::change(old.tls.as_ref(), base.tls.as_ref());
         if base.admin_tls.is_some() != old.admin_tls.is_some() {
             restart("admin_tls");

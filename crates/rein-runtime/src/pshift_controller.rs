@@ -44,6 +44,12 @@
 //! and with `allow_identities` only those identities (PSK identity or certificate CN) may say hello.
 //! Without `[tls]` the link is plain TCP: whoever is admitted by `allow_networks` can say hello as a
 //! server and report for it, so keep the port on the storage network.
+//!
+//! # Reload
+//! SIGHUP reads ctl.toml again ([`ControllerReload`], on a thread of its own) and takes its `[tls]`
+//! (renewed certificates and keys under the same names too; `crl` revokes servers' certificates) for the
+//! connections from then on, cutting the open ones whose server it revokes ([`crate::tls`], "Reload");
+//! the rest keeps its running value and is named as needing a restart (`apply_reload`).
 
 use crate::dispatch::Clock;
 use rein_core::pshift::{
