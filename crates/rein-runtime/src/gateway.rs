@@ -106,6 +106,7 @@
 use crate::access::{ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
 use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
+use crate::live::ReloadReport;
 use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContext, Policy};
 use crate::parda_host::{HostGate, HostedVolume, VmLease};
 use crate::remote::{
@@ -438,8 +439,7 @@ impl GatewayConfig {
             lines.push(format!("a PARDA host, id {}", p.id));
         }
         if let Some(t) = &self.tls {
-            lines.push(t.describe(crate::tls::unix_now()));
-            lines.extend(t.expiry_warning(crate::tls::unix_now()).map(|w| format!("warning: {w}")));
+            lines.extend(t.describe(crate::tls::unix_now()));
         }
         lines.push(format!(
             "{}, {} over {}, NBD on {}, {}",
@@ -1073,20 +1073,13 @@ async fn open_remotes<'a>(
     futures_util::stream::iter(opens).buffered(OPEN_AT_ONCE).try_collect().await
 }
 
-/// What a reload did: lines applied, and lines naming what needs a restart.
-#[derive(Debug, Default)]
-struct Reloaded {
-    applied: Vec<String>,
-    needs_restart: Vec<String>,
-}
-
 /// Applies `new` over `live` (module comment, "Reload"): volumes added, removed, re-listed with new access
 /// lists; tenants' specs restated to their nodes; the rest named as needing a restart. Opening a new
 /// volume can fail (a node answers wrongly): then nothing changes and the error is returned.
-async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<Reloaded, String> {
-    let mut r = Reloaded::default();
+async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadReport, String> {
+    let mut r = ReloadReport::default();
     let base = &live.base;
-    let restart = |r: &mut Reloaded, key: &str| r.needs_restart.push(format!("{key} changed: needs a restart"));
+    let restart = |r: &mut ReloadReport, key: &str| r.needs_restart.push(format!("{key} changed: needs a restart"));
     let dbg = |x: &dyn std::fmt::Debug| format!("{x:?}");
     // Addresses the service manager's sockets stand in for (as rein serve's reload says them).
     let unit = "the service manager passes (change the socket unit to move it)";
@@ -1516,9 +1509,8 @@ pub async fn run_with(
                 reading = None;
                 match read {
                     Err(e) => {
-                        tracing::error!("reload: {e}; the running configuration is unchanged");
                         reloads.record(false);
-                        crate::notify::ready(&crate::server::reload_failed_status(&e));
+                        crate::notify::ready(&crate::server::reload_refused(&e));
                     }
                     Ok(new) => {
                         let mut l = live.take().expect("no reload in progress");
@@ -1533,22 +1525,14 @@ pub async fn run_with(
                 reloading = None;
                 match r {
                     Err(e) => {
-                        tracing::error!("reload: {e}; the running configuration is unchanged");
                         reloads.record(false);
-                        crate::notify::ready(&crate::server::reload_failed_status(&e));
+                        crate::notify::ready(&crate::server::reload_refused(&e));
                     }
                     Ok(r) => {
                         ctx.exports.set(l.exports());
                         *shown.write().unwrap_or_else(|e| e.into_inner()) = l.remote_volumes();
-                        for line in &r.applied {
-                            tracing::info!("reload: {line}");
-                        }
-                        for line in &r.needs_restart {
-                            tracing::warn!("reload: {line}");
-                        }
-                        tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
                         reloads.record(true);
-                        crate::notify::ready(&crate::server::reloaded_status(r.applied.len(), r.needs_restart.len()));
+                        crate::notify::ready(&r.log());
                     }
                 }
                 live = Some(l);
@@ -1593,7 +1577,7 @@ pub async fn run_with(
 }
 
 /// A reload in progress: it gives the running state back with what it did.
-type Reloading = std::pin::Pin<Box<dyn Future<Output = (Live, Result<Reloaded, String>)> + Send>>;
+type Reloading = std::pin::Pin<Box<dyn Future<Output = (Live, Result<ReloadReport, String>)> + Send>>;
 
 /// The volumes `/metrics` and `/api/nodes` show (replaced whole by a reload).
 type Shown = Arc<std::sync::RwLock<Vec<Arc<RemoteVolume>>>>;

@@ -112,13 +112,29 @@ pub struct CapacityInfo {
     pub device_model_iops: Option<f64>,
 }
 
-/// The result of a reload: what changed and what needs a restart.
+/// The result of a reload: what changed and what needs a restart (every daemon's).
 #[derive(Debug, Clone, Default)]
 pub struct ReloadReport {
     /// One line per change applied.
     pub applied: Vec<String>,
     /// Settings that changed in the file but only take effect at the next start.
     pub needs_restart: Vec<String>,
+}
+
+impl ReloadReport {
+    /// Logs the reload (each line applied, each needing a restart, then `configuration reloaded`) and
+    /// returns its line for the service manager's `STATUS=` ([`crate::notify::ready`]).
+    pub(crate) fn log(&self) -> String {
+        for line in &self.applied {
+            tracing::info!("reload: {line}");
+        }
+        for line in &self.needs_restart {
+            tracing::warn!("reload: {line}");
+        }
+        let (applied, needs_restart) = (self.applied.len(), self.needs_restart.len());
+        tracing::info!(applied, needs_restart, "configuration reloaded");
+        crate::server::reloaded_status(applied, needs_restart)
+    }
 }
 
 struct Inner {

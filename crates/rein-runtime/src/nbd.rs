@@ -448,13 +448,12 @@ pub async fn serve_client(
             HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Plain(stream), n, None, slot, node, None))),
             HsEnd::StartTls => {
                 let tls = tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
-                // A duplicate of the socket, so that a reload that revokes this client can cut it.
-                let socket = stream.dup().ok();
                 let (mut stream, identity) = tls.accept(stream).await?;
-                let registration = match (socket, Credential::of(stream.ssl())) {
-                    (Some(fd), Some(who)) => Some(policy.tls.register(who, peer.to_string(), fd)),
-                    _ => None,
-                };
+                // With a duplicate of its socket, so that a reload that revokes this client can cut it.
+                let registration = Credential::of(stream.ssl()).and_then(|who| {
+                    let fd = stream.get_ref().dup().ok()?;
+                    Some(policy.tls.register(who, peer.to_string(), fd))
+                });
                 hs.tls_established();
                 hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));
                 let who = (peer, identity.as_deref());

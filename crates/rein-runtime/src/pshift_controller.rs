@@ -548,8 +548,7 @@ impl ControllerSettings {
             format!("bucket {name}: reservation {} IOs per QoS period, limit {limit}", q.reservation)
         }));
         if let Some(t) = &self.tls {
-            lines.push(t.describe(crate::tls::unix_now()));
-            lines.extend(t.expiry_warning(crate::tls::unix_now()).map(|w| format!("warning: {w}")));
+            lines.extend(t.describe(crate::tls::unix_now()));
         }
         lines.push(format!(
             "{}, {}, servers connect on {}",
@@ -572,39 +571,39 @@ pub struct ControllerReload {
 /// Applies a reload of ctl.toml over `running`: `[tls]` (read again from its files, renewed certificates
 /// under the same names too) for the connections from then on, those open keeping their session; the
 /// rest, which the schedule and the servers' welcomes are built from, is named as needing a restart and
-/// keeps its running value. Returns the lines applied and those that need a restart.
+/// keeps its running value.
 fn apply_reload(
     running: &mut ControllerSettings,
     new: ControllerSettings,
     live: &crate::tls::LiveTls,
-) -> (Vec<String>, Vec<String>) {
-    let (mut applied, mut needs_restart) = (Vec::new(), Vec::new());
+) -> crate::live::ReloadReport {
+    let mut r = crate::live::ReloadReport::default();
     let but_tls =
         |c: &ControllerSettings| format!("{:?}", ControllerSettings { tls: None, warnings: Vec::new(), ..c.clone() });
     if but_tls(running) != but_tls(&new) {
-        needs_restart.push(
+        r.needs_restart.push(
             "ctl.toml's servers, buckets, periods, addresses or access changed: needs a restart (the schedule and \
              the servers' welcomes are built from them)"
                 .to_string(),
         );
     }
     if let Some(w) = new.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
-        applied.push(format!("warning: {w}"));
+        r.applied.push(format!("warning: {w}"));
     }
     if let Some(what) = crate::tls::TlsConfig::change(running.tls.as_ref(), new.tls.as_ref()) {
-        applied.push(format!("[tls]: {what}: for server connections from now on (those open keep their session)"));
+        r.applied.push(format!("[tls]: {what}: for server connections from now on (those open keep their session)"));
     }
     // Built anew from the files, so replaced whatever the comparison says; the server connections it
     // revokes are cut (each logged).
     let cut = live.set(new.tls.clone());
     if !cut.is_empty() {
-        applied.push(format!(
+        r.applied.push(format!(
             "[tls]: {} closed: the new credentials revoke their server (each logged)",
             rein_core::Count(cut.len(), "server connection")
         ));
     }
     running.tls = new.tls;
-    (applied, needs_restart)
+    r
 }
 
 /// Runs the controller until `shutdown` resolves. `passed`: the listening sockets a service manager
@@ -782,21 +781,13 @@ pub async fn run(
                 reading = None;
                 match read {
                     Err(e) => {
-                        tracing::error!("reload: {e}; the running configuration is unchanged");
                         reloads.record(false);
-                        crate::notify::ready(&crate::server::reload_failed_status(&e));
+                        crate::notify::ready(&crate::server::reload_refused(&e));
                     }
                     Ok(new) => {
-                        let (applied, needs_restart) = apply_reload(&mut running, new, &tls);
-                        for line in &applied {
-                            tracing::info!("reload: {line}");
-                        }
-                        for line in &needs_restart {
-                            tracing::warn!("reload: {line}");
-                        }
-                        tracing::info!(applied = applied.len(), needs_restart = needs_restart.len(), "configuration reloaded");
+                        let report = apply_reload(&mut running, new, &tls);
                         reloads.record(true);
-                        crate::notify::ready(&crate::server::reloaded_status(applied.len(), needs_restart.len()));
+                        crate::notify::ready(&report.log());
                     }
                 }
             }
@@ -925,13 +916,13 @@ async fn connection(
         let stream: crate::pshift_link::Stream = match &admit.tls.get() {
             None => Box::new(sock),
             Some(tls) => {
-                let socket = {
-                    use std::os::fd::AsFd;
-                    sock.as_fd().try_clone_to_owned().ok()
-                };
                 let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
-                if let (Some(fd), Some(who)) = (socket, crate::tls::Credential::of(stream.ssl())) {
-                    registration = Some(admit.tls.register(who, peer.to_string(), fd));
+                if let Some(who) = crate::tls::Credential::of(stream.ssl()) {
+                    use std::os::fd::AsFd;
+                    // A duplicate of the socket to cut it by (its own descriptor stays with the stream).
+                    if let Ok(fd) = stream.get_ref().as_fd().try_clone_to_owned() {
+                        registration = Some(admit.tls.register(who, peer.to_string(), fd));
+                    }
                 }
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
                     count_refused(&admit.refused);

@@ -158,20 +158,8 @@ pub fn read_apart<T: Send + 'static>(
 /// outcome in a line, for the service manager ([`crate::notify::ready`]): `Err` if it was refused.
 async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) -> Result<String, String> {
     match registry.reload(cfg).await {
-        Ok(r) => {
-            for line in &r.applied {
-                tracing::info!("reload: {line}");
-            }
-            for line in &r.needs_restart {
-                tracing::warn!("reload: {line}");
-            }
-            tracing::info!(applied = r.applied.len(), needs_restart = r.needs_restart.len(), "configuration reloaded");
-            Ok(reloaded_status(r.applied.len(), r.needs_restart.len()))
-        }
-        Err(e) => {
-            tracing::error!("reload: {e}; the running configuration is unchanged");
-            Err(reload_failed_status(&e))
-        }
+        Ok(r) => Ok(r.log()),
+        Err(e) => Err(reload_refused(&e)),
     }
 }
 
@@ -186,6 +174,12 @@ pub(crate) fn reloaded_status(applied: usize, needs_restart: usize) -> String {
 /// A refused reload for the service manager's `STATUS=` ([`crate::notify`]), for both daemons.
 pub(crate) fn reload_failed_status(e: &dyn std::fmt::Display) -> String {
     format!("reload failed, the running configuration is unchanged: {e}")
+}
+
+/// Logs a refused reload once and returns its `STATUS=` line (every daemon's).
+pub(crate) fn reload_refused(e: &dyn std::fmt::Display) -> String {
+    tracing::error!("reload: {e}; the running configuration is unchanged");
+    reload_failed_status(e)
 }
 
 /// Admission control at start: the reservations against the capacity (`capacity`, from the state file or
@@ -235,8 +229,7 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
     let eff = over.config;
     crate::preflight::check_exports(&eff.exports)?;
     if let Some(t) = &eff.tls {
-        lines.push(t.describe(crate::tls::unix_now()));
-        lines.extend(t.expiry_warning(crate::tls::unix_now()).map(|w| format!("warning: {w}")));
+        lines.extend(t.describe(crate::tls::unix_now()));
     }
     for e in &eff.exports {
         lines.push(crate::preflight::inspect_export(e)?);

@@ -435,7 +435,6 @@ pub struct Presented(Vec<(&'static str, Held)>);
 enum Held {
     Server(LiveTls),
     Client(LiveTlsClient),
-    Fixed(Option<i64>),
 }
 
 impl Presented {
@@ -451,12 +450,6 @@ impl Presented {
         self
     }
 
-    /// Adds a context that no reload replaces (the pShift controller's).
-    pub fn fixed(mut self, name: &'static str, tls: Option<&TlsConfig>) -> Presented {
-        self.0.extend(tls.map(|t| (name, Held::Fixed(t.not_after))));
-        self
-    }
-
     /// Appends the expiry series (module comment of [`Presented`]) to `o`.
     pub fn metrics(&self, o: &mut String) {
         use std::fmt::Write;
@@ -465,7 +458,6 @@ impl Presented {
                 let t = match held {
                     Held::Server(t) => t.get().and_then(|t| t.not_after),
                     Held::Client(t) => t.get().not_after,
-                    Held::Fixed(t) => *t,
                 };
                 t.map(|t| (*name, t))
             })
@@ -686,8 +678,9 @@ impl TlsConfig {
         }
     }
 
-    /// `--check-config`'s line for `[tls]`: the mode and what it checks, and when the certificate expires.
-    pub fn describe(&self, now: i64) -> String {
+    /// `--check-config`'s lines for `[tls]`: the mode and what it checks, and when the certificate
+    /// expires; then the expiry's warning, if any ([`TlsConfig::expiry_warning`]).
+    pub fn describe(&self, now: i64) -> Vec<String> {
         let mode = match self.mode {
             TlsMode::Off => "off",
             TlsMode::On => "on",
@@ -712,7 +705,8 @@ impl TlsConfig {
         if let Some((path, n)) = &self.psk {
             parts.push(format!("psk_file {} ({})", path.display(), rein_core::Count(*n, "identity")));
         }
-        parts.join("; ")
+        let warning = self.expiry_warning(now).map(|w| format!("warning: {w}"));
+        std::iter::once(parts.join("; ")).chain(warning).collect()
     }
 
     /// Why this context would refuse a client that opened its session as `who` (a reload's question for
