@@ -1510,7 +1510,7 @@ pub async fn run_with(
                 match read {
                     Err(e) => {
                         reloads.record(false);
-                        crate::notify::ready(&crate::server::reload_refused(&e));
+                        crate::notify::ready(&crate::reloads::reload_refused(&e));
                     }
                     Ok(new) => {
                         let mut l = live.take().expect("no reload in progress");
@@ -1526,7 +1526,7 @@ pub async fn run_with(
                 match r {
                     Err(e) => {
                         reloads.record(false);
-                        crate::notify::ready(&crate::server::reload_refused(&e));
+                        crate::notify::ready(&crate::reloads::reload_refused(&e));
                     }
                     Ok(r) => {
                         ctx.exports.set(l.exports());

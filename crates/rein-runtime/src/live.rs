@@ -133,7 +133,7 @@ impl ReloadReport {
         }
         let (applied, needs_restart) = (self.applied.len(), self.needs_restart.len());
         tracing::info!(applied, needs_restart, "configuration reloaded");
-        crate::server::reloaded_status(applied, needs_restart)
+        crate::reloads::reloaded_status(applied, needs_restart)
     }
 }
 

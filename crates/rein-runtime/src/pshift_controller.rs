@@ -782,7 +782,7 @@ pub async fn run(
                 match read {
                     Err(e) => {
                         reloads.record(false);
-                        crate::notify::ready(&crate::server::reload_refused(&e));
+                        crate::notify::ready(&crate::reloads::reload_refused(&e));
                     }
                     Ok(new) => {
                         let report = apply_reload(&mut running, new, &tls);

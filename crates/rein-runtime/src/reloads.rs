@@ -115,6 +115,22 @@ impl Reloads {
     }
 }
 
+/// A reload's outcome for the service manager's `STATUS=` ([`crate::notify`]), for every daemon.
+pub(crate) fn reloaded_status(applied: usize, needs_restart: usize) -> String {
+    format!("configuration reloaded: {applied} changes applied, {needs_restart} need a restart")
+}
+
+/// A refused reload for the service manager's `STATUS=` ([`crate::notify`]), for every daemon.
+pub(crate) fn reload_failed_status(e: &dyn std::fmt::Display) -> String {
+    format!("reload failed, the running configuration is unchanged: {e}")
+}
+
+/// Logs a refused reload once and returns its `STATUS=` line (every daemon's).
+pub(crate) fn reload_refused(e: &dyn std::fmt::Display) -> String {
+    tracing::error!("reload: {e}; the running configuration is unchanged");
+    reload_failed_status(e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -159,28 +159,12 @@ pub fn read_apart<T: Send + 'static>(
 async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) -> Result<String, String> {
     match registry.reload(cfg).await {
         Ok(r) => Ok(r.log()),
-        Err(e) => Err(reload_refused(&e)),
+        Err(e) => Err(crate::reloads::reload_refused(&e)),
     }
 }
 
 /// A reload under way ([`reload_config`]): its outcome in a line, `Err` if it was refused.
 type Applying = std::pin::Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
-
-/// A reload's outcome for the service manager's `STATUS=` ([`crate::notify`]), for both daemons.
-pub(crate) fn reloaded_status(applied: usize, needs_restart: usize) -> String {
-    format!("configuration reloaded: {applied} changes applied, {needs_restart} need a restart")
-}
-
-/// A refused reload for the service manager's `STATUS=` ([`crate::notify`]), for both daemons.
-pub(crate) fn reload_failed_status(e: &dyn std::fmt::Display) -> String {
-    format!("reload failed, the running configuration is unchanged: {e}")
-}
-
-/// Logs a refused reload once and returns its `STATUS=` line (every daemon's).
-pub(crate) fn reload_refused(e: &dyn std::fmt::Display) -> String {
-    tracing::error!("reload: {e}; the running configuration is unchanged");
-    reload_failed_status(e)
-}
 
 /// Admission control at start: the reservations against the capacity (`capacity`, from the state file or
 /// a probe, else the configuration's): refused under `admission = "refuse"`, a warning under `"warn"`.
@@ -493,7 +477,7 @@ pub async fn run_with(
                         tracing::error!("reload: {e}; the running configuration is unchanged");
                         reloads.record(false);
                         if applying.is_none() {
-                            crate::notify::ready(&reload_failed_status(&e));
+                            crate::notify::ready(&crate::reloads::reload_failed_status(&e));
                         }
                     }
                 }
