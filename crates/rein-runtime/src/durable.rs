@@ -1,4 +1,4 @@
-//! Writing a file whole: the one writer of rein serve's state file ([`crate::state::save`]) and of the
+//! Writing a file whole: the one writer of rein serve's state file ([`crate::state::Store`]; its journal is appended to) and of the
 //! run writers' `--out` files (`rein sim`, `rein cluster run`, `rein load`, `rein demo`).
 //!
 //! [`write()`] fills a new temporary file in the file's own directory (`.<name>.<pid>-<n>.tmp`, so that

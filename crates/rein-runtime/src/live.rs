@@ -155,8 +155,8 @@ pub struct Registry {
     exports: Arc<ExportTable>,
     capacity: RwLock<(Option<f64>, CapacitySource)>,
     admission: RwLock<Admission>,
-    /// Where the state file lives; `None`: changes are not persisted.
-    data_dir: Option<PathBuf>,
+    /// The data directory's state file and journal ([`state::Store`]); `None`: changes are not persisted.
+    store: Option<std::sync::Mutex<state::Store>>,
     /// The change lock; an `Arc` so that a change's task can own its guard (module comment).
     changes: Arc<tokio::sync::Mutex<Inner>>,
     /// The export the empty name opens, by name: the NBD policy's, fixed at start (a reload names a change
@@ -247,8 +247,8 @@ pub fn config_capacity(cfg: &ServerConfig) -> (Option<f64>, CapacitySource) {
 impl Registry {
     /// A registry over a running dispatcher. `base` is the configuration file, `effective` what runs
     /// (`base` with the state file applied), `tenants` the dispatcher's ids of `effective.tenants` (same
-    /// order), `exports` the table of `effective.exports`; `capacity` a run-time capacity entry. With
-    /// `persist`, every change rewrites the state file in `effective.data_dir`.
+    /// order), `exports` the table of `effective.exports`; `capacity` a run-time capacity entry. With a
+    /// `store` (of `effective.data_dir`), every change is kept in it.
     pub fn new(
         dispatcher: Dispatcher,
         base: ServerConfig,
@@ -256,7 +256,7 @@ impl Registry {
         tenants: Vec<TenantId>,
         exports: Arc<ExportTable>,
         capacity: Option<CapacityEntry>,
-        persist: bool,
+        store: Option<state::Store>,
     ) -> Registry {
         assert_eq!(tenants.len(), effective.tenants.len(), "one id per tenant");
         let names = effective.tenants.iter().map(|t| t.name.clone()).zip(tenants).collect();
@@ -274,7 +274,7 @@ impl Registry {
             exports,
             capacity: RwLock::new(cap),
             admission: RwLock::new(effective.admission),
-            data_dir: persist.then(|| effective.data_dir.clone()),
+            store: store.map(std::sync::Mutex::new),
             changes: Arc::new(tokio::sync::Mutex::new(Inner { base, effective, capacity, retired: Vec::new() })),
             pending: std::sync::Mutex::default(),
             opens: Opens::default(),
@@ -325,7 +325,7 @@ impl Registry {
         cfg.capacity_iops = capacity_iops;
         cfg.device = None;
         let ids = tenants.iter().map(|t| t.2).collect();
-        Registry::new(dispatcher, cfg.clone(), cfg, ids, Arc::default(), None, false)
+        Registry::new(dispatcher, cfg.clone(), cfg, ids, Arc::default(), None, None)
     }
 
     /// The dispatcher.
@@ -406,8 +406,9 @@ impl Registry {
         effective: &ServerConfig,
         capacity: Option<CapacityEntry>,
     ) -> Result<(), ChangeError> {
-        let Some(dir) = &self.data_dir else { return Ok(()) };
-        state::save(dir, &state::diff(base, effective, capacity)).map_err(|e| match e {
+        let Some(store) = &self.store else { return Ok(()) };
+        let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+        store.save(&state::diff(base, effective, capacity)).map_err(|e| match e {
             // The change itself is what would not fit: refused as a conflict with the state (409).
             state::StateError::TooLarge { .. } => ChangeError::Conflict(e.to_string()),
             e => ChangeError::Failed(e.to_string()),

@@ -310,7 +310,7 @@ pub async fn run_with(
         .map_err(|source| ServeError::DataDir { path: cfg.data_dir.display().to_string(), source })?;
     let _lock = DirLock::acquire(&cfg.data_dir)?;
     let base = cfg;
-    let saved = state::load(&base.data_dir)?;
+    let (mut store, saved) = state::Store::open(&base.data_dir)?;
     let over = state::overlay(&base, saved.as_ref().unwrap_or(&StateFile::default()));
     if saved.is_some() {
         let path = base.data_dir.join(state::STATE_FILE);
@@ -353,7 +353,7 @@ pub async fn run_with(
     }
     admit(&cfg, capacity.as_ref())?;
     if rewrite {
-        state::save(&cfg.data_dir, &state::diff(&base, &cfg, capacity))?;
+        store.save(&state::diff(&base, &cfg, capacity))?;
     }
     let (dispatcher, dispatcher_done) = Dispatcher::spawn(device, dcfg);
     if let Some(c) = capacity.filter(|_| cfg.device.is_some()) {
@@ -376,8 +376,15 @@ pub async fn run_with(
     }
     let table = Arc::new(ExportTable::new(exports));
     let limits = ConnLimits::new(cfg.caps);
-    let registry =
-        Arc::new(Registry::new(dispatcher.clone(), base, cfg.clone(), tenant_ids, table.clone(), capacity, true));
+    let registry = Arc::new(Registry::new(
+        dispatcher.clone(),
+        base,
+        cfg.clone(),
+        tenant_ids,
+        table.clone(),
+        capacity,
+        Some(store),
+    ));
     registry.set_passed(passed_roles.0, passed_roles.1);
     let node: Option<Arc<dyn crate::nbd::NodeGate>> = cfg.node.enabled.then(|| {
         Arc::new(crate::node::NodeService::new(cfg.node.clone(), registry.clone())) as Arc<dyn crate::nbd::NodeGate>

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Run-time changes at scale: adds N tenants to rein serve one `POST /api/tenants` at a time (one client,
+# one keep-alive connection, each request answered before the next: what a provisioning tool does), then
+# changes each one's spec once (`PUT`), and restarts the server on the state it kept. Prints, per binary,
+# the seconds the adds took (and the last thousand's ms per change), the seconds of the PUTs, the bytes the
+# server wrote (write(2) bytes, /proc/PID/io wchar), the files left in the data directory, and how long the
+# restart took to apply them (until /healthz answers).
+# With BASE=path/to/an/older/rein the same runs with that binary alternate with this build's, ROUNDS
+# times each, and the table ends with the ratios (this build over the base).
+# Usage: [BASE=rein-before] bash scripts/bench-admin.sh [N] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-4096}
+ROUNDS=${2:-1}
+command -v python3 >/dev/null || { echo "needs python3 (apt-get install python3)" >&2; exit 1; }
+cargo build --release --locked -p rein -q
+W=$(mktemp -d)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+cat > "$W/rein.toml" <<TOML
+listen = "127.0.0.34:10809"
+admin = "127.0.0.34:9180"
+data_dir = "$W/data"
+[[exports]]
+name = "x"
+backend = "memory"
+size_mb = 1
+TOML
+start() { # binary -> sets PID, waits for /healthz, prints the seconds it took
+  local t0; t0=$(date +%s.%N)
+  "$1" serve --config "$W/rein.toml" >"$W/log" 2>&1 & PID=$!
+  for _ in $(seq 600); do
+    if curl -sf http://127.0.0.34:9180/healthz >/dev/null 2>&1; then
+      python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$t0" "$(date +%s.%N)"
+      return
+    fi
+    kill -0 "$PID" 2>/dev/null || { cat "$W/log" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "rein serve did not answer in 60 s" >&2; exit 1
+}
+stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
+run() { # binary -> one row: adds_s last1000_ms_per_change puts_s written_MB state_files restart_s
+  rm -rf "$W/data"
+  start "$1" >/dev/null
+  local w0; w0=$(awk '/^wchar/ {print $2}' "/proc/$PID/io")
+  local times; times=$(python3 - "$N" <<'PY'
+import http.client, json, sys, time
+n = int(sys.argv[1])
+c = http.client.HTTPConnection("127.0.0.34", 9180)
+def call(method, path, body):
+    c.request(method, path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse(); data = r.read()
+    if r.status not in (200, 201):
+        sys.exit(f"{method} {path}: {r.status} {data[:200]!r}")
+t0 = time.monotonic(); mark = t0
+for i in range(n):
+    if i == n - 1000: mark = time.monotonic()
+    call("POST", "/api/tenants", {"name": f"t{i:06}", "reservation": 0, "weight": 1})
+t1 = time.monotonic()
+for i in range(n):
+    call("PUT", f"/api/tenants/t{i:06}", {"weight": 2})
+t2 = time.monotonic()
+print(f"{t1 - t0:.2f} {1000 * (t1 - mark) / min(n, 1000):.2f} {t2 - t1:.2f}")
+PY
+)
+  local w1; w1=$(awk '/^wchar/ {print $2}' "/proc/$PID/io")
+  stop
+  local files; files=$(cd "$W/data" && ls -1 | grep -v '^rein.lock$' | while read -r f; do printf '%s:%sKB ' "$f" $(( $(stat -c %s "$f") / 1024 )); done)
+  start "$1" > "$W/restart"; local restart; restart=$(cat "$W/restart")
+  local count; count=$(curl -sf http://127.0.0.34:9180/api/tenants | python3 -c 'import json,sys; t=json.load(sys.stdin); print(sum(1 for x in t if x["weight"] == 2))')
+  stop
+  [ "$count" = "$N" ] || { echo "after the restart $count of $N tenants have their changed spec" >&2; exit 1; }
+  echo "$times $(( (w1 - w0) / 1000000 )) $restart ${files:-none}"
+}
+echo "N=$N tenants, $ROUNDS round(s); columns: adds_s ms_per_add(last 1000) puts_s written_MB restart_s files"
+for r in $(seq "$ROUNDS"); do
+  if [ -n "${BASE:-}" ]; then run "$BASE" > "$W/row"; echo "base  $(cat "$W/row")"; fi
+  run ./target/release/rein > "$W/row"; echo "this  $(cat "$W/row")"
+done
