@@ -318,6 +318,21 @@ pub fn state_file(data: &[u8]) {
     }
 }
 
+/// Applies `data` as a state file's journal (`data_dir/rein-state.journal`) over an empty state, as
+/// [`state::Store::open`] does; panics if a contract is broken: what it accepts is whole lines of this
+/// version, at most one cut last line, and a state that [`state_file`]'s checks accept when written as a
+/// state file.
+pub fn state_journal(data: &[u8]) {
+    let mut st = None;
+    let Ok(read) = state::apply_journal(&mut st, data) else { return };
+    assert!(read.bytes <= data.len());
+    assert_eq!(read.bytes + read.cut.map_or(0, |_| data.len() - read.bytes), data.len(), "a line neither read nor cut");
+    assert!(data[..read.bytes].is_empty() || data[read.bytes - 1] == b'\n', "a record without its newline applied");
+    if let Some(st) = st {
+        state_file(&serde_json::to_vec(&st).expect("a state serialises"));
+    }
+}
+
 /// Reads `data` as the three socket-activation variables as [`activation::from_env`] does, for a
 /// process whose id is 4242; panics if a contract is broken (module comment). Layout: the first byte's
 /// low three bits say which of `$LISTEN_FDS`, `$LISTEN_PID`, `$LISTEN_FDNAMES` are set; the rest, split

@@ -574,6 +574,44 @@ fn state_bytes(st: &StateFile) -> u64 {
         + st.exports.iter().map(|(k, v)| entry_bytes(k, v)).sum::<u64>()
 }
 
+/// What [`apply_journal`] read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalRead {
+    /// The bytes of the records applied (all whole lines).
+    pub bytes: usize,
+    /// The last line's number if it was ignored as incomplete.
+    pub cut: Option<usize>,
+}
+
+/// Applies the journal text `journal` over `state` (module comment, "Journal"; `None`: no state file, the
+/// records apply over an empty state). A last line that does not parse or lacks its newline is ignored
+/// (its number in [`JournalRead::cut`]); another line that does not parse, or of another version, is an
+/// error naming the line.
+pub fn apply_journal(state: &mut Option<StateFile>, journal: &[u8]) -> Result<JournalRead, String> {
+    let mut read = JournalRead { bytes: 0, cut: None };
+    let mut lines = journal.split_inclusive(|&b| b == b'\n').enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        let last = lines.peek().is_none();
+        match serde_json::from_slice::<Delta>(line) {
+            Ok(d) if d.version != STATE_VERSION => {
+                return Err(format!(
+                    "line {}: version {} (this server reads version {STATE_VERSION})",
+                    i + 1,
+                    d.version
+                ))
+            }
+            Ok(d) if line.ends_with(b"\n") => {
+                d.apply(state.get_or_insert_with(StateFile::default));
+                read.bytes += line.len();
+            }
+            Err(e) if !last => return Err(format!("line {}: {e}", i + 1)),
+            // Only the last line can lack its newline.
+            _ => read.cut = Some(i + 1),
+        }
+    }
+    Ok(read)
+}
+
 /// A data directory's run-time state and the files that keep it (module comment, "Journal"): the state
 /// file and the journal of changes since it was written.
 #[derive(Debug)]
@@ -609,38 +647,17 @@ impl Store {
         // A journal is compacted once longer than the state file (or MIN_JOURNAL_BYTES): twice the
         // state's bound holds it with its last record.
         let journal = read_state_bytes(&jpath, 2 * MAX_STATE_BYTES)?.unwrap_or_default();
-        let mut good = 0;
-        let mut lines = journal.split_inclusive(|&b| b == b'\n').enumerate().peekable();
-        while let Some((i, line)) = lines.next() {
-            let last = lines.peek().is_none();
-            match serde_json::from_slice::<Delta>(line) {
-                Ok(d) if d.version != STATE_VERSION => {
-                    return Err(StateError::Corrupt {
-                        path: jpath,
-                        message: format!(
-                            "line {}: version {} (this server reads version {STATE_VERSION})",
-                            i + 1,
-                            d.version
-                        ),
-                    })
-                }
-                Ok(d) if line.ends_with(b"\n") => {
-                    d.apply(state.get_or_insert_with(StateFile::default));
-                    good += line.len();
-                }
-                Err(e) if !last => {
-                    return Err(StateError::Corrupt { path: jpath, message: format!("line {}: {e}", i + 1) })
-                }
-                // Only the last line can lack its newline.
-                _ => tracing::warn!(
-                    journal = %jpath.display(),
-                    "{}: its last line (line {}) is incomplete, as a crash while it was appended leaves it: \
-                     ignored, since the change it held was never applied",
-                    jpath.display(),
-                    i + 1
-                ),
-            }
+        let read = apply_journal(&mut state, &journal)
+            .map_err(|message| StateError::Corrupt { path: jpath.clone(), message })?;
+        if let Some(line) = read.cut {
+            tracing::warn!(
+                journal = %jpath.display(),
+                "{}: its last line (line {line}) is incomplete, as a crash while it was appended leaves it: \
+                 ignored, since the change it held was never applied",
+                jpath.display()
+            );
         }
+        let good = read.bytes;
         let kept = state.clone().unwrap_or_default();
         let store = Store {
             dir: dir.to_path_buf(),
