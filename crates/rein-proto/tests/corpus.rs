@@ -65,6 +65,7 @@ fn every_fuzz_target_is_replayed() {
         "scenario",
         "server_config",
         "state_file",
+        "state_journal",
         "trace",
     ];
     let mut targets: Vec<String> = std::fs::read_dir(fuzz_dir().join("fuzz_targets"))

@@ -38,6 +38,11 @@ fn state_file_corpus() {
 }
 
 #[test]
+fn state_journal_corpus() {
+    replay("state_journal", rein_runtime::harness::state_journal);
+}
+
+#[test]
 fn psk_file_corpus() {
     replay("psk_file", rein_runtime::harness::psk_file);
 }
@@ -76,6 +81,11 @@ fn seeds_are_valid() {
     for (path, bytes) in seeds("state_file") {
         let st = rein_runtime::state::parse(&bytes).unwrap_or_else(|e| panic!("seed {}: {e}", path.display()));
         assert!(!st.is_empty(), "seed {}: an empty state", path.display());
+    }
+    for (path, bytes) in seeds("state_journal") {
+        let mut st = None;
+        rein_runtime::state::apply_journal(&mut st, &bytes).unwrap_or_else(|e| panic!("seed {}: {e}", path.display()));
+        assert!(st.is_some_and(|s| !s.is_empty()), "seed {}: an empty state", path.display());
     }
     for (path, bytes) in seeds("psk_file") {
         let text = std::str::from_utf8(&bytes).expect("UTF-8");

@@ -432,6 +432,15 @@ fn a_second_cluster_on_a_dir_in_use_is_refused_before_it_writes() {
     let sc = scenario(tmp.path(), TWO_NODES);
     let mut up = Up::start_with(&run_tmp, &sc, &["--dir", keep.to_str().unwrap()]);
     up.ready();
+    // Ready is the nodes' and the gateway's answers; a daemon's first log line can land just after (CI saw
+    // the gateway's log still empty here): the files are read once every log has its first line.
+    let logs_begun = || dir_files(&keep).iter().filter(|(n, _)| n.ends_with(".log")).all(|(_, b)| b.len() == 64);
+    for _ in 0..100 {
+        if logs_begun() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let before = dir_files(&keep);
     let names: Vec<&str> = before.iter().map(|(n, _)| n.as_str()).collect();
     for f in ["node-s1.toml", "node-s1.log", "pids", "rein-cluster.lock"] {
