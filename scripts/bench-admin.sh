@@ -6,7 +6,7 @@
 # server wrote (write(2) bytes, /proc/PID/io wchar), the files left in the data directory, and how long the
 # restart took to apply them (until /healthz answers).
 # With BASE=path/to/an/older/rein the same runs with that binary alternate with this build's, ROUNDS
-# times each, and the table ends with the ratios (this build over the base).
+# times each, and the table ends with the ratios of the medians (this build over the base).
 # Usage: [BASE=rein-before] bash scripts/bench-admin.sh [N] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +76,15 @@ PY
 }
 echo "N=$N tenants, $ROUNDS round(s); columns: adds_s ms_per_add(last 1000) puts_s written_MB restart_s files"
 for r in $(seq "$ROUNDS"); do
-  if [ -n "${BASE:-}" ]; then run "$BASE" > "$W/row"; echo "base  $(cat "$W/row")"; fi
-  run ./target/release/rein > "$W/row"; echo "this  $(cat "$W/row")"
+  if [ -n "${BASE:-}" ]; then run "$BASE" > "$W/row"; echo "base  $(cat "$W/row")" | tee -a "$W/rows"; fi
+  run ./target/release/rein > "$W/row"; echo "this  $(cat "$W/row")" | tee -a "$W/rows"
 done
+if [ -n "${BASE:-}" ]; then
+  python3 - "$W/rows" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+cols = ["adds_s", "ms_per_add", "puts_s", "written_MB", "restart_s"]
+med = {who: [statistics.median(float(r[i + 1]) for r in rows if r[0] == who) for i in range(len(cols))] for who in ("base", "this")}
+print("this/base  " + "  ".join(f"{c} {t / b:.3f}x" if b else f"{c} -" for c, t, b in zip(cols, med["this"], med["base"])))
+PY
+fi

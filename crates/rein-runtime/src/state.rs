@@ -471,22 +471,6 @@ pub fn parse(bytes: &[u8]) -> Result<StateFile, String> {
     serde_json::from_slice(bytes).map_err(|e| e.to_string())
 }
 
-/// Writes `state` as `dir`'s state, whole (a [`Store`] of `dir` saving it: the state file rewritten, any
-/// journal removed); an empty state removes both files. On an error the files are as they were and no
-/// temporary file is left.
-pub fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
-    let mut store = Store {
-        dir: dir.to_path_buf(),
-        kept: StateFile::default(),
-        bytes: 0,
-        file_bytes: 0,
-        journal: None,
-        journal_bytes: 0,
-        torn: false,
-    };
-    store.compact(state)
-}
-
 /// The journal's name inside the data directory (module comment, "Journal").
 pub const JOURNAL_FILE: &str = "rein-state.journal";
 /// A journal shorter than this is not compacted into the state file, however small that file is.
@@ -563,13 +547,16 @@ fn entry_bytes<T: Serialize>(key: &str, value: &T) -> u64 {
     (4 + key + 2 + alone.len() + 4 * lines + 2) as u64
 }
 
-/// The bytes the pretty state file of `st` takes at most, by [`entry_bytes`].
+/// The bytes of the pretty state file but its map entries: the version, the capacity, the maps' braces
+/// (each non-empty map opens and closes on lines of its own, `{\n` ... `  }` instead of `{}`: 4 bytes).
+fn frame_bytes(capacity: Option<CapacityEntry>) -> u64 {
+    let frame = StateFile { capacity, ..StateFile::default() };
+    serde_json::to_vec_pretty(&frame).expect("a state serialises").len() as u64 + 4 + 4
+}
+
+/// The bytes the pretty state file of `st` takes at most, by [`frame_bytes`] and [`entry_bytes`].
 fn state_bytes(st: &StateFile) -> u64 {
-    let frame = StateFile { tenants: BTreeMap::new(), exports: BTreeMap::new(), ..st.clone() };
-    // Each non-empty map opens and closes on lines of its own: `{\n` ... `  }` instead of `{}`.
-    serde_json::to_vec_pretty(&frame).expect("a state serialises").len() as u64
-        + 4
-        + 4
+    frame_bytes(st.capacity)
         + st.tenants.iter().map(|(k, v)| entry_bytes(k, v)).sum::<u64>()
         + st.exports.iter().map(|(k, v)| entry_bytes(k, v)).sum::<u64>()
 }
@@ -657,24 +644,30 @@ impl Store {
                 jpath.display()
             );
         }
-        let good = read.bytes;
         let kept = state.clone().unwrap_or_default();
         let store = Store {
-            dir: dir.to_path_buf(),
             bytes: state_bytes(&kept),
             kept,
             file_bytes: file.map_or(0, |f| f.len() as u64),
-            journal: None,
-            journal_bytes: good as u64,
+            journal_bytes: read.bytes as u64,
             // A record cut short stays in the file until the state file is rewritten.
-            torn: good < journal.len(),
+            torn: read.bytes < journal.len(),
+            ..Store::at(dir)
         };
         Ok((store, state.filter(|s| !s.is_empty())))
     }
 
-    /// The state the files hold.
-    pub fn state(&self) -> &StateFile {
-        &self.kept
+    /// The store of `dir` as if it held nothing (no file read).
+    fn at(dir: &Path) -> Store {
+        Store {
+            dir: dir.to_path_buf(),
+            kept: StateFile::default(),
+            bytes: frame_bytes(None),
+            file_bytes: 0,
+            journal: None,
+            journal_bytes: 0,
+            torn: false,
+        }
     }
 
     /// Keeps `state` (module comment, "Journal"): its differences from the state kept are appended to the
@@ -687,20 +680,21 @@ impl Store {
         if delta.is_empty() {
             return Ok(());
         }
+        // The file's size bound, from the entries the change replaces (not a serialisation per change).
         let old = &self.kept;
-        let mut bytes = self.bytes as i64;
+        let (mut gone, mut new) = (0, 0);
         for (k, v) in &delta.tenants {
-            bytes -= old.tenants.get(k).map_or(0, |e| entry_bytes(k, e)) as i64;
-            bytes += v.as_ref().map_or(0, |e| entry_bytes(k, e)) as i64;
+            gone += old.tenants.get(k).map_or(0, |e| entry_bytes(k, e));
+            new += v.as_ref().map_or(0, |e| entry_bytes(k, e));
         }
         for (k, v) in &delta.exports {
-            bytes -= old.exports.get(k).map_or(0, |e| entry_bytes(k, e)) as i64;
-            bytes += v.as_ref().map_or(0, |e| entry_bytes(k, e)) as i64;
+            gone += old.exports.get(k).map_or(0, |e| entry_bytes(k, e));
+            new += v.as_ref().map_or(0, |e| entry_bytes(k, e));
         }
-        if delta.capacity.is_some() {
-            bytes = state_bytes(state) as i64;
+        if let Some(c) = delta.capacity {
+            (gone, new) = (gone + frame_bytes(old.capacity), new + frame_bytes(c));
         }
-        let bytes = bytes.max(0) as u64;
+        let bytes = self.bytes + new - gone;
         if bytes > MAX_STATE_BYTES {
             // Written, it would stop the next start (`open` refuses it): refused now, the files kept.
             return Err(StateError::TooLarge { bytes });
@@ -1270,6 +1264,11 @@ mod tests {
         assert_eq!(crate::testkit::dir_names(dir.path()), [STATE_FILE], "a temporary file is left");
     }
 
+    /// Writes `state` whole, whatever the directory holds (the state file rewritten, any journal removed).
+    fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
+        Store::at(dir).compact(state)
+    }
+
     fn tenant(r: f64) -> TenantEntry {
         TenantEntry { spec: Some(QosSpec::new(r, None, 1.0, 0).unwrap().into()), config: None }
     }
@@ -1300,6 +1299,7 @@ mod tests {
                 assert!(store.journal_bytes - had < 200, "one line per change: {}", store.journal_bytes - had);
             }
             assert!(store.journal_bytes <= store.file_bytes.max(MIN_JOURNAL_BYTES));
+            assert_eq!(store.bytes, state_bytes(&st), "the size bound kept change by change");
         }
         // The file is rewritten as it doubles or so: a few times, not per change.
         assert!((1..=10).contains(&rewrites), "{rewrites} rewrites");
@@ -1349,9 +1349,11 @@ mod tests {
         });
         store.save(&st).unwrap();
         assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&st));
+        assert_eq!(store.bytes, state_bytes(&st));
         st.capacity = None;
         store.save(&st).unwrap();
         assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&st));
+        assert_eq!(store.bytes, state_bytes(&st));
         assert!(dir.path().join(JOURNAL_FILE).exists());
     }
 
