@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Run-time changes at scale: adds N tenants to rein serve one `POST /api/tenants` at a time (one client,
 # one keep-alive connection, each request answered before the next: what a provisioning tool does), then
-# changes each one's spec once (`PUT`), and restarts the server on the state it kept. Prints, per binary,
-# the seconds the adds took (and the last thousand's ms per change), the seconds of the PUTs, the bytes the
-# server wrote (write(2) bytes, /proc/PID/io wchar), the files left in the data directory, and how long the
-# restart took to apply them (until /healthz answers).
+# changes each one's spec once (`PUT`), reads them back (`GET /api/tenants`, one tenant's
+# `GET /api/tenants/NAME`, a `/metrics` scrape), and restarts the server on the state it kept. Prints, per
+# binary, the seconds the adds took (and the last thousand's ms per change), the seconds of the PUTs, the ms
+# per read of each kind (the median of several), the bytes the server wrote over the adds and PUTs
+# (write(2) bytes, /proc/PID/io wchar: the state's files and the answers), the files left in the data
+# directory, and how long the restart took to apply them (until /healthz answers).
 # With BASE=path/to/an/older/rein the same runs with that binary alternate with this build's, ROUNDS
 # times each, and the table ends with the ratios of the medians (this build over the base).
 # Usage: [BASE=rein-before] bash scripts/bench-admin.sh [N] [ROUNDS]
@@ -41,40 +43,46 @@ start() { # binary -> sets PID, waits for /healthz, prints the seconds it took
   echo "rein serve did not answer in 60 s" >&2; exit 1
 }
 stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
-run() { # binary -> one row: adds_s last1000_ms_per_change puts_s written_MB state_files restart_s
+run() { # binary -> one row: adds_s last1000_ms_per_change puts_s list_ms one_ms metrics_ms written_MB restart_s files
   rm -rf "$W/data"
   start "$1" >/dev/null
-  local w0; w0=$(awk '/^wchar/ {print $2}' "/proc/$PID/io")
-  local times; times=$(python3 - "$N" <<'PY'
+  local times; times=$(python3 - "$N" "$PID" <<'PY'
 import http.client, json, sys, time
 n = int(sys.argv[1])
+def wchar():  # bytes the server has written (its answers too)
+    return next(int(l.split()[1]) for l in open(f"/proc/{sys.argv[2]}/io") if l.startswith("wchar"))
 c = http.client.HTTPConnection("127.0.0.34", 9180)
-def call(method, path, body):
-    c.request(method, path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+def call(method, path, body=None):
+    c.request(method, path, body=None if body is None else json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse(); data = r.read()
     if r.status not in (200, 201):
         sys.exit(f"{method} {path}: {r.status} {data[:200]!r}")
-t0 = time.monotonic(); mark = t0
+def ms_per(path, times):
+    took = []
+    for _ in range(times):
+        t = time.monotonic(); call("GET", path); took.append(1000 * (time.monotonic() - t))
+    return sorted(took)[len(took) // 2]
+w0 = wchar(); t0 = time.monotonic(); mark = t0
 for i in range(n):
     if i == n - 1000: mark = time.monotonic()
     call("POST", "/api/tenants", {"name": f"t{i:06}", "reservation": 0, "weight": 1})
 t1 = time.monotonic()
 for i in range(n):
     call("PUT", f"/api/tenants/t{i:06}", {"weight": 2})
-t2 = time.monotonic()
-print(f"{t1 - t0:.2f} {1000 * (t1 - mark) / min(n, 1000):.2f} {t2 - t1:.2f}")
+t2 = time.monotonic(); w1 = wchar()
+reads = [ms_per("/api/tenants", 9), ms_per(f"/api/tenants/t{n // 2:06}", 99), ms_per("/metrics", 9)]
+print(f"{t1 - t0:.2f} {1000 * (t1 - mark) / min(n, 1000):.2f} {t2 - t1:.2f} " + " ".join(f"{x:.2f}" for x in reads) + f" {(w1 - w0) // 1000000}")
 PY
 )
-  local w1; w1=$(awk '/^wchar/ {print $2}' "/proc/$PID/io")
   stop
   local files; files=$(cd "$W/data" && ls -1 | grep -v '^rein.lock$' | while read -r f; do printf '%s:%sKB ' "$f" $(( $(stat -c %s "$f") / 1024 )); done)
   start "$1" > "$W/restart"; local restart; restart=$(cat "$W/restart")
   local count; count=$(curl -sf http://127.0.0.34:9180/api/tenants | python3 -c 'import json,sys; t=json.load(sys.stdin); print(sum(1 for x in t if x["weight"] == 2))')
   stop
   [ "$count" = "$N" ] || { echo "after the restart $count of $N tenants have their changed spec" >&2; exit 1; }
-  echo "$times $(( (w1 - w0) / 1000000 )) $restart ${files:-none}"
+  echo "$times $restart ${files:-none}"
 }
-echo "N=$N tenants, $ROUNDS round(s); columns: adds_s ms_per_add(last 1000) puts_s written_MB restart_s files"
+echo "N=$N tenants, $ROUNDS round(s); columns: adds_s ms_per_add(last 1000) puts_s list_ms one_ms metrics_ms written_MB restart_s files"
 for r in $(seq "$ROUNDS"); do
   if [ -n "${BASE:-}" ]; then run "$BASE" > "$W/row"; echo "base  $(cat "$W/row")" | tee -a "$W/rows"; fi
   run ./target/release/rein > "$W/row"; echo "this  $(cat "$W/row")" | tee -a "$W/rows"
@@ -83,7 +91,7 @@ if [ -n "${BASE:-}" ]; then
   python3 - "$W/rows" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
-cols = ["adds_s", "ms_per_add", "puts_s", "written_MB", "restart_s"]
+cols = ["adds_s", "ms_per_add", "puts_s", "list_ms", "one_ms", "metrics_ms", "written_MB", "restart_s"]
 med = {who: [statistics.median(float(r[i + 1]) for r in rows if r[0] == who) for i in range(len(cols))] for who in ("base", "this")}
 print("this/base  " + "  ".join(f"{c} {t / b:.3f}x" if b else f"{c} -" for c, t, b in zip(cols, med["this"], med["base"])))
 PY

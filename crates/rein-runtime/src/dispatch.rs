@@ -377,7 +377,8 @@ enum Cmd {
     SetSpec(TenantId, QosSpec, oneshot::Sender<Result<(), SchedError>>),
     SetConfig(SchedConfig, oneshot::Sender<()>),
     RemoveTenant(TenantId, oneshot::Sender<Result<(), SchedError>>),
-    Snapshot(oneshot::Sender<Snapshot>),
+    /// A snapshot of every tenant (`None`) or of these.
+    Snapshot(Option<Vec<TenantId>>, oneshot::Sender<Snapshot>),
     SetCapacity(f64, oneshot::Sender<Result<(), CapacityError>>),
     ServiceScale(TenantId, f64),
     Abort(oneshot::Sender<usize>),
@@ -721,8 +722,20 @@ impl Dispatcher {
     /// A copy of the dispatcher's state and counters, taken between two commands of its loop. Fails only
     /// with [`IoError::Shutdown`].
     pub async fn snapshot(&self) -> Result<Snapshot, IoError> {
+        self.snapshot_with(None).await
+    }
+
+    /// [`Dispatcher::snapshot`] with only the tenants `ids` (those still known, in `ids`' order): what a
+    /// change or a look at one tenant needs, at a cost in the dispatcher's loop (which the IO path waits
+    /// for) that grows with `ids`, not with the tenants (a snapshot of 4,096 tenants copies 4,096
+    /// counters).
+    pub async fn snapshot_of(&self, ids: Vec<TenantId>) -> Result<Snapshot, IoError> {
+        self.snapshot_with(Some(ids)).await
+    }
+
+    async fn snapshot_with(&self, only: Option<Vec<TenantId>>) -> Result<Snapshot, IoError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::Snapshot(tx)).await.map_err(|_| IoError::Shutdown)?;
+        self.tx.send(Cmd::Snapshot(only, tx)).await.map_err(|_| IoError::Shutdown)?;
         rx.await.map_err(|_| IoError::Shutdown)
     }
 
@@ -1198,9 +1211,9 @@ impl Task {
                 }
                 self.pshift = None;
             }
-            Cmd::Snapshot(reply) => {
+            Cmd::Snapshot(only, reply) => {
                 let mut tenants = Vec::new();
-                for &id in &self.ids {
+                for &id in only.as_deref().unwrap_or(&self.ids) {
                     if let (Ok(spec), Ok(st)) = (self.sched.spec(id), self.sched.stats(id)) {
                         tenants.push(TenantSnapshot {
                             id,

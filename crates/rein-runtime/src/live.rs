@@ -227,6 +227,12 @@ fn detached<T: Send + 'static>(
     }
 }
 
+/// The reservations' sum, in IOPS, `cfg` would have with `specs` for its tenants: as
+/// [`ServerConfig::reserved`] sums them (the same order, so the same float), without a copy of `cfg`.
+fn reserved_with(cfg: &ServerConfig, specs: impl Iterator<Item = QosSpec>) -> f64 {
+    specs.map(|s| cfg.reservation_iops(&s)).sum()
+}
+
 fn read<T: Clone>(l: &RwLock<T>) -> T {
     l.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
@@ -328,6 +334,12 @@ impl Registry {
         Registry::new(dispatcher, cfg.clone(), cfg, ids, Arc::default(), None, None)
     }
 
+    /// Edits the tenants' names and ids in place (readers hold the list they took: it is copied only
+    /// while one does).
+    fn edit_tenants(&self, f: impl FnOnce(&mut Vec<(String, TenantId)>)) {
+        f(Arc::make_mut(&mut self.tenants.write().unwrap_or_else(|e| e.into_inner())));
+    }
+
     /// The dispatcher.
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.dispatcher
@@ -381,42 +393,45 @@ impl Registry {
         }
     }
 
-    /// Writes the state for `effective` (and `capacity`) over `inner.base`; nothing is written without a
-    /// data directory.
-    /// Writes the state file of a change through the admin API (or a storage node's hello): a file that
-    /// cannot be written is logged here, once, at ERROR (the 500 alone left the operator nothing to see).
-    fn persist(
-        &self,
-        base: &ServerConfig,
-        effective: &ServerConfig,
-        capacity: Option<CapacityEntry>,
-    ) -> Result<(), ChangeError> {
-        self.write_state(base, effective, capacity).inspect_err(|e| {
+    /// Keeps a change through the admin API (or a storage node's hello) by the entries it touches
+    /// ([`state::Store::apply`]; nothing is written without a data directory): a file that cannot be
+    /// written is logged here, once, at ERROR (the 500 alone left the operator nothing to see).
+    fn persist(&self, change: state::Change) -> Result<(), ChangeError> {
+        self.with_store(|s| s.apply(change)).inspect_err(|e| {
             if let ChangeError::Failed(e) = e {
                 tracing::error!("{e}; the change is not applied");
             }
         })
     }
 
-    /// Writes the state file that turns `base` into `effective` with `capacity`; a reload logs its own
-    /// error ([`crate::server`]).
+    /// Writes the state that turns `base` into `effective` with `capacity` (the whole difference: a
+    /// reload's); a reload logs its own error ([`crate::server`]).
     fn write_state(
         &self,
         base: &ServerConfig,
         effective: &ServerConfig,
         capacity: Option<CapacityEntry>,
     ) -> Result<(), ChangeError> {
+        self.with_store(|s| s.save(&state::diff(base, effective, capacity)))
+    }
+
+    fn with_store(
+        &self,
+        f: impl FnOnce(&mut state::Store) -> Result<(), state::StateError>,
+    ) -> Result<(), ChangeError> {
         let Some(store) = &self.store else { return Ok(()) };
         let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
-        store.save(&state::diff(base, effective, capacity)).map_err(|e| match e {
+        f(&mut store).map_err(|e| match e {
             // The change itself is what would not fit: refused as a conflict with the state (409).
             state::StateError::TooLarge { .. } => ChangeError::Conflict(e.to_string()),
             e => ChangeError::Failed(e.to_string()),
         })
     }
 
-    async fn snapshot(&self) -> Result<crate::dispatch::Snapshot, ChangeError> {
-        self.dispatcher.snapshot().await.map_err(|e| ChangeError::Unavailable(e.to_string()))
+    /// The dispatcher's snapshot of tenants `ids` alone ([`Dispatcher::snapshot_of`]): a change's cost in
+    /// the dispatcher's loop does not grow with the tenants.
+    async fn snapshot_of(&self, ids: Vec<TenantId>) -> Result<crate::dispatch::Snapshot, ChangeError> {
+        self.dispatcher.snapshot_of(ids).await.map_err(|e| ChangeError::Unavailable(e.to_string()))
     }
 
     /// Changes tenant `name`'s spec to `f(current)` (an `Err` from `f` is a 400). Returns the new spec and
@@ -429,18 +444,17 @@ impl Registry {
     ) -> Result<(QosSpec, Option<String>), ChangeError> {
         let mut inner = Arc::clone(&self.changes).lock_owned().await;
         let id = self.id(name)?;
-        let snap = self.snapshot().await?;
+        let snap = self.snapshot_of(vec![id]).await?;
         let cur = spec_in(&snap, id, name)?;
         let spec = f(cur).map_err(|e| ChangeError::Invalid(format!("invalid spec for {name}: {e}")))?;
-        let before = inner.effective.reserved();
-        let mut eff = inner.effective.clone();
-        eff.tenants.iter_mut().filter(|t| t.name == name).for_each(|t| t.spec = spec);
-        let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
+        let eff = &inner.effective;
+        let after = reserved_with(eff, eff.tenants.iter().map(|t| if t.name == name { spec } else { t.spec }));
+        let warning = self.admit(eff.reserved(), after, self.capacity_now(snap.capacity_iops).0)?;
         let (this, name) = (Arc::clone(self), name.to_string());
         detached(&self.pending, "update_spec", async move {
-            this.persist(&inner.base, &eff, inner.capacity)?;
+            this.persist(state::Change::new().tenant(&inner.base, &name, Some(spec)))?;
             this.dispatcher.set_spec(id, spec).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
-            inner.effective = eff;
+            inner.effective.tenants.iter_mut().filter(|t| t.name == name).for_each(|t| t.spec = spec);
             tracing::info!(tenant = %name, %spec, "spec changed");
             Ok((spec, warning))
         })
@@ -467,23 +481,20 @@ impl Registry {
         if self.id(name).is_ok() {
             return Err(ChangeError::Conflict(format!("tenant {name:?} exists (PUT /api/tenants/{name} changes it)")));
         }
-        let snap = self.snapshot().await?;
-        let before = inner.effective.reserved();
-        let mut eff = inner.effective.clone();
-        eff.tenants.push(TenantConfig { name: name.into(), spec });
-        let warning = self.admit(before, eff.reserved(), self.capacity_now(snap.capacity_iops).0)?;
+        let snap = self.snapshot_of(Vec::new()).await?;
+        let eff = &inner.effective;
+        let after = reserved_with(eff, eff.tenants.iter().map(|t| t.spec).chain([spec]));
+        let warning = self.admit(eff.reserved(), after, self.capacity_now(snap.capacity_iops).0)?;
         let id = self.dispatcher.add_tenant(spec).await.map_err(|e| match e {
             crate::dispatch::IoError::Shutdown => ChangeError::Unavailable(e.to_string()),
             e => ChangeError::Conflict(e.to_string()),
         })?;
-        if let Err(e) = self.persist(&inner.base, &eff, inner.capacity) {
+        if let Err(e) = self.persist(state::Change::new().tenant(&inner.base, name, Some(spec))) {
             let _ = self.dispatcher.remove_tenant(id).await;
             return Err(e);
         }
-        inner.effective = eff;
-        let mut names = (*self.tenants()).clone();
-        names.push((name.into(), id));
-        write(&self.tenants, Arc::new(names));
+        inner.effective.tenants.push(TenantConfig { name: name.into(), spec });
+        self.edit_tenants(|names| names.push((name.into(), id)));
         tracing::info!(tenant = %name, %spec, "tenant added");
         Ok(warning)
     }
@@ -511,35 +522,48 @@ impl Registry {
         max_tenants: usize,
     ) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let mut inner = self.changes.lock().await;
-        for (i, (name, _)) in wanted.iter().enumerate() {
+        // By name and by id throughout, not by a scan per tenant: a hello names every tenant of a gateway.
+        let mut seen = std::collections::HashSet::with_capacity(wanted.len());
+        for (name, _) in wanted {
             check_name(name)?;
-            if wanted[..i].iter().any(|(n, _)| n == name) {
+            if !seen.insert(name.as_str()) {
                 return Err(ChangeError::Invalid(format!("tenant {name:?} given twice")));
             }
         }
-        let snap = self.snapshot().await?;
+        let names = self.tenants();
+        let id_of: std::collections::HashMap<&str, TenantId> = names.iter().map(|(n, id)| (n.as_str(), *id)).collect();
+        let snap =
+            self.snapshot_of(wanted.iter().filter_map(|(n, _)| id_of.get(n.as_str()).copied()).collect()).await?;
+        let spec_of: std::collections::HashMap<TenantId, QosSpec> =
+            snap.tenants.iter().map(|t| (t.id, t.spec)).collect();
         let before = inner.effective.reserved();
         let mut eff = inner.effective.clone();
         // What changes: (slot in `wanted`, the id if known, the spec it has now if known).
         let mut changes: Vec<(usize, Option<(TenantId, QosSpec)>)> = Vec::new();
         let mut ids: Vec<Option<TenantId>> = Vec::with_capacity(wanted.len());
+        let mut respec = std::collections::HashMap::new();
         for (i, (name, spec)) in wanted.iter().enumerate() {
-            match self.id(name) {
-                Ok(id) => {
-                    let cur = spec_in(&snap, id, name)?;
+            match id_of.get(name.as_str()) {
+                Some(&id) => {
+                    let cur =
+                        *spec_of.get(&id).ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
                     if cur != *spec {
-                        eff.tenants.iter_mut().filter(|t| t.name == *name).for_each(|t| t.spec = *spec);
+                        respec.insert(name.as_str(), *spec);
                         changes.push((i, Some((id, cur))));
                     }
                     ids.push(Some(id));
                 }
-                Err(_) => {
+                None => {
                     eff.tenants.push(TenantConfig { name: name.clone(), spec: *spec });
                     changes.push((i, None));
                     ids.push(None);
                 }
             }
         }
+        eff.tenants.iter_mut().for_each(|t| t.spec = respec.get(t.name.as_str()).copied().unwrap_or(t.spec));
+        // The list is edited in place below, not copied, once no one else holds it.
+        drop(id_of);
+        drop(names);
         if changes.is_empty() {
             return Ok((ids.into_iter().map(|id| id.expect("all known")).collect(), None));
         }
@@ -576,7 +600,10 @@ impl Registry {
             }
         }
         if failure.is_none() {
-            if let Err(e) = self.persist(&inner.base, &eff, inner.capacity) {
+            let change = changes
+                .iter()
+                .fold(state::Change::new(), |c, &(i, _)| c.tenant(&inner.base, &wanted[i].0, Some(wanted[i].1)));
+            if let Err(e) = self.persist(change) {
                 failure = Some(e);
             }
         }
@@ -590,18 +617,18 @@ impl Registry {
             return Err(e);
         }
         inner.effective = eff;
-        let mut names = (*self.tenants()).clone();
-        for &(i, known) in &changes {
-            let (name, spec) = (&wanted[i].0, wanted[i].1);
-            match known {
-                Some(_) => tracing::info!(tenant = %name, %spec, "spec changed"),
-                None => {
-                    names.push((name.clone(), ids[i].expect("applied")));
-                    tracing::info!(tenant = %name, %spec, "tenant added");
+        self.edit_tenants(|names| {
+            for &(i, known) in &changes {
+                let (name, spec) = (&wanted[i].0, wanted[i].1);
+                match known {
+                    Some(_) => tracing::info!(tenant = %name, %spec, "spec changed"),
+                    None => {
+                        names.push((name.clone(), ids[i].expect("applied")));
+                        tracing::info!(tenant = %name, %spec, "tenant added");
+                    }
                 }
             }
-        }
-        write(&self.tenants, Arc::new(names));
+        });
         Ok((ids.into_iter().map(|id| id.expect("known or applied")).collect(), warning))
     }
 
@@ -632,7 +659,9 @@ impl Registry {
                 "tenant {name:?} is used by {connections} open connection(s) to the deleted export {export:?}"
             )));
         }
-        let mut eff = inner.effective.clone();
+        self.persist(state::Change::new().tenant(&inner.base, name, None))?;
+        self.dispatcher.remove_tenant(id).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
+        let eff = &mut inner.effective;
         let pos = eff.tenants.iter().position(|t| t.name == name).expect("listed");
         eff.tenants.remove(pos);
         for e in &mut eff.exports {
@@ -640,11 +669,7 @@ impl Registry {
                 e.tenant -= 1;
             }
         }
-        self.persist(&inner.base, &eff, inner.capacity)?;
-        self.dispatcher.remove_tenant(id).await.map_err(|e| ChangeError::Unavailable(e.to_string()))?;
-        inner.effective = eff;
-        let names = self.tenants().iter().filter(|(n, _)| n != name).cloned().collect();
-        write(&self.tenants, Arc::new(names));
+        self.edit_tenants(|names| names.retain(|(n, _)| n != name));
         tracing::info!(tenant = %name, "tenant deleted");
         Ok(())
     }
@@ -669,13 +694,12 @@ impl Registry {
         // The same file, size and mode as opened: the data directory does not change while the server
         // runs; only the tenant's index may have.
         let (cfg, id) = self.check_new_export(&inner.effective, &j)?;
-        let mut eff = inner.effective.clone();
-        eff.exports.push(cfg.clone());
-        self.persist(&inner.base, &eff, inner.capacity)?;
+        let now = ExportJson::from_config(&cfg, &j.tenant);
+        self.persist(state::Change::new().export(&inner.base, &j.name, Some(now)))?;
         let mut list = (*self.exports.snapshot()).clone();
         list.push(Arc::new(make_export(&cfg, &j.tenant, id, storage)));
         self.exports.set(list);
-        inner.effective = eff;
+        inner.effective.exports.push(cfg);
         tracing::info!(export = %j.name, tenant = %j.tenant, "export added");
         Ok(())
     }
@@ -704,16 +728,14 @@ impl Registry {
         let Some(pos) = inner.effective.exports.iter().position(|e| e.name == name) else {
             return Err(ChangeError::NotFound(format!("no export named {name:?}")));
         };
-        let mut eff = inner.effective.clone();
-        eff.exports.remove(pos);
-        self.persist(&inner.base, &eff, inner.capacity)?;
+        self.persist(state::Change::new().export(&inner.base, name, None))?;
         let mut list = (*self.exports.snapshot()).clone();
         if let Some(i) = list.iter().position(|e| e.info.name == name) {
             let e = list.remove(i);
             inner.retired.push(Arc::downgrade(&e));
         }
         self.exports.set(list);
-        inner.effective = eff;
+        inner.effective.exports.remove(pos);
         tracing::info!(export = %name, "export deleted; open connections to it continue until they close");
         Ok(())
     }
@@ -742,14 +764,14 @@ impl Registry {
                 }
             }
         }
-        let old_model = self.snapshot().await?.capacity_iops;
+        let old_model = self.snapshot_of(Vec::new()).await?.capacity_iops;
         match self.dispatcher.set_capacity(iops).await {
             Ok(()) | Err(CapacityError::NoModel) => {}
             Err(e @ CapacityError::Shutdown) => return Err(ChangeError::Unavailable(e.to_string())),
             Err(CapacityError::Invalid(e)) => return Err(ChangeError::Invalid(format!("capacity: {e}"))),
         }
         let entry = CapacityEntry { iops, source: CapacitySource::Admin, config: CapacityBase::of(&inner.base) };
-        if let Err(e) = self.persist(&inner.base, &inner.effective, Some(entry)) {
+        if let Err(e) = self.persist(state::Change::new().capacity(Some(entry))) {
             if let Some(m) = old_model {
                 let _ = self.dispatcher.set_capacity(m).await;
             }
@@ -764,7 +786,7 @@ impl Registry {
     /// The capacity in use, its source and the reservations' sum.
     pub async fn capacity(&self) -> Result<CapacityInfo, ChangeError> {
         let inner = self.changes.lock().await;
-        let model = self.snapshot().await?.capacity_iops;
+        let model = self.snapshot_of(Vec::new()).await?.capacity_iops;
         let (iops, source) = self.capacity_now(model);
         Ok(CapacityInfo {
             iops,
@@ -944,7 +966,7 @@ impl Registry {
             Some(c) => (Some(c.iops), c.source),
             None => config_capacity(&new),
         };
-        let snap = self.snapshot().await?;
+        let snap = self.snapshot_of(Vec::new()).await?;
         let cap_now = cap.or(snap.capacity_iops);
         let shortfall = crate::config::Shortfall::of(new.reserved(), cap_now).map(|s| s.to_string());
         if let Some(msg) = shortfall {
@@ -981,12 +1003,15 @@ impl Registry {
                 (e.name.clone(), opened.swap_remove(i).1)
             })
             .collect();
+        // Tenants by name (a scan per name made a reload of N tenants cost N^2 comparisons).
         let cur_tenants = self.tenants();
+        let cur_ids: std::collections::HashMap<&str, TenantId> =
+            cur_tenants.iter().map(|(n, id)| (n.as_str(), *id)).collect();
         let mut ids: Vec<(String, TenantId)> = Vec::new();
         let mut added = Vec::new();
         for t in &new.tenants {
-            match cur_tenants.iter().find(|(n, _)| *n == t.name) {
-                Some(&(_, id)) => ids.push((t.name.clone(), id)),
+            match cur_ids.get(t.name.as_str()) {
+                Some(&id) => ids.push((t.name.clone(), id)),
                 None => match self.dispatcher.add_tenant(t.spec).await {
                     Ok(id) => {
                         added.push(id);
@@ -1009,13 +1034,15 @@ impl Registry {
             return Err(e);
         }
         // Apply: specs, exports, removed tenants, capacity and admission.
+        let id_of: std::collections::HashMap<&str, TenantId> = ids.iter().map(|(n, id)| (n.as_str(), *id)).collect();
+        let cur_specs: std::collections::HashMap<&str, QosSpec> =
+            cur.tenants.iter().map(|t| (t.name.as_str(), t.spec)).collect();
         for t in &new.tenants {
-            match cur.tenants.iter().find(|x| x.name == t.name) {
+            match cur_specs.get(t.name.as_str()) {
                 None => report.applied.push(format!("tenant {} added ({})", t.name, t.spec)),
-                Some(x) if x.spec != t.spec => {
-                    let id = ids.iter().find(|(n, _)| *n == t.name).expect("listed").1;
-                    let _ = self.dispatcher.set_spec(id, t.spec).await;
-                    report.applied.push(format!("tenant {}: {} -> {}", t.name, x.spec, t.spec));
+                Some(&was) if was != t.spec => {
+                    let _ = self.dispatcher.set_spec(id_of[t.name.as_str()], t.spec).await;
+                    report.applied.push(format!("tenant {}: {} -> {}", t.name, was, t.spec));
                 }
                 Some(_) => {}
             }
@@ -1026,7 +1053,7 @@ impl Registry {
         let mut list = Vec::with_capacity(new.exports.len());
         for e in &new.exports {
             let tname = &new.tenants[e.tenant].name;
-            let id = ids.iter().find(|(n, _)| n == tname).expect("every tenant has an id").1;
+            let id = *id_of.get(tname.as_str()).expect("every tenant has an id");
             match opened.iter().position(|(n, _)| *n == e.name) {
                 Some(i) => {
                     let storage = opened[i].1.clone();
@@ -1047,11 +1074,12 @@ impl Registry {
         }
         self.exports.set(list);
         for (name, id) in cur_tenants.iter() {
-            if !ids.iter().any(|(n, _)| n == name) {
+            if !id_of.contains_key(name.as_str()) {
                 let _ = self.dispatcher.remove_tenant(*id).await;
                 report.applied.push(format!("tenant {name} removed"));
             }
         }
+        drop(id_of);
         write(&self.tenants, Arc::new(ids));
         if read(&self.capacity) != (cap, source) {
             if let Some(c) = cap {

@@ -51,7 +51,7 @@
 //!   answers the hello, states the specs granted, so they are decided then; a hello is all or nothing.
 
 use crate::config::{NodeConfig, NodeSpecs};
-use crate::live::{spec_in, Registry};
+use crate::live::Registry;
 use crate::nbd::{NodeGate, NodeSession, NodeVerdict};
 use crate::sock::Peer;
 use rein_core::{QosSpec, TenantId};
@@ -121,10 +121,6 @@ impl NodeService {
         self.boot
     }
 
-    fn id_of(&self, name: &str) -> Option<TenantId> {
-        self.registry.tenants().iter().find(|(n, _)| n == name).map(|t| t.1)
-    }
-
     async fn decide(&self, peer: Peer, identity: Option<&str>, hello: NodeHello) -> NodeVerdict {
         if !self.config.access.allows(peer.ip(), identity) {
             let who = identity.map_or(String::new(), |i| format!(" (identity {i:?})"));
@@ -143,14 +139,24 @@ impl NodeService {
         let mut disagree = Vec::new();
         match self.config.specs {
             NodeSpecs::Node => {
-                // One snapshot for the whole hello; each spec looked up as the registry does (spec_in).
-                let snap = self.registry.dispatcher().snapshot().await.map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
+                // One snapshot for the whole hello, of its tenants; each looked up by name, then by id (a
+                // scan per tenant made a hello of N tenants cost N^2 comparisons).
+                let names = self.registry.tenants();
+                let id_of: std::collections::HashMap<&str, TenantId> =
+                    names.iter().map(|(n, id)| (n.as_str(), *id)).collect();
+                let known = hello.tenants.iter().filter_map(|t| id_of.get(t.name.as_str()).copied()).collect();
+                let snap =
+                    self.registry.dispatcher().snapshot_of(known).await.map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
+                let spec_of: std::collections::HashMap<TenantId, QosSpec> =
+                    snap.tenants.iter().map(|t| (t.id, t.spec)).collect();
                 for (slot, (t, &asked)) in hello.tenants.iter().zip(&asked).enumerate() {
-                    let Some(id) = self.id_of(&t.name) else {
+                    let Some(&id) = id_of.get(t.name.as_str()) else {
                         let msg = format!("tenant {:?} is not known to this node ([node] specs = \"node\")", t.name);
                         return Err((REP_ERR_POLICY, msg));
                     };
-                    let spec = spec_in(&snap, id, &t.name).map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
+                    let Some(&spec) = spec_of.get(&id) else {
+                        return Err((REP_ERR_POLICY, format!("tenant {:?} is gone", t.name)));
+                    };
                     if spec != asked {
                         disagree.push(format!("{} (node {spec}, gateway {asked})", t.name));
                     }
@@ -238,7 +244,11 @@ mod tests {
     impl NodeService {
         /// The spec tenant `id` has now.
         async fn spec_of(&self, id: TenantId) -> QosSpec {
-            spec_in(&self.registry.dispatcher().snapshot().await.unwrap(), id, "?").unwrap()
+            crate::live::spec_in(&self.registry.dispatcher().snapshot().await.unwrap(), id, "?").unwrap()
+        }
+
+        fn id_of(&self, name: &str) -> Option<TenantId> {
+            self.registry.tenants().iter().find(|(n, _)| n == name).map(|t| t.1)
         }
     }
 

@@ -165,6 +165,28 @@ async fn data_round_trips_and_errors_are_answered() {
     assert_eq!(IoError::Shutdown.kind(), ErrorKind::Shutdown);
 }
 
+/// A snapshot of some tenants holds those still known, in the order asked, with what the whole snapshot
+/// says of them; the whole one holds every tenant in the order added.
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_of_some_tenants_holds_those_alone() {
+    let (d, join) = Dispatcher::spawn(None, paused());
+    let mut ids = Vec::new();
+    for r in 0..5 {
+        ids.push(d.add_tenant(QosSpec::new(f64::from(r), None, 1.0, 0).unwrap()).await.unwrap());
+    }
+    d.remove_tenant(ids[1]).await.unwrap();
+    let all = d.snapshot().await.unwrap();
+    assert_eq!(all.tenants.iter().map(|t| t.id).collect::<Vec<_>>(), [ids[0], ids[2], ids[3], ids[4]]);
+    let some = d.snapshot_of(vec![ids[4], ids[1], ids[0]]).await.unwrap();
+    assert_eq!(some.tenants.iter().map(|t| t.id).collect::<Vec<_>>(), [ids[4], ids[0]], "the removed one left out");
+    assert_eq!(some.tenants.iter().map(|t| t.spec.reservation()).collect::<Vec<_>>(), [4.0, 0.0]);
+    let none = d.snapshot_of(Vec::new()).await.unwrap();
+    assert!(none.tenants.is_empty());
+    assert_eq!((none.depth, none.capacity_iops), (all.depth, all.capacity_iops));
+    drop(d);
+    join.await.unwrap();
+}
+
 /// The once-a-second measurements: IOPS of the last second, and seconds below reservation counted only for
 /// a tenant that is backlogged and under-served (an infeasible reservation), never for the others.
 #[tokio::test(start_paused = true)]
