@@ -26,7 +26,7 @@
 //! # and, as in rein serve: [tls], max_connections*, max_inflight_mb*, idle_timeout_s,
 //! # shutdown_timeout_s, max_request_kb, default_export
 //! [node_tls]                        # optional: STARTTLS on every node link, never plain
-//! ca = "ca-cert.pem"                # x509 (with cert/key to present), or psk_file (+ psk_identity)
+//! ca = "ca-cert.pem"                # x509 (with cert/key to present, crl to revoke), or psk_file (+ psk_identity)
 //! [[nodes]]
 //! name = "s1"
 //! address = "127.0.0.11:10809"      # or "unix:PATH": a node on this host, over a Unix socket
@@ -1212,7 +1212,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
     let (node_tls, changed) = NodeTlsSwap::set(&live.base.nodes, &new.nodes);
     if changed {
         r.applied.push(
-            "[node_tls]: new credentials (the ca, cert, key, psk_file or psk_identity, or their contents): for node \
+            "[node_tls]: new credentials (the ca, cert, key, crl, psk_file or psk_identity, or their contents): for node \
              connections from now on (sessions up keep theirs)"
                 .to_string(),
         );
@@ -1290,7 +1290,14 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
         ));
     }
     live.base.tls = new.tls.clone();
-    node_tls.keep();
+    let cut = node_tls.keep();
+    if !cut.is_empty() {
+        r.applied.push(format!(
+            "[node_tls]: {} closed: the new crl revokes its node's certificate (each logged); it reconnects and \
+             is refused",
+            rein_core::Count(cut.len(), "node link")
+        ));
+    }
     Ok(r)
 }
 
@@ -1319,9 +1326,10 @@ impl NodeTlsSwap {
         (swap, changed)
     }
 
-    /// The reload completed: the new context stays.
-    fn keep(mut self) {
+    /// The reload completed: the new context stays, and the links it revokes are cut (one line each).
+    fn keep(mut self) -> Vec<String> {
         self.old = None;
+        self.cells.iter().flat_map(|c| c.cut_revoked()).collect()
     }
 }
 

@@ -1115,12 +1115,19 @@ impl Registry {
         if let Some((cell, next)) = pshift_tls {
             if cell.get().changed(&next) {
                 report.applied.push(
-                    "[pshift.tls]: new credentials (the ca, cert, key, psk_file or psk_identity, or their contents): \
-                     for the next connection to the controller"
+                    "[pshift.tls]: new credentials (the ca, cert, key, crl, psk_file or psk_identity, or their \
+                     contents): for the next connection to the controller"
                         .to_string(),
                 );
             }
             cell.set(next);
+            let cut = cell.cut_revoked();
+            if !cut.is_empty() {
+                report.applied.push(
+                    "[pshift.tls]: the link to the controller closed: the new crl revokes its certificate (logged)"
+                        .to_string(),
+                );
+            }
         }
         if let Some(w) = base.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
             report.applied.push(format!("warning: {w}"));

@@ -271,14 +271,21 @@ async fn session(
         .map_err(|_| broken(format!("no connection within {} s", CONNECT_TIMEOUT.as_secs())))?
         .map_err(|e| broken(format!("connect: {e}")))?;
     let _ = sock.set_nodelay(true);
+    // Over TLS with a certificate, the link is listed while it lives, so that a reload whose
+    // `[pshift.tls] crl` revokes the controller's certificate cuts it.
+    let mut _registration = None;
     let stream: Stream = match &s.tls {
         None => Box::new(sock),
-        Some((client, name)) => Box::new(
-            tokio::time::timeout(CONNECT_TIMEOUT, client.get().connect(name, sock))
+        Some((client, name)) => {
+            let tls = tokio::time::timeout(CONNECT_TIMEOUT, client.get().connect(name, sock))
                 .await
                 .map_err(|_| broken(format!("no TLS handshake within {} s", CONNECT_TIMEOUT.as_secs())))?
-                .map_err(|e| broken(format!("TLS handshake: {e}")))?,
-        ),
+                .map_err(|e| broken(format!("TLS handshake: {e}")))?;
+            let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned().ok();
+            let peer = format!("the pShift controller ({name})");
+            _registration = fd.and_then(|fd| client.register(tls.ssl(), peer, fd));
+            Box::new(tls)
+        }
     };
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = Vec::new();

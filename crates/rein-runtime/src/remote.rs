@@ -1085,6 +1085,9 @@ struct Session {
     boot: Option<u64>,
     /// On a storage-node session: the welcome's protocol version (0 on a plain session).
     version: u16,
+    /// Over TLS with a certificate: the link's place among `[node_tls]`'s, so that a reload whose `crl`
+    /// revokes the node's certificate cuts it ([`crate::tls::LiveTlsClient::cut_revoked`]).
+    registration: Option<crate::tls::Registration>,
 }
 
 /// What a session's transmission flags say the node takes; `true` if it takes FLUSH but not FUA (the
@@ -1147,6 +1150,7 @@ impl Target {
                 hs = hs.require_tls();
             }
             let mut input = Vec::new();
+            let mut registration = None;
             let mut out = Vec::new();
             loop {
                 out.clear();
@@ -1166,7 +1170,7 @@ impl Target {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
-                        return Ok(Session { stream, input, flags, slot: None, boot: None, version: 0 });
+                        return Ok(Session { stream, input, flags, slot: None, boot: None, version: 0, registration });
                     }
                     ClientProgress::NodeReady { size, flags, welcome } => {
                         if size < self.needed {
@@ -1174,7 +1178,7 @@ impl Target {
                         }
                         let slot = welcome.tenants.first().map(|g| g.slot);
                         let (boot, version) = (welcome.boot, welcome.version);
-                        return Ok(Session { stream, input, flags, slot, boot, version });
+                        return Ok(Session { stream, input, flags, slot, boot, version, registration });
                     }
                     ClientProgress::NodeRefused(reply, message) => {
                         if reply == p::REP_ERR_TLS_REQD {
@@ -1192,12 +1196,14 @@ impl Target {
                         let (NbdStream::Plain(tcp), Some(tls)) = (stream, &self.node.tls) else {
                             return Err(ConnectError::Io("handshake: a second STARTTLS".into()));
                         };
-                        let tls = tls
-                            .client
+                        let (cell, name) = (&tls.client, &tls.name);
+                        let tls = cell
                             .get()
-                            .connect(&tls.name, tcp)
+                            .connect(name, tcp)
                             .await
-                            .map_err(|e| ConnectError::Io(format!("TLS to {}: {e}", tls.name)))?;
+                            .map_err(|e| ConnectError::Io(format!("TLS to {name}: {e}")))?;
+                        let peer = format!("node {} ({name})", self.node.name);
+                        registration = tls.get_ref().dup().ok().and_then(|fd| cell.register(tls.ssl(), peer, fd));
                         stream = NbdStream::Tls(Box::new(tls));
                         hs.tls_established().map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
                     }
@@ -1385,7 +1391,8 @@ struct Pending {
 /// Runs one session: a writer and a reader side by side on the task, until either ends; then every piece
 /// still pending fails (invariant 1).
 async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
-    let Session { stream, input, slot, boot, version, .. } = session;
+    // The registration lives as long as the session (a reload may cut it meanwhile).
+    let Session { stream, input, slot, boot, version, registration: _registration, .. } = session;
     // The pool flag goes only to a node that reads it (a v2 node refuses the bit).
     let pool_flag = version >= NODE_VERSION_POOL_FLAG;
     let node = target.index;

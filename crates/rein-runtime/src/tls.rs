@@ -15,7 +15,9 @@
 //!   is then refused if a CRL of its issuer lists its serial number; the server logs that it is revoked.
 //!   The lists are used whatever their nextUpdate says (a CA with no CRL revokes no one; Rein does not
 //!   ask OpenSSL for its CRL check, which refuses every client of a CA without a current CRL). A reload
-//!   takes a new CRL written over the file ("Reload").
+//!   takes a new CRL written over the file ("Reload"). A client's table (`[node_tls]`, `[pshift.tls]`,
+//!   `rein load --tls-crl`) takes a `crl` the same way, for the server's certificate: checked the same
+//!   way, after OpenSSL's chain and name checks.
 //! - **PSK** (`psk_file`): `identity:hexkey` per line, the format of GnuTLS's `psktool` that nbdkit,
 //!   qemu-nbd and libnbd read. Keys of 1..=[`MAX_PSK_BYTES`] bytes, identities of 1..=[`MAX_IDENTITY_BYTES`]
 //!   bytes, at most [`MAX_PSK_IDENTITIES`] lines; blank lines are skipped. A PSK client needs no
@@ -43,7 +45,9 @@
 //! [`LiveTls::set`]): an NBD connection lives as long as its VM, and a revocation that waited for it
 //! to end would not revoke. A client's context (a gateway's `[node_tls]`, rein serve's `[pshift.tls]`) is
 //! held in a [`LiveTlsClient`] likewise: the connections opened from then on (to a node, to the pShift
-//! controller) use it. [`TlsConfig::change`] and [`TlsClient::changed`] say what a reload changed, for
+//! controller) use it, and once the reload completes the links open to a server whose certificate its
+//! `crl` lists are cut ([`LiveTlsClient::cut_revoked`]; they reconnect with the new context, which
+//! refuses that server). [`TlsConfig::change`] and [`TlsClient::changed`] say what a reload changed, for
 //! its log line; credentials count as changed when a file's path or bytes differ (each context keeps a
 //! digest of them). The pShift controller reloads its `[tls]` the same way, cutting the server
 //! connections it revokes.
@@ -275,11 +279,23 @@ impl LiveTls {
     /// Lists an open connection from `peer` whose client presented `who`, with a duplicate of its
     /// socket (`socket`) for [`LiveTls::set`] to cut it by; it stays listed while the registration lives.
     pub fn register(&self, who: Credential, peer: String, socket: std::os::fd::OwnedFd) -> Registration {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.next += 1;
-        let id = open.next;
-        open.conns.insert(id, OpenConn { who, peer, socket });
-        Registration { open: self.open.clone(), id }
+        OpenTls::add(&self.open, who, peer, socket)
+    }
+}
+
+impl OpenTls {
+    /// Lists a connection in `open` until the registration returned is dropped.
+    fn add(
+        open: &Arc<std::sync::Mutex<OpenTls>>,
+        who: Credential,
+        peer: String,
+        socket: std::os::fd::OwnedFd,
+    ) -> Registration {
+        let mut list = open.lock().unwrap_or_else(|e| e.into_inner());
+        list.next += 1;
+        let id = list.next;
+        list.conns.insert(id, OpenConn { who, peer, socket });
+        Registration { open: open.clone(), id }
     }
 }
 
@@ -492,9 +508,11 @@ fn read_ca(key: &str, ca: &Path) -> Result<Vec<X509>, String> {
 /// Reads the PEM CRLs of a `crl` file (at least one), each of which must be signed by a CA of `cas` (from
 /// the `ca` file `ca_path`): a CRL no configured CA vouches for could revoke anyone. Errors name the
 /// files and the CRL's issuer.
-fn read_crls(path: &Path, cas: &[X509], ca_path: &Path) -> Result<Vec<openssl::x509::X509Crl>, String> {
-    let at = |what: String| format!("tls.crl {}: {what}", path.display());
-    let bytes = read("tls.crl", path)?;
+/// `names` names the settings (`tls.crl`, `node_tls.crl`, `--tls-crl`).
+fn read_crls(names: Naming, path: &Path, cas: &[X509], ca_path: &Path) -> Result<Vec<openssl::x509::X509Crl>, String> {
+    let key = names.key("crl");
+    let at = |what: String| format!("{key} {}: {what}", path.display());
+    let bytes = read(&key, path)?;
     let text = String::from_utf8(bytes).map_err(|_| at("not PEM text".into()))?;
     const BEGIN: &str = "-----BEGIN X509 CRL-----";
     const END: &str = "-----END X509 CRL-----";
@@ -512,8 +530,9 @@ fn read_crls(path: &Path, cas: &[X509], ca_path: &Path) -> Result<Vec<openssl::x
         });
         if !signed {
             return Err(at(format!(
-                "the CRL of {issuer} is not signed by a CA of tls.ca {} (a CRL no configured CA signed could revoke \
+                "the CRL of {issuer} is not signed by a CA of {} {} (a CRL no configured CA signed could revoke \
                  anyone)",
+                names.key("ca"),
                 ca_path.display()
             )));
         }
@@ -588,7 +607,7 @@ impl TlsConfig {
             match &files.crl {
                 None => b.set_verify(verify),
                 Some(crl) => {
-                    let crls = Arc::new(read_crls(crl, &cas, ca)?);
+                    let crls = Arc::new(read_crls(Naming::Table("tls"), crl, &cas, ca)?);
                     crl_lists = crls.clone();
                     // The chain is checked by OpenSSL first; a client certificate it accepts is then
                     // refused if a CRL of its issuer lists its serial number ("Revocation").
@@ -773,6 +792,8 @@ pub struct ClientTlsTable {
     pub psk_file: Option<String>,
     /// See [`TlsClientFiles::psk_identity`].
     pub psk_identity: Option<String>,
+    /// See [`TlsClientFiles::crl`].
+    pub crl: Option<String>,
     /// The name the server's certificate must carry (`[pshift.tls]`; a gateway names each node's in
     /// `[[nodes]] tls_name`).
     pub name: Option<String>,
@@ -788,6 +809,7 @@ impl ClientTlsTable {
             key: path(&self.key),
             psk_file: path(&self.psk_file),
             psk_identity: self.psk_identity.clone(),
+            crl: path(&self.crl),
         };
         TlsClient::build(Naming::Table(table), files)
     }
@@ -807,6 +829,9 @@ pub struct TlsClientFiles {
     pub psk_file: Option<PathBuf>,
     /// `psk_identity`: which line of `psk_file` (default: its only one).
     pub psk_identity: Option<String>,
+    /// `crl` (with `ca`): revoked server certificates (PEM CRLs, each signed by a CA of `ca`, as a
+    /// server's `[tls] crl`).
+    pub crl: Option<PathBuf>,
 }
 
 /// A client's TLS context (the gateway's links to its storage nodes), built and checked once.
@@ -831,6 +856,10 @@ pub struct TlsClient {
     digest: u64,
     /// When `cert` expires (seconds since the Unix epoch), for `/metrics` ([`Presented`]).
     not_after: Option<i64>,
+    /// `crl`'s lists (empty without one), for the links a reload cuts ([`LiveTlsClient::cut_revoked`]).
+    crls: Arc<Vec<openssl::x509::X509Crl>>,
+    /// How errors name `crl` (`node_tls.crl`, `--tls-crl`).
+    crl_key: String,
 }
 
 impl fmt::Debug for TlsClient {
@@ -848,7 +877,7 @@ impl TlsClient {
     pub fn build(names: Naming, files: TlsClientFiles) -> Result<TlsClient, String> {
         let table = names.group();
         let k = |s: &str| names.key(s);
-        let digest = digest(&[&files.ca, &files.cert, &files.key, &files.psk_file]);
+        let digest = digest(&[&files.ca, &files.cert, &files.key, &files.psk_file, &files.crl]);
         let mut b = SslConnector::builder(SslMethod::tls_client())
             .map_err(|e| format!("{table}: cannot create the TLS context: {e}"))?;
         b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("{table}: cipher list: {e}"))?;
@@ -857,9 +886,14 @@ impl TlsClient {
         let mut store = X509StoreBuilder::new().map_err(|e| format!("{table}: {e}"))?;
         let mut psk_identity = None;
         let mut not_after = None;
+        let mut crls = Vec::new();
         match (&files.ca, &files.psk_file) {
             (Some(ca), None) => {
-                for c in read_ca(&k("ca"), ca)? {
+                let cas = read_ca(&k("ca"), ca)?;
+                if let Some(crl) = &files.crl {
+                    crls = read_crls(names, crl, &cas, ca)?;
+                }
+                for c in cas {
                     store.add_cert(c).map_err(|e| format!("{} {}: {e}", k("ca"), ca.display()))?;
                 }
                 match (&files.cert, &files.key) {
@@ -873,6 +907,14 @@ impl TlsClient {
                 }
             }
             (None, Some(path)) => {
+                if files.crl.is_some() {
+                    return Err(format!(
+                        "{} needs {}: it revokes server certificates, which only {} checks",
+                        k("crl"),
+                        k("ca"),
+                        k("ca")
+                    ));
+                }
                 if files.cert.is_some() || files.key.is_some() {
                     return Err(format!(
                         "{} and {} go with {} (x509), not with {}",
@@ -909,8 +951,26 @@ impl TlsClient {
             }
         }
         b.set_cert_store(store.build());
-        b.set_verify(SslVerifyMode::PEER);
-        Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files, digest, not_after })
+        let crls = Arc::new(crls);
+        if crls.is_empty() {
+            b.set_verify(SslVerifyMode::PEER);
+        } else {
+            let lists = Arc::clone(&crls);
+            // As a server's (`[tls] crl`): the chain and the name are checked by OpenSSL first; a server
+            // certificate they accept is then refused if a CRL of its issuer lists its serial number.
+            b.set_verify_callback(SslVerifyMode::PEER, move |ok, ctx| {
+                if !ok || ctx.error_depth() != 0 {
+                    return ok;
+                }
+                if ctx.current_cert().is_some_and(|c| revoked(&lists, c)) {
+                    ctx.set_error(openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION);
+                    return false;
+                }
+                true
+            });
+        }
+        let crl_key = k("crl");
+        Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files, digest, not_after, crls, crl_key })
     }
 
     /// Whether `new` differs from `self` in its files, their bytes or the PSK identity it offers (a
@@ -941,6 +1001,10 @@ impl TlsClient {
             let verify = tls.ssl().verify_result();
             let mut msg = match verify {
                 openssl::x509::X509VerifyResult::OK => e.to_string(),
+                // Only the CRL's check sets it (`build`).
+                openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION => {
+                    format!("{e} (the server's certificate is revoked: {} lists it)", self.crl_key)
+                }
                 v => format!("{e} ({})", v.error_string()),
             };
             // OpenSSL names only the alert the server sent ("illegal parameter" for a PSK binder made
@@ -956,24 +1020,63 @@ impl TlsClient {
     }
 }
 
-/// A client's TLS context that a reload replaces (module comment, "Reload"): clones share it.
+/// A client's TLS context that a reload replaces (module comment, "Reload"), and the links open under it
+/// (those that registered): clones share both.
 #[derive(Clone)]
-pub struct LiveTlsClient(Arc<RwLock<TlsClient>>);
+pub struct LiveTlsClient {
+    client: Arc<RwLock<TlsClient>>,
+    open: Arc<std::sync::Mutex<OpenTls>>,
+}
 
 impl LiveTlsClient {
     /// Holds `client`.
     pub fn new(client: TlsClient) -> LiveTlsClient {
-        LiveTlsClient(Arc::new(RwLock::new(client)))
+        LiveTlsClient { client: Arc::new(RwLock::new(client)), open: Arc::default() }
     }
 
     /// The context now: a connection takes it once, when it starts.
     pub fn get(&self) -> TlsClient {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.client.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Replaces the context for the connections from now on.
+    /// Replaces the context for the connections from now on (the open ones keep theirs; a reload that
+    /// completes then cuts those it revokes, [`LiveTlsClient::cut_revoked`]).
     pub fn set(&self, client: TlsClient) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = client;
+        *self.client.write().unwrap_or_else(|e| e.into_inner()) = client;
+    }
+
+    /// Lists an open link to `peer` (how logs name it) whose server presented `ssl`'s certificate, with
+    /// a duplicate of its socket (`socket`) to cut it by; it stays listed while the registration lives.
+    /// `None` with PSK (no certificate to revoke).
+    pub fn register(&self, ssl: &SslRef, peer: String, socket: std::os::fd::OwnedFd) -> Option<Registration> {
+        let cert = ssl.peer_certificate()?;
+        Some(OpenTls::add(&self.open, Credential::Cert(cert), peer, socket))
+    }
+
+    /// Cuts the open links whose server's certificate the context now revokes (its `crl` lists it): their
+    /// sockets are shut down, so their reads end, the requests in flight fail, and the link reconnects
+    /// with the context now, which refuses that server. Returns one line per link cut, each also logged;
+    /// a link is cut once, however many clones ask.
+    pub fn cut_revoked(&self) -> Vec<String> {
+        let client = self.get();
+        if client.crls.is_empty() {
+            return Vec::new();
+        }
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cut = Vec::new();
+        open.conns.retain(|_, c| {
+            let Credential::Cert(cert) = &c.who else { return true };
+            if !revoked(&client.crls, cert) {
+                return true;
+            }
+            let _ = socket2::SockRef::from(&c.socket).shutdown(std::net::Shutdown::Both);
+            let why =
+                format!("its server's certificate ({}) is revoked ({})", name_of(cert.subject_name()), client.crl_key);
+            tracing::warn!(peer = %c.peer, "closing a TLS link: {why}");
+            cut.push(format!("{}: {why}", c.peer));
+            false
+        });
+        cut
     }
 }
 

@@ -56,6 +56,10 @@ pub(crate) struct LoadArgs {
     /// The name the server's certificate must carry, when it is not the --addr IP.
     #[arg(long, requires = "tls_ca")]
     pub(crate) tls_name: Option<String>,
+    /// With --tls-ca: revoked server certificates (PEM CRLs, each signed by a CA of --tls-ca, as a
+    /// server's `[tls] crl`): a server whose certificate one lists is refused.
+    #[arg(long, requires = "tls_ca")]
+    pub(crate) tls_crl: Option<PathBuf>,
     /// A tenant's workload, repeatable: name=NAME[,export=E][,tenant=T][,conns=N]
     /// [,kind=closed|open|on_off|burst|trace][,depth=N][,rate=IOPS][,think=MS][,on=S,off=S]
     /// [,burst=N,period=MS][,trace=PATH[,format=disksim|csv|vscsi][,time_scale=X][,repeat=1]][,size=4k]
@@ -156,6 +160,7 @@ fn load_tls(args: &LoadArgs) -> Result<Option<rein_runtime::load::LoadTls>> {
         key: args.tls_key.clone(),
         psk_file: args.tls_psk_file.clone(),
         psk_identity: args.tls_psk_identity.clone(),
+        crl: args.tls_crl.clone(),
     };
     let client = TlsClient::build(Naming::Flags("tls"), files).map_err(anyhow::Error::msg)?;
     Ok(Some(rein_runtime::load::LoadTls { client, name: args.tls_name.clone() }))

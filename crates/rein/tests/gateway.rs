@@ -768,6 +768,80 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     assert!(err.contains("node s1") && err.contains("the node does not offer TLS, which [node_tls] requires"), "{err}");
 }
 
+/// `[node_tls] crl` revokes node certificates, as a node's `[tls] crl` revokes client ones: a gateway
+/// whose CRL lists a node's certificate does not start (one line naming the node and the cause), and a
+/// reload that brings a CRL listing it cuts the links open to that node, whose reconnects are then
+/// refused, while the other node's stay up. A CRL no CA of `ca` signed, or one beside a PSK, stops the
+/// start with the key named.
+#[test]
+fn node_tls_crl_revokes_a_node_and_a_reload_cuts_its_links() {
+    use common::tls::{make_ca, make_cert, make_crl, revoke, server, CLIENT};
+    let tmp = tmpdir("gw-node-crl");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "Rein test CA");
+    make_ca(dir, "other", "Another CA");
+    for h in [138, 139] {
+        make_cert(dir, "ca", &format!("n{h}"), &format!("node{h}"), &server(&format!("IP:127.0.0.{h}")));
+    }
+    make_cert(dir, "ca", "gwa", "gw-a", CLIENT);
+    write_file(dir, "nodes.psk", &format!("gw-p:{}\n", "ab".repeat(32)));
+    make_crl(dir, "ca", "crl.pem");
+    make_crl(dir, "other", "other-crl.pem");
+    let nodes = [tls_storage_node(dir, 138), tls_storage_node(dir, 139)];
+    let config = |name: &str, node_tls: &str| {
+        let mut text = format!("{}\n{TIMES}{node_tls}", local(140));
+        for (i, n) in nodes.iter().enumerate() {
+            text.push_str(&format!("[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", i + 1, n.nbd));
+        }
+        text.push_str(
+            "[[tenants]]\nname = \"c2\"\nreservation = 100\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
+        );
+        write_file(dir, name, &text)
+    };
+    let x509 = |crl: &str| {
+        format!("[node_tls]\nca = \"ca-cert.pem\"\ncert = \"gwa-cert.pem\"\nkey = \"gwa-key.pem\"\ncrl = \"{crl}\"\n")
+    };
+    let gw = gateway(&config("gw.toml", &x509("crl.pem")));
+    for n in &nodes {
+        n.wait_line("storage-node session granted");
+    }
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x5a 0 512k", "flush"]);
+    assert!(ok, "an empty CRL revokes no node: {out}");
+    // s2's certificate revoked, the CRL written over the file and the gateway reloaded.
+    revoke(dir, "ca", "n139");
+    make_crl(dir, "ca", "crl.pem");
+    gw.signal("-HUP");
+    let line = gw.wait_line("reload: [node_tls]: 1 node link closed");
+    assert!(line.contains("the new crl revokes its node's certificate"), "{line}");
+    gw.wait_line("closing a TLS link: its server's certificate (CN=node139) is revoked (node_tls.crl)");
+    gw.wait_line("the server's certificate is revoked: node_tls.crl lists it");
+    let links = || {
+        let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v[0]["nodes"].as_array().unwrap().iter().map(|n| n["connected"].as_u64().unwrap()).collect::<Vec<_>>()
+    };
+    let t0 = Instant::now();
+    while links() != [1, 0] {
+        assert!(t0.elapsed() < Duration::from_secs(10), "links per node: {:?}", links());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(links(), [1, 0], "s2 stays refused through its reconnects (backoff 200 ms)");
+    drop(gw);
+    // At start: refused, one line naming the node.
+    let err = Rein::gateway(&config("again.toml", &x509("crl.pem"))).env("REIN_LOG", "off").fails();
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(lines[0].contains("node s2") && lines[0].contains("node_tls.crl lists it"), "{err}");
+    // Bad tables: a CRL of another CA, a CRL beside a PSK.
+    let err = Rein::gateway(&config("other.toml", &x509("other-crl.pem"))).env("REIN_LOG", "off").fails();
+    assert!(err.contains("node_tls.crl") && err.contains("not signed by a CA of node_tls.ca"), "{err}");
+    let psk = "[node_tls]\npsk_file = \"nodes.psk\"\ncrl = \"crl.pem\"\n";
+    let err = Rein::gateway(&config("psk.toml", psk)).env("REIN_LOG", "off").fails();
+    assert!(err.contains("node_tls.crl needs node_tls.ca"), "{err}");
+}
+
 /// A reload (SIGHUP) takes renewed TLS credentials on both sides of a gateway without a restart
 /// (crates/rein-runtime/src/tls.rs, "Reload"). The PSK of the gateway's node links is rotated in place:
 /// the nodes' key file and the gateway's get the new key and both reload; the same reload gives the

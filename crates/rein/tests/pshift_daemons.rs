@@ -740,6 +740,23 @@ fn the_controller_link_runs_x509_with_client_certificates() {
     drop(good);
     let again = server(110, "s1", Some("s1"));
     again.wait_line("pShift link: welcomed by the controller");
+    drop(again);
+    // `[pshift.tls] crl`: with the CA's CRL, empty, s1 is welcomed; once the CRL lists the controller's
+    // certificate and s1 reloads, its open link is cut and its reconnects are refused.
+    common::tls::make_crl(dir, "ca", "crl.pem");
+    let tls = format!(
+        "[pshift.tls]\nca = \"{d}/ca-cert.pem\"\ncert = \"{d}/s1-cert.pem\"\nkey = \"{d}/s1-key.pem\"\n\
+         crl = \"{d}/crl.pem\"\n",
+        d = dir.display()
+    );
+    let revoking = link_server(dir, 111, "s1", &listen, &tls);
+    revoking.wait_line("pShift link: welcomed by the controller");
+    common::tls::revoke(dir, "ca", "ctl2");
+    common::tls::make_crl(dir, "ca", "crl.pem");
+    revoking.signal("-HUP");
+    revoking.wait_line("closing a TLS link: its server's certificate (CN=controller) is revoked (pshift.tls.crl)");
+    revoking.wait_line("reload: [pshift.tls]: the link to the controller closed: the new crl revokes its certificate");
+    revoking.wait_line("the server's certificate is revoked: pshift.tls.crl lists it");
 }
 
 /// A tenant created at run time (the admin API) whose name is a bucket's becomes that bucket at the next

@@ -251,6 +251,31 @@ fn rein_load_runs_over_tls_with_x509_and_psk() {
     assert!(e.contains("hostname mismatch"), "{e}");
     let e = err(load(&["--tls-ca", "missing.pem"]));
     assert!(e.contains("--tls-ca missing.pem"), "{e}");
+    // --tls-crl: the CA's CRL, empty, refuses no one; once it lists the server's certificate, the server
+    // is refused, in words that say so.
+    tls::make_crl(dir, "ca", "crl.pem");
+    let x509_crl = || {
+        load(&[
+            "--tls-ca",
+            "ca-cert.pem",
+            "--tls-crl",
+            "crl.pem",
+            "--tls-cert",
+            "alice-cert.pem",
+            "--tls-key",
+            "alice-key.pem",
+        ])
+    };
+    assert!(completed(&x509_crl()) > 100, "an empty CRL");
+    tls::revoke(dir, "ca", "server");
+    tls::make_crl(dir, "ca", "crl.pem");
+    let e = err(x509_crl());
+    assert!(e.contains("the server's certificate is revoked: --tls-crl lists it"), "{e}");
+    tls::make_crl(dir, "other-ca", "other-crl.pem");
+    let e = err(load(&["--tls-ca", "ca-cert.pem", "--tls-crl", "other-crl.pem"]));
+    assert!(e.contains("--tls-crl other-crl.pem") && e.contains("not signed by a CA of --tls-ca"), "{e}");
+    let e = err(load(&["--tls-psk-file", "keys.psk", "--tls-crl", "crl.pem"]));
+    assert!(e.contains("--tls-ca"), "{e}");
 }
 
 #[test]
