@@ -78,9 +78,14 @@
 //!   requests stay; `[parda]` and `[parda_host]` need a restart);
 //! - `[tls]` and `[node_tls]`: read again from their files (renewed certificates under the same names
 //!   too) and used for the connections opened from then on, on the front and to the nodes; connections
-//!   open keep their sessions ([`crate::tls`], "Reload");
-//! - what needs a restart is named and left as it runs: the nodes (names, addresses, protocols, TLS on
-//!   or off, `tls_name`), the front's settings (listen, admin, caps, budgets, timeouts, request size,
+//!   open keep their sessions ([`crate::tls`], "Reload"), but for node links whose node's certificate
+//!   a new `[node_tls] crl` lists: cut;
+//! - a node's `address` or `tls_name` changed (the node moved: a replacement host with the same data
+//!   behind it): every link to it, of every volume, connects to the new place from then on (new volumes
+//!   too), and once the reload completes the sessions still open at the old place end once their pieces
+//!   are answered and reconnect there, pieces sent meanwhile waiting ([`crate::remote::NodeRoute`]);
+//! - what needs a restart is named and left as it runs: the nodes (a node added or removed, a name, a
+//!   protocol, TLS on or off), the front's settings (listen, admin, caps, budgets, timeouts, request size,
 //!   default export), the links' timeouts and pool size,
 //!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
 //!   or tenant (its data is laid out by them).
@@ -631,7 +636,14 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
                 Some(NodeTls { client: client.clone(), name })
             }
         };
-        nodes.push(NodeSpec { name: n.name.clone(), address, protocol, tls, log: Default::default() });
+        nodes.push(NodeSpec {
+            name: n.name.clone(),
+            address,
+            protocol,
+            tls,
+            log: Default::default(),
+            route: Default::default(),
+        });
     }
     let node_index = |owner: &str, key: &str, name: &str| {
         nodes.iter().position(|n| n.name == name).ok_or_else(|| format!("{owner}: {key} names unknown node {name:?}"))
@@ -1108,7 +1120,10 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
             dbg(&base.link) == dbg(&new.link),
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
-        ("[[nodes]] (a name, address, protocol, tls or tls_name)", same_nodes(&base.nodes, &new.nodes)),
+        (
+            "[[nodes]] (a node added or removed, a name, protocol, or tls on or off)",
+            same_nodes(&base.nodes, &new.nodes),
+        ),
         ("[parda] or [parda_host]", parda_but_sched(&base.parda) == parda_but_sched(&new.parda)),
         (
             "default_export",
@@ -1208,7 +1223,9 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
             }
         }
     }
-    // `[node_tls]` first: new volumes connect with it, and renewed sessions below.
+    // Nodes moved (another address or tls_name) and `[node_tls]` first: new volumes connect with them, and
+    // renewed sessions below.
+    let moves = NodeMoves::set(&live.base.nodes, &new.nodes);
     let (node_tls, changed) = NodeTlsSwap::set(&live.base.nodes, &new.nodes);
     if changed {
         r.applied.push(
@@ -1290,6 +1307,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
         ));
     }
     live.base.tls = new.tls.clone();
+    r.applied.extend(moves.keep(&mut live.base.nodes));
     let cut = node_tls.keep();
     if !cut.is_empty() {
         r.applied.push(format!(
@@ -1341,12 +1359,76 @@ impl Drop for NodeTlsSwap {
     }
 }
 
-/// Whether two `[[nodes]]` lists name the same nodes the same way (names, addresses, protocols, TLS on
-/// or off and the names their certificates must carry), whatever `[node_tls]`'s credentials: those a
-/// reload replaces ([`crate::tls`], "Reload"); the rest needs a restart.
+/// Whether two `[[nodes]]` lists name the same nodes the same way (names, protocols, TLS on or off),
+/// whatever their places (addresses and `tls_name`s: a reload moves a node, [`NodeMoves`]) and
+/// `[node_tls]`'s credentials (a reload replaces them, [`crate::tls`], "Reload"); the rest needs a
+/// restart.
 fn same_nodes(a: &[NodeSpec], b: &[NodeSpec]) -> bool {
-    let key = |n: &NodeSpec| (n.name.clone(), n.address.clone(), n.protocol, n.tls.as_ref().map(|t| t.name.clone()));
+    let key = |n: &NodeSpec| (n.name.clone(), n.protocol, n.tls.is_some());
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| key(x) == key(y))
+}
+
+/// Nodes a reload moves (module comment, "Reload"): the new place (`address`, `tls_name`) is set in the
+/// node's route before the reload opens new volumes (they connect there, and every link that reconnects
+/// does), and put back by `Drop` unless the reload completes ([`NodeMoves::keep`]), which tells the
+/// sessions still open at the old place to move ([`crate::remote::NodeRoute`]).
+struct NodeMoves {
+    /// The running nodes' routes moved, with what each held before.
+    moved: Vec<(Arc<crate::remote::NodeRoute>, Option<crate::remote::Place>)>,
+    /// The new places, by the running list's index.
+    to: Vec<(usize, crate::remote::Place)>,
+}
+
+impl NodeMoves {
+    /// Moves the nodes of `running` whose place differs in `new`, when the two lists name the same nodes
+    /// ([`same_nodes`]; else nothing moves and the reload names the nodes as needing a restart).
+    fn set(running: &[NodeSpec], new: &[NodeSpec]) -> NodeMoves {
+        let mut m = NodeMoves { moved: Vec::new(), to: Vec::new() };
+        if !same_nodes(running, new) {
+            return m;
+        }
+        for (i, (old, next)) in running.iter().zip(new).enumerate() {
+            let place = next.place();
+            if old.place() != place {
+                m.moved.push((Arc::clone(&old.route), old.route.set(Some(place.clone()))));
+                m.to.push((i, place));
+            }
+        }
+        m
+    }
+
+    /// The reload completed: the moves stay, the running list says where the nodes are, and the
+    /// sessions still open at a node's old place end once their pieces are answered and reconnect to the
+    /// new one. One line per node moved, for the reload's report.
+    fn keep(mut self, running: &mut [NodeSpec]) -> Vec<String> {
+        self.moved.clear();
+        let mut lines = Vec::new();
+        for (i, place) in std::mem::take(&mut self.to) {
+            let n = &mut running[i];
+            let from = n.address.to_string();
+            n.address = place.address.clone();
+            if let (Some(t), Some(name)) = (&mut n.tls, &place.tls_name) {
+                t.name = name.clone();
+            }
+            n.route.announce();
+            lines.push(format!(
+                "node {} moved from {from} to {}: its sessions end once their pieces are answered and reconnect \
+                 there",
+                n.name, place.address
+            ));
+        }
+        lines
+    }
+}
+
+impl Drop for NodeMoves {
+    fn drop(&mut self) {
+        for (route, before) in self.moved.drain(..) {
+            route.set(before);
+            // A session that connected to the new place meanwhile (a renewal) goes back.
+            route.announce();
+        }
+    }
 }
 
 /// A PARDA host's settings less its local scheduler's (which a reload changes live), for comparison.
@@ -1813,6 +1895,7 @@ fn admin_router(
                                 .map(|r| {
                                     serde_json::json!({
                                         "node": r.name,
+                                        "address": r.address.to_string(),
                                         "connections": r.connections,
                                         "connected": r.up,
                                         "tls": r.tls,
@@ -1856,28 +1939,71 @@ mod tests {
             p
         };
         let (old, new) = (psk("old.psk", "gw-old"), psk("new.psk", "gw-new"));
-        let config = |file: &Path, address: &str| {
+        let config = |file: &Path, name: &str| {
             let text = format!(
-                "[node_tls]\npsk_file = {file:?}\n[[nodes]]\nname = \"s1\"\naddress = \"{address}\"\n\
+                "[node_tls]\npsk_file = {file:?}\n[[nodes]]\nname = \"{name}\"\naddress = \"127.0.0.1:1\"\n\
                  [[exports]]\nname = \"v\"\nsize_mb = 1\n"
             );
             GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes
         };
         let offered = |nodes: &[NodeSpec]| nodes[0].tls.as_ref().unwrap().client.get().psk_identity().map(String::from);
-        let running = config(&old, "127.0.0.1:1");
-        let (swap, changed) = NodeTlsSwap::set(&running, &config(&new, "127.0.0.1:1"));
+        let running = config(&old, "s1");
+        let (swap, changed) = NodeTlsSwap::set(&running, &config(&new, "s1"));
         assert!(changed);
         assert_eq!(offered(&running).as_deref(), Some("gw-new"), "set before the reload opens anything");
         drop(swap);
         assert_eq!(offered(&running).as_deref(), Some("gw-old"), "a failed reload puts it back");
-        let (swap, _) = NodeTlsSwap::set(&running, &config(&new, "127.0.0.1:1"));
+        let (swap, _) = NodeTlsSwap::set(&running, &config(&new, "s1"));
         swap.keep();
         assert_eq!(offered(&running).as_deref(), Some("gw-new"), "a completed reload keeps it");
-        let (swap, changed) = NodeTlsSwap::set(&running, &config(&old, "127.0.0.1:2"));
+        let (swap, changed) = NodeTlsSwap::set(&running, &config(&old, "s2"));
         drop(swap);
-        assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "another address: a restart");
-        let (_, changed) = NodeTlsSwap::set(&running, &config(&new, "127.0.0.1:1"));
+        assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "another node: a restart");
+        let (_, changed) = NodeTlsSwap::set(&running, &config(&new, "s1"));
         assert!(!changed, "the same file and bytes: nothing to say");
+    }
+
+    /// A reload that moves a node (another address or tls_name) sets its new place in the route every
+    /// clone of the node shares, before anything opens; a failed reload puts the old place back; a
+    /// completed one keeps it and records it in the running list, and the next reload of the same file
+    /// moves nothing. Another node name is a restart, not a move.
+    #[test]
+    fn a_reload_moves_a_node_and_puts_it_back_if_it_fails() {
+        let config = |name: &str, address: &str, tls_name: &str| {
+            let text = format!(
+                "[node_tls]\npsk_file = \"k.psk\"\n[[nodes]]\nname = \"{name}\"\naddress = \"{address}\"\n\
+                 {tls_name}[[exports]]\nname = \"v\"\nsize_mb = 1\n"
+            );
+            let tmp = tempfile::tempdir().unwrap();
+            std::fs::write(tmp.path().join("k.psk"), "gw:00112233445566778899aabbccddeeff\n").unwrap();
+            GatewayConfig::parse(&text, &tmp.path().join("gw.toml")).unwrap().nodes
+        };
+        let mut running = config("s1", "127.0.0.1:1", "");
+        let link = running[0].clone();
+        let at = |n: &NodeSpec| (n.place().address.to_string(), n.place().tls_name.unwrap());
+        let moved = config("s1", "127.0.0.2:3", "");
+        let m = NodeMoves::set(&running, &moved);
+        assert_eq!(
+            at(&link),
+            ("127.0.0.2:3".into(), "127.0.0.2".into()),
+            "a link's clone follows, before anything opens"
+        );
+        drop(m);
+        assert_eq!(at(&link), ("127.0.0.1:1".into(), "127.0.0.1".into()), "a failed reload puts it back");
+        let lines = NodeMoves::set(&running, &moved).keep(&mut running);
+        assert_eq!(
+            lines,
+            ["node s1 moved from 127.0.0.1:1 to 127.0.0.2:3: its sessions end once their pieces are answered and \
+              reconnect there"]
+        );
+        assert_eq!(at(&link), ("127.0.0.2:3".into(), "127.0.0.2".into()));
+        assert_eq!(running[0].address.to_string(), "127.0.0.2:3", "the running list says where it is");
+        assert!(NodeMoves::set(&running, &moved).to.is_empty(), "the same file again: no move");
+        let renamed = config("s1", "127.0.0.2:3", "tls_name = \"s1.example\"\n");
+        assert_eq!(NodeMoves::set(&running, &renamed).keep(&mut running).len(), 1, "a tls_name alone moves it too");
+        assert_eq!(at(&link).1, "s1.example");
+        assert!(NodeMoves::set(&running, &config("s9", "127.0.0.9:9", "")).to.is_empty(), "another node: a restart");
+        assert_eq!(at(&link), ("127.0.0.2:3".into(), "s1.example".into()));
     }
 
     /// A name given twice is named (the tenants' check is a set, the others compare pairs: at most

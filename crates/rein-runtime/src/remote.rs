@@ -166,6 +166,62 @@ pub struct NodeSpec {
     /// How its outages are logged, shared by every pooled connection of every volume on it (clones of
     /// one spec share it).
     pub log: Arc<NodeLog>,
+    /// Where it is reached now, if a reload moved it, and the sessions open to it (clones of one spec
+    /// share it; [`NodeRoute`]).
+    pub route: Arc<NodeRoute>,
+}
+
+/// Where a node is reached (its address, and the name its certificate must carry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The address connected to.
+    pub address: NodeAddress,
+    /// `tls_name`, or the address's IP (`None`: no TLS).
+    pub tls_name: Option<String>,
+}
+
+/// A node's place after a reload moved it (a node replaced by a host at another address, the same data
+/// behind it): every clone of the node's [`NodeSpec`] shares it, so the links of all its volumes connect
+/// to the new place from then on, and once the reload completes ([`NodeRoute::announce`]) the sessions
+/// still open at the old place end as a session renewed for a new spec does: their pieces in flight are
+/// answered there, then the connection says goodbye (NBD_CMD_DISC) and connects to the new place at once,
+/// pieces sent meanwhile waiting. Writes not yet flushed at the old place make the next FLUSH fail, as
+/// a lost session's do: the gateway cannot vouch that they reached the new one.
+#[derive(Debug)]
+pub struct NodeRoute {
+    moved: std::sync::RwLock<Option<Place>>,
+    /// Bumped by [`NodeRoute::announce`]: each session then compares its place with the node's.
+    generation: watch::Sender<u64>,
+}
+
+impl Default for NodeRoute {
+    fn default() -> NodeRoute {
+        NodeRoute { moved: Default::default(), generation: watch::channel(0).0 }
+    }
+}
+
+impl NodeRoute {
+    /// Sets the node's place (`None`: the one it was configured with) for the connections from now on.
+    /// Returns the place before.
+    pub fn set(&self, place: Option<Place>) -> Option<Place> {
+        std::mem::replace(&mut *self.moved.write().unwrap_or_else(|e| e.into_inner()), place)
+    }
+
+    /// Tells the sessions open to the node to look at its place: those open elsewhere end once their
+    /// pieces are answered and reconnect to it.
+    pub fn announce(&self) {
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+impl NodeSpec {
+    /// Where the node is reached now: as configured, unless a reload moved it.
+    pub fn place(&self) -> Place {
+        if let Some(p) = &*self.route.moved.read().unwrap_or_else(|e| e.into_inner()) {
+            return p.clone();
+        }
+        Place { address: self.address.clone(), tls_name: self.tls.as_ref().map(|t| t.name.clone()) }
+    }
 }
 
 /// One node's outages as the log tells them (module comment, "Logged outages"): the node's pooled
@@ -275,7 +331,7 @@ impl NodeLog {
             return;
         }
         if at_start {
-            tracing::warn!(node = %node.name, address = %node.address, volume, "node unreachable at start ({why}); its pieces fail with EIO until it is reached");
+            tracing::warn!(node = %node.name, address = %node.place().address, volume, "node unreachable at start ({why}); its pieces fail with EIO until it is reached");
         } else {
             tracing::warn!(node = %node.name, attempts, connections_down = o.down, "node connection failed: {why}");
         }
@@ -400,6 +456,8 @@ pub struct NodeStats {
 pub struct NodeReport<'a> {
     /// The node's name.
     pub name: &'a str,
+    /// Where it is reached now (a reload may have moved it).
+    pub address: NodeAddress,
     /// Pooled connections, and how many have a session up.
     pub connections: usize,
     /// Of those, the ones with a session up.
@@ -813,6 +871,7 @@ impl RemoteVolume {
             .flatten()
             .map(|l| NodeReport {
                 name: &l.target.node.name,
+                address: l.target.node.place().address,
                 connections: l.conns.len(),
                 up: l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed)).count(),
                 in_flight: l.conns.iter().map(|c| MAX_PENDING_PER_CONN - c.slots.available_permits()).sum(),
@@ -1052,7 +1111,7 @@ impl ConnectError {
     fn into_open(self, t: &Target) -> OpenError {
         match self {
             ConnectError::Io(message) | ConnectError::Unreachable(message) => {
-                OpenError::Connect { node: t.node.name.clone(), address: t.node.address.clone(), message }
+                OpenError::Connect { node: t.node.name.clone(), address: t.node.place().address, message }
             }
             ConnectError::TooSmall(size) => OpenError::TooSmall {
                 node: t.node.name.clone(),
@@ -1088,6 +1147,8 @@ struct Session {
     /// Over TLS with a certificate: the link's place among `[node_tls]`'s, so that a reload whose `crl`
     /// revokes the node's certificate cuts it ([`crate::tls::LiveTlsClient::cut_revoked`]).
     registration: Option<crate::tls::Registration>,
+    /// Where it connected: a reload that moves the node ends it ([`NodeRoute`]).
+    place: Place,
 }
 
 /// What a session's transmission flags say the node takes; `true` if it takes FLUSH but not FUA (the
@@ -1122,7 +1183,8 @@ impl Target {
         // Set once the connection is up, so a timeout can say whether the node answered at all.
         let connected = AtomicBool::new(false);
         let attempt = async {
-            let stream = self.node.address.connect().await.map_err(|e| {
+            let place = self.node.place();
+            let stream = place.address.connect().await.map_err(|e| {
                 // Out of descriptors is this process's limit, not the node's state: say so.
                 let local = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
                 let hint =
@@ -1170,7 +1232,16 @@ impl Target {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
-                        return Ok(Session { stream, input, flags, slot: None, boot: None, version: 0, registration });
+                        return Ok(Session {
+                            stream,
+                            input,
+                            flags,
+                            slot: None,
+                            boot: None,
+                            version: 0,
+                            registration,
+                            place,
+                        });
                     }
                     ClientProgress::NodeReady { size, flags, welcome } => {
                         if size < self.needed {
@@ -1178,7 +1249,7 @@ impl Target {
                         }
                         let slot = welcome.tenants.first().map(|g| g.slot);
                         let (boot, version) = (welcome.boot, welcome.version);
-                        return Ok(Session { stream, input, flags, slot, boot, version, registration });
+                        return Ok(Session { stream, input, flags, slot, boot, version, registration, place });
                     }
                     ClientProgress::NodeRefused(reply, message) => {
                         if reply == p::REP_ERR_TLS_REQD {
@@ -1196,7 +1267,8 @@ impl Target {
                         let (NbdStream::Plain(tcp), Some(tls)) = (stream, &self.node.tls) else {
                             return Err(ConnectError::Io("handshake: a second STARTTLS".into()));
                         };
-                        let (cell, name) = (&tls.client, &tls.name);
+                        let cell = &tls.client;
+                        let name = place.tls_name.as_deref().unwrap_or(&tls.name);
                         let tls = cell
                             .get()
                             .connect(name, tcp)
@@ -1285,15 +1357,20 @@ async fn run_link(
             }
             match end {
                 SessionEnd::Closed => return,
-                SessionEnd::Recycle => {
-                    // At once, with the new spec; pieces meanwhile wait in the channel.
+                SessionEnd::Recycle | SessionEnd::Moved => {
+                    // At once, with the new spec or at the node's new place; pieces meanwhile wait in the
+                    // channel.
+                    let why = match end {
+                        SessionEnd::Moved => format!("at its new place {}", target.node.place().address),
+                        _ => "with the tenant's new spec".to_string(),
+                    };
                     let attempt = tokio::select! {
                         r = target.connect() => r,
                         _ = closing.wait_for(|c| *c) => return,
                     };
                     match attempt {
                         Ok(s) => {
-                            tracing::info!(node = name, volume = %target.volume, "node session renewed with the tenant's new spec");
+                            tracing::info!(node = name, volume = %target.volume, "node session renewed {why}");
                             session = Some(s);
                             continue;
                         }
@@ -1374,6 +1451,8 @@ enum SessionEnd {
     Failed(String),
     /// The tenant's spec changed and the session's pieces are answered: say hello again.
     Recycle,
+    /// A reload moved the node and the session's pieces are answered: connect to its new place.
+    Moved,
     /// The node answered NBD_ESHUTDOWN and the session's pieces are answered: the session was left with a
     /// soft disconnect, as the spec asks of a client; reconnect as after a failure. The reason.
     Left(String),
@@ -1392,7 +1471,7 @@ struct Pending {
 /// still pending fails (invariant 1).
 async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
     // The registration lives as long as the session (a reload may cut it meanwhile).
-    let Session { stream, input, slot, boot, version, registration: _registration, .. } = session;
+    let Session { stream, input, slot, boot, version, registration: _registration, place, .. } = session;
     // The pool flag goes only to a node that reads it (a v2 node refuses the bit).
     let pool_flag = version >= NODE_VERSION_POOL_FLAG;
     let node = target.index;
@@ -1410,20 +1489,22 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     match stream {
         NbdStream::Plain(sock) => {
             let (rd, wr) = sock.into_split();
-            run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, rd, wr, input, qos, pool_flag, rx).await
         }
         NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
             // A batch's small messages into full TLS records (the module `wire`), as the server's side.
             let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
-            run_session_on(target, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, rd, wr, input, qos, pool_flag, rx).await
         }
     }
 }
 
 /// [`run_session`] on the socket's halves.
+#[allow(clippy::too_many_arguments)]
 async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     target: &Target,
+    place: &Place,
     mut rd: R,
     mut wr: W,
     input: Vec<u8>,
@@ -1438,6 +1519,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let name = target.node.name.as_str();
     let timeout = target.cfg.request_timeout;
     let mut respec = target.respec.subscribe();
+    let mut moved = target.node.route.generation.subscribe();
     let mut closing = target.closing.clone();
     let writer = async {
         let mut next: u64 = 1;
@@ -1447,6 +1529,13 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 w = rx.recv() => w,
                 // The tenant's spec changed: send nothing more on this session (module comment).
                 _ = respec.changed() => return SessionEnd::Recycle,
+                // A reload moved the node: the same, to connect to its new place (`NodeRoute`).
+                r = moved.changed() => {
+                    if r.is_err() || target.node.place() != *place {
+                        return SessionEnd::Moved;
+                    }
+                    continue;
+                }
                 // The gateway shuts down: DISC now (what is pending fails; no front waits for it).
                 _ = closing.wait_for(|c| *c) => return SessionEnd::Closed,
                 _ = shutdown_seen.notified() => {
@@ -1594,7 +1683,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             e = &mut writer => e,
             e = &mut reader => e,
         };
-        if matches!(end, SessionEnd::Recycle | SessionEnd::Left(_)) {
+        if matches!(end, SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Left(_)) {
             // The writer stopped (the reader runs on): the pieces in flight are answered on this session
             // (each within request_timeout) before the connection says hello again, or, the node shutting
             // down, before it is left; new pieces wait in the channel.
@@ -1613,7 +1702,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     };
     // A session the gateway ends (its shutdown, a new spec) or the node asked to end (ESHUTDOWN) ends
     // softly, with NBD_CMD_DISC, as the spec asks of a client; a broken one just closes.
-    if matches!(end, SessionEnd::Closed | SessionEnd::Recycle | SessionEnd::Left(_)) {
+    if matches!(end, SessionEnd::Closed | SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Left(_)) {
         let disc = header(Command::Disc, 0, 0, false);
         let _ = tokio::time::timeout(DISC_TIMEOUT, write_all_vectored(&mut wr, &[disc], qos.is_some())).await;
     }
@@ -1622,6 +1711,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         SessionEnd::Closed => "the gateway is shutting down".to_string(),
         SessionEnd::Failed(w) | SessionEnd::Left(w) => w.clone(),
         SessionEnd::Recycle => "the session ended for a new spec".to_string(),
+        SessionEnd::Moved => "the session ended: a reload moved the node".to_string(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
         if let Some((_, tracker)) = qos {
@@ -1630,7 +1720,9 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         }
         target.fail(p.sink, ErrorKind::Io, why.clone());
     }
-    if matches!(end, SessionEnd::Failed(_) | SessionEnd::Left(_)) && target.durability.session_ended() {
+    if matches!(end, SessionEnd::Failed(_) | SessionEnd::Left(_) | SessionEnd::Moved)
+        && target.durability.session_ended()
+    {
         tracing::warn!(node = name, volume = %target.volume, "a node session ended with writes not yet flushed; the next FLUSH fails");
     }
     end
@@ -1803,6 +1895,7 @@ mod tests {
                 protocol: NodeProtocol::Rein,
                 tls: None,
                 log: Default::default(),
+                route: Default::default(),
             })
             .collect();
         let tenant = NodeTenant {
@@ -1991,6 +2084,7 @@ mod tests {
                 protocol: NodeProtocol::Nbd,
                 tls: None,
                 log: Default::default(),
+                route: Default::default(),
             }];
             let cfg = LinkConfig {
                 request_timeout: Duration::from_secs(10),
@@ -2039,6 +2133,7 @@ mod tests {
             protocol: NodeProtocol::Rein,
             tls: None,
             log: Default::default(),
+            route: Default::default(),
         }];
         let cfg = LinkConfig {
             request_timeout: Duration::from_millis(500),

@@ -10,6 +10,7 @@ use common::{free_tcp, gateway_in, local, random_file, run_ok, serve_in, tmpdir,
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command as Cmd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of each node's file export.
@@ -840,6 +841,74 @@ fn node_tls_crl_revokes_a_node_and_a_reload_cuts_its_links() {
     let psk = "[node_tls]\npsk_file = \"nodes.psk\"\ncrl = \"crl.pem\"\n";
     let err = Rein::gateway(&config("psk.toml", psk)).env("REIN_LOG", "off").fails();
     assert!(err.contains("node_tls.crl needs node_tls.ca"), "{err}");
+}
+
+/// A node moved to another host (its data copied there) is followed by a reload, without a restart:
+/// the gateway's session to s1 ends at the old address once its pieces are answered and reconnects to
+/// the new one, s2's is untouched, reads running through the move all succeed, the data written before
+/// reads back from the new host, and new writes land there, not on the old one.
+#[test]
+fn a_reload_moves_a_node_to_another_address() {
+    let tmp = tmpdir("gw-move");
+    let dir = tmp.path();
+    let (old, s2) = (node(dir, 144, 0), node(dir, 147, 0));
+    let volume = "[[exports]]\nname = \"v\"\nsize_mb = 16\nstripe_kb = 64\n";
+    let gw = gateway(&gateway_config(dir, 146, &[("s1", old.nbd), ("s2", s2.nbd)], volume));
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x3c 0 1M", "flush"]);
+    assert!(ok, "{out}");
+    // The replacement host: s1's file copied (flushed above), served at another address.
+    std::fs::create_dir_all(node_file(dir, 145).parent().unwrap()).unwrap();
+    std::fs::copy(node_file(dir, 144), node_file(dir, 145)).unwrap();
+    let new = node(dir, 145, 0);
+    // Reads through the move, none of which may fail.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, uri) = (stop.clone(), uri(&gw));
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 3 {
+                let (ok, out) = qemu_io_ok(&uri, &["read -P 0x3c 0 1M", "read -P 0x3c 0 1M"]);
+                assert!(ok, "a read through the move failed: {out}");
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    gateway_config(dir, 146, &[("s1", new.nbd), ("s2", s2.nbd)], volume);
+    gw.signal("-HUP");
+    gw.wait_line(&format!(
+        "reload: node s1 moved from {} to {}: its sessions end once their pieces are answered and reconnect there",
+        old.nbd, new.nbd
+    ));
+    gw.wait_line(&format!("node session renewed at its new place {}", new.nbd));
+    let nodes = || {
+        let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v[0]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n["address"].to_string(), n["connected"].as_u64().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let want = vec![(format!("\"{}\"", new.nbd), 1), (format!("\"{}\"", s2.nbd), 1)];
+    let t0 = Instant::now();
+    while nodes() != want {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", nodes());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = reader.join().expect("no read failed");
+    assert!(rounds >= 3, "{rounds}");
+    let log = gw.log.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.contains("needs a restart") || l.contains("node connection lost")), "{log:#?}");
+    drop(old);
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x3c 0 1M", "write -P 0x3d 0 64k", "flush"]);
+    assert!(ok, "through the moved node: {out}");
+    let first = |host: u8| std::fs::read(node_file(dir, host)).unwrap()[..65536].to_vec();
+    assert!(first(145).iter().all(|&b| b == 0x3d), "the new write is on the new host");
+    assert!(first(144).iter().all(|&b| b == 0x3c), "and not on the old one");
 }
 
 /// A reload (SIGHUP) takes renewed TLS credentials on both sides of a gateway without a restart
