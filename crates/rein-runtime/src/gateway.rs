@@ -83,7 +83,8 @@
 //! - a node's `address` or `tls_name` changed (the node moved: a replacement host with the same data
 //!   behind it): every link to it, of every volume, connects to the new place from then on (new volumes
 //!   too), and once the reload completes the sessions still open at the old place end once their pieces
-//!   are answered and reconnect there, pieces sent meanwhile waiting ([`crate::remote::NodeRoute`]);
+//!   are answered and reconnect there, pieces sent meanwhile waiting ([`crate::remote::NodeRoute`]); a
+//!   move to the address another node is at now fails the reload;
 //! - what needs a restart is named and left as it runs: the nodes (a node added or removed, a name, a
 //!   protocol, TLS on or off), the front's settings (listen, admin, caps, budgets, timeouts, request size,
 //!   default export), the links' timeouts and pool size,
@@ -1225,6 +1226,9 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
     }
     // Nodes moved (another address or tls_name) and `[node_tls]` first: new volumes connect with them, and
     // renewed sessions below.
+    if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes) {
+        return Err(e);
+    }
     let moves = NodeMoves::set(&live.base.nodes, &new.nodes);
     let (node_tls, changed) = NodeTlsSwap::set(&live.base.nodes, &new.nodes);
     if changed {
@@ -1395,6 +1399,29 @@ impl NodeMoves {
             }
         }
         m
+    }
+
+    /// Why `new` cannot move `running`'s nodes, if it cannot: a node moved to the address another node
+    /// is at now. Its sessions there would run beside the new ones until they drain, each writing its
+    /// own layout to that node's exports (two nodes trading places, for one); one move per reload, the
+    /// place freed first, keeps every node export to one writer.
+    fn clash(running: &[NodeSpec], new: &[NodeSpec]) -> Option<String> {
+        if !same_nodes(running, new) {
+            return None;
+        }
+        let now: Vec<NodeAddress> = running.iter().map(|n| n.place().address).collect();
+        running.iter().zip(new).enumerate().find_map(|(i, (n, next))| {
+            let to = next.place().address;
+            if now[i] == to {
+                return None;
+            }
+            let there = &running[now.iter().position(|at| *at == to)?].name;
+            Some(format!(
+                "node {} cannot move to {to}: node {there} is there now (move {there} away first, in a reload of its \
+                 own)",
+                n.name
+            ))
+        })
     }
 
     /// The reload completed: the moves stay, the running list says where the nodes are, and the
@@ -2003,6 +2030,22 @@ mod tests {
         assert_eq!(NodeMoves::set(&running, &renamed).keep(&mut running).len(), 1, "a tls_name alone moves it too");
         assert_eq!(at(&link).1, "s1.example");
         assert!(NodeMoves::set(&running, &config("s9", "127.0.0.9:9", "")).to.is_empty(), "another node: a restart");
+        // Two nodes trading places: refused, the first named.
+        let two = |a: &str, b: &str| {
+            let text = format!(
+                "[[nodes]]\nname = \"s1\"\naddress = \"{a}\"\n[[nodes]]\nname = \"s2\"\naddress = \"{b}\"\n\
+                 [[exports]]\nname = \"v\"\nsize_mb = 1\n"
+            );
+            GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes
+        };
+        let pair = two("127.0.0.1:1", "127.0.0.1:2");
+        let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1")).unwrap();
+        assert_eq!(
+            e,
+            "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
+        );
+        assert!(NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2")).is_none(), "to a free address");
+        assert!(NodeMoves::clash(&pair, &pair).is_none());
         assert_eq!(at(&link), ("127.0.0.2:3".into(), "s1.example".into()));
     }
 

@@ -88,7 +88,7 @@ pub fn check_memory(exports: &[ExportConfig], ram_bytes: u64) -> Result<(), Pref
 }
 
 /// What identifies a file: its device and inode once it exists, else the canonical path it will have.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 enum FileKey {
     Inode(u64, u64),
     Path(PathBuf),
@@ -106,21 +106,31 @@ fn file_key(path: &Path) -> Option<FileKey> {
     Some(FileKey::Path(dir.join(name)))
 }
 
-/// Refuses two file exports on one file, unless both are read-only.
+/// Refuses two file exports on one file, unless both are read-only. Files by key, not a scan per export:
+/// every export added at run time checks the whole list (a scan made adding E exports one by one cost
+/// E^3 / 6 comparisons).
 pub fn check_shared_files(exports: &[ExportConfig]) -> Result<(), PreflightError> {
-    let mut seen: Vec<(FileKey, &ExportConfig)> = Vec::new();
+    // Per file: the first export on it, and the first writable one (what a read-only export clashes with).
+    let mut seen: std::collections::HashMap<FileKey, (&ExportConfig, Option<&ExportConfig>)> =
+        std::collections::HashMap::new();
     for e in exports {
         let BackendKind::File { path } = &e.backend else { continue };
         let Some(key) = file_key(path) else { continue };
-        let clash = seen.iter().find(|(k, other)| *k == key && !(e.read_only && other.read_only));
-        if let Some((_, first)) = clash {
+        let writable = (!e.read_only).then_some(e);
+        let Some(&(first, first_writable)) = seen.get(&key) else {
+            seen.insert(key, (e, writable));
+            continue;
+        };
+        // A writable export clashes with any before it; the ones let through after the first are all
+        // read-only, so the first writable one never changes.
+        let clash = if e.read_only { first_writable } else { Some(first) };
+        if let Some(first) = clash {
             return Err(PreflightError::SharedFile {
                 first: first.name.clone(),
                 second: e.name.clone(),
                 path: path.clone(),
             });
         }
-        seen.push((key, e));
     }
     Ok(())
 }
@@ -183,6 +193,36 @@ mod tests {
             "data_dir = \"{d}\"\n[[exports]]\nname = \"x\"\npath = \"a.img\"\n[[exports]]\nname = \"y\"\npath = \"b.img\"\nsize_mb = 1\n"
         ));
         assert!(check_shared_files(&ok).is_ok());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// The check by key names the same pair as the scan it replaced (the oracle: each export against
+        /// every one before it, the first clash in order), over lists whose files recur, read-only or not.
+        #[test]
+        fn shared_files_by_key_match_the_scan(list in proptest::collection::vec((0u8..3, proptest::bool::ANY), 1..8)) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut toml = format!("data_dir = \"{}\"\n", dir.path().display());
+            for (i, (f, ro)) in list.iter().enumerate() {
+                toml.push_str(&format!("[[exports]]\nname = \"e{i}\"\npath = \"f{f}.img\"\nsize_mb = 1\nread_only = {ro}\n"));
+            }
+            let ex = exports(&toml);
+            let mut want = None;
+            'scan: for (i, (f, ro)) in list.iter().enumerate() {
+                for (j, (g, other_ro)) in list[..i].iter().enumerate() {
+                    if f == g && !(*ro && *other_ro) {
+                        want = Some((format!("e{j}"), format!("e{i}")));
+                        break 'scan;
+                    }
+                }
+            }
+            let got = match check_shared_files(&ex) {
+                Ok(()) => None,
+                Err(PreflightError::SharedFile { first, second, .. }) => Some((first, second)),
+                Err(e) => panic!("{e}"),
+            };
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 }
 
