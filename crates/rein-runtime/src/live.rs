@@ -716,9 +716,17 @@ impl Registry {
         }
         let cfg = j.to_config(&eff.data_dir, &eff.tenants, ExportOrigin::Admin).map_err(ChangeError::Invalid)?;
         let id = self.id(&j.tenant)?;
-        let mut all = eff.exports.clone();
-        all.push(cfg.clone());
-        crate::preflight::check_exports(&all).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        // Against the files the running exports have open (no `stat` per export: adding E exports one by
+        // one stat'ed E^2 / 2 files).
+        let running = self.exports.snapshot();
+        let files = running.iter().map(|e| {
+            let file = match &e.backend {
+                crate::nbd::Backend::Local(s) => s.file_id(),
+                _ => None,
+            };
+            (e.info.name.as_str(), e.info.read_only, file)
+        });
+        crate::preflight::check_added(&eff.exports, files, &cfg).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         Ok((cfg, id))
     }
 

@@ -106,6 +106,38 @@ fn file_key(path: &Path) -> Option<FileKey> {
     Some(FileKey::Path(dir.join(name)))
 }
 
+/// [`check_exports`] for one export `new` added to running ones (`memory`: the exports it joins, as
+/// configured; `running`: each running export's name, whether it is read-only and the device and inode
+/// of the file it has open, if a file): one `stat`, of `new`'s file, instead of one per export. A file
+/// is the one a running export has open, not what its path names now (a file renamed over it is another).
+pub fn check_added<'a>(
+    memory: &[ExportConfig],
+    running: impl Iterator<Item = (&'a str, bool, Option<(u64, u64)>)>,
+    new: &ExportConfig,
+) -> Result<(), PreflightError> {
+    match mem_total_bytes(Path::new(MEMINFO)) {
+        Some(total) => {
+            let all: Vec<ExportConfig> =
+                memory.iter().chain([new]).filter(|e| e.backend == BackendKind::Memory).cloned().collect();
+            check_memory(&all, total)?
+        }
+        None => tracing::warn!("cannot read MemTotal from {MEMINFO}: memory exports are not checked against RAM"),
+    }
+    let BackendKind::File { path } = &new.backend else { return Ok(()) };
+    // A file not there yet is no running export's.
+    let Some(FileKey::Inode(dev, ino)) = file_key(path) else { return Ok(()) };
+    for (name, read_only, id) in running {
+        if id == Some((dev, ino)) && !(read_only && new.read_only) {
+            return Err(PreflightError::SharedFile {
+                first: name.to_string(),
+                second: new.name.clone(),
+                path: path.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Refuses two file exports on one file, unless both are read-only. Files by key, not a scan per export:
 /// every export added at run time checks the whole list (a scan made adding E exports one by one cost
 /// E^3 / 6 comparisons).

@@ -158,6 +158,11 @@ pub trait Storage: Send + Sync + 'static {
     fn read_only(&self) -> bool {
         false
     }
+    /// The device and inode of the file it has open (`None`: not a file), which two exports must not
+    /// both write ([`crate::preflight`]).
+    fn file_id(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// The descriptor through which the kernel can run a read (or, with `write`, a write) of `len` bytes
     /// at `offset`, after the checks `read_at` / `write_at` make (a flush asks for a zero-length read at
     /// 0). `Ok(None)`, the default: no descriptor; IO goes through the methods above.
@@ -234,6 +239,8 @@ pub struct FileStorage {
     direct: Option<File>,
     size: u64,
     read_only: bool,
+    /// The file's device and inode, as opened.
+    id: FileKey,
     /// Held while the storage lives (module comment, "One writer per file").
     _lock: std::sync::Arc<ExportLock>,
 }
@@ -454,7 +461,11 @@ impl FileStorage {
         } else {
             None
         };
-        Ok(FileStorage { file, direct, size: actual, read_only, _lock: lock })
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        Ok(FileStorage { file, direct, size: actual, read_only, id, _lock: lock })
     }
 
     /// The descriptor an IO of `len` bytes at `offset` should use: the direct one (then its buffer must be
@@ -526,6 +537,9 @@ impl Storage for FileStorage {
     }
     fn read_only(&self) -> bool {
         self.read_only
+    }
+    fn file_id(&self) -> Option<(u64, u64)> {
+        Some(self.id)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         check(self.size, offset, buf.len() as u64)?;

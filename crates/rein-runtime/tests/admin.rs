@@ -194,6 +194,20 @@ async fn tenants_and_exports_are_added_and_deleted_live() {
     let (code, body) =
         post("/api/exports", r#"{"name": "f", "path": "../f.img", "size_mb": 1, "tenant": "new"}"#).await;
     assert!(code == 400 && body.contains("must be relative"), "{body}");
+    // A memory export that fits the RAM alone but not with the running one (e, 1 MiB).
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body = format!(r#"{{"name": "f", "backend": "memory", "size_mb": {}, "tenant": "new"}}"#, kib / 1024);
+    let (code, answer) = http(addr, "POST", "/api/exports", &body).await;
+    assert!(code == 400 && answer.contains(&format!("(e = 1 MiB, f = {} MiB)", kib / 1024)), "{answer}");
     let (code, body) = http(addr, "GET", "/api/exports", "").await;
     assert!(code == 200 && body.contains("\"name\":\"e\"") && body.contains("\"tenant\":\"new\""), "{body}");
     let (code, body) = http(addr, "DELETE", "/api/tenants/new", "").await;

@@ -81,6 +81,19 @@ fn runtime_changes_survive_a_restart() {
         http(s.admin, "POST", "/api/exports", r#"{"name": "b", "path": "b.img", "size_mb": 2, "tenant": "b"}"#);
     assert_eq!(code, 201, "{body}");
     assert_eq!(nbdinfo_size(s.nbd, "b"), Ok(2 << 20), "a new export is visible to new connections at once");
+    // Another export on the file export b has open, by its path or through a link, is refused (400),
+    // read-only or not (b writes it); one on a file of its own is not.
+    std::os::unix::fs::symlink(tmp.path().join("data/b.img"), tmp.path().join("data/link.img")).unwrap();
+    for (path, ro) in [("b.img", false), ("link.img", false), ("b.img", true)] {
+        let body = format!(r#"{{"name": "b2", "path": "{path}", "read_only": {ro}, "tenant": "b"}}"#);
+        let (code, answer) = http(s.admin, "POST", "/api/exports", &body);
+        assert_eq!(code, 400, "{path} read_only={ro}: {answer}");
+        assert!(answer.contains(r#"exports \"b\" and \"b2\" are backed by the same file"#), "{answer}");
+    }
+    let (code, body) =
+        http(s.admin, "POST", "/api/exports", r#"{"name": "b3", "path": "b3.img", "size_mb": 1, "tenant": "b"}"#);
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(http(s.admin, "DELETE", "/api/exports/b3", "").0, 204);
     s.stop();
     let state = std::fs::read_to_string(tmp.path().join("data/rein-state.json")).unwrap();
     assert!(state.contains("\"version\": 1"), "{state}");
