@@ -2,11 +2,12 @@
 # Run-time changes at scale: adds N tenants to rein serve one `POST /api/tenants` at a time (one client,
 # one keep-alive connection, each request answered before the next: what a provisioning tool does), then
 # changes each one's spec once (`PUT`), reads them back (`GET /api/tenants`, one tenant's
-# `GET /api/tenants/NAME`, a `/metrics` scrape), and restarts the server on the state it kept. Prints, per
-# binary, the seconds the adds took (and the last thousand's ms per change), the seconds of the PUTs, the ms
-# per read of each kind (the median of several), the bytes the server wrote over the adds and PUTs
-# (write(2) bytes, /proc/PID/io wchar: the state's files and the answers), the files left in the data
-# directory, and how long the restart took to apply them (until /healthz answers).
+# `GET /api/tenants/NAME`, a `/metrics` scrape), reloads the unchanged file (SIGHUP: the state applied over
+# it again), and restarts the server on the state it kept. Prints, per binary, the seconds the adds took
+# (and the last thousand's ms per change), the seconds of the PUTs, the ms per read of each kind (the median
+# of several), the ms from the SIGHUP to the log's `configuration reloaded`, the bytes the server wrote
+# over the adds and PUTs (write(2) bytes, /proc/PID/io wchar: the state's files and the answers), the files
+# left in the data directory, and how long the restart took to apply them (until /healthz answers).
 # With BASE=path/to/an/older/rein the same runs with that binary alternate with this build's, ROUNDS
 # times each, and the table ends with the ratios of the medians (this build over the base).
 # Usage: [BASE=rein-before] bash scripts/bench-admin.sh [N] [ROUNDS]
@@ -43,11 +44,11 @@ start() { # binary -> sets PID, waits for /healthz, prints the seconds it took
   echo "rein serve did not answer in 60 s" >&2; exit 1
 }
 stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
-run() { # binary -> one row: adds_s last1000_ms_per_change puts_s list_ms one_ms metrics_ms written_MB restart_s files
+run() { # binary -> one row: adds_s last1000_ms_per_change puts_s list_ms one_ms metrics_ms reload_ms written_MB restart_s files
   rm -rf "$W/data"
   start "$1" >/dev/null
-  local times; times=$(python3 - "$N" "$PID" <<'PY'
-import http.client, json, sys, time
+  local times; times=$(python3 - "$N" "$PID" "$W/log" <<'PY'
+import datetime, http.client, json, os, signal, sys, time
 n = int(sys.argv[1])
 def wchar():  # bytes the server has written (its answers too)
     return next(int(l.split()[1]) for l in open(f"/proc/{sys.argv[2]}/io") if l.startswith("wchar"))
@@ -71,6 +72,13 @@ for i in range(n):
     call("PUT", f"/api/tenants/t{i:06}", {"weight": 2})
 t2 = time.monotonic(); w1 = wchar()
 reads = [ms_per("/api/tenants", 9), ms_per(f"/api/tenants/t{n // 2:06}", 99), ms_per("/metrics", 9)]
+def reloaded():  # the timestamps of the log's "configuration reloaded" lines
+    return [datetime.datetime.fromisoformat(l.split()[0]).timestamp() for l in open(sys.argv[3]) if "configuration reloaded" in l]
+before = len(reloaded()); sent = time.time(); os.kill(int(sys.argv[2]), signal.SIGHUP)
+while len(reloaded()) == before:
+    if time.time() - sent > 120: sys.exit("no reload within 120 s")
+    time.sleep(0.01)
+reads.append(1000 * (reloaded()[-1] - sent))
 print(f"{t1 - t0:.2f} {1000 * (t1 - mark) / min(n, 1000):.2f} {t2 - t1:.2f} " + " ".join(f"{x:.2f}" for x in reads) + f" {(w1 - w0) // 1000000}")
 PY
 )
@@ -82,7 +90,7 @@ PY
   [ "$count" = "$N" ] || { echo "after the restart $count of $N tenants have their changed spec" >&2; exit 1; }
   echo "$times $restart ${files:-none}"
 }
-echo "N=$N tenants, $ROUNDS round(s); columns: adds_s ms_per_add(last 1000) puts_s list_ms one_ms metrics_ms written_MB restart_s files"
+echo "N=$N tenants, $ROUNDS round(s); columns: adds_s ms_per_add(last 1000) puts_s list_ms one_ms metrics_ms reload_ms written_MB restart_s files"
 for r in $(seq "$ROUNDS"); do
   if [ -n "${BASE:-}" ]; then run "$BASE" > "$W/row"; echo "base  $(cat "$W/row")" | tee -a "$W/rows"; fi
   run ./target/release/rein > "$W/row"; echo "this  $(cat "$W/row")" | tee -a "$W/rows"
@@ -91,7 +99,7 @@ if [ -n "${BASE:-}" ]; then
   python3 - "$W/rows" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
-cols = ["adds_s", "ms_per_add", "puts_s", "list_ms", "one_ms", "metrics_ms", "written_MB", "restart_s"]
+cols = ["adds_s", "ms_per_add", "puts_s", "list_ms", "one_ms", "metrics_ms", "reload_ms", "written_MB", "restart_s"]
 med = {who: [statistics.median(float(r[i + 1]) for r in rows if r[0] == who) for i in range(len(cols))] for who in ("base", "this")}
 print("this/base  " + "  ".join(f"{c} {t / b:.3f}x" if b else f"{c} -" for c, t, b in zip(cols, med["this"], med["base"])))
 PY

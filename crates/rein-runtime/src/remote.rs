@@ -166,8 +166,7 @@ pub struct NodeSpec {
     /// How its outages are logged, shared by every pooled connection of every volume on it (clones of
     /// one spec share it).
     pub log: Arc<NodeLog>,
-    /// Where it is reached now, if a reload moved it, and the sessions open to it (clones of one spec
-    /// share it; [`NodeRoute`]).
+    /// Where it is reached now, if a reload moved it (clones of one spec share it; [`NodeRoute`]).
     pub route: Arc<NodeRoute>,
 }
 
