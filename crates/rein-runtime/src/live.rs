@@ -522,7 +522,8 @@ impl Registry {
         max_tenants: usize,
     ) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let mut inner = self.changes.lock().await;
-        // By name and by id throughout, not by a scan per tenant: a hello names every tenant of a gateway.
+        // By name and by id throughout, not by a scan per tenant of the hello (the protocol allows many per
+        // hello; rein gateway sends one per session, on a node that may hold thousands).
         let mut seen = std::collections::HashSet::with_capacity(wanted.len());
         for (name, _) in wanted {
             check_name(name)?;
