@@ -15,35 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-4096}
 ROUNDS=${2:-1}
-command -v python3 >/dev/null || { echo "needs python3 (apt-get install python3)" >&2; exit 1; }
-cargo build --release --locked -p rein -q
-W=$(mktemp -d)
-PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; rm -rf "$W"; }
-trap cleanup EXIT
-cat > "$W/rein.toml" <<TOML
-listen = "127.0.0.34:10809"
-admin = "127.0.0.34:9180"
-data_dir = "$W/data"
-[[exports]]
-name = "x"
-backend = "memory"
-size_mb = 1
-TOML
-start() { # binary -> sets PID, waits for /healthz, prints the seconds it took
-  local t0; t0=$(date +%s.%N)
-  "$1" serve --config "$W/rein.toml" >"$W/log" 2>&1 & PID=$!
-  for _ in $(seq 600); do
-    if curl -sf http://127.0.0.34:9180/healthz >/dev/null 2>&1; then
-      python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$t0" "$(date +%s.%N)"
-      return
-    fi
-    kill -0 "$PID" 2>/dev/null || { cat "$W/log" >&2; exit 1; }
-    sleep 0.1
-  done
-  echo "rein serve did not answer in 60 s" >&2; exit 1
-}
-stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
+. scripts/bench-admin-common.sh
 run() { # binary -> one row: adds_s last1000_ms_per_change puts_s list_ms one_ms metrics_ms reload_ms written_MB restart_s files
   rm -rf "$W/data"
   start "$1" >/dev/null
@@ -95,12 +67,4 @@ for r in $(seq "$ROUNDS"); do
   if [ -n "${BASE:-}" ]; then run "$BASE" > "$W/row"; echo "base  $(cat "$W/row")" | tee -a "$W/rows"; fi
   run ./target/release/rein > "$W/row"; echo "this  $(cat "$W/row")" | tee -a "$W/rows"
 done
-if [ -n "${BASE:-}" ]; then
-  python3 - "$W/rows" <<'PY'
-import statistics, sys
-rows = [l.split() for l in open(sys.argv[1])]
-cols = ["adds_s", "ms_per_add", "puts_s", "list_ms", "one_ms", "metrics_ms", "reload_ms", "written_MB", "restart_s"]
-med = {who: [statistics.median(float(r[i + 1]) for r in rows if r[0] == who) for i in range(len(cols))] for who in ("base", "this")}
-print("this/base  " + "  ".join(f"{c} {t / b:.3f}x" if b else f"{c} -" for c, t, b in zip(cols, med["this"], med["base"])))
-PY
-fi
+if [ -n "${BASE:-}" ]; then print_ratios adds_s ms_per_add puts_s list_ms one_ms metrics_ms reload_ms written_MB restart_s; fi

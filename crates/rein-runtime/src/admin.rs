@@ -147,50 +147,53 @@ impl TenantJson {
     }
 }
 
-/// The registry's tenants (`only`: those of these names) with their part of a dispatcher's snapshot
-/// (taken of them alone when `only` is given), in the registry's order: `f` of each pair.
-async fn with_tenants<T>(
-    s: &AdminState,
-    only: Option<&str>,
-    mut f: impl FnMut(&str, &crate::dispatch::TenantSnapshot) -> T,
-) -> Result<Vec<T>, Response> {
-    let names = s.registry.tenants();
-    let names: Vec<&(String, TenantId)> = names.iter().filter(|(n, _)| only.is_none_or(|o| o == n)).collect();
-    let d = s.registry.dispatcher();
-    let snap = match only {
-        Some(_) => d.snapshot_of(names.iter().map(|t| t.1).collect()).await,
-        None => d.snapshot().await,
-    }
-    .map_err(|e| err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-    // By id, not by a scan per tenant (which made a list of N tenants cost N^2 / 2 comparisons).
-    let by_id: std::collections::HashMap<TenantId, &crate::dispatch::TenantSnapshot> =
-        snap.tenants.iter().map(|t| (t.id, t)).collect();
-    Ok(names.iter().filter_map(|(name, id)| by_id.get(id).map(|t| f(name, t))).collect())
+/// Each of the registry's tenants `names` with its part of the dispatcher's `snap`, in the registry's order.
+fn with_counters<'a>(
+    names: &'a [(String, TenantId)],
+    snap: &'a crate::dispatch::Snapshot,
+) -> Vec<(&'a str, &'a crate::dispatch::TenantSnapshot)> {
+    let by_id = snap.by_id();
+    names.iter().filter_map(|(n, id)| by_id.get(id).map(|t| (n.as_str(), *t))).collect()
 }
 
+/// The tenants as `GET /api/tenants` lists them; `only`: the one of that name alone (a snapshot of it
+/// alone).
 async fn tenants_json(s: &AdminState, only: Option<&str>) -> Result<Vec<TenantJson>, Response> {
-    with_tenants(s, only, |name, t| {
-        let done: u64 = t.counters.completed.iter().sum();
-        TenantJson {
-            name: name.to_string(),
-            reservation: t.spec.reservation(),
-            limit: t.spec.limit(),
-            weight: t.spec.weight(),
-            idle_credit: t.spec.idle_credit(),
-            completed: done,
-            completed_reservation_phase: t.counters.completed[Phase::Reservation.index()],
-            completed_weight_phase: t.counters.completed[Phase::Weight.index()]
-                + t.counters.completed[Phase::OverLimit.index()],
-            completed_over_limit_phase: t.counters.completed[Phase::OverLimit.index()],
-            bytes: t.counters.bytes,
-            errors: t.counters.errors,
-            queued: t.sched.queued,
-            latency_mean_ms: if done > 0 { t.counters.latency_sum_ns as f64 / done as f64 / 1e6 } else { 0.0 },
-            iops_last_s: t.counters.iops_last_s,
-            below_reservation_s: t.counters.below_reservation_s(),
+    let all = s.registry.tenants();
+    let d = s.registry.dispatcher();
+    let one: Vec<(String, TenantId)>;
+    let (names, snap): (&[(String, TenantId)], _) = match only {
+        Some(name) => {
+            one = all.id(name).map(|id| (name.to_string(), id)).into_iter().collect();
+            (&one, d.snapshot_of(one.iter().map(|t| t.1).collect()).await)
         }
-    })
-    .await
+        None => (&all, d.snapshot().await),
+    };
+    let snap = snap.map_err(|e| err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(with_counters(names, &snap)
+        .into_iter()
+        .map(|(name, t)| {
+            let done: u64 = t.counters.completed.iter().sum();
+            TenantJson {
+                name: name.to_string(),
+                reservation: t.spec.reservation(),
+                limit: t.spec.limit(),
+                weight: t.spec.weight(),
+                idle_credit: t.spec.idle_credit(),
+                completed: done,
+                completed_reservation_phase: t.counters.completed[Phase::Reservation.index()],
+                completed_weight_phase: t.counters.completed[Phase::Weight.index()]
+                    + t.counters.completed[Phase::OverLimit.index()],
+                completed_over_limit_phase: t.counters.completed[Phase::OverLimit.index()],
+                bytes: t.counters.bytes,
+                errors: t.counters.errors,
+                queued: t.sched.queued,
+                latency_mean_ms: if done > 0 { t.counters.latency_sum_ns as f64 / done as f64 / 1e6 } else { 0.0 },
+                iops_last_s: t.counters.iops_last_s,
+                below_reservation_s: t.counters.below_reservation_s(),
+            }
+        })
+        .collect())
 }
 
 async fn list(State(s): State<AdminState>) -> Response {
@@ -422,10 +425,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let names = s.registry.tenants();
     // Each tenant with its counters, found by id once (a scan per tenant and metric made a scrape of N
     // tenants cost 12 N^2 / 2 comparisons).
-    let by_id: std::collections::HashMap<TenantId, &crate::dispatch::TenantSnapshot> =
-        snap.tenants.iter().map(|t| (t.id, t)).collect();
-    let tenants: Vec<(&str, &crate::dispatch::TenantSnapshot)> =
-        names.iter().filter_map(|(n, id)| by_id.get(id).map(|t| (n.as_str(), *t))).collect();
+    let tenants = with_counters(&names, &snap);
     let mut o = String::new();
     let _ = writeln!(o, "# HELP rein_tenant_completed_total IOs completed, by scheduling phase.\n# TYPE rein_tenant_completed_total counter");
     for (name, t) in &tenants {

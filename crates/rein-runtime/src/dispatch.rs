@@ -371,6 +371,14 @@ pub struct Snapshot {
     pub io_engine: IoEngine,
 }
 
+impl Snapshot {
+    /// Its tenants by id (the registry lists tenants by name with their ids; a scan of this list per
+    /// tenant made a look at N of them cost N^2 comparisons).
+    pub fn by_id(&self) -> std::collections::HashMap<TenantId, &TenantSnapshot> {
+        self.tenants.iter().map(|t| (t.id, t)).collect()
+    }
+}
+
 enum Cmd {
     Io(IoRequest, Reply),
     AddTenant(QosSpec, oneshot::Sender<Result<TenantId, SchedError>>),

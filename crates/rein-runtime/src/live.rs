@@ -148,10 +148,49 @@ struct Inner {
     retired: Vec<Weak<Export>>,
 }
 
+/// The tenants' names and ids, in the order added, with an index by name: every change, a node's hello and
+/// a reload look tenants up by name (a scan per name made N of them cost N^2 comparisons). Reads as the
+/// list ([`std::ops::Deref`]).
+#[derive(Debug, Clone, Default)]
+pub struct TenantNames {
+    list: Vec<(String, TenantId)>,
+    index: std::collections::HashMap<String, TenantId>,
+}
+
+impl TenantNames {
+    /// The list `list` (names distinct), indexed.
+    pub fn new(list: Vec<(String, TenantId)>) -> TenantNames {
+        let index = list.iter().map(|(n, id)| (n.clone(), *id)).collect();
+        TenantNames { list, index }
+    }
+
+    /// Tenant `name`'s id, if there is one.
+    pub fn id(&self, name: &str) -> Option<TenantId> {
+        self.index.get(name).copied()
+    }
+
+    fn push(&mut self, name: &str, id: TenantId) {
+        self.list.push((name.to_string(), id));
+        self.index.insert(name.to_string(), id);
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.list.retain(|(n, _)| n != name);
+        self.index.remove(name);
+    }
+}
+
+impl std::ops::Deref for TenantNames {
+    type Target = [(String, TenantId)];
+    fn deref(&self) -> &Self::Target {
+        &self.list
+    }
+}
+
 /// Tenants, exports and capacity, and the one lock that serialises changes to them (module comment).
 pub struct Registry {
     dispatcher: Dispatcher,
-    tenants: RwLock<Arc<Vec<(String, TenantId)>>>,
+    tenants: RwLock<Arc<TenantNames>>,
     exports: Arc<ExportTable>,
     capacity: RwLock<(Option<f64>, CapacitySource)>,
     admission: RwLock<Admission>,
@@ -276,7 +315,7 @@ impl Registry {
         Registry {
             default_export: effective.default_export.map(|i| effective.exports[i].name.clone()),
             dispatcher,
-            tenants: RwLock::new(Arc::new(names)),
+            tenants: RwLock::new(Arc::new(TenantNames::new(names))),
             exports,
             capacity: RwLock::new(cap),
             admission: RwLock::new(effective.admission),
@@ -336,7 +375,7 @@ impl Registry {
 
     /// Edits the tenants' names and ids in place (readers hold the list they took: it is copied only
     /// while one does).
-    fn edit_tenants(&self, f: impl FnOnce(&mut Vec<(String, TenantId)>)) {
+    fn edit_tenants(&self, f: impl FnOnce(&mut TenantNames)) {
         f(Arc::make_mut(&mut self.tenants.write().unwrap_or_else(|e| e.into_inner())));
     }
 
@@ -345,8 +384,8 @@ impl Registry {
         &self.dispatcher
     }
 
-    /// Tenant names and ids, in order.
-    pub fn tenants(&self) -> Arc<Vec<(String, TenantId)>> {
+    /// Tenant names and ids, in order, indexed by name.
+    pub fn tenants(&self) -> Arc<TenantNames> {
         read(&self.tenants)
     }
 
@@ -462,11 +501,7 @@ impl Registry {
     }
 
     fn id(&self, name: &str) -> Result<TenantId, ChangeError> {
-        self.tenants()
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|t| t.1)
-            .ok_or_else(|| ChangeError::NotFound(format!("no tenant named {name:?}")))
+        self.tenants().id(name).ok_or_else(|| ChangeError::NotFound(format!("no tenant named {name:?}")))
     }
 
     /// Adds tenant `name` with `spec` (in a task of its own: module comment).
@@ -494,7 +529,7 @@ impl Registry {
             return Err(e);
         }
         inner.effective.tenants.push(TenantConfig { name: name.into(), spec });
-        self.edit_tenants(|names| names.push((name.into(), id)));
+        self.edit_tenants(|names| names.push(name, id));
         tracing::info!(tenant = %name, %spec, "tenant added");
         Ok(warning)
     }
@@ -522,8 +557,8 @@ impl Registry {
         max_tenants: usize,
     ) -> Result<(Vec<TenantId>, Option<String>), ChangeError> {
         let mut inner = self.changes.lock().await;
-        // By name and by id throughout, not by a scan per tenant of the hello (the protocol allows many per
-        // hello; rein gateway sends one per session, on a node that may hold thousands).
+        // By id throughout, not by a scan per tenant of the hello (the protocol allows many per hello; rein
+        // gateway sends one per session, on a node that may hold thousands).
         let mut seen = std::collections::HashSet::with_capacity(wanted.len());
         for (name, _) in wanted {
             check_name(name)?;
@@ -532,11 +567,8 @@ impl Registry {
             }
         }
         let names = self.tenants();
-        let id_of: std::collections::HashMap<&str, TenantId> = names.iter().map(|(n, id)| (n.as_str(), *id)).collect();
-        let snap =
-            self.snapshot_of(wanted.iter().filter_map(|(n, _)| id_of.get(n.as_str()).copied()).collect()).await?;
-        let spec_of: std::collections::HashMap<TenantId, QosSpec> =
-            snap.tenants.iter().map(|t| (t.id, t.spec)).collect();
+        let snap = self.snapshot_of(wanted.iter().filter_map(|(n, _)| names.id(n)).collect()).await?;
+        let by_id = snap.by_id();
         let before = inner.effective.reserved();
         let mut eff = inner.effective.clone();
         // What changes: (slot in `wanted`, the id if known, the spec it has now if known).
@@ -544,10 +576,12 @@ impl Registry {
         let mut ids: Vec<Option<TenantId>> = Vec::with_capacity(wanted.len());
         let mut respec = std::collections::HashMap::new();
         for (i, (name, spec)) in wanted.iter().enumerate() {
-            match id_of.get(name.as_str()) {
-                Some(&id) => {
-                    let cur =
-                        *spec_of.get(&id).ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
+            match names.id(name) {
+                Some(id) => {
+                    let cur = by_id
+                        .get(&id)
+                        .map(|t| t.spec)
+                        .ok_or_else(|| ChangeError::NotFound(format!("tenant {name:?} is gone")))?;
                     if cur != *spec {
                         respec.insert(name.as_str(), *spec);
                         changes.push((i, Some((id, cur))));
@@ -563,7 +597,6 @@ impl Registry {
         }
         eff.tenants.iter_mut().for_each(|t| t.spec = respec.get(t.name.as_str()).copied().unwrap_or(t.spec));
         // The list is edited in place below, not copied, once no one else holds it.
-        drop(id_of);
         drop(names);
         if changes.is_empty() {
             return Ok((ids.into_iter().map(|id| id.expect("all known")).collect(), None));
@@ -624,7 +657,7 @@ impl Registry {
                 match known {
                     Some(_) => tracing::info!(tenant = %name, %spec, "spec changed"),
                     None => {
-                        names.push((name.clone(), ids[i].expect("applied")));
+                        names.push(name, ids[i].expect("applied"));
                         tracing::info!(tenant = %name, %spec, "tenant added");
                     }
                 }
@@ -670,7 +703,7 @@ impl Registry {
                 e.tenant -= 1;
             }
         }
-        self.edit_tenants(|names| names.retain(|(n, _)| n != name));
+        self.edit_tenants(|names| names.remove(name));
         tracing::info!(tenant = %name, "tenant deleted");
         Ok(())
     }
@@ -1014,13 +1047,11 @@ impl Registry {
             .collect();
         // Tenants by name (a scan per name made a reload of N tenants cost N^2 comparisons).
         let cur_tenants = self.tenants();
-        let cur_ids: std::collections::HashMap<&str, TenantId> =
-            cur_tenants.iter().map(|(n, id)| (n.as_str(), *id)).collect();
         let mut ids: Vec<(String, TenantId)> = Vec::new();
         let mut added = Vec::new();
         for t in &new.tenants {
-            match cur_ids.get(t.name.as_str()) {
-                Some(&id) => ids.push((t.name.clone(), id)),
+            match cur_tenants.id(&t.name) {
+                Some(id) => ids.push((t.name.clone(), id)),
                 None => match self.dispatcher.add_tenant(t.spec).await {
                     Ok(id) => {
                         added.push(id);
@@ -1043,14 +1074,14 @@ impl Registry {
             return Err(e);
         }
         // Apply: specs, exports, removed tenants, capacity and admission.
-        let id_of: std::collections::HashMap<&str, TenantId> = ids.iter().map(|(n, id)| (n.as_str(), *id)).collect();
+        let ids = TenantNames::new(ids);
         let cur_specs: std::collections::HashMap<&str, QosSpec> =
             cur.tenants.iter().map(|t| (t.name.as_str(), t.spec)).collect();
         for t in &new.tenants {
             match cur_specs.get(t.name.as_str()) {
                 None => report.applied.push(format!("tenant {} added ({})", t.name, t.spec)),
                 Some(&was) if was != t.spec => {
-                    let _ = self.dispatcher.set_spec(id_of[t.name.as_str()], t.spec).await;
+                    let _ = self.dispatcher.set_spec(ids.id(&t.name).expect("every tenant has an id"), t.spec).await;
                     report.applied.push(format!("tenant {}: {} -> {}", t.name, was, t.spec));
                 }
                 Some(_) => {}
@@ -1062,7 +1093,7 @@ impl Registry {
         let mut list = Vec::with_capacity(new.exports.len());
         for e in &new.exports {
             let tname = &new.tenants[e.tenant].name;
-            let id = *id_of.get(tname.as_str()).expect("every tenant has an id");
+            let id = ids.id(tname).expect("every tenant has an id");
             match opened.iter().position(|(n, _)| *n == e.name) {
                 Some(i) => {
                     let storage = opened[i].1.clone();
@@ -1083,12 +1114,11 @@ impl Registry {
         }
         self.exports.set(list);
         for (name, id) in cur_tenants.iter() {
-            if !id_of.contains_key(name.as_str()) {
+            if ids.id(name).is_none() {
                 let _ = self.dispatcher.remove_tenant(*id).await;
                 report.applied.push(format!("tenant {name} removed"));
             }
         }
-        drop(id_of);
         write(&self.tenants, Arc::new(ids));
         if read(&self.capacity) != (cap, source) {
             if let Some(c) = cap {

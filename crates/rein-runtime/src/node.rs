@@ -54,7 +54,7 @@ use crate::config::{NodeConfig, NodeSpecs};
 use crate::live::Registry;
 use crate::nbd::{NodeGate, NodeSession, NodeVerdict};
 use crate::sock::Peer;
-use rein_core::{QosSpec, TenantId};
+use rein_core::QosSpec;
 use rein_proto::nbd::{
     NodeGranted, NodeHello, NodeTenant, NodeWelcome, SpecSource, NODE_VERSION, REP_ERR_INVALID, REP_ERR_POLICY,
 };
@@ -139,22 +139,18 @@ impl NodeService {
         let mut disagree = Vec::new();
         match self.config.specs {
             NodeSpecs::Node => {
-                // One snapshot for the whole hello, of its tenants; each looked up by name, then by id (a
-                // scan per tenant made a hello of N tenants cost N^2 comparisons).
+                // One snapshot for the whole hello, of its tenants; each looked up by name, then by id.
                 let names = self.registry.tenants();
-                let id_of: std::collections::HashMap<&str, TenantId> =
-                    names.iter().map(|(n, id)| (n.as_str(), *id)).collect();
-                let known = hello.tenants.iter().filter_map(|t| id_of.get(t.name.as_str()).copied()).collect();
+                let known = hello.tenants.iter().filter_map(|t| names.id(&t.name)).collect();
                 let snap =
                     self.registry.dispatcher().snapshot_of(known).await.map_err(|e| (REP_ERR_POLICY, e.to_string()))?;
-                let spec_of: std::collections::HashMap<TenantId, QosSpec> =
-                    snap.tenants.iter().map(|t| (t.id, t.spec)).collect();
+                let by_id = snap.by_id();
                 for (slot, (t, &asked)) in hello.tenants.iter().zip(&asked).enumerate() {
-                    let Some(&id) = id_of.get(t.name.as_str()) else {
+                    let Some(id) = names.id(&t.name) else {
                         let msg = format!("tenant {:?} is not known to this node ([node] specs = \"node\")", t.name);
                         return Err((REP_ERR_POLICY, msg));
                     };
-                    let Some(&spec) = spec_of.get(&id) else {
+                    let Some(spec) = by_id.get(&id).map(|t| t.spec) else {
                         return Err((REP_ERR_POLICY, format!("tenant {:?} is gone", t.name)));
                     };
                     if spec != asked {
@@ -243,12 +239,12 @@ mod tests {
 
     impl NodeService {
         /// The spec tenant `id` has now.
-        async fn spec_of(&self, id: TenantId) -> QosSpec {
+        async fn spec_of(&self, id: rein_core::TenantId) -> QosSpec {
             crate::live::spec_in(&self.registry.dispatcher().snapshot().await.unwrap(), id, "?").unwrap()
         }
 
-        fn id_of(&self, name: &str) -> Option<TenantId> {
-            self.registry.tenants().iter().find(|(n, _)| n == name).map(|t| t.1)
+        fn id_of(&self, name: &str) -> Option<rein_core::TenantId> {
+            self.registry.tenants().id(name)
         }
     }
 

@@ -56,11 +56,19 @@ pub enum PreflightError {
 
 /// Runs every check on `exports` (module comment), with the machine's RAM read from [`MEMINFO`].
 pub fn check_exports(exports: &[ExportConfig]) -> Result<(), PreflightError> {
-    match mem_total_bytes(Path::new(MEMINFO)) {
-        Some(total) => check_memory(exports, total)?,
-        None => tracing::warn!("cannot read MemTotal from {MEMINFO}: memory exports are not checked against RAM"),
-    }
+    check_ram(exports.iter())?;
     check_shared_files(exports)
+}
+
+/// [`check_memory`] against this machine's RAM (`MemTotal`; unread: a warning, nothing checked).
+fn check_ram<'a>(exports: impl Iterator<Item = &'a ExportConfig>) -> Result<(), PreflightError> {
+    match mem_total_bytes(Path::new(MEMINFO)) {
+        Some(total) => memory_fits(exports, total),
+        None => {
+            tracing::warn!("cannot read MemTotal from {MEMINFO}: memory exports are not checked against RAM");
+            Ok(())
+        }
+    }
 }
 
 /// `MemTotal` from a `/proc/meminfo`-style file, in bytes.
@@ -73,11 +81,12 @@ pub fn mem_total_bytes(path: &Path) -> Option<u64> {
 
 /// Refuses memory exports whose sizes add up to more than `ram_bytes`.
 pub fn check_memory(exports: &[ExportConfig], ram_bytes: u64) -> Result<(), PreflightError> {
-    let memory: Vec<(&str, u64)> = exports
-        .iter()
-        .filter(|e| e.backend == BackendKind::Memory)
-        .map(|e| (e.name.as_str(), e.size.unwrap_or(0)))
-        .collect();
+    memory_fits(exports.iter(), ram_bytes)
+}
+
+fn memory_fits<'a>(exports: impl Iterator<Item = &'a ExportConfig>, ram_bytes: u64) -> Result<(), PreflightError> {
+    let memory: Vec<(&str, u64)> =
+        exports.filter(|e| e.backend == BackendKind::Memory).map(|e| (e.name.as_str(), e.size.unwrap_or(0))).collect();
     // Each size is at most 2^50 and there are at most 4096 exports: the sum fits a u64.
     let need: u64 = memory.iter().map(|(_, s)| s).sum();
     if need <= ram_bytes {
@@ -106,23 +115,16 @@ fn file_key(path: &Path) -> Option<FileKey> {
     Some(FileKey::Path(dir.join(name)))
 }
 
-/// [`check_exports`] for one export `new` added to running ones (`memory`: the exports it joins, as
+/// [`check_exports`] for one export `new` added to running ones (`exports`: the exports it joins, as
 /// configured; `running`: each running export's name, whether it is read-only and the device and inode
 /// of the file it has open, if a file): one `stat`, of `new`'s file, instead of one per export. A file
 /// is the one a running export has open, not what its path names now (a file renamed over it is another).
 pub fn check_added<'a>(
-    memory: &[ExportConfig],
+    exports: &[ExportConfig],
     running: impl Iterator<Item = (&'a str, bool, Option<(u64, u64)>)>,
     new: &ExportConfig,
 ) -> Result<(), PreflightError> {
-    match mem_total_bytes(Path::new(MEMINFO)) {
-        Some(total) => {
-            let all: Vec<ExportConfig> =
-                memory.iter().chain([new]).filter(|e| e.backend == BackendKind::Memory).cloned().collect();
-            check_memory(&all, total)?
-        }
-        None => tracing::warn!("cannot read MemTotal from {MEMINFO}: memory exports are not checked against RAM"),
-    }
+    check_ram(exports.iter().chain([new]))?;
     let BackendKind::File { path } = &new.backend else { return Ok(()) };
     // A file not there yet is no running export's.
     let Some(FileKey::Inode(dev, ino)) = file_key(path) else { return Ok(()) };

@@ -446,7 +446,7 @@ pub async fn run_with(
     // A pShift server reports to its controller until the server stops (the link holds a dispatcher handle).
     if let Some(p) = cfg.pshift.clone() {
         let reg = registry.clone();
-        let tenants = move || reg.tenants().as_ref().clone();
+        let tenants = move || reg.tenants().to_vec();
         tokio::spawn(crate::pshift_link::run(p, dispatcher.clone(), tenants, stop_rx.clone()));
     }
     if let Some(r) = ready {

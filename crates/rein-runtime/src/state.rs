@@ -766,15 +766,13 @@ impl Store {
             return Ok(());
         }
         // The file's size bound, from the entries the change replaces (not a serialisation per change).
-        let (mut gone, mut new) = (0, 0);
-        for (k, v) in &delta.tenants {
-            gone += old.tenants.get(k).map_or(0, |e| entry_bytes(k, e));
-            new += v.as_ref().map_or(0, |e| entry_bytes(k, e));
+        fn sizes<T: Serialize>(old: &BTreeMap<String, T>, delta: &BTreeMap<String, Option<T>>) -> (u64, u64) {
+            delta.iter().fold((0, 0), |(gone, new), (k, v)| {
+                (gone + old.get(k).map_or(0, |e| entry_bytes(k, e)), new + v.as_ref().map_or(0, |e| entry_bytes(k, e)))
+            })
         }
-        for (k, v) in &delta.exports {
-            gone += old.exports.get(k).map_or(0, |e| entry_bytes(k, e));
-            new += v.as_ref().map_or(0, |e| entry_bytes(k, e));
-        }
+        let ((tg, tn), (eg, en)) = (sizes(&old.tenants, &delta.tenants), sizes(&old.exports, &delta.exports));
+        let (mut gone, mut new) = (tg + eg, tn + en);
         if let Some(c) = delta.capacity {
             (gone, new) = (gone + frame_bytes(old.capacity), new + frame_bytes(c));
         }
@@ -835,20 +833,10 @@ impl Store {
         Ok(())
     }
 
-    /// Writes `state` as the state file, whole ([`crate::durable`]), then removes the journal (every
+    /// Writes `kept` as the state file, whole ([`crate::durable`]), then removes the journal (every
     /// record of which the file now holds: a crash between the two leaves records that [`Store::open`]
-    /// applies again to the same result). An empty state removes both files. On an error the state kept
-    /// is the one before.
-    pub fn compact(&mut self, state: &StateFile) -> Result<(), StateError> {
-        let before = std::mem::replace(&mut self.kept, state.clone());
-        let r = self.compact_kept();
-        if r.is_err() {
-            self.kept = before;
-        }
-        r
-    }
-
-    /// [`Store::compact`] of `kept`; on an error the byte counts are the ones before.
+    /// applies again to the same result). An empty state removes both files. On an error the byte counts
+    /// are the ones before.
     fn compact_kept(&mut self) -> Result<(), StateError> {
         let state = std::mem::take(&mut self.kept);
         let bytes = self.bytes;
@@ -1076,8 +1064,9 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
 pub fn diff(base: &ServerConfig, effective: &ServerConfig, capacity: Option<CapacityEntry>) -> StateFile {
     use std::collections::HashMap;
     let mut st = StateFile { capacity, ..StateFile::default() };
-    // By name, not by scanning: every admin change computes this, over as many tenants as the scheduler
-    // takes (a scan per name made adding N tenants one by one cost N^3 / 3 name comparisons).
+    // By name, not by scanning: the start and every reload compute this over as many tenants as the
+    // scheduler takes (a scan per name cost N^2 name comparisons; when every admin change computed it,
+    // adding N tenants one by one cost N^3 / 3).
     let specs = |c: &ServerConfig| -> HashMap<String, SpecJson> {
         c.tenants.iter().map(|t| (t.name.clone(), SpecJson::from(t.spec))).collect()
     };
@@ -1371,7 +1360,7 @@ mod tests {
 
     /// Writes `state` whole, whatever the directory holds (the state file rewritten, any journal removed).
     fn save(dir: &Path, state: &StateFile) -> Result<(), StateError> {
-        Store::at(dir).compact(state)
+        Store { kept: state.clone(), ..Store::at(dir) }.compact_kept()
     }
 
     fn tenant(r: f64) -> TenantEntry {

@@ -545,6 +545,25 @@ fn read_crls(names: Naming, path: &Path, cas: &[X509], ca_path: &Path) -> Result
     Ok(crls)
 }
 
+/// The verify callback of a `crl`, on either side ("Revocation"): the chain (and, for a client, the
+/// server's name) are checked by OpenSSL first; a peer certificate they accept is then refused if a CRL of
+/// its issuer lists its serial number, with the error [`TlsClient::connect`] and [`TlsConfig::accept`]
+/// name as a revocation.
+fn refuse_revoked(
+    crls: Arc<Vec<openssl::x509::X509Crl>>,
+) -> impl Fn(bool, &mut openssl::x509::X509StoreContextRef) -> bool + Send + Sync + 'static {
+    move |ok, ctx| {
+        if !ok || ctx.error_depth() != 0 {
+            return ok;
+        }
+        if ctx.current_cert().is_some_and(|c| revoked(&crls, c)) {
+            ctx.set_error(openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION);
+            return false;
+        }
+        true
+    }
+}
+
 /// Whether a CRL of `cert`'s issuer lists its serial number as revoked.
 fn revoked(crls: &[openssl::x509::X509Crl], cert: &openssl::x509::X509Ref) -> bool {
     crls.iter().any(|crl| {
@@ -609,18 +628,7 @@ impl TlsConfig {
                 Some(crl) => {
                     let crls = Arc::new(read_crls(Naming::Table("tls"), crl, &cas, ca)?);
                     crl_lists = crls.clone();
-                    // The chain is checked by OpenSSL first; a client certificate it accepts is then
-                    // refused if a CRL of its issuer lists its serial number ("Revocation").
-                    b.set_verify_callback(verify, move |ok, ctx| {
-                        if !ok || ctx.error_depth() != 0 {
-                            return ok;
-                        }
-                        if ctx.current_cert().is_some_and(|c| revoked(&crls, c)) {
-                            ctx.set_error(openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION);
-                            return false;
-                        }
-                        true
-                    });
+                    b.set_verify_callback(verify, refuse_revoked(crls));
                 }
             }
         } else if files.crl.is_some() {
@@ -955,19 +963,7 @@ impl TlsClient {
         if crls.is_empty() {
             b.set_verify(SslVerifyMode::PEER);
         } else {
-            let lists = Arc::clone(&crls);
-            // As a server's (`[tls] crl`): the chain and the name are checked by OpenSSL first; a server
-            // certificate they accept is then refused if a CRL of its issuer lists its serial number.
-            b.set_verify_callback(SslVerifyMode::PEER, move |ok, ctx| {
-                if !ok || ctx.error_depth() != 0 {
-                    return ok;
-                }
-                if ctx.current_cert().is_some_and(|c| revoked(&lists, c)) {
-                    ctx.set_error(openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION);
-                    return false;
-                }
-                true
-            });
+            b.set_verify_callback(SslVerifyMode::PEER, refuse_revoked(Arc::clone(&crls)));
         }
         let crl_key = k("crl");
         Ok(TlsClient { connector: Arc::new(b.build()), psk_identity, files, digest, not_after, crls, crl_key })
