@@ -109,6 +109,39 @@ impl Stripe {
         self.widths.len()
     }
 
+    /// The widths, one per node (width 0 for a node not used).
+    pub fn widths(&self) -> &[u32] {
+        &self.widths
+    }
+
+    /// Whether `other` lays volume bytes out where this one does: the same unit and widths, but for nodes
+    /// of width 0 at the end (a list of nodes that grew).
+    pub fn same_layout(&self, other: &Stripe) -> bool {
+        let used = |s: &Stripe| {
+            let n = s.widths.iter().rposition(|&w| w > 0).map_or(0, |j| j + 1);
+            (s.unit, s.widths[..n].to_vec())
+        };
+        used(self) == used(other)
+    }
+
+    /// This layout over a list of `nodes` nodes in which node `j` of this one is at `place[j]` (a
+    /// gateway's reload: the nodes of gw.toml in the places the gateway runs them). The layout is the
+    /// same (node `j`'s bytes are `place[j]`'s) exactly when the nodes used keep their order; `None` when
+    /// they do not (the units of a round would go to them in another order: another layout).
+    pub fn placed(&self, place: &[usize], nodes: usize) -> Option<Stripe> {
+        assert_eq!(place.len(), self.widths.len(), "a place for every node");
+        let mut widths = vec![0; nodes];
+        let mut last = None;
+        for (j, &w) in self.widths.iter().enumerate().filter(|&(_, &w)| w > 0) {
+            if last.is_some_and(|l| place[j] <= l) {
+                return None;
+            }
+            last = Some(place[j]);
+            widths[place[j]] = w;
+        }
+        Some(Stripe::new(self.unit, &widths).expect("the same widths"))
+    }
+
     /// Whether node `j` holds any unit.
     pub fn uses(&self, node: usize) -> bool {
         self.widths.get(node).is_some_and(|&w| w > 0)
@@ -222,7 +255,49 @@ mod tests {
         assert!(s.map(0, 1 << 20).iter().all(|p| p.node != 1));
     }
 
+    #[test]
+    fn same_layout_ignores_unused_nodes_at_the_end_only() {
+        let s = |w: &[u32]| Stripe::new(4096, w).unwrap();
+        assert!(s(&[1, 2]).same_layout(&s(&[1, 2, 0, 0])));
+        assert!(s(&[1, 2, 0]).same_layout(&s(&[1, 2])));
+        assert!(!s(&[1, 2]).same_layout(&s(&[0, 1, 2])), "moved a place on: another node holds the first unit");
+        assert!(!s(&[1, 2]).same_layout(&s(&[1, 2, 1])));
+        assert!(!s(&[1, 2]).same_layout(&Stripe::new(8192, &[1, 2]).unwrap()));
+    }
+
+    #[test]
+    fn placed_keeps_the_order_or_refuses() {
+        let s = Stripe::new(4096, &[1, 0, 2]).unwrap();
+        // Node 1 (unused) may go anywhere; 0 and 2 must keep their order.
+        assert_eq!(s.placed(&[0, 9, 3], 4).unwrap().widths(), &[1, 0, 0, 2]);
+        assert_eq!(s.placed(&[2, 0, 1], 3), None, "node 2 before node 0: another layout");
+        assert_eq!(s.placed(&[1, 0, 1], 2), None, "two nodes in one place");
+    }
+
     proptest! {
+        /// `placed` keeps every byte on the same node (at its new place) and the same node offset,
+        /// whatever nodes are inserted between the ones used.
+        #[test]
+        fn placed_is_the_same_layout(
+            widths in proptest::collection::vec(0u32..4, 1..6),
+            gaps in proptest::collection::vec(0usize..3, 6),
+            offset in 0u64..50_000,
+        ) {
+            prop_assume!(widths.iter().any(|&w| w > 0));
+            let s = Stripe::new(512, &widths).unwrap();
+            let mut place = Vec::new();
+            let mut at = 0;
+            for g in gaps.iter().take(widths.len()) {
+                at += g;
+                place.push(at);
+                at += 1;
+            }
+            let p = s.placed(&place, at + 2).unwrap();
+            let (j, o) = s.locate(offset);
+            prop_assert_eq!(p.locate(offset), (place[j], o));
+            prop_assert_eq!(p.node_bytes(place[j], 50_000), s.node_bytes(j, 50_000));
+        }
+
         #[test]
         fn bijection_and_order(
             unit in 1u64..300,

@@ -85,9 +85,20 @@
 //!   too), and once the reload completes the sessions still open at the old place end once their pieces
 //!   are answered and reconnect there, pieces sent meanwhile waiting ([`crate::remote::NodeRoute`]); a
 //!   move to the address another node is at now fails the reload;
-//! - what needs a restart is named and left as it runs: the nodes (a node added or removed, a name, a
-//!   protocol, TLS on or off), the front's settings (listen, admin, caps, budgets, timeouts, request size,
-//!   default export), the links' timeouts and pool size,
+//! - a node added: it takes the next place after the running nodes (a place is an index of the running
+//!   list, by which the volumes' layouts, node links and the tenants' trackers know their nodes; the
+//!   trackers grow by it, [`ServiceTracker::add_servers`]), and volumes added by the same reload or a
+//!   later one can use it; one added at the address a running node is at now fails the reload;
+//! - a node removed (not named any more): new volumes cannot use it; the volumes a reload removed whose
+//!   connections are still open keep it until they close; its place stays (the same name in a later
+//!   file takes it back); one that a volume the reload keeps uses stays, named as needing a restart
+//!   (`NodePlan`);
+//! - the file's node order is the layout's: a volume added whose nodes the file lists in another order
+//!   than their places fails the reload (a restart would lay it out otherwise), and a kept one is warned
+//!   of (reordering the nodes of a running volume scrambles its data at the next restart);
+//! - what needs a restart is named and left as it runs: a node's protocol or TLS on or off, the front's
+//!   settings (listen, admin, caps, budgets, timeouts, request size, default export), the links'
+//!   timeouts and pool size,
 //!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
 //!   or tenant (its data is laid out by them).
 //!
@@ -953,6 +964,8 @@ struct Live {
     /// Volumes a reload removed, while connections that opened them may still use them: their layouts
     /// hold their node exports until the last connection closes (module comment, "Reload").
     retired: Vec<(GatewayVolume, std::sync::Weak<RemoteVolume>)>,
+    /// The places (in `base.nodes`) of the nodes a reload removed: no new volume uses them ([`NodePlan`]).
+    gone: std::collections::BTreeSet<usize>,
     /// Whether the NBD front and the admin endpoint listen on sockets a service manager passed
     /// ([`crate::activation`]): a reload's change of `listen`/`listen_unix` or `admin` is then not used,
     /// now or after a restart, and is named so.
@@ -972,14 +985,14 @@ impl Live {
             trackers: BTreeMap::new(),
             host: None,
             retired: Vec::new(),
+            gone: Default::default(),
             passed: (false, false),
             tls: LiveTls::new(cfg.tls.clone()),
         }
     }
 
-    /// The id and tracker of tenant `t`, made on first use.
-    fn tenant_state(&mut self, t: &GatewayTenant) -> (rein_core::TenantId, Arc<Mutex<ServiceTracker>>) {
-        let nodes = self.base.nodes.len();
+    /// The id and tracker of tenant `t` (over `nodes` places), made on first use.
+    fn tenant_state(&mut self, t: &GatewayTenant, nodes: usize) -> (rein_core::TenantId, Arc<Mutex<ServiceTracker>>) {
         let id = *self
             .tenant_ids
             .entry(t.name.clone())
@@ -995,9 +1008,9 @@ impl Live {
         (id, tracker)
     }
 
-    /// The tenant id and the QoS state a volume of tenant `t` opens with.
-    fn volume_qos(&mut self, t: &GatewayTenant) -> (rein_core::TenantId, VolumeQos) {
-        let (id, tracker) = self.tenant_state(t);
+    /// The tenant id and the QoS state a volume of tenant `t` opens with, over `nodes` places.
+    fn volume_qos(&mut self, t: &GatewayTenant, nodes: usize) -> (rein_core::TenantId, VolumeQos) {
+        let (id, tracker) = self.tenant_state(t, nodes);
         (id, VolumeQos { tenants: node_tenants(t), tracker })
     }
 
@@ -1044,6 +1057,11 @@ impl Live {
         Ok(LiveVolume { cfg: v.clone(), tenant: t.name.clone(), volume, export })
     }
 
+    /// Whether a running volume, or one a reload removed whose connections are still open, uses place `j`.
+    fn place_in_use(&self, j: usize) -> bool {
+        self.volumes.iter().any(|v| v.cfg.stripe.uses(j)) || self.retired.iter().any(|(v, _)| v.stripe.uses(j))
+    }
+
     fn exports(&self) -> Vec<Arc<Export>> {
         self.volumes.iter().map(|v| v.export.clone()).collect()
     }
@@ -1053,13 +1071,14 @@ impl Live {
     }
 }
 
-/// Opens volume `v`'s node connections (over `base`'s nodes and links).
+/// Opens volume `v`'s node connections over `nodes` (by place) and `link`'s settings.
 async fn open_remote(
-    base: &GatewayConfig,
+    nodes: &[NodeSpec],
+    link: LinkConfig,
     v: &GatewayVolume,
     qos: VolumeQos,
 ) -> Result<Arc<RemoteVolume>, GatewayError> {
-    RemoteVolume::open(&v.name, v.size, v.stripe.clone(), &base.nodes, &v.node_exports, Some(qos), base.link)
+    RemoteVolume::open(&v.name, v.size, v.stripe.clone(), nodes, &v.node_exports, Some(qos), link)
         .await
         .map_err(|source| GatewayError::Node { volume: v.name.clone(), source })
 }
@@ -1073,7 +1092,8 @@ const OPEN_AT_ONCE: usize = 64;
 /// state; the result is in `volumes`' order. The first error ends it (what was opened is dropped: its
 /// connections close).
 async fn open_remotes<'a>(
-    base: &GatewayConfig,
+    nodes: &[NodeSpec],
+    link: LinkConfig,
     volumes: Vec<(&'a GatewayVolume, rein_core::TenantId, VolumeQos)>,
 ) -> Result<Vec<(&'a GatewayVolume, rein_core::TenantId, Arc<RemoteVolume>)>, GatewayError> {
     use futures_util::stream::{StreamExt, TryStreamExt};
@@ -1081,16 +1101,187 @@ async fn open_remotes<'a>(
     // the reload's boxed future).
     let opens: Vec<_> = volumes
         .into_iter()
-        .map(|(v, id, qos)| async move { open_remote(base, v, qos).await.map(|vol| (v, id, vol)) })
+        .map(|(v, id, qos)| async move { open_remote(nodes, link, v, qos).await.map(|vol| (v, id, vol)) })
         .collect();
     futures_util::stream::iter(opens).buffered(OPEN_AT_ONCE).try_collect().await
 }
 
-/// Applies `new` over `live` (module comment, "Reload"): volumes added, removed, re-listed with new access
-/// lists; tenants' specs restated to their nodes; the rest named as needing a restart. Opening a new
-/// volume can fail (a node answers wrongly): then nothing changes and the error is returned.
-async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadReport, String> {
+/// How a reload's `[[nodes]]` land on the places the gateway runs its nodes in (module comment,
+/// "Reload"). A place is an index in the running list, which every running volume's layout, node links
+/// and tenant trackers use, so a node keeps its place for the gateway's run: the file's node of a
+/// running node's name is that node (moved, if its address or `tls_name` differs: [`NodeMoves`]); a
+/// node new to the gateway takes the next free place; a running node the file no longer names keeps
+/// its place, unused by new volumes, while the volumes that use it run (its name in a later file takes
+/// it back). The file's order is the layout's (docs/gateway.md, "Layout"): a volume's nodes must be in
+/// the file in the order of their places ([`Stripe::placed`]), or a restart would lay it out otherwise.
+struct NodePlan {
+    /// The place of each of the file's nodes, by the file's index.
+    place: Vec<usize>,
+    /// The nodes by place as the reload leaves them: the running list's specs (each shared by every
+    /// link to it), then the nodes added. New volumes open over this list.
+    nodes: Vec<NodeSpec>,
+    /// The file's nodes by place, for [`NodeMoves`]: the file's spec where it names a running node
+    /// that may change live, the running spec at the other running places, then the nodes added.
+    next: Vec<NodeSpec>,
+    /// Places of running nodes the file no longer names and no volume it keeps uses: removed.
+    dropped: Vec<usize>,
+    /// Places of nodes an earlier reload removed that the file names again.
+    back: Vec<usize>,
+    /// Lines for the reload's report: what needs a restart.
+    restart: Vec<String>,
+}
+
+impl NodePlan {
+    /// Places `file`'s nodes over `running` (whose places in `gone` were removed by earlier reloads);
+    /// `kept_use(j)` names a volume that the reload keeps and that uses place `j`, if any (its node cannot
+    /// go). Fails when the places would pass [`MAX_NODES`].
+    fn new(
+        running: &[NodeSpec],
+        gone: &std::collections::BTreeSet<usize>,
+        file: &[NodeSpec],
+        kept_use: impl Fn(usize) -> Option<String>,
+    ) -> Result<NodePlan, String> {
+        let at: HashMap<&str, usize> = running.iter().enumerate().map(|(j, n)| (n.name.as_str(), j)).collect();
+        let key = |n: &NodeSpec| (n.protocol, n.tls.is_some());
+        let mut plan = NodePlan {
+            place: Vec::with_capacity(file.len()),
+            nodes: running.to_vec(),
+            next: running.to_vec(),
+            dropped: Vec::new(),
+            back: Vec::new(),
+            restart: Vec::new(),
+        };
+        for n in file {
+            match at.get(n.name.as_str()) {
+                Some(&j) => {
+                    plan.place.push(j);
+                    if gone.contains(&j) {
+                        plan.back.push(j);
+                    }
+                    if key(&running[j]) == key(n) {
+                        plan.next[j] = n.clone();
+                    } else {
+                        plan.restart
+                            .push(format!("node {}: protocol or tls (on or off) changed: needs a restart", n.name));
+                    }
+                }
+                None => {
+                    plan.place.push(plan.nodes.len());
+                    plan.nodes.push(n.clone());
+                    plan.next.push(n.clone());
+                }
+            }
+        }
+        if plan.nodes.len() > MAX_NODES {
+            return Err(format!(
+                "[[nodes]]: {} new to this gateway would make {} places, past the {MAX_NODES} a gateway keeps over \
+                 its run ({} of them for nodes removed since it started): restart it to add them",
+                Count(plan.nodes.len() - running.len(), "node"),
+                plan.nodes.len(),
+                gone.len()
+            ));
+        }
+        let named: std::collections::HashSet<usize> = plan.place.iter().copied().collect();
+        for (j, n) in running.iter().enumerate().filter(|&(j, _)| !named.contains(&j) && !gone.contains(&j)) {
+            match kept_use(j) {
+                Some(v) => plan.restart.push(format!(
+                    "node {} removed while export {v} uses it: needs a restart (the export's data is laid out over it)",
+                    n.name
+                )),
+                None => plan.dropped.push(j),
+            }
+        }
+        Ok(plan)
+    }
+
+    /// The file's exports whose nodes the file lists in another order than their places: (export,
+    /// the nodes in the file's order, the same by place).
+    fn misordered<'a>(&self, file: &'a GatewayConfig) -> Vec<(&'a str, String, String)> {
+        let names = |mut js: Vec<usize>, by_place: bool| {
+            if by_place {
+                js.sort_by_key(|&i| self.place[i]);
+            }
+            js.iter().map(|&i| file.nodes[i].name.as_str()).collect::<Vec<_>>().join(", ")
+        };
+        file.exports
+            .iter()
+            .filter(|v| v.stripe.placed(&self.place, self.next.len()).is_none())
+            .map(|v| {
+                let used: Vec<usize> = (0..file.nodes.len()).filter(|&i| v.stripe.uses(i)).collect();
+                (v.name.as_str(), names(used.clone(), false), names(used, true))
+            })
+            .collect()
+    }
+
+    /// `file` by place: its nodes are [`NodePlan::next`], and its volumes' layouts, node exports and
+    /// tenants' `server_reservations` are indexed by place (a volume [`NodePlan::misordered`] keeps its
+    /// widths, at their places: another layout than the file's, which the reload names or refuses).
+    fn by_place(&self, file: &GatewayConfig) -> GatewayConfig {
+        let n = self.next.len();
+        let mut c = file.clone();
+        c.nodes = self.next.clone();
+        for v in &mut c.exports {
+            v.stripe = v.stripe.placed(&self.place, n).unwrap_or_else(|| {
+                let mut w = vec![0; n];
+                for (i, &width) in v.stripe.widths().iter().enumerate() {
+                    w[self.place[i]] = width;
+                }
+                Stripe::new(v.stripe.unit(), &w).expect("the same widths")
+            });
+            let mut exports = vec![String::new(); n];
+            for (i, e) in std::mem::take(&mut v.node_exports).into_iter().enumerate() {
+                exports[self.place[i]] = e;
+            }
+            v.node_exports = exports;
+        }
+        for t in &mut c.tenants {
+            let mut r = vec![0.0; n];
+            for (i, &x) in t.server_reservations.iter().enumerate() {
+                r[self.place[i]] = x;
+            }
+            t.server_reservations = r;
+        }
+        c
+    }
+}
+
+/// Whether two tenants' per-node reservations agree (a list that grew by nodes without one is the same).
+fn same_server_reservations(a: &[f64], b: &[f64]) -> bool {
+    let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    long[..short.len()] == *short && long[short.len()..].iter().all(|&x| x == 0.0)
+}
+
+/// Applies `file` over `live` (module comment, "Reload"): nodes added and removed, volumes added, removed,
+/// re-listed with new access lists; tenants' specs restated to their nodes; the rest named as needing a
+/// restart. Opening a new volume can fail (a node answers wrongly): then nothing changes and the error is
+/// returned.
+async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadReport, String> {
     let mut r = ReloadReport::default();
+    // The file's nodes in the places the gateway runs them (`NodePlan`); from here on `new` is the file
+    // by place.
+    live.retired.retain(|(_, w)| w.strong_count() > 0);
+    let plan = {
+        let kept: std::collections::HashSet<&str> = file.exports.iter().map(|v| v.name.as_str()).collect();
+        let kept_use = |j: usize| {
+            live.volumes
+                .iter()
+                .find(|o| o.cfg.stripe.uses(j) && kept.contains(o.cfg.name.as_str()))
+                .map(|o| o.cfg.name.clone())
+        };
+        NodePlan::new(&live.base.nodes, &live.gone, &file.nodes, kept_use)?
+    };
+    for (v, in_file, by_place) in plan.misordered(file) {
+        let what = format!(
+            "export {v}: gw.toml lists its nodes as {in_file}, the gateway runs them as {by_place}: a restart \
+             would lay its data out in the file's order, which is another layout"
+        );
+        if !live.volumes.iter().any(|o| o.cfg.name == v) {
+            return Err(format!("{what}; list the nodes it runs in their order, new ones after them"));
+        }
+        r.applied.push(format!("warning: {what} (put them back in order before a restart)"));
+    }
+    r.needs_restart.extend(plan.restart.iter().cloned());
+    let new = &plan.by_place(file);
     let base = &live.base;
     let restart = |r: &mut ReloadReport, key: &str| r.needs_restart.push(format!("{key} changed: needs a restart"));
     let dbg = |x: &dyn std::fmt::Debug| format!("{x:?}");
@@ -1121,10 +1312,6 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
             dbg(&base.link) == dbg(&new.link),
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
-        (
-            "[[nodes]] (a node added or removed, a name, protocol, or tls on or off)",
-            same_nodes(&base.nodes, &new.nodes),
-        ),
         ("[parda] or [parda_host]", parda_but_sched(&base.parda) == parda_but_sched(&new.parda)),
         (
             "default_export",
@@ -1144,7 +1331,10 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
                 restart(&mut r, &format!("tenant {}: reservation_split", t.name));
                 tenants.push(old.clone());
             }
-            Some(old) if old.spec != t.spec || old.server_reservations != t.server_reservations => {
+            Some(old)
+                if old.spec != t.spec
+                    || !same_server_reservations(&old.server_reservations, &t.server_reservations) =>
+            {
                 r.applied.push(format!(
                     "tenant {}: {} -> {} (stated to its nodes in a new hello)",
                     t.name, old.spec, t.spec
@@ -1157,8 +1347,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
     }
     let tenant_of = |name: &str| tenants.iter().find(|t| t.name == name).expect("a volume's tenant is configured");
     // The node exports running volumes hold, with the layout they hold them by (module comment, "Reload").
-    live.retired.retain(|(_, w)| w.strong_count() > 0);
-    let nodes = live.base.nodes.clone();
+    let nodes = &plan.nodes;
     let mut held: HashMap<(NodeAddress, String), (String, Stripe, usize)> = HashMap::new();
     {
         let mut hold = |cfg: &GatewayVolume, how: &str| {
@@ -1178,7 +1367,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
     let clash = |v: &GatewayVolume| -> Option<String> {
         nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)).find_map(|(j, n)| {
             let (who, stripe, at) = held.get(&(n.address.clone(), v.node_exports[j].clone()))?;
-            (*stripe != v.stripe || *at != j).then(|| {
+            (!stripe.same_layout(&v.stripe) || *at != j).then(|| {
                 format!(
                     "export {}: node {}'s export {:?} at {} is held by {who} with another layout: two layouts on \
                      one node export would overwrite each other's data; remove that export first, and add this \
@@ -1197,12 +1386,24 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
         match live.volumes.iter().position(|o| o.cfg.name == v.name) {
             Some(i) => {
                 let old = &live.volumes[i];
+                let same_exports = (0..nodes.len())
+                    .filter(|&j| v.stripe.uses(j))
+                    .all(|j| old.cfg.node_exports.get(j) == v.node_exports.get(j));
                 if old.cfg.size != v.size
-                    || old.cfg.stripe != v.stripe
-                    || old.cfg.node_exports != v.node_exports
+                    || !old.cfg.stripe.same_layout(&v.stripe)
+                    || !same_exports
                     || &old.tenant != tname
                 {
-                    restart(&mut r, &format!("export {}: size_mb, stripe_kb, widths, node_export or tenant", v.name));
+                    let hint = if plan.nodes.len() > live.base.nodes.len() {
+                        " (an export without widths spans every node, so a node added changes it: give it the widths \
+                         it runs)"
+                    } else {
+                        ""
+                    };
+                    restart(
+                        &mut r,
+                        &format!("export {}: size_mb, stripe_kb, widths, node_export or tenant{hint}", v.name),
+                    );
                     volumes.push(Some(old.clone()));
                 } else if old.cfg.access != v.access {
                     r.applied
@@ -1218,7 +1419,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
                 if let Some(e) = clash(v) {
                     return Err(e);
                 }
-                let (id, qos) = live.volume_qos(tenant_of(tname));
+                let (id, qos) = live.volume_qos(tenant_of(tname), nodes.len());
                 to_open.push((v, id, qos));
                 volumes.push(None);
             }
@@ -1226,11 +1427,17 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
     }
     // Nodes moved (another address or tls_name) and `[node_tls]` first: new volumes connect with them, and
     // renewed sessions below.
-    if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes) {
+    // A node no volume uses any more, removed now or earlier, is no longer anywhere.
+    let absent = |j: usize| (plan.dropped.contains(&j) || live.gone.contains(&j)) && !live.place_in_use(j);
+    if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes, absent) {
         return Err(e);
     }
     let moves = NodeMoves::set(&live.base.nodes, &new.nodes);
-    let (node_tls, changed) = NodeTlsSwap::set(&live.base.nodes, &new.nodes);
+    let (node_tls, changed) = NodeTlsSwap::set(&live.base.nodes, &file.nodes);
+    // The tenants' trackers count the places added (a tracker is shared by its tenant's volumes).
+    for t in live.trackers.values() {
+        t.lock().unwrap_or_else(|e| e.into_inner()).add_servers(nodes.len());
+    }
     if changed {
         r.applied.push(
             "[node_tls]: new credentials (the ca, cert, key, crl, psk_file or psk_identity, or their contents): for node \
@@ -1239,7 +1446,7 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
         );
     }
     // What was opened is dropped on an error: its connections close, and nothing changed.
-    let opened = open_remotes(&live.base, to_open).await.map_err(|e| e.to_string())?;
+    let opened = open_remotes(nodes, live.base.link, to_open).await.map_err(|e| e.to_string())?;
     let mut slots = volumes.iter_mut().filter(|v| v.is_none());
     for (v, id, volume) in opened {
         let lv = live.make(v, tenant_of(&new.tenants[v.tenant].name), id, volume).await.map_err(|e| e.to_string())?;
@@ -1312,6 +1519,23 @@ async fn apply_reload(live: &mut Live, new: &GatewayConfig) -> Result<ReloadRepo
     }
     live.base.tls = new.tls.clone();
     r.applied.extend(moves.keep(&mut live.base.nodes));
+    for n in &plan.nodes[live.base.nodes.len()..] {
+        r.applied.push(format!("node {} added at {} (for volumes from now on)", n.name, n.address));
+    }
+    live.base.nodes.extend_from_slice(&plan.nodes[live.base.nodes.len()..]);
+    for &j in &plan.back {
+        live.gone.remove(&j);
+        r.applied.push(format!("node {} back (for volumes from now on)", live.base.nodes[j].name));
+    }
+    for &j in &plan.dropped {
+        live.gone.insert(j);
+        let still = if live.place_in_use(j) {
+            "; connections open on removed volumes that use it keep it until they close"
+        } else {
+            ""
+        };
+        r.applied.push(format!("node {} removed (no new volume can use it){still}", live.base.nodes[j].name));
+    }
     let cut = node_tls.keep();
     if !cut.is_empty() {
         r.applied.push(format!(
@@ -1332,13 +1556,13 @@ struct NodeTlsSwap {
 }
 
 impl NodeTlsSwap {
-    /// Sets `new`'s `[node_tls]` context in `running`'s cells, when the two lists name the same nodes the
-    /// same way (else they need a restart and nothing is set). Built anew from the files, it is set
+    /// Sets the `[node_tls]` context of `new` (the file's nodes) in `running`'s cells, when both have one
+    /// (a node's TLS turned on or off needs a restart: [`NodePlan`]). Built anew from the files, it is set
     /// whatever the comparison says; whether it differs is returned, for the log.
     fn set(running: &[NodeSpec], new: &[NodeSpec]) -> (NodeTlsSwap, bool) {
         let mut swap = NodeTlsSwap { cells: Vec::new(), old: None };
         let client = |n: &[NodeSpec]| n.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.get());
-        let (Some(old), Some(next), true) = (client(running), client(new), same_nodes(running, new)) else {
+        let (Some(old), Some(next)) = (client(running), client(new)) else {
             return (swap, false);
         };
         swap.cells = running.iter().filter_map(|n| n.tls.as_ref()).map(|t| t.client.clone()).collect();
@@ -1363,13 +1587,13 @@ impl Drop for NodeTlsSwap {
     }
 }
 
-/// Whether two `[[nodes]]` lists name the same nodes the same way (names, protocols, TLS on or off),
-/// whatever their places (addresses and `tls_name`s: a reload moves a node, [`NodeMoves`]) and
-/// `[node_tls]`'s credentials (a reload replaces them, [`crate::tls`], "Reload"); the rest needs a
-/// restart.
+/// Whether `b` (a reload's nodes by place, [`NodePlan::next`]) names `a`'s nodes (the running ones) the
+/// same way at their places (names, protocols, TLS on or off), whatever their addresses and `tls_name`s
+/// (a reload moves a node, [`NodeMoves`]) and `[node_tls]`'s credentials (a reload replaces them,
+/// [`crate::tls`], "Reload"), with nodes added after them.
 fn same_nodes(a: &[NodeSpec], b: &[NodeSpec]) -> bool {
     let key = |n: &NodeSpec| (n.name.clone(), n.protocol, n.tls.is_some());
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| key(x) == key(y))
+    a.len() <= b.len() && a.iter().zip(b).all(|(x, y)| key(x) == key(y))
 }
 
 /// Nodes a reload moves (module comment, "Reload"): the new place (`address`, `tls_name`) is set in the
@@ -1401,26 +1625,27 @@ impl NodeMoves {
         m
     }
 
-    /// Why `new` cannot move `running`'s nodes, if it cannot: a node moved to the address another node
-    /// is at now. Its sessions there would run beside the new ones until they drain, each writing its
-    /// own layout to that node's exports (two nodes trading places, for one); one move per reload, the
-    /// place freed first, keeps every node export to one writer.
-    fn clash(running: &[NodeSpec], new: &[NodeSpec]) -> Option<String> {
+    /// Why `new` (by place) cannot move `running`'s nodes or add its own, if it cannot: a node moved or
+    /// added at the address another node is at now. The sessions there would run beside the new ones
+    /// until they drain, each writing its own layout to that node's exports (two nodes trading places,
+    /// for one); one move per reload, the place freed first, keeps every node export to one writer. A
+    /// place for which `absent` holds (a node removed that no volume uses any more) is nowhere.
+    fn clash(running: &[NodeSpec], new: &[NodeSpec], absent: impl Fn(usize) -> bool) -> Option<String> {
         if !same_nodes(running, new) {
             return None;
         }
         let now: Vec<NodeAddress> = running.iter().map(|n| n.place().address).collect();
-        running.iter().zip(new).enumerate().find_map(|(i, (n, next))| {
+        new.iter().enumerate().find_map(|(i, next)| {
             let to = next.place().address;
-            if now[i] == to {
+            if now.get(i) == Some(&to) {
                 return None;
             }
-            let there = &running[now.iter().position(|at| *at == to)?].name;
-            Some(format!(
-                "node {} cannot move to {to}: node {there} is there now (move {there} away first, in a reload of its \
-                 own)",
-                n.name
-            ))
+            let there = &running[(0..now.len()).find(|&j| now[j] == to && !absent(j))?].name;
+            let what = match running.get(i) {
+                Some(n) => format!("node {} cannot move to {to}", n.name),
+                None => format!("node {} cannot be added at {to}", next.name),
+            };
+            Some(format!("{what}: node {there} is there now (move {there} away first, in a reload of its own)"))
         })
     }
 
@@ -1512,12 +1737,12 @@ pub async fn run_with(
         .exports
         .iter()
         .map(|v| {
-            let (id, qos) = live.volume_qos(&cfg.tenants[v.tenant]);
+            let (id, qos) = live.volume_qos(&cfg.tenants[v.tenant], cfg.nodes.len());
             (v, id, qos)
         })
         .collect();
     let opened = tokio::select! {
-        r = open_remotes(&cfg, prepared) => r?,
+        r = open_remotes(&cfg.nodes, cfg.link, prepared) => r?,
         _ = &mut shutdown => {
             tracing::info!("stopped while opening the volumes' node connections");
             return Ok(());
@@ -1955,8 +2180,9 @@ mod tests {
     }
 
     /// `[node_tls]` in a reload: set in the running nodes' cells at once, put back when the reload does
-    /// not complete (dropped without `keep`), kept when it does; not set at all when the nodes differ
-    /// (they need a restart). Told apart by the PSK identity each file offers.
+    /// not complete (dropped without `keep`), kept when it does, also from a file with other nodes (added
+    /// and removed at a reload); not set at all when the file has no TLS (a restart). Told apart by the
+    /// PSK identity each file offers.
     #[test]
     fn a_reload_sets_node_tls_and_puts_it_back_if_it_fails() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1984,8 +2210,17 @@ mod tests {
         swap.keep();
         assert_eq!(offered(&running).as_deref(), Some("gw-new"), "a completed reload keeps it");
         let (swap, changed) = NodeTlsSwap::set(&running, &config(&old, "s2"));
+        assert!(changed && offered(&running).as_deref() == Some("gw-old"), "another node's file: its context too");
         drop(swap);
-        assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "another node: a restart");
+        let plain = GatewayConfig::parse(
+            "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n",
+            Path::new("gw.toml"),
+        )
+        .unwrap()
+        .nodes;
+        let (swap, changed) = NodeTlsSwap::set(&running, &plain);
+        drop(swap);
+        assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "TLS turned off: a restart");
         let (_, changed) = NodeTlsSwap::set(&running, &config(&new, "s1"));
         assert!(!changed, "the same file and bytes: nothing to say");
     }
@@ -2039,14 +2274,88 @@ mod tests {
             GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes
         };
         let pair = two("127.0.0.1:1", "127.0.0.1:2");
-        let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1")).unwrap();
+        let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1"), |_| false).unwrap();
         assert_eq!(
             e,
             "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
         );
-        assert!(NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2")).is_none(), "to a free address");
-        assert!(NodeMoves::clash(&pair, &pair).is_none());
+        assert!(NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2"), |_| false).is_none(), "to a free address");
+        assert!(NodeMoves::clash(&pair, &pair, |_| false).is_none());
         assert_eq!(at(&link), ("127.0.0.2:3".into(), "s1.example".into()));
+    }
+
+    /// A reload's nodes by place (`NodePlan`): a running node keeps its place whatever the file's order,
+    /// a node new to the gateway takes the next place, one the file drops is removed unless a volume the
+    /// reload keeps uses it, and a removed one named again takes its place back; the volumes' layouts,
+    /// node exports and server reservations follow the places; a volume whose nodes the file lists in
+    /// another order than their places is found; the places are bounded.
+    #[test]
+    fn a_reload_places_nodes_added_and_removed() {
+        let config = |nodes: &[&str], exports: &str| {
+            let mut text = String::new();
+            for (i, n) in nodes.iter().enumerate() {
+                text.push_str(&format!("[[nodes]]\nname = \"{n}\"\naddress = \"127.0.0.1:{}\"\n", i + 1));
+            }
+            text.push_str(exports);
+            GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap()
+        };
+        let running = config(&["s1", "s2", "s3"], "[[exports]]\nname = \"v\"\nsize_mb = 1\n").nodes;
+        let none = std::collections::BTreeSet::new();
+        // s2 dropped, s4 added before s3 in the file: s4 takes place 3.
+        let file = config(
+            &["s1", "s4", "s3"],
+            "[[tenants]]\nname = \"t\"\nserver_reservations = { s4 = 5 }\n\
+             [[exports]]\nname = \"w\"\ntenant = \"t\"\nsize_mb = 1\nwidths = { s1 = 1, s4 = 2 }\nnode_export = \"x\"\n\
+             [[exports]]\nname = \"u\"\ntenant = \"t\"\nsize_mb = 1\nwidths = { s4 = 1, s3 = 1 }\n",
+        );
+        let plan = NodePlan::new(&running, &none, &file.nodes, |_| None).unwrap();
+        assert_eq!(plan.place, [0, 3, 2]);
+        assert_eq!(plan.dropped, [1]);
+        assert!(plan.back.is_empty() && plan.restart.is_empty());
+        let names = |n: &[NodeSpec]| n.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&plan.nodes), ["s1", "s2", "s3", "s4"]);
+        assert_eq!(plan.nodes[0].address, running[0].address, "the running spec, shared by its links");
+        assert_eq!(names(&plan.next), ["s1", "s2", "s3", "s4"]);
+        // u lists s4 before s3, whose place comes first: another layout.
+        assert_eq!(plan.misordered(&file), [("u", "s4, s3".to_string(), "s3, s4".to_string())]);
+        let c = plan.by_place(&file);
+        assert_eq!(c.exports[0].stripe.widths(), &[1, 0, 0, 2]);
+        assert!(c.exports[0].stripe.same_layout(&file.exports[0].stripe.placed(&[0, 3, 2], 4).unwrap()));
+        assert_eq!(c.exports[0].node_exports[3], "x");
+        assert_eq!(c.tenants[0].server_reservations, [0.0, 0.0, 0.0, 5.0]);
+        // A volume the reload keeps on s2: s2 stays, named.
+        let plan = NodePlan::new(&running, &none, &file.nodes, |j| (j == 1).then(|| "v".to_string())).unwrap();
+        assert!(plan.dropped.is_empty());
+        assert_eq!(
+            plan.restart,
+            ["node s2 removed while export v uses it: needs a restart (the export's data is laid out over it)"]
+        );
+        // s2 removed earlier and named again: back at its place; s4 (never seen) after the running ones.
+        let gone = std::collections::BTreeSet::from([1]);
+        let again = config(&["s1", "s2", "s3", "s4"], "[[exports]]\nname = \"v\"\nsize_mb = 1\n");
+        let plan = NodePlan::new(&running, &gone, &again.nodes, |_| None).unwrap();
+        assert_eq!((plan.place.clone(), plan.back.clone(), plan.dropped.clone()), (vec![0, 1, 2, 3], vec![1], vec![]));
+        // A node removed earlier and not named again is not removed twice.
+        let plan = NodePlan::new(
+            &running,
+            &gone,
+            &config(&["s1", "s3"], "[[exports]]\nname = \"v\"\nsize_mb = 1\n").nodes,
+            |_| None,
+        )
+        .unwrap();
+        assert!(plan.dropped.is_empty());
+        // A protocol changed: a restart, and the running spec stays at its place.
+        let text = "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.9:9\"\nprotocol = \"nbd\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        let nbd = GatewayConfig::parse(text, Path::new("gw.toml")).unwrap();
+        let plan = NodePlan::new(&running, &none, &nbd.nodes, |_| Some("v".into())).unwrap();
+        assert_eq!(plan.restart[0], "node s1: protocol or tls (on or off) changed: needs a restart");
+        assert_eq!(plan.next[0].address, running[0].address, "not moved either");
+        // The places are bounded over the gateway's run.
+        let many: Vec<String> = (0..MAX_NODES - 2).map(|i| format!("n{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let file = config(&many, "[[exports]]\nname = \"v\"\nsize_mb = 1\nwidths = { n0 = 1 }\n");
+        let e = NodePlan::new(&running, &none, &file.nodes, |_| None).err().unwrap();
+        assert!(e.contains("254 nodes new to this gateway would make 257 places, past the 256"), "{e}");
     }
 
     /// A name given twice is named (the tenants' check is a set, the others compare pairs: at most

@@ -911,6 +911,87 @@ fn a_reload_moves_a_node_to_another_address() {
     assert!(first(144).iter().all(|&b| b == 0x3c), "and not on the old one");
 }
 
+/// A reload (SIGHUP) adds and removes nodes without a restart (crates/rein-runtime/src/gateway.rs,
+/// `NodePlan`): s3 is added with a volume on it, in the same reload as s2 and its volume are removed,
+/// while reads of a volume on s1 run through the reload and none fails; the new volume's bytes land on
+/// s3. A node a kept volume uses cannot go (named), a node added at a running node's address is refused,
+/// a volume listing its nodes in another order than the gateway runs them is refused (a restart would
+/// lay it out otherwise), and the removed s2 comes back at its place with a volume on it.
+#[test]
+fn a_reload_adds_and_removes_nodes() {
+    let tmp = tmpdir("gw-add-node");
+    let dir = tmp.path();
+    // Storage nodes (the storage-node protocol: the tenants' trackers count every node).
+    let (s1, s2, s3) = (storage_node(dir, 148), storage_node(dir, 149), storage_node(dir, 246));
+    let vol = |name: &str, widths: &str| {
+        format!("[[exports]]\nname = \"{name}\"\nsize_mb = 8\nstripe_kb = 64\nwidths = {{ {widths} }}\nnode_export = \"v\"\n")
+    };
+    let a = vol("a", "s1 = 1");
+    let gw =
+        gateway(&gateway_config(dir, 247, &[("s1", s1.nbd), ("s2", s2.nbd)], &format!("{a}{}", vol("b", "s2 = 1"))));
+    let at = |v: &str| format!("nbd://{}/{v}", gw.nbd);
+    let (ok, out) = qemu_io_ok(&at("a"), &["write -P 0x41 0 1M", "flush"]);
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io_ok(&at("b"), &["write -P 0x42 0 64k", "flush"]);
+    assert!(ok, "{out}");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, uri) = (stop.clone(), at("a"));
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 3 {
+                let (ok, out) = qemu_io_ok(&uri, &["read -P 0x41 0 1M", "read -P 0x41 0 1M"]);
+                assert!(ok, "a read through the reload failed: {out}");
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    // s2 and b go, s3 and c come; c is a's tenant's, whose tracker then counts s3 too.
+    let c = vol("c", "s3 = 1").replace("size_mb", "tenant = \"a\"\nsize_mb");
+    gateway_config(dir, 247, &[("s1", s1.nbd), ("s3", s3.nbd)], &format!("{a}{c}"));
+    gw.signal("-HUP");
+    gw.wait_line(&format!("reload: node s3 added at {} (for volumes from now on)", s3.nbd));
+    gw.wait_line("reload: node s2 removed (no new volume can use it)");
+    gw.wait_line("reload: export c added");
+    gw.wait_line("configuration reloaded applied=4 needs_restart=0");
+    let (ok, out) = qemu_io_ok(&at("c"), &["write -P 0x43 0 128k", "flush", "read -P 0x43 0 128k"]);
+    assert!(ok, "through the added node: {out}");
+    s3.wait_line("storage-node session granted");
+    let first = |host: u8, n: usize| std::fs::read(node_file(dir, host)).unwrap()[..n].to_vec();
+    assert!(first(246, 131072).iter().all(|&b| b == 0x43), "c's bytes are on s3");
+    assert!(first(149, 65536).iter().all(|&b| b == 0x42), "and b's stay on s2");
+    assert!(!Cmd::new("nbdinfo").arg(at("b")).output().unwrap().status.success(), "b is gone");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = reader.join().expect("no read of a failed");
+    assert!(rounds >= 3, "{rounds}");
+    // s1 dropped while a uses it (gw.toml moves a to s3): both named, a keeps running over s1.
+    let a_on_s3 = vol("a", "s3 = 1").replace("node_export = \"v\"", "node_export = \"a\"");
+    gateway_config(dir, 247, &[("s3", s3.nbd)], &format!("{a_on_s3}{c}"));
+    gw.signal("-HUP");
+    gw.wait_line("reload: node s1 removed while export a uses it: needs a restart");
+    gw.wait_line("reload: export a: size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart");
+    let (ok, out) = qemu_io_ok(&at("a"), &["read -P 0x41 0 1M"]);
+    assert!(ok, "a runs over s1: {out}");
+    // s4 at s1's address: refused, nothing changes.
+    gateway_config(dir, 247, &[("s1", s1.nbd), ("s3", s3.nbd), ("s4", s1.nbd)], &format!("{a}{c}"));
+    gw.signal("-HUP");
+    gw.wait_line(&format!("node s4 cannot be added at {}: node s1 is there now", s1.nbd));
+    // s2 back, listed before s1 for a volume over both: s1 runs first, so refused; in order, added.
+    let both = vol("d", "s1 = 1, s2 = 1").replace("node_export = \"v\"", "node_export = \"w\"");
+    gateway_config(dir, 247, &[("s2", s2.nbd), ("s1", s1.nbd), ("s3", s3.nbd)], &format!("{a}{c}{both}"));
+    gw.signal("-HUP");
+    gw.wait_line("export d: gw.toml lists its nodes as s2, s1, the gateway runs them as s1, s2");
+    gateway_config(dir, 247, &[("s1", s1.nbd), ("s2", s2.nbd), ("s3", s3.nbd)], &format!("{a}{c}{both}"));
+    gw.signal("-HUP");
+    gw.wait_line("reload: node s2 back (for volumes from now on)");
+    gw.wait_line("reload: export d added");
+    let (ok, out) = qemu_io_ok(&at("a"), &["read -P 0x41 0 1M"]);
+    assert!(ok, "a kept its data: {out}");
+    let log = gw.log.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.contains("node connection lost")), "{log:#?}");
+}
+
 /// A reload (SIGHUP) takes renewed TLS credentials on both sides of a gateway without a restart
 /// (crates/rein-runtime/src/tls.rs, "Reload"). The PSK of the gateway's node links is rotated in place:
 /// the nodes' key file and the gateway's get the new key and both reload; the same reload gives the

@@ -282,6 +282,18 @@ impl ServiceTracker {
         }
     }
 
+    /// Tracks servers `0..servers` from now on, when that is more than it tracks (a gateway's reload that
+    /// adds storage nodes); fewer change nothing (indices stay). A server added is one the tenant never
+    /// sent to: its account starts now (as [`ServiceTracker::forget_server`]'s), so its first request
+    /// carries only what completes elsewhere from now on, and the shares of the other servers are unchanged.
+    pub fn add_servers(&mut self, servers: usize) {
+        let (total, total_resv) = (self.total, self.total_resv);
+        let fresh = PerServer { seen: total, seen_resv: total_resv, ..PerServer::default() };
+        if servers > self.servers.len() {
+            self.servers.resize(servers, fresh);
+        }
+    }
+
     /// Servers tracked; valid indices are `0..servers()`.
     pub fn servers(&self) -> usize {
         self.servers.len()
@@ -486,6 +498,32 @@ mod tests {
                 assert_eq!(p.share, ReservationShare::from_ratio(1, 11));
             }
             assert!(matches!(t.forget_server(2), Err(TrackerError::ServerOutOfRange { index: 2, max: 2 })));
+        }
+    }
+
+    /// A server added later starts its account then: its first delta counts only what completes
+    /// elsewhere after it was added; the others' accounts and shares are unchanged.
+    #[test]
+    fn add_servers_starts_their_accounts_then() {
+        for split in [ReservationSplit::Rho, ReservationSplit::Spread { window_ios: 100 }] {
+            let mut t = ServiceTracker::with_split(1, split);
+            for _ in 0..10 {
+                t.prepare(0).unwrap();
+                t.complete(0, Phase::Reservation, Cost::ONE).unwrap();
+            }
+            let before = t.clone();
+            t.add_servers(3);
+            t.add_servers(2);
+            assert_eq!(t.servers(), 3, "never fewer");
+            assert_eq!(t.share(0), before.share(0));
+            t.complete(0, Phase::Reservation, Cost::units(2)).unwrap();
+            let p = t.prepare(2).unwrap();
+            assert_eq!(p.delta, Cost::units(2), "only what completed after the server was added");
+            assert!(!p.pool_busy, "its first request");
+            if split == ReservationSplit::Rho {
+                assert_eq!(p.rho, Cost::units(2));
+            }
+            assert_eq!(t.prepare(1).unwrap().delta, Cost::units(2));
         }
     }
 
