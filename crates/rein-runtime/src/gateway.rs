@@ -1066,8 +1066,11 @@ impl Live {
         self.volumes.iter().map(|v| v.export.clone()).collect()
     }
 
-    fn remote_volumes(&self) -> Vec<Arc<RemoteVolume>> {
-        self.volumes.iter().map(|v| v.volume.clone()).collect()
+    fn shown(&self) -> ShownVolumes {
+        ShownVolumes {
+            volumes: self.volumes.iter().map(|v| v.volume.clone()).collect(),
+            removed: self.retired.iter().map(|(_, w)| w.clone()).collect(),
+        }
     }
 }
 
@@ -1772,7 +1775,7 @@ pub async fn run_with(
             close: watch::channel(false).0,
         },
     });
-    let shown: Shown = Arc::new(std::sync::RwLock::new(live.remote_volumes()));
+    let shown: Shown = Arc::new(std::sync::RwLock::new(live.shown()));
     let reloads = Arc::new(crate::reloads::Reloads::new("gateway"));
     let gate = live.host.as_ref().map(|(g, _)| g.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -1872,7 +1875,7 @@ pub async fn run_with(
                     }
                     Ok(r) => {
                         ctx.exports.set(l.exports());
-                        *shown.write().unwrap_or_else(|e| e.into_inner()) = l.remote_volumes();
+                        *shown.write().unwrap_or_else(|e| e.into_inner()) = l.shown();
                         reloads.record(true);
                         crate::notify::ready(&r.log());
                     }
@@ -1908,7 +1911,7 @@ pub async fn run_with(
     // Every node session ends with NBD_CMD_DISC, as the spec asks of a client (bounded: a node that is
     // down or does not take it is cut).
     // The volumes running (the last reload's list: a reload abandoned above took the state with it).
-    let volumes = shown.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let volumes = shown.read().unwrap_or_else(|e| e.into_inner()).volumes.clone();
     let mut closing = tokio::task::JoinSet::new();
     for v in volumes {
         closing.spawn(async move { v.close(NODE_CLOSE).await });
@@ -1922,7 +1925,16 @@ pub async fn run_with(
 type Reloading = std::pin::Pin<Box<dyn Future<Output = (Live, Result<ReloadReport, String>)> + Send>>;
 
 /// The volumes `/metrics` and `/api/nodes` show (replaced whole by a reload).
-type Shown = Arc<std::sync::RwLock<Vec<Arc<RemoteVolume>>>>;
+type Shown = Arc<std::sync::RwLock<ShownVolumes>>;
+
+/// The running volumes, and those a reload removed while connections still use them (`/api/nodes` lists
+/// them as `"removed": true`: the sessions they keep open to nodes, a removed node's among them, end with
+/// their last connection).
+#[derive(Clone, Default)]
+struct ShownVolumes {
+    volumes: Vec<Arc<RemoteVolume>>,
+    removed: Vec<std::sync::Weak<RemoteVolume>>,
+}
 
 /// A volume counter `/metrics` shows.
 type VolumeCounter = fn(&crate::remote::VolumeStats) -> u64;
@@ -2117,7 +2129,7 @@ fn admin_router(
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let volumes = snapshot(&for_metrics);
+                let volumes = snapshot(&for_metrics).volumes;
                 let host = gate_metrics.as_ref().map(|g| g.status());
                 async move {
                     let mut text = metrics_text(&volumes);
@@ -2135,12 +2147,15 @@ fn admin_router(
         .route(
             "/api/nodes",
             axum::routing::get(move || {
-                let volumes = snapshot(&shown);
+                let shown = snapshot(&shown);
+                let removed = shown.removed.iter().filter_map(|w| w.upgrade()).map(|v| (v, true));
+                let volumes: Vec<(Arc<RemoteVolume>, bool)> =
+                    shown.volumes.into_iter().map(|v| (v, false)).chain(removed).collect();
                 async move {
                     use std::sync::atomic::Ordering::Relaxed;
                     let list: Vec<serde_json::Value> = volumes
                         .iter()
-                        .map(|v| {
+                        .map(|(v, removed)| {
                             let nodes: Vec<serde_json::Value> = v
                                 .node_report()
                                 .into_iter()
@@ -2159,7 +2174,7 @@ fn admin_router(
                                     })
                                 })
                                 .collect();
-                            serde_json::json!({ "export": v.name(), "nodes": nodes })
+                            serde_json::json!({ "export": v.name(), "removed": removed, "nodes": nodes })
                         })
                         .collect();
                     axum::Json(serde_json::Value::Array(list))

@@ -947,12 +947,43 @@ fn a_reload_adds_and_removes_nodes() {
             rounds
         })
     };
+    // A client keeps b open through the reload that removes it.
+    let mut keeper = Cmd::new("timeout")
+        .args(["60", "qemu-io", "-f", "raw", &at("b")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exports = || {
+        let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let list = v.as_array().unwrap().iter();
+        list.map(|e| (e["export"].as_str().unwrap().to_string(), e["removed"].as_bool().unwrap())).collect::<Vec<_>>()
+    };
+    gw.wait_log(&["NBD connection opened", "export=b"], Duration::from_secs(30));
+    assert_eq!(exports(), [("a".to_string(), false), ("b".to_string(), false)]);
     // s2 and b go, s3 and c come; c is a's tenant's, whose tracker then counts s3 too.
     let c = vol("c", "s3 = 1").replace("size_mb", "tenant = \"a\"\nsize_mb");
     gateway_config(dir, 247, &[("s1", s1.nbd), ("s3", s3.nbd)], &format!("{a}{c}"));
     gw.signal("-HUP");
     gw.wait_line(&format!("reload: node s3 added at {} (for volumes from now on)", s3.nbd));
-    gw.wait_line("reload: node s2 removed (no new volume can use it)");
+    gw.wait_line(
+        "reload: node s2 removed (no new volume can use it); connections open on removed volumes that use it keep it \
+         until they close",
+    );
+    // /api/nodes shows b as removed while its client holds it, and no more once it quits.
+    let removed_b = vec![("a".to_string(), false), ("c".to_string(), false), ("b".to_string(), true)];
+    assert_eq!(exports(), removed_b);
+    {
+        use std::io::Write;
+        let mut stdin = keeper.stdin.take().unwrap();
+        writeln!(stdin, "read -P 0x42 0 64k\nquit").unwrap();
+    }
+    let out = keeper.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("read 65536/65536") && !text.contains("failed"), "b through s2 after the reload: {text}");
+    assert!(eventually(Duration::from_secs(10), || exports().len() == 2), "{:?}", exports());
     gw.wait_line("reload: export c added");
     gw.wait_line("configuration reloaded applied=4 needs_restart=0");
     let (ok, out) = qemu_io_ok(&at("c"), &["write -P 0x43 0 128k", "flush", "read -P 0x43 0 128k"]);
