@@ -1430,9 +1430,9 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     // Nodes moved (another address or tls_name) and `[node_tls]` first: new volumes connect with them, and
     // renewed sessions below.
-    // A node no volume uses any more, removed now or earlier, is no longer anywhere.
-    let absent = |j: usize| (plan.dropped.contains(&j) || live.gone.contains(&j)) && !live.place_in_use(j);
-    if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes, absent) {
+    // A node removed now or earlier: still there while volumes use it, else nowhere.
+    let removed = |j: usize| (plan.dropped.contains(&j) || live.gone.contains(&j)).then(|| live.place_in_use(j));
+    if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes, removed) {
         return Err(e);
     }
     let moves = NodeMoves::set(&live.base.nodes, &new.nodes);
@@ -1631,9 +1631,10 @@ impl NodeMoves {
     /// Why `new` (by place) cannot move `running`'s nodes or add its own, if it cannot: a node moved or
     /// added at the address another node is at now. The sessions there would run beside the new ones
     /// until they drain, each writing its own layout to that node's exports (two nodes trading places,
-    /// for one); one move per reload, the place freed first, keeps every node export to one writer. A
-    /// place for which `absent` holds (a node removed that no volume uses any more) is nowhere.
-    fn clash(running: &[NodeSpec], new: &[NodeSpec], absent: impl Fn(usize) -> bool) -> Option<String> {
+    /// for one); one move per reload, the place freed first, keeps every node export to one writer.
+    /// `removed(j)` says whether the node at place `j` was removed, and if so whether volumes still use
+    /// it: one that none uses is nowhere.
+    fn clash(running: &[NodeSpec], new: &[NodeSpec], removed: impl Fn(usize) -> Option<bool>) -> Option<String> {
         if !same_nodes(running, new) {
             return None;
         }
@@ -1643,12 +1644,19 @@ impl NodeMoves {
             if now.get(i) == Some(&to) {
                 return None;
             }
-            let there = &running[(0..now.len()).find(|&j| now[j] == to && !absent(j))?].name;
+            let j = (0..now.len()).find(|&j| now[j] == to && removed(j) != Some(false))?;
+            let there = &running[j].name;
             let what = match running.get(i) {
                 Some(n) => format!("node {} cannot move to {to}", n.name),
                 None => format!("node {} cannot be added at {to}", next.name),
             };
-            Some(format!("{what}: node {there} is there now (move {there} away first, in a reload of its own)"))
+            Some(match removed(j) {
+                Some(_) => format!(
+                    "{what}: node {there} is there now, removed but still used by volumes removed while VMs hold them \
+                     (/api/nodes): try again once they close"
+                ),
+                None => format!("{what}: node {there} is there now (move {there} away first, in a reload of its own)"),
+            })
         })
     }
 
@@ -2289,13 +2297,19 @@ mod tests {
             GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes
         };
         let pair = two("127.0.0.1:1", "127.0.0.1:2");
-        let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1"), |_| false).unwrap();
+        let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1"), |_| None).unwrap();
         assert_eq!(
             e,
             "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
         );
-        assert!(NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2"), |_| false).is_none(), "to a free address");
-        assert!(NodeMoves::clash(&pair, &pair, |_| false).is_none());
+        assert!(NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2"), |_| None).is_none(), "to a free address");
+        assert!(NodeMoves::clash(&pair, &pair, |_| None).is_none());
+        // s2 removed: in use, it is still there (named so); out of use, its address is free.
+        // (By place, a removed node's place holds its running spec.)
+        let onto_s2 = vec![two("127.0.0.1:2", "127.0.0.1:3")[0].clone(), pair[1].clone()];
+        let e = NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(true)).unwrap();
+        assert!(e.contains("node s2 is there now, removed but still used by volumes removed while VMs hold"), "{e}");
+        assert!(NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(false)).is_none());
         assert_eq!(at(&link), ("127.0.0.2:3".into(), "s1.example".into()));
     }
 
