@@ -961,7 +961,11 @@ fn a_reload_adds_and_removes_nodes() {
         let list = v.as_array().unwrap().iter();
         list.map(|e| (e["export"].as_str().unwrap().to_string(), e["removed"].as_bool().unwrap())).collect::<Vec<_>>()
     };
-    gw.wait_log(&["NBD connection opened", "export=b"], Duration::from_secs(30));
+    // Its connection is b's second (the write above was the first).
+    let opened_b = || {
+        gw.log.lock().unwrap().iter().filter(|l| l.contains("NBD connection opened") && l.contains("export=b")).count()
+    };
+    assert!(eventually(Duration::from_secs(30), || opened_b() == 2), "{}", opened_b());
     assert_eq!(exports(), [("a".to_string(), false), ("b".to_string(), false)]);
     // s2 and b go, s3 and c come; c is a's tenant's, whose tracker then counts s3 too.
     let c = vol("c", "s3 = 1").replace("size_mb", "tenant = \"a\"\nsize_mb");
