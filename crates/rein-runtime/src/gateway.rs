@@ -1169,9 +1169,15 @@ impl NodePlan {
                     }
                 }
                 None => {
+                    // One `[node_tls]` cell for every node, which a reload sets for all of them at once
+                    // (and the admin's certificate gauge reads): an added node shares the running one.
+                    let mut n = n.clone();
+                    if let (Some(t), Some(cell)) = (&mut n.tls, running.iter().find_map(|r| r.tls.as_ref())) {
+                        t.client = cell.client.clone();
+                    }
                     plan.place.push(plan.nodes.len());
                     plan.nodes.push(n.clone());
-                    plan.next.push(n.clone());
+                    plan.next.push(n);
                 }
             }
         }
@@ -2246,6 +2252,18 @@ mod tests {
         assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "TLS turned off: a restart");
         let (_, changed) = NodeTlsSwap::set(&running, &config(&new, "s1"));
         assert!(!changed, "the same file and bytes: nothing to say");
+        // A node a reload adds shares the running cell: what the reload sets (or puts back) is its too.
+        let text = format!(
+            "[node_tls]\npsk_file = {old:?}\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n\
+             [[nodes]]\nname = \"s2\"\naddress = \"127.0.0.1:2\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
+        );
+        let grown = GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes;
+        let plan = NodePlan::new(&running, &Default::default(), &grown, |_| None).unwrap();
+        assert_eq!(offered(&plan.nodes[1..]).as_deref(), Some("gw-new"), "the running context, not the file's");
+        let (swap, _) = NodeTlsSwap::set(&running, &grown);
+        assert_eq!(offered(&plan.nodes[1..]).as_deref(), Some("gw-old"));
+        drop(swap);
+        assert_eq!(offered(&plan.nodes[1..]).as_deref(), Some("gw-new"));
     }
 
     /// A reload that moves a node (another address or tls_name) sets its new place in the route every
