@@ -1027,6 +1027,35 @@ fn a_reload_adds_and_removes_nodes() {
     assert!(!log.iter().any(|l| l.contains("node connection lost")), "{log:#?}");
 }
 
+/// docs/gateway.md, "Growing a volume onto new nodes": a node added by a reload with a volume of the same
+/// tenant laid out over the old and the new node; nbdcopy copies the volume into it through the gateway,
+/// and the copy reads back whole, part of it from the new node's export.
+#[test]
+fn a_volume_grows_onto_an_added_node_by_a_copy() {
+    let tmp = tmpdir("gw-grow");
+    let dir = tmp.path();
+    let (s1, s2) = (storage_node(dir, 248), storage_node(dir, 249));
+    let v = "[[tenants]]\nname = \"t\"\nreservation = 100\n\
+             [[exports]]\nname = \"v\"\ntenant = \"t\"\nsize_mb = 8\nstripe_kb = 64\nwidths = { s1 = 1 }\n";
+    let gw = gateway(&gateway_config(dir, 251, &[("s1", s1.nbd)], v));
+    let src = dir.join("src.img");
+    random_file(&src, 8 << 20, 57);
+    let at = |name: &str| format!("nbd://{}/{name}", gw.nbd);
+    run_ok(tool("nbdcopy").args([src.to_str().unwrap(), &at("v")]));
+    let v2 = "[[exports]]\nname = \"v2\"\ntenant = \"t\"\nsize_mb = 8\nstripe_kb = 64\nwidths = { s1 = 1, s2 = 1 }\n\
+              node_export = \"w\"\n";
+    gateway_config(dir, 251, &[("s1", s1.nbd), ("s2", s2.nbd)], &format!("{v}{v2}"));
+    gw.signal("-HUP");
+    gw.wait_line("reload: export v2 added");
+    run_ok(tool("nbdcopy").args([&at("v"), &at("v2")]));
+    let back = dir.join("back.img");
+    run_ok(tool("nbdcopy").args([&at("v2"), back.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap(), "the copy reads back whole");
+    // Units alternate s1, s2: v2's second unit is s2's first.
+    let w = std::fs::read(dir.join("node249").join("data").join("w.img")).unwrap();
+    assert_eq!(w[..UNIT as usize], std::fs::read(&src).unwrap()[UNIT as usize..2 * UNIT as usize]);
+}
+
 /// A reload (SIGHUP) takes renewed TLS credentials on both sides of a gateway without a restart
 /// (crates/rein-runtime/src/tls.rs, "Reload"). The PSK of the gateway's node links is rotated in place:
 /// the nodes' key file and the gateway's get the new key and both reload; the same reload gives the
