@@ -50,6 +50,7 @@ fn every_fuzz_target_is_replayed() {
         "admin_create",
         "admin_response",
         "gateway_config",
+        "gateway_layouts",
         "job_spec",
         "listen_env",
         "nbd_client",

@@ -23,6 +23,8 @@
 //! reconnect_max_backoff_ms = 2000   # 50..=600000
 //! connections_per_node = 1          # 1..=64
 //! worker_threads = 1                # 1..=1024
+//! layout_file = "gw-layouts.json"   # optional: the volumes' layouts, recorded; a start that would lay
+//!                                   # a volume out otherwise is refused (`layouts`)
 //! # and, as in rein serve: [tls], max_connections*, max_inflight_mb*, idle_timeout_s,
 //! # shutdown_timeout_s, max_request_kb, default_export
 //! [node_tls]                        # optional: STARTTLS on every node link, never plain
@@ -144,6 +146,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
+pub mod layouts;
+
 /// Where a Linux guest's halt polling is set (the cpuidle-haltpoll driver's `guest_halt_poll_ns`: how long
 /// an idle vCPU polls before it halts). Absent on hosts and on guests without the driver.
 pub const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
@@ -168,6 +172,22 @@ pub const MAX_VOLUMES: usize = 1024;
 /// Most node connections in one gateway: each volume's nodes times `connections_per_node` (each a task,
 /// buffers and a descriptor, about 11 KB: 256 nodes x 1,024 volumes took 3.0 GB and 2 min to start).
 pub const MAX_NODE_SESSIONS: usize = 16_384;
+
+/// Volume `v`'s layout over `nodes` (by place), as the layout file records it: the nodes it uses, in
+/// layout order.
+fn layout_of(v: &GatewayVolume, nodes: &[NodeSpec]) -> layouts::Layout {
+    let used = (0..nodes.len()).filter(|&j| v.stripe.uses(j));
+    layouts::Layout {
+        unit: v.stripe.unit(),
+        nodes: used
+            .map(|j| layouts::LayoutNode {
+                node: nodes[j].name.clone(),
+                export: v.node_exports[j].clone(),
+                width: v.stripe.widths()[j],
+            })
+            .collect(),
+    }
+}
 
 /// Node connections the gateway holds: each export's nodes times `connections` (per node and volume).
 fn node_sessions(exports: &[GatewayVolume], nodes: usize, connections: usize) -> usize {
@@ -238,6 +258,9 @@ pub struct GatewayConfig {
     /// The runtime's worker threads (`worker_threads`, default [`DEFAULT_WORKER_THREADS`]). The binary
     /// builds its runtime with it; [`run`] does not read it.
     pub worker_threads: usize,
+    /// `layout_file`: where the volumes' layouts are recorded, so that a start with another layout for
+    /// a volume is refused ([`layouts`]).
+    pub layout_file: Option<std::path::PathBuf>,
     /// The nodes, in config order.
     pub nodes: Vec<NodeSpec>,
     /// The tenants.
@@ -328,6 +351,7 @@ struct File {
     listen_unix: Option<String>,
     listen_unix_mode: Option<String>,
     admin: Option<String>,
+    layout_file: Option<String>,
     admin_token_file: Option<String>,
     #[serde(default)]
     admin_insecure: bool,
@@ -430,6 +454,7 @@ impl GatewayConfig {
     /// returns a line per volume and a summary to print. The nodes are not contacted: a node that is down
     /// or serves another size shows at start.
     pub fn check(&self) -> Result<Vec<String>, GatewayError> {
+        self.check_layouts()?;
         if let Some(addr) = self.admin {
             crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS)?;
         }
@@ -494,6 +519,26 @@ impl GatewayConfig {
             }
         }
         Ok(())
+    }
+
+    /// Refuses volumes whose layout differs from the one `layout_file` recorded (their data was written
+    /// in it), all named in one error ([`layouts`]); nothing to check without a `layout_file` or before
+    /// it is first written.
+    pub fn check_layouts(&self) -> Result<(), GatewayError> {
+        let Some(path) = &self.layout_file else { return Ok(()) };
+        let Some(recorded) = layouts::read(path).map_err(GatewayError::Layout)? else { return Ok(()) };
+        let now = self.exports.iter().map(|v| (v.name.as_str(), layout_of(v, &self.nodes)));
+        let differ = layouts::differences(&recorded, now);
+        if differ.is_empty() {
+            return Ok(());
+        }
+        Err(GatewayError::Layout(format!(
+            "{}; a start would read and write their units in other places, scrambling their data: restore gw.toml's \
+             [[nodes]] order, widths, stripe_kb and node_export for them, or, to lay a volume out anew (its data \
+             then lost to the gateway), remove its entry from {}",
+            differ.join("; "),
+            path.display()
+        )))
     }
 
     /// The node connections this configuration holds (each export's nodes times `connections_per_node`;
@@ -817,6 +862,7 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
             connections: f.connections_per_node,
         },
         worker_threads: f.worker_threads,
+        layout_file: f.layout_file.as_ref().map(|p| base.join(p)),
         nodes,
         tenants,
         exports,
@@ -861,6 +907,10 @@ pub enum GatewayError {
     /// its VMs.
     #[error("{0}")]
     Parda(String),
+    /// `layout_file` cannot be read or written, or a volume's layout differs from the one recorded there
+    /// ([`layouts`]); the message names the file or the volumes.
+    #[error("{0}")]
+    Layout(String),
 }
 
 impl From<crate::admin_guard::AdminListenError> for GatewayError {
@@ -1055,6 +1105,13 @@ impl Live {
             access: v.access.clone(),
         });
         Ok(LiveVolume { cfg: v.clone(), tenant: t.name.clone(), volume, export })
+    }
+
+    /// Writes the layouts the volumes run to `layout_file`, if there is one ([`layouts`]).
+    fn record_layouts(&self) -> Result<(), String> {
+        let Some(path) = &self.base.layout_file else { return Ok(()) };
+        let volumes = self.volumes.iter().map(|v| (v.cfg.name.clone(), layout_of(&v.cfg, &self.base.nodes)));
+        layouts::write(path, volumes.collect())
     }
 
     /// Whether a running volume, or one a reload removed whose connections are still open, uses place `j`.
@@ -1321,6 +1378,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
             dbg(&base.link) == dbg(&new.link),
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
+        ("layout_file", base.layout_file == new.layout_file),
         ("[parda] or [parda_host]", parda_but_sched(&base.parda) == parda_but_sched(&new.parda)),
         (
             "default_export",
@@ -1528,6 +1586,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     live.base.tls = new.tls.clone();
     r.applied.extend(moves.keep(&mut live.base.nodes));
+    // (The layouts are recorded below, once the nodes added are in the running list.)
     for n in &plan.nodes[live.base.nodes.len()..] {
         r.applied.push(format!("node {} added at {} (for volumes from now on)", n.name, n.address));
     }
@@ -1544,6 +1603,9 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
             ""
         };
         r.applied.push(format!("node {} removed (no new volume can use it){still}", live.base.nodes[j].name));
+    }
+    if let Err(e) = live.record_layouts() {
+        r.applied.push(format!("warning: {e} (the volumes' layouts are not recorded; a start checks the last record)"));
     }
     let cut = node_tls.keep();
     if !cut.is_empty() {
@@ -1747,6 +1809,8 @@ pub async fn run_with(
         );
         live.host = Some((gate, vms));
     }
+    // A volume laid out otherwise than its data was written stops the start (`layouts`).
+    cfg.check_layouts()?;
     // The volumes' node connections open together (OPEN_AT_ONCE at a time), and a stop signal meanwhile
     // ends the start at once (it was heard only once the gateway listened).
     tokio::pin!(shutdown);
@@ -1769,6 +1833,7 @@ pub async fn run_with(
         let lv = live.make(v, &cfg.tenants[v.tenant], id, volume).await?;
         live.volumes.push(lv);
     }
+    live.record_layouts().map_err(GatewayError::Layout)?;
     let limits = ConnLimits::new(cfg.caps);
     let policy = Arc::new(Policy {
         tls: live.tls.clone(),

@@ -318,6 +318,29 @@ pub fn state_file(data: &[u8]) {
     }
 }
 
+/// Parses `data` as `rein gateway`'s layout file (`layout_file`, [`crate::gateway::layouts`], read at
+/// every start); panics if a contract is broken: only this version accepted, every layout within its
+/// bounds (1..=256 nodes of width at least 1, distinct names, widths summing to at most 4,096), and what
+/// parses is written back and parses to the same value, with no difference from itself.
+pub fn gateway_layouts(data: &[u8]) {
+    use crate::gateway::layouts;
+    let Ok(f) = layouts::parse(data) else { return };
+    assert_eq!(f.version, layouts::VERSION, "another version accepted");
+    for (name, l) in &f.volumes {
+        assert!(!name.is_empty(), "a volume without a name");
+        assert!((1..=crate::gateway::MAX_NODES).contains(&l.nodes.len()), "volume {name}: {} nodes", l.nodes.len());
+        assert!(l.nodes.iter().all(|n| n.width >= 1), "volume {name}: a node of width 0");
+        let widths: Vec<u32> = l.nodes.iter().map(|n| n.width).collect();
+        rein_model::stripe::Stripe::new(l.unit, &widths)
+            .unwrap_or_else(|e| panic!("volume {name}: a layout no stripe has: {e}"));
+    }
+    let text = serde_json::to_vec(&f).expect("a layout file serialises");
+    let again = layouts::parse(&text).unwrap_or_else(|e| panic!("a layout file written back does not parse: {e}"));
+    assert_eq!(again, f, "a layout file written back parses to another value");
+    let now = f.volumes.iter().map(|(n, l)| (n.as_str(), l.clone()));
+    assert!(layouts::differences(&f, now).is_empty(), "a layout differs from itself");
+}
+
 /// Applies `data` as a state file's journal (`data_dir/rein-state.journal`) over an empty state, as
 /// [`state::Store::open`] does; panics if a contract is broken: what it accepts is whole lines of this
 /// version, at most one cut last line, and a state that [`state_file`]'s checks accept when written as a

@@ -23,6 +23,11 @@ fn gateway_config_corpus() {
 }
 
 #[test]
+fn gateway_layouts_corpus() {
+    replay("gateway_layouts", rein_runtime::harness::gateway_layouts);
+}
+
+#[test]
 fn admin_body_corpus() {
     replay("admin_body", rein_runtime::harness::admin_bodies);
 }
@@ -86,6 +91,11 @@ fn seeds_are_valid() {
         let mut st = None;
         rein_runtime::state::apply_journal(&mut st, &bytes).unwrap_or_else(|e| panic!("seed {}: {e}", path.display()));
         assert!(st.is_some_and(|s| !s.is_empty()), "seed {}: an empty state", path.display());
+    }
+    for (path, bytes) in seeds("gateway_layouts") {
+        let f =
+            rein_runtime::gateway::layouts::parse(&bytes).unwrap_or_else(|e| panic!("seed {}: {e}", path.display()));
+        assert!(!f.volumes.is_empty(), "seed {}: no volume", path.display());
     }
     for (path, bytes) in seeds("psk_file") {
         let text = std::str::from_utf8(&bytes).expect("UTF-8");

@@ -1056,6 +1056,47 @@ fn a_volume_grows_onto_an_added_node_by_a_copy() {
     assert_eq!(w[..UNIT as usize], std::fs::read(&src).unwrap()[UNIT as usize..2 * UNIT as usize]);
 }
 
+/// `layout_file` (crates/rein-runtime/src/gateway/layouts.rs): the layouts a gateway runs are recorded,
+/// and a start (or `--check-config`) with gw.toml's `[[nodes]]` reordered, which would lay the volume
+/// out otherwise and scramble its data, is refused naming the volume and both layouts; with the order
+/// back the data reads as written. A volume added by a reload is recorded too.
+#[test]
+fn a_start_that_would_lay_a_volume_out_otherwise_is_refused() {
+    let tmp = tmpdir("gw-layouts");
+    let dir = tmp.path();
+    let (s1, s2) = (storage_node(dir, 252), storage_node(dir, 253));
+    let top = "layout_file = \"layouts.json\"\n";
+    let v = "[[exports]]\nname = \"v\"\nsize_mb = 8\nstripe_kb = 64\n";
+    let in_order = [("s1", s1.nbd), ("s2", s2.nbd)];
+    let cfg = gateway_config_with(dir, 221, top, &in_order, v);
+    let gw = gateway(&cfg);
+    let (ok, out) =
+        qemu_io_ok(&format!("nbd://{}/v", gw.nbd), &["write -P 0x61 0 64k", "write -P 0x62 64k 64k", "flush"]);
+    assert!(ok, "{out}");
+    let w = "[[exports]]\nname = \"w\"\nsize_mb = 8\nwidths = { s2 = 1 }\nnode_export = \"w\"\n";
+    gateway_config_with(dir, 221, top, &in_order, &format!("{v}{w}"));
+    gw.signal("-HUP");
+    gw.wait_line("reload: export w added");
+    drop(gw);
+    let recorded = std::fs::read_to_string(dir.join("layouts.json")).unwrap();
+    assert!(recorded.contains("\"v\"") && recorded.contains("\"w\""), "{recorded}");
+    // s2 before s1: v's units would swap places.
+    let reordered = gateway_config_with(dir, 221, top, &[("s2", s2.nbd), ("s1", s1.nbd)], &format!("{v}{w}"));
+    let want =
+        "export v: gw.toml lays it out as 64 KiB units over s2 (export \"v\", width 1), s1 (export \"v\", width \
+                1), its data was written as 64 KiB units over s1 (export \"v\", width 1), s2 (export \"v\", width 1)";
+    for err in [
+        Rein::gateway(&reordered).env("REIN_LOG", "off").fails(),
+        Rein::new(&["gateway", "--config", reordered.to_str().unwrap(), "--check-config"]).fails(),
+    ] {
+        assert!(err.contains(want) && err.contains("restore gw.toml's [[nodes]] order"), "{err}");
+        assert!(!err.contains("export w"), "w (on s2 alone) keeps its layout: {err}");
+    }
+    let gw = gateway(&gateway_config_with(dir, 221, top, &in_order, &format!("{v}{w}")));
+    let (ok, out) = qemu_io_ok(&format!("nbd://{}/v", gw.nbd), &["read -P 0x61 0 64k", "read -P 0x62 64k 64k"]);
+    assert!(ok, "in order again, v reads as written: {out}");
+}
+
 /// A reload (SIGHUP) takes renewed TLS credentials on both sides of a gateway without a restart
 /// (crates/rein-runtime/src/tls.rs, "Reload"). The PSK of the gateway's node links is rotated in place:
 /// the nodes' key file and the gateway's get the new key and both reload; the same reload gives the

@@ -1,0 +1,233 @@
+//! The layout file (`layout_file` in gw.toml): the layout each volume's data was written in, so that a
+//! start with a gw.toml that lays a volume out otherwise is refused instead of scrambling its data.
+//!
+//! # Why
+//! A volume's layout is its stripe unit and its nodes in gw.toml's order, with their widths and node
+//! exports (docs/gateway.md, "Layout"), and gw.toml is its only record: with `[[nodes]]` reordered, a
+//! width or `stripe_kb` changed, or a node renamed, the next start reads every unit from another place
+//! (the VM sees garbage, and its writes land over other units). A reload refuses or names such a change
+//! and keeps the running layout (the module comment of [`super`], "Reload"); a restart cannot know, unless
+//! the layout was recorded.
+//!
+//! # Model
+//! JSON, version 1: each volume's layout, the nodes it uses in layout order (a node by name: one moved to
+//! another address keeps its data):
+//!
+//! ```json
+//! {"version": 1, "volumes": {"v": {"unit": 65536, "nodes": [{"node": "s1", "export": "v", "width": 1}]}}}
+//! ```
+//!
+//! - At start, and with `--check-config`, each volume of gw.toml that has a record must have that layout,
+//!   or the start fails, naming every volume that differs with both layouts ([`differences`]).
+//! - Once the volumes are open, and after each reload, the file is written whole ([`crate::durable`])
+//!   with the layouts the volumes run: a volume the configuration no longer has loses its record (its data
+//!   is no longer the gateway's), and one whose layout a reload left as it runs keeps the running one.
+//!
+//! # Bounds
+//! At most [`MAX_FILE_BYTES`] are read; at most [`super::MAX_VOLUMES`] volumes of at most
+//! [`super::MAX_NODES`] nodes, widths summing to at most [`MAX_ROUND_UNITS`], names as NBD allows. A file
+//! that does not parse or breaks a bound is one error naming the file and what is wrong, and the start
+//! fails (remove the file to record the layouts anew).
+
+use rein_model::stripe::MAX_ROUND_UNITS;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The version written and read.
+pub const VERSION: u32 = 1;
+/// Most bytes read (1,024 volumes of 256 nodes with long names fit: about 300 bytes a node).
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// One node of a layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayoutNode {
+    /// The node's name (`[[nodes]] name`).
+    pub node: String,
+    /// The export on the node that holds the volume's units.
+    pub export: String,
+    /// Units per round on the node (at least 1).
+    pub width: u32,
+}
+
+/// A volume's layout: its unit and the nodes it uses, in layout order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layout {
+    /// Bytes per stripe unit.
+    pub unit: u64,
+    /// The nodes used, in layout order.
+    pub nodes: Vec<LayoutNode>,
+}
+
+impl Layout {
+    /// The layout in words: `64 KiB units over s1 (export v, width 1), s2 (export v, width 2)`.
+    pub fn describe(&self) -> String {
+        let nodes: Vec<String> =
+            self.nodes.iter().map(|n| format!("{} (export {:?}, width {})", n.node, n.export, n.width)).collect();
+        let unit = if self.unit.is_multiple_of(1024) {
+            format!("{} KiB", self.unit >> 10)
+        } else {
+            format!("{} B", self.unit)
+        };
+        format!("{unit} units over {}", nodes.join(", "))
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.unit == 0 || self.unit > 1 << 30 {
+            return Err(format!("unit must be in 1..=1073741824 bytes, got {}", self.unit));
+        }
+        if self.nodes.is_empty() || self.nodes.len() > super::MAX_NODES {
+            return Err(format!("1..={} nodes, got {}", super::MAX_NODES, self.nodes.len()));
+        }
+        let mut sum = 0u64;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.node.is_empty() || n.node.len() > rein_proto::nbd::MAX_NAME_LEN {
+                return Err(format!("node {i}: a name of 1..={} bytes", rein_proto::nbd::MAX_NAME_LEN));
+            }
+            if n.export.len() > rein_proto::nbd::MAX_NAME_LEN {
+                return Err(format!(
+                    "node {}: an export name of at most {} bytes",
+                    n.node,
+                    rein_proto::nbd::MAX_NAME_LEN
+                ));
+            }
+            if n.width == 0 {
+                return Err(format!("node {}: width 0 (a layout lists only the nodes it uses)", n.node));
+            }
+            if self.nodes[..i].iter().any(|o| o.node == n.node) {
+                return Err(format!("node {} listed twice", n.node));
+            }
+            sum += u64::from(n.width);
+        }
+        if sum > MAX_ROUND_UNITS {
+            return Err(format!("the widths sum to {sum}, past {MAX_ROUND_UNITS}"));
+        }
+        Ok(())
+    }
+}
+
+/// The file's contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayoutFile {
+    /// [`VERSION`].
+    pub version: u32,
+    /// Each volume's layout, by the volume's name.
+    pub volumes: BTreeMap<String, Layout>,
+}
+
+/// Parses and checks a layout file's bytes; the error says what is wrong (the caller names the file).
+pub fn parse(bytes: &[u8]) -> Result<LayoutFile, String> {
+    let f: LayoutFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if f.version != VERSION {
+        return Err(format!("version {} (this gateway reads version {VERSION})", f.version));
+    }
+    if f.volumes.len() > super::MAX_VOLUMES {
+        return Err(format!("{} volumes, past {}", f.volumes.len(), super::MAX_VOLUMES));
+    }
+    for (name, l) in &f.volumes {
+        if name.is_empty() || name.len() > rein_proto::nbd::MAX_NAME_LEN {
+            return Err(format!("a volume name of 1..={} bytes", rein_proto::nbd::MAX_NAME_LEN));
+        }
+        l.check().map_err(|e| format!("volume {name}: {e}"))?;
+    }
+    Ok(f)
+}
+
+/// Reads the layout file at `path`: `None` if there is none yet; an error naming the file otherwise.
+pub fn read(path: &Path) -> Result<Option<LayoutFile>, String> {
+    let name = path.display();
+    match rein_model::input::read_bounded(path, MAX_FILE_BYTES) {
+        Ok(bytes) => parse(&bytes)
+            .map(Some)
+            .map_err(|e| format!("layout_file {name}: {e} (fix it, or remove it to record the running layouts anew)")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("layout_file {name}: cannot read it: {e}")),
+    }
+}
+
+/// Writes `volumes` as the layout file at `path`, whole ([`crate::durable::write`]).
+pub fn write(path: &Path, volumes: BTreeMap<String, Layout>) -> Result<(), String> {
+    let f = LayoutFile { version: VERSION, volumes };
+    let mut bytes = serde_json::to_vec_pretty(&f).expect("a layout file serialises");
+    bytes.push(b'\n');
+    crate::durable::write(path, &bytes).map_err(|e| format!("layout_file: {e}"))
+}
+
+/// The volumes of `now` whose layout differs from their record in `recorded`, one line each with both
+/// layouts; volumes without a record are not named.
+pub fn differences<'a>(recorded: &LayoutFile, now: impl IntoIterator<Item = (&'a str, Layout)>) -> Vec<String> {
+    now.into_iter()
+        .filter_map(|(name, layout)| {
+            let old = recorded.volumes.get(name)?;
+            (*old != layout).then(|| {
+                format!(
+                    "export {name}: gw.toml lays it out as {}, its data was written as {}",
+                    layout.describe(),
+                    old.describe()
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(nodes: &[(&str, u32)]) -> Layout {
+        Layout {
+            unit: 65536,
+            nodes: nodes.iter().map(|&(n, w)| LayoutNode { node: n.into(), export: "v".into(), width: w }).collect(),
+        }
+    }
+
+    #[test]
+    fn a_file_round_trips_and_bad_ones_are_named() {
+        let f = LayoutFile { version: VERSION, volumes: BTreeMap::from([("v".to_string(), layout(&[("s1", 1)]))]) };
+        let text = serde_json::to_vec(&f).unwrap();
+        assert_eq!(parse(&text).unwrap(), f);
+        let bad = |json: &str| parse(json.as_bytes()).unwrap_err();
+        assert!(bad(r#"{"version": 2, "volumes": {}}"#).contains("version 2"));
+        assert!(bad(r#"{"version": 1, "volumes": {}, "x": 1}"#).contains("unknown field"));
+        let v = |nodes: &str| format!(r#"{{"version": 1, "volumes": {{"v": {{"unit": 4096, "nodes": [{nodes}]}}}}}}"#);
+        assert!(bad(&v("")).contains("volume v: 1..=256 nodes, got 0"));
+        assert!(bad(&v(r#"{"node": "s1", "export": "v", "width": 0}"#)).contains("width 0"));
+        let twice = r#"{"node": "s1", "export": "v", "width": 1}, {"node": "s1", "export": "w", "width": 1}"#;
+        assert!(bad(&v(twice)).contains("node s1 listed twice"));
+        assert!(bad(&v(r#"{"node": "s1", "export": "v", "width": 5000}"#)).contains("past 4096"));
+        assert!(bad("not json").contains("expected"));
+    }
+
+    #[test]
+    fn differences_name_the_volumes_that_changed_with_both_layouts() {
+        let recorded = LayoutFile {
+            version: VERSION,
+            volumes: BTreeMap::from([
+                ("a".to_string(), layout(&[("s1", 1), ("s2", 1)])),
+                ("b".to_string(), layout(&[("s1", 1)])),
+            ]),
+        };
+        let now = [("a", layout(&[("s2", 1), ("s1", 1)])), ("b", layout(&[("s1", 1)])), ("c", layout(&[("s3", 1)]))];
+        assert_eq!(
+            differences(&recorded, now),
+            ["export a: gw.toml lays it out as 64 KiB units over s2 (export \"v\", width 1), s1 (export \"v\", width \
+              1), its data was written as 64 KiB units over s1 (export \"v\", width 1), s2 (export \"v\", width 1)"]
+        );
+    }
+
+    #[test]
+    fn read_and_write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("layouts.json");
+        assert_eq!(read(&path).unwrap(), None, "none yet");
+        let volumes = BTreeMap::from([("v".to_string(), layout(&[("s1", 2)]))]);
+        write(&path, volumes.clone()).unwrap();
+        assert_eq!(read(&path).unwrap().unwrap().volumes, volumes);
+        std::fs::write(&path, "{").unwrap();
+        let e = read(&path).unwrap_err();
+        assert!(e.starts_with(&format!("layout_file {}: ", path.display())) && e.contains("remove it"), "{e}");
+    }
+}
