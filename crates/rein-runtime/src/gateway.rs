@@ -1811,6 +1811,16 @@ pub async fn run_with(
     }
     // A volume laid out otherwise than its data was written stops the start (`layouts`).
     cfg.check_layouts()?;
+    if cfg.layout_file.is_none() {
+        if let Some(v) = cfg.exports.iter().find(|v| (0..cfg.nodes.len()).filter(|&j| v.stripe.uses(j)).count() > 1) {
+            tracing::info!(
+                "layout_file is not set: the layouts of volumes over several nodes (export {} among them) are not \
+                 recorded, so a start with [[nodes]] reordered, or a volume's widths, stripe_kb or node_export \
+                 changed, would lay their data out anew unchecked (docs/gateway.md, \"Layout\")",
+                v.name
+            );
+        }
+    }
     // The volumes' node connections open together (OPEN_AT_ONCE at a time), and a stop signal meanwhile
     // ends the start at once (it was heard only once the gateway listened).
     tokio::pin!(shutdown);

@@ -114,6 +114,8 @@ fn real_clients_round_trip_through_three_nodes() {
     // a write and the read after it, go over either, and the bytes must still come back as written.
     let (_nodes, gw) = three_nodes_and_gateway_with(dir.path(), 31, "connections_per_node = 2\n");
     let uri = uri(&gw);
+    // Without layout_file, a volume over several nodes is a hint at start.
+    gw.wait_line("layout_file is not set: the layouts of volumes over several nodes (export v among them)");
     // nbdinfo: the volume's size and flags.
     let info = run_ok(tool("nbdinfo").arg(&uri));
     assert!(info.contains("export-size: 67108864"), "{info}");
