@@ -663,6 +663,13 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
         if n.name.is_empty() {
             return Err("a [[nodes]] entry has an empty name".into());
         }
+        if n.name.len() > MAX_NODE_NAME_LEN {
+            return Err(format!(
+                "node {:?}...: name must be at most {MAX_NODE_NAME_LEN} bytes, got {}",
+                n.name.chars().take(16).collect::<String>(),
+                n.name.len()
+            ));
+        }
         if nodes.iter().any(|x| x.name == n.name) {
             return Err(format!("node name {:?} is repeated", n.name));
         }
@@ -1279,35 +1286,31 @@ impl NodePlan {
             .collect()
     }
 
-    /// `file` by place: its nodes are [`NodePlan::next`], and its volumes' layouts, node exports and
-    /// tenants' `server_reservations` are indexed by place (a volume [`NodePlan::misordered`] keeps its
-    /// widths, at their places: another layout than the file's, which the reload names or refuses).
+    /// `file` by place: its nodes are [`NodePlan::next`], and its volumes' widths, node exports and
+    /// tenants' `server_reservations` are indexed by place. A volume's layout is then the file's exactly
+    /// when it is not [`NodePlan::misordered`] ([`Stripe::placed`]); a misordered one gets another layout,
+    /// which the reload names or refuses.
     fn by_place(&self, file: &GatewayConfig) -> GatewayConfig {
-        let n = self.next.len();
         let mut c = file.clone();
         c.nodes = self.next.clone();
         for v in &mut c.exports {
-            v.stripe = v.stripe.placed(&self.place, n).unwrap_or_else(|| {
-                let mut w = vec![0; n];
-                for (i, &width) in v.stripe.widths().iter().enumerate() {
-                    w[self.place[i]] = width;
-                }
-                Stripe::new(v.stripe.unit(), &w).expect("the same widths")
-            });
-            let mut exports = vec![String::new(); n];
-            for (i, e) in std::mem::take(&mut v.node_exports).into_iter().enumerate() {
-                exports[self.place[i]] = e;
-            }
-            v.node_exports = exports;
+            let widths = self.at_places(v.stripe.widths(), 0);
+            v.stripe = Stripe::new(v.stripe.unit(), &widths).expect("the same widths");
+            v.node_exports = self.at_places(&v.node_exports, String::new());
         }
         for t in &mut c.tenants {
-            let mut r = vec![0.0; n];
-            for (i, &x) in t.server_reservations.iter().enumerate() {
-                r[self.place[i]] = x;
-            }
-            t.server_reservations = r;
+            t.server_reservations = self.at_places(&t.server_reservations, 0.0);
         }
         c
+    }
+
+    /// `by_file` (one value per node of the file) by place, `none` at the places the file does not name.
+    fn at_places<T: Clone>(&self, by_file: &[T], none: T) -> Vec<T> {
+        let mut out = vec![none; self.next.len()];
+        for (i, x) in by_file.iter().enumerate() {
+            out[self.place[i]] = x.clone();
+        }
+        out
     }
 }
 
@@ -1586,7 +1589,6 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     live.base.tls = new.tls.clone();
     r.applied.extend(moves.keep(&mut live.base.nodes));
-    // (The layouts are recorded below, once the nodes added are in the running list.)
     for n in &plan.nodes[live.base.nodes.len()..] {
         r.applied.push(format!("node {} added at {} (for volumes from now on)", n.name, n.address));
     }
@@ -1783,6 +1785,9 @@ pub async fn run_with(
     let passed_nbd = passed.take(&crate::activation::NBD);
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let passed_any = (!passed_nbd.is_empty(), passed_admin.is_some());
+    // A volume laid out otherwise than its data was written stops the start, before anything listens
+    // (`layouts`).
+    cfg.check_layouts()?;
     // The front and the admin endpoint are bound first, before the PARDA host starts and before the node
     // handshakes (which take up to connect_timeout_s each): a busy port fails the start at once, and
     // clients that connect meanwhile wait in the listen queue until the volumes are open, as they do
@@ -1809,8 +1814,6 @@ pub async fn run_with(
         );
         live.host = Some((gate, vms));
     }
-    // A volume laid out otherwise than its data was written stops the start (`layouts`).
-    cfg.check_layouts()?;
     if cfg.layout_file.is_none() {
         if let Some(v) = cfg.exports.iter().find(|v| (0..cfg.nodes.len()).filter(|&j| v.stripe.uses(j)).count() > 1) {
             tracing::info!(

@@ -73,6 +73,7 @@ use rein_core::spec::MAX_IDLE_CREDIT;
 use rein_core::units::{MAX_WEIGHT, MIN_RATE};
 use rein_core::{Nanos, QosSpec};
 use rein_model::workload::{WorkloadKind, MAX_OUTSTANDING, MAX_RATE_IOPS, MAX_SIZE_BYTES};
+use rein_proto::nbd::node::MAX_NODE_NAME_LEN;
 use std::net::IpAddr;
 use std::path::{Component, Path};
 use std::sync::OnceLock;
@@ -194,6 +195,7 @@ pub fn gateway_config(data: &[u8]) {
             assert!(unix_path_ok(p), "a node's Unix socket path the system cannot bind accepted");
         }
         assert!(!node.name.is_empty(), "an empty node name accepted");
+        assert!(node.name.len() <= MAX_NODE_NAME_LEN, "a node name of {} bytes accepted", node.name.len());
         assert!(cfg.nodes[..i].iter().all(|o| o.name != node.name), "a repeated node name accepted");
         if let Some(tls) = &node.tls {
             assert!((1..=253).contains(&tls.name.len()) && !tls.name.contains('\0'), "a bad tls_name accepted");

@@ -36,8 +36,10 @@ use std::path::Path;
 
 /// The version written and read.
 pub const VERSION: u32 = 1;
-/// Most bytes read (1,024 volumes of 256 nodes with long names fit: about 300 bytes a node).
-pub const MAX_FILE_BYTES: u64 = 64 << 20;
+/// Most bytes read and written: every layout a gw.toml can hold fits (at most
+/// [`super::MAX_NODE_SESSIONS`] volume-node pairs, each a node name of at most 255 bytes and an export
+/// name of at most 4,096, about 4.5 KB written out: 73 MB).
+pub const MAX_FILE_BYTES: u64 = 128 << 20;
 
 /// One node of a layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,6 +155,9 @@ pub fn write(path: &Path, volumes: BTreeMap<String, Layout>) -> Result<(), Strin
     let f = LayoutFile { version: VERSION, volumes };
     let mut bytes = serde_json::to_vec_pretty(&f).expect("a layout file serialises");
     bytes.push(b'\n');
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("layout_file: {} bytes of layouts, past the {MAX_FILE_BYTES} a start reads", bytes.len()));
+    }
     crate::durable::write(path, &bytes).map_err(|e| format!("layout_file: {e}"))
 }
 
