@@ -863,19 +863,7 @@ fn a_reload_moves_a_node_to_another_address() {
     std::fs::copy(node_file(dir, 144), node_file(dir, 145)).unwrap();
     let new = node(dir, 145, 0);
     // Reads through the move, none of which may fail.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (stop, uri) = (stop.clone(), uri(&gw));
-        std::thread::spawn(move || {
-            let mut rounds = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 3 {
-                let (ok, out) = qemu_io_ok(&uri, &["read -P 0x3c 0 1M", "read -P 0x3c 0 1M"]);
-                assert!(ok, "a read through the move failed: {out}");
-                rounds += 1;
-            }
-            rounds
-        })
-    };
+    let reads = Reads::start(uri(&gw), "read -P 0x3c 0 1M");
     gateway_config(dir, 146, &[("s1", new.nbd), ("s2", s2.nbd)], volume);
     gw.signal("-HUP");
     gw.wait_line(&format!(
@@ -900,9 +888,7 @@ fn a_reload_moves_a_node_to_another_address() {
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", nodes());
         std::thread::sleep(Duration::from_millis(50));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let rounds = reader.join().expect("no read failed");
-    assert!(rounds >= 3, "{rounds}");
+    reads.stop();
     let log = gw.log.lock().unwrap().clone();
     assert!(!log.iter().any(|l| l.contains("needs a restart") || l.contains("node connection lost")), "{log:#?}");
     drop(old);
@@ -936,19 +922,7 @@ fn a_reload_adds_and_removes_nodes() {
     assert!(ok, "{out}");
     let (ok, out) = qemu_io_ok(&at("b"), &["write -P 0x42 0 64k", "flush"]);
     assert!(ok, "{out}");
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (stop, uri) = (stop.clone(), at("a"));
-        std::thread::spawn(move || {
-            let mut rounds = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 3 {
-                let (ok, out) = qemu_io_ok(&uri, &["read -P 0x41 0 1M", "read -P 0x41 0 1M"]);
-                assert!(ok, "a read through the reload failed: {out}");
-                rounds += 1;
-            }
-            rounds
-        })
-    };
+    let reads = Reads::start(at("a"), "read -P 0x41 0 1M");
     // A client keeps b open through the reload that removes it.
     let mut keeper = Cmd::new("timeout")
         .args(["60", "qemu-io", "-f", "raw", &at("b")])
@@ -999,9 +973,7 @@ fn a_reload_adds_and_removes_nodes() {
     assert!(first(246, 131072).iter().all(|&b| b == 0x43), "c's bytes are on s3");
     assert!(first(149, 65536).iter().all(|&b| b == 0x42), "and b's stay on s2");
     assert!(!Cmd::new("nbdinfo").arg(at("b")).output().unwrap().status.success(), "b is gone");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let rounds = reader.join().expect("no read of a failed");
-    assert!(rounds >= 3, "{rounds}");
+    reads.stop();
     // s1 dropped while a uses it (gw.toml moves a to s3): both named, a keeps running over s1.
     let a_on_s3 = vol("a", "s3 = 1").replace("node_export = \"v\"", "node_export = \"a\"");
     gateway_config(dir, 247, &[("s3", s3.nbd)], &format!("{a_on_s3}{c}"));
@@ -1097,6 +1069,35 @@ fn a_start_that_would_lay_a_volume_out_otherwise_is_refused() {
     let gw = gateway(&gateway_config_with(dir, 221, top, &in_order, &format!("{v}{w}")));
     let (ok, out) = qemu_io_ok(&format!("nbd://{}/v", gw.nbd), &["read -P 0x61 0 64k", "read -P 0x62 64k 64k"]);
     assert!(ok, "in order again, v reads as written: {out}");
+}
+
+/// qemu-io runs of `read` (twice each) over `uri` on a thread, from [`Reads::start`] to [`Reads::stop`]
+/// and at least three: for reads that run through a reload, none of which may fail.
+struct Reads {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Reads {
+    fn start(uri: String, read: &str) -> Reads {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (until, read) = (stop.clone(), read.to_string());
+        let thread = std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !until.load(std::sync::atomic::Ordering::Relaxed) || rounds < 3 {
+                let (ok, out) = qemu_io_ok(&uri, &[&read, &read]);
+                assert!(ok, "a read through the reload failed: {out}");
+                rounds += 1;
+            }
+        });
+        Reads { stop, thread }
+    }
+
+    /// Stops the reads; panics if one failed.
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("no read failed");
+    }
 }
 
 /// A reload (SIGHUP) takes renewed TLS credentials on both sides of a gateway without a restart
