@@ -454,7 +454,7 @@ impl GatewayConfig {
     /// returns a line per volume and a summary to print. The nodes are not contacted: a node that is down
     /// or serves another size shows at start.
     pub fn check(&self) -> Result<Vec<String>, GatewayError> {
-        self.check_layouts()?;
+        let layouts = self.check_layouts()?;
         if let Some(addr) = self.admin {
             crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS)?;
         }
@@ -477,6 +477,7 @@ impl GatewayConfig {
                 )
             })
             .collect();
+        lines.extend(layouts);
         if let Some(p) = &self.parda {
             lines.push(format!("a PARDA host, id {}", p.id));
         }
@@ -523,14 +524,22 @@ impl GatewayConfig {
 
     /// Refuses volumes whose layout differs from the one `layout_file` recorded (their data was written
     /// in it), all named in one error ([`layouts`]); nothing to check without a `layout_file` or before
-    /// it is first written.
-    pub fn check_layouts(&self) -> Result<(), GatewayError> {
-        let Some(path) = &self.layout_file else { return Ok(()) };
-        let Some(recorded) = layouts::read(path).map_err(GatewayError::Layout)? else { return Ok(()) };
+    /// it is first written. Returns, for `--check-config`, a line saying what was checked.
+    pub fn check_layouts(&self) -> Result<Option<String>, GatewayError> {
+        let Some(path) = &self.layout_file else { return Ok(None) };
+        let Some(recorded) = layouts::read(path).map_err(GatewayError::Layout)? else {
+            return Ok(Some(format!("layout_file {}: no record yet (a start writes it)", path.display())));
+        };
         let now = self.exports.iter().map(|v| (v.name.as_str(), layout_of(v, &self.nodes)));
         let differ = layouts::differences(&recorded, now);
         if differ.is_empty() {
-            return Ok(());
+            let known = self.exports.iter().filter(|v| recorded.volumes.contains_key(&v.name)).count();
+            return Ok(Some(format!(
+                "layout_file {}: {} as recorded, {} new",
+                path.display(),
+                Count(known, "volume"),
+                self.exports.len() - known
+            )));
         }
         Err(GatewayError::Layout(format!(
             "{}; a start would read and write their units in other places, scrambling their data: restore gw.toml's \

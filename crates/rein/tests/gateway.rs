@@ -1066,7 +1066,15 @@ fn a_start_that_would_lay_a_volume_out_otherwise_is_refused() {
         assert!(err.contains(want) && err.contains("restore gw.toml's [[nodes]] order"), "{err}");
         assert!(!err.contains("export w"), "w (on s2 alone) keeps its layout: {err}");
     }
-    let gw = gateway(&gateway_config_with(dir, 221, top, &in_order, &format!("{v}{w}")));
+    let back = gateway_config_with(dir, 221, top, &in_order, &format!("{v}{w}"));
+    let out = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args([
+        "gateway",
+        "--config",
+        back.to_str().unwrap(),
+        "--check-config",
+    ]));
+    assert!(out.contains("layouts.json: 2 volumes as recorded, 0 new"), "{out}");
+    let gw = gateway(&back);
     let (ok, out) = qemu_io_ok(&format!("nbd://{}/v", gw.nbd), &["read -P 0x61 0 64k", "read -P 0x62 64k 64k"]);
     assert!(ok, "in order again, v reads as written: {out}");
 }
