@@ -189,6 +189,12 @@ fn layout_of(v: &GatewayVolume, nodes: &[NodeSpec]) -> layouts::Layout {
     }
 }
 
+/// The `[node_tls]` cell of `nodes`, which all their TLS nodes share (one context for every node: parsed
+/// so, and a reload's added nodes take the running cell, [`NodePlan::new`]).
+fn node_tls_cell(nodes: &[NodeSpec]) -> Option<crate::tls::LiveTlsClient> {
+    nodes.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.clone())
+}
+
 /// Node connections the gateway holds: each export's nodes times `connections` (per node and volume).
 fn node_sessions(exports: &[GatewayVolume], nodes: usize, connections: usize) -> usize {
     exports.iter().map(|v| (0..nodes).filter(|&j| v.stripe.uses(j)).count()).sum::<usize>() * connections
@@ -1038,6 +1044,9 @@ struct Live {
     passed: (bool, bool),
     /// The front's TLS context (`[tls]`), which a reload replaces ([`crate::tls`], "Reload").
     tls: LiveTls,
+    /// The node links' `[node_tls]` cell, which every TLS node shares, for `/metrics`' certificate
+    /// gauge: empty until a TLS node runs (a reload may add the first).
+    node_tls: crate::tls::ClientSlot,
 }
 
 impl Live {
@@ -1054,6 +1063,7 @@ impl Live {
             gone: Default::default(),
             passed: (false, false),
             tls: LiveTls::new(cfg.tls.clone()),
+            node_tls: Arc::new(std::sync::RwLock::new(node_tls_cell(&cfg.nodes))),
         }
     }
 
@@ -1245,8 +1255,8 @@ impl NodePlan {
                     // One `[node_tls]` cell for every node, which a reload sets for all of them at once
                     // (and the admin's certificate gauge reads): an added node shares the running one.
                     let mut n = n.clone();
-                    if let (Some(t), Some(cell)) = (&mut n.tls, running.iter().find_map(|r| r.tls.as_ref())) {
-                        t.client = cell.client.clone();
+                    if let (Some(t), Some(cell)) = (&mut n.tls, node_tls_cell(running)) {
+                        t.client = cell;
                     }
                     plan.place.push(plan.nodes.len());
                     plan.nodes.push(n.clone());
@@ -1602,6 +1612,12 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         r.applied.push(format!("node {} added at {} (for volumes from now on)", n.name, n.address));
     }
     live.base.nodes.extend_from_slice(&plan.nodes[live.base.nodes.len()..]);
+    // The first TLS node a reload adds gives `/metrics` its certificate (later ones share its cell).
+    let mut slot = live.node_tls.write().unwrap_or_else(|e| e.into_inner());
+    if slot.is_none() {
+        *slot = node_tls_cell(&live.base.nodes);
+    }
+    drop(slot);
     for &j in &plan.back {
         live.gone.remove(&j);
         r.applied.push(format!("node {} back (for volumes from now on)", live.base.nodes[j].name));
@@ -1885,9 +1901,9 @@ pub async fn run_with(
         Some((l, token)) => {
             let bound = l.local_addr().expect("bound");
             let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None);
-            let node_tls = cfg.nodes.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.clone());
-            let presented =
-                crate::tls::Presented::default().server("nbd", Some(live.tls.clone())).client("node_tls", node_tls);
+            let presented = crate::tls::Presented::default()
+                .server("nbd", Some(live.tls.clone()))
+                .client_slot("node_tls", live.node_tls.clone());
             let router = crate::admin_guard::protect(
                 admin_router(shown.clone(), gate.clone(), reloads.clone(), presented),
                 token,

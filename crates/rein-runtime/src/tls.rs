@@ -451,7 +451,12 @@ pub struct Presented(Vec<(&'static str, Held)>);
 enum Held {
     Server(LiveTls),
     Client(LiveTlsClient),
+    Slot(ClientSlot),
 }
+
+/// A client context that a reload may set where there was none (a gateway whose first TLS node a reload
+/// adds), as [`Presented::client_slot`] reads it.
+pub type ClientSlot = Arc<std::sync::RwLock<Option<LiveTlsClient>>>;
 
 impl Presented {
     /// Adds a server's context (`nbd`, `admin`), as reloads replace it.
@@ -466,6 +471,12 @@ impl Presented {
         self
     }
 
+    /// Adds a client's context held in a slot a reload may fill ([`ClientSlot`]).
+    pub fn client_slot(mut self, name: &'static str, slot: ClientSlot) -> Presented {
+        self.0.push((name, Held::Slot(slot)));
+        self
+    }
+
     /// Appends the expiry series (module comment of [`Presented`]) to `o`.
     pub fn metrics(&self, o: &mut String) {
         use std::fmt::Write;
@@ -474,6 +485,9 @@ impl Presented {
                 let t = match held {
                     Held::Server(t) => t.get().and_then(|t| t.not_after),
                     Held::Client(t) => t.get().not_after,
+                    Held::Slot(s) => {
+                        s.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|t| t.get().not_after)
+                    }
                 };
                 t.map(|t| (*name, t))
             })

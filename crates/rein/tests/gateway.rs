@@ -723,8 +723,8 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     assert!(ok, "{out}");
     let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
     assert_eq!(status, 200);
-    let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let links = nodes[0]["nodes"].as_array().unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let links = listed[0]["nodes"].as_array().unwrap();
     assert!(links.len() == 2 && links.iter().all(|n| n["tls"] == true && n["connected"] == 2), "{body}");
     // The client certificate's expiry, in /metrics.
     let series = "rein_tls_certificate_expiration_timestamp_seconds{use=\"node_tls\"}";
@@ -769,6 +769,25 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     let cfg = write_file(dir, "tlsless.toml", &text);
     let err = Rein::gateway(&cfg).env("REIN_LOG", "off").fails();
     assert!(err.contains("node s1") && err.contains("the node does not offer TLS, which [node_tls] requires"), "{err}");
+    // A gateway started without TLS nodes, to which a reload adds the first: its certificate's expiry
+    // shows in /metrics from then on.
+    let head = format!(
+        "{}
+{TIMES}",
+        local(133)
+    );
+    let p = format!("[[nodes]]\nname = \"p\"\naddress = \"{}\"\ntls = false\n", plain.nbd);
+    let v = "[[exports]]\nname = \"v\"\nsize_mb = 16\nwidths = { p = 1 }\n";
+    let cfg = write_file(dir, "grow.toml", &format!("{head}{p}{v}"));
+    let gw = gateway(&cfg);
+    assert!(!common::metrics(gw.admin).contains(series), "no TLS node yet");
+    let s1 = format!("[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"rein\"\n", nodes[0].nbd);
+    let w = "[[tenants]]\nname = \"c2\"\n[[exports]]\nname = \"w\"\ntenant = \"c2\"\nsize_mb = 8\nwidths = { s1 = 1 }\nnode_export = \"w\"\n";
+    write_file(dir, "grow.toml", &format!("{head}{}{p}{s1}{v}{w}", x509("gwa")));
+    gw.signal("-HUP");
+    gw.wait_line("reload: export w added");
+    let expiry = common::series_value(&common::metrics(gw.admin), series);
+    assert_eq!(expiry as i64, common::tls::not_after(dir, "gwa-cert.pem"));
 }
 
 /// `[node_tls] crl` revokes node certificates, as a node's `[tls] crl` revokes client ones: a gateway
