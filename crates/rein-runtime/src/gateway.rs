@@ -173,6 +173,18 @@ pub const MAX_VOLUMES: usize = 1024;
 /// buffers and a descriptor, about 11 KB: 256 nodes x 1,024 volumes took 3.0 GB and 2 min to start).
 pub const MAX_NODE_SESSIONS: usize = 16_384;
 
+/// Writes `layouts` ([`Live::layouts_now`]) to `layout_file` ([`layouts`]), on a thread of its own: a
+/// file system that stalls (a hung mount) holds up the reload that waits for it, not the requests the
+/// runtime serves meanwhile.
+async fn record_layouts(
+    layouts: Option<(std::path::PathBuf, BTreeMap<String, layouts::Layout>)>,
+) -> Result<(), String> {
+    let Some((path, volumes)) = layouts else { return Ok(()) };
+    tokio::task::spawn_blocking(move || layouts::write(&path, volumes))
+        .await
+        .unwrap_or_else(|e| Err(format!("layout_file: the writer stopped: {e}")))
+}
+
 /// Volume `v`'s layout over `nodes` (by place), as the layout file records it: the nodes it uses, in
 /// layout order.
 fn layout_of(v: &GatewayVolume, nodes: &[NodeSpec]) -> layouts::Layout {
@@ -1133,11 +1145,11 @@ impl Live {
         Ok(LiveVolume { cfg: v.clone(), tenant: t.name.clone(), volume, export })
     }
 
-    /// Writes the layouts the volumes run to `layout_file`, if there is one ([`layouts`]).
-    fn record_layouts(&self) -> Result<(), String> {
-        let Some(path) = &self.base.layout_file else { return Ok(()) };
+    /// The layouts the volumes run, for `layout_file` ([`record_layouts`]), if there is one.
+    fn layouts_now(&self) -> Option<(std::path::PathBuf, BTreeMap<String, layouts::Layout>)> {
+        let path = self.base.layout_file.clone()?;
         let volumes = self.volumes.iter().map(|v| (v.cfg.name.clone(), layout_of(&v.cfg, &self.base.nodes)));
-        layouts::write(path, volumes.collect())
+        Some((path, volumes.collect()))
     }
 
     /// Whether a running volume, or one a reload removed whose connections are still open, uses place `j`.
@@ -1613,11 +1625,12 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     live.base.nodes.extend_from_slice(&plan.nodes[live.base.nodes.len()..]);
     // The first TLS node a reload adds gives `/metrics` its certificate (later ones share its cell).
-    let mut slot = live.node_tls.write().unwrap_or_else(|e| e.into_inner());
-    if slot.is_none() {
-        *slot = node_tls_cell(&live.base.nodes);
+    {
+        let mut slot = live.node_tls.write().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = node_tls_cell(&live.base.nodes);
+        }
     }
-    drop(slot);
     for &j in &plan.back {
         live.gone.remove(&j);
         r.applied.push(format!("node {} back (for volumes from now on)", live.base.nodes[j].name));
@@ -1631,7 +1644,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         };
         r.applied.push(format!("node {} removed (no new volume can use it){still}", live.base.nodes[j].name));
     }
-    if let Err(e) = live.record_layouts() {
+    if let Err(e) = record_layouts(live.layouts_now()).await {
         r.applied.push(format!("warning: {e} (the volumes' layouts are not recorded; a start checks the last record)"));
     }
     let cut = node_tls.keep();
@@ -1871,7 +1884,7 @@ pub async fn run_with(
         let lv = live.make(v, &cfg.tenants[v.tenant], id, volume).await?;
         live.volumes.push(lv);
     }
-    live.record_layouts().map_err(GatewayError::Layout)?;
+    record_layouts(live.layouts_now()).await.map_err(GatewayError::Layout)?;
     let limits = ConnLimits::new(cfg.caps);
     let policy = Arc::new(Policy {
         tls: live.tls.clone(),
