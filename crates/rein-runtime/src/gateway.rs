@@ -1430,7 +1430,10 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         match live.tenants.iter().find(|o| o.name == t.name) {
             Some(old) if old.rho != t.rho => {
                 restart(&mut r, &format!("tenant {}: reservation_split", t.name));
-                tenants.push(old.clone());
+                // As it runs, over the places this reload may have added (none of them reserved).
+                let mut kept = old.clone();
+                kept.server_reservations.resize(new.nodes.len(), 0.0);
+                tenants.push(kept);
             }
             Some(old)
                 if old.spec != t.spec

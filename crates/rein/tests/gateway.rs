@@ -933,7 +933,8 @@ fn a_reload_adds_and_removes_nodes() {
     let vol = |name: &str, widths: &str| {
         format!("[[exports]]\nname = \"{name}\"\nsize_mb = 8\nstripe_kb = 64\nwidths = {{ {widths} }}\nnode_export = \"v\"\n")
     };
-    let a = vol("a", "s1 = 1");
+    // Tenant a, declared (spread), and its volume a on s1.
+    let a = format!("[[tenants]]\nname = \"a\"\n{}", vol("a", "s1 = 1"));
     let gw =
         gateway(&gateway_config(dir, 247, &[("s1", s1.nbd), ("s2", s2.nbd)], &format!("{a}{}", vol("b", "s2 = 1"))));
     let at = |v: &str| format!("nbd://{}/{v}", gw.nbd);
@@ -962,9 +963,12 @@ fn a_reload_adds_and_removes_nodes() {
     };
     assert!(eventually(Duration::from_secs(30), || opened_b() == 2), "{}", opened_b());
     assert_eq!(exports(), [("a".to_string(), false), ("b".to_string(), false)]);
-    // s2 and b go, s3 and c come; c is a's tenant's, whose tracker then counts s3 too.
+    // s2 and b go, s3 and c come; c is a's tenant's, whose tracker then counts s3 too. The same reload
+    // changes a's reservation_split (a restart: a keeps the split it runs, over the places added).
     let c = vol("c", "s3 = 1").replace("size_mb", "tenant = \"a\"\nsize_mb");
-    gateway_config(dir, 247, &[("s1", s1.nbd), ("s3", s3.nbd)], &format!("{a}{c}"));
+    let a_rho = a.replace("name = \"a\"\n[[exports]]", "name = \"a\"\nreservation_split = \"rho\"\n[[exports]]");
+    assert_ne!(a_rho, a);
+    gateway_config(dir, 247, &[("s1", s1.nbd), ("s3", s3.nbd)], &format!("{a_rho}{c}"));
     gw.signal("-HUP");
     gw.wait_line(&format!("reload: node s3 added at {} (for volumes from now on)", s3.nbd));
     gw.wait_line(
@@ -984,7 +988,8 @@ fn a_reload_adds_and_removes_nodes() {
     assert!(text.contains("read 65536/65536") && !text.contains("failed"), "b through s2 after the reload: {text}");
     assert!(eventually(Duration::from_secs(10), || exports().len() == 2), "{:?}", exports());
     gw.wait_line("reload: export c added");
-    gw.wait_line("configuration reloaded applied=4 needs_restart=0");
+    gw.wait_line("reload: tenant a: reservation_split changed: needs a restart");
+    gw.wait_line("configuration reloaded applied=4 needs_restart=1");
     let (ok, out) = qemu_io_ok(&at("c"), &["write -P 0x43 0 128k", "flush", "read -P 0x43 0 128k"]);
     assert!(ok, "through the added node: {out}");
     s3.wait_line("storage-node session granted");
