@@ -1375,10 +1375,18 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
             "export {v}: gw.toml lists its nodes as {in_file}, the gateway runs them as {by_place}: a restart \
              would lay its data out in the file's order, which is another layout"
         );
-        if !live.volumes.iter().any(|o| o.cfg.name == v) {
+        let Some(running) = live.volumes.iter().find(|o| o.cfg.name == v) else {
             return Err(format!("{what}; list the nodes it runs in their order, new ones after them"));
+        };
+        // A running volume over the same nodes, reordered: warned of (its data would scramble at a
+        // restart). Over other nodes (one renamed, say) its layout changed anyway: named below.
+        let f = file.exports.iter().find(|e| e.name == v).expect("misordered names the file's exports");
+        let mut places: Vec<usize> =
+            (0..file.nodes.len()).filter(|&i| f.stripe.uses(i)).map(|i| plan.place[i]).collect();
+        places.sort_unstable();
+        if (0..running.cfg.stripe.nodes()).filter(|&j| running.cfg.stripe.uses(j)).eq(places) {
+            r.applied.push(format!("warning: {what} (put them back in order before a restart)"));
         }
-        r.applied.push(format!("warning: {what} (put them back in order before a restart)"));
     }
     r.needs_restart.extend(plan.restart.iter().cloned());
     let new = &plan.by_place(file);
@@ -1498,7 +1506,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                     || !same_exports
                     || &old.tenant != tname
                 {
-                    let hint = if plan.nodes.len() > live.base.nodes.len() {
+                    let hint = if (live.base.nodes.len()..nodes.len()).any(|j| v.stripe.uses(j)) {
                         " (an export without widths spans every node, so a node added changes it: give it the widths \
                          it runs)"
                     } else {
@@ -1739,32 +1747,32 @@ impl NodeMoves {
         m
     }
 
-    /// Why `new` (by place) cannot move `running`'s nodes or add its own, if it cannot: a node moved or
-    /// added at the address another node is at now. The sessions there would run beside the new ones
-    /// until they drain, each writing its own layout to that node's exports (two nodes trading places,
-    /// for one); one move per reload, the place freed first, keeps every node export to one writer.
-    /// `removed(j)` says whether the node at place `j` was removed, and if so whether volumes still use
-    /// it: one that none uses is nowhere.
+    /// Why `new` (by place) cannot move `running`'s nodes, if it cannot: a node moved to the address
+    /// another node is at now. Its sessions there would run beside the new ones until they drain, each
+    /// writing its own layout to that node's exports (two nodes trading places, for one); one move per
+    /// reload, the place freed first, keeps every node export to one writer. `removed(j)` says whether
+    /// the node at place `j` was removed, and if so whether volumes still use it: one that none uses is
+    /// nowhere. (A node added at a running node's address is no such case: it has no sessions yet, and
+    /// the volumes' layouts are checked by node export, as two nodes at one address are at start.)
     fn clash(running: &[NodeSpec], new: &[NodeSpec], removed: impl Fn(usize) -> Option<bool>) -> Option<String> {
         if !same_nodes(running, new) {
             return None;
         }
         let now: Vec<NodeAddress> = running.iter().map(|n| n.place().address).collect();
-        new.iter().enumerate().find_map(|(i, next)| {
+        running.iter().zip(new).enumerate().find_map(|(i, (n, next))| {
             let to = next.place().address;
-            if now.get(i) == Some(&to) {
+            if now[i] == to {
                 return None;
             }
             let j = (0..now.len()).find(|&j| now[j] == to && removed(j) != Some(false))?;
             let there = &running[j].name;
-            let what = match running.get(i) {
-                Some(n) => format!("node {} cannot move to {to}", n.name),
-                None => format!("node {} cannot be added at {to}", next.name),
-            };
+            let what = format!("node {} cannot move to {to}", n.name);
             Some(match removed(j) {
                 Some(_) => format!(
-                    "{what}: node {there} is there now, removed but still used by volumes removed while VMs hold them \
-                     (/api/nodes): try again once they close"
+                    "{what}: node {there} is there now: gw.toml no longer names it, but a volume still uses it (one \
+                     this reload removes, or one removed earlier that VMs hold: /api/nodes); move {} in a later \
+                     reload, once none does",
+                    n.name
                 ),
                 None => format!("{what}: node {there} is there now (move {there} away first, in a reload of its own)"),
             })
@@ -2445,7 +2453,7 @@ mod tests {
         // (By place, a removed node's place holds its running spec.)
         let onto_s2 = vec![two("127.0.0.1:2", "127.0.0.1:3")[0].clone(), pair[1].clone()];
         let e = NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(true)).unwrap();
-        assert!(e.contains("node s2 is there now, removed but still used by volumes removed while VMs hold"), "{e}");
+        assert!(e.contains("node s2 is there now: gw.toml no longer names it, but a volume still uses it"), "{e}");
         assert!(NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(false)).is_none());
         assert_eq!(at(&link), ("127.0.0.2:3".into(), "s1.example".into()));
     }
