@@ -173,16 +173,22 @@ pub const MAX_VOLUMES: usize = 1024;
 /// buffers and a descriptor, about 11 KB: 256 nodes x 1,024 volumes took 3.0 GB and 2 min to start).
 pub const MAX_NODE_SESSIONS: usize = 16_384;
 
-/// Writes `layouts` ([`Live::layouts_now`]) to `layout_file` ([`layouts`]), on a thread of its own: a
-/// file system that stalls (a hung mount) holds up the reload that waits for it, not the requests the
-/// runtime serves meanwhile.
+/// Each volume's layout, by the volume's name (what `layout_file` holds).
+type Layouts = BTreeMap<String, layouts::Layout>;
+
+/// Writes `layouts` ([`Live::layouts_now`]) to `layout_file` ([`layouts`]), on a thread of its own (a
+/// file system that stalls, a hung mount, holds up the reload that waits for it, not the requests the
+/// runtime serves meanwhile), and keeps them in `recorded` once written.
 async fn record_layouts(
-    layouts: Option<(std::path::PathBuf, BTreeMap<String, layouts::Layout>)>,
+    recorded: &mut Option<Layouts>,
+    layouts: Option<(std::path::PathBuf, Layouts)>,
 ) -> Result<(), String> {
     let Some((path, volumes)) = layouts else { return Ok(()) };
-    tokio::task::spawn_blocking(move || layouts::write(&path, volumes))
+    let written = tokio::task::spawn_blocking(move || layouts::write(&path, volumes.clone()).map(|()| volumes))
         .await
-        .unwrap_or_else(|e| Err(format!("layout_file: the writer stopped: {e}")))
+        .unwrap_or_else(|e| Err(format!("layout_file: the writer stopped: {e}")))?;
+    *recorded = Some(written);
+    Ok(())
 }
 
 /// Volume `v`'s layout over `nodes` (by place), as the layout file records it: the nodes it uses, in
@@ -1050,6 +1056,8 @@ struct Live {
     retired: Vec<(GatewayVolume, std::sync::Weak<RemoteVolume>)>,
     /// The places (in `base.nodes`) of the nodes a reload removed: no new volume uses them ([`NodePlan`]).
     gone: std::collections::BTreeSet<usize>,
+    /// What was last written to `layout_file` ([`record_layouts`]).
+    recorded: Option<Layouts>,
     /// Whether the NBD front and the admin endpoint listen on sockets a service manager passed
     /// ([`crate::activation`]): a reload's change of `listen`/`listen_unix` or `admin` is then not used,
     /// now or after a restart, and is named so.
@@ -1073,6 +1081,7 @@ impl Live {
             host: None,
             retired: Vec::new(),
             gone: Default::default(),
+            recorded: None,
             passed: (false, false),
             tls: LiveTls::new(cfg.tls.clone()),
             node_tls: Arc::new(std::sync::RwLock::new(node_tls_cell(&cfg.nodes))),
@@ -1145,11 +1154,13 @@ impl Live {
         Ok(LiveVolume { cfg: v.clone(), tenant: t.name.clone(), volume, export })
     }
 
-    /// The layouts the volumes run, for `layout_file` ([`record_layouts`]), if there is one.
-    fn layouts_now(&self) -> Option<(std::path::PathBuf, BTreeMap<String, layouts::Layout>)> {
+    /// The layouts the volumes run, for `layout_file` ([`record_layouts`]): none without one, or when
+    /// they are what was last written there (a reload that changes no volume writes nothing).
+    fn layouts_now(&self) -> Option<(std::path::PathBuf, Layouts)> {
         let path = self.base.layout_file.clone()?;
         let volumes = self.volumes.iter().map(|v| (v.cfg.name.clone(), layout_of(&v.cfg, &self.base.nodes)));
-        Some((path, volumes.collect()))
+        let volumes: Layouts = volumes.collect();
+        (self.recorded.as_ref() != Some(&volumes)).then_some((path, volumes))
     }
 
     /// Whether a running volume, or one a reload removed whose connections are still open, uses place `j`.
@@ -1298,21 +1309,25 @@ impl NodePlan {
         Ok(plan)
     }
 
-    /// The file's exports whose nodes the file lists in another order than their places: (export,
-    /// the nodes in the file's order, the same by place).
-    fn misordered<'a>(&self, file: &'a GatewayConfig) -> Vec<(&'a str, String, String)> {
-        let names = |mut js: Vec<usize>, by_place: bool| {
-            if by_place {
-                js.sort_by_key(|&i| self.place[i]);
-            }
-            js.iter().map(|&i| file.nodes[i].name.as_str()).collect::<Vec<_>>().join(", ")
-        };
+    /// The file's exports whose nodes the file lists in another order than their places: (export, what
+    /// the reload says of it, the places of its nodes in order).
+    fn misordered<'a>(&self, file: &'a GatewayConfig) -> Vec<(&'a str, String, Vec<usize>)> {
+        let names = |js: &[usize]| js.iter().map(|&i| file.nodes[i].name.as_str()).collect::<Vec<_>>().join(", ");
         file.exports
             .iter()
             .filter(|v| v.stripe.placed(&self.place, self.next.len()).is_none())
             .map(|v| {
-                let used: Vec<usize> = (0..file.nodes.len()).filter(|&i| v.stripe.uses(i)).collect();
-                (v.name.as_str(), names(used.clone(), false), names(used, true))
+                let in_file: Vec<usize> = (0..file.nodes.len()).filter(|&i| v.stripe.uses(i)).collect();
+                let mut by_place = in_file.clone();
+                by_place.sort_by_key(|&i| self.place[i]);
+                let what = format!(
+                    "export {}: gw.toml lists its nodes as {}, the gateway runs them as {}: a restart would lay its \
+                     data out in the file's order, which is another layout",
+                    v.name,
+                    names(&in_file),
+                    names(&by_place)
+                );
+                (v.name.as_str(), what, by_place.iter().map(|&i| self.place[i]).collect())
             })
             .collect()
     }
@@ -1370,20 +1385,12 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         };
         NodePlan::new(&live.base.nodes, &live.gone, &file.nodes, kept_use)?
     };
-    for (v, in_file, by_place) in plan.misordered(file) {
-        let what = format!(
-            "export {v}: gw.toml lists its nodes as {in_file}, the gateway runs them as {by_place}: a restart \
-             would lay its data out in the file's order, which is another layout"
-        );
+    for (v, what, places) in plan.misordered(file) {
         let Some(running) = live.volumes.iter().find(|o| o.cfg.name == v) else {
             return Err(format!("{what}; list the nodes it runs in their order, new ones after them"));
         };
         // A running volume over the same nodes, reordered: warned of (its data would scramble at a
         // restart). Over other nodes (one renamed, say) its layout changed anyway: named below.
-        let f = file.exports.iter().find(|e| e.name == v).expect("misordered names the file's exports");
-        let mut places: Vec<usize> =
-            (0..file.nodes.len()).filter(|&i| f.stripe.uses(i)).map(|i| plan.place[i]).collect();
-        places.sort_unstable();
         if (0..running.cfg.stripe.nodes()).filter(|&j| running.cfg.stripe.uses(j)).eq(places) {
             r.applied.push(format!("warning: {what} (put them back in order before a restart)"));
         }
@@ -1655,7 +1662,8 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         };
         r.applied.push(format!("node {} removed (no new volume can use it){still}", live.base.nodes[j].name));
     }
-    if let Err(e) = record_layouts(live.layouts_now()).await {
+    let now = live.layouts_now();
+    if let Err(e) = record_layouts(&mut live.recorded, now).await {
         r.applied.push(format!("warning: {e} (the volumes' layouts are not recorded; a start checks the last record)"));
     }
     let cut = node_tls.keep();
@@ -1895,7 +1903,8 @@ pub async fn run_with(
         let lv = live.make(v, &cfg.tenants[v.tenant], id, volume).await?;
         live.volumes.push(lv);
     }
-    record_layouts(live.layouts_now()).await.map_err(GatewayError::Layout)?;
+    let now = live.layouts_now();
+    record_layouts(&mut live.recorded, now).await.map_err(GatewayError::Layout)?;
     let limits = ConnLimits::new(cfg.caps);
     let policy = Arc::new(Policy {
         tls: live.tls.clone(),
@@ -2491,7 +2500,9 @@ mod tests {
         assert_eq!(plan.nodes[0].address, running[0].address, "the running spec, shared by its links");
         assert_eq!(names(&plan.next), ["s1", "s2", "s3", "s4"]);
         // u lists s4 before s3, whose place comes first: another layout.
-        assert_eq!(plan.misordered(&file), [("u", "s4, s3".to_string(), "s3, s4".to_string())]);
+        let misordered = plan.misordered(&file);
+        assert_eq!((misordered.len(), misordered[0].0, &misordered[0].2), (1, "u", &vec![2, 3]));
+        assert!(misordered[0].1.contains("lists its nodes as s4, s3, the gateway runs them as s3, s4"));
         let c = plan.by_place(&file);
         assert_eq!(c.exports[0].stripe.widths(), &[1, 0, 0, 2]);
         assert!(c.exports[0].stripe.same_layout(&file.exports[0].stripe.placed(&[0, 3, 2], 4).unwrap()));
