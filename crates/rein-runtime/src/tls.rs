@@ -450,8 +450,7 @@ pub struct Presented(Vec<(&'static str, Held)>);
 #[derive(Clone)]
 enum Held {
     Server(LiveTls),
-    Client(LiveTlsClient),
-    Slot(ClientSlot),
+    Client(ClientSlot),
 }
 
 /// A client context that a reload may set where there was none (a gateway whose first TLS node a reload
@@ -467,13 +466,13 @@ impl Presented {
 
     /// Adds a client's context (`node_tls`, `pshift_tls`), as reloads replace it.
     pub fn client(mut self, name: &'static str, tls: Option<LiveTlsClient>) -> Presented {
-        self.0.extend(tls.map(|t| (name, Held::Client(t))));
+        self.0.extend(tls.map(|t| (name, Held::Client(Arc::new(RwLock::new(Some(t)))))));
         self
     }
 
     /// Adds a client's context held in a slot a reload may fill ([`ClientSlot`]).
     pub fn client_slot(mut self, name: &'static str, slot: ClientSlot) -> Presented {
-        self.0.push((name, Held::Slot(slot)));
+        self.0.push((name, Held::Client(slot)));
         self
     }
 
@@ -484,8 +483,7 @@ impl Presented {
             .filter_map(|(name, held)| {
                 let t = match held {
                     Held::Server(t) => t.get().and_then(|t| t.not_after),
-                    Held::Client(t) => t.get().not_after,
-                    Held::Slot(s) => {
+                    Held::Client(s) => {
                         s.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|t| t.get().not_after)
                     }
                 };
