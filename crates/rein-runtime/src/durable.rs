@@ -1,5 +1,6 @@
 //! Writing a file whole: the one writer of rein serve's state file ([`crate::state::Store`]; its journal is appended to) and of the
-//! run writers' `--out` files (`rein sim`, `rein cluster run`, `rein load`, `rein demo`).
+//! run writers' `--out` files (`rein sim`, `rein cluster run`, `rein load`, `rein demo`); and [`read()`],
+//! the reader of the files a daemon writes so and reads back at its start.
 //!
 //! [`write()`] fills a new temporary file in the file's own directory (`.<name>.<pid>-<n>.tmp`, so that
 //! the rename stays on one file system), syncs it, renames it over the file's name, and syncs the
@@ -107,26 +108,46 @@ fn check(path: &Path) -> std::io::Result<(PathBuf, Option<std::fs::Permissions>)
     };
     match std::fs::metadata(&target) {
         Ok(m) if m.is_file() => Ok((target, Some(m.permissions()))),
-        Ok(m) => {
-            use std::os::unix::fs::FileTypeExt;
-            let t = m.file_type();
-            let what = if t.is_dir() {
-                "a directory"
-            } else if t.is_char_device() || t.is_block_device() {
-                "a device"
-            } else if t.is_fifo() {
-                "a FIFO"
-            } else {
-                "not a regular file"
-            };
-            Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("it is {what}, not a regular file, so it is left alone"),
-            ))
-        }
+        Ok(m) => Err(not_a_file(m.file_type(), "so it is left alone")),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((target, None)),
         Err(e) => Err(e),
     }
+}
+
+/// The error for a path that names `t`, something other than a regular file, naming what it is.
+fn not_a_file(t: std::fs::FileType, then: &str) -> std::io::Error {
+    use std::os::unix::fs::FileTypeExt;
+    let what = if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else {
+        "not a regular file"
+    };
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is {what}, not a regular file, {then}"))
+}
+
+/// Reads a file that [`write()`] writes (the state file, its journal, the gateway's `layout_file`), whole,
+/// if it holds at most `max` bytes (a longer one is an error of kind `FileTooLarge`). A path that names
+/// something other than a regular file is refused, of kind `InvalidInput`, before a byte is read: it is
+/// opened without blocking and checked on the open file, so a FIFO (whose open would wait for a writer
+/// for ever, and hold a start with it) or a device is named, not waited on or read.
+pub fn read(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(not_a_file(meta.file_type(), "so it is not read"));
+    }
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, format!("larger than {max} bytes")));
+    }
+    Ok(bytes)
 }
 
 /// Syncs directory `dir` to its device: its entries' creations, renames and removals are durable.
@@ -174,6 +195,27 @@ mod tests {
     /// A device, a FIFO or a directory at the path is refused and left as it was (a rename over
     /// `/dev/full` once replaced the device node with a JSON file); a link is followed and stays a link;
     /// a replaced file keeps its mode.
+    /// `read` refuses what is not a regular file without waiting on it: a FIFO with no writer (whose plain
+    /// open blocks for ever), a directory, a device; it reads a file and a link to one, up to its bound.
+    #[test]
+    fn read_names_what_is_not_a_file_and_never_waits_on_a_fifo() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let e = read(&fifo, 10).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert_eq!(e.to_string(), "it is a FIFO, not a regular file, so it is not read");
+        assert!(read(d.path(), 10).unwrap_err().to_string().contains("it is a directory"));
+        assert!(read(Path::new("/dev/zero"), 10).unwrap_err().to_string().contains("it is a device"));
+        assert_eq!(read(&d.path().join("none"), 10).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        let file = d.path().join("state.json");
+        std::fs::write(&file, "0123456789").unwrap();
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read(&link, 10).unwrap(), b"0123456789");
+        assert_eq!(read(&file, 9).unwrap_err().kind(), std::io::ErrorKind::FileTooLarge);
+    }
+
     #[test]
     fn only_a_regular_file_is_replaced_a_link_is_followed_and_the_mode_kept() {
         use std::os::unix::fs::PermissionsExt;

@@ -455,7 +455,7 @@ pub fn load(dir: &Path) -> Result<Option<StateFile>, StateError> {
 
 /// Reads `path` whole, up to `max` bytes; `Ok(None)` if it does not exist.
 fn read_state_bytes(path: &Path, max: u64) -> Result<Option<Vec<u8>>, StateError> {
-    match rein_model::input::read_bounded(path, max) {
+    match crate::durable::read(path, max) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
             Err(StateError::Corrupt { path: path.to_path_buf(), message: format!("larger than {max} bytes") })

@@ -1102,6 +1102,13 @@ fn a_start_that_would_lay_a_volume_out_otherwise_is_refused() {
     let gw = gateway(&back);
     let (ok, out) = qemu_io_ok(&format!("nbd://{}/v", gw.nbd), &["read -P 0x61 0 64k", "read -P 0x62 64k 64k"]);
     assert!(ok, "in order again, v reads as written: {out}");
+    drop(gw);
+    // A layout_file that is a FIFO is named, not waited on (a plain open waits for a writer for ever, and
+    // held the start with it).
+    assert!(Cmd::new("mkfifo").arg(dir.join("fifo")).status().unwrap().success());
+    let fifo = gateway_config_with(dir, 221, "layout_file = \"fifo\"\n", &in_order, v);
+    let err = Rein::new(&["gateway", "--config", fifo.to_str().unwrap(), "--check-config"]).fails();
+    assert!(err.contains("fifo: cannot read it: it is a FIFO, not a regular file, so it is not read"), "{err}");
 }
 
 /// qemu-io runs of `read` (twice each) over `uri` on a thread, from [`Reads::start`] to [`Reads::stop`]

@@ -141,7 +141,7 @@ pub fn parse(bytes: &[u8]) -> Result<LayoutFile, String> {
 /// Reads the layout file at `path`: `None` if there is none yet; an error naming the file otherwise.
 pub fn read(path: &Path) -> Result<Option<LayoutFile>, String> {
     let name = path.display();
-    match rein_model::input::read_bounded(path, MAX_FILE_BYTES) {
+    match crate::durable::read(path, MAX_FILE_BYTES) {
         Ok(bytes) => parse(&bytes)
             .map(Some)
             .map_err(|e| format!("layout_file {name}: {e} (fix it, or remove it to record the running layouts anew)")),
