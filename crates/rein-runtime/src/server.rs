@@ -343,8 +343,17 @@ pub async fn run_with(
             );
         }
     }
-    if cfg.probe_capacity_s > 0.0 && cfg.capacity_iops.is_none() && capacity.is_none() {
-        let biggest = cfg.exports.iter().zip(&exports).max_by_key(|(_, s)| s.size()).expect("at least one export");
+    // The probe measures the largest export; with none (the state file deleted every export at run time)
+    // there is nothing to measure, and the server runs without a capacity, as without the probe.
+    let probed = cfg.exports.iter().zip(&exports).max_by_key(|(_, s)| s.size());
+    let probe_due = cfg.probe_capacity_s > 0.0 && cfg.capacity_iops.is_none() && capacity.is_none();
+    if probe_due && probed.is_none() {
+        tracing::warn!(
+            "probe_capacity_s is set but there is no export to probe (the state file deleted them): the capacity \
+             stays unknown (admission control as without a capacity) until a start with an export probes it"
+        );
+    }
+    if let Some(biggest) = probed.filter(|_| probe_due) {
         let r = crate::probe::probe_export(biggest.0, biggest.1.clone(), device.clone(), &cfg)
             .await
             .map_err(|e| ServeError::Probe(e.to_string()))?;

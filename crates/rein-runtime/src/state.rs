@@ -925,7 +925,16 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
     // By name, not by scanning: a state file may hold as many tenants as the scheduler takes (2^20), and a
     // scan per entry took minutes at that size. Each name comes once in the state, so an entry sees the
     // file's tenant of its name (or none); deletions are made together after the loop.
-    let used: std::collections::HashSet<String> = exports.iter().map(|(_, t)| t.clone()).collect();
+    // The tenants of the file's exports that the state's export entries leave in place (a file export
+    // the state deleted or replaced at run time does not keep its tenant: deleting the export then the
+    // tenant through the API must stay deleted).
+    let used: std::collections::HashSet<String> = exports
+        .iter()
+        .filter(|(e, t)| {
+            state.exports.get(&e.name).is_none_or(|x| x.config.as_ref() != Some(&ExportJson::from_config(e, t)))
+        })
+        .map(|(_, t)| t.clone())
+        .collect();
     let mut at: std::collections::HashMap<String, usize> =
         cfg.tenants.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
     let mut deleted = std::collections::HashSet::new();
@@ -988,24 +997,32 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
             pruned = true;
             continue;
         }
-        exports.retain(|(e, _)| &e.name != name);
+        // The file's export of this name is replaced only by what applies: a run-time replacement that
+        // cannot (its tenant gone, a bad entry) is dropped and the file's export stays, as a tenant's
+        // spec that cannot apply leaves the file's (dropping both deleted the export for good).
+        let in_file = exports.iter().position(|(e, _)| &e.name == name);
+        let kept = if in_file.is_some() { "; the configuration file's export stays" } else { "" };
         match &entry.export {
-            None => notes.push(format!("export {name}: deleted (state file)")),
+            None => {
+                exports.retain(|(e, _)| &e.name != name);
+                notes.push(format!("export {name}: deleted (state file)"));
+            }
             Some(j) if j.name != *name => {
-                notes.push(format!("dropped the state file's export {name}: it is named {:?} inside", j.name));
+                notes.push(format!("dropped the state file's export {name}: it is named {:?} inside{kept}", j.name));
                 pruned = true;
             }
-            Some(_) if exports.len() >= MAX_EXPORTS => {
+            Some(_) if in_file.is_none() && exports.len() >= MAX_EXPORTS => {
                 notes.push(format!("dropped the state file's export {name}: at most {MAX_EXPORTS} exports"));
                 pruned = true;
             }
             Some(j) => match j.to_config(&cfg.data_dir, &cfg.tenants, ExportOrigin::StateFile) {
                 Ok(e) => {
+                    exports.retain(|(e, _)| &e.name != name);
                     notes.push(format!("export {name}: added (state file)"));
                     exports.push((e, j.tenant.clone()));
                 }
                 Err(e) => {
-                    notes.push(format!("dropped the state file's export: {e}"));
+                    notes.push(format!("dropped the state file's export: {e}{kept}"));
                     pruned = true;
                 }
             },
@@ -1266,6 +1283,43 @@ mod tests {
             "{:?}",
             o.notes
         );
+    }
+
+    /// An export deleted at run time and then its tenant: both stay deleted (the tenant was kept, "an
+    /// export of the file uses it", by the export the state had deleted, and came back at the next start).
+    /// A run-time replacement of a file's export whose tenant the file then drops leaves the file's export
+    /// (it was deleted for good with its replacement).
+    #[test]
+    fn deletions_stay_and_a_replacement_that_cannot_apply_leaves_the_files_export() {
+        let base = cfg(BASE);
+        let mut eff = base.clone();
+        eff.exports.clear();
+        eff.tenants.retain(|t| t.name != "a");
+        let o = overlay(&base, &diff(&base, &eff, None));
+        let names: Vec<_> = o.config.tenants.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["b"], "{:?}", o.notes);
+        assert!(o.config.exports.is_empty(), "{:?}", o.notes);
+        assert!(!o.pruned, "{:?}", o.notes);
+        assert!(o.notes.iter().any(|n| n == "tenant a: deleted (state file)"), "{:?}", o.notes);
+
+        let mut eff = base.clone();
+        eff.exports[0].tenant = 1;
+        let st = diff(&base, &eff, None);
+        let without_b = cfg("data_dir = \"/d\"\n[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 1\n\
+                             [[tenants]]\nname = \"a\"\nreservation = 10\n");
+        let o = overlay(&without_b, &st);
+        assert!(o.pruned);
+        let exports: Vec<_> =
+            o.config.exports.iter().map(|e| (e.name.as_str(), o.config.tenants[e.tenant].name.as_str())).collect();
+        assert_eq!(exports, [("a", "a")], "{:?}", o.notes);
+        assert!(
+            o.notes
+                .iter()
+                .any(|n| n.contains("unknown tenant") && n.ends_with("the configuration file's export stays")),
+            "{:?}",
+            o.notes
+        );
+        assert!(diff(&without_b, &o.config, None).exports.is_empty(), "the rewrite keeps the file's export");
     }
 
     #[test]

@@ -124,6 +124,33 @@ fn runtime_changes_survive_a_restart() {
     s.wait_line("tenant a: the configuration file changed it");
 }
 
+/// The file's own export and tenant, deleted at run time, stay deleted: before, a restart or reload
+/// brought the tenant back ("an export of the file uses it", counting the export the state had
+/// deleted), and with it its reservation. With every export deleted and a capacity probe due, the start
+/// runs without a capacity (it panicked: the probe had no export to measure).
+#[test]
+fn the_files_export_and_tenant_deleted_at_run_time_stay_deleted_and_a_probe_with_no_export_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = config_file(tmp.path(), 182, BASE);
+    let s = start(&path).unwrap();
+    assert_eq!(http(s.admin, "DELETE", "/api/exports/a", "").0, 204);
+    assert_eq!(http(s.admin, "DELETE", "/api/tenants/a", "").0, 204);
+    s.signal("-HUP");
+    reloaded(&s, 1);
+    assert_eq!(http(s.admin, "GET", "/api/tenants/a", "").0, 404, "a reload keeps the deletion");
+    s.stop();
+    let s = start(&path).unwrap();
+    assert_eq!(http(s.admin, "GET", "/api/tenants/a", "").0, 404, "a restart keeps the deletion");
+    assert!(nbdinfo_size(s.nbd, "a").is_err());
+    s.wait_line("tenant a: deleted (state file)");
+    s.stop();
+    let probing = BASE.replace("capacity_iops = 1000\n", "probe_capacity_s = 1\n");
+    config_file(tmp.path(), 182, &probing);
+    let s = start(&path).unwrap();
+    s.wait_line("probe_capacity_s is set but there is no export to probe");
+    assert_eq!(http(s.admin, "GET", "/api/tenants/a", "").0, 404);
+}
+
 /// Before: SIGHUP killed the server. Now it reloads the file: tenants and exports added, removed and
 /// changed, settings that need a restart reported; a bad file changes nothing and is logged once.
 #[test]
