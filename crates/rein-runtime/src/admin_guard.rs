@@ -60,6 +60,11 @@
 //!   handshake record gets `400` "this admin endpoint serves HTTPS only (admin_tls): use https://" in
 //!   plain HTTP and is closed ([`rein_proto::https`]).
 //! - Failed handshakes are logged once each (`admin endpoint: TLS handshake with PEER failed: ...`).
+//! - **A reload that revokes a client closes its open connections** (a `crl` that lists its certificate,
+//!   a `psk_file` without its identity), as on NBD: each connection is listed with what its client
+//!   presented once its handshake is done ([`crate::tls::LiveTls::register`]), and the reload shuts its
+//!   socket down. Before, a revoked client kept a keep-alive connection, and with it the endpoint, for
+//!   as long as it sent a request within every idle timeout.
 //!
 //! ## Cost
 //! HTTPS sockets have `TCP_NODELAY`: the server's TLS 1.3 flight and its two session tickets are small
@@ -464,7 +469,11 @@ impl axum::serve::Listener for CappedListener {
                     }
                 },
             };
-            return (AdminStream::new(conn, peer, permit, self.idle_timeout), peer);
+            let mut admin = AdminStream::new(conn, peer, permit, self.idle_timeout);
+            if matches!(admin.conn, Conn::Tls(..)) {
+                admin.live = self.tls.clone();
+            }
+            return (admin, peer);
         }
     }
 
@@ -512,12 +521,26 @@ pub struct AdminStream {
     /// Bytes of a request came in since the last answer byte went out: further request bytes do not
     /// restart the idle timer (module comment).
     in_request: bool,
+    /// HTTPS: the context the connection came in under, as reloads replace it; once the handshake is
+    /// done the connection is listed in it (`registration`) with what its client presented, so that a
+    /// reload whose `crl` or `psk_file` revokes that client closes it (module comment, HTTPS).
+    live: Option<LiveTls>,
+    registration: Option<crate::tls::Registration>,
 }
 
 impl AdminStream {
     fn new(conn: Conn, peer: SocketAddr, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> AdminStream {
         let idle = Box::pin(tokio::time::sleep(idle_timeout));
-        AdminStream { conn, peer, _permit: permit, idle_timeout, idle, in_request: false }
+        AdminStream {
+            conn,
+            peer,
+            _permit: permit,
+            idle_timeout,
+            idle,
+            in_request: false,
+            live: None,
+            registration: None,
+        }
     }
 
     fn moved(&mut self) {
@@ -601,6 +624,12 @@ impl AdminStream {
                 }
                 Poll::Ready(Ok(())) => {
                     *state = Handshake::Done;
+                    // With a duplicate of its socket, which a reload that revokes the client shuts down.
+                    let who = crate::tls::Credential::of(tls.ssl());
+                    let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned();
+                    if let (Some(live), Some(who), Ok(fd)) = (&self.live, who, fd) {
+                        self.registration = Some(live.register(who, self.peer.to_string(), fd));
+                    }
                     self.moved();
                 }
             }

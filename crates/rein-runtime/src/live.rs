@@ -1149,7 +1149,13 @@ impl Registry {
             ));
         }
         if let (Some(live), Some(t)) = (&self.admin_tls, &base.admin_tls) {
-            live.set(Some(t.clone()));
+            let cut = live.set(Some(t.clone()));
+            if !cut.is_empty() {
+                report.applied.push(format!(
+                    "admin_tls: {} closed: the new credentials revoke their client (each logged)",
+                    rein_core::Count(cut.len(), "open admin connection")
+                ));
+            }
         }
         if let Some((cell, next)) = pshift_tls {
             if cell.get().changed(&next) {

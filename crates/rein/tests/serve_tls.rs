@@ -631,6 +631,74 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     run_ok(tool("nbdinfo").arg(format!("nbd://{}/rd", s.nbd)));
 }
 
+/// With `admin_tls`, a reload whose `crl` revokes a client closes its open HTTPS admin connections, as
+/// it does its NBD ones: before, a revoked client kept the admin endpoint on a keep-alive connection as
+/// long as it sent a request within each idle timeout. Bob's connection (openssl s_client, his
+/// certificate) is served, bob is revoked and the server reloaded; the connection ends, and alice's,
+/// not revoked, is still served.
+#[test]
+fn a_reload_that_revokes_a_client_closes_its_https_admin_connection() {
+    use std::io::{BufRead, Write};
+    let tmp = tmpdir("tls-admin-crl");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "ca");
+    make_cert(dir, "ca", "server", "127.0.0.187", &tls::server("IP:127.0.0.187"));
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
+    tls::make_crl(dir, "ca", "crl.pem");
+    let config = "admin_tls = true\n[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n\
+                  ca = \"ca-cert.pem\"\ncrl = \"crl.pem\"\n";
+    let s = start(dir, 187, &format!("{config}{PLAIN}"));
+    // A keep-alive HTTPS connection: requests written to s_client's input, answers read from its output.
+    let open = |who: &str| {
+        let mut c = tool("openssl")
+            .current_dir(dir)
+            .args(["s_client", "-quiet", "-no_ign_eof", "-connect", &s.admin.to_string()])
+            .args(["-CAfile", "ca-cert.pem", "-cert", &format!("{who}-cert.pem"), "-key", &format!("{who}-key.pem")])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let out = std::io::BufReader::new(c.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        (c, rx)
+    };
+    let ask = |c: &mut std::process::Child, rx: &std::sync::mpsc::Receiver<String>| -> bool {
+        let stdin = c.stdin.as_mut().unwrap();
+        if stdin.write_all(b"GET /healthz HTTP/1.1\r\nHost: rein\r\n\r\n").and_then(|()| stdin.flush()).is_err() {
+            return false;
+        }
+        loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) if line.starts_with("HTTP/1.1 200") => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+    };
+    let (mut bob, bob_rx) = open("bob");
+    let (mut alice, alice_rx) = open("alice");
+    assert!(ask(&mut bob, &bob_rx) && ask(&mut alice, &alice_rx), "both served before the reload");
+    tls::revoke(dir, "ca", "bob");
+    tls::make_crl(dir, "ca", "crl.pem");
+    s.signal("-HUP");
+    let line = s.wait_line("admin_tls: 1 open admin connection closed");
+    assert!(line.contains("the new credentials revoke their client"), "{line}");
+    s.wait_line("closing a TLS connection: its client certificate is revoked (tls.crl)");
+    assert!(!ask(&mut bob, &bob_rx), "bob's connection is closed");
+    assert!(ask(&mut alice, &alice_rx), "alice's connection is still served");
+    for mut c in [bob, alice] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// `[tls] crl` revokes client certificates (PEM CRLs signed by a CA of `ca`, the file qemu-nbd and nbdkit
 /// read as `ca-crl.pem`): a revoked client's TLS handshake fails, and the server's log says why. A
 /// certificate is revoked at run time by writing the CA's new CRL over the file and reloading, without a
