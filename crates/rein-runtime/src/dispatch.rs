@@ -1497,10 +1497,14 @@ fn offer_to_ring(ring: &mut Uring<Token>, req: IoRequest, token: Token) -> RingO
 }
 
 /// Route 2 of the module comment: IO the storage says never blocks at this size, or (engine `inline`)
-/// anything up to `inline_max_bytes` but a flush.
+/// anything up to `inline_max_bytes` but a flush. A storage whose bound is 0 says any call may block, a
+/// flush (0 bytes) and a zero-length FUA write included: they ran in place (an `fdatasync` on this
+/// task, holding every tenant's dispatch) under the `threads` engine, and wherever io_uring is refused.
 fn runs_inline(req: &IoRequest, inline_max_bytes: u64) -> bool {
     let bytes = req.op.len();
-    bytes <= req.storage.inline_max_bytes() || (bytes <= inline_max_bytes && !matches!(req.op, Op::Flush))
+    let never_blocks = req.storage.inline_max_bytes();
+    let within = |max: u64| max > 0 && bytes <= max;
+    within(never_blocks) || (within(inline_max_bytes) && !matches!(req.op, Op::Flush))
 }
 
 fn execute(req: IoRequest) -> IoResult {
@@ -1540,5 +1544,37 @@ fn execute(req: IoRequest) -> IoResult {
             }
             Ok(Vec::new())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What runs on the dispatcher's task: RAM IO up to its bound (a flush too); on a file, nothing
+    /// under the `threads` engine (a flush, 0 bytes, ran there), and under `inline` what fits but a flush.
+    #[test]
+    fn only_what_never_blocks_runs_inline() {
+        let d = tempfile::tempdir().unwrap();
+        let file: Arc<dyn Storage> =
+            Arc::new(crate::storage::FileStorage::open(&d.path().join("f"), Some(1 << 20), false).unwrap());
+        let ram: Arc<dyn Storage> = Arc::new(crate::storage::MemStorage::new(1 << 20));
+        let tenant =
+            rein_core::Fifo::new(SchedConfig::default()).add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).unwrap();
+        let req = |storage: &Arc<dyn Storage>, op: Op, fua: bool| IoRequest {
+            storage: storage.clone(),
+            tenant,
+            offset: 0,
+            op,
+            fua,
+            piggyback: None,
+        };
+        let write = |n: usize| Op::Write { data: vec![0; n] };
+        for (op, fua) in [(Op::Flush, false), (write(0), true), (write(4096), false)] {
+            assert!(!runs_inline(&req(&file, op, fua), 0), "a file's IO may block");
+        }
+        assert!(runs_inline(&req(&file, write(4096), false), 1 << 20), "engine inline");
+        assert!(!runs_inline(&req(&file, Op::Flush, false), 1 << 20), "engine inline, but not a flush");
+        assert!(runs_inline(&req(&ram, Op::Flush, false), 0) && runs_inline(&req(&ram, write(4096), true), 0));
     }
 }
