@@ -405,6 +405,32 @@ fn a_write_waiting_for_the_budget_is_not_cut_by_the_payload_deadline() {
     assert!(!cut, "no connection was cut for a slow payload");
 }
 
+/// A client that sends NBD_CMD_DISC and then closes its socket gets every request it sent before the
+/// DISC run, as the spec requires ("the server MUST handle all outstanding requests"): before, the
+/// closed socket marked its queued WRITEs abandoned, and most were never written (13 of 40 at 20 IOPS).
+/// Here 30 WRITEs of 0xdd queue behind a 10 IOPS limit, the DISC follows, and the client closes with
+/// replies unread (its kernel sends RST) 0.3 s later.
+#[test]
+fn writes_sent_before_a_disconnect_are_run_though_the_client_closes() {
+    let tmp = tmpdir("bounds-disc");
+    let s = start(tmp.path(), 217, &slow("", 10));
+    let mut c = Raw::connect(s.nbd, "slow");
+    let mut burst = Vec::new();
+    for i in 1..=30u64 {
+        burst.extend(Raw::header(Command::Write, i, i * 4096, 4096));
+        burst.extend([0xdd; 4096]);
+    }
+    burst.extend(Raw::header(Command::Disc, 31, 0, 0));
+    c.s.write_all(&burst).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    let line = s.wait_log(&["NBD connection closed", "requests=30"], Duration::from_secs(30));
+    assert!(line.contains("NBD_CMD_DISC"), "{line}");
+    let image = std::fs::read(tmp.path().join("data").join("slow.img")).unwrap();
+    let written = (1..=30).filter(|i| image[i * 4096..(i + 1) * 4096].iter().all(|&b| b == 0xdd)).count();
+    assert_eq!(written, 30, "every WRITE sent before the DISC is run");
+}
+
 /// A client whose connection breaks leaves its queued requests behind: they are not run when their turn
 /// comes (no WRITE of a vanished client lands later, possibly over a newer client's data), and are
 /// counted as abandoned. Here a tenant limited to 10 IOPS gets a READ (answered at once) and 30 WRITEs of
