@@ -23,6 +23,8 @@ command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
+# A test reads the NBD server's TCP keepalive timer with ss (crates/rein/tests/bounds.rs).
+command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 # The admin endpoint's HTTPS tests (crates/rein/tests/admin_https.rs) drive curl.
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # The systemd units in contrib/systemd are checked with systemd-analyze verify (service_manager.rs).

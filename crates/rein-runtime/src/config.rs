@@ -31,7 +31,8 @@
 //! max_connections_per_tenant = 256   # open on one tenant's exports
 //! max_inflight_mb = 1024         # byte budget of payloads and replies in flight, all connections
 //! max_inflight_mb_per_tenant = 256  # the same, per tenant (at most max_inflight_mb)
-//! idle_timeout_s = 300           # close a connection idle this long (nothing in flight, no byte in); 0 = never
+//! idle_timeout_s = 0             # close a connection idle this long (nothing in flight, no byte in); 0 = never
+//! stall_timeout_s = 120          # close a client that leaves a WRITE's payload, or its replies, unmoved this long
 //! shutdown_timeout_s = 10        # after SIGTERM: answer what is in flight this long, then fail the rest
 //!
 //! [tls]                          # optional: STARTTLS; paths relative to this file's directory
@@ -199,7 +200,26 @@ pub(crate) fn d_inflight_mb_per_tenant() -> u64 {
 }
 /// The default shared by rein.toml and gw.toml.
 pub(crate) fn d_idle_timeout_s() -> u64 {
-    300
+    0
+}
+/// The default shared by rein.toml and gw.toml.
+pub(crate) fn d_stall_timeout_s() -> u64 {
+    120
+}
+/// The longest `idle_timeout_s` and `stall_timeout_s` (a week; 0 turns either off).
+const MAX_CONN_TIMEOUT_S: u64 = 7 * 24 * 3600;
+
+/// `idle_timeout_s` and `stall_timeout_s` as rein.toml and gw.toml give them: each in 0..=604800 (0:
+/// never).
+type Timeouts = (Option<std::time::Duration>, Option<std::time::Duration>);
+pub(crate) fn conn_timeouts(idle_s: u64, stall_s: u64) -> Result<Timeouts, String> {
+    for (key, v) in [("idle_timeout_s", idle_s), ("stall_timeout_s", stall_s)] {
+        if v > MAX_CONN_TIMEOUT_S {
+            return Err(format!("{key} must be in 0..={MAX_CONN_TIMEOUT_S} (0: never), got {v}"));
+        }
+    }
+    let some = |s: u64| (s > 0).then(|| std::time::Duration::from_secs(s));
+    Ok((some(idle_s), some(stall_s)))
 }
 /// The default shared by rein.toml and gw.toml.
 pub(crate) fn d_shutdown_timeout_s() -> f64 {
@@ -245,6 +265,8 @@ struct File {
     max_inflight_mb_per_tenant: u64,
     #[serde(default = "d_idle_timeout_s")]
     idle_timeout_s: u64,
+    #[serde(default = "d_stall_timeout_s")]
+    stall_timeout_s: u64,
     #[serde(default = "d_shutdown_timeout_s")]
     shutdown_timeout_s: f64,
     device_model: Option<DeviceFile>,
@@ -518,8 +540,11 @@ pub struct ServerConfig {
     /// acts as `max_inflight`).
     pub max_inflight_per_tenant: u64,
     /// A connection with nothing in flight that receives no byte for this long is closed
-    /// (`idle_timeout_s`, default 300 s; 0 = `None`, never).
+    /// (`idle_timeout_s`, default 0 = `None`, never: NBD clients hold a quiet disk's connection).
     pub idle_timeout: Option<std::time::Duration>,
+    /// A connection whose client leaves a WRITE's payload unsent, or a batch of its replies unread, this
+    /// long is closed (`stall_timeout_s`, default 120 s; 0 = `None`, never): [`crate::nbd::Limits`].
+    pub stall_timeout: Option<std::time::Duration>,
     /// After a shutdown begins, how long in-flight and queued requests may still be answered before the
     /// queued ones get errors and connections are closed (`shutdown_timeout_s`, 0..=3600, default 10 s).
     pub shutdown_timeout: std::time::Duration,
@@ -845,9 +870,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
             return Err(format!("{key} must be in 1..={}, got {mb}", crate::budget::MAX_INFLIGHT_MB));
         }
     }
-    if f.idle_timeout_s > 7 * 24 * 3600 {
-        return Err(format!("idle_timeout_s must be in 0..=604800 (0: never), got {}", f.idle_timeout_s));
-    }
+    let (idle_timeout, stall_timeout) = conn_timeouts(f.idle_timeout_s, f.stall_timeout_s)?;
     if !(f.shutdown_timeout_s.is_finite() && (0.0..=3600.0).contains(&f.shutdown_timeout_s)) {
         return Err(format!("shutdown_timeout_s must be in 0..=3600 seconds, got {}", f.shutdown_timeout_s));
     }
@@ -1046,7 +1069,8 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         probe_capacity_s: f.probe_capacity_s,
         max_inflight: f.max_inflight_mb << 20,
         max_inflight_per_tenant: f.max_inflight_mb_per_tenant << 20,
-        idle_timeout: (f.idle_timeout_s > 0).then(|| std::time::Duration::from_secs(f.idle_timeout_s)),
+        idle_timeout,
+        stall_timeout,
         shutdown_timeout: std::time::Duration::from_secs_f64(f.shutdown_timeout_s),
         device,
         exports,
@@ -1088,7 +1112,8 @@ mod tests {
         assert_eq!(c.tenants[2].spec.limit(), Some(1000.0));
         assert_eq!(c.exports[0].backend, BackendKind::File { path: PathBuf::from("rein-data/rd.img") });
         assert_eq!((c.max_inflight, c.max_inflight_per_tenant), (1 << 30, 256 << 20));
-        assert_eq!(c.idle_timeout, Some(std::time::Duration::from_secs(300)));
+        assert_eq!(c.idle_timeout, None, "quiet disks keep their connections");
+        assert_eq!(c.stall_timeout, Some(std::time::Duration::from_secs(120)));
         assert_eq!(c.shutdown_timeout, std::time::Duration::from_secs(10));
     }
 
@@ -1129,6 +1154,9 @@ mod tests {
         assert!(e("max_inflight_mb_per_tenant = 1048577\n[[exports]]\nname = \"a\"")
             .contains("max_inflight_mb_per_tenant must be in 1..=1048576, got 1048577"));
         assert!(e("idle_timeout_s = 604801\n[[exports]]\nname = \"a\"").contains("idle_timeout_s"));
+        assert!(
+            e("stall_timeout_s = 604801\n[[exports]]\nname = \"a\"").contains("stall_timeout_s must be in 0..=604800")
+        );
         assert!(e("shutdown_timeout_s = -1\n[[exports]]\nname = \"a\"").contains("shutdown_timeout_s"));
         // A disk array as the device model: the scenario's keys and checks.
         let model = |extra: &str| format!("[device_model]\ncapacity_iops = 1000\n{extra}\n[[exports]]\nname = \"a\"");

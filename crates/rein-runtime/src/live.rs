@@ -907,6 +907,7 @@ impl Registry {
             max_inflight: _,
             max_inflight_per_tenant: _,
             idle_timeout: _,
+            stall_timeout: _,
             shutdown_timeout: _,
             device: _,
             tls: _,
@@ -967,6 +968,7 @@ impl Registry {
             max_inflight => "max_inflight_mb",
             max_inflight_per_tenant => "max_inflight_mb_per_tenant",
             idle_timeout => "idle_timeout_s",
+            stall_timeout => "stall_timeout_s",
             shutdown_timeout => "shutdown_timeout_s",
             node => "[node]",
         );

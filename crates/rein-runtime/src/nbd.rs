@@ -29,10 +29,15 @@
 //!   rejected WRITE's payload is skipped as it arrives. Up to [`INPUT_FREE_BYTES`] the buffer is free;
 //!   past that it is charged to the budget in full before it grows, and released once consumed, or handed
 //!   (with its charge) to the WRITE whose payload it holds, which saves the copy.
-//! - Time: the handshake [`HANDSHAKE_TIMEOUT`]; in the transmission phase, with `idle_timeout` set, a
-//!   connection that has nothing in flight and receives nothing for that long is closed, and so is one
-//!   whose request payload is not complete that long after its header (a WRITE trickled a byte at a time
-//!   kept the connection busy and its buffer's charge on the tenant's budget indefinitely).
+//! - Time: the handshake [`HANDSHAKE_TIMEOUT`]; in the transmission phase, with `idle_timeout` set (off
+//!   by default: qemu and the kernel's driver hold a quiet disk's connection for as long as the disk is
+//!   attached and do not reconnect, so closing it failed the guest's next IO), a connection that has
+//!   nothing in flight and receives nothing for that long is closed. With `stall_timeout` set (the
+//!   default), a connection is closed whose request payload is not complete that long after its header
+//!   (a WRITE trickled a byte at a time kept the connection busy and its buffer's charge on the tenant's
+//!   budget indefinitely), or whose writer could not hand a batch of replies to the socket for that long
+//!   (a client that stops reading its replies keeps their charges, and the next charge its reader waits
+//!   for heads the tenant's queue: every connection of the tenant waited behind it, for ever).
 //! - Shutdown: the connection answers what is in flight and goes on reading, answering every new
 //!   request with NBD_ESHUTDOWN without running it (the spec's SHOULD; rein-proto's
 //!   `ServerTransmission::shut_down`); it ends at the client's NBD_CMD_DISC (which the spec makes a client
@@ -202,6 +207,9 @@ pub struct Limits {
     pub budget: Budget,
     /// Close a connection with nothing in flight that receives nothing for this long (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// Close a connection whose client leaves a request's payload incomplete, or a batch of its replies
+    /// unread, this long (`None`: never; module comment, "Time").
+    pub stall_timeout: Option<Duration>,
     /// Close a connection whose handshake has not ended this long after it was accepted: the servers'
     /// [`HANDSHAKE_TIMEOUT`] (a field so that a test need not wait that long for it).
     pub handshake_timeout: Duration,
@@ -216,6 +224,7 @@ impl Default for Limits {
         Limits {
             budget: Budget::default_sizes(),
             idle_timeout: None,
+            stall_timeout: None,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             close: watch::channel(false).0,
         }
@@ -309,8 +318,10 @@ enum End {
     Disconnect,
     /// No request in flight and no byte received for the idle timeout.
     Idle,
-    /// A request's payload still incomplete an idle timeout after its header.
+    /// A request's payload still incomplete a stall timeout after its header.
     SlowPayload,
+    /// The client left a batch of its replies unread for the stall timeout.
+    Stalled,
     /// The server is shutting down.
     Shutdown,
 }
@@ -321,7 +332,8 @@ impl End {
             End::ClientClosed => "client closed the connection",
             End::Disconnect => "client disconnected (NBD_CMD_DISC)",
             End::Idle => "idle timeout",
-            End::SlowPayload => "a request's payload did not arrive within idle_timeout_s of its header",
+            End::SlowPayload => "a request's payload did not arrive within stall_timeout_s of its header",
+            End::Stalled => "the client did not read its replies within stall_timeout_s",
             End::Shutdown => "server shutting down",
         }
     }
@@ -410,6 +422,7 @@ pub async fn serve_client(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnError> {
     stream.set_nodelay()?;
+    stream.set_keepalive()?;
     let mut input = Input::default();
     // One snapshot of the exports for the whole handshake; the connection keeps the export it opens.
     let exports = ctx.exports.snapshot();
@@ -543,7 +556,11 @@ where
     // Set once no reply can reach the client (the socket broke): its queued requests are then not run,
     // unless it sent NBD_CMD_DISC ([`Gone`]).
     let gone = Gone::default();
-    let writer = tokio::spawn(write_replies(wr, rx, opened, last_reply_ms.clone(), coalesce, gone.clone()));
+    // Set by the writer when the client leaves its replies unread for the stall timeout: the reader stops.
+    let (cut_tx, cut) = watch::channel(false);
+    let stall = ctx.limits.stall_timeout;
+    let out = Out { opened, last_reply_ms: last_reply_ms.clone(), coalesce, gone: gone.clone(), stall, cut: cut_tx };
+    let writer = tokio::spawn(write_replies(wr, rx, out));
     let mut close = ctx.limits.close.subscribe();
     let mut conn = Connection {
         export: Arc::clone(&export),
@@ -565,6 +582,8 @@ where
         requests: 0,
         node_tenants,
         gone: gone.clone(),
+        stall,
+        cut,
     };
     let result = conn.transmission(&mut rd, shutdown, &mut close).await;
     if matches!(result, Err(ConnError::Io(_))) {
@@ -758,6 +777,10 @@ struct Connection<'a> {
     node_tenants: Vec<TenantId>,
     /// Set when no reply can reach the client any more ([`Dispatcher::submit`]).
     gone: Gone,
+    /// [`Limits::stall_timeout`].
+    stall: Option<Duration>,
+    /// True once the writer gave up on the client's reading ([`End::Stalled`]).
+    cut: watch::Receiver<bool>,
 }
 
 /// Whether a connection's queued requests are still run: the flag [`Dispatcher::submit`] reads, set once
@@ -812,6 +835,16 @@ impl Connection<'_> {
         };
         tokio::pin!(stop);
         let mut stop_armed = LazyPoll::default();
+        // The writer's cut, the same way (it also ends the waits for the budget below).
+        let (cut_probe, mut cut) = (self.cut.clone(), self.cut.clone());
+        let cut_wait = async move {
+            if cut.wait_for(|c| *c).await.is_err() {
+                // The writer is gone without a cut (it ends only after the reader): never.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::pin!(cut_wait);
+        let mut cut_armed = LazyPoll::default();
         loop {
             let (used, event) = self.machine.feed(self.input.unconsumed())?;
             match event {
@@ -820,13 +853,11 @@ impl Connection<'_> {
                     // The state machine knows the shutdown once it was seen (no watch read per request).
                     let draining = self.machine.is_shut_down();
                     let idle = if draining { None } else { self.idle.as_mut().map(|idle| (idle, &*self.permits)) };
-                    // A payload must follow its header within the idle timeout: bytes trickled one at a
+                    // A payload must follow its header within the stall timeout: bytes trickled one at a
                     // time would otherwise keep a connection "active" and hold the buffer's charge against
                     // the tenant's budget for as long as the client likes.
-                    let payload_within = match &idle {
-                        Some((i, _)) if wanted > self.machine.config().request_head_len() => Some(i.after),
-                        _ => None,
-                    };
+                    let payload = !draining && wanted > self.machine.config().request_head_len();
+                    let payload_within = self.stall.filter(|_| payload);
                     let filled = if draining {
                         // Shutting down: what arrives is answered with ESHUTDOWN (the state machine
                         // rejects it); the connection ends once every reply is written and nothing more
@@ -836,6 +867,7 @@ impl Connection<'_> {
                             r = self.input.fill_charged(rd, wanted, &self.budget, idle, payload_within) => r?,
                             _ = drained(permits) => return Ok(End::Shutdown),
                             _ = closing(close) => return Ok(End::Shutdown),
+                            _ = cut_wait.as_mut() => return Ok(End::Stalled),
                         }
                     } else {
                         let filled = {
@@ -843,18 +875,23 @@ impl Connection<'_> {
                             tokio::pin!(fill);
                             std::future::poll_fn(|cx| {
                                 // Shutdown first: bytes that arrive after it are refused, not run. (The
-                                // watch is polled only once it has changed: `LazyPoll`.)
+                                // watches are polled only once they have changed: `LazyPoll`.)
                                 let changed = probe.has_changed().unwrap_or(true);
                                 if stop_armed.poll(cx, stop.as_mut(), changed).is_ready() {
-                                    return std::task::Poll::Ready(None);
+                                    return std::task::Poll::Ready(Err(End::Shutdown));
                                 }
-                                fill.as_mut().poll(cx).map(Some)
+                                let cut = cut_probe.has_changed().unwrap_or(false);
+                                if cut_armed.poll(cx, cut_wait.as_mut(), cut).is_ready() {
+                                    return std::task::Poll::Ready(Err(End::Stalled));
+                                }
+                                fill.as_mut().poll(cx).map(Ok)
                             })
                             .await
                         };
                         match filled {
-                            Some(r) => r?,
-                            None => {
+                            Ok(r) => r?,
+                            Err(End::Stalled) => return Ok(End::Stalled),
+                            Err(_) => {
                                 self.machine.shut_down();
                                 continue;
                             }
@@ -904,6 +941,7 @@ impl Connection<'_> {
                         None => tokio::select! {
                             h = self.hold(charged, to_charge, budget) => h,
                             _ = closing(close) => return Ok(End::Shutdown),
+                            _ = cut_wait.as_mut() => return Ok(End::Stalled),
                         },
                     };
                     self.submit(request, op, encoder, held).await;
@@ -916,6 +954,7 @@ impl Connection<'_> {
                         None => tokio::select! {
                             h = self.hold(None, 0, None) => h,
                             _ = closing(close) => return Ok(End::Shutdown),
+                            _ = cut_wait.as_mut() => return Ok(End::Stalled),
                         },
                     };
                     self.reject(&rejection, held);
@@ -1101,23 +1140,20 @@ impl Input {
         while self.buf.len() - self.start < wanted {
             let missing = wanted - (self.buf.len() - self.start);
             let limit = missing.max(READ_AHEAD) as u64;
-            let n = match &mut idle {
-                None => read_some(rd, &mut self.buf, limit).await?,
-                Some((idle, slots)) => {
-                    let read = read_or_idle(rd, &mut self.buf, limit, idle, slots);
-                    let read = match payload_by {
-                        None => read.await?,
-                        Some(by) => tokio::select! {
-                            r = read => r?,
-                            _ = tokio::time::sleep_until(by) => return Ok(Filled::SlowPayload),
-                        },
-                    };
-                    match read {
-                        Some(n) => n,
-                        None => return Ok(Filled::Idle),
-                    }
+            let read = async {
+                match &mut idle {
+                    None => read_some(rd, &mut self.buf, limit).await.map(Some),
+                    Some((idle, slots)) => read_or_idle(rd, &mut self.buf, limit, idle, slots).await,
                 }
             };
+            let read = match payload_by {
+                None => read.await?,
+                Some(by) => tokio::select! {
+                    r = read => r?,
+                    _ = tokio::time::sleep_until(by) => return Ok(Filled::SlowPayload),
+                },
+            };
+            let Some(n) = read else { return Ok(Filled::Idle) };
             if n == 0 {
                 return Ok(Filled::Eof);
             }
@@ -1335,16 +1371,26 @@ impl LazyPoll {
     }
 }
 
-/// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
-/// dropped (releasing their permits) once written, or at once if the client is gone (then `gone` is set).
-async fn write_replies<W: AsyncWrite + Unpin>(
-    mut wr: W,
-    mut rx: mpsc::UnboundedReceiver<Reply>,
+/// What the writer task shares with its connection.
+struct Out {
     opened: Instant,
+    /// When replies were last written, in ms since `opened` (the idle clock).
     last_reply_ms: Arc<AtomicU64>,
+    /// Yield a turn before each write ([`Backend::Remote`], module comment).
     coalesce: bool,
     gone: Gone,
-) {
+    /// [`Limits::stall_timeout`]: how long one batch's write may wait for the client to read.
+    stall: Option<Duration>,
+    /// Set when a batch waited that long: the reader stops ([`End::Stalled`]).
+    cut: watch::Sender<bool>,
+}
+
+/// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
+/// dropped (releasing their permits) once written, or at once if the client is gone (then `gone` is set):
+/// its socket failed, or a batch could not be handed to it within the stall timeout (then the reader is
+/// told to stop, and the replies' charges go back to the budget).
+async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::UnboundedReceiver<Reply>, out: Out) {
+    let Out { opened, last_reply_ms, coalesce, gone, stall, cut } = out;
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);
     let mut broken = false;
     while let Some(first) = rx.recv().await {
@@ -1360,10 +1406,26 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             bytes += next.0.len();
             batch.push(next);
         }
-        // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
-        if !broken && (write_batch(&mut wr, &batch).await.is_err() || wr.flush().await.is_err()) {
-            broken = true; // client gone: keep draining so permits are released
-            gone.broken();
+        if !broken {
+            // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
+            let write = async {
+                write_batch(&mut wr, &batch).await?;
+                wr.flush().await
+            };
+            let written = match stall {
+                None => write.await.is_ok(),
+                Some(d) => match tokio::time::timeout(d, write).await {
+                    Ok(r) => r.is_ok(),
+                    Err(_) => {
+                        cut.send_replace(true);
+                        false
+                    }
+                },
+            };
+            if !written {
+                broken = true; // client gone: keep draining so permits are released
+                gone.broken();
+            }
         }
         // Before the permits go with the batch: whoever sees them free sees the stamp (idle clock).
         last_reply_ms.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);

@@ -412,6 +412,7 @@ pub async fn run_with(
         limits: Limits {
             budget: Budget::new(cfg.max_inflight, cfg.max_inflight_per_tenant),
             idle_timeout: cfg.idle_timeout,
+            stall_timeout: cfg.stall_timeout,
             handshake_timeout: crate::nbd::HANDSHAKE_TIMEOUT,
             close: watch::channel(false).0,
         },

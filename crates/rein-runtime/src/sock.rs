@@ -36,6 +36,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
@@ -114,6 +115,16 @@ pub enum SockWrite {
     Unix(unix::OwnedWriteHalf),
 }
 
+/// TCP keepalive on an NBD client's connection: probes after this long without traffic...
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+/// ...this far apart...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// ...and the connection fails after this many unanswered: a peer that vanished (a host powered off, a
+/// network cut) frees its connection in about two minutes, while a quiet client, whose kernel answers
+/// the probes, keeps it as long as it likes (NBD has no keepalive of its own, and `idle_timeout_s` is
+/// off by default).
+pub const KEEPALIVE_RETRIES: u32 = 6;
+
 impl Sock {
     /// Turns off Nagle's algorithm on TCP (a Unix socket has none): replies and pieces leave when written.
     pub fn set_nodelay(&self) -> io::Result<()> {
@@ -121,6 +132,17 @@ impl Sock {
             Sock::Tcp(s) => s.set_nodelay(true),
             Sock::Unix(_) => Ok(()),
         }
+    }
+
+    /// Turns on TCP keepalive ([`KEEPALIVE_IDLE`], [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_RETRIES`]); a
+    /// Unix socket's peer is on this host, and its end is seen at once.
+    pub fn set_keepalive(&self) -> io::Result<()> {
+        let Sock::Tcp(s) = self else { return Ok(()) };
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_RETRIES);
+        socket2::SockRef::from(s).set_tcp_keepalive(&ka)
     }
 
     /// The peer: a TCP client's address, or a Unix client's credentials.

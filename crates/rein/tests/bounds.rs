@@ -176,6 +176,30 @@ fn idle_connections_are_closed_and_logged() {
     assert_eq!(log.iter().filter(|l| l.contains(&peer)).count(), 2, "one line opened, one closed: {log:#?}");
 }
 
+/// By default a quiet connection is never closed (`idle_timeout_s` = 0: qemu and the kernel's driver
+/// keep a quiet disk's connection, and a closed one failed the guest's next IO), and the server's side
+/// of it has TCP keepalive on (`ss` shows the timer), so a peer that vanished still frees it.
+#[test]
+fn a_quiet_connection_stays_open_with_tcp_keepalive() {
+    let tmp = tmpdir("bounds-quiet");
+    let s = start(tmp.path(), 219, &slow("", 1000));
+    let mut c = Raw::connect(s.nbd, "slow");
+    let local = c.s.local_addr().unwrap();
+    // (Until the client's ACK of the handshake's last bytes comes, `ss` shows the retransmit timer.)
+    let ss = || {
+        let out = std::process::Command::new("ss")
+            .args(["-tnoH", "state", "established", "src", &s.nbd.to_string(), "dst", &local.to_string()])
+            .output()
+            .expect("ss (iproute2) is installed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let line = common::wait_for("keepalive", Duration::from_secs(5), ss, |l| l.contains("timer:(keepalive,"));
+    assert!(line.contains("timer:(keepalive,"), "the server's socket has keepalive: {line:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    c.send(Command::Read, 1, 0, 4096, &[]);
+    assert_eq!(c.reply(4096).1, 0, "a quiet connection is served");
+}
+
 /// Issue 12: SIGTERM waited as long as a stalled client wanted (replies unread, a WRITE half sent). Now
 /// the shutdown ends within its deadline plus a small margin.
 #[test]
@@ -355,11 +379,11 @@ fn a_handshake_during_shutdown_gets_err_shutdown_then_its_abort_is_acknowledged(
 
 /// A WRITE's payload trickled a byte at a time (the adversarial review held a tenant's byte budget this
 /// way for as long as it liked: the idle timeout never fired, bytes kept coming) is cut once its header
-/// is `idle_timeout_s` old, and says why in the log; a byte every 200 ms kept it open before.
+/// is `stall_timeout_s` old, and says why in the log; a byte every 200 ms kept it open before.
 #[test]
-fn a_trickled_write_payload_is_cut_at_the_idle_timeout() {
+fn a_trickled_write_payload_is_cut_at_the_stall_timeout() {
     let tmp = tmpdir("bounds-trickle");
-    let s = start(tmp.path(), 44, &slow("idle_timeout_s = 1", 1000));
+    let s = start(tmp.path(), 44, &slow("stall_timeout_s = 1", 1000));
     let mut c = Raw::connect(s.nbd, "slow");
     let peer = c.s.local_addr().unwrap().to_string();
     c.s.write_all(&Raw::header(Command::Write, 1, 0, 64 << 10)).unwrap();
@@ -374,17 +398,44 @@ fn a_trickled_write_payload_is_cut_at_the_idle_timeout() {
     }
     assert!(closed || c.closed_by_server(), "the connection was closed");
     let line = s.wait_log(&["NBD connection closed", &peer], Duration::from_secs(5));
-    assert!(line.contains("payload did not arrive within idle_timeout_s"), "{line}");
-    assert!(t0.elapsed() >= Duration::from_millis(900), "not before the idle timeout");
+    assert!(line.contains("payload did not arrive within stall_timeout_s"), "{line}");
+    assert!(t0.elapsed() >= Duration::from_millis(900), "not before the stall timeout");
+}
+
+/// A client that stops reading its replies (64 READs of 1 MiB against a tenant budget of 16 MiB) held
+/// every other connection of its tenant for as long as it stayed connected: its unwritten replies keep
+/// their charges, and its next charge heads the tenant's queue. Now its writer gives up once a batch has
+/// waited `stall_timeout_s`, the connection is cut (saying why), the charges go back, and another
+/// client of the tenant, waiting meanwhile, is served. Unread replies on a quiet connection that is
+/// still reading are no stall: the connection is cut only when a write cannot go out.
+#[test]
+fn a_client_that_leaves_its_replies_unread_is_cut_at_the_stall_timeout() {
+    let tmp = tmpdir("bounds-unread");
+    let config = "stall_timeout_s = 2\nmax_inflight_mb_per_tenant = 16\n\
+                  [[exports]]\nname = \"f\"\nsize_mb = 64\n[[tenants]]\nname = \"f\"\n";
+    let s = start(tmp.path(), 218, config);
+    let stuck = Raw::connect(s.nbd, "f");
+    let peer = stuck.s.local_addr().unwrap().to_string();
+    let burst: Vec<u8> = (0..64u64).flat_map(|h| Raw::header(Command::Read, h, h << 20, 1 << 20)).collect();
+    (&stuck.s).write_all(&burst).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut other = Raw::connect(s.nbd, "f");
+    let t0 = Instant::now();
+    other.send(Command::Read, 1, 0, 4096, &[]);
+    assert_eq!(other.reply(4096).1, 0, "served once the stuck client is cut");
+    let line = s.wait_log(&["NBD connection closed", &peer], Duration::from_secs(10));
+    assert!(line.contains("the client did not read its replies within stall_timeout_s"), "{line}");
+    assert!(t0.elapsed() >= Duration::from_millis(500), "the other client waited for the cut ({:?})", t0.elapsed());
+    drop(stuck);
 }
 
 /// The payload deadline runs from when the server can take the payload: a WRITE that waits for its
 /// tenant's byte budget (held by an earlier WRITE queued behind a 0.5 IOPS limit, about 2 s) longer than
-/// `idle_timeout_s` (1 s) is not cut when its bytes then arrive at once. A deadline from the header cut it.
+/// `stall_timeout_s` (1 s) is not cut when its bytes then arrive at once. A deadline from the header cut it.
 #[test]
 fn a_write_waiting_for_the_budget_is_not_cut_by_the_payload_deadline() {
     let tmp = tmpdir("bounds-budget-wait");
-    let config = "idle_timeout_s = 1\nmax_inflight_mb_per_tenant = 1\n[mclock]\nlimit_burst_ios = 0\n\
+    let config = "stall_timeout_s = 1\nmax_inflight_mb_per_tenant = 1\n[mclock]\nlimit_burst_ios = 0\n\
                   [[exports]]\nname = \"slow\"\nsize_mb = 4\n[[tenants]]\nname = \"slow\"\nlimit = 0.5\n";
     let s = start(tmp.path(), 45, config);
     let mut c = Raw::connect(s.nbd, "slow");
