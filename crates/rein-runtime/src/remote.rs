@@ -11,7 +11,9 @@
 //! copied into each piece's message. FLUSH goes to every node the volume uses (to one connection of a node
 //! that advertises NBD_FLAG_CAN_MULTI_CONN, to each of its connections otherwise) and succeeds only if all
 //! do; FUA passes to the pieces of nodes that advertise NBD_FLAG_SEND_FUA (the NBD spec forbids sending it
-//! to others).
+//! to others). Likewise TRIM and WRITE_ZEROES go only to nodes that advertise them: a TRIM's part for a
+//! node that does not is left out (a TRIM is a hint; the range may read as anything after it), and a
+//! WRITE_ZEROES's part goes as WRITEs of zeroes of at most `ZERO_WRITE_MAX` bytes each.
 //!
 //! # FUA on a node without FUA
 //! A volatile node (no FLUSH) has no stable storage to force: its pieces go without FUA. A node that takes
@@ -51,7 +53,13 @@
 //! that ends with writes uncovered marks the node `lost`, and the volume's next FLUSH fails with EIO
 //! naming the node (once, as Linux reports a writeback error once), as a disk that lost its cache would.
 //! It cannot tell a broken connection to a live node (whose cache still holds the writes) from a crash,
-//! so it reports both. A node without FLUSH (volatile) promises no durability and is not tracked.
+//! so it reports both. A FLUSH sent before such a session ended and answered after it (one queued while
+//! a moved node's session drained goes out on the next session) covers none of those writes: it fails
+//! the same way, and reports the loss itself (`Mark::Flushed` carries the loss count it was sent at).
+//! Pieces sent while a connection is down fail at once, also those the connection's task had not taken
+//! from its channel when its reconnect succeeded: they were built from the flags of then (a node never
+//! reached says no FLUSH and no FUA), and sent on the new session a FUA write went without FUA. A node
+//! without FLUSH (volatile) promises no durability and is not tracked.
 //!
 //! # Metrics
 //! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
@@ -503,6 +511,14 @@ impl NodeLink {
         self.conns.iter().any(|c| c.state.fua.load(Ordering::Relaxed))
     }
 
+    /// The node takes `command` (TRIM or WRITE_ZEROES), as any of its connections that has been up says.
+    fn takes(&self, command: Command) -> bool {
+        self.conns.iter().any(|c| match command {
+            Command::Trim => c.state.trim.load(Ordering::Relaxed),
+            _ => c.state.write_zeroes.load(Ordering::Relaxed),
+        })
+    }
+
     /// The connections a FLUSH goes to: one (the next in turn) of a node that advertises
     /// NBD_FLAG_CAN_MULTI_CONN, each of them otherwise.
     fn flush_conns(&self) -> Vec<usize> {
@@ -518,6 +534,9 @@ impl NodeLink {
 /// session"); shared by the node's connections of one volume.
 #[derive(Default)]
 struct Durability {
+    /// The node's name and counters (for a FLUSH's error).
+    node: String,
+    stats: Arc<NodeStats>,
     /// Write pieces (WRITE, TRIM, WRITE_ZEROES without FUA) the node acknowledged.
     written: AtomicU64,
     /// The `written` count the latest successful FLUSH covered (its value when the FLUSH was sent).
@@ -525,7 +544,9 @@ struct Durability {
     /// A session ended with writes not covered: the next FLUSH reports it (and clears it).
     lost: AtomicBool,
     /// How many times `lost` was set: a FUA write made durable by a FLUSH of its own ("FUA on a node
-    /// without FUA" in the module comment) fails if this moved between its sending and that FLUSH.
+    /// without FUA" in the module comment) fails if this moved between its sending and that FLUSH, and
+    /// so does a FLUSH whose own session is not the one that ended (it was queued while a session drained
+    /// and ended, then went out on the next: the writes acknowledged on the old one were not covered).
     losses: AtomicU64,
 }
 
@@ -547,8 +568,18 @@ impl Durability {
 enum Mark {
     /// A write without FUA: acknowledged, not yet durable.
     Written,
-    /// A FLUSH sent when the node's `written` count was this.
-    Flushed(u64),
+    /// A FLUSH sent when the node's `written` count was `covers` and its `losses` count was `losses`.
+    Flushed { covers: u64, losses: u64 },
+}
+
+impl Durability {
+    /// The mark of a FLUSH sent now: it covers the writes acknowledged so far, if no session is lost
+    /// meanwhile.
+    fn flush_mark(&self) -> Mark {
+        // `losses` first: a session that ends between the two loads is counted against this FLUSH.
+        let losses = self.losses.load(Ordering::Acquire);
+        Mark::Flushed { covers: self.written.load(Ordering::Acquire), losses }
+    }
 }
 
 /// The sending side of one pooled connection.
@@ -568,6 +599,10 @@ struct LinkState {
     flush: AtomicBool,
     /// The node takes FUA (NBD_FLAG_SEND_FUA).
     fua: AtomicBool,
+    /// The node takes TRIM (NBD_FLAG_SEND_TRIM).
+    trim: AtomicBool,
+    /// The node takes WRITE_ZEROES (NBD_FLAG_SEND_WRITE_ZEROES).
+    write_zeroes: AtomicBool,
     /// A session is established.
     up: AtomicBool,
 }
@@ -598,9 +633,14 @@ impl RemoteVolume {
                 continue;
             }
             let qos = qos.as_ref().map(|q| (Mutex::new(q.tenants[j].clone()), q.tracker.clone()));
+            let stats = Arc::<NodeStats>::default();
             let target = Arc::new(Target {
-                durability: Arc::default(),
-                stats: Arc::default(),
+                durability: Arc::new(Durability {
+                    node: node.name.clone(),
+                    stats: stats.clone(),
+                    ..Durability::default()
+                }),
+                stats,
                 node: node.clone(),
                 index: j,
                 qos,
@@ -731,16 +771,36 @@ impl RemoteVolume {
                 let kind = if command == Command::Trim { 3 } else { 4 };
                 // No payload: one node request per node, whatever the size (the stripe's invariant 4); a
                 // 512 MiB TRIM over 64 KiB units was 8,192 node requests.
+                // A node that does not advertise the command must not get it (the spec): a TRIM, a hint
+                // whose range may read as anything after, is not sent to it; a WRITE_ZEROES goes as
+                // WRITEs of zeroes ([`ZERO_WRITE_MAX`] bytes each), which meets NO_HOLE too.
                 let ranges = self.stripe.node_ranges(offset, len);
+                let takes = |node: usize| self.links[node].as_ref().is_some_and(|l| l.takes(command));
+                let ranges: Vec<_> = ranges.into_iter().filter(|r| command != Command::Trim || takes(r.0)).collect();
                 let done = self.fua_by_flush(fua, ranges.iter().map(|r| r.0), done);
                 let gather = Gather::new(Vec::new(), done, self.stat(kind, len.into()));
-                gather.expect(ranges.len());
                 for (node, node_offset, len) in ranges {
                     let fua = fua && self.takes_fua(node);
-                    let flags = if no_hole { p::CMD_FLAG_NO_HOLE } else { 0 };
-                    let msg = header_flagged(command, node_offset, len, fua, flags);
-                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
-                    self.send(node, msg, 0, sink).await;
+                    if takes(node) {
+                        let flags = if no_hole { p::CMD_FLAG_NO_HOLE } else { 0 };
+                        let msg = header_flagged(command, node_offset, len, fua, flags);
+                        let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
+                        gather.expect(1);
+                        self.send(node, msg, 0, sink).await;
+                        continue;
+                    }
+                    let mut at = 0;
+                    while at < len {
+                        let n = (len - at).min(ZERO_WRITE_MAX);
+                        let mut msg = Vec::with_capacity(MSG_HEAD + n as usize);
+                        let flags = if fua { p::CMD_FLAG_FUA } else { 0 };
+                        header_into(&mut msg, Command::Write, node_offset + u64::from(at), n, flags);
+                        msg.resize(MSG_HEAD + n as usize, 0);
+                        let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
+                        gather.expect(1);
+                        self.send(node, msg, 0, sink).await;
+                        at += n;
+                    }
                 }
                 gather.release();
             }
@@ -759,7 +819,7 @@ impl RemoteVolume {
                         lost.push(t.node.name.as_str());
                     }
                     // What this FLUSH covers: the writes the node acknowledged before it is sent.
-                    let covers = Mark::Flushed(t.durability.written.load(Ordering::Acquire));
+                    let covers = t.durability.flush_mark();
                     targets.extend(link.flush_conns().into_iter().map(|c| (j, Some(c), covers)));
                 }
                 gather.expect(targets.len() + lost.len());
@@ -912,7 +972,7 @@ async fn flush_routes(routes: Vec<FlushRoute>, done: Done) {
             gather.piece(Err(node_error(&r.node, ErrorKind::Io, why.into())), 0);
             continue;
         }
-        let covers = Mark::Flushed(r.durability.written.load(Ordering::Acquire));
+        let covers = r.durability.flush_mark();
         gather.expect(r.conns.len());
         for c in r.conns {
             let sink = Sink { gather: Some(gather.clone()), at: 0, mark: Some((r.durability.clone(), covers)) };
@@ -943,6 +1003,11 @@ fn header_into(out: &mut Vec<u8>, command: Command, offset: u64, length: u32, fl
 /// A piece's message up to its payload: the request header and the tag's room.
 const MSG_HEAD: usize = p::REQUEST_LEN + NODE_TAG_LEN;
 
+/// The largest WRITE of zeroes that stands in for a WRITE_ZEROES at a node that does not take it (the
+/// smallest largest request of the NBD servers a gateway fronts is 32 MiB; 1 MiB keeps each buffer
+/// small).
+const ZERO_WRITE_MAX: u32 = 1 << 20;
+
 /// Where the handle sits in an encoded request header.
 const HANDLE_AT: std::ops::Range<usize> = 8..16;
 
@@ -972,7 +1037,17 @@ impl Sink {
             Some((d, Mark::Written)) => {
                 d.written.fetch_add(1, Ordering::AcqRel);
             }
-            Some((d, Mark::Flushed(covers))) => {
+            Some((d, Mark::Flushed { losses, .. })) if d.losses.load(Ordering::Acquire) != losses => {
+                // A session ended with writes unflushed after this FLUSH was sent (module comment, "FLUSH
+                // after a lost session"): it succeeded on another session, without them. Reported here,
+                // once (the next FLUSH does not report it again).
+                d.lost.store(false, Ordering::Release);
+                d.stats.flush_lost.fetch_add(1, Ordering::Relaxed);
+                let why = "a connection to the node was lost with writes not yet flushed; they may not be on \
+                           stable storage";
+                return self.fail(node_error(&d.node, ErrorKind::Io, why.into()));
+            }
+            Some((d, Mark::Flushed { covers, .. })) => {
                 d.flushed.fetch_max(covers, Ordering::AcqRel);
             }
             None => {}
@@ -1157,6 +1232,8 @@ fn publish_flags(flags: u16, state: &LinkState) -> bool {
     state.multi_conn.store(flags & p::TFLAG_CAN_MULTI_CONN != 0, Ordering::Relaxed);
     state.flush.store(flush, Ordering::Relaxed);
     state.fua.store(fua, Ordering::Relaxed);
+    state.trim.store(flags & p::TFLAG_SEND_TRIM != 0, Ordering::Relaxed);
+    state.write_zeroes.store(flags & p::TFLAG_SEND_WRITE_ZEROES != 0, Ordering::Relaxed);
     state.up.store(true, Ordering::Relaxed);
     flush && !fua
 }
@@ -1339,9 +1416,19 @@ async fn run_link(
     // The gateway's shutdown ends a link between sessions at once (a node that is down has nothing to
     // disconnect from), not after the close's wait for it.
     let mut closing = target.closing.clone();
+    // The session just came up from down: pieces sent while it was down and still in the channel (the
+    // attempt and they were ready in one poll) fail as the others sent then did. They were built from
+    // the flags of then (a node never reached says no FLUSH, no FUA): sent on the session, a FUA write
+    // went without FUA and was acknowledged before it was stable, and a write went unmarked.
+    let mut from_down = false;
     loop {
         if let Some(s) = session.take() {
             s.publish(&state, name, &target.volume);
+            if std::mem::take(&mut from_down) {
+                while let Ok(w) = rx.try_recv() {
+                    target.fail(w.sink, ErrorKind::Io, "node is not connected".into());
+                }
+            }
             // Once per outage, by the node's last connection up: a later session (a renewal with a new
             // spec) is no restore.
             if std::mem::take(&mut down.down) {
@@ -1413,7 +1500,10 @@ async fn run_link(
             }
         };
         match attempt {
-            Ok(s) => session = Some(s),
+            Ok(s) => {
+                session = Some(s);
+                from_down = true;
+            }
             Err(e) => log.failed(&target.node, &target.volume, e.to_string(), false),
         }
     }
@@ -1802,19 +1892,35 @@ mod tests {
         sink(Mark::Written).ok(&[]);
         let covers = d.written.load(Ordering::Acquire);
         sink(Mark::Written).ok(&[]); // acknowledged after the FLUSH was sent: not covered by it
-        sink(Mark::Flushed(covers)).ok(&[]);
+        sink(Mark::Flushed { covers, losses: 0 }).ok(&[]);
         assert!(d.session_ended(), "the second write was not flushed");
         assert!(d.lost.load(Ordering::Acquire));
         d.lost.store(false, Ordering::Release); // reported by a FLUSH
         assert!(!d.session_ended(), "reported once: nothing new since");
-        sink(Mark::Flushed(1)).ok(&[]); // a late reply of an older FLUSH
+        sink(Mark::Flushed { covers: 1, losses: 1 }).ok(&[]); // a late reply of an older FLUSH
         assert_eq!(d.flushed.load(Ordering::Acquire), 2);
         sink(Mark::Written).ok(&[]);
-        sink(Mark::Flushed(3)).ok(&[]);
+        sink(Mark::Flushed { covers: 3, losses: 1 }).ok(&[]);
         assert!(!d.session_ended(), "every write flushed");
         // A failed piece counts nothing.
         sink(Mark::Written).fail(IoError::Shutdown);
         assert_eq!(d.written.load(Ordering::Acquire), 3);
+        // A FLUSH sent, then a session ends with a write unflushed, then the FLUSH succeeds (queued while
+        // the session drained, it went out on the next one): it covers nothing, fails, and reports the
+        // loss itself (the next FLUSH does not again).
+        sink(Mark::Written).ok(&[]);
+        let queued = d.flush_mark();
+        assert!(d.session_ended());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = Gather::new(Vec::new(), Box::new(move |r: IoResult, _| tx.send(r.map(|_| ())).unwrap()), None);
+        g.expect(1);
+        Sink { gather: Some(g.clone()), at: 0, mark: Some((d.clone(), queued)) }.ok(&[]);
+        g.release();
+        let e = rx.recv().unwrap().unwrap_err().to_string();
+        assert!(e.contains("lost with writes not yet flushed"), "{e}");
+        assert_eq!(d.flushed.load(Ordering::Acquire), 4, "raised by the session's end, not by the FLUSH");
+        assert!(!d.lost.load(Ordering::Acquire), "reported by the FLUSH that failed");
+        assert_eq!(d.stats.flush_lost.load(Ordering::Relaxed), 1);
     }
 
     /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request with phase
