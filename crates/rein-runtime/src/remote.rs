@@ -1609,6 +1609,13 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let timeout = target.cfg.request_timeout;
     let mut respec = target.respec.subscribe();
     let mut moved = target.node.route.generation.subscribe();
+    // A connect that read the node's place before a reload moved it and finished after the reload's
+    // announcement (which this subscription counts as seen) is at the old place: it ends at once, as
+    // when the announcement comes later (the place is set before the announcement, so one of the two
+    // sees it).
+    if target.node.place() != *place {
+        moved.mark_changed();
+    }
     let mut closing = target.closing.clone();
     let writer = async {
         let mut next: u64 = 1;

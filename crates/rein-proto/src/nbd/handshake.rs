@@ -475,15 +475,19 @@ impl ServerHandshake {
     }
 
     /// The INFO replies for `export` (NBD_INFO_EXPORT and those in `wanted` that the server knows), then
-    /// ACK.
+    /// ACK. NBD_INFO_BLOCK_SIZE also unasked when the largest payload is below the protocol's default of
+    /// 32 MiB: the spec has a server with other limits advertise them (it may, asked or not), and a
+    /// client that did not ask would send 32 MiB requests and have them refused.
     fn send_info(&self, option: u32, export: usize, wanted: &[u16], out: &mut Vec<u8>) {
+        let unasked =
+            (self.max_payload < DEFAULT_MAX_PAYLOAD && !wanted.contains(&INFO_BLOCK_SIZE)).then_some(INFO_BLOCK_SIZE);
         let e = &self.exports[export];
         let mut d = Vec::with_capacity(12);
         d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
         d.extend_from_slice(&e.size.to_be_bytes());
         d.extend_from_slice(&e.flags_for(self.structured).to_be_bytes());
         option_reply(out, option, REP_INFO, &d);
-        for &w in wanted {
+        for &w in wanted.iter().chain(&unasked) {
             let mut d = Vec::new();
             match w {
                 INFO_NAME => {
@@ -496,9 +500,11 @@ impl ServerHandshake {
                 }
                 INFO_BLOCK_SIZE => {
                     d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-                    // Minimum 1, preferred 4 KiB (never above the maximum), maximum the payload limit.
+                    // Minimum 1, preferred 4 KiB or, below it, the largest power of two within the maximum
+                    // (the spec: a power of two), maximum the payload limit.
+                    let preferred: u32 = if self.max_payload >= 4096 { 4096 } else { 1 << self.max_payload.ilog2() };
                     d.extend_from_slice(&1u32.to_be_bytes());
-                    d.extend_from_slice(&4096u32.min(self.max_payload).to_be_bytes());
+                    d.extend_from_slice(&preferred.to_be_bytes());
                     d.extend_from_slice(&self.max_payload.to_be_bytes());
                 }
                 _ => continue, // unknown information types are ignored (spec)
