@@ -6,7 +6,9 @@
 //! the rename stays on one file system), syncs it, renames it over the file's name, and syncs the
 //! directory, which makes the rename itself durable. A reader sees the old file or the new one, never a
 //! part; after a crash the file is the old one or the new one too. On any failure the temporary file is
-//! removed and the file is as it was; the error names the file and the step that failed ([`Step`]).
+//! removed and the file is as it was, but for the last step: a failure to sync the directory comes after
+//! the rename, so the file is the new one then (its rename perhaps not yet durable). The error names the
+//! file and the step that failed ([`Step`]).
 //!
 //! The temporary is created as a plain file is (mode 0666 less the umask), so a new file has the mode a
 //! plain write would have given it; a file that is replaced keeps its mode (the temporary takes it before

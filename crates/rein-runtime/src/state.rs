@@ -46,8 +46,12 @@
 //! to `rein-state.journal` and syncs it (`fdatasync`); once the journal is longer than the file (and
 //! [`MIN_JOURNAL_BYTES`]) the next change rewrites the file whole and removes the journal, so both stay
 //! within a small multiple of the state and the bytes written are O(N) in all. Reading ([`Store::open`])
-//! applies the journal's lines over the file in order. A record sets whole entries, so applying records
-//! the file already holds (a crash between a rewrite and the journal's removal) changes nothing. A last
+//! applies the journal's lines over the file in order. Each writing of the file has a generation (in the
+//! file, `"generation"`: past the one before, and nanoseconds since the epoch, so past what an earlier
+//! run wrote), and each record the generation of the file it follows: a crash between a rewrite and the
+//! journal's removal leaves records of the earlier generation, which reading skips (they are in the file;
+//! replayed, they put back older values of entries that the change that rewrote the file had set). A
+//! file and records without one (written before generations) are generation 0, and read as before. A last
 //! line cut short (a crash while it was appended; the change was never applied) is ignored with a
 //! warning, and the next change rewrites the file; a bad line before others is an error naming the
 //! journal and the line. An append that fails is cut back before the error is returned.
@@ -432,11 +436,26 @@ pub struct StateFile {
     /// A capacity set at run time or measured.
     #[serde(default)]
     pub capacity: Option<CapacityEntry>,
+    /// Which writing of the file this is (module comment, "Journal"): the journal's records carry the
+    /// generation of the file they follow, and others are stale. 0 (absent) in a file written before
+    /// generations; a [`Store`] reads it, and the state it gives out has 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Default for StateFile {
     fn default() -> Self {
-        StateFile { version: STATE_VERSION, tenants: BTreeMap::new(), exports: BTreeMap::new(), capacity: None }
+        StateFile {
+            version: STATE_VERSION,
+            tenants: BTreeMap::new(),
+            exports: BTreeMap::new(),
+            capacity: None,
+            generation: 0,
+        }
     }
 }
 
@@ -489,6 +508,9 @@ pub const MIN_JOURNAL_BYTES: u64 = 64 << 10;
 #[serde(deny_unknown_fields)]
 struct Delta {
     version: u32,
+    /// The generation of the state file this record follows ([`StateFile::generation`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    generation: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     tenants: BTreeMap<String, Option<TenantEntry>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -517,6 +539,7 @@ impl Delta {
     fn between(old: &StateFile, new: &StateFile) -> Delta {
         Delta {
             version: STATE_VERSION,
+            generation: 0,
             tenants: delta_map(&old.tenants, &new.tenants),
             exports: delta_map(&old.exports, &new.exports),
             capacity: (old.capacity != new.capacity).then_some(new.capacity),
@@ -531,6 +554,7 @@ impl Delta {
     fn undo(&self, old: &StateFile) -> Delta {
         Delta {
             version: STATE_VERSION,
+            generation: 0,
             tenants: self.tenants.keys().map(|k| (k.clone(), old.tenants.get(k).cloned())).collect(),
             exports: self.exports.keys().map(|k| (k.clone(), old.exports.get(k).cloned())).collect(),
             capacity: self.capacity.map(|_| old.capacity),
@@ -615,7 +639,8 @@ fn entry_bytes<T: Serialize>(key: &str, value: &T) -> u64 {
 /// The bytes of the pretty state file but its map entries: the version, the capacity, the maps' braces
 /// (each non-empty map opens and closes on lines of its own, `{\n` ... `  }` instead of `{}`: 4 bytes).
 fn frame_bytes(capacity: Option<CapacityEntry>) -> u64 {
-    let frame = StateFile { capacity, ..StateFile::default() };
+    // The generation at its longest (module comment, "Journal").
+    let frame = StateFile { capacity, generation: u64::MAX, ..StateFile::default() };
     serde_json::to_vec_pretty(&frame).expect("a state serialises").len() as u64 + 4 + 4
 }
 
@@ -633,6 +658,9 @@ pub struct JournalRead {
     pub bytes: usize,
     /// The last line's number if it was ignored as incomplete.
     pub cut: Option<usize>,
+    /// Records skipped as stale: they follow another generation of the state file than the one read (a
+    /// crash between a rewrite of the file and the journal's removal left them; the file holds them).
+    pub stale: usize,
 }
 
 /// Applies the journal text `journal` over `state` (module comment, "Journal"; `None`: no state file, the
@@ -640,7 +668,8 @@ pub struct JournalRead {
 /// (its number in [`JournalRead::cut`]); another line that does not parse, or of another version, is an
 /// error naming the line.
 pub fn apply_journal(state: &mut Option<StateFile>, journal: &[u8]) -> Result<JournalRead, String> {
-    let mut read = JournalRead { bytes: 0, cut: None };
+    let mut read = JournalRead { bytes: 0, cut: None, stale: 0 };
+    let generation = state.as_ref().map_or(0, |s| s.generation);
     let mut lines = journal.split_inclusive(|&b| b == b'\n').enumerate().peekable();
     while let Some((i, line)) = lines.next() {
         let last = lines.peek().is_none();
@@ -652,6 +681,7 @@ pub fn apply_journal(state: &mut Option<StateFile>, journal: &[u8]) -> Result<Jo
                     d.version
                 ))
             }
+            Ok(d) if line.ends_with(b"\n") && d.generation != generation => read.stale += 1,
             Ok(d) if line.ends_with(b"\n") => {
                 d.apply(state.get_or_insert_with(StateFile::default));
                 read.bytes += line.len();
@@ -681,6 +711,8 @@ pub struct Store {
     journal_bytes: u64,
     /// An append failed and could not be cut back: the next save rewrites the state file.
     torn: bool,
+    /// The state file's generation ([`StateFile::generation`]; 0: none written by this store yet).
+    generation: u64,
 }
 
 impl Store {
@@ -701,6 +733,19 @@ impl Store {
         let journal = read_state_bytes(&jpath, 2 * MAX_STATE_BYTES)?.unwrap_or_default();
         let read = apply_journal(&mut state, &journal)
             .map_err(|message| StateError::Corrupt { path: jpath.clone(), message })?;
+        let generation = state.as_ref().map_or(0, |s| s.generation);
+        if let Some(s) = &mut state {
+            s.generation = 0;
+        }
+        if read.stale > 0 {
+            tracing::info!(
+                journal = %jpath.display(),
+                "{}: {} of an earlier state file, which the state file holds (a stop between its rewrite and \
+                 the journal's removal leaves them): not applied",
+                jpath.display(),
+                rein_core::Count(read.stale, "record")
+            );
+        }
         if let Some(line) = read.cut {
             tracing::warn!(
                 journal = %jpath.display(),
@@ -715,8 +760,9 @@ impl Store {
             kept,
             file_bytes: file.map_or(0, |f| f.len() as u64),
             journal_bytes: read.bytes as u64,
-            // A record cut short stays in the file until the state file is rewritten.
+            // A record cut short, or stale ones, stay in the file until the state file is rewritten.
             torn: read.bytes < journal.len(),
+            generation,
             ..Store::at(dir)
         };
         Ok((store, state.filter(|s| !s.is_empty())))
@@ -732,6 +778,7 @@ impl Store {
             journal: None,
             journal_bytes: 0,
             torn: false,
+            generation: 0,
         }
     }
 
@@ -781,6 +828,7 @@ impl Store {
             // Written, it would stop the next start (`open` refuses it): refused now, the files kept.
             return Err(StateError::TooLarge { bytes });
         }
+        delta.generation = self.generation;
         let mut line = serde_json::to_vec(&delta).expect("a delta serialises");
         line.push(b'\n');
         // `kept` takes the change in place (no copy of the state) and gives it back if it is not kept.
@@ -833,10 +881,12 @@ impl Store {
         Ok(())
     }
 
-    /// Writes `kept` as the state file, whole ([`crate::durable`]), then removes the journal (every
-    /// record of which the file now holds: a crash between the two leaves records that [`Store::open`]
-    /// applies again to the same result). An empty state removes both files. On an error the byte counts
-    /// are the ones before.
+    /// Writes `kept` as the state file, whole ([`crate::durable`]), with a new generation, then removes
+    /// the journal (every record of which the file now holds: a crash between the two leaves records of
+    /// the file's earlier generation, which [`Store::open`] skips). An empty state removes both files. On
+    /// an error the byte counts are the ones before. A failed sync of the directory after the file's
+    /// rename is no error: the file holds the change, which the next start applies, so it is kept (with a
+    /// warning that a crash of the machine may undo it), and the next change rewrites.
     fn compact_kept(&mut self) -> Result<(), StateError> {
         let state = std::mem::take(&mut self.kept);
         let bytes = self.bytes;
@@ -860,22 +910,41 @@ impl Store {
             move |source| StateError::Write { path, step, source }
         };
         let mut file_bytes = 0;
+        let mut unsynced = false;
         if state.is_empty() {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(&path, "removing it")(e)),
                 _ => {}
             }
         } else {
-            let text = serde_json::to_vec_pretty(state).expect("a state serialises");
+            // A generation the journal's records so far cannot carry: past this store's, and past any an
+            // earlier run could have written (nanoseconds since the epoch).
+            let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let generation = (self.generation + 1).max(since_epoch.as_nanos() as u64);
+            let text =
+                serde_json::to_vec_pretty(&StateFile { generation, ..state.clone() }).expect("a state serialises");
             if text.len() as u64 > MAX_STATE_BYTES {
                 return Err(StateError::TooLarge { bytes: text.len() as u64 });
             }
-            crate::durable::write(&path, &text).map_err(|e| StateError::Write {
-                path: path.clone(),
-                step: e.step.words(),
-                source: e.source,
-            })?;
+            match crate::durable::write(&path, &text) {
+                Ok(()) => {}
+                // After the rename: the file is the new one, which the next start reads, so the change is
+                // kept (reported as not kept, it was applied at the next start all the same); whether
+                // the rename survives a crash of the machine is not known, and the next change rewrites.
+                Err(e) if e.step == crate::durable::Step::SyncDirectory => {
+                    tracing::warn!(
+                        state_file = %path.display(),
+                        "{}: written, but syncing its directory failed ({}): the change is kept, and may not \
+                         survive a crash of the machine",
+                        path.display(),
+                        e.source
+                    );
+                    unsynced = true;
+                }
+                Err(e) => return Err(StateError::Write { path: path.clone(), step: e.step.words(), source: e.source }),
+            }
             file_bytes = text.len() as u64;
+            self.generation = generation;
         }
         self.bytes = state_bytes(state);
         self.file_bytes = file_bytes;
@@ -891,9 +960,15 @@ impl Store {
             }
             Ok(()) => {}
         }
-        self.torn = false;
         self.journal_bytes = 0;
-        crate::durable::sync_directory(&self.dir).map_err(fail(&self.dir, "syncing its directory"))
+        // The file and the journal's removal are done: a failed sync leaves them as they are (the change
+        // kept, as above), and the next change rewrites.
+        if let Err(e) = crate::durable::sync_directory(&self.dir) {
+            tracing::warn!(dir = %self.dir.display(), "{}: syncing the directory failed ({e}): the change is kept, and may not survive a crash of the machine", self.dir.display());
+            unsynced = true;
+        }
+        self.torn = unsynced;
+        Ok(())
     }
 }
 
@@ -1613,6 +1688,42 @@ mod tests {
         assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&st));
         assert_eq!(store.bytes, state_bytes(&st));
         assert!(dir.path().join(JOURNAL_FILE).exists());
+    }
+
+    /// A stop between a rewrite of the state file and the journal's removal leaves the journal's records
+    /// beside a file that holds them and the change after them: replayed over it, they put an entry the
+    /// last change set back to an older value (tenant a at 2 where the file says 3). Each record carries
+    /// the generation of the file it follows, and records of another generation are skipped.
+    #[test]
+    fn a_journal_left_by_a_stop_in_a_rewrite_is_not_replayed_over_the_newer_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = Store::open(dir.path()).unwrap();
+        let mut st = StateFile::default();
+        st.tenants.insert("a".into(), tenant(1.0));
+        store.save(&st).unwrap();
+        st.tenants.insert("a".into(), tenant(2.0));
+        store.save(&st).unwrap();
+        let jpath = dir.path().join(JOURNAL_FILE);
+        let journal = std::fs::read(&jpath).unwrap();
+        assert_eq!(journal.iter().filter(|&&b| b == b'\n').count(), 1, "a = 2 is journaled");
+        st.tenants.insert("a".into(), tenant(3.0));
+        store.save(&st).unwrap();
+        store.compact_kept().unwrap();
+        assert!(!jpath.exists());
+        std::fs::write(&jpath, &journal).unwrap(); // as the stop left it
+        assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&st), "a = 3, as the file says");
+        let (mut store, _) = Store::open(dir.path()).unwrap();
+        assert!(store.torn, "the next change rewrites the file and removes the stale journal");
+        st.tenants.insert("b".into(), tenant(4.0));
+        store.save(&st).unwrap();
+        assert!(!jpath.exists());
+        assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&st));
+        // A file and journal without generations (written before them) are read as before.
+        let old = serde_json::to_vec_pretty(&StateFile { generation: 0, ..st.clone() }).unwrap();
+        std::fs::write(dir.path().join(STATE_FILE), old).unwrap();
+        std::fs::write(&jpath, "{\"version\":1,\"capacity\":null,\"tenants\":{\"b\":null}}\n").unwrap();
+        st.tenants.remove("b");
+        assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&st));
     }
 
     #[test]
