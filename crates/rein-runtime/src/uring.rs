@@ -26,7 +26,9 @@
 //!    completion is reaped, so the kernel never reads or writes freed memory or a closed descriptor;
 //!    dropping the engine first waits for every entry in flight.
 //! 2. A short read or write (the kernel may return fewer bytes) is resubmitted for the rest; zero bytes
-//!    before the end is an error (unexpected end of file), never a silent short reply.
+//!    before the end is an error (unexpected end of file), never a silent short reply. An operation the
+//!    kernel ends with EAGAIN or EINTR (nothing done, try again) is resubmitted as it is, up to
+//!    [`MAX_RETRIES`] times, rather than failed with an IO error the storage never had.
 //! 3. `inflight` equals the number of occupied slots and never exceeds the ring's size.
 
 // The ring shares buffers and descriptors with the kernel: unsafe by nature (the workspace denies it
@@ -118,7 +120,12 @@ struct Slot<T> {
     done: usize,
     dsync: bool,
     token: T,
+    /// Resubmissions after EAGAIN or EINTR (invariant 2).
+    retries: u8,
 }
+
+/// How many times an operation ended with EAGAIN or EINTR is resubmitted before the error is returned.
+pub const MAX_RETRIES: u8 = 16;
 
 /// A completed operation: the caller's token and the read's buffer (its headroom, then the data; empty
 /// for writes and flushes) or the error.
@@ -189,7 +196,7 @@ impl<T> Uring<T> {
             }
             UringOp::Flush => (Kind::Fsync, Buf::Empty, 0, false),
         };
-        let slot = Slot { _storage: storage, fd, kind, buf, offset, len, done: 0, dsync, token };
+        let slot = Slot { _storage: storage, fd, kind, buf, offset, len, done: 0, dsync, token, retries: 0 };
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slots[i] = Some(slot);
@@ -270,7 +277,11 @@ impl<T> Uring<T> {
                 Kind::Write => "write",
                 Kind::Fsync => "fdatasync",
             };
-            let outcome = if res < 0 {
+            let again = res == -libc::EAGAIN || res == -libc::EINTR;
+            let outcome = if again && s.retries < MAX_RETRIES {
+                s.retries += 1;
+                None // nothing done: submitted again as it is
+            } else if res < 0 {
                 Some(Err(StorageError::Io { op, source: io::Error::from_raw_os_error(-res) }))
             } else if s.kind == Kind::Fsync {
                 Some(Ok(()))
