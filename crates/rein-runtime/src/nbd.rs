@@ -35,9 +35,10 @@
 //!   nothing in flight and receives nothing for that long is closed. With `stall_timeout` set (the
 //!   default), a connection is closed whose request payload is not complete that long after its header
 //!   (a WRITE trickled a byte at a time kept the connection busy and its buffer's charge on the tenant's
-//!   budget indefinitely), or whose writer could not hand a batch of replies to the socket for that long
+//!   budget indefinitely), or whose writer could hand no byte of its replies to the socket for that long
 //!   (a client that stops reading its replies keeps their charges, and the next charge its reader waits
-//!   for heads the tenant's queue: every connection of the tenant waited behind it, for ever).
+//!   for heads the tenant's queue: every connection of the tenant waited behind it, for ever). A slow
+//!   reader whose bytes keep moving is not cut, however long a batch takes.
 //! - Shutdown: the connection answers what is in flight and goes on reading, answering every new
 //!   request with NBD_ESHUTDOWN without running it (the spec's SHOULD; rein-proto's
 //!   `ServerTransmission::shut_down`); it ends at the client's NBD_CMD_DISC (which the spec makes a client
@@ -796,9 +797,15 @@ struct Gone {
 }
 
 impl Gone {
-    /// The socket broke: queued requests are dropped, unless the client disconnected first. (Set, then
-    /// the disconnect checked: whichever of this and [`Gone::disconnect`] comes last, a disconnect wins.)
+    /// The socket broke: queued requests are dropped, unless the client disconnected first. (Not set
+    /// once the disconnect is known; set, then the disconnect checked again: whichever of this and
+    /// [`Gone::disconnect`] comes last, a disconnect wins.) What it cannot save: requests sent before the
+    /// DISC that the reader had not yet taken when the socket broke (it was waiting for a slot or the
+    /// budget), since a request queued meanwhile may be dropped before the DISC is read.
     fn broken(&self) {
+        if self.disconnected.load(Ordering::SeqCst) {
+            return;
+        }
         self.gone.store(true, Ordering::SeqCst);
         if self.disconnected.load(Ordering::SeqCst) {
             self.gone.store(false, Ordering::SeqCst);
@@ -1407,20 +1414,39 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Unbounded
             batch.push(next);
         }
         if !broken {
-            // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
-            let write = async {
-                write_batch(&mut wr, &batch).await?;
-                wr.flush().await
-            };
             let written = match stall {
-                None => write.await.is_ok(),
-                Some(d) => match tokio::time::timeout(d, write).await {
-                    Ok(r) => r.is_ok(),
-                    Err(_) => {
-                        cut.send_replace(true);
-                        false
+                // (`flush` is a no-op on a socket; it empties the TLS path's buffer.)
+                None => async {
+                    write_batch(&mut wr, &batch).await?;
+                    wr.flush().await
+                }
+                .await
+                .is_ok(),
+                Some(d) => {
+                    // Cut when no byte has gone out for the stall timeout, not when the batch takes longer
+                    // (a 32 MiB reply to a slow reader is one batch). The timer is armed only once a write
+                    // waits (`biased`: the write first).
+                    let (base, moved) = (Instant::now(), AtomicU64::new(0));
+                    let last = || base + Duration::from_nanos(moved.load(Ordering::Relaxed)) + d;
+                    let mut wr = Moved { inner: &mut wr, base, at: &moved };
+                    let write = async {
+                        write_batch(&mut wr, &batch).await?;
+                        wr.flush().await
+                    };
+                    tokio::pin!(write);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            r = &mut write => break r.is_ok(),
+                            _ = tokio::time::sleep_until(last()) => {
+                                if Instant::now() >= last() {
+                                    cut.send_replace(true);
+                                    break false;
+                                }
+                            }
+                        }
                     }
-                },
+                }
             };
             if !written {
                 broken = true; // client gone: keep draining so permits are released
@@ -1433,6 +1459,54 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Unbounded
     }
     if !broken {
         let _ = wr.shutdown().await;
+    }
+}
+
+/// A writer that notes when bytes last went out, in nanoseconds after `base` (the writer task's stall
+/// timeout).
+struct Moved<'a, W> {
+    inner: &'a mut W,
+    base: Instant,
+    at: &'a AtomicU64,
+}
+
+impl<W> Moved<'_, W> {
+    fn note<T>(&self, r: std::task::Poll<io::Result<T>>, moved: impl Fn(&T) -> bool) -> std::task::Poll<io::Result<T>> {
+        if let std::task::Poll::Ready(Ok(v)) = &r {
+            if moved(v) {
+                self.at.store(self.base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Moved<'_, W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = Pin::new(&mut *self.inner).poll_write(cx, buf);
+        self.note(r, |&n| n > 0)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = Pin::new(&mut *self.inner).poll_write_vectored(cx, bufs);
+        self.note(r, |&n| n > 0)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        let r = Pin::new(&mut *self.inner).poll_flush(cx);
+        self.note(r, |_| true)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_shutdown(cx)
     }
 }
 

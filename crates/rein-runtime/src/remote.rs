@@ -13,7 +13,8 @@
 //! do; FUA passes to the pieces of nodes that advertise NBD_FLAG_SEND_FUA (the NBD spec forbids sending it
 //! to others). Likewise TRIM and WRITE_ZEROES go only to nodes that advertise them: a TRIM's part for a
 //! node that does not is left out (a TRIM is a hint; the range may read as anything after it), and a
-//! WRITE_ZEROES's part goes as WRITEs of zeroes of at most `ZERO_WRITE_MAX` bytes each.
+//! WRITE_ZEROES's part goes as WRITEs of zeroes of at most `ZERO_WRITE_MAX` bytes each, at most
+//! `ZERO_WINDOW` of them in flight per volume (their buffers are outside the front's byte budget).
 //!
 //! # FUA on a node without FUA
 //! A volatile node (no FLUSH) has no stable storage to force: its pieces go without FUA. A node that takes
@@ -55,7 +56,8 @@
 //! It cannot tell a broken connection to a live node (whose cache still holds the writes) from a crash,
 //! so it reports both. A FLUSH sent before such a session ended and answered after it (one queued while
 //! a moved node's session drained goes out on the next session) covers none of those writes: it fails
-//! the same way, and reports the loss itself (`Mark::Flushed` carries the loss count it was sent at).
+//! the same way (`Mark::Flushed` carries the loss count it was sent at), and the next FLUSH still reports
+//! the loss.
 //! Pieces sent while a connection is down fail at once, also those the connection's task had not taken
 //! from its channel when its reconnect succeeded: they were built from the flags of then (a node never
 //! reached says no FLUSH and no FUA), and sent on the new session a FUA write went without FUA. A node
@@ -488,6 +490,8 @@ pub struct RemoteVolume {
     closing: watch::Sender<bool>,
     /// The connections' tasks, for [`RemoteVolume::close`] to wait for.
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The WRITEs of zeroes in flight that stand in for WRITE_ZEROES ([`ZERO_WINDOW`] permits).
+    zeroes: Arc<Semaphore>,
 }
 
 /// Connections to one node for one volume.
@@ -687,6 +691,7 @@ impl RemoteVolume {
             links,
             closing,
             tasks: Mutex::new(tasks),
+            zeroes: Arc::new(Semaphore::new(ZERO_WINDOW)),
         }))
     }
 
@@ -742,8 +747,12 @@ impl RemoteVolume {
                 gather.expect(pieces.len());
                 for piece in pieces {
                     let msg = header(Command::Read, piece.node_offset, piece.len, false);
-                    let sink =
-                        Sink { gather: Some(gather.clone()), at: headroom + piece.request_offset as usize, mark: None };
+                    let sink = Sink {
+                        gather: Some(gather.clone()),
+                        at: headroom + piece.request_offset as usize,
+                        mark: None,
+                        _hold: None,
+                    };
                     self.send(piece.node, msg, piece.len, sink).await;
                 }
                 gather.release();
@@ -759,7 +768,7 @@ impl RemoteVolume {
                     header_into(&mut msg, Command::Write, node_offset, len, if fua { p::CMD_FLAG_FUA } else { 0 });
                     let at = request_offset as usize;
                     msg.extend_from_slice(&data[at..at + len as usize]);
-                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
+                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua), _hold: None };
                     self.send(node, msg, 0, sink).await;
                 }
                 gather.release();
@@ -784,19 +793,22 @@ impl RemoteVolume {
                     if takes(node) {
                         let flags = if no_hole { p::CMD_FLAG_NO_HOLE } else { 0 };
                         let msg = header_flagged(command, node_offset, len, fua, flags);
-                        let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
+                        let sink =
+                            Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua), _hold: None };
                         gather.expect(1);
                         self.send(node, msg, 0, sink).await;
                         continue;
                     }
                     let mut at = 0;
                     while at < len {
+                        let hold = self.zeroes.clone().acquire_owned().await.expect("never closed");
                         let n = (len - at).min(ZERO_WRITE_MAX);
                         let mut msg = Vec::with_capacity(MSG_HEAD + n as usize);
                         let flags = if fua { p::CMD_FLAG_FUA } else { 0 };
                         header_into(&mut msg, Command::Write, node_offset + u64::from(at), n, flags);
                         msg.resize(MSG_HEAD + n as usize, 0);
-                        let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua) };
+                        let mark = self.written(node, fua);
+                        let sink = Sink { gather: Some(gather.clone()), at: 0, mark, _hold: Some(hold) };
                         gather.expect(1);
                         self.send(node, msg, 0, sink).await;
                         at += n;
@@ -825,7 +837,8 @@ impl RemoteVolume {
                 gather.expect(targets.len() + lost.len());
                 for (node, conn, covers) in targets {
                     let msg = header(Command::Flush, 0, 0, false);
-                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.durability(node, covers) };
+                    let sink =
+                        Sink { gather: Some(gather.clone()), at: 0, mark: self.durability(node, covers), _hold: None };
                     self.send_on(node, conn, msg, 0, sink).await;
                 }
                 for name in lost {
@@ -975,7 +988,8 @@ async fn flush_routes(routes: Vec<FlushRoute>, done: Done) {
         let covers = r.durability.flush_mark();
         gather.expect(r.conns.len());
         for c in r.conns {
-            let sink = Sink { gather: Some(gather.clone()), at: 0, mark: Some((r.durability.clone(), covers)) };
+            let sink =
+                Sink { gather: Some(gather.clone()), at: 0, mark: Some((r.durability.clone(), covers)), _hold: None };
             c.send(header(Command::Flush, 0, 0, false), 0, sink).await;
         }
     }
@@ -1008,6 +1022,11 @@ const MSG_HEAD: usize = p::REQUEST_LEN + NODE_TAG_LEN;
 /// small).
 const ZERO_WRITE_MAX: u32 = 1 << 20;
 
+/// How many such WRITEs a volume has in flight at most: their buffers (16 MiB) are outside the front's
+/// byte budget, which charges a WRITE_ZEROES nothing, so a 4 GiB zeroing waits for its pieces in turn
+/// instead of allocating 4 GiB of zeroes at once.
+const ZERO_WINDOW: usize = 16;
+
 /// Where the handle sits in an encoded request header.
 const HANDLE_AT: std::ops::Range<usize> = 8..16;
 
@@ -1028,6 +1047,9 @@ struct Sink {
     gather: Option<Arc<Gather>>,
     at: usize,
     mark: Option<(Arc<Durability>, Mark)>,
+    /// A WRITE of zeroes standing in for a WRITE_ZEROES holds its place in the volume's window of them
+    /// until it is answered ([`ZERO_WINDOW`]).
+    _hold: Option<OwnedSemaphorePermit>,
 }
 
 impl Sink {
@@ -1039,9 +1061,10 @@ impl Sink {
             }
             Some((d, Mark::Flushed { losses, .. })) if d.losses.load(Ordering::Acquire) != losses => {
                 // A session ended with writes unflushed after this FLUSH was sent (module comment, "FLUSH
-                // after a lost session"): it succeeded on another session, without them. Reported here,
-                // once (the next FLUSH does not report it again).
-                d.lost.store(false, Ordering::Release);
+                // after a lost session"): it succeeded on another session, perhaps without writes it
+                // covers. It fails; `lost` stays for the volume's next FLUSH (the writes lost may be ones
+                // acknowledged after this FLUSH was sent, which only a later FLUSH covers; and a FUA
+                // write's own FLUSH must not clear what the volume's FLUSH reports).
                 d.stats.flush_lost.fetch_add(1, Ordering::Relaxed);
                 let why = "a connection to the node was lost with writes not yet flushed; they may not be on \
                            stable storage";
@@ -1872,7 +1895,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let g = Gather::new(Vec::new(), Box::new(move |r, _| tx.send(r).unwrap()), None);
         g.expect(2);
-        let s = Sink { gather: Some(g.clone()), at: 0, mark: None };
+        let s = Sink { gather: Some(g.clone()), at: 0, mark: None, _hold: None };
         drop(s); // dropped unsent: fails
         g.release();
         g.piece(Ok(&[]), 0);
@@ -1895,7 +1918,7 @@ mod tests {
     #[test]
     fn a_session_that_ends_with_unflushed_writes_marks_its_node_lost() {
         let d = Arc::new(Durability::default());
-        let sink = |mark| Sink { gather: None, at: 0, mark: Some((d.clone(), mark)) };
+        let sink = |mark| Sink { gather: None, at: 0, mark: Some((d.clone(), mark)), _hold: None };
         sink(Mark::Written).ok(&[]);
         let covers = d.written.load(Ordering::Acquire);
         sink(Mark::Written).ok(&[]); // acknowledged after the FLUSH was sent: not covered by it
@@ -1913,20 +1936,20 @@ mod tests {
         sink(Mark::Written).fail(IoError::Shutdown);
         assert_eq!(d.written.load(Ordering::Acquire), 3);
         // A FLUSH sent, then a session ends with a write unflushed, then the FLUSH succeeds (queued while
-        // the session drained, it went out on the next one): it covers nothing, fails, and reports the
-        // loss itself (the next FLUSH does not again).
+        // the session drained, it went out on the next one): it covers nothing and fails; the loss stays
+        // for the next FLUSH too.
         sink(Mark::Written).ok(&[]);
         let queued = d.flush_mark();
         assert!(d.session_ended());
         let (tx, rx) = std::sync::mpsc::channel();
         let g = Gather::new(Vec::new(), Box::new(move |r: IoResult, _| tx.send(r.map(|_| ())).unwrap()), None);
         g.expect(1);
-        Sink { gather: Some(g.clone()), at: 0, mark: Some((d.clone(), queued)) }.ok(&[]);
+        Sink { gather: Some(g.clone()), at: 0, mark: Some((d.clone(), queued)), _hold: None }.ok(&[]);
         g.release();
         let e = rx.recv().unwrap().unwrap_err().to_string();
         assert!(e.contains("lost with writes not yet flushed"), "{e}");
         assert_eq!(d.flushed.load(Ordering::Acquire), 4, "raised by the session's end, not by the FLUSH");
-        assert!(!d.lost.load(Ordering::Acquire), "reported by the FLUSH that failed");
+        assert!(d.lost.load(Ordering::Acquire), "still for the next FLUSH");
         assert_eq!(d.stats.flush_lost.load(Ordering::Relaxed), 1);
     }
 

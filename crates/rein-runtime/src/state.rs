@@ -999,17 +999,7 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
         cfg.exports.iter().map(|e| (e.clone(), cfg.tenants[e.tenant].name.clone())).collect();
     // By name, not by scanning: a state file may hold as many tenants as the scheduler takes (2^20), and a
     // scan per entry took minutes at that size. Each name comes once in the state, so an entry sees the
-    // file's tenant of its name (or none); deletions are made together after the loop.
-    // The tenants of the file's exports that the state's export entries leave in place (a file export
-    // the state deleted or replaced at run time does not keep its tenant: deleting the export then the
-    // tenant through the API must stay deleted).
-    let used: std::collections::HashSet<String> = exports
-        .iter()
-        .filter(|(e, t)| {
-            state.exports.get(&e.name).is_none_or(|x| x.config.as_ref() != Some(&ExportJson::from_config(e, t)))
-        })
-        .map(|(_, t)| t.clone())
-        .collect();
+    // file's tenant of its name (or none); deletions are decided after the exports (below).
     let mut at: std::collections::HashMap<String, usize> =
         cfg.tenants.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
     let mut deleted = std::collections::HashSet::new();
@@ -1023,16 +1013,9 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
             continue;
         }
         match &entry.spec {
+            // Decided once the exports are (a tenant an export still uses is kept).
             None => {
-                if used.contains(name) {
-                    notes.push(format!(
-                        "tenant {name}: deleted at run time but an export of the file uses it; keeping it"
-                    ));
-                    pruned = true;
-                    continue;
-                }
                 deleted.insert(name.as_str());
-                notes.push(format!("tenant {name}: deleted (state file)"));
             }
             Some(_) if !(1..=MAX_TENANT_NAME).contains(&name.len()) && !at.contains_key(name) => {
                 notes.push(format!(
@@ -1058,11 +1041,6 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
             },
         }
     }
-    if !deleted.is_empty() {
-        cfg.tenants.retain(|t| !deleted.contains(t.name.as_str()));
-    }
-    let at: std::collections::HashMap<&str, usize> =
-        cfg.tenants.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     for (name, entry) in &state.exports {
         let now = exports.iter().find(|(e, _)| &e.name == name).map(|(e, t)| ExportJson::from_config(e, t));
         if now != entry.config {
@@ -1103,6 +1081,26 @@ pub fn overlay(base: &ServerConfig, state: &StateFile) -> Overlaid {
             },
         }
     }
+    // Tenants deleted at run time go, but one an export uses, as the exports came out: a file's export
+    // the file added back, or one whose run-time replacement could not apply (the file's stays, with its
+    // tenant). A file's export the state deleted or moved to another tenant does not keep it, so an
+    // export deleted and then its tenant, through the API, stay deleted (the tenant came back).
+    if !deleted.is_empty() {
+        let used: std::collections::HashSet<&str> = exports.iter().map(|(_, t)| t.as_str()).collect();
+        deleted.retain(|name| {
+            let keep = used.contains(name);
+            notes.push(if keep {
+                format!("tenant {name}: deleted at run time but an export uses it; keeping it")
+            } else {
+                format!("tenant {name}: deleted (state file)")
+            });
+            pruned |= keep;
+            !keep
+        });
+        cfg.tenants.retain(|t| !deleted.contains(t.name.as_str()));
+    }
+    let at: std::collections::HashMap<&str, usize> =
+        cfg.tenants.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     // A tenant deleted through the file while a run-time export used it.
     exports.retain(|(e, t)| {
         let keep = at.contains_key(t.as_str());
@@ -1321,12 +1319,12 @@ mod tests {
         assert_eq!(o.notes.iter().filter(|n| n.contains("at most 4096 exports")).count(), 3, "{:?}", &o.notes[..3]);
     }
 
-    /// Entries that cannot apply, each named: a run-time deletion of a tenant that an export of the file
-    /// uses keeps the tenant; a run-time export of a tenant deleted at run time is dropped. (With the
-    /// tenants looked up by name, the deletions are made after the tenant entries: this pins their order
-    /// against the exports'.)
+    /// A run-time deletion of a tenant that an export uses keeps the tenant, named: an export of the file,
+    /// or one of the state (which the API cannot make: a tenant with an export is not deleted; a file
+    /// edited by hand can hold it, and the export's data is kept rather than dropped). (With the tenants
+    /// looked up by name, the deletions are decided after the exports: this pins their order.)
     #[test]
-    fn a_tenant_in_use_is_kept_and_an_export_of_a_deleted_tenant_dropped() {
+    fn a_tenant_in_use_is_kept() {
         let base = cfg(BASE);
         let spec = |r: f64| Some(SpecJson::from(QosSpec::new(r, None, 1.0, 0).unwrap()));
         let mut st = StateFile::default();
@@ -1347,17 +1345,14 @@ mod tests {
         let o = overlay(&base, &st);
         assert!(o.pruned);
         let names: Vec<_> = o.config.tenants.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(names, ["a", "c"], "{:?}", o.notes);
+        assert_eq!(names, ["a", "b", "c"], "{:?}", o.notes);
         let exports: Vec<_> =
             o.config.exports.iter().map(|e| (e.name.as_str(), o.config.tenants[e.tenant].name.as_str())).collect();
-        assert_eq!(exports, [("a", "a"), ("mc", "c")], "{:?}", o.notes);
-        assert!(o.notes.iter().any(|n| n.contains("tenant a: deleted at run time but an export of the file uses it")));
-        assert!(o.notes.iter().any(|n| n == "tenant b: deleted (state file)"), "{:?}", o.notes);
-        assert!(
-            o.notes.iter().any(|n| n.starts_with("dropped the state file's export") && n.contains('b')),
-            "{:?}",
-            o.notes
-        );
+        assert_eq!(exports, [("a", "a"), ("mb", "b"), ("mc", "c")], "{:?}", o.notes);
+        for t in ["a", "b"] {
+            let note = format!("tenant {t}: deleted at run time but an export uses it; keeping it");
+            assert!(o.notes.contains(&note), "{:?}", o.notes);
+        }
     }
 
     /// An export deleted at run time and then its tenant: both stay deleted (the tenant was kept, "an
@@ -1395,6 +1390,17 @@ mod tests {
             o.notes
         );
         assert!(diff(&without_b, &o.config, None).exports.is_empty(), "the rewrite keeps the file's export");
+        // The same, with the export's first tenant deleted at run time after the move: the file's export
+        // stays, and so does its tenant (both went).
+        let mut eff = base.clone();
+        eff.exports[0].tenant = 1;
+        eff.tenants.remove(0);
+        eff.exports[0].tenant = 0;
+        let o = overlay(&without_b, &diff(&base, &eff, None));
+        let exports: Vec<_> =
+            o.config.exports.iter().map(|e| (e.name.as_str(), o.config.tenants[e.tenant].name.as_str())).collect();
+        assert_eq!(exports, [("a", "a")], "{:?}", o.notes);
+        assert!(o.notes.iter().any(|n| n.starts_with("tenant a: deleted at run time but an export uses it")));
     }
 
     #[test]

@@ -425,7 +425,17 @@ fn the_gateway_fronts_plain_nbd_servers() {
     let gw = gateway_in(dir.path(), &text);
     let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x3c 100k 300k", "read -P 0x3c 100k 300k", "flush"]);
     assert!(ok, "through {server}: {out}");
-    let zero = ["write -z 150k 100k", "read -P 0x3c 100k 50k", "read -P 0 150k 100k", "read -P 0x3c 250k 150k"];
+    // And one zeroing larger than the window of zero WRITEs in flight (16 of 1 MiB), which waits its turn.
+    let zero = [
+        "write -z 150k 100k",
+        "read -P 0x3c 100k 50k",
+        "read -P 0 150k 100k",
+        "read -P 0x3c 250k 150k",
+        "write -P 0x5a 48M 1M",
+        "write -z 8M 40M",
+        "read -P 0 8M 40M",
+        "read -P 0x5a 48M 1M",
+    ];
     let (ok, out) = qemu_io_ok(&uri(&gw), &zero);
     assert!(ok, "zeroes through {server}: {out}");
 }
