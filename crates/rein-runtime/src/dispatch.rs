@@ -486,6 +486,17 @@ pub struct Cut {
 }
 
 impl Cut {
+    /// The boundary to cut after this one, cut at `now`: the next, or, if that is not after `now`, the
+    /// first that is (the ones between are skipped: [`Dispatcher`]'s loop cut one per turn and never
+    /// caught up with a schedule it was behind by more than an interval). The interval is not zero.
+    fn next(self, now: Nanos) -> Cut {
+        let next = self.after(self.round);
+        match now.0.checked_sub(next.at.0) {
+            Some(late) => next.after(next.round + late / next.interval.0),
+            None => next,
+        }
+    }
+
     /// The first boundary after `round` (this one if it is later).
     fn after(self, round: u64) -> Cut {
         if self.round > round {
@@ -992,8 +1003,12 @@ impl Task {
         let now = self.clock.now();
         let Some(p) = self.pshift.as_mut() else { return };
         let Some(cut) = p.cut.filter(|c| now >= c.at) else { return };
-        // Taken before the report, so a cut in the past is never a timer that fires again at once.
-        p.cut = (cut.interval > Nanos::ZERO).then(|| cut.after(cut.round));
+        // Taken before the report, so a cut in the past is never a timer that fires again at once. A
+        // dispatcher behind by more than an interval (a cut slower than the interval, a schedule placed
+        // in the past) skips to the first boundary after now: cutting one per turn for every boundary
+        // missed, it never caught up, never waited, and starved every other task of the process (a
+        // controller's pong with a 1 us interval froze the server for good).
+        p.cut = (cut.interval > Nanos::ZERO).then(|| cut.next(now));
         p.last_cut = Some(cut.round);
         let report = self.pshift_report(cut.round, 0);
         if let (Some(p), Ok(r)) = (&mut self.pshift, report) {
@@ -1550,6 +1565,19 @@ fn execute(req: IoRequest) -> IoResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The next boundary after a cut: the following one, or the first after now when behind.
+    #[test]
+    fn a_cut_behind_skips_to_the_first_boundary_after_now() {
+        let cut = Cut { round: 3, at: Nanos(30), interval: Nanos(10) };
+        let at = |c: Cut| (c.round, c.at.0);
+        assert_eq!(at(cut.next(Nanos(30))), (4, 40), "on time: the next");
+        assert_eq!(at(cut.next(Nanos(39))), (4, 40));
+        assert_eq!(at(cut.next(Nanos(40))), (5, 50), "the next already due: skipped");
+        assert_eq!(at(cut.next(Nanos(95))), (10, 100));
+        let tiny = Cut { round: 0, at: Nanos(0), interval: Nanos(1) };
+        assert_eq!(at(tiny.next(Nanos(1_000_000))), (1_000_001, 1_000_001), "one cut, not a million");
+    }
 
     /// What runs on the dispatcher's task: RAM IO up to its bound (a flush too); on a file, nothing
     /// under the `threads` engine (a flush, 0 bytes, ran there), and under `inline` what fits but a flush.
