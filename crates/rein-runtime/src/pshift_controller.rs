@@ -53,8 +53,8 @@
 
 use crate::dispatch::Clock;
 use rein_core::pshift::{
-    BucketQos, ClosedPeriod, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_NAME_LEN,
-    MAX_SERVERS,
+    BucketQos, ClosedPeriod, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_ENTRIES,
+    MAX_NAME_LEN, MAX_SERVERS,
 };
 use rein_core::{Count, Nanos};
 use rein_model::report::rounds::{PeriodCounts, PeriodRecord};
@@ -335,6 +335,16 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     }
     if f.buckets.len() > MAX_BUCKETS {
         return Err(format!("[[buckets]]: at most {MAX_BUCKETS}, got {}", f.buckets.len()));
+    }
+    // A round's instance takes at most MAX_ENTRIES (bucket, server) pairs with demand; past it the
+    // buckets beyond get no tokens that round.
+    if f.servers.len().saturating_mul(f.buckets.len()) > MAX_ENTRIES {
+        return Err(format!(
+            "{} servers x {} buckets: at most {MAX_ENTRIES} (bucket, server) pairs, which a round with demand \
+             everywhere would need",
+            f.servers.len(),
+            f.buckets.len()
+        ));
     }
     let mut buckets: Vec<(String, BucketQos)> = Vec::with_capacity(f.buckets.len());
     seen.clear();
@@ -1456,6 +1466,23 @@ mod tests {
         assert_eq!((p.periods.len(), p.periods[0].period, p.dropped), (1, 10, 10), "a period past the bound alone");
         p.push(rec(11, 0));
         assert_eq!(p.periods.len(), 2, "no buckets: counted as one cell");
+    }
+    /// More servers x buckets than a round's instance takes is a configuration error: a round with demand
+    /// for every bucket at every server panicked the controller (1,024 x 8,193 was accepted).
+    #[test]
+    fn servers_times_buckets_is_bounded() {
+        let mut text = "listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 1\n".to_string();
+        for i in 0..1024 {
+            text.push_str(&format!("[[servers]]\nname = \"s{i}\"\ncapacity_iops = 1000\n"));
+        }
+        let per = MAX_ENTRIES / 1024;
+        for i in 0..=per {
+            text.push_str(&format!("[[buckets]]\nname = \"b{i}\"\n"));
+        }
+        let e = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap_err().to_string();
+        assert!(e.contains("1024 servers x 8193 buckets: at most 8388608"), "{e}");
+        let cut = text.rfind("[[buckets]]").unwrap();
+        assert!(ControllerSettings::parse(&text[..cut], Path::new("ctl.toml")).is_ok(), "8,192 buckets fit");
     }
     use crate::pshift_link::{read_frame, write_frame};
     use rein_core::pshift::{BucketReport, ServerReport, Tokens};

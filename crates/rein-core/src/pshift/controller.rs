@@ -1078,7 +1078,13 @@ impl Controller {
             // then the reservation is trimmed to what the limit leaves.
             let l = q.limit.map(|l| l.saturating_sub(done).saturating_sub(held[i as usize]));
             let r = q.reservation.saturating_sub(done).min(l.unwrap_or(u64::MAX));
-            builder.add_bucket(r, l, &demand).expect("bounded by construction");
+            // More (bucket, server) pairs with demand than an instance takes (a controller of many
+            // servers and buckets, each server asking for every bucket): the buckets past the bound get
+            // no tokens this round, where a panic stopped the controller at every round of such demand.
+            if builder.add_bucket(r, l, &demand).is_err() {
+                which.pop();
+                break;
+            }
         }
         let inst = builder.build().expect("at least one server");
         let sol = solve(&inst, &self.config.solve);
