@@ -23,8 +23,10 @@
 //! signed with the key, whatever address or slot they come from, and the address check stays as a second
 //! line. Without a key a UDP record is believed on its sender's address, which anyone who can send to
 //! the host's port can forge. A replayed signed record is a duplicate or stale (sequence numbers, and
-//! epochs that only move forward: rein-core's aggregator); only while its host is silent can a replay of
-//! that host's last records be taken, once.
+//! epochs that only move forward: rein-core's aggregator), also once its host is silent: an epoch a host
+//! had before is never taken again (a stream captured while the host ran kept it live after it went
+//! down). What a replay can still do: deliver records of the host's current epoch that this host never
+//! received (lost datagrams), each once (no challenge, no synchronised clocks).
 //!
 //! Bounds: a task reads the UDP socket all the time (so junk never fills the kernel's buffer and crowds
 //! out the peers' records: read at most [`max_datagrams`] a period, a flood of 8,000 junk datagrams a

@@ -17,7 +17,10 @@
 //!   any other epoch (as this did before) let one replayed old record, even a correctly signed one,
 //!   displace the live incarnation, and the next genuine report restore it: a replayer alternating the
 //!   two injected old latencies at will. Once the host has been silent for `timeout` a lower epoch is
-//!   taken as a restart (a host whose clock went back across its restart rejoins after one timeout).
+//!   taken as a restart (a host whose clock went back across its restart rejoins after one timeout),
+//!   but never an epoch the host has had before (the last [`EPOCHS_KEPT`]): a restart makes a new one,
+//!   and only a replay brings an old one back. Taking it let a captured stream of a host that went down
+//!   keep it live, with its old latencies in every peer's signal, for as long as the capture lasted.
 //! - **Two incarnations alive at once** (beyond the paper): a host's reports never return to an
 //!   incarnation it has left, so when reports of the incarnation a host's live one displaced keep coming
 //!   with new sequence numbers, at least `timeout` after the switch (longer than any late datagram of a
@@ -100,6 +103,39 @@ pub struct PeerState {
     /// The last report seen of another incarnation since `since`: first the report of the incarnation
     /// this one displaced, then any later one of another incarnation (taken or not).
     pub other: Option<HostReport>,
+    /// The epochs the host had before its last one, the newest last (at most [`EPOCHS_KEPT`]): never
+    /// taken again (module comment, "Epochs move forward").
+    pub left: PastEpochs,
+}
+
+/// How many of a host's past epochs are remembered (module comment, "Epochs move forward").
+pub const EPOCHS_KEPT: usize = 8;
+
+/// A host's past epochs, the newest last, at most [`EPOCHS_KEPT`] (the oldest go).
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct PastEpochs {
+    at: [u64; EPOCHS_KEPT],
+    len: usize,
+}
+
+impl PastEpochs {
+    /// Whether the host had `epoch` before.
+    pub fn contains(&self, epoch: u64) -> bool {
+        self.at[..self.len].contains(&epoch)
+    }
+
+    /// The host left `epoch`.
+    fn push(&mut self, epoch: u64) {
+        if self.contains(epoch) {
+            return;
+        }
+        if self.len == EPOCHS_KEPT {
+            self.at.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.at[self.len] = epoch;
+        self.len += 1;
+    }
 }
 
 /// The cluster signal.
@@ -155,7 +191,8 @@ impl Aggregator {
             Some(p) => {
                 // A newer incarnation, or an older one's report once the live one has been silent for
                 // `timeout` (module comment, "Epochs move forward").
-                let taken = r.epoch > p.last.epoch || now.saturating_sub(p.received) >= self.timeout;
+                let returning = p.left.contains(r.epoch);
+                let taken = !returning && (r.epoch > p.last.epoch || now.saturating_sub(p.received) >= self.timeout);
                 // "Two incarnations alive at once".
                 let rival = p.other.is_some_and(|o| o.epoch == r.epoch && r.seq > o.seq)
                     && now.saturating_sub(p.since) >= self.timeout;
@@ -168,14 +205,19 @@ impl Aggregator {
         };
         match self.peers.get_mut(&r.host) {
             None => {
-                self.peers.insert(r.host, PeerState { last: r, received: now, since: now, other: None });
+                self.peers.insert(
+                    r.host,
+                    PeerState { last: r, received: now, since: now, other: None, left: PastEpochs::default() },
+                );
             }
             Some(p) if verdict.accepted() && r.epoch == p.last.epoch => {
                 p.last = r;
                 p.received = now;
             }
             Some(p) if verdict.accepted() => {
-                *p = PeerState { last: r, received: now, since: now, other: Some(p.last) };
+                let mut left = p.left;
+                left.push(p.last.epoch);
+                *p = PeerState { last: r, received: now, since: now, other: Some(p.last), left };
             }
             // Another incarnation's report, not taken: remembered (the newest of one incarnation).
             Some(p) if r.epoch != p.last.epoch => {
@@ -286,16 +328,26 @@ mod tests {
         assert_eq!(a.accept(Nanos::from_secs(2), old).unwrap(), Accept::Stale);
         assert_eq!(a.cluster(Nanos::from_secs(2)).unwrap().latency_ns, 10e6);
         assert_eq!(a.accept(Nanos::from_secs(3), new(2)).unwrap(), Accept::Newer);
-        // Silent for the timeout: a lower epoch is a restart (a clock that went back across it).
+        // Silent for the timeout: a lower epoch never seen is a restart (a clock that went back across
+        // it); the old incarnation's, replayed, is not: it stays stale, and the host drops out.
         assert_eq!(a.accept(Nanos::from_secs(7), old).unwrap(), Accept::Stale, "live until 8 s");
-        assert_eq!(a.accept(Nanos::from_secs(8), old).unwrap(), Accept::Restarted);
-        assert_eq!(a.cluster(Nanos::from_secs(8)).unwrap().latency_ns, 90e6);
+        assert_eq!(a.accept(Nanos::from_secs(8), old).unwrap(), Accept::Stale, "an epoch the host had");
+        // (A replayed stream that advances reads as a rival incarnation, and is not taken either.)
+        let next = HostReport { seq: 901, ..old };
+        assert_eq!(a.accept(Nanos::from_secs(9), next).unwrap(), Accept::Rival { taken: false });
+        assert_eq!(a.cluster(Nanos::from_secs(9)), None, "the host dropped out");
+        let back = HostReport { epoch: 0, seq: 1, ..old };
+        assert_eq!(a.accept(Nanos::from_secs(9), back).unwrap(), Accept::Restarted);
+        assert_eq!(a.cluster(Nanos::from_secs(9)).unwrap().latency_ns, 90e6);
+        // And a replay of either earlier incarnation, now that epoch 0 runs, is stale too.
+        assert_eq!(a.accept(Nanos::from_secs(9), new(3)).unwrap(), Accept::Stale);
     }
 
     /// Two hosts with one id (module comment, "Two incarnations alive at once"): their reports switch
     /// between two incarnations, each still advancing. The older one's new reports are `Rival` from one
-    /// timeout after the switch on, and ignored while the newer is live; taken (as a restart would be)
-    /// once it has been silent for the timeout.
+    /// timeout after the switch on, and never taken again, even once the newer has been silent for the
+    /// timeout: an epoch the id had before cannot be told from a replay ("Epochs move forward"). The id
+    /// is the operator's to fix; the caller logs the rivals.
     #[test]
     fn two_incarnations_that_both_advance_are_rivals() {
         let mut a = Aggregator::new(Nanos::from_secs(3)).unwrap();
@@ -310,14 +362,13 @@ mod tests {
         assert_eq!(a.accept(at(4), e1(5)).unwrap(), Accept::Rival { taken: false });
         assert_eq!(a.accept(at(4), e1(5)).unwrap(), Accept::Stale, "the same report again: nothing new");
         assert_eq!(a.cluster(at(4)).unwrap().latency_ns, 10e6, "the live incarnation's report stands");
-        // The newer one silent for the timeout: the older's next report is taken, and still a rival.
-        assert_eq!(a.accept(at(7), e1(8)).unwrap(), Accept::Rival { taken: true });
-        assert_eq!(a.cluster(at(7)).unwrap().latency_ns, 90e6);
-        // Switched back within a timeout: not yet a rival; after it, one again.
-        assert_eq!(a.accept(at(8), e2(9)).unwrap(), Accept::Restarted);
-        assert_eq!(a.accept(at(9), e1(10)).unwrap(), Accept::Stale);
-        assert_eq!(a.accept(at(10), e2(11)).unwrap(), Accept::Newer);
-        assert_eq!(a.accept(at(11), e1(12)).unwrap(), Accept::Rival { taken: false });
+        // The newer one silent for the timeout: the older's next report is a rival, not taken.
+        assert_eq!(a.accept(at(7), e1(8)).unwrap(), Accept::Rival { taken: false });
+        assert_eq!(a.cluster(at(7)), None);
+        // The newer one back: its own next report.
+        assert_eq!(a.accept(at(8), e2(9)).unwrap(), Accept::Newer);
+        assert_eq!(a.accept(at(9), e1(10)).unwrap(), Accept::Rival { taken: false });
+        assert_eq!(a.cluster(at(9)).unwrap().latency_ns, 10e6);
     }
 
     /// What is not a rival: a host that restarted (its old incarnation's late report, or its last one
