@@ -31,7 +31,9 @@
 //! Bounds: a task reads the UDP socket all the time (so junk never fills the kernel's buffer and crowds
 //! out the peers' records: read at most [`max_datagrams`] a period, a flood of 8,000 junk datagrams a
 //! second once cut peers out of the cluster average 9 times in 12); at most [`max_datagrams`] valid
-//! records wait for an exchange (the oldest go first), and at most [`MAX_REFUSED_SHOWN`] refused records
+//! records wait for an exchange (the oldest go first), of one host at most [`WAITING_PER_HOST`] (a record
+//! no newer than the one of its epoch already waiting is counted as a duplicate or stale at once, so a
+//! replayed record repeated takes one place, not every other host's), and at most [`MAX_REFUSED_SHOWN`] refused records
 //! are kept with their reasons (the rest are counted), so a flood of junk costs a bounded amount of memory,
 //! and one decode (a CRC, or an HMAC with a key) a datagram.
 //!
@@ -558,8 +560,11 @@ struct UdpShared {
     /// (host id, address) of every other host.
     peers: Vec<(u32, SocketAddr)>,
     key: Option<Arc<RecordKey>>,
-    /// Valid records from peers, oldest first, at most [`max_datagrams`] (the oldest go first).
+    /// Valid records from peers, oldest first, at most [`max_datagrams`] (the oldest go first), and of
+    /// one host at most [`WAITING_PER_HOST`].
     inbox: std::collections::VecDeque<HostReport>,
+    /// Per host with records in the inbox: how many, and the epoch and sequence of its newest.
+    waiting: std::collections::HashMap<u32, (usize, u64, u64)>,
     /// Refused datagrams since the last drain (`accepted`, `duplicate`, `stale` are the drain's).
     stats: CollectStats,
 }
@@ -584,11 +589,34 @@ impl UdpShared {
                 self.stats.misplace(|| from.to_string(), r.host)
             }
             Ok(r) => {
+                // A host's records take its own places only: a record no newer than the one of its
+                // epoch already waiting is counted and dropped here (the aggregator would refuse it), and
+                // past WAITING_PER_HOST the host's further records are dropped. One signed record
+                // replayed 240 times a second from a peer's address (or forged ones without a key) pushed
+                // every other host's records out of the inbox, and the cluster signal with them.
+                let w = self.waiting.entry(r.host).or_insert((0, r.epoch, 0));
+                if w.0 > 0 && w.1 == r.epoch && r.seq <= w.2 {
+                    if r.seq == w.2 {
+                        self.stats.duplicate += 1;
+                    } else {
+                        self.stats.stale += 1;
+                    }
+                    return;
+                }
+                if w.0 >= WAITING_PER_HOST {
+                    self.stats.stale += 1;
+                    return;
+                }
+                *w = (w.0 + 1, r.epoch, r.seq);
                 crate::bounded::push(&mut self.inbox, r, max_datagrams(self.peers.len()));
             }
         }
     }
 }
+
+/// How many records of one host wait for an exchange at most (four a period is more than a host that
+/// publishes once a period sends; [`max_datagrams`] holds four per host).
+pub const WAITING_PER_HOST: usize = 4;
 
 /// Reads the socket for as long as the aggregation lives, so that its buffer never fills with what
 /// nobody reads: a peer's record is not dropped by the kernel behind a flood of junk (which, read at most
@@ -703,6 +731,7 @@ impl UdpAggregation {
     pub fn drain(&self, now: Nanos, agg: &mut Aggregator) -> CollectStats {
         let (inbox, mut stats, peers) = {
             let mut s = self.shared();
+            s.waiting.clear();
             (std::mem::take(&mut s.inbox), std::mem::take(&mut s.stats), s.peers.clone())
         };
         for r in inbox {

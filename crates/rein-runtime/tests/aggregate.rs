@@ -464,6 +464,37 @@ async fn signed_udp_reports_refuse_forgeries_from_the_peers_address() {
     assert!(st.corrupt[0].1.to_string().contains("no key"));
 }
 
+/// One host's records take only its own places in the inbox: a captured signed record of host 1 sent
+/// 150 times from host 1's address (twice the inbox's 76 places) is counted as 149 duplicates, and host
+/// 2's one record, sent first, still counts. Before, the copies filled the inbox (the oldest go
+/// first) and pushed host 2's record out: with a replay a few hundred times a second, every other host
+/// left the cluster signal, and nothing was counted as refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_record_repeated_does_not_crowd_out_the_other_hosts() {
+    use rein_proto::parda::encode_signed;
+    use rein_runtime::aggregate::RecordKey;
+    let key = Arc::new(RecordKey::new("parda", &[7u8; 32]).unwrap());
+    let h1 = tokio::net::UdpSocket::bind("127.0.0.18:0").await.unwrap();
+    let h2 = tokio::net::UdpSocket::bind("127.0.0.19:0").await.unwrap();
+    let peers = [(1, h1.local_addr().unwrap()), (2, h2.local_addr().unwrap())];
+    let u = UdpAggregation::bind(0, "127.0.0.20:0".parse().unwrap(), &peers).await.unwrap().with_key(Some(key.clone()));
+    let to = u.local_addr().unwrap();
+    let captured = encode_signed(&report(1, 1), key.as_ref());
+    h2.send_to(&encode_signed(&report(2, 1), key.as_ref()), to).await.unwrap();
+    for i in 0..150 {
+        h1.send_to(&captured, to).await.unwrap();
+        if i % 25 == 24 {
+            // Paced, so that the kernel's receive buffer drops none.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut agg = Aggregator::new(TIMEOUT).unwrap();
+    let st = u.drain(now(1), &mut agg);
+    assert_eq!((st.accepted, st.duplicate), (2, 149), "{st:?}");
+    assert_eq!(agg.live_hosts(now(1)), [1, 2]);
+}
+
 /// A flood of junk is read as it comes (a task reads the socket all the time): one exchange counts it all,
 /// keeping at most `MAX_REFUSED_SHOWN` with their reasons, and nothing is left for the next. A peer's record
 /// sent after a flood far larger than the socket's buffer is still received: before, at most
