@@ -127,7 +127,7 @@ mod host;
 mod shares;
 mod window;
 
-pub use aggregate::{Accept, Aggregator, ClusterLatency, HostReport, PeerState};
+pub use aggregate::{Accept, Aggregator, ClusterLatency, HostReport, PastEpochs, PeerState, EPOCHS_KEPT};
 pub use estimator::{LatencyEstimator, SizeModel};
 pub use host::{check_fixed_window, HostConfig, HostController, HostStats, PeriodOutcome};
 pub use shares::{ShareTracker, VmUsage};
