@@ -869,6 +869,45 @@ impl Admit {
     }
 }
 
+/// Connections from one address that have not been welcomed yet, at most: this many or one per configured
+/// server, whichever is more (all the servers may run on one host, as under `rein cluster`). The
+/// controller has a slot for each server and 16 more, taken at the accept and held through the TLS
+/// handshake and the hello (up to [`HELLO_TIMEOUT`]), so silent connections from one address that
+/// reconnected when cut held every slot, and the servers waited for ever (a reviewer's run: 80 of them,
+/// a server not welcomed in 66 s); now one address leaves at least 16 slots to the others.
+pub const OPENING_PER_ADDRESS: usize = 2;
+
+/// The connections from each address not welcomed yet, at most `.1` ([`OPENING_PER_ADDRESS`]).
+#[derive(Clone, Default)]
+struct Opening(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>, usize);
+
+/// One connection's place in [`Opening`], given back when dropped (welcomed, or ended).
+struct OpeningSlot(Opening, std::net::IpAddr);
+
+impl Opening {
+    fn take(&self, ip: std::net::IpAddr) -> Option<OpeningSlot> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= self.1.max(OPENING_PER_ADDRESS) {
+            return None;
+        }
+        *n += 1;
+        Some(OpeningSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for OpeningSlot {
+    fn drop(&mut self) {
+        let mut m = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     admit: Admit,
@@ -876,6 +915,7 @@ async fn accept_loop(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(admit.names.len() + 16));
+    let opening = Opening(Arc::default(), admit.names.len());
     // The network at accept; an identity after the TLS handshake (`connection`).
     let networks = crate::access::ExportAccess { networks: admit.access.networks.clone(), identities: None };
     let mut conn = 0u64;
@@ -895,11 +935,17 @@ async fn accept_loop(
             admit.log_cut(Cut::Network, Some(peer), &why);
             continue;
         }
+        let Some(slot) = opening.take(peer.ip()) else {
+            count_refused(&admit.refused);
+            let why = format!("connection refused: {} has as many connections not welcomed yet as it may", peer.ip());
+            admit.log_cut(Cut::Opening, Some(peer), &why);
+            continue;
+        };
         conn += 1;
         let (admit, ev, stop) = (admit.clone(), ev.clone(), stop.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err((cut, e)) = connection(sock, conn, &admit, ev, stop).await {
+            if let Err((cut, e)) = connection(sock, conn, &admit, ev, stop, slot).await {
                 admit.log_cut(cut, Some(peer), &format!("connection closed: {e}"));
             }
         });
@@ -913,6 +959,7 @@ async fn connection(
     admit: &Admit,
     ev: mpsc::Sender<Event>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    not_welcomed: OpeningSlot,
 ) -> Result<(), (Cut, String)> {
     let (names, buckets, limited, strays) = (&admit.names, &admit.buckets, &admit.limited, admit.strays);
     let _ = sock.set_nodelay(true);
@@ -982,6 +1029,8 @@ async fn connection(
         }
         Err(_) => return Ok(()),
     }
+    // Welcomed: no more one of its address's connections not welcomed yet.
+    drop(not_welcomed);
     let welcome =
         Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec(), limited: limited.to_vec() };
     tracing::info!(server = %name, index, "pShift server connected");
@@ -1915,7 +1964,8 @@ mod tests {
         let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let conn = tokio::spawn(async move {
             let (sock, _) = listener.accept().await.unwrap();
-            connection(sock, 1, &admit, ev_tx, stop_rx).await.map_err(|e| e.1)
+            let slot = Opening::default().take("127.0.0.1".parse().unwrap()).unwrap();
+            connection(sock, 1, &admit, ev_tx, stop_rx, slot).await.map_err(|e| e.1)
         });
         let (mut sock_rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
         write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await.unwrap();
@@ -1974,6 +2024,35 @@ mod tests {
         st.push_round(round(MAX_ROUNDS_KEPT as u64));
         assert_eq!((st.rounds.len(), st.rounds[0].round), (MAX_ROUNDS_KEPT, 1));
         assert_eq!(st.rounds.back().unwrap().round, MAX_ROUNDS_KEPT as u64);
+    }
+
+    /// Silent connections from one address hold at most as many of the controller's slots as it has
+    /// servers (two here): a third from 127.0.0.1 is cut at once, and a server from another address is welcomed beside them,
+    /// as is one from 127.0.0.1 once a silent one has gone.
+    #[tokio::test]
+    async fn silent_connections_from_one_address_hold_two_slots_at_most() {
+        let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
+        let (addr, stop_tx, task) = start(s).await;
+        let silent1 = TcpStream::connect(addr).await.unwrap();
+        let _silent2 = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        let _ = write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await;
+        let mut buf = Vec::new();
+        let e = tokio::time::timeout(Duration::from_secs(2), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap_err();
+        assert!(e.contains("closed") || e.contains("reset"), "the third is cut at once: {e}");
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let (mut rd, mut wr) = sock.connect(addr).await.unwrap().into_split();
+        write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await.unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(2), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap();
+        assert!(matches!(m, Message::Welcome { server: 0, .. }), "{m:?}");
+        drop(silent1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (_, _, _, m) = hello(addr, "s2").await;
+        assert!(matches!(m, Message::Welcome { server: 1, .. }), "{m:?}");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
     }
 
     /// Only `allow_networks` may connect (default loopback): a peer outside it is cut at once and counted.
