@@ -1017,9 +1017,10 @@ fn a_servers_bad_frames_do_not_flood_the_controllers_log() {
 }
 
 /// Connections before their hello are bounded: a controller with one server takes `servers + 16` = 17
-/// connections at once. With 17 silent ones held, an 18th that says hello as s1 waits (in the kernel's
-/// accept queue) until one of them closes, and is then welcomed; the silent ones are cut 5 s after their
-/// accept (`no hello within 5 s`), so they hold their slots no longer.
+/// connections at once. With 17 silent ones held (from 17 addresses: one address holds at most two,
+/// `silent_connections_from_one_address_hold_two_slots_at_most`), an 18th that says hello as s1 waits
+/// (in the kernel's accept queue) until one of them closes, and is then welcomed; the silent ones are cut
+/// 5 s after their accept (`no hello within 5 s`), so they hold their slots no longer.
 #[test]
 fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() {
     use rein_proto::pshift::Message;
@@ -1027,7 +1028,8 @@ fn silent_connections_hold_the_controllers_slots_only_until_the_hello_timeout() 
     let _shared = common::beside_measuring();
     let tmp = tmpdir("pshift-daemons-slots");
     let ctl = one_server_controller(tmp.path(), 207, "");
-    let mut silent: Vec<std::net::TcpStream> = (0..17).map(|_| connect_from("127.0.0.208", ctl.nbd)).collect();
+    let mut silent: Vec<std::net::TcpStream> =
+        (1..=17).map(|i| connect_from(&format!("127.0.1.{i}"), ctl.nbd)).collect();
     let mut s = connect_from("127.0.0.208", ctl.nbd);
     s.write_all(&frame(&Message::Hello { name: "s1".into() })).unwrap();
     // At the bound: the 18th is not taken while the 17 are held.
