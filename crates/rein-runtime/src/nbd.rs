@@ -208,8 +208,8 @@ pub struct Limits {
     pub budget: Budget,
     /// Close a connection with nothing in flight that receives nothing for this long (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// Close a connection whose client leaves a request's payload incomplete, or a batch of its replies
-    /// unread, this long (`None`: never; module comment, "Time").
+    /// Close a connection whose client leaves a request's payload incomplete, or takes no byte of its
+    /// replies, this long (`None`: never; module comment, "Time").
     pub stall_timeout: Option<Duration>,
     /// Close a connection whose handshake has not ended this long after it was accepted: the servers'
     /// [`HANDSHAKE_TIMEOUT`] (a field so that a test need not wait that long for it).
@@ -321,7 +321,7 @@ enum End {
     Idle,
     /// A request's payload still incomplete a stall timeout after its header.
     SlowPayload,
-    /// The client left a batch of its replies unread for the stall timeout.
+    /// The client took no byte of its replies for the stall timeout.
     Stalled,
     /// The server is shutting down.
     Shutdown,
@@ -1386,16 +1386,16 @@ struct Out {
     /// Yield a turn before each write ([`Backend::Remote`], module comment).
     coalesce: bool,
     gone: Gone,
-    /// [`Limits::stall_timeout`]: how long one batch's write may wait for the client to read.
+    /// [`Limits::stall_timeout`]: how long a write may go without a byte taken by the client's socket.
     stall: Option<Duration>,
-    /// Set when a batch waited that long: the reader stops ([`End::Stalled`]).
+    /// Set when a write waited that long: the reader stops ([`End::Stalled`]).
     cut: watch::Sender<bool>,
 }
 
 /// The writer task: replies in completion order, the ready ones in one vectored write. Replies are
 /// dropped (releasing their permits) once written, or at once if the client is gone (then `gone` is set):
-/// its socket failed, or a batch could not be handed to it within the stall timeout (then the reader is
-/// told to stop, and the replies' charges go back to the budget).
+/// its socket failed, or took no byte for the stall timeout (then the reader is told to stop, and the
+/// replies' charges go back to the budget).
 async fn write_replies<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::UnboundedReceiver<Reply>, out: Out) {
     let Out { opened, last_reply_ms, coalesce, gone, stall, cut } = out;
     let mut batch: Vec<Reply> = Vec::with_capacity(WRITE_BATCH);

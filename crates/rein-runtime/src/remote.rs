@@ -747,12 +747,7 @@ impl RemoteVolume {
                 gather.expect(pieces.len());
                 for piece in pieces {
                     let msg = header(Command::Read, piece.node_offset, piece.len, false);
-                    let sink = Sink {
-                        gather: Some(gather.clone()),
-                        at: headroom + piece.request_offset as usize,
-                        mark: None,
-                        _hold: None,
-                    };
+                    let sink = Sink::new(&gather, headroom + piece.request_offset as usize, None);
                     self.send(piece.node, msg, piece.len, sink).await;
                 }
                 gather.release();
@@ -768,7 +763,7 @@ impl RemoteVolume {
                     header_into(&mut msg, Command::Write, node_offset, len, if fua { p::CMD_FLAG_FUA } else { 0 });
                     let at = request_offset as usize;
                     msg.extend_from_slice(&data[at..at + len as usize]);
-                    let sink = Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua), _hold: None };
+                    let sink = Sink::new(&gather, 0, self.written(node, fua));
                     self.send(node, msg, 0, sink).await;
                 }
                 gather.release();
@@ -793,8 +788,7 @@ impl RemoteVolume {
                     if takes(node) {
                         let flags = if no_hole { p::CMD_FLAG_NO_HOLE } else { 0 };
                         let msg = header_flagged(command, node_offset, len, fua, flags);
-                        let sink =
-                            Sink { gather: Some(gather.clone()), at: 0, mark: self.written(node, fua), _hold: None };
+                        let sink = Sink::new(&gather, 0, self.written(node, fua));
                         gather.expect(1);
                         self.send(node, msg, 0, sink).await;
                         continue;
@@ -808,7 +802,8 @@ impl RemoteVolume {
                         header_into(&mut msg, Command::Write, node_offset + u64::from(at), n, flags);
                         msg.resize(MSG_HEAD + n as usize, 0);
                         let mark = self.written(node, fua);
-                        let sink = Sink { gather: Some(gather.clone()), at: 0, mark, _hold: Some(hold) };
+                        let mut sink = Sink::new(&gather, 0, mark);
+                        sink._hold = Some(hold);
                         gather.expect(1);
                         self.send(node, msg, 0, sink).await;
                         at += n;
@@ -837,8 +832,7 @@ impl RemoteVolume {
                 gather.expect(targets.len() + lost.len());
                 for (node, conn, covers) in targets {
                     let msg = header(Command::Flush, 0, 0, false);
-                    let sink =
-                        Sink { gather: Some(gather.clone()), at: 0, mark: self.durability(node, covers), _hold: None };
+                    let sink = Sink::new(&gather, 0, self.durability(node, covers));
                     self.send_on(node, conn, msg, 0, sink).await;
                 }
                 for name in lost {
@@ -988,8 +982,7 @@ async fn flush_routes(routes: Vec<FlushRoute>, done: Done) {
         let covers = r.durability.flush_mark();
         gather.expect(r.conns.len());
         for c in r.conns {
-            let sink =
-                Sink { gather: Some(gather.clone()), at: 0, mark: Some((r.durability.clone(), covers)), _hold: None };
+            let sink = Sink::new(&gather, 0, Some((r.durability.clone(), covers)));
             c.send(header(Command::Flush, 0, 0, false), 0, sink).await;
         }
     }
@@ -1053,6 +1046,11 @@ struct Sink {
 }
 
 impl Sink {
+    /// A piece's sink in `gather`, its data at `at` (a READ's), with the `mark` its success makes.
+    fn new(gather: &Arc<Gather>, at: usize, mark: Option<(Arc<Durability>, Mark)>) -> Sink {
+        Sink { gather: Some(gather.clone()), at, mark, _hold: None }
+    }
+
     fn ok(mut self, data: &[u8]) {
         // Counted before the request can complete, so a FLUSH sent after it covers it.
         match self.mark.take() {
@@ -1895,7 +1893,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let g = Gather::new(Vec::new(), Box::new(move |r, _| tx.send(r).unwrap()), None);
         g.expect(2);
-        let s = Sink { gather: Some(g.clone()), at: 0, mark: None, _hold: None };
+        let s = Sink::new(&g, 0, None);
         drop(s); // dropped unsent: fails
         g.release();
         g.piece(Ok(&[]), 0);
@@ -1944,7 +1942,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let g = Gather::new(Vec::new(), Box::new(move |r: IoResult, _| tx.send(r.map(|_| ())).unwrap()), None);
         g.expect(1);
-        Sink { gather: Some(g.clone()), at: 0, mark: Some((d.clone(), queued)), _hold: None }.ok(&[]);
+        Sink::new(&g, 0, Some((d.clone(), queued))).ok(&[]);
         g.release();
         let e = rx.recv().unwrap().unwrap_err().to_string();
         assert!(e.contains("lost with writes not yet flushed"), "{e}");
