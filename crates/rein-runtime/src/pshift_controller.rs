@@ -41,7 +41,8 @@
 //! # Security
 //! Only `allow_networks` may connect (loopback by default). With a `[tls]` table every connection is TLS
 //! from its first byte (x509 with client certificates verified against `ca`, or TLS-PSK; never plain),
-//! and with `allow_identities` only those identities (PSK identity or certificate CN) may say hello.
+//! and with `allow_identities` only those identities (PSK identity or certificate CN) may say hello;
+//! a server's `identity` binds it to one (another admitted identity may not say hello as it).
 //! Without `[tls]` the link is plain TCP: whoever is admitted by `allow_networks` can say hello as a
 //! server and report for it, so keep the port on the storage network.
 //!
@@ -151,6 +152,9 @@ struct TlsFile {
 struct ServerFile {
     name: String,
     capacity_iops: f64,
+    /// With `[tls]`: the identity (PSK identity or certificate CN) a hello naming this server must come
+    /// with.
+    identity: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +182,10 @@ pub struct ControllerSettings {
     pub tls: Option<crate::tls::TlsConfig>,
     /// The servers: (name, nominal capacity in IOPS), in index order.
     pub servers: Vec<(String, f64)>,
+    /// Per server, in index order: the TLS identity (PSK identity or certificate CN) its hello must come
+    /// with (`identity`), if given. Without it any identity `allow_identities` admits may say hello as
+    /// the server, and report for it.
+    pub identities: Vec<Option<String>>,
     /// The buckets: (name, QoS per period), in index order.
     pub buckets: Vec<(String, BucketQos)>,
     /// rein-core's controller configuration (times from the schedule's origin: the daemon's start, or
@@ -331,8 +339,17 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
         if !(s.capacity_iops.is_finite() && s.capacity_iops > 0.0 && s.capacity_iops <= 1e9) {
             return Err(format!("server {}: capacity_iops must be in (0, 1e9], got {}", s.name, s.capacity_iops));
         }
+        if let Some(id) = &s.identity {
+            if f.tls.is_none() {
+                return Err(format!("server {}: identity needs a [tls] table (it is checked on TLS links)", s.name));
+            }
+            if id.is_empty() || id.len() > 255 {
+                return Err(format!("server {}: identity must have 1..=255 bytes", s.name));
+            }
+        }
         servers.push((s.name.clone(), s.capacity_iops));
     }
+    let identities = f.servers.iter().map(|s| s.identity.clone()).collect();
     if f.buckets.len() > MAX_BUCKETS {
         return Err(format!("[[buckets]]: at most {MAX_BUCKETS}, got {}", f.buckets.len()));
     }
@@ -391,6 +408,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
         access,
         tls,
         servers,
+        identities,
         buckets,
         config,
         hold: f.hold,
@@ -740,6 +758,7 @@ pub async fn run(
         listener,
         Admit {
             names: names.clone(),
+            identities: Arc::new(s.identities.clone()),
             buckets,
             limited,
             strays,
@@ -817,6 +836,8 @@ pub async fn run(
 #[derive(Clone)]
 struct Admit {
     names: Arc<Vec<String>>,
+    /// [`ControllerSettings::identities`].
+    identities: Arc<Vec<Option<String>>>,
     buckets: Arc<Vec<String>>,
     /// Per bucket, whether it is limited.
     limited: Arc<Vec<bool>>,
@@ -970,6 +991,7 @@ async fn connection(
     // Listed with `[tls]` while the connection lives, so that a reload that revokes its server cuts it.
     let mut registration: Option<crate::tls::Registration> = None;
     let opened = async {
+        let mut presented = None;
         let stream: crate::pshift_link::Stream = match &admit.tls.get() {
             None => Box::new(sock),
             Some(tls) => {
@@ -994,14 +1016,15 @@ async fn connection(
                         },
                     ));
                 }
+                presented = identity;
                 Box::new(stream)
             }
         };
         let (mut rd, wr) = tokio::io::split(stream);
         let hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY).await.map_err(opening)?;
-        Ok::<_, (Cut, String)>((rd, wr, hello))
+        Ok::<_, (Cut, String)>((rd, wr, hello, presented))
     };
-    let (mut rd, mut wr, hello) = tokio::time::timeout(HELLO_TIMEOUT, opened)
+    let (mut rd, mut wr, hello, presented) = tokio::time::timeout(HELLO_TIMEOUT, opened)
         .await
         .map_err(|_| opening(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())))??;
     let _registration = registration;
@@ -1014,6 +1037,19 @@ async fn connection(
         let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
         return Err((Cut::Name, reason));
     };
+    // A server bound to an identity (`identity`): another identity that `allow_identities` admits may not
+    // say hello as it (and report for it, or keep it out as "connected already").
+    if let Some(want) = &admit.identities[index] {
+        if presented.as_deref() != Some(want.as_str()) {
+            count_refused(&admit.refused);
+            let reason = format!(
+                "server {name} connects with identity {want:?} only, not {}",
+                presented.as_deref().map_or_else(|| "none".to_string(), |p| format!("{p:?}"))
+            );
+            let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
+            return Err((Cut::Identity, reason));
+        }
+    }
     // The controller's verdict before the welcome (frames it queues meanwhile wait in `rx`).
     let (tx, mut rx) = mpsc::channel::<Message>(WRITER_QUEUE);
     let (verdict_tx, verdict) = tokio::sync::oneshot::channel();
@@ -1947,6 +1983,7 @@ mod tests {
         let refused = Arc::new(Mutex::new(ControllerStatus::default()));
         let admit = Admit {
             names: Arc::new(vec!["s1".into()]),
+            identities: Arc::new(vec![None]),
             buckets: Arc::new(vec!["a".into()]),
             limited: Arc::new(vec![false]),
             strays: false,

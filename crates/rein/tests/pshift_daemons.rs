@@ -597,7 +597,9 @@ fn link_server(dir: &Path, host: u8, name: &str, controller: &str, tls: &str) ->
 /// server with the right key is welcomed; a plain server, a server with a wrong key, and one whose
 /// identity is known but not allowed are not, and keep serving round robin (each says why in its log).
 /// The server with the wrong key is welcomed once its key file is mended and it reloads; a server whose
-/// identity the controller's key file loses at a reload has its open link cut.
+/// identity the controller's key file loses at a reload has its open link cut. s2 is bound to identity
+/// s2 (`identity`): s1's key, admitted, may not say hello as s2 (it could report for s2, or keep it out
+/// as "connected already").
 #[test]
 fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     let _shared = common::beside_measuring();
@@ -610,7 +612,7 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     let text = format!(
         "listen = \"{listen}\"\nadmin = \"127.0.0.101:0\"\nperiod_s = 1\nallow_identities = [\"s1\", \"s2\"]\n\
          [tls]\npsk_file = \"ctl.psk\"\n[[servers]]\nname = \"s1\"\ncapacity_iops = {C}\n[[servers]]\nname = \"s2\"\n\
-         capacity_iops = {C}\n[[buckets]]\nname = \"b1\"\n"
+         capacity_iops = {C}\nidentity = \"s2\"\n[[buckets]]\nname = \"b1\"\n"
     );
     let ctl =
         Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start();
@@ -627,7 +629,10 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
     let stranger = server(105, "s2", &format!("[pshift.tls]\npsk_file = \"{}\"\n", dir.join("x.psk").display()));
     stranger.wait_line("serving plain round robin until it answers");
     ctl.wait_line("identity \"x\" is not in allow_identities");
-    for s in [&plain, &wrong, &stranger] {
+    let posing = server(106, "s2", &format!("[pshift.tls]\npsk_file = \"{}\"\n", dir.join("s1.psk").display()));
+    posing.wait_line("serving plain round robin until it answers");
+    ctl.wait_line("server s2 connects with identity \"s2\" only, not \"s1\"");
+    for s in [&plain, &wrong, &stranger, &posing] {
         assert!(
             s.wait_log(&["serving plain round robin"], Duration::from_secs(1)).contains("pShift link"),
             "a refused server says so"
@@ -672,6 +677,14 @@ fn the_controller_link_runs_tls_psk_and_refuses_the_rest() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("allow_identities needs a [tls] table"));
+    // So is a server's identity.
+    let text =
+        "listen = \"127.0.0.101:0\"\nperiod_s = 1\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1\nidentity = \"s1\"\n";
+    let out = Cmd::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["pshift", "controller", "--config", write_file(dir, "bad.toml", text).to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server s1: identity needs a [tls] table"));
 }
 
 /// The controller link over x509: the controller's certificate (for its IP address) chains to the CA the
