@@ -209,9 +209,11 @@ pub(crate) fn d_stall_timeout_s() -> u64 {
 /// The longest `idle_timeout_s` and `stall_timeout_s` (a week; 0 turns either off).
 const MAX_CONN_TIMEOUT_S: u64 = 7 * 24 * 3600;
 
+/// A connection's idle and stall timeouts (`None`: never).
+type Timeouts = (Option<std::time::Duration>, Option<std::time::Duration>);
+
 /// `idle_timeout_s` and `stall_timeout_s` as rein.toml and gw.toml give them: each in 0..=604800 (0:
 /// never).
-type Timeouts = (Option<std::time::Duration>, Option<std::time::Duration>);
 pub(crate) fn conn_timeouts(idle_s: u64, stall_s: u64) -> Result<Timeouts, String> {
     for (key, v) in [("idle_timeout_s", idle_s), ("stall_timeout_s", stall_s)] {
         if v > MAX_CONN_TIMEOUT_S {
@@ -542,7 +544,7 @@ pub struct ServerConfig {
     /// A connection with nothing in flight that receives no byte for this long is closed
     /// (`idle_timeout_s`, default 0 = `None`, never: NBD clients hold a quiet disk's connection).
     pub idle_timeout: Option<std::time::Duration>,
-    /// A connection whose client leaves a WRITE's payload unsent, or a batch of its replies unread, this
+    /// A connection whose client leaves a WRITE's payload unsent, or takes no byte of its replies, this
     /// long is closed (`stall_timeout_s`, default 120 s; 0 = `None`, never): [`crate::nbd::Limits`].
     pub stall_timeout: Option<std::time::Duration>,
     /// After a shutdown begins, how long in-flight and queued requests may still be answered before the
