@@ -25,8 +25,9 @@
 //!   incarnation it has left, so when reports of the incarnation a host's live one displaced keep coming
 //!   with new sequence numbers, at least `timeout` after the switch (longer than any late datagram of a
 //!   host that restarted), two hosts report under one id (or someone replays a past incarnation's
-//!   records): [`Accept::Rival`]. The peer cannot tell which host is the real one and takes one at a time
-//!   as before (by the rules above); the verdict lets its caller say so. On a shared board two hosts with
+//!   records): [`Accept::Rival`]. The peer cannot tell which host is the real one; it keeps the newer
+//!   incarnation and never takes the older back (an epoch the host had before, above), so `taken` is
+//!   false there; the verdict lets its caller say so. On a shared board two hosts with
 //!   one id overwrite one slot, and their peers see the slot switch between the two incarnations.
 //! - **Liveness uses the local clock**: a host is live while its last accepted report was *received*
 //!   (the `now` passed to [`Aggregator::accept`]) less than `timeout` ago. The peer's own timestamp is kept
