@@ -10,8 +10,13 @@ use std::path::Path;
 /// The file at `path`, if it holds at most `max` bytes; a longer one is an error of kind
 /// `FileTooLarge` saying the bound (callers name the file).
 pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    read_bounded_from(std::fs::File::open(path)?, max)
+}
+
+/// [`read_bounded`] of what `r` gives (a file opened some other way).
+pub fn read_bounded_from(r: impl Read, max: u64) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    r.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
         return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, format!("larger than {max} bytes")));
     }

@@ -625,10 +625,9 @@ impl AdminStream {
                 Poll::Ready(Ok(())) => {
                     *state = Handshake::Done;
                     // With a duplicate of its socket, which a reload that revokes the client shuts down.
-                    let who = crate::tls::Credential::of(tls.ssl());
-                    let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned();
-                    if let (Some(live), Some(who), Ok(fd)) = (&self.live, who, fd) {
-                        self.registration = Some(live.register(who, self.peer.to_string(), fd));
+                    let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned().ok();
+                    if let (Some(live), Some(fd)) = (&self.live, fd) {
+                        self.registration = live.register(tls.ssl(), self.peer.to_string(), fd);
                     }
                     self.moved();
                 }

@@ -137,19 +137,13 @@ fn not_a_file(t: std::fs::FileType, then: &str) -> std::io::Error {
 /// opened without blocking and checked on the open file, so a FIFO (whose open would wait for a writer
 /// for ever, and hold a start with it) or a device is named, not waited on or read.
 pub fn read(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(not_a_file(meta.file_type(), "so it is not read"));
     }
-    let mut bytes = Vec::new();
-    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, format!("larger than {max} bytes")));
-    }
-    Ok(bytes)
+    rein_model::input::read_bounded_from(file, max)
 }
 
 /// Syncs directory `dir` to its device: its entries' creations, renames and removals are durable.

@@ -89,7 +89,7 @@ use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::remote::RemoteVolume;
 use crate::sock::{Peer, Sock};
 use crate::storage::Storage;
-use crate::tls::{Credential, LiveTls, NbdStream, Registration, TlsError};
+use crate::tls::{LiveTls, NbdStream, Registration, TlsError};
 use rein_core::TenantId;
 use rein_proto::nbd::{
     self as p, Event, ExportInfo, Negotiated, NodeHello, NodeReplyTrailer, NodeWelcome, Rejection, ReplyEncoder,
@@ -464,10 +464,8 @@ pub async fn serve_client(
                 let tls = tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
                 let (mut stream, identity) = tls.accept(stream).await?;
                 // With a duplicate of its socket, so that a reload that revokes this client can cut it.
-                let registration = Credential::of(stream.ssl()).and_then(|who| {
-                    let fd = stream.get_ref().dup().ok()?;
-                    Some(policy.tls.register(who, peer.to_string(), fd))
-                });
+                let registration =
+                    stream.get_ref().dup().ok().and_then(|fd| policy.tls.register(stream.ssl(), peer.to_string(), fd));
                 hs.tls_established();
                 hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));
                 let who = (peer, identity.as_deref());

@@ -996,13 +996,9 @@ async fn connection(
             None => Box::new(sock),
             Some(tls) => {
                 let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
-                if let Some(who) = crate::tls::Credential::of(stream.ssl()) {
-                    use std::os::fd::AsFd;
-                    // A duplicate of the socket to cut it by (its own descriptor stays with the stream).
-                    if let Ok(fd) = stream.get_ref().as_fd().try_clone_to_owned() {
-                        registration = Some(admit.tls.register(who, peer.to_string(), fd));
-                    }
-                }
+                // A duplicate of the socket to cut it by (its own descriptor stays with the stream).
+                let fd = std::os::fd::AsFd::as_fd(stream.get_ref()).try_clone_to_owned().ok();
+                registration = fd.and_then(|fd| admit.tls.register(stream.ssl(), peer.to_string(), fd));
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
                     count_refused(&admit.refused);
                     return Err((

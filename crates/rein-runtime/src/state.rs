@@ -888,22 +888,24 @@ impl Store {
     /// rename is no error: the file holds the change, which the next start applies, so it is kept (with a
     /// warning that a crash of the machine may undo it), and the next change rewrites.
     fn compact_kept(&mut self) -> Result<(), StateError> {
-        let state = std::mem::take(&mut self.kept);
+        let mut state = std::mem::take(&mut self.kept);
         let bytes = self.bytes;
-        let r = self.rewrite(&state);
+        let r = self.rewrite(&mut state);
         self.kept = state;
         if r.is_err() {
             self.bytes = bytes;
         }
-        // A rewrite that failed may have left the new file in place (its directory's sync failed) or not:
-        // the journal's next record would be a change from the wrong state, so the next save rewrites too.
+        // A rewrite that failed may have left the files other than the journal's records assume (an empty
+        // state's removal that failed): the next save rewrites too.
         if matches!(r, Err(StateError::Write { .. })) {
             self.torn = true;
         }
         r
     }
 
-    fn rewrite(&mut self, state: &StateFile) -> Result<(), StateError> {
+    /// [`Store::compact_kept`]'s writing; `state` carries the new generation while it is serialised (a
+    /// copy of the whole state for one field cost a clone per compaction) and 0 again after.
+    fn rewrite(&mut self, state: &mut StateFile) -> Result<(), StateError> {
         let path = self.dir.join(STATE_FILE);
         let fail = |path: &Path, step: &'static str| {
             let path = path.to_path_buf();
@@ -921,8 +923,9 @@ impl Store {
             // earlier run could have written (nanoseconds since the epoch).
             let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             let generation = (self.generation + 1).max(since_epoch.as_nanos() as u64);
-            let text =
-                serde_json::to_vec_pretty(&StateFile { generation, ..state.clone() }).expect("a state serialises");
+            state.generation = generation;
+            let text = serde_json::to_vec_pretty(&*state).expect("a state serialises");
+            state.generation = 0;
             if text.len() as u64 > MAX_STATE_BYTES {
                 return Err(StateError::TooLarge { bytes: text.len() as u64 });
             }

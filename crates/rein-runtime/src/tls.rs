@@ -276,10 +276,12 @@ impl LiveTls {
         cut
     }
 
-    /// Lists an open connection from `peer` whose client presented `who`, with a duplicate of its
-    /// socket (`socket`) for [`LiveTls::set`] to cut it by; it stays listed while the registration lives.
-    pub fn register(&self, who: Credential, peer: String, socket: std::os::fd::OwnedFd) -> Registration {
-        OpenTls::add(&self.open, who, peer, socket)
+    /// Lists an open connection from `peer` whose client presented what `ssl`'s accepted session shows
+    /// ([`Credential::of`]), with a duplicate of its socket (`socket`) for [`LiveTls::set`] to cut it by;
+    /// it stays listed while the registration lives. `None` when the client presented nothing a reload
+    /// could revoke. (The client side's [`LiveTlsClient::register`] has the same shape.)
+    pub fn register(&self, ssl: &SslRef, peer: String, socket: std::os::fd::OwnedFd) -> Option<Registration> {
+        Some(OpenTls::add(&self.open, Credential::of(ssl)?, peer, socket))
     }
 }
 
