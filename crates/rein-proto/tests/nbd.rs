@@ -349,6 +349,86 @@ fn block_size_information_advertises_the_payload_limit() {
     }
 }
 
+/// The client learns the server's size constraints from NBD_OPT_GO's NBD_INFO_BLOCK_SIZE (which it asks
+/// for): the payload limit a server advertises, the default (32 MiB) when it advertises none, and a
+/// malformed NBD_INFO_BLOCK_SIZE is an error naming it, not a limit taken on trust.
+#[test]
+fn the_client_learns_the_servers_block_size() {
+    for limit in [DEFAULT_MAX_PAYLOAD, 1 << 20, 3072] {
+        let mut to_client = Vec::new();
+        let mut server = ServerHandshake::with_max_payload(exports(), limit, &mut to_client);
+        let mut client = ClientHandshake::new("rd", false);
+        let mut to_server = Vec::new();
+        let ready = loop {
+            let (used, p) = client.feed(&to_client, &mut to_server).unwrap();
+            to_client.drain(..used);
+            if p != ClientProgress::NeedMore {
+                break p;
+            }
+            let (used, _) = server.feed(&to_server, &mut to_client).unwrap();
+            to_server.drain(..used);
+        };
+        assert!(matches!(ready, ClientProgress::Ready { .. }), "{ready:?}");
+        let preferred = if limit >= 4096 { 4096 } else { 2048 };
+        assert_eq!(client.block_size(), BlockSize { min: 1, preferred, max: limit });
+        assert_eq!(client.block_size().max_aligned(), limit);
+    }
+    // A server that says nothing (only NBD_INFO_EXPORT, then ACK): the protocol's defaults.
+    let go_answer = |infos: &[Vec<u8>]| {
+        let mut c = ClientHandshake::new("rd", false);
+        let mut input = NBDMAGIC.to_be_bytes().to_vec();
+        input.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        input.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        let mut export = INFO_EXPORT.to_be_bytes().to_vec();
+        export.extend_from_slice(&(1u64 << 20).to_be_bytes());
+        export.extend_from_slice(&1u16.to_be_bytes());
+        option_reply(&mut input, OPT_GO, REP_INFO, &export);
+        for info in infos {
+            option_reply(&mut input, OPT_GO, REP_INFO, info);
+        }
+        option_reply(&mut input, OPT_GO, REP_ACK, &[]);
+        let r = c.feed(&input, &mut Vec::new()).map(|(_, p)| p);
+        (r, c.block_size())
+    };
+    let (r, block) = go_answer(&[]);
+    assert!(matches!(r, Ok(ClientProgress::Ready { .. })), "{r:?}");
+    assert_eq!(block, BlockSize::DEFAULT);
+    let info = |min: u32, preferred: u32, max: u32| {
+        let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+        for v in [min, preferred, max] {
+            d.extend_from_slice(&v.to_be_bytes());
+        }
+        d
+    };
+    // nbdkit's blocksize filter, say: 512-byte blocks, a 1 MiB + 512 maximum (not a power of two).
+    let (r, block) = go_answer(&[info(512, 4096, (1 << 20) + 512)]);
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!((block.min, block.max_aligned()), (512, (1 << 20) + 512));
+    let (_, block) = go_answer(&[info(4096, 4096, (1 << 20) + 512)]);
+    assert_eq!(block.max_aligned(), 1 << 20, "down to a multiple of the minimum");
+    // What a request must keep to under 4 KiB blocks and 1 MiB payloads.
+    let block = BlockSize { min: 4096, preferred: 4096, max: 1 << 20 };
+    let request = |command, offset, length| RequestHeader { flags: 0, command, handle: 1, offset, length };
+    assert_eq!(block.check(&request(Command::Read, 8192, 1 << 20)), Ok(()));
+    assert_eq!(block.check(&request(Command::Trim, 0, 64 << 20)), Ok(()), "no payload: may exceed the maximum");
+    assert_eq!(block.check(&request(Command::Flush, 0, 0)), Ok(()));
+    let e = block.check(&request(Command::Write, 0, (1 << 20) + 4096)).unwrap_err();
+    assert!(e.contains("WRITE of 1052672 bytes is longer than the largest the server takes (1048576)"), "{e}");
+    let e = block.check(&request(Command::Read, 512, 4096)).unwrap_err();
+    assert!(e.contains("READ of 4096 bytes at 512 is not aligned to the minimum block size 4096"), "{e}");
+    assert!(block.check(&request(Command::WriteZeroes, 0, 512)).is_err());
+    for (bad, what) in [
+        (info(3, 4096, 1 << 20), "not a power of two"),
+        (info(1 << 17, 1 << 17, 1 << 20), "not a power of two to 64 KiB"),
+        (info(4096, 4096, 512), "below the minimum"),
+        (info(1, 4096, 1 << 20)[..10].to_vec(), "not 14 bytes"),
+    ] {
+        let (r, _) = go_answer(&[bad]);
+        let e = r.expect_err(what).to_string();
+        assert!(e.contains("NBD_INFO_BLOCK_SIZE") && e.contains(what), "{what}: {e}");
+    }
+}
+
 /// Pipelined options cannot grow the server's reply buffer without bound: one `feed` stops answering once
 /// it has put `MAX_REPLY_BATCH` bytes in `out` (each 8 KiB `NBD_OPT_INFO` here asks 4,000 times for the
 /// description, about 144 KB of replies), and feeding the rest again gives, batch by batch, exactly the

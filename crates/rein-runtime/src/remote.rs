@@ -16,6 +16,19 @@
 //! WRITE_ZEROES's part goes as WRITEs of zeroes of at most `ZERO_WRITE_MAX` bytes each, at most
 //! `ZERO_WINDOW` of them in flight per volume (their buffers are outside the front's byte budget).
 //!
+//! # Size constraints
+//! The handshake asks each node for NBD_INFO_BLOCK_SIZE, and the spec then binds the gateway to what the
+//! node says. A READ or WRITE piece longer than the node's largest payload (the protocol's 32 MiB if it
+//! advertises none) is cut into pieces the node takes: a piece is up to a stripe unit long, and
+//! `stripe_kb` may reach 128 MiB while a node's `max_request_kb`, or nbdkit's blocksize-policy filter,
+//! may take less (the node answered EINVAL; past 64 MiB nbdkit closes the connection). WRITEs of zeroes
+//! that stand in for WRITE_ZEROES keep to it as well. A piece not aligned to the node's minimum block
+//! size (the gateway advertises 1 to its clients, who align to nothing) fails with EINVAL naming the
+//! node and the block size, unsent, as does a piece cut for a session that was since renewed with
+//! smaller constraints: sent, the node could refuse it or close the connection and fail every piece on
+//! it. The constraints are each connection's, from its last session (`LinkState`); a volume cuts by
+//! the tightest of its node's connections.
+//!
 //! # FUA on a node without FUA
 //! A volatile node (no FLUSH) has no stable storage to force: its pieces go without FUA. A node that takes
 //! FLUSH but not FUA (neither `rein serve`, nbdkit nor qemu-nbd is one; the link warns once a session)
@@ -117,10 +130,10 @@ use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{
     decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION, NODE_VERSION_POOL_FLAG,
 };
-use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
+use rein_proto::nbd::{self as p, BlockSize, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use rein_proto::ErrorKind;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -523,6 +536,19 @@ impl NodeLink {
         })
     }
 
+    /// The node's size constraints as its connections that have been up say: the largest minimum block
+    /// and the smallest maximum payload among them; the protocol's defaults if none has been up.
+    fn block(&self) -> (u32, u32) {
+        let up = self.conns.iter().filter(|c| c.state.max_payload.load(Ordering::Relaxed) > 0);
+        let (min, max) = up.fold((0, u32::MAX), |(min, max), c| {
+            (min.max(c.state.min_block.load(Ordering::Relaxed)), max.min(c.state.max_payload.load(Ordering::Relaxed)))
+        });
+        if min == 0 {
+            return (BlockSize::DEFAULT.min, BlockSize::DEFAULT.max_aligned());
+        }
+        (min, max)
+    }
+
     /// The connections a FLUSH goes to: one (the next in turn) of a node that advertises
     /// NBD_FLAG_CAN_MULTI_CONN, each of them otherwise.
     fn flush_conns(&self) -> Vec<usize> {
@@ -607,6 +633,10 @@ struct LinkState {
     trim: AtomicBool,
     /// The node takes WRITE_ZEROES (NBD_FLAG_SEND_WRITE_ZEROES).
     write_zeroes: AtomicBool,
+    /// The node's minimum block size (NBD_INFO_BLOCK_SIZE; 0 until a session is up).
+    min_block: AtomicU32,
+    /// The largest READ or WRITE the node takes ([`BlockSize::max_aligned`]; 0 until a session is up).
+    max_payload: AtomicU32,
     /// A session is established.
     up: AtomicBool,
 }
@@ -743,7 +773,7 @@ impl RemoteVolume {
         match op {
             Op::Read { len, headroom } => {
                 let gather = Gather::new(vec![0; headroom + len as usize], done, self.stat(0, len.into()));
-                let pieces = self.stripe.map(offset, len);
+                let pieces = self.cut(self.stripe.map(offset, len));
                 gather.expect(pieces.len());
                 for piece in pieces {
                     let msg = header(Command::Read, piece.node_offset, piece.len, false);
@@ -753,7 +783,7 @@ impl RemoteVolume {
                 gather.release();
             }
             Op::Write { data } => {
-                let pieces = self.stripe.map(offset, data.len() as u32);
+                let pieces = self.cut(self.stripe.map(offset, data.len() as u32));
                 let done = self.fua_by_flush(fua, pieces.iter().map(|p| p.node), done);
                 let gather = Gather::new(Vec::new(), done, self.stat(1, data.len() as u64));
                 gather.expect(pieces.len());
@@ -796,7 +826,7 @@ impl RemoteVolume {
                     let mut at = 0;
                     while at < len {
                         let hold = self.zeroes.clone().acquire_owned().await.expect("never closed");
-                        let n = (len - at).min(ZERO_WRITE_MAX);
+                        let n = (len - at).min(self.largest(node).min(ZERO_WRITE_MAX));
                         let mut msg = Vec::with_capacity(MSG_HEAD + n as usize);
                         let flags = if fua { p::CMD_FLAG_FUA } else { 0 };
                         header_into(&mut msg, Command::Write, node_offset + u64::from(at), n, flags);
@@ -844,6 +874,16 @@ impl RemoteVolume {
                 gather.release();
             }
         }
+    }
+
+    /// The largest READ or WRITE `node` takes (module comment, "Size constraints").
+    fn largest(&self, node: usize) -> u32 {
+        self.links[node].as_ref().map_or(u32::MAX, |l| l.block().1)
+    }
+
+    /// `pieces`, cut for their nodes' largest READ or WRITE ([`cut`]).
+    fn cut(&self, pieces: Vec<Piece>) -> Vec<Piece> {
+        cut(pieces, |node| self.largest(node))
     }
 
     /// A FUA request's `done`, wrapped for the nodes among `nodes` that take FLUSH but not FUA (module
@@ -957,6 +997,30 @@ impl LinkHandle {
     }
 }
 
+/// `pieces`, each longer than `largest(node)` cut into pieces of at most that many bytes, in order (module
+/// comment, "Size constraints"); as they are in the usual case.
+fn cut(pieces: Vec<Piece>, largest: impl Fn(usize) -> u32) -> Vec<Piece> {
+    if pieces.iter().all(|p| p.len <= largest(p.node)) {
+        return pieces;
+    }
+    let mut out = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        let max = largest(piece.node).max(1);
+        let mut at = 0;
+        while at < piece.len {
+            let len = (piece.len - at).min(max);
+            out.push(Piece {
+                node_offset: piece.node_offset + u64::from(at),
+                request_offset: piece.request_offset + u64::from(at),
+                len,
+                ..piece
+            });
+            at += len;
+        }
+    }
+    out
+}
+
 /// Where the FLUSH that stands for a FUA goes: a node that takes FLUSH but not FUA, the connections to
 /// flush, and its write accounting with the loss count when the request was sent.
 struct FlushRoute {
@@ -1010,9 +1074,8 @@ fn header_into(out: &mut Vec<u8>, command: Command, offset: u64, length: u32, fl
 /// A piece's message up to its payload: the request header and the tag's room.
 const MSG_HEAD: usize = p::REQUEST_LEN + NODE_TAG_LEN;
 
-/// The largest WRITE of zeroes that stands in for a WRITE_ZEROES at a node that does not take it (the
-/// smallest largest request of the NBD servers a gateway fronts is 32 MiB; 1 MiB keeps each buffer
-/// small).
+/// The largest WRITE of zeroes that stands in for a WRITE_ZEROES at a node that does not take it (or the
+/// node's largest payload, if smaller; 1 MiB keeps each buffer small).
 const ZERO_WRITE_MAX: u32 = 1 << 20;
 
 /// How many such WRITEs a volume has in flight at most: their buffers (16 MiB) are outside the front's
@@ -1233,6 +1296,8 @@ struct Session {
     stream: NbdStream,
     input: Vec<u8>,
     flags: u16,
+    /// The node's size constraints (what it advertised, or the protocol's defaults).
+    block: BlockSize,
     /// On a storage-node session: the tenant's slot from the node's welcome.
     slot: Option<u32>,
     /// On a storage-node session: the node's boot identity from its welcome (protocol v2), if stated.
@@ -1248,8 +1313,10 @@ struct Session {
 
 /// What a session's transmission flags say the node takes; `true` if it takes FLUSH but not FUA (the
 /// caller warns: FUA pieces go as plain writes, module comment).
-fn publish_flags(flags: u16, state: &LinkState) -> bool {
+fn publish_flags(flags: u16, block: BlockSize, state: &LinkState) -> bool {
     let (flush, fua) = (flags & p::TFLAG_SEND_FLUSH != 0, flags & p::TFLAG_SEND_FUA != 0);
+    state.min_block.store(block.min, Ordering::Relaxed);
+    state.max_payload.store(block.max_aligned(), Ordering::Relaxed);
     state.multi_conn.store(flags & p::TFLAG_CAN_MULTI_CONN != 0, Ordering::Relaxed);
     state.flush.store(flush, Ordering::Relaxed);
     state.fua.store(fua, Ordering::Relaxed);
@@ -1260,9 +1327,10 @@ fn publish_flags(flags: u16, state: &LinkState) -> bool {
 }
 
 impl Session {
-    /// Publishes the session's flags to `state`; warns if the node takes FLUSH but not FUA.
+    /// Publishes the session's flags and size constraints to `state`; warns if the node takes FLUSH but
+    /// not FUA.
     fn publish(&self, state: &LinkState, node: &str, volume: &str) {
-        if publish_flags(self.flags, state) {
+        if publish_flags(self.flags, self.block, state) {
             tracing::warn!(node, volume, "the node takes FLUSH but not FUA: a FUA write's piece goes to it as a plain write followed by a FLUSH, and the write is answered after the FLUSH (slower than FUA)");
         }
     }
@@ -1333,6 +1401,7 @@ impl Target {
                             stream,
                             input,
                             flags,
+                            block: hs.block_size(),
                             slot: None,
                             boot: None,
                             version: 0,
@@ -1346,7 +1415,8 @@ impl Target {
                         }
                         let slot = welcome.tenants.first().map(|g| g.slot);
                         let (boot, version) = (welcome.boot, welcome.version);
-                        return Ok(Session { stream, input, flags, slot, boot, version, registration, place });
+                        let block = hs.block_size();
+                        return Ok(Session { stream, input, flags, block, slot, boot, version, registration, place });
                     }
                     ClientProgress::NodeRefused(reply, message) => {
                         if reply == p::REP_ERR_TLS_REQD {
@@ -1581,7 +1651,7 @@ struct Pending {
 /// still pending fails (invariant 1).
 async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
     // The registration lives as long as the session (a reload may cut it meanwhile).
-    let Session { stream, input, slot, boot, version, registration: _registration, place, .. } = session;
+    let Session { stream, input, block, slot, boot, version, registration: _registration, place, .. } = session;
     // The pool flag goes only to a node that reads it (a v2 node refuses the bit).
     let pool_flag = version >= NODE_VERSION_POOL_FLAG;
     let node = target.index;
@@ -1599,13 +1669,13 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     match stream {
         NbdStream::Plain(sock) => {
             let (rd, wr) = sock.into_split();
-            run_session_on(target, &place, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, block, rd, wr, input, qos, pool_flag, rx).await
         }
         NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
             // A batch's small messages into full TLS records (the module `wire`), as the server's side.
             let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
-            run_session_on(target, &place, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, block, rd, wr, input, qos, pool_flag, rx).await
         }
     }
 }
@@ -1615,6 +1685,7 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
 async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     target: &Target,
     place: &Place,
+    block: BlockSize,
     mut rd: R,
     mut wr: W,
     input: Vec<u8>,
@@ -1662,6 +1733,15 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             let Some(first) = first else { return SessionEnd::Closed };
             let mut work = Some(first);
             while let Some(w) = work.take() {
+                // A piece cut for other size constraints than this session's (a session renewed
+                // meanwhile with smaller ones) fails here rather than go: a node may close the connection
+                // on a request past its limits, failing every piece on it.
+                let header = RequestHeader::decode(&w.msg).ok().flatten().expect("a piece's message has a header");
+                if let Err(why) = block.check(&header) {
+                    target.fail(w.sink, ErrorKind::InvalidRequest, why);
+                    work = rx.try_recv().ok();
+                    continue;
+                }
                 let mut msg = w.msg;
                 msg[HANDLE_AT].copy_from_slice(&next.to_be_bytes());
                 if let Some((slot, tracker)) = qos {
@@ -1878,6 +1958,42 @@ mod tests {
     use crate::dispatch::IoResult;
     use std::net::SocketAddr;
 
+    proptest::proptest! {
+        /// Cut pieces keep to each node's largest size and cover exactly the bytes of the pieces they came
+        /// from, on the same node at the same offsets, in order; pieces within it are left as they are.
+        #[test]
+        fn cut_pieces_cover_the_request_within_each_nodes_largest(
+            unit_kb in 1u32..4096,
+            widths in proptest::collection::vec(1u32..4, 1..4),
+            offset_kb in 0u64..65_536,
+            len_kb in 1u32..32_768,
+            largest_kb in proptest::collection::vec(1u32..8192, 4),
+        ) {
+            let stripe = Stripe::new(u64::from(unit_kb) << 10, &widths).unwrap();
+            let pieces = stripe.map(offset_kb << 10, len_kb << 10);
+            let largest = |node: usize| largest_kb[node] << 10;
+            let out = cut(pieces.clone(), largest);
+            // Each piece tiled by the next cut pieces, in order.
+            let mut cuts = out.iter();
+            for p in &pieces {
+                let mut at = 0;
+                while at < p.len {
+                    let q = cuts.next();
+                    proptest::prop_assert!(q.is_some(), "{p:?} not covered");
+                    let q = q.unwrap();
+                    proptest::prop_assert_eq!((q.node, q.node_offset), (p.node, p.node_offset + u64::from(at)));
+                    proptest::prop_assert_eq!(q.request_offset, p.request_offset + u64::from(at));
+                    proptest::prop_assert!(q.len > 0 && q.len <= largest(q.node) && at + q.len <= p.len);
+                    at += q.len;
+                }
+            }
+            proptest::prop_assert!(cuts.next().is_none());
+            if pieces.iter().all(|p| p.len <= largest(p.node)) {
+                proptest::prop_assert_eq!(out, pieces);
+            }
+        }
+    }
+
     /// A request's result comes once every piece is in, with the first error if any (invariant 1).
     #[test]
     fn gather_waits_for_every_piece() {
@@ -1905,11 +2021,18 @@ mod tests {
     #[test]
     fn a_node_without_fua_gets_no_fua_and_its_writes_are_tracked() {
         let state = LinkState::default();
-        assert!(publish_flags(p::TFLAG_HAS_FLAGS | p::TFLAG_SEND_FLUSH, &state), "FLUSH without FUA: warned");
+        assert!(
+            publish_flags(p::TFLAG_HAS_FLAGS | p::TFLAG_SEND_FLUSH, BlockSize::DEFAULT, &state),
+            "FLUSH without FUA: warned"
+        );
         assert!(state.flush.load(Ordering::Relaxed) && !state.fua.load(Ordering::Relaxed));
-        assert!(!publish_flags(p::TFLAG_HAS_FLAGS | p::TFLAG_SEND_FLUSH | p::TFLAG_SEND_FUA, &state));
+        assert!(!publish_flags(
+            p::TFLAG_HAS_FLAGS | p::TFLAG_SEND_FLUSH | p::TFLAG_SEND_FUA,
+            BlockSize::DEFAULT,
+            &state
+        ));
         assert!(state.flush.load(Ordering::Relaxed) && state.fua.load(Ordering::Relaxed));
-        assert!(!publish_flags(p::TFLAG_HAS_FLAGS, &state), "volatile: nothing to warn of");
+        assert!(!publish_flags(p::TFLAG_HAS_FLAGS, BlockSize::DEFAULT, &state), "volatile: nothing to warn of");
         assert!(!state.flush.load(Ordering::Relaxed) && !state.fua.load(Ordering::Relaxed));
     }
 

@@ -440,6 +440,63 @@ fn the_gateway_fronts_plain_nbd_servers() {
     assert!(ok, "zeroes through {server}: {out}");
 }
 
+/// Nodes' size constraints (NBD_INFO_BLOCK_SIZE) bind the gateway: a `rein serve` node that takes READs
+/// and WRITEs of 64 KiB at most and an nbdkit node of 4 KiB blocks and 128 KiB at most (its
+/// blocksize-policy filter, which fails what breaks them), under a volume of 1 MiB units. A 4 MiB write
+/// and its read go as pieces each node takes (before, a 1 MiB piece failed with EINVAL at both), the
+/// pieces counted; a read not aligned to the nbdkit node's blocks fails with EINVAL at the gateway, not
+/// sent, and the node's connection stays up for the next request.
+#[test]
+fn pieces_keep_to_each_nodes_size_constraints() {
+    tool("nbdkit");
+    let dir = tmpdir("gw-blocks");
+    let body = format!("capacity_iops = 100000\nmax_request_kb = 64\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n");
+    let small = serve_in(&dir.path().join("node223"), &local(223), &body);
+    let addr = free_tcp("127.0.0.224");
+    let policy = ["blocksize-minimum=4096", "blocksize-maximum=131072", "blocksize-error-policy=error"];
+    let _nbdkit = Child(
+        Cmd::new("nbdkit")
+            .args(["-f", "--filter=blocksize-policy", "-i", "127.0.0.224", "-p", &addr.port().to_string()])
+            .args(["-e", "v", "memory", "64M"])
+            .args(policy)
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || std::net::TcpStream::connect(addr).is_ok()),
+        "nbdkit did not listen"
+    );
+    let mut text = format!("{}\n{TIMES}", local(225));
+    for (name, addr, protocol) in [("s1", small.nbd, "auto"), ("s2", addr, "nbd")] {
+        text.push_str(&format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\nprotocol = \"{protocol}\"\n"));
+    }
+    text.push_str("[[exports]]\nname = \"v\"\nsize_mb = 32\nstripe_kb = 1024\n");
+    let gw = gateway_in(dir.path(), &text);
+    let before = pieces_sent(gw.admin);
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x4b 0 4M", "read -P 0x4b 0 4M"]);
+    assert!(ok, "{out}");
+    // 2 MiB on each node, written then read: s1 in 64 KiB pieces (32 each way), s2 in 128 KiB (16).
+    let sent = pieces_sent(gw.admin) - before;
+    assert!(sent >= 2 * (32 + 16), "{sent} pieces");
+    // Unit 1 is s2's: an offset there off its 4 KiB blocks is the gateway's EINVAL, not sent (the spec
+    // binds a client that asked for the constraints; nbdkit here would refuse it too, another node might
+    // close the connection).
+    // Pieces sent by a qemu-io run of one read (qemu-io adds its own, a FLUSH at the end).
+    let run = |read: &str| {
+        let before = pieces_sent(gw.admin);
+        let (ok, out) = qemu_io_ok(&uri(&gw), &[read]);
+        (ok, out, pieces_sent(gw.admin) - before)
+    };
+    let (ok, out, aligned) = run("read 1052672 4096");
+    assert!(ok, "{out}");
+    let (ok, out, unaligned) = run("read 1049088 4096");
+    assert!(!ok && out.contains("Invalid argument"), "{out}");
+    assert_eq!(unaligned + 1, aligned, "the unaligned piece is not sent");
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0x4b 1M 1M"]);
+    assert!(ok, "s2 still serves: {out}");
+    assert!(!gw.log.lock().unwrap().iter().any(|l| l.contains("connection lost")), "{:?}", gw.log.lock().unwrap());
+}
+
 #[test]
 fn bad_configs_are_one_line_errors_naming_the_key() {
     let dir = tmpdir("gw-bad");

@@ -673,7 +673,70 @@ enum CState {
     Ready,
 }
 
+/// A server's size constraints (NBD_INFO_BLOCK_SIZE): what a client that asked for them, as
+/// [`ClientHandshake`] does, must abide by (the spec's "Size constraints").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSize {
+    /// Offsets and lengths are multiples of it (a power of two, at most 64 KiB).
+    pub min: u32,
+    /// Aligned requests of at least this size are efficient (a power of two).
+    pub preferred: u32,
+    /// The largest READ or WRITE payload (0xffffffff: no fixed limit). TRIM and WRITE_ZEROES, which carry
+    /// none, may ask more.
+    pub max: u32,
+}
+
+impl BlockSize {
+    /// What holds when the server advertised nothing: minimum 1, preferred 4 KiB, and the largest payload
+    /// every server takes ([`DEFAULT_MAX_PAYLOAD`], 32 MiB: the spec's interoperable maximum).
+    pub const DEFAULT: BlockSize = BlockSize { min: 1, preferred: 4096, max: DEFAULT_MAX_PAYLOAD };
+
+    /// Decodes an NBD_INFO_BLOCK_SIZE reply's data (its type included); a malformed one is an error
+    /// naming what is wrong.
+    fn decode(data: &[u8]) -> Result<BlockSize, ProtoError> {
+        if data.len() != 14 {
+            return Err(ProtoError::Malformed("NBD_INFO_BLOCK_SIZE is not 14 bytes"));
+        }
+        let b = BlockSize { min: u32_at(data, 2), preferred: u32_at(data, 6), max: u32_at(data, 10) };
+        if !b.min.is_power_of_two() || b.min > 1 << 16 {
+            return Err(ProtoError::Malformed(
+                "NBD_INFO_BLOCK_SIZE: a minimum block size not a power of two to 64 KiB",
+            ));
+        }
+        if b.max < b.min {
+            return Err(ProtoError::Malformed("NBD_INFO_BLOCK_SIZE: a maximum payload below the minimum block size"));
+        }
+        Ok(b)
+    }
+
+    /// The largest READ or WRITE a client sends: the maximum payload, down to a multiple of the minimum
+    /// block size (the maximum need not be a power of two).
+    pub fn max_aligned(&self) -> u32 {
+        self.max - self.max % self.min
+    }
+
+    /// Whether `request` keeps to these constraints, as a client that asked for them must: its offset
+    /// and length multiples of the minimum block size (FLUSH and DISC, which address nothing, aside) and
+    /// a READ or WRITE no longer than the maximum payload. The error says what does not.
+    pub fn check(&self, request: &RequestHeader) -> Result<(), String> {
+        let (offset, length, min) = (request.offset, request.length, self.min);
+        let addresses = !matches!(request.command, Command::Flush | Command::Disc);
+        if addresses && (offset % u64::from(min) != 0 || length % min != 0) {
+            let what = request.command;
+            return Err(format!(
+                "a {what} of {length} bytes at {offset} is not aligned to the minimum block size {min}"
+            ));
+        }
+        if matches!(request.command, Command::Read | Command::Write) && length > self.max {
+            let (what, max) = (request.command, self.max);
+            return Err(format!("a {what} of {length} bytes is longer than the largest the server takes ({max})"));
+        }
+        Ok(())
+    }
+}
+
 /// The client side of the fixed newstyle handshake: optional NBD_OPT_STRUCTURED_REPLY, then NBD_OPT_GO.
+/// It asks for NBD_INFO_BLOCK_SIZE: [`ClientHandshake::block_size`] says what the server advertised.
 #[derive(Debug, Clone)]
 pub struct ClientHandshake {
     export: String,
@@ -682,6 +745,8 @@ pub struct ClientHandshake {
     state: CState,
     size: Option<u64>,
     flags: u16,
+    /// The server's NBD_INFO_BLOCK_SIZE, if it sent one.
+    block: Option<BlockSize>,
     node_hello: Option<NodeHello>,
     welcome: Option<NodeWelcome>,
     tls: bool,
@@ -702,6 +767,12 @@ impl ClientHandshake {
         self.welcome.as_ref()
     }
 
+    /// The server's size constraints once the handshake is done: what it advertised, or
+    /// [`BlockSize::DEFAULT`] if it advertised none.
+    pub fn block_size(&self) -> BlockSize {
+        self.block.unwrap_or(BlockSize::DEFAULT)
+    }
+
     /// A client for `export`, asking for structured replies if `want_structured`.
     pub fn new(export: &str, want_structured: bool) -> ClientHandshake {
         ClientHandshake {
@@ -711,6 +782,7 @@ impl ClientHandshake {
             state: CState::Greeting,
             size: None,
             flags: 0,
+            block: None,
             node_hello: None,
             welcome: None,
             tls: false,
@@ -876,6 +948,9 @@ impl ClientHandshake {
                         REP_INFO if data.len() >= 12 && u16_at(data, 0) == INFO_EXPORT => {
                             self.size = Some(u64_at(data, 2));
                             self.flags = u16_at(data, 10);
+                        }
+                        REP_INFO if data.len() >= 2 && u16_at(data, 0) == INFO_BLOCK_SIZE => {
+                            self.block = Some(BlockSize::decode(data)?);
                         }
                         REP_INFO => {}
                         REP_ACK => {
