@@ -48,6 +48,17 @@
 //! file at the path again within a period. A path that cannot be opened again (its directory gone) is
 //! an exchange error, and the host keeps exchanging through the file it has until it can.
 //!
+//! # A board that hangs
+//! A board on a file system that stops answering (an NFS server gone, with a hard mount) holds the
+//! thread that reads or writes it for as long as it is gone. The exchange waits for its board IO at most
+//! [`FileAggregation::with_deadline`] (the host gives a quarter of its period, at most 100 ms); past that
+//! it fails (`AggregationError::Slow`) and the IO runs on alone: the host's control loop, which awaits
+//! the exchange, goes on issuing and completing its VMs' IOs, with its own latency for the period. Until
+//! that IO ends no other starts (one blocking thread held, not one per period) and each exchange fails
+//! at once (`AggregationError::Stuck`, with how long the IO has run); once it ends, its reading is
+//! dropped (the table it read is old) and its write, if it succeeded, counts as the host's last (see
+//! "Two hosts with one id"), and exchanges start again.
+//!
 //! # Two hosts with one id
 //! Two hosts configured with the same id are one host to their peers (one slot, one entry in the
 //! aggregator). Each host tells by its epoch (its incarnation, rein-core's `HostConfig::epoch`, a start
@@ -204,6 +215,19 @@ pub enum AggregationError {
         /// The operating system's error.
         source: io::Error,
     },
+    /// The board IO did not end within the deadline (a file system that hangs): it runs on, and the
+    /// exchange goes on without it (module comment, "A board that hangs").
+    #[error("the board did not answer within {} ms (its IO runs on; exchanges resume when it ends)", deadline.as_millis())]
+    Slow {
+        /// How long the exchange waited.
+        deadline: std::time::Duration,
+    },
+    /// An earlier exchange's board IO is still running: none other starts.
+    #[error("the board has not answered an IO for {:.1} s (a file system that hangs?)", running.as_secs_f64())]
+    Stuck {
+        /// How long that IO has run.
+        running: std::time::Duration,
+    },
     /// Two peers were configured with this host id.
     #[error("two peers have host id {0}")]
     DuplicatePeer(u32),
@@ -339,7 +363,26 @@ pub struct FileAggregation {
     /// write, and again after the file is opened anew): what its slot holds unless another host wrote
     /// there (module comment, "Two hosts with one id").
     written: Option<HostReport>,
+    /// How long an exchange waits for its board IO (module comment, "A board that hangs").
+    deadline: std::time::Duration,
+    /// A board IO that outlived its deadline, still running: the report it writes and when it began.
+    stuck: Option<(tokio::task::JoinHandle<BoardIo>, HostReport, std::time::Instant)>,
+    /// Tests: each board IO first takes this lock, so a test that holds it plays a board that hangs.
+    #[cfg(test)]
+    hang: Arc<std::sync::Mutex<()>>,
 }
+
+/// What one exchange's board IO gives back: the table's buffer and the file (the one it opened again, if
+/// the path had changed), whether the path still named the open file, the read and the write.
+type BoardIo = (Vec<u8>, Arc<File>, Checked, Result<(), AggregationError>, Result<(), AggregationError>);
+
+/// Whether the board's path still named the open file: `Some` with what happened and the (device, inode)
+/// of the file opened again.
+type Checked = Result<Option<(BoardChange, (u64, u64))>, AggregationError>;
+
+/// How long an exchange waits for its board IO unless told otherwise
+/// ([`FileAggregation::with_deadline`]).
+pub const BOARD_IO_DEADLINE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Opens (creating it if needed, never truncating) a board; returns it with its (device, inode).
 fn open_board(path: &Path) -> io::Result<(File, (u64, u64))> {
@@ -374,12 +417,31 @@ impl FileAggregation {
             buf: vec![0; slots as usize * SLOT_BYTES],
             key: None,
             written: None,
+            deadline: BOARD_IO_DEADLINE,
+            stuck: None,
+            #[cfg(test)]
+            hang: Arc::default(),
         })
+    }
+
+    /// Waits at most `deadline` for an exchange's board IO (module comment, "A board that hangs").
+    pub fn with_deadline(mut self, deadline: std::time::Duration) -> FileAggregation {
+        self.deadline = deadline;
+        self
     }
 
     /// The board's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Takes back what a board IO had (`buf`, `file`), and with `checked` a reopening: the file it
+    /// opened (the change returned; nothing written there yet).
+    fn settle(&mut self, buf: Vec<u8>, file: Arc<File>, checked: &Checked) -> Option<BoardChange> {
+        self.buf = buf;
+        let Ok(Some((change, id))) = checked else { return None };
+        (self.file, self.identity, self.written) = (file, *id, None);
+        Some(*change)
     }
 
     /// Signs this host's records with `key` and believes only records signed with it (module comment).
@@ -435,11 +497,28 @@ impl Transport {
                 if report.host >= f.slots {
                     return Err(AggregationError::HostId { id: report.host, max: f.slots });
                 }
+                // A board IO still running past its deadline: none other starts until it ends.
+                if let Some((io, _, since)) = &f.stuck {
+                    if !io.is_finished() {
+                        return Err(AggregationError::Stuck { running: since.elapsed() });
+                    }
+                    let (io, written, _) = f.stuck.take().expect("just seen");
+                    let (buf, file, checked, _, wrote) = io.await.expect("the aggregation file task does not panic");
+                    // Its reading is old: dropped. A reopening and its write stand.
+                    f.settle(buf, file, &checked);
+                    if wrote.is_ok() {
+                        f.written = Some(written);
+                    }
+                }
                 let (path, file, identity) = (f.path.clone(), f.file.clone(), f.identity);
                 let mut buf = std::mem::take(&mut f.buf);
                 let slot = encode_slot_with(report, auth_of(&f.key));
                 let host = report.host;
-                let done = tokio::task::spawn_blocking(move || {
+                #[cfg(test)]
+                let hang = f.hang.clone();
+                let mut io = tokio::task::spawn_blocking(move || -> BoardIo {
+                    #[cfg(test)]
+                    drop(hang.lock());
                     // Does the path still name the open file? If not, open it again as the start does
                     // (module comment, "A board deleted or replaced").
                     let (mut file, mut checked) = (file, Ok(None));
@@ -463,16 +542,16 @@ impl Transport {
                         .write_all_at(&slot, slot_offset(host))
                         .map_err(|source| AggregationError::Io { op: "write", source });
                     (buf, file, checked, read, wrote)
-                })
-                .await
-                .expect("the aggregation file task does not panic");
+                });
+                let done = match tokio::time::timeout(f.deadline, &mut io).await {
+                    Ok(done) => done.expect("the aggregation file task does not panic"),
+                    Err(_) => {
+                        f.stuck = Some((io, *report, std::time::Instant::now()));
+                        return Err(AggregationError::Slow { deadline: f.deadline });
+                    }
+                };
                 let (buf, file, checked, read, wrote) = done;
-                f.buf = buf;
-                let mut reopened = None;
-                if let Ok(Some((change, id))) = checked {
-                    (f.file, f.identity, f.written) = (file, id, None);
-                    reopened = Some(change);
-                }
+                let reopened = f.settle(buf, file, &checked);
                 // The host's own report stands for its id, whatever its slot holds.
                 agg.accept(now, *report).expect("host ids are below the slot count, itself at most MAX_HOSTS");
                 read?;
@@ -742,5 +821,65 @@ impl UdpAggregation {
             stats.count(a, from, r);
         }
         stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn report(host: u32, seq: u64) -> HostReport {
+        HostReport {
+            host,
+            epoch: 1,
+            seq,
+            timestamp: Nanos::from_secs(seq),
+            latency_ns: 5_000_000 * u64::from(host + 1),
+            ios: 100,
+        }
+    }
+
+    /// A board that stops answering (module comment, "A board that hangs"): the exchange fails after its
+    /// deadline instead of waiting with it; the next fail at once while that IO runs, starting no other;
+    /// once it ends its write stands (the slot holds its record) and exchanges read the table again.
+    /// Before, the exchange awaited the IO, and the PARDA host's control loop (every VM's IO) with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::await_holding_lock)] // the lock held across the exchanges is the hung file system
+    async fn a_board_that_hangs_fails_the_exchange_at_its_deadline() {
+        let dir = tempfile::Builder::new().prefix("rein-board-hang-").tempdir().unwrap();
+        let path = dir.path().join("board");
+        let peer = FileAggregation::open(&path, 2).unwrap();
+        peer.publish(&report(1, 1)).unwrap();
+        let f = FileAggregation::open(&path, 2).unwrap().with_deadline(Duration::from_millis(50));
+        let hang = f.hang.clone();
+        let mut t = Transport::File(f);
+        let mut agg = Aggregator::new(Nanos::from_secs(60)).unwrap();
+        let at = |s: u64| Nanos::from_secs(s);
+        assert_eq!(t.exchange(at(1), &report(0, 1), &mut agg).await.unwrap().accepted, 1);
+        let held = hang.lock().unwrap();
+        let t0 = std::time::Instant::now();
+        let e = t.exchange(at(2), &report(0, 2), &mut agg).await.unwrap_err();
+        assert!(matches!(e, AggregationError::Slow { .. }) && e.to_string().contains("within 50 ms"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        for _ in 0..3 {
+            let e = t.exchange(at(3), &report(0, 3), &mut agg).await.unwrap_err();
+            assert!(matches!(e, AggregationError::Stuck { .. }), "{e}");
+        }
+        let Transport::File(f) = &t else { unreachable!() };
+        assert!(f.stuck.is_some(), "one IO, held");
+        // The file system answers again: the stuck IO's write (report 2) lands; the next exchange takes
+        // it back and runs its own.
+        drop(held);
+        let Transport::File(f) = &t else { unreachable!() };
+        while !f.stuck.as_ref().unwrap().0.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let slot0 = |path: &Path| std::fs::read(path).unwrap()[..SLOT_BYTES].to_vec();
+        assert_eq!(decode_slot_with(&slot0(&path), None).unwrap(), Slot::Record(report(0, 2)));
+        peer.publish(&report(1, 2)).unwrap();
+        let st = t.exchange(at(4), &report(0, 4), &mut agg).await.unwrap();
+        assert_eq!((st.accepted, st.same_id), (1, 0), "{st:?}");
+        assert_eq!(decode_slot_with(&slot0(&path), None).unwrap(), Slot::Record(report(0, 4)));
     }
 }

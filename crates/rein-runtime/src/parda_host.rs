@@ -37,7 +37,11 @@
 //! stall. Each stall is logged once (a warning with its length, at least) and counted in `stalls`.
 //! A stall that falls while the gate is inside a period's exchange (a board IO, microseconds) is not
 //! seen; one of less than `STALLED` plus `STALL_CHECK_EVERY` may not be (its latencies are at most that
-//! much off).
+//! much off). The gate waits for a board IO a quarter of a period at most, and never more than 100 ms
+//! (rein-runtime's `aggregate`, "A board that hangs"): a board on a file system that stops answering
+//! held the whole gate, every VM's IO with it, until the file system came back; now the exchange fails
+//! (counted in `exchange_errors`, logged), the host goes on with its own latency, and no other board IO
+//! starts until the hung one ends.
 //!
 //! # Configuration
 //! `[parda]` is the same table as a scenario's (one parser: [`rein_model::parda_settings`]); what is
@@ -89,7 +93,7 @@
 //! connections to its volumes are open, and its VM leaves the host when the last one closes
 //! ([`VmLease`]).
 
-use crate::aggregate::{BoardChange, FileAggregation, RecordKey, Transport, UdpAggregation};
+use crate::aggregate::{BoardChange, FileAggregation, RecordKey, Transport, UdpAggregation, BOARD_IO_DEADLINE};
 use crate::dispatch::{Clock, Done, IoError, Op};
 use crate::lograte::LogRate;
 use crate::remote::RemoteVolume;
@@ -479,7 +483,8 @@ impl HostGate {
             ReportTransport::Board { path, slots } => Some(Transport::File(
                 FileAggregation::open(path, *slots)
                     .map_err(|e| format!("parda_host: board {}: {e}", path.display()))?
-                    .with_key(settings.key.clone()),
+                    .with_key(settings.key.clone())
+                    .with_deadline(board_deadline(settings.parda.config.period)),
             )),
         };
         let agg = Aggregator::new(settings.parda.timeout).map_err(|e| format!("parda: {e}"))?;
@@ -691,6 +696,13 @@ const EXCHANGE_FAILURE_LOG_EVERY: std::time::Duration = std::time::Duration::fro
 
 /// Senders or slots whose refused reports are logged (each once); the rest count in `records_refused`.
 const MAX_REFUSED_LOGGED: usize = 64;
+
+/// How long a period's exchange waits for the board: a quarter of the period, at most
+/// [`BOARD_IO_DEADLINE`] (the control loop, which issues and completes the VMs' IOs, awaits it; module
+/// comment, "Stalls").
+fn board_deadline(period: Nanos) -> std::time::Duration {
+    (std::time::Duration::from_nanos(period.0) / 4).min(BOARD_IO_DEADLINE)
+}
 
 /// While IOs are in flight the gate wakes at least this often, so that a stall of its process is seen
 /// whatever the period (module comment, "Stalls"): a stall of more than `crate::STALLED` plus this is
