@@ -74,8 +74,22 @@ fn pieces<'a>(input: &'a [u8], sizes: &'a [usize]) -> impl Iterator<Item = &'a [
 /// The exports the handshake harness serves.
 fn exports() -> Vec<ExportInfo> {
     vec![
-        ExportInfo { name: "a".into(), description: "first".into(), size: 1 << 20, read_only: false, volatile: false },
-        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true, volatile: true },
+        ExportInfo {
+            name: "a".into(),
+            description: "first".into(),
+            size: 1 << 20,
+            read_only: false,
+            volatile: false,
+            min_block: 1,
+        },
+        ExportInfo {
+            name: "ro".into(),
+            description: String::new(),
+            size: 4096,
+            read_only: true,
+            volatile: true,
+            min_block: 1,
+        },
     ]
 }
 

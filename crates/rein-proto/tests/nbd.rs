@@ -11,8 +11,16 @@ fn exports() -> Vec<ExportInfo> {
             size: 1 << 30,
             read_only: false,
             volatile: false,
+            min_block: 1,
         },
-        ExportInfo { name: "ro".into(), description: String::new(), size: 4096, read_only: true, volatile: false },
+        ExportInfo {
+            name: "ro".into(),
+            description: String::new(),
+            size: 4096,
+            read_only: true,
+            volatile: false,
+            min_block: 1,
+        },
     ]
 }
 
@@ -354,25 +362,35 @@ fn block_size_information_advertises_the_payload_limit() {
 /// malformed NBD_INFO_BLOCK_SIZE is an error naming it, not a limit taken on trust.
 #[test]
 fn the_client_learns_the_servers_block_size() {
-    for limit in [DEFAULT_MAX_PAYLOAD, 1 << 20, 3072] {
+    // The block size a client learns from a server of `exports` and payload `limit`.
+    let learn = |exports: Vec<ExportInfo>, limit: u32| {
         let mut to_client = Vec::new();
-        let mut server = ServerHandshake::with_max_payload(exports(), limit, &mut to_client);
+        let mut server = ServerHandshake::with_max_payload(exports, limit, &mut to_client);
         let mut client = ClientHandshake::new("rd", false);
         let mut to_server = Vec::new();
-        let ready = loop {
+        loop {
             let (used, p) = client.feed(&to_client, &mut to_server).unwrap();
             to_client.drain(..used);
             if p != ClientProgress::NeedMore {
-                break p;
+                assert!(matches!(p, ClientProgress::Ready { .. }), "{p:?}");
+                return client.block_size();
             }
             let (used, _) = server.feed(&to_server, &mut to_client).unwrap();
             to_server.drain(..used);
-        };
-        assert!(matches!(ready, ClientProgress::Ready { .. }), "{ready:?}");
+        }
+    };
+    for limit in [DEFAULT_MAX_PAYLOAD, 1 << 20, 3072] {
         let preferred = if limit >= 4096 { 4096 } else { 2048 };
-        assert_eq!(client.block_size(), BlockSize { min: 1, preferred, max: limit });
-        assert_eq!(client.block_size().max_aligned(), limit);
+        let block = learn(exports(), limit);
+        assert_eq!(block, BlockSize { min: 1, preferred, max: limit });
+        assert_eq!(block.max_aligned(), limit);
     }
+    // An export of 64 KiB blocks (a gateway's over such a node): advertised as the minimum, with a
+    // preferred size no smaller.
+    let mut blocks = exports();
+    blocks[0].min_block = 64 << 10;
+    let block = learn(blocks, DEFAULT_MAX_PAYLOAD);
+    assert_eq!(block, BlockSize { min: 64 << 10, preferred: 64 << 10, max: DEFAULT_MAX_PAYLOAD });
     // A server that says nothing (only NBD_INFO_EXPORT, then ACK): the protocol's defaults.
     let go_answer = |infos: &[Vec<u8>]| {
         let mut c = ClientHandshake::new("rd", false);

@@ -12,6 +12,7 @@ fn exports() -> Vec<ExportInfo> {
             size: 1 << 30,
             read_only: false,
             volatile: false,
+            min_block: 1,
         },
         ExportInfo {
             name: "secret".into(),
@@ -19,6 +20,7 @@ fn exports() -> Vec<ExportInfo> {
             size: 4096,
             read_only: true,
             volatile: false,
+            min_block: 1,
         },
     ]
 }

@@ -6,7 +6,14 @@ use rein_proto::harness;
 use rein_proto::nbd::*;
 
 fn exports() -> Vec<ExportInfo> {
-    vec![ExportInfo { name: "v".into(), description: String::new(), size: 1 << 20, read_only: false, volatile: false }]
+    vec![ExportInfo {
+        name: "v".into(),
+        description: String::new(),
+        size: 1 << 20,
+        read_only: false,
+        volatile: false,
+        min_block: 1,
+    }]
 }
 
 fn tenant(name: &str) -> NodeTenant {

@@ -1148,6 +1148,10 @@ impl Live {
                 size: v.size,
                 read_only: false,
                 volatile: false,
+                // The largest of its nodes' minimum blocks (as those up at its opening say), so that
+                // clients align their requests to every node (remote.rs, "Size constraints"); at most the
+                // largest power of two a request may be.
+                min_block: volume.min_block().min(1 << self.base.max_request.ilog2()),
             },
             backend,
             tenant: id,

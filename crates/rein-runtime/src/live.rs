@@ -69,6 +69,7 @@ pub fn make_export(
             size: storage.size(),
             read_only: e.read_only,
             volatile: e.backend == crate::config::BackendKind::Memory,
+            min_block: 1,
         },
         backend: crate::nbd::Backend::Local(storage),
         tenant,

@@ -23,10 +23,12 @@
 //! `stripe_kb` may reach 128 MiB while a node's `max_request_kb`, or nbdkit's blocksize-policy filter,
 //! may take less (the node answered EINVAL; past 64 MiB nbdkit closes the connection). WRITEs of zeroes
 //! that stand in for WRITE_ZEROES keep to it as well. A piece not aligned to the node's minimum block
-//! size (the gateway advertises 1 to its clients, who align to nothing) fails with EINVAL naming the
-//! node and the block size, unsent, as does a piece cut for a session that was since renewed with
-//! smaller constraints: sent, the node could refuse it or close the connection and fail every piece on
-//! it. The constraints are each connection's, from its last session (`LinkState`); a volume cuts by
+//! size fails with EINVAL naming the block size, unsent, as does a piece cut for a session that was
+//! since renewed with smaller constraints: sent, the node could refuse it or close the connection and
+//! fail every piece on it. The gateway advertises to its clients the largest minimum block of a
+//! volume's nodes ([`RemoteVolume::min_block`], as the nodes up when the volume opened said), so a
+//! client that asks (qemu, nbdcopy) aligns its requests itself; only one that does not ask, or a node
+//! down at the opening that comes up with a larger minimum, meets the EINVAL. The constraints are each connection's, from its last session (`LinkState`); a volume cuts by
 //! the tightest of its node's connections.
 //!
 //! # FUA on a node without FUA
@@ -874,6 +876,12 @@ impl RemoteVolume {
                 gather.release();
             }
         }
+    }
+
+    /// The largest minimum block size of the volume's nodes, as their connections that have been up say
+    /// (1 if none has been up).
+    pub fn min_block(&self) -> u32 {
+        self.links.iter().flatten().map(|l| l.block().0).max().unwrap_or(1)
     }
 
     /// The largest READ or WRITE `node` takes (module comment, "Size constraints").

@@ -10,7 +10,14 @@ use tokio::net::TcpStream;
 
 /// The one export the fake servers offer: "v", 1 MiB, writable.
 pub(crate) fn export_v() -> ExportInfo {
-    ExportInfo { name: "v".into(), description: String::new(), size: 1 << 20, read_only: false, volatile: false }
+    ExportInfo {
+        name: "v".into(),
+        description: String::new(),
+        size: 1 << 20,
+        read_only: false,
+        volatile: false,
+        min_block: 1,
+    }
 }
 
 /// Runs the server's handshake over `s` for the export `info` until the client opens it; the

@@ -36,7 +36,14 @@ async fn start_at(
     let (dispatcher, _join) = Dispatcher::spawn(None, DispatchConfig::default());
     let tenant = dispatcher.add_tenant(QosSpec::default()).await.unwrap();
     let export = |name: &str, read_only| Export {
-        info: ExportInfo { name: name.into(), description: String::new(), size: SIZE, read_only, volatile: false },
+        info: ExportInfo {
+            name: name.into(),
+            description: String::new(),
+            size: SIZE,
+            read_only,
+            volatile: false,
+            min_block: 1,
+        },
         backend: Backend::Local(Arc::new(MemStorage::new(SIZE))),
         tenant,
         tenant_name: "t".into(),

@@ -476,12 +476,13 @@ impl ServerHandshake {
 
     /// The INFO replies for `export` (NBD_INFO_EXPORT and those in `wanted` that the server knows), then
     /// ACK. NBD_INFO_BLOCK_SIZE also unasked when the largest payload is below the protocol's default of
-    /// 32 MiB: the spec has a server with other limits advertise them (it may, asked or not), and a
-    /// client that did not ask would send 32 MiB requests and have them refused.
+    /// 32 MiB or the export's minimum block is above 1: the spec has a server with other constraints
+    /// advertise them (it may, asked or not), and a client that did not ask would send 32 MiB requests,
+    /// or unaligned ones, and have them refused.
     fn send_info(&self, option: u32, export: usize, wanted: &[u16], out: &mut Vec<u8>) {
-        let unasked =
-            (self.max_payload < DEFAULT_MAX_PAYLOAD && !wanted.contains(&INFO_BLOCK_SIZE)).then_some(INFO_BLOCK_SIZE);
         let e = &self.exports[export];
+        let other = self.max_payload < DEFAULT_MAX_PAYLOAD || e.min_block > 1;
+        let unasked = (other && !wanted.contains(&INFO_BLOCK_SIZE)).then_some(INFO_BLOCK_SIZE);
         let mut d = Vec::with_capacity(12);
         d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
         d.extend_from_slice(&e.size.to_be_bytes());
@@ -500,10 +501,13 @@ impl ServerHandshake {
                 }
                 INFO_BLOCK_SIZE => {
                     d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-                    // Minimum 1, preferred 4 KiB or, below it, the largest power of two within the maximum
-                    // (the spec: a power of two), maximum the payload limit.
+                    // Minimum the export's, preferred 4 KiB (or the minimum, if larger) or, below it, the
+                    // largest power of two within the maximum (the spec: a power of two), maximum the
+                    // payload limit.
                     let preferred: u32 = if self.max_payload >= 4096 { 4096 } else { 1 << self.max_payload.ilog2() };
-                    d.extend_from_slice(&1u32.to_be_bytes());
+                    let (min, max) = (e.min_block.max(1), self.max_payload);
+                    let preferred = preferred.max(min).min(max);
+                    d.extend_from_slice(&min.to_be_bytes());
                     d.extend_from_slice(&preferred.to_be_bytes());
                     d.extend_from_slice(&self.max_payload.to_be_bytes());
                 }

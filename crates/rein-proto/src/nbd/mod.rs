@@ -312,6 +312,9 @@ pub struct ExportInfo {
     /// it advertises neither FLUSH nor FUA (a client then sends neither; the transmission phase rejects
     /// both if one comes anyway).
     pub volatile: bool,
+    /// The smallest addressable length and alignment the export asks of clients (NBD_INFO_BLOCK_SIZE's
+    /// minimum: a power of two, 1 to 64 KiB; 1 asks nothing). Advertised asked or not when above 1.
+    pub min_block: u32,
 }
 
 impl ExportInfo {

@@ -798,8 +798,14 @@ mod tests {
         let trim = header(Command::Trim, 0, 4, 0, 512);
         let (_, e) = m.feed(&trim).unwrap();
         assert!(matches!(e, Event::Request { .. }), "{e:?}");
-        let info =
-            |volatile| ExportInfo { name: "m".into(), description: String::new(), size: 1, read_only: false, volatile };
+        let info = |volatile| ExportInfo {
+            name: "m".into(),
+            description: String::new(),
+            size: 1,
+            read_only: false,
+            volatile,
+            min_block: 1,
+        };
         assert_eq!(info(true).transmission_flags() & (TFLAG_SEND_FLUSH | TFLAG_SEND_FUA), 0);
         assert_eq!(
             info(false).transmission_flags() & (TFLAG_SEND_FLUSH | TFLAG_SEND_FUA),
