@@ -277,6 +277,31 @@ pub struct Plan {
 /// The PARDA hosts' shared record key, relative to the run's directory (`[parda_host] key_file`).
 pub const PARDA_KEY_FILE: &str = "parda.psk";
 
+/// Whether `name` can name a file in the run's directory as it is: letters, digits, '.', '_' and '-', not
+/// starting with '.'.
+fn file_name_safe(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Ends node `server`'s rein.toml of `exports` exports: refused past what `rein serve` takes, and a
+/// node that serves nothing (a server no tenant uses, or only with a zero routing share) gets one unused
+/// export, as `rein serve` needs one (the simulator runs such a server idle).
+pub(crate) fn end_exports(t: &mut String, server: &str, exports: usize) -> Result<(), String> {
+    let max = rein_runtime::config::MAX_EXPORTS;
+    if exports > max {
+        return Err(format!("server {server}: {exports} tenants use it, and a rein serve node takes at most {max}"));
+    }
+    if exports == 0 {
+        t.push_str(
+            "\n# No tenant uses this server: an export rein serve needs, unused.\n[[exports]]\nname = \"unused\"\n\
+             path = \"unused.img\"\nsize_mb = 1\n",
+        );
+    }
+    Ok(())
+}
+
 /// The address of process `i` (nodes first, then gateways).
 pub fn host(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, FIRST_HOST + i as u8)
@@ -293,6 +318,18 @@ impl Plan {
             why: if why.is_empty() { String::new() } else { format!(": {why}") },
         };
         let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
+        // Names become file names in the run's directory (node-SERVER/, TENANT.img, gateway-TENANT.toml):
+        // one with a '/' or a leading '.' reached out of it ("../x" wrote x.img beside the directory).
+        let servers = sc.servers.iter().map(|s| ("server", &s.name));
+        let tenants = sc.tenants.iter().map(|t| ("tenant", &t.name));
+        for (what, name) in servers.chain(tenants).chain(sc.hosts.iter().map(|h| ("host", &h.name))) {
+            if !file_name_safe(name) {
+                return Err(invalid(format!(
+                    "{what} name {name:?}: rein cluster names files after it in the run's directory; use letters, \
+                     digits, '.', '_' and '-', not starting with '.'"
+                )));
+            }
+        }
         if let Some(p) = &sc.parda {
             check_parda(sc, p).map_err(|(f, why)| unsupported(&f, &why))?;
         }
@@ -887,12 +924,14 @@ fn node_config(
     if !skew.is_empty() {
         let _ = writeln!(t, "service_scale = {{ {} }}", skew.join(", "));
     }
+    let mut exports = 0;
     for &(tenant, k) in users {
         let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
         if widths[k] == 0 {
             // A zero share: the tenant's volume has no stripe here.
             continue;
         }
+        exports += 1;
         let size = if tenant.servers.len() == 1 { export_mb(tenant) } else { piece_mb(tenant, widths[k])? };
         // No readahead: the device model sets the timing, and the kernel's readahead of a sparse file
         // zero-fills pages in the dispatcher's thread (`FileMode::readahead`: a 1,000 IOPS limit
@@ -905,6 +944,7 @@ fn node_config(
         );
         t.push_str(&tenant_entry(&tenant.name, &tenant.server_specs[k]));
     }
+    end_exports(&mut t, &s.name, exports)?;
     Ok(t)
 }
 
@@ -1209,6 +1249,40 @@ span_gb = 0.0001
         let plan = Plan::new(&paper, fixed_ports).unwrap();
         let node = rein_runtime::config::ServerConfig::parse(&plan.nodes[0].config, Path::new("rein.toml")).unwrap();
         assert_eq!(node.token.r_order, rein_core::pshift::tokens::ROrder::RoundRobin);
+    }
+
+    /// Names become file names in the run's directory: one that would reach out of it ("../x" wrote x.img
+    /// beside it) is refused by name; a server no tenant uses (or only with a zero share) gets an unused
+    /// export, as `rein serve` needs one (it failed to start); a node past `rein serve`'s
+    /// exports is refused here, not by the child.
+    #[test]
+    fn names_files_and_exports_fit_what_a_node_takes() {
+        let tenant = |name: &str| format!("[[tenants]]\nname = {name:?}\n[tenants.workload]\nkind = \"closed\"\n");
+        for bad in ["../../x", "/tmp/abs", ".hidden", "a b"] {
+            let e = refused(&format!("{ONE}{}", tenant(bad)));
+            assert!(e.contains(&format!("tenant name {bad:?}")) && e.contains("letters, digits"), "{e}");
+        }
+        let e = refused(&format!(
+            "name = \"x\"\nduration_s = 1.0\n[[servers]]\nname = \"r/s0\"\ncapacity_iops = 100\n{}",
+            tenant("t")
+        ));
+        assert!(e.contains("server name \"r/s0\""), "{e}");
+        let idle = format!(
+            "{ONE}[[servers]]\nname = \"s2\"\ncapacity_iops = 100\n[[tenants]]\nname = \"t\"\nservers = [\"s1\"]\n\
+             [tenants.workload]\nkind = \"closed\"\n"
+        );
+        let plan = Plan::new(&Scenario::from_toml(&idle, None).unwrap(), fixed_ports).unwrap();
+        for n in &plan.nodes {
+            let node = rein_runtime::config::ServerConfig::parse(&n.config, Path::new("rein.toml"));
+            assert!(node.is_ok(), "node {}: {:?}", n.name, node.err());
+        }
+        assert!(plan.nodes[1].config.contains("name = \"unused\""), "{}", plan.nodes[1].config);
+        let mut many = format!("name = \"m\"\nduration_s = 1.0\n{}", &ONE[ONE.find("[[servers]]").unwrap()..]);
+        for i in 0..=rein_runtime::config::MAX_EXPORTS {
+            many.push_str(&tenant(&format!("t{i}")));
+        }
+        let e = refused(&many);
+        assert!(e.contains("server s1: 4097 tenants use it, and a rein serve node takes at most 4096"), "{e}");
     }
 
     #[test]

@@ -20,7 +20,8 @@
 //!
 //! # Deviations
 //! A supervisor killed with SIGKILL cannot stop its children itself: it starts them with
-//! `REIN_EXIT_WITH_PARENT=1`, so they stop once they see it gone, and its temporary run directory (with
+//! `REIN_EXIT_WITH_PARENT` set to its process id, so they stop once they see it gone (also one that
+//! starts after it is gone), and its temporary run directory (with
 //! the logs) stays until the next supervisor's [`sweep_stale_runs`] finds its owner and every child in
 //! its `pids` file gone and removes it.
 
@@ -28,8 +29,10 @@ use crate::plan::Plan;
 use rein_runtime::admin_client;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,6 +111,9 @@ pub enum ClusterError {
     /// A child was not ready in time.
     #[error(transparent)]
     NotReady(Box<NotReady>),
+    /// A signal asked the start to stop (its flag set): what had started was stopped.
+    #[error("interrupted during the start: the processes started were stopped")]
+    Interrupted,
     /// pShift servers had not reached the controller in time.
     #[error("pShift servers {} had not reached the controller within {secs} s; the last lines of its log {log}:\n{tail}", servers.join(", "))]
     NotLinked {
@@ -288,13 +294,34 @@ impl Supervisor {
         exe: &Path,
         dir: Option<&RunDir>,
         ready_timeout: Duration,
+        stop: &AtomicBool,
     ) -> Result<Supervisor, ClusterError> {
         let (path, remove) = match dir {
             Some(d) => (d.path().to_path_buf(), false),
             None => (temp_dir()?, true),
         };
         let mut sup = Supervisor { procs: Vec::new(), dir: path, remove, stopped: false, _lock: dir.cloned() };
-        // On an error, `sup` is dropped: every child is killed and a temporary directory removed.
+        match sup.start_all(plan, exe, ready_timeout, stop) {
+            Ok(()) => Ok(sup),
+            // Asked to stop: what started stops as at the end of a run (SIGTERM, then the grace).
+            Err(ClusterError::Interrupted) => {
+                sup.stop()?;
+                Err(ClusterError::Interrupted)
+            }
+            // On another error, `sup` is dropped: every child is killed and a temporary directory removed.
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Supervisor::start`]'s processes, in order, each group waited for.
+    fn start_all(
+        &mut self,
+        plan: &Plan,
+        exe: &Path,
+        ready_timeout: Duration,
+        stop: &AtomicBool,
+    ) -> Result<(), ClusterError> {
+        let sup = self;
         if let Some(c) = &plan.controller {
             // The nodes connect to it (and keep trying until it listens).
             sup.spawn(exe, "controller", &["pshift", "controller"], "pshift", &c.config, c.admin, c.admin)?;
@@ -310,16 +337,15 @@ impl Supervisor {
             })?;
             write_private(&path, &line).map_err(io(format!("writing {}", path.display())))?;
         }
-        sup.wait_ready(ready_timeout)?;
+        sup.wait_ready(ready_timeout, stop)?;
         if let Some(c) = &plan.controller {
             // A node whose link comes up after the load began serves round robin until it does.
-            sup.wait_linked(c.admin, ready_timeout)?;
+            sup.wait_linked(c.admin, ready_timeout, stop)?;
         }
         for g in &plan.gateways {
             sup.spawn(exe, "gateway", &["gateway"], &g.tenant, &g.config, g.nbd, g.admin)?;
         }
-        sup.wait_ready(ready_timeout)?;
-        Ok(sup)
+        sup.wait_ready(ready_timeout, stop)
     }
 
     /// The run's directory (configs, logs, node data).
@@ -360,8 +386,14 @@ impl Supervisor {
             .arg("--config")
             .arg(&cfg)
             .env("NO_COLOR", "1")
-            // Killed with SIGKILL, `rein cluster` cannot stop its children: they stop by themselves.
-            .env(rein_runtime::server::EXIT_WITH_PARENT_ENV, "1")
+            // Killed with SIGKILL, `rein cluster` cannot stop its children: they stop by themselves. With
+            // this process's id: a child that starts after it is gone knows at once (it read its parent
+            // only once up, and took the process that adopted it for its parent).
+            .env(rein_runtime::server::EXIT_WITH_PARENT_ENV, std::process::id().to_string())
+            // A process group of its own: a terminal's Ctrl-C reaches `rein cluster`, which stops the
+            // children in order (it reached them too, and one that exited during the start was taken
+            // for a crash).
+            .process_group(0)
             .env("REIN_LOG", std::env::var("REIN_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
             .stdout(out)
@@ -374,8 +406,9 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Waits until every child is ready, or one exits, or `timeout` passes.
-    fn wait_ready(&mut self, timeout: Duration) -> Result<(), ClusterError> {
+    /// Waits until every child is ready, or one exits, or `timeout` passes, or `stop` is set
+    /// ([`ClusterError::Interrupted`]). Each probe takes at most the time left.
+    fn wait_ready(&mut self, timeout: Duration, stop: &AtomicBool) -> Result<(), ClusterError> {
         let deadline = Instant::now() + timeout;
         let mut ready = vec![false; self.procs.len()];
         loop {
@@ -383,9 +416,13 @@ impl Supervisor {
                 return Err(d.into());
             }
             for (i, p) in self.procs.iter().enumerate() {
-                if !ready[i] {
-                    ready[i] =
-                        TcpStream::connect_timeout(&p.nbd, POLL).is_ok() && healthy(p.admin, Duration::from_secs(1));
+                let left = deadline.saturating_duration_since(Instant::now());
+                if stop.load(Ordering::Relaxed) {
+                    return Err(ClusterError::Interrupted);
+                }
+                if !ready[i] && !left.is_zero() {
+                    ready[i] = TcpStream::connect_timeout(&p.nbd, POLL.min(left)).is_ok()
+                        && healthy(p.admin, Duration::from_secs(1).min(left));
                 }
             }
             if ready.iter().all(|&r| r) {
@@ -409,13 +446,17 @@ impl Supervisor {
 
     /// Waits until the pShift controller at `admin` lists every server as connected, or a child exits, or
     /// `timeout` passes.
-    fn wait_linked(&mut self, admin: SocketAddr, timeout: Duration) -> Result<(), ClusterError> {
+    fn wait_linked(&mut self, admin: SocketAddr, timeout: Duration, stop: &AtomicBool) -> Result<(), ClusterError> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(d) = self.poll() {
                 return Err(d.into());
             }
-            let unlinked = pshift_unlinked(admin, Duration::from_secs(1));
+            if stop.load(Ordering::Relaxed) {
+                return Err(ClusterError::Interrupted);
+            }
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let unlinked = pshift_unlinked(admin, Duration::from_secs(1).min(left));
             if unlinked.as_ref().is_some_and(|u| u.is_empty()) {
                 return Ok(());
             }

@@ -38,23 +38,27 @@ pub const EXIT_WITH_PARENT_ENV: &str = "REIN_EXIT_WITH_PARENT";
 /// How often [`parent_gone`] looks at the parent.
 const PARENT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// With [`EXIT_WITH_PARENT_ENV`] set (to anything), resolves once the process that started this one has
-/// exited (this process is re-parented: its parent pid changes), within 200 ms; without it, never.
+/// With [`EXIT_WITH_PARENT_ENV`] set, resolves once the process that started this one has exited (this
+/// process is re-parented: its parent pid changes), within 200 ms; without it, never. Set to a process
+/// id (as `rein cluster` does: its own), that is the parent this process must have: one gone before this
+/// process looked (a supervisor killed while this one loaded its configuration) is seen at once. Set to
+/// anything else, the parent is the one this process has when it first looks.
 pub fn parent_gone() -> impl std::future::Future<Output = ()> + Send + 'static {
     // The parent is read now, not at the first poll: a parent that died in between would otherwise be
     // taken for the process that adopted this one, and never be seen to go.
-    let watch = std::env::var_os(EXIT_WITH_PARENT_ENV).is_some();
+    let watch = std::env::var(EXIT_WITH_PARENT_ENV).ok();
     let parent = std::os::unix::process::parent_id();
+    let expected = watch.as_deref().and_then(|v| v.parse::<u32>().ok()).unwrap_or(parent);
     async move {
-        if !watch {
+        if watch.is_none() {
             return std::future::pending().await;
         }
         loop {
-            tokio::time::sleep(PARENT_POLL).await;
-            if std::os::unix::process::parent_id() != parent {
-                tracing::warn!(parent, "the process that started this one is gone: stopping");
+            if std::os::unix::process::parent_id() != expected {
+                tracing::warn!(parent = expected, "the process that started this one is gone: stopping");
                 return;
             }
+            tokio::time::sleep(PARENT_POLL).await;
         }
     }
 }

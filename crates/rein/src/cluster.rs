@@ -8,6 +8,7 @@ use rein_cluster::{Plan, RunDir, Supervisor};
 use rein_sim::Scenario;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::signal::unix::Signal;
@@ -71,15 +72,16 @@ fn lock_dir(a: &UpArgs) -> Result<Option<RunDir>> {
     Ok(a.dir.as_deref().map(RunDir::lock).transpose()?)
 }
 
-/// Loads and plans the scenario, and starts its processes.
-fn start(a: &UpArgs, dir: Option<&RunDir>) -> Result<(Scenario, Plan, Supervisor)> {
-    let sc = Scenario::load(&a.scenario)?;
-    let (plan, sup) = start_with(a, &sc, dir, None)?;
-    Ok((sc, plan, sup))
-}
-
-/// Plans `sc` and starts its processes (their files in `sub` of `dir`, if both are given).
-fn start_with(a: &UpArgs, sc: &Scenario, dir: Option<&RunDir>, sub: Option<&str>) -> Result<(Plan, Supervisor)> {
+/// Plans `sc` and starts its processes (their files in `sub` of `dir`, if both are given); a signal
+/// meanwhile stops what started (`interruptible`). `Err(signal)` inside: stopped by that signal, during
+/// the start or right after it.
+fn start_with(
+    rt: &tokio::runtime::Runtime,
+    signals: (&mut Signal, &mut Signal),
+    a: &UpArgs,
+    sc: &Scenario,
+    (dir, sub): (Option<&RunDir>, Option<&str>),
+) -> Result<Result<(Plan, Supervisor), &'static str>> {
     let exe = std::env::current_exe().context("finding the rein executable")?;
     for d in rein_cluster::supervisor::sweep_stale_runs() {
         errln!("removed the run directory {} of a rein cluster that was killed", d.display());
@@ -91,8 +93,41 @@ fn start_with(a: &UpArgs, sc: &Scenario, dir: Option<&RunDir>, sub: Option<&str>
     };
     let base = a.base_port;
     let plan = Plan::new(sc, |h, k| rein_cluster::supervisor::port(base, h, k))?;
-    let sup = Supervisor::start(&plan, &exe, dir.as_ref(), READY_TIMEOUT)?;
-    Ok((plan, sup))
+    let (started, signalled) =
+        interruptible(rt, signals, |stop| Supervisor::start(&plan, &exe, dir.as_ref(), READY_TIMEOUT, stop));
+    match (started, signalled) {
+        (Err(rein_cluster::supervisor::ClusterError::Interrupted), Some(signal)) => Ok(Err(signal)),
+        (Err(e), _) => Err(e.into()),
+        // A signal right after the start: stop now, as after `ready`.
+        (Ok(sup), Some(signal)) => finish(Arc::new(Mutex::new(sup)), Ok(Err(signal))),
+        (Ok(sup), None) => Ok(Ok((plan, sup))),
+    }
+}
+
+/// Runs `start` (which waits for the processes it starts to be ready) on a thread of its own while this
+/// one waits for SIGTERM or SIGINT: a signal sets the flag `start` watches, and it stops what it had
+/// started. Returns its result, and the signal that came, if one did (also one just after it ended).
+fn interruptible<T: Send>(
+    rt: &tokio::runtime::Runtime,
+    (term, int): (&mut Signal, &mut Signal),
+    start: impl FnOnce(&AtomicBool) -> T + Send,
+) -> (T, Option<&'static str>) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| start(&stop));
+        let signalled = rt.block_on(async {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            loop {
+                tokio::select! {
+                    _ = term.recv() => return Some("SIGTERM"),
+                    _ = int.recv() => return Some("SIGINT"),
+                    _ = tick.tick() => if worker.is_finished() { return None },
+                }
+            }
+        });
+        stop.store(signalled.is_some(), Ordering::Relaxed);
+        (worker.join().expect("the start does not panic"), signalled)
+    })
 }
 
 /// SIGTERM and SIGINT handlers, installed before the children start: a signal during start-up is then
@@ -147,9 +182,16 @@ fn finish<T>(sup: Arc<Mutex<Supervisor>>, res: Result<T>) -> Result<T> {
 /// `rein cluster up`.
 fn up(a: UpArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let signals = signals(&rt)?;
+    let (mut term, mut int) = signals(&rt)?;
     let dir = lock_dir(&a)?;
-    let (_sc, plan, sup) = start(&a, dir.as_ref())?;
+    let sc = Scenario::load(&a.scenario)?;
+    let (plan, sup) = match start_with(&rt, (&mut term, &mut int), &a, &sc, (dir.as_ref(), None))? {
+        Ok(started) => started,
+        Err(signal) => {
+            errln!("stopped by {signal} during the start: the processes started were stopped");
+            return Ok(());
+        }
+    };
     let sup = Arc::new(Mutex::new(sup));
     if let Some(c) = &plan.controller {
         // Nobody drives this cluster's load: its pShift schedule starts now.
@@ -177,7 +219,7 @@ fn up(a: UpArgs) -> Result<()> {
     // Under a unit of its own (rein-runtime's notify module), the cluster is the unit's service; its
     // daemons do not speak for it.
     rein_runtime::notify::ready(&format!("cluster up: {} tenants", plan.endpoints.len()));
-    let res = rt.block_on(serve_until_signal(&sup, signals));
+    let res = rt.block_on(serve_until_signal(&sup, (term, int)));
     rein_runtime::notify::stopping();
     finish(sup, res)
 }
@@ -261,7 +303,10 @@ fn run_on_cluster(
     (dir, sub): (Option<&RunDir>, Option<&str>),
     (term, int): (&mut Signal, &mut Signal),
 ) -> Result<rein_model::RunTotals> {
-    let (plan, sup) = start_with(&a.up, sc, dir, sub)?;
+    let (plan, sup) = match start_with(rt, (&mut *term, &mut *int), &a.up, sc, (dir, sub))? {
+        Ok(started) => started,
+        Err(signal) => anyhow::bail!("interrupted by {signal} during the start: the processes started were stopped"),
+    };
     let sup = Arc::new(Mutex::new(sup));
     let quiet = a.report.quiet || a.report.json;
     let bar = if quiet || !std::io::stderr().is_terminal() {
@@ -302,7 +347,12 @@ fn run_on_cluster(
             _ = int.recv() => Err(anyhow::anyhow!("interrupted by SIGINT: the cluster was stopped")),
         }
     });
-    drive.abort();
+    // The load's task holds the supervisor too: stopped and gone before the stop (else the supervisor was
+    // still shared, and its drop killed every child with SIGKILL instead of stopping them).
+    if !drive.is_finished() {
+        drive.abort();
+        let _ = rt.block_on(drive);
+    }
     bar.finish_and_clear();
     finish(sup, res)
 }

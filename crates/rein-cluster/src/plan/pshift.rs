@@ -156,10 +156,12 @@ pub(super) fn node_config(
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
     t.push('\n');
     t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
+    let mut exports = 0;
     for (b, plan) in sc.tenants.iter().zip(&ps.buckets) {
         if !bucket_servers(plan).contains(&i) {
             continue;
         }
+        exports += 1;
         let _ = write!(
             t,
             "\n[[exports]]\nname = {0}\npath = {1}\nsize_mb = {2}\ntenant = {0}\n\n",
@@ -174,6 +176,7 @@ pub(super) fn node_config(
             .map_err(|e| format!("bucket {}: {e}", b.name))?;
         t.push_str(&tenant_entry(&b.name, &local));
     }
+    super::end_exports(&mut t, &s.name, exports)?;
     let _ =
         write!(t, "\n[pshift]\nweighted = {}\n{}", ps.weighted, rein_model::pshift_settings::r_order_keys(ps.r_order));
     if let Some(c) = controller {
