@@ -1501,6 +1501,9 @@ fn offer_to_ring(ring: &mut Uring<Token>, req: IoRequest, token: Token) -> RingO
     };
     let op = match op {
         Op::Read { len, headroom } => UringOp::Read { len, headroom },
+        // A zero-length FUA write syncs, as under the threads engine: the kernel ends a zero-length
+        // RWF_DSYNC write without one.
+        Op::Write { data } if data.is_empty() && fua => UringOp::Flush,
         Op::Write { data } => UringOp::Write { data, fua },
         Op::Flush => UringOp::Flush,
         op @ (Op::Trim { .. } | Op::WriteZeroes { .. }) => {

@@ -36,6 +36,15 @@
 //! not take it (dd, cp, a qemu without locking) are not kept out. Two device nodes of one block device
 //! are two locks.
 //!
+//! # A failed sync stays failed
+//! Linux reports a file's writeback error once: an `fdatasync` after a failed one succeeds, although the
+//! writes acknowledged before it never reached the disk (and an `RWF_DSYNC` write may be handed an
+//! older write's error). A storage whose sync failed therefore keeps the error
+//! ([`Storage::sync_failed`]): every later flush, and with it every FUA request, fails with it under
+//! either engine, as QEMU's file driver does, until the export is opened again (a reload that replaces
+//! it, or a restart), once the device is dealt with. Before, a FLUSH after a failed one succeeded while
+//! 64 KiB acknowledged before it read back as zeroes.
+//!
 //! # Errors
 //! A [`StorageError`] says what failed; [`StorageError::kind`] says what kind of failure it is for a
 //! client (rein-proto's protocol-neutral [`ErrorKind`]): out of range is an invalid request, a write to a
@@ -52,6 +61,11 @@ use std::sync::Mutex;
 
 /// Offset, length and buffer alignment for `O_DIRECT` IO (4 KiB covers 512-byte and 4 KiB sectors).
 pub const DIRECT_ALIGN: usize = 4096;
+
+/// What a flush after a failed sync says failed (module comment, "A failed sync stays failed").
+pub const STICKY_SYNC: &str = "an earlier fdatasync, which failed: writes acknowledged before it may not be on \
+                               stable storage (reopen the export, by a reload or a restart, once the device is \
+                               dealt with)";
 
 /// RAM storage runs requests up to this size on the dispatcher itself ([`Storage::inline_max_bytes`]):
 /// copying 256 KiB takes tens of microseconds, about what a hand-off to another thread costs.
@@ -99,6 +113,13 @@ pub enum StorageError {
         /// The configured size.
         configured: u64,
     },
+    /// `O_DIRECT` was asked for a block device whose logical blocks are larger than [`DIRECT_ALIGN`]:
+    /// its aligned requests would fail (EINVAL) while unaligned ones went through the page cache.
+    #[error(
+        "has {0}-byte logical blocks, above the {DIRECT_ALIGN} bytes direct IO is aligned to here (remove \
+         direct from the export)"
+    )]
+    DirectBlocks(u64),
     /// The operating system failed the call.
     #[error("{op} failed: {source}")]
     Io {
@@ -119,6 +140,7 @@ impl StorageError {
             | StorageError::Missing
             | StorageError::MissingReadOnly
             | StorageError::SizeMismatch { .. }
+            | StorageError::DirectBlocks(_)
             | StorageError::InUse(_) => ErrorKind::Io,
             StorageError::Io { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
@@ -174,6 +196,17 @@ pub trait Storage: Send + Sync + 'static {
     /// thread (a memory copy). 0, the default: any call may block.
     fn inline_max_bytes(&self) -> u64 {
         0
+    }
+    /// A sync of this storage run elsewhere (the io_uring engine's fdatasync, or a FUA write's
+    /// `RWF_DSYNC`) failed with `errno`: the storage keeps it (module comment, "A failed sync stays
+    /// failed"). The default, for a storage with nothing to make durable: nothing.
+    fn sync_failed(&self, errno: i32) {
+        let _ = errno;
+    }
+    /// The error of a sync that failed before, which every later flush fails with; `None`, the default:
+    /// none failed.
+    fn sync_error(&self) -> Option<StorageError> {
+        None
     }
 }
 
@@ -241,8 +274,23 @@ pub struct FileStorage {
     read_only: bool,
     /// The file's device and inode, as opened.
     id: FileKey,
+    /// The errno of the first sync that failed (0: none; module comment, "A failed sync stays failed").
+    sync_errno: std::sync::atomic::AtomicI32,
     /// Held while the storage lives (module comment, "One writer per file").
     _lock: std::sync::Arc<ExportLock>,
+}
+
+/// A block device's logical block size (sysfs `queue/logical_block_size`); `None` for other files, or
+/// where sysfs does not say.
+fn logical_block_size(meta: &std::fs::Metadata) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let dev = meta.rdev();
+    let (major, minor) = (((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff), (dev & 0xff) | ((dev >> 12) & !0xff));
+    let path = format!("/sys/dev/block/{major}:{minor}/queue/logical_block_size");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// What kind of file `meta` describes, when it is one that cannot be served (a directory, a FIFO, a
@@ -457,6 +505,12 @@ impl FileStorage {
                 .custom_flags(libc::O_DIRECT)
                 .open(path)
                 .map_err(|e| io("open with O_DIRECT (does the file system support direct IO?)", e))?;
+            // A device's own alignment above ours failed every aligned request (EINVAL on a device of
+            // 8 KiB sectors) and served the unaligned ones through the page cache.
+            match logical_block_size(&meta) {
+                Some(block) if block > DIRECT_ALIGN as u64 => return Err(StorageError::DirectBlocks(block)),
+                _ => {}
+            }
             Some(f)
         } else {
             None
@@ -465,7 +519,7 @@ impl FileStorage {
             use std::os::unix::fs::MetadataExt;
             (meta.dev(), meta.ino())
         };
-        Ok(FileStorage { file, direct, size: actual, read_only, id, _lock: lock })
+        Ok(FileStorage { file, direct, size: actual, read_only, id, sync_errno: Default::default(), _lock: lock })
     }
 
     /// The descriptor an IO of `len` bytes at `offset` should use: the direct one (then its buffer must be
@@ -572,7 +626,23 @@ impl Storage for FileStorage {
         if self.read_only {
             return Ok(());
         }
-        self.file.sync_data().map_err(|source| StorageError::Io { op: "fdatasync", source })
+        if let Some(e) = self.sync_error() {
+            return Err(e);
+        }
+        self.file.sync_data().map_err(|source| {
+            self.sync_failed(source.raw_os_error().unwrap_or(libc::EIO));
+            StorageError::Io { op: "fdatasync", source }
+        })
+    }
+    fn sync_failed(&self, errno: i32) {
+        use std::sync::atomic::Ordering;
+        let _ = self.sync_errno.compare_exchange(0, errno.max(1), Ordering::AcqRel, Ordering::Acquire);
+    }
+    fn sync_error(&self) -> Option<StorageError> {
+        match self.sync_errno.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            e => Some(StorageError::Io { op: STICKY_SYNC, source: io::Error::from_raw_os_error(e) }),
+        }
     }
     fn trim(&self, offset: u64, len: u64) -> Result<(), StorageError> {
         // Punch a hole (reads return zeroes, space is freed). Trim is advisory in NBD, but we promise

@@ -248,7 +248,9 @@ impl<T> Uring<T> {
         loop {
             match self.ring.submit() {
                 Ok(_) => {
-                    self.queued = false;
+                    // The kernel may take fewer than were queued (it stops at an entry it cannot set up):
+                    // the rest stay queued for the next submit, not forgotten until another request came.
+                    self.queued = !self.ring.submission().is_empty();
                     return Ok(());
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -310,6 +312,21 @@ impl<T> Uring<T> {
                     self.free.push(idx);
                     self.inflight -= 1;
                     finished += 1;
+                    // A sync (an fdatasync, a FUA write's RWF_DSYNC) is the storage's to remember when it
+                    // fails, and fails when one failed before (rein-runtime's storage, "A failed sync
+                    // stays failed"): the kernel reports a writeback error once.
+                    let sync = s.kind == Kind::Fsync || s.dsync;
+                    let r = match r {
+                        Err(StorageError::Io { op, source }) if sync => {
+                            let errno = source.raw_os_error().unwrap_or(libc::EIO);
+                            if s.kind == Kind::Fsync || errno == libc::EIO {
+                                s._storage.sync_failed(errno);
+                            }
+                            Err(StorageError::Io { op, source })
+                        }
+                        Ok(()) if sync => s._storage.sync_error().map_or(Ok(()), Err),
+                        r => r,
+                    };
                     let data = match (r, s.kind) {
                         (Err(e), _) => Err(e),
                         (Ok(()), Kind::Read) => Ok(s.buf.into_read()),
