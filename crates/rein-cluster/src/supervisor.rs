@@ -20,8 +20,8 @@
 //!
 //! # Deviations
 //! A supervisor killed with SIGKILL cannot stop its children itself: it starts them with
-//! `REIN_EXIT_WITH_PARENT` set to its process id, so they stop once they see it gone (also one that
-//! starts after it is gone), and its temporary run directory (with
+//! `REIN_EXIT_WITH_PARENT=1` and `REIN_PARENT_PID` its process id, so they stop once they see it gone
+//! (also one that starts after it is gone), and its temporary run directory (with
 //! the logs) stays until the next supervisor's [`sweep_stale_runs`] finds its owner and every child in
 //! its `pids` file gone and removes it.
 
@@ -389,7 +389,8 @@ impl Supervisor {
             // Killed with SIGKILL, `rein cluster` cannot stop its children: they stop by themselves. With
             // this process's id: a child that starts after it is gone knows at once (it read its parent
             // only once up, and took the process that adopted it for its parent).
-            .env(rein_runtime::server::EXIT_WITH_PARENT_ENV, std::process::id().to_string())
+            .env(rein_runtime::server::EXIT_WITH_PARENT_ENV, "1")
+            .env(rein_runtime::server::PARENT_PID_ENV, std::process::id().to_string())
             // A process group of its own: a terminal's Ctrl-C reaches `rein cluster`, which stops the
             // children in order (it reached them too, and one that exited during the start was taken
             // for a crash).

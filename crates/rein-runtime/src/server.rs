@@ -35,22 +35,25 @@ use tokio::sync::watch;
 /// ([`parent_gone`]).
 pub const EXIT_WITH_PARENT_ENV: &str = "REIN_EXIT_WITH_PARENT";
 
+/// With [`EXIT_WITH_PARENT_ENV`]: the process id of the parent this process must have ([`parent_gone`]).
+pub const PARENT_PID_ENV: &str = "REIN_PARENT_PID";
+
 /// How often [`parent_gone`] looks at the parent.
 const PARENT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// With [`EXIT_WITH_PARENT_ENV`] set, resolves once the process that started this one has exited (this
-/// process is re-parented: its parent pid changes), within 200 ms; without it, never. Set to a process
-/// id (as `rein cluster` does: its own), that is the parent this process must have: one gone before this
-/// process looked (a supervisor killed while this one loaded its configuration) is seen at once. Set to
-/// anything else, the parent is the one this process has when it first looks.
+/// With [`EXIT_WITH_PARENT_ENV`] set (to anything), resolves once the process that started this one has
+/// exited (this process is re-parented: its parent pid changes), within 200 ms; without it, never. With
+/// [`PARENT_PID_ENV`] too (as `rein cluster` sets it: its own id), that is the parent this process must
+/// have: one gone before this process looked (a supervisor killed while this one loaded its
+/// configuration) is seen at once; without it, the parent is the one this process has when it looks.
 pub fn parent_gone() -> impl std::future::Future<Output = ()> + Send + 'static {
     // The parent is read now, not at the first poll: a parent that died in between would otherwise be
     // taken for the process that adopted this one, and never be seen to go.
-    let watch = std::env::var(EXIT_WITH_PARENT_ENV).ok();
+    let watch = std::env::var_os(EXIT_WITH_PARENT_ENV).is_some();
     let parent = std::os::unix::process::parent_id();
-    let expected = watch.as_deref().and_then(|v| v.parse::<u32>().ok()).unwrap_or(parent);
+    let expected = std::env::var(PARENT_PID_ENV).ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(parent);
     async move {
-        if watch.is_none() {
+        if !watch {
             return std::future::pending().await;
         }
         loop {
