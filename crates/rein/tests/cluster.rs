@@ -370,6 +370,19 @@ fn a_killed_child_makes_up_exit_non_zero_naming_it() {
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 
+/// Waits up to 15 s for `kids` to be gone; returns those still running, killed then.
+fn gone_within_15_s(kids: &[u32]) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while kids.iter().any(|&k| alive(k)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<u32> = kids.iter().copied().filter(|&k| alive(k)).collect();
+    for &k in &left {
+        let _ = Command::new("kill").args(["-9", &k.to_string()]).status();
+    }
+    left
+}
+
 /// `rein cluster up` killed with SIGKILL cannot stop its children; they notice their parent is gone
 /// (`REIN_EXIT_WITH_PARENT`, set by the supervisor) and stop by themselves.
 #[test]
@@ -380,14 +393,7 @@ fn children_stop_by_themselves_when_up_is_killed_9() {
     assert_eq!(kids.len(), 3, "{kids:?}");
     up.child.kill().unwrap(); // SIGKILL
     up.child.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while kids.iter().any(|&k| alive(k)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left: Vec<u32> = kids.iter().copied().filter(|&k| alive(k)).collect();
-    for &k in &left {
-        let _ = Command::new("kill").args(["-9", &k.to_string()]).status();
-    }
+    let left = gone_within_15_s(&kids);
     assert!(left.is_empty(), "children {left:?} outlived a killed rein cluster up by 15 s");
     // Its run directory stays, with the logs, until the next rein cluster finds it stale.
     let stale = empty(&run_tmp);
@@ -421,17 +427,6 @@ fn a_signal_or_a_kill_during_the_start_leaves_no_child() {
             std::thread::sleep(Duration::from_millis(2));
         }
     };
-    let gone = |kids: &[u32]| {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while kids.iter().any(|&k| alive(k)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let left: Vec<u32> = kids.iter().copied().filter(|&k| alive(k)).collect();
-        for &k in &left {
-            let _ = Command::new("kill").args(["-9", &k.to_string()]).status();
-        }
-        left
-    };
     let up = Up::start(&run_tmp, &sc);
     let kids = started(&up);
     assert_eq!(kids.len(), 2, "{kids:?}");
@@ -441,13 +436,17 @@ fn a_signal_or_a_kill_during_the_start_leaves_no_child() {
     assert!(ok, "{err}");
     assert!(err.contains("stopped by SIGINT during the start"), "{err}");
     assert!(!lines.iter().any(|l| l == "ready"), "{lines:?}");
-    assert_eq!(gone(&kids), Vec::<u32>::new(), "children outlived the stop");
+    assert_eq!(gone_within_15_s(&kids), Vec::<u32>::new(), "children outlived the stop");
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
     let mut up = Up::start(&run_tmp, &sc);
     let kids = started(&up);
     up.child.kill().unwrap(); // SIGKILL, while the nodes load their configuration
     up.child.wait().unwrap();
-    assert_eq!(gone(&kids), Vec::<u32>::new(), "children outlived a rein cluster up killed during the start by 15 s");
+    assert_eq!(
+        gone_within_15_s(&kids),
+        Vec::<u32>::new(),
+        "children outlived a rein cluster up killed during the start by 15 s"
+    );
 }
 
 /// The files of a run directory and their contents (logs: their first 64 bytes, as they grow).

@@ -283,6 +283,29 @@ fn errors_say_their_cause_once_and_name_the_path() {
     assert_eq!(err.matches("os error 2").count(), 1, "the cause once: {err}");
 }
 
+/// A loop device over a file, detached when dropped.
+struct LoopDev(String);
+
+impl LoopDev {
+    /// Attaches `file` (`losetup -f --show`, `args` before the file); `None`, said, where none can be
+    /// attached (it needs root).
+    fn attach(file: &Path, args: &[&str]) -> Option<LoopDev> {
+        let out = Cmd::new("losetup").args(["-f", "--show"]).args(args).arg(file).output();
+        let dev =
+            out.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        if dev.is_none() {
+            eprintln!("skipped: no loop device (losetup {}) can be attached here (needs root)", args.join(" "));
+        }
+        dev.map(LoopDev)
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
 /// A block device is served at the device's size, and `size_mb` must match it as for a file. Needs a loop
 /// device (root); elsewhere the test says so and checks nothing.
 #[test]
@@ -291,20 +314,8 @@ fn a_block_device_is_served_at_its_size() {
     let dir = tmp.path();
     let back = dir.join("back.img");
     std::fs::write(&back, vec![0u8; 8 << 20]).unwrap();
-    let out = Cmd::new("losetup").args(["-f", "--show"]).arg(&back).output();
-    let Some(dev) =
-        out.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    else {
-        eprintln!("skipped: no loop device can be attached here (needs root)");
-        return;
-    };
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _detach = Detach(dev.clone());
+    let Some(lo) = LoopDev::attach(&back, &[]) else { return };
+    let dev = &lo.0;
     let s = start(dir, 51, &format!("[[exports]]\nname = \"blk\"\npath = \"{dev}\"\n"));
     let info = run_ok_with_stderr(tool("nbdinfo").arg(format!("nbd://{}/blk", s.nbd)));
     assert!(info.contains("export-size: 8388608"), "{info}");
@@ -338,24 +349,8 @@ fn direct_io_on_a_device_of_larger_blocks_is_refused() {
     let dir = tmp.path();
     let back = dir.join("back.img");
     std::fs::write(&back, vec![0u8; 16 << 20]).unwrap();
-    let Some(dev) = Cmd::new("losetup")
-        .args(["-f", "--show", "--sector-size", "8192"])
-        .arg(&back)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    else {
-        eprintln!("skipped: no loop device of 8 KiB sectors can be attached here");
-        return;
-    };
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _detach = Detach(dev.clone());
+    let Some(lo) = LoopDev::attach(&back, &["--sector-size", "8192"]) else { return };
+    let dev = &lo.0;
     let err = start_fails(dir, 225, &format!("[[exports]]\nname = \"b\"\npath = \"{dev}\"\ndirect = true\n"));
     assert!(error_line(&err).contains("has 8192-byte logical blocks, above the 4096 bytes direct IO"), "{err}");
 }
@@ -388,23 +383,8 @@ fn a_flush_after_a_failed_one_fails_too() {
     let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
     let _ = Cmd::new("dd").args(["if=/dev/zero", &format!("of={mnt}/fill"), "bs=1M"]).output();
     let _ = Cmd::new("sync").status();
-    let Some(dev) = Cmd::new("losetup")
-        .args(["-f", "--show", &back])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    else {
-        eprintln!("skipped: no loop device can be attached here");
-        return;
-    };
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _detach = Detach(dev.clone());
+    let Some(lo) = LoopDev::attach(Path::new(&back), &[]) else { return };
+    let dev = &lo.0;
     for (engine, host) in [("uring", 223u8), ("threads", 224)] {
         let s = start(dir, host, &format!("io_engine = \"{engine}\"\n[[exports]]\nname = \"b\"\npath = \"{dev}\"\n"));
         let mut c = common::Raw::connect(s.nbd, "b");
