@@ -28,8 +28,9 @@
 //! fail every piece on it. The gateway advertises to its clients the largest minimum block of a
 //! volume's nodes ([`RemoteVolume::min_block`], as the nodes up when the volume opened said), so a
 //! client that asks (qemu, nbdcopy) aligns its requests itself; only one that does not ask, or a node
-//! down at the opening that comes up with a larger minimum, meets the EINVAL. The constraints are each connection's, from its last session (`LinkState`); a volume cuts by
-//! the tightest of its node's connections.
+//! down at the opening that comes up with a larger minimum, meets the EINVAL. The constraints are each
+//! connection's, from its last session (`LinkState`); a volume cuts by the tightest of its node's
+//! connections.
 //!
 //! # FUA on a node without FUA
 //! A volatile node (no FLUSH) has no stable storage to force: its pieces go without FUA. A node that takes
@@ -548,7 +549,8 @@ impl NodeLink {
         if min == 0 {
             return (BlockSize::DEFAULT.min, BlockSize::DEFAULT.max_aligned());
         }
-        (min, max)
+        // Each connection's maximum is a multiple of its own minimum; the pair's, of the larger minimum.
+        (min, (max - max % min).max(min))
     }
 
     /// The connections a FLUSH goes to: one (the next in turn) of a node that advertises
