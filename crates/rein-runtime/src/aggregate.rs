@@ -51,9 +51,11 @@
 //! # A board that hangs
 //! A board on a file system that stops answering (an NFS server gone, with a hard mount) holds the
 //! thread that reads or writes it for as long as it is gone. The exchange waits for its board IO at most
-//! [`FileAggregation::with_deadline`] (the host gives a quarter of its period, at most 100 ms); past that
-//! it fails (`AggregationError::Slow`) and the IO runs on alone: the host's control loop, which awaits
-//! the exchange, goes on issuing and completing its VMs' IOs, with its own latency for the period. Until
+//! [`FileAggregation::with_deadline`] (the host gives a quarter of its period, 5 to 100 ms); past that
+//! it fails (`AggregationError::Slow`) and the IO runs on alone, on a thread of its own (a runtime
+//! waits for its blocking pool's tasks when it stops: a hung one held a stopping gateway): the host's
+//! control loop, which awaits the exchange, goes on issuing and completing its VMs' IOs, with the
+//! reports it has (a peer drops out after the aggregator's timeout). Until
 //! that IO ends no other starts (one blocking thread held, not one per period) and each exchange fails
 //! at once (`AggregationError::Stuck`, with how long the IO has run); once it ends, its reading is
 //! dropped (the table it read is old) and its write, if it succeeded, counts as the host's last (see
@@ -366,7 +368,7 @@ pub struct FileAggregation {
     /// How long an exchange waits for its board IO (module comment, "A board that hangs").
     deadline: std::time::Duration,
     /// A board IO that outlived its deadline, still running: the report it writes and when it began.
-    stuck: Option<(tokio::task::JoinHandle<BoardIo>, HostReport, std::time::Instant)>,
+    stuck: Option<(tokio::sync::oneshot::Receiver<BoardIo>, HostReport, std::time::Instant)>,
     /// Tests: each board IO first takes this lock, so a test that holds it plays a board that hangs.
     #[cfg(test)]
     hang: Arc<std::sync::Mutex<()>>,
@@ -498,14 +500,22 @@ impl Transport {
                     return Err(AggregationError::HostId { id: report.host, max: f.slots });
                 }
                 // A board IO still running past its deadline: none other starts until it ends.
-                if let Some((io, _, since)) = &f.stuck {
-                    if !io.is_finished() {
-                        return Err(AggregationError::Stuck { running: since.elapsed() });
-                    }
-                    let (io, written, _) = f.stuck.take().expect("just seen");
-                    let (buf, file, checked, _, wrote) = io.await.expect("the aggregation file task does not panic");
-                    // Its reading is old: dropped. A reopening and its write stand.
-                    f.settle(buf, file, &checked);
+                let mut reopened_late = None;
+                if let Some((io, written, since)) = &mut f.stuck {
+                    let (buf, file, checked, _, wrote) = match io.try_recv() {
+                        Ok(done) => done,
+                        Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                            return Err(AggregationError::Stuck { running: since.elapsed() })
+                        }
+                        Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                            unreachable!("the board IO's thread always answers")
+                        }
+                    };
+                    let written = *written;
+                    f.stuck = None;
+                    // Its reading is old: dropped. A reopening (said with this exchange) and its write
+                    // stand.
+                    reopened_late = f.settle(buf, file, &checked);
                     if wrote.is_ok() {
                         f.written = Some(written);
                     }
@@ -516,7 +526,10 @@ impl Transport {
                 let host = report.host;
                 #[cfg(test)]
                 let hang = f.hang.clone();
-                let mut io = tokio::task::spawn_blocking(move || -> BoardIo {
+                // On a thread of its own, not tokio's blocking pool: a runtime waits for its blocking
+                // tasks when it is dropped, and a hung board IO held a stopping gateway for good.
+                let (tx, mut io) = tokio::sync::oneshot::channel();
+                let board_io = move || -> BoardIo {
                     #[cfg(test)]
                     drop(hang.lock());
                     // Does the path still name the open file? If not, open it again as the start does
@@ -542,9 +555,17 @@ impl Transport {
                         .write_all_at(&slot, slot_offset(host))
                         .map_err(|source| AggregationError::Io { op: "write", source });
                     (buf, file, checked, read, wrote)
+                };
+                let spawned = std::thread::Builder::new().name("parda-board".into()).spawn(move || {
+                    let _ = tx.send(board_io());
                 });
+                if let Err(source) = spawned {
+                    // The buffer went with the closure: a new one for the next exchange.
+                    f.buf = vec![0; f.slots as usize * SLOT_BYTES];
+                    return Err(AggregationError::Io { op: "spawn the board's thread", source });
+                }
                 let done = match tokio::time::timeout(f.deadline, &mut io).await {
-                    Ok(done) => done.expect("the aggregation file task does not panic"),
+                    Ok(done) => done.expect("the board IO's thread always answers"),
                     Err(_) => {
                         f.stuck = Some((io, *report, std::time::Instant::now()));
                         return Err(AggregationError::Slow { deadline: f.deadline });
@@ -556,7 +577,7 @@ impl Transport {
                 agg.accept(now, *report).expect("host ids are below the slot count, itself at most MAX_HOSTS");
                 read?;
                 let mut stats = feed_table(&f.buf, now, agg, auth_of(&f.key), Some((host, f.written)));
-                stats.reopened = reopened;
+                stats.reopened = reopened.or(reopened_late);
                 f.written = wrote.is_ok().then_some(*report).or(f.written);
                 wrote?;
                 checked?;
@@ -872,13 +893,29 @@ mod tests {
         // it back and runs its own.
         drop(held);
         let Transport::File(f) = &t else { unreachable!() };
-        while !f.stuck.as_ref().unwrap().0.is_finished() {
+        // Written once the held IO goes on (its thread ends soon after the lock is free).
+        let slot0 = |path: &Path| std::fs::read(path).unwrap()[..SLOT_BYTES].to_vec();
+        for _ in 0..1000 {
+            if decode_slot_with(&slot0(&path), None).unwrap() == Slot::Record(report(0, 2)) {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let slot0 = |path: &Path| std::fs::read(path).unwrap()[..SLOT_BYTES].to_vec();
+        assert!(f.stuck.is_some());
         assert_eq!(decode_slot_with(&slot0(&path), None).unwrap(), Slot::Record(report(0, 2)));
         peer.publish(&report(1, 2)).unwrap();
-        let st = t.exchange(at(4), &report(0, 4), &mut agg).await.unwrap();
+        let mut st = None;
+        for _ in 0..1000 {
+            match t.exchange(at(4), &report(0, 4), &mut agg).await {
+                Ok(s) => {
+                    st = Some(s);
+                    break;
+                }
+                Err(AggregationError::Stuck { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let st = st.expect("the exchanges start again once the IO ends");
         assert_eq!((st.accepted, st.same_id), (1, 0), "{st:?}");
         assert_eq!(decode_slot_with(&slot0(&path), None).unwrap(), Slot::Record(report(0, 4)));
     }

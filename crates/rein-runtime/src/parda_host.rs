@@ -37,11 +37,13 @@
 //! stall. Each stall is logged once (a warning with its length, at least) and counted in `stalls`.
 //! A stall that falls while the gate is inside a period's exchange (a board IO, microseconds) is not
 //! seen; one of less than `STALLED` plus `STALL_CHECK_EVERY` may not be (its latencies are at most that
-//! much off). The gate waits for a board IO a quarter of a period at most, and never more than 100 ms
-//! (rein-runtime's `aggregate`, "A board that hangs"): a board on a file system that stops answering
+//! much off). The gate waits for a board IO a quarter of a period (at least 5 ms, at most 100 ms;
+//! rein-runtime's `aggregate`, "A board that hangs"): a board on a file system that stops answering
 //! held the whole gate, every VM's IO with it, until the file system came back; now the exchange fails
-//! (counted in `exchange_errors`, logged), the host goes on with its own latency, and no other board IO
-//! starts until the hung one ends.
+//! (counted in `exchange_errors`, logged), the host goes on with the reports it has (a peer drops out
+//! after `aggregation_timeout`), and no other board IO starts until the hung one ends. A board slower
+//! than the deadline on every IO (not hung) then never exchanges, each period paying the wait: the
+//! errors say so.
 //!
 //! # Configuration
 //! `[parda]` is the same table as a scenario's (one parser: [`rein_model::parda_settings`]); what is
@@ -697,11 +699,11 @@ const EXCHANGE_FAILURE_LOG_EVERY: std::time::Duration = std::time::Duration::fro
 /// Senders or slots whose refused reports are logged (each once); the rest count in `records_refused`.
 const MAX_REFUSED_LOGGED: usize = 64;
 
-/// How long a period's exchange waits for the board: a quarter of the period, at most
-/// [`BOARD_IO_DEADLINE`] (the control loop, which issues and completes the VMs' IOs, awaits it; module
-/// comment, "Stalls").
+/// How long a period's exchange waits for the board: a quarter of the period, at least 5 ms (a busy
+/// machine's thread start and a network file system's IO) and at most [`BOARD_IO_DEADLINE`] (the control
+/// loop, which issues and completes the VMs' IOs, awaits it; module comment, "Stalls").
 fn board_deadline(period: Nanos) -> std::time::Duration {
-    (std::time::Duration::from_nanos(period.0) / 4).min(BOARD_IO_DEADLINE)
+    (std::time::Duration::from_nanos(period.0) / 4).clamp(std::time::Duration::from_millis(5), BOARD_IO_DEADLINE)
 }
 
 /// While IOs are in flight the gate wakes at least this often, so that a stall of its process is seen

@@ -19,9 +19,9 @@
 //! # Size constraints
 //! The handshake asks each node for NBD_INFO_BLOCK_SIZE, and the spec then binds the gateway to what the
 //! node says. A READ or WRITE piece longer than the node's largest payload (the protocol's 32 MiB if it
-//! advertises none) is cut into pieces the node takes: a piece is up to a stripe unit long, and
-//! `stripe_kb` may reach 128 MiB while a node's `max_request_kb`, or nbdkit's blocksize-policy filter,
-//! may take less (the node answered EINVAL; past 64 MiB nbdkit closes the connection). WRITEs of zeroes
+//! advertises none) is cut into pieces the node takes: a piece is up to a stripe unit or a front request
+//! long (`max_request_kb`, up to 128 MiB), while a node's `max_request_kb`, or nbdkit's blocksize-policy
+//! filter, may take less (the node answered EINVAL; past 64 MiB nbdkit closes the connection). WRITEs of zeroes
 //! that stand in for WRITE_ZEROES keep to it as well. A piece not aligned to the node's minimum block
 //! size fails with EINVAL naming the block size, unsent, as does a piece cut for a session that was
 //! since renewed with smaller constraints: sent, the node could refuse it or close the connection and
@@ -716,7 +716,13 @@ impl RemoteVolume {
                 tasks.push(tokio::spawn(run_link(target.clone(), start, rx, state.clone())));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
             }
-            links.push(Some(NodeLink { target: target.clone(), conns, next: AtomicUsize::new(0) }));
+            let link = NodeLink { target: target.clone(), conns, next: AtomicUsize::new(0) };
+            let min = u64::from(link.block().0);
+            if !stripe.unit().is_multiple_of(min) {
+                // Every unit boundary off the node's blocks: requests crossing one fail with EINVAL there.
+                tracing::warn!(node = %node.name, volume, "the node's minimum block size is {min} bytes, and the volume's stripe unit ({} bytes) is not a multiple of it: requests across a unit boundary fail there (make stripe_kb a multiple)", stripe.unit());
+            }
+            links.push(Some(link));
         }
         Ok(Arc::new(RemoteVolume {
             name: volume.to_string(),

@@ -41,9 +41,11 @@
 //! writes acknowledged before it never reached the disk (and an `RWF_DSYNC` write may be handed an
 //! older write's error). A storage whose sync failed therefore keeps the error
 //! ([`Storage::sync_failed`]): every later flush, and with it every FUA request, fails with it under
-//! either engine, as QEMU's file driver does, until the export is opened again (a reload that replaces
-//! it, or a restart), once the device is dealt with. Before, a FLUSH after a failed one succeeded while
-//! 64 KiB acknowledged before it read back as zeroes.
+//! either engine, as QEMU's file driver does, until the export is opened again (a restart, or a reload
+//! that changes it), once the device is dealt with. Before, a FLUSH after a failed one succeeded while
+//! 4 MiB acknowledged before it were lost. Of two syncs at once Linux reports the error to one only: the
+//! `threads` engine's syncs of one storage run one at a time, and the io_uring engine records every
+//! failed sync of a batch of completions before it answers any.
 //!
 //! # Errors
 //! A [`StorageError`] says what failed; [`StorageError::kind`] says what kind of failure it is for a
@@ -61,11 +63,6 @@ use std::sync::Mutex;
 
 /// Offset, length and buffer alignment for `O_DIRECT` IO (4 KiB covers 512-byte and 4 KiB sectors).
 pub const DIRECT_ALIGN: usize = 4096;
-
-/// What a flush after a failed sync says failed (module comment, "A failed sync stays failed").
-pub const STICKY_SYNC: &str = "an earlier fdatasync, which failed: writes acknowledged before it may not be on \
-                               stable storage (reopen the export, by a reload or a restart, once the device is \
-                               dealt with)";
 
 /// RAM storage runs requests up to this size on the dispatcher itself ([`Storage::inline_max_bytes`]):
 /// copying 256 KiB takes tens of microseconds, about what a hand-off to another thread costs.
@@ -120,6 +117,13 @@ pub enum StorageError {
          direct from the export)"
     )]
     DirectBlocks(u64),
+    /// A sync failed before (module comment, "A failed sync stays failed"): this flush fails with its
+    /// error.
+    #[error(
+        "an earlier fdatasync failed ({0}): writes acknowledged before it may not be on stable storage; every \
+         FLUSH fails until the export is opened again (a restart, or a reload that changes it)"
+    )]
+    SyncFailedBefore(io::Error),
     /// The operating system failed the call.
     #[error("{op} failed: {source}")]
     Io {
@@ -142,7 +146,7 @@ impl StorageError {
             | StorageError::SizeMismatch { .. }
             | StorageError::DirectBlocks(_)
             | StorageError::InUse(_) => ErrorKind::Io,
-            StorageError::Io { source, .. } => match source.raw_os_error() {
+            StorageError::Io { source, .. } | StorageError::SyncFailedBefore(source) => match source.raw_os_error() {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
                 Some(libc::ENOMEM) => ErrorKind::Exhausted,
                 _ => ErrorKind::Io,
@@ -276,21 +280,26 @@ pub struct FileStorage {
     id: FileKey,
     /// The errno of the first sync that failed (0: none; module comment, "A failed sync stays failed").
     sync_errno: std::sync::atomic::AtomicI32,
+    /// Held while `flush` syncs (module comment, "A failed sync stays failed").
+    syncing: Mutex<()>,
     /// Held while the storage lives (module comment, "One writer per file").
     _lock: std::sync::Arc<ExportLock>,
 }
 
-/// A block device's logical block size (sysfs `queue/logical_block_size`); `None` for other files, or
-/// where sysfs does not say.
+/// A block device's logical block size (sysfs `queue/logical_block_size`, a partition's its disk's);
+/// `None` for other files, or where sysfs does not say.
 fn logical_block_size(meta: &std::fs::Metadata) -> Option<u64> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     if !meta.file_type().is_block_device() {
         return None;
     }
-    let dev = meta.rdev();
-    let (major, minor) = (((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff), (dev & 0xff) | ((dev >> 12) & !0xff));
-    let path = format!("/sys/dev/block/{major}:{minor}/queue/logical_block_size");
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    let dev = format!("/sys/dev/block/{}:{}", libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    ["queue", "../queue"]
+        .iter()
+        .find_map(|q| std::fs::read_to_string(format!("{dev}/{q}/logical_block_size")).ok())?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// What kind of file `meta` describes, when it is one that cannot be served (a directory, a FIFO, a
@@ -519,7 +528,16 @@ impl FileStorage {
             use std::os::unix::fs::MetadataExt;
             (meta.dev(), meta.ino())
         };
-        Ok(FileStorage { file, direct, size: actual, read_only, id, sync_errno: Default::default(), _lock: lock })
+        Ok(FileStorage {
+            file,
+            direct,
+            size: actual,
+            read_only,
+            id,
+            sync_errno: Default::default(),
+            syncing: Mutex::new(()),
+            _lock: lock,
+        })
     }
 
     /// The descriptor an IO of `len` bytes at `offset` should use: the direct one (then its buffer must be
@@ -626,6 +644,9 @@ impl Storage for FileStorage {
         if self.read_only {
             return Ok(());
         }
+        // One at a time: of two syncs at once, Linux reports a writeback error to one only, and the
+        // other, which began before the error was kept, would succeed.
+        let _one = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = self.sync_error() {
             return Err(e);
         }
@@ -641,7 +662,7 @@ impl Storage for FileStorage {
     fn sync_error(&self) -> Option<StorageError> {
         match self.sync_errno.load(std::sync::atomic::Ordering::Acquire) {
             0 => None,
-            e => Some(StorageError::Io { op: STICKY_SYNC, source: io::Error::from_raw_os_error(e) }),
+            e => Some(StorageError::SyncFailedBefore(io::Error::from_raw_os_error(e))),
         }
     }
     fn trim(&self, offset: u64, len: u64) -> Result<(), StorageError> {

@@ -270,6 +270,16 @@ impl<T> Uring<T> {
         }
         let mut finished = 0;
         let mut resubmit = false;
+        // Every failed sync of the batch is the storage's before any sync of it is answered: of two
+        // syncs at once Linux reports a writeback error to one only (rein-runtime's storage, "A failed
+        // sync stays failed").
+        for &(ud, res) in &self.cqes {
+            let s = self.slots[ud as usize].as_ref().expect("completion for an occupied slot");
+            let retried = res == -libc::EAGAIN || res == -libc::EINTR;
+            if res < 0 && !retried && (s.kind == Kind::Fsync || (s.dsync && res == -libc::EIO)) {
+                s._storage.sync_failed(-res);
+            }
+        }
         for i in 0..self.cqes.len() {
             let (ud, res) = self.cqes[i];
             let idx = ud as usize;
@@ -312,18 +322,10 @@ impl<T> Uring<T> {
                     self.free.push(idx);
                     self.inflight -= 1;
                     finished += 1;
-                    // A sync (an fdatasync, a FUA write's RWF_DSYNC) is the storage's to remember when it
-                    // fails, and fails when one failed before (rein-runtime's storage, "A failed sync
-                    // stays failed"): the kernel reports a writeback error once.
+                    // A sync (an fdatasync, a FUA write's RWF_DSYNC) fails when one failed before (recorded
+                    // above; rein-runtime's storage, "A failed sync stays failed").
                     let sync = s.kind == Kind::Fsync || s.dsync;
                     let r = match r {
-                        Err(StorageError::Io { op, source }) if sync => {
-                            let errno = source.raw_os_error().unwrap_or(libc::EIO);
-                            if s.kind == Kind::Fsync || errno == libc::EIO {
-                                s._storage.sync_failed(errno);
-                            }
-                            Err(StorageError::Io { op, source })
-                        }
                         Ok(()) if sync => s._storage.sync_error().map_or(Ok(()), Err),
                         r => r,
                     };

@@ -695,22 +695,14 @@ impl BlockSize {
     /// every server takes ([`DEFAULT_MAX_PAYLOAD`], 32 MiB: the spec's interoperable maximum).
     pub const DEFAULT: BlockSize = BlockSize { min: 1, preferred: 4096, max: DEFAULT_MAX_PAYLOAD };
 
-    /// Decodes an NBD_INFO_BLOCK_SIZE reply's data (its type included); a malformed one is an error
-    /// naming what is wrong.
-    fn decode(data: &[u8]) -> Result<BlockSize, ProtoError> {
+    /// Decodes an NBD_INFO_BLOCK_SIZE reply's data (its type included); `None` if it is malformed: not 14
+    /// bytes, a minimum block size not a power of two to 64 KiB, or a maximum payload below it.
+    fn decode(data: &[u8]) -> Option<BlockSize> {
         if data.len() != 14 {
-            return Err(ProtoError::Malformed("NBD_INFO_BLOCK_SIZE is not 14 bytes"));
+            return None;
         }
         let b = BlockSize { min: u32_at(data, 2), preferred: u32_at(data, 6), max: u32_at(data, 10) };
-        if !b.min.is_power_of_two() || b.min > 1 << 16 {
-            return Err(ProtoError::Malformed(
-                "NBD_INFO_BLOCK_SIZE: a minimum block size not a power of two to 64 KiB",
-            ));
-        }
-        if b.max < b.min {
-            return Err(ProtoError::Malformed("NBD_INFO_BLOCK_SIZE: a maximum payload below the minimum block size"));
-        }
-        Ok(b)
+        (b.min.is_power_of_two() && b.min <= 1 << 16 && b.max >= b.min).then_some(b)
     }
 
     /// The largest READ or WRITE a client sends: the maximum payload, down to a multiple of the minimum
@@ -740,7 +732,8 @@ impl BlockSize {
 }
 
 /// The client side of the fixed newstyle handshake: optional NBD_OPT_STRUCTURED_REPLY, then NBD_OPT_GO.
-/// It asks for NBD_INFO_BLOCK_SIZE: [`ClientHandshake::block_size`] says what the server advertised.
+/// It asks for NBD_INFO_BLOCK_SIZE: [`ClientHandshake::block_size`] says what the server advertised (a
+/// malformed NBD_INFO_BLOCK_SIZE counts as none).
 #[derive(Debug, Clone)]
 pub struct ClientHandshake {
     export: String,
@@ -953,8 +946,10 @@ impl ClientHandshake {
                             self.size = Some(u64_at(data, 2));
                             self.flags = u16_at(data, 10);
                         }
+                        // A malformed one is taken as none (the protocol's defaults, which such a server took
+                        // before this client read the information), not as a refusal to talk.
                         REP_INFO if data.len() >= 2 && u16_at(data, 0) == INFO_BLOCK_SIZE => {
-                            self.block = Some(BlockSize::decode(data)?);
+                            self.block = BlockSize::decode(data);
                         }
                         REP_INFO => {}
                         REP_ACK => {
