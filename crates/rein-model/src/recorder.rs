@@ -550,6 +550,39 @@ mod tests {
         assert!(near(o[0], 250.0) && near(o[1], 750.0), "{o:?}");
     }
 
+    /// A tenant served nothing at all is still owed its share: a closed loop with one request waiting
+    /// the whole run (no completion) beside one completing 900 a second is owed 450, as an open loop
+    /// with 1,000 waiting is; the oracle left both out (0), and a check of their 0 IOPS passed.
+    #[test]
+    fn a_tenant_served_nothing_is_owed_its_share() {
+        let c = oracle_of(false, &[1], &[], &[], 0.0, 10.0);
+        assert!(near(c[0], 450.0) && near(c[1], 450.0), "{c:?}");
+        let o = oracle_of(true, &[1000], &[], &[], 0.0, 10.0);
+        assert!(near(o[0], 450.0) && near(o[1], 450.0), "{o:?}");
+        // Idle (nothing waiting, nothing done): not active, the other takes all.
+        let idle = oracle_of(false, &[], &[], &[], 0.0, 10.0);
+        assert!(near(idle[0], 0.0) && near(idle[1], 900.0), "{idle:?}");
+    }
+
+    /// Metrics of completions are NaN without any (a latency of nothing is not 0 ms), and so is a share
+    /// of no tenant-periods.
+    #[test]
+    fn metrics_of_nothing_are_not_numbers() {
+        let mut rec = Recorder::new(2, 1, Nanos::from_secs(10), Nanos::from_secs(1), Nanos::ZERO).unwrap();
+        rec.arrival(0, Nanos(5));
+        let now = Nanos::from_millis(1500);
+        rec.completion(1, Nanos(1), now, 4096, Phase::Weight);
+        let r = rec.finish(&meta(2));
+        use crate::report::{PeriodMetric, TenantMetric};
+        for m in TenantMetric::ALL.iter().filter(|m| !matches!(m, TenantMetric::Iops | TenantMetric::MbS)) {
+            assert!(r.tenant_metric(0, *m, 0.0, 10.0).is_nan(), "{m}");
+            assert!(r.tenant_metric(1, *m, 0.0, 10.0).is_finite(), "{m}");
+        }
+        assert_eq!(r.tenant_metric(0, TenantMetric::Iops, 0.0, 10.0), 0.0);
+        let (n, share) = r.tenant_periods(&[0, 1], &[], PeriodMetric::ReservationMetFraction, 100.0);
+        assert!(n == 0 && share.is_nan(), "{n} {share}");
+    }
+
     /// Refused requests leave the backlog: an open loop offering 300 a second, 200 of them refused and
     /// 100 served, asks 300 every second (its backlog stays empty), so the oracle is 300; counting the
     /// refused as outstanding would raise it towards its whole share.

@@ -248,3 +248,127 @@ fn parda_settings_the_run_would_ignore_are_refused() {
     let with_resv = format!("{}reservation = 300\n{}", &base[..vm], &base[vm..]);
     has(&with_resv, "a VM's reservation and limit need [parda] local_scheduler = \"mclock\"");
 }
+
+/// The default window, [warmup_s, duration_s], is held to what a given window is: it must hold a whole
+/// interval, or a windowed check reads 0 and `below` passes (a review's f1_window: warmup_s 9.5 of 10).
+/// Whole-run metrics (percentile latencies, utilisation) do not count intervals and keep the warm-up.
+#[test]
+fn a_default_window_that_holds_no_interval_is_refused() {
+    let late = BASE.replace("duration_s = 10", "duration_s = 10\nwarmup_s = 9.5");
+    let expect = |e: &str| format!("{late}[[expect]]\n{e}\n");
+    has(
+        &expect("tenant = \"a\"\nmetric = \"iops\"\nbelow = 1"),
+        "expect[0]: the default window [warmup_s, duration_s] = [9.5, 10] s holds no whole interval of interval_s (1 s)",
+    );
+    has(&expect("server = \"s1\"\nmetric = \"iops\"\nbelow = 1"), "the default window [warmup_s, duration_s]");
+    assert!(Scenario::from_toml(&expect("tenant = \"a\"\nmetric = \"latency_p99_ms\"\nbelow = 100"), None).is_ok());
+    assert!(
+        Scenario::from_toml(&expect("tenant = \"a\"\nmetric = \"iops\"\nbelow = 1e9\nwindow = [8, 9]"), None).is_ok()
+    );
+    let whole = BASE.replace("duration_s = 10", "duration_s = 10\nwarmup_s = 9");
+    assert!(Scenario::from_toml(&format!("{whole}[[expect]]\ntenant = \"a\"\nmetric = \"iops\"\nabove = 1\n"), None)
+        .is_ok());
+}
+
+/// `ratio` without `ratio_to`, and `within_pct` without a target, were ignored: the check ran without
+/// them (a review's f10_rate passed `below` alone). Both are refused, naming the key and its value.
+#[test]
+fn a_ratio_or_tolerance_with_nothing_to_apply_to_is_refused() {
+    let expect = |e: &str| format!("{BASE}[[expect]]\n{e}\n");
+    has(
+        &expect("tenant = \"a\"\nmetric = \"iops\"\nratio = 2\nbelow = 100000"),
+        "expect[0]: ratio = 2 without ratio_to",
+    );
+    has(
+        &expect("tenant = \"a\"\nmetric = \"iops\"\nwithin_pct = 1\nbelow = 100000"),
+        "expect[0]: within_pct = 1 without a target: give one of equals, oracle, ratio_to",
+    );
+    has(&expect("server = \"s1\"\nmetric = \"iops\"\nwithin_pct = 1\nabove = 1"), "within_pct = 1 without a target");
+}
+
+/// A tenant that completes nothing (one 1 GiB request at 10 MB/s, 100 s, in a 3 s run beside a closed
+/// loop) has no latency: a latency bound on it fails, saying so, where it passed
+/// on the empty histogram's 0. The oracle owes it its share (it has a request waiting all run), where it
+/// left it out and a check at its 0 IOPS passed (a review's f2_starved).
+#[test]
+fn a_tenant_with_no_completions_fails_its_latency_and_oracle_checks() {
+    let text = r#"
+name = "starved"
+duration_s = 3
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+transfer_mb_s = 10
+[[tenants]]
+name = "hog"
+[tenants.workload]
+kind = "closed"
+[[tenants]]
+name = "victim"
+[tenants.workload]
+kind = "closed"
+outstanding = 1
+size_kb = 1048576
+[[expect]]
+tenant = "victim"
+metric = "latency_p99_ms"
+below = 1
+[[expect]]
+tenant = "victim"
+metric = "latency_mean_ms"
+below = 1
+[[expect]]
+tenant = "victim"
+metric = "iops"
+oracle = true
+within_pct = 1
+"#;
+    let sc = Scenario::from_toml(text, None).unwrap();
+    let (totals, results) = rein_sim::run_and_check(&sc, &mut |_| {}).unwrap();
+    assert_eq!(totals.summary.tenants[1].completed, 0);
+    for r in &results[..2] {
+        assert!(!r.ok && r.description.contains("NaN (no completions to measure)"), "{}", r.description);
+    }
+    assert!(!results[2].ok, "{}", results[2].description);
+    assert!(results[2].description.contains("the oracle's"), "{}", results[2].description);
+    // Its request holds the device, so the hog completes little; the victim is owed half of it.
+    let (oracle, hog) = (totals.oracle_iops(0.0, 3.0)[1], totals.summary.tenants[0].iops);
+    assert!(oracle > 0.0 && (oracle - hog / 2.0).abs() < 0.01 * hog, "the victim is owed a share: {oracle} of {hog}");
+}
+
+/// pShift's limit checks on a bucket without a limit could never fail: refused at load, naming the
+/// bucket (or saying that no bucket has one).
+#[test]
+fn a_limit_check_without_a_limit_is_refused() {
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/pshift-exp4-small.toml"))
+        .unwrap()
+        .replace("limit_iops = 2000\n", "");
+    let checks = base.find("[[expect]]").unwrap();
+    let without = |e: &str| format!("{}[[expect]]\n{e}\n", &base[..checks]);
+    has(
+        &without("tenant = \"b3\"\nmetric = \"limit_exceeded_fraction\"\nbelow = 0.5"),
+        "expect[0]: limit_exceeded_fraction: tenant \"b3\" has no limit",
+    );
+    has(&without("metric = \"limit_exceeded_fraction\"\nbelow = 0.5"), "no bucket has a limit");
+    has(&without("metric = \"limit_exceeded_fraction\"\ncount = \"servers\"\nbelow = 0.5"), "no bucket has a limit");
+    assert!(Scenario::from_toml(&without("metric = \"reservation_met_fraction\"\nabove = 0.5"), None).is_ok());
+}
+
+/// A share of no bucket-periods (a window that holds no whole QoS period) is NaN and fails, as the
+/// controller's tally of no closed period does, where it read 0 and `below` passed.
+#[test]
+fn a_period_check_over_no_period_fails() {
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/pshift-exp4-small.toml"))
+        .unwrap()
+        .replace("duration_s = 4.2", "duration_s = 1.4");
+    let checks = base.find("[[expect]]").unwrap();
+    let text = format!(
+        "{}[[expect]]\nmetric = \"limit_exceeded_fraction\"\nwindow = [0.2, 1.0]\nbelow = 0.5\n",
+        &base[..checks]
+    );
+    let sc = Scenario::from_toml(&text, None).unwrap();
+    let (_, results) = rein_sim::run_and_check(&sc, &mut |_| {}).unwrap();
+    assert!(!results[0].ok, "{}", results[0].description);
+    assert!(results[0].description.contains("share of 0 bucket-periods"), "{}", results[0].description);
+    assert!(results[0].description.contains("NaN (no bucket-period to judge)"), "{}", results[0].description);
+}

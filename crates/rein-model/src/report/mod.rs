@@ -570,11 +570,16 @@ impl RunTotals {
         self.summary.tenants.iter().map(|t| t.completed).sum()
     }
 
-    /// Tenant `t`'s `metric` over [a, b] seconds.
+    /// Tenant `t`'s `metric` over [a, b] seconds. A metric of completions (a latency, the reservation
+    /// fraction) is NaN where there were none (in the window, or after the warm-up for the whole-run
+    /// latencies): no bound admits it, so a check on a tenant that completed nothing fails rather than
+    /// reading 0.
     pub fn tenant_metric(&self, t: usize, metric: TenantMetric, a: f64, b: f64) -> f64 {
         let ts = &self.timeseries;
         let s = &self.summary.tenants[t];
-        let ratio = |num: u64, den: u64, scale: f64| if den > 0 { num as f64 / den as f64 / scale } else { 0.0 };
+        let ratio = |num: u64, den: u64, scale: f64| if den > 0 { num as f64 / den as f64 / scale } else { f64::NAN };
+        // An empty histogram reads 0 at every quantile.
+        let if_completed = |v: f64| if s.completed > 0 { v } else { f64::NAN };
         match metric {
             TenantMetric::Iops => ts.iops(t, a, b),
             TenantMetric::MbS => {
@@ -593,10 +598,10 @@ impl RunTotals {
                     .fold((0u64, 0u64), |(n, s), i| (n + ts.cell(t, i).ios as u64, s + ts.cell(t, i).lat_sum_ns));
                 ratio(sum, n, 1e6)
             }
-            TenantMetric::LatencyP50Ms => s.latency_ms.p50,
-            TenantMetric::LatencyP95Ms => s.latency_ms.p95,
-            TenantMetric::LatencyP99Ms => s.latency_ms.p99,
-            TenantMetric::LatencyMaxMs => s.latency_ms.max,
+            TenantMetric::LatencyP50Ms => if_completed(s.latency_ms.p50),
+            TenantMetric::LatencyP95Ms => if_completed(s.latency_ms.p95),
+            TenantMetric::LatencyP99Ms => if_completed(s.latency_ms.p99),
+            TenantMetric::LatencyMaxMs => if_completed(s.latency_ms.max),
             TenantMetric::ReservationFraction => {
                 let (r, n) = ts
                     .window(a, b)
@@ -624,9 +629,13 @@ impl RunTotals {
     }
 
     /// The fluid oracle's IOPS for each tenant over a window: for each interval in it, mClock eq. (1)-(2)
-    /// among the tenants that completed IOs in that interval with T = their measured total, averaged over
-    /// the window. So tenants joining or leaving mid-run are judged against the allocation of the
-    /// intervals they were there. NaN for a tenant whose spec is unknown.
+    /// among the tenants active in that interval with T = their measured total, averaged over the window.
+    /// A tenant is active when it completed IOs in the interval or had requests waiting in it (outstanding
+    /// when it began, or arriving in it): so tenants joining or leaving mid-run are judged against the
+    /// allocation of the intervals they were there, and a tenant the scheduler serves nothing at all is
+    /// still owed its share (it was ignored before, and a check of it passed at 0). NaN for a tenant whose
+    /// spec is unknown, and under a size cost model for one that completed nothing in the whole run (its
+    /// cost per IO is unknown).
     ///
     /// Demand: a closed loop is taken as backlogged (it asks for its whole share: its arrivals follow
     /// its completions, so they say nothing of what it would take). An open loop
@@ -650,7 +659,21 @@ impl RunTotals {
         let n = w.len().max(1) as f64;
         let mut out: Vec<f64> =
             tenants.iter().map(|t| if t.oracle_tenant().is_some() { 0.0 } else { f64::NAN }).collect();
-        // Each open loop's requests outstanding at the start of interval `i` (from the run's start).
+        // IOs per cost unit of a tenant over the whole run, for intervals in which it completed nothing
+        // (1 under the IO cost model; NaN when it completed nothing under a size model).
+        let run_ios_per_unit: Vec<f64> = (0..tenants.len())
+            .map(|t| {
+                let (ios, bytes) = (0..ts.intervals)
+                    .map(|i| ts.cell(t, i))
+                    .fold((0u64, 0u64), |(n, b), c| (n + u64::from(c.ios), b + c.bytes));
+                match self.cost_model {
+                    rein_core::CostModel::PerIo => 1.0,
+                    m if ios > 0 && m.units_of(ios, bytes) > 0.0 => ios as f64 / m.units_of(ios, bytes),
+                    _ => f64::NAN,
+                }
+            })
+            .collect();
+        // Each tenant's requests outstanding at the start of interval `i` (from the run's start).
         let mut backlog = vec![0u64; tenants.len()];
         let mut active = Vec::new();
         let mut specs = Vec::new();
@@ -662,17 +685,18 @@ impl RunTotals {
             for (t, summary) in tenants.iter().enumerate() {
                 let cell = ts.cell(t, i);
                 let outstanding = backlog[t];
-                if summary.open_loop {
-                    let left = u64::from(cell.ios) + u64::from(cell.rejected);
-                    backlog[t] = (outstanding + u64::from(cell.arrivals)).saturating_sub(left);
-                }
+                let left = u64::from(cell.ios) + u64::from(cell.rejected);
+                backlog[t] = (outstanding + u64::from(cell.arrivals)).saturating_sub(left);
                 if !measured {
                     continue;
                 }
                 let units = self.cost_model.units_of(cell.ios as u64, cell.bytes);
-                if cell.ios > 0 && units > 0.0 {
+                let served = cell.ios > 0 && units > 0.0;
+                // Waiting for service all interval without a completion: active, and owed its share.
+                let waiting = outstanding + u64::from(cell.arrivals) > 0;
+                if served || waiting {
                     if let Some(mut spec) = summary.oracle_tenant() {
-                        let ios_per_unit = cell.ios as f64 / units;
+                        let ios_per_unit = if served { cell.ios as f64 / units } else { run_ios_per_unit[t] };
                         if summary.open_loop {
                             let demand_ios = (outstanding + u64::from(cell.arrivals)).max(u64::from(cell.ios));
                             let demand = demand_ios as f64 / ios_per_unit / ts.interval_s;
@@ -701,7 +725,8 @@ impl RunTotals {
     /// `threshold_pct`% of R x period, [`ReservationMeter`]) or exceeded its limit (more than
     /// (1 + `threshold_pct`/100) x L x period)). Tenants without a reservation always meet it; without a
     /// limit (or an unknown spec) never exceed it. Every tenant-period counts, whatever the tenant's
-    /// demand (pShift's measure).
+    /// demand (pShift's measure). No tenant-period (no QoS period in the window) gives NaN, which no
+    /// bound admits, as the controller's tally does: a share of nothing is not 0.
     pub fn tenant_periods(
         &self,
         tenants: &[usize],
@@ -729,6 +754,6 @@ impl RunTotals {
                 hit += yes as u64;
             }
         }
-        (n, if n > 0 { hit as f64 / n as f64 } else { 0.0 })
+        (n, if n > 0 { hit as f64 / n as f64 } else { f64::NAN })
     }
 }

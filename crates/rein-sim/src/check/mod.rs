@@ -54,6 +54,8 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
     let mut over: Option<&str> = None;
     // A rank: (holds, in words) beside the judged bounds.
     let mut ranked: Option<(bool, String)> = None;
+    // Why a measurement is NaN (a miss whatever the bounds), in words.
+    let mut nan_means = "nothing to measure";
     let (who, metric, whole_run, measured, target) = match e.subject {
         Subject::Tenant { tenant, metric, target } => {
             let target = match target {
@@ -73,6 +75,7 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
                 }
             };
             let who = format!("tenant {}", sc.tenants[tenant].name);
+            nan_means = "no completions to measure";
             (who, metric.name(), metric.whole_run(), run.tenant_metric(tenant, metric, a, b), target)
         }
         Subject::Server { server, metric, equals: v } => (
@@ -85,10 +88,12 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
         Subject::Periods { tenant, metric, at_servers: true, equals: v, .. } => {
             let (who, m) = pshift::servers_period_metric(sc, run, tenant, metric);
             over = Some("over the closed periods");
+            nan_means = "no closed period to judge";
             (who, metric.name(), false, m, equals(v))
         }
         Subject::Periods { tenant, metric, threshold_pct, at_servers: false, equals: v } => {
             let (who, m) = pshift::period_metric(sc, run, tenant, metric, threshold_pct, a, b);
+            nan_means = "no bucket-period to judge";
             (who, metric.name(), false, m, equals(v))
         }
         Subject::Host { who, metric, band_pct, target } => {
@@ -105,9 +110,12 @@ fn check_one(sc: &Scenario, run: &RunTotals, e: &Expectation, baseline: Option<&
         ok &= holds;
         expected = if expected.is_empty() { words } else { format!("{words} and {expected}") };
     }
+    // No bound admits NaN, but a check must not pass on it whatever it asks, and says why.
+    ok &= !measured.is_nan();
+    let measured_text = if measured.is_nan() { format!("NaN ({nan_means})") } else { format!("{measured:.3}") };
     CheckResult {
         ok,
-        description: format!("{who}: {metric} {window} = {measured:.3}, expected {expected}"),
+        description: format!("{who}: {metric} {window} = {measured_text}, expected {expected}"),
         measured,
         note: e.note.clone(),
     }

@@ -155,6 +155,10 @@ fn validate_targets(at: &str, e: &ExpectFile, kinds: &[(&str, bool)]) -> Result<
     if given == 1 && e.within_pct.is_none() {
         return Err(format!("{at}: {} need within_pct", names.join("/")));
     }
+    // A tolerance with nothing to be within would be ignored.
+    if let (0, Some(pct)) = (given, e.within_pct) {
+        return Err(format!("{at}: within_pct = {pct} without a target: give one of {}", names.join(", ")));
+    }
     if given == 0 && e.below.is_none() && e.above.is_none() {
         return Err(format!("{at}: says nothing to check (give {}, below or above)", names.join(", ")));
     }
@@ -200,10 +204,7 @@ fn validate_numbers(at: &str, e: &ExpectFile, duration_s: f64, interval_s: f64) 
         if b > duration_s {
             return Err(format!("{at}: window ends at {b} s, after the run's duration_s ({duration_s} s)"));
         }
-        // Windowed metrics count the timeseries intervals lying wholly inside the window.
-        let first = (a / interval_s - 1e-9).ceil();
-        let end = (b / interval_s + 1e-9).floor();
-        if end <= first {
+        if !holds_an_interval(a, b, interval_s) {
             return Err(format!(
                 "{at}: window [{a}, {b}] s holds no whole interval of interval_s ({interval_s} s), which is what \
                  windows count: it would measure nothing"
@@ -211,6 +212,27 @@ fn validate_numbers(at: &str, e: &ExpectFile, duration_s: f64, interval_s: f64) 
         }
     }
     Ok(())
+}
+
+/// Whether `[a, b]` seconds holds a whole timeseries interval: windowed metrics count the intervals lying
+/// wholly inside their window ([`rein_model::report::Timeseries::window`]), so one that holds none
+/// measures nothing (and a check on the 0 it reads could pass).
+fn holds_an_interval(a: f64, b: f64, interval_s: f64) -> bool {
+    let first = (a / interval_s - 1e-9).ceil();
+    let end = (b / interval_s + 1e-9).floor();
+    end > first
+}
+
+/// Whether `subject` is measured over its expectation's window (the default one when it gives none):
+/// whole-run metrics (percentile and maximum latencies, utilisation) and the controller's tally of closed
+/// periods are not.
+fn windowed(subject: &Subject) -> bool {
+    match subject {
+        Subject::Tenant { metric, .. } => !metric.whole_run(),
+        Subject::Server { metric, .. } => *metric != ServerMetric::Utilisation,
+        Subject::Periods { at_servers, .. } => !at_servers,
+        Subject::Host { .. } => true,
+    }
 }
 
 /// Every tenant and server metric name, in documentation order (for the error message).
@@ -236,11 +258,13 @@ pub(crate) enum Periods {
     },
 }
 
-/// The run's length and its timeseries interval (s), which windows must fit.
+/// The run's length, warm-up and timeseries interval (s), which windows must fit.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RunLength {
     /// `duration_s`.
     pub duration_s: f64,
+    /// `warmup_s`: where the default window starts.
+    pub warmup_s: f64,
     /// `interval_s`.
     pub interval_s: f64,
 }
@@ -257,6 +281,12 @@ pub(crate) fn validate(
 ) -> Result<Expectation, String> {
     let at = format!("expect[{i}]");
     validate_numbers(&at, e, run.duration_s, run.interval_s)?;
+    // `ratio` scales the value of what `ratio_to` names: alone it would be ignored.
+    if let (Some(r), None) = (e.ratio, &e.ratio_to) {
+        return Err(format!(
+            "{at}: ratio = {r} without ratio_to: ratio scales the value of the tenant or host ratio_to names"
+        ));
+    }
     if e.count.is_some() && e.host.is_some() {
         return Err(format!("{at}: count is for pShift's period metrics, not host expectations"));
     }
@@ -265,6 +295,14 @@ pub(crate) fn validate(
     } else {
         validate_tenant_or_server(&at, e, tenants, servers, periods)?
     };
+    // The default window, [warmup_s, duration_s], must measure something too.
+    if e.window.is_none() && windowed(&subject) && !holds_an_interval(run.warmup_s, run.duration_s, run.interval_s) {
+        return Err(format!(
+            "{at}: the default window [warmup_s, duration_s] = [{}, {}] s holds no whole interval of interval_s \
+             ({} s), which is what windows count: it would measure nothing (give a window, or a smaller warmup_s)",
+            run.warmup_s, run.duration_s, run.interval_s
+        ));
+    }
     Ok(Expectation {
         subject,
         window: e.window,
@@ -383,6 +421,24 @@ fn validate_tenant_or_server(
         Ok(e.equals)
     };
     let periods = |tenant: Option<usize>, metric: PeriodMetric| -> Result<Subject, String> {
+        // A bucket without a limit never exceeds it: a check of its limit would hold whatever the run did.
+        if metric == PeriodMetric::LimitExceededFraction {
+            match tenant {
+                Some(t) if tenants[t].spec.limit().is_none() => {
+                    return Err(format!(
+                        "{at}: {metric}: tenant {:?} has no limit, so it can never exceed one: the check could not \
+                         fail",
+                        tenants[t].name
+                    ))
+                }
+                None if tenants.iter().all(|t| t.spec.limit().is_none()) => {
+                    return Err(format!(
+                        "{at}: {metric}: no bucket has a limit, so none can exceed one: the check could not fail"
+                    ))
+                }
+                _ => {}
+            }
+        }
         Ok(Subject::Periods { tenant, metric, threshold_pct: threshold(metric, e), at_servers, equals: equals()? })
     };
     match (&e.tenant, &e.server, period) {

@@ -382,7 +382,11 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
                 Some(p) => expect::Periods::Pshift { controller: p.controller },
                 None => expect::Periods::None,
             };
-            let run = expect::RunLength { duration_s: file.duration_s, interval_s: interval.as_secs_f64() };
+            let run = expect::RunLength {
+                duration_s: file.duration_s,
+                warmup_s: file.warmup_s,
+                interval_s: interval.as_secs_f64(),
+            };
             expect::validate(i, e, &tenants, &servers, &hosts, periods, run)
         })
         .collect::<Result<Vec<_>, _>>()?;
