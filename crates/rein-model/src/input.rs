@@ -3,6 +3,13 @@
 //! memory. [`read_bounded`] reads at most `max` bytes and refuses a longer file; the size the file system
 //! states is not trusted (a device or a pipe states 0). [`parse_toml`] then reads the text as TOML with an
 //! error of one line that says where.
+//!
+//! The simulator's inputs (a scenario, a trace) are read with [`read_text_regular`], which takes a regular
+//! file only: a FIFO at the path would block the open until a writer came (for ever: `rein sim` hung),
+//! and a device or a directory is no input either. The path is checked before it is opened, so a FIFO is
+//! never opened, and the open file again (what the path named may have changed in between). A caller
+//! that can open without blocking (rein-runtime's `durable::read`, with `O_NONBLOCK`, which this crate
+//! does without: it has no libc) hands its file to [`read_regular_from`], the same check and read.
 
 use std::io::Read;
 use std::path::Path;
@@ -25,8 +32,64 @@ pub fn read_bounded_from(r: impl Read, max: u64) -> std::io::Result<Vec<u8>> {
 
 /// [`read_bounded`] as UTF-8 text (an error of kind `InvalidData` otherwise).
 pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
-    String::from_utf8(read_bounded(path, max)?)
+    utf8(read_bounded(path, max)?)
+}
+
+fn utf8(bytes: Vec<u8>) -> std::io::Result<String> {
+    String::from_utf8(bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")))
+}
+
+/// The regular file at `path` (a link followed), if it holds at most `max` bytes ([`read_bounded`]'s
+/// bound). Anything else (a FIFO, a device, a directory) is an error of kind `InvalidInput` naming what
+/// it is ([`not_a_file`]), before it is opened (module comment).
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(not_a_file(meta.file_type(), "so it is not read"));
+    }
+    read_regular_from(std::fs::File::open(path)?, max)
+}
+
+/// [`read_regular`] as UTF-8 text (an error of kind `InvalidData` otherwise).
+pub fn read_text_regular(path: &Path, max: u64) -> std::io::Result<String> {
+    utf8(read_regular(path, max)?)
+}
+
+/// [`read_bounded_from`] of an open `file` that must be a regular file (checked on the open file: of kind
+/// `InvalidInput` otherwise, before a byte is read).
+pub fn read_regular_from(file: std::fs::File, max: u64) -> std::io::Result<Vec<u8>> {
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(not_a_file(meta.file_type(), "so it is not read"));
+    }
+    read_bounded_from(file, max)
+}
+
+/// The error (of kind `InvalidInput`) for a path that names `t`, something other than a regular file,
+/// naming what it is: `it is a FIFO, not a regular file, <then>`.
+pub fn not_a_file(t: std::fs::FileType, then: &str) -> std::io::Error {
+    let what = if t.is_dir() { "a directory" } else { special(t) };
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is {what}, not a regular file, {then}"))
+}
+
+#[cfg(unix)]
+fn special(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "something else"
+    }
+}
+
+#[cfg(not(unix))]
+fn special(_: std::fs::FileType) -> &'static str {
+    "something else"
 }
 
 /// A configuration file's or scenario's `text` as `T`, for the daemons (`rein serve`, `rein gateway`,
@@ -88,6 +151,38 @@ mod tests {
         let e = parse_toml::<T>("name = \"a\"\n\ncolour = 1").unwrap_err();
         assert!(e.starts_with("line 3, column 1: unknown field `colour`"), "{e}");
         assert_eq!(parse_toml::<T>("name = \"é\"").unwrap().name, "é");
+    }
+
+    /// A FIFO at a scenario's or trace's path hung `rein sim` in its open (no writer ever comes): refused
+    /// before it is opened, naming what it is, as a directory and a device are; a file and a link to one
+    /// are read up to the bound.
+    #[cfg(unix)]
+    #[test]
+    fn only_a_regular_file_is_read_and_a_fifo_is_never_opened() {
+        let dir = std::env::temp_dir().join(format!("rein-model-regular-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        // Run apart, so a regression fails the test rather than hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = fifo.clone();
+        std::thread::spawn(move || tx.send(read_text_regular(&f, 10).map_err(|e| (e.kind(), e.to_string()))));
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        if got.is_err() {
+            // Free the thread stuck in its open (a writer pairs with it), then fail.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        let e = got.expect("read_text_regular returned: it did not wait on the FIFO").unwrap_err();
+        assert_eq!(e, (std::io::ErrorKind::InvalidInput, "it is a FIFO, not a regular file, so it is not read".into()));
+        assert!(read_regular(&dir, 10).unwrap_err().to_string().contains("it is a directory"));
+        assert!(read_regular(Path::new("/dev/zero"), 10).unwrap_err().to_string().contains("it is a device"));
+        let file = dir.join("f");
+        std::fs::write(&file, "0123456789").unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_text_regular(&link, 10).unwrap(), "0123456789");
+        assert_eq!(read_regular(&file, 9).unwrap_err().kind(), std::io::ErrorKind::FileTooLarge);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

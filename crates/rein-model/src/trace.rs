@@ -111,7 +111,7 @@ impl TraceFormat {
 /// formats have device 0).
 pub fn load(path: &Path, format: TraceFormat, devices: &[u32]) -> Result<Vec<TraceRecord>, TraceError> {
     let p = path.display().to_string();
-    let text = crate::input::read_text_bounded(path, MAX_TRACE_BYTES)
+    let text = crate::input::read_text_regular(path, MAX_TRACE_BYTES)
         .map_err(|source| TraceError::Read { path: p.clone(), source })?;
     parse(&text, format, devices, &p)
 }

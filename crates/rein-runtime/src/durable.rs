@@ -110,25 +110,10 @@ fn check(path: &Path) -> std::io::Result<(PathBuf, Option<std::fs::Permissions>)
     };
     match std::fs::metadata(&target) {
         Ok(m) if m.is_file() => Ok((target, Some(m.permissions()))),
-        Ok(m) => Err(not_a_file(m.file_type(), "so it is left alone")),
+        Ok(m) => Err(rein_model::input::not_a_file(m.file_type(), "so it is left alone")),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((target, None)),
         Err(e) => Err(e),
     }
-}
-
-/// The error for a path that names `t`, something other than a regular file, naming what it is.
-fn not_a_file(t: std::fs::FileType, then: &str) -> std::io::Error {
-    use std::os::unix::fs::FileTypeExt;
-    let what = if t.is_dir() {
-        "a directory"
-    } else if t.is_char_device() || t.is_block_device() {
-        "a device"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else {
-        "not a regular file"
-    };
-    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is {what}, not a regular file, {then}"))
 }
 
 /// Reads a file that [`write()`] writes (the state file, its journal, the gateway's `layout_file`), whole,
@@ -139,11 +124,7 @@ fn not_a_file(t: std::fs::FileType, then: &str) -> std::io::Error {
 pub fn read(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(not_a_file(meta.file_type(), "so it is not read"));
-    }
-    rein_model::input::read_bounded_from(file, max)
+    rein_model::input::read_regular_from(file, max)
 }
 
 /// Syncs directory `dir` to its device: its entries' creations, renames and removals are durable.

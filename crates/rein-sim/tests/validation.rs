@@ -372,3 +372,40 @@ fn a_period_check_over_no_period_fails() {
     assert!(results[0].description.contains("share of 0 bucket-periods"), "{}", results[0].description);
     assert!(results[0].description.contains("NaN (no bucket-period to judge)"), "{}", results[0].description);
 }
+
+/// A FIFO as a scenario's or a trace's path hung `rein sim` in its open (a review's f9_fifo): refused,
+/// naming the file and what it is. Each load runs apart, so a regression fails rather than hangs.
+#[test]
+fn a_fifo_as_a_scenario_or_trace_is_refused_not_waited_on() {
+    let dir = std::env::temp_dir().join(format!("rein-sim-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo.trace");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let scenario = dir.join("fifo.toml");
+    std::fs::write(&scenario, BASE.replace("kind = \"closed\"", "kind = \"trace\"\ntrace = { path = \"fifo.trace\" }"))
+        .unwrap();
+    let load = |path: std::path::PathBuf| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The error and its causes, as `rein` prints them.
+        let chain = |e: rein_sim::model::ScenarioError| {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                text += &format!(": {c}");
+                cause = c.source();
+            }
+            text
+        };
+        std::thread::spawn(move || tx.send(Scenario::load(&path).map(|_| ()).map_err(chain)));
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        if got.is_err() {
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        got.expect("the load returned: it did not wait on the FIFO").unwrap_err()
+    };
+    let e = load(scenario.clone());
+    assert!(e.contains("cannot read trace") && e.contains("fifo.trace: it is a FIFO, not a regular file"), "{e}");
+    let e = load(fifo.clone());
+    assert!(e.contains("cannot read scenario") && e.contains("fifo.trace: it is a FIFO, not a regular file"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

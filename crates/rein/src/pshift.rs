@@ -276,7 +276,7 @@ impl GenArgs {
 /// Reads and validates an instance file (size bound, then `rein_model::pshift_instance`).
 pub(crate) fn load_instance(path: &Path) -> Result<Instance> {
     // Read with the bound (a size the file system states is not trusted: /dev/zero states 0).
-    let text = rein_model::input::read_text_bounded(path, MAX_INSTANCE_BYTES).map_err(|e| match e.kind() {
+    let text = rein_model::input::read_text_regular(path, MAX_INSTANCE_BYTES).map_err(|e| match e.kind() {
         std::io::ErrorKind::FileTooLarge => {
             anyhow::anyhow!("instance {} is larger than the {} MiB bound", path.display(), MAX_INSTANCE_BYTES >> 20)
         }

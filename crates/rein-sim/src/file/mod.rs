@@ -103,7 +103,7 @@ pub const MAX_SCENARIO_BYTES: u64 = 256 << 20;
 impl ScenarioFile {
     /// Reads and parses a scenario file.
     pub fn read(path: &Path) -> Result<ScenarioFile, FileError> {
-        let text = rein_model::input::read_text_bounded(path, MAX_SCENARIO_BYTES)
+        let text = rein_model::input::read_text_regular(path, MAX_SCENARIO_BYTES)
             .map_err(|source| FileError::Read { path: path.to_path_buf(), source })?;
         Self::parse_named(&text, path)
     }
