@@ -295,9 +295,14 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
     if batch == 0 || batch > 1024 {
         return Err(format!("parda: batch must be in 1..=1024, got {batch}"));
     }
+    // The bound of [mclock]'s field: 1e300 KiB became u64::MAX bytes by the float-to-integer cast.
     let bd = p.batch_distance_kb.unwrap_or(4096.0);
-    if !(bd.is_finite() && bd >= 0.0) {
-        return Err("parda: batch_distance_kb must be non-negative".into());
+    if !(bd.is_finite() && (0.0..=crate::sched_settings::MAX_BATCH_DISTANCE_KB).contains(&bd)) {
+        return Err(format!(
+            "parda: batch_distance_kb must be in 0..={} KiB (1 TiB), got {}",
+            crate::sched_settings::MAX_BATCH_DISTANCE_KB,
+            Num(bd)
+        ));
     }
     Ok(Parda {
         config,
@@ -341,5 +346,20 @@ mod tests {
         assert_eq!(s.first_period_end(7, 3, 64), s.first_period_end(7, 3, 5), "a host's phase is its own");
         let e = toml::from_str::<PardaFile>("latency_threshold_ms = 30\nperiod_phase = \"random\"").unwrap().validate();
         assert_eq!(e.unwrap_err(), "parda: period_phase \"random\": expected \"seed\" or \"staggered\"");
+    }
+
+    /// `batch_distance_kb` keeps to [mclock]'s bound (1 TiB): it had none, and 1e300 KiB ran as
+    /// u64::MAX bytes.
+    #[test]
+    fn batch_distance_has_the_mclock_fields_bound() {
+        let e = |v: &str| {
+            toml::from_str::<PardaFile>(&format!("latency_threshold_ms = 30\nbatch_distance_kb = {v}"))
+                .unwrap()
+                .validate()
+                .unwrap_err()
+        };
+        assert_eq!(e("1e300"), "parda: batch_distance_kb must be in 0..=1073741824 KiB (1 TiB), got 1e300");
+        assert!(e("-1").contains("got -1"));
+        assert_eq!(parda(&format!("batch_distance_kb = {}", 1u64 << 30)).batch_distance, 1 << 40);
     }
 }

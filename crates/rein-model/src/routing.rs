@@ -58,9 +58,14 @@ impl Router {
                 devices: Box::new([]),
             },
             Routing::Shares(v) => {
-                let total: f64 = v.iter().sum();
+                // Scaled by the largest share first, so the sum is finite whatever the shares (1e308 twice
+                // summed to inf, every share became 0 and every request went to the last server) and
+                // tiny ones keep their precision.
+                let largest = v.iter().copied().fold(0.0, f64::max);
+                let scaled: Vec<f64> = v.iter().map(|x| x / largest).collect();
+                let total: f64 = scaled.iter().sum();
                 let mut acc = 0.0;
-                let cumulative = v
+                let cumulative = scaled
                     .iter()
                     .map(|x| {
                         acc += x / total;
@@ -129,6 +134,16 @@ mod tests {
         assert_eq!(r.route(0, || 0.3), 1);
         assert_eq!(r.route(0, || 0.999_999), 1);
         assert_eq!(Router::new(&Routing::default(), 1).route(123, || unreachable!()), 0);
+    }
+
+    /// Shares whose sum overflows (1e308 twice) or that are tiny (subnormal) split as their ratios say:
+    /// the overflowing sum made every share 0, and every request went to the last server.
+    #[test]
+    fn shares_split_whatever_their_scale() {
+        for share in [1e308, 1e-320, 1.0] {
+            let r = Router::new(&Routing::Shares(vec![share, share]), 2);
+            assert_eq!((r.route(0, || 0.25), r.route(0, || 0.75)), (0, 1), "shares of {share}");
+        }
     }
 
     #[test]

@@ -134,6 +134,29 @@ impl WorkloadKind {
     pub fn open_loop(&self) -> bool {
         !matches!(self.inner(), WorkloadKind::Closed { .. })
     }
+
+    /// How many requests an open loop issues within `span` at most, about: what it can have on its way
+    /// over a network `span` long one way, whatever the servers do. An open workload's rate times the
+    /// span, a burst's count times the bursts that start within it, a trace's mean rate over its records'
+    /// span (at most its records, unless repeated); on_off as its inner kind while on. `None` for a closed
+    /// loop, whose window bounds it.
+    pub fn issued_within(&self, span: Nanos) -> Option<f64> {
+        let d = span.as_secs_f64();
+        match self {
+            WorkloadKind::OnOff { inner, .. } => inner.issued_within(span),
+            WorkloadKind::Closed { .. } => None,
+            WorkloadKind::Open { iops } => Some(iops * d),
+            WorkloadKind::Burst { count, period } => {
+                Some(f64::from(*count) * (d / period.as_secs_f64().max(1e-9)).ceil())
+            }
+            WorkloadKind::Trace { records, time_scale, repeat } => {
+                let n = records.len() as f64;
+                let last = records.last().map_or(0.0, |r| r.t_ns as f64 * time_scale / 1e9);
+                let within = if last > 0.0 { n / last * d } else { f64::INFINITY };
+                Some(if *repeat { within } else { within.min(n) })
+            }
+        }
+    }
 }
 
 /// A validated workload (module comment).
@@ -418,9 +441,25 @@ fn positive(field: &str, v: f64) -> Result<f64, WorkloadError> {
     }
 }
 
+/// A request size of `size_kb` KiB (the key `field`) in bytes: positive, at least one byte once rounded,
+/// at most [`MAX_SIZE_BYTES`]. Every way a scenario sizes requests goes through here (a workload's
+/// `size_kb`, pShift's generated buckets).
+pub fn request_size_bytes(field: &str, size_kb: f64) -> Result<u64, WorkloadError> {
+    let size = positive(field, size_kb)?;
+    if size > (MAX_SIZE_BYTES / 1024) as f64 {
+        return Err(invalid(format!("{field} must be at most 1 GiB, got {} GiB", Num(size / (1 << 20) as f64))));
+    }
+    let bytes = (size * 1024.0).round();
+    if bytes < 1.0 {
+        return Err(invalid(format!("{field} {} is less than one byte", Num(size))));
+    }
+    Ok(bytes as u64)
+}
+
 /// A rate a workload's own timing offers (`what` names it) is at most [`MAX_RATE_IOPS`] (an infinite
-/// one, from a period that rounds to no time, is over it).
-fn within_rate(what: &str, iops: f64) -> Result<(), WorkloadError> {
+/// one, from a period that rounds to no time, is over it). Public for workloads made elsewhere (pShift's
+/// generated buckets), which keep to the same bound.
+pub fn within_rate(what: &str, iops: f64) -> Result<(), WorkloadError> {
     if iops <= MAX_RATE_IOPS {
         return Ok(());
     }
@@ -433,6 +472,89 @@ fn window(field: &str, n: u32) -> Result<u32, WorkloadError> {
         return Err(invalid(format!("{field} must be in 1..={MAX_OUTSTANDING}, got {n}")));
     }
     Ok(n)
+}
+
+/// Most trace records one scenario may hold in all, over its distinct traces (each loaded once:
+/// [`TraceCache`]): twenty million [`TraceRecord`]s take 640 MB.
+pub const MAX_SCENARIO_RECORDS: usize = 2 * crate::trace::MAX_RECORDS;
+
+/// The traces a scenario's workloads have loaded, so that tenants naming one file with the same format
+/// and device filter share one copy of its records (seventy tenants on one 50 MB trace read and held it
+/// seventy times, gigabytes), and the records of all its traces together are bounded by
+/// [`MAX_SCENARIO_RECORDS`]. One per scenario: [`WorkloadParams::validate_shared`].
+#[derive(Debug)]
+pub struct TraceCache {
+    /// (file, format, devices kept) and its records.
+    loaded: Vec<(TraceKey, Arc<Vec<TraceRecord>>)>,
+    /// Records over every entry of `loaded`.
+    records: usize,
+    /// The most `records` may reach ([`MAX_SCENARIO_RECORDS`]).
+    bound: usize,
+}
+
+impl Default for TraceCache {
+    fn default() -> TraceCache {
+        TraceCache::with_bound(MAX_SCENARIO_RECORDS)
+    }
+}
+
+/// What makes two loads of a trace the same: the file (canonical where it can be resolved), its format
+/// and the devices kept.
+#[derive(Debug, PartialEq, Eq)]
+struct TraceKey {
+    path: std::path::PathBuf,
+    format: crate::trace::TraceFormat,
+    devices: Vec<u32>,
+}
+
+impl TraceCache {
+    /// An empty cache.
+    pub fn new() -> TraceCache {
+        TraceCache::default()
+    }
+
+    /// An empty cache holding at most `bound` records (the tests' smaller bound).
+    fn with_bound(bound: usize) -> TraceCache {
+        TraceCache { loaded: Vec::new(), records: 0, bound }
+    }
+
+    /// Records held, over every distinct trace loaded.
+    pub fn records(&self) -> usize {
+        self.records
+    }
+
+    /// The records of `path` (as `format`, keeping `devices`): loaded once, shared after. A load that
+    /// would take the total past [`MAX_SCENARIO_RECORDS`] is an error naming the file and the total.
+    fn load(
+        &mut self,
+        path: &Path,
+        format: crate::trace::TraceFormat,
+        devices: &[u32],
+    ) -> Result<Arc<Vec<TraceRecord>>, WorkloadError> {
+        let key = TraceKey {
+            path: std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+            format,
+            devices: devices.to_vec(),
+        };
+        if let Some((_, records)) = self.loaded.iter().find(|(k, _)| *k == key) {
+            return Ok(Arc::clone(records));
+        }
+        let records = crate::trace::load(path, format, devices)?;
+        let total = self.records.saturating_add(records.len());
+        if total > self.bound {
+            return Err(invalid(format!(
+                "trace {}: its {} records bring the scenario's traces to {total} records, above the bound of {} \
+                 (32 bytes each; tenants naming one trace with the same format and devices share one copy)",
+                path.display(),
+                records.len(),
+                self.bound
+            )));
+        }
+        self.records = total;
+        let records = Arc::new(records);
+        self.loaded.push((key, Arc::clone(&records)));
+        Ok(records)
+    }
 }
 
 impl WorkloadParams {
@@ -449,6 +571,18 @@ impl WorkloadParams {
         self.validate_as(duration, base, devices, &FieldNames::SCENARIO)
     }
 
+    /// [`WorkloadParams::validate`] for one of several workloads of a scenario: a trace is loaded through
+    /// `traces`, shared with the scenario's other workloads that name it, and bounded with them.
+    pub fn validate_shared(
+        &self,
+        duration: Nanos,
+        base: Option<&Path>,
+        devices: &[u32],
+        traces: &mut TraceCache,
+    ) -> Result<WorkloadSpec, WorkloadError> {
+        self.validate_in(duration, base, devices, &FieldNames::SCENARIO, traces)
+    }
+
     /// Whether the workload as written keeps a closed window (`outstanding`): a closed one, or an on/off
     /// one without a rate (closed inside its on periods). Its other kinds refuse a window.
     pub fn keeps_window(&self) -> bool {
@@ -462,6 +596,18 @@ impl WorkloadParams {
         base: Option<&Path>,
         devices: &[u32],
         names: &FieldNames,
+    ) -> Result<WorkloadSpec, WorkloadError> {
+        self.validate_in(duration, base, devices, names, &mut TraceCache::new())
+    }
+
+    /// [`WorkloadParams::validate_as`], loading a trace through `traces`.
+    fn validate_in(
+        &self,
+        duration: Nanos,
+        base: Option<&Path>,
+        devices: &[u32],
+        names: &FieldNames,
+        traces: &mut TraceCache,
     ) -> Result<WorkloadSpec, WorkloadError> {
         let kind_name = self.kind.as_str();
         let closed = || -> Result<WorkloadKind, WorkloadError> {
@@ -559,7 +705,7 @@ impl WorkloadParams {
                     }
                 }
                 let fmt = crate::trace::TraceFormat::resolve(t.format.as_deref(), &path)?;
-                let records = crate::trace::load(&path, fmt, devices)?;
+                let records = traces.load(&path, fmt, devices)?;
                 if records.is_empty() {
                     return Err(invalid(format!(
                         "trace {} has no records (device filter {:?})",
@@ -598,7 +744,7 @@ impl WorkloadParams {
                     );
                     within_rate(&what, n / pass)?;
                 }
-                WorkloadKind::Trace { records: Arc::new(records), time_scale: t.time_scale, repeat: t.repeat }
+                WorkloadKind::Trace { records, time_scale: t.time_scale, repeat: t.repeat }
             }
             other if names.key_value => {
                 return Err(invalid(format!("kind={other}: expected closed, open, on_off, burst or trace")))
@@ -612,17 +758,7 @@ impl WorkloadParams {
             self.read_pct.unwrap_or_else(default_pct),
             self.random_pct.unwrap_or_else(default_pct),
         );
-        let size = positive(names.size, size_kb)?;
-        if size > (MAX_SIZE_BYTES / 1024) as f64 {
-            return Err(invalid(format!(
-                "{} must be at most 1 GiB, got {} GiB",
-                names.size,
-                Num(size / (1 << 20) as f64)
-            )));
-        }
-        if (size * 1024.0).round() < 1.0 {
-            return Err(invalid(format!("{} {} is less than one byte", names.size, Num(size))));
-        }
+        let size_bytes = request_size_bytes(names.size, size_kb)?;
         for (f, v) in [(names.read_pct, read_pct), (names.random_pct, random_pct)] {
             if !(0.0..=100.0).contains(&v) {
                 return Err(invalid(format!("{f} must be in [0, 100], got {}", Num(v))));
@@ -648,7 +784,7 @@ impl WorkloadParams {
         }
         Ok(WorkloadSpec {
             kind,
-            size_bytes: (size * 1024.0).round() as u64,
+            size_bytes,
             read_frac: read_pct / 100.0,
             random_frac: random_pct / 100.0,
             span_bytes: ((span * (1u64 << 30) as f64) as u64).max(1 << 20),
@@ -1232,6 +1368,50 @@ mod tests {
         let sized = |kb| WorkloadParams { size_kb: kb, ..Default::default() };
         assert!(check(sized(Some(1e-4))).unwrap_err().contains("size_kb 0.0001 is less than one byte"));
         assert_eq!(check(sized(Some(1.0 / 1024.0))).unwrap().size_bytes, 1);
+    }
+
+    /// Workloads naming one trace (same format and devices) share one copy of its records (seventy
+    /// tenants on one trace loaded it seventy times); another device filter is another load; the
+    /// records of all of a scenario's traces are bounded, with an error naming the file and the total.
+    #[test]
+    fn a_trace_is_loaded_once_per_scenario_and_bounded_in_all() {
+        let dir = std::env::temp_dir().join(format!("rein-model-shared-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.trace"), "0 0 0 8 1\n10 1 8 8 1\n20 0 16 8 1\n").unwrap();
+        std::fs::write(dir.join("b.trace"), "0 0 0 8 1\n10 0 8 8 1\n20 0 16 8 1\n").unwrap();
+        let params = |path: &str| {
+            let trace = TraceParams {
+                path: path.into(),
+                format: None,
+                device: None,
+                devices: None,
+                time_scale: 1.0,
+                repeat: false,
+            };
+            WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() }
+        };
+        let records = |s: &WorkloadSpec| match &s.kind {
+            WorkloadKind::Trace { records, .. } => Arc::clone(records),
+            _ => unreachable!(),
+        };
+        let mut cache = TraceCache::with_bound(5);
+        let mut load = |path: &str, devices: &[u32]| {
+            params(path)
+                .validate_shared(Nanos::from_secs(10), Some(&dir), devices, &mut cache)
+                .map_err(|e| e.to_string())
+        };
+        let first = records(&load("a.trace", &[]).unwrap());
+        let again = records(&load("a.trace", &[]).unwrap());
+        assert!(Arc::ptr_eq(&first, &again), "one copy");
+        let dev0 = records(&load("a.trace", &[0]).unwrap());
+        assert_eq!(dev0.len(), 2, "another filter, another load (3 + 2 records)");
+        let e = load("b.trace", &[]).unwrap_err();
+        assert!(
+            e.contains("b.trace: its 3 records bring the scenario's traces to 8 records, above the bound of 5"),
+            "{e}"
+        );
+        assert_eq!(cache.records(), 5);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -373,6 +373,85 @@ fn a_period_check_over_no_period_fails() {
     assert!(results[0].description.contains("NaN (no bucket-period to judge)"), "{}", results[0].description);
 }
 
+/// `server_reservations` above the tenant's limit raised the limit at that server (`l.max(r)`): the run
+/// was of another tenant than the file's. Refused, naming the tenant, the server and both values.
+#[test]
+fn a_server_reservation_above_the_limit_is_refused() {
+    let two = BASE.replace("[[tenants]]", "[[servers]]\nname = \"s2\"\ncapacity_iops = 1000\n[[tenants]]");
+    has(
+        &two.replace("name = \"a\"", "name = \"a\"\nlimit = 100\nserver_reservations = { s2 = 300 }"),
+        "tenant a: server_reservations for \"s2\" (300) is above the tenant's limit (100)",
+    );
+    let ok = two.replace("name = \"a\"", "name = \"a\"\nlimit = 300\nserver_reservations = { s2 = 300 }");
+    assert!(Scenario::from_toml(&ok, None).is_ok());
+}
+
+/// Routing shares whose sum overflows (1e308 + 1e308) made every share 0 after the division, and every
+/// request went to the last server: refused, naming the tenant and the sum.
+#[test]
+fn routing_shares_whose_sum_overflows_are_refused() {
+    let two = BASE.replace("[[tenants]]", "[[servers]]\nname = \"s2\"\ncapacity_iops = 1000\n[[tenants]]");
+    has(
+        &two.replace("name = \"a\"", "name = \"a\"\nrouting = { shares = { s1 = 1e308, s2 = 1e308 } }"),
+        "tenant a: routing shares sum to inf",
+    );
+}
+
+/// `[pshift.generate]` skipped the bounds of written workloads: a `size_kb` of 10^12 KiB (above 1 GiB) or
+/// 10^-9 KiB (no byte), and a `demand_ratio` of 10^12 (10^15 IOPS a bucket) ran. Refused, naming the key.
+#[test]
+fn generated_buckets_keep_to_the_workload_bounds() {
+    let gen = |extra: &str| {
+        format!(
+            "name = \"psgen\"\nduration_s = 6.0\n[pshift]\nperiod_s = 5.0\nstart_s = 1.0\n[pshift.generate]\n\
+             buckets = 4\nactive_servers = 2\n{extra}\n[[servers]]\nname = \"s0\"\ncapacity_iops = 500\n\
+             queue_depth = 1\n[[servers]]\nname = \"s1\"\ncapacity_iops = 500\nqueue_depth = 1\n"
+        )
+    };
+    has(&gen("demand_ratio = 1.5\nsize_kb = 1e12"), "pshift.generate.size_kb must be at most 1 GiB");
+    has(&gen("demand_ratio = 1.5\nsize_kb = 1e-9"), "pshift.generate.size_kb 1e-9 is less than one byte");
+    has(&gen("demand_ratio = 1e12"), "pshift.generate.demand_ratio 1000000000000 x a reservation of");
+    has(&gen("demand_ratio = 1e12"), "is above the bound of 10000000 IOPS");
+    assert!(Scenario::from_toml(&gen("demand_ratio = 1.5\nsize_kb = 1048576"), None).is_ok());
+}
+
+/// The scenario's `name` and an expectation's `note` are printed in the report (the name heads it, a note
+/// follows its check's line): a line break or escape in either forged a line (`ok` under a miss). Refused
+/// as in tenant names, naming the key.
+#[test]
+fn a_scenario_name_or_note_cannot_forge_output_lines() {
+    let e = err(&BASE.replace("name = \"t\"", "name = \"t\\nall 3 expectations met\""));
+    assert!(e.contains("name \"t\\nall 3 expectations met\" has a control character"), "{e}");
+    has(&BASE.replace("name = \"t\"", "name = \"t\\u001b[2K\""), "has a control character");
+    let expect =
+        format!("{BASE}[[expect]]\ntenant = \"a\"\nmetric = \"iops\"\nabove = 1\nnote = \"x\\n  ok   forged\"\n");
+    has(&expect, "expect[0]: note \"x\\n  ok   forged\" has a control character");
+    assert!(Scenario::from_toml(&expect.replace("\\n", " "), None).is_ok());
+}
+
+/// Tenants naming one trace share one copy of its records (a review's f6_trace: seventy tenants on one
+/// 50 MB trace loaded it seventy times, gigabytes).
+#[test]
+fn tenants_on_one_trace_share_its_records() {
+    let dir = std::env::temp_dir().join(format!("rein-sim-shared-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n1000000 0 8 8 1\n").unwrap();
+    let mut text =
+        String::from("name = \"shared\"\nduration_s = 1\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n");
+    for t in 0..3 {
+        text += &format!(
+            "[[tenants]]\nname = \"t{t}\"\n[tenants.workload]\nkind = \"trace\"\ntrace = {{ path = \"t.trace\" }}\n"
+        );
+    }
+    let sc = Scenario::from_toml(&text, Some(&dir)).unwrap();
+    let records = |t: usize| match &sc.tenants[t].workload.kind {
+        rein_model::WorkloadKind::Trace { records, .. } => std::sync::Arc::clone(records),
+        _ => unreachable!(),
+    };
+    assert!(std::sync::Arc::ptr_eq(&records(0), &records(1)) && std::sync::Arc::ptr_eq(&records(0), &records(2)));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A FIFO as a scenario's or a trace's path hung `rein sim` in its open (a review's f9_fifo): refused,
 /// naming the file and what it is. Each load runs apart, so a regression fails rather than hangs.
 #[test]
@@ -408,4 +487,25 @@ fn a_fifo_as_a_scenario_or_trace_is_refused_not_waited_on() {
     let e = load(fifo.clone());
     assert!(e.contains("cannot read scenario") && e.contains("fifo.trace: it is a FIFO, not a regular file"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An open loop behind a long network delay held every request on its way in memory (a review's
+/// f3_net: 10^7 IOPS x 10 s, 10^8 requests): the open loops' rate x delay is bounded, naming the tenant
+/// and the product; a closed loop's window bounds its own.
+#[test]
+fn requests_on_the_network_at_once_are_bounded() {
+    let net = |delay: &str, workload: &str| {
+        BASE.replace("duration_s = 10", &format!("duration_s = 10\nnetwork = {{ delay_ms = {delay} }}"))
+            .replace("kind = \"closed\"", workload)
+    };
+    let e = err(&net("10000", "kind = \"open\"\niops = 1e7"));
+    assert!(
+        e.contains("network.delay_ms 10000 x the open loops' rates: 100000000 requests would be on the network at once (tenant a's 100000000,"),
+        "{e}"
+    );
+    assert!(e.contains("above the bound of 1000000"), "{e}");
+    let e = err(&net("10000", "kind = \"burst\"\nburst_count = 1000\nburst_period_ms = 1"));
+    assert!(e.contains("tenant a's 10000000,"), "{e}");
+    assert!(Scenario::from_toml(&net("100", "kind = \"open\"\niops = 1e7"), None).is_ok(), "the bound itself");
+    assert!(Scenario::from_toml(&net("10000", "kind = \"closed\"\noutstanding = 65536"), None).is_ok());
 }

@@ -303,7 +303,9 @@ impl Drop for Scratch {
 fn run_simulated(args: DemoArgs) -> Result<()> {
     let mut sc = Scenario::from_toml(DEMO_TOML, None)?;
     let (kind, distributed) = rein_sim::model::parse_scheduler(&args.scheduler).map_err(anyhow::Error::msg)?;
-    sc = sc.with_scheduler(kind, distributed);
+    sc = sc
+        .with_scheduler(kind, distributed)
+        .map_err(|e| anyhow::anyhow!("{e} (from --scheduler {})", args.scheduler))?;
     let (r, results) = sim::run_with_progress(&sc, args.json, true)?;
     let results = results.expect("asked to check");
     sim::write_outputs(&args.out, &sc, &r, Some(&results))?;

@@ -59,7 +59,8 @@ pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
             );
         }
         let (kind, distributed) = rein_sim::model::parse_scheduler(s).map_err(anyhow::Error::msg)?;
-        sc = sc.with_scheduler(kind, distributed);
+        // Held to what the file may say: `scheduler = "token"` outside [pshift] is refused, so is this.
+        sc = sc.with_scheduler(kind, distributed).map_err(|e| anyhow::anyhow!("{e} (from --scheduler {s})"))?;
         sc.scheduler_name = s.clone();
     }
     if let Some(name) = &args.sabotage {

@@ -149,6 +149,13 @@ fn bad_arguments_are_clear_errors() {
     assert!(!ok && e.contains("cannot read scenario /nonexistent/x.toml"), "{e}");
     let (ok, _, e) = rein(&["demo", "--scheduler", "wfq"]);
     assert!(!ok && e.contains("unknown scheduler"), "{e}");
+    // The token scheduler outside [pshift] is plain round robin labelled token: refused on the command
+    // line as in the file (it ran, and its checks were judged, before).
+    let (_dir, sc) = with_scenario("token", TINY);
+    let (ok, out, e) = rein(&["sim", sc.to_str().unwrap(), "--scheduler", "token", "-q"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(e.contains("scheduler \"token\" is pShift's") && e.trim_end().ends_with("(from --scheduler token)"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
 }
 
 /// The live demo: `rein serve` on its built-in default over a modelled 2,400 IOPS device, RD / OLTP / DM

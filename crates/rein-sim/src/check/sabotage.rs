@@ -63,7 +63,8 @@ impl Sabotage {
                 }
                 let changed = sc.servers.iter().any(|srv| srv.scheduler != SchedulerKind::Fifo)
                     || sc.parda.as_ref().is_some_and(|p| p.local_scheduler != SchedulerKind::Fifo);
-                let mut s = sc.with_scheduler(SchedulerKind::Fifo, false);
+                // FIFO fits any scenario without [pshift] (returned above).
+                let mut s = sc.with_scheduler(SchedulerKind::Fifo, false).ok()?;
                 if let Some(p) = &mut s.parda {
                     p.local_scheduler = SchedulerKind::Fifo;
                 }

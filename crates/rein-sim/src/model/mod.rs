@@ -36,6 +36,11 @@ pub const MAX_INTERVALS: usize = 1_000_000;
 /// Most tenant-server pairs (the sum over tenants of the servers each uses). A pair holds a scheduler
 /// entry at its server and a gateway link, about 700 bytes in all: two million take about 1.4 GB.
 pub const MAX_PAIRS: usize = 2_000_000;
+/// Most requests on the network at once (checked at load): the open loops' requests issued within one
+/// `network.delay_ms` (each on its way to its server, then its response on its way back, holds a request
+/// slot and an event, about 100 bytes: a million take about 100 MB, twice that at worst as the vectors
+/// grow). A workload at the largest rate (10^7 IOPS) may have a delay of 100 ms.
+pub const MAX_NETWORK_IN_FLIGHT: f64 = 1e6;
 /// Most tenants x servers: each server keeps a 4-byte count per tenant of the scenario (400 MB at the
 /// bound).
 pub const MAX_TENANTS_X_SERVERS: usize = 100_000_000;
@@ -144,15 +149,19 @@ impl Scenario {
         Ok(s)
     }
 
-    /// A copy running every server on `kind` (for side-by-side comparisons).
-    pub fn with_scheduler(&self, kind: SchedulerKind, distributed: bool) -> Scenario {
+    /// A copy running every server on `kind` (for side-by-side comparisons), held to what a file naming
+    /// `kind` is: the token scheduler only in a pShift cluster, and only it there (`rein sim --scheduler
+    /// token` ran plain round robin labelled token, which the file's `scheduler = "token"` is refused for).
+    pub fn with_scheduler(&self, kind: SchedulerKind, distributed: bool) -> Result<Scenario, ScenarioError> {
         let mut s = self.clone();
         for srv in &mut s.servers {
             srv.scheduler = kind;
             srv.distributed = distributed;
         }
         s.scheduler_name = kind.name().to_string();
-        s
+        check_schedulers(s.pshift.is_some(), &s.servers)
+            .map_err(|message| ScenarioError::Invalid { scenario: self.label(), message })?;
+        Ok(s)
     }
 
     /// A copy with PARDA switched off: every host keeps a fixed issue queue (the uncontrolled baseline).
@@ -191,16 +200,23 @@ fn secs(field: &str, v: f64) -> Result<Nanos, String> {
     Ok(Nanos::from_secs_f64(v))
 }
 
+/// A line break splits a row of the CSV outputs or forges a line of the report, an escape sequence
+/// rewrites the terminal's table: text the outputs carry (names, the scenario's `name`, an expectation's
+/// `note`) may hold none. `what` names the key in the error.
+pub(crate) fn no_control(what: &str, text: &str) -> Result<(), String> {
+    if text.chars().any(char::is_control) {
+        return Err(format!("{what} {text:?} has a control character (a line break, tab or escape)"));
+    }
+    Ok(())
+}
+
 fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<(), String> {
     let mut seen = std::collections::BTreeSet::new();
     for n in names {
         if n.trim().is_empty() {
             return Err(format!("a {what} has an empty name"));
         }
-        // A line break splits a row of the CSV outputs, an escape sequence rewrites the terminal's table.
-        if n.chars().any(char::is_control) {
-            return Err(format!("{what} name {n:?} has a control character (a line break, tab or escape)"));
-        }
+        no_control(&format!("{what} name"), n)?;
         if !seen.insert(n) {
             return Err(format!("two {what}s are named {n:?}"));
         }
@@ -227,6 +243,66 @@ fn check_size(pairs: usize, tenants: usize, servers: usize) -> Result<(), String
     Ok(())
 }
 
+/// The token scheduler without a controller is plain round robin, and a pShift cluster runs the token
+/// scheduler whatever a server names: either would run something other than the file (or the command
+/// line's `--scheduler`, [`Scenario::with_scheduler`]) says.
+fn check_schedulers(pshift: bool, servers: &[Server]) -> Result<(), String> {
+    for s in servers {
+        match (pshift, s.scheduler == SchedulerKind::Token) {
+            (false, true) => {
+                return Err(format!(
+                    "server {}: scheduler \"token\" is pShift's, whose controller hands out the tokens: it needs a \
+                     [pshift] table (without one it would be plain round robin); otherwise use mclock, dmclock, \
+                     rbfq, sfq, lfq, dtfq or fifo",
+                    s.name
+                ))
+            }
+            (true, false) => {
+                return Err(format!(
+                    "server {}: scheduler {:?}: a [pshift] scenario's servers run pShift's token scheduler; leave \
+                     scheduler out or write \"token\"",
+                    s.name,
+                    s.scheduler.name()
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The requests the open loops have on the network at once, about: each tenant's requests issued within
+/// one delay `net` ([`rein_model::WorkloadKind::issued_within`]: a closed loop's window bounds its own,
+/// and a PARDA VM's wait at its host for room in the window), summed, at most [`MAX_NETWORK_IN_FLIGHT`].
+/// Nothing bounded them: an open loop at 10^7 IOPS behind a 10 s delay held 10^8 requests in memory.
+/// The error names the tenant with the most.
+fn check_network(net: Nanos, tenants: &[Tenant]) -> Result<(), String> {
+    if net == Nanos::ZERO {
+        return Ok(());
+    }
+    let each =
+        tenants.iter().filter(|t| t.host.is_none()).filter_map(|t| t.workload.kind.issued_within(net).map(|n| (t, n)));
+    let (mut total, mut most) = (0.0, None::<(&Tenant, f64)>);
+    for (t, n) in each {
+        total += n;
+        if most.is_none_or(|(_, m)| n > m) {
+            most = Some((t, n));
+        }
+    }
+    match most {
+        Some((t, n)) if total > MAX_NETWORK_IN_FLIGHT => Err(format!(
+            "network.delay_ms {} x the open loops' rates: {} requests would be on the network at once (tenant \
+             {}'s {}, by its rate x the delay), above the bound of {} (each holds memory until it is served)",
+            Num(net.as_secs_f64() * 1e3),
+            Num(total.round()),
+            t.name,
+            Num(n.round()),
+            Num(MAX_NETWORK_IN_FLIGHT)
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl ScenarioFile {
     /// Validates the file into a [`Scenario`] (trace paths relative to `base`).
     /// Errors name the scenario by its name; [`ScenarioFile::validate_as`] names its file.
@@ -245,6 +321,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     if file.name.trim().is_empty() {
         return Err("name must not be empty".into());
     }
+    // The name heads the summary, the plots and summary.json's "name".
+    no_control("name", &file.name)?;
     // One message for every value out of range, zero and negative alike.
     let duration = secs("duration_s", file.duration_s).ok().filter(|&d| d > Nanos::ZERO).ok_or_else(|| {
         format!("duration_s must be more than 0 and at most {MAX_DURATION_S} s, got {}", Num(file.duration_s))
@@ -329,32 +407,12 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
             }
         }
     }
-    // The token scheduler without a controller is plain round robin, and a pShift cluster runs the token
-    // scheduler whatever a server names: either would run something other than the file says.
-    for s in &servers {
-        match (file.pshift.is_some(), s.scheduler == SchedulerKind::Token) {
-            (false, true) => {
-                return Err(format!(
-                    "server {}: scheduler \"token\" is pShift's, whose controller hands out the tokens: it needs a \
-                     [pshift] table (without one it would be plain round robin); otherwise use mclock, dmclock, \
-                     rbfq, sfq, lfq, dtfq or fifo",
-                    s.name
-                ))
-            }
-            (true, false) => {
-                return Err(format!(
-                    "server {}: scheduler {:?}: a [pshift] scenario's servers run pShift's token scheduler; leave \
-                     scheduler out or write \"token\"",
-                    s.name,
-                    s.scheduler.name()
-                ))
-            }
-            _ => {}
-        }
-    }
+    check_schedulers(file.pshift.is_some(), &servers)?;
     let mut tenants = Vec::with_capacity(file.tenants.len());
+    // Tenants naming one trace share its records; all the scenario's together are bounded.
+    let mut traces = rein_model::workload::TraceCache::new();
     for (i, t) in file.tenants.iter().enumerate() {
-        tenants.push(tenant::validate_tenant(i, t, &servers, base, duration)?);
+        tenants.push(tenant::validate_tenant(i, t, &servers, base, duration, &mut traces)?);
     }
     if file.pshift.is_some() && (file.parda.is_some() || !file.hosts.is_empty()) {
         return Err(
@@ -373,6 +431,10 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     check_size(tenants.iter().map(|t| t.servers.len()).sum(), tenants.len(), servers.len())?;
     let (parda, hosts) =
         parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers, duration)?;
+    // pShift's buckets do not cross the network (the cluster layer drives them).
+    if file.pshift.is_none() {
+        check_network(Nanos::from_secs_f64(net / 1e3), &tenants)?;
+    }
     let expect = file
         .expect
         .iter()

@@ -5,7 +5,7 @@ use super::server::Server;
 use crate::file::{RoutingFile, TenantFile};
 use rein_core::sched::dmclock::{DEFAULT_SPREAD_WINDOW_IOS, MAX_SPREAD_WINDOW_IOS};
 use rein_core::{Nanos, Num, QosSpec, ReservationSplit};
-use rein_model::workload::WorkloadSpec;
+use rein_model::workload::{TraceCache, WorkloadSpec};
 use rein_model::Routing;
 use std::path::Path;
 
@@ -42,13 +42,15 @@ fn positive(what: &str, v: f64) -> Result<f64, String> {
     }
 }
 
-/// Validates a `[[tenants]]` entry against the servers; trace paths resolve against `base`.
+/// Validates a `[[tenants]]` entry against the servers; trace paths resolve against `base`, and a trace
+/// is loaded through `traces` (shared with the scenario's other tenants that name it).
 pub(crate) fn validate_tenant(
     index: usize,
     t: &TenantFile,
     servers: &[Server],
     base: Option<&Path>,
     duration: Nanos,
+    traces: &mut TraceCache,
 ) -> Result<Tenant, String> {
     let n = &t.name;
     let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit).map_err(|e| format!("tenant {n}: {e}"))?;
@@ -79,9 +81,18 @@ pub(crate) fn validate_tenant(
             .iter()
             .position(|&x| x == i)
             .ok_or_else(|| format!("tenant {n}: server_reservations for {s:?}, which the tenant does not use"))?;
-        let lim = spec.limit().map(|l| l.max(r));
-        server_specs[k] =
-            QosSpec::new(r, lim, spec.weight(), spec.idle_credit()).map_err(|e| format!("tenant {n} on {s}: {e}"))?;
+        // A minimum above the tenant's limit cannot be met within it: raising the limit to it (as this did)
+        // ran a tenant the file does not describe.
+        if let Some(l) = spec.limit().filter(|&l| r > l) {
+            return Err(format!(
+                "tenant {n}: server_reservations for {s:?} ({}) is above the tenant's limit ({}): the server could \
+                 not give it without passing the limit",
+                Num(r),
+                Num(l)
+            ));
+        }
+        server_specs[k] = QosSpec::new(r, spec.limit(), spec.weight(), spec.idle_credit())
+            .map_err(|e| format!("tenant {n} on {s}: {e}"))?;
     }
     let routing = match &t.routing {
         None => Routing::default(),
@@ -111,8 +122,18 @@ pub(crate) fn validate_tenant(
                 }
                 v[k] = w;
             }
-            if v.iter().sum::<f64>() <= 0.0 {
+            let sum = v.iter().sum::<f64>();
+            if sum <= 0.0 {
                 return Err(format!("tenant {n}: routing shares must not all be zero"));
+            }
+            // Shares are divided by their sum: an infinite one made every share 0, and all the requests
+            // went to the last server.
+            if !sum.is_finite() {
+                return Err(format!(
+                    "tenant {n}: routing shares sum to {} (they are divided by their sum): give smaller shares, \
+                     e.g. fractions",
+                    Num(sum)
+                ));
             }
             Routing::Shares(v)
         }
@@ -141,7 +162,8 @@ pub(crate) fn validate_tenant(
         }
     };
     let devices = trace_devices(t)?;
-    let workload = t.workload.validate(duration, base, &devices).map_err(|e| format!("tenant {n}: {e}"))?;
+    let workload =
+        t.workload.validate_shared(duration, base, &devices, traces).map_err(|e| format!("tenant {n}: {e}"))?;
     let reservation_split = reservation_split(t).map_err(|e| format!("tenant {n}: {e}"))?;
     // How a client splits its reservation over servers is carried by dmClock's and RBFQ's delta/rho: under
     // any other scheduler it would be ignored.

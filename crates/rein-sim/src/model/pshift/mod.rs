@@ -326,7 +326,9 @@ fn generate(
     if !(zs.is_finite() && (0.0..=10.0).contains(&zs)) {
         return Err("pshift.generate.demand_zipf_s must be in [0, 10]".into());
     }
-    let size = positive("size_kb", g.size_kb)?;
+    // The ordinary workload bounds: at least one byte, at most the largest request.
+    let size_bytes =
+        rein_model::workload::request_size_bytes("pshift.generate.size_kb", g.size_kb).map_err(|e| e.to_string())?;
     let period_s = period.as_secs_f64();
     let mut rng = rein_model::seed::stream_rng(seed, 1 << 48);
     // Reservations in IOs per period (whole), then as rates.
@@ -348,18 +350,26 @@ fn generate(
             return Err("pshift.generate: give reservation_iops or reserved_fraction, not both".into())
         }
     };
-    let load_of =
-        |r_iops: f64| -> Result<BucketLoad, String> {
-            match (g.demand_ratio, g.outstanding_per_server) {
-                (Some(m), None) => Ok(BucketLoad::Open { iops: (positive("demand_ratio", m)? * r_iops).max(1e-3) }),
-                (None, Some(k)) if (1..=MAX_OUTSTANDING).contains(&k) => Ok(BucketLoad::Closed { per_server: k }),
-                (None, Some(_)) => {
-                    Err(format!("pshift.generate.outstanding_per_server must be in 1..={}", MAX_OUTSTANDING))
-                }
-                _ => Err("pshift.generate: give demand_ratio (open arrivals) or outstanding_per_server (closed loops)"
-                    .into()),
+    let load_of = |r_iops: f64| -> Result<BucketLoad, String> {
+        match (g.demand_ratio, g.outstanding_per_server) {
+            (Some(m), None) => {
+                let iops = (positive("demand_ratio", m)? * r_iops).max(1e-3);
+                // The bound every open workload keeps to (a bucket offered 10^15 IOPS spun for ever).
+                let what =
+                    format!("pshift.generate.demand_ratio {} x a reservation of {} IOPS offers", Num(m), Num(r_iops));
+                rein_model::workload::within_rate(&what, iops).map_err(|e| e.to_string())?;
+                Ok(BucketLoad::Open { iops })
             }
-        };
+            (None, Some(k)) if (1..=MAX_OUTSTANDING).contains(&k) => Ok(BucketLoad::Closed { per_server: k }),
+            (None, Some(_)) => {
+                Err(format!("pshift.generate.outstanding_per_server must be in 1..={}", MAX_OUTSTANDING))
+            }
+            _ => {
+                Err("pshift.generate: give demand_ratio (open arrivals) or outstanding_per_server (closed loops)"
+                    .into())
+            }
+        }
+    };
     // A limit below the one reservation every bucket has would be raised for all of them: a mistake, as
     // a tenant's limit below its reservation is (Zipf reservations raise only the buckets above it).
     if let (Some(l), Some(r)) = (g.limit_iops, g.reservation_iops) {
@@ -415,7 +425,7 @@ fn generate(
                         WorkloadKind::Closed { outstanding: per_server, think: Nanos::ZERO, per_server: true }
                     }
                 },
-                size_bytes: (size * 1024.0).round() as u64,
+                size_bytes,
                 read_frac: 1.0,
                 random_frac: 1.0,
                 span_bytes: 1 << 30,
