@@ -3,7 +3,12 @@
 //! A reader task decodes replies with rein-proto's [`ClientTransmission`] (structured replies in several
 //! chunks included, each chunk's length checked against its request before it is awaited) and completes
 //! the matching request by handle; callers await their own request. Bounds: at most [`MAX_IN_FLIGHT`]
-//! requests per connection (callers beyond it wait); what a reply buffers is bounded by its request.
+//! requests per connection (callers beyond it wait); what a reply buffers is bounded by its request;
+//! connecting (TCP, the NBD handshake and TLS's) takes at most [`CONNECT_TIMEOUT`].
+//!
+//! Once the connection breaks (the reader stops: the server closed it, broke the protocol, or the socket
+//! failed; or a request could not be written) it stays broken: every request still waiting fails with the
+//! reason, and every later one fails at once with it ([`NbdClient::broken`]), unsent.
 
 use crate::tls::TlsClient;
 use rein_proto::nbd::{
@@ -14,12 +19,17 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 
 /// Requests one connection has in flight at most; a caller beyond it waits for one to be answered.
 pub const MAX_IN_FLIGHT: usize = 1024;
+
+/// How long connecting may take at most, all of it: TCP's connect, the NBD handshake and the TLS
+/// handshake (a server that accepts and never answers held `rein load` for good).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a connection or a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +51,13 @@ pub enum ClientError {
     /// answer arrived; the reason is the connection's.
     #[error("connection broke: {0}")]
     Broken(String),
-    /// The TLS handshake failed (OpenSSL's reason: an untrusted certificate, an unknown PSK identity).
+    /// The TLS handshake failed (OpenSSL's reason: an untrusted certificate, an unknown PSK identity),
+    /// or the server and the client disagree on TLS (the message says which way).
     #[error("TLS: {0}")]
     Tls(String),
+    /// Connecting (TCP, the NBD handshake, TLS) took longer than this: the server does not answer.
+    #[error("no answer within {} s (TCP connect, NBD handshake or TLS handshake): the server accepts but does not answer, or nothing listens", .0.as_secs_f64())]
+    Timeout(Duration),
 }
 
 type Waiter = oneshot::Sender<Result<Vec<u8>, ClientError>>;
@@ -52,6 +66,18 @@ type Waiter = oneshot::Sender<Result<Vec<u8>, ClientError>>;
 struct Shared {
     proto: ClientTransmission,
     waiters: HashMap<u64, Waiter>,
+    /// Why the connection broke, once it did (`Closed`: the server closed it between replies); set by
+    /// the reader as it stops, or by a failed write. Requests fail at once with it from then on.
+    broken: Option<ClientError>,
+}
+
+/// A copy of a connection's end, for each request that learns of it.
+fn copy_end(e: &ClientError) -> ClientError {
+    match e {
+        ClientError::Closed => ClientError::Closed,
+        ClientError::Broken(m) => ClientError::Broken(m.clone()),
+        e => ClientError::Broken(e.to_string()),
+    }
 }
 
 type Pending = Arc<Mutex<Shared>>;
@@ -81,30 +107,36 @@ impl Writer {
 
 /// Starts the task that reads replies from `rd` (`buf`: what the handshake read past its end), and
 /// fails every waiter with the connection's end when it stops.
-fn spawn_reader<R: AsyncRead + Send + Unpin + 'static>(mut rd: R, buf: Vec<u8>, structured: bool) -> Pending {
+fn spawn_reader<R: AsyncRead + Send + Unpin + 'static>(
+    mut rd: R,
+    buf: Vec<u8>,
+    structured: bool,
+    dead: Arc<AtomicBool>,
+) -> Pending {
     let pending: Pending = Arc::new(Mutex::new(Shared {
         proto: ClientTransmission::new(structured, MAX_IN_FLIGHT),
         waiters: HashMap::new(),
+        broken: None,
     }));
     let pend = pending.clone();
     tokio::spawn(async move {
         let end = reader(&mut rd, buf, &pend).await;
-        // Fail everything still waiting, with the reason the connection ended.
+        // Fail everything still waiting, with the reason the connection ended, and keep the reason: a
+        // later request fails at once (under the same lock, so none slips in between).
         let mut g = pend.lock().unwrap_or_else(|e| e.into_inner());
         for (_, tx) in g.waiters.drain() {
-            let _ = tx.send(Err(match &end {
-                ClientError::Closed => ClientError::Closed,
-                e => ClientError::Broken(e.to_string()),
-            }));
+            let _ = tx.send(Err(copy_end(&end)));
         }
+        g.broken.get_or_insert(end);
+        dead.store(true, Relaxed);
     });
     pending
 }
 
 /// How a handshake round on one transport ended.
 enum Negotiated {
-    /// The export is open: size, flags, structured replies.
-    Ready((u64, u16, bool)),
+    /// The export is open: size, flags, structured replies, the server's size constraints.
+    Ready((u64, u16, bool, p::BlockSize)),
     /// STARTTLS was acknowledged: run TLS, then negotiate on.
     StartTls,
 }
@@ -123,7 +155,7 @@ async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
         stream.write_all(&out).await?;
         match prog {
             ClientProgress::Ready { size, flags, structured } => {
-                return Ok(Negotiated::Ready((size, flags, structured)))
+                return Ok(Negotiated::Ready((size, flags, structured, hs.block_size())))
             }
             ClientProgress::StartTls => return Ok(Negotiated::StartTls),
             // Only a handshake made with `ClientHandshake::with_node` reports these; this one is not.
@@ -142,6 +174,51 @@ async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// A refusal of NBD_OPT_STARTTLS, or of the export for want of TLS, said as what to do about it (the
+/// bare reply number read as `server refused option 5: reply 0x80000002 ()`).
+fn tls_refusal(e: ClientError) -> ClientError {
+    let ClientError::Proto(p::ProtoError::OptionRefused { option, reply, message }) = &e else { return e };
+    let said = if message.is_empty() { String::new() } else { format!(" (the server says: {message})") };
+    if *option == p::OPT_STARTTLS {
+        ClientError::Tls(format!(
+            "the server does not offer STARTTLS: it refused NBD_OPT_STARTTLS with {}{said}; drop --tls-ca/--tls-psk-file, or give the server a [tls] section",
+            reply_name(*reply)
+        ))
+    } else if *reply == p::REP_ERR_TLS_REQD {
+        ClientError::Tls(format!(
+            "the server requires TLS: give --tls-ca or --tls-psk-file (it refused option {} with NBD_REP_ERR_TLS_REQD{said})",
+            option_name(*option)
+        ))
+    } else {
+        e
+    }
+}
+
+/// An option's name (its number if unknown).
+fn option_name(option: u32) -> String {
+    match option {
+        p::OPT_EXPORT_NAME => "NBD_OPT_EXPORT_NAME".into(),
+        p::OPT_STARTTLS => "NBD_OPT_STARTTLS".into(),
+        p::OPT_INFO => "NBD_OPT_INFO".into(),
+        p::OPT_GO => "NBD_OPT_GO".into(),
+        p::OPT_STRUCTURED_REPLY => "NBD_OPT_STRUCTURED_REPLY".into(),
+        o => format!("{o}"),
+    }
+}
+
+/// An error reply's name (its number if unknown).
+fn reply_name(reply: u32) -> String {
+    match reply {
+        p::REP_ERR_UNSUP => "NBD_REP_ERR_UNSUP".into(),
+        p::REP_ERR_POLICY => "NBD_REP_ERR_POLICY".into(),
+        p::REP_ERR_INVALID => "NBD_REP_ERR_INVALID".into(),
+        p::REP_ERR_TLS_REQD => "NBD_REP_ERR_TLS_REQD".into(),
+        p::REP_ERR_UNKNOWN => "NBD_REP_ERR_UNKNOWN".into(),
+        p::REP_ERR_SHUTDOWN => "NBD_REP_ERR_SHUTDOWN".into(),
+        r => format!("{r:#x}"),
+    }
+}
+
 /// A connected, negotiated NBD client.
 pub struct NbdClient {
     writer: tokio::sync::Mutex<Writer>,
@@ -157,6 +234,11 @@ pub struct NbdClient {
     /// The export's transmission flags from the handshake (`NBD_FLAG_*`: read-only, flush, FUA, trim,
     /// ...).
     pub flags: u16,
+    /// The server's size constraints (NBD_INFO_BLOCK_SIZE; [`p::BlockSize::DEFAULT`] if it advertised
+    /// none): READ and WRITE lengths are multiples of `min` and at most `max`.
+    pub block: p::BlockSize,
+    /// Set with [`Shared::broken`], read without the lock ([`NbdClient::is_broken`]).
+    dead: Arc<AtomicBool>,
 }
 
 impl NbdClient {
@@ -176,6 +258,29 @@ impl NbdClient {
         export: &str,
         tls: Option<(&TlsClient, &str)>,
     ) -> Result<Arc<NbdClient>, ClientError> {
+        NbdClient::connect_within(addr, export, tls, CONNECT_TIMEOUT).await
+    }
+
+    /// [`NbdClient::connect_with`], all of it (TCP, the NBD handshake, TLS) within `deadline`, else
+    /// [`ClientError::Timeout`].
+    pub async fn connect_within(
+        addr: SocketAddr,
+        export: &str,
+        tls: Option<(&TlsClient, &str)>,
+        deadline: Duration,
+    ) -> Result<Arc<NbdClient>, ClientError> {
+        match tokio::time::timeout(deadline, NbdClient::open(addr, export, tls)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout(deadline)),
+        }
+    }
+
+    /// Connects and negotiates, without a deadline ([`NbdClient::connect_within`] gives it one).
+    async fn open(
+        addr: SocketAddr,
+        export: &str,
+        tls: Option<(&TlsClient, &str)>,
+    ) -> Result<Arc<NbdClient>, ClientError> {
         let mut tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let mut hs = ClientHandshake::new(export, true);
@@ -183,23 +288,25 @@ impl NbdClient {
             hs = hs.require_tls();
         }
         let mut buf = Vec::new();
-        let (wr, (size, flags, _), pending) = match negotiate(&mut tcp, &mut hs, &mut buf).await? {
-            Negotiated::Ready(n) => {
-                // The plain path keeps the socket's own halves (no lock, no indirection).
-                let (rd, wr) = tcp.into_split();
-                (Writer::Plain(wr), n, spawn_reader(rd, buf, n.2))
-            }
-            Negotiated::StartTls => {
-                let (client, name) = tls.expect("STARTTLS is asked for only with TLS");
-                let mut stream = client.connect(name, tcp).await.map_err(|e| ClientError::Tls(e.to_string()))?;
-                hs.tls_established()?;
-                let Negotiated::Ready(n) = negotiate(&mut stream, &mut hs, &mut buf).await? else {
-                    return Err(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS").into());
-                };
-                let (rd, wr) = tokio::io::split(stream);
-                (Writer::Tls(wr), n, spawn_reader(rd, buf, n.2))
-            }
-        };
+        let dead = Arc::new(AtomicBool::new(false));
+        let (wr, (size, flags, _, block), pending) =
+            match negotiate(&mut tcp, &mut hs, &mut buf).await.map_err(tls_refusal)? {
+                Negotiated::Ready(n) => {
+                    // The plain path keeps the socket's own halves (no lock, no indirection).
+                    let (rd, wr) = tcp.into_split();
+                    (Writer::Plain(wr), n, spawn_reader(rd, buf, n.2, dead.clone()))
+                }
+                Negotiated::StartTls => {
+                    let (client, name) = tls.expect("STARTTLS is asked for only with TLS");
+                    let mut stream = client.connect(name, tcp).await.map_err(|e| ClientError::Tls(e.to_string()))?;
+                    hs.tls_established()?;
+                    let Negotiated::Ready(n) = negotiate(&mut stream, &mut hs, &mut buf).await? else {
+                        return Err(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS").into());
+                    };
+                    let (rd, wr) = tokio::io::split(stream);
+                    (Writer::Tls(wr), n, spawn_reader(rd, buf, n.2, dead.clone()))
+                }
+            };
         Ok(Arc::new(NbdClient {
             writer: tokio::sync::Mutex::new(wr),
             pending,
@@ -209,7 +316,20 @@ impl NbdClient {
             disc_sent: AtomicBool::new(false),
             size,
             flags,
+            block,
+            dead,
         }))
+    }
+
+    /// Whether the connection broke ([`NbdClient::broken`] says why), without taking a lock.
+    pub fn is_broken(&self) -> bool {
+        self.dead.load(Relaxed)
+    }
+
+    /// Why the connection broke, if it did ([`ClientError::Closed`] or [`ClientError::Broken`] with the
+    /// reason): every request now fails at once with it.
+    pub fn broken(&self) -> Option<ClientError> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).broken.as_ref().map(copy_end)
     }
 
     /// Sends one request and waits for its reply (read data for READ).
@@ -231,6 +351,10 @@ impl NbdClient {
                 return Err(ClientError::Errno(p::ESHUTDOWN));
             }
             let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(end) = &g.broken {
+                // Nobody would answer it: the reader has stopped.
+                return Err(copy_end(end));
+            }
             g.proto.sent(&header)?;
             g.waiters.insert(handle, tx);
         }
@@ -244,10 +368,13 @@ impl NbdClient {
             w.write_all(&[&head, payload]).await
         };
         if let Err(e) = written {
-            // Not sent whole: nobody waits for it, and a reply naming it is the server's error.
+            // Not sent whole: nobody waits for it, and a reply naming it is the server's error. The stream
+            // is cut mid-request, so the connection is broken for every later request too.
             let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             g.proto.forget(handle);
             g.waiters.remove(&handle);
+            g.broken.get_or_insert_with(|| ClientError::Broken(format!("sending a request failed: {e}")));
+            self.dead.store(true, Relaxed);
             return Err(e.into());
         }
         let result = rx.await.map_err(|_| ClientError::Closed)?;
@@ -382,5 +509,50 @@ mod tests {
         c.disconnect().await; // a second DISC is not sent
         let events = tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap();
         assert_eq!(events, vec!["rejected", "disc"], "one request, then the soft disconnect");
+    }
+
+    /// A server that accepts and never writes: connecting fails at its deadline (it waited for the
+    /// greeting for good).
+    #[tokio::test]
+    async fn connecting_to_a_silent_server_fails_at_the_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.200:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = tokio::spawn(async move { listener.accept().await.map(|(s, _)| s) });
+        let deadline = std::time::Duration::from_millis(300);
+        let r = tokio::time::timeout(deadline * 20, NbdClient::connect_within(addr, "v", None, deadline)).await;
+        let e = r.expect("the connect ends at its deadline").err().expect("no server answered");
+        assert!(matches!(e, ClientError::Timeout(d) if d == deadline), "{e:?}");
+        assert!(e.to_string().contains("no answer within 0.3 s"), "{e}");
+        held.abort();
+    }
+
+    /// After the connection broke, a request fails at once with the connection's reason, unsent (it was
+    /// written and waited for an answer no one would give: the reader had stopped).
+    #[tokio::test]
+    async fn a_request_after_the_connection_broke_fails_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.200:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let info = crate::testkit::export_v();
+            crate::testkit::serve_handshake(&mut s, &info, None).await.expect("a handshake");
+            // A reply with a bad magic breaks the protocol; then silence, the socket open.
+            s.write_all(&[0xff; 16]).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            drop(s);
+        });
+        let c = NbdClient::connect(addr, "v").await.unwrap();
+        let start = std::time::Instant::now();
+        while !c.is_broken() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "the reader stops");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let r = tokio::time::timeout(std::time::Duration::from_secs(5), c.request(Command::Read, 0, 4096, &[], false))
+            .await
+            .expect("a request on a broken connection fails at once");
+        let e = r.expect_err("nobody answers it");
+        assert!(matches!(&e, ClientError::Broken(m) if !m.is_empty()), "{e:?}");
+        assert_eq!(c.broken().map(|b| b.to_string()), Some(e.to_string()));
+        server.abort();
     }
 }

@@ -34,9 +34,24 @@
 //! # Bounds
 //! A job keeps at most `max_pending` ([`MAX_PENDING`] by default) requests issued and unanswered; open-loop
 //! arrivals beyond it are dropped and counted as rejected. Trace records are sent at their offset modulo the
-//! export's size (aligned to 512 bytes) and at most the export's size; with [`JobRoute::devices`], a listed
+//! export's size (aligned to 512 bytes) and at most the export's size (and the server's largest request),
+//! in whole sectors; with [`JobRoute::devices`], a listed
 //! device's record is then aimed into its window's part of the export by the route's layout. At the end, the answers still due
-//! are awaited for at most [`DRAIN_TIMEOUT`] (not recorded), then abandoned with their connections.
+//! are awaited for at most [`DRAIN_TIMEOUT`] (not recorded as completions), then abandoned with their
+//! connections; those that failed or never came are counted ([`Failures`]) and among the report's rejected.
+//!
+//! # Failures
+//! A request the server answers with an error counts as rejected (not as a completion, at the job or at
+//! its server) and a closed loop replaces it as it would a completion, so it keeps its depth. A
+//! connection that breaks stays broken ([`NbdClient::broken`]): its reason is logged once, its requests
+//! fail at once, and the job's later requests go to its other connections while any is whole.
+//! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
+//!
+//! # Checks at connect
+//! Before any load: each connection within [`crate::client::CONNECT_TIMEOUT`]; no job that writes on an
+//! export the server says is read-only; request sizes within the server's size constraints
+//! (NBD_INFO_BLOCK_SIZE: at most its largest payload, a multiple of its minimum block); no empty export,
+//! and no trace replay on an export (or a server's largest request) below one 512-byte sector.
 
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
@@ -303,11 +318,80 @@ struct Done {
     job: usize,
     /// The window it was issued in (0 for a pooled job).
     k: usize,
+    /// Its connection: (group, index in the group).
+    conn: (usize, usize),
     issued: Nanos,
     /// When the driver polled the answer in (the request's future stamps it as it resolves).
     done: Nanos,
     bytes: u64,
-    ok: bool,
+    /// Why it failed (`None`: it succeeded).
+    err: Option<ClientError>,
+}
+
+/// What failed in a run (all zero and empty when nothing did).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Failures {
+    /// Requests that failed: answered with an error, or lost with their connection (during the run or
+    /// at its end).
+    pub failed: u64,
+    /// The first failure (`job NAME: server answered error 5 (EIO)`, or a connection's reason).
+    pub first: Option<String>,
+    /// Requests still unanswered at the end after [`DRAIN_TIMEOUT`] (abandoned with their connections).
+    pub unanswered: u64,
+    /// Each connection that broke during the run, once: `job NAME: connection N to ADDR: reason`.
+    pub broken: Vec<String>,
+}
+
+impl Failures {
+    /// Whether anything failed.
+    pub fn any(&self) -> bool {
+        self.failed > 0 || self.unanswered > 0 || !self.broken.is_empty()
+    }
+
+    fn note(&mut self, job: &str, e: &ClientError) {
+        self.failed += 1;
+        if self.first.is_none() {
+            self.first = Some(format!("job {job}: {}", describe(e)));
+        }
+    }
+}
+
+/// A request's error as the operator reads it: an NBD error number with its name.
+fn describe(e: &ClientError) -> String {
+    match e {
+        ClientError::Errno(n) => format!("server answered error {n} ({})", errno_name(*n)),
+        e => e.to_string(),
+    }
+}
+
+/// The name of an NBD error number.
+fn errno_name(n: u32) -> &'static str {
+    use rein_proto::nbd as p;
+    match n {
+        p::EPERM => "EPERM",
+        p::EIO => "EIO",
+        p::ENOMEM => "ENOMEM",
+        p::EINVAL => "EINVAL",
+        p::ENOSPC => "ENOSPC",
+        p::EOVERFLOW => "EOVERFLOW",
+        p::ENOTSUP => "ENOTSUP",
+        p::ESHUTDOWN => "ESHUTDOWN",
+        _ => "unknown",
+    }
+}
+
+/// Whether `e` is the connection's failure rather than the server's answer to the request.
+fn connection_error(e: &ClientError) -> bool {
+    !matches!(e, ClientError::Errno(_))
+}
+
+/// The run's totals and what failed in it ([`run_checked`]).
+#[derive(Debug)]
+pub struct Outcome {
+    /// The report.
+    pub totals: RunTotals,
+    /// What failed.
+    pub failures: Failures,
 }
 
 /// Which of a group's connections a request takes: the next in turn, except that a request starting
@@ -351,6 +435,11 @@ struct JobState {
     /// Per group, which connection the next request takes.
     pick: Vec<Pick>,
     export_size: u64,
+    /// The largest trace record sent (whole sectors, within the export and the servers' largest request).
+    trace_max: u64,
+    /// The job's name and its connection groups' servers, for what failed.
+    name: String,
+    addrs: Vec<SocketAddr>,
     /// Write payload (0x5a bytes), shared by the job's writes of up to its length.
     payload: Arc<[u8]>,
     clock: Clock,
@@ -374,8 +463,89 @@ struct JobState {
     live_lat_ns: u64,
 }
 
-/// Runs the load; `live` is called once per interval with the jobs' IOPS and latency.
-pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) -> Result<RunTotals, LoadError> {
+/// Runs the load; `live` is called once per interval with the jobs' IOPS and latency. What failed is
+/// logged and in the totals' rejected counts; [`run_checked`] returns it as well.
+pub async fn run(cfg: LoadConfig, live: impl FnMut(Duration, &Live) + Send) -> Result<RunTotals, LoadError> {
+    Ok(run_checked(cfg, live).await?.totals)
+}
+
+/// What a job needs of its export and the server behind it, checked at connect (module comment): `spec`
+/// is the job's workload fitted to the export, `c` a connection to `addr`.
+fn check_export(j: &Job, spec: &WorkloadSpec, addr: SocketAddr, c: &NbdClient) -> Result<(), LoadError> {
+    use rein_model::workload::WorkloadKind;
+    use rein_proto::nbd::TFLAG_READ_ONLY;
+    let at = format!("job {}: export {:?} at {addr}", j.name, j.export);
+    let bad = |m: String| Err(LoadError::Invalid(format!("{at}: {m}")));
+    let b = c.block;
+    if c.size == 0 {
+        return bad("the export is empty (0 bytes)".into());
+    }
+    let trace = match spec.kind.inner() {
+        WorkloadKind::Trace { records, .. } => Some(records),
+        _ => None,
+    };
+    let writes = match trace {
+        Some(records) => records.iter().any(|r| !r.read),
+        None => spec.read_frac < 1.0,
+    };
+    if writes && c.flags & TFLAG_READ_ONLY != 0 {
+        return bad("the server says it is read-only (NBD_FLAG_READ_ONLY) and the job writes (set read=100)".into());
+    }
+    match trace {
+        None => {
+            let size = spec.size_bytes;
+            if size > u64::from(b.max) {
+                return bad(format!(
+                    "size {size} bytes is above the largest request the server takes ({} bytes)",
+                    b.max
+                ));
+            }
+            if size % u64::from(b.min.max(1)) != 0 {
+                return bad(format!(
+                    "size {size} bytes is not a multiple of the server's minimum block size ({} bytes)",
+                    b.min
+                ));
+            }
+        }
+        Some(records) => {
+            if c.size < 512 {
+                return bad(format!(
+                    "the export is {} bytes: a trace replay needs at least one 512-byte sector",
+                    c.size
+                ));
+            }
+            if b.max < 512 {
+                return bad(format!(
+                    "the server's largest request is {} bytes: a trace replay sends whole 512-byte sectors",
+                    b.max
+                ));
+            }
+            if b.min > 512 {
+                return bad(format!(
+                    "the server's minimum block size is {} bytes: a trace replay sends requests aligned to 512 bytes",
+                    b.min
+                ));
+            }
+            let max = trace_max(c.size, b.max);
+            if let Some(r) = records.iter().find(|r| r.size.clamp(512, max) % u64::from(b.min.max(1)) != 0) {
+                return bad(format!(
+                    "trace record of {} bytes at offset {} is not a multiple of the server's minimum block size ({} bytes)",
+                    r.size, r.offset, b.min
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The largest trace record sent to an export of `export` bytes on a server whose largest request is
+/// `server_max`: whole sectors (at least one when both are: [`check_export`]).
+fn trace_max(export: u64, server_max: u32) -> u64 {
+    (export.min(MAX_REQUEST_BYTES).min(u64::from(server_max)) & !511).max(512)
+}
+
+/// [`run`], returning what failed beside the totals.
+pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) -> Result<Outcome, LoadError> {
     cfg.validate()?;
     // Specs from the admin endpoint, before any load.
     let server_tenants: Option<Vec<TenantJson>> = match &cfg.admin {
@@ -453,6 +623,7 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         }
         // Offsets are drawn for the smallest of the servers' exports.
         let export_size = clients.iter().map(|g| g[0].size).min().unwrap_or(0);
+        let server_max = clients.iter().map(|g| g[0].block.max).min().unwrap_or(u32::MAX);
         let windows = j.route.as_ref().map_or(vec![0], |r| r.servers.clone());
         let phases = j.route.as_ref().map_or(Vec::new(), |r| r.phases.clone());
         // With phases, no window is active before the first one begins.
@@ -461,6 +632,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         // Offsets stay inside the export.
         spec.span_bytes = spec.span_bytes.min(export_size).max(1);
         spec.size_bytes = spec.size_bytes.min(export_size.max(1));
+        for (g, &addr) in clients.iter().zip(&addrs) {
+            check_export(j, &spec, addr, &g[0])?;
+        }
         let stream = j.stream.unwrap_or(ji as u64);
         let gen = Generator::new(&spec, stream_seed(cfg.seed, stream));
         let payload = vec![0x5au8; spec.size_bytes as usize].into();
@@ -471,6 +645,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
                 pick: vec![Pick::default(); clients.len()],
                 clients,
                 export_size,
+                trace_max: trace_max(export_size, server_max),
+                name: j.name.clone(),
+                addrs,
                 payload,
                 clock,
                 max_pending: cfg.max_pending,
@@ -540,6 +717,9 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         }
     }
     let mut inflight: InFlight = FuturesUnordered::new();
+    let mut failures = Failures::default();
+    // The connections whose breaking was reported: (job, group, index).
+    let mut reported = std::collections::HashSet::new();
     // Phase counters and busy times are read by one task, in interval order, so the driver never waits for
     // the admin endpoints: it sends an interval's index and receives the counts later.
     let (phase_ask, phase_read) = if phases_known || busy.known() {
@@ -680,16 +860,32 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
             Some(d) = inflight.next() => {
                 let t = d.done.saturating_sub(start);
                 let st = &mut states[d.job];
-                if d.ok {
-                    rec.completion_phase_unknown(d.job, d.issued, t, d.bytes);
-                    st.live_ios += 1;
-                    st.live_lat_ns += t.saturating_sub(d.issued).0;
-                } else {
-                    rec.rejected(d.job, t);
-                }
                 st.at_window[d.k] -= 1;
-                rec.server_completion(st.windows[d.k], t);
-                let reissue = if d.ok { st.gen.completed(t, d.k) } else { st.gen.failed(); Reissue::No };
+                let reissue = match &d.err {
+                    None => {
+                        rec.completion_phase_unknown(d.job, d.issued, t, d.bytes);
+                        rec.server_completion(st.windows[d.k], t);
+                        st.live_ios += 1;
+                        st.live_lat_ns += t.saturating_sub(d.issued).0;
+                        st.gen.completed(t, d.k)
+                    }
+                    Some(e) => {
+                        rec.rejected(d.job, t);
+                        failures.note(&st.name, e);
+                        if connection_error(e) && reported.insert((d.job, d.conn)) {
+                            report_broken(st, d.conn, e, &mut failures);
+                        }
+                        // Replaced as a completion would be (a closed loop keeps its depth), unless the
+                        // job has no whole connection left to send it on (it would fail at once, and
+                        // again).
+                        if connection_error(e) && st.clients[d.conn.0].iter().all(|c| c.is_broken()) {
+                            st.gen.failed();
+                            Reissue::No
+                        } else {
+                            st.gen.completed(t, d.k)
+                        }
+                    }
+                };
                 match reissue {
                     Reissue::No => {}
                     Reissue::Now(k) if k.is_none_or(|k| st.active[k]) => issue(d.job, st, None, k, t, &mut inflight, &mut rec),
@@ -732,8 +928,37 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
     // Answers still due are awaited (a request in flight at the end completes), not recorded, for at most
     // DRAIN_TIMEOUT; the rest are abandoned (an overloaded open loop can leave more queued at the server
     // than it answers in minutes).
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while inflight.next().await.is_some() {} }).await;
+    // Those that fail then are counted as failed, and those never answered as unanswered: both among
+    // the rejected (at the run's end).
+    let end_t = Nanos(duration.0.saturating_sub(1));
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while let Some(d) = inflight.next().await {
+            let st = &mut states[d.job];
+            st.at_window[d.k] -= 1;
+            if let Some(e) = &d.err {
+                rec.rejected(d.job, end_t);
+                failures.note(&st.name, e);
+                if connection_error(e) && reported.insert((d.job, d.conn)) {
+                    report_broken(st, d.conn, e, &mut failures);
+                }
+            }
+        }
+    })
+    .await;
+    if !inflight.is_empty() {
+        failures.unanswered = inflight.len() as u64;
+        tracing::warn!(
+            "{} requests still unanswered {} s after the run's end: abandoned, counted as rejected",
+            inflight.len(),
+            DRAIN_TIMEOUT.as_secs()
+        );
+    }
     drop(inflight);
+    for (ji, n) in unanswered_by_job(&states) {
+        for _ in 0..n {
+            rec.rejected(ji, end_t);
+        }
+    }
     // Every connection disconnects at once, all within one DRAIN_TIMEOUT: a server that no longer reads (its
     // queues full) must not hold the end up either (one after another, 1,024 such connections took 85 min).
     let goodbyes = states.iter().flat_map(|st| st.clients.iter().flatten()).map(|c| c.disconnect());
@@ -767,7 +992,20 @@ pub async fn run(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) + Send) 
         cost_model: cfg.cost_model,
         phases_known,
     };
-    Ok(rec.finish(&meta))
+    Ok(Outcome { totals: rec.finish(&meta), failures })
+}
+
+/// Each job's requests still unanswered (issued, neither completed nor failed).
+fn unanswered_by_job(states: &[JobState]) -> Vec<(usize, u64)> {
+    states.iter().enumerate().map(|(ji, st)| (ji, st.at_window.iter().map(|&n| u64::from(n)).sum())).collect()
+}
+
+/// Logs (once per connection: the caller keeps which) that a connection of `st` broke, with its reason.
+fn report_broken(st: &JobState, conn: (usize, usize), e: &ClientError, failures: &mut Failures) {
+    let reason = st.clients[conn.0][conn.1].broken().map_or_else(|| describe(e), |b| b.to_string());
+    let line = format!("job {}: connection {} to {}: {reason}", st.name, conn.1 + 1, st.addrs[conn.0]);
+    tracing::warn!("{line}");
+    failures.broken.push(line);
 }
 
 /// The servers' device busy times, read from their admin endpoints each interval (`GET /api/device`).
@@ -964,7 +1202,9 @@ fn issue(
 ) {
     let (offset, size, read) = match record {
         Some((offset, size, read, device)) => {
-            let size = size.clamp(512, st.export_size.min(MAX_REQUEST_BYTES));
+            // Whole sectors within the export and the server's largest request ([`check_export`] refuses
+            // an export or a server without one sector).
+            let size = size.clamp(512, st.trace_max);
             let room = (st.export_size - size) / 512 + 1;
             let offset = (offset / 512 % room) * 512;
             // Routing by device: into the device's window's part of the export.
@@ -993,7 +1233,13 @@ fn issue(
     st.gen.issued();
     st.at_window[k] += 1;
     let g = if st.clients.len() > 1 { k } else { 0 };
-    let client = st.clients[g][st.pick[g].choose(offset, size, st.clients[g].len())].clone();
+    let n = st.clients[g].len();
+    let mut i = st.pick[g].choose(offset, size, n);
+    // A broken connection is passed over for the next whole one (if none is, the request fails at once).
+    if let Some(whole) = (0..n).map(|d| (i + d) % n).find(|&c| !st.clients[g][c].is_broken()) {
+        i = whole;
+    }
+    let client = st.clients[g][i].clone();
     let (payload, clock) = (st.payload.clone(), st.clock);
     inflight.push(Box::pin(async move {
         let r = if read {
@@ -1004,7 +1250,7 @@ fn issue(
             // A trace record larger than the job's size.
             client.request(Command::Write, offset, size as u32, &vec![0x5au8; size as usize], false).await
         };
-        Done { job: ji, k, issued: now, done: clock.now(), bytes: size, ok: r.is_ok() }
+        Done { job: ji, k, conn: (g, i), issued: now, done: clock.now(), bytes: size, err: r.err() }
     }));
 }
 
@@ -1085,12 +1331,16 @@ mod tests {
         };
         let started = std::time::Instant::now();
         let bound = Duration::from_secs(1) + DRAIN_TIMEOUT * 2 + Duration::from_secs(5);
-        let run = tokio::spawn(run(cfg, |_, _| {}));
+        let run = tokio::spawn(run_checked(cfg, |_, _| {}));
         let res = tokio::time::timeout(bound, run).await;
         deaf.abort();
-        let totals = res.expect("the end is bounded").unwrap().unwrap();
-        assert_eq!(totals.summary.tenants.len(), 1);
+        let out = res.expect("the end is bounded").unwrap().unwrap();
+        assert_eq!(out.totals.summary.tenants.len(), 1);
         assert!(started.elapsed() < bound);
+        // The requests never answered are counted (they were dropped without a trace), among the rejected.
+        let unanswered = out.failures.unanswered;
+        assert!(unanswered > 0 && out.failures.any(), "{:?}", out.failures);
+        assert_eq!(out.totals.summary.tenants[0].rejected, unanswered, "{:?}", out.failures);
     }
 
     /// Busy time read a little late is carried into the next interval, never recorded as more than an

@@ -209,13 +209,14 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     let quiet = args.json;
     // On a worker, not on `block_on`'s thread: the connections' reader tasks then wake the load on a
     // worker, not this thread once per request (docs/serve.md, `rein load`).
-    let totals = rt
-        .block_on(rt.spawn(rein_runtime::load::run(cfg, move |t, rows| {
+    let outcome = rt
+        .block_on(rt.spawn(rein_runtime::load::run_checked(cfg, move |t, rows| {
             if !quiet {
                 print_live(t, rows)
             }
         })))
         .map_err(|e| anyhow::anyhow!("the load's task failed: {e}"))??;
+    let totals = outcome.totals;
     // The summary first: a failure to write --out then fails the command without costing the results.
     if args.json {
         outln!("{}", totals.summary.to_json().trim_end());
@@ -225,7 +226,43 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         crate::sim::write_run(dir, "rein load", (duration - warmup).as_secs_f64(), &totals, None)?;
     }
-    Ok(())
+    failed(&outcome.failures)
+}
+
+/// An error when requests failed or a connection broke (the results above stand; the exit status says
+/// they are not clean): the count, the first failure and the broken connections (the first few).
+fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
+    if !f.any() {
+        return Ok(());
+    }
+    let mut msg = String::new();
+    if f.failed > 0 {
+        msg.push_str(&format!(
+            "{} request{} failed (the first: {})",
+            f.failed,
+            if f.failed == 1 { "" } else { "s" },
+            f.first.as_deref().unwrap_or("?")
+        ));
+    }
+    if f.unanswered > 0 {
+        if !msg.is_empty() {
+            msg.push_str("; ");
+        }
+        msg.push_str(&format!(
+            "{} request{} still unanswered {} s after the end",
+            f.unanswered,
+            if f.unanswered == 1 { "" } else { "s" },
+            rein_runtime::load::DRAIN_TIMEOUT.as_secs()
+        ));
+    }
+    const SHOWN: usize = 4;
+    for b in f.broken.iter().take(SHOWN) {
+        msg.push_str(&format!("; {b}"));
+    }
+    if f.broken.len() > SHOWN {
+        msg.push_str(&format!("; and {} more broken connections", f.broken.len() - SHOWN));
+    }
+    bail!("{msg}")
 }
 
 #[cfg(test)]

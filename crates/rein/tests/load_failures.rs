@@ -1,0 +1,180 @@
+//! `rein load` when the server fails it: a server that never answers, requests answered with errors, an
+//! export or server the job cannot use. nbdkit (memory plugin, error and blocksize-policy filters) plays
+//! the server, on 127.0.0.203 (port chosen free), and is stopped at the end; tests needing it are skipped
+//! when it is not installed.
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const IP: &str = "127.0.0.203";
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn installed(tool: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success())
+}
+
+/// nbdkit with `args` (filters, plugin and its parameters) on [`IP`], once it accepts connections.
+fn nbdkit(args: &[&str]) -> Option<(Server, SocketAddr)> {
+    if !installed("nbdkit") {
+        eprintln!("skipped: nbdkit is not installed");
+        return None;
+    }
+    let port = TcpListener::bind((IP, 0)).unwrap().local_addr().unwrap().port();
+    let addr: SocketAddr = format!("{IP}:{port}").parse().unwrap();
+    let child = Command::new("nbdkit")
+        .args(["-f", "--exit-with-parent", "-i", IP, "-p", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let start = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(20), "nbdkit did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some((server, addr))
+}
+
+/// Runs `rein load --addr ADDR ARGS`, killed if it takes longer than `limit`: (success, stdout, stderr).
+fn load(addr: SocketAddr, args: &[&str], limit: Duration) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["load", "--addr", &addr.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("rein load still ran after {limit:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// A server that accepts and never writes: the connect fails after its deadline (30 s), naming the
+/// address (it waited for the server's greeting for good).
+#[test]
+fn a_silent_server_fails_the_connect_at_its_deadline() {
+    let listener = TcpListener::bind((IP, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        // Accepts one connection and holds it, silent, until the test ends.
+        let (s, _) = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+        drop(s);
+    });
+    let (ok, _, err) = load(addr, &["--job", "name=x", "--seconds", "2", "--warmup", "0"], Duration::from_secs(50));
+    assert!(!ok, "{err}");
+    assert!(err.contains(&addr.to_string()) && err.contains("no answer within 30 s"), "{err}");
+    drop(held);
+}
+
+/// Every request answered with EIO: the run exits non-zero naming the count and the error; the failed
+/// requests are not the server's completions.
+#[test]
+fn failed_requests_fail_the_run_and_are_no_completions() {
+    let Some((_s, addr)) = nbdkit(&["--filter=error", "memory", "1M", "error=EIO", "error-rate=100%"]) else {
+        return;
+    };
+    let (ok, out, err) =
+        load(addr, &["--job", "name=x,depth=4", "--seconds", "2", "--warmup", "0", "--json"], Duration::from_secs(30));
+    assert!(!ok, "the run's requests all failed: {err}");
+    assert!(err.contains("requests failed") && err.contains("error 5 (EIO)"), "{err}");
+    let v = json(&out);
+    assert!(v["tenants"][0]["rejected"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(v["tenants"][0]["completed"].as_u64(), Some(0), "{out}");
+    assert_eq!(v["servers"][0]["completed"].as_u64(), Some(0), "a failed request is no completion: {out}");
+}
+
+/// A closed loop keeps its depth through errors: with 2% of requests failing, it still runs after its
+/// first second (each failure shrank the loop by one until it stopped: 0 IOPS after about 400 requests).
+#[test]
+fn a_closed_loop_keeps_its_depth_through_errors() {
+    let Some((_s, addr)) = nbdkit(&["--filter=error", "memory", "1M", "error=EIO", "error-rate=2%"]) else {
+        return;
+    };
+    let (ok, out, err) = load(
+        addr,
+        &["--job", "name=x,depth=4,read=100", "--seconds", "3", "--warmup", "1", "--json"],
+        Duration::from_secs(30),
+    );
+    assert!(!ok, "some requests failed: {err}");
+    let v = json(&out);
+    let t = &v["tenants"][0];
+    assert!(t["completed"].as_u64().unwrap() > 2000, "the loop still runs after its first second: {out}");
+    assert!(t["rejected"].as_u64().unwrap() > 0, "{out}");
+}
+
+/// A write job on a read-only export is refused at connect, naming the job, the server and why (every
+/// write failed with EPERM).
+#[test]
+fn a_write_job_on_a_read_only_export_is_refused() {
+    let Some((_s, addr)) = nbdkit(&["-r", "memory", "1M"]) else { return };
+    let (ok, _, err) =
+        load(addr, &["--job", "name=x,read=50", "--seconds", "1", "--warmup", "0"], Duration::from_secs(30));
+    assert!(!ok);
+    assert!(err.contains("job x") && err.contains("read-only") && err.contains(&addr.to_string()), "{err}");
+    assert!(!err.contains("requests failed"), "refused before any load: {err}");
+}
+
+/// Request sizes the server's size constraints refuse (above its largest payload, not a multiple of its
+/// minimum block) are refused at connect, naming the job, the size and the server's limit.
+#[test]
+fn sizes_outside_the_servers_block_sizes_are_refused() {
+    let Some((_s, addr)) = nbdkit(&[
+        "--filter=blocksize-policy",
+        "memory",
+        "1M",
+        "blocksize-minimum=4096",
+        "blocksize-maximum=65536",
+        "blocksize-error-policy=error",
+    ]) else {
+        return;
+    };
+    for (size, want) in [
+        ("1k", "not a multiple of the server's minimum block size (4096 bytes)"),
+        ("128k", "above the largest request the server takes (65536 bytes)"),
+    ] {
+        let job = format!("name=y,size={size}");
+        let (ok, _, err) = load(addr, &["--job", &job, "--seconds", "1", "--warmup", "0"], Duration::from_secs(30));
+        assert!(!ok);
+        assert!(err.contains("job y") && err.contains(want), "{size}: {err}");
+    }
+}
+
+/// A trace replay on an export below one sector is refused at connect (it panicked).
+#[test]
+fn a_trace_replay_on_an_export_below_a_sector_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.trace");
+    std::fs::write(&trace, "0 0 0 8 1\n1000000 0 8 8 1\n").unwrap();
+    let Some((_s, addr)) = nbdkit(&["memory", "256"]) else { return };
+    let job = format!("name=t,trace={},format=disksim", trace.display());
+    let (ok, _, err) = load(addr, &["--job", &job, "--seconds", "1", "--warmup", "0"], Duration::from_secs(30));
+    assert!(!ok);
+    assert!(
+        err.contains("job t") && err.contains("256 bytes: a trace replay needs at least one 512-byte sector"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
