@@ -140,6 +140,15 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
     // rules, as `outstanding` is in a scenario.
     if depth.is_some() || p.keeps_window() {
         let depth = depth.unwrap_or(DEFAULT_DEPTH);
+        // One connection has at most MAX_IN_FLIGHT requests in flight: a deeper one would silently wait.
+        if depth as usize > crate::client::MAX_IN_FLIGHT {
+            let per = crate::client::MAX_IN_FLIGHT;
+            return Err(format!(
+                "depth={depth} is above the {per} requests one connection has in flight: spread it over connections with conns= (conns={},depth={})",
+                (depth as usize).div_ceil(per) * conns,
+                (depth as usize).div_ceil((depth as usize).div_ceil(per))
+            ));
+        }
         p.outstanding = Some(u32::try_from(u64::from(depth) * conns as u64).unwrap_or(u32::MAX));
     }
     if trace.is_none() {
@@ -188,7 +197,12 @@ mod tests {
         // fills (docs/serve.md, `rein load`): each message after the job's name.
         for (keys, want) in [
             ("depth=0", "depth x conns must be in 1..=65536, got 0"),
-            ("depth=70000", "depth x conns must be in 1..=65536, got 70000"),
+            ("depth=1024,conns=65", "depth x conns must be in 1..=65536, got 66560"),
+            (
+                "depth=2000",
+                "depth=2000 is above the 1024 requests one connection has in flight: spread it over connections \
+                 with conns= (conns=2,depth=1000)",
+            ),
             ("depth=100,conns=1000", "depth x conns must be in 1..=65536, got 100000"),
             ("conns=0", "conns must be in 1..=1024, got 0"),
             ("rate=0", "rate must be a positive number, got 0"),

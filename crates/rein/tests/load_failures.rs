@@ -178,3 +178,25 @@ fn a_trace_replay_on_an_export_below_a_sector_is_refused() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// TLS refusals name the option and what to do: a server without TLS refusing NBD_OPT_STARTTLS, and one
+/// requiring TLS refusing a plain client (both read `server refused option N: reply 0x8000000N ()`).
+#[test]
+fn tls_refusals_say_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let psk = dir.path().join("keys.psk");
+    std::fs::write(&psk, "alice:000102030405060708090a0b0c0d0e0f\n").unwrap();
+    let psk = psk.display().to_string();
+    let Some((_s, addr)) = nbdkit(&["--tls=off", "memory", "1M"]) else { return };
+    let args = ["--job", "name=x", "--seconds", "1", "--warmup", "0", "--tls-psk-file", &psk];
+    let (ok, _, err) = load(addr, &args, Duration::from_secs(30));
+    assert!(!ok);
+    assert!(err.contains("the server does not offer STARTTLS") && err.contains("NBD_OPT_STARTTLS"), "{err}");
+    drop(_s);
+
+    let psk_arg = format!("--tls-psk={psk}");
+    let Some((_s, addr)) = nbdkit(&["--tls=require", &psk_arg, "memory", "1M"]) else { return };
+    let (ok, _, err) = load(addr, &["--job", "name=x", "--seconds", "1", "--warmup", "0"], Duration::from_secs(30));
+    assert!(!ok);
+    assert!(err.contains("the server requires TLS: give --tls-ca or --tls-psk-file"), "{err}");
+}
