@@ -109,7 +109,9 @@ pub struct ProbeResult {
 }
 
 impl ProbeConfig {
-    fn validate(&self, size: u64) -> Result<(), ProbeError> {
+    /// Checks the settings for an export of `size` bytes ([`probe`] does too; a caller checks first to
+    /// refuse bad settings before it opens anything). The error names the setting and its range.
+    pub fn validate(&self, size: u64) -> Result<(), ProbeError> {
         let bad = |m: String| Err(ProbeError::Invalid(m));
         if !(self.seconds.is_finite() && self.seconds > 0.0 && self.seconds <= MAX_PROBE_S) {
             return bad(format!("seconds must be in (0, {MAX_PROBE_S}], got {}", self.seconds));

@@ -111,10 +111,8 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     let specs: Vec<_> = cfg.tenants.iter().map(|t| (t.name.clone(), t.spec)).collect();
     let total = Duration::from_secs_f64(args.seconds);
     let half = total / 2;
-    // The demo starts from its own configuration: the capacity a previous run set through the admin API
-    // (kept in the state file) must not carry over.
-    let _ = std::fs::remove_file(cfg.data_dir.join(rein_runtime::state::STATE_FILE));
-    let _scratch = Scratch::new(
+    // What the demo makes (listed before it makes any of it) goes at the end.
+    let mut scratch = Scratch::new(
         &cfg.data_dir,
         cfg.exports
             .iter()
@@ -124,6 +122,28 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             })
             .chain([rein_runtime::state::STATE_FILE, rein_runtime::state::LOCK_FILE].map(|f| cfg.data_dir.join(f))),
     );
+    // The demo starts from its own configuration: the capacity a previous run set through the admin API
+    // (kept in the state file) must not carry over. The state file goes only under the data directory's
+    // lock, so never from under a server running there (it removed a running server's state); the lock is
+    // released just before the demo's own server takes it.
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating the demo's data directory {}", cfg.data_dir.display()))?;
+    {
+        let _lock = match rein_runtime::state::DirLock::acquire(&cfg.data_dir) {
+            Ok(l) => l,
+            Err(e) => {
+                // Another server's directory: nothing in it is the demo's to remove.
+                scratch.disarm();
+                bail!("{e}: the demo's data directory is in use; choose another --out than {}", shown(&args.out));
+            }
+        };
+        match std::fs::remove_file(cfg.data_dir.join(rein_runtime::state::STATE_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).context(format!("removing the previous demo's {}", rein_runtime::state::STATE_FILE))
+            }
+            _ => {}
+        }
+    }
     if !args.json {
         // The plan first, so that whoever started it knows what to expect and for how long.
         let tenants: Vec<String> = specs.iter().map(|(n, s)| describe(n, s)).collect();
@@ -283,8 +303,18 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// Removes at the end those of `files` that do not exist now, and `dir` if it does not exist now and
+    /// is then empty.
     fn new(dir: &std::path::Path, files: impl Iterator<Item = PathBuf>) -> Scratch {
         Scratch { files: files.filter(|f| !f.exists()).collect(), dir: (!dir.exists()).then(|| dir.to_path_buf()) }
+    }
+}
+
+impl Scratch {
+    /// Removes nothing after all.
+    fn disarm(&mut self) {
+        self.files.clear();
+        self.dir = None;
     }
 }
 

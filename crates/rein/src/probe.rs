@@ -70,9 +70,23 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
         io_engine: cfg.io_engine,
         ..ProbeConfig::default()
     };
+    // The settings first, then the export's image: nothing is opened (or created) for a probe that
+    // cannot run.
+    // (An export without a configured size is its file's: the probe checks the IO size against it again.)
+    pc.validate(export.size.unwrap_or(u64::MAX)).map_err(|e| anyhow::anyhow!("export {:?}: {e}", export.name))?;
+    if let rein_runtime::config::BackendKind::File { path } = &export.backend {
+        // `rein serve` creates a missing image (sparse, all holes); measuring one measures nothing real.
+        if !path.exists() {
+            bail!(
+                "export {:?}: {} does not exist; rein probe measures an existing image (start rein serve once to \
+                 create it, or point the export's path at one)",
+                export.name,
+                path.display()
+            );
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     let r = rt.block_on(async {
-        std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
         let storage = rein_runtime::preflight::open_export(export)?;
         let device = cfg.device.clone();
         if !args.json {

@@ -294,6 +294,13 @@ fn trim_zeroes_fua_and_pipelining() {
     }
 }
 
+/// An export image of `len` bytes at `path` (its directory made): `rein probe` measures only an
+/// existing one.
+fn image(path: &std::path::Path, len: u64) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
 /// A probe whose figures nobody reads (`rein probe | true`) stops measuring and ends with status 0,
 /// saying why on stderr (it measured all its `--seconds` before).
 #[test]
@@ -306,6 +313,7 @@ fn a_probe_stops_once_its_reader_has_gone() {
     );
     let path = dir.join("rein.toml");
     std::fs::write(&path, cfg).unwrap();
+    image(&dir.join("data/a.img"), 16 << 20);
     let (status, stderr) = common::run_unread(
         Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["probe", "--config", path.to_str().unwrap(), "--seconds", "600"]),
         Duration::from_secs(60),
@@ -326,6 +334,7 @@ fn probe_measures_and_admission_uses_the_measurement() {
     );
     let path = dir.join("rein.toml");
     std::fs::write(&path, &cfg).unwrap();
+    image(&dir.join("data/a.img"), 16 << 20);
     // A probe that a loaded machine stalled (a 2 s run loses 10% to a 0.2 s stall) is run again, up to
     // three in all; a probe that measures something other than the model is off in every run.
     let probe = || {
