@@ -500,7 +500,7 @@ fn check_export(j: &Job, spec: &WorkloadSpec, addr: SocketAddr, c: &NbdClient) -
                     b.max
                 ));
             }
-            if size % u64::from(b.min.max(1)) != 0 {
+            if !size.is_multiple_of(u64::from(b.min.max(1))) {
                 return bad(format!(
                     "size {size} bytes is not a multiple of the server's minimum block size ({} bytes)",
                     b.min
@@ -527,7 +527,7 @@ fn check_export(j: &Job, spec: &WorkloadSpec, addr: SocketAddr, c: &NbdClient) -
                 ));
             }
             let max = trace_max(c.size, b.max);
-            if let Some(r) = records.iter().find(|r| r.size.clamp(512, max) % u64::from(b.min.max(1)) != 0) {
+            if let Some(r) = records.iter().find(|r| !r.size.clamp(512, max).is_multiple_of(u64::from(b.min.max(1)))) {
                 return bad(format!(
                     "trace record of {} bytes at offset {} is not a multiple of the server's minimum block size ({} bytes)",
                     r.size, r.offset, b.min
