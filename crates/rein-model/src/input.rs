@@ -1,11 +1,11 @@
 //! Reading input files with a bound: a configuration, scenario, trace or instance path may name a file
 //! of any size, or a device that never ends (`/dev/zero`), and reading it whole would take all the
-//! memory. [`read_bounded_from`] reads at most `max` bytes and refuses a longer file; the size the file system
+//! memory. [`read_bounded`] reads at most `max` bytes and refuses a longer file; the size the file system
 //! states is not trusted (a device or a pipe states 0). [`parse_toml`] then reads the text as TOML with an
 //! error of one line that says where.
 //!
-//! Every input (a scenario, a trace, a daemon's configuration and the files it names) is read with
-//! [`read_regular`] or [`read_text_regular`], which take a regular file only: a FIFO at the path would block the open until a writer came (for ever: `rein sim` hung),
+//! The simulator's inputs (a scenario, a trace) are read with [`read_text_regular`], which takes a regular
+//! file only: a FIFO at the path would block the open until a writer came (for ever: `rein sim` hung),
 //! and a device or a directory is no input either. The path is checked before it is opened, so a FIFO is
 //! never opened, and the open file again (what the path named may have changed in between). A caller
 //! that can open without blocking (rein-runtime's `durable::read`, with `O_NONBLOCK`, which this crate
@@ -14,8 +14,13 @@
 use std::io::Read;
 use std::path::Path;
 
-/// What `r` gives, if it is at most `max` bytes; a longer one is an error of kind `FileTooLarge` saying
-/// the bound (callers name the file).
+/// The file at `path`, if it holds at most `max` bytes; a longer one is an error of kind
+/// `FileTooLarge` saying the bound (callers name the file).
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    read_bounded_from(std::fs::File::open(path)?, max)
+}
+
+/// [`read_bounded`] of what `r` gives (a file opened some other way).
 pub fn read_bounded_from(r: impl Read, max: u64) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     r.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
@@ -25,12 +30,17 @@ pub fn read_bounded_from(r: impl Read, max: u64) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// [`read_bounded`] as UTF-8 text (an error of kind `InvalidData` otherwise).
+pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
+    utf8(read_bounded(path, max)?)
+}
+
 fn utf8(bytes: Vec<u8>) -> std::io::Result<String> {
     String::from_utf8(bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")))
 }
 
-/// The regular file at `path` (a link followed), if it holds at most `max` bytes ([`read_bounded_from`]'s
+/// The regular file at `path` (a link followed), if it holds at most `max` bytes ([`read_bounded`]'s
 /// bound). Anything else (a FIFO, a device, a directory) is an error of kind `InvalidInput` naming what
 /// it is ([`not_a_file`]), before it is opened (module comment).
 pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
@@ -181,15 +191,18 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("f");
         std::fs::write(&p, "0123456789").unwrap();
-        assert_eq!(read_text_regular(&p, 10).unwrap(), "0123456789");
-        let e = read_regular(&p, 9).unwrap_err();
+        assert_eq!(read_text_bounded(&p, 10).unwrap(), "0123456789");
+        let e = read_bounded(&p, 9).unwrap_err();
         assert_eq!((e.kind(), e.to_string()), (std::io::ErrorKind::FileTooLarge, "larger than 9 bytes".into()));
         std::fs::write(&p, [0xff, 0xfe]).unwrap();
-        assert_eq!(read_text_regular(&p, 10).unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(read_text_bounded(&p, 10).unwrap_err().kind(), std::io::ErrorKind::InvalidData);
         std::fs::remove_dir_all(&dir).unwrap();
         // A device that never ends (its stated size is 0): refused at the bound, not read for ever.
-        if let Ok(zero) = std::fs::File::open("/dev/zero") {
-            assert_eq!(read_bounded_from(zero, 1 << 20).unwrap_err().kind(), std::io::ErrorKind::FileTooLarge);
+        if Path::new("/dev/zero").exists() {
+            assert_eq!(
+                read_bounded(Path::new("/dev/zero"), 1 << 20).unwrap_err().kind(),
+                std::io::ErrorKind::FileTooLarge
+            );
         }
     }
 }

@@ -223,7 +223,7 @@ impl AdminToken {
         if meta.len() > 2 * MAX_TOKEN_BYTES as u64 {
             return Err(invalid(format!("is {} bytes; a token is at most {MAX_TOKEN_BYTES}", meta.len())));
         }
-        let text = rein_model::input::read_regular(path, 2 * MAX_TOKEN_BYTES as u64).map_err(read_err)?;
+        let text = rein_model::input::read_bounded(path, 2 * MAX_TOKEN_BYTES as u64).map_err(read_err)?;
         Self::parse(&text).map_err(invalid)
     }
 

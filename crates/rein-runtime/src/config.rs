@@ -639,7 +639,7 @@ impl ServerConfig {
     /// Reads and validates the file at `path`. Errors: [`ConfigError::Read`] if it cannot be read, else as
     /// [`ServerConfig::parse`].
     pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
-        let text = rein_model::input::read_text_regular(path, MAX_CONFIG_BYTES)
+        let text = rein_model::input::read_text_bounded(path, MAX_CONFIG_BYTES)
             .map_err(|source| ConfigError::Read { path: path.into(), source })?;
         Self::parse(&text, path)
     }
@@ -1091,22 +1091,16 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
 mod tests {
     use super::*;
 
-    /// A configuration path naming a device that never ends (its stated size is 0) is refused as no
-    /// regular file (`rein gateway --config /dev/zero` grew to 6.2 GB in 8 s before the bound), and a
-    /// regular file is read up to the bound.
+    /// A configuration path naming a device that never ends (its stated size is 0) is refused at the
+    /// bound: `rein gateway --config /dev/zero` grew to 6.2 GB in 8 s before.
     #[test]
     fn config_files_are_read_with_a_bound() {
         let zero = Path::new("/dev/zero");
         let e = ServerConfig::load(zero).unwrap_err().to_string();
-        assert!(e.contains("it is a device, not a regular file"), "{e}");
+        assert!(e.contains("larger than 16777216 bytes"), "{e}");
         let e = crate::gateway::GatewayConfig::load(zero).unwrap_err().to_string();
-        assert!(e.contains("it is a device, not a regular file"), "{e}");
+        assert!(e.contains("larger than 16777216 bytes"), "{e}");
         let e = crate::pshift_controller::ControllerSettings::load(zero).unwrap_err().to_string();
-        assert!(e.contains("it is a device, not a regular file"), "{e}");
-        let dir = tempfile::tempdir().unwrap();
-        let big = dir.path().join("big.toml");
-        std::fs::File::create(&big).unwrap().set_len(MAX_CONFIG_BYTES + 1).unwrap();
-        let e = ServerConfig::load(&big).unwrap_err().to_string();
         assert!(e.contains("larger than 16777216 bytes"), "{e}");
     }
 

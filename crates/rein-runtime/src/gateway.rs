@@ -586,7 +586,7 @@ impl GatewayConfig {
 
     /// Reads and validates `path` (relative TLS paths are relative to its directory).
     pub fn load(path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
-        let text = rein_model::input::read_text_regular(path, crate::config::MAX_CONFIG_BYTES)
+        let text = rein_model::input::read_text_bounded(path, crate::config::MAX_CONFIG_BYTES)
             .map_err(|source| GatewayConfigError::Read { path: path.display().to_string(), source })?;
         GatewayConfig::parse(&text, path)
     }

@@ -163,8 +163,14 @@ pub struct TlsFiles {
 /// Reads a credential file named by the key `key` (`tls.cert`, `node_tls.ca`, ...), at most
 /// [`MAX_FILE_BYTES`]; errors name the key and the file.
 fn read(key: &str, path: &Path) -> Result<Vec<u8>, String> {
-    // A regular file only: a FIFO at the path held the start (or a reload) in its open for good.
-    rein_model::input::read_regular(path, MAX_FILE_BYTES).map_err(|e| format!("{key} {}: {e}", path.display()))
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{key} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{key} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("{key} {}: larger than {MAX_FILE_BYTES} bytes", path.display()));
+    }
+    Ok(bytes)
 }
 
 /// A digest of the credential files `paths` (each path and its bytes as they are now, or the reason it

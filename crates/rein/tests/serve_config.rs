@@ -283,27 +283,6 @@ fn errors_say_their_cause_once_and_name_the_path() {
     assert_eq!(err.matches("os error 2").count(), 1, "the cause once: {err}");
 }
 
-/// A FIFO where a configuration or a file it names is expected is refused, naming it (the open
-/// waited for a writer for ever: `rein serve` and `rein gateway` hung at start with no word).
-#[test]
-fn a_fifo_as_a_config_or_a_credential_is_refused_not_waited_on() {
-    let tmp = tmpdir("serve-fifo");
-    let dir = tmp.path();
-    let fifo = dir.join("fifo");
-    assert!(Cmd::new("mkfifo").arg(&fifo).status().unwrap().success());
-    let f = fifo.display().to_string();
-    for args in [vec!["serve", "--config", &f], vec!["gateway", "--config", &f]] {
-        let err = serve_fails(&args);
-        assert!(error_line(&err).contains("it is a FIFO, not a regular file"), "{args:?}: {err}");
-    }
-    let err = start_fails(
-        dir,
-        226,
-        &format!("[tls]\ncert = \"{f}\"\nkey = \"{f}\"\n[[exports]]\nname = \"a\"\nsize_mb = 1\n"),
-    );
-    assert!(err.contains(&format!("tls.cert {f}: it is a FIFO, not a regular file")), "{err}");
-}
-
 /// A loop device over a file, detached when dropped.
 struct LoopDev(String);
 
