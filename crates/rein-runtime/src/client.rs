@@ -45,7 +45,7 @@ pub enum ClientError {
     Closed,
     /// The server answered the request with this NBD error number (`NBD_EINVAL`, `NBD_EPERM`,
     /// `NBD_ENOSPC`, ...).
-    #[error("server answered error {0}")]
+    #[error("server answered error {0} ({name})", name = p::errno_name(*.0))]
     Errno(u32),
     /// The connection broke (the server broke the protocol in a reply, or the socket failed) before the
     /// answer arrived; the reason is the connection's.

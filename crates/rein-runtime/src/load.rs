@@ -351,32 +351,8 @@ impl Failures {
     fn note(&mut self, job: &str, e: &ClientError) {
         self.failed += 1;
         if self.first.is_none() {
-            self.first = Some(format!("job {job}: {}", describe(e)));
+            self.first = Some(format!("job {job}: {e}"));
         }
-    }
-}
-
-/// A request's error as the operator reads it: an NBD error number with its name.
-fn describe(e: &ClientError) -> String {
-    match e {
-        ClientError::Errno(n) => format!("server answered error {n} ({})", errno_name(*n)),
-        e => e.to_string(),
-    }
-}
-
-/// The name of an NBD error number.
-fn errno_name(n: u32) -> &'static str {
-    use rein_proto::nbd as p;
-    match n {
-        p::EPERM => "EPERM",
-        p::EIO => "EIO",
-        p::ENOMEM => "ENOMEM",
-        p::EINVAL => "EINVAL",
-        p::ENOSPC => "ENOSPC",
-        p::EOVERFLOW => "EOVERFLOW",
-        p::ENOTSUP => "ENOTSUP",
-        p::ESHUTDOWN => "ESHUTDOWN",
-        _ => "unknown",
     }
 }
 
@@ -1002,7 +978,7 @@ fn unanswered_by_job(states: &[JobState]) -> Vec<(usize, u64)> {
 
 /// Logs (once per connection: the caller keeps which) that a connection of `st` broke, with its reason.
 fn report_broken(st: &JobState, conn: (usize, usize), e: &ClientError, failures: &mut Failures) {
-    let reason = st.clients[conn.0][conn.1].broken().map_or_else(|| describe(e), |b| b.to_string());
+    let reason = st.clients[conn.0][conn.1].broken().map_or_else(|| e.to_string(), |b| b.to_string());
     let line = format!("job {}: connection {} to {}: {reason}", st.name, conn.1 + 1, st.addrs[conn.0]);
     tracing::warn!("{line}");
     failures.broken.push(line);

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{free_tcp, gateway_in, local, random_file, run_ok, serve_in, tmpdir, tool, write_file, Raw, Rein, Server};
+use common::{
+    free_tcp, gateway_in, local, random_file, run_ok, serve_in, tmpdir, tool, write_file, KillOnDrop, Raw, Rein, Server,
+};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command as Cmd;
@@ -368,25 +370,12 @@ fn a_node_down_at_start_does_not_stop_the_gateway() {
     drop((n1, n3));
 }
 
-/// A child process killed when dropped.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Plain NBD servers as nodes. nbdkit's nodes advertise no WRITE_ZEROES (the nozero filter): the
 /// gateway, which offers it to VMs, sends such a node WRITEs of zeroes instead (it sent the command the
 /// node did not advertise, which the spec forbids, and the VM's zeroing failed).
 #[test]
 fn the_gateway_fronts_plain_nbd_servers() {
-    let Some(server) = ["nbdkit", "qemu-nbd"]
-        .into_iter()
-        .find(|t| Cmd::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success()))
-    else {
+    let Some(server) = ["nbdkit", "qemu-nbd"].into_iter().find(|t| common::installed(t)) else {
         eprintln!("skipped: neither nbdkit nor qemu-nbd is installed");
         return;
     };
@@ -409,7 +398,7 @@ fn the_gateway_fronts_plain_nbd_servers() {
                 .spawn()
                 .unwrap()
         };
-        children.push(Child(child));
+        children.push(KillOnDrop(child));
         let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
         assert!(
             eventually(Duration::from_secs(20), || std::net::TcpStream::connect(addr).is_ok()),
@@ -454,7 +443,7 @@ fn pieces_keep_to_each_nodes_size_constraints() {
     let small = serve_in(&dir.path().join("node223"), &local(223), &body);
     let addr = free_tcp("127.0.0.224");
     let policy = ["blocksize-minimum=4096", "blocksize-maximum=131072", "blocksize-error-policy=error"];
-    let _nbdkit = Child(
+    let _nbdkit = KillOnDrop(
         Cmd::new("nbdkit")
             .args(["-f", "--filter=blocksize-policy", "-i", "127.0.0.224", "-p", &addr.port().to_string()])
             .args(["-e", "v", "memory", "64M"])

@@ -2,24 +2,14 @@
 //! export or server the job cannot use. nbdkit (memory plugin, error and blocksize-policy filters) plays
 //! the server, on 127.0.0.203 (port chosen free), and is stopped at the end; tests needing it are skipped
 //! when it is not installed.
+mod common;
+
+use common::{free_tcp, installed, KillOnDrop as Server};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const IP: &str = "127.0.0.203";
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn installed(tool: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success())
-}
 
 /// nbdkit with `args` (filters, plugin and its parameters) on [`IP`], once it accepts connections.
 fn nbdkit(args: &[&str]) -> Option<(Server, SocketAddr)> {
@@ -27,8 +17,8 @@ fn nbdkit(args: &[&str]) -> Option<(Server, SocketAddr)> {
         eprintln!("skipped: nbdkit is not installed");
         return None;
     }
-    let port = TcpListener::bind((IP, 0)).unwrap().local_addr().unwrap().port();
-    let addr: SocketAddr = format!("{IP}:{port}").parse().unwrap();
+    let addr = free_tcp(IP);
+    let port = addr.port();
     let child = Command::new("nbdkit")
         .args(["-f", "--exit-with-parent", "-i", IP, "-p", &port.to_string()])
         .args(args)

@@ -237,18 +237,13 @@ fn load(s: &Server, jobs: &[&str]) -> Load {
     for j in jobs {
         c.args(["--job", &format!("name={j},depth=8,size=4k,random=100")]);
     }
-    Load(c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("rein load starts"))
+    common::KillOnDrop(
+        c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("rein load starts"),
+    )
 }
 
 /// A running `rein load`, killed on drop.
-struct Load(std::process::Child);
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type Load = common::KillOnDrop;
 
 // The tests that time real rates against pShift's model take `common::measuring()`: each runs a
 // controller, two debug servers whose device models serve one request at a time, and two or three `rein

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{config_file, measure_again, random_file, run_ok, tmpdir, tool, Rein, Server};
+use common::{config_file, measure_again, random_file, run_ok, tmpdir, tool, KillOnDrop, Rein, Server};
 use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -490,16 +490,6 @@ fn a_unix_socket_serves_real_clients_and_is_removed_at_shutdown() {
     assert!(info.contains("export-size: 4194304"), "{info}");
     s.stop();
     assert!(!cli.exists(), "removed at the stop");
-}
-
-/// A child process killed (and waited for) when dropped.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A stderr that nobody reads (`rein serve 2>&1 | sleep 1000`) or whose reader is gone (`| head -c 300`,

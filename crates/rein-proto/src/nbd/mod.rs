@@ -190,6 +190,21 @@ pub const ENOTSUP: u32 = 95;
 /// NBD error: server is shutting down.
 pub const ESHUTDOWN: u32 = 108;
 
+/// The name of an NBD error number (`EIO`, ...; `unknown` for one the spec does not define).
+pub const fn errno_name(n: u32) -> &'static str {
+    match n {
+        EPERM => "EPERM",
+        EIO => "EIO",
+        ENOMEM => "ENOMEM",
+        EINVAL => "EINVAL",
+        ENOSPC => "ENOSPC",
+        EOVERFLOW => "EOVERFLOW",
+        ENOTSUP => "ENOTSUP",
+        ESHUTDOWN => "ESHUTDOWN",
+        _ => "unknown",
+    }
+}
+
 /// The NBD error number a reply carries for a failure of `kind`: the only mapping in Rein.
 ///
 /// The spec's guidance, followed here: EPERM for a write or trim on a read-only export, ENOSPC for a write

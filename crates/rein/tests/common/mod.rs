@@ -481,13 +481,28 @@ impl Server {
     }
 }
 
+/// Whether the program `name` is installed (on the PATH).
+pub(crate) fn installed(name: &str) -> bool {
+    Cmd::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success())
+}
+
 /// A client tool, which must be installed.
 pub(crate) fn tool(name: &str) -> Cmd {
     assert!(
-        Cmd::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success()),
+        installed(name),
         "{name} is not installed (scripts/test.sh installs qemu-utils, libnbd-bin, fio, curl and openssl)"
     );
     Cmd::new(name)
+}
+
+/// A child process killed (and waited for) when dropped: a server or load a test started.
+pub(crate) struct KillOnDrop(pub(crate) Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn output_ok(c: &mut Cmd) -> std::process::Output {
