@@ -40,8 +40,7 @@ pub mod supervisor;
 pub use plan::{Endpoint, Plan, PlanError};
 pub use supervisor::{ChildDied, ClusterError, LogFile, RunDir, Supervisor};
 
-use rein_model::RunTotals;
-use rein_runtime::load::{Job, JobRoute, Live, LoadConfig, LoadError};
+use rein_runtime::load::{Job, JobRoute, Live, LoadConfig, LoadError, Outcome};
 use rein_sim::Scenario;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -136,12 +135,13 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
 
 /// Runs `sc`'s workloads through `plan`'s endpoints for the scenario's duration, watching `sup`'s
 /// children: a child that exits ends the run with [`RunError::Died`]. `live` gets each interval's rows.
+/// Requests that failed do not end the run: the outcome's `failures` says them beside the totals.
 pub async fn drive(
     sc: &Scenario,
     plan: &Plan,
     sup: Arc<Mutex<Supervisor>>,
     live: impl FnMut(Duration, &Live) + Send,
-) -> Result<RunTotals, RunError> {
+) -> Result<Outcome, RunError> {
     let cfg = LoadConfig {
         addr: plan.endpoints.first().map(|e| e.nbd).unwrap_or_else(|| ([127, 0, 0, 1], 0).into()),
         admin: None,
@@ -192,11 +192,11 @@ pub async fn drive(
     // The hosts are read while the load runs; a load that fails ends the run at once (not after the
     // poller's last sample), and the last sample is waited for once the load is done.
     let both = async {
-        let run = rein_runtime::load::run(cfg, live);
+        let run = rein_runtime::load::run_checked(cfg, live);
         let poll = hosts.poll(interval);
         tokio::pin!(run, poll);
         let mut samples = None;
-        let totals = loop {
+        let outcome = loop {
             tokio::select! {
                 r = &mut run => break r?,
                 s = &mut poll, if samples.is_none() => samples = Some(s),
@@ -206,13 +206,13 @@ pub async fn drive(
             Some(s) => s,
             None => poll.await,
         };
-        Ok::<_, LoadError>((totals, samples))
+        Ok::<_, LoadError>((outcome, samples))
     };
     let ran = tokio::select! {
         r = both => r.map_err(RunError::from),
         d = watch => Err(RunError::Died(d)),
     };
-    let (mut totals, samples) = match ran {
+    let (Outcome { mut totals, failures }, samples) = match ran {
         Ok(x) => x,
         Err(e) => {
             // A load that failed before its connections were open never said it was ready.
@@ -300,7 +300,7 @@ pub async fn drive(
         totals.summary.hosts = Some(h.summary.clone());
         totals.hosts = Some(h);
     }
-    Ok(totals)
+    Ok(Outcome { totals, failures })
 }
 
 /// One read of a PARDA host's `/api/parda`: when (run time), its IOs completed and their summed latency.

@@ -1027,11 +1027,24 @@ impl Registry {
         // The running exports as written, by name (names are unique): one lookup per new export.
         let running: std::collections::HashMap<&str, ExportJson> =
             cur.exports.iter().map(|x| (x.name.as_str(), json(cur, x))).collect();
+        // A running export whose sync failed (module `storage`, "A failed sync stays failed") is opened
+        // again by any reload, changed or not: once the device is dealt with, the operator's reload ends
+        // the error for the connections opened from then on (those open keep the failed storage, and its
+        // error, to the end: their writes before it may be lost).
+        let sync_failed: std::collections::HashMap<String, String> = self
+            .exports
+            .snapshot()
+            .iter()
+            .filter_map(|x| match &x.backend {
+                crate::nbd::Backend::Local(s) => s.sync_error().map(|e| (x.info.name.clone(), e.to_string())),
+                _ => None,
+            })
+            .collect();
         let to_open: Vec<(&ExportConfig, ExportJson)> = new
             .exports
             .iter()
             .map(|e| (e, json(&new, e)))
-            .filter(|(e, j)| running.get(e.name.as_str()) != Some(j))
+            .filter(|(e, j)| running.get(e.name.as_str()) != Some(j) || sync_failed.contains_key(&e.name))
             .collect();
         let missing: Vec<(ExportConfig, ExportJson)> = to_open
             .iter()
@@ -1100,7 +1113,13 @@ impl Registry {
             match opened.iter().position(|(n, _)| *n == e.name) {
                 Some(i) => {
                     let storage = opened[i].1.clone();
-                    let verb = if running.contains_key(e.name.as_str()) { "changed" } else { "added" };
+                    let verb = match (running.get(e.name.as_str()), sync_failed.get(&e.name)) {
+                        (Some(j), Some(err)) if *j == json(&new, e) => format!(
+                            "opened again: {err} (for the connections opened from now on; those open keep the error)"
+                        ),
+                        (Some(_), _) => "changed".into(),
+                        (None, _) => "added".into(),
+                    };
                     report.applied.push(format!("export {} {verb}", e.name));
                     list.push(Arc::new(make_export(e, tname, id, storage)));
                 }

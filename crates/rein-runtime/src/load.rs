@@ -348,6 +348,17 @@ impl Failures {
         self.failed > 0 || self.unanswered > 0 || !self.broken.is_empty()
     }
 
+    /// Adds `other`'s failures (another run's, as of a scenario run in parts): its first failure counts
+    /// only where this has none.
+    pub fn merge(&mut self, other: Failures) {
+        self.failed += other.failed;
+        self.unanswered += other.unanswered;
+        if self.first.is_none() {
+            self.first = other.first;
+        }
+        self.broken.extend(other.broken);
+    }
+
     fn note(&mut self, job: &str, e: &ClientError) {
         self.failed += 1;
         if self.first.is_none() {

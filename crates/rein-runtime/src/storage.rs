@@ -41,8 +41,9 @@
 //! writes acknowledged before it never reached the disk (and an `RWF_DSYNC` write may be handed an
 //! older write's error). A storage whose sync failed therefore keeps the error
 //! ([`Storage::sync_failed`]): every later flush, and with it every FUA request, fails with it under
-//! either engine, as QEMU's file driver does, until the export is opened again (a restart, or a reload
-//! that changes it), once the device is dealt with. Before, a FLUSH after a failed one succeeded while
+//! either engine, as QEMU's file driver does, until the export is opened again once the device is dealt
+//! with: a restart, or any reload (which opens every export whose sync failed again, for the connections
+//! opened from then on; those open keep the error, since their writes before it may be lost). Before, a FLUSH after a failed one succeeded while
 //! 4 MiB acknowledged before it were lost. Of two syncs at once Linux reports the error to one only: the
 //! `threads` engine's syncs of one storage run one at a time, and the io_uring engine records every
 //! failed sync of a batch of completions before it answers any.
@@ -121,7 +122,7 @@ pub enum StorageError {
     /// error.
     #[error(
         "an earlier fdatasync failed ({0}): writes acknowledged before it may not be on stable storage; every \
-         FLUSH fails until the export is opened again (a restart, or a reload that changes it)"
+         FLUSH fails until the export is opened again (a restart or a reload: new connections)"
     )]
     SyncFailedBefore(io::Error),
     /// The operating system failed the call.

@@ -237,6 +237,8 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     }
     let dir = lock_dir(&a.up)?;
     let dir = dir.as_ref();
+    // Requests that failed in any of the runs (a part, the baseline): said after the report, which stands.
+    let mut failures = rein_runtime::load::Failures::default();
     let totals = match a.groups_at_once {
         None => {
             if !(a.report.quiet || a.report.json) {
@@ -245,7 +247,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
                     errln!("{hint}");
                 }
             }
-            run_on_cluster(&rt, &a, &sc, (dir, None), (&mut term, &mut int))?
+            run_on_cluster(&rt, &a, &sc, (dir, None), (&mut term, &mut int), &mut failures)?
         }
         Some(n) => {
             let groups = sc.groups().len();
@@ -258,7 +260,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
             }
             rein_sim::run_in_parts(&sc, n as usize, |part, k, parts| {
                 let label = format!("part-{}-of-{parts}", k + 1);
-                run_on_cluster(&rt, &a, part, (dir, Some(&label)), (&mut term, &mut int))
+                run_on_cluster(&rt, &a, part, (dir, Some(&label)), (&mut term, &mut int), &mut failures)
             })?
         }
     };
@@ -269,12 +271,18 @@ fn run_scenario(a: RunArgs) -> Result<()> {
             if !(a.report.quiet || a.report.json) {
                 errln!("running the baseline the checks ask for ({}: PARDA off)", b.name);
             }
-            Some(run_on_cluster(&rt, &a, &b, (dir, Some("baseline")), (&mut term, &mut int))?)
+            Some(run_on_cluster(&rt, &a, &b, (dir, Some("baseline")), (&mut term, &mut int), &mut failures)?)
         }
         None => None,
     };
     let results = a.report.check.then(|| rein_sim::check::check(&sc, &totals, baseline.as_ref()));
-    crate::sim::report(&a.report, &sc, &totals, results, crate::load::print_summary)
+    let reported = crate::sim::report(&a.report, &sc, &totals, results, crate::load::print_summary);
+    // Failed requests make the run's numbers suspect whatever the checks said: the exit status says so
+    // (as `rein load`'s), after the report and the checks; a missed check is said first.
+    match (reported, crate::load::failed(&failures)) {
+        (Err(e), Err(f)) => Err(anyhow::anyhow!("{e}; {f}")),
+        (r, f) => r.and(f),
+    }
 }
 
 /// A note for a scenario of several independent groups whose servers outnumber this machine's CPUs by
@@ -295,13 +303,14 @@ fn crowding_hint(sc: &Scenario, cpus: usize) -> Option<String> {
 }
 
 /// Starts `sc` on a cluster (its files in `sub` of `dir`, if both are given), drives it for its duration
-/// with a progress bar, stops the cluster.
+/// with a progress bar, stops the cluster. The load's failed requests are added to `failures`.
 fn run_on_cluster(
     rt: &tokio::runtime::Runtime,
     a: &RunArgs,
     sc: &Scenario,
     (dir, sub): (Option<&RunDir>, Option<&str>),
     (term, int): (&mut Signal, &mut Signal),
+    failures: &mut rein_runtime::load::Failures,
 ) -> Result<rein_model::RunTotals> {
     let (plan, sup) = match start_with(rt, (&mut *term, &mut *int), &a.up, sc, (dir, sub))? {
         Ok(started) => started,
@@ -354,7 +363,9 @@ fn run_on_cluster(
         let _ = rt.block_on(drive);
     }
     bar.finish_and_clear();
-    finish(sup, res)
+    let outcome = finish(sup, res)?;
+    failures.merge(outcome.failures);
+    Ok(outcome.totals)
 }
 
 #[cfg(test)]

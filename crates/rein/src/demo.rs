@@ -159,7 +159,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
-    let totals = rt.block_on(async move {
+    let outcome = rt.block_on(async move {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let cost_model = cfg.sched.cost_model;
@@ -200,7 +200,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             cost_model,
             start_gate: None,
         };
-        let res = rein_runtime::load::run(lc, move |t, rows| {
+        let res = rein_runtime::load::run_checked(lc, move |t, rows| {
             if !quiet {
                 crate::load::print_live(t, rows)
             }
@@ -211,6 +211,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         server.await??;
         Ok::<_, anyhow::Error>(res?)
     })?;
+    let totals = &outcome.totals;
     // Windows: skip a second after the start and after the capacity step.
     let h = half.as_secs_f64();
     let t = total.as_secs_f64();
@@ -240,11 +241,13 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         }
         windows.push(Window { label: label.into(), from_s: a, to_s: b, capacity_iops: cap, tenants: rows });
     }
-    crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, &totals, None)?;
+    crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, totals, None)?;
+    // Failed requests (a full disk under the data directory, say) fail the demo after its report.
+    let failed = crate::load::failed(&outcome.failures);
     let out = DemoResult { scheduler: kind.name().into(), windows, reservations_held: resv_ok, limits_held: limit_ok };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        return failed;
     }
     outln!("\nThe mClock paper's §2.1 tenants on a live rein serve ({} scheduler), 75% reads of 4 KiB, 16 / 32 / 64 outstanding:", kind);
     for w in &out.windows {
@@ -273,7 +276,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         "plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv",
         shown(&args.out)
     );
-    Ok(())
+    failed
 }
 
 /// `rd (r 250, w 1)`: a tenant's name and spec for the plan line.

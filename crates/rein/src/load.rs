@@ -124,18 +124,19 @@ fn summary_text(totals: &RunTotals) -> String {
     for t in &totals.summary.tenants {
         let opt = |v: Option<f64>, none: &str| v.map_or(none.to_string(), |x| format!("{x}"));
         let resv = t.phase.as_ref().map_or("?".into(), |p| format!("{:.0}%", 100.0 * p.reservation_fraction()));
+        let lat = crate::sim::latency_cells(t);
         let _ = writeln!(
             s,
-            "{:<nw$} {:>7} {:>7} {:>5} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>7}",
+            "{:<nw$} {:>7} {:>7} {:>5} {:>10.1} {:>9.2} {:>9} {:>9} {:>9} {:>6} {:>7}",
             crate::sim::cut(&t.name, nw),
             opt(t.reservation, "?"),
             if t.weight.is_none() { "?".into() } else { opt(t.limit, "-") },
             opt(t.weight, "?"),
             t.iops,
             t.mb_s,
-            t.latency_ms.mean,
-            t.latency_ms.p99,
-            t.latency_ms.max,
+            lat[0],
+            lat[1],
+            lat[2],
             resv,
             t.rejected
         );
@@ -231,7 +232,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
 
 /// An error when requests failed or a connection broke (the results above stand; the exit status says
 /// they are not clean): the count, the first failure and the broken connections (the first few).
-fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
+pub(crate) fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
     if !f.any() {
         return Ok(());
     }

@@ -131,8 +131,9 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
     ));
     for (i, t) in shown.iter().enumerate() {
         let resv = t.phase.as_ref().map(|p| format!("{:>5.0}%", 100.0 * p.reservation_fraction()));
+        let lat = latency_cells(t);
         out.push_str(&format!(
-            "{:<nw$} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>6}\n",
+            "{:<nw$} {:>8} {:>8} {:>6} {:>9.1} {:>9.1} {:>8.2} {:>8} {:>8} {:>8} {:>6}\n",
             cut(&t.name, nw),
             match t.reservation {
                 Some(r) if r > 0.0 => rate(r),
@@ -144,9 +145,9 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
             t.iops,
             oracle[i],
             t.mb_s,
-            t.latency_ms.mean,
-            t.latency_ms.p99,
-            t.latency_ms.max,
+            lat[0],
+            lat[1],
+            lat[2],
             resv.unwrap_or_else(|| "    ?".into())
         ));
     }
@@ -422,6 +423,15 @@ pub(crate) fn require_expectations(sc: &Scenario) -> Result<()> {
     Ok(())
 }
 
+/// A tenant's mean, p99 and max latency (ms, two decimals), or `-` for each when it completed nothing
+/// after the warm-up: its latency summary is then zeros, which would read as instant service.
+pub(crate) fn latency_cells(t: &rein_model::report::TenantSummary) -> [String; 3] {
+    if t.completed == 0 {
+        return ["-".into(), "-".into(), "-".into()];
+    }
+    [t.latency_ms.mean, t.latency_ms.p99, t.latency_ms.max].map(|v| format!("{v:.2}"))
+}
+
 /// A run's report, for `rein sim` and `rein cluster run`: prints `--json` or the summary (`summary`),
 /// writes `--out` and says what it wrote, and with `--check` fails naming the missed expectations. The
 /// summary comes first: a failure to write `--out` (checked before the run, [`check_out`], but a disk can
@@ -490,6 +500,24 @@ mod tests {
         let table: Vec<&str> = summary.lines().skip(1).take(5).collect();
         super::long_names::check(&summary, &table);
         assert!(table.iter().all(|l| l.chars().nth(64) == Some(' ')), "{summary}");
+    }
+
+    /// A tenant that completed nothing after the warm-up (it stops before its end) shows `-` for
+    /// its latencies, not 0.00 (instant service); the one that ran shows numbers.
+    #[test]
+    fn a_tenant_without_completions_has_no_latency_to_show() {
+        let text = "name = \"early\"\nduration_s = 1.0\nwarmup_s = 0.5\n[[servers]]\nname = \"s1\"\n\
+                    capacity_iops = 1000\n[[tenants]]\nname = \"on\"\n[tenants.workload]\nkind = \"closed\"\n\
+                    [[tenants]]\nname = \"gone\"\n[tenants.workload]\nkind = \"closed\"\nstop_s = 0.4\n";
+        let sc = rein_sim::Scenario::from_toml(text, None).unwrap();
+        let r = rein_sim::run(&sc, &mut |_| {}).unwrap();
+        let summary = super::summary_text(&r);
+        let cells = |name: &str| -> Vec<String> {
+            let row = summary.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{summary}"));
+            row.split_whitespace().skip(7).take(3).map(String::from).collect()
+        };
+        assert_eq!(cells("gone "), ["-", "-", "-"], "{summary}");
+        assert!(cells("on ").iter().all(|c| c.parse::<f64>().is_ok_and(|v| v > 0.0)), "{summary}");
     }
 }
 

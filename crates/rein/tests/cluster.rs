@@ -1193,3 +1193,54 @@ fn up_on_a_pshift_scenario_prints_each_buckets_exports_on_its_servers() {
     assert_eq!(kids.len(), 5, "four nodes and the controller: {kids:?}");
     terminate_and_check(up, kids, &run_tmp);
 }
+
+/// A run whose requests fail reports its table, then exits non-zero saying how many failed and the first
+/// error: the node's disk fills (the run directory on a tmpfs of 2 MiB, under a 64 MiB image written at
+/// random). Before, `rein cluster run` logged nothing of it and exited 0. Needs root (the mount);
+/// elsewhere skipped.
+#[test]
+fn a_run_whose_requests_fail_exits_non_zero_after_its_report() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "rein-test-full"])
+        .arg(&run_tmp)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&run_tmp);
+    let sc = scenario(
+        tmp.path(),
+        r#"
+name = "full-disk"
+duration_s = 2.0
+warmup_s = 0.5
+[[servers]]
+name = "s1"
+capacity_iops = 1000
+[[tenants]]
+name = "w"
+servers = ["s1"]
+[tenants.workload]
+kind = "closed"
+read_pct = 0
+size_kb = 64
+span_gb = 0.0625
+"#,
+    );
+    let out = rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("tenant ") && stdout.contains("\nw "), "the table first: {stdout}");
+    assert!(stderr.contains("requests failed (the first: job w: ") && stderr.contains("ENOSPC"), "{stderr}");
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
+}

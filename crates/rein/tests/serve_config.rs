@@ -359,7 +359,9 @@ fn direct_io_on_a_device_of_larger_blocks_is_refused() {
 /// writeback fails (a loop device over a sparse file on a full file system: its writes are taken into
 /// the page cache, and the flush fails) answers every FLUSH after the first failed one with the error,
 /// under both engines. Before, the second FLUSH succeeded (Linux reports a writeback error once) while
-/// the 4 MiB written before it were lost. Needs root (loop devices, mount); elsewhere skipped.
+/// the 4 MiB written before it were lost. Once the space is freed, a reload opens the export again for
+/// new connections (before, only a restart or a change of the export did). Needs root (loop devices,
+/// mount); elsewhere skipped.
 #[test]
 fn a_flush_after_a_failed_one_fails_too() {
     let tmp = tmpdir("serve-sticky-sync");
@@ -381,12 +383,14 @@ fn a_flush_after_a_failed_one_fails_too() {
     // A sparse 32 MiB file on a file system left with no free block.
     let back = format!("{mnt}/back.img");
     let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
-    let _ = Cmd::new("dd").args(["if=/dev/zero", &format!("of={mnt}/fill"), "bs=1M"]).output();
-    let _ = Cmd::new("sync").status();
+    let fill = format!("{mnt}/fill");
     let Some(lo) = LoopDev::attach(Path::new(&back), &[]) else { return };
     let dev = &lo.0;
     for (engine, host) in [("uring", 223u8), ("threads", 224)] {
-        let s = start(dir, host, &format!("io_engine = \"{engine}\"\n[[exports]]\nname = \"b\"\npath = \"{dev}\"\n"));
+        let _ = Cmd::new("dd").args(["if=/dev/zero", &format!("of={fill}"), "bs=1M"]).output();
+        let _ = Cmd::new("sync").status();
+        let config = format!("io_engine = \"{engine}\"\n[[exports]]\nname = \"b\"\npath = \"{dev}\"\n");
+        let s = Rein::serve(&config_file(dir, host, &config)).env("REIN_LOG", "info").start();
         let mut c = common::Raw::connect(s.nbd, "b");
         // 4 MiB: more than a full ext4 has in reserve for a write.
         let at = if engine == "threads" { 8 << 20 } else { 1 << 20 };
@@ -398,6 +402,17 @@ fn a_flush_after_a_failed_one_fails_too() {
             errors.push(c.reply(0).1);
         }
         assert!(errors.iter().all(|&e| e != 0), "{engine}: every FLUSH fails after the first one did: {errors:?}");
+        // The space freed, a reload (the file unchanged) opens the export again: a new connection's
+        // FLUSH succeeds, and the connection open before keeps the error (its writes were lost).
+        std::fs::remove_file(&fill).unwrap();
+        let _ = Cmd::new("sync").status();
+        s.signal("-HUP");
+        s.wait_line("export b opened again: an earlier fdatasync failed");
+        let mut fresh = common::Raw::connect(s.nbd, "b");
+        fresh.send(Command::Flush, 5, 0, 0, &[]);
+        assert_eq!(fresh.reply(0).1, 0, "{engine}: a new connection flushes after the reload");
+        c.send(Command::Flush, 6, 0, 0, &[]);
+        assert_ne!(c.reply(0).1, 0, "{engine}: the connection open before the reload keeps the error");
         drop(s);
     }
 }
