@@ -57,9 +57,12 @@
 //! control loop, which awaits the exchange, goes on issuing and completing its VMs' IOs, with the
 //! reports it has (a peer drops out after the aggregator's timeout). Until
 //! that IO ends no other starts (one blocking thread held, not one per period) and each exchange fails
-//! at once (`AggregationError::Stuck`, with how long the IO has run); once it ends, its reading is
-//! dropped (the table it read is old) and its write, if it succeeded, counts as the host's last (see
-//! "Two hosts with one id"), and exchanges start again.
+//! at once (`AggregationError::Stuck`, with how long the IO has run); once it ends, the next exchange
+//! feeds its reading (the aggregator takes only records newer than it has, received then: a period
+//! late at most), its write, if it succeeded, counts as the host's last (see "Two hosts with one id"),
+//! its errors are logged once, and a new IO starts. So a board slower than the deadline on every IO
+//! (not hung) still exchanges, each reading a period late; before, its readings were dropped and the
+//! host never exchanged.
 //!
 //! # Two hosts with one id
 //! Two hosts configured with the same id are one host to their peers (one slot, one entry in the
@@ -313,6 +316,13 @@ impl CollectStats {
         self.corrupt.len() + self.corrupt_more + self.misplaced
     }
 
+    /// Adds the new reports a late board reading fed (module comment, "A board that hangs"). Its
+    /// refusals are not added: they are those of the table read now, or of the same table a period
+    /// before, and would count twice.
+    fn add_late(&mut self, late: CollectStats) {
+        self.accepted += late.accepted;
+    }
+
     fn misplace(&mut self, from: impl FnOnce() -> String, host: u32) {
         self.misplaced += 1;
         if self.misplaced_shown.len() < MAX_REFUSED_SHOWN {
@@ -501,8 +511,9 @@ impl Transport {
                 }
                 // A board IO still running past its deadline: none other starts until it ends.
                 let mut reopened_late = None;
+                let mut late = None;
                 if let Some((io, written, since)) = &mut f.stuck {
-                    let (buf, file, checked, _, wrote) = match io.try_recv() {
+                    let (buf, file, checked, read, wrote) = match io.try_recv() {
                         Ok(done) => done,
                         Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
                             return Err(AggregationError::Stuck { running: since.elapsed() })
@@ -511,13 +522,25 @@ impl Transport {
                             unreachable!("the board IO's thread always answers")
                         }
                     };
-                    let written = *written;
+                    let (written, ran) = (*written, since.elapsed());
                     f.stuck = None;
-                    // Its reading is old: dropped. A reopening (said with this exchange) and its write
-                    // stand.
+                    // Its reading, its reopening (said with this exchange) and its write stand: the
+                    // peers' records it read are fed now (the aggregator keeps only what is newer than
+                    // it has), so a board slower than the deadline on every IO still exchanges, a
+                    // period late. Its errors are said once, here.
                     reopened_late = f.settle(buf, file, &checked);
                     if wrote.is_ok() {
                         f.written = Some(written);
+                    }
+                    if read.is_ok() {
+                        late = Some(feed_table(&f.buf, now, agg, auth_of(&f.key), Some((report.host, f.written))));
+                    }
+                    for e in [read.err(), wrote.err(), checked.err()].into_iter().flatten() {
+                        tracing::warn!(
+                            path = %f.path.display(),
+                            "the PARDA board IO that outlived its deadline ended after {} ms with an error: {e}",
+                            ran.as_millis()
+                        );
                     }
                 }
                 let (path, file, identity) = (f.path.clone(), f.file.clone(), f.identity);
@@ -577,6 +600,9 @@ impl Transport {
                 agg.accept(now, *report).expect("host ids are below the slot count, itself at most MAX_HOSTS");
                 read?;
                 let mut stats = feed_table(&f.buf, now, agg, auth_of(&f.key), Some((host, f.written)));
+                if let Some(late) = late {
+                    stats.add_late(late);
+                }
                 stats.reopened = reopened.or(reopened_late);
                 f.written = wrote.is_ok().then_some(*report).or(f.written);
                 wrote?;
@@ -918,5 +944,51 @@ mod tests {
         let st = st.expect("the exchanges start again once the IO ends");
         assert_eq!((st.accepted, st.same_id), (1, 0), "{st:?}");
         assert_eq!(decode_slot_with(&slot0(&path), None).unwrap(), Slot::Record(report(0, 4)));
+    }
+
+    /// A board slower than the deadline on every IO (module comment, "A board that hangs") still
+    /// exchanges: the reading of an IO that ended late is fed at the next exchange, even when that
+    /// exchange's own IO is late again. Before, late readings were dropped and the peer's new report
+    /// (seq 2) never reached the aggregator.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::await_holding_lock)] // the lock held across the exchanges is the slow file system
+    async fn a_board_slower_than_its_deadline_still_exchanges() {
+        let dir = tempfile::Builder::new().prefix("rein-board-slow-").tempdir().unwrap();
+        let path = dir.path().join("board");
+        let peer = FileAggregation::open(&path, 2).unwrap();
+        peer.publish(&report(1, 1)).unwrap();
+        let f = FileAggregation::open(&path, 2).unwrap().with_deadline(Duration::from_millis(50));
+        let hang = f.hang.clone();
+        let mut t = Transport::File(f);
+        let mut agg = Aggregator::new(Nanos::from_secs(60)).unwrap();
+        let at = |s: u64| Nanos::from_secs(s);
+        assert_eq!(t.exchange(at(1), &report(0, 1), &mut agg).await.unwrap().accepted, 1);
+        let held = hang.lock().unwrap();
+        peer.publish(&report(1, 2)).unwrap();
+        let e = t.exchange(at(2), &report(0, 2), &mut agg).await.unwrap_err();
+        assert!(matches!(e, AggregationError::Slow { .. }), "{e}");
+        // The IO ends (its write lands after its read), and the next one is slow again.
+        drop(held);
+        let slot0 = |path: &Path| std::fs::read(path).unwrap()[..SLOT_BYTES].to_vec();
+        for _ in 0..1000 {
+            if decode_slot_with(&slot0(&path), None).unwrap() == Slot::Record(report(0, 2)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _held = hang.lock().unwrap();
+        let mut last = None;
+        for _ in 0..1000 {
+            match t.exchange(at(3), &report(0, 3), &mut agg).await {
+                Err(AggregationError::Stuck { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+                other => {
+                    last = Some(other);
+                    break;
+                }
+            }
+        }
+        assert!(matches!(last, Some(Err(AggregationError::Slow { .. }))), "{last:?}");
+        let seq = agg.peers().find(|(h, _)| **h == 1).map(|(_, p)| p.last.seq);
+        assert_eq!(seq, Some(2), "the late reading's report of host 1 was fed");
     }
 }

@@ -42,8 +42,9 @@
 //! held the whole gate, every VM's IO with it, until the file system came back; now the exchange fails
 //! (counted in `exchange_errors`, logged), the host goes on with the reports it has (a peer drops out
 //! after `aggregation_timeout`), and no other board IO starts until the hung one ends. A board slower
-//! than the deadline on every IO (not hung) then never exchanges, each period paying the wait: the
-//! errors say so.
+//! than the deadline on every IO (not hung) exchanges a period late: the reading of an IO that ended
+//! after its deadline is fed at the next exchange (each period still pays the wait, and the errors
+//! say so).
 //!
 //! # Configuration
 //! `[parda]` is the same table as a scenario's (one parser: [`rein_model::parda_settings`]); what is
