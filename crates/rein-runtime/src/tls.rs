@@ -34,6 +34,12 @@
 //! ECDHE). For TLS 1.2 PSK clients the cipher list adds the (EC)DHE-PSK and PSK AEAD suites (checked by
 //! hand with a server capped at TLS 1.2).
 //!
+//! A PSK identity counts only if its key was used ([`psk_identity`]): OpenSSL looks a TLS 1.3 client's
+//! offered identity up (the callback records it) before it checks the suite, and with a suite whose hash
+//! is not SHA-256 it drops the PSK and goes on with a certificate handshake. A client that knew only an
+//! identity's name, offering it with any key and TLS_AES_256_GCM_SHA384 alone, was taken for it (its
+//! exports opened, `allow_identities` passed) on a server with both `cert` and `psk_file`.
+//!
 //! # Reload
 //! A reload (SIGHUP) builds the contexts again from the files as they are then, so certificates renewed
 //! in place (the same file names, new contents) and changed `[tls]` tables are taken without a restart.
@@ -227,11 +233,22 @@ pub enum Credential {
 impl Credential {
     /// What the client of an accepted session presented, if anything a reload could revoke.
     pub fn of(ssl: &SslRef) -> Option<Credential> {
-        match ssl.ex_data(psk_identity_index()) {
+        match psk_identity(ssl) {
             Some(id) => Some(Credential::Psk(id.clone())),
             None => ssl.peer_certificate().map(Credential::Cert),
         }
     }
+}
+
+/// The PSK identity an accepted session was authenticated with, if one was (module comment): the
+/// identity the callback looked up, trusted only when its key was used. TLS 1.3 takes the callback's key
+/// as a session to resume, so a session keyed by it is a resumed one; TLS 1.2 calls the callback only
+/// in a PSK suite's key exchange. An identity looked up and then dropped (a TLS 1.3 suite whose hash is
+/// not SHA-256) was claimed, not proven.
+fn psk_identity(ssl: &SslRef) -> Option<&String> {
+    let id = ssl.ex_data(psk_identity_index())?;
+    let tls13 = ssl.version2() == Some(openssl::ssl::SslVersion::TLS1_3);
+    (!tls13 || ssl.session_reused()).then_some(id)
 }
 
 /// A connection's place in its [`LiveTls`]'s list: removed when dropped (the connection ended).
@@ -790,7 +807,7 @@ impl TlsConfig {
             return Err(TlsError(format!("{e}{why}")));
         }
         let ssl = tls.ssl();
-        let identity = ssl.ex_data(psk_identity_index()).cloned().or_else(|| {
+        let identity = psk_identity(ssl).cloned().or_else(|| {
             let cert = ssl.peer_certificate()?;
             let cn = cert.subject_name().entries_by_nid(Nid::COMMONNAME).next()?;
             cn.data().to_string().ok()
@@ -1132,6 +1149,56 @@ pub struct TlsError(pub String);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that knows a PSK identity's name but not its key, offering it with a wrong key and
+    /// TLS_AES_256_GCM_SHA384 alone (OpenSSL looks the identity up, then drops the PSK for the suite's
+    /// hash and goes on with the server's certificate), is no one; with the key it is the identity.
+    /// Before, the first was taken for `alice` (module comment).
+    #[tokio::test]
+    async fn a_psk_identity_counts_only_with_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let made = std::process::Command::new("openssl")
+            .current_dir(d)
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+            .args(["-keyout", "k.pem", "-out", "c.pem", "-subj", "/CN=srv", "-days", "2"])
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let key = [0x11u8; 16];
+        std::fs::write(d.join("keys.psk"), format!("alice:{}\n", "11".repeat(16))).unwrap();
+        let files = TlsFiles {
+            cert: Some(d.join("c.pem")),
+            key: Some(d.join("k.pem")),
+            psk_file: Some(d.join("keys.psk")),
+            ..TlsFiles::default()
+        };
+        let server = TlsConfig::build(TlsMode::Require, files).unwrap();
+        for (right_key, want) in [(false, None), (true, Some("alice".to_string()))] {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let client = std::thread::spawn(move || {
+                let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+                b.set_verify(SslVerifyMode::NONE);
+                if !right_key {
+                    b.set_ciphersuites("TLS_AES_256_GCM_SHA384").unwrap();
+                }
+                b.set_psk_client_callback(move |_, _, id, out| {
+                    id[..6].copy_from_slice(b"alice\0");
+                    out[..16].copy_from_slice(&if right_key { key } else { [0xee; 16] });
+                    Ok(16)
+                });
+                let mut c = b.build().configure().unwrap();
+                c.set_verify_hostname(false);
+                c.connect("srv", std::net::TcpStream::connect(addr).unwrap()).map(|_| ()).map_err(|e| e.to_string())
+            });
+            let (sock, _) = l.accept().await.unwrap();
+            let (tls, identity) = server.accept(sock).await.unwrap();
+            client.join().unwrap().unwrap();
+            assert_eq!(identity, want, "right key: {right_key}");
+            assert_eq!(matches!(Credential::of(tls.ssl()), Some(Credential::Psk(_))), right_key);
+        }
+    }
 
     fn parse(text: &str) -> Result<HashMap<String, Vec<u8>>, String> {
         parse_psk_file(text, Path::new("keys.psk"))
