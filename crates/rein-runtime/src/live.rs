@@ -127,7 +127,11 @@ impl ReloadReport {
     /// returns its line for the service manager's `STATUS=` ([`crate::notify::ready`]).
     pub(crate) fn log(&self) -> String {
         for line in &self.applied {
-            tracing::info!("reload: {line}");
+            if line.starts_with("warning: ") {
+                tracing::warn!("reload: {line}");
+            } else {
+                tracing::info!("reload: {line}");
+            }
         }
         for line in &self.needs_restart {
             tracing::warn!("reload: {line}");
@@ -685,13 +689,15 @@ impl Registry {
             )));
         }
         inner.retired.retain(|w| w.strong_count() > 0);
-        let held = inner.retired.iter().find_map(|w| {
-            let connections = w.strong_count();
-            w.upgrade().filter(|e| e.tenant_name == name).map(|e| (connections, e.info.name.clone()))
-        });
-        if let Some((connections, export)) = held {
+        // Not counted: a connection's requests in flight hold the export too (one connection at depth 32
+        // read as 34).
+        let held = inner
+            .retired
+            .iter()
+            .find_map(|w| w.upgrade().filter(|e| e.tenant_name == name).map(|e| e.info.name.clone()));
+        if let Some(export) = held {
             return Err(ChangeError::Conflict(format!(
-                "tenant {name:?} is used by {connections} open connection(s) to the deleted export {export:?}"
+                "tenant {name:?} is used by the open connections to the deleted export {export:?}"
             )));
         }
         self.persist(state::Change::new().tenant(&inner.base, name, None))?;
@@ -722,13 +728,13 @@ impl Registry {
     /// again under the lock, since a change may have come in between (the name taken, the tenant deleted),
     /// and applied. A file created by the open (`size_mb`) stays if that second check refuses the export.
     async fn add_export_now(&self, j: ExportJson) -> Result<(), ChangeError> {
-        let (cfg, _) = self.check_new_export(&self.changes.lock().await.effective, &j)?;
+        let (cfg, _) = self.check_new_export(&mut *self.changes.lock().await, &j)?;
         let mut opened = self.open(vec![(cfg, j.clone())]).await?;
         let storage = opened.pop().expect("one export opened").1;
         let mut inner = self.changes.lock().await;
         // The same file, size and mode as opened: the data directory does not change while the server
         // runs; only the tenant's index may have.
-        let (cfg, id) = self.check_new_export(&inner.effective, &j)?;
+        let (cfg, id) = self.check_new_export(&mut inner, &j)?;
         let now = ExportJson::from_config(&cfg, &j.tenant);
         self.persist(state::Change::new().export(&inner.base, &j.name, Some(now)))?;
         let mut list = (*self.exports.snapshot()).clone();
@@ -739,10 +745,14 @@ impl Registry {
         Ok(())
     }
 
-    /// Export `j` as `POST /api/exports` would add it to `eff`, with its tenant's id, or why not: its name
-    /// taken, too many exports, a bad path, no such tenant, or the start-up checks (RAM, one file per
-    /// export) over the list as it would be.
-    fn check_new_export(&self, eff: &ServerConfig, j: &ExportJson) -> Result<(ExportConfig, TenantId), ChangeError> {
+    /// Export `j` as `POST /api/exports` would add it to what runs, with its tenant's id, or why not: its
+    /// name taken, too many exports, a bad path, no such tenant, or the start-up checks (RAM, one file per
+    /// export) over the list as it would be, counting as running a deleted export of another tenant that
+    /// open connections still write (`retired`): deleting export `a` and adding `b` of another tenant on
+    /// its file let both tenants write one disk until `a`'s connections closed.
+    fn check_new_export(&self, inner: &mut Inner, j: &ExportJson) -> Result<(ExportConfig, TenantId), ChangeError> {
+        inner.retired.retain(|w| w.strong_count() > 0);
+        let eff = &inner.effective;
         if eff.exports.iter().any(|e| e.name == j.name) {
             return Err(ChangeError::Conflict(format!("export {:?} exists", j.name)));
         }
@@ -753,14 +763,24 @@ impl Registry {
         let id = self.id(&j.tenant)?;
         // Against the files the running exports have open (no `stat` per export: adding E exports one by
         // one stat'ed E^2 / 2 files).
+        let file_of = |e: &Export| match &e.backend {
+            crate::nbd::Backend::Local(s) => s.file_id(),
+            _ => None,
+        };
         let running = self.exports.snapshot();
-        let files = running.iter().map(|e| {
-            let file = match &e.backend {
-                crate::nbd::Backend::Local(s) => s.file_id(),
-                _ => None,
-            };
-            (e.info.name.as_str(), e.info.read_only, file)
-        });
+        let held: Vec<_> = inner
+            .retired
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|e| e.tenant_name != j.tenant)
+            .map(|e| {
+                (format!("{} (deleted, still open by its connections)", e.info.name), e.info.read_only, file_of(&e))
+            })
+            .collect();
+        let files = running
+            .iter()
+            .map(|e| (e.info.name.as_str(), e.info.read_only, file_of(e)))
+            .chain(held.iter().map(|(n, r, f)| (n.as_str(), *r, *f)));
         crate::preflight::check_added(&eff.exports, files, &cfg).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         Ok((cfg, id))
     }
@@ -1135,10 +1155,29 @@ impl Registry {
             }
         }
         self.exports.set(list);
+        // What still holds a deleted export now is its connections.
+        drop(old_by_name);
+        drop(old_list);
         for (name, id) in cur_tenants.iter() {
             if ids.id(name).is_none() {
                 let _ = self.dispatcher.remove_tenant(*id).await;
                 report.applied.push(format!("tenant {name} removed"));
+                // The API refuses this (409); the file is the operator's word, so it applies, said loudly:
+                // the open connections' requests now fail.
+                let open: Vec<String> = inner
+                    .retired
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .filter(|e| e.tenant_name == *name)
+                    .map(|e| e.info.name.clone())
+                    .collect();
+                if !open.is_empty() {
+                    report.applied.push(format!(
+                        "warning: tenant {name} was removed while connections to its deleted export {} are open: \
+                         their requests fail (EINVAL) from now on",
+                        open.join(", ")
+                    ));
+                }
             }
         }
         write(&self.tenants, Arc::new(ids));
