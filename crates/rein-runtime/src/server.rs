@@ -436,7 +436,8 @@ pub async fn run_with(
         nbd: nbd.tcp_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
         admin: admin_l.local_addr().expect("bound"),
     };
-    tracing::info!(nbd = %nbd.tcp_shown(), nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), "rein serve listening");
+    let data_dir = std::path::absolute(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone());
+    tracing::info!(nbd = %nbd.tcp_shown(), nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), data_dir = %data_dir.display(), "rein serve listening");
     if let Some(w) = cfg.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
         tracing::warn!("{w}");
     }

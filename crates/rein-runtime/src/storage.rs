@@ -501,6 +501,10 @@ impl FileStorage {
             if let Some(sz) = size {
                 file.set_len(sz).map_err(|e| io("set_len", e))?;
             }
+            // Said with the whole path: a relative `data_dir` follows the working directory, and a start
+            // from another one (a unit without WorkingDirectory, cron) gave a VM a blank disk in silence.
+            let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+            tracing::info!(path = %shown.display(), bytes = size.unwrap_or(0), "created a new, empty image");
         }
         let meta = file.metadata().map_err(|e| io("stat", e))?;
         let lock = ExportLock::take(&file, &meta, !read_only)?;

@@ -80,8 +80,14 @@ fn an_image_is_never_created_without_size_mb() {
         format!("error: export rd: {}: does not exist (add size_mb to the export to create it)", img.display())
     );
     assert!(!img.exists(), "no image created");
-    // With size_mb it is created; then a different size_mb is refused, and none serves as before.
-    drop(start(dir, 41, "[[exports]]\nname = \"rd\"\npath = \"typo.img\"\nsize_mb = 2\n"));
+    // With size_mb it is created, and the log says so with the whole path (a relative data_dir follows
+    // the working directory); then a different size_mb is refused, and none serves as before.
+    let s = Rein::serve(&config_file(dir, 41, "[[exports]]\nname = \"rd\"\npath = \"typo.img\"\nsize_mb = 2\n"))
+        .env("REIN_LOG", "info")
+        .start();
+    s.wait_log(&["created a new, empty image", &format!("path={}", img.display())], Duration::from_secs(5));
+    s.wait_log(&["rein serve listening", &format!("data_dir={}", dir.join("data").display())], Duration::from_secs(5));
+    drop(s);
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 2 << 20);
     let err = start_fails(dir, 41, "[[exports]]\nname = \"rd\"\npath = \"typo.img\"\nsize_mb = 4\n");
     assert!(
