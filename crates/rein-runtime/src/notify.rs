@@ -9,6 +9,8 @@
 //! - `RELOADING=1` (with `MONOTONIC_USEC=`, as `Type=notify-reload` asks) when a SIGHUP's reload begins,
 //!   and `READY=1` again when it has ended, applied or refused, with the outcome in `STATUS=` (a reload
 //!   that failed keeps the running configuration; `systemctl status` shows why);
+//! - `EXTEND_TIMEOUT_USEC=` before a start-up step that may take long (`rein serve`'s capacity probe,
+//!   up to 3 x 60 s): the unit's start timeout then counts from there;
 //! - `STOPPING=1` when its graceful stop begins (the stop answers the requests in flight within
 //!   `shutdown_timeout_s`: a unit's `TimeoutStopSec` should be longer);
 //! - `WATCHDOG=1` at half the unit's `WatchdogSec`, from the daemon's accept loop itself (a loop that
@@ -61,6 +63,15 @@ pub fn reloading() {
         states.push(now);
     }
     send(&states);
+}
+
+/// `EXTEND_TIMEOUT_USEC=`: the start takes `longer` more than it has so far (a capacity probe of
+/// minutes outlasted a unit's default 90 s start timeout, and `Restart=on-failure` started it over for
+/// good); `status` says why.
+pub fn extend_start(longer: Duration, status: &str) {
+    let usec = u32::try_from(longer.as_micros()).unwrap_or(u32::MAX);
+    let status = one_line(status);
+    send(&[sd_notify::NotifyState::ExtendTimeoutUsec(usec), sd_notify::NotifyState::Status(&status)]);
 }
 
 /// `STOPPING=1`: the graceful stop has begun.

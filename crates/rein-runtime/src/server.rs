@@ -361,6 +361,11 @@ pub async fn run_with(
         );
     }
     if let Some(biggest) = probed.filter(|_| probe_due) {
+        let runs = std::time::Duration::from_secs_f64(cfg.probe_capacity_s) * crate::probe::STARTUP_RUNS as u32;
+        crate::notify::extend_start(
+            runs + std::time::Duration::from_secs(30),
+            &format!("measuring the capacity (probe_capacity_s): {} s", runs.as_secs()),
+        );
         let r = crate::probe::probe_export(biggest.0, biggest.1.clone(), device.clone(), &cfg)
             .await
             .map_err(|e| ServeError::Probe(e.to_string()))?;
