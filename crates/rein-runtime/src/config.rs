@@ -660,6 +660,54 @@ impl ServerConfig {
         validate(f, base).map_err(ConfigError::Invalid)
     }
 
+    /// What the configuration asks that nothing will do, each said at start, by `--check-config` and by a
+    /// reload that brings it in (it is valid, so not refused): a `[[tenants]]` entry no export uses (a typo
+    /// between an export's `tenant` or `name` and the entry leaves the export an unlimited tenant of its
+    /// own while the entry's reservation is admitted for nobody; not under `[node]`, whose gateway states
+    /// its tenants), reservations or limits under a scheduler that does not keep them, and `[node]`
+    /// under one that ignores the gateway's tags.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.node.enabled {
+            let unused: Vec<&str> = self
+                .tenants
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !self.exports.iter().any(|e| e.tenant == *i))
+                .map(|(_, t)| t.name.as_str())
+                .collect();
+            if !unused.is_empty() {
+                out.push(format!(
+                    "tenant {} has no export (no [[exports]] entry names it): its reservation is admitted for \
+                     nobody (an export's `tenant` or `name` mistyped?)",
+                    unused.join(", ")
+                ));
+            }
+        }
+        let kept = |s: &QosSpec| s.reservation() > 0.0 || s.limit().is_some();
+        let with: Vec<&str> = self.tenants.iter().filter(|t| kept(&t.spec)).map(|t| t.name.as_str()).collect();
+        let ignores = match self.scheduler {
+            SchedulerKind::Fifo => Some("serves in arrival order"),
+            SchedulerKind::Sfq => Some("keeps weights only"),
+            SchedulerKind::Token if self.pshift.is_none() => Some("without [pshift] serves plain round robin"),
+            _ => None,
+        };
+        if let (Some(how), false) = (ignores, with.is_empty()) {
+            out.push(format!(
+                "scheduler {} {how}: the reservations and limits of tenant {} are not kept (mclock keeps them)",
+                self.scheduler,
+                with.join(", ")
+            ));
+        }
+        if self.node.enabled && !matches!(self.scheduler, SchedulerKind::Dmclock | SchedulerKind::Rbfq) {
+            out.push(format!(
+                "[node] is on under scheduler {}, which ignores the gateway's delta and rho: use dmclock or rbfq",
+                self.scheduler
+            ));
+        }
+        out
+    }
+
     /// The position in `tenants` of the tenant called `name`, if there is one.
     pub fn tenant_index(&self, name: &str) -> Option<usize> {
         self.tenants.iter().position(|t| t.name == name)
@@ -1102,6 +1150,27 @@ mod tests {
         assert!(e.contains("larger than 16777216 bytes"), "{e}");
         let e = crate::pshift_controller::ControllerSettings::load(zero).unwrap_err().to_string();
         assert!(e.contains("larger than 16777216 bytes"), "{e}");
+    }
+
+    #[test]
+    fn warnings_name_what_nothing_will_do() {
+        let w = |text: &str| ServerConfig::parse(text, Path::new("t.toml")).unwrap().warnings();
+        let export = "[[exports]]\nname = \"vm-1\"\nbackend = \"memory\"\nsize_mb = 1\n";
+        assert_eq!(w(export), Vec::<String>::new(), "an export and its own tenant");
+        let typo = format!("{export}[[tenants]]\nname = \"vm1\"\nreservation = 500\nlimit = 600\n");
+        let got = w(&typo);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].starts_with("tenant vm1 has no export"), "{got:?}");
+        let limited = format!("{export}[[tenants]]\nname = \"vm-1\"\nlimit = 1\n");
+        assert_eq!(w(&limited), Vec::<String>::new(), "mclock keeps the limit");
+        let got = w(&format!("scheduler = \"fifo\"\n{limited}"));
+        assert_eq!(got, ["scheduler fifo serves in arrival order: the reservations and limits of tenant vm-1 are not kept (mclock keeps them)"]);
+        assert_eq!(w(&format!("scheduler = \"sfq\"\n{limited}")).len(), 1);
+        assert_eq!(w(&format!("scheduler = \"fifo\"\n{export}")), Vec::<String>::new(), "nothing to keep");
+        let node = format!("[node]\nenabled = true\n{typo}");
+        let got = w(&node);
+        assert_eq!(got.len(), 1, "a node's tenants need no export: {got:?}");
+        assert!(got[0].starts_with("[node] is on under scheduler mclock"), "{got:?}");
     }
 
     #[test]

@@ -233,6 +233,10 @@ fn check_name(name: &str) -> Result<(), ChangeError> {
     if name.is_empty() || name.len() > MAX_TENANT_NAME {
         return Err(ChangeError::Invalid(format!("tenant name must be 1..={MAX_TENANT_NAME} bytes")));
     }
+    // A newline or an escape in a name wrote lines of its own into the text log.
+    if name.chars().any(char::is_control) {
+        return Err(ChangeError::Invalid(format!("tenant name {name:?} has a control character")));
+    }
     Ok(())
 }
 
@@ -1026,6 +1030,11 @@ impl Registry {
         let new = o.config;
         let cur = inner.effective.clone();
         let cur = &cur;
+        // What the new configuration asks that nothing will do, said once: when it comes in.
+        let known = cur.warnings();
+        report
+            .applied
+            .extend(new.warnings().into_iter().filter(|w| !known.contains(w)).map(|w| format!("warning: {w}")));
         // Capacity and admission of the new whole.
         let (cap, source) = match o.capacity {
             Some(c) => (Some(c.iops), c.source),

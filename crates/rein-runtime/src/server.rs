@@ -231,6 +231,7 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
     } else {
         admit(&eff, over.capacity.as_ref())?;
     }
+    lines.extend(eff.warnings().into_iter().map(|w| format!("warning: {w}")));
     lines.push(format!(
         "{}, {}, scheduler {}, NBD on {}, admin on {}",
         Count(eff.tenants.len(), "tenant"),
@@ -441,6 +442,9 @@ pub async fn run_with(
         nbd: nbd.tcp_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
         admin: admin_l.local_addr().expect("bound"),
     };
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
+    }
     let data_dir = std::path::absolute(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone());
     tracing::info!(nbd = %nbd.tcp_shown(), nbd_unix = %nbd.unix_shown(), admin = %bound.admin, admin_https = cfg.admin_tls.is_some(), scheduler = %cfg.scheduler, exports = cfg.exports.len(), data_dir = %data_dir.display(), "rein serve listening");
     if let Some(w) = cfg.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {

@@ -262,6 +262,10 @@ impl ExportJson {
         if name.is_empty() || name.len() > 4096 {
             return Err(format!("export name {name:?} is empty or longer than 4096 bytes"));
         }
+        // Through the API: a name with a newline or an escape wrote lines of its own into the text log.
+        if strict_path && name.chars().any(char::is_control) {
+            return Err(format!("export name {name:?} has a control character"));
+        }
         // Without size_mb a memory export has the size rein.toml gives it; a file export must exist.
         let size_mb = match (self.size_mb, self.backend.as_str()) {
             (Some(mb), _) => mb,
@@ -288,6 +292,14 @@ impl ExportJson {
                     ));
                 }
                 let path = if strict_path { data_dir.join(p) } else { p };
+                // A directory that is not there (a name `y/z` makes the default path `y/z.img`) is the
+                // request's fault: a bad request, not the failed open (500) it was.
+                if strict_path && path.parent().is_some_and(|d| !d.is_dir()) && data_dir.is_dir() {
+                    return Err(format!(
+                        "export {name}: the directory of {} does not exist in the data directory",
+                        path.display()
+                    ));
+                }
                 // As at start (`FileStorage::open_with`), said as a bad request rather than a failed open;
                 // a state file's entry fails at its open, naming the export, rather than being dropped.
                 if strict_path && self.read_only && !path.exists() {

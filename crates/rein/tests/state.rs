@@ -81,6 +81,17 @@ fn runtime_changes_survive_a_restart() {
         http(s.admin, "POST", "/api/exports", r#"{"name": "b", "path": "b.img", "size_mb": 2, "tenant": "b"}"#);
     assert_eq!(code, 201, "{body}");
     assert_eq!(nbdinfo_size(s.nbd, "b"), Ok(2 << 20), "a new export is visible to new connections at once");
+    // Names with control characters (they wrote lines of their own into the text log) and a name whose
+    // default path lies in no directory (a 500, as a failed open, before) are bad requests.
+    for (path, body, says) in [
+        ("/api/exports", r#"{"name": "e\nfake line", "size_mb": 1, "tenant": "b"}"#, "has a control character"),
+        ("/api/tenants", r#"{"name": "t\u001b[31m"}"#, "has a control character"),
+        ("/api/exports", r#"{"name": "y/z", "size_mb": 1, "tenant": "b"}"#, "does not exist in the data directory"),
+    ] {
+        let (code, answer) = http(s.admin, "POST", path, body);
+        assert_eq!(code, 400, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
     // Another export on the file export b has open, by its path or through a link, is refused (400),
     // read-only or not (b writes it); one on a file of its own is not.
     std::os::unix::fs::symlink(tmp.path().join("data/b.img"), tmp.path().join("data/link.img")).unwrap();
