@@ -14,7 +14,11 @@
 //! is the rounding of the step, at most 2^-33 ns per IO. A tenant at r = 1,000,000 IOPS for one hour
 //! issues 3.6e9 IOs, so its tags are off by at most 3.6e9 * 2^-33 ns = 0.42 ns against a 1,000 ns
 //! spacing: well within one IO. (With whole-nanosecond steps, r = 999,999 IOPS would drift by 3,600 IOs
-//! over the same hour.) A `u128` holds 2^96 ns, about 2.5e12 years, so tags cannot overflow.
+//! over the same hour.) A `u128` holds 2^96 ns, about 2.5e12 years: tags that follow real time (R and
+//! L tags, which a tenant's own requests can push ahead of it by at most one bounded increment each)
+//! cannot overflow in any run. Virtual time (P tags, SFQ's tags) does not follow real time and can reach
+//! the end of a `u128` in days under the per-byte cost model; the schedulers renormalise it (the engine's
+//! module comment, "Virtual time's range").
 //!
 //! Costs are [`Cost`]s: fixed point with 16 fractional bits, so one unit-cost IO is `Cost::ONE`
 //! and §3.1's fractional `1 + S/(Tm*Bpeak)` costs are represented to 1/65536 of an IO.
@@ -152,7 +156,7 @@ impl Tag {
         Tag(self.0.saturating_sub(d))
     }
     /// Later by `d` tag units (2^-32 ns), saturating at `u128::MAX` (a guard only: the bounds in the
-    /// module comment keep tags far below it).
+    /// module comment, and the schedulers' renormalisation of virtual time, keep tags below it).
     pub fn saturating_add(self, d: u128) -> Tag {
         Tag(self.0.saturating_add(d))
     }
@@ -173,7 +177,7 @@ pub const MAX_WEIGHT: f64 = 1e6;
 pub fn step_for_rate(rate: f64) -> u128 {
     debug_assert!(rate.is_finite() && rate > 0.0, "step_for_rate({rate})");
     // 2^32 * 1e9 / rate, computed in f64 then rounded: f64 has 53 bits of mantissa and the largest step
-    // (rate = 1e-3) is 4.3e24 < 2^82, so the relative rounding error is 2^-53, far below one tag unit
+    // (rate = 1e-3) is 4.3e21 < 2^72, so the relative rounding error is 2^-53, far below one tag unit
     // for any step under 2^53 units (about 2 ms) and below 2^-53 of the step above that.
     let s = (((1u128 << TAG_FRAC_BITS) as f64) * 1e9 / rate).round();
     if s < 1.0 {
@@ -231,8 +235,8 @@ impl Cost {
         if self == Cost::ONE {
             step
         } else {
-            // whole units <= 2^40 and step <= 2^82, so whole * step < 2^122 and frac * step < 2^98: both
-            // fit a u128 (saturating only as a guard).
+            // whole units <= 2^48 (a u64 of fixed point) and step < 2^72, so whole * step < 2^120 and
+            // frac * step < 2^88: both fit a u128 (saturating only as a guard).
             let whole = (self.0 >> Self::FRAC_BITS) as u128;
             let frac = (self.0 & ((1 << Self::FRAC_BITS) - 1)) as u128;
             whole.saturating_mul(step).saturating_add((frac * step) >> Self::FRAC_BITS)
@@ -316,6 +320,17 @@ mod tests {
         assert_eq!(Count(1, "entry").to_string(), "1 entry");
         assert_eq!(Count(3, "entry").to_string(), "3 entries");
         assert_eq!(Count(2, "key").to_string(), "2 keys");
+    }
+
+    /// The bounds the engine's "Virtual time's range" rests on: the largest step is under 2^72, and a
+    /// request's largest P increment (its cost plus a delta, each at most `Cost::MAX`) under 2^113.
+    #[test]
+    fn the_largest_step_and_increment_fit_their_bounds() {
+        let step = step_for_rate(MIN_WEIGHT);
+        assert_eq!(step, step_for_rate(MIN_RATE));
+        assert!(step < 1 << 72, "{step}");
+        assert!(Cost::MAX.saturating_add(Cost::MAX).times_step(step) < 1 << 113);
+        assert!(Cost(u64::MAX).times_step(step) < 1 << 120);
     }
 
     #[test]

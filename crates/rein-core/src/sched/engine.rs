@@ -31,10 +31,59 @@
 //! becomes active, "the smallest P tag matches the time of arrival of the new VM" (mClock; RBFQ does it at
 //! every arrival). Shifting every tag by the same amount changes no decision, so instead of shifting all
 //! tags we keep them in a *virtual* frame and give a newly active tenant `vnow`, the smallest P tag among
-//! tenants eligible for the weight phase (monotone: we keep the maximum seen). This is the paper's
-//! "offset" implementation, O(1) per activation. With idle credit sigma the tenant may start
-//! `sigma * step_p` behind `vnow` (§3.1 Burst Handling, RBFQ §3.3); it never starts ahead of its own
-//! history (`last_p + cost * step_p`), so going idle cannot erase a lead it earned.
+//! tenants eligible for the weight phase (monotone: we keep the maximum seen; only the renormalisation
+//! below lowers it, with every P tag). This is the paper's "offset" implementation, O(1) per activation.
+//! With idle credit sigma the tenant may start `sigma * step_p` behind `vnow` (§3.1 Burst Handling, RBFQ
+//! §3.3); it never starts ahead of its own history (`last_p + cost * step_p`), so going idle cannot erase
+//! a lead it earned.
+//!
+//! # Virtual time's range (renormalisation)
+//! `vnow` only rises, and nothing ties it to real time. One unit of cost moves a P tag by `step_p` =
+//! 2^32 * 1e9 / w tag units (2^-32 ns): 4.3e18 (2^62) at w = 1, 4.3e21 (under 2^72) at [`MIN_WEIGHT`].
+//! With the device serving C cost units per second to backlogged tenants of weights summing W, `vnow`
+//! advances by about 2^62 C / W tag units per second, and a `u128` ends at 2^128 (3.4e38):
+//! - per IO at 10^6 IOPS and W = 1: 2^82 per second, 2.5 million years to the end;
+//! - per byte (unit 1 byte) at 10 GB/s and W = 0.001 (a tenant at [`MIN_WEIGHT`] alone): 2^105 per
+//!   second, 92 days; at [`MAX_RATE`] (1 TB/s), 22 hours;
+//! - a peer's delta of u64::MAX (the wire's largest; 2^48 units) at w = 1: 2^110 per request, 2^18
+//!   requests.
+//!
+//! Past the end every P tag saturated at `u128::MAX`, all keys tied, and the lowest slot took the whole
+//! weight phase for good (review 1: weights 1 and 9 got 1,000 and 0 dispatches). Two rules keep `vnow`
+//! in range:
+//! - **One request's increment is bounded.** A request's delta and rho count as at most [`Cost::MAX`]
+//!   (2^40 units; a request's own cost is at most that), so one request moves a P tag by less than
+//!   2^41 units * 2^72 = 2^113 tag units. (A larger delta is a peer's nonsense or more than 2^40 units,
+//!   a TiB under the per-byte cost, served elsewhere between two requests here; counted as 2^40 it
+//!   still puts the tenant 2^40 of its own units further on, which orders it the same way.)
+//! - **Renormalisation** (invariant 9). When `vnow` reaches [`VTIME_CEILING`] = 2^127, every value in
+//!   the P frame is lowered by `vnow - VTIME_REBASED` ([`VTIME_REBASED`] = 2^126), saturating at 0:
+//!   `vnow`, every tenant's `head_p` and `last_p` (idle, limited and ready alike), the `ready` heap's keys
+//!   and the `away` entries' `last_p` (with the tenants' own, so [`AwayEntry::counts`] still matches
+//!   them). Idle credit, the pool floor's slack and the lead bound are differences, not positions, and
+//!   R and L tags are in real time: they stay. `vnow` rises at a tenant's activation and in the weight
+//!   phase, and only there is it compared with the ceiling: one comparison on the hot path.
+//!
+//! Why it changes no decision: the weight phase compares P-frame values with each other and adds
+//! differences to them (increments, credit, slack, lead); lowering all of them by one constant changes
+//! none of that, as long as no value is clipped at 0, that is, none lies more than 2^126 behind `vnow`
+//! (tested against a twin that never renormalises, many times per run). Legitimate gaps are far smaller:
+//! idle credit at most [`crate::spec::MAX_IDLE_CREDIT`] (256) units * 2^72 < 2^80, the pool floor's slack
+//! `lag_ios` (a `u32`) units * 2^72 < 2^104. A returning tenant whose `last_p` was clipped starts at its
+//! floor, as it would have (its history was further behind than the floor). What can lie further behind
+//! is credit banked without bound, which the defaults refuse (invariant 6): a tenant held by its limit
+//! under the paper's re-entry rule (`limited_reenter_at_vnow: false`), or under a pool return whose
+//! window outlasts 2^126 of virtual time, a tenant returning behind one that left long ago; such a
+//! tenant keeps 2^126 of it, at the fastest virtual time the bounds allow (1 TB/s per byte, W = 0.001)
+//! 5.5 hours of the device. Why the ceiling is at 2^127: the 2^127 above it hold 2^14 of the largest
+//! increments, so no tag computed from values below it overflows, and a tenant's lead over `vnow` is at
+//! most `weight_lead_ios` (default 16) increments (invariant 8), under 2^117. A tenant exempt from that
+//! bound (a distributed one, or with `weight_lead_ios: None`) may lead by more than 2^127 and saturate:
+//! it sorts last, as it would anyway, and when it becomes the smallest P tag `vnow` reaches the ceiling
+//! and is renormalised. At the fastest virtual time above, a renormalisation comes every 5.5 hours (at
+//! 10^6 IOPS per IO and W = 1, once in a million years); it walks every tenant and rebuilds the `ready`
+//! and `away` heaps, O(n) and without allocating. It depends on the inputs alone, so runs stay
+//! deterministic.
 //!
 //! # Invariants (asserted in debug builds and by `check()` in tests)
 //! 1. A tenant is in `resv` iff it has queued requests, a reservation, and is not in `limited`. Limits are
@@ -43,7 +92,8 @@
 //!    r <= l, holding R-phase service until the L tag is due still meets the reservation.
 //! 2. A tenant with queued requests is in exactly one of `ready`, `limited`; a tenant without is in none.
 //! 3. A tenant in `limited` has a limit and `head_l > now` at the time it was placed there.
-//! 4. `vnow` and `now` never decrease.
+//! 4. `now` never decreases; `vnow` decreases only in a renormalisation, which lowers every P-frame value
+//!    with it (invariant 9).
 //! 5. `queued` equals the sum of the tenants' queue lengths.
 //! 6. No tenant enters the weight race (`ready`) with a P tag below `vnow - its idle credit`: neither an
 //!    idle period nor a period held back by its limit banks weight-phase credit beyond sigma. (The paper
@@ -77,6 +127,9 @@
 //!    Tenants whose requests carry a distributed delta are exempt: their P tags include service received
 //!    at other servers, so a lead over this server's vnow is legitimate global accounting, and bounding
 //!    it skewed the RBFQ Fig. 11 reproduction (a flow got 94 instead of 100 IOPS).
+//! 9. `vnow < VTIME_CEILING` between calls: where it rises it is compared with the ceiling, and on
+//!    reaching it every P-frame value is lowered by `vnow - VTIME_REBASED`, saturating at 0 ("Virtual
+//!    time's range").
 //!
 //! # Pools that move ([`SchedConfig::pool_return`])
 //! A dmClock or RBFQ client that keeps one pool of outstanding IOs over several servers (a gateway in front
@@ -168,7 +221,20 @@ use super::{
 };
 use crate::cost::CostModel;
 use crate::units::{step_for_rate, Cost, LatestTime, Nanos, Tag};
+#[cfg(doc)]
+use crate::units::{MAX_RATE, MIN_WEIGHT};
 use std::collections::VecDeque;
+
+/// Virtual time is renormalised when it reaches this (invariant 9; module comment, "Virtual time's
+/// range"): 2^127 tag units, leaving 2^14 of the largest one-request increments (2^113) above it.
+pub(crate) const VTIME_CEILING: u128 = 1 << 127;
+/// ... to this: 2^126 tag units, so every gap up to 2^126 behind virtual time survives a renormalisation.
+pub(crate) const VTIME_REBASED: u128 = 1 << 126;
+
+/// Where virtual time is renormalised and to what: ([`VTIME_CEILING`], [`VTIME_REBASED`]), or in tests
+/// what `set_vtime_range` set (to renormalise often).
+#[cfg(test)]
+pub(crate) type VtimeRange = (u128, u128);
 
 /// Which inputs feed which clock.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -432,6 +498,9 @@ pub(crate) struct Engine {
     queued: usize,
     /// Locality batch in progress: (slot, remaining, last offset, phase).
     batch: Option<(u32, u32, u64, Phase)>,
+    /// Tests move the renormalisation's ceiling and target (`Engine::vtime_range`).
+    #[cfg(test)]
+    vtime_range: VtimeRange,
 }
 
 /// One tenant's entry in [`Away`]: its last P tag when its queue emptied, and which emptying it was.
@@ -495,6 +564,17 @@ impl Away {
         self.heap.clear();
     }
 
+    /// Lowers every entry's last P tag by `by`, saturating at 0, as the renormalisation lowers the
+    /// tenants' own (so [`AwayEntry::counts`] still matches an entry with its tenant), and re-heaps them:
+    /// entries taken to 0 tie and order by slot. O(n), no allocation.
+    fn lower(&mut self, by: u128) {
+        let mut entries = std::mem::take(&mut self.heap).into_vec();
+        for std::cmp::Reverse(e) in &mut entries {
+            e.last_p = e.last_p.saturating_sub(by);
+        }
+        self.heap = entries.into();
+    }
+
     /// The smallest last P tag among the entries that count at `now` ([`AwayEntry::counts`]); those that
     /// do not and sort before it are dropped.
     #[inline]
@@ -525,6 +605,8 @@ impl Engine {
             lag_bound: u128::MAX,
             queued: 0,
             batch: None,
+            #[cfg(test)]
+            vtime_range: (VTIME_CEILING, VTIME_REBASED),
         };
         // The rules and the lag bound are derived from the settings in one place.
         e.set_config(config);
@@ -627,10 +709,11 @@ impl Engine {
             cost,
             lcost,
             offset: req.offset,
-            delta: req.delta,
+            // A peer's delta and rho count as at most `Cost::MAX` ("Virtual time's range").
+            delta: req.delta.min(Cost::MAX),
             // A share below one is an estimated rho (dmclock module comment): the request charges the R
             // clock `cost/share`, of which `cost` is its own and undone if it is served in the weight phase.
-            rho: req.rho.saturating_add(req.share.elsewhere(cost)),
+            rho: req.rho.min(Cost::MAX).saturating_add(req.share.elsewhere(cost)),
         });
         t.distributed |= req.delta != Cost(0);
         let became_active = t.len == 1;
@@ -638,7 +721,7 @@ impl Engine {
         if became_active {
             // Becoming active: Tag Adjustment through vnow (module comment).
             if let Some((p, _)) = self.ready.peek() {
-                self.vnow = self.vnow.max(p);
+                self.raise_vnow(p);
             }
             let vnow = self.vnow;
             let floor = self.idle_floor(req.tenant.slot, now, req.pool_busy, req.pending_here);
@@ -742,7 +825,7 @@ impl Engine {
         }
         // Weight-based (global) phase among tenants under their limit.
         if let Some((p, slot)) = self.ready.peek() {
-            self.vnow = self.vnow.max(p);
+            self.raise_vnow(p);
             return Poll::Dispatch(self.dispatch(slot, Phase::Weight, now_tag));
         }
         if device_idle && self.config.limit_mode == LimitMode::BreakWhenIdle {
@@ -757,6 +840,62 @@ impl Engine {
             (Some(a), None) | (None, Some(a)) => Poll::Wait(a.ceil_nanos()),
             (None, None) => unreachable!("queued requests but no tenant in any heap (invariant 2)"),
         }
+    }
+
+    /// Virtual time is at least `p`, the smallest eligible P tag (Tag Adjustment); on reaching the
+    /// ceiling it is renormalised (invariant 9).
+    #[inline]
+    fn raise_vnow(&mut self, p: Tag) {
+        self.vnow = self.vnow.max(p);
+        if self.vnow.0 >= self.vtime_range().0 {
+            self.renormalise();
+        }
+    }
+
+    /// ([`VTIME_CEILING`], [`VTIME_REBASED`]); in tests, what `set_vtime_range` set.
+    #[inline(always)]
+    fn vtime_range(&self) -> (u128, u128) {
+        #[cfg(test)]
+        return self.vtime_range;
+        #[cfg(not(test))]
+        return (VTIME_CEILING, VTIME_REBASED);
+    }
+
+    /// Invariant 9: lowers every value in the P frame by `vnow - rebased`, saturating at 0 (module comment,
+    /// "Virtual time's range").
+    #[cold]
+    #[inline(never)]
+    fn renormalise(&mut self) {
+        let (_, rebased) = self.vtime_range();
+        let by = self.vnow.0 - rebased;
+        self.vnow = Tag(rebased);
+        for t in self.tenants.values_mut() {
+            t.head_p = t.head_p.saturating_sub(by);
+            t.last_p = t.last_p.saturating_sub(by);
+        }
+        self.ready.lower_keys(by);
+        self.away.lower(by);
+    }
+
+    /// Tests: renormalise when virtual time reaches `ceiling`, down to `rebased` (below it).
+    #[cfg(test)]
+    pub(crate) fn set_vtime_range(&mut self, ceiling: u128, rebased: u128) {
+        assert!(rebased < ceiling, "a renormalisation lowers virtual time");
+        self.vtime_range = (ceiling, rebased);
+    }
+
+    /// Tests: starts virtual time at `v` instead of 0, before any tenant has a history (then nothing else
+    /// is in the P frame yet), so that nothing is clipped at 0 in a run of bounded length.
+    #[cfg(test)]
+    pub(crate) fn start_vtime_at(&mut self, v: Tag) {
+        assert!(self.tenants.iter().all(|(_, t)| !t.history && t.is_empty()), "a fresh engine");
+        self.vnow = v;
+    }
+
+    /// Virtual time (tests).
+    #[cfg(test)]
+    pub(crate) fn vnow(&self) -> Tag {
+        self.vnow
     }
 
     /// Bounded repayment: the most-owed tenant (`slot`, head tag `r`) is owed more than the bound; the
@@ -914,6 +1053,7 @@ impl Engine {
             }
         }
         assert_eq!(total, self.queued, "invariant 5");
+        assert!(self.vnow.0 < self.vtime_range().0, "invariant 9");
         self.resv.check();
         self.ready.check();
         self.limited.check();
@@ -1003,6 +1143,199 @@ macro_rules! delegate_scheduler {
     };
 }
 pub(crate) use delegate_scheduler;
+
+/// Virtual time's range (module comment): the clamp of a request's delta and rho, and renormalisations
+/// that change no decision.
+#[cfg(test)]
+mod vtime {
+    use super::*;
+    use crate::sched::{PoolReturn, Request};
+    use proptest::prelude::*;
+
+    const MCLOCK: Flavor = Flavor { kind: SchedulerKind::Mclock, rho_in_r: true, delta_in_l: true, limit_cost: None };
+    const RBFQ: Flavor = Flavor { kind: SchedulerKind::Rbfq, rho_in_r: false, delta_in_l: false, limit_cost: None };
+
+    /// A delta or rho above `Cost::MAX` moves the tags as `Cost::MAX` does.
+    #[test]
+    fn a_delta_and_rho_above_cost_max_count_as_cost_max() {
+        let mut e = Engine::new(MCLOCK, SchedConfig::default());
+        let spec = QosSpec::new(10.0, Some(20.0), 1.0, 0).unwrap();
+        let id = e.add_tenant(spec).unwrap();
+        for handle in 0..2 {
+            let mut r = Request::new(id, handle);
+            (r.delta, r.rho) = (Cost(u64::MAX), Cost(u64::MAX));
+            e.enqueue(Nanos(0), r).unwrap();
+        }
+        let (r0, l0, p0) = e.head_tags(id).unwrap().unwrap();
+        assert!(matches!(e.poll(Nanos(0), true), Poll::Dispatch(d) if d.handle == 0 && d.phase == Phase::Reservation));
+        let (r1, l1, p1) = e.head_tags(id).unwrap().unwrap();
+        let charged = Cost::ONE.saturating_add(Cost::MAX);
+        assert_eq!(p1.0 - p0.0, charged.times_step(step_for_rate(1.0)), "P: cost + Cost::MAX");
+        assert_eq!(r1.0 - r0.0, charged.times_step(step_for_rate(10.0)), "R: cost + Cost::MAX");
+        assert_eq!(l1.0 - l0.0, charged.times_step(step_for_rate(20.0)), "L: cost + Cost::MAX");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add(f64, Option<f64>, f64, u32),
+        /// Tenant, size, delta in units, pool busy, pending here.
+        Enqueue(usize, u64, u64, bool, bool),
+        Poll(u64, bool),
+        SetSpec(usize, f64, Option<f64>, f64),
+        Remove(usize),
+        Maintain(u64),
+        SetConfig(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            1 => (0.0f64..50.0, proptest::option::of(50.0f64..200.0), 0.1f64..10.0, 0u32..8)
+                .prop_map(|(r, l, w, s)| Op::Add(r, l, w, s)),
+            3 => (0usize..8, 0u64..1_000_000, prop_oneof![Just(0u64), 0u64..16], any::<bool>(), any::<bool>())
+                .prop_map(|(t, size, delta, busy, here)| Op::Enqueue(t, size, delta, busy, here)),
+            3 => (0u64..20_000_000, any::<bool>()).prop_map(|(dt, idle)| Op::Poll(dt, idle)),
+            1 => (0usize..8, 0.0f64..50.0, proptest::option::of(50.0f64..200.0), 0.1f64..10.0)
+                .prop_map(|(t, r, l, w)| Op::SetSpec(t, r, l, w)),
+            1 => (0usize..8).prop_map(Op::Remove),
+            1 => (0u64..2_000_000_000).prop_map(Op::Maintain),
+            1 => (0usize..4).prop_map(Op::SetConfig),
+        ]
+    }
+
+    /// The paper's rules (credit banked while limited), pool return, per-byte cost with age limits.
+    fn configs() -> [SchedConfig; 4] {
+        [
+            SchedConfig::default(),
+            SchedConfig { weight_lead_ios: None, ..SchedConfig::paper() },
+            SchedConfig { pool_return: Some(PoolReturn::default()), ..SchedConfig::default() },
+            SchedConfig {
+                cost_model: CostModel::BYTES,
+                idle_age: Some(Nanos::from_millis(100)),
+                erase_age: Some(Nanos::from_secs(1)),
+                batch: 2,
+                ..SchedConfig::default()
+            },
+        ]
+    }
+
+    /// Where both twins start virtual time: far above every gap a run opens behind it (at most a few
+    /// hundred requests of 2^20 units at weight 0.1, under 2^90), so nothing is clipped at 0.
+    const ORIGIN: u128 = 1 << 100;
+    /// The twin renormalises whenever virtual time rises this far above the origin: at weights up to 4,
+    /// every few requests (one IO at weight 1 is 2^62).
+    const STRIDE: u128 = 1 << 62;
+
+    proptest! {
+        /// Two engines fed the same operations, one renormalising whenever virtual time rises 2^62 above
+        /// the origin (every request or few), the other never in the run: the same answer to every call,
+        /// and the same tags but for the renormalisations' total offset in the P frame.
+        #[test]
+        fn renormalising_changes_no_decision(
+            ops in proptest::collection::vec(op(), 1..300), rbfq in any::<bool>(), cfg in 0usize..4,
+        ) {
+            let flavor = if rbfq { RBFQ } else { MCLOCK };
+            let mut plain = Engine::new(flavor, configs()[cfg]);
+            let mut renormalised = plain.clone();
+            renormalised.set_vtime_range(ORIGIN + STRIDE, ORIGIN);
+            plain.start_vtime_at(Tag(ORIGIN));
+            renormalised.start_vtime_at(Tag(ORIGIN));
+            let mut ids = vec![];
+            let (mut now, mut handle) = (0u64, 0u64);
+            for op in ops {
+                match op {
+                    Op::Add(r, l, w, sigma) => {
+                        if let Ok(spec) = QosSpec::new(r, l, w, sigma) {
+                            let id = plain.add_tenant(spec).unwrap();
+                            prop_assert_eq!(renormalised.add_tenant(spec).unwrap(), id);
+                            ids.push(id);
+                        }
+                    }
+                    Op::Enqueue(t, size, delta, busy, here) => {
+                        if let Some(&id) = ids.get(t) {
+                            let mut req = Request::new(id, handle).size(size).pending_here(here);
+                            (req.delta, req.pool_busy) = (Cost::units(delta), busy);
+                            handle += 1;
+                            prop_assert_eq!(plain.enqueue(Nanos(now), req), renormalised.enqueue(Nanos(now), req));
+                        }
+                    }
+                    Op::Poll(dt, idle) => {
+                        now += dt;
+                        prop_assert_eq!(plain.poll(Nanos(now), idle), renormalised.poll(Nanos(now), idle));
+                    }
+                    Op::SetSpec(t, r, l, w) => {
+                        if let (Some(&id), Ok(spec)) = (ids.get(t), QosSpec::new(r, l, w, 0)) {
+                            prop_assert_eq!(plain.set_spec(id, spec), renormalised.set_spec(id, spec));
+                        }
+                    }
+                    Op::Remove(t) => {
+                        if let Some(&id) = ids.get(t) {
+                            prop_assert_eq!(plain.remove_tenant(id), renormalised.remove_tenant(id));
+                        }
+                    }
+                    Op::Maintain(dt) => {
+                        now += dt;
+                        prop_assert_eq!(plain.maintain(Nanos(now)), renormalised.maintain(Nanos(now)));
+                    }
+                    Op::SetConfig(c) => {
+                        plain.set_config(configs()[c]);
+                        renormalised.set_config(configs()[c]);
+                    }
+                }
+                plain.check();
+                renormalised.check();
+                let offset = plain.vnow().0 - renormalised.vnow().0;
+                for &id in &ids {
+                    let (Ok(Some((r, l, p))), Ok(Some((r2, l2, p2)))) = (plain.head_tags(id), renormalised.head_tags(id)) else {
+                        continue;
+                    };
+                    prop_assert_eq!((r, l), (r2, l2), "real-time tags are not renormalised");
+                    prop_assert_eq!(p.0 - p2.0, offset, "P tags are lowered with virtual time");
+                }
+            }
+        }
+    }
+
+    /// A run that crosses the ceiling many times: the twins above on one fixed workload of three
+    /// backlogged tenants (one returning from idle with credit every so often), checking that it does
+    /// renormalise, and does not decide differently.
+    #[test]
+    fn a_long_run_renormalises_often_and_decides_alike() {
+        for flavor in [MCLOCK, RBFQ] {
+            let mut plain =
+                Engine::new(flavor, SchedConfig { pool_return: Some(PoolReturn::default()), ..Default::default() });
+            let mut renormalised = plain.clone();
+            renormalised.set_vtime_range(ORIGIN + STRIDE, ORIGIN);
+            plain.start_vtime_at(Tag(ORIGIN));
+            renormalised.start_vtime_at(Tag(ORIGIN));
+            // A reservation, a limit, idle credit.
+            let specs = [(100.0, None, 1.0, 0), (0.0, Some(400.0), 4.0, 0), (0.0, None, 2.0, 4)]
+                .map(|(r, l, w, sigma)| QosSpec::new(r, l, w, sigma).unwrap());
+            let ids: Vec<TenantId> = specs.iter().map(|&s| plain.add_tenant(s).unwrap()).collect();
+            for s in specs {
+                renormalised.add_tenant(s).unwrap();
+            }
+            let (mut now, mut handle, mut renormalisations, mut last) = (0u64, 0u64, 0, renormalised.vnow());
+            for step in 0..5_000u64 {
+                for (k, &id) in ids.iter().enumerate() {
+                    // The third tenant goes idle for 20 of every 50 steps.
+                    if k < 2 || step % 50 < 30 {
+                        let req = Request::new(id, handle).pending_here(step % 3 == 0);
+                        handle += 1;
+                        assert_eq!(plain.enqueue(Nanos(now), req), renormalised.enqueue(Nanos(now), req));
+                    }
+                }
+                for _ in 0..3 {
+                    assert_eq!(plain.poll(Nanos(now), true), renormalised.poll(Nanos(now), true), "step {step}");
+                    renormalisations += (renormalised.vnow() < last) as u32;
+                    last = renormalised.vnow();
+                }
+                now += 1_000_000;
+            }
+            renormalised.check();
+            assert!(renormalisations > 1_000, "{renormalisations} renormalisations");
+        }
+    }
+}
 
 #[cfg(test)]
 mod layout {

@@ -62,6 +62,10 @@
 //! - P tags live in virtual time (engine comment): a newly active tenant starts at the smallest eligible
 //!   P tag (minus its idle credit) rather than at wall time. Backlogged tenants' P tags are never clamped
 //!   to wall time, which keeps weights exact when P tags run behind wall time (large weights).
+//! - The paper's tags are reals; ours are `u128` fixed point, so a request's delta and rho count as at
+//!   most [`Cost::MAX`] and virtual time is renormalised before it reaches the end of a `u128` (engine
+//!   comment, "Virtual time's range"). (Not a setting: no decision changes, save that credit banked more
+//!   than 2^126 tag units behind virtual time is cut to that.)
 //! - Limits are strict by default, as in Algorithm 1. [`LimitMode::BreakWhenIdle`] is Rein's option: the
 //!   over-limit tenant served when the device idles is the one with the earliest L tag.
 //! - Reservation lead is bounded: a tenant held at its reservation (r_i above its weight share) advances
@@ -70,6 +74,7 @@
 //!   lead at [`SchedConfig::weight_lead_ios`] IOs (default 16; `None` restores the paper's behaviour).
 //!   See the engine's invariant 8 for why steady-state allocations are unchanged.
 //!
+//! [`Cost::MAX`]: crate::Cost::MAX
 //! [`Phase::Reservation`]: super::Phase::Reservation
 //! [`Phase::Weight`]: super::Phase::Weight
 //! [`QosSpec`]: crate::QosSpec
@@ -104,6 +109,8 @@ impl Mclock {
 
     /// The (R, L, P) tags of a tenant's head request, if it has one. Tags without a clock (no reservation,
     /// no limit) are zero.
+    /// P tags are virtual time, which is lowered for all tenants at once when it nears the end of a `u128`
+    /// (module comment): compare them with each other, not across calls far apart.
     pub fn head_tags(&self, id: TenantId) -> Result<Option<(Tag, Tag, Tag)>, SchedError> {
         self.0.head_tags(id)
     }

@@ -78,9 +78,12 @@ pub struct Request {
     /// Byte offset (for locality batching).
     pub offset: u64,
     /// Distributed schedulers: service the tenant received at *other* servers since its previous request to
-    /// this one (dmClock's delta, RBFQ's Delta), from a [`ServiceTracker`]. Zero on a single server.
+    /// this one (dmClock's delta, RBFQ's Delta), from a [`ServiceTracker`]. Zero on a single server. The
+    /// schedulers count at most [`Cost::MAX`] of it (it comes from a peer; more would only push virtual
+    /// time toward the end of its range).
     pub delta: Cost,
-    /// dmClock: the part of `delta` served in reservation phase (rho). Zero on a single server.
+    /// dmClock: the part of `delta` served in reservation phase (rho). Zero on a single server. Counted as
+    /// at most [`Cost::MAX`], as `delta` is.
     pub rho: Cost,
     /// dmClock: the part of the tenant's reservation this server owes it (from a [`ServiceTracker`] with
     /// [`ReservationSplit::Spread`]); R tags advance by `cost/(r * share)` plus `rho/r`. `ONE` on a single
@@ -515,4 +518,90 @@ pub trait Scheduler: Send {
     fn spec(&self, id: TenantId) -> Result<QosSpec, SchedError>;
     /// How many times `now` went backwards (and was clamped).
     fn time_regressions(&self) -> u64;
+}
+
+/// Virtual time's range (engine module comment, "Virtual time's range"): the weight phase of every
+/// scheduler that keeps one (mClock/dmClock and RBFQ's P tags, SFQ's start tags) still splits by weight
+/// after inputs that drove its virtual time to the end of a `u128`, where every tag saturated and the
+/// lowest slot took the whole weight phase.
+#[cfg(test)]
+mod virtual_time_tests {
+    use super::*;
+    use crate::units::MIN_WEIGHT;
+
+    /// The schedulers with a weight phase in virtual time.
+    const KINDS: [SchedulerKind; 3] = [SchedulerKind::Dmclock, SchedulerKind::Rbfq, SchedulerKind::Sfq];
+
+    /// A tenant of `heavy_weight` alone sends `n` requests of `size` bytes carrying `delta`, each served
+    /// at once; then it leaves, and tenants of weights 1 and 9 share 1,000 dispatches while both are
+    /// backlogged. Returns what the two got.
+    fn weights_after(mut s: Box<dyn Scheduler>, heavy_weight: f64, n: u64, size: u64, delta: Cost) -> (u64, u64) {
+        let heavy = s.add_tenant(QosSpec::weighted(heavy_weight).unwrap()).unwrap();
+        let light = s.add_tenant(QosSpec::weighted(1.0).unwrap()).unwrap();
+        let nine = s.add_tenant(QosSpec::weighted(9.0).unwrap()).unwrap();
+        let mut now = 0u64;
+        for h in 0..n {
+            let mut r = Request::new(heavy, h).size(size);
+            r.delta = delta;
+            s.enqueue(Nanos(now), r).unwrap();
+            assert!(matches!(s.poll(Nanos(now), true), Poll::Dispatch(_)));
+            now += 1000;
+        }
+        for h in 0..1000 {
+            s.enqueue(Nanos(now), Request::new(light, n + h)).unwrap();
+            s.enqueue(Nanos(now), Request::new(nine, n + 1000 + h)).unwrap();
+        }
+        let (mut got_light, mut got_nine) = (0, 0);
+        for _ in 0..1000 {
+            match s.poll(Nanos(now), true) {
+                Poll::Dispatch(d) if d.tenant == light => got_light += 1,
+                Poll::Dispatch(d) if d.tenant == nine => got_nine += 1,
+                other => panic!("{other:?}"),
+            }
+            now += 1000;
+        }
+        (got_light, got_nine)
+    }
+
+    fn assert_one_to_nine(kind: SchedulerKind, (light, nine): (u64, u64)) {
+        assert!(
+            (95..=105).contains(&light) && light + nine == 1000,
+            "{kind:?}: weights 1 and 9 got {light} and {nine}"
+        );
+    }
+
+    /// Review 1's attack: a peer's delta of u64::MAX (the wire's largest) at weight 1 moved virtual time by
+    /// 2^110 tag units per request and saturated it after about 2^18 requests. The schedulers count a
+    /// delta as at most `Cost::MAX`.
+    #[test]
+    fn a_peer_delta_of_u64_max_leaves_the_weights_intact() {
+        for kind in KINDS {
+            let got = weights_after(kind.build(SchedConfig::default()), 1.0, 300_000, 4096, Cost(u64::MAX));
+            assert_one_to_nine(kind, got);
+        }
+    }
+
+    /// The same attack from a tenant at the smallest weight: even at `Cost::MAX` a request then moves
+    /// virtual time by 2^111.9 tag units, past 2^128 in about 72,000 requests; the renormalisation keeps
+    /// it in range.
+    #[test]
+    fn a_peer_delta_at_the_smallest_weight_is_renormalised_away() {
+        for kind in KINDS {
+            let got = weights_after(kind.build(SchedConfig::default()), MIN_WEIGHT, 100_000, 4096, Cost(u64::MAX));
+            assert_one_to_nine(kind, got);
+        }
+    }
+
+    /// No peer at all: per-byte cost (unit 1 byte), a tenant at the smallest weight and requests of
+    /// `Cost::MAX_UNITS` bytes, all within the documented bounds, moved virtual time by 2^112 per
+    /// request and saturated it after about 72,000 (at 10 GB/s with weights summing 0.001, after 97 days).
+    #[test]
+    fn per_byte_cost_at_the_smallest_weight_keeps_the_weights_past_the_end_of_a_u128() {
+        let config = SchedConfig { cost_model: CostModel::BYTES, ..SchedConfig::default() };
+        for kind in KINDS {
+            let got = weights_after(kind.build(config), MIN_WEIGHT, 100_000, Cost::MAX_UNITS, Cost(0));
+            // The light tenants' requests are 4 KiB: one tenant's cost per request is the other's.
+            assert_one_to_nine(kind, got);
+        }
+    }
 }

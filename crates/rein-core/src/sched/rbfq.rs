@@ -67,6 +67,8 @@ impl Rbfq {
     }
 
     /// (local, upper-bound, global) tags of a client's head request, if any.
+    /// Global tags are virtual time, which is lowered for all clients at once when it nears the end of a
+    /// `u128` (the engine's renormalisation): compare them with each other, not across calls far apart.
     pub fn head_tags(&self, id: TenantId) -> Result<Option<(Tag, Tag, Tag)>, SchedError> {
         self.0.head_tags(id)
     }

@@ -12,7 +12,20 @@
 //! Like the engine, start tags are computed when a request becomes its tenant's head (same values for
 //! backlogged tenants), so state is O(1) per tenant plus one heap over tenants.
 //!
-//! Invariants: a tenant is in `heap` iff it has queued requests (1); `v` never decreases (2).
+//! Invariants: a tenant is in `heap` iff it has queued requests (1); `v` never decreases (2) except in a
+//! renormalisation (3): `v < VTIME_CEILING` between calls.
+//!
+//! # Virtual time's range
+//! Tags are in the engine's units (2^-32 ns per unit of cost at weight 1) and `v` only rises, so it
+//! meets the end of a `u128` as the engine's `vnow` does (engine module comment, "Virtual time's range",
+//! for the rates and the numbers): a request's delta counts as at most [`Cost::MAX`], so one request moves
+//! a tag by less than 2^113, and when `v` reaches `VTIME_CEILING` (2^127) every tag (`v`, every tenant's
+//! `start` and `finish`, the heap's keys) is lowered by `v - VTIME_REBASED` (to 2^126), saturating at 0.
+//! Nothing behind `v` matters: a queued tenant's start tag is at least `v` (the smallest is served and
+//! becomes `v`; a tenant becoming active starts at `max(finish, v)`; a batch only moves its own tenant's
+//! tags forward), and an idle tenant's finish tag counts only through `max(finish, v)`. So the clipping
+//! at 0 changes nothing, and lowering every tag by one constant changes no decision (tested against a
+//! twin that never renormalises). The check is one comparison where `v` rises.
 //!
 //! # Locality batching (PARDA §3.3)
 //! With [`SchedConfig::batch`] > 1, after a tenant's request is dispatched up to `batch - 1` more of its
@@ -23,6 +36,7 @@
 //! its long-run share is unchanged. Batched dispatches do not advance `v` (the virtual time is the start
 //! tag of the request chosen by tag order), so tenants that become active meanwhile are not pushed back.
 
+use super::engine::{VTIME_CEILING, VTIME_REBASED};
 use super::heap::IndexedHeap;
 use super::slab::Slab;
 use super::{
@@ -53,6 +67,9 @@ pub struct Sfq {
     queued: usize,
     /// Locality batch in progress: (slot, remaining, offset of the request dispatched last).
     batch: Option<(u32, u32, u64)>,
+    /// Tests move the renormalisation's ceiling and target (`Sfq::vtime_range`).
+    #[cfg(test)]
+    vtime_range: (u128, u128),
 }
 
 impl Sfq {
@@ -66,7 +83,57 @@ impl Sfq {
             time: LatestTime::default(),
             queued: 0,
             batch: None,
+            #[cfg(test)]
+            vtime_range: (VTIME_CEILING, VTIME_REBASED),
         }
+    }
+
+    /// (`VTIME_CEILING`, `VTIME_REBASED`); in tests, what `set_vtime_range` set.
+    #[inline(always)]
+    fn vtime_range(&self) -> (u128, u128) {
+        #[cfg(test)]
+        return self.vtime_range;
+        #[cfg(not(test))]
+        return (VTIME_CEILING, VTIME_REBASED);
+    }
+
+    /// Invariant 3: lowers every tag by `v - rebased`, saturating at 0 (module comment, "Virtual time's
+    /// range").
+    #[cold]
+    #[inline(never)]
+    fn renormalise(&mut self) {
+        let (_, rebased) = self.vtime_range();
+        let by = self.v.0 - rebased;
+        self.v = Tag(rebased);
+        for t in self.tenants.values_mut() {
+            t.start = t.start.saturating_sub(by);
+            t.finish = t.finish.saturating_sub(by);
+        }
+        self.heap.lower_keys(by);
+    }
+
+    /// Tests: renormalise when `v` reaches `ceiling`, down to `rebased` (below it).
+    #[cfg(test)]
+    fn set_vtime_range(&mut self, ceiling: u128, rebased: u128) {
+        assert!(rebased < ceiling, "a renormalisation lowers virtual time");
+        self.vtime_range = (ceiling, rebased);
+    }
+
+    /// Tests: starts virtual time at `v` instead of 0, before any request (every tag is 0 until then).
+    #[cfg(test)]
+    fn start_vtime_at(&mut self, v: Tag) {
+        assert!(self.tenants.iter().all(|(_, t)| t.finish == Tag::ZERO), "a fresh scheduler");
+        self.v = v;
+    }
+
+    /// Checks invariants 1 and 3 (tests).
+    #[cfg(test)]
+    fn check(&self) {
+        for (id, t) in self.tenants.iter() {
+            assert_eq!(self.heap.contains(id.slot), !t.queue.is_empty(), "invariant 1 for {id}");
+        }
+        self.heap.check();
+        assert!(self.v.0 < self.vtime_range().0, "invariant 3");
     }
 }
 
@@ -115,7 +182,8 @@ impl Scheduler for Sfq {
         let cost = self.config.cost_model.cost(req.size);
         // DT-FQ: the tags also count service received elsewhere (delta); the dispatch reports only the
         // request's own cost, which is what the tracker must count.
-        let tag_cost = cost.saturating_add(req.delta);
+        // A peer's delta counts as at most `Cost::MAX` (module comment, "Virtual time's range").
+        let tag_cost = cost.saturating_add(req.delta.min(Cost::MAX));
         let v = self.v;
         let t = self.tenants.get_mut(req.tenant)?;
         if t.queue.len() >= max_t {
@@ -151,6 +219,9 @@ impl Scheduler for Sfq {
                     return Poll::Empty;
                 };
                 self.v = self.v.max(start);
+                if self.v.0 >= self.vtime_range().0 {
+                    self.renormalise();
+                }
                 slot
             }
         };
@@ -193,5 +264,112 @@ impl Scheduler for Sfq {
     }
     fn time_regressions(&self) -> u64 {
         self.time.regressions()
+    }
+}
+
+/// Virtual time's range (module comment): renormalisations that change no decision.
+#[cfg(test)]
+mod vtime {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add(f64),
+        /// Tenant, size, delta in units, offset.
+        Enqueue(usize, u64, u64, u64),
+        Poll(u64),
+        SetWeight(usize, f64),
+        Remove(usize),
+        SetConfig(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            1 => (0.1f64..10.0).prop_map(Op::Add),
+            3 => (0usize..8, 0u64..1_000_000, prop_oneof![Just(0u64), 0u64..16], 0u64..100_000)
+                .prop_map(|(t, size, delta, off)| Op::Enqueue(t, size, delta, off)),
+            3 => (0u64..20_000_000).prop_map(Op::Poll),
+            1 => (0usize..8, 0.1f64..10.0).prop_map(|(t, w)| Op::SetWeight(t, w)),
+            1 => (0usize..8).prop_map(Op::Remove),
+            1 => (0usize..3).prop_map(Op::SetConfig),
+        ]
+    }
+
+    /// Per-IO cost, per-byte cost, and locality batches (which do not move `v`).
+    fn configs() -> [SchedConfig; 3] {
+        [
+            SchedConfig::default(),
+            SchedConfig { cost_model: crate::CostModel::BYTES, ..SchedConfig::default() },
+            SchedConfig { batch: 4, batch_distance: 50_000, ..SchedConfig::default() },
+        ]
+    }
+
+    /// Where both twins start virtual time: far above every gap a run opens (under 2^90), so nothing is
+    /// clipped at 0.
+    const ORIGIN: u128 = 1 << 100;
+    /// The twin renormalises whenever `v` rises this far above the origin: every request or few.
+    const STRIDE: u128 = 1 << 62;
+
+    proptest! {
+        /// Two SFQs fed the same operations, one renormalising whenever `v` rises 2^62 above the origin,
+        /// the other never in the run: the same answer to every call, and the same start tags but for
+        /// the renormalisations' total offset.
+        #[test]
+        fn renormalising_changes_no_decision(ops in proptest::collection::vec(op(), 1..300), cfg in 0usize..3) {
+            let mut plain = Sfq::new(configs()[cfg]);
+            let mut renormalised = plain.clone();
+            renormalised.set_vtime_range(ORIGIN + STRIDE, ORIGIN);
+            plain.start_vtime_at(Tag(ORIGIN));
+            renormalised.start_vtime_at(Tag(ORIGIN));
+            let mut ids = vec![];
+            let (mut now, mut handle) = (0u64, 0u64);
+            for op in ops {
+                match op {
+                    Op::Add(w) => {
+                        let spec = QosSpec::weighted(w).unwrap();
+                        let id = plain.add_tenant(spec).unwrap();
+                        prop_assert_eq!(renormalised.add_tenant(spec).unwrap(), id);
+                        ids.push(id);
+                    }
+                    Op::Enqueue(t, size, delta, off) => {
+                        if let Some(&id) = ids.get(t) {
+                            let mut req = Request::new(id, handle).size(size).offset(off);
+                            req.delta = Cost::units(delta);
+                            handle += 1;
+                            prop_assert_eq!(plain.enqueue(Nanos(now), req), renormalised.enqueue(Nanos(now), req));
+                        }
+                    }
+                    Op::Poll(dt) => {
+                        now += dt;
+                        prop_assert_eq!(plain.poll(Nanos(now), true), renormalised.poll(Nanos(now), true));
+                    }
+                    Op::SetWeight(t, w) => {
+                        if let Some(&id) = ids.get(t) {
+                            let spec = QosSpec::weighted(w).unwrap();
+                            prop_assert_eq!(plain.set_spec(id, spec), renormalised.set_spec(id, spec));
+                        }
+                    }
+                    Op::Remove(t) => {
+                        if let Some(&id) = ids.get(t) {
+                            prop_assert_eq!(plain.remove_tenant(id), renormalised.remove_tenant(id));
+                        }
+                    }
+                    Op::SetConfig(c) => {
+                        plain.set_config(configs()[c]);
+                        renormalised.set_config(configs()[c]);
+                    }
+                }
+                plain.check();
+                renormalised.check();
+                let offset = plain.v.0 - renormalised.v.0;
+                for &id in &ids {
+                    let (Ok(a), Ok(b)) = (plain.tenants.get(id), renormalised.tenants.get(id)) else { continue };
+                    if !a.queue.is_empty() {
+                        prop_assert_eq!(a.start.0 - b.start.0, offset, "start tags are lowered with v");
+                    }
+                }
+            }
+        }
     }
 }

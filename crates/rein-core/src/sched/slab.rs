@@ -111,6 +111,11 @@ impl<T: Default> Slab<T> {
         TenantId { slot, gen: self.gens[slot as usize] }
     }
 
+    /// Live values in slot order, to change them all (virtual time's renormalisation).
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.vals.iter_mut().zip(&self.gens).filter(|(_, &gen)| gen & FREE == 0).map(|(v, _)| v)
+    }
+
     /// Live (id, value) pairs in slot order (deterministic).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (TenantId, &T)> {
         self.vals
