@@ -21,18 +21,24 @@
 //! R-tokens and, if it is limited, no L-tokens. Before the first message the scheduler serves plain round
 //! robin (every bucket starts with no R-tokens and, limited or not, unbounded L-tokens).
 //!
+//! Every call that takes a `now` passes it through a [`LatestTime`], as the schedulers do: one earlier
+//! than the latest seen (a caller with several clock sources) counts as the latest and is counted
+//! ([`TokenServer::time_regressions`]), so intervals and busy times are never negative; a busy period
+//! said to begin after `now` counts as none.
+//!
 //! # Invariants
 //! 1. A slot is mapped to at most one bucket; a report has at most one line per bucket, sorted by bucket.
 //! 2. `in_flight` of a bucket is the IOs dispatched (counted at boundaries) less the completions counted:
 //!    never negative at a boundary (a completion is counted after its dispatch).
 //! 3. After [`TokenServer::apply`], a mapped bucket holds exactly the tokens the message gives it (less
 //!    what `grant` deducts), or none.
+//! 4. `last_report <= time.now()`: the time of the latest boundary's report is a time the clock returned.
 
 use super::controller::{BucketReport, ServerReport, StrayArrival, TokenMessage};
 use crate::sched::tokens::{TokenScheduler, Tokens};
 use crate::sched::Scheduler;
 use crate::spec::QosSpec;
-use crate::units::Nanos;
+use crate::units::{LatestTime, Nanos};
 use crate::TenantId;
 
 /// No bucket at a slot.
@@ -48,7 +54,10 @@ pub struct TokenServer {
     /// Device completions and busy time since the last boundary's report.
     completed: u64,
     busy_ns: u64,
+    /// When the last boundary's report was taken (invariant 4).
     last_report: Nanos,
+    /// The latest `now` seen, and how often an earlier one came.
+    time: LatestTime,
     /// Per scheduler slot: the IOs dispatched whose completion has not been counted, as of the last
     /// boundary, less the completions counted since (negative between boundaries when IOs both went and
     /// came back). With the interval's dispatches added at a boundary it is the bucket's `in_flight`.
@@ -77,6 +86,7 @@ impl TokenServer {
             completed: 0,
             busy_ns: 0,
             last_report: now,
+            time: LatestTime::starting_at(now),
             unrecorded: Vec::new(),
             heard: None,
             reported: None,
@@ -84,6 +94,11 @@ impl TokenServer {
             bucket_of_slot: Vec::new(),
             quiet: Vec::new(),
         }
+    }
+
+    /// How many times a `now` earlier than the latest seen was clamped (module comment).
+    pub fn time_regressions(&self) -> u64 {
+        self.time.regressions()
     }
 
     /// This server's index at the controller.
@@ -170,6 +185,7 @@ impl TokenServer {
     /// pshift-exp3-limits-small 60-75 IOs short per period, when two of four nodes reached the controller
     /// 100 ms after the load began).
     pub fn resume(&mut self, ts: &mut TokenScheduler, now: Nanos, at_device: impl Fn(TenantId) -> u64) {
+        let now = self.time.advance(now);
         let _ = ts.take_interval(now);
         self.last_report = now;
         self.completed = 0;
@@ -210,7 +226,8 @@ impl TokenServer {
 
     /// The device went idle at `now`, busy since `from` (only the part after the last report counts).
     pub fn device_idle(&mut self, from: Nanos, now: Nanos) {
-        self.busy_ns += now.0 - from.0.max(self.last_report.0);
+        let now = self.time.advance(now);
+        self.busy_ns = self.busy_ns.saturating_add(now.saturating_sub(from.max(self.last_report)).0);
     }
 
     /// Adds `ns` of device busy time to the interval (for a caller that measures busy time itself rather
@@ -259,7 +276,8 @@ impl TokenServer {
         early: u32,
         busy_since: Option<Nanos>,
     ) -> ServerReport {
-        let busy_now = busy_since.map_or(0, |since| now.0 - since.0.max(self.last_report.0));
+        let now = self.time.advance(now);
+        let busy_now = busy_since.map_or(0, |since| now.saturating_sub(since.max(self.last_report)).0);
         let intervals = if early == 0 { ts.take_interval(now) } else { ts.peek_interval(now) };
         let mut lines = Vec::new();
         for b in intervals {
@@ -291,9 +309,10 @@ impl TokenServer {
             server: self.server,
             round,
             early,
-            elapsed_ns: now.0 - self.last_report.0,
+            // Invariant 4: `now` is at least the last report's time.
+            elapsed_ns: now.saturating_sub(self.last_report).0,
             completed: self.completed,
-            busy_ns: self.busy_ns + busy_now,
+            busy_ns: self.busy_ns.saturating_add(busy_now),
             buckets: lines,
         };
         if early == 0 {
@@ -377,6 +396,27 @@ mod tests {
 
     fn spec(limit: Option<f64>) -> QosSpec {
         QosSpec::new(0.0, limit, 1.0, 0).unwrap()
+    }
+
+    /// A `now` earlier than one seen before (a caller with several clock sources) is clamped to the latest
+    /// and counted, as the schedulers do, and a busy period that begins after `now` counts as none.
+    /// Review 1: `report` subtracted unchecked, so a report at 999 after the server started at 1,000
+    /// panicked (debug) or reported an interval of 584 years (release).
+    #[test]
+    fn a_now_before_the_last_report_is_clamped_and_counted() {
+        let mut ts = TokenScheduler::new(SchedConfig::default());
+        let mut s = TokenServer::new(0, false, Nanos(1_000));
+        let r = s.report(&mut ts, Nanos(999), 0, 0, Some(Nanos(2_000)));
+        assert_eq!((r.elapsed_ns, r.busy_ns), (0, 0));
+        assert_eq!(s.time_regressions(), 1);
+        s.device_idle(Nanos(1_500), Nanos(1_200));
+        s.device_idle(Nanos(900), Nanos(1_250));
+        let r = s.report(&mut ts, Nanos(1_300), 1, 0, None);
+        assert_eq!((r.elapsed_ns, r.busy_ns), (300, 250), "busy from the last report (1,000) to 1,250 only");
+        s.device_idle(Nanos(1_250), Nanos(1_280));
+        let r = s.report(&mut ts, Nanos(1_290), 2, 0, None);
+        assert_eq!((r.elapsed_ns, r.busy_ns), (0, 0), "1,290 and 1,280 came after 1,300: both clamped to it");
+        assert_eq!(s.time_regressions(), 3);
     }
 
     /// A report counts what the scheduler saw; in-flight IOs carry over a boundary until counted; a
