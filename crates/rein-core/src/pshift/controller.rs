@@ -159,7 +159,9 @@
 //! one line per bucket, in increasing bucket order (a report that does not is refused,
 //! [`ControllerError::BucketOrder`]); per-entry demand and capacity are clamped to [`super::MAX_TOKENS`];
 //! a round's (bucket, server) pairs with demand are at most [`super::MAX_ENTRIES`], and a bucket that
-//! would pass it gets no tokens that round (the others still do).
+//! would pass it gets no tokens that round (the others still do). Boundaries are computed without
+//! overflow: one past the end of the clock ([`Nanos::MAX`], about 584 years from the origin, sooner
+//! from a `start` near it) never comes, and no round is computed for it.
 
 use super::instance::{InstanceBuilder, MAX_BUCKETS, MAX_SERVERS, MAX_TOKENS};
 use super::{solve, ClassStats, SolveOptions};
@@ -668,14 +670,22 @@ impl Controller {
         &self.buckets
     }
 
-    /// The boundary the controller waits for now: servers report at this time.
+    /// The boundary the controller waits for now: servers report at this time ([`Nanos::MAX`] once the
+    /// schedule has run past the end of the clock).
     pub fn boundary(&self) -> Nanos {
         self.boundary_of(self.round)
     }
 
-    /// The time of boundary `round` (from the schedule's origin).
+    /// The time of boundary `round` (from the schedule's origin); [`Nanos::MAX`] for a boundary past the
+    /// end of the clock (about 584 years after the origin, or sooner from a `start` near it), which never
+    /// comes (module comment, "Bounds").
     pub fn boundary_of(&self, round: u64) -> Nanos {
-        Nanos(self.config.start.0 + round * self.tau)
+        self.checked_boundary_of(round).unwrap_or(Nanos::MAX)
+    }
+
+    /// The time of boundary `round`, or `None` past the end of the clock.
+    fn checked_boundary_of(&self, round: u64) -> Option<Nanos> {
+        round.checked_mul(self.tau).and_then(|offset| self.config.start.0.checked_add(offset)).map(Nanos)
     }
 
     /// The round number of the next boundary.
@@ -817,7 +827,7 @@ impl Controller {
             && now.saturating_add(early.lead) <= self.boundary()
             // The k-th early round of an interval starts no sooner than k tau / (per_interval + 1) after
             // its boundary: they spread over it.
-            && now.0 >= self.boundary_of(self.round - 1).0 + (u64::from(self.early_started) + 1) * self.tau / (u64::from(early.per_interval) + 1);
+            && now >= self.boundary_of(self.round - 1).saturating_add(self.early_spread(early.per_interval));
         if !allowed {
             return Ok(None);
         }
@@ -826,6 +836,14 @@ impl Controller {
         self.early_stray = Some(stray);
         self.early_reports.fill(None);
         Ok(Some((self.round - 1, self.early_started)))
+    }
+
+    /// How long after its boundary the next early round of an interval may start: k tau / (per_interval + 1)
+    /// for the k-th, k = `early_started + 1` (at most `per_interval`, so under tau: no overflow).
+    fn early_spread(&self, per_interval: u32) -> Nanos {
+        let k = u128::from(self.early_started) + 1;
+        let spread = k * u128::from(self.tau) / (u128::from(per_interval) + 1);
+        Nanos(u64::try_from(spread).unwrap_or(u64::MAX))
     }
 
     /// Closes the period that boundary `round`'s `reports` end, from `done` (its done_i): its record is
@@ -940,7 +958,10 @@ impl Controller {
             }
         }
         let missing = self.reports.iter().filter(|r| r.is_none()).count() as u32;
-        let deadline = self.boundary().saturating_add(self.config.report_timeout);
+        // A boundary past the end of the clock never comes: at `Nanos::MAX` a saturated boundary would be
+        // due at every poll, one round after another.
+        let boundary = self.checked_boundary_of(self.round)?;
+        let deadline = boundary.saturating_add(self.config.report_timeout);
         if missing > 0 && now < deadline {
             return None;
         }
@@ -949,7 +970,7 @@ impl Controller {
         self.early_reports.fill(None);
         let reports = std::mem::replace(&mut self.reports, vec![None; self.rate.len()]);
         // A boundary's reports are cut at the boundary.
-        let out = self.compute(reports, missing, None, self.boundary(), now);
+        let out = self.compute(reports, missing, None, boundary, now);
         self.round += 1;
         Some(out)
     }
@@ -1019,7 +1040,7 @@ impl Controller {
             None => self.config.period.0 - interval as u64 * self.tau,
             // From when the last report arrived to the period's last boundary (the snapshots were taken
             // one message delay before: the rest is within that delay of the boundary's reckoning).
-            Some((_, now)) => self.boundary_of((period + 1) * k).0.saturating_sub(now.0).max(1),
+            Some((_, now)) => self.boundary_of((period + 1).saturating_mul(k)).0.saturating_sub(now.0).max(1),
         };
         let left_s = left_ns as f64 / 1e9;
         let mut caps = Vec::with_capacity(self.rate.len());
@@ -1865,6 +1886,30 @@ mod tests {
         let (m, _) = c.compute(reports, 0, None, at, at);
         let r_of = |bucket| m.iter().flat_map(|x| &x.tokens).filter(|t| t.0 == bucket).map(|t| t.1).sum::<u64>();
         assert_eq!([r_of(0), r_of(1), r_of(2)], [0, 100, 100], "{m:?}");
+    }
+
+    /// A `start` 10 ns before the end of the clock: round 0 is computed, the next boundary lies past the
+    /// end and never comes, not even at the last nanosecond, and a stray's early round, which would start
+    /// past the end too, is not started. Review 1: the second boundary overflowed (a panic in debug
+    /// builds; in release it wrapped to the origin, and the rounds came back to back), and so did the
+    /// early round's earliest start.
+    #[test]
+    fn a_schedule_that_runs_past_the_end_of_the_clock_stops_there() {
+        let config = ControllerConfig {
+            start: Nanos(u64::MAX - 10),
+            early: EarlyRounds { per_interval: 2, lead: Nanos::ZERO },
+            ..config(5, DemandEstimator::Arrivals)
+        };
+        let mut c = Controller::new(config, &[1000.0], vec![BucketQos { reservation: 10, limit: None }]).unwrap();
+        assert_eq!(c.boundary(), Nanos(u64::MAX - 10));
+        c.handle_report(report(0, 0, 5, vec![line(0, 5, 0, 5, 0)])).unwrap();
+        let (_, sum) = c.poll(Nanos(u64::MAX - 10)).unwrap();
+        assert_eq!((sum.round, sum.reports_missing), (0, 0));
+        assert_eq!((c.round(), c.boundary(), c.boundary_of(u64::MAX)), (1, Nanos::MAX, Nanos::MAX));
+        assert_eq!(c.handle_stray(Nanos(u64::MAX - 8), stray(0, (0, 0))), Ok(None));
+        assert!(c.poll(Nanos::MAX).is_none(), "boundary 1 never comes");
+        assert!(c.poll(Nanos::MAX).is_none());
+        assert_eq!(c.round(), 1);
     }
 
     /// Whole IOs per period: reservations round up, limits down, never below the reservation.
