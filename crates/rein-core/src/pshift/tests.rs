@@ -1,5 +1,6 @@
-//! The paper's Examples 1-3 (Tables I-III) exactly, and the solver's invariants audited after every shift
-//! on random instances. Optimality against the max-flow value is tested in `rein-pshift-baseline`.
+//! The paper's Examples 1-3 (Tables I-III) exactly, the solver's invariants audited after every shift
+//! on random instances, and its solutions verified on extreme ones. Optimality against the max-flow value
+//! is tested in `rein-pshift-baseline`.
 
 use super::alloc::{Problem, Shifter};
 use super::*;
@@ -229,4 +230,45 @@ fn one_server_and_empty_instances_are_trivial() {
     let sol = solve(&inst, &SolveOptions::default());
     assert_eq!((sol.r.len(), sol.phi()), (0, 0));
     assert!(InstanceBuilder::new().build().is_err(), "no servers");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 1000, ..Default::default() })]
+    /// Review 1's fuzz: degenerate and extreme instances (capacities, reservations, limits and demands of
+    /// 0, 1 and `MAX_TOKENS`, buckets without demand, one server) under every solve option; every
+    /// solution passes `verify`.
+    #[test]
+    fn solutions_verify_on_extreme_instances(
+        caps in proptest::collection::vec(extreme_tokens(), 1..6),
+        buckets in proptest::collection::vec(
+            (
+                extreme_tokens(),
+                proptest::option::of(extreme_tokens()),
+                proptest::collection::vec((0usize..6, extreme_tokens()), 0..6),
+            ),
+            0..8,
+        ),
+        approx_top in proptest::option::of(0usize..4),
+        approx_per_server: bool,
+        reservations_only: bool,
+    ) {
+        let mut b = InstanceBuilder::new();
+        for &c in &caps {
+            b.add_server(c).unwrap();
+        }
+        for (r, l, demand) in buckets {
+            let mut seen = std::collections::BTreeSet::new();
+            let demand: Vec<(usize, u64)> =
+                demand.into_iter().filter(|&(j, _)| j < caps.len() && seen.insert(j)).collect();
+            b.add_bucket(r, l.map(|l| l.max(r)), &demand).unwrap();
+        }
+        let inst = b.build().unwrap();
+        let opts = SolveOptions { approx_top, approx_per_server, parallel: false, reservations_only };
+        solve(&inst, &opts).verify(&inst).map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+}
+
+fn extreme_tokens() -> impl proptest::strategy::Strategy<Value = u64> {
+    use proptest::prelude::*;
+    prop_oneof![Just(0u64), Just(1), Just(MAX_TOKENS), Just(MAX_TOKENS - 1), 0u64..10, 0u64..=MAX_TOKENS]
 }
