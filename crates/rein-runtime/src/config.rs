@@ -888,6 +888,13 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     let listen_unix =
         crate::sock::UnixListen::from_config(f.listen_unix.as_deref(), f.listen_unix_mode.as_deref(), base)?;
     let admin: SocketAddr = f.admin.parse().map_err(|e| format!("admin {:?}: {e} (expected address:port)", f.admin))?;
+    // One address for both passed --check-config and failed the start with "Address already in use", which
+    // does not say the server is in its own way (port 0 is a free port each).
+    if listen == admin && listen.port() != 0 {
+        return Err(format!(
+            "listen and admin are the same address, {listen}: NBD and the admin endpoint need one each"
+        ));
+    }
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(PathBuf::from),
         f.admin_insecure,
@@ -1210,6 +1217,10 @@ mod tests {
         assert!(e("scheduler = \"wfq\"\n[[exports]]\nname = \"a\"").contains("unknown scheduler"));
         assert!(e("io_engine = \"aio\"\n[[exports]]\nname = \"a\"").contains("io_engine \"aio\""));
         assert!(e("probe_capacity_s = -1\n[[exports]]\nname = \"a\"").contains("probe_capacity_s"));
+        assert_eq!(
+            e("listen = \"127.0.0.1:9000\"\nadmin = \"127.0.0.1:9000\"\n[[exports]]\nname = \"a\""),
+            "config: listen and admin are the same address, 127.0.0.1:9000: NBD and the admin endpoint need one each"
+        );
         assert!(e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\ndirect = true").contains("direct = true needs"));
         assert!(
             e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\nreadahead = false").contains("readahead = false needs")

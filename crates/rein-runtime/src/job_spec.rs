@@ -47,6 +47,11 @@ fn parse_size(v: &str) -> Result<u64, String> {
         (v.as_str(), 1)
     };
     let n: u64 = num.parse().map_err(|e| format!("size {v:?}: expected bytes, or a number with k or m: {e}"))?;
+    // `size=8` meant 8 KiB (scenarios say `size_kb = 8`) and ran 8-byte requests: bytes without a unit are
+    // at least a sector.
+    if mul == 1 && (1..512).contains(&n) {
+        return Err(format!("size {v:?} is {n} bytes, below a 512-byte sector: for KiB write {n}k"));
+    }
     n.checked_mul(mul).ok_or_else(|| format!("size {v:?} is too large"))
 }
 
@@ -220,6 +225,7 @@ mod tests {
             ("span=0", "span must be a positive number, got 0"),
             ("think=-1", "think must be between 0 and 604800000 ms, got -1"),
             ("size=0", "size must be a positive number, got 0"),
+            ("size=8", "size \"8\" is 8 bytes, below a 512-byte sector: for KiB write 8k"),
             ("size=2048m", "size must be at most 1 GiB, got 2 GiB"),
             ("size=1y", "size \"1y\": expected bytes, or a number with k or m: invalid digit found in string"),
             ("start=-1", "start must be between 0 and 604800 s, got -1"),
