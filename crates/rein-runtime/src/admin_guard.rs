@@ -48,8 +48,10 @@
 //!   the admin side only, would be a new key (not needed yet). A PSK client (`psk_file`) passes the
 //!   handshake here as on NBD; curl and browsers speak no TLS-PSK, and the token is still required.
 //! - **The handshake runs in the connection's task, not in the accept loop**: [`CappedListener`] only
-//!   accepts and wraps the socket ([`crate::tls::TlsConfig::server_stream`], no IO); the handshake is
-//!   driven by the [`AdminStream`]'s first polls, which `axum::serve` makes in the task it spawns per
+//!   accepts the socket (no IO, no TLS context yet); the handshake is driven by the [`AdminStream`]'s
+//!   first polls, with the context current at the client's first byte
+//!   ([`crate::tls::TlsConfig::server_stream`]: a client silent across a revoking reload meets the new
+//!   one), which `axum::serve` makes in the task it spawns per
 //!   connection. A client that connects and says nothing (or stalls mid-handshake) therefore holds one
 //!   task and one permit, never the loop that accepts the others.
 //! - **The handshake counts against the cap and has a deadline**: the permit is taken before the
@@ -63,7 +65,8 @@
 //! - **A reload that revokes a client closes its open connections** (a `crl` that lists its certificate,
 //!   a `psk_file` without its identity), as on NBD: each connection is listed with what its client
 //!   presented once its handshake is done ([`crate::tls::LiveTls::register`]), and the reload shuts its
-//!   socket down. Before, a revoked client kept a keep-alive connection, and with it the endpoint, for
+//!   socket down; a handshake that completes after a reload that revokes its client is refused at that
+//!   registration (the connection closed, logged as the reload logs a cut). Before, a revoked client kept a keep-alive connection, and with it the endpoint, for
 //!   as long as it sent a request within every idle timeout.
 //!
 //! ## Cost
@@ -422,7 +425,7 @@ pub struct CappedListener {
 
 impl CappedListener {
     /// Wraps a bound listener; with `tls`, every connection is HTTPS, with the context `tls` holds when
-    /// the connection comes in.
+    /// its handshake starts.
     pub fn new(inner: TcpListener, access: &AdminAccess, tls: Option<LiveTls>) -> CappedListener {
         CappedListener {
             inner,
@@ -451,18 +454,15 @@ impl axum::serve::Listener for CappedListener {
                     continue;
                 }
             };
-            let conn = match self.tls.as_ref().and_then(LiveTls::get) {
+            let conn = match &self.tls {
                 None => Conn::Plain(stream),
-                // No IO here: the handshake runs in the connection's task (module comment). No Nagle:
-                // the server's handshake flight and session tickets are several small writes, and with
-                // Nagle against the client's delayed ACK a fresh HTTPS request took 48 ms instead of
-                // a few (module comment, "Cost").
-                Some(tls) => match stream
-                    .set_nodelay(true)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| tls.server_stream(stream).map_err(|e| e.to_string()))
-                {
-                    Ok(tls) => Conn::Tls(Box::new(tls), Handshake::FirstByte),
+                // No IO here, and no TLS context yet: the handshake runs in the connection's task, with
+                // the context current when it starts (module comment). No Nagle: the server's handshake
+                // flight and session tickets are several small writes, and with Nagle against the
+                // client's delayed ACK a fresh HTTPS request took 48 ms instead of a few (module
+                // comment, "Cost").
+                Some(_) => match stream.set_nodelay(true) {
+                    Ok(()) => Conn::FirstByte(Some(stream)),
                     Err(e) => {
                         tracing::warn!(%peer, "admin endpoint: cannot start TLS with {peer}: {e}");
                         continue;
@@ -470,9 +470,7 @@ impl axum::serve::Listener for CappedListener {
                 },
             };
             let mut admin = AdminStream::new(conn, peer, permit, self.idle_timeout);
-            if matches!(admin.conn, Conn::Tls(..)) {
-                admin.live = self.tls.clone();
-            }
+            admin.live = self.tls.clone();
             return (admin, peer);
         }
     }
@@ -492,11 +490,9 @@ fn is_connection_error(e: &io::Error) -> bool {
 /// How many 4 KiB reads of a plain HTTP request are discarded before the answer (at most 64 KiB).
 const PLAIN_DRAIN_READS: usize = 16;
 
-/// Where an HTTPS connection's server handshake stands.
+/// Where an HTTPS connection's server handshake stands once it has started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Handshake {
-    /// Waiting for the first byte: TLS, or a plain HTTP request to answer ([`rein_proto::https`]).
-    FirstByte,
     /// The TLS handshake is under way.
     Running,
     /// Done: application data flows.
@@ -506,6 +502,9 @@ enum Handshake {
 /// The socket under an [`AdminStream`].
 enum Conn {
     Plain(TcpStream),
+    /// HTTPS waiting for its first byte: TLS, or a plain HTTP request to answer ([`rein_proto::https`]).
+    /// The socket is taken out (`None`) only while [`AdminStream::poll_handshake`] wraps it in TLS.
+    FirstByte(Option<TcpStream>),
     Tls(Box<SslStream<TcpStream>>, Handshake),
 }
 
@@ -521,9 +520,10 @@ pub struct AdminStream {
     /// Bytes of a request came in since the last answer byte went out: further request bytes do not
     /// restart the idle timer (module comment).
     in_request: bool,
-    /// HTTPS: the context the connection came in under, as reloads replace it; once the handshake is
-    /// done the connection is listed in it (`registration`) with what its client presented, so that a
-    /// reload whose `crl` or `psk_file` revokes that client closes it (module comment, HTTPS).
+    /// HTTPS: the context as reloads replace it; the handshake takes the one current when it starts,
+    /// and once it is done the connection is listed here (`registration`) with what its client
+    /// presented, or refused if a reload revoked that client meanwhile, so that a reload whose `crl` or
+    /// `psk_file` revokes the client closes it (module comment, HTTPS).
     live: Option<LiveTls>,
     registration: Option<crate::tls::Registration>,
 }
@@ -569,7 +569,7 @@ impl AdminStream {
         match self.idle.as_mut().poll(cx) {
             Poll::Ready(()) => {
                 let during = match self.conn {
-                    Conn::Tls(_, Handshake::FirstByte | Handshake::Running) => " during the TLS handshake",
+                    Conn::FirstByte(_) | Conn::Tls(_, Handshake::Running) => " during the TLS handshake",
                     _ => "",
                 };
                 if !during.is_empty() {
@@ -585,11 +585,10 @@ impl AdminStream {
     /// data may flow, `Ready(Err)` when the connection must close (logged here, once), `Pending` while
     /// it runs. Handshake bytes do not reset the idle timer (module comment).
     fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let Conn::Tls(tls, state) = &mut self.conn else { return Poll::Ready(Ok(())) };
-        if *state == Handshake::FirstByte {
+        if let Conn::FirstByte(Some(tcp)) = &mut self.conn {
             let mut first = [0u8; 1];
             let mut buf = ReadBuf::new(&mut first);
-            match tls.get_ref().poll_peek(cx, &mut buf) {
+            match tcp.poll_peek(cx, &mut buf) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(0)) => {
@@ -601,20 +600,37 @@ impl AdminStream {
                     // socket's send buffer takes these few bytes at once.
                     let mut sink = [0u8; 4096];
                     for _ in 0..PLAIN_DRAIN_READS {
-                        if !matches!(tls.get_ref().try_read(&mut sink), Ok(n) if n > 0) {
+                        if !matches!(tcp.try_read(&mut sink), Ok(n) if n > 0) {
                             break;
                         }
                     }
-                    let _ = tls.get_ref().try_write(rein_proto::https::PLAIN_HTTP_ANSWER);
+                    let _ = tcp.try_write(rein_proto::https::PLAIN_HTTP_ANSWER);
                     tracing::info!(peer = %self.peer, "admin endpoint: plain HTTP from {} on the HTTPS port: answered 400", self.peer);
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         "plain HTTP on the HTTPS port",
                     )));
                 }
-                Poll::Ready(Ok(_)) => *state = Handshake::Running,
+                Poll::Ready(Ok(_)) => {}
             }
         }
+        if let Conn::FirstByte(tcp) = &mut self.conn {
+            // The handshake starts: with the context now, not the one current at accept (a client may
+            // hold its connection silent across a reload that revokes it).
+            let started = match (tcp.take(), self.live.as_ref().and_then(LiveTls::get)) {
+                (Some(tcp), Some(tls)) => tls.server_stream(tcp).map_err(|e| e.to_string()),
+                (Some(_), None) => Err("TLS was turned off by a reload".to_string()),
+                (None, _) => Err("TLS could not start".to_string()),
+            };
+            match started {
+                Ok(tls) => self.conn = Conn::Tls(Box::new(tls), Handshake::Running),
+                Err(e) => {
+                    tracing::warn!(peer = %self.peer, "admin endpoint: cannot start TLS with {}: {e}", self.peer);
+                    return Poll::Ready(Err(io::Error::other(format!("TLS: {e}"))));
+                }
+            }
+        }
+        let Conn::Tls(tls, state) = &mut self.conn else { return Poll::Ready(Ok(())) };
         if *state == Handshake::Running {
             match Pin::new(&mut **tls).poll_accept(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -625,9 +641,15 @@ impl AdminStream {
                 Poll::Ready(Ok(())) => {
                     *state = Handshake::Done;
                     // With a duplicate of its socket, which a reload that revokes the client shuts down.
+                    // Refused (and logged there) if a reload revoked the client while the handshake ran.
                     let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned().ok();
                     if let (Some(live), Some(fd)) = (&self.live, fd) {
-                        self.registration = live.register(tls.ssl(), self.peer.to_string(), fd);
+                        match live.register(tls.ssl(), self.peer.to_string(), fd) {
+                            Ok(registration) => self.registration = registration,
+                            Err(why) => {
+                                return Poll::Ready(Err(io::Error::new(io::ErrorKind::PermissionDenied, why)));
+                            }
+                        }
                     }
                     self.moved();
                 }
@@ -641,6 +663,7 @@ impl AdminStream {
         match &mut self.conn {
             Conn::Plain(tcp) => Pin::new(tcp),
             Conn::Tls(tls, _) => Pin::new(&mut **tls),
+            Conn::FirstByte(_) => unreachable!("no application data before poll_handshake's Ready(Ok)"),
         }
     }
 }
@@ -707,11 +730,13 @@ impl AsyncWrite for AdminStream {
         match &self.conn {
             Conn::Plain(tcp) => tcp.is_write_vectored(),
             Conn::Tls(tls, _) => tls.is_write_vectored(),
+            Conn::FirstByte(_) => false,
         }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.conn {
+            Conn::FirstByte(_) => Poll::Ready(Ok(())),
             Conn::Tls(_, state) if *state != Handshake::Done => Poll::Ready(Ok(())),
             _ => self.io().poll_flush(cx),
         }
@@ -720,6 +745,8 @@ impl AsyncWrite for AdminStream {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.conn {
             // No TLS session to close: close the TCP connection.
+            Conn::FirstByte(Some(tcp)) => Pin::new(tcp).poll_shutdown(cx),
+            Conn::FirstByte(None) => Poll::Ready(Ok(())),
             Conn::Tls(tls, state) if *state != Handshake::Done => Pin::new(tls.get_mut()).poll_shutdown(cx),
             _ => self.io().poll_shutdown(cx),
         }

@@ -430,9 +430,9 @@ pub async fn serve_client(
     let infos: Vec<ExportInfo> = exports.iter().map(|e| e.info.clone()).collect();
     let mut out = Vec::new();
     let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
-    // The TLS context of this connection's whole handshake: a reload replaces it for later ones.
-    let tls = policy.tls.get();
-    hs.set_tls(tls.as_ref().map_or(TlsMode::Off, |t| t.mode));
+    // Whether STARTTLS is offered, as TLS stands now; the TLS handshake itself takes the context current
+    // when it starts (module comment of crate::tls, "Reload").
+    hs.set_tls(policy.tls.get().map_or(TlsMode::Off, |t| t.mode));
     hs.set_default_export(policy.default_export.as_ref().and_then(|d| exports.iter().position(|e| e.info.name == *d)));
     hs.set_visible(Policy::visible(&exports, peer.ip(), None));
     hs.set_confirm_open(policy.cap_tenants);
@@ -461,11 +461,18 @@ pub async fn serve_client(
             HsEnd::Left => Ok(None),
             HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Plain(stream), n, None, slot, node, None))),
             HsEnd::StartTls => {
-                let tls = tls.as_ref().expect("the handshake offers STARTTLS only with TLS configured");
+                // The context now, not the one current when the connection came in: a client may hold
+                // its TCP connection open across a reload that revokes it before it asks for TLS.
+                let Some(tls) = policy.tls.get() else {
+                    return Err(TlsError("TLS was turned off by a reload during the NBD handshake".into()).into());
+                };
                 let (mut stream, identity) = tls.accept(stream).await?;
-                // With a duplicate of its socket, so that a reload that revokes this client can cut it.
-                let registration =
-                    stream.get_ref().dup().ok().and_then(|fd| policy.tls.register(stream.ssl(), peer.to_string(), fd));
+                // With a duplicate of its socket, so that a reload that revokes this client can cut it;
+                // refused if a reload revoked it while its handshake ran.
+                let registration = match stream.get_ref().dup() {
+                    Ok(fd) => policy.tls.register(stream.ssl(), peer.to_string(), fd).map_err(TlsError)?,
+                    Err(_) => None,
+                };
                 hs.tls_established();
                 hs.set_visible(Policy::visible(&exports, peer.ip(), identity.as_deref()));
                 let who = (peer, identity.as_deref());

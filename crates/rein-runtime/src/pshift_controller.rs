@@ -849,7 +849,8 @@ struct Admit {
     /// [`ControllerSettings::silence_timeout`].
     silence_timeout: Duration,
     access: Arc<crate::access::ExportAccess>,
-    /// `[tls]`, as a reload replaces it (a connection takes the one current when it comes in).
+    /// `[tls]`, as a reload replaces it (a connection's handshake, run as it comes in, takes the one
+    /// current then, and is refused at registration if a reload revoked its server meanwhile).
     tls: crate::tls::LiveTls,
     /// Where refusals are counted.
     refused: Arc<Mutex<ControllerStatus>>,
@@ -998,7 +999,10 @@ async fn connection(
                 let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
                 // A duplicate of the socket to cut it by (its own descriptor stays with the stream).
                 let fd = std::os::fd::AsFd::as_fd(stream.get_ref()).try_clone_to_owned().ok();
-                registration = fd.and_then(|fd| admit.tls.register(stream.ssl(), peer.to_string(), fd));
+                // Refused if a reload revoked the server while its handshake ran (crate::tls, "Reload").
+                if let Some(fd) = fd {
+                    registration = admit.tls.register(stream.ssl(), peer.to_string(), fd).map_err(opening)?;
+                }
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
                     count_refused(&admit.refused);
                     return Err((

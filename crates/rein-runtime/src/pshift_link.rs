@@ -283,7 +283,10 @@ async fn session(
                 .map_err(|e| broken(format!("TLS handshake: {e}")))?;
             let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned().ok();
             let peer = format!("the pShift controller ({name})");
-            _registration = fd.and_then(|fd| client.register(tls.ssl(), peer, fd));
+            // Refused if a reload revoked the controller while the handshake ran (crate::tls, "Reload").
+            if let Some(fd) = fd {
+                _registration = client.register(tls.ssl(), peer, fd).map_err(|why| broken(format!("TLS: {why}")))?;
+            }
             Box::new(tls)
         }
     };

@@ -1458,7 +1458,12 @@ impl Target {
                             .await
                             .map_err(|e| ConnectError::Io(format!("TLS to {name}: {e}")))?;
                         let peer = format!("node {} ({name})", self.node.name);
-                        registration = tls.get_ref().dup().ok().and_then(|fd| cell.register(tls.ssl(), peer, fd));
+                        // Refused if a reload revoked the node while the handshake ran (crate::tls, "Reload").
+                        if let Ok(fd) = tls.get_ref().dup() {
+                            registration = cell
+                                .register(tls.ssl(), peer, fd)
+                                .map_err(|why| ConnectError::Io(format!("TLS to {name}: {why}")))?;
+                        }
                         stream = NbdStream::Tls(Box::new(tls));
                         hs.tls_established().map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
                     }

@@ -11,8 +11,11 @@
 //!   one of them (the handshake fails otherwise); without it no client certificate is asked for.
 //! - **Revocation** (`crl`, with `ca`): PEM CRLs (`openssl ca -gencrl`; qemu-nbd and nbdkit read the same
 //!   file as `ca-crl.pem`), each of which must be signed by a CA of `ca` (checked at load: a CRL no
-//!   configured CA signed could revoke anyone). A client certificate that OpenSSL's chain check accepts
-//!   is then refused if a CRL of its issuer lists its serial number; the server logs that it is revoked.
+//!   configured CA signed could revoke anyone). A client whose chain OpenSSL's check accepts is then
+//!   refused if a CRL lists any certificate of that verified chain (its own, or an intermediate CA's: a
+//!   CRL of the certificate's issuer lists its serial number), as `openssl verify -crl_check_all`
+//!   refuses it; the server logs that it is revoked. (Only the client's own certificate was looked up
+//!   before, so the clients of an intermediate CA that the root's CRL lists were admitted.)
 //!   The lists are used whatever their nextUpdate says (a CA with no CRL revokes no one; Rein does not
 //!   ask OpenSSL for its CRL check, which refuses every client of a CA without a current CRL). A reload
 //!   takes a new CRL written over the file ("Reload"). A client's table (`[node_tls]`, `[pshift.tls]`,
@@ -43,17 +46,27 @@
 //! # Reload
 //! A reload (SIGHUP) builds the contexts again from the files as they are then, so certificates renewed
 //! in place (the same file names, new contents) and changed `[tls]` tables are taken without a restart.
-//! A server's context is held in a [`LiveTls`], which the reload replaces: each handshake takes the one
-//! current when the connection comes in (its mode and credentials together), so connections opened
-//! from then on use the new one, and connections already open keep the session they negotiated, as
-//! with nginx or HAProxy, unless the new context revokes their client: a certificate its `crl` lists,
-//! a PSK identity its `psk_file` no longer has. Those are cut at the reload (their sockets shut down,
-//! [`LiveTls::set`]): an NBD connection lives as long as its VM, and a revocation that waited for it
-//! to end would not revoke. A client's context (a gateway's `[node_tls]`, rein serve's `[pshift.tls]`) is
+//! A server's context is held in a [`LiveTls`], which the reload replaces: each TLS handshake takes the
+//! one current when the handshake starts (NBD's STARTTLS, the admin endpoint's first byte, the pShift
+//! controller's accept), so handshakes from then on use the new one, and connections already open keep
+//! the session they negotiated, as with nginx or HAProxy, unless the new context revokes their client:
+//! a certificate of its chain its `crl` lists, a PSK identity its `psk_file` no longer has. Those are
+//! cut at the reload (their sockets shut down, [`LiveTls::set`]): an NBD connection lives as long as
+//! its VM, and a revocation that waited for it to end would not revoke.
+//!
+//! A handshake under way during the reload is not in the list the reload sweeps, and ran under the old
+//! context; so once done, a connection registers ([`LiveTls::register`]) by checking its client against
+//! the context current then, under the list's lock, which the reload holds from its replacement of the
+//! context to the end of its sweep. Either the registration comes first and the sweep cuts it, or the
+//! replacement does and the registration is refused (logged as a cut, the connection closed): no
+//! order lets a revoked client through. Before, the context was taken when the TCP connection came in
+//! and the registration checked nothing: a client holding its connection before STARTTLS across a
+//! revoking reload completed its handshake with the old context and was served until the next reload. A client's context (a gateway's `[node_tls]`, rein serve's `[pshift.tls]`) is
 //! held in a [`LiveTlsClient`] likewise: the connections opened from then on (to a node, to the pShift
 //! controller) use it, and once the reload completes the links open to a server whose certificate its
-//! `crl` lists are cut ([`LiveTlsClient::cut_revoked`]; they reconnect with the new context, which
-//! refuses that server). [`TlsConfig::change`] and [`TlsClient::changed`] say what a reload changed, for
+//! `crl` lists (it or a CA above it) are cut ([`LiveTlsClient::cut_revoked`]; they reconnect with the
+//! new context, which refuses that server), and a link whose handshake completes after the reload
+//! registers against the new context as a server's connection does ([`LiveTlsClient::register`]). [`TlsConfig::change`] and [`TlsClient::changed`] say what a reload changed, for
 //! its log line; credentials count as changed when a file's path or bytes differ (each context keeps a
 //! digest of them). The pShift controller reloads its `[tls]` the same way, cutting the server
 //! connections it revokes.
@@ -221,22 +234,29 @@ struct OpenConn {
     socket: std::os::fd::OwnedFd,
 }
 
-/// What a TLS client presented, as revocation asks ([`LiveTls::set`]).
+/// What a TLS peer presented, as revocation asks ([`LiveTls::set`], [`LiveTls::register`]).
 #[derive(Clone)]
 pub enum Credential {
-    /// A verified client certificate.
-    Cert(X509),
+    /// A verified certificate chain, the peer's own certificate first and then the CAs above it as
+    /// OpenSSL verified them: a CRL revokes the whole chain's clients if it lists any of them.
+    Cert(Vec<X509>),
     /// A PSK identity.
     Psk(String),
 }
 
 impl Credential {
-    /// What the client of an accepted session presented, if anything a reload could revoke.
+    /// What the peer of an established session presented, if anything a reload could revoke: its PSK
+    /// identity, or its verified certificate chain (its certificate alone if OpenSSL kept no chain).
     pub fn of(ssl: &SslRef) -> Option<Credential> {
-        match psk_identity(ssl) {
-            Some(id) => Some(Credential::Psk(id.clone())),
-            None => ssl.peer_certificate().map(Credential::Cert),
+        if let Some(id) = psk_identity(ssl) {
+            return Some(Credential::Psk(id.clone()));
         }
+        let chain: Vec<X509> =
+            ssl.verified_chain().map(|c| c.iter().map(|x| x.to_owned()).collect()).unwrap_or_default();
+        if !chain.is_empty() {
+            return Some(Credential::Cert(chain));
+        }
+        ssl.peer_certificate().map(|c| Credential::Cert(vec![c]))
     }
 }
 
@@ -269,19 +289,24 @@ impl LiveTls {
         LiveTls { tls: Arc::new(RwLock::new(tls)), open: Arc::default() }
     }
 
-    /// The context now: a handshake takes it once, when its connection comes in.
+    /// The context now: a handshake takes it once, when it starts (module comment, "Reload").
     pub fn get(&self) -> Option<TlsConfig> {
         self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Replaces the context for the handshakes from now on, and cuts the open connections whose client
-    /// it revokes (a certificate its `crl` lists, a PSK identity its `psk_file` no longer has): their
-    /// sockets are shut down, so their reads end and their requests in flight get no reply. Returns
-    /// one line per connection cut (the peer and why), each also logged.
+    /// it revokes (a certificate its `crl` lists, or one above it; a PSK identity its `psk_file` no
+    /// longer has): their sockets are shut down, so their reads end and their requests in flight get no
+    /// reply. Returns one line per connection cut (the peer and why), each also logged.
+    ///
+    /// The list's lock is held from the replacement to the end of the sweep, and
+    /// [`LiveTls::register`] checks under it: a connection is either listed before the replacement
+    /// (and swept) or checked against the new context (and refused), whichever context its handshake
+    /// ran under.
     pub fn set(&self, tls: Option<TlsConfig>) -> Vec<String> {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls.clone();
         let Some(tls) = tls else { return Vec::new() };
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let mut cut = Vec::new();
         for c in open.conns.values() {
             if let Some(why) = tls.revokes(&c.who) {
@@ -295,26 +320,50 @@ impl LiveTls {
 
     /// Lists an open connection from `peer` whose client presented what `ssl`'s accepted session shows
     /// ([`Credential::of`]), with a duplicate of its socket (`socket`) for [`LiveTls::set`] to cut it by;
-    /// it stays listed while the registration lives. `None` when the client presented nothing a reload
-    /// could revoke. (The client side's [`LiveTlsClient::register`] has the same shape.)
-    pub fn register(&self, ssl: &SslRef, peer: String, socket: std::os::fd::OwnedFd) -> Option<Registration> {
-        Some(OpenTls::add(&self.open, Credential::of(ssl)?, peer, socket))
+    /// it stays listed while the registration lives. `Ok(None)` when the client presented nothing a
+    /// reload could revoke.
+    ///
+    /// The handshake may have run under a context a reload has since replaced (it takes the context when
+    /// it starts, and may take seconds): the credential is checked against the context now, under the
+    /// lock [`LiveTls::set`] sweeps under, so a reload between the handshake's start and this call is
+    /// never missed. `Err(why)` (also logged, as the sweep logs a cut) when that context revokes the
+    /// client: the caller closes the connection. (The client side's [`LiveTlsClient::register`] has the
+    /// same shape.)
+    pub fn register(
+        &self,
+        ssl: &SslRef,
+        peer: String,
+        socket: std::os::fd::OwnedFd,
+    ) -> Result<Option<Registration>, String> {
+        let Some(who) = Credential::of(ssl) else { return Ok(None) };
+        OpenTls::add_unless(&self.open, who, peer, socket, |who| self.get().and_then(|tls| tls.revokes(who)))
+            .map(Some)
+            .map_err(|(peer, why)| {
+                tracing::warn!(%peer, "closing a TLS connection: {why}");
+                why
+            })
     }
 }
 
 impl OpenTls {
-    /// Lists a connection in `open` until the registration returned is dropped.
-    fn add(
+    /// Lists a connection in `open` until the registration returned is dropped, unless `revoked` (asked
+    /// under the list's lock, which the reload's sweep holds) says why its credential is revoked: then
+    /// `Err((peer, why))`, and it is not listed.
+    fn add_unless(
         open: &Arc<std::sync::Mutex<OpenTls>>,
         who: Credential,
         peer: String,
         socket: std::os::fd::OwnedFd,
-    ) -> Registration {
+        revoked: impl FnOnce(&Credential) -> Option<String>,
+    ) -> Result<Registration, (String, String)> {
         let mut list = open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = revoked(&who) {
+            return Err((peer, why));
+        }
         list.next += 1;
         let id = list.next;
         list.conns.insert(id, OpenConn { who, peer, socket });
-        Registration { open: open.clone(), id }
+        Ok(Registration { open: open.clone(), id })
     }
 }
 
@@ -577,14 +626,16 @@ fn read_crls(names: Naming, path: &Path, cas: &[X509], ca_path: &Path) -> Result
 }
 
 /// The verify callback of a `crl`, on either side ("Revocation"): the chain (and, for a client, the
-/// server's name) are checked by OpenSSL first; a peer certificate they accept is then refused if a CRL of
-/// its issuer lists its serial number, with the error [`TlsClient::connect`] and [`TlsConfig::accept`]
-/// name as a revocation.
+/// server's name) are checked by OpenSSL first; OpenSSL then calls this for each certificate of the
+/// verified chain, the root's first and the peer's own last, and each is refused if a CRL of its issuer
+/// lists its serial number (an intermediate CA too: its revocation revokes every certificate it signed,
+/// as `openssl verify -crl_check_all` says), with the error [`TlsClient::connect`] and
+/// [`TlsConfig::accept`] name as a revocation.
 fn refuse_revoked(
     crls: Arc<Vec<openssl::x509::X509Crl>>,
 ) -> impl Fn(bool, &mut openssl::x509::X509StoreContextRef) -> bool + Send + Sync + 'static {
     move |ok, ctx| {
-        if !ok || ctx.error_depth() != 0 {
+        if !ok {
             return ok;
         }
         if ctx.current_cert().is_some_and(|c| revoked(&crls, c)) {
@@ -593,6 +644,22 @@ fn refuse_revoked(
         }
         true
     }
+}
+
+/// Why a CRL of `crls` (the setting `crl_key`) revokes a peer that presented `chain` (its certificate
+/// first, then the CAs above it), or `None`: the first certificate of the chain that a CRL of its issuer
+/// lists. `server` says which side the peer is, for the words (a client's are those the logs and docs
+/// have said since the first release, the leaf unnamed).
+fn revoked_in(crls: &[openssl::x509::X509Crl], chain: &[X509], server: bool, crl_key: &str) -> Option<String> {
+    let (depth, cert) = chain.iter().enumerate().find(|(_, c)| revoked(crls, c))?;
+    let leaf = match server {
+        true => format!("its server's certificate ({})", name_of(chain[0].subject_name())),
+        false => "its client certificate".to_string(),
+    };
+    Some(match depth {
+        0 => format!("{leaf} is revoked ({crl_key})"),
+        _ => format!("the CA {} above {leaf} is revoked ({crl_key})", name_of(cert.subject_name())),
+    })
 }
 
 /// Whether a CRL of `cert`'s issuer lists its serial number as revoked.
@@ -770,13 +837,13 @@ impl TlsConfig {
     /// Why this context would refuse a client that opened its session as `who` (a reload's question for
     /// the connections open, [`LiveTls::set`]): its certificate listed in `crl`, or its PSK identity gone
     /// from `psk_file`. `None`: it would be accepted as far as revocation goes.
-    fn revokes(&self, who: &Credential) -> Option<&'static str> {
+    fn revokes(&self, who: &Credential) -> Option<String> {
         match who {
-            Credential::Cert(cert) if revoked(&self.crls, cert) => Some("its client certificate is revoked (tls.crl)"),
+            Credential::Cert(chain) => revoked_in(&self.crls, chain, false, "tls.crl"),
             Credential::Psk(id) if self.psk_identities.as_ref().is_none_or(|ids| !ids.contains(id)) => {
-                Some("its PSK identity is no longer in tls.psk_file")
+                Some("its PSK identity is no longer in tls.psk_file".to_string())
             }
-            _ => None,
+            Credential::Psk(_) => None,
         }
     }
 
@@ -803,7 +870,8 @@ impl TlsConfig {
         if let Err(e) = Pin::new(&mut tls).accept().await {
             // The CRL's refusal (`crl`) is the one the verify callback sets: say so.
             let revoked = tls.ssl().verify_result() == openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION;
-            let why = if revoked { " (the client's certificate is revoked: tls.crl lists it)" } else { "" };
+            let why =
+                if revoked { " (the client's certificate is revoked: tls.crl lists it or a CA above it)" } else { "" };
             return Err(TlsError(format!("{e}{why}")));
         }
         let ssl = tls.ssl();
@@ -1030,7 +1098,7 @@ impl TlsClient {
                 openssl::x509::X509VerifyResult::OK => e.to_string(),
                 // Only the CRL's check sets it (`build`).
                 openssl::x509::X509VerifyResult::APPLICATION_VERIFICATION => {
-                    format!("{e} (the server's certificate is revoked: {} lists it)", self.crl_key)
+                    format!("{e} (the server's certificate is revoked: {} lists it or a CA above it)", self.crl_key)
                 }
                 v => format!("{e} ({})", v.error_string()),
             };
@@ -1072,12 +1140,29 @@ impl LiveTlsClient {
         *self.client.write().unwrap_or_else(|e| e.into_inner()) = client;
     }
 
-    /// Lists an open link to `peer` (how logs name it) whose server presented `ssl`'s certificate, with
-    /// a duplicate of its socket (`socket`) to cut it by; it stays listed while the registration lives.
-    /// `None` with PSK (no certificate to revoke).
-    pub fn register(&self, ssl: &SslRef, peer: String, socket: std::os::fd::OwnedFd) -> Option<Registration> {
-        let cert = ssl.peer_certificate()?;
-        Some(OpenTls::add(&self.open, Credential::Cert(cert), peer, socket))
+    /// Lists an open link to `peer` (how logs name it) whose server presented `ssl`'s certificate chain,
+    /// with a duplicate of its socket (`socket`) to cut it by; it stays listed while the registration
+    /// lives. `Ok(None)` with PSK (no certificate to revoke). As [`LiveTls::register`], the chain is
+    /// checked against the context now, under the lock [`LiveTlsClient::cut_revoked`] sweeps under:
+    /// `Err(why)` (also logged) if its `crl` revokes the server since the handshake began, and the
+    /// caller closes the link.
+    pub fn register(
+        &self,
+        ssl: &SslRef,
+        peer: String,
+        socket: std::os::fd::OwnedFd,
+    ) -> Result<Option<Registration>, String> {
+        let Some(who @ Credential::Cert(_)) = Credential::of(ssl) else { return Ok(None) };
+        OpenTls::add_unless(&self.open, who, peer, socket, |who| {
+            let client = self.get();
+            let Credential::Cert(chain) = who else { return None };
+            revoked_in(&client.crls, chain, true, &client.crl_key)
+        })
+        .map(Some)
+        .map_err(|(peer, why)| {
+            tracing::warn!(%peer, "closing a TLS link: {why}");
+            why
+        })
     }
 
     /// Cuts the open links whose server's certificate the context now revokes (its `crl` lists it): their
@@ -1092,13 +1177,9 @@ impl LiveTlsClient {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let mut cut = Vec::new();
         open.conns.retain(|_, c| {
-            let Credential::Cert(cert) = &c.who else { return true };
-            if !revoked(&client.crls, cert) {
-                return true;
-            }
+            let Credential::Cert(chain) = &c.who else { return true };
+            let Some(why) = revoked_in(&client.crls, chain, true, &client.crl_key) else { return true };
             let _ = socket2::SockRef::from(&c.socket).shutdown(std::net::Shutdown::Both);
-            let why =
-                format!("its server's certificate ({}) is revoked ({})", name_of(cert.subject_name()), client.crl_key);
             tracing::warn!(peer = %c.peer, "closing a TLS link: {why}");
             cut.push(format!("{}: {why}", c.peer));
             false
@@ -1198,6 +1279,179 @@ mod tests {
             assert_eq!(identity, want, "right key: {right_key}");
             assert_eq!(matches!(Credential::of(tls.ssl()), Some(Credential::Psk(_))), right_key);
         }
+    }
+
+    /// A test PKI in a directory, made with the `openssl` command: a root CA, an intermediate CA it
+    /// signed, a client certificate under each, the server's certificate, and the root's and the
+    /// intermediate's CRLs (`openssl ca -gencrl`).
+    struct Pki(tempfile::TempDir);
+
+    impl Pki {
+        fn openssl(&self, args: &[&str]) {
+            let out = std::process::Command::new("openssl").current_dir(self.0.path()).args(args).output().unwrap();
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+
+        /// `<name>-cert.pem` and `<name>-key.pem`, common name `name`, signed by `ca` (self-signed
+        /// without), a CA if `is_ca`.
+        fn cert(&self, name: &str, ca: Option<&str>, is_ca: bool) {
+            let (key, cert, subj) = (format!("{name}-key.pem"), format!("{name}-cert.pem"), format!("/CN={name}"));
+            let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &key];
+            let ext = format!("{name}.ext");
+            let usage = match is_ca {
+                true => "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n",
+                false => "basicConstraints=CA:FALSE\n",
+            };
+            std::fs::write(self.0.path().join(&ext), usage).unwrap();
+            let Some(ca) = ca else {
+                return self
+                    .openssl(&[&["req", "-x509"][..], &ec, &["-out", &cert, "-subj", &subj, "-days", "2"]].concat());
+            };
+            let csr = format!("{name}.csr");
+            self.openssl(&[&["req"][..], &ec, &["-out", &csr, "-subj", &subj]].concat());
+            let (ca_cert, ca_key) = (format!("{ca}-cert.pem"), format!("{ca}-key.pem"));
+            let serial = format!("{}", 1000 + name.len() * 7 + name.bytes().map(usize::from).sum::<usize>());
+            self.openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &ca_cert,
+                "-CAkey",
+                &ca_key,
+                "-set_serial",
+                &serial,
+                "-out",
+                &cert,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ]);
+        }
+
+        /// `ca`'s CRL in `out`, listing `revoked` (certificates `ca` signed).
+        fn crl(&self, ca: &str, revoked: &[&str], out: &str) {
+            let d = self.0.path();
+            let cnf = format!("{ca}.cnf");
+            std::fs::write(d.join(format!("{ca}-index.txt")), "").unwrap();
+            std::fs::write(d.join(format!("{ca}-crlnumber")), "01\n").unwrap();
+            let text = format!(
+                "[ca]\ndefault_ca = d\n[d]\ndatabase = {ca}-index.txt\ncrlnumber = {ca}-crlnumber\n\
+                 certificate = {ca}-cert.pem\nprivate_key = {ca}-key.pem\ndefault_md = sha256\ndefault_crl_days = 2\n"
+            );
+            std::fs::write(d.join(&cnf), text).unwrap();
+            for r in revoked {
+                self.openssl(&["ca", "-config", &cnf, "-revoke", &format!("{r}-cert.pem")]);
+            }
+            self.openssl(&["ca", "-config", &cnf, "-gencrl", "-out", out]);
+        }
+
+        fn new() -> Pki {
+            let pki = Pki(tempfile::tempdir().unwrap());
+            pki.cert("root", None, true);
+            pki.cert("mid", Some("root"), true);
+            pki.cert("bob", Some("mid"), false);
+            pki.cert("alice", Some("root"), false);
+            pki.cert("srv", Some("root"), false);
+            pki
+        }
+
+        /// A server context: `ca` the root, `crl` the file `crl`.
+        fn server(&self, crl: &str) -> TlsConfig {
+            let d = self.0.path();
+            let files = TlsFiles {
+                cert: Some(d.join("srv-cert.pem")),
+                key: Some(d.join("srv-key.pem")),
+                ca: Some(d.join("root-cert.pem")),
+                crl: Some(d.join(crl)),
+                ..TlsFiles::default()
+            };
+            TlsConfig::build(TlsMode::Require, files).unwrap()
+        }
+
+        /// Runs a handshake of `client` (with the intermediate's certificate after its own when it is
+        /// `bob`) against `server`: the server's stream, or its error.
+        async fn handshake(
+            &self,
+            server: &TlsConfig,
+            client: &str,
+        ) -> Result<SslStream<tokio::net::TcpStream>, TlsError> {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let d = self.0.path().to_path_buf();
+            let client = client.to_string();
+            let connecting = std::thread::spawn(move || {
+                let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+                b.set_verify(SslVerifyMode::NONE);
+                b.set_certificate_file(d.join(format!("{client}-cert.pem")), openssl::ssl::SslFiletype::PEM).unwrap();
+                b.set_private_key_file(d.join(format!("{client}-key.pem")), openssl::ssl::SslFiletype::PEM).unwrap();
+                if client == "bob" {
+                    b.add_extra_chain_cert(X509::from_pem(&std::fs::read(d.join("mid-cert.pem")).unwrap()).unwrap())
+                        .unwrap();
+                }
+                let tcp = std::net::TcpStream::connect(addr).unwrap();
+                b.build().connect("srv", tcp).map(drop).map_err(|e| e.to_string())
+            });
+            let (sock, _) = l.accept().await.unwrap();
+            let accepted = server.accept(sock).await.map(|(tls, _)| tls);
+            let _ = connecting.join().unwrap();
+            accepted
+        }
+    }
+
+    fn socket_of(tls: &SslStream<tokio::net::TcpStream>) -> std::os::fd::OwnedFd {
+        std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned().unwrap()
+    }
+
+    /// A handshake that ran under a context which did not revoke the client, completed after a reload
+    /// to one that does, is refused when it registers, and logged as a cut; a client the new context
+    /// does not revoke registers. Before, the registration was taken whatever the context now said: a
+    /// client that held its TCP connection across the revoking reload (the handshake takes its context
+    /// when it starts) was served until the next reload.
+    #[tokio::test]
+    async fn a_handshake_under_a_context_since_revoked_is_refused_at_registration() {
+        let pki = Pki::new();
+        pki.crl("root", &[], "before.pem");
+        let before = pki.server("before.pem");
+        let live = LiveTls::new(Some(before.clone()));
+        let bob = pki.handshake(&before, "bob").await.unwrap();
+        let alice = pki.handshake(&before, "alice").await.unwrap();
+        pki.crl("root", &["alice"], "after.pem");
+        assert_eq!(live.set(Some(pki.server("after.pem"))), Vec::<String>::new(), "no one registered yet");
+        let e = live.register(alice.ssl(), "alice's peer".into(), socket_of(&alice)).err();
+        assert_eq!(e.as_deref(), Some("its client certificate is revoked (tls.crl)"));
+        let kept = live.register(bob.ssl(), "bob's peer".into(), socket_of(&bob)).unwrap();
+        assert!(kept.is_some(), "bob is not revoked: listed");
+        assert_eq!(live.open.lock().unwrap().conns.len(), 1);
+    }
+
+    /// An intermediate CA that the root's CRL lists revokes the clients it signed: their handshake
+    /// fails as `openssl verify -crl_check_all` fails their chain, and a reload to that CRL cuts their
+    /// open connections, naming the CA; a client the root signed is not touched. Before, only the
+    /// client's own certificate was looked up (the callback returned at any depth but 0, and the
+    /// reload's sweep held only the leaf).
+    #[tokio::test]
+    async fn a_revoked_intermediate_ca_revokes_its_clients() {
+        let pki = Pki::new();
+        pki.crl("root", &[], "none.pem");
+        pki.crl("root", &["mid"], "mid-revoked.pem");
+        let revoking = pki.server("mid-revoked.pem");
+        let Err(e) = pki.handshake(&revoking, "bob").await else { panic!("bob's CA is revoked") };
+        assert!(e.0.contains("the client's certificate is revoked: tls.crl lists it or a CA above it"), "{e}");
+        pki.handshake(&revoking, "alice").await.expect("alice's CA is the root");
+
+        let live = LiveTls::new(Some(pki.server("none.pem")));
+        let before = live.get().unwrap();
+        let bob = pki.handshake(&before, "bob").await.unwrap();
+        let alice = pki.handshake(&before, "alice").await.unwrap();
+        let _bob = live.register(bob.ssl(), "bob's peer".into(), socket_of(&bob)).unwrap();
+        let _alice = live.register(alice.ssl(), "alice's peer".into(), socket_of(&alice)).unwrap();
+        assert_eq!(
+            live.set(Some(revoking)),
+            ["bob's peer: the CA CN=mid above its client certificate is revoked (tls.crl)"]
+        );
     }
 
     fn parse(text: &str) -> Result<HashMap<String, Vec<u8>>, String> {
