@@ -26,6 +26,15 @@
 //!   bytes, at most [`MAX_PSK_IDENTITIES`] lines; blank lines are skipped. A PSK client needs no
 //!   certificate, also when `ca` is set.
 //!
+//! # Secret files
+//! A private key (`key`) and a PSK file (`psk_file`, and a PARDA host's `key_file`, read here too) that
+//! every local user may read or write (the mode's "other" bits) are warned of when read, at start and at
+//! each reload, naming the setting, the file and its mode (`tls.key FILE is readable by every user (mode
+//! 644): chmod 600`); `--check-config` prints the `[tls]` table's. They are read all the same, unlike
+//! the admin token (refused at such a mode): a key refused where it was taken yesterday would stop a
+//! node at its next restart for a fix `chmod` makes, and a warning in every log says it. Certificates,
+//! CAs and CRLs are public and not looked at.
+//!
 //! # Protocol versions and suites
 //! TLS 1.2 and 1.3 (Mozilla's "intermediate" profile, OpenSSL's defaults otherwise). For PSK, TLS 1.3
 //! through OpenSSL's PSK callback: the key it returns is bound to SHA-256, so the server must choose a
@@ -150,6 +159,9 @@ pub struct TlsConfig {
     crls: Arc<Vec<openssl::x509::X509Crl>>,
     /// `psk_file`'s identities, likewise.
     psk_identities: Option<Arc<std::collections::HashSet<String>>>,
+    /// The warnings for `key` and `psk_file` if every user may read them ([`exposed`]), for
+    /// `--check-config` ([`TlsConfig::describe`]).
+    exposed: Vec<String>,
     acceptor: Arc<SslAcceptor>,
 }
 
@@ -190,6 +202,32 @@ fn read(key: &str, path: &Path) -> Result<Vec<u8>, String> {
         return Err(format!("{key} {}: larger than {MAX_FILE_BYTES} bytes", path.display()));
     }
     Ok(bytes)
+}
+
+/// [`read`] for a secret (a private key, a PSK file), warning once per read (so once per load: at start,
+/// at each reload) if every local user may read or write it ([`exposed`]); the file is read all the same
+/// (module comment, "Secret files").
+fn read_secret(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+    let bytes = read(key, path)?;
+    if let Some(w) = exposed(key, path) {
+        tracing::warn!("{w}");
+    }
+    Ok(bytes)
+}
+
+/// The warning for a secret file named by the key `key` that every local user may read or write (any of
+/// its mode's "other" bits), or `None` (a group may read it: an operators' group, as for the admin
+/// token).
+pub fn exposed(key: &str, path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    let how = match (mode & 0o004 != 0, mode & 0o002 != 0) {
+        (false, false) => return None,
+        (true, false) => "readable",
+        (false, true) => "writable",
+        (true, true) => "readable and writable",
+    };
+    Some(format!("{key} {} is {how} by every user (mode {mode:o}): chmod 600", path.display()))
 }
 
 /// A digest of the credential files `paths` (each path and its bytes as they are now, or the reason it
@@ -419,7 +457,7 @@ pub fn read_psk_identity(
     identity: Option<&str>,
     identity_key: &str,
 ) -> Result<(String, Vec<u8>), String> {
-    let text = String::from_utf8(read(key_name, path)?)
+    let text = String::from_utf8(read_secret(key_name, path)?)
         .map_err(|_| format!("{key_name} {}: not UTF-8 text", path.display()))?;
     let keys = parse_psk_lines(&text, key_name, path)?;
     let (id, key) = match identity {
@@ -491,7 +529,7 @@ pub(crate) fn set_identity(
     for c in chain {
         b.add_extra_chain_cert(c).map_err(|e| format!("{kc} {}: {e}", cert.display()))?;
     }
-    let pkey = PKey::private_key_from_pem(&read(&kk, key)?)
+    let pkey = PKey::private_key_from_pem(&read_secret(&kk, key)?)
         .map_err(|e| format!("{kk} {}: not a PEM private key: {e}", key.display()))?;
     let mismatch = || format!("{kk} {} does not match the certificate in {kc} {}", key.display(), cert.display());
     if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
@@ -735,7 +773,7 @@ impl TlsConfig {
         let mut psk = None;
         let mut psk_identities = None;
         if let Some(path) = &files.psk_file {
-            let text = String::from_utf8(read("tls.psk_file", path)?)
+            let text = String::from_utf8(read_secret("tls.psk_file", path)?)
                 .map_err(|_| format!("tls.psk_file {}: not UTF-8 text", path.display()))?;
             let keys = parse_psk_file(&text, path)?;
             psk = Some((path.clone(), keys.len()));
@@ -761,6 +799,10 @@ impl TlsConfig {
             not_after,
             crls: crl_lists,
             psk_identities,
+            exposed: [("tls.key", &files.key), ("tls.psk_file", &files.psk_file)]
+                .into_iter()
+                .filter_map(|(key, path)| exposed(key, path.as_deref()?))
+                .collect(),
             acceptor: Arc::new(b.build()),
         })
     }
@@ -804,7 +846,8 @@ impl TlsConfig {
     }
 
     /// `--check-config`'s lines for `[tls]`: the mode and what it checks, and when the certificate
-    /// expires; then the expiry's warning, if any ([`TlsConfig::expiry_warning`]).
+    /// expires; then the expiry's warning, if any ([`TlsConfig::expiry_warning`]), and one for each
+    /// secret file every user may read ([`exposed`]).
     pub fn describe(&self, now: i64) -> Vec<String> {
         let mode = match self.mode {
             TlsMode::Off => "off",
@@ -830,8 +873,8 @@ impl TlsConfig {
         if let Some((path, n)) = &self.psk {
             parts.push(format!("psk_file {} ({})", path.display(), rein_core::Count(*n, "identity")));
         }
-        let warning = self.expiry_warning(now).map(|w| format!("warning: {w}"));
-        std::iter::once(parts.join("; ")).chain(warning).collect()
+        let warnings = self.expiry_warning(now).into_iter().chain(self.exposed.iter().cloned());
+        std::iter::once(parts.join("; ")).chain(warnings.map(|w| format!("warning: {w}"))).collect()
     }
 
     /// Why this context would refuse a client that opened its session as `who` (a reload's question for
@@ -1452,6 +1495,34 @@ mod tests {
             live.set(Some(revoking)),
             ["bob's peer: the CA CN=mid above its client certificate is revoked (tls.crl)"]
         );
+    }
+
+    /// A private key or PSK file every user may read is warned of, naming the setting, the file and the
+    /// mode, and `--check-config` shows it; at 600 or 640 (a group) it is not. Before, no secret file's
+    /// mode was looked at.
+    #[test]
+    fn a_secret_file_every_user_can_read_is_warned_of() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("keys.psk");
+        std::fs::write(&path, "alice:00ff\n").unwrap();
+        let lines = |mode: u32| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let files = TlsFiles { psk_file: Some(path.clone()), ..TlsFiles::default() };
+            TlsConfig::build(TlsMode::Require, files).unwrap().describe(0)
+        };
+        let want = format!("warning: tls.psk_file {} is readable by every user (mode 644): chmod 600", path.display());
+        assert_eq!(lines(0o644)[1..], [want]);
+        assert_eq!(lines(0o600).len(), 1, "owner only");
+        assert_eq!(lines(0o640).len(), 1, "a group may read it");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604)).unwrap();
+        let w = exposed("node_tls.key", &path).unwrap_or_default();
+        assert!(
+            w.starts_with("node_tls.key ") && w.ends_with("is readable by every user (mode 604): chmod 600"),
+            "{w}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o602)).unwrap();
+        assert!(exposed("k", &path).unwrap_or_default().contains("is writable by every user (mode 602)"));
     }
 
     fn parse(text: &str) -> Result<HashMap<String, Vec<u8>>, String> {

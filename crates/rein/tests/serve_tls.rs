@@ -528,13 +528,19 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     // Valid for 30 days (the first for 2), so that the expiry in /metrics tells them apart too.
     tls::make_cert_for(dir, "ca2", "renewed", "127.0.0.49", &san, 30);
     let config = "admin_tls = true\n[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n";
-    // --check-config says what [tls] checks and warns of a certificate two days from its end.
+    // --check-config says what [tls] checks and warns of a certificate two days from its end, and of a
+    // key every user can read.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.join("server-key.pem"), std::fs::Permissions::from_mode(0o644)).unwrap();
     let path = common::config_file(dir, 49, &format!("{config}{PLAIN}"));
     let out = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--check-config", "--config"]).arg(&path));
     assert!(out.contains("tls: mode require; certificate") && out.contains("server-cert.pem expires in"), "{out}");
     assert!(out.contains("warning: tls.cert") && out.contains("renew it and reload (SIGHUP)"), "{out}");
+    assert!(out.contains("warning: tls.key ") && out.contains("is readable by every user (mode 644): chmod 600"));
     let s = start(dir, 49, &format!("{config}{PLAIN}"));
     // So does the start, once.
+    let line = s.wait_line("is readable by every user (mode 644): chmod 600");
+    assert!(line.contains("tls.key ") && line.contains("server-key.pem"), "{line}");
     let line = s.wait_line("renew it and reload (SIGHUP)");
     assert!(
         line.contains("server-cert.pem expires in 47 hours") || line.contains("server-cert.pem expires in 2 days"),
