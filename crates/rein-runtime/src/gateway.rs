@@ -2325,6 +2325,7 @@ fn admin_router(
                                         "connections": r.connections,
                                         "connected": r.up,
                                         "tls": r.tls,
+                                        "protocol": r.protocol,
                                         "in_flight": r.in_flight,
                                         "pieces": r.stats.pieces.load(Relaxed),
                                         "piece_errors": r.stats.piece_errors.load(Relaxed),

@@ -112,8 +112,14 @@
 //! started afresh, so its fresh scheduler is not told the whole outage's service elsewhere at once; a
 //! session to the same boot (a broken connection, another pooled connection) keeps it, and the service
 //! elsewhere meanwhile is its next delta, as dmClock's rule says.
-//! `"auto"` on a node that answers NBD_REP_ERR_UNSUP goes on in plain NBD (no tags, no tracker);
-//! `"rein"` refuses such a node.
+//! `"auto"` on a node that answers NBD_REP_ERR_UNSUP (it does not know the option: a plain NBD server)
+//! goes on in plain NBD (no tags, no tracker); `"rein"` refuses such a node. Any other refusal of the
+//! hello (NBD_REP_ERR_POLICY: the gateway is not in the node's `allow_networks` or `allow_identities`, or
+//! the node's admission refused the tenant's spec) is a storage node saying no, under `"auto"` as under
+//! `"rein"`: the connection fails, naming the node and its reason (at start the gateway stops; later it
+//! is a logged failed reconnect). Going on in plain NBD there (as `"auto"` once did for every refusal)
+//! left the node scheduling the pieces untagged under its own spec, QoS across nodes silently off, with
+//! nothing logged above debug. `/api/nodes` shows each node's protocol as its sessions speak it.
 //!
 //! # Symbol map
 //! dmClock's delta_i / rho_i -> [`NodeTag`]'s `delta` / `rho` from [`ServiceTracker::prepare`]; a piece
@@ -491,6 +497,9 @@ pub struct NodeReport<'a> {
     pub in_flight: usize,
     /// Whether the link runs TLS (`[node_tls]`; a session is never plain then).
     pub tls: bool,
+    /// What the sessions up speak: `"rein"` if one speaks the storage-node protocol, else `"nbd"`; `None`
+    /// while none is up.
+    pub protocol: Option<&'static str>,
     /// Its counters.
     pub stats: &'a NodeStats,
 }
@@ -643,6 +652,8 @@ struct LinkState {
     max_payload: AtomicU32,
     /// A session is established.
     up: AtomicBool,
+    /// The session speaks the storage-node protocol (its pieces are tagged); plain NBD otherwise.
+    storage_node: AtomicBool,
 }
 
 impl RemoteVolume {
@@ -998,6 +1009,15 @@ impl RemoteVolume {
                 up: l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed)).count(),
                 in_flight: l.conns.iter().map(|c| MAX_PENDING_PER_CONN - c.slots.available_permits()).sum(),
                 tls: l.target.node.tls.is_some(),
+                protocol: {
+                    let up = l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed));
+                    let mut tagged = up.clone().map(|c| c.state.storage_node.load(Ordering::Relaxed));
+                    match (up.count(), tagged.any(|t| t)) {
+                        (0, _) => None,
+                        (_, true) => Some("rein"),
+                        (_, false) => Some("nbd"),
+                    }
+                },
                 stats: &l.target.stats,
             })
             .collect()
@@ -1346,6 +1366,7 @@ impl Session {
     /// Publishes the session's flags and size constraints to `state`; warns if the node takes FLUSH but
     /// not FUA.
     fn publish(&self, state: &LinkState, node: &str, volume: &str) {
+        state.storage_node.store(self.slot.is_some(), Ordering::Relaxed);
         if publish_flags(self.flags, self.block, state) {
             tracing::warn!(node, volume, "the node takes FLUSH but not FUA: a FUA write's piece goes to it as a plain write followed by a FLUSH, and the write is answered after the FLUSH (slower than FUA)");
         }
@@ -1438,13 +1459,14 @@ impl Target {
                         if reply == p::REP_ERR_TLS_REQD {
                             return Err(ConnectError::Io(format!("{message} ({TLS_HINT})")));
                         }
-                        if self.node.protocol == NodeProtocol::Rein {
+                        // Only a node that does not know the option is plain NBD (module comment).
+                        if self.node.protocol == NodeProtocol::Rein || reply != p::REP_ERR_UNSUP {
                             return Err(ConnectError::Io(format!(
                                 "the node refused the storage-node protocol (reply {reply:#x}): {message}"
                             )));
                         }
-                        // auto: GO is already sent; carry on in plain NBD.
-                        tracing::debug!(node = %self.node.name, "storage-node protocol refused ({message}); plain NBD");
+                        // auto on a plain NBD server: GO is already sent; carry on in plain NBD.
+                        tracing::debug!(node = %self.node.name, "the node does not know the storage-node protocol ({message}); plain NBD");
                     }
                     ClientProgress::StartTls => {
                         let (NbdStream::Plain(tcp), Some(tls)) = (stream, &self.node.tls) else {
@@ -1567,6 +1589,13 @@ async fn run_link(
                         _ = closing.wait_for(|c| *c) => return,
                     };
                     match attempt {
+                        // A plain session (a plain NBD server under protocol = "auto") carries no spec: it is
+                        // renewed, but the new spec does not reach the node.
+                        Ok(s) if s.slot.is_none() && matches!(end, SessionEnd::Recycle) => {
+                            tracing::info!(node = name, volume = %target.volume, "node session renewed in plain NBD: the node does not speak the storage-node protocol, so the tenant's new spec does not reach it");
+                            session = Some(s);
+                            continue;
+                        }
                         Ok(s) => {
                             tracing::info!(node = name, volume = %target.volume, "node session renewed {why}");
                             session = Some(s);

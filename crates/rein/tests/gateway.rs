@@ -725,6 +725,59 @@ fn sighup_restates_specs_and_adds_and_removes_volumes() {
     gw.wait_line("export x added");
 }
 
+/// With `protocol` left at "auto", a storage node that refuses the gateway's hello (here its `[node]
+/// allow_networks` does not cover the gateway) stops the start as under `protocol = "rein"`: one line
+/// naming the node and its reason. Before, the gateway went on in plain NBD there (pieces untagged, the
+/// node's own spec, QoS across nodes off, nothing logged above debug). A plain NBD node (`rein serve`
+/// without `[node]`, which does not know the option) is still spoken to in plain NBD beside a storage
+/// node, `/api/nodes` says which protocol each link speaks, and a reload that changes the tenant's spec
+/// says the spec reaches the storage node only.
+#[test]
+fn a_node_that_refuses_the_hello_fails_under_auto_and_a_plain_nbd_node_runs_plain() {
+    let tmp = tmpdir("gw-auto");
+    let dir = tmp.path();
+    let refusing = storage_node_with(dir, 226, "", "allow_networks = [\"10.0.0.0/8\"]\n", "");
+    let (plain, tagged) = (node(dir, 227, 0), storage_node(dir, 229));
+    let config = |file: &str, nodes: &[SocketAddr], reservation: u32| {
+        let mut text = format!("{}\n{TIMES}", local(228));
+        for (i, addr) in nodes.iter().enumerate() {
+            text.push_str(&format!("[[nodes]]\nname = \"s{}\"\naddress = \"{addr}\"\n", i + 1));
+        }
+        text.push_str(&format!(
+            "[[tenants]]\nname = \"c2\"\nreservation = {reservation}\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\n\
+             size_mb = 16\nstripe_kb = 64\n"
+        ));
+        write_file(dir, file, &text)
+    };
+    let err = Rein::gateway(&config("refused.toml", &[refusing.nbd], 100)).env("REIN_LOG", "off").fails();
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(
+        lines[0].contains("node s1")
+            && lines[0].contains("the node refused the storage-node protocol (reply 0x80000002)")
+            && lines[0].contains("may not use the storage-node protocol"),
+        "{err}"
+    );
+    // s1 plain, s2 a storage node, both under auto.
+    let gw = gateway(&config("gw.toml", &[plain.nbd, tagged.nbd], 100));
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x2e 0 1M", "read -P 0x2e 0 1M", "flush"]);
+    assert!(ok, "{out}");
+    let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+    assert_eq!(status, 200);
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let protocols: Vec<&str> =
+        listed[0]["nodes"].as_array().unwrap().iter().map(|n| n["protocol"].as_str().unwrap()).collect();
+    assert_eq!(protocols, ["nbd", "rein"], "{body}");
+    config("gw.toml", &[plain.nbd, tagged.nbd], 200);
+    gw.signal("-HUP");
+    gw.wait_line("configuration reloaded");
+    let renewed = |node: &str| gw.wait_log(&["node session renewed", node], Duration::from_secs(10));
+    let line = renewed("s1");
+    assert!(line.contains("in plain NBD") && line.contains("does not reach it"), "{line}");
+    let line = renewed("s2");
+    assert!(line.contains("with the tenant's new spec"), "{line}");
+}
+
 /// A storage node on 127.0.0.`host` like [`storage_node`], that requires TLS (its certificate
 /// `<host>-cert.pem` for IP 127.0.0.`host`, client certificates checked against `ca-cert.pem`, and PSK
 /// identities from `nodes.psk`) and lets only the identities `gw-a` and `gw-p` use the storage-node
