@@ -102,7 +102,10 @@
 //!   settings (listen, admin, caps, budgets, timeouts, request size, default export), the links'
 //!   timeouts and pool size,
 //!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
-//!   or tenant (its data is laid out by them).
+//!   or tenant (its data is laid out by them); a volume whose layout would change also hears what the
+//!   restart does to its data ([`lays_out_anew`]): without `layout_file` it scrambles it, unchecked (a
+//!   start and `--check-config` warn of a gateway without one, [`GatewayConfig::unrecorded_layouts`]);
+//!   with one, it is refused.
 //!
 //! # A hint at start
 //! On a Linux guest whose idle vCPUs halt at once (cpuidle-haltpoll loaded, [`HALT_POLL_NS`] at 0) the
@@ -189,6 +192,21 @@ async fn record_layouts(
         .unwrap_or_else(|e| Err(format!("layout_file: the writer stopped: {e}")))?;
     *recorded = Some(written);
     Ok(())
+}
+
+/// Whether a volume laid out as `new` finds the data written as `old` elsewhere: another export on a node
+/// it uses (`same_exports` false), or another layout over more than one node. Over one node (the same in
+/// both) the unit moves no byte: a node offset is the volume offset.
+fn lays_out_anew(old: &Stripe, new: &Stripe, same_exports: bool) -> bool {
+    if !same_exports {
+        return true;
+    }
+    if old.same_layout(new) {
+        return false;
+    }
+    let used = |s: &Stripe| (0..s.nodes()).filter(|&j| s.uses(j)).collect::<Vec<_>>();
+    let (before, after) = (used(old), used(new));
+    !(before.len() == 1 && before == after)
 }
 
 /// Volume `v`'s layout over `nodes` (by place), as the layout file records it: the nodes it uses, in
@@ -506,6 +524,7 @@ impl GatewayConfig {
             })
             .collect();
         lines.extend(layouts);
+        lines.extend(self.unrecorded_layouts().map(|w| format!("warning: {w}")));
         if let Some(p) = &self.parda {
             lines.push(format!("a PARDA host, id {}", p.id));
         }
@@ -548,6 +567,22 @@ impl GatewayConfig {
             }
         }
         Ok(())
+    }
+
+    /// Without `layout_file`, the warning that nothing checks the layouts of the volumes over several
+    /// nodes (a start and `--check-config` say it): a start with gw.toml's layout keys changed scrambles
+    /// their data unchecked. A volume over one node has no unit to get wrong.
+    pub fn unrecorded_layouts(&self) -> Option<String> {
+        if self.layout_file.is_some() {
+            return None;
+        }
+        let v = self.exports.iter().find(|v| (0..self.nodes.len()).filter(|&j| v.stripe.uses(j)).count() > 1)?;
+        Some(format!(
+            "layout_file is not set: the layouts of volumes over several nodes (export {} among them) are not \
+             recorded, so a start with [[nodes]] reordered, or a volume's widths, stripe_kb or node_export changed, \
+             would lay their data out anew unchecked, scrambling it (set layout_file: docs/gateway.md, \"Layout\")",
+            v.name
+        ))
     }
 
     /// Refuses volumes whose layout differs from the one `layout_file` recorded (their data was written
@@ -1508,6 +1543,8 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     // (`None` here) open together once every one has passed the layout check.
     let mut volumes: Vec<Option<LiveVolume>> = Vec::new();
     let mut to_open = Vec::new();
+    // Whether the layouts are recorded: a restart that would lay a volume out anew is then refused.
+    let recorded = live.base.layout_file.is_some();
     for v in &new.exports {
         let tname = &new.tenants[v.tenant].name;
         match live.volumes.iter().position(|o| o.cfg.name == v.name) {
@@ -1527,10 +1564,25 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                     } else {
                         ""
                     };
-                    restart(
-                        &mut r,
-                        &format!("export {}: size_mb, stripe_kb, widths, node_export or tenant{hint}", v.name),
-                    );
+                    // The restart this calls for would move the volume's data: say so where the operator
+                    // reads that a restart is needed (docs/gateway.md, "Layout").
+                    let scrambles = if !lays_out_anew(&old.cfg.stripe, &v.stripe, same_exports) {
+                        ""
+                    } else if recorded {
+                        "; a restart with this file is refused: layout_file records the layout it runs, and the \
+                         new stripe_kb, widths, node order or node_export would read and write its units in other \
+                         places (docs/gateway.md, \"Layout\")"
+                    } else {
+                        "; a restart with this file would lay its data out anew, scrambling it: the new stripe_kb, \
+                         widths, node order or node_export read and write its units in other places, and without \
+                         layout_file nothing refuses that start (put them back before a restart, or see \
+                         docs/gateway.md, \"Layout\")"
+                    };
+                    r.needs_restart.push(format!(
+                        "export {}: size_mb, stripe_kb, widths, node_export or tenant{hint} changed: needs a \
+                         restart{scrambles}",
+                        v.name
+                    ));
                     volumes.push(Some(old.clone()));
                 } else if old.cfg.access != v.access {
                     r.applied
@@ -1879,15 +1931,8 @@ pub async fn run_with(
         );
         live.host = Some((gate, vms));
     }
-    if cfg.layout_file.is_none() {
-        if let Some(v) = cfg.exports.iter().find(|v| (0..cfg.nodes.len()).filter(|&j| v.stripe.uses(j)).count() > 1) {
-            tracing::info!(
-                "layout_file is not set: the layouts of volumes over several nodes (export {} among them) are not \
-                 recorded, so a start with [[nodes]] reordered, or a volume's widths, stripe_kb or node_export \
-                 changed, would lay their data out anew unchecked (docs/gateway.md, \"Layout\")",
-                v.name
-            );
-        }
+    if let Some(w) = cfg.unrecorded_layouts() {
+        tracing::warn!("{w}");
     }
     // The volumes' node connections open together (OPEN_AT_ONCE at a time), and a stop signal meanwhile
     // ends the start at once (it was heard only once the gateway listened).
@@ -2352,6 +2397,20 @@ mod tests {
             "{top}\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
         );
         GatewayConfig::parse(&text, Path::new("gw.toml"))
+    }
+
+    /// A reload's restart warning is for changes that move a volume's data: another layout over several
+    /// nodes, another node, or another export; not another unit over the one same node, nor nodes of
+    /// width 0 added at the end.
+    #[test]
+    fn lays_out_anew_only_when_the_data_would_move() {
+        let s = |unit: u64, w: &[u32]| Stripe::new(unit, w).unwrap();
+        assert!(lays_out_anew(&s(65536, &[1, 1]), &s(131072, &[1, 1]), true), "stripe_kb over two nodes");
+        assert!(lays_out_anew(&s(65536, &[1, 1]), &s(65536, &[1, 2]), true), "widths");
+        assert!(lays_out_anew(&s(65536, &[1, 0]), &s(65536, &[0, 1]), true), "another node");
+        assert!(lays_out_anew(&s(65536, &[1]), &s(65536, &[1]), false), "another node export");
+        assert!(!lays_out_anew(&s(65536, &[1]), &s(131072, &[1]), true), "a unit over one node moves no byte");
+        assert!(!lays_out_anew(&s(65536, &[1, 1]), &s(65536, &[1, 1, 0]), true), "a node of width 0 added");
     }
 
     /// `[node_tls]` in a reload: set in the running nodes' cells at once, put back when the reload does

@@ -116,8 +116,9 @@ fn real_clients_round_trip_through_three_nodes() {
     // a write and the read after it, go over either, and the bytes must still come back as written.
     let (_nodes, gw) = three_nodes_and_gateway_with(dir.path(), 31, "connections_per_node = 2\n");
     let uri = uri(&gw);
-    // Without layout_file, a volume over several nodes is a hint at start.
-    gw.wait_line("layout_file is not set: the layouts of volumes over several nodes (export v among them)");
+    // Without layout_file, a volume over several nodes is a warning at start (it was an INFO line).
+    let line = gw.wait_line("layout_file is not set: the layouts of volumes over several nodes (export v among them)");
+    assert!(line.contains("WARN") && line.contains("would lay their data out anew unchecked, scrambling it"), "{line}");
     // nbdinfo: the volume's size and flags.
     let info = run_ok(tool("nbdinfo").arg(&uri));
     assert!(info.contains("export-size: 67108864"), "{info}");
@@ -695,7 +696,12 @@ fn sighup_restates_specs_and_adds_and_removes_volumes() {
     let moved = format!("{head}{}{v}", tenant(300, 3)).replace("stripe_kb = 64", "stripe_kb = 128");
     write_file(dir.path(), "gw.toml", &moved);
     gw.signal("-HUP");
-    gw.wait_line("export v: size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart");
+    // Without layout_file the line says what that restart would do to v's data (it only said a restart
+    // was needed, and the restart then scrambled it).
+    gw.wait_line(
+        "export v: size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart; a restart with this \
+         file would lay its data out anew, scrambling it",
+    );
     gw.wait_line("export w removed");
     let out = Cmd::new("nbdinfo").arg(format!("nbd://{}/w", gw.nbd)).output().unwrap();
     assert!(!out.status.success(), "w is still served");
@@ -1195,6 +1201,14 @@ fn a_start_that_would_lay_a_volume_out_otherwise_is_refused() {
     gateway_config_with(dir, 221, top, &in_order, &format!("{v}{w}"));
     gw.signal("-HUP");
     gw.wait_line("reload: export w added");
+    // A reload with v's stripe_kb changed names the restart it needs, which layout_file would refuse.
+    let wider = format!("{v}{w}").replace("stripe_kb = 64", "stripe_kb = 128");
+    gateway_config_with(dir, 221, top, &in_order, &wider);
+    gw.signal("-HUP");
+    gw.wait_line(
+        "export v: size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart; a restart with this \
+         file is refused: layout_file records the layout it runs",
+    );
     drop(gw);
     let recorded = std::fs::read_to_string(dir.join("layouts.json")).unwrap();
     assert!(recorded.contains("\"v\"") && recorded.contains("\"w\""), "{recorded}");
@@ -1228,6 +1242,15 @@ fn a_start_that_would_lay_a_volume_out_otherwise_is_refused() {
     let fifo = gateway_config_with(dir, 221, "layout_file = \"fifo\"\n", &in_order, v);
     let err = Rein::new(&["gateway", "--config", fifo.to_str().unwrap(), "--check-config"]).fails();
     assert!(err.contains("fifo: cannot read it: it is a FIFO, not a regular file, so it is not read"), "{err}");
+    // Without layout_file, --check-config warns that nothing checks v's layout (it said nothing).
+    let unrecorded = gateway_config_with(dir, 221, "", &in_order, v);
+    let out = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args([
+        "gateway",
+        "--config",
+        unrecorded.to_str().unwrap(),
+        "--check-config",
+    ]));
+    assert!(out.contains("warning: layout_file is not set") && out.contains("(export v among them)"), "{out}");
 }
 
 /// qemu-io runs of `read` (twice each) over `uri` on a thread, from [`Reads::start`] to [`Reads::stop`]
