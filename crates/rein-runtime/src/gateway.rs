@@ -103,7 +103,7 @@
 //!   timeouts and pool size,
 //!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
 //!   or tenant (its data is laid out by them); a volume whose layout would change also hears what the
-//!   restart does to its data ([`lays_out_anew`]): without `layout_file` it scrambles it, unchecked (a
+//!   restart does to its data (`lays_out_anew`): without `layout_file` it scrambles it, unchecked (a
 //!   start and `--check-config` warn of a gateway without one, [`GatewayConfig::unrecorded_layouts`]);
 //!   with one, it is refused.
 //!

@@ -46,7 +46,7 @@
 //! ECDHE). For TLS 1.2 PSK clients the cipher list adds the (EC)DHE-PSK and PSK AEAD suites (checked by
 //! hand with a server capped at TLS 1.2).
 //!
-//! A PSK identity counts only if its key was used ([`psk_identity`]): OpenSSL looks a TLS 1.3 client's
+//! A PSK identity counts only if its key was used (`psk_identity`): OpenSSL looks a TLS 1.3 client's
 //! offered identity up (the callback records it) before it checks the suite, and with a suite whose hash
 //! is not SHA-256 it drops the PSK and goes on with a certificate handshake. A client that knew only an
 //! identity's name, offering it with any key and TLS_AES_256_GCM_SHA384 alone, was taken for it (its
