@@ -2080,8 +2080,7 @@ pub async fn run_with(
                     Ok(r) => {
                         ctx.exports.set(l.exports());
                         *shown.write().unwrap_or_else(|e| e.into_inner()) = l.shown();
-                        reloads.record(true);
-                        crate::notify::ready(&r.log());
+                        crate::notify::ready(&r.log(&reloads));
                     }
                 }
                 live = Some(l);

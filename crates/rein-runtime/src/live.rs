@@ -123,9 +123,11 @@ pub struct ReloadReport {
 }
 
 impl ReloadReport {
-    /// Logs the reload (each line applied, each needing a restart, then `configuration reloaded`) and
-    /// returns its line for the service manager's `STATUS=` ([`crate::notify::ready`]).
-    pub(crate) fn log(&self) -> String {
+    /// Logs the reload (each line applied, each needing a restart, then `configuration reloaded`), records
+    /// it in `reloads` (applied, with the settings left for a restart) and returns its line for the
+    /// service manager's `STATUS=` ([`crate::notify::ready`]).
+    pub(crate) fn log(&self, reloads: &crate::reloads::Reloads) -> String {
+        reloads.record_applied(self.needs_restart.len());
         for line in &self.applied {
             if line.starts_with("warning: ") {
                 tracing::warn!("reload: {line}");

@@ -815,8 +815,7 @@ pub async fn run(
                     }
                     Ok(new) => {
                         let report = apply_reload(&mut running, new, &tls);
-                        reloads.record(true);
-                        crate::notify::ready(&report.log());
+                        crate::notify::ready(&report.log(&reloads));
                     }
                 }
             }

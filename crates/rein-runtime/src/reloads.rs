@@ -13,6 +13,11 @@
 //! | `rein_config_last_reload_successful` | gauge | 1 if the last reload applied (or none was asked), 0 if it was refused |
 //! | `rein_config_last_reload_success_timestamp_seconds` | gauge | when the configuration last loaded: the start, or the last reload that applied |
 //! | `rein_config_reloads_total{result}` | counter | reloads that applied (`applied`) or were refused (`failed`) |
+//! | `rein_config_restart_pending` | gauge | settings the file changes that the last applied reload left for a restart (0: the daemon runs what its file says, as far as a reload can tell) |
+//!
+//! A reload that applies but leaves settings for a restart (`queue_depth (needs a restart)`) is still a
+//! successful reload: `rein_config_restart_pending` is what says the daemon does not run its file as
+//! written (it read as successful alone, and the difference stayed unseen until the next restart).
 //!
 //! A daemon that does not reload shows the first two only (every daemon reloads now; the pShift
 //! controller its `[tls]` since 2026-12-05).
@@ -34,6 +39,7 @@ struct State {
     failed: u64,
     last_ok: bool,
     last_success: f64,
+    restart_pending: usize,
 }
 
 fn unix_now() -> f64 {
@@ -50,13 +56,19 @@ impl Reloads {
         Reloads {
             daemon,
             started: now,
-            state: Mutex::new(State { applied: 0, failed: 0, last_ok: true, last_success: now }),
+            state: Mutex::new(State { applied: 0, failed: 0, last_ok: true, last_success: now, restart_pending: 0 }),
         }
     }
 
     /// A reload ended: applied (`ok`) or refused, the running configuration kept.
     pub fn record(&self, ok: bool) {
         self.record_at(ok, unix_now());
+    }
+
+    /// A reload applied, leaving `restart_pending` settings for a restart.
+    pub fn record_applied(&self, restart_pending: usize) {
+        self.record_at(true, unix_now());
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).restart_pending = restart_pending;
     }
 
     fn record_at(&self, ok: bool, now: f64) {
@@ -112,6 +124,13 @@ impl Reloads {
              rein_config_reloads_total{{result=\"applied\"}} {}\nrein_config_reloads_total{{result=\"failed\"}} {}",
             s.applied, s.failed
         );
+        let _ = writeln!(
+            o,
+            "# HELP rein_config_restart_pending Settings the file changes that the last applied reload left for a \
+             restart (0: the daemon runs what its file says).\n# TYPE rein_config_restart_pending gauge\n\
+             rein_config_restart_pending {}",
+            s.restart_pending
+        );
     }
 }
 
@@ -163,6 +182,16 @@ mod tests {
         assert_eq!(value(&t, "rein_config_last_reload_successful "), 1.0);
         assert_eq!(value(&t, "rein_config_last_reload_success_timestamp_seconds "), 200.0);
         assert_eq!(value(&t, "rein_config_reloads_total{result=\"applied\"} "), 1.0);
+        assert_eq!(value(&t, "rein_config_restart_pending "), 0.0);
+        // A reload that applies but leaves two settings for a restart is successful, and says what is left.
+        r.record_applied(2);
+        let t = text(&r);
+        assert_eq!(value(&t, "rein_config_last_reload_successful "), 1.0);
+        assert_eq!(value(&t, "rein_config_restart_pending "), 2.0);
+        r.record(false);
+        assert_eq!(value(&text(&r), "rein_config_restart_pending "), 2.0, "a refusal changes nothing that runs");
+        r.record_applied(0);
+        assert_eq!(value(&text(&r), "rein_config_restart_pending "), 0.0);
         let mut o = String::new();
         r.metrics(&mut o, false);
         assert!(o.contains("rein_build_info") && !o.contains("rein_config_"), "{o}");

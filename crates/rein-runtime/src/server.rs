@@ -163,9 +163,13 @@ pub fn read_apart<T: Send + 'static>(
 
 /// One reload: apply the configuration read, `cfg`, log what changed, or the error once. Returns the
 /// outcome in a line, for the service manager ([`crate::notify::ready`]): `Err` if it was refused.
-async fn reload_config(registry: Arc<Registry>, cfg: ServerConfig) -> Result<String, String> {
+async fn reload_config(
+    registry: Arc<Registry>,
+    cfg: ServerConfig,
+    reloads: Arc<crate::reloads::Reloads>,
+) -> Result<String, String> {
     match registry.reload(cfg).await {
-        Ok(r) => Ok(r.log()),
+        Ok(r) => Ok(r.log(&reloads)),
         Err(e) => Err(crate::reloads::reload_refused(&e)),
     }
 }
@@ -218,6 +222,16 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
         lines.extend(over.notes.iter().map(|n| format!("  {n}")));
     }
     let eff = over.config;
+    // A start binds it there and fails if the directory is missing (docs: "The directory must exist").
+    if let Some(u) = &eff.listen_unix {
+        if let Some(dir) = u.path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+            return Err(ServeError::BindUnix(format!(
+                "{}: its directory {} does not exist (listen_unix)",
+                u.path.display(),
+                dir.display()
+            )));
+        }
+    }
     crate::preflight::check_exports(&eff.exports)?;
     if let Some(t) = &eff.tls {
         lines.extend(t.describe(crate::tls::unix_now()));
@@ -505,7 +519,7 @@ pub async fn run_with(
                         if applying.is_some() {
                             tracing::warn!("reload: a newer reload replaces the one still under way (nothing of that one is applied if it was still opening its exports' files)");
                         }
-                        applying = Some(Box::pin(reload_config(registry.clone(), cfg)));
+                        applying = Some(Box::pin(reload_config(registry.clone(), cfg, reloads.clone())));
                     }
                     Err(e) => {
                         tracing::error!("reload: {e}; the running configuration is unchanged");
@@ -518,7 +532,10 @@ pub async fn run_with(
             }
             outcome = async { applying.as_mut().expect("guarded").await }, if applying.is_some() => {
                 applying = None;
-                reloads.record(outcome.is_ok());
+                // An applied one was recorded with its settings left for a restart (`ReloadReport::log`).
+                if outcome.is_err() {
+                    reloads.record(false);
+                }
                 if reading.is_none() {
                     crate::notify::ready(outcome.as_ref().unwrap_or_else(|e| e));
                 }

@@ -259,3 +259,19 @@ fn the_pshift_controller_warns_of_reservations_above_capacity_and_of_no_buckets(
     let _ = child.wait();
     assert_eq!(before.iter().filter(|l| l.contains(above)).count(), 1, "{before:#?}");
 }
+
+/// What a start would fail at that `--check-config` passed: `listen_unix` in a missing directory (the
+/// docs say it must exist) is an error naming it; a `[[tenants]]` entry no export uses (a typo of an
+/// export's name) is a warning line, the check still passing.
+#[test]
+fn a_missing_unix_socket_directory_fails_and_an_unused_tenant_is_warned_of() {
+    let tmp = tmpdir("check-unix-dir");
+    let cfg = config_file(tmp.path(), 171, &format!("listen_unix = \"nowhere/nbd.sock\"\n{MEMORY}"));
+    let (ok, _, err) = check(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok, "{err}");
+    assert!(err.contains("nbd.sock: its directory") && err.contains("nowhere does not exist (listen_unix)"), "{err}");
+    let cfg = config_file(tmp.path(), 171, &format!("{MEMORY}[[tenants]]\nname = \"vm1\"\nreservation = 5\n"));
+    let (ok, out, err) = check(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("warning: tenant vm1 has no export"), "{out}");
+}

@@ -352,8 +352,10 @@ fn bad_parda_tables_are_one_line_errors() {
             "has 2 identities: name one with parda_host.key_identity",
         ),
     ] {
-        write_file(dir, "short.psk", "parda:00112233\n");
-        write_file(dir, "two.psk", &format!("a:{}\nb:{}\n", "11".repeat(32), "22".repeat(32)));
+        // Readable by their owner only, as keys are kept (else a warning says so, a line of its own).
+        for f in [write_file(dir, "short.psk", "parda:00112233\n"), write_file(dir, "two.psk", &format!("a:{}\nb:{}\n", "11".repeat(32), "22".repeat(32)))] {
+            std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        }
         let err = Rein::gateway(&write_file(dir, "gw.toml", &format!("{base}{tables}"))).fails();
         assert!(err.contains(want), "{tables}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{tables}: one line: {err}");
