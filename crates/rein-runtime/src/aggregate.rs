@@ -887,14 +887,15 @@ mod tests {
         }
     }
 
-    /// A board that stops answering (module comment, "A board that hangs"): the exchange fails after its
-    /// deadline instead of waiting with it; the next fail at once while that IO runs, starting no other;
-    /// once it ends its write stands (the slot holds its record) and exchanges read the table again.
-    /// Before, the exchange awaited the IO, and the PARDA host's control loop (every VM's IO) with it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[allow(clippy::await_holding_lock)] // the lock held across the exchanges is the hung file system
-    async fn a_board_that_hangs_fails_the_exchange_at_its_deadline() {
-        let dir = tempfile::Builder::new().prefix("rein-board-hang-").tempdir().unwrap();
+    /// A board of two hosts in a fresh directory (prefix `prefix`): the peer (host 1) has published its
+    /// report 1, and host 0's transport, whose IO waits 50 ms and is held while the returned lock is, has
+    /// exchanged once (taking it). Returns the directory, the peer, the lock, the transport and host 0's
+    /// aggregator.
+    #[allow(clippy::type_complexity)]
+    async fn board_of_two(
+        prefix: &str,
+    ) -> (tempfile::TempDir, FileAggregation, Arc<std::sync::Mutex<()>>, Transport, Aggregator) {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
         let path = dir.path().join("board");
         let peer = FileAggregation::open(&path, 2).unwrap();
         peer.publish(&report(1, 1)).unwrap();
@@ -902,8 +903,20 @@ mod tests {
         let hang = f.hang.clone();
         let mut t = Transport::File(f);
         let mut agg = Aggregator::new(Nanos::from_secs(60)).unwrap();
+        assert_eq!(t.exchange(Nanos::from_secs(1), &report(0, 1), &mut agg).await.unwrap().accepted, 1);
+        (dir, peer, hang, t, agg)
+    }
+
+    /// A board that stops answering (module comment, "A board that hangs"): the exchange fails after its
+    /// deadline instead of waiting with it; the next fail at once while that IO runs, starting no other;
+    /// once it ends its write stands (the slot holds its record) and exchanges read the table again.
+    /// Before, the exchange awaited the IO, and the PARDA host's control loop (every VM's IO) with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::await_holding_lock)] // the lock held across the exchanges is the hung file system
+    async fn a_board_that_hangs_fails_the_exchange_at_its_deadline() {
+        let (dir, peer, hang, mut t, mut agg) = board_of_two("rein-board-hang-").await;
+        let path = dir.path().join("board");
         let at = |s: u64| Nanos::from_secs(s);
-        assert_eq!(t.exchange(at(1), &report(0, 1), &mut agg).await.unwrap().accepted, 1);
         let held = hang.lock().unwrap();
         let t0 = std::time::Instant::now();
         let e = t.exchange(at(2), &report(0, 2), &mut agg).await.unwrap_err();
@@ -953,16 +966,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[allow(clippy::await_holding_lock)] // the lock held across the exchanges is the slow file system
     async fn a_board_slower_than_its_deadline_still_exchanges() {
-        let dir = tempfile::Builder::new().prefix("rein-board-slow-").tempdir().unwrap();
+        let (dir, peer, hang, mut t, mut agg) = board_of_two("rein-board-slow-").await;
         let path = dir.path().join("board");
-        let peer = FileAggregation::open(&path, 2).unwrap();
-        peer.publish(&report(1, 1)).unwrap();
-        let f = FileAggregation::open(&path, 2).unwrap().with_deadline(Duration::from_millis(50));
-        let hang = f.hang.clone();
-        let mut t = Transport::File(f);
-        let mut agg = Aggregator::new(Nanos::from_secs(60)).unwrap();
         let at = |s: u64| Nanos::from_secs(s);
-        assert_eq!(t.exchange(at(1), &report(0, 1), &mut agg).await.unwrap().accepted, 1);
         let held = hang.lock().unwrap();
         peer.publish(&report(1, 2)).unwrap();
         let e = t.exchange(at(2), &report(0, 2), &mut agg).await.unwrap_err();

@@ -231,10 +231,54 @@ pub(crate) const VTIME_CEILING: u128 = 1 << 127;
 /// ... to this: 2^126 tag units, so every gap up to 2^126 behind virtual time survives a renormalisation.
 pub(crate) const VTIME_REBASED: u128 = 1 << 126;
 
-/// Where virtual time is renormalised and to what: ([`VTIME_CEILING`], [`VTIME_REBASED`]), or in tests
-/// what `set_vtime_range` set (to renormalise often).
-#[cfg(test)]
-pub(crate) type VtimeRange = (u128, u128);
+/// Where virtual time is renormalised and to what (module comment, "Virtual time's range"), for the
+/// engine and SFQ alike: [`VTIME_CEILING`] and [`VTIME_REBASED`], which tests move (to renormalise
+/// often). Empty outside tests: the constants are used in place.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct VtimeRange {
+    #[cfg(test)]
+    ceiling: u128,
+    #[cfg(test)]
+    rebased: u128,
+}
+
+impl VtimeRange {
+    /// The range of every scheduler outside tests.
+    pub(crate) const DEFAULT: VtimeRange = VtimeRange {
+        #[cfg(test)]
+        ceiling: VTIME_CEILING,
+        #[cfg(test)]
+        rebased: VTIME_REBASED,
+    };
+
+    /// Whether virtual time `v` has reached the ceiling (one comparison where it rises).
+    #[inline(always)]
+    pub(crate) fn reached(self, v: Tag) -> bool {
+        #[cfg(test)]
+        return v.0 >= self.ceiling;
+        #[cfg(not(test))]
+        return v.0 >= VTIME_CEILING;
+    }
+
+    /// Lowers virtual time `v` to the rebased value; returns by how much, the offset every other value
+    /// of the frame is then lowered by (saturating at 0).
+    pub(crate) fn rebase(self, v: &mut Tag) -> u128 {
+        #[cfg(test)]
+        let rebased = self.rebased;
+        #[cfg(not(test))]
+        let rebased = VTIME_REBASED;
+        let by = v.0 - rebased;
+        *v = Tag(rebased);
+        by
+    }
+
+    /// Tests: renormalise when virtual time reaches `ceiling`, down to `rebased` (below it).
+    #[cfg(test)]
+    pub(crate) fn set(&mut self, ceiling: u128, rebased: u128) {
+        assert!(rebased < ceiling, "a renormalisation lowers virtual time");
+        (self.ceiling, self.rebased) = (ceiling, rebased);
+    }
+}
 
 /// Which inputs feed which clock.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -498,9 +542,8 @@ pub(crate) struct Engine {
     queued: usize,
     /// Locality batch in progress: (slot, remaining, last offset, phase).
     batch: Option<(u32, u32, u64, Phase)>,
-    /// Tests move the renormalisation's ceiling and target (`Engine::vtime_range`).
-    #[cfg(test)]
-    vtime_range: VtimeRange,
+    /// Where virtual time is renormalised (tests move it).
+    vtime: VtimeRange,
 }
 
 /// One tenant's entry in [`Away`]: its last P tag when its queue emptied, and which emptying it was.
@@ -605,8 +648,7 @@ impl Engine {
             lag_bound: u128::MAX,
             queued: 0,
             batch: None,
-            #[cfg(test)]
-            vtime_range: (VTIME_CEILING, VTIME_REBASED),
+            vtime: VtimeRange::DEFAULT,
         };
         // The rules and the lag bound are derived from the settings in one place.
         e.set_config(config);
@@ -847,18 +889,9 @@ impl Engine {
     #[inline]
     fn raise_vnow(&mut self, p: Tag) {
         self.vnow = self.vnow.max(p);
-        if self.vnow.0 >= self.vtime_range().0 {
+        if self.vtime.reached(self.vnow) {
             self.renormalise();
         }
-    }
-
-    /// ([`VTIME_CEILING`], [`VTIME_REBASED`]); in tests, what `set_vtime_range` set.
-    #[inline(always)]
-    fn vtime_range(&self) -> (u128, u128) {
-        #[cfg(test)]
-        return self.vtime_range;
-        #[cfg(not(test))]
-        return (VTIME_CEILING, VTIME_REBASED);
     }
 
     /// Invariant 9: lowers every value in the P frame by `vnow - rebased`, saturating at 0 (module comment,
@@ -866,9 +899,7 @@ impl Engine {
     #[cold]
     #[inline(never)]
     fn renormalise(&mut self) {
-        let (_, rebased) = self.vtime_range();
-        let by = self.vnow.0 - rebased;
-        self.vnow = Tag(rebased);
+        let by = self.vtime.rebase(&mut self.vnow);
         for t in self.tenants.values_mut() {
             t.head_p = t.head_p.saturating_sub(by);
             t.last_p = t.last_p.saturating_sub(by);
@@ -880,8 +911,7 @@ impl Engine {
     /// Tests: renormalise when virtual time reaches `ceiling`, down to `rebased` (below it).
     #[cfg(test)]
     pub(crate) fn set_vtime_range(&mut self, ceiling: u128, rebased: u128) {
-        assert!(rebased < ceiling, "a renormalisation lowers virtual time");
-        self.vtime_range = (ceiling, rebased);
+        self.vtime.set(ceiling, rebased);
     }
 
     /// Tests: starts virtual time at `v` instead of 0, before any tenant has a history (then nothing else
@@ -1053,7 +1083,7 @@ impl Engine {
             }
         }
         assert_eq!(total, self.queued, "invariant 5");
-        assert!(self.vnow.0 < self.vtime_range().0, "invariant 9");
+        assert!(!self.vtime.reached(self.vnow), "invariant 9");
         self.resv.check();
         self.ready.check();
         self.limited.check();

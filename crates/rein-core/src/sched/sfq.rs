@@ -36,7 +36,7 @@
 //! its long-run share is unchanged. Batched dispatches do not advance `v` (the virtual time is the start
 //! tag of the request chosen by tag order), so tenants that become active meanwhile are not pushed back.
 
-use super::engine::{VTIME_CEILING, VTIME_REBASED};
+use super::engine::VtimeRange;
 use super::heap::IndexedHeap;
 use super::slab::Slab;
 use super::{
@@ -67,9 +67,8 @@ pub struct Sfq {
     queued: usize,
     /// Locality batch in progress: (slot, remaining, offset of the request dispatched last).
     batch: Option<(u32, u32, u64)>,
-    /// Tests move the renormalisation's ceiling and target (`Sfq::vtime_range`).
-    #[cfg(test)]
-    vtime_range: (u128, u128),
+    /// Where `v` is renormalised (tests move it).
+    vtime: VtimeRange,
 }
 
 impl Sfq {
@@ -83,18 +82,8 @@ impl Sfq {
             time: LatestTime::default(),
             queued: 0,
             batch: None,
-            #[cfg(test)]
-            vtime_range: (VTIME_CEILING, VTIME_REBASED),
+            vtime: VtimeRange::DEFAULT,
         }
-    }
-
-    /// (`VTIME_CEILING`, `VTIME_REBASED`); in tests, what `set_vtime_range` set.
-    #[inline(always)]
-    fn vtime_range(&self) -> (u128, u128) {
-        #[cfg(test)]
-        return self.vtime_range;
-        #[cfg(not(test))]
-        return (VTIME_CEILING, VTIME_REBASED);
     }
 
     /// Invariant 3: lowers every tag by `v - rebased`, saturating at 0 (module comment, "Virtual time's
@@ -102,9 +91,7 @@ impl Sfq {
     #[cold]
     #[inline(never)]
     fn renormalise(&mut self) {
-        let (_, rebased) = self.vtime_range();
-        let by = self.v.0 - rebased;
-        self.v = Tag(rebased);
+        let by = self.vtime.rebase(&mut self.v);
         for t in self.tenants.values_mut() {
             t.start = t.start.saturating_sub(by);
             t.finish = t.finish.saturating_sub(by);
@@ -115,8 +102,7 @@ impl Sfq {
     /// Tests: renormalise when `v` reaches `ceiling`, down to `rebased` (below it).
     #[cfg(test)]
     fn set_vtime_range(&mut self, ceiling: u128, rebased: u128) {
-        assert!(rebased < ceiling, "a renormalisation lowers virtual time");
-        self.vtime_range = (ceiling, rebased);
+        self.vtime.set(ceiling, rebased);
     }
 
     /// Tests: starts virtual time at `v` instead of 0, before any request (every tag is 0 until then).
@@ -133,7 +119,7 @@ impl Sfq {
             assert_eq!(self.heap.contains(id.slot), !t.queue.is_empty(), "invariant 1 for {id}");
         }
         self.heap.check();
-        assert!(self.v.0 < self.vtime_range().0, "invariant 3");
+        assert!(!self.vtime.reached(self.v), "invariant 3");
     }
 }
 
@@ -219,7 +205,7 @@ impl Scheduler for Sfq {
                     return Poll::Empty;
                 };
                 self.v = self.v.max(start);
-                if self.v.0 >= self.vtime_range().0 {
+                if self.vtime.reached(self.v) {
                     self.renormalise();
                 }
                 slot
