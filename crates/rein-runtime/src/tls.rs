@@ -745,6 +745,13 @@ impl TlsConfig {
         // every PSK client of a server with both `ca` and `psk_file` failed ("session id context
         // uninitialized").
         b.set_session_id_context(b"rein-nbd").map_err(|e| format!("tls: session id context: {e}"))?;
+        // No resumption of a certificate session: a resumed one skips verification, so it has no verified
+        // chain, and a reload revoking its client's CA could not tell it (its connection stayed open).
+        // Connections are long-lived; a full handshake each costs nothing that matters. External PSKs do
+        // not use tickets or the cache.
+        b.set_num_tickets(0).map_err(|e| format!("tls: session tickets: {e}"))?;
+        b.set_session_cache_mode(openssl::ssl::SslSessionCacheMode::OFF);
+        b.set_options(SslOptions::NO_TICKET);
         let not_after = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => set_identity(&mut b, Naming::Table("tls"), cert, key)?,
             (Some(_), None) => return Err("tls.cert needs tls.key".into()),
