@@ -668,10 +668,7 @@ impl ServerConfig {
     /// under one that ignores the gateway's tags.
     pub fn warnings(&self) -> Vec<String> {
         // At most 8 names in a line (a server may hold a million tenants).
-        let names = |list: &[&str]| match list.len() {
-            0..=8 => list.join(", "),
-            n => format!("{} and {} more", list[..8].join(", "), n - 8),
-        };
+        let names = |list: &[&str]| rein_model::report::first_names(list, 8);
         let mut out = Vec::new();
         if !self.node.enabled {
             // One pass over each list: up to 2^20 tenants and 4,096 exports.

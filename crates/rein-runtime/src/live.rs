@@ -155,6 +155,14 @@ struct Inner {
     retired: Vec<Weak<Export>>,
 }
 
+impl Inner {
+    /// The deleted exports that connections still hold (the others are dropped from `retired` here).
+    fn still_open(&mut self) -> Vec<Arc<Export>> {
+        self.retired.retain(|w| w.strong_count() > 0);
+        self.retired.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
 /// The tenants' names and ids, in the order added, with an index by name: every change, a node's hello and
 /// a reload look tenants up by name (a scan per name made N of them cost N^2 comparisons). Reads as the
 /// list ([`std::ops::Deref`]).
@@ -694,13 +702,9 @@ impl Registry {
                 e.name
             )));
         }
-        inner.retired.retain(|w| w.strong_count() > 0);
         // Not counted: a connection's requests in flight hold the export too (one connection at depth 32
         // read as 34).
-        let held = inner
-            .retired
-            .iter()
-            .find_map(|w| w.upgrade().filter(|e| e.tenant_name == name).map(|e| e.info.name.clone()));
+        let held = inner.still_open().into_iter().find(|e| e.tenant_name == name).map(|e| e.info.name.clone());
         if let Some(export) = held {
             return Err(ChangeError::Conflict(format!(
                 "tenant {name:?} is used by the open connections to the deleted export {export:?}"
@@ -757,7 +761,7 @@ impl Registry {
     /// open connections still write (`retired`): deleting export `a` and adding `b` of another tenant on
     /// its file let both tenants write one disk until `a`'s connections closed.
     fn check_new_export(&self, inner: &mut Inner, j: &ExportJson) -> Result<(ExportConfig, TenantId), ChangeError> {
-        inner.retired.retain(|w| w.strong_count() > 0);
+        let still_open = inner.still_open();
         let eff = &inner.effective;
         if eff.exports.iter().any(|e| e.name == j.name) {
             return Err(ChangeError::Conflict(format!("export {:?} exists", j.name)));
@@ -774,13 +778,11 @@ impl Registry {
             _ => None,
         };
         let running = self.exports.snapshot();
-        let held: Vec<_> = inner
-            .retired
+        let held: Vec<_> = still_open
             .iter()
-            .filter_map(Weak::upgrade)
             .filter(|e| e.tenant_name != j.tenant)
             .map(|e| {
-                (format!("{} (deleted, still open by its connections)", e.info.name), e.info.read_only, file_of(&e))
+                (format!("{} (deleted, still open by its connections)", e.info.name), e.info.read_only, file_of(e))
             })
             .collect();
         let files = running
@@ -1169,19 +1171,15 @@ impl Registry {
         // What still holds a deleted export now is its connections.
         drop(old_by_name);
         drop(old_list);
+        let still_open = inner.still_open();
         for (name, id) in cur_tenants.iter() {
             if ids.id(name).is_none() {
                 let _ = self.dispatcher.remove_tenant(*id).await;
                 report.applied.push(format!("tenant {name} removed"));
                 // The API refuses this (409); the file is the operator's word, so it applies, said loudly:
                 // the open connections' requests now fail.
-                let open: Vec<String> = inner
-                    .retired
-                    .iter()
-                    .filter_map(Weak::upgrade)
-                    .filter(|e| e.tenant_name == *name)
-                    .map(|e| e.info.name.clone())
-                    .collect();
+                let open: Vec<String> =
+                    still_open.iter().filter(|e| e.tenant_name == *name).map(|e| e.info.name.clone()).collect();
                 if !open.is_empty() {
                     report.applied.push(format!(
                         "warning: tenant {name} was removed while connections to its deleted export {} are open: \

@@ -278,6 +278,17 @@ pub fn last_interval_s(interval_s: f64, intervals: usize, duration_s: f64) -> f6
     }
 }
 
+/// `names` joined with `, `, at most `max` of them, then ` and N more`: a list in a line of text (a
+/// report's buckets, a configuration's tenants), bounded however many there are.
+pub fn first_names<S: AsRef<str>>(names: &[S], max: usize) -> String {
+    let shown: Vec<&str> = names.iter().take(max).map(AsRef::as_ref).collect();
+    let mut line = shown.join(", ");
+    if names.len() > max {
+        line.push_str(&format!(" and {} more", names.len() - max));
+    }
+    line
+}
+
 /// A name as a CSV field (RFC 4180): as it is, unless it holds a comma, a double quote or a line break;
 /// then in double quotes, each double quote doubled. The scenario names the reports carry are checked
 /// for control characters before a run, but a name may still hold a comma or a quote.

@@ -184,12 +184,7 @@ pub fn periods_text(buckets: &[(String, PeriodCounts)], max_named: usize) -> Str
             .map(|(n, c)| format!("{n} ({} of {})", get(c), c.closed))
             .collect();
         if !named.is_empty() {
-            let more = named.len().saturating_sub(max_named);
-            let mut line = named.into_iter().take(max_named).collect::<Vec<_>>().join(", ");
-            if more > 0 {
-                line.push_str(&format!(" and {more} more"));
-            }
-            out.push_str(&format!("  {what}: {line}\n"));
+            out.push_str(&format!("  {what}: {}\n", super::first_names(&named, max_named)));
         }
     }
     out
