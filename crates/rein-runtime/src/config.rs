@@ -635,13 +635,82 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 /// serve`, `rein gateway` and the pShift controller alike (and the simulator's scenarios).
 pub use rein_model::input::parse_toml;
 
+/// A daemon's command-line overrides of its file (`--listen`, `--listen-unix`, `--admin`, `--scheduler`,
+/// `--data-dir`; each daemon takes those it has). Applied before validation, so that the file's checks
+/// hold for what runs: `--listen` equal to the file's `admin` is refused as the two keys are, `--scheduler
+/// fifo` under `[pshift]` as the file's `scheduler` is, and relative export paths follow `--data-dir`.
+/// Set after validation (as they were), they bypassed those checks.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--listen-unix` (relative to the working directory, not to the file's directory).
+    pub listen_unix: Option<String>,
+    /// `--admin`.
+    pub admin: Option<SocketAddr>,
+    /// `--scheduler`.
+    pub scheduler: Option<SchedulerKind>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Overrides {
+    /// The address `key` (`listen`, `admin`): the override, else the file's `text`.
+    pub(crate) fn address(over: Option<SocketAddr>, key: &str, text: &str) -> Result<SocketAddr, String> {
+        match over {
+            Some(a) => Ok(a),
+            None => text.parse().map_err(|e| format!("{key} {text:?}: {e} (expected address:port)")),
+        }
+    }
+
+    /// The Unix socket: `--listen-unix` (with the file's mode) over the file's `listen_unix`.
+    pub(crate) fn listen_unix(
+        &self,
+        file: Option<crate::sock::UnixListen>,
+    ) -> Result<Option<crate::sock::UnixListen>, String> {
+        match &self.listen_unix {
+            Some(p) => crate::sock::UnixListen::from_command_line(p, file.as_ref()).map(Some),
+            None => Ok(file),
+        }
+    }
+}
+
+/// Refuses an NBD front and an admin endpoint that would bind the same port on one address (also a
+/// wildcard address and one it covers: 0.0.0.0 takes the port on every IPv4 address, `[::]` on every
+/// address): the start failed with "Address already in use", which does not say the daemon is in its own
+/// way. Port 0 is a free port each.
+pub(crate) fn distinct_fronts(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
+    let covers = |wild: std::net::IpAddr, other: std::net::IpAddr| match wild {
+        std::net::IpAddr::V4(w) => w.is_unspecified() && other.is_ipv4(),
+        std::net::IpAddr::V6(w) => w.is_unspecified(),
+    };
+    let (a, b) = (listen.ip(), admin.ip());
+    if listen.port() == admin.port() && listen.port() != 0 && (a == b || covers(a, b) || covers(b, a)) {
+        return Err(format!(
+            "listen {listen} and admin {admin} take the same port: NBD and the admin endpoint need one each"
+        ));
+    }
+    Ok(())
+}
+
 impl ServerConfig {
     /// Reads and validates the file at `path`. Errors: [`ConfigError::Read`] if it cannot be read, else as
     /// [`ServerConfig::parse`].
     pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
-        let text = rein_model::input::read_text_bounded(path, MAX_CONFIG_BYTES)
-            .map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        Self::parse(&text, path)
+        Self::load_with(Some(path), &Overrides::default())
+    }
+
+    /// The file at `path` (or [`BUILTIN`] without one) with the command line's overrides, validated
+    /// together ([`Overrides`]). Errors as [`ServerConfig::load`].
+    pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<ServerConfig, ConfigError> {
+        match path {
+            Some(path) => {
+                let text = rein_model::input::read_text_bounded(path, MAX_CONFIG_BYTES)
+                    .map_err(|source| ConfigError::Read { path: path.into(), source })?;
+                Self::parse_with(&text, path, overrides)
+            }
+            None => Self::parse_with(BUILTIN, Path::new("<built-in>"), overrides),
+        }
     }
 
     /// The built-in configuration, [`BUILTIN`]: what `rein serve` runs without a file. It is valid (a test
@@ -654,10 +723,15 @@ impl ServerConfig {
     /// [`ConfigError::Parse`] for text that is not TOML or fields that do not exist or have the wrong
     /// type, [`ConfigError::Invalid`] (naming the field) for values out of range or inconsistent.
     pub fn parse(text: &str, path: &Path) -> Result<ServerConfig, ConfigError> {
+        Self::parse_with(text, path, &Overrides::default())
+    }
+
+    /// [`ServerConfig::parse`] with the command line's overrides ([`Overrides`]).
+    pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<ServerConfig, ConfigError> {
         let f: File = parse_toml(text).map_err(|message| ConfigError::Parse { path: path.into(), message })?;
         // Files named in [tls] are relative to the config file's directory.
         let base = path.parent().unwrap_or(Path::new(""));
-        validate(f, base).map_err(ConfigError::Invalid)
+        validate(f, base, overrides).map_err(ConfigError::Invalid)
     }
 
     /// What the configuration asks that nothing will do, each said at start, by `--check-config` and by a
@@ -883,27 +957,26 @@ fn caps(f: &File) -> Result<ConnCaps, String> {
     })
 }
 
-fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
+fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String> {
     let caps = caps(&f)?;
-    let listen: SocketAddr =
-        f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
-    let listen_unix =
-        crate::sock::UnixListen::from_config(f.listen_unix.as_deref(), f.listen_unix_mode.as_deref(), base)?;
-    let admin: SocketAddr = f.admin.parse().map_err(|e| format!("admin {:?}: {e} (expected address:port)", f.admin))?;
-    // One address for both passed --check-config and failed the start with "Address already in use", which
-    // does not say the server is in its own way (port 0 is a free port each).
-    if listen == admin && listen.port() != 0 {
-        return Err(format!(
-            "listen and admin are the same address, {listen}: NBD and the admin endpoint need one each"
-        ));
-    }
+    let listen = Overrides::address(o.listen, "listen", &f.listen)?;
+    let listen_unix = o.listen_unix(crate::sock::UnixListen::from_config(
+        f.listen_unix.as_deref(),
+        f.listen_unix_mode.as_deref(),
+        base,
+    )?)?;
+    let admin = Overrides::address(o.admin, "admin", &f.admin)?;
+    distinct_fronts(listen, admin)?;
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(PathBuf::from),
         f.admin_insecure,
         f.max_admin_connections,
         f.admin_idle_timeout_s,
     )?;
-    let scheduler: SchedulerKind = f.scheduler.parse().map_err(|e: String| format!("scheduler: {e}"))?;
+    let scheduler: SchedulerKind = match o.scheduler {
+        Some(s) => s,
+        None => f.scheduler.parse().map_err(|e: String| format!("scheduler: {e}"))?,
+    };
     if f.queue_depth == 0 || f.queue_depth > 4096 {
         return Err(format!("queue_depth must be in 1..=4096, got {}", f.queue_depth));
     }
@@ -989,7 +1062,7 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
     if f.exports.len() > MAX_EXPORTS {
         return Err(format!("at most {MAX_EXPORTS} exports"));
     }
-    let data_dir = PathBuf::from(&f.data_dir);
+    let data_dir = o.data_dir.clone().unwrap_or_else(|| PathBuf::from(&f.data_dir));
     let mut exports: Vec<ExportConfig> = Vec::new();
     for e in &f.exports {
         if e.name.is_empty() {
@@ -1015,7 +1088,17 @@ fn validate(f: File, base: &Path) -> Result<ServerConfig, String> {
         let backend = match e.backend.as_str() {
             "file" => {
                 let p = PathBuf::from(e.path.clone().unwrap_or_else(|| format!("{}.img", e.name)));
-                BackendKind::File { path: if p.is_absolute() { p } else { data_dir.join(p) } }
+                // An absolute path inside the file's `data_dir` moves with `--data-dir`, as a relative one
+                // does (docs/serve.md).
+                let moved =
+                    o.data_dir.as_ref().filter(|_| p.is_absolute()).and_then(|_| p.strip_prefix(&f.data_dir).ok());
+                BackendKind::File {
+                    path: match moved {
+                        Some(rel) => data_dir.join(rel),
+                        None if p.is_absolute() => p,
+                        None => data_dir.join(p),
+                    },
+                }
             }
             "memory" => BackendKind::Memory,
             o => return Err(format!("export {}: backend {o:?}: expected file or memory", e.name)),
@@ -1182,6 +1265,57 @@ mod tests {
         assert!(got[0].starts_with("[node] is on under scheduler mclock"), "{got:?}");
     }
 
+    /// The command line's overrides are validated with the file: `--listen` or `--admin` onto the other's
+    /// port, `--scheduler` under a table it does not run, and `--data-dir` under relative exports. Set after
+    /// validation (before), each passed.
+    #[test]
+    fn overrides_are_validated_with_the_file() {
+        let with = |text: &str, o: Overrides| ServerConfig::parse_with(text, Path::new("x.toml"), &o);
+        let export = "[[exports]]\nname = \"a\"\n";
+        let file = format!("listen = \"127.0.0.1:9000\"\nadmin = \"127.0.0.1:9180\"\n{export}");
+        let a = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
+        let e = with(&file, Overrides { listen: a("127.0.0.1:9180"), ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("listen 127.0.0.1:9180 and admin 127.0.0.1:9180 take the same port"), "{e}");
+        let e = with(&file, Overrides { admin: a("0.0.0.0:9000"), ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("take the same port"), "a wildcard covers the address: {e}");
+        let e = with(&file, Overrides { admin: a("[::]:9000"), ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("take the same port"), "[::] covers IPv4 too: {e}");
+        assert!(with(&file, Overrides { admin: a("127.0.0.2:9000"), ..Default::default() }).is_ok(), "other address");
+        assert!(with(&file, Overrides { admin: a("[::1]:9000"), ..Default::default() }).is_ok(), "other family");
+        let both = Overrides { listen: a("127.0.0.1:0"), admin: a("127.0.0.1:0"), ..Default::default() };
+        assert!(with(&file, both).is_ok(), "port 0 is a free port each");
+        let c = with(&file, Overrides { listen: a("127.0.0.1:7000"), ..Default::default() }).unwrap();
+        assert_eq!((c.listen, c.admin), (a("127.0.0.1:7000").unwrap(), a("127.0.0.1:9180").unwrap()));
+
+        let pshift = format!("scheduler = \"token\"\n[pshift]\n{export}");
+        assert!(with(&pshift, Overrides::default()).is_ok());
+        let fifo = Overrides { scheduler: Some(SchedulerKind::Fifo), ..Default::default() };
+        let e = with(&pshift, fifo).unwrap_err().to_string();
+        assert!(e.contains("[pshift] needs scheduler = \"token\""), "{e}");
+
+        let files = format!(
+            "data_dir = \"/old\"\n{export}[[exports]]\nname = \"b\"\npath = \"/abs/b.img\"\n[[exports]]\n\
+             name = \"c\"\npath = \"/old/c/c.img\"\n"
+        );
+        let c = with(&files, Overrides { data_dir: Some("new".into()), ..Default::default() }).unwrap();
+        assert_eq!(c.data_dir, Path::new("new"));
+        let paths: Vec<_> = c
+            .exports
+            .iter()
+            .map(|e| match &e.backend {
+                BackendKind::File { path } => path.clone(),
+                b => panic!("{b:?}"),
+            })
+            .collect();
+        let want = ["new/a.img", "/abs/b.img", "new/c/c.img"].map(PathBuf::from);
+        assert_eq!(paths, want, "paths in the file's data_dir follow, absolute ones elsewhere stay");
+
+        let u = Overrides { listen_unix: Some("s.sock".into()), ..Default::default() };
+        let c = with(&format!("listen_unix = \"f.sock\"\nlisten_unix_mode = \"0600\"\n{export}"), u).unwrap();
+        let u = c.listen_unix.unwrap();
+        assert_eq!((u.path.file_name().unwrap().to_str().unwrap(), u.mode), ("s.sock", 0o600), "the file's mode stays");
+    }
+
     #[test]
     fn builtin_is_the_paper_example() {
         let c = ServerConfig::builtin();
@@ -1221,7 +1355,8 @@ mod tests {
         assert!(e("probe_capacity_s = -1\n[[exports]]\nname = \"a\"").contains("probe_capacity_s"));
         assert_eq!(
             e("listen = \"127.0.0.1:9000\"\nadmin = \"127.0.0.1:9000\"\n[[exports]]\nname = \"a\""),
-            "config: listen and admin are the same address, 127.0.0.1:9000: NBD and the admin endpoint need one each"
+            "config: listen 127.0.0.1:9000 and admin 127.0.0.1:9000 take the same port: NBD and the admin \
+             endpoint need one each"
         );
         assert!(e("[[exports]]\nname = \"a\"\nbackend = \"memory\"\ndirect = true").contains("direct = true needs"));
         assert!(

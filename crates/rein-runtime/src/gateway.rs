@@ -127,7 +127,7 @@
 
 use crate::access::{ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
-use crate::config::{parse_access, tls_config, TlsFile, MAX_CONNECTIONS_LIMIT};
+use crate::config::{parse_access, tls_config, Overrides, TlsFile, MAX_CONNECTIONS_LIMIT};
 use crate::live::ReloadReport;
 use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContext, Policy};
 use crate::parda_host::{HostGate, HostedVolume, VmLease};
@@ -544,9 +544,9 @@ impl GatewayConfig {
 
     /// Refuses a node at this gateway's own front: `listen` (or, when `listen` is an unspecified address,
     /// a loopback address at its port) or `listen_unix`. Its pieces would come back through the front as
-    /// requests for the same volume, nested until `request_timeout_s` failed them all with EIO. Called once
-    /// the command line's `--listen` and `--listen-unix` are applied.
-    pub fn check_no_node_at_the_front(&self) -> Result<(), GatewayConfigError> {
+    /// requests for the same volume, nested until `request_timeout_s` failed them all with EIO. Called with
+    /// the command line's `--listen` and `--listen-unix` applied.
+    fn check_no_node_at_the_front(&self) -> Result<(), GatewayConfigError> {
         for n in &self.nodes {
             let front = match &n.address {
                 NodeAddress::Tcp(a) => {
@@ -621,21 +621,34 @@ impl GatewayConfig {
 
     /// Reads and validates `path` (relative TLS paths are relative to its directory).
     pub fn load(path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
+        GatewayConfig::load_with(path, &Overrides::default())
+    }
+
+    /// [`GatewayConfig::load`] with the command line's `--listen` and `--listen-unix`, validated with the
+    /// file ([`Overrides`]; its other fields are `rein serve`'s).
+    pub fn load_with(path: &Path, overrides: &Overrides) -> Result<GatewayConfig, GatewayConfigError> {
         let text = rein_model::input::read_text_bounded(path, crate::config::MAX_CONFIG_BYTES)
             .map_err(|source| GatewayConfigError::Read { path: path.display().to_string(), source })?;
-        GatewayConfig::parse(&text, path)
+        GatewayConfig::parse_with(&text, path, overrides)
     }
 
     /// Validates `text` (read from `path`).
     pub fn parse(text: &str, path: &Path) -> Result<GatewayConfig, GatewayConfigError> {
+        GatewayConfig::parse_with(text, path, &Overrides::default())
+    }
+
+    /// [`GatewayConfig::parse`] with the command line's overrides.
+    pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<GatewayConfig, GatewayConfigError> {
         let file: File = crate::config::parse_toml(text)
             .map_err(|message| GatewayConfigError::Parse { path: path.display().to_string(), message })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        validate(file, base).map_err(GatewayConfigError::Invalid)
+        let cfg = validate(file, base, overrides).map_err(GatewayConfigError::Invalid)?;
+        cfg.check_no_node_at_the_front()?;
+        Ok(cfg)
     }
 }
 
-fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
+fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String> {
     let parda = match (&f.parda, &f.parda_host) {
         (None, None) => None,
         (None, Some(_)) => return Err("[parda_host] needs a [parda] table (latency_threshold_ms at least)".into()),
@@ -653,14 +666,16 @@ fn validate(f: File, base: &Path) -> Result<GatewayConfig, String> {
                     gateway schedules nothing itself: its nodes do, with their own [mclock])"
             .into());
     }
-    let listen: SocketAddr =
-        f.listen.parse().map_err(|e| format!("listen {:?}: {e} (expected address:port)", f.listen))?;
-    let listen_unix =
-        crate::sock::UnixListen::from_config(f.listen_unix.as_deref(), f.listen_unix_mode.as_deref(), base)?;
-    let admin = match &f.admin {
-        None => None,
-        Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| format!("admin {a:?}: {e} (expected address:port)"))?),
-    };
+    let listen = Overrides::address(o.listen, "listen", &f.listen)?;
+    let listen_unix = o.listen_unix(crate::sock::UnixListen::from_config(
+        f.listen_unix.as_deref(),
+        f.listen_unix_mode.as_deref(),
+        base,
+    )?)?;
+    let admin = f.admin.as_deref().map(|a| Overrides::address(o.admin, "admin", a)).transpose()?;
+    if let Some(admin) = admin {
+        crate::config::distinct_fronts(listen, admin)?;
+    }
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(|p| base.join(p)),
         f.admin_insecure,
@@ -2396,6 +2411,25 @@ mod tests {
             "{top}\n[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
         );
         GatewayConfig::parse(&text, Path::new("gw.toml"))
+    }
+
+    /// The front and the HTTP endpoint on one port are refused, from the file and with `--listen` (which
+    /// was applied after validation, so nothing checked it: both passed `--check-config` and the start
+    /// failed with "Address already in use"); so is `--listen` at a node's address.
+    #[test]
+    fn the_command_line_listen_is_validated_with_the_file() {
+        let text = "listen = \"127.0.0.1:10809\"\nadmin = \"127.0.0.1:9180\"\n[[nodes]]\nname = \"s1\"\n\
+                    address = \"127.0.0.2:10809\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        let with = |listen: &str| {
+            let o = Overrides { listen: Some(listen.parse().unwrap()), ..Default::default() };
+            GatewayConfig::parse_with(text, Path::new("gw.toml"), &o).map(|c| c.listen).map_err(|e| e.to_string())
+        };
+        let e = parse("listen = \"127.0.0.1:9180\"\nadmin = \"127.0.0.1:9180\"").unwrap_err().to_string();
+        assert!(e.contains("take the same port"), "{e}");
+        assert!(with("127.0.0.1:9180").unwrap_err().contains("take the same port"));
+        assert!(with("0.0.0.0:9180").unwrap_err().contains("take the same port"));
+        assert!(with("127.0.0.2:10809").unwrap_err().contains("this gateway's own front"));
+        assert_eq!(with("127.0.0.1:7000").unwrap(), "127.0.0.1:7000".parse().unwrap());
     }
 
     /// A reload's restart warning is for changes that move a volume's data: another layout over several

@@ -23,20 +23,14 @@ pub(crate) struct GatewayArgs {
     pub(crate) check_config: bool,
 }
 
-/// gw.toml with the command line's overrides (at start and at each reload).
+/// gw.toml with the command line's overrides, validated together (at start and at each reload).
 fn load(args: &GatewayArgs) -> Result<GatewayConfig> {
-    let mut cfg = GatewayConfig::load(&args.config)?;
-    if let Some(a) = args.listen {
-        cfg.listen = a;
-    }
-    if let Some(p) = &args.listen_unix {
-        cfg.listen_unix = Some(
-            rein_runtime::sock::UnixListen::from_command_line(p, cfg.listen_unix.as_ref())
-                .map_err(anyhow::Error::msg)?,
-        );
-    }
-    cfg.check_no_node_at_the_front()?;
-    Ok(cfg)
+    let overrides = rein_runtime::config::Overrides {
+        listen: args.listen,
+        listen_unix: args.listen_unix.clone(),
+        ..Default::default()
+    };
+    Ok(GatewayConfig::load_with(&args.config, &overrides)?)
 }
 
 /// `rein gateway`: serves until Ctrl-C or SIGTERM; SIGHUP reloads gw.toml.

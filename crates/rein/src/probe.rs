@@ -38,10 +38,7 @@ pub(crate) struct ProbeArgs {
 /// `rein probe`: measures the export and prints its IOPS, MB/s and latency (or `--json`), then the
 /// `capacity_iops` line for the server config. Writes need `--destructive`.
 pub(crate) fn run(args: ProbeArgs) -> Result<()> {
-    let cfg = match &args.config {
-        Some(p) => rein_runtime::config::ServerConfig::load(p)?,
-        None => rein_runtime::config::ServerConfig::builtin(),
-    };
+    let cfg = rein_runtime::config::ServerConfig::load_with(args.config.as_deref(), &Default::default())?;
     if args.read_pct < 100.0 && !args.destructive {
         bail!(
             "--read-pct {} writes random data over the export; add --destructive if that is what you want",

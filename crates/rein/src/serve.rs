@@ -32,39 +32,17 @@ pub(crate) struct ServeArgs {
     pub(crate) check_config: bool,
 }
 
-/// The server configuration: the file (or the built-in default) with the command line's overrides; a
-/// new data directory also moves the file-backed exports inside the old one.
+/// The server configuration: the file (or the built-in default) with the command line's overrides,
+/// validated together (`rein_runtime::config::Overrides`).
 pub(crate) fn load(args: &ServeArgs) -> Result<ServerConfig> {
-    let mut cfg = match &args.config {
-        Some(p) => ServerConfig::load(p)?,
-        None => ServerConfig::builtin(),
+    let overrides = rein_runtime::config::Overrides {
+        listen: args.listen,
+        listen_unix: args.listen_unix.clone(),
+        admin: args.admin,
+        scheduler: args.scheduler,
+        data_dir: args.data_dir.clone(),
     };
-    if let Some(a) = args.listen {
-        cfg.listen = a;
-    }
-    if let Some(p) = &args.listen_unix {
-        cfg.listen_unix = Some(
-            rein_runtime::sock::UnixListen::from_command_line(p, cfg.listen_unix.as_ref())
-                .map_err(anyhow::Error::msg)?,
-        );
-    }
-    if let Some(a) = args.admin {
-        cfg.admin = a;
-    }
-    if let Some(s) = args.scheduler {
-        cfg.scheduler = s;
-    }
-    if let Some(d) = &args.data_dir {
-        for e in &mut cfg.exports {
-            if let rein_runtime::config::BackendKind::File { path } = &mut e.backend {
-                if let Ok(rel) = path.strip_prefix(&cfg.data_dir) {
-                    *path = d.join(rel);
-                }
-            }
-        }
-        cfg.data_dir = d.clone();
-    }
-    Ok(cfg)
+    Ok(ServerConfig::load_with(args.config.as_deref(), &overrides)?)
 }
 
 /// Registers the stop signals now and returns what resolves at the first SIGINT (Ctrl-C) or SIGTERM, or
