@@ -400,7 +400,9 @@ impl Plan {
             let (nbd, admin, _) = addr3(i, false)?;
             let users: Vec<(&Tenant, usize)> =
                 sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
-            let node = !multi.is_empty();
+            // Only where its gateways speak the storage-node protocol (module comment): under mclock,
+            // sfq as LFQ or fifo the node's [node] did nothing but draw a warning.
+            let node = !multi.is_empty() && s.distributed;
             let text = node_config(sc, s, nbd, admin, &format!("node-{}", s.name), &users, node).map_err(invalid)?;
             nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
         }
@@ -1407,6 +1409,13 @@ iops = 100
             for gw in &plan.gateways {
                 let g = rein_runtime::gateway::GatewayConfig::parse(&gw.config, Path::new("gw.toml")).unwrap();
                 assert!(g.nodes.iter().all(|n| n.protocol == protocol), "{name}: {}", gw.config);
+            }
+            // A node whose gateways send tags has [node] on; the others have it off, and no warning about it.
+            for node in &plan.nodes {
+                let cfg = rein_runtime::config::ServerConfig::parse(&node.config, Path::new("n.toml")).unwrap();
+                assert_eq!(cfg.node.enabled, protocol == rein_runtime::remote::NodeProtocol::Rein, "{name}");
+                let warnings = cfg.warnings();
+                assert!(warnings.iter().all(|w| !w.contains("[node]")), "{name}: {warnings:?}");
             }
         }
     }

@@ -775,9 +775,13 @@ impl ServerConfig {
                 names(&with)
             ));
         }
-        if self.node.enabled && !matches!(self.scheduler, SchedulerKind::Dmclock | SchedulerKind::Rbfq) {
+        // SFQ counts the gateway's delta in its tags: DT-FQ (`rein_core::sched::sfq`).
+        if self.node.enabled
+            && !matches!(self.scheduler, SchedulerKind::Dmclock | SchedulerKind::Rbfq | SchedulerKind::Sfq)
+        {
             out.push(format!(
-                "[node] is on under scheduler {}, which ignores the gateway's delta and rho: use dmclock or rbfq",
+                "[node] is on under scheduler {}, which ignores the gateway's delta and rho: use dmclock, rbfq \
+                 or sfq (DT-FQ)",
                 self.scheduler
             ));
         }
@@ -1263,6 +1267,10 @@ mod tests {
         let got = w(&node);
         assert_eq!(got.len(), 1, "a node's tenants need no export: {got:?}");
         assert!(got[0].starts_with("[node] is on under scheduler mclock"), "{got:?}");
+        for distributed in ["dmclock", "rbfq", "sfq"] {
+            let got = w(&format!("scheduler = \"{distributed}\"\n{node}"));
+            assert!(got.iter().all(|w| !w.contains("[node]")), "{distributed} counts the gateway's delta: {got:?}");
+        }
     }
 
     /// The command line's overrides are validated with the file: `--listen` or `--admin` onto the other's
