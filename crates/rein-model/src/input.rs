@@ -30,12 +30,8 @@ pub fn read_bounded_from(r: impl Read, max: u64) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// [`read_bounded`] as UTF-8 text (an error of kind `InvalidData` otherwise).
-pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
-    utf8(read_bounded(path, max)?)
-}
-
-fn utf8(bytes: Vec<u8>) -> std::io::Result<String> {
+/// Bytes read as UTF-8 text (an error of kind `InvalidData` otherwise).
+pub fn text(bytes: Vec<u8>) -> std::io::Result<String> {
     String::from_utf8(bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")))
 }
@@ -53,7 +49,7 @@ pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
 
 /// [`read_regular`] as UTF-8 text (an error of kind `InvalidData` otherwise).
 pub fn read_text_regular(path: &Path, max: u64) -> std::io::Result<String> {
-    utf8(read_regular(path, max)?)
+    text(read_regular(path, max)?)
 }
 
 /// [`read_bounded_from`] of an open `file` that must be a regular file (checked on the open file: of kind
@@ -191,11 +187,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("f");
         std::fs::write(&p, "0123456789").unwrap();
-        assert_eq!(read_text_bounded(&p, 10).unwrap(), "0123456789");
+        assert_eq!(text(read_bounded(&p, 10).unwrap()).unwrap(), "0123456789");
         let e = read_bounded(&p, 9).unwrap_err();
         assert_eq!((e.kind(), e.to_string()), (std::io::ErrorKind::FileTooLarge, "larger than 9 bytes".into()));
         std::fs::write(&p, [0xff, 0xfe]).unwrap();
-        assert_eq!(read_text_bounded(&p, 10).unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(text(read_bounded(&p, 10).unwrap()).unwrap_err().kind(), std::io::ErrorKind::InvalidData);
         std::fs::remove_dir_all(&dir).unwrap();
         // A device that never ends (its stated size is 0): refused at the bound, not read for ever.
         if Path::new("/dev/zero").exists() {

@@ -705,7 +705,7 @@ impl ServerConfig {
     pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<ServerConfig, ConfigError> {
         match path {
             Some(path) => {
-                let text = rein_model::input::read_text_bounded(path, MAX_CONFIG_BYTES)
+                let text = crate::durable::read_config(path, MAX_CONFIG_BYTES)
                     .map_err(|source| ConfigError::Read { path: path.into(), source })?;
                 Self::parse_with(&text, path, overrides)
             }

@@ -127,6 +127,42 @@ pub fn read(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     rein_model::input::read_regular_from(file, max)
 }
 
+/// A daemon's configuration file's text (`rein serve`, `rein gateway`, `rein pshift controller`), at most
+/// `max` bytes ([`rein_model::input::read_bounded_from`]), read at start, by `--check-config` and at each
+/// reload. Unlike [`read()`] it takes a pipe, `--config <(generate)`, but it is opened without blocking: a
+/// FIFO at the path that no process writes to is an error of kind `InvalidInput`, where a blocking open
+/// waited for a writer for ever (a start, `--check-config`, or a reload's task, hung). Once open the
+/// descriptor blocks again, so the text of a pipe with a writer is read to its end.
+pub fn read_config(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    blocking(&file)?;
+    let fifo = file.metadata()?.file_type().is_fifo();
+    let bytes = rein_model::input::read_bounded_from(&file, max)?;
+    // A FIFO read without a writer ends at once, empty ("end of file": none has it open for writing).
+    if fifo && bytes.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "is a FIFO that nothing writes to (a configuration is a regular file, or a pipe with a writer)",
+        ));
+    }
+    rein_model::input::text(bytes)
+}
+
+/// Clears `O_NONBLOCK` on `file` (opened with it by [`read_config`]).
+#[allow(unsafe_code)]
+fn blocking(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is open for the call (`file` holds it); F_GETFL and F_SETFL read and set its status
+    // flags only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Syncs directory `dir` to its device: its entries' creations, renames and removals are durable.
 pub fn sync_directory(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()

@@ -627,7 +627,7 @@ impl GatewayConfig {
     /// [`GatewayConfig::load`] with the command line's `--listen` and `--listen-unix`, validated with the
     /// file ([`Overrides`]; its other fields are `rein serve`'s).
     pub fn load_with(path: &Path, overrides: &Overrides) -> Result<GatewayConfig, GatewayConfigError> {
-        let text = rein_model::input::read_text_bounded(path, crate::config::MAX_CONFIG_BYTES)
+        let text = crate::durable::read_config(path, crate::config::MAX_CONFIG_BYTES)
             .map_err(|source| GatewayConfigError::Read { path: path.display().to_string(), source })?;
         GatewayConfig::parse_with(&text, path, overrides)
     }

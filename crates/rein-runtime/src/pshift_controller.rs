@@ -237,7 +237,7 @@ impl ControllerSettings {
     /// Reads and validates `path` (relative paths in it are taken from its directory).
     pub fn load(path: &Path) -> Result<ControllerSettings, ControllerConfigError> {
         let shown = path.display().to_string();
-        let text = rein_model::input::read_text_bounded(path, crate::config::MAX_CONFIG_BYTES)
+        let text = crate::durable::read_config(path, crate::config::MAX_CONFIG_BYTES)
             .map_err(|source| ControllerConfigError::Read { path: shown.clone(), source })?;
         Self::parse(&text, path)
     }

@@ -275,3 +275,29 @@ fn a_missing_unix_socket_directory_fails_and_an_unused_tenant_is_warned_of() {
     assert!(ok, "{err}");
     assert!(out.contains("warning: tenant vm1 has no export"), "{out}");
 }
+
+/// A configuration path that is a FIFO nothing writes to is an error naming it, from each daemon, at
+/// once (a blocking open waited for a writer for ever: a start or `--check-config` hung); a pipe with a
+/// writer (`--config <(generate)`) is read to its end.
+#[test]
+fn a_fifo_without_a_writer_is_refused_and_a_pipe_is_read() {
+    let tmp = tmpdir("check-fifo");
+    let fifo = tmp.path().join("rein.toml");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let fifo = fifo.to_str().unwrap();
+    for daemon in [&["serve"][..], &["gateway"], &["pshift", "controller"]] {
+        let args: Vec<&str> = daemon.iter().copied().chain(["--config", fifo, "--check-config"]).collect();
+        let err = Rein::new(&args).fails();
+        assert!(err.contains("rein.toml") && err.contains("is a FIFO that nothing writes to"), "{args:?}: {err}");
+    }
+    let config = format!("listen = \"127.0.0.176:0\"\nadmin = \"127.0.0.176:0\"\n{MEMORY}");
+    let script = "\"$0\" serve --config <(printf '%s' \"$1\") --check-config";
+    let out = Command::new("bash")
+        .args(["-c", script, env!("CARGO_BIN_EXE_rein"), &config])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run bash");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("configuration OK"), "{stdout}");
+}
