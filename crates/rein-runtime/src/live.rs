@@ -897,10 +897,14 @@ impl Registry {
     /// reload is dropped or fails afterwards, as at start (the configuration file names it).
     pub async fn reload(self: &Arc<Self>, new_base: ServerConfig) -> Result<ReloadReport, ChangeError> {
         let mut opened: Opened = Vec::new();
+        let resized = Arc::new(self.resized_images(&new_base).await);
         loop {
             let this = Arc::clone(self);
             let base = new_base.clone();
-            match detached(&self.pending, "reload", async move { this.reload_step(base, opened).await }).await? {
+            let resized = Arc::clone(&resized);
+            match detached(&self.pending, "reload", async move { this.reload_step(base, opened, &resized).await })
+                .await?
+            {
                 ReloadStep::Applied(report) => return Ok(report),
                 ReloadStep::Open { missing, opened: kept } => {
                     opened = kept;
@@ -910,10 +914,53 @@ impl Registry {
         }
     }
 
+    /// The running file exports that take their size from their image (no `size_mb` in `base`) and whose
+    /// image has another size now, grown or shrunk by hand (`qemu-img resize`): name to why a reload opens
+    /// them again, so that the connections opened from then on see the new size (those open keep theirs:
+    /// NBD states an export's size once, at the handshake). Before, the new size was seen only once the
+    /// export changed otherwise. Read before the change lock, on a blocking thread: an `fstat` on a hung
+    /// mount blocks, as an open does.
+    async fn resized_images(&self, base: &ServerConfig) -> std::collections::HashMap<String, String> {
+        let sized_by_file: std::collections::HashSet<&str> = base
+            .exports
+            .iter()
+            .filter(|e| e.size.is_none() && matches!(e.backend, crate::config::BackendKind::File { .. }))
+            .map(|e| e.name.as_str())
+            .collect();
+        let storages: Vec<(String, Arc<dyn crate::storage::Storage>)> = self
+            .exports
+            .snapshot()
+            .iter()
+            .filter(|x| sized_by_file.contains(x.info.name.as_str()))
+            .filter_map(|x| match &x.backend {
+                crate::nbd::Backend::Local(s) => Some((x.info.name.clone(), Arc::clone(s))),
+                _ => None,
+            })
+            .collect();
+        if storages.is_empty() {
+            return Default::default();
+        }
+        let read = move || {
+            storages
+                .into_iter()
+                .filter_map(|(name, s)| {
+                    let now = s.file_size_now().filter(|&n| n != s.size())?;
+                    Some((name, format!("its image is now {now} bytes, was {}", s.size())))
+                })
+                .collect()
+        };
+        tokio::task::spawn_blocking(read).await.unwrap_or_default()
+    }
+
     /// One try of [`Registry::reload`] under the change lock: checks the whole change, then either
     /// applies it with the storage in `opened` or, if an export to open is not among them, changes
     /// nothing and returns the exports to open (and `opened`, for the next try).
-    async fn reload_step(&self, new_base: ServerConfig, mut opened: Opened) -> Result<ReloadStep, ChangeError> {
+    async fn reload_step(
+        &self,
+        new_base: ServerConfig,
+        mut opened: Opened,
+        resized: &std::collections::HashMap<String, String>,
+    ) -> Result<ReloadStep, ChangeError> {
         let mut inner = self.changes.lock().await;
         let mut report = ReloadReport::default();
         let old = inner.base.clone();
@@ -1064,20 +1111,31 @@ impl Registry {
         // again by any reload, changed or not: once the device is dealt with, the operator's reload ends
         // the error for the connections opened from then on (those open keep the failed storage, and its
         // error, to the end: their writes before it may be lost).
-        let sync_failed: std::collections::HashMap<String, String> = self
+        // So is one whose image was resized by hand ([`Registry::resized_images`]).
+        let mut again: std::collections::HashMap<String, String> = self
             .exports
             .snapshot()
             .iter()
             .filter_map(|x| match &x.backend {
-                crate::nbd::Backend::Local(s) => s.sync_error().map(|e| (x.info.name.clone(), e.to_string())),
+                crate::nbd::Backend::Local(s) => s.sync_error().map(|e| {
+                    (
+                        x.info.name.clone(),
+                        format!("{e} (for the connections opened from now on; those open keep the error)"),
+                    )
+                }),
                 _ => None,
             })
             .collect();
+        for (name, why) in resized {
+            again.entry(name.clone()).or_insert_with(|| {
+                format!("{why} (for the connections opened from now on; those open keep the old size)")
+            });
+        }
         let to_open: Vec<(&ExportConfig, ExportJson)> = new
             .exports
             .iter()
             .map(|e| (e, json(&new, e)))
-            .filter(|(e, j)| running.get(e.name.as_str()) != Some(j) || sync_failed.contains_key(&e.name))
+            .filter(|(e, j)| running.get(e.name.as_str()) != Some(j) || again.contains_key(&e.name))
             .collect();
         let missing: Vec<(ExportConfig, ExportJson)> = to_open
             .iter()
@@ -1146,10 +1204,8 @@ impl Registry {
             match opened.iter().position(|(n, _)| *n == e.name) {
                 Some(i) => {
                     let storage = opened[i].1.clone();
-                    let verb = match (running.get(e.name.as_str()), sync_failed.get(&e.name)) {
-                        (Some(j), Some(err)) if *j == json(&new, e) => format!(
-                            "opened again: {err} (for the connections opened from now on; those open keep the error)"
-                        ),
+                    let verb = match (running.get(e.name.as_str()), again.get(&e.name)) {
+                        (Some(j), Some(why)) if *j == json(&new, e) => format!("opened again: {why}"),
                         (Some(_), _) => "changed".into(),
                         (None, _) => "added".into(),
                     };

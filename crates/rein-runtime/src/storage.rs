@@ -190,6 +190,14 @@ pub trait Storage: Send + Sync + 'static {
     fn file_id(&self) -> Option<(u64, u64)> {
         None
     }
+    /// The size of the regular file it has open, read now (`fstat`), where the open size is [`size`]:
+    /// an image grown or shrunk by hand (`qemu-img resize`) under a running export. `None`, the
+    /// default: not a regular file, or its size unreadable. Blocks as a `stat` does (a hung mount).
+    ///
+    /// [`size`]: Storage::size
+    fn file_size_now(&self) -> Option<u64> {
+        None
+    }
     /// The descriptor through which the kernel can run a read (or, with `write`, a write) of `len` bytes
     /// at `offset`, after the checks `read_at` / `write_at` make (a flush asks for a zero-length read at
     /// 0). `Ok(None)`, the default: no descriptor; IO goes through the methods above.
@@ -617,6 +625,9 @@ impl Storage for FileStorage {
     }
     fn file_id(&self) -> Option<(u64, u64)> {
         Some(self.id)
+    }
+    fn file_size_now(&self) -> Option<u64> {
+        self.file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len())
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         check(self.size, offset, buf.len() as u64)?;

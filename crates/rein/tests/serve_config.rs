@@ -423,6 +423,35 @@ fn a_flush_after_a_failed_one_fails_too() {
     }
 }
 
+/// An image that takes its size from the file (no `size_mb`), grown or shrunk by hand under the running
+/// export (`qemu-img resize`), is opened again by a reload, which says so: the connections opened from
+/// then on see the new size, one open before keeps the size it was told. Before, the running size stayed
+/// until the export changed otherwise (a reload said `applied=0`).
+#[test]
+fn a_reload_opens_an_image_resized_by_hand_again() {
+    let tmp = tmpdir("serve-resized");
+    let dir = tmp.path();
+    let img = dir.join("v.img");
+    let size = |s| std::fs::File::options().write(true).create(true).truncate(false).open(&img).unwrap().set_len(s);
+    size(4 << 20).unwrap();
+    let config = format!("[[exports]]\nname = \"v\"\npath = \"{}\"\n", img.display());
+    let s = Rein::serve(&config_file(dir, 211, &config)).env("REIN_LOG", "info").start();
+    let open = |what: &str| common::nbd_open(s.nbd, "v", false, Duration::from_secs(20)).expect(what);
+    let before = open("before");
+    assert_eq!(before.size, 4 << 20);
+    for (bytes, says) in [(8u64 << 20, "now 8388608 bytes, was 4194304"), (2 << 20, "now 2097152 bytes, was 8388608")] {
+        size(bytes).unwrap();
+        s.signal("-HUP");
+        s.wait_line(&format!("export v opened again: its image is {says} (for the connections opened from now on"));
+        assert_eq!(open("after").size, bytes, "a new connection sees the image's size");
+    }
+    s.signal("-HUP");
+    s.wait_line("configuration reloaded applied=0");
+    let mut old = common::Raw { s: before.stream, buf: before.buf };
+    old.send(Command::Read, 1, 3 << 20, 4096, &[]);
+    assert_ne!(old.reply(4096).1, 0, "beyond the shrunk image: an error, not zeros or a hang");
+}
+
 /// Before: a read-only export of a missing file with `size_mb` failed at start with `open failed: No such
 /// file or directory` (the file is created only for writable exports). A read-only export of a missing
 /// file is most likely a mistyped path: it is still not created, and the error says so.
