@@ -26,11 +26,18 @@
 //! Each counter is held by a guard ([`ClientSlot`], [`TenantSlot`]) for the life of the connection. The
 //! per-client map holds only addresses with a live connection, so it has at most `max_connections`
 //! entries.
+//!
+//! # Metrics
+//! [`ConnLimits::metrics`] gives `/metrics` of both daemons (`rein serve`, `rein gateway`) the same series:
+//! the connections counted now against `max_connections` and the cap, the refusals at each cap (by the
+//! cap's key: a refusal is logged at most once a second, so the count is where an operator sees how many
+//! clients a cap turned away), failed handshakes and failed accepts.
 
 use crate::lograte::LogRate;
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -148,7 +155,19 @@ pub struct ConnLimits {
     accept_streak: std::sync::atomic::AtomicU32,
     /// Failed handshakes, logged at most once per [`REFUSAL_LOG_INTERVAL`].
     handshake_log: SparseLog,
+    /// Connections refused at each cap, in [`CAP_KEYS`]'s order; failed handshakes; failed accepts
+    /// (module comment, "Metrics").
+    refused: [AtomicU64; 3],
+    handshakes_failed: AtomicU64,
+    accepts_failed: AtomicU64,
 }
+
+/// The caps' keys, as the metrics name them: `max_connections`, `max_connections_per_client`,
+/// `max_connections_per_tenant` (indices [`TOTAL`], [`PER_CLIENT`], [`PER_TENANT`]).
+const CAP_KEYS: [&str; 3] = ["max_connections", "max_connections_per_client", "max_connections_per_tenant"];
+const TOTAL: usize = 0;
+const PER_CLIENT: usize = 1;
+const PER_TENANT: usize = 2;
 
 /// What to do with a new connection.
 #[derive(Debug)]
@@ -211,7 +230,39 @@ impl ConnLimits {
             accept_log: SparseLog::default(),
             accept_streak: std::sync::atomic::AtomicU32::new(0),
             handshake_log: SparseLog::default(),
+            refused: Default::default(),
+            handshakes_failed: AtomicU64::new(0),
+            accepts_failed: AtomicU64::new(0),
         })
+    }
+
+    /// The connection series of `/metrics` (module comment, "Metrics"), the same for both daemons.
+    pub fn metrics(&self, o: &mut String) {
+        use std::fmt::Write;
+        let open = self.counts.lock().expect("the counts lock is not poisoned").total;
+        let _ = writeln!(
+            o,
+            "# HELP rein_nbd_connections NBD connections open now (counted against max_connections).\n\
+             # TYPE rein_nbd_connections gauge\nrein_nbd_connections {open}\n\
+             # HELP rein_nbd_connections_max The cap on open NBD connections (max_connections).\n\
+             # TYPE rein_nbd_connections_max gauge\nrein_nbd_connections_max {}\n\
+             # HELP rein_nbd_connections_refused_total NBD connections refused at a cap, by the cap's key.\n\
+             # TYPE rein_nbd_connections_refused_total counter",
+            self.caps.total
+        );
+        for (key, n) in CAP_KEYS.iter().zip(&self.refused) {
+            let _ = writeln!(o, "rein_nbd_connections_refused_total{{cap=\"{key}\"}} {}", n.load(Relaxed));
+        }
+        let _ = writeln!(
+            o,
+            "# HELP rein_nbd_handshakes_failed_total NBD handshakes that failed (a protocol error, TLS, a \
+             timeout, the client gone).\n# TYPE rein_nbd_handshakes_failed_total counter\n\
+             rein_nbd_handshakes_failed_total {}\n\
+             # HELP rein_nbd_accepts_failed_total Accepts of a new connection that failed (descriptors run \
+             out, say).\n# TYPE rein_nbd_accepts_failed_total counter\nrein_nbd_accepts_failed_total {}",
+            self.handshakes_failed.load(Relaxed),
+            self.accepts_failed.load(Relaxed)
+        );
     }
 
     /// The caps.
@@ -226,11 +277,13 @@ impl ConnLimits {
             let mut c = self.counts.lock().expect("the counts lock is not poisoned");
             let from_client = c.per_client.get(&client).copied().unwrap_or(0);
             if c.total >= self.caps.total {
+                self.refused[TOTAL].fetch_add(1, Relaxed);
                 format!(
                     "server has reached its maximum of {} connections (max_connections); try later",
                     self.caps.total
                 )
             } else if from_client >= self.caps.per_client {
+                self.refused[PER_CLIENT].fetch_add(1, Relaxed);
                 let who = match client {
                     IpNet::V4(v4) => v4.addr().to_string(),
                     IpNet::V6(_) => client.to_string(),
@@ -257,6 +310,7 @@ impl ConnLimits {
         let mut c = self.counts.lock().expect("the counts lock is not poisoned");
         let n = c.per_tenant.entry(tenant).or_insert(0);
         if *n >= self.caps.per_tenant {
+            self.refused[PER_TENANT].fetch_add(1, Relaxed);
             return Err(format!(
                 "tenant {name} has reached its maximum of {} connections (max_connections_per_tenant)",
                 self.caps.per_tenant
@@ -281,6 +335,7 @@ impl ConnLimits {
     /// Returns whether it logged, too.
     pub fn accept_failed(&self, e: &std::io::Error) -> (Duration, bool) {
         use std::sync::atomic::Ordering;
+        self.accepts_failed.fetch_add(1, Ordering::Relaxed);
         let streak = self.accept_streak.fetch_add(1, Ordering::Relaxed).min(7);
         let pause = (Duration::from_millis(10) * (1 << streak)).min(Duration::from_secs(1));
         let Some(unlogged) = self.accept_log.due() else { return (pause, false) };
@@ -292,6 +347,7 @@ impl ConnLimits {
     /// how many were not logged. A client can fail handshakes as fast as it connects. Returns whether it
     /// logged.
     pub fn log_failed_handshake(&self, peer: crate::sock::Peer, why: &dyn std::fmt::Display) -> bool {
+        self.handshakes_failed.fetch_add(1, Relaxed);
         let Some(unlogged) = self.handshake_log.due() else { return false };
         tracing::info!(%peer, unlogged, "NBD handshake failed: {why}");
         true
@@ -374,6 +430,21 @@ mod tests {
         drop(t);
         assert!(limits.open_tenant(0, "rd").is_ok());
         assert_eq!(limits.counts.lock().unwrap().per_tenant.len(), 0, "empty entries are removed");
+        // Each refusal counted at its cap, the open connections and the cap as gauges.
+        let held = limits.admit(a);
+        let mut o = String::new();
+        limits.metrics(&mut o);
+        for line in [
+            "rein_nbd_connections 1\n",
+            "rein_nbd_connections_max 3\n",
+            "rein_nbd_connections_refused_total{cap=\"max_connections\"} 1\n",
+            "rein_nbd_connections_refused_total{cap=\"max_connections_per_client\"} 1\n",
+            "rein_nbd_connections_refused_total{cap=\"max_connections_per_tenant\"} 1\n",
+            "rein_nbd_handshakes_failed_total 0\n",
+        ] {
+            assert!(o.contains(line), "{line}in\n{o}");
+        }
+        drop(held);
     }
 
     /// IPv6 addresses of one /64 are one client: the cap cannot be passed by cycling through them.

@@ -61,6 +61,8 @@ pub struct AdminState {
     pub registry: Arc<Registry>,
     /// The build, the start and what the reloads came to, for `/metrics`.
     pub reloads: Arc<crate::reloads::Reloads>,
+    /// The NBD connections and their caps, for `/metrics` ([`crate::access::ConnLimits::metrics`]).
+    pub connections: Arc<crate::access::ConnLimits>,
 }
 
 /// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
@@ -491,6 +493,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\",io_engine=\"{}\"}} 1", snap.scheduler, snap.io_engine.name());
     runtime_metrics(&mut o, "rein", &tokio::runtime::Handle::current().metrics());
     s.reloads.metrics(&mut o, true);
+    s.connections.metrics(&mut o);
     s.registry.presented().metrics(&mut o);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
 }

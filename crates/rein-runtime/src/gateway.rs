@@ -2007,7 +2007,7 @@ pub async fn run_with(
                 .server("nbd", Some(live.tls.clone()))
                 .client_slot("node_tls", live.node_tls.clone());
             let router = crate::admin_guard::protect(
-                admin_router(shown.clone(), gate.clone(), reloads.clone(), presented),
+                admin_router(shown.clone(), gate.clone(), reloads.clone(), presented, limits.clone()),
                 token,
             );
             let mut stop = stop_rx.clone();
@@ -2311,6 +2311,7 @@ fn admin_router(
     gate: Option<Arc<HostGate>>,
     reloads: Arc<crate::reloads::Reloads>,
     presented: crate::tls::Presented,
+    connections: Arc<ConnLimits>,
 ) -> axum::Router {
     let for_metrics = shown.clone();
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -2357,6 +2358,7 @@ fn admin_router(
                     let rt = tokio::runtime::Handle::current().metrics();
                     crate::admin::runtime_metrics(&mut text, "rein_gateway", &rt);
                     reloads.metrics(&mut text, true);
+                    connections.metrics(&mut text);
                     presented.metrics(&mut text);
                     text
                 }

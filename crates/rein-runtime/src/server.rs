@@ -472,7 +472,7 @@ pub async fn run_with(
     ));
     let mut watchdog = crate::notify::Watchdog::from_env();
     let reloads = Arc::new(crate::reloads::Reloads::new("serve"));
-    let admin_state = AdminState { registry: registry.clone(), reloads: reloads.clone() };
+    let admin_state = AdminState { registry: registry.clone(), reloads: reloads.clone(), connections: limits.clone() };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
     let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access, registry.admin_tls());

@@ -35,6 +35,7 @@ async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr,
     let state = AdminState {
         registry: Arc::new(Registry::for_tenants(d.clone(), tenants, admission, capacity)),
         reloads: Arc::new(rein_runtime::reloads::Reloads::new("serve")),
+        connections: rein_runtime::access::ConnLimits::new(Default::default()),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -392,6 +392,17 @@ async fn over_cap_clients_get_an_nbd_error_naming_the_cap() {
     // A raw peer sees NBD_REP_ERR_POLICY on GO.
     let e = raw_client(local, s.nbd, Some("oltp")).await.unwrap_err();
     assert!(e.contains(&format!("reply {:#x}", p::REP_ERR_POLICY)) && e.contains("max_connections_per_client"), "{e}");
+    // /metrics counts each refusal at its cap (the log says one a second) and the connections open: the
+    // three held, once the server has seen the others close.
+    let open = |m: &String| m.contains("rein_nbd_connections 3\n");
+    let m = common::wait_for("3 connections open", Duration::from_secs(10), || common::metrics(s.admin), open);
+    for line in [
+        "rein_nbd_connections_refused_total{cap=\"max_connections\"} 0\n",
+        "rein_nbd_connections_refused_total{cap=\"max_connections_per_client\"} 2\n",
+        "rein_nbd_connections_refused_total{cap=\"max_connections_per_tenant\"} 1\n",
+    ] {
+        assert!(m.contains(line), "{line}in\n{m}");
+    }
     drop(held);
 }
 
