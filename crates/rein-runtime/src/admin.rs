@@ -63,6 +63,8 @@ pub struct AdminState {
     pub reloads: Arc<crate::reloads::Reloads>,
     /// The NBD connections and their caps, for `/metrics` ([`crate::access::ConnLimits::metrics`]).
     pub connections: Arc<crate::access::ConnLimits>,
+    /// The storage-node protocol's service (`[node] enabled`), for `/metrics`.
+    pub node: Option<Arc<crate::node::NodeService>>,
 }
 
 /// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
@@ -494,6 +496,9 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     runtime_metrics(&mut o, "rein", &tokio::runtime::Handle::current().metrics());
     s.reloads.metrics(&mut o, true);
     s.connections.metrics(&mut o);
+    if let Some(n) = &s.node {
+        n.metrics(&mut o);
+    }
     s.registry.presented().metrics(&mut o);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
 }

@@ -70,6 +70,8 @@ pub struct NodeService {
     boot: u64,
     /// Refused hellos, logged at most once a second (module comment, "Logs").
     refusals: crate::access::SparseLog,
+    /// Hellos answered with a welcome, and refused: `/metrics` ([`NodeService::metrics`]).
+    hellos: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl std::fmt::Debug for NodeService {
@@ -113,7 +115,28 @@ impl NodeService {
     /// The gate for `config` (which must be enabled) over `registry`.
     pub fn new(config: NodeConfig, registry: Arc<Registry>) -> NodeService {
         assert!(config.enabled, "a node service only for [node] enabled = true");
-        NodeService { config, registry, boot: boot_identity(), refusals: Default::default() }
+        NodeService {
+            config,
+            registry,
+            boot: boot_identity(),
+            refusals: Default::default(),
+            hellos: Default::default(),
+        }
+    }
+
+    /// `rein_node_hellos_total{result}`: the storage-node hellos welcomed and refused (a refusal is logged
+    /// at most once a second, so the count is what says how many gateways were turned away, by
+    /// `allow_networks`/`allow_identities`, a spec out of range, or `max_tenants`).
+    pub fn metrics(&self, o: &mut String) {
+        use std::fmt::Write;
+        let [welcomed, refused] = self.hellos.each_ref().map(|n| n.load(std::sync::atomic::Ordering::Relaxed));
+        let _ = writeln!(
+            o,
+            "# HELP rein_node_hellos_total Storage-node hellos from gateways, by result.\n\
+             # TYPE rein_node_hellos_total counter\n\
+             rein_node_hellos_total{{result=\"welcomed\"}} {welcomed}\n\
+             rein_node_hellos_total{{result=\"refused\"}} {refused}"
+        );
     }
 
     /// The boot identity this node states in v2 welcomes.
@@ -197,6 +220,7 @@ impl NodeGate for NodeService {
     ) -> Pin<Box<dyn Future<Output = NodeVerdict> + Send + 'a>> {
         Box::pin(async move {
             let verdict = self.decide(peer, identity, hello).await;
+            self.hellos[usize::from(verdict.is_err())].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Err((_, msg)) = &verdict {
                 if let Some(unlogged) = self.refusals.due() {
                     tracing::info!(%peer, unlogged, "storage-node hello refused: {msg}");

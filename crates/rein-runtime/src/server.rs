@@ -422,9 +422,9 @@ pub async fn run_with(
         Some(store),
     ));
     registry.set_passed(passed_roles.0, passed_roles.1);
-    let node: Option<Arc<dyn crate::nbd::NodeGate>> = cfg.node.enabled.then(|| {
-        Arc::new(crate::node::NodeService::new(cfg.node.clone(), registry.clone())) as Arc<dyn crate::nbd::NodeGate>
-    });
+    let node_service =
+        cfg.node.enabled.then(|| Arc::new(crate::node::NodeService::new(cfg.node.clone(), registry.clone())));
+    let node = node_service.clone().map(|n| n as Arc<dyn crate::nbd::NodeGate>);
     let policy = Arc::new(Policy {
         tls: registry.tls(),
         default_export: cfg.default_export.map(|i| cfg.exports[i].name.clone()),
@@ -472,7 +472,12 @@ pub async fn run_with(
     ));
     let mut watchdog = crate::notify::Watchdog::from_env();
     let reloads = Arc::new(crate::reloads::Reloads::new("serve"));
-    let admin_state = AdminState { registry: registry.clone(), reloads: reloads.clone(), connections: limits.clone() };
+    let admin_state = AdminState {
+        registry: registry.clone(),
+        reloads: reloads.clone(),
+        connections: limits.clone(),
+        node: node_service,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
     let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access, registry.admin_tls());

@@ -36,6 +36,7 @@ async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr,
         registry: Arc::new(Registry::for_tenants(d.clone(), tenants, admission, capacity)),
         reloads: Arc::new(rein_runtime::reloads::Reloads::new("serve")),
         connections: rein_runtime::access::ConnLimits::new(Default::default()),
+        node: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

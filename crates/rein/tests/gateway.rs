@@ -764,6 +764,9 @@ fn a_node_that_refuses_the_hello_fails_under_auto_and_a_plain_nbd_node_runs_plai
             && lines[0].contains("may not use the storage-node protocol"),
         "{err}"
     );
+    // The refusing node counts it (its log says one refusal a second).
+    let refused = common::series_value(&common::metrics(refusing.admin), "rein_node_hellos_total{result=\"refused\"}");
+    assert!(refused >= 1.0, "{refused}");
     // s1 plain, s2 a storage node, both under auto.
     let gw = gateway(&config("gw.toml", &[plain.nbd, tagged.nbd], 100));
     let (ok, out) = qemu_io_ok(&uri(&gw), &["write -P 0x2e 0 1M", "read -P 0x2e 0 1M", "flush"]);
@@ -782,6 +785,9 @@ fn a_node_that_refuses_the_hello_fails_under_auto_and_a_plain_nbd_node_runs_plai
     assert!(line.contains("in plain NBD") && line.contains("does not reach it"), "{line}");
     let line = renewed("s2");
     assert!(line.contains("with the tenant's new spec"), "{line}");
+    let welcomed = common::series_value(&common::metrics(tagged.admin), "rein_node_hellos_total{result=\"welcomed\"}");
+    assert!(welcomed >= 2.0, "the start's session and the renewed one: {welcomed}");
+    assert!(!common::metrics(plain.admin).contains("rein_node_hellos_total"), "no [node], no series");
 }
 
 /// A storage node on 127.0.0.`host` like [`storage_node`], that requires TLS (its certificate
