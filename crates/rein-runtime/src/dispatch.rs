@@ -10,7 +10,7 @@
 //! Each started request takes one of three routes, chosen from the configured [`IoEngine`] and from what
 //! its storage says it can do ([`Storage::kernel_io`], [`Storage::inline_max_bytes`]), never from what type
 //! the storage is (`offer_to_ring`, `runs_inline`):
-//! 1. **The ring** (engine `uring`, the default): reads, writes (FUA as `RWF_DSYNC`) and flushes of storage
+//! 1. **The ring** (engine `uring`, the default): reads, writes (FUA as the write, then `fdatasync`) and flushes of storage
 //!    that offers a descriptor are submitted to an io_uring owned by this task ([`crate::uring`]);
 //!    page-cache hits complete during the submit call itself, the rest signal an eventfd this loop awaits.
 //!    If the kernel refuses io_uring the engine falls back to `threads`.
@@ -1501,8 +1501,8 @@ fn offer_to_ring(ring: &mut Uring<Token>, req: IoRequest, token: Token) -> RingO
     };
     let op = match op {
         Op::Read { len, headroom } => UringOp::Read { len, headroom },
-        // A zero-length FUA write syncs, as under the threads engine: the kernel ends a zero-length
-        // RWF_DSYNC write without one.
+        // A zero-length FUA write syncs, as under the threads engine: a sync alone, with no write of
+        // nothing before it.
         Op::Write { data } if data.is_empty() && fua => UringOp::Flush,
         Op::Write { data } => UringOp::Write { data, fua },
         Op::Flush => UringOp::Flush,

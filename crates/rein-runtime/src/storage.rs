@@ -38,8 +38,9 @@
 //!
 //! # A failed sync stays failed
 //! Linux reports a file's writeback error once: an `fdatasync` after a failed one succeeds, although the
-//! writes acknowledged before it never reached the disk (and an `RWF_DSYNC` write may be handed an
-//! older write's error). A storage whose sync failed therefore keeps the error
+//! writes acknowledged before it never reached the disk (and a sync of one range, such as an
+//! `RWF_DSYNC` write's, is handed an older write's error; the io_uring engine syncs a FUA write with an
+//! `fdatasync` of its own for that reason, [`crate::uring`]). A storage whose sync failed therefore keeps the error
 //! ([`Storage::sync_failed`]): every later flush, and with it every FUA request, fails with it under
 //! either engine, as QEMU's file driver does, until the export is opened again once the device is dealt
 //! with: a restart, or any reload (which opens every export whose sync failed again, for the connections
@@ -210,8 +211,8 @@ pub trait Storage: Send + Sync + 'static {
     fn inline_max_bytes(&self) -> u64 {
         0
     }
-    /// A sync of this storage run elsewhere (the io_uring engine's fdatasync, or a FUA write's
-    /// `RWF_DSYNC`) failed with `errno`: the storage keeps it (module comment, "A failed sync stays
+    /// A sync of this storage run elsewhere (the io_uring engine's fdatasync, a FLUSH's or a FUA write's)
+    /// failed with `errno`: the storage keeps it (module comment, "A failed sync stays
     /// failed"). The default, for a storage with nothing to make durable: nothing.
     fn sync_failed(&self, errno: i32) {
         let _ = errno;

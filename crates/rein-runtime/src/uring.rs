@@ -12,8 +12,17 @@
 //!
 //! The ring works on any storage that offers a descriptor ([`Storage::kernel_io`], which also checks the
 //! range and read-only-ness before anything is submitted); it never asks what type the storage is.
-//! FUA writes use `RWF_DSYNC` (the write and its data sync in one operation); FLUSH is `fsync` with
-//! `IORING_FSYNC_DATASYNC`. A read is done into a buffer with `headroom` spare bytes in front, which the
+//! FLUSH is `fsync` with `IORING_FSYNC_DATASYNC`; a FUA write is a write and then, once it has completed
+//! whole, that same sync of its descriptor, both in its one slot (invariant 4), as the `threads` engine
+//! runs it (`pwrite`, then `fdatasync`). Not `RWF_DSYNC`, the write and its sync in one operation, which
+//! this engine used before: its result does not say which half failed. ENOSPC from it was an allocation
+//! failure of the write itself, or the sync's report of an earlier write's failed writeback (a
+//! thin-provisioned device, a network file system): the sync's report is made once, so the storage had
+//! to keep it ("A failed sync stays failed" in [`crate::storage`]), but could not tell it from the write's
+//! own. Kept, a write refused on a full disk would fail every later FLUSH; not kept, a later FLUSH
+//! succeeded while the writes acknowledged before it were lost (a loop device over a full file system:
+//! 4 MiB written, the FUA write's ENOSPC, then two FLUSHes succeeded and the 4 MiB read back as zeroes).
+//! Apart, the write's error is the write's and the sync's the sync's. A read is done into a buffer with `headroom` spare bytes in front, which the
 //! caller fills later (the NBD reply header), so the data is never copied after the kernel wrote it; with
 //! `O_DIRECT` (`KernelIo::direct`) the kernel reads into an [`AlignedBuf`] instead and the data is copied
 //! once into such a buffer. Trim and write-zeroes are rare and stay on the blocking pool.
@@ -30,6 +39,9 @@
 //!    kernel ends with EAGAIN or EINTR (nothing done, try again) is resubmitted as it is, up to
 //!    [`MAX_RETRIES`] times, rather than failed with an IO error the storage never had.
 //! 3. `inflight` equals the number of occupied slots and never exceeds the ring's size.
+//! 4. A FUA write is answered only after its sync: when its write has completed whole, its slot is
+//!    submitted again as that sync (`Slot::then_sync`), and its answer is the sync's. A failed write is
+//!    answered at once, unsynced; only a failed sync is kept by the storage.
 
 // The ring shares buffers and descriptors with the kernel: unsafe by nature (the workspace denies it
 // elsewhere). Every block says why it is sound (invariants 1-3 above).
@@ -53,7 +65,7 @@ pub enum UringOp {
         /// Zero bytes in front of the data in the completion's buffer, for the caller to fill.
         headroom: usize,
     },
-    /// Write `data`; with `fua`, durably (`RWF_DSYNC`).
+    /// Write `data`; with `fua`, durably (the write, then `fdatasync`: invariant 4).
     Write {
         /// The bytes to write at the operation's offset (copied into an aligned buffer for `O_DIRECT`).
         data: Vec<u8>,
@@ -118,7 +130,8 @@ struct Slot<T> {
     offset: u64,
     len: usize,
     done: usize,
-    dsync: bool,
+    /// A FUA write: once written whole, the slot is submitted again as a sync (invariant 4).
+    then_sync: bool,
     token: T,
     /// Resubmissions after EAGAIN or EINTR (invariant 2).
     retries: u8,
@@ -175,7 +188,7 @@ impl<T> Uring<T> {
     /// for this very range (which has checked it); [`Uring::submit`] hands it to the kernel.
     pub fn push(&mut self, storage: Arc<dyn Storage>, target: KernelIo, offset: u64, op: UringOp, token: T) {
         let KernelIo { fd, direct } = target;
-        let (kind, buf, len, dsync) = match op {
+        let (kind, buf, len, then_sync) = match op {
             UringOp::Read { len, headroom } => {
                 let len = len as usize;
                 let buf = if direct {
@@ -196,7 +209,7 @@ impl<T> Uring<T> {
             }
             UringOp::Flush => (Kind::Fsync, Buf::Empty, 0, false),
         };
-        let slot = Slot { _storage: storage, fd, kind, buf, offset, len, done: 0, dsync, token, retries: 0 };
+        let slot = Slot { _storage: storage, fd, kind, buf, offset, len, done: 0, then_sync, token, retries: 0 };
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slots[i] = Some(slot);
@@ -225,10 +238,9 @@ impl<T> Uring<T> {
             Kind::Read => {
                 opcode::Read::new(types::Fd(s.fd), unsafe { s.buf.ptr().add(s.done) }, remaining).offset(at).build()
             }
-            Kind::Write => opcode::Write::new(types::Fd(s.fd), unsafe { s.buf.ptr().add(s.done) }, remaining)
-                .offset(at)
-                .rw_flags(if s.dsync { libc::RWF_DSYNC } else { 0 })
-                .build(),
+            Kind::Write => {
+                opcode::Write::new(types::Fd(s.fd), unsafe { s.buf.ptr().add(s.done) }, remaining).offset(at).build()
+            }
             Kind::Fsync => opcode::Fsync::new(types::Fd(s.fd)).flags(types::FsyncFlags::DATASYNC).build(),
         }
         .user_data(idx as u64);
@@ -272,11 +284,12 @@ impl<T> Uring<T> {
         let mut resubmit = false;
         // Every failed sync of the batch is the storage's before any sync of it is answered: of two
         // syncs at once Linux reports a writeback error to one only (rein-runtime's storage, "A failed
-        // sync stays failed").
+        // sync stays failed"). A FUA write's sync is a sync of its own (invariant 4): a failed write is
+        // no failed sync.
         for &(ud, res) in &self.cqes {
             let s = self.slots[ud as usize].as_ref().expect("completion for an occupied slot");
             let retried = res == -libc::EAGAIN || res == -libc::EINTR;
-            if res < 0 && !retried && (s.kind == Kind::Fsync || (s.dsync && res == -libc::EIO)) {
+            if res < 0 && !retried && s.kind == Kind::Fsync {
                 s._storage.sync_failed(-res);
             }
         }
@@ -299,7 +312,14 @@ impl<T> Uring<T> {
                 Some(Ok(()))
             } else {
                 s.done += res as usize;
-                if s.done >= s.len {
+                if s.done >= s.len && s.then_sync {
+                    // Invariant 4: written whole, now its sync, in the same slot; the answer is the sync's.
+                    s.kind = Kind::Fsync;
+                    s.then_sync = false;
+                    s.retries = 0;
+                    s.buf = Buf::Empty;
+                    None
+                } else if s.done >= s.len {
                     Some(Ok(()))
                 } else if res == 0 {
                     let kind =
@@ -314,6 +334,7 @@ impl<T> Uring<T> {
             };
             match outcome {
                 None => {
+                    // Again as it is, the rest of a short transfer, or a FUA write's sync.
                     self.push_entry(idx);
                     resubmit = true;
                 }
@@ -322,11 +343,10 @@ impl<T> Uring<T> {
                     self.free.push(idx);
                     self.inflight -= 1;
                     finished += 1;
-                    // A sync (an fdatasync, a FUA write's RWF_DSYNC) fails when one failed before (recorded
-                    // above; rein-runtime's storage, "A failed sync stays failed").
-                    let sync = s.kind == Kind::Fsync || s.dsync;
+                    // A sync (an fdatasync, a FUA write's) fails when one failed before (recorded above;
+                    // rein-runtime's storage, "A failed sync stays failed").
                     let r = match r {
-                        Ok(()) if sync => s._storage.sync_error().map_or(Ok(()), Err),
+                        Ok(()) if s.kind == Kind::Fsync => s._storage.sync_error().map_or(Ok(()), Err),
                         r => r,
                     };
                     let data = match (r, s.kind) {

@@ -452,6 +452,70 @@ fn a_reload_opens_an_image_resized_by_hand_again() {
     assert_ne!(old.reply(4096).1, 0, "beyond the shrunk image: an error, not zeros or a hang");
 }
 
+/// A FUA write's sync is a sync like a FLUSH's (rein-runtime's uring, invariant 4): an export whose
+/// writeback fails with ENOSPC (a file on an ext2 over a loop device, whose backing file lies on a full
+/// file system: a thin-provisioned device out of space) reports the failure of the writes acknowledged
+/// before to the FUA write that found it, and every FLUSH after it fails too, under both engines. Before,
+/// the io_uring engine wrote FUA with `RWF_DSYNC`, whose ENOSPC it could not tell from the write's own and
+/// did not keep: the two FLUSHes after it succeeded, and the 4 MiB written before read back as zeroes once
+/// out of the page cache. Needs root (loop devices, mount, ext2); elsewhere skipped.
+#[test]
+fn a_fua_write_that_finds_a_failed_writeback_fails_every_later_flush() {
+    let tmp = tmpdir("serve-fua-nospc");
+    let dir = tmp.path();
+    let (outer, mnt, inner) = (dir.join("outer.img"), dir.join("outer"), dir.join("inner"));
+    std::fs::write(&outer, vec![0u8; 24 << 20]).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::create_dir(&inner).unwrap();
+    let [outer, mnt, inner] = [outer, mnt, inner].map(|p| p.to_str().unwrap().to_string());
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Cmd::new("umount").arg(&self.0).status();
+        }
+    }
+    if setup(&[&["mkfs.ext4", "-q", "-F", &outer], &["mount", "-o", "loop", &outer, &mnt]]).is_none() {
+        return;
+    }
+    let _outer = Unmount(mnt.clone());
+    // A sparse 32 MiB device on the outer file system, with an ext2 on it; then the outer one filled.
+    let back = format!("{mnt}/back.img");
+    let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
+    let Some(lo) = LoopDev::attach(Path::new(&back), &[]) else { return };
+    if setup(&[&["mkfs.ext2", "-q", "-F", &lo.0], &["mount", &lo.0, &inner]]).is_none() {
+        return;
+    }
+    let _inner = Unmount(inner.clone());
+    // The images made (sparse) and synced first: an image whose own creation is not yet on the device
+    // fails every sync with EIO once its inode cannot be written back, whatever the engine.
+    for engine in ["uring", "threads"] {
+        let _ = Cmd::new("truncate").args(["-s", "16M", &format!("{inner}/{engine}.img")]).status();
+    }
+    let _ = Cmd::new("sync").status();
+    let _ = Cmd::new("dd").args(["if=/dev/zero", &format!("of={mnt}/fill"), "bs=1M"]).output();
+    let _ = Cmd::new("sync").status();
+    for (engine, host) in [("uring", 234u8), ("threads", 235)] {
+        let image = format!("{inner}/{engine}.img");
+        let config = format!("io_engine = \"{engine}\"\n[[exports]]\nname = \"b\"\npath = \"{image}\"\n");
+        let s = Rein::serve(&config_file(dir, host, &config)).start();
+        let mut c = common::Raw::connect(s.nbd, "b");
+        c.send(Command::Write, 1, 1 << 20, 4 << 20, &vec![0xa5; 4 << 20]);
+        assert_eq!(c.reply(0).1, 0, "{engine}: the write is taken (into the page cache)");
+        // Its writeback fails (the outer file system has no block for it). The FUA write goes over it
+        // (allocating nothing, whose failed metadata would fail every sync with EIO).
+        let _ = Cmd::new("sync").status();
+        let fua = request(&mut c.s, &mut c.buf, p::CMD_FLAG_FUA, Command::Write, 1 << 20, 4096, &[0x5a; 4096]);
+        assert_eq!(fua, p::ENOSPC, "{engine}: the FUA write reports the failed writeback");
+        let mut errors = Vec::new();
+        for h in 2..4 {
+            c.send(Command::Flush, h, 0, 0, &[]);
+            errors.push(c.reply(0).1);
+        }
+        assert!(errors.iter().all(|&e| e != 0), "{engine}: every FLUSH after it fails: {errors:?}");
+        drop(s);
+    }
+}
+
 /// Before: a read-only export of a missing file with `size_mb` failed at start with `open failed: No such
 /// file or directory` (the file is created only for writable exports). A read-only export of a missing
 /// file is most likely a mistyped path: it is still not created, and the error says so.
