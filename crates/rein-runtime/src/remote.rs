@@ -70,7 +70,14 @@
 //! that ends with writes uncovered marks the node `lost`, and the volume's next FLUSH fails with EIO
 //! naming the node (once, as Linux reports a writeback error once), as a disk that lost its cache would.
 //! It cannot tell a broken connection to a live node (whose cache still holds the writes) from a crash,
-//! so it reports both. A FLUSH sent before such a session ended and answered after it (one queued while
+//! so it reports both. A session the gateway ends itself (a renewal for a tenant's new spec) ends with
+//! the node alive, and marks nothing; but the node may restart before the next session opens (the
+//! renewal's connection failed, the node was down meanwhile). So a new session also compares the node's
+//! boot identity (its v2 welcome) with the last one a session of the volume met there (`Durability`'s
+//! `boot`): another boot is a node that restarted, and writes no FLUSH covered mark it `lost` as a lost
+//! session does. A node that states no boot (plain NBD, v1) cannot be compared: a renewal whose
+//! connection fails marks it `lost` instead (the node may be restarting). Before, a FLUSH after a renewal,
+//! a node killed -9 and started again succeeded, the writes it had acknowledged unflushed unreported. A FLUSH sent before such a session ended and answered after it (one queued while
 //! a moved node's session drained goes out on the next session) covers none of those writes: it fails
 //! the same way (`Mark::Flushed` carries the loss count it was sent at), and the next FLUSH still reports
 //! the loss.
@@ -591,6 +598,8 @@ struct Durability {
     /// so does a FLUSH whose own session is not the one that ended (it was queued while a session drained
     /// and ended, then went out on the next: the writes acknowledged on the old one were not covered).
     losses: AtomicU64,
+    /// The boot identity the latest session met at the node (0: none yet, or the node states none).
+    boot: AtomicU64,
 }
 
 impl Durability {
@@ -603,6 +612,14 @@ impl Durability {
             return true;
         }
         false
+    }
+
+    /// A session opened to the node's boot `boot` (`None`: the node states none): a boot other than the
+    /// last one met is a node that restarted, and ends the writes not yet flushed as a lost session
+    /// does ([`Durability::session_ended`]). Returns whether it marked the node lost.
+    fn session_opened(&self, boot: Option<u64>) -> bool {
+        let before = self.boot.swap(boot.unwrap_or(0), Ordering::AcqRel);
+        before != 0 && before != boot.unwrap_or(0) && self.session_ended()
     }
 }
 
@@ -1602,6 +1619,12 @@ async fn run_link(
                             continue;
                         }
                         Err(e) => {
+                            // A node that states no boot cannot be compared when it is back (module comment,
+                            // "FLUSH after a lost session"): it may be restarting now.
+                            if target.durability.boot.load(Ordering::Acquire) == 0 && target.durability.session_ended()
+                            {
+                                tracing::warn!(node = name, volume = %target.volume, "a node session renewed with writes not yet flushed could not reconnect; the next FLUSH fails");
+                            }
                             down.set(&target.volume);
                             log.failed(&target.node, &target.volume, e.to_string(), false);
                         }
@@ -1715,6 +1738,10 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
         let mut tracker = tracker.lock().unwrap_or_else(|e| e.into_inner());
         let fresh = tracker.session(node, boot).expect("the tracker covers every node");
         tracing::debug!(node = target.node.name.as_str(), volume = %target.volume, ?boot, fresh, "node session");
+    }
+    // Before any piece goes on this session (module comment, "FLUSH after a lost session").
+    if target.durability.session_opened(boot) {
+        tracing::warn!(node = target.node.name.as_str(), volume = %target.volume, "the node restarted (another boot identity) with writes not yet flushed; the next FLUSH fails");
     }
     match stream {
         NbdStream::Plain(sock) => {
@@ -2122,6 +2149,27 @@ mod tests {
         assert_eq!(d.flushed.load(Ordering::Acquire), 4, "raised by the session's end, not by the FLUSH");
         assert!(d.lost.load(Ordering::Acquire), "still for the next FLUSH");
         assert_eq!(d.stats.flush_lost.load(Ordering::Relaxed), 1);
+    }
+
+    /// A session to another boot of the node than the last one met is a restart: writes not yet flushed
+    /// mark it lost (once), as a lost session does; the same boot, or a node that states none, marks
+    /// nothing.
+    #[test]
+    fn a_session_to_another_boot_marks_unflushed_writes_lost() {
+        let d = Arc::new(Durability::default());
+        let write = || Sink { gather: None, at: 0, mark: Some((d.clone(), Mark::Written)), _hold: None }.ok(&[]);
+        assert!(!d.session_opened(Some(7)), "the first session");
+        write();
+        assert!(!d.session_opened(Some(7)), "the same boot (a renewal, a reconnect) keeps the writes");
+        assert!(!d.lost.load(Ordering::Acquire));
+        assert!(d.session_opened(Some(8)), "another boot: the node restarted with a write unflushed");
+        assert!(d.lost.load(Ordering::Acquire));
+        d.lost.store(false, Ordering::Release); // reported by a FLUSH
+        assert!(!d.session_opened(Some(9)), "reported once: nothing written since");
+        assert!(!d.session_opened(None), "nothing written since");
+        write();
+        assert!(!d.session_opened(None), "a node that states no boot cannot be compared");
+        assert!(!d.lost.load(Ordering::Acquire));
     }
 
     /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request with phase

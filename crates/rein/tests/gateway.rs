@@ -333,6 +333,50 @@ fn a_flush_after_a_node_lost_unflushed_writes_fails_once() {
     assert!(metrics.contains("rein_gateway_node_flush_lost_total{export=\"v\",node=\"s2\"} 1\n"), "{metrics}");
 }
 
+/// A session renewed for a tenant's new spec ends with its node alive and marks nothing; a node that then
+/// restarts before a session opens again (here: stopped, so the renewal's connection times out, then
+/// killed -9 and started again on its data) may have lost the writes it acknowledged unflushed, and the
+/// next FLUSH fails (remote.rs, "FLUSH after a lost session": the new session meets another boot
+/// identity). Before, that FLUSH succeeded; without the renewal it failed, as a lost session's does.
+#[test]
+fn a_node_that_restarts_across_a_renewal_fails_the_next_flush() {
+    use rein_proto::nbd::Command;
+    let tmp = tmpdir("gw-renew-restart");
+    let dir = tmp.path();
+    let node_at = |port: u16| {
+        let head = format!("listen = \"127.0.0.236:{port}\"\nadmin = \"127.0.0.236:0\"");
+        serve_in(&dir.join("node236"), &head, &storage_node_body("", "", ""))
+    };
+    let node = node_at(0);
+    let addr = node.nbd;
+    let text = |reservation: u32| {
+        format!(
+            "{}\n{TIMES}connections_per_node = 1\n[[nodes]]\nname = \"s1\"\naddress = \"{addr}\"\nprotocol = \"rein\"\n\
+             [[tenants]]\nname = \"c2\"\nreservation = {reservation}\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
+            local(237)
+        )
+    };
+    let gw = gateway_in(dir, &text(100));
+    node.wait_line("storage-node session granted");
+    let mut c = Raw::connect(gw.nbd, "v");
+    c.send(Command::Write, 1, 0, 65536, &[0x23; 65536]);
+    assert_eq!(c.reply(0).1, 0, "the node acknowledges the write (no FLUSH yet)");
+    node.signal("-STOP");
+    write_file(dir, "gw.toml", &text(200));
+    gw.signal("-HUP");
+    gw.wait_line("did not finish the NBD handshake within connect_timeout_s");
+    assert!(Cmd::new("kill").args(["-9", &node.pid().to_string()]).status().unwrap().success());
+    drop(node);
+    let _node = node_at(addr.port());
+    gw.wait_line("node connection restored");
+    c.send(Command::Flush, 2, 0, 0, &[]);
+    assert_eq!(c.reply(0).1, 5, "the FLUSH fails with EIO: {:?}", gw.log.lock().unwrap());
+    gw.wait_line("the node restarted (another boot identity) with writes not yet flushed");
+    // Reported once.
+    c.send(Command::Flush, 3, 0, 0, &[]);
+    assert_eq!(c.reply(0).1, 0);
+}
+
 /// A node down when the gateway starts does not stop it: the gateway starts (the log names the node),
 /// pieces for that node fail with EIO at once, the others are served, and the node is used once it comes
 /// up. A FLUSH meanwhile succeeds: a node never reached acknowledged no write.
@@ -560,11 +604,15 @@ fn storage_node(dir: &Path, host: u8) -> Server {
 /// [`storage_node`] with the top-level keys `top`, the `[node]` keys `node_keys` and the tables `tables`
 /// added.
 fn storage_node_with(dir: &Path, host: u8, top: &str, node_keys: &str, tables: &str) -> Server {
-    let body = format!(
+    serve_in(&dir.join(format!("node{host}")), &local(host), &storage_node_body(top, node_keys, tables))
+}
+
+/// The configuration body of [`storage_node_with`].
+fn storage_node_body(top: &str, node_keys: &str, tables: &str) -> String {
+    format!(
         "capacity_iops = 100000\nscheduler = \"dmclock\"\n{top}{tables}[node]\nenabled = true\nspecs = \"gateway\"\n\
          {node_keys}[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n[[exports]]\nname = \"w\"\nsize_mb = {NODE_MB}\n"
-    );
-    serve_in(&dir.join(format!("node{host}")), &local(host), &body)
+    )
 }
 
 /// A storage node's `[mclock]` table that holds limits strictly (no burst), for tests that count on a
