@@ -21,6 +21,8 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
+# libnbd with optional TLS (nbdsh, its Python module), which no nbdinfo URI asks for (serve_tls.rs).
+command -v nbdsh >/dev/null 2>&1 || need_apt+=(python3-libnbd)
 command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
 # A test reads the NBD server's TCP keepalive timer with ss (crates/rein/tests/bounds.rs).

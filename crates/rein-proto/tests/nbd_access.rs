@@ -146,6 +146,42 @@ fn tls_require_refuses_every_option_but_starttls_and_abort() {
     assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
 }
 
+/// TLS turned off (a reload) after the connection came in and before its STARTTLS: the STARTTLS gets
+/// NBD_REP_ERR_POLICY, as from a server without TLS, and the handshake goes on in plain (a client with
+/// optional TLS opens its export; `Require` no longer answers NBD_REP_ERR_TLS_REQD). Before, the mode was
+/// the connection's first: the STARTTLS was acknowledged, and the caller, with no TLS to run, could only
+/// close the connection after the ACK. TLS turned on again is offered to the next STARTTLS; once TLS is
+/// up, turning it off leaves the session as it is (a second STARTTLS is still NBD_REP_ERR_INVALID).
+#[test]
+fn starttls_after_tls_was_turned_off_is_refused_and_the_handshake_goes_on_in_plain() {
+    for mode in [TlsMode::On, TlsMode::Require] {
+        let mut s = server(|s| s.set_tls(mode));
+        let mut out = Vec::new();
+        assert_eq!(s.feed(&flags_and(&[]), &mut out).unwrap(), (4, ServerProgress::NeedMore));
+        s.set_tls(TlsMode::Off);
+        let (_, p) = s.feed(&opt(OPT_STARTTLS, &[]), &mut out).unwrap();
+        assert_eq!(p, ServerProgress::NeedMore, "{mode:?}");
+        assert_eq!(replies(&out), [(OPT_STARTTLS, REP_ERR_POLICY, b"TLS is not offered".to_vec())], "{mode:?}");
+        out.clear();
+        let (_, p) = s.feed(&opt(OPT_GO, &go("rd")), &mut out).unwrap();
+        assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }), "{mode:?}");
+        assert!(!s.tls_active());
+    }
+    // Off at the connection, required by the time of its first option: TLS_REQD, then STARTTLS is taken.
+    let mut s = server(|_| {});
+    let mut out = Vec::new();
+    s.set_tls(TlsMode::Require);
+    let (_, p) = s.feed(&flags_and(&[(OPT_GO, &go("rd")), (OPT_STARTTLS, &[])]), &mut out).unwrap();
+    assert_eq!(p, ServerProgress::StartTls);
+    assert_eq!(replies(&out).iter().map(|r| r.1).collect::<Vec<_>>(), [REP_ERR_TLS_REQD, REP_ACK]);
+    s.tls_established();
+    s.set_tls(TlsMode::Off);
+    out.clear();
+    let (_, p) = s.feed(&opt(OPT_STARTTLS, &[]), &mut out).unwrap();
+    assert_eq!((p, replies(&out)[0].1), (ServerProgress::NeedMore, REP_ERR_INVALID));
+    assert!(s.tls_active(), "the session stays under TLS");
+}
+
 fn opt(option: u32, data: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
     option_request(&mut v, option, data);

@@ -89,7 +89,7 @@ use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
 use crate::remote::RemoteVolume;
 use crate::sock::{Peer, Sock};
 use crate::storage::Storage;
-use crate::tls::{LiveTls, NbdStream, Registration, TlsError};
+use crate::tls::{LiveTls, NbdStream, Registration, TlsConfig, TlsError};
 use rein_core::TenantId;
 use rein_proto::nbd::{
     self as p, Event, ExportInfo, Negotiated, NodeHello, NodeReplyTrailer, NodeWelcome, Rejection, ReplyEncoder,
@@ -430,9 +430,7 @@ pub async fn serve_client(
     let infos: Vec<ExportInfo> = exports.iter().map(|e| e.info.clone()).collect();
     let mut out = Vec::new();
     let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
-    // Whether STARTTLS is offered, as TLS stands now; the TLS handshake itself takes the context current
-    // when it starts (module comment of crate::tls, "Reload").
-    hs.set_tls(policy.tls.get().map_or(TlsMode::Off, |t| t.mode));
+    // Whether STARTTLS is offered is set before each option is read (`handshake`), as TLS stands then.
     hs.set_default_export(policy.default_export.as_ref().and_then(|d| exports.iter().position(|e| e.info.name == *d)));
     hs.set_visible(Policy::visible(&exports, peer.ip(), None));
     hs.set_confirm_open(policy.cap_tenants);
@@ -460,12 +458,10 @@ pub async fn serve_client(
         match handshake(&mut stream, &mut hs, &mut input, &policy, &exports, (peer, None), shutdown).await? {
             HsEnd::Left => Ok(None),
             HsEnd::Open(n, slot, node) => Ok(Some((NbdStream::Plain(stream), n, None, slot, node, None))),
-            HsEnd::StartTls => {
-                // The context now, not the one current when the connection came in: a client may hold
-                // its TCP connection open across a reload that revokes it before it asks for TLS.
-                let Some(tls) = policy.tls.get() else {
-                    return Err(TlsError("TLS was turned off by a reload during the NBD handshake".into()).into());
-                };
+            HsEnd::StartTls(tls) => {
+                // The context the STARTTLS was answered under, not the one current when the connection
+                // came in: a client may hold its TCP connection open across a reload that revokes it
+                // before it asks for TLS (and one that turns TLS off has its STARTTLS refused).
                 let (mut stream, identity) = tls.accept(stream).await?;
                 // With a duplicate of its socket, so that a reload that revokes this client can cut it;
                 // refused if a reload revoked it while its handshake ran.
@@ -481,7 +477,7 @@ pub async fn serve_client(
                     HsEnd::Open(n, slot, node) => {
                         Ok(Some((NbdStream::Tls(Box::new(stream)), n, identity, slot, node, registration)))
                     }
-                    HsEnd::StartTls => Err(ConnError::Proto(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS"))),
+                    HsEnd::StartTls(_) => Err(ConnError::Proto(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS"))),
                 }
             }
         }
@@ -657,8 +653,9 @@ async fn drained(permits: &Semaphore) {
 enum HsEnd {
     /// The client aborted or left.
     Left,
-    /// STARTTLS was acknowledged: run TLS, then go on.
-    StartTls,
+    /// STARTTLS was acknowledged under this context (TLS as it stood when the option was read): run TLS
+    /// with it, then go on.
+    StartTls(TlsConfig),
     /// An export is open (with the client's tenant slot, if tenants are capped, and the tenants of a
     /// storage-node session's slots).
     Open(Negotiated, Option<TenantSlot>, Vec<TenantId>),
@@ -701,6 +698,11 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         }
         loop {
             out.clear();
+            // TLS as it stands now, for the options this call answers: a reload may have turned it on or
+            // off since the connection came in, and a STARTTLS is decided before its reply (an ACK then
+            // runs TLS under this very context; a refusal lets the handshake go on in plain).
+            let tls_now = policy.tls.get().filter(|t| t.mode != TlsMode::Off);
+            hs.set_tls(tls_now.as_ref().map_or(TlsMode::Off, |t| t.mode));
             let (used, mut progress) = hs.feed(input.unconsumed(), &mut out)?;
             input.consume(used);
             let mut slot = None;
@@ -745,7 +747,10 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                     let node = if n.node.is_some() { std::mem::take(&mut node_tenants) } else { Vec::new() };
                     return Ok(HsEnd::Open(n, slot, node));
                 }
-                ServerProgress::StartTls if input.unconsumed().is_empty() => return Ok(HsEnd::StartTls),
+                ServerProgress::StartTls if input.unconsumed().is_empty() => {
+                    let tls = tls_now.expect("the handshake acknowledges STARTTLS only under a TLS mode set on");
+                    return Ok(HsEnd::StartTls(tls));
+                }
                 ServerProgress::StartTls => {
                     return Err(p::ProtoError::Malformed("data after NBD_OPT_STARTTLS before the TLS handshake").into())
                 }

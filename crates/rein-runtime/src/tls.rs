@@ -63,6 +63,15 @@
 //! cut at the reload (their sockets shut down, [`LiveTls::set`]): an NBD connection lives as long as
 //! its VM, and a revocation that waited for it to end would not revoke.
 //!
+//! An NBD STARTTLS is answered under the context current when the option is read (rein-proto's
+//! `ServerHandshake::set_tls` before each read), and an acknowledged one runs its TLS handshake under
+//! that same context. A reload that turned TLS off (no `[tls]`, or `mode = "off"`) before a client's
+//! STARTTLS has it refused with NBD_REP_ERR_POLICY, and the handshake goes on in plain, as with a
+//! server without TLS: a client with optional TLS carries on, one that requires it gives up with its own
+//! error. (Before, the STARTTLS was acknowledged under the mode of the connection's start, and the
+//! server then dropped the connection for want of a context; with `mode = "off"` and the table kept,
+//! it went on with TLS.)
+//!
 //! A handshake under way during the reload is not in the list the reload sweeps, and ran under the old
 //! context; so once done, a connection registers ([`LiveTls::register`]) by checking its client against
 //! the context current then, under the list's lock, which the reload holds from its replacement of the

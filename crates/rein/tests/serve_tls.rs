@@ -816,3 +816,118 @@ fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
     let out = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args(["serve", "--check-config", "--config"]).arg(&path));
     assert!(out.contains("warning: tls.cert") && out.contains("expired-cert.pem expired"), "{out}");
 }
+
+/// A relay between one NBD client (accepted on `listener`) and `server` that holds the client's first
+/// NBD_OPT_STARTTLS until `hold` has run, then relays both ways untouched: a reload in `hold` falls
+/// between the client's connect (the server's greeting went through) and its STARTTLS, every time.
+fn relay_holding_starttls(listener: &std::net::TcpListener, server: SocketAddr, hold: impl FnOnce()) {
+    use std::io::{Read, Write};
+    let (mut client, _) = listener.accept().unwrap();
+    let mut upstream = std::net::TcpStream::connect(server).unwrap();
+    let (mut from_server, mut to_client) = (upstream.try_clone().unwrap(), client.try_clone().unwrap());
+    let down = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from_server, &mut to_client);
+        let _ = to_client.shutdown(std::net::Shutdown::Write);
+    });
+    let mut flags = [0u8; 4];
+    client.read_exact(&mut flags).unwrap();
+    upstream.write_all(&flags).unwrap();
+    let starttls = loop {
+        let mut option = [0u8; 16];
+        client.read_exact(&mut option).unwrap();
+        let len = u32::from_be_bytes(option[12..16].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; len];
+        client.read_exact(&mut data).unwrap();
+        let mut message = option.to_vec();
+        message.extend_from_slice(&data);
+        if u32::from_be_bytes(option[8..12].try_into().unwrap()) == p::OPT_STARTTLS {
+            break message;
+        }
+        upstream.write_all(&message).unwrap();
+    };
+    hold();
+    upstream.write_all(&starttls).unwrap();
+    let _ = std::io::copy(&mut client, &mut upstream);
+    let _ = upstream.shutdown(std::net::Shutdown::Write);
+    down.join().unwrap();
+}
+
+/// libnbd's shell. It runs the first `python3` on the PATH, and libnbd's Python module is installed
+/// for the system's (`python3-libnbd`), which a python3 of one's own earlier on the PATH (pyenv) lacks:
+/// the directory nbdsh is in (the system's python3 is beside it) goes first.
+fn nbdsh() -> Cmd {
+    let mut c = tool("nbdsh");
+    let found = Cmd::new("sh").args(["-c", "command -v nbdsh"]).output().unwrap();
+    let path = PathBuf::from(String::from_utf8_lossy(&found.stdout).trim());
+    let dir = path.parent().expect("nbdsh's directory");
+    c.env("PATH", format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default()));
+    c
+}
+
+/// A reload that turns TLS off between a client's connect and its NBD_OPT_STARTTLS (a relay holds the
+/// option until the reload is done): the STARTTLS is refused as by a server without TLS (the spec's
+/// NOTLS mode: NBD_REP_ERR_POLICY), and the handshake goes on in plain. libnbd with optional TLS
+/// (`nbdsh`, `set_tls(TLS_ALLOW)`) then opens its export without TLS; nbdinfo with `nbds://` (TLS
+/// required) gives up (it aborts the handshake). Both for `[tls]` removed and for `mode = "off"` with the
+/// table kept. Before, the server acknowledged the STARTTLS under the mode of the connection's start:
+/// with the table removed it then closed the connection ("TLS was turned off by a reload during the NBD
+/// handshake"), so the optional client failed mid-TLS-handshake; with `mode = "off"` it went on with
+/// TLS, so the required client was served over TLS by a server whose TLS was off.
+#[test]
+fn starttls_after_a_reload_turned_tls_off_is_refused_and_the_client_goes_on_in_plain() {
+    let tmp = tmpdir("tls-off-reload");
+    let dir = tmp.path();
+    let keys = psk_file(dir, "keys.psk", "alice");
+    let tls_on = format!("[tls]\nmode = \"on\"\npsk_file = \"keys.psk\"\n{PLAIN}");
+    let s = start(dir, 52, &tls_on);
+    let reload = |body: &str, n: usize| {
+        common::config_file(dir, 52, body);
+        s.signal("-HUP");
+        wait_lines(&s, "configuration reloaded", n);
+    };
+    let relay = std::net::TcpListener::bind("127.0.0.52:0").unwrap();
+    let at = relay.local_addr().unwrap();
+    // [tls] removed while libnbd, with optional TLS, waits for its STARTTLS's answer.
+    let optional = std::thread::scope(|scope| {
+        scope.spawn(|| relay_holding_starttls(&relay, s.nbd, || reload(PLAIN, 1)));
+        let script = format!(
+            "h.set_tls(nbd.TLS_ALLOW)\nh.set_tls_username('alice')\nh.set_tls_psk_file('{}')\n\
+             h.set_export_name('rd')\nh.connect_tcp('{}', '{}')\nprint('size', h.get_size(), 'tls', \
+             h.get_tls_negotiated())",
+            keys.display(),
+            at.ip(),
+            at.port()
+        );
+        run(nbdsh().args(["-c", &script]))
+    });
+    let (stdout, stderr) = (String::from_utf8_lossy(&optional.stdout), String::from_utf8_lossy(&optional.stderr));
+    assert!(optional.status.success(), "the client with optional TLS failed: {stdout} {stderr}");
+    assert_eq!(stdout.trim(), "size 8388608 tls False", "{stderr}");
+    assert!(stderr.contains("TLS is not offered"), "the server's reason for refusing STARTTLS: {stderr}");
+    // TLS on again (a client that asks gets it), then `mode = "off"` with the table kept while nbdinfo,
+    // which requires TLS, waits.
+    reload(&tls_on, 2);
+    let info = run_ok(tool("nbdinfo").arg(format!("nbds://alice@{}/rd?tls-psk-file={}", s.nbd, keys.display())));
+    assert!(info.contains("with TLS"), "{info}");
+    let required = std::thread::scope(|scope| {
+        let off = tls_on.replace("mode = \"on\"", "mode = \"off\"");
+        scope.spawn(move || relay_holding_starttls(&relay, s.nbd, || reload(&off, 3)));
+        run(tool("nbdinfo").arg(format!("nbds://alice@{at}/rd?tls-psk-file={}", keys.display())))
+    });
+    let stderr = String::from_utf8_lossy(&required.stderr);
+    assert!(
+        !required.status.success(),
+        "served after TLS was turned off: {}",
+        String::from_utf8_lossy(&required.stdout)
+    );
+    // libnbd 1.14 sends NBD_OPT_ABORT and says "connection is closed", its debug output the reason.
+    assert!(
+        stderr.contains("server error message: TLS is not offered") && !stderr.contains("gnutls"),
+        "the refusal, no TLS handshake: {stderr}"
+    );
+    assert!(
+        !s.log.lock().unwrap().iter().any(|l| l.contains("NBD handshake failed")),
+        "no failed handshake: {:#?}",
+        s.log.lock().unwrap()
+    );
+}

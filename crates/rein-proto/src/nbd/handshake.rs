@@ -22,6 +22,17 @@
 //!   over TLS. Options negotiated before TLS (structured replies) are forgotten, as the spec requires.
 //!   `Require`: before TLS, every option but STARTTLS and ABORT gets NBD_REP_ERR_TLS_REQD, and
 //!   EXPORT_NAME (which has no error reply) closes. STARTTLS once TLS is up gets NBD_REP_ERR_INVALID.
+//!
+//!   The mode is TLS as it stands when an option arrives: the caller may call `set_tls` again before
+//!   any `feed` (a reload may turn TLS on or off while a client negotiates), and each option is answered
+//!   under the mode set last. So a STARTTLS that comes after TLS was turned off gets NBD_REP_ERR_POLICY
+//!   and the handshake goes on in plain, as with a server that never had TLS (the spec's NOTLS mode):
+//!   a client with optional TLS carries on without it, one that requires TLS gives up with its own
+//!   error. Before, the mode was set once per connection, so such a STARTTLS was acknowledged and the
+//!   caller, with no TLS to start, could only drop the connection after the ACK. Deviation: the spec
+//!   asks a server to keep one mode for a TCP connection's lifespan; a reload during option haggling is
+//!   the one thing that changes it, since promising TLS the server no longer has, or serving an export
+//!   in plain after the operator required TLS, would be worse than a change the client sees once.
 //! - **Visibility** ([`ServerHandshake::set_visible`], one flag per export; all visible by default): a
 //!   hidden export is left out of LIST, and INFO, GO and EXPORT_NAME answer it exactly as an export that
 //!   does not exist (NBD_REP_ERR_UNKNOWN with the same message; EXPORT_NAME closes), so its existence does
@@ -219,7 +230,9 @@ impl ServerHandshake {
         matches!(self.refusal, Some((REP_ERR_SHUTDOWN, _)))
     }
 
-    /// Sets whether STARTTLS is offered or required (module comment). Set it before the first `feed`.
+    /// Sets whether STARTTLS is offered or required, as TLS stands now (module comment): set it before
+    /// the first `feed`, and again before any later one whenever it may have changed; each option is
+    /// answered under the mode set last.
     pub fn set_tls(&mut self, mode: TlsMode) {
         self.tls = mode;
     }
@@ -429,10 +442,11 @@ impl ServerHandshake {
     }
 
     fn starttls(&mut self, data: &[u8], out: &mut Vec<u8>) -> ServerProgress {
-        if self.tls == TlsMode::Off {
-            option_reply(out, OPT_STARTTLS, REP_ERR_POLICY, b"TLS is not offered");
-        } else if self.tls_active {
+        // Established first: TLS turned off since then still leaves this session under TLS.
+        if self.tls_active {
             option_reply(out, OPT_STARTTLS, REP_ERR_INVALID, b"TLS is already established");
+        } else if self.tls == TlsMode::Off {
+            option_reply(out, OPT_STARTTLS, REP_ERR_POLICY, b"TLS is not offered");
         } else if !data.is_empty() {
             option_reply(out, OPT_STARTTLS, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data");
         } else {
