@@ -54,6 +54,10 @@
 //!   one), which `axum::serve` makes in the task it spawns per
 //!   connection. A client that connects and says nothing (or stalls mid-handshake) therefore holds one
 //!   task and one permit, never the loop that accepts the others.
+//! - **No reload turns it off** ([`crate::tls::AdminTls`], a context that cannot be absent): a reload
+//!   whose file keeps `admin_tls = true` without `[tls]`'s certificate is refused whole, and one that
+//!   drops `admin_tls` (with `[tls]` or without) needs a restart and keeps the running context, so the
+//!   endpoint goes on with HTTPS and the certificate it has until the restart.
 //! - **The handshake counts against the cap and has a deadline**: the permit is taken before the
 //!   accept, as for plain HTTP; the idle timer, started at accept, is not reset by handshake bytes, so
 //!   the whole handshake must finish within one `admin_idle_timeout_s` (a TLS handshake is two round
@@ -98,7 +102,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tokio_openssl::SslStream;
 
-use crate::tls::LiveTls;
+use crate::tls::AdminTls;
 
 /// Default `max_admin_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
@@ -420,13 +424,13 @@ pub struct CappedListener {
     permits: Arc<Semaphore>,
     idle_timeout: Duration,
     /// With `admin_tls`: the `[tls]` context, as a reload replaces it ([`crate::tls`], "Reload").
-    tls: Option<LiveTls>,
+    tls: Option<AdminTls>,
 }
 
 impl CappedListener {
     /// Wraps a bound listener; with `tls`, every connection is HTTPS, with the context `tls` holds when
     /// its handshake starts.
-    pub fn new(inner: TcpListener, access: &AdminAccess, tls: Option<LiveTls>) -> CappedListener {
+    pub fn new(inner: TcpListener, access: &AdminAccess, tls: Option<AdminTls>) -> CappedListener {
         CappedListener {
             inner,
             permits: Arc::new(Semaphore::new(access.max_connections)),
@@ -461,17 +465,15 @@ impl axum::serve::Listener for CappedListener {
                 // flight and session tickets are several small writes, and with Nagle against the
                 // client's delayed ACK a fresh HTTPS request took 48 ms instead of a few (module
                 // comment, "Cost").
-                Some(_) => match stream.set_nodelay(true) {
-                    Ok(()) => Conn::FirstByte(Some(stream)),
+                Some(live) => match stream.set_nodelay(true) {
+                    Ok(()) => Conn::FirstByte(Some(stream), live.clone()),
                     Err(e) => {
                         tracing::warn!(%peer, "admin endpoint: cannot start TLS with {peer}: {e}");
                         continue;
                     }
                 },
             };
-            let mut admin = AdminStream::new(conn, peer, permit, self.idle_timeout);
-            admin.live = self.tls.clone();
-            return (admin, peer);
+            return (AdminStream::new(conn, peer, permit, self.idle_timeout), peer);
         }
     }
 
@@ -491,10 +493,12 @@ fn is_connection_error(e: &io::Error) -> bool {
 const PLAIN_DRAIN_READS: usize = 16;
 
 /// Where an HTTPS connection's server handshake stands once it has started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Handshake {
-    /// The TLS handshake is under way.
-    Running,
+    /// The TLS handshake is under way, with the context the holder had when it started; once done, the
+    /// connection is listed in the holder with what its client presented, or refused if a reload revoked
+    /// that client meanwhile, so that a reload whose `crl` or `psk_file` revokes the client closes it
+    /// (module comment, HTTPS).
+    Running(AdminTls),
     /// Done: application data flows.
     Done,
 }
@@ -502,9 +506,10 @@ enum Handshake {
 /// The socket under an [`AdminStream`].
 enum Conn {
     Plain(TcpStream),
-    /// HTTPS waiting for its first byte: TLS, or a plain HTTP request to answer ([`rein_proto::https`]).
-    /// The socket is taken out (`None`) only while [`AdminStream::poll_handshake`] wraps it in TLS.
-    FirstByte(Option<TcpStream>),
+    /// HTTPS waiting for its first byte: TLS, or a plain HTTP request to answer ([`rein_proto::https`]),
+    /// with the context's holder, which the handshake takes the context from when it starts. The socket
+    /// is taken out (`None`) only while [`AdminStream::poll_handshake`] wraps it in TLS.
+    FirstByte(Option<TcpStream>, AdminTls),
     Tls(Box<SslStream<TcpStream>>, Handshake),
 }
 
@@ -520,27 +525,14 @@ pub struct AdminStream {
     /// Bytes of a request came in since the last answer byte went out: further request bytes do not
     /// restart the idle timer (module comment).
     in_request: bool,
-    /// HTTPS: the context as reloads replace it; the handshake takes the one current when it starts,
-    /// and once it is done the connection is listed here (`registration`) with what its client
-    /// presented, or refused if a reload revoked that client meanwhile, so that a reload whose `crl` or
-    /// `psk_file` revokes the client closes it (module comment, HTTPS).
-    live: Option<LiveTls>,
+    /// HTTPS: the connection's place in its context's list once its handshake is done ([`Handshake`]).
     registration: Option<crate::tls::Registration>,
 }
 
 impl AdminStream {
     fn new(conn: Conn, peer: SocketAddr, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> AdminStream {
         let idle = Box::pin(tokio::time::sleep(idle_timeout));
-        AdminStream {
-            conn,
-            peer,
-            _permit: permit,
-            idle_timeout,
-            idle,
-            in_request: false,
-            live: None,
-            registration: None,
-        }
+        AdminStream { conn, peer, _permit: permit, idle_timeout, idle, in_request: false, registration: None }
     }
 
     fn moved(&mut self) {
@@ -569,7 +561,7 @@ impl AdminStream {
         match self.idle.as_mut().poll(cx) {
             Poll::Ready(()) => {
                 let during = match self.conn {
-                    Conn::FirstByte(_) | Conn::Tls(_, Handshake::Running) => " during the TLS handshake",
+                    Conn::FirstByte(..) | Conn::Tls(_, Handshake::Running(_)) => " during the TLS handshake",
                     _ => "",
                 };
                 if !during.is_empty() {
@@ -585,7 +577,7 @@ impl AdminStream {
     /// data may flow, `Ready(Err)` when the connection must close (logged here, once), `Pending` while
     /// it runs. Handshake bytes do not reset the idle timer (module comment).
     fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Conn::FirstByte(Some(tcp)) = &mut self.conn {
+        if let Conn::FirstByte(Some(tcp), _) = &mut self.conn {
             let mut first = [0u8; 1];
             let mut buf = ReadBuf::new(&mut first);
             match tcp.poll_peek(cx, &mut buf) {
@@ -614,16 +606,18 @@ impl AdminStream {
                 Poll::Ready(Ok(_)) => {}
             }
         }
-        if let Conn::FirstByte(tcp) = &mut self.conn {
+        if let Conn::FirstByte(tcp, live) = &mut self.conn {
             // The handshake starts: with the context now, not the one current at accept (a client may
-            // hold its connection silent across a reload that revokes it).
-            let started = match (tcp.take(), self.live.as_ref().and_then(LiveTls::get)) {
-                (Some(tcp), Some(tls)) => tls.server_stream(tcp).map_err(|e| e.to_string()),
-                (Some(_), None) => Err("TLS was turned off by a reload".to_string()),
-                (None, _) => Err("TLS could not start".to_string()),
+            // hold its connection silent across a reload that revokes it). There always is one: no
+            // reload turns the admin endpoint's TLS off ([`AdminTls`]), so the refusal "TLS was turned
+            // off by a reload" that stood here could not happen. No socket: a start that failed, polled
+            // again after its error.
+            let started = match tcp.take() {
+                Some(tcp) => live.get().server_stream(tcp).map_err(|e| e.to_string()),
+                None => Err("TLS could not start".to_string()),
             };
             match started {
-                Ok(tls) => self.conn = Conn::Tls(Box::new(tls), Handshake::Running),
+                Ok(tls) => self.conn = Conn::Tls(Box::new(tls), Handshake::Running(live.clone())),
                 Err(e) => {
                     tracing::warn!(peer = %self.peer, "admin endpoint: cannot start TLS with {}: {e}", self.peer);
                     return Poll::Ready(Err(io::Error::other(format!("TLS: {e}"))));
@@ -631,7 +625,7 @@ impl AdminStream {
             }
         }
         let Conn::Tls(tls, state) = &mut self.conn else { return Poll::Ready(Ok(())) };
-        if *state == Handshake::Running {
+        if let Handshake::Running(live) = state {
             match Pin::new(&mut **tls).poll_accept(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => {
@@ -639,11 +633,12 @@ impl AdminStream {
                     return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, format!("TLS handshake: {e}"))));
                 }
                 Poll::Ready(Ok(())) => {
+                    let live = live.clone();
                     *state = Handshake::Done;
                     // With a duplicate of its socket, which a reload that revokes the client shuts down.
                     // Refused (and logged there) if a reload revoked the client while the handshake ran.
                     let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned().ok();
-                    if let (Some(live), Some(fd)) = (&self.live, fd) {
+                    if let Some(fd) = fd {
                         match live.register(tls.ssl(), self.peer.to_string(), fd) {
                             Ok(registration) => self.registration = registration,
                             Err(why) => {
@@ -663,7 +658,7 @@ impl AdminStream {
         match &mut self.conn {
             Conn::Plain(tcp) => Pin::new(tcp),
             Conn::Tls(tls, _) => Pin::new(&mut **tls),
-            Conn::FirstByte(_) => unreachable!("no application data before poll_handshake's Ready(Ok)"),
+            Conn::FirstByte(..) => unreachable!("no application data before poll_handshake's Ready(Ok)"),
         }
     }
 }
@@ -730,14 +725,13 @@ impl AsyncWrite for AdminStream {
         match &self.conn {
             Conn::Plain(tcp) => tcp.is_write_vectored(),
             Conn::Tls(tls, _) => tls.is_write_vectored(),
-            Conn::FirstByte(_) => false,
+            Conn::FirstByte(..) => false,
         }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.conn {
-            Conn::FirstByte(_) => Poll::Ready(Ok(())),
-            Conn::Tls(_, state) if *state != Handshake::Done => Poll::Ready(Ok(())),
+            Conn::FirstByte(..) | Conn::Tls(_, Handshake::Running(_)) => Poll::Ready(Ok(())),
             _ => self.io().poll_flush(cx),
         }
     }
@@ -745,9 +739,9 @@ impl AsyncWrite for AdminStream {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.conn {
             // No TLS session to close: close the TCP connection.
-            Conn::FirstByte(Some(tcp)) => Pin::new(tcp).poll_shutdown(cx),
-            Conn::FirstByte(None) => Poll::Ready(Ok(())),
-            Conn::Tls(tls, state) if *state != Handshake::Done => Pin::new(tls.get_mut()).poll_shutdown(cx),
+            Conn::FirstByte(Some(tcp), _) => Pin::new(tcp).poll_shutdown(cx),
+            Conn::FirstByte(None, _) => Poll::Ready(Ok(())),
+            Conn::Tls(tls, Handshake::Running(_)) => Pin::new(tls.get_mut()).poll_shutdown(cx),
             _ => self.io().poll_shutdown(cx),
         }
     }

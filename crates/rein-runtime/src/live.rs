@@ -45,7 +45,7 @@ use crate::config::{Admission, ExportConfig, ServerConfig, TenantConfig, MAX_EXP
 use crate::dispatch::{CapacityError, Dispatcher};
 use crate::nbd::{Export, ExportTable};
 use crate::state::{self, CapacityBase, CapacityEntry, CapacitySource, ExportJson, ExportOrigin, SpecJson};
-use crate::tls::LiveTls;
+use crate::tls::{AdminTls, LiveTls};
 use rein_core::{QosSpec, SchedConfig, TenantId};
 use rein_proto::nbd::ExportInfo;
 use std::path::PathBuf;
@@ -228,8 +228,9 @@ pub struct Registry {
     /// The NBD listener's TLS context (`[tls]`), which a reload replaces ([`crate::tls`], "Reload").
     tls: LiveTls,
     /// The admin endpoint's (`admin_tls`: the `[tls]` table's certificate), replaced by a reload that
-    /// keeps `admin_tls` on; `None`: plain HTTP (turning it on or off needs a restart).
-    admin_tls: Option<LiveTls>,
+    /// keeps `admin_tls` on; `None`: plain HTTP (turning it on or off needs a restart, and the running
+    /// context stays: [`AdminTls`] never holds none).
+    admin_tls: Option<AdminTls>,
     /// The pShift link's client context (`[pshift.tls]`), the running one a reload updates.
     pshift_tls: Option<crate::tls::LiveTlsClient>,
 }
@@ -328,8 +329,7 @@ impl Registry {
             Some(c) => (Some(c.iops), c.source),
             None => config_capacity(&effective),
         };
-        let (tls, admin_tls) =
-            (LiveTls::new(effective.tls.clone()), effective.admin_tls.clone().map(|t| LiveTls::new(Some(t))));
+        let (tls, admin_tls) = (LiveTls::new(effective.tls.clone()), effective.admin_tls.clone().map(AdminTls::new));
         let pshift_tls = effective.pshift.as_ref().and_then(|p| p.tls.as_ref()).map(|(c, _)| c.clone());
         Registry {
             default_export: effective.default_export.map(|i| effective.exports[i].name.clone()),
@@ -363,7 +363,7 @@ impl Registry {
     }
 
     /// The admin endpoint's TLS context (`admin_tls`), as reloads replace it; `None`: plain HTTP.
-    pub fn admin_tls(&self) -> Option<LiveTls> {
+    pub fn admin_tls(&self) -> Option<AdminTls> {
         self.admin_tls.clone()
     }
 
@@ -1275,7 +1275,7 @@ impl Registry {
             ));
         }
         if let (Some(live), Some(t)) = (&self.admin_tls, &base.admin_tls) {
-            let cut = live.set(Some(t.clone()));
+            let cut = live.set(t.clone());
             if !cut.is_empty() {
                 report.applied.push(format!(
                     "admin_tls: {} closed: the new credentials revoke their client (each logged)",

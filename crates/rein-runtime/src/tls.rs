@@ -258,13 +258,40 @@ fn digest(paths: &[&Option<PathBuf>]) -> u64 {
     h.finish()
 }
 
-/// A server's TLS context that a reload replaces (module comment, "Reload"): clones share it; `None` is
-/// TLS off. It also knows the TLS connections open under it that a reload could revoke
-/// ([`LiveTls::register`]): [`LiveTls::set`] cuts those whose credential the new context revokes.
+/// A server's TLS context that a reload replaces (module comment, "Reload"): clones share it. What it
+/// holds is `C`: by default `Option<TlsConfig>`, `None` being TLS off (NBD's `[tls]`, the pShift
+/// controller's), or a `TlsConfig` that is always there ([`AdminTls`]). It also knows the TLS
+/// connections open under it that a reload could revoke ([`LiveTls::register`]): [`LiveTls::set`] cuts
+/// those whose credential the new context revokes.
 #[derive(Clone, Default)]
-pub struct LiveTls {
-    tls: Arc<RwLock<Option<TlsConfig>>>,
+pub struct LiveTls<C: HeldContext = Option<TlsConfig>> {
+    tls: Arc<RwLock<C>>,
     open: Arc<std::sync::Mutex<OpenTls>>,
+}
+
+/// The admin endpoint's context under `admin_tls`: a [`LiveTls`] that always holds one, so its
+/// handshake has no "TLS turned off" case to handle. A reload cannot take it away: one that keeps
+/// `admin_tls = true` without `[tls]`'s certificate is refused whole (`admin_tls = true needs tls.cert
+/// and tls.key`), and one that turns `admin_tls` off (with or without `[tls]`) is reported as needing a
+/// restart and keeps the running context (crate::live's reload), which it sets again.
+pub type AdminTls = LiveTls<TlsConfig>;
+
+/// What a [`LiveTls`] holds: `Option<TlsConfig>`, or a `TlsConfig` that cannot be absent.
+pub trait HeldContext: Clone {
+    /// The context, if there is one.
+    fn context(&self) -> Option<&TlsConfig>;
+}
+
+impl HeldContext for Option<TlsConfig> {
+    fn context(&self) -> Option<&TlsConfig> {
+        self.as_ref()
+    }
+}
+
+impl HeldContext for TlsConfig {
+    fn context(&self) -> Option<&TlsConfig> {
+        Some(self)
+    }
 }
 
 /// The TLS connections open under a [`LiveTls`], by number.
@@ -330,15 +357,20 @@ impl Drop for Registration {
     }
 }
 
-impl LiveTls {
+impl<C: HeldContext> LiveTls<C> {
     /// Holds `tls`.
-    pub fn new(tls: Option<TlsConfig>) -> LiveTls {
+    pub fn new(tls: C) -> LiveTls<C> {
         LiveTls { tls: Arc::new(RwLock::new(tls)), open: Arc::default() }
     }
 
     /// The context now: a handshake takes it once, when it starts (module comment, "Reload").
-    pub fn get(&self) -> Option<TlsConfig> {
+    pub fn get(&self) -> C {
         self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// When the certificate now held expires (seconds since the Unix epoch), for `/metrics`.
+    fn not_after(&self) -> Option<i64> {
+        self.tls.read().unwrap_or_else(|e| e.into_inner()).context().and_then(|t| t.not_after)
     }
 
     /// Replaces the context for the handshakes from now on, and cuts the open connections whose client
@@ -350,10 +382,10 @@ impl LiveTls {
     /// [`LiveTls::register`] checks under it: a connection is either listed before the replacement
     /// (and swept) or checked against the new context (and refused), whichever context its handshake
     /// ran under.
-    pub fn set(&self, tls: Option<TlsConfig>) -> Vec<String> {
+    pub fn set(&self, tls: C) -> Vec<String> {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls.clone();
-        let Some(tls) = tls else { return Vec::new() };
+        let Some(tls) = tls.context() else { return Vec::new() };
         let mut cut = Vec::new();
         for c in open.conns.values() {
             if let Some(why) = tls.revokes(&c.who) {
@@ -383,7 +415,7 @@ impl LiveTls {
         socket: std::os::fd::OwnedFd,
     ) -> Result<Option<Registration>, String> {
         let Some(who) = Credential::of(ssl) else { return Ok(None) };
-        OpenTls::add_unless(&self.open, who, peer, socket, |who| self.get().and_then(|tls| tls.revokes(who)))
+        OpenTls::add_unless(&self.open, who, peer, socket, |who| self.get().context().and_then(|tls| tls.revokes(who)))
             .map(Some)
             .map_err(|(peer, why)| {
                 tracing::warn!(%peer, "closing a TLS connection: {why}");
@@ -414,7 +446,7 @@ impl OpenTls {
     }
 }
 
-impl fmt::Debug for LiveTls {
+impl<C: HeldContext + fmt::Debug> fmt::Debug for LiveTls<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("LiveTls").field(&self.get()).finish()
     }
@@ -559,12 +591,13 @@ fn unix_time(t: &openssl::asn1::Asn1TimeRef) -> Option<i64> {
 /// (`rein_tls_certificate_expiration_timestamp_seconds{use}`, read at each scrape, so a renewal a reload
 /// took shows at once). Uses without a certificate (PSK, no TLS) have no series.
 #[derive(Clone, Default)]
-pub struct Presented(Vec<(&'static str, Held)>);
+pub struct Presented(Vec<(&'static str, Holder)>);
 
 /// Where a [`Presented`] certificate is held.
 #[derive(Clone)]
-enum Held {
-    Server(LiveTls),
+enum Holder {
+    /// A server's context ([`LiveTls`] or [`AdminTls`]): when its certificate expires.
+    Server(Arc<dyn Fn() -> Option<i64> + Send + Sync>),
     Client(ClientSlot),
 }
 
@@ -574,20 +607,24 @@ pub type ClientSlot = Arc<std::sync::RwLock<Option<LiveTlsClient>>>;
 
 impl Presented {
     /// Adds a server's context (`nbd`, `admin`), as reloads replace it.
-    pub fn server(mut self, name: &'static str, tls: Option<LiveTls>) -> Presented {
-        self.0.extend(tls.map(|t| (name, Held::Server(t))));
+    pub fn server<C: HeldContext + Send + Sync + 'static>(
+        mut self,
+        name: &'static str,
+        tls: Option<LiveTls<C>>,
+    ) -> Presented {
+        self.0.extend(tls.map(|t| (name, Holder::Server(Arc::new(move || t.not_after())))));
         self
     }
 
     /// Adds a client's context (`node_tls`, `pshift_tls`), as reloads replace it.
     pub fn client(mut self, name: &'static str, tls: Option<LiveTlsClient>) -> Presented {
-        self.0.extend(tls.map(|t| (name, Held::Client(Arc::new(RwLock::new(Some(t)))))));
+        self.0.extend(tls.map(|t| (name, Holder::Client(Arc::new(RwLock::new(Some(t)))))));
         self
     }
 
     /// Adds a client's context held in a slot a reload may fill ([`ClientSlot`]).
     pub fn client_slot(mut self, name: &'static str, slot: ClientSlot) -> Presented {
-        self.0.push((name, Held::Client(slot)));
+        self.0.push((name, Holder::Client(slot)));
         self
     }
 
@@ -597,8 +634,8 @@ impl Presented {
         let now: Vec<(&str, i64)> = (self.0.iter())
             .filter_map(|(name, held)| {
                 let t = match held {
-                    Held::Server(t) => t.get().and_then(|t| t.not_after),
-                    Held::Client(s) => {
+                    Holder::Server(not_after) => not_after(),
+                    Holder::Client(s) => {
                         s.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|t| t.get().not_after)
                     }
                 };

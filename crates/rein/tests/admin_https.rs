@@ -247,18 +247,40 @@ fn rein_load_reads_the_specs_over_https() {
 }
 
 /// `admin_tls` is read at start only: a reload (SIGHUP) that turns it off reports that it needs a restart
-/// and the endpoint stays HTTPS.
+/// and the endpoint stays HTTPS. No reload takes the endpoint's TLS context away (rein-runtime's
+/// `AdminTls`, which cannot hold none): `[tls]` removed with `admin_tls` kept refuses the reload,
+/// and `[tls]` removed with `admin_tls` is a restart's business; either way a connection opened after
+/// the reload (its handshake takes the context then) is served over HTTPS with the certificate it had.
 #[test]
 fn a_reload_does_not_change_admin_tls() {
     let tmp = credentials("reload");
     let dir = tmp.path();
     let s = start(dir, 64, HTTPS);
     let path = dir.join("rein.toml");
-    let text = std::fs::read_to_string(&path).unwrap().replace("admin_tls = true\n", "");
-    std::fs::write(&path, text).unwrap();
+    let started = std::fs::read_to_string(&path).unwrap();
+    let healthz = || curl_ok(dir, &[], &format!("https://{}/healthz", s.admin));
+    std::fs::write(&path, started.replace("admin_tls = true\n", "")).unwrap();
     s.signal("-HUP");
     s.wait_line("admin_tls (needs a restart)");
-    assert_eq!(curl_ok(dir, &[], &format!("https://{}/healthz", s.admin)), (200, "ok\n".to_string()));
+    assert_eq!(healthz(), (200, "ok\n".to_string()));
+    // [tls] removed, admin_tls kept: refused, naming the key.
+    let no_table = started[..started.find("[tls]").unwrap()].to_string(); // [tls] is the last table
+    assert!(!no_table.contains("server-cert.pem") && no_table.contains("admin_tls = true"), "{no_table}");
+    std::fs::write(&path, &no_table).unwrap();
+    s.signal("-HUP");
+    let e = s.wait_line("the running configuration is unchanged");
+    assert!(e.contains("admin_tls = true needs tls.cert and tls.key"), "{e}");
+    assert_eq!(healthz(), (200, "ok\n".to_string()));
+    // Both removed: a restart's business; still HTTPS.
+    std::fs::write(&path, no_table.replace("admin_tls = true\n", "")).unwrap();
+    s.signal("-HUP");
+    common::wait_for(
+        "a second \"admin_tls (needs a restart)\"",
+        Duration::from_secs(30),
+        || s.log.lock().unwrap().iter().filter(|l| l.contains("admin_tls (needs a restart)")).count(),
+        |n| *n >= 2,
+    );
+    assert_eq!(healthz(), (200, "ok\n".to_string()));
 }
 
 /// Configurations that cannot serve HTTPS stop the server at start, naming the keys.
