@@ -931,3 +931,72 @@ fn starttls_after_a_reload_turned_tls_off_is_refused_and_the_client_goes_on_in_p
         s.log.lock().unwrap()
     );
 }
+
+/// `openssl s_client` to `addr` (`version`: `-tls1_2` or `-tls1_3`) with alice's certificate, asking
+/// `GET /healthz` and reading until the server closes (so that a TLS 1.3 server's session tickets, sent
+/// after the handshake, arrive); `session` is `-sess_out FILE` or `-sess_in FILE`. Returns its output.
+fn s_client(dir: &Path, addr: SocketAddr, version: &str, session: [&str; 2]) -> String {
+    use std::io::Write;
+    let mut c = tool("openssl")
+        .current_dir(dir)
+        .args(["s_client", "-connect", &addr.to_string(), version, "-ign_eof", "-CAfile", "ca-cert.pem"])
+        .args(["-cert", "alice-cert.pem", "-key", "alice-key.pem"])
+        .args(session)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: rein\r\nConnection: close\r\n\r\n";
+    c.stdin.take().unwrap().write_all(request).unwrap();
+    let t0 = std::time::Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = c.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = c.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("HTTP/1.1 200"), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// No TLS session resumption (d45e2502): a session resumed from a ticket or the server's cache skips
+/// the verification of the client's certificate chain, so a reload whose `crl` revokes the client (or
+/// a CA above it) could not tell it and left its connection open. A client that saved its session
+/// (`openssl s_client -sess_out`, after a request, so that TLS 1.3 tickets arrive) and offers it again
+/// (`-sess_in`) gets a full handshake ("New", never "Reused"), over TLS 1.2 (session ids, tickets) and
+/// TLS 1.3 (tickets). The context is `[tls]`'s, the same OpenSSL context NBD's STARTTLS uses; s_client
+/// reaches it through the admin endpoint's HTTPS (it speaks no NBD). Each way of turning resumption
+/// back on in `TlsConfig::build` was tried and fails it: the session cache on (TLS 1.2 resumes by session
+/// id), `NO_TICKET` dropped (TLS 1.2 tickets), `NO_TICKET` and `set_num_tickets(0)` dropped (TLS 1.3
+/// tickets too). Dropping `set_num_tickets(0)` alone passes: TLS 1.3 tickets are then sent, but under
+/// `NO_TICKET` they are stateful and there is no cache to find their sessions in.
+#[test]
+fn a_saved_tls_session_is_not_resumed() {
+    let tmp = tmpdir("tls-resume");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "ca");
+    make_cert(dir, "ca", "server", "127.0.0.53", &tls::server("IP:127.0.0.53"));
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    let config = "admin_tls = true\n[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n\
+                  ca = \"ca-cert.pem\"\n";
+    let s = start(dir, 53, &format!("{config}{PLAIN}"));
+    let resumed: Vec<String> = ["-tls1_2", "-tls1_3"]
+        .into_iter()
+        .filter_map(|version| {
+            let session = format!("session{version}.pem");
+            let first = s_client(dir, s.admin, version, ["-sess_out", &session]);
+            assert!(first.contains("New, TLSv1."), "{version}: {first}");
+            // A server that offers nothing to resume leaves s_client nothing to save.
+            if !dir.join(&session).exists() {
+                return None;
+            }
+            let again = s_client(dir, s.admin, version, ["-sess_in", &session]);
+            let line = again.lines().find(|l| l.starts_with("New, ") || l.starts_with("Reused, "));
+            (line.is_none_or(|l| l.starts_with("Reused, "))).then(|| format!("{version}: {line:?}"))
+        })
+        .collect();
+    assert!(resumed.is_empty(), "sessions resumed: {resumed:?}");
+}
