@@ -1327,6 +1327,7 @@ pub struct TlsError(pub String);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rein_test_pki as pki;
 
     /// A client that knows a PSK identity's name but not its key, offering it with a wrong key and
     /// TLS_AES_256_GCM_SHA384 alone (OpenSSL looks the identity up, then drops the PSK for the suite's
@@ -1336,18 +1337,12 @@ mod tests {
     async fn a_psk_identity_counts_only_with_its_key() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let made = std::process::Command::new("openssl")
-            .current_dir(d)
-            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
-            .args(["-keyout", "k.pem", "-out", "c.pem", "-subj", "/CN=srv", "-days", "2"])
-            .output()
-            .unwrap();
-        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        pki::make_ca(d, "srv", "srv"); // a self-signed certificate
         let key = [0x11u8; 16];
         std::fs::write(d.join("keys.psk"), format!("alice:{}\n", "11".repeat(16))).unwrap();
         let files = TlsFiles {
-            cert: Some(d.join("c.pem")),
-            key: Some(d.join("k.pem")),
+            cert: Some(d.join("srv-cert.pem")),
+            key: Some(d.join("srv-key.pem")),
             psk_file: Some(d.join("keys.psk")),
             ..TlsFiles::default()
         };
@@ -1378,86 +1373,30 @@ mod tests {
         }
     }
 
-    /// A test PKI in a directory, made with the `openssl` command: a root CA, an intermediate CA it
-    /// signed, a client certificate under each, the server's certificate, and the root's and the
-    /// intermediate's CRLs (`openssl ca -gencrl`).
+    /// A test PKI in a directory (rein-test-pki, the `openssl` command): a root CA, an intermediate CA
+    /// it signed, a client certificate under each (bob under the intermediate, alice under the root),
+    /// and the server's certificate; CRLs are `pki::revoke` and `pki::make_crl` in [`Pki::dir`].
     struct Pki(tempfile::TempDir);
 
     impl Pki {
-        fn openssl(&self, args: &[&str]) {
-            let out = std::process::Command::new("openssl").current_dir(self.0.path()).args(args).output().unwrap();
-            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-
-        /// `<name>-cert.pem` and `<name>-key.pem`, common name `name`, signed by `ca` (self-signed
-        /// without), a CA if `is_ca`.
-        fn cert(&self, name: &str, ca: Option<&str>, is_ca: bool) {
-            let (key, cert, subj) = (format!("{name}-key.pem"), format!("{name}-cert.pem"), format!("/CN={name}"));
-            let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &key];
-            let ext = format!("{name}.ext");
-            let usage = match is_ca {
-                true => "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n",
-                false => "basicConstraints=CA:FALSE\n",
-            };
-            std::fs::write(self.0.path().join(&ext), usage).unwrap();
-            let Some(ca) = ca else {
-                return self
-                    .openssl(&[&["req", "-x509"][..], &ec, &["-out", &cert, "-subj", &subj, "-days", "2"]].concat());
-            };
-            let csr = format!("{name}.csr");
-            self.openssl(&[&["req"][..], &ec, &["-out", &csr, "-subj", &subj]].concat());
-            let (ca_cert, ca_key) = (format!("{ca}-cert.pem"), format!("{ca}-key.pem"));
-            let serial = format!("{}", 1000 + name.len() * 7 + name.bytes().map(usize::from).sum::<usize>());
-            self.openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                &ca_cert,
-                "-CAkey",
-                &ca_key,
-                "-set_serial",
-                &serial,
-                "-out",
-                &cert,
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-            ]);
-        }
-
-        /// `ca`'s CRL in `out`, listing `revoked` (certificates `ca` signed).
-        fn crl(&self, ca: &str, revoked: &[&str], out: &str) {
-            let d = self.0.path();
-            let cnf = format!("{ca}.cnf");
-            std::fs::write(d.join(format!("{ca}-index.txt")), "").unwrap();
-            std::fs::write(d.join(format!("{ca}-crlnumber")), "01\n").unwrap();
-            let text = format!(
-                "[ca]\ndefault_ca = d\n[d]\ndatabase = {ca}-index.txt\ncrlnumber = {ca}-crlnumber\n\
-                 certificate = {ca}-cert.pem\nprivate_key = {ca}-key.pem\ndefault_md = sha256\ndefault_crl_days = 2\n"
-            );
-            std::fs::write(d.join(&cnf), text).unwrap();
-            for r in revoked {
-                self.openssl(&["ca", "-config", &cnf, "-revoke", &format!("{r}-cert.pem")]);
-            }
-            self.openssl(&["ca", "-config", &cnf, "-gencrl", "-out", out]);
-        }
-
         fn new() -> Pki {
             let pki = Pki(tempfile::tempdir().unwrap());
-            pki.cert("root", None, true);
-            pki.cert("mid", Some("root"), true);
-            pki.cert("bob", Some("mid"), false);
-            pki.cert("alice", Some("root"), false);
-            pki.cert("srv", Some("root"), false);
+            let d = pki.dir();
+            pki::make_ca(d, "root", "root");
+            pki::make_cert(d, "root", "mid", "mid", pki::CA);
+            pki::make_cert(d, "mid", "bob", "bob", pki::CLIENT);
+            pki::make_cert(d, "root", "alice", "alice", pki::CLIENT);
+            pki::make_cert(d, "root", "srv", "srv", &pki::server("DNS:srv"));
             pki
+        }
+
+        fn dir(&self) -> &Path {
+            self.0.path()
         }
 
         /// A server context: `ca` the root, `crl` the file `crl`.
         fn server(&self, crl: &str) -> TlsConfig {
-            let d = self.0.path();
+            let d = self.dir();
             let files = TlsFiles {
                 cert: Some(d.join("srv-cert.pem")),
                 key: Some(d.join("srv-key.pem")),
@@ -1477,7 +1416,7 @@ mod tests {
         ) -> Result<SslStream<tokio::net::TcpStream>, TlsError> {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = l.local_addr().unwrap();
-            let d = self.0.path().to_path_buf();
+            let d = self.dir().to_path_buf();
             let client = client.to_string();
             let connecting = std::thread::spawn(move || {
                 let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
@@ -1510,12 +1449,13 @@ mod tests {
     #[tokio::test]
     async fn a_handshake_under_a_context_since_revoked_is_refused_at_registration() {
         let pki = Pki::new();
-        pki.crl("root", &[], "before.pem");
+        pki::make_crl(pki.dir(), "root", "before.pem");
         let before = pki.server("before.pem");
         let live = LiveTls::new(Some(before.clone()));
         let bob = pki.handshake(&before, "bob").await.unwrap();
         let alice = pki.handshake(&before, "alice").await.unwrap();
-        pki.crl("root", &["alice"], "after.pem");
+        pki::revoke(pki.dir(), "root", "alice");
+        pki::make_crl(pki.dir(), "root", "after.pem");
         assert_eq!(live.set(Some(pki.server("after.pem"))), Vec::<String>::new(), "no one registered yet");
         let e = live.register(alice.ssl(), "alice's peer".into(), socket_of(&alice)).err();
         assert_eq!(e.as_deref(), Some("its client certificate is revoked (tls.crl)"));
@@ -1532,8 +1472,9 @@ mod tests {
     #[tokio::test]
     async fn a_revoked_intermediate_ca_revokes_its_clients() {
         let pki = Pki::new();
-        pki.crl("root", &[], "none.pem");
-        pki.crl("root", &["mid"], "mid-revoked.pem");
+        pki::make_crl(pki.dir(), "root", "none.pem");
+        pki::revoke(pki.dir(), "root", "mid");
+        pki::make_crl(pki.dir(), "root", "mid-revoked.pem");
         let revoking = pki.server("mid-revoked.pem");
         let Err(e) = pki.handshake(&revoking, "bob").await else { panic!("bob's CA is revoked") };
         assert!(e.0.contains("the client's certificate is revoked: tls.crl lists it or a CA above it"), "{e}");

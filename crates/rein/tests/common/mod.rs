@@ -2,10 +2,11 @@
 //! processes: each daemon on its own 127.0.0.x address (port 0, chosen by the OS) in a temporary directory
 //! ([`serve`], or [`serve_in`] and [`gateway_in`] for a daemon in a directory of its own beside others),
 //! killed when its [`Server`] is dropped. Each test binary uses a part of it (hence `dead_code`); the openssl certificate
-//! helpers are in [`tls`].
+//! helpers are [`tls`], the rein-test-pki crate (which rein-runtime's unit tests use too).
 #![allow(dead_code)]
 
-pub(crate) mod tls;
+#[allow(unused_imports)] // as `dead_code` above: not every test binary makes certificates
+pub(crate) use rein_test_pki as tls;
 
 use rein_proto::nbd::{ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use std::io::{BufRead, BufReader, Read, Write};
