@@ -654,24 +654,38 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
 }
 
+/// A daemon's listening addresses as its file writes them: `listen`, `listen_unix`, `listen_unix_mode`
+/// and `admin` (`None`: the gateway without an HTTP endpoint).
+pub(crate) struct FrontKeys<'a> {
+    pub(crate) listen: &'a str,
+    pub(crate) listen_unix: Option<&'a str>,
+    pub(crate) listen_unix_mode: Option<&'a str>,
+    pub(crate) admin: Option<&'a str>,
+}
+
+/// The NBD address, the Unix socket and the admin address ([`Overrides::fronts`]).
+pub(crate) type Fronts = (SocketAddr, Option<crate::sock::UnixListen>, Option<SocketAddr>);
+
 impl Overrides {
-    /// The address `key` (`listen`, `admin`): the override, else the file's `text`.
-    pub(crate) fn address(over: Option<SocketAddr>, key: &str, text: &str) -> Result<SocketAddr, String> {
-        match over {
+    /// The daemon's NBD address, Unix socket and admin address: the file's `keys` (relative socket paths
+    /// from `base`, its directory) under the overrides (`--listen-unix` keeps the file's mode), and NBD
+    /// and admin not on one port ([`distinct_fronts`]).
+    pub(crate) fn fronts(&self, keys: FrontKeys<'_>, base: &Path) -> Result<Fronts, String> {
+        let address = |over: Option<SocketAddr>, key: &str, text: &str| match over {
             Some(a) => Ok(a),
             None => text.parse().map_err(|e| format!("{key} {text:?}: {e} (expected address:port)")),
+        };
+        let listen = address(self.listen, "listen", keys.listen)?;
+        let file = crate::sock::UnixListen::from_config(keys.listen_unix, keys.listen_unix_mode, base)?;
+        let listen_unix = match &self.listen_unix {
+            Some(p) => Some(crate::sock::UnixListen::from_command_line(p, file.as_ref())?),
+            None => file,
+        };
+        let admin = keys.admin.map(|a| address(self.admin, "admin", a)).transpose()?;
+        if let Some(admin) = admin {
+            distinct_fronts(listen, admin)?;
         }
-    }
-
-    /// The Unix socket: `--listen-unix` (with the file's mode) over the file's `listen_unix`.
-    pub(crate) fn listen_unix(
-        &self,
-        file: Option<crate::sock::UnixListen>,
-    ) -> Result<Option<crate::sock::UnixListen>, String> {
-        match &self.listen_unix {
-            Some(p) => crate::sock::UnixListen::from_command_line(p, file.as_ref()).map(Some),
-            None => Ok(file),
-        }
+        Ok((listen, listen_unix, admin))
     }
 }
 
@@ -963,14 +977,14 @@ fn caps(f: &File) -> Result<ConnCaps, String> {
 
 fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String> {
     let caps = caps(&f)?;
-    let listen = Overrides::address(o.listen, "listen", &f.listen)?;
-    let listen_unix = o.listen_unix(crate::sock::UnixListen::from_config(
-        f.listen_unix.as_deref(),
-        f.listen_unix_mode.as_deref(),
-        base,
-    )?)?;
-    let admin = Overrides::address(o.admin, "admin", &f.admin)?;
-    distinct_fronts(listen, admin)?;
+    let keys = FrontKeys {
+        listen: &f.listen,
+        listen_unix: f.listen_unix.as_deref(),
+        listen_unix_mode: f.listen_unix_mode.as_deref(),
+        admin: Some(&f.admin),
+    };
+    let (listen, listen_unix, admin) = o.fronts(keys, base)?;
+    let admin = admin.expect("rein serve's admin has a default");
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(PathBuf::from),
         f.admin_insecure,

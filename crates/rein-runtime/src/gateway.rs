@@ -666,16 +666,13 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
                     gateway schedules nothing itself: its nodes do, with their own [mclock])"
             .into());
     }
-    let listen = Overrides::address(o.listen, "listen", &f.listen)?;
-    let listen_unix = o.listen_unix(crate::sock::UnixListen::from_config(
-        f.listen_unix.as_deref(),
-        f.listen_unix_mode.as_deref(),
-        base,
-    )?)?;
-    let admin = f.admin.as_deref().map(|a| Overrides::address(o.admin, "admin", a)).transpose()?;
-    if let Some(admin) = admin {
-        crate::config::distinct_fronts(listen, admin)?;
-    }
+    let keys = crate::config::FrontKeys {
+        listen: &f.listen,
+        listen_unix: f.listen_unix.as_deref(),
+        listen_unix_mode: f.listen_unix_mode.as_deref(),
+        admin: f.admin.as_deref(),
+    };
+    let (listen, listen_unix, admin) = o.fronts(keys, base)?;
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(|p| base.join(p)),
         f.admin_insecure,
