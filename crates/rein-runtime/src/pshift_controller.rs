@@ -1506,14 +1506,21 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
             }
         }
     }
-    // The closed periods, as the servers counted them: alert on the rate of the second and third.
+    // The closed periods, as the servers counted them: alert on the rate of those below the reservation
+    // with the demand for it, and above the limit.
     type Series = (&'static str, &'static str, fn(&BucketStatus) -> u64);
-    let series: [Series; 4] = [
+    let series: [Series; 5] = [
         ("periods_total", "QoS periods closed.", |b| b.periods.closed),
         (
             "periods_below_reservation_total",
-            "Closed periods in which the bucket completed fewer IOs than its reservation (for want of demand, too).",
+            "Closed periods in which the bucket completed fewer IOs than its reservation, whatever its demand.",
             |b| b.periods.below_reservation,
+        ),
+        (
+            "periods_below_reservation_with_demand_total",
+            "Closed periods in which the bucket completed fewer IOs than its reservation though it asked for as many \
+             (or stayed backlogged through an interval): the reservation missed.",
+            |b| b.periods.below_reservation_with_demand,
         ),
         ("periods_above_limit_total", "Closed periods in which the bucket completed more IOs than its limit.", |b| {
             b.periods.above_limit
@@ -1538,7 +1545,13 @@ mod tests {
     /// `/api/pshift/periods` keeps the newest periods within its bound, and always the last one.
     #[test]
     fn closed_periods_are_kept_within_the_bound() {
-        let rec = |period, buckets| PeriodRecord { at_s: 0.0, period, incomplete: false, completed: vec![7; buckets] };
+        let rec = |period, buckets| PeriodRecord {
+            at_s: 0.0,
+            period,
+            incomplete: false,
+            completed: vec![7; buckets],
+            demand: vec![Some(7); buckets],
+        };
         let mut p = PeriodsStatus::default();
         let per = MAX_PERIOD_CELLS_KEPT / 4;
         for n in 0..10 {
@@ -1799,14 +1812,21 @@ mod tests {
             reservation: 100,
             limit: Some(200),
             done: 7,
-            periods: PeriodCounts { closed, below_reservation, above_limit, incomplete, last: Some(150) },
+            periods: PeriodCounts {
+                closed,
+                below_reservation,
+                below_reservation_with_demand: below_reservation / 2,
+                above_limit,
+                incomplete,
+                last: Some(150),
+            },
         };
         let st = ControllerStatus {
             round: 12,
             now_s: 3.0,
             origin_s: Some(0.0),
             servers: vec![("s1".into(), true)],
-            buckets: vec![bucket("a", 5, 1, 0, 0), bucket("b\"x", 5, 0, 2, 1)],
+            buckets: vec![bucket("a", 5, 3, 0, 0), bucket("b\"x", 5, 0, 2, 1)],
             refused: 0,
             late_reports: 3,
             rounds: VecDeque::new(),
@@ -1815,7 +1835,9 @@ mod tests {
         for line in [
             "rein_pshift_late_reports_total 3",
             "rein_pshift_bucket_periods_total{bucket=\"a\"} 5",
-            "rein_pshift_bucket_periods_below_reservation_total{bucket=\"a\"} 1",
+            "rein_pshift_bucket_periods_below_reservation_total{bucket=\"a\"} 3",
+            "rein_pshift_bucket_periods_below_reservation_with_demand_total{bucket=\"a\"} 1",
+            "# TYPE rein_pshift_bucket_periods_below_reservation_with_demand_total counter",
             "rein_pshift_bucket_periods_above_limit_total{bucket=\"a\"} 0",
             "rein_pshift_bucket_periods_above_limit_total{bucket=\"b\\\"x\"} 2",
             "rein_pshift_bucket_periods_incomplete_total{bucket=\"b\\\"x\"} 1",
@@ -1835,6 +1857,7 @@ mod tests {
         assert!(!text.contains("rein_pshift_bucket_last_period_ios{bucket=\"a\"}"), "no period closed:\n{text}");
         let json: serde_json::Value = serde_json::to_value(&st).unwrap();
         assert_eq!(json["buckets"][1]["periods"]["above_limit"], 2);
+        assert_eq!(json["buckets"][0]["periods"]["below_reservation_with_demand"], 1);
         assert_eq!(json["buckets"][0]["periods"]["last"], 150);
     }
 

@@ -125,9 +125,10 @@ fn period_checks_on_the_servers_counts() {
     let verdicts = |v: &str| csv.lines().filter(|l| l.ends_with(&format!(",{v}"))).count() as u64;
     let tally =
         |f: fn(&rein_model::report::rounds::PeriodCounts) -> u64| r.periods.iter().map(|(_, c)| f(c)).sum::<u64>();
-    assert_eq!(verdicts("below_reservation"), tally(|c| c.below_reservation));
+    assert_eq!(verdicts("below_reservation"), tally(|c| c.below_reservation_with_demand));
+    assert_eq!(verdicts("below_reservation") + verdicts("low_demand"), tally(|c| c.below_reservation));
     assert_eq!(verdicts("above_limit"), tally(|c| c.above_limit));
-    assert_eq!(verdicts("met") + verdicts("below_reservation") + verdicts("above_limit"), 80);
+    assert_eq!(verdicts("met") + verdicts("below_reservation") + verdicts("low_demand") + verdicts("above_limit"), 80);
     let results = check(&sc, &r, None);
     assert!(results[0].ok, "{}", results[0].description);
     assert!(results[0]

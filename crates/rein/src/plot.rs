@@ -602,9 +602,15 @@ where
     DB::ErrorType: 'static,
 {
     use rein_core::pshift::PeriodVerdict;
-    // Met, below the reservation, above the limit, incomplete (a report missing).
-    const KINDS: [RGBColor; 4] =
-        [RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(255, 127, 14), RGBColor(170, 170, 170)];
+    // Met, below the reservation (with the demand for it), above the limit, incomplete (a report missing),
+    // below the reservation for want of demand.
+    const KINDS: [RGBColor; 5] = [
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(255, 127, 14),
+        RGBColor(170, 170, 170),
+        RGBColor(152, 223, 138),
+    ];
     root.fill(&WHITE).map_err(plot_err)?;
     let rows: Vec<usize> = (0..log.buckets.len()).step_by(step).collect();
     let n = rows.len();
@@ -628,7 +634,10 @@ where
         .configure_mesh()
         .disable_mesh()
         // The colours are named here rather than in a legend box, which would hide cells.
-        .x_desc("QoS period (green: met; red: below the reservation; orange: above the limit; grey: incomplete)")
+        .x_desc(
+            "QoS period (green: met; pale green: below the reservation for want of demand; red: below it with the \
+             demand; orange: above the limit; grey: incomplete)",
+        )
         .y_desc("bucket")
         .y_labels(n)
         .x_labels(((p1 - p0) as usize).min(20))
@@ -643,9 +652,10 @@ where
             let Some((c, verdict)) = log.cell(r, b) else { continue };
             let kind = match verdict {
                 Some(PeriodVerdict::Met) => 0,
-                Some(PeriodVerdict::BelowReservation) => 1,
+                Some(PeriodVerdict::BelowReservation { with_demand: true }) => 1,
                 Some(PeriodVerdict::AboveLimit) => 2,
                 None => 3,
+                Some(PeriodVerdict::BelowReservation { with_demand: false }) => 4,
             };
             cells.push(((r.period as f64, (n - 1 - k) as f64), KINDS[kind], c));
         }

@@ -60,15 +60,52 @@
 //! servers' own counts: done_i (the IOs in flight at the period's start plus those dispatched in its
 //! intervals, invariant 2) plus the IOs the closing boundary's reports say were dispatched in the last
 //! interval, less those still in flight there (they complete, and count, in the next period). Per bucket
-//! it tallies the periods closed, those that completed less than R_i (a bucket without the demand counts
-//! too) and more than L_i, and the last period's count ([`PeriodTally`], [`Controller::periods`]); the
-//! round that closes a period also hands out each bucket's count in it ([`RoundSummary::closed`], one
-//! record per period, judged by [`BucketQos::judge`]): the numbers an operator watches, and a check on
-//! the controller's own bookkeeping that does not depend on when a client sees its completions. A period
+//! it tallies the periods closed, those that completed less than R_i and more than L_i, and the last
+//! period's count ([`PeriodTally`], [`Controller::periods`]); the round that closes a period also hands
+//! out each bucket's count in it ([`RoundSummary::closed`], one record per period, judged by
+//! [`BucketQos::judge`]): the numbers an operator watches, and a check on the controller's own
+//! bookkeeping that does not depend on when a client sees its completions. A period
 //! one of whose boundaries (the ones opening and closing it included) had a report missing that has not
 //! come in by the round of the boundary after its close is tallied as `incomplete` and judged neither
 //! way: the missing server's dispatches are not known ("Late reports"). The warm-up before the first
 //! period is not a period.
+//!
+//! # A period's demand (beyond the paper)
+//! The paper judges completed against R_i for buckets that are backlogged (its experiments keep every
+//! bucket so: "continuously backlogged ... with 5 outstanding requests", or demand 1.5 R_i), and its
+//! allocation takes R_i = D_i for a bucket whose demand D_i is below R_i (§III-A: "the best one can do is
+//! to match its demand"). A bucket that completed fewer than R_i IOs because its client sent fewer is no
+//! failure of the servers; counted as one, it paged an operator for every idle period of an idle bucket.
+//! So each closed period also carries each bucket's demand in it ([`PeriodDemand`]), from what the
+//! reports carry, and the verdict says whether a period below R_i had the demand for R_i
+//! ([`PeriodVerdict::BelowReservation`]'s `with_demand`):
+//!
+//! - **asked**: the IOs it completed in the period plus those still queued at the servers at its close
+//!   ([`BucketReport::queued`] of the closing boundary's reports). At a server a request is queued, in
+//!   flight or completed, so (queued + in flight at the period's start) + arrivals in it = completed +
+//!   in flight at the close + queued at the close: asked is the backlog at the start plus the arrivals,
+//!   less the IOs in flight at the close. Those were dispatched in the period and count in the next one
+//!   (as backlog at its start, and completed there), so each request counts in one period's demand. A
+//!   bucket that asked for R_i IOs and completed fewer had at least its shortfall still waiting at the
+//!   close: it asked in time, and was not served. Counted from the closing reports, asked needs no
+//!   arrivals of the period's other intervals, and holds at a server that joined mid-period too.
+//! - **backlogged**: a closed loop issues a request only when one of its own completes, so its arrivals
+//!   follow its service: starved, it asks for little more than it gets (a window of W asks for at most
+//!   its completions plus W), and its count would call it idle. Its queue says otherwise: at some server
+//!   it held requests through a whole interval of the period, at the interval's start (queued +
+//!   dispatched > arrivals: the server's conservation again), at its end (queued > 0), and empty for
+//!   less than [`ControllerConfig::backlog_idle_bp`] of it in between (the backlog estimator's share, 1 %
+//!   by default). A request left waiting that long while the bucket was below R_i was owed service. Such
+//!   a bucket's demand is not counted ([`PeriodDemand::Backlogged`]): it had the demand for R_i.
+//!
+//! A period below R_i with neither (asked < R_i, never backlogged through an interval) is below the
+//! reservation for want of demand (`with_demand: false`); [`PeriodTally::below_reservation`] still counts
+//! it, the paper's rule, and [`PeriodTally::below_reservation_with_demand`] does not. What the reports
+//! cannot tell: a closed loop whose requests are all at the device (a window no larger than the
+//! server's queue depth, or than its share of it) never waits in the scheduler's queue, so it shows as
+//! asking its completions plus its window; a client that thinks between requests looks the same. And a
+//! bucket whose demand sits at R_i can miss by the requests that arrived in the period's last moments,
+//! which count in its demand: a shortfall of as many IOs as were still queued at the close.
 //!
 //! # Late reports (beyond the paper)
 //! A report that misses its round's timeout (a loaded machine, a slow link) still says what its server
@@ -297,11 +334,15 @@ impl BucketQos {
         BucketQos { reservation, limit }
     }
 
-    /// How a complete period in which the bucket completed `completed` IOs stands against R_i and L_i (the
-    /// rule [`PeriodTally`] counts by).
-    pub fn judge(&self, completed: u64) -> PeriodVerdict {
+    /// How a complete period in which the bucket completed `completed` IOs, with `demand`, stands against
+    /// R_i and L_i (the rule [`PeriodTally`] counts by; module comment, "A period's demand").
+    pub fn judge(&self, completed: u64, demand: PeriodDemand) -> PeriodVerdict {
         if completed < self.reservation {
-            PeriodVerdict::BelowReservation
+            let with_demand = match demand {
+                PeriodDemand::Backlogged => true,
+                PeriodDemand::Asked(asked) => asked >= self.reservation,
+            };
+            PeriodVerdict::BelowReservation { with_demand }
         } else if self.limit.is_some_and(|l| completed > l) {
             PeriodVerdict::AboveLimit
         } else {
@@ -310,14 +351,30 @@ impl BucketQos {
     }
 }
 
+/// A bucket's demand in a closed period, by the servers' reports (module comment, "A period's demand").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeriodDemand {
+    /// The IOs it asked for: those it completed in the period plus those still queued at its close (the
+    /// backlog at the period's start and the arrivals in it, less the IOs in flight at the close).
+    Asked(u64),
+    /// Its queue at some server held requests through a whole interval of the period: a closed loop's
+    /// arrivals follow its service, so its count does not say what it would take; it had the demand.
+    Backlogged,
+}
+
 /// A complete period's outcome for one bucket ([`BucketQos::judge`]). R_i <= L_i, so at most one bound is
 /// missed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeriodVerdict {
     /// R_i <= completed <= L_i.
     Met,
-    /// Fewer than R_i completed (for want of demand, too).
-    BelowReservation,
+    /// Fewer than R_i completed: the paper's rule. `with_demand`: the bucket asked for at least R_i IOs or
+    /// stayed backlogged through an interval ([`PeriodDemand`]), so the reservation was missed; `false`:
+    /// it asked for fewer, and got fewer for want of demand.
+    BelowReservation {
+        /// Whether it had the demand for R_i.
+        with_demand: bool,
+    },
     /// More than L_i completed.
     AboveLimit,
 }
@@ -421,6 +478,8 @@ pub struct ClosedPeriod {
     pub incomplete: bool,
     /// Per bucket (index order), its IOs completed in the period.
     pub completed: Vec<u64>,
+    /// Per bucket (index order), its demand in the period (not exact either if `incomplete`).
+    pub demand: Vec<PeriodDemand>,
 }
 
 /// A bucket's closed QoS periods as the servers counted them (module comment, "Periods counted at the
@@ -429,8 +488,13 @@ pub struct ClosedPeriod {
 pub struct PeriodTally {
     /// Periods closed (those with a report missing included).
     pub closed: u64,
-    /// Complete periods in which the bucket completed fewer than R_i IOs (for want of demand, too).
+    /// Complete periods in which the bucket completed fewer than R_i IOs, whatever its demand: the paper's
+    /// rule (every [`PeriodVerdict::BelowReservation`]).
     pub below_reservation: u64,
+    /// Of those, the periods in which it had the demand for R_i (`with_demand`: it asked for R_i IOs or
+    /// stayed backlogged through an interval): the reservation missed, where the rest fell short for want
+    /// of demand (module comment, "A period's demand").
+    pub below_reservation_with_demand: u64,
     /// Complete periods in which it completed more than L_i.
     pub above_limit: u64,
     /// Periods with a report of one of their boundaries still missing an interval after their close:
@@ -570,6 +634,9 @@ pub struct Controller {
     early_reports: Vec<Option<ServerReport>>,
     /// Per bucket: its closed periods (module comment, "Periods counted at the servers").
     tallies: Vec<PeriodTally>,
+    /// Per bucket: whether a report of the current period so far found it backlogged through its interval
+    /// at a server (module comment, "A period's demand").
+    backlogged: Vec<bool>,
     /// Reports of the current period's boundaries (the one opening it included) not in when their round
     /// was computed and not counted since: (round, server). At most [`MAX_OWED`]; past that
     /// `owed_overflow` keeps the period incomplete.
@@ -600,6 +667,10 @@ struct PendingClose {
     done: Vec<u64>,
     /// Per bucket: IOs in flight at the closing boundary, by the reports in so far.
     in_flight: Vec<u64>,
+    /// Per bucket: IOs queued at the closing boundary, by the reports in so far.
+    queued: Vec<u64>,
+    /// Per bucket: backlogged through an interval of the period, by the reports in so far.
+    backlogged: Vec<bool>,
     /// Its boundaries' reports still missing: (round, server).
     owed: Vec<(u64, u32)>,
 }
@@ -637,6 +708,7 @@ impl Controller {
             return Err(ConfigError::BucketQos { bucket, reservation, limit, max: MAX_TOKENS }.into());
         }
         let tallies = vec![PeriodTally::default(); buckets.len()];
+        let backlogged = vec![false; buckets.len()];
         Ok(Controller {
             tau: config.period.0 / config.intervals as u64,
             rate: capacity_iops.to_vec(),
@@ -650,6 +722,7 @@ impl Controller {
             latest: None,
             early_reports: vec![None; capacity_iops.len()],
             tallies,
+            backlogged,
             owed: Vec::new(),
             owed_overflow: false,
             pending: None,
@@ -734,20 +807,29 @@ impl Controller {
                 for b in &report.buckets {
                     let add = if opens { b.in_flight } else { b.dispatched };
                     self.done[b.bucket as usize] = self.done[b.bucket as usize].saturating_add(add);
+                    // The interval that ended at the opening boundary belongs to the period before.
+                    if !opens && self.backlogged_through(&report, b) {
+                        self.backlogged[b.bucket as usize] = true;
+                    }
                 }
             }
             // The period closed at the latest boundary, if its record waits for this report (a closing
             // boundary's report counts for both periods: its dispatches and IOs in flight close the old
             // one, its IOs in flight open the new one).
+            let through: Vec<bool> = report.buckets.iter().map(|b| self.backlogged_through(&report, b)).collect();
             if let Some(p) = &mut self.pending {
                 if let Some(k) = p.owed.iter().position(|&o| o == (report.round, s)) {
                     p.owed.swap_remove(k);
                     counted = true;
-                    for b in &report.buckets {
+                    for (b, &through) in report.buckets.iter().zip(&through) {
                         let i = b.bucket as usize;
+                        if report.round != p.opening && through {
+                            p.backlogged[i] = true;
+                        }
                         if report.round == p.closing {
                             p.done[i] = p.done[i].saturating_add(b.dispatched);
                             p.in_flight[i] = p.in_flight[i].saturating_add(b.in_flight);
+                            p.queued[i] = p.queued[i].saturating_add(b.queued);
                         } else {
                             let add = if report.round == p.opening { b.in_flight } else { b.dispatched };
                             p.done[i] = p.done[i].saturating_add(add);
@@ -755,7 +837,7 @@ impl Controller {
                     }
                     if p.owed.is_empty() {
                         let p = self.pending.take().expect("just matched");
-                        self.finish(p.period, &p.done, &p.in_flight, false);
+                        self.finish(p.period, &p.done, &p.in_flight, &p.queued, &p.backlogged, false);
                     }
                 }
             }
@@ -795,6 +877,16 @@ impl Controller {
             return Err(ControllerError::BucketOrder { server, bucket: w[1].bucket });
         }
         Ok(())
+    }
+
+    /// Whether boundary report `r` shows bucket line `b` backlogged through its interval (module comment,
+    /// "A period's demand"): requests queued at the interval's start (queued + dispatched > arrivals) and
+    /// at its end, and the queue empty for less than the backlog share of the interval in between (the
+    /// scheduler counts idle time from the interval's start when its queue held requests then).
+    fn backlogged_through(&self, r: &ServerReport, b: &BucketReport) -> bool {
+        let at_start = b.queued.saturating_add(b.dispatched) > b.arrivals;
+        let idle_bp = u64::from(self.config.backlog_idle_bp);
+        at_start && b.queued > 0 && u128::from(b.idle_ns) * 10_000 < u128::from(r.elapsed_ns) * u128::from(idle_bp)
     }
 
     /// The latest (round, early) started: reports up to it are known, later ones are not.
@@ -846,16 +938,21 @@ impl Controller {
         Nanos(u64::try_from(spread).unwrap_or(u64::MAX))
     }
 
-    /// Closes the period that boundary `round`'s `reports` end, from `done` (its done_i): its record is
-    /// finished now when every report of its boundaries is in, or waits for the missing ones until the
-    /// next boundary's round (module comment, "Late reports").
-    fn close_period(&mut self, round: u64, done: &[u64], reports: &[Option<ServerReport>]) {
+    /// Closes the period that boundary `round`'s `reports` end, from `done` (its done_i) and `backlogged`
+    /// (by its earlier intervals' reports): its record is finished now when every report of its
+    /// boundaries is in, or waits for the missing ones until the next boundary's round (module comment,
+    /// "Late reports").
+    fn close_period(&mut self, round: u64, done: &[u64], mut backlogged: Vec<bool>, reports: &[Option<ServerReport>]) {
         let mut done = done.to_vec();
         let mut in_flight = vec![0u64; done.len()];
+        let mut queued = vec![0u64; done.len()];
         for r in reports.iter().flatten() {
             for b in &r.buckets {
-                done[b.bucket as usize] = done[b.bucket as usize].saturating_add(b.dispatched);
-                in_flight[b.bucket as usize] = in_flight[b.bucket as usize].saturating_add(b.in_flight);
+                let i = b.bucket as usize;
+                done[i] = done[i].saturating_add(b.dispatched);
+                in_flight[i] = in_flight[i].saturating_add(b.in_flight);
+                queued[i] = queued[i].saturating_add(b.queued);
+                backlogged[i] |= self.backlogged_through(r, b);
             }
         }
         let k = u64::from(self.config.intervals);
@@ -863,32 +960,50 @@ impl Controller {
         let mut owed = std::mem::take(&mut self.owed);
         owed.extend(reports.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(j, _)| (round, j as u32)));
         if owed.is_empty() || self.owed_overflow {
-            self.finish(period, &done, &in_flight, self.owed_overflow);
+            self.finish(period, &done, &in_flight, &queued, &backlogged, self.owed_overflow);
         } else {
-            self.pending = Some(PendingClose { period, opening: round - k, closing: round, done, in_flight, owed });
+            let opening = round - k;
+            self.pending =
+                Some(PendingClose { period, opening, closing: round, done, in_flight, queued, backlogged, owed });
         }
     }
 
-    /// Tallies a closed period (each bucket completed done_i less its IOs in flight at the close) and
-    /// keeps its record for the next round's summary.
-    fn finish(&mut self, period: u64, done: &[u64], in_flight: &[u64], incomplete: bool) {
+    /// Tallies a closed period (each bucket completed done_i less its IOs in flight at the close, and asked
+    /// for those plus its IOs queued at the close, unless it was backlogged) and keeps its record for the
+    /// next round's summary.
+    fn finish(
+        &mut self,
+        period: u64,
+        done: &[u64],
+        in_flight: &[u64],
+        queued: &[u64],
+        backlogged: &[bool],
+        incomplete: bool,
+    ) {
         let mut completed = Vec::with_capacity(done.len());
-        for ((t, d), (q, f)) in self.tallies.iter_mut().zip(done).zip(self.buckets.iter().zip(in_flight)) {
-            let c = d.saturating_sub(*f);
+        let mut demand = Vec::with_capacity(done.len());
+        for (i, (t, q)) in self.tallies.iter_mut().zip(&self.buckets).enumerate() {
+            let c = done[i].saturating_sub(in_flight[i]);
+            let d =
+                if backlogged[i] { PeriodDemand::Backlogged } else { PeriodDemand::Asked(c.saturating_add(queued[i])) };
             completed.push(c);
+            demand.push(d);
             t.closed += 1;
             t.last = Some(c);
             if incomplete {
                 t.incomplete += 1;
             } else {
-                match q.judge(c) {
+                match q.judge(c, d) {
                     PeriodVerdict::Met => {}
-                    PeriodVerdict::BelowReservation => t.below_reservation += 1,
+                    PeriodVerdict::BelowReservation { with_demand } => {
+                        t.below_reservation += 1;
+                        t.below_reservation_with_demand += u64::from(with_demand);
+                    }
                     PeriodVerdict::AboveLimit => t.above_limit += 1,
                 }
             }
         }
-        self.finished.push(ClosedPeriod { period, incomplete, completed });
+        self.finished.push(ClosedPeriod { period, incomplete, completed, demand });
     }
 
     /// Records of closed periods finished since the last round's summary (by the late report that
@@ -1007,15 +1122,17 @@ impl Controller {
             // A period closed at the boundary before waited an interval for its missing reports: those
             // still missing leave it incomplete.
             if let Some(p) = self.pending.take() {
-                self.finish(p.period, &p.done, &p.in_flight, true);
+                self.finish(p.period, &p.done, &p.in_flight, &p.queued, &p.backlogged, true);
             }
         }
         if starts_period {
             // The boundary closes the period before it (the warm-up before round 0 is none): what each
             // bucket completed in it is done_i, plus the last interval's dispatches, less what is still in
             // flight (module comment, "Periods counted at the servers").
+            // The warm-up's backlog is no period's.
+            let backlogged = std::mem::replace(&mut self.backlogged, vec![false; done.len()]);
             if round > 0 {
-                self.close_period(round, &done, &reports);
+                self.close_period(round, &done, backlogged, &reports);
             }
             done.fill(0);
             self.owed.clear();
@@ -1034,6 +1151,11 @@ impl Controller {
             for b in &r.buckets {
                 let add = if starts_period { b.in_flight } else { b.dispatched };
                 done[b.bucket as usize] = done[b.bucket as usize].saturating_add(add);
+                // A boundary's report inside the period: its interval is the period's (an early round's
+                // covers part of one, which the boundary's report covers whole).
+                if early.is_none() && !starts_period && self.backlogged_through(r, b) {
+                    self.backlogged[b.bucket as usize] = true;
+                }
             }
         }
         let left_ns = match early {
@@ -1299,21 +1421,46 @@ mod tests {
         let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
         let want = PeriodTally { closed: 1, last: Some(3 + 450 + 240 - 4), ..Default::default() };
         assert_eq!(c.periods()[0], want, "689: within R 500 and L 700");
-        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }]);
+        assert_eq!(
+            s.closed,
+            vec![ClosedPeriod {
+                period: 0,
+                incomplete: false,
+                completed: vec![689],
+                demand: vec![PeriodDemand::Asked(689)]
+            }]
+        );
         // The next: 4 + 100 + 300 - 0 = 404, below R; then 0 + 500 + 300 - 2 = 798, above L.
         let mut records = Vec::new();
         for (round, dispatched, in_flight) in [(3, 100, 1), (4, 300, 0), (5, 500, 9), (6, 300, 2)] {
             c.handle_report(rep(round, dispatched, in_flight)).unwrap();
             records.extend(c.poll(c.boundary()).unwrap().1.closed);
         }
-        let want = PeriodTally { closed: 3, below_reservation: 1, above_limit: 1, incomplete: 0, last: Some(798) };
+        // Period 1 asked for its 404 and nothing more (nothing queued at its close): below R for want of
+        // demand, which the paper's rule counts and `below_reservation_with_demand` does not.
+        let want = PeriodTally {
+            closed: 3,
+            below_reservation: 1,
+            below_reservation_with_demand: 0,
+            above_limit: 1,
+            incomplete: 0,
+            last: Some(798),
+        };
         assert_eq!(c.periods()[0], want);
         let per_period: Vec<(u64, u64)> = records.iter().map(|r| (r.period, r.completed[0])).collect();
         assert_eq!(per_period, [(1, 404), (2, 798)], "one record per closed period");
         let q = BucketQos { reservation: 500, limit: Some(700) };
-        let verdicts: Vec<PeriodVerdict> = [689, 404, 798, 500, 700].map(|n| q.judge(n)).to_vec();
+        let judged = |n: u64, d| q.judge(n, d);
+        use PeriodDemand::*;
         use PeriodVerdict::*;
-        assert_eq!(verdicts, [Met, BelowReservation, AboveLimit, Met, Met], "R and L themselves are met");
+        let verdicts: Vec<PeriodVerdict> = [689, 404, 798, 500, 700].map(|n| judged(n, Asked(n))).to_vec();
+        let without = BelowReservation { with_demand: false };
+        assert_eq!(verdicts, [Met, without, AboveLimit, Met, Met], "R and L themselves are met");
+        // Below R with the demand for it: asked for R (or more), or backlogged; asked for R - 1 is not.
+        let with = BelowReservation { with_demand: true };
+        assert_eq!([judged(404, Asked(500)), judged(404, Asked(900)), judged(0, Backlogged)], [with; 3]);
+        assert_eq!(judged(404, Asked(499)), without);
+        assert_eq!([judged(500, Backlogged), judged(701, Asked(701))], [Met, AboveLimit], "demand judges only below R");
     }
 
     /// Reports come from peers: counts and times at the top of their range (a broken or hostile server)
@@ -1357,6 +1504,68 @@ mod tests {
         assert_eq!(c.periods()[0].closed, 2);
     }
 
+    /// A period below R_i is judged with the bucket's demand in it (module comment, "A period's demand"):
+    /// an idle bucket's is below R for want of demand, which the paper's rule counts and
+    /// `below_reservation_with_demand` does not (before, an idle bucket's every period counted, and the
+    /// daemon's alert paged for it); a closed loop kept waiting is below R with demand though its count
+    /// says it asked for little, and so is an open loop that asked for R, counted from what is queued at
+    /// the close. Late reports carry their demand too, into the period waiting for them and into the
+    /// current one. One server, two intervals per period, three buckets of R 500.
+    #[test]
+    fn a_period_below_the_reservation_is_judged_with_its_demand() {
+        let q = BucketQos { reservation: 500, limit: None };
+        let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0], vec![q; 3]).unwrap();
+        let rep = |round, lines: Vec<BucketReport>| report(0, round, 200, lines);
+        let half = 250_000_000;
+        // The warm-up: bucket 1 waits through it, which is no period's.
+        c.handle_report(rep(0, vec![line(1, 100, 100, 4, 0)])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        // Period 0: bucket 0 sends nothing; bucket 1, a closed loop of 4, waits through both intervals (4
+        // queued at each end, never empty) and completes 200; bucket 2 gets 300 of its 600 arrivals, 300
+        // still queued at the close (its queue was empty at the first interval's start and half the
+        // second: not backlogged through an interval).
+        c.handle_report(rep(1, vec![line(1, 100, 100, 4, 0), line(2, 300, 150, 150, 0)])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        c.handle_report(rep(2, vec![line(1, 100, 100, 4, 0), line(2, 300, 150, 300, half)])).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        use PeriodDemand::*;
+        let want = ClosedPeriod {
+            period: 0,
+            incomplete: false,
+            completed: vec![0, 200, 300],
+            demand: vec![Asked(0), Backlogged, Asked(600)],
+        };
+        assert_eq!(s.closed, vec![want]);
+        let counts = |c: &Controller| -> Vec<(u64, u64)> {
+            c.periods().iter().map(|t| (t.below_reservation, t.below_reservation_with_demand)).collect()
+        };
+        assert_eq!(counts(&c), [(1, 0), (1, 1), (1, 1)], "all three below R; buckets 1 and 2 with the demand");
+        // Period 1: its closing report comes late, with bucket 1 waiting through that interval and bucket 2's
+        // 600 arrivals all still queued; the record waits for it and judges it.
+        c.handle_report(rep(3, vec![line(1, 10, 10, 0, 400_000_000)])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!((s.reports_missing, s.closed.len()), (1, 0));
+        c.handle_report(rep(4, vec![line(1, 100, 100, 4, 0), line(2, 600, 0, 600, 0)])).unwrap();
+        let want = ClosedPeriod {
+            period: 1,
+            incomplete: false,
+            completed: vec![0, 110, 0],
+            demand: vec![Asked(0), Backlogged, Asked(600)],
+        };
+        assert_eq!(c.take_closed(), vec![want]);
+        assert_eq!(counts(&c), [(2, 0), (2, 2), (2, 2)]);
+        // Period 2: its middle report comes late and finds bucket 0 waiting through that interval; the
+        // closing one, in time, finds its queue empty at the close.
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!(s.reports_missing, 1);
+        c.handle_report(rep(5, vec![line(0, 5, 5, 3, 0), line(2, 600, 600, 0, 0)])).unwrap();
+        c.handle_report(rep(6, vec![line(0, 0, 3, 0, half), line(2, 0, 0, 0, 0)])).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert_eq!(s.closed[0].demand, vec![Backlogged, Asked(0), Asked(600)]);
+        assert_eq!(counts(&c), [(3, 1), (3, 2), (2, 2)], "bucket 2 met R: 600 completed");
+    }
+
     /// A period whose reports were not all in (here its middle boundary's, never) is counted, not judged:
     /// its record waits an interval for the report, then goes out incomplete.
     #[test]
@@ -1373,7 +1582,15 @@ mod tests {
         assert_eq!((s.closed.len(), c.periods()[0].closed), (0, 0), "period 0 waits for boundary 1's report");
         c.handle_report(rep(3, 600, 0)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: true, completed: vec![100] }]);
+        assert_eq!(
+            s.closed,
+            vec![ClosedPeriod {
+                period: 0,
+                incomplete: true,
+                completed: vec![100],
+                demand: vec![PeriodDemand::Asked(100)]
+            }]
+        );
         let t = c.periods()[0];
         assert_eq!((t.closed, t.incomplete, t.below_reservation, t.last), (1, 1, 0, Some(100)));
         // The next period is complete again: 0 + 600 + 50 = 650.
@@ -1402,7 +1619,15 @@ mod tests {
         assert_eq!((c.done(), c.late_reports_counted()), (&[453][..], 1), "once");
         c.handle_report(rep(2, 240, 4)).unwrap();
         let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
-        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: false, completed: vec![689] }]);
+        assert_eq!(
+            s.closed,
+            vec![ClosedPeriod {
+                period: 0,
+                incomplete: false,
+                completed: vec![689],
+                demand: vec![PeriodDemand::Asked(689)]
+            }]
+        );
         assert_eq!(c.periods()[0], PeriodTally { closed: 1, last: Some(689), ..Default::default() });
         // Boundary 4 (closing period 1, opening period 2) is missing: period 1's record waits for it.
         c.handle_report(rep(3, 100, 0)).unwrap();
@@ -1417,7 +1642,15 @@ mod tests {
         let t = c.periods()[0];
         assert_eq!((t.closed, t.incomplete, t.below_reservation, t.last), (2, 0, 1, Some(402)), "judged at once");
         assert_eq!(c.late_reports_counted(), 2, "one report, counted once for both periods");
-        assert_eq!(c.take_closed(), vec![ClosedPeriod { period: 1, incomplete: false, completed: vec![402] }]);
+        assert_eq!(
+            c.take_closed(),
+            vec![ClosedPeriod {
+                period: 1,
+                incomplete: false,
+                completed: vec![402],
+                demand: vec![PeriodDemand::Asked(402)]
+            }]
+        );
         assert_eq!(c.take_closed(), vec![], "handed out once");
         for (round, dispatched, in_flight) in [(5, 500, 0), (6, 100, 1)] {
             c.handle_report(rep(round, dispatched, in_flight)).unwrap();
@@ -1434,7 +1667,15 @@ mod tests {
         assert_eq!((s.reports_missing, s.closed.len()), (1, 0));
         c.handle_report(rep(9, 200, 0)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(s.closed, vec![ClosedPeriod { period: 3, incomplete: true, completed: vec![1 + 50] }]);
+        assert_eq!(
+            s.closed,
+            vec![ClosedPeriod {
+                period: 3,
+                incomplete: true,
+                completed: vec![1 + 50],
+                demand: vec![PeriodDemand::Asked(1 + 50)]
+            }]
+        );
         c.handle_report(rep(8, 60, 7)).unwrap();
         assert_eq!((c.done(), c.late_reports_counted()), (&[7 + 200][..], 3), "period 4 counts its 7 in flight");
         assert_eq!((c.periods()[0].closed, c.periods()[0].incomplete), (4, 1), "period 3's record is out");
@@ -1469,12 +1710,28 @@ mod tests {
         c.poll(c.boundary()).unwrap();
         c.handle_report(rep(1, 600)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(s.closed, vec![ClosedPeriod { period: 0, incomplete: false, completed: vec![600] }]);
+        assert_eq!(
+            s.closed,
+            vec![ClosedPeriod {
+                period: 0,
+                incomplete: false,
+                completed: vec![600],
+                demand: vec![PeriodDemand::Asked(600)]
+            }]
+        );
         let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
         assert_eq!((s.reports_missing, s.closed.len()), (1, 0), "period 1 waits for boundary 2's report");
         c.handle_report(rep(3, 550)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(s.closed, vec![ClosedPeriod { period: 1, incomplete: true, completed: vec![0] }]);
+        assert_eq!(
+            s.closed,
+            vec![ClosedPeriod {
+                period: 1,
+                incomplete: true,
+                completed: vec![0],
+                demand: vec![PeriodDemand::Asked(0)]
+            }]
+        );
         c.handle_report(rep(4, 650)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
         let periods: Vec<_> = s.closed.iter().map(|p| (p.period, p.incomplete, p.completed[0])).collect();
@@ -1592,27 +1849,50 @@ mod tests {
         /// next (1), or never (2). Every period whose reports all came within an interval of its close
         /// is judged on the exact count; a period one of whose boundaries' reports never came (the ones
         /// opening and closing it included) is incomplete; records come out oldest first, once each.
+        /// Each server also keeps a queue (requests arrive, wait, are dispatched): a complete period's
+        /// demand is the bucket's backlog at its start (queued and in flight) plus its arrivals in it,
+        /// less its IOs in flight at the close, unless its queue held requests at both ends of one of the
+        /// period's intervals at a server (never empty between: the reports' idle time is 0), when it is
+        /// backlogged.
         #[test]
         fn late_reports_within_an_interval_leave_every_period_exact(
-            steps in proptest::collection::vec((0u64..400, 0u64..400, 0u64..400, 0u64..400, 0u8..3), 1..20),
+            steps in proptest::collection::vec(
+                ((0u64..400, 0u64..400, 0u64..400), (0u64..400, 0u64..400, 0u64..400), 0u8..3),
+                1..20,
+            ),
         ) {
             let q = BucketQos { reservation: 500, limit: Some(700) };
             let mut c = Controller::new(config(2, DemandEstimator::Arrivals), &[1000.0, 1000.0], vec![q]).unwrap();
-            let mut in_flight = [0u64; 2];
+            let (mut queued, mut in_flight) = ([0u64; 2], [0u64; 2]);
             let mut completions = Vec::new(); // per interval, both servers
+            // Per boundary, both servers: the backlog (queued and in flight) and the IOs in flight there;
+            // per interval: the arrivals, and whether a queue held requests at both of its ends.
+            let mut backlog_at = vec![0u64];
+            let mut in_flight_at = vec![0u64];
+            let (mut arrived, mut waited) = (vec![0u64], vec![false]);
             let mut records = Vec::new();
-            for (round, &(d0, c0, d1, c1, late)) in steps.iter().enumerate() {
+            for (round, &(s0, s1, late)) in steps.iter().enumerate() {
                 let round = round as u64;
                 let mut completed = 0;
                 let mut reports = Vec::new();
-                for (j, (d, want)) in [(d0, c0), (d1, c1)].into_iter().enumerate() {
+                let (mut arrivals, mut both_ends) = (0, false);
+                for (j, (a, d, want)) in [s0, s1].into_iter().enumerate() {
+                    let before = queued[j];
+                    let d = d.min(before + a);
+                    queued[j] = before + a - d;
                     let done = want.min(in_flight[j] + d);
                     in_flight[j] = in_flight[j] + d - done;
                     completed += done;
-                    let line = BucketReport { bucket: 0, arrivals: d, dispatched: d, queued: 0, idle_ns: 0, in_flight: in_flight[j], held: 0 };
+                    arrivals += a;
+                    both_ends |= before > 0 && queued[j] > 0;
+                    let line = BucketReport { bucket: 0, arrivals: a, dispatched: d, queued: queued[j], idle_ns: 0, in_flight: in_flight[j], held: 0 };
                     reports.push(ServerReport { server: j as u32, round, early: 0, elapsed_ns: 500_000_000, completed: done, busy_ns: 500_000_000, buckets: vec![line] });
                 }
                 completions.push(completed);
+                backlog_at.push(queued.iter().chain(&in_flight).sum());
+                in_flight_at.push(in_flight.iter().sum());
+                arrived.push(arrivals);
+                waited.push(both_ends);
                 let r1 = reports.pop().unwrap();
                 c.handle_report(reports.pop().unwrap()).unwrap();
                 if late == 0 {
@@ -1627,8 +1907,9 @@ mod tests {
                 }
             }
             // Boundary 2p + 2 closes period p (intervals 2p + 1 and 2p + 2); its record waits for reports
-            // of boundaries 2p..=2p + 2 until boundary 2p + 3's round.
-            let never = |b: usize| steps.get(b).is_some_and(|s| s.4 == 2);
+            // of boundaries 2p..=2p + 2 until boundary 2p + 3's round. (Step b is boundary b: the interval
+            // ending there is `completions[b]`, and `backlog_at[b + 1]` what is left at it.)
+            let never = |b: usize| steps.get(b).is_some_and(|s| s.2 == 2);
             let n = steps.len();
             let mut want = Vec::new();
             for p in 0.. {
@@ -1640,21 +1921,35 @@ mod tests {
                 if closing + 1 >= n && incomplete {
                     break; // still waiting at the end of the run
                 }
-                want.push((p as u64, incomplete, completions[closing - 1] + completions[closing]));
+                let demand = if waited[closing] || waited[closing + 1] {
+                    PeriodDemand::Backlogged
+                } else {
+                    PeriodDemand::Asked(backlog_at[closing - 1] + arrived[closing] + arrived[closing + 1] - in_flight_at[closing + 1])
+                };
+                want.push((p as u64, incomplete, completions[closing - 1] + completions[closing], demand));
             }
             proptest::prop_assert_eq!(records.len(), want.len(), "{:?}", records);
-            for (r, &(p, incomplete, count)) in records.iter().zip(&want) {
+            for (r, &(p, incomplete, count, demand)) in records.iter().zip(&want) {
                 proptest::prop_assert_eq!((r.period, r.incomplete), (p, incomplete));
                 if !incomplete {
                     proptest::prop_assert_eq!(r.completed[0], count, "period {}", p);
+                    proptest::prop_assert_eq!(r.demand[0], demand, "period {}", p);
                 }
             }
             let t = c.periods()[0];
-            let judged: Vec<u64> = want.iter().filter(|w| !w.1).map(|w| w.2).collect();
+            let judged: Vec<(u64, PeriodDemand)> = want.iter().filter(|w| !w.1).map(|w| (w.2, w.3)).collect();
+            let with_demand = |&(x, d): &(u64, PeriodDemand)| match d {
+                PeriodDemand::Backlogged => true,
+                PeriodDemand::Asked(asked) => asked >= 500 && x < 500,
+            };
             proptest::prop_assert_eq!(t.closed, want.len() as u64);
             proptest::prop_assert_eq!(t.incomplete, want.iter().filter(|w| w.1).count() as u64);
-            proptest::prop_assert_eq!(t.below_reservation, judged.iter().filter(|&&x| x < 500).count() as u64);
-            proptest::prop_assert_eq!(t.above_limit, judged.iter().filter(|&&x| x > 700).count() as u64);
+            proptest::prop_assert_eq!(t.below_reservation, judged.iter().filter(|x| x.0 < 500).count() as u64);
+            proptest::prop_assert_eq!(
+                t.below_reservation_with_demand,
+                judged.iter().filter(|x| x.0 < 500 && with_demand(x)).count() as u64
+            );
+            proptest::prop_assert_eq!(t.above_limit, judged.iter().filter(|x| x.0 > 700).count() as u64);
         }
     }
 

@@ -107,7 +107,7 @@ pub use crate::sched::tokens;
 pub use alloc::ClassStats;
 pub use controller::{
     BucketQos, BucketReport, ClosedPeriod, ConfigError, Controller, ControllerConfig, ControllerError, DemandEstimator,
-    EarlyRounds, PeriodTally, PeriodVerdict, RoundSummary, ServerReport, StrayArrival, TokenMessage,
+    EarlyRounds, PeriodDemand, PeriodTally, PeriodVerdict, RoundSummary, ServerReport, StrayArrival, TokenMessage,
 };
 pub use instance::{
     Instance, InstanceBuilder, InstanceError, RawBucket, RawServer, MAX_BUCKETS, MAX_ENTRIES, MAX_NAME_LEN,
