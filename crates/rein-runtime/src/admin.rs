@@ -2,7 +2,8 @@
 //!
 //! - `GET /metrics`: Prometheus text format. Per tenant: completions by phase, bytes, errors, a latency
 //!   histogram, queued requests, and the spec; per backend: outstanding IOs, queue depth, busy seconds,
-//!   modelled capacity.
+//!   modelled capacity; with `[pshift]`, whether the link to the controller is up
+//!   (`rein_pshift_controller_connected`, [`crate::pshift_link::LinkStatus`]).
 //! - `GET /api/tenants`: the tenants as JSON (spec and counters).
 //! - `PUT /api/tenants/{name}`: change a tenant's spec at run time. The body is
 //!   `{"reservation": 250, "limit": 1000, "weight": 2, "idle_credit": 0}` (omitted fields keep their value;
@@ -65,6 +66,8 @@ pub struct AdminState {
     pub connections: Arc<crate::access::ConnLimits>,
     /// The storage-node protocol's service (`[node] enabled`), for `/metrics`.
     pub node: Option<Arc<crate::node::NodeService>>,
+    /// A pShift server's link to its controller (`[pshift]` with `controller`), for `/metrics`.
+    pub pshift_link: Option<Arc<crate::pshift_link::LinkStatus>>,
 }
 
 /// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
@@ -500,6 +503,9 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         n.metrics(&mut o);
     }
     s.registry.presented().metrics(&mut o);
+    if let Some(link) = &s.pshift_link {
+        link.metrics(&mut o);
+    }
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
 }
 

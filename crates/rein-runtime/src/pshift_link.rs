@@ -27,6 +27,11 @@
 //! a report at every boundary it is behind, one per turn of its loop: with a 1 ns interval it never
 //! caught up and kept a core busy).
 //!
+//! Whether the link is up shows on the server's `/metrics` ([`LinkStatus`]:
+//! `rein_pshift_controller_connected`, 1 from the controller's welcome until the link breaks), so that an
+//! operator can alert on a server that serves plain round robin because it lost its controller; before,
+//! only its log said so.
+//!
 //! # Invariants
 //! 1. Tokens are applied only from the controller that welcomed this connection, and only those for this
 //!    server's index.
@@ -160,6 +165,61 @@ pub async fn write_frame_within<W: AsyncWrite + Unpin>(
     }
 }
 
+/// Whether a server's link to its controller is up, for `rein serve`'s `/metrics` (module comment): [`run`]
+/// keeps it, the admin endpoint reads it.
+#[derive(Debug)]
+pub struct LinkStatus {
+    /// The controller's address and this server's name in its configuration (the series' labels).
+    controller: SocketAddr,
+    name: String,
+    /// Welcomed by the controller, and the link not broken since.
+    connected: std::sync::atomic::AtomicBool,
+}
+
+impl LinkStatus {
+    /// The status of the link `s` configures: not connected.
+    pub fn new(s: &LinkSettings) -> LinkStatus {
+        LinkStatus { controller: s.controller, name: s.name.clone(), connected: false.into() }
+    }
+
+    /// Whether the controller has welcomed the link and it is up (its tokens apply).
+    pub fn connected(&self) -> bool {
+        self.connected.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Marks the link up until the returned guard drops (the session ends: broken, refused or stopped).
+    fn up(&self) -> LinkUp<'_> {
+        self.connected.store(true, std::sync::atomic::Ordering::Relaxed);
+        LinkUp(self)
+    }
+
+    /// `rein_pshift_controller_connected{controller, server}`: 1 while the link is up, 0 while the server
+    /// connects, is refused or has lost the link (it serves plain round robin then).
+    pub fn metrics(&self, o: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(
+            o,
+            "# HELP rein_pshift_controller_connected 1 while the pShift controller has welcomed this server and \
+             the link is up (its tokens apply); 0 while the server connects, is refused, or has lost the link \
+             (plain round robin: limits not enforced, reservations not shifted).\n\
+             # TYPE rein_pshift_controller_connected gauge\n\
+             rein_pshift_controller_connected{{controller=\"{}\",server=\"{}\"}} {}",
+            self.controller,
+            crate::admin::label(&self.name),
+            u8::from(self.connected())
+        );
+    }
+}
+
+/// A welcomed session's mark on its [`LinkStatus`]: the link is down again when it drops.
+struct LinkUp<'a>(&'a LinkStatus);
+
+impl Drop for LinkUp<'_> {
+    fn drop(&mut self) {
+        self.0.connected.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The validated `[pshift]` table of rein serve.
 #[derive(Debug, Clone)]
 pub struct LinkSettings {
@@ -182,18 +242,20 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 /// A boxed [`Io`].
 pub type Stream = Box<dyn Io>;
 
-/// Runs the link until the dispatcher stops: `tenants` gives the server's tenants by name at each welcome.
+/// Runs the link until the dispatcher stops: `tenants` gives the server's tenants by name at each welcome;
+/// `status` says whether the link is up.
 pub async fn run(
     s: LinkSettings,
     dispatcher: Dispatcher,
     tenants: impl Fn() -> Vec<(String, TenantId)> + Send + 'static,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    status: std::sync::Arc<LinkStatus>,
 ) {
     let mut backoff = Duration::from_millis(100);
     let mut last_error = String::new();
     loop {
         let r = tokio::select! {
-            r = session(&s, &dispatcher, &tenants) => r,
+            r = session(&s, &dispatcher, &tenants, &status) => r,
             _ = stop.wait_for(|x| *x) => return,
         };
         dispatcher.pshift_detach().await;
@@ -264,6 +326,7 @@ async fn session(
     s: &LinkSettings,
     dispatcher: &Dispatcher,
     tenants: &(impl Fn() -> Vec<(String, TenantId)> + Send),
+    status: &LinkStatus,
 ) -> Result<(), Failure> {
     let broken = |e: String| Failure::Broken(e, false);
     let sock = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(s.controller))
@@ -319,6 +382,8 @@ async fn session(
         .await
         .map_err(|e| Failure::Refused(format!("pShift link: {e}")))?;
     tracing::info!(controller = %s.controller, index, buckets = mapped, "pShift link: welcomed by the controller");
+    // Up until the session ends, however it ends (an error, or `run` dropping it at the stop).
+    let _up = status.up();
     let welcomed = |e: String| Failure::Broken(e, true);
     // Pings place the controller's boundaries on the dispatcher's clock, where it cuts each report.
     let clock = dispatcher.clock();
@@ -431,6 +496,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.211:0").await.unwrap();
         let deadline = Duration::from_millis(300);
         let (s, dispatcher) = link(listener.local_addr().unwrap(), deadline);
+        let status = LinkStatus::new(&s);
         // Left within 4 s: by the test's 300 ms, not the servers' 5 s.
         let silent = async {
             let (mut sock, _) = hello(&listener).await;
@@ -438,7 +504,7 @@ mod tests {
             tokio::time::timeout(CONNECT_TIMEOUT - Duration::from_secs(1), sock.read_to_end(&mut rest)).await
         };
         let started = tokio::time::Instant::now();
-        let (r, closed) = tokio::join!(session(&s, &dispatcher, &Vec::new), silent);
+        let (r, closed) = tokio::join!(session(&s, &dispatcher, &Vec::new, &status), silent);
         let (refused, e, welcomed) = ended(r);
         assert!(!refused && !welcomed && e == "no welcome within 0.3 s", "{e}");
         assert!(started.elapsed() >= deadline, "left after {:?}", started.elapsed());
@@ -448,9 +514,10 @@ mod tests {
             let m = Message::Welcome { server: 0, strays: false, buckets: vec!["a".into()], limited: vec![] };
             write_frame(&mut sock, &m).await.unwrap();
         };
-        let (r, ()) = tokio::join!(session(&s, &dispatcher, &Vec::new), answering);
+        let (r, ()) = tokio::join!(session(&s, &dispatcher, &Vec::new, &status), answering);
         let (_, e, welcomed) = ended(r);
         assert!(welcomed, "{e}");
+        assert!(!status.connected(), "the welcomed session has ended: the link is down");
     }
 
     /// The welcome at its bound (rein-proto's `MAX_WELCOME_BODY`, 16 MiB): a controller announcing one
@@ -460,6 +527,7 @@ mod tests {
     async fn a_welcome_beyond_its_bound_is_refused_from_its_header() {
         let listener = TcpListener::bind("127.0.0.212:0").await.unwrap();
         let (s, dispatcher) = link(listener.local_addr().unwrap(), CONNECT_TIMEOUT);
+        let status = LinkStatus::new(&s);
         let line = 2 + rein_core::pshift::MAX_NAME_LEN;
         let full = (wire::MAX_WELCOME_BODY - 12) / line;
         let mut buckets: Vec<String> = (0..full).map(|k| format!("{k:0>256}")).collect();
@@ -475,7 +543,7 @@ mod tests {
             let mut rest = Vec::new();
             tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut rest)).await
         };
-        let (r, closed) = tokio::join!(session(&s, &dispatcher, &Vec::new), oversized);
+        let (r, closed) = tokio::join!(session(&s, &dispatcher, &Vec::new, &status), oversized);
         let (_, e, welcomed) = ended(r);
         assert!(!welcomed && e.contains("welcome body of 16777217 bytes exceeds the bound of 16777216"), "{e}");
         assert!(matches!(closed, Ok(Ok(0))), "{closed:?}");
@@ -483,9 +551,32 @@ mod tests {
             let (mut sock, _) = hello(&listener).await;
             sock.write_all(&welcome).await.unwrap();
         };
-        let (r, ()) = tokio::join!(session(&s, &dispatcher, &Vec::new), at_bound);
+        let (r, ()) = tokio::join!(session(&s, &dispatcher, &Vec::new, &status), at_bound);
         let (_, e, welcomed) = ended(r);
         assert!(welcomed, "{e}");
+    }
+
+    /// `rein_pshift_controller_connected` is 1 only while a welcomed session holds the link up, and names
+    /// the controller and the server (its name escaped as a label value).
+    #[test]
+    fn the_link_status_is_up_only_while_a_session_holds_it() {
+        let controller = "127.0.0.30:7800".parse().unwrap();
+        let s = LinkSettings { controller, name: "s\"1".into(), tls: None, welcome_timeout: CONNECT_TIMEOUT };
+        let status = LinkStatus::new(&s);
+        let text = |st: &LinkStatus| {
+            let mut o = String::new();
+            st.metrics(&mut o);
+            o
+        };
+        let series = "rein_pshift_controller_connected{controller=\"127.0.0.30:7800\",server=\"s\\\"1\"}";
+        assert!(text(&status).contains(&format!("\n{series} 0\n")), "{}", text(&status));
+        assert!(text(&status).contains("# TYPE rein_pshift_controller_connected gauge\n"));
+        {
+            let _up = status.up();
+            assert!(status.connected());
+            assert!(text(&status).ends_with(&format!("\n{series} 1\n")), "{}", text(&status));
+        }
+        assert!(!status.connected(), "down again when the session ends");
     }
 
     /// A pong's schedule at its bounds: an interval of 1,000 ns is taken and 999 refused; a next boundary

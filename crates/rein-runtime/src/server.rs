@@ -472,11 +472,13 @@ pub async fn run_with(
     ));
     let mut watchdog = crate::notify::Watchdog::from_env();
     let reloads = Arc::new(crate::reloads::Reloads::new("serve"));
+    let pshift_link = cfg.pshift.as_ref().map(|p| Arc::new(crate::pshift_link::LinkStatus::new(p)));
     let admin_state = AdminState {
         registry: registry.clone(),
         reloads: reloads.clone(),
         connections: limits.clone(),
         node: node_service,
+        pshift_link: pshift_link.clone(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
@@ -490,10 +492,10 @@ pub async fn run_with(
             .await;
     });
     // A pShift server reports to its controller until the server stops (the link holds a dispatcher handle).
-    if let Some(p) = cfg.pshift.clone() {
+    if let (Some(p), Some(status)) = (cfg.pshift.clone(), pshift_link) {
         let reg = registry.clone();
         let tenants = move || reg.tenants().to_vec();
-        tokio::spawn(crate::pshift_link::run(p, dispatcher.clone(), tenants, stop_rx.clone()));
+        tokio::spawn(crate::pshift_link::run(p, dispatcher.clone(), tenants, stop_rx.clone(), status));
     }
     if let Some(r) = ready {
         let _ = r.send(bound);

@@ -37,6 +37,7 @@ async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr,
         reloads: Arc::new(rein_runtime::reloads::Reloads::new("serve")),
         connections: rein_runtime::access::ConnLimits::new(Default::default()),
         node: None,
+        pshift_link: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

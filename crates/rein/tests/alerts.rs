@@ -49,7 +49,7 @@ fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export() {
     }
 
     // A rein serve node (with a certificate, for its expiry), a PARDA host (a gateway with [parda]) over
-    // it, and a pShift controller.
+    // it, a pShift controller, and a rein serve that is its server.
     let tmp = tmpdir("alerts");
     common::tls::make_ca(tmp.path(), "ca", "ca");
     common::tls::make_cert(tmp.path(), "ca", "node", "127.0.0.183", &common::tls::server("IP:127.0.0.183"));
@@ -81,8 +81,13 @@ fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export() {
         write_file(tmp.path(), "ctl.toml", ctl_text).to_str().unwrap(),
     ])
     .start();
+    let server = serve_in(
+        &tmp.path().join("pshift-server"),
+        &local(186),
+        &format!("scheduler = \"token\"\n{MEMORY}[pshift]\ncontroller = \"{}\"\nname = \"s1\"\n", ctl.nbd),
+    );
     let mut exported = BTreeSet::new();
-    for s in [&node, &gw, &ctl] {
+    for s in [&node, &gw, &ctl, &server] {
         exported.extend(names(&common::metrics(s.admin)));
     }
 

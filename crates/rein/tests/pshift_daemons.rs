@@ -587,6 +587,33 @@ fn link_server(dir: &Path, host: u8, name: &str, controller: &str, tls: &str) ->
     Rein::serve(&write_file(&d, "rein.toml", &text)).start()
 }
 
+/// A server's link to its controller shows on its `/metrics` (alert ReinPshiftControllerLinkDown):
+/// `rein_pshift_controller_connected` is 0 while there is no controller (the server starts first and
+/// serves plain round robin), 1 once the controller has welcomed it, and 0 again after the controller is
+/// gone. Before, a server that had lost its controller had no series that said so, only log lines.
+#[test]
+fn a_servers_metrics_show_its_link_to_the_controller() {
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-link-metric");
+    let listen = format!("127.0.0.112:{}", free_port("127.0.0.112"));
+    let s = link_server(tmp.path(), 113, "s1", &listen, "");
+    let series = format!("rein_pshift_controller_connected{{controller=\"{listen}\",server=\"s1\"}}");
+    let connected = || common::series_value(&common::metrics(s.admin), &series);
+    s.wait_line("serving plain round robin until it answers");
+    assert_eq!(connected(), 0.0, "no controller yet");
+    let text = format!(
+        "listen = \"{listen}\"\nadmin = \"127.0.0.112:0\"\nperiod_s = 1\n\
+         [[servers]]\nname = \"s1\"\ncapacity_iops = 100\n[[buckets]]\nname = \"b1\"\n"
+    );
+    let cfg = write_file(tmp.path(), "ctl.toml", &text);
+    let mut ctl = Rein::new(&["pshift", "controller", "--config", cfg.to_str().unwrap()]).start();
+    // The server retries at most 5 s apart.
+    common::wait_for("the link up", Duration::from_secs(15), connected, |v| *v == 1.0);
+    s.wait_line("pShift link: welcomed by the controller");
+    ctl.terminate(Duration::from_secs(10));
+    common::wait_for("the link down", Duration::from_secs(15), connected, |v| *v == 0.0);
+}
+
 /// The controller link over TLS-PSK: with `[tls]` in ctl.toml every connection must complete a TLS
 /// handshake before its hello, and with `allow_identities` only those PSK identities may say hello. A
 /// server with the right key is welcomed; a plain server, a server with a wrong key, and one whose
