@@ -13,7 +13,11 @@
 //! 1. **The ring** (engine `uring`, the default): reads, writes (FUA as the write, then `fdatasync`) and flushes of storage
 //!    that offers a descriptor are submitted to an io_uring owned by this task ([`crate::uring`]);
 //!    page-cache hits complete during the submit call itself, the rest signal an eventfd this loop awaits.
-//!    If the kernel refuses io_uring the engine falls back to `threads`.
+//!    If the kernel refuses io_uring the engine falls back to `threads`. Every sync of such a storage
+//!    runs on the ring, which runs them one at a time per storage (its invariant 5): a FUA trim or
+//!    write-zeroes runs on the blocking pool (3.) without its sync, then comes back here for the ring to
+//!    sync it. Before 2026-12-06 the pool ran its `fdatasync` too, beside the ring's, and answered 0
+//!    whenever a ring's sync had taken the writeback error (Linux reports it to one sync only).
 //! 2. **Inline**, on this task: IO the storage says never blocks (RAM: up to
 //!    [`crate::storage::MEMORY_INLINE_MAX`]; a memory copy is cheaper than any hand-off), and with engine
 //!    `inline` any IO up to `inline_max_bytes` other than a flush (only sensible for RAM-like storage).
@@ -888,6 +892,9 @@ enum Back {
     Done(Finished),
     /// Real IO done, its job still on the modelled device: answer it when the model is done too.
     Outcome(Token, IoResult),
+    /// A FUA trim or write-zeroes done on the blocking pool: its sync now, on the ring (module comment,
+    /// route 1).
+    Sync(Token, Arc<dyn Storage>),
 }
 
 /// When the once-a-second measurements last ran.
@@ -970,6 +977,7 @@ impl Task {
                 Some(back) = done_rx.recv() => match back {
                     Back::Done(d) => self.finish(d),
                     Back::Outcome(token, res) => self.answer(token, res),
+                    Back::Sync(token, storage) => self.sync_on_ring(token, storage),
                 },
                 r = async { eventfd.as_ref().expect("guarded").readable().await }, if ring_busy => {
                     if let Ok(mut g) = r {
@@ -1370,7 +1378,7 @@ impl Task {
         let Pending { req, reply, arrived } = p;
         let token = Token { reply, slot: req.tenant.index(), phase, cost, bytes, arrived, dispatched: now, job };
         // 1. The ring, if the storage offers a descriptor for this operation.
-        let (req, token) = match &mut self.uring {
+        let (mut req, token) = match &mut self.uring {
             Some(ring) => match offer_to_ring(ring, req, token) {
                 RingOffer::Submitted => return,
                 RingOffer::Refused(token, e) => return self.answer(token, Err(e.into())),
@@ -1378,23 +1386,54 @@ impl Task {
             },
             None => (req, token),
         };
+        // A FUA trim or write-zeroes of a storage the ring syncs: its sync goes to the ring afterwards
+        // (module comment, route 1).
+        let sync_on_ring = req.fua && self.uring.is_some() && matches!(req.storage.kernel_io(0, 0, false), Ok(Some(_)));
+        let then_sync = sync_on_ring.then(|| req.storage.clone());
+        req.fua &= !sync_on_ring;
         // 2. Inline, if the storage says this never blocks, or the inline engine takes it.
         if runs_inline(&req, self.inline_max_bytes) {
             let res = execute(req);
-            return self.answer(token, res);
+            return match (then_sync, res) {
+                (Some(storage), Ok(_)) => self.sync_on_ring(token, storage),
+                (_, res) => self.answer(token, res),
+            };
         }
         // 3. The blocking pool. Without a device model the answer goes out from there; with one, the
-        // outcome comes back here to wait for the model.
+        // outcome comes back here to wait for the model, as does one whose sync is the ring's.
         let clock = self.clock;
         let done = done.clone();
         tokio::spawn(async move {
             let res = tokio::task::spawn_blocking(move || execute(req)).await.unwrap_or_else(|e| {
                 Err(IoError::Storage(StorageError::Io { op: "task", source: std::io::Error::other(e.to_string()) }))
             });
-            let back =
-                if token.job.is_some() { Back::Outcome(token, res) } else { Back::Done(token.reply(res, clock.now())) };
+            let back = match (then_sync, res) {
+                (Some(storage), Ok(_)) => Back::Sync(token, storage),
+                (_, res) if token.job.is_some() => Back::Outcome(token, res),
+                (_, res) => Back::Done(token.reply(res, clock.now())),
+            };
             let _ = done.send(back);
         });
+    }
+
+    /// Syncs `storage` on the ring for `token`, whose trim or write-zeroes is done (module comment, route
+    /// 1); answered when the sync is.
+    fn sync_on_ring(&mut self, token: Token, storage: Arc<dyn Storage>) {
+        let ring = self.uring.as_mut().expect("a sync on the ring is asked only when there is one");
+        match storage.kernel_io(0, 0, false) {
+            Ok(Some(target)) => {
+                ring.push(storage, target, 0, UringOp::Flush, token);
+                // Submitted now: the loop submits after a round of dispatching, and there may be none.
+                if let Err(e) = ring.submit() {
+                    tracing::warn!("io_uring submit deferred: {e}");
+                }
+            }
+            Ok(None) => {
+                let e = StorageError::Io { op: "fdatasync", source: std::io::Error::other("no descriptor to sync") };
+                self.answer(token, Err(e.into()))
+            }
+            Err(e) => self.answer(token, Err(e.into())),
+        }
     }
 
     /// A request's real IO finished: answer it now, or (device model) when its modelled service is done.
@@ -1580,6 +1619,76 @@ mod tests {
         assert_eq!(at(cut.next(Nanos(95))), (10, 100));
         let tiny = Cut { round: 0, at: Nanos(0), interval: Nanos(1) };
         assert_eq!(at(tiny.next(Nanos(1_000_000))), (1_000_001, 1_000_001), "one cut, not a million");
+    }
+
+    /// A file's `flush`, counted (the rest passed through).
+    struct CountedFlushes {
+        file: crate::storage::FileStorage,
+        flushes: std::sync::atomic::AtomicU32,
+    }
+
+    impl Storage for CountedFlushes {
+        fn size(&self) -> u64 {
+            self.file.size()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
+            self.file.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), StorageError> {
+            self.file.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), StorageError> {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            self.file.flush()
+        }
+        fn trim(&self, offset: u64, len: u64) -> Result<(), StorageError> {
+            self.file.trim(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
+            self.file.write_zeroes(offset, len)
+        }
+        fn kernel_io(&self, offset: u64, len: u64, write: bool) -> Result<Option<KernelIo>, StorageError> {
+            self.file.kernel_io(offset, len, write)
+        }
+        fn sync_failed(&self, errno: i32) {
+            self.file.sync_failed(errno)
+        }
+        fn sync_error(&self) -> Option<StorageError> {
+            self.file.sync_error()
+        }
+    }
+
+    /// Route 1 of the module comment: under the io_uring engine a FUA trim's and a FUA write-zeroes' sync
+    /// is the ring's (one at a time with the ring's other syncs of the file, its invariant 5), so the
+    /// storage's own `flush`, which ran on the blocking pool beside them, is never called; under
+    /// `threads` it is, once per request.
+    #[tokio::test]
+    async fn a_fua_trim_is_synced_on_the_ring_under_io_uring() {
+        let d = tempfile::tempdir().unwrap();
+        for engine in [IoEngine::Uring, IoEngine::Threads] {
+            let file = crate::storage::FileStorage::open(&d.path().join(engine.name()), Some(1 << 20), false).unwrap();
+            let counted = Arc::new(CountedFlushes { file, flushes: Default::default() });
+            let storage: Arc<dyn Storage> = counted.clone();
+            let config = DispatchConfig { io_engine: engine, precise_timer: false, ..DispatchConfig::default() };
+            let (d, join) = Dispatcher::spawn(None, config);
+            let tenant = d.add_tenant(QosSpec::default()).await.unwrap();
+            let io = |offset, op, fua| IoRequest { storage: storage.clone(), tenant, offset, op, fua, piggyback: None };
+            d.io(io(0, Op::Write { data: vec![7; 8192] }, false)).await.unwrap();
+            d.io(io(0, Op::Trim { len: 4096 }, true)).await.unwrap();
+            d.io(io(4096, Op::WriteZeroes { len: 4096, may_punch: false }, true)).await.unwrap();
+            let mut back = vec![1u8; 8192];
+            storage.read_at(&mut back, 0).unwrap();
+            assert!(back.iter().all(|&b| b == 0), "{engine:?}: trimmed and zeroed");
+            let ring = Uring::<u32>::new(8).is_ok();
+            let flushes = counted.flushes.load(Ordering::Relaxed);
+            match engine {
+                IoEngine::Uring if ring => assert_eq!(flushes, 0, "under io_uring the ring syncs"),
+                IoEngine::Uring => eprintln!("io_uring unavailable here: the engine fell back to threads"),
+                _ => assert_eq!(flushes, 2, "{engine:?}: the storage syncs each FUA request itself"),
+            }
+            drop(d);
+            join.await.unwrap();
+        }
     }
 
     /// What runs on the dispatcher's task: RAM IO up to its bound (a flush too); on a file, nothing

@@ -45,9 +45,13 @@
 //! either engine, as QEMU's file driver does, until the export is opened again once the device is dealt
 //! with: a restart, or any reload (which opens every export whose sync failed again, for the connections
 //! opened from then on; those open keep the error, since their writes before it may be lost). Before, a FLUSH after a failed one succeeded while
-//! 4 MiB acknowledged before it were lost. Of two syncs at once Linux reports the error to one only: the
-//! `threads` engine's syncs of one storage run one at a time, and the io_uring engine records every
-//! failed sync of a batch of completions before it answers any.
+//! 4 MiB acknowledged before it were lost. Of two syncs at once Linux reports the error to one only (the
+//! first to check the open file's error sequence takes it; the other returns 0), so the syncs of one
+//! storage run one at a time: under the `threads` engine `flush` holds a lock while it syncs, and under
+//! the io_uring engine every sync of a storage with a descriptor is the ring's (a FUA trim's or
+//! write-zeroes' too), which has one of each storage at the kernel at a time ([`crate::uring`],
+//! invariant 5). Until 2026-12-06 the ring ran them side by side, and a sync that returned 0 could be
+//! answered before the one that had taken the error was seen.
 //!
 //! # Errors
 //! A [`StorageError`] says what failed; [`StorageError::kind`] says what kind of failure it is for a
@@ -201,7 +205,9 @@ pub trait Storage: Send + Sync + 'static {
     }
     /// The descriptor through which the kernel can run a read (or, with `write`, a write) of `len` bytes
     /// at `offset`, after the checks `read_at` / `write_at` make (a flush asks for a zero-length read at
-    /// 0). `Ok(None)`, the default: no descriptor; IO goes through the methods above.
+    /// 0). `Ok(None)`, the default: no descriptor; IO goes through the methods above. Under the
+    /// io_uring engine every sync of a storage with a descriptor is an `fdatasync` of it on the ring, one
+    /// at a time ([`crate::uring`], invariant 5): its [`flush`](Storage::flush) is not called then.
     fn kernel_io(&self, offset: u64, len: u64, write: bool) -> Result<Option<KernelIo>, StorageError> {
         let _ = (offset, len, write);
         Ok(None)
@@ -211,8 +217,8 @@ pub trait Storage: Send + Sync + 'static {
     fn inline_max_bytes(&self) -> u64 {
         0
     }
-    /// A sync of this storage run elsewhere (the io_uring engine's fdatasync, a FLUSH's or a FUA write's)
-    /// failed with `errno`: the storage keeps it (module comment, "A failed sync stays
+    /// A sync of this storage run elsewhere (the io_uring engine's fdatasync: a FLUSH's or a FUA
+    /// request's) failed with `errno`: the storage keeps it (module comment, "A failed sync stays
     /// failed"). The default, for a storage with nothing to make durable: nothing.
     fn sync_failed(&self, errno: i32) {
         let _ = errno;
@@ -662,7 +668,8 @@ impl Storage for FileStorage {
             return Ok(());
         }
         // One at a time: of two syncs at once, Linux reports a writeback error to one only, and the
-        // other, which began before the error was kept, would succeed.
+        // other, which began before the error was kept, would succeed. (Under the io_uring engine the
+        // ring runs this file's syncs instead, one at a time too: this is not called beside them.)
         let _one = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = self.sync_error() {
             return Err(e);

@@ -22,10 +22,32 @@
 //! own. Kept, a write refused on a full disk would fail every later FLUSH; not kept, a later FLUSH
 //! succeeded while the writes acknowledged before it were lost (a loop device over a full file system:
 //! 4 MiB written, the FUA write's ENOSPC, then two FLUSHes succeeded and the 4 MiB read back as zeroes).
-//! Apart, the write's error is the write's and the sync's the sync's. A read is done into a buffer with `headroom` spare bytes in front, which the
+//! Apart, the write's error is the write's and the sync's the sync's.
+//!
+//! The syncs of one storage (FLUSHes, FUA writes', and the syncs the dispatcher asks after a FUA trim or
+//! write-zeroes) go to the kernel one at a time, the ones that come meanwhile merged into the next
+//! (invariant 5), as a disk merges cache flushes. Linux reports a writeback error to one sync of an open
+//! file only: `fdatasync` checks the file's error sequence (errseq) against what that open file
+//! description last saw and advances it, under the description's lock, so of two syncs at once the
+//! first to check takes the error and the other returns 0 (kernel `file_check_and_advance_wb_err`;
+//! vfs.rst, "Handling errors during writeback": after an error is reported, later syncs on the same
+//! descriptor return 0; three `fdatasync`s at once of a loop device over a full file system: one EIO,
+//! two 0). The kernel runs each `IORING_OP_FSYNC` on a worker of its own (an fsync needs a blocking
+//! context), so several of one descriptor ran at once, and which completed first was the kernel's
+//! choice: until 2026-12-06 a FLUSH whose sync returned 0 in one batch of completions could be
+//! acknowledged while the sync that had taken the error of the writes it covers was still to be reaped;
+//! and the sync of a FUA trim or write-zeroes, run by the blocking pool beside the ring's, was answered
+//! 0 whenever a ring's sync took the error first (`a_sync_beside_a_failing_one_fails_too` in
+//! crates/rein/tests/serve_config.rs). Holding a successful answer until the syncs submitted before it
+//! had completed would not do: the error goes to whichever checks first, a later sync too, so the hold
+//! would have to wait for every sync in flight beside it, which a steady stream of FLUSHes postpones for
+//! ever. One at a time, a sync waits behind one at most.
+//!
+//! A read is done into a buffer with `headroom` spare bytes in front, which the
 //! caller fills later (the NBD reply header), so the data is never copied after the kernel wrote it; with
 //! `O_DIRECT` (`KernelIo::direct`) the kernel reads into an [`AlignedBuf`] instead and the data is copied
-//! once into such a buffer. Trim and write-zeroes are rare and stay on the blocking pool.
+//! once into such a buffer. Trim and write-zeroes are rare and stay on the blocking pool (a FUA one's sync
+//! comes to the ring afterwards, as a sync of its own: invariant 5).
 //!
 //! If the kernel refuses io_uring (old kernel, seccomp, `io_uring_disabled`), [`Uring::new`] fails and the
 //! dispatcher falls back to its thread pool, saying so in the log.
@@ -42,6 +64,14 @@
 //! 4. A FUA write is answered only after its sync: when its write has completed whole, its slot is
 //!    submitted again as that sync (`Slot::then_sync`), and its answer is the sync's. A failed write is
 //!    answered at once, unsynced; only a failed sync is kept by the storage.
+//! 5. At most one sync of a storage is at the kernel (`lines`, one `SyncLine` per storage with a sync
+//!    in the ring, so at most as many as slots): a sync that comes while one of its storage runs waits.
+//!    When the running one completes, it and the syncs merged into it are answered with its result (a
+//!    failure kept by the storage first, "A failed sync stays failed" in [`crate::storage`]); the ones
+//!    waiting then go to the kernel as one sync, the first's, the others merged into it. Merging is
+//!    sound because each of them arrived before that sync was submitted, so it covers every write any
+//!    of them must cover; the descriptors of one storage are of one file, whose data any of them syncs.
+//!    A success is the storage's kept error if a sync of it failed before.
 
 // The ring shares buffers and descriptors with the kernel: unsafe by nature (the workspace denies it
 // elsewhere). Every block says why it is sound (invariants 1-3 above).
@@ -49,6 +79,7 @@
 
 use crate::storage::{AlignedBuf, KernelIo, Storage, StorageError};
 use io_uring::{opcode, squeue, types, IoUring};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -140,6 +171,35 @@ struct Slot<T> {
 /// How many times an operation ended with EAGAIN or EINTR is resubmitted before the error is returned.
 pub const MAX_RETRIES: u8 = 16;
 
+/// The syncs of one storage in the ring (invariant 5).
+#[derive(Debug)]
+struct SyncLine {
+    /// The slot whose sync is at the kernel.
+    running: usize,
+    /// Slots merged into it (they came before it was submitted): answered with its result.
+    merged: Vec<usize>,
+    /// Slots that came while it ran: their sync is the next one, submitted when it completes.
+    waiting: Vec<usize>,
+}
+
+/// What identifies a storage in [`Uring::lines`]: the address of the value its `Arc` shares. It stays
+/// the storage's while any slot holds the `Arc` (invariant 1), which every slot of a line does.
+fn storage_key(storage: &Arc<dyn Storage>) -> usize {
+    Arc::as_ptr(storage) as *const () as usize
+}
+
+/// What a completion leaves a slot to do.
+enum Next {
+    /// Submit its entry again (EAGAIN or EINTR, or the rest of a short transfer).
+    Again,
+    /// Its FUA write is written whole: now its sync (invariant 4), behind any of its storage (invariant 5).
+    Sync,
+    /// Its sync completed with this result (invariant 5).
+    Synced(i32),
+    /// Answer it.
+    Done(Result<(), StorageError>),
+}
+
 /// A completed operation: the caller's token and the read's buffer (its headroom, then the data; empty
 /// for writes and flushes) or the error.
 pub type Completion<T> = (T, Result<Vec<u8>, StorageError>);
@@ -153,6 +213,10 @@ pub struct Uring<T> {
     inflight: usize,
     queued: bool,
     cqes: Vec<(u64, i32)>,
+    /// Invariant 5: the syncs of each storage that has one in the ring, by [`storage_key`].
+    lines: HashMap<usize, SyncLine>,
+    /// Syncs handed to the kernel (resubmissions after EAGAIN or EINTR not counted).
+    syncs_started: u64,
 }
 
 impl<T> Uring<T> {
@@ -171,12 +235,28 @@ impl<T> Uring<T> {
         // SAFETY: the AsyncFd owns `fd` (an OwnedFd), which stays open and the same until it is dropped.
         let eventfd =
             Arc::new(unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)?);
-        Ok(Uring { ring, eventfd, slots: Vec::new(), free: Vec::new(), inflight: 0, queued: false, cqes: Vec::new() })
+        Ok(Uring {
+            ring,
+            eventfd,
+            slots: Vec::new(),
+            free: Vec::new(),
+            inflight: 0,
+            queued: false,
+            cqes: Vec::new(),
+            lines: HashMap::new(),
+            syncs_started: 0,
+        })
     }
 
-    /// Operations submitted and not yet reaped.
+    /// Operations submitted and not yet reaped (syncs waiting behind another of their storage included).
     pub fn inflight(&self) -> usize {
         self.inflight
+    }
+
+    /// Syncs handed to the kernel so far: fewer than the syncs asked for when some were merged
+    /// (invariant 5).
+    pub fn syncs_started(&self) -> u64 {
+        self.syncs_started
     }
 
     /// The eventfd the kernel signals on completions (await its readability, then [`Uring::reap`]).
@@ -225,10 +305,87 @@ impl<T> Uring<T> {
             self.inflight <= self.ring.params().sq_entries() as usize,
             "invariant 3: more in flight than the ring holds"
         );
-        self.push_entry(idx);
+        if kind == Kind::Fsync {
+            self.sync(idx);
+        } else {
+            self.push_entry(idx);
+        }
+    }
+
+    /// The storage key of the occupied slot `idx`.
+    fn key_of(&self, idx: usize) -> usize {
+        storage_key(&self.slots[idx].as_ref().expect("an occupied slot")._storage)
+    }
+
+    /// Invariant 5: `idx`'s sync goes to the kernel now if none of its storage is there, else it waits for
+    /// the next one.
+    fn sync(&mut self, idx: usize) {
+        match self.lines.entry(self.key_of(idx)) {
+            std::collections::hash_map::Entry::Occupied(mut line) => line.get_mut().waiting.push(idx),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(SyncLine { running: idx, merged: Vec::new(), waiting: Vec::new() });
+                self.syncs_started += 1;
+                self.push_entry(idx);
+            }
+        }
+    }
+
+    /// Invariant 5: the sync of `idx` completed with `res`. It and the syncs merged into it are answered;
+    /// the ones that waited go to the kernel as one. Returns how many were answered.
+    fn synced(&mut self, idx: usize, res: i32, out: &mut Vec<Completion<T>>) -> usize {
+        let key = self.key_of(idx);
+        let line = self.lines.remove(&key).expect("invariant 5: a sync at the kernel has its line");
+        assert_eq!(line.running, idx, "invariant 5: the sync at the kernel is its storage's running one");
+        let storage = self.slots[idx].as_ref().expect("an occupied slot")._storage.clone();
+        // EAGAIN or EINTR after every retry (invariant 2): the sync did not run, so it reported no
+        // writeback error to keep.
+        let not_run = res == -libc::EAGAIN || res == -libc::EINTR;
+        if res < 0 && !not_run {
+            storage.sync_failed(-res);
+        }
+        let answer = || {
+            if res < 0 {
+                Err(StorageError::Io { op: "fdatasync", source: io::Error::from_raw_os_error(-res) })
+            } else {
+                // A sync fails when one failed before (rein-runtime's storage, "A failed sync stays failed").
+                storage.sync_error().map_or(Ok(()), Err)
+            }
+        };
+        let mut answered = 0;
+        for i in std::iter::once(idx).chain(line.merged) {
+            self.finish(i, answer(), out);
+            answered += 1;
+        }
+        let mut waiting = line.waiting.into_iter();
+        if let Some(next) = waiting.next() {
+            self.lines.insert(key, SyncLine { running: next, merged: waiting.collect(), waiting: Vec::new() });
+            self.syncs_started += 1;
+            self.push_entry(next);
+        }
+        answered
+    }
+
+    /// Frees the slot `idx` and hands its token back with `r` (a read's buffer if it succeeded).
+    fn finish(&mut self, idx: usize, r: Result<(), StorageError>, out: &mut Vec<Completion<T>>) {
+        let s = self.slots[idx].take().expect("finishing an occupied slot");
+        self.free.push(idx);
+        self.inflight -= 1;
+        let data = match (r, s.kind) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Kind::Read) => Ok(s.buf.into_read()),
+            (Ok(()), _) => Ok(Vec::new()),
+        };
+        out.push((s.token, data));
     }
 
     fn push_entry(&mut self, idx: usize) {
+        if self.slots[idx].as_ref().is_some_and(|s| s.kind == Kind::Fsync) {
+            let key = self.key_of(idx);
+            assert!(
+                self.lines.get(&key).is_some_and(|l| l.running == idx),
+                "invariant 5: a sync goes to the kernel only as its storage's running one"
+            );
+        }
         let s = self.slots[idx].as_mut().expect("pushing an occupied slot");
         let remaining = (s.len - s.done) as u32;
         let at = s.offset + s.done as u64;
@@ -282,17 +439,6 @@ impl<T> Uring<T> {
         }
         let mut finished = 0;
         let mut resubmit = false;
-        // Every failed sync of the batch is the storage's before any sync of it is answered: of two
-        // syncs at once Linux reports a writeback error to one only (rein-runtime's storage, "A failed
-        // sync stays failed"). A FUA write's sync is a sync of its own (invariant 4): a failed write is
-        // no failed sync.
-        for &(ud, res) in &self.cqes {
-            let s = self.slots[ud as usize].as_ref().expect("completion for an occupied slot");
-            let retried = res == -libc::EAGAIN || res == -libc::EINTR;
-            if res < 0 && !retried && s.kind == Kind::Fsync {
-                s._storage.sync_failed(-res);
-            }
-        }
         for i in 0..self.cqes.len() {
             let (ud, res) = self.cqes[i];
             let idx = ud as usize;
@@ -303,13 +449,13 @@ impl<T> Uring<T> {
                 Kind::Fsync => "fdatasync",
             };
             let again = res == -libc::EAGAIN || res == -libc::EINTR;
-            let outcome = if again && s.retries < MAX_RETRIES {
+            let next = if again && s.retries < MAX_RETRIES {
                 s.retries += 1;
-                None // nothing done: submitted again as it is
-            } else if res < 0 {
-                Some(Err(StorageError::Io { op, source: io::Error::from_raw_os_error(-res) }))
+                Next::Again // nothing done: submitted again as it is
             } else if s.kind == Kind::Fsync {
-                Some(Ok(()))
+                Next::Synced(res)
+            } else if res < 0 {
+                Next::Done(Err(StorageError::Io { op, source: io::Error::from_raw_os_error(-res) }))
             } else {
                 s.done += res as usize;
                 if s.done >= s.len && s.then_sync {
@@ -318,43 +464,36 @@ impl<T> Uring<T> {
                     s.then_sync = false;
                     s.retries = 0;
                     s.buf = Buf::Empty;
-                    None
+                    Next::Sync
                 } else if s.done >= s.len {
-                    Some(Ok(()))
+                    Next::Done(Ok(()))
                 } else if res == 0 {
                     let kind =
                         if s.kind == Kind::Read { io::ErrorKind::UnexpectedEof } else { io::ErrorKind::WriteZero };
-                    Some(Err(StorageError::Io {
+                    Next::Done(Err(StorageError::Io {
                         op,
                         source: io::Error::new(kind, format!("{op} stopped after {} of {} bytes", s.done, s.len)),
                     }))
                 } else {
-                    None // short transfer: go on from where it stopped
+                    Next::Again // short transfer: go on from where it stopped
                 }
             };
-            match outcome {
-                None => {
-                    // Again as it is, the rest of a short transfer, or a FUA write's sync.
+            match next {
+                Next::Again => {
                     self.push_entry(idx);
                     resubmit = true;
                 }
-                Some(r) => {
-                    let s = self.slots[idx].take().expect("occupied");
-                    self.free.push(idx);
-                    self.inflight -= 1;
+                Next::Sync => {
+                    self.sync(idx);
+                    resubmit = true;
+                }
+                Next::Synced(res) => {
+                    finished += self.synced(idx, res, out);
+                    resubmit = true;
+                }
+                Next::Done(r) => {
+                    self.finish(idx, r, out);
                     finished += 1;
-                    // A sync (an fdatasync, a FUA write's) fails when one failed before (recorded above;
-                    // rein-runtime's storage, "A failed sync stays failed").
-                    let r = match r {
-                        Ok(()) if s.kind == Kind::Fsync => s._storage.sync_error().map_or(Ok(()), Err),
-                        r => r,
-                    };
-                    let data = match (r, s.kind) {
-                        (Err(e), _) => Err(e),
-                        (Ok(()), Kind::Read) => Ok(s.buf.into_read()),
-                        (Ok(()), _) => Ok(Vec::new()),
-                    };
-                    out.push((s.token, data));
                 }
             }
         }
@@ -497,6 +636,64 @@ mod tests {
         let Ok(mut u) = Uring::<u32>::new(8) else { return };
         let e = push(&mut u, &storage, 0, UringOp::Write { data: vec![1; 512], fua: false }, 7).unwrap_err();
         assert_eq!(e.kind(), rein_proto::ErrorKind::ReadOnly);
+    }
+
+    /// Invariant 5: of three FLUSHes of one storage pushed at once, one goes to the kernel and the other
+    /// two wait behind it, then share the next sync; a FLUSH of another storage goes at once. All succeed.
+    #[tokio::test]
+    async fn the_syncs_of_one_storage_go_one_at_a_time_and_merge() {
+        let dir = tmp("merge");
+        let open = |name: &str| -> Arc<dyn Storage> {
+            Arc::new(FileStorage::open(&dir.path().join(name), Some(1 << 20), false).unwrap())
+        };
+        let (storage, other) = (open("a.img"), open("b.img"));
+        let Ok(mut u) = Uring::<u32>::new(16) else { return };
+        push(&mut u, &storage, 0, UringOp::Write { data: vec![7; 4096], fua: false }, 1).unwrap();
+        for token in 2..5 {
+            push(&mut u, &storage, 0, UringOp::Flush, token).unwrap();
+        }
+        push(&mut u, &other, 0, UringOp::Flush, 5).unwrap();
+        assert_eq!(u.syncs_started(), 2, "one sync of each storage at the kernel");
+        let line = &u.lines[&storage_key(&storage)];
+        assert_eq!(u.slots[line.running].as_ref().map(|s| s.token), Some(2), "the first FLUSH runs");
+        assert_eq!((line.merged.len(), line.waiting.len()), (0, 2), "the two others wait");
+        assert_eq!(u.inflight(), 5, "a waiting sync is in flight for the caller");
+        let mut done = wait_all(&mut u, 5);
+        done.sort_by_key(|(t, _)| *t);
+        for (t, r) in &done {
+            assert!(r.as_ref().is_ok_and(|d| d.is_empty()), "{t}: {r:?}");
+        }
+        assert_eq!(u.syncs_started(), 3, "the two that waited shared one sync");
+        assert!(u.lines.is_empty() && u.inflight() == 0);
+    }
+
+    /// Invariant 5 with a failure: the sync at the kernel fails (an fdatasync of a socket, EINVAL, stands
+    /// in for a writeback error: Linux would report that to one sync only), and the syncs that waited
+    /// behind it, a FLUSH's and a FUA write's, fail with the error the storage keeps although their own
+    /// sync of the file succeeds. Side by side, they were answered as their own syncs were.
+    #[tokio::test]
+    async fn the_syncs_behind_a_failed_one_fail_with_it() {
+        let dir = tmp("failed");
+        let file = Arc::new(FileStorage::open(&dir.path().join("a.img"), Some(1 << 20), false).unwrap());
+        let storage: Arc<dyn Storage> = file.clone();
+        let Ok(mut u) = Uring::<u32>::new(16) else { return };
+        let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let unsyncable = KernelIo { fd: socket.as_raw_fd(), direct: false };
+        u.push(storage.clone(), unsyncable, 0, UringOp::Flush, 1);
+        push(&mut u, &storage, 0, UringOp::Flush, 2).unwrap();
+        push(&mut u, &storage, 4096, UringOp::Write { data: vec![1; 4096], fua: true }, 3).unwrap();
+        let mut done = wait_all(&mut u, 3);
+        done.sort_by_key(|(t, _)| *t);
+        let errno = |r: &Result<Vec<u8>, StorageError>| match r {
+            Err(StorageError::Io { op: "fdatasync", source }) => ("fdatasync", source.raw_os_error()),
+            Err(StorageError::SyncFailedBefore(source)) => ("kept", source.raw_os_error()),
+            other => panic!("a failed sync expected: {other:?}"),
+        };
+        assert_eq!(errno(&done[0].1), ("fdatasync", Some(libc::EINVAL)), "the sync at the kernel");
+        assert_eq!(errno(&done[1].1), ("kept", Some(libc::EINVAL)), "the FLUSH behind it");
+        assert_eq!(errno(&done[2].1), ("kept", Some(libc::EINVAL)), "the FUA write behind it");
+        assert!(file.sync_error().is_some(), "the storage keeps the failure");
+        assert!(u.lines.is_empty() && u.inflight() == 0);
     }
 
     #[tokio::test]
