@@ -53,6 +53,19 @@
 //! invariant 5). Until 2026-12-06 the ring ran them side by side, and a sync that returned 0 could be
 //! answered before the one that had taken the error was seen.
 //!
+//! # A new image
+//! [`FileStorage::open_with`] creates a missing image that has a size (`create_new`, then `set_len`) and
+//! makes it durable before it serves it: an `fsync` of the new file (its size) and one of its directory
+//! (its name). Without the second, a power loss could take the image away with everything written to
+//! it and flushed since: the FLUSHes' `fdatasync`s are of the file, and "calling fsync() does not
+//! necessarily ensure that the entry in the directory containing the file has also reached disk. For
+//! that an explicit fsync() on a file descriptor for the directory is also needed" (fsync(2); POSIX
+//! promises no more). Linux's ext4 happens to sync a new file's entry with it (in its journal, or
+//! without one by syncing the parent), but a server cannot count on its file system. A failure of either
+//! sync (or of `set_len`) fails the open, naming the step (`fsync of the new image's directory failed:
+//! ...`), and removes the file it created, which a later open would otherwise take as it is, its name
+//! perhaps never synced: the next one creates it anew. Until 2026-12-06 neither was synced.
+//!
 //! # Errors
 //! A [`StorageError`] says what failed; [`StorageError::kind`] says what kind of failure it is for a
 //! client (rein-proto's protocol-neutral [`ErrorKind`]): out of range is an invalid request, a write to a
@@ -468,6 +481,28 @@ fn sized(file: &File, meta: &std::fs::Metadata, size: Option<u64>) -> Result<u64
     }
 }
 
+/// Sizes the image `file` just created at `path` (`set_len` to `size`) and makes it durable (module
+/// comment, "A new image"): an `fsync` of the file, then `sync_dir` of its directory (`.` for a bare
+/// name). `sync_dir` is [`crate::durable::sync_directory`]; a test's stand-in sees which directory is
+/// synced, or fails.
+fn settle_new(
+    file: &File,
+    path: &Path,
+    size: Option<u64>,
+    sync_dir: impl FnOnce(&Path) -> io::Result<()>,
+) -> Result<(), StorageError> {
+    let io = |op, source| StorageError::Io { op, source };
+    if let Some(sz) = size {
+        file.set_len(sz).map_err(|e| io("set_len", e))?;
+    }
+    file.sync_all().map_err(|e| io("fsync of the new image", e))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    sync_dir(dir).map_err(|e| io("fsync of the new image's directory", e))
+}
+
 /// What [`FileStorage::inspect`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inspected {
@@ -491,7 +526,8 @@ impl FileStorage {
         sized(&file, &meta, size).map(Inspected::Present)
     }
 
-    /// Opens a file or block device. A missing file is created with `size` if given, else an error
+    /// Opens a file or block device. A missing file is created with `size` if given, and synced with its
+    /// directory before the open returns (module comment, "A new image"), else an error
     /// ([`StorageError::Missing`]); a missing file of a read-only export is an error whatever the size
     /// ([`StorageError::MissingReadOnly`]: it used to fail as `open failed: No such file or directory`); an existing one must have `size` if given
     /// ([`StorageError::SizeMismatch`]); directories, FIFOs, character devices and sockets are refused
@@ -513,8 +549,11 @@ impl FileStorage {
             .open(path)
             .map_err(|e| io("open", e))?;
         if !exists {
-            if let Some(sz) = size {
-                file.set_len(sz).map_err(|e| io("set_len", e))?;
+            if let Err(e) = settle_new(&file, path, size, crate::durable::sync_directory) {
+                // Not left behind: a later open would take it as it is, its name perhaps never synced.
+                drop(file);
+                let _ = std::fs::remove_file(path);
+                return Err(e);
             }
             // Said with the whole path: a relative `data_dir` follows the working directory, and a start
             // from another one (a unit without WorkingDirectory, cron) gave a VM a blank disk in silence.
@@ -908,6 +947,36 @@ mod tests {
         );
         drop(other);
         assert!(FileStorage::open(&path, None, false).is_ok(), "free again once the other is gone");
+    }
+
+    /// A new image (module comment, "A new image"): the open creates it at its size, syncs it, then
+    /// syncs its directory (`.` for a bare name), and a failure of that sync fails the open, naming the
+    /// step. The directory's sync is seen through a stand-in for `durable::sync_directory`.
+    #[test]
+    fn a_new_image_is_synced_then_its_directory() {
+        use std::path::PathBuf;
+        let dir = tempfile::Builder::new().prefix("rein-storage-new-").tempdir().unwrap();
+        let path = dir.path().join("new.img");
+        let s = FileStorage::open(&path, Some(2 * PAGE), false).unwrap();
+        assert_eq!((s.size(), std::fs::metadata(&path).unwrap().len()), (2 * PAGE, 2 * PAGE));
+        let create = |name: &str| OpenOptions::new().write(true).create_new(true).open(dir.path().join(name)).unwrap();
+        let cases: [(PathBuf, PathBuf); 2] = [(path.clone(), dir.path().into()), ("bare.img".into(), ".".into())];
+        for (i, (path, parent)) in cases.into_iter().enumerate() {
+            let file = create(&format!("settled-{i}.img"));
+            let mut synced = Vec::new();
+            settle_new(&file, &path, Some(PAGE), |d: &Path| {
+                synced.push(d.to_path_buf());
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(synced, [parent], "{}: its directory synced once", path.display());
+            assert_eq!(file.metadata().unwrap().len(), PAGE, "sized to its size");
+        }
+        let file = create("failing.img");
+        let e =
+            settle_new(&file, &path, Some(PAGE), |_: &Path| Err(io::Error::from_raw_os_error(libc::EIO))).unwrap_err();
+        assert_eq!(e.to_string(), "fsync of the new image's directory failed: Input/output error (os error 5)");
+        assert_eq!(e.kind(), ErrorKind::Io);
     }
 
     #[test]
