@@ -691,14 +691,15 @@ impl Overrides {
 
 /// Refuses an NBD front and an admin endpoint that would bind the same port on one address (also a
 /// wildcard address and one it covers: 0.0.0.0 takes the port on every IPv4 address, `[::]` on every
-/// address): the start failed with "Address already in use", which does not say the daemon is in its own
-/// way. Port 0 is a free port each.
+/// address; an IPv4-mapped IPv6 address, `[::ffff:127.0.0.1]`, is the IPv4 address it maps, as the
+/// kernel binds it): the start failed with "Address already in use", which does not say the daemon is in
+/// its own way. Port 0 is a free port each.
 pub(crate) fn distinct_fronts(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
     let covers = |wild: std::net::IpAddr, other: std::net::IpAddr| match wild {
         std::net::IpAddr::V4(w) => w.is_unspecified() && other.is_ipv4(),
         std::net::IpAddr::V6(w) => w.is_unspecified(),
     };
-    let (a, b) = (listen.ip(), admin.ip());
+    let (a, b) = (listen.ip().to_canonical(), admin.ip().to_canonical());
     if listen.port() == admin.port() && listen.port() != 0 && (a == b || covers(a, b) || covers(b, a)) {
         return Err(format!(
             "listen {listen} and admin {admin} take the same port: NBD and the admin endpoint need one each"
@@ -1304,6 +1305,15 @@ mod tests {
         assert!(e.contains("take the same port"), "[::] covers IPv4 too: {e}");
         assert!(with(&file, Overrides { admin: a("127.0.0.2:9000"), ..Default::default() }).is_ok(), "other address");
         assert!(with(&file, Overrides { admin: a("[::1]:9000"), ..Default::default() }).is_ok(), "other family");
+        // An IPv4-mapped address is the IPv4 address (the kernel binds it so): the start failed with
+        // "Address already in use" after --check-config passed.
+        for mapped in ["[::ffff:127.0.0.1]:9000", "[::ffff:0.0.0.0]:9000"] {
+            let e = with(&file, Overrides { admin: a(mapped), ..Default::default() }).unwrap_err().to_string();
+            assert!(e.contains("take the same port"), "{mapped}: {e}");
+        }
+        let o = Overrides { listen: a("0.0.0.0:9180"), admin: a("[::ffff:127.0.0.1]:9180"), ..Default::default() };
+        assert!(with(&file, o).unwrap_err().to_string().contains("take the same port"), "0.0.0.0 covers it");
+        assert!(with(&file, Overrides { admin: a("[::ffff:127.0.0.2]:9000"), ..Default::default() }).is_ok());
         let both = Overrides { listen: a("127.0.0.1:0"), admin: a("127.0.0.1:0"), ..Default::default() };
         assert!(with(&file, both).is_ok(), "port 0 is a free port each");
         let c = with(&file, Overrides { listen: a("127.0.0.1:7000"), ..Default::default() }).unwrap();
