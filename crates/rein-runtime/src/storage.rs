@@ -208,9 +208,10 @@ pub trait Storage: Send + Sync + 'static {
     fn file_id(&self) -> Option<(u64, u64)> {
         None
     }
-    /// The size of the regular file it has open, read now (`fstat`), where the open size is [`size`]:
-    /// an image grown or shrunk by hand (`qemu-img resize`) under a running export. `None`, the
-    /// default: not a regular file, or its size unreadable. Blocks as a `stat` does (a hung mount).
+    /// The size of the file or block device it has open, read now (`fstat`; a device's end, `lseek`),
+    /// where the open size is [`size`]: an image grown or shrunk by hand (`qemu-img resize`, an
+    /// `lvextend`) under a running export. `None`, the default: no file open, or its size unreadable.
+    /// Blocks as a `stat` does (a hung mount).
     ///
     /// [`size`]: Storage::size
     fn file_size_now(&self) -> Option<u64> {
@@ -468,13 +469,7 @@ fn present(path: &Path, size: Option<u64>, read_only: bool) -> Result<Option<std
 /// The size of the open `file` (a block device's by seeking to its end), which must be `size` if given
 /// ([`StorageError::SizeMismatch`]).
 fn sized(file: &File, meta: &std::fs::Metadata, size: Option<u64>) -> Result<u64, StorageError> {
-    let actual = if meta.file_type().is_file() {
-        meta.len()
-    } else {
-        use std::io::Seek;
-        let mut f = file;
-        f.seek(io::SeekFrom::End(0)).map_err(|e| StorageError::Io { op: "seek", source: e })?
-    };
+    let actual = size_now(file, meta).map_err(|e| StorageError::Io { op: "seek", source: e })?;
     match size.filter(|&c| c != actual) {
         Some(configured) => Err(StorageError::SizeMismatch { actual, configured }),
         None => Ok(actual),
@@ -501,6 +496,18 @@ fn settle_new(
         _ => Path::new("."),
     };
     sync_dir(dir).map_err(|e| io("fsync of the new image's directory", e))
+}
+
+/// The size of open `file` (whose metadata is `meta`) now: a regular file's length, a block device's end
+/// (`lseek`; its inode's size is not the device's). Only those two are ever opened.
+fn size_now(file: &File, meta: &std::fs::Metadata) -> io::Result<u64> {
+    if meta.file_type().is_file() {
+        Ok(meta.len())
+    } else {
+        use std::io::Seek;
+        let mut f = file;
+        f.seek(io::SeekFrom::End(0))
+    }
 }
 
 /// What [`FileStorage::inspect`] found.
@@ -673,7 +680,9 @@ impl Storage for FileStorage {
         Some(self.id)
     }
     fn file_size_now(&self) -> Option<u64> {
-        self.file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len())
+        // A block device's end too (an LV extended under the export): before, only a regular file's
+        // length was read, and a reload kept a resized device at its old size.
+        size_now(&self.file, &self.file.metadata().ok()?).ok()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         check(self.size, offset, buf.len() as u64)?;

@@ -650,6 +650,28 @@ fn a_new_image_that_cannot_be_made_durable_is_not_served() {
     assert!(!Path::new(&image).exists(), "the image it could not make durable is removed");
 }
 
+/// A block device resized under its running export (an LV extended; here a loop device over a file
+/// grown, `losetup -c`) is opened again by a reload as a resized image file is. Before, only a regular
+/// file's size was read again: the reload said `applied=0` and new connections were told the old size
+/// until a restart. Needs root (a loop device); elsewhere skipped.
+#[test]
+fn a_reload_opens_a_resized_block_device_again() {
+    let tmp = tmpdir("serve-resized-dev");
+    let dir = tmp.path();
+    let back = dir.join("back.img");
+    std::fs::write(&back, vec![0u8; 4 << 20]).unwrap();
+    let Some(lo) = LoopDev::attach(&back, &[]) else { return };
+    let config = format!("[[exports]]\nname = \"v\"\npath = \"{}\"\n", lo.0);
+    let s = Rein::serve(&config_file(dir, 215, &config)).env("REIN_LOG", "info").start();
+    let open = |what: &str| common::nbd_open(s.nbd, "v", false, Duration::from_secs(20)).expect(what);
+    assert_eq!(open("before").size, 4 << 20);
+    std::fs::File::options().write(true).open(&back).unwrap().set_len(8 << 20).unwrap();
+    assert!(Cmd::new("losetup").args(["-c", &lo.0]).status().unwrap().success());
+    s.signal("-HUP");
+    s.wait_line("export v opened again: its image is now 8388608 bytes, was 4194304");
+    assert_eq!(open("after").size, 8 << 20, "a new connection sees the device's size");
+}
+
 /// Before: a read-only export of a missing file with `size_mb` failed at start with `open failed: No such
 /// file or directory` (the file is created only for writable exports). A read-only export of a missing
 /// file is most likely a mistyped path: it is still not created, and the error says so.
