@@ -683,18 +683,19 @@ impl Overrides {
         };
         let admin = keys.admin.map(|a| address(self.admin, "admin", a)).transpose()?;
         if let Some(admin) = admin {
-            distinct_fronts(listen, admin)?;
+            distinct_fronts("NBD", listen, admin)?;
         }
         Ok((listen, listen_unix, admin))
     }
 }
 
-/// Refuses an NBD front and an admin endpoint that would bind the same port on one address (also a
+/// Refuses a daemon's `listen` (`what` it serves there: NBD, the pShift link) and its admin endpoint when
+/// they would bind the same port on one address (also a
 /// wildcard address and one it covers: 0.0.0.0 takes the port on every IPv4 address, `[::]` on every
 /// address; an IPv4-mapped IPv6 address, `[::ffff:127.0.0.1]`, is the IPv4 address it maps, as the
 /// kernel binds it): the start failed with "Address already in use", which does not say the daemon is in
 /// its own way. Port 0 is a free port each.
-pub(crate) fn distinct_fronts(listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
+pub(crate) fn distinct_fronts(what: &str, listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
     let covers = |wild: std::net::IpAddr, other: std::net::IpAddr| match wild {
         std::net::IpAddr::V4(w) => w.is_unspecified() && other.is_ipv4(),
         std::net::IpAddr::V6(w) => w.is_unspecified(),
@@ -702,7 +703,7 @@ pub(crate) fn distinct_fronts(listen: SocketAddr, admin: SocketAddr) -> Result<(
     let (a, b) = (listen.ip().to_canonical(), admin.ip().to_canonical());
     if listen.port() == admin.port() && listen.port() != 0 && (a == b || covers(a, b) || covers(b, a)) {
         return Err(format!(
-            "listen {listen} and admin {admin} take the same port: NBD and the admin endpoint need one each"
+            "listen {listen} and admin {admin} take the same port: {what} and the admin endpoint need one each"
         ));
     }
     Ok(())

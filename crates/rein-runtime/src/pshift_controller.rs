@@ -265,6 +265,10 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     };
     let listen = addr("listen", &f.listen)?;
     let admin = f.admin.as_deref().map(|a| addr("admin", a)).transpose()?;
+    // One port for both passed --check-config and failed the start with "Address already in use".
+    if let Some(admin) = admin {
+        crate::config::distinct_fronts("the pShift link", listen, admin)?;
+    }
     let networks = f.allow_networks.clone().or_else(|| Some(DEFAULT_NETWORKS.iter().map(|n| n.to_string()).collect()));
     let access = crate::config::parse_access("controller", &networks, &f.allow_identities)
         .map_err(|e| e.replacen("export controller: ", "", 1))?;
@@ -1580,6 +1584,25 @@ mod tests {
         assert!(e.contains("1024 servers x 8193 buckets: at most 8388608"), "{e}");
         let cut = text.rfind("[[buckets]]").unwrap();
         assert!(ControllerSettings::parse(&text[..cut], Path::new("ctl.toml")).is_ok(), "8,192 buckets fit");
+    }
+
+    /// `listen` and `admin` on one port are refused, as rein serve's and rein gateway's are (a wildcard
+    /// covering the other address too): before, both passed `--check-config` and the start failed with
+    /// "Address already in use".
+    #[test]
+    fn listen_and_admin_on_one_port_are_refused() {
+        let with = |listen: &str, admin: &str| {
+            let text = CTL.replace("127.0.0.1:0", listen);
+            ControllerSettings::parse(&format!("admin = \"{admin}\"\n{text}"), Path::new("ctl.toml"))
+        };
+        let e = with("127.0.0.1:7800", "127.0.0.1:7800").unwrap_err().to_string();
+        assert!(
+            e.contains("listen 127.0.0.1:7800 and admin 127.0.0.1:7800 take the same port: the pShift link"),
+            "{e}"
+        );
+        assert!(with("0.0.0.0:7800", "127.0.0.1:7800").unwrap_err().to_string().contains("take the same port"));
+        assert!(with("127.0.0.1:7800", "127.0.0.1:7801").is_ok());
+        assert!(with("127.0.0.1:0", "127.0.0.1:0").is_ok(), "port 0 is a free port each");
     }
     use crate::pshift_link::{read_frame, write_frame};
     use rein_core::pshift::{BucketReport, ServerReport, Tokens};
