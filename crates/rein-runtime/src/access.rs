@@ -385,6 +385,10 @@ mod tests {
         assert_eq!(limits.accept_log.unlogged(), 9);
         limits.accept_succeeded();
         assert_eq!(limits.accept_failed(&e).0, Duration::from_millis(10));
+        // Each failure counted, logged or not.
+        let mut o = String::new();
+        limits.metrics(&mut o);
+        assert!(o.contains("rein_nbd_accepts_failed_total 11\n"), "{o}");
     }
 
     #[test]

@@ -130,7 +130,8 @@ pub fn read(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
 /// A daemon's configuration file's text (`rein serve`, `rein gateway`, `rein pshift controller`), at most
 /// `max` bytes ([`rein_model::input::read_bounded_from`]), read at start, by `--check-config` and at each
 /// reload. Unlike [`read()`] it takes a pipe, `--config <(generate)`, but it is opened without blocking: a
-/// FIFO at the path that no process writes to is an error of kind `InvalidInput`, where a blocking open
+/// FIFO at the path that no process writes to (or a pipe whose writer wrote nothing: the two read alike)
+/// is an error of kind `InvalidInput`, where a blocking open
 /// waited for a writer for ever (a start, `--check-config`, or a reload's task, hung). Once open the
 /// descriptor blocks again, so the text of a pipe with a writer is read to its end.
 pub fn read_config(path: &Path, max: u64) -> std::io::Result<String> {
@@ -143,7 +144,8 @@ pub fn read_config(path: &Path, max: u64) -> std::io::Result<String> {
     if fifo && bytes.is_empty() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "is a FIFO that nothing writes to (a configuration is a regular file, or a pipe with a writer)",
+            "is a FIFO or pipe that gave nothing: no process writes to it, or its writer wrote nothing (a \
+             configuration is a regular file, or a pipe with a writer)",
         ));
     }
     rein_model::input::text(bytes)

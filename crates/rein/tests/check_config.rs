@@ -288,7 +288,10 @@ fn a_fifo_without_a_writer_is_refused_and_a_pipe_is_read() {
     for daemon in [&["serve"][..], &["gateway"], &["pshift", "controller"]] {
         let args: Vec<&str> = daemon.iter().copied().chain(["--config", fifo, "--check-config"]).collect();
         let err = Rein::new(&args).fails();
-        assert!(err.contains("rein.toml") && err.contains("is a FIFO that nothing writes to"), "{args:?}: {err}");
+        assert!(
+            err.contains("rein.toml") && err.contains("is a FIFO or pipe that gave nothing: no process writes to it"),
+            "{args:?}: {err}"
+        );
     }
     let config = format!("listen = \"127.0.0.176:0\"\nadmin = \"127.0.0.176:0\"\n{MEMORY}");
     let script = "\"$0\" serve --config <(printf '%s' \"$1\") --check-config";

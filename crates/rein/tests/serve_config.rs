@@ -334,6 +334,57 @@ fn a_block_device_is_served_at_its_size() {
     );
 }
 
+/// A small file system to fill: a 24 MiB ext4 on a loop device over `dir/fs.img`, mounted at `dir/mnt`
+/// (`mnt`), unmounted when dropped (drop what lies on it first). `None`, said, where it cannot be made
+/// (it needs root).
+struct SmallFs {
+    mnt: String,
+}
+
+impl SmallFs {
+    fn make(dir: &Path) -> Option<SmallFs> {
+        let (fs, mnt) = (dir.join("fs.img"), dir.join("mnt"));
+        std::fs::write(&fs, vec![0u8; 24 << 20]).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        let (fs, mnt) = (fs.to_str().unwrap().to_string(), mnt.to_str().unwrap().to_string());
+        setup(&[&["mkfs.ext4", "-q", "-F", &fs], &["mount", "-o", "loop", &fs, &mnt]])?;
+        Some(SmallFs { mnt })
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Cmd::new("umount").arg(&self.mnt).status();
+    }
+}
+
+/// A thin-provisioned device's stand-in: an ext2 on a loop device over a sparse 32 MiB file on `outer`,
+/// mounted at `dir/inner` (`inner`); once `outer` is filled, its writeback fails. Unmounted, then
+/// detached, when dropped. `None`, said, where it cannot be made.
+struct Ext2Over {
+    inner: String,
+    _lo: LoopDev,
+}
+
+impl Ext2Over {
+    fn make(outer: &SmallFs, dir: &Path) -> Option<Ext2Over> {
+        let inner = dir.join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        let inner = inner.to_str().unwrap().to_string();
+        let back = format!("{}/back.img", outer.mnt);
+        let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
+        let lo = LoopDev::attach(Path::new(&back), &[])?;
+        setup(&[&["mkfs.ext2", "-q", "-F", &lo.0], &["mount", &lo.0, &inner]])?;
+        Some(Ext2Over { inner, _lo: lo })
+    }
+}
+
+impl Drop for Ext2Over {
+    fn drop(&mut self) {
+        let _ = Cmd::new("umount").arg(&self.inner).status();
+    }
+}
+
 /// Commands run for a test's setup as root; `None` (the caller skips) where one fails.
 fn setup(cmds: &[&[&str]]) -> Option<()> {
     for c in cmds {
@@ -372,20 +423,8 @@ fn direct_io_on_a_device_of_larger_blocks_is_refused() {
 fn a_flush_after_a_failed_one_fails_too() {
     let tmp = tmpdir("serve-sticky-sync");
     let dir = tmp.path();
-    let (fs, mnt) = (dir.join("fs.img"), dir.join("mnt"));
-    std::fs::write(&fs, vec![0u8; 24 << 20]).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let (fs, mnt) = (fs.to_str().unwrap().to_string(), mnt.to_str().unwrap().to_string());
-    if setup(&[&["mkfs.ext4", "-q", "-F", &fs], &["mount", "-o", "loop", &fs, &mnt]]).is_none() {
-        return;
-    }
-    struct Unmount(String);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Cmd::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.clone());
+    let Some(small) = SmallFs::make(dir) else { return };
+    let mnt = &small.mnt;
     // A sparse 32 MiB file on a file system left with no free block.
     let back = format!("{mnt}/back.img");
     let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
@@ -463,29 +502,10 @@ fn a_reload_opens_an_image_resized_by_hand_again() {
 fn a_fua_write_that_finds_a_failed_writeback_fails_every_later_flush() {
     let tmp = tmpdir("serve-fua-nospc");
     let dir = tmp.path();
-    let (outer, mnt, inner) = (dir.join("outer.img"), dir.join("outer"), dir.join("inner"));
-    std::fs::write(&outer, vec![0u8; 24 << 20]).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::create_dir(&inner).unwrap();
-    let [outer, mnt, inner] = [outer, mnt, inner].map(|p| p.to_str().unwrap().to_string());
-    struct Unmount(String);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Cmd::new("umount").arg(&self.0).status();
-        }
-    }
-    if setup(&[&["mkfs.ext4", "-q", "-F", &outer], &["mount", "-o", "loop", &outer, &mnt]]).is_none() {
-        return;
-    }
-    let _outer = Unmount(mnt.clone());
-    // A sparse 32 MiB device on the outer file system, with an ext2 on it; then the outer one filled.
-    let back = format!("{mnt}/back.img");
-    let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
-    let Some(lo) = LoopDev::attach(Path::new(&back), &[]) else { return };
-    if setup(&[&["mkfs.ext2", "-q", "-F", &lo.0], &["mount", &lo.0, &inner]]).is_none() {
-        return;
-    }
-    let _inner = Unmount(inner.clone());
+    // An ext2 on a sparse 32 MiB device on the outer file system; then the outer one filled.
+    let Some(outer) = SmallFs::make(dir) else { return };
+    let Some(ext2) = Ext2Over::make(&outer, dir) else { return };
+    let (mnt, inner) = (&outer.mnt, &ext2.inner);
     // The images made (sparse) and synced first: an image whose own creation is not yet on the device
     // fails every sync with EIO once its inode cannot be written back, whatever the engine.
     for engine in ["uring", "threads"] {
@@ -531,20 +551,8 @@ fn a_fua_write_that_finds_a_failed_writeback_fails_every_later_flush() {
 fn a_sync_beside_a_failing_one_fails_too() {
     let tmp = tmpdir("serve-sync-beside");
     let dir = tmp.path();
-    let (fs, mnt) = (dir.join("fs.img"), dir.join("mnt"));
-    std::fs::write(&fs, vec![0u8; 24 << 20]).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let (fs, mnt) = (fs.to_str().unwrap().to_string(), mnt.to_str().unwrap().to_string());
-    if setup(&[&["mkfs.ext4", "-q", "-F", &fs], &["mount", "-o", "loop", &fs, &mnt]]).is_none() {
-        return;
-    }
-    struct Unmount(String);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Cmd::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.clone());
+    let Some(small) = SmallFs::make(dir) else { return };
+    let mnt = &small.mnt;
     // Sparse 32 MiB devices (dropped, so detached, before the unmount) on a file system left with no
     // free block.
     let mut devices = Vec::new();
@@ -611,28 +619,9 @@ fn a_sync_beside_a_failing_one_fails_too() {
 fn a_new_image_that_cannot_be_made_durable_is_not_served() {
     let tmp = tmpdir("serve-new-image-sync");
     let dir = tmp.path();
-    let (outer, mnt, inner) = (dir.join("outer.img"), dir.join("outer"), dir.join("inner"));
-    std::fs::write(&outer, vec![0u8; 24 << 20]).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::create_dir(&inner).unwrap();
-    let [outer, mnt, inner] = [outer, mnt, inner].map(|p| p.to_str().unwrap().to_string());
-    struct Unmount(String);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Cmd::new("umount").arg(&self.0).status();
-        }
-    }
-    if setup(&[&["mkfs.ext4", "-q", "-F", &outer], &["mount", "-o", "loop", &outer, &mnt]]).is_none() {
-        return;
-    }
-    let _outer = Unmount(mnt.clone());
-    let back = format!("{mnt}/back.img");
-    let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
-    let Some(lo) = LoopDev::attach(Path::new(&back), &[]) else { return };
-    if setup(&[&["mkfs.ext2", "-q", "-F", &lo.0], &["mount", &lo.0, &inner]]).is_none() {
-        return;
-    }
-    let _inner = Unmount(inner.clone());
+    let Some(outer) = SmallFs::make(dir) else { return };
+    let Some(ext2) = Ext2Over::make(&outer, dir) else { return };
+    let (mnt, inner) = (&outer.mnt, &ext2.inner);
     let _ = Cmd::new("sync").status();
     let _ = Cmd::new("dd").args(["if=/dev/zero", &format!("of={mnt}/fill"), "bs=1M"]).output();
     let _ = Cmd::new("sync").status();
