@@ -10,8 +10,8 @@
 //! Each started request takes one of three routes, chosen from the configured [`IoEngine`] and from what
 //! its storage says it can do ([`Storage::kernel_io`], [`Storage::inline_max_bytes`]), never from what type
 //! the storage is (`offer_to_ring`, `runs_inline`):
-//! 1. **The ring** (engine `uring`, the default): reads, writes (FUA as the write, then `fdatasync`) and flushes of storage
-//!    that offers a descriptor are submitted to an io_uring owned by this task ([`crate::uring`]);
+//! 1. **The ring** (engine `uring`, the default): reads, writes (FUA as the write, then `fdatasync`) and
+//!    flushes of storage that offers a descriptor are submitted to an io_uring owned by this task ([`crate::uring`]);
 //!    page-cache hits complete during the submit call itself, the rest signal an eventfd this loop awaits.
 //!    If the kernel refuses io_uring the engine falls back to `threads`. Every sync of such a storage
 //!    runs on the ring, which runs them one at a time per storage (its invariant 5): a FUA trim or

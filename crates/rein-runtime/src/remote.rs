@@ -77,8 +77,9 @@
 //! `boot`): another boot is a node that restarted, and writes no FLUSH covered mark it `lost` as a lost
 //! session does. A node that states no boot (plain NBD, v1) cannot be compared: a renewal whose
 //! connection fails marks it `lost` instead (the node may be restarting). Before, a FLUSH after a renewal,
-//! a node killed -9 and started again succeeded, the writes it had acknowledged unflushed unreported. A FLUSH sent before such a session ended and answered after it (one queued while
-//! a moved node's session drained goes out on the next session) covers none of those writes: it fails
+//! a node killed -9 and started again succeeded, the writes it had acknowledged unflushed unreported. A
+//! FLUSH sent before such a session ended and answered after it (one queued while a moved node's session
+//! drained goes out on the next session) covers none of those writes: it fails
 //! the same way (`Mark::Flushed` carries the loss count it was sent at), and the next FLUSH still reports
 //! the loss.
 //! Pieces sent while a connection is down fail at once, also those the connection's task had not taken
