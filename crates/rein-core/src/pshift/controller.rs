@@ -1298,6 +1298,16 @@ impl Controller {
 mod tests {
     use super::*;
 
+    /// One bucket's closed period, whose demand is what it completed (nothing queued at the close).
+    fn closed_one(period: u64, incomplete: bool, completed: u64) -> Vec<ClosedPeriod> {
+        vec![ClosedPeriod {
+            period,
+            incomplete,
+            completed: vec![completed],
+            demand: vec![PeriodDemand::Asked(completed)],
+        }]
+    }
+
     fn config(intervals: u32, estimator: DemandEstimator) -> ControllerConfig {
         ControllerConfig {
             period: Nanos::from_secs(1),
@@ -1421,15 +1431,7 @@ mod tests {
         let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
         let want = PeriodTally { closed: 1, last: Some(3 + 450 + 240 - 4), ..Default::default() };
         assert_eq!(c.periods()[0], want, "689: within R 500 and L 700");
-        assert_eq!(
-            s.closed,
-            vec![ClosedPeriod {
-                period: 0,
-                incomplete: false,
-                completed: vec![689],
-                demand: vec![PeriodDemand::Asked(689)]
-            }]
-        );
+        assert_eq!(s.closed, closed_one(0, false, 689));
         // The next: 4 + 100 + 300 - 0 = 404, below R; then 0 + 500 + 300 - 2 = 798, above L.
         let mut records = Vec::new();
         for (round, dispatched, in_flight) in [(3, 100, 1), (4, 300, 0), (5, 500, 9), (6, 300, 2)] {
@@ -1582,15 +1584,7 @@ mod tests {
         assert_eq!((s.closed.len(), c.periods()[0].closed), (0, 0), "period 0 waits for boundary 1's report");
         c.handle_report(rep(3, 600, 0)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(
-            s.closed,
-            vec![ClosedPeriod {
-                period: 0,
-                incomplete: true,
-                completed: vec![100],
-                demand: vec![PeriodDemand::Asked(100)]
-            }]
-        );
+        assert_eq!(s.closed, closed_one(0, true, 100));
         let t = c.periods()[0];
         assert_eq!((t.closed, t.incomplete, t.below_reservation, t.last), (1, 1, 0, Some(100)));
         // The next period is complete again: 0 + 600 + 50 = 650.
@@ -1619,15 +1613,7 @@ mod tests {
         assert_eq!((c.done(), c.late_reports_counted()), (&[453][..], 1), "once");
         c.handle_report(rep(2, 240, 4)).unwrap();
         let (_, s) = c.poll(Nanos::from_millis(1200)).unwrap();
-        assert_eq!(
-            s.closed,
-            vec![ClosedPeriod {
-                period: 0,
-                incomplete: false,
-                completed: vec![689],
-                demand: vec![PeriodDemand::Asked(689)]
-            }]
-        );
+        assert_eq!(s.closed, closed_one(0, false, 689));
         assert_eq!(c.periods()[0], PeriodTally { closed: 1, last: Some(689), ..Default::default() });
         // Boundary 4 (closing period 1, opening period 2) is missing: period 1's record waits for it.
         c.handle_report(rep(3, 100, 0)).unwrap();
@@ -1642,15 +1628,7 @@ mod tests {
         let t = c.periods()[0];
         assert_eq!((t.closed, t.incomplete, t.below_reservation, t.last), (2, 0, 1, Some(402)), "judged at once");
         assert_eq!(c.late_reports_counted(), 2, "one report, counted once for both periods");
-        assert_eq!(
-            c.take_closed(),
-            vec![ClosedPeriod {
-                period: 1,
-                incomplete: false,
-                completed: vec![402],
-                demand: vec![PeriodDemand::Asked(402)]
-            }]
-        );
+        assert_eq!(c.take_closed(), closed_one(1, false, 402));
         assert_eq!(c.take_closed(), vec![], "handed out once");
         for (round, dispatched, in_flight) in [(5, 500, 0), (6, 100, 1)] {
             c.handle_report(rep(round, dispatched, in_flight)).unwrap();
@@ -1667,15 +1645,7 @@ mod tests {
         assert_eq!((s.reports_missing, s.closed.len()), (1, 0));
         c.handle_report(rep(9, 200, 0)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(
-            s.closed,
-            vec![ClosedPeriod {
-                period: 3,
-                incomplete: true,
-                completed: vec![1 + 50],
-                demand: vec![PeriodDemand::Asked(1 + 50)]
-            }]
-        );
+        assert_eq!(s.closed, closed_one(3, true, 1 + 50));
         c.handle_report(rep(8, 60, 7)).unwrap();
         assert_eq!((c.done(), c.late_reports_counted()), (&[7 + 200][..], 3), "period 4 counts its 7 in flight");
         assert_eq!((c.periods()[0].closed, c.periods()[0].incomplete), (4, 1), "period 3's record is out");
@@ -1710,28 +1680,12 @@ mod tests {
         c.poll(c.boundary()).unwrap();
         c.handle_report(rep(1, 600)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(
-            s.closed,
-            vec![ClosedPeriod {
-                period: 0,
-                incomplete: false,
-                completed: vec![600],
-                demand: vec![PeriodDemand::Asked(600)]
-            }]
-        );
+        assert_eq!(s.closed, closed_one(0, false, 600));
         let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
         assert_eq!((s.reports_missing, s.closed.len()), (1, 0), "period 1 waits for boundary 2's report");
         c.handle_report(rep(3, 550)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(
-            s.closed,
-            vec![ClosedPeriod {
-                period: 1,
-                incomplete: true,
-                completed: vec![0],
-                demand: vec![PeriodDemand::Asked(0)]
-            }]
-        );
+        assert_eq!(s.closed, closed_one(1, true, 0));
         c.handle_report(rep(4, 650)).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
         let periods: Vec<_> = s.closed.iter().map(|p| (p.period, p.incomplete, p.completed[0])).collect();
