@@ -40,6 +40,7 @@
 
 use crate::dispatch::LATENCY_BUCKETS_S;
 use crate::live::{ChangeError, Registry};
+use crate::prom::label;
 use crate::state::ExportJson;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -418,10 +419,6 @@ async fn get_capacity(State(s): State<AdminState>) -> Response {
         Ok(c) => Json(c).into_response(),
         Err(e) => change_err(e),
     }
-}
-
-pub(crate) fn label(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {

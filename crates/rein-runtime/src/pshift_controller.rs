@@ -1489,7 +1489,7 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
     let _ = writeln!(o, "# HELP rein_pshift_late_reports_total Reports counted after their round was computed.\n# TYPE rein_pshift_late_reports_total counter\nrein_pshift_late_reports_total {}", s.late_reports);
     let _ = writeln!(o, "# HELP rein_pshift_bucket_done IOs of the bucket in the current QoS period (as of the last round).\n# TYPE rein_pshift_bucket_done gauge");
     for b in &s.buckets {
-        let _ = writeln!(o, "rein_pshift_bucket_done{{bucket=\"{}\"}} {}", crate::admin::label(&b.name), b.done);
+        let _ = writeln!(o, "rein_pshift_bucket_done{{bucket=\"{}\"}} {}", crate::prom::label(&b.name), b.done);
     }
     // Per bucket, its bounds and its last closed period's IOs, to graph one against the others.
     type Gauge = (&'static str, &'static str, fn(&BucketStatus) -> Option<u64>);
@@ -1506,7 +1506,7 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
         let _ = writeln!(o, "# HELP rein_pshift_bucket_{name} {help}\n# TYPE rein_pshift_bucket_{name} gauge");
         for b in &s.buckets {
             if let Some(v) = get(b) {
-                let _ = writeln!(o, "rein_pshift_bucket_{name}{{bucket=\"{}\"}} {v}", crate::admin::label(&b.name));
+                let _ = writeln!(o, "rein_pshift_bucket_{name}{{bucket=\"{}\"}} {v}", crate::prom::label(&b.name));
             }
         }
     }
@@ -1536,7 +1536,7 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
     for (name, help, get) in series {
         let _ = writeln!(o, "# HELP rein_pshift_bucket_{name} {help}\n# TYPE rein_pshift_bucket_{name} counter");
         for b in &s.buckets {
-            let _ = writeln!(o, "rein_pshift_bucket_{name}{{bucket=\"{}\"}} {}", crate::admin::label(&b.name), get(b));
+            let _ = writeln!(o, "rein_pshift_bucket_{name}{{bucket=\"{}\"}} {}", crate::prom::label(&b.name), get(b));
         }
     }
     o

@@ -205,7 +205,7 @@ impl LinkStatus {
              # TYPE rein_pshift_controller_connected gauge\n\
              rein_pshift_controller_connected{{controller=\"{}\",server=\"{}\"}} {}",
             self.controller,
-            crate::admin::label(&self.name),
+            crate::prom::label(&self.name),
             u8::from(self.connected())
         );
     }

@@ -1969,6 +1969,9 @@ fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
     let mut gw = gateway(&cfg);
     std::fs::remove_file(&cfg).unwrap();
     assert!(Cmd::new("mkfifo").arg(&cfg).status().expect("mkfifo runs").success());
+    // A writer that never writes (read and write: Linux opens a FIFO so without waiting): the read blocks
+    // for ever, as on a hung mount. A FIFO nobody writes to is refused at once (`durable::read_config`).
+    let _writer = std::fs::OpenOptions::new().read(true).write(true).open(&cfg).expect("open the FIFO");
     gw.signal("-HUP");
     std::thread::sleep(Duration::from_millis(300));
     let open = common::nbd_open(gw.nbd, "v", true, Duration::from_secs(5));
