@@ -1153,7 +1153,7 @@ impl Input {
             }
             self.buf.reserve_exact(target - self.buf.len());
         }
-        let payload_by = payload_within.map(|d| Instant::now() + d);
+        let mut payload_by = payload_within.map(|d| Instant::now() + d);
         while self.buf.len() - self.start < wanted {
             let missing = wanted - (self.buf.len() - self.start);
             let limit = missing.max(READ_AHEAD) as u64;
@@ -1163,12 +1163,26 @@ impl Input {
                     Some((idle, slots)) => read_or_idle(rd, &mut self.buf, limit, idle, slots).await,
                 }
             };
-            let read = match payload_by {
-                None => read.await?,
-                Some(by) => tokio::select! {
+            let read = match (payload_by, payload_within) {
+                (Some(by), Some(within)) => tokio::select! {
+                    // The bytes first: after a stall of this process both are ready, and the payload that
+                    // came meanwhile is not cut for the time it waited in the socket.
+                    biased;
                     r = read => r?,
-                    _ = tokio::time::sleep_until(by) => return Ok(Filled::SlowPayload),
+                    _ = tokio::time::sleep_until(by) => {
+                        let now = Instant::now();
+                        if now.saturating_duration_since(by) > crate::STALLED {
+                            // The timer fired late: this process did not run (crate::STALLED), and what the
+                            // client sent meanwhile may be unread yet. The payload gets its time again, as
+                            // an idle client does (`read_or_idle`). Before, a stall longer than
+                            // stall_timeout_s cut the connections whose payloads were on their way.
+                            payload_by = Some(now + within);
+                            continue;
+                        }
+                        return Ok(Filled::SlowPayload);
+                    }
                 },
+                _ => read.await?,
             };
             let Some(n) = read else { return Ok(Filled::Idle) };
             if n == 0 {

@@ -404,6 +404,31 @@ fn a_trickled_write_payload_is_cut_at_the_stall_timeout() {
     assert!(t0.elapsed() >= Duration::from_millis(900), "not before the stall timeout");
 }
 
+/// A stall of the server (SIGSTOP here; a paused VM, heavy swapping) longer than `stall_timeout_s` while
+/// a WRITE's payload is on its way does not cut the connection: the payload timer that fires late (the
+/// process did not run, `crate::STALLED`) starts again, as the idle timeout does. Here half the payload
+/// came before the stall and the rest 300 ms after it. Before, the late timer cut the connection ("payload
+/// did not arrive within stall_timeout_s"), and with the rest already in the socket the expired timer won
+/// the race with it about half the time.
+#[test]
+fn a_stall_of_the_server_does_not_cut_a_payload_on_its_way() {
+    let tmp = tmpdir("bounds-stall-payload");
+    let s = start(tmp.path(), 216, &slow("stall_timeout_s = 1", 1000));
+    let mut c = Raw::connect(s.nbd, "slow");
+    let data = pattern(3, 64 << 10);
+    c.s.write_all(&Raw::header(Command::Write, 1, 0, 64 << 10)).unwrap();
+    c.s.write_all(&data[..32 << 10]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    s.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    s.signal("-CONT");
+    std::thread::sleep(Duration::from_millis(300));
+    c.s.write_all(&data[32 << 10..]).unwrap();
+    assert_eq!(c.reply(0), (1, 0, Vec::new()), "the WRITE is served");
+    c.send(Command::Read, 2, 0, 64 << 10, &[]);
+    assert_eq!(c.reply(64 << 10), (2, 0, data), "and its bytes read back");
+}
+
 /// A client that stops reading its replies (64 READs of 1 MiB against a tenant budget of 16 MiB) held
 /// every other connection of its tenant for as long as it stayed connected: its unwritten replies keep
 /// their charges, and its next charge heads the tenant's queue. Now its writer gives up once a batch has
