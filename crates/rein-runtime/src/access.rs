@@ -52,7 +52,7 @@ pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A warning that peers can cause as often as they like (a refused connection, a bad frame): logged at
 /// most once per [`REFUSAL_LOG_INTERVAL`], the next line saying how many were not (`unlogged`): a
-/// [`LogRate`] on the wall clock, shared by the tasks that may log it.
+/// [`LogRate`] on the monotonic clock (std's `Instant`), shared by the tasks that may log it.
 #[derive(Debug, Default)]
 pub struct SparseLog(Mutex<LogRate<Instant>>);
 

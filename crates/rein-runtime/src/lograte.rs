@@ -1,6 +1,6 @@
 //! One rule for log lines that peers or failures can cause as often as they like: the first is logged at
 //! once, then at most one line per interval, each saying how many events were not logged since the line
-//! before. Sans-IO: the caller passes the time, on whichever clock it keeps (the wall clock's
+//! before. Sans-IO: the caller passes the time, on whichever clock it keeps (std's monotonic
 //! [`Instant`] for refusals, tokio's for the node links, a PARDA host's own [`Nanos`] clock, which its
 //! tests drive).
 //!
