@@ -14,8 +14,9 @@
 //! - [`ReservationMeter::per_second`]: the operator's measure: one-second periods, threshold 100%, slack
 //!   one IO (a period boundary can fall inside an IO), and a period counts as *below* only if the tenant
 //!   was backlogged (had requests waiting or in service) when it began and when it ended: a tenant that
-//!   asks for less than its reservation is not short-changed. `rein serve` reports the count of such
-//!   seconds as `rein_tenant_below_reservation_seconds_total`.
+//!   asks for less than its reservation is not short-changed. `rein serve` reports the length of such
+//!   periods as `rein_tenant_below_reservation_seconds_total` ([`ReservationMeter::below_seconds`]: a
+//!   period that a stall of the server stretched counts its whole length).
 //!
 //! # Driving it (sans-IO)
 //! [`ReservationMeter::observe`] at each period boundary, with the time, the tenant's cumulative served
@@ -45,17 +46,28 @@ pub struct ReservationMeter {
     periods: u64,
     met: u64,
     below: u64,
+    /// The length of the periods counted in `below` (seconds).
+    below_s: f64,
 }
 
 impl ReservationMeter {
     /// pShift's measure: met when served `>= threshold_pct`% of the reservation over the period.
     pub fn periodic(reservation: f64, threshold_pct: f64) -> ReservationMeter {
-        ReservationMeter { reservation, threshold_pct, slack: 1e-9, last: None, periods: 0, met: 0, below: 0 }
+        ReservationMeter { threshold_pct, slack: 1e-9, ..Self::per_second(reservation) }
     }
 
     /// The operator's per-second measure (module comment).
     pub fn per_second(reservation: f64) -> ReservationMeter {
-        ReservationMeter { reservation, threshold_pct: 100.0, slack: 1.0, last: None, periods: 0, met: 0, below: 0 }
+        ReservationMeter {
+            reservation,
+            threshold_pct: 100.0,
+            slack: 1.0,
+            last: None,
+            periods: 0,
+            met: 0,
+            below: 0,
+            below_s: 0.0,
+        }
     }
 
     /// Changes the reservation (a runtime spec change); applies to periods closed from now on.
@@ -84,6 +96,7 @@ impl ReservationMeter {
             Outcome::Met
         } else if backlogged0 && backlogged {
             self.below += 1;
+            self.below_s += secs;
             Outcome::Below
         } else {
             Outcome::Idle
@@ -105,6 +118,13 @@ impl ReservationMeter {
     pub fn below_periods(&self) -> u64 {
         self.below
     }
+
+    /// Their length in seconds: a period is a second when its boundaries come on time, and longer when
+    /// they do not (a stall of the process that drives the meter: 30 s without a boundary, and without
+    /// service, are 30 seconds below the reservation, not one).
+    pub fn below_seconds(&self) -> f64 {
+        self.below_s
+    }
 }
 
 #[cfg(test)]
@@ -121,9 +141,13 @@ mod tests {
         assert_eq!(m.observe(s(3), 250.0, true), Some(Outcome::Below));
         assert_eq!(m.observe(s(4), 260.0, false), Some(Outcome::Idle), "it asked for less");
         assert_eq!(m.observe(s(4), 260.0, false), None, "no time passed");
-        assert_eq!((m.periods(), m.met_periods(), m.below_periods()), (4, 2, 1));
+        assert_eq!((m.periods(), m.met_periods(), m.below_periods(), m.below_seconds()), (4, 2, 1, 1.0));
+        assert_eq!(m.observe(s(5), 260.0, true), Some(Outcome::Idle), "backlogged from now on");
+        // A boundary 30 s late (the process stalled), nothing served: one period, 30 seconds.
+        assert_eq!(m.observe(s(35), 260.0, true), Some(Outcome::Below));
+        assert_eq!((m.below_periods(), m.below_seconds()), (2, 31.0));
         m.set_reservation(0.0);
-        assert_eq!(m.observe(s(5), 260.0, true), Some(Outcome::Met), "no reservation is always met");
+        assert_eq!(m.observe(s(36), 260.0, true), Some(Outcome::Met), "no reservation is always met");
     }
 
     #[test]

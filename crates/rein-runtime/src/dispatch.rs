@@ -311,7 +311,7 @@ pub struct TenantCounters {
 impl TenantCounters {
     /// Seconds backlogged yet served below the reservation (module comment), as the meter counts them.
     pub fn below_reservation_s(&self) -> u64 {
-        self.meter.as_ref().map_or(0, ReservationMeter::below_periods)
+        self.meter.as_ref().map_or(0, |m| m.below_seconds().round() as u64)
     }
 }
 
