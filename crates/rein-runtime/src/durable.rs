@@ -122,9 +122,14 @@ fn check(path: &Path) -> std::io::Result<(PathBuf, Option<std::fs::Permissions>)
 /// opened without blocking and checked on the open file, so a FIFO (whose open would wait for a writer
 /// for ever, and hold a start with it) or a device is named, not waited on or read.
 pub fn read(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    rein_model::input::read_regular_from(open_nonblocking(path)?, max)
+}
+
+/// `path` opened to read without blocking: a FIFO's open does not wait for a writer ([`read()`],
+/// [`read_config`]).
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    rein_model::input::read_regular_from(file, max)
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)
 }
 
 /// A daemon's configuration file's text (`rein serve`, `rein gateway`, `rein pshift controller`), at most
@@ -135,8 +140,8 @@ pub fn read(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
 /// waited for a writer for ever (a start, `--check-config`, or a reload's task, hung). Once open the
 /// descriptor blocks again, so the text of a pipe with a writer is read to its end.
 pub fn read_config(path: &Path, max: u64) -> std::io::Result<String> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    use std::os::unix::fs::FileTypeExt;
+    let file = open_nonblocking(path)?;
     blocking(&file)?;
     let fifo = file.metadata()?.file_type().is_fifo();
     let bytes = rein_model::input::read_bounded_from(&file, max)?;
