@@ -48,6 +48,7 @@ pub mod reloads;
 pub mod remote;
 pub mod server;
 pub mod sock;
+mod stall;
 pub mod state;
 pub mod storage;
 #[cfg(test)]

@@ -24,20 +24,19 @@
 //! A latency is the host's clock at the reply less its clock at the send, so a host whose process did
 //! not run meanwhile (SIGSTOP, a paused VM, heavy swapping) measures its own pause: the IOs in flight
 //! across a 3 s pause came back with latencies of 3 s, its next report carried them, and the peers'
-//! windows shrank for a few periods (the cluster average is theirs too). The gate therefore watches its
-//! own timers: while IOs are in flight it wakes at least every [`STALL_CHECK_EVERY`], and a wake-up
-//! more than `crate::STALLED` after a deadline that was still ahead when it began to wait means the
-//! process did not run (the rule `remote.rs` and `nbd.rs` apply to their timeouts). The rule is then:
-//! **every IO issued before the stall was seen is left out of eq. (1)** (its reply frees its window slot,
-//! as a failed issue's does, and counts in `stalled_ios`, not in `completed` or `latency_sum_ns`),
-//! whichever period its reply falls in. Those are exactly the IOs whose latency can hold the stall: the
-//! gate issues only while it runs, and it sees the stall before it takes any reply that came after it.
-//! Replies the gate had not taken yet when the stall began are left out too (a few real latencies
-//! lost, once per stall). Reports are published as usual, with the latencies measured outside the
-//! stall. Each stall is logged once (a warning with its length, at least) and counted in `stalls`.
-//! A stall that falls while the gate is inside a period's exchange (a board IO, microseconds) is not
-//! seen; one of less than `STALLED` plus `STALL_CHECK_EVERY` may not be (its latencies are at most that
-//! much off). The gate waits for a board IO a quarter of a period (at least 5 ms, at most 100 ms;
+//! windows shrank for a few periods (the cluster average is theirs too). A `StallWatch` (`stall.rs`),
+//! a thread that ticks every 50 ms, sees the process's stalls (two ticks more than `crate::STALLED`
+//! apart, the rule `remote.rs` and `nbd.rs` apply to their timeouts), and the rule is: **an IO whose
+//! interval from send to reply may hold a stall is left out of eq. (1)** (its reply frees its window
+//! slot, as a failed issue's does, and counts in `stalled_ios`, not in `completed` or
+//! `latency_sum_ns`), whichever period its reply falls in. The reply's callback asks the watch when it
+//! reads the latency, so the answer does not depend on where the gate was when the process stopped (the
+//! gate watched its own timers before, and missed a stop that fell while it ran or awaited a node
+//! connection's backpressure: CI once read a 1,049 ms estimate). A few IOs sent just after the stall are
+//! left out too (until the watch's next tick; `stall.rs`, invariant 2). Reports are published as usual,
+//! with the latencies measured outside the stall. Each stall is logged once (a warning with its length)
+//! and counted in `stalls`; one of less than `STALLED` plus the tick is not seen (its latencies are at
+//! most that much off). The gate waits for a board IO a quarter of a period (at least 5 ms, at most 100 ms;
 //! rein-runtime's `aggregate`, "A board that hangs"): a board on a file system that stops answering
 //! held the whole gate, every VM's IO with it, until the file system came back; now the exchange fails
 //! (counted in `exchange_errors`, logged), the host goes on with the reports it has (a peer drops out
@@ -434,9 +433,10 @@ struct Parked {
 enum Msg {
     /// A VM's request arrives.
     Submit { vm: TenantId, parked: Parked },
-    /// An issued request was answered: its latency at the array, its size, whether it succeeded, and the
-    /// gate's stall count when it was issued (module comment, "Stalls").
-    Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool, stalls: u64 },
+    /// An issued request was answered: its latency at the array, its size, whether it succeeded, and
+    /// whether a stall of this process may fall between its send and its reply (module comment,
+    /// "Stalls").
+    Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool, crossed: bool },
     /// An administrator resizes an uncontrolled host's fixed issue queue.
     SetWindow(f64, tokio::sync::oneshot::Sender<Result<(), String>>),
     /// The current period ends this long from now (`PUT /api/parda/period`).
@@ -491,6 +491,8 @@ impl HostGate {
             )),
         };
         let agg = Aggregator::new(settings.parda.timeout).map_err(|e| format!("parda: {e}"))?;
+        let watch = crate::stall::StallWatch::start(clock)
+            .map_err(|e| format!("parda_host: the thread that watches for stalls did not start: {e}"))?;
         let aggregation = match (settings.runs, settings.parda.aggregation) {
             (false, _) => "fixed",
             (true, a) => a.name(),
@@ -549,6 +551,7 @@ impl HostGate {
             exchange_failing: LogRate::default(),
             id_conflicting: LogRate::default(),
             peer_id_conflicting: LogRate::default(),
+            watch,
             stalls: 0,
             stalled_ios: 0,
         };
@@ -686,8 +689,9 @@ struct Task {
     /// Records of two incarnations of one peer, both advancing (`peer_id_conflicts`): logged as
     /// `id_conflicting` is.
     peer_id_conflicting: LogRate<Nanos>,
-    /// Stalls of this process seen (module comment, "Stalls"): an IO issued before the last one is not
-    /// measured.
+    /// Stalls of this process (module comment, "Stalls").
+    watch: Arc<crate::stall::StallWatch>,
+    /// The watch's stalls already logged.
     stalls: u64,
     /// IOs answered across a stall.
     stalled_ios: u64,
@@ -707,22 +711,12 @@ fn board_deadline(period: Nanos) -> std::time::Duration {
     (std::time::Duration::from_nanos(period.0) / 4).clamp(std::time::Duration::from_millis(5), BOARD_IO_DEADLINE)
 }
 
-/// While IOs are in flight the gate wakes at least this often, so that a stall of its process is seen
-/// whatever the period (module comment, "Stalls"): a stall of more than `crate::STALLED` plus this is
-/// seen.
-pub const STALL_CHECK_EVERY: Nanos = Nanos::from_millis(250);
-
 impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         let mut wait: Option<Nanos> = None;
-        let mut in_flight = 0;
         loop {
             let due = self.ctl.poll_timeout();
-            let armed = self.clock.now();
-            let mut wake = wait.map_or(due, |w| w.min(due));
-            if in_flight > 0 {
-                wake = wake.min(armed.saturating_add(STALL_CHECK_EVERY));
-            }
+            let wake = wait.map_or(due, |w| w.min(due));
             let first = tokio::select! {
                 m = rx.recv() => match m {
                     Some(m) => Some(m),
@@ -730,11 +724,8 @@ impl Task {
                 },
                 _ = tokio::time::sleep_until(self.clock.instant(wake)) => None,
             };
-            // Woken long after a deadline that was still ahead when the wait began: this process did not
-            // run (crate::STALLED). Seen before any reply is taken (module comment, "Stalls").
-            let late = self.clock.now().saturating_sub(wake.max(armed));
-            if late > Nanos::from_duration(crate::STALLED) {
-                self.stalled(late);
+            if self.watch.stalls() != self.stalls {
+                self.stalled();
             }
             for m in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 self.handle(m);
@@ -745,7 +736,6 @@ impl Task {
             }
             wait = self.pump().await;
             let st = self.ctl.stats();
-            in_flight = st.outstanding;
             let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
             s.update(&st);
             s.latency_sum_ns = self.latency_sum_ns;
@@ -759,10 +749,10 @@ impl Task {
         }
     }
 
-    /// The process did not run for at least `late` (module comment, "Stalls"): the IOs in flight are not
-    /// measured.
-    fn stalled(&mut self, late: Nanos) {
-        self.stalls += 1;
+    /// The watch saw a stall (module comment, "Stalls"): logged once.
+    fn stalled(&mut self) {
+        self.stalls = self.watch.stalls();
+        let late = self.watch.last_len();
         let in_flight = self.ctl.stats().outstanding;
         tracing::warn!(
             stalled_s = late.as_secs_f64(),
@@ -841,14 +831,14 @@ impl Task {
                 }
                 Err(e) => tracing::warn!("parda host: removing a VM: {e}"),
             },
-            Msg::Answered { vm, latency, size, ok, stalls } => {
+            Msg::Answered { vm, latency, size, ok, crossed } => {
                 // The controller knows every VM it issued for; an error here would be a gate bug, and
                 // the slot must be freed either way, so it is only logged.
-                let r = if ok && stalls == self.stalls {
+                let r = if ok && !crossed {
                     self.latency_sum_ns = self.latency_sum_ns.saturating_add(latency.0);
                     self.ctl.on_complete(now, vm, latency, size)
                 } else {
-                    // Issued before a stall: its latency may hold the stall (module comment, "Stalls").
+                    // Its latency may hold a stall (module comment, "Stalls").
                     self.stalled_ios += u64::from(ok);
                     self.ctl.on_issue_failed(now, vm)
                 };
@@ -884,12 +874,14 @@ impl Task {
                     let clock = self.clock;
                     let sent = clock.now();
                     let done = p.done;
-                    let stalls = self.stalls;
+                    let watch = self.watch.clone();
                     let wrapped: Done = Box::new(move |res, served| {
                         let ok = res.is_ok();
-                        let latency = clock.now().saturating_sub(sent);
+                        let now = clock.now();
+                        let latency = now.saturating_sub(sent);
+                        let crossed = watch.crossed(sent, now);
                         if let Some(tx) = answers.upgrade() {
-                            let _ = tx.send(Msg::Answered { vm, latency, size, ok, stalls });
+                            let _ = tx.send(Msg::Answered { vm, latency, size, ok, crossed });
                         }
                         done(res, served);
                     });

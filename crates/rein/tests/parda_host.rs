@@ -665,10 +665,12 @@ fn a_peer_names_two_hosts_with_one_id_on_the_board() {
     assert!(series.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v >= 2.0), "{text}");
 }
 
-/// A PARDA host stopped (SIGSTOP) for 3 s under load, then continued: the IOs it had in flight come back
-/// with its pause in their latency, and are left out of its estimate; the stall is logged once. Before,
-/// its first period after SIGCONT reported a latency of hundreds of ms (its own pause), and its peer's
-/// cluster signal and window followed for a few periods.
+/// A PARDA host stopped (SIGSTOP) under load, then continued, five times (3 s, then four of 1.5 s): the
+/// IOs it had in flight come back with its pause in their latency, and are left out of its estimate;
+/// each stall is logged once. Before, its first period after SIGCONT reported a latency of hundreds of
+/// ms (its own pause), and its peer's cluster signal and window followed for a few periods. Five stops
+/// fall at five places in the gate's work: when the gate watched its own timers, a stop while it ran or
+/// awaited a node connection went unseen (CI read 1,049 ms once, a run alone 101.4 ms).
 #[test]
 fn a_paused_host_does_not_report_its_pause_as_latency() {
     let _serial = common::measuring();
@@ -679,12 +681,15 @@ fn a_paused_host_does_not_report_its_pause_as_latency() {
     let line = |id: u32| format!("id = {id}\nbeta = 2\nboard = \"{}\"\nboard_slots = 2\n", board.display());
     let h0 = host(dir, 135, a.nbd, "vm1", "cluster", &line(0));
     let h1 = host(dir, 136, a.nbd, "vm2", "cluster", &line(1));
-    let mut l = load(&[(&h0, "vm1"), (&h1, "vm2")], 12);
+    let mut l = load(&[(&h0, "vm1"), (&h1, "vm2")], 20);
     std::thread::sleep(Duration::from_secs(5));
     let stop = [status(&h0)["now_s"].as_f64().unwrap(), status(&h1)["now_s"].as_f64().unwrap()];
-    h0.signal("-STOP");
-    std::thread::sleep(Duration::from_secs(3));
-    h0.signal("-CONT");
+    for pause in [3000, 1500, 1500, 1500, 1500] {
+        h0.signal("-STOP");
+        std::thread::sleep(Duration::from_millis(pause));
+        h0.signal("-CONT");
+        std::thread::sleep(Duration::from_millis(700));
+    }
     for c in &mut l {
         assert!(c.wait().unwrap().success());
     }
@@ -706,7 +711,7 @@ fn a_paused_host_does_not_report_its_pause_as_latency() {
     assert!(w1 < 30.0, "the peer's signal holds the paused host's pause: {w1:.1} ms\n{}", s[1]);
     let line = h0.wait_line("parda host: this process did not run for");
     assert!(line.contains("left out of the latency estimate"), "{line}");
-    assert_eq!(s[0]["stalls"], 1, "{}", s[0]);
+    assert_eq!(s[0]["stalls"], 5, "{}", s[0]);
     assert!(s[0]["stalled_ios"].as_u64().unwrap() > 0, "{}", s[0]);
 }
 

@@ -1,0 +1,166 @@
+//! Stalls of this process, seen by a thread of its own, for latencies that must not hold them.
+//!
+//! # Model
+//! A latency is a clock read at the reply less one at the send. When the process does not run between
+//! the two (SIGSTOP, a paused VM, heavy swapping) the latency holds the pause. A [`StallWatch`] is fed by
+//! a plain thread that ticks every [`TICK`]; two ticks more than `TICK` plus `crate::STALLED` apart mean
+//! the process did not run (the rule `remote.rs` and `nbd.rs` apply to their timers), and the watch
+//! records the stall: its end and its length.
+//!
+//! # Invariants
+//! 1. [`StallWatch::crossed`]`(sent, now)` is true for every interval `(sent, now]` that holds a stall of
+//!    more than `TICK + STALLED`, whatever the reader's place in the process: either the thread has ticked
+//!    since the process ran again (the stall's end, which is after `sent`, is recorded before the tick
+//!    that reports it), or it has not (its last tick is before the stall, more than `TICK + STALLED` ago).
+//!    No ordering between the reader and the watch thread is needed.
+//! 2. False positives are bounded: an interval that began after the stall ended is crossed only while the
+//!    thread has not ticked since (one tick, [`TICK`], after the process runs again).
+//! 3. The watch's thread ends at its next tick after the last [`Arc`] to the watch is dropped.
+//!
+//! # Why a thread of its own
+//! The PARDA gate first watched its own timers, which saw a stall only while the gate waited: a stop that
+//! fell while it ran, or while it awaited a node connection's backpressure in `pump`, was missed, and the
+//! IOs in flight brought the pause into the estimate (CI read 1,049 ms once). A thread that does nothing
+//! but tick is waiting nearly always, and the reply path asks it, not the gate.
+
+use rein_core::Nanos;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use crate::dispatch::Clock;
+
+/// How often the watch's thread ticks.
+pub(crate) const TICK: Nanos = Nanos::from_millis(50);
+
+/// The longest gap between ticks that is not a stall: a tick late by more than `crate::STALLED`.
+fn gap_max() -> Nanos {
+    TICK.saturating_add(Nanos::from_duration(crate::STALLED))
+}
+
+/// A process's stalls (module comment). Times are on the [`Clock`] it was started with.
+#[derive(Debug, Default)]
+pub(crate) struct StallWatch {
+    /// The last tick (ns).
+    last_tick: AtomicU64,
+    /// When the last stall ended (ns; 0: none yet).
+    last_end: AtomicU64,
+    /// How long the last stall was (ns).
+    last_len: AtomicU64,
+    /// Stalls seen.
+    stalls: AtomicU64,
+}
+
+impl StallWatch {
+    /// A watch whose thread ticks on `clock` until the watch is dropped (invariant 3). An error if the
+    /// thread cannot be started.
+    pub(crate) fn start(clock: Clock) -> std::io::Result<Arc<StallWatch>> {
+        Self::start_joinable(clock).map(|(w, _)| w)
+    }
+
+    /// [`StallWatch::start`], with the thread's handle.
+    fn start_joinable(clock: Clock) -> std::io::Result<(Arc<StallWatch>, std::thread::JoinHandle<()>)> {
+        let watch = Arc::new(StallWatch::default());
+        watch.tick(clock.now());
+        let weak: Weak<StallWatch> = Arc::downgrade(&watch);
+        let thread = std::thread::Builder::new().name("rein-stall-watch".into()).spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_nanos(TICK.0));
+            let Some(w) = weak.upgrade() else { break };
+            w.tick(clock.now());
+        })?;
+        Ok((watch, thread))
+    }
+
+    /// A tick at `now`: returns the stall's length if the last tick is more than `TICK + STALLED` back.
+    pub(crate) fn tick(&self, now: Nanos) -> Option<Nanos> {
+        let last = Nanos(self.last_tick.load(Ordering::SeqCst));
+        let gap = now.saturating_sub(last);
+        let stall = (last.0 > 0 && gap > gap_max()).then(|| gap.saturating_sub(TICK));
+        if let Some(len) = stall {
+            // The end before the tick (invariant 1): a reader that sees this tick sees the stall.
+            self.last_len.store(len.0, Ordering::SeqCst);
+            self.last_end.store(now.0.max(1), Ordering::SeqCst);
+            self.stalls.fetch_add(1, Ordering::SeqCst);
+        }
+        self.last_tick.store(now.0.max(1), Ordering::SeqCst);
+        stall
+    }
+
+    /// Whether the interval from `sent` to `now` may hold a stall (invariants 1 and 2).
+    pub(crate) fn crossed(&self, sent: Nanos, now: Nanos) -> bool {
+        let last = Nanos(self.last_tick.load(Ordering::SeqCst));
+        let end = self.last_end.load(Ordering::SeqCst);
+        now.saturating_sub(last) > gap_max() || (end > 0 && end >= sent.0)
+    }
+
+    /// Stalls seen so far.
+    pub(crate) fn stalls(&self) -> u64 {
+        self.stalls.load(Ordering::SeqCst)
+    }
+
+    /// The last stall's length.
+    pub(crate) fn last_len(&self) -> Nanos {
+        Nanos(self.last_len.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Nanos {
+        Nanos::from_millis(v)
+    }
+
+    /// Ticks every 50 ms, then none for 3 s (a SIGSTOP): an IO sent before the stop and answered after
+    /// it is crossed whether the reply is read before the next tick or after it; IOs answered before the
+    /// stop, or sent after the tick that saw it, are not. (A reply is read at `now`, the present.)
+    #[test]
+    fn an_interval_across_a_stall_is_crossed_before_and_after_the_watch_sees_it() {
+        let w = StallWatch::default();
+        for t in (50..=1000).step_by(50) {
+            assert_eq!(w.tick(ms(t)), None);
+        }
+        assert!(!w.crossed(ms(900), ms(1000)), "no stall yet");
+        // Stopped at 1,010 ms, continued at 4,000 ms; the reply is read at 4,001 ms, before a tick.
+        assert!(w.crossed(ms(990), ms(4001)), "the watch has not ticked since the stall");
+        assert_eq!(w.stalls(), 0);
+        assert_eq!(w.tick(ms(4010)), Some(ms(2960)));
+        assert_eq!((w.stalls(), w.last_len()), (1, ms(2960)));
+        assert!(w.crossed(ms(990), ms(4020)), "sent before the stall's end");
+        assert!(!w.crossed(ms(4015), ms(4030)), "sent after the stall was seen");
+        // A tick late by less than STALLED is no stall.
+        assert_eq!(w.tick(ms(4010 + 1040)), None);
+        assert_eq!(w.stalls(), 1);
+    }
+
+    /// The rule's edge: a gap of exactly `TICK + STALLED` is no stall, one nanosecond more is.
+    #[test]
+    fn a_gap_just_over_the_rule_is_a_stall_and_just_under_is_not() {
+        let w = StallWatch::default();
+        w.tick(ms(50));
+        let edge = ms(50).saturating_add(gap_max());
+        assert_eq!(w.tick(edge), None, "exactly TICK + STALLED");
+        let at = edge.saturating_add(gap_max()).saturating_add(Nanos(1));
+        assert!(w.crossed(ms(60), at));
+        assert_eq!(w.tick(at), Some(gap_max().saturating_add(Nanos(1)).saturating_sub(TICK)));
+    }
+
+    /// The thread ticks, and ends once the watch is dropped (invariant 3).
+    #[test]
+    fn the_thread_ticks_and_ends_after_its_watch() {
+        let clock = Clock::new();
+        let (w, thread) = StallWatch::start_joinable(clock).unwrap();
+        let first = w.last_tick.load(Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        while w.last_tick.load(Ordering::SeqCst) == first {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "no tick in 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        drop(w);
+        let t0 = std::time::Instant::now();
+        while !thread.is_finished() {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the thread outlived its watch by 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
