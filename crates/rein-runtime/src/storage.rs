@@ -64,7 +64,11 @@
 //! without one by syncing the parent), but a server cannot count on its file system. A failure of either
 //! sync (or of `set_len`) fails the open, naming the step (`fsync of the new image's directory failed:
 //! ...`), and removes the file it created, which a later open would otherwise take as it is, its name
-//! perhaps never synced: the next one creates it anew. Until 2026-12-06 neither was synced.
+//! perhaps never synced: the next one creates it anew. Until 2026-12-06 neither was synced. A start
+//! killed between the creation and the directory's sync (or a file made by hand, `truncate -s`, just
+//! before) left a name that may not be on disk, which the next open took as it was: every writable open
+//! of an image file it finds syncs the image's directory too (a clean directory's sync costs little;
+//! a failure fails the open, naming it).
 //!
 //! # Errors
 //! A [`StorageError`] says what failed; [`StorageError::kind`] says what kind of failure it is for a
@@ -491,11 +495,15 @@ fn settle_new(
         file.set_len(sz).map_err(|e| io("set_len", e))?;
     }
     file.sync_all().map_err(|e| io("fsync of the new image", e))?;
-    let dir = match path.parent() {
+    sync_dir(parent_dir(path)).map_err(|e| io("fsync of the new image's directory", e))
+}
+
+/// The directory that holds `path`'s entry (`.` for a bare name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
-    };
-    sync_dir(dir).map_err(|e| io("fsync of the new image's directory", e))
+    }
 }
 
 /// The size of open `file` (whose metadata is `meta`) now: a regular file's length, a block device's end
@@ -546,17 +554,31 @@ impl FileStorage {
     /// As [`FileStorage::open`], with the [`FileMode`]'s settings. A file system that refuses `O_DIRECT`
     /// (tmpfs, for one) is an error naming the cause.
     pub fn open_with(path: &Path, size: Option<u64>, mode: FileMode) -> Result<FileStorage, StorageError> {
+        Self::open_in(path, size, mode, &crate::durable::sync_directory)
+    }
+
+    /// [`FileStorage::open_with`], with `sync_dir` syncing the directories (a test's stand-in sees which).
+    fn open_in(
+        path: &Path,
+        size: Option<u64>,
+        mode: FileMode,
+        sync_dir: &dyn Fn(&Path) -> io::Result<()>,
+    ) -> Result<FileStorage, StorageError> {
         let FileMode { read_only, direct, readahead } = mode;
         let io = |op, source| StorageError::Io { op, source };
-        let exists = present(path, size, read_only)?.is_some();
+        let found = present(path, size, read_only)?;
+        let exists = found.is_some();
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
             .create_new(!exists)
             .open(path)
             .map_err(|e| io("open", e))?;
+        if found.is_some_and(|m| m.file_type().is_file()) && !read_only {
+            sync_dir(parent_dir(path)).map_err(|e| io("fsync of the image's directory", e))?;
+        }
         if !exists {
-            if let Err(e) = settle_new(&file, path, size, crate::durable::sync_directory) {
+            if let Err(e) = settle_new(&file, path, size, sync_dir) {
                 // Not left behind: a later open would take it as it is, its name perhaps never synced.
                 drop(file);
                 let _ = std::fs::remove_file(path);
@@ -986,6 +1008,32 @@ mod tests {
             settle_new(&file, &path, Some(PAGE), |_: &Path| Err(io::Error::from_raw_os_error(libc::EIO))).unwrap_err();
         assert_eq!(e.to_string(), "fsync of the new image's directory failed: Input/output error (os error 5)");
         assert_eq!(e.kind(), ErrorKind::Io);
+    }
+
+    /// Every writable open of an image file it finds syncs the image's directory (module comment, "A new
+    /// image": a start killed before the new image's directory was synced); a read-only open does not,
+    /// nor does an open that creates the image sync it twice. A failure fails the open, naming it.
+    #[test]
+    fn an_image_found_is_served_after_its_directory_is_synced() {
+        let dir = tempfile::Builder::new().prefix("rein-storage-found-").tempdir().unwrap();
+        let path = dir.path().join("found.img");
+        let synced = std::cell::RefCell::new(Vec::new());
+        let record = |d: &Path| {
+            synced.borrow_mut().push(d.to_path_buf());
+            Ok(())
+        };
+        let rw = FileMode { read_only: false, ..FileMode::default() };
+        drop(FileStorage::open_in(&path, Some(PAGE), rw, &record).unwrap());
+        assert_eq!(synced.take(), [dir.path()], "created: its directory synced once");
+        drop(FileStorage::open_in(&path, Some(PAGE), rw, &record).unwrap());
+        assert_eq!(synced.take(), [dir.path()], "found: its directory synced");
+        let ro = FileMode { read_only: true, ..FileMode::default() };
+        drop(FileStorage::open_in(&path, None, ro, &record).unwrap());
+        assert!(synced.take().is_empty(), "read only: nothing to make durable");
+        let failing = |_: &Path| Err(io::Error::from_raw_os_error(libc::EIO));
+        let Err(e) = FileStorage::open_in(&path, None, rw, &failing) else { panic!("a failed sync was ignored") };
+        assert_eq!(e.to_string(), "fsync of the image's directory failed: Input/output error (os error 5)");
+        assert!(path.exists(), "an image found is never removed");
     }
 
     #[test]
