@@ -375,7 +375,7 @@ pub async fn admin_listener(
         }
         (None, Some(addr)) => {
             let token = prepare(addr, access, powers)?;
-            let l = TcpListener::bind(addr).await.map_err(|source| AdminListenError::Bind { addr, source })?;
+            let l = crate::sock::bind_tcp(addr).map_err(|source| AdminListenError::Bind { addr, source })?;
             Ok(Some((l, token)))
         }
     }

@@ -655,7 +655,7 @@ pub async fn run(
             p.log_use("the pShift link", &format!("listen = {}", s.listen));
             p.into_tcp().map_err(activation)?
         }
-        None => TcpListener::bind(s.listen).await.map_err(|e| format!("listen {}: {e}", s.listen))?,
+        None => crate::sock::bind_tcp(s.listen).map_err(|e| format!("listen {}: {e}", s.listen))?,
     };
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let listen = listener.local_addr().map_err(|e| e.to_string())?;
@@ -1319,12 +1319,32 @@ impl Task {
     }
 
     /// Sends every answer the controller has now.
+    ///
+    /// Rounds answered in one call (the rounds a stall of this process missed, computed one after
+    /// another with their reports missing) send each server only its newest message: a message sets the
+    /// server's tokens whole (a bucket it does not list has none), so an older one would be overwritten
+    /// on arrival. Before, each missed round sent its own, and a stall of more than [`WRITER_QUEUE`]
+    /// intervals closed every server's connection as not reading.
     fn answer(&mut self, now: Nanos) {
+        let mut newest = std::collections::BTreeMap::new();
+        let mut rounds = 0u64;
         while let Some((msgs, summary)) = self.ctl.poll(now) {
             for m in msgs {
-                self.send(m.server as usize, Message::Tokens(m));
+                newest.insert(m.server, m);
             }
             self.record(now, &summary);
+            rounds += 1;
+        }
+        if rounds > 2 {
+            tracing::warn!(
+                rounds,
+                "pShift controller: {rounds} rounds were due at once (this process did not run for their \
+                 intervals: stopped, or a paused VM); they were computed with the reports they had, and each \
+                 server gets the newest answer only"
+            );
+        }
+        for (server, m) in newest {
+            self.send(server as usize, Message::Tokens(m));
         }
         let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
         st.round = self.ctl.round();
@@ -1717,6 +1737,39 @@ mod tests {
         let mut buf = Vec::new();
         let m = read_frame(&mut rd, &mut buf).await.unwrap();
         (rd, wr, buf, m)
+    }
+
+    /// A stall of the controller's process (the test holds the runtime's only thread for 2 s, 20
+    /// intervals): the rounds it missed are computed at once, and the server gets the newest answer only.
+    /// Before, each missed round sent its own (20 in a burst here), and a stall of more than
+    /// `WRITER_QUEUE` intervals closed every connection as not reading.
+    #[tokio::test]
+    async fn rounds_missed_in_a_stall_send_the_newest_answer_only() {
+        let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
+        let (addr, stop_tx, task) = start(s).await;
+        let (mut rd, _wr, mut buf, _) = hello(addr, "s1").await;
+        // Two rounds at the usual pace (this server does not report: each is answered after half an
+        // interval with its reports missing).
+        let mut before = Vec::new();
+        while before.len() < 2 {
+            if let Message::Tokens(t) = read_frame(&mut rd, &mut buf).await.unwrap() {
+                before.push(t.round);
+            }
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let mut after = Vec::new();
+        let until = tokio::time::Instant::now() + Duration::from_millis(250);
+        while let Ok(m) = tokio::time::timeout_at(until, read_frame(&mut rd, &mut buf)).await {
+            if let Message::Tokens(t) = m.unwrap() {
+                after.push(t.round);
+            }
+        }
+        // The first answer after the stall is for a round near its end (20 intervals on), and at most a
+        // round or two at the usual pace follow it in 250 ms.
+        assert!(after.first().is_some_and(|&r| r >= before[1] + 15), "before {before:?}, after {after:?}");
+        assert!(after.len() <= 4, "one answer per missed round: before {before:?}, after {after:?}");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
     }
 
     /// A server says hello and is welcomed with its index and the buckets; at the boundary it is asked

@@ -27,7 +27,6 @@ use rein_core::{Count, TenantId};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// The environment variable by which a supervisor (`rein cluster`) asks a daemon it starts to stop when
@@ -450,7 +449,7 @@ pub async fn run_with(
             s.log_use("the admin endpoint", &format!("admin = {}", cfg.admin));
             s.into_tcp().map_err(ServeError::Activation)?
         }
-        None => TcpListener::bind(cfg.admin).await.map_err(|source| ServeError::Bind { addr: cfg.admin, source })?,
+        None => crate::sock::bind_tcp(cfg.admin).map_err(|source| ServeError::Bind { addr: cfg.admin, source })?,
     };
     let bound = Bound {
         nbd: nbd.tcp_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),

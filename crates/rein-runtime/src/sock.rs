@@ -438,6 +438,26 @@ enum NbdListener {
     Unix(UnixListener, Option<UnixSocketFile>),
 }
 
+/// Binds a TCP listener on `addr` as tokio's `TcpListener::bind` does (`SO_REUSEADDR`, a backlog of
+/// 1,024), except that an IPv6 wildcard (`[::]`) takes IPv4 too whatever the host's
+/// `net.ipv6.bindv6only`: an operator who writes `[::]` means every address, and the configuration's
+/// checks take `[::]:p` to cover `0.0.0.0:p` (`config::distinct_fronts`). Before, under
+/// `bindv6only = 1` such a listener took IPv6 only: IPv4 clients were refused, and an admin endpoint on
+/// `0.0.0.0` with the same port, refused by the check, would have bound. Must run inside a tokio runtime.
+pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    if let IpAddr::V6(ip) = addr.ip() {
+        if ip.is_unspecified() {
+            s.set_only_v6(false)?;
+        }
+    }
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    TcpListener::from_std(s.into())
+}
+
 /// Why a daemon's NBD listeners could not be set up ([`NbdListeners::open`]).
 #[derive(Debug)]
 pub enum NbdListenError {
@@ -459,7 +479,7 @@ impl NbdListeners {
         passed: Vec<crate::activation::PassedSocket>,
     ) -> Result<NbdListeners, NbdListenError> {
         if passed.is_empty() {
-            let tcp = TcpListener::bind(listen).await.map_err(|e| NbdListenError::Bind(listen, e))?;
+            let tcp = bind_tcp(listen).map_err(|e| NbdListenError::Bind(listen, e))?;
             return NbdListeners::new(tcp, listen_unix).map_err(NbdListenError::BindUnix);
         }
         let instead = match listen_unix {
@@ -635,6 +655,32 @@ mod tests {
         assert!(unix_mode("1777").unwrap_err().contains("0000..=0777"));
         assert!(unix_mode("rw").is_err());
         assert!(unix_mode("").is_err());
+    }
+
+    /// `[::]` takes IPv4 too under `net.ipv6.bindv6only = 1`: in a network namespace of its own (the
+    /// sysctl is per namespace; unshare on a thread of its own, which moves only that thread), a plain
+    /// bind there is IPv6 only, and [`bind_tcp`]'s is not.
+    #[test]
+    #[allow(unsafe_code)] // unshare(2) has no safe wrapper in std; see the SAFETY comment.
+    fn an_ipv6_wildcard_takes_ipv4_too_whatever_bindv6only_says() {
+        std::thread::spawn(|| {
+            // SAFETY: unshare takes no pointers; it moves this thread (not the process) to a new namespace.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "{}", io::Error::last_os_error());
+            // The namespace's own value (net sysctls resolve by the calling thread's namespace); the
+            // plain bind below checks that it took there.
+            std::fs::write("/proc/sys/net/ipv6/bindv6only", "1").unwrap();
+            let wild: SocketAddr = "[::]:0".parse().unwrap();
+            let plain = std::net::TcpListener::bind(wild).unwrap();
+            assert!(socket2::SockRef::from(&plain).only_v6().unwrap(), "the sysctl did not take");
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let ours = rt.block_on(async { bind_tcp(wild) }).unwrap();
+            assert!(!socket2::SockRef::from(&ours).only_v6().unwrap(), "bind_tcp's [::] is IPv6 only");
+            let v4: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            let l = rt.block_on(async { bind_tcp(v4) }).unwrap();
+            assert!(l.local_addr().unwrap().is_ipv4());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
