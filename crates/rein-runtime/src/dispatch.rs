@@ -52,6 +52,12 @@
 //! link's latest placement wins over the schedule kept here (a boundary already cut re-places the ones
 //! after it), so a schedule that drifted from the controller's (an offset measured with stale pings
 //! after the controller stalled) comes back in step at the next ping instead of cutting early for good.
+//! The device's busy time in a report leaves out the stalls of this process (SIGSTOP, a paused VM) that
+//! fell while IOs were at the backend (`stall.rs`'s watch, started at the welcome): its IOs finish
+//! during the stall but are reaped after it, so the busy time held the whole stall, and the controller's
+//! capacity estimate for the server (completed / busy x time left, pshift.txt §III-D) fell by the
+//! stall's share of the interval for a round (a 3 s stall in a 1 s interval: to a quarter). Only the
+//! backend's busy time: a device model's is its own.
 //!
 //! # Measurements
 //! Per tenant: completions by phase, bytes, errors, a latency histogram (arrival to completion), the IOPS
@@ -402,6 +408,9 @@ enum Cmd {
     PshiftTokens(TokenMessage),
     /// pShift: the controller is gone.
     PshiftDetach,
+    /// pShift: the stall watch is this one (a test's, ticked by hand).
+    #[cfg(test)]
+    PshiftWatch(Arc<crate::stall::StallWatch>),
     /// pShift: the server's tenants that are buckets now ([`Dispatcher::pshift_map`]).
     PshiftMap(Vec<(TenantId, u32)>),
     /// pShift: where the next boundary's report is to be cut ([`Dispatcher::pshift_cut_at`]).
@@ -463,6 +472,12 @@ struct PshiftState {
     bucket_ids: std::collections::HashMap<u32, TenantId>,
     strays_to: mpsc::UnboundedSender<StrayArrival>,
     busy_mark: u64,
+    /// This process's stalls (module comment, "pShift").
+    watch: Arc<crate::stall::StallWatch>,
+    /// Stall time up to which the busy time was corrected.
+    stall_counted_to: Nanos,
+    /// Stall time inside the device's busy periods since the last report (ns): not busy time.
+    stalled_busy_ns: u64,
     /// The next boundary on this clock, as the link placed it ([`Dispatcher::pshift_cut_at`]).
     cut: Option<Cut>,
     /// The latest boundary whose report was cut (at the boundary or on request).
@@ -471,6 +486,18 @@ struct PshiftState {
     /// first; more than one when the dispatcher ran late across boundaries: a stalled process cuts every
     /// boundary it missed when it wakes, before it reads the requests). At most [`MAX_STASHED`].
     stash: std::collections::VecDeque<(u64, ServerReport)>,
+}
+
+impl PshiftState {
+    /// Counts the part of the latest stall (recorded, or in progress: [`crate::stall::StallWatch`]) that
+    /// fell inside the device's busy period begun at `busy_since` and after the stall time already
+    /// counted, as seen at `now` (module comment, "pShift").
+    fn stalled_in_busy(&mut self, busy_since: Option<Nanos>, now: Nanos) {
+        let (Some(since), Some((start, end))) = (busy_since, self.watch.last_stall(now)) else { return };
+        let from = start.max(since).max(self.stall_counted_to);
+        self.stalled_busy_ns = self.stalled_busy_ns.saturating_add(end.saturating_sub(from).0);
+        self.stall_counted_to = self.stall_counted_to.max(end);
+    }
 }
 
 /// How many cut reports a pShift server keeps for requests still to come (a stall across this many
@@ -824,6 +851,12 @@ impl Dispatcher {
         let _ = self.tx.send(Cmd::PshiftCutAt(cut)).await;
     }
 
+    /// pShift: the stall watch is `w` (a test's, ticked by hand).
+    #[cfg(test)]
+    async fn pshift_watch(&self, w: Arc<crate::stall::StallWatch>) {
+        let _ = self.tx.send(Cmd::PshiftWatch(w)).await;
+    }
+
     /// pShift: the controller is gone; the buckets go back to plain round robin until one answers again.
     pub async fn pshift_detach(&self) {
         let _ = self.tx.send(Cmd::PshiftDetach).await;
@@ -998,7 +1031,11 @@ impl Task {
         let busy = self.busy_total(now);
         match (&mut self.pshift, &mut self.sched) {
             (Some(p), Sched::Token(ts)) => {
-                p.server.add_busy(busy.saturating_sub(p.busy_mark));
+                if self.device.is_none() {
+                    p.stalled_in_busy(self.busy_since, now);
+                }
+                let stalled = std::mem::take(&mut p.stalled_busy_ns);
+                p.server.add_busy(busy.saturating_sub(p.busy_mark).saturating_sub(stalled));
                 p.busy_mark = busy;
                 Ok(p.server.report(ts, now, round, early, None))
             }
@@ -1147,16 +1184,32 @@ impl Task {
                         server.resume(ts, now, |id| counts.get(&id).copied().unwrap_or(0));
                         // A new controller (or the same after a break): round robin until it answers.
                         server.detach(ts);
-                        self.pshift = Some(PshiftState {
-                            server,
-                            bucket_ids,
-                            strays_to: a.strays_to,
-                            busy_mark: busy,
-                            cut: None,
-                            last_cut: None,
-                            stash: Default::default(),
-                        });
-                        Ok(())
+                        // The watch of an earlier welcome goes on (its stalls are counted to now).
+                        let watch = match self.pshift.take() {
+                            Some(old) => Ok(old.watch),
+                            None => {
+                                let clock = self.clock;
+                                crate::stall::StallWatch::start(move || clock.now())
+                            }
+                        };
+                        match watch {
+                            Ok(watch) => {
+                                self.pshift = Some(PshiftState {
+                                    server,
+                                    bucket_ids,
+                                    strays_to: a.strays_to,
+                                    busy_mark: busy,
+                                    watch,
+                                    stall_counted_to: now,
+                                    stalled_busy_ns: 0,
+                                    cut: None,
+                                    last_cut: None,
+                                    stash: Default::default(),
+                                });
+                                Ok(())
+                            }
+                            Err(e) => Err(format!("the thread that watches for stalls did not start: {e}")),
+                        }
                     }
                     Sched::Dyn(_) => {
                         Err(format!("pShift needs scheduler = \"token\" (this server runs {})", self.kind.name()))
@@ -1234,6 +1287,12 @@ impl Task {
                             p.bucket_ids.insert(b, id);
                         }
                     }
+                }
+            }
+            #[cfg(test)]
+            Cmd::PshiftWatch(w) => {
+                if let Some(p) = &mut self.pshift {
+                    p.watch = w;
                 }
             }
             Cmd::PshiftDetach => {
@@ -1466,6 +1525,9 @@ impl Task {
         assert!(self.outstanding > 0, "completion without a dispatch");
         self.outstanding -= 1;
         if self.outstanding == 0 {
+            if let (Some(p), None) = (&mut self.pshift, &self.device) {
+                p.stalled_in_busy(self.busy_since, d.at);
+            }
             if let Some(since) = self.busy_since.take() {
                 self.busy_ended_ns += d.at.0.saturating_sub(since.0);
             }
@@ -1619,6 +1681,114 @@ mod tests {
         assert_eq!(at(cut.next(Nanos(95))), (10, 100));
         let tiny = Cut { round: 0, at: Nanos(0), interval: Nanos(1) };
         assert_eq!(at(tiny.next(Nanos(1_000_000))), (1_000_001, 1_000_001), "one cut, not a million");
+    }
+
+    /// RAM whose reads wait until the test lets them go.
+    struct HeldReads {
+        ram: crate::storage::MemStorage,
+        open: std::sync::Mutex<bool>,
+        opened: std::sync::Condvar,
+    }
+
+    impl HeldReads {
+        fn set(&self, open: bool) {
+            *self.open.lock().unwrap() = open;
+            self.opened.notify_all();
+        }
+    }
+
+    impl Storage for HeldReads {
+        fn size(&self) -> u64 {
+            self.ram.size()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
+            let g = self.open.lock().unwrap();
+            drop(self.opened.wait_while(g, |open| !*open).unwrap());
+            self.ram.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), StorageError> {
+            self.ram.write_at(buf, offset)
+        }
+        fn flush(&self) -> Result<(), StorageError> {
+            Ok(())
+        }
+        fn trim(&self, offset: u64, len: u64) -> Result<(), StorageError> {
+            self.ram.trim(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
+            self.ram.write_zeroes(offset, len)
+        }
+    }
+
+    /// A pShift report's busy time leaves out a stall of the process that fell while an IO was at the
+    /// backend (module comment, "pShift"); the stall watch is the test's, not ticked for 1.4 s as a
+    /// stopped process's would not be. A read held 0.4 s with the watch ticking counts its 0.4 s; one held
+    /// 1.4 s across a stall counts well under 0.3 s, whether the stall is still in progress when the read
+    /// is reaped or already recorded. Before, the busy time held the whole stall (1.4 s), and the
+    /// controller's capacity estimate for the server fell with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stall_with_an_io_at_the_backend_is_not_busy_time() {
+        let config = DispatchConfig {
+            scheduler: SchedulerKind::Token,
+            io_engine: IoEngine::Threads,
+            precise_timer: false,
+            ..DispatchConfig::default()
+        };
+        let (d, join) = Dispatcher::spawn(None, config);
+        let tenant = d.add_tenant(QosSpec::default()).await.unwrap();
+        let (strays_to, _strays) = mpsc::unbounded_channel();
+        let buckets = vec![(tenant, 0)];
+        d.pshift_attach(PshiftAttach { server: 0, strays: false, buckets, limited: vec![], strays_to }).await.unwrap();
+        let watch = Arc::new(crate::stall::StallWatch::default());
+        d.pshift_watch(watch.clone()).await;
+        let clock = d.clock();
+        let held = Arc::new(HeldReads {
+            ram: crate::storage::MemStorage::new(1 << 20),
+            open: Default::default(),
+            opened: Default::default(),
+        });
+        let storage: Arc<dyn Storage> = held.clone();
+        let ms = std::time::Duration::from_millis;
+        // One read held `hold`, the watch ticked every 50 ms while `ticking` (else not at all, then once
+        // at the end if `recorded`); returns the busy time of the report cut after it (s).
+        let mut round = 0;
+        let mut busy_across = |hold: std::time::Duration, ticking: bool, recorded: bool| {
+            let (d, watch, held, storage) = (d.clone(), watch.clone(), held.clone(), storage.clone());
+            round += 1;
+            let round = round;
+            async move {
+                watch.tick(clock.now());
+                d.pshift_report(round, 0).await.unwrap();
+                held.set(false);
+                let io = IoRequest { storage, tenant, offset: 0, op: Op::read(4096), fua: false, piggyback: None };
+                let read = tokio::spawn({
+                    let d = d.clone();
+                    async move { d.io(io).await }
+                });
+                let t0 = std::time::Instant::now();
+                while t0.elapsed() < hold {
+                    tokio::time::sleep(ms(50)).await;
+                    if ticking {
+                        watch.tick(clock.now());
+                    }
+                }
+                if recorded {
+                    assert!(watch.tick(clock.now()).is_some(), "the stall recorded");
+                }
+                held.set(true);
+                read.await.unwrap().unwrap();
+                let r = d.pshift_report(round + 100, 0).await.unwrap();
+                r.busy_ns as f64 / 1e9
+            }
+        };
+        let ran = busy_across(ms(400), true, false).await;
+        assert!((0.35..0.6).contains(&ran), "a read held 0.4 s with the process running: {ran} s busy");
+        let in_progress = busy_across(ms(1400), false, false).await;
+        assert!(in_progress < 0.3, "across a stall still in progress: {in_progress} s busy");
+        let recorded = busy_across(ms(1400), false, true).await;
+        assert!(recorded < 0.3, "across a stall recorded: {recorded} s busy");
+        drop(d);
+        join.await.unwrap();
     }
 
     /// A file's `flush`, counted (the rest passed through).

@@ -491,7 +491,7 @@ impl HostGate {
             )),
         };
         let agg = Aggregator::new(settings.parda.timeout).map_err(|e| format!("parda: {e}"))?;
-        let watch = crate::stall::StallWatch::start(clock)
+        let watch = crate::stall::StallWatch::start(move || clock.now())
             .map_err(|e| format!("parda_host: the thread that watches for stalls did not start: {e}"))?;
         let aggregation = match (settings.runs, settings.parda.aggregation) {
             (false, _) => "fixed",

@@ -16,6 +16,9 @@
 //! 2. False positives are bounded: an interval that began after the stall ended is crossed only while the
 //!    thread has not ticked since (one tick, [`TICK`], after the process runs again).
 //! 3. The watch's thread ends at its next tick after the last [`Arc`] to the watch is dropped.
+//! 4. [`StallWatch::last_stall`] gives the latest stall's interval, recorded or still in progress (then
+//!    from the tick missed to the reader's `now`), for a reader that must take the stall's time out of
+//!    a measurement (the pShift server's busy time, `dispatch.rs`).
 //!
 //! # Why a thread of its own
 //! The PARDA gate first watched its own timers, which saw a stall only while the gate waited: a stop that
@@ -27,8 +30,6 @@ use rein_core::Nanos;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use crate::dispatch::Clock;
-
 /// How often the watch's thread ticks.
 pub(crate) const TICK: Nanos = Nanos::from_millis(50);
 
@@ -37,7 +38,7 @@ fn gap_max() -> Nanos {
     TICK.saturating_add(Nanos::from_duration(crate::STALLED))
 }
 
-/// A process's stalls (module comment). Times are on the [`Clock`] it was started with.
+/// A process's stalls (module comment). Times are on the clock it was started with.
 #[derive(Debug, Default)]
 pub(crate) struct StallWatch {
     /// The last tick (ns).
@@ -51,21 +52,24 @@ pub(crate) struct StallWatch {
 }
 
 impl StallWatch {
-    /// A watch whose thread ticks on `clock` until the watch is dropped (invariant 3). An error if the
-    /// thread cannot be started.
-    pub(crate) fn start(clock: Clock) -> std::io::Result<Arc<StallWatch>> {
-        Self::start_joinable(clock).map(|(w, _)| w)
+    /// A watch whose thread ticks on the clock `now` reads (the owner's: its times are the ones the
+    /// watch is asked about) until the watch is dropped (invariant 3). An error if the thread cannot be
+    /// started.
+    pub(crate) fn start(now: impl Fn() -> Nanos + Send + 'static) -> std::io::Result<Arc<StallWatch>> {
+        Self::start_joinable(now).map(|(w, _)| w)
     }
 
     /// [`StallWatch::start`], with the thread's handle.
-    fn start_joinable(clock: Clock) -> std::io::Result<(Arc<StallWatch>, std::thread::JoinHandle<()>)> {
+    fn start_joinable(
+        now: impl Fn() -> Nanos + Send + 'static,
+    ) -> std::io::Result<(Arc<StallWatch>, std::thread::JoinHandle<()>)> {
         let watch = Arc::new(StallWatch::default());
-        watch.tick(clock.now());
+        watch.tick(now());
         let weak: Weak<StallWatch> = Arc::downgrade(&watch);
         let thread = std::thread::Builder::new().name("rein-stall-watch".into()).spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_nanos(TICK.0));
             let Some(w) = weak.upgrade() else { break };
-            w.tick(clock.now());
+            w.tick(now());
         })?;
         Ok((watch, thread))
     }
@@ -90,6 +94,18 @@ impl StallWatch {
         let last = Nanos(self.last_tick.load(Ordering::SeqCst));
         let end = self.last_end.load(Ordering::SeqCst);
         now.saturating_sub(last) > gap_max() || (end > 0 && end >= sent.0)
+    }
+
+    /// The latest stall as an interval (start, end), read at `now`: the one recorded, or, while the
+    /// thread has not ticked since the process ran again, the one in progress, from one tick after the
+    /// last (when the thread would have ticked) to `now`. `None` before any stall.
+    pub(crate) fn last_stall(&self, now: Nanos) -> Option<(Nanos, Nanos)> {
+        let last = Nanos(self.last_tick.load(Ordering::SeqCst));
+        if now.saturating_sub(last) > gap_max() {
+            return Some((last.saturating_add(TICK), now));
+        }
+        let end = Nanos(self.last_end.load(Ordering::SeqCst));
+        (end.0 > 0).then(|| (end.saturating_sub(self.last_len()), end))
     }
 
     /// Stalls seen so far.
@@ -121,10 +137,13 @@ mod tests {
             assert_eq!(w.tick(ms(t)), None);
         }
         assert!(!w.crossed(ms(900), ms(1000)), "no stall yet");
+        assert_eq!(w.last_stall(ms(1000)), None);
         // Stopped at 1,010 ms, continued at 4,000 ms; the reply is read at 4,001 ms, before a tick.
         assert!(w.crossed(ms(990), ms(4001)), "the watch has not ticked since the stall");
         assert_eq!(w.stalls(), 0);
+        assert_eq!(w.last_stall(ms(4001)), Some((ms(1050), ms(4001))), "in progress: from the tick missed");
         assert_eq!(w.tick(ms(4010)), Some(ms(2960)));
+        assert_eq!(w.last_stall(ms(4020)), Some((ms(1050), ms(4010))), "recorded");
         assert_eq!((w.stalls(), w.last_len()), (1, ms(2960)));
         assert!(w.crossed(ms(990), ms(4020)), "sent before the stall's end");
         assert!(!w.crossed(ms(4015), ms(4030)), "sent after the stall was seen");
@@ -148,8 +167,8 @@ mod tests {
     /// The thread ticks, and ends once the watch is dropped (invariant 3).
     #[test]
     fn the_thread_ticks_and_ends_after_its_watch() {
-        let clock = Clock::new();
-        let (w, thread) = StallWatch::start_joinable(clock).unwrap();
+        let origin = std::time::Instant::now();
+        let (w, thread) = StallWatch::start_joinable(move || Nanos::from_duration(origin.elapsed())).unwrap();
         let first = w.last_tick.load(Ordering::SeqCst);
         let t0 = std::time::Instant::now();
         while w.last_tick.load(Ordering::SeqCst) == first {
