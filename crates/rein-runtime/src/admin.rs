@@ -494,6 +494,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     }
     let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\",io_engine=\"{}\"}} 1", snap.scheduler, snap.io_engine.name());
     runtime_metrics(&mut o, "rein", &tokio::runtime::Handle::current().metrics());
+    crate::stall::metrics(&mut o);
     s.reloads.metrics(&mut o, true);
     s.connections.metrics(&mut o);
     if let Some(n) = &s.node {

@@ -53,7 +53,7 @@
 //! after it), so a schedule that drifted from the controller's (an offset measured with stale pings
 //! after the controller stalled) comes back in step at the next ping instead of cutting early for good.
 //! The device's busy time in a report leaves out the stalls of this process (SIGSTOP, a paused VM) that
-//! fell while IOs were at the backend (`stall.rs`'s watch, started at the welcome): its IOs finish
+//! fell while IOs were at the backend (`stall.rs`'s watch, the process's): its IOs finish
 //! during the stall but are reaped after it, so the busy time held the whole stall, and the controller's
 //! capacity estimate for the server (completed / busy x time left, pshift.txt §III-D) fell by the
 //! stall's share of the interval for a round (a 3 s stall in a 1 s interval: to a quarter). Only the
@@ -474,6 +474,8 @@ struct PshiftState {
     busy_mark: u64,
     /// This process's stalls (module comment, "pShift").
     watch: Arc<crate::stall::StallWatch>,
+    /// The watch's clock less this dispatcher's (ns): converts its times to this clock.
+    watch_offset: i128,
     /// Stall time up to which the busy time was corrected.
     stall_counted_to: Nanos,
     /// Stall time inside the device's busy periods since the last report (ns): not busy time.
@@ -493,11 +495,20 @@ impl PshiftState {
     /// fell inside the device's busy period begun at `busy_since` and after the stall time already
     /// counted, as seen at `now` (module comment, "pShift").
     fn stalled_in_busy(&mut self, busy_since: Option<Nanos>, now: Nanos) {
-        let (Some(since), Some((start, end))) = (busy_since, self.watch.last_stall(now)) else { return };
+        let Some(since) = busy_since else { return };
+        let to_watch = |t: Nanos| Nanos((i128::from(t.0) + self.watch_offset).clamp(0, u64::MAX.into()) as u64);
+        let to_here = |t: Nanos| Nanos((i128::from(t.0) - self.watch_offset).clamp(0, u64::MAX.into()) as u64);
+        let Some((start, end)) = self.watch.last_stall(to_watch(now)) else { return };
+        let (start, end) = (to_here(start), to_here(end));
         let from = start.max(since).max(self.stall_counted_to);
         self.stalled_busy_ns = self.stalled_busy_ns.saturating_add(end.saturating_sub(from).0);
         self.stall_counted_to = self.stall_counted_to.max(end);
     }
+}
+
+/// `watch`'s clock less `clock` (ns), read side by side: adds to a time on `clock` to give the watch's.
+fn watch_offset(watch: &crate::stall::StallWatch, clock: Clock) -> i128 {
+    i128::from(watch.now().0) - i128::from(clock.now().0)
 }
 
 /// How many cut reports a pShift server keeps for requests still to come (a stall across this many
@@ -1184,21 +1195,15 @@ impl Task {
                         server.resume(ts, now, |id| counts.get(&id).copied().unwrap_or(0));
                         // A new controller (or the same after a break): round robin until it answers.
                         server.detach(ts);
-                        // The watch of an earlier welcome goes on (its stalls are counted to now).
-                        let watch = match self.pshift.take() {
-                            Some(old) => Ok(old.watch),
-                            None => {
-                                let clock = self.clock;
-                                crate::stall::StallWatch::start(move || clock.now())
-                            }
-                        };
-                        match watch {
+                        // Stalls before the welcome are not this report's (stall_counted_to).
+                        match crate::stall::process() {
                             Ok(watch) => {
                                 self.pshift = Some(PshiftState {
                                     server,
                                     bucket_ids,
                                     strays_to: a.strays_to,
                                     busy_mark: busy,
+                                    watch_offset: watch_offset(&watch, self.clock),
                                     watch,
                                     stall_counted_to: now,
                                     stalled_busy_ns: 0,
@@ -1208,7 +1213,7 @@ impl Task {
                                 });
                                 Ok(())
                             }
-                            Err(e) => Err(format!("the thread that watches for stalls did not start: {e}")),
+                            Err(e) => Err(e),
                         }
                     }
                     Sched::Dyn(_) => {
@@ -1292,6 +1297,7 @@ impl Task {
             #[cfg(test)]
             Cmd::PshiftWatch(w) => {
                 if let Some(p) = &mut self.pshift {
+                    p.watch_offset = watch_offset(&w, self.clock);
                     p.watch = w;
                 }
             }
@@ -1741,7 +1747,6 @@ mod tests {
         d.pshift_attach(PshiftAttach { server: 0, strays: false, buckets, limited: vec![], strays_to }).await.unwrap();
         let watch = Arc::new(crate::stall::StallWatch::default());
         d.pshift_watch(watch.clone()).await;
-        let clock = d.clock();
         let held = Arc::new(HeldReads {
             ram: crate::storage::MemStorage::new(1 << 20),
             open: Default::default(),
@@ -1757,7 +1762,7 @@ mod tests {
             round += 1;
             let round = round;
             async move {
-                watch.tick(clock.now());
+                watch.tick(watch.now());
                 d.pshift_report(round, 0).await.unwrap();
                 held.set(false);
                 let io = IoRequest { storage, tenant, offset: 0, op: Op::read(4096), fua: false, piggyback: None };
@@ -1769,11 +1774,11 @@ mod tests {
                 while t0.elapsed() < hold {
                     tokio::time::sleep(ms(50)).await;
                     if ticking {
-                        watch.tick(clock.now());
+                        watch.tick(watch.now());
                     }
                 }
                 if recorded {
-                    assert!(watch.tick(clock.now()).is_some(), "the stall recorded");
+                    assert!(watch.tick(watch.now()).is_some(), "the stall recorded");
                 }
                 held.set(true);
                 read.await.unwrap().unwrap();

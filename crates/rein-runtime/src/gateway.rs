@@ -1911,6 +1911,7 @@ pub async fn run_with(
     reload: Option<GatewayReload>,
     mut passed: crate::activation::Passed,
 ) -> Result<(), GatewayError> {
+    crate::stall::watch_process();
     let passed_nbd = passed.take(&crate::activation::NBD);
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let passed_any = (!passed_nbd.is_empty(), passed_admin.is_some());
@@ -2354,6 +2355,7 @@ fn admin_router(
                     }
                     let rt = tokio::runtime::Handle::current().metrics();
                     crate::admin::runtime_metrics(&mut text, "rein_gateway", &rt);
+                    crate::stall::metrics(&mut text);
                     reloads.metrics(&mut text, true);
                     connections.metrics(&mut text);
                     presented.metrics(&mut text);

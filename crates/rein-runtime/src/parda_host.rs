@@ -24,8 +24,8 @@
 //! A latency is the host's clock at the reply less its clock at the send, so a host whose process did
 //! not run meanwhile (SIGSTOP, a paused VM, heavy swapping) measures its own pause: the IOs in flight
 //! across a 3 s pause came back with latencies of 3 s, its next report carried them, and the peers'
-//! windows shrank for a few periods (the cluster average is theirs too). A `StallWatch` (`stall.rs`),
-//! a thread that ticks every 50 ms, sees the process's stalls (two ticks more than `crate::STALLED`
+//! windows shrank for a few periods (the cluster average is theirs too). The process's `StallWatch`
+//! (`stall.rs`), a thread that ticks every 50 ms, sees its stalls (two ticks more than `crate::STALLED`
 //! apart, the rule `remote.rs` and `nbd.rs` apply to their timeouts), and the rule is: **an IO whose
 //! interval from send to reply may hold a stall is left out of eq. (1)** (its reply frees its window
 //! slot, as a failed issue's does, and counts in `stalled_ios`, not in `completed` or
@@ -491,8 +491,7 @@ impl HostGate {
             )),
         };
         let agg = Aggregator::new(settings.parda.timeout).map_err(|e| format!("parda: {e}"))?;
-        let watch = crate::stall::StallWatch::start(move || clock.now())
-            .map_err(|e| format!("parda_host: the thread that watches for stalls did not start: {e}"))?;
+        let watch = crate::stall::process().map_err(|e| format!("parda_host: {e}"))?;
         let aggregation = match (settings.runs, settings.parda.aggregation) {
             (false, _) => "fixed",
             (true, a) => a.name(),
@@ -551,6 +550,7 @@ impl HostGate {
             exchange_failing: LogRate::default(),
             id_conflicting: LogRate::default(),
             peer_id_conflicting: LogRate::default(),
+            stalls_seen: watch.stalls(),
             watch,
             stalls: 0,
             stalled_ios: 0,
@@ -691,7 +691,9 @@ struct Task {
     peer_id_conflicting: LogRate<Nanos>,
     /// Stalls of this process (module comment, "Stalls").
     watch: Arc<crate::stall::StallWatch>,
-    /// The watch's stalls already logged.
+    /// The watch's count of stalls when the last was logged here (or when the host started).
+    stalls_seen: u64,
+    /// Stalls since the host started.
     stalls: u64,
     /// IOs answered across a stall.
     stalled_ios: u64,
@@ -724,7 +726,7 @@ impl Task {
                 },
                 _ = tokio::time::sleep_until(self.clock.instant(wake)) => None,
             };
-            if self.watch.stalls() != self.stalls {
+            if self.watch.stalls() != self.stalls_seen {
                 self.stalled();
             }
             for m in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
@@ -751,7 +753,9 @@ impl Task {
 
     /// The watch saw a stall (module comment, "Stalls"): logged once.
     fn stalled(&mut self) {
-        self.stalls = self.watch.stalls();
+        let seen = self.watch.stalls();
+        self.stalls += seen.saturating_sub(self.stalls_seen);
+        self.stalls_seen = seen;
         let late = self.watch.last_len();
         let in_flight = self.ctl.stats().outstanding;
         tracing::warn!(
@@ -875,11 +879,12 @@ impl Task {
                     let sent = clock.now();
                     let done = p.done;
                     let watch = self.watch.clone();
+                    // On the watch's clock, for its question (module comment, "Stalls").
+                    let sent_w = watch.now();
                     let wrapped: Done = Box::new(move |res, served| {
                         let ok = res.is_ok();
-                        let now = clock.now();
-                        let latency = now.saturating_sub(sent);
-                        let crossed = watch.crossed(sent, now);
+                        let latency = clock.now().saturating_sub(sent);
+                        let crossed = watch.crossed(sent_w, watch.now());
                         if let Some(tx) = answers.upgrade() {
                             let _ = tx.send(Msg::Answered { vm, latency, size, ok, crossed });
                         }

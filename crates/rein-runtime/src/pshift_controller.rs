@@ -649,6 +649,7 @@ pub async fn run(
     mut passed: crate::activation::Passed,
     reload: Option<ControllerReload>,
 ) -> Result<(), String> {
+    crate::stall::watch_process();
     let activation = |e: String| format!("socket activation: {e}");
     let listener = match passed.take_one(&crate::activation::PSHIFT) {
         Some(p) => {
@@ -1492,6 +1493,7 @@ fn admin_router(
                 // The build, the start and the reloads (of `[tls]`).
                 started.metrics(&mut text, true);
                 presented.metrics(&mut text);
+                crate::stall::metrics(&mut text);
                 async move { text }
             }),
         )

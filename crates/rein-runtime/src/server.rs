@@ -318,6 +318,7 @@ pub async fn run_with(
     reload: Option<Reload>,
     mut passed: crate::activation::Passed,
 ) -> Result<(), ServeError> {
+    crate::stall::watch_process();
     let passed_nbd = passed.take(&crate::activation::NBD);
     let passed_admin = passed.take_one(&crate::activation::ADMIN);
     let passed_roles = (!passed_nbd.is_empty(), passed_admin.is_some());

@@ -20,6 +20,15 @@
 //!    from the tick missed to the reader's `now`), for a reader that must take the stall's time out of
 //!    a measurement (the pShift server's busy time, `dispatch.rs`).
 //!
+//! # The process's watch
+//! One watch serves the whole process ([`process`]): the daemons start it with their start, and the
+//! PARDA host's gate and the pShift server's dispatcher ask it. Each stall is logged once, at WARN, by
+//! the watch's thread (`this process did not run for 3.0 s ...`), and counted for `/metrics`
+//! ([`metrics`]: `rein_process_stalls_total`, `rein_process_stalled_seconds_total`; alert
+//! ReinProcessStalled): a server that was stopped, paused or swapped out shows it there, where before
+//! only the latencies its clients saw (and a PARDA host's own counter) did. Readers on clocks of their
+//! own convert with [`StallWatch::now`] (the watch's clock, from the watch's start).
+//!
 //! # Why a thread of its own
 //! The PARDA gate first watched its own timers, which saw a stall only while the gate waited: a stop that
 //! fell while it ran, or while it awaited a node connection's backpressure in `pump`, was missed, and the
@@ -28,7 +37,8 @@
 
 use rein_core::Nanos;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
 
 /// How often the watch's thread ticks.
 pub(crate) const TICK: Nanos = Nanos::from_millis(50);
@@ -38,9 +48,11 @@ fn gap_max() -> Nanos {
     TICK.saturating_add(Nanos::from_duration(crate::STALLED))
 }
 
-/// A process's stalls (module comment). Times are on the clock it was started with.
-#[derive(Debug, Default)]
+/// A process's stalls (module comment). Times are on its own clock ([`StallWatch::now`]).
+#[derive(Debug)]
 pub(crate) struct StallWatch {
+    /// Its clock's zero.
+    origin: Instant,
     /// The last tick (ns).
     last_tick: AtomicU64,
     /// When the last stall ended (ns; 0: none yet).
@@ -49,29 +61,91 @@ pub(crate) struct StallWatch {
     last_len: AtomicU64,
     /// Stalls seen.
     stalls: AtomicU64,
+    /// Their lengths, summed (ns).
+    stalled_ns: AtomicU64,
+}
+
+impl Default for StallWatch {
+    fn default() -> Self {
+        StallWatch {
+            origin: Instant::now(),
+            last_tick: AtomicU64::new(0),
+            last_end: AtomicU64::new(0),
+            last_len: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
+            stalled_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The process's watch, once started ([`process`]).
+static PROCESS: Mutex<Option<Arc<StallWatch>>> = Mutex::new(None);
+
+/// The process's watch (module comment, "The process's watch"), started by the first call; it ticks
+/// until the process ends. An error if its thread cannot be started (a later call tries again).
+pub(crate) fn process() -> Result<Arc<StallWatch>, String> {
+    let mut p = PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(w) = p.as_ref() {
+        return Ok(w.clone());
+    }
+    let w = StallWatch::start().map_err(|e| format!("the thread that watches for stalls did not start: {e}"))?;
+    *p = Some(w.clone());
+    Ok(w)
+}
+
+/// A daemon's start: the process's watch ([`process`]); a thread that cannot start is logged, and the
+/// daemon runs on without (its PARDA host or pShift link then fails to start, naming it).
+pub(crate) fn watch_process() {
+    if let Err(e) = process() {
+        tracing::warn!("{e}: stalls of this process are not watched");
+    }
+}
+
+/// The process's stalls for `/metrics` (nothing before [`process`] started the watch).
+pub(crate) fn metrics(o: &mut String) {
+    use std::fmt::Write;
+    let Some(w) = PROCESS.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+    let _ = writeln!(
+        o,
+        "# HELP rein_process_stalls_total Times this process did not run for more than a second (stopped, \
+         a paused VM, heavy swapping).\n# TYPE rein_process_stalls_total counter\nrein_process_stalls_total {}\n\
+         # HELP rein_process_stalled_seconds_total Seconds this process did not run, over those stalls.\n\
+         # TYPE rein_process_stalled_seconds_total counter\nrein_process_stalled_seconds_total {}",
+        w.stalls(),
+        w.stalled_ns.load(Ordering::SeqCst) as f64 / 1e9
+    );
 }
 
 impl StallWatch {
-    /// A watch whose thread ticks on the clock `now` reads (the owner's: its times are the ones the
-    /// watch is asked about) until the watch is dropped (invariant 3). An error if the thread cannot be
-    /// started.
-    pub(crate) fn start(now: impl Fn() -> Nanos + Send + 'static) -> std::io::Result<Arc<StallWatch>> {
-        Self::start_joinable(now).map(|(w, _)| w)
+    /// A watch whose thread ticks until the watch is dropped (invariant 3), logging each stall once. An
+    /// error if the thread cannot be started.
+    fn start() -> std::io::Result<Arc<StallWatch>> {
+        Self::start_joinable().map(|(w, _)| w)
     }
 
     /// [`StallWatch::start`], with the thread's handle.
-    fn start_joinable(
-        now: impl Fn() -> Nanos + Send + 'static,
-    ) -> std::io::Result<(Arc<StallWatch>, std::thread::JoinHandle<()>)> {
+    fn start_joinable() -> std::io::Result<(Arc<StallWatch>, std::thread::JoinHandle<()>)> {
         let watch = Arc::new(StallWatch::default());
-        watch.tick(now());
+        watch.tick(watch.now());
         let weak: Weak<StallWatch> = Arc::downgrade(&watch);
         let thread = std::thread::Builder::new().name("rein-stall-watch".into()).spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_nanos(TICK.0));
             let Some(w) = weak.upgrade() else { break };
-            w.tick(now());
+            if let Some(len) = w.tick(w.now()) {
+                tracing::warn!(
+                    stalled_s = len.as_secs_f64(),
+                    "this process did not run for {:.1} s (stopped, a paused VM, heavy swapping): what came \
+                     meanwhile waited that long for it (counted in rein_process_stalls_total)",
+                    len.as_secs_f64()
+                );
+            }
         })?;
         Ok((watch, thread))
+    }
+
+    /// Now on the watch's clock (the times it records and is asked about).
+    pub(crate) fn now(&self) -> Nanos {
+        Nanos::from_duration(self.origin.elapsed())
     }
 
     /// A tick at `now`: returns the stall's length if the last tick is more than `TICK + STALLED` back.
@@ -84,6 +158,7 @@ impl StallWatch {
             self.last_len.store(len.0, Ordering::SeqCst);
             self.last_end.store(now.0.max(1), Ordering::SeqCst);
             self.stalls.fetch_add(1, Ordering::SeqCst);
+            self.stalled_ns.fetch_add(len.0, Ordering::SeqCst);
         }
         self.last_tick.store(now.0.max(1), Ordering::SeqCst);
         stall
@@ -145,6 +220,7 @@ mod tests {
         assert_eq!(w.tick(ms(4010)), Some(ms(2960)));
         assert_eq!(w.last_stall(ms(4020)), Some((ms(1050), ms(4010))), "recorded");
         assert_eq!((w.stalls(), w.last_len()), (1, ms(2960)));
+        assert_eq!(w.stalled_ns.load(Ordering::SeqCst), ms(2960).0);
         assert!(w.crossed(ms(990), ms(4020)), "sent before the stall's end");
         assert!(!w.crossed(ms(4015), ms(4030)), "sent after the stall was seen");
         // A tick late by less than STALLED is no stall.
@@ -164,11 +240,21 @@ mod tests {
         assert_eq!(w.tick(at), Some(gap_max().saturating_add(Nanos(1)).saturating_sub(TICK)));
     }
 
+    /// The process's watch is one, started once; `/metrics` shows its counters.
+    #[test]
+    fn the_process_has_one_watch_whose_counters_are_metrics() {
+        let (a, b) = (process().unwrap(), process().unwrap());
+        assert!(Arc::ptr_eq(&a, &b));
+        let mut o = String::new();
+        metrics(&mut o);
+        assert!(o.contains("# TYPE rein_process_stalls_total counter\nrein_process_stalls_total "), "{o}");
+        assert!(o.contains("\nrein_process_stalled_seconds_total "), "{o}");
+    }
+
     /// The thread ticks, and ends once the watch is dropped (invariant 3).
     #[test]
     fn the_thread_ticks_and_ends_after_its_watch() {
-        let origin = std::time::Instant::now();
-        let (w, thread) = StallWatch::start_joinable(move || Nanos::from_duration(origin.elapsed())).unwrap();
+        let (w, thread) = StallWatch::start_joinable().unwrap();
         let first = w.last_tick.load(Ordering::SeqCst);
         let t0 = std::time::Instant::now();
         while w.last_tick.load(Ordering::SeqCst) == first {

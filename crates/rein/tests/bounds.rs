@@ -409,7 +409,8 @@ fn a_trickled_write_payload_is_cut_at_the_stall_timeout() {
 /// process did not run, `crate::STALLED`) starts again, as the idle timeout does. Here half the payload
 /// came before the stall and the rest 300 ms after it. Before, the late timer cut the connection ("payload
 /// did not arrive within stall_timeout_s"), and with the rest already in the socket the expired timer won
-/// the race with it about half the time.
+/// the race with it about half the time. The process's stall watch logs the stall once and counts it,
+/// with its length, in `/metrics` (alert ReinProcessStalled).
 #[test]
 fn a_stall_of_the_server_does_not_cut_a_payload_on_its_way() {
     let tmp = tmpdir("bounds-stall-payload");
@@ -427,6 +428,16 @@ fn a_stall_of_the_server_does_not_cut_a_payload_on_its_way() {
     assert_eq!(c.reply(0), (1, 0, Vec::new()), "the WRITE is served");
     c.send(Command::Read, 2, 0, 64 << 10, &[]);
     assert_eq!(c.reply(64 << 10), (2, 0, data), "and its bytes read back");
+    let line = s.wait_line("this process did not run for");
+    assert!(line.contains("WARN"), "{line}");
+    let text = common::metrics(s.admin);
+    let value = |name: &str| {
+        let v = text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok());
+        v.unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    assert_eq!(value("rein_process_stalls_total"), 1.0);
+    let stalled = value("rein_process_stalled_seconds_total");
+    assert!((2.5..4.0).contains(&stalled), "3 s of SIGSTOP counted as {stalled} s");
 }
 
 /// A client that stops reading its replies (64 READs of 1 MiB against a tenant budget of 16 MiB) held
