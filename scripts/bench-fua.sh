@@ -16,17 +16,7 @@ for t in qemu-img python3; do command -v $t >/dev/null || { echo "needs $t (apt-
 source scripts/bench-common.sh
 # Runs binary $1 with engine $2, qemu-img bench with cache mode $3; prints the IOPS.
 run() {
-  cat > "$W/fua.toml" <<TOML
-listen = "127.0.0.34:10809"
-admin = "127.0.0.34:9180"
-data_dir = "$W/data"
-scheduler = "fifo"
-io_engine = "$2"
-[[exports]]
-name = "bench"
-path = "$FILE"
-size_mb = 1024
-TOML
+  serve_toml "$W/fua.toml" 127.0.0.34 fifo "$2"
   "$1" serve --config "$W/fua.toml" 2>/dev/null & local pid=$!
   PIDS+=("$pid")
   wait_port 127.0.0.34 10809

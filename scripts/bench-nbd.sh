@@ -44,17 +44,7 @@ nbdkit_run() {
 }
 REIN=./target/release/rein
 rein_one() { # scheduler -> IOPS with one unlimited tenant (binary $REIN)
-  cat > "$W/one-$1.toml" <<TOML
-listen = "127.0.0.33:10809"
-admin = "127.0.0.33:9180"
-data_dir = "$W/data"
-scheduler = "$1"
-io_engine = "${IO_ENGINE:-uring}"
-[[exports]]
-name = "bench"
-path = "$FILE"
-size_mb = 1024
-TOML
+  serve_toml "$W/one-$1.toml" 127.0.0.33 "$1" "${IO_ENGINE:-uring}"
   "$REIN" serve --config "$W/one-$1.toml" 2>/dev/null & local pid=$!
   wait_port 127.0.0.33 10809
   measure $pid fio_one nbd://127.0.0.33:10809/bench

@@ -1153,7 +1153,8 @@ impl Input {
             }
             self.buf.reserve_exact(target - self.buf.len());
         }
-        let mut payload_by = payload_within.map(|d| Instant::now() + d);
+        // The payload's deadline, with the time it gives (None: no deadline).
+        let mut payload = payload_within.map(|d| (Instant::now() + d, d));
         while self.buf.len() - self.start < wanted {
             let missing = wanted - (self.buf.len() - self.start);
             let limit = missing.max(READ_AHEAD) as u64;
@@ -1163,8 +1164,8 @@ impl Input {
                     Some((idle, slots)) => read_or_idle(rd, &mut self.buf, limit, idle, slots).await,
                 }
             };
-            let read = match (payload_by, payload_within) {
-                (Some(by), Some(within)) => tokio::select! {
+            let read = match payload {
+                Some((by, within)) => tokio::select! {
                     // The bytes first: after a stall of this process both are ready, and the payload that
                     // came meanwhile is not cut for the time it waited in the socket.
                     biased;
@@ -1176,13 +1177,13 @@ impl Input {
                             // client sent meanwhile may be unread yet. The payload gets its time again, as
                             // an idle client does (`read_or_idle`). Before, a stall longer than
                             // stall_timeout_s cut the connections whose payloads were on their way.
-                            payload_by = Some(now + within);
+                            payload = Some((now + within, within));
                             continue;
                         }
                         return Ok(Filled::SlowPayload);
                     }
                 },
-                _ => read.await?,
+                None => read.await?,
             };
             let Some(n) = read else { return Ok(Filled::Idle) };
             if n == 0 {

@@ -550,9 +550,9 @@ impl HostGate {
             exchange_failing: LogRate::default(),
             id_conflicting: LogRate::default(),
             peer_id_conflicting: LogRate::default(),
+            stalls_base: watch.stalls(),
             stalls_seen: watch.stalls(),
             watch,
-            stalls: 0,
             stalled_ios: 0,
         };
         tokio::spawn(task.run(rx));
@@ -691,10 +691,10 @@ struct Task {
     peer_id_conflicting: LogRate<Nanos>,
     /// Stalls of this process (module comment, "Stalls").
     watch: Arc<crate::stall::StallWatch>,
-    /// The watch's count of stalls when the last was logged here (or when the host started).
+    /// The watch's count of stalls when the host started: the host's are the ones after.
+    stalls_base: u64,
+    /// The watch's count of stalls when the last was logged here.
     stalls_seen: u64,
-    /// Stalls since the host started.
-    stalls: u64,
     /// IOs answered across a stall.
     stalled_ios: u64,
 }
@@ -742,7 +742,7 @@ impl Task {
             s.update(&st);
             s.latency_sum_ns = self.latency_sum_ns;
             s.abandoned = self.abandoned;
-            s.stalls = self.stalls;
+            s.stalls = self.stalls_seen - self.stalls_base;
             s.stalled_ios = self.stalled_ios;
             s.vms = self.ctl.scheduler().tenant_count();
         }
@@ -753,9 +753,7 @@ impl Task {
 
     /// The watch saw a stall (module comment, "Stalls"): logged once.
     fn stalled(&mut self) {
-        let seen = self.watch.stalls();
-        self.stalls += seen.saturating_sub(self.stalls_seen);
-        self.stalls_seen = seen;
+        self.stalls_seen = self.watch.stalls();
         let late = self.watch.last_len();
         let in_flight = self.ctl.stats().outstanding;
         tracing::warn!(

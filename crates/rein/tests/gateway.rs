@@ -1967,11 +1967,7 @@ fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
     let cfg =
         gateway_config(dir.path(), 155, &[("s1", n.nbd)], "[[exports]]\nname = \"v\"\nsize_mb = 16\nstripe_kb = 64\n");
     let mut gw = gateway(&cfg);
-    std::fs::remove_file(&cfg).unwrap();
-    assert!(Cmd::new("mkfifo").arg(&cfg).status().expect("mkfifo runs").success());
-    // A writer that never writes (read and write: Linux opens a FIFO so without waiting): the read blocks
-    // for ever, as on a hung mount. A FIFO nobody writes to is refused at once (`durable::read_config`).
-    let _writer = std::fs::OpenOptions::new().read(true).write(true).open(&cfg).expect("open the FIFO");
+    let _writer = common::fifo_in_place_of(&cfg);
     gw.signal("-HUP");
     std::thread::sleep(Duration::from_millis(300));
     let open = common::nbd_open(gw.nbd, "v", true, Duration::from_secs(5));

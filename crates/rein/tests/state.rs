@@ -422,17 +422,6 @@ fn settings_that_need_a_restart_are_named_at_each_reload_until_the_file_matches(
     assert_eq!(lines_with(&s, "reload: [tls]: mode on -> off"), 1, "{:#?}", s.log.lock().unwrap());
 }
 
-/// Replaces `path` by a FIFO whose writer (the returned file, open until dropped) never writes: reading it
-/// blocks for ever, as a hung network mount would. (A FIFO nobody writes to is refused at once: the
-/// daemons open their configuration without blocking, `durable::read_config`.)
-fn fifo_in_place_of(path: &Path) -> std::fs::File {
-    let _ = std::fs::remove_file(path);
-    let ok = Command::new("mkfifo").arg(path).status().expect("mkfifo runs").success();
-    assert!(ok, "mkfifo {}", path.display());
-    // Read and write: Linux opens a FIFO so without waiting for the other end, and it counts as a writer.
-    std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open the FIFO")
-}
-
 /// Before: SIGHUP read the configuration file on the server's event loop; with a FIFO in its place (or a
 /// hung mount) the open blocked it: new NBD connections hung and SIGTERM was ignored (only SIGKILL ended
 /// the server). Now the file is read on a thread of its own: clients are served meanwhile and SIGTERM
@@ -442,7 +431,7 @@ fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
     let tmp = common::tmpdir("fifo");
     let path = config_file(tmp.path(), 152, BASE);
     let mut s = start(&path).unwrap();
-    let _writer = fifo_in_place_of(&path);
+    let _writer = common::fifo_in_place_of(&path);
     s.signal("-HUP");
     std::thread::sleep(Duration::from_millis(300));
     let open = common::nbd_open(s.nbd, "a", true, Duration::from_secs(5));

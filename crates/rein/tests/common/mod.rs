@@ -709,3 +709,14 @@ pub(crate) fn measuring() -> std::sync::RwLockWriteGuard<'static, ()> {
 pub(crate) fn beside_measuring() -> std::sync::RwLockReadGuard<'static, ()> {
     MEASURING.read().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Replaces `path` by a FIFO whose writer (the returned file, open until dropped) never writes: reading it
+/// blocks for ever, as a hung network mount would. (A FIFO nobody writes to is refused at once: the
+/// daemons open their configuration without blocking, `durable::read_config`.)
+pub(crate) fn fifo_in_place_of(path: &Path) -> std::fs::File {
+    let _ = std::fs::remove_file(path);
+    let ok = Cmd::new("mkfifo").arg(path).status().expect("mkfifo runs").success();
+    assert!(ok, "mkfifo {}", path.display());
+    // Read and write: Linux opens a FIFO so without waiting for the other end, and it counts as a writer.
+    std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open the FIFO")
+}
