@@ -198,16 +198,44 @@ const SETTLE_POLL: Duration = Duration::from_millis(100);
 /// How long one READ of [`settle_fds`] may wait for its reply: the longest the server may go without CPU.
 const SETTLE_STALL: Duration = Duration::from_secs(120);
 
-/// Waits until the server `pid` holds at most `most` descriptors, or panics naming the descriptors it
-/// holds beyond `baseline` (its descriptors before). The wait is counted in READs the server answers on
+/// How many connections wait in the accept queue of the IPv4 listener on `addr` (the rx_queue column of
+/// its LISTEN line in /proc/net/tcp), or None when there is no such line. A connection there has no
+/// descriptor in the server yet, and counts against the caps only once accepted.
+fn accept_queue(addr: SocketAddr) -> Option<usize> {
+    let SocketAddr::V4(v4) = addr else { return None };
+    let local = format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port());
+    let text = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    text.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) != Some(&local.as_str()) || f.get(3) != Some(&"0A") {
+            return None;
+        }
+        let rx = f.get(4)?.split(':').nth(1)?;
+        usize::from_str_radix(rx, 16).ok()
+    })
+}
+
+/// Waits until the listener on `listen` has accepted every connection its clients made (its accept queue
+/// is empty) and, after that, the server `pid` holds at most `most` descriptors; or panics naming the
+/// descriptors it holds beyond `baseline` (its descriptors before). A descriptor count read while
+/// connections still wait to be accepted says nothing of them: the next connection would queue behind
+/// them, and the burst of them accepted at once can fill a per-client cap (CI saw a refusal at
+/// max_connections_per_client = 128 after the count had settled). The wait is counted in READs the server answers on
 /// `probe` (a connection of the caller's, open in the baseline), not on the wall clock: the server has
 /// [`SETTLE_READS`] answers, one every [`SETTLE_POLL`], to close what its clients closed. A server that got
 /// no CPU for a while (a loaded machine, a paused VM) has not had that chance, and is not taken for one
 /// that leaks; one that answers all the READs and still holds the descriptors leaks them.
-fn settle_fds(pid: u32, most: usize, baseline: &std::collections::BTreeMap<String, String>, probe: &mut Raw) {
+fn settle_fds(
+    pid: u32,
+    listen: SocketAddr,
+    most: usize,
+    baseline: &std::collections::BTreeMap<String, String>,
+    probe: &mut Raw,
+) {
     probe.s.set_read_timeout(Some(SETTLE_STALL)).unwrap();
+    assert!(accept_queue(listen).is_some(), "no LISTEN line for {listen} in /proc/net/tcp");
     for handle in 0..SETTLE_READS {
-        if open_fds(pid) <= most {
+        if accept_queue(listen) == Some(0) && open_fds(pid) <= most {
             return;
         }
         std::thread::sleep(SETTLE_POLL);
@@ -222,6 +250,8 @@ fn settle_fds(pid: u32, most: usize, baseline: &std::collections::BTreeMap<Strin
             None => format!("{fd} -> {target}"),
         })
         .collect();
+    let queued = accept_queue(listen);
+    assert_eq!(queued, Some(0), "connections still wait to be accepted after {SETTLE_READS} READs");
     assert!(
         open_fds(pid) <= most,
         "file descriptors leaked: {} -> {} after the server answered {SETTLE_READS} READs; beyond the baseline: {held:#?}",
@@ -288,7 +318,7 @@ fn bad_input_never_takes_the_server_down() {
             let _ = t.write_all(&p::FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
         }
     }
-    settle_fds(pid, before.len() + 4, &before, &mut probe);
+    settle_fds(pid, s.nbd, before.len() + 4, &before, &mut probe);
     let (mut c, _) = Raw::connect(s.nbd, "rd", false).unwrap();
     c.send(Command::Read, 10, 4096, 8, &[]);
     assert_eq!(c.reply(8), (10, 0, b"rein-ok!".to_vec()));
