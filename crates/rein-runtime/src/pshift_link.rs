@@ -16,7 +16,10 @@
 //! report it maps the tenants created or deleted since ([`crate::dispatch::Dispatcher::pshift_map`]), so
 //! a tenant created at run time is its bucket from the next boundary on, without a reconnect. When the
 //! link breaks the buckets go back to plain round robin and the link reconnects (100 ms, doubling to
-//! 5 s); a refusal (an unknown name, or the name of a server connected already) is logged once and retried at the longest backoff. A controller
+//! 5 s; the wait starts again from 100 ms only after a welcomed session that lasted [`STABLE_SESSION`]:
+//! a controller that welcomed the server and then broke every session at once, closing it or sending a
+//! pong the link refuses, was reconnected to 10 times a second for good, with a welcome logged each
+//! time, where it is now retried as one that refuses connections); a refusal (an unknown name, or the name of a server connected already) is logged once and retried at the longest backoff. A controller
 //! that sends no frame for [`SILENCE_TIMEOUT`] (it answers a ping every [`PING_EVERY`]), or takes none
 //! within it, breaks the link too: a hung or stopped controller does not keep its last tokens in force
 //! (a limited bucket whose L-tokens ran out was served nothing) until the TCP connection dies. A ping
@@ -87,8 +90,13 @@ impl ClockOffset {
     }
 }
 
+/// The first wait before a connection attempt after the link broke (it doubles up to [`MAX_BACKOFF`]).
+pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between two connection attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// A welcomed session that lasted this long starts the backoff again from [`MIN_BACKOFF`]; one that
+/// ended sooner leaves it as it was (module comment).
+pub const STABLE_SESSION: Duration = Duration::from_secs(1);
 /// A connection attempt (and the welcome) must complete within this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The shortest boundary interval a pong may state: a controller's shortest (`period_s` at least 1 ms
@@ -251,7 +259,7 @@ pub async fn run(
     mut stop: tokio::sync::watch::Receiver<bool>,
     status: std::sync::Arc<LinkStatus>,
 ) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = MIN_BACKOFF;
     let mut last_error = String::new();
     loop {
         let r = tokio::select! {
@@ -260,11 +268,14 @@ pub async fn run(
         };
         dispatcher.pshift_detach().await;
         let (e, wait) = match r {
-            Ok(()) => ("the controller closed the connection".to_string(), Duration::from_millis(100)),
+            Ok(()) => ("the controller closed the connection".to_string(), backoff),
             Err(Failure::Refused(e)) => (e, MAX_BACKOFF),
-            Err(Failure::Broken(e, reached)) => {
-                if reached {
-                    backoff = Duration::from_millis(100);
+            Err(Failure::Broken(e, welcomed)) => {
+                // Only a session that lasted starts the backoff again: a controller that welcomes and then
+                // breaks every session (closes it, or sends a pong the link refuses) was reconnected to
+                // every 100 ms for good, a welcome logged each time (module comment).
+                if welcomed.is_some_and(|at| at.elapsed() >= STABLE_SESSION) {
+                    backoff = MIN_BACKOFF;
                 }
                 (e, backoff)
             }
@@ -318,8 +329,8 @@ fn resolve<'a>(buckets: &[String], here: &'a [(String, TenantId)]) -> (Vec<(Tena
 enum Failure {
     /// The controller refused this server.
     Refused(String),
-    /// The connection failed; whether it had been welcomed.
-    Broken(String, bool),
+    /// The connection failed; when it was welcomed, if it was.
+    Broken(String, Option<tokio::time::Instant>),
 }
 
 async fn session(
@@ -328,7 +339,7 @@ async fn session(
     tenants: &(impl Fn() -> Vec<(String, TenantId)> + Send),
     status: &LinkStatus,
 ) -> Result<(), Failure> {
-    let broken = |e: String| Failure::Broken(e, false);
+    let broken = |e: String| Failure::Broken(e, None);
     let sock = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(s.controller))
         .await
         .map_err(|_| broken(format!("no connection within {} s", CONNECT_TIMEOUT.as_secs())))?
@@ -384,7 +395,8 @@ async fn session(
     tracing::info!(controller = %s.controller, index, buckets = mapped, "pShift link: welcomed by the controller");
     // Up until the session ends, however it ends (an error, or `run` dropping it at the stop).
     let _up = status.up();
-    let welcomed = |e: String| Failure::Broken(e, true);
+    let welcomed_at = tokio::time::Instant::now();
+    let welcomed = |e: String| Failure::Broken(e, Some(welcomed_at));
     // Pings place the controller's boundaries on the dispatcher's clock, where it cuts each report.
     let clock = dispatcher.clock();
     let mut offset = ClockOffset::default();
@@ -484,7 +496,7 @@ mod tests {
         match r {
             Ok(()) => (false, "closed".into(), true),
             Err(Failure::Refused(e)) => (true, e, false),
-            Err(Failure::Broken(e, welcomed)) => (false, e, welcomed),
+            Err(Failure::Broken(e, welcomed)) => (false, e, welcomed.is_some()),
         }
     }
 
@@ -518,6 +530,40 @@ mod tests {
         let (_, e, welcomed) = ended(r);
         assert!(welcomed, "{e}");
         assert!(!status.connected(), "the welcomed session has ended: the link is down");
+    }
+
+    /// A controller that welcomes the server and then breaks every session at once is retried with the
+    /// backoff growing (100 ms, 200 ms, 400 ms, ... up to 5 s), as one that refuses connections: 5
+    /// sessions in 3 s. A session that lasted [`STABLE_SESSION`] starts the backoff again: the next
+    /// attempt comes 100 ms after it ends (a controller's restart is still met at once). Before, every
+    /// welcomed session started the backoff again, however short: 30 sessions in 3 s here, 10 a second
+    /// (each a "welcomed" line in the log) for as long as the controller did so.
+    #[tokio::test]
+    async fn a_controller_that_breaks_every_session_is_retried_with_a_growing_backoff() {
+        let listener = TcpListener::bind("127.0.0.217:0").await.unwrap();
+        let (s, dispatcher) = link(listener.local_addr().unwrap(), CONNECT_TIMEOUT);
+        let status = std::sync::Arc::new(LinkStatus::new(&s));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(run(s, dispatcher, Vec::new, stopped, status));
+        let welcome = Message::Welcome { server: 0, strays: false, buckets: vec!["a".into()], limited: vec![] };
+        let start = tokio::time::Instant::now();
+        let mut sessions = 0;
+        while let Ok((mut sock, _)) = tokio::time::timeout_at(start + Duration::from_secs(3), hello(&listener)).await {
+            write_frame(&mut sock, &welcome).await.unwrap();
+            sessions += 1;
+        }
+        assert!((2..=6).contains(&sessions), "{sessions} sessions in 3 s");
+        // A session that lasts: held open past STABLE_SESSION (the link pings meanwhile), then closed.
+        let (mut sock, _) = hello(&listener).await;
+        write_frame(&mut sock, &welcome).await.unwrap();
+        tokio::time::sleep(STABLE_SESSION + Duration::from_millis(200)).await;
+        drop(sock);
+        let closed = tokio::time::Instant::now();
+        let again = tokio::time::timeout(MAX_BACKOFF, hello(&listener)).await;
+        assert!(again.is_ok(), "no attempt within {MAX_BACKOFF:?} of a stable session's end");
+        assert!(closed.elapsed() < Duration::from_secs(2), "the next attempt after {:?}", closed.elapsed());
+        stop.send(true).unwrap();
+        running.await.unwrap();
     }
 
     /// The welcome at its bound (rein-proto's `MAX_WELCOME_BODY`, 16 MiB): a controller announcing one
