@@ -36,7 +36,10 @@
 //!    Connections refused or cut (outside `allow_networks`, a failed TLS handshake, no or a bad hello, an
 //!    unknown name, a broken frame) are logged at most once a second for each of these kinds (`Cut`), the
 //!    next line with the number not logged (`unlogged`): a peer that connects in a loop cannot flood the
-//!    log. A welcomed server's refused reports and notes likewise, per server.
+//!    log. A welcomed server's refused reports and notes likewise, per server, and so are its connections
+//!    welcomed, ended, and closed by the controller (a frame it does not take from a server, a
+//!    connection that does not read): a peer that says hello as a server, is cut, and says hello again
+//!    as fast as it can logs at most a line of each kind a second (`ServerLogs`).
 //!
 //! # Security
 //! Only `allow_networks` may connect (loopback by default). With a `[tls]` table every connection is TLS
@@ -779,7 +782,7 @@ pub async fn run(
         stop_rx.clone(),
     ));
     let origin = if s.hold { None } else { Some(Nanos::ZERO) };
-    let refusals = (0..names.len()).map(|_| Default::default()).collect();
+    let logs = (0..names.len()).map(|_| ServerLogs::default()).collect();
     let task = Task {
         ctl,
         clock,
@@ -789,7 +792,7 @@ pub async fn run(
         periods,
         requested: None,
         names,
-        refusals,
+        logs,
     };
     let mut watchdog = crate::notify::Watchdog::from_env();
     let run = task.run(ev_rx);
@@ -1073,7 +1076,6 @@ async fn connection(
     drop(not_welcomed);
     let welcome =
         Message::Welcome { server: index as u32, strays, buckets: buckets.to_vec(), limited: limited.to_vec() };
-    tracing::info!(server = %name, index, "pShift server connected");
     // The welcome first, then what the controller queued: each frame within the write timeout (a peer
     // that does not read, the welcome included, which may be larger than the socket's buffers).
     let write_timeout = admit.write_timeout;
@@ -1162,9 +1164,29 @@ struct Task {
     /// The boundary whose reports were asked for.
     requested: Option<u64>,
     names: Arc<Vec<String>>,
-    /// Per server, its refused reports and notes, each logged at most once a second (a server can send
-    /// them as fast as it writes).
-    refusals: Vec<[crate::access::SparseLog; 2]>,
+    /// Per server, the lines its peer can repeat as fast as it writes or reconnects, each kind at most
+    /// once a second.
+    logs: Vec<ServerLogs>,
+}
+
+/// One server's lines that its peer can repeat at will (module comment, invariant 3), each kind logged at
+/// most once a second, the next line with the number not logged (`unlogged`). A peer that said hello as a
+/// server and then sent a frame the controller cuts it for (a second hello, a note naming another
+/// server), or a broken one, and said hello again at once, logged two or three lines a connection:
+/// 15,884 connections in 5 s, as many warnings and as many lines more.
+#[derive(Default)]
+struct ServerLogs {
+    /// A report refused (a round or bucket the controller does not have).
+    report: crate::access::SparseLog,
+    /// A note refused.
+    note: crate::access::SparseLog,
+    /// The connection closed by the controller ([`Task::refuse`]: a frame it does not take from a server,
+    /// a connection that does not read).
+    cut: crate::access::SparseLog,
+    /// A connection welcomed.
+    joined: crate::access::SparseLog,
+    /// A welcomed connection ended.
+    left: crate::access::SparseLog,
 }
 
 impl Task {
@@ -1225,7 +1247,9 @@ impl Task {
     }
 
     fn refuse(&mut self, index: usize, why: String) {
-        tracing::warn!(server = %self.names[index], "pShift controller: {why}; closing its connection");
+        if let Some(unlogged) = self.logs[index].cut.due() {
+            tracing::warn!(server = %self.names[index], unlogged, "pShift controller: {why}; closing its connection");
+        }
         self.conns[index] = None;
         count_refused(&self.status);
     }
@@ -1258,6 +1282,9 @@ impl Task {
                     return; // the connection is gone
                 }
                 self.conns[index] = Some(Conn { id: conn, tx, peer, heard: now });
+                if let Some(unlogged) = self.logs[index].joined.due() {
+                    tracing::info!(server = %self.names[index], index, %peer, unlogged, "pShift server connected");
+                }
                 // A server that joins after this boundary's request still reports it.
                 if let Some(round) = self.requested.filter(|&r| r == self.ctl.round()) {
                     self.send(index, Message::ReportRequest { round, early: 0 });
@@ -1267,7 +1294,9 @@ impl Task {
             Event::Left { index, conn } => {
                 if self.conns[index].as_ref().is_some_and(|c| c.id == conn) {
                     self.conns[index] = None;
-                    tracing::warn!(server = %self.names[index], "pShift server disconnected");
+                    if let Some(unlogged) = self.logs[index].left.due() {
+                        tracing::warn!(server = %self.names[index], unlogged, "pShift server disconnected");
+                    }
                     self.status.lock().unwrap_or_else(|e| e.into_inner()).servers[index].1 = false;
                 }
             }
@@ -1291,7 +1320,7 @@ impl Task {
                     Message::Report(r) if r.server as usize == index => {
                         let late = self.ctl.late_reports_counted();
                         if let Err(e) = self.ctl.handle_report(r) {
-                            if let Some(unlogged) = self.refusals[index][0].due() {
+                            if let Some(unlogged) = self.logs[index].report.due() {
                                 tracing::warn!(server = %self.names[index], unlogged, "pShift controller: report refused: {e}");
                             }
                             count_refused(&self.status);
@@ -1307,7 +1336,7 @@ impl Task {
                         Ok(Some((round, early))) => self.broadcast(&Message::ReportRequest { round, early }),
                         Ok(None) => {}
                         Err(e) => {
-                            if let Some(unlogged) = self.refusals[index][1].due() {
+                            if let Some(unlogged) = self.logs[index].note.due() {
                                 tracing::warn!(server = %self.names[index], unlogged, "pShift controller: note refused: {e}");
                             }
                             count_refused(&self.status);

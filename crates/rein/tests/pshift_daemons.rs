@@ -1051,6 +1051,56 @@ fn a_servers_bad_frames_do_not_flood_the_controllers_log() {
     assert!(line.contains("s1"));
 }
 
+/// A peer that says hello as a server, is cut, and says hello again at once cannot flood the controller's
+/// log: 200 connections that send a second hello after their welcome (a frame the controller closes a
+/// server's connection for) and 200 that send a broken frame log at most a few lines of each kind (the
+/// cut, the connection welcomed, the connection ended), the next after a quiet second naming how many
+/// were not logged; every cut still counts in `refused`, and the next hello is still welcomed. Before,
+/// each connection logged two or three lines, however fast they came (a release build logged 15,884
+/// warnings in 5 s, and as many lines more).
+#[test]
+fn a_server_cut_again_and_again_does_not_flood_the_controllers_log() {
+    use rein_proto::pshift::Message;
+    use std::io::{Read, Write};
+    let _shared = common::beside_measuring();
+    let tmp = tmpdir("pshift-daemons-cut-flood");
+    let ctl = one_server_controller(tmp.path(), 220, "");
+    let hello = frame(&Message::Hello { name: "s1".into() });
+    let mut broken = b"XXXX".to_vec();
+    broken.extend_from_slice(&[0u8; 8]);
+    // One connection: its hello, the welcome, then `bad`; returns once the controller has closed it.
+    let session = |bad: &[u8]| {
+        let mut s = connect_from("127.0.0.221", ctl.nbd);
+        s.write_all(&hello).unwrap();
+        read_one_frame(&mut s, "welcome");
+        s.write_all(bad).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    };
+    const N: u64 = 200;
+    let before = refused(&ctl);
+    for _ in 0..N {
+        session(&hello);
+    }
+    for _ in 0..N {
+        session(&broken);
+    }
+    assert!(refused(&ctl) >= before + N, "every cut counted");
+    let lines = |what: &str| ctl.log.lock().unwrap().iter().filter(|l| l.contains(what)).count();
+    let counts = [
+        lines("unexpected hello"),
+        lines("pShift server connected"),
+        lines("pShift server disconnected"),
+        lines("bad pShift frame"),
+    ];
+    assert!(counts.iter().all(|&n| n >= 1), "the first ones are logged: {counts:?}");
+    assert!(counts.iter().all(|&n| n <= 10), "{counts:?} lines for {N} cuts and {N} broken frames");
+    // The next cut after a quiet second says how many were not logged.
+    let line = ctl.wait_unlogged("unexpected hello", || session(&hello));
+    assert!(line.contains("s1"), "{line}");
+    let line = ctl.wait_unlogged("pShift server connected", || session(&hello));
+    assert!(line.contains("127.0.0.221"), "{line}");
+}
+
 /// Connections before their hello are bounded: a controller with one server takes `servers + 16` = 17
 /// connections at once. With 17 silent ones held (from 17 addresses: one address holds at most two,
 /// `silent_connections_from_one_address_hold_two_slots_at_most`), an 18th that says hello as s1 waits
