@@ -1342,7 +1342,23 @@ impl Task {
                             count_refused(&self.status);
                         }
                     },
-                    other => self.refuse(index, format!("unexpected {} (or one naming another server)", other.name())),
+                    other => {
+                        // Named: "unexpected report (or one naming another server)" left the reader to guess
+                        // which, and whose.
+                        let why = match &other {
+                            Message::Report(r) => {
+                                format!("a report naming server {} on server {index}'s connection", r.server)
+                            }
+                            Message::Stray(s) => {
+                                format!("a stray note naming server {} on server {index}'s connection", s.server)
+                            }
+                            Message::Hello { .. } => {
+                                "a second hello (a server says hello once, before its welcome)".to_string()
+                            }
+                            m => format!("a {} frame, which only a controller sends", m.name()),
+                        };
+                        self.refuse(index, why)
+                    }
                 }
             }
         }

@@ -1087,7 +1087,7 @@ fn a_server_cut_again_and_again_does_not_flood_the_controllers_log() {
     assert!(refused(&ctl) >= before + N, "every cut counted");
     let lines = |what: &str| ctl.log.lock().unwrap().iter().filter(|l| l.contains(what)).count();
     let counts = [
-        lines("unexpected hello"),
+        lines("a second hello (a server says hello once, before its welcome); closing its connection"),
         lines("pShift server connected"),
         lines("pShift server disconnected"),
         lines("bad pShift frame"),
@@ -1095,10 +1095,23 @@ fn a_server_cut_again_and_again_does_not_flood_the_controllers_log() {
     assert!(counts.iter().all(|&n| n >= 1), "the first ones are logged: {counts:?}");
     assert!(counts.iter().all(|&n| n <= 10), "{counts:?} lines for {N} cuts and {N} broken frames");
     // The next cut after a quiet second says how many were not logged.
-    let line = ctl.wait_unlogged("unexpected hello", || session(&hello));
+    let line = ctl.wait_unlogged("a second hello", || session(&hello));
     assert!(line.contains("s1"), "{line}");
     let line = ctl.wait_unlogged("pShift server connected", || session(&hello));
     assert!(line.contains("127.0.0.221"), "{line}");
+    // A cut names the frame and whose it was: a note naming server 7 on server 0's (s1's) connection.
+    let note = frame(&Message::Stray(rein_core::pshift::StrayArrival { server: 7, bucket: 0, heard: (0, 0) }));
+    let named = "a stray note naming server 7 on server 0's connection; closing its connection";
+    let line = common::wait_for(
+        "the cut named",
+        Duration::from_secs(5),
+        || {
+            session(&note);
+            ctl.log.lock().unwrap().iter().find(|l| l.contains(named)).cloned()
+        },
+        |l| l.is_some(),
+    );
+    assert!(line.expect("found").contains("server=s1"));
 }
 
 /// Connections before their hello are bounded: a controller with one server takes `servers + 16` = 17
