@@ -6,8 +6,9 @@
 //! there: a fresh temporary one, removed at the end,
 //! or one the caller names (kept), locked first ([`RunDir`]) so that a second `rein cluster` on it fails
 //! before it writes anything there. A child is ready when its NBD port accepts a connection and its admin
-//! endpoint answers `GET /healthz` with 200. Nodes start first (a gateway connects to them), then
-//! gateways.
+//! endpoint answers `GET /healthz` with 200, so every port is checked free before the first child
+//! starts (another process's listener would answer for a child that failed to bind it). Nodes start
+//! first (a gateway connects to them), then gateways.
 //!
 //! # Invariants
 //! 1. Every child started is stopped by [`Supervisor::stop`] (SIGTERM, then SIGKILL after
@@ -114,6 +115,25 @@ pub enum ClusterError {
     /// A signal asked the start to stop (its flag set): what had started was stopped.
     #[error("interrupted during the start: the processes started were stopped")]
     Interrupted,
+    /// A port the plan gives a process cannot be listened on (checked before anything starts): another
+    /// process listens there, or the port is not this user's to take.
+    #[error(
+        "cannot listen on {addr} ({role}): {source}{}; nothing was started",
+        if source.kind() == std::io::ErrorKind::AddrInUse {
+            " (another process listens there: another rein cluster on the same ports? give another \
+             --base-port, or --base-port 0 for free ones)"
+        } else {
+            ""
+        }
+    )]
+    PortUnusable {
+        /// The address.
+        addr: SocketAddr,
+        /// Whose port it is ("node s1's NBD port").
+        role: String,
+        /// Why it cannot be listened on.
+        source: std::io::Error,
+    },
     /// pShift servers had not reached the controller in time.
     #[error("pShift servers {} had not reached the controller within {secs} s; the last lines of its log {log}:\n{tail}", servers.join(", "))]
     NotLinked {
@@ -277,6 +297,40 @@ fn healthy(addr: SocketAddr, timeout: Duration) -> bool {
     admin_client::get_blocking(&endpoint, rein_runtime::admin_guard::HEALTHZ, timeout).is_ok()
 }
 
+/// Every TCP address `plan`'s processes listen on, each with whose port it is.
+fn listen_addrs(plan: &Plan) -> Vec<(SocketAddr, String)> {
+    let mut v = Vec::new();
+    if let Some(c) = &plan.controller {
+        v.push((c.listen, "the pShift controller's port for the nodes".to_string()));
+        v.push((c.admin, "the pShift controller's admin port".to_string()));
+    }
+    for n in &plan.nodes {
+        v.push((n.nbd, format!("node {}'s NBD port", n.name)));
+        v.push((n.admin, format!("node {}'s admin port", n.name)));
+    }
+    for g in &plan.gateways {
+        v.push((g.nbd, format!("gateway {}'s NBD port", g.tenant)));
+        v.push((g.admin, format!("gateway {}'s admin port", g.tenant)));
+    }
+    v
+}
+
+/// Refuses a plan whose ports cannot be listened on, before any process starts. A child that cannot
+/// bind its port exits, but readiness is a connection to that port and a `/healthz` answer: where
+/// another process already listens (a second `rein cluster up` on the same `--base-port`), it answers
+/// for the child, and `up` printed `ready` with endpoints that were the other cluster's before it saw
+/// its own node exit. Each address is bound once and released at once (a listener that accepted nothing
+/// leaves nothing behind); a process that takes a port between this check and the child's bind is still
+/// caught by the child's exit, only later.
+fn check_ports(plan: &Plan) -> Result<(), ClusterError> {
+    for (addr, role) in listen_addrs(plan) {
+        if let Err(source) = std::net::TcpListener::bind(addr) {
+            return Err(ClusterError::PortUnusable { addr, role, source });
+        }
+    }
+    Ok(())
+}
+
 /// The servers the pShift controller at `admin` does not list as connected (`GET /api/pshift`), or `None`
 /// if it cannot be asked now.
 fn pshift_unlinked(admin: SocketAddr, timeout: Duration) -> Option<Vec<String>> {
@@ -288,7 +342,8 @@ fn pshift_unlinked(admin: SocketAddr, timeout: Duration) -> Option<Vec<String>> 
 impl Supervisor {
     /// Writes the plan's configs into `dir` (locked by the caller; a new temporary directory when `None`),
     /// starts every process with `exe`, and waits until each is ready (at most `ready_timeout` for each
-    /// stage). On any failure every child started so far is stopped before the error returns.
+    /// stage). On any failure every child started so far is stopped before the error returns; a port that
+    /// cannot be listened on is refused before anything starts ([`ClusterError::PortUnusable`]).
     pub fn start(
         plan: &Plan,
         exe: &Path,
@@ -296,6 +351,7 @@ impl Supervisor {
         ready_timeout: Duration,
         stop: &AtomicBool,
     ) -> Result<Supervisor, ClusterError> {
+        check_ports(plan)?;
         let (path, remove) = match dir {
             Some(d) => (d.path().to_path_buf(), false),
             None => (temp_dir()?, true),

@@ -522,6 +522,51 @@ fn a_second_cluster_on_a_dir_in_use_is_refused_before_it_writes() {
     rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("the lock is free");
 }
 
+/// A port P free on the addresses of [`TWO_NODES`]'s processes (127.0.0.10 to .12) with P + 1: their NBD
+/// and admin ports under `--base-port P`.
+fn free_base_port() -> u16 {
+    for _ in 0..100 {
+        let p = std::net::TcpListener::bind("127.0.0.10:0").unwrap().local_addr().unwrap().port();
+        let free = |h: u8, k: u16| std::net::TcpListener::bind((std::net::Ipv4Addr::new(127, 0, 0, h), p + k)).is_ok();
+        if p < u16::MAX && (10..=12).all(|h| free(h, 0) && free(h, 1)) {
+            return p;
+        }
+    }
+    panic!("no free pair of ports on 127.0.0.10 to 127.0.0.12");
+}
+
+/// A second `rein cluster up` (or `run`) on the ports of a running one fails before it starts anything,
+/// naming the port and who else may hold it. Readiness is a connection to a child's NBD port and a
+/// `/healthz` answer on its admin port, which the first cluster's node gave: `up` printed its endpoints
+/// and `ready` (they were the first cluster's) before it saw its own node exit, unable to bind.
+#[test]
+fn a_second_cluster_on_ports_in_use_is_refused_before_it_starts() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let sc = scenario(tmp.path(), TWO_NODES);
+    let base = free_base_port().to_string();
+    let mut up = Up::spawn(rein(&run_tmp, &["cluster", "up", &sc, "--base-port", &base]));
+    up.ready();
+    let kids = children(up.child.id());
+    assert_eq!(kids.len(), 3, "{kids:?}");
+    for cmd in ["up", "run"] {
+        let out = rein(&run_tmp, &["cluster", cmd, &sc, "--base-port", &base]).output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {stderr}");
+        assert!(!stdout.lines().any(|l| l == "ready"), "{cmd} said ready on ports in use: {stdout}");
+        assert!(
+            stderr.starts_with(&format!("error: cannot listen on 127.0.0.10:{base} (node s1's NBD port): ")),
+            "{cmd}: {stderr}"
+        );
+        assert!(stderr.contains("another rein cluster on the same ports?"), "{cmd}: {stderr}");
+        assert!(stderr.contains("nothing was started"), "{cmd}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{cmd}: once: {stderr}");
+        assert_eq!(empty(&run_tmp).len(), 1, "{cmd} left a run directory beside the first cluster's");
+    }
+    assert_eq!(children(up.child.id()), kids, "the first cluster runs on");
+    terminate_and_check(up, kids, &run_tmp);
+}
+
 /// `rein cluster run --out` under a regular file fails before any process starts, naming it; a file that
 /// cannot be written at the end (summary.json a directory) fails the run after its table is printed.
 #[test]
