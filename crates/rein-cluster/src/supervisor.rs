@@ -134,6 +134,30 @@ pub enum ClusterError {
         /// Why it cannot be listened on.
         source: std::io::Error,
     },
+    /// A kept run directory (`--dir`) holds a node's image from an earlier run with another size than
+    /// this plan gives it (checked before anything starts): `rein serve` never resizes an image.
+    #[error(
+        "the run directory {} holds {} from an earlier run: it is {actual} bytes, but node {node}'s export \
+         {export} is {want} bytes in this scenario, and a node never resizes an image; remove that file (a \
+         scratch image: the run's IOs are timed by the device model, not by what it holds), or give another \
+         --dir; nothing was started",
+        dir.display(),
+        file.display()
+    )]
+    StaleImage {
+        /// The run directory.
+        dir: PathBuf,
+        /// The image, relative to it.
+        file: PathBuf,
+        /// The server's name.
+        node: String,
+        /// The export's name.
+        export: String,
+        /// The image's size in bytes.
+        actual: u64,
+        /// The size the plan gives it.
+        want: u64,
+    },
     /// pShift servers had not reached the controller in time.
     #[error("pShift servers {} had not reached the controller within {secs} s; the last lines of its log {log}:\n{tail}", servers.join(", "))]
     NotLinked {
@@ -331,6 +355,34 @@ fn check_ports(plan: &Plan) -> Result<(), ClusterError> {
     Ok(())
 }
 
+/// Refuses a kept run directory `dir` in which a node of `plan` would find an image an earlier run left
+/// with another size (the scenario's `span_gb` changed, or its routing widths): the node refused it at
+/// its start and exited, and the error quoted `rein serve`'s advice to edit the export's `size_mb`, a
+/// line of a config `rein cluster` writes anew each run. Read from each node's config as `rein serve`
+/// reads it (its own parser), so the paths and sizes are the ones the node will open.
+fn check_images(plan: &Plan, dir: &Path) -> Result<(), ClusterError> {
+    use rein_runtime::config::{BackendKind, ServerConfig};
+    for n in &plan.nodes {
+        // A plan's configs parse (the plan read them back); one that did not is the node's to report.
+        let Ok(cfg) = ServerConfig::parse(&n.config, &dir.join("node.toml")) else { continue };
+        for e in &cfg.exports {
+            let (BackendKind::File { path }, Some(want)) = (&e.backend, e.size) else { continue };
+            let Ok(meta) = std::fs::metadata(dir.join(path)) else { continue };
+            if meta.is_file() && meta.len() != want {
+                return Err(ClusterError::StaleImage {
+                    dir: dir.to_path_buf(),
+                    file: path.clone(),
+                    node: n.name.clone(),
+                    export: e.name.clone(),
+                    actual: meta.len(),
+                    want,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The servers the pShift controller at `admin` does not list as connected (`GET /api/pshift`), or `None`
 /// if it cannot be asked now.
 fn pshift_unlinked(admin: SocketAddr, timeout: Duration) -> Option<Vec<String>> {
@@ -343,7 +395,8 @@ impl Supervisor {
     /// Writes the plan's configs into `dir` (locked by the caller; a new temporary directory when `None`),
     /// starts every process with `exe`, and waits until each is ready (at most `ready_timeout` for each
     /// stage). On any failure every child started so far is stopped before the error returns; a port that
-    /// cannot be listened on is refused before anything starts ([`ClusterError::PortUnusable`]).
+    /// cannot be listened on is refused before anything starts ([`ClusterError::PortUnusable`]), and so is
+    /// a kept directory's image of another size ([`ClusterError::StaleImage`]).
     pub fn start(
         plan: &Plan,
         exe: &Path,
@@ -353,7 +406,10 @@ impl Supervisor {
     ) -> Result<Supervisor, ClusterError> {
         check_ports(plan)?;
         let (path, remove) = match dir {
-            Some(d) => (d.path().to_path_buf(), false),
+            Some(d) => {
+                check_images(plan, d.path())?;
+                (d.path().to_path_buf(), false)
+            }
             None => (temp_dir()?, true),
         };
         let mut sup = Supervisor { procs: Vec::new(), dir: path, remove, stopped: false, _lock: dir.cloned() };

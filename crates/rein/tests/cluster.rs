@@ -567,6 +567,50 @@ fn a_second_cluster_on_ports_in_use_is_refused_before_it_starts() {
     terminate_and_check(up, kids, &run_tmp);
 }
 
+/// A `--dir` run again with the scenario's `span_gb` changed fails before it starts anything, naming the
+/// image an earlier run left there, both sizes and what to do, and keeps that run's files; the same
+/// scenario again reuses the images. (The node refused the image and exited, and the error quoted
+/// `rein serve`'s advice to edit the export's `size_mb`, a line `rein cluster` writes anew each run.)
+#[test]
+fn a_dir_with_an_earlier_runs_image_of_another_size_is_refused_naming_it() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let keep = tmp.path().join("keep");
+    let one = |span: &str| {
+        format!(
+            "name = \"one\"\nduration_s = 1.0\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[tenants]]\n\
+             name = \"t1\"\n[tenants.workload]\nkind = \"closed\"\nspan_gb = {span}\n"
+        )
+    };
+    let run = |text: &str| {
+        let sc = tmp.path().join("one.toml");
+        std::fs::write(&sc, text).unwrap();
+        let args = ["cluster", "run", sc.to_str().unwrap(), "--base-port", "0", "--quiet", "--dir"];
+        rein(&run_tmp, &args).arg(&keep).output().unwrap()
+    };
+    let first = run(&one("0.0625"));
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let image = keep.join("node-s1/t1.img");
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 64 << 20);
+    let log = std::fs::read(keep.join("node-s1.log")).unwrap();
+    let out = run(&one("0.125"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let want = format!(
+        "error: the run directory {} holds node-s1/t1.img from an earlier run: it is 67108864 bytes, but node \
+         s1's export t1 is 134217728 bytes in this scenario, and a node never resizes an image; remove that \
+         file (a scratch image: the run's IOs are timed by the device model, not by what it holds), or give \
+         another --dir; nothing was started",
+        std::fs::canonicalize(&keep).unwrap().display()
+    );
+    assert_eq!(stderr.trim(), want);
+    assert_eq!(std::fs::read(keep.join("node-s1.log")).unwrap(), log, "a node was started");
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 64 << 20, "the image is kept");
+    let again = run(&one("0.0625"));
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "no temporary run directory is left");
+}
+
 /// `rein cluster run --out` under a regular file fails before any process starts, naming it; a file that
 /// cannot be written at the end (summary.json a directory) fails the run after its table is printed.
 #[test]
