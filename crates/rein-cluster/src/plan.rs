@@ -954,6 +954,18 @@ fn node_config(
 pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
     match &t.routing {
         Routing::Stripe { stripe_bytes } => {
+            // The gateway's own bound, checked here so that the plan fails before anything starts (the
+            // gateway refused its config at its start, after every node had started; a unit of 2^40
+            // KiB made the nodes' pieces too large to create, and 1e30 KiB, saturated to 2^64 - 1 bytes,
+            // was called "not whole KiB").
+            let max = rein_runtime::gateway::MAX_STRIPE_KB;
+            if *stripe_bytes > max * 1024 {
+                return Err(format!(
+                    "tenant {}: routing stripe_kb must be at most {max} (1 GiB) for a gateway, the largest \
+                     stripe unit rein gateway takes",
+                    t.name
+                ));
+            }
             if stripe_bytes % 1024 != 0 {
                 return Err(format!("tenant {}: stripe_kb must be whole KiB for a gateway", t.name));
             }
@@ -1386,6 +1398,32 @@ iops = 100
         assert_eq!(g.exports[0].stripe, Stripe::new(1 << 20, &[1, 1]).unwrap());
         let s2 = rein_runtime::config::ServerConfig::parse(&plan.nodes[1].config, Path::new("n.toml")).unwrap();
         assert_eq!(s2.tenants.iter().find(|t| t.name == "f1").unwrap().spec.reservation(), 50.0);
+    }
+
+    /// A stripe unit above the gateway's largest is refused by the plan, naming the tenant and the bound,
+    /// before any process starts; the largest is planned, and its gateway config reads back.
+    #[test]
+    fn a_stripe_unit_above_the_gateways_largest_is_refused_when_planning() {
+        let with = |kb: &str| {
+            let text = STRIPED.replace(
+                "servers = [\"s2\", \"s3\"]\n",
+                &format!("servers = [\"s2\", \"s3\"]\nrouting = {{ stripe_kb = {kb} }}\n"),
+            );
+            Plan::new(&Scenario::from_toml(&text, None).unwrap(), fixed_ports)
+        };
+        for kb in ["1048577", "4194304", "1099511627776", "1e30"] {
+            let e = with(kb).err().unwrap_or_else(|| panic!("stripe_kb = {kb} was planned")).to_string();
+            assert!(
+                e.ends_with(
+                    "tenant f1: routing stripe_kb must be at most 1048576 (1 GiB) for a gateway, the largest \
+                     stripe unit rein gateway takes"
+                ),
+                "{kb}: {e}"
+            );
+        }
+        let plan = with("1048576").unwrap();
+        let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[1].config, Path::new("gw.toml")).unwrap();
+        assert_eq!(g.exports[0].stripe, Stripe::new(1 << 30, &[1, 1]).unwrap());
     }
 
     /// The same striped tenants under a scheduler that sends no tags (LFQ: SFQ at each server, no global

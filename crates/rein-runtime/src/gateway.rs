@@ -172,6 +172,8 @@ pub fn halt_poll_hint(content: Option<&str>) -> Option<String> {
 pub const MAX_NODES: usize = 256;
 /// Most volumes in one gateway.
 pub const MAX_VOLUMES: usize = 1024;
+/// Largest stripe unit of a volume (`stripe_kb`, KiB): 1 GiB, a request's largest size.
+pub const MAX_STRIPE_KB: u64 = 1 << 20;
 /// Most node connections in one gateway: each volume's nodes times `connections_per_node` (each a task,
 /// buffers and a descriptor, about 11 KB: 256 nodes x 1,024 volumes took 3.0 GB and 2 min to start).
 pub const MAX_NODE_SESSIONS: usize = 16_384;
@@ -849,8 +851,8 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             .checked_mul(1 << 20)
             .filter(|&s| s > 0 && s <= crate::config::MAX_EXPORT_BYTES)
             .ok_or_else(|| format!("{owner}: size_mb must be in 1..=2^30, got {}", e.size_mb))?;
-        if e.stripe_kb == 0 || e.stripe_kb > 1 << 20 {
-            return Err(format!("{owner}: stripe_kb must be in 1..=1048576, got {}", e.stripe_kb));
+        if e.stripe_kb == 0 || e.stripe_kb > MAX_STRIPE_KB {
+            return Err(format!("{owner}: stripe_kb must be in 1..={MAX_STRIPE_KB}, got {}", e.stripe_kb));
         }
         let widths = match &e.widths {
             None => vec![1; nodes.len()],
