@@ -172,7 +172,7 @@ pub fn halt_poll_hint(content: Option<&str>) -> Option<String> {
 pub const MAX_NODES: usize = 256;
 /// Most volumes in one gateway.
 pub const MAX_VOLUMES: usize = 1024;
-/// Largest stripe unit of a volume (`stripe_kb`, KiB): 1 GiB, a request's largest size.
+/// Largest stripe unit of a volume (`stripe_kb`, KiB): 1 GiB (a larger unit leaves most volumes on one node).
 pub const MAX_STRIPE_KB: u64 = 1 << 20;
 /// Most node connections in one gateway: each volume's nodes times `connections_per_node` (each a task,
 /// buffers and a descriptor, about 11 KB: 256 nodes x 1,024 volumes took 3.0 GB and 2 min to start).
