@@ -49,8 +49,8 @@
 //! any byte of the body is buffered, so a peer cannot make the decoder hold more than one frame's bound.
 //! Every body is checked to be exactly as long as its fields (no trailing bytes), counts against the
 //! body's length before anything is allocated, token and counter values against rein-core's bounds (a
-//! token count at most [`MAX_TOKENS`], bucket numbers below [`MAX_BUCKETS`], a report's buckets strictly
-//! increasing: one line per bucket). A bad frame is an error naming the field; the stream is then out of
+//! token count at most [`MAX_TOKENS`], bucket numbers below [`MAX_BUCKETS`], the bucket lines of a report
+//! and of a token message strictly increasing: one line per bucket). A bad frame is an error naming the field; the stream is then out of
 //! step and the connection should close. Decoding never panics (a proptest and a fuzz target feed it
 //! random bytes); what decodes re-encodes to the same bytes.
 
@@ -400,8 +400,18 @@ fn encode_body(m: &Message, what: &'static str, out: &mut Vec<u8>) -> Result<(),
             out.extend_from_slice(&t.round.to_le_bytes());
             out.extend_from_slice(&t.early.to_le_bytes());
             out.extend_from_slice(&(t.tokens.len() as u32).to_le_bytes());
+            let mut last: Option<u32> = None;
             for &(b, r, l) in &t.tokens {
                 check_bucket(what, b)?;
+                if last.is_some_and(|l| b <= l) {
+                    return Err(WireError::Field {
+                        what,
+                        field: "bucket",
+                        value: b.into(),
+                        why: "lines strictly increasing",
+                    });
+                }
+                last = Some(b);
                 check_tokens(what, "r", r)?;
                 let l = match l {
                     Tokens::Unlimited => u64::MAX,
@@ -572,10 +582,20 @@ fn decode_body(kind: u8, body: &[u8]) -> Result<Message, WireError> {
             let round = c.u64()?;
             let early = c.u32()?;
             let n = c.count(TOKEN_LINE)?;
-            let mut tokens = Vec::with_capacity(n);
+            let mut tokens: Vec<(u32, u64, Tokens)> = Vec::with_capacity(n);
             for _ in 0..n {
                 let b = c.u32()?;
                 check_bucket(what, b)?;
+                // One line per bucket, as in a report: a server sets a bucket's tokens from its line, so a
+                // second line for it would silently replace the first.
+                if tokens.last().is_some_and(|l| b <= l.0) {
+                    return Err(WireError::Field {
+                        what,
+                        field: "bucket",
+                        value: b.into(),
+                        why: "lines strictly increasing",
+                    });
+                }
                 let r = c.u64()?;
                 check_tokens(what, "r", r)?;
                 let l = match c.u64()? {
@@ -752,6 +772,23 @@ mod tests {
         assert!(decode(&w).unwrap_err().to_string().contains("bit 1 with no limited bucket"));
         let e = encode(&welcome(vec![true, false]), &mut Vec::new());
         assert!(e.unwrap_err().to_string().contains("one per bucket"));
+        // A token message's lines are one per bucket too, in either direction: a second line for bucket 4
+        // would silently replace the first at the server.
+        let twice = TokenMessage {
+            server: 0,
+            round: 0,
+            early: 0,
+            tokens: vec![(4, 1, Tokens::Unlimited), (4, 2, Tokens::Unlimited)],
+        };
+        let e = encode(&Message::Tokens(twice), &mut Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("bucket 4") && e.contains("strictly increasing"), "{e}");
+        let mut t = Vec::new();
+        encode(&samples().pop().unwrap(), &mut t).unwrap();
+        // The second line's bucket (4) made equal to the first's (0).
+        let second = HEADER_BYTES + 4 + 8 + 4 + 4 + TOKEN_LINE;
+        t[second..second + 4].copy_from_slice(&0u32.to_le_bytes());
+        let e = decode(&t).unwrap_err().to_string();
+        assert!(e.contains("bucket 0") && e.contains("strictly increasing"), "{e}");
         // Values beyond rein-core's bounds do not encode (so what encodes decodes).
         let t = TokenMessage { server: 0, round: 0, early: 0, tokens: vec![(0, MAX_TOKENS + 1, Tokens::Unlimited)] };
         assert!(encode(&Message::Tokens(t), &mut Vec::new()).unwrap_err().to_string().contains("r 1000000000001"));
