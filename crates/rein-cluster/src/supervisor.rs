@@ -219,6 +219,11 @@ impl RunDir {
     /// Creates `dir` if missing and takes its lock. Errors: [`ClusterError::DirInUse`] naming the
     /// directory (and the holder's pid) when another process holds it, [`ClusterError::Io`] otherwise.
     pub fn lock(dir: &Path) -> Result<RunDir, ClusterError> {
+        // `create_dir_all` on a file's name says only "File exists".
+        if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+            let e = std::io::Error::new(std::io::ErrorKind::NotADirectory, "it is a file, not a directory");
+            return Err(io(format!("using {} as the run directory", dir.display()))(e));
+        }
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let path = std::fs::canonicalize(dir).map_err(io(format!("resolving {}", dir.display())))?;
         let file_path = path.join(LOCK_FILE);

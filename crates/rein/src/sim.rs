@@ -256,6 +256,10 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
 /// Creates `--out`'s directory `dir` and checks that a file can be created in it (one made and removed at
 /// once), before a run whose files go there: an unwritable `--out` fails at once, not after the run.
 pub(crate) fn check_out(dir: &Path) -> Result<()> {
+    // `create_dir_all` on a file's name says only "File exists".
+    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        anyhow::bail!("--out {}: it is a file, not a directory", dir.display());
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("--out {}: cannot create the directory", dir.display()))?;
     tempfile::Builder::new()
         .prefix(".rein-out-check-")

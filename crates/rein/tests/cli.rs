@@ -282,6 +282,10 @@ fn sim_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
         stderr.trim(),
         format!("error: --out {}: cannot create the directory: Not a directory (os error 20)", bad.display())
     );
+    // `--out` a file's name: said so (it was "cannot create the directory: File exists").
+    let (ok, stdout, stderr) = rein(&["sim", sc, "--out", file.to_str().unwrap()]);
+    assert!(!ok && stdout.is_empty());
+    assert_eq!(stderr.trim(), format!("error: --out {}: it is a file, not a directory", file.display()));
     let out = dir.path().join("out");
     std::fs::create_dir_all(out.join("summary.json")).unwrap();
     let late = format!(

@@ -630,6 +630,19 @@ fn run_checks_out_first_and_a_late_write_failure_keeps_the_summary() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "");
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing started");
+    // `--out` or `--dir` a file's name: said so (both were "... File exists").
+    let out =
+        rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet", "--out"]).arg(&file).output().unwrap();
+    assert!(!out.status.success());
+    let want = format!("error: --out {}: it is a file, not a directory", file.display());
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), want);
+    let out =
+        rein(&run_tmp, &["cluster", "run", &sc, "--base-port", "0", "--quiet", "--dir"]).arg(&file).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = format!("using {} as the run directory: it is a file, not a directory", file.display());
+    assert!(stderr.contains(&want), "{stderr}");
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing started");
     let dir = tmp.path().join("out");
     std::fs::create_dir_all(dir.join("summary.json")).unwrap();
     let out =
