@@ -318,6 +318,42 @@ proptest! {
     }
 }
 
+/// A reply naming another option than the one the client waits for is a server out of step, refused
+/// (the client sends one option at a time): before, NBD_OPT_GO's replies were taken whatever option they
+/// named, so an NBD_INFO_EXPORT and an ACK sent for NBD_OPT_INFO opened the export.
+#[test]
+fn a_reply_to_another_option_is_refused() {
+    let greeting = || {
+        let mut input = NBDMAGIC.to_be_bytes().to_vec();
+        input.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        input.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        input
+    };
+    let mut export = INFO_EXPORT.to_be_bytes().to_vec();
+    export.extend_from_slice(&(1u64 << 20).to_be_bytes());
+    export.extend_from_slice(&1u16.to_be_bytes());
+    for (structured, option, want) in [
+        (false, OPT_GO, None),
+        (false, OPT_INFO, Some("NBD_OPT_GO")),
+        (true, OPT_INFO, Some("NBD_OPT_STRUCTURED_REPLY")),
+    ] {
+        let mut input = greeting();
+        if structured {
+            option_reply(&mut input, option, REP_ACK, &[]);
+        }
+        option_reply(&mut input, option, REP_INFO, &export);
+        option_reply(&mut input, option, REP_ACK, &[]);
+        let r = ClientHandshake::new("rd", structured).feed(&input, &mut Vec::new()).map(|(_, p)| p);
+        match want {
+            None => assert!(matches!(r, Ok(ClientProgress::Ready { .. })), "{r:?}"),
+            Some(w) => {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains(&format!("a reply to another option than {w}")), "{e}");
+            }
+        }
+    }
+}
+
 /// NBD_INFO_BLOCK_SIZE: the payload limit as the maximum, a power of two as the preferred size (4 KiB, or
 /// the largest power of two within a smaller limit: 3 KiB gave 3,072, which the spec does not allow);
 /// asked or not when the limit is below the protocol's default of 32 MiB (a client that does not ask

@@ -949,8 +949,20 @@ impl ClientHandshake {
                         return Ok((used, ClientProgress::NeedMore));
                     };
                     used += n;
+                    // Replies come in the order of the options (the client sends one at a time), so a reply
+                    // naming another option is a server out of step; taken, its NBD_INFO_EXPORT or ACK
+                    // would stand for the export's.
+                    let (want, what) = match self.state {
+                        CState::StructuredReply => {
+                            (OPT_STRUCTURED_REPLY, "a reply to another option than NBD_OPT_STRUCTURED_REPLY")
+                        }
+                        _ => (OPT_GO, "a reply to another option than NBD_OPT_GO"),
+                    };
+                    if opt != want {
+                        return Err(ProtoError::Malformed(what));
+                    }
                     if self.state == CState::StructuredReply {
-                        self.structured = reply == REP_ACK && opt == OPT_STRUCTURED_REPLY;
+                        self.structured = reply == REP_ACK;
                         self.send_go(out);
                         self.state = CState::GoReplies;
                         continue;
