@@ -47,6 +47,7 @@
 use crate::dispatch::{Cut, Dispatcher, PshiftAttach};
 use rein_core::TenantId;
 use rein_proto::pshift::{self as wire, Message};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -318,11 +319,21 @@ fn warn_strangers(strangers: &[&str]) {
 }
 
 /// The server's tenants that are buckets (tenant, bucket number), and the names of those that are not.
+/// By hash lookups: a welcome names up to a million buckets and a server may have thousands of tenants,
+/// and this runs on a worker thread of the runtime that serves NBD (a scan of the tenants per bucket
+/// took buckets x tenants comparisons: 0.60 s of that thread at 100,000 x 10,000, against 10 ms by hash,
+/// release build, one run).
 fn resolve<'a>(buckets: &[String], here: &'a [(String, TenantId)]) -> (Vec<(TenantId, u32)>, Vec<&'a str>) {
+    let mut by_name: HashMap<&str, TenantId> = HashMap::with_capacity(here.len());
+    for (n, id) in here {
+        // The first tenant of a name, as a scan would find it.
+        by_name.entry(n.as_str()).or_insert(*id);
+    }
     let mapped = (buckets.iter().enumerate())
-        .filter_map(|(b, name)| here.iter().find(|(n, _)| n == name).map(|(_, id)| (*id, b as u32)))
+        .filter_map(|(b, name)| by_name.get(name.as_str()).map(|id| (*id, b as u32)))
         .collect();
-    let strangers = here.iter().filter(|(n, _)| !buckets.contains(n)).map(|(n, _)| n.as_str()).collect();
+    let named: HashSet<&str> = buckets.iter().map(String::as_str).collect();
+    let strangers = here.iter().filter(|(n, _)| !named.contains(n.as_str())).map(|(n, _)| n.as_str()).collect();
     (mapped, strangers)
 }
 
@@ -432,11 +443,12 @@ async fn session(
                         let now_here = if early == 0 { tenants() } else { Vec::new() };
                         if early == 0 && now_here != here {
                             let (buckets, strangers) = resolve(&names, &now_here);
-                            for (id, b) in buckets.iter().filter(|x| !current.contains(x)) {
+                            let before: HashSet<&(TenantId, u32)> = current.iter().collect();
+                            for (id, b) in buckets.iter().filter(|x| !before.contains(x)) {
                                 tracing::info!(bucket = %names[*b as usize], tenant = ?id, "pShift: a tenant created since the welcome is this bucket here now");
                             }
-                            let new_strangers: Vec<&str> =
-                                strangers.into_iter().filter(|n| !here.iter().any(|(h, _)| h == n)).collect();
+                            let known: HashSet<&str> = here.iter().map(|(h, _)| h.as_str()).collect();
+                            let new_strangers: Vec<&str> = strangers.into_iter().filter(|n| !known.contains(n)).collect();
                             warn_strangers(&new_strangers);
                             if buckets != current {
                                 dispatcher.pshift_map(buckets.clone()).await;
@@ -530,6 +542,34 @@ mod tests {
         let (_, e, welcomed) = ended(r);
         assert!(welcomed, "{e}");
         assert!(!status.connected(), "the welcomed session has ended: the link is down");
+    }
+
+    /// `resolve` by hash lookups gives what the scan of the tenants per bucket gave (the oracle below):
+    /// each bucket named by a tenant, in bucket order, the first tenant of a duplicated name, a bucket
+    /// named twice mapped twice, and the tenants no bucket names, in their order.
+    #[test]
+    fn resolve_matches_names_as_a_scan_would() {
+        fn scan<'a>(buckets: &[String], here: &'a [(String, TenantId)]) -> (Vec<(TenantId, u32)>, Vec<&'a str>) {
+            let mapped = (buckets.iter().enumerate())
+                .filter_map(|(b, name)| here.iter().find(|(n, _)| n == name).map(|(_, id)| (*id, b as u32)))
+                .collect();
+            let strangers = here.iter().filter(|(n, _)| !buckets.contains(n)).map(|(n, _)| n.as_str()).collect();
+            (mapped, strangers)
+        }
+        let mut sched = rein_core::SchedulerKind::Fifo.build(Default::default());
+        let mut x = 7u64;
+        for case in 0..200 {
+            let mut draw = |n: u64| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 33) % n
+            };
+            let names = 1 + draw(12);
+            let here: Vec<(String, TenantId)> = (0..draw(10))
+                .map(|_| (format!("t{}", draw(names)), sched.add_tenant(rein_core::QosSpec::default()).unwrap()))
+                .collect();
+            let buckets: Vec<String> = (0..draw(10)).map(|_| format!("t{}", draw(names))).collect();
+            assert_eq!(resolve(&buckets, &here), scan(&buckets, &here), "case {case}: {buckets:?} {here:?}");
+        }
     }
 
     /// A controller that welcomes the server and then breaks every session at once is retried with the
