@@ -852,6 +852,109 @@ fn relay_holding_starttls(listener: &std::net::TcpListener, server: SocketAddr, 
     down.join().unwrap();
 }
 
+/// A relay between one NBD client (accepted on `listener`) and `server` that passes the NBD handshake up
+/// to and including NBD_OPT_STARTTLS and the client's first TLS record (its ClientHello) at once, then
+/// holds the client's next record until `hold` has run, and relays both ways untouched after it. The
+/// client sends that record only once it has the server's whole first flight, so `hold` runs while the
+/// server's TLS handshake is under way with the context it took at STARTTLS, every time.
+fn relay_holding_the_clients_second_flight(listener: &std::net::TcpListener, server: SocketAddr, hold: impl FnOnce()) {
+    use std::io::{Read, Write};
+    let (mut client, _) = listener.accept().unwrap();
+    let mut upstream = std::net::TcpStream::connect(server).unwrap();
+    let (mut from_server, mut to_client) = (upstream.try_clone().unwrap(), client.try_clone().unwrap());
+    let down = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from_server, &mut to_client);
+        let _ = to_client.shutdown(std::net::Shutdown::Write);
+    });
+    let mut flags = [0u8; 4];
+    client.read_exact(&mut flags).unwrap();
+    upstream.write_all(&flags).unwrap();
+    loop {
+        let mut option = [0u8; 16];
+        client.read_exact(&mut option).unwrap();
+        let len = u32::from_be_bytes(option[12..16].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; len];
+        client.read_exact(&mut data).unwrap();
+        upstream.write_all(&option).unwrap();
+        upstream.write_all(&data).unwrap();
+        if u32::from_be_bytes(option[8..12].try_into().unwrap()) == p::OPT_STARTTLS {
+            break;
+        }
+    }
+    // A TLS record: a 5-byte header (type, version, length) and its body.
+    let record = |c: &mut std::net::TcpStream| {
+        let mut r = vec![0u8; 5];
+        c.read_exact(&mut r).unwrap();
+        let len = u16::from_be_bytes([r[3], r[4]]) as usize;
+        r.resize(5 + len, 0);
+        c.read_exact(&mut r[5..]).unwrap();
+        r
+    };
+    let hello = record(&mut client);
+    assert_eq!(hello[0], 22, "the client's first TLS record is a handshake record (its ClientHello)");
+    upstream.write_all(&hello).unwrap();
+    let second = record(&mut client);
+    hold();
+    upstream.write_all(&second).unwrap();
+    let _ = std::io::copy(&mut client, &mut upstream);
+    let _ = upstream.shutdown(std::net::Shutdown::Write);
+    down.join().unwrap();
+}
+
+/// The revocation race on a real server and a real client: bob's TLS handshake starts under a CRL that
+/// does not list him (the handshake takes the context of its STARTTLS), a reload revokes him while the
+/// server waits for his second flight (a relay holds it), and the handshake then completes under the old
+/// context. The connection is refused when it registers, by the context current then, and the server
+/// says why; nbdinfo opens nothing. Alice, not revoked, is served afterwards. The unit test
+/// `a_handshake_under_a_context_since_revoked_is_refused_at_registration` (rein-runtime's tls.rs) checks
+/// the registration alone; before that fix such a client was served until the next reload.
+#[test]
+fn a_client_revoked_while_its_tls_handshake_runs_is_refused() {
+    let tmp = tmpdir("tls-revoke-race");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "ca");
+    make_cert(dir, "ca", "server", "127.0.0.58", &tls::server("IP:127.0.0.58"));
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
+    tls::make_crl(dir, "ca", "crl.pem");
+    let s = start(
+        dir,
+        58,
+        &format!(
+            "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
+             crl = \"crl.pem\"\n{PLAIN}"
+        ),
+    );
+    let (alice, bob) = (cert_dir(dir, "alice-dir", "ca", Some("alice")), cert_dir(dir, "bob-dir", "ca", Some("bob")));
+    let relay = std::net::TcpListener::bind("127.0.0.58:0").unwrap();
+    let at = relay.local_addr().unwrap();
+    let info =
+        |d: &Path, to: SocketAddr| run(tool("nbdinfo").arg(format!("nbds://{to}/rd?tls-certificates={}", d.display())));
+    let revoke = || {
+        tls::revoke(dir, "ca", "bob");
+        tls::make_crl(dir, "ca", "crl.pem");
+        s.signal("-HUP");
+        s.wait_line("reload: [tls]: new credentials");
+    };
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| relay_holding_the_clients_second_flight(&relay, s.nbd, revoke));
+        info(&bob, at)
+    });
+    assert!(
+        !out.status.success(),
+        "bob was served after the reload that revoked him: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let line = s.wait_line("closing a TLS connection: its client certificate is revoked (tls.crl)");
+    assert!(line.contains("peer=127.0.0.1:"), "the peer (the relay's end) is named: {line}");
+    assert!(
+        !s.log.lock().unwrap().iter().any(|l| l.contains("open connection closed")),
+        "the reload's sweep had nothing to close (bob was not registered yet): {:#?}",
+        s.log.lock().unwrap()
+    );
+    assert!(info(&alice, s.nbd).status.success(), "alice is not revoked");
+}
+
 /// libnbd's shell. It runs the first `python3` on the PATH, and libnbd's Python module is installed
 /// for the system's (`python3-libnbd`), which a python3 of one's own earlier on the PATH (pyenv) lacks:
 /// the directory nbdsh is in (the system's python3 is beside it) goes first.
