@@ -47,6 +47,9 @@
 //! fail at once, and the job's later requests go to its other connections while any is whole.
 //! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
 //!
+//! # Checks before connecting
+//! Job names are unique (each is the report's row of its tenant), and the run's bounds hold.
+//!
 //! # Checks at connect
 //! Before any load: each connection within [`crate::client::CONNECT_TIMEOUT`]; no job that writes on an
 //! export the server says is read-only; request sizes within the server's size constraints
@@ -246,6 +249,16 @@ impl LoadConfig {
         }
         if self.max_pending == 0 {
             return bad("max_pending must be positive".into());
+        }
+        // A job's name is its tenant's in the report: two jobs of one name made two rows of that name in
+        // summary.json and timeseries.csv that nothing told apart (the simulator refuses it the same way).
+        let mut names = std::collections::HashSet::new();
+        if let Some(j) = self.jobs.iter().find(|j| !names.insert(j.name.as_str())) {
+            return bad(format!(
+                "two jobs are named {:?}: each job's name is its row in the report, so names must differ (two jobs \
+                 may still drive one export and tenant with export= and tenant=)",
+                j.name
+            ));
         }
         for j in &self.jobs {
             if j.connections == 0 || j.connections > 1024 {

@@ -304,6 +304,38 @@ fn sim_out_is_checked_first_and_a_late_write_failure_keeps_the_summary() {
     assert_eq!(stderr.trim(), late);
 }
 
+/// Two `rein load` jobs of one name are refused before anything connects: a job's name is its row in
+/// the report, and two rows of one name in summary.json and timeseries.csv could not be told apart. The
+/// address has nothing listening, so a run that got as far as connecting fails differently.
+#[test]
+fn load_refuses_two_jobs_of_one_name() {
+    let addr = common::free_tcp("127.0.0.223").to_string();
+    let args =
+        ["load", "--addr", &addr, "--seconds", "1", "--warmup", "0", "--job", "name=a", "--job", "name=a,read=0"];
+    let (ok, out, e) = rein(&args);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert_eq!(
+        e.trim(),
+        "error: two jobs are named \"a\": each job's name is its row in the report, so names must differ (two \
+         jobs may still drive one export and tenant with export= and tenant=)"
+    );
+    // Two names for one tenant and export are the way to run two workloads on it.
+    let (ok, _, e) = rein(&[
+        "load",
+        "--addr",
+        &addr,
+        "--seconds",
+        "1",
+        "--warmup",
+        "0",
+        "--job",
+        "name=a",
+        "--job",
+        "name=b,export=a,tenant=a",
+    ]);
+    assert!(!ok && e.contains("cannot connect to export \"a\""), "it gets as far as connecting: {e}");
+}
+
 /// The same for `rein load` against a real `rein serve`: an `--out` under a regular file fails before
 /// the load starts; a failure to write at the end comes after the summary.
 #[test]
