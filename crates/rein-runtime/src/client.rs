@@ -4,7 +4,9 @@
 //! chunks included, each chunk's length checked against its request before it is awaited) and completes
 //! the matching request by handle; callers await their own request. Bounds: at most [`MAX_IN_FLIGHT`]
 //! requests per connection (callers beyond it wait); what a reply buffers is bounded by its request;
-//! connecting (TCP, the NBD handshake and TLS's) takes at most [`CONNECT_TIMEOUT`].
+//! connecting (TCP, the NBD handshake and TLS's) takes at most [`CONNECT_TIMEOUT`]. A server's refusal in
+//! the handshake is said as what it means (no such export, an access policy, TLS), the option and reply
+//! by name ([`ClientError::Refused`], [`ClientError::Tls`]): servers may send no message with it.
 //!
 //! Once the connection breaks (the reader stops: the server closed it, broke the protocol, or the socket
 //! failed; or a request could not be written) it stays broken: every request still waiting fails with the
@@ -51,6 +53,10 @@ pub enum ClientError {
     /// answer arrived; the reason is the connection's.
     #[error("connection broke: {0}")]
     Broken(String),
+    /// The server refused the export (it has none of that name, or refuses this client) or another step
+    /// of the handshake: what that means, then the option and the reply by name and the server's message.
+    #[error("{0}")]
+    Refused(String),
     /// The TLS handshake failed (OpenSSL's reason: an untrusted certificate, an unknown PSK identity),
     /// or the server and the client disagree on TLS (the message says which way).
     #[error("TLS: {0}")]
@@ -174,24 +180,37 @@ async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// A refusal of NBD_OPT_STARTTLS, or of the export for want of TLS, said as what to do about it (the
-/// bare reply number read as `server refused option 5: reply 0x80000002 ()`).
-fn tls_refusal(e: ClientError) -> ClientError {
+/// A server's refusal of an option, said as what it means and what to do about it: the bare numbers read
+/// as `server refused option 7: reply 0x80000006 ()`, with nothing naming the export (servers such as
+/// nbdkit and qemu-nbd may send no message). A refusal of NBD_OPT_STARTTLS, or of the export for want of
+/// TLS, is [`ClientError::Tls`]; any other is [`ClientError::Refused`], the option and reply by name.
+fn refusal(e: ClientError, export: &str) -> ClientError {
     let ClientError::Proto(p::ProtoError::OptionRefused { option, reply, message }) = &e else { return e };
     let said = if message.is_empty() { String::new() } else { format!(" (the server says: {message})") };
-    if *option == p::OPT_STARTTLS {
-        ClientError::Tls(format!(
+    let (option, reply) = (*option, *reply);
+    if option == p::OPT_STARTTLS {
+        return ClientError::Tls(format!(
             "the server does not offer STARTTLS: it refused NBD_OPT_STARTTLS with {}{said}; drop --tls-ca/--tls-psk-file, or give the server a [tls] section",
-            reply_name(*reply)
-        ))
-    } else if *reply == p::REP_ERR_TLS_REQD {
-        ClientError::Tls(format!(
-            "the server requires TLS: give --tls-ca or --tls-psk-file (it refused option {} with NBD_REP_ERR_TLS_REQD{said})",
-            option_name(*option)
-        ))
-    } else {
-        e
+            reply_name(reply)
+        ));
     }
+    if reply == p::REP_ERR_TLS_REQD {
+        return ClientError::Tls(format!(
+            "the server requires TLS: give --tls-ca or --tls-psk-file (it refused option {} with NBD_REP_ERR_TLS_REQD{said})",
+            option_name(option)
+        ));
+    }
+    let what = match (option, reply) {
+        (p::OPT_GO, p::REP_ERR_UNKNOWN) => {
+            format!("the server has no export named {export:?}")
+        }
+        (p::OPT_GO, p::REP_ERR_POLICY) => {
+            format!("the server refuses this client the export {export:?} (its access policy)")
+        }
+        (p::OPT_GO, p::REP_ERR_SHUTDOWN) => "the server is shutting down".to_string(),
+        _ => format!("the server refused a step of the handshake the client needs (export {export:?})"),
+    };
+    ClientError::Refused(format!("{what}: it refused {} with {}{said}", option_name(option), reply_name(reply)))
 }
 
 /// An option's name (its number if unknown).
@@ -244,7 +263,8 @@ pub struct NbdClient {
 impl NbdClient {
     /// Connects to `addr` and negotiates `export` (fixed newstyle, asking for structured replies), then
     /// starts the task that reads replies. Errors: [`ClientError::Io`] from the socket,
-    /// [`ClientError::Proto`] from the handshake (an unknown export among them), [`ClientError::Closed`]
+    /// [`ClientError::Refused`] for an unknown export (or another refused option), [`ClientError::Proto`]
+    /// for a handshake that breaks the protocol, [`ClientError::Closed`]
     /// if the server hangs up during it.
     pub async fn connect(addr: SocketAddr, export: &str) -> Result<Arc<NbdClient>, ClientError> {
         NbdClient::connect_with(addr, export, None).await
@@ -290,7 +310,7 @@ impl NbdClient {
         let mut buf = Vec::new();
         let dead = Arc::new(AtomicBool::new(false));
         let (wr, (size, flags, _, block), pending) =
-            match negotiate(&mut tcp, &mut hs, &mut buf).await.map_err(tls_refusal)? {
+            match negotiate(&mut tcp, &mut hs, &mut buf).await.map_err(|e| refusal(e, export))? {
                 Negotiated::Ready(n) => {
                     // The plain path keeps the socket's own halves (no lock, no indirection).
                     let (rd, wr) = tcp.into_split();
@@ -300,7 +320,9 @@ impl NbdClient {
                     let (client, name) = tls.expect("STARTTLS is asked for only with TLS");
                     let mut stream = client.connect(name, tcp).await.map_err(|e| ClientError::Tls(e.to_string()))?;
                     hs.tls_established()?;
-                    let Negotiated::Ready(n) = negotiate(&mut stream, &mut hs, &mut buf).await? else {
+                    let Negotiated::Ready(n) =
+                        negotiate(&mut stream, &mut hs, &mut buf).await.map_err(|e| refusal(e, export))?
+                    else {
                         return Err(p::ProtoError::Malformed("a second NBD_OPT_STARTTLS").into());
                     };
                     let (rd, wr) = tokio::io::split(stream);
@@ -509,6 +531,61 @@ mod tests {
         c.disconnect().await; // a second DISC is not sent
         let events = tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap();
         assert_eq!(events, vec!["rejected", "disc"], "one request, then the soft disconnect");
+    }
+
+    /// A server that refuses NBD_OPT_GO with `reply` and `message` (as nbdkit and qemu-nbd may, without
+    /// a message), after acknowledging structured replies; on 127.0.0.223.
+    async fn refusing_go(reply: u32, message: &'static str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.223:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut greeting = p::NBDMAGIC.to_be_bytes().to_vec();
+            greeting.extend_from_slice(&p::IHAVEOPT.to_be_bytes());
+            greeting.extend_from_slice(&(p::FLAG_FIXED_NEWSTYLE | p::FLAG_NO_ZEROES).to_be_bytes());
+            s.write_all(&greeting).await.unwrap();
+            let mut flags = [0u8; 4];
+            s.read_exact(&mut flags).await.unwrap();
+            loop {
+                let mut head = [0u8; 16];
+                if s.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let option = u32::from_be_bytes(head[8..12].try_into().unwrap());
+                let mut data = vec![0u8; u32::from_be_bytes(head[12..16].try_into().unwrap()) as usize];
+                s.read_exact(&mut data).await.unwrap();
+                let mut out = Vec::new();
+                if option == p::OPT_GO {
+                    p::option_reply(&mut out, option, reply, message.as_bytes());
+                } else {
+                    p::option_reply(&mut out, option, p::REP_ACK, &[]);
+                }
+                s.write_all(&out).await.unwrap();
+            }
+        });
+        (addr, server)
+    }
+
+    /// A refused export is said as what it means, the option and reply by name: it read `server refused
+    /// option 7: reply 0x80000006 ()` from a server that gives no message.
+    #[tokio::test]
+    async fn a_refused_export_is_named_with_what_the_refusal_means() {
+        let (addr, server) = refusing_go(p::REP_ERR_UNKNOWN, "").await;
+        let e = NbdClient::connect(addr, "nope").await.err().expect("no such export");
+        assert!(matches!(e, ClientError::Refused(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "the server has no export named \"nope\": it refused NBD_OPT_GO with NBD_REP_ERR_UNKNOWN"
+        );
+        server.abort();
+        let (addr, server) = refusing_go(p::REP_ERR_POLICY, "not for you").await;
+        let e = NbdClient::connect(addr, "v").await.err().expect("refused");
+        assert_eq!(
+            e.to_string(),
+            "the server refuses this client the export \"v\" (its access policy): it refused NBD_OPT_GO with \
+             NBD_REP_ERR_POLICY (the server says: not for you)"
+        );
+        server.abort();
     }
 
     /// A server that accepts and never writes: connecting fails at its deadline (it waited for the
