@@ -167,12 +167,26 @@ fn load_tls(args: &LoadArgs) -> Result<Option<rein_runtime::load::LoadTls>> {
     Ok(Some(rein_runtime::load::LoadTls { client, name: args.tls_name.clone() }))
 }
 
+/// `--seconds` in (0, 86400] and `--warmup` in [0, --seconds), each error naming the value given: a bare
+/// `need 0 <= --warmup < --seconds <= 86400` left `rein load --seconds 2` (with the default warm-up of
+/// 2 s, which the command line did not show) without a clue which was wrong.
+fn check_times(seconds: f64, warmup: f64) -> Result<()> {
+    if !(seconds > 0.0 && seconds <= 86_400.0) {
+        bail!("--seconds {seconds} is out of range: a run lasts more than 0 and at most 86400 s (a day)");
+    }
+    if !(warmup >= 0.0 && warmup < seconds) {
+        bail!(
+            "--warmup {warmup} must be at least 0 and below --seconds {seconds}: the warm-up (2 s unless \
+             --warmup says otherwise) is left out of the summary, so the run must last longer"
+        );
+    }
+    Ok(())
+}
+
 /// `rein load`: checks that `--out` can be written, runs the jobs against the server for `--seconds`,
 /// then prints the summary (or `--json`) and writes `--out`.
 pub(crate) fn run(args: LoadArgs) -> Result<()> {
-    if !(args.seconds > 0.0 && args.seconds <= 86_400.0 && args.warmup >= 0.0 && args.warmup < args.seconds) {
-        bail!("need 0 <= --warmup < --seconds <= 86400");
-    }
+    check_times(args.seconds, args.warmup)?;
     let duration = Duration::from_secs_f64(args.seconds);
     let warmup = Duration::from_secs_f64(args.warmup);
     let jobs = args.jobs.iter().map(|j| parse_job(j, duration)).collect::<Result<Vec<_>>>()?;
@@ -268,6 +282,26 @@ pub(crate) fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// A run shorter than the default warm-up, and the other out-of-range times, name the value at fault.
+    #[test]
+    fn out_of_range_times_name_the_value_at_fault() {
+        let e = |s, w| super::check_times(s, w).unwrap_err().to_string();
+        assert_eq!(
+            e(2.0, 2.0),
+            "--warmup 2 must be at least 0 and below --seconds 2: the warm-up (2 s unless --warmup says otherwise) \
+             is left out of the summary, so the run must last longer"
+        );
+        assert!(e(1.0, -1.0).starts_with("--warmup -1 must be at least 0 and below --seconds 1"));
+        assert!(e(1.0, f64::NAN).starts_with("--warmup NaN must be"));
+        for s in [0.0, -1.0, 100_000.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(
+                e(s, 0.0),
+                format!("--seconds {s} is out of range: a run lasts more than 0 and at most 86400 s (a day)")
+            );
+        }
+        assert!(super::check_times(3.0, 2.0).is_ok() && super::check_times(86_400.0, 0.0).is_ok());
+    }
+
     /// The summary's name column is as wide as the longest name, as `rein sim`'s: names that share their
     /// first 12 characters stay apart and the columns line up (a 26-character name pushed its row's
     /// columns out of line; at most 64 characters, then cut with `…`).
