@@ -10,7 +10,9 @@
 //!
 //! Once the connection breaks (the reader stops: the server closed it, broke the protocol, or the socket
 //! failed; or a request could not be written) it stays broken: every request still waiting fails with the
-//! reason, and every later one fails at once with it ([`NbdClient::broken`]), unsent.
+//! reason, and every later one fails at once with it ([`NbdClient::broken`]), unsent. A reply with
+//! NBD_ESHUTDOWN breaks it so for later requests too (the spec lets the client send nothing but its soft
+//! disconnect then), while those still waiting get the server's answers.
 
 use crate::tls::TlsClient;
 use rein_proto::nbd::{
@@ -65,6 +67,9 @@ pub enum ClientError {
     #[error("no answer within {} s (TCP connect, NBD handshake or TLS handshake): the server accepts but does not answer, or nothing listens", .0.as_secs_f64())]
     Timeout(Duration),
 }
+
+/// Why a connection is over once the server answered NBD_ESHUTDOWN.
+const SHUTTING_DOWN: &str = "the server is shutting down (it answered NBD_ESHUTDOWN)";
 
 type Waiter = oneshot::Sender<Result<Vec<u8>, ClientError>>;
 
@@ -370,7 +375,7 @@ impl NbdClient {
         {
             if self.server_shutdown.load(Relaxed) {
                 // The spec: after NBD_ESHUTDOWN a client sends only its soft disconnect.
-                return Err(ClientError::Errno(p::ESHUTDOWN));
+                return Err(ClientError::Broken(SHUTTING_DOWN.into()));
             }
             let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(end) = &g.broken {
@@ -401,7 +406,12 @@ impl NbdClient {
         }
         let result = rx.await.map_err(|_| ClientError::Closed)?;
         if matches!(result, Err(ClientError::Errno(p::ESHUTDOWN))) {
+            // The connection is over for new requests: broken, so that a caller stops sending on it
+            // (`rein load` replaced each request that failed at once, unsent, and spun a CPU on it).
             self.server_shutdown.store(true, Relaxed);
+            let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            g.broken.get_or_insert_with(|| ClientError::Broken(SHUTTING_DOWN.into()));
+            self.dead.store(true, Relaxed);
         }
         if self.server_shutdown.load(Relaxed) {
             // The server is shutting down: once nothing is in flight, disconnect softly (once), as the
@@ -527,7 +537,8 @@ mod tests {
         let first = c.request(Command::Read, 0, 4096, &[], false).await;
         assert!(matches!(first, Err(ClientError::Errno(p::ESHUTDOWN))), "{first:?}");
         let second = c.request(Command::Read, 0, 4096, &[], false).await;
-        assert!(matches!(second, Err(ClientError::Errno(p::ESHUTDOWN))), "not sent: {second:?}");
+        assert!(matches!(&second, Err(ClientError::Broken(m)) if m == SHUTTING_DOWN), "not sent: {second:?}");
+        assert!(c.is_broken(), "the connection is over for new requests");
         c.disconnect().await; // a second DISC is not sent
         let events = tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap();
         assert_eq!(events, vec!["rejected", "disc"], "one request, then the soft disconnect");
