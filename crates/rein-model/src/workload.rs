@@ -707,11 +707,14 @@ impl WorkloadParams {
                 let fmt = crate::trace::TraceFormat::resolve(t.format.as_deref(), &path)?;
                 let records = traces.load(&path, fmt, devices)?;
                 if records.is_empty() {
-                    return Err(invalid(format!(
-                        "trace {} has no records (device filter {:?})",
-                        path.display(),
-                        devices
-                    )));
+                    // The device filter is named only when there is one: `(device filter [])` read as a
+                    // setting to look for to an operator whose trace file was simply empty.
+                    let filter = if devices.is_empty() {
+                        " (the file holds no request lines)".to_string()
+                    } else {
+                        format!(" (device filter {devices:?})")
+                    };
+                    return Err(invalid(format!("trace {} has no records{filter}", path.display())));
                 }
                 if let Some(d) = devices.iter().find(|&&d| !records.iter().any(|r| r.device == d)) {
                     return Err(invalid(format!("trace.devices: device {d} has no records in {}", path.display())));
@@ -1411,6 +1414,30 @@ mod tests {
             "{e}"
         );
         assert_eq!(cache.records(), 5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A trace without records says why: an empty file, or a device filter that kept none (the filter was
+    /// named as `(device filter [])` for an empty file, read as a setting to look for).
+    #[test]
+    fn an_empty_trace_says_it_has_no_records() {
+        let dir = std::env::temp_dir().join(format!("rein-model-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.trace"), "# nothing but a comment\n\n").unwrap();
+        let trace = TraceParams {
+            path: "t.trace".into(),
+            format: None,
+            device: None,
+            devices: None,
+            time_scale: 1.0,
+            repeat: false,
+        };
+        let p = WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() };
+        let e = |devices: &[u32]| p.validate(Nanos::from_secs(10), Some(&dir), devices).unwrap_err().to_string();
+        let path = dir.join("t.trace").display().to_string();
+        assert_eq!(e(&[]), format!("trace {path} has no records (the file holds no request lines)"));
+        std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n").unwrap();
+        assert_eq!(e(&[7]), format!("trace {path} has no records (device filter [7])"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
