@@ -1417,6 +1417,13 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A trace workload of the file `t.trace` (in the directory given to `validate`), every device.
+    fn trace_of_t(time_scale: f64, repeat: bool) -> WorkloadParams {
+        let trace =
+            TraceParams { path: "t.trace".into(), format: None, device: None, devices: None, time_scale, repeat };
+        WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() }
+    }
+
     /// A trace without records says why: an empty file, or a device filter that kept none (the filter was
     /// named as `(device filter [])` for an empty file, read as a setting to look for).
     #[test]
@@ -1424,15 +1431,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rein-model-empty-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("t.trace"), "# nothing but a comment\n\n").unwrap();
-        let trace = TraceParams {
-            path: "t.trace".into(),
-            format: None,
-            device: None,
-            devices: None,
-            time_scale: 1.0,
-            repeat: false,
-        };
-        let p = WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() };
+        let p = trace_of_t(1.0, false);
         let e = |devices: &[u32]| p.validate(Nanos::from_secs(10), Some(&dir), devices).unwrap_err().to_string();
         let path = dir.join("t.trace").display().to_string();
         assert_eq!(e(&[]), format!("trace {path} has no records (the file holds no request lines)"));
@@ -1447,16 +1446,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let run = |text: &str, time_scale: f64| {
             std::fs::write(dir.join("t.trace"), text).unwrap();
-            let trace = TraceParams {
-                path: "t.trace".into(),
-                format: None,
-                device: None,
-                devices: None,
-                time_scale,
-                repeat: true,
-            };
-            let p = WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() };
-            p.validate(Nanos::from_secs(10), Some(&dir), &[]).map_err(|e| e.to_string())
+            trace_of_t(time_scale, true).validate(Nanos::from_secs(10), Some(&dir), &[]).map_err(|e| e.to_string())
         };
         // One record, or records all at one instant: a pass of no time (it once spun for ever).
         let e = run("0 0 0 8 1\n", 1.0).unwrap_err();
@@ -1468,15 +1458,7 @@ mod tests {
         assert!(e.contains("above the bound of 10000000 IOPS"), "{e}");
         // Not repeated, a trace at one instant is a finite burst.
         std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n").unwrap();
-        let trace = TraceParams {
-            path: "t.trace".into(),
-            format: None,
-            device: None,
-            devices: None,
-            time_scale: 1.0,
-            repeat: false,
-        };
-        let once = WorkloadParams { kind: "trace".into(), trace: Some(trace), ..Default::default() };
+        let once = trace_of_t(1.0, false);
         assert!(once.validate(Nanos::from_secs(10), Some(&dir), &[]).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -1281,6 +1281,42 @@ mod tests {
         assert_eq!(Pick::default().choose(0, 512, 1), 0);
     }
 
+    /// A one-second run of one job "v" (export and tenant "v") of `params` over `connections`
+    /// connections to `addr`, named `name`, measured from its start (no warm-up).
+    fn one_job_run(
+        addr: SocketAddr,
+        name: &str,
+        connections: usize,
+        params: rein_model::workload::WorkloadParams,
+    ) -> LoadConfig {
+        let workload = params.validate(Nanos::from_secs(1), None, &[]).unwrap();
+        let job = Job {
+            name: "v".into(),
+            export: "v".into(),
+            tenant: "v".into(),
+            connections,
+            workload,
+            route: None,
+            stream: None,
+        };
+        LoadConfig {
+            addr,
+            admin: None,
+            admin_token: None,
+            jobs: vec![job],
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            interval: Duration::from_millis(500),
+            seed: 1,
+            name: name.into(),
+            max_pending: MAX_PENDING,
+            servers: Vec::new(),
+            server_admins: Vec::new(),
+            tls: None,
+            cost_model: rein_core::CostModel::PerIo,
+            start_gate: None,
+        }
+    }
     /// A server that completes the handshake and then stops reading: the run's end (answers still due,
     /// then the disconnects) takes at most two DRAIN_TIMEOUTs whatever the connections. One disconnect
     /// after another took a DRAIN_TIMEOUT each (8 connections: 47 s; 1,024: 85 min).
@@ -1305,33 +1341,7 @@ mod tests {
             span_gb: 0.001,
             ..Default::default()
         };
-        let workload = p.validate(Nanos::from_secs(1), None, &[]).unwrap();
-        let job = Job {
-            name: "v".into(),
-            export: "v".into(),
-            tenant: "v".into(),
-            connections: 8,
-            workload,
-            route: None,
-            stream: None,
-        };
-        let cfg = LoadConfig {
-            addr,
-            admin: None,
-            admin_token: None,
-            jobs: vec![job],
-            duration: Duration::from_secs(1),
-            warmup: Duration::ZERO,
-            interval: Duration::from_millis(500),
-            seed: 1,
-            name: "deaf".into(),
-            max_pending: MAX_PENDING,
-            servers: Vec::new(),
-            server_admins: Vec::new(),
-            tls: None,
-            cost_model: rein_core::CostModel::PerIo,
-            start_gate: None,
-        };
+        let cfg = one_job_run(addr, "deaf", 8, p);
         let started = std::time::Instant::now();
         let bound = Duration::from_secs(1) + DRAIN_TIMEOUT * 2 + Duration::from_secs(5);
         let run = tokio::spawn(run_checked(cfg, |_, _| {}));
@@ -1389,33 +1399,7 @@ mod tests {
         });
         let p =
             rein_model::workload::WorkloadParams { outstanding: Some(4), read_pct: Some(100.0), ..Default::default() };
-        let workload = p.validate(Nanos::from_secs(1), None, &[]).unwrap();
-        let job = Job {
-            name: "v".into(),
-            export: "v".into(),
-            tenant: "v".into(),
-            connections: 1,
-            workload,
-            route: None,
-            stream: None,
-        };
-        let cfg = LoadConfig {
-            addr,
-            admin: None,
-            admin_token: None,
-            jobs: vec![job],
-            duration: Duration::from_secs(1),
-            warmup: Duration::ZERO,
-            interval: Duration::from_millis(500),
-            seed: 1,
-            name: "shutdown".into(),
-            max_pending: MAX_PENDING,
-            servers: Vec::new(),
-            server_admins: Vec::new(),
-            tls: None,
-            cost_model: rein_core::CostModel::PerIo,
-            start_gate: None,
-        };
+        let cfg = one_job_run(addr, "shutdown", 1, p);
         let out = tokio::time::timeout(Duration::from_secs(30), run_checked(cfg, |_, _| {})).await.unwrap().unwrap();
         let seen = tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
         // The window's 4 requests at most (those sent after the first answer are not: the client sends

@@ -648,6 +648,16 @@ fn a_reload_takes_renewed_certificates_for_new_connections() {
     run_ok(tool("nbdinfo").arg(format!("nbd://{}/rd", s.nbd)));
 }
 
+/// In `dir`: a CA "ca", a server certificate for the address `ip`, client certificates for alice and
+/// bob, and the CA's CRL `crl.pem`, empty (the revocation tests revoke bob later).
+fn alice_and_bob(dir: &Path, ip: &str) {
+    make_ca(dir, "ca", "ca");
+    make_cert(dir, "ca", "server", ip, &tls::server(&format!("IP:{ip}")));
+    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
+    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
+    tls::make_crl(dir, "ca", "crl.pem");
+}
+
 /// With `admin_tls`, a reload whose `crl` revokes a client closes its open HTTPS admin connections, as
 /// it does its NBD ones: before, a revoked client kept the admin endpoint on a keep-alive connection as
 /// long as it sent a request within each idle timeout. Bob's connection (openssl s_client, his
@@ -658,11 +668,7 @@ fn a_reload_that_revokes_a_client_closes_its_https_admin_connection() {
     use std::io::{BufRead, Write};
     let tmp = tmpdir("tls-admin-crl");
     let dir = tmp.path();
-    make_ca(dir, "ca", "ca");
-    make_cert(dir, "ca", "server", "127.0.0.187", &tls::server("IP:127.0.0.187"));
-    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
-    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
-    tls::make_crl(dir, "ca", "crl.pem");
+    alice_and_bob(dir, "127.0.0.187");
     let config = "admin_tls = true\n[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\n\
                   ca = \"ca-cert.pem\"\ncrl = \"crl.pem\"\n";
     let s = start(dir, 187, &format!("{config}{PLAIN}"));
@@ -727,12 +733,8 @@ fn a_reload_that_revokes_a_client_closes_its_https_admin_connection() {
 fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
     let tmp = tmpdir("tls-crl");
     let dir = tmp.path();
-    make_ca(dir, "ca", "ca");
+    alice_and_bob(dir, "127.0.0.50");
     make_ca(dir, "other", "other");
-    make_cert(dir, "ca", "server", "127.0.0.50", &tls::server("IP:127.0.0.50"));
-    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
-    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
-    tls::make_crl(dir, "ca", "crl.pem");
     let key = "00112233445566778899aabbccddeeff";
     write_file(dir, "keys.psk", &format!("alice:{key}\ncarol:{key}\n"));
     write_file(dir, "carol.psk", &format!("carol:{key}\n"));
@@ -817,39 +819,60 @@ fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
     assert!(out.contains("warning: tls.cert") && out.contains("expired-cert.pem expired"), "{out}");
 }
 
+/// One NBD client (accepted on `listener`) relayed to `server`: the server's bytes go through untouched
+/// (a thread), the client's are relayed up to its first NBD_OPT_STARTTLS, which is returned, not sent.
+struct Relay {
+    client: std::net::TcpStream,
+    upstream: std::net::TcpStream,
+    down: std::thread::JoinHandle<()>,
+}
+
+impl Relay {
+    fn to_starttls(listener: &std::net::TcpListener, server: SocketAddr) -> (Relay, Vec<u8>) {
+        use std::io::{Read, Write};
+        let (mut client, _) = listener.accept().unwrap();
+        let mut upstream = std::net::TcpStream::connect(server).unwrap();
+        let (mut from_server, mut to_client) = (upstream.try_clone().unwrap(), client.try_clone().unwrap());
+        let down = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from_server, &mut to_client);
+            let _ = to_client.shutdown(std::net::Shutdown::Write);
+        });
+        let mut flags = [0u8; 4];
+        client.read_exact(&mut flags).unwrap();
+        upstream.write_all(&flags).unwrap();
+        let starttls = loop {
+            let mut option = [0u8; 16];
+            client.read_exact(&mut option).unwrap();
+            let len = u32::from_be_bytes(option[12..16].try_into().unwrap()) as usize;
+            let mut data = vec![0u8; len];
+            client.read_exact(&mut data).unwrap();
+            let mut message = option.to_vec();
+            message.extend_from_slice(&data);
+            if u32::from_be_bytes(option[8..12].try_into().unwrap()) == p::OPT_STARTTLS {
+                break message;
+            }
+            upstream.write_all(&message).unwrap();
+        };
+        (Relay { client, upstream, down }, starttls)
+    }
+
+    /// Sends `held` on, then relays the client's bytes untouched until either side closes.
+    fn finish(mut self, held: &[u8]) {
+        use std::io::Write;
+        self.upstream.write_all(held).unwrap();
+        let _ = std::io::copy(&mut self.client, &mut self.upstream);
+        let _ = self.upstream.shutdown(std::net::Shutdown::Write);
+        self.down.join().unwrap();
+    }
+}
+
 /// A relay between one NBD client (accepted on `listener`) and `server` that holds the client's first
 /// NBD_OPT_STARTTLS until `hold` has run, then relays both ways untouched: a reload in `hold` falls
 /// between the client's connect (the server's greeting went through) and its STARTTLS, every time.
 fn relay_holding_starttls(listener: &std::net::TcpListener, server: SocketAddr, hold: impl FnOnce()) {
-    use std::io::{Read, Write};
-    let (mut client, _) = listener.accept().unwrap();
-    let mut upstream = std::net::TcpStream::connect(server).unwrap();
-    let (mut from_server, mut to_client) = (upstream.try_clone().unwrap(), client.try_clone().unwrap());
-    let down = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut from_server, &mut to_client);
-        let _ = to_client.shutdown(std::net::Shutdown::Write);
-    });
-    let mut flags = [0u8; 4];
-    client.read_exact(&mut flags).unwrap();
-    upstream.write_all(&flags).unwrap();
-    let starttls = loop {
-        let mut option = [0u8; 16];
-        client.read_exact(&mut option).unwrap();
-        let len = u32::from_be_bytes(option[12..16].try_into().unwrap()) as usize;
-        let mut data = vec![0u8; len];
-        client.read_exact(&mut data).unwrap();
-        let mut message = option.to_vec();
-        message.extend_from_slice(&data);
-        if u32::from_be_bytes(option[8..12].try_into().unwrap()) == p::OPT_STARTTLS {
-            break message;
-        }
-        upstream.write_all(&message).unwrap();
-    };
+    let (relay, starttls) = Relay::to_starttls(listener, server);
     hold();
-    upstream.write_all(&starttls).unwrap();
-    let _ = std::io::copy(&mut client, &mut upstream);
-    let _ = upstream.shutdown(std::net::Shutdown::Write);
-    down.join().unwrap();
+    relay.finish(&starttls);
 }
 
 /// A relay between one NBD client (accepted on `listener`) and `server` that passes the NBD handshake up
@@ -859,28 +882,8 @@ fn relay_holding_starttls(listener: &std::net::TcpListener, server: SocketAddr, 
 /// server's TLS handshake is under way with the context it took at STARTTLS, every time.
 fn relay_holding_the_clients_second_flight(listener: &std::net::TcpListener, server: SocketAddr, hold: impl FnOnce()) {
     use std::io::{Read, Write};
-    let (mut client, _) = listener.accept().unwrap();
-    let mut upstream = std::net::TcpStream::connect(server).unwrap();
-    let (mut from_server, mut to_client) = (upstream.try_clone().unwrap(), client.try_clone().unwrap());
-    let down = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut from_server, &mut to_client);
-        let _ = to_client.shutdown(std::net::Shutdown::Write);
-    });
-    let mut flags = [0u8; 4];
-    client.read_exact(&mut flags).unwrap();
-    upstream.write_all(&flags).unwrap();
-    loop {
-        let mut option = [0u8; 16];
-        client.read_exact(&mut option).unwrap();
-        let len = u32::from_be_bytes(option[12..16].try_into().unwrap()) as usize;
-        let mut data = vec![0u8; len];
-        client.read_exact(&mut data).unwrap();
-        upstream.write_all(&option).unwrap();
-        upstream.write_all(&data).unwrap();
-        if u32::from_be_bytes(option[8..12].try_into().unwrap()) == p::OPT_STARTTLS {
-            break;
-        }
-    }
+    let (mut relay, starttls) = Relay::to_starttls(listener, server);
+    relay.upstream.write_all(&starttls).unwrap();
     // A TLS record: a 5-byte header (type, version, length) and its body.
     let record = |c: &mut std::net::TcpStream| {
         let mut r = vec![0u8; 5];
@@ -890,15 +893,12 @@ fn relay_holding_the_clients_second_flight(listener: &std::net::TcpListener, ser
         c.read_exact(&mut r[5..]).unwrap();
         r
     };
-    let hello = record(&mut client);
+    let hello = record(&mut relay.client);
     assert_eq!(hello[0], 22, "the client's first TLS record is a handshake record (its ClientHello)");
-    upstream.write_all(&hello).unwrap();
-    let second = record(&mut client);
+    relay.upstream.write_all(&hello).unwrap();
+    let second = record(&mut relay.client);
     hold();
-    upstream.write_all(&second).unwrap();
-    let _ = std::io::copy(&mut client, &mut upstream);
-    let _ = upstream.shutdown(std::net::Shutdown::Write);
-    down.join().unwrap();
+    relay.finish(&second);
 }
 
 /// The revocation race on a real server and a real client: bob's TLS handshake starts under a CRL that
@@ -912,11 +912,7 @@ fn relay_holding_the_clients_second_flight(listener: &std::net::TcpListener, ser
 fn a_client_revoked_while_its_tls_handshake_runs_is_refused() {
     let tmp = tmpdir("tls-revoke-race");
     let dir = tmp.path();
-    make_ca(dir, "ca", "ca");
-    make_cert(dir, "ca", "server", "127.0.0.58", &tls::server("IP:127.0.0.58"));
-    make_cert(dir, "ca", "alice", "alice", tls::CLIENT);
-    make_cert(dir, "ca", "bob", "bob", tls::CLIENT);
-    tls::make_crl(dir, "ca", "crl.pem");
+    alice_and_bob(dir, "127.0.0.58");
     let s = start(
         dir,
         58,
