@@ -13,9 +13,11 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub(crate) struct LoadArgs {
-    /// NBD server address.
-    #[arg(long, default_value = "127.0.0.1:10809")]
-    pub(crate) addr: SocketAddr,
+    /// NBD server: `HOST[:PORT]`, HOST an IP address or a name resolved once at the start (its first IPv4
+    /// address if it has one; with TLS the name is what the server's certificate must carry unless
+    /// --tls-name says otherwise); PORT 10809, NBD's, when left out.
+    #[arg(long, value_name = "HOST[:PORT]", default_value = "127.0.0.1:10809", value_parser = parse_nbd_addr)]
+    pub(crate) addr: NbdAddr,
     /// The server's admin endpoint (`rein serve`'s, default 127.0.0.1:9180), as ADDR or http://ADDR, or
     /// https://ADDR when it is served with admin_tls: the report then carries the tenants' specs and
     /// completions by scheduling phase. Without it they are unknown (null).
@@ -149,6 +151,51 @@ fn summary_text(totals: &RunTotals) -> String {
     s
 }
 
+/// `--addr`: where the server is, and the host name it was given by, if a name.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct NbdAddr {
+    pub(crate) addr: SocketAddr,
+    pub(crate) name: Option<String>,
+}
+
+/// NBD's port (IANA), when `--addr` gives none.
+const NBD_PORT: u16 = 10809;
+
+/// Parses `--addr`: `IP:PORT`, `[IPv6]:PORT`, an IP alone, or a host name with or without a port (it
+/// took only `IP:PORT`, and `localhost:10809` or a bare IP got clap's "invalid socket address syntax").
+/// An NBD URI is refused with where its parts go.
+fn parse_nbd_addr(s: &str) -> Result<NbdAddr, String> {
+    use std::net::{IpAddr, ToSocketAddrs};
+    if s.contains("://") {
+        return Err(format!(
+            "{s:?} is a URI: --addr takes HOST[:PORT] (the export goes in --job export=NAME, TLS in the --tls-* flags)"
+        ));
+    }
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(NbdAddr { addr, name: None });
+    }
+    let bare = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(s);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(NbdAddr { addr: SocketAddr::new(ip, NBD_PORT), name: None });
+    }
+    let (host, port) = match s.rsplit_once(':') {
+        Some((host, port)) => {
+            let port =
+                port.parse::<u16>().map_err(|_| format!("port {port:?} of {s:?} is not a number in 0..=65535"))?;
+            (host, port)
+        }
+        None => (s, NBD_PORT),
+    };
+    if host.is_empty() {
+        return Err(format!("{s:?} names no host"));
+    }
+    let found: Vec<SocketAddr> =
+        (host, port).to_socket_addrs().map_err(|e| format!("cannot resolve host {host:?}: {e}"))?.collect();
+    let addr = found.iter().find(|a| a.is_ipv4()).or(found.first()).copied();
+    let addr = addr.ok_or_else(|| format!("host {host:?} has no address"))?;
+    Ok(NbdAddr { addr, name: Some(host.to_string()) })
+}
+
 /// The `--tls-*` flags: a client context if any is given (errors name the flag and the file).
 fn load_tls(args: &LoadArgs) -> Result<Option<rein_runtime::load::LoadTls>> {
     use rein_runtime::tls::{Naming, TlsClient, TlsClientFiles};
@@ -164,7 +211,10 @@ fn load_tls(args: &LoadArgs) -> Result<Option<rein_runtime::load::LoadTls>> {
         crl: args.tls_crl.clone(),
     };
     let client = TlsClient::build(Naming::Flags("tls"), files).map_err(anyhow::Error::msg)?;
-    Ok(Some(rein_runtime::load::LoadTls { client, name: args.tls_name.clone() }))
+    // A host name in --addr is the name the certificate must carry, as for any TLS client; --tls-name
+    // says otherwise.
+    let name = args.tls_name.clone().or_else(|| args.addr.name.clone());
+    Ok(Some(rein_runtime::load::LoadTls { client, name }))
 }
 
 /// `--seconds` in (0, 86400] and `--warmup` in [0, --seconds), each error naming the value given: a bare
@@ -195,7 +245,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     }
     let interval = Duration::from_secs(1);
     let cfg = LoadConfig {
-        addr: args.addr,
+        addr: args.addr.addr,
         admin: args
             .admin
             .as_deref()
@@ -282,6 +332,48 @@ pub(crate) fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// `--addr` as an operator writes it: IP:PORT, an IP alone (NBD's port), IPv6 with and without
+    /// brackets, `localhost` with and without a port (resolved from the hosts file; its IPv4 address
+    /// first), and what it refuses, named.
+    #[test]
+    fn addr_takes_host_and_port_as_written() {
+        use super::{parse_nbd_addr, NbdAddr};
+        let at = |s: &str| parse_nbd_addr(s).map(|NbdAddr { addr, name }| (addr.to_string(), name));
+        assert_eq!(at("127.0.0.5:1234"), Ok(("127.0.0.5:1234".into(), None)));
+        assert_eq!(at("127.0.0.5"), Ok(("127.0.0.5:10809".into(), None)));
+        assert_eq!(at("[::1]:99"), Ok(("[::1]:99".into(), None)));
+        assert_eq!(at("::1"), Ok(("[::1]:10809".into(), None)));
+        assert_eq!(at("[::1]"), Ok(("[::1]:10809".into(), None)));
+        assert_eq!(at("localhost:99"), Ok(("127.0.0.1:99".into(), Some("localhost".into()))));
+        assert_eq!(at("localhost"), Ok(("127.0.0.1:10809".into(), Some("localhost".into()))));
+        let e = at("nbd://127.0.0.1:10809/a").unwrap_err();
+        assert!(e.contains("is a URI") && e.contains("--job export=NAME"), "{e}");
+        assert_eq!(at("localhost:nbd").unwrap_err(), "port \"nbd\" of \"localhost:nbd\" is not a number in 0..=65535");
+        assert_eq!(at(":99").unwrap_err(), "\":99\" names no host");
+    }
+
+    /// A host name in `--addr` is the name a TLS client checks the server's certificate for, unless
+    /// `--tls-name` says otherwise; an IP address leaves it to the runtime (the IP).
+    #[test]
+    fn a_host_name_in_addr_is_the_tls_name() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: super::LoadArgs,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let psk = dir.path().join("keys.psk");
+        std::fs::write(&psk, "alice:00112233445566778899aabbccddeeff\n").unwrap();
+        let name = |addr: &str| {
+            let argv = ["rein-load", "--addr", addr, "--job", "name=a", "--tls-psk-file", psk.to_str().unwrap()];
+            let args = Cli::try_parse_from(argv).unwrap().load;
+            super::load_tls(&args).unwrap().expect("TLS asked for").name
+        };
+        assert_eq!(name("localhost:99"), Some("localhost".to_string()));
+        assert_eq!(name("127.0.0.5:99"), None);
+    }
+
     /// A run shorter than the default warm-up, and the other out-of-range times, name the value at fault.
     #[test]
     fn out_of_range_times_name_the_value_at_fault() {
