@@ -249,7 +249,8 @@ pub struct NbdClient {
     pending: Pending,
     next: std::sync::atomic::AtomicU64,
     slots: Semaphore,
-    /// The server answered NBD_ESHUTDOWN: nothing more is sent but the soft disconnect.
+    /// The server answered NBD_ESHUTDOWN: the connection is broken for new requests (`broken`), and the
+    /// last request in flight to end sends the soft disconnect.
     server_shutdown: AtomicBool,
     /// The soft disconnect was sent.
     disc_sent: AtomicBool,
@@ -373,13 +374,10 @@ impl NbdClient {
         let (tx, rx) = oneshot::channel();
         let header = RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle, offset, length };
         {
-            if self.server_shutdown.load(Relaxed) {
-                // The spec: after NBD_ESHUTDOWN a client sends only its soft disconnect.
-                return Err(ClientError::Broken(SHUTTING_DOWN.into()));
-            }
             let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(end) = &g.broken {
-                // Nobody would answer it: the reader has stopped.
+                // Nobody would answer it: the reader has stopped, or the server answered NBD_ESHUTDOWN
+                // (the spec: a client then sends only its soft disconnect).
                 return Err(copy_end(end));
             }
             g.proto.sent(&header)?;
@@ -408,9 +406,10 @@ impl NbdClient {
         if matches!(result, Err(ClientError::Errno(p::ESHUTDOWN))) {
             // The connection is over for new requests: broken, so that a caller stops sending on it
             // (`rein load` replaced each request that failed at once, unsent, and spun a CPU on it).
-            self.server_shutdown.store(true, Relaxed);
             let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             g.broken.get_or_insert_with(|| ClientError::Broken(SHUTTING_DOWN.into()));
+            drop(g);
+            self.server_shutdown.store(true, Relaxed);
             self.dead.store(true, Relaxed);
         }
         if self.server_shutdown.load(Relaxed) {

@@ -658,6 +658,15 @@ fn alice_and_bob(dir: &Path, ip: &str) {
     tls::make_crl(dir, "ca", "crl.pem");
 }
 
+/// A `rein serve` config for [`alice_and_bob`]'s files: TLS required, the server's certificate, the CA
+/// and its CRL, then `extra` in `[tls]`, and the plain exports.
+fn alice_and_bob_server(extra: &str) -> String {
+    format!(
+        "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
+         crl = \"crl.pem\"\n{extra}{PLAIN}"
+    )
+}
+
 /// With `admin_tls`, a reload whose `crl` revokes a client closes its open HTTPS admin connections, as
 /// it does its NBD ones: before, a revoked client kept the admin endpoint on a keep-alive connection as
 /// long as it sent a request within each idle timeout. Bob's connection (openssl s_client, his
@@ -738,14 +747,7 @@ fn a_crl_revokes_client_certificates_and_a_reload_takes_a_new_one() {
     let key = "00112233445566778899aabbccddeeff";
     write_file(dir, "keys.psk", &format!("alice:{key}\ncarol:{key}\n"));
     write_file(dir, "carol.psk", &format!("carol:{key}\n"));
-    let s = start(
-        dir,
-        50,
-        &format!(
-            "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
-             crl = \"crl.pem\"\npsk_file = \"keys.psk\"\n{PLAIN}"
-        ),
-    );
+    let s = start(dir, 50, &alice_and_bob_server("psk_file = \"keys.psk\"\n"));
     let (alice, bob) = (cert_dir(dir, "alice-dir", "ca", Some("alice")), cert_dir(dir, "bob-dir", "ca", Some("bob")));
     let info = |d: &Path| run(tool("nbdinfo").arg(uri(&s, "rd", &format!("tls-certificates={}", d.display()))));
     assert!(info(&alice).status.success() && info(&bob).status.success(), "an empty CRL revokes no one");
@@ -913,14 +915,7 @@ fn a_client_revoked_while_its_tls_handshake_runs_is_refused() {
     let tmp = tmpdir("tls-revoke-race");
     let dir = tmp.path();
     alice_and_bob(dir, "127.0.0.58");
-    let s = start(
-        dir,
-        58,
-        &format!(
-            "[tls]\nmode = \"require\"\ncert = \"server-cert.pem\"\nkey = \"server-key.pem\"\nca = \"ca-cert.pem\"\n\
-             crl = \"crl.pem\"\n{PLAIN}"
-        ),
-    );
+    let s = start(dir, 58, &alice_and_bob_server(""));
     let (alice, bob) = (cert_dir(dir, "alice-dir", "ca", Some("alice")), cert_dir(dir, "bob-dir", "ca", Some("bob")));
     let relay = std::net::TcpListener::bind("127.0.0.58:0").unwrap();
     let at = relay.local_addr().unwrap();
