@@ -216,6 +216,8 @@ pub struct GatewayPlan {
     pub nbd: SocketAddr,
     /// Admin (HTTP) address.
     pub admin: SocketAddr,
+    /// A PARDA host's UDP socket for the other hosts' reports, when it exchanges them.
+    pub udp: Option<SocketAddr>,
     /// Its gw.toml.
     pub config: String,
 }
@@ -425,7 +427,8 @@ impl Plan {
                     .map(|(g, _)| (g as u32, addrs[g].2))
                     .collect();
                 let text = host_config(sc, p, h, &nodes[hp.server], nbd, admin, udp, &peers).map_err(invalid)?;
-                gateways.push(GatewayPlan { tenant: format!("host-{}", hp.name), nbd, admin, config: text });
+                let udp = publishes(hp, p).then_some(udp);
+                gateways.push(GatewayPlan { tenant: format!("host-{}", hp.name), nbd, admin, udp, config: text });
                 host_admins.push(admin);
                 host_nbd.push(nbd);
             }
@@ -470,7 +473,7 @@ impl Plan {
             let (unit_kb, w) = stripe(t).map_err(invalid)?;
             let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
             let layout = Stripe::new(unit_kb * 1024, &w).map_err(|e| invalid(format!("tenant {}: {e}", t.name)))?;
-            gateways.push(GatewayPlan { tenant: t.name.clone(), nbd, admin, config: text });
+            gateways.push(GatewayPlan { tenant: t.name.clone(), nbd, admin, udp: None, config: text });
             endpoints.push(Endpoint {
                 tenant: t.name.clone(),
                 nbd,
@@ -1567,7 +1570,9 @@ iops = 100
             assert!(host.runs);
             assert_eq!(format!("{:?}", host.parda.config), format!("{:?}", p.config));
             match &host.transport {
-                rein_runtime::parda_host::ReportTransport::Udp { peers, .. } => {
+                rein_runtime::parda_host::ReportTransport::Udp { listen, peers } => {
+                    // The supervisor checks the port the host binds (`check_ports`).
+                    assert_eq!(g.udp, Some(*listen));
                     let ids: Vec<u32> = peers.iter().map(|x| x.0).collect();
                     let want: Vec<u32> = (0..3).filter(|&i| i != h as u32).collect();
                     assert_eq!(ids, want);

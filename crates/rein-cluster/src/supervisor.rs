@@ -326,7 +326,8 @@ fn healthy(addr: SocketAddr, timeout: Duration) -> bool {
     admin_client::get_blocking(&endpoint, rein_runtime::admin_guard::HEALTHZ, timeout).is_ok()
 }
 
-/// Every TCP address `plan`'s processes listen on, each with whose port it is.
+/// Every TCP address `plan`'s processes listen on, each with whose port it is (the UDP ones:
+/// [`udp_addrs`]).
 fn listen_addrs(plan: &Plan) -> Vec<(SocketAddr, String)> {
     let mut v = Vec::new();
     if let Some(c) = &plan.controller {
@@ -344,6 +345,13 @@ fn listen_addrs(plan: &Plan) -> Vec<(SocketAddr, String)> {
     v
 }
 
+/// Every UDP address `plan`'s processes bind (the PARDA hosts' report sockets), each with whose it is.
+fn udp_addrs(plan: &Plan) -> Vec<(SocketAddr, String)> {
+    let reports =
+        |g: &crate::plan::GatewayPlan| g.udp.map(|a| (a, format!("PARDA {}'s UDP port for reports", g.tenant)));
+    plan.gateways.iter().filter_map(reports).collect()
+}
+
 /// Refuses a plan whose ports cannot be listened on, before any process starts. A child that cannot
 /// bind its port exits, but readiness is a connection to that port and a `/healthz` answer: where
 /// another process already listens (a second `rein cluster up` on the same `--base-port`), it answers
@@ -354,6 +362,11 @@ fn listen_addrs(plan: &Plan) -> Vec<(SocketAddr, String)> {
 fn check_ports(plan: &Plan) -> Result<(), ClusterError> {
     for (addr, role) in listen_addrs(plan) {
         if let Err(source) = std::net::TcpListener::bind(addr) {
+            return Err(ClusterError::PortUnusable { addr, role, source });
+        }
+    }
+    for (addr, role) in udp_addrs(plan) {
+        if let Err(source) = std::net::UdpSocket::bind(addr) {
             return Err(ClusterError::PortUnusable { addr, role, source });
         }
     }
@@ -763,6 +776,32 @@ pub fn port(base: u16, host: std::net::Ipv4Addr, k: u16) -> std::io::Result<u16>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A PARDA host's UDP port for the other hosts' reports is checked with the TCP ports: held by
+    /// another process, the plan is refused before anything starts, naming it (the host failed to bind
+    /// it and exited after the nodes had started).
+    #[test]
+    fn a_parda_hosts_udp_port_in_use_is_refused_naming_it() {
+        let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let sc = rein_sim::Scenario::load(&base.join("parda-fig2.toml")).unwrap();
+        // A plan whose ports are all free now, from a base the kernel hands out.
+        let plan = (0..20)
+            .find_map(|_| {
+                let first = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+                let plan = Plan::new(&sc, |_, k| Ok(first.saturating_sub(2).saturating_add(k))).unwrap();
+                check_ports(&plan).is_ok().then_some(plan)
+            })
+            .expect("a plan whose ports are free");
+        let host = plan.gateways.iter().find_map(|g| g.udp.map(|a| (a, g.tenant.clone()))).expect("a UDP host");
+        let _held = std::net::UdpSocket::bind(host.0).unwrap();
+        match check_ports(&plan) {
+            Err(ClusterError::PortUnusable { addr, role, .. }) => {
+                assert_eq!(addr, host.0);
+                assert_eq!(role, format!("PARDA {}'s UDP port for reports", host.1));
+            }
+            other => panic!("the UDP port in use was not refused: {other:?}"),
+        }
+    }
 
     /// The servers a controller's status lists as not connected are named; a status that cannot be read
     /// is `None`, not "all linked".
