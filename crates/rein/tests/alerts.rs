@@ -30,8 +30,26 @@ fn names(text: &str) -> BTreeSet<String> {
     set
 }
 
+/// `promtool check metrics` on a daemon's `/metrics` text: the exposition parses and its names, types and
+/// help follow Prometheus's conventions (counters end in `_total`, base units, a HELP per family), so a
+/// scrape and the dashboards built on it see what the names say.
+fn lint(who: &str, text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics on {who}'s /metrics: {said}");
+}
+
 #[test]
-fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export() {
+fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export_which_pass_its_lint() {
     let rules = contrib().join("rein-alerts.yml");
     let tests = contrib().join("rein-alerts.test.yml");
     for args in [vec!["check", "rules", rules.to_str().unwrap()], vec!["test", "rules", tests.to_str().unwrap()]] {
@@ -87,8 +105,12 @@ fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export() {
         &format!("scheduler = \"token\"\n{MEMORY}[pshift]\ncontroller = \"{}\"\nname = \"s1\"\n", ctl.nbd),
     );
     let mut exported = BTreeSet::new();
-    for s in [&node, &gw, &ctl, &server] {
-        exported.extend(names(&common::metrics(s.admin)));
+    for (who, s) in
+        [("rein serve", &node), ("rein gateway", &gw), ("the pShift controller", &ctl), ("its server", &server)]
+    {
+        let text = common::metrics(s.admin);
+        lint(who, &text);
+        exported.extend(names(&text));
     }
 
     let text = std::fs::read_to_string(&rules).unwrap();
