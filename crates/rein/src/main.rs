@@ -14,6 +14,7 @@ mod bench;
 mod cluster;
 mod demo;
 mod gateway;
+mod generate;
 mod load;
 mod logging;
 mod out;
@@ -67,6 +68,10 @@ enum Cmd {
     /// pShift token allocation: solve instance files, generate the paper's synthetic instances.
     #[command(subcommand)]
     Pshift(pshift::PshiftCmd),
+    /// Print the shell completion script for bash, zsh, fish, elvish or PowerShell.
+    Completions(generate::CompletionsArgs),
+    /// Write the man pages (rein.1 and one per subcommand) into a directory.
+    Manpages(generate::ManpagesArgs),
 }
 
 fn main() {
@@ -93,6 +98,8 @@ fn main() {
         Cmd::Bench(c) => bench::run(c),
         Cmd::Pshift(c) => pshift::run(c),
         Cmd::Cluster(c) => cluster::run(c),
+        Cmd::Completions(a) => generate::completions(a, <Cli as clap::CommandFactory>::command()),
+        Cmd::Manpages(a) => generate::manpages(a, <Cli as clap::CommandFactory>::command()),
     };
     // A write to stdout that failed other than on a closed pipe fails the command (stdout.rs).
     let flushed = stdout::finish();

@@ -659,3 +659,47 @@ fn a_sabotaged_run_is_marked_in_its_outputs() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert!(v.get("sabotage").is_none(), "{stdout}");
 }
+
+/// `rein completions bash` is a script bash reads, whose completion function completes the binary's own
+/// subcommands and options; `rein manpages` writes a page for the binary and each subcommand, each
+/// naming its command and options, and refuses a file as its directory.
+#[test]
+fn completions_and_man_pages_come_from_the_cli_itself() {
+    let (ok, script, stderr) = rein(&["completions", "bash"]);
+    assert!(ok, "{stderr}");
+    let dir = tmp("generate");
+    let file = dir.path().join("rein.bash");
+    std::fs::write(&file, &script).unwrap();
+    // What bash offers after `rein se` and after `rein serve --che`.
+    let complete = |words: &str| {
+        let line = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); COMP_LINE=\"{words}\"; \
+             COMP_POINT=${{#COMP_LINE}}; _rein rein \"${{COMP_WORDS[-1]}}\" \"${{COMP_WORDS[-2]}}\"; echo \"${{COMPREPLY[@]}}\"",
+            file.display()
+        );
+        let out = Command::new("bash").args(["-c", &line]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(complete("rein se"), "serve");
+    assert_eq!(complete("rein serve --che"), "--check-config");
+    assert_eq!(complete("rein cluster r"), "run");
+
+    let man = dir.path().join("man");
+    let (ok, stdout, stderr) = rein(&["manpages", "--out", man.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("wrote 23 man pages into "), "{stdout}");
+    for (page, has) in [
+        ("rein.1", "rein\\-serve(1)"),
+        ("rein-serve.1", "\\fB\\-\\-check\\-config\\fR"),
+        ("rein-cluster-run.1", "\\fB\\-\\-check\\fR"),
+        ("rein-load.1", "\\fB\\-\\-addr\\fR"),
+    ] {
+        let text = std::fs::read_to_string(man.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.contains(".SH NAME"), "{page}: {text}");
+        assert!(text.contains(has), "{page} does not hold {has}: {text}");
+    }
+    let (ok, _, stderr) = rein(&["manpages", "--out", file.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("it is a file, not a directory"), "{stderr}");
+}
