@@ -185,12 +185,29 @@ fn what_a_hostile_server_sends_is_a_protocol_error() {
             chunk(&mut s, 1, REPLY_FLAG_DONE, 77, &[]);
             s
         }),
-        ("a second reply to one request", "handle not sent", false, vec![write(1)], {
+        ("a second reply to one request", "a second reply for handle 1, already answered", false, vec![write(1)], {
             let mut s = Vec::new();
             simple_reply(&mut s, 1, 0);
             simple_reply(&mut s, 1, 0);
             s
         }),
+        ("a chunk after a request's last", "a second reply for handle 1, already answered", true, vec![write(1)], {
+            let mut s = Vec::new();
+            chunk(&mut s, 1, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[]);
+            chunk(&mut s, 1, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[]);
+            s
+        }),
+        (
+            "a reply for a handle above those sent",
+            "a reply for handle 3, a handle not sent",
+            false,
+            vec![write(1), write(1)],
+            {
+                let mut s = Vec::new();
+                simple_reply(&mut s, 3, 0);
+                s
+            },
+        ),
     ];
     for (what, says, structured, reqs, stream) in cases {
         let (_, end) = run(structured, &reqs, &stream);
@@ -212,7 +229,44 @@ fn sent_requests_are_bounded_and_distinct() {
     assert_eq!(c.outstanding(), 2);
     let mut s = Vec::new();
     simple_reply(&mut s, 2, 0);
-    assert!(c.decode(&s).is_err(), "a reply for a forgotten request");
+    let e = c.decode(&s).unwrap_err().to_string();
+    assert!(!e.contains("already answered"), "a forgotten request was never answered: {e}");
+}
+
+/// A reply for a handle with no request outstanding is named by what the decoder can know: with handles
+/// sent one after another (n, n + 1, ...), one among those sent was answered already (a second reply, as
+/// a server that repeats its replies sends it: it was "a handle not sent"), one outside them was never
+/// sent; with handles sent otherwise (out of order, or with gaps) it cannot tell which.
+#[test]
+fn a_stray_reply_is_named_a_second_reply_when_handles_follow_each_other() {
+    let h = |handle| RequestHeader { flags: 0, command: Command::Flush, handle, offset: 0, length: 0 };
+    let reply = |handle| {
+        let mut s = Vec::new();
+        simple_reply(&mut s, handle, 0);
+        s
+    };
+    let mut c = ClientTransmission::new(false, 4);
+    for handle in [5, 6, 7] {
+        c.sent(&h(handle)).unwrap();
+    }
+    assert!(matches!(c.decode(&reply(6)), Ok(ClientEvent::Reply { handle: 6, .. })));
+    assert_eq!(c.decode(&reply(6)).unwrap_err().to_string(), "a second reply for handle 6, already answered");
+    // Above the highest handle sent, or below the first: never sent.
+    assert_eq!(c.decode(&reply(8)).unwrap_err().to_string(), "a reply for handle 8, a handle not sent");
+    assert_eq!(c.decode(&reply(4)).unwrap_err().to_string(), "a reply for handle 4, a handle not sent");
+    // With a gap (or out of order): no claim either way.
+    for order in [[5, 6, 9], [7, 6, 5]] {
+        let mut c = ClientTransmission::new(false, 4);
+        for handle in order {
+            c.sent(&h(handle)).unwrap();
+        }
+        assert!(matches!(c.decode(&reply(6)), Ok(ClientEvent::Reply { handle: 6, .. })));
+        assert_eq!(
+            c.decode(&reply(6)).unwrap_err().to_string(),
+            "a reply for handle 6, which has no request outstanding (never sent, or answered already)",
+            "{order:?}"
+        );
+    }
 }
 
 /// A read cut into pieces at random points, each piece sent as data or (if it is all zero) as a hole,

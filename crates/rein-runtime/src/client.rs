@@ -80,6 +80,8 @@ struct Shared {
     /// Why the connection broke, once it did (`Closed`: the server closed it between replies); set by
     /// the reader as it stops, or by a failed write. Requests fail at once with it from then on.
     broken: Option<ClientError>,
+    /// The next request's handle.
+    next: u64,
 }
 
 /// A copy of a connection's end, for each request that learns of it.
@@ -128,6 +130,7 @@ fn spawn_reader<R: AsyncRead + Send + Unpin + 'static>(
         proto: ClientTransmission::new(structured, MAX_IN_FLIGHT),
         waiters: HashMap::new(),
         broken: None,
+        next: 1,
     }));
     let pend = pending.clone();
     tokio::spawn(async move {
@@ -247,7 +250,6 @@ fn reply_name(reply: u32) -> String {
 pub struct NbdClient {
     writer: tokio::sync::Mutex<Writer>,
     pending: Pending,
-    next: std::sync::atomic::AtomicU64,
     slots: Semaphore,
     /// The server answered NBD_ESHUTDOWN: the connection is broken for new requests (`broken`), and the
     /// last request in flight to end sends the soft disconnect.
@@ -338,7 +340,6 @@ impl NbdClient {
         Ok(Arc::new(NbdClient {
             writer: tokio::sync::Mutex::new(wr),
             pending,
-            next: std::sync::atomic::AtomicU64::new(1),
             slots: Semaphore::new(MAX_IN_FLIGHT),
             server_shutdown: AtomicBool::new(false),
             disc_sent: AtomicBool::new(false),
@@ -370,19 +371,25 @@ impl NbdClient {
         fua: bool,
     ) -> Result<Vec<u8>, ClientError> {
         let _slot = self.slots.acquire().await.map_err(|_| ClientError::Closed)?;
-        let handle = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let header = RequestHeader { flags: if fua { p::CMD_FLAG_FUA } else { 0 }, command, handle, offset, length };
-        {
+        let header = {
             let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(end) = &g.broken {
                 // Nobody would answer it: the reader has stopped, or the server answered NBD_ESHUTDOWN
                 // (the spec: a client then sends only its soft disconnect).
                 return Err(copy_end(end));
             }
+            // Handles are taken under the lock, so the protocol state sees them one after another and can
+            // name a second reply to one as such (rein-proto's `StrayReply`).
+            let handle = g.next;
+            g.next += 1;
+            let flags = if fua { p::CMD_FLAG_FUA } else { 0 };
+            let header = RequestHeader { flags, command, handle, offset, length };
             g.proto.sent(&header)?;
             g.waiters.insert(handle, tx);
-        }
+            header
+        };
+        let handle = header.handle;
         // The header alone is this request's own memory while it waits for the writer: the payload is
         // the caller's (shared by every write of a `rein load` job; a copy per request once held
         // outstanding x size, 4.2 GB for 128 writes of 32 MiB to a server that did not read).
@@ -611,6 +618,45 @@ mod tests {
         assert!(matches!(e, ClientError::Timeout(d) if d == deadline), "{e:?}");
         assert!(e.to_string().contains("no answer within 0.3 s"), "{e}");
         held.abort();
+    }
+
+    /// A server that answers a request twice breaks the connection, and the reason names the reply for
+    /// what it is (it read "reply for a handle not sent"): the client's handles follow each other, so the
+    /// protocol state knows the handle was answered already.
+    #[tokio::test]
+    async fn a_second_reply_is_named_as_such() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.201:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let info = crate::testkit::export_v();
+            let (negotiated, mut buf) = crate::testkit::serve_handshake(&mut s, &info, None).await.unwrap();
+            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
+            for _ in 0..2 {
+                let r = crate::testkit::next_request(&mut s, &mut machine, &mut buf).await.unwrap();
+                let mut reply = Vec::new();
+                p::simple_reply(&mut reply, r.handle, 0);
+                // The second request's reply goes twice.
+                s.write_all(&reply).await.unwrap();
+                if r.handle == 2 {
+                    s.write_all(&reply).await.unwrap();
+                }
+            }
+            // Open until the test ends.
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        });
+        let c = NbdClient::connect(addr, "v").await.unwrap();
+        for _ in 0..2 {
+            c.request(Command::Flush, 0, 0, &[], false).await.unwrap();
+        }
+        let start = std::time::Instant::now();
+        while !c.is_broken() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(10), "the reader stops");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let why = c.broken().unwrap().to_string();
+        assert_eq!(why, "connection broke: protocol: a second reply for handle 2, already answered");
+        server.abort();
     }
 
     /// After the connection broke, a request fails at once with the connection's reason, unsent (it was

@@ -13,6 +13,11 @@
 //! # Invariants
 //! 1. Each request sent is completed at most once; a reply is never completed for a handle not sent (a
 //!    reply naming one is a protocol error: the stream cannot be read on without knowing its length).
+//!    The error says what the handle is, from two numbers and a flag rather than a set of answered
+//!    handles (which would grow with the connection): a handle below the lowest or above the highest sent
+//!    was never sent; one between them, when every handle was sent right after the one before (as
+//!    `rein load`'s client allocates them) and none was forgotten, was answered already (a server that
+//!    sends a reply twice); otherwise the error says it cannot tell ([`StrayReply`]).
 //! 2. What a reply makes the decoder hold is bounded by the request: a READ's buffer is its length; a
 //!    chunk longer than the request allows (data beyond the request's range, an error message beyond
 //!    [`MAX_ERROR_MESSAGE`]) is a protocol error, found from its header before its payload is awaited, so
@@ -29,9 +34,9 @@
 //! data bytes follow).
 
 use super::{
-    u16_at, u32_at, u64_at, Command, ProtoError, ReplyHeader, RequestHeader, CHUNK_HEADER_LEN, MAX_ERROR_MESSAGE,
-    REPLY_FLAG_DONE, REPLY_TYPE_ERROR, REPLY_TYPE_ERROR_OFFSET, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA,
-    REPLY_TYPE_OFFSET_HOLE, SIMPLE_REPLY_LEN,
+    u16_at, u32_at, u64_at, Command, ProtoError, ReplyHeader, RequestHeader, StrayReply, CHUNK_HEADER_LEN,
+    MAX_ERROR_MESSAGE, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, REPLY_TYPE_ERROR_OFFSET, REPLY_TYPE_NONE,
+    REPLY_TYPE_OFFSET_DATA, REPLY_TYPE_OFFSET_HOLE, SIMPLE_REPLY_LEN,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -68,6 +73,11 @@ pub struct ClientTransmission {
     outstanding: HashMap<u64, Outstanding>,
     /// Entries of every outstanding request's `ranges` together (invariant 2).
     pieces: usize,
+    /// The lowest and the highest handle sent (`None`: none yet), and whether every handle sent was the
+    /// one after the one before and none was forgotten (invariant 1's naming).
+    lowest: Option<u64>,
+    highest: u64,
+    consecutive: bool,
 }
 
 /// What [`ClientTransmission::decode`] found.
@@ -104,6 +114,9 @@ impl ClientTransmission {
             max_outstanding: max_outstanding.max(1),
             outstanding: HashMap::new(),
             pieces: 0,
+            lowest: None,
+            highest: 0,
+            consecutive: true,
         }
     }
 
@@ -120,6 +133,17 @@ impl ClientTransmission {
         }
         if self.outstanding.contains_key(&req.handle) {
             return Err(ProtoError::Malformed("request with a handle already outstanding"));
+        }
+        match self.lowest {
+            None => {
+                self.lowest = Some(req.handle);
+                self.highest = req.handle;
+            }
+            Some(lowest) => {
+                self.consecutive &= self.highest.checked_add(1) == Some(req.handle);
+                self.lowest = Some(lowest.min(req.handle));
+                self.highest = self.highest.max(req.handle);
+            }
         }
         let read_len = if req.command == Command::Read { req.length } else { 0 };
         self.outstanding.insert(
@@ -139,9 +163,32 @@ impl ClientTransmission {
     /// Forgets a request that was never sent whole (its write failed); a reply naming it later is a
     /// protocol error.
     pub fn forget(&mut self, handle: u64) {
-        if let Some(o) = self.outstanding.remove(&handle) {
-            self.pieces -= o.ranges.len();
+        if self.complete(handle).is_some() {
+            // Not answered, and no longer outstanding: a reply naming it is not a second one.
+            self.consecutive = false;
         }
+    }
+
+    /// Takes `handle`'s request off the outstanding ones (with its pieces).
+    fn complete(&mut self, handle: u64) -> Option<Outstanding> {
+        let o = self.outstanding.remove(&handle)?;
+        self.pieces -= o.ranges.len();
+        Some(o)
+    }
+
+    /// The error for a reply naming `handle`, which has no request outstanding (invariant 1).
+    fn stray(&self, handle: u64) -> ProtoError {
+        let why = match self.lowest {
+            Some(lowest) if (lowest..=self.highest).contains(&handle) => {
+                if self.consecutive {
+                    StrayReply::Answered
+                } else {
+                    StrayReply::Unknown
+                }
+            }
+            _ => StrayReply::NotSent,
+        };
+        ProtoError::StrayReply { handle, why }
     }
 
     /// Decodes the next reply or chunk from `buf` (module comment). Errors break the stream: the caller
@@ -157,12 +204,12 @@ impl ClientTransmission {
         };
         match header {
             ReplyHeader::Simple { error, handle } => {
-                let o = self.outstanding.get(&handle).ok_or(ProtoError::Malformed("reply for a handle not sent"))?;
+                let o = self.outstanding.get(&handle).ok_or_else(|| self.stray(handle))?;
                 let len = if error == 0 { o.read_len as usize } else { 0 };
                 if buf.len() < n + len {
                     return Ok(ClientEvent::NeedMore { wanted: n + len });
                 }
-                self.forget(handle);
+                self.complete(handle);
                 let reply = if error == 0 { Ok(buf[n..n + len].to_vec()) } else { Err(error) };
                 Ok(ClientEvent::Reply { used: n + len, handle, reply })
             }
@@ -170,8 +217,8 @@ impl ClientTransmission {
                 if !self.structured {
                     return Err(ProtoError::Malformed("structured reply chunk without structured replies"));
                 }
-                let o =
-                    self.outstanding.get_mut(&handle).ok_or(ProtoError::Malformed("chunk for a handle not sent"))?;
+                let stray = self.stray(handle);
+                let o = self.outstanding.get_mut(&handle).ok_or(stray)?;
                 let length = length as usize;
                 // Invariant 2: the chunk's length is judged before its payload is awaited.
                 check_length(o, kind, length)?;
@@ -189,8 +236,7 @@ impl ClientTransmission {
                 if flags & REPLY_FLAG_DONE == 0 {
                     return Ok(ClientEvent::Chunk { used });
                 }
-                let o = self.outstanding.remove(&handle).expect("looked up above");
-                self.pieces -= o.ranges.len();
+                let o = self.complete(handle).expect("looked up above");
                 let reply = match o.error {
                     Some(e) => Err(e),
                     None if o.covered != o.read_len as u64 => {

@@ -291,9 +291,43 @@ pub enum ProtoError {
     /// The client aborted the handshake.
     #[error("client aborted the handshake")]
     Aborted,
+    /// A reply (or a chunk of one) names a handle with no request outstanding: what the client can tell
+    /// of it ([`StrayReply`]).
+    #[error("{}", .why.say(*.handle))]
+    StrayReply {
+        /// The handle the reply names.
+        handle: u64,
+        /// What the client's record of its handles says of it.
+        why: StrayReply,
+    },
     /// A storage-node message that breaks its rules ([`node`]); boxed to keep this error small.
     #[error("storage-node protocol: {0}")]
     Node(Box<NodeError>),
+}
+
+/// Why a reply's handle has no request outstanding, as far as the client's record of the handles it
+/// sent tells ([`client::ClientTransmission`]: the lowest and the highest, and whether each followed the
+/// one before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrayReply {
+    /// Outside the handles sent (below the lowest, above the highest).
+    NotSent,
+    /// Among handles sent one after another and none forgotten: answered already (a second reply).
+    Answered,
+    /// Handles were sent out of order, with gaps, or one was forgotten: either.
+    Unknown,
+}
+
+impl StrayReply {
+    fn say(self, handle: u64) -> String {
+        match self {
+            StrayReply::NotSent => format!("a reply for handle {handle}, a handle not sent"),
+            StrayReply::Answered => format!("a second reply for handle {handle}, already answered"),
+            StrayReply::Unknown => format!(
+                "a reply for handle {handle}, which has no request outstanding (never sent, or answered already)"
+            ),
+        }
+    }
 }
 
 impl From<NodeError> for ProtoError {
