@@ -21,6 +21,8 @@ use tokio::sync::Mutex;
 pub const MAX_PROBE_S: f64 = 600.0;
 /// Largest probe IO, in bytes (16 MiB).
 pub const MAX_PROBE_IO: u32 = 16 << 20;
+/// Most requests the probe keeps outstanding (`depth`).
+pub const MAX_PROBE_DEPTH: usize = 4096;
 /// Most bytes the probe's requests hold at once (`depth` x IO size): 1 GiB.
 pub const MAX_PROBE_BYTES_IN_FLIGHT: u64 = 1 << 30;
 
@@ -122,8 +124,8 @@ impl ProbeConfig {
         if self.io_size as u64 > size {
             return bad(format!("IO size {} is larger than the export ({size} bytes)", self.io_size));
         }
-        if self.depth == 0 || self.depth > 4096 {
-            return bad(format!("depth must be in 1..=4096, got {}", self.depth));
+        if self.depth == 0 || self.depth > MAX_PROBE_DEPTH {
+            return bad(format!("depth must be in 1..={MAX_PROBE_DEPTH}, got {}", self.depth));
         }
         // Each request in flight holds its buffer: depth x IO size is the probe's memory.
         if self.depth as u64 * self.io_size as u64 > MAX_PROBE_BYTES_IN_FLIGHT {

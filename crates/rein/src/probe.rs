@@ -35,10 +35,51 @@ pub(crate) struct ProbeArgs {
     pub(crate) json: bool,
 }
 
+/// The flags each within its range, each error naming the flag, the value given and the range, as `rein
+/// load`'s `check_times` does: `--size-kb 0` was refused as `--size-kb 0 is out of range` alone, and the
+/// others by the runtime's check, in bytes and by its own names, under the export's name (`export "a":
+/// probe: IO size must be in 1..=16777216 bytes, got 20480000` for `--size-kb 20000`). `depth` is
+/// `--depth`, or the config's `queue_depth` (`from_config`) when the flag is not given.
+fn check_args(args: &ProbeArgs, depth: usize, from_config: bool) -> Result<()> {
+    use rein_runtime::probe::{MAX_PROBE_BYTES_IN_FLIGHT, MAX_PROBE_DEPTH, MAX_PROBE_IO, MAX_PROBE_S};
+    let seconds = args.seconds;
+    if !(seconds > 0.0 && seconds <= MAX_PROBE_S) {
+        bail!("--seconds {seconds} is out of range: a probe lasts more than 0 and at most {MAX_PROBE_S} s");
+    }
+    let max_kb = MAX_PROBE_IO / 1024;
+    if args.size_kb == 0 || args.size_kb > max_kb {
+        bail!(
+            "--size-kb {} is out of range: a probe's IO size is 1 to {max_kb} KiB ({} MiB)",
+            args.size_kb,
+            max_kb / 1024
+        );
+    }
+    if !(0.0..=100.0).contains(&args.read_pct) {
+        bail!("--read-pct {} is out of range: the share of reads is 0 to 100 (percent)", args.read_pct);
+    }
+    let flag = if from_config { "the config's queue_depth" } else { "--depth" };
+    if depth == 0 || depth > MAX_PROBE_DEPTH {
+        bail!("{flag} {depth} is out of range: a probe keeps 1 to {MAX_PROBE_DEPTH} requests outstanding");
+    }
+    let in_flight = depth as u64 * u64::from(args.size_kb) * 1024;
+    if in_flight > MAX_PROBE_BYTES_IN_FLIGHT {
+        bail!(
+            "{flag} {depth} x --size-kb {} is {} MiB in flight, above the probe's bound of {} MiB (1 GiB): lower \
+             either",
+            args.size_kb,
+            in_flight >> 20,
+            MAX_PROBE_BYTES_IN_FLIGHT >> 20
+        );
+    }
+    Ok(())
+}
+
 /// `rein probe`: measures the export and prints its IOPS, MB/s and latency (or `--json`), then the
 /// `capacity_iops` line for the server config. Writes need `--destructive`.
 pub(crate) fn run(args: ProbeArgs) -> Result<()> {
     let cfg = rein_runtime::config::ServerConfig::load_with(args.config.as_deref(), &Default::default())?;
+    let depth = args.depth.unwrap_or(cfg.queue_depth);
+    check_args(&args, depth, args.depth.is_none())?;
     if args.read_pct < 100.0 && !args.destructive {
         bail!(
             "--read-pct {} writes random data over the export; add --destructive if that is what you want",
@@ -55,14 +96,11 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
         None => cfg.exports.iter().max_by_key(|e| e.size).expect("a valid config has exports"),
     };
     let size_kb = args.size_kb;
-    let io_size = size_kb
-        .checked_mul(1024)
-        .filter(|_| size_kb > 0)
-        .with_context(|| format!("--size-kb {size_kb} is out of range"))?;
     let pc = ProbeConfig {
         seconds: args.seconds,
-        io_size,
-        depth: args.depth.unwrap_or(cfg.queue_depth),
+        // In range: check_args.
+        io_size: size_kb * 1024,
+        depth,
         read_pct: args.read_pct,
         io_engine: cfg.io_engine,
         ..ProbeConfig::default()

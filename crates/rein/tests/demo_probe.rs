@@ -50,6 +50,60 @@ fn the_probe_measures_only_an_existing_image() {
     assert!(!dir.join("data").exists(), "nothing created");
     let (ok, err) = rein(&["probe", "--config", cfg, "--seconds", "0"]);
     assert!(!ok);
-    assert!(err.contains("seconds must be in (0,"), "{err}");
+    assert!(err.contains("--seconds 0 is out of range"), "{err}");
     assert!(!dir.join("data").exists(), "nothing created");
+}
+
+/// Out-of-range settings are refused naming the flag, the value given and the valid range, as `rein load
+/// --seconds` is (`--size-kb 0` said only `--size-kb 0 is out of range`; `--size-kb 20000` and `--depth 0`
+/// spoke of the IO size in bytes and of `depth`, under the export's name, as if the export were at fault).
+#[test]
+fn out_of_range_probe_settings_name_the_flag_and_its_range() {
+    let tmp = common::tmpdir("probe-range");
+    let dir = tmp.path();
+    let cfg = common::write_file(
+        dir,
+        "rein.toml",
+        &format!(
+            "data_dir = \"{}\"\n[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 16\n",
+            dir.join("data").display()
+        ),
+    );
+    let cfg = cfg.to_str().unwrap();
+    let size_kb = "--size-kb {} is out of range: a probe's IO size is 1 to 16384 KiB (16 MiB)";
+    let cases: Vec<(&[&str], String)> = vec![
+        (&["--size-kb", "0"], size_kb.replace("{}", "0")),
+        (&["--size-kb", "20000"], size_kb.replace("{}", "20000")),
+        (&["--size-kb", "4294967"], size_kb.replace("{}", "4294967")),
+        (&["--seconds", "0"], "--seconds 0 is out of range: a probe lasts more than 0 and at most 600 s".into()),
+        (&["--seconds", "1000"], "--seconds 1000 is out of range: a probe lasts more than 0 and at most 600 s".into()),
+        (&["--depth", "0"], "--depth 0 is out of range: a probe keeps 1 to 4096 requests outstanding".into()),
+        (&["--depth", "5000"], "--depth 5000 is out of range: a probe keeps 1 to 4096 requests outstanding".into()),
+        (
+            &["--read-pct", "150", "--destructive"],
+            "--read-pct 150 is out of range: the share of reads is 0 to 100 (percent)".into(),
+        ),
+        (
+            &["--size-kb", "16384", "--depth", "128"],
+            "--depth 128 x --size-kb 16384 is 2048 MiB in flight, above the probe's bound of 1024 MiB (1 GiB): \
+             lower either"
+                .into(),
+        ),
+        // The largest IO is in range.
+        (&["--size-kb", "16384", "--depth", "1"], String::new()),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["probe", "--config", cfg];
+        args.extend_from_slice(flags);
+        if !flags.contains(&"--seconds") {
+            args.extend(["--seconds", "0.2"]);
+        }
+        let (ok, err) = rein(&args);
+        if want.is_empty() {
+            assert!(ok, "{flags:?}: {err}");
+            continue;
+        }
+        assert!(!ok, "{flags:?}");
+        assert_eq!(err.trim_end(), format!("error: {want}"), "{flags:?}");
+    }
 }
