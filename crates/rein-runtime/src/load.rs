@@ -45,8 +45,14 @@
 //! its server) and a closed loop replaces it as it would a completion, so it keeps its depth. A
 //! connection that breaks stays broken ([`NbdClient::broken`]): its reason is logged once, its requests
 //! fail at once, and the job's later requests go to its other connections while any is whole. A server
-//! shutting down (a reply with NBD_ESHUTDOWN) breaks the connection so too; when a job has no whole
-//! connection left, a closed loop stops replacing its requests.
+//! shutting down (a reply with NBD_ESHUTDOWN) breaks the connection so too.
+//!
+//! A job *stops* (its generator stops, its timers are dropped, nothing of it is issued again; what it has
+//! in flight is still recorded) when it has no whole connection left, whatever its kind (an open loop's
+//! arrivals each failed at once, unsent, until the run's end). Its stop is logged and listed
+//! ([`Failures::stopped`]); once every job has stopped, the run ends there ([`Failures::ended_at`])
+//! rather than at its duration: a server killed 2 s into a 20 s run held `rein load` the 18 s left, its
+//! open loop counting 3,613 requests failed unsent.
 //! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
 //!
 //! # Checks before connecting
@@ -355,12 +361,17 @@ pub struct Failures {
     pub unanswered: u64,
     /// Each connection that broke during the run, once: `job NAME: connection N to ADDR: reason`.
     pub broken: Vec<String>,
+    /// Each job that stopped before the run's end, once, with when and why (`job NAME: stopped at 2.1 s:
+    /// ...`; module comment, "Failures").
+    pub stopped: Vec<String>,
+    /// When the run ended, if before its duration: every job had stopped.
+    pub ended_at: Option<Duration>,
 }
 
 impl Failures {
     /// Whether anything failed.
     pub fn any(&self) -> bool {
-        self.failed > 0 || self.unanswered > 0 || !self.broken.is_empty()
+        self.failed > 0 || self.unanswered > 0 || !self.broken.is_empty() || !self.stopped.is_empty()
     }
 
     /// Adds `other`'s failures (another run's, as of a scenario run in parts): its first failure counts
@@ -372,6 +383,11 @@ impl Failures {
             self.first = other.first;
         }
         self.broken.extend(other.broken);
+        self.stopped.extend(other.stopped);
+        self.ended_at = match (self.ended_at, other.ended_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 
     fn note(&mut self, job: &str, e: &ClientError) {
@@ -464,6 +480,8 @@ struct JobState {
     /// This interval, for the live table.
     live_ios: u64,
     live_lat_ns: u64,
+    /// It stopped (module comment, "Failures").
+    stopped: bool,
 }
 
 /// Runs the load; `live` is called once per interval with the jobs' IOPS and latency. What failed is
@@ -667,6 +685,7 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                 devices: j.route.as_ref().and_then(|r| r.devices.clone()),
                 live_ios: 0,
                 live_lat_ns: 0,
+                stopped: false,
             },
         ));
     }
@@ -721,6 +740,8 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
     }
     let mut inflight: InFlight = FuturesUnordered::new();
     let mut failures = Failures::default();
+    // Jobs stopped (module comment, "Failures").
+    let mut stopped = 0usize;
     // The connections whose breaking was reported: (job, group, index).
     let mut reported = std::collections::HashSet::new();
     // Phase counters and busy times are read by one task, in interval order, so the driver never waits for
@@ -766,6 +787,9 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
             }
             handled += 1;
             timers.pop();
+            if states[ji].stopped {
+                continue; // a stopped job's timers are dropped
+            }
             let spec = &specs_w[ji];
             let st = &mut states[ji];
             // The generator decides on the timer's own time (`at`), so a late wake-up does not shift the
@@ -878,9 +902,15 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                         if connection_error(e) && reported.insert((d.job, d.conn)) {
                             report_broken(st, d.conn, e, &mut failures);
                         }
+                        if !st.stopped {
+                            if let Some(why) = stop_reason(st, d.conn) {
+                                stop(st, t, &why, &mut failures);
+                                stopped += 1;
+                            }
+                        }
                         // Replaced as a completion would be (a closed loop keeps its depth), unless the
-                        // job has no whole connection left to send it on (it would fail at once, and
-                        // again).
+                        // job stopped (its generator replaces nothing then), or the window's connections
+                        // are all broken (it would fail at once, and again).
                         if connection_error(e) && st.clients[d.conn.0].iter().all(|c| c.is_broken()) {
                             st.gen.failed();
                             Reissue::No
@@ -894,6 +924,16 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                     Reissue::Now(k) if k.is_none_or(|k| st.active[k]) => issue(d.job, st, None, k, t, &mut inflight, &mut rec),
                     Reissue::Now(_) => {}
                     Reissue::At(at, k) => arm(&mut timers, at, d.job, Timer::Think(k)),
+                }
+                if stopped == states.len() {
+                    // Nothing is left to run: the run ends here, not at its duration.
+                    failures.ended_at = Some(Duration::from_nanos(t.0));
+                    tracing::error!(
+                        "every job has stopped: the run ends at {:.1} s of {:.1} s",
+                        t.as_secs_f64(),
+                        cfg.duration.as_secs_f64()
+                    );
+                    break;
                 }
             }
             _ = tick.tick() => {
@@ -1001,6 +1041,32 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
 /// Each job's requests still unanswered (issued, neither completed nor failed).
 fn unanswered_by_job(states: &[JobState]) -> Vec<(usize, u64)> {
     states.iter().enumerate().map(|(ji, st)| (ji, st.at_window.iter().map(|&n| u64::from(n)).sum())).collect()
+}
+
+/// Why job `st` stops now, after a request on `conn` failed, if it does (module comment, "Failures"): it
+/// has no whole connection left.
+fn stop_reason(st: &JobState, conn: (usize, usize)) -> Option<String> {
+    if st.clients.iter().flatten().all(|c| c.is_broken()) {
+        let n: usize = st.clients.iter().map(Vec::len).sum();
+        let c = &st.clients[conn.0][conn.1];
+        let reason = c.broken().map_or_else(|| "?".to_string(), |b| b.to_string());
+        let which = format!("connection {} to {}: {reason}", conn.1 + 1, st.addrs[conn.0]);
+        return Some(if n == 1 {
+            format!("its connection broke ({which}), and nothing more can be sent")
+        } else {
+            format!("all its {n} connections broke (the last: {which}), and nothing more can be sent")
+        });
+    }
+    None
+}
+
+/// Stops job `st` at `t` for `why`: nothing of it is issued again (module comment, "Failures").
+fn stop(st: &mut JobState, t: Nanos, why: &str, failures: &mut Failures) {
+    st.stopped = true;
+    st.gen.stop();
+    let line = format!("job {}: stopped at {:.1} s: {why}", st.name, t.as_secs_f64());
+    tracing::error!("{line}");
+    failures.stopped.push(line);
 }
 
 /// Logs (once per connection: the caller keeps which) that a connection of `st` broke, with its reason.

@@ -294,13 +294,20 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     failed(&outcome.failures)
 }
 
-/// An error when requests failed or a connection broke (the results above stand; the exit status says
-/// they are not clean): the count, the first failure and the broken connections (the first few).
+/// An error when requests failed, a connection broke or a job stopped (the results above stand; the exit
+/// status says they are not clean): when the run ended if before its end, the count, the first failure,
+/// the broken connections and the stopped jobs (the first few of each).
 pub(crate) fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
     if !f.any() {
         return Ok(());
     }
     let mut msg = String::new();
+    if let Some(at) = f.ended_at {
+        msg.push_str(&format!(
+            "the run ended early, at {:.1} s: every job stopped (the summary's rates count the whole planned run); ",
+            at.as_secs_f64()
+        ));
+    }
     if f.failed > 0 {
         msg.push_str(&format!(
             "{} request{} failed (the first: {})",
@@ -326,6 +333,12 @@ pub(crate) fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
     }
     if f.broken.len() > SHOWN {
         msg.push_str(&format!("; and {} more broken connections", f.broken.len() - SHOWN));
+    }
+    for s in f.stopped.iter().take(SHOWN) {
+        msg.push_str(&format!("; {s}"));
+    }
+    if f.stopped.len() > SHOWN {
+        msg.push_str(&format!("; and {} more jobs stopped", f.stopped.len() - SHOWN));
     }
     bail!("{msg}")
 }
