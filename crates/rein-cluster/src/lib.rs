@@ -160,6 +160,7 @@ pub async fn drive(
         // The nodes run the scenario's [mclock] table (plan::mclock_table), its cost model included.
         cost_model: sc.sched.cost_model,
         start_gate: plan.controller.as_ref().map(|_| rein_runtime::load::StartGate::default()),
+        max_errors: None,
     };
     // A pShift controller's schedule starts with the load (`hold = true`), so its QoS periods are the
     // report's: once every connection is open, the start request goes out, and the load's time starts

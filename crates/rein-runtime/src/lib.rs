@@ -33,6 +33,7 @@ pub mod harness;
 pub mod job_spec;
 pub mod live;
 pub mod load;
+mod load_watch;
 pub mod lograte;
 pub mod nbd;
 pub mod node;

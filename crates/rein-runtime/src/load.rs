@@ -42,17 +42,18 @@
 //!
 //! # Failures
 //! A request the server answers with an error counts as rejected (not as a completion, at the job or at
-//! its server) and a closed loop replaces it as it would a completion, so it keeps its depth. A
-//! connection that breaks stays broken ([`NbdClient::broken`]): its reason is logged once, its requests
-//! fail at once, and the job's later requests go to its other connections while any is whole. A server
-//! shutting down (a reply with NBD_ESHUTDOWN) breaks the connection so too.
+//! its server) and a closed loop replaces it as it would a completion, so it keeps its depth; the errors
+//! are said during the run, the first at once and then a count at most every few seconds
+//! (`load_watch.rs`). A connection that breaks stays broken ([`NbdClient::broken`]): its reason is
+//! logged once, its requests fail at once, and the job's later requests go to its other connections while
+//! any is whole. A server shutting down (a reply with NBD_ESHUTDOWN) breaks the connection so too.
 //!
 //! A job *stops* (its generator stops, its timers are dropped, nothing of it is issued again; what it has
 //! in flight is still recorded) when it has no whole connection left, whatever its kind (an open loop's
-//! arrivals each failed at once, unsent, until the run's end). Its stop is logged and listed
-//! ([`Failures::stopped`]); once every job has stopped, the run ends there ([`Failures::ended_at`])
-//! rather than at its duration: a server killed 2 s into a 20 s run held `rein load` the 18 s left, its
-//! open loop counting 3,613 requests failed unsent.
+//! arrivals each failed at once, unsent, until the run's end), or when [`LoadConfig::max_errors`] of its
+//! requests have failed. Its stop is logged and listed ([`Failures::stopped`]); once every job has
+//! stopped, the run ends there ([`Failures::ended_at`]) rather than at its duration: a server killed 2 s
+//! into a 20 s run held `rein load` the 18 s left, its open loop counting 3,613 requests failed unsent.
 //! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
 //!
 //! # Checks before connecting
@@ -67,6 +68,7 @@
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
 use crate::dispatch::Clock;
+use crate::load_watch::{Answered, JobWatch};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use rein_core::{Nanos, QosSpec};
@@ -200,6 +202,9 @@ pub struct LoadConfig {
     pub cost_model: rein_core::CostModel,
     /// A gate before the run's time starts ([`StartGate`]; `None`: none).
     pub start_gate: Option<StartGate>,
+    /// A job stops once this many of its requests have failed (answered with an error, or lost with a
+    /// connection); `None`: never (module comment, "Failures"). `rein load --max-errors`.
+    pub max_errors: Option<u64>,
 }
 
 /// Something to do between opening every connection and the run's first request: the run says it is
@@ -257,6 +262,9 @@ impl LoadConfig {
         }
         if self.max_pending == 0 {
             return bad("max_pending must be positive".into());
+        }
+        if self.max_errors == Some(0) {
+            return bad("max_errors must be positive (None: no limit)".into());
         }
         // A job's name is its tenant's in the report: two jobs of one name made two rows of that name in
         // summary.json and timeseries.csv that nothing told apart (the simulator refuses it the same way).
@@ -344,6 +352,9 @@ struct Done {
     issued: Nanos,
     /// When the driver polled the answer in (the request's future stamps it as it resolves).
     done: Nanos,
+    /// A READ (else a WRITE), where, and how long.
+    read: bool,
+    offset: u64,
     bytes: u64,
     /// Why it failed (`None`: it succeeded).
     err: Option<ClientError>,
@@ -480,6 +491,10 @@ struct JobState {
     /// This interval, for the live table.
     live_ios: u64,
     live_lat_ns: u64,
+    /// What its errors say during the run.
+    watch: JobWatch,
+    /// Its requests that failed so far (for [`LoadConfig::max_errors`]).
+    failed: u64,
     /// It stopped (module comment, "Failures").
     stopped: bool,
 }
@@ -659,6 +674,7 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
         let stream = j.stream.unwrap_or(ji as u64);
         let gen = Generator::new(&spec, stream_seed(cfg.seed, stream));
         let payload = vec![0x5au8; spec.size_bytes as usize].into();
+        let watch = JobWatch::default();
         jobs.push((
             spec,
             JobState {
@@ -685,6 +701,8 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                 devices: j.route.as_ref().and_then(|r| r.devices.clone()),
                 live_ios: 0,
                 live_lat_ns: 0,
+                watch,
+                failed: 0,
                 stopped: false,
             },
         ));
@@ -899,11 +917,20 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                     Some(e) => {
                         rec.rejected(d.job, t);
                         failures.note(&st.name, e);
+                        st.failed += 1;
+                        if let ClientError::Errno(errno) = *e {
+                            if !connection_error(e) {
+                                let what = Answered { read: d.read, bytes: d.bytes, offset: d.offset, errno };
+                                if let Some(line) = st.watch.failed(&st.name, t, what) {
+                                    tracing::warn!("{line}");
+                                }
+                            }
+                        }
                         if connection_error(e) && reported.insert((d.job, d.conn)) {
                             report_broken(st, d.conn, e, &mut failures);
                         }
                         if !st.stopped {
-                            if let Some(why) = stop_reason(st, d.conn) {
+                            if let Some(why) = stop_reason(st, d.conn, cfg.max_errors) {
                                 stop(st, t, &why, &mut failures);
                                 stopped += 1;
                             }
@@ -947,6 +974,13 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                     (j.name.clone(), iops, lat)
                 }).collect();
                 live(Duration::from_nanos(now().0), &rows);
+                // The errors not yet counted.
+                let t = now();
+                for st in states.iter_mut() {
+                    if let Some(line) = st.watch.check(&st.name, t) {
+                        tracing::warn!("{line}");
+                    }
+                }
                 if let Some(ask) = &phase_ask {
                     let _ = ask.send(i);
                 }
@@ -1044,8 +1078,8 @@ fn unanswered_by_job(states: &[JobState]) -> Vec<(usize, u64)> {
 }
 
 /// Why job `st` stops now, after a request on `conn` failed, if it does (module comment, "Failures"): it
-/// has no whole connection left.
-fn stop_reason(st: &JobState, conn: (usize, usize)) -> Option<String> {
+/// has no whole connection left, or `max_errors` of its requests have failed.
+fn stop_reason(st: &JobState, conn: (usize, usize), max_errors: Option<u64>) -> Option<String> {
     if st.clients.iter().flatten().all(|c| c.is_broken()) {
         let n: usize = st.clients.iter().map(Vec::len).sum();
         let c = &st.clients[conn.0][conn.1];
@@ -1057,7 +1091,8 @@ fn stop_reason(st: &JobState, conn: (usize, usize)) -> Option<String> {
             format!("all its {n} connections broke (the last: {which}), and nothing more can be sent")
         });
     }
-    None
+    let limit = max_errors?;
+    (st.failed >= limit).then(|| format!("{} of its requests failed (--max-errors {limit})", st.failed))
 }
 
 /// Stops job `st` at `t` for `why`: nothing of it is issued again (module comment, "Failures").
@@ -1319,7 +1354,7 @@ fn issue(
             // A trace record larger than the job's size.
             client.request(Command::Write, offset, size as u32, &vec![0x5au8; size as usize], false).await
         };
-        Done { job: ji, k, conn: (g, i), issued: now, done: clock.now(), bytes: size, err: r.err() }
+        Done { job: ji, k, conn: (g, i), issued: now, done: clock.now(), read, offset, bytes: size, err: r.err() }
     }));
 }
 
@@ -1381,6 +1416,7 @@ mod tests {
             tls: None,
             cost_model: rein_core::CostModel::PerIo,
             start_gate: None,
+            max_errors: None,
         }
     }
     /// A server that completes the handshake and then stops reading: the run's end (answers still due,

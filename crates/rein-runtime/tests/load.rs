@@ -77,6 +77,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         tls: None,
         cost_model: rein_core::CostModel::PerIo,
         start_gate: None,
+        max_errors: None,
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -273,6 +274,7 @@ async fn a_missing_tenant_is_a_clear_error() {
         tls: None,
         cost_model: rein_core::CostModel::PerIo,
         start_gate: None,
+        max_errors: None,
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");
@@ -332,6 +334,7 @@ async fn two_servers(
         tls: None,
         cost_model: rein_core::CostModel::PerIo,
         start_gate: Some(gate.clone()),
+        max_errors: None,
     };
     let run = tokio::spawn(rein_runtime::load::run(lc, |_, _| {}));
     gate.ready.notified().await;

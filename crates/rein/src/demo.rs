@@ -199,6 +199,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             tls: None,
             cost_model,
             start_gate: None,
+            max_errors: None,
         };
         let res = rein_runtime::load::run_checked(lc, move |t, rows| {
             if !quiet {

@@ -90,6 +90,12 @@ pub(crate) struct LoadArgs {
     /// Seed of the workloads' offsets, sizes, read mix and arrivals.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+    /// Stop a job once this many of its requests have failed (answered with an error or lost with a
+    /// connection; 1 stops at the first, as fio does without continue_on_error). Default: no limit, a
+    /// closed loop replacing a failed request as it would a completion. The run ends when every job has
+    /// stopped.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_errors: Option<u64>,
 }
 
 /// Parses one `--job` value (rein-runtime's `job_spec`); `duration` is the run's length (the default stop).
@@ -269,6 +275,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         // The admin API does not say the server's cost model: the report's oracle assumes IOPS.
         cost_model: rein_core::CostModel::PerIo,
         start_gate: None,
+        max_errors: args.max_errors,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;

@@ -369,3 +369,46 @@ fn a_run_whose_connections_all_break_ends_early() {
     let v = json(&out);
     assert_eq!(v["tenants"].as_array().map(Vec::len), Some(2), "the summary is still written: {out}");
 }
+
+/// A server that answers every request with an error is said during the run: the first error at once
+/// (which request, which error), then a count at most every 5 s, not a line per error; it was said only
+/// at the end (96,828 requests failed in 5 s, the live table reading `0.0 IOPS`). The first line comes
+/// before the live table's first second. With --max-errors the job stops at that many, and the run ends
+/// early.
+#[test]
+fn a_server_failing_every_request_is_said_during_the_run() {
+    let Some((_s, addr)) = nbdkit(&["--filter=error", "memory", "1M", "error=EIO", "error-rate=100%"]) else {
+        return;
+    };
+    let (ok, _, err) =
+        load(addr, &["--job", "name=x,depth=4,read=100", "--seconds", "7", "--warmup", "0"], Duration::from_secs(40));
+    assert!(!ok, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let first = lines.iter().position(|l| l.contains("its further errors are counted here every 5 s"));
+    let first = first.unwrap_or_else(|| panic!("the first error was not said: {err}"));
+    assert!(
+        lines[first].contains("job x: the server answered a read of 4096 bytes at offset ")
+            && lines[first].contains("with error 5 (EIO)"),
+        "{}",
+        lines[first]
+    );
+    let live = lines.iter().position(|l| l.trim_start().starts_with("1.0s")).expect("the live table");
+    assert!(first < live, "said at once, before the first second's line: {err}");
+    let counts: Vec<&&str> = lines.iter().filter(|l| l.contains("more requests failed in")).collect();
+    assert!((1..=2).contains(&counts.len()), "a count every 5 s of the 7: {err}");
+    assert!(counts[0].contains("job x: ") && counts[0].contains(" in all); the last: the server answered"), "{err}");
+    let said = lines.iter().filter(|l| l.contains("error 5 (EIO)")).count();
+    assert!(said <= 4, "not a line per error: {said} lines: {err}");
+
+    let (ok, _, err) = load(
+        addr,
+        &["--job", "name=x,depth=4,read=100", "--max-errors", "10", "--seconds", "60", "--warmup", "0"],
+        Duration::from_secs(30),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("job x: stopped at ") && err.contains(": 10 of its requests failed (--max-errors 10)"),
+        "{err}"
+    );
+    assert!(err.contains("error: the run ended early, at "), "{err}");
+}
