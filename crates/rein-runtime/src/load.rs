@@ -54,6 +54,8 @@
 //! requests have failed. Its stop is logged and listed ([`Failures::stopped`]); once every job has
 //! stopped, the run ends there ([`Failures::ended_at`]) rather than at its duration: a server killed 2 s
 //! into a 20 s run held `rein load` the 18 s left, its open loop counting 3,613 requests failed unsent.
+//! Connections on which requests are outstanding and nothing is answered for a few seconds (the
+//! connection open) are said as the run goes, and so is their end (`load_watch.rs`).
 //! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
 //!
 //! # Checks before connecting
@@ -68,7 +70,7 @@
 use crate::admin::TenantJson;
 use crate::client::{ClientError, NbdClient};
 use crate::dispatch::Clock;
-use crate::load_watch::{Answered, JobWatch};
+use crate::load_watch::{Answered, JobWatch, Said};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use rein_core::{Nanos, QosSpec};
@@ -491,7 +493,7 @@ struct JobState {
     /// This interval, for the live table.
     live_ios: u64,
     live_lat_ns: u64,
-    /// What its errors say during the run.
+    /// What its connections and errors say during the run.
     watch: JobWatch,
     /// Its requests that failed so far (for [`LoadConfig::max_errors`]).
     failed: u64,
@@ -674,7 +676,7 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
         let stream = j.stream.unwrap_or(ji as u64);
         let gen = Generator::new(&spec, stream_seed(cfg.seed, stream));
         let payload = vec![0x5au8; spec.size_bytes as usize].into();
-        let watch = JobWatch::default();
+        let watch = JobWatch::new(clients.iter().map(Vec::len));
         jobs.push((
             spec,
             JobState {
@@ -906,6 +908,9 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                 let t = d.done.saturating_sub(start);
                 let st = &mut states[d.job];
                 st.at_window[d.k] -= 1;
+                // The server's answer (data or an error), or its connection's failure.
+                let answered = d.err.as_ref().is_none_or(|e| matches!(e, ClientError::Errno(_)));
+                st.watch.ended(d.conn, t, answered);
                 let reissue = match &d.err {
                     None => {
                         rec.completion_phase_unknown(d.job, d.issued, t, d.bytes);
@@ -922,7 +927,7 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                             if !connection_error(e) {
                                 let what = Answered { read: d.read, bytes: d.bytes, offset: d.offset, errno };
                                 if let Some(line) = st.watch.failed(&st.name, t, what) {
-                                    tracing::warn!("{line}");
+                                    say(line);
                                 }
                             }
                         }
@@ -974,11 +979,12 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                     (j.name.clone(), iops, lat)
                 }).collect();
                 live(Duration::from_nanos(now().0), &rows);
-                // The errors not yet counted.
+                // Stalled connections, answers resumed, errors not yet counted.
                 let t = now();
                 for st in states.iter_mut() {
-                    if let Some(line) = st.watch.check(&st.name, t) {
-                        tracing::warn!("{line}");
+                    let clients = &st.clients;
+                    for line in st.watch.check(&st.name, t, &st.addrs, |(g, i)| clients[g][i].is_broken()) {
+                        say(line);
                     }
                 }
                 if let Some(ask) = &phase_ask {
@@ -1075,6 +1081,14 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
 /// Each job's requests still unanswered (issued, neither completed nor failed).
 fn unanswered_by_job(states: &[JobState]) -> Vec<(usize, u64)> {
     states.iter().enumerate().map(|(ji, st)| (ji, st.at_window.iter().map(|&n| u64::from(n)).sum())).collect()
+}
+
+/// Logs a line of [`crate::load_watch`] at its level.
+fn say(line: Said) {
+    match line {
+        Said::Warn(l) => tracing::warn!("{l}"),
+        Said::Info(l) => tracing::info!("{l}"),
+    }
 }
 
 /// Why job `st` stops now, after a request on `conn` failed, if it does (module comment, "Failures"): it
@@ -1344,6 +1358,7 @@ fn issue(
         i = whole;
     }
     let client = st.clients[g][i].clone();
+    st.watch.issued((g, i), now);
     let (payload, clock) = (st.payload.clone(), st.clock);
     inflight.push(Box::pin(async move {
         let r = if read {
