@@ -1787,6 +1787,9 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         moved.mark_changed();
     }
     let mut closing = target.closing.clone();
+    // The handles sent on this session are 1 to `sent_below - 1` (the writer's count, read by the reader to
+    // name a reply for a handle with nothing pending: a second reply, or one never sent).
+    let sent_below = AtomicU64::new(1);
     let writer = async {
         let mut next: u64 = 1;
         let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_BATCH);
@@ -1841,6 +1844,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(next, Pending { sink: w.sink, read_len: w.read_len, sent, _permit: w._permit });
                 next += 1;
+                sent_below.store(next, Ordering::Relaxed);
                 target.stats.pieces.fetch_add(1, Ordering::Relaxed);
                 batch.push(msg);
                 if batch.len() < WRITE_BATCH {
@@ -1885,7 +1889,15 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     match g.get(&handle) {
                         Some(p) if error == 0 => p.read_len as usize,
                         Some(_) => 0,
-                        None => return SessionEnd::Failed(format!("a reply for unknown handle {handle}")),
+                        None => {
+                            // Handles go out one after another and leave `pending` only when answered.
+                            let why = if (1..sent_below.load(Ordering::Relaxed)).contains(&handle) {
+                                p::StrayReply::Answered
+                            } else {
+                                p::StrayReply::NotSent
+                            };
+                            return SessionEnd::Failed(format!("reply: {}", p::ProtoError::StrayReply { handle, why }));
+                        }
                     }
                 };
                 if avail.len() < n + len {
@@ -2173,17 +2185,18 @@ mod tests {
         assert!(!d.lost.load(Ordering::Acquire));
     }
 
-    /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request with phase
-    /// reservation and cost `cost` (raw) if `answer` (else never), and records the tags it received.
-    async fn fake_node(cost: u64, answer: bool) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
-        fake_node_sessions(cost, answer, vec![Some(0x5245_494e_b007)], usize::MAX).await
+    /// A fake storage node on 127.0.0.1: welcomes the hello (slot 0), answers every request `answers` times
+    /// (0: never; 2: a node at fault, which sends each reply twice) with phase reservation and cost `cost`
+    /// (raw), and records the tags it received.
+    async fn fake_node(cost: u64, answers: usize) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
+        fake_node_sessions(cost, answers, vec![Some(0x5245_494e_b007)], usize::MAX).await
     }
 
     /// [`fake_node`] for one session per entry of `boots` (the boot identity its welcome states; `None`:
     /// a v1 welcome), each closed by the node after it answered `per_session` requests.
     async fn fake_node_sessions(
         cost: u64,
-        answer: bool,
+        answers: usize,
         boots: Vec<Option<u64>>,
         per_session: usize,
     ) -> (SocketAddr, Arc<Mutex<Vec<NodeTag>>>) {
@@ -2216,7 +2229,7 @@ mod tests {
                         return;
                     };
                     seen.lock().unwrap().push(request.tag.expect("a node session's request has a tag"));
-                    if !answer {
+                    if answers == 0 {
                         continue;
                     }
                     let encoder = machine.replies();
@@ -2226,7 +2239,11 @@ mod tests {
                     };
                     let trailer = NodeReplyTrailer { phase: Some(Phase::Reservation), cost };
                     encoder.success_node(&request, trailer, &mut reply);
-                    s.write_all(&reply).await.unwrap();
+                    for _ in 0..answers {
+                        if s.write_all(&reply).await.is_err() {
+                            return; // the gateway closed a session it found at fault
+                        }
+                    }
                     answered += 1;
                     if answered == per_session {
                         break;
@@ -2275,6 +2292,41 @@ mod tests {
         RemoteVolume::open("v", 8192, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap()
     }
 
+    /// A node that sends a reply twice ends its session, which says so: "a second reply for handle 1,
+    /// already answered" (it said "a reply for unknown handle 1", as for a handle never sent); the read
+    /// the first reply answered completes.
+    #[tokio::test]
+    async fn a_nodes_second_reply_is_named_as_such() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).without_time().finish();
+        // This test's runtime runs every task on this thread, where the subscriber is the default.
+        let _default = tracing::subscriber::set_default(subscriber);
+        let (a, _) = fake_node(1 << 16, 2).await;
+        let (b, _) = fake_node(1 << 16, 1).await;
+        let volume = rho_volume(a, b).await;
+        assert!(read_at(&volume, 0).await.is_ok(), "the first reply answers the read");
+        let said = || String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !said().contains("node connection lost") && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let text = said();
+        assert!(text.contains("node connection lost: reply: a second reply for handle 1, already answered"), "{text}");
+    }
+
     /// A 4 KiB READ of `volume` at `offset`, awaited.
     async fn read_at(volume: &RemoteVolume, offset: u64) -> IoResult {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -2292,8 +2344,8 @@ mod tests {
     #[tokio::test]
     async fn node_sessions_carry_the_trackers_delta_and_rho() {
         let (cost_a, cost_b) = (3 << 16, 5 << 16); // Cost 3.0 and 5.0
-        let (a, tags_a) = fake_node(cost_a, true).await;
-        let (b, tags_b) = fake_node(cost_b, true).await;
+        let (a, tags_a) = fake_node(cost_a, 1).await;
+        let (b, tags_b) = fake_node(cost_b, 1).await;
         let volume = rho_volume(a, b).await;
         let read = |offset: u64| {
             let volume = volume.clone();
@@ -2316,8 +2368,8 @@ mod tests {
     #[tokio::test]
     async fn the_pool_flag_says_the_pool_stayed_busy_and_goes_only_to_nodes_that_read_it() {
         for (boots, v3) in [(vec![Some(7)], true), (vec![None], false)] {
-            let (a, tags_a) = fake_node_sessions(1 << 16, true, boots, usize::MAX).await;
-            let (b, tags_b) = fake_node(1 << 16, false).await;
+            let (a, tags_a) = fake_node_sessions(1 << 16, 1, boots, usize::MAX).await;
+            let (b, tags_b) = fake_node(1 << 16, 0).await;
             let volume = rho_volume(a, b).await;
             read_at(&volume, 0).await.unwrap(); // the pool empties after it
             let v = volume.clone();
@@ -2346,8 +2398,8 @@ mod tests {
     async fn a_reconnect_keeps_the_account_unless_the_node_restarted() {
         let cost_b = 5 << 16;
         // Node a closes each session after one answer; its sessions state boots 1, 1, 2, then none.
-        let (a, tags_a) = fake_node_sessions(3 << 16, true, vec![Some(1), Some(1), Some(2), None, None], 1).await;
-        let (b, _) = fake_node(cost_b, true).await;
+        let (a, tags_a) = fake_node_sessions(3 << 16, 1, vec![Some(1), Some(1), Some(2), None, None], 1).await;
+        let (b, _) = fake_node(cost_b, 1).await;
         let volume = rho_volume(a, b).await;
         let read = |offset: u64| {
             let volume = volume.clone();
@@ -2481,7 +2533,7 @@ mod tests {
     /// request_timeout, which frees the slots, and the one that waited then fails too (the node is gone).
     #[tokio::test]
     async fn a_node_connection_holds_at_most_max_pending_pieces() {
-        let (a, tags) = fake_node(0, false).await;
+        let (a, tags) = fake_node(0, 0).await;
         let nodes = vec![NodeSpec {
             name: "a".into(),
             address: NodeAddress::Tcp(a),
