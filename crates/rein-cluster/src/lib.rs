@@ -161,6 +161,8 @@ pub async fn drive(
         cost_model: sc.sched.cost_model,
         start_gate: plan.controller.as_ref().map(|_| rein_runtime::load::StartGate::default()),
         max_errors: None,
+        // A scenario run in parts joins their reports, which must have one duration.
+        report_early_end: false,
     };
     // A pShift controller's schedule starts with the load (`hold = true`), so its QoS periods are the
     // report's: once every connection is open, the start request goes out, and the load's time starts

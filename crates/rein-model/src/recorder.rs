@@ -305,10 +305,32 @@ impl Recorder {
         }
     }
 
+    /// Ends the run at `at`, before the duration it was made for (a run that stopped early: `rein load`
+    /// once every job has stopped): the totals' rates count the time up to `at` (none, if it ends within
+    /// the warm-up), `duration_s` says `at`, and the timeseries ends with the interval that holds it. Call
+    /// it after the run's last record; an `at` at or past the duration changes nothing.
+    pub fn end_at(&mut self, at: Nanos) {
+        if at >= self.duration {
+            return;
+        }
+        // Pending completions name their interval in the layout they were logged in.
+        self.apply_pending();
+        let intervals = (at.0.div_ceil(self.interval) as usize).max(1);
+        // Each row (a tenant's, a server's) keeps its first `intervals` cells.
+        fn keep<T: Copy>(cells: &[T], old: usize, new: usize) -> Vec<T> {
+            cells.chunks(old).flat_map(|row| row[..new].iter().copied()).collect()
+        }
+        self.cells = keep(&self.cells, self.intervals, intervals);
+        self.server_cells = keep(&self.server_cells, self.intervals, intervals);
+        self.intervals = intervals;
+        self.duration = at;
+    }
+
     /// The run's totals.
     pub fn finish(mut self, meta: &RunMeta) -> RunTotals {
         self.apply_pending();
-        let measured = self.duration.saturating_sub(self.warmup).as_secs_f64();
+        // A run ended within its warm-up ([`Recorder::end_at`]) measured nothing: its rates are 0.
+        let measured = self.duration.saturating_sub(self.warmup).as_secs_f64().max(1e-9);
         let first = (self.warmup.0.div_ceil(self.interval)) as usize;
         let mut tenants = Vec::with_capacity(meta.tenants.len());
         for (ti, t) in meta.tenants.iter().enumerate() {
@@ -433,6 +455,45 @@ mod tests {
 
     /// The deferred log gives exactly what recording each completion at once gives: over batch sizes,
     /// interval boundaries, the warm-up and entries too large to pack.
+    /// A run ended early ([`Recorder::end_at`]) counts its rates over the time it ran, not the duration it
+    /// was made for, and its timeseries ends with the interval that holds its end; one ended within its
+    /// warm-up measured nothing (rates 0, not NaN).
+    #[test]
+    fn a_run_ended_early_counts_its_rates_over_the_time_it_ran() {
+        let sec = 1_000_000_000;
+        let run = |end: Nanos| {
+            let mut r = Recorder::new(2, 1, Nanos(10 * sec), Nanos(sec), Nanos(sec)).unwrap();
+            // 100 completions a second for each tenant until 2.5 s (or the end), each one at the server too.
+            for now in (0..250u64).map(|k| Nanos(k * sec / 100)).filter(|&now| now < end) {
+                r.completion(0, now, now, 4096, Phase::Reservation);
+                r.completion(1, now, now, 4096, Phase::Weight);
+                r.server_completion(0, now);
+            }
+            r.end_at(end);
+            r.finish(&meta(2))
+        };
+        let t = run(Nanos(5 * sec / 2));
+        assert_eq!(t.summary.duration_s, 2.5);
+        for tenant in &t.summary.tenants {
+            // 150 completions in the 1.5 s after the warm-up.
+            assert_eq!(tenant.completed, 150);
+            assert!((tenant.iops - 100.0).abs() < 1e-9, "{}", tenant.iops);
+            assert!((tenant.mb_s - 100.0 * 4096.0 / 1e6).abs() < 1e-9, "{}", tenant.mb_s);
+        }
+        assert_eq!(t.timeseries.intervals, 3);
+        assert!((t.timeseries.last_interval_s - 0.5).abs() < 1e-9);
+        let ios: Vec<u32> = t.timeseries.cells.iter().map(|c| c.ios).collect();
+        assert_eq!(ios, [100, 100, 50, 100, 100, 50], "each tenant's row keeps its own cells");
+        assert_eq!(t.timeseries.server_cells, [100, 100, 50]);
+        let within = run(Nanos(sec / 2));
+        assert_eq!(within.summary.tenants[0].iops, 0.0);
+        assert_eq!(within.timeseries.intervals, 1);
+        // An end at or past the duration changes nothing.
+        let whole = run(Nanos(10 * sec));
+        assert!((whole.summary.tenants[0].iops - 150.0 / 9.0).abs() < 1e-9);
+        assert_eq!(whole.timeseries.intervals, 10);
+    }
+
     #[test]
     fn deferred_recording_equals_immediate() {
         let (duration, interval, warmup) = (Nanos::from_secs(2000), Nanos::from_secs(10), Nanos::from_secs(250));

@@ -54,6 +54,8 @@
 //! requests have failed. Its stop is logged and listed ([`Failures::stopped`]); once every job has
 //! stopped, the run ends there ([`Failures::ended_at`]) rather than at its duration: a server killed 2 s
 //! into a 20 s run held `rein load` the 18 s left, its open loop counting 3,613 requests failed unsent.
+//! The report of a run that ended early covers the time it ran ([`Recorder::end_at`]; its rates were
+//! averaged over the whole planned run), unless [`LoadConfig::report_early_end`] is off.
 //! Connections on which requests are outstanding and nothing is answered for a few seconds (the
 //! connection open) are said as the run goes, and so is their end (`load_watch.rs`).
 //! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
@@ -207,6 +209,10 @@ pub struct LoadConfig {
     /// A job stops once this many of its requests have failed (answered with an error, or lost with a
     /// connection); `None`: never (module comment, "Failures"). `rein load --max-errors`.
     pub max_errors: Option<u64>,
+    /// A run that ends early (every job stopped) reports the time it ran ([`Recorder::end_at`]: its
+    /// duration, rates and timeseries end there), as `rein load` does; `false`: the planned duration, as
+    /// `rein cluster run` needs, whose parts' reports are joined and must have one duration.
+    pub report_early_end: bool,
 }
 
 /// Something to do between opening every connection and the run's first request: the run says it is
@@ -1013,7 +1019,9 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
     // than it answers in minutes).
     // Those that fail then are counted as failed, and those never answered as unanswered: both among
     // the rejected (at the run's end).
-    let end_t = Nanos(duration.0.saturating_sub(1));
+    // The run's end: its duration, or when every job had stopped.
+    let end = failures.ended_at.map_or(duration, Nanos::from_duration).min(duration);
+    let end_t = Nanos(end.0.saturating_sub(1));
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
         while let Some(d) = inflight.next().await {
             let st = &mut states[d.job];
@@ -1075,6 +1083,10 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
         cost_model: cfg.cost_model,
         phases_known,
     };
+    // A run that ended early reports the time it ran, not the time it was planned for.
+    if cfg.report_early_end {
+        rec.end_at(end);
+    }
     Ok(Outcome { totals: rec.finish(&meta), failures })
 }
 
@@ -1432,6 +1444,7 @@ mod tests {
             cost_model: rein_core::CostModel::PerIo,
             start_gate: None,
             max_errors: None,
+            report_early_end: true,
         }
     }
     /// A server that completes the handshake and then stops reading: the run's end (answers still due,

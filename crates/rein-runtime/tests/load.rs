@@ -78,6 +78,7 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
         cost_model: rein_core::CostModel::PerIo,
         start_gate: None,
         max_errors: None,
+        report_early_end: true,
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -275,6 +276,7 @@ async fn a_missing_tenant_is_a_clear_error() {
         cost_model: rein_core::CostModel::PerIo,
         start_gate: None,
         max_errors: None,
+        report_early_end: true,
     };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");
@@ -335,6 +337,7 @@ async fn two_servers(
         cost_model: rein_core::CostModel::PerIo,
         start_gate: Some(gate.clone()),
         max_errors: None,
+        report_early_end: true,
     };
     let run = tokio::spawn(rein_runtime::load::run(lc, |_, _| {}));
     gate.ready.notified().await;

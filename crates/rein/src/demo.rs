@@ -200,6 +200,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             cost_model,
             start_gate: None,
             max_errors: None,
+            report_early_end: true,
         };
         let res = rein_runtime::load::run_checked(lc, move |t, rows| {
             if !quiet {

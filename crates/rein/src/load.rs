@@ -276,6 +276,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         cost_model: rein_core::CostModel::PerIo,
         start_gate: None,
         max_errors: args.max_errors,
+        report_early_end: true,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
@@ -311,7 +312,7 @@ pub(crate) fn failed(f: &rein_runtime::load::Failures) -> Result<()> {
     let mut msg = String::new();
     if let Some(at) = f.ended_at {
         msg.push_str(&format!(
-            "the run ended early, at {:.1} s: every job stopped (the summary's rates count the whole planned run); ",
+            "the run ended early, at {:.1} s: every job stopped (the summary covers the time it ran); ",
             at.as_secs_f64()
         ));
     }

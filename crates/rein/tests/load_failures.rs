@@ -416,6 +416,12 @@ fn a_run_whose_connections_all_break_ends_early() {
     assert!(err.contains("its connection broke (connection 1 to "), "{err}");
     let v = json(&out);
     assert_eq!(v["tenants"].as_array().map(Vec::len), Some(2), "the summary is still written: {out}");
+    // It covers the time the run ran (its rates were averaged over the 60 s planned).
+    let ran = v["duration_s"].as_f64().unwrap();
+    assert!(ran < 30.0, "the summary's duration is the run's: {ran} s");
+    let completed = v["tenants"][0]["completed"].as_f64().unwrap();
+    let iops = v["tenants"][0]["iops"].as_f64().unwrap();
+    assert!(completed > 0.0 && (iops - completed / ran).abs() < 1e-6 * iops, "{iops} IOPS, {completed} in {ran} s");
 }
 
 /// A server that answers every request with an error is said during the run: the first error at once
