@@ -489,8 +489,8 @@ async fn reader<R: AsyncRead + Unpin>(rd: &mut R, mut buf: Vec<u8>, pending: &Pe
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_proto::nbd::{Event, Rejection, ServerTransmission};
-    use rein_proto::nbd::{Reason, TransmissionConfig};
+    use rein_proto::nbd::Reason;
+    use rein_proto::nbd::{Event, Rejection};
 
     /// After a reply with NBD_ESHUTDOWN the client sends nothing but its soft disconnect (the spec: "If
     /// the client receives an `NBD_ESHUTDOWN` error it MUST initiate a soft disconnect"), once its other
@@ -500,12 +500,8 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let info = crate::testkit::export_v();
-            let (negotiated, mut buf) =
-                crate::testkit::serve_handshake(&mut s, &info, None).await.expect("a handshake");
+            let (mut s, mut machine, mut buf) = crate::testkit::accept_v(&listener).await.expect("a handshake");
             // Every request gets ESHUTDOWN; what the client sends is recorded until it closes.
-            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
             machine.shut_down();
             let mut events = Vec::new();
             loop {
@@ -628,10 +624,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.201:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let info = crate::testkit::export_v();
-            let (negotiated, mut buf) = crate::testkit::serve_handshake(&mut s, &info, None).await.unwrap();
-            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
+            let (mut s, mut machine, mut buf) = crate::testkit::accept_v(&listener).await.unwrap();
             for _ in 0..2 {
                 let r = crate::testkit::next_request(&mut s, &mut machine, &mut buf).await.unwrap();
                 let mut reply = Vec::new();

@@ -1492,15 +1492,12 @@ mod tests {
     /// "failed" requests in 18 s that no server saw.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_shutting_down_ends_the_connection_without_a_spin() {
-        use rein_proto::nbd::{Event, ServerTransmission, TransmissionConfig};
+        use rein_proto::nbd::Event;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.226:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let info = crate::testkit::export_v();
-            let (negotiated, mut buf) = crate::testkit::serve_handshake(&mut s, &info, None).await.unwrap();
-            let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &negotiated, 1 << 20));
+            let (mut s, mut machine, mut buf) = crate::testkit::accept_v(&listener).await.unwrap();
             machine.shut_down();
             let mut rejected = 0u64;
             loop {

@@ -20,6 +20,17 @@ pub(crate) fn export_v() -> ExportInfo {
     }
 }
 
+/// A fake NBD server's next connection on `listener`: the client accepted, its handshake served for
+/// [`export_v`], and the transmission state for what follows (requests of up to 1 MiB) with the bytes
+/// read past the handshake; `None` if the client left during it.
+pub(crate) async fn accept_v(listener: &tokio::net::TcpListener) -> Option<(TcpStream, ServerTransmission, Vec<u8>)> {
+    let (mut s, _) = listener.accept().await.ok()?;
+    let info = export_v();
+    let (negotiated, buf) = serve_handshake(&mut s, &info, None).await?;
+    let machine = ServerTransmission::new(rein_proto::nbd::TransmissionConfig::new(&info, &negotiated, 1 << 20));
+    Some((s, machine, buf))
+}
+
 /// Runs the server's handshake over `s` for the export `info` until the client opens it; the
 /// storage-node option is offered when `welcome` is given, and a hello gets what it returns. Returns what
 /// was agreed and the bytes read past the handshake, or `None` if the client left.
