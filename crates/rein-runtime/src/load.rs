@@ -932,7 +932,8 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                         if let ClientError::Errno(errno) = *e {
                             if !connection_error(e) {
                                 let what = Answered { read: d.read, bytes: d.bytes, offset: d.offset, errno };
-                                if let Some(line) = st.watch.failed(&st.name, t, what) {
+                                let last = cfg.max_errors.is_some_and(|m| st.failed >= m);
+                                if let Some(line) = st.watch.failed(&st.name, t, what, last) {
                                     say(line);
                                 }
                             }

@@ -143,15 +143,18 @@ impl JobWatch {
     }
 
     /// The server answered `what` with an error at `now`: the line to log now, if one is due (the first
-    /// at once; then at most one per [`ERRORS_EVERY`], with the count since the last).
-    pub(crate) fn failed(&mut self, job: &str, now: Nanos, what: Answered) -> Option<Said> {
+    /// at once; then at most one per [`ERRORS_EVERY`], with the count since the last). `last`: the job
+    /// stops with this error (its `--max-errors`), so the first line promises no count of further ones.
+    pub(crate) fn failed(&mut self, job: &str, now: Nanos, what: Answered, last: bool) -> Option<Said> {
         self.errors_total += 1;
         self.last_error = Some(what);
         let first = !self.errors.started();
         let unsaid = self.errors.due(now, ERRORS_EVERY, 1)?;
         let since = now.saturating_sub(self.errors_said);
         self.errors_said = now;
-        Some(Said::Warn(if first {
+        Some(Said::Warn(if first && last {
+            format!("job {job}: {what}")
+        } else if first {
             format!("job {job}: {what}; its further errors are counted here every {} s", ERRORS_EVERY.as_secs())
         } else {
             self.count_line(job, unsaid + 1, since)
@@ -329,7 +332,7 @@ mod tests {
     fn errors_are_said_once_then_counted() {
         let mut w = JobWatch::new([1]);
         let eio = |offset| Answered { read: true, bytes: 4096, offset, errno: 5 };
-        let first = w.failed("x", s(0.0), eio(0));
+        let first = w.failed("x", s(0.0), eio(0), false);
         assert_eq!(
             first,
             Some(Said::Warn(
@@ -338,11 +341,17 @@ mod tests {
                     .into()
             ))
         );
+        // A job that stops at its first error (`--max-errors 1`) promises no count.
+        let alone = JobWatch::new([1]).failed("x", s(0.0), eio(0), true);
+        assert_eq!(
+            alone,
+            Some(Said::Warn("job x: the server answered a read of 4096 bytes at offset 0 with error 5 (EIO)".into()))
+        );
         for k in 1..1000 {
-            assert_eq!(w.failed("x", s(k as f64 * 0.004), eio(k * 4096)), None, "{k}");
+            assert_eq!(w.failed("x", s(k as f64 * 0.004), eio(k * 4096), false), None, "{k}");
         }
         assert_eq!(w.check("x", s(4.9), &addrs(), |_| false), vec![]);
-        let line = w.failed("x", s(5.0), eio(8192)).expect("a count line is due");
+        let line = w.failed("x", s(5.0), eio(8192), false).expect("a count line is due");
         assert_eq!(
             line,
             Said::Warn(
@@ -353,7 +362,7 @@ mod tests {
         );
         // Three more, and then none: the check counts them once the interval has passed.
         for k in 0..3 {
-            assert_eq!(w.failed("x", s(6.0 + k as f64), eio(0)), None);
+            assert_eq!(w.failed("x", s(6.0 + k as f64), eio(0), false), None);
         }
         assert_eq!(w.check("x", s(9.0), &addrs(), |_| false), vec![]);
         let said = w.check("x", s(10.0), &addrs(), |_| false);
