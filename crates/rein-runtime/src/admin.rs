@@ -489,6 +489,10 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let _ = writeln!(o, "# HELP rein_backend_outstanding IOs outstanding at the backend.\n# TYPE rein_backend_outstanding gauge\nrein_backend_outstanding {}", snap.outstanding);
     let _ = writeln!(o, "# HELP rein_backend_queue_depth Maximum IOs outstanding at the backend (D).\n# TYPE rein_backend_queue_depth gauge\nrein_backend_queue_depth {}", snap.depth);
     let _ = writeln!(o, "# HELP rein_device_busy_seconds_total Time the device was busy (a device model's busy periods; else an IO outstanding at the backend).\n# TYPE rein_device_busy_seconds_total counter\nrein_device_busy_seconds_total {}", snap.busy_ns as f64 / 1e9);
+    if let Some((asked, started)) = snap.syncs {
+        let _ = writeln!(o, "# HELP rein_backend_syncs_total Syncs the io_uring engine was asked for (flushes, FUA writes).\n# TYPE rein_backend_syncs_total counter\nrein_backend_syncs_total {asked}");
+        let _ = writeln!(o, "# HELP rein_backend_syncs_started_total Syncs it handed to the kernel: fewer when syncs that came while one ran were merged into the next (group commit).\n# TYPE rein_backend_syncs_started_total counter\nrein_backend_syncs_started_total {started}");
+    }
     if let Some(c) = snap.capacity_iops {
         let _ = writeln!(o, "# HELP rein_device_capacity_iops Modelled device capacity.\n# TYPE rein_device_capacity_iops gauge\nrein_device_capacity_iops {c}");
     }

@@ -379,6 +379,10 @@ pub struct Snapshot {
     pub backend: BackendCounters,
     /// The engine actually in use (after any fallback).
     pub io_engine: IoEngine,
+    /// With the io_uring engine, the ring's syncs since the start: asked for (flushes and FUA writes'
+    /// syncs) and handed to the kernel, fewer when syncs that came while one of their storage ran were
+    /// merged into the next (a group commit; `crate::uring`'s invariant 5). `None` without a ring.
+    pub syncs: Option<(u64, u64)>,
 }
 
 impl Snapshot {
@@ -1331,6 +1335,7 @@ impl Task {
                     capacity_iops: self.device.as_ref().map(|d| d.capacity()),
                     backend: self.backend.clone(),
                     io_engine: self.io_engine,
+                    syncs: self.uring.as_ref().map(|u| (u.syncs_asked(), u.syncs_started())),
                 });
             }
         }
@@ -1856,10 +1861,27 @@ mod tests {
             assert!(back.iter().all(|&b| b == 0), "{engine:?}: trimmed and zeroed");
             let ring = Uring::<u32>::new(8).is_ok();
             let flushes = counted.flushes.load(Ordering::Relaxed);
+            let syncs = d.snapshot().await.unwrap().syncs;
             match engine {
-                IoEngine::Uring if ring => assert_eq!(flushes, 0, "under io_uring the ring syncs"),
+                IoEngine::Uring if ring => {
+                    assert_eq!(flushes, 0, "under io_uring the ring syncs");
+                    // One after another: none merged (`/metrics`: rein_backend_syncs_total and _started_total).
+                    assert_eq!(syncs, Some((2, 2)), "the ring's syncs");
+                    // Eight FUA writes at once: each asks a sync, one at a time at the kernel, those that
+                    // come while one runs merged into the next.
+                    let writes = (0..8).map(|k| d.io(io(k * 4096, Op::Write { data: vec![1; 4096] }, true)));
+                    for r in futures_util::future::join_all(writes).await {
+                        r.unwrap();
+                    }
+                    let (asked, started) = d.snapshot().await.unwrap().syncs.unwrap();
+                    assert_eq!(asked, 10);
+                    assert!((3..=10).contains(&started), "{started} of {asked} syncs at the kernel");
+                }
                 IoEngine::Uring => eprintln!("io_uring unavailable here: the engine fell back to threads"),
-                _ => assert_eq!(flushes, 2, "{engine:?}: the storage syncs each FUA request itself"),
+                _ => {
+                    assert_eq!(flushes, 2, "{engine:?}: the storage syncs each FUA request itself");
+                    assert_eq!(syncs, None, "no ring");
+                }
             }
             drop(d);
             join.await.unwrap();

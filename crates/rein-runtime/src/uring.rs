@@ -215,7 +215,9 @@ pub struct Uring<T> {
     cqes: Vec<(u64, i32)>,
     /// Invariant 5: the syncs of each storage that has one in the ring, by [`storage_key`].
     lines: HashMap<usize, SyncLine>,
-    /// Syncs handed to the kernel (resubmissions after EAGAIN or EINTR not counted).
+    /// Syncs asked for (flushes, and FUA writes' syncs), and those handed to the kernel (resubmissions
+    /// after EAGAIN or EINTR not counted): fewer when some were merged (invariant 5).
+    syncs_asked: u64,
     syncs_started: u64,
 }
 
@@ -244,6 +246,7 @@ impl<T> Uring<T> {
             queued: false,
             cqes: Vec::new(),
             lines: HashMap::new(),
+            syncs_asked: 0,
             syncs_started: 0,
         })
     }
@@ -253,10 +256,15 @@ impl<T> Uring<T> {
         self.inflight
     }
 
-    /// Syncs handed to the kernel so far: fewer than the syncs asked for when some were merged
-    /// (invariant 5).
+    /// Syncs handed to the kernel so far: fewer than the syncs asked for ([`Uring::syncs_asked`]) when
+    /// some were merged (invariant 5). `rein_backend_syncs_started_total` in `/metrics`.
     pub fn syncs_started(&self) -> u64 {
         self.syncs_started
+    }
+
+    /// Syncs asked for so far: each flush, and each FUA write's sync. `rein_backend_syncs_total`.
+    pub fn syncs_asked(&self) -> u64 {
+        self.syncs_asked
     }
 
     /// The eventfd the kernel signals on completions (await its readability, then [`Uring::reap`]).
@@ -320,6 +328,7 @@ impl<T> Uring<T> {
     /// Invariant 5: `idx`'s sync goes to the kernel now if none of its storage is there, else it waits for
     /// the next one.
     fn sync(&mut self, idx: usize) {
+        self.syncs_asked += 1;
         match self.lines.entry(self.key_of(idx)) {
             std::collections::hash_map::Entry::Occupied(mut line) => line.get_mut().waiting.push(idx),
             std::collections::hash_map::Entry::Vacant(v) => {
