@@ -142,27 +142,21 @@ pub async fn drive(
     sup: Arc<Mutex<Supervisor>>,
     live: impl FnMut(Duration, &Live) + Send,
 ) -> Result<Outcome, RunError> {
+    let addr = plan.endpoints.first().map(|e| e.nbd).unwrap_or_else(|| ([127, 0, 0, 1], 0).into());
     let cfg = LoadConfig {
-        addr: plan.endpoints.first().map(|e| e.nbd).unwrap_or_else(|| ([127, 0, 0, 1], 0).into()),
-        admin: None,
-        admin_token: None,
-        jobs: jobs(sc, plan),
-        duration: Duration::from_nanos(sc.duration.0),
         warmup: Duration::from_nanos(sc.warmup.0),
         interval: Duration::from_nanos(sc.interval.0),
         seed: sc.seed(),
         name: sc.name.clone(),
-        max_pending: rein_runtime::load::MAX_PENDING,
         servers: sc.servers.iter().map(|s| s.name.clone()).collect(),
         // Node i is server i: its device's busy time gives the server's utilisation.
         server_admins: plan.nodes.iter().map(|n| n.admin.into()).collect(),
-        tls: None,
         // The nodes run the scenario's [mclock] table (plan::mclock_table), its cost model included.
         cost_model: sc.sched.cost_model,
         start_gate: plan.controller.as_ref().map(|_| rein_runtime::load::StartGate::default()),
-        max_errors: None,
         // A scenario run in parts joins their reports, which must have one duration.
         report_early_end: false,
+        ..LoadConfig::new(addr, jobs(sc, plan), Duration::from_nanos(sc.duration.0))
     };
     // A pShift controller's schedule starts with the load (`hold = true`), so its QoS periods are the
     // report's: once every connection is open, the start request goes out, and the load's time starts

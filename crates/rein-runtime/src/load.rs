@@ -215,6 +215,35 @@ pub struct LoadConfig {
     pub report_early_end: bool,
 }
 
+impl LoadConfig {
+    /// A run of `jobs` against the NBD server at `addr` for `duration`, with the defaults a caller sets
+    /// only to change: no warm-up, intervals of 1 s, seed 1, named `rein-load`, [`MAX_PENDING`], one
+    /// server named by `addr` and no admin endpoint (utilisation unknown), no TLS, specs in IOPS, no start
+    /// gate, no error limit, and a run that ends early reported as it ran. Set the rest with struct update
+    /// syntax (`LoadConfig { seed: 3, ..LoadConfig::new(addr, jobs, duration) }`).
+    pub fn new(addr: SocketAddr, jobs: Vec<Job>, duration: Duration) -> LoadConfig {
+        LoadConfig {
+            addr,
+            admin: None,
+            admin_token: None,
+            jobs,
+            duration,
+            warmup: Duration::ZERO,
+            interval: Duration::from_secs(1),
+            seed: 1,
+            name: "rein-load".into(),
+            max_pending: MAX_PENDING,
+            servers: Vec::new(),
+            server_admins: Vec::new(),
+            tls: None,
+            cost_model: rein_core::CostModel::PerIo,
+            start_gate: None,
+            max_errors: None,
+            report_early_end: true,
+        }
+    }
+}
+
 /// Something to do between opening every connection and the run's first request: the run says it is
 /// ready (`ready`) and starts when told (`go`). `rein cluster` starts a pShift controller's schedule
 /// there, so that the schedule's origin is just before the run's (by half the request's round trip)
@@ -1429,23 +1458,9 @@ mod tests {
             stream: None,
         };
         LoadConfig {
-            addr,
-            admin: None,
-            admin_token: None,
-            jobs: vec![job],
-            duration: Duration::from_secs(1),
-            warmup: Duration::ZERO,
             interval: Duration::from_millis(500),
-            seed: 1,
             name: name.into(),
-            max_pending: MAX_PENDING,
-            servers: Vec::new(),
-            server_admins: Vec::new(),
-            tls: None,
-            cost_model: rein_core::CostModel::PerIo,
-            start_gate: None,
-            max_errors: None,
-            report_early_end: true,
+            ..LoadConfig::new(addr, vec![job], Duration::from_secs(1))
         }
     }
     /// A server that completes the handshake and then stops reading: the run's end (answers still due,

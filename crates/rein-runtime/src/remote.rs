@@ -1787,11 +1787,10 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         moved.mark_changed();
     }
     let mut closing = target.closing.clone();
-    // The handles sent on this session are 1 to `sent_below - 1` (the writer's count, read by the reader to
-    // name a reply for a handle with nothing pending: a second reply, or one never sent).
-    let sent_below = AtomicU64::new(1);
+    // The next piece's handle: those sent on this session are 1 to `next - 1`, one after another (the
+    // reader names a reply for a handle with nothing pending by it: a second reply, or one never sent).
+    let next = AtomicU64::new(1);
     let writer = async {
-        let mut next: u64 = 1;
         let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_BATCH);
         loop {
             let first = tokio::select! {
@@ -1824,7 +1823,8 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     continue;
                 }
                 let mut msg = w.msg;
-                msg[HANDLE_AT].copy_from_slice(&next.to_be_bytes());
+                let handle = next.load(Ordering::Relaxed);
+                msg[HANDLE_AT].copy_from_slice(&handle.to_be_bytes());
                 if let Some((slot, tracker)) = qos {
                     // dmClock: what this node is told is prepared as the piece leaves.
                     let piggyback = tracker
@@ -1842,9 +1842,8 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(next, Pending { sink: w.sink, read_len: w.read_len, sent, _permit: w._permit });
-                next += 1;
-                sent_below.store(next, Ordering::Relaxed);
+                    .insert(handle, Pending { sink: w.sink, read_len: w.read_len, sent, _permit: w._permit });
+                next.store(handle + 1, Ordering::Relaxed);
                 target.stats.pieces.fetch_add(1, Ordering::Relaxed);
                 batch.push(msg);
                 if batch.len() < WRITE_BATCH {
@@ -1891,7 +1890,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                         Some(_) => 0,
                         None => {
                             // Handles go out one after another and leave `pending` only when answered.
-                            let why = if (1..sent_below.load(Ordering::Relaxed)).contains(&handle) {
+                            let why = if (1..next.load(Ordering::Relaxed)).contains(&handle) {
                                 p::StrayReply::Answered
                             } else {
                                 p::StrayReply::NotSent

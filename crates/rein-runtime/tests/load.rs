@@ -62,23 +62,13 @@ async fn load(jobs: Vec<Job>, seconds: f64, admin: bool, max_pending: usize) -> 
     ));
     let bound = ready_rx.await.expect("server starts");
     let lc = LoadConfig {
-        addr: bound.nbd,
         admin: admin.then_some(bound.admin.into()),
-        admin_token: None,
-        jobs,
-        duration: Duration::from_secs_f64(seconds),
         warmup: Duration::from_secs(1),
         interval: Duration::from_millis(500),
         seed: 3,
         name: "load-test".into(),
         max_pending,
-        servers: Vec::new(),
-        server_admins: Vec::new(),
-        tls: None,
-        cost_model: rein_core::CostModel::PerIo,
-        start_gate: None,
-        max_errors: None,
-        report_early_end: true,
+        ..LoadConfig::new(bound.nbd, jobs, Duration::from_secs_f64(seconds))
     };
     let totals = rein_runtime::load::run(lc, |_, _| {}).await.unwrap();
     let _ = stop_tx.send(());
@@ -259,25 +249,8 @@ async fn a_think_time_ends_on_time() {
 
 #[tokio::test]
 async fn a_missing_tenant_is_a_clear_error() {
-    let cfg = LoadConfig {
-        addr: "127.0.0.1:9".parse::<SocketAddr>().unwrap(),
-        admin: None,
-        admin_token: None,
-        jobs: vec![],
-        duration: Duration::from_secs(1),
-        warmup: Duration::ZERO,
-        interval: Duration::from_secs(1),
-        seed: 1,
-        name: "x".into(),
-        max_pending: 1,
-        servers: Vec::new(),
-        server_admins: Vec::new(),
-        tls: None,
-        cost_model: rein_core::CostModel::PerIo,
-        start_gate: None,
-        max_errors: None,
-        report_early_end: true,
-    };
+    let addr = "127.0.0.1:9".parse::<SocketAddr>().unwrap();
+    let cfg = LoadConfig { name: "x".into(), max_pending: 1, ..LoadConfig::new(addr, vec![], Duration::from_secs(1)) };
     let e = rein_runtime::load::run(cfg, |_, _| {}).await.unwrap_err();
     assert_eq!(e.to_string(), "no jobs");
 }
@@ -321,23 +294,12 @@ async fn two_servers(
     });
     let gate = rein_runtime::load::StartGate::default();
     let lc = LoadConfig {
-        addr: servers[0].0.nbd,
-        admin: None,
-        admin_token: None,
-        jobs: vec![job],
-        duration: Duration::from_secs_f64(secs),
-        warmup: Duration::ZERO,
         interval: Duration::from_millis(500),
         seed: 3,
         name: "phases".into(),
-        max_pending: rein_runtime::load::MAX_PENDING,
         servers: vec!["s0".into(), "s1".into()],
-        server_admins: Vec::new(),
-        tls: None,
-        cost_model: rein_core::CostModel::PerIo,
         start_gate: Some(gate.clone()),
-        max_errors: None,
-        report_early_end: true,
+        ..LoadConfig::new(servers[0].0.nbd, vec![job], Duration::from_secs_f64(secs))
     };
     let run = tokio::spawn(rein_runtime::load::run(lc, |_, _| {}));
     gate.ready.notified().await;

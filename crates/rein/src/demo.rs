@@ -184,23 +184,12 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             .map(|&(n, depth)| crate::load::parse_job(&format!("name={n},depth={depth},read=75"), total))
             .collect::<Result<Vec<_>>>()?;
         let lc = LoadConfig {
-            addr: bound.nbd,
             admin: Some(admin.into()),
-            admin_token: None,
-            jobs,
-            duration: total,
             warmup: Duration::from_secs(1),
             interval: Duration::from_secs(1),
-            seed: 1,
             name: format!("rein demo, live {kind}"),
-            max_pending: rein_runtime::load::MAX_PENDING,
-            servers: Vec::new(),
-            server_admins: Vec::new(),
-            tls: None,
             cost_model,
-            start_gate: None,
-            max_errors: None,
-            report_early_end: true,
+            ..LoadConfig::new(bound.nbd, jobs, total)
         };
         let res = rein_runtime::load::run_checked(lc, move |t, rows| {
             if !quiet {

@@ -251,7 +251,6 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     }
     let interval = Duration::from_secs(1);
     let cfg = LoadConfig {
-        addr: args.addr.addr,
         admin: args
             .admin
             .as_deref()
@@ -262,21 +261,14 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
             .transpose()
             .map_err(anyhow::Error::msg)?,
         admin_token: args.admin_token_file.as_deref().map(rein_runtime::admin_guard::AdminToken::load).transpose()?,
-        jobs,
-        duration,
         warmup,
         interval,
         seed: args.seed,
-        name: "rein-load".into(),
-        max_pending: rein_runtime::load::MAX_PENDING,
-        servers: Vec::new(),
-        server_admins: Vec::new(),
         tls: load_tls(&args)?,
         // The admin API does not say the server's cost model: the report's oracle assumes IOPS.
         cost_model: rein_core::CostModel::PerIo,
-        start_gate: None,
         max_errors: args.max_errors,
-        report_early_end: true,
+        ..LoadConfig::new(args.addr.addr, jobs, duration)
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
