@@ -150,16 +150,50 @@ pub struct ConnLimits {
     refusing: Arc<Semaphore>,
     /// When a refusal was last logged, and how many have not been logged since.
     refusal_log: SparseLog,
-    /// The same for failed accepts (out of descriptors, say), and how many failed in a row.
-    accept_log: SparseLog,
-    accept_streak: std::sync::atomic::AtomicU32,
+    /// Failed accepts (out of descriptors, say): their pause, log and count.
+    accepts: AcceptPacing,
     /// Failed handshakes, logged at most once per [`REFUSAL_LOG_INTERVAL`].
     handshake_log: SparseLog,
     /// Connections refused at each cap, in [`CAP_KEYS`]'s order; failed handshakes; failed accepts
     /// (module comment, "Metrics").
     refused: [AtomicU64; 3],
     handshakes_failed: AtomicU64,
-    accepts_failed: AtomicU64,
+}
+
+/// What a listener does when `accept` fails (descriptors run out, say): waits 10 ms, doubling with each
+/// failure in a row up to 1 s, logs at most once per [`REFUSAL_LOG_INTERVAL`] with the count left
+/// unlogged, and counts every failure. One rule for the NBD listeners ([`ConnLimits::accept_failed`]) and
+/// the admin endpoint's (it logged each failure, ten lines a second while descriptors stayed out).
+#[derive(Debug, Default)]
+pub struct AcceptPacing {
+    log: SparseLog,
+    streak: std::sync::atomic::AtomicU32,
+    failed: AtomicU64,
+}
+
+impl AcceptPacing {
+    /// An `accept` of `listener` (the log line's words) failed with `e`: returns how long to wait before
+    /// the next, and whether it logged.
+    pub fn failed(&self, listener: &str, e: &std::io::Error) -> (Duration, bool) {
+        self.failed.fetch_add(1, Relaxed);
+        let streak = self.streak.fetch_add(1, Relaxed).min(7);
+        let pause = (Duration::from_millis(10) * (1 << streak)).min(Duration::from_secs(1));
+        let Some(unlogged) = self.log.due() else { return (pause, false) };
+        tracing::warn!(unlogged, pause_ms = pause.as_millis() as u64, "{listener}: accept failed: {e}");
+        (pause, true)
+    }
+
+    /// An `accept` succeeded: the next failure waits 10 ms again.
+    pub fn succeeded(&self) {
+        if self.streak.load(Relaxed) != 0 {
+            self.streak.store(0, Relaxed);
+        }
+    }
+
+    /// Failed accepts so far.
+    pub fn count(&self) -> u64 {
+        self.failed.load(Relaxed)
+    }
 }
 
 /// The caps' keys, as the metrics name them: `max_connections`, `max_connections_per_client`,
@@ -227,12 +261,10 @@ impl ConnLimits {
             counts: Mutex::default(),
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             refusal_log: SparseLog::default(),
-            accept_log: SparseLog::default(),
-            accept_streak: std::sync::atomic::AtomicU32::new(0),
+            accepts: AcceptPacing::default(),
             handshake_log: SparseLog::default(),
             refused: Default::default(),
             handshakes_failed: AtomicU64::new(0),
-            accepts_failed: AtomicU64::new(0),
         })
     }
 
@@ -261,7 +293,7 @@ impl ConnLimits {
              # HELP rein_nbd_accepts_failed_total Accepts of a new connection that failed (descriptors run \
              out, say).\n# TYPE rein_nbd_accepts_failed_total counter\nrein_nbd_accepts_failed_total {}",
             self.handshakes_failed.load(Relaxed),
-            self.accepts_failed.load(Relaxed)
+            self.accepts.count()
         );
     }
 
@@ -329,18 +361,10 @@ impl ConnLimits {
         true
     }
 
-    /// An `accept` failed (descriptors run out, say): logs it at most once per [`REFUSAL_LOG_INTERVAL`]
-    /// with the count left unlogged, and returns how long to wait before the next accept: 10 ms, doubling
-    /// with each failure in a row up to 1 s (a listener out of descriptors once logged 89 lines a second).
-    /// Returns whether it logged, too.
+    /// An NBD `accept` failed ([`AcceptPacing::failed`]; a listener out of descriptors once logged 89
+    /// lines a second): how long to wait before the next accept, and whether it logged.
     pub fn accept_failed(&self, e: &std::io::Error) -> (Duration, bool) {
-        use std::sync::atomic::Ordering;
-        self.accepts_failed.fetch_add(1, Ordering::Relaxed);
-        let streak = self.accept_streak.fetch_add(1, Ordering::Relaxed).min(7);
-        let pause = (Duration::from_millis(10) * (1 << streak)).min(Duration::from_secs(1));
-        let Some(unlogged) = self.accept_log.due() else { return (pause, false) };
-        tracing::warn!(unlogged, pause_ms = pause.as_millis() as u64, "accept failed: {e}");
-        (pause, true)
+        self.accepts.failed("NBD listener", e)
     }
 
     /// Logs a failed handshake (at INFO), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line says
@@ -355,10 +379,7 @@ impl ConnLimits {
 
     /// An `accept` succeeded: the next failure waits 10 ms again.
     pub fn accept_succeeded(&self) {
-        use std::sync::atomic::Ordering;
-        if self.accept_streak.load(Ordering::Relaxed) != 0 {
-            self.accept_streak.store(0, Ordering::Relaxed);
-        }
+        self.accepts.succeeded();
     }
 
     /// Connections counted now: all, and from `ip`'s client ([`client_of`]).
@@ -382,7 +403,7 @@ mod tests {
         let ms: Vec<u128> = got.iter().map(|g| g.0.as_millis()).collect();
         assert_eq!(ms, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
         assert_eq!(got.iter().filter(|g| g.1).count(), 1, "one line per interval");
-        assert_eq!(limits.accept_log.unlogged(), 9);
+        assert_eq!(limits.accepts.log.unlogged(), 9);
         limits.accept_succeeded();
         assert_eq!(limits.accept_failed(&e).0, Duration::from_millis(10));
         // Each failure counted, logged or not.

@@ -425,6 +425,8 @@ pub struct CappedListener {
     idle_timeout: Duration,
     /// With `admin_tls`: the `[tls]` context, as a reload replaces it ([`crate::tls`], "Reload").
     tls: Option<AdminTls>,
+    /// Failed accepts: paced and logged as the NBD listeners' are.
+    accepts: crate::access::AcceptPacing,
 }
 
 impl CappedListener {
@@ -436,6 +438,7 @@ impl CappedListener {
             permits: Arc::new(Semaphore::new(access.max_connections)),
             idle_timeout: access.idle_timeout,
             tls,
+            accepts: crate::access::AcceptPacing::default(),
         }
     }
 }
@@ -453,11 +456,11 @@ impl axum::serve::Listener for CappedListener {
                 Err(e) if is_connection_error(&e) => continue,
                 Err(e) => {
                     // Out of descriptors (EMFILE) or memory: wait for some to be freed.
-                    tracing::warn!("admin endpoint: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(self.accepts.failed("admin endpoint", &e).0).await;
                     continue;
                 }
             };
+            self.accepts.succeeded();
             let conn = match &self.tls {
                 None => Conn::Plain(stream),
                 // No IO here, and no TLS context yet: the handshake runs in the connection's task, with

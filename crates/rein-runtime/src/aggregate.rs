@@ -89,6 +89,7 @@
 //! `transport.exchange(now, &host.close_period(now), &mut aggregator)`, then
 //! `host.on_period(now, aggregator.cluster(now).map(|c| c.latency_ns))`.
 
+use crate::lograte::LogRate;
 use rein_core::parda::{Accept, Aggregator, HostReport, MAX_HOSTS};
 use rein_core::Nanos;
 use rein_proto::parda::{
@@ -753,16 +754,51 @@ async fn read_datagrams(
     arrived: Arc<tokio::sync::Notify>,
 ) {
     let mut buf = [0u8; MAX_DATAGRAM];
+    let mut failing = LogRate::default();
     loop {
         match socket.recv_from(&mut buf).await {
             Ok((n, from)) => {
                 shared.lock().unwrap_or_else(|e| e.into_inner()).take(&buf[..n], from);
                 arrived.notify_one();
             }
-            // ICMP errors from earlier sends surface here on some systems: skip them (and let others run).
-            Err(_) => tokio::task::yield_now().await,
+            Err(e) => {
+                let (say, pause) = after_recv_error(&mut failing, std::time::Instant::now(), &e);
+                if let Some(unlogged) = say {
+                    tracing::warn!(
+                        addr = ?socket.local_addr().ok(),
+                        error = %e,
+                        unlogged,
+                        "reading the hosts' report socket failed; retrying every {} ms",
+                        RECV_RETRY.as_millis()
+                    );
+                }
+                match pause {
+                    Some(p) => tokio::time::sleep(p).await,
+                    None => tokio::task::yield_now().await,
+                }
+            }
         }
     }
+}
+
+/// The pause before the report socket is read again after an error that is not a peer's ICMP message.
+const RECV_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// What [`read_datagrams`] does after `recv_from` failed with `e` at `now`: `(a line to log, with the
+/// failures not logged since the last; a pause before reading again)`. A refused or reset connection is an
+/// ICMP message about an earlier send (some systems surface it on the next read): skipped at once, not
+/// logged. Any other error (out of memory, a socket gone bad) would come back on every read, so the
+/// reader pauses [`RECV_RETRY`] (it spun a core before, in silence) and says so once a minute.
+fn after_recv_error(
+    failing: &mut LogRate<std::time::Instant>,
+    now: std::time::Instant,
+    e: &std::io::Error,
+) -> (Option<u64>, Option<std::time::Duration>) {
+    use std::io::ErrorKind::{ConnectionRefused, ConnectionReset, Interrupted};
+    if matches!(e.kind(), ConnectionRefused | ConnectionReset | Interrupted) {
+        return (None, None);
+    }
+    (failing.due(now, std::time::Duration::from_secs(60), 1), Some(RECV_RETRY))
 }
 
 impl Drop for UdpAggregation {
@@ -875,6 +911,26 @@ impl UdpAggregation {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A read error of the report socket: a peer's ICMP message (refused, reset) is skipped at once and
+    /// not logged; any other error pauses the reader (which spun a core on it before, in silence) and is
+    /// said once a minute with the count between.
+    #[test]
+    fn a_read_error_that_stays_pauses_the_reader_and_is_said_once_a_minute() {
+        let mut failing = LogRate::default();
+        let t0 = std::time::Instant::now();
+        for kind in [io::ErrorKind::ConnectionRefused, io::ErrorKind::ConnectionReset, io::ErrorKind::Interrupted] {
+            assert_eq!(after_recv_error(&mut failing, t0, &io::Error::from(kind)), (None, None), "{kind:?}");
+        }
+        let bad = io::Error::from_raw_os_error(libc::ENOMEM);
+        assert_eq!(after_recv_error(&mut failing, t0, &bad), (Some(0), Some(RECV_RETRY)), "the first at once");
+        for s in 1..60 {
+            let at = t0 + Duration::from_secs(s);
+            assert_eq!(after_recv_error(&mut failing, at, &bad), (None, Some(RECV_RETRY)), "at {s} s");
+        }
+        let at = t0 + Duration::from_secs(60);
+        assert_eq!(after_recv_error(&mut failing, at, &bad), (Some(59), Some(RECV_RETRY)), "a minute on");
+    }
 
     fn report(host: u32, seq: u64) -> HostReport {
         HostReport {
