@@ -166,6 +166,26 @@ pub async fn put_json(
     serde_json::from_slice(&answer).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
 }
 
+/// `method path` (GET, PUT, POST or DELETE) with an optional JSON body, as `rein admin` sends them;
+/// returns the answer's JSON, or `None` for an answer without a body (a DELETE's 204). With `token`,
+/// authenticated.
+pub async fn send_json(
+    endpoint: &AdminEndpoint,
+    token: Option<&AdminToken>,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<Option<serde_json::Value>, AdminClientError> {
+    let addr = endpoint.addr;
+    let answer = call(endpoint, token, method, path, body.map(|b| b.to_string())).await?;
+    if answer.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(&answer)
+        .map(Some)
+        .map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
+}
+
 /// `GET path` from a caller without a runtime of its own (`rein cluster`'s supervisor polls its children
 /// from a plain thread): the call runs on a current-thread runtime in a thread of its own, so it works
 /// inside or outside a tokio runtime, and gives up after `timeout` (at most [`TIMEOUT`]). Returns the
@@ -217,8 +237,13 @@ async fn call(
     };
     let resp = tokio::time::timeout(TIMEOUT, connect).await.map_err(|_| AdminClientError::Timeout(addr))??;
     let (status, body) = parse_response(&resp).map_err(|m| AdminClientError::Bad { addr, message: m.into() })?;
-    if status != 200 {
-        let text = String::from_utf8_lossy(&body).trim().to_string();
+    if !(200..300).contains(&status) {
+        // The endpoint's errors are `{"error": "..."}`: the message, without the JSON around it.
+        let said = serde_json::from_slice::<serde_json::Value>(&body).ok();
+        let text = match said.as_ref().and_then(|v| v["error"].as_str()) {
+            Some(message) => message.to_string(),
+            None => String::from_utf8_lossy(&body).trim().to_string(),
+        };
         return Err(AdminClientError::Status { addr, path: path.to_string(), status, body: text });
     }
     Ok(body)

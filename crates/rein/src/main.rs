@@ -10,6 +10,7 @@ mod stdout;
 #[macro_use]
 mod stderr;
 
+mod admin;
 mod bench;
 mod cluster;
 mod demo;
@@ -57,6 +58,8 @@ enum Cmd {
     Gateway(gateway::GatewayArgs),
     /// Multi-tenant load over NBD with a live table; writes the same outputs as `rein sim`.
     Load(Box<load::LoadArgs>),
+    /// Ask a running rein serve through its admin endpoint: tenants, their specs, exports, capacity.
+    Admin(admin::AdminArgs),
     /// Measure an export's backend the way `rein serve` uses it (capacity for admission control).
     Probe(probe::ProbeArgs),
     /// Speed measurements.
@@ -94,6 +97,7 @@ fn main() {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Gateway(a) => gateway::run(a),
         Cmd::Load(a) => load::run(*a),
+        Cmd::Admin(a) => admin::run(a),
         Cmd::Probe(a) => probe::run(a),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Pshift(c) => pshift::run(c),

@@ -688,12 +688,13 @@ fn completions_and_man_pages_come_from_the_cli_itself() {
     let man = dir.path().join("man");
     let (ok, stdout, stderr) = rein(&["manpages", "--out", man.to_str().unwrap()]);
     assert!(ok, "{stderr}");
-    assert!(stdout.starts_with("wrote 23 man pages into "), "{stdout}");
+    assert!(stdout.starts_with("wrote 30 man pages into "), "{stdout}");
     for (page, has) in [
         ("rein.1", "rein\\-serve(1)"),
         ("rein-serve.1", "\\fB\\-\\-check\\-config\\fR"),
         ("rein-cluster-run.1", "\\fB\\-\\-check\\fR"),
         ("rein-load.1", "\\fB\\-\\-addr\\fR"),
+        ("rein-admin-set.1", "\\fB\\-\\-no\\-limit\\fR"),
     ] {
         let text = std::fs::read_to_string(man.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
         assert!(text.contains(".SH NAME"), "{page}: {text}");

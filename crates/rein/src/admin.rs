@@ -1,0 +1,287 @@
+//! `rein admin`: a running `rein serve` asked and changed through its admin endpoint, so that an operator
+//! need not write the API's JSON and headers by hand: its tenants (a table of each one's spec and what it
+//! gets now), a tenant's spec changed, tenants added and removed, its exports, the capacity admission
+//! control uses. The same endpoint options as `rein load --admin` (a token file, HTTPS with a CA and a
+//! client certificate); `--json` prints the endpoint's own answer instead of a table.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use rein_runtime::admin::TenantJson;
+use rein_runtime::admin_client::{self, AdminEndpoint};
+use rein_runtime::admin_guard::AdminToken;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub(crate) struct AdminArgs {
+    /// The server's admin endpoint, as ADDR or http://ADDR, or https://ADDR when it is served with
+    /// admin_tls.
+    #[arg(long, default_value = "127.0.0.1:9180")]
+    admin: String,
+    /// For an https:// endpoint: the CA certificates (PEM) its certificate must chain to (default: the
+    /// system's).
+    #[arg(long)]
+    admin_ca: Option<PathBuf>,
+    /// For an https:// endpoint that asks for client certificates (`[tls] ca`): this certificate (PEM),
+    /// with --admin-key.
+    #[arg(long, requires = "admin_key")]
+    admin_cert: Option<PathBuf>,
+    /// The private key (PEM) of --admin-cert.
+    #[arg(long, requires = "admin_cert")]
+    admin_key: Option<PathBuf>,
+    /// The endpoint's bearer token file (the server's `admin_token_file`).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// Print the endpoint's JSON answer instead of a table or a line.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: AdminCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCmd {
+    /// The tenants: each one's reservation, limit and weight, and what it gets now (IOPS in the last
+    /// second, queued requests, mean latency, seconds below its reservation).
+    Tenants,
+    /// Change a tenant's spec; what is not given stays as it is. Applies at once, and persists.
+    Set(SetArgs),
+    /// Add a tenant (reservation 0, no limit, weight 1 unless given).
+    Add(SpecArgs),
+    /// Remove a tenant (refused while an export belongs to it).
+    Remove {
+        /// The tenant.
+        tenant: String,
+    },
+    /// The exports: name, tenant, size and whether read-only.
+    Exports,
+    /// The capacity admission control uses, and the reservations against it; with IOPS, set it.
+    Capacity {
+        /// The new capacity (IOPS), replacing the configured, probed or modelled one.
+        iops: Option<f64>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct SpecArgs {
+    /// The tenant.
+    tenant: String,
+    /// Reservation (IOPS, or cost units per second under a cost model).
+    #[arg(long)]
+    reservation: Option<f64>,
+    /// Limit (IOPS).
+    #[arg(long)]
+    limit: Option<f64>,
+    /// Weight (its share of what is left over the reservations).
+    #[arg(long)]
+    weight: Option<f64>,
+    /// Idle credit (IOs of catching up a tenant gets back after an idle spell).
+    #[arg(long)]
+    idle_credit: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+struct SetArgs {
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Remove the tenant's limit.
+    #[arg(long, conflicts_with = "limit")]
+    no_limit: bool,
+}
+
+impl SpecArgs {
+    /// The JSON fields given (omitted ones absent, so that a PUT keeps them).
+    fn fields(&self) -> serde_json::Map<String, Value> {
+        let mut m = serde_json::Map::new();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        put("reservation", self.reservation.map(Value::from));
+        put("limit", self.limit.map(Value::from));
+        put("weight", self.weight.map(Value::from));
+        put("idle_credit", self.idle_credit.map(Value::from));
+        m
+    }
+}
+
+/// A tenant's name as one segment of the API's path.
+fn segment(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+pub(crate) fn run(args: AdminArgs) -> Result<()> {
+    let cert = args.admin_cert.as_deref().zip(args.admin_key.as_deref());
+    let endpoint = AdminEndpoint::parse_with(&args.admin, args.admin_ca.as_deref(), cert)
+        .map_err(|e| anyhow::anyhow!("--admin {}: {e}", args.admin))?;
+    let token = args.admin_token_file.as_deref().map(AdminToken::load).transpose()?;
+    let (method, path, body) = match &args.cmd {
+        AdminCmd::Tenants => ("GET", "/api/tenants".to_string(), None),
+        AdminCmd::Set(s) => {
+            let mut fields = s.spec.fields();
+            if s.no_limit {
+                fields.insert("limit".into(), Value::Null);
+            }
+            if fields.is_empty() {
+                bail!("nothing to change: give --reservation, --limit, --no-limit, --weight or --idle-credit");
+            }
+            ("PUT", format!("/api/tenants/{}", segment(&s.spec.tenant)), Some(Value::Object(fields)))
+        }
+        AdminCmd::Add(s) => {
+            let mut fields = s.fields();
+            fields.insert("name".into(), json!(s.tenant));
+            ("POST", "/api/tenants".to_string(), Some(Value::Object(fields)))
+        }
+        AdminCmd::Remove { tenant } => ("DELETE", format!("/api/tenants/{}", segment(tenant)), None),
+        AdminCmd::Exports => ("GET", "/api/exports".to_string(), None),
+        AdminCmd::Capacity { iops: None } => ("GET", "/api/capacity".to_string(), None),
+        AdminCmd::Capacity { iops: Some(iops) } => ("PUT", "/api/capacity".to_string(), Some(json!({ "iops": iops }))),
+    };
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the tokio runtime")?;
+    let answer = rt.block_on(admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref()))?;
+    if args.json {
+        if let Some(v) = &answer {
+            outln!("{}", serde_json::to_string_pretty(v)?);
+        }
+        return Ok(());
+    }
+    let answer = answer.unwrap_or(Value::Null);
+    match &args.cmd {
+        AdminCmd::Tenants => {
+            let tenants: Vec<TenantJson> = serde_json::from_value(answer).context("the endpoint's tenants")?;
+            out!("{}", tenants_table(&tenants));
+        }
+        AdminCmd::Set(_) | AdminCmd::Add(_) => {
+            let verb = if matches!(args.cmd, AdminCmd::Add(_)) { "added" } else { "set" };
+            outln!("{verb} {}", spec_line(&answer));
+            if let Some(w) = answer["warning"].as_str() {
+                outln!("warning: {w}");
+            }
+        }
+        AdminCmd::Remove { tenant } => outln!("removed tenant {tenant}"),
+        AdminCmd::Exports => out!("{}", exports_table(&answer)?),
+        AdminCmd::Capacity { iops: Some(_) } => {
+            outln!("capacity {} IOPS", number(&answer["iops"]));
+            if let Some(w) = answer["warning"].as_str() {
+                outln!("warning: {w}");
+            }
+        }
+        AdminCmd::Capacity { iops: None } => outln!("{}", capacity_line(&answer)),
+    }
+    Ok(())
+}
+
+/// A JSON number as the tables show it (`-` for null, `inf` for none).
+fn number(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => format!("{x:.0}"),
+        Some(x) => format!("{x:.1}"),
+        None => "-".to_string(),
+    }
+}
+
+/// `vm1: reservation 100, limit 500, weight 1, idle credit 0` from a PUT's or POST's answer.
+fn spec_line(v: &Value) -> String {
+    let limit = if v["limit"].is_null() { "none".to_string() } else { number(&v["limit"]) };
+    format!(
+        "{}: reservation {}, limit {limit}, weight {}, idle credit {}",
+        v["name"].as_str().unwrap_or("?"),
+        number(&v["reservation"]),
+        number(&v["weight"]),
+        number(&v["idle_credit"])
+    )
+}
+
+/// The tenants as a table, one line each, in the server's order.
+fn tenants_table(tenants: &[TenantJson]) -> String {
+    let mut rows = vec![[
+        "TENANT",
+        "RESERVATION",
+        "LIMIT",
+        "WEIGHT",
+        "IOPS",
+        "QUEUED",
+        "LATENCY_MS",
+        "BELOW_RESV_S",
+        "COMPLETED",
+        "ERRORS",
+    ]
+    .map(String::from)];
+    for t in tenants {
+        rows.push([
+            t.name.clone(),
+            number(&t.reservation.into()),
+            t.limit.map_or("none".to_string(), |l| number(&l.into())),
+            number(&t.weight.into()),
+            number(&t.iops_last_s.into()),
+            t.queued.to_string(),
+            format!("{:.2}", t.latency_mean_ms),
+            t.below_reservation_s.to_string(),
+            t.completed.to_string(),
+            t.errors.to_string(),
+        ]);
+    }
+    table(&rows)
+}
+
+/// `GET /api/exports`'s answer as a table.
+fn exports_table(v: &Value) -> Result<String> {
+    let list = v.as_array().context("the endpoint's exports: not a list")?;
+    let mut rows = vec![["EXPORT", "TENANT", "SIZE_MIB", "READ_ONLY"].map(String::from)];
+    for e in list {
+        rows.push([
+            e["name"].as_str().unwrap_or("?").to_string(),
+            e["tenant"].as_str().unwrap_or("?").to_string(),
+            e["size"].as_u64().map_or("?".to_string(), |b| format!("{:.1}", b as f64 / 1048576.0)),
+            e["read_only"].as_bool().map_or("?".to_string(), |r| if r { "yes" } else { "no" }.to_string()),
+        ]);
+    }
+    Ok(table(&rows))
+}
+
+/// `GET /api/capacity`'s answer in a line.
+fn capacity_line(v: &Value) -> String {
+    let iops = if v["iops"].is_null() { "none known".to_string() } else { format!("{} IOPS", number(&v["iops"])) };
+    let model = if v["device_model_iops"].is_null() {
+        String::new()
+    } else {
+        format!(", the device model's now {} IOPS", number(&v["device_model_iops"]))
+    };
+    format!(
+        "capacity {iops} (from {}), reserved {} IOPS, admission {}{model}",
+        v["source"].as_str().unwrap_or("?"),
+        number(&v["reserved_iops"]),
+        v["admission"].as_str().unwrap_or("?"),
+    )
+}
+
+/// Rows as left-aligned columns, two spaces apart.
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut s = String::new();
+    for r in rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        s.push_str(line.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_one_path_segment() {
+        assert_eq!(segment("vm1"), "vm1");
+        assert_eq!(segment("a b/c?"), "a%20b%2Fc%3F");
+    }
+
+    #[test]
+    fn a_table_lines_up_its_columns() {
+        let rows = [["A", "BB"].map(String::from), ["ccc", "d"].map(String::from)];
+        assert_eq!(table(&rows), "A    BB\nccc  d\n");
+    }
+}

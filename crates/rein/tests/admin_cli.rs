@@ -1,0 +1,124 @@
+//! `rein admin` against a running `rein serve`: each subcommand's effect is read back through the admin
+//! API itself (raw HTTP), not through `rein admin`; refusals come back as the endpoint's own message and
+//! a failing exit; a token-protected endpoint needs `--admin-token-file`.
+#![cfg(unix)]
+
+mod common;
+
+use common::{http, local, serve_in, tmpdir, write_file, Rein};
+use std::net::SocketAddr;
+use std::process::Command;
+
+/// Runs `rein admin --admin ADDR ARGS...`: (success, stdout, stderr).
+fn admin(addr: SocketAddr, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["admin", "--admin", &addr.to_string()])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// `rein admin ARGS...`, which must succeed: its stdout.
+fn admin_ok(addr: SocketAddr, args: &[&str]) -> String {
+    let (ok, out, err) = admin(addr, args);
+    assert!(ok, "rein admin {args:?}: {err}");
+    out
+}
+
+/// The tenants as the endpoint lists them (raw HTTP).
+fn tenants(addr: SocketAddr) -> Vec<serde_json::Value> {
+    let (status, _, body) = http(addr, "GET", "/api/tenants", "", "");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn rein_admin_lists_changes_adds_and_removes_tenants_through_the_endpoint() {
+    let tmp = tmpdir("admin-cli");
+    let server = serve_in(
+        &tmp.path().join("s"),
+        &local(87),
+        "capacity_iops = 1000\n[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\ntenant = \"vm1\"\n\
+         [[tenants]]\nname = \"vm1\"\nreservation = 100\nlimit = 500\n",
+    );
+    let a = server.admin;
+
+    // The table: a header and one line per tenant, with its spec.
+    let table = admin_ok(a, &["tenants"]);
+    let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0][..4], ["TENANT", "RESERVATION", "LIMIT", "WEIGHT"], "{table}");
+    assert_eq!(lines[1][..4], ["vm1", "100", "500", "1"], "{table}");
+
+    // set: only what is given changes; --no-limit removes the limit.
+    let said = admin_ok(a, &["set", "vm1", "--limit", "800", "--weight", "2"]);
+    assert_eq!(said.trim(), "set vm1: reservation 100, limit 800, weight 2, idle credit 0");
+    let t = &tenants(a)[0];
+    assert_eq!(
+        (t["reservation"].as_f64(), t["limit"].as_f64(), t["weight"].as_f64()),
+        (Some(100.0), Some(800.0), Some(2.0))
+    );
+    admin_ok(a, &["set", "vm1", "--no-limit"]);
+    assert!(tenants(a)[0]["limit"].is_null(), "the limit removed");
+
+    // add, with a name that is not a plain path segment; then remove it.
+    let said = admin_ok(a, &["add", "db 2/x", "--reservation", "300"]);
+    assert!(said.starts_with("added db 2/x: reservation 300, limit none, weight 1"), "{said}");
+    let names: Vec<String> = tenants(a).iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["vm1", "db 2/x"]);
+    assert_eq!(admin_ok(a, &["remove", "db 2/x"]).trim(), "removed tenant db 2/x");
+    assert_eq!(tenants(a).len(), 1);
+
+    // Refusals: the endpoint's message, once, and a failing exit.
+    let (ok, _, err) = admin(a, &["add", "big", "--reservation", "950"]);
+    assert!(!ok && err.contains("HTTP 409: reservations would total 1050 IOPS"), "{err}");
+    assert!(!err.contains("{\""), "the message without its JSON: {err}");
+    let (ok, _, err) = admin(a, &["remove", "vm1"]);
+    assert!(!ok && err.contains("is used by export \"v\""), "{err}");
+    let (ok, _, err) = admin(a, &["set", "nosuch", "--weight", "3"]);
+    assert!(!ok && err.contains("HTTP 404: no tenant named \"nosuch\""), "{err}");
+    let (ok, _, err) = admin(a, &["set", "vm1"]);
+    assert!(!ok && err.contains("nothing to change"), "{err}");
+    let (ok, _, err) = admin(a, &["set", "vm1", "--limit", "5", "--no-limit"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+
+    // Exports and capacity; --json prints the endpoint's answer.
+    let exports = admin_ok(a, &["exports"]);
+    assert_eq!(
+        exports.lines().nth(1).unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["v", "vm1", "8.0", "no"],
+        "{exports}"
+    );
+    let cap = admin_ok(a, &["capacity"]);
+    assert_eq!(cap.trim(), "capacity 1000 IOPS (from config), reserved 100 IOPS, admission refuse");
+    assert_eq!(admin_ok(a, &["capacity", "2000"]).trim(), "capacity 2000 IOPS");
+    let j: serde_json::Value = serde_json::from_str(&admin_ok(a, &["--json", "capacity"])).unwrap();
+    assert_eq!((j["iops"].as_f64(), j["source"].as_str()), (Some(2000.0), Some("admin")));
+    let (status, _, body) = http(a, "GET", "/api/capacity", "", "");
+    assert!(status == 200 && body.contains("\"source\":\"admin\""), "{body}");
+
+    // Nothing listening: named, and a failing exit.
+    let (ok, _, err) = admin("127.0.0.87:1".parse().unwrap(), &["tenants"]);
+    assert!(!ok && err.contains("admin endpoint 127.0.0.87:1") && err.contains("refused"), "{err}");
+}
+
+#[test]
+fn rein_admin_sends_the_token_the_endpoint_asks_for() {
+    let tmp = tmpdir("admin-cli-token");
+    let token = write_file(tmp.path(), "admin.token", "s3cret-token-of-some-length\n");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let server = serve_in(
+        &tmp.path().join("s"),
+        &local(87),
+        &format!(
+            "admin_token_file = \"{}\"\n[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 4\n",
+            token.display()
+        ),
+    );
+    let (ok, _, err) = admin(server.admin, &["tenants"]);
+    assert!(!ok && err.contains("HTTP 401"), "{err}");
+    let table = admin_ok(server.admin, &["--admin-token-file", token.to_str().unwrap(), "tenants"]);
+    assert!(table.lines().nth(1).is_some_and(|l| l.starts_with("v ")), "{table}");
+    let _ = Rein::new(&["admin", "--admin", "not an address", "tenants"]).fails();
+}
