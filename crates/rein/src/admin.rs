@@ -1,14 +1,17 @@
-//! `rein admin`: a running `rein serve` asked and changed through its admin endpoint, so that an operator
-//! need not write the API's JSON and headers by hand: its tenants (a table of each one's spec and what it
-//! gets now), a tenant's spec changed, tenants added and removed, its exports, the capacity admission
-//! control uses. The same endpoint options as `rein load --admin` (a token file, HTTPS with a CA and a
-//! client certificate); `--json` prints the endpoint's own answer instead of a table.
+//! `rein admin`: a running daemon asked and changed through its admin endpoint, so that an operator need
+//! not write the API's JSON and headers by hand. Of `rein serve`: its tenants (a table of each one's spec
+//! and what it gets now), a tenant's spec changed, tenants added and removed, its exports, the capacity
+//! admission control uses. Of `rein gateway`: its node links, and its PARDA host. Of `rein pshift
+//! controller`: its buckets and servers. The same endpoint options as `rein load --admin` (a token file,
+//! HTTPS with a CA and a client certificate); `--json` prints the endpoint's own answer instead.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rein_runtime::admin::TenantJson;
 use rein_runtime::admin_client::{self, AdminEndpoint};
 use rein_runtime::admin_guard::AdminToken;
+use rein_runtime::parda_host::HostStatus;
+use rein_runtime::pshift_controller::ControllerStatus;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -60,6 +63,12 @@ enum AdminCmd {
         /// The new capacity (IOPS), replacing the configured, probed or modelled one.
         iops: Option<f64>,
     },
+    /// rein gateway: each volume's node links (up, in flight, pieces, failures).
+    Nodes,
+    /// rein gateway with `[parda]`: the PARDA host (window, latency signal, beta, hosts seen).
+    Parda,
+    /// rein pshift controller: its buckets (bounds, this period, missed periods) and servers.
+    Buckets,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +96,18 @@ struct SetArgs {
     /// Remove the tenant's limit.
     #[arg(long, conflicts_with = "limit")]
     no_limit: bool,
+}
+
+impl AdminCmd {
+    /// The daemon whose endpoint answers this command.
+    fn daemon(&self) -> &'static str {
+        match self {
+            AdminCmd::Nodes => "a rein gateway",
+            AdminCmd::Parda => "a rein gateway with [parda]",
+            AdminCmd::Buckets => "a rein pshift controller",
+            _ => "a rein serve",
+        }
+    }
 }
 
 impl SpecArgs {
@@ -137,10 +158,22 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         AdminCmd::Exports => ("GET", "/api/exports".to_string(), None),
         AdminCmd::Capacity { iops: None } => ("GET", "/api/capacity".to_string(), None),
         AdminCmd::Capacity { iops: Some(iops) } => ("PUT", "/api/capacity".to_string(), Some(json!({ "iops": iops }))),
+        AdminCmd::Nodes => ("GET", "/api/nodes".to_string(), None),
+        AdminCmd::Parda => ("GET", "/api/parda".to_string(), None),
+        AdminCmd::Buckets => ("GET", "/api/pshift".to_string(), None),
     };
     let rt =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the tokio runtime")?;
-    let answer = rt.block_on(admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref()))?;
+    let answer = match rt.block_on(admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref())) {
+        Ok(a) => a,
+        // A path the daemon does not serve at all (axum's bare 404): the command is another daemon's.
+        Err(admin_client::AdminClientError::Status { status: 404, body, .. }) if body.is_empty() => bail!(
+            "admin endpoint {}: no {path} there: this command asks {}'s admin endpoint",
+            endpoint.addr,
+            args.cmd.daemon()
+        ),
+        Err(e) => return Err(e.into()),
+    };
     if args.json {
         if let Some(v) = &answer {
             outln!("{}", serde_json::to_string_pretty(v)?);
@@ -169,8 +202,131 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
             }
         }
         AdminCmd::Capacity { iops: None } => outln!("{}", capacity_line(&answer)),
+        AdminCmd::Nodes => out!("{}", nodes_table(&answer)?),
+        AdminCmd::Parda => {
+            let h: HostStatus = serde_json::from_value(answer).context("the endpoint's PARDA host")?;
+            out!("{}", parda_lines(&h));
+        }
+        AdminCmd::Buckets => {
+            let c: ControllerStatus = serde_json::from_value(answer).context("the endpoint's pShift controller")?;
+            out!("{}", buckets_table(&c));
+        }
     }
     Ok(())
+}
+
+/// `GET /api/nodes`'s answer (a gateway's volumes, each with its node links) as a table.
+fn nodes_table(v: &Value) -> Result<String> {
+    let volumes = v.as_array().context("the endpoint's nodes: not a list")?;
+    let mut rows = vec![[
+        "EXPORT",
+        "NODE",
+        "ADDRESS",
+        "PROTOCOL",
+        "TLS",
+        "UP",
+        "IN_FLIGHT",
+        "PIECES",
+        "PIECE_ERRORS",
+        "SESSIONS_LOST",
+        "FLUSH_LOST",
+    ]
+    .map(String::from)];
+    for vol in volumes {
+        let mut export = vol["export"].as_str().unwrap_or("?").to_string();
+        if vol["removed"].as_bool() == Some(true) {
+            export.push_str(" (removed)");
+        }
+        for n in vol["nodes"].as_array().into_iter().flatten() {
+            let text = |k: &str| n[k].as_str().map_or_else(|| number(&n[k]), str::to_string);
+            rows.push([
+                export.clone(),
+                text("node"),
+                text("address"),
+                text("protocol"),
+                n["tls"].as_bool().map_or("?", |t| if t { "yes" } else { "no" }).to_string(),
+                format!("{}/{}", number(&n["connected"]), number(&n["connections"])),
+                number(&n["in_flight"]),
+                number(&n["pieces"]),
+                number(&n["piece_errors"]),
+                number(&n["sessions_lost"]),
+                number(&n["flush_lost"]),
+            ]);
+        }
+    }
+    Ok(table(&rows))
+}
+
+/// A PARDA host's status in a few lines.
+fn parda_lines(h: &HostStatus) -> String {
+    let ms = |v: Option<f64>| v.map_or("none yet".to_string(), |x| format!("{x:.2} ms"));
+    let mode = if h.controlled { format!("PARDA, {} aggregation", h.aggregation) } else { "a fixed queue".into() };
+    let hosts = if h.cluster_hosts > 0 {
+        format!(", {} hosts in the last cluster average", h.cluster_hosts)
+    } else {
+        String::new()
+    };
+    format!(
+        "host {} ({mode}): window {:.2}, issue limit {}, beta {:.3} (base {:.3}), {} VMs\n\
+         latency signal {}, own estimate {}{hosts}\n\
+         outstanding {}, queued {}, completed {}, abandoned {}, periods {}\n\
+         exchange errors {}, records refused {}, id conflicts {}\n",
+        h.id,
+        h.window,
+        h.issue_limit,
+        h.beta,
+        h.beta_base,
+        h.vms,
+        ms(h.signal_ms),
+        ms(h.estimate_ms),
+        h.outstanding,
+        h.queued,
+        h.completed,
+        h.abandoned,
+        h.periods,
+        h.exchange_errors,
+        h.records_refused,
+        h.id_conflicts,
+    )
+}
+
+/// A pShift controller's servers in a line, then its buckets as a table.
+fn buckets_table(c: &ControllerStatus) -> String {
+    let up = c.servers.iter().filter(|s| s.1).count();
+    let down: Vec<&str> = c.servers.iter().filter(|s| !s.1).map(|s| s.0.as_str()).collect();
+    let mut s = format!("round {}, {up} of {} servers connected", c.round, c.servers.len());
+    if !down.is_empty() {
+        s.push_str(&format!(" (not: {})", down.join(", ")));
+    }
+    s.push_str(&format!(", reports late {}, refused {}\n", c.late_reports, c.refused));
+    let mut rows = vec![[
+        "BUCKET",
+        "RESERVATION",
+        "LIMIT",
+        "DONE",
+        "LAST_PERIOD",
+        "PERIODS",
+        "BELOW_RESV_WITH_DEMAND",
+        "ABOVE_LIMIT",
+        "INCOMPLETE",
+    ]
+    .map(String::from)];
+    for b in &c.buckets {
+        let p = &b.periods;
+        rows.push([
+            b.name.clone(),
+            b.reservation.to_string(),
+            b.limit.map_or("none".to_string(), |l| l.to_string()),
+            b.done.to_string(),
+            p.last.map_or("-".to_string(), |l| l.to_string()),
+            p.closed.to_string(),
+            p.below_reservation_with_demand.to_string(),
+            p.above_limit.to_string(),
+            p.incomplete.to_string(),
+        ]);
+    }
+    s.push_str(&table(&rows));
+    s
 }
 
 /// A JSON number as the tables show it (`-` for null, `inf` for none).

@@ -122,3 +122,61 @@ fn rein_admin_sends_the_token_the_endpoint_asks_for() {
     assert!(table.lines().nth(1).is_some_and(|l| l.starts_with("v ")), "{table}");
     let _ = Rein::new(&["admin", "--admin", "not an address", "tenants"]).fails();
 }
+
+/// A gateway with `[parda]` over a node, a pShift controller and its server: `rein admin nodes`, `parda`
+/// and `buckets` read them; a rein serve's command against the gateway says whose it is.
+#[test]
+fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buckets() {
+    let tmp = tmpdir("admin-cli-others");
+    let node = serve_in(
+        &tmp.path().join("node"),
+        &local(87),
+        "[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n",
+    );
+    let gw_text = format!(
+        "{}\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"nbd\"\n[[tenants]]\nname = \"vm1\"\n\
+         [[exports]]\nname = \"v\"\ntenant = \"vm1\"\nsize_mb = 8\n\
+         [parda]\nlatency_threshold_ms = 10\nperiod_s = 0.5\nw_max = 64\naggregation = \"local\"\n[parda_host]\nid = 3\n",
+        local(87),
+        node.nbd
+    );
+    let gw = Rein::gateway(&write_file(tmp.path(), "gw.toml", &gw_text)).start();
+    let nodes = common::wait_for(
+        "the gateway's link to s1 up",
+        std::time::Duration::from_secs(20),
+        || admin_ok(gw.admin, &["nodes"]),
+        |t| t.lines().nth(1).is_some_and(|l| l.contains(" 1/1 ")),
+    );
+    let row: Vec<&str> = nodes.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..6], ["v", "s1", &node.nbd.to_string(), "nbd", "no", "1/1"], "{nodes}");
+    let parda = admin_ok(gw.admin, &["parda"]);
+    assert!(parda.starts_with("host 3 (PARDA, local aggregation): window "), "{parda}");
+    let (ok, _, err) = admin(gw.admin, &["tenants"]);
+    assert!(!ok && err.contains("no /api/tenants there: this command asks a rein serve's admin endpoint"), "{err}");
+
+    let ctl_text = "listen = \"127.0.0.87:0\"\nadmin = \"127.0.0.87:0\"\nperiod_s = 1\nintervals = 5\n\
+                    [[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[buckets]]\nname = \"b1\"\nreservation_iops = 100\n\
+                    limit_iops = 200\n";
+    let ctl = Rein::new(&[
+        "pshift",
+        "controller",
+        "--config",
+        write_file(tmp.path(), "ctl.toml", ctl_text).to_str().unwrap(),
+    ])
+    .start();
+    let before = admin_ok(ctl.admin, &["buckets"]);
+    assert!(before.contains(", 0 of 1 servers connected (not: s1)"), "{before}");
+    let _server = serve_in(
+        &tmp.path().join("pshift-server"),
+        &local(87),
+        &format!("scheduler = \"token\"\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n[pshift]\ncontroller = \"{}\"\nname = \"s1\"\n", ctl.nbd),
+    );
+    let buckets = common::wait_for(
+        "the server welcomed",
+        std::time::Duration::from_secs(20),
+        || admin_ok(ctl.admin, &["buckets"]),
+        |t| t.contains(", 1 of 1 servers connected,"),
+    );
+    let row: Vec<&str> = buckets.lines().nth(2).unwrap().split_whitespace().collect();
+    assert_eq!(row[..3], ["b1", "100", "200"], "{buckets}");
+}
