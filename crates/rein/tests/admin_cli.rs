@@ -133,14 +133,7 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
         &local(87),
         "[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 8\n",
     );
-    let gw_text = format!(
-        "{}\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"nbd\"\n[[tenants]]\nname = \"vm1\"\n\
-         [[exports]]\nname = \"v\"\ntenant = \"vm1\"\nsize_mb = 8\n\
-         [parda]\nlatency_threshold_ms = 10\nperiod_s = 0.5\nw_max = 64\naggregation = \"local\"\n[parda_host]\nid = 3\n",
-        local(87),
-        node.nbd
-    );
-    let gw = Rein::gateway(&write_file(tmp.path(), "gw.toml", &gw_text)).start();
+    let gw = common::parda_gateway(tmp.path(), 87, node.nbd, 3);
     let nodes = common::wait_for(
         "the gateway's link to s1 up",
         std::time::Duration::from_secs(20),
@@ -154,23 +147,10 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
     let (ok, _, err) = admin(gw.admin, &["tenants"]);
     assert!(!ok && err.contains("no /api/tenants there: this command asks a rein serve's admin endpoint"), "{err}");
 
-    let ctl_text = "listen = \"127.0.0.87:0\"\nadmin = \"127.0.0.87:0\"\nperiod_s = 1\nintervals = 5\n\
-                    [[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[buckets]]\nname = \"b1\"\nreservation_iops = 100\n\
-                    limit_iops = 200\n";
-    let ctl = Rein::new(&[
-        "pshift",
-        "controller",
-        "--config",
-        write_file(tmp.path(), "ctl.toml", ctl_text).to_str().unwrap(),
-    ])
-    .start();
+    let ctl = common::pshift_controller(tmp.path(), 87);
     let before = admin_ok(ctl.admin, &["buckets"]);
     assert!(before.contains(", 0 of 1 servers connected (not: s1)"), "{before}");
-    let _server = serve_in(
-        &tmp.path().join("pshift-server"),
-        &local(87),
-        &format!("scheduler = \"token\"\n[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 4\n[pshift]\ncontroller = \"{}\"\nname = \"s1\"\n", ctl.nbd),
-    );
+    let _server = common::pshift_server(&tmp.path().join("pshift-server"), 87, ctl.nbd);
     let buckets = common::wait_for(
         "the server welcomed",
         std::time::Duration::from_secs(20),

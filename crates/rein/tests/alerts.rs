@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{local, serve_in, tmpdir, write_file, Rein, MEMORY};
+use common::{local, serve_in, tmpdir, write_file, MEMORY};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -152,29 +152,9 @@ fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export_which
             tmp.path().join("node-key.pem").display()
         ),
     );
-    let gw_text = format!(
-        "{}\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"nbd\"\n[[tenants]]\nname = \"vm1\"\n\
-         [[exports]]\nname = \"v\"\ntenant = \"vm1\"\nsize_mb = 8\n\
-         [parda]\nlatency_threshold_ms = 10\nperiod_s = 0.5\nw_max = 64\naggregation = \"local\"\n[parda_host]\nid = 0\n",
-        local(184),
-        node.nbd
-    );
-    let gw = Rein::gateway(&write_file(tmp.path(), "gw.toml", &gw_text)).start();
-    let ctl_text = "listen = \"127.0.0.185:0\"\nadmin = \"127.0.0.185:0\"\nperiod_s = 1\nintervals = 5\n\
-                    [[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[buckets]]\nname = \"b1\"\nreservation_iops = 100\n\
-                    limit_iops = 200\n";
-    let ctl = Rein::new(&[
-        "pshift",
-        "controller",
-        "--config",
-        write_file(tmp.path(), "ctl.toml", ctl_text).to_str().unwrap(),
-    ])
-    .start();
-    let server = serve_in(
-        &tmp.path().join("pshift-server"),
-        &local(186),
-        &format!("scheduler = \"token\"\n{MEMORY}[pshift]\ncontroller = \"{}\"\nname = \"s1\"\n", ctl.nbd),
-    );
+    let gw = common::parda_gateway(tmp.path(), 184, node.nbd, 0);
+    let ctl = common::pshift_controller(tmp.path(), 185);
+    let server = common::pshift_server(&tmp.path().join("pshift-server"), 186, ctl.nbd);
     let mut exported = BTreeSet::new();
     for (who, s) in
         [("rein serve", &node), ("rein gateway", &gw), ("the pShift controller", &ctl), ("its server", &server)]

@@ -69,6 +69,38 @@ pub(crate) fn serve_in(dir: &Path, head: &str, body: &str) -> Server {
     Rein::serve(&config_at(dir, head, body)).start()
 }
 
+/// `rein gateway` in `dir` on 127.0.0.`host`: a PARDA host (`[parda]`, local aggregation, host `id`)
+/// whose volume `v` (tenant vm1, 8 MiB) lies on one plain NBD node, `s1` at `node`.
+pub(crate) fn parda_gateway(dir: &Path, host: u8, node: SocketAddr, id: u32) -> Server {
+    let text = format!(
+        "{}\n[[nodes]]\nname = \"s1\"\naddress = \"{node}\"\nprotocol = \"nbd\"\n[[tenants]]\nname = \"vm1\"\n\
+         [[exports]]\nname = \"v\"\ntenant = \"vm1\"\nsize_mb = 8\n\
+         [parda]\nlatency_threshold_ms = 10\nperiod_s = 0.5\nw_max = 64\naggregation = \"local\"\n[parda_host]\nid = {id}\n",
+        local(host)
+    );
+    Rein::gateway(&write_file(dir, "gw.toml", &text)).start()
+}
+
+/// `rein pshift controller` in `dir` on 127.0.0.`host`: one server, `s1`, and one bucket, `b1`
+/// (reservation 100, limit 200 IOs per 1 s period).
+pub(crate) fn pshift_controller(dir: &Path, host: u8) -> Server {
+    let text = format!(
+        "{}\nperiod_s = 1\nintervals = 5\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n[[buckets]]\nname = \"b1\"\n\
+         reservation_iops = 100\nlimit_iops = 200\n",
+        local(host)
+    );
+    Rein::new(&["pshift", "controller", "--config", write_file(dir, "ctl.toml", &text).to_str().unwrap()]).start()
+}
+
+/// `rein serve` in `dir` on 127.0.0.`host`: pShift server `s1` of `controller`, with [`MEMORY`]'s export.
+pub(crate) fn pshift_server(dir: &Path, host: u8, controller: SocketAddr) -> Server {
+    serve_in(
+        dir,
+        &local(host),
+        &format!("scheduler = \"token\"\n{MEMORY}[pshift]\ncontroller = \"{controller}\"\nname = \"s1\"\n"),
+    )
+}
+
 /// Reads `get` every 50 ms until `done` holds for what it read, and returns that; panics after `within`,
 /// naming `what` and showing the last reading.
 pub(crate) fn wait_for<T: std::fmt::Debug>(
