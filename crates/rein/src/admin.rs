@@ -46,7 +46,15 @@ pub(crate) struct AdminArgs {
 enum AdminCmd {
     /// The tenants: each one's reservation, limit and weight, and what it gets now (IOPS in the last
     /// second, queued requests, mean latency, seconds below its reservation).
-    Tenants,
+    Tenants {
+        /// Read the tenants again every SECONDS (0.1 to 3600) and print the table each time, until
+        /// interrupted (or --count tables).
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
+        /// With --watch: stop after this many tables.
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
+    },
     /// Change a tenant's spec; what is not given stays as it is. Applies at once, and persists.
     Set(SetArgs),
     /// Add a tenant (reservation 0, no limit, weight 1 unless given).
@@ -58,6 +66,14 @@ enum AdminCmd {
     },
     /// The exports: name, tenant, size and whether read-only.
     Exports,
+    /// Add an export, seen by new connections at once (a file under the data directory, created when
+    /// --size-mb is given; or RAM with --memory).
+    AddExport(AddExportArgs),
+    /// Remove an export: new connections no longer see it; open ones keep it until they close.
+    RemoveExport {
+        /// The export.
+        export: String,
+    },
     /// The capacity admission control uses, and the reservations against it; with IOPS, set it.
     Capacity {
         /// The new capacity (IOPS), replacing the configured, probed or modelled one.
@@ -87,6 +103,51 @@ struct SpecArgs {
     /// Idle credit (IOs of catching up a tenant gets back after an idle spell).
     #[arg(long)]
     idle_credit: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+struct AddExportArgs {
+    /// The export's name, as clients ask for it.
+    export: String,
+    /// The tenant whose QoS it gets (default: a tenant of the export's name, which must exist).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The image's size (MiB): the file is created with it if missing; a memory export's size.
+    #[arg(long)]
+    size_mb: Option<u64>,
+    /// The image file, relative to the data directory (default: EXPORT.img).
+    #[arg(long, conflicts_with = "memory")]
+    path: Option<String>,
+    /// A RAM export (zeroes, gone when the server stops) instead of a file.
+    #[arg(long)]
+    memory: bool,
+    /// Serve it read-only (an existing file is never created).
+    #[arg(long)]
+    read_only: bool,
+    /// O_DIRECT file IO (bypasses the page cache).
+    #[arg(long, conflicts_with = "memory")]
+    direct: bool,
+}
+
+impl AddExportArgs {
+    /// `POST /api/exports`'s body: rein.toml's `[[exports]]` fields, the omitted ones left to the server.
+    fn body(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("name".into(), json!(self.export));
+        m.insert("backend".into(), json!(if self.memory { "memory" } else { "file" }));
+        if let Some(t) = &self.tenant {
+            m.insert("tenant".into(), json!(t));
+        }
+        if let Some(n) = self.size_mb {
+            m.insert("size_mb".into(), json!(n));
+        }
+        if let Some(p) = &self.path {
+            m.insert("path".into(), json!(p));
+        }
+        m.insert("read_only".into(), json!(self.read_only));
+        m.insert("direct".into(), json!(self.direct));
+        Value::Object(m)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -138,7 +199,7 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--admin {}: {e}", args.admin))?;
     let token = args.admin_token_file.as_deref().map(AdminToken::load).transpose()?;
     let (method, path, body) = match &args.cmd {
-        AdminCmd::Tenants => ("GET", "/api/tenants".to_string(), None),
+        AdminCmd::Tenants { .. } => ("GET", "/api/tenants".to_string(), None),
         AdminCmd::Set(s) => {
             let mut fields = s.spec.fields();
             if s.no_limit {
@@ -156,24 +217,57 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         }
         AdminCmd::Remove { tenant } => ("DELETE", format!("/api/tenants/{}", segment(tenant)), None),
         AdminCmd::Exports => ("GET", "/api/exports".to_string(), None),
+        AdminCmd::AddExport(e) => ("POST", "/api/exports".to_string(), Some(e.body())),
+        AdminCmd::RemoveExport { export } => ("DELETE", format!("/api/exports/{}", segment(export)), None),
         AdminCmd::Capacity { iops: None } => ("GET", "/api/capacity".to_string(), None),
         AdminCmd::Capacity { iops: Some(iops) } => ("PUT", "/api/capacity".to_string(), Some(json!({ "iops": iops }))),
         AdminCmd::Nodes => ("GET", "/api/nodes".to_string(), None),
         AdminCmd::Parda => ("GET", "/api/parda".to_string(), None),
         AdminCmd::Buckets => ("GET", "/api/pshift".to_string(), None),
     };
+    let (every, count) = match args.cmd {
+        AdminCmd::Tenants { watch: Some(s), count } => {
+            if !(0.1..=3600.0).contains(&s) {
+                bail!("--watch {s} is out of range: 0.1 to 3600 seconds");
+            }
+            (Some(std::time::Duration::from_secs_f64(s)), count.unwrap_or(u64::MAX))
+        }
+        _ => (None, 1),
+    };
     let rt =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the tokio runtime")?;
-    let answer = match rt.block_on(admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref())) {
-        Ok(a) => a,
-        // A path the daemon does not serve at all (axum's bare 404): the command is another daemon's.
-        Err(admin_client::AdminClientError::Status { status: 404, body, .. }) if body.is_empty() => bail!(
-            "admin endpoint {}: no {path} there: this command asks {}'s admin endpoint",
-            endpoint.addr,
-            args.cmd.daemon()
-        ),
-        Err(e) => return Err(e.into()),
-    };
+    let started = std::time::Instant::now();
+    for n in 0..count {
+        if let Some(every) = every {
+            if n > 0 {
+                std::thread::sleep(every);
+                outln!();
+            }
+            outln!("at {:.1} s:", started.elapsed().as_secs_f64());
+        }
+        let answer = match rt.block_on(admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref()))
+        {
+            Ok(a) => a,
+            // A path the daemon does not serve at all (axum's bare 404): the command is another daemon's.
+            Err(admin_client::AdminClientError::Status { status: 404, body, .. }) if body.is_empty() => bail!(
+                "admin endpoint {}: no {path} there: this command asks {}'s admin endpoint",
+                endpoint.addr,
+                args.cmd.daemon()
+            ),
+            Err(e) => return Err(e.into()),
+        };
+        show(&args, answer)?;
+        // A watch whose reader has gone (`rein admin tenants --watch 1 | head`) stops, as the other
+        // commands whose output is their only product do (stdout.rs).
+        if crate::stdout::closed() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Prints `answer` to `args`'s command: the endpoint's JSON under `--json`, else a table or a line.
+fn show(args: &AdminArgs, answer: Option<Value>) -> Result<()> {
     if args.json {
         if let Some(v) = &answer {
             outln!("{}", serde_json::to_string_pretty(v)?);
@@ -182,7 +276,7 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
     }
     let answer = answer.unwrap_or(Value::Null);
     match &args.cmd {
-        AdminCmd::Tenants => {
+        AdminCmd::Tenants { .. } => {
             let tenants: Vec<TenantJson> = serde_json::from_value(answer).context("the endpoint's tenants")?;
             out!("{}", tenants_table(&tenants));
         }
@@ -195,6 +289,10 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         }
         AdminCmd::Remove { tenant } => outln!("removed tenant {tenant}"),
         AdminCmd::Exports => out!("{}", exports_table(&answer)?),
+        AdminCmd::AddExport(e) => outln!("added export {}", e.export),
+        AdminCmd::RemoveExport { export } => {
+            outln!("removed export {export} (connections open to it keep it until they close)")
+        }
         AdminCmd::Capacity { iops: Some(_) } => {
             outln!("capacity {} IOPS", number(&answer["iops"]));
             if let Some(w) = answer["warning"].as_str() {

@@ -98,6 +98,39 @@ fn rein_admin_lists_changes_adds_and_removes_tenants_through_the_endpoint() {
     let (status, _, body) = http(a, "GET", "/api/capacity", "", "");
     assert!(status == 200 && body.contains("\"source\":\"admin\""), "{body}");
 
+    // Exports added and removed (a RAM one; a file one created under the data directory).
+    assert_eq!(
+        admin_ok(a, &["add-export", "scratch", "--memory", "--size-mb", "4", "--tenant", "vm1"]).trim(),
+        "added export scratch"
+    );
+    admin_ok(a, &["add-export", "disk2", "--size-mb", "2", "--tenant", "vm1"]);
+    let (_, _, body) = http(a, "GET", "/api/exports", "", "");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let sizes: Vec<(&str, u64)> =
+        listed.iter().map(|e| (e["name"].as_str().unwrap(), e["size"].as_u64().unwrap())).collect();
+    assert_eq!(sizes, [("v", 8 << 20), ("scratch", 4 << 20), ("disk2", 2 << 20)]);
+    assert!(tmp.path().join("s/data/disk2.img").exists(), "the file export's image, in the data directory");
+    let said = admin_ok(a, &["remove-export", "scratch"]);
+    assert!(said.starts_with("removed export scratch"), "{said}");
+    let (_, _, body) = http(a, "GET", "/api/exports", "", "");
+    assert!(!body.contains("scratch") && body.contains("disk2"), "{body}");
+    let (ok, _, err) = admin(a, &["add-export", "x", "--tenant", "nosuch", "--memory"]);
+    assert!(!ok && err.contains("HTTP 400") && err.contains("nosuch"), "{err}");
+
+    // --watch: the table again every period, each under the time it was read; --count ends it.
+    let watched = admin_ok(a, &["tenants", "--watch", "0.1", "--count", "3"]);
+    assert_eq!(watched.lines().filter(|l| l.starts_with("at ") && l.ends_with(" s:")).count(), 3, "{watched}");
+    assert_eq!(watched.lines().filter(|l| l.starts_with("TENANT ")).count(), 3, "{watched}");
+    // A watch nobody reads (`| head` gone) ends, where it would run until interrupted.
+    let mut unread = Command::new(env!("CARGO_BIN_EXE_rein"));
+    unread.args(["admin", "--admin", &a.to_string(), "tenants", "--watch", "0.1"]);
+    let (status, err) = common::run_unread(&mut unread, std::time::Duration::from_secs(20));
+    assert!(status.success(), "{err}");
+    let (ok, _, err) = admin(a, &["tenants", "--watch", "0"]);
+    assert!(!ok && err.contains("--watch 0 is out of range"), "{err}");
+    let (ok, _, err) = admin(a, &["tenants", "--count", "2"]);
+    assert!(!ok && err.contains("--watch"), "{err}");
+
     // Nothing listening: named, and a failing exit.
     let (ok, _, err) = admin("127.0.0.87:1".parse().unwrap(), &["tenants"]);
     assert!(!ok && err.contains("admin endpoint 127.0.0.87:1") && err.contains("refused"), "{err}");
