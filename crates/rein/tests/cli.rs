@@ -704,3 +704,69 @@ fn completions_and_man_pages_come_from_the_cli_itself() {
     assert!(!ok);
     assert!(stderr.contains("it is a file, not a directory"), "{stderr}");
 }
+
+/// `scripts/install.sh` under a staging root (DESTDIR) and another PREFIX: the binary runs from where it
+/// went, the man pages and completions are the binary's own, the units run the binary at its new path,
+/// the manifest lists exactly the files installed, and `UNINSTALL=1` removes every one of them.
+#[test]
+fn the_install_script_installs_what_its_manifest_lists_and_removes_it_again() {
+    let root = common::tmpdir("install");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install.sh");
+    let run = |envs: &[(&str, &str)]| {
+        let out = Command::new("bash")
+            .arg(&script)
+            .env("DESTDIR", root.path())
+            .env("PREFIX", "/opt/rein")
+            .env("REIN", env!("CARGO_BIN_EXE_rein"))
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let files = || -> Vec<String> {
+        let mut found = Vec::new();
+        let mut dirs = vec![root.path().to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else {
+                    found.push(format!("/{}", p.strip_prefix(root.path()).unwrap().display()));
+                }
+            }
+        }
+        found.sort();
+        found
+    };
+    let (ok, said) = run(&[]);
+    assert!(ok, "{said}");
+    assert!(said.contains("systemctl daemon-reload && systemctl enable --now rein-serve"), "{said}");
+    let at = |p: &str| root.path().join(p.trim_start_matches('/'));
+    let version = Command::new(at("/opt/rein/bin/rein")).arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("rein "), "{version:?}");
+    let page = std::fs::read_to_string(at("/opt/rein/share/man/man1/rein-admin.1")).unwrap();
+    assert!(page.contains(".SH NAME"), "{page}");
+    let bash = std::fs::read_to_string(at("/opt/rein/share/bash-completion/completions/rein")).unwrap();
+    assert!(bash.contains("complete -F _rein"), "{bash}");
+    let unit = std::fs::read_to_string(at("/etc/systemd/system/rein-serve.service")).unwrap();
+    assert!(unit.contains("\nExecStart=/opt/rein/bin/rein serve --config /etc/rein/rein.toml\n"), "{unit}");
+    assert!(!unit.contains("/usr/local/bin"), "every path rewritten: {unit}");
+    assert!(at("/opt/rein/share/rein/grafana/rein.json").exists());
+    let mut listed: Vec<String> = std::fs::read_to_string(at("/opt/rein/share/rein/install-manifest"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, files(), "the manifest lists what is there");
+    assert!(listed.len() > 40, "{listed:?}");
+
+    let (ok, said) = run(&[("UNINSTALL", "1")]);
+    assert!(ok && said.contains(&format!("removed {} files", listed.len())), "{said}");
+    assert_eq!(files(), Vec::<String>::new(), "nothing left");
+    let (ok, said) = run(&[("UNINSTALL", "1")]);
+    assert!(!ok && said.contains("nothing installed there"), "{said}");
+    let (ok, said) = run(&[("PREFIX", "opt")]);
+    assert!(!ok && said.contains("PREFIX must be an absolute path, not 'opt'"), "{said}");
+}
