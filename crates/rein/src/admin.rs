@@ -241,9 +241,14 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         if let Some(every) = every {
             if n > 0 {
                 std::thread::sleep(every);
-                outln!();
+                if !args.json {
+                    outln!();
+                }
             }
-            outln!("at {:.1} s:", started.elapsed().as_secs_f64());
+            // Under --json each answer is one line of its own (JSON lines, for jq), without this one.
+            if !args.json {
+                outln!("at {:.1} s:", started.elapsed().as_secs_f64());
+            }
         }
         let answer = match rt.block_on(admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref()))
         {
@@ -256,7 +261,7 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
             ),
             Err(e) => return Err(e.into()),
         };
-        show(&args, answer)?;
+        show(&args, answer, every.is_some())?;
         // A watch whose reader has gone (`rein admin tenants --watch 1 | head`) stops, as the other
         // commands whose output is their only product do (stdout.rs).
         if crate::stdout::closed() {
@@ -266,11 +271,13 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
     Ok(())
 }
 
-/// Prints `answer` to `args`'s command: the endpoint's JSON under `--json`, else a table or a line.
-fn show(args: &AdminArgs, answer: Option<Value>) -> Result<()> {
+/// Prints `answer` to `args`'s command: the endpoint's JSON under `--json` (on one line when `watching`),
+/// else a table or a line.
+fn show(args: &AdminArgs, answer: Option<Value>, watching: bool) -> Result<()> {
     if args.json {
         if let Some(v) = &answer {
-            outln!("{}", serde_json::to_string_pretty(v)?);
+            let text = if watching { serde_json::to_string(v)? } else { serde_json::to_string_pretty(v)? };
+            outln!("{text}");
         }
         return Ok(());
     }

@@ -121,6 +121,12 @@ fn rein_admin_lists_changes_adds_and_removes_tenants_through_the_endpoint() {
     let watched = admin_ok(a, &["tenants", "--watch", "0.1", "--count", "3"]);
     assert_eq!(watched.lines().filter(|l| l.starts_with("at ") && l.ends_with(" s:")).count(), 3, "{watched}");
     assert_eq!(watched.lines().filter(|l| l.starts_with("TENANT ")).count(), 3, "{watched}");
+    let lines = admin_ok(a, &["--json", "tenants", "--watch", "0.1", "--count", "2"]);
+    for line in lines.lines() {
+        let tenants: Vec<serde_json::Value> = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {lines}"));
+        assert_eq!(tenants[0]["name"], "vm1", "{lines}");
+    }
+    assert_eq!(lines.lines().count(), 2, "JSON lines, one an answer: {lines}");
     // A watch nobody reads (`| head` gone) ends, where it would run until interrupted.
     let mut unread = Command::new(env!("CARGO_BIN_EXE_rein"));
     unread.args(["admin", "--admin", &a.to_string(), "tenants", "--watch", "0.1"]);
