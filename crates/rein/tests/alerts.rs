@@ -131,7 +131,7 @@ fn lint(who: &str, text: &str) {
 }
 
 #[test]
-fn the_alerting_rules_pass_promtool_and_use_only_series_the_daemons_export_which_pass_its_lint() {
+fn the_alerting_rules_and_the_dashboard_pass_promtool_and_use_only_series_the_daemons_export() {
     let rules = contrib().join("rein-alerts.yml");
     let tests = contrib().join("rein-alerts.test.yml");
     promtool(&["check", "rules", rules.to_str().unwrap()]);
