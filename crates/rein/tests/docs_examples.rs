@@ -66,3 +66,17 @@ fn the_gw_toml_example_in_gateway_md_loads() {
     let path = config_path(tmp.path(), "gw.toml", &text);
     rein_runtime::gateway::GatewayConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}\n{text}"));
 }
+
+/// docs/operations.md's first configuration is one `rein serve` accepts, and says what the runbook says
+/// of it (two tenants whose reservations fit the capacity, admission refusing beyond it).
+#[test]
+fn the_runbooks_rein_toml_loads() {
+    let tmp = files();
+    let text = toml_block(&doc("operations.md"), "## 2. A first configuration");
+    let path = config_path(tmp.path(), "rein.toml", &text);
+    let cfg = rein_runtime::config::ServerConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(cfg.exports.len(), 2);
+    assert_eq!(cfg.admission, rein_runtime::config::Admission::Refuse);
+    let reserved: f64 = cfg.tenants.iter().map(|t| t.spec.reservation()).sum();
+    assert!(reserved <= cfg.capacity_iops.unwrap(), "{reserved} reserved of {:?}", cfg.capacity_iops);
+}
