@@ -186,6 +186,17 @@ pub async fn send_json(
         .map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
 }
 
+/// `GET path`, the body as text (`/metrics`); with `token`, authenticated.
+pub async fn get_text(
+    endpoint: &AdminEndpoint,
+    token: Option<&AdminToken>,
+    path: &str,
+) -> Result<String, AdminClientError> {
+    let body = call(endpoint, token, "GET", path, None).await?;
+    String::from_utf8(body)
+        .map_err(|_| AdminClientError::Bad { addr: endpoint.addr, message: format!("{path}: not UTF-8") })
+}
+
 /// `GET path` from a caller without a runtime of its own (`rein cluster`'s supervisor polls its children
 /// from a plain thread): the call runs on a current-thread runtime in a thread of its own, so it works
 /// inside or outside a tokio runtime, and gives up after `timeout` (at most [`TIMEOUT`]). Returns the

@@ -281,11 +281,15 @@ pub fn admin_bodies(data: &[u8]) {
     }
 }
 
-/// Parses `data` as a whole HTTP response, as the admin client does; panics if a contract is broken
-/// (module comment).
+/// Parses `data` as a whole HTTP response, as the admin client does, and its body as a `/metrics` text
+/// (`rein admin status`); panics if a contract is broken (module comment).
 pub fn admin_response(data: &[u8]) {
     if let Ok((_, body)) = parse_response(data) {
         assert!(body.len() <= data.len(), "a body longer than the response");
+        let text = String::from_utf8_lossy(&body);
+        for s in crate::prom::samples(&text) {
+            assert!(!s.name.is_empty() && s.labels.len() <= text.len(), "a sample out of nothing: {s:?}");
+        }
     }
 }
 

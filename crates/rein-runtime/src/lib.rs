@@ -42,7 +42,7 @@ pub mod parda_host;
 mod precise_timer;
 pub mod preflight;
 pub mod probe;
-mod prom;
+pub mod prom;
 pub mod pshift_controller;
 pub mod pshift_link;
 pub mod reloads;

@@ -11,6 +11,7 @@ use rein_runtime::admin::TenantJson;
 use rein_runtime::admin_client::{self, AdminEndpoint};
 use rein_runtime::admin_guard::AdminToken;
 use rein_runtime::parda_host::HostStatus;
+use rein_runtime::prom::Sample;
 use rein_runtime::pshift_controller::ControllerStatus;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -85,6 +86,11 @@ enum AdminCmd {
     Parda,
     /// rein pshift controller: its buckets (bounds, this period, missed periods) and servers.
     Buckets,
+    /// Any daemon: what it is, how long it has run, its last reload, connections, stalls, certificates,
+    /// and its own part (tenants, node links, servers), from its /metrics. Exits 1, naming them, when
+    /// something needs attention (a refused reload, settings waiting for a restart, a certificate within
+    /// 14 days of expiry, a node link down).
+    Status,
 }
 
 #[derive(Debug, Args)]
@@ -224,6 +230,7 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         AdminCmd::Nodes => ("GET", "/api/nodes".to_string(), None),
         AdminCmd::Parda => ("GET", "/api/parda".to_string(), None),
         AdminCmd::Buckets => ("GET", "/api/pshift".to_string(), None),
+        AdminCmd::Status => ("GET", "/metrics".to_string(), None),
     };
     let (every, count) = match args.cmd {
         AdminCmd::Tenants { watch: Some(s), count } => {
@@ -250,8 +257,16 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
                 outln!("at {:.1} s:", started.elapsed().as_secs_f64());
             }
         }
-        let answer = match rt.block_on(admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref()))
-        {
+        let call = async {
+            match &args.cmd {
+                // The scrape is text: carried to `show` as a JSON string.
+                AdminCmd::Status => {
+                    admin_client::get_text(&endpoint, token.as_ref(), &path).await.map(|t| Some(Value::String(t)))
+                }
+                _ => admin_client::send_json(&endpoint, token.as_ref(), method, &path, body.as_ref()).await,
+            }
+        };
+        let answer = match rt.block_on(call) {
             Ok(a) => a,
             // A path the daemon does not serve at all (axum's bare 404): the command is another daemon's.
             Err(admin_client::AdminClientError::Status { status: 404, body, .. }) if body.is_empty() => bail!(
@@ -272,8 +287,25 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
 }
 
 /// Prints `answer` to `args`'s command: the endpoint's JSON under `--json` (on one line when `watching`),
-/// else a table or a line.
+/// else a table or a line. `status` reads the scrape (`answer` as a string) and fails, naming them, when
+/// something needs attention.
 fn show(args: &AdminArgs, answer: Option<Value>, watching: bool) -> Result<()> {
+    if let AdminCmd::Status = args.cmd {
+        let text = answer.as_ref().and_then(Value::as_str).unwrap_or_default();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let (lines, attention) = status_lines(&rein_runtime::prom::samples(text), now);
+        if args.json {
+            outln!("{}", serde_json::to_string_pretty(&json!({ "status": lines, "attention": attention }))?);
+        } else {
+            for l in &lines {
+                outln!("{l}");
+            }
+        }
+        if !attention.is_empty() {
+            bail!("needs attention: {}", attention.join("; "));
+        }
+        return Ok(());
+    }
     if args.json {
         if let Some(v) = &answer {
             let text = if watching { serde_json::to_string(v)? } else { serde_json::to_string_pretty(v)? };
@@ -312,12 +344,119 @@ fn show(args: &AdminArgs, answer: Option<Value>, watching: bool) -> Result<()> {
             let h: HostStatus = serde_json::from_value(answer).context("the endpoint's PARDA host")?;
             out!("{}", parda_lines(&h));
         }
+        AdminCmd::Status => {} // shown at the top, with its own JSON
         AdminCmd::Buckets => {
             let c: ControllerStatus = serde_json::from_value(answer).context("the endpoint's pShift controller")?;
             out!("{}", buckets_table(&c));
         }
     }
     Ok(())
+}
+
+/// `d` seconds as `3d 4h`, `2h 03m`, `5m 07s` or `42s`.
+fn duration(d: f64) -> String {
+    let s = d.max(0.0) as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m {:02}s", s / 60, s % 60),
+        3600..=86399 => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// A daemon's state from its scrape `samples` at `now` (seconds since the Unix epoch): lines to print,
+/// and what needs attention (each a phrase).
+fn status_lines(samples: &[Sample], now: f64) -> (Vec<String>, Vec<String>) {
+    let one = |name: &str| samples.iter().find(|s| s.name == name);
+    let value = |name: &str| one(name).map(|s| s.value);
+    let sum = |name: &str| {
+        let v: Vec<f64> = samples.iter().filter(|s| s.name == name).map(|s| s.value).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>())
+    };
+    let labelled = |name: &str, key: &str, val: &str| {
+        samples.iter().find(|s| s.name == name && s.label(key) == Some(val)).map_or(0.0, |s| s.value)
+    };
+    let (mut lines, mut attention) = (Vec::new(), Vec::new());
+    let daemon = one("rein_build_info").map_or("a daemon of another build".to_string(), |b| {
+        let name = match b.label("daemon") {
+            Some("serve") => "rein serve",
+            Some("gateway") => "rein gateway",
+            Some("pshift_controller") => "rein pshift controller",
+            Some(other) => other,
+            None => "rein",
+        };
+        format!("{name} {}", b.label("version").unwrap_or("?"))
+    });
+    let up = value("rein_process_start_time_seconds").map_or(String::new(), |t| format!(", up {}", duration(now - t)));
+    let sched = one("rein_scheduler_info").map_or(String::new(), |s| {
+        format!(
+            " (scheduler {}, io engine {})",
+            s.label("scheduler").unwrap_or("?"),
+            s.label("io_engine").unwrap_or("?")
+        )
+    });
+    lines.push(format!("{daemon}{up}{sched}"));
+    if let Some(ok) = value("rein_config_last_reload_successful") {
+        let (applied, failed) = (
+            labelled("rein_config_reloads_total", "result", "applied"),
+            labelled("rein_config_reloads_total", "result", "failed"),
+        );
+        let pending = value("rein_config_restart_pending").unwrap_or(0.0);
+        let last = if applied + failed == 0.0 {
+            "no reload since the start"
+        } else if ok == 1.0 {
+            "the last reload applied"
+        } else {
+            "the last reload was REFUSED"
+        };
+        let waits = if pending > 0.0 {
+            format!("{pending} setting(s) wait for a restart")
+        } else {
+            "nothing waits for a restart".to_string()
+        };
+        lines.push(format!("configuration: {last} ({applied} applied, {failed} failed); {waits}"));
+        if ok != 1.0 {
+            attention.push("the last reload was refused (the log says why)".to_string());
+        }
+        if pending > 0.0 {
+            attention.push(format!("{pending} setting(s) of the file wait for a restart"));
+        }
+    }
+    if let Some(open) = value("rein_nbd_connections") {
+        let cap = value("rein_nbd_connections_max").map_or(String::new(), |c| format!(" (cap {c})"));
+        lines.push(format!(
+            "connections: {open} open{cap}; refused {}, failed handshakes {}, failed accepts {}",
+            sum("rein_nbd_connections_refused_total").unwrap_or(0.0),
+            value("rein_nbd_handshakes_failed_total").unwrap_or(0.0),
+            value("rein_nbd_accepts_failed_total").unwrap_or(0.0)
+        ));
+    }
+    if let Some(stalls) = value("rein_process_stalls_total") {
+        let secs = value("rein_process_stalled_seconds_total").unwrap_or(0.0);
+        lines.push(format!("process: {stalls} stalls of over a second, {secs:.1} s in all"));
+    }
+    for c in samples.iter().filter(|s| s.name == "rein_tls_certificate_expiration_timestamp_seconds") {
+        let left = c.value - now;
+        let what = c.label("use").unwrap_or("?");
+        lines.push(format!("certificate {what}: expires in {}", duration(left)));
+        if left < 14.0 * 86400.0 {
+            attention.push(format!("certificate {what} expires in {}", duration(left)));
+        }
+    }
+    let tenants = samples.iter().filter(|s| s.name == "rein_tenant_reservation_iops").count();
+    if let (Some(out), Some(depth)) = (value("rein_backend_outstanding"), value("rein_backend_queue_depth")) {
+        lines.push(format!("tenants: {tenants}; backend: {out} of {depth} outstanding"));
+    }
+    if let (Some(up), Some(all)) = (sum("rein_gateway_node_connections_up"), sum("rein_gateway_node_connections")) {
+        lines.push(format!("node links: {up} of {all} up"));
+        if up < all {
+            attention.push(format!("{} node link(s) down (rein admin nodes)", all - up));
+        }
+    }
+    if let Some(n) = value("rein_pshift_servers_connected") {
+        lines.push(format!("pshift: {n} server(s) connected, round {}", value("rein_pshift_round").unwrap_or(0.0)));
+    }
+    (lines, attention)
 }
 
 /// `GET /api/nodes`'s answer (a gateway's volumes, each with its node links) as a table.
@@ -538,6 +677,47 @@ mod tests {
     fn names_are_one_path_segment() {
         assert_eq!(segment("vm1"), "vm1");
         assert_eq!(segment("a b/c?"), "a%20b%2Fc%3F");
+    }
+
+    /// What needs attention is named: a refused reload, a certificate within 14 days of expiry, a node
+    /// link down; a certificate further off and links up are not.
+    #[test]
+    fn status_names_what_needs_attention() {
+        let now = 1_000_000_000.0;
+        let text = format!(
+            "rein_build_info{{daemon=\"gateway\",version=\"9.9\"}} 1\nrein_process_start_time_seconds {}\n\
+             rein_config_last_reload_successful 0\nrein_config_reloads_total{{result=\"applied\"}} 2\n\
+             rein_config_reloads_total{{result=\"failed\"}} 1\nrein_config_restart_pending 0\n\
+             rein_tls_certificate_expiration_timestamp_seconds{{use=\"nbd\"}} {}\n\
+             rein_tls_certificate_expiration_timestamp_seconds{{use=\"admin\"}} {}\n\
+             rein_gateway_node_connections_up{{export=\"v\",node=\"s1\"}} 1\n\
+             rein_gateway_node_connections_up{{export=\"v\",node=\"s2\"}} 0\n\
+             rein_gateway_node_connections{{export=\"v\",node=\"s1\"}} 1\n\
+             rein_gateway_node_connections{{export=\"v\",node=\"s2\"}} 1\n",
+            now - 7_500.0,
+            now + 3.0 * 86_400.0,
+            now + 90.0 * 86_400.0
+        );
+        let (lines, attention) = status_lines(&rein_runtime::prom::samples(&text), now);
+        assert_eq!(lines[0], "rein gateway 9.9, up 2h 05m");
+        assert!(
+            lines.contains(
+                &"configuration: the last reload was REFUSED (2 applied, 1 failed); nothing waits for a restart"
+                    .to_string()
+            ),
+            "{lines:?}"
+        );
+        assert!(lines.contains(&"node links: 1 of 2 up".to_string()), "{lines:?}");
+        assert_eq!(
+            attention,
+            [
+                "the last reload was refused (the log says why)",
+                "certificate nbd expires in 3d 0h",
+                "1 node link(s) down (rein admin nodes)"
+            ]
+        );
+        assert_eq!(duration(42.0), "42s");
+        assert_eq!(duration(307.0), "5m 07s");
     }
 
     #[test]

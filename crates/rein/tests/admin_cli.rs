@@ -137,6 +137,20 @@ fn rein_admin_lists_changes_adds_and_removes_tenants_through_the_endpoint() {
     let (ok, _, err) = admin(a, &["tenants", "--count", "2"]);
     assert!(!ok && err.contains("--watch"), "{err}");
 
+    // status: what the daemon is and how it does, from its /metrics; a reload that leaves a setting for
+    // a restart makes it fail, naming that.
+    let st = admin_ok(a, &["status"]);
+    assert!(st.starts_with("rein serve ") && st.contains("no reload since the start"), "{st}");
+    assert!(st.contains("tenants: 1; backend: 0 of 32 outstanding"), "{st}");
+    let cfg = tmp.path().join("s/rein.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("queue_depth = 8\n{text}")).unwrap();
+    server.signal("-HUP");
+    let (ok, out, err) =
+        common::wait_for("the reload", std::time::Duration::from_secs(20), || admin(a, &["status"]), |(ok, _, _)| !ok);
+    assert!(!ok && err.contains("needs attention: 1 setting(s) of the file wait for a restart"), "{err}");
+    assert!(out.contains("the last reload applied (1 applied, 0 failed); 1 setting(s) wait for a restart"), "{out}");
+
     // Nothing listening: named, and a failing exit.
     let (ok, _, err) = admin("127.0.0.87:1".parse().unwrap(), &["tenants"]);
     assert!(!ok && err.contains("admin endpoint 127.0.0.87:1") && err.contains("refused"), "{err}");
@@ -183,6 +197,8 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
     assert_eq!(row[..6], ["v", "s1", &node.nbd.to_string(), "nbd", "no", "1/1"], "{nodes}");
     let parda = admin_ok(gw.admin, &["parda"]);
     assert!(parda.starts_with("host 3 (PARDA, local aggregation): window "), "{parda}");
+    let st = admin_ok(gw.admin, &["status"]);
+    assert!(st.starts_with("rein gateway ") && st.contains("node links: 1 of 1 up"), "{st}");
     let (ok, _, err) = admin(gw.admin, &["tenants"]);
     assert!(!ok && err.contains("no /api/tenants there: this command asks a rein serve's admin endpoint"), "{err}");
 
@@ -196,6 +212,8 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
         || admin_ok(ctl.admin, &["buckets"]),
         |t| t.contains(", 1 of 1 servers connected,"),
     );
+    let st = admin_ok(ctl.admin, &["status"]);
+    assert!(st.starts_with("rein pshift controller ") && st.contains("pshift: 1 server(s) connected"), "{st}");
     let row: Vec<&str> = buckets.lines().nth(2).unwrap().split_whitespace().collect();
     assert_eq!(row[..3], ["b1", "100", "200"], "{buckets}");
 }

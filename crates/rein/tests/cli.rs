@@ -688,7 +688,7 @@ fn completions_and_man_pages_come_from_the_cli_itself() {
     let man = dir.path().join("man");
     let (ok, stdout, stderr) = rein(&["manpages", "--out", man.to_str().unwrap()]);
     assert!(ok, "{stderr}");
-    assert!(stdout.starts_with("wrote 35 man pages into "), "{stdout}");
+    assert!(stdout.starts_with("wrote 36 man pages into "), "{stdout}");
     for (page, has) in [
         ("rein.1", "rein\\-serve(1)"),
         ("rein-serve.1", "\\fB\\-\\-check\\-config\\fR"),
