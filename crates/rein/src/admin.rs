@@ -19,9 +19,14 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub(crate) struct AdminArgs {
     /// The server's admin endpoint, as ADDR or http://ADDR, or https://ADDR when it is served with
-    /// admin_tls.
-    #[arg(long, default_value = "127.0.0.1:9180")]
-    admin: String,
+    /// admin_tls (default 127.0.0.1:9180, rein serve's).
+    #[arg(long)]
+    admin: Option<String>,
+    /// The daemon's own configuration file (rein serve's, rein gateway's or the pShift controller's):
+    /// its `admin` address (a wildcard one asked on loopback), `admin_token_file` and `admin_tls` are
+    /// used, so that on the daemon's host no other option is needed.
+    #[arg(long, conflicts_with = "admin")]
+    config: Option<PathBuf>,
     /// For an https:// endpoint: the CA certificates (PEM) its certificate must chain to (default: the
     /// system's).
     #[arg(long)]
@@ -199,11 +204,57 @@ fn segment(name: &str) -> String {
     percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// Which daemon's configuration `text` is, by the tables only that daemon has: a gateway's `[[nodes]]`,
+/// the pShift controller's `[[buckets]]`; anything else is rein serve's (whose parser then says what is
+/// wrong with it).
+fn daemon_of(text: &str, path: &std::path::Path) -> Result<&'static str> {
+    let table: toml::Table = toml::from_str(text).with_context(|| format!("{}: not TOML", path.display()))?;
+    Ok(if table.contains_key("nodes") {
+        "gateway"
+    } else if table.contains_key("buckets") {
+        "pshift controller"
+    } else {
+        "serve"
+    })
+}
+
+/// `--config FILE`: the admin endpoint (`https://` under `admin_tls`) and token file a daemon's
+/// configuration names. A wildcard address (`0.0.0.0`, `[::]`) is asked on loopback.
+fn endpoint_of_config(path: &std::path::Path) -> Result<(String, Option<PathBuf>)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (admin, token, https) = match daemon_of(&text, path)? {
+        "gateway" => {
+            let c = rein_runtime::gateway::GatewayConfig::parse(&text, path)?;
+            (c.admin, c.admin_access.token_file, false)
+        }
+        "pshift controller" => {
+            let c = rein_runtime::pshift_controller::ControllerSettings::parse(&text, path)?;
+            (c.admin, c.admin_access.token_file, false)
+        }
+        _ => {
+            let c = rein_runtime::config::ServerConfig::parse(&text, path)?;
+            (Some(c.admin), c.admin_access.token_file, c.admin_tls.is_some())
+        }
+    };
+    let Some(mut admin) = admin else {
+        bail!("{} names no admin endpoint (`admin = \"ADDR:PORT\"`): there is nothing to ask", path.display())
+    };
+    if admin.ip().is_unspecified() {
+        admin.set_ip(if admin.is_ipv4() { [127, 0, 0, 1].into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+    }
+    Ok((if https { format!("https://{admin}") } else { admin.to_string() }, token))
+}
+
 pub(crate) fn run(args: AdminArgs) -> Result<()> {
     let cert = args.admin_cert.as_deref().zip(args.admin_key.as_deref());
-    let endpoint = AdminEndpoint::parse_with(&args.admin, args.admin_ca.as_deref(), cert)
-        .map_err(|e| anyhow::anyhow!("--admin {}: {e}", args.admin))?;
-    let token = args.admin_token_file.as_deref().map(AdminToken::load).transpose()?;
+    let (address, config_token) = match &args.config {
+        Some(path) => endpoint_of_config(path)?,
+        None => (args.admin.clone().unwrap_or_else(|| "127.0.0.1:9180".to_string()), None),
+    };
+    let endpoint = AdminEndpoint::parse_with(&address, args.admin_ca.as_deref(), cert)
+        .map_err(|e| anyhow::anyhow!("--admin {address}: {e}"))?;
+    let token_file = args.admin_token_file.clone().or(config_token);
+    let token = token_file.as_deref().map(AdminToken::load).transpose()?;
     let (method, path, body) = match &args.cmd {
         AdminCmd::Tenants { .. } => ("GET", "/api/tenants".to_string(), None),
         AdminCmd::Set(s) => {
@@ -718,6 +769,38 @@ mod tests {
         );
         assert_eq!(duration(42.0), "42s");
         assert_eq!(duration(307.0), "5m 07s");
+    }
+
+    /// `--config`: the daemon told by its tables; a wildcard admin address asked on loopback; the token
+    /// file taken; a file without an admin endpoint refused by name.
+    #[test]
+    fn the_endpoint_comes_from_the_daemons_own_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let serve = write(
+            "rein.toml",
+            "admin = \"0.0.0.0:9999\"\nadmin_token_file = \"/etc/rein/admin.token\"\n[[exports]]\nname = \"v\"\nbackend = \"memory\"\nsize_mb = 1\n",
+        );
+        let (addr, token) = endpoint_of_config(&serve).unwrap();
+        assert_eq!(addr, "127.0.0.1:9999");
+        assert_eq!(token.as_deref(), Some(std::path::Path::new("/etc/rein/admin.token")));
+        let ctl = write(
+            "ctl.toml",
+            "listen = \"127.0.0.1:7800\"\nadmin = \"[::]:7801\"\nperiod_s = 1\nintervals = 5\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n\
+             [[buckets]]\nname = \"b1\"\nreservation_iops = 10\n",
+        );
+        assert_eq!(endpoint_of_config(&ctl).unwrap().0, "[::1]:7801");
+        let gw = write(
+            "gw.toml",
+            "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n",
+        );
+        assert_eq!(daemon_of(&std::fs::read_to_string(&gw).unwrap(), &gw).unwrap(), "gateway");
+        let e = endpoint_of_config(&gw).unwrap_err().to_string();
+        assert!(e.contains("gw.toml names no admin endpoint"), "{e}");
     }
 
     #[test]

@@ -174,6 +174,26 @@ fn rein_admin_sends_the_token_the_endpoint_asks_for() {
     let table = admin_ok(server.admin, &["--admin-token-file", token.to_str().unwrap(), "tenants"]);
     assert!(table.lines().nth(1).is_some_and(|l| l.starts_with("v ")), "{table}");
     let _ = Rein::new(&["admin", "--admin", "not an address", "tenants"]).fails();
+
+    // On the daemon's host, its own configuration file says where to ask and with which token.
+    let admin = common::free_tcp("127.0.0.87");
+    let cfg = write_file(
+        tmp.path(),
+        "fixed.toml",
+        &format!(
+            "listen = \"127.0.0.87:0\"\nadmin = \"{admin}\"\ndata_dir = \"{}\"\nadmin_token_file = \"{}\"\n\
+             [[exports]]\nname = \"w\"\nbackend = \"memory\"\nsize_mb = 4\n",
+            tmp.path().join("fixed-data").display(),
+            token.display()
+        ),
+    );
+    let _fixed = Rein::serve(&cfg).start();
+    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["admin", "--config", cfg.to_str().unwrap(), "tenants"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && table.lines().nth(1).is_some_and(|l| l.starts_with("w ")), "{table} {out:?}");
 }
 
 /// A gateway with `[parda]` over a node, a pShift controller and its server: `rein admin nodes`, `parda`
