@@ -194,6 +194,17 @@ impl AcceptPacing {
     pub fn count(&self) -> u64 {
         self.failed.load(Relaxed)
     }
+
+    /// The admin endpoint's series of them (`rein_admin_accepts_failed_total`), the same for every daemon.
+    pub fn admin_metrics(&self, o: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            o,
+            "# HELP rein_admin_accepts_failed_total Accepts on the admin endpoint that failed (descriptors run out, \
+             say).\n# TYPE rein_admin_accepts_failed_total counter\nrein_admin_accepts_failed_total {}",
+            self.count()
+        );
+    }
 }
 
 /// The caps' keys, as the metrics name them: `max_connections`, `max_connections_per_client`,
@@ -410,6 +421,12 @@ mod tests {
         let mut o = String::new();
         limits.metrics(&mut o);
         assert!(o.contains("rein_nbd_accepts_failed_total 11\n"), "{o}");
+        // The admin endpoint's, counted apart.
+        let admin = AcceptPacing::default();
+        admin.failed("admin endpoint", &e);
+        let mut o = String::new();
+        admin.admin_metrics(&mut o);
+        assert!(o.ends_with("rein_admin_accepts_failed_total 1\n"), "{o}");
     }
 
     #[test]

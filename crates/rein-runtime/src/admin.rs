@@ -69,6 +69,8 @@ pub struct AdminState {
     pub node: Option<Arc<crate::node::NodeService>>,
     /// A pShift server's link to its controller (`[pshift]` with `controller`), for `/metrics`.
     pub pshift_link: Option<Arc<crate::pshift_link::LinkStatus>>,
+    /// The admin listener's failed accepts, for `/metrics`.
+    pub admin_accepts: Arc<crate::access::AcceptPacing>,
 }
 
 /// The admin endpoint's routes (module comment) over `state`, ready for `axum::serve`.
@@ -499,6 +501,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let _ = writeln!(o, "# HELP rein_scheduler_info The scheduler in use.\n# TYPE rein_scheduler_info gauge\nrein_scheduler_info{{scheduler=\"{}\",io_engine=\"{}\"}} 1", snap.scheduler, snap.io_engine.name());
     runtime_metrics(&mut o, "rein", &tokio::runtime::Handle::current().metrics());
     crate::stall::metrics(&mut o);
+    s.admin_accepts.admin_metrics(&mut o);
     s.reloads.metrics(&mut o, true);
     s.connections.metrics(&mut o);
     if let Some(n) = &s.node {

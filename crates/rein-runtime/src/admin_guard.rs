@@ -425,20 +425,26 @@ pub struct CappedListener {
     idle_timeout: Duration,
     /// With `admin_tls`: the `[tls]` context, as a reload replaces it ([`crate::tls`], "Reload").
     tls: Option<AdminTls>,
-    /// Failed accepts: paced and logged as the NBD listeners' are.
-    accepts: crate::access::AcceptPacing,
+    /// Failed accepts: paced and logged as the NBD listeners' are, counted for the daemon's `/metrics`.
+    accepts: Arc<crate::access::AcceptPacing>,
 }
 
 impl CappedListener {
     /// Wraps a bound listener; with `tls`, every connection is HTTPS, with the context `tls` holds when
-    /// its handshake starts.
-    pub fn new(inner: TcpListener, access: &AdminAccess, tls: Option<AdminTls>) -> CappedListener {
+    /// its handshake starts. Its failed accepts are counted in `accepts`, which the daemon's `/metrics`
+    /// shows ([`crate::access::AcceptPacing::admin_metrics`]).
+    pub fn new(
+        inner: TcpListener,
+        access: &AdminAccess,
+        tls: Option<AdminTls>,
+        accepts: Arc<crate::access::AcceptPacing>,
+    ) -> CappedListener {
         CappedListener {
             inner,
             permits: Arc::new(Semaphore::new(access.max_connections)),
             idle_timeout: access.idle_timeout,
             tls,
-            accepts: crate::access::AcceptPacing::default(),
+            accepts,
         }
     }
 }

@@ -2002,12 +2002,13 @@ pub async fn run_with(
         None => None,
         Some((l, token)) => {
             let bound = l.local_addr().expect("bound");
-            let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None);
+            let accepts = Arc::new(crate::access::AcceptPacing::default());
+            let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None, accepts.clone());
             let presented = crate::tls::Presented::default()
                 .server("nbd", Some(live.tls.clone()))
                 .client_slot("node_tls", live.node_tls.clone());
             let router = crate::admin_guard::protect(
-                admin_router(shown.clone(), gate.clone(), reloads.clone(), presented, limits.clone()),
+                admin_router(shown.clone(), gate.clone(), reloads.clone(), presented, limits.clone(), accepts),
                 token,
             );
             let mut stop = stop_rx.clone();
@@ -2312,6 +2313,7 @@ fn admin_router(
     reloads: Arc<crate::reloads::Reloads>,
     presented: crate::tls::Presented,
     connections: Arc<ConnLimits>,
+    admin_accepts: Arc<crate::access::AcceptPacing>,
 ) -> axum::Router {
     let for_metrics = shown.clone();
     let snapshot = |s: &Shown| s.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -2358,6 +2360,7 @@ fn admin_router(
                     let rt = tokio::runtime::Handle::current().metrics();
                     crate::admin::runtime_metrics(&mut text, "rein_gateway", &rt);
                     crate::stall::metrics(&mut text);
+                    admin_accepts.admin_metrics(&mut text);
                     reloads.metrics(&mut text, true);
                     connections.metrics(&mut text);
                     presented.metrics(&mut text);

@@ -709,7 +709,8 @@ pub async fn run(
         None => None,
         Some((l, token)) => {
             let bound = l.local_addr().map_err(|e| e.to_string())?;
-            let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None);
+            let accepts = Arc::new(crate::access::AcceptPacing::default());
+            let l = crate::admin_guard::CappedListener::new(l, &s.admin_access, None, accepts.clone());
             let router = crate::admin_guard::protect(
                 admin_router(
                     status.clone(),
@@ -717,8 +718,11 @@ pub async fn run(
                     clock,
                     ev_tx.clone(),
                     s.hold,
-                    crate::tls::Presented::default().server("controller", Some(tls.clone())),
-                    reloads.clone(),
+                    MetricsParts {
+                        started: reloads.clone(),
+                        presented: crate::tls::Presented::default().server("controller", Some(tls.clone())),
+                        admin_accepts: accepts,
+                    },
                 ),
                 token,
             );
@@ -1451,6 +1455,14 @@ impl Task {
 pub const ADMIN_POWERS: crate::admin_guard::Powers =
     crate::admin_guard::Powers("read every server's and bucket's state and, under hold, start the schedule");
 
+/// What the controller's `/metrics` shows beside its own status: the build, the start and the reloads
+/// (of `[tls]`), the certificates it presents, the admin listener's failed accepts.
+struct MetricsParts {
+    started: Arc<crate::reloads::Reloads>,
+    presented: crate::tls::Presented,
+    admin_accepts: Arc<crate::access::AcceptPacing>,
+}
+
 /// `hold`: whether the schedule waits for `PUT /api/pshift/start` (the file's `hold`).
 fn admin_router(
     status: Arc<Mutex<ControllerStatus>>,
@@ -1458,8 +1470,7 @@ fn admin_router(
     clock: Clock,
     ev: mpsc::Sender<Event>,
     hold: bool,
-    presented: crate::tls::Presented,
-    started: Arc<crate::reloads::Reloads>,
+    parts: MetricsParts,
 ) -> axum::Router {
     let for_metrics = status.clone();
     let for_start = status.clone();
@@ -1535,10 +1546,10 @@ fn admin_router(
             axum::routing::get(move || {
                 let s = for_metrics.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let mut text = metrics_text(&s);
-                // The build, the start and the reloads (of `[tls]`).
-                started.metrics(&mut text, true);
-                presented.metrics(&mut text);
+                parts.started.metrics(&mut text, true);
+                parts.presented.metrics(&mut text);
                 crate::stall::metrics(&mut text);
+                parts.admin_accepts.admin_metrics(&mut text);
                 async move { text }
             }),
         )

@@ -479,10 +479,16 @@ pub async fn run_with(
         connections: limits.clone(),
         node: node_service,
         pshift_link: pshift_link.clone(),
+        admin_accepts: Arc::default(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut admin_stop = stop_rx.clone();
-    let admin_l = crate::admin_guard::CappedListener::new(admin_l, &cfg.admin_access, registry.admin_tls());
+    let admin_l = crate::admin_guard::CappedListener::new(
+        admin_l,
+        &cfg.admin_access,
+        registry.admin_tls(),
+        admin_state.admin_accepts.clone(),
+    );
     let admin_router = crate::admin_guard::protect(admin::router(admin_state), admin_token);
     let admin_task = tokio::spawn(async move {
         let _ = axum::serve(admin_l, admin_router)

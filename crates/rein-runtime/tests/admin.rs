@@ -38,6 +38,7 @@ async fn start(with_model: bool, admission: Admission) -> (std::net::SocketAddr,
         connections: rein_runtime::access::ConnLimits::new(Default::default()),
         node: None,
         pshift_link: None,
+        admin_accepts: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
