@@ -204,17 +204,25 @@ fn segment(name: &str) -> String {
     percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// Whose configuration file `--config` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Daemon {
+    Serve,
+    Gateway,
+    PshiftController,
+}
+
 /// Which daemon's configuration `text` is, by the tables only that daemon has: a gateway's `[[nodes]]`,
 /// the pShift controller's `[[buckets]]`; anything else is rein serve's (whose parser then says what is
 /// wrong with it).
-fn daemon_of(text: &str, path: &std::path::Path) -> Result<&'static str> {
+fn daemon_of(text: &str, path: &std::path::Path) -> Result<Daemon> {
     let table: toml::Table = toml::from_str(text).with_context(|| format!("{}: not TOML", path.display()))?;
     Ok(if table.contains_key("nodes") {
-        "gateway"
+        Daemon::Gateway
     } else if table.contains_key("buckets") {
-        "pshift controller"
+        Daemon::PshiftController
     } else {
-        "serve"
+        Daemon::Serve
     })
 }
 
@@ -223,15 +231,15 @@ fn daemon_of(text: &str, path: &std::path::Path) -> Result<&'static str> {
 fn endpoint_of_config(path: &std::path::Path) -> Result<(String, Option<PathBuf>)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let (admin, token, https) = match daemon_of(&text, path)? {
-        "gateway" => {
+        Daemon::Gateway => {
             let c = rein_runtime::gateway::GatewayConfig::parse(&text, path)?;
             (c.admin, c.admin_access.token_file, false)
         }
-        "pshift controller" => {
+        Daemon::PshiftController => {
             let c = rein_runtime::pshift_controller::ControllerSettings::parse(&text, path)?;
             (c.admin, c.admin_access.token_file, false)
         }
-        _ => {
+        Daemon::Serve => {
             let c = rein_runtime::config::ServerConfig::parse(&text, path)?;
             (Some(c.admin), c.admin_access.token_file, c.admin_tls.is_some())
         }
@@ -247,12 +255,15 @@ fn endpoint_of_config(path: &std::path::Path) -> Result<(String, Option<PathBuf>
 
 pub(crate) fn run(args: AdminArgs) -> Result<()> {
     let cert = args.admin_cert.as_deref().zip(args.admin_key.as_deref());
-    let (address, config_token) = match &args.config {
-        Some(path) => endpoint_of_config(path)?,
-        None => (args.admin.clone().unwrap_or_else(|| "127.0.0.1:9180".to_string()), None),
+    let (address, config_token, source) = match &args.config {
+        Some(path) => {
+            let (address, token) = endpoint_of_config(path)?;
+            (address, token, format!("the admin endpoint of {}", path.display()))
+        }
+        None => (args.admin.clone().unwrap_or_else(|| "127.0.0.1:9180".to_string()), None, "--admin".to_string()),
     };
     let endpoint = AdminEndpoint::parse_with(&address, args.admin_ca.as_deref(), cert)
-        .map_err(|e| anyhow::anyhow!("--admin {address}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("{source} {address}: {e}"))?;
     let token_file = args.admin_token_file.clone().or(config_token);
     let token = token_file.as_deref().map(AdminToken::load).transpose()?;
     let (method, path, body) = match &args.cmd {
@@ -798,7 +809,7 @@ mod tests {
             "gw.toml",
             "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n",
         );
-        assert_eq!(daemon_of(&std::fs::read_to_string(&gw).unwrap(), &gw).unwrap(), "gateway");
+        assert_eq!(daemon_of(&std::fs::read_to_string(&gw).unwrap(), &gw).unwrap(), Daemon::Gateway);
         let e = endpoint_of_config(&gw).unwrap_err().to_string();
         assert!(e.contains("gw.toml names no admin endpoint"), "{e}");
     }
