@@ -143,15 +143,19 @@ pub enum AdminClientError {
     },
 }
 
+/// `body`, the answer of `endpoint` to `path`, as JSON; an error names the endpoint and the path.
+fn json<T: DeserializeOwned>(endpoint: &AdminEndpoint, path: &str, body: &[u8]) -> Result<T, AdminClientError> {
+    serde_json::from_slice(body)
+        .map_err(|e| AdminClientError::Bad { addr: endpoint.addr, message: format!("{path}: {e}") })
+}
+
 /// `GET path`, the body parsed as JSON; with `token`, authenticated.
 pub async fn get_json<T: DeserializeOwned>(
     endpoint: &AdminEndpoint,
     token: Option<&AdminToken>,
     path: &str,
 ) -> Result<T, AdminClientError> {
-    let addr = endpoint.addr;
-    let body = call(endpoint, token, "GET", path, None).await?;
-    serde_json::from_slice(&body).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
+    json(endpoint, path, &call(endpoint, token, "GET", path, None).await?)
 }
 
 /// `PUT path` with a JSON body; returns the answer's JSON. With `token`, authenticated.
@@ -161,9 +165,7 @@ pub async fn put_json(
     path: &str,
     body: &serde_json::Value,
 ) -> Result<serde_json::Value, AdminClientError> {
-    let addr = endpoint.addr;
-    let answer = call(endpoint, token, "PUT", path, Some(body.to_string())).await?;
-    serde_json::from_slice(&answer).map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
+    json(endpoint, path, &call(endpoint, token, "PUT", path, Some(body.to_string())).await?)
 }
 
 /// `method path` (GET, PUT, POST or DELETE) with an optional JSON body, as `rein admin` sends them;
@@ -176,14 +178,11 @@ pub async fn send_json(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> Result<Option<serde_json::Value>, AdminClientError> {
-    let addr = endpoint.addr;
     let answer = call(endpoint, token, method, path, body.map(|b| b.to_string())).await?;
     if answer.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    serde_json::from_slice(&answer)
-        .map(Some)
-        .map_err(|e| AdminClientError::Bad { addr, message: format!("{path}: {e}") })
+    json(endpoint, path, &answer).map(Some)
 }
 
 /// `GET path`, the body as text (`/metrics`); with `token`, authenticated.

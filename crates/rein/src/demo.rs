@@ -186,7 +186,6 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         let lc = LoadConfig {
             admin: Some(admin.into()),
             warmup: Duration::from_secs(1),
-            interval: Duration::from_secs(1),
             name: format!("rein demo, live {kind}"),
             cost_model,
             ..LoadConfig::new(bound.nbd, jobs, total)

@@ -249,7 +249,8 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         crate::sim::check_out(dir)?;
     }
-    let interval = Duration::from_secs(1);
+    // Intervals of 1 s, and specs in IOPS: the admin API does not say the server's cost model, so the
+    // report's oracle assumes IOPS (LoadConfig::new's defaults).
     let cfg = LoadConfig {
         admin: args
             .admin
@@ -262,11 +263,8 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
             .map_err(anyhow::Error::msg)?,
         admin_token: args.admin_token_file.as_deref().map(rein_runtime::admin_guard::AdminToken::load).transpose()?,
         warmup,
-        interval,
         seed: args.seed,
         tls: load_tls(&args)?,
-        // The admin API does not say the server's cost model: the report's oracle assumes IOPS.
-        cost_model: rein_core::CostModel::PerIo,
         max_errors: args.max_errors,
         ..LoadConfig::new(args.addr.addr, jobs, duration)
     };

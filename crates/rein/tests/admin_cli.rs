@@ -9,15 +9,15 @@ use common::{http, local, serve_in, tmpdir, write_file, Rein};
 use std::net::SocketAddr;
 use std::process::Command;
 
+/// Runs `rein admin ARGS...`: (success, stdout, stderr).
+fn rein_admin(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rein")).arg("admin").args(args).env("NO_COLOR", "1").output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
 /// Runs `rein admin --admin ADDR ARGS...`: (success, stdout, stderr).
 fn admin(addr: SocketAddr, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["admin", "--admin", &addr.to_string()])
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    rein_admin(&[&["--admin", &addr.to_string()], args].concat())
 }
 
 /// `rein admin ARGS...`, which must succeed: its stdout.
@@ -188,12 +188,8 @@ fn rein_admin_sends_the_token_the_endpoint_asks_for() {
         ),
     );
     let _fixed = Rein::serve(&cfg).start();
-    let out = Command::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["admin", "--config", cfg.to_str().unwrap(), "tenants"])
-        .output()
-        .unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && table.lines().nth(1).is_some_and(|l| l.starts_with("w ")), "{table} {out:?}");
+    let (ok, table, err) = rein_admin(&["--config", cfg.to_str().unwrap(), "tenants"]);
+    assert!(ok && table.lines().nth(1).is_some_and(|l| l.starts_with("w ")), "{table} {err}");
 }
 
 /// A gateway with `[parda]` over a node, a pShift controller and its server: `rein admin nodes`, `parda`
