@@ -254,9 +254,40 @@ async fn call(
             Some(message) => message.to_string(),
             None => String::from_utf8_lossy(&body).trim().to_string(),
         };
-        return Err(AdminClientError::Status { addr, path: path.to_string(), status, body: text });
+        // Said on a terminal: neither the endpoint's text nor a name in the path may carry an escape
+        // sequence, nor run to megabytes (a proxy's error page, a 414 for a name too long).
+        return Err(AdminClientError::Status { addr, path: shown(path, 200), status, body: shown(&text, MAX_SHOWN) });
     }
     Ok(body)
+}
+
+/// The most characters of an endpoint's error text that [`AdminClientError::Status`] carries.
+pub const MAX_SHOWN: usize = 2000;
+
+/// `text` as it may be shown on a terminal: its control characters (an escape sequence an endpoint
+/// sent, say) escaped as Rust writes them (`\u{1b}`), line feeds and tabs kept.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return text.into();
+    }
+    let mut s = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            s.extend(c.escape_default());
+        } else {
+            s.push(c);
+        }
+    }
+    s.into()
+}
+
+/// [`printable`] `text`, cut to its first `max` characters with what was left out counted.
+fn shown(text: &str, max: usize) -> String {
+    let text = printable(text);
+    match text.char_indices().nth(max) {
+        None => text.into_owned(),
+        Some((cut, _)) => format!("{}... ({} more bytes)", &text[..cut], text.len() - cut),
+    }
 }
 
 /// Sends `req` and reads the whole response (until the server closes), at most [`MAX_RESPONSE`] bytes.
@@ -341,6 +372,15 @@ mod tests {
         let e = AdminEndpoint::parse("https://127.0.0.1:9180", Some(std::path::Path::new("/nonexistent/ca.pem")))
             .unwrap_err();
         assert!(e.starts_with("--admin-ca /nonexistent/ca.pem: not a readable PEM CA file"), "{e}");
+    }
+
+    /// What an endpoint says is shown without its escape sequences, and a long text cut.
+    #[test]
+    fn an_endpoints_text_is_shown_without_escapes_and_cut() {
+        assert_eq!(super::printable("boom \u{1b}[31mred\u{7}\tx\ny"), "boom \\u{1b}[31mred\\u{7}\tx\ny");
+        assert!(matches!(super::printable("plain ü"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(super::shown("abcdef", 4), "abcd... (2 more bytes)");
+        assert_eq!(super::shown("abc", 4), "abc");
     }
 
     #[test]

@@ -68,6 +68,7 @@ enum AdminCmd {
     /// Remove a tenant (refused while an export belongs to it).
     Remove {
         /// The tenant.
+        #[arg(value_parser = name)]
         tenant: String,
     },
     /// The exports: name, tenant, size and whether read-only.
@@ -78,11 +79,13 @@ enum AdminCmd {
     /// Remove an export: new connections no longer see it; open ones keep it until they close.
     RemoveExport {
         /// The export.
+        #[arg(value_parser = name)]
         export: String,
     },
     /// The capacity admission control uses, and the reservations against it; with IOPS, set it.
     Capacity {
         /// The new capacity (IOPS), replacing the configured, probed or modelled one.
+        #[arg(value_parser = finite)]
         iops: Option<f64>,
     },
     /// rein gateway: each volume's node links (up, in flight, pieces, failures).
@@ -94,22 +97,24 @@ enum AdminCmd {
     /// Any daemon: what it is, how long it has run, its last reload, connections, stalls, certificates,
     /// and its own part (tenants, node links, servers), from its /metrics. Exits 1, naming them, when
     /// something needs attention (a refused reload, settings waiting for a restart, a certificate within
-    /// 14 days of expiry, a node link down).
+    /// 14 days of expiry, a node link down); an answer without a rein_ series is no daemon's scrape,
+    /// and an error.
     Status,
 }
 
 #[derive(Debug, Args)]
 struct SpecArgs {
     /// The tenant.
+    #[arg(value_parser = name)]
     tenant: String,
     /// Reservation (IOPS, or cost units per second under a cost model).
-    #[arg(long)]
+    #[arg(long, value_parser = finite)]
     reservation: Option<f64>,
     /// Limit (IOPS).
-    #[arg(long)]
+    #[arg(long, value_parser = finite)]
     limit: Option<f64>,
     /// Weight (its share of what is left over the reservations).
-    #[arg(long)]
+    #[arg(long, value_parser = finite)]
     weight: Option<f64>,
     /// Idle credit (IOs of catching up a tenant gets back after an idle spell).
     #[arg(long)]
@@ -119,6 +124,7 @@ struct SpecArgs {
 #[derive(Debug, Args)]
 struct AddExportArgs {
     /// The export's name, as clients ask for it.
+    #[arg(value_parser = name)]
     export: String,
     /// The tenant whose QoS it gets (default: a tenant of the export's name, which must exist).
     #[arg(long)]
@@ -197,6 +203,26 @@ impl SpecArgs {
         put("idle_credit", self.idle_credit.map(Value::from));
         m
     }
+}
+
+/// A number of `--reservation`, `--limit`, `--weight` or `capacity`: finite, since JSON has no NaN or
+/// infinity (serde_json writes them as `null`, which the endpoint reads as "no limit" or "unchanged").
+fn finite(text: &str) -> Result<f64, String> {
+    let v: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("{text} is not a finite number (no limit: --no-limit)"))
+    }
+}
+
+/// A tenant's or an export's name: not empty (an empty one would ask for the collection, and be
+/// answered as another daemon's command). The endpoint says what else it refuses.
+fn name(text: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err("a name cannot be empty".into());
+    }
+    Ok(text.to_string())
 }
 
 /// A tenant's name as one segment of the API's path.
@@ -309,7 +335,11 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
     for n in 0..count {
         if let Some(every) = every {
             if n > 0 {
-                std::thread::sleep(every);
+                // The reader may go while the watch waits (`| head -3` after the first table): seen
+                // within a tenth of a second, not at the next write, a period (up to an hour) later.
+                if sleep_unless_closed(every) {
+                    break;
+                }
                 if !args.json {
                     outln!();
                 }
@@ -338,7 +368,7 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
             ),
             Err(e) => return Err(e.into()),
         };
-        show(&args, answer, every.is_some())?;
+        show(&args, endpoint.addr, answer, every.is_some())?;
         // A watch whose reader has gone (`rein admin tenants --watch 1 | head`) stops, as the other
         // commands whose output is their only product do (stdout.rs).
         if crate::stdout::closed() {
@@ -348,14 +378,54 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
     Ok(())
 }
 
+/// Sleeps `d`, or until stdout's reader has gone (polled every 100 ms); returns whether it has.
+fn sleep_unless_closed(d: std::time::Duration) -> bool {
+    let end = std::time::Instant::now() + d;
+    loop {
+        if crate::stdout::closed() {
+            return true;
+        }
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(std::time::Duration::from_millis(100)));
+    }
+}
+
+/// The endpoint's JSON with every string [`admin_client::printable`], for the tables and lines (an
+/// endpoint's name cannot carry an escape sequence to the terminal; `--json` escapes them as JSON does).
+fn printable(v: &mut Value) {
+    match v {
+        Value::String(s) => {
+            if let std::borrow::Cow::Owned(p) = admin_client::printable(s) {
+                *s = p;
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(printable),
+        Value::Object(m) => m.values_mut().for_each(printable),
+        _ => {}
+    }
+}
+
 /// Prints `answer` to `args`'s command: the endpoint's JSON under `--json` (on one line when `watching`),
 /// else a table or a line. `status` reads the scrape (`answer` as a string) and fails, naming them, when
 /// something needs attention.
-fn show(args: &AdminArgs, answer: Option<Value>, watching: bool) -> Result<()> {
+fn show(args: &AdminArgs, addr: std::net::SocketAddr, answer: Option<Value>, watching: bool) -> Result<()> {
     if let AdminCmd::Status = args.cmd {
         let text = answer.as_ref().and_then(Value::as_str).unwrap_or_default();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        let (lines, attention) = status_lines(&rein_runtime::prom::samples(text), now);
+        let samples = rein_runtime::prom::samples(&admin_client::printable(text));
+        // A health check must not pass on a page that is no daemon's scrape (another service's on that
+        // port, a proxy's login page, an empty answer): a rein daemon's has its own series.
+        if !samples.iter().any(|s| s.name.starts_with("rein_")) {
+            bail!(
+                "admin endpoint {}: its /metrics has no rein_ series ({} bytes): not a rein daemon's scrape",
+                addr,
+                text.len()
+            );
+        }
+        let (lines, attention) = status_lines(&samples, now);
         if args.json {
             outln!("{}", serde_json::to_string_pretty(&json!({ "status": lines, "attention": attention }))?);
         } else {
@@ -375,7 +445,8 @@ fn show(args: &AdminArgs, answer: Option<Value>, watching: bool) -> Result<()> {
         }
         return Ok(());
     }
-    let answer = answer.unwrap_or(Value::Null);
+    let mut answer = answer.unwrap_or(Value::Null);
+    printable(&mut answer);
     match &args.cmd {
         AdminCmd::Tenants { .. } => {
             let tenants: Vec<TenantJson> = serde_json::from_value(answer).context("the endpoint's tenants")?;
@@ -501,7 +572,8 @@ fn status_lines(samples: &[Sample], now: f64) -> (Vec<String>, Vec<String>) {
         let left = c.value - now;
         let what = c.label("use").unwrap_or("?");
         lines.push(format!("certificate {what}: expires in {}", duration(left)));
-        if left < 14.0 * 86400.0 {
+        // A value that is no time (NaN) needs a look as much as a near one.
+        if left.is_nan() || left < 14.0 * 86400.0 {
             attention.push(format!("certificate {what} expires in {}", duration(left)));
         }
     }
@@ -511,7 +583,7 @@ fn status_lines(samples: &[Sample], now: f64) -> (Vec<String>, Vec<String>) {
     }
     if let (Some(up), Some(all)) = (sum("rein_gateway_node_connections_up"), sum("rein_gateway_node_connections")) {
         lines.push(format!("node links: {up} of {all} up"));
-        if up < all {
+        if up.is_nan() || up < all {
             attention.push(format!("{} node link(s) down (rein admin nodes)", all - up));
         }
     }
@@ -778,6 +850,11 @@ mod tests {
                 "1 node link(s) down (rein admin nodes)"
             ]
         );
+        // A value that is no number is no reason to pass.
+        let odd = "rein_tls_certificate_expiration_timestamp_seconds{use=\"nbd\"} NaN\n\
+                   rein_gateway_node_connections_up{node=\"s1\"} NaN\nrein_gateway_node_connections{node=\"s1\"} 1\n";
+        let (_, attention) = status_lines(&rein_runtime::prom::samples(odd), now);
+        assert_eq!(attention, ["certificate nbd expires in 0s", "NaN node link(s) down (rein admin nodes)"]);
         assert_eq!(duration(42.0), "42s");
         assert_eq!(duration(307.0), "5m 07s");
     }
@@ -812,6 +889,27 @@ mod tests {
         assert_eq!(daemon_of(&std::fs::read_to_string(&gw).unwrap(), &gw).unwrap(), Daemon::Gateway);
         let e = endpoint_of_config(&gw).unwrap_err().to_string();
         assert!(e.contains("gw.toml names no admin endpoint"), "{e}");
+    }
+
+    /// A number that JSON cannot carry is refused by name: serde_json writes it as null, which the endpoint
+    /// reads as "no limit" (`set --limit NaN` removed the limit) or "unchanged"; an empty name too.
+    #[test]
+    fn rates_are_finite_and_names_not_empty() {
+        assert_eq!(finite("2.5"), Ok(2.5));
+        for bad in ["NaN", "inf", "-inf", "infinity"] {
+            assert!(finite(bad).unwrap_err().contains("is not a finite number"), "{bad}");
+        }
+        assert!(finite("x").is_err());
+        assert_eq!(name(""), Err("a name cannot be empty".to_string()));
+        assert_eq!(name(" ").as_deref(), Ok(" "));
+    }
+
+    /// The tables and lines carry no escape sequence an endpoint put in a name.
+    #[test]
+    fn an_endpoints_strings_are_printable() {
+        let mut v = json!([{ "name": "a\u{1b}]0;x\u{7}", "n": 1 }]);
+        printable(&mut v);
+        assert_eq!(v[0]["name"], "a\\u{1b}]0;x\\u{7}");
     }
 
     #[test]

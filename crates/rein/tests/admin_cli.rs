@@ -233,3 +233,115 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
     let row: Vec<&str> = buckets.lines().nth(2).unwrap().split_whitespace().collect();
     assert_eq!(row[..3], ["b1", "100", "200"], "{buckets}");
 }
+
+/// An endpoint that is not a rein daemon's (127.0.0.226, a port of its own): it answers every request
+/// with `answer`, a whole HTTP response, and keeps each request it read (head and body).
+fn fake_endpoint(answer: &'static str) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.226:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            conn.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The head, then as many bytes as its Content-Length says.
+            while let Ok(n @ 1..) = conn.read(&mut buf) {
+                req.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&req).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if body.len() >= len {
+                        break;
+                    }
+                }
+            }
+            keep.lock().unwrap().push(String::from_utf8_lossy(&req).to_string());
+            let _ = conn.write_all(answer.as_bytes());
+        }
+    });
+    (addr, seen)
+}
+
+/// An endpoint that is no rein daemon's, or a hostile one: `status` fails on a page without a rein_
+/// series (it passed, a health check on another service's page); an error's text reaches the terminal
+/// without its escape sequences; a number JSON cannot carry (NaN, inf) is refused before anything is
+/// sent (serde_json wrote it as null: `set --limit NaN` removed the limit, `--reservation inf` changed
+/// nothing and said "set"); an empty name is refused as such (it asked for the collection, and was
+/// answered as another daemon's command).
+#[test]
+fn rein_admin_gives_one_clear_error_for_an_endpoint_that_is_not_a_daemons_and_for_numbers_json_cannot_carry() {
+    let (page, _) = fake_endpoint(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 44\r\n\r\n<html><body>Welcome to nginx</body></html>\n",
+    );
+    let (ok, out, err) = admin(page, &["status"]);
+    assert!(!ok, "a page that is no scrape passed the health check: {out}");
+    assert!(err.contains(&format!("admin endpoint {page}: its /metrics has no rein_ series")), "{err}");
+
+    let (hostile, _) =
+        fake_endpoint("HTTP/1.1 500 Oops\r\nContent-Length: 36\r\n\r\n{\"error\": \"boom \\u001b[31mred\\u0007\"}");
+    let (ok, _, err) = admin(hostile, &["tenants"]);
+    assert!(!ok && err.contains("HTTP 500: boom \\u{1b}[31mred\\u{7}"), "{err}");
+    assert!(!err.contains('\u{1b}'), "an escape sequence reached the terminal: {err:?}");
+
+    let (spec, seen) = fake_endpoint(
+        "HTTP/1.1 200 OK\r\nContent-Length: 69\r\n\r\n{\"name\":\"vm1\",\"reservation\":1,\"limit\":null,\"weight\":1,\"idle_credit\":0}",
+    );
+    for args in [
+        &["set", "vm1", "--limit", "NaN"][..],
+        &["set", "vm1", "--reservation", "inf"],
+        &["set", "vm1", "--weight=-inf"],
+        &["add", "t", "--limit", "NaN"],
+        &["capacity", "inf"],
+    ] {
+        let (ok, _, err) = admin(spec, args);
+        assert!(!ok && err.contains("is not a finite number"), "{args:?}: {err}");
+    }
+    for args in [&["set", "", "--weight", "2"][..], &["remove", ""], &["remove-export", ""]] {
+        let (ok, _, err) = admin(spec, args);
+        assert!(!ok && err.contains("a name cannot be empty"), "{args:?}: {err}");
+    }
+    assert_eq!(*seen.lock().unwrap(), Vec::<String>::new(), "nothing sent");
+    admin_ok(spec, &["set", "vm1", "--limit", "7.5"]);
+    assert!(seen.lock().unwrap()[0].ends_with("{\"limit\":7.5}"), "{:?}", seen.lock().unwrap());
+}
+
+/// A watch whose reader goes after the first answer (`rein admin --json tenants --watch 30 | head -1`)
+/// ends at once, not at its next write a period later (it waited the whole period, up to an hour).
+#[test]
+fn a_watch_ends_once_its_reader_has_gone_without_waiting_out_the_period() {
+    use std::io::BufRead;
+    let (tenants, _) = fake_endpoint("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["admin", "--admin", &tenants.to_string(), "--json", "tenants", "--watch", "30"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert_eq!(first, "[]\n");
+    // The reader (and with it the pipe's only read end) is gone here.
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still watching 10 s after its reader had gone");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
