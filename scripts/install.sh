@@ -4,7 +4,7 @@
 # contrib/systemd (they run /usr/local/bin/rein: under another PREFIX their paths are rewritten); the
 # alerting rules and the Grafana dashboard under PREFIX/share/rein. Nothing is enabled or started: the
 # last lines say what to do next. Every installed file is listed in PREFIX/share/rein/install-manifest,
-# which UNINSTALL=1 reads to remove them again (and only them).
+# which UNINSTALL=1 reads to remove them again (and only them: a list naming anything else is refused).
 # PREFIX (default /usr/local), DESTDIR (a staging root for a package: paths inside the files still name
 # PREFIX), SYSCONFDIR (default /etc: the units go to SYSCONFDIR/systemd/system; SYSTEMD=0 leaves them
 # out), REIN (a built binary; default: `cargo build --release --locked`, then target/release/rein).
@@ -17,10 +17,34 @@ SYSCONFDIR=${SYSCONFDIR:-/etc}
 DESTDIR=${DESTDIR:-}
 case "$PREFIX" in /*) ;; *) say "PREFIX must be an absolute path, not '$PREFIX'"; exit 2 ;; esac
 case "$SYSCONFDIR" in /*) ;; *) say "SYSCONFDIR must be an absolute path, not '$SYSCONFDIR'"; exit 2 ;; esac
+# The units name the binary by its path: a character systemd reads otherwise (a space splits the command,
+# % is a specifier, $ a variable) or that sed's rewrite would change (&, \, #) has no place in it.
+if [ "${SYSTEMD:-1}" != 0 ] && [ "${UNINSTALL:-0}" != 1 ]; then
+  case "$PREFIX" in *[!A-Za-z0-9/._+@-]*)
+    say "PREFIX '$PREFIX' has a character the systemd units cannot carry in ExecStart= (letters, digits and / . _ + @ - only; or SYSTEMD=0)"
+    exit 2 ;;
+  esac
+fi
 manifest="$DESTDIR$PREFIX/share/rein/install-manifest"
+
+# A path of the manifest that this script may remove: one it installs (under PREFIX, or a rein unit in a
+# systemd/system directory), without . or .. components, not a directory. A manifest that names anything
+# else was not written by this script, and nothing of it is removed.
+removable() {
+  case "/$1/" in */../*|*/./*) return 1 ;; esac
+  [ -d "$DESTDIR$1" ] && [ ! -L "$DESTDIR$1" ] && return 1
+  case "$1" in "$PREFIX"/?*) return 0 ;; esac
+  case "${1##*/}" in rein*.service|rein*.socket) ;; *) return 1 ;; esac
+  case "${1%/*}" in /*/systemd/system) return 0 ;; esac
+  return 1
+}
 
 if [ "${UNINSTALL:-0}" = 1 ]; then
   [ -f "$manifest" ] || { say "no $manifest: nothing installed there (or it was installed another way)"; exit 1; }
+  while IFS= read -r f; do
+    [ -n "$f" ] || continue
+    removable "$f" || { say "$manifest names '$f', which is not a file this script installs (under $PREFIX, or a rein unit): nothing removed"; exit 1; }
+  done < "$manifest"
   n=0
   while IFS= read -r f; do
     [ -n "$f" ] || continue

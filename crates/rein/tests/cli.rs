@@ -762,6 +762,25 @@ fn the_install_script_installs_what_its_manifest_lists_and_removes_it_again() {
     assert_eq!(listed, files(), "the manifest lists what is there");
     assert!(listed.len() > 40, "{listed:?}");
 
+    // A manifest that names a file the script does not install (tampered with, or another's): refused
+    // whole, nothing removed (it removed whatever the list named, /etc/passwd too).
+    let manifest = at("/opt/rein/share/rein/install-manifest");
+    let mine = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::create_dir_all(at("/etc")).unwrap();
+    std::fs::write(at("/etc/passwd"), "root:x:0:0\n").unwrap();
+    for foreign in ["/etc/passwd", "/opt/rein/../../etc/passwd", "/opt/rein/share"] {
+        std::fs::write(&manifest, format!("{mine}{foreign}\n")).unwrap();
+        let (ok, said) = run(&[("UNINSTALL", "1")]);
+        assert!(
+            !ok && said.contains(&format!("names '{foreign}', which is not a file this script installs")),
+            "{said}"
+        );
+        assert!(at("/etc/passwd").exists() && at("/opt/rein/bin/rein").exists(), "nothing removed: {said}");
+    }
+    std::fs::write(&manifest, mine).unwrap();
+    std::fs::remove_file(at("/etc/passwd")).unwrap();
+    std::fs::remove_dir(at("/etc")).ok();
+
     let (ok, said) = run(&[("UNINSTALL", "1")]);
     assert!(ok && said.contains(&format!("removed {} files", listed.len())), "{said}");
     assert_eq!(files(), Vec::<String>::new(), "nothing left");
@@ -769,4 +788,11 @@ fn the_install_script_installs_what_its_manifest_lists_and_removes_it_again() {
     assert!(!ok && said.contains("nothing installed there"), "{said}");
     let (ok, said) = run(&[("PREFIX", "opt")]);
     assert!(!ok && said.contains("PREFIX must be an absolute path, not 'opt'"), "{said}");
+    // A PREFIX the units' ExecStart= cannot carry (a space split the command; sed put the old path in
+    // for &; # stopped the script half-way, without a manifest): refused before anything is installed.
+    for prefix in ["/opt/my rein", "/opt/a&b", "/opt/a#b"] {
+        let (ok, said) = run(&[("PREFIX", prefix)]);
+        assert!(!ok && said.contains("has a character the systemd units cannot carry"), "{prefix}: {said}");
+    }
+    assert_eq!(files(), Vec::<String>::new(), "nothing installed");
 }
