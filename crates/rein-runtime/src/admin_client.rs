@@ -242,7 +242,14 @@ async fn call(
         // The certificate must name the address connected to (an IP SAN).
         let ssl = connector.configure().and_then(|c| c.into_ssl(&addr.ip().to_string())).map_err(|e| tls_err(&e))?;
         let mut tls = SslStream::new(ssl, tcp).map_err(|e| tls_err(&e))?;
-        Pin::new(&mut tls).connect().await.map_err(|e| tls_err(&e))?;
+        if let Err(e) = Pin::new(&mut tls).connect().await {
+            // OpenSSL's "certificate verify failed" says neither why nor what to do.
+            let verify = tls.ssl().verify_result();
+            if verify != openssl::x509::X509VerifyResult::OK {
+                return Err(tls_err(&untrusted(verify.error_string())));
+            }
+            return Err(tls_err(&e));
+        }
         exchange(addr, tls, &req).await
     };
     let resp = tokio::time::timeout(TIMEOUT, connect).await.map_err(|_| AdminClientError::Timeout(addr))??;
@@ -288,6 +295,15 @@ fn shown(text: &str, max: usize) -> String {
         None => text.into_owned(),
         Some((cut, _)) => format!("{}... ({} more bytes)", &text[..cut], text.len() - cut),
     }
+}
+
+/// A refused server certificate: OpenSSL's reason (`self-signed certificate`, `IP address mismatch`),
+/// and the flag that names the CA.
+fn untrusted(reason: &str) -> String {
+    format!(
+        "the server's certificate is not trusted: {reason} (--admin-ca FILE names the CA it must chain to; \
+         without it, the system's; it must name the address asked)"
+    )
 }
 
 /// Sends `req` and reads the whole response (until the server closes), at most [`MAX_RESPONSE`] bytes.
@@ -349,7 +365,7 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::AdminEndpoint;
+    use super::{AdminEndpoint, Pin, SslMethod, SslStream};
 
     #[test]
     fn endpoints_parse_with_their_scheme() {
@@ -381,6 +397,39 @@ mod tests {
         assert!(matches!(super::printable("plain ü"), std::borrow::Cow::Borrowed(_)));
         assert_eq!(super::shown("abcdef", 4), "abcd... (2 more bytes)");
         assert_eq!(super::shown("abc", 4), "abc");
+    }
+
+    /// A server certificate the client does not trust is named as such, with why and the flag that
+    /// fixes it (OpenSSL's "certificate verify failed" said neither).
+    #[tokio::test]
+    async fn an_untrusted_certificate_says_why_and_names_the_ca_flag() {
+        use openssl::ssl::{SslAcceptor, SslFiletype};
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        rein_test_pki::make_ca(d, "ca", "ca");
+        rein_test_pki::make_cert(d, "ca", "srv", "srv", &rein_test_pki::server("IP:127.0.0.227"));
+        let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).unwrap();
+        b.set_certificate_chain_file(d.join("srv-cert.pem")).unwrap();
+        b.set_private_key_file(d.join("srv-key.pem"), SslFiletype::PEM).unwrap();
+        let acceptor = b.build();
+        let l = tokio::net::TcpListener::bind("127.0.0.226:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = l.accept().await {
+                let ssl = openssl::ssl::Ssl::new(acceptor.context()).unwrap();
+                let mut tls = SslStream::new(ssl, tcp).unwrap();
+                let _ = Pin::new(&mut tls).accept().await;
+            }
+        });
+        let url = format!("https://{addr}");
+        for (ca, why) in [
+            (None, "unable to get local issuer certificate"),
+            (Some(d.join("ca-cert.pem")), "IP address mismatch"), // the certificate names 127.0.0.227
+        ] {
+            let endpoint = AdminEndpoint::parse(&url, ca.as_deref()).unwrap();
+            let e = super::get_text(&endpoint, None, "/metrics").await.unwrap_err().to_string();
+            assert!(e.contains(&format!("the server's certificate is not trusted: {why} (--admin-ca FILE")), "{e}");
+        }
     }
 
     #[test]

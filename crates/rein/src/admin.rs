@@ -24,7 +24,8 @@ pub(crate) struct AdminArgs {
     admin: Option<String>,
     /// The daemon's own configuration file (rein serve's, rein gateway's or the pShift controller's):
     /// its `admin` address (a wildcard one asked on loopback), `admin_token_file` and `admin_tls` are
-    /// used, so that on the daemon's host no other option is needed.
+    /// used, so that on the daemon's host no other option is needed (under admin_tls, --admin-ca too
+    /// unless the certificate chains to the system's roots).
     #[arg(long, conflicts_with = "admin")]
     config: Option<PathBuf>,
     /// For an https:// endpoint: the CA certificates (PEM) its certificate must chain to (default: the
