@@ -489,6 +489,9 @@ fn show(args: &AdminArgs, addr: std::net::SocketAddr, answer: Option<Value>, wat
 
 /// `d` seconds as `3d 4h`, `2h 03m`, `5m 07s` or `42s`.
 fn duration(d: f64) -> String {
+    if d.is_nan() {
+        return "an unknown time (not a number)".into();
+    }
     let s = d.max(0.0) as u64;
     match s {
         0..=59 => format!("{s}s"),
@@ -855,7 +858,10 @@ mod tests {
         let odd = "rein_tls_certificate_expiration_timestamp_seconds{use=\"nbd\"} NaN\n\
                    rein_gateway_node_connections_up{node=\"s1\"} NaN\nrein_gateway_node_connections{node=\"s1\"} 1\n";
         let (_, attention) = status_lines(&rein_runtime::prom::samples(odd), now);
-        assert_eq!(attention, ["certificate nbd expires in 0s", "NaN node link(s) down (rein admin nodes)"]);
+        assert_eq!(
+            attention,
+            ["certificate nbd expires in an unknown time (not a number)", "NaN node link(s) down (rein admin nodes)"]
+        );
         assert_eq!(duration(42.0), "42s");
         assert_eq!(duration(307.0), "5m 07s");
     }
