@@ -1563,6 +1563,11 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
     let connected = s.servers.iter().filter(|x| x.1).count();
     let _ = writeln!(o, "# HELP rein_pshift_round The next redistribution boundary's number.\n# TYPE rein_pshift_round gauge\nrein_pshift_round {}", s.round);
     let _ = writeln!(o, "# HELP rein_pshift_servers_connected Servers connected.\n# TYPE rein_pshift_servers_connected gauge\nrein_pshift_servers_connected {connected}");
+    let _ = writeln!(
+        o,
+        "# HELP rein_pshift_servers Servers configured.\n# TYPE rein_pshift_servers gauge\nrein_pshift_servers {}",
+        s.servers.len()
+    );
     let _ = writeln!(o, "# HELP rein_pshift_refused_total Reports, notes or frames refused.\n# TYPE rein_pshift_refused_total counter\nrein_pshift_refused_total {}", s.refused);
     let _ = writeln!(o, "# HELP rein_pshift_late_reports_total Reports counted after their round was computed.\n# TYPE rein_pshift_late_reports_total counter\nrein_pshift_late_reports_total {}", s.late_reports);
     let _ = writeln!(o, "# HELP rein_pshift_bucket_done IOs of the bucket in the current QoS period (as of the last round).\n# TYPE rein_pshift_bucket_done gauge");

@@ -592,7 +592,18 @@ fn status_lines(samples: &[Sample], now: f64) -> (Vec<String>, Vec<String>) {
         }
     }
     if let Some(n) = value("rein_pshift_servers_connected") {
-        lines.push(format!("pshift: {n} server(s) connected, round {}", value("rein_pshift_round").unwrap_or(0.0)));
+        let round = value("rein_pshift_round").unwrap_or(0.0);
+        match value("rein_pshift_servers") {
+            Some(all) => {
+                lines.push(format!("pshift: {n} of {all} server(s) connected, round {round}"));
+                // A server away is a server whose buckets get no tokens' worth of its share.
+                if n.is_nan() || n < all {
+                    attention.push(format!("{} pShift server(s) not connected (rein admin buckets)", all - n));
+                }
+            }
+            // A controller of a build before the configured count.
+            None => lines.push(format!("pshift: {n} server(s) connected, round {round}")),
+        }
     }
     (lines, attention)
 }
@@ -862,6 +873,13 @@ mod tests {
             attention,
             ["certificate nbd expires in an unknown time (not a number)", "NaN node link(s) down (rein admin nodes)"]
         );
+        // A pShift controller with a configured server away.
+        let ctl = "rein_pshift_round 7\nrein_pshift_servers_connected 1\nrein_pshift_servers 2\n";
+        let (lines, attention) = status_lines(&rein_runtime::prom::samples(ctl), now);
+        assert!(lines.contains(&"pshift: 1 of 2 server(s) connected, round 7".to_string()), "{lines:?}");
+        assert_eq!(attention, ["1 pShift server(s) not connected (rein admin buckets)"]);
+        let all = ctl.replace("connected 1", "connected 2");
+        assert!(status_lines(&rein_runtime::prom::samples(&all), now).1.is_empty());
         assert_eq!(duration(42.0), "42s");
         assert_eq!(duration(307.0), "5m 07s");
     }

@@ -221,6 +221,10 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
     let ctl = common::pshift_controller(tmp.path(), 87);
     let before = admin_ok(ctl.admin, &["buckets"]);
     assert!(before.contains(", 0 of 1 servers connected (not: s1)"), "{before}");
+    // Its server away, the controller's status needs attention.
+    let (ok, out, err) = admin(ctl.admin, &["status"]);
+    assert!(!ok && out.contains("pshift: 0 of 1 server(s) connected"), "{out}");
+    assert!(err.contains("1 pShift server(s) not connected (rein admin buckets)"), "{err}");
     let _server = common::pshift_server(&tmp.path().join("pshift-server"), 87, ctl.nbd);
     let buckets = common::wait_for(
         "the server welcomed",
@@ -229,7 +233,7 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
         |t| t.contains(", 1 of 1 servers connected,"),
     );
     let st = admin_ok(ctl.admin, &["status"]);
-    assert!(st.starts_with("rein pshift controller ") && st.contains("pshift: 1 server(s) connected"), "{st}");
+    assert!(st.starts_with("rein pshift controller ") && st.contains("pshift: 1 of 1 server(s) connected"), "{st}");
     let row: Vec<&str> = buckets.lines().nth(2).unwrap().split_whitespace().collect();
     assert_eq!(row[..3], ["b1", "100", "200"], "{buckets}");
 }
