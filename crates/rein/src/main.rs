@@ -58,7 +58,8 @@ enum Cmd {
     Gateway(gateway::GatewayArgs),
     /// Multi-tenant load over NBD with a live table; writes the same outputs as `rein sim`.
     Load(Box<load::LoadArgs>),
-    /// Ask a running rein serve through its admin endpoint: tenants, their specs, exports, capacity.
+    /// Ask a running daemon through its admin endpoint: rein serve's tenants, exports and capacity, a
+    /// gateway's node links and PARDA host, a pShift controller's buckets, any one's health (status).
     Admin(admin::AdminArgs),
     /// Measure an export's backend the way `rein serve` uses it (capacity for admission control).
     Probe(probe::ProbeArgs),
