@@ -6,7 +6,8 @@
 # last lines say what to do next. Every installed file is listed in PREFIX/share/rein/install-manifest,
 # which UNINSTALL=1 reads to remove them again (and only them: a list naming anything else is refused).
 # PREFIX (default /usr/local), DESTDIR (a staging root for a package: paths inside the files still name
-# PREFIX), SYSCONFDIR (default /etc: the units go to SYSCONFDIR/systemd/system; SYSTEMD=0 leaves them
+# PREFIX), SYSCONFDIR (default /etc: the units go to SYSCONFDIR/systemd/system, and read their
+# configuration from /etc/rein whatever it is; SYSTEMD=0 leaves them
 # out), REIN (a built binary; default: `cargo build --release --locked`, then target/release/rein).
 # Usage: [PREFIX=/usr/local] [DESTDIR=DIR] [SYSCONFDIR=/etc] [SYSTEMD=0] [REIN=path] [UNINSTALL=1] bash scripts/install.sh
 set -euo pipefail
@@ -95,7 +96,8 @@ printf '%s\n' "${installed[@]}" > "$manifest"
 say "installed ${#installed[@]} files under ${DESTDIR:-/} (listed in $PREFIX/share/rein/install-manifest; UNINSTALL=1 removes them)"
 say "  $PREFIX/bin/rein ($("$REIN" --version)), man rein, completions for bash, zsh and fish"
 if [ "${SYSTEMD:-1}" != 0 ]; then
-  say "next: write $SYSCONFDIR/rein/rein.toml (data_dir = \"/var/lib/rein\"; docs/serve.md), check it with"
-  say "  rein serve --config $SYSCONFDIR/rein/rein.toml --check-config, then"
+  # The units read /etc/rein (their ConfigurationDirectory=, systemd's /etc whatever SYSCONFDIR is).
+  say "next: write /etc/rein/rein.toml, which the units read (data_dir = \"/var/lib/rein\"; docs/serve.md), check it with"
+  say "  rein serve --config /etc/rein/rein.toml --check-config, then"
   say "  systemctl daemon-reload && systemctl enable --now rein-serve   (rein-gateway, rein-pshift-controller alike)"
 fi

@@ -156,6 +156,21 @@ set +e
 TMPDIR=$tests_tmp cargo test --workspace --locked --no-fail-fast -- --exact "${skip[@]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+# The systemd units under a real systemd (about 10 s): booted as PID 1 of namespaces of its own, so also
+# where PID 1 is not systemd; it installs with scripts/install.sh and follows docs/operations.md's runbook
+# (start, reload, stop, socket activation, the token as a credential) for the three daemons. Its exit
+# status 2 is a machine it cannot run on (not root, no cgroup2, a tool missing): said, not a failure.
+step "the systemd units under a real systemd (scripts/systemd-check.sh)"
+set +e
+REIN=target/debug/rein bash scripts/systemd-check.sh >"$log.systemd" 2>&1
+rc=$?
+set -e
+case $rc in
+  0) tail -n 1 "$log.systemd" >&2 ;;
+  2) echo "== the systemd check cannot run on this machine: $(tail -n 1 "$log.systemd")" >&2 ;;
+  *) echo "== the systemd check FAILED (status $rc); its output:" >&2; cat "$log.systemd" >&2; status=1 ;;
+esac
+rm -f "$log.systemd"
 # A short coverage-guided fuzz run of every decoder from the committed corpus (fuzz/README.md); it needs a
 # nightly toolchain and says so when there is none (the corpus tests above replay the corpus on stable).
 # (Its build, started above, is waited for: scripts/fuzz.sh's own build is then a no-op.) 5 s per target
