@@ -307,8 +307,8 @@ mod tests {
 pub const STARTUP_RUNS: usize = 3;
 
 /// The bytes of the regular file at `path` that hold data (its allocated blocks), and its size; `None`
-/// for anything else (a block device has no holes to speak of).
-fn allocation(path: &std::path::Path) -> Option<(u64, u64)> {
+/// for anything else (a block device has no holes to speak of). `rein probe` warns with it too.
+pub fn allocation(path: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
     Some((m.blocks().saturating_mul(512), m.len()))
