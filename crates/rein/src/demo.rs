@@ -231,7 +231,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         }
         windows.push(Window { label: label.into(), from_s: a, to_s: b, capacity_iops: cap, tenants: rows });
     }
-    crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, totals, None)?;
+    let drawn = crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, totals, None)?;
     // Failed requests (a full disk under the data directory, say) fail the demo after its report.
     let failed = crate::load::failed(&outcome.failures);
     let out = DemoResult { scheduler: kind.name().into(), windows, reservations_held: resv_ok, limits_held: limit_ok };
@@ -262,11 +262,19 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
-    outln!(
-        "plots: {0}/iops.png, {0}/latency.png (and .svg); data: {0}/summary.json, {0}/timeseries.csv",
-        shown(&args.out)
-    );
+    let dir = shown(&args.out);
+    outln!("{}data: {dir}/summary.json, {dir}/timeseries.csv", plots_line(&drawn, &dir));
     failed
+}
+
+/// `plots: DIR/iops.png, DIR/latency.png (and .svg); `: the plots drawn (none without a font), for the
+/// closing line that names the outputs.
+fn plots_line(drawn: &[&str], dir: &str) -> String {
+    if drawn.is_empty() {
+        return String::new();
+    }
+    let pngs: Vec<String> = drawn.iter().map(|p| format!("{dir}/{p}.png")).collect();
+    format!("plots: {} (and .svg); ", pngs.join(", "))
 }
 
 /// `rd (r 250, w 1)`: a tenant's name and spec for the plan line.
@@ -331,7 +339,7 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e} (from --scheduler {})", args.scheduler))?;
     let (r, results) = sim::run_with_progress(&sc, args.json, true)?;
     let results = results.expect("asked to check");
-    sim::write_outputs(&args.out, &sc, &r, Some(&results))?;
+    let drawn = sim::write_outputs(&args.out, &sc, &r, Some(&results))?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r.summary)?);
         return Ok(());
@@ -369,7 +377,8 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
-    outln!("plots: {0}/iops.png, {0}/latency.png, {0}/phases.png (and .svg)", shown(&args.out));
+    let dir = shown(&args.out);
+    outln!("{}data: {dir}/summary.json, {dir}/timeseries.csv, {dir}/check.json", plots_line(&drawn, &dir));
     if misses > 0 && kind == SchedulerKind::Mclock {
         bail!("{misses} expectations missed");
     }

@@ -268,27 +268,34 @@ pub(crate) fn check_out(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes summary.json, timeseries.csv and the plots into `dir`.
-pub(crate) fn write_outputs(dir: &Path, sc: &Scenario, r: &RunTotals, checks: Option<&[CheckResult]>) -> Result<()> {
+/// Writes summary.json, timeseries.csv and the plots into `dir`; returns the plots drawn ([`write_files`]).
+pub(crate) fn write_outputs(
+    dir: &Path,
+    sc: &Scenario,
+    r: &RunTotals,
+    checks: Option<&[CheckResult]>,
+) -> Result<Vec<&'static str>> {
     let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
     write_files(dir, &sc.name, measured, r, checks, Some(sc))
 }
 
-/// Writes a run's files (simulated or measured by `rein load`) into `dir`.
+/// Writes a run's files (simulated or measured by `rein load`) into `dir`; returns the plots drawn.
 pub(crate) fn write_run(
     dir: &Path,
     name: &str,
     measured: f64,
     r: &RunTotals,
     checks: Option<&[CheckResult]>,
-) -> Result<()> {
+) -> Result<Vec<&'static str>> {
     write_files(dir, name, measured, r, checks, None)
 }
 
 /// Writes a run's files into `dir`, with a scenario's own plots (pShift's) when `sc` is given. The
 /// directory is left holding exactly this run's files of the names the writers own (crate::out): those of
 /// another run that this one does not write are removed first, and each file is written whole or not at
-/// all. Each error names the file, with its directory.
+/// all. Each error names the file, with its directory. Returns the stems of the plots drawn (each a PNG and
+/// an SVG): none without a font, `phases` only when some tenant has IOs by phase, so that what the commands
+/// say they wrote is what they wrote.
 fn write_files(
     dir: &Path,
     name: &str,
@@ -296,7 +303,7 @@ fn write_files(
     r: &RunTotals,
     checks: Option<&[CheckResult]>,
     sc: Option<&Scenario>,
-) -> Result<()> {
+) -> Result<Vec<&'static str>> {
     use crate::plot;
     let title = format!("{} ({})", name, r.summary.scheduler);
     let rows: Vec<(String, [f64; 3])> = r
@@ -330,7 +337,7 @@ fn write_files(
         files.push("periods.csv");
     }
     let fonts = plot::need_font();
-    let mut plots: Vec<&str> = Vec::new();
+    let mut plots: Vec<&'static str> = Vec::new();
     if fonts.is_ok() {
         if r.hosts.is_some() {
             plots.extend(plot::HOST_PLOTS);
@@ -380,7 +387,18 @@ fn write_files(
         }
         Err(e) => errln!("warning: {e}; summary.json and timeseries.csv were written"),
     }
-    out.finish()
+    out.finish()?;
+    Ok(plots)
+}
+
+/// `wrote DIR/{a.csv, b.json, p, q (.png, .svg)}`: files, then the plots of `among` that were drawn.
+fn wrote_line(dir: &Path, files: &[&str], drawn: &[&str], among: impl Fn(&str) -> bool) -> String {
+    let mut parts: Vec<String> = files.iter().map(|f| f.to_string()).collect();
+    let plots: Vec<&str> = drawn.iter().copied().filter(|p| among(p)).collect();
+    if !plots.is_empty() {
+        parts.push(format!("{} (.png, .svg)", plots.join(", ")));
+    }
+    format!("wrote {}/{{{}}}", dir.display(), parts.join(", "))
 }
 
 /// Prints check results; returns the number of misses.
@@ -453,24 +471,24 @@ pub(crate) fn report(
         summary(r);
     }
     let written = a.out.as_ref().map(|dir| write_outputs(dir, sc, r, results.as_deref())).transpose();
-    if !a.json && matches!(written, Ok(Some(()))) {
-        if let Some(dir) = &a.out {
-            outln!("wrote {}/{{summary.json, timeseries.csv, iops, latency, phases (.png, .svg)}}", dir.display());
-            if !r.rounds.is_empty() {
-                outln!("wrote {}/{{rounds.csv, rounds (.png, .svg)}}", dir.display());
-            }
-            if !r.period_log.records.is_empty() {
-                outln!(
-                    "wrote {}/{{periods.csv, period-verdicts (.png, .svg)}} (each bucket's IOs in each closed period)",
-                    dir.display()
-                );
-            }
-            if r.hosts.is_some() {
-                outln!(
-                    "wrote {}/{{hosts.csv, host-window, host-latency, host-iops, host-beta (.png, .svg)}}",
-                    dir.display()
-                );
-            }
+    if let (false, Ok(Some(drawn)), Some(dir)) = (a.json, &written, &a.out) {
+        let own = |p: &str| p == "rounds" || p == "period-verdicts" || crate::plot::HOST_PLOTS.contains(&p);
+        let mut files = vec!["summary.json", "timeseries.csv"];
+        if results.is_some() {
+            files.push("check.json");
+        }
+        outln!("{}", wrote_line(dir, &files, drawn, |p| !own(p)));
+        if !r.rounds.is_empty() {
+            outln!("{}", wrote_line(dir, &["rounds.csv"], drawn, |p| p == "rounds"));
+        }
+        if !r.period_log.records.is_empty() {
+            outln!(
+                "{} (each bucket's IOs in each closed period)",
+                wrote_line(dir, &["periods.csv"], drawn, |p| p == "period-verdicts")
+            );
+        }
+        if r.hosts.is_some() {
+            outln!("{}", wrote_line(dir, &["hosts.csv"], drawn, |p| crate::plot::HOST_PLOTS.contains(&p)));
         }
     }
     let mut misses = 0;
