@@ -1,5 +1,5 @@
-//! The configuration examples in the docs load: the `rein.toml` block of docs/serve.md and the `gw.toml`
-//! block of docs/gateway.md, read from the repository's files and parsed by the parsers `rein serve` and
+//! The configuration examples in the docs load: the `rein.toml` block of docs/serve.md, the `gw.toml`
+//! block of docs/gateway.md and its first try's node and gateway, read from the repository's files and parsed by the parsers `rein serve` and
 //! `rein gateway` use, in a directory holding the files they name (certificates made with openssl, a PSK
 //! file), so an example cannot drift from what the programs accept.
 #![cfg(unix)]
@@ -24,6 +24,25 @@ fn toml_block(text: &str, heading: &str) -> String {
     let block: Vec<&str> = lines.take_while(|l| l.trim() != "```").collect();
     assert!(!block.is_empty(), "an empty block after {heading:?}");
     block.join("\n") + "\n"
+}
+
+/// Every fenced ```toml block between the line `heading` and the next `## ` heading in `text`.
+fn toml_blocks(text: &str, heading: &str) -> Vec<String> {
+    let mut lines = text.lines().skip_while(|l| l.trim() != heading);
+    assert!(lines.next().is_some(), "no heading {heading:?}");
+    let (mut blocks, mut block): (Vec<String>, Option<Vec<&str>>) = (Vec::new(), None);
+    for l in lines.take_while(|l| !l.starts_with("## ")) {
+        match (&mut block, l.trim()) {
+            (None, "```toml") => block = Some(Vec::new()),
+            (Some(b), "```") => {
+                blocks.push(b.join("\n") + "\n");
+                block = None;
+            }
+            (Some(b), _) => b.push(l),
+            (None, _) => {}
+        }
+    }
+    blocks
 }
 
 /// A directory with what the examples name: a CA (`ca-cert.pem`) and its CRL (`ca-crl.pem`), a server's
@@ -65,6 +84,24 @@ fn the_gw_toml_example_in_gateway_md_loads() {
     assert!(text.contains("[[nodes]]") && text.contains("[[exports]]"), "the whole example: {text}");
     let path = config_path(tmp.path(), "gw.toml", &text);
     rein_runtime::gateway::GatewayConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}\n{text}"));
+}
+
+/// docs/gateway.md's first try: the node's `rein.toml` and the `gw.toml` load, and fit each other (the
+/// node takes the gateway's specs and has the volume's export, as large as the volume's part on it).
+#[test]
+fn the_gateway_md_first_try_loads() {
+    let tmp = common::tmpdir("docs-first-try");
+    let blocks = toml_blocks(&doc("gateway.md"), "## A first try on one machine");
+    assert_eq!(blocks.len(), 2, "a node's rein.toml and a gw.toml: {blocks:?}");
+    let path = config_path(tmp.path(), "node1.toml", &blocks[0]);
+    let node =
+        rein_runtime::config::ServerConfig::parse(&blocks[0], &path).unwrap_or_else(|e| panic!("{e}\n{}", blocks[0]));
+    let path = config_path(tmp.path(), "gw.toml", &blocks[1]);
+    rein_runtime::gateway::GatewayConfig::parse(&blocks[1], &path).unwrap_or_else(|e| panic!("{e}\n{}", blocks[1]));
+    assert_eq!(node.exports.len(), 1);
+    assert_eq!(node.exports[0].name, "c2");
+    assert_eq!(node.exports[0].size, Some(512 << 20), "half of the 1,024 MiB volume over two nodes");
+    assert!(blocks[1].contains("widths = { s1 = 1, s2 = 1 }") && blocks[1].contains("size_mb = 1024"));
 }
 
 /// docs/operations.md's first configuration is one `rein serve` accepts, and says what the runbook says
