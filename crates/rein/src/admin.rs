@@ -367,6 +367,16 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
                 endpoint.addr,
                 args.cmd.daemon()
             ),
+            // Nothing listens there: say what to check, not only the errno.
+            Err(admin_client::AdminClientError::Io { addr, source: io })
+                if io.kind() == std::io::ErrorKind::ConnectionRefused =>
+            {
+                bail!(
+                    "admin endpoint {addr}: {io}: nothing listens there (is the daemon running, with its admin \
+                     endpoint at this address? --admin ADDR or --config FILE names it; without either, rein \
+                     serve's default 127.0.0.1:9180)"
+                )
+            }
             Err(e) => return Err(e.into()),
         };
         show(&args, endpoint.addr, answer, every.is_some())?;

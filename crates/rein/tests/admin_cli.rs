@@ -238,6 +238,17 @@ fn rein_admin_reads_a_gateways_nodes_and_parda_host_and_a_pshift_controllers_buc
     assert_eq!(row[..3], ["b1", "100", "200"], "{buckets}");
 }
 
+/// An endpoint where nothing listens: the error says what to check (the daemon, its address, the flags
+/// that name it), not only `Connection refused (os error 111)`.
+#[test]
+fn rein_admin_says_what_to_check_when_nothing_listens() {
+    let addr = std::net::TcpListener::bind("127.0.0.253:0").unwrap().local_addr().unwrap();
+    let (ok, _, err) = admin(addr, &["tenants"]);
+    assert!(!ok);
+    assert!(err.contains(&format!("admin endpoint {addr}: ")), "{err}");
+    assert!(err.contains("nothing listens there (is the daemon running") && err.contains("--admin ADDR"), "{err}");
+}
+
 /// An endpoint that is not a rein daemon's (127.0.0.226, a port of its own): it answers every request
 /// with `answer`, a whole HTTP response, and keeps each request it read (head and body).
 fn fake_endpoint(answer: &'static str) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
