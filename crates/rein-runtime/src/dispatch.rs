@@ -64,7 +64,10 @@
 //! of the last whole second, and *seconds below reservation*, judged by rein-model's reservation meter
 //! (the simulator's checks use the same rule): seconds in which the tenant had requests in the server
 //! (queued or at the backend) both when the second began and when it ended, yet was served less than its
-//! reservation (minus one IO of rounding) during it. Per backend: outstanding IOs and a latency histogram
+//! reservation (minus one IO of rounding) during it. On a storage node a striped tenant's reservation is
+//! the cluster's (dmClock's r_i), so what counts as served is this server's service plus what its
+//! tracker says the other servers completed (each request's delta, counted when it arrives): a node that
+//! owes it a third of r and serves that third does not count the tenant below its reservation. Per backend: outstanding IOs and a latency histogram
 //! from dispatch to completion.
 //!
 //! # Invariants
@@ -310,6 +313,9 @@ pub struct TenantCounters {
     pub abandoned: u64,
     /// The reservation meter behind [`TenantCounters::below_reservation_s`].
     meter: Option<ReservationMeter>,
+    /// On a storage node: the cost the tenant's tracker says its other servers completed (the sum of its
+    /// requests' delta, fixed point), which the meter adds to this server's own (module comment).
+    elsewhere: u128,
     /// Completions at the last tick (for `iops_last_s`).
     completed_at_tick: u64,
 }
@@ -1116,6 +1122,10 @@ impl Task {
                     Ok(()) => {
                         if let Some(c) = self.counters.get_mut(tenant.index()) {
                             c.in_flight += 1;
+                            // What its other servers completed since its previous request here: known now.
+                            if let Some(p) = piggyback {
+                                c.elsewhere = c.elsewhere.saturating_add(u128::from(p.delta.min(Cost::MAX).0));
+                            }
                         }
                         if let Some(p) = &mut self.pshift {
                             if let Some(note) = p.server.arrived(tenant) {
@@ -1579,8 +1589,9 @@ impl Task {
                 c.iops_last_s = completed.saturating_sub(c.completed_at_tick) as f64 / dt;
             }
             c.completed_at_tick = completed;
-            // Served in the reservation's units (the cost model's).
-            let served = st.cost.iter().sum::<u128>() as f64 / rein_core::Cost::ONE.0 as f64;
+            // Served in the reservation's units (the cost model's), here and, for a tenant striped over
+            // storage nodes, at its other servers: its reservation is the cluster's (module comment).
+            let served = (st.cost.iter().sum::<u128>() + c.elsewhere) as f64 / rein_core::Cost::ONE.0 as f64;
             let meter = c.meter.get_or_insert_with(|| ReservationMeter::per_second(spec.reservation()));
             meter.set_reservation(spec.reservation());
             meter.observe(now, served, c.in_flight > 0);

@@ -248,6 +248,54 @@ async fn seconds_below_reservation_and_iops_are_measured() {
     join.await.unwrap();
 }
 
+/// On a storage node a striped tenant's reservation is the cluster's: a tenant reserved 300 IOPS whose
+/// node serves 200 (all it can) is below it only if its other servers do not make up the rest. Each
+/// request says, in its delta, what the others completed since the previous one here: one IO each
+/// (about 200 a second elsewhere, 400 in all) and the node counts no second below; none, every second.
+#[tokio::test(start_paused = true)]
+async fn a_striped_tenants_service_elsewhere_counts_toward_its_reservation() {
+    for (delta, below) in [(rein_core::Cost::ONE, 0..=0), (rein_core::Cost(0), 5..=6)] {
+        let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
+        let device = DeviceConfig {
+            spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(),
+            seed: 3,
+            stream: 0,
+            service_scale: Vec::new(),
+        };
+        let (d, join) = Dispatcher::spawn(Some(device), paused());
+        let id = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(6500);
+        let mut tasks = Vec::new();
+        for k in 0..48u64 {
+            let (d, st) = (d.clone(), storage.clone());
+            tasks.push(tokio::spawn(async move {
+                while tokio::time::Instant::now() < deadline {
+                    let piggyback = rein_core::Piggyback { delta, ..Default::default() };
+                    let req = IoRequest {
+                        storage: st.clone(),
+                        tenant: id,
+                        offset: k * 4096,
+                        op: Op::read(4096),
+                        fua: false,
+                        piggyback: Some(piggyback),
+                    };
+                    let _ = d.io(req).await;
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(6200)).await;
+        let snap = d.snapshot().await.unwrap();
+        let c = &snap.tenants.iter().find(|t| t.id == id).unwrap().counters;
+        assert!(c.iops_last_s >= 190.0, "the node serves what it can: {}", c.iops_last_s);
+        assert!(below.contains(&c.below_reservation_s()), "delta {delta:?}: {} s below", c.below_reservation_s());
+        for t in tasks {
+            t.await.unwrap();
+        }
+        drop(d);
+        join.await.unwrap();
+    }
+}
+
 /// Every route (the ring, inline, the blocking pool; file and RAM storage) reads into one buffer with the
 /// asked-for headroom in front, writes what it is given, and refuses what the storage's checks refuse.
 #[tokio::test]
