@@ -65,9 +65,15 @@
 //! (the simulator's checks use the same rule): seconds in which the tenant had requests in the server
 //! (queued or at the backend) both when the second began and when it ended, yet was served less than its
 //! reservation (minus one IO of rounding) during it. On a storage node a striped tenant's reservation is
-//! the cluster's (dmClock's r_i), so what counts as served is this server's service plus what its
-//! tracker says the other servers completed (each request's delta, counted when it arrives): a node that
-//! owes it a third of r and serves that third does not count the tenant below its reservation. Per backend: outstanding IOs and a latency histogram
+//! the cluster's (dmClock's r_i), and the node judges its own part of it: `r c / (c + e)` for a second in
+//! which it served the tenant cost `c` and the scheduler charged its reservation clock `e` for service
+//! elsewhere (`TenantStats::rho`: the requests' rho; by default the estimate `c (1 - s)/s` from the
+//! reservation share s the gateway's tracker sends, so the part is `r s`), kept from the last second
+//! that served it. A node that owes the tenant `r s` and serves that does not count it below its
+//! reservation; on one server `e` is 0 and the part is r. (Not own service plus the requests' delta, all
+//! of the service elsewhere, against r: counted as requests arrive, that sum jitters from second to
+//! second, and a tenant held at exactly its reservation read below it in a quarter of its seconds on
+//! real nodes; nor own plus rho against r, whose one IO of tolerance shrinks to `s` of an IO here.) Per backend: outstanding IOs and a latency histogram
 //! from dispatch to completion.
 //!
 //! # Invariants
@@ -313,9 +319,12 @@ pub struct TenantCounters {
     pub abandoned: u64,
     /// The reservation meter behind [`TenantCounters::below_reservation_s`].
     meter: Option<ReservationMeter>,
-    /// On a storage node: the cost the tenant's tracker says its other servers completed (the sum of its
-    /// requests' delta, fixed point), which the meter adds to this server's own (module comment).
-    elsewhere: u128,
+    /// Cost dispatched here, and the service elsewhere charged to its reservation clock
+    /// ([`rein_core::TenantStats::rho`]), at the last tick (fixed point).
+    own_at_tick: u128,
+    rho_at_tick: u128,
+    /// The part of the tenant's reservation this server owes (module comment): 1 on one server.
+    part: Option<f64>,
     /// Completions at the last tick (for `iops_last_s`).
     completed_at_tick: u64,
 }
@@ -1122,10 +1131,6 @@ impl Task {
                     Ok(()) => {
                         if let Some(c) = self.counters.get_mut(tenant.index()) {
                             c.in_flight += 1;
-                            // What its other servers completed since its previous request here: known now.
-                            if let Some(p) = piggyback {
-                                c.elsewhere = c.elsewhere.saturating_add(u128::from(p.delta.min(Cost::MAX).0));
-                            }
                         }
                         if let Some(p) = &mut self.pshift {
                             if let Some(note) = p.server.arrived(tenant) {
@@ -1589,12 +1594,19 @@ impl Task {
                 c.iops_last_s = completed.saturating_sub(c.completed_at_tick) as f64 / dt;
             }
             c.completed_at_tick = completed;
-            // Served in the reservation's units (the cost model's), here and, for a tenant striped over
-            // storage nodes, at its other servers: its reservation is the cluster's (module comment).
-            let served = (st.cost.iter().sum::<u128>() + c.elsewhere) as f64 / rein_core::Cost::ONE.0 as f64;
+            // Served here, in the reservation's units (the cost model's), against this server's part of
+            // the reservation: the tenant's own service over its own and that elsewhere which the
+            // scheduler charged to its reservation clock in the second (kept from the last second that
+            // served it; module comment).
+            let own = st.cost.iter().sum::<u128>();
+            let (d_own, d_rho) = (own.saturating_sub(c.own_at_tick), st.rho.saturating_sub(c.rho_at_tick));
+            (c.own_at_tick, c.rho_at_tick) = (own, st.rho);
+            if d_own > 0 {
+                c.part = Some(d_own as f64 / (d_own + d_rho) as f64);
+            }
             let meter = c.meter.get_or_insert_with(|| ReservationMeter::per_second(spec.reservation()));
-            meter.set_reservation(spec.reservation());
-            meter.observe(now, served, c.in_flight > 0);
+            meter.set_reservation(spec.reservation() * c.part.unwrap_or(1.0));
+            meter.observe(now, own as f64 / rein_core::Cost::ONE.0 as f64, c.in_flight > 0);
         }
     }
 }

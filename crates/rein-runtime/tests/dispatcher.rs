@@ -249,12 +249,13 @@ async fn seconds_below_reservation_and_iops_are_measured() {
 }
 
 /// On a storage node a striped tenant's reservation is the cluster's: a tenant reserved 300 IOPS whose
-/// node serves 200 (all it can) is below it only if its other servers do not make up the rest. Each
-/// request says, in its delta, what the others completed since the previous one here: one IO each
-/// (about 200 a second elsewhere, 400 in all) and the node counts no second below; none, every second.
+/// node serves 200 (all it can) is below it only if this node owes it more than that. Each request says
+/// which part of the reservation this server owes (its gateway's reservation share): half (150 IOPS; the
+/// rest the other servers' part) and the node counts no second below; all of it, every second.
 #[tokio::test(start_paused = true)]
-async fn a_striped_tenants_service_elsewhere_counts_toward_its_reservation() {
-    for (delta, below) in [(rein_core::Cost::ONE, 0..=0), (rein_core::Cost(0), 5..=6)] {
+async fn a_striped_tenants_reservation_is_judged_by_this_servers_part() {
+    let half = rein_core::ReservationShare::from_ratio(1, 2);
+    for (share, below) in [(half, 0..=0), (rein_core::ReservationShare::ONE, 5..=6)] {
         let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
         let device = DeviceConfig {
             spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(),
@@ -270,7 +271,7 @@ async fn a_striped_tenants_service_elsewhere_counts_toward_its_reservation() {
             let (d, st) = (d.clone(), storage.clone());
             tasks.push(tokio::spawn(async move {
                 while tokio::time::Instant::now() < deadline {
-                    let piggyback = rein_core::Piggyback { delta, ..Default::default() };
+                    let piggyback = rein_core::Piggyback { share, ..Default::default() };
                     let req = IoRequest {
                         storage: st.clone(),
                         tenant: id,
@@ -287,7 +288,7 @@ async fn a_striped_tenants_service_elsewhere_counts_toward_its_reservation() {
         let snap = d.snapshot().await.unwrap();
         let c = &snap.tenants.iter().find(|t| t.id == id).unwrap().counters;
         assert!(c.iops_last_s >= 190.0, "the node serves what it can: {}", c.iops_last_s);
-        assert!(below.contains(&c.below_reservation_s()), "delta {delta:?}: {} s below", c.below_reservation_s());
+        assert!(below.contains(&c.below_reservation_s()), "share {share:?}: {} s below", c.below_reservation_s());
         for t in tasks {
             t.await.unwrap();
         }

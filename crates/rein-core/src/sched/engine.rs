@@ -348,6 +348,9 @@ struct Tenant {
     /// Idle credit in P-tag units: sigma * p_step.
     credit: u128,
     idle_since: Nanos,
+    /// Service elsewhere charged to its reservation clock (the requests' rho, with the estimate from a
+    /// reservation share; fixed point, saturating): touched only by requests that carry one.
+    rho: u64,
     // Cold.
     spec: QosSpec,
 }
@@ -380,6 +383,7 @@ impl Tenant {
             rest: VecDeque::new(),
             credit: 0,
             idle_since: now,
+            rho: 0,
             spec,
         };
         t.apply_spec(spec);
@@ -975,6 +979,9 @@ impl Engine {
         t.history = true;
         t.dispatched[phase.index()] += 1;
         t.cost[phase.index()] = t.cost[phase.index()].saturating_add(q.cost.0);
+        if flavor.rho_in_r && q.rho != Cost(0) {
+            t.rho = t.rho.saturating_add(q.rho.0);
+        }
         let more = !t.is_empty();
         if more {
             let cap = if phase == Phase::Reservation { self.config.weight_lead_ios } else { None };
@@ -1050,6 +1057,7 @@ impl Engine {
             // Requests leave a queue only by dispatch (or with the tenant).
             enqueued: dispatched.iter().sum::<u64>() + t.len as u64,
             queued: t.queue_len(),
+            rho: u128::from(t.rho),
         })
     }
     pub(crate) fn spec(&self, id: TenantId) -> Result<QosSpec, SchedError> {
@@ -1203,6 +1211,29 @@ mod vtime {
         assert_eq!(p1.0 - p0.0, charged.times_step(step_for_rate(1.0)), "P: cost + Cost::MAX");
         assert_eq!(r1.0 - r0.0, charged.times_step(step_for_rate(10.0)), "R: cost + Cost::MAX");
         assert_eq!(l1.0 - l0.0, charged.times_step(step_for_rate(20.0)), "L: cost + Cost::MAX");
+    }
+
+    /// `TenantStats::rho` sums what the reservation clock was charged for service elsewhere: a request
+    /// to a server owed half the reservation stands for as much again elsewhere, served in either phase;
+    /// RBFQ's local tags do not count it, and neither do its stats.
+    #[test]
+    fn stats_sum_the_rho_charged_to_the_reservation_clock() {
+        let half = crate::sched::ReservationShare::from_ratio(1, 2);
+        for (flavor, want) in [(MCLOCK, 2 * Cost::ONE.0 as u128), (RBFQ, 0)] {
+            let mut e = Engine::new(flavor, SchedConfig::default());
+            let id = e.add_tenant(QosSpec::new(10.0, None, 1.0, 0).unwrap()).unwrap();
+            for handle in 0..2 {
+                let mut r = Request::new(id, handle);
+                r.share = half;
+                e.enqueue(Nanos(0), r).unwrap();
+            }
+            // The first in the reservation phase, the second (its R tag not due) by weight.
+            assert!(matches!(e.poll(Nanos(0), true), Poll::Dispatch(d) if d.phase == Phase::Reservation));
+            assert!(matches!(e.poll(Nanos(0), true), Poll::Dispatch(d) if d.phase == Phase::Weight));
+            let st = e.stats(id).unwrap();
+            assert_eq!(st.rho, want, "{:?}", flavor.kind);
+            assert_eq!(st.cost.iter().sum::<u128>(), 2 * Cost::ONE.0 as u128);
+        }
     }
 
     #[derive(Debug, Clone)]
@@ -1376,6 +1407,6 @@ mod layout {
         assert_eq!(std::mem::size_of::<super::Tenant>(), 6 * 64);
         assert_eq!(std::mem::offset_of!(super::Tenant, first), 3 * 64);
         assert_eq!(std::mem::offset_of!(super::Tenant, rest), 4 * 64);
-        assert!(std::mem::offset_of!(super::Tenant, idle_since) + 8 <= 5 * 64);
+        assert!(std::mem::offset_of!(super::Tenant, rho) + 8 <= 5 * 64);
     }
 }

@@ -408,6 +408,12 @@ pub struct TenantStats {
     pub enqueued: u64,
     /// Requests queued now.
     pub queued: usize,
+    /// Over the requests dispatched: the service elsewhere their reservation clock was charged for
+    /// (fixed point, as `cost`): dmClock's rho, or under a reservation share `s` the estimate
+    /// `cost (1 - s)/s` (module [`dmclock`]), so that `cost + rho` over the reservation is what this
+    /// server judges the tenant served against its cluster-wide reservation. 0 on one server, and for
+    /// RBFQ (its local tags do not count service elsewhere).
+    pub rho: u128,
 }
 
 impl TenantStats {
