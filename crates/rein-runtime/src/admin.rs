@@ -472,7 +472,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     gauge("rein_tenant_iops", "IOs completed in the last whole second.", "gauge", &|t| t.counters.iops_last_s);
     gauge(
         "rein_tenant_below_reservation_seconds_total",
-        "Seconds in which the tenant was backlogged yet served below its reservation (on a storage node, with its service at its other servers).",
+        "Seconds in which the tenant was backlogged yet served below its reservation (on a storage node, below this node's part of it).",
         "counter",
         &|t| t.counters.below_reservation_s() as f64,
     );
