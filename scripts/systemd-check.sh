@@ -188,6 +188,20 @@ expect() {
   if printf '%s' "$3" | grep -Eq -- "$2"; then pass "$1 ($3)"; else fail "$1: wanted /$2/, got '$3'"; fi
 }
 prop() { ns systemctl show -P "$2" "$1" 2>/dev/null || true; }
+# reloaded UNIT PATTERN [WHAT]: `systemctl reload UNIT` succeeds and its StatusText then matches PATTERN.
+reloaded() {
+  check "systemctl reload $1${3:+ ($3)}" "systemctl reload $1"
+  sleep 1
+  expect "the reload ended: StatusText" "$2" "$(prop "$1" StatusText)"
+}
+# stopped_in_time UNIT: `systemctl stop UNIT` succeeds, and it ended cleanly within 10 s.
+stopped_in_time() {
+  local start
+  start=$(date +%s)
+  check "systemctl stop $1" "systemctl stop $1"
+  expect "it stopped cleanly, in time (Result, exit status, seconds)" '^success 0 [0-9]$' \
+    "$(prop "$1" Result) $(prop "$1" ExecMainStatus) $(($(date +%s) - start))"
+}
 # The unit's log since the last mark (journalctl --cursor-file).
 log_since() { ns journalctl --no-pager -q -o cat --cursor-file="/run/rein-check.$1.cursor" -u "$1" 2>/dev/null || true; }
 mark() { log_since "$1" >/dev/null; }
@@ -297,9 +311,7 @@ check "its log says where it listens and its data_dir (journalctl -u rein-serve)
   "journalctl -q -o cat -u rein-serve.service | grep 'listening' | grep -q 'data_dir=/var/lib/rein'"
 pid=$(prop rein-serve.service MainPID)
 nsh "sed -i -E 's/^reservation = 500\$/reservation = 600/' /etc/rein/rein.toml"
-check "systemctl reload rein-serve.service (bronze's reservation 500 -> 600)" "systemctl reload rein-serve.service"
-sleep 1
-expect "the reload ended: StatusText" '^configuration reloaded: 1 change' "$(prop rein-serve.service StatusText)"
+reloaded rein-serve.service '^configuration reloaded: 1 change' "bronze's reservation 500 -> 600"
 check "the running server has the new reservation (rein admin tenants)" \
   "rein admin --admin 127.0.0.201:9180 --admin-token-file $token tenants | grep bronze | grep -q 600"
 check "rein_config_last_reload_successful 1 in /metrics" \
@@ -315,10 +327,7 @@ expect "... and the server runs on, the same process" "^active $pid\$" \
   "$(ns systemctl is-active rein-serve.service || true) $(prop rein-serve.service MainPID)"
 nsh "cp /tmp/good.toml /etc/rein/rein.toml"
 mark rein-serve.service
-start=$(date +%s)
-check "systemctl stop rein-serve.service" "systemctl stop rein-serve.service"
-expect "it stopped cleanly, in time (Result, exit status, seconds)" '^success 0 [0-9]$' \
-  "$(prop rein-serve.service Result) $(prop rein-serve.service ExecMainStatus) $(($(date +%s) - start))"
+stopped_in_time rein-serve.service
 
 # --- rein serve, socket activated ---------------------------------------------------------------------
 say "rein-serve-nbd.socket and rein-serve-admin.socket ..."
@@ -384,13 +393,8 @@ check "nbdinfo reads volume vol1 through the gateway" "nbdinfo --size nbd://127.
 check "what the client wrote to vm1 reads back through the gateway's volume vol1 (nbdcopy)" \
   "nbdcopy nbd://127.0.0.202:10809/vol1 - | head -c 1048576 | cmp - /tmp/data"
 check "its layout file is in its StateDirectory" "test -s /var/lib/private/rein-gateway/gw-layouts.json"
-check "systemctl reload rein-gateway.service" "systemctl reload rein-gateway.service"
-sleep 1
-expect "the reload ended: StatusText" '^configuration reloaded' "$(prop rein-gateway.service StatusText)"
-start=$(date +%s)
-check "systemctl stop rein-gateway.service" "systemctl stop rein-gateway.service"
-expect "it stopped cleanly, in time" '^success 0 [0-9]$' \
-  "$(prop rein-gateway.service Result) $(prop rein-gateway.service ExecMainStatus) $(($(date +%s) - start))"
+reloaded rein-gateway.service '^configuration reloaded'
+stopped_in_time rein-gateway.service
 nsh "mkdir -p /etc/systemd/system/rein-gateway-nbd.socket.d
 printf '[Socket]\nListenStream=\nListenStream=127.0.0.202:10819\n' > /etc/systemd/system/rein-gateway-nbd.socket.d/address.conf"
 ns systemctl daemon-reload
@@ -457,13 +461,8 @@ connected() { # connected WANT: the controller's rein_pshift_servers_connected r
 }
 check "systemctl start rein-serve.service, a pShift server of the controller" "systemctl start rein-serve.service"
 if connected 1; then pass "the server s1 connects (rein_pshift_servers_connected 1)"; else fail "the server s1 connects (rein_pshift_servers_connected 1)"; fi
-check "systemctl reload rein-pshift-controller.service" "systemctl reload rein-pshift-controller.service"
-sleep 1
-expect "the reload ended: StatusText" 'reload' "$(prop rein-pshift-controller.service StatusText)"
-start=$(date +%s)
-check "systemctl stop rein-pshift-controller.service" "systemctl stop rein-pshift-controller.service"
-expect "it stopped cleanly, in time" '^success 0 [0-9]$' \
-  "$(prop rein-pshift-controller.service Result) $(prop rein-pshift-controller.service ExecMainStatus) $(($(date +%s) - start))"
+reloaded rein-pshift-controller.service 'reload'
+stopped_in_time rein-pshift-controller.service
 nsh "mkdir -p /etc/systemd/system/rein-pshift-controller.socket.d
 printf '[Socket]\nListenStream=\nListenStream=127.0.0.203:7800\n' > /etc/systemd/system/rein-pshift-controller.socket.d/address.conf"
 ns systemctl daemon-reload

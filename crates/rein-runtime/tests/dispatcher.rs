@@ -187,44 +187,49 @@ async fn a_snapshot_of_some_tenants_holds_those_alone() {
     join.await.unwrap();
 }
 
-/// The once-a-second measurements: IOPS of the last second, and seconds below reservation counted only for
-/// a tenant that is backlogged and under-served (an infeasible reservation), never for the others.
-#[tokio::test(start_paused = true)]
-async fn seconds_below_reservation_and_iops_are_measured() {
-    let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-    let device = DeviceConfig {
+/// A modelled device of 200 IOPS, each IO 5 ms.
+fn device_of_200_iops() -> DeviceConfig {
+    DeviceConfig {
         spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(),
         seed: 3,
         stream: 0,
         service_scale: Vec::new(),
-    };
-    let (d, join) = Dispatcher::spawn(Some(device), paused());
+    }
+}
+
+/// 48 closed loops of 4 KiB reads by `tenant` for 6.5 s of the (paused) clock, each request with
+/// `piggyback`: more outstanding than D (32), so the scheduler, not the device queue, decides the order.
+fn reads_for_6500_ms(
+    d: &Dispatcher,
+    tenant: rein_core::TenantId,
+    piggyback: Option<rein_core::Piggyback>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let storage: Arc<dyn Storage> = Arc::new(MemStorage::new(1 << 30));
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(6500);
+    (0..48u64)
+        .map(|k| {
+            let (d, storage) = (d.clone(), storage.clone());
+            tokio::spawn(async move {
+                while tokio::time::Instant::now() < deadline {
+                    let (offset, op, fua) = (k * 4096, Op::read(4096), false);
+                    let _ = d.io(IoRequest { storage: storage.clone(), tenant, offset, op, fua, piggyback }).await;
+                }
+            })
+        })
+        .collect()
+}
+
+/// The once-a-second measurements: IOPS of the last second, and seconds below reservation counted only for
+/// a tenant that is backlogged and under-served (an infeasible reservation), never for the others.
+#[tokio::test(start_paused = true)]
+async fn seconds_below_reservation_and_iops_are_measured() {
+    let (d, join) = Dispatcher::spawn(Some(device_of_200_iops()), paused());
     // 300 IOPS reserved on a 200 IOPS device: backlogged and below reservation every second.
     let starved = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
     // No reservation: never counted, however little it gets.
     let best_effort = d.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(6500);
-    let mut tasks = Vec::new();
-    for id in [starved, best_effort] {
-        // More outstanding than D (32), so the scheduler, not the device queue, decides the order.
-        for k in 0..48u64 {
-            let (d, st) = (d.clone(), storage.clone());
-            tasks.push(tokio::spawn(async move {
-                while tokio::time::Instant::now() < deadline {
-                    let _ = d
-                        .io(IoRequest {
-                            storage: st.clone(),
-                            tenant: id,
-                            offset: k * 4096,
-                            op: Op::read(4096),
-                            fua: false,
-                            piggyback: None,
-                        })
-                        .await;
-                }
-            }));
-        }
-    }
+    let mut tasks = reads_for_6500_ms(&d, starved, None);
+    tasks.extend(reads_for_6500_ms(&d, best_effort, None));
     tokio::time::sleep(Duration::from_millis(6200)).await;
     let snap = d.snapshot().await.unwrap();
     let get = |id| snap.tenants.iter().find(|t| t.id == id).unwrap().counters.clone();
@@ -256,34 +261,9 @@ async fn seconds_below_reservation_and_iops_are_measured() {
 async fn a_striped_tenants_reservation_is_judged_by_this_servers_part() {
     let half = rein_core::ReservationShare::from_ratio(1, 2);
     for (share, below) in [(half, 0..=0), (rein_core::ReservationShare::ONE, 5..=6)] {
-        let storage: Arc<dyn rein_runtime::Storage> = Arc::new(MemStorage::new(1 << 30));
-        let device = DeviceConfig {
-            spec: DeviceSpec::new(200.0, ServiceModel::Deterministic).unwrap(),
-            seed: 3,
-            stream: 0,
-            service_scale: Vec::new(),
-        };
-        let (d, join) = Dispatcher::spawn(Some(device), paused());
+        let (d, join) = Dispatcher::spawn(Some(device_of_200_iops()), paused());
         let id = d.add_tenant(QosSpec::new(300.0, None, 1.0, 0).unwrap()).await.unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(6500);
-        let mut tasks = Vec::new();
-        for k in 0..48u64 {
-            let (d, st) = (d.clone(), storage.clone());
-            tasks.push(tokio::spawn(async move {
-                while tokio::time::Instant::now() < deadline {
-                    let piggyback = rein_core::Piggyback { share, ..Default::default() };
-                    let req = IoRequest {
-                        storage: st.clone(),
-                        tenant: id,
-                        offset: k * 4096,
-                        op: Op::read(4096),
-                        fua: false,
-                        piggyback: Some(piggyback),
-                    };
-                    let _ = d.io(req).await;
-                }
-            }));
-        }
+        let tasks = reads_for_6500_ms(&d, id, Some(rein_core::Piggyback { share, ..Default::default() }));
         tokio::time::sleep(Duration::from_millis(6200)).await;
         let snap = d.snapshot().await.unwrap();
         let c = &snap.tenants.iter().find(|t| t.id == id).unwrap().counters;
