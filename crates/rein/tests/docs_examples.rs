@@ -1,7 +1,7 @@
 //! The configuration examples in the docs load: the `rein.toml` block of docs/serve.md, the `gw.toml`
-//! block of docs/gateway.md and its first try's node and gateway, read from the repository's files and parsed by the parsers `rein serve` and
-//! `rein gateway` use, in a directory holding the files they name (certificates made with openssl, a PSK
-//! file), so an example cannot drift from what the programs accept.
+//! block of docs/gateway.md and its first try's node and gateway, read from the repository's files and
+//! parsed by the parsers `rein serve` and `rein gateway` use, in a directory holding the files they name
+//! (certificates made with openssl, a PSK file), so an example cannot drift from what the programs accept.
 #![cfg(unix)]
 
 mod common;
