@@ -127,7 +127,7 @@ fn summary_text(totals: &RunTotals) -> String {
     let _ = writeln!(
         s,
         "{:<nw$} {:>7} {:>7} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7}",
-        "tenant", "r", "l", "w", "IOPS", "MB/s", "lat ms", "p99 ms", "max ms", "resv%", "errors"
+        "tenant", "r", "l", "w", "IOPS", "MB/s", "mean ms", "p99 ms", "max ms", "resv%", "errors"
     );
     for t in &totals.summary.tenants {
         let opt = |v: Option<f64>, none: &str| v.map_or(none.to_string(), |x| format!("{x}"));

@@ -181,7 +181,9 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    outln!("IOPS          {:.0}", r.iops);
+    // One decimal: the capacity line below is the floor of it (admission control errs low), and a
+    // rounded figure read one above it.
+    outln!("IOPS          {:.1}", r.iops);
     outln!("MB/s          {:.1}", r.mb_s);
     outln!(
         "latency (ms)  mean {:.3}  p50 {:.3}  p99 {:.3}  max {:.3}",

@@ -127,7 +127,7 @@ pub(crate) fn summary_text(r: &RunTotals) -> String {
     let nw = name_width(shown.iter().map(|t| t.name.as_str()), 14);
     out.push_str(&format!(
         "{:<nw$} {:>8} {:>8} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6}\n",
-        "tenant", "r", "l", "w", "IOPS", "oracle", "MB/s", "lat ms", "p99 ms", "max ms", "resv%"
+        "tenant", "r", "l", "w", "IOPS", "oracle", "MB/s", "mean ms", "p99 ms", "max ms", "resv%"
     ));
     for (i, t) in shown.iter().enumerate() {
         let resv = t.phase.as_ref().map(|p| format!("{:>5.0}%", 100.0 * p.reservation_fraction()));
