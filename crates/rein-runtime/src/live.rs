@@ -1247,7 +1247,20 @@ impl Registry {
         }
         write(&self.tenants, Arc::new(ids));
         if read(&self.capacity) != (cap, source) {
-            if let Some(c) = cap {
+            // The device model runs at a capacity set at run time (`PUT /api/capacity`, the probe's), as at
+            // start; the file's `capacity_iops` is admission's alone ([device_model] sets the model's and
+            // needs a restart). Before, a reload of `capacity_iops = 5000` over a model of 2,000 IOPS made
+            // the model serve 5,000, which a start with the same file does not.
+            let from_entry = |s: CapacitySource| matches!(s, CapacitySource::Admin | CapacitySource::Probe);
+            let model = match (cap, capacity_entry) {
+                (Some(c), Some(_)) => Some(c),
+                // An entry the file's edit dropped: the model's own capacity again, as a start would have it.
+                (_, None) if from_entry(read(&self.capacity).1) => {
+                    cur.device.as_ref().map(|d| d.spec.capacity_at(rein_core::Nanos::ZERO))
+                }
+                _ => None,
+            };
+            if let Some(c) = model {
                 let _ = self.dispatcher.set_capacity(c).await;
             }
             report.applied.push(format!(

@@ -730,3 +730,38 @@ fn a_reload_that_removes_a_tenant_with_open_connections_warns() {
     assert!(line.contains("WARN"), "{line}");
     drop(open);
 }
+
+/// A reload of `capacity_iops` changes the capacity admission uses, not the device model's: before, a
+/// server started with a model of 2,000 IOPS served 5,000 once a reload set `capacity_iops = 5000`
+/// (`device_model_iops` 5000 in `/api/capacity`), where a start with that file serves 2,000. A capacity
+/// set at run time still sets the model, and a reload whose file edit drops it gives the model its own back.
+#[test]
+fn a_reload_of_capacity_iops_leaves_the_device_model_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let body = BASE.replace("capacity_iops = 1000", "capacity_iops = 2000\n[device_model]\ncapacity_iops = 2000");
+    let path = config_file(tmp.path(), 178, &body);
+    let s = start(&path).unwrap();
+    let capacity = || {
+        let (code, body) = http(s.admin, "GET", "/api/capacity", "");
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        (v["iops"].as_f64(), v["source"].as_str().map(str::to_string), v["device_model_iops"].as_f64())
+    };
+    // The file's first capacity_iops (admission's), not [device_model]'s.
+    let edit = |from: &str, to: &str| {
+        std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replacen(from, to, 1)).unwrap()
+    };
+    assert_eq!(capacity(), (Some(2000.0), Some("device_model".into()), Some(2000.0)));
+    edit("capacity_iops = 2000", "capacity_iops = 5000");
+    s.signal("-HUP");
+    reloaded(&s, 1);
+    assert_eq!(capacity(), (Some(5000.0), Some("config".into()), Some(2000.0)), "the model keeps its 2,000 IOPS");
+    // A capacity set at run time is the model's too; the file's edit of capacity_iops drops it, and the
+    // model is its own again.
+    assert_eq!(http(s.admin, "PUT", "/api/capacity", r#"{"iops": 3000}"#).0, 200);
+    assert_eq!(capacity(), (Some(3000.0), Some("admin".into()), Some(3000.0)));
+    edit("capacity_iops = 5000", "capacity_iops = 4000");
+    s.signal("-HUP");
+    reloaded(&s, 2);
+    assert_eq!(capacity(), (Some(4000.0), Some("config".into()), Some(2000.0)));
+}
