@@ -468,9 +468,14 @@ fn a_period_end_can_be_moved_within_two_periods() {
     // Refused: before now, or beyond two periods.
     let e = h.set_period_end(Nanos::from_secs(4), Nanos::from_millis(3999)).unwrap_err();
     assert_eq!(e, PardaError::PeriodEnd { ahead_ns: -1_000_000, max_ns: 4_000_000_000 });
-    assert!(e.to_string().contains("two periods"), "{e}");
+    // In seconds, as `PUT /api/parda/period` takes them (it said "(4000000000 ns), got -1000000 ns").
+    assert_eq!(
+        e.to_string(),
+        "the control period's end must be from now to two periods ahead (4 s), got -0.001 s from now"
+    );
     let e = h.set_period_end(Nanos::from_secs(4), Nanos(8_000_000_001)).unwrap_err();
     assert!(matches!(e, PardaError::PeriodEnd { ahead_ns: 4_000_000_001, .. }), "{e:?}");
+    assert!(e.to_string().ends_with("(4 s), got 4.000000001 s from now"), "{e}");
     assert_eq!(h.poll_timeout(), Nanos::from_millis(5500), "a refused end changes nothing");
     h.set_period_end(Nanos::from_secs(4), Nanos::from_secs(8)).unwrap();
     h.set_period_end(Nanos::from_secs(4), Nanos::from_secs(4)).unwrap();

@@ -228,7 +228,9 @@ pub enum PardaError {
     /// [`HostController::set_period_end`] with an end before now or more than two periods after it
     /// (ns from now; negative: in the past).
     #[error(
-        "the control period's end must be from now to two periods ahead ({max_ns} ns), got {ahead_ns} ns from now"
+        "the control period's end must be from now to two periods ahead ({} s), got {} s from now",
+        Num(*.max_ns as f64 / 1e9),
+        Num(*.ahead_ns as f64 / 1e9)
     )]
     PeriodEnd {
         /// The end asked for, ns after now (negative: before).
