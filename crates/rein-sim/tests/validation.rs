@@ -229,6 +229,15 @@ fn pshift_settings_the_run_would_ignore_are_refused() {
     assert!(Scenario::from_toml(&base.replace("scheduler = \"token\"\n", ""), None).is_ok(), "token by default");
     has(&base.replacen("queue_depth = 1", "queue_depth = 1\nbatch = 8", 1), "do not apply to pShift's token scheduler");
     has(&base.replace("limit_iops = 2000", "limit_iops = 100"), "limit_iops 100 is below reservation_iops 1200");
+    // Zipf reservations too small to give every bucket one, under limit_ratio: the cause named, not a
+    // limit of 0 refused as if written.
+    has(
+        &base
+            .replace("reservation_iops = 1200", "reserved_fraction = 0.0001")
+            .replace("limit_iops = 2000", "limit_ratio = 1.5"),
+        "'s reservation comes to 0 IOs per period (the reservations split 1 IO a period over 10 buckets), so \
+         limit_ratio 1.5 gives it a limit of 0",
+    );
     has(&base.replace("duration_s = 4.2", "duration_s = 1.0"), "outlasts the run");
     has(
         &base.replace("delay_ms = 0.5", "delay_ms = 10001"),

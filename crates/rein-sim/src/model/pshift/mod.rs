@@ -392,11 +392,24 @@ fn generate(
         let limit = match (g.limit_iops, g.limit_ratio) {
             (None, None) => None,
             (Some(l), None) => Some(positive("limit_iops", l)?.max(r_iops)),
+            // A bucket the Zipf split left without a reservation would get a limit of 0, which no tenant
+            // may have (it read as `limit must be between 0.001 and ...` of "bucket 0", naming no cause).
+            (None, Some(x)) if x >= 1.0 && x.is_finite() && r == 0 => {
+                let total: u64 = res_ios.iter().sum();
+                return Err(format!(
+                    "pshift.generate: bucket b{i}'s reservation comes to 0 IOs per period (the reservations split \
+                     {} a period over {} buckets), so limit_ratio {} gives it a limit of 0: fewer buckets, more \
+                     capacity_iops or reserved_fraction, or limit_iops in place of limit_ratio",
+                    rein_core::Count(usize::try_from(total).unwrap_or(usize::MAX), "IO"),
+                    g.buckets,
+                    Num(x)
+                ));
+            }
             (None, Some(x)) if x >= 1.0 && x.is_finite() => Some(r_iops * x),
             (None, Some(x)) => return Err(format!("pshift.generate.limit_ratio must be at least 1, got {x}")),
             _ => return Err("pshift.generate: give limit_iops or limit_ratio, not both".into()),
         };
-        let spec = QosSpec::new(r_iops, limit, 1.0, 0).map_err(|e| format!("pshift.generate bucket {i}: {e}"))?;
+        let spec = QosSpec::new(r_iops, limit, 1.0, 0).map_err(|e| format!("pshift.generate bucket b{i}: {e}"))?;
         let load = load_of(r_iops)?;
         let mut times: Vec<u64> = (0..g.demand_changes).map(|_| start.0 + rng.gen_range(0..span)).collect();
         times.sort_unstable();
