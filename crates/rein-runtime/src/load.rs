@@ -622,7 +622,17 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
     cfg.validate()?;
     // Specs from the admin endpoint, before any load.
     let server_tenants: Option<Vec<TenantJson>> = match &cfg.admin {
-        Some(a) => Some(crate::admin_client::get_json(a, cfg.admin_token.as_ref(), "/api/tenants").await?),
+        Some(a) => Some(crate::admin_client::get_json(a, cfg.admin_token.as_ref(), "/api/tenants").await.map_err(
+            |e| match e {
+                // Another daemon's endpoint (a gateway's, a pShift controller's): it said only `HTTP 404`.
+                crate::admin_client::AdminClientError::Status { addr, status: 404, .. } => LoadError::Invalid(format!(
+                    "--admin {addr}: no /api/tenants there: --admin names a rein serve's admin endpoint, whose \
+                     tenants' specs the report shows (a rein gateway's or a pShift controller's has none: leave \
+                     --admin out)"
+                )),
+                e => e.into(),
+            },
+        )?),
         None => None,
     };
     let mut specs: Vec<Option<QosSpec>> = Vec::new();

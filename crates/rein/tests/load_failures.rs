@@ -466,3 +466,21 @@ fn a_server_failing_every_request_is_said_during_the_run() {
     );
     assert!(err.contains("error: the run ended early, at "), "{err}");
 }
+
+/// `--admin` naming a daemon other than rein serve (here a pShift controller's endpoint, a gateway's
+/// alike) is refused before any load, saying what `--admin` is for; before, `admin endpoint ADDR:
+/// /api/tenants: HTTP 404: ` and nothing more.
+#[test]
+fn an_admin_endpoint_without_tenants_is_named_as_not_rein_serves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ctl = common::pshift_controller(tmp.path(), 179);
+    let nowhere: SocketAddr = "127.0.0.179:9".parse().unwrap();
+    let admin = ctl.admin.to_string();
+    let (ok, _, err) =
+        load(nowhere, &["--admin", &admin, "--job", "name=a", "--seconds", "3"], Duration::from_secs(30));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains(&format!("--admin {admin}: no /api/tenants there: --admin names a rein serve's admin endpoint")),
+        "{err}"
+    );
+}
