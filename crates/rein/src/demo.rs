@@ -87,6 +87,15 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         return run_simulated(args);
     }
     let kind: SchedulerKind = args.scheduler.parse().map_err(anyhow::Error::msg)?;
+    // Held to the rule of `--simulated` and `rein sim --scheduler` (docs/scenarios.md): without pShift's
+    // controller the token scheduler is plain round robin labelled token, and the live run judged it
+    // (`with token: reservations held (within 5%): yes`).
+    if matches!(kind, SchedulerKind::Token) {
+        bail!(
+            "scheduler \"token\" is pShift's, whose controller hands out the tokens: the demo has none (it would be \
+             plain round robin); use mclock, dmclock, rbfq, sfq or fifo (from --scheduler token)"
+        );
+    }
     if !(args.seconds >= 6.0 && args.seconds <= 3600.0) {
         bail!("--seconds must be between 6 and 3600");
     }

@@ -156,6 +156,13 @@ fn bad_arguments_are_clear_errors() {
     assert!(!ok && out.is_empty(), "{out}");
     assert!(e.contains("scheduler \"token\" is pShift's") && e.trim_end().ends_with("(from --scheduler token)"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
+    // So is the live demo's, before it starts anything (it ran 30 s of plain round robin and said the
+    // reservations and the limit held).
+    let out = tempfile::tempdir().unwrap();
+    let (ok, stdout, e) = rein(&["demo", "--scheduler", "token", "--out", out.path().to_str().unwrap()]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert!(e.contains("scheduler \"token\" is pShift's") && e.trim_end().ends_with("(from --scheduler token)"), "{e}");
+    assert!(!out.path().join("data").exists(), "the demo started");
 }
 
 /// The live demo: `rein serve` on its built-in default over a modelled 2,400 IOPS device, RD / OLTP / DM
