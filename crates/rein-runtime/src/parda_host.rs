@@ -355,6 +355,10 @@ pub struct HostStatus {
     pub signal_ms: Option<f64>,
     /// Hosts in the last cluster average (this one included); 0 under local aggregation.
     pub cluster_hosts: usize,
+    /// The other hosts configured as UDP peers (0 with a board, whose hosts are not listed, or local
+    /// aggregation): with them all reporting, `cluster_hosts` is one more.
+    #[serde(default)]
+    pub peers: usize,
     /// Periods ended.
     pub periods: u64,
     /// IOs completed.
@@ -509,6 +513,10 @@ impl HostGate {
             estimate_ms: None,
             signal_ms: None,
             cluster_hosts: 0,
+            peers: match &settings.transport {
+                ReportTransport::Udp { peers, .. } => peers.len(),
+                _ => 0,
+            },
             periods: 0,
             completed: 0,
             abandoned: 0,
@@ -1101,7 +1109,7 @@ fn board_reopened_log(path: &Path, change: BoardChange) {
 pub fn metrics_text(o: &mut String, s: &HostStatus) {
     use std::fmt::Write;
     let id = s.id;
-    let series: [(&str, &str, &str, f64); 18] = [
+    let series: [(&str, &str, &str, f64); 19] = [
         ("rein_parda_window", "gauge", "The host's window w(t), IOs (eq. (2)).", s.window),
         (
             "rein_parda_issue_limit",
@@ -1125,6 +1133,12 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
             s.signal_ms.unwrap_or(0.0) / 1e3,
         ),
         ("rein_parda_cluster_hosts", "gauge", "Hosts in the last cluster average.", s.cluster_hosts as f64),
+        (
+            "rein_parda_peers",
+            "gauge",
+            "Other hosts configured as UDP peers (0 with a board or local aggregation).",
+            s.peers as f64,
+        ),
         ("rein_parda_periods_total", "counter", "Control periods ended.", s.periods as f64),
         ("rein_parda_completed_total", "counter", "IOs completed at the array.", s.completed as f64),
         (

@@ -601,6 +601,24 @@ fn status_lines(samples: &[Sample], now: f64) -> (Vec<String>, Vec<String>) {
             attention.push(format!("{} node link(s) down (rein admin nodes)", all - up));
         }
     }
+    // A PARDA host with UDP peers: a cluster average without them all (a peer down, or its reports
+    // refused: a wrong key or address) rests on fewer hosts than configured.
+    if let (Some(hosts), Some(peers @ 1.0..)) = (value("rein_parda_cluster_hosts"), value("rein_parda_peers")) {
+        let refused = value("rein_parda_records_refused_total").unwrap_or(0.0);
+        lines.push(format!(
+            "parda: {hosts} of {} hosts in the last cluster average; {refused} peer report(s) refused since the start",
+            peers + 1.0
+        ));
+        // (A count that is no number needs a look too.)
+        let short = hosts.is_nan() || hosts < peers + 1.0;
+        if short && value("rein_parda_periods_total").unwrap_or(0.0) > 0.0 {
+            attention.push(format!(
+                "PARDA: {hosts} of {} hosts in the cluster average (a peer down, or its reports refused: the log \
+                 says which; rein admin parda)",
+                peers + 1.0
+            ));
+        }
+    }
     if let Some(n) = value("rein_pshift_servers_connected") {
         let round = value("rein_pshift_round").unwrap_or(0.0);
         match value("rein_pshift_servers") {
@@ -883,6 +901,26 @@ mod tests {
             attention,
             ["certificate nbd expires in an unknown time (not a number)", "NaN node link(s) down (rein admin nodes)"]
         );
+        // A PARDA host whose one peer's reports are refused, after its first period; none before it.
+        let parda = "rein_parda_cluster_hosts 1\nrein_parda_peers 1\nrein_parda_records_refused_total 12\n\
+                     rein_parda_periods_total 3\n";
+        let (lines, attention) = status_lines(&rein_runtime::prom::samples(parda), now);
+        assert!(
+            lines.contains(
+                &"parda: 1 of 2 hosts in the last cluster average; 12 peer report(s) refused since the start".into()
+            ),
+            "{lines:?}"
+        );
+        assert_eq!(attention.len(), 1, "{attention:?}");
+        assert!(attention[0].starts_with("PARDA: 1 of 2 hosts in the cluster average"), "{attention:?}");
+        for fine in [
+            parda.replace("cluster_hosts 1", "cluster_hosts 2"),
+            parda.replace("periods_total 3", "periods_total 0"),
+            // Local aggregation, or a board: no peers listed, no line.
+            parda.replace("peers 1", "peers 0"),
+        ] {
+            assert!(status_lines(&rein_runtime::prom::samples(&fine), now).1.is_empty(), "{fine}");
+        }
         // A pShift controller with a configured server away.
         let ctl = "rein_pshift_round 7\nrein_pshift_servers_connected 1\nrein_pshift_servers 2\n";
         let (lines, attention) = status_lines(&rein_runtime::prom::samples(ctl), now);
