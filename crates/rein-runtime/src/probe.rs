@@ -306,9 +306,23 @@ mod tests {
 /// Runs of the server's start-up probe; their median is the capacity.
 pub const STARTUP_RUNS: usize = 3;
 
+/// `PATH is mostly holes (N of its M MiB written), whose reads never reach the device` when the regular
+/// file at `path` has less than half its size allocated, with the allocated bytes and the size: a probe of
+/// it measures the file system (the start-up probe and `rein probe` both say so).
+pub fn mostly_holes(path: &std::path::Path) -> Option<(String, u64, u64)> {
+    let (allocated, size) = allocation(path).filter(|&(allocated, size)| allocated < size / 2)?;
+    let written = if allocated == 0 { "none".to_string() } else { format!("{:.1} MiB", allocated as f64 / 1048576.0) };
+    let holes = format!(
+        "{} is mostly holes ({written} of its {} MiB written), whose reads never reach the device",
+        path.display(),
+        size >> 20
+    );
+    Some((holes, allocated, size))
+}
+
 /// The bytes of the regular file at `path` that hold data (its allocated blocks), and its size; `None`
-/// for anything else (a block device has no holes to speak of). `rein probe` warns with it too.
-pub fn allocation(path: &std::path::Path) -> Option<(u64, u64)> {
+/// for anything else (a block device has no holes to speak of).
+fn allocation(path: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
     Some((m.blocks().saturating_mul(512), m.len()))
@@ -380,20 +394,14 @@ pub async fn probe_export(
     // image, such as one this start created, measures the file system (341,000 IOPS on this project's
     // VM) and admission control then admits against it. Said before the runs, with how much is data.
     if let crate::config::BackendKind::File { path } = &e.backend {
-        if let Some((allocated, size)) = allocation(path) {
-            if allocated < size / 2 {
-                tracing::warn!(
-                    export = %e.name,
-                    allocated_bytes = allocated,
-                    size_bytes = size,
-                    "capacity probe: {} is mostly holes ({} of its {} MiB written), whose reads never reach the \
-                     device: the probe measures the file system, and admission control trusts it; once the \
-                     image holds data, set capacity_iops or measure it again (PUT /api/capacity, rein probe)",
-                    path.display(),
-                    if allocated == 0 { "none".to_string() } else { format!("{:.1} MiB", allocated as f64 / 1048576.0) },
-                    size >> 20
-                );
-            }
+        if let Some((holes, allocated, size)) = mostly_holes(path) {
+            tracing::warn!(
+                export = %e.name,
+                allocated_bytes = allocated,
+                size_bytes = size,
+                "capacity probe: {holes}: the probe measures the file system, and admission control trusts it; \
+                 once the image holds data, set capacity_iops or measure it again (PUT /api/capacity, rein probe)"
+            );
         }
     }
     let pc = ProbeConfig {

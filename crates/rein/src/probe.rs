@@ -121,22 +121,12 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
         }
         // Reads of a hole never reach the device: an image that is mostly holes (the one a first start of
         // the built-in default creates) measures the file system, as the server's start-up probe warns.
-        if let Some((allocated, size)) = rein_runtime::probe::allocation(path) {
-            if args.read_pct > 0.0 && allocated < size / 2 {
-                errln!(
-                    "warning: export {:?}: {} is mostly holes ({} of its {} MiB written), whose reads never reach \
-                     the device: this measures the file system, not the disk; probe an image that holds data \
-                     before using the result as capacity_iops",
-                    export.name,
-                    path.display(),
-                    if allocated == 0 {
-                        "none".to_string()
-                    } else {
-                        format!("{:.1} MiB", allocated as f64 / 1048576.0)
-                    },
-                    size >> 20
-                );
-            }
+        if let Some((holes, _, _)) = rein_runtime::probe::mostly_holes(path).filter(|_| args.read_pct > 0.0) {
+            errln!(
+                "warning: export {:?}: {holes}: this measures the file system, not the disk; probe an image that \
+                 holds data before using the result as capacity_iops",
+                export.name
+            );
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;

@@ -15,15 +15,10 @@ fn doc(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The first fenced ```toml block after the line `heading` in `text`.
+/// The first fenced ```toml block of the section the line `heading` opens in `text`.
 fn toml_block(text: &str, heading: &str) -> String {
-    let mut lines = text.lines().skip_while(|l| l.trim() != heading);
-    assert!(lines.next().is_some(), "no heading {heading:?}");
-    let mut lines = lines.skip_while(|l| l.trim() != "```toml");
-    assert!(lines.next().is_some(), "no ```toml block after {heading:?}");
-    let block: Vec<&str> = lines.take_while(|l| l.trim() != "```").collect();
-    assert!(!block.is_empty(), "an empty block after {heading:?}");
-    block.join("\n") + "\n"
+    let block = toml_blocks(text, heading).into_iter().next();
+    block.unwrap_or_else(|| panic!("no ```toml block after {heading:?}"))
 }
 
 /// Every fenced ```toml block between the line `heading` and the next `## ` heading in `text`.
