@@ -49,6 +49,7 @@ fn every_fuzz_target_is_replayed() {
         "admin_body",
         "admin_create",
         "admin_response",
+        "admin_token",
         "gateway_config",
         "gateway_layouts",
         "job_spec",

@@ -1,7 +1,8 @@
 //! rein-runtime's decoders of outside input as functions of arbitrary bytes, with their contracts.
 //!
 //! The fuzz targets `server_config`, `gateway_config`, `pshift_controller_config`, `admin_body`,
-//! `admin_response`, `state_file`, `psk_file`, `admin_create`, `access_list`, `listen_env` and `job_spec`
+//! `admin_response`, `state_file`, `psk_file`, `admin_create`, `access_list`, `listen_env`, `job_spec` and
+//! `admin_token`
 //! (`fuzz/` at the
 //! repository root, cargo-fuzz on a nightly toolchain)
 //! are one line each: they call these functions; `tests/corpus.rs`
@@ -57,10 +58,15 @@
 //!   window or burst of 1..=[`MAX_OUTSTANDING`], a rate within [`MAX_RATE_IOPS`]. A `trace=` value is
 //!   replaced by a path that does not exist (the fuzzer must not read the machine's files), so its keys
 //!   are checked up to the read.
+//! - [`admin_token`]: [`AdminToken::parse`] (`admin_token_file`, read at every start and reload of each
+//!   daemon) never panics; a refusal says what is wrong; a token it accepts is the input without its
+//!   surrounding whitespace, 1..=[`MAX_TOKEN_BYTES`] visible ASCII characters, and matches itself and
+//!   nothing a byte longer, shorter or different.
 
 use crate::activation::{self, MAX_PASSED};
 use crate::admin::{CapacityBody, SpecUpdate};
 use crate::admin_client::parse_response;
+use crate::admin_guard::{AdminToken, MAX_TOKEN_BYTES};
 use crate::config::{self, BackendKind, ServerConfig, MAX_ALLOW_ENTRIES, MAX_EXPORTS, MAX_EXPORT_BYTES};
 use crate::gateway::{GatewayConfig, MAX_NODES, MAX_VOLUMES};
 use crate::job_spec;
@@ -416,6 +422,29 @@ pub fn psk_file(data: &[u8]) {
         });
         assert!(written, "identity {identity:?}: key {hex} is not the hexadecimal written on its line");
     }
+}
+
+/// Parses `data` as an admin token file; panics if a contract is broken (module comment).
+pub fn admin_token(data: &[u8]) {
+    let token = match AdminToken::parse(data) {
+        Ok(token) => token,
+        Err(e) => {
+            assert!(!e.is_empty(), "a refusal without a message");
+            return;
+        }
+    };
+    let text = token.as_str().as_bytes();
+    assert_eq!(text, data.trim_ascii(), "the token is not the file's text without its surrounding whitespace");
+    assert!((1..=MAX_TOKEN_BYTES).contains(&text.len()), "a token of {} bytes", text.len());
+    assert!(text.iter().all(u8::is_ascii_graphic), "a token with a byte that is not visible ASCII: {text:?}");
+    assert!(token.matches(text), "a token that does not match itself");
+    let mut longer = text.to_vec();
+    longer.push(b'x');
+    assert!(!token.matches(&longer), "a token matches itself with a byte more");
+    assert!(!token.matches(&text[..text.len() - 1]), "a token matches itself with a byte less");
+    let mut other = text.to_vec();
+    other[text.len() / 2] ^= 1;
+    assert!(!token.matches(&other), "a token matches another of its length");
 }
 
 /// Decodes `data` as the body of `POST /api/tenants` and of `POST /api/exports` as the endpoint does;

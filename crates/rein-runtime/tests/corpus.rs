@@ -48,6 +48,11 @@ fn state_journal_corpus() {
 }
 
 #[test]
+fn admin_token_corpus() {
+    replay("admin_token", rein_runtime::harness::admin_token);
+}
+
+#[test]
 fn psk_file_corpus() {
     replay("psk_file", rein_runtime::harness::psk_file);
 }
@@ -100,6 +105,9 @@ fn seeds_are_valid() {
     for (path, bytes) in seeds("psk_file") {
         let text = std::str::from_utf8(&bytes).expect("UTF-8");
         rein_runtime::tls::parse_psk_file(text, &path).unwrap_or_else(|e| panic!("seed {}: {e}", path.display()));
+    }
+    for (path, bytes) in seeds("admin_token") {
+        rein_runtime::admin_guard::AdminToken::parse(&bytes).unwrap_or_else(|e| panic!("seed {}: {e}", path.display()));
     }
     for (path, bytes) in seeds("admin_create") {
         let body: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
