@@ -470,7 +470,7 @@ fn pshift(a: &PshiftBenchArgs) -> Result<()> {
         let params = rein_sim::model::pshift::gen::GenParams {
             servers: a.shape.servers,
             buckets: n,
-            active_servers: a.shape.active,
+            active_servers: a.shape.active(),
             reserved_fraction: a.shape.reserved,
             demand_ratio: a.shape.demand_ratio,
             seed: a.seed,

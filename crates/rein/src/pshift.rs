@@ -214,15 +214,26 @@ pub(crate) struct ShapeArgs {
     /// N: storage servers.
     #[arg(long, default_value_t = 64)]
     pub(crate) servers: usize,
-    /// N_A: active servers per bucket.
-    #[arg(long, default_value_t = 8)]
-    pub(crate) active: usize,
+    /// N_A: active servers per bucket [default: 8, or N when there are fewer servers].
+    #[arg(long)]
+    pub(crate) active: Option<usize>,
     /// r: reserved fraction of the total capacity.
     #[arg(long, short = 'r', default_value_t = 1.0)]
     pub(crate) reserved: f64,
     /// m: demand / reservation.
     #[arg(long, short = 'm', default_value_t = 1.1)]
     pub(crate) demand_ratio: f64,
+}
+
+impl ShapeArgs {
+    /// The paper's N_A = 8 (§IV-C), or every server when there are fewer: `--servers 4` alone is a valid
+    /// instance.
+    pub(crate) const DEFAULT_ACTIVE: usize = 8;
+
+    /// N_A: as given, or the default.
+    pub(crate) fn active(&self) -> usize {
+        self.active.unwrap_or(Self::DEFAULT_ACTIVE.min(self.servers))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -261,7 +272,7 @@ impl GenArgs {
             reservation_zipf_s: self.zipf_s,
             reserved_fraction: self.shape.reserved,
             demand_ratio: self.shape.demand_ratio,
-            active_servers: self.shape.active,
+            active_servers: self.shape.active(),
             demand_zipf_s: self.demand_zipf_s,
             limit_ratio: self.limit_ratio,
             seed: self.seed,

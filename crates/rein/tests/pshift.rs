@@ -177,6 +177,13 @@ fn bad_instances_get_clear_errors() {
     assert!(!ok && err.contains("--threads must be in 1..=256"), "{err}");
     let (ok, _, err) = rein(&["pshift", "gen", "--active", "65"]);
     assert!(!ok && err.contains("active servers must be in 1..=64"), "{err}");
+    // N_A's default is the paper's 8, or every server when there are fewer: `--servers 4` alone is valid.
+    let (ok, out, err) = rein(&["pshift", "gen", "--servers", "4", "--buckets", "3"]);
+    assert!(ok, "{err}");
+    let inst = json(&out);
+    for b in inst["buckets"].as_array().unwrap() {
+        assert_eq!(b["demand"].as_object().unwrap().len(), 4, "{b}");
+    }
 }
 
 #[test]
