@@ -34,7 +34,7 @@
 //!    keeps the last [`MAX_ROUNDS_KEPT`] rounds, and `/api/pshift/periods` the newest closed periods up
 //!    to [`MAX_PERIOD_CELLS_KEPT`] bucket-periods.
 //!    Connections refused or cut (outside `allow_networks`, a failed TLS handshake, no or a bad hello, an
-//!    unknown name, a broken frame) are logged at most once a second for each of these kinds (`Cut`), the
+//!    unknown name, a server connected already, a broken frame) are logged at most once a second for each of these kinds (`Cut`), the
 //!    next line with the number not logged (`unlogged`): a peer that connects in a loop cannot flood the
 //!    log. A welcomed server's refused reports and notes likewise, per server, and so are its connections
 //!    welcomed, ended, and closed by the controller (a frame it does not take from a server, a
@@ -872,7 +872,7 @@ struct Admit {
 
 /// Why a connection was refused or cut, for its log line: each kind is logged at most once a second
 /// ([`Admit::log`]), so that a flood of one kind leaves the others' first lines in the log.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cut {
     /// Outside `allow_networks`, or an `accept` that failed.
     Network,
@@ -880,14 +880,18 @@ enum Cut {
     Opening,
     /// The TLS identity is not in `allow_identities`.
     Identity,
-    /// A hello naming no configured server, or a server connected already.
-    Name,
+    /// A hello naming no configured server.
+    UnknownName,
+    /// A hello the controller refused for its server: connected already, or revoked by a reload. A kind
+    /// of its own, so that a peer repeating a connected server's hello does not hide, in the same second,
+    /// the line of a server whose name is wrong.
+    Taken,
     /// A welcomed server's connection broke (a bad or oversized frame, the socket).
     Welcomed,
 }
 
 impl Cut {
-    const KINDS: usize = 5;
+    const KINDS: usize = 6;
 }
 
 impl Admit {
@@ -1046,7 +1050,7 @@ async fn connection(
         count_refused(&admit.refused);
         let reason = format!("no server named {name:?} in the controller's configuration");
         let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
-        return Err((Cut::Name, reason));
+        return Err((Cut::UnknownName, reason));
     };
     // A server bound to an identity (`identity`): another identity that `allow_identities` admits may not
     // say hello as it (and report for it, or keep it out as "connected already").
@@ -1072,7 +1076,7 @@ async fn connection(
         Ok(Err(reason)) => {
             count_refused(&admit.refused);
             let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
-            return Err((Cut::Name, reason));
+            return Err((Cut::Taken, reason));
         }
         Err(_) => return Ok(()),
     }
@@ -2135,14 +2139,11 @@ mod tests {
         task.await.unwrap().unwrap();
     }
 
-    /// The event queue at its bound: with the controller's task taking no events, a server's reader
-    /// stops once [`EVENT_QUEUE`] of its frames wait (the rest stay in the socket: the peer is slowed,
-    /// not buffered, and not cut); once they are taken, every frame follows, in order.
-    #[tokio::test]
-    async fn a_full_event_queue_slows_the_reader() {
+    /// What a connection of server `s1` (bucket `a`, plain TCP) is admitted by, as the controller makes it
+    /// from [`CTL`].
+    fn admit_of_s1() -> Admit {
         let s = ControllerSettings::parse(CTL, Path::new("ctl.toml")).unwrap();
-        let refused = Arc::new(Mutex::new(ControllerStatus::default()));
-        let admit = Admit {
+        Admit {
             names: Arc::new(vec!["s1".into()]),
             identities: Arc::new(vec![None]),
             buckets: Arc::new(vec!["a".into()]),
@@ -2153,9 +2154,54 @@ mod tests {
             silence_timeout: s.silence_timeout,
             access: Arc::new(s.access.clone()),
             tls: crate::tls::LiveTls::default(),
-            refused,
+            refused: Arc::new(Mutex::new(ControllerStatus::default())),
             log: Arc::default(),
-        };
+        }
+    }
+
+    /// A hello with a name the controller does not have, and one for a server it refuses (connected
+    /// already), end as two kinds of cut, each logged at most once a second on its own: a peer repeating
+    /// a connected server's hello does not hide, in the same second, the line of a server named wrong.
+    #[tokio::test]
+    async fn a_wrong_name_and_a_taken_server_are_cut_as_two_kinds() {
+        let admit = Arc::new(admit_of_s1());
+        let listener = TcpListener::bind("127.0.0.215:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        for (name, want) in [("s9", Cut::UnknownName), ("s1", Cut::Taken)] {
+            let (ev_tx, mut ev_rx) = event_channel();
+            let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let a = admit.clone();
+            let accept = listener.accept();
+            let (_, accepted) = tokio::join!(
+                async {
+                    let (_rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+                    write_frame(&mut wr, &Message::Hello { name: name.into() }).await.unwrap();
+                    if let Some(Event::Joined { verdict, .. }) = ev_rx.recv().await {
+                        verdict.send(Err("server s1 is connected already".into())).unwrap();
+                    }
+                },
+                async move {
+                    let (sock, _) = accept.await.unwrap();
+                    let slot = Opening::default().take("127.0.0.1".parse().unwrap()).unwrap();
+                    connection(sock, 1, &a, ev_tx, stop_rx, slot).await
+                }
+            );
+            let (cut, reason) = accepted.unwrap_err();
+            assert_eq!(cut, want, "{name}: {reason}");
+            // As the accept loop does with the cut.
+            admit.log_cut(cut, None, &format!("connection closed: {reason}"));
+        }
+        // Both lines logged within the second: none held back, in either kind.
+        assert_eq!(admit.log[Cut::UnknownName as usize].unlogged(), 0);
+        assert_eq!(admit.log[Cut::Taken as usize].unlogged(), 0);
+    }
+
+    /// The event queue at its bound: with the controller's task taking no events, a server's reader
+    /// stops once [`EVENT_QUEUE`] of its frames wait (the rest stay in the socket: the peer is slowed,
+    /// not buffered, and not cut); once they are taken, every frame follows, in order.
+    #[tokio::test]
+    async fn a_full_event_queue_slows_the_reader() {
+        let admit = admit_of_s1();
         let listener = TcpListener::bind("127.0.0.215:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (ev_tx, mut ev_rx) = event_channel();
