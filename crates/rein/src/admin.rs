@@ -28,20 +28,8 @@ pub(crate) struct AdminArgs {
     /// unless the certificate chains to the system's roots).
     #[arg(long, conflicts_with = "admin")]
     config: Option<PathBuf>,
-    /// For an https:// endpoint: the CA certificates (PEM) its certificate must chain to (default: the
-    /// system's).
-    #[arg(long)]
-    admin_ca: Option<PathBuf>,
-    /// For an https:// endpoint that asks for client certificates (`[tls] ca`): this certificate (PEM),
-    /// with --admin-key.
-    #[arg(long, requires = "admin_key")]
-    admin_cert: Option<PathBuf>,
-    /// The private key (PEM) of --admin-cert.
-    #[arg(long, requires = "admin_cert")]
-    admin_key: Option<PathBuf>,
-    /// The endpoint's bearer token file (the server's `admin_token_file`).
-    #[arg(long)]
-    admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    client: AdminClientArgs,
     /// Print the endpoint's JSON answer instead of a table or a line.
     #[arg(long, global = true)]
     json: bool,
@@ -280,8 +268,44 @@ fn endpoint_of_config(path: &std::path::Path) -> Result<(String, Option<PathBuf>
     Ok((if https { format!("https://{admin}") } else { admin.to_string() }, token))
 }
 
+/// How to reach an admin endpoint besides its address: the HTTPS trust, a client certificate and the
+/// bearer token (`rein admin`'s, and `rein load --admin`'s).
+#[derive(Debug, Args)]
+pub(crate) struct AdminClientArgs {
+    /// For an https:// admin endpoint: the CA certificates (PEM) its certificate must chain to (default:
+    /// the system's).
+    #[arg(long)]
+    admin_ca: Option<PathBuf>,
+    /// For an https:// admin endpoint that asks for client certificates (`[tls] ca`): this certificate
+    /// (PEM), with --admin-key.
+    #[arg(long, requires = "admin_key")]
+    admin_cert: Option<PathBuf>,
+    /// The private key (PEM) of --admin-cert.
+    #[arg(long, requires = "admin_cert")]
+    admin_key: Option<PathBuf>,
+    /// The admin endpoint's bearer token file (the daemon's `admin_token_file`), sent with every request.
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+}
+
+impl AdminClientArgs {
+    /// The options' ids, for a command that takes them only beside its own `--admin`.
+    pub(crate) const IDS: [&'static str; 4] = ["admin_ca", "admin_cert", "admin_key", "admin_token_file"];
+
+    /// The endpoint at `address` (ADDR, http://ADDR or https://ADDR) with these options.
+    pub(crate) fn endpoint(&self, address: &str) -> Result<AdminEndpoint, String> {
+        let cert = self.admin_cert.as_deref().zip(self.admin_key.as_deref());
+        AdminEndpoint::parse_with(address, self.admin_ca.as_deref(), cert)
+    }
+
+    /// The token of --admin-token-file, or else of `fallback` (the one a daemon's own file names).
+    pub(crate) fn token(&self, fallback: Option<PathBuf>) -> Result<Option<AdminToken>> {
+        let file = self.admin_token_file.clone().or(fallback);
+        Ok(file.as_deref().map(AdminToken::load).transpose()?)
+    }
+}
+
 pub(crate) fn run(args: AdminArgs) -> Result<()> {
-    let cert = args.admin_cert.as_deref().zip(args.admin_key.as_deref());
     let (address, config_token, source) = match &args.config {
         Some(path) => {
             let (address, token) = endpoint_of_config(path)?;
@@ -289,10 +313,8 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         }
         None => (args.admin.clone().unwrap_or_else(|| "127.0.0.1:9180".to_string()), None, "--admin".to_string()),
     };
-    let endpoint = AdminEndpoint::parse_with(&address, args.admin_ca.as_deref(), cert)
-        .map_err(|e| anyhow::anyhow!("{source} {address}: {e}"))?;
-    let token_file = args.admin_token_file.clone().or(config_token);
-    let token = token_file.as_deref().map(AdminToken::load).transpose()?;
+    let endpoint = args.client.endpoint(&address).map_err(|e| anyhow::anyhow!("{source} {address}: {e}"))?;
+    let token = args.client.token(config_token)?;
     let (method, path, body) = match &args.cmd {
         AdminCmd::Tenants { .. } => ("GET", "/api/tenants".to_string(), None),
         AdminCmd::Set(s) => {

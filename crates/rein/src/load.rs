@@ -12,6 +12,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("admin_options").args(crate::admin::AdminClientArgs::IDS).multiple(true).requires("admin")
+))]
 pub(crate) struct LoadArgs {
     /// NBD server: `HOST[:PORT]`, HOST an IP address or a name resolved once at the start (its first IPv4
     /// address if it has one; with TLS the name is what the server's certificate must carry unless
@@ -23,21 +26,8 @@ pub(crate) struct LoadArgs {
     /// completions by scheduling phase. Without it they are unknown (null).
     #[arg(long)]
     pub(crate) admin: Option<String>,
-    /// For an https:// admin endpoint: the CA certificates (PEM) its certificate must chain to (default:
-    /// the system's).
-    #[arg(long, requires = "admin")]
-    pub(crate) admin_ca: Option<PathBuf>,
-    /// For an https:// admin endpoint that asks for client certificates (`[tls] ca`): this certificate
-    /// (PEM), with --admin-key.
-    #[arg(long, requires_all = ["admin", "admin_key"])]
-    pub(crate) admin_cert: Option<PathBuf>,
-    /// The private key (PEM) of --admin-cert.
-    #[arg(long, requires = "admin_cert")]
-    pub(crate) admin_key: Option<PathBuf>,
-    /// The admin endpoint's bearer token file (`rein serve`'s `admin_token_file`), sent with every admin
-    /// request.
-    #[arg(long, requires = "admin")]
-    pub(crate) admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) admin_client: crate::admin::AdminClientArgs,
     /// TLS to the NBD server (STARTTLS, never plain), x509: the CA certificates (PEM) the server's
     /// certificate must chain to (only these); it must name --tls-name, or the --addr IP.
     #[arg(long, conflicts_with = "tls_psk_file")]
@@ -252,16 +242,8 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     // Intervals of 1 s, and specs in IOPS: the admin API does not say the server's cost model, so the
     // report's oracle assumes IOPS (LoadConfig::new's defaults).
     let cfg = LoadConfig {
-        admin: args
-            .admin
-            .as_deref()
-            .map(|a| {
-                let cert = args.admin_cert.as_deref().zip(args.admin_key.as_deref());
-                rein_runtime::admin_client::AdminEndpoint::parse_with(a, args.admin_ca.as_deref(), cert)
-            })
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
-        admin_token: args.admin_token_file.as_deref().map(rein_runtime::admin_guard::AdminToken::load).transpose()?,
+        admin: args.admin.as_deref().map(|a| args.admin_client.endpoint(a)).transpose().map_err(anyhow::Error::msg)?,
+        admin_token: args.admin_client.token(None)?,
         warmup,
         seed: args.seed,
         tls: load_tls(&args)?,

@@ -147,6 +147,32 @@ pub(crate) fn report(e: &anyhow::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
+    /// The admin endpoint's client options are one set (`admin::AdminClientArgs`) in `rein admin` and
+    /// `rein load`: `rein load` takes them only beside its `--admin`, `rein admin` beside `--config` too.
+    #[test]
+    fn the_admin_client_options_need_an_endpoint_only_in_rein_load() {
+        let parse = |args: &[&str]| super::Cli::try_parse_from(args.iter().copied()).map(|_| ());
+        let job = "--job=a=export=x,tenant=t";
+        for opts in [&["--admin-token-file", "t"][..], &["--admin-ca", "c"], &["--admin-cert", "c", "--admin-key", "k"]]
+        {
+            let without: Vec<&str> = ["rein", "load", job].iter().copied().chain(opts.iter().copied()).collect();
+            let e = parse(&without).unwrap_err();
+            assert!(e.to_string().contains("--admin <ADMIN>"), "{without:?}: {e}");
+            let with: Vec<&str> = without.iter().copied().chain(["--admin", "127.0.0.1:9180"]).collect();
+            parse(&with).unwrap_or_else(|e| panic!("{with:?}: {e}"));
+            let admin: Vec<&str> = ["rein", "admin", "--config", "f.toml"]
+                .iter()
+                .copied()
+                .chain(opts.iter().copied())
+                .chain(["status"])
+                .collect();
+            parse(&admin).unwrap_or_else(|e| panic!("{admin:?}: {e}"));
+        }
+        assert!(parse(&["rein", "admin", "--admin-cert", "c", "status"]).is_err(), "a certificate without its key");
+    }
+
     /// Issue 12: a library error whose message holds its cause, printed with its chain, says the cause
     /// once (before: `export rd: open failed: X: open failed: X: X`).
     #[test]
