@@ -96,16 +96,29 @@
 //!   dispatched > arrivals: the server's conservation again), at its end (queued > 0), and empty for
 //!   less than [`ControllerConfig::backlog_idle_bp`] of it in between (the backlog estimator's share, 1 %
 //!   by default). A request left waiting that long while the bucket was below R_i was owed service. Such
-//!   a bucket's demand is not counted ([`PeriodDemand::Backlogged`]): it had the demand for R_i.
+//!   a bucket's demand is not counted ([`PeriodDemand::Backlogged`]): it had the demand for R_i. But only
+//!   if it had demand from the period's start: it held requests at the boundary opening the period,
+//!   queued or in flight at some server ([`BucketReport::queued`] and [`BucketReport::in_flight`] of that
+//!   boundary's reports; a late one counts when it comes). A client that connects mid-period (a new VM)
+//!   is backlogged through the period's later intervals too, yet it asked for nothing in the period's
+//!   first part, and R_i is a period's worth of service: it could not have been served R_i. Counted as
+//!   backlogged, each new client's first period was below the reservation with demand, and paged an
+//!   operator. Such a period is judged by what the bucket asked, as an open one is; the next opens with
+//!   its requests held. The opening boundary's reports say so directly: the conservation identity on the
+//!   first interval's report gives only the queued part (queued + dispatched - arrivals), not the IOs at
+//!   the device, so a closed loop whose window sat wholly at the device at the opening would look absent.
 //!
-//! A period below R_i with neither (asked < R_i, never backlogged through an interval) is below the
-//! reservation for want of demand (`with_demand: false`); [`PeriodTally::below_reservation`] still counts
-//! it, the paper's rule, and [`PeriodTally::below_reservation_with_demand`] does not. What the reports
-//! cannot tell: a closed loop whose requests are all at the device (a window no larger than the
-//! server's queue depth, or than its share of it) never waits in the scheduler's queue, so it shows as
-//! asking its completions plus its window; a client that thinks between requests looks the same. And a
-//! bucket whose demand sits at R_i can miss by the requests that arrived in the period's last moments,
-//! which count in its demand: a shortfall of as many IOs as were still queued at the close.
+//! A period below R_i with neither (asked < R_i, not backlogged through an interval from its start) is
+//! below the reservation for want of demand (`with_demand: false`); [`PeriodTally::below_reservation`]
+//! still counts it, the paper's rule, and [`PeriodTally::below_reservation_with_demand`] does not. What
+//! the reports cannot tell: a closed loop whose requests are all at the device (a window no larger than
+//! the server's queue depth, or than its share of it) never waits in the scheduler's queue, so it shows
+//! as asking its completions plus its window; a client that thinks between requests looks the same. And
+//! a bucket whose demand sits at R_i can miss by the requests that arrived in the period's last moments,
+//! which count in its demand: a shortfall of as many IOs as were still queued at the close. A client
+//! whose requests are, at the opening instant, none at any server (a window of one between a completion
+//! and the next request, still on its way) is judged by what it asked in that period; one that leaves
+//! mid-period, backlogged before, still counts as backlogged.
 //!
 //! # Late reports (beyond the paper)
 //! A report that misses its round's timeout (a loaded machine, a slow link) still says what its server
@@ -357,8 +370,10 @@ pub enum PeriodDemand {
     /// The IOs it asked for: those it completed in the period plus those still queued at its close (the
     /// backlog at the period's start and the arrivals in it, less the IOs in flight at the close).
     Asked(u64),
-    /// Its queue at some server held requests through a whole interval of the period: a closed loop's
-    /// arrivals follow its service, so its count does not say what it would take; it had the demand.
+    /// It held requests at the period's opening (queued or in flight, at a server), and its queue at some
+    /// server held requests through a whole interval of the period: a closed loop's arrivals follow its
+    /// service, so its count does not say what it would take; it had the demand. (A bucket that appeared
+    /// mid-period is judged by what it asked.)
     Backlogged,
 }
 
@@ -369,7 +384,7 @@ pub enum PeriodVerdict {
     /// R_i <= completed <= L_i.
     Met,
     /// Fewer than R_i completed: the paper's rule. `with_demand`: the bucket asked for at least R_i IOs or
-    /// stayed backlogged through an interval ([`PeriodDemand`]), so the reservation was missed; `false`:
+    /// was backlogged from the period's start ([`PeriodDemand`]), so the reservation was missed; `false`:
     /// it asked for fewer, and got fewer for want of demand.
     BelowReservation {
         /// Whether it had the demand for R_i.
@@ -492,7 +507,7 @@ pub struct PeriodTally {
     /// rule (every [`PeriodVerdict::BelowReservation`]).
     pub below_reservation: u64,
     /// Of those, the periods in which it had the demand for R_i (`with_demand`: it asked for R_i IOs or
-    /// stayed backlogged through an interval): the reservation missed, where the rest fell short for want
+    /// was backlogged from the period's start): the reservation missed, where the rest fell short for want
     /// of demand (module comment, "A period's demand").
     pub below_reservation_with_demand: u64,
     /// Complete periods in which it completed more than L_i.
@@ -637,6 +652,9 @@ pub struct Controller {
     /// Per bucket: whether a report of the current period so far found it backlogged through its interval
     /// at a server (module comment, "A period's demand").
     backlogged: Vec<bool>,
+    /// Per bucket: whether the reports of the boundary opening the current period in so far found it
+    /// holding requests there (queued or in flight, at a server; module comment, "A period's demand").
+    opened: Vec<bool>,
     /// Reports of the current period's boundaries (the one opening it included) not in when their round
     /// was computed and not counted since: (round, server). At most [`MAX_OWED`]; past that
     /// `owed_overflow` keeps the period incomplete.
@@ -671,6 +689,8 @@ struct PendingClose {
     queued: Vec<u64>,
     /// Per bucket: backlogged through an interval of the period, by the reports in so far.
     backlogged: Vec<bool>,
+    /// Per bucket: holding requests at the boundary opening the period, by the reports in so far.
+    opened: Vec<bool>,
     /// Its boundaries' reports still missing: (round, server).
     owed: Vec<(u64, u32)>,
 }
@@ -678,6 +698,20 @@ struct PendingClose {
 /// How many missing reports of one period the controller remembers, to count them when they come late
 /// (four per server at the most servers; past that the period stays incomplete).
 pub const MAX_OWED: usize = 4 * MAX_SERVERS;
+
+/// Whether a boundary's report line shows its bucket holding requests at the server at the boundary:
+/// queued there, or dispatched and not completed (module comment, "A period's demand").
+fn holds(b: &BucketReport) -> bool {
+    b.queued > 0 || b.in_flight > 0
+}
+
+/// Per bucket, whether a closed period counts it as backlogged (module comment, "A period's demand"): it
+/// held requests at the boundary opening the period (`opened`) and was backlogged through one of the
+/// period's intervals at a server (`backlogged`). A bucket that appeared mid-period is judged by what it
+/// asked.
+fn from_start(backlogged: &[bool], opened: &[bool]) -> Vec<bool> {
+    backlogged.iter().zip(opened).map(|(&b, &o)| b && o).collect()
+}
 
 impl Controller {
     /// `capacity_iops`: each server's nominal capacity (the estimate until it reports a busy interval).
@@ -709,6 +743,7 @@ impl Controller {
         }
         let tallies = vec![PeriodTally::default(); buckets.len()];
         let backlogged = vec![false; buckets.len()];
+        let opened = vec![false; buckets.len()];
         Ok(Controller {
             tau: config.period.0 / config.intervals as u64,
             rate: capacity_iops.to_vec(),
@@ -723,6 +758,7 @@ impl Controller {
             early_reports: vec![None; capacity_iops.len()],
             tallies,
             backlogged,
+            opened,
             owed: Vec::new(),
             owed_overflow: false,
             pending: None,
@@ -811,6 +847,9 @@ impl Controller {
                     if !opens && self.backlogged_through(&report, b) {
                         self.backlogged[b.bucket as usize] = true;
                     }
+                    if opens && holds(b) {
+                        self.opened[b.bucket as usize] = true;
+                    }
                 }
             }
             // The period closed at the latest boundary, if its record waits for this report (a closing
@@ -826,6 +865,9 @@ impl Controller {
                         if report.round != p.opening && through {
                             p.backlogged[i] = true;
                         }
+                        if report.round == p.opening && holds(b) {
+                            p.opened[i] = true;
+                        }
                         if report.round == p.closing {
                             p.done[i] = p.done[i].saturating_add(b.dispatched);
                             p.in_flight[i] = p.in_flight[i].saturating_add(b.in_flight);
@@ -837,7 +879,8 @@ impl Controller {
                     }
                     if p.owed.is_empty() {
                         let p = self.pending.take().expect("just matched");
-                        self.finish(p.period, &p.done, &p.in_flight, &p.queued, &p.backlogged, false);
+                        let from_start = from_start(&p.backlogged, &p.opened);
+                        self.finish(p.period, &p.done, &p.in_flight, &p.queued, &from_start, false);
                     }
                 }
             }
@@ -938,11 +981,18 @@ impl Controller {
         Nanos(u64::try_from(spread).unwrap_or(u64::MAX))
     }
 
-    /// Closes the period that boundary `round`'s `reports` end, from `done` (its done_i) and `backlogged`
-    /// (by its earlier intervals' reports): its record is finished now when every report of its
-    /// boundaries is in, or waits for the missing ones until the next boundary's round (module comment,
-    /// "Late reports").
-    fn close_period(&mut self, round: u64, done: &[u64], mut backlogged: Vec<bool>, reports: &[Option<ServerReport>]) {
+    /// Closes the period that boundary `round`'s `reports` end, from `done` (its done_i), `backlogged`
+    /// (by its earlier intervals' reports) and `opened` (by its opening boundary's): its record is finished
+    /// now when every report of its boundaries is in, or waits for the missing ones until the next
+    /// boundary's round (module comment, "Late reports").
+    fn close_period(
+        &mut self,
+        round: u64,
+        done: &[u64],
+        mut backlogged: Vec<bool>,
+        opened: Vec<bool>,
+        reports: &[Option<ServerReport>],
+    ) {
         let mut done = done.to_vec();
         let mut in_flight = vec![0u64; done.len()];
         let mut queued = vec![0u64; done.len()];
@@ -960,17 +1010,26 @@ impl Controller {
         let mut owed = std::mem::take(&mut self.owed);
         owed.extend(reports.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(j, _)| (round, j as u32)));
         if owed.is_empty() || self.owed_overflow {
-            self.finish(period, &done, &in_flight, &queued, &backlogged, self.owed_overflow);
+            self.finish(period, &done, &in_flight, &queued, &from_start(&backlogged, &opened), self.owed_overflow);
         } else {
             let opening = round - k;
-            self.pending =
-                Some(PendingClose { period, opening, closing: round, done, in_flight, queued, backlogged, owed });
+            self.pending = Some(PendingClose {
+                period,
+                opening,
+                closing: round,
+                done,
+                in_flight,
+                queued,
+                backlogged,
+                opened,
+                owed,
+            });
         }
     }
 
     /// Tallies a closed period (each bucket completed done_i less its IOs in flight at the close, and asked
-    /// for those plus its IOs queued at the close, unless it was backlogged) and keeps its record for the
-    /// next round's summary.
+    /// for those plus its IOs queued at the close, unless it was backlogged from the period's start:
+    /// `backlogged`, by [`from_start`]) and keeps its record for the next round's summary.
     fn finish(
         &mut self,
         period: u64,
@@ -1122,7 +1181,8 @@ impl Controller {
             // A period closed at the boundary before waited an interval for its missing reports: those
             // still missing leave it incomplete.
             if let Some(p) = self.pending.take() {
-                self.finish(p.period, &p.done, &p.in_flight, &p.queued, &p.backlogged, true);
+                let from_start = from_start(&p.backlogged, &p.opened);
+                self.finish(p.period, &p.done, &p.in_flight, &p.queued, &from_start, true);
             }
         }
         if starts_period {
@@ -1131,8 +1191,9 @@ impl Controller {
             // flight (module comment, "Periods counted at the servers").
             // The warm-up's backlog is no period's.
             let backlogged = std::mem::replace(&mut self.backlogged, vec![false; done.len()]);
+            let opened = std::mem::replace(&mut self.opened, vec![false; done.len()]);
             if round > 0 {
-                self.close_period(round, &done, backlogged, &reports);
+                self.close_period(round, &done, backlogged, opened, &reports);
             }
             done.fill(0);
             self.owed.clear();
@@ -1155,6 +1216,10 @@ impl Controller {
                 // covers part of one, which the boundary's report covers whole).
                 if early.is_none() && !starts_period && self.backlogged_through(r, b) {
                     self.backlogged[b.bucket as usize] = true;
+                }
+                // The boundary opening a period: what the bucket held there.
+                if starts_period && holds(b) {
+                    self.opened[b.bucket as usize] = true;
                 }
             }
         }
@@ -1542,23 +1607,26 @@ mod tests {
             c.periods().iter().map(|t| (t.below_reservation, t.below_reservation_with_demand)).collect()
         };
         assert_eq!(counts(&c), [(1, 0), (1, 1), (1, 1)], "all three below R; buckets 1 and 2 with the demand");
-        // Period 1: its closing report comes late, with bucket 1 waiting through that interval and bucket 2's
-        // 600 arrivals all still queued; the record waits for it and judges it.
+        // Period 1: its closing report comes late, with bucket 1 waiting through that interval, bucket 2's
+        // 600 arrivals all still queued and bucket 0's first 3 requests too (they came late in the
+        // interval); the record waits for it and judges it.
         c.handle_report(rep(3, vec![line(1, 10, 10, 0, 400_000_000)])).unwrap();
         c.poll(c.boundary()).unwrap();
         let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
         assert_eq!((s.reports_missing, s.closed.len()), (1, 0));
-        c.handle_report(rep(4, vec![line(1, 100, 100, 4, 0), line(2, 600, 0, 600, 0)])).unwrap();
+        c.handle_report(rep(4, vec![line(0, 3, 0, 3, half), line(1, 100, 100, 4, 0), line(2, 600, 0, 600, 0)]))
+            .unwrap();
         let want = ClosedPeriod {
             period: 1,
             incomplete: false,
             completed: vec![0, 110, 0],
-            demand: vec![Asked(0), Backlogged, Asked(600)],
+            demand: vec![Asked(3), Backlogged, Asked(600)],
         };
         assert_eq!(c.take_closed(), vec![want]);
         assert_eq!(counts(&c), [(2, 0), (2, 2), (2, 2)]);
-        // Period 2: its middle report comes late and finds bucket 0 waiting through that interval; the
-        // closing one, in time, finds its queue empty at the close.
+        // Period 2: bucket 0 holds its 3 requests from the period's start (queued at the boundary opening
+        // it); its middle report comes late and finds bucket 0 waiting through that interval; the closing
+        // one, in time, finds its queue empty at the close.
         let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
         assert_eq!(s.reports_missing, 1);
         c.handle_report(rep(5, vec![line(0, 5, 5, 3, 0), line(2, 600, 600, 0, 0)])).unwrap();
@@ -1566,6 +1634,79 @@ mod tests {
         let (_, s) = c.poll(c.boundary()).unwrap();
         assert_eq!(s.closed[0].demand, vec![Backlogged, Asked(0), Asked(600)]);
         assert_eq!(counts(&c), [(3, 1), (3, 2), (2, 2)], "bucket 2 met R: 600 completed");
+    }
+
+    /// A client that connects mid-period (a new VM) is backlogged through the period's later intervals,
+    /// but it had no demand in the first part of the period and could not have been served R_i: that
+    /// period is judged by what it asked (module comment, "A period's demand"), and only the periods it
+    /// holds requests from the start of count it as backlogged. A starved closed loop present from the
+    /// period's start still is, whether its requests at the opening were queued or all at the device.
+    /// One server, two intervals per period, three buckets of R 500.
+    #[test]
+    fn a_closed_loop_that_appears_mid_period_is_not_below_the_reservation_with_demand() {
+        let q = BucketQos { reservation: 500, limit: None };
+        let mut c = Controller::new(config(2, DemandEstimator::Backlog), &[1000.0], vec![q; 3]).unwrap();
+        let rep = |round, lines: Vec<BucketReport>| report(0, round, 200, lines);
+        let half = 100_000_000;
+        let waits = |bucket| line(bucket, 100, 100, 4, 0);
+        // The warm-up's last report (the opening of period 0): bucket 0 is not there yet; bucket 1, a
+        // closed loop of 4, waits in the queue; bucket 2's 4 requests are all at the device.
+        let at_device = BucketReport { in_flight: 4, ..line(2, 4, 4, 0, 0) };
+        c.handle_report(rep(0, vec![waits(1), at_device])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        // The first interval: bucket 0 connects half-way through it (54 arrivals, 50 served, its 4 queued
+        // at the end: not backlogged through it); bucket 2 is served as it asks (its queue empty at the
+        // interval's start), and waits from then on.
+        c.handle_report(rep(1, vec![line(0, 54, 50, 4, half), waits(1), line(2, 50, 46, 4, half)])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        // The second interval: all three wait through it (4 queued at both ends, never empty).
+        c.handle_report(rep(2, vec![waits(0), waits(1), waits(2)])).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        use PeriodDemand::*;
+        let want = ClosedPeriod {
+            period: 0,
+            incomplete: false,
+            completed: vec![150, 200, 4 + 46 + 100],
+            demand: vec![Asked(150 + 4), Backlogged, Backlogged],
+        };
+        assert_eq!(s.closed, vec![want]);
+        let counts = |c: &Controller| -> Vec<(u64, u64)> {
+            c.periods().iter().map(|t| (t.below_reservation, t.below_reservation_with_demand)).collect()
+        };
+        assert_eq!(counts(&c), [(1, 0), (1, 1), (1, 1)], "all three below R; bucket 0 for want of demand");
+        // Period 1: bucket 0 holds requests from its start now, and is starved through it like the others.
+        c.handle_report(rep(3, vec![waits(0), waits(1), waits(2)])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        c.handle_report(rep(4, vec![waits(0), waits(1), waits(2)])).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert_eq!(s.closed[0].demand, vec![Backlogged; 3]);
+        assert_eq!(counts(&c), [(2, 1), (2, 2), (2, 2)]);
+    }
+
+    /// What a bucket held at a period's opening counts when the opening boundary's report comes late, as
+    /// it would have in time. One interval per period (each boundary closes a period and opens the next),
+    /// one server, one bucket of R 500, a closed loop of 4 that waits through period 1; the report of the
+    /// boundary opening it, which alone says the bucket held requests from the period's start, comes after
+    /// the period closed.
+    #[test]
+    fn a_late_opening_report_says_the_bucket_held_requests_from_the_start() {
+        let q = BucketQos { reservation: 500, limit: None };
+        let mut c = Controller::new(config(1, DemandEstimator::Arrivals), &[1000.0], vec![q]).unwrap();
+        let rep = |round, lines: Vec<BucketReport>| report(0, round, 200, lines);
+        let waits = line(0, 100, 100, 4, 0);
+        c.handle_report(rep(0, vec![waits])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        // Boundary 1's report misses its round; boundary 2's closes period 1 in time.
+        let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
+        assert_eq!((s.reports_missing, s.closed.len()), (1, 0));
+        c.handle_report(rep(2, vec![waits])).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        assert_eq!((s.closed.len(), s.closed[0].period, s.closed[0].incomplete), (1, 0, true));
+        c.handle_report(rep(1, vec![waits])).unwrap();
+        let want =
+            ClosedPeriod { period: 1, incomplete: false, completed: vec![100], demand: vec![PeriodDemand::Backlogged] };
+        assert_eq!(c.take_closed(), vec![want]);
+        assert_eq!((c.periods()[0].below_reservation, c.periods()[0].below_reservation_with_demand), (1, 1));
     }
 
     /// A period whose reports were not all in (here its middle boundary's, never) is counted, not judged:
@@ -1805,9 +1946,9 @@ mod tests {
         /// opening and closing it included) is incomplete; records come out oldest first, once each.
         /// Each server also keeps a queue (requests arrive, wait, are dispatched): a complete period's
         /// demand is the bucket's backlog at its start (queued and in flight) plus its arrivals in it,
-        /// less its IOs in flight at the close, unless its queue held requests at both ends of one of the
-        /// period's intervals at a server (never empty between: the reports' idle time is 0), when it is
-        /// backlogged.
+        /// less its IOs in flight at the close, unless it held requests at the period's start (queued or in
+        /// flight) and its queue held requests at both ends of one of the period's intervals at a server
+        /// (never empty between: the reports' idle time is 0), when it is backlogged.
         #[test]
         fn late_reports_within_an_interval_leave_every_period_exact(
             steps in proptest::collection::vec(
@@ -1875,7 +2016,7 @@ mod tests {
                 if closing + 1 >= n && incomplete {
                     break; // still waiting at the end of the run
                 }
-                let demand = if waited[closing] || waited[closing + 1] {
+                let demand = if backlog_at[closing - 1] > 0 && (waited[closing] || waited[closing + 1]) {
                     PeriodDemand::Backlogged
                 } else {
                     PeriodDemand::Asked(backlog_at[closing - 1] + arrived[closing] + arrived[closing + 1] - in_flight_at[closing + 1])
