@@ -1610,8 +1610,8 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
         (
             "periods_below_reservation_with_demand_total",
             "Closed periods in which the bucket completed fewer IOs than its reservation though it asked for as many \
-             (or was backlogged through an interval, holding requests from the period's start): the reservation \
-             missed.",
+             (or was backlogged through an interval, holding requests from the period's start to its close): the \
+             reservation missed.",
             |b| b.periods.below_reservation_with_demand,
         ),
         ("periods_above_limit_total", "Closed periods in which the bucket completed more IOs than its limit.", |b| {

@@ -117,8 +117,13 @@
 //! a bucket whose demand sits at R_i can miss by the requests that arrived in the period's last moments,
 //! which count in its demand: a shortfall of as many IOs as were still queued at the close. A client
 //! whose requests are, at the opening instant, none at any server (a window of one between a completion
-//! and the next request, still on its way) is judged by what it asked in that period; one that leaves
-//! mid-period, backlogged before, still counts as backlogged.
+//! and the next request, still on its way) is judged by what it asked in that period.
+//!
+//! Likewise at the other end: a client that leaves mid-period (a VM shut down), backlogged before, asked
+//! for what it asked. So Backlogged also needs requests held at the period's close (queued or in flight
+//! at a server, by the closing boundary's reports, which [`PeriodDemand::Asked`] reads too): a starved
+//! closed loop always has its window out, while one that left has none, and its departure would
+//! otherwise page an operator as each arrival did.
 //!
 //! # Late reports (beyond the paper)
 //! A report that misses its round's timeout (a loaded machine, a slow link) still says what its server
@@ -370,10 +375,10 @@ pub enum PeriodDemand {
     /// The IOs it asked for: those it completed in the period plus those still queued at its close (the
     /// backlog at the period's start and the arrivals in it, less the IOs in flight at the close).
     Asked(u64),
-    /// It held requests at the period's opening (queued or in flight, at a server), and its queue at some
-    /// server held requests through a whole interval of the period: a closed loop's arrivals follow its
-    /// service, so its count does not say what it would take; it had the demand. (A bucket that appeared
-    /// mid-period is judged by what it asked.)
+    /// It held requests at the period's opening and at its close (queued or in flight, at a server), and
+    /// its queue at some server held requests through a whole interval of the period: a closed loop's
+    /// arrivals follow its service, so its count does not say what it would take; it had the demand. (A
+    /// bucket that appeared or left mid-period is judged by what it asked.)
     Backlogged,
 }
 
@@ -1043,8 +1048,13 @@ impl Controller {
         let mut demand = Vec::with_capacity(done.len());
         for (i, (t, q)) in self.tallies.iter_mut().zip(&self.buckets).enumerate() {
             let c = done[i].saturating_sub(in_flight[i]);
-            let d =
-                if backlogged[i] { PeriodDemand::Backlogged } else { PeriodDemand::Asked(c.saturating_add(queued[i])) };
+            // Backlogged from the period's start, and still holding requests at its close (a client that
+            // left mid-period asked for what it asked).
+            let d = if backlogged[i] && (queued[i] > 0 || in_flight[i] > 0) {
+                PeriodDemand::Backlogged
+            } else {
+                PeriodDemand::Asked(c.saturating_add(queued[i]))
+            };
             completed.push(c);
             demand.push(d);
             t.closed += 1;
@@ -1626,14 +1636,15 @@ mod tests {
         assert_eq!(counts(&c), [(2, 0), (2, 2), (2, 2)]);
         // Period 2: bucket 0 holds its 3 requests from the period's start (queued at the boundary opening
         // it); its middle report comes late and finds bucket 0 waiting through that interval; the closing
-        // one, in time, finds its queue empty at the close.
+        // one, in time, finds it holding nothing at the close: it asked for its 8 and got them, below R
+        // for want of demand (backlogged only while it held requests, from the start to the close).
         let (_, s) = c.poll(c.boundary().saturating_add(Nanos::from_millis(100))).unwrap();
         assert_eq!(s.reports_missing, 1);
         c.handle_report(rep(5, vec![line(0, 5, 5, 3, 0), line(2, 600, 600, 0, 0)])).unwrap();
         c.handle_report(rep(6, vec![line(0, 0, 3, 0, half), line(2, 0, 0, 0, 0)])).unwrap();
         let (_, s) = c.poll(c.boundary()).unwrap();
-        assert_eq!(s.closed[0].demand, vec![Backlogged, Asked(0), Asked(600)]);
-        assert_eq!(counts(&c), [(3, 1), (3, 2), (2, 2)], "bucket 2 met R: 600 completed");
+        assert_eq!(s.closed[0].demand, vec![Asked(8), Asked(0), Asked(600)]);
+        assert_eq!(counts(&c), [(3, 0), (3, 2), (2, 2)], "bucket 2 met R: 600 completed");
     }
 
     /// A client that connects mid-period (a new VM) is backlogged through the period's later intervals,
@@ -1681,6 +1692,37 @@ mod tests {
         let (_, s) = c.poll(c.boundary()).unwrap();
         assert_eq!(s.closed[0].demand, vec![Backlogged; 3]);
         assert_eq!(counts(&c), [(2, 1), (2, 2), (2, 2)]);
+    }
+
+    /// A closed loop that leaves mid-period (a VM shut down) after waiting through the period's first
+    /// interval is judged by what it asked, not as backlogged: at the close it holds no request at any
+    /// server. One that is still starved at the close stays backlogged.
+    #[test]
+    fn a_closed_loop_that_leaves_mid_period_is_not_below_the_reservation_with_demand() {
+        let q = BucketQos { reservation: 500, limit: None };
+        let mut c = Controller::new(config(2, DemandEstimator::Backlog), &[1000.0], vec![q; 2]).unwrap();
+        let rep = |round, lines: Vec<BucketReport>| report(0, round, 200, lines);
+        let waits = |bucket| line(bucket, 100, 100, 4, 0);
+        c.handle_report(rep(0, vec![waits(0), waits(1)])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        // Both wait through the first interval (backlogged from the start).
+        c.handle_report(rep(1, vec![waits(0), waits(1)])).unwrap();
+        c.poll(c.boundary()).unwrap();
+        // Bucket 0 leaves early in the second: its 4 queued served, no arrival, nothing held at the close.
+        c.handle_report(rep(2, vec![line(0, 0, 4, 0, 190_000_000), waits(1)])).unwrap();
+        let (_, s) = c.poll(c.boundary()).unwrap();
+        use PeriodDemand::*;
+        assert_eq!(s.closed[0].completed, vec![104, 200]);
+        assert_eq!(s.closed[0].demand, vec![Asked(104), Backlogged]);
+        let t = c.periods();
+        assert_eq!(
+            [
+                (t[0].below_reservation, t[0].below_reservation_with_demand),
+                (t[1].below_reservation, t[1].below_reservation_with_demand)
+            ],
+            [(1, 0), (1, 1)],
+            "both below R; bucket 0 for want of demand"
+        );
     }
 
     /// What a bucket held at a period's opening counts when the opening boundary's report comes late, as
@@ -1946,8 +1988,8 @@ mod tests {
         /// opening and closing it included) is incomplete; records come out oldest first, once each.
         /// Each server also keeps a queue (requests arrive, wait, are dispatched): a complete period's
         /// demand is the bucket's backlog at its start (queued and in flight) plus its arrivals in it,
-        /// less its IOs in flight at the close, unless it held requests at the period's start (queued or in
-        /// flight) and its queue held requests at both ends of one of the period's intervals at a server
+        /// less its IOs in flight at the close, unless it held requests at the period's start and close
+        /// (queued or in flight) and its queue held requests at both ends of one of the period's intervals at a server
         /// (never empty between: the reports' idle time is 0), when it is backlogged.
         #[test]
         fn late_reports_within_an_interval_leave_every_period_exact(
@@ -2016,7 +2058,8 @@ mod tests {
                 if closing + 1 >= n && incomplete {
                     break; // still waiting at the end of the run
                 }
-                let demand = if backlog_at[closing - 1] > 0 && (waited[closing] || waited[closing + 1]) {
+                let held = backlog_at[closing - 1] > 0 && backlog_at[closing + 1] > 0;
+                let demand = if held && (waited[closing] || waited[closing + 1]) {
                     PeriodDemand::Backlogged
                 } else {
                     PeriodDemand::Asked(backlog_at[closing - 1] + arrived[closing] + arrived[closing + 1] - in_flight_at[closing + 1])

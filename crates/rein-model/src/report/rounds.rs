@@ -67,8 +67,8 @@ pub struct PeriodCounts {
     /// rule).
     pub below_reservation: u64,
     /// Of those, the periods in which the bucket had the demand for its reservation (it asked for R_i IOs,
-    /// or was backlogged through an interval, holding requests from the period's start): the reservation
-    /// missed (rein-core's controller, "A period's demand").
+    /// or was backlogged through an interval, holding requests from the period's start to its close): the
+    /// reservation missed (rein-core's controller, "A period's demand").
     #[serde(default)]
     pub below_reservation_with_demand: u64,
     /// Complete periods with more IOs completed than the limit.
