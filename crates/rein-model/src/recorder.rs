@@ -1,10 +1,21 @@
 //! What a run measures while it goes, and the [`RunTotals`] built from it at the end.
 //!
 //! Per tenant: a latency histogram (HdrHistogram, 2 significant digits (1% resolution), nanoseconds,
-//! 32-bit counts to keep 10,000 tenants in cache) of requests that complete after the warm-up, and per
-//! timeseries interval a [`Cell`]: completions, bytes, latency sum and maximum, and completions by
-//! scheduling phase. Per server: completions per interval and busy time. Memory is bounded: (tenants +
-//! servers) x intervals is limited to [`MAX_CELLS`].
+//! 32-bit counts to keep 10,000 tenants in cache) of requests that complete after the warm-up, the bytes
+//! and completions by scheduling phase of those requests (32 bytes), and per timeseries interval a
+//! [`Cell`]: completions, bytes, latency sum and maximum, and completions by scheduling phase. Per
+//! server: completions per interval and busy time. Memory is bounded: (tenants + servers) x intervals is
+//! limited to [`MAX_CELLS`].
+//!
+//! # Totals after the warm-up
+//! The summary's totals count exactly the completions at or after the warm-up's end, wherever it falls
+//! in an interval: `completed`, IOPS and the latencies from the histogram, MB/s (over duration - warm-up,
+//! as IOPS) and the phases from the per-tenant totals, both added to as each completion is recorded. (They
+//! were summed over the whole intervals from the first starting at or after the warm-up, so a warm-up
+//! ending inside an interval left that interval's later completions out of MB/s and the phases but not
+//! out of IOPS.) Phases known only per interval ([`Recorder::set_phases`]) cannot be split at the
+//! warm-up: the interval holding its end counts in proportion to its completions after it. The
+//! timeseries, and every metric measured over a window from it, keep whole intervals.
 //!
 //! # Deferred recording
 //! With thousands of tenants the histograms and cells do not fit in cache, and recording each completion
@@ -60,6 +71,14 @@ pub struct TooManyCells {
     pub intervals: usize,
 }
 
+/// A tenant's bytes and completions by phase after the warm-up (module comment): with its histogram, its
+/// totals.
+#[derive(Debug, Clone, Copy, Default)]
+struct AfterWarmup {
+    bytes: u64,
+    phase: [u64; 3],
+}
+
 /// Records completions during a run (module comment).
 #[derive(Debug)]
 pub struct Recorder {
@@ -70,6 +89,9 @@ pub struct Recorder {
     cells: Vec<Cell>,
     intervals: usize,
     hist: Vec<Histogram<u32>>,
+    after_warmup: Vec<AfterWarmup>,
+    /// Some phases were set per interval ([`Recorder::set_phases`]): the phase totals come from the cells.
+    phases_per_interval: bool,
     rejected: Vec<u64>,
     server_done: Vec<u64>,
     server_cells: Vec<u32>,
@@ -147,6 +169,8 @@ impl Recorder {
             cells: vec![Cell::default(); cells],
             intervals,
             hist: (0..tenants).map(|_| Histogram::new(2).expect("2 significant digits is valid")).collect(),
+            after_warmup: vec![AfterWarmup::default(); tenants],
+            phases_per_interval: false,
             rejected: vec![0; tenants],
             server_done: vec![0; servers],
             server_cells: vec![0; intervals * servers],
@@ -207,7 +231,7 @@ impl Recorder {
         }
     }
 
-    /// Records one completion in its cell and (after the warm-up) its tenant's histogram.
+    /// Records one completion in its cell and (after the warm-up) its tenant's histogram and totals.
     #[inline]
     fn record(&mut self, tenant: usize, i: usize, measured: bool, lat: u64, bytes: u64, phase: usize) {
         let c = self.cell_mut(tenant, i);
@@ -221,6 +245,11 @@ impl Recorder {
         if measured {
             // Auto-resizing histogram: `record` grows it; it can only fail beyond u64 range.
             let _ = self.hist[tenant].record(lat.max(1));
+            let a = &mut self.after_warmup[tenant];
+            a.bytes += bytes;
+            if let Some(n) = a.phase.get_mut(phase) {
+                *n += 1;
+            }
         }
     }
 
@@ -298,11 +327,38 @@ impl Recorder {
     }
 
     /// Phase counts of `tenant` in interval `i` (for a run whose phases are known only in aggregate:
-    /// `rein load` reads the server's counters once per interval).
+    /// `rein load` reads the server's counters once per interval). The totals' phases then come from the
+    /// intervals (module comment).
     pub fn set_phases(&mut self, tenant: usize, i: usize, phase: [u32; 3]) {
         if i < self.intervals {
             self.cell_mut(tenant, i).phase = phase;
+            self.phases_per_interval = true;
         }
+    }
+
+    /// Completions by phase after the warm-up of a tenant whose phases were set per interval (its row of
+    /// cells, `completed` after the warm-up): the intervals from the first starting at or after the
+    /// warm-up, and of the interval holding the warm-up's end the share of its completions after it.
+    fn phases_from_intervals(&self, row: &[Cell], completed: u64) -> [u64; 3] {
+        let first = (self.warmup.0.div_ceil(self.interval) as usize).min(row.len());
+        let mut phase = [0u64; 3];
+        for c in &row[first..] {
+            for (total, &n) in phase.iter_mut().zip(&c.phase) {
+                *total += u64::from(n);
+            }
+        }
+        let whole: u64 = row[first..].iter().map(|c| u64::from(c.ios)).sum();
+        // The interval holding the warm-up's end, unless it ends on a boundary.
+        let straddling =
+            (!self.warmup.0.is_multiple_of(self.interval)).then_some((self.warmup.0 / self.interval) as usize);
+        if let Some(c) = straddling.and_then(|i| row.get(i)).filter(|c| c.ios > 0) {
+            // Completions after the warm-up not in the whole intervals: those of this interval.
+            let share = completed.saturating_sub(whole).min(u64::from(c.ios)) as f64 / f64::from(c.ios);
+            for (total, &n) in phase.iter_mut().zip(&c.phase) {
+                *total += (f64::from(n) * share).round() as u64;
+            }
+        }
+        phase
     }
 
     /// Ends the run at `at`, before the duration it was made for (a run that stopped early: `rein load`
@@ -331,21 +387,17 @@ impl Recorder {
         self.apply_pending();
         // A run ended within its warm-up ([`Recorder::end_at`]) measured nothing: its rates are 0.
         let measured = self.duration.saturating_sub(self.warmup).as_secs_f64().max(1e-9);
-        let first = (self.warmup.0.div_ceil(self.interval)) as usize;
         let mut tenants = Vec::with_capacity(meta.tenants.len());
         for (ti, t) in meta.tenants.iter().enumerate() {
-            let row = &self.cells[ti * self.intervals..(ti + 1) * self.intervals];
-            // Completions after warm-up: whole intervals from the first one starting at or after it, plus
-            // the histogram count (which is exact) for the total.
+            // Every total counts exactly the completions after the warm-up (module comment).
             let h = &self.hist[ti];
             let completed = h.len();
-            let bytes: u64 = row[first.min(row.len())..].iter().map(|c| c.bytes).sum();
-            let mut phase = [0u64; 3];
-            for c in &row[first.min(row.len())..] {
-                for (total, &n) in phase.iter_mut().zip(&c.phase) {
-                    *total += n as u64;
-                }
-            }
+            let AfterWarmup { bytes, phase } = self.after_warmup[ti];
+            let phase = if self.phases_per_interval {
+                self.phases_from_intervals(&self.cells[ti * self.intervals..(ti + 1) * self.intervals], completed)
+            } else {
+                phase
+            };
             let ms = |v: u64| v as f64 / 1e6;
             tenants.push(TenantSummary {
                 name: t.name.clone(),
@@ -354,10 +406,7 @@ impl Recorder {
                 weight: t.spec.map(|s| s.weight()),
                 completed,
                 iops: completed as f64 / measured,
-                // Bytes are kept per interval: rate over the intervals that start after the warm-up.
-                mb_s: bytes as f64
-                    / 1e6
-                    / (self.duration.as_secs_f64() - first as f64 * self.interval as f64 / 1e9).max(1e-9),
+                mb_s: bytes as f64 / 1e6 / measured,
                 latency_ms: LatencySummary {
                     mean: if completed > 0 { h.mean() / 1e6 } else { 0.0 },
                     p50: ms(h.value_at_quantile(0.50)),
@@ -492,6 +541,48 @@ mod tests {
         let whole = run(Nanos(10 * sec));
         assert!((whole.summary.tenants[0].iops - 150.0 / 9.0).abs() < 1e-9);
         assert_eq!(whole.timeseries.intervals, 10);
+    }
+
+    /// A warm-up ending inside an interval (2.5 s, in 1 s intervals): every total after it counts exactly
+    /// the completions after it, as the histogram does. MB/s and the phases were summed over the whole
+    /// intervals from 3 s (MB/s over 7 s), so the 50 completions in [2.5, 3) counted in `completed` and
+    /// IOPS but not in MB/s or the phases, whose sum fell short of `completed`. Phases known only per
+    /// interval ([`Recorder::set_phases`]) count the interval holding the warm-up's end in proportion to
+    /// its completions after it.
+    #[test]
+    fn totals_after_a_warm_up_ending_inside_an_interval_count_every_completion_after_it() {
+        let sec = 1_000_000_000;
+        let (duration, interval, warmup) = (Nanos(10 * sec), Nanos(sec), Nanos(5 * sec / 2));
+        let phases = [Phase::Reservation, Phase::Weight, Phase::OverLimit];
+        // 100 completions a second, of 4-16 KiB, in phases taking turns.
+        let at = |k: u64| Nanos(k * sec / 100);
+        let size = |k: u64| 4096 * (1 + k % 4);
+        let mut r = Recorder::new(1, 1, duration, interval, warmup).unwrap();
+        for k in 0..1000 {
+            r.completion(0, at(k), at(k), size(k), phases[(k % 3) as usize]);
+        }
+        let t = r.finish(&meta(1)).summary.tenants.remove(0);
+        let after = 250..1000u64;
+        assert_eq!(t.completed, 750);
+        assert!((t.iops - 100.0).abs() < 1e-9, "{}", t.iops);
+        let bytes: u64 = after.clone().map(size).sum();
+        assert!((t.mb_s - bytes as f64 / 1e6 / 7.5).abs() < 1e-9, "{} MB/s, {bytes} B over 7.5 s", t.mb_s);
+        let by_phase = |p: u64| after.clone().filter(|k| k % 3 == p).count() as u64;
+        let phase = t.phase.expect("phases known");
+        assert_eq!([phase.reservation, phase.weight, phase.over_limit], [0, 1, 2].map(by_phase));
+        assert_eq!(phase.reservation + phase.weight + phase.over_limit, t.completed);
+
+        // Phases set per interval (`rein load`): 100 reservation IOs in each; half of interval 2's
+        // completions come after the warm-up, so half its phases count: 50 + 7 x 100.
+        let mut r = Recorder::new(1, 1, duration, interval, warmup).unwrap();
+        for k in 0..1000 {
+            r.completion_phase_unknown(0, at(k), at(k), 4096);
+        }
+        (0..10).for_each(|i| r.set_phases(0, i, [100, 0, 0]));
+        let t = r.finish(&meta(1)).summary.tenants.remove(0);
+        assert!((t.mb_s - 100.0 * 4096.0 / 1e6).abs() < 1e-9, "{}", t.mb_s);
+        let phase = t.phase.expect("phases known");
+        assert_eq!([phase.reservation, phase.weight, phase.over_limit], [750, 0, 0]);
     }
 
     #[test]
