@@ -4,11 +4,15 @@
 # over a copy-on-write view of the root file system (an overlay whose writes go to a tmpfs), installs
 # with scripts/install.sh into that view, and starts, reloads and stops rein-serve (also socket
 # activated), rein-gateway over it and rein-pshift-controller, with the admin token passed as a
-# credential as docs/operations.md says. Needs root, systemd, util-linux, iproute2, curl, libnbd-bin
-# (nbdinfo, nbdcopy), and a kernel with overlayfs and cgroup2 (on its own or beside cgroup v1).
+# credential as docs/operations.md says; then rein-serve with an image of root's in /srv and with a block
+# device (a loop device), under the unit as shipped and with the runbook's drop-ins ("Exports outside
+# /var/lib/rein"). Needs root, systemd, util-linux, iproute2, curl, libnbd-bin (nbdinfo, nbdcopy), and a
+# kernel with overlayfs and cgroup2 (on its own or beside cgroup v1); without a free loop device the
+# block-device checks are skipped, saying so.
 # Prints each check, then PASS or FAIL (exit status 1). Everything it creates (the namespaces and every
-# process in them, the mounts, a cgroup, a temporary directory) is gone when it exits, however it exits
-# (killed with SIGKILL, it leaves the empty cgroup and the directory, named rein-systemd-check.*).
+# process in them, the mounts, a cgroup, a loop device, a temporary directory) is gone when it exits,
+# however it exits (killed with SIGKILL, it leaves the empty cgroup, the directory, named
+# rein-systemd-check.*, and the loop device over its blk.img).
 # Nothing reaches the host: /proc/sys and sysfs are read-only inside, the kernel-wide units are masked,
 # and the network namespace has only its own loopback (the daemons listen on 127.0.0.201-203).
 # Usage: [REIN=path] bash scripts/systemd-check.sh    (default REIN: target/release/rein)
@@ -16,7 +20,7 @@ set -euo pipefail
 
 # --- inside the namespaces: PID 1 until it becomes systemd ------------------------------------------
 if [ "${1:-}" = __init ]; then
-  W=$2 SRC=$3 BIN=$4
+  W=$2 SRC=$3 BIN=$4 LOOP=${5:-}
   mount -t tmpfs -o mode=755 rein-check "$W/t"
   mkdir "$W/t/up" "$W/t/wk" "$W/t/root"
   R=$W/t/root
@@ -36,6 +40,13 @@ if [ "${1:-}" = __init ]; then
     touch "$R/dev/$n"
     mount --bind "/dev/$n" "$R/dev/$n"
   done
+  # The loop device of the block-device export, made as udev makes a disk's node on a host (group disk,
+  # mode 0660: KERNEL=="loop[0-9]*", GROUP="disk"), whatever the mode of this machine's node: what the
+  # service may open is then its unit's to say (PrivateDevices=, DeviceAllow=, SupplementaryGroups=).
+  if [ -n "$LOOP" ]; then
+    mknod -m 660 "$R$LOOP" b "0x$(stat -c %t "$LOOP")" "0x$(stat -c %T "$LOOP")"
+    chgrp disk "$R$LOOP"
+  fi
   mkdir "$R/dev/pts" "$R/dev/shm"
   mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
   ln -s pts/ptmx "$R/dev/ptmx"
@@ -111,7 +122,7 @@ fi
 W=$(mktemp -d "${TMPDIR:-/tmp}/rein-systemd-check.XXXXXX")
 CG="$cgroot$(sed -n 's/^0:://p' /proc/self/cgroup)"
 CG="${CG%/}/rein-systemd-check.$$"
-up="" pid1=""
+up="" pid1="" loop=""
 cleanup() {
   local rc=$? i
   trap - EXIT INT TERM HUP
@@ -124,6 +135,7 @@ cleanup() {
     kill -KILL "$up" 2>/dev/null || true
     wait "$up" 2>/dev/null || true
   fi
+  if [ -n "$loop" ]; then losetup -d "$loop" 2>/dev/null || say "could not detach the loop device $loop"; fi
   if [ -d "$CG" ]; then
     for i in $(seq 50); do
       find "$CG" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -141,11 +153,15 @@ trap 'say "interrupted: stopping systemd and cleaning up"; exit 130' INT TERM HU
 mkdir "$W/t"
 touch "$W/console.log"
 mkdir "$CG"
+# The block device of the block-device export: a loop device over a file here, detached at the end.
+truncate -s 16M "$W/blk.img"
+if command -v losetup >/dev/null; then loop=$(losetup --find --show "$W/blk.img" 2>/dev/null) || loop=""; fi
+[ -n "$loop" ] || say "no loop device (losetup --find): the block-device export's checks are skipped"
 say "booting systemd ($(/lib/systemd/systemd --version | head -1)) as PID 1 of its own namespaces ..."
 # unshare dies with this script, even by SIGKILL (--pdeathsig), and takes the namespaces' PID 1 with it.
 bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$CG" setpriv --pdeathsig SIGKILL \
   unshare --pid --fork --mount --uts --ipc --net --cgroup --propagation private --kill-child=SIGKILL \
-  bash "$SRC/scripts/systemd-check.sh" __init "$W" "$SRC" "$REIN" </dev/null >"$W/init.log" 2>&1 &
+  bash "$SRC/scripts/systemd-check.sh" __init "$W" "$SRC" "$REIN" "$loop" </dev/null >"$W/init.log" 2>&1 &
 up=$!
 for _ in $(seq 100); do
   pid1=$(cat "/proc/$up/task/$up/children" 2>/dev/null || true)
@@ -478,6 +494,95 @@ check "systemctl stop rein-pshift-controller.socket rein-pshift-controller.servi
 expect "the controller stopped cleanly" '^success 0$' \
   "$(prop rein-pshift-controller.service Result) $(prop rein-pshift-controller.service ExecMainStatus)"
 log_errors rein-pshift-controller.service
+
+# --- rein serve: an existing image elsewhere, a block device (docs/operations.md, "Exports outside
+# /var/lib/rein") --------------------------------------------------------------------------------------
+# Each first under the unit as shipped (the start must fail, naming the export, the path and what to add),
+# then with the runbook's drop-in, each of whose lines is shown needed by a start without it.
+say "rein-serve.service: an image in /srv, a block device ..."
+serve_one() { # serve_one PATH: rein.toml serving PATH as export x, at its own size (no size_mb)
+  nsh "cat > /etc/rein/rein.toml" <<EOF
+listen = "127.0.0.201:10809"
+data_dir = "/var/lib/rein"
+
+[[exports]]
+name = "x"
+path = "$1"
+tenant = "gold"
+
+[[tenants]]
+name = "gold"
+EOF
+}
+dropin() { # dropin NAME [LINE...]: rein-serve.service.d/NAME.conf of [Service] and the lines (none: removed)
+  local f=/etc/systemd/system/rein-serve.service.d/$1.conf
+  shift
+  if [ $# = 0 ]; then ns rm -f "$f"; else { echo '[Service]'; printf '%s\n' "$@"; } | ns bash -c "cat > $f"; fi
+  ns systemctl daemon-reload
+}
+refused() { # refused WHAT PATTERN: `systemctl start rein-serve` fails, and the unit's log has a line matching PATTERN
+  local log="" line="" i
+  mark rein-serve.service
+  if nsh "systemctl start rein-serve.service" >/dev/null 2>&1; then
+    fail "$1: systemctl start rein-serve.service fails" "$(log_since rein-serve.service)"
+  else
+    for i in $(seq 20); do
+      log+=$(log_since rein-serve.service)$'\n'
+      line=$(printf '%s' "$log" | grep -E -m1 -- "$2" || true)
+      [ -z "$line" ] || break
+      sleep 0.1
+    done
+    if [ -n "$line" ]; then pass "$1: the start fails, saying: $line"; else fail "$1: the start fails, its log matching /$2/" "$log"; fi
+  fi
+  ns systemctl stop rein-serve.service 2>/dev/null || true # not restarted (Restart=on-failure)
+  ns systemctl reset-failed rein-serve.service 2>/dev/null || true
+}
+roundtrip() { # roundtrip WHAT: 1 MiB written to export x at 1 MiB and read back (nbdcopy)
+  check "$1" "head -c 1048576 /dev/urandom > /tmp/x.data && nbdcopy /tmp/x.data nbd://127.0.0.201:10809/x && nbdcopy nbd://127.0.0.201:10809/x - | head -c 1048576 | cmp - /tmp/x.data"
+}
+
+img=/srv/rein-check/vm.img
+check "an operator's image before the start: $img, 16 MiB, root's (0644), 1 MiB of data" \
+  "mkdir -p /srv/rein-check && head -c 1048576 /dev/urandom > /tmp/img.data && cp /tmp/img.data $img && truncate -s 16M $img"
+serve_one "$img"
+refused "root's image under the unit as shipped" \
+  "^error: export x: $img: open failed: Permission denied .*SupplementaryGroups=.*ReadWritePaths="
+check "the image's group may write it: groupadd --system rein-images, chgrp, chmod g+rw" \
+  "groupadd --system rein-images && chgrp rein-images $img && chmod g+rw $img"
+dropin images "SupplementaryGroups=rein-images"
+refused "with SupplementaryGroups=rein-images alone" "^error: export x: $img: open failed: Read-only file system .*ReadWritePaths="
+dropin images "ReadWritePaths=/srv/rein-check"
+refused "with ReadWritePaths=/srv/rein-check alone" "^error: export x: $img: open failed: Permission denied .*SupplementaryGroups="
+dropin images "ReadWritePaths=/srv/rein-check" "SupplementaryGroups=rein-images"
+check "systemctl start rein-serve.service (ReadWritePaths=/srv/rein-check, SupplementaryGroups=rein-images)" \
+  "systemctl start rein-serve.service"
+check "nbdinfo reads export x (16 MiB), and it has the image's data (nbdcopy)" \
+  "nbdinfo --size nbd://127.0.0.201:10809/x | grep -qx 16777216 && nbdcopy nbd://127.0.0.201:10809/x - | head -c 1048576 | cmp - /tmp/img.data"
+roundtrip "a client writes 1 MiB to the image and reads it back"
+check "the bytes are in $img" "head -c 1048576 $img | cmp - /tmp/x.data"
+stopped_in_time rein-serve.service
+dropin images
+
+if [ -n "$loop" ]; then
+  serve_one "$loop"
+  refused "the block device $loop under the unit as shipped" "^error: export x: $loop: does not exist .*PrivateDevices=no"
+  # Each line of the drop-in left out once. Without any DeviceAllow= systemd 252 sets no device policy
+  # (the service could open every device of its groups): one naming another device shows it in force.
+  blk=("PrivateDevices=no" "DeviceAllow=$loop rw" "SupplementaryGroups=disk")
+  dropin blk "${blk[1]}" "${blk[2]}"
+  refused "without ${blk[0]}" "^error: export x: $loop: does not exist .*PrivateDevices=no"
+  dropin blk "${blk[0]}" "DeviceAllow=/dev/null rw" "${blk[2]}"
+  refused "with DeviceAllow=/dev/null rw in place of ${blk[1]}" "^error: export x: $loop: open failed: Operation not permitted .*DeviceAllow="
+  dropin blk "${blk[0]}" "${blk[1]}"
+  refused "without ${blk[2]}" "^error: export x: $loop: open failed: Permission denied .*SupplementaryGroups="
+  dropin blk "${blk[@]}"
+  check "systemctl start rein-serve.service (${blk[*]})" "systemctl start rein-serve.service"
+  check "nbdinfo reads export x, the device's 16 MiB" "nbdinfo --size nbd://127.0.0.201:10809/x | grep -qx 16777216"
+  roundtrip "a client writes 1 MiB to the block device and reads it back"
+  check "the bytes are on $loop" "head -c 1048576 $loop | cmp - /tmp/x.data"
+  stopped_in_time rein-serve.service
+  dropin blk
+fi
 
 w=$(unit_warnings)
 if [ -z "$w" ]; then pass "no warning of systemd's about a unit in the whole run"; else fail "no warning of systemd's about a unit in the whole run" "$w"; fi

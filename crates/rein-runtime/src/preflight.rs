@@ -178,6 +178,31 @@ mod tests {
         ServerConfig::parse(toml, Path::new("x.toml")).unwrap().exports
     }
 
+    /// Under systemd, an open that the unit's sandboxing failed says which setting the unit needs
+    /// (scripts/systemd-check.sh sees each in the journal); elsewhere, and for other errors, nothing.
+    #[test]
+    fn under_systemd_a_sandboxed_open_names_what_the_unit_needs() {
+        use crate::storage::StorageError;
+        let open = |n| StorageError::Io { op: "open", source: std::io::Error::from_raw_os_error(n) };
+        let (img, dev) = (Path::new("/srv/images/vm.img"), Path::new("/dev/loop0"));
+        for (path, e, want) in [
+            (img, open(libc::EROFS), "ReadWritePaths="),
+            (img, open(libc::EACCES), "SupplementaryGroups="),
+            (dev, StorageError::Missing, "PrivateDevices=no"),
+            (dev, open(libc::EPERM), "DeviceAllow="),
+            (dev, open(libc::EACCES), "SupplementaryGroups="),
+        ] {
+            let hint = systemd_hint(path, &e, true);
+            assert!(hint.contains(want) && hint.contains("docs/operations.md"), "{path:?} {e}: {hint}");
+            assert_eq!(systemd_hint(path, &e, false), "", "not under systemd");
+        }
+        for (path, e) in [(img, StorageError::Missing), (img, open(libc::ENOENT)), (dev, open(libc::EIO))] {
+            assert_eq!(systemd_hint(path, &e, true), "", "{path:?} {e}");
+        }
+        let e = OpenError::Export { name: "x".into(), path: dev.into(), source: open(libc::EPERM), hint: " (h)" };
+        assert_eq!(e.to_string(), "export x: /dev/loop0: open failed: Operation not permitted (os error 1) (h)");
+    }
+
     #[test]
     fn memory_exports_must_fit_ram_together() {
         let two = exports(
@@ -267,7 +292,7 @@ pub enum OpenError {
     #[error(transparent)]
     Preflight(#[from] PreflightError),
     /// The storage could not be opened or created.
-    #[error("export {name}: {}: {source}", path.display())]
+    #[error("export {name}: {}: {source}{hint}", path.display())]
     Export {
         /// The export.
         name: String,
@@ -275,7 +300,63 @@ pub enum OpenError {
         path: std::path::PathBuf,
         /// The storage's error.
         source: crate::storage::StorageError,
+        /// What the systemd unit needs, if that is the likely cause ([`systemd_hint`]), else empty.
+        hint: &'static str,
     },
+}
+
+impl OpenError {
+    /// An export's storage error, with [`systemd_hint`]'s hint when systemd runs the daemon (it sets
+    /// `$INVOCATION_ID` for every unit's processes).
+    fn export(name: &str, path: &Path, source: crate::storage::StorageError) -> Self {
+        let hint = systemd_hint(path, &source, std::env::var_os("INVOCATION_ID").is_some());
+        OpenError::Export { name: name.to_owned(), path: path.to_path_buf(), source, hint }
+    }
+}
+
+/// What the unit needs when an export's open fails as the sandboxing of contrib/systemd's
+/// rein-serve.service makes it fail (run under systemd by scripts/systemd-check.sh): `ProtectSystem=strict`
+/// leaves files outside its StateDirectory read-only (EROFS), its dynamic user may not open root's files
+/// (EACCES, found before EROFS), `PrivateDevices=yes` hides devices (missing) and a device policy
+/// refuses a device it does not list (EPERM). Empty when not `under_systemd` or for any other error.
+pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd: bool) -> &'static str {
+    use crate::storage::StorageError::{Io, Missing, MissingReadOnly};
+    if !under_systemd {
+        return "";
+    }
+    let errno = match e {
+        Io { op: "open", source } => source.raw_os_error(),
+        _ => None,
+    };
+    if path.starts_with("/dev") {
+        match (e, errno) {
+            (Missing | MissingReadOnly, _) => {
+                " (run by systemd: PrivateDevices=yes hides devices; the unit needs PrivateDevices=no, DeviceAllow= \
+                 for it and SupplementaryGroups= of its group: docs/operations.md, \"Exports outside /var/lib/rein\")"
+            }
+            (_, Some(libc::EPERM)) => {
+                " (run by systemd: the unit needs DeviceAllow= for it: docs/operations.md, \"Exports outside \
+                 /var/lib/rein\")"
+            }
+            (_, Some(libc::EACCES)) => {
+                " (run by systemd: the unit needs SupplementaryGroups= of its group, disk for most disks: \
+                 docs/operations.md, \"Exports outside /var/lib/rein\")"
+            }
+            _ => "",
+        }
+    } else {
+        match errno {
+            Some(libc::EROFS) => {
+                " (run by systemd: ProtectSystem=strict; the unit needs ReadWritePaths= for its directory: \
+                 docs/operations.md, \"Exports outside /var/lib/rein\")"
+            }
+            Some(libc::EACCES) => {
+                " (run by systemd: its dynamic user needs a group that may write the file, in SupplementaryGroups=, \
+                 and ReadWritePaths= for its directory: docs/operations.md, \"Exports outside /var/lib/rein\")"
+            }
+            _ => "",
+        }
+    }
 }
 
 /// [`open_export`]'s checks without opening anything for writing or creating anything (`rein serve
@@ -285,7 +366,7 @@ pub fn inspect_export(e: &crate::config::ExportConfig) -> Result<String, OpenErr
     match &e.backend {
         crate::config::BackendKind::File { path } => {
             let found = crate::storage::FileStorage::inspect(path, e.size, e.read_only)
-                .map_err(|source| OpenError::Export { name: e.name.clone(), path: path.clone(), source })?;
+                .map_err(|source| OpenError::export(&e.name, path, source))?;
             let ro = if e.read_only { ", read-only" } else { "" };
             Ok(match found {
                 crate::storage::Inspected::Present(n) => {
@@ -322,7 +403,7 @@ pub fn open_export(e: &crate::config::ExportConfig) -> Result<std::sync::Arc<dyn
                 e.size,
                 crate::storage::FileMode { read_only: e.read_only, direct: e.direct, readahead: e.readahead },
             )
-            .map_err(|source| OpenError::Export { name: e.name.clone(), path: path.clone(), source })?,
+            .map_err(|source| OpenError::export(&e.name, path, source))?,
         ),
         crate::config::BackendKind::Memory => {
             let size = e.size.expect("a memory export has a size");
