@@ -188,7 +188,7 @@ mod tests {
         for (path, e, want) in [
             (img, open(libc::EROFS), "ReadWritePaths="),
             (img, open(libc::EACCES), "SupplementaryGroups="),
-            (dev, StorageError::Missing, "PrivateDevices=no"),
+            (dev, StorageError::MissingDevice, "PrivateDevices=no"),
             (dev, open(libc::EPERM), "DeviceAllow="),
             (dev, open(libc::EACCES), "SupplementaryGroups="),
         ] {
@@ -320,7 +320,7 @@ impl OpenError {
 /// (EACCES, found before EROFS), `PrivateDevices=yes` hides devices (missing) and a device policy
 /// refuses a device it does not list (EPERM). Empty when not `under_systemd` or for any other error.
 pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd: bool) -> &'static str {
-    use crate::storage::StorageError::{Io, Missing, MissingReadOnly};
+    use crate::storage::StorageError::{Io, Missing, MissingDevice, MissingReadOnly};
     if !under_systemd {
         return "";
     }
@@ -330,7 +330,7 @@ pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd
     };
     if path.starts_with("/dev") {
         match (e, errno) {
-            (Missing | MissingReadOnly, _) => {
+            (Missing | MissingReadOnly | MissingDevice, _) => {
                 " (run by systemd: PrivateDevices=yes hides devices; the unit needs PrivateDevices=no, DeviceAllow= \
                  for it and SupplementaryGroups= of its group: docs/operations.md, \"Exports outside /var/lib/rein\")"
             }

@@ -125,6 +125,11 @@ pub enum StorageError {
     /// would serve nothing).
     #[error("does not exist (a read-only export is not created)")]
     MissingReadOnly,
+    /// A path under `/dev` does not exist: it is not created, with or without a size. A device's name
+    /// mistyped beside `size_mb` would otherwise become a regular file in `/dev` (a tmpfs: the data gone
+    /// at the next boot) in place of the disk.
+    #[error("does not exist (a path under /dev names a device, which is not created: check its name)")]
+    MissingDevice,
     /// An existing image's size differs from the configured one (an image is never resized).
     #[error("is {actual} bytes, but size_mb asks for {configured} bytes (an existing image is never resized: set size_mb to its size or remove size_mb)")]
     SizeMismatch {
@@ -166,6 +171,7 @@ impl StorageError {
             StorageError::NotAFile(_)
             | StorageError::Missing
             | StorageError::MissingReadOnly
+            | StorageError::MissingDevice
             | StorageError::SizeMismatch { .. }
             | StorageError::DirectBlocks(_)
             | StorageError::InUse(_) => ErrorKind::Io,
@@ -462,6 +468,7 @@ fn present(path: &Path, size: Option<u64>, read_only: bool) -> Result<Option<std
             None => Ok(Some(meta)),
         },
         Err(e) if e.kind() == io::ErrorKind::NotFound => match (read_only, size) {
+            _ if path.starts_with("/dev") => Err(StorageError::MissingDevice),
             (true, _) => Err(StorageError::MissingReadOnly),
             (false, None) => Err(StorageError::Missing),
             (false, Some(_)) => Ok(None),
@@ -929,6 +936,13 @@ mod tests {
         let e = FileStorage::open(&missing, Some(1 << 20), true).map(|_| ()).unwrap_err();
         assert_eq!(e.to_string(), "does not exist (a read-only export is not created)");
         assert!(!missing.exists(), "nothing created for a read-only export");
+        // A device's name mistyped beside a size is not made a regular file in /dev (a tmpfs).
+        let typo = Path::new("/dev/rein-no-such-disk");
+        for (size, read_only) in [(Some(1 << 20), false), (None, false), (Some(1 << 20), true)] {
+            let e = FileStorage::open(typo, size, read_only).map(|_| ()).unwrap_err();
+            assert!(matches!(e, StorageError::MissingDevice), "{e}");
+            assert!(!typo.exists(), "nothing created in /dev");
+        }
         assert!(matches!(FileStorage::open(dir.path(), None, false), Err(StorageError::NotAFile("a directory"))));
         let fifo = dir.path().join("fifo");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success(), "mkfifo");
