@@ -33,8 +33,13 @@
 //! under the other's, silently). Within one process the lock is shared by every storage of the file
 //! (found by device and inode: a reload opens a changed export again while connections hold the old
 //! storage), and a writable open upgrades a read-only one's lock. The lock is advisory: tools that do
-//! not take it (dd, cp, a qemu without locking) are not kept out. Two device nodes of one block device
-//! are two locks.
+//! not take it (dd, cp, a qemu without locking) are not kept out. A writable block device is also
+//! claimed from the kernel (an `O_EXCL` open, held with the lock; [`StorageError::DeviceBusy`]): that
+//! refuses a device that is mounted, swap, a RAID, LVM or device-mapper member, or claimed by another
+//! process through any device node of it (or a partition of it, or the disk it is a partition of), and
+//! keeps those away while it is served (`mount` and `mkfs` fail with EBUSY). Until 2026-12-06 only the
+//! `flock` was taken: the device of a mounted file system was served, and a client's writes overwrote
+//! the file system under the mount; a second server through another device node was not kept out.
 //!
 //! # A failed sync stays failed
 //! Linux reports a file's writeback error once: an `fdatasync` after a failed one succeeds, although the
@@ -117,6 +122,16 @@ pub enum StorageError {
          image overwrite each other's data"
     )]
     InUse(&'static str),
+    /// A block device the kernel refused to open exclusively (EBUSY): a mounted file system, swap, a RAID,
+    /// LVM or device-mapper member, or another process that claimed it (a `rein serve` through another
+    /// device node, `mkfs`). Module comment, "One writer per file".
+    #[error(
+        "is a block device in use by the system (mounted, swap, part of a RAID, LVM or device-mapper device, \
+         or opened exclusively by another process, such as a rein serve through another device node): the \
+         kernel refused an exclusive open (EBUSY), and the clients' writes would overwrite what holds it \
+         (check the device's name; unmount or release it first if it is the one meant)"
+    )]
+    DeviceBusy,
     /// The file does not exist and no size to create it with was given.
     #[error("does not exist (add size_mb to the export to create it)")]
     Missing,
@@ -174,7 +189,8 @@ impl StorageError {
             | StorageError::MissingDevice
             | StorageError::SizeMismatch { .. }
             | StorageError::DirectBlocks(_)
-            | StorageError::InUse(_) => ErrorKind::Io,
+            | StorageError::InUse(_)
+            | StorageError::DeviceBusy => ErrorKind::Io,
             StorageError::Io { source, .. } | StorageError::SyncFailedBefore(source) => match source.raw_os_error() {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
                 Some(libc::ENOMEM) => ErrorKind::Exhausted,
@@ -392,6 +408,9 @@ struct ExportLock {
     fd: File,
     /// The lock is exclusive (else shared).
     exclusive: std::sync::atomic::AtomicBool,
+    /// For a block device written here: the device opened with `O_EXCL`, the kernel's claim on it, held
+    /// as long as the lock (module comment, "One writer per file").
+    claim: Mutex<Option<File>>,
 }
 
 /// A file's device and inode.
@@ -404,7 +423,13 @@ impl ExportLock {
     /// The lock on `file` (whose metadata is `meta`), exclusive if `write`: this process's, if it holds
     /// the file already (upgraded if `write` asks more), else a new one; [`StorageError::InUse`] if another
     /// process holds it so that it cannot be had.
-    fn take(file: &File, meta: &std::fs::Metadata, write: bool) -> Result<std::sync::Arc<ExportLock>, StorageError> {
+    /// A writable block device is also claimed from the kernel (an `O_EXCL` open of `path`), once per lock.
+    fn take(
+        file: &File,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        write: bool,
+    ) -> Result<std::sync::Arc<ExportLock>, StorageError> {
         use std::os::unix::fs::MetadataExt;
         use std::sync::atomic::Ordering;
         let key = (meta.dev(), meta.ino());
@@ -413,15 +438,56 @@ impl ExportLock {
         if let Some(lock) = held.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
             if write && !lock.exclusive.load(Ordering::Relaxed) {
                 flock(&lock.fd, true)?;
+                if let Err(e) = lock.claim(path, meta) {
+                    // Back to the shared lock the read-only storages of the file hold.
+                    let _ = flock(&lock.fd, false);
+                    return Err(e);
+                }
                 lock.exclusive.store(true, Ordering::Relaxed);
             }
             return Ok(lock);
         }
         let fd = file.try_clone().map_err(|source| StorageError::Io { op: "dup", source })?;
         flock(&fd, write)?;
-        let lock = std::sync::Arc::new(ExportLock { fd, exclusive: write.into() });
+        let lock = std::sync::Arc::new(ExportLock { fd, exclusive: write.into(), claim: Mutex::new(None) });
+        if write {
+            lock.claim(path, meta)?;
+        }
         held.push((key, std::sync::Arc::downgrade(&lock)));
         Ok(lock)
+    }
+
+    /// Claims the block device `path` (whose metadata is `meta`) from the kernel, if it is one and not
+    /// claimed by this lock yet: an `O_EXCL` open, which fails with EBUSY while the device is mounted,
+    /// swap, a RAID, LVM or device-mapper member, or claimed by another process (through any of its
+    /// device nodes, or a partition of it or the disk it is a partition of), and keeps all of those
+    /// away while it is held ([`StorageError::DeviceBusy`]). The `flock` alone did not: a mounted file
+    /// system's device was served, and its clients' writes overwrote the file system under the mount.
+    fn claim(&self, path: &Path, meta: &std::fs::Metadata) -> Result<(), StorageError> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if !meta.file_type().is_block_device() {
+            return Ok(());
+        }
+        let mut claim = self.claim.lock().unwrap_or_else(|e| e.into_inner());
+        if claim.is_some() {
+            return Ok(());
+        }
+        let f = OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(path).map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::EBUSY) => StorageError::DeviceBusy,
+                _ => StorageError::Io { op: "exclusive open (O_EXCL) of the block device", source: e },
+            }
+        })?;
+        // The path may have been pointed at another device since it was opened.
+        let same = f.metadata().is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == meta.rdev());
+        if !same {
+            return Err(StorageError::Io {
+                op: "exclusive open (O_EXCL) of the block device",
+                source: io::Error::other("the path names another device than the one opened (changed meanwhile)"),
+            });
+        }
+        *claim = Some(f);
+        Ok(())
     }
 }
 
@@ -597,7 +663,7 @@ impl FileStorage {
             tracing::info!(path = %shown.display(), bytes = size.unwrap_or(0), "created a new, empty image");
         }
         let meta = file.metadata().map_err(|e| io("stat", e))?;
-        let lock = ExportLock::take(&file, &meta, !read_only)?;
+        let lock = ExportLock::take(&file, path, &meta, !read_only)?;
         let actual = sized(&file, &meta, size)?;
         if !readahead {
             no_readahead(&file).map_err(|e| io("posix_fadvise(POSIX_FADV_RANDOM)", e))?;
@@ -992,6 +1058,91 @@ mod tests {
         );
         drop(other);
         assert!(FileStorage::open(&path, None, false).is_ok(), "free again once the other is gone");
+    }
+
+    /// A loop device over `dir/dev.img` with an ext4 on it, detached (and unmounted from `dir/mnt`) when
+    /// dropped. `None`, said, where it cannot be made (needs root, loop devices and ext4).
+    struct LoopFs {
+        dev: String,
+        mnt: std::path::PathBuf,
+    }
+
+    impl LoopFs {
+        fn make(dir: &Path) -> Option<LoopFs> {
+            use std::process::Command;
+            let img = dir.join("dev.img");
+            File::create(&img).and_then(|f| f.set_len(16 << 20)).ok()?;
+            let out = Command::new("losetup").args(["-f", "--show"]).arg(&img).output().ok()?;
+            if !out.status.success() {
+                eprintln!("skipped: no loop device can be attached here (needs root)");
+                return None;
+            }
+            let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let fs = LoopFs { dev, mnt: dir.join("mnt") };
+            std::fs::create_dir(&fs.mnt).ok()?;
+            let mkfs = Command::new("mkfs.ext4").args(["-q", "-F", &fs.dev]).status();
+            if !mkfs.is_ok_and(|s| s.success()) {
+                eprintln!("skipped: mkfs.ext4 failed");
+                return None;
+            }
+            Some(fs)
+        }
+        fn mount(&self) -> bool {
+            let st = std::process::Command::new("mount")
+                .arg(&self.dev)
+                .arg(&self.mnt)
+                .stderr(std::process::Stdio::null())
+                .status();
+            st.is_ok_and(|s| s.success())
+        }
+        fn umount(&self) {
+            let _ = std::process::Command::new("umount").arg(&self.mnt).stderr(std::process::Stdio::null()).status();
+        }
+    }
+
+    impl Drop for LoopFs {
+        fn drop(&mut self) {
+            self.umount();
+            let _ = std::process::Command::new("losetup").args(["-d", &self.dev]).status();
+        }
+    }
+
+    /// A writable block device is claimed from the kernel (module comment, "One writer per file"): the
+    /// device of a mounted file system is refused for writing (it used to be served, and a client's
+    /// writes overwrote the file system under the mount), a read-only export of it is not; once served,
+    /// it cannot be mounted, nor opened for writing through another device node of it (the `flock`s of
+    /// two nodes are two locks: a second server through another node was let in). Needs root (a loop
+    /// device, mount, mknod); elsewhere skipped.
+    #[test]
+    fn a_block_device_in_use_by_the_system_is_not_written() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::Builder::new().prefix("rein-storage-claim-").tempdir().unwrap();
+        let Some(fs) = LoopFs::make(dir.path()) else { return };
+        let dev = Path::new(&fs.dev);
+        assert!(fs.mount(), "mount {}", fs.dev);
+        let e = FileStorage::open(dev, None, false).err().expect("the device of a mounted file system, writable");
+        assert!(matches!(e, StorageError::DeviceBusy), "{e}");
+        assert!(e.to_string().contains("mounted"), "{e}");
+        let ro = FileStorage::open(dev, None, true).expect("read-only beside the mount");
+        drop(ro);
+        fs.umount();
+        let served = FileStorage::open(dev, None, false).expect("the device once unmounted");
+        assert!(!fs.mount(), "mounted while it is served for writing");
+        // A second device node of the same device (as a container's /dev, or a mknod).
+        let rdev = std::fs::metadata(dev).unwrap().rdev();
+        let node = dir.path().join("node");
+        let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mknod reads the NUL-terminated path and integer arguments only.
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, rdev as libc::dev_t) };
+        assert_eq!(r, 0, "mknod: {}", io::Error::last_os_error());
+        let e = FileStorage::open(&node, None, false).err().expect("a writer through another node");
+        assert!(matches!(e, StorageError::DeviceBusy), "{e}");
+        // A reload's second open through the same path shares the claim.
+        let again = FileStorage::open(dev, None, false).expect("the same device again, same path");
+        drop((served, again));
+        assert!(FileStorage::open(&node, None, false).is_ok(), "free again once released");
+        assert!(fs.mount(), "mountable again once released");
     }
 
     /// A new image (module comment, "A new image"): the open creates it at its size, syncs it, then
