@@ -1210,6 +1210,20 @@ impl Registry {
                         (None, _) => "added".into(),
                     };
                     report.applied.push(format!("export {} {verb}", e.name));
+                    // Made read-only: the connections opened before keep the old export, told writable
+                    // at their handshake; their writes are refused from now on (EPERM), where they went
+                    // on landing after the reload had said read-only (an image frozen to be copied
+                    // went on changing under the copy). Their FLUSHes still sync what came before.
+                    if let Some(old) = old_by_name.get(e.name.as_str()).filter(|o| e.read_only && !o.info.read_only) {
+                        if let crate::nbd::Backend::Local(s) = &old.backend {
+                            s.stop_writes();
+                            report.applied.push(format!(
+                                "export {}: read-only now; the writes of the connections opened before fail \
+                                 (EPERM) from now on",
+                                e.name
+                            ));
+                        }
+                    }
                     list.push(Arc::new(make_export(e, tname, id, storage)));
                 }
                 None => list.push(Arc::clone(old_by_name.get(e.name.as_str()).expect("unchanged export runs"))),

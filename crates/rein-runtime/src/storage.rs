@@ -229,6 +229,11 @@ pub trait Storage: Send + Sync + 'static {
     fn read_only(&self) -> bool {
         false
     }
+    /// Refuses every change from now on ([`StorageError::ReadOnly`]), as a read-only storage does, while
+    /// flushes still sync the writes made before: a reload made its export `read_only`, and this storage
+    /// is the one the connections opened before still use (they were told at their handshake that it is
+    /// writable). The default, for a storage that cannot stop: nothing.
+    fn stop_writes(&self) {}
     /// The device and inode of the file it has open (`None`: not a file), which two exports must not
     /// both write ([`crate::preflight`]).
     fn file_id(&self) -> Option<(u64, u64)> {
@@ -336,6 +341,8 @@ pub struct FileStorage {
     id: FileKey,
     /// The errno of the first sync that failed (0: none; module comment, "A failed sync stays failed").
     sync_errno: std::sync::atomic::AtomicI32,
+    /// Changes are refused from now on ([`Storage::stop_writes`]).
+    writes_stopped: std::sync::atomic::AtomicBool,
     /// Held while `flush` syncs (module comment, "A failed sync stays failed").
     syncing: Mutex<()>,
     /// Held while the storage lives (module comment, "One writer per file").
@@ -696,6 +703,7 @@ impl FileStorage {
             read_only,
             id,
             sync_errno: Default::default(),
+            writes_stopped: Default::default(),
             syncing: Mutex::new(()),
             _lock: lock,
         })
@@ -712,7 +720,7 @@ impl FileStorage {
 
     /// Checks a range (and, for writes, that the export is writable) before IO is submitted elsewhere.
     pub fn check_io(&self, offset: u64, len: u64, write: bool) -> Result<(), StorageError> {
-        if write && self.read_only {
+        if write && (self.read_only || self.writes_stopped.load(std::sync::atomic::Ordering::Acquire)) {
             return Err(StorageError::ReadOnly);
         }
         check(self.size, offset, len)
@@ -773,6 +781,9 @@ impl Storage for FileStorage {
     }
     fn file_id(&self) -> Option<(u64, u64)> {
         Some(self.id)
+    }
+    fn stop_writes(&self) {
+        self.writes_stopped.store(true, std::sync::atomic::Ordering::Release);
     }
     fn file_size_now(&self) -> Option<u64> {
         // A block device's end too (an LV extended under the export): before, only a regular file's
@@ -849,13 +860,20 @@ pub struct MemStorage {
     size: u64,
     pages: Vec<Mutex<Option<Box<[u8]>>>>,
     read_only: bool,
+    /// Changes are refused from now on ([`Storage::stop_writes`]).
+    writes_stopped: std::sync::atomic::AtomicBool,
 }
 
 impl MemStorage {
     /// `size` bytes of zeroes. Pages are allocated on first write, so this costs one empty slot per MiB.
     pub fn new(size: u64) -> MemStorage {
         let n = size.div_ceil(PAGE) as usize;
-        MemStorage { size, pages: (0..n).map(|_| Mutex::new(None)).collect(), read_only: false }
+        MemStorage {
+            size,
+            pages: (0..n).map(|_| Mutex::new(None)).collect(),
+            read_only: false,
+            writes_stopped: Default::default(),
+        }
     }
 
     /// The same, refusing changes ([`StorageError::ReadOnly`]) when `read_only`, as a read-only file
@@ -867,7 +885,7 @@ impl MemStorage {
     }
 
     fn writable(&self) -> Result<(), StorageError> {
-        if self.read_only {
+        if self.read_only || self.writes_stopped.load(std::sync::atomic::Ordering::Acquire) {
             return Err(StorageError::ReadOnly);
         }
         Ok(())
@@ -893,6 +911,9 @@ impl Storage for MemStorage {
     }
     fn inline_max_bytes(&self) -> u64 {
         MEMORY_INLINE_MAX
+    }
+    fn stop_writes(&self) {
+        self.writes_stopped.store(true, std::sync::atomic::Ordering::Release);
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         check(self.size, offset, buf.len() as u64)?;

@@ -128,3 +128,65 @@ async fn reload_applies_the_difference_or_nothing() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+/// A reload that makes an export read-only stops the writes of the connections opened before too (they
+/// keep the old export, told writable at their handshake): EPERM from then on, nothing written, and their
+/// FLUSH still succeeds (it syncs what they wrote before). Before, their writes went on landing in the
+/// image after the reload had said read-only (an image frozen to be copied changed under the copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_read_only_stops_the_writes_of_open_connections() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let file = |read_only: bool| {
+        let text = format!(
+            "listen = \"127.0.0.150:0\"\nadmin = \"127.0.0.150:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"f\"\n\
+             size_mb = 1\nread_only = {read_only}\n",
+            dir.display()
+        );
+        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+    };
+    let next: Arc<Mutex<ServerConfig>> = Arc::new(Mutex::new(file(false)));
+    let (tx, requests) = tokio::sync::mpsc::channel(1);
+    let n2 = next.clone();
+    let reload = Reload { requests, load: Box::new(move || Ok(n2.lock().unwrap().clone())) };
+    let (ready, bound) = tokio::sync::oneshot::channel::<Bound>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(run_with(
+        file(false),
+        async move {
+            let _ = stopped.await;
+        },
+        Some(ready),
+        Some(reload),
+        rein_runtime::activation::Passed::none(),
+    ));
+    let b = bound.await.unwrap();
+    let c = NbdClient::connect(b.nbd, "f").await.unwrap();
+    c.request(Command::Write, 0, 4, b"abcd", false).await.unwrap();
+    *next.lock().unwrap() = file(true);
+    tx.send(()).await.unwrap();
+    // Applied once a new connection is refused a write (read-only at its handshake; those before it
+    // write at 8192).
+    let mut applied = false;
+    for _ in 0..500 {
+        let n = NbdClient::connect(b.nbd, "f").await.unwrap();
+        if n.request(Command::Write, 8192, 4, b"zzzz", false).await.is_err() {
+            applied = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(applied, "the reload to read_only never applied");
+    let e = c.request(Command::Write, 4096, 4, b"late", false).await.expect_err("a write after the reload");
+    assert!(e.to_string().contains("EPERM"), "{e}");
+    let e = c.request(Command::WriteZeroes, 0, 4, &[], false).await.expect_err("write-zeroes after the reload");
+    assert!(e.to_string().contains("EPERM"), "{e}");
+    c.request(Command::Flush, 0, 0, &[], false).await.expect("a FLUSH of what came before");
+    assert_eq!(c.request(Command::Read, 0, 4, &[], false).await.unwrap(), b"abcd");
+    let image = std::fs::read(dir.join("f.img")).unwrap();
+    assert_eq!(&image[..4], b"abcd");
+    assert_eq!(&image[4096..4100], &[0; 4], "nothing written after the reload");
+    c.disconnect().await;
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
