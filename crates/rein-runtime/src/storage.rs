@@ -40,6 +40,9 @@
 //! keeps those away while it is served (`mount` and `mkfs` fail with EBUSY). Until 2026-12-06 only the
 //! `flock` was taken: the device of a mounted file system was served, and a client's writes overwrote
 //! the file system under the mount; a second server through another device node was not kept out.
+//! An image file that a loop device is attached to (its backing file) is refused for writing too
+//! ([`StorageError::LoopBacking`]): the device writes it behind the lock's back, and a file system
+//! mounted from the device would be overwritten under its mount.
 //!
 //! # A failed sync stays failed
 //! Linux reports a file's writeback error once: an `fdatasync` after a failed one succeeds, although the
@@ -132,6 +135,15 @@ pub enum StorageError {
          (check the device's name; unmount or release it first if it is the one meant)"
     )]
     DeviceBusy,
+    /// A regular file that a loop device is attached to (its backing file), refused for writing: writes
+    /// through the file and through the device overwrite each other, and a file system mounted from the
+    /// device is corrupted under its mount.
+    #[error(
+        "is the backing file of loop device {0} (losetup -a lists it): the clients' writes would overwrite \
+         what is written through the device, and any file system mounted from it (unmount it and detach \
+         it first, losetup -d {0}, or serve the device instead)"
+    )]
+    LoopBacking(String),
     /// The file does not exist and no size to create it with was given.
     #[error("does not exist (add size_mb to the export to create it)")]
     Missing,
@@ -190,7 +202,8 @@ impl StorageError {
             | StorageError::SizeMismatch { .. }
             | StorageError::DirectBlocks(_)
             | StorageError::InUse(_)
-            | StorageError::DeviceBusy => ErrorKind::Io,
+            | StorageError::DeviceBusy
+            | StorageError::LoopBacking(_) => ErrorKind::Io,
             StorageError::Io { source, .. } | StorageError::SyncFailedBefore(source) => match source.raw_os_error() {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
                 Some(libc::ENOMEM) => ErrorKind::Exhausted,
@@ -598,6 +611,25 @@ fn size_now(file: &File, meta: &std::fs::Metadata) -> io::Result<u64> {
     }
 }
 
+/// The loop device (`/dev/loopN`) whose backing file is the file `meta` describes (the same device and
+/// inode), if any: each attached loop device's `loop/backing_file` in sysfs, stat'ed. `None` also where
+/// sysfs does not say (no loop devices, not Linux). Until 2026-12-06 an image attached to a loop device
+/// (a VM's disk loop-mounted on the host to look into it, left mounted) was served writable, and a
+/// client's writes overwrote the file system under its mount.
+fn loop_device_over(meta: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let key = (meta.dev(), meta.ino());
+    std::fs::read_dir("/sys/block").ok()?.flatten().find_map(|d| {
+        let name = d.file_name().into_string().ok()?;
+        if !name.starts_with("loop") {
+            return None;
+        }
+        let backing = std::fs::read_to_string(d.path().join("loop/backing_file")).ok()?;
+        let m = std::fs::metadata(backing.trim_end_matches('\n')).ok()?;
+        ((m.dev(), m.ino()) == key).then(|| format!("/dev/{name}"))
+    })
+}
+
 /// What [`FileStorage::inspect`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inspected {
@@ -670,6 +702,11 @@ impl FileStorage {
             tracing::info!(path = %shown.display(), bytes = size.unwrap_or(0), "created a new, empty image");
         }
         let meta = file.metadata().map_err(|e| io("stat", e))?;
+        if !read_only && meta.file_type().is_file() {
+            if let Some(dev) = loop_device_over(&meta) {
+                return Err(StorageError::LoopBacking(dev));
+            }
+        }
         let lock = ExportLock::take(&file, path, &meta, !read_only)?;
         let actual = sized(&file, &meta, size)?;
         if !readahead {
@@ -1164,6 +1201,26 @@ mod tests {
         drop((served, again));
         assert!(FileStorage::open(&node, None, false).is_ok(), "free again once released");
         assert!(fs.mount(), "mountable again once released");
+    }
+
+    /// An image that a loop device is attached to is refused for writing (it was served, and a client's
+    /// writes overwrote a file system mounted from the device), whether or not the device is mounted; a
+    /// read-only export of it is not, and once the device is detached the image is served. Needs root
+    /// (a loop device); elsewhere skipped.
+    #[test]
+    fn the_backing_file_of_a_loop_device_is_not_written() {
+        let dir = tempfile::Builder::new().prefix("rein-storage-loop-").tempdir().unwrap();
+        let Some(fs) = LoopFs::make(dir.path()) else { return };
+        let img = dir.path().join("dev.img");
+        assert!(fs.mount(), "mount {}", fs.dev);
+        let e = FileStorage::open(&img, None, false).err().expect("the image under a mounted loop device");
+        assert!(matches!(&e, StorageError::LoopBacking(d) if *d == fs.dev), "{e}");
+        fs.umount();
+        let e = FileStorage::open(&img, None, false).err().expect("the image of an attached loop device");
+        assert!(e.to_string().starts_with(&format!("is the backing file of loop device {}", fs.dev)), "{e}");
+        assert!(FileStorage::open(&img, None, true).is_ok(), "read-only beside the loop device");
+        drop(fs);
+        assert!(FileStorage::open(&img, None, false).is_ok(), "served once the device is detached");
     }
 
     /// A new image (module comment, "A new image"): the open creates it at its size, syncs it, then
