@@ -1203,7 +1203,22 @@ impl Registry {
             let id = ids.id(tname).expect("every tenant has an id");
             match opened.iter().position(|(n, _)| *n == e.name) {
                 Some(i) => {
-                    let storage = opened[i].1.clone();
+                    let mut storage = opened[i].1.clone();
+                    // A memory export changed (its tenant, access, read_only) keeps its RAM: the new one
+                    // opened for it is empty, and every byte written to it was gone for the connections
+                    // opened from then on, without a word. (A read-only one holds zeroes, as a new one
+                    // does; one of another size starts anew.)
+                    let old = old_by_name.get(e.name.as_str());
+                    if let Some(old) = old.filter(|o| {
+                        o.info.volatile
+                            && !o.info.read_only
+                            && e.backend == crate::config::BackendKind::Memory
+                            && o.info.size == storage.size()
+                    }) {
+                        if let crate::nbd::Backend::Local(s) = &old.backend {
+                            storage = Arc::clone(s);
+                        }
+                    }
                     let verb = match (running.get(e.name.as_str()), again.get(&e.name)) {
                         (Some(j), Some(why)) if *j == json(&new, e) => format!("opened again: {why}"),
                         (Some(_), _) => "changed".into(),

@@ -190,3 +190,74 @@ async fn a_reload_to_read_only_stops_the_writes_of_open_connections() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+/// A memory export changed by a reload (its tenant, then `read_only`) keeps its data: the reload
+/// used to give it a new, empty RAM, so that everything written to it was gone for the connections opened
+/// from then on (the log said only `export m changed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_a_memory_export_keeps_its_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let file = |extra: &str| {
+        let text = format!(
+            "listen = \"127.0.0.150:0\"\nadmin = \"127.0.0.150:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"m\"\n\
+             backend = \"memory\"\nsize_mb = 1\n{extra}[[tenants]]\nname = \"t2\"\n",
+            dir.display()
+        );
+        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+    };
+    let next: Arc<Mutex<ServerConfig>> = Arc::new(Mutex::new(file("")));
+    let (tx, requests) = tokio::sync::mpsc::channel(1);
+    let n2 = next.clone();
+    let reload = Reload { requests, load: Box::new(move || Ok(n2.lock().unwrap().clone())) };
+    let (ready, bound) = tokio::sync::oneshot::channel::<Bound>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(run_with(
+        file(""),
+        async move {
+            let _ = stopped.await;
+        },
+        Some(ready),
+        Some(reload),
+        rein_runtime::activation::Passed::none(),
+    ));
+    let b = bound.await.unwrap();
+    let c = NbdClient::connect(b.nbd, "m").await.unwrap();
+    let mut writer = None;
+    c.request(Command::Write, 0, 4, b"keep", false).await.unwrap();
+    // Each reload is applied once a new connection sees its mark (written before it, at 8192, by the
+    // connections still on the export as it was).
+    for (extra, mark) in [("tenant = \"t2\"\n", b"one!"), ("tenant = \"t2\"\nread_only = true\n", b"two!")] {
+        // (A connection of the export as it is: the first reload's tenant change ends tenant m, and the
+        // requests of its connections fail.)
+        let w = NbdClient::connect(b.nbd, "m").await.unwrap();
+        w.request(Command::Write, 8192, 4, mark, false).await.unwrap();
+        writer = Some(w);
+        *next.lock().unwrap() = file(extra);
+        tx.send(()).await.unwrap();
+        let mut ok = false;
+        for _ in 0..500 {
+            let (_, listed) = http(b.admin, "GET", "/api/exports", "").await;
+            if !listed.contains("\"t2\"") {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+            let n = NbdClient::connect(b.nbd, "m").await.unwrap();
+            if n.request(Command::Read, 0, 4, &[], false).await.unwrap() == b"keep"
+                && n.request(Command::Read, 8192, 4, &[], false).await.unwrap() == mark
+                && (!extra.contains("read_only") || n.request(Command::Write, 0, 4, b"xxxx", false).await.is_err())
+            {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(ok, "after the reload with {extra:?} a new connection never read the data written before");
+    }
+    let w = writer.expect("a writer");
+    w.request(Command::Write, 0, 4, b"late", false).await.expect_err("read-only now");
+    w.disconnect().await;
+    c.disconnect().await;
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
