@@ -30,24 +30,50 @@ fn config(dir: &Path, extra: &str) -> ServerConfig {
     ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
 }
 
+/// A server running `first`: `next` is what a reload reads (each `reload.send(())` one, as a SIGHUP
+/// asks), `stop` ends it, `server` is its task.
+struct Running {
+    b: Bound,
+    next: Arc<Mutex<ServerConfig>>,
+    reload: tokio::sync::mpsc::Sender<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), rein_runtime::server::ServeError>>,
+}
+
+impl Running {
+    async fn start(first: ServerConfig) -> Running {
+        let next = Arc::new(Mutex::new(first.clone()));
+        let (reload, requests) = tokio::sync::mpsc::channel(1);
+        let n2 = next.clone();
+        let load = Reload { requests, load: Box::new(move || Ok(n2.lock().unwrap().clone())) };
+        let (ready, bound) = tokio::sync::oneshot::channel::<Bound>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(run_with(
+            first,
+            async move {
+                let _ = stopped.await;
+            },
+            Some(ready),
+            Some(load),
+            rein_runtime::activation::Passed::none(),
+        ));
+        Running { b: bound.await.unwrap(), next, reload, stop, server }
+    }
+
+    /// Stops the server and waits for it to end cleanly.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.server.await.unwrap().unwrap();
+    }
+}
+
 /// A new export serves new connections at once; a deleted one refuses new opens while a connection opened
 /// before keeps reading and writing; its tenant cannot be deleted until that connection closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exports_come_and_go_for_new_connections_only() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path(), "");
-    let (ready, bound) = tokio::sync::oneshot::channel::<Bound>();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(run_with(
-        cfg,
-        async move {
-            let _ = stopped.await;
-        },
-        Some(ready),
-        None,
-        rein_runtime::activation::Passed::none(),
-    ));
-    let b = bound.await.unwrap();
+    let running = Running::start(config(tmp.path(), "")).await;
+    let b = running.b;
     assert!(NbdClient::connect(b.nbd, "e").await.is_err(), "no export e yet");
     assert_eq!(http(b.admin, "POST", "/api/tenants", r#"{"name": "t", "reservation": 10}"#).await.0, 201);
     let (code, body) =
@@ -73,8 +99,7 @@ async fn exports_come_and_go_for_new_connections_only() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(code, 204);
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// A reload applies the file's difference as one change; one that the admission refuses changes nothing.
@@ -82,22 +107,8 @@ async fn exports_come_and_go_for_new_connections_only() {
 async fn reload_applies_the_difference_or_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let next: Arc<Mutex<ServerConfig>> = Arc::new(Mutex::new(config(&dir, "")));
-    let (tx, requests) = tokio::sync::mpsc::channel(1);
-    let n2 = next.clone();
-    let reload = Reload { requests, load: Box::new(move || Ok(n2.lock().unwrap().clone())) };
-    let (ready, bound) = tokio::sync::oneshot::channel::<Bound>();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(run_with(
-        config(&dir, ""),
-        async move {
-            let _ = stopped.await;
-        },
-        Some(ready),
-        Some(reload),
-        rein_runtime::activation::Passed::none(),
-    ));
-    let b = bound.await.unwrap();
+    let running = Running::start(config(&dir, "")).await;
+    let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
     let wait_for = |path: &'static str, code: u16| async move {
         for _ in 0..500 {
             if http(b.admin, "GET", path, "").await.0 == code {
@@ -125,8 +136,7 @@ async fn reload_applies_the_difference_or_nothing() {
     NbdClient::connect(b.nbd, "y").await.expect("export y after the reload");
     let (_, body) = http(b.admin, "GET", "/api/tenants/y", "").await;
     assert!(body.contains("\"reservation\":500.0"), "{body}");
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// A reload that makes an export read-only stops the writes of the connections opened before too (they
@@ -145,22 +155,8 @@ async fn a_reload_to_read_only_stops_the_writes_of_open_connections() {
         );
         ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
     };
-    let next: Arc<Mutex<ServerConfig>> = Arc::new(Mutex::new(file(false)));
-    let (tx, requests) = tokio::sync::mpsc::channel(1);
-    let n2 = next.clone();
-    let reload = Reload { requests, load: Box::new(move || Ok(n2.lock().unwrap().clone())) };
-    let (ready, bound) = tokio::sync::oneshot::channel::<Bound>();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(run_with(
-        file(false),
-        async move {
-            let _ = stopped.await;
-        },
-        Some(ready),
-        Some(reload),
-        rein_runtime::activation::Passed::none(),
-    ));
-    let b = bound.await.unwrap();
+    let running = Running::start(file(false)).await;
+    let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
     let c = NbdClient::connect(b.nbd, "f").await.unwrap();
     c.request(Command::Write, 0, 4, b"abcd", false).await.unwrap();
     *next.lock().unwrap() = file(true);
@@ -187,8 +183,7 @@ async fn a_reload_to_read_only_stops_the_writes_of_open_connections() {
     assert_eq!(&image[..4], b"abcd");
     assert_eq!(&image[4096..4100], &[0; 4], "nothing written after the reload");
     c.disconnect().await;
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// A memory export changed by a reload (its tenant, then `read_only`) keeps its data: the reload
@@ -206,22 +201,8 @@ async fn a_reload_that_changes_a_memory_export_keeps_its_data() {
         );
         ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
     };
-    let next: Arc<Mutex<ServerConfig>> = Arc::new(Mutex::new(file("")));
-    let (tx, requests) = tokio::sync::mpsc::channel(1);
-    let n2 = next.clone();
-    let reload = Reload { requests, load: Box::new(move || Ok(n2.lock().unwrap().clone())) };
-    let (ready, bound) = tokio::sync::oneshot::channel::<Bound>();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(run_with(
-        file(""),
-        async move {
-            let _ = stopped.await;
-        },
-        Some(ready),
-        Some(reload),
-        rein_runtime::activation::Passed::none(),
-    ));
-    let b = bound.await.unwrap();
+    let running = Running::start(file("")).await;
+    let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
     let c = NbdClient::connect(b.nbd, "m").await.unwrap();
     let mut writer = None;
     c.request(Command::Write, 0, 4, b"keep", false).await.unwrap();
@@ -258,6 +239,5 @@ async fn a_reload_that_changes_a_memory_export_keeps_its_data() {
     w.request(Command::Write, 0, 4, b"late", false).await.expect_err("read-only now");
     w.disconnect().await;
     c.disconnect().await;
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    running.stop().await;
 }
