@@ -1097,6 +1097,58 @@ fn a_reload_moves_a_node_to_another_address() {
     assert!(first(144).iter().all(|&b| b == 0x3c), "and not on the old one");
 }
 
+/// The gateway has no `read_only` for a volume (a volume is as writable as its node exports): a reload
+/// whose file sets it is refused, `unknown field`, and changes nothing; the connection opened before
+/// writes on. Made read-only where it can be, on its node by a reload of `rein serve`, the volume stops
+/// the writes of the connections opened before too, as rein serve's own do (`Storage::stop_writes`): the
+/// node refuses them on the links the gateway opened before its reload, and the gateway answers the VM's
+/// WRITE, WRITE_ZEROES and TRIM with the node's EPERM; the bytes on the node stay, and a FLUSH still
+/// succeeds.
+#[test]
+fn a_volume_made_read_only_stops_the_writes_of_open_connections() {
+    use rein_proto::nbd::Command;
+    let tmp = tmpdir("gw-read-only");
+    let dir = tmp.path();
+    let head = "listen = \"127.0.0.160:0\"\nadmin = \"127.0.0.160:0\"";
+    let body = format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n");
+    let s1 = serve_in(&dir.join("node160"), head, &body);
+    let volume = "[[exports]]\nname = \"v\"\nsize_mb = 16\n";
+    let gw = gateway(&gateway_config(dir, 161, &[("s1", s1.nbd)], volume));
+    let write = |c: &mut Raw, command: Command, h: u64, byte: u8| {
+        let data = [byte; 4096];
+        c.send(command, h, 0, 4096, if command == Command::Write { &data[..] } else { &[] });
+        c.reply(0).1
+    };
+    let flush = |c: &mut Raw, h: u64| {
+        c.send(Command::Flush, h, 0, 0, &[]);
+        c.reply(0).1
+    };
+    let mut old = Raw::connect(gw.nbd, "v");
+    assert_eq!(write(&mut old, Command::Write, 1, 0xa1), 0);
+    // The gateway's file: refused as a whole.
+    gateway_config(dir, 161, &[("s1", s1.nbd)], &format!("{volume}read_only = true\n"));
+    gw.signal("-HUP");
+    let line = gw.wait_line("the running configuration is unchanged");
+    assert!(line.contains("unknown field `read_only`"), "{line}");
+    assert_eq!(write(&mut old, Command::Write, 2, 0xa2), 0, "the volume runs as it did");
+    assert_eq!(flush(&mut old, 3), 0);
+    // The node's export made read-only by a reload of the node.
+    common::config_at(&dir.join("node160"), head, &format!("{body}read_only = true\n"));
+    s1.signal("-HUP");
+    s1.wait_line("export v: read-only now");
+    let t0 = Instant::now();
+    while write(&mut Raw::connect(gw.nbd, "v"), Command::Write, 4, 0xa3) != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "a new connection still writes: {:#?}", gw.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (h, command) in [(5, Command::Write), (6, Command::WriteZeroes), (7, Command::Trim)] {
+        assert_eq!(write(&mut old, command, h, 0xa4), 1, "{command:?} on the connection opened before: EPERM");
+    }
+    let file = std::fs::read(node_file(dir, 160)).unwrap();
+    assert!(file[..4096].iter().all(|&b| b == 0xa2), "the node's bytes are those written before");
+    assert_eq!(flush(&mut old, 8), 0, "a FLUSH still succeeds");
+}
+
 /// A reload (SIGHUP) adds and removes nodes without a restart (crates/rein-runtime/src/gateway.rs,
 /// `NodePlan`): s3 is added with a volume on it, in the same reload as s2 and its volume are removed,
 /// while reads of a volume on s1 run through the reload and none fails; the new volume's bytes land on
