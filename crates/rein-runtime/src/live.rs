@@ -1229,7 +1229,7 @@ impl Registry {
                     // at their handshake; their writes are refused from now on (EPERM), where they went
                     // on landing after the reload had said read-only (an image frozen to be copied
                     // went on changing under the copy). Their FLUSHes still sync what came before.
-                    if let Some(old) = old_by_name.get(e.name.as_str()).filter(|o| e.read_only && !o.info.read_only) {
+                    if let Some(old) = old.filter(|o| e.read_only && !o.info.read_only) {
                         if let crate::nbd::Backend::Local(s) = &old.backend {
                             s.stop_writes();
                             report.applied.push(format!(

@@ -710,14 +710,6 @@ fn holds(b: &BucketReport) -> bool {
     b.queued > 0 || b.in_flight > 0
 }
 
-/// Per bucket, whether a closed period counts it as backlogged (module comment, "A period's demand"): it
-/// held requests at the boundary opening the period (`opened`) and was backlogged through one of the
-/// period's intervals at a server (`backlogged`). A bucket that appeared mid-period is judged by what it
-/// asked.
-fn from_start(backlogged: &[bool], opened: &[bool]) -> Vec<bool> {
-    backlogged.iter().zip(opened).map(|(&b, &o)| b && o).collect()
-}
-
 impl Controller {
     /// `capacity_iops`: each server's nominal capacity (the estimate until it reports a busy interval).
     pub fn new(
@@ -884,8 +876,7 @@ impl Controller {
                     }
                     if p.owed.is_empty() {
                         let p = self.pending.take().expect("just matched");
-                        let from_start = from_start(&p.backlogged, &p.opened);
-                        self.finish(p.period, &p.done, &p.in_flight, &p.queued, &from_start, false);
+                        self.finish(&p, false);
                     }
                 }
             }
@@ -1014,43 +1005,38 @@ impl Controller {
         let period = round / k - 1;
         let mut owed = std::mem::take(&mut self.owed);
         owed.extend(reports.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(j, _)| (round, j as u32)));
-        if owed.is_empty() || self.owed_overflow {
-            self.finish(period, &done, &in_flight, &queued, &from_start(&backlogged, &opened), self.owed_overflow);
+        let close = PendingClose {
+            period,
+            opening: round - k,
+            closing: round,
+            done,
+            in_flight,
+            queued,
+            backlogged,
+            opened,
+            owed,
+        };
+        if close.owed.is_empty() || self.owed_overflow {
+            self.finish(&close, self.owed_overflow);
         } else {
-            let opening = round - k;
-            self.pending = Some(PendingClose {
-                period,
-                opening,
-                closing: round,
-                done,
-                in_flight,
-                queued,
-                backlogged,
-                opened,
-                owed,
-            });
+            self.pending = Some(close);
         }
     }
 
     /// Tallies a closed period (each bucket completed done_i less its IOs in flight at the close, and asked
-    /// for those plus its IOs queued at the close, unless it was backlogged from the period's start:
-    /// `backlogged`, by [`from_start`]) and keeps its record for the next round's summary.
-    fn finish(
-        &mut self,
-        period: u64,
-        done: &[u64],
-        in_flight: &[u64],
-        queued: &[u64],
-        backlogged: &[bool],
-        incomplete: bool,
-    ) {
+    /// for those plus its IOs queued at the close, unless it was backlogged from the period's start to its
+    /// close: backlogged through an interval, holding requests at the opening and at the close)
+    /// and keeps its record for the next round's summary (module comment, "A period's demand").
+    fn finish(&mut self, close: &PendingClose, incomplete: bool) {
+        let PendingClose { period, done, in_flight, queued, backlogged, opened, .. } = close;
+        let period = *period;
         let mut completed = Vec::with_capacity(done.len());
         let mut demand = Vec::with_capacity(done.len());
         for (i, (t, q)) in self.tallies.iter_mut().zip(&self.buckets).enumerate() {
             let c = done[i].saturating_sub(in_flight[i]);
-            // Backlogged from the period's start, and still holding requests at its close (a client that
-            // left mid-period asked for what it asked).
-            let d = if backlogged[i] && (queued[i] > 0 || in_flight[i] > 0) {
+            // Backlogged through an interval, holding requests from the period's opening to its close (a
+            // client that came or left mid-period asked for what it asked).
+            let d = if backlogged[i] && opened[i] && (queued[i] > 0 || in_flight[i] > 0) {
                 PeriodDemand::Backlogged
             } else {
                 PeriodDemand::Asked(c.saturating_add(queued[i]))
@@ -1191,8 +1177,7 @@ impl Controller {
             // A period closed at the boundary before waited an interval for its missing reports: those
             // still missing leave it incomplete.
             if let Some(p) = self.pending.take() {
-                let from_start = from_start(&p.backlogged, &p.opened);
-                self.finish(p.period, &p.done, &p.in_flight, &p.queued, &from_start, true);
+                self.finish(&p, true);
             }
         }
         if starts_period {
