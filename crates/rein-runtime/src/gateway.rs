@@ -98,6 +98,9 @@
 //! - the file's node order is the layout's: a volume added whose nodes the file lists in another order
 //!   than their places fails the reload (a restart would lay it out otherwise), and a kept one is warned
 //!   of (reordering the nodes of a running volume scrambles its data at the next restart);
+//! - whatever else it changes, the node sessions of the running volumes that refuse writes (remote.rs,
+//!   "Read-only node exports") renew, to learn whether the node exports are writable again (a reload of
+//!   a node ends none of the gateway's sessions);
 //! - what needs a restart is named and left as it runs: a node's protocol or TLS on or off, the front's
 //!   settings (listen, admin, caps, budgets, timeouts, request size, default export), the links'
 //!   timeouts and pool size,
@@ -1195,6 +1198,8 @@ impl Live {
                 name: v.name.clone(),
                 description: format!("tenant {} via rein gateway", t.name),
                 size: v.size,
+                // As writable as its node exports: a handshake advertises it read-only while one of them
+                // refuses writes, as its node sessions learn it ([`Export::advertised`]).
                 read_only: false,
                 volatile: false,
                 // The largest of its nodes' minimum blocks (as those up at its opening say), so that
@@ -1222,6 +1227,13 @@ impl Live {
     /// Whether a running volume, or one a reload removed whose connections are still open, uses place `j`.
     fn place_in_use(&self, j: usize) -> bool {
         self.volumes.iter().any(|v| v.cfg.stripe.uses(j)) || self.retired.iter().any(|(v, _)| v.stripe.uses(j))
+    }
+
+    /// How many nodes a running volume has a session with now.
+    fn nodes_connected(&self) -> usize {
+        let reports = self.volumes.iter().flat_map(|v| v.volume.node_report());
+        let up: std::collections::BTreeSet<String> = reports.filter(|r| r.up > 0).map(|r| r.name.to_string()).collect();
+        up.len()
     }
 
     fn exports(&self) -> Vec<Arc<Export>> {
@@ -1685,6 +1697,20 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     live.tenants = tenants;
     live.volumes = volumes;
+    // The node sessions that refuse writes learn again whether they do (remote.rs, "Read-only node
+    // exports"): a reload of a node that makes its export writable again ends none of them.
+    for v in &live.volumes {
+        let nodes = v.volume.recheck_read_only();
+        if !nodes.is_empty() {
+            r.applied.push(format!(
+                "export {}: the sessions with {} renew to learn whether {} still read-only (until then the \
+                 volume is advertised read-only)",
+                v.cfg.name,
+                nodes.join(", "),
+                if nodes.len() == 1 { "its export is" } else { "their exports are" }
+            ));
+        }
+    }
     // The gateway's `[mclock]`: the PARDA host's local scheduler takes it at once (queued requests stay).
     if let (Some((gate, _)), Some(now), Some(next)) = (&live.host, &mut live.base.parda, &new.parda) {
         let changed = crate::live::sched_changes(&now.sched, &next.sched);
@@ -2024,11 +2050,15 @@ pub async fn run_with(
     };
     let bound = Bound { nbd: nbd.tcp_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))), admin };
     let admin_addr = bound.admin.map_or_else(|| "none".to_string(), |a| a.to_string());
+    // The nodes gw.toml names, and those a volume has a session with now: a node down at start (logged
+    // before this line) or used by no volume is configured, not connected.
+    let connected = live.nodes_connected();
     tracing::info!(
         nbd = %nbd.tcp_shown(),
         nbd_unix = %nbd.unix_shown(),
         admin = %admin_addr,
-        nodes = cfg.nodes.len(),
+        nodes_configured = cfg.nodes.len(),
+        nodes_connected = connected,
         exports = cfg.exports.len(),
         worker_threads = cfg.worker_threads,
         connections_per_node = cfg.link.connections,
@@ -2038,7 +2068,7 @@ pub async fn run_with(
         tracing::warn!("{w}");
     }
     crate::notify::ready(&format!(
-        "listening: NBD on {}, admin on {admin_addr}, {} over {}",
+        "listening: NBD on {}, admin on {admin_addr}, {}, {} configured ({connected} connected)",
         nbd.shown(),
         Count(cfg.exports.len(), "volume"),
         Count(cfg.nodes.len(), "node")
@@ -2391,6 +2421,7 @@ fn admin_router(
                                         "connected": r.up,
                                         "tls": r.tls,
                                         "protocol": r.protocol,
+                                        "read_only": r.read_only,
                                         "in_flight": r.in_flight,
                                         "pieces": r.stats.pieces.load(Relaxed),
                                         "piece_errors": r.stats.piece_errors.load(Relaxed),
@@ -2399,7 +2430,8 @@ fn admin_router(
                                     })
                                 })
                                 .collect();
-                            serde_json::json!({ "export": v.name(), "removed": removed, "nodes": nodes })
+                            let read_only = v.read_only();
+                            serde_json::json!({ "export": v.name(), "removed": removed, "read_only": read_only, "nodes": nodes })
                         })
                         .collect();
                     axum::Json(serde_json::Value::Array(list))

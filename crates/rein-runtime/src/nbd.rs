@@ -151,6 +151,20 @@ pub struct Export {
     pub access: ExportAccess,
 }
 
+impl Export {
+    /// What a handshake advertises now: [`Export::info`], read-only too when the export is a gateway
+    /// volume a node export of which refuses writes ([`RemoteVolume::read_only`]: learnt as the volume
+    /// runs, it holds for the connections opened from then on).
+    pub fn advertised(&self) -> ExportInfo {
+        let volume = match &self.backend {
+            Backend::Local(_) => return self.info.clone(),
+            Backend::Remote(v) => v,
+            Backend::Hosted(h) => &h.volume,
+        };
+        ExportInfo { read_only: self.info.read_only || volume.read_only(), ..self.info.clone() }
+    }
+}
+
 /// Where an export's requests go.
 #[derive(Clone)]
 pub enum Backend {
@@ -427,7 +441,10 @@ pub async fn serve_client(
     let mut input = Input::default();
     // One snapshot of the exports for the whole handshake; the connection keeps the export it opens.
     let exports = ctx.exports.snapshot();
-    let infos: Vec<ExportInfo> = exports.iter().map(|e| e.info.clone()).collect();
+    // As advertised now (a gateway volume may have turned read-only): the connection's transmission
+    // phase keeps to what its handshake said.
+    let infos: Vec<ExportInfo> = exports.iter().map(|e| e.advertised()).collect();
+    let read_only: Vec<bool> = infos.iter().map(|i| i.read_only).collect();
     let mut out = Vec::new();
     let mut hs = ServerHandshake::with_max_payload(infos, ctx.max_payload, &mut out);
     // Whether STARTTLS is offered is set before each option is read (`handshake`), as TLS stands then.
@@ -508,7 +525,8 @@ pub async fn serve_client(
     drop(exports);
     let opened = Instant::now();
     tracing::info!(%peer, export = %export.info.name, tenant = %export.tenant_name, tls = hs.tls_active(), identity = identity.as_deref().unwrap_or(""), structured = negotiated.structured, node = negotiated.node.is_some(), "NBD connection opened");
-    let machine = ServerTransmission::new(TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload));
+    let config = TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload);
+    let machine = ServerTransmission::new(TransmissionConfig { read_only: read_only[negotiated.export], ..config });
     let conn = Conn { ctx: &ctx, export, peer, opened, node_tenants };
     match transport {
         NbdStream::Plain(stream) => {

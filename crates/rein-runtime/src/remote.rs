@@ -87,6 +87,24 @@
 //! reached says no FLUSH and no FUA), and sent on the new session a FUA write went without FUA. A node
 //! without FLUSH (volatile) promises no durability and is not tracked.
 //!
+//! # Read-only node exports
+//! A volume with a node export that refuses writes cannot be written: a WRITE's pieces there fail with
+//! EPERM while those on its other nodes land (a torn write). So each connection keeps whether its node
+//! refuses writes (`LinkState`'s `read_only`), learnt from each handshake (NBD_FLAG_READ_ONLY among the
+//! export's transmission flags) and from a write piece (WRITE, TRIM, WRITE_ZEROES) the node answers with
+//! EPERM: a reload of `rein serve` that makes an export read-only keeps the sessions opened before and
+//! refuses their writes with EPERM from then on, without telling them otherwise. The volume is read-only
+//! while any of its connections says so ([`RemoteVolume::read_only`]), and the front ([`crate::nbd`])
+//! advertises it so to the VMs' connections opened from then on, and refuses their writes itself (EPERM,
+//! nothing sent to a node). Connections opened before keep what their handshake said (NBD fixes it for a
+//! connection): their writes go to the nodes and get their answers. What a connection learnt stays after
+//! its session ends, until its next handshake: a node down is taken as it was last seen, and a node never
+//! reached as writable (unknown; its pieces fail with EIO until it is reached, and its first handshake
+//! tells). Only a new session learns that an export is writable again: a reconnect, or a renewal that
+//! a reload of the gateway asks of the sessions that refuse writes ([`RemoteVolume::recheck_read_only`]),
+//! since a reload of the node ends none of them (and rein serve's sessions opened before a reload to
+//! read-only keep refusing writes after one back to writable).
+//!
 //! # Metrics
 //! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
 //! [`VolumeStats`], and each node of it the pieces sent, the pieces failed (node errors, timeouts, lost
@@ -508,6 +526,9 @@ pub struct NodeReport<'a> {
     /// What the sessions up speak: `"rein"` if one speaks the storage-node protocol, else `"nbd"`; `None`
     /// while none is up.
     pub protocol: Option<&'static str>,
+    /// Whether the node's export refuses writes, as a connection last learnt (module comment, "Read-only
+    /// node exports").
+    pub read_only: bool,
     /// Its counters.
     pub stats: &'a NodeStats,
 }
@@ -541,6 +562,11 @@ impl NodeLink {
     /// node's; a node never reached says nothing, and has acknowledged nothing).
     fn takes_flush(&self) -> bool {
         self.conns.iter().any(|c| c.state.flush.load(Ordering::Relaxed))
+    }
+
+    /// The node refuses writes, as any of its connections last learnt.
+    fn read_only(&self) -> bool {
+        self.conns.iter().any(|c| c.state.read_only.load(Ordering::Acquire))
     }
 
     /// The node takes FUA, as any of its connections that has been up says.
@@ -672,6 +698,10 @@ struct LinkState {
     up: AtomicBool,
     /// The session speaks the storage-node protocol (its pieces are tagged); plain NBD otherwise.
     storage_node: AtomicBool,
+    /// The node refuses writes on this connection (module comment, "Read-only node exports"): its last
+    /// handshake said NBD_FLAG_READ_ONLY, or its session since answered a write with EPERM. Kept after
+    /// the session ends, until the next handshake says otherwise; false on a connection never up.
+    read_only: AtomicBool,
 }
 
 impl RemoteVolume {
@@ -716,6 +746,7 @@ impl RemoteVolume {
                 volume: volume.to_string(),
                 cfg,
                 respec: watch::channel(0).0,
+                recheck: watch::channel(0).0,
                 closing: closing_rx.clone(),
             });
             let mut conns = Vec::with_capacity(cfg.connections);
@@ -915,6 +946,26 @@ impl RemoteVolume {
         }
     }
 
+    /// Whether a node export of the volume refuses writes, as its connections last learnt (module comment,
+    /// "Read-only node exports"): the volume is then advertised read-only to new front connections.
+    pub fn read_only(&self) -> bool {
+        self.links.iter().flatten().any(NodeLink::read_only)
+    }
+
+    /// Asks the sessions that refuse writes (module comment, "Read-only node exports") to end once their
+    /// pieces are answered and say hello again at once (pieces sent meanwhile wait), so that their new
+    /// handshakes say whether the node exports are writable now: a reload of the gateway, after the nodes
+    /// were made writable again. Returns the nodes asked.
+    pub fn recheck_read_only(&self) -> Vec<String> {
+        let links = self.links.iter().flatten().filter(|l| l.read_only());
+        links
+            .map(|l| {
+                l.target.recheck.send_modify(|g| *g += 1);
+                l.target.node.name.clone()
+            })
+            .collect()
+    }
+
     /// The largest minimum block size of the volume's nodes, as their connections that have been up say
     /// (1 if none has been up).
     pub fn min_block(&self) -> u32 {
@@ -1036,6 +1087,7 @@ impl RemoteVolume {
                         (_, false) => Some("nbd"),
                     }
                 },
+                read_only: l.read_only(),
                 stats: &l.target.stats,
             })
             .collect()
@@ -1301,6 +1353,9 @@ struct Target {
     /// Bumped when the tenant's spec changes ([`RemoteVolume::respec`]): each session then ends once its
     /// pieces are answered, and the connection says hello again with the new spec.
     respec: watch::Sender<u64>,
+    /// Bumped by [`RemoteVolume::recheck_read_only`]: each session that refuses writes then ends once its
+    /// pieces are answered, and the connection says hello again.
+    recheck: watch::Sender<u64>,
     /// The volume's [`RemoteVolume::close`]: sessions end at once, with NBD_CMD_DISC.
     closing: watch::Receiver<bool>,
     export: String,
@@ -1385,6 +1440,12 @@ impl Session {
     /// not FUA.
     fn publish(&self, state: &LinkState, node: &str, volume: &str) {
         state.storage_node.store(self.slot.is_some(), Ordering::Relaxed);
+        let read_only = self.flags & p::TFLAG_READ_ONLY != 0;
+        match (state.read_only.swap(read_only, Ordering::AcqRel), read_only) {
+            (false, true) => tracing::info!(node, volume, "the node's export is read-only (NBD_FLAG_READ_ONLY at its handshake): the volume is advertised read-only to new connections"),
+            (true, false) => tracing::info!(node, volume, "the node's export is writable (its new session's handshake says so): the volume is advertised writable to new connections unless another of its node exports is read-only"),
+            _ => {}
+        }
         if publish_flags(self.flags, self.block, state) {
             tracing::warn!(node, volume, "the node takes FLUSH but not FUA: a FUA write's piece goes to it as a plain write followed by a FLUSH, and the write is answered after the FLUSH (slower than FUA)");
         }
@@ -1587,7 +1648,7 @@ async fn run_link(
                 log.up(name);
             }
             let started = Instant::now();
-            let end = run_session(&target, s, &mut rx).await;
+            let end = run_session(&target, s, &state, &mut rx).await;
             state.up.store(false, Ordering::Relaxed);
             if started.elapsed() >= stable {
                 log.stable();
@@ -1595,11 +1656,12 @@ async fn run_link(
             }
             match end {
                 SessionEnd::Closed => return,
-                SessionEnd::Recycle | SessionEnd::Moved => {
-                    // At once, with the new spec or at the node's new place; pieces meanwhile wait in the
-                    // channel.
+                SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck => {
+                    // At once, with the new spec, at the node's new place or to read the export's flags
+                    // again; pieces meanwhile wait in the channel.
                     let why = match end {
                         SessionEnd::Moved => format!("at its new place {}", target.node.place().address),
+                        SessionEnd::Recheck => "to learn whether its export still refuses writes".to_string(),
                         _ => "with the tenant's new spec".to_string(),
                     };
                     let attempt = tokio::select! {
@@ -1707,6 +1769,10 @@ enum SessionEnd {
     Recycle,
     /// A reload moved the node and the session's pieces are answered: connect to its new place.
     Moved,
+    /// The session's node refuses writes, a reload asked it to say hello again
+    /// ([`RemoteVolume::recheck_read_only`]), and its pieces are answered: the new handshake says whether
+    /// the export is writable now.
+    Recheck,
     /// The node answered NBD_ESHUTDOWN and the session's pieces are answered: the session was left with a
     /// soft disconnect, as the spec asks of a client; reconnect as after a failure. The reason.
     Left(String),
@@ -1716,6 +1782,9 @@ enum SessionEnd {
 struct Pending {
     sink: Sink,
     read_len: u32,
+    /// It changes the node's bytes (WRITE, TRIM, WRITE_ZEROES): an EPERM for it says the export is
+    /// read-only now.
+    write: bool,
     /// When it was handed to the writer.
     sent: Instant,
     _permit: OwnedSemaphorePermit,
@@ -1723,7 +1792,12 @@ struct Pending {
 
 /// Runs one session: a writer and a reader side by side on the task, until either ends; then every piece
 /// still pending fails (invariant 1).
-async fn run_session(target: &Target, session: Session, rx: &mut mpsc::UnboundedReceiver<Work>) -> SessionEnd {
+async fn run_session(
+    target: &Target,
+    session: Session,
+    state: &LinkState,
+    rx: &mut mpsc::UnboundedReceiver<Work>,
+) -> SessionEnd {
     // The registration lives as long as the session (a reload may cut it meanwhile).
     let Session { stream, input, block, slot, boot, version, registration: _registration, place, .. } = session;
     // The pool flag goes only to a node that reads it (a v2 node refuses the bit).
@@ -1747,13 +1821,13 @@ async fn run_session(target: &Target, session: Session, rx: &mut mpsc::Unbounded
     match stream {
         NbdStream::Plain(sock) => {
             let (rd, wr) = sock.into_split();
-            run_session_on(target, &place, block, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, block, state, rd, wr, input, qos, pool_flag, rx).await
         }
         NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
             // A batch's small messages into full TLS records (the module `wire`), as the server's side.
             let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
-            run_session_on(target, &place, block, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, block, state, rd, wr, input, qos, pool_flag, rx).await
         }
     }
 }
@@ -1764,6 +1838,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     target: &Target,
     place: &Place,
     block: BlockSize,
+    state: &LinkState,
     mut rd: R,
     mut wr: W,
     input: Vec<u8>,
@@ -1778,6 +1853,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let name = target.node.name.as_str();
     let timeout = target.cfg.request_timeout;
     let mut respec = target.respec.subscribe();
+    let mut recheck = target.recheck.subscribe();
     let mut moved = target.node.route.generation.subscribe();
     // A connect that read the node's place before a reload moved it and finished after the reload's
     // announcement (which this subscription counts as seen) is at the old place: it ends at once, as
@@ -1797,6 +1873,13 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 w = rx.recv() => w,
                 // The tenant's spec changed: send nothing more on this session (module comment).
                 _ = respec.changed() => return SessionEnd::Recycle,
+                // A reload asks the sessions that refuse writes to learn whether they still do.
+                _ = recheck.changed() => {
+                    if state.read_only.load(Ordering::Acquire) {
+                        return SessionEnd::Recheck;
+                    }
+                    continue;
+                }
                 // A reload moved the node: the same, to connect to its new place (`NodeRoute`).
                 r = moved.changed() => {
                     if r.is_err() || target.node.place() != *place {
@@ -1822,6 +1905,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     work = rx.try_recv().ok();
                     continue;
                 }
+                let write = matches!(header.command, Command::Write | Command::Trim | Command::WriteZeroes);
                 let mut msg = w.msg;
                 let handle = next.load(Ordering::Relaxed);
                 msg[HANDLE_AT].copy_from_slice(&handle.to_be_bytes());
@@ -1842,7 +1926,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(handle, Pending { sink: w.sink, read_len: w.read_len, sent, _permit: w._permit });
+                    .insert(handle, Pending { sink: w.sink, read_len: w.read_len, write, sent, _permit: w._permit });
                 next.store(handle + 1, Ordering::Relaxed);
                 target.stats.pieces.fetch_add(1, Ordering::Relaxed);
                 batch.push(msg);
@@ -1923,6 +2007,11 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     target.fail(p.sink, ErrorKind::Io, "the node is shutting down".into());
                     shutdown_seen.notify_one();
                 } else {
+                    if error == p::EPERM && p.write && !state.read_only.swap(true, Ordering::AcqRel) {
+                        // A reload of the node made its export read-only: the sessions opened before are
+                        // not told otherwise (module comment, "Read-only node exports").
+                        tracing::warn!(node = name, volume = %target.volume, "the node refused a write with EPERM: its export is read-only now; the volume is advertised read-only to new connections until a new session to the node says otherwise");
+                    }
                     let kind = kind_of(error);
                     target.fail(p.sink, kind, format!("node answered NBD error {error}"));
                 }
@@ -1969,7 +2058,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             e = &mut writer => e,
             e = &mut reader => e,
         };
-        if matches!(end, SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Left(_)) {
+        if matches!(end, SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck | SessionEnd::Left(_)) {
             // The writer stopped (the reader runs on): the pieces in flight are answered on this session
             // (each within request_timeout) before the connection says hello again, or, the node shutting
             // down, before it is left; new pieces wait in the channel.
@@ -1988,7 +2077,10 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     };
     // A session the gateway ends (its shutdown, a new spec) or the node asked to end (ESHUTDOWN) ends
     // softly, with NBD_CMD_DISC, as the spec asks of a client; a broken one just closes.
-    if matches!(end, SessionEnd::Closed | SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Left(_)) {
+    if matches!(
+        end,
+        SessionEnd::Closed | SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck | SessionEnd::Left(_)
+    ) {
         let disc = header(Command::Disc, 0, 0, false);
         let _ = tokio::time::timeout(DISC_TIMEOUT, write_all_vectored(&mut wr, &[disc], qos.is_some())).await;
     }
@@ -1997,6 +2089,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         SessionEnd::Closed => "the gateway is shutting down".to_string(),
         SessionEnd::Failed(w) | SessionEnd::Left(w) => w.clone(),
         SessionEnd::Recycle => "the session ended for a new spec".to_string(),
+        SessionEnd::Recheck => "the session ended to read the export's flags again".to_string(),
         SessionEnd::Moved => "the session ended: a reload moved the node".to_string(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {

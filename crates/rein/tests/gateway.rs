@@ -1149,6 +1149,138 @@ fn a_volume_made_read_only_stops_the_writes_of_open_connections() {
     assert_eq!(flush(&mut old, 8), 0, "a FLUSH still succeeds");
 }
 
+/// Whether nbdinfo says the volume at `uri` is read-only (`is_read_only` in its JSON).
+fn nbdinfo_read_only(uri: &str) -> bool {
+    let json = run_ok(tool("nbdinfo").args(["--json", uri]));
+    let flat: String = json.split_whitespace().collect();
+    assert!(flat.contains("\"is_read_only\":"), "{json}");
+    flat.contains("\"is_read_only\":true")
+}
+
+/// A volume over a node export that is read-only (`read_only = true` on s1 from its start) is advertised
+/// read-only (NBD_FLAG_READ_ONLY), as s1's handshake said: nbdinfo shows `is_read_only: true`, and a
+/// WRITE across both its nodes gets EPERM from the gateway itself, no piece sent, so the bytes of the
+/// writable node s2 stay as they were, while reads are served. Before, the volume was advertised writable
+/// and such a WRITE landed on s2 while s1 refused its part with EPERM: half written. The listening line
+/// counts the nodes configured apart from those connected (s3, named in gw.toml, no volume uses).
+#[test]
+fn a_volume_over_a_read_only_node_export_is_advertised_read_only() {
+    use rein_proto::nbd::{Command, TFLAG_READ_ONLY};
+    let tmp = tmpdir("gw-ro-start");
+    let dir = tmp.path();
+    // A read-only export is not created: its image is made first.
+    std::fs::create_dir_all(dir.join("node120").join("data")).unwrap();
+    std::fs::File::create(node_file(dir, 120)).unwrap().set_len(NODE_MB << 20).unwrap();
+    let body = format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = true\n");
+    let s1 = serve_in(&dir.join("node120"), &local(120), &body);
+    let s2 = node(dir, 121, 0);
+    let s3 = free_tcp("127.0.0.121");
+    let volume = "[[exports]]\nname = \"v\"\nsize_mb = 16\nstripe_kb = 64\nwidths = { s1 = 1, s2 = 1 }\n";
+    let gw = gateway(&gateway_config(dir, 122, &[("s1", s1.nbd), ("s2", s2.nbd), ("s3", s3)], volume));
+    let line = gw.wait_line("rein gateway listening");
+    assert!(line.contains("nodes_configured=3 nodes_connected=2"), "{line}");
+    gw.wait_line("the node's export is read-only (NBD_FLAG_READ_ONLY at its handshake)");
+    assert!(nbdinfo_read_only(&uri(&gw)), "nbdinfo sees the volume read-only");
+    let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+    assert_eq!(status, 200);
+    let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(nodes[0]["read_only"], true, "{body}");
+    let per_node: Vec<_> = nodes[0]["nodes"].as_array().unwrap().iter().map(|n| n["read_only"].clone()).collect();
+    assert_eq!(per_node, [true, false], "s1 read-only, s2 writable: {body}");
+    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
+    assert_ne!(open.flags & TFLAG_READ_ONLY, 0, "advertised read-only: flags {:#x}", open.flags);
+    let mut c = Raw { s: open.stream, buf: open.buf };
+    let before = pieces_sent(gw.admin);
+    let data = vec![0xb7u8; 2 * UNIT as usize];
+    c.send(Command::Write, 1, 0, data.len() as u32, &data);
+    assert_eq!(c.reply(0).1, 1, "a WRITE over s1 and s2: EPERM");
+    for (h, command) in [(2, Command::WriteZeroes), (3, Command::Trim)] {
+        c.send(command, h, UNIT, 4096, &[]);
+        assert_eq!(c.reply(0).1, 1, "{command:?} on s2's unit: EPERM");
+    }
+    assert_eq!(pieces_sent(gw.admin), before, "the gateway refuses them itself: no piece sent");
+    let s2_bytes = std::fs::read(node_file(dir, 121)).unwrap();
+    assert!(s2_bytes[..UNIT as usize].iter().all(|&b| b == 0), "s2's unit is not written");
+    c.send(Command::Read, 4, 0, 2 * UNIT as u32, &[]);
+    let (_, error, read) = c.reply(2 * UNIT as usize);
+    assert_eq!((error, read.len()), (0, 2 * UNIT as usize), "reads are served");
+    assert_eq!(pieces_sent(gw.admin), before + 2, "a READ over two units: one piece per node");
+}
+
+/// A node export made read-only by a reload of its node (`rein serve`): the gateway's session, opened
+/// before, is not told; the node refuses its next write with EPERM, and from that the gateway takes the
+/// volume as read-only: new connections see it read-only (nbdinfo: `is_read_only: true`) and get EPERM
+/// from the gateway itself for their writes, no piece sent, while the connection opened before gets the
+/// node's EPERM as before. Made writable again on the node (another reload of it), the volume stays
+/// read-only until a new session to the node says so: a reload of the gateway renews the sessions that
+/// refuse writes, and from then on new connections see it writable, and they and the one opened first
+/// write.
+#[test]
+fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
+    use rein_proto::nbd::{Command, TFLAG_READ_ONLY};
+    let tmp = tmpdir("gw-ro-reload");
+    let dir = tmp.path();
+    let node_dir = dir.join("node123");
+    let head = |port: u16| format!("listen = \"127.0.0.123:{port}\"\nadmin = \"127.0.0.123:0\"");
+    let body = |read_only: bool| {
+        format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = {read_only}\n")
+    };
+    let s1 = serve_in(&node_dir, &head(0), &body(false));
+    let addr = s1.nbd;
+    let gw = gateway(&gateway_config(dir, 124, &[("s1", addr)], "[[exports]]\nname = \"v\"\nsize_mb = 16\n"));
+    let read_only = |gw: &Server| {
+        let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
+        open.flags & TFLAG_READ_ONLY != 0
+    };
+    let write = |c: &mut Raw, h: u64, byte: u8| {
+        c.send(Command::Write, h, 0, 4096, &[byte; 4096]);
+        c.reply(0).1
+    };
+    assert!(!read_only(&gw), "writable to begin with");
+    let mut old = Raw::connect(gw.nbd, "v");
+    assert_eq!(write(&mut old, 1, 0xc1), 0);
+    common::config_at(&node_dir, &head(0), &body(true));
+    s1.signal("-HUP");
+    s1.wait_line("export v: read-only now");
+    assert_eq!(write(&mut old, 2, 0xc2), 1, "the node's EPERM");
+    // Learnt before that EPERM was passed on.
+    assert!(read_only(&gw), "a new connection sees the volume read-only");
+    gw.wait_line("the node refused a write with EPERM: its export is read-only now");
+    assert!(nbdinfo_read_only(&uri(&gw)), "so does nbdinfo");
+    let mut new = Raw::connect(gw.nbd, "v");
+    let before = pieces_sent(gw.admin);
+    assert_eq!(write(&mut new, 3, 0xc3), 1, "the gateway's EPERM");
+    assert_eq!(pieces_sent(gw.admin), before, "no piece sent for it");
+    assert_eq!(write(&mut old, 4, 0xc4), 1, "the connection opened before: the node's EPERM");
+    assert_eq!(pieces_sent(gw.admin), before + 1, "its WRITE went to the node");
+    let file = std::fs::read(node_file(dir, 123)).unwrap();
+    assert!(file[..4096].iter().all(|&b| b == 0xc1), "the node's bytes are those written before");
+    // The node's export writable again: a reload of the node ends no session, so the gateway goes on
+    // taking it as read-only; a reload of the gateway renews the sessions that refuse writes, and their
+    // new handshakes say it is writable.
+    common::config_at(&node_dir, &head(0), &body(false));
+    s1.signal("-HUP");
+    let reloads = || s1.log.lock().unwrap().iter().filter(|l| l.contains("configuration reloaded")).count();
+    assert!(eventually(Duration::from_secs(30), || reloads() == 2), "the node's second reload");
+    assert!(read_only(&gw), "not learnt yet");
+    gw.signal("-HUP");
+    let line = gw.wait_line("configuration reloaded");
+    assert!(line.contains("applied=1"), "{line}");
+    gw.wait_line("export v: the sessions with s1 renew to learn whether its export is still read-only");
+    gw.wait_line("node session renewed to learn whether its export still refuses writes");
+    gw.wait_line("the node's export is writable (its new session's handshake says so)");
+    assert!(!read_only(&gw), "a new connection sees the volume writable again");
+    let mut again = Raw::connect(gw.nbd, "v");
+    assert_eq!(write(&mut again, 5, 0xc5), 0, "and writes");
+    assert_eq!(write(&mut old, 6, 0xc6), 0, "so does the connection opened first (advertised writable)");
+    assert_eq!(write(&mut new, 7, 0xc7), 1, "the one advertised read-only keeps to it");
+    let file = std::fs::read(node_file(dir, 123)).unwrap();
+    assert!(file[..4096].iter().all(|&b| b == 0xc6), "the last write landed");
+    // A reload with nothing read-only renews nothing.
+    gw.signal("-HUP");
+    gw.wait_log(&["configuration reloaded", "applied=0"], Duration::from_secs(30));
+}
+
 /// A reload (SIGHUP) adds and removes nodes without a restart (crates/rein-runtime/src/gateway.rs,
 /// `NodePlan`): s3 is added with a volume on it, in the same reload as s2 and its volume are removed,
 /// while reads of a volume on s1 run through the reload and none fails; the new volume's bytes land on
