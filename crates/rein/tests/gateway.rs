@@ -1158,8 +1158,8 @@ fn nbdinfo_read_only(uri: &str) -> bool {
 }
 
 /// A volume over a node export that is read-only (`read_only = true` on s1 from its start) is advertised
-/// read-only (NBD_FLAG_READ_ONLY), as s1's handshake said: nbdinfo shows `is_read_only: true`, and a
-/// WRITE across both its nodes gets EPERM from the gateway itself, no piece sent, so the bytes of the
+/// read-only (NBD_FLAG_READ_ONLY), as s1's handshake said: nbdinfo shows `is_read_only: true`, nbdcopy
+/// refuses to write to it, and a WRITE across both its nodes gets EPERM from the gateway itself, no piece sent, so the bytes of the
 /// writable node s2 stay as they were, while reads are served. Before, the volume was advertised writable
 /// and such a WRITE landed on s2 while s1 refused its part with EPERM: half written. The listening line
 /// counts the nodes configured apart from those connected (s3, named in gw.toml, no volume uses).
@@ -1181,6 +1181,12 @@ fn a_volume_over_a_read_only_node_export_is_advertised_read_only() {
     assert!(line.contains("nodes_configured=3 nodes_connected=2"), "{line}");
     gw.wait_line("the node's export is read-only (NBD_FLAG_READ_ONLY at its handshake)");
     assert!(nbdinfo_read_only(&uri(&gw)), "nbdinfo sees the volume read-only");
+    // A real client refuses to write up front (before, it wrote and got EPERM).
+    let zeroes = dir.join("zeroes.raw");
+    std::fs::write(&zeroes, vec![0u8; 4096]).unwrap();
+    let out = tool("nbdcopy").arg(&zeroes).arg(uri(&gw)).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("the destination is read-only"), "nbdcopy: {err}");
     let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
     assert_eq!(status, 200);
     let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
