@@ -1695,11 +1695,11 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
             ));
         }
     }
-    live.tenants = tenants;
-    live.volumes = volumes;
-    // The node sessions that refuse writes learn again whether they do (remote.rs, "Read-only node
-    // exports"): a reload of a node that makes its export writable again ends none of them.
-    for v in &live.volumes {
+    // The node sessions of the volumes kept that refuse writes learn again whether they do (remote.rs,
+    // "Read-only node exports"): a reload of a node that makes its export writable again ends none of
+    // them. (A volume this reload opened has just learnt it.)
+    let kept = volumes.iter().filter(|v| live.volumes.iter().any(|old| Arc::ptr_eq(&old.volume, &v.volume)));
+    for v in kept {
         let nodes = v.volume.recheck_read_only();
         if !nodes.is_empty() {
             r.applied.push(format!(
@@ -1711,6 +1711,8 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
             ));
         }
     }
+    live.tenants = tenants;
+    live.volumes = volumes;
     // The gateway's `[mclock]`: the PARDA host's local scheduler takes it at once (queued requests stay).
     if let (Some((gate, _)), Some(now), Some(next)) = (&live.host, &mut live.base.parda, &new.parda) {
         let changed = crate::live::sched_changes(&now.sched, &next.sched);
