@@ -1213,6 +1213,29 @@ fn a_volume_over_a_read_only_node_export_is_advertised_read_only() {
     assert_eq!(pieces_sent(gw.admin), before + 2, "a READ over two units: one piece per node");
 }
 
+/// A node down when the gateway starts is taken as writable (what its export is, is unknown; the gateway
+/// does not wait for it): the volume is advertised writable, and once the node is up with a read-only
+/// export its first handshake says so, and new connections see the volume read-only.
+#[test]
+fn a_node_down_at_start_is_taken_as_writable_until_its_handshake_says_otherwise() {
+    use rein_proto::nbd::TFLAG_READ_ONLY;
+    let tmp = tmpdir("gw-ro-down");
+    let dir = tmp.path();
+    let addr = free_tcp("127.0.0.136");
+    let gw = gateway(&gateway_config(dir, 137, &[("s1", addr)], "[[exports]]\nname = \"v\"\nsize_mb = 16\n"));
+    gw.wait_line("node unreachable at start");
+    let flags = || common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap().flags;
+    assert_eq!(flags() & TFLAG_READ_ONLY, 0, "unknown yet: writable");
+    std::fs::create_dir_all(dir.join("node136").join("data")).unwrap();
+    std::fs::File::create(node_file(dir, 136)).unwrap().set_len(NODE_MB << 20).unwrap();
+    let head = format!("listen = \"{addr}\"\nadmin = \"127.0.0.136:0\"");
+    let body = format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = true\n");
+    let _s1 = serve_in(&dir.join("node136"), &head, &body);
+    gw.wait_line("node connection restored");
+    gw.wait_line("the node's export is read-only (NBD_FLAG_READ_ONLY at its handshake)");
+    assert_ne!(flags() & TFLAG_READ_ONLY, 0, "its handshake said read-only");
+}
+
 /// A node export made read-only by a reload of its node (`rein serve`): the gateway's session, opened
 /// before, is not told; the node refuses its next write with EPERM, and from that the gateway takes the
 /// volume as read-only: new connections see it read-only (nbdinfo: `is_read_only: true`) and get EPERM
