@@ -680,6 +680,10 @@ fn nodes_table(v: &Value) -> Result<String> {
         if vol["removed"].as_bool() == Some(true) {
             export.push_str(" (removed)");
         }
+        // Advertised read-only to new connections: a node export refuses writes (docs/gateway.md).
+        if vol["read_only"].as_bool() == Some(true) {
+            export.push_str(" (read-only)");
+        }
         for n in vol["nodes"].as_array().into_iter().flatten() {
             let text = |k: &str| n[k].as_str().map_or_else(|| number(&n[k]), str::to_string);
             rows.push([

@@ -1160,7 +1160,8 @@ fn nbdinfo_read_only(uri: &str) -> bool {
 /// A volume over a node export that is read-only (`read_only = true` on s1 from its start) is advertised
 /// read-only (NBD_FLAG_READ_ONLY), as s1's handshake said: nbdinfo shows `is_read_only: true`, nbdcopy
 /// refuses to write to it, and a WRITE across both its nodes gets EPERM from the gateway itself, no piece sent, so the bytes of the
-/// writable node s2 stay as they were, while reads are served. Before, the volume was advertised writable
+/// writable node s2 stay as they were, while reads are served; `/api/nodes` and `rein admin nodes` say
+/// it. Before, the volume was advertised writable
 /// and such a WRITE landed on s2 while s1 refused its part with EPERM: half written. The listening line
 /// counts the nodes configured apart from those connected (s3, named in gw.toml, no volume uses).
 #[test]
@@ -1193,6 +1194,10 @@ fn a_volume_over_a_read_only_node_export_is_advertised_read_only() {
     assert_eq!(nodes[0]["read_only"], true, "{body}");
     let per_node: Vec<_> = nodes[0]["nodes"].as_array().unwrap().iter().map(|n| n["read_only"].clone()).collect();
     assert_eq!(per_node, [true, false], "s1 read-only, s2 writable: {body}");
+    let admin = [String::from("admin"), "--admin".into(), gw.admin.to_string(), "nodes".into()];
+    let table = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args(&admin).env("NO_COLOR", "1"));
+    assert!(table.lines().any(|l| l.starts_with("v (read-only)") && l.contains(" s1 ")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("v (read-only)") && l.contains(" s2 ")), "{table}");
     let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
     assert_ne!(open.flags & TFLAG_READ_ONLY, 0, "advertised read-only: flags {:#x}", open.flags);
     let mut c = Raw { s: open.stream, buf: open.buf };
