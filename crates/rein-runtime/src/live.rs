@@ -1206,17 +1206,23 @@ impl Registry {
                     let mut storage = opened[i].1.clone();
                     // A memory export changed (its tenant, access, read_only) keeps its RAM: the new one
                     // opened for it is empty, and every byte written to it was gone for the connections
-                    // opened from then on, without a word. (A read-only one holds zeroes, as a new one
-                    // does; one of another size starts anew.)
+                    // opened from then on, without a word. (One of another size starts anew.) The RAM
+                    // comes through a handle of its own, read-only or not as the new export is: the old
+                    // export's handle may have its writes stopped (below, or by an earlier reload to
+                    // read_only), which stays with the old export's connections. Until 2026-12-06 the
+                    // RAM was kept only from a writable export, and one made read-only started empty
+                    // when a later reload made it writable again.
                     let old = old_by_name.get(e.name.as_str());
                     if let Some(old) = old.filter(|o| {
                         o.info.volatile
-                            && !o.info.read_only
                             && e.backend == crate::config::BackendKind::Memory
                             && o.info.size == storage.size()
                     }) {
-                        if let crate::nbd::Backend::Local(s) = &old.backend {
-                            storage = Arc::clone(s);
+                        if let Some(shared) = match &old.backend {
+                            crate::nbd::Backend::Local(s) => s.share_bytes(e.read_only),
+                            _ => None,
+                        } {
+                            storage = shared;
                         }
                     }
                     let verb = match (running.get(e.name.as_str()), again.get(&e.name)) {

@@ -247,6 +247,15 @@ pub trait Storage: Send + Sync + 'static {
     /// is the one the connections opened before still use (they were told at their handshake that it is
     /// writable). The default, for a storage that cannot stop: nothing.
     fn stop_writes(&self) {}
+    /// A new storage over the same bytes, with a write gate of its own: read-only if `read_only`, and
+    /// writable otherwise whether or not this one's writes were stopped ([`Storage::stop_writes`] stops
+    /// this handle's, not the other's). A reload's changed memory export takes its RAM over this way, the
+    /// only copy of its data ([`MemStorage`]). `None`, the default: the bytes live elsewhere (a file,
+    /// which the reload opens again).
+    fn share_bytes(&self, read_only: bool) -> Option<std::sync::Arc<dyn Storage>> {
+        let _ = read_only;
+        None
+    }
     /// The device and inode of the file it has open (`None`: not a file), which two exports must not
     /// both write ([`crate::preflight`]).
     fn file_id(&self) -> Option<(u64, u64)> {
@@ -892,13 +901,24 @@ impl Storage for FileStorage {
 
 const PAGE: u64 = 1 << 20;
 
-/// RAM storage in 1 MiB pages, each behind its own lock.
+/// RAM storage in 1 MiB pages, each behind its own lock: a handle on the RAM (its pages, shared) with a write
+/// gate of its own (`read_only`, [`Storage::stop_writes`]). The RAM is the export's only copy of its
+/// data, so a reload that replaces a memory export hands the new one the same RAM through a new handle
+/// ([`Storage::share_bytes`]): stopping one handle's writes (the old export's, made read-only) leaves
+/// the other's gate as it is, so that the export made writable again by a later reload writes the same
+/// bytes while the connections of the stopped handle stay refused. Until 2026-12-06 the gate was the
+/// RAM's: an export made read-only could only be given a new, empty RAM when made writable again.
 pub struct MemStorage {
-    size: u64,
-    pages: Vec<Mutex<Option<Box<[u8]>>>>,
+    ram: std::sync::Arc<MemPages>,
     read_only: bool,
     /// Changes are refused from now on ([`Storage::stop_writes`]).
     writes_stopped: std::sync::atomic::AtomicBool,
+}
+
+/// The bytes of a [`MemStorage`], shared by its handles.
+struct MemPages {
+    size: u64,
+    pages: Vec<Mutex<Option<Box<[u8]>>>>,
 }
 
 impl MemStorage {
@@ -906,8 +926,7 @@ impl MemStorage {
     pub fn new(size: u64) -> MemStorage {
         let n = size.div_ceil(PAGE) as usize;
         MemStorage {
-            size,
-            pages: (0..n).map(|_| Mutex::new(None)).collect(),
+            ram: std::sync::Arc::new(MemPages { size, pages: (0..n).map(|_| Mutex::new(None)).collect() }),
             read_only: false,
             writes_stopped: Default::default(),
         }
@@ -935,7 +954,7 @@ impl MemStorage {
             let page = (pos / PAGE) as usize;
             let in_page = (pos % PAGE) as usize;
             let n = ((PAGE - pos % PAGE).min(end - pos)) as usize;
-            let mut g = self.pages[page].lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = self.ram.pages[page].lock().unwrap_or_else(|p| p.into_inner());
             f(&mut g, in_page, n, (pos - offset) as usize);
             pos += n as u64;
         }
@@ -944,7 +963,7 @@ impl MemStorage {
 
 impl Storage for MemStorage {
     fn size(&self) -> u64 {
-        self.size
+        self.ram.size
     }
     fn inline_max_bytes(&self) -> u64 {
         MEMORY_INLINE_MAX
@@ -952,8 +971,15 @@ impl Storage for MemStorage {
     fn stop_writes(&self) {
         self.writes_stopped.store(true, std::sync::atomic::Ordering::Release);
     }
+    fn share_bytes(&self, read_only: bool) -> Option<std::sync::Arc<dyn Storage>> {
+        Some(std::sync::Arc::new(MemStorage {
+            ram: std::sync::Arc::clone(&self.ram),
+            read_only,
+            writes_stopped: Default::default(),
+        }))
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
-        check(self.size, offset, buf.len() as u64)?;
+        check(self.ram.size, offset, buf.len() as u64)?;
         self.for_pages(offset, buf.len() as u64, |p, at, n, b| match p {
             Some(page) => buf[b..b + n].copy_from_slice(&page[at..at + n]),
             None => buf[b..b + n].fill(0),
@@ -962,7 +988,7 @@ impl Storage for MemStorage {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), StorageError> {
         self.writable()?;
-        check(self.size, offset, buf.len() as u64)?;
+        check(self.ram.size, offset, buf.len() as u64)?;
         self.for_pages(offset, buf.len() as u64, |p, at, n, b| {
             let page = p.get_or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
             page[at..at + n].copy_from_slice(&buf[b..b + n]);
@@ -977,7 +1003,7 @@ impl Storage for MemStorage {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
         self.writable()?;
-        check(self.size, offset, len)?;
+        check(self.ram.size, offset, len)?;
         self.for_pages(offset, len, |p, at, n, _| {
             if let Some(page) = p {
                 if at == 0 && n == PAGE as usize {
@@ -1047,6 +1073,35 @@ mod tests {
         let mut b = [7u8; 1];
         ro.read_at(&mut b, 0).unwrap();
         assert_eq!(b, [0]);
+    }
+
+    /// A handle shared from a memory storage ([`Storage::share_bytes`]) serves the same bytes behind a
+    /// write gate of its own: writable though the first one's writes were stopped, read-only if asked,
+    /// and stopping it leaves the first one's gate alone. A file shares nothing (it is opened again).
+    #[test]
+    fn a_shared_memory_handle_has_its_own_write_gate() {
+        let m = MemStorage::new(2 * PAGE);
+        m.write_at(b"keep", 0).unwrap();
+        m.stop_writes();
+        assert!(matches!(m.write_at(b"late", 0), Err(StorageError::ReadOnly)));
+        let ro = m.share_bytes(true).expect("RAM is shared");
+        assert!(ro.read_only() && matches!(ro.write_at(b"x", 0), Err(StorageError::ReadOnly)));
+        let rw = ro.share_bytes(false).expect("RAM is shared");
+        let mut b = [0u8; 4];
+        rw.read_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"keep");
+        rw.write_at(b"more", PAGE).unwrap();
+        rw.stop_writes();
+        let again = rw.share_bytes(false).unwrap();
+        again.write_at(b"last", 4).unwrap();
+        m.read_at(&mut b, PAGE).unwrap();
+        assert_eq!(&b, b"more", "one RAM");
+        m.read_at(&mut b, 4).unwrap();
+        assert_eq!(&b, b"last");
+        assert!(matches!(m.write_at(b"late", 0), Err(StorageError::ReadOnly)), "the first stays stopped");
+        let dir = tempfile::Builder::new().prefix("rein-storage-share-").tempdir().unwrap();
+        let f = FileStorage::open(&dir.path().join("f.img"), Some(PAGE), false).unwrap();
+        assert!(f.share_bytes(false).is_none());
     }
 
     /// Issue 12: a missing file without a size is not created; a directory, a FIFO or a character device

@@ -241,3 +241,59 @@ async fn a_reload_that_changes_a_memory_export_keeps_its_data() {
     c.disconnect().await;
     running.stop().await;
 }
+
+/// A memory export made read-only by a reload and writable again by a later one keeps its data: the
+/// second reload used to give it a new, empty RAM (the RAM was kept only from a writable export, and the
+/// one made read-only had its writes stopped for good). The connections opened before the first reload
+/// stay refused (EPERM): they keep the handle whose writes that reload stopped, as a file export's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_export_made_read_only_then_writable_keeps_its_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let file = |read_only: bool| {
+        let text = format!(
+            "listen = \"127.0.0.100:0\"\nadmin = \"127.0.0.100:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"m\"\n\
+             backend = \"memory\"\nsize_mb = 1\nread_only = {read_only}\n",
+            dir.display()
+        );
+        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+    };
+    let running = Running::start(file(false)).await;
+    let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
+    let old = NbdClient::connect(b.nbd, "m").await.unwrap();
+    old.request(Command::Write, 0, 4, b"keep", false).await.unwrap();
+    // Each reload is applied once a new connection is refused a write (read-only), then allowed one
+    // (writable again; it writes at 8192, where nothing else does).
+    for read_only in [true, false] {
+        *next.lock().unwrap() = file(read_only);
+        tx.send(()).await.unwrap();
+        let mut applied = false;
+        for _ in 0..500 {
+            let n = NbdClient::connect(b.nbd, "m").await.unwrap();
+            let wrote = n.request(Command::Write, 8192, 4, b"new!", false).await.is_ok();
+            n.disconnect().await;
+            if wrote != read_only {
+                applied = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(applied, "the reload to read_only = {read_only} never applied");
+    }
+    let n = NbdClient::connect(b.nbd, "m").await.unwrap();
+    assert_eq!(
+        n.request(Command::Read, 0, 4, &[], false).await.unwrap(),
+        b"keep",
+        "made writable again, the export lost what was written before it was made read-only"
+    );
+    assert_eq!(n.request(Command::Read, 8192, 4, &[], false).await.unwrap(), b"new!");
+    n.request(Command::Write, 4, 4, b"more", false).await.expect("writable again");
+    // The connection opened before the first reload: still refused, and nothing of it lands.
+    let e = old.request(Command::Write, 4096, 4, b"late", false).await.expect_err("a write of the old connection");
+    assert!(e.to_string().contains("EPERM"), "{e}");
+    assert_eq!(old.request(Command::Read, 0, 8, &[], false).await.unwrap(), b"keepmore", "the same RAM");
+    assert_eq!(n.request(Command::Read, 4096, 4, &[], false).await.unwrap(), [0; 4]);
+    n.disconnect().await;
+    old.disconnect().await;
+    running.stop().await;
+}
