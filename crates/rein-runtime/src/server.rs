@@ -202,7 +202,8 @@ fn admit(cfg: &ServerConfig, capacity: Option<&CapacityEntry>) -> Result<(), Ser
 /// creating or writing anything, so that it can run beside the server it is about to reload: the admin
 /// endpoint's settings (its token file), the state file in `data_dir` applied over `cfg` as at start, the
 /// exports as a whole ([`crate::preflight::check_exports`]) and each one's file
-/// ([`crate::preflight::inspect_export`]), and admission control. Returns a line per finding to print.
+/// ([`crate::preflight::inspect_export`]: for a writable export, a block device the system holds or an
+/// image a loop device is attached to too), and admission control. Returns a line per finding to print.
 /// Not checked: binding the addresses (the running server holds them), what only an open for writing
 /// tells (permissions, `O_DIRECT`), and a capacity that `probe_capacity_s` would measure (admission is
 /// then checked against the state file's or the configuration's capacity, if any).
@@ -236,7 +237,7 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
         lines.extend(t.describe(crate::tls::unix_now()));
     }
     for e in &eff.exports {
-        lines.push(crate::preflight::inspect_export(e)?);
+        lines.push(crate::preflight::inspect_export(e, &eff.data_dir)?);
     }
     let probe = eff.probe_capacity_s > 0.0 && eff.capacity_iops.is_none() && over.capacity.is_none();
     if probe {

@@ -493,7 +493,7 @@ impl ExportLock {
     /// away while it is held ([`StorageError::DeviceBusy`]). The `flock` alone did not: a mounted file
     /// system's device was served, and its clients' writes overwrote the file system under the mount.
     fn claim(&self, path: &Path, meta: &std::fs::Metadata) -> Result<(), StorageError> {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        use std::os::unix::fs::FileTypeExt;
         if !meta.file_type().is_block_device() {
             return Ok(());
         }
@@ -501,23 +501,30 @@ impl ExportLock {
         if claim.is_some() {
             return Ok(());
         }
-        let f = OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(path).map_err(|e| {
-            match e.raw_os_error() {
-                Some(libc::EBUSY) => StorageError::DeviceBusy,
-                _ => StorageError::Io { op: "exclusive open (O_EXCL) of the block device", source: e },
-            }
-        })?;
-        // The path may have been pointed at another device since it was opened.
-        let same = f.metadata().is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == meta.rdev());
-        if !same {
-            return Err(StorageError::Io {
-                op: "exclusive open (O_EXCL) of the block device",
-                source: io::Error::other("the path names another device than the one opened (changed meanwhile)"),
-            });
-        }
-        *claim = Some(f);
+        *claim = Some(exclusive_open(path, meta)?);
         Ok(())
     }
+}
+
+/// The block device `path` (whose metadata is `meta`) opened read-only with `O_EXCL`: the kernel's claim
+/// on it, held as long as the file is open ([`ExportLock::claim`]; [`FileStorage::inspect`] closes it at
+/// once). [`StorageError::DeviceBusy`] when the kernel refuses it (EBUSY).
+fn exclusive_open(path: &Path, meta: &std::fs::Metadata) -> Result<File, StorageError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let f =
+        OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => StorageError::DeviceBusy,
+            _ => StorageError::Io { op: "exclusive open (O_EXCL) of the block device", source: e },
+        })?;
+    // The path may have been pointed at another device since it was opened.
+    let same = f.metadata().is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == meta.rdev());
+    if !same {
+        return Err(StorageError::Io {
+            op: "exclusive open (O_EXCL) of the block device",
+            source: io::Error::other("the path names another device than the one opened (changed meanwhile)"),
+        });
+    }
+    Ok(f)
 }
 
 /// `flock(LOCK_EX or LOCK_SH | LOCK_NB)` on `file`: [`StorageError::InUse`] if another holder is in the way.
@@ -651,14 +658,30 @@ pub enum Inspected {
 impl FileStorage {
     /// The checks [`FileStorage::open_with`] makes (what the path is, a missing file, the size), without
     /// creating, locking or writing anything: `rein serve --check-config`. The file is opened read-only
-    /// for its size. What only an open for writing can tell (permissions to write, another process
-    /// holding it, `O_DIRECT` support) is not checked.
+    /// for its size. For a writable export, what the system holds is refused as the open refuses it: an
+    /// image file that a loop device is attached to ([`StorageError::LoopBacking`], the same sysfs
+    /// check), and a block device that the kernel will not let be claimed ([`StorageError::DeviceBusy`]:
+    /// mounted, swap, a RAID, LVM or device-mapper member, or claimed by a process, which may be a
+    /// running server serving it): an `O_EXCL` open, read-only, closed at once (a `mount` at that very
+    /// moment would fail, busy). Until 2026-12-06 neither was checked, and a check said OK where the
+    /// start then failed. What only an open for writing can tell (permissions to write, another process
+    /// holding an image's `flock`, `O_DIRECT` support) is not checked.
     pub fn inspect(path: &Path, size: Option<u64>, read_only: bool) -> Result<Inspected, StorageError> {
+        use std::os::unix::fs::FileTypeExt;
         let Some(_) = present(path, size, read_only)? else {
             return Ok(Inspected::WouldCreate(size.expect("present: a missing file has a size")));
         };
         let file = File::open(path).map_err(|e| StorageError::Io { op: "open", source: e })?;
         let meta = file.metadata().map_err(|e| StorageError::Io { op: "stat", source: e })?;
+        // In the open's order: the loop device, the claim, then the size.
+        if !read_only && meta.file_type().is_file() {
+            if let Some(dev) = loop_device_over(&meta) {
+                return Err(StorageError::LoopBacking(dev));
+            }
+        }
+        if !read_only && meta.file_type().is_block_device() {
+            drop(exclusive_open(path, &meta)?);
+        }
         sized(&file, &meta, size).map(Inspected::Present)
     }
 
@@ -1238,7 +1261,11 @@ mod tests {
         assert!(e.to_string().contains("mounted"), "{e}");
         let ro = FileStorage::open(dev, None, true).expect("read-only beside the mount");
         drop(ro);
+        // --check-config's inspection says the same, and leaves no claim behind.
+        assert!(matches!(FileStorage::inspect(dev, None, false), Err(StorageError::DeviceBusy)));
+        assert!(matches!(FileStorage::inspect(dev, None, true), Ok(Inspected::Present(n)) if n == 16 << 20));
         fs.umount();
+        assert!(matches!(FileStorage::inspect(dev, None, false), Ok(Inspected::Present(_))));
         let served = FileStorage::open(dev, None, false).expect("the device once unmounted");
         assert!(!fs.mount(), "mounted while it is served for writing");
         // A second device node of the same device (as a container's /dev, or a mknod).
@@ -1270,6 +1297,9 @@ mod tests {
         assert!(fs.mount(), "mount {}", fs.dev);
         let e = FileStorage::open(&img, None, false).err().expect("the image under a mounted loop device");
         assert!(matches!(&e, StorageError::LoopBacking(d) if *d == fs.dev), "{e}");
+        let e = FileStorage::inspect(&img, None, false).expect_err("--check-config's inspection");
+        assert!(matches!(&e, StorageError::LoopBacking(d) if *d == fs.dev), "{e}");
+        assert!(FileStorage::inspect(&img, None, true).is_ok());
         fs.umount();
         let e = FileStorage::open(&img, None, false).err().expect("the image of an attached loop device");
         assert!(e.to_string().starts_with(&format!("is the backing file of loop device {}", fs.dev)), "{e}");
