@@ -7,7 +7,8 @@
 //!   aborts the start. MemTotal rather than MemAvailable: what is free changes from minute to minute, what
 //!   can never fit does not. Without `/proc/meminfo` (not Linux) the check is skipped with a warning.
 //! - **One file, one export**: two exports backed by the same file (the same device and inode, or for
-//!   files still to be created the same canonical path) would let two tenants read and overwrite each
+//!   files still to be created the same canonical path; for a block device the same device number,
+//!   whichever of its device nodes each path names) would let two tenants read and overwrite each
 //!   other's disk, each under its own QoS. Refused, naming both exports, unless both are `read_only`
 //!   (a golden image served to many tenants: nobody can change it, and sharing it is the point).
 //!
@@ -52,6 +53,53 @@ pub enum PreflightError {
         /// The second export's path.
         path: PathBuf,
     },
+    /// Two exports are backed by one block device, through two device nodes of it (or one node named
+    /// twice): what [`PreflightError::SharedFile`] refuses for a file, found by the nodes' device number.
+    #[error(
+        "exports {first:?} and {second:?} are backed by the same block device {major}:{minor} ({first}: {}, \
+         {second}: {}); each export needs its own (or both read_only = true)",
+        first_path.display(),
+        path.display()
+    )]
+    SharedDevice {
+        /// The first export (in file order).
+        first: String,
+        /// Its path.
+        first_path: PathBuf,
+        /// The second export.
+        second: String,
+        /// Its path.
+        path: PathBuf,
+        /// The device's major number.
+        major: u32,
+        /// The device's minor number.
+        minor: u32,
+    },
+}
+
+impl PreflightError {
+    /// The error for exports `first` and `second` (in file order), whose files have `key`.
+    fn shared(key: &FileKey, first: &ExportConfig, second: &ExportConfig) -> PreflightError {
+        let path = |e: &ExportConfig| match &e.backend {
+            BackendKind::File { path } => path.clone(),
+            BackendKind::Memory => PathBuf::new(),
+        };
+        match *key {
+            FileKey::Device(rdev) => PreflightError::SharedDevice {
+                first: first.name.clone(),
+                first_path: path(first),
+                second: second.name.clone(),
+                path: path(second),
+                major: libc::major(rdev as libc::dev_t),
+                minor: libc::minor(rdev as libc::dev_t),
+            },
+            _ => PreflightError::SharedFile {
+                first: first.name.clone(),
+                second: second.name.clone(),
+                path: path(second),
+            },
+        }
+    }
 }
 
 /// Runs every check on `exports` (module comment), with the machine's RAM read from [`MEMINFO`].
@@ -96,15 +144,23 @@ fn memory_fits<'a>(exports: impl Iterator<Item = &'a ExportConfig>, ram_bytes: u
     Err(PreflightError::MemoryAboveRam { exports, need_mib: need >> 20, total_mib: ram_bytes >> 20 })
 }
 
-/// What identifies a file: its device and inode once it exists, else the canonical path it will have.
+/// What identifies a file: a block device's device number (every node of it, `/dev/sdb` and a node made
+/// with mknod in a container's `/dev`, is the one device), another file's device and inode once it
+/// exists, else the canonical path it will have. Until 2026-12-06 a device's node was keyed by its
+/// inode, and two exports through two nodes of one device passed: a writable and a read-only one were
+/// both served, and of two writable ones the start refused the second as `in use by the system`.
 #[derive(Debug, PartialEq, Eq, Hash)]
 enum FileKey {
+    Device(u64),
     Inode(u64, u64),
     Path(PathBuf),
 }
 
 fn file_key(path: &Path) -> Option<FileKey> {
     if let Ok(m) = std::fs::metadata(path) {
+        if std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) {
+            return Some(FileKey::Device(m.rdev()));
+        }
         return Some(FileKey::Inode(m.dev(), m.ino()));
     }
     // Not there yet: the canonical directory and the name (the directory may not exist either, when the
@@ -119,6 +175,9 @@ fn file_key(path: &Path) -> Option<FileKey> {
 /// configured; `running`: each running export's name, whether it is read-only and the device and inode
 /// of the file it has open, if a file): one `stat`, of `new`'s file, instead of one per export. A file
 /// is the one a running export has open, not what its path names now (a file renamed over it is another).
+/// A block device is the exception: a node's inode is not the device, so `new`'s device number is
+/// compared with those of the block devices that `exports`' paths name (a deleted export still open by
+/// its connections is not among them).
 pub fn check_added<'a>(
     exports: &[ExportConfig],
     running: impl Iterator<Item = (&'a str, bool, Option<(u64, u64)>)>,
@@ -127,7 +186,20 @@ pub fn check_added<'a>(
     check_ram(exports.iter().chain([new]))?;
     let BackendKind::File { path } = &new.backend else { return Ok(()) };
     // A file not there yet is no running export's.
-    let Some(FileKey::Inode(dev, ino)) = file_key(path) else { return Ok(()) };
+    let (dev, ino) = match file_key(path) {
+        Some(FileKey::Inode(dev, ino)) => (dev, ino),
+        // A block device: against the paths of the exports it joins (a node's inode is not the device's;
+        // one `stat` per file export, for a device only).
+        Some(key @ FileKey::Device(_)) => {
+            let clash = exports.iter().find(|e| {
+                e.name != new.name
+                    && !(e.read_only && new.read_only)
+                    && matches!(&e.backend, BackendKind::File { path } if file_key(path).as_ref() == Some(&key))
+            });
+            return clash.map_or(Ok(()), |e| Err(PreflightError::shared(&key, e, new)));
+        }
+        _ => return Ok(()),
+    };
     for (name, read_only, id) in running {
         if id == Some((dev, ino)) && !(read_only && new.read_only) {
             return Err(PreflightError::SharedFile {
@@ -159,11 +231,7 @@ pub fn check_shared_files(exports: &[ExportConfig]) -> Result<(), PreflightError
         // read-only, so the first writable one never changes.
         let clash = if e.read_only { first_writable } else { Some(first) };
         if let Some(first) = clash {
-            return Err(PreflightError::SharedFile {
-                first: first.name.clone(),
-                second: e.name.clone(),
-                path: path.clone(),
-            });
+            return Err(PreflightError::shared(&key, first, e));
         }
     }
     Ok(())
@@ -252,6 +320,48 @@ mod tests {
             "data_dir = \"{d}\"\n[[exports]]\nname = \"x\"\npath = \"a.img\"\n[[exports]]\nname = \"y\"\npath = \"b.img\"\nsize_mb = 1\n"
         ));
         assert!(check_shared_files(&ok).is_ok());
+    }
+
+    /// Two device nodes of one block device are one file to the checks (mknod'ed nodes of a device
+    /// number; the device need not exist): two exports through them are refused by the start's check and
+    /// by an export added at run time beside a running one, naming both exports and paths, unless both
+    /// are read-only. Needs root (mknod); elsewhere skipped.
+    #[test]
+    fn two_nodes_of_one_block_device_are_one_file() {
+        let dir = tempfile::Builder::new().prefix("rein-preflight-nodes-").tempdir().unwrap();
+        let rdev = libc::makedev(7, 250);
+        for name in ["n1", "n2"] {
+            let c = std::ffi::CString::new(dir.path().join(name).as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mknod reads the NUL-terminated path and integer arguments only.
+            #[allow(unsafe_code)]
+            let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, rdev) };
+            if r != 0 {
+                eprintln!("skipped: mknod: {} (needs root)", std::io::Error::last_os_error());
+                return;
+            }
+        }
+        let d = dir.path().display();
+        let two = |ro_a: bool, ro_b: bool| {
+            exports(&format!(
+                "[[exports]]\nname = \"a\"\npath = \"{d}/n1\"\nread_only = {ro_a}\n\
+                 [[exports]]\nname = \"b\"\npath = \"{d}/n2\"\nread_only = {ro_b}\n"
+            ))
+        };
+        let want = format!(
+            "exports \"a\" and \"b\" are backed by the same block device 7:250 (a: {d}/n1, b: {d}/n2); each \
+             export needs its own (or both read_only = true)"
+        );
+        for (ro_a, ro_b) in [(false, false), (true, false), (false, true)] {
+            let ex = two(ro_a, ro_b);
+            assert_eq!(check_shared_files(&ex).unwrap_err().to_string(), want, "read_only {ro_a}, {ro_b}");
+            // b added at run time beside a running a (its file id: n1's device and inode).
+            let running = [("a", ro_a, Some((1u64, 1u64)))];
+            let e = check_added(&ex[..1], running.into_iter(), &ex[1]).expect_err("b beside a");
+            assert_eq!(e.to_string(), want, "added, read_only {ro_a}, {ro_b}");
+        }
+        let ex = two(true, true);
+        assert!(check_shared_files(&ex).is_ok(), "read-only exports may share a device");
+        assert!(check_added(&ex[..1], [("a", true, Some((1u64, 1u64)))].into_iter(), &ex[1]).is_ok());
     }
 
     proptest::proptest! {
