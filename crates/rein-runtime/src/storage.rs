@@ -1166,6 +1166,21 @@ mod tests {
     /// at all, and a reader out while it holds it for writing.
     #[test]
     fn a_file_held_elsewhere_is_refused() {
+        // A lock just released here can still be held for a moment: a child that another test of this
+        // process is starting (losetup, mkfs) has a copy of every descriptor from its fork to its exec,
+        // and a flock belongs to the open file, not to the descriptor. So what must succeed once a holder
+        // is gone is tried again for a while (this test failed once so, at the exclusive flock below).
+        fn eventually<T>(mut f: impl FnMut() -> Result<T, StorageError>) -> T {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                match f() {
+                    Err(StorageError::InUse(_)) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(5))
+                    }
+                    r => return r.unwrap_or_else(|e| panic!("{e}")),
+                }
+            }
+        }
         let dir = tempfile::Builder::new().prefix("rein-storage-lock-").tempdir().unwrap();
         let path = dir.path().join("a.img");
         let first = FileStorage::open(&path, Some(4 * PAGE), false).unwrap();
@@ -1175,7 +1190,7 @@ mod tests {
         drop((second, ro));
         // Another holder, for reading: readers share it, a writer is refused.
         let other = File::open(&path).unwrap();
-        flock(&other, false).unwrap();
+        eventually(|| flock(&other, false));
         let ro = FileStorage::open(&path, None, true).unwrap();
         let e = FileStorage::open(&path, None, false).err().expect("a writer beside a reader elsewhere");
         assert!(matches!(e, StorageError::InUse("")), "{e}");
@@ -1185,7 +1200,7 @@ mod tests {
         drop((ro, other));
         // Another holder for writing keeps even a reader out.
         let other = File::open(&path).unwrap();
-        flock(&other, true).unwrap();
+        eventually(|| flock(&other, true));
         let e = FileStorage::open(&path, None, true).err().expect("a reader beside a writer elsewhere");
         assert!(
             e.to_string()
@@ -1193,7 +1208,7 @@ mod tests {
             "{e}"
         );
         drop(other);
-        assert!(FileStorage::open(&path, None, false).is_ok(), "free again once the other is gone");
+        eventually(|| FileStorage::open(&path, None, false)); // free again once the other is gone
     }
 
     /// A loop device over `dir/dev.img` with an ext4 on it, detached (and unmounted from `dir/mnt`) when
