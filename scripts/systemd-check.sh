@@ -4,15 +4,16 @@
 # over a copy-on-write view of the root file system (an overlay whose writes go to a tmpfs), installs
 # with scripts/install.sh into that view, and starts, reloads and stops rein-serve (also socket
 # activated), rein-gateway over it and rein-pshift-controller, with the admin token passed as a
-# credential as docs/operations.md says; then rein-serve with an image of root's in /srv and with a block
-# device (a loop device), under the unit as shipped and with the runbook's drop-ins ("Exports outside
+# credential as docs/operations.md says; then rein-serve with an image of root's in /srv, a block device
+# (a loop device, also through a link), an LVM logical volume and an image it creates in /srv (opened
+# again under another uid), under the unit as shipped and with the runbook's drop-ins ("Exports outside
 # /var/lib/rein"). Needs root, systemd, util-linux, iproute2, curl, libnbd-bin (nbdinfo, nbdcopy), and a
 # kernel with overlayfs and cgroup2 (on its own or beside cgroup v1); without a free loop device the
-# block-device checks are skipped, saying so.
+# block-device checks are skipped, and without lvm2 or device-mapper the LVM volume's, saying so.
 # Prints each check, then PASS or FAIL (exit status 1). Everything it creates (the namespaces and every
-# process in them, the mounts, a cgroup, a loop device, a temporary directory) is gone when it exits,
-# however it exits (killed with SIGKILL, it leaves the empty cgroup, the directory, named
-# rein-systemd-check.*, and the loop device over its blk.img).
+# process in them, the mounts, a cgroup, loop devices, a volume group, a temporary directory) is gone
+# when it exits, however it exits (killed with SIGKILL, it leaves the empty cgroup, the directory, named
+# rein-systemd-check.*, the loop devices over its blk.img and pv.img and the volume group reincheckPID).
 # Nothing reaches the host: /proc/sys and sysfs are read-only inside, the kernel-wide units are masked,
 # and the network namespace has only its own loopback (the daemons listen on 127.0.0.201-203).
 # Usage: [REIN=path] bash scripts/systemd-check.sh    (default REIN: target/release/rein)
@@ -122,7 +123,16 @@ fi
 W=$(mktemp -d "${TMPDIR:-/tmp}/rein-systemd-check.XXXXXX")
 CG="$cgroot$(sed -n 's/^0:://p' /proc/self/cgroup)"
 CG="${CG%/}/rein-systemd-check.$$"
-up="" pid1="" loop=""
+up="" pid1="" loop="" pvloop="" vg="" lvdev="" pvdev="" lvm_skip=""
+# LVM's commands, kept to the loop device of this run (the host's own volumes are not scanned), writing
+# nothing to /etc/lvm (no metadata backups, no devices file); without udev (a container) they make the
+# device nodes themselves.
+lvmconf() {
+  local udev=""
+  [ -S /run/udev/control ] || udev=" udev_sync = 0 udev_rules = 0"
+  printf '%s' "devices { filter = [ \"a|^$pvloop\$|\", \"r|.*|\" ] use_devicesfile = 0 } backup { backup = 0 archive = 0 } activation { monitoring = 0$udev }"
+}
+lvmc() { LVM_SUPPRESS_FD_WARNINGS=1 lvm "$1" --config "$(lvmconf)" "${@:2}" >>"$W/lvm.log" 2>&1; }
 cleanup() {
   local rc=$? i
   trap - EXIT INT TERM HUP
@@ -136,6 +146,14 @@ cleanup() {
     wait "$up" 2>/dev/null || true
   fi
   if [ -n "$loop" ]; then losetup -d "$loop" 2>/dev/null || say "could not detach the loop device $loop"; fi
+  if [ -n "$vg" ]; then
+    lvmc vgremove -f -q "$vg" || dmsetup remove "$vg-lv" 2>/dev/null || true
+    lvmc vgs "$vg" && say "could not remove the volume group $vg (lvm vgremove $vg)"
+  fi
+  if [ -n "$pvloop" ]; then
+    lvmc pvremove -q "$pvloop" || true
+    losetup -d "$pvloop" 2>/dev/null || say "could not detach the loop device $pvloop"
+  fi
   if [ -d "$CG" ]; then
     for i in $(seq 50); do
       find "$CG" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -157,6 +175,33 @@ mkdir "$CG"
 truncate -s 16M "$W/blk.img"
 if command -v losetup >/dev/null; then loop=$(losetup --find --show "$W/blk.img" 2>/dev/null) || loop=""; fi
 [ -n "$loop" ] || say "no loop device (losetup --find): the block-device export's checks are skipped"
+# An LVM logical volume (docs/operations.md, "Exports outside /var/lib/rein"): a volume group of this
+# run over a second loop device, removed at the end.
+if [ -z "$loop" ]; then
+  lvm_skip="no loop device"
+elif ! command -v lvm >/dev/null; then
+  lvm_skip="no lvm (apt-get install lvm2)"
+elif ! dmsetup version >/dev/null 2>&1; then
+  lvm_skip="no device-mapper in this kernel (dmsetup version fails)"
+else
+  truncate -s 24M "$W/pv.img"
+  pvloop=$(losetup --find --show "$W/pv.img" 2>/dev/null) || pvloop=""
+  if [ -z "$pvloop" ]; then
+    lvm_skip="no second loop device"
+  elif ! lvmc pvcreate -q "$pvloop"; then
+    lvm_skip="pvcreate $pvloop failed ($(tail -1 "$W/lvm.log"))"
+  else
+    vg=reincheck$$
+    if lvmc vgcreate -q -s 1m "$vg" "$pvloop" && lvmc lvcreate -q -y -L 16m -n lv "$vg"; then
+      lvdev=$(dmsetup info -c --noheadings -o major,minor "$vg-lv" 2>/dev/null | tr -d ' ') || lvdev=""
+      pvdev=$((0x$(stat -c %t "$pvloop"))):$((0x$(stat -c %T "$pvloop")))
+      [ -n "$lvdev" ] || lvm_skip="no device-mapper device for $vg/lv"
+    else
+      lvm_skip="vgcreate or lvcreate failed ($(grep -v -e "^ *Run " "$W/lvm.log" | tail -1 | sed "s/^ *//"))"
+    fi
+  fi
+fi
+[ -z "$lvm_skip" ] || say "$lvm_skip: the LVM logical volume's checks are skipped"
 say "booting systemd ($(/lib/systemd/systemd --version | head -1)) as PID 1 of its own namespaces ..."
 # unshare dies with this script, even by SIGKILL (--pdeathsig), and takes the namespaces' PID 1 with it.
 bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$CG" setpriv --pdeathsig SIGKILL \
@@ -500,7 +545,7 @@ log_errors rein-pshift-controller.service
 # Each first under the unit as shipped (the start must fail, naming the export, the path and what to add),
 # then with the runbook's drop-in, each of whose lines is shown needed by a start without it.
 say "rein-serve.service: an image in /srv, a block device ..."
-serve_one() { # serve_one PATH: rein.toml serving PATH as export x, at its own size (no size_mb)
+serve_one() { # serve_one PATH [SIZE-MB]: rein.toml serving PATH as export x, at its own size (no size_mb) or created
   nsh "cat > /etc/rein/rein.toml" <<EOF
 listen = "127.0.0.201:10809"
 data_dir = "/var/lib/rein"
@@ -508,7 +553,8 @@ data_dir = "/var/lib/rein"
 [[exports]]
 name = "x"
 path = "$1"
-tenant = "gold"
+tenant = "gold"${2:+
+size_mb = $2}
 
 [[tenants]]
 name = "gold"
@@ -581,8 +627,88 @@ if [ -n "$loop" ]; then
   roundtrip "a client writes 1 MiB to the block device and reads it back"
   check "the bytes are on $loop" "head -c 1048576 $loop | cmp - /tmp/x.data"
   stopped_in_time rein-serve.service
+  # A device named through a link, as an LVM volume's /dev/VG/LV (-> ../dm-N): systemd resolves the
+  # link of DeviceAllow= when the unit starts, rein serve opens and claims the device it names.
+  nsh "mkdir -p /dev/rein-vg && ln -sfn ../${loop#/dev/} /dev/rein-vg/lv"
+  serve_one /dev/rein-vg/lv
+  dropin blk "${blk[0]}" "DeviceAllow=/dev/rein-vg/lv rw" "${blk[2]}"
+  check "through a link, /dev/rein-vg/lv -> $loop, also in DeviceAllow=: systemctl start rein-serve.service" \
+    "systemctl start rein-serve.service && nbdinfo --size nbd://127.0.0.201:10809/x | grep -qx 16777216 && nbdcopy nbd://127.0.0.201:10809/x - | head -c 1048576 | cmp - /tmp/x.data"
+  stopped_in_time rein-serve.service
   dropin blk
 fi
+
+# --- an LVM logical volume: /dev/VG/lv -> ../dm-N, of group disk (udev's rules) ------------------------
+if [ -z "$lvm_skip" ]; then
+  lv=/dev/$vg/lv dm=/dev/dm-${lvdev#*:}
+  check "the nodes as udev makes them: $dm (root:disk 0660), $lv and /dev/mapper/$vg-lv -> ../${dm#/dev/}, $pvloop" \
+    "mknod -m 660 $dm b ${lvdev%%:*} ${lvdev#*:} && mknod -m 660 $pvloop b ${pvdev%%:*} ${pvdev#*:} && chgrp disk $dm $pvloop && mkdir -p /dev/$vg /dev/mapper && ln -s ../${dm#/dev/} $lv && ln -s ../${dm#/dev/} /dev/mapper/$vg-lv"
+  serve_one "$lv"
+  refused "the logical volume $lv under the unit as shipped" "^error: export x: $lv: does not exist .*PrivateDevices=no"
+  dropin lvm "PrivateDevices=no" "DeviceAllow=$pvloop rw" "SupplementaryGroups=disk"
+  refused "with DeviceAllow= of the volume group's disk ($pvloop) in place of the volume's" \
+    "^error: export x: $lv: open failed: Operation not permitted .*DeviceAllow="
+  dropin lvm "PrivateDevices=no" "DeviceAllow=$lv rw"
+  refused "without SupplementaryGroups=disk" "^error: export x: $lv: open failed: Permission denied .*SupplementaryGroups="
+  dropin lvm "PrivateDevices=no" "DeviceAllow=$lv rw" "SupplementaryGroups=disk"
+  check "systemctl start rein-serve.service (PrivateDevices=no, DeviceAllow=$lv rw, SupplementaryGroups=disk)" \
+    "systemctl start rein-serve.service"
+  check "nbdinfo reads export x, the volume's 16 MiB" "nbdinfo --size nbd://127.0.0.201:10809/x | grep -qx 16777216"
+  roundtrip "a client writes 1 MiB to the logical volume and reads it back"
+  check "the bytes are on $dm" "head -c 1048576 $dm | cmp - /tmp/x.data"
+  stopped_in_time rein-serve.service
+  dropin lvm "PrivateDevices=no" "DeviceAllow=block-device-mapper rw" "SupplementaryGroups=disk"
+  check "with DeviceAllow=block-device-mapper rw (every device-mapper device) in place of the volume's" \
+    "systemctl start rein-serve.service && nbdinfo --size nbd://127.0.0.201:10809/x | grep -qx 16777216 && systemctl stop rein-serve.service"
+  # The volume group's disk is an LVM member: the O_EXCL claim refuses it.
+  serve_one "$pvloop"
+  dropin lvm "PrivateDevices=no" "DeviceAllow=$pvloop rw" "SupplementaryGroups=disk"
+  refused "the volume group's disk $pvloop, held by the volume" "^error: export x: $pvloop: is a block device in use by the system"
+  dropin lvm
+fi
+
+# --- an image rein serve creates (size_mb) in a directory outside /var/lib/rein -------------------------
+# The dynamic user's uid is not fixed: the image must be opened by the next run's uid through its group.
+say "rein-serve.service: an image it creates in /srv ..."
+new=/srv/rein-new/vm.img
+serve_uid() { nsh "awk '/^Uid:/ {print \$2}' /proc/$(prop rein-serve.service MainPID)/status" 2>/dev/null || true; }
+hold_uid() { # hold_uid UID: a user and group of that id, so that rein-serve's next dynamic user has another
+  nsh "echo 'rein-held$1:x:$1:$1::/:/usr/sbin/nologin' >> /etc/passwd && echo 'rein-held$1:x:$1:' >> /etc/group"
+}
+check "a directory for new images, root's (0755): /srv/rein-new, without $new" "mkdir /srv/rein-new && ! test -e $new"
+serve_one "$new" 16
+refused "an image to create under the unit as shipped" "^error: export x: $new: create failed: Read-only file system .*ReadWritePaths="
+newdropin=("ReadWritePaths=/srv/rein-new" "SupplementaryGroups=rein-images" "UMask=0007")
+dropin new "${newdropin[@]}"
+refused "in root's directory, with ${newdropin[*]}" "^error: export x: $new: create failed: Permission denied .*directory.*setgid"
+check "the directory's group may write it and passes it to new files: chgrp rein-images, chmod 2775" \
+  "chgrp rein-images /srv/rein-new && chmod 2775 /srv/rein-new"
+mark rein-serve.service
+check "systemctl start rein-serve.service (${newdropin[*]})" "systemctl start rein-serve.service"
+expect "its log says it created the image" "created a new, empty image.*$new" "$(log_since rein-serve.service | grep -m1 created || true)"
+uid1=$(serve_uid)
+expect "the image: the dynamic user's (uid $uid1), group rein-images, mode 0660, 16 MiB" "^$uid1 rein-images 660 16777216\$" \
+  "$(ns stat -c '%u %G %a %s' $new 2>&1 || true)"
+roundtrip "a client writes 1 MiB to the new image and reads it back"
+stopped_in_time rein-serve.service
+hold_uid "$uid1"
+check "systemctl start rein-serve.service again, its uid $uid1 taken meanwhile" "systemctl start rein-serve.service"
+uid2=$(serve_uid)
+if [ -n "$uid2" ] && [ "$uid2" != "$uid1" ]; then pass "it runs under another uid, $uid2"; else fail "it runs under another uid than $uid1: '$uid2'"; fi
+check "it opened the image of uid $uid1, the client's data in it (nbdcopy)" \
+  "nbdcopy nbd://127.0.0.201:10809/x - | head -c 1048576 | cmp - /tmp/x.data"
+stopped_in_time rein-serve.service
+# Without UMask=0007, the image is made with the default 0022: its group may not write it, and the next
+# uid may not open it.
+ns rm -f "$new"
+dropin new "${newdropin[0]}" "${newdropin[1]}"
+check "without ${newdropin[2]}: systemctl start rein-serve.service creates it anew" "systemctl start rein-serve.service"
+uid3=$(serve_uid)
+expect "the image: mode 0640 (UMask=0022, systemd's default)" "^$uid3 rein-images 640\$" "$(ns stat -c '%u %G %a' $new 2>&1 || true)"
+ns systemctl stop rein-serve.service || true
+hold_uid "$uid3"
+refused "... and the next run, under another uid, cannot open it" "^error: export x: $new: open failed: Permission denied .*g\+w.*UMask="
+dropin new
 
 w=$(unit_warnings)
 if [ -z "$w" ]; then pass "no warning of systemd's about a unit in the whole run"; else fail "no warning of systemd's about a unit in the whole run" "$w"; fi

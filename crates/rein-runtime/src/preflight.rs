@@ -267,8 +267,42 @@ mod tests {
         for (path, e) in [(img, StorageError::Missing), (img, open(libc::ENOENT)), (dev, open(libc::EIO))] {
             assert_eq!(systemd_hint(path, &e, true), "", "{path:?} {e}");
         }
-        let e = OpenError::Export { name: "x".into(), path: dev.into(), source: open(libc::EPERM), hint: " (h)" };
+        let e =
+            OpenError::Export { name: "x".into(), path: dev.into(), source: open(libc::EPERM), hint: " (h)".into() };
         assert_eq!(e.to_string(), "export x: /dev/loop0: open failed: Operation not permitted (os error 1) (h)");
+    }
+
+    /// An image the service is to create outside its StateDirectory: the directory's group, setgid, and
+    /// UMask=0007 (else the next run's dynamic uid cannot open it); an existing file its group may not
+    /// write is named with its owner and mode (scripts/systemd-check.sh sees both in the journal).
+    #[test]
+    fn under_systemd_a_created_image_names_its_directory_and_umask() {
+        use crate::storage::StorageError;
+        use std::os::unix::fs::PermissionsExt;
+        let io = |op, n| StorageError::Io { op, source: std::io::Error::from_raw_os_error(n) };
+        let img = Path::new("/srv/images/new.img");
+        let hint = systemd_hint(img, &io("create", libc::EACCES), true);
+        for want in ["directory", "SupplementaryGroups=", "setgid", "chmod 2775", "UMask=0007", "ReadWritePaths="] {
+            assert!(hint.contains(want), "{want}: {hint}");
+        }
+        assert!(systemd_hint(img, &io("create", libc::EROFS), true).contains("ReadWritePaths="));
+        assert_eq!(systemd_hint(img, &io("create", libc::ENOSPC), true), "");
+        let dir = tempfile::Builder::new().prefix("rein-preflight-hint-").tempdir().unwrap();
+        let file = dir.path().join("vm.img");
+        std::fs::write(&file, b"x").unwrap();
+        for (mode, said) in [(0o640, true), (0o644, true), (0o660, false)] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let hint = systemd_hint(&file, &io("open", libc::EACCES), true);
+            assert!(hint.contains("SupplementaryGroups=") && hint.contains("ReadWritePaths="), "{hint}");
+            let m = std::fs::metadata(&file).unwrap();
+            let clause = format!(
+                "the file's group may not write it (uid {}, gid {}, mode {mode:04o}): chmod g+w",
+                m.uid(),
+                m.gid()
+            );
+            assert_eq!(hint.contains(&clause), said, "{mode:o}: {hint}");
+            assert_eq!(hint.contains("UMask=0007"), said, "{mode:o}: {hint}");
+        }
     }
 
     #[test]
@@ -411,7 +445,7 @@ pub enum OpenError {
         /// The storage's error.
         source: crate::storage::StorageError,
         /// What the systemd unit needs, if that is the likely cause ([`systemd_hint`]), else empty.
-        hint: &'static str,
+        hint: String,
     },
 }
 
@@ -428,44 +462,72 @@ impl OpenError {
 /// rein-serve.service makes it fail (run under systemd by scripts/systemd-check.sh): `ProtectSystem=strict`
 /// leaves files outside its StateDirectory read-only (EROFS), its dynamic user may not open root's files
 /// (EACCES, found before EROFS), `PrivateDevices=yes` hides devices (missing) and a device policy
-/// refuses a device it does not list (EPERM). Empty when not `under_systemd` or for any other error.
-pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd: bool) -> &'static str {
+/// refuses a device it does not list (EPERM). An image it is to create (`create failed`) needs its
+/// directory writable by the service's group, setgid so that the image gets that group, and
+/// `UMask=0007` so that the group may write the image: the dynamic user's uid changes between runs, and
+/// the next run opens the image through its group. An existing file that its group may not write (an
+/// image the service made under the default `UMask=0022`, then the file of a uid gone) is named with its
+/// owner and mode. Empty when not `under_systemd` or for any other error.
+pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd: bool) -> String {
     use crate::storage::StorageError::{Io, Missing, MissingDevice, MissingReadOnly};
+    const SEE: &str = "docs/operations.md, \"Exports outside /var/lib/rein\"";
     if !under_systemd {
-        return "";
+        return String::new();
     }
-    let errno = match e {
-        Io { op: "open", source } => source.raw_os_error(),
-        _ => None,
+    let (op, errno) = match e {
+        Io { op, source } => (*op, source.raw_os_error()),
+        _ => ("", None),
     };
     if path.starts_with("/dev") {
-        match (e, errno) {
-            (Missing | MissingReadOnly | MissingDevice, _) => {
+        match (e, op, errno) {
+            (Missing | MissingReadOnly | MissingDevice, _, _) => format!(
                 " (run by systemd: PrivateDevices=yes hides devices; the unit needs PrivateDevices=no, DeviceAllow= \
-                 for it and SupplementaryGroups= of its group: docs/operations.md, \"Exports outside /var/lib/rein\")"
-            }
-            (_, Some(libc::EPERM)) => {
-                " (run by systemd: the unit needs DeviceAllow= for it: docs/operations.md, \"Exports outside \
-                 /var/lib/rein\")"
-            }
-            (_, Some(libc::EACCES)) => {
-                " (run by systemd: the unit needs SupplementaryGroups= of its group, disk for most disks: \
-                 docs/operations.md, \"Exports outside /var/lib/rein\")"
-            }
-            _ => "",
+                 for it and SupplementaryGroups= of its group: {SEE})"
+            ),
+            (_, "open", Some(libc::EPERM)) => format!(" (run by systemd: the unit needs DeviceAllow= for it: {SEE})"),
+            (_, "open", Some(libc::EACCES)) => format!(
+                " (run by systemd: the unit needs SupplementaryGroups= of its group, disk for most disks: {SEE})"
+            ),
+            _ => String::new(),
         }
     } else {
-        match errno {
-            Some(libc::EROFS) => {
-                " (run by systemd: ProtectSystem=strict; the unit needs ReadWritePaths= for its directory: \
-                 docs/operations.md, \"Exports outside /var/lib/rein\")"
+        match (op, errno) {
+            ("open" | "create", Some(libc::EROFS)) => {
+                format!(
+                    " (run by systemd: ProtectSystem=strict; the unit needs ReadWritePaths= for its directory: {SEE})"
+                )
             }
-            Some(libc::EACCES) => {
-                " (run by systemd: its dynamic user needs a group that may write the file, in SupplementaryGroups=, \
-                 and ReadWritePaths= for its directory: docs/operations.md, \"Exports outside /var/lib/rein\")"
+            ("create", Some(libc::EACCES)) => format!(
+                " (run by systemd: to create it, its dynamic user needs a group that may write the directory, in \
+                 SupplementaryGroups=, the directory setgid so that the image gets that group (chgrp, chmod 2775), \
+                 UMask=0007 so that the group may write it (the next run's uid is another), and ReadWritePaths= \
+                 for the directory: {SEE})"
+            ),
+            ("open", Some(libc::EACCES)) => {
+                format!(
+                    " (run by systemd: its dynamic user needs a group that may write the file, in \
+                     SupplementaryGroups=, and ReadWritePaths= for its directory{}: {SEE})",
+                    group_may_not_write(path)
+                )
             }
-            _ => "",
+            _ => String::new(),
         }
+    }
+}
+
+/// For [`systemd_hint`]: when the file at `path` is not writable by its group, a clause saying so, with
+/// its owner and mode; else (or if it cannot be read) empty.
+fn group_may_not_write(path: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o020 == 0 => format!(
+            "; the file's group may not write it (uid {}, gid {}, mode {:04o}): chmod g+w it (and UMask=0007 for \
+             the images the service creates)",
+            m.uid(),
+            m.gid(),
+            m.permissions().mode() & 0o7777
+        ),
+        _ => String::new(),
     }
 }
 

@@ -62,7 +62,8 @@
 //! answered before the one that had taken the error was seen.
 //!
 //! # A new image
-//! [`FileStorage::open_with`] creates a missing image that has a size (`create_new`, then `set_len`) and
+//! [`FileStorage::open_with`] creates a missing image that has a size (`create_new`, mode
+//! [`NEW_IMAGE_MODE`] under the umask, then `set_len`; a failure is `create failed: ...`, not `open`) and
 //! makes it durable before it serves it: an `fsync` of the new file (its size) and one of its directory
 //! (its name). Without the second, a power loss could take the image away with everything written to
 //! it and flushed since: the FLUSHes' `fdatasync`s are of the file, and "calling fsync() does not
@@ -560,6 +561,13 @@ fn no_readahead(file: &File) -> io::Result<()> {
     }
 }
 
+/// The mode a new image is created with, before the umask: its owner's and its group's, no one else's.
+/// A tenant's disk is nobody else's to read; the group is how a service whose uid changes between runs
+/// (systemd's `DynamicUser=`) opens it again (docs/operations.md, "Exports outside /var/lib/rein").
+/// Until 2026-12-06 it was 0666: under the usual umask 0022 every local user could read the images
+/// made outside a private directory.
+pub const NEW_IMAGE_MODE: u32 = 0o660;
+
 /// Whether `path` is there to serve: its metadata if it is a regular file or a block device, `None` if it
 /// is missing and may be created (with `size`); the refusals of [`FileStorage::open_with`] before it
 /// opens anything.
@@ -712,12 +720,16 @@ impl FileStorage {
         let io = |op, source| StorageError::Io { op, source };
         let found = present(path, size, read_only)?;
         let exists = found.is_some();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .create_new(!exists)
-            .open(path)
-            .map_err(|e| io("open", e))?;
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .create_new(!exists)
+                .mode(NEW_IMAGE_MODE)
+                .open(path)
+                .map_err(|e| io(if exists { "open" } else { "create" }, e))?
+        };
         if found.is_some_and(|m| m.file_type().is_file()) && !read_only {
             sync_dir(parent_dir(path)).map_err(|e| io("fsync of the image's directory", e))?;
         }
@@ -1351,6 +1363,24 @@ mod tests {
             settle_new(&file, &path, Some(PAGE), |_: &Path| Err(io::Error::from_raw_os_error(libc::EIO))).unwrap_err();
         assert_eq!(e.to_string(), "fsync of the new image's directory failed: Input/output error (os error 5)");
         assert_eq!(e.kind(), ErrorKind::Io);
+    }
+
+    /// A new image is its owner's and its group's only ([`NEW_IMAGE_MODE`] under the umask; before, 0666:
+    /// 0644 under the usual umask, every local user could read a tenant's disk), and a creation that fails
+    /// says `create failed`, not `open failed` (the directory, not a file, refused it).
+    #[test]
+    fn a_new_image_is_not_readable_by_others_and_its_failure_says_create() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new().prefix("rein-storage-mode-").tempdir().unwrap();
+        let path = dir.path().join("new.img");
+        FileStorage::open(&path, Some(PAGE), false).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o007, 0, "{mode:o}: nothing for others");
+        assert_eq!(mode & 0o600, 0o600, "{mode:o}: its owner reads and writes it");
+        let e = FileStorage::open(&dir.path().join("no-dir/new.img"), Some(PAGE), false).err().unwrap();
+        assert_eq!(e.to_string(), "create failed: No such file or directory (os error 2)");
+        let e = FileStorage::open(&dir.path().join("gone.img"), None, false).err().unwrap();
+        assert!(matches!(e, StorageError::Missing), "{e}");
     }
 
     /// Every writable open of an image file it finds syncs the image's directory (module comment, "A new

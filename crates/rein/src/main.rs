@@ -183,7 +183,7 @@ mod tests {
             name: "rd".into(),
             path: "d/rd.img".into(),
             source: storage,
-            hint: "",
+            hint: String::new(),
         });
         let e = anyhow::Error::from(e);
         assert_eq!(format!("{e:#}").matches("os error 2").count(), 3, "the chain as anyhow prints it");

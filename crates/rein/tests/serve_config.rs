@@ -284,7 +284,7 @@ fn errors_say_their_cause_once_and_name_the_path() {
     let err = start_fails(dir, 46, "[[exports]]\nname = \"g\"\npath = \"nodir/gone.img\"\nsize_mb = 1\n");
     assert_eq!(
         error_line(&err),
-        format!("error: export g: {}: open failed: No such file or directory (os error 2)", img.display())
+        format!("error: export g: {}: create failed: No such file or directory (os error 2)", img.display())
     );
     assert_eq!(err.matches("os error 2").count(), 1, "the cause once: {err}");
 }
