@@ -246,7 +246,7 @@ $(ns journalctl --no-pager -q -n 12 -o cat 2>&1 || true)"
 }
 # expect DESCRIPTION WANT GOT: passes when GOT matches the extended regular expression WANT.
 expect() {
-  if printf '%s' "$3" | grep -Eq -- "$2"; then pass "$1 ($3)"; else fail "$1: wanted /$2/, got '$3'"; fi
+  if grep -Eq -- "$2" <<<"$3"; then pass "$1 ($3)"; else fail "$1: wanted /$2/, got '$3'"; fi
 }
 prop() { ns systemctl show -P "$2" "$1" 2>/dev/null || true; }
 # reloaded UNIT PATTERN [WHAT]: `systemctl reload UNIT` succeeds and its StatusText then matches PATTERN.
@@ -271,7 +271,7 @@ unit_warnings() { ns journalctl --no-pager -q -o cat _PID=1 2>/dev/null | grep -
 log_errors() { # log_errors UNIT: nothing in its log since the last mark is an error
   local w
   w=$(log_since "$1")
-  if printf '%s' "$w" | grep -qiE 'panic|error|fail'; then fail "$1: its log has no error" "$w"; else pass "$1: its log has no error"; fi
+  if grep -qiE 'panic|error|fail' <<<"$w"; then fail "$1: its log has no error" "$w"; else pass "$1: its log has no error"; fi
 }
 dynamic_user() { # dynamic_user UNIT: the main process's user is the unit's dynamic one
   local pid uid name
@@ -315,9 +315,9 @@ conf=$(printf '%s\n' "$toml" | sed -E \
   -e 's|^listen = "[^"]*"|listen = "127.0.0.201:10809"|' \
   -e 's|^admin = "[^"]*"|admin = "127.0.0.201:9180"|' \
   -e 's|^size_mb = [0-9]+|size_mb = 16|')
-if printf '%s' "$conf" | grep -q '^listen = "127.0.0.201:10809"' && printf '%s' "$conf" | grep -q '^admin = "127.0.0.201:9180"' &&
-  printf '%s' "$conf" | grep -q '^admin_token_file = "/run/credentials/rein-serve.service/admin.token"' &&
-  printf '%s' "$conf" | grep -q '^data_dir = "/var/lib/rein"'; then
+if grep -q '^listen = "127.0.0.201:10809"' <<<"$conf" && grep -q '^admin = "127.0.0.201:9180"' <<<"$conf" &&
+  grep -q '^admin_token_file = "/run/credentials/rein-serve.service/admin.token"' <<<"$conf" &&
+  grep -q '^data_dir = "/var/lib/rein"' <<<"$conf"; then
   pass "docs/operations.md's rein.toml (listen, admin, admin_token_file, data_dir; on 127.0.0.201, 16 MB exports)"
 else
   fail "docs/operations.md's rein.toml has listen, admin, the credential's admin_token_file and data_dir" "$conf"
