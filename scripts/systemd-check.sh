@@ -708,6 +708,16 @@ expect "the image: mode 0640 (UMask=0022, systemd's default)" "^$uid3 rein-image
 ns systemctl stop rein-serve.service || true
 hold_uid "$uid3"
 refused "... and the next run, under another uid, cannot open it" "^error: export x: $new: open failed: Permission denied .*g\+w.*UMask="
+# In a directory that is not setgid, the image gets the group of the dynamic user that made it.
+check "the directory not setgid (chmod g-s), without the image" "chmod g-s /srv/rein-new && rm $new"
+dropin new "${newdropin[@]}"
+check "with ${newdropin[*]}: systemctl start rein-serve.service creates it anew" "systemctl start rein-serve.service"
+uid4=$(serve_uid)
+expect "the image: the dynamic user's own group (gid $uid4), mode 0660" "^$uid4 $uid4 660\$" "$(ns stat -c '%u %g %a' $new 2>&1 || true)"
+ns systemctl stop rein-serve.service || true
+hold_uid "$uid4"
+refused "... and the next run, under another uid, cannot open it" \
+  "^error: export x: $new: open failed: Permission denied .*its group is not one of the service's.*setgid"
 dropin new
 
 w=$(unit_warnings)

@@ -290,19 +290,33 @@ mod tests {
         let dir = tempfile::Builder::new().prefix("rein-preflight-hint-").tempdir().unwrap();
         let file = dir.path().join("vm.img");
         std::fs::write(&file, b"x").unwrap();
-        for (mode, said) in [(0o640, true), (0o644, true), (0o660, false)] {
+        let gid = std::fs::metadata(&file).unwrap().gid();
+        assert!(own_groups().contains(&gid), "a file this process made has one of its groups: {:?}", own_groups());
+        let not_ours = "its group is not one of the service's: chgrp it to the one in SupplementaryGroups=";
+        let no_write = "its group may not write it: chmod g+w it (and UMask=0007";
+        for (mode, groups, said) in [
+            (0o640, vec![gid], vec![no_write]),
+            (0o644, vec![gid], vec![no_write]),
+            (0o660, vec![gid], vec![]),
+            (0o660, vec![gid + 1], vec![not_ours]),
+            (0o640, vec![gid + 1], vec![not_ours, no_write]),
+            (0o640, vec![], vec![no_write]),
+        ] {
             std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
-            let hint = systemd_hint(&file, &io("open", libc::EACCES), true);
-            assert!(hint.contains("SupplementaryGroups=") && hint.contains("ReadWritePaths="), "{hint}");
+            let clause = file_group_clause(&file, &groups);
             let m = std::fs::metadata(&file).unwrap();
-            let clause = format!(
-                "the file's group may not write it (uid {}, gid {}, mode {mode:04o}): chmod g+w",
-                m.uid(),
-                m.gid()
-            );
-            assert_eq!(hint.contains(&clause), said, "{mode:o}: {hint}");
-            assert_eq!(hint.contains("UMask=0007"), said, "{mode:o}: {hint}");
+            let head = format!("; the file is uid {}, gid {gid}, mode {mode:04o}: ", m.uid());
+            assert_eq!(clause.starts_with(&head), !said.is_empty(), "{mode:o} {groups:?}: {clause}");
+            for part in [not_ours, no_write] {
+                assert_eq!(clause.contains(part), said.contains(&part), "{mode:o} {groups:?}: {clause}");
+            }
         }
+        let hint = systemd_hint(&file, &io("open", libc::EACCES), true);
+        assert!(
+            hint.contains("SupplementaryGroups=") && hint.contains("ReadWritePaths=") && hint.contains(no_write),
+            "{hint}"
+        );
+        assert!(file_group_clause(dir.path(), &[gid + 1]).is_empty(), "a directory is not a file");
     }
 
     #[test]
@@ -507,7 +521,7 @@ pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd
                 format!(
                     " (run by systemd: its dynamic user needs a group that may write the file, in \
                      SupplementaryGroups=, and ReadWritePaths= for its directory{}: {SEE})",
-                    group_may_not_write(path)
+                    file_group_clause(path, &own_groups())
                 )
             }
             _ => String::new(),
@@ -515,20 +529,42 @@ pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd
     }
 }
 
-/// For [`systemd_hint`]: when the file at `path` is not writable by its group, a clause saying so, with
-/// its owner and mode; else (or if it cannot be read) empty.
-fn group_may_not_write(path: &Path) -> String {
+/// For [`systemd_hint`]: what keeps the service's group from writing the file at `path`, with the file's
+/// owner and mode: a group that is not one of `groups` (the process's, [`own_groups`]; not said when
+/// empty), a mode without g+w. Empty if neither, or if the file cannot be read.
+fn file_group_clause(path: &Path, groups: &[u32]) -> String {
     use std::os::unix::fs::PermissionsExt;
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o020 == 0 => format!(
-            "; the file's group may not write it (uid {}, gid {}, mode {:04o}): chmod g+w it (and UMask=0007 for \
-             the images the service creates)",
-            m.uid(),
-            m.gid(),
-            m.permissions().mode() & 0o7777
-        ),
-        _ => String::new(),
+    let Ok(m) = std::fs::metadata(path) else { return String::new() };
+    let mode = m.permissions().mode();
+    let mut why = Vec::new();
+    if !groups.is_empty() && !groups.contains(&m.gid()) {
+        why.push(
+            "its group is not one of the service's: chgrp it to the one in SupplementaryGroups= (a file made in a \
+             directory that is not setgid has the group of the dynamic user that made it, gone with its run)",
+        );
     }
+    if mode & 0o020 == 0 {
+        why.push("its group may not write it: chmod g+w it (and UMask=0007 for the images the service creates)");
+    }
+    if !m.is_file() || why.is_empty() {
+        return String::new();
+    }
+    format!("; the file is uid {}, gid {}, mode {:04o}: {}", m.uid(), m.gid(), mode & 0o7777, why.join("; "))
+}
+
+/// This process's groups as permission checks see them: its file-system group and its supplementary
+/// groups (`Gid:` and `Groups:` of /proc/self/status); empty where that cannot be read.
+fn own_groups() -> Vec<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mut groups = Vec::new();
+    for line in status.lines() {
+        if let Some(ids) = line.strip_prefix("Gid:") {
+            groups.extend(ids.split_whitespace().nth(3).and_then(|g| g.parse::<u32>().ok()));
+        } else if let Some(ids) = line.strip_prefix("Groups:") {
+            groups.extend(ids.split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
+        }
+    }
+    groups
 }
 
 /// [`open_export`]'s checks without opening anything for writing or creating anything (`rein serve
