@@ -256,7 +256,7 @@ mod tests {
         for (path, e, want) in [
             (img, open(libc::EROFS), "ReadWritePaths="),
             (img, open(libc::EACCES), "SupplementaryGroups="),
-            (dev, StorageError::MissingDevice, "PrivateDevices=no"),
+            (dev, StorageError::MissingDevice, "(run by systemd"),
             (dev, open(libc::EPERM), "DeviceAllow="),
             (dev, open(libc::EACCES), "SupplementaryGroups="),
         ] {
@@ -264,6 +264,10 @@ mod tests {
             assert!(hint.contains(want) && hint.contains("docs/operations.md"), "{path:?} {e}: {hint}");
             assert_eq!(systemd_hint(path, &e, false), "", "not under systemd");
         }
+        // A missing device: as /dev is here (a_missing_device_with_the_hosts_dev_is_not_blamed_on_private_devices).
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let want = missing_device_hint(dev_is_devtmpfs(&mountinfo));
+        assert_eq!(systemd_hint(dev, &StorageError::MissingDevice, true), want);
         for (path, e) in [(img, StorageError::Missing), (img, open(libc::ENOENT)), (dev, open(libc::EIO))] {
             assert_eq!(systemd_hint(path, &e, true), "", "{path:?} {e}");
         }
@@ -317,6 +321,25 @@ mod tests {
             "{hint}"
         );
         assert!(file_group_clause(dir.path(), &[gid + 1]).is_empty(), "a directory is not a file");
+    }
+
+    /// A missing device with the host's /dev (devtmpfs, PrivateDevices=no) is not blamed on
+    /// PrivateDevices=: it is not there yet (an LVM volume before its volume group's activation) or
+    /// misnamed. Seen from /proc/self/mountinfo.
+    #[test]
+    fn a_missing_device_with_the_hosts_dev_is_not_blamed_on_private_devices() {
+        let host = "24 27 0:6 / /dev rw,relatime - devtmpfs devtmpfs rw,size=123k,mode=755\n\
+                    25 24 0:23 / /dev/pts rw - devpts devpts rw\n";
+        let private = format!("{host}301 300 0:61 / /dev rw,nosuid - tmpfs tmpfs rw,mode=755\n");
+        assert!(dev_is_devtmpfs(host));
+        assert!(!dev_is_devtmpfs(&private), "the last mount on /dev is the one seen");
+        assert!(!dev_is_devtmpfs(""), "unknown: a private /dev");
+        let (h, p) = (missing_device_hint(true), missing_device_hint(false));
+        assert!(
+            h.contains("no such device now") && h.contains("Requires= and After=") && !h.contains("PrivateDevices"),
+            "{h}"
+        );
+        assert!(p.contains("PrivateDevices=no") && p.contains("DeviceAllow="), "{p}");
     }
 
     #[test]
@@ -494,10 +517,10 @@ pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd
     };
     if path.starts_with("/dev") {
         match (e, op, errno) {
-            (Missing | MissingReadOnly | MissingDevice, _, _) => format!(
-                " (run by systemd: PrivateDevices=yes hides devices; the unit needs PrivateDevices=no, DeviceAllow= \
-                 for it and SupplementaryGroups= of its group: {SEE})"
-            ),
+            (Missing | MissingReadOnly | MissingDevice, _, _) => {
+                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+                missing_device_hint(dev_is_devtmpfs(&mountinfo))
+            }
             (_, "open", Some(libc::EPERM)) => format!(" (run by systemd: the unit needs DeviceAllow= for it: {SEE})"),
             (_, "open", Some(libc::EACCES)) => format!(
                 " (run by systemd: the unit needs SupplementaryGroups= of its group, disk for most disks: {SEE})"
@@ -527,6 +550,38 @@ pub fn systemd_hint(path: &Path, e: &crate::storage::StorageError, under_systemd
             _ => String::new(),
         }
     }
+}
+
+/// For [`systemd_hint`]: a device that does not exist. With the host's `/dev` (`host_dev`: the
+/// kernel's devtmpfs, as under `PrivateDevices=no`) it is not there yet, or misnamed: an LVM volume's
+/// node appears when its volume group is activated, which a start at boot must wait for. Else (a
+/// private tmpfs) `PrivateDevices=yes` hides it.
+fn missing_device_hint(host_dev: bool) -> String {
+    const SEE: &str = "docs/operations.md, \"Exports outside /var/lib/rein\"";
+    if host_dev {
+        format!(
+            " (run by systemd, with the host's /dev: no such device now; an LVM volume's appears when its volume \
+             group is activated: order the unit after it, Requires= and After= of its .device unit: {SEE})"
+        )
+    } else {
+        format!(
+            " (run by systemd: PrivateDevices=yes hides devices; the unit needs PrivateDevices=no, DeviceAllow= for \
+             it and SupplementaryGroups= of its group: {SEE})"
+        )
+    }
+}
+
+/// Whether `/dev` is the kernel's devtmpfs by `mountinfo` (the text of /proc/self/mountinfo; the last
+/// mount on `/dev` is the one seen): the host's device nodes, not a private `/dev`.
+fn dev_is_devtmpfs(mountinfo: &str) -> bool {
+    mountinfo
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let (fields, fs) = l.split_once(" - ")?;
+            (fields.split_whitespace().nth(4)? == "/dev").then(|| fs.split_whitespace().next() == Some("devtmpfs"))
+        })
+        .unwrap_or(false)
 }
 
 /// For [`systemd_hint`]: what keeps the service's group from writing the file at `path`, with the file's
