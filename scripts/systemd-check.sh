@@ -626,6 +626,9 @@ if [ -n "$loop" ]; then
   check "nbdinfo reads export x, the device's 16 MiB" "nbdinfo --size nbd://127.0.0.201:10809/x | grep -qx 16777216"
   roundtrip "a client writes 1 MiB to the block device and reads it back"
   check "the bytes are on $loop" "head -c 1048576 $loop | cmp - /tmp/x.data"
+  # The reload's --check-config, beside the server that holds the device's O_EXCL claim, takes the claim
+  # as the running server's (preflight::server_holding, through /proc under the unit's sandbox).
+  reloaded rein-serve.service '^configuration reloaded' "the device served, its claim held by the server"
   stopped_in_time rein-serve.service
   # A device named through a link, as an LVM volume's /dev/VG/LV (-> ../dm-N): systemd resolves the
   # link of DeviceAllow= when the unit starts, rein serve opens and claims the device it names.
