@@ -773,22 +773,20 @@ impl Registry {
         let id = self.id(&j.tenant)?;
         // Against the files the running exports have open (no `stat` per export: adding E exports one by
         // one stat'ed E^2 / 2 files).
-        let file_of = |e: &Export| match &e.backend {
-            crate::nbd::Backend::Local(s) => s.file_id(),
-            _ => None,
-        };
+        fn file_of<'a>(name: &'a str, e: &Export) -> crate::preflight::RunningFile<'a> {
+            let (file, device) = match &e.backend {
+                crate::nbd::Backend::Local(s) => (s.file_id(), s.device_number()),
+                _ => (None, None),
+            };
+            crate::preflight::RunningFile { name, read_only: e.info.read_only, file, device }
+        }
         let running = self.exports.snapshot();
         let held: Vec<_> = still_open
             .iter()
             .filter(|e| e.tenant_name != j.tenant)
-            .map(|e| {
-                (format!("{} (deleted, still open by its connections)", e.info.name), e.info.read_only, file_of(e))
-            })
+            .map(|e| (format!("{} (deleted, still open by its connections)", e.info.name), e))
             .collect();
-        let files = running
-            .iter()
-            .map(|e| (e.info.name.as_str(), e.info.read_only, file_of(e)))
-            .chain(held.iter().map(|(n, r, f)| (n.as_str(), *r, *f)));
+        let files = running.iter().map(|e| file_of(&e.info.name, e)).chain(held.iter().map(|(n, e)| file_of(n, e)));
         crate::preflight::check_added(&eff.exports, files, &cfg).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         Ok((cfg, id))
     }

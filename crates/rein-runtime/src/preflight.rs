@@ -75,6 +75,42 @@ pub enum PreflightError {
         /// The device's minor number.
         minor: u32,
     },
+    /// An export added at run time on a block device that a running export has open, found by the
+    /// device number of the device that export's storage holds: one deleted but still open by its
+    /// connections, whose path is no longer in the configuration (or one of the configuration's, reached
+    /// through another node).
+    #[error(
+        "exports {first:?} and {second:?} are backed by the same block device {major}:{minor} ({second}: {}); \
+         each export needs its own (or both read_only = true)",
+        path.display()
+    )]
+    SharedOpenDevice {
+        /// The running export.
+        first: String,
+        /// The export added.
+        second: String,
+        /// Its path.
+        path: PathBuf,
+        /// The device's major number.
+        major: u32,
+        /// The device's minor number.
+        minor: u32,
+    },
+}
+
+/// A running export as [`check_added`] sees it: its name, whether it is read-only, and what its storage
+/// has open.
+#[derive(Debug, Clone, Copy)]
+pub struct RunningFile<'a> {
+    /// The export's name (as it is to be said in an error).
+    pub name: &'a str,
+    /// Whether it is read-only.
+    pub read_only: bool,
+    /// The device and inode of the file its storage has open ([`crate::storage::Storage::file_id`]).
+    pub file: Option<(u64, u64)>,
+    /// The device number of the block device its storage has open
+    /// ([`crate::storage::Storage::device_number`]).
+    pub device: Option<u64>,
 }
 
 impl PreflightError {
@@ -172,15 +208,18 @@ fn file_key(path: &Path) -> Option<FileKey> {
 }
 
 /// [`check_exports`] for one export `new` added to running ones (`exports`: the exports it joins, as
-/// configured; `running`: each running export's name, whether it is read-only and the device and inode
-/// of the file it has open, if a file): one `stat`, of `new`'s file, instead of one per export. A file
-/// is the one a running export has open, not what its path names now (a file renamed over it is another).
-/// A block device is the exception: a node's inode is not the device, so `new`'s device number is
-/// compared with those of the block devices that `exports`' paths name (a deleted export still open by
-/// its connections is not among them).
+/// configured; `running`: what each running export has open, [`RunningFile`]): one `stat`, of `new`'s
+/// file, instead of one per export. A file is the one a running export has open, not what its path names
+/// now (a file renamed over it is another). A block device is found by its device number (a node's inode
+/// is not the device): that of the device `new`'s path names, compared with those of the block devices
+/// that `exports`' paths name (the error then names both paths), then with those that the running
+/// exports' storages hold, which counts a deleted export still open by its connections. Until 2026-12-07
+/// only the paths were compared: an export of another tenant added on the device of such a deleted export
+/// was served beside it through the same node (two tenants wrote one disk), and through another node
+/// refused as a device `in use by the system`, this server's own claim.
 pub fn check_added<'a>(
     exports: &[ExportConfig],
-    running: impl Iterator<Item = (&'a str, bool, Option<(u64, u64)>)>,
+    running: impl Iterator<Item = RunningFile<'a>>,
     new: &ExportConfig,
 ) -> Result<(), PreflightError> {
     check_ram(exports.iter().chain([new]))?;
@@ -190,20 +229,35 @@ pub fn check_added<'a>(
         Some(FileKey::Inode(dev, ino)) => (dev, ino),
         // A block device: against the paths of the exports it joins (a node's inode is not the device's;
         // one `stat` per file export, for a device only).
-        Some(key @ FileKey::Device(_)) => {
+        Some(FileKey::Device(rdev)) => {
+            let key = FileKey::Device(rdev);
             let clash = exports.iter().find(|e| {
                 e.name != new.name
                     && !(e.read_only && new.read_only)
                     && matches!(&e.backend, BackendKind::File { path } if file_key(path).as_ref() == Some(&key))
             });
-            return clash.map_or(Ok(()), |e| Err(PreflightError::shared(&key, e, new)));
+            if let Some(e) = clash {
+                return Err(PreflightError::shared(&key, e, new));
+            }
+            for r in running {
+                if r.device == Some(rdev) && !(r.read_only && new.read_only) {
+                    return Err(PreflightError::SharedOpenDevice {
+                        first: r.name.to_string(),
+                        second: new.name.clone(),
+                        path: path.clone(),
+                        major: libc::major(rdev as libc::dev_t),
+                        minor: libc::minor(rdev as libc::dev_t),
+                    });
+                }
+            }
+            return Ok(());
         }
         _ => return Ok(()),
     };
-    for (name, read_only, id) in running {
-        if id == Some((dev, ino)) && !(read_only && new.read_only) {
+    for r in running {
+        if r.file == Some((dev, ino)) && !(r.read_only && new.read_only) {
             return Err(PreflightError::SharedFile {
-                first: name.to_string(),
+                first: r.name.to_string(),
                 second: new.name.clone(),
                 path: path.clone(),
             });
@@ -426,13 +480,29 @@ mod tests {
             let ex = two(ro_a, ro_b);
             assert_eq!(check_shared_files(&ex).unwrap_err().to_string(), want, "read_only {ro_a}, {ro_b}");
             // b added at run time beside a running a (its file id: n1's device and inode).
-            let running = [("a", ro_a, Some((1u64, 1u64)))];
+            let running = [RunningFile { name: "a", read_only: ro_a, file: Some((1, 1)), device: Some(rdev) }];
             let e = check_added(&ex[..1], running.into_iter(), &ex[1]).expect_err("b beside a");
             assert_eq!(e.to_string(), want, "added, read_only {ro_a}, {ro_b}");
         }
         let ex = two(true, true);
         assert!(check_shared_files(&ex).is_ok(), "read-only exports may share a device");
-        assert!(check_added(&ex[..1], [("a", true, Some((1u64, 1u64)))].into_iter(), &ex[1]).is_ok());
+        let running = [RunningFile { name: "a", read_only: true, file: Some((1, 1)), device: Some(rdev) }];
+        assert!(check_added(&ex[..1], running.into_iter(), &ex[1]).is_ok());
+        // A deleted export still open by its connections: not among the exports b joins, found by the
+        // device its storage holds (it used to pass).
+        let gone = "a (deleted, still open by its connections)";
+        for (ro_a, ro_b) in [(false, false), (true, false), (false, true), (true, true)] {
+            let ex = two(ro_a, ro_b);
+            let running = [RunningFile { name: gone, read_only: ro_a, file: Some((1, 1)), device: Some(rdev) }];
+            let got = check_added(&[], running.into_iter(), &ex[1]).map_err(|e| e.to_string());
+            let want = format!(
+                "exports \"{gone}\" and \"b\" are backed by the same block device 7:250 (b: {d}/n2); each export \
+                 needs its own (or both read_only = true)"
+            );
+            assert_eq!(got, if ro_a && ro_b { Ok(()) } else { Err(want) }, "read_only {ro_a}, {ro_b}");
+        }
+        let other = [RunningFile { name: gone, read_only: false, file: Some((1, 1)), device: Some(rdev + 1) }];
+        assert!(check_added(&[], other.into_iter(), &two(false, false)[1]).is_ok(), "another device");
     }
 
     proptest::proptest! {

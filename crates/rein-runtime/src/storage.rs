@@ -32,7 +32,12 @@
 //! is refused with [`StorageError::InUse`] instead of both writing the one image (each one's writes lost
 //! under the other's, silently). Within one process the lock is shared by every storage of the file
 //! (found by device and inode: a reload opens a changed export again while connections hold the old
-//! storage), and a writable open upgrades a read-only one's lock. The lock is advisory: tools that do
+//! storage; a block device by its device number, whichever node of it each open names), and a writable
+//! open upgrades a read-only one's lock. So a reload that points a block device export at another node
+//! of its device takes over the claim the old storage holds (below) instead of being refused by it:
+//! until 2026-12-07 the second node's open was a second claim, which the kernel refused (EBUSY) while
+//! the old storage lived, and the reload failed with the device `in use by the system`, its own claim.
+//! Two exports on one device are [`crate::preflight`]'s to refuse, not the lock's. The lock is advisory: tools that do
 //! not take it (dd, cp, a qemu without locking) are not kept out. A writable block device is also
 //! claimed from the kernel (an `O_EXCL` open, held with the lock; [`StorageError::DeviceBusy`]): that
 //! refuses a device that is mounted, swap, a RAID, LVM or device-mapper member, or claimed by another
@@ -262,6 +267,11 @@ pub trait Storage: Send + Sync + 'static {
     fn file_id(&self) -> Option<(u64, u64)> {
         None
     }
+    /// The device number of the block device it has open (`None`: not a block device), which two
+    /// exports must not both write, whichever node of it each opened ([`crate::preflight`]).
+    fn device_number(&self) -> Option<u64> {
+        None
+    }
     /// The size of the file or block device it has open, read now (`fstat`; a device's end, `lseek`),
     /// where the open size is [`size`]: an image grown or shrunk by hand (`qemu-img resize`, an
     /// `lvextend`) under a running export. `None`, the default: no file open, or its size unreadable.
@@ -433,6 +443,8 @@ impl Default for FileMode {
 /// The lock on one file, shared by its storages in this process (module comment, "One writer per file").
 #[derive(Debug)]
 struct ExportLock {
+    /// What it locks.
+    key: HeldKey,
     /// A duplicate of the first storage's descriptor: the lock is on that open file description, which
     /// lives as long as this does.
     fd: File,
@@ -446,12 +458,34 @@ struct ExportLock {
 /// A file's device and inode.
 type FileKey = (u64, u64);
 
-/// The files this process holds.
-static HELD: Mutex<Vec<(FileKey, std::sync::Weak<ExportLock>)>> = Mutex::new(Vec::new());
+/// What one [`ExportLock`] is for: a block device by its device number, whichever node of it was opened
+/// (`/dev/loop0` and a node made with mknod are one device, and the kernel lets one claim of it be
+/// taken), another file by its device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeldKey {
+    Device(u64),
+    Inode(FileKey),
+}
+
+impl HeldKey {
+    fn of(meta: &std::fs::Metadata) -> HeldKey {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if meta.file_type().is_block_device() {
+            HeldKey::Device(meta.rdev())
+        } else {
+            HeldKey::Inode((meta.dev(), meta.ino()))
+        }
+    }
+}
+
+/// The files this process holds. An entry goes once its lock is dropped (with the last storage of the
+/// file): dead entries are dropped at every open.
+static HELD: Mutex<Vec<(HeldKey, std::sync::Weak<ExportLock>)>> = Mutex::new(Vec::new());
 
 impl ExportLock {
     /// The lock on `file` (whose metadata is `meta`), exclusive if `write`: this process's, if it holds
-    /// the file already (upgraded if `write` asks more), else a new one; [`StorageError::InUse`] if another
+    /// the file already (a block device through any node of it; upgraded if `write` asks more), else a
+    /// new one; [`StorageError::InUse`] if another
     /// process holds it so that it cannot be had.
     /// A writable block device is also claimed from the kernel (an `O_EXCL` open of `path`), once per lock.
     fn take(
@@ -460,9 +494,8 @@ impl ExportLock {
         meta: &std::fs::Metadata,
         write: bool,
     ) -> Result<std::sync::Arc<ExportLock>, StorageError> {
-        use std::os::unix::fs::MetadataExt;
         use std::sync::atomic::Ordering;
-        let key = (meta.dev(), meta.ino());
+        let key = HeldKey::of(meta);
         let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
         held.retain(|(_, w)| w.strong_count() > 0);
         if let Some(lock) = held.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
@@ -479,7 +512,7 @@ impl ExportLock {
         }
         let fd = file.try_clone().map_err(|source| StorageError::Io { op: "dup", source })?;
         flock(&fd, write)?;
-        let lock = std::sync::Arc::new(ExportLock { fd, exclusive: write.into(), claim: Mutex::new(None) });
+        let lock = std::sync::Arc::new(ExportLock { key, fd, exclusive: write.into(), claim: Mutex::new(None) });
         if write {
             lock.claim(path, meta)?;
         }
@@ -862,6 +895,12 @@ impl Storage for FileStorage {
     }
     fn file_id(&self) -> Option<(u64, u64)> {
         Some(self.id)
+    }
+    fn device_number(&self) -> Option<u64> {
+        match self._lock.key {
+            HeldKey::Device(rdev) => Some(rdev),
+            HeldKey::Inode(_) => None,
+        }
     }
     fn stop_writes(&self) {
         self.writes_stopped.store(true, std::sync::atomic::Ordering::Release);
@@ -1295,21 +1334,55 @@ mod tests {
         assert!(matches!(FileStorage::inspect(dev, None, false), Ok(Inspected::Present(_))));
         let served = FileStorage::open(dev, None, false).expect("the device once unmounted");
         assert!(!fs.mount(), "mounted while it is served for writing");
-        // A second device node of the same device (as a container's /dev, or a mknod).
-        let rdev = std::fs::metadata(dev).unwrap().rdev();
-        let node = dir.path().join("node");
-        let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: mknod reads the NUL-terminated path and integer arguments only.
-        #[allow(unsafe_code)]
-        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, rdev as libc::dev_t) };
-        assert_eq!(r, 0, "mknod: {}", io::Error::last_os_error());
-        let e = FileStorage::open(&node, None, false).err().expect("a writer through another node");
+        // A second device node of the same device (as a container's /dev, or a mknod): another
+        // process's claim through it (here an O_EXCL open of this one's own, as another process's is;
+        // this process's storages share one claim, `a_block_device_is_one_claim_through_any_node_of_it`).
+        let other = dir.path().join("node");
+        node(&other, std::fs::metadata(dev).unwrap().rdev());
+        let e = exclusive_open(&other, &std::fs::metadata(&other).unwrap()).expect_err("a claim through another node");
         assert!(matches!(e, StorageError::DeviceBusy), "{e}");
         // A reload's second open through the same path shares the claim.
         let again = FileStorage::open(dev, None, false).expect("the same device again, same path");
         drop((served, again));
-        assert!(FileStorage::open(&node, None, false).is_ok(), "free again once released");
+        assert!(FileStorage::open(&other, None, false).is_ok(), "free again once released");
         assert!(fs.mount(), "mountable again once released");
+    }
+
+    /// A node made with `mknod` for the device number `rdev` at `path`.
+    fn node(path: &Path, rdev: u64) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mknod reads the NUL-terminated path and integer arguments only.
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, rdev as libc::dev_t) };
+        assert_eq!(r, 0, "mknod: {}", io::Error::last_os_error());
+    }
+
+    /// Within this process a block device is one lock and one claim through any node of it (module
+    /// comment, "One writer per file"): a reload that points a writable export at another node of its
+    /// device (`/dev/loop0` to a node made with mknod) opens it while the old storage, still held by its
+    /// connections, has the claim, and used to be refused as a device `in use by the system` (its own
+    /// claim, EBUSY). The claim lasts while either storage lives, keeps other claimers out through any
+    /// node, and goes with the last. Needs root (a loop device, mount, mknod); elsewhere skipped.
+    #[test]
+    fn a_block_device_is_one_claim_through_any_node_of_it() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::Builder::new().prefix("rein-storage-nodes-").tempdir().unwrap();
+        let Some(fs) = LoopFs::make(dir.path()) else { return };
+        let dev = Path::new(&fs.dev);
+        let other = dir.path().join("other");
+        node(&other, std::fs::metadata(dev).unwrap().rdev());
+        let first = FileStorage::open(dev, None, false).expect("the device");
+        let second = FileStorage::open(&other, None, false).expect("the device again, through another node");
+        let ro = FileStorage::open(&other, None, true).expect("read-only, through the other node");
+        drop(first);
+        assert!(!fs.mount(), "mounted while the second storage is open");
+        let claimer = |p: &Path| OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(p);
+        for p in [dev, &other] {
+            let e = claimer(p).expect_err("another claimer while served");
+            assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "{}: {e}", p.display());
+        }
+        drop((second, ro));
+        assert!(fs.mount(), "mountable once the last storage is gone");
     }
 
     /// An image that a loop device is attached to is refused for writing (it was served, and a client's

@@ -297,3 +297,163 @@ async fn a_memory_export_made_read_only_then_writable_keeps_its_data() {
     old.disconnect().await;
     running.stop().await;
 }
+
+/// A loop device over a 4 MiB file in `dir`, detached when dropped; [`LoopNodes::node`] makes other nodes
+/// of it (as a container's /dev has its own). `None`, said, where it cannot be made (needs root).
+struct LoopNodes {
+    dev: String,
+    rdev: (u32, u32),
+}
+
+impl LoopNodes {
+    fn make(dir: &Path) -> Option<LoopNodes> {
+        use std::os::unix::fs::MetadataExt;
+        use std::process::Command;
+        let img = dir.join("back.img");
+        std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
+        let out = Command::new("losetup").args(["-f", "--show"]).arg(&img).output().ok()?;
+        if !out.status.success() {
+            eprintln!("skipped: no loop device can be attached here (needs root)");
+            return None;
+        }
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let rdev = std::fs::metadata(&dev).unwrap().rdev();
+        Some(LoopNodes { dev, rdev: (libc::major(rdev), libc::minor(rdev)) })
+    }
+
+    /// Another node of the device at `path`.
+    fn node(&self, path: &Path) {
+        let (major, minor) = self.rdev;
+        let st = std::process::Command::new("mknod")
+            .arg(path)
+            .args(["b", &major.to_string(), &minor.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "mknod {}", path.display());
+    }
+
+    /// Waits (bounded) until another claimer is let in: the server stopped, its storage is closed once
+    /// its last connection's task has ended, and a child that another test of this process is starting
+    /// holds a copy of every descriptor from its fork to its exec.
+    async fn until_released(&self) {
+        for _ in 0..500 {
+            if !self.claimed() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{} is still claimed", self.dev);
+    }
+
+    /// Whether another claimer (an `O_EXCL` open, as `mount` or another server takes) is refused now.
+    fn claimed(&self) -> bool {
+        use std::os::unix::fs::OpenOptionsExt;
+        let open = std::fs::File::options().read(true).custom_flags(libc::O_EXCL).open(&self.dev);
+        matches!(open, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+    }
+}
+
+impl Drop for LoopNodes {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+/// Waits (bounded) until export `name` opens.
+async fn until_served(nbd: SocketAddr, name: &str) -> Arc<NbdClient> {
+    for _ in 0..500 {
+        if let Ok(c) = NbdClient::connect(nbd, name).await {
+            return c;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("export {name} never served");
+}
+
+/// A reload that points a writable block device export at another node of its device (here a node made
+/// with mknod; a container's /dev, a udev name that is not a symlink) while a connection holds the old
+/// export takes over the old storage's claim on the device: the old connection and the new ones write the
+/// one device, and the claim lasts while either does. Before, the new node's open was a second claim,
+/// which the kernel refused while the old storage held the first, and the reload failed with the device
+/// `in use by the system (mounted, swap, ...)`, its own claim. Needs root (a loop device, mknod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let Some(lo) = LoopNodes::make(&dir) else { return };
+    lo.node(&dir.join("node"));
+    // `mark`: a memory export the second configuration adds, there once the reload is applied (one change).
+    let file = |path: &str, mark: &str| {
+        let text = format!(
+            "listen = \"127.0.0.101:0\"\nadmin = \"127.0.0.101:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"d\"\n\
+             path = \"{path}\"\n{mark}",
+            dir.display()
+        );
+        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+    };
+    let running = Running::start(file(&lo.dev, "")).await;
+    let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
+    let old = NbdClient::connect(b.nbd, "d").await.unwrap();
+    old.request(Command::Write, 0, 4, b"old!", false).await.unwrap();
+    *next.lock().unwrap() = file("node", "[[exports]]\nname = \"mark\"\nbackend = \"memory\"\nsize_mb = 1\n");
+    tx.send(()).await.unwrap();
+    until_served(b.nbd, "mark").await;
+    let new = NbdClient::connect(b.nbd, "d").await.unwrap();
+    assert_eq!(new.request(Command::Read, 0, 4, &[], false).await.unwrap(), b"old!", "the one device");
+    new.request(Command::Write, 4096, 4, b"new!", false).await.unwrap();
+    assert_eq!(old.request(Command::Read, 4096, 4, &[], false).await.unwrap(), b"new!");
+    old.request(Command::Write, 8192, 4, b"late", false).await.expect("the old connection still writes");
+    old.disconnect().await;
+    new.request(Command::Flush, 0, 0, &[], false).await.unwrap();
+    assert!(lo.claimed(), "the device is claimed while the new export is served");
+    new.disconnect().await;
+    running.stop().await;
+    lo.until_released().await;
+}
+
+/// An export added through the admin API on the block device of a deleted export whose connection is
+/// still open: of another tenant, refused (400) naming the deleted export and the device, whether
+/// through the same node or another (through the same node it used to be accepted, and two tenants wrote
+/// one disk; through another it failed as the device `in use by the system`, this server's own claim);
+/// of the deleted export's own tenant, served on its claim, as a file is. Needs root (a loop device,
+/// mknod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_added_on_the_device_of_a_deleted_one_still_open_names_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let Some(lo) = LoopNodes::make(&dir) else { return };
+    lo.node(&dir.join("n1"));
+    lo.node(&dir.join("n2"));
+    let text = format!(
+        "listen = \"127.0.0.102:0\"\nadmin = \"127.0.0.102:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"a\"\n\
+         path = \"n1\"\n[[tenants]]\nname = \"other\"\n",
+        dir.display()
+    );
+    let running = Running::start(ServerConfig::parse(&text, Path::new("live.toml")).unwrap()).await;
+    let b = running.b;
+    let c = NbdClient::connect(b.nbd, "a").await.unwrap();
+    c.request(Command::Write, 0, 4, b"mine", false).await.unwrap();
+    assert_eq!(http(b.admin, "DELETE", "/api/exports/a", "").await.0, 204);
+    let (major, minor) = lo.rdev;
+    for path in ["n1", "n2"] {
+        let body = format!(r#"{{"name": "b", "path": "{path}", "tenant": "other"}}"#);
+        let (code, said) = http(b.admin, "POST", "/api/exports", &body).await;
+        let said = said.replace("\\\"", "\"");
+        assert_eq!(code, 400, "{path}: {said}");
+        assert!(
+            said.contains(&format!(
+                "exports \"a (deleted, still open by its connections)\" and \"b\" are backed by the same block \
+                 device {major}:{minor}"
+            )),
+            "{path}: {said}"
+        );
+    }
+    let (code, said) = http(b.admin, "POST", "/api/exports", r#"{"name": "b", "path": "n2", "tenant": "a"}"#).await;
+    assert_eq!(code, 201, "the deleted export's own tenant: {said}");
+    let n = NbdClient::connect(b.nbd, "b").await.unwrap();
+    assert_eq!(n.request(Command::Read, 0, 4, &[], false).await.unwrap(), b"mine");
+    n.disconnect().await;
+    c.disconnect().await;
+    running.stop().await;
+    lo.until_released().await;
+}
