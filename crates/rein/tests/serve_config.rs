@@ -661,6 +661,41 @@ fn a_reload_opens_a_resized_block_device_again() {
     assert_eq!(open("after").size, 8 << 20, "a new connection sees the device's size");
 }
 
+/// A reload that points a block device export at another node of its device (made with mknod, as a
+/// container's /dev has its own) while a connection holds the export as it was: applied, the new node
+/// served on the server's claim on the device (rein-runtime's storage, "One writer per file"), and the
+/// connection opened before and the ones opened after write the one device. Before, the new node's open
+/// was a second exclusive claim, which the kernel refused while the old export held the first, and the
+/// reload failed: `is a block device in use by the system (mounted, swap, ...)`, its own claim. Needs
+/// root (a loop device, mknod); elsewhere skipped.
+#[test]
+fn a_reload_to_another_node_of_a_served_device_is_applied() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tmpdir("serve-dev-node");
+    let dir = tmp.path();
+    let back = dir.join("back.img");
+    std::fs::write(&back, vec![0u8; 4 << 20]).unwrap();
+    let Some(lo) = LoopDev::attach(&back, &[]) else { return };
+    let rdev = std::fs::metadata(&lo.0).unwrap().rdev();
+    let node = dir.join("node");
+    let (major, minor) = (libc::major(rdev).to_string(), libc::minor(rdev).to_string());
+    assert!(Cmd::new("mknod").arg(&node).args(["b", &major, &minor]).status().unwrap().success(), "mknod");
+    let config = |path: &str| config_file(dir, 110, &format!("[[exports]]\nname = \"v\"\npath = \"{path}\"\n"));
+    let s = Rein::serve(&config(&lo.0)).env("REIN_LOG", "info").start();
+    let open = |what: &str| common::nbd_open(s.nbd, "v", false, Duration::from_secs(20)).expect(what);
+    let before = open("before");
+    config(&node.display().to_string());
+    s.signal("-HUP");
+    s.wait_line("reload: export v changed");
+    let after = open("after");
+    let mut old = common::Raw { s: before.stream, buf: before.buf };
+    let mut new = common::Raw { s: after.stream, buf: after.buf };
+    old.send(Command::Write, 1, 0, 4, b"old!");
+    assert_eq!(old.reply(0).1, 0, "the connection opened before writes");
+    new.send(Command::Read, 2, 0, 4, &[]);
+    assert_eq!(new.reply(4), (2, 0, b"old!".to_vec()), "the one device");
+}
+
 /// Before: a read-only export of a missing file with `size_mb` failed at start with `open failed: No such
 /// file or directory` (the file is created only for writable exports). A read-only export of a missing
 /// file is most likely a mistyped path: it is still not created, and the error says so.
