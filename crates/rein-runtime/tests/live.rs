@@ -375,29 +375,37 @@ async fn until_served(nbd: SocketAddr, name: &str) -> Arc<NbdClient> {
 /// A reload that points a writable block device export at another node of its device (here a node made
 /// with mknod; a container's /dev, a udev name that is not a symlink) while a connection holds the old
 /// export takes over the old storage's claim on the device: the old connection and the new ones write the
-/// one device, and the claim lasts while either does. Before, the new node's open was a second claim,
-/// which the kernel refused while the old storage held the first, and the reload failed with the device
-/// `in use by the system (mounted, swap, ...)`, its own claim. Needs root (a loop device, mknod).
+/// one device, and the claim lasts while either does. So does one that renames the export and points it
+/// back at the first node (export d removed, e added) while a connection to d is open. Before, the new
+/// node's open was a second claim, which the kernel refused while the old storage held the first, and
+/// the reload failed with the device `in use by the system (mounted, swap, ...)`, its own claim. Needs
+/// root (a loop device, mknod).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let Some(lo) = LoopNodes::make(&dir) else { return };
     lo.node(&dir.join("node"));
-    // `mark`: a memory export the second configuration adds, there once the reload is applied (one change).
-    let file = |path: &str, mark: &str| {
+    // `mark`: a memory export each reload adds, there once the reload is applied (one change). One
+    // tenant for all, so that a renamed export's connections keep theirs.
+    let file = |name: &str, path: &str, mark: &str| {
         let text = format!(
-            "listen = \"127.0.0.101:0\"\nadmin = \"127.0.0.101:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"d\"\n\
-             path = \"{path}\"\n{mark}",
-            dir.display()
+            "listen = \"127.0.0.101:0\"\nadmin = \"127.0.0.101:0\"\ndata_dir = \"{}\"\n[[tenants]]\nname = \"t\"\n\
+             [[exports]]\nname = \"{name}\"\ntenant = \"t\"\npath = \"{path}\"\n{}",
+            dir.display(),
+            if mark.is_empty() {
+                String::new()
+            } else {
+                format!("[[exports]]\nname = \"{mark}\"\nbackend = \"memory\"\ntenant = \"t\"\nsize_mb = 1\n")
+            }
         );
         ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
     };
-    let running = Running::start(file(&lo.dev, "")).await;
+    let running = Running::start(file("d", &lo.dev, "")).await;
     let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
     let old = NbdClient::connect(b.nbd, "d").await.unwrap();
     old.request(Command::Write, 0, 4, b"old!", false).await.unwrap();
-    *next.lock().unwrap() = file("node", "[[exports]]\nname = \"mark\"\nbackend = \"memory\"\nsize_mb = 1\n");
+    *next.lock().unwrap() = file("d", "node", "mark");
     tx.send(()).await.unwrap();
     until_served(b.nbd, "mark").await;
     let new = NbdClient::connect(b.nbd, "d").await.unwrap();
@@ -406,9 +414,18 @@ async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
     assert_eq!(old.request(Command::Read, 4096, 4, &[], false).await.unwrap(), b"new!");
     old.request(Command::Write, 8192, 4, b"late", false).await.expect("the old connection still writes");
     old.disconnect().await;
-    new.request(Command::Flush, 0, 0, &[], false).await.unwrap();
-    assert!(lo.claimed(), "the device is claimed while the new export is served");
+    // Renamed, back on the first node, while `new` holds d.
+    *next.lock().unwrap() = file("e", &lo.dev, "mark2");
+    tx.send(()).await.unwrap();
+    until_served(b.nbd, "mark2").await;
+    let renamed = NbdClient::connect(b.nbd, "e").await.unwrap();
+    assert_eq!(renamed.request(Command::Read, 8192, 4, &[], false).await.unwrap(), b"late", "the one device");
+    new.request(Command::Write, 12288, 4, b"d...", false).await.expect("d's connection still writes");
+    assert_eq!(renamed.request(Command::Read, 12288, 4, &[], false).await.unwrap(), b"d...");
     new.disconnect().await;
+    renamed.request(Command::Flush, 0, 0, &[], false).await.unwrap();
+    assert!(lo.claimed(), "the device is claimed while the renamed export is served");
+    renamed.disconnect().await;
     running.stop().await;
     lo.until_released().await;
 }
