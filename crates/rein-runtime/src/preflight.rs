@@ -694,17 +694,20 @@ fn own_groups() -> Vec<u32> {
 
 /// [`open_export`]'s checks without opening anything for writing or creating anything (`rein serve
 /// --check-config`, [`crate::storage::FileStorage::inspect`]): one line saying what the export serves.
-/// A writable block device that the kernel will not let be claimed is refused as at start, unless the
-/// claim is the running `rein serve`'s of `data_dir` ([`server_holding`]): the check runs beside the
-/// server it is about to reload, which holds the devices it serves.
-pub fn inspect_export(e: &crate::config::ExportConfig, data_dir: &Path) -> Result<String, OpenError> {
+/// A writable block device that the kernel will not let be claimed is refused as at start, unless
+/// `holder` names the process whose claim it is as the running `rein serve` about to be reloaded (the
+/// check runs beside it, and it holds the devices it serves; [`crate::state::server_holding`]).
+pub fn inspect_export(
+    e: &crate::config::ExportConfig,
+    holder: impl Fn(&Path) -> Option<u32>,
+) -> Result<String, OpenError> {
     use crate::storage::{FileStorage, StorageError};
     let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
     match &e.backend {
         crate::config::BackendKind::File { path } => {
             let mut note = String::new();
             let found = match FileStorage::inspect(path, e.size, e.read_only) {
-                Err(StorageError::DeviceBusy) if !e.read_only => match server_holding(data_dir, path) {
+                Err(StorageError::DeviceBusy) if !e.read_only => match holder(path) {
                     Some(pid) => {
                         note = format!(
                             "; claimed by the running rein serve of this data_dir, pid {pid}, which has it open"
@@ -734,28 +737,6 @@ pub fn inspect_export(e: &crate::config::ExportConfig, data_dir: &Path) -> Resul
             Ok(format!("export {}: memory ({:.0} MiB, lost at a stop)", e.name, mib(e.size.unwrap_or(0))))
         }
     }
-}
-
-/// The running `rein serve` of `data_dir`, if it has the block device `path` open: the pid that its lock
-/// file ([`crate::state::LOCK_FILE`]) names, if that process has both the lock file and a node of the
-/// device open (its descriptors in `/proc/PID/fd`; a pid left in the file by a server that died names
-/// a process that has neither). `None` where that cannot be read (another user's process).
-pub fn server_holding(data_dir: &Path, path: &Path) -> Option<u32> {
-    let lock = data_dir.join(crate::state::LOCK_FILE);
-    let pid: u32 = std::fs::read_to_string(&lock).ok()?.trim().parse().ok()?;
-    let lock = std::fs::metadata(&lock).ok()?;
-    let rdev = std::fs::metadata(path).ok()?.rdev();
-    let (mut has_lock, mut has_device) = (false, false);
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        // Only files: a socket's, pipe's or anonymous inode's link names no path.
-        if !std::fs::read_link(fd.path()).is_ok_and(|t| t.is_absolute()) {
-            continue;
-        }
-        let Ok(m) = std::fs::metadata(fd.path()) else { continue };
-        has_lock |= (m.dev(), m.ino()) == (lock.dev(), lock.ino());
-        has_device |= std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) && m.rdev() == rdev;
-    }
-    (has_lock && has_device).then_some(pid)
 }
 
 /// Opens an export's storage (creating a missing file only when the export has a size; see

@@ -74,6 +74,31 @@ use std::path::{Path, PathBuf};
 pub const STATE_FILE: &str = "rein-state.json";
 /// The lock file's name inside the data directory (holds the server's pid).
 pub const LOCK_FILE: &str = "rein.lock";
+
+/// The running `rein serve` of `data_dir`, if it has the block device `path` open: the pid that its lock
+/// file ([`LOCK_FILE`]) names, if that process has both the lock file and a node of the
+/// device open (its descriptors in `/proc/PID/fd`; a pid left in the file by a server that died names
+/// a process that has neither). `None` where that cannot be read (another user's process). `rein serve
+/// --check-config` asks it of a writable block device it finds claimed ([`crate::preflight::inspect_export`]).
+pub fn server_holding(data_dir: &Path, path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let lock = data_dir.join(LOCK_FILE);
+    let pid: u32 = std::fs::read_to_string(&lock).ok()?.trim().parse().ok()?;
+    let lock = std::fs::metadata(&lock).ok()?;
+    let rdev = std::fs::metadata(path).ok()?.rdev();
+    let (mut has_lock, mut has_device) = (false, false);
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        // Only files: a socket's, pipe's or anonymous inode's link names no path.
+        if !std::fs::read_link(fd.path()).is_ok_and(|t| t.is_absolute()) {
+            continue;
+        }
+        let Ok(m) = std::fs::metadata(fd.path()) else { continue };
+        has_lock |= (m.dev(), m.ino()) == (lock.dev(), lock.ino());
+        has_device |= std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) && m.rdev() == rdev;
+    }
+    (has_lock && has_device).then_some(pid)
+}
+
 /// The state file format this server reads and writes.
 pub const STATE_VERSION: u32 = 1;
 /// Largest state file read, in bytes (16 MiB: thousands of tenants and exports).

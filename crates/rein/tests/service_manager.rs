@@ -201,7 +201,10 @@ fn the_gateway_and_the_pshift_controller_tell_the_service_manager_too() {
     let mgr = Manager::bind(tmp.path());
     let mut gw = start_with(Rein::new(&["gateway", "--config", gw_config.to_str().unwrap()]), &mgr);
     let ready = mgr.until("READY=1");
-    assert!(status(&ready).contains("1 volume over 1 node") && status(&ready).contains(&gw.nbd.to_string()));
+    assert!(
+        status(&ready).contains("1 volume, 1 node configured (1 connected)")
+            && status(&ready).contains(&gw.nbd.to_string())
+    );
     gw.signal("-HUP");
     mgr.until("RELOADING=1");
     let ready = mgr.until("READY=1");
