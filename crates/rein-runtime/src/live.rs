@@ -155,6 +155,15 @@ struct Inner {
     retired: Vec<Weak<Export>>,
 }
 
+/// What export `e`'s storage has open, as [`crate::preflight::check_added`] compares it, under `name`.
+fn running_file<'a>(name: &'a str, e: &Export) -> crate::preflight::RunningFile<'a> {
+    let (file, device) = match &e.backend {
+        crate::nbd::Backend::Local(s) => (s.file_id(), s.device_number()),
+        _ => (None, None),
+    };
+    crate::preflight::RunningFile { name, read_only: e.info.read_only, file, device }
+}
+
 impl Inner {
     /// The deleted exports that connections still hold (the others are dropped from `retired` here).
     fn still_open(&mut self) -> Vec<Arc<Export>> {
@@ -755,6 +764,42 @@ impl Registry {
         Ok(())
     }
 
+    /// A reload's new exports against the files that exports of other tenants may still write after it
+    /// (`new`: the configuration it would apply): one deleted earlier and still open by its connections
+    /// (`retired`), or one this reload removes, whose connections opened before would go on writing (the
+    /// reload cannot tell whether it has any). An export of another tenant on such a file or block device
+    /// would let two tenants write one disk: refused as `POST /api/exports` refuses it
+    /// ([`Registry::check_new_export`]), naming the two steps that are safe. An export of the same tenant
+    /// (a rename) is not. Until 2026-12-07 a reload checked only the new configuration's exports among
+    /// themselves, and a reload that removed export `a` and added `b` of another tenant on its file served
+    /// both until `a`'s connections closed.
+    fn check_files_left_open(&self, inner: &mut Inner, new: &ServerConfig) -> Result<(), ChangeError> {
+        let still_open = inner.still_open();
+        let running = self.exports.snapshot();
+        let removed = running.iter().filter(|x| !new.exports.iter().any(|e| e.name == x.info.name));
+        let left: Vec<(String, &Arc<Export>)> = removed
+            .map(|x| {
+                (format!("{} (removed by this reload; its open connections would still write it)", x.info.name), x)
+            })
+            .chain(still_open.iter().map(|x| (format!("{} (deleted, still open by its connections)", x.info.name), x)))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        for e in new.exports.iter().filter(|e| !running.iter().any(|x| x.info.name == e.name)) {
+            let tenant = &new.tenants[e.tenant].name;
+            let others = left.iter().filter(|(_, x)| x.tenant_name != *tenant).map(|(name, x)| running_file(name, x));
+            crate::preflight::check_added(&[], others, e).map_err(|err| {
+                ChangeError::Invalid(format!(
+                    "{err}: remove the first in one reload, then add {:?} in another once its connections \
+                     have closed",
+                    e.name
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     /// Export `j` as `POST /api/exports` would add it to what runs, with its tenant's id, or why not: its
     /// name taken, too many exports, a bad path, no such tenant, or the start-up checks (RAM, one file per
     /// export) over the list as it would be, counting as running a deleted export of another tenant that
@@ -773,20 +818,14 @@ impl Registry {
         let id = self.id(&j.tenant)?;
         // Against the files the running exports have open (no `stat` per export: adding E exports one by
         // one stat'ed E^2 / 2 files).
-        fn file_of<'a>(name: &'a str, e: &Export) -> crate::preflight::RunningFile<'a> {
-            let (file, device) = match &e.backend {
-                crate::nbd::Backend::Local(s) => (s.file_id(), s.device_number()),
-                _ => (None, None),
-            };
-            crate::preflight::RunningFile { name, read_only: e.info.read_only, file, device }
-        }
         let running = self.exports.snapshot();
         let held: Vec<_> = still_open
             .iter()
             .filter(|e| e.tenant_name != j.tenant)
             .map(|e| (format!("{} (deleted, still open by its connections)", e.info.name), e))
             .collect();
-        let files = running.iter().map(|e| file_of(&e.info.name, e)).chain(held.iter().map(|(n, e)| file_of(n, e)));
+        let files =
+            running.iter().map(|e| running_file(&e.info.name, e)).chain(held.iter().map(|(n, e)| running_file(n, e)));
         crate::preflight::check_added(&eff.exports, files, &cfg).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         Ok((cfg, id))
     }
@@ -1099,6 +1138,7 @@ impl Registry {
             }
         }
         crate::preflight::check_exports(&new.exports).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        self.check_files_left_open(&mut inner, &new)?;
         // New or changed exports need their storage open before anything is applied (opened off the lock
         // by the caller, [`Registry::reload`]): a failure leaves everything as it was.
         let json = |c: &ServerConfig, e: &ExportConfig| ExportJson::from_config(e, &c.tenants[e.tenant].name);

@@ -696,6 +696,63 @@ fn a_reload_to_another_node_of_a_served_device_is_applied() {
     assert_eq!(new.reply(4), (2, 0, b"old!".to_vec()), "the one device");
 }
 
+/// A reload that removes export `a` and adds `b` of another tenant on `a`'s image is refused while `a`'s
+/// connections could still write it, in the same reload (whether it has connections or not) and in a
+/// later one while one is open: two tenants would write one disk (as `POST /api/exports` refuses it).
+/// Once the connection has closed, `b` is added and reads what `a` wrote. Before, every such reload was
+/// applied, and the connection opened to `a` and those to `b` wrote the one image.
+#[test]
+fn a_reload_does_not_give_a_file_still_written_to_another_tenant() {
+    let tmp = tmpdir("serve-left-open");
+    let dir = tmp.path();
+    // A memory export besides (a configuration needs one export).
+    let tenants = "[[tenants]]\nname = \"t1\"\n[[tenants]]\nname = \"t2\"\n\
+                   [[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\ntenant = \"t1\"\n";
+    let export = |name: &str, tenant: &str| {
+        format!("[[exports]]\nname = \"{name}\"\npath = \"disk.img\"\nsize_mb = 1\ntenant = \"{tenant}\"\n")
+    };
+    let config = |body: &str| config_file(dir, 112, &format!("{tenants}{body}"));
+    let s = Rein::serve(&config(&export("a", "t1"))).env("REIN_LOG", "info").start();
+    let opened = common::nbd_open(s.nbd, "a", false, Duration::from_secs(20)).expect("a");
+    let mut a = common::Raw { s: opened.stream, buf: opened.buf };
+    a.send(Command::Write, 1, 0, 4, b"mine");
+    assert_eq!(a.reply(0).1, 0, "a writes");
+    let refusal = |first: &str| {
+        format!(
+            "reload: exports \"a ({first})\" and \"b\" are backed by the same file {}; each export needs its own \
+             (or both read_only = true): remove the first in one reload, then add \"b\" in another once its \
+             connections have closed; the running configuration is unchanged",
+            dir.join("data/disk.img").display()
+        )
+    };
+    config(&export("b", "t2"));
+    s.signal("-HUP");
+    s.wait_line(&refusal("removed by this reload; its open connections would still write it"));
+    config("");
+    s.signal("-HUP");
+    s.wait_line("reload: export a removed");
+    config(&export("b", "t2"));
+    s.signal("-HUP");
+    s.wait_line(&refusal("deleted, still open by its connections"));
+    a.send(Command::Write, 2, 0, 4, b"mine");
+    assert_eq!(a.reply(0).1, 0, "the connection opened before still writes");
+    drop(a);
+    // The server sees the connection end a moment later: reload until b is added.
+    let t0 = std::time::Instant::now();
+    loop {
+        s.signal("-HUP");
+        if s.log.lock().unwrap().iter().any(|l| l.contains("reload: export b added")) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "b never added: {:#?}", s.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let opened = common::nbd_open(s.nbd, "b", false, Duration::from_secs(20)).expect("b");
+    let mut b = common::Raw { s: opened.stream, buf: opened.buf };
+    b.send(Command::Read, 3, 0, 4, &[]);
+    assert_eq!(b.reply(4), (3, 0, b"mine".to_vec()), "b serves the image a wrote");
+}
+
 /// Before: a read-only export of a missing file with `size_mb` failed at start with `open failed: No such
 /// file or directory` (the file is created only for writable exports). A read-only export of a missing
 /// file is most likely a mistyped path: it is still not created, and the error says so.
