@@ -354,7 +354,22 @@ impl SmallFs {
 
 impl Drop for SmallFs {
     fn drop(&mut self) {
-        let _ = Cmd::new("umount").arg(&self.mnt).status();
+        umount(&self.mnt);
+    }
+}
+
+/// Unmounts `mnt`, trying again for up to 10 s while it is busy: a loop device over a file on it (an
+/// [`Ext2Over`]'s), just detached, lets its backing file go only once its last opener has closed it (udev's
+/// probe after the inner unmount), and an unmount meanwhile fails with EBUSY. Once, CI's run left the
+/// outer file system mounted so, and its temporary directory could not be removed.
+fn umount(mnt: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !Cmd::new("umount").arg(mnt).output().is_ok_and(|o| o.status.success())
+        && std::fs::read_to_string("/proc/self/mountinfo")
+            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(mnt)))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -381,7 +396,7 @@ impl Ext2Over {
 
 impl Drop for Ext2Over {
     fn drop(&mut self) {
-        let _ = Cmd::new("umount").arg(&self.inner).status();
+        umount(&self.inner);
     }
 }
 
