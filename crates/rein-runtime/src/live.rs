@@ -786,13 +786,14 @@ impl Registry {
         if left.is_empty() {
             return Ok(());
         }
-        for e in new.exports.iter().filter(|e| !running.iter().any(|x| x.info.name == e.name)) {
+        // Every export of the new configuration, a kept one too: one changed to the path of a removed one.
+        for e in &new.exports {
             let tenant = &new.tenants[e.tenant].name;
             let others = left.iter().filter(|(_, x)| x.tenant_name != *tenant).map(|(name, x)| running_file(name, x));
             crate::preflight::check_added(&[], others, e).map_err(|err| {
                 ChangeError::Invalid(format!(
-                    "{err}: remove the first in one reload, then add {:?} in another once its connections \
-                     have closed",
+                    "{err}: remove the first in one reload, then give its file to {:?} in another once its \
+                     connections have closed",
                     e.name
                 ))
             })?;

@@ -720,35 +720,40 @@ fn a_reload_to_another_node_of_a_served_device_is_applied() {
 fn a_reload_does_not_give_a_file_still_written_to_another_tenant() {
     let tmp = tmpdir("serve-left-open");
     let dir = tmp.path();
-    // A memory export besides (a configuration needs one export).
-    let tenants = "[[tenants]]\nname = \"t1\"\n[[tenants]]\nname = \"t2\"\n\
-                   [[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\ntenant = \"t1\"\n";
+    let tenants = "[[tenants]]\nname = \"t1\"\n[[tenants]]\nname = \"t2\"\n";
     let export = |name: &str, tenant: &str| {
         format!("[[exports]]\nname = \"{name}\"\npath = \"disk.img\"\nsize_mb = 1\ntenant = \"{tenant}\"\n")
     };
+    // A memory export of t2's besides (a configuration needs one export), changed in one step to a's file.
+    let memory = "[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\ntenant = \"t2\"\n";
     let config = |body: &str| config_file(dir, 112, &format!("{tenants}{body}"));
-    let s = Rein::serve(&config(&export("a", "t1"))).env("REIN_LOG", "info").start();
+    let s = Rein::serve(&config(&format!("{memory}{}", export("a", "t1")))).env("REIN_LOG", "info").start();
     let opened = common::nbd_open(s.nbd, "a", false, Duration::from_secs(20)).expect("a");
     let mut a = common::Raw { s: opened.stream, buf: opened.buf };
     a.send(Command::Write, 1, 0, 4, b"mine");
     assert_eq!(a.reply(0).1, 0, "a writes");
-    let refusal = |first: &str| {
+    let refusal = |first: &str, second: &str| {
         format!(
-            "reload: exports \"a ({first})\" and \"b\" are backed by the same file {}; each export needs its own \
-             (or both read_only = true): remove the first in one reload, then add \"b\" in another once its \
-             connections have closed; the running configuration is unchanged",
+            "reload: exports \"a ({first})\" and \"{second}\" are backed by the same file {}; each export needs \
+             its own (or both read_only = true): remove the first in one reload, then give its file to \"{second}\" \
+             in another once its connections have closed; the running configuration is unchanged",
             dir.join("data/disk.img").display()
         )
     };
-    config(&export("b", "t2"));
+    let removed = "removed by this reload; its open connections would still write it";
+    config(&format!("{memory}{}", export("b", "t2")));
     s.signal("-HUP");
-    s.wait_line(&refusal("removed by this reload; its open connections would still write it"));
-    config("");
+    s.wait_line(&refusal(removed, "b"));
+    // An export kept, changed to a's file: the same.
+    config(&export("m", "t2"));
+    s.signal("-HUP");
+    s.wait_line(&refusal(removed, "m"));
+    config(memory);
     s.signal("-HUP");
     s.wait_line("reload: export a removed");
-    config(&export("b", "t2"));
+    config(&format!("{memory}{}", export("b", "t2")));
     s.signal("-HUP");
-    s.wait_line(&refusal("deleted, still open by its connections"));
+    s.wait_line(&refusal("deleted, still open by its connections", "b"));
     a.send(Command::Write, 2, 0, 4, b"mine");
     assert_eq!(a.reply(0).1, 0, "the connection opened before still writes");
     drop(a);
