@@ -76,6 +76,9 @@
 //!   reload, naming both (invariant 3 across reloads: two layouts on one node export scramble each
 //!   other's data); remove the old volume first, and add the new one once its connections have closed;
 //! - a volume's access lists changed: new connections see the new lists;
+//! - a volume's `read_only` changed: new connections see the volume read-only or writable, and its own
+//!   write gate ([`RemoteVolume::set_read_only`]) refuses the writes of every connection with EPERM while
+//!   it is set (those told writable at their handshake write again once it is cleared);
 //! - a PARDA host's `[mclock]` changed: its local scheduler takes the new settings at once (queued
 //!   requests stay; `[parda]` and `[parda_host]` need a restart);
 //! - `[tls]` and `[node_tls]`: read again from their files (renewed certificates under the same names
@@ -269,6 +272,9 @@ pub struct GatewayVolume {
     pub node_exports: Vec<String>,
     /// Who may see and open it.
     pub access: ExportAccess,
+    /// `read_only`: advertised read-only, and every connection's writes refused (EPERM) while it is set
+    /// ([`RemoteVolume::set_read_only`]).
+    pub read_only: bool,
 }
 
 /// `rein gateway`'s configuration, validated.
@@ -489,6 +495,8 @@ struct ExportFile {
     node_export: Option<String>,
     allow_networks: Option<Vec<String>>,
     allow_identities: Option<Vec<String>>,
+    #[serde(default)]
+    read_only: bool,
 }
 
 fn seconds(key: &str, v: f64, lo: f64, hi: f64) -> Result<Duration, String> {
@@ -519,12 +527,13 @@ impl GatewayConfig {
                 let on: Vec<&str> =
                     (0..self.nodes.len()).filter(|&j| v.stripe.uses(j)).map(|j| self.nodes[j].name.as_str()).collect();
                 format!(
-                    "volume {}: {} MiB of tenant {}, {} KiB units over {}",
+                    "volume {}: {} MiB of tenant {}, {} KiB units over {}{}",
                     v.name,
                     v.size >> 20,
                     self.tenants[v.tenant].name,
                     v.stripe.unit() >> 10,
-                    on.join(", ")
+                    on.join(", "),
+                    if v.read_only { ", read-only" } else { "" }
                 )
             })
             .collect();
@@ -896,7 +905,8 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             ));
         }
         let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
-        exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access });
+        let read_only = e.read_only;
+        exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access, read_only });
     }
     let sessions = node_sessions(&exports, nodes.len(), f.connections_per_node);
     if sessions > MAX_NODE_SESSIONS {
@@ -1198,9 +1208,9 @@ impl Live {
                 name: v.name.clone(),
                 description: format!("tenant {} via rein gateway", t.name),
                 size: v.size,
-                // As writable as its node exports: a handshake advertises it read-only while one of them
+                // Its own `read_only`; a handshake advertises it read-only too while one of its node exports
                 // refuses writes, as its node sessions learn it ([`Export::advertised`]).
-                read_only: false,
+                read_only: v.read_only,
                 volatile: false,
                 // The largest of its nodes' minimum blocks (as those up at its opening say), so that
                 // clients align their requests to every node (remote.rs, "Size constraints"); at most the
@@ -1212,6 +1222,7 @@ impl Live {
             tenant_name: t.name.clone(),
             access: v.access.clone(),
         });
+        volume.set_read_only(v.read_only);
         Ok(LiveVolume { cfg: v.clone(), tenant: t.name.clone(), volume, export })
     }
 
@@ -1610,11 +1621,32 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                         v.name
                     ));
                     volumes.push(Some(old.clone()));
-                } else if old.cfg.access != v.access {
-                    r.applied
-                        .push(format!("export {}: access lists changed (for connections opened from now on)", v.name));
-                    // An export is shared by the connections that opened it: a change is a new one.
-                    let export = Arc::new(Export { access: v.access.clone(), ..(*old.export).clone() });
+                } else if old.cfg.access != v.access || old.cfg.read_only != v.read_only {
+                    if old.cfg.access != v.access {
+                        r.applied.push(format!(
+                            "export {}: access lists changed (for connections opened from now on)",
+                            v.name
+                        ));
+                    }
+                    if old.cfg.read_only != v.read_only {
+                        r.applied.push(if v.read_only {
+                            format!(
+                                "export {}: read-only now; the writes of the connections opened before fail (EPERM) \
+                                 from now on",
+                                v.name
+                            )
+                        } else {
+                            format!(
+                                "export {}: writable again, for the connections opened from now on and those opened \
+                                 while it was writable before",
+                                v.name
+                            )
+                        });
+                    }
+                    // An export is shared by the connections that opened it: a change is a new one. (The
+                    // volume's own write gate is set once the reload is applied, below.)
+                    let info = ExportInfo { read_only: v.read_only, ..old.export.info.clone() };
+                    let export = Arc::new(Export { access: v.access.clone(), info, ..(*old.export).clone() });
                     volumes.push(Some(LiveVolume { cfg: v.clone(), export, ..old.clone() }));
                 } else {
                     volumes.push(Some(old.clone()));
@@ -1713,6 +1745,10 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     live.tenants = tenants;
     live.volumes = volumes;
+    // Each volume's own write gate, as its `read_only` says now (a volume this reload opened has it).
+    for v in &live.volumes {
+        v.volume.set_read_only(v.cfg.read_only);
+    }
     // The gateway's `[mclock]`: the PARDA host's local scheduler takes it at once (queued requests stay).
     if let (Some((gate, _)), Some(now), Some(next)) = (&live.host, &mut live.base.parda, &new.parda) {
         let changed = crate::live::sched_changes(&now.sched, &next.sched);

@@ -546,6 +546,9 @@ pub struct RemoteVolume {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The WRITEs of zeroes in flight that stand in for WRITE_ZEROES ([`ZERO_WINDOW`] permits).
     zeroes: Arc<Semaphore>,
+    /// The volume's own `read_only` ([`RemoteVolume::set_read_only`]): every connection's writes are
+    /// refused while it is set.
+    own_read_only: std::sync::atomic::AtomicBool,
 }
 
 /// Connections to one node for one volume.
@@ -792,6 +795,7 @@ impl RemoteVolume {
             closing,
             tasks: Mutex::new(tasks),
             zeroes: Arc::new(Semaphore::new(ZERO_WINDOW)),
+            own_read_only: Default::default(),
         }))
     }
 
@@ -840,6 +844,12 @@ impl RemoteVolume {
     /// Sends the request `op` at `offset` to the nodes; `done` gets the result once every piece is
     /// answered. Waits (backpressure) while a node connection has [`MAX_PENDING_PER_CONN`] pieces out.
     pub async fn submit(&self, offset: u64, op: Op, fua: bool, done: Done) {
+        // The volume made read-only by its own `read_only`: the connections told writable at their
+        // handshake (opened before) get EPERM here, nothing sent.
+        if !matches!(op, Op::Read { .. } | Op::Flush) && self.own_read_only.load(Ordering::Acquire) {
+            let refused = Err(IoError::Storage(crate::storage::StorageError::ReadOnly));
+            return done(refused, Served::default());
+        }
         match op {
             Op::Read { len, headroom } => {
                 let gather = Gather::new(vec![0; headroom + len as usize], done, self.stat(0, len.into()));
@@ -946,10 +956,18 @@ impl RemoteVolume {
         }
     }
 
-    /// Whether a node export of the volume refuses writes, as its connections last learnt (module comment,
-    /// "Read-only node exports"): the volume is then advertised read-only to new front connections.
+    /// Whether the volume refuses writes: its own `read_only` ([`RemoteVolume::set_read_only`]), or a node
+    /// export of it that refuses them, as its connections last learnt (module comment, "Read-only node
+    /// exports"). The volume is then advertised read-only to new front connections.
     pub fn read_only(&self) -> bool {
-        self.links.iter().flatten().any(NodeLink::read_only)
+        self.own_read_only.load(Ordering::Acquire) || self.links.iter().flatten().any(NodeLink::read_only)
+    }
+
+    /// Sets the volume's own `read_only` (gw.toml): while it is set, the writes (WRITE, TRIM,
+    /// WRITE_ZEROES) of every connection, those told writable at their handshake too, are refused with
+    /// EPERM before anything is sent; cleared, the connections told writable write again.
+    pub fn set_read_only(&self, read_only: bool) {
+        self.own_read_only.store(read_only, Ordering::Release);
     }
 
     /// Asks the sessions that refuse writes (module comment, "Read-only node exports") to end once their

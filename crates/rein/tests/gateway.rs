@@ -1097,9 +1097,10 @@ fn a_reload_moves_a_node_to_another_address() {
     assert!(first(144).iter().all(|&b| b == 0x3c), "and not on the old one");
 }
 
-/// The gateway has no `read_only` for a volume (a volume is as writable as its node exports): a reload
-/// whose file sets it is refused, `unknown field`, and changes nothing; the connection opened before
-/// writes on. Made read-only where it can be, on its node by a reload of `rein serve`, the volume stops
+/// A reload whose file misspells a volume's `read_only` (`readonly`) is refused, `unknown field`, and
+/// changes nothing; the connection opened before writes on (the volume's own `read_only`:
+/// `a_volume_of_its_own_read_only_refuses_every_connections_writes`). Made read-only on its node by a
+/// reload of `rein serve`, the volume stops
 /// the writes of the connections opened before too, as rein serve's own do (`Storage::stop_writes`): the
 /// node refuses them on the links the gateway opened before its reload, and the gateway answers the VM's
 /// WRITE, WRITE_ZEROES and TRIM with the node's EPERM; the bytes on the node stay, and a FLUSH still
@@ -1125,11 +1126,11 @@ fn a_volume_made_read_only_stops_the_writes_of_open_connections() {
     };
     let mut old = Raw::connect(gw.nbd, "v");
     assert_eq!(write(&mut old, Command::Write, 1, 0xa1), 0);
-    // The gateway's file: refused as a whole.
-    gateway_config(dir, 161, &[("s1", s1.nbd)], &format!("{volume}read_only = true\n"));
+    // The gateway's file with a typo: refused as a whole.
+    gateway_config(dir, 161, &[("s1", s1.nbd)], &format!("{volume}readonly = true\n"));
     gw.signal("-HUP");
     let line = gw.wait_line("the running configuration is unchanged");
-    assert!(line.contains("unknown field `read_only`"), "{line}");
+    assert!(line.contains("unknown field `readonly`"), "{line}");
     assert_eq!(write(&mut old, Command::Write, 2, 0xa2), 0, "the volume runs as it did");
     assert_eq!(flush(&mut old, 3), 0);
     // The node's export made read-only by a reload of the node.
@@ -1313,6 +1314,82 @@ fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
     // A reload with nothing read-only renews nothing.
     gw.signal("-HUP");
     gw.wait_log(&["configuration reloaded", "applied=0"], Duration::from_secs(30));
+}
+
+/// A volume's own `read_only` (gw.toml): advertised read-only (the handshake's flag, nbdinfo), its writes
+/// refused by the gateway with EPERM and nothing sent, reads served. Made writable by a reload, a new
+/// connection writes; made read-only again by a reload, the writes of a connection opened while it was
+/// writable fail too (EPERM, nothing sent, the node's bytes unchanged) and its FLUSH and reads succeed;
+/// writable again, that connection writes again. `rein gateway --check-config` says it. Before, a volume
+/// had no `read_only`: a file with it did not load (unknown field), and a volume could be frozen only by
+/// making its node exports read-only and reloading the nodes.
+#[test]
+fn a_volume_of_its_own_read_only_refuses_every_connections_writes() {
+    use rein_proto::nbd::{Command, TFLAG_READ_ONLY};
+    let tmp = tmpdir("gw-own-ro");
+    let dir = tmp.path();
+    let s1 = serve_in(
+        &dir.join("node186"),
+        "listen = \"127.0.0.186:0\"\nadmin = \"127.0.0.186:0\"",
+        &format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n"),
+    );
+    let config = |read_only: bool| {
+        gateway_config(
+            dir,
+            188,
+            &[("s1", s1.nbd)],
+            &format!("[[exports]]\nname = \"v\"\nsize_mb = 16\nread_only = {read_only}\n"),
+        )
+    };
+    let check = run_ok(Cmd::new(env!("CARGO_BIN_EXE_rein")).args([
+        "gateway",
+        "--config",
+        config(true).to_str().unwrap(),
+        "--check-config",
+    ]));
+    assert!(check.contains("volume v: 16 MiB of tenant v, 64 KiB units over s1, read-only"), "{check}");
+    let gw = gateway(&config(true));
+    let read_only = |gw: &Server| {
+        let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
+        open.flags & TFLAG_READ_ONLY != 0
+    };
+    let write = |c: &mut Raw, h: u64, byte: u8| {
+        c.send(Command::Write, h, 0, 4096, &[byte; 4096]);
+        c.reply(0).1
+    };
+    assert!(read_only(&gw), "advertised read-only");
+    assert!(nbdinfo_read_only(&uri(&gw)), "nbdinfo says so");
+    let mut frozen = Raw::connect(gw.nbd, "v");
+    let before = pieces_sent(gw.admin);
+    assert_eq!(write(&mut frozen, 1, 0xd1), 1, "EPERM");
+    assert_eq!(pieces_sent(gw.admin), before, "nothing sent");
+    config(false);
+    gw.signal("-HUP");
+    gw.wait_line("export v: writable again");
+    assert!(!read_only(&gw), "writable for a new connection");
+    let mut open = Raw::connect(gw.nbd, "v");
+    assert_eq!(write(&mut open, 2, 0xd2), 0, "a connection opened now writes");
+    config(true);
+    gw.signal("-HUP");
+    gw.wait_line("export v: read-only now; the writes of the connections opened before fail (EPERM)");
+    let before = pieces_sent(gw.admin);
+    assert_eq!(write(&mut open, 3, 0xd3), 1, "the connection opened while writable: EPERM");
+    open.send(Command::Trim, 4, 0, 4096, &[]);
+    assert_eq!(open.reply(0).1, 1, "TRIM too");
+    assert_eq!(pieces_sent(gw.admin), before, "nothing sent for them");
+    open.send(Command::Flush, 5, 0, 0, &[]);
+    assert_eq!(open.reply(0).1, 0, "its FLUSH succeeds");
+    open.send(Command::Read, 6, 0, 4096, &[]);
+    assert_eq!(open.reply(4096), (6, 0, vec![0xd2; 4096]), "and its reads, the bytes written before");
+    let file = std::fs::read(node_file(dir, 186)).unwrap();
+    assert!(file[..4096].iter().all(|&b| b == 0xd2), "the node's bytes are those written before");
+    assert!(read_only(&gw), "a new connection sees it read-only");
+    config(false);
+    gw.signal("-HUP");
+    let writable = || gw.log.lock().unwrap().iter().filter(|l| l.contains("export v: writable again")).count();
+    assert!(eventually(Duration::from_secs(30), || writable() == 2), "the second reload to writable");
+    assert_eq!(write(&mut open, 7, 0xd7), 0, "the connection opened while writable writes again");
+    assert_eq!(write(&mut frozen, 8, 0xd8), 1, "the one advertised read-only keeps to it");
 }
 
 /// A reload (SIGHUP) adds and removes nodes without a restart (crates/rein-runtime/src/gateway.rs,
