@@ -1150,6 +1150,18 @@ fn a_volume_made_read_only_stops_the_writes_of_open_connections() {
     assert_eq!(flush(&mut old, 8), 0, "a FLUSH still succeeds");
 }
 
+/// Whether a new connection to the gateway's volume v is told it is read-only (NBD_FLAG_READ_ONLY).
+fn advertised_read_only(gw: &Server) -> bool {
+    let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
+    open.flags & rein_proto::nbd::TFLAG_READ_ONLY != 0
+}
+
+/// A 4 KiB WRITE of `byte`s at offset 0 on `c` as handle `h`: the reply's error (0: written).
+fn write_4k(c: &mut Raw, h: u64, byte: u8) -> u32 {
+    c.send(rein_proto::nbd::Command::Write, h, 0, 4096, &[byte; 4096]);
+    c.reply(0).1
+}
+
 /// Whether nbdinfo says the volume at `uri` is read-only (`is_read_only` in its JSON).
 fn nbdinfo_read_only(uri: &str) -> bool {
     let json = run_ok(tool("nbdinfo").args(["--json", uri]));
@@ -1252,7 +1264,6 @@ fn a_node_down_at_start_is_taken_as_writable_until_its_handshake_says_otherwise(
 /// write.
 #[test]
 fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
-    use rein_proto::nbd::{Command, TFLAG_READ_ONLY};
     let tmp = tmpdir("gw-ro-reload");
     let dir = tmp.path();
     let node_dir = dir.join("node123");
@@ -1263,14 +1274,7 @@ fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
     let s1 = serve_in(&node_dir, &head(0), &body(false));
     let addr = s1.nbd;
     let gw = gateway(&gateway_config(dir, 124, &[("s1", addr)], "[[exports]]\nname = \"v\"\nsize_mb = 16\n"));
-    let read_only = |gw: &Server| {
-        let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
-        open.flags & TFLAG_READ_ONLY != 0
-    };
-    let write = |c: &mut Raw, h: u64, byte: u8| {
-        c.send(Command::Write, h, 0, 4096, &[byte; 4096]);
-        c.reply(0).1
-    };
+    let (read_only, write) = (advertised_read_only, write_4k);
     assert!(!read_only(&gw), "writable to begin with");
     let mut old = Raw::connect(gw.nbd, "v");
     assert_eq!(write(&mut old, 1, 0xc1), 0);
@@ -1325,7 +1329,7 @@ fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
 /// making its node exports read-only and reloading the nodes.
 #[test]
 fn a_volume_of_its_own_read_only_refuses_every_connections_writes() {
-    use rein_proto::nbd::{Command, TFLAG_READ_ONLY};
+    use rein_proto::nbd::Command;
     let tmp = tmpdir("gw-own-ro");
     let dir = tmp.path();
     let s1 = serve_in(
@@ -1349,14 +1353,7 @@ fn a_volume_of_its_own_read_only_refuses_every_connections_writes() {
     ]));
     assert!(check.contains("volume v: 16 MiB of tenant v, 64 KiB units over s1, read-only"), "{check}");
     let gw = gateway(&config(true));
-    let read_only = |gw: &Server| {
-        let open = common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap();
-        open.flags & TFLAG_READ_ONLY != 0
-    };
-    let write = |c: &mut Raw, h: u64, byte: u8| {
-        c.send(Command::Write, h, 0, 4096, &[byte; 4096]);
-        c.reply(0).1
-    };
+    let (read_only, write) = (advertised_read_only, write_4k);
     assert!(read_only(&gw), "advertised read-only");
     assert!(nbdinfo_read_only(&uri(&gw)), "nbdinfo says so");
     let mut frozen = Raw::connect(gw.nbd, "v");
