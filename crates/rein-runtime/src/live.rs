@@ -155,6 +155,11 @@ struct Inner {
     retired: Vec<Weak<Export>>,
 }
 
+/// How an error names a deleted export that connections still hold ([`Inner::still_open`]).
+fn still_open_name(e: &Export) -> String {
+    format!("{} (deleted, still open by its connections)", e.info.name)
+}
+
 /// What export `e`'s storage has open, as [`crate::preflight::check_added`] compares it, under `name`.
 fn running_file<'a>(name: &'a str, e: &Export) -> crate::preflight::RunningFile<'a> {
     let (file, device) = match &e.backend {
@@ -781,7 +786,7 @@ impl Registry {
             .map(|x| {
                 (format!("{} (removed by this reload; its open connections would still write it)", x.info.name), x)
             })
-            .chain(still_open.iter().map(|x| (format!("{} (deleted, still open by its connections)", x.info.name), x)))
+            .chain(still_open.iter().map(|x| (still_open_name(x), x)))
             .collect();
         if left.is_empty() {
             return Ok(());
@@ -820,11 +825,8 @@ impl Registry {
         // Against the files the running exports have open (no `stat` per export: adding E exports one by
         // one stat'ed E^2 / 2 files).
         let running = self.exports.snapshot();
-        let held: Vec<_> = still_open
-            .iter()
-            .filter(|e| e.tenant_name != j.tenant)
-            .map(|e| (format!("{} (deleted, still open by its connections)", e.info.name), e))
-            .collect();
+        let held: Vec<_> =
+            still_open.iter().filter(|e| e.tenant_name != j.tenant).map(|e| (still_open_name(e), e)).collect();
         let files =
             running.iter().map(|e| running_file(&e.info.name, e)).chain(held.iter().map(|(n, e)| running_file(n, e)));
         crate::preflight::check_added(&eff.exports, files, &cfg).map_err(|e| ChangeError::Invalid(e.to_string()))?;

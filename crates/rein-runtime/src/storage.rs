@@ -668,6 +668,16 @@ fn size_now(file: &File, meta: &std::fs::Metadata) -> io::Result<u64> {
     }
 }
 
+/// [`StorageError::LoopBacking`] for a writable export (`read_only` false) of an image file that a loop
+/// device is attached to ([`loop_device_over`]): the refusal of [`FileStorage::open_with`] and of its
+/// inspection ([`FileStorage::inspect`]) alike.
+fn not_a_loop_backing_file(meta: &std::fs::Metadata, read_only: bool) -> Result<(), StorageError> {
+    if read_only || !meta.file_type().is_file() {
+        return Ok(());
+    }
+    loop_device_over(meta).map_or(Ok(()), |dev| Err(StorageError::LoopBacking(dev)))
+}
+
 /// The loop device (`/dev/loopN`) whose backing file is the file `meta` describes (the same device and
 /// inode), if any: each attached loop device's `loop/backing_file` in sysfs, stat'ed. `None` also where
 /// sysfs does not say (no loop devices, not Linux). Until 2026-12-06 an image attached to a loop device
@@ -715,11 +725,7 @@ impl FileStorage {
         let file = File::open(path).map_err(|e| StorageError::Io { op: "open", source: e })?;
         let meta = file.metadata().map_err(|e| StorageError::Io { op: "stat", source: e })?;
         // In the open's order: the loop device, the claim, then the size.
-        if !read_only && meta.file_type().is_file() {
-            if let Some(dev) = loop_device_over(&meta) {
-                return Err(StorageError::LoopBacking(dev));
-            }
-        }
+        not_a_loop_backing_file(&meta, read_only)?;
         if !read_only && meta.file_type().is_block_device() {
             drop(exclusive_open(path, &meta)?);
         }
@@ -779,11 +785,7 @@ impl FileStorage {
             tracing::info!(path = %shown.display(), bytes = size.unwrap_or(0), "created a new, empty image");
         }
         let meta = file.metadata().map_err(|e| io("stat", e))?;
-        if !read_only && meta.file_type().is_file() {
-            if let Some(dev) = loop_device_over(&meta) {
-                return Err(StorageError::LoopBacking(dev));
-            }
-        }
+        not_a_loop_backing_file(&meta, read_only)?;
         let lock = ExportLock::take(&file, path, &meta, !read_only)?;
         let actual = sized(&file, &meta, size)?;
         if !readahead {

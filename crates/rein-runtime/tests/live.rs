@@ -21,13 +21,21 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, S
     (out[9..12].parse().unwrap(), out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
 }
 
-fn config(dir: &Path, extra: &str) -> ServerConfig {
+/// A server on 127.0.0.`host` (free ports), its data in `dir`, then `body`.
+fn server_at(host: u8, dir: &Path, body: &str) -> ServerConfig {
     let text = format!(
-        "listen = \"127.0.0.61:0\"\nadmin = \"127.0.0.61:0\"\ndata_dir = \"{}\"\ncapacity_iops = 1000\n\
-         [[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 1\n{extra}",
+        "listen = \"127.0.0.{host}:0\"\nadmin = \"127.0.0.{host}:0\"\ndata_dir = \"{}\"\n{body}",
         dir.display()
     );
     ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+}
+
+fn config(dir: &Path, extra: &str) -> ServerConfig {
+    server_at(
+        61,
+        dir,
+        &format!("capacity_iops = 1000\n[[exports]]\nname = \"a\"\nbackend = \"memory\"\nsize_mb = 1\n{extra}"),
+    )
 }
 
 /// A server running `first`: `next` is what a reload reads (each `reload.send(())` one, as a SIGHUP
@@ -148,12 +156,7 @@ async fn a_reload_to_read_only_stops_the_writes_of_open_connections() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let file = |read_only: bool| {
-        let text = format!(
-            "listen = \"127.0.0.150:0\"\nadmin = \"127.0.0.150:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"f\"\n\
-             size_mb = 1\nread_only = {read_only}\n",
-            dir.display()
-        );
-        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+        server_at(150, &dir, &format!("[[exports]]\nname = \"f\"\nsize_mb = 1\nread_only = {read_only}\n"))
     };
     let running = Running::start(file(false)).await;
     let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
@@ -194,12 +197,10 @@ async fn a_reload_that_changes_a_memory_export_keeps_its_data() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let file = |extra: &str| {
-        let text = format!(
-            "listen = \"127.0.0.150:0\"\nadmin = \"127.0.0.150:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"m\"\n\
-             backend = \"memory\"\nsize_mb = 1\n{extra}[[tenants]]\nname = \"t2\"\n",
-            dir.display()
+        let body = format!(
+            "[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\n{extra}[[tenants]]\nname = \"t2\"\n"
         );
-        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+        server_at(150, &dir, &body)
     };
     let running = Running::start(file("")).await;
     let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
@@ -253,12 +254,8 @@ async fn a_memory_export_made_read_only_then_writable_keeps_its_data() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let file = |read_only: bool| {
-        let text = format!(
-            "listen = \"127.0.0.100:0\"\nadmin = \"127.0.0.100:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"m\"\n\
-             backend = \"memory\"\nsize_mb = 1\nread_only = {read_only}\n",
-            dir.display()
-        );
-        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+        let body = format!("[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\nread_only = {read_only}\n");
+        server_at(100, &dir, &body)
     };
     let running = Running::start(file(false)).await;
     let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
@@ -389,17 +386,15 @@ async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
     // `mark`: a memory export each reload adds, there once the reload is applied (one change). One
     // tenant for all, so that a renamed export's connections keep theirs.
     let file = |name: &str, path: &str, mark: &str| {
-        let text = format!(
-            "listen = \"127.0.0.101:0\"\nadmin = \"127.0.0.101:0\"\ndata_dir = \"{}\"\n[[tenants]]\nname = \"t\"\n\
-             [[exports]]\nname = \"{name}\"\ntenant = \"t\"\npath = \"{path}\"\n{}",
-            dir.display(),
+        let body = format!(
+            "[[tenants]]\nname = \"t\"\n[[exports]]\nname = \"{name}\"\ntenant = \"t\"\npath = \"{path}\"\n{}",
             if mark.is_empty() {
                 String::new()
             } else {
                 format!("[[exports]]\nname = \"{mark}\"\nbackend = \"memory\"\ntenant = \"t\"\nsize_mb = 1\n")
             }
         );
-        ServerConfig::parse(&text, Path::new("live.toml")).unwrap()
+        server_at(101, &dir, &body)
     };
     let running = Running::start(file("d", &lo.dev, "")).await;
     let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
@@ -443,12 +438,8 @@ async fn an_export_added_on_the_device_of_a_deleted_one_still_open_names_it() {
     let Some(lo) = LoopNodes::make(&dir) else { return };
     lo.node(&dir.join("n1"));
     lo.node(&dir.join("n2"));
-    let text = format!(
-        "listen = \"127.0.0.102:0\"\nadmin = \"127.0.0.102:0\"\ndata_dir = \"{}\"\n[[exports]]\nname = \"a\"\n\
-         path = \"n1\"\n[[tenants]]\nname = \"other\"\n",
-        dir.display()
-    );
-    let running = Running::start(ServerConfig::parse(&text, Path::new("live.toml")).unwrap()).await;
+    let body = "[[exports]]\nname = \"a\"\npath = \"n1\"\n[[tenants]]\nname = \"other\"\n";
+    let running = Running::start(server_at(102, &dir, body)).await;
     let b = running.b;
     let c = NbdClient::connect(b.nbd, "a").await.unwrap();
     c.request(Command::Write, 0, 4, b"mine", false).await.unwrap();

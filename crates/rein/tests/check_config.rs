@@ -311,19 +311,16 @@ struct LoopFs {
     dev: String,
     img: std::path::PathBuf,
     mnt: std::path::PathBuf,
+    /// Dropped (detached) after the unmount.
+    _lo: common::LoopDev,
 }
 
 impl LoopFs {
     fn make(dir: &Path) -> Option<LoopFs> {
         let img = dir.join("dev.img");
         std::fs::File::create(&img).and_then(|f| f.set_len(16 << 20)).ok()?;
-        let out = Command::new("losetup").args(["-f", "--show"]).arg(&img).output().ok()?;
-        if !out.status.success() {
-            eprintln!("skipped: no loop device can be attached here (needs root)");
-            return None;
-        }
-        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let fs = LoopFs { dev, img, mnt: dir.join("mnt") };
+        let lo = common::LoopDev::attach(&img, &[])?;
+        let fs = LoopFs { dev: lo.0.clone(), img, mnt: dir.join("mnt"), _lo: lo };
         std::fs::create_dir(&fs.mnt).ok()?;
         if !Command::new("mkfs.ext4").args(["-q", "-F", &fs.dev]).status().is_ok_and(|s| s.success()) {
             eprintln!("skipped: mkfs.ext4 failed");
@@ -342,7 +339,6 @@ impl LoopFs {
 impl Drop for LoopFs {
     fn drop(&mut self) {
         self.umount();
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
     }
 }
 
@@ -407,28 +403,12 @@ fn two_exports_on_one_block_device_through_two_nodes_are_refused() {
     let dir = tmp.path();
     let img = dir.join("dev.img");
     std::fs::File::create(&img).unwrap().set_len(4 << 20).unwrap();
-    let out = Command::new("losetup").args(["-f", "--show"]).arg(&img).output().unwrap();
-    if !out.status.success() {
-        eprintln!("skipped: no loop device can be attached here (needs root)");
-        return;
-    }
-    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Command::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _detach = Detach(dev.clone());
+    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
+    let dev = lo.0.clone();
     let rdev = std::fs::metadata(&dev).unwrap().rdev();
-    let node = dir.join("node");
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-    assert!(Command::new("mknod")
-        .arg(&node)
-        .args(["b", &major.to_string(), &minor.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    let node = dir.join("node");
+    lo.node(&node);
     let node = node.to_str().unwrap();
     for (ro_a, ro_b) in [(false, false), (false, true), (true, false)] {
         let body = format!(

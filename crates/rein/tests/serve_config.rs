@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{config_file, run_ok_with_stderr, tmpdir, tool, Rein, Server};
+use common::{config_file, run_ok_with_stderr, tmpdir, tool, LoopDev, Rein, Server};
 use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -287,29 +287,6 @@ fn errors_say_their_cause_once_and_name_the_path() {
         format!("error: export g: {}: create failed: No such file or directory (os error 2)", img.display())
     );
     assert_eq!(err.matches("os error 2").count(), 1, "the cause once: {err}");
-}
-
-/// A loop device over a file, detached when dropped.
-struct LoopDev(String);
-
-impl LoopDev {
-    /// Attaches `file` (`losetup -f --show`, `args` before the file); `None`, said, where none can be
-    /// attached (it needs root).
-    fn attach(file: &Path, args: &[&str]) -> Option<LoopDev> {
-        let out = Cmd::new("losetup").args(["-f", "--show"]).args(args).arg(file).output();
-        let dev =
-            out.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-        if dev.is_none() {
-            eprintln!("skipped: no loop device (losetup {}) can be attached here (needs root)", args.join(" "));
-        }
-        dev.map(LoopDev)
-    }
-}
-
-impl Drop for LoopDev {
-    fn drop(&mut self) {
-        let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
-    }
 }
 
 /// A block device is served at the device's size, and `size_mb` must match it as for a file. Needs a loop
@@ -685,16 +662,13 @@ fn a_reload_opens_a_resized_block_device_again() {
 /// root (a loop device, mknod); elsewhere skipped.
 #[test]
 fn a_reload_to_another_node_of_a_served_device_is_applied() {
-    use std::os::unix::fs::MetadataExt;
     let tmp = tmpdir("serve-dev-node");
     let dir = tmp.path();
     let back = dir.join("back.img");
     std::fs::write(&back, vec![0u8; 4 << 20]).unwrap();
     let Some(lo) = LoopDev::attach(&back, &[]) else { return };
-    let rdev = std::fs::metadata(&lo.0).unwrap().rdev();
     let node = dir.join("node");
-    let (major, minor) = (libc::major(rdev).to_string(), libc::minor(rdev).to_string());
-    assert!(Cmd::new("mknod").arg(&node).args(["b", &major, &minor]).status().unwrap().success(), "mknod");
+    lo.node(&node);
     let config = |path: &str| config_file(dir, 110, &format!("[[exports]]\nname = \"v\"\npath = \"{path}\"\n"));
     let s = Rein::serve(&config(&lo.0)).env("REIN_LOG", "info").start();
     let open = |what: &str| common::nbd_open(s.nbd, "v", false, Duration::from_secs(20)).expect(what);

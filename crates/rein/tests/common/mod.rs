@@ -752,3 +752,34 @@ pub(crate) fn fifo_in_place_of(path: &Path) -> std::fs::File {
     // Read and write: Linux opens a FIFO so without waiting for the other end, and it counts as a writer.
     std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open the FIFO")
 }
+
+/// A loop device over a file (its path in `.0`), detached when dropped.
+pub(crate) struct LoopDev(pub(crate) String);
+
+impl LoopDev {
+    /// Attaches `file` (`losetup -f --show`, `args` before the file); `None`, said, where none can be
+    /// attached (it needs root).
+    pub(crate) fn attach(file: &Path, args: &[&str]) -> Option<LoopDev> {
+        let out = Cmd::new("losetup").args(["-f", "--show"]).args(args).arg(file).output();
+        let dev =
+            out.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        if dev.is_none() {
+            eprintln!("skipped: no loop device (losetup {}) can be attached here (needs root)", args.join(" "));
+        }
+        dev.map(LoopDev)
+    }
+
+    /// Another device node of it at `path` (`mknod`, as a container's `/dev` has its own).
+    pub(crate) fn node(&self, path: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        let rdev = std::fs::metadata(&self.0).unwrap().rdev();
+        let (major, minor) = (libc::major(rdev).to_string(), libc::minor(rdev).to_string());
+        assert!(Cmd::new("mknod").arg(path).args(["b", &major, &minor]).status().unwrap().success(), "mknod");
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
+    }
+}
