@@ -55,39 +55,22 @@ pub enum PreflightError {
     },
     /// Two exports are backed by one block device, through two device nodes of it (or one node named
     /// twice): what [`PreflightError::SharedFile`] refuses for a file, found by the nodes' device number.
+    /// Also an export added at run time on a block device that a running export has open, found by the
+    /// device number of the device that export's storage holds: one deleted but still open by its
+    /// connections, whose path is no longer in the configuration (or one of the configuration's, reached
+    /// through another node); its path is then not said.
     #[error(
-        "exports {first:?} and {second:?} are backed by the same block device {major}:{minor} ({first}: {}, \
-         {second}: {}); each export needs its own (or both read_only = true)",
-        first_path.display(),
+        "exports {first:?} and {second:?} are backed by the same block device {major}:{minor} ({}{second}: {}); \
+         each export needs its own (or both read_only = true)",
+        first_path.as_ref().map(|p| format!("{first}: {}, ", p.display())).unwrap_or_default(),
         path.display()
     )]
     SharedDevice {
-        /// The first export (in file order).
+        /// The first export (in file order), or the running one.
         first: String,
-        /// Its path.
-        first_path: PathBuf,
-        /// The second export.
-        second: String,
-        /// Its path.
-        path: PathBuf,
-        /// The device's major number.
-        major: u32,
-        /// The device's minor number.
-        minor: u32,
-    },
-    /// An export added at run time on a block device that a running export has open, found by the
-    /// device number of the device that export's storage holds: one deleted but still open by its
-    /// connections, whose path is no longer in the configuration (or one of the configuration's, reached
-    /// through another node).
-    #[error(
-        "exports {first:?} and {second:?} are backed by the same block device {major}:{minor} ({second}: {}); \
-         each export needs its own (or both read_only = true)",
-        path.display()
-    )]
-    SharedOpenDevice {
-        /// The running export.
-        first: String,
-        /// The export added.
+        /// Its path, when it is one of the configuration's.
+        first_path: Option<PathBuf>,
+        /// The second export, or the one added.
         second: String,
         /// Its path.
         path: PathBuf,
@@ -123,7 +106,7 @@ impl PreflightError {
         match *key {
             FileKey::Device(rdev) => PreflightError::SharedDevice {
                 first: first.name.clone(),
-                first_path: path(first),
+                first_path: Some(path(first)),
                 second: second.name.clone(),
                 path: path(second),
                 major: libc::major(rdev as libc::dev_t),
@@ -241,8 +224,9 @@ pub fn check_added<'a>(
             }
             for r in running {
                 if r.device == Some(rdev) && !(r.read_only && new.read_only) {
-                    return Err(PreflightError::SharedOpenDevice {
+                    return Err(PreflightError::SharedDevice {
                         first: r.name.to_string(),
+                        first_path: None,
                         second: new.name.clone(),
                         path: path.clone(),
                         major: libc::major(rdev as libc::dev_t),
@@ -699,8 +683,9 @@ fn own_groups() -> Vec<u32> {
 /// check runs beside it, and it holds the devices it serves; [`crate::state::server_holding`]).
 pub fn inspect_export(
     e: &crate::config::ExportConfig,
-    holder: impl Fn(&Path) -> Option<u32>,
+    holder: impl Fn(&Path) -> Option<crate::state::Holder>,
 ) -> Result<String, OpenError> {
+    use crate::state::Holder;
     use crate::storage::{FileStorage, StorageError};
     let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
     match &e.backend {
@@ -708,12 +693,28 @@ pub fn inspect_export(
             let mut note = String::new();
             let found = match FileStorage::inspect(path, e.size, e.read_only) {
                 Err(StorageError::DeviceBusy) if !e.read_only => match holder(path) {
-                    Some(pid) => {
+                    Some(Holder::Holds(pid)) => {
                         note = format!(
                             "; claimed by the running rein serve of this data_dir, pid {pid}, which has it open"
                         );
                         // Its size, as a read-only export's check reads it (no claim).
                         FileStorage::inspect(path, e.size, true)
+                    }
+                    Some(Holder::Unseen(pid)) => {
+                        let server = match pid {
+                            Some(pid) => format!("the rein serve of this data_dir (pid {pid})"),
+                            None => "the rein serve of this data_dir".to_string(),
+                        };
+                        return Err(OpenError::Export {
+                            name: e.name.clone(),
+                            path: path.clone(),
+                            source: StorageError::DeviceBusy,
+                            hint: format!(
+                                "; {server} runs as another user, whose lock file or descriptors this user may \
+                                 not read, so whether that claim is its own cannot be seen: run --check-config \
+                                 as the server's user (or as root)"
+                            ),
+                        });
                     }
                     None => Err(StorageError::DeviceBusy),
                 },

@@ -75,19 +75,42 @@ pub const STATE_FILE: &str = "rein-state.json";
 /// The lock file's name inside the data directory (holds the server's pid).
 pub const LOCK_FILE: &str = "rein.lock";
 
+/// What [`server_holding`] finds of the running `rein serve` of a data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// The server whose pid its lock file names has the lock file and the device open.
+    Holds(u32),
+    /// A lock file, or its server's descriptors, that this user may not read (a server running as
+    /// another user, such as the unit's dynamic user): whether it holds the device cannot be seen. The
+    /// pid, when the lock file could be read.
+    Unseen(Option<u32>),
+}
+
 /// The running `rein serve` of `data_dir`, if it has the block device `path` open: the pid that its lock
 /// file ([`LOCK_FILE`]) names, if that process has both the lock file and a node of the
 /// device open (its descriptors in `/proc/PID/fd`; a pid left in the file by a server that died names
-/// a process that has neither). `None` where that cannot be read (another user's process). `rein serve
-/// --check-config` asks it of a writable block device it finds claimed ([`crate::preflight::inspect_export`]).
-pub fn server_holding(data_dir: &Path, path: &Path) -> Option<u32> {
+/// a process that has neither). [`Holder::Unseen`] where the lock file or the descriptors cannot be
+/// read for want of permission (another user's server); `None` where there is no lock file or no such
+/// process, or it does not hold the device. `rein serve --check-config` asks it of a writable block
+/// device it finds claimed ([`crate::preflight::inspect_export`]).
+pub fn server_holding(data_dir: &Path, path: &Path) -> Option<Holder> {
+    use std::io::ErrorKind::PermissionDenied;
     use std::os::unix::fs::MetadataExt;
     let lock = data_dir.join(LOCK_FILE);
-    let pid: u32 = std::fs::read_to_string(&lock).ok()?.trim().parse().ok()?;
+    let pid: u32 = match std::fs::read_to_string(&lock) {
+        Ok(text) => text.trim().parse().ok()?,
+        Err(e) if e.kind() == PermissionDenied => return Some(Holder::Unseen(None)),
+        Err(_) => return None,
+    };
     let lock = std::fs::metadata(&lock).ok()?;
     let rdev = std::fs::metadata(path).ok()?.rdev();
+    let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(fds) => fds,
+        Err(e) if e.kind() == PermissionDenied => return Some(Holder::Unseen(Some(pid))),
+        Err(_) => return None,
+    };
     let (mut has_lock, mut has_device) = (false, false);
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+    for fd in fds.flatten() {
         // Only files: a socket's, pipe's or anonymous inode's link names no path.
         if !std::fs::read_link(fd.path()).is_ok_and(|t| t.is_absolute()) {
             continue;
@@ -96,7 +119,7 @@ pub fn server_holding(data_dir: &Path, path: &Path) -> Option<u32> {
         has_lock |= (m.dev(), m.ino()) == (lock.dev(), lock.ino());
         has_device |= std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) && m.rdev() == rdev;
     }
-    (has_lock && has_device).then_some(pid)
+    (has_lock && has_device).then_some(Holder::Holds(pid))
 }
 
 /// The state file format this server reads and writes.

@@ -390,6 +390,54 @@ fn rein_serve_check_config_refuses_a_device_in_use_and_a_loop_backing_file() {
     drop(fs);
 }
 
+/// `--check-config` run as another user than the server's (an operator beside the unit's dynamic user)
+/// cannot read the server's descriptors, so it cannot tell the server's own claim on a device it serves
+/// from another's: the refusal says so and how to run the check, where it said only `in use by the
+/// system (mounted, swap, ...)`. As root the same check passes, naming the server's claim. Needs root
+/// (a loop device, mknod, setpriv); elsewhere skipped.
+#[test]
+fn check_config_as_another_user_says_it_cannot_see_the_servers_claim() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tmpdir("check-other-user");
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let img = dir.join("dev.img");
+    std::fs::File::create(&img).unwrap().set_len(4 << 20).unwrap();
+    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
+    // A node the other user may open, as a user of the `disk` group may open /dev/sdX.
+    let node = dir.join("node");
+    lo.node(&node);
+    std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let node = node.to_str().unwrap();
+    let cfg = config_file(dir, 102, &format!("[[exports]]\nname = \"d\"\npath = \"{node}\"\n"));
+    let cfg = cfg.to_str().unwrap();
+    let server = common::Rein::serve(Path::new(cfg)).start();
+    let (ok, out, err) = check(&["serve", "--config", cfg]);
+    assert!(ok && out.contains(&format!("export d: {node} (4 MiB; claimed by the running rein serve")), "{out}{err}");
+    let other = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_rein")])
+        .args(["serve", "--config", cfg, "--check-config"])
+        .env("NO_COLOR", "1")
+        .output();
+    server.stop();
+    let Ok(other) = other else {
+        eprintln!("skipped: setpriv cannot be run here");
+        return;
+    };
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "as another user: {err}");
+    let want = format!("error: export d: {node}: is a block device in use by the system (mounted,");
+    assert!(err.starts_with(&want) && err.trim().lines().count() == 1, "{err}");
+    assert!(
+        err.contains("; the rein serve of this data_dir (pid ")
+            && err.trim().ends_with(
+                "runs as another user, whose lock file or descriptors this user may not read, so whether that \
+                 claim is its own cannot be seen: run --check-config as the server's user (or as root)"
+            ),
+        "{err}"
+    );
+}
+
 /// Two exports on one block device through two device nodes of it (`/dev/loopN` and a node made with
 /// mknod, as a container's /dev has its own): refused at start and by `--check-config`, naming both
 /// exports and their paths, as two exports on one file are. Before, the check said OK and the start
