@@ -28,11 +28,20 @@ fn exports() -> Vec<ExportInfo> {
 fn handshake(
     export: &str,
     structured: bool,
-    mut chunk: impl FnMut() -> usize,
+    chunk: impl FnMut() -> usize,
 ) -> (Result<ClientProgress, ProtoError>, Option<Result<ServerProgress, ProtoError>>) {
+    drive(ClientHandshake::new(export, structured), chunk).0
+}
+
+/// Runs `client` against a server handshake, moving `chunk(i)` bytes at a time; also returns the bytes
+/// the client wrote last that the server has not read.
+#[allow(clippy::type_complexity)]
+fn drive(
+    mut client: ClientHandshake,
+    mut chunk: impl FnMut() -> usize,
+) -> ((Result<ClientProgress, ProtoError>, Option<Result<ServerProgress, ProtoError>>), Vec<u8>) {
     let mut to_client = Vec::new();
     let mut server = ServerHandshake::new(exports(), &mut to_client);
-    let mut client = ClientHandshake::new(export, structured);
     let (mut to_server, mut c_in, mut s_in) = (Vec::new(), Vec::new(), Vec::new());
     let mut server_result = None;
     for _ in 0..10_000 {
@@ -56,11 +65,33 @@ fn handshake(
             Ok((used, ClientProgress::NeedMore)) => {
                 c_in.drain(..used);
             }
-            Ok((_, p)) => return (Ok(p), server_result),
-            Err(e) => return (Err(e), server_result),
+            Ok((_, p)) => return ((Ok(p), server_result), [s_in, to_server].concat()),
+            Err(e) => return ((Err(e), server_result), [s_in, to_server].concat()),
         }
     }
     panic!("handshake did not finish");
+}
+
+#[test]
+fn a_probe_reads_the_flags_and_aborts_without_opening() {
+    for (export, step) in [("rd", usize::MAX), ("ro", 1), ("ro", 3)] {
+        let ((c, s), unread) = drive(ClientHandshake::probe(export), || step);
+        let i = exports().iter().position(|e| e.name == export).unwrap();
+        let want = exports()[i].clone();
+        assert_eq!(c.unwrap(), ClientProgress::Info { size: want.size, flags: want.transmission_flags() });
+        assert_eq!(want.transmission_flags() & TFLAG_READ_ONLY != 0, want.read_only);
+        // The server opened nothing; the client's last words are NBD_OPT_ABORT, which the server takes
+        // as the end of the negotiation.
+        assert!(s.is_none(), "{s:?}");
+        let mut out = Vec::new();
+        let mut server = ServerHandshake::new(exports(), &mut out);
+        let mut client_flags = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        client_flags.extend_from_slice(&unread[unread.len() - 16..]);
+        assert_eq!(server.feed(&client_flags, &mut out).unwrap(), (client_flags.len(), ServerProgress::Aborted));
+    }
+    // An unknown export is the server's refusal, as for GO.
+    let ((c, _), _) = drive(ClientHandshake::probe("nope"), || 5);
+    assert!(matches!(c.unwrap_err(), ProtoError::OptionRefused { option: OPT_INFO, reply: REP_ERR_UNKNOWN, .. }));
 }
 
 #[test]

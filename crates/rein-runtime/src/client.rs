@@ -176,6 +176,10 @@ async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
             ClientProgress::NodeReady { .. } | ClientProgress::NodeRefused(..) => {
                 return Err(p::ProtoError::Malformed("a storage-node answer to a plain handshake").into())
             }
+            // Only a `ClientHandshake::probe` reports it; this one opens its export.
+            ClientProgress::Info { .. } => {
+                return Err(p::ProtoError::Malformed("a probe's answer to a handshake that opens its export").into())
+            }
             ClientProgress::NeedMore => {
                 let mut chunk = [0u8; 4096];
                 let n = stream.read(&mut chunk).await?;

@@ -22,6 +22,7 @@
 //! connect_timeout_s = 5             # 0.1..=3600
 //! reconnect_max_backoff_ms = 2000   # 50..=600000
 //! connections_per_node = 1          # 1..=64
+//! read_only_check_s = 10            # 0 (off) or 0.1..=3600: each node export's read-only flag, read anew
 //! worker_threads = 1                # 1..=1024
 //! layout_file = "gw-layouts.json"   # optional: the volumes' layouts, recorded; a start that would lay
 //!                                   # a volume out otherwise is refused (`layouts`)
@@ -368,6 +369,12 @@ fn d_connect_timeout() -> f64 {
 fn d_backoff() -> u64 {
     2000
 }
+/// The default `read_only_check_s`.
+pub const DEFAULT_READ_ONLY_CHECK_S: f64 = 10.0;
+
+fn d_read_only_check() -> f64 {
+    DEFAULT_READ_ONLY_CHECK_S
+}
 fn d_conns() -> usize {
     DEFAULT_CONNECTIONS_PER_NODE
 }
@@ -422,6 +429,8 @@ struct File {
     reconnect_max_backoff_ms: u64,
     #[serde(default = "d_conns")]
     connections_per_node: usize,
+    #[serde(default = "d_read_only_check")]
+    read_only_check_s: f64,
     #[serde(default = "d_threads")]
     worker_threads: usize,
     tls: Option<TlsFile>,
@@ -695,6 +704,13 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
     )?;
     let request_timeout = seconds("request_timeout_s", f.request_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     let connect_timeout = seconds("connect_timeout_s", f.connect_timeout_s, 0.1, MAX_TIMEOUT_S)?;
+    // 0: no check (remote.rs, "Read-only node exports").
+    let read_only_check = if f.read_only_check_s == 0.0 {
+        None
+    } else {
+        let check = seconds("read_only_check_s", f.read_only_check_s, 0.1, MAX_TIMEOUT_S);
+        Some(check.map_err(|e| format!("{e} (or 0: no check)"))?)
+    };
     if !(50..=600_000).contains(&f.reconnect_max_backoff_ms) {
         return Err(format!("reconnect_max_backoff_ms must be in 50..=600000, got {}", f.reconnect_max_backoff_ms));
     }
@@ -803,6 +819,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             tls,
             log: Default::default(),
             route: Default::default(),
+            checks: Default::default(),
         });
     }
     let node_index = |owner: &str, key: &str, name: &str| {
@@ -965,6 +982,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             connect_timeout,
             max_backoff: Duration::from_millis(f.reconnect_max_backoff_ms),
             connections: f.connections_per_node,
+            read_only_check,
         },
         worker_threads: f.worker_threads,
         layout_file: f.layout_file.as_ref().map(|p| base.join(p)),
@@ -1503,7 +1521,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         ("shutdown_timeout_s", base.shutdown_timeout == new.shutdown_timeout),
         ("max_request_kb", base.max_request == new.max_request),
         (
-            "request_timeout_s, connect_timeout_s, reconnect_max_backoff_ms or connections_per_node",
+            "request_timeout_s, connect_timeout_s, reconnect_max_backoff_ms, connections_per_node or read_only_check_s",
             dbg(&base.link) == dbg(&new.link),
         ),
         ("worker_threads", base.worker_threads == new.worker_threads),
@@ -2756,6 +2774,9 @@ mod tests {
             ("request_timeout_s = 0.1", "request_timeout_s = 0.09", "request_timeout_s"),
             ("request_timeout_s = 3600", "request_timeout_s = 3600.5", "request_timeout_s"),
             ("connect_timeout_s = 0.1", "connect_timeout_s = 0.05", "connect_timeout_s"),
+            ("read_only_check_s = 0.1", "read_only_check_s = 0.05", "read_only_check_s"),
+            ("read_only_check_s = 3600", "read_only_check_s = 3601", "read_only_check_s"),
+            ("read_only_check_s = 0", "read_only_check_s = -1", "read_only_check_s"),
             ("reconnect_max_backoff_ms = 50", "reconnect_max_backoff_ms = 49", "reconnect_max_backoff_ms"),
             ("reconnect_max_backoff_ms = 600000", "reconnect_max_backoff_ms = 600001", "reconnect_max_backoff_ms"),
         ] {
@@ -2765,6 +2786,8 @@ mod tests {
         }
         let c = parse("request_timeout_s = 0.1").unwrap();
         assert_eq!(c.link.request_timeout, Duration::from_millis(100));
+        assert_eq!(c.link.read_only_check, Some(Duration::from_secs(10)), "read_only_check_s defaults to 10");
+        assert_eq!(parse("read_only_check_s = 0").unwrap().link.read_only_check, None, "0: no check");
         assert_eq!(c.exports[0].stripe.unit(), 64 << 10, "stripe_kb defaults to 64");
         assert_eq!((c.worker_threads, c.link.connections), (1, 1), "one thread, one connection per node");
         let c = parse("worker_threads = 3\nconnections_per_node = 5").unwrap();

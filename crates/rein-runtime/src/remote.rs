@@ -100,10 +100,23 @@
 //! connection): their writes go to the nodes and get their answers. What a connection learnt stays after
 //! its session ends, until its next handshake: a node down is taken as it was last seen, and a node never
 //! reached as writable (unknown; its pieces fail with EIO until it is reached, and its first handshake
-//! tells). Only a new session learns that an export is writable again: a reconnect, or a renewal that
-//! a reload of the gateway asks of the sessions that refuse writes ([`RemoteVolume::recheck_read_only`]),
-//! since a reload of the node ends none of them (and rein serve's sessions opened before a reload to
-//! read-only keep refusing writes after one back to writable).
+//! tells). Only a new session learns that an export is writable again: a reconnect, or a renewal
+//! (`SessionEnd::Recheck`) that a reload of the gateway asks of the sessions that refuse writes
+//! ([`RemoteVolume::recheck_read_only`]), or a check asks (below), since a reload of the node ends none of
+//! them (and rein serve's sessions opened before a reload to read-only keep refusing writes after one back
+//! to writable: a check's word that the export is writable cannot clear the flag of such a session).
+//!
+//! The check (`read_only_check_s`, [`LinkConfig::read_only_check`]): a volume's task
+//! (`check_read_only`) reads, every period, each of its node exports' transmission flags on a side
+//! connection that opens nothing (`Target::probe`: the links' own connect and handshake code,
+//! `Target::dial`, with [`ClientHandshake::probe`]'s NBD_OPT_INFO then NBD_OPT_ABORT; the same place,
+//! Unix socket or TCP, and TLS; no tenant stated), one node after another, each node one check at a time
+//! for the whole gateway ([`NodeSpec::checks`]), each within `connect_timeout`. The sessions are not
+//! touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by
+//! a reload of its node is known without a write refused first, so new front connections are told, and
+//! a WRITE across it and a writable node is refused by the front rather than torn). Writable while
+//! sessions up refuse writes: those sessions renew (`SessionEnd::Recheck`; a plain NBD node's EPERM is
+//! unlearnt so once it writes again). A check that fails changes nothing (logged at debug).
 //!
 //! # Metrics
 //! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
@@ -226,6 +239,9 @@ pub struct NodeSpec {
     pub log: Arc<NodeLog>,
     /// Where it is reached now, if a reload moved it (clones of one spec share it; [`NodeRoute`]).
     pub route: Arc<NodeRoute>,
+    /// Held by a check of one of its exports' flags (module comment, "Read-only node exports"), so that
+    /// the node gets one at a time from the whole gateway (clones of one spec share it).
+    pub checks: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Where a node is reached (its address, and the name its certificate must carry).
@@ -417,6 +433,9 @@ pub struct LinkConfig {
     pub max_backoff: Duration,
     /// Pooled connections per node and volume.
     pub connections: usize,
+    /// How often each node export's flags are read on a side connection (`read_only_check_s`; module
+    /// comment, "Read-only node exports"); `None`: never.
+    pub read_only_check: Option<Duration>,
 }
 
 /// Why a node could not be opened at start (each names the node).
@@ -786,6 +805,11 @@ impl RemoteVolume {
                 tracing::warn!(node = %node.name, volume, "the node's minimum block size is {min} bytes, and the volume's stripe unit ({} bytes) is not a multiple of it: requests across a unit boundary fail there (make stripe_kb a multiple)", stripe.unit());
             }
             links.push(Some(link));
+        }
+        if let Some(period) = cfg.read_only_check {
+            let checked =
+                links.iter().flatten().map(|l| (l.target.clone(), l.conns.iter().map(|c| c.state.clone()).collect()));
+            tasks.push(tokio::spawn(check_read_only(checked.collect(), period, closing_rx.clone())));
         }
         Ok(Arc::new(RemoteVolume {
             name: volume.to_string(),
@@ -1371,8 +1395,9 @@ struct Target {
     /// Bumped when the tenant's spec changes ([`RemoteVolume::respec`]): each session then ends once its
     /// pieces are answered, and the connection says hello again with the new spec.
     respec: watch::Sender<u64>,
-    /// Bumped by [`RemoteVolume::recheck_read_only`]: each session that refuses writes then ends once its
-    /// pieces are answered, and the connection says hello again.
+    /// Bumped by [`RemoteVolume::recheck_read_only`] and by a check that finds the export writable
+    /// ([`read_only_checked`]): each session that refuses writes then ends once its pieces are answered,
+    /// and the connection says hello again.
     recheck: watch::Sender<u64>,
     /// The volume's [`RemoteVolume::close`]: sessions end at once, with NBD_CMD_DISC.
     closing: watch::Receiver<bool>,
@@ -1438,6 +1463,14 @@ struct Session {
     place: Place,
 }
 
+/// What [`Target::dial`] made.
+enum Dialed {
+    /// A session.
+    Open(Box<Session>),
+    /// A probe's reading of the export's transmission flags.
+    Probed(u16),
+}
+
 /// What a session's transmission flags say the node takes; `true` if it takes FLUSH but not FUA (the
 /// caller warns: FUA pieces go as plain writes, module comment).
 fn publish_flags(flags: u16, block: BlockSize, state: &LinkState) -> bool {
@@ -1479,6 +1512,27 @@ impl Target {
 
     /// Connects and negotiates the export (plain NBD, simple replies), within `connect_timeout`.
     async fn connect(&self) -> Result<Session, ConnectError> {
+        match self.dial(false).await? {
+            Dialed::Open(s) => Ok(*s),
+            // The handshake answers so only a probe ([`ClientHandshake::probe`]).
+            Dialed::Probed(_) => Err(ConnectError::Io("handshake: a probe's answer to an export's opening".into())),
+        }
+    }
+
+    /// Reads the export's transmission flags as the node gives them now, on a connection of its own that
+    /// opens nothing ([`ClientHandshake::probe`]: NBD_OPT_INFO, then NBD_OPT_ABORT), as a session's
+    /// connection is made (its place, Unix socket or TCP, TLS) and within `connect_timeout`.
+    async fn probe(&self) -> Result<u16, ConnectError> {
+        match self.dial(true).await? {
+            Dialed::Probed(flags) => Ok(flags),
+            // A probe's handshake opens nothing ([`ClientHandshake::probe`]).
+            Dialed::Open(_) => Err(ConnectError::Io("handshake: an export opened by a probe".into())),
+        }
+    }
+
+    /// Connects and negotiates: the export ([`Target::connect`]), or only its flags with `probe`
+    /// ([`Target::probe`]), within `connect_timeout`.
+    async fn dial(&self, probe: bool) -> Result<Dialed, ConnectError> {
         // Set once the connection is up, so a timeout can say whether the node answered at all.
         let connected = AtomicBool::new(false);
         let attempt = async {
@@ -1493,6 +1547,8 @@ impl Target {
             connected.store(true, Ordering::Relaxed);
             let mut stream = NbdStream::Plain(stream);
             let hello = match (&self.qos, self.node.protocol) {
+                // A probe states no tenant: the export's flags are the same to every client.
+                _ if probe => None,
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
                     let tenant = tenant.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     Some(NodeHello { version: NODE_VERSION, tenants: vec![tenant] })
@@ -1505,6 +1561,7 @@ impl Target {
             let mut hs = match hello {
                 Some(h) => ClientHandshake::with_node(&self.export, h)
                     .map_err(|e| ConnectError::Io(format!("the storage-node hello: {e}")))?,
+                None if probe => ClientHandshake::probe(&self.export),
                 None => ClientHandshake::new(&self.export, false),
             };
             if self.node.tls.is_some() {
@@ -1531,7 +1588,7 @@ impl Target {
                         if size < self.needed {
                             return Err(ConnectError::TooSmall(size));
                         }
-                        return Ok(Session {
+                        return Ok(Dialed::Open(Box::new(Session {
                             stream,
                             input,
                             flags,
@@ -1541,7 +1598,12 @@ impl Target {
                             version: 0,
                             registration,
                             place,
-                        });
+                        })));
+                    }
+                    ClientProgress::Info { flags, .. } => {
+                        // NBD_OPT_ABORT is written: close (the node's answer to it need not be read).
+                        let _ = stream.shutdown().await;
+                        return Ok(Dialed::Probed(flags));
                     }
                     ClientProgress::NodeReady { size, flags, welcome } => {
                         if size < self.needed {
@@ -1550,7 +1612,8 @@ impl Target {
                         let slot = welcome.tenants.first().map(|g| g.slot);
                         let (boot, version) = (welcome.boot, welcome.version);
                         let block = hs.block_size();
-                        return Ok(Session { stream, input, flags, block, slot, boot, version, registration, place });
+                        let s = Session { stream, input, flags, block, slot, boot, version, registration, place };
+                        return Ok(Dialed::Open(Box::new(s)));
                     }
                     ClientProgress::NodeRefused(reply, message) => {
                         if reply == p::REP_ERR_TLS_REQD {
@@ -1609,6 +1672,67 @@ impl Target {
                 }))
             }
         }
+    }
+}
+
+/// Every `period`, reads the flags of each node export of a volume (`links`: each node's target and
+/// connections) on a side connection ([`Target::probe`]; one node after another, each node one check at
+/// a time for the whole gateway), and tells its connections what they say ([`read_only_checked`]). Ends
+/// with the volume (closed or dropped).
+async fn check_read_only(
+    links: Vec<(Arc<Target>, Vec<Arc<LinkState>>)>,
+    period: Duration,
+    mut closing: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+    // A check that took longer than the period (a node silent for connect_timeout) delays the next.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            // Closed, or the volume dropped (its sender gone).
+            _ = closing.wait_for(|c| *c) => return,
+        }
+        for (target, states) in &links {
+            let check = async {
+                let _one = target.node.checks.lock().await;
+                target.probe().await
+            };
+            let flags = tokio::select! {
+                r = check => r,
+                _ = closing.wait_for(|c| *c) => return,
+            };
+            match flags {
+                Ok(flags) => read_only_checked(target, states, flags),
+                // The node down, busy or slow: its sessions say what they say (they learn the rest).
+                Err(e) => {
+                    tracing::debug!(node = %target.node.name, volume = %target.volume, "the check of the node export's flags failed: {e}")
+                }
+            }
+        }
+    }
+}
+
+/// What a check of a node export's flags (`flags`, [`check_read_only`]) tells the connections `states`
+/// of `target`: read-only, they refuse writes from now on (the volume is advertised read-only to new
+/// front connections, whose writes the front refuses); writable while sessions up refuse writes, those
+/// sessions renew ([`SessionEnd::Recheck`]) so that their handshakes say it: a session of a `rein
+/// serve` opened before a reload to read-only keeps refusing writes after one back to writable, so the
+/// flag is not cleared on the check's word.
+fn read_only_checked(target: &Target, states: &[Arc<LinkState>], flags: u16) {
+    let (node, volume) = (target.node.name.as_str(), target.volume.as_str());
+    if flags & p::TFLAG_READ_ONLY != 0 {
+        let newly = states.iter().filter(|s| !s.read_only.swap(true, Ordering::AcqRel)).count();
+        if newly == states.len() {
+            tracing::warn!(node, volume, "the node's export is read-only now (a check of its flags): the volume is advertised read-only to new connections, and their writes are refused");
+        }
+    } else if states.iter().any(|s| s.up.load(Ordering::Relaxed) && s.read_only.load(Ordering::Acquire)) {
+        tracing::info!(
+            node,
+            volume,
+            "the node's export is writable (a check of its flags): its sessions that refuse writes renew to learn it"
+        );
+        target.recheck.send_modify(|g| *g += 1);
     }
 }
 
@@ -1787,9 +1911,9 @@ enum SessionEnd {
     Recycle,
     /// A reload moved the node and the session's pieces are answered: connect to its new place.
     Moved,
-    /// The session's node refuses writes, a reload asked it to say hello again
-    /// ([`RemoteVolume::recheck_read_only`]), and its pieces are answered: the new handshake says whether
-    /// the export is writable now.
+    /// The session's node refuses writes, a reload ([`RemoteVolume::recheck_read_only`]) or a check of the
+    /// export's flags ([`read_only_checked`]) asked it to say hello again, and its pieces are answered: the
+    /// new handshake says whether the export is writable now.
     Recheck,
     /// The node answered NBD_ESHUTDOWN and the session's pieces are answered: the session was left with a
     /// soft disconnect, as the spec asks of a client; reconnect as after a failure. The reason.
@@ -2378,6 +2502,7 @@ mod tests {
                 tls: None,
                 log: Default::default(),
                 route: Default::default(),
+                checks: Default::default(),
             })
             .collect();
         let tenant = NodeTenant {
@@ -2396,6 +2521,7 @@ mod tests {
             connect_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_millis(100),
             connections: 1,
+            read_only_check: None,
         };
         let stripe = Stripe::new(4096, &[1, 1]).unwrap();
         let exports = vec!["v".to_string(), "v".to_string()];
@@ -2602,12 +2728,14 @@ mod tests {
                 tls: None,
                 log: Default::default(),
                 route: Default::default(),
+                checks: Default::default(),
             }];
             let cfg = LinkConfig {
                 request_timeout: Duration::from_secs(10),
                 connect_timeout: Duration::from_secs(10),
                 max_backoff: Duration::from_millis(100),
                 connections: 1,
+                read_only_check: None,
             };
             let stripe = Stripe::new(4096, &[1]).unwrap();
             let volume = RemoteVolume::open("v", 4096, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
@@ -2651,12 +2779,14 @@ mod tests {
             tls: None,
             log: Default::default(),
             route: Default::default(),
+            checks: Default::default(),
         }];
         let cfg = LinkConfig {
             request_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_millis(100),
             connections: 1,
+            read_only_check: None,
         };
         let stripe = Stripe::new(4096, &[1]).unwrap();
         let volume =

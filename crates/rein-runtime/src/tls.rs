@@ -1316,6 +1316,16 @@ impl NbdStream {
             NbdStream::Tls(s) => s.write_all(data).await,
         }
     }
+
+    /// Shuts the writing side down (over TLS, with its close_notify first), as
+    /// [`tokio::io::AsyncWriteExt::shutdown`].
+    pub(crate) async fn shutdown(&mut self) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            NbdStream::Plain(s) => s.shutdown().await,
+            NbdStream::Tls(s) => s.shutdown().await,
+        }
+    }
 }
 
 /// A failed TLS handshake: OpenSSL's reason (an unknown CA, a missing client certificate, an unknown

@@ -1261,7 +1261,8 @@ fn a_node_down_at_start_is_taken_as_writable_until_its_handshake_says_otherwise(
 /// node's EPERM as before. Made writable again on the node (another reload of it), the volume stays
 /// read-only until a new session to the node says so: a reload of the gateway renews the sessions that
 /// refuse writes, and from then on new connections see it writable, and they and the one opened first
-/// write.
+/// write. (The gateway's periodic check of the node exports' flags is off here, `read_only_check_s = 0`:
+/// `a_node_export_reloaded_read_only_is_learnt_by_the_check_without_a_write` has it.)
 #[test]
 fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
     let tmp = tmpdir("gw-ro-reload");
@@ -1273,7 +1274,8 @@ fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
     };
     let s1 = serve_in(&node_dir, &head(0), &body(false));
     let addr = s1.nbd;
-    let gw = gateway(&gateway_config(dir, 124, &[("s1", addr)], "[[exports]]\nname = \"v\"\nsize_mb = 16\n"));
+    let volume = "[[exports]]\nname = \"v\"\nsize_mb = 16\n";
+    let gw = gateway(&gateway_config_with(dir, 124, "read_only_check_s = 0\n", &[("s1", addr)], volume));
     let (read_only, write) = (advertised_read_only, write_4k);
     assert!(!read_only(&gw), "writable to begin with");
     let mut old = Raw::connect(gw.nbd, "v");
@@ -1318,6 +1320,157 @@ fn a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only() {
     // A reload with nothing read-only renews nothing.
     gw.signal("-HUP");
     gw.wait_log(&["configuration reloaded", "applied=0"], Duration::from_secs(30));
+}
+
+/// The gateway's check of its node exports' flags (`read_only_check_s`, here 0.2 s): s1's export made
+/// read-only by a reload of that `rein serve` while the gateway runs, no write sent, the gateway learns
+/// it within a few checks: a new connection sees the volume read-only (its handshake's flag, nbdinfo) and
+/// a WRITE over s1 and s2 gets EPERM from the gateway itself, nothing sent, s2's bytes as they were.
+/// Made writable again by another reload of s1, the check renews the gateway's sessions with s1 (opened
+/// before, they would refuse writes still): new connections see the volume writable, and a WRITE over
+/// both nodes lands on both. Before, the gateway advertised the volume writable until a write was
+/// refused (a WRITE over both nodes landed on s2 alone), and once it learnt it, only a reconnect or a
+/// gateway reload unlearnt it.
+#[test]
+fn a_node_export_reloaded_read_only_is_learnt_by_the_check_without_a_write() {
+    use rein_proto::nbd::Command;
+    let tmp = tmpdir("gw-ro-check");
+    let dir = tmp.path();
+    let node_dir = dir.join("node175");
+    let body = |read_only: bool| {
+        format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = {read_only}\n")
+    };
+    let s1 = serve_in(&node_dir, &local(175), &body(false));
+    let s2 = node(dir, 176, 0);
+    let volume = "[[exports]]\nname = \"v\"\nsize_mb = 16\nstripe_kb = 64\nwidths = { s1 = 1, s2 = 1 }\n";
+    let top = "read_only_check_s = 0.2\n";
+    let gw = gateway(&gateway_config_with(dir, 177, top, &[("s1", s1.nbd), ("s2", s2.nbd)], volume));
+    assert!(!advertised_read_only(&gw), "writable to begin with");
+    common::config_at(&node_dir, &local(175), &body(true));
+    s1.signal("-HUP");
+    s1.wait_line("export v: read-only now");
+    assert!(eventually(Duration::from_secs(10), || advertised_read_only(&gw)), "a new connection sees it read-only");
+    gw.wait_line("the node's export is read-only now (a check of its flags)");
+    assert!(nbdinfo_read_only(&uri(&gw)), "so does nbdinfo");
+    let mut c = Raw::connect(gw.nbd, "v");
+    let before = pieces_sent(gw.admin);
+    let data = vec![0xd1u8; 2 * UNIT as usize];
+    c.send(Command::Write, 1, 0, data.len() as u32, &data);
+    assert_eq!(c.reply(0).1, 1, "a WRITE over s1 and s2: the gateway's EPERM");
+    assert_eq!(pieces_sent(gw.admin), before, "no piece sent");
+    let s2_bytes = std::fs::read(node_file(dir, 176)).unwrap();
+    assert!(s2_bytes[..UNIT as usize].iter().all(|&b| b == 0), "s2's unit is not written (no torn write)");
+    // Writable again on s1: the check renews the sessions that refuse writes.
+    common::config_at(&node_dir, &local(175), &body(false));
+    s1.signal("-HUP");
+    let reloads = || s1.log.lock().unwrap().iter().filter(|l| l.contains("configuration reloaded")).count();
+    assert!(eventually(Duration::from_secs(30), || reloads() == 2), "the node's second reload");
+    assert!(eventually(Duration::from_secs(10), || !advertised_read_only(&gw)), "a new connection sees it writable");
+    gw.wait_line("the node's export is writable (a check of its flags)");
+    gw.wait_line("node session renewed to learn whether its export still refuses writes");
+    assert!(!nbdinfo_read_only(&uri(&gw)), "so does nbdinfo");
+    let mut c = Raw::connect(gw.nbd, "v");
+    let data = vec![0xd2u8; 2 * UNIT as usize];
+    c.send(Command::Write, 2, 0, data.len() as u32, &data);
+    assert_eq!(c.reply(0).1, 0, "a WRITE over s1 and s2 succeeds");
+    for host in [175, 176] {
+        let bytes = std::fs::read(node_file(dir, host)).unwrap();
+        assert!(bytes[..UNIT as usize].iter().all(|&b| b == 0xd2), "node {host} has its unit");
+    }
+}
+
+/// A plain NBD node (nbdkit, its error filter answering EPERM to WRITEs while a file exists) that
+/// refused one write: the gateway takes its export as read-only; once the node writes again, its export
+/// advertised writable all along, the gateway's check (`read_only_check_s`) sees the flags writable and
+/// renews the session, and new connections see the volume writable and write. Before, the volume stayed
+/// read-only until the session was lost or the gateway was reloaded.
+#[test]
+fn a_plain_nbd_nodes_eperm_is_unlearnt_by_the_check() {
+    if !common::installed("nbdkit") {
+        eprintln!("skipped: nbdkit is not installed");
+        return;
+    }
+    let tmp = tmpdir("gw-ro-plain");
+    let dir = tmp.path();
+    let fail = dir.join("fail");
+    let addr = free_tcp("127.0.0.178");
+    let (ip, port) = (addr.ip().to_string(), addr.port().to_string());
+    let error_file = format!("error-pwrite-file={}", fail.display());
+    let args = ["-f", "--filter=error", "-i", &ip, "-p", &port, "-e", "v", "memory", "32M"];
+    let errors = ["error-pwrite=EPERM", "error-pwrite-rate=100%", &error_file];
+    let _nbdkit = KillOnDrop(Cmd::new("nbdkit").args(args).args(errors).spawn().unwrap());
+    assert!(eventually(Duration::from_secs(20), || std::net::TcpStream::connect(addr).is_ok()), "nbdkit listens");
+    let text = format!(
+        "{}\n{TIMES}read_only_check_s = 0.2\n[[nodes]]\nname = \"p1\"\naddress = \"{addr}\"\nprotocol = \"nbd\"\n\
+         [[exports]]\nname = \"v\"\nsize_mb = 16\n",
+        local(179)
+    );
+    let gw = gateway_in(dir, &text);
+    assert!(!advertised_read_only(&gw), "writable to begin with");
+    let mut c = Raw::connect(gw.nbd, "v");
+    std::fs::write(&fail, b"").unwrap();
+    assert_eq!(write_4k(&mut c, 1, 0xe1), 1, "the node's EPERM");
+    // The volume is read-only from here until the next check (at most 0.2 s): too short a time to look
+    // at without a race; `a_node_export_made_read_only_by_a_reload_makes_new_connections_read_only` does.
+    gw.wait_line("the node refused a write with EPERM: its export is read-only now");
+    std::fs::remove_file(&fail).unwrap();
+    assert!(eventually(Duration::from_secs(10), || !advertised_read_only(&gw)), "a new connection sees it writable");
+    gw.wait_line("the node's export is writable (a check of its flags)");
+    let mut c = Raw::connect(gw.nbd, "v");
+    assert_eq!(write_4k(&mut c, 2, 0xe2), 0, "and writes");
+}
+
+/// The check of the node exports' flags reaches a node as its links do: over TLS (x509, a node that
+/// requires it and admits only the named gateway identities) and over a Unix socket, both storage nodes
+/// (`protocol = "rein"`; the check itself states no tenant). Each node's export made read-only by a
+/// reload of it, then writable again, the gateway learns it with no write sent, and new connections
+/// see the volume so; a write at the end lands.
+#[test]
+fn the_check_reaches_tls_and_unix_socket_nodes() {
+    use common::tls::{make_ca, make_cert, server, CLIENT};
+    let tmp = tmpdir("gw-ro-check-tls");
+    let dir = tmp.path();
+    make_ca(dir, "ca", "Rein test CA");
+    make_cert(dir, "ca", "n175", "node175", &server("IP:127.0.0.175"));
+    make_cert(dir, "ca", "gwa", "gw-a", CLIENT);
+    let tls = format!(
+        "[tls]\nmode = \"require\"\ncert = \"{d}/n175-cert.pem\"\nkey = \"{d}/n175-key.pem\"\nca = \"{d}/ca-cert.pem\"\n",
+        d = dir.display()
+    );
+    let (tls_keys, unix_top) = ("allow_identities = [\"gw-a\"]\n", "listen_unix = \"nbd.sock\"\n");
+    let t1 = storage_node_with(dir, 175, "", tls_keys, &tls);
+    let u1 = storage_node_with(dir, 176, unix_top, "", "");
+    let sock = dir.join("node176").join("nbd.sock");
+    let text = format!(
+        "{}\n{TIMES}read_only_check_s = 0.2\n[node_tls]\nca = \"ca-cert.pem\"\ncert = \"gwa-cert.pem\"\nkey = \"gwa-key.pem\"\n\
+         [[nodes]]\nname = \"t1\"\naddress = \"{}\"\nprotocol = \"rein\"\n\
+         [[nodes]]\nname = \"u1\"\naddress = \"unix:{}\"\nprotocol = \"rein\"\ntls = false\n\
+         [[exports]]\nname = \"v\"\nsize_mb = 16\n",
+        local(177),
+        t1.nbd,
+        sock.display()
+    );
+    let gw = gateway_in(dir, &text);
+    for n in [&t1, &u1] {
+        n.wait_line("storage-node session granted");
+    }
+    assert!(!advertised_read_only(&gw), "writable to begin with");
+    let v = format!("name = \"v\"\nsize_mb = {NODE_MB}\n");
+    for (n, host, top, keys, tables) in [(&t1, 175, "", tls_keys, tls.as_str()), (&u1, 176, unix_top, "", "")] {
+        let body = storage_node_body(top, keys, tables);
+        let node_dir = dir.join(format!("node{host}"));
+        common::config_at(&node_dir, &local(host), &body.replace(&v, &format!("{v}read_only = true\n")));
+        n.signal("-HUP");
+        n.wait_line("export v: read-only now");
+        assert!(eventually(Duration::from_secs(10), || advertised_read_only(&gw)), "node {host} read-only: learnt");
+        common::config_at(&node_dir, &local(host), &body);
+        n.signal("-HUP");
+        assert!(eventually(Duration::from_secs(10), || !advertised_read_only(&gw)), "node {host} writable: learnt");
+    }
+    let mut c = Raw::connect(gw.nbd, "v");
+    let data = vec![0xf1u8; 2 * UNIT as usize];
+    c.send(rein_proto::nbd::Command::Write, 1, 0, data.len() as u32, &data);
+    assert_eq!(c.reply(0).1, 0, "a WRITE over both nodes succeeds");
 }
 
 /// A volume's own `read_only` (gw.toml): advertised read-only (the handshake's flag, nbdinfo), its writes

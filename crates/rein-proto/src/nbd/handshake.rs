@@ -71,11 +71,19 @@
 //! new() --greeting--> [STRUCTURED_REPLY sent --reply-->] GO sent --INFO*, ACK--> Ready
 //! with_node() --greeting--> REIN_NODE sent --REP_REIN_NODE--> GO sent --INFO*, ACK--> NodeReady
 //!                                           --error reply--> GO sent (NodeRefused) --INFO*, ACK--> Ready
+//! probe() --greeting--> INFO sent --INFO*, ACK--> ABORT sent (Info)
 //! ```
 //! [`ClientHandshake`] asks for structured replies if wanted, then for the export with NBD_OPT_GO. With
 //! [`ClientHandshake::with_node`] it sends [`OPT_REIN_NODE`] first; a refusal is reported
 //! ([`ClientProgress::NodeRefused`]) with GO already sent, so a caller that can do without the node
 //! protocol goes on feeding (plain NBD) and one that cannot closes.
+//!
+//! [`ClientHandshake::probe`] opens nothing: it asks for the export's information with NBD_OPT_INFO
+//! (the same request as GO's) and, once the server has acknowledged it, ends the negotiation with
+//! NBD_OPT_ABORT (in `out` with [`ClientProgress::Info`]; the caller writes it and closes, without
+//! waiting for the server's answer, which the spec lets a server leave out). A client reads an export's
+//! transmission flags so, as they are now, without a session (a gateway's check of its node exports'
+//! read-only flag).
 //!
 //! With [`ClientHandshake::require_tls`] the client sends NBD_OPT_STARTTLS right after the greeting,
 //! before any other option (the spec's "forced TLS" from the client's side):
@@ -677,6 +685,14 @@ pub enum ClientProgress {
     /// the TLS handshake as the client on the socket, call [`ClientHandshake::tls_established`], and go
     /// on feeding what arrives over TLS.
     StartTls,
+    /// With [`ClientHandshake::probe`]: the server's information on the export; NBD_OPT_ABORT is in
+    /// `out`. Write it and close: no export is open.
+    Info {
+        /// Export size in bytes.
+        size: u64,
+        /// Transmission flags (`TFLAG_*`) as the server would give a session opened now.
+        flags: u16,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -689,6 +705,8 @@ enum CState {
     StructuredReply,
     GoReplies,
     Ready,
+    /// [`ClientHandshake::probe`]'s information came and NBD_OPT_ABORT went.
+    Probed,
 }
 
 /// A server's size constraints (NBD_INFO_BLOCK_SIZE): what a client that asked for them, as
@@ -761,6 +779,8 @@ pub struct ClientHandshake {
     node_hello: Option<NodeHello>,
     welcome: Option<NodeWelcome>,
     tls: bool,
+    /// [`ClientHandshake::probe`]: NBD_OPT_INFO instead of GO, then NBD_OPT_ABORT.
+    probe: bool,
 }
 
 impl ClientHandshake {
@@ -797,6 +817,23 @@ impl ClientHandshake {
             node_hello: None,
             welcome: None,
             tls: false,
+            probe: false,
+        }
+    }
+
+    /// A client that only reads `export`'s information (size and transmission flags) with NBD_OPT_INFO,
+    /// then aborts the negotiation (module comment): [`ClientProgress::Info`]. Plain NBD (no node hello,
+    /// no structured replies); [`ClientHandshake::require_tls`] applies as to any client.
+    pub fn probe(export: &str) -> ClientHandshake {
+        ClientHandshake { probe: true, ..ClientHandshake::new(export, false) }
+    }
+
+    /// The option that asks for the export: GO, or INFO for a probe.
+    fn export_option(&self) -> u32 {
+        if self.probe {
+            OPT_INFO
+        } else {
+            OPT_GO
         }
     }
 
@@ -841,7 +878,7 @@ impl ClientHandshake {
         d.extend_from_slice(name);
         d.extend_from_slice(&1u16.to_be_bytes());
         d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        option_request(out, OPT_GO, &d);
+        option_request(out, self.export_option(), &d);
     }
 
     /// Consumes complete messages from `input`; returns (bytes consumed, progress). Requests go to `out`.
@@ -859,6 +896,10 @@ impl ClientHandshake {
                         None => ClientProgress::Ready { size, flags: self.flags, structured: self.structured },
                     };
                     return Ok((used, progress));
+                }
+                CState::Probed => {
+                    let (size, flags) = (self.size.unwrap_or(0), self.flags);
+                    return Ok((used, ClientProgress::Info { size, flags }));
                 }
                 CState::NodeReply => {
                     let Some((OptionReply { option, reply, data }, n)) = decode_option_reply(rest)? else {
@@ -956,6 +997,7 @@ impl ClientHandshake {
                         CState::StructuredReply => {
                             (OPT_STRUCTURED_REPLY, "a reply to another option than NBD_OPT_STRUCTURED_REPLY")
                         }
+                        _ if self.probe => (OPT_INFO, "a reply to another option than NBD_OPT_INFO"),
                         _ => (OPT_GO, "a reply to another option than NBD_OPT_GO"),
                     };
                     if opt != want {
@@ -980,7 +1022,16 @@ impl ClientHandshake {
                         REP_INFO => {}
                         REP_ACK => {
                             if self.size.is_none() {
-                                return Err(ProtoError::Malformed("NBD_OPT_GO acknowledged without NBD_INFO_EXPORT"));
+                                return Err(ProtoError::Malformed(if self.probe {
+                                    "NBD_OPT_INFO acknowledged without NBD_INFO_EXPORT"
+                                } else {
+                                    "NBD_OPT_GO acknowledged without NBD_INFO_EXPORT"
+                                }));
+                            }
+                            if self.probe {
+                                option_request(out, OPT_ABORT, &[]);
+                                self.state = CState::Probed;
+                                continue;
                             }
                             self.state = CState::Ready;
                         }

@@ -641,6 +641,7 @@ pub(crate) fn nbd_open_with(addr: SocketAddr, mut hs: ClientHandshake, timeout: 
             }
             ClientProgress::NodeRefused(reply, message) => node_refused = Some((reply, message)),
             ClientProgress::StartTls => return Err("STARTTLS: this test client speaks no TLS".into()),
+            ClientProgress::Info { .. } => return Err("a probe's answer: this client opens its export".into()),
         }
     }
 }
