@@ -111,7 +111,8 @@
 //! connection that opens nothing (`Target::probe`: the links' own connect and handshake code,
 //! `Target::dial`, with [`ClientHandshake::probe`]'s NBD_OPT_INFO then NBD_OPT_ABORT; the same place,
 //! Unix socket or TCP, and TLS; no tenant stated), one node after another, each node one check at a time
-//! for the whole gateway ([`NodeSpec::checks`]), each within `connect_timeout`. The sessions are not
+//! for the whole gateway ([`NodeSpec::checks`]; a check waits for another volume's at most
+//! `connect_timeout`, then leaves the node out that time), each within `connect_timeout`. The sessions are not
 //! touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by
 //! a reload of its node is known without a write refused first, so new front connections are told, and
 //! a WRITE across it and a writable node is refused by the front rather than torn). Writable while
@@ -139,6 +140,9 @@
 //!   connection whose piece waits for one stops reading, as for the byte budget).
 //! - Connections per node and volume: `connections_per_node`, at most [`MAX_CONNECTIONS_PER_NODE`].
 //! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
+//! - Checks of the node exports' flags ("Read-only node exports"): one task per volume, one side
+//!   connection at a time per node for the whole gateway, each within `connect_timeout` after a wait of
+//!   at most `connect_timeout` for another volume's.
 //!
 //! # Storage-node sessions (docs/node-protocol.md)
 //! With `protocol = "rein"` (or `"auto"` on a node that has it) the handshake states the volume's tenant
@@ -1695,7 +1699,12 @@ async fn check_read_only(
         }
         for (target, states) in &links {
             let check = async {
-                let _one = target.node.checks.lock().await;
+                // Another volume's check of the node first: waited for at most connect_timeout (as long as
+                // it may take), then the node is left out this time. Else a silent node would hold each
+                // volume's checks, of its other nodes too, for a connect_timeout per volume on it.
+                let Ok(_one) = tokio::time::timeout(target.cfg.connect_timeout, target.node.checks.lock()).await else {
+                    return Err(ConnectError::Unreachable("another check of the node is still waiting for it".into()));
+                };
                 target.probe().await
             };
             let flags = tokio::select! {
