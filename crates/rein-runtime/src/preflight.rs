@@ -81,6 +81,17 @@ pub enum PreflightError {
     },
 }
 
+/// What [`crate::state::server_holding`] finds of the running `rein serve` of a data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// The server whose pid its lock file names has the lock file and the device open.
+    Holds(u32),
+    /// A lock file, or its server's descriptors, that this user may not read (a server running as
+    /// another user, such as the unit's dynamic user): whether it holds the device cannot be seen. The
+    /// pid, when the lock file could be read.
+    Unseen(Option<u32>),
+}
+
 /// A running export as [`check_added`] sees it: its name, whether it is read-only, and what its storage
 /// has open.
 #[derive(Debug, Clone, Copy)]
@@ -683,9 +694,8 @@ fn own_groups() -> Vec<u32> {
 /// check runs beside it, and it holds the devices it serves; [`crate::state::server_holding`]).
 pub fn inspect_export(
     e: &crate::config::ExportConfig,
-    holder: impl Fn(&Path) -> Option<crate::state::Holder>,
+    holder: impl Fn(&Path) -> Option<Holder>,
 ) -> Result<String, OpenError> {
-    use crate::state::Holder;
     use crate::storage::{FileStorage, StorageError};
     let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
     match &e.backend {

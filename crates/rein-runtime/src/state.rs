@@ -75,25 +75,15 @@ pub const STATE_FILE: &str = "rein-state.json";
 /// The lock file's name inside the data directory (holds the server's pid).
 pub const LOCK_FILE: &str = "rein.lock";
 
-/// What [`server_holding`] finds of the running `rein serve` of a data directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holder {
-    /// The server whose pid its lock file names has the lock file and the device open.
-    Holds(u32),
-    /// A lock file, or its server's descriptors, that this user may not read (a server running as
-    /// another user, such as the unit's dynamic user): whether it holds the device cannot be seen. The
-    /// pid, when the lock file could be read.
-    Unseen(Option<u32>),
-}
-
 /// The running `rein serve` of `data_dir`, if it has the block device `path` open: the pid that its lock
 /// file ([`LOCK_FILE`]) names, if that process has both the lock file and a node of the
 /// device open (its descriptors in `/proc/PID/fd`; a pid left in the file by a server that died names
-/// a process that has neither). [`Holder::Unseen`] where the lock file or the descriptors cannot be
+/// a process that has neither). [`crate::preflight::Holder::Unseen`] where the lock file or the descriptors cannot be
 /// read for want of permission (another user's server); `None` where there is no lock file or no such
 /// process, or it does not hold the device. `rein serve --check-config` asks it of a writable block
 /// device it finds claimed ([`crate::preflight::inspect_export`]).
-pub fn server_holding(data_dir: &Path, path: &Path) -> Option<Holder> {
+pub fn server_holding(data_dir: &Path, path: &Path) -> Option<crate::preflight::Holder> {
+    use crate::preflight::Holder;
     use std::io::ErrorKind::PermissionDenied;
     use std::os::unix::fs::MetadataExt;
     let lock = data_dir.join(LOCK_FILE);
