@@ -97,7 +97,9 @@
 //! while any of its connections says so ([`RemoteVolume::read_only`]), and the front ([`crate::nbd`])
 //! advertises it so to the VMs' connections opened from then on, and refuses their writes itself (EPERM,
 //! nothing sent to a node). Connections opened before keep what their handshake said (NBD fixes it for a
-//! connection): their writes go to the nodes and get their answers. What a connection learnt stays after
+//! connection), but their writes are refused by the gateway too while the volume is read-only
+//! ([`RemoteVolume::submit`], as under the volume's own `read_only`): sent on, a WRITE across a read-only
+//! node and a writable one landed on the writable one only (until 2026-12-07). What a connection learnt stays after
 //! its session ends, until its next handshake: a node down is taken as it was last seen, and a node never
 //! reached as writable (unknown; its pieces fail with EIO until it is reached, and its first handshake
 //! tells). Only a new session learns that an export is writable again: a reconnect, or a renewal
@@ -872,9 +874,10 @@ impl RemoteVolume {
     /// Sends the request `op` at `offset` to the nodes; `done` gets the result once every piece is
     /// answered. Waits (backpressure) while a node connection has [`MAX_PENDING_PER_CONN`] pieces out.
     pub async fn submit(&self, offset: u64, op: Op, fua: bool, done: Done) {
-        // The volume made read-only by its own `read_only`: the connections told writable at their
-        // handshake (opened before) get EPERM here, nothing sent.
-        if !matches!(op, Op::Read { .. } | Op::Flush) && self.own_read_only.load(Ordering::Acquire) {
+        // The volume read-only, by its own `read_only` or a node export's: the connections told writable
+        // at their handshake (opened before) get EPERM here, nothing sent (a WRITE across a read-only
+        // node and a writable one would land on the writable one only).
+        if !matches!(op, Op::Read { .. } | Op::Flush) && self.read_only() {
             let refused = Err(IoError::Storage(crate::storage::StorageError::ReadOnly));
             return done(refused, Served::default());
         }
