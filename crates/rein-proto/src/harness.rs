@@ -216,13 +216,16 @@ pub fn sample_hello() -> NodeHello {
     ])
 }
 
-fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress, ProtoError>) {
-    let mut hs = if input.first().is_some_and(|b| b & 2 == 2) {
-        ClientHandshake::with_node("a", sample_hello()).expect("a valid hello")
-    } else {
-        ClientHandshake::new("a", input.first().is_some_and(|b| b & 1 == 1))
+/// Feeds `input` to a client handshake of kind `kind` (bits 0-1: plain, structured replies, a storage
+/// node's client, a probe; bit 2: TLS required), in pieces of `sizes`.
+fn client_run(kind: u8, input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress, ProtoError>) {
+    let mut hs = match kind & 3 {
+        0 => ClientHandshake::new("a", false),
+        1 => ClientHandshake::new("a", true),
+        2 => ClientHandshake::with_node("a", sample_hello()).expect("a valid hello"),
+        _ => ClientHandshake::probe("a"),
     };
-    let tls = input.first().is_some_and(|b| b & 4 == 4);
+    let tls = kind & 4 == 4;
     if tls {
         hs = hs.require_tls();
     }
@@ -263,8 +266,12 @@ fn client_run(input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress,
 
 /// Feeds `data` to a server handshake (after valid client flags if `data[0]` is odd; set up by bits 1-2
 /// of `data[0]`: plain, TLS offered, TLS required with a hidden export, refused; the storage-node option
-/// offered if bit 3 is set) and to a client handshake (a node client if bit 1 of `data[2]` is set, one that requires TLS if bit 2 is),
-/// whole and in pieces (sizes from `data[1]`); panics if a contract is broken (module comment).
+/// offered if bit 3 is set) and to a client handshake of the kind bits 4-6 of `data[0]` say (bits 4-5:
+/// plain, structured replies, a storage node's client, a probe; bit 6: TLS required), whole and in
+/// pieces (sizes from `data[1]`); panics if a contract is broken (module comment). Until 2026-12-07 the
+/// client's kind came from the first byte of the server's stream, `data[2]`, which a valid greeting
+/// fixes ('N': a node client requiring TLS), so the fuzzer reached the other clients only past invalid
+/// greetings.
 pub fn handshake(data: &[u8]) {
     let (Some(&mode), Some(&seed)) = (data.first(), data.get(1)) else { return };
     let sizes = chunk_sizes(seed);
@@ -277,8 +284,8 @@ pub fn handshake(data: &[u8]) {
     let whole = server_run(&input, None, setup);
     let split = server_run(&input, Some(&sizes), setup);
     assert_eq!(whole, split, "the server handshake depends on how its input is split");
-    let whole = client_run(&data[2..], &[data.len().max(1)]);
-    let split = client_run(&data[2..], &sizes);
+    let whole = client_run(mode >> 4, &data[2..], &[data.len().max(1)]);
+    let split = client_run(mode >> 4, &data[2..], &sizes);
     assert_eq!(whole, split, "the client handshake depends on how its input is split");
 }
 
