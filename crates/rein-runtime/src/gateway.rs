@@ -1751,15 +1751,26 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     let kept = volumes.iter().filter(|v| live.volumes.iter().any(|old| Arc::ptr_eq(&old.volume, &v.volume)));
     for v in kept {
         let nodes = v.volume.recheck_read_only();
-        if !nodes.is_empty() {
-            r.applied.push(format!(
-                "export {}: the sessions with {} renew to learn whether {} still read-only (until then the \
+        if nodes.is_empty() {
+            continue;
+        }
+        let (names, one) = (nodes.join(", "), nodes.len() == 1);
+        r.applied.push(if v.volume.checks_read_only() {
+            format!(
+                "export {}: a check of the flags of {names}'s {} runs now; the sessions that refuse writes renew \
+                 if it finds {} writable (until then the volume is advertised read-only)",
+                v.cfg.name,
+                if one { "export" } else { "exports" },
+                if one { "it" } else { "one" }
+            )
+        } else {
+            format!(
+                "export {}: the sessions with {names} renew to learn whether {} still read-only (until then the \
                  volume is advertised read-only)",
                 v.cfg.name,
-                nodes.join(", "),
-                if nodes.len() == 1 { "its export is" } else { "their exports are" }
-            ));
-        }
+                if one { "its export is" } else { "their exports are" }
+            )
+        });
     }
     live.tenants = tenants;
     live.volumes = volumes;
@@ -2292,7 +2303,7 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
             u128::from(s.latency_sum_ns.load(Relaxed)),
         );
     }
-    let node_series: [(&str, &str, &str, NodeValue); 7] = [
+    let node_series: [(&str, &str, &str, NodeValue); 9] = [
         ("rein_gateway_node_connections", "gauge", "Pooled connections to a node for a volume.", |r| {
             r.connections as u64
         }),
@@ -2315,6 +2326,18 @@ fn metrics_text(volumes: &[Arc<RemoteVolume>]) -> String {
             "counter",
             "FLUSHes failed because a session was lost with writes not yet flushed.",
             |r| r.stats.flush_lost.load(Relaxed),
+        ),
+        (
+            "rein_gateway_node_read_only_checks_total",
+            "counter",
+            "Checks of the node export's read-only flag (read_only_check_s), failed ones included.",
+            |r| r.stats.checks.load(Relaxed),
+        ),
+        (
+            "rein_gateway_node_read_only_checks_failed_total",
+            "counter",
+            "Of those, the ones that failed (the node down or slow, or not answering NBD_OPT_INFO).",
+            |r| r.stats.checks_failed.load(Relaxed),
         ),
     ];
     let reports: Vec<(&str, Vec<crate::remote::NodeReport<'_>>)> =
@@ -2483,6 +2506,8 @@ fn admin_router(
                                         "piece_errors": r.stats.piece_errors.load(Relaxed),
                                         "sessions_lost": r.stats.sessions_lost.load(Relaxed),
                                         "flush_lost": r.stats.flush_lost.load(Relaxed),
+                                        "read_only_checks": r.stats.checks.load(Relaxed),
+                                        "read_only_checks_failed": r.stats.checks_failed.load(Relaxed),
                                     })
                                 })
                                 .collect();

@@ -532,6 +532,12 @@ pub struct NodeStats {
     pub sessions_lost: AtomicU64,
     /// FLUSHes failed because a session was lost with writes not yet flushed.
     pub flush_lost: AtomicU64,
+    /// Checks of the node export's flags done (`read_only_check_s`; module comment, "Read-only node
+    /// exports"), failed ones included.
+    pub checks: AtomicU64,
+    /// Of those, the ones that failed: the node down, slow, busy with another volume's check past
+    /// `connect_timeout`, or not answering NBD_OPT_INFO (an old server: it never gets checked).
+    pub checks_failed: AtomicU64,
 }
 
 /// A node of a volume as `/metrics` and `/api/nodes` show it.
@@ -574,6 +580,9 @@ pub struct RemoteVolume {
     /// The volume's own `read_only` ([`RemoteVolume::set_read_only`]): every connection's writes are
     /// refused while it is set.
     own_read_only: std::sync::atomic::AtomicBool,
+    /// With `read_only_check_s`: wakes the volume's check of its node exports' flags at once
+    /// ([`RemoteVolume::recheck_read_only`]).
+    check_now: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// Connections to one node for one volume.
@@ -812,11 +821,13 @@ impl RemoteVolume {
             }
             links.push(Some(link));
         }
-        if let Some(period) = cfg.read_only_check {
+        let check_now = cfg.read_only_check.map(|period| {
+            let now = Arc::new(tokio::sync::Notify::new());
             let checked =
                 links.iter().flatten().map(|l| (l.target.clone(), l.conns.iter().map(|c| c.state.clone()).collect()));
-            tasks.push(tokio::spawn(check_read_only(checked.collect(), period, closing_rx.clone())));
-        }
+            tasks.push(tokio::spawn(check_read_only(checked.collect(), period, now.clone(), closing_rx.clone())));
+            now
+        });
         Ok(Arc::new(RemoteVolume {
             name: volume.to_string(),
             stripe,
@@ -826,6 +837,7 @@ impl RemoteVolume {
             tasks: Mutex::new(tasks),
             zeroes: Arc::new(Semaphore::new(ZERO_WINDOW)),
             own_read_only: Default::default(),
+            check_now,
         }))
     }
 
@@ -1001,18 +1013,25 @@ impl RemoteVolume {
         self.own_read_only.store(read_only, Ordering::Release);
     }
 
-    /// Asks the sessions that refuse writes (module comment, "Read-only node exports") to end once their
-    /// pieces are answered and say hello again at once (pieces sent meanwhile wait), so that their new
-    /// handshakes say whether the node exports are writable now: a reload of the gateway, after the nodes
-    /// were made writable again. Returns the nodes asked.
+    /// Has the volume learn again whether the node exports whose sessions refuse writes (module comment,
+    /// "Read-only node exports") still do: a reload of the gateway, after the nodes were made writable
+    /// again. With the check of their flags ([`RemoteVolume::checks_read_only`]) that check runs at once,
+    /// and renews those sessions only if it finds an export writable; without it, those sessions end once
+    /// their pieces are answered and say hello again at once (pieces sent meanwhile wait), so that their
+    /// new handshakes say it. Returns the nodes whose sessions refuse writes.
     pub fn recheck_read_only(&self) -> Vec<String> {
-        let links = self.links.iter().flatten().filter(|l| l.read_only());
-        links
-            .map(|l| {
-                l.target.recheck.send_modify(|g| *g += 1);
-                l.target.node.name.clone()
-            })
-            .collect()
+        let links: Vec<&NodeLink> = self.links.iter().flatten().filter(|l| l.read_only()).collect();
+        match &self.check_now {
+            Some(now) if !links.is_empty() => now.notify_one(),
+            Some(_) => {}
+            None => links.iter().for_each(|l| l.target.recheck.send_modify(|g| *g += 1)),
+        }
+        links.iter().map(|l| l.target.node.name.clone()).collect()
+    }
+
+    /// Whether the volume checks its node exports' flags (`read_only_check_s`).
+    pub fn checks_read_only(&self) -> bool {
+        self.check_now.is_some()
     }
 
     /// The largest minimum block size of the volume's nodes, as their connections that have been up say
@@ -1682,13 +1701,15 @@ impl Target {
     }
 }
 
-/// Every `period`, reads the flags of each node export of a volume (`links`: each node's target and
-/// connections) on a side connection ([`Target::probe`]; one node after another, each node one check at
-/// a time for the whole gateway), and tells its connections what they say ([`read_only_checked`]). Ends
-/// with the volume (closed or dropped).
+/// Every `period`, and at once when `now` is notified (a reload of the gateway), reads the flags of each
+/// node export of a volume (`links`: each node's target and connections) on a side connection
+/// ([`Target::probe`]; one node after another, each node one check at a time for the whole gateway),
+/// counts it ([`NodeStats::checks`]) and tells its connections what they say ([`read_only_checked`]).
+/// Ends with the volume (closed or dropped).
 async fn check_read_only(
     links: Vec<(Arc<Target>, Vec<Arc<LinkState>>)>,
     period: Duration,
+    now: Arc<tokio::sync::Notify>,
     mut closing: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval_at(Instant::now() + period, period);
@@ -1697,6 +1718,8 @@ async fn check_read_only(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            // A reload of the gateway ([`RemoteVolume::recheck_read_only`]).
+            _ = now.notified() => {}
             // Closed, or the volume dropped (its sender gone).
             _ = closing.wait_for(|c| *c) => return,
         }
@@ -1714,10 +1737,12 @@ async fn check_read_only(
                 r = check => r,
                 _ = closing.wait_for(|c| *c) => return,
             };
+            target.stats.checks.fetch_add(1, Ordering::Relaxed);
             match flags {
                 Ok(flags) => read_only_checked(target, states, flags),
                 // The node down, busy or slow: its sessions say what they say (they learn the rest).
                 Err(e) => {
+                    target.stats.checks_failed.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(node = %target.node.name, volume = %target.volume, "the check of the node export's flags failed: {e}")
                 }
             }

@@ -1386,6 +1386,59 @@ fn a_node_export_reloaded_read_only_is_learnt_by_the_check_without_a_write() {
     assert_eq!(old.reply(0).1, 0, "the connection opened before writes again");
 }
 
+/// A reload of the gateway, with a node export that refuses writes, runs the volume's check of the
+/// export's flags at once (`read_only_check_s = 3600` here, so no periodic check comes first) instead of
+/// renewing the node sessions: while the export is still read-only nothing is renewed (until 2026-12-07
+/// every reload renewed those sessions, a handshake each, and ran no check); once a reload of the node
+/// has made it writable, the gateway's next reload finds it so and the sessions renew. `/api/nodes`
+/// counts the checks.
+#[test]
+fn a_gateway_reload_checks_read_only_node_exports_at_once() {
+    let tmp = tmpdir("gw-ro-reload-check");
+    let dir = tmp.path();
+    let node_dir = dir.join("node155");
+    // A read-only export is not created: its image is made first.
+    std::fs::create_dir_all(node_dir.join("data")).unwrap();
+    std::fs::File::create(node_file(dir, 155)).unwrap().set_len(NODE_MB << 20).unwrap();
+    let body = |read_only: bool| {
+        format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = {read_only}\n")
+    };
+    let s1 = serve_in(&node_dir, &local(155), &body(true));
+    let volume = "[[exports]]\nname = \"v\"\nsize_mb = 16\n";
+    let gw = gateway(&gateway_config_with(dir, 157, "read_only_check_s = 3600\n", &[("s1", s1.nbd)], volume));
+    gw.wait_line("the node's export is read-only (NBD_FLAG_READ_ONLY at its handshake)");
+    let checks = || {
+        let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+        assert_eq!(status, 200, "{body}");
+        let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let s1 = &nodes[0]["nodes"][0];
+        (s1["read_only_checks"].as_u64().unwrap(), s1["read_only_checks_failed"].as_u64().unwrap())
+    };
+    assert_eq!(checks(), (0, 0), "no check yet: the first is an hour away");
+    gw.signal("-HUP");
+    let line = gw.wait_line("configuration reloaded");
+    assert!(line.contains("applied=1"), "{line}");
+    gw.wait_line("export v: a check of the flags of s1's export runs now");
+    assert!(eventually(Duration::from_secs(10), || checks() == (1, 0)), "the reload's check: {:?}", checks());
+    assert!(advertised_read_only(&gw), "still read-only");
+    let renewed = || gw.log.lock().unwrap().iter().filter(|l| l.contains("node session renewed")).count();
+    assert_eq!(renewed(), 0, "nothing renewed while the export is read-only");
+    // Writable on the node: the gateway's next reload checks, and renews the sessions.
+    common::config_at(&node_dir, &local(155), &body(false));
+    s1.signal("-HUP");
+    let reloads = || s1.log.lock().unwrap().iter().filter(|l| l.contains("configuration reloaded")).count();
+    assert!(eventually(Duration::from_secs(30), || reloads() == 1), "the node's reload");
+    gw.signal("-HUP");
+    gw.wait_line("the node's export is writable (a check of its flags)");
+    gw.wait_line("node session renewed to learn whether its export still refuses writes");
+    assert!(eventually(Duration::from_secs(10), || !advertised_read_only(&gw)), "a new connection sees it writable");
+    assert_eq!(checks(), (2, 0));
+    let (status, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("rein_gateway_node_read_only_checks_total{export=\"v\",node=\"s1\"} 2\n"), "{metrics}");
+    assert!(metrics.contains("rein_gateway_node_read_only_checks_failed_total{export=\"v\",node=\"s1\"} 0\n"));
+}
+
 /// A plain NBD node (nbdkit, its error filter answering EPERM to WRITEs while a file exists) that
 /// refused one write: the gateway takes its export as read-only; once the node writes again, its export
 /// advertised writable all along, the gateway's check (`read_only_check_s`) sees the flags writable and
