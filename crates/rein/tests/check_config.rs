@@ -398,7 +398,10 @@ fn rein_serve_check_config_refuses_a_device_in_use_and_a_loop_backing_file() {
 #[test]
 fn check_config_as_another_user_says_it_cannot_see_the_servers_claim() {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tmpdir("check-other-user");
+    // The other user must reach the files: the test's directory is made in /tmp, which every user may
+    // traverse (scripts/test.sh gives the tests a TMPDIR of their own, mode 0700), and removed as
+    // [`tmpdir`]'s are.
+    let tmp = tempfile::Builder::new().prefix("rein-check-other-user-").tempdir_in("/tmp").expect("temp dir");
     let dir = tmp.path();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let img = dir.join("dev.img");
@@ -410,6 +413,7 @@ fn check_config_as_another_user_says_it_cannot_see_the_servers_claim() {
     std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
     let node = node.to_str().unwrap();
     let cfg = config_file(dir, 102, &format!("[[exports]]\nname = \"d\"\npath = \"{node}\"\n"));
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
     let cfg = cfg.to_str().unwrap();
     let server = common::Rein::serve(Path::new(cfg)).start();
     let (ok, out, err) = check(&["serve", "--config", cfg]);
