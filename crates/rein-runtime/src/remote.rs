@@ -103,8 +103,9 @@
 //! its session ends, until its next handshake: a node down is taken as it was last seen, and a node never
 //! reached as writable (unknown; its pieces fail with EIO until it is reached, and its first handshake
 //! tells). Only a new session learns that an export is writable again: a reconnect, or a renewal
-//! (`SessionEnd::Recheck`) that a reload of the gateway asks of the sessions that refuse writes
-//! ([`RemoteVolume::recheck_read_only`]), or a check asks (below), since a reload of the node ends none of
+//! (`SessionEnd::Recheck`) of the sessions that refuse writes, which a check asks when it finds the export
+//! writable (below; a reload of the gateway runs the check at once, [`RemoteVolume::recheck_read_only`]),
+//! or, without the check, every reload of the gateway asks, since a reload of the node ends none of
 //! them (and rein serve's sessions opened before a reload to read-only keep refusing writes after one back
 //! to writable: a check's word that the export is writable cannot clear the flag of such a session).
 //!
