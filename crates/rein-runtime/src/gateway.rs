@@ -370,10 +370,8 @@ fn d_backoff() -> u64 {
     2000
 }
 /// The default `read_only_check_s`.
-pub const DEFAULT_READ_ONLY_CHECK_S: f64 = 10.0;
-
 fn d_read_only_check() -> f64 {
-    DEFAULT_READ_ONLY_CHECK_S
+    10.0
 }
 fn d_conns() -> usize {
     DEFAULT_CONNECTIONS_PER_NODE

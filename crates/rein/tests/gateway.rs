@@ -32,6 +32,14 @@ fn node_file(dir: &Path, host: u8) -> PathBuf {
     dir.join(format!("node{host}")).join("data").join("v.img")
 }
 
+/// Makes node `host`'s image ([`node_file`], [`NODE_MB`]) before the node starts: a read-only export is
+/// not created.
+fn node_image(dir: &Path, host: u8) {
+    let file = node_file(dir, host);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::File::create(file).unwrap().set_len(NODE_MB << 20).unwrap();
+}
+
 /// A gateway config on 127.0.0.`host`: the top-level keys of [`TIMES`], `nodes` (name, address), then
 /// `body`.
 fn gateway_config(dir: &Path, host: u8, nodes: &[(&str, SocketAddr)], body: &str) -> PathBuf {
@@ -1182,9 +1190,7 @@ fn a_volume_over_a_read_only_node_export_is_advertised_read_only() {
     use rein_proto::nbd::{Command, TFLAG_READ_ONLY};
     let tmp = tmpdir("gw-ro-start");
     let dir = tmp.path();
-    // A read-only export is not created: its image is made first.
-    std::fs::create_dir_all(dir.join("node120").join("data")).unwrap();
-    std::fs::File::create(node_file(dir, 120)).unwrap().set_len(NODE_MB << 20).unwrap();
+    node_image(dir, 120);
     let body = format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = true\n");
     let s1 = serve_in(&dir.join("node120"), &local(120), &body);
     let s2 = node(dir, 121, 0);
@@ -1244,8 +1250,7 @@ fn a_node_down_at_start_is_taken_as_writable_until_its_handshake_says_otherwise(
     gw.wait_line("node unreachable at start");
     let flags = || common::nbd_open(gw.nbd, "v", false, Duration::from_secs(20)).unwrap().flags;
     assert_eq!(flags() & TFLAG_READ_ONLY, 0, "unknown yet: writable");
-    std::fs::create_dir_all(dir.join("node136").join("data")).unwrap();
-    std::fs::File::create(node_file(dir, 136)).unwrap().set_len(NODE_MB << 20).unwrap();
+    node_image(dir, 136);
     let head = format!("listen = \"{addr}\"\nadmin = \"127.0.0.136:0\"");
     let body = format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = true\n");
     let _s1 = serve_in(&dir.join("node136"), &head, &body);
@@ -1397,9 +1402,7 @@ fn a_gateway_reload_checks_read_only_node_exports_at_once() {
     let tmp = tmpdir("gw-ro-reload-check");
     let dir = tmp.path();
     let node_dir = dir.join("node155");
-    // A read-only export is not created: its image is made first.
-    std::fs::create_dir_all(node_dir.join("data")).unwrap();
-    std::fs::File::create(node_file(dir, 155)).unwrap().set_len(NODE_MB << 20).unwrap();
+    node_image(dir, 155);
     let body = |read_only: bool| {
         format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\nread_only = {read_only}\n")
     };

@@ -671,14 +671,11 @@ fn a_reload_to_another_node_of_a_served_device_is_applied() {
     lo.node(&node);
     let config = |path: &str| config_file(dir, 110, &format!("[[exports]]\nname = \"v\"\npath = \"{path}\"\n"));
     let s = Rein::serve(&config(&lo.0)).env("REIN_LOG", "info").start();
-    let open = |what: &str| common::nbd_open(s.nbd, "v", false, Duration::from_secs(20)).expect(what);
-    let before = open("before");
+    let mut old = common::Raw::connect(s.nbd, "v");
     config(&node.display().to_string());
     s.signal("-HUP");
     s.wait_line("reload: export v changed");
-    let after = open("after");
-    let mut old = common::Raw { s: before.stream, buf: before.buf };
-    let mut new = common::Raw { s: after.stream, buf: after.buf };
+    let mut new = common::Raw::connect(s.nbd, "v");
     old.send(Command::Write, 1, 0, 4, b"old!");
     assert_eq!(old.reply(0).1, 0, "the connection opened before writes");
     new.send(Command::Read, 2, 0, 4, &[]);
@@ -702,8 +699,7 @@ fn a_reload_does_not_give_a_file_still_written_to_another_tenant() {
     let memory = "[[exports]]\nname = \"m\"\nbackend = \"memory\"\nsize_mb = 1\ntenant = \"t2\"\n";
     let config = |body: &str| config_file(dir, 112, &format!("{tenants}{body}"));
     let s = Rein::serve(&config(&format!("{memory}{}", export("a", "t1")))).env("REIN_LOG", "info").start();
-    let opened = common::nbd_open(s.nbd, "a", false, Duration::from_secs(20)).expect("a");
-    let mut a = common::Raw { s: opened.stream, buf: opened.buf };
+    let mut a = common::Raw::connect(s.nbd, "a");
     a.send(Command::Write, 1, 0, 4, b"mine");
     assert_eq!(a.reply(0).1, 0, "a writes");
     let refusal = |first: &str, second: &str| {
@@ -741,8 +737,7 @@ fn a_reload_does_not_give_a_file_still_written_to_another_tenant() {
         assert!(t0.elapsed() < Duration::from_secs(20), "b never added: {:#?}", s.log.lock().unwrap());
         std::thread::sleep(Duration::from_millis(200));
     }
-    let opened = common::nbd_open(s.nbd, "b", false, Duration::from_secs(20)).expect("b");
-    let mut b = common::Raw { s: opened.stream, buf: opened.buf };
+    let mut b = common::Raw::connect(s.nbd, "b");
     b.send(Command::Read, 3, 0, 4, &[]);
     assert_eq!(b.reply(4), (3, 0, b"mine".to_vec()), "b serves the image a wrote");
 }
