@@ -584,6 +584,8 @@ pub struct RemoteVolume {
     /// With `read_only_check_s`: wakes the volume's check of its node exports' flags at once
     /// ([`RemoteVolume::recheck_read_only`]).
     check_now: Option<Arc<tokio::sync::Notify>>,
+    /// Its connections whose node refuses writes ([`LinkState::set_read_only`]).
+    refusing: Arc<AtomicUsize>,
 }
 
 /// Connections to one node for one volume.
@@ -738,8 +740,26 @@ struct LinkState {
     storage_node: AtomicBool,
     /// The node refuses writes on this connection (module comment, "Read-only node exports"): its last
     /// handshake said NBD_FLAG_READ_ONLY, or its session since answered a write with EPERM. Kept after
-    /// the session ends, until the next handshake says otherwise; false on a connection never up.
+    /// the session ends, until the next handshake says otherwise; false on a connection never up. Set
+    /// only through [`LinkState::set_read_only`].
     read_only: AtomicBool,
+    /// The volume's count of its connections whose `read_only` is set (shared by them all, and the
+    /// volume's: [`RemoteVolume::read_only`] asks it on every write instead of every connection's flag).
+    refusing: Arc<AtomicUsize>,
+}
+
+impl LinkState {
+    /// Sets whether the node refuses writes on this connection, keeping the volume's count of such
+    /// connections with it; returns what it was.
+    fn set_read_only(&self, read_only: bool) -> bool {
+        let was = self.read_only.swap(read_only, Ordering::AcqRel);
+        match (was, read_only) {
+            (false, true) => _ = self.refusing.fetch_add(1, Ordering::AcqRel),
+            (true, false) => _ = self.refusing.fetch_sub(1, Ordering::AcqRel),
+            _ => {}
+        }
+        was
+    }
 }
 
 impl RemoteVolume {
@@ -760,6 +780,7 @@ impl RemoteVolume {
         assert_eq!(nodes.len(), stripe.nodes(), "one node spec per node of the layout");
         assert!((1..=MAX_CONNECTIONS_PER_NODE).contains(&cfg.connections), "validated pool size");
         let mut links = Vec::with_capacity(nodes.len());
+        let refusing = Arc::new(AtomicUsize::new(0));
         let (closing, closing_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         for (j, node) in nodes.iter().enumerate() {
@@ -807,7 +828,7 @@ impl RemoteVolume {
                     },
                 };
                 let (tx, rx) = mpsc::unbounded_channel();
-                let state = Arc::new(LinkState::default());
+                let state = Arc::new(LinkState { refusing: refusing.clone(), ..Default::default() });
                 if let Ok(s) = &start {
                     s.publish(&state, &node.name, volume);
                 }
@@ -839,6 +860,7 @@ impl RemoteVolume {
             zeroes: Arc::new(Semaphore::new(ZERO_WINDOW)),
             own_read_only: Default::default(),
             check_now,
+            refusing,
         }))
     }
 
@@ -1004,7 +1026,7 @@ impl RemoteVolume {
     /// export of it that refuses them, as its connections last learnt (module comment, "Read-only node
     /// exports"). The volume is then advertised read-only to new front connections.
     pub fn read_only(&self) -> bool {
-        self.own_read_only.load(Ordering::Acquire) || self.links.iter().flatten().any(NodeLink::read_only)
+        self.own_read_only.load(Ordering::Acquire) || self.refusing.load(Ordering::Acquire) > 0
     }
 
     /// Sets the volume's own `read_only` (gw.toml): while it is set, the writes (WRITE, TRIM,
@@ -1519,7 +1541,7 @@ impl Session {
     fn publish(&self, state: &LinkState, node: &str, volume: &str) {
         state.storage_node.store(self.slot.is_some(), Ordering::Relaxed);
         let read_only = self.flags & p::TFLAG_READ_ONLY != 0;
-        match (state.read_only.swap(read_only, Ordering::AcqRel), read_only) {
+        match (state.set_read_only(read_only), read_only) {
             (false, true) => tracing::info!(node, volume, "the node's export is read-only (NBD_FLAG_READ_ONLY at its handshake): the volume is advertised read-only to new connections"),
             (true, false) => tracing::info!(node, volume, "the node's export is writable (its new session's handshake says so): the volume is advertised writable to new connections unless another of its node exports is read-only"),
             _ => {}
@@ -1760,7 +1782,7 @@ async fn check_read_only(
 fn read_only_checked(target: &Target, states: &[Arc<LinkState>], flags: u16) {
     let (node, volume) = (target.node.name.as_str(), target.volume.as_str());
     if flags & p::TFLAG_READ_ONLY != 0 {
-        let newly = states.iter().filter(|s| !s.read_only.swap(true, Ordering::AcqRel)).count();
+        let newly = states.iter().filter(|s| !s.set_read_only(true)).count();
         if newly == states.len() {
             tracing::warn!(node, volume, "the node's export is read-only now (a check of its flags): the volume is advertised read-only to new connections, and their writes are refused");
         }
@@ -2187,7 +2209,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     target.fail(p.sink, ErrorKind::Io, "the node is shutting down".into());
                     shutdown_seen.notify_one();
                 } else {
-                    if error == p::EPERM && p.write && !state.read_only.swap(true, Ordering::AcqRel) {
+                    if error == p::EPERM && p.write && !state.set_read_only(true) {
                         // A reload of the node made its export read-only: the sessions opened before are
                         // not told otherwise (module comment, "Read-only node exports").
                         tracing::warn!(node = name, volume = %target.volume, "the node refused a write with EPERM: its export is read-only now; the volume is advertised read-only to new connections until a new session to the node says otherwise");
