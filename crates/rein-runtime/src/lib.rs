@@ -25,6 +25,7 @@ pub mod bounded;
 pub mod budget;
 pub mod client;
 pub mod config;
+pub mod device_holders;
 pub mod devmodel;
 pub mod dispatch;
 pub mod durable;

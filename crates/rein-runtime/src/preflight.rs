@@ -702,7 +702,7 @@ pub fn inspect_export(
         crate::config::BackendKind::File { path } => {
             let mut note = String::new();
             let found = match FileStorage::inspect(path, e.size, e.read_only) {
-                Err(StorageError::DeviceBusy) if !e.read_only => match holder(path) {
+                Err(StorageError::DeviceBusy(busy)) if !e.read_only => match holder(path) {
                     Some(Holder::Holds(pid)) => {
                         note = format!(
                             "; claimed by the running rein serve of this data_dir, pid {pid}, which has it open"
@@ -718,7 +718,7 @@ pub fn inspect_export(
                         return Err(OpenError::Export {
                             name: e.name.clone(),
                             path: path.clone(),
-                            source: StorageError::DeviceBusy,
+                            source: StorageError::DeviceBusy(busy),
                             hint: format!(
                                 "; {server} runs as another user, whose lock file or descriptors this user may \
                                  not read, so whether that claim is its own cannot be seen: run --check-config \
@@ -726,7 +726,7 @@ pub fn inspect_export(
                             ),
                         });
                     }
-                    None => Err(StorageError::DeviceBusy),
+                    None => Err(StorageError::DeviceBusy(busy)),
                 },
                 found => found,
             }

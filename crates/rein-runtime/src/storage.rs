@@ -42,7 +42,9 @@
 //! claimed from the kernel (an `O_EXCL` open, held with the lock; [`StorageError::DeviceBusy`]): that
 //! refuses a device that is mounted, swap, a RAID, LVM or device-mapper member, or claimed by another
 //! process through any device node of it (or a partition of it, or the disk it is a partition of), and
-//! keeps those away while it is served (`mount` and `mkfs` fail with EBUSY). Until 2026-12-06 only the
+//! keeps those away while it is served (`mount` and `mkfs` fail with EBUSY). The refusal names what holds
+//! the device, as far as the kernel's tables tell ([`crate::device_holders`]: the mount point, swap, the
+//! LVM volume, ...; until 2026-12-07 it listed every possible cause). Until 2026-12-06 only the
 //! `flock` was taken: the device of a mounted file system was served, and a client's writes overwrote
 //! the file system under the mount; a second server through another device node was not kept out.
 //! An image file that a loop device is attached to (its backing file) is refused for writing too
@@ -131,16 +133,17 @@ pub enum StorageError {
          image overwrite each other's data"
     )]
     InUse(&'static str),
-    /// A block device the kernel refused to open exclusively (EBUSY): a mounted file system, swap, a RAID,
-    /// LVM or device-mapper member, or another process that claimed it (a `rein serve` through another
-    /// device node, `mkfs`). Module comment, "One writer per file".
+    /// A block device the kernel refused to open exclusively (EBUSY), with what holds it as far as the
+    /// kernel's tables tell ([`crate::device_holders`]): a mount, swap, an md RAID, an LVM or other
+    /// device-mapper device built on it (or on a partition of it, or on the disk it is a partition of),
+    /// else another process that claimed it (a `rein serve` through another device node, `mkfs`).
+    /// Module comment, "One writer per file".
     #[error(
-        "is a block device in use by the system (mounted, swap, part of a RAID, LVM or device-mapper device, \
-         or opened exclusively by another process, such as a rein serve through another device node): the \
-         kernel refused an exclusive open (EBUSY), and the clients' writes would overwrite what holds it \
-         (check the device's name; unmount or release it first if it is the one meant)"
+        "is a block device in use: {0}. The kernel refused an exclusive open (EBUSY); served, the clients' \
+         writes would overwrite what holds it (check the device's name, and release it first if it is the one \
+         meant)"
     )]
-    DeviceBusy,
+    DeviceBusy(crate::device_holders::Busy),
     /// A regular file that a loop device is attached to (its backing file), refused for writing: writes
     /// through the file and through the device overwrite each other, and a file system mounted from the
     /// device is corrupted under its mount.
@@ -208,7 +211,7 @@ impl StorageError {
             | StorageError::SizeMismatch { .. }
             | StorageError::DirectBlocks(_)
             | StorageError::InUse(_)
-            | StorageError::DeviceBusy
+            | StorageError::DeviceBusy(_)
             | StorageError::LoopBacking(_) => ErrorKind::Io,
             StorageError::Io { source, .. } | StorageError::SyncFailedBefore(source) => match source.raw_os_error() {
                 Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
@@ -547,7 +550,7 @@ fn exclusive_open(path: &Path, meta: &std::fs::Metadata) -> Result<File, Storage
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let f =
         OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(path).map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) => StorageError::DeviceBusy,
+            Some(libc::EBUSY) => StorageError::DeviceBusy(crate::device_holders::busy(path, meta.rdev())),
             _ => StorageError::Io { op: "exclusive open (O_EXCL) of the block device", source: e },
         })?;
     // The path may have been pointed at another device since it was opened.
@@ -1282,7 +1285,7 @@ mod tests {
                 return None;
             }
             let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            let fs = LoopFs { dev, mnt: dir.join("mnt") };
+            let fs = LoopFs { dev, mnt: dir.join("mount point") };
             std::fs::create_dir(&fs.mnt).ok()?;
             let mkfs = Command::new("mkfs.ext4").args(["-q", "-F", &fs.dev]).status();
             if !mkfs.is_ok_and(|s| s.success()) {
@@ -1325,12 +1328,14 @@ mod tests {
         let dev = Path::new(&fs.dev);
         assert!(fs.mount(), "mount {}", fs.dev);
         let e = FileStorage::open(dev, None, false).err().expect("the device of a mounted file system, writable");
-        assert!(matches!(e, StorageError::DeviceBusy), "{e}");
-        assert!(e.to_string().contains("mounted"), "{e}");
+        // Named by where it is mounted (the mount point has a space: `\040` in the kernel's mountinfo).
+        let mounted = format!("is a block device in use: it is mounted at {}. The kernel refused", fs.mnt.display());
+        assert!(matches!(e, StorageError::DeviceBusy(_)) && e.to_string().starts_with(&mounted), "{e}");
         let ro = FileStorage::open(dev, None, true).expect("read-only beside the mount");
         drop(ro);
         // --check-config's inspection says the same, and leaves no claim behind.
-        assert!(matches!(FileStorage::inspect(dev, None, false), Err(StorageError::DeviceBusy)));
+        let e = FileStorage::inspect(dev, None, false).expect_err("the device of a mounted file system, inspected");
+        assert!(matches!(e, StorageError::DeviceBusy(_)) && e.to_string().starts_with(&mounted), "{e}");
         assert!(matches!(FileStorage::inspect(dev, None, true), Ok(Inspected::Present(n)) if n == 16 << 20));
         fs.umount();
         assert!(matches!(FileStorage::inspect(dev, None, false), Ok(Inspected::Present(_))));
@@ -1342,7 +1347,9 @@ mod tests {
         let other = dir.path().join("node");
         node(&other, std::fs::metadata(dev).unwrap().rdev());
         let e = exclusive_open(&other, &std::fs::metadata(&other).unwrap()).expect_err("a claim through another node");
-        assert!(matches!(e, StorageError::DeviceBusy), "{e}");
+        // No mount, swap or stacked device: a process's claim, with the tools that list it.
+        let claimed = format!("fuser -v {0} or lsof {0} lists those that have it open", other.display());
+        assert!(matches!(e, StorageError::DeviceBusy(_)) && e.to_string().contains(&claimed), "{e}");
         // A reload's second open through the same path shares the claim.
         let again = FileStorage::open(dev, None, false).expect("the same device again, same path");
         drop((served, again));

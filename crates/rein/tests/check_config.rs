@@ -369,7 +369,13 @@ fn rein_serve_check_config_refuses_a_device_in_use_and_a_loop_backing_file() {
 
     let (ok, out, err) = check(&["serve", "--config", &export("d", &fs.dev, false)]);
     assert!(!ok && out.is_empty(), "the device of a mounted file system, writable: {out}");
-    let want = format!("export d: {}: is a block device in use by the system (mounted,", fs.dev);
+    // Named by where it is mounted (it used to list every possible cause: `in use by the system (mounted,
+    // swap, ...)`).
+    let want = format!(
+        "export d: {}: is a block device in use: it is mounted at {}. The kernel refused an exclusive open (EBUSY)",
+        fs.dev,
+        fs.mnt.display()
+    );
     assert!(err.starts_with(&format!("error: {want}")) && err.trim().lines().count() == 1, "{err}");
     let started = common::Rein::serve(Path::new(&export("d", &fs.dev, false))).env("REIN_LOG", "off").fails();
     assert!(started.contains(&want), "a start says the same: {started}");
@@ -430,7 +436,10 @@ fn check_config_as_another_user_says_it_cannot_see_the_servers_claim() {
     };
     let err = String::from_utf8_lossy(&other.stderr);
     assert!(!other.status.success(), "as another user: {err}");
-    let want = format!("error: export d: {node}: is a block device in use by the system (mounted,");
+    let want = format!(
+        "error: export d: {node}: is a block device in use: no mount, swap, RAID or device-mapper device holds it, \
+         so a process opened it exclusively (fuser -v {node} or lsof {node} lists those that have it open;"
+    );
     assert!(err.starts_with(&want) && err.trim().lines().count() == 1, "{err}");
     assert!(
         // With its pid when its lock file may be read (a data_dir made under a umask of 022).
@@ -485,4 +494,211 @@ fn two_exports_on_one_block_device_through_two_nodes_are_refused() {
     );
     let (ok, out, err) = check(&["serve", "--config", config_file(dir, 101, &body).to_str().unwrap()]);
     assert!(ok, "two read-only exports may share a device: {out}{err}");
+}
+
+/// A writable export of `path` named `name` in a configuration in `dir` (address 127.0.0.190): its path.
+fn device_export(dir: &Path, name: &str, path: &str) -> String {
+    let body = format!("[[exports]]\nname = \"{name}\"\npath = \"{path}\"\n");
+    config_file(dir, 190, &body).to_str().unwrap().to_string()
+}
+
+/// `--check-config` and a start of `cfg` both fail with one line that starts with `want`.
+fn refused_by_check_and_start(cfg: &str, want: &str) {
+    let (ok, out, err) = check(&["serve", "--config", cfg]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.starts_with(&format!("error: {want}")) && err.trim().lines().count() == 1, "{err}");
+    let started = Rein::serve(Path::new(cfg)).env("REIN_LOG", "off").fails();
+    assert!(started.contains(want), "a start says the same: {started}");
+}
+
+/// Swap on a loop device (`mkswap`, `swapon`), turned off when dropped (before the device is detached).
+struct Swap(String);
+
+impl Swap {
+    /// `None`, said, where swap cannot be made or turned on here.
+    fn on(dev: &str) -> Option<Swap> {
+        let run = |cmd: &str| Command::new(cmd).arg(dev).output().is_ok_and(|o| o.status.success());
+        if !run("mkswap") || !run("swapon") {
+            eprintln!("skipped: mkswap or swapon failed on {dev}");
+            return None;
+        }
+        Some(Swap(dev.to_string()))
+    }
+}
+
+impl Drop for Swap {
+    fn drop(&mut self) {
+        let _ = Command::new("swapoff").arg(&self.0).status();
+    }
+}
+
+/// A block device in use as swap is refused, by a start and by `--check-config`, saying it is swap;
+/// before, the error listed every possible cause (`in use by the system (mounted, swap, part of a RAID,
+/// ...)`). Needs root (a loop device, mkswap, swapon); elsewhere skipped.
+#[test]
+fn a_device_in_use_as_swap_is_refused_naming_swap() {
+    let tmp = tmpdir("check-swap");
+    let dir = tmp.path();
+    let img = dir.join("swap.img");
+    std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
+    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
+    let Some(_swap) = Swap::on(&lo.0) else { return };
+    let want = format!(
+        "export s: {}: is a block device in use: it is swap (/proc/swaps lists it). The kernel refused an exclusive \
+         open (EBUSY)",
+        lo.0
+    );
+    refused_by_check_and_start(&device_export(dir, "s", &lo.0), &want);
+}
+
+/// A disk whose partition is mounted cannot be claimed (the kernel marks the whole disk claimed while a
+/// partition is): serving the disk is refused naming the partition and where it is mounted. Here a loop
+/// device with a partition table (`losetup -P`, `sfdisk`) and an ext4 on its first partition. Needs root
+/// (a loop device, sfdisk, mkfs.ext4, mount); elsewhere skipped.
+#[test]
+fn a_disk_whose_partition_is_mounted_is_refused_naming_the_partition() {
+    let tmp = tmpdir("check-part");
+    let dir = tmp.path();
+    let img = dir.join("disk.img");
+    std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
+    let table = format!("echo 'start=2048, size=16384' | sfdisk -q {}", img.display());
+    if !Command::new("sh").arg("-c").arg(table).status().is_ok_and(|s| s.success()) {
+        eprintln!("skipped: sfdisk cannot write a partition table here");
+        return;
+    }
+    let Some(lo) = common::LoopDev::attach(&img, &["-P"]) else { return };
+    let part = format!("{}p1", lo.0);
+    let _ = Command::new("udevadm").arg("settle").status();
+    if !Path::new(&part).exists() {
+        eprintln!("skipped: no partition node {part} (this kernel reads no partition table of a loop device)");
+        return;
+    }
+    let mnt = dir.join("part mount");
+    std::fs::create_dir(&mnt).unwrap();
+    if !Command::new("mkfs.ext4").args(["-q", "-F", &part]).status().is_ok_and(|s| s.success()) {
+        eprintln!("skipped: mkfs.ext4 failed");
+        return;
+    }
+    let Some(_mount) = Mount::at(&part, &mnt) else { return };
+    let want = format!(
+        "export p: {}: is a block device in use: its partition {part} is mounted at {}. The kernel refused",
+        lo.0,
+        mnt.display()
+    );
+    refused_by_check_and_start(&device_export(dir, "p", &lo.0), &want);
+}
+
+/// A mount, unmounted when dropped.
+struct Mount(std::path::PathBuf);
+
+impl Mount {
+    /// Mounts `dev` at `at`; `None`, said, where it cannot be mounted.
+    fn at(dev: &str, at: &Path) -> Option<Mount> {
+        if !Command::new("mount").arg(dev).arg(at).status().is_ok_and(|s| s.success()) {
+            eprintln!("skipped: {dev} cannot be mounted here");
+            return None;
+        }
+        Some(Mount(at.to_path_buf()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// An LVM volume group on a loop device with one active logical volume `lv` of 8 MiB; the group is
+/// deactivated and removed, and the physical volume wiped, when dropped (before the device is detached).
+/// The LVM tools run without udev (`DM_DISABLE_UDEV`: they make the `/dev/mapper` nodes themselves).
+struct Lvm {
+    vg: String,
+    pv: String,
+}
+
+impl Lvm {
+    /// `None`, said, where LVM cannot be used here (its tools, or device-mapper in the kernel, missing).
+    fn make(pv: &str, vg: &str) -> Option<Lvm> {
+        if !common::installed("pvcreate") {
+            eprintln!("skipped: the LVM tools are not installed");
+            return None;
+        }
+        if !std::fs::read_to_string("/proc/misc").is_ok_and(|m| m.contains("device-mapper")) {
+            eprintln!("skipped: no device-mapper in this kernel (LVM needs it; modprobe dm_mod)");
+            return None;
+        }
+        let made = Lvm { vg: vg.to_string(), pv: pv.to_string() };
+        let ok = made.run(&["pvcreate", "-y", "-ff", pv])
+            && made.run(&["vgcreate", vg, pv])
+            && made.run(&["lvcreate", "-y", "-L", "8M", "-n", "lv", vg]);
+        if !ok {
+            eprintln!("skipped: an LVM volume cannot be made on {pv} here");
+            return None;
+        }
+        Some(made)
+    }
+
+    /// Runs an LVM command; whether it succeeded.
+    fn run(&self, args: &[&str]) -> bool {
+        let out = Command::new(args[0])
+            .args(&args[1..])
+            .env("DM_DISABLE_UDEV", "1")
+            .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+            .output();
+        match out {
+            Ok(o) if o.status.success() => true,
+            Ok(o) => {
+                eprintln!("{}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim());
+                false
+            }
+            Err(e) => {
+                eprintln!("{}: {e}", args[0]);
+                false
+            }
+        }
+    }
+
+    /// The logical volume's device-mapper name (a `-` in the group's name would be doubled).
+    fn dm_name(&self) -> String {
+        format!("{}-lv", self.vg)
+    }
+}
+
+impl Drop for Lvm {
+    fn drop(&mut self) {
+        self.run(&["vgchange", "-an", &self.vg]);
+        self.run(&["vgremove", "-ff", "-y", &self.vg]);
+        self.run(&["pvremove", "-ff", "-y", &self.pv]);
+    }
+}
+
+/// A loop device that is an LVM physical volume with an active logical volume is refused, by a start and
+/// by `--check-config`, naming the volume (`/dev/mapper/<vg>-lv`, `dm-N`), where the error listed every
+/// possible cause; the logical volume itself is served: the check says OK with its size, and a client
+/// of the started server reads its size. Needs root (a loop device, the LVM tools, device-mapper in the
+/// kernel); elsewhere skipped.
+#[test]
+fn a_physical_volume_is_refused_naming_its_logical_volume_which_is_served() {
+    let tmp = tmpdir("check-lvm");
+    let dir = tmp.path();
+    let img = dir.join("pv.img");
+    std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
+    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
+    let Some(lvm) = Lvm::make(&lo.0, &format!("reinlvmtest{}", std::process::id())) else { return };
+    let name = lvm.dm_name();
+    let want = format!(
+        "export pv: {}: is a block device in use: it is under the active LVM logical volume {name} \
+         (/dev/mapper/{name}, dm-",
+        lo.0
+    );
+    refused_by_check_and_start(&device_export(dir, "pv", &lo.0), &want);
+
+    let volume = format!("/dev/mapper/{name}");
+    let cfg = device_export(dir, "lv", &volume);
+    let (ok, out, err) = check(&["serve", "--config", &cfg]);
+    assert!(ok && out.contains(&format!("export lv: {volume} (8 MiB)")), "{out}{err}");
+    let server = Rein::serve(Path::new(&cfg)).start();
+    let open = common::nbd_open(server.nbd, "lv", false, std::time::Duration::from_secs(20));
+    server.stop();
+    assert_eq!(open.expect("a client of the served volume").size, 8 << 20);
 }

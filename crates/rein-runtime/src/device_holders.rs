@@ -1,0 +1,530 @@
+//! What holds a block device that the kernel will not let be claimed: the holders named in a
+//! [`crate::storage::StorageError::DeviceBusy`].
+//!
+//! A writable block device export is claimed from the kernel with an `O_EXCL` open
+//! ([`crate::storage`], "One writer per file"), which fails with EBUSY while something else holds the
+//! device. The error used to list every possible cause ("mounted, swap, part of a RAID, LVM or
+//! device-mapper device, or opened exclusively by another process"), and the operator had to find out
+//! which one. This module finds it, best effort, in the kernel's own tables, for the device and for its
+//! relatives whose claims also keep it from being claimed (the kernel's `bd_may_claim`: a claimed
+//! partition marks its whole disk claimed, and a claimed disk keeps its partitions from being claimed):
+//! - **its partitions** (subdirectories of the disk's sysfs directory with a `partition` file), when the
+//!   device is a whole disk, and **its disk** (the parent directory in sysfs), when it is a partition;
+//! - **mounted**: the lines of `/proc/self/mountinfo` whose `major:minor` (third field) is one of those
+//!   devices, with their mount points (octal escapes such as `\040` for a space undone);
+//! - **swap**: the lines of `/proc/swaps` naming one of them (by the listed file's device number, or by
+//!   its `/dev` name where the file cannot be stat'ed);
+//! - **stacked devices**: the entries of `/sys/dev/block/MAJ:MIN/holders/`, each a device built on this
+//!   one: a device-mapper device (`/sys/block/dm-N/dm/name`; an LVM logical volume when its
+//!   `dm/uuid` starts with `LVM-`), an md RAID (`/sys/block/mdN/md`), or another kernel device.
+//!
+//! When none of those is seen the claim is a process's (an `O_EXCL` open: another `rein serve`,
+//! through another node of the device, a `mkfs`, a virtual machine), or a mount in another mount
+//! namespace, which this process's mountinfo does not show: the message says so and names `fuser -v`
+//! and `lsof`, which list the processes that have the device open. Recognising the claim of the running
+//! `rein serve` about to be reloaded is [`crate::preflight::inspect_export`]'s (with
+//! [`crate::state::server_holding`]), not this module's.
+//!
+//! The parsing is pure ([`mount_points`], [`swap_files`], [`find`]) and tested on sample texts; the
+//! sysfs reader ([`read_sysfs`]) takes the sysfs root, and is tested on a tree made in a temporary
+//! directory. Nothing here fails: what cannot be read is not seen.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// At most this many mount points of one device are named (bind mounts can make many); the rest are
+/// counted.
+pub const MOUNT_POINTS_SHOWN: usize = 3;
+
+/// How a device of [`read_sysfs`]'s list is related to the device asked about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Relation {
+    /// The device itself.
+    Itself,
+    /// A partition of it (its `/dev` path).
+    Partition(String),
+    /// The whole disk it is a partition of (its `/dev` path).
+    Disk(String),
+}
+
+/// A device built on a block device, from its sysfs `holders` directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stacked {
+    /// An LVM logical volume (a device-mapper device whose uuid starts with `LVM-`): its device-mapper
+    /// name (`vg-lv`) and kernel name (`dm-N`).
+    Lvm {
+        /// The device-mapper name, `/dev/mapper/<name>`.
+        name: String,
+        /// The kernel's name, `dm-N`.
+        kernel: String,
+    },
+    /// Another device-mapper device (dm-crypt, multipath, one made with dmsetup).
+    DeviceMapper {
+        /// The device-mapper name, `/dev/mapper/<name>`.
+        name: String,
+        /// The kernel's name, `dm-N`.
+        kernel: String,
+    },
+    /// An md RAID (its kernel name, `mdN`).
+    Raid(String),
+    /// Another kernel device (bcache, for one): its kernel name.
+    Other(String),
+}
+
+/// One block device as sysfs shows it, for [`find`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SysDevice {
+    /// How it is related to the device asked about.
+    pub relation: Relation,
+    /// Its major and minor numbers.
+    pub dev: (u32, u32),
+    /// The devices built on it (its `holders` directory).
+    pub holders: Vec<Stacked>,
+}
+
+/// What holds a device, as [`find`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum What {
+    /// Mounted: its mount points (at most [`MOUNT_POINTS_SHOWN`]) and how many more there are.
+    Mounted(Vec<String>, usize),
+    /// Swap.
+    Swap,
+    /// A device built on it.
+    Stacked(Stacked),
+}
+
+/// One holder: which device of the family ([`Relation`]) is held, and by what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHolder {
+    /// The device held.
+    pub of: Relation,
+    /// What holds it.
+    pub what: What,
+}
+
+/// What holds a block device that the kernel refused to let be claimed (EBUSY): the device's path, for
+/// the commands named when no holder is seen, and the holders found (empty: a process's claim, or a
+/// mount in another namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Busy {
+    /// The path the device was opened by.
+    pub device: PathBuf,
+    /// What holds it, in the order found: the device's own holders first, then its partitions' or its
+    /// disk's.
+    pub holders: Vec<DeviceHolder>,
+}
+
+impl fmt::Display for Relation {
+    /// The subject of a holder's sentence.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Relation::Itself => f.write_str("it"),
+            Relation::Partition(p) => write!(f, "its partition {p}"),
+            Relation::Disk(d) => write!(f, "the disk it is a partition of, {d},"),
+        }
+    }
+}
+
+impl fmt::Display for DeviceHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let of = &self.of;
+        match &self.what {
+            What::Mounted(points, more) => {
+                write!(f, "{of} is mounted at {}", points.join(", "))?;
+                if *more > 0 {
+                    write!(f, " and {more} more")?;
+                }
+                Ok(())
+            }
+            What::Swap => write!(f, "{of} is swap (/proc/swaps lists it)"),
+            What::Stacked(Stacked::Lvm { name, kernel }) => {
+                write!(f, "{of} is under the active LVM logical volume {name} (/dev/mapper/{name}, {kernel})")
+            }
+            What::Stacked(Stacked::DeviceMapper { name, kernel }) => {
+                write!(f, "{of} is under the device-mapper device {name} (/dev/mapper/{name}, {kernel})")
+            }
+            What::Stacked(Stacked::Raid(md)) => write!(f, "{of} is a member of the md RAID /dev/{md}"),
+            What::Stacked(Stacked::Other(name)) => write!(f, "{of} is under the kernel's block device {name}"),
+        }
+    }
+}
+
+impl fmt::Display for Busy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.holders.is_empty() {
+            let d = self.device.display();
+            return write!(
+                f,
+                "no mount, swap, RAID or device-mapper device holds it, so a process opened it exclusively (fuser \
+                 -v {d} or lsof {d} lists those that have it open; another rein serve through another node of \
+                 the device is one), or it is mounted in another mount namespace"
+            );
+        }
+        for (i, h) in self.holders.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What holds the block device `rdev` that `path` names, from this machine's tables (`/sys`,
+/// `/proc/self/mountinfo`, `/proc/swaps`; module comment). Best effort: what cannot be read is not seen.
+pub fn busy(path: &Path, rdev: u64) -> Busy {
+    let dev = (libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t));
+    let devices = read_sysfs(Path::new("/sys"), dev);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let swaps: Vec<(String, Option<(u32, u32)>)> = swap_files(&swaps)
+        .into_iter()
+        .map(|file| {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let dev = std::fs::metadata(&file)
+                .ok()
+                .filter(|m| m.file_type().is_block_device())
+                .map(|m| (libc::major(m.rdev() as libc::dev_t), libc::minor(m.rdev() as libc::dev_t)));
+            (file, dev)
+        })
+        .collect();
+    Busy { device: path.to_path_buf(), holders: find(&devices, &mountinfo, &swaps) }
+}
+
+/// The holders of `devices` (from [`read_sysfs`]) in `mountinfo` (the text of `/proc/self/mountinfo`)
+/// and `swaps` (the files of [`swap_files`], each with its device number where it is a block device),
+/// and their stacked devices: per device in order, its mounts, then swap, then what is built on it.
+pub fn find(devices: &[SysDevice], mountinfo: &str, swaps: &[(String, Option<(u32, u32)>)]) -> Vec<DeviceHolder> {
+    let mut found = Vec::new();
+    for d in devices {
+        let mut points = mount_points(mountinfo, d.dev);
+        if !points.is_empty() {
+            let more = points.len().saturating_sub(MOUNT_POINTS_SHOWN);
+            points.truncate(MOUNT_POINTS_SHOWN);
+            found.push(DeviceHolder { of: d.relation.clone(), what: What::Mounted(points, more) });
+        }
+        let node = match &d.relation {
+            Relation::Partition(p) | Relation::Disk(p) => Some(p.as_str()),
+            Relation::Itself => None,
+        };
+        let swap = swaps.iter().any(|(file, dev)| match dev {
+            Some(dev) => *dev == d.dev,
+            None => node == Some(file.as_str()),
+        });
+        if swap {
+            found.push(DeviceHolder { of: d.relation.clone(), what: What::Swap });
+        }
+        found.extend(d.holders.iter().map(|h| DeviceHolder { of: d.relation.clone(), what: What::Stacked(h.clone()) }));
+    }
+    found
+}
+
+/// The mount points, unescaped and each once, of the mounts of device `dev` in `mountinfo` (the text of
+/// `/proc/self/mountinfo`: `id parent major:minor root mount-point options [optional...] - type source
+/// super-options`), in its order.
+pub fn mount_points(mountinfo: &str, dev: (u32, u32)) -> Vec<String> {
+    let want = format!("{}:{}", dev.0, dev.1);
+    let mut points: Vec<String> = Vec::new();
+    for line in mountinfo.lines() {
+        let mut fields = line.split(' ');
+        let (Some(_id), Some(_parent), Some(number), Some(_root), Some(point)) =
+            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if number != want {
+            continue;
+        }
+        let point = unescape(point);
+        if !points.contains(&point) {
+            points.push(point);
+        }
+    }
+    points
+}
+
+/// The files of `swaps` (the text of `/proc/swaps`: a header line, then `file type size used priority`
+/// per swap area), unescaped.
+pub fn swap_files(swaps: &str) -> Vec<String> {
+    swaps.lines().skip(1).filter_map(|line| line.split([' ', '\t']).find(|f| !f.is_empty())).map(unescape).collect()
+}
+
+/// A path as the kernel writes it in `/proc/self/mountinfo` and `/proc/swaps` with its octal escapes
+/// (`\040` a space, `\011` a tab, `\012` a newline, `\134` a backslash) undone; anything else kept.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                // Three octal digits are at most 0o777; only bytes are escaped.
+                match u8::try_from(v) {
+                    Ok(byte) => out.push(byte),
+                    Err(_) => out.extend_from_slice(&b[i..i + 4]),
+                }
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The device `dev` and its relatives ([`Relation`]) as the sysfs at `sys` (normally `/sys`) shows
+/// them: `dev/block/MAJ:MIN` (a link to the device's directory), its `holders` and its partitions'
+/// (subdirectories with a `partition` file and a `dev` file), or, for a partition, its disk's (the
+/// parent directory). Where sysfs cannot be read, the device alone, with no holders.
+pub fn read_sysfs(sys: &Path, dev: (u32, u32)) -> Vec<SysDevice> {
+    let itself = |holders| SysDevice { relation: Relation::Itself, dev, holders };
+    let Ok(dir) = std::fs::canonicalize(sys.join(format!("dev/block/{}:{}", dev.0, dev.1))) else {
+        return vec![itself(Vec::new())];
+    };
+    let mut devices = vec![itself(stacked(sys, &dir))];
+    if dir.join("partition").exists() {
+        if let (Some(disk), Some(number)) = (dir.parent(), dir.parent().and_then(|d| dev_number(&d.join("dev")))) {
+            devices.push(SysDevice { relation: Relation::Disk(node(disk)), dev: number, holders: stacked(sys, disk) });
+        }
+        return devices;
+    }
+    let mut parts: Vec<(String, SysDevice)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("partition").exists())
+        .filter_map(|e| {
+            let path = e.path();
+            let number = dev_number(&path.join("dev"))?;
+            let name = node(&path);
+            Some((
+                name.clone(),
+                SysDevice { relation: Relation::Partition(name), dev: number, holders: stacked(sys, &path) },
+            ))
+        })
+        .collect();
+    // Directory order is the file system's: in name order, p2 before p10 as long as names are as long.
+    parts.sort_by(|(a, _), (b, _)| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+    devices.extend(parts.into_iter().map(|(_, d)| d));
+    devices
+}
+
+/// The `/dev` path of the device whose sysfs directory is `dir` (its kernel name; a `!` in it stands for
+/// a `/`, as in `cciss!c0d0`).
+fn node(dir: &Path) -> String {
+    let name = dir.file_name().map(|n| n.to_string_lossy().replace('!', "/")).unwrap_or_default();
+    format!("/dev/{name}")
+}
+
+/// The `MAJ:MIN` in a sysfs `dev` file.
+fn dev_number(file: &Path) -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let (major, minor) = text.trim().split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// The devices built on the device whose sysfs directory is `dir` (its `holders`), each classified by
+/// its own directory under `sys/block`, in name order.
+fn stacked(sys: &Path, dir: &Path) -> Vec<Stacked> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("holders"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|kernel| {
+            let holder = sys.join("block").join(&kernel);
+            let read = |f: &str| std::fs::read_to_string(holder.join(f)).ok().map(|s| s.trim_end().to_string());
+            match read("dm/name") {
+                Some(name) if read("dm/uuid").is_some_and(|u| u.starts_with("LVM-")) => Stacked::Lvm { name, kernel },
+                Some(name) => Stacked::DeviceMapper { name, kernel },
+                None if holder.join("md").is_dir() => Stacked::Raid(kernel),
+                None => Stacked::Other(kernel),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mountinfo lines of a loop device (7:3) and its partition (259:1): a mount point with a space
+    /// (`\040`), a bind mount of the same device, optional fields before the separator, other devices.
+    const MOUNTINFO: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+61 22 7:3 / /mnt/my\\040disk rw,relatime shared:30 - ext4 /dev/loop3 rw
+62 22 7:3 /sub /srv/bind rw,relatime shared:30 master:2 - ext4 /dev/loop3 rw
+63 22 7:3 / /mnt/my\\040disk rw,relatime - ext4 /dev/loop3 rw
+64 22 259:1 / /boot\\011tab\\134x rw - vfat /dev/loop3p1 rw
+65 22 7:30 / /elsewhere rw - ext4 /dev/loop30 rw
+";
+
+    const SWAPS: &str = "\
+Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
+/dev/loop5                              partition\t8188\t\t0\t\t-2
+/var/my\\040swap                        file\t\t1024\t\t0\t\t-3
+";
+
+    #[test]
+    fn mount_points_are_unescaped_once_each_for_their_device_only() {
+        assert_eq!(mount_points(MOUNTINFO, (7, 3)), ["/mnt/my disk", "/srv/bind"]);
+        assert_eq!(mount_points(MOUNTINFO, (259, 1)), ["/boot\ttab\\x"]);
+        assert_eq!(mount_points(MOUNTINFO, (7, 30)), ["/elsewhere"], "7:30 is not 7:3");
+        assert!(mount_points(MOUNTINFO, (7, 4)).is_empty());
+        assert!(mount_points("garbage\n\n7:3\n", (7, 3)).is_empty(), "short lines are skipped");
+    }
+
+    #[test]
+    fn swap_files_skip_the_header_and_are_unescaped() {
+        assert_eq!(swap_files(SWAPS), ["/dev/loop5", "/var/my swap"]);
+        assert!(swap_files("Filename Type Size Used Priority\n").is_empty());
+        assert!(swap_files("").is_empty());
+    }
+
+    #[test]
+    fn escapes_that_are_not_three_octal_digits_are_kept() {
+        assert_eq!(unescape("a\\040b"), "a b");
+        assert_eq!(unescape("a\\04"), "a\\04");
+        assert_eq!(unescape("a\\089"), "a\\089");
+        assert_eq!(unescape("\\777"), "\\777");
+        assert_eq!(unescape("tail\\"), "tail\\");
+    }
+
+    fn device(relation: Relation, dev: (u32, u32), holders: Vec<Stacked>) -> SysDevice {
+        SysDevice { relation, dev, holders }
+    }
+
+    /// Each holder of each device of the family, named with the device it holds, in the message's
+    /// order; a swap file on a file system is no device's swap.
+    #[test]
+    fn holders_of_the_device_and_its_partitions_are_named() {
+        let lv = Stacked::Lvm { name: "vg-lv".into(), kernel: "dm-0".into() };
+        let devices = [
+            device(Relation::Itself, (7, 3), vec![]),
+            device(Relation::Partition("/dev/loop3p1".into()), (259, 1), vec![]),
+            device(Relation::Partition("/dev/loop3p2".into()), (259, 2), vec![lv.clone()]),
+            device(Relation::Partition("/dev/loop3p3".into()), (259, 3), vec![]),
+        ];
+        let swaps = [("/dev/loop3p3".to_string(), None), ("/var/my swap".to_string(), None)];
+        let busy = Busy { device: "/dev/loop3".into(), holders: find(&devices, MOUNTINFO, &swaps) };
+        assert_eq!(
+            busy.to_string(),
+            "it is mounted at /mnt/my disk, /srv/bind; its partition /dev/loop3p1 is mounted at /boot\ttab\\x; its \
+             partition /dev/loop3p2 is under the active LVM logical volume vg-lv (/dev/mapper/vg-lv, dm-0); its \
+             partition /dev/loop3p3 is swap (/proc/swaps lists it)"
+        );
+        // Swap found by device number (a file that stat says is the device), a RAID, a dm-crypt.
+        let devices = [
+            device(Relation::Itself, (259, 2), vec![Stacked::Raid("md0".into())]),
+            device(
+                Relation::Disk("/dev/sdb".into()),
+                (8, 16),
+                vec![Stacked::DeviceMapper { name: "crypt".into(), kernel: "dm-4".into() }],
+            ),
+        ];
+        let swaps = [("/dev/other-name".to_string(), Some((259, 2)))];
+        assert_eq!(
+            Busy { device: "/dev/sdb2".into(), holders: find(&devices, "", &swaps) }.to_string(),
+            "it is swap (/proc/swaps lists it); it is a member of the md RAID /dev/md0; the disk it is a partition \
+             of, /dev/sdb, is under the device-mapper device crypt (/dev/mapper/crypt, dm-4)"
+        );
+    }
+
+    #[test]
+    fn many_mount_points_are_counted_and_no_holder_names_the_tools() {
+        let mountinfo: String = (0..5).map(|i| format!("{i} 1 7:3 / /m{i} rw - ext4 /dev/loop3 rw\n")).collect();
+        let holders = find(&[device(Relation::Itself, (7, 3), vec![])], &mountinfo, &[]);
+        assert_eq!(holders[0].to_string(), "it is mounted at /m0, /m1, /m2 and 2 more");
+        let none = Busy { device: "/dev/loop3".into(), holders: Vec::new() };
+        assert_eq!(
+            none.to_string(),
+            "no mount, swap, RAID or device-mapper device holds it, so a process opened it exclusively (fuser -v \
+             /dev/loop3 or lsof /dev/loop3 lists those that have it open; another rein serve through another node \
+             of the device is one), or it is mounted in another mount namespace"
+        );
+    }
+
+    /// A sysfs tree as the kernel lays it out, made in a temporary directory: `dev/block/MAJ:MIN` links to
+    /// the devices' directories, a disk with partitions (one under an LVM volume, one a RAID member), a
+    /// disk under a dm-crypt device and a bcache, and holders' directories under `block/`.
+    #[test]
+    fn the_sysfs_reader_finds_partitions_disks_and_holders() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let sys = tmp.path();
+        let write = |p: &str, text: &str| {
+            let p = sys.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        let dir = |p: &str| std::fs::create_dir_all(sys.join(p)).unwrap();
+        let link = |number: &str, to: &str| {
+            std::fs::create_dir_all(sys.join("dev/block")).unwrap();
+            symlink(sys.join(to), sys.join("dev/block").join(number)).unwrap();
+        };
+        let disk = "devices/virtual/block/loop3";
+        write(&format!("{disk}/dev"), "7:3\n");
+        for (n, number) in [(1, "259:1"), (2, "259:2"), (10, "259:10")] {
+            write(&format!("{disk}/loop3p{n}/dev"), &format!("{number}\n"));
+            write(&format!("{disk}/loop3p{n}/partition"), &format!("{n}\n"));
+            dir(&format!("{disk}/loop3p{n}/holders"));
+            link(number, &format!("{disk}/loop3p{n}"));
+        }
+        dir(&format!("{disk}/holders"));
+        dir(&format!("{disk}/mq")); // not a partition
+        link("7:3", disk);
+        dir(&format!("{disk}/loop3p2/holders/dm-0"));
+        write("block/dm-0/dm/name", "vg-lv\n");
+        write("block/dm-0/dm/uuid", "LVM-abcdef\n");
+        dir(&format!("{disk}/loop3p10/holders/md0"));
+        dir("block/md0/md");
+        let whole = "devices/pci/block/sdb";
+        write(&format!("{whole}/dev"), "8:16\n");
+        write(&format!("{whole}/sdb1/dev"), "8:17\n");
+        write(&format!("{whole}/sdb1/partition"), "1\n");
+        link("8:17", &format!("{whole}/sdb1"));
+        dir(&format!("{whole}/holders/dm-4"));
+        dir(&format!("{whole}/holders/bcache0"));
+        write("block/dm-4/dm/name", "crypt\n");
+        write("block/dm-4/dm/uuid", "CRYPT-LUKS2-x\n");
+        dir("block/bcache0");
+
+        let part = |n: &str| Relation::Partition(n.to_string());
+        assert_eq!(
+            read_sysfs(sys, (7, 3)),
+            [
+                device(Relation::Itself, (7, 3), vec![]),
+                device(part("/dev/loop3p1"), (259, 1), vec![]),
+                device(
+                    part("/dev/loop3p2"),
+                    (259, 2),
+                    vec![Stacked::Lvm { name: "vg-lv".into(), kernel: "dm-0".into() }]
+                ),
+                device(part("/dev/loop3p10"), (259, 10), vec![Stacked::Raid("md0".into())]),
+            ]
+        );
+        assert_eq!(
+            read_sysfs(sys, (8, 17)),
+            [
+                device(Relation::Itself, (8, 17), vec![]),
+                device(
+                    Relation::Disk("/dev/sdb".into()),
+                    (8, 16),
+                    vec![
+                        Stacked::Other("bcache0".into()),
+                        Stacked::DeviceMapper { name: "crypt".into(), kernel: "dm-4".into() }
+                    ]
+                ),
+            ]
+        );
+        assert_eq!(read_sysfs(sys, (9, 9)), [device(Relation::Itself, (9, 9), vec![])], "not in sysfs");
+    }
+}
