@@ -39,8 +39,9 @@ pub const MOUNT_POINTS_SHOWN: usize = 3;
 /// How a device of [`read_sysfs`]'s list is related to the device asked about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Relation {
-    /// The device itself.
-    Itself,
+    /// The device itself, with its `/dev` path by its kernel name where sysfs tells it (`/dev/dm-3` for
+    /// `/dev/mapper/vg-lv`): how `/proc/swaps` names it.
+    Itself(Option<String>),
     /// A partition of it (its `/dev` path).
     Partition(String),
     /// The whole disk it is a partition of (its `/dev` path).
@@ -118,7 +119,7 @@ impl fmt::Display for Relation {
     /// The subject of a holder's sentence.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Relation::Itself => f.write_str("it"),
+            Relation::Itself(_) => f.write_str("it"),
             Relation::Partition(p) => write!(f, "its partition {p}"),
             Relation::Disk(d) => write!(f, "the disk it is a partition of, {d},"),
         }
@@ -205,7 +206,7 @@ pub fn find(devices: &[SysDevice], mountinfo: &str, swaps: &[(String, Option<(u3
         }
         let node = match &d.relation {
             Relation::Partition(p) | Relation::Disk(p) => Some(p.as_str()),
-            Relation::Itself => None,
+            Relation::Itself(p) => p.as_deref(),
         };
         let swap = swaps.iter().any(|(file, dev)| match dev {
             Some(dev) => *dev == d.dev,
@@ -281,11 +282,11 @@ fn unescape(field: &str) -> String {
 /// (subdirectories with a `partition` file and a `dev` file), or, for a partition, its disk's (the
 /// parent directory). Where sysfs cannot be read, the device alone, with no holders.
 pub fn read_sysfs(sys: &Path, dev: (u32, u32)) -> Vec<SysDevice> {
-    let itself = |holders| SysDevice { relation: Relation::Itself, dev, holders };
     let Ok(dir) = std::fs::canonicalize(sys.join(format!("dev/block/{}:{}", dev.0, dev.1))) else {
-        return vec![itself(Vec::new())];
+        return vec![SysDevice { relation: Relation::Itself(None), dev, holders: Vec::new() }];
     };
-    let mut devices = vec![itself(stacked(sys, &dir))];
+    let mut devices =
+        vec![SysDevice { relation: Relation::Itself(Some(node(&dir))), dev, holders: stacked(sys, &dir) }];
     if dir.join("partition").exists() {
         if let (Some(disk), Some(number)) = (dir.parent(), dir.parent().and_then(|d| dev_number(&d.join("dev")))) {
             devices.push(SysDevice { relation: Relation::Disk(node(disk)), dev: number, holders: stacked(sys, disk) });
@@ -408,7 +409,7 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
     fn holders_of_the_device_and_its_partitions_are_named() {
         let lv = Stacked::Lvm { name: "vg-lv".into(), kernel: "dm-0".into() };
         let devices = [
-            device(Relation::Itself, (7, 3), vec![]),
+            device(Relation::Itself(None), (7, 3), vec![]),
             device(Relation::Partition("/dev/loop3p1".into()), (259, 1), vec![]),
             device(Relation::Partition("/dev/loop3p2".into()), (259, 2), vec![lv.clone()]),
             device(Relation::Partition("/dev/loop3p3".into()), (259, 3), vec![]),
@@ -423,7 +424,7 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         );
         // Swap found by device number (a file that stat says is the device), a RAID, a dm-crypt.
         let devices = [
-            device(Relation::Itself, (259, 2), vec![Stacked::Raid("md0".into())]),
+            device(Relation::Itself(Some("/dev/sdb2".into())), (259, 2), vec![Stacked::Raid("md0".into())]),
             device(
                 Relation::Disk("/dev/sdb".into()),
                 (8, 16),
@@ -438,10 +439,22 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         );
     }
 
+    /// A swap file that cannot be stat'ed (its `/dev` is not this process's) is the device's by its
+    /// kernel name, when sysfs tells it.
+    #[test]
+    fn swap_is_found_by_the_kernel_name_where_it_cannot_be_stated() {
+        let swaps = [("/dev/dm-3".to_string(), None)];
+        let named = [device(Relation::Itself(Some("/dev/dm-3".into())), (253, 3), vec![])];
+        let what: Vec<What> = find(&named, "", &swaps).into_iter().map(|h| h.what).collect();
+        assert_eq!(what, [What::Swap]);
+        assert!(find(&[device(Relation::Itself(None), (253, 3), vec![])], "", &swaps).is_empty());
+        assert!(find(&[device(Relation::Itself(Some("/dev/dm-4".into())), (253, 4), vec![])], "", &swaps).is_empty());
+    }
+
     #[test]
     fn many_mount_points_are_counted_and_no_holder_names_the_tools() {
         let mountinfo: String = (0..5).map(|i| format!("{i} 1 7:3 / /m{i} rw - ext4 /dev/loop3 rw\n")).collect();
-        let holders = find(&[device(Relation::Itself, (7, 3), vec![])], &mountinfo, &[]);
+        let holders = find(&[device(Relation::Itself(None), (7, 3), vec![])], &mountinfo, &[]);
         assert_eq!(holders[0].to_string(), "it is mounted at /m0, /m1, /m2 and 2 more");
         let none = Busy { device: "/dev/loop3".into(), holders: Vec::new() };
         assert_eq!(
@@ -501,7 +514,7 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         assert_eq!(
             read_sysfs(sys, (7, 3)),
             [
-                device(Relation::Itself, (7, 3), vec![]),
+                device(Relation::Itself(Some("/dev/loop3".into())), (7, 3), vec![]),
                 device(part("/dev/loop3p1"), (259, 1), vec![]),
                 device(
                     part("/dev/loop3p2"),
@@ -514,7 +527,7 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         assert_eq!(
             read_sysfs(sys, (8, 17)),
             [
-                device(Relation::Itself, (8, 17), vec![]),
+                device(Relation::Itself(Some("/dev/sdb1".into())), (8, 17), vec![]),
                 device(
                     Relation::Disk("/dev/sdb".into()),
                     (8, 16),
@@ -525,6 +538,6 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
                 ),
             ]
         );
-        assert_eq!(read_sysfs(sys, (9, 9)), [device(Relation::Itself, (9, 9), vec![])], "not in sysfs");
+        assert_eq!(read_sysfs(sys, (9, 9)), [device(Relation::Itself(None), (9, 9), vec![])], "not in sysfs");
     }
 }

@@ -610,7 +610,8 @@ impl Drop for Mount {
 
 /// An LVM volume group on a loop device with one active logical volume `lv` of 8 MiB; the group is
 /// deactivated and removed, and the physical volume wiped, when dropped (before the device is detached).
-/// The LVM tools run without udev (`DM_DISABLE_UDEV`: they make the `/dev/mapper` nodes themselves).
+/// The LVM tools run without udev (`DM_DISABLE_UDEV`: they make the `/dev/mapper` nodes themselves) and
+/// without the system's devices file ([`Lvm::run`]).
 struct Lvm {
     vg: String,
     pv: String,
@@ -638,9 +639,11 @@ impl Lvm {
         Some(made)
     }
 
-    /// Runs an LVM command; whether it succeeded.
+    /// Runs an LVM command; whether it succeeded. Without the system's devices file (where LVM keeps
+    /// one, a physical volume made here would be added to it).
     fn run(&self, args: &[&str]) -> bool {
         let out = Command::new(args[0])
+            .args(["--config", "devices { use_devicesfile = 0 }"])
             .args(&args[1..])
             .env("DM_DISABLE_UDEV", "1")
             .env("LVM_SUPPRESS_FD_WARNINGS", "1")
