@@ -103,12 +103,15 @@ pub struct DeviceHolder {
     pub what: What,
 }
 
-/// What holds a block device that the kernel refused to let be claimed (EBUSY): the device's path, for
+/// What holds a block device that the kernel refused to let be claimed (EBUSY): the device's node, for
 /// the commands named when no holder is seen, and the holders found (empty: a process's claim, or a
 /// mount in another namespace).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Busy {
-    /// The path the device was opened by.
+    /// The node named in the commands that list the processes that have the device open: its kernel
+    /// name's, `/dev/loop3`, where sysfs tells it, else the path it was opened by. `fuser` and `lsof`
+    /// find a process by the node it opened: given another node of the device (one made with mknod),
+    /// they list nobody.
     pub device: PathBuf,
     /// What holds it, in the order found: the device's own holders first, then its partitions' or its
     /// disk's.
@@ -189,7 +192,11 @@ pub fn busy(path: &Path, rdev: u64) -> Busy {
             (file, dev)
         })
         .collect();
-    Busy { device: path.to_path_buf(), holders: find(&devices, &mountinfo, &swaps) }
+    let device = match devices.first().map(|d| &d.relation) {
+        Some(Relation::Itself(Some(node))) if Path::new(node).exists() => PathBuf::from(node),
+        _ => path.to_path_buf(),
+    };
+    Busy { device, holders: find(&devices, &mountinfo, &swaps) }
 }
 
 /// The holders of `devices` (from [`read_sysfs`]) in `mountinfo` (the text of `/proc/self/mountinfo`)

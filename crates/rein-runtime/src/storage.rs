@@ -1347,8 +1347,9 @@ mod tests {
         let other = dir.path().join("node");
         node(&other, std::fs::metadata(dev).unwrap().rdev());
         let e = exclusive_open(&other, &std::fs::metadata(&other).unwrap()).expect_err("a claim through another node");
-        // No mount, swap or stacked device: a process's claim, with the tools that list it.
-        let claimed = format!("fuser -v {0} or lsof {0} lists those that have it open", other.display());
+        // No mount, swap or stacked device: a process's claim, with the tools that list it, given the
+        // device's own node (`fuser` and `lsof` of the other node do not list a process that opened this one).
+        let claimed = format!("fuser -v {0} or lsof {0} lists those that have it open", fs.dev);
         assert!(matches!(e, StorageError::DeviceBusy(_)) && e.to_string().contains(&claimed), "{e}");
         // A reload's second open through the same path shares the claim.
         let again = FileStorage::open(dev, None, false).expect("the same device again, same path");

@@ -438,7 +438,8 @@ fn check_config_as_another_user_says_it_cannot_see_the_servers_claim() {
     assert!(!other.status.success(), "as another user: {err}");
     let want = format!(
         "error: export d: {node}: is a block device in use: no mount, swap, RAID or device-mapper device holds it, \
-         so a process opened it exclusively (fuser -v {node} or lsof {node} lists those that have it open;"
+         so a process opened it exclusively (fuser -v {dev} or lsof {dev} lists those that have it open;",
+        dev = lo.0
     );
     assert!(err.starts_with(&want) && err.trim().lines().count() == 1, "{err}");
     assert!(
