@@ -232,6 +232,8 @@ pub fn find(devices: &[SysDevice], mountinfo: &str, swaps: &[(String, Option<(u3
 /// super-options`), in its order.
 pub fn mount_points(mountinfo: &str, dev: (u32, u32)) -> Vec<String> {
     let want = format!("{}:{}", dev.0, dev.1);
+    // A set besides the list: a host of containers can have thousands of bind mounts of one device.
+    let mut seen = std::collections::HashSet::new();
     let mut points: Vec<String> = Vec::new();
     for line in mountinfo.lines() {
         let mut fields = line.split(' ');
@@ -244,7 +246,7 @@ pub fn mount_points(mountinfo: &str, dev: (u32, u32)) -> Vec<String> {
             continue;
         }
         let point = unescape(point);
-        if !points.contains(&point) {
+        if seen.insert(point.clone()) {
             points.push(point);
         }
     }
