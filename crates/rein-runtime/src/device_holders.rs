@@ -20,8 +20,13 @@
 //!
 //! When none of those is seen the claim is a process's (an `O_EXCL` open: another `rein serve`,
 //! through another node of the device, a `mkfs`, a virtual machine), or a mount in another mount
-//! namespace, which this process's mountinfo does not show: the message says so and names `fuser -v`
-//! and `lsof`, which list the processes that have the device open. Recognising the claim of the running
+//! namespace, which this process's mountinfo does not show. The processes that have the device (or a
+//! relative) open are then named, as `fuser` would list them: each `/proc/PID/fd/*` whose file is a
+//! block device of the family ([`openers`]; at most [`MAX_DESCRIPTORS_EXAMINED`] descriptors looked at
+//! and [`OPENERS_SHOWN`] processes named, the rest counted; this process left out: it has the device
+//! open itself, to claim it). Which of them holds the exclusive claim the kernel does not tell. Where
+//! none is seen (another user's processes, whose descriptors this user may not read), the message
+//! names `fuser -v` and `lsof`, to be run as root. Recognising the claim of the running
 //! `rein serve` about to be reloaded is [`crate::preflight::inspect_export`]'s (with
 //! [`crate::state::server_holding`]), not this module's.
 //!
@@ -35,6 +40,26 @@ use std::path::{Path, PathBuf};
 /// At most this many mount points of one device are named (bind mounts can make many); the rest are
 /// counted.
 pub const MOUNT_POINTS_SHOWN: usize = 3;
+
+/// At most this many processes that have the device open are named ([`Busy::openers`]); the rest are
+/// counted.
+pub const OPENERS_SHOWN: usize = 4;
+
+/// At most this many open descriptors (`/proc/PID/fd/*`, over all processes) are looked at in search of
+/// the processes that have the device open: a bound on the time an error message may take on a host of
+/// many processes (each is one `stat`).
+pub const MAX_DESCRIPTORS_EXAMINED: usize = 1 << 16;
+
+/// A process that has a device of the family open (from `/proc/PID/fd`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opener {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`), empty if unread.
+    pub name: String,
+    /// Which device of the family it has open.
+    pub of: Relation,
+}
 
 /// How a device of [`read_sysfs`]'s list is related to the device asked about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,16 +141,17 @@ pub struct Busy {
     /// What holds it, in the order found: the device's own holders first, then its partitions' or its
     /// disk's.
     pub holders: Vec<DeviceHolder>,
+    /// Where there is no holder: the processes seen to have the device or a relative open (at most
+    /// [`OPENERS_SHOWN`]), and how many more were seen.
+    pub openers: (Vec<Opener>, usize),
 }
 
 impl fmt::Display for Relation {
     /// The subject of a holder's sentence.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Relation::Itself(_) => f.write_str("it"),
-            Relation::Partition(p) => write!(f, "its partition {p}"),
-            Relation::Disk(d) => write!(f, "the disk it is a partition of, {d},"),
-        }
+        // A disk's name is an apposition: closed by a comma before the verb.
+        let comma = if matches!(self, Relation::Disk(_)) { "," } else { "" };
+        write!(f, "{}{comma}", relative(self))
     }
 }
 
@@ -155,6 +181,27 @@ impl fmt::Display for DeviceHolder {
 
 impl fmt::Display for Busy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (openers, more) = &self.openers;
+        if self.holders.is_empty() && !openers.is_empty() {
+            f.write_str("no mount, swap, RAID or device-mapper device holds it; open in ")?;
+            for (i, o) in openers.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                let name = if o.name.is_empty() { "a process" } else { &o.name };
+                match &o.of {
+                    Relation::Itself(_) => write!(f, "{name} (pid {})", o.pid)?,
+                    other => write!(f, "{name} (pid {}, {})", o.pid, relative(other))?,
+                }
+            }
+            if *more > 0 {
+                write!(f, " and {more} more processes")?;
+            }
+            return f.write_str(
+                ", of which one claimed it exclusively (another rein serve through another node of the device, a \
+                 mkfs, a virtual machine)",
+            );
+        }
         if self.holders.is_empty() {
             let d = self.device.display();
             return write!(
@@ -174,8 +221,18 @@ impl fmt::Display for Busy {
     }
 }
 
+/// A relative of the device, for an opener's sentence: `its partition /dev/loop0p1`.
+fn relative(r: &Relation) -> String {
+    match r {
+        Relation::Itself(_) => "it".into(),
+        Relation::Partition(p) => format!("its partition {p}"),
+        Relation::Disk(d) => format!("the disk it is a partition of, {d}"),
+    }
+}
+
 /// What holds the block device `rdev` that `path` names, from this machine's tables (`/sys`,
-/// `/proc/self/mountinfo`, `/proc/swaps`; module comment). Best effort: what cannot be read is not seen.
+/// `/proc/self/mountinfo`, `/proc/swaps`, and where none holds it `/proc/PID/fd`; module comment). Best
+/// effort: what cannot be read is not seen.
 pub fn busy(path: &Path, rdev: u64) -> Busy {
     let dev = (libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t));
     let devices = read_sysfs(Path::new("/sys"), dev);
@@ -196,7 +253,65 @@ pub fn busy(path: &Path, rdev: u64) -> Busy {
         Some(Relation::Itself(Some(node))) if Path::new(node).exists() => PathBuf::from(node),
         _ => path.to_path_buf(),
     };
-    Busy { device, holders: find(&devices, &mountinfo, &swaps) }
+    let holders = find(&devices, &mountinfo, &swaps);
+    let openers = match holders.is_empty() {
+        true => openers(Path::new("/proc"), &devices, std::process::id()),
+        false => (Vec::new(), 0),
+    };
+    Busy { device, holders, openers }
+}
+
+/// The processes under `proc` (normally `/proc`) that have one of `devices` open: each numbered
+/// directory's `fd/*` whose file is a block device with one of their numbers, in pid order, at most
+/// [`OPENERS_SHOWN`] (and the count of the rest), looking at no more than [`MAX_DESCRIPTORS_EXAMINED`]
+/// descriptors. A process whose descriptors cannot be read (another user's) is not seen, nor `this`
+/// (the asking process: it has the device open itself, to claim it).
+pub fn openers(proc: &Path, devices: &[SysDevice], this: u32) -> (Vec<Opener>, usize) {
+    openers_within(proc, devices, this, MAX_DESCRIPTORS_EXAMINED)
+}
+
+/// [`openers`], looking at no more than `max_examined` descriptors.
+fn openers_within(proc: &Path, devices: &[SysDevice], this: u32, max_examined: usize) -> (Vec<Opener>, usize) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut pids: Vec<u32> = std::fs::read_dir(proc)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&pid| pid != this)
+        .collect();
+    pids.sort_unstable();
+    let (mut shown, mut more, mut examined) = (Vec::new(), 0, 0);
+    for pid in pids {
+        if examined >= max_examined {
+            break;
+        }
+        let Ok(fds) = std::fs::read_dir(proc.join(format!("{pid}/fd"))) else { continue };
+        let mut of = None;
+        for fd in fds.flatten() {
+            examined += 1;
+            if examined > max_examined {
+                break;
+            }
+            let Ok(m) = std::fs::metadata(fd.path()) else { continue };
+            if !m.file_type().is_block_device() {
+                continue;
+            }
+            let number = (libc::major(m.rdev() as libc::dev_t), libc::minor(m.rdev() as libc::dev_t));
+            if let Some(d) = devices.iter().find(|d| d.dev == number) {
+                of = Some(d.relation.clone());
+                break;
+            }
+        }
+        let Some(of) = of else { continue };
+        if shown.len() < OPENERS_SHOWN {
+            let name = std::fs::read_to_string(proc.join(format!("{pid}/comm"))).unwrap_or_default();
+            shown.push(Opener { pid, name: name.trim_end().to_string(), of });
+        } else {
+            more += 1;
+        }
+    }
+    (shown, more)
 }
 
 /// The holders of `devices` (from [`read_sysfs`]) in `mountinfo` (the text of `/proc/self/mountinfo`)
@@ -424,7 +539,8 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
             device(Relation::Partition("/dev/loop3p3".into()), (259, 3), vec![]),
         ];
         let swaps = [("/dev/loop3p3".to_string(), None), ("/var/my swap".to_string(), None)];
-        let busy = Busy { device: "/dev/loop3".into(), holders: find(&devices, MOUNTINFO, &swaps) };
+        let busy =
+            Busy { device: "/dev/loop3".into(), holders: find(&devices, MOUNTINFO, &swaps), openers: (Vec::new(), 0) };
         assert_eq!(
             busy.to_string(),
             "it is mounted at /mnt/my disk, /srv/bind; its partition /dev/loop3p1 is mounted at /boot\ttab\\x; its \
@@ -442,7 +558,8 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         ];
         let swaps = [("/dev/other-name".to_string(), Some((259, 2)))];
         assert_eq!(
-            Busy { device: "/dev/sdb2".into(), holders: find(&devices, "", &swaps) }.to_string(),
+            Busy { device: "/dev/sdb2".into(), holders: find(&devices, "", &swaps), openers: (Vec::new(), 0) }
+                .to_string(),
             "it is swap (/proc/swaps lists it); it is a member of the md RAID /dev/md0; the disk it is a partition \
              of, /dev/sdb, is under the device-mapper device crypt (/dev/mapper/crypt, dm-4)"
         );
@@ -465,13 +582,86 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         let mountinfo: String = (0..5).map(|i| format!("{i} 1 7:3 / /m{i} rw - ext4 /dev/loop3 rw\n")).collect();
         let holders = find(&[device(Relation::Itself(None), (7, 3), vec![])], &mountinfo, &[]);
         assert_eq!(holders[0].to_string(), "it is mounted at /m0, /m1, /m2 and 2 more");
-        let none = Busy { device: "/dev/loop3".into(), holders: Vec::new() };
+        let none = Busy { device: "/dev/loop3".into(), holders: Vec::new(), openers: (Vec::new(), 0) };
         assert_eq!(
             none.to_string(),
             "no mount, swap, RAID or device-mapper device holds it, so a process opened it exclusively (fuser -v \
              /dev/loop3 or lsof /dev/loop3 lists those that have it open; another rein serve through another node \
              of the device is one), or it is mounted in another mount namespace"
         );
+    }
+
+    /// Where no holder is seen, the processes that have the device open are named, with the relative
+    /// they have open and the count past [`OPENERS_SHOWN`].
+    #[test]
+    fn processes_with_the_device_open_are_named_where_nothing_else_holds_it() {
+        let opener = |pid, name: &str, of| Opener { pid, name: name.into(), of };
+        let busy = Busy {
+            device: "/dev/sdb".into(),
+            holders: Vec::new(),
+            openers: (
+                vec![
+                    opener(41, "qemu-system-x86", Relation::Itself(None)),
+                    opener(97, "", Relation::Partition("/dev/sdb1".into())),
+                ],
+                3,
+            ),
+        };
+        assert_eq!(
+            busy.to_string(),
+            "no mount, swap, RAID or device-mapper device holds it; open in qemu-system-x86 (pid 41), a process (pid 97, its \
+             partition /dev/sdb1) and 3 more processes, of which one claimed it exclusively (another rein serve \
+             through another node of the device, a mkfs, a virtual machine)"
+        );
+    }
+
+    /// [`openers`] on a /proc tree made in a temporary directory: descriptors that are links to a block
+    /// device of this machine (any in /dev; stat'ed through the link, never opened), to /dev/null (a
+    /// character device) and to nothing; directories that are not pids; more openers than are shown.
+    #[test]
+    fn openers_are_found_by_their_descriptors_device_number() {
+        use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt};
+        let Some((block, rdev)) = std::fs::read_dir("/dev").into_iter().flatten().flatten().find_map(|e| {
+            let m = std::fs::metadata(e.path()).ok()?;
+            m.file_type().is_block_device().then(|| (e.path(), m.rdev()))
+        }) else {
+            eprintln!("skipped: no block device in /dev");
+            return;
+        };
+        let number = (libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t));
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path();
+        let process = |pid: &str, comm: &str, fds: &[&Path]| {
+            let fd = proc.join(pid).join("fd");
+            std::fs::create_dir_all(&fd).unwrap();
+            std::fs::write(proc.join(pid).join("comm"), format!("{comm}\n")).unwrap();
+            for (i, target) in fds.iter().enumerate() {
+                symlink(target, fd.join(i.to_string())).unwrap();
+            }
+        };
+        let (null, gone) = (Path::new("/dev/null"), Path::new("/nonexistent/device"));
+        process("7", "bash", &[null, gone]);
+        process("12", "mkfs.ext4", &[null, &block]);
+        process("self", "not-a-pid", &[&block]);
+        for pid in 100..106 {
+            process(&pid.to_string(), "rein", &[&block]);
+        }
+        let family = [SysDevice { relation: Relation::Partition("/dev/x1".into()), dev: number, holders: vec![] }];
+        let (shown, more) = openers(proc, &family, 0);
+        let pids: Vec<u32> = shown.iter().map(|o| o.pid).collect();
+        assert_eq!(pids, [12, 100, 101, 102], "in pid order, at most OPENERS_SHOWN");
+        assert_eq!(more, 3);
+        assert_eq!((shown[0].name.as_str(), &shown[0].of), ("mkfs.ext4", &Relation::Partition("/dev/x1".into())));
+        let other = [SysDevice { relation: Relation::Itself(None), dev: (number.0, number.1 + 1), holders: vec![] }];
+        assert_eq!(openers(proc, &other, 0), (Vec::new(), 0), "another device number");
+        assert_eq!(openers(&proc.join("missing"), &family, 0), (Vec::new(), 0));
+        let (shown, more) = openers(proc, &family, 12);
+        assert_eq!((shown[0].pid, more), (100, 2), "the asking process is left out");
+        // At the bound on descriptors looked at: pid 7's two leave pid 12 unseen; pid 12's two more (in
+        // the directory's order) reach its device.
+        assert_eq!(openers_within(proc, &family, 0, 2), (Vec::new(), 0));
+        let (shown, more) = openers_within(proc, &family, 0, 4);
+        assert_eq!((shown.len(), shown[0].pid, more), (1, 12, 0));
     }
 
     /// A sysfs tree as the kernel lays it out, made in a temporary directory: `dev/block/MAJ:MIN` links to

@@ -143,7 +143,7 @@ pub enum StorageError {
          writes would overwrite what holds it (check the device's name, and release it first if it is the one \
          meant)"
     )]
-    DeviceBusy(crate::device_holders::Busy),
+    DeviceBusy(Box<crate::device_holders::Busy>),
     /// A regular file that a loop device is attached to (its backing file), refused for writing: writes
     /// through the file and through the device overwrite each other, and a file system mounted from the
     /// device is corrupted under its mount.
@@ -550,7 +550,7 @@ fn exclusive_open(path: &Path, meta: &std::fs::Metadata) -> Result<File, Storage
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let f =
         OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(path).map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) => StorageError::DeviceBusy(crate::device_holders::busy(path, meta.rdev())),
+            Some(libc::EBUSY) => StorageError::DeviceBusy(Box::new(crate::device_holders::busy(path, meta.rdev()))),
             _ => StorageError::Io { op: "exclusive open (O_EXCL) of the block device", source: e },
         })?;
     // The path may have been pointed at another device since it was opened.
@@ -1347,8 +1347,10 @@ mod tests {
         let other = dir.path().join("node");
         node(&other, std::fs::metadata(dev).unwrap().rdev());
         let e = exclusive_open(&other, &std::fs::metadata(&other).unwrap()).expect_err("a claim through another node");
-        // No mount, swap or stacked device: a process's claim, with the tools that list it, given the
-        // device's own node (`fuser` and `lsof` of the other node do not list a process that opened this one).
+        // No mount, swap or stacked device: a process's claim, here this one's (`served`), which is left out
+        // of the processes named (the asker has the device open itself), so the tools that list them are
+        // named, with the device's own node (`fuser` and `lsof` of the other node do not list a process that
+        // opened this one).
         let claimed = format!("fuser -v {0} or lsof {0} lists those that have it open", fs.dev);
         assert!(matches!(e, StorageError::DeviceBusy(_)) && e.to_string().contains(&claimed), "{e}");
         // A reload's second open through the same path shares the claim.

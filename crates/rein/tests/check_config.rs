@@ -552,6 +552,37 @@ fn a_device_in_use_as_swap_is_refused_naming_swap() {
     refused_by_check_and_start(&device_export(dir, "s", &lo.0), &want);
 }
 
+/// A block device that a process claimed (an exclusive open, as a mkfs or a virtual machine takes) is
+/// refused naming that process and its pid, found by its descriptors; before, the error sent the
+/// operator to `fuser` and `lsof`. Here the claim is this test's own. Needs root (a loop device);
+/// elsewhere skipped.
+#[test]
+fn a_device_claimed_by_a_process_is_refused_naming_the_process() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = tmpdir("check-claim");
+    let dir = tmp.path();
+    let img = dir.join("claimed.img");
+    std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
+    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
+    let claim = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&lo.0).expect("claimed");
+    let cfg = device_export(dir, "c", &lo.0);
+    let want = format!(
+        "export c: {}: is a block device in use: no mount, swap, RAID or device-mapper device holds it; open in ",
+        lo.0
+    );
+    // This test's process among those named (the others are what the machine runs beside it: another
+    // test's losetup that looks at every loop device, say); not the rein that asks.
+    let this =
+        format!("{} (pid {})", std::fs::read_to_string("/proc/self/comm").unwrap().trim_end(), std::process::id());
+    let (ok, out, err) = check(&["serve", "--config", &cfg]);
+    assert!(!ok && out.is_empty() && err.trim().lines().count() == 1, "{out}{err}");
+    assert!(err.starts_with(&format!("error: {want}")) && err.contains(&this), "{err}");
+    assert!(!err.contains("rein (pid"), "the asking rein is not named: {err}");
+    let started = Rein::serve(Path::new(&cfg)).env("REIN_LOG", "off").fails();
+    assert!(started.contains(&want) && started.contains(&this), "a start says the same: {started}");
+    drop(claim);
+}
+
 /// A disk whose partition is mounted cannot be claimed (the kernel marks the whole disk claimed while a
 /// partition is): serving the disk is refused naming the partition and where it is mounted. Here a loop
 /// device with a partition table (`losetup -P`, `sfdisk`) and an ext4 on its first partition. Needs root
