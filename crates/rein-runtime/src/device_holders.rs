@@ -47,7 +47,7 @@ pub const OPENERS_SHOWN: usize = 4;
 
 /// At most this many open descriptors (`/proc/PID/fd/*`, over all processes) are looked at in search of
 /// the processes that have the device open: a bound on the time an error message may take on a host of
-/// many processes (each is one `stat`).
+/// many processes (each is one `readlink`, and a `stat` for a file under /dev).
 pub const MAX_DESCRIPTORS_EXAMINED: usize = 1 << 16;
 
 /// A process that has a device of the family open (from `/proc/PID/fd`).
@@ -262,7 +262,8 @@ pub fn busy(path: &Path, rdev: u64) -> Busy {
 }
 
 /// The processes under `proc` (normally `/proc`) that have one of `devices` open: each numbered
-/// directory's `fd/*` whose file is a block device with one of their numbers, in pid order, at most
+/// directory's `fd/*` whose file is a block device under `/dev` with one of their numbers (a node made
+/// elsewhere with mknod is not seen: only files under /dev are stat'ed), in pid order, at most
 /// [`OPENERS_SHOWN`] (and the count of the rest), looking at no more than [`MAX_DESCRIPTORS_EXAMINED`]
 /// descriptors. A process whose descriptors cannot be read (another user's) is not seen, nor `this`
 /// (the asking process: it has the device open itself, to claim it).
@@ -292,6 +293,11 @@ fn openers_within(proc: &Path, devices: &[SysDevice], this: u32, max_examined: u
             examined += 1;
             if examined > max_examined {
                 break;
+            }
+            // Only files under /dev are stat'ed: a stat of a file on a network file system whose server
+            // is gone would hang this error message (the link's text is read without touching the file).
+            if !std::fs::read_link(fd.path()).is_ok_and(|t| t.starts_with("/dev/")) {
+                continue;
             }
             let Ok(m) = std::fs::metadata(fd.path()) else { continue };
             if !m.file_type().is_block_device() {
@@ -617,7 +623,8 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
 
     /// [`openers`] on a /proc tree made in a temporary directory: descriptors that are links to a block
     /// device of this machine (any in /dev; stat'ed through the link, never opened), to /dev/null (a
-    /// character device) and to nothing; directories that are not pids; more openers than are shown.
+    /// character device), to nothing, and to a path outside /dev that leads to the device (not stat'ed);
+    /// directories that are not pids; more openers than are shown.
     #[test]
     fn openers_are_found_by_their_descriptors_device_number() {
         use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt};
@@ -643,6 +650,9 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         process("7", "bash", &[null, gone]);
         process("12", "mkfs.ext4", &[null, &block]);
         process("self", "not-a-pid", &[&block]);
+        let alias = proc.join("alias");
+        symlink(&block, &alias).unwrap();
+        process("13", "elsewhere", &[&alias]);
         for pid in 100..106 {
             process(&pid.to_string(), "rein", &[&block]);
         }
