@@ -47,7 +47,7 @@ pub const OPENERS_SHOWN: usize = 4;
 
 /// At most this many open descriptors (`/proc/PID/fd/*`, over all processes) are looked at in search of
 /// the processes that have the device open: a bound on the time an error message may take on a host of
-/// many processes (each is one `readlink`, and a `stat` for a file under /dev).
+/// many processes (each is one `readlink`, and a `stat` for a file under /dev, [`may_stat`]).
 pub const MAX_DESCRIPTORS_EXAMINED: usize = 1 << 16;
 
 /// A process that has a device of the family open (from `/proc/PID/fd`).
@@ -255,24 +255,42 @@ pub fn busy(path: &Path, rdev: u64) -> Busy {
     };
     let holders = find(&devices, &mountinfo, &swaps);
     let openers = match holders.is_empty() {
-        true => openers(Path::new("/proc"), &devices, std::process::id()),
+        true => {
+            let node = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+            openers(Path::new("/proc"), &devices, std::process::id(), &node)
+        }
         false => (Vec::new(), 0),
     };
     Busy { device, holders, openers }
 }
 
 /// The processes under `proc` (normally `/proc`) that have one of `devices` open: each numbered
-/// directory's `fd/*` whose file is a block device under `/dev` with one of their numbers (a node made
-/// elsewhere with mknod is not seen: only files under /dev are stat'ed), in pid order, at most
+/// directory's `fd/*` whose file is a block device with one of their numbers, under `/dev` or `node`
+/// (the path asked about, absolute; [`may_stat`]: another node made elsewhere with mknod is not seen),
+/// in pid order, at most
 /// [`OPENERS_SHOWN`] (and the count of the rest), looking at no more than [`MAX_DESCRIPTORS_EXAMINED`]
 /// descriptors. A process whose descriptors cannot be read (another user's) is not seen, nor `this`
 /// (the asking process: it has the device open itself, to claim it).
-pub fn openers(proc: &Path, devices: &[SysDevice], this: u32) -> (Vec<Opener>, usize) {
-    openers_within(proc, devices, this, MAX_DESCRIPTORS_EXAMINED)
+pub fn openers(proc: &Path, devices: &[SysDevice], this: u32, node: &Path) -> (Vec<Opener>, usize) {
+    openers_within(proc, devices, (this, node), MAX_DESCRIPTORS_EXAMINED)
 }
 
-/// [`openers`], looking at no more than `max_examined` descriptors.
-fn openers_within(proc: &Path, devices: &[SysDevice], this: u32, max_examined: usize) -> (Vec<Opener>, usize) {
+/// Whether the file that a descriptor's link names (`target`, the link's text: the file's absolute path)
+/// may be stat'ed in search of a block device: one under /dev, or `node`, the device node asked about.
+/// Nothing else is: a stat of a file on a network file system whose server is gone hangs, and an error
+/// message (or a check) must not (the link's text is read without touching the file).
+pub fn may_stat(target: &Path, node: &Path) -> bool {
+    target.starts_with("/dev/") || target == node
+}
+
+/// [`openers`] (`asker`: the process left out, and the node asked about), looking at no more than
+/// `max_examined` descriptors.
+fn openers_within(
+    proc: &Path,
+    devices: &[SysDevice],
+    (this, node): (u32, &Path),
+    max_examined: usize,
+) -> (Vec<Opener>, usize) {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let mut pids: Vec<u32> = std::fs::read_dir(proc)
         .into_iter()
@@ -294,9 +312,7 @@ fn openers_within(proc: &Path, devices: &[SysDevice], this: u32, max_examined: u
             if examined > max_examined {
                 break;
             }
-            // Only files under /dev are stat'ed: a stat of a file on a network file system whose server
-            // is gone would hang this error message (the link's text is read without touching the file).
-            if !std::fs::read_link(fd.path()).is_ok_and(|t| t.starts_with("/dev/")) {
+            if !std::fs::read_link(fd.path()).is_ok_and(|t| may_stat(&t, node)) {
                 continue;
             }
             let Ok(m) = std::fs::metadata(fd.path()) else { continue };
@@ -657,21 +673,25 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
             process(&pid.to_string(), "rein", &[&block]);
         }
         let family = [SysDevice { relation: Relation::Partition("/dev/x1".into()), dev: number, holders: vec![] }];
-        let (shown, more) = openers(proc, &family, 0);
+        let none = Path::new("/");
+        let (shown, more) = openers(proc, &family, 0, none);
         let pids: Vec<u32> = shown.iter().map(|o| o.pid).collect();
         assert_eq!(pids, [12, 100, 101, 102], "in pid order, at most OPENERS_SHOWN");
         assert_eq!(more, 3);
         assert_eq!((shown[0].name.as_str(), &shown[0].of), ("mkfs.ext4", &Relation::Partition("/dev/x1".into())));
         let other = [SysDevice { relation: Relation::Itself(None), dev: (number.0, number.1 + 1), holders: vec![] }];
-        assert_eq!(openers(proc, &other, 0), (Vec::new(), 0), "another device number");
-        assert_eq!(openers(&proc.join("missing"), &family, 0), (Vec::new(), 0));
-        let (shown, more) = openers(proc, &family, 12);
+        assert_eq!(openers(proc, &other, 0, none), (Vec::new(), 0), "another device number");
+        assert_eq!(openers(&proc.join("missing"), &family, 0, none), (Vec::new(), 0));
+        let (shown, more) = openers(proc, &family, 12, none);
         assert_eq!((shown[0].pid, more), (100, 2), "the asking process is left out");
         // At the bound on descriptors looked at: pid 7's two leave pid 12 unseen; pid 12's two more (in
         // the directory's order) reach its device.
-        assert_eq!(openers_within(proc, &family, 0, 2), (Vec::new(), 0));
-        let (shown, more) = openers_within(proc, &family, 0, 4);
+        assert_eq!(openers_within(proc, &family, (0, none), 2), (Vec::new(), 0));
+        let (shown, more) = openers_within(proc, &family, (0, none), 4);
         assert_eq!((shown.len(), shown[0].pid, more), (1, 12, 0));
+        // The node asked about is stat'ed wherever it is: pid 13 has the device open through it.
+        let (shown, _) = openers(proc, &family, 0, &alias);
+        assert_eq!(shown.iter().map(|o| o.pid).collect::<Vec<_>>(), [12, 13, 100, 101]);
     }
 
     /// A sysfs tree as the kernel lays it out, made in a temporary directory: `dev/block/MAJ:MIN` links to

@@ -92,8 +92,11 @@ pub fn server_holding(data_dir: &Path, path: &Path) -> Option<crate::preflight::
         Err(e) if e.kind() == PermissionDenied => return Some(Holder::Unseen(None)),
         Err(_) => return None,
     };
-    let lock = std::fs::metadata(&lock).ok()?;
+    // The lock file by the path the server's descriptor names (the kernel's link text is the file's
+    // absolute path, symbolic links resolved), and the device by its number.
+    let lock = std::fs::canonicalize(&lock).ok()?;
     let rdev = std::fs::metadata(path).ok()?.rdev();
+    let node = std::fs::canonicalize(path).ok()?;
     let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
         Ok(fds) => fds,
         Err(e) if e.kind() == PermissionDenied => return Some(Holder::Unseen(Some(pid))),
@@ -102,11 +105,14 @@ pub fn server_holding(data_dir: &Path, path: &Path) -> Option<crate::preflight::
     let (mut has_lock, mut has_device) = (false, false);
     for fd in fds.flatten() {
         // Only files: a socket's, pipe's or anonymous inode's link names no path.
-        if !std::fs::read_link(fd.path()).is_ok_and(|t| t.is_absolute()) {
+        let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+        has_lock |= target == lock;
+        // Only the device's files are stat'ed (the server's image files may be on a network file system,
+        // where a stat hangs while its server is gone).
+        if !crate::device_holders::may_stat(&target, &node) {
             continue;
         }
         let Ok(m) = std::fs::metadata(fd.path()) else { continue };
-        has_lock |= (m.dev(), m.ino()) == (lock.dev(), lock.ino());
         has_device |= std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) && m.rdev() == rdev;
     }
     (has_lock && has_device).then_some(Holder::Holds(pid))
