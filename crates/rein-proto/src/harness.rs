@@ -217,13 +217,13 @@ pub fn sample_hello() -> NodeHello {
 }
 
 /// Feeds `input` to a client handshake of kind `kind` (bits 0-1: plain, structured replies, a storage
-/// node's client, a probe; bit 2: TLS required), in pieces of `sizes`.
+/// node's client, a probe of two exports; bit 2: TLS required), in pieces of `sizes`.
 fn client_run(kind: u8, input: &[u8], sizes: &[usize]) -> (Vec<u8>, Result<ClientProgress, ProtoError>) {
     let mut hs = match kind & 3 {
         0 => ClientHandshake::new("a", false),
         1 => ClientHandshake::new("a", true),
         2 => ClientHandshake::with_node("a", sample_hello()).expect("a valid hello"),
-        _ => ClientHandshake::probe("a"),
+        _ => ClientHandshake::probe(&["a", "b"]),
     };
     let tls = kind & 4 == 4;
     if tls {

@@ -72,26 +72,173 @@ fn drive(
     panic!("handshake did not finish");
 }
 
-#[test]
-fn a_probe_reads_the_flags_and_aborts_without_opening() {
-    for (export, step) in [("rd", usize::MAX), ("ro", 1), ("ro", 3)] {
-        let ((c, s), unread) = drive(ClientHandshake::probe(export), || step);
-        let i = exports().iter().position(|e| e.name == export).unwrap();
-        let want = exports()[i].clone();
-        assert_eq!(c.unwrap(), ClientProgress::Info { size: want.size, flags: want.transmission_flags() });
-        assert_eq!(want.transmission_flags() & TFLAG_READ_ONLY != 0, want.read_only);
-        // The server opened nothing; the client's last words are NBD_OPT_ABORT, which the server takes
-        // as the end of the negotiation.
-        assert!(s.is_none(), "{s:?}");
-        let mut out = Vec::new();
-        let mut server = ServerHandshake::new(exports(), &mut out);
-        let mut client_flags = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
-        client_flags.extend_from_slice(&unread[unread.len() - 16..]);
-        assert_eq!(server.feed(&client_flags, &mut out).unwrap(), (client_flags.len(), ServerProgress::Aborted));
+/// Runs a probe of `exports` against `server` in lockstep, `step` bytes at a time each way, calling
+/// `before(server, options seen)` before each feed of the server; returns the probe's end and every option
+/// the client sent (code and data), in order.
+#[allow(clippy::type_complexity)]
+fn probe_against(
+    exports: &[&str],
+    mut server: ServerHandshake,
+    mut to_client: Vec<u8>,
+    step: usize,
+    mut before: impl FnMut(&mut ServerHandshake, usize),
+) -> (Result<ClientProgress, ProtoError>, Vec<(u32, Vec<u8>)>) {
+    let mut client = ClientHandshake::probe(exports);
+    let (mut to_server, mut c_in, mut s_in, mut sent) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut server_done = false;
+    for _ in 0..1_000_000 {
+        let n = step.min(to_client.len());
+        c_in.extend(to_client.drain(..n));
+        let n = step.min(to_server.len());
+        let moved: Vec<u8> = to_server.drain(..n).collect();
+        sent.extend_from_slice(&moved);
+        s_in.extend(moved);
+        if !server_done && !s_in.is_empty() {
+            before(&mut server, options(&sent).len());
+            match server.feed(&s_in, &mut to_client) {
+                Ok((used, p)) => {
+                    s_in.drain(..used);
+                    server_done = p != ServerProgress::NeedMore;
+                    assert!(matches!(p, ServerProgress::NeedMore | ServerProgress::Aborted), "{p:?}");
+                }
+                Err(e) => panic!("the server refused the probe's bytes: {e}"),
+            }
+        }
+        match client.feed(&c_in, &mut to_server) {
+            Ok((used, ClientProgress::NeedMore)) => {
+                c_in.drain(..used);
+            }
+            Ok((_, p)) => {
+                sent.extend_from_slice(&to_server);
+                return (Ok(p), options(&sent));
+            }
+            Err(e) => return (Err(e), options(&sent)),
+        }
     }
-    // An unknown export is the server's refusal, as for GO.
-    let ((c, _), _) = drive(ClientHandshake::probe("nope"), || 5);
-    assert!(matches!(c.unwrap_err(), ProtoError::OptionRefused { option: OPT_INFO, reply: REP_ERR_UNKNOWN, .. }));
+    panic!("the probe did not finish");
+}
+
+/// The options in a client's stream (after its 4-byte flags): code and data.
+fn options(stream: &[u8]) -> Vec<(u32, Vec<u8>)> {
+    let mut at = 4;
+    let mut found = Vec::new();
+    while stream.len() >= at + 16 {
+        let len = u32::from_be_bytes(stream[at + 12..at + 16].try_into().unwrap()) as usize;
+        if stream.len() < at + 16 + len {
+            break;
+        }
+        let code = u32::from_be_bytes(stream[at + 8..at + 12].try_into().unwrap());
+        found.push((code, stream[at + 16..at + 16 + len].to_vec()));
+        at += 16 + len;
+    }
+    found
+}
+
+/// The export an NBD_OPT_INFO's data names.
+fn info_name(data: &[u8]) -> String {
+    let len = u32::from_be_bytes(data[..4].try_into().unwrap()) as usize;
+    String::from_utf8(data[4..4 + len].to_vec()).unwrap()
+}
+
+/// A probe of several exports asks each with its own NBD_OPT_INFO on the one connection, in order, then
+/// sends NBD_OPT_ABORT (which ends the server's handshake, nothing opened), and answers each export: its
+/// size and flags, or the server's error for that export alone (an unknown one between two known ones
+/// fails neither). Before, a probe asked for one export and an error reply failed the whole probe.
+#[test]
+fn a_probe_asks_each_export_and_answers_each() {
+    let [rd, ro] = [&exports()[0], &exports()[1]];
+    let want = vec![
+        Probed::Info { size: rd.size, flags: rd.transmission_flags() },
+        Probed::Refused { reply: REP_ERR_UNKNOWN, message: "no export named \"nope\"".into() },
+        Probed::Info { size: ro.size, flags: ro.transmission_flags() },
+        Probed::Info { size: rd.size, flags: rd.transmission_flags() },
+    ];
+    assert!(ro.transmission_flags() & TFLAG_READ_ONLY != 0 && rd.transmission_flags() & TFLAG_READ_ONLY == 0);
+    for step in [usize::MAX, 1, 3, 17] {
+        let mut out = Vec::new();
+        let server = ServerHandshake::new(exports(), &mut out);
+        let (end, sent) = probe_against(&["rd", "nope", "ro", "rd"], server, out, step, |_, _| {});
+        assert_eq!(end.unwrap(), ClientProgress::Info(want.clone()), "step {step}");
+        let codes: Vec<u32> = sent.iter().map(|(c, _)| *c).collect();
+        assert_eq!(codes, [OPT_INFO, OPT_INFO, OPT_INFO, OPT_INFO, OPT_ABORT], "step {step}");
+        let names: Vec<String> = sent[..4].iter().map(|(_, d)| info_name(d)).collect();
+        assert_eq!(names, ["rd", "nope", "ro", "rd"]);
+    }
+    // One export is the probe as it was; none sends only the ABORT.
+    let mut out = Vec::new();
+    let server = ServerHandshake::new(exports(), &mut out);
+    let (end, sent) = probe_against(&["ro"], server, out, 5, |_, _| {});
+    assert_eq!(end.unwrap(), ClientProgress::Info(vec![want[2].clone()]));
+    assert_eq!(sent.len(), 2);
+    let mut out = Vec::new();
+    let server = ServerHandshake::new(exports(), &mut out);
+    let (end, sent) = probe_against(&[], server, out, 5, |_, _| {});
+    assert_eq!(end.unwrap(), ClientProgress::Info(Vec::new()));
+    assert_eq!(sent, [(OPT_ABORT, Vec::new())]);
+}
+
+/// A server that starts shutting down during a probe answers the export asked then
+/// NBD_REP_ERR_SHUTDOWN; the spec has the client leave: the exports not yet asked get the same error,
+/// unasked, and the probe aborts. The exports answered before keep their answers.
+#[test]
+fn a_probe_stops_at_a_server_shutting_down() {
+    let mut out = Vec::new();
+    let server = ServerHandshake::new(exports(), &mut out);
+    let (end, sent) = probe_against(&["rd", "ro", "rd"], server, out, usize::MAX, |s, seen| {
+        if seen >= 2 {
+            s.shut_down();
+        }
+    });
+    let ClientProgress::Info(answers) = end.unwrap() else { panic!("a probe ends with Info") };
+    assert!(matches!(answers[0], Probed::Info { .. }), "{answers:?}");
+    assert!(answers[1..].iter().all(|a| matches!(a, Probed::Refused { reply: REP_ERR_SHUTDOWN, .. })), "{answers:?}");
+    assert_eq!(sent.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [OPT_INFO, OPT_INFO, OPT_ABORT]);
+}
+
+/// `rein serve`'s handshake counts no options: one probe of 1,024 exports (past any bound a gateway
+/// uses) is answered whole, and a probe of [`PROBE_EXPORTS_ANY_SERVER`] exports over TLS sends 32
+/// options in all (STARTTLS, the INFOs, ABORT): nbdkit's limit, reached and not passed.
+#[test]
+fn a_probe_stays_within_the_options_a_server_takes() {
+    let names: Vec<String> = (0..1024).map(|i| if i % 2 == 0 { "rd".into() } else { "ro".into() }).collect();
+    let mut out = Vec::new();
+    let server = ServerHandshake::new(exports(), &mut out);
+    let names_ref: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (end, sent) = probe_against(&names_ref, server, out, usize::MAX, |_, _| {});
+    let ClientProgress::Info(answers) = end.unwrap() else { panic!("a probe ends with Info") };
+    assert_eq!(answers.len(), 1024);
+    assert!(answers.iter().all(|a| matches!(a, Probed::Info { .. })));
+    assert_eq!(sent.len(), 1025);
+    // Over TLS: STARTTLS first.
+    let exports_at_bound = &names_ref[..PROBE_EXPORTS_ANY_SERVER];
+    let mut hs = ClientHandshake::probe(exports_at_bound).require_tls();
+    let mut greeting = Vec::new();
+    let mut server = ServerHandshake::new(exports(), &mut greeting);
+    server.set_tls(TlsMode::Require);
+    let (mut to_server, mut to_client, mut sent) = (Vec::new(), greeting, Vec::new());
+    let mut tls_up = false;
+    loop {
+        let before = to_server.len();
+        let (used, progress) = hs.feed(&to_client, &mut to_server).unwrap();
+        sent.extend_from_slice(&to_server[before..]);
+        to_client.drain(..used);
+        if let ClientProgress::Info(answers) = progress {
+            assert!(answers.iter().all(|a| matches!(a, Probed::Info { .. })), "{answers:?}");
+            assert_eq!(answers.len(), PROBE_EXPORTS_ANY_SERVER);
+            break;
+        }
+        if progress == ClientProgress::StartTls && !tls_up {
+            hs.tls_established().unwrap();
+            server.tls_established();
+            tls_up = true;
+            continue;
+        }
+        let (used, progress) = server.feed(&to_server, &mut to_client).unwrap();
+        to_server.drain(..used);
+        assert!(matches!(progress, ServerProgress::NeedMore | ServerProgress::StartTls), "{progress:?}");
+    }
+    let count = options(&sent).len();
+    assert_eq!(count, 32, "STARTTLS, 30 INFOs and ABORT: nbdkit's 32 options");
 }
 
 #[test]

@@ -109,14 +109,23 @@
 //! them (and rein serve's sessions opened before a reload to read-only keep refusing writes after one back
 //! to writable: a check's word that the export is writable cannot clear the flag of such a session).
 //!
-//! The check (`read_only_check_s`, [`LinkConfig::read_only_check`]): a volume's task
-//! (`check_read_only`) reads, every period, each of its node exports' transmission flags on a side
-//! connection that opens nothing (`Target::probe`: the links' own connect and handshake code,
-//! `Target::dial`, with [`ClientHandshake::probe`]'s NBD_OPT_INFO then NBD_OPT_ABORT; the same place,
-//! Unix socket or TCP, and TLS; no tenant stated), one node after another, each node one check at a time
-//! for the whole gateway ([`NodeSpec::checks`]; a check waits for another volume's at most
-//! `connect_timeout`, then leaves the node out that time), each within `connect_timeout`. The sessions are not
-//! touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by
+//! The check (`read_only_check_s`, [`LinkConfig::read_only_check`]) is the node's, for the whole
+//! gateway ([`NodeSpec::checks`], [`NodeChecks`]): each volume that checks registers its export on each
+//! of its nodes at its open, and leaves at its close or drop; a task per node (`check_node`, while any
+//! export is registered there) reads, every period, the transmission flags of every export registered
+//! on one side connection that opens nothing (`probe`: the links' own connect and handshake code,
+//! `dial`, with [`ClientHandshake::probe`]: an NBD_OPT_INFO per export, one after another, then
+//! NBD_OPT_ABORT; the same place, Unix socket or TCP, and TLS; no tenant stated), within
+//! `connect_timeout`. An export that two volumes use is asked once; each volume counts the check
+//! ([`NodeStats::checks`]). A connection carries at most [`PROBE_EXPORTS_REIN`] exports on a node known
+//! to run `rein serve` (it counts no options) and [`p::PROBE_EXPORTS_ANY_SERVER`] on another (nbdkit
+//! ends a handshake after 32 options); more take several connections a period, one after another, and
+//! a node that cannot be reached fails the rest of the round untried. An error reply to one export's
+//! NBD_OPT_INFO (an export the node no longer has, a policy) fails that export's check only. A node
+//! silent for `connect_timeout` delays only its own task, not the checks of other nodes. Before, each
+//! volume checked each of its nodes on a connection of its own every period: 1,024 volumes over TLS cost
+//! each node 1,024 TLS handshakes a period (about 8 % of a core at the default 10 s); now 4. The sessions
+//! are not touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by
 //! a reload of its node is known without a write refused first, so new front connections are told, and
 //! a WRITE across it and a writable node is refused by the front rather than torn). Writable while
 //! sessions up refuse writes: those sessions renew (`SessionEnd::Recheck`; a plain NBD node's EPERM is
@@ -143,9 +152,10 @@
 //!   connection whose piece waits for one stops reading, as for the byte budget).
 //! - Connections per node and volume: `connections_per_node`, at most [`MAX_CONNECTIONS_PER_NODE`].
 //! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
-//! - Checks of the node exports' flags ("Read-only node exports"): one task per volume, one side
-//!   connection at a time per node for the whole gateway, each within `connect_timeout` after a wait of
-//!   at most `connect_timeout` for another volume's.
+//! - Checks of the node exports' flags ("Read-only node exports"): one task per node with an export
+//!   registered, one side connection at a time each within `connect_timeout`, a round of
+//!   ceil(exports / [`PROBE_EXPORTS_REIN`]) of them (or [`p::PROBE_EXPORTS_ANY_SERVER`]) a period; the
+//!   exports registered are at most the gateway's volumes per node.
 //!
 //! # Storage-node sessions (docs/node-protocol.md)
 //! With `protocol = "rein"` (or `"auto"` on a node that has it) the handshake states the volume's tenant
@@ -246,9 +256,10 @@ pub struct NodeSpec {
     pub log: Arc<NodeLog>,
     /// Where it is reached now, if a reload moved it (clones of one spec share it; [`NodeRoute`]).
     pub route: Arc<NodeRoute>,
-    /// Held by a check of one of its exports' flags (module comment, "Read-only node exports"), so that
-    /// the node gets one at a time from the whole gateway (clones of one spec share it).
-    pub checks: Arc<tokio::sync::Mutex<()>>,
+    /// The checks of its exports' flags for the whole gateway (module comment, "Read-only node exports"):
+    /// the volumes on it register their exports there, and one task asks them all on one side connection
+    /// a period (clones of one spec share it).
+    pub checks: Arc<NodeChecks>,
 }
 
 /// Where a node is reached (its address, and the name its certificate must carry).
@@ -536,8 +547,9 @@ pub struct NodeStats {
     /// Checks of the node export's flags done (`read_only_check_s`; module comment, "Read-only node
     /// exports"), failed ones included.
     pub checks: AtomicU64,
-    /// Of those, the ones that failed: the node down, slow, busy with another volume's check past
-    /// `connect_timeout`, or not answering NBD_OPT_INFO (an old server: it never gets checked).
+    /// Of those, the ones that failed: the node down or slow (past `connect_timeout`, or a round's
+    /// connection before failed to reach it), refusing the export's NBD_OPT_INFO (an error reply: this
+    /// export's alone), or not answering NBD_OPT_INFO (an old server: it never gets checked).
     pub checks_failed: AtomicU64,
 }
 
@@ -581,9 +593,9 @@ pub struct RemoteVolume {
     /// The volume's own `read_only` ([`RemoteVolume::set_read_only`]): every connection's writes are
     /// refused while it is set.
     own_read_only: std::sync::atomic::AtomicBool,
-    /// With `read_only_check_s`: wakes the volume's check of its node exports' flags at once
-    /// ([`RemoteVolume::recheck_read_only`]).
-    check_now: Option<Arc<tokio::sync::Notify>>,
+    /// With `read_only_check_s`: the volume's node exports among their nodes' checks ([`NodeChecks`]),
+    /// one per node it uses; emptied by [`RemoteVolume::close`] (then its exports are no longer checked).
+    checked: Option<Mutex<Vec<CheckEntry>>>,
     /// Its connections whose node refuses writes ([`LinkState::set_read_only`]).
     refusing: Arc<AtomicUsize>,
 }
@@ -843,12 +855,12 @@ impl RemoteVolume {
             }
             links.push(Some(link));
         }
-        let check_now = cfg.read_only_check.map(|period| {
-            let now = Arc::new(tokio::sync::Notify::new());
-            let checked =
-                links.iter().flatten().map(|l| (l.target.clone(), l.conns.iter().map(|c| c.state.clone()).collect()));
-            tasks.push(tokio::spawn(check_read_only(checked.collect(), period, now.clone(), closing_rx.clone())));
-            now
+        let checked = cfg.read_only_check.map(|_| {
+            let entries = links.iter().flatten().map(|l| {
+                let states = l.conns.iter().map(|c| c.state.clone()).collect();
+                l.target.node.checks.register(&l.target, states)
+            });
+            Mutex::new(entries.collect())
         });
         Ok(Arc::new(RemoteVolume {
             name: volume.to_string(),
@@ -859,7 +871,7 @@ impl RemoteVolume {
             tasks: Mutex::new(tasks),
             zeroes: Arc::new(Semaphore::new(ZERO_WINDOW)),
             own_read_only: Default::default(),
-            check_now,
+            checked,
             refusing,
         }))
     }
@@ -869,6 +881,10 @@ impl RemoteVolume {
     /// those still running (a node that is down, or slow to take the DISC).
     pub async fn close(&self, within: Duration) {
         self.closing.send_replace(true);
+        if let Some(checked) = &self.checked {
+            // Its exports leave their nodes' checks.
+            checked.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
         let all = async {
@@ -1038,15 +1054,16 @@ impl RemoteVolume {
 
     /// Has the volume learn again whether the node exports whose sessions refuse writes (module comment,
     /// "Read-only node exports") still do: a reload of the gateway, after the nodes were made writable
-    /// again. With the check of their flags ([`RemoteVolume::checks_read_only`]) that check runs at once,
-    /// and renews those sessions only if it finds an export writable; without it, those sessions end once
+    /// again. With the check of their flags ([`RemoteVolume::checks_read_only`]) the check of each such
+    /// node runs at once (the node's, for every volume on it: a reload that asks it for many volumes
+    /// runs it once), and renews those sessions only if it finds an export writable; without it, those sessions end once
     /// their pieces are answered and say hello again at once (pieces sent meanwhile wait), so that their
     /// new handshakes say it. Returns the nodes whose sessions refuse writes.
     pub fn recheck_read_only(&self) -> Vec<String> {
         let links: Vec<&NodeLink> = self.links.iter().flatten().filter(|l| l.read_only()).collect();
-        match &self.check_now {
-            Some(now) if !links.is_empty() => now.notify_one(),
-            Some(_) => {}
+        match &self.checked {
+            // The check of each such node, for every volume on it (one connection each).
+            Some(_) => links.iter().for_each(|l| l.target.node.checks.now.notify_one()),
             None => links.iter().for_each(|l| l.target.recheck.send_modify(|g| *g += 1)),
         }
         links.iter().map(|l| l.target.node.name.clone()).collect()
@@ -1054,7 +1071,7 @@ impl RemoteVolume {
 
     /// Whether the volume checks its node exports' flags (`read_only_check_s`).
     pub fn checks_read_only(&self) -> bool {
-        self.check_now.is_some()
+        self.checked.is_some()
     }
 
     /// The largest minimum block size of the volume's nodes, as their connections that have been up say
@@ -1512,12 +1529,21 @@ struct Session {
     place: Place,
 }
 
-/// What [`Target::dial`] made.
+/// What [`dial`] made.
 enum Dialed {
     /// A session.
     Open(Box<Session>),
-    /// A probe's reading of the export's transmission flags.
-    Probed(u16),
+    /// A probe's answers, one per export asked ([`ClientHandshake::probe`]).
+    Probed(Vec<p::Probed>),
+}
+
+/// What [`dial`] negotiates.
+#[derive(Clone, Copy)]
+enum Dial<'a> {
+    /// A session of this target's export.
+    Session(&'a Target),
+    /// Only these exports' information ([`ClientHandshake::probe`]).
+    Probe(&'a [String]),
 }
 
 /// What a session's transmission flags say the node takes; `true` if it takes FLUSH but not FUA (the
@@ -1561,43 +1587,45 @@ impl Target {
 
     /// Connects and negotiates the export (plain NBD, simple replies), within `connect_timeout`.
     async fn connect(&self) -> Result<Session, ConnectError> {
-        match self.dial(false).await? {
+        match dial(&self.node, self.cfg.connect_timeout, Dial::Session(self)).await? {
             Dialed::Open(s) => Ok(*s),
             // The handshake answers so only a probe ([`ClientHandshake::probe`]).
             Dialed::Probed(_) => Err(ConnectError::Io("handshake: a probe's answer to an export's opening".into())),
         }
     }
+}
 
-    /// Reads the export's transmission flags as the node gives them now, on a connection of its own that
-    /// opens nothing ([`ClientHandshake::probe`]: NBD_OPT_INFO, then NBD_OPT_ABORT), as a session's
-    /// connection is made (its place, Unix socket or TCP, TLS) and within `connect_timeout`.
-    async fn probe(&self) -> Result<u16, ConnectError> {
-        match self.dial(true).await? {
-            Dialed::Probed(flags) => Ok(flags),
-            // A probe's handshake opens nothing ([`ClientHandshake::probe`]).
-            Dialed::Open(_) => Err(ConnectError::Io("handshake: an export opened by a probe".into())),
-        }
+/// Reads `exports`' transmission flags as `node` gives them now, on a connection of its own that opens
+/// nothing ([`ClientHandshake::probe`]: an NBD_OPT_INFO per export, then NBD_OPT_ABORT), as a session's
+/// connection is made (its place, Unix socket or TCP, TLS) and within `connect_timeout`: one answer per
+/// export, in order.
+async fn probe(node: &NodeSpec, exports: &[String], connect_timeout: Duration) -> Result<Vec<p::Probed>, ConnectError> {
+    match dial(node, connect_timeout, Dial::Probe(exports)).await? {
+        Dialed::Probed(answers) => Ok(answers),
+        // A probe's handshake opens nothing ([`ClientHandshake::probe`]).
+        Dialed::Open(_) => Err(ConnectError::Io("handshake: an export opened by a probe".into())),
     }
+}
 
-    /// Connects and negotiates: the export ([`Target::connect`]), or only its flags with `probe`
-    /// ([`Target::probe`]), within `connect_timeout`.
-    async fn dial(&self, probe: bool) -> Result<Dialed, ConnectError> {
-        // Set once the connection is up, so a timeout can say whether the node answered at all.
-        let connected = AtomicBool::new(false);
-        let attempt = async {
-            let place = self.node.place();
-            let stream = place.address.connect().await.map_err(|e| {
-                // Out of descriptors is this process's limit, not the node's state: say so.
-                let local = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
-                let hint =
-                    if local { " (this gateway is out of file descriptors: raise its open-file limit)" } else { "" };
-                ConnectError::Unreachable(format!("connect: {e}{hint}"))
-            })?;
-            connected.store(true, Ordering::Relaxed);
-            let mut stream = NbdStream::Plain(stream);
-            let hello = match (&self.qos, self.node.protocol) {
-                // A probe states no tenant: the export's flags are the same to every client.
-                _ if probe => None,
+/// Connects to `node` and negotiates `how`: a target's export ([`Target::connect`]), or only exports'
+/// information ([`probe`]), within `connect_timeout`.
+async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Result<Dialed, ConnectError> {
+    // Set once the connection is up, so a timeout can say whether the node answered at all.
+    let connected = AtomicBool::new(false);
+    let attempt = async {
+        let place = node.place();
+        let stream = place.address.connect().await.map_err(|e| {
+            // Out of descriptors is this process's limit, not the node's state: say so.
+            let local = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+            let hint = if local { " (this gateway is out of file descriptors: raise its open-file limit)" } else { "" };
+            ConnectError::Unreachable(format!("connect: {e}{hint}"))
+        })?;
+        connected.store(true, Ordering::Relaxed);
+        let mut stream = NbdStream::Plain(stream);
+        let hello = match how {
+            // A probe states no tenant: the export's flags are the same to every client.
+            Dial::Probe(_) => None,
+            Dial::Session(t) => match (&t.qos, node.protocol) {
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
                     let tenant = tenant.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     Some(NodeHello { version: NODE_VERSION, tenants: vec![tenant] })
@@ -1606,174 +1634,319 @@ impl Target {
                     return Err(ConnectError::Io("protocol rein needs a tenant for the volume".into()))
                 }
                 _ => None,
-            };
-            let mut hs = match hello {
-                Some(h) => ClientHandshake::with_node(&self.export, h)
-                    .map_err(|e| ConnectError::Io(format!("the storage-node hello: {e}")))?,
-                None if probe => ClientHandshake::probe(&self.export),
-                None => ClientHandshake::new(&self.export, false),
-            };
-            if self.node.tls.is_some() {
-                hs = hs.require_tls();
-            }
-            let mut input = Vec::new();
-            let mut registration = None;
-            let mut out = Vec::new();
-            loop {
-                out.clear();
-                let (used, progress) = hs.feed(&input, &mut out).map_err(|e| match e {
-                    p::ProtoError::OptionRefused { reply: p::REP_ERR_TLS_REQD, .. } => {
-                        ConnectError::Io(format!("handshake: {e} ({TLS_HINT})"))
-                    }
-                    p::ProtoError::OptionRefused { option: p::OPT_STARTTLS, message, .. } => ConnectError::Io(format!(
-                        "the node does not offer TLS, which [node_tls] requires (NBD_OPT_STARTTLS refused: {message})"
-                    )),
-                    e => ConnectError::Io(format!("handshake: {e}")),
-                })?;
-                input.drain(..used);
-                stream.write_all(&out).await.map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
-                match progress {
-                    ClientProgress::Ready { size, flags, .. } => {
-                        if size < self.needed {
-                            return Err(ConnectError::TooSmall(size));
-                        }
-                        return Ok(Dialed::Open(Box::new(Session {
-                            stream,
-                            input,
-                            flags,
-                            block: hs.block_size(),
-                            slot: None,
-                            boot: None,
-                            version: 0,
-                            registration,
-                            place,
-                        })));
-                    }
-                    ClientProgress::Info { flags, .. } => {
-                        // NBD_OPT_ABORT is written: close (the node's answer to it need not be read).
-                        let _ = stream.shutdown().await;
-                        return Ok(Dialed::Probed(flags));
-                    }
-                    ClientProgress::NodeReady { size, flags, welcome } => {
-                        if size < self.needed {
-                            return Err(ConnectError::TooSmall(size));
-                        }
-                        let slot = welcome.tenants.first().map(|g| g.slot);
-                        let (boot, version) = (welcome.boot, welcome.version);
-                        let block = hs.block_size();
-                        let s = Session { stream, input, flags, block, slot, boot, version, registration, place };
-                        return Ok(Dialed::Open(Box::new(s)));
-                    }
-                    ClientProgress::NodeRefused(reply, message) => {
-                        if reply == p::REP_ERR_TLS_REQD {
-                            return Err(ConnectError::Io(format!("{message} ({TLS_HINT})")));
-                        }
-                        // Only a node that does not know the option is plain NBD (module comment).
-                        if self.node.protocol == NodeProtocol::Rein || reply != p::REP_ERR_UNSUP {
-                            return Err(ConnectError::Io(format!(
-                                "the node refused the storage-node protocol (reply {reply:#x}): {message}"
-                            )));
-                        }
-                        // auto on a plain NBD server: GO is already sent; carry on in plain NBD.
-                        tracing::debug!(node = %self.node.name, "the node does not know the storage-node protocol ({message}); plain NBD");
-                    }
-                    ClientProgress::StartTls => {
-                        let (NbdStream::Plain(tcp), Some(tls)) = (stream, &self.node.tls) else {
-                            return Err(ConnectError::Io("handshake: a second STARTTLS".into()));
-                        };
-                        let cell = &tls.client;
-                        let name = place.tls_name.as_deref().unwrap_or(&tls.name);
-                        let tls = cell
-                            .get()
-                            .connect(name, tcp)
-                            .await
-                            .map_err(|e| ConnectError::Io(format!("TLS to {name}: {e}")))?;
-                        let peer = format!("node {} ({name})", self.node.name);
-                        // Refused if a reload revoked the node while the handshake ran (crate::tls, "Reload").
-                        if let Ok(fd) = tls.get_ref().dup() {
-                            registration = cell
-                                .register(tls.ssl(), peer, fd)
-                                .map_err(|why| ConnectError::Io(format!("TLS to {name}: {why}")))?;
-                        }
-                        stream = NbdStream::Tls(Box::new(tls));
-                        hs.tls_established().map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
-                    }
-                    ClientProgress::NeedMore => {
-                        let n = stream
-                            .read_buf(&mut input)
-                            .await
-                            .map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
-                        if n == 0 {
-                            return Err(ConnectError::Io("handshake: the node closed the connection".into()));
-                        }
-                    }
-                }
-            }
+            },
         };
-        match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
-            Ok(r) => r,
-            Err(_) => {
-                let s = self.cfg.connect_timeout.as_secs_f64();
-                Err(ConnectError::Unreachable(if connected.load(Ordering::Relaxed) {
-                    format!("the node took the connection but did not finish the NBD handshake within connect_timeout_s ({s} s)")
-                } else {
-                    format!("no connection within connect_timeout_s ({s} s)")
-                }))
-            }
+        let mut hs = match (how, hello) {
+            (Dial::Probe(exports), _) => ClientHandshake::probe(exports),
+            (Dial::Session(t), Some(h)) => ClientHandshake::with_node(&t.export, h)
+                .map_err(|e| ConnectError::Io(format!("the storage-node hello: {e}")))?,
+            (Dial::Session(t), None) => ClientHandshake::new(&t.export, false),
+        };
+        // The least size a session's export must have (a probe opens none).
+        let needed = match how {
+            Dial::Session(t) => t.needed,
+            Dial::Probe(_) => 0,
+        };
+        if node.tls.is_some() {
+            hs = hs.require_tls();
         }
-    }
-}
-
-/// Every `period`, and at once when `now` is notified (a reload of the gateway), reads the flags of each
-/// node export of a volume (`links`: each node's target and connections) on a side connection
-/// ([`Target::probe`]; one node after another, each node one check at a time for the whole gateway),
-/// counts it ([`NodeStats::checks`]) and tells its connections what they say ([`read_only_checked`]).
-/// Ends with the volume (closed or dropped).
-async fn check_read_only(
-    links: Vec<(Arc<Target>, Vec<Arc<LinkState>>)>,
-    period: Duration,
-    now: Arc<tokio::sync::Notify>,
-    mut closing: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval_at(Instant::now() + period, period);
-    // A check that took longer than the period (a node silent for connect_timeout) delays the next.
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            // A reload of the gateway ([`RemoteVolume::recheck_read_only`]).
-            _ = now.notified() => {}
-            // Closed, or the volume dropped (its sender gone).
-            _ = closing.wait_for(|c| *c) => return,
-        }
-        for (target, states) in &links {
-            let check = async {
-                // Another volume's check of the node first: waited for at most connect_timeout (as long as
-                // it may take), then the node is left out this time. Else a silent node would hold each
-                // volume's checks, of its other nodes too, for a connect_timeout per volume on it.
-                let Ok(_one) = tokio::time::timeout(target.cfg.connect_timeout, target.node.checks.lock()).await else {
-                    return Err(ConnectError::Unreachable("another check of the node is still waiting for it".into()));
-                };
-                target.probe().await
-            };
-            let flags = tokio::select! {
-                r = check => r,
-                _ = closing.wait_for(|c| *c) => return,
-            };
-            target.stats.checks.fetch_add(1, Ordering::Relaxed);
-            match flags {
-                Ok(flags) => read_only_checked(target, states, flags),
-                // The node down, busy or slow: its sessions say what they say (they learn the rest).
-                Err(e) => {
-                    target.stats.checks_failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(node = %target.node.name, volume = %target.volume, "the check of the node export's flags failed: {e}")
+        let mut input = Vec::new();
+        let mut registration = None;
+        let mut out = Vec::new();
+        loop {
+            out.clear();
+            let (used, progress) = hs.feed(&input, &mut out).map_err(|e| match e {
+                p::ProtoError::OptionRefused { reply: p::REP_ERR_TLS_REQD, .. } => {
+                    ConnectError::Io(format!("handshake: {e} ({TLS_HINT})"))
+                }
+                p::ProtoError::OptionRefused { option: p::OPT_STARTTLS, message, .. } => ConnectError::Io(format!(
+                    "the node does not offer TLS, which [node_tls] requires (NBD_OPT_STARTTLS refused: {message})"
+                )),
+                e => ConnectError::Io(format!("handshake: {e}")),
+            })?;
+            input.drain(..used);
+            stream.write_all(&out).await.map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
+            match progress {
+                ClientProgress::Ready { size, flags, .. } => {
+                    if size < needed {
+                        return Err(ConnectError::TooSmall(size));
+                    }
+                    return Ok(Dialed::Open(Box::new(Session {
+                        stream,
+                        input,
+                        flags,
+                        block: hs.block_size(),
+                        slot: None,
+                        boot: None,
+                        version: 0,
+                        registration,
+                        place,
+                    })));
+                }
+                ClientProgress::Info(answers) => {
+                    // NBD_OPT_ABORT is written: close (the node's answer to it need not be read).
+                    let _ = stream.shutdown().await;
+                    return Ok(Dialed::Probed(answers));
+                }
+                ClientProgress::NodeReady { size, flags, welcome } => {
+                    if size < needed {
+                        return Err(ConnectError::TooSmall(size));
+                    }
+                    let slot = welcome.tenants.first().map(|g| g.slot);
+                    let (boot, version) = (welcome.boot, welcome.version);
+                    let block = hs.block_size();
+                    let s = Session { stream, input, flags, block, slot, boot, version, registration, place };
+                    return Ok(Dialed::Open(Box::new(s)));
+                }
+                ClientProgress::NodeRefused(reply, message) => {
+                    if reply == p::REP_ERR_TLS_REQD {
+                        return Err(ConnectError::Io(format!("{message} ({TLS_HINT})")));
+                    }
+                    // Only a node that does not know the option is plain NBD (module comment).
+                    if node.protocol == NodeProtocol::Rein || reply != p::REP_ERR_UNSUP {
+                        return Err(ConnectError::Io(format!(
+                            "the node refused the storage-node protocol (reply {reply:#x}): {message}"
+                        )));
+                    }
+                    // auto on a plain NBD server: GO is already sent; carry on in plain NBD.
+                    tracing::debug!(node = %node.name, "the node does not know the storage-node protocol ({message}); plain NBD");
+                }
+                ClientProgress::StartTls => {
+                    let (NbdStream::Plain(tcp), Some(tls)) = (stream, &node.tls) else {
+                        return Err(ConnectError::Io("handshake: a second STARTTLS".into()));
+                    };
+                    let cell = &tls.client;
+                    let name = place.tls_name.as_deref().unwrap_or(&tls.name);
+                    let tls = cell
+                        .get()
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| ConnectError::Io(format!("TLS to {name}: {e}")))?;
+                    let peer = format!("node {} ({name})", node.name);
+                    // Refused if a reload revoked the node while the handshake ran (crate::tls, "Reload").
+                    if let Ok(fd) = tls.get_ref().dup() {
+                        registration = cell
+                            .register(tls.ssl(), peer, fd)
+                            .map_err(|why| ConnectError::Io(format!("TLS to {name}: {why}")))?;
+                    }
+                    stream = NbdStream::Tls(Box::new(tls));
+                    hs.tls_established().map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
+                }
+                ClientProgress::NeedMore => {
+                    let n =
+                        stream.read_buf(&mut input).await.map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
+                    if n == 0 {
+                        return Err(ConnectError::Io("handshake: the node closed the connection".into()));
+                    }
                 }
             }
         }
+    };
+    match tokio::time::timeout(connect_timeout, attempt).await {
+        Ok(r) => r,
+        Err(_) => {
+            let s = connect_timeout.as_secs_f64();
+            Err(ConnectError::Unreachable(if connected.load(Ordering::Relaxed) {
+                format!("the node took the connection but did not finish the NBD handshake within connect_timeout_s ({s} s)")
+            } else {
+                format!("no connection within connect_timeout_s ({s} s)")
+            }))
+        }
     }
 }
 
-/// What a check of a node export's flags (`flags`, [`check_read_only`]) tells the connections `states`
+/// Exports one check connection asks about on a node known to run `rein serve` (its `protocol` is
+/// `"rein"`, or a session of it speaks the storage-node protocol): `rein serve` counts no options (its
+/// handshake is bounded only by its 30 s timeout), so the bound is the check's own, the round trips (one
+/// per export, the spec's one option at a time) to fit in `connect_timeout` with room: 256 at the default
+/// 5 s, round trips up to 19 ms. Another node gets [`p::PROBE_EXPORTS_ANY_SERVER`] (nbdkit's limit).
+pub const PROBE_EXPORTS_REIN: usize = 256;
+
+/// The checks of one node's exports' flags for the whole gateway (module comment, "Read-only node
+/// exports"): each volume that checks registers its export on the node (`NodeChecks::register`; a
+/// `CheckEntry`, whose drop takes it out), and one task a node (`check_node`, while any is
+/// registered) asks every export registered on one side connection a period.
+#[derive(Default)]
+pub struct NodeChecks {
+    state: Mutex<Checking>,
+    /// Wakes the node's check at once: a reload ([`RemoteVolume::recheck_read_only`]), or the last
+    /// export gone (the task ends).
+    now: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for NodeChecks {
+    /// Nothing of the state: a reload compares node specs by their `Debug` text.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeChecks")
+    }
+}
+
+/// [`NodeChecks`]' state.
+#[derive(Default)]
+struct Checking {
+    /// The exports registered, each a volume's on the node (at most the gateway's volumes).
+    registered: Vec<Registered>,
+    /// The next registration's id.
+    next: u64,
+    /// The node's check task, while exports are registered (`None` once it ended).
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A volume's export on a node, checked.
+struct Registered {
+    id: u64,
+    /// The volume's link to the node (weak: the registry is reached from the node's spec, which the target
+    /// holds).
+    target: std::sync::Weak<Target>,
+    /// Its connections, told what a check says ([`read_only_checked`]).
+    states: Vec<Arc<LinkState>>,
+}
+
+/// A volume's place among its node's checks: dropped, its export is no longer checked.
+struct CheckEntry {
+    checks: Arc<NodeChecks>,
+    id: u64,
+}
+
+impl Drop for CheckEntry {
+    fn drop(&mut self) {
+        let mut state = self.checks.lock();
+        state.registered.retain(|r| r.id != self.id);
+        if state.registered.is_empty() {
+            // The task ends at once rather than at its next period.
+            self.checks.now.notify_one();
+        }
+    }
+}
+
+/// The volumes that use an export on a node: each one's link to the node and its connections.
+type Users = Vec<(Arc<Target>, Vec<Arc<LinkState>>)>;
+
+/// One round of a node's checks: the exports asked (each once, in the order first registered) with the
+/// volumes that use each, and the settings.
+struct Round {
+    exports: Vec<(String, Users)>,
+    connect_timeout: Duration,
+    period: Duration,
+    /// Whether the node is known to run `rein serve` ([`PROBE_EXPORTS_REIN`]).
+    rein: bool,
+}
+
+impl NodeChecks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Checking> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers `target`'s export, its connections `states` told what a check says; starts the node's
+    /// task if none runs. Called within the runtime (the volume's open).
+    fn register(self: &Arc<Self>, target: &Arc<Target>, states: Vec<Arc<LinkState>>) -> CheckEntry {
+        let mut state = self.lock();
+        let id = state.next;
+        state.next += 1;
+        state.registered.push(Registered { id, target: Arc::downgrade(target), states });
+        if state.task.as_ref().is_none_or(|t| t.is_finished()) {
+            state.task = Some(tokio::spawn(check_node(self.clone())));
+        }
+        CheckEntry { checks: self.clone(), id }
+    }
+
+    /// The round to run now: the exports of the volumes registered and not closing, with their
+    /// settings (the shortest period and `connect_timeout` among them: a gateway's volumes share one).
+    /// `None` if none is left: the task ends (a registration after it starts another).
+    fn round(&self) -> Option<Round> {
+        let mut state = self.lock();
+        let mut round =
+            Round { exports: Vec::new(), connect_timeout: Duration::MAX, period: Duration::MAX, rein: false };
+        for r in &state.registered {
+            let Some(target) = r.target.upgrade().filter(|t| !*t.closing.borrow()) else { continue };
+            let period = target.cfg.read_only_check.unwrap_or(Duration::MAX);
+            round.period = round.period.min(period);
+            round.connect_timeout = round.connect_timeout.min(target.cfg.connect_timeout);
+            round.rein |= target.node.protocol == NodeProtocol::Rein
+                || r.states.iter().any(|s| s.storage_node.load(Ordering::Relaxed));
+            let entry = (target.clone(), r.states.clone());
+            match round.exports.iter_mut().find(|(name, _)| *name == target.export) {
+                Some((_, users)) => users.push(entry),
+                None => round.exports.push((target.export.clone(), vec![entry])),
+            }
+        }
+        if round.exports.is_empty() {
+            state.task = None;
+            return None;
+        }
+        Some(round)
+    }
+}
+
+/// A node's checks (module comment, "Read-only node exports"): every period, and at once when woken (a
+/// reload), reads the flags of every export registered on one side connection ([`probe`]; several if
+/// there are more than one takes, [`PROBE_EXPORTS_REIN`] or [`p::PROBE_EXPORTS_ANY_SERVER`]), counts a
+/// check for each volume of each export ([`NodeStats::checks`]) and tells its connections what it says
+/// ([`read_only_checked`]). A node that cannot be reached fails the round's exports not yet asked without
+/// trying another connection. Ends once no export is registered.
+async fn check_node(checks: Arc<NodeChecks>) {
+    let Some(first) = checks.round() else { return };
+    let mut due = Instant::now() + first.period;
+    loop {
+        let woken = tokio::select! {
+            _ = tokio::time::sleep_until(due) => false,
+            _ = checks.now.notified() => true,
+        };
+        let Some(round) = checks.round() else { return };
+        let node = round.exports[0].1[0].0.node.clone();
+        let per_connection = if round.rein { PROBE_EXPORTS_REIN } else { p::PROBE_EXPORTS_ANY_SERVER };
+        let names: Vec<String> = round.exports.iter().map(|(name, _)| name.clone()).collect();
+        let mut answers: Vec<Result<u16, String>> = Vec::with_capacity(names.len());
+        // Why the node could not be reached, once it could not: the rest is not tried this round.
+        let mut down: Option<String> = None;
+        for chunk in names.chunks(per_connection) {
+            if let Some(why) = &down {
+                answers.extend(chunk.iter().map(|_| Err(format!("not tried: {why}"))));
+                continue;
+            }
+            match probe(&node, chunk, round.connect_timeout).await {
+                Ok(got) => answers.extend(got.into_iter().map(|a| match a {
+                    p::Probed::Info { flags, .. } => Ok(flags),
+                    p::Probed::Refused { reply, message } => {
+                        let hint = if reply == p::REP_ERR_TLS_REQD { format!(" ({TLS_HINT})") } else { String::new() };
+                        Err(format!("NBD_OPT_INFO refused (reply {reply:#x}): {message}{hint}"))
+                    }
+                })),
+                Err(e) => {
+                    let why = e.to_string();
+                    answers.extend(chunk.iter().map(|_| Err(why.clone())));
+                    if matches!(e, ConnectError::Unreachable(_)) {
+                        down = Some(why);
+                    }
+                }
+            }
+        }
+        for ((_, users), answer) in round.exports.iter().zip(&answers) {
+            for (target, states) in users {
+                target.stats.checks.fetch_add(1, Ordering::Relaxed);
+                match answer {
+                    Ok(flags) => read_only_checked(target, states, *flags),
+                    // The node down, slow, or refusing the export: its sessions say what they say (they
+                    // learn the rest).
+                    Err(e) => {
+                        target.stats.checks_failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(node = %target.node.name, volume = %target.volume, "the check of the node export's flags failed: {e}")
+                    }
+                }
+            }
+        }
+        if !woken {
+            // A round that took longer than the period (a node silent for connect_timeout) delays the next.
+            due += round.period;
+            let now = Instant::now();
+            if due < now {
+                due = now + round.period;
+            }
+        }
+    }
+}
+
+/// What a check of a node export's flags (`flags`, `check_node`) tells the connections `states`
 /// of `target`: read-only, they refuse writes from now on (the volume is advertised read-only to new
 /// front connections, whose writes the front refuses); writable while sessions up refuse writes, those
 /// sessions renew ([`SessionEnd::Recheck`]) so that their handshakes say it: a session of a `rein

@@ -7,7 +7,7 @@
 //! subscriber, and that capture then missed the line it waits for, every time (through tracing's
 //! process-wide state; the exact path was not pinned down).
 use rein_model::stripe::Stripe;
-use rein_proto::nbd::{ExportInfo, ServerHandshake, ServerProgress, OPT_INFO};
+use rein_proto::nbd::{option_reply, ExportInfo, ServerHandshake, ServerProgress, OPT_INFO, REP_ERR_POLICY};
 use rein_runtime::remote::{LinkConfig, NodeProtocol, NodeSpec, RemoteVolume};
 use rein_runtime::sock::NodeAddress;
 use std::net::SocketAddr;
@@ -175,5 +175,238 @@ async fn a_silent_node_does_not_hold_up_the_checks_of_another() {
     both.close(Duration::from_secs(1)).await;
     for v in volumes {
         v.close(Duration::from_secs(1)).await;
+    }
+}
+
+/// What an option-level fake node saw: per check connection (one whose first option is NBD_OPT_INFO),
+/// the exports its NBD_OPT_INFOs named, in order, and whether it ended in NBD_OPT_ABORT.
+#[derive(Default)]
+struct Seen {
+    checks: std::sync::Mutex<Vec<(Vec<String>, bool)>>,
+}
+
+impl Seen {
+    fn connections(&self) -> Vec<(Vec<String>, bool)> {
+        self.checks.lock().unwrap().clone()
+    }
+
+    fn count(&self) -> usize {
+        self.checks.lock().unwrap().len()
+    }
+}
+
+/// A fake node on 127.0.0.180 with exports `names` (1 MiB each; read-only those `read_only` says, read
+/// anew at each option, so a test can flip one), answering option by option: NBD_OPT_INFO for `refused`
+/// with NBD_REP_ERR_POLICY, and, with `cap`, closing a connection at its option past `cap` without an
+/// answer (nbdkit counts 32, NBD_OPT_STARTTLS and NBD_OPT_ABORT included). Sessions (NBD_OPT_GO) are
+/// served and held until the client leaves.
+async fn option_node(
+    names: &[&str],
+    read_only: Arc<std::sync::Mutex<Vec<bool>>>,
+    refused: Option<&'static str>,
+    cap: Option<usize>,
+) -> (SocketAddr, Arc<Seen>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.180:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Seen::default());
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (names, read_only, seen) = (names.clone(), read_only.clone(), log.clone());
+            tokio::spawn(async move {
+                let exports = || {
+                    let ro = read_only.lock().unwrap().clone();
+                    names
+                        .iter()
+                        .zip(ro)
+                        .map(|(name, read_only)| ExportInfo {
+                            name: name.clone(),
+                            description: String::new(),
+                            size: 1 << 20,
+                            read_only,
+                            volatile: false,
+                            min_block: 1,
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let mut out = Vec::new();
+                let _ = ServerHandshake::new(exports(), &mut out);
+                s.write_all(&out).await.unwrap();
+                let mut buf = Vec::new();
+                let fill = async |s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>, n: usize| {
+                    while buf.len() < n {
+                        if s.read_buf(buf).await.map_or(true, |r| r == 0) {
+                            return false;
+                        }
+                    }
+                    true
+                };
+                if !fill(&mut s, &mut buf, 4).await {
+                    return;
+                }
+                let flags: Vec<u8> = buf.drain(..4).collect();
+                let (mut infos, mut options, mut check) = (Vec::new(), 0, None);
+                loop {
+                    if !fill(&mut s, &mut buf, 16).await {
+                        break;
+                    }
+                    let code = u32::from_be_bytes(buf[8..12].try_into().unwrap());
+                    let len = u32::from_be_bytes(buf[12..16].try_into().unwrap()) as usize;
+                    if !fill(&mut s, &mut buf, 16 + len).await {
+                        break;
+                    }
+                    let option: Vec<u8> = buf.drain(..16 + len).collect();
+                    options += 1;
+                    check.get_or_insert(code == OPT_INFO);
+                    if cap.is_some_and(|c| options > c) {
+                        break; // as nbdkit: "client spent too much time negotiating"
+                    }
+                    if code == OPT_INFO {
+                        let name_len = u32::from_be_bytes(option[16..20].try_into().unwrap()) as usize;
+                        let name = String::from_utf8_lossy(&option[20..20 + name_len]).into_owned();
+                        infos.push(name.clone());
+                        if Some(name.as_str()) == refused {
+                            let mut out = Vec::new();
+                            option_reply(&mut out, OPT_INFO, REP_ERR_POLICY, b"not for you");
+                            s.write_all(&out).await.unwrap();
+                            continue;
+                        }
+                    }
+                    // Any other option: a fresh handshake (the exports as they are now) answers it.
+                    let mut out = Vec::new();
+                    let mut hs = ServerHandshake::new(exports(), &mut out);
+                    out.clear();
+                    let (_, progress) = hs.feed(&[flags.clone(), option].concat(), &mut out).unwrap();
+                    let _ = s.write_all(&out).await;
+                    match progress {
+                        ServerProgress::NeedMore => {}
+                        ServerProgress::Aborted => {
+                            seen.checks.lock().unwrap().push((infos, true));
+                            return;
+                        }
+                        // A session: held until the client leaves.
+                        ServerProgress::Done(_) => {
+                            while s.read_buf(&mut buf).await.is_ok_and(|n| n > 0) {}
+                            return;
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                if check == Some(true) {
+                    seen.checks.lock().unwrap().push((infos, false));
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// Opens volume `name` of 4 KiB on `node`'s export `export` (width 1).
+async fn open_on(name: &str, node: &NodeSpec, export: &str, cfg: LinkConfig) -> Arc<RemoteVolume> {
+    let stripe = Stripe::new(4096, &[1]).unwrap();
+    let exports = vec![export.to_string()];
+    RemoteVolume::open(name, 4096, stripe, std::slice::from_ref(node), &exports, None, cfg).await.unwrap()
+}
+
+/// The checks counted for `v` on its one node: (done, failed).
+fn counted(v: &RemoteVolume) -> (u64, u64) {
+    let r = &v.node_report()[0];
+    (r.stats.checks.load(Ordering::SeqCst), r.stats.checks_failed.load(Ordering::SeqCst))
+}
+
+/// Waits (up to 20 s) until `done` holds.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}, in time");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Five volumes on one node, each over its own export, checking every 100 ms: each period is ONE side
+/// connection to the node carrying an NBD_OPT_INFO for each of the five exports, then NBD_OPT_ABORT, and
+/// each volume counts one check a connection that asked its export. The node refuses one export's
+/// NBD_OPT_INFO (NBD_REP_ERR_POLICY): that volume's checks fail, the others' do not. An export made
+/// read-only on the node is found by a check (its volume read-only, the others not). Closed, the volumes'
+/// exports are no longer asked. Before, each volume had its own check: five connections a period, one
+/// NBD_OPT_INFO each.
+#[tokio::test]
+async fn one_connection_a_period_checks_every_volume_on_a_node() {
+    let names = ["e0", "e1", "e2", "e3", "e4"];
+    let read_only = Arc::new(std::sync::Mutex::new(vec![false; 5]));
+    let (addr, seen) = option_node(&names, read_only.clone(), Some("e1"), None).await;
+    let node = node_at("a", addr);
+    let cfg = LinkConfig { read_only_check: Some(Duration::from_millis(100)), ..config(Duration::from_secs(10)) };
+    let mut volumes = Vec::new();
+    for (i, export) in names.iter().enumerate() {
+        volumes.push(open_on(&format!("v{i}"), &node, export, cfg).await);
+    }
+    // The rounds from here on have every volume (the one running now may have started before).
+    let start = seen.count() + 1;
+    until("3 check connections", || seen.count() >= start + 3).await;
+    read_only.lock().unwrap()[3] = true;
+    until("v3 read-only", || volumes[3].read_only()).await;
+    let connections = seen.connections();
+    for (asked, aborted) in &connections[start..] {
+        assert_eq!(
+            (asked.as_slice(), *aborted),
+            (&names.map(String::from)[..], true),
+            "5 INFOs, then ABORT: {connections:?}"
+        );
+    }
+    for v in &volumes {
+        v.close(Duration::from_secs(1)).await;
+    }
+    // A round running at the close ends; then nothing more is asked.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let connections = seen.connections();
+    for (i, v) in volumes.iter().enumerate() {
+        let (done, failed) = counted(v);
+        let asked = connections.iter().filter(|(asked, _)| asked.contains(&names[i].to_string())).count();
+        assert_eq!(done, asked as u64, "v{i}: one check counted a connection that asked e{i}");
+        assert_eq!(failed, if i == 1 { done } else { 0 }, "v{i}: only e1's checks fail");
+        assert_eq!(v.read_only(), i == 3, "v{i}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(seen.count(), connections.len(), "no check after the volumes closed");
+}
+
+/// More exports on a node than one connection may carry: a plain NBD node (not known to be `rein
+/// serve`) gets at most `PROBE_EXPORTS_ANY_SERVER` (30) NBD_OPT_INFOs a connection, so 31 volumes are
+/// checked on two connections a period, 30 exports then 1, against a node that cuts a connection after
+/// 32 options as nbdkit does (STARTTLS, were there one, and ABORT count), and no check fails. Without
+/// the bound, the 31 went on one connection, which the node cut (seen: no connection of 30).
+#[tokio::test]
+async fn a_node_gets_no_more_options_on_a_connection_than_it_takes() {
+    let names: Vec<String> = (0..31).map(|i| format!("e{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let read_only = Arc::new(std::sync::Mutex::new(vec![false; 31]));
+    let (addr, seen) = option_node(&refs, read_only, None, Some(32)).await;
+    let node = node_at("a", addr);
+    let cfg = LinkConfig { read_only_check: Some(Duration::from_millis(100)), ..config(Duration::from_secs(10)) };
+    let mut volumes = Vec::new();
+    for (i, export) in names.iter().enumerate() {
+        volumes.push(open_on(&format!("v{i}"), &node, export, cfg).await);
+    }
+    let start = seen.count() + 1;
+    until("6 check connections", || seen.count() >= start + 6).await;
+    for v in &volumes {
+        v.close(Duration::from_secs(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rein_proto::nbd::PROBE_EXPORTS_ANY_SERVER, 30);
+    let connections = seen.connections();
+    // From the first round with every volume: pairs of (the first 30, the last one).
+    let first = start + connections[start..].iter().position(|(asked, _)| asked.len() == 30).unwrap();
+    let rounds: Vec<_> = connections[first..].chunks(2).filter(|pair| pair.len() == 2).collect();
+    assert!(rounds.len() >= 2, "{connections:?}");
+    for pair in rounds {
+        assert_eq!(pair[0], (names[..30].to_vec(), true), "{connections:?}");
+        assert_eq!(pair[1], (names[30..].to_vec(), true), "{connections:?}");
+    }
+    for (i, v) in volumes.iter().enumerate() {
+        let (done, failed) = counted(v);
+        assert!(done >= 2 && failed == 0, "v{i}: {done} checks, {failed} failed");
     }
 }

@@ -71,19 +71,31 @@
 //! new() --greeting--> [STRUCTURED_REPLY sent --reply-->] GO sent --INFO*, ACK--> Ready
 //! with_node() --greeting--> REIN_NODE sent --REP_REIN_NODE--> GO sent --INFO*, ACK--> NodeReady
 //!                                           --error reply--> GO sent (NodeRefused) --INFO*, ACK--> Ready
-//! probe() --greeting--> INFO sent --INFO*, ACK--> ABORT sent (Info)
+//! probe() --greeting--> INFO sent --INFO*, ACK or error--> INFO sent (next export) ... --> ABORT sent (Info)
 //! ```
 //! [`ClientHandshake`] asks for structured replies if wanted, then for the export with NBD_OPT_GO. With
 //! [`ClientHandshake::with_node`] it sends [`OPT_REIN_NODE`] first; a refusal is reported
 //! ([`ClientProgress::NodeRefused`]) with GO already sent, so a caller that can do without the node
 //! protocol goes on feeding (plain NBD) and one that cannot closes.
 //!
-//! [`ClientHandshake::probe`] opens nothing: it asks for the export's information with NBD_OPT_INFO
-//! (the same request as GO's) and, once the server has acknowledged it, ends the negotiation with
-//! NBD_OPT_ABORT (in `out` with [`ClientProgress::Info`]; the caller writes it and closes, without
-//! waiting for the server's answer, which the spec lets a server leave out). A client reads an export's
-//! transmission flags so, as they are now, without a session (a gateway's check of its node exports'
-//! read-only flag).
+//! [`ClientHandshake::probe`] opens nothing: it asks for each of its exports' information with
+//! NBD_OPT_INFO (the same request as GO's), one export after another on the one connection, and once the
+//! server has given the last its final reply ends the negotiation with NBD_OPT_ABORT (in `out` with
+//! [`ClientProgress::Info`]; the caller writes it and closes, without waiting for the server's answer,
+//! which the spec lets a server leave out). A client reads exports' transmission flags so, as they are
+//! now, without a session (a gateway's check of its node exports' read-only flag: one connection for
+//! every export it uses on a node, not one each). Each export gets its own answer ([`Probed`]): an error
+//! reply (`NBD_REP_ERR_*`: an unknown export, a policy) is that export's, and the next export is asked
+//! all the same; only NBD_REP_ERR_SHUTDOWN, after which the spec has a client leave, answers every export
+//! not yet asked with the same error and ends the probe. A reply that breaks the protocol (another
+//! option's, an unknown non-error type, an ACK without NBD_INFO_EXPORT) is a [`ProtoError`] for the whole
+//! connection; [`ClientHandshake::probed`] keeps the answers that came before it.
+//!
+//! The options go one at a time: the spec has a client send no option before the final reply to the one
+//! before (so a probe of `n` exports is `n` round trips). How many one connection may carry is the
+//! caller's to bound by what the server takes: nbdkit ends a handshake after 32 options, NBD_OPT_STARTTLS
+//! and NBD_OPT_ABORT included ([`PROBE_EXPORTS_ANY_SERVER`]); `rein serve` counts none (its handshake is
+//! bounded in time only).
 //!
 //! With [`ClientHandshake::require_tls`] the client sends NBD_OPT_STARTTLS right after the greeting,
 //! before any other option (the spec's "forced TLS" from the client's side):
@@ -685,14 +697,9 @@ pub enum ClientProgress {
     /// the TLS handshake as the client on the socket, call [`ClientHandshake::tls_established`], and go
     /// on feeding what arrives over TLS.
     StartTls,
-    /// With [`ClientHandshake::probe`]: the server's information on the export; NBD_OPT_ABORT is in
-    /// `out`. Write it and close: no export is open.
-    Info {
-        /// Export size in bytes.
-        size: u64,
-        /// Transmission flags (`TFLAG_*`) as the server would give a session opened now.
-        flags: u16,
-    },
+    /// With [`ClientHandshake::probe`]: what the server said of each export, in the probe's order;
+    /// NBD_OPT_ABORT is in `out`. Write it and close: no export is open.
+    Info(Vec<Probed>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -705,7 +712,7 @@ enum CState {
     StructuredReply,
     GoReplies,
     Ready,
-    /// [`ClientHandshake::probe`]'s information came and NBD_OPT_ABORT went.
+    /// [`ClientHandshake::probe`]'s answers came and NBD_OPT_ABORT went.
     Probed,
 }
 
@@ -763,6 +770,38 @@ impl BlockSize {
     }
 }
 
+/// Exports one [`ClientHandshake::probe`] asks about that every server known takes on one connection
+/// (module comment): nbdkit ends a handshake after 32 options (its `MAX_NR_OPTIONS`, which counts
+/// NBD_OPT_STARTTLS and NBD_OPT_ABORT; the spec lets a server cut a client it takes for a denial of
+/// service), so 32 less those two.
+pub const PROBE_EXPORTS_ANY_SERVER: usize = 30;
+
+/// What a [`ClientHandshake::probe`] learnt of one export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probed {
+    /// The server's information on it.
+    Info {
+        /// Export size in bytes.
+        size: u64,
+        /// Transmission flags (`TFLAG_*`) as the server would give a session opened now.
+        flags: u16,
+    },
+    /// The server answered NBD_OPT_INFO for it with this error reply (`NBD_REP_ERR_*`) and message.
+    Refused {
+        /// The error reply.
+        reply: u32,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// A probe's exports and the answers so far (in the exports' order).
+#[derive(Debug, Clone)]
+struct Probing {
+    exports: Vec<String>,
+    answers: Vec<Probed>,
+}
+
 /// The client side of the fixed newstyle handshake: optional NBD_OPT_STRUCTURED_REPLY, then NBD_OPT_GO.
 /// It asks for NBD_INFO_BLOCK_SIZE: [`ClientHandshake::block_size`] says what the server advertised (a
 /// malformed NBD_INFO_BLOCK_SIZE counts as none).
@@ -779,8 +818,8 @@ pub struct ClientHandshake {
     node_hello: Option<NodeHello>,
     welcome: Option<NodeWelcome>,
     tls: bool,
-    /// [`ClientHandshake::probe`]: NBD_OPT_INFO instead of GO, then NBD_OPT_ABORT.
-    probe: bool,
+    /// [`ClientHandshake::probe`]: NBD_OPT_INFO instead of GO for each export, then NBD_OPT_ABORT.
+    probe: Option<Probing>,
 }
 
 impl ClientHandshake {
@@ -817,23 +856,62 @@ impl ClientHandshake {
             node_hello: None,
             welcome: None,
             tls: false,
-            probe: false,
+            probe: None,
         }
     }
 
-    /// A client that only reads `export`'s information (size and transmission flags) with NBD_OPT_INFO,
-    /// then aborts the negotiation (module comment): [`ClientProgress::Info`]. Plain NBD (no node hello,
-    /// no structured replies); [`ClientHandshake::require_tls`] applies as to any client.
-    pub fn probe(export: &str) -> ClientHandshake {
-        ClientHandshake { probe: true, ..ClientHandshake::new(export, false) }
+    /// A client that only reads each of `exports`' information (size and transmission flags) with
+    /// NBD_OPT_INFO, one after another, then aborts the negotiation (module comment):
+    /// [`ClientProgress::Info`], one answer per export in their order. Plain NBD (no node hello, no
+    /// structured replies); [`ClientHandshake::require_tls`] applies as to any client. How many exports
+    /// one probe may ask about is the caller's to bound by what the server takes
+    /// ([`PROBE_EXPORTS_ANY_SERVER`]).
+    pub fn probe<S: AsRef<str>>(exports: &[S]) -> ClientHandshake {
+        let exports: Vec<String> = exports.iter().map(|e| e.as_ref().to_string()).collect();
+        let first = exports.first().cloned().unwrap_or_default();
+        let probe = Some(Probing { answers: Vec::with_capacity(exports.len()), exports });
+        ClientHandshake { probe, ..ClientHandshake::new(&first, false) }
+    }
+
+    /// A probe's answers so far, in its exports' order (all of them once it returned
+    /// [`ClientProgress::Info`]; those that came before a [`ProtoError`] otherwise).
+    pub fn probed(&self) -> &[Probed] {
+        self.probe.as_ref().map_or(&[], |p| &p.answers)
     }
 
     /// The option that asks for the export: GO, or INFO for a probe.
     fn export_option(&self) -> u32 {
-        if self.probe {
+        if self.probe.is_some() {
             OPT_INFO
         } else {
             OPT_GO
+        }
+    }
+
+    /// A probe's export had its final reply (`answer`): asks for the next export's information, or, after
+    /// the last, sends NBD_OPT_ABORT. NBD_REP_ERR_SHUTDOWN answers the exports not yet asked too (the spec
+    /// has the client leave).
+    fn probed_one(&mut self, answer: Probed, out: &mut Vec<u8>) {
+        let p = self.probe.as_mut().expect("a probe");
+        let shutdown = matches!(&answer, Probed::Refused { reply: REP_ERR_SHUTDOWN, .. });
+        p.answers.push(answer);
+        if shutdown {
+            while p.answers.len() < p.exports.len() {
+                let message = "not asked: the server is shutting down (NBD_REP_ERR_SHUTDOWN)".to_string();
+                p.answers.push(Probed::Refused { reply: REP_ERR_SHUTDOWN, message });
+            }
+        }
+        // What the server said of this export is not the next one's.
+        (self.size, self.flags, self.block) = (None, 0, None);
+        match p.exports.get(p.answers.len()) {
+            Some(next) => {
+                self.export = next.clone();
+                self.send_go(out);
+            }
+            None => {
+                option_request(out, OPT_ABORT, &[]);
+                self.state = CState::Probed;
+            }
         }
     }
 
@@ -862,6 +940,10 @@ impl ClientHandshake {
             hello.encode(&mut d);
             option_request(out, OPT_REIN_NODE, &d);
             self.state = CState::NodeReply;
+        } else if self.probe.as_ref().is_some_and(|p| p.exports.is_empty()) {
+            // Nothing to ask.
+            option_request(out, OPT_ABORT, &[]);
+            self.state = CState::Probed;
         } else if self.want_structured {
             option_request(out, OPT_STRUCTURED_REPLY, &[]);
             self.state = CState::StructuredReply;
@@ -898,8 +980,8 @@ impl ClientHandshake {
                     return Ok((used, progress));
                 }
                 CState::Probed => {
-                    let (size, flags) = (self.size.unwrap_or(0), self.flags);
-                    return Ok((used, ClientProgress::Info { size, flags }));
+                    let answers = self.probe.as_ref().map_or_else(Vec::new, |p| p.answers.clone());
+                    return Ok((used, ClientProgress::Info(answers)));
                 }
                 CState::NodeReply => {
                     let Some((OptionReply { option, reply, data }, n)) = decode_option_reply(rest)? else {
@@ -997,7 +1079,7 @@ impl ClientHandshake {
                         CState::StructuredReply => {
                             (OPT_STRUCTURED_REPLY, "a reply to another option than NBD_OPT_STRUCTURED_REPLY")
                         }
-                        _ if self.probe => (OPT_INFO, "a reply to another option than NBD_OPT_INFO"),
+                        _ if self.probe.is_some() => (OPT_INFO, "a reply to another option than NBD_OPT_INFO"),
                         _ => (OPT_GO, "a reply to another option than NBD_OPT_GO"),
                     };
                     if opt != want {
@@ -1021,19 +1103,23 @@ impl ClientHandshake {
                         }
                         REP_INFO => {}
                         REP_ACK => {
-                            if self.size.is_none() {
-                                return Err(ProtoError::Malformed(if self.probe {
+                            let Some(size) = self.size else {
+                                return Err(ProtoError::Malformed(if self.probe.is_some() {
                                     "NBD_OPT_INFO acknowledged without NBD_INFO_EXPORT"
                                 } else {
                                     "NBD_OPT_GO acknowledged without NBD_INFO_EXPORT"
                                 }));
-                            }
-                            if self.probe {
-                                option_request(out, OPT_ABORT, &[]);
-                                self.state = CState::Probed;
+                            };
+                            if self.probe.is_some() {
+                                self.probed_one(Probed::Info { size, flags: self.flags }, out);
                                 continue;
                             }
                             self.state = CState::Ready;
+                        }
+                        // A probe: the error is this export's, and the next is asked (module comment).
+                        r if self.probe.is_some() && r & (1 << 31) != 0 => {
+                            let message = String::from_utf8_lossy(data).into_owned();
+                            self.probed_one(Probed::Refused { reply: r, message }, out);
                         }
                         r => {
                             return Err(refused(opt, r, data));

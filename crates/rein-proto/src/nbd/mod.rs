@@ -41,7 +41,7 @@ pub mod transmission;
 pub use client::{ClientEvent, ClientReply, ClientTransmission, MAX_READ_PIECES};
 pub use handshake::{
     decode_option_reply, option_reply, option_request, BlockSize, ClientHandshake, ClientProgress, Negotiated,
-    OptionReply, ServerHandshake, ServerProgress, TlsMode,
+    OptionReply, Probed, ServerHandshake, ServerProgress, TlsMode, PROBE_EXPORTS_ANY_SERVER,
 };
 pub use node::{
     decode_node_reply, encode_node_request, NodeError, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag,
