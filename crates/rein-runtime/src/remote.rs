@@ -124,8 +124,8 @@
 //! NBD_OPT_INFO (an export the node no longer has, a policy) fails that export's check only. A node
 //! silent for `connect_timeout` delays only its own task, not the checks of other nodes. Before, each
 //! volume checked each of its nodes on a connection of its own every period: 1,024 volumes over TLS cost
-//! each node 1,024 TLS handshakes a period (about 8 % of a core at the default 10 s); now 4. The sessions
-//! are not touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by
+//! each node 1,024 TLS handshakes a period, 12.6 % of a core at the default 10 s; now 4, 0.17 %
+//! (`scripts/bench-ro-checks.sh`, docs/gateway.md "Read-only volumes"). The sessions are not touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by
 //! a reload of its node is known without a write refused first, so new front connections are told, and
 //! a WRITE across it and a writable node is refused by the front rather than torn). Writable while
 //! sessions up refuse writes: those sessions renew (`SessionEnd::Recheck`; a plain NBD node's EPERM is
