@@ -1857,6 +1857,8 @@ impl NodeChecks {
         let mut state = self.lock();
         let mut round =
             Round { exports: Vec::new(), connect_timeout: Duration::MAX, period: Duration::MAX, rein: false };
+        // Each export's place in `round.exports`.
+        let mut at: HashMap<String, usize> = HashMap::new();
         for r in &state.registered {
             let Some(target) = r.target.upgrade().filter(|t| !*t.closing.borrow()) else { continue };
             let period = target.cfg.read_only_check.unwrap_or(Duration::MAX);
@@ -1865,9 +1867,12 @@ impl NodeChecks {
             round.rein |= target.node.protocol == NodeProtocol::Rein
                 || r.states.iter().any(|s| s.storage_node.load(Ordering::Relaxed));
             let entry = (target.clone(), r.states.clone());
-            match round.exports.iter_mut().find(|(name, _)| *name == target.export) {
-                Some((_, users)) => users.push(entry),
-                None => round.exports.push((target.export.clone(), vec![entry])),
+            match at.get(&target.export) {
+                Some(&i) => round.exports[i].1.push(entry),
+                None => {
+                    at.insert(target.export.clone(), round.exports.len());
+                    round.exports.push((target.export.clone(), vec![entry]));
+                }
             }
         }
         if round.exports.is_empty() {
@@ -1921,6 +1926,8 @@ async fn check_node(checks: Arc<NodeChecks>) {
                 }
             }
         }
+        // One answer per export ([`ClientHandshake::probe`] answers each it was given).
+        debug_assert_eq!(answers.len(), names.len());
         for ((_, users), answer) in round.exports.iter().zip(&answers) {
             for (target, states) in users {
                 target.stats.checks.fetch_add(1, Ordering::Relaxed);

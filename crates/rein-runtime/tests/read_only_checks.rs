@@ -1,6 +1,7 @@
 //! The gateway's check of its node exports' flags (`read_only_check_s`; remote.rs, "Read-only node
-//! exports") against a fake node on 127.0.0.175: each check is a side connection that opens nothing
-//! (NBD_OPT_INFO, then NBD_OPT_ABORT), and a node gets one check at a time from the whole gateway.
+//! exports") against fake nodes on 127.0.0.175 and 127.0.0.180: a node's check is a side connection
+//! that opens nothing (an NBD_OPT_INFO for each export its volumes use, then NBD_OPT_ABORT), one a
+//! period for every volume of the gateway on the node, within the options the node takes.
 //!
 //! A test binary of its own: in rein-runtime's unit tests it ran beside
 //! `a_nodes_second_reply_is_named_as_such`, which captures its own thread's log with a scoped tracing
@@ -129,10 +130,11 @@ async fn open(name: &str, nodes: &[NodeSpec], cfg: LinkConfig) -> Arc<RemoteVolu
     RemoteVolume::open(name, 4096 * nodes.len() as u64, stripe, nodes, &exports, None, cfg).await.unwrap()
 }
 
-/// Two volumes on one node, each checking every 5 ms, with a node that takes 30 ms to answer a check:
-/// never two checks open at once there (without `NodeSpec::checks`, the two volumes' checks overlapped:
-/// two at once). Each check ends with NBD_OPT_ABORT (the node's handshake ends `Aborted`, counted as
-/// done), and what it read (read-only) holds.
+/// Two volumes on one node, checking every 5 ms, with a node that takes 30 ms to answer a check: never
+/// two checks open at once there (when each volume had its own check, without a lock on the node the
+/// two overlapped: two at once; now the node has one check for both). Each check ends with
+/// NBD_OPT_ABORT (the node's handshake ends `Aborted`, counted as done), and what it read (read-only)
+/// holds.
 #[tokio::test]
 async fn a_node_gets_one_check_at_a_time() {
     let (addr, checks) = slow_checked_node(Some(Duration::from_millis(30))).await;
@@ -153,9 +155,10 @@ async fn a_node_gets_one_check_at_a_time() {
 
 /// A node silent to checks (it takes the connection and never answers NBD_OPT_INFO), under 40 volumes
 /// and a 50 ms `connect_timeout`, does not hold up the checks of another node: the volume over both
-/// checks the healthy one at least 5 times within 3 s. A check waits for another volume's check of the
-/// same node at most `connect_timeout`, then leaves the node out that time. Before, it waited its turn
-/// behind every other volume's, 40 x 50 ms a round, and the healthy node was checked once or twice.
+/// checks the healthy one at least 5 times within 3 s. Each node has its own check, so the silent one's
+/// `connect_timeout` a period holds up none but its own. (When each volume checked its nodes one after
+/// another, a check first waited its turn behind every other volume's at the silent node, 40 x 50 ms a
+/// round, and the healthy node was checked once or twice.)
 #[tokio::test]
 async fn a_silent_node_does_not_hold_up_the_checks_of_another() {
     let (silent, _) = slow_checked_node(None).await;
