@@ -91,6 +91,17 @@
 //!   too), and once the reload completes the sessions still open at the old place end once their pieces
 //!   are answered and reconnect there, pieces sent meanwhile waiting ([`crate::remote::NodeRoute`]); a
 //!   move to the address another node is at now fails the reload;
+//! - a node's `protocol` changed, or TLS on its link turned on or off (`tls`, or `[node_tls]` added or
+//!   removed, which sets every node's default): applied as a move is (`NodeMoves`; the route's
+//!   [`crate::remote::Place`] carries the protocol and TLS, which every connection to the node, a
+//!   session's or a check's, reads): its sessions end once their pieces are answered and reconnect at
+//!   once with the new settings, and the VMs' connections stay. A node turned to TLS takes the
+//!   gateway's one `[node_tls]` cell (the first one it had, whose context each reload sets); one turned
+//!   to `nbd` carries no tags from then on (its tenants' trackers keep their account, and one turned back
+//!   to `rein` starts afresh there unless the node's boot is the same). A file that turns TLS on without
+//!   credentials does not load (`tls = true needs a [node_tls] table`, naming the node), which changes
+//!   nothing; a node that does not accept the new settings fails the reconnects until it does (the reload
+//!   does not try it first);
 //! - a node added: it takes the next place after the running nodes (a place is an index of the running
 //!   list, by which the volumes' layouts, node links and the tenants' trackers know their nodes; the
 //!   trackers grow by it, [`ServiceTracker::add_servers`]), and volumes added by the same reload or a
@@ -105,8 +116,8 @@
 //! - whatever else it changes, the node sessions of the running volumes that refuse writes (remote.rs,
 //!   "Read-only node exports") renew, to learn whether the node exports are writable again (a reload of
 //!   a node ends none of the gateway's sessions);
-//! - what needs a restart is named and left as it runs: a node's protocol or TLS on or off, the front's
-//!   settings (listen, admin, caps, budgets, timeouts, request size, default export), the links'
+//! - what needs a restart is named and left as it runs: a node removed while a volume kept uses it, the
+//!   front's settings (listen, admin, caps, budgets, timeouts, request size, default export), the links'
 //!   timeouts and pool size,
 //!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
 //!   or tenant (its data is laid out by them); a volume whose layout would change also hears what the
@@ -235,7 +246,7 @@ fn layout_of(v: &GatewayVolume, nodes: &[NodeSpec]) -> layouts::Layout {
 }
 
 /// The `[node_tls]` cell of `nodes`, which all their TLS nodes share (one context for every node: parsed
-/// so, and a reload's added nodes take the running cell, [`NodePlan::new`]).
+/// so, and a reload's nodes take the running cell, [`NodePlan::new`]).
 fn node_tls_cell(nodes: &[NodeSpec]) -> Option<crate::tls::LiveTlsClient> {
     nodes.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.clone())
 }
@@ -1338,15 +1349,18 @@ struct NodePlan {
 impl NodePlan {
     /// Places `file`'s nodes over `running` (whose places in `gone` were removed by earlier reloads);
     /// `kept_use(j)` names a volume that the reload keeps and that uses place `j`, if any (its node cannot
-    /// go). Fails when the places would pass [`MAX_NODES`].
+    /// go). `cell` is the gateway's `[node_tls]` cell, if it has had one: every TLS node of the file,
+    /// running or added, takes it (a reload sets the file's context in it, [`NodeTlsSwap`]), so that the
+    /// gateway's node links share one context as at start. Fails when the places would pass
+    /// [`MAX_NODES`].
     fn new(
         running: &[NodeSpec],
         gone: &std::collections::BTreeSet<usize>,
         file: &[NodeSpec],
+        cell: Option<&crate::tls::LiveTlsClient>,
         kept_use: impl Fn(usize) -> Option<String>,
     ) -> Result<NodePlan, String> {
         let at: HashMap<&str, usize> = running.iter().enumerate().map(|(j, n)| (n.name.as_str(), j)).collect();
-        let key = |n: &NodeSpec| (n.protocol, n.tls.is_some());
         let mut plan = NodePlan {
             place: Vec::with_capacity(file.len()),
             nodes: running.to_vec(),
@@ -1356,26 +1370,23 @@ impl NodePlan {
             restart: Vec::new(),
         };
         for n in file {
+            // One `[node_tls]` cell for every node, which a reload sets for all of them at once (and the
+            // admin's certificate gauge reads): a node added, or one whose TLS a reload turns on, shares
+            // the running one.
+            let mut n = n.clone();
+            if let (Some(t), Some(cell)) = (&mut n.tls, cell) {
+                t.client = cell.clone();
+            }
             match at.get(n.name.as_str()) {
                 Some(&j) => {
                     plan.place.push(j);
                     if gone.contains(&j) {
                         plan.back.push(j);
                     }
-                    if key(&running[j]) == key(n) {
-                        plan.next[j] = n.clone();
-                    } else {
-                        plan.restart
-                            .push(format!("node {}: protocol or tls (on or off) changed: needs a restart", n.name));
-                    }
+                    // Its address, `tls_name`, protocol and TLS on or off may change live ([`NodeMoves`]).
+                    plan.next[j] = n;
                 }
                 None => {
-                    // One `[node_tls]` cell for every node, which a reload sets for all of them at once
-                    // (and the admin's certificate gauge reads): an added node shares the running one.
-                    let mut n = n.clone();
-                    if let (Some(t), Some(cell)) = (&mut n.tls, node_tls_cell(running)) {
-                        t.client = cell;
-                    }
                     plan.place.push(plan.nodes.len());
                     plan.nodes.push(n.clone());
                     plan.next.push(n);
@@ -1478,7 +1489,8 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                 .find(|o| o.cfg.stripe.uses(j) && kept.contains(o.cfg.name.as_str()))
                 .map(|o| o.cfg.name.clone())
         };
-        NodePlan::new(&live.base.nodes, &live.gone, &file.nodes, kept_use)?
+        let cell = live.node_tls.read().unwrap_or_else(|e| e.into_inner()).clone();
+        NodePlan::new(&live.base.nodes, &live.gone, &file.nodes, cell.as_ref(), kept_use)?
     };
     for (v, what, places) in plan.misordered(file) {
         let Some(running) = live.volumes.iter().find(|o| o.cfg.name == v) else {
@@ -1678,15 +1690,16 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
             }
         }
     }
-    // Nodes moved (another address or tls_name) and `[node_tls]` first: new volumes connect with them, and
-    // renewed sessions below.
+    // Nodes moved (another address or tls_name, protocol, TLS on or off) and `[node_tls]` first: new volumes
+    // connect with them, and renewed sessions below.
     // A node removed now or earlier: still there while volumes use it, else nowhere.
     let removed = |j: usize| (plan.dropped.contains(&j) || live.gone.contains(&j)).then(|| live.place_in_use(j));
     if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes, removed) {
         return Err(e);
     }
     let moves = NodeMoves::set(&live.base.nodes, &new.nodes);
-    let (node_tls, changed) = NodeTlsSwap::set(&live.base.nodes, &file.nodes);
+    let cell = live.node_tls.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let (node_tls, changed) = NodeTlsSwap::set(cell.as_ref(), &file.nodes);
     // The tenants' trackers count the places added (a tracker is shared by its tenant's volumes).
     for t in live.trackers.values() {
         t.lock().unwrap_or_else(|e| e.into_inner()).add_servers(nodes.len());
@@ -1842,27 +1855,29 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     Ok(r)
 }
 
-/// `[node_tls]` as a reload replaces it (module `tls`, "Reload"): the new context is set in every node's
-/// cell before the reload opens new volumes (they connect with it) and renews sessions, and put back by
-/// `Drop` unless the reload completes ([`NodeTlsSwap::keep`]).
+/// `[node_tls]` as a reload replaces it (module `tls`, "Reload"): the new context is set in the gateway's
+/// cell (which every TLS node shares) before the reload opens new volumes (they connect with it) and
+/// renews sessions, and put back by `Drop` unless the reload completes ([`NodeTlsSwap::keep`]).
 struct NodeTlsSwap {
-    cells: Vec<crate::tls::LiveTlsClient>,
+    cell: Option<crate::tls::LiveTlsClient>,
     old: Option<crate::tls::TlsClient>,
 }
 
 impl NodeTlsSwap {
-    /// Sets the `[node_tls]` context of `new` (the file's nodes) in `running`'s cells, when both have one
-    /// (a node's TLS turned on or off needs a restart: [`NodePlan`]). Built anew from the files, it is set
-    /// whatever the comparison says; whether it differs is returned, for the log.
-    fn set(running: &[NodeSpec], new: &[NodeSpec]) -> (NodeTlsSwap, bool) {
-        let mut swap = NodeTlsSwap { cells: Vec::new(), old: None };
-        let client = |n: &[NodeSpec]| n.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.get());
-        let (Some(old), Some(next)) = (client(running), client(new)) else {
+    /// Sets the `[node_tls]` context of `new` (the file's nodes) in `cell` (the gateway's, if it has had
+    /// one; [`NodePlan::new`] gives it to the file's TLS nodes), when both are there: a gateway without a
+    /// cell yet takes the file's (its TLS nodes hold it), and a file without TLS nodes leaves the cell as
+    /// it is (unused until a reload turns TLS on again, with the file's context then). Built anew from
+    /// the files, it is set whatever the comparison says; whether it differs is returned, for the log.
+    fn set(cell: Option<&crate::tls::LiveTlsClient>, new: &[NodeSpec]) -> (NodeTlsSwap, bool) {
+        let mut swap = NodeTlsSwap { cell: None, old: None };
+        let (Some(cell), Some(next)) = (cell, new.iter().find_map(|n| n.tls.as_ref()).map(|t| t.client.get())) else {
             return (swap, false);
         };
-        swap.cells = running.iter().filter_map(|n| n.tls.as_ref()).map(|t| t.client.clone()).collect();
-        swap.cells.iter().for_each(|c| c.set(next.clone()));
+        let old = cell.get();
+        cell.set(next.clone());
         let changed = old.changed(&next);
+        swap.cell = Some(cell.clone());
         swap.old = Some(old);
         (swap, changed)
     }
@@ -1870,31 +1885,31 @@ impl NodeTlsSwap {
     /// The reload completed: the new context stays, and the links it revokes are cut (one line each).
     fn keep(mut self) -> Vec<String> {
         self.old = None;
-        self.cells.iter().flat_map(|c| c.cut_revoked()).collect()
+        self.cell.iter().flat_map(|c| c.cut_revoked()).collect()
     }
 }
 
 impl Drop for NodeTlsSwap {
     fn drop(&mut self) {
-        if let Some(old) = self.old.take() {
-            self.cells.iter().for_each(|c| c.set(old.clone()));
+        if let (Some(old), Some(cell)) = (self.old.take(), &self.cell) {
+            cell.set(old);
         }
     }
 }
 
-/// Whether `b` (a reload's nodes by place, [`NodePlan::next`]) names `a`'s nodes (the running ones) the
-/// same way at their places (names, protocols, TLS on or off), whatever their addresses and `tls_name`s
-/// (a reload moves a node, [`NodeMoves`]) and `[node_tls]`'s credentials (a reload replaces them,
-/// [`crate::tls`], "Reload"), with nodes added after them.
+/// Whether `b` (a reload's nodes by place, [`NodePlan::next`]) names `a`'s nodes (the running ones) at
+/// their places, whatever their addresses, `tls_name`s, protocols and TLS on or off (a reload changes
+/// them live, [`NodeMoves`]) and `[node_tls]`'s credentials (a reload replaces them, [`crate::tls`],
+/// "Reload"), with nodes added after them.
 fn same_nodes(a: &[NodeSpec], b: &[NodeSpec]) -> bool {
-    let key = |n: &NodeSpec| (n.name.clone(), n.protocol, n.tls.is_some());
-    a.len() <= b.len() && a.iter().zip(b).all(|(x, y)| key(x) == key(y))
+    a.len() <= b.len() && a.iter().zip(b).all(|(x, y)| x.name == y.name)
 }
 
-/// Nodes a reload moves (module comment, "Reload"): the new place (`address`, `tls_name`) is set in the
-/// node's route before the reload opens new volumes (they connect there, and every link that reconnects
-/// does), and put back by `Drop` unless the reload completes ([`NodeMoves::keep`]), which tells the
-/// sessions still open at the old place to move ([`crate::remote::NodeRoute`]).
+/// Nodes a reload moves (module comment, "Reload"): the new place (`address`, `tls_name`, `protocol`, TLS
+/// on or off) is set in the node's route before the reload opens new volumes (they connect there, and
+/// every link that reconnects does, as does the check of its exports' flags), and put back by `Drop`
+/// unless the reload completes ([`NodeMoves::keep`]), which tells the sessions still open at the old
+/// place to move ([`crate::remote::NodeRoute`]).
 struct NodeMoves {
     /// The running nodes' routes moved, with what each held before.
     moved: Vec<(Arc<crate::remote::NodeRoute>, Option<crate::remote::Place>)>,
@@ -1904,7 +1919,7 @@ struct NodeMoves {
 
 impl NodeMoves {
     /// Moves the nodes of `running` whose place differs in `new`, when the two lists name the same nodes
-    /// ([`same_nodes`]; else nothing moves and the reload names the nodes as needing a restart).
+    /// ([`same_nodes`]; else nothing moves).
     fn set(running: &[NodeSpec], new: &[NodeSpec]) -> NodeMoves {
         let mut m = NodeMoves { moved: Vec::new(), to: Vec::new() };
         if !same_nodes(running, new) {
@@ -1952,24 +1967,39 @@ impl NodeMoves {
         })
     }
 
-    /// The reload completed: the moves stay, the running list says where the nodes are, and the
-    /// sessions still open at a node's old place end once their pieces are answered and reconnect to the
-    /// new one. One line per node moved, for the reload's report.
+    /// The reload completed: the moves stay, the running list says where the nodes are and how they are
+    /// spoken to, and the sessions still open at a node's old place end once their pieces are answered
+    /// and reconnect to the new one. One line per node moved, for the reload's report.
     fn keep(mut self, running: &mut [NodeSpec]) -> Vec<String> {
         self.moved.clear();
         let mut lines = Vec::new();
         for (i, place) in std::mem::take(&mut self.to) {
             let n = &mut running[i];
-            let from = n.address.to_string();
-            n.address = place.address.clone();
-            if let (Some(t), Some(name)) = (&mut n.tls, &place.tls_name) {
-                t.name = name.clone();
+            // As it ran (the route holds the new place already).
+            let before = crate::remote::Place { address: n.address.clone(), protocol: n.protocol, tls: n.tls.clone() };
+            let tls = |p: &crate::remote::Place| if p.tls.is_some() { "on" } else { "off" };
+            let mut what = Vec::new();
+            let renamed = before.tls.is_some() && place.tls.is_some() && before.tls_name() != place.tls_name();
+            let moved = before.address != place.address || renamed;
+            if moved {
+                what.push(format!("moved from {} to {}", before.address, place.address));
             }
+            if before.protocol != place.protocol {
+                what.push(format!("protocol {} -> {}", before.protocol.name(), place.protocol.name()));
+            }
+            if before.tls.is_some() != place.tls.is_some() {
+                what.push(format!("TLS on the link {} -> {}", tls(&before), tls(&place)));
+            }
+            n.address = place.address.clone();
+            n.protocol = place.protocol;
+            n.tls = place.tls.clone();
             n.route.announce();
+            let there = if before.address == place.address { "with the new settings" } else { "there" };
             lines.push(format!(
-                "node {} moved from {from} to {}: its sessions end once their pieces are answered and reconnect \
-                 there",
-                n.name, place.address
+                "node {}{}{}: its sessions end once their pieces are answered and reconnect {there}",
+                n.name,
+                if moved { " " } else { ": " },
+                what.join(", ")
             ));
         }
         lines
@@ -2585,15 +2615,15 @@ mod tests {
         };
         let offered = |nodes: &[NodeSpec]| nodes[0].tls.as_ref().unwrap().client.get().psk_identity().map(String::from);
         let running = config(&old, "s1");
-        let (swap, changed) = NodeTlsSwap::set(&running, &config(&new, "s1"));
+        let (swap, changed) = NodeTlsSwap::set(node_tls_cell(&running).as_ref(), &config(&new, "s1"));
         assert!(changed);
         assert_eq!(offered(&running).as_deref(), Some("gw-new"), "set before the reload opens anything");
         drop(swap);
         assert_eq!(offered(&running).as_deref(), Some("gw-old"), "a failed reload puts it back");
-        let (swap, _) = NodeTlsSwap::set(&running, &config(&new, "s1"));
+        let (swap, _) = NodeTlsSwap::set(node_tls_cell(&running).as_ref(), &config(&new, "s1"));
         swap.keep();
         assert_eq!(offered(&running).as_deref(), Some("gw-new"), "a completed reload keeps it");
-        let (swap, changed) = NodeTlsSwap::set(&running, &config(&old, "s2"));
+        let (swap, changed) = NodeTlsSwap::set(node_tls_cell(&running).as_ref(), &config(&old, "s2"));
         assert!(changed && offered(&running).as_deref() == Some("gw-old"), "another node's file: its context too");
         drop(swap);
         let plain = GatewayConfig::parse(
@@ -2602,10 +2632,10 @@ mod tests {
         )
         .unwrap()
         .nodes;
-        let (swap, changed) = NodeTlsSwap::set(&running, &plain);
+        let (swap, changed) = NodeTlsSwap::set(node_tls_cell(&running).as_ref(), &plain);
         drop(swap);
-        assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "TLS turned off: a restart");
-        let (_, changed) = NodeTlsSwap::set(&running, &config(&new, "s1"));
+        assert!(!changed && offered(&running).as_deref() == Some("gw-new"), "TLS turned off: the cell stays as it is");
+        let (_, changed) = NodeTlsSwap::set(node_tls_cell(&running).as_ref(), &config(&new, "s1"));
         assert!(!changed, "the same file and bytes: nothing to say");
         // A node a reload adds shares the running cell: what the reload sets (or puts back) is its too.
         let text = format!(
@@ -2613,9 +2643,10 @@ mod tests {
              [[nodes]]\nname = \"s2\"\naddress = \"127.0.0.1:2\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n"
         );
         let grown = GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes;
-        let plan = NodePlan::new(&running, &Default::default(), &grown, |_| None).unwrap();
+        let plan =
+            NodePlan::new(&running, &Default::default(), &grown, node_tls_cell(&running).as_ref(), |_| None).unwrap();
         assert_eq!(offered(&plan.nodes[1..]).as_deref(), Some("gw-new"), "the running context, not the file's");
-        let (swap, _) = NodeTlsSwap::set(&running, &grown);
+        let (swap, _) = NodeTlsSwap::set(node_tls_cell(&running).as_ref(), &grown);
         assert_eq!(offered(&plan.nodes[1..]).as_deref(), Some("gw-old"));
         drop(swap);
         assert_eq!(offered(&plan.nodes[1..]).as_deref(), Some("gw-new"));
@@ -2638,7 +2669,7 @@ mod tests {
         };
         let mut running = config("s1", "127.0.0.1:1", "");
         let link = running[0].clone();
-        let at = |n: &NodeSpec| (n.place().address.to_string(), n.place().tls_name.unwrap());
+        let at = |n: &NodeSpec| (n.place().address.to_string(), n.place().tls_name().unwrap().to_string());
         let moved = config("s1", "127.0.0.2:3", "");
         let m = NodeMoves::set(&running, &moved);
         assert_eq!(
@@ -2710,7 +2741,7 @@ mod tests {
              [[exports]]\nname = \"w\"\ntenant = \"t\"\nsize_mb = 1\nwidths = { s1 = 1, s4 = 2 }\nnode_export = \"x\"\n\
              [[exports]]\nname = \"u\"\ntenant = \"t\"\nsize_mb = 1\nwidths = { s4 = 1, s3 = 1 }\n",
         );
-        let plan = NodePlan::new(&running, &none, &file.nodes, |_| None).unwrap();
+        let plan = NodePlan::new(&running, &none, &file.nodes, None, |_| None).unwrap();
         assert_eq!(plan.place, [0, 3, 2]);
         assert_eq!(plan.dropped, [1]);
         assert!(plan.back.is_empty() && plan.restart.is_empty());
@@ -2728,7 +2759,7 @@ mod tests {
         assert_eq!(c.exports[0].node_exports[3], "x");
         assert_eq!(c.tenants[0].server_reservations, [0.0, 0.0, 0.0, 5.0]);
         // A volume the reload keeps on s2: s2 stays, named.
-        let plan = NodePlan::new(&running, &none, &file.nodes, |j| (j == 1).then(|| "v".to_string())).unwrap();
+        let plan = NodePlan::new(&running, &none, &file.nodes, None, |j| (j == 1).then(|| "v".to_string())).unwrap();
         assert!(plan.dropped.is_empty());
         assert_eq!(
             plan.restart,
@@ -2737,29 +2768,79 @@ mod tests {
         // s2 removed earlier and named again: back at its place; s4 (never seen) after the running ones.
         let gone = std::collections::BTreeSet::from([1]);
         let again = config(&["s1", "s2", "s3", "s4"], "[[exports]]\nname = \"v\"\nsize_mb = 1\n");
-        let plan = NodePlan::new(&running, &gone, &again.nodes, |_| None).unwrap();
+        let plan = NodePlan::new(&running, &gone, &again.nodes, None, |_| None).unwrap();
         assert_eq!((plan.place.clone(), plan.back.clone(), plan.dropped.clone()), (vec![0, 1, 2, 3], vec![1], vec![]));
         // A node removed earlier and not named again is not removed twice.
         let plan = NodePlan::new(
             &running,
             &gone,
             &config(&["s1", "s3"], "[[exports]]\nname = \"v\"\nsize_mb = 1\n").nodes,
+            None,
             |_| None,
         )
         .unwrap();
         assert!(plan.dropped.is_empty());
-        // A protocol changed: a restart, and the running spec stays at its place.
+        // A protocol changed: no restart; the file's spec is the next one at its place (`NodeMoves` moves it).
         let text = "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.9:9\"\nprotocol = \"nbd\"\n[[exports]]\nname = \"v\"\nsize_mb = 1\n";
         let nbd = GatewayConfig::parse(text, Path::new("gw.toml")).unwrap();
-        let plan = NodePlan::new(&running, &none, &nbd.nodes, |_| Some("v".into())).unwrap();
-        assert_eq!(plan.restart[0], "node s1: protocol or tls (on or off) changed: needs a restart");
-        assert_eq!(plan.next[0].address, running[0].address, "not moved either");
+        let plan = NodePlan::new(&running, &none, &nbd.nodes, None, |_| Some("v".into())).unwrap();
+        assert!(!plan.restart.iter().any(|l| l.contains("node s1")), "{:?}", plan.restart);
+        assert_eq!(plan.next[0].protocol, NodeProtocol::Nbd);
         // The places are bounded over the gateway's run.
         let many: Vec<String> = (0..MAX_NODES - 2).map(|i| format!("n{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let file = config(&many, "[[exports]]\nname = \"v\"\nsize_mb = 1\nwidths = { n0 = 1 }\n");
-        let e = NodePlan::new(&running, &none, &file.nodes, |_| None).err().unwrap();
+        let e = NodePlan::new(&running, &none, &file.nodes, None, |_| None).err().unwrap();
         assert!(e.contains("254 nodes new to this gateway would make 257 places, past the 256"), "{e}");
+    }
+
+    /// A reload that changes a node's protocol or turns TLS on its link on or off changes it live, as a
+    /// move does: the route every clone of the node shares carries the new protocol and TLS (the
+    /// gateway's one `[node_tls]` cell, whose context the reload sets), a failed reload puts them back,
+    /// a completed one records them in the running list and says what changed. Before, the plan named
+    /// the node as needing a restart and nothing moved.
+    #[test]
+    fn a_reload_changes_a_nodes_protocol_and_tls_live() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("k.psk"), "gw:00112233445566778899aabbccddeeff\n").unwrap();
+        let config = |top: &str, node: &str| {
+            let text = format!(
+                "{top}[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n{node}[[exports]]\nname = \"v\"\nsize_mb = 1\n"
+            );
+            GatewayConfig::parse(&text, &tmp.path().join("gw.toml")).unwrap().nodes
+        };
+        let mut running = config("", "protocol = \"nbd\"\n");
+        let link = running[0].clone();
+        let how = |n: &NodeSpec| (n.place().protocol, n.place().tls_name().map(String::from));
+        let plan = |running: &[NodeSpec], file: &[NodeSpec]| {
+            NodePlan::new(running, &Default::default(), file, node_tls_cell(running).as_ref(), |_| None).unwrap()
+        };
+        // nbd -> rein with TLS on: both follow, before anything opens; put back by a failed reload.
+        let file = config("[node_tls]\npsk_file = \"k.psk\"\n", "protocol = \"rein\"\n");
+        let p = plan(&running, &file);
+        assert!(p.restart.is_empty(), "{:?}", p.restart);
+        let m = NodeMoves::set(&running, &p.next);
+        assert_eq!(how(&link), (NodeProtocol::Rein, Some("127.0.0.1".into())), "a link's clone follows");
+        drop(m);
+        assert_eq!(how(&link), (NodeProtocol::Nbd, None), "a failed reload puts it back");
+        let lines = NodeMoves::set(&running, &p.next).keep(&mut running);
+        assert_eq!(
+            lines,
+            ["node s1: protocol nbd -> rein, TLS on the link off -> on: its sessions end once their pieces are \
+              answered and reconnect with the new settings"]
+        );
+        assert_eq!((running[0].protocol, running[0].tls.is_some()), (NodeProtocol::Rein, true), "the running list");
+        assert_eq!(how(&link), (NodeProtocol::Rein, Some("127.0.0.1".into())));
+        assert!(NodeMoves::set(&running, &plan(&running, &file).next).to.is_empty(), "the same file again");
+        // TLS off again (the [node_tls] table gone), the protocol kept.
+        let plain = config("", "protocol = \"rein\"\n");
+        let lines = NodeMoves::set(&running, &plan(&running, &plain).next).keep(&mut running);
+        assert_eq!(
+            lines,
+            ["node s1: TLS on the link on -> off: its sessions end once their pieces are answered and reconnect \
+              with the new settings"]
+        );
+        assert_eq!(how(&link), (NodeProtocol::Rein, None));
     }
 
     /// A name given twice is named (the tenants' check is a set, the others compare pairs: at most

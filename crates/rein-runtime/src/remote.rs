@@ -176,6 +176,10 @@
 //! is a logged failed reconnect). Going on in plain NBD there (as `"auto"` once did for every refusal)
 //! left the node scheduling the pieces untagged under its own spec, QoS across nodes silently off, with
 //! nothing logged above debug. `/api/nodes` shows each node's protocol as its sessions speak it.
+//! A reload that changes a node's `protocol` (or turns TLS on its link on or off) changes its place
+//! ([`Place`], [`NodeRoute`]): its sessions end once their pieces are answered and say hello again at
+//! once as the new place says; what the old sessions taught (`LinkState`'s `storage_node`) is cleared,
+//! and a session in plain NBD leaves the tracker alone, as under `"auto"` on a plain server.
 //!
 //! # Symbol map
 //! dmClock's delta_i / rho_i -> [`NodeTag`]'s `delta` / `rho` from [`ServiceTracker::prepare`]; a piece
@@ -240,6 +244,17 @@ pub enum NodeProtocol {
     Auto,
 }
 
+impl NodeProtocol {
+    /// Its name in gw.toml (`protocol`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeProtocol::Rein => "rein",
+            NodeProtocol::Nbd => "nbd",
+            NodeProtocol::Auto => "auto",
+        }
+    }
+}
+
 /// A node as configured.
 #[derive(Debug, Clone)]
 pub struct NodeSpec {
@@ -247,9 +262,10 @@ pub struct NodeSpec {
     pub name: String,
     /// Its NBD address (TCP, or a Unix socket on this host).
     pub address: NodeAddress,
-    /// How to speak to it.
+    /// How to speak to it, as configured (a reload may have changed it since: [`NodeSpec::place`]).
     pub protocol: NodeProtocol,
-    /// TLS on the link (STARTTLS before anything else; never plain), if configured.
+    /// TLS on the link (STARTTLS before anything else; never plain), if configured (a reload may have
+    /// turned it on or off since: [`NodeSpec::place`]).
     pub tls: Option<NodeTls>,
     /// How its outages are logged, shared by every pooled connection of every volume on it (clones of
     /// one spec share it).
@@ -262,22 +278,47 @@ pub struct NodeSpec {
     pub checks: Arc<NodeChecks>,
 }
 
-/// Where a node is reached (its address, and the name its certificate must carry).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where and how a node is reached: its address, the protocol spoken there, and TLS on the link (the
+/// client context and the name the node's certificate must carry). Every connection to the node, a
+/// session's or a check's (`dial`), reads them here, so a reload changes all of them at once.
+#[derive(Debug, Clone)]
 pub struct Place {
     /// The address connected to.
     pub address: NodeAddress,
-    /// `tls_name`, or the address's IP (`None`: no TLS).
-    pub tls_name: Option<String>,
+    /// How the link speaks to the node (`protocol`).
+    pub protocol: NodeProtocol,
+    /// TLS on the link: `[node_tls]`'s context (the gateway's one cell) and `tls_name` (or the address's
+    /// IP); `None`: plain.
+    pub tls: Option<NodeTls>,
 }
 
+impl Place {
+    /// The name the node's certificate must carry; `None` without TLS.
+    pub fn tls_name(&self) -> Option<&str> {
+        self.tls.as_ref().map(|t| t.name.as_str())
+    }
+}
+
+/// Two places are the same when a session at one is a session at the other: the same address, protocol
+/// and TLS name (or both plain). The TLS context is not compared: the gateway has one (`[node_tls]`),
+/// whose credentials a reload replaces for the connections from then on ([`crate::tls`], "Reload").
+impl PartialEq for Place {
+    fn eq(&self, other: &Place) -> bool {
+        (&self.address, self.protocol, self.tls_name()) == (&other.address, other.protocol, other.tls_name())
+    }
+}
+
+impl Eq for Place {}
+
 /// A node's place after a reload moved it (a node replaced by a host at another address, the same data
-/// behind it): every clone of the node's [`NodeSpec`] shares it, so the links of all its volumes connect
-/// to the new place from then on, and once the reload completes ([`NodeRoute::announce`]) the sessions
-/// still open at the old place end as a session renewed for a new spec does: their pieces in flight are
-/// answered there, then the connection says goodbye (NBD_CMD_DISC) and connects to the new place at once,
-/// pieces sent meanwhile waiting. Writes not yet flushed at the old place make the next FLUSH fail, as
-/// a lost session's do: the gateway cannot vouch that they reached the new one.
+/// behind it) or changed how it is spoken to (its `protocol`, or TLS on the link turned on or off): every
+/// clone of the node's [`NodeSpec`] shares it, so the links of all its volumes (and the checks of its
+/// exports' flags) connect to the new place from then on, and once the reload completes
+/// ([`NodeRoute::announce`]) the sessions still open at the old place end as a session renewed for a new
+/// spec does: their pieces in flight are answered there, then the connection says goodbye (NBD_CMD_DISC)
+/// and connects to the new place at once, pieces sent meanwhile waiting. Writes not yet flushed at the
+/// old place make the next FLUSH fail, as a lost session's do: the gateway cannot vouch that they reached
+/// the new one (the same node under another protocol or over TLS keeps them, but a FLUSH cannot tell).
 #[derive(Debug)]
 pub struct NodeRoute {
     moved: std::sync::RwLock<Option<Place>>,
@@ -311,7 +352,7 @@ impl NodeSpec {
         if let Some(p) = &*self.route.moved.read().unwrap_or_else(|e| e.into_inner()) {
             return p.clone();
         }
-        Place { address: self.address.clone(), tls_name: self.tls.as_ref().map(|t| t.name.clone()) }
+        Place { address: self.address.clone(), protocol: self.protocol, tls: self.tls.clone() }
     }
 }
 
@@ -1179,13 +1220,14 @@ impl RemoteVolume {
         self.links
             .iter()
             .flatten()
-            .map(|l| NodeReport {
+            .map(|l| (l, l.target.node.place()))
+            .map(|(l, place)| NodeReport {
                 name: &l.target.node.name,
-                address: l.target.node.place().address,
+                address: place.address,
                 connections: l.conns.len(),
                 up: l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed)).count(),
                 in_flight: l.conns.iter().map(|c| MAX_PENDING_PER_CONN - c.slots.available_permits()).sum(),
-                tls: l.target.node.tls.is_some(),
+                tls: place.tls.is_some(),
                 protocol: {
                     let up = l.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed));
                     let mut tagged = up.clone().map(|c| c.state.storage_node.load(Ordering::Relaxed));
@@ -1625,7 +1667,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
         let hello = match how {
             // A probe states no tenant: the export's flags are the same to every client.
             Dial::Probe(_) => None,
-            Dial::Session(t) => match (&t.qos, node.protocol) {
+            Dial::Session(t) => match (&t.qos, place.protocol) {
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
                     let tenant = tenant.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     Some(NodeHello { version: NODE_VERSION, tenants: vec![tenant] })
@@ -1647,7 +1689,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
             Dial::Session(t) => t.needed,
             Dial::Probe(_) => 0,
         };
-        if node.tls.is_some() {
+        if place.tls.is_some() {
             hs = hs.require_tls();
         }
         let mut input = Vec::new();
@@ -1703,7 +1745,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
                         return Err(ConnectError::Io(format!("{message} ({TLS_HINT})")));
                     }
                     // Only a node that does not know the option is plain NBD (module comment).
-                    if node.protocol == NodeProtocol::Rein || reply != p::REP_ERR_UNSUP {
+                    if place.protocol == NodeProtocol::Rein || reply != p::REP_ERR_UNSUP {
                         return Err(ConnectError::Io(format!(
                             "the node refused the storage-node protocol (reply {reply:#x}): {message}"
                         )));
@@ -1712,11 +1754,11 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
                     tracing::debug!(node = %node.name, "the node does not know the storage-node protocol ({message}); plain NBD");
                 }
                 ClientProgress::StartTls => {
-                    let (NbdStream::Plain(tcp), Some(tls)) = (stream, &node.tls) else {
+                    let (NbdStream::Plain(tcp), Some(tls)) = (stream, &place.tls) else {
                         return Err(ConnectError::Io("handshake: a second STARTTLS".into()));
                     };
                     let cell = &tls.client;
-                    let name = place.tls_name.as_deref().unwrap_or(&tls.name);
+                    let name = tls.name.as_str();
                     let tls = cell
                         .get()
                         .connect(name, tcp)
@@ -1864,7 +1906,7 @@ impl NodeChecks {
             let period = target.cfg.read_only_check.unwrap_or(Duration::MAX);
             round.period = round.period.min(period);
             round.connect_timeout = round.connect_timeout.min(target.cfg.connect_timeout);
-            round.rein |= target.node.protocol == NodeProtocol::Rein
+            round.rein |= target.node.place().protocol == NodeProtocol::Rein
                 || r.states.iter().any(|s| s.storage_node.load(Ordering::Relaxed));
             let entry = (target.clone(), r.states.clone());
             match at.get(&target.export) {
@@ -2042,7 +2084,14 @@ async fn run_link(
                     // At once, with the new spec, at the node's new place or to read the export's flags
                     // again; pieces meanwhile wait in the channel.
                     let why = match end {
-                        SessionEnd::Moved => format!("at its new place {}", target.node.place().address),
+                        SessionEnd::Moved => {
+                            // What the old place's sessions taught (the storage-node protocol spoken there)
+                            // is the new place's to say.
+                            state.storage_node.store(false, Ordering::Relaxed);
+                            let place = target.node.place();
+                            let tls = if place.tls.is_some() { "TLS" } else { "plain" };
+                            format!("at its new place {} (protocol {}, {tls})", place.address, place.protocol.name())
+                        }
                         SessionEnd::Recheck => "to learn whether its export still refuses writes".to_string(),
                         _ => "with the tenant's new spec".to_string(),
                     };

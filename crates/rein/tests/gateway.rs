@@ -1105,6 +1105,213 @@ fn a_reload_moves_a_node_to_another_address() {
     assert!(first(144).iter().all(|&b| b == 0x3c), "and not on the old one");
 }
 
+/// The first volume's link to node `s1` as `/api/nodes` shows it.
+fn s1_report(gw: &Server) -> serde_json::Value {
+    let (status, _, body) = common::http(gw.admin, "GET", "/api/nodes", "", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v[0]["nodes"][0]["node"], "s1", "{body}");
+    v[0]["nodes"][0].clone()
+}
+
+/// [`s1_report`]'s (tls, connected, protocol).
+fn s1_link(gw: &Server) -> (bool, u64, String) {
+    let n = s1_report(gw);
+    (n["tls"].as_bool().unwrap(), n["connected"].as_u64().unwrap(), n["protocol"].to_string())
+}
+
+/// [`s1_report`]'s read-only checks: (run, failed).
+fn s1_checks(gw: &Server) -> (u64, u64) {
+    let n = s1_report(gw);
+    (n["read_only_checks"].as_u64().unwrap(), n["read_only_checks_failed"].as_u64().unwrap())
+}
+
+/// A 4 KiB WRITE of `byte` at `offset` on `c` (handle `h`); the reply's error.
+fn write_at(c: &mut Raw, h: u64, offset: u64, byte: u8) -> u32 {
+    c.send(rein_proto::nbd::Command::Write, h, offset, 4096, &[byte; 4096]);
+    c.reply(0).1
+}
+
+/// A FLUSH on `c` (handle `h`); the reply's error.
+fn flush_on(c: &mut Raw, h: u64) -> u32 {
+    c.send(rein_proto::nbd::Command::Flush, h, 0, 0, &[]);
+    c.reply(0).1
+}
+
+/// A READ of `len` bytes at `offset` on `c` (handle `h`): the reply's error and data.
+fn read_at(c: &mut Raw, h: u64, offset: u64, len: u32) -> (u32, Vec<u8>) {
+    c.send(rein_proto::nbd::Command::Read, h, offset, len, &[]);
+    let (handle, error, data) = c.reply(len as usize);
+    assert_eq!(handle, h);
+    (error, data)
+}
+
+/// TLS rolled out to a storage node without a restart of the gateway (crates/rein-runtime/src/gateway.rs,
+/// "Reload"; `NodeMoves`): a plain `rein serve` node is reloaded to require TLS (its session with the
+/// gateway, opened before, goes on), then the gateway is reloaded with a `[node_tls]` table: its session
+/// to s1 ends once its pieces are answered and reconnects at once over TLS. An NBD connection to the
+/// gateway opened before both reloads writes and reads on through them on the same socket, its data
+/// intact, and new connections work; the checks of the node export's flags (a side connection each,
+/// `read_only_check_s`) follow the link to TLS. Before, the gateway's reload named the change as needing a restart
+/// (which drops every client) and its links stayed plain. A reload that turns TLS on without a
+/// `[node_tls]` table, or with an empty one, is refused as a whole, naming the node (or the table), and
+/// the links run on as they did.
+#[test]
+fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
+    let tmp = tmpdir("gw-tls-on");
+    let dir = tmp.path();
+    let key = (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(43).wrapping_add(7))).collect::<String>();
+    write_file(dir, "nodes.psk", &format!("gw-p:{key}\n"));
+    write_file(dir, "gw.psk", &format!("gw-p:{key}\n"));
+    let s1 = node(dir, 181, 0);
+    let volume = "[[exports]]\nname = \"v\"\nsize_mb = 16\n";
+    let top = format!("{}\n{TIMES}read_only_check_s = 0.2\n", local(184));
+    let gw = gateway(&gateway_config_with(dir, 184, "read_only_check_s = 0.2\n", &[("s1", s1.nbd)], volume));
+    let mut c = Raw::connect(gw.nbd, "v");
+    assert_eq!(write_at(&mut c, 1, 0, 0xa1), 0);
+    assert_eq!(flush_on(&mut c, 2), 0);
+    assert_eq!(s1_link(&gw), (false, 1, "\"nbd\"".to_string()));
+    // Bad reloads: TLS on without [node_tls], or with a table that gives no credentials. Refused whole.
+    let s1_tls = format!("[[nodes]]\nname = \"s1\"\naddress = \"{}\"\ntls = true\n", s1.nbd);
+    write_file(dir, "gw.toml", &format!("{top}{s1_tls}{volume}"));
+    gw.signal("-HUP");
+    let line = gw.wait_line("the running configuration is unchanged");
+    assert!(line.contains("node s1: tls = true needs a [node_tls] table"), "{line}");
+    write_file(dir, "gw.toml", &format!("{top}[node_tls]\n{s1_tls}{volume}"));
+    gw.signal("-HUP");
+    gw.wait_log(&["the running configuration is unchanged", "node_tls"], Duration::from_secs(30));
+    assert_eq!(s1_link(&gw), (false, 1, "\"nbd\"".to_string()), "the link as it ran");
+    assert_eq!(write_at(&mut c, 3, 4096, 0xa2), 0, "the connection opened before writes on");
+    assert_eq!(flush_on(&mut c, 4), 0);
+    // The node requires TLS from now on (its sessions up keep theirs).
+    let head = local(181);
+    let body = format!(
+        "capacity_iops = 100000\n[tls]\nmode = \"require\"\npsk_file = \"{}\"\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n",
+        dir.join("nodes.psk").display()
+    );
+    common::config_at(&dir.join("node181"), &head, &body);
+    s1.signal("-HUP");
+    s1.wait_line("configuration reloaded");
+    assert_eq!(write_at(&mut c, 5, 8192, 0xa3), 0, "the gateway's plain session to the node goes on");
+    assert_eq!(flush_on(&mut c, 6), 0);
+    let plain = tool("nbdinfo").arg(format!("nbd://{}/v", s1.nbd)).output().unwrap();
+    assert!(!plain.status.success(), "the node refuses plain clients now");
+    // So the checks of its export's flags, plain side connections, fail.
+    let failed = s1_checks(&gw).1;
+    assert!(eventually(Duration::from_secs(10), || s1_checks(&gw).1 > failed), "{:?}", s1_checks(&gw));
+    // The gateway with [node_tls]: s1's link turns to TLS, live.
+    write_file(
+        dir,
+        "gw.toml",
+        &format!(
+            "{top}[node_tls]\npsk_file = \"gw.psk\"\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n{volume}",
+            s1.nbd
+        ),
+    );
+    gw.signal("-HUP");
+    gw.wait_line(
+        "reload: node s1: TLS on the link off -> on: its sessions end once their pieces are answered and reconnect \
+         with the new settings",
+    );
+    gw.wait_line(&format!("node session renewed at its new place {} (protocol auto, TLS)", s1.nbd));
+    assert!(
+        eventually(Duration::from_secs(10), || s1_link(&gw) == (true, 1, "\"nbd\"".to_string())),
+        "{:?}",
+        s1_link(&gw)
+    );
+    // The plain session left with a soft disconnect, and its successor runs TLS as gw-p.
+    s1.wait_log(&["NBD connection closed", "(NBD_CMD_DISC)"], Duration::from_secs(10));
+    s1.wait_log(&["NBD connection opened", "tls=true", "identity=\"gw-p\""], Duration::from_secs(10));
+    // The checks follow the link to TLS: once a round begun before the reload is over, none fails.
+    let first = s1_checks(&gw).0;
+    assert!(eventually(Duration::from_secs(10), || s1_checks(&gw).0 >= first + 2), "{:?}", s1_checks(&gw));
+    let (run, failed) = s1_checks(&gw);
+    assert!(eventually(Duration::from_secs(10), || s1_checks(&gw).0 >= run + 3), "{:?}", s1_checks(&gw));
+    assert_eq!(s1_checks(&gw).1, failed, "checks over TLS succeed");
+    // The connection opened before reads what it wrote, and writes and flushes on, on the same socket.
+    let (e, data) = read_at(&mut c, 7, 0, 3 * 4096);
+    assert_eq!(e, 0);
+    assert!(data[..4096].iter().all(|&b| b == 0xa1) && data[4096..8192].iter().all(|&b| b == 0xa2));
+    assert!(data[8192..].iter().all(|&b| b == 0xa3));
+    assert_eq!(write_at(&mut c, 8, 12288, 0xa4), 0);
+    assert_eq!(flush_on(&mut c, 9), 0, "every write was flushed before the link turned: the FLUSH succeeds");
+    let file = std::fs::read(node_file(dir, 181)).unwrap();
+    assert!(file[12288..16384].iter().all(|&b| b == 0xa4), "the write after the reload is on the node");
+    // New connections too.
+    let (ok, out) =
+        qemu_io_ok(&uri(&gw), &["read -P 0xa1 0 4k", "read -P 0xa4 12k 4k", "write -P 0xa5 16k 4k", "flush"]);
+    assert!(ok, "{out}");
+    let log = gw.log.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.contains("needs a restart") || l.contains("node connection lost")), "{log:#?}");
+}
+
+/// A node's `protocol` changed by a reload, nbd -> rein and back, on a live volume (`NodeMoves`): the
+/// gateway's session ends once its pieces are answered and says hello again at once in the new protocol.
+/// Under rein the node schedules the volume's pieces as tenant c2 (its `specs = "gateway"`), under nbd as
+/// its own export's tenant again; a connection opened before both reloads keeps its data and writes on.
+/// Before, the reload named the change as needing a restart and the link spoke as it started.
+#[test]
+fn a_reload_switches_a_nodes_protocol_live() {
+    let tmp = tmpdir("gw-protocol");
+    let dir = tmp.path();
+    let s1 = storage_node(dir, 185);
+    let config = |protocol: &str| {
+        let text = format!(
+            "{}\n{TIMES}[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"{protocol}\"\n[[tenants]]\nname = \"c2\"\n\
+             reservation = 100\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
+            local(182),
+            s1.nbd
+        );
+        write_file(dir, "gw.toml", &text)
+    };
+    let gw = gateway(&config("nbd"));
+    let mut c = Raw::connect(gw.nbd, "v");
+    assert_eq!(write_at(&mut c, 1, 0, 0xb1), 0);
+    assert_eq!(flush_on(&mut c, 2), 0);
+    assert_eq!(s1_link(&gw), (false, 1, "\"nbd\"".to_string()));
+    assert_eq!(completed(s1.admin, "c2"), 0, "plain NBD: the node does not know c2");
+    // nbd -> rein.
+    config("rein");
+    gw.signal("-HUP");
+    gw.wait_line(
+        "reload: node s1: protocol nbd -> rein: its sessions end once their pieces are answered and reconnect with \
+         the new settings",
+    );
+    s1.wait_line("storage-node session granted");
+    assert!(
+        eventually(Duration::from_secs(10), || s1_link(&gw) == (false, 1, "\"rein\"".to_string())),
+        "{:?}",
+        s1_link(&gw)
+    );
+    let (e, data) = read_at(&mut c, 3, 0, 4096);
+    assert!(e == 0 && data.iter().all(|&b| b == 0xb1), "the data written under nbd");
+    assert_eq!(write_at(&mut c, 4, 4096, 0xb2), 0);
+    assert_eq!(flush_on(&mut c, 5), 0);
+    let tagged = completed(s1.admin, "c2");
+    assert!(tagged >= 3, "the read, write and flush scheduled as c2 at the node: {tagged}");
+    // rein -> nbd.
+    config("nbd");
+    gw.signal("-HUP");
+    gw.wait_line(
+        "reload: node s1: protocol rein -> nbd: its sessions end once their pieces are answered and reconnect with \
+         the new settings",
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || s1_link(&gw) == (false, 1, "\"nbd\"".to_string())),
+        "{:?}",
+        s1_link(&gw)
+    );
+    let (e, data) = read_at(&mut c, 6, 0, 8192);
+    assert!(e == 0 && data[..4096].iter().all(|&b| b == 0xb1) && data[4096..].iter().all(|&b| b == 0xb2));
+    assert_eq!(write_at(&mut c, 7, 8192, 0xb3), 0);
+    assert_eq!(flush_on(&mut c, 8), 0);
+    assert_eq!(completed(s1.admin, "c2"), tagged, "plain NBD again: nothing more as c2");
+    let (ok, out) = qemu_io_ok(&uri(&gw), &["read -P 0xb2 4k 4k", "read -P 0xb3 8k 4k"]);
+    assert!(ok, "a new connection: {out}");
+    let log = gw.log.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.contains("needs a restart") || l.contains("node connection lost")), "{log:#?}");
+}
+
 /// A reload whose file misspells a volume's `read_only` (`readonly`) is refused, `unknown field`, and
 /// changes nothing; the connection opened before writes on (the volume's own `read_only`:
 /// `a_volume_of_its_own_read_only_refuses_every_connections_writes`). Made read-only on its node by a
