@@ -100,8 +100,10 @@
 //!   to `nbd` carries no tags from then on (its tenants' trackers keep their account, and one turned back
 //!   to `rein` starts afresh there unless the node's boot is the same). A file that turns TLS on without
 //!   credentials does not load (`tls = true needs a [node_tls] table`, naming the node), which changes
-//!   nothing; a node that does not accept the new settings fails the reconnects until it does (the reload
-//!   does not try it first);
+//!   nothing; a node whose place or settings change is tried there first (`NodeMoves::try_places`), and
+//!   one that answers and refuses the link (no TLS offered, TLS required, credentials refused) fails the
+//!   reload, naming it; one down, or that refuses the storage-node hello under `rein` (not tried), fails
+//!   its reconnects until it takes them;
 //! - a node added: it takes the next place after the running nodes (a place is an index of the running
 //!   list, by which the volumes' layouts, node links and the tenants' trackers know their nodes; the
 //!   trackers grow by it, [`ServiceTracker::add_servers`]), and volumes added by the same reload or a
@@ -1700,6 +1702,13 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     let moves = NodeMoves::set(&live.base.nodes, &new.nodes);
     let cell = live.node_tls.read().unwrap_or_else(|e| e.into_inner()).clone();
     let (node_tls, changed) = NodeTlsSwap::set(cell.as_ref(), &file.nodes);
+    // Each node moved is tried at its new place first, with the new `[node_tls]`: one that answers and
+    // refuses the link fails the reload, which changes nothing (the moves and the context are put back).
+    let export_at = |j: usize| {
+        let running = live.volumes.iter().map(|v| &v.cfg).filter(|c| c.stripe.uses(j));
+        running.chain(new.exports.iter().filter(|c| c.stripe.uses(j))).find_map(|c| c.node_exports.get(j).cloned())
+    };
+    moves.try_places(&live.base.nodes, export_at, live.base.link.connect_timeout).await?;
     // The tenants' trackers count the places added (a tracker is shared by its tenant's volumes).
     for t in live.trackers.values() {
         t.lock().unwrap_or_else(|e| e.into_inner()).add_servers(nodes.len());
@@ -1965,6 +1974,41 @@ impl NodeMoves {
                 None => format!("{what}: node {there} is there now (move {there} away first, in a reload of its own)"),
             })
         })
+    }
+
+    /// Tries each node moved at its new place, all at once ([`crate::remote::try_place`]: a side connection
+    /// as a check of `export_at(place)`'s flags makes, within `connect_timeout`, TLS as the new place says
+    /// and with the `[node_tls]` context set by then): a node that answers and refuses it (TLS turned on
+    /// at a node that does not offer it, or off at one that requires it; credentials or a `tls_name` it
+    /// does not take) fails the reload, naming the node, before its sessions are told to move there. A
+    /// node that cannot be reached tells nothing (its sessions reconnect once it is up), nor does one no
+    /// volume uses (nothing to break). The storage-node hello is not tried: a node that refuses it under
+    /// `protocol = "rein"` fails its reconnects, logged.
+    async fn try_places(
+        &self,
+        running: &[NodeSpec],
+        export_at: impl Fn(usize) -> Option<String>,
+        connect_timeout: Duration,
+    ) -> Result<(), String> {
+        let tries: Vec<_> = self
+            .to
+            .iter()
+            .filter_map(|(i, place)| {
+                let (node, export) = (&running[*i], export_at(*i)?);
+                let tls = if place.tls.is_some() { "TLS on" } else { "TLS off" };
+                Some(async move {
+                    crate::remote::try_place(node, &export, connect_timeout).await.map_err(|why| {
+                        format!(
+                            "node {}: the node at {} refuses the link as this reload sets it (protocol {}, {tls}): {why}",
+                            node.name,
+                            place.address,
+                            place.protocol.name()
+                        )
+                    })
+                })
+            })
+            .collect();
+        futures_util::future::try_join_all(tries).await.map(|_| ())
     }
 
     /// The reload completed: the moves stay, the running list says where the nodes are and how they are

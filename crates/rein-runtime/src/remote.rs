@@ -1649,6 +1649,24 @@ async fn probe(node: &NodeSpec, exports: &[String], connect_timeout: Duration) -
     }
 }
 
+/// Whether `node` takes a connection at its place now ([`NodeSpec::place`]: the address, and TLS as the
+/// place says it), tried as a check of the flags of `export` is (`probe`, a side connection that opens
+/// nothing), within `connect_timeout`: `Ok(true)` if it answered, `Ok(false)` if it could not be reached
+/// (down: nothing to tell), `Err` with the reason if it answered and refused the connection (the node does
+/// not offer TLS or requires it, rejects the credentials, or its certificate does not match). A reload
+/// tries a node's new place so before it moves the node's sessions there.
+pub async fn try_place(node: &NodeSpec, export: &str, connect_timeout: Duration) -> Result<bool, String> {
+    match probe(node, &[export.to_string()], connect_timeout).await {
+        Ok(answers) => match answers.first() {
+            Some(p::Probed::Refused { reply: p::REP_ERR_TLS_REQD, message }) => Err(format!("{message} ({TLS_HINT})")),
+            // The export's own answer (refused by policy, say) is no word on the connection.
+            _ => Ok(true),
+        },
+        Err(ConnectError::Unreachable(_)) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Connects to `node` and negotiates `how`: a target's export ([`Target::connect`]), or only exports'
 /// information ([`probe`]), within `connect_timeout`.
 async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Result<Dialed, ConnectError> {

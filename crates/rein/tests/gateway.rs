@@ -1155,6 +1155,8 @@ fn read_at(c: &mut Raw, h: u64, offset: u64, len: u32) -> (u32, Vec<u8>) {
 /// `read_only_check_s`) follow the link to TLS. Before, the gateway's reload named the change as needing a restart
 /// (which drops every client) and its links stayed plain. A reload that turns TLS on without a
 /// `[node_tls]` table, or with an empty one, is refused as a whole, naming the node (or the table), and
+/// so is one with good credentials while the node does not offer TLS yet (the reload tries the node at
+/// its new settings first; before that try, the reload was applied and the link's reconnects failed):
 /// the links run on as they did.
 #[test]
 fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
@@ -1181,6 +1183,24 @@ fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
     gw.signal("-HUP");
     gw.wait_log(&["the running configuration is unchanged", "node_tls"], Duration::from_secs(30));
     assert_eq!(s1_link(&gw), (false, 1, "\"nbd\"".to_string()), "the link as it ran");
+    // Good credentials, but the node does not offer TLS yet: the reload tries the node and is refused.
+    let gw_tls =
+        format!("{top}[node_tls]\npsk_file = \"gw.psk\"\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n{volume}", s1.nbd);
+    write_file(dir, "gw.toml", &gw_tls);
+    gw.signal("-HUP");
+    let line = gw.wait_log(
+        &["the running configuration is unchanged", "refuses the link as this reload sets it"],
+        Duration::from_secs(30),
+    );
+    assert!(
+        line.contains(&format!(
+            "node s1: the node at {} refuses the link as this reload sets it (protocol auto, TLS on): the node does \
+             not offer TLS, which [node_tls] requires",
+            s1.nbd
+        )),
+        "{line}"
+    );
+    assert_eq!(s1_link(&gw), (false, 1, "\"nbd\"".to_string()), "the link as it ran");
     assert_eq!(write_at(&mut c, 3, 4096, 0xa2), 0, "the connection opened before writes on");
     assert_eq!(flush_on(&mut c, 4), 0);
     // The node requires TLS from now on (its sessions up keep theirs).
@@ -1200,14 +1220,7 @@ fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
     let failed = s1_checks(&gw).1;
     assert!(eventually(Duration::from_secs(10), || s1_checks(&gw).1 > failed), "{:?}", s1_checks(&gw));
     // The gateway with [node_tls]: s1's link turns to TLS, live.
-    write_file(
-        dir,
-        "gw.toml",
-        &format!(
-            "{top}[node_tls]\npsk_file = \"gw.psk\"\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n{volume}",
-            s1.nbd
-        ),
-    );
+    write_file(dir, "gw.toml", &gw_tls);
     gw.signal("-HUP");
     gw.wait_line(
         "reload: node s1: TLS on the link off -> on: its sessions end once their pieces are answered and reconnect \
@@ -1243,6 +1256,8 @@ fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
     assert!(ok, "{out}");
     let log = gw.log.lock().unwrap().clone();
     assert!(!log.iter().any(|l| l.contains("needs a restart") || l.contains("node connection lost")), "{log:#?}");
+    let renewed = log.iter().filter(|l| l.contains("node session renewed")).count();
+    assert_eq!(renewed, 1, "one session, renewed once: the refused reloads renewed none: {log:#?}");
 }
 
 /// A node's `protocol` changed by a reload, nbd -> rein and back, on a live volume (`NodeMoves`): the
