@@ -1158,9 +1158,13 @@ struct Live {
     passed: (bool, bool),
     /// The front's TLS context (`[tls]`), which a reload replaces ([`crate::tls`], "Reload").
     tls: LiveTls,
-    /// The node links' `[node_tls]` cell, which every TLS node shares, for `/metrics`' certificate
-    /// gauge: empty until a TLS node runs (a reload may add the first).
+    /// The node links' `[node_tls]` cell, which every TLS node shares: empty until a TLS node runs (a
+    /// reload may add the first), then kept (a reload that turns TLS on again uses it).
     node_tls: crate::tls::ClientSlot,
+    /// The cell as `/metrics`' certificate gauge reads it: empty while no node named in the file uses
+    /// TLS (after a reload turned it off everywhere, the certificate is no longer presented, and its
+    /// expiry must not raise an alert).
+    node_tls_shown: crate::tls::ClientSlot,
 }
 
 impl Live {
@@ -1179,6 +1183,7 @@ impl Live {
             passed: (false, false),
             tls: LiveTls::new(cfg.tls.clone()),
             node_tls: Arc::new(std::sync::RwLock::new(node_tls_cell(&cfg.nodes))),
+            node_tls_shown: Arc::new(std::sync::RwLock::new(node_tls_cell(&cfg.nodes))),
         }
     }
 
@@ -1829,7 +1834,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         r.applied.push(format!("node {} added at {} (for volumes from now on)", n.name, n.address));
     }
     live.base.nodes.extend_from_slice(&plan.nodes[live.base.nodes.len()..]);
-    // The first TLS node a reload adds gives `/metrics` its certificate (later ones share its cell).
+    // The first TLS node a reload adds gives the gateway its cell (later ones share it).
     {
         let mut slot = live.node_tls.write().unwrap_or_else(|e| e.into_inner());
         if slot.is_none() {
@@ -1849,6 +1854,10 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         };
         r.applied.push(format!("node {} removed (no new volume can use it){still}", live.base.nodes[j].name));
     }
+    // `/metrics` shows the cell's certificate while a node the file names uses TLS.
+    let in_use = live.base.nodes.iter().enumerate().any(|(j, n)| n.tls.is_some() && !live.gone.contains(&j));
+    let shown = live.node_tls.read().unwrap_or_else(|e| e.into_inner()).clone().filter(|_| in_use);
+    *live.node_tls_shown.write().unwrap_or_else(|e| e.into_inner()) = shown;
     let now = live.layouts_now();
     if let Err(e) = record_layouts(&mut live.recorded, now).await {
         r.applied.push(format!("warning: {e} (the volumes' layouts are not recorded; a start checks the last record)"));
@@ -2171,7 +2180,7 @@ pub async fn run_with(
             let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None, accepts.clone());
             let presented = crate::tls::Presented::default()
                 .server("nbd", Some(live.tls.clone()))
-                .client_slot("node_tls", live.node_tls.clone());
+                .client_slot("node_tls", live.node_tls_shown.clone());
             let router = crate::admin_guard::protect(
                 admin_router(shown.clone(), gate.clone(), reloads.clone(), presented, limits.clone(), accepts),
                 token,

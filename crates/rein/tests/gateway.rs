@@ -975,6 +975,12 @@ fn node_links_run_tls_and_nodes_admit_only_the_named_gateways() {
     gw.wait_line("reload: export w added");
     let expiry = common::series_value(&common::metrics(gw.admin), series);
     assert_eq!(expiry as i64, common::tls::not_after(dir, "gwa-cert.pem"));
+    // A reload that leaves no TLS node (s1 and its volume removed): the certificate is presented to no node
+    // any more, and its expiry leaves /metrics (it stayed, and would have raised the expiry alert).
+    write_file(dir, "grow.toml", &format!("{head}{}{p}{v}", x509("gwa")));
+    gw.signal("-HUP");
+    gw.wait_line("reload: node s1 removed");
+    assert!(!common::metrics(gw.admin).contains(series), "no TLS node any more");
 }
 
 /// `[node_tls] crl` revokes node certificates, as a node's `[tls] crl` revokes client ones: a gateway
