@@ -100,10 +100,11 @@
 //!   to `nbd` carries no tags from then on (its tenants' trackers keep their account, and one turned back
 //!   to `rein` starts afresh there unless the node's boot is the same). A file that turns TLS on without
 //!   credentials does not load (`tls = true needs a [node_tls] table`, naming the node), which changes
-//!   nothing; a node whose place or settings change is tried there first (`NodeMoves::try_places`), and
-//!   one that answers and refuses the link (no TLS offered, TLS required, credentials refused) fails the
-//!   reload, naming it; one down, or that refuses the storage-node hello under `rein` (not tried), fails
-//!   its reconnects until it takes them;
+//!   nothing; a node whose place or settings change is tried there first (`NodeMoves::try_places`: a
+//!   session as a running volume on it would open one, the storage-node hello included, ended at once;
+//!   else a side connection), and one that answers and refuses it (no TLS offered, TLS required,
+//!   credentials refused, the storage-node protocol refused) fails the reload, naming it; one down fails
+//!   its reconnects until it is up;
 //! - a node added: it takes the next place after the running nodes (a place is an index of the running
 //!   list, by which the volumes' layouts, node links and the tenants' trackers know their nodes; the
 //!   trackers grow by it, [`ServiceTracker::add_servers`]), and volumes added by the same reload or a
@@ -1713,7 +1714,8 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         let running = live.volumes.iter().map(|v| &v.cfg).filter(|c| c.stripe.uses(j));
         running.chain(new.exports.iter().filter(|c| c.stripe.uses(j))).find_map(|c| c.node_exports.get(j).cloned())
     };
-    moves.try_places(&live.base.nodes, export_at, live.base.link.connect_timeout).await?;
+    let running_at = |j: usize| live.volumes.iter().find(|v| v.cfg.stripe.uses(j)).map(|v| v.volume.clone());
+    moves.try_places(&live.base.nodes, running_at, export_at, live.base.link.connect_timeout).await?;
     // The tenants' trackers count the places added (a tracker is shared by its tenant's volumes).
     for t in live.trackers.values() {
         t.lock().unwrap_or_else(|e| e.into_inner()).add_servers(nodes.len());
@@ -1985,17 +1987,20 @@ impl NodeMoves {
         })
     }
 
-    /// Tries each node moved at its new place, all at once ([`crate::remote::try_place`]: a side connection
-    /// as a check of `export_at(place)`'s flags makes, within `connect_timeout`, TLS as the new place says
-    /// and with the `[node_tls]` context set by then): a node that answers and refuses it (TLS turned on
-    /// at a node that does not offer it, or off at one that requires it; credentials or a `tls_name` it
-    /// does not take) fails the reload, naming the node, before its sessions are told to move there. A
-    /// node that cannot be reached tells nothing (its sessions reconnect once it is up), nor does one no
-    /// volume uses (nothing to break). The storage-node hello is not tried: a node that refuses it under
-    /// `protocol = "rein"` fails its reconnects, logged.
+    /// Tries each node moved at its new place, all at once, with the `[node_tls]` context set by then: a
+    /// session as a running volume on it (`running_at(place)`) would open one now
+    /// ([`RemoteVolume::try_session`]: TLS as the new place says, the storage-node hello under `rein` or
+    /// `auto`, the export and its size), ended at once; where only volumes this reload adds use it, a side
+    /// connection as a check of `export_at(place)`'s flags makes ([`crate::remote::try_place`]). A node
+    /// that answers and refuses it (TLS turned on at a node that does not offer it, or off at one that
+    /// requires it; credentials or a `tls_name` it does not take; the storage-node protocol refused under
+    /// `rein`) fails the reload, naming the node, before its sessions are told to move there. A node that
+    /// cannot be reached tells nothing (its sessions reconnect once it is up), nor does one no volume uses
+    /// (nothing to break).
     async fn try_places(
         &self,
         running: &[NodeSpec],
+        running_at: impl Fn(usize) -> Option<Arc<RemoteVolume>>,
         export_at: impl Fn(usize) -> Option<String>,
         connect_timeout: Duration,
     ) -> Result<(), String> {
@@ -2003,10 +2008,18 @@ impl NodeMoves {
             .to
             .iter()
             .filter_map(|(i, place)| {
-                let (node, export) = (&running[*i], export_at(*i)?);
+                let node = &running[*i];
+                let how = match running_at(*i) {
+                    Some(volume) => Ok(volume),
+                    None => Err(export_at(*i)?),
+                };
                 let tls = if place.tls.is_some() { "TLS on" } else { "TLS off" };
                 Some(async move {
-                    crate::remote::try_place(node, &export, connect_timeout).await.map_err(|why| {
+                    let tried = match how {
+                        Ok(volume) => volume.try_session(*i).await.unwrap_or(Ok(true)),
+                        Err(export) => crate::remote::try_place(node, &export, connect_timeout).await,
+                    };
+                    tried.map_err(|why| {
                         format!(
                             "node {}: the node at {} refuses the link as this reload sets it (protocol {}, {tls}): {why}",
                             node.name,

@@ -1667,6 +1667,38 @@ pub async fn try_place(node: &NodeSpec, export: &str, connect_timeout: Duration)
     }
 }
 
+impl RemoteVolume {
+    /// Opens a session to the node at place `j` of the volume as its links would open one now (the node's
+    /// place as a reload set it: address, TLS, `protocol` with the storage-node hello stating the volume's
+    /// tenant, the export and its size), within `connect_timeout`, then ends it at once with NBD_CMD_DISC.
+    /// `None` if the volume does not use place `j`; `Ok(true)` if the session opened, `Ok(false)` if the
+    /// node could not be reached (down: nothing to tell), `Err` with the reason if the node answered and
+    /// refused it (TLS, credentials, the storage-node protocol, the export). A reload tries a node whose
+    /// protocol it changes so before it moves the node's sessions there (`gateway`'s `NodeMoves`).
+    pub async fn try_session(&self, j: usize) -> Option<Result<bool, String>> {
+        let target = &self.links.get(j)?.as_ref()?.target;
+        Some(match dial(&target.node, target.cfg.connect_timeout, Dial::Session(target)).await {
+            Ok(Dialed::Open(s)) => {
+                let Session { mut stream, slot, .. } = *s;
+                // The request as the session would send it: with its tag room only in the storage-node
+                // protocol ([`write_all_vectored`]).
+                let disc = header(Command::Disc, 0, 0, false);
+                let disc = if slot.is_some() { disc } else { [&disc[..p::REQUEST_LEN], &disc[MSG_HEAD..]].concat() };
+                let bye = async {
+                    stream.write_all(&disc).await?;
+                    stream.shutdown().await
+                };
+                let _ = tokio::time::timeout(DISC_TIMEOUT, bye).await;
+                Ok(true)
+            }
+            // A session's handshake does not answer so ([`ClientHandshake::probe`]).
+            Ok(Dialed::Probed(_)) => Err("handshake: a probe's answer to an export's opening".into()),
+            Err(ConnectError::Unreachable(_)) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        })
+    }
+}
+
 /// Connects to `node` and negotiates `how`: a target's export ([`Target::connect`]), or only exports'
 /// information ([`probe`]), within `connect_timeout`.
 async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Result<Dialed, ConnectError> {

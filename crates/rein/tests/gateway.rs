@@ -1187,7 +1187,9 @@ fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
     assert!(line.contains("node s1: tls = true needs a [node_tls] table"), "{line}");
     write_file(dir, "gw.toml", &format!("{top}[node_tls]\n{s1_tls}{volume}"));
     gw.signal("-HUP");
-    gw.wait_log(&["the running configuration is unchanged", "node_tls"], Duration::from_secs(30));
+    // Its own line (the one before also names [node_tls]): a reload still to come when the next file is
+    // written would read that one, and apply it once the node below offers TLS.
+    gw.wait_log(&["the running configuration is unchanged", "node_tls needs"], Duration::from_secs(30));
     assert_eq!(s1_link(&gw), (false, 1, "\"nbd\"".to_string()), "the link as it ran");
     // Good credentials, but the node does not offer TLS yet: the reload tries the node and is refused.
     let gw_tls =
@@ -1264,6 +1266,51 @@ fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
     assert!(!log.iter().any(|l| l.contains("needs a restart") || l.contains("node connection lost")), "{log:#?}");
     let renewed = log.iter().filter(|l| l.contains("node session renewed")).count();
     assert_eq!(renewed, 1, "one session, renewed once: the refused reloads renewed none: {log:#?}");
+}
+
+/// A reload that turns a node's link to the storage-node protocol at a node that refuses it (a `rein
+/// serve` without `[node] enabled`) is refused, naming the node, before any session moves: the link
+/// speaks plain NBD on and a connection opened before writes on. Before, the reload was applied and
+/// every reconnect failed (`the node refused the storage-node protocol`), the volume's pieces on the node
+/// with EIO, until a reload put the protocol back.
+#[test]
+fn a_reload_to_a_protocol_the_node_refuses_is_refused() {
+    let tmp = tmpdir("gw-protocol-refused");
+    let dir = tmp.path();
+    let s1 = node(dir, 185, 0);
+    let config = |protocol: &str| {
+        let text = format!(
+            "{}\n{TIMES}[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"{protocol}\"\n[[tenants]]\nname = \"c2\"\n\
+             [[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
+            local(182),
+            s1.nbd
+        );
+        write_file(dir, "gw.toml", &text)
+    };
+    let gw = gateway(&config("nbd"));
+    let mut c = Raw::connect(gw.nbd, "v");
+    assert_eq!(write_at(&mut c, 1, 0, 0xc1), 0);
+    config("rein");
+    gw.signal("-HUP");
+    let line = gw.wait_log(
+        &["the running configuration is unchanged", "refuses the link as this reload sets it"],
+        Duration::from_secs(30),
+    );
+    assert!(
+        line.contains(&format!(
+            "node s1: the node at {} refuses the link as this reload sets it (protocol rein, TLS off): the node \
+             refused the storage-node protocol",
+            s1.nbd
+        )),
+        "{line}"
+    );
+    assert_eq!(s1_link(&gw), (false, 1, "\"nbd\"".to_string()), "the link as it ran");
+    assert_eq!(write_at(&mut c, 2, 4096, 0xc2), 0, "the connection opened before writes on");
+    assert_eq!(flush_on(&mut c, 3), 0);
+    let (e, data) = read_at(&mut c, 4, 0, 8192);
+    assert!(e == 0 && data[..4096].iter().all(|&b| b == 0xc1) && data[4096..].iter().all(|&b| b == 0xc2));
+    let log = gw.log.lock().unwrap().clone();
+    assert!(!log.iter().any(|l| l.contains("node session renewed") || l.contains("node connection lost")), "{log:#?}");
 }
 
 /// A node's `protocol` changed by a reload, nbd -> rein and back, on a live volume (`NodeMoves`): the
