@@ -234,42 +234,52 @@ fn relative(r: &Relation) -> String {
 /// `/proc/self/mountinfo`, `/proc/swaps`, and where none holds it `/proc/PID/fd`; module comment). Best
 /// effort: what cannot be read is not seen.
 pub fn busy(path: &Path, rdev: u64) -> Busy {
-    let dev = (libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t));
-    let devices = read_sysfs(Path::new("/sys"), dev);
+    let devices = read_sysfs(Path::new("/sys"), numbers(rdev));
+    let node = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-    let swaps: Vec<(String, Option<(u32, u32)>)> = swap_files(&swaps)
-        .into_iter()
-        .map(|file| {
-            use std::os::unix::fs::{FileTypeExt, MetadataExt};
-            let dev = std::fs::metadata(&file)
-                .ok()
-                .filter(|m| m.file_type().is_block_device())
-                .map(|m| (libc::major(m.rdev() as libc::dev_t), libc::minor(m.rdev() as libc::dev_t)));
-            (file, dev)
-        })
-        .collect();
+    // A swap file (not a partition) is on a file system, which `may_stat` keeps from being stat'ed.
+    let swaps: Vec<(String, Option<(u32, u32)>)> =
+        swap_files(&swaps).into_iter().map(|file| (file.clone(), block_device(Path::new(&file), &node))).collect();
     let device = match devices.first().map(|d| &d.relation) {
         Some(Relation::Itself(Some(node))) if Path::new(node).exists() => PathBuf::from(node),
         _ => path.to_path_buf(),
     };
     let holders = find(&devices, &mountinfo, &swaps);
     let openers = match holders.is_empty() {
-        true => {
-            let node = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-            openers(Path::new("/proc"), &devices, std::process::id(), &node)
-        }
+        true => openers(Path::new("/proc"), &devices, std::process::id(), &node),
         false => (Vec::new(), 0),
     };
     Busy { device, holders, openers }
 }
 
+/// A device number's major and minor.
+fn numbers(rdev: u64) -> (u32, u32) {
+    (libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t))
+}
+
+/// The numbers of the block device that `path` leads to (a device node, or a descriptor's
+/// `/proc/PID/fd/N`) whose own path is `target` (the descriptor's link text), if [`may_stat`] lets it be
+/// stat'ed beside `node` and it is a block device.
+pub fn block_device_behind(path: &Path, target: &Path, node: &Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !may_stat(target, node) {
+        return None;
+    }
+    let m = std::fs::metadata(path).ok().filter(|m| m.file_type().is_block_device())?;
+    Some(numbers(m.rdev()))
+}
+
+/// [`block_device_behind`] for a path that is its own target (a device node named in `/proc/swaps`).
+fn block_device(path: &Path, node: &Path) -> Option<(u32, u32)> {
+    block_device_behind(path, path, node)
+}
+
 /// The processes under `proc` (normally `/proc`) that have one of `devices` open: each numbered
 /// directory's `fd/*` whose file is a block device with one of their numbers, under `/dev` or `node`
 /// (the path asked about, absolute; [`may_stat`]: another node made elsewhere with mknod is not seen),
-/// in pid order, at most
-/// [`OPENERS_SHOWN`] (and the count of the rest), looking at no more than [`MAX_DESCRIPTORS_EXAMINED`]
-/// descriptors. A process whose descriptors cannot be read (another user's) is not seen, nor `this`
+/// in pid order, at most [`OPENERS_SHOWN`] (and the count of the rest), looking at no more than
+/// [`MAX_DESCRIPTORS_EXAMINED`] descriptors. A process whose descriptors cannot be read (another user's) is not seen, nor `this`
 /// (the asking process: it has the device open itself, to claim it).
 pub fn openers(proc: &Path, devices: &[SysDevice], this: u32, node: &Path) -> (Vec<Opener>, usize) {
     openers_within(proc, devices, (this, node), MAX_DESCRIPTORS_EXAMINED)
@@ -279,7 +289,7 @@ pub fn openers(proc: &Path, devices: &[SysDevice], this: u32, node: &Path) -> (V
 /// may be stat'ed in search of a block device: one under /dev, or `node`, the device node asked about.
 /// Nothing else is: a stat of a file on a network file system whose server is gone hangs, and an error
 /// message (or a check) must not (the link's text is read without touching the file).
-pub fn may_stat(target: &Path, node: &Path) -> bool {
+fn may_stat(target: &Path, node: &Path) -> bool {
     target.starts_with("/dev/") || target == node
 }
 
@@ -291,7 +301,6 @@ fn openers_within(
     (this, node): (u32, &Path),
     max_examined: usize,
 ) -> (Vec<Opener>, usize) {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let mut pids: Vec<u32> = std::fs::read_dir(proc)
         .into_iter()
         .flatten()
@@ -312,14 +321,8 @@ fn openers_within(
             if examined > max_examined {
                 break;
             }
-            if !std::fs::read_link(fd.path()).is_ok_and(|t| may_stat(&t, node)) {
-                continue;
-            }
-            let Ok(m) = std::fs::metadata(fd.path()) else { continue };
-            if !m.file_type().is_block_device() {
-                continue;
-            }
-            let number = (libc::major(m.rdev() as libc::dev_t), libc::minor(m.rdev() as libc::dev_t));
+            let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+            let Some(number) = block_device_behind(&fd.path(), &target, node) else { continue };
             if let Some(d) = devices.iter().find(|d| d.dev == number) {
                 of = Some(d.relation.clone());
                 break;
@@ -651,7 +654,7 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
             eprintln!("skipped: no block device in /dev");
             return;
         };
-        let number = (libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t));
+        let number = numbers(rdev);
         let tmp = tempfile::tempdir().unwrap();
         let proc = tmp.path();
         let process = |pid: &str, comm: &str, fds: &[&Path]| {

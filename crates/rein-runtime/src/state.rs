@@ -85,7 +85,6 @@ pub const LOCK_FILE: &str = "rein.lock";
 pub fn server_holding(data_dir: &Path, path: &Path) -> Option<crate::preflight::Holder> {
     use crate::preflight::Holder;
     use std::io::ErrorKind::PermissionDenied;
-    use std::os::unix::fs::MetadataExt;
     let lock = data_dir.join(LOCK_FILE);
     let pid: u32 = match std::fs::read_to_string(&lock) {
         Ok(text) => text.trim().parse().ok()?,
@@ -95,8 +94,8 @@ pub fn server_holding(data_dir: &Path, path: &Path) -> Option<crate::preflight::
     // The lock file by the path the server's descriptor names (the kernel's link text is the file's
     // absolute path, symbolic links resolved), and the device by its number.
     let lock = std::fs::canonicalize(&lock).ok()?;
-    let rdev = std::fs::metadata(path).ok()?.rdev();
     let node = std::fs::canonicalize(path).ok()?;
+    let device = crate::device_holders::block_device_behind(path, &node, &node)?;
     let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
         Ok(fds) => fds,
         Err(e) if e.kind() == PermissionDenied => return Some(Holder::Unseen(Some(pid))),
@@ -109,11 +108,7 @@ pub fn server_holding(data_dir: &Path, path: &Path) -> Option<crate::preflight::
         has_lock |= target == lock;
         // Only the device's files are stat'ed (the server's image files may be on a network file system,
         // where a stat hangs while its server is gone).
-        if !crate::device_holders::may_stat(&target, &node) {
-            continue;
-        }
-        let Ok(m) = std::fs::metadata(fd.path()) else { continue };
-        has_device |= std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) && m.rdev() == rdev;
+        has_device |= crate::device_holders::block_device_behind(&fd.path(), &target, &node) == Some(device);
     }
     (has_lock && has_device).then_some(Holder::Holds(pid))
 }
