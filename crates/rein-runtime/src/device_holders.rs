@@ -275,12 +275,12 @@ fn block_device(path: &Path, node: &Path) -> Option<(u32, u32)> {
     block_device_behind(path, path, node)
 }
 
-/// The processes under `proc` (normally `/proc`) that have one of `devices` open: each numbered
-/// directory's `fd/*` whose file is a block device with one of their numbers, under `/dev` or `node`
-/// (the path asked about, absolute; [`may_stat`]: another node made elsewhere with mknod is not seen),
-/// in pid order, at most [`OPENERS_SHOWN`] (and the count of the rest), looking at no more than
-/// [`MAX_DESCRIPTORS_EXAMINED`] descriptors. A process whose descriptors cannot be read (another user's) is not seen, nor `this`
-/// (the asking process: it has the device open itself, to claim it).
+/// The processes under `proc` (normally `/proc`) that have one of `devices` open: each numbered directory's
+/// `fd/*` whose file is a block device with one of their numbers, under `/dev` or `node` (the path asked
+/// about, absolute; [`may_stat`]: another node made elsewhere with mknod is not seen), in pid order, at most
+/// [`OPENERS_SHOWN`] (and the count of the rest), looking at no more than [`MAX_DESCRIPTORS_EXAMINED`]
+/// descriptors. A process whose descriptors cannot be read (another user's) is not seen, nor `this` (the
+/// asking process: it has the device open itself, to claim it).
 pub fn openers(proc: &Path, devices: &[SysDevice], this: u32, node: &Path) -> (Vec<Opener>, usize) {
     openers_within(proc, devices, (this, node), MAX_DESCRIPTORS_EXAMINED)
 }
@@ -289,7 +289,7 @@ pub fn openers(proc: &Path, devices: &[SysDevice], this: u32, node: &Path) -> (V
 /// may be stat'ed in search of a block device: one under /dev, or `node`, the device node asked about.
 /// Nothing else is: a stat of a file on a network file system whose server is gone hangs, and an error
 /// message (or a check) must not (the link's text is read without touching the file).
-fn may_stat(target: &Path, node: &Path) -> bool {
+pub fn may_stat(target: &Path, node: &Path) -> bool {
     target.starts_with("/dev/") || target == node
 }
 
