@@ -109,27 +109,27 @@
 //! them (and rein serve's sessions opened before a reload to read-only keep refusing writes after one back
 //! to writable: a check's word that the export is writable cannot clear the flag of such a session).
 //!
-//! The check (`read_only_check_s`, [`LinkConfig::read_only_check`]) is the node's, for the whole
-//! gateway ([`NodeSpec::checks`], [`NodeChecks`]): each volume that checks registers its export on each
-//! of its nodes at its open, and leaves at its close or drop; a task per node (`check_node`, while any
-//! export is registered there) reads, every period, the transmission flags of every export registered
-//! on one side connection that opens nothing (`probe`: the links' own connect and handshake code,
-//! `dial`, with [`ClientHandshake::probe`]: an NBD_OPT_INFO per export, one after another, then
-//! NBD_OPT_ABORT; the same place, Unix socket or TCP, and TLS; no tenant stated), within
-//! `connect_timeout`. An export that two volumes use is asked once; each volume counts the check
-//! ([`NodeStats::checks`]). A connection carries at most [`PROBE_EXPORTS_REIN`] exports on a node known
-//! to run `rein serve` (it counts no options) and [`p::PROBE_EXPORTS_ANY_SERVER`] on another (nbdkit
-//! ends a handshake after 32 options); more take several connections a period, one after another, and
-//! a node that cannot be reached fails the rest of the round untried. An error reply to one export's
-//! NBD_OPT_INFO (an export the node no longer has, a policy) fails that export's check only. A node
-//! silent for `connect_timeout` delays only its own task, not the checks of other nodes. Before, each
-//! volume checked each of its nodes on a connection of its own every period: 1,024 volumes over TLS cost
-//! each node 1,024 TLS handshakes a period, 12.6 % of a core at the default 10 s; now 4, 0.17 %
-//! (`scripts/bench-ro-checks.sh`, docs/gateway.md "Read-only volumes"). The sessions are not touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by
-//! a reload of its node is known without a write refused first, so new front connections are told, and
-//! a WRITE across it and a writable node is refused by the front rather than torn). Writable while
-//! sessions up refuse writes: those sessions renew (`SessionEnd::Recheck`; a plain NBD node's EPERM is
-//! unlearnt so once it writes again). A check that fails changes nothing (logged at debug).
+//! The check (`read_only_check_s`, [`LinkConfig::read_only_check`]) is the node's, for the whole gateway
+//! ([`NodeSpec::checks`], [`NodeChecks`]): each volume that checks registers its export on each of its nodes
+//! at its open, and leaves at its close or drop; a task per node (`check_node`, while any export is
+//! registered there) reads, every period, the transmission flags of every export registered on one side
+//! connection that opens nothing (`probe`: the links' own connect and handshake code, `dial`, with
+//! [`ClientHandshake::probe`]: an NBD_OPT_INFO per export, one after another, then NBD_OPT_ABORT; the same
+//! place, Unix socket or TCP, and TLS; no tenant stated), within `connect_timeout`. An export that two
+//! volumes use is asked once; each volume counts the check ([`NodeStats::checks`]). A connection carries at
+//! most [`PROBE_EXPORTS_REIN`] exports on a node known to run `rein serve` (it counts no options) and
+//! [`p::PROBE_EXPORTS_ANY_SERVER`] on another (nbdkit ends a handshake after 32 options); more take several
+//! connections a period, one after another, and a node that cannot be reached fails the rest of the round
+//! untried. An error reply to one export's NBD_OPT_INFO (an export the node no longer has, a policy) fails
+//! that export's check only. A node silent for `connect_timeout` delays only its own task, not the checks of
+//! other nodes. Before, each volume checked each of its nodes on a connection of its own every period: 1,024
+//! volumes over TLS cost each node 1,024 TLS handshakes a period, 12.6 % of a core at the default 10 s; now
+//! 4, 0.17 % (`scripts/bench-ro-checks.sh`, docs/gateway.md "Read-only volumes"). The sessions are not
+//! touched. Read-only: the node's connections refuse writes from then on (a node export made read-only by a
+//! reload of its node is known without a write refused first, so new front connections are told, and a WRITE
+//! across it and a writable node is refused by the front rather than torn). Writable while sessions up refuse
+//! writes: those sessions renew (`SessionEnd::Recheck`; a plain NBD node's EPERM is unlearnt so once it
+//! writes again). A check that fails changes nothing (logged at debug).
 //!
 //! # Metrics
 //! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
@@ -1097,9 +1097,9 @@ impl RemoteVolume {
     /// "Read-only node exports") still do: a reload of the gateway, after the nodes were made writable
     /// again. With the check of their flags ([`RemoteVolume::checks_read_only`]) the check of each such
     /// node runs at once (the node's, for every volume on it: a reload that asks it for many volumes
-    /// runs it once), and renews those sessions only if it finds an export writable; without it, those sessions end once
-    /// their pieces are answered and say hello again at once (pieces sent meanwhile wait), so that their
-    /// new handshakes say it. Returns the nodes whose sessions refuse writes.
+    /// runs it once), and renews those sessions only if it finds an export writable; without it, those
+    /// sessions end once their pieces are answered and say hello again at once (pieces sent meanwhile
+    /// wait), so that their new handshakes say it. Returns the nodes whose sessions refuse writes.
     pub fn recheck_read_only(&self) -> Vec<String> {
         let links: Vec<&NodeLink> = self.links.iter().flatten().filter(|l| l.read_only()).collect();
         match &self.checked {
@@ -1656,12 +1656,21 @@ async fn probe(node: &NodeSpec, exports: &[String], connect_timeout: Duration) -
 /// not offer TLS or requires it, rejects the credentials, or its certificate does not match). A reload
 /// tries a node's new place so before it moves the node's sessions there.
 pub async fn try_place(node: &NodeSpec, export: &str, connect_timeout: Duration) -> Result<bool, String> {
-    match probe(node, &[export.to_string()], connect_timeout).await {
-        Ok(answers) => match answers.first() {
-            Some(p::Probed::Refused { reply: p::REP_ERR_TLS_REQD, message }) => Err(format!("{message} ({TLS_HINT})")),
-            // The export's own answer (refused by policy, say) is no word on the connection.
-            _ => Ok(true),
-        },
+    tried(probe(node, &[export.to_string()], connect_timeout).await.and_then(|answers| match answers.first() {
+        Some(p::Probed::Refused { reply: p::REP_ERR_TLS_REQD, message }) => {
+            Err(ConnectError::Io(format!("{message} ({TLS_HINT})")))
+        }
+        // The export's own answer (refused by policy, say) is no word on the connection.
+        _ => Ok(()),
+    }))
+}
+
+/// What a try of a node's place ([`try_place`], [`RemoteVolume::try_session`]) tells a reload: `Ok(true)`
+/// if the node took the connection, `Ok(false)` if it could not be reached (nothing to tell), `Err` with
+/// the reason if it answered and refused.
+fn tried(r: Result<(), ConnectError>) -> Result<bool, String> {
+    match r {
+        Ok(()) => Ok(true),
         Err(ConnectError::Unreachable(_)) => Ok(false),
         Err(e) => Err(e.to_string()),
     }
@@ -1677,25 +1686,22 @@ impl RemoteVolume {
     /// protocol it changes so before it moves the node's sessions there (`gateway`'s `NodeMoves`).
     pub async fn try_session(&self, j: usize) -> Option<Result<bool, String>> {
         let target = &self.links.get(j)?.as_ref()?.target;
-        Some(match dial(&target.node, target.cfg.connect_timeout, Dial::Session(target)).await {
-            Ok(Dialed::Open(s)) => {
-                let Session { mut stream, slot, .. } = *s;
-                // The request as the session would send it: with its tag room only in the storage-node
-                // protocol ([`write_all_vectored`]).
-                let disc = header(Command::Disc, 0, 0, false);
-                let disc = if slot.is_some() { disc } else { [&disc[..p::REQUEST_LEN], &disc[MSG_HEAD..]].concat() };
+        let opened = match target.connect().await {
+            Ok(Session { stream, slot, .. }) => {
+                // Ended as a session ends: NBD_CMD_DISC as the session would send it.
+                let (disc, tags) = ([header(Command::Disc, 0, 0, false)], slot.is_some());
                 let bye = async {
-                    stream.write_all(&disc).await?;
-                    stream.shutdown().await
+                    match stream {
+                        NbdStream::Plain(mut sock) => write_all_vectored(&mut sock, &disc, tags).await,
+                        NbdStream::Tls(mut tls) => write_all_vectored(&mut *tls, &disc, tags).await,
+                    }
                 };
                 let _ = tokio::time::timeout(DISC_TIMEOUT, bye).await;
-                Ok(true)
+                Ok(())
             }
-            // A session's handshake does not answer so ([`ClientHandshake::probe`]).
-            Ok(Dialed::Probed(_)) => Err("handshake: a probe's answer to an export's opening".into()),
-            Err(ConnectError::Unreachable(_)) => Ok(false),
-            Err(e) => Err(e.to_string()),
-        })
+            Err(e) => Err(e),
+        };
+        Some(tried(opened))
     }
 }
 
