@@ -96,7 +96,7 @@
 //!   [`crate::remote::Place`] carries the protocol and TLS, which every connection to the node, a
 //!   session's or a check's, reads): its sessions end once their pieces are answered and reconnect at
 //!   once with the new settings, and the VMs' connections stay. A node turned to TLS takes the
-//!   gateway's one `[node_tls]` cell (the first one it had, whose context each reload sets); one turned
+//!   running TLS nodes' one `[node_tls]` cell (whose context each reload sets), or the file's; one turned
 //!   to `nbd` carries no tags from then on (its tenants' trackers keep their account, and one turned back
 //!   to `rein` starts afresh there unless the node's boot is the same). A file that turns TLS on without
 //!   credentials does not load (`tls = true needs a [node_tls] table`, naming the node), which changes
@@ -1159,13 +1159,11 @@ struct Live {
     passed: (bool, bool),
     /// The front's TLS context (`[tls]`), which a reload replaces ([`crate::tls`], "Reload").
     tls: LiveTls,
-    /// The node links' `[node_tls]` cell, which every TLS node shares: empty until a TLS node runs (a
-    /// reload may add the first), then kept (a reload that turns TLS on again uses it).
+    /// The `[node_tls]` cell that the TLS nodes the file names share (a reload's TLS nodes take it), and
+    /// that `/metrics`' certificate gauge reads: empty while no node named uses TLS (none yet, or a reload
+    /// turned it off everywhere: the certificate is then presented to no node, and its expiry must not
+    /// raise an alert).
     node_tls: crate::tls::ClientSlot,
-    /// The cell as `/metrics`' certificate gauge reads it: empty while no node named in the file uses
-    /// TLS (after a reload turned it off everywhere, the certificate is no longer presented, and its
-    /// expiry must not raise an alert).
-    node_tls_shown: crate::tls::ClientSlot,
 }
 
 impl Live {
@@ -1184,7 +1182,6 @@ impl Live {
             passed: (false, false),
             tls: LiveTls::new(cfg.tls.clone()),
             node_tls: Arc::new(std::sync::RwLock::new(node_tls_cell(&cfg.nodes))),
-            node_tls_shown: Arc::new(std::sync::RwLock::new(node_tls_cell(&cfg.nodes))),
         }
     }
 
@@ -1357,7 +1354,7 @@ struct NodePlan {
 impl NodePlan {
     /// Places `file`'s nodes over `running` (whose places in `gone` were removed by earlier reloads);
     /// `kept_use(j)` names a volume that the reload keeps and that uses place `j`, if any (its node cannot
-    /// go). `cell` is the gateway's `[node_tls]` cell, if it has had one: every TLS node of the file,
+    /// go). `cell` is the running TLS nodes' `[node_tls]` cell, if any runs: every TLS node of the file,
     /// running or added, takes it (a reload sets the file's context in it, [`NodeTlsSwap`]), so that the
     /// gateway's node links share one context as at start. Fails when the places would pass
     /// [`MAX_NODES`].
@@ -1710,11 +1707,11 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     let (node_tls, changed) = NodeTlsSwap::set(cell.as_ref(), &file.nodes);
     // Each node moved is tried at its new place first, with the new `[node_tls]`: one that answers and
     // refuses the link fails the reload, which changes nothing (the moves and the context are put back).
-    let export_at = |j: usize| {
-        let running = live.volumes.iter().map(|v| &v.cfg).filter(|c| c.stripe.uses(j));
-        running.chain(new.exports.iter().filter(|c| c.stripe.uses(j))).find_map(|c| c.node_exports.get(j).cloned())
-    };
+    // A node a running volume uses is tried with its session; one only the file's new volumes use, with one
+    // of their node exports.
     let running_at = |j: usize| live.volumes.iter().find(|v| v.cfg.stripe.uses(j)).map(|v| v.volume.clone());
+    let export_at =
+        |j: usize| new.exports.iter().filter(|c| c.stripe.uses(j)).find_map(|c| c.node_exports.get(j).cloned());
     moves.try_places(&live.base.nodes, running_at, export_at, live.base.link.connect_timeout).await?;
     // The tenants' trackers count the places added (a tracker is shared by its tenant's volumes).
     for t in live.trackers.values() {
@@ -1836,13 +1833,6 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         r.applied.push(format!("node {} added at {} (for volumes from now on)", n.name, n.address));
     }
     live.base.nodes.extend_from_slice(&plan.nodes[live.base.nodes.len()..]);
-    // The first TLS node a reload adds gives the gateway its cell (later ones share it).
-    {
-        let mut slot = live.node_tls.write().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
-            *slot = node_tls_cell(&live.base.nodes);
-        }
-    }
     for &j in &plan.back {
         live.gone.remove(&j);
         r.applied.push(format!("node {} back (for volumes from now on)", live.base.nodes[j].name));
@@ -1856,10 +1846,11 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         };
         r.applied.push(format!("node {} removed (no new volume can use it){still}", live.base.nodes[j].name));
     }
-    // `/metrics` shows the cell's certificate while a node the file names uses TLS.
-    let in_use = live.base.nodes.iter().enumerate().any(|(j, n)| n.tls.is_some() && !live.gone.contains(&j));
-    let shown = live.node_tls.read().unwrap_or_else(|e| e.into_inner()).clone().filter(|_| in_use);
-    *live.node_tls_shown.write().unwrap_or_else(|e| e.into_inner()) = shown;
+    // The cell of the TLS nodes the file names (the first one a reload adds gives it; none once no node
+    // named uses TLS).
+    let named = live.base.nodes.iter().enumerate().filter(|(j, _)| !live.gone.contains(j));
+    let cell = named.filter_map(|(_, n)| n.tls.as_ref()).map(|t| t.client.clone()).next();
+    *live.node_tls.write().unwrap_or_else(|e| e.into_inner()) = cell;
     let now = live.layouts_now();
     if let Err(e) = record_layouts(&mut live.recorded, now).await {
         r.applied.push(format!("warning: {e} (the volumes' layouts are not recorded; a start checks the last record)"));
@@ -1884,10 +1875,10 @@ struct NodeTlsSwap {
 }
 
 impl NodeTlsSwap {
-    /// Sets the `[node_tls]` context of `new` (the file's nodes) in `cell` (the gateway's, if it has had
-    /// one; [`NodePlan::new`] gives it to the file's TLS nodes), when both are there: a gateway without a
-    /// cell yet takes the file's (its TLS nodes hold it), and a file without TLS nodes leaves the cell as
-    /// it is (unused until a reload turns TLS on again, with the file's context then). Built anew from
+    /// Sets the `[node_tls]` context of `new` (the file's nodes) in `cell` (the running TLS nodes', if any
+    /// runs; [`NodePlan::new`] gives it to the file's TLS nodes), when both are there: a gateway without
+    /// one takes the file's (its TLS nodes hold it), and a file without TLS nodes leaves the cell as it is
+    /// (its links turn plain, and the gateway has no cell after the reload). Built anew from
     /// the files, it is set whatever the comparison says; whether it differs is returned, for the log.
     fn set(cell: Option<&crate::tls::LiveTlsClient>, new: &[NodeSpec]) -> (NodeTlsSwap, bool) {
         let mut swap = NodeTlsSwap { cell: None, old: None };
@@ -2042,7 +2033,7 @@ impl NodeMoves {
         for (i, place) in std::mem::take(&mut self.to) {
             let n = &mut running[i];
             // As it ran (the route holds the new place already).
-            let before = crate::remote::Place { address: n.address.clone(), protocol: n.protocol, tls: n.tls.clone() };
+            let before = n.configured_place();
             let tls = |p: &crate::remote::Place| if p.tls.is_some() { "on" } else { "off" };
             let mut what = Vec::new();
             let renamed = before.tls.is_some() && place.tls.is_some() && before.tls_name() != place.tls_name();
@@ -2193,7 +2184,7 @@ pub async fn run_with(
             let l = crate::admin_guard::CappedListener::new(l, &cfg.admin_access, None, accepts.clone());
             let presented = crate::tls::Presented::default()
                 .server("nbd", Some(live.tls.clone()))
-                .client_slot("node_tls", live.node_tls_shown.clone());
+                .client_slot("node_tls", live.node_tls.clone());
             let router = crate::admin_guard::protect(
                 admin_router(shown.clone(), gate.clone(), reloads.clone(), presented, limits.clone(), accepts),
                 token,

@@ -352,6 +352,12 @@ impl NodeSpec {
         if let Some(p) = &*self.route.moved.read().unwrap_or_else(|e| e.into_inner()) {
             return p.clone();
         }
+        self.configured_place()
+    }
+
+    /// Where and how the node is reached as configured (its spec's address, protocol and TLS), whatever a
+    /// reload's move set since.
+    pub fn configured_place(&self) -> Place {
         Place { address: self.address.clone(), protocol: self.protocol, tls: self.tls.clone() }
     }
 }
