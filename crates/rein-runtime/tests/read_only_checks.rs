@@ -312,6 +312,16 @@ async fn open_on(name: &str, node: &NodeSpec, export: &str, cfg: LinkConfig) -> 
     RemoteVolume::open(name, 4096, stripe, std::slice::from_ref(node), &exports, None, cfg).await.unwrap()
 }
 
+/// Volumes `v0`, `v1`, ... on `node`, one for each of `exports` in order, checking every 100 ms.
+async fn checked_volumes<S: AsRef<str>>(node: &NodeSpec, exports: &[S]) -> Vec<Arc<RemoteVolume>> {
+    let cfg = LinkConfig { read_only_check: Some(Duration::from_millis(100)), ..config(Duration::from_secs(10)) };
+    let mut volumes = Vec::new();
+    for (i, export) in exports.iter().enumerate() {
+        volumes.push(open_on(&format!("v{i}"), node, export.as_ref(), cfg).await);
+    }
+    volumes
+}
+
 /// The checks counted for `v` on its one node: (done, failed).
 fn counted(v: &RemoteVolume) -> (u64, u64) {
     let r = &v.node_report()[0];
@@ -339,12 +349,7 @@ async fn one_connection_a_period_checks_every_volume_on_a_node() {
     let names = ["e0", "e1", "e2", "e3", "e4"];
     let read_only = Arc::new(std::sync::Mutex::new(vec![false; 5]));
     let (addr, seen) = option_node(&names, read_only.clone(), Some("e1"), None).await;
-    let node = node_at("a", addr);
-    let cfg = LinkConfig { read_only_check: Some(Duration::from_millis(100)), ..config(Duration::from_secs(10)) };
-    let mut volumes = Vec::new();
-    for (i, export) in names.iter().enumerate() {
-        volumes.push(open_on(&format!("v{i}"), &node, export, cfg).await);
-    }
+    let volumes = checked_volumes(&node_at("a", addr), &names).await;
     // The rounds from here on have every volume (the one running now may have started before).
     let start = seen.count() + 1;
     until("3 check connections", || seen.count() >= start + 3).await;
@@ -386,12 +391,7 @@ async fn a_node_gets_no_more_options_on_a_connection_than_it_takes() {
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let read_only = Arc::new(std::sync::Mutex::new(vec![false; 31]));
     let (addr, seen) = option_node(&refs, read_only, None, Some(32)).await;
-    let node = node_at("a", addr);
-    let cfg = LinkConfig { read_only_check: Some(Duration::from_millis(100)), ..config(Duration::from_secs(10)) };
-    let mut volumes = Vec::new();
-    for (i, export) in names.iter().enumerate() {
-        volumes.push(open_on(&format!("v{i}"), &node, export, cfg).await);
-    }
+    let volumes = checked_volumes(&node_at("a", addr), &names).await;
     let start = seen.count() + 1;
     until("6 check connections", || seen.count() >= start + 6).await;
     for v in &volumes {
