@@ -169,3 +169,37 @@ fn capacity_rise_gives_the_reservation_clamped_tenant_its_share_at_once() {
     let paper = first_second(SchedConfig { weight_lead_ios: None, ..Default::default() });
     assert!(paper[0] <= 260, "the paper's unbounded lead keeps RD at its reservation: {paper:?}");
 }
+
+/// The reservation lead bound keeps mClock's allocation (eq. (1)-(2)'s water-filling) when two tenants'
+/// P tags ride it: A's reservation is most of the device, B's a little under its weight share. On C =
+/// 11,382.35 IOPS: A's weight share, 4.46 / 12.43 * C = 4,084, is below r_A = 7,381.98, so A gets r_A;
+/// the rest, 4,000.37, splits 5.31 : 2.66 between D (2,665, over its 1,551.17 limit, so D gets its limit)
+/// and B, which gets the remainder: 4,000.37 - 1,551.17 = 2,449.2 IOPS, above r_B = 2,327.59. A bound of
+/// 16 of each tenant's own IOs put A's P tag (16 / 4.46 ahead of virtual time) below B's (16 / 2.66), so A
+/// took the spare and B got its reservation alone (2,327 of 2,449 a second: a random property-test case).
+#[test]
+fn the_lead_bound_keeps_the_spare_for_the_tenant_under_its_weight_share() {
+    use rein_core::vtime::run_backlogged;
+    let specs = [
+        QosSpec::new(7381.98, None, 4.46, 0).unwrap(),
+        QosSpec::new(2327.59, None, 2.66, 0).unwrap(),
+        QosSpec::new(0.0, Some(1551.17), 5.31, 0).unwrap(),
+    ];
+    let c = 11_382.35;
+    let want = [7381.98, c - 7381.98 - 1551.17, 1551.17];
+    let secs = 4;
+    for config in [SchedConfig::default(), SchedConfig { weight_lead_ios: None, ..Default::default() }] {
+        let mut s = Mclock::new(config);
+        let ids: Vec<_> = specs.iter().map(|sp| s.add_tenant(*sp).unwrap()).collect();
+        let run = run_backlogged(&mut s, &ids, &[(Nanos(0), c)], Nanos::from_secs(secs), 16).unwrap();
+        for (i, w) in want.iter().enumerate() {
+            let got = run.served[i] as f64 / secs as f64;
+            assert!(
+                (got - w).abs() <= 0.005 * w,
+                "lead {:?}: tenant {i} at {got} IOPS, want {w:.1}: {:?}",
+                config.weight_lead_ios,
+                run.served
+            );
+        }
+    }
+}

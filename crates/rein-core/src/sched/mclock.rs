@@ -71,8 +71,9 @@
 //! - Reservation lead is bounded: a tenant held at its reservation (r_i above its weight share) advances
 //!   its P tags faster than the others; in the paper without bound, so that when capacity later rises it
 //!   gets only r_i until the others' P tags catch up (minutes, after a long clamped period). We cap the
-//!   lead at [`SchedConfig::weight_lead_ios`] IOs (default 16; `None` restores the paper's behaviour).
-//!   See the engine's invariant 8 for why steady-state allocations are unchanged.
+//!   lead at [`SchedConfig::weight_lead_ios`] times the larger of one of its own IOs and 4 ms of its
+//!   reservation (default 16: 64 ms; `None` restores the paper's behaviour). See the engine's invariant 8
+//!   for why steady-state allocations are unchanged, and why the time term.
 //!
 //! [`Cost::MAX`]: crate::Cost::MAX
 //! [`Phase::Reservation`]: super::Phase::Reservation

@@ -246,10 +246,11 @@ pub struct SchedConfig {
     /// `maintain` forgets the tag history of tenants idle at least this long (they return as new tenants:
     /// no lead or lag carried over). `None`: never.
     pub idle_age: Option<Nanos>,
-    /// How far (in IOs of its own cost) a tenant's P tag may run ahead of virtual time through
-    /// reservation-phase service. Bounds the "reservation lead" (see `mclock`): a tenant held at its
-    /// reservation cannot bank more than this many IOs of weight-phase debt, so when capacity rises it gets
-    /// its weight share within about this many of its IOs. `None`: unbounded, exactly as in the paper.
+    /// How far a tenant's P tag may run ahead of virtual time through reservation-phase service, in
+    /// units of the larger of one IO of its own cost and 4 ms of its reservation. Bounds the "reservation
+    /// lead" (see `mclock`): a tenant held at its reservation cannot bank more weight-phase debt than
+    /// that, so when capacity rises it gets its weight share within about this many of its IOs (or this
+    /// many times 4 ms of its reservation, the larger). `None`: unbounded, exactly as in the paper.
     pub weight_lead_ios: Option<u32>,
     /// Limit burst: how many IOs of unused limit a backlogged tenant may carry (a token bucket's depth). In
     /// any window W a tenant gets at most l*W + limit_burst_ios + 1 IOs' cost. 0 is the strictest, but then
