@@ -14,13 +14,24 @@
 //!   devices, with their mount points (octal escapes such as `\040` for a space undone);
 //! - **swap**: the lines of `/proc/swaps` naming one of them (by the listed file's device number, or by
 //!   its `/dev` name where the file cannot be stat'ed);
+//! - **mounted in another mount namespace** (a container's, one made with `unshare -m`, a systemd
+//!   unit's `PrivateMounts`), for the devices of the family that this process's mountinfo does not show
+//!   mounted: the mountinfo of each other mount namespace that a process is in (`/proc/PID/mountinfo`
+//!   of the first process seen in it, in pid order; namespaces told apart by the text of their
+//!   `/proc/PID/ns/mnt` link, `mnt:[INODE]`, and each read once), named with that process's pid and
+//!   command ([`namespace_mounts`]; at most [`MAX_NAMESPACES_READ`] namespaces and
+//!   [`MAX_MOUNTINFO_BYTES`] bytes of their mountinfo read, the rest not seen). The kernel writes a
+//!   mountinfo from its own tables, as it does this process's: no file system is asked, so a network
+//!   file system whose server is gone does not hang the read. A mount point there is as the namespace's
+//!   process sees it (relative to its root: a container's `/data`, not the host's path to it);
 //! - **stacked devices**: the entries of `/sys/dev/block/MAJ:MIN/holders/`, each a device built on this
 //!   one: a device-mapper device (`/sys/block/dm-N/dm/name`; an LVM logical volume when its
 //!   `dm/uuid` starts with `LVM-`), an md RAID (`/sys/block/mdN/md`), or another kernel device.
 //!
 //! When none of those is seen the claim is a process's (an `O_EXCL` open: another `rein serve`,
-//! through another node of the device, a `mkfs`, a virtual machine), or a mount in another mount
-//! namespace, which this process's mountinfo does not show. The processes that have the device (or a
+//! through another node of the device, a `mkfs`, a virtual machine), or a mount in a mount namespace
+//! not seen (one of another user's processes, whose namespace this user may not read; one that no
+//! process is in, kept by a bind mount of its `nsfs` file; one past the bounds). The processes that have the device (or a
 //! relative) open are then named, as `fuser` would list them: each `/proc/PID/fd/*` whose file is a
 //! block device of the family ([`openers`]; at most [`MAX_DESCRIPTORS_EXAMINED`] descriptors looked at
 //! and [`OPENERS_SHOWN`] processes named, the rest counted; this process left out: it has the device
@@ -31,8 +42,8 @@
 //! [`crate::state::server_holding`]), not this module's.
 //!
 //! The parsing is pure ([`mount_points`], [`swap_files`], [`find`]) and tested on sample texts; the
-//! sysfs reader ([`read_sysfs`]) takes the sysfs root, and is tested on a tree made in a temporary
-//! directory. Nothing here fails: what cannot be read is not seen.
+//! sysfs reader ([`read_sysfs`]) takes the sysfs root, and the /proc readers ([`openers`],
+//! [`namespace_mounts`]) the proc root, and are tested on trees made in a temporary directory. Nothing here fails: what cannot be read is not seen.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -49,6 +60,18 @@ pub const OPENERS_SHOWN: usize = 4;
 /// the processes that have the device open: a bound on the time an error message may take on a host of
 /// many processes (each is one `readlink`, and a `stat` for a file under /dev, [`may_stat`]).
 pub const MAX_DESCRIPTORS_EXAMINED: usize = 1 << 16;
+
+/// At most this many mount namespaces other than this process's have their mountinfo read in search
+/// of a mount of the device that this namespace does not show ([`namespace_mounts`]): a host of
+/// containers has one or a few per container, and a few hundred covers all but the largest hosts,
+/// while each read costs what reading this process's mountinfo costs (the kernel writes one line per
+/// mount). The rest are not seen.
+pub const MAX_NAMESPACES_READ: usize = 256;
+
+/// At most this many bytes of mountinfo, over all the namespaces read, are read ([`namespace_mounts`]):
+/// the bound on the time and memory the search takes where namespaces have thousands of mounts each
+/// (a line is about 100 to 200 bytes: some 100,000 mounts). A line the bound cuts is not read.
+pub const MAX_MOUNTINFO_BYTES: u64 = 16 << 20;
 
 /// A process that has a device of the family open (from `/proc/PID/fd`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,10 +136,28 @@ pub struct SysDevice {
 pub enum What {
     /// Mounted: its mount points (at most [`MOUNT_POINTS_SHOWN`]) and how many more there are.
     Mounted(Vec<String>, usize),
+    /// Mounted in another mount namespace only ([`namespace_mounts`]).
+    MountedElsewhere(NamespaceMount),
     /// Swap.
     Swap,
     /// A device built on it.
     Stacked(Stacked),
+}
+
+/// A device's mounts in another mount namespace than this process's: in the first namespace seen to
+/// mount it (in pid order), with a process in it, and how many more namespaces mount it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceMount {
+    /// Its mount points there (at most [`MOUNT_POINTS_SHOWN`]), as that namespace's process sees them.
+    pub points: Vec<String>,
+    /// How many more mount points it has there.
+    pub more: usize,
+    /// The first process seen in that namespace (the lowest pid).
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`), empty if unread.
+    pub name: String,
+    /// How many more of the namespaces read mount it.
+    pub namespaces: usize,
 }
 
 /// One holder: which device of the family ([`Relation`]) is held, and by what.
@@ -165,6 +206,21 @@ impl fmt::Display for DeviceHolder {
                     write!(f, " and {more} more")?;
                 }
                 Ok(())
+            }
+            What::MountedElsewhere(m) => {
+                write!(f, "{of} is mounted at {}", m.points.join(", "))?;
+                if m.more > 0 {
+                    write!(f, " and {} more", m.more)?;
+                }
+                write!(f, " in the mount namespace of pid {}", m.pid)?;
+                if !m.name.is_empty() {
+                    write!(f, " ({})", m.name)?;
+                }
+                match m.namespaces {
+                    0 => Ok(()),
+                    1 => f.write_str(", and in 1 more mount namespace"),
+                    n => write!(f, ", and in {n} more mount namespaces"),
+                }
             }
             What::Swap => write!(f, "{of} is swap (/proc/swaps lists it)"),
             What::Stacked(Stacked::Lvm { name, kernel }) => {
@@ -231,7 +287,8 @@ fn relative(r: &Relation) -> String {
 }
 
 /// What holds the block device `rdev` that `path` names, from this machine's tables (`/sys`,
-/// `/proc/self/mountinfo`, `/proc/swaps`, and where none holds it `/proc/PID/fd`; module comment). Best
+/// `/proc/self/mountinfo`, `/proc/swaps`, the other mount namespaces' `/proc/PID/mountinfo` for the
+/// devices this one does not mount, and where none holds it `/proc/PID/fd`; module comment). Best
 /// effort: what cannot be read is not seen.
 pub fn busy(path: &Path, rdev: u64) -> Busy {
     let devices = read_sysfs(Path::new("/sys"), numbers(rdev));
@@ -245,7 +302,13 @@ pub fn busy(path: &Path, rdev: u64) -> Busy {
         Some(Relation::Itself(Some(node))) if Path::new(node).exists() => PathBuf::from(node),
         _ => path.to_path_buf(),
     };
-    let holders = find(&devices, &mountinfo, &swaps);
+    let mut holders = find(&devices, &mountinfo, &swaps);
+    let unmounted: Vec<SysDevice> = devices
+        .iter()
+        .filter(|d| !holders.iter().any(|h| h.of == d.relation && matches!(h.what, What::Mounted(..))))
+        .cloned()
+        .collect();
+    holders.extend(namespace_mounts(Path::new("/proc"), &unmounted, std::process::id()));
     let openers = match holders.is_empty() {
         true => openers(Path::new("/proc"), &devices, std::process::id(), &node),
         false => (Vec::new(), 0),
@@ -337,6 +400,82 @@ fn openers_within(
         }
     }
     (shown, more)
+}
+
+/// The mounts of `devices` in the mount namespaces of the processes under `proc` (normally `/proc`)
+/// other than that of `this` (the asking process, whose mountinfo [`find`] read): per device in order,
+/// its mount points in the first namespace that mounts it (namespaces met in pid order, each read once,
+/// from the first process seen in it: `/proc/PID/mountinfo`), named with that process, and the count
+/// of the other namespaces that mount it. At most [`MAX_NAMESPACES_READ`] namespaces and
+/// [`MAX_MOUNTINFO_BYTES`] bytes of mountinfo are read. A process whose namespace cannot be read
+/// (another user's, a zombie) is not seen; nothing is stat'ed.
+pub fn namespace_mounts(proc: &Path, devices: &[SysDevice], this: u32) -> Vec<DeviceHolder> {
+    namespace_mounts_within(proc, devices, this, (MAX_NAMESPACES_READ, MAX_MOUNTINFO_BYTES))
+}
+
+/// [`namespace_mounts`], reading at most `max_namespaces` namespaces and `max_bytes` bytes of mountinfo.
+fn namespace_mounts_within(
+    proc: &Path,
+    devices: &[SysDevice],
+    this: u32,
+    (max_namespaces, max_bytes): (usize, u64),
+) -> Vec<DeviceHolder> {
+    use std::io::Read;
+    if devices.is_empty() {
+        return Vec::new();
+    }
+    let namespace = |pid: u32| std::fs::read_link(proc.join(format!("{pid}/ns/mnt"))).ok();
+    let mut pids: Vec<u32> = std::fs::read_dir(proc)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    // This process's namespace is not read again (and where its link cannot be read, every one is).
+    let mut seen: std::collections::HashSet<PathBuf> = namespace(this).into_iter().collect();
+    let mut found: Vec<Option<NamespaceMount>> = vec![None; devices.len()];
+    let (mut read, mut budget) = (0, max_bytes);
+    for pid in pids {
+        if read >= max_namespaces || budget == 0 {
+            break;
+        }
+        let Some(ns) = namespace(pid) else { continue };
+        if !seen.insert(ns) {
+            continue;
+        }
+        let Ok(file) = std::fs::File::open(proc.join(format!("{pid}/mountinfo"))) else { continue };
+        read += 1;
+        let mut text = Vec::new();
+        if file.take(budget).read_to_end(&mut text).is_err() {
+            continue;
+        }
+        budget -= text.len() as u64;
+        // A line the budget cut is not read (its mount point could be cut short).
+        let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |end| end + 1);
+        let text = String::from_utf8_lossy(&text[..whole]);
+        for (d, slot) in devices.iter().zip(&mut found) {
+            let mut points = mount_points(&text, d.dev);
+            if points.is_empty() {
+                continue;
+            }
+            match slot {
+                Some(m) => m.namespaces += 1,
+                None => {
+                    let more = points.len().saturating_sub(MOUNT_POINTS_SHOWN);
+                    points.truncate(MOUNT_POINTS_SHOWN);
+                    let name = std::fs::read_to_string(proc.join(format!("{pid}/comm"))).unwrap_or_default();
+                    let name = name.trim_end().to_string();
+                    *slot = Some(NamespaceMount { points, more, pid, name, namespaces: 0 });
+                }
+            }
+        }
+    }
+    devices
+        .iter()
+        .zip(found)
+        .filter_map(|(d, m)| Some(DeviceHolder { of: d.relation.clone(), what: What::MountedElsewhere(m?) }))
+        .collect()
 }
 
 /// The holders of `devices` (from [`read_sysfs`]) in `mountinfo` (the text of `/proc/self/mountinfo`)
@@ -695,6 +834,97 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
         // The node asked about is stat'ed wherever it is: pid 13 has the device open through it.
         let (shown, _) = openers(proc, &family, 0, &alias);
         assert_eq!(shown.iter().map(|o| o.pid).collect::<Vec<_>>(), [12, 13, 100, 101]);
+    }
+
+    /// [`namespace_mounts`] on a /proc tree made in a temporary directory: processes in this process's
+    /// mount namespace (not read), in two others (one with two processes, read once, from the lower
+    /// pid), one whose namespace cannot be read, and a directory that is not a pid; then at the bounds on
+    /// namespaces and on bytes read.
+    #[test]
+    fn mounts_in_other_mount_namespaces_are_named_with_a_process_in_each() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path();
+        let made = |proc: &Path, pid: &str, comm: &str, ns: Option<&str>, mountinfo: &str| {
+            let dir = proc.join(pid);
+            std::fs::create_dir_all(dir.join("ns")).unwrap();
+            std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+            std::fs::write(dir.join("mountinfo"), mountinfo).unwrap();
+            if let Some(ns) = ns {
+                // The kernel's link names no file: its text tells namespaces apart.
+                symlink(ns, dir.join("ns/mnt")).unwrap();
+            }
+        };
+        let process = |pid: &str, comm: &str, ns: Option<&str>, mountinfo: &str| made(proc, pid, comm, ns, mountinfo);
+        let root = "1 0 254:0 / / rw - ext4 /dev/vda rw\n";
+        let mounts = |lines: &[&str]| -> String {
+            std::iter::once(root.to_string()).chain(lines.iter().map(|l| format!("{l}\n"))).collect()
+        };
+        let ours = "mnt:[4026531841]";
+        process("50", "rein", Some(ours), &mounts(&["2 1 7:3 / /ours rw - ext4 /dev/loop3 rw"]));
+        process("7", "systemd", Some(ours), &mounts(&["2 1 7:3 / /ours\\040too rw - ext4 /dev/loop3 rw"]));
+        let pg = "mnt:[4026532500]";
+        let pg_mounts = mounts(&[
+            "2 1 7:3 / /var/lib/pg rw - ext4 /dev/loop3 rw",
+            "3 1 7:3 /sub /srv/a\\040b rw - ext4 /dev/loop3 rw",
+        ]);
+        process("12", "postgres", Some(pg), &pg_mounts);
+        process("13", "psql", Some(pg), &mounts(&["2 1 7:3 / /not-read rw - ext4 /dev/loop3 rw"]));
+        process("9", "zombie", None, &mounts(&["2 1 7:3 / /zombie rw - ext4 /dev/loop3 rw"]));
+        process("self", "not-a-pid", Some("mnt:[1]"), &mounts(&["2 1 7:3 / /self rw - ext4 /dev/loop3 rw"]));
+        process("20", "sleep", Some("mnt:[4026532600]"), &mounts(&["2 1 259:1 / /boot rw - vfat /dev/loop3p1 rw"]));
+        process(
+            "21",
+            "",
+            Some("mnt:[4026532700]"),
+            &mounts(&["2 1 7:3 / /x rw - ext4 /dev/loop3 rw", "3 1 259:1 / /b rw - vfat /dev/loop3p1 rw"]),
+        );
+        let family = [
+            device(Relation::Itself(None), (7, 3), vec![]),
+            device(Relation::Partition("/dev/loop3p1".into()), (259, 1), vec![]),
+            device(Relation::Partition("/dev/loop3p2".into()), (259, 2), vec![]),
+        ];
+        let named = |holders: Vec<DeviceHolder>| holders.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            named(namespace_mounts(proc, &family, 50)),
+            [
+                "it is mounted at /var/lib/pg, /srv/a b in the mount namespace of pid 12 (postgres), and in 1 more \
+                 mount namespace",
+                "its partition /dev/loop3p1 is mounted at /boot in the mount namespace of pid 20 (sleep), and in 1 \
+                 more mount namespace",
+            ]
+        );
+        assert!(namespace_mounts(proc, &family[2..], 50).is_empty(), "mounted in no namespace");
+        assert!(namespace_mounts(&proc.join("missing"), &family, 50).is_empty());
+        // Asked from pid 12's namespace, ours is another: pid 7 is the first process in it.
+        let from_pg = named(namespace_mounts(proc, &family[..1], 13));
+        assert_eq!(
+            from_pg,
+            ["it is mounted at /ours too in the mount namespace of pid 7 (systemd), and in 1 more mount namespace"]
+        );
+        // At the bound on namespaces: pid 12's alone is read.
+        assert_eq!(
+            named(namespace_mounts_within(proc, &family, 50, (1, MAX_MOUNTINFO_BYTES))),
+            ["it is mounted at /var/lib/pg, /srv/a b in the mount namespace of pid 12 (postgres)"]
+        );
+        // At the bound on bytes: pid 12's mountinfo cut within its third line's mount point (that line
+        // not read: read, it named `/srv/a`), then nothing more.
+        let cut = pg_mounts.lines().take(2).map(|l| l.len() + 1).sum::<usize>() + "3 1 7:3 /sub /srv/a".len();
+        let cut = cut as u64;
+        assert_eq!(
+            named(namespace_mounts_within(proc, &family, 50, (MAX_NAMESPACES_READ, cut))),
+            ["it is mounted at /var/lib/pg in the mount namespace of pid 12 (postgres)"]
+        );
+        // Many mount points in a namespace are counted; a process without a name is named by its pid.
+        let many: Vec<String> = (0..5).map(|i| format!("{} 1 7:3 / /m{i} rw - ext4 /dev/loop3 rw", i + 2)).collect();
+        let tmp2 = tempfile::tempdir().unwrap();
+        let lines: Vec<&str> = many.iter().map(String::as_str).collect();
+        made(tmp2.path(), "30", "", Some("mnt:[4026532800]"), &mounts(&lines));
+        let only = [device(Relation::Itself(None), (7, 3), vec![])];
+        assert_eq!(
+            named(namespace_mounts(tmp2.path(), &only, 50)),
+            ["it is mounted at /m0, /m1, /m2 and 2 more in the mount namespace of pid 30"]
+        );
     }
 
     /// A sysfs tree as the kernel lays it out, made in a temporary directory: `dev/block/MAJ:MIN` links to

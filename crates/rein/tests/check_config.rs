@@ -616,6 +616,67 @@ fn a_disk_whose_partition_is_mounted_is_refused_naming_the_partition() {
     refused_by_check_and_start(&device_export(dir, "p", &lo.0), &want);
 }
 
+/// A shell in a mount namespace of its own (`unshare -m --propagation private`) that mounted a device
+/// there and sleeps: the mount is that namespace's alone, unseen in this process's mountinfo. Killed when
+/// dropped; its namespace, and the mount with it, go when it exits.
+struct NamespaceMount(std::process::Child);
+
+impl NamespaceMount {
+    /// Mounts `dev` at `at` in a new mount namespace; `None`, said, where it cannot be made.
+    fn at(dev: &str, at: &Path) -> Option<NamespaceMount> {
+        let script = "mount \"$1\" \"$2\" && echo mounted && exec sleep 60";
+        let mut child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", script, "sh", dev])
+            .arg(at)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .ok()?;
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        let ns = NamespaceMount(child);
+        if line.trim() != "mounted" {
+            eprintln!("skipped: {dev} cannot be mounted in a mount namespace of its own here (unshare -m)");
+            return None;
+        }
+        Some(ns)
+    }
+}
+
+impl Drop for NamespaceMount {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A block device mounted only in another mount namespace (a container's, `unshare -m`, a unit's
+/// `PrivateMounts`) is refused naming that mount, the pid in that namespace and its command, found in
+/// the namespace's mountinfo (`/proc/PID/mountinfo`); before, this process's mountinfo did not show it,
+/// and the error fell back to the processes that have the device open, or to `fuser`. Needs root (a loop
+/// device, mkfs.ext4, unshare, mount); elsewhere skipped.
+#[test]
+fn a_device_mounted_in_another_mount_namespace_is_refused_naming_that_mount() {
+    let tmp = tmpdir("check-mntns");
+    let dir = tmp.path();
+    let Some(fs) = LoopFs::make(dir) else { return };
+    let Some(ns) = NamespaceMount::at(&fs.dev, &fs.mnt) else { return };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mountinfo.contains(&format!(" {} ", fs.mnt.display())), "not mounted in this namespace");
+    // The shell exec'ed sleep: one process, the namespace's only one.
+    let want = format!(
+        "export n: {}: is a block device in use: it is mounted at {} in the mount namespace of pid {} (sleep). The \
+         kernel refused an exclusive open (EBUSY)",
+        fs.dev,
+        fs.mnt.display(),
+        ns.0.id()
+    );
+    let body = format!("[[exports]]\nname = \"n\"\npath = \"{}\"\n", fs.dev);
+    let cfg = config_file(dir, 184, &body);
+    refused_by_check_and_start(cfg.to_str().unwrap(), &want);
+    drop(ns);
+    drop(fs);
+}
+
 /// A mount, unmounted when dropped.
 struct Mount(std::path::PathBuf);
 
