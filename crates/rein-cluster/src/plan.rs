@@ -3,7 +3,8 @@
 //!
 //! # Model
 //! The input is rein-sim's [`Scenario`], the value `rein sim` runs: nothing here reads the TOML again, so a
-//! scenario means one thing to both. Server i becomes node `127.0.0.(10+i)`; each tenant that uses one
+//! scenario means one thing to both. Server i becomes node `127.0.0.(10+i)` (from the first address,
+//! [`DEFAULT_FIRST_ADDRESS`] or `rein cluster --first-address`: [`Plan::at`]); each tenant that uses one
 //! server opens its export on that node directly; a tenant over several servers opens a gateway at
 //! `127.0.0.(10+n+j)` whose stripe widths are its routing shares as small integers ([`widths`]). A node
 //! gets the server's scheduler, queue depth, `[mclock]` settings and device model, and one sparse file
@@ -14,7 +15,9 @@
 //! 1. What a node is told equals what the simulator runs: the `[mclock]` table and the `[device_model]`
 //!    written for a server are read back by the same validators (`SchedSettingsFile::resolve`,
 //!    `DeviceParams::validate`) and must give the server's own values, or planning fails naming it.
-//! 2. Every process has its own 127.0.0.x address: at most [`MAX_PROCESSES`] in a plan.
+//! 2. Every process has its own loopback address, from the first address `127.a.b.c` up, all below
+//!    `127.a.b.255`: at most `255 - c` processes ([`MAX_PROCESSES`] from the default, 127.0.0.10), checked
+//!    before any address is handed out (`check_room`; [`host`] asserts it).
 //! 3. A feature a real cluster cannot run is refused by name ([`PlanError::Unsupported`]), never skipped.
 //!
 //! # Symbol map
@@ -56,10 +59,13 @@ use rein_sim::Scenario;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 
-/// Processes in a plan at most: 127.0.0.10 to 127.0.0.254.
+/// Processes in a plan at most from [`DEFAULT_FIRST_ADDRESS`]: 127.0.0.10 to 127.0.0.254.
 pub const MAX_PROCESSES: usize = 245;
-/// The first node's address is 127.0.0.`FIRST_HOST`.
-pub const FIRST_HOST: u8 = 10;
+/// The first process's address unless `rein cluster --first-address` gives another: 127.0.0.10 (127.0.0.1
+/// to .9 are left to daemons started by hand beside a cluster).
+pub const DEFAULT_FIRST_ADDRESS: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 10);
+/// The last number a process's address may end in: `127.a.b.255` is the broadcast address of its /24.
+pub const LAST_HOST: u8 = 254;
 /// A gateway's stripe unit (KiB) under routing shares.
 pub const SHARES_STRIPE_KB: u64 = 64;
 /// The stripe unit of a volume routed by a trace's devices (KiB): the load aims each record into a unit of
@@ -192,6 +198,14 @@ pub enum PlanError {
         /// What is wrong.
         message: String,
     },
+    /// The first process's address (`rein cluster --first-address`) is not one a plan can start from.
+    #[error("--first-address {first}: {why}")]
+    FirstAddress {
+        /// The address given.
+        first: Ipv4Addr,
+        /// Why not.
+        why: &'static str,
+    },
 }
 
 /// One `rein serve` node.
@@ -304,16 +318,61 @@ pub(crate) fn end_exports(t: &mut String, server: &str, exports: usize) -> Resul
     Ok(())
 }
 
-/// The address of process `i` (nodes first, then gateways).
-pub fn host(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(127, 0, 0, FIRST_HOST + i as u8)
+/// The address of process `i` (nodes first, then gateways or the controller) of a plan whose first
+/// process is at `first`: `first` plus `i` in its last number. Invariant 2: `check_room` made room.
+pub fn host(first: Ipv4Addr, i: usize) -> Ipv4Addr {
+    let [a, b, c, d] = first.octets();
+    let last = usize::from(d) + i;
+    assert!(last <= usize::from(LAST_HOST), "invariant 2: process {i} from {first} was given room");
+    Ipv4Addr::new(a, b, c, last as u8)
+}
+
+/// Whether `first` can be a plan's first address: loopback (127.0.0.0/8; the daemons' admin endpoints
+/// have no token, and `rein serve` refuses one off loopback without it), and not ending in 0 (the
+/// address of its /24) or 255 (its broadcast address).
+fn check_first(first: Ipv4Addr) -> Result<(), PlanError> {
+    let why = if !first.is_loopback() {
+        "not a loopback address; rein cluster's processes listen on 127.0.0.0/8 only (their admin endpoints \
+         have no token)"
+    } else if first.octets()[3] == 0 || first.octets()[3] == 255 {
+        "ends in .0 or .255; give an address ending in .1 to .254"
+    } else {
+        return Ok(());
+    };
+    Err(PlanError::FirstAddress { first, why })
+}
+
+/// How many processes fit from `first` (checked by [`check_first`]) to its `.254`, each on its own
+/// address (invariant 2): a plan's `processes` (the scenario's `what`) must, or it is refused naming
+/// `--first-address`.
+fn check_room(first: Ipv4Addr, processes: usize, what: &str) -> Result<(), String> {
+    let room = usize::from(LAST_HOST) + 1 - usize::from(first.octets()[3]);
+    if processes <= room {
+        return Ok(());
+    }
+    let [a, b, c, _] = first.octets();
+    Err(format!(
+        "{what} need {processes} processes, each on its own address; from {first} (--first-address) to \
+         {a}.{b}.{c}.{LAST_HOST} at most {room} fit"
+    ))
 }
 
 impl Plan {
-    /// Plans `sc`. `port(addr, k)` gives port k (0 = NBD, 1 = admin) of the process at `addr` (fixed ports
-    /// from a base, or free ones). Nodes keep their data in `node-NAME`, relative to the directory the
-    /// supervisor starts them in.
-    pub fn new(sc: &Scenario, mut port: impl FnMut(Ipv4Addr, u16) -> std::io::Result<u16>) -> Result<Plan, PlanError> {
+    /// [`Plan::at`] from [`DEFAULT_FIRST_ADDRESS`].
+    pub fn new(sc: &Scenario, port: impl FnMut(Ipv4Addr, u16) -> std::io::Result<u16>) -> Result<Plan, PlanError> {
+        Plan::at(sc, DEFAULT_FIRST_ADDRESS, port)
+    }
+
+    /// Plans `sc` with its processes at `first` and the addresses after it (a loopback address, with room
+    /// for them all below its `.255`, or an error naming `--first-address`). `port(addr, k)` gives port
+    /// k (0 = NBD, 1 = admin) of the process at `addr` (fixed ports from a base, or free ones). Nodes keep
+    /// their data in `node-NAME`, relative to the directory the supervisor starts them in.
+    pub fn at(
+        sc: &Scenario,
+        first: Ipv4Addr,
+        mut port: impl FnMut(Ipv4Addr, u16) -> std::io::Result<u16>,
+    ) -> Result<Plan, PlanError> {
+        check_first(first)?;
         let unsupported = |feature: &str, why: &str| PlanError::Unsupported {
             scenario: sc.label(),
             feature: feature.into(),
@@ -340,20 +399,18 @@ impl Plan {
         }
         // Process i's NBD and admin addresses, and with `udp` a third port (a PARDA host's reports).
         let mut addr3 = |i: usize, udp: bool| -> Result<(SocketAddr, SocketAddr, SocketAddr), PlanError> {
-            let h = host(i);
+            let h = host(first, i);
             let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
             let (nbd, admin) = (SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?)));
             Ok((nbd, admin, SocketAddr::from((h, if udp { p(2)? } else { 0 }))))
         };
         if let Some(ps) = &sc.pshift {
             let processes = sc.servers.len() + usize::from(ps.controller);
-            if processes > MAX_PROCESSES {
-                return Err(invalid(format!(
-                    "{} servers and a controller need {processes} processes, each on its own 127.0.0.x address; at \
-                     most {MAX_PROCESSES}",
-                    sc.servers.len()
-                )));
-            }
+            let what = match ps.controller {
+                true => format!("{} servers and a controller", sc.servers.len()),
+                false => format!("{} servers", sc.servers.len()),
+            };
+            check_room(first, processes, &what).map_err(invalid)?;
             let (nodes, controller) =
                 pshift::processes(sc, ps, |i| addr3(i, false).map(|(nbd, admin, _)| (nbd, admin)))?;
             let endpoints = sc
@@ -388,15 +445,13 @@ impl Plan {
         }
         let multi: Vec<usize> = (0..sc.tenants.len()).filter(|&j| sc.tenants[j].servers.len() > 1).collect();
         let processes = sc.servers.len() + multi.len() + sc.hosts.len();
-        if processes > MAX_PROCESSES {
-            return Err(invalid(format!(
-                "{} servers, {} tenants over several servers and {} PARDA hosts need {processes} processes, each on \
-                 its own 127.0.0.x address; at most {MAX_PROCESSES}",
-                sc.servers.len(),
-                multi.len(),
-                sc.hosts.len()
-            )));
-        }
+        let what = format!(
+            "{} servers, {} tenants over several servers and {} PARDA hosts",
+            sc.servers.len(),
+            multi.len(),
+            sc.hosts.len()
+        );
+        check_room(first, processes, &what).map_err(invalid)?;
         let mut nodes = Vec::with_capacity(sc.servers.len());
         for (i, s) in sc.servers.iter().enumerate() {
             let (nbd, admin, _) = addr3(i, false)?;
@@ -1320,6 +1375,54 @@ span_gb = 0.0001
         let sc = Scenario::from_toml(&at, None).unwrap();
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         assert_eq!(plan.nodes.last().unwrap().nbd.ip(), std::net::IpAddr::from([127, 0, 0, 254]));
+    }
+
+    /// The processes start at the first address given and follow it, nodes then gateways (each node's
+    /// config listens there, each gateway reaches its nodes there), up to the bound: the last process at
+    /// .254. Past the bound, off loopback, or at .0 or .255 the first address is refused naming
+    /// `--first-address`; elsewhere in 127.0.0.0/8 it plans.
+    #[test]
+    fn processes_start_at_the_first_address_with_room_up_to_254() {
+        let sc = Scenario::from_toml(STRIPED, None).unwrap();
+        let plan = Plan::at(&sc, Ipv4Addr::new(127, 0, 0, 184), fixed_ports).unwrap();
+        let at = |last: u8| SocketAddr::from(([127, 0, 0, last], 20_000));
+        let nbd: Vec<SocketAddr> =
+            plan.nodes.iter().map(|n| n.nbd).chain(plan.gateways.iter().map(|g| g.nbd)).collect();
+        assert_eq!(nbd, [at(184), at(185), at(186), at(187), at(188)], "3 nodes, then 2 gateways");
+        for (node, last) in plan.nodes.iter().zip(184..) {
+            let cfg = rein_runtime::config::ServerConfig::parse(&node.config, Path::new("n.toml")).unwrap();
+            assert_eq!((cfg.listen, cfg.admin), (at(last), SocketAddr::from(([127, 0, 0, last], 20_001))));
+        }
+        let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[0].config, Path::new("gw.toml")).unwrap();
+        assert_eq!(g.listen, at(187));
+        let reached: Vec<_> = g.nodes.iter().map(|n| n.address.clone()).collect();
+        assert_eq!(reached, [at(184), at(185), at(186)].map(rein_runtime::sock::NodeAddress::Tcp));
+        assert_eq!(plan.endpoints[0].uri(), "nbd://127.0.0.187:20000/c1");
+        // At the bound, .250 to .254; one past it, refused.
+        let plan = Plan::at(&sc, Ipv4Addr::new(127, 0, 0, 250), fixed_ports).unwrap();
+        assert_eq!(plan.gateways[1].nbd, at(254));
+        let e = Plan::at(&sc, Ipv4Addr::new(127, 0, 0, 251), fixed_ports).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "scenario {}: 3 servers, 2 tenants over several servers and 0 PARDA hosts need 5 processes, each on \
+                 its own address; from 127.0.0.251 (--first-address) to 127.0.0.254 at most 4 fit",
+                sc.label()
+            )
+        );
+        // Anywhere in 127.0.0.0/8.
+        let plan = Plan::at(&sc, Ipv4Addr::new(127, 1, 2, 3), fixed_ports).unwrap();
+        assert_eq!(plan.nodes[0].nbd, SocketAddr::from(([127, 1, 2, 3], 20_000)));
+        let loopback = "not a loopback address; rein cluster's processes listen on 127.0.0.0/8 only (their admin \
+                        endpoints have no token)";
+        let ends = "ends in .0 or .255; give an address ending in .1 to .254";
+        for (first, why) in
+            [([10, 0, 0, 10], loopback), ([0, 0, 0, 0], loopback), ([127, 0, 0, 0], ends), ([127, 0, 1, 255], ends)]
+        {
+            let first = Ipv4Addr::from(first);
+            let e = Plan::at(&sc, first, fixed_ports).unwrap_err().to_string();
+            assert_eq!(e, format!("--first-address {first}: {why}"));
+        }
     }
 
     const STRIPED: &str = r#"

@@ -31,10 +31,14 @@ pub(crate) enum ClusterCmd {
 pub(crate) struct UpArgs {
     /// Scenario file (TOML; see docs/scenarios.md and docs/cluster.md).
     pub(crate) scenario: PathBuf,
-    /// NBD port of every process (each on its own 127.0.0.x address; admin on the next port); 0: free
+    /// NBD port of every process (each on its own loopback address; admin on the next port); 0: free
     /// ports chosen at start.
     #[arg(long, default_value_t = 10809)]
     pub(crate) base_port: u16,
+    /// Address of the first process (the first server's node); the others follow it (127.0.0.10,
+    /// 127.0.0.11, ...). A loopback address (127.0.0.0/8), with room for every process up to its .254.
+    #[arg(long, value_name = "ADDR", default_value_t = rein_cluster::plan::DEFAULT_FIRST_ADDRESS)]
+    pub(crate) first_address: std::net::Ipv4Addr,
     /// Keep configs, logs and node data here (default: a temporary directory, removed at the end).
     #[arg(long)]
     pub(crate) dir: Option<PathBuf>,
@@ -92,7 +96,7 @@ fn start_with(
         (d, _) => d.cloned(),
     };
     let base = a.base_port;
-    let plan = Plan::new(sc, |h, k| rein_cluster::supervisor::port(base, h, k))?;
+    let plan = Plan::at(sc, a.first_address, |h, k| rein_cluster::supervisor::port(base, h, k))?;
     let (started, signalled) =
         interruptible(rt, signals, |stop| Supervisor::start(&plan, &exe, dir.as_ref(), READY_TIMEOUT, stop));
     match (started, signalled) {

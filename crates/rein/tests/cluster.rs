@@ -907,6 +907,49 @@ below = 0.35
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "the run directory is removed");
 }
 
+/// `--first-address` moves the cluster: its one node listens at the address given (here this test's
+/// own, 127.0.0.184), where it used to be 127.0.0.10 whatever was asked. A first address off loopback, or
+/// without room for the plan's processes below .255, is refused naming the flag, with nothing started.
+#[test]
+fn first_address_places_the_processes_and_is_refused_without_room() {
+    let _shared = common::beside_measuring();
+    let (tmp, run_tmp) = run_dirs();
+    let one = TWO_NODES.split("[[servers]]\nname = \"s2\"").next().unwrap().to_string()
+        + "[[tenants]]\nname = \"a\"\nservers = [\"s1\"]\n[tenants.workload]\nkind = \"closed\"\nspan_gb = 0.0625\n";
+    let mut up = Up::start_with(&run_tmp, &scenario(tmp.path(), &one), &["--first-address", "127.0.0.184"]);
+    let lines = up.ready();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("tenant a nbd://127.0.0.184:") && lines[0].ends_with("/a"), "{lines:?}");
+    let kids = children(up.child.id());
+    assert_eq!(kids.len(), 1, "one rein serve: {kids:?}");
+    terminate_and_check(up, kids, &run_tmp);
+
+    let sc = scenario(tmp.path(), TWO_NODES);
+    for (first, want) in [
+        (
+            "127.0.0.253",
+            format!(
+                "error: scenario {sc}: 2 servers, 1 tenants over several servers and 0 PARDA hosts need 3 processes, \
+                 each on its own address; from 127.0.0.253 (--first-address) to 127.0.0.254 at most 2 fit"
+            ),
+        ),
+        (
+            "192.168.1.10",
+            "error: --first-address 192.168.1.10: not a loopback address; rein cluster's processes listen on \
+             127.0.0.0/8 only (their admin endpoints have no token)"
+                .to_string(),
+        ),
+    ] {
+        let out =
+            rein(&run_tmp, &["cluster", "up", &sc, "--base-port", "0", "--first-address", first]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.trim(), want);
+        assert!(String::from_utf8_lossy(&out.stdout).is_empty());
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing was made");
+}
+
 #[test]
 fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
     let _shared = common::beside_measuring();

@@ -26,7 +26,7 @@
 //! loopback (tens of microseconds); the controller still uses the delay where its rules assume one (limits
 //! kept for tokens in flight, when an early round may start).
 
-use super::{budget_lines, device_table, export_mb, f, host, mclock_table, q, tenant_entry, NodePlan, PlanError};
+use super::{budget_lines, device_table, export_mb, f, mclock_table, q, tenant_entry, NodePlan, PlanError};
 use rein_core::Nanos;
 use rein_sim::model::pshift::{BucketLoad, BucketPlan, PshiftSection};
 use rein_sim::Scenario;
@@ -212,7 +212,11 @@ pub(super) fn processes(
         let config = node_config(sc, ps, i, nbd, admin, controller.as_ref().map(|c| c.listen)).map_err(invalid)?;
         nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config });
     }
-    debug_assert!(controller.as_ref().is_none_or(|c| c.listen.ip() == std::net::IpAddr::V4(host(sc.servers.len()))));
+    // The controller is at the address after the last node's.
+    debug_assert!(controller.as_ref().zip(nodes.last()).is_none_or(|(c, n)| match (c.listen.ip(), n.nbd.ip()) {
+        (std::net::IpAddr::V4(c), std::net::IpAddr::V4(n)) => u32::from(c) == u32::from(n) + 1,
+        _ => false,
+    }));
     Ok((nodes, controller))
 }
 
@@ -243,6 +247,19 @@ mod tests {
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         let ctl = plan.controller.as_ref().expect("a controller");
         assert_eq!(ctl.listen, SocketAddr::from(([127, 0, 0, 18], 20_000)), "after the 8 nodes");
+        // From another first address: the controller still after the nodes; the 9 processes need room.
+        let from = Plan::at(&sc, Ipv4Addr::new(127, 0, 0, 184), fixed_ports).unwrap();
+        let ctl_from = from.controller.as_ref().expect("a controller");
+        assert_eq!(from.nodes[0].nbd, SocketAddr::from(([127, 0, 0, 184], 20_000)));
+        assert_eq!(ctl_from.listen, SocketAddr::from(([127, 0, 0, 192], 20_000)));
+        let e = Plan::at(&sc, Ipv4Addr::new(127, 0, 0, 247), fixed_ports).unwrap_err().to_string();
+        assert!(
+            e.ends_with(
+                "8 servers and a controller need 9 processes, each on its own address; from 127.0.0.247 \
+             (--first-address) to 127.0.0.254 at most 8 fit"
+            ),
+            "{e}"
+        );
         let back =
             rein_runtime::pshift_controller::ControllerSettings::parse(&ctl.config, Path::new("ctl.toml")).unwrap();
         assert!(back.hold, "the schedule waits for the load");
