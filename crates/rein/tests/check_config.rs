@@ -630,6 +630,7 @@ impl NamespaceMount {
             .arg(at)
             .stdout(std::process::Stdio::piped())
             .spawn()
+            .inspect_err(|e| eprintln!("skipped: unshare cannot be run here: {e}"))
             .ok()?;
         let mut line = String::new();
         let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
