@@ -100,11 +100,12 @@
 //!   to `nbd` carries no tags from then on (its tenants' trackers keep their account, and one turned back
 //!   to `rein` starts afresh there unless the node's boot is the same). A file that turns TLS on without
 //!   credentials does not load (`tls = true needs a [node_tls] table`, naming the node), which changes
-//!   nothing; a node whose place or settings change is tried there first (`NodeMoves::try_places`: a
-//!   session as a running volume on it would open one, the storage-node hello included, ended at once;
-//!   else a side connection), and one that answers and refuses it (no TLS offered, TLS required,
-//!   credentials refused, the storage-node protocol refused) fails the reload, naming it; one down fails
-//!   its reconnects until it is up;
+//!   nothing; the nodes whose place or settings change are tried there first, all at once
+//!   (`NodeMoves::try_places`: a session as a running volume on it would open one, the storage-node
+//!   hello included, ended at once; else a side connection), and those that answer and refuse it (no TLS
+//!   offered, TLS required, credentials refused, the storage-node protocol refused) fail the reload,
+//!   each named; one down (silent ones cost the reload one `connect_timeout` together) is a warning of
+//!   the reload's report, and fails its reconnects until it is up;
 //! - a node added: it takes the next place after the running nodes (a place is an index of the running
 //!   list, by which the volumes' layouts, node links and the tenants' trackers know their nodes; the
 //!   trackers grow by it, [`ServiceTracker::add_servers`]), and volumes added by the same reload or a
@@ -1712,7 +1713,8 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     let running_at = |j: usize| live.volumes.iter().find(|v| v.cfg.stripe.uses(j)).map(|v| v.volume.clone());
     let export_at =
         |j: usize| new.exports.iter().filter(|c| c.stripe.uses(j)).find_map(|c| c.node_exports.get(j).cloned());
-    moves.try_places(&live.base.nodes, running_at, export_at, live.base.link.connect_timeout).await?;
+    let unreached = moves.try_places(&live.base.nodes, running_at, export_at, live.base.link.connect_timeout).await?;
+    r.applied.extend(unreached);
     // The tenants' trackers count the places added (a tracker is shared by its tenant's volumes).
     for t in live.trackers.values() {
         t.lock().unwrap_or_else(|e| e.into_inner()).add_servers(nodes.len());
@@ -1978,23 +1980,26 @@ impl NodeMoves {
         })
     }
 
-    /// Tries each node moved at its new place, all at once, with the `[node_tls]` context set by then: a
-    /// session as a running volume on it (`running_at(place)`) would open one now
+    /// Tries each node moved at its new place, all at once (at most [`MAX_NODES`]: a reload waits one
+    /// `connect_timeout` for the nodes that are silent together, not one each), with the `[node_tls]`
+    /// context set by then: a session as a running volume on it (`running_at(place)`) would open one now
     /// ([`RemoteVolume::try_session`]: TLS as the new place says, the storage-node hello under `rein` or
     /// `auto`, the export and its size), ended at once; where only volumes this reload adds use it, a side
-    /// connection as a check of `export_at(place)`'s flags makes ([`crate::remote::try_place`]). A node
+    /// connection as a check of `export_at(place)`'s flags makes ([`crate::remote::try_place`]). Each node
     /// that answers and refuses it (TLS turned on at a node that does not offer it, or off at one that
     /// requires it; credentials or a `tls_name` it does not take; the storage-node protocol refused under
-    /// `rein`) fails the reload, naming the node, before its sessions are told to move there. A node that
-    /// cannot be reached tells nothing (its sessions reconnect once it is up), nor does one no volume uses
-    /// (nothing to break).
+    /// `rein`) fails the reload, named with its reason (all of them, in the nodes' order), before its
+    /// sessions are told to move there. A node that cannot be reached does not (its sessions reconnect
+    /// once it is up): it gets a warning line for the reload's report, returned; a node no volume uses is
+    /// not tried (nothing to break).
     async fn try_places(
         &self,
         running: &[NodeSpec],
         running_at: impl Fn(usize) -> Option<Arc<RemoteVolume>>,
         export_at: impl Fn(usize) -> Option<String>,
         connect_timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<Vec<String>, String> {
+        use crate::remote::Tried;
         let tries: Vec<_> = self
             .to
             .iter()
@@ -2007,21 +2012,37 @@ impl NodeMoves {
                 let tls = if place.tls.is_some() { "TLS on" } else { "TLS off" };
                 Some(async move {
                     let tried = match how {
-                        Ok(volume) => volume.try_session(*i).await.unwrap_or(Ok(true)),
+                        Ok(volume) => volume.try_session(*i).await.unwrap_or(Tried::Reached),
                         Err(export) => crate::remote::try_place(node, &export, connect_timeout).await,
                     };
-                    tried.map_err(|why| {
-                        format!(
-                            "node {}: the node at {} refuses the link as this reload sets it (protocol {}, {tls}): {why}",
-                            node.name,
-                            place.address,
-                            place.protocol.name()
-                        )
-                    })
+                    let (name, address, protocol) = (&node.name, &place.address, place.protocol.name());
+                    match tried {
+                        Tried::Reached => Ok(None),
+                        Tried::Down(why) => Ok(Some(format!(
+                            "warning: node {name}: not reached at {address} (protocol {protocol}, {tls}): {why}; not \
+                             tried: its sessions reconnect with the new settings once it answers"
+                        ))),
+                        Tried::Refused(why) => Err(format!(
+                            "node {name}: the node at {address} refuses the link as this reload sets it (protocol \
+                             {protocol}, {tls}): {why}"
+                        )),
+                    }
                 })
             })
             .collect();
-        futures_util::future::try_join_all(tries).await.map(|_| ())
+        // Every try to its end, so that a refusal names every node that refuses, not the first to answer.
+        let (mut unreached, mut refused) = (Vec::new(), Vec::new());
+        for t in futures_util::future::join_all(tries).await {
+            match t {
+                Ok(line) => unreached.extend(line),
+                Err(e) => refused.push(e),
+            }
+        }
+        if refused.is_empty() {
+            Ok(unreached)
+        } else {
+            Err(refused.join("; "))
+        }
     }
 
     /// The reload completed: the moves stay, the running list says where the nodes are and how they are

@@ -823,8 +823,9 @@ impl LinkState {
 
 impl RemoteVolume {
     /// Opens `volume` (of `size` bytes, laid out by `stripe` over `nodes`, export `exports[j]` on node
-    /// `j`): connects every pooled connection once (within `connect_timeout`), checks each node's export
-    /// is large enough, then hands the connections to their tasks. Errors name the node. A node that
+    /// `j`): connects every pooled connection once (within `connect_timeout`; the nodes at once, each
+    /// node's pool one after another), checks each node's export is large enough, then hands the
+    /// connections to their tasks. Errors name the node (the first in the layout's order). A node that
     /// cannot be reached is no error: it is logged, its pieces fail with EIO, and its connections keep
     /// trying (with the reconnect backoff) until it is up; a node that answers wrongly is.
     pub async fn open(
@@ -842,9 +843,10 @@ impl RemoteVolume {
         let refusing = Arc::new(AtomicUsize::new(0));
         let (closing, closing_rx) = watch::channel(false);
         let mut tasks = Vec::new();
+        let mut targets = Vec::with_capacity(nodes.len());
         for (j, node) in nodes.iter().enumerate() {
             if !stripe.uses(j) {
-                links.push(None);
+                targets.push(None);
                 continue;
             }
             let qos = qos.as_ref().map(|q| (Mutex::new(q.tenants[j].clone()), q.tracker.clone()));
@@ -867,25 +869,44 @@ impl RemoteVolume {
                 recheck: watch::channel(0).0,
                 closing: closing_rx.clone(),
             });
-            let mut conns = Vec::with_capacity(cfg.connections);
+            targets.push(Some(target));
+        }
+        // Every node's connections at once (a node's pool one after another): nodes that are down or silent
+        // cost the open one `connect_timeout` together, not one each. A node that answers wrongly fails the
+        // open, the first such in the layout's order named.
+        let starts = futures_util::future::join_all(targets.iter().map(|target| async move {
+            let Some(target) = target else { return Ok(Vec::new()) };
+            let mut starts = Vec::with_capacity(cfg.connections);
             // Why the node could not be reached, once it could not: the pool's other connections start down
             // for the same reason, without trying.
             let mut down: Option<String> = None;
             for _ in 0..cfg.connections {
                 // A node that is down does not stop the start (its pieces fail with EIO until a connection
                 // comes up); one that answers wrongly (refused export or protocol, too small) does.
-                let start = match &down {
+                starts.push(match &down {
                     Some(why) => Err(why.clone()),
                     None => match target.connect().await {
                         Ok(s) => Ok(s),
                         Err(ConnectError::Unreachable(why)) => {
-                            node.log.failed(node, volume, why.clone(), true);
+                            target.node.log.failed(&target.node, volume, why.clone(), true);
                             down = Some(why.clone());
                             Err(why)
                         }
-                        Err(e) => return Err(e.into_open(&target)),
+                        Err(e) => return Err(e.into_open(target)),
                     },
-                };
+                });
+            }
+            Ok(starts)
+        }))
+        .await;
+        for (target, starts) in targets.into_iter().zip(starts) {
+            let (Some(target), starts) = (target, starts?) else {
+                links.push(None);
+                continue;
+            };
+            let node = &target.node;
+            let mut conns = Vec::with_capacity(cfg.connections);
+            for start in starts {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let state = Arc::new(LinkState { refusing: refusing.clone(), ..Default::default() });
                 if let Ok(s) = &start {
@@ -1657,11 +1678,10 @@ async fn probe(node: &NodeSpec, exports: &[String], connect_timeout: Duration) -
 
 /// Whether `node` takes a connection at its place now ([`NodeSpec::place`]: the address, and TLS as the
 /// place says it), tried as a check of the flags of `export` is (`probe`, a side connection that opens
-/// nothing), within `connect_timeout`: `Ok(true)` if it answered, `Ok(false)` if it could not be reached
-/// (down: nothing to tell), `Err` with the reason if it answered and refused the connection (the node does
-/// not offer TLS or requires it, rejects the credentials, or its certificate does not match). A reload
-/// tries a node's new place so before it moves the node's sessions there.
-pub async fn try_place(node: &NodeSpec, export: &str, connect_timeout: Duration) -> Result<bool, String> {
+/// nothing), within `connect_timeout` ([`Tried`]: refused if it answered and refused the connection, the
+/// node not offering TLS or requiring it, rejecting the credentials, or its certificate not matching). A
+/// reload tries a node's new place so before it moves the node's sessions there.
+pub async fn try_place(node: &NodeSpec, export: &str, connect_timeout: Duration) -> Tried {
     tried(probe(node, &[export.to_string()], connect_timeout).await.and_then(|answers| match answers.first() {
         Some(p::Probed::Refused { reply: p::REP_ERR_TLS_REQD, message }) => {
             Err(ConnectError::Io(format!("{message} ({TLS_HINT})")))
@@ -1671,14 +1691,23 @@ pub async fn try_place(node: &NodeSpec, export: &str, connect_timeout: Duration)
     }))
 }
 
-/// What a try of a node's place ([`try_place`], [`RemoteVolume::try_session`]) tells a reload: `Ok(true)`
-/// if the node took the connection, `Ok(false)` if it could not be reached (nothing to tell), `Err` with
-/// the reason if it answered and refused.
-fn tried(r: Result<(), ConnectError>) -> Result<bool, String> {
+/// What a try of a node's place ([`try_place`], [`RemoteVolume::try_session`]) tells a reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tried {
+    /// The node took the connection.
+    Reached,
+    /// It could not be reached (no connection, or no answer within `connect_timeout`: down, nothing to
+    /// tell); why.
+    Down(String),
+    /// It answered and refused; why.
+    Refused(String),
+}
+
+fn tried(r: Result<(), ConnectError>) -> Tried {
     match r {
-        Ok(()) => Ok(true),
-        Err(ConnectError::Unreachable(_)) => Ok(false),
-        Err(e) => Err(e.to_string()),
+        Ok(()) => Tried::Reached,
+        Err(ConnectError::Unreachable(why)) => Tried::Down(why),
+        Err(e) => Tried::Refused(e.to_string()),
     }
 }
 
@@ -1686,11 +1715,10 @@ impl RemoteVolume {
     /// Opens a session to the node at place `j` of the volume as its links would open one now (the node's
     /// place as a reload set it: address, TLS, `protocol` with the storage-node hello stating the volume's
     /// tenant, the export and its size), within `connect_timeout`, then ends it at once with NBD_CMD_DISC.
-    /// `None` if the volume does not use place `j`; `Ok(true)` if the session opened, `Ok(false)` if the
-    /// node could not be reached (down: nothing to tell), `Err` with the reason if the node answered and
-    /// refused it (TLS, credentials, the storage-node protocol, the export). A reload tries a node whose
-    /// protocol it changes so before it moves the node's sessions there (`gateway`'s `NodeMoves`).
-    pub async fn try_session(&self, j: usize) -> Option<Result<bool, String>> {
+    /// `None` if the volume does not use place `j`; else [`Tried`] (refused: TLS, credentials, the
+    /// storage-node protocol, the export). A reload tries a node whose protocol it changes so before it
+    /// moves the node's sessions there (`gateway`'s `NodeMoves`).
+    pub async fn try_session(&self, j: usize) -> Option<Tried> {
         let target = &self.links.get(j)?.as_ref()?.target;
         let opened = match target.connect().await {
             Ok(Session { stream, slot, .. }) => {

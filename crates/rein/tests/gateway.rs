@@ -2927,3 +2927,112 @@ fn a_node_outage_is_logged_for_the_node_not_for_each_connection() {
     assert!(lost <= 2 && failed <= 2, "{lost} lost and {failed} failed lines for one outage: {log:#?}");
     assert_eq!(lines("node connection restored"), 1, "{log:#?}");
 }
+
+/// Listeners on 127.0.0.`host` that take TCP connections and never write (each connection held until
+/// the value drops): nodes that accept and then stay silent.
+struct SilentNodes {
+    addrs: Vec<SocketAddr>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SilentNodes {
+    fn new(host: u8, n: usize) -> SilentNodes {
+        let listeners: Vec<std::net::TcpListener> = (0..n)
+            .map(|_| {
+                let l = std::net::TcpListener::bind(format!("127.0.0.{host}:0")).unwrap();
+                l.set_nonblocking(true).unwrap();
+                l
+            })
+            .collect();
+        let addrs = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let until = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !until.load(std::sync::atomic::Ordering::Relaxed) {
+                for l in &listeners {
+                    while let Ok((sock, _)) = l.accept() {
+                        held.push(sock);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        SilentNodes { addrs, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for SilentNodes {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Nodes that take the connection and stay silent cost a volume's open, and a reload that changes their
+/// protocol, one `connect_timeout_s` together (1 s here), not one each: a volume over two `rein serve`
+/// nodes and four silent ones starts within 2.5 s (its nodes were connected one after another: 4 s), a
+/// reload that changes the four silent nodes' protocol (`NodeMoves::try_places`, all at once) completes
+/// as fast and names each as not reached (its sessions reconnect with the new settings once it
+/// answers; before, nothing said so), and a reload that the two `rein serve` nodes refuse (the
+/// storage-node protocol, without `[node]`) beside four silent ones fails as fast, naming both (before,
+/// the first to answer only).
+#[test]
+fn a_reload_tries_its_changed_nodes_together() {
+    let tmp = tmpdir("gw-try-together");
+    let dir = tmp.path();
+    let serve = |name: &str| {
+        let body = format!("capacity_iops = 100000\n[[exports]]\nname = \"v\"\nsize_mb = {NODE_MB}\n");
+        serve_in(&dir.join(name), &local(180), &body)
+    };
+    let (r1, r2) = (serve("r1"), serve("r2"));
+    let silent = SilentNodes::new(180, 4);
+    let mut places = vec![("s1", r1.nbd), ("s2", r2.nbd)];
+    places.extend(["s3", "s4", "s5", "s6"].into_iter().zip(silent.addrs.iter().copied()));
+    let config = |rein: &[&str]| {
+        let mut text =
+            format!("{}\nrequest_timeout_s = 2\nconnect_timeout_s = 1\nreconnect_max_backoff_ms = 200\n", local(181));
+        for (name, addr) in &places {
+            let protocol = if rein.contains(name) { "rein" } else { "nbd" };
+            text.push_str(&format!("[[nodes]]\nname = \"{name}\"\naddress = \"{addr}\"\nprotocol = \"{protocol}\"\n"));
+        }
+        text.push_str(
+            "[[tenants]]\nname = \"c2\"\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 12\n\
+             widths = { s1 = 1, s2 = 1, s3 = 1, s4 = 1, s5 = 1, s6 = 1 }\n",
+        );
+        write_file(dir, "gw.toml", &text)
+    };
+    // The volume's start: its six nodes connected together, the four silent ones one timeout in all.
+    let t0 = Instant::now();
+    let gw = gateway(&config(&[]));
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(2500), "the start took {took:?} (one node after another: 4 x 1 s)");
+    // The four silent nodes to rein: each tried with the volume's session, together.
+    config(&["s3", "s4", "s5", "s6"]);
+    let hup = Instant::now();
+    gw.signal("-HUP");
+    gw.wait_log(&["configuration reloaded"], Duration::from_secs(30));
+    let took = hup.elapsed();
+    assert!(took < Duration::from_millis(2500), "the reload took {took:?} (one node after another: 4 x 1 s)");
+    for (name, addr) in &places[2..] {
+        let line = gw.wait_log(&[&format!("node {name}: not reached at {addr}")], Duration::from_secs(1));
+        assert!(line.contains("did not finish the NBD handshake within connect_timeout_s (1 s)"), "{line}");
+    }
+    // s1 and s2 to rein, which both refuse, and the silent four back to nbd: all six tried together.
+    config(&["s1", "s2"]);
+    let hup = Instant::now();
+    gw.signal("-HUP");
+    let line = gw.wait_log(&["the running configuration is unchanged"], Duration::from_secs(30));
+    let took = hup.elapsed();
+    assert!(took < Duration::from_millis(2500), "the refused reload took {took:?}");
+    for (name, addr) in &places[..2] {
+        let refused = format!(
+            "node {name}: the node at {addr} refuses the link as this reload sets it (protocol rein, TLS off): the node \
+             refused the storage-node protocol"
+        );
+        assert!(line.contains(&refused), "{name} not named: {line}");
+    }
+}
