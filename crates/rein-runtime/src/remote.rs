@@ -115,7 +115,9 @@
 //! registered there) reads, every period, the transmission flags of every export registered on one side
 //! connection that opens nothing (`probe`: the links' own connect and handshake code, `dial`, with
 //! [`ClientHandshake::probe`]: an NBD_OPT_INFO per export, one after another, then NBD_OPT_ABORT; the same
-//! place, Unix socket or TCP, and TLS; no tenant stated), within `connect_timeout`. An export that two
+//! place, Unix socket or TCP, and TLS; no tenant stated), each round trip within `connect_timeout` (the
+//! connection and the first answer, then each answer after the one before: a silent node fails within
+//! one, a slow link's many round trips are not summed against it). An export that two
 //! volumes use is asked once; each volume counts the check ([`NodeStats::checks`]). A connection carries at
 //! most [`PROBE_EXPORTS_REIN`] exports on a node known to run `rein serve` (it counts no options) and
 //! [`p::PROBE_EXPORTS_ANY_SERVER`] on another (nbdkit ends a handshake after 32 options); more take several
@@ -153,7 +155,8 @@
 //! - Connections per node and volume: `connections_per_node`, at most [`MAX_CONNECTIONS_PER_NODE`].
 //! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
 //! - Checks of the node exports' flags ("Read-only node exports"): one task per node with an export
-//!   registered, one side connection at a time each within `connect_timeout`, a round of
+//!   registered, one side connection at a time, each round trip within `connect_timeout` (a connection
+//!   of `n` exports at most `n` of them), a round of
 //!   ceil(exports / [`PROBE_EXPORTS_REIN`]) of them (or [`p::PROBE_EXPORTS_ANY_SERVER`]) a period; the
 //!   exports registered are at most the gateway's volumes per node.
 //!
@@ -1739,11 +1742,20 @@ impl RemoteVolume {
     }
 }
 
-/// Connects to `node` and negotiates `how`: a target's export ([`Target::connect`]), or only exports'
-/// information ([`probe`]), within `connect_timeout`.
+/// Connects to `node` and negotiates `how`: a target's export ([`Target::connect`]), within
+/// `connect_timeout`; or only exports' information ([`probe`]), with `connect_timeout` for each round trip:
+/// the connection (TCP, the greeting, TLS) and the first export's answer within it, then each export's
+/// answer within it of the one before. A probe of `n` exports is `n` round trips, one option at a time
+/// (the spec's rule): a deadline for the whole of it failed every check of 256 exports over a link of
+/// more than 19 ms at the default 5 s. A silent node still fails within one `connect_timeout`, and a
+/// probe takes at most `n` of them.
 async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Result<Dialed, ConnectError> {
     // Set once the connection is up, so a timeout can say whether the node answered at all.
     let connected = AtomicBool::new(false);
+    // A probe's exports answered so far, and when the last answer came (nanoseconds after `start`): the
+    // next round trip's deadline runs from there.
+    let (answered, answered_at) = (AtomicUsize::new(0), AtomicU64::new(0));
+    let start = Instant::now();
     let attempt = async {
         let place = node.place();
         let stream = place.address.connect().await.map_err(|e| {
@@ -1797,6 +1809,11 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
                 e => ConnectError::Io(format!("handshake: {e}")),
             })?;
             input.drain(..used);
+            let probed = hs.probed().len();
+            if probed > answered.load(Ordering::Relaxed) {
+                answered.store(probed, Ordering::Relaxed);
+                answered_at.store(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+            }
             stream.write_all(&out).await.map_err(|e| ConnectError::Io(format!("handshake: {e}")))?;
             match progress {
                 ClientProgress::Ready { size, flags, .. } => {
@@ -1874,24 +1891,47 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
             }
         }
     };
-    match tokio::time::timeout(connect_timeout, attempt).await {
-        Ok(r) => r,
-        Err(_) => {
-            let s = connect_timeout.as_secs_f64();
-            Err(ConnectError::Unreachable(if connected.load(Ordering::Relaxed) {
-                format!("the node took the connection but did not finish the NBD handshake within connect_timeout_s ({s} s)")
-            } else {
-                format!("no connection within connect_timeout_s ({s} s)")
-            }))
+    // A session's whole handshake has one deadline; a probe's moves on with each answer.
+    let deadline = || {
+        let since = match how {
+            Dial::Probe(_) => Duration::from_nanos(answered_at.load(Ordering::Relaxed)),
+            Dial::Session(_) => Duration::ZERO,
+        };
+        // `connect_timeout` is at most an hour (the config's bound); this keeps the sum from overflowing.
+        start + since + connect_timeout.min(Duration::from_secs(365 * 86_400))
+    };
+    tokio::pin!(attempt);
+    loop {
+        tokio::select! {
+            r = &mut attempt => return r,
+            _ = tokio::time::sleep_until(deadline()) => {
+                if Instant::now() >= deadline() {
+                    break;
+                }
+            }
         }
     }
+    let s = connect_timeout.as_secs_f64();
+    Err(ConnectError::Unreachable(match (connected.load(Ordering::Relaxed), how, answered.load(Ordering::Relaxed)) {
+        (false, _, _) => format!("no connection within connect_timeout_s ({s} s)"),
+        (true, Dial::Probe(exports), n) if n > 0 => format!(
+            "the node answered NBD_OPT_INFO for {n} of {} exports, then not the next within connect_timeout_s ({s} s)",
+            exports.len()
+        ),
+        (true, _, _) => {
+            format!(
+                "the node took the connection but did not finish the NBD handshake within connect_timeout_s ({s} s)"
+            )
+        }
+    }))
 }
 
 /// Exports one check connection asks about on a node known to run `rein serve` (its `protocol` is
 /// `"rein"`, or a session of it speaks the storage-node protocol): `rein serve` counts no options (its
-/// handshake is bounded only by its 30 s timeout), so the bound is the check's own, the round trips (one
-/// per export, the spec's one option at a time) to fit in `connect_timeout` with room: 256 at the default
-/// 5 s, round trips up to 19 ms. Another node gets [`p::PROBE_EXPORTS_ANY_SERVER`] (nbdkit's limit).
+/// handshake is bounded only by its 30 s timeout), so the bound is the check's own. Each round trip (one
+/// per export, the spec's one option at a time) has its own `connect_timeout` (`dial`); the node's 30 s
+/// for the whole handshake is what 256 round trips must fit in: links up to about 115 ms. Another node
+/// gets [`p::PROBE_EXPORTS_ANY_SERVER`] (nbdkit's limit).
 pub const PROBE_EXPORTS_REIN: usize = 256;
 
 /// The checks of one node's exports' flags for the whole gateway (module comment, "Read-only node

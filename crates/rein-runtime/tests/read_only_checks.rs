@@ -413,3 +413,119 @@ async fn a_node_gets_no_more_options_on_a_connection_than_it_takes() {
         assert!(done >= 2 && failed == 0, "v{i}: {done} checks, {failed} failed");
     }
 }
+
+/// A fake node on 127.0.0.180 with writable exports `names` (1 MiB each) that answers each option
+/// `delay` late (its greeting at once): a slow link, whose every round trip takes `delay`. Sessions
+/// (NBD_OPT_GO) are served and held until the client leaves.
+async fn slow_link_node(names: &[&str], delay: Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.180:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let exports: Vec<ExportInfo> = names
+        .iter()
+        .map(|name| ExportInfo {
+            name: name.to_string(),
+            description: String::new(),
+            size: 1 << 20,
+            read_only: false,
+            volatile: false,
+            min_block: 1,
+        })
+        .collect();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let exports = exports.clone();
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                let mut hs = ServerHandshake::new(exports, &mut out);
+                if s.write_all(&out).await.is_err() {
+                    return;
+                }
+                let mut buf = Vec::new();
+                loop {
+                    out.clear();
+                    let Ok((used, progress)) = hs.feed(&buf, &mut out) else { return };
+                    buf.drain(..used);
+                    if !out.is_empty() {
+                        tokio::time::sleep(delay).await;
+                        if s.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                    match progress {
+                        ServerProgress::NeedMore if used > 0 => {}
+                        ServerProgress::NeedMore => {
+                            if s.read_buf(&mut buf).await.map_or(true, |n| n == 0) {
+                                return;
+                            }
+                        }
+                        // A session: held until the client leaves.
+                        ServerProgress::Done(_) => {
+                            while s.read_buf(&mut buf).await.is_ok_and(|n| n > 0) {}
+                            return;
+                        }
+                        // The check's NBD_OPT_ABORT, or anything else: the connection ends.
+                        _ => return,
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Eight volumes over eight exports of a node on a slow link (each answer 150 ms late), checking every
+/// 100 ms under a `connect_timeout` of 500 ms: a check asks the eight exports on one connection, eight
+/// round trips (1.2 s and more), each within the timeout, and none fails: the timeout is each round
+/// trip's. Before, it covered the whole conversation, so every check of more than three exports failed
+/// (at the default 5 s: every check of 256 exports over a link of more than 19 ms).
+#[tokio::test]
+async fn a_check_over_a_slow_link_has_a_timeout_per_round_trip() {
+    let names: Vec<String> = (0..8).map(|i| format!("e{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let node = node_at("a", slow_link_node(&refs, Duration::from_millis(150)).await);
+    let cfg = LinkConfig { read_only_check: Some(Duration::from_millis(100)), ..config(Duration::from_millis(500)) };
+    let mut volumes = Vec::new();
+    for (i, export) in names.iter().enumerate() {
+        volumes.push(open_on(&format!("v{i}"), &node, export, cfg).await);
+    }
+    until("3 checks of every volume", || volumes.iter().all(|v| counted(v).0 >= 3)).await;
+    for (i, v) in volumes.iter().enumerate() {
+        let (done, failed) = counted(v);
+        assert_eq!(failed, 0, "v{i}: {failed} of {done} checks failed");
+        v.close(Duration::from_secs(1)).await;
+    }
+}
+
+/// A node that takes the connection and never answers fails a check within one `connect_timeout`
+/// (300 ms here), however many exports the check would ask (eight): three rounds of checks (each a 50 ms
+/// period and the timeout) take well under 3 x (2 x 300 ms + 50 ms), where a deadline that grew with the
+/// exports asked would take 8 x 300 ms a round.
+#[tokio::test]
+async fn a_silent_node_fails_a_check_within_one_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.180:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let node = node_at("a", addr);
+    let cfg = LinkConfig { read_only_check: Some(Duration::from_millis(50)), ..config(Duration::from_millis(300)) };
+    let opens = (0..8).map(|i| {
+        let node = &node;
+        async move { open_on(&format!("v{i}"), node, &format!("e{i}"), cfg).await }
+    });
+    let volumes = futures_util::future::join_all(opens).await;
+    let v = &volumes[0];
+    until("2 failed checks", || counted(v).1 >= 2).await;
+    let t0 = tokio::time::Instant::now();
+    until("3 more failed checks", || counted(v).1 >= 5).await;
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(3 * 650), "3 rounds of checks took {took:?}");
+    assert_eq!(counted(v).0, counted(v).1, "every check failed");
+    for v in &volumes {
+        v.close(Duration::from_secs(1)).await;
+    }
+    silent.abort();
+}
