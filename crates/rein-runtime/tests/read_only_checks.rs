@@ -182,10 +182,13 @@ async fn a_silent_node_does_not_hold_up_the_checks_of_another() {
 }
 
 /// What an option-level fake node saw: per check connection (one whose first option is NBD_OPT_INFO),
-/// the exports its NBD_OPT_INFOs named, in order, and whether it ended in NBD_OPT_ABORT.
+/// the exports its NBD_OPT_INFOs named, in order, and whether it ended in NBD_OPT_ABORT; and the
+/// connections of any kind (checks and sessions) accepted, and those open now.
 #[derive(Default)]
 struct Seen {
     checks: std::sync::Mutex<Vec<(Vec<String>, bool)>>,
+    accepted: AtomicUsize,
+    open: AtomicUsize,
 }
 
 impl Seen {
@@ -195,6 +198,28 @@ impl Seen {
 
     fn count(&self) -> usize {
         self.checks.lock().unwrap().len()
+    }
+
+    /// Connections accepted so far, and open now.
+    fn accepted_open(&self) -> (usize, usize) {
+        (self.accepted.load(Ordering::SeqCst), self.open.load(Ordering::SeqCst))
+    }
+}
+
+/// A connection of an option-level fake node, counted open from its accept until its handler returns.
+struct Open(Arc<Seen>);
+
+impl Open {
+    fn new(seen: Arc<Seen>) -> Open {
+        seen.accepted.fetch_add(1, Ordering::SeqCst);
+        seen.open.fetch_add(1, Ordering::SeqCst);
+        Open(seen)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -217,7 +242,9 @@ async fn option_node(
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             let (names, read_only, seen) = (names.clone(), read_only.clone(), log.clone());
+            let open = Open::new(seen.clone());
             tokio::spawn(async move {
+                let _open = open;
                 let exports = || {
                     let ro = read_only.lock().unwrap().clone();
                     names
@@ -322,6 +349,25 @@ async fn checked_volumes<S: AsRef<str>>(node: &NodeSpec, exports: &[S]) -> Vec<A
     volumes
 }
 
+/// A node of its own (another fake node on 127.0.0.180, export "w") with one volume checking it every
+/// 100 ms, as [`checked_volumes`]' do: its checks go on while a test closes the volumes of another node,
+/// and count the periods that pass ([`periods_pass`]). Returns the volume (to close) and what its node saw.
+async fn witness() -> (Arc<RemoteVolume>, Arc<Seen>) {
+    let (addr, seen) = option_node(&["w"], Arc::new(std::sync::Mutex::new(vec![false])), None, None).await;
+    let w = checked_volumes(&node_at("w", addr), &["w"]).await.remove(0);
+    (w, seen)
+}
+
+/// Waits until the witness node (`seen`, [`witness`]) has seen 3 check connections more than now: the
+/// first may have started before, the second started at a period's due time after now and the third a
+/// period after the second, so one whole period at least has passed on the gateway's timers, and the
+/// runtime has run a check through to its end since (every node's check has its own task, on the same
+/// period). A fixed sleep proved neither: on a loaded machine nothing may have run meanwhile.
+async fn periods_pass(seen: &Seen) {
+    let mark = seen.count();
+    until("3 checks more at the witness node", || seen.count() >= mark + 3).await;
+}
+
 /// The checks counted for `v` on its one node: (done, failed).
 fn counted(v: &RemoteVolume) -> (u64, u64) {
     let r = &v.node_report()[0];
@@ -350,6 +396,7 @@ async fn one_connection_a_period_checks_every_volume_on_a_node() {
     let read_only = Arc::new(std::sync::Mutex::new(vec![false; 5]));
     let (addr, seen) = option_node(&names, read_only.clone(), Some("e1"), None).await;
     let volumes = checked_volumes(&node_at("a", addr), &names).await;
+    let (w, witnessed) = witness().await;
     // The rounds from here on have every volume (the one running now may have started before).
     let start = seen.count() + 1;
     until("3 check connections", || seen.count() >= start + 3).await;
@@ -366,8 +413,11 @@ async fn one_connection_a_period_checks_every_volume_on_a_node() {
     for v in &volumes {
         v.close(Duration::from_secs(1)).await;
     }
-    // A round running at the close ends; then nothing more is asked.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A round running at the close ends (the node holds no connection: the sessions closed, the round's
+    // connection ended), and its counts are in once a period has passed at the witness node.
+    until("no connection open at the node", || seen.accepted_open().1 == 0).await;
+    periods_pass(&witnessed).await;
+    let (accepted, _) = seen.accepted_open();
     let connections = seen.connections();
     for (i, v) in volumes.iter().enumerate() {
         let (done, failed) = counted(v);
@@ -376,8 +426,11 @@ async fn one_connection_a_period_checks_every_volume_on_a_node() {
         assert_eq!(failed, if i == 1 { done } else { 0 }, "v{i}: only e1's checks fail");
         assert_eq!(v.read_only(), i == 3, "v{i}");
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Then nothing more is asked: another period has passed, the witness node checked, this one not.
+    periods_pass(&witnessed).await;
     assert_eq!(seen.count(), connections.len(), "no check after the volumes closed");
+    assert_eq!(seen.accepted_open().0, accepted, "no connection at all after the volumes closed");
+    w.close(Duration::from_secs(1)).await;
 }
 
 /// More exports on a node than one connection may carry: a plain NBD node (not known to be `rein
@@ -394,12 +447,13 @@ async fn a_node_gets_no_more_options_on_a_connection_than_it_takes() {
     let volumes = checked_volumes(&node_at("a", addr), &names).await;
     let start = seen.count() + 1;
     until("6 check connections", || seen.count() >= start + 6).await;
+    // The rounds as they were with every volume open (no round of a volume closing or closed); the
+    // pair of one running now may be half in (the pairs cut short are left out below).
+    let connections = seen.connections();
     for v in &volumes {
         v.close(Duration::from_secs(1)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(rein_proto::nbd::PROBE_EXPORTS_ANY_SERVER, 30);
-    let connections = seen.connections();
     // From the first round with every volume: pairs of (the first 30, the last one).
     let first = start + connections[start..].iter().position(|(asked, _)| asked.len() == 30).unwrap();
     let rounds: Vec<_> = connections[first..].chunks(2).filter(|pair| pair.len() == 2).collect();
