@@ -773,7 +773,8 @@ impl BlockSize {
 /// Exports one [`ClientHandshake::probe`] asks about that every server known takes on one connection
 /// (module comment): nbdkit ends a handshake after 32 options (its `MAX_NR_OPTIONS`, which counts
 /// NBD_OPT_STARTTLS and NBD_OPT_ABORT; the spec lets a server cut a client it takes for a denial of
-/// service), so 32 less those two.
+/// service), so 32 less those two. qemu's server (qemu-nbd, qemu-storage-daemon) counts none: it ends a
+/// handshake not done within 10 s instead (docs/gateway.md, "qemu as a node").
 pub const PROBE_EXPORTS_ANY_SERVER: usize = 30;
 
 /// What a [`ClientHandshake::probe`] learnt of one export.
